@@ -156,6 +156,10 @@ func (s *Spool) Lane(ctx context.Context, key LaneKey) (*Lane, error) { panic("u
 // Lanes returns every lane, oldest first.
 func (s *Spool) Lanes() []*Lane { panic("unimplemented") }
 
+// LanesChanged returns a channel that is closed when the next lane is
+// created (call Lanes again, then LanesChanged again).
+func (s *Spool) LanesChanged() <-chan struct{} { panic("unimplemented") }
+
 // Append commits b as one chunk at the tail of lane l and returns once it is
 // durable (see SyncMode). An empty batch is a no-op.
 func (s *Spool) Append(ctx context.Context, l *Lane, b *Batch) error { panic("unimplemented") }
