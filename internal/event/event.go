@@ -1,5 +1,11 @@
 package event
 
+import (
+	"math/bits"
+	"strconv"
+	"unicode/utf8"
+)
+
 // Request is one parsed ingest envelope. Reuse it across calls to Parse.
 type Request struct {
 	// APIKey is the envelope's api_key, unescaped.
@@ -11,10 +17,17 @@ type Request struct {
 	MinIDLength int
 	// Events holds one entry per element of "events", in order.
 	Events []Event
+
+	// scratch holds the unescaped values of escaped ids and api_key.
+	scratch []byte
 }
 
 // DefaultMinIDLength is the upstream's minimum user_id/device_id length.
 const DefaultMinIDLength = 5
+
+// MaxMinIDLength is the largest options.min_id_length Parse takes (the
+// largest int32); a larger one is refused as an invalid request body.
+const MaxMinIDLength = 1<<31 - 1
 
 // Event is one event object of a Request. Its slices alias the request body.
 type Event struct {
@@ -25,32 +38,701 @@ type Event struct {
 	DeviceID, UserID []byte
 	// HasInsertID and HasTime report whether insert_id / time are present.
 	HasInsertID, HasTime bool
-	// (unexported fields record spans needed by AppendRewritten)
+
+	flags   uint16
+	invalid uint64 // bit f: field f has an invalid value
+	// Offsets in Raw (0 means none, since Raw[0] is '{'): the value of a null
+	// insert_id or time, and the string token of an ip equal to "$remote".
+	insNull, timeNull, ipOff, ipEnd int
 }
+
+// Event.flags bits.
+const (
+	evNonEmpty  = 1 << iota // the object has at least one member
+	evHasType               // event_type is a non-empty string
+	evUserEsc               // UserID is still the escaped string content
+	evDevEsc                // DeviceID is still the escaped string content
+	evUserShort             // user_id was removed for min_id_length
+	evDevShort              // device_id was removed for min_id_length
+)
+
+// Prefixes of OrderKey: the device id and user id spaces are kept apart.
+const (
+	DeviceKeyPrefix = "d:"
+	UserKeyPrefix   = "u:"
+)
 
 // OrderKey returns the key under which the upstream orders and rate limits
 // this event: the device id, else the user id (prefixed so the two spaces
 // cannot collide). Events with the same OrderKey must be delivered in order.
-func (e *Event) OrderKey(dst []byte) []byte { panic("unimplemented") }
+//
+// The key is DeviceKeyPrefix+DeviceID when the event has a device id, else
+// UserKeyPrefix+UserID, appended to dst. An event of an accepted Request
+// always has one of them.
+func (e *Event) OrderKey(dst []byte) []byte {
+	if e.DeviceID != nil {
+		return append(append(dst, DeviceKeyPrefix...), e.DeviceID...)
+	}
+	if e.UserID != nil {
+		return append(append(dst, UserKeyPrefix...), e.UserID...)
+	}
+	return dst
+}
 
 // Parse parses and validates body into req (which is reset first). A nil
 // *Error means every event is acceptable to the upstream.
-func Parse(body []byte, req *Request) *Error { panic("unimplemented") }
+//
+// The checks, in the order that decides which single error is returned:
+//  1. empty body: "Missing request body";
+//  2. body not valid JSON (as json.Valid decides) or not an object, or
+//     options present but neither null nor an object, or
+//     options.min_id_length present but neither null nor an integer in
+//     0..MaxMinIDLength: "Invalid JSON request body";
+//  3. api_key absent, null, not a string or "": "Request missing required
+//     field" with missing_field "api_key";
+//  4. events absent, null, not an array, or an empty array: the same with
+//     missing_field "events";
+//  5. an element of events that is not an object: "Invalid event JSON";
+//  6. per event field errors (see Error), with the index of the first event
+//     per field.
+//
+// Duplicate keys: the last one counts, as with encoding/json. A null value
+// of an optional event field counts as absent.
+func Parse(body []byte, req *Request) *Error {
+	req.APIKey = nil
+	req.Options = nil
+	req.MinIDLength = DefaultMinIDLength
+	req.Events = req.Events[:0]
+	req.scratch = req.scratch[:0]
+	if len(body) == 0 {
+		return newError(msgMissingBody)
+	}
+	p := parser{b: body, req: req}
+	if !p.envelope() {
+		req.Events = req.Events[:0]
+		return newError(msgInvalidJSON)
+	}
+	return p.finalize()
+}
+
+// parser is the state of one Parse.
+type parser struct {
+	b   []byte
+	req *Request
+	sk  skipper
+
+	apiKey     []byte // api_key string content, nil when absent or unusable
+	apiKeyEsc  bool
+	events     bool // events is an array
+	badEvent   bool // an element of events is not an object
+	optionsBad bool
+}
+
+// envelope scans the whole body; false means invalid JSON (or an envelope
+// that is not an object).
+func (p *parser) envelope() bool {
+	b := p.b
+	i := skipWS(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return false
+	}
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return skipWS(b, i+1) == len(b)
+	}
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return false
+		}
+		ks := i
+		var esc bool
+		if i, esc = scanString(b, i); i < 0 {
+			return false
+		}
+		key := b[ks+1 : i-1]
+		if esc {
+			var buf [64]byte
+			if len(key) <= len(buf) {
+				key = appendUnescaped(buf[:0], key)
+			}
+		}
+		if i = skipWS(b, i); i >= len(b) || b[i] != ':' {
+			return false
+		}
+		if i = skipWS(b, i+1); i >= len(b) {
+			return false
+		}
+		switch string(key) {
+		case "api_key":
+			p.apiKey, p.apiKeyEsc = nil, false
+			if b[i] == '"' {
+				s := i
+				if i, p.apiKeyEsc = scanString(b, i); i < 0 {
+					return false
+				}
+				if i-s > 2 {
+					p.apiKey = b[s+1 : i-1]
+				}
+			} else {
+				i, _ = p.sk.skipValue(b, i, 1)
+			}
+		case "events":
+			p.events, p.badEvent = false, false
+			p.req.Events = p.req.Events[:0]
+			if b[i] == '[' {
+				p.events = true
+				i = p.eventArray(i)
+			} else {
+				i, _ = p.sk.skipValue(b, i, 1)
+			}
+		case "options":
+			p.req.Options, p.req.MinIDLength, p.optionsBad = nil, DefaultMinIDLength, false
+			switch b[i] {
+			case '{':
+				s := i
+				if i = p.options(i); i >= 0 {
+					p.req.Options = b[s:i]
+				}
+			case 'n':
+				i = scanLiteral(b, i)
+			default:
+				p.optionsBad = true
+				i, _ = p.sk.skipValue(b, i, 1)
+			}
+		default:
+			i, _ = p.sk.skipValue(b, i, 1)
+		}
+		if i < 0 {
+			return false
+		}
+		if i = skipWS(b, i); i >= len(b) {
+			return false
+		}
+		switch b[i] {
+		case ',':
+			i = skipWS(b, i+1)
+		case '}':
+			return skipWS(b, i+1) == len(b)
+		default:
+			return false
+		}
+	}
+}
+
+// options scans the options object at b[i] == '{' (depth 2 inside it).
+func (p *parser) options(i int) int {
+	b := p.b
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return i + 1
+	}
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return -1
+		}
+		ks := i
+		var esc bool
+		if i, esc = scanString(b, i); i < 0 {
+			return -1
+		}
+		key := b[ks+1 : i-1]
+		if esc {
+			var buf [64]byte
+			if len(key) <= len(buf) {
+				key = appendUnescaped(buf[:0], key)
+			}
+		}
+		if i = skipWS(b, i); i >= len(b) || b[i] != ':' {
+			return -1
+		}
+		if i = skipWS(b, i+1); i >= len(b) {
+			return -1
+		}
+		if string(key) == "min_id_length" {
+			p.req.MinIDLength, p.optionsBad = DefaultMinIDLength, false
+			switch c := b[i]; {
+			case c == 'n':
+				i = scanLiteral(b, i)
+			case c == '-' || ('0' <= c && c <= '9'):
+				s := i
+				var isInt bool
+				if i, isInt = scanNumber(b, i); i < 0 {
+					return -1
+				}
+				n := -1
+				if isInt {
+					n = parseNonNeg(b[s:i], MaxMinIDLength)
+				}
+				if n < 0 {
+					p.optionsBad = true
+				} else {
+					p.req.MinIDLength = n
+				}
+			default:
+				p.optionsBad = true
+				i, _ = p.sk.skipValue(b, i, 2)
+			}
+		} else {
+			i, _ = p.sk.skipValue(b, i, 2)
+		}
+		if i < 0 {
+			return -1
+		}
+		if i = skipWS(b, i); i >= len(b) {
+			return -1
+		}
+		switch b[i] {
+		case ',':
+			i = skipWS(b, i+1)
+		case '}':
+			return i + 1
+		default:
+			return -1
+		}
+	}
+}
+
+// eventArray scans the events array at b[i] == '['.
+func (p *parser) eventArray(i int) int {
+	b := p.b
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == ']' {
+		return i + 1
+	}
+	for {
+		if i >= len(b) {
+			return -1
+		}
+		if b[i] == '{' {
+			i = p.event(i)
+		} else {
+			p.badEvent = true
+			i, _ = p.sk.skipValue(b, i, 2)
+		}
+		if i < 0 {
+			return -1
+		}
+		if i = skipWS(b, i); i >= len(b) {
+			return -1
+		}
+		switch b[i] {
+		case ',':
+			i = skipWS(b, i+1)
+		case ']':
+			return i + 1
+		default:
+			return -1
+		}
+	}
+}
+
+// event scans one event object at b[i] == '{' and appends it to req.Events.
+func (p *parser) event(i int) int {
+	b := p.b
+	start := i
+	evs := append(p.req.Events, Event{})
+	p.req.Events = evs
+	e := &evs[len(evs)-1]
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		i++
+		e.Raw = b[start:i]
+		return i
+	}
+	e.flags |= evNonEmpty
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return -1
+		}
+		ks := i
+		var esc bool
+		if i, esc = scanString(b, i); i < 0 {
+			return -1
+		}
+		key := b[ks+1 : i-1]
+		if esc {
+			var buf [6 * maxFieldLen]byte
+			if len(key) <= len(buf) {
+				key = appendUnescaped(buf[:0], key)
+			}
+		}
+		f := lookupField(key)
+		if i = skipWS(b, i); i >= len(b) || b[i] != ':' {
+			return -1
+		}
+		if i = skipWS(b, i+1); i >= len(b) {
+			return -1
+		}
+		if f < 0 {
+			i, _ = p.sk.skipValue(b, i, 3)
+		} else {
+			i = p.field(e, f, i, start)
+		}
+		if i < 0 {
+			return -1
+		}
+		if i = skipWS(b, i); i >= len(b) {
+			return -1
+		}
+		switch b[i] {
+		case ',':
+			i = skipWS(b, i+1)
+		case '}':
+			i++
+			e.Raw = b[start:i]
+			return i
+		default:
+			return -1
+		}
+	}
+}
+
+// field scans the value at b[i] of the known field f of e, whose object
+// starts at b[start]. Each occurrence replaces what an earlier one of the
+// same key recorded.
+func (p *parser) field(e *Event, f, i, start int) int {
+	b := p.b
+	e.invalid &^= 1 << f
+	switch f {
+	case fUserID:
+		e.UserID = nil
+		e.flags &^= evUserEsc
+	case fDeviceID:
+		e.DeviceID = nil
+		e.flags &^= evDevEsc
+	case fEventType:
+		e.flags &^= evHasType
+	case fInsertID:
+		e.HasInsertID, e.insNull = false, 0
+	case fTime:
+		e.HasTime, e.timeNull = false, 0
+	case fIP:
+		e.ipOff, e.ipEnd = 0, 0
+	}
+	c := b[i]
+	if c == 'n' {
+		switch f {
+		case fInsertID:
+			e.insNull = i - start
+		case fTime:
+			e.timeNull = i - start
+		}
+		return scanLiteral(b, i)
+	}
+	switch f {
+	case fInsertID:
+		e.HasInsertID = true
+	case fTime:
+		e.HasTime = true
+	}
+	ok := false
+	switch fieldKinds[f] {
+	case kString:
+		if c != '"' {
+			break
+		}
+		s := i
+		var esc bool
+		if i, esc = scanString(b, i); i < 0 {
+			return -1
+		}
+		content := b[s+1 : i-1]
+		switch f {
+		case fUserID:
+			if len(content) > 0 {
+				e.UserID = content
+				if esc {
+					e.flags |= evUserEsc
+				}
+			}
+		case fDeviceID:
+			if len(content) > 0 {
+				e.DeviceID = content
+				if esc {
+					e.flags |= evDevEsc
+				}
+			}
+		case fEventType:
+			if len(content) > 0 {
+				e.flags |= evHasType
+			}
+		case fIP:
+			if isRemote(content, esc) {
+				e.ipOff, e.ipEnd = s-start, i-start
+			}
+		}
+		return i
+	case kInt, kNumber:
+		if c != '-' && (c < '0' || c > '9') {
+			break
+		}
+		s := i
+		i, isInt := scanNumber(b, i)
+		if i < 0 {
+			return -1
+		}
+		if fieldKinds[f] == kInt && (!isInt || !fitsInt64(b[s:i])) {
+			e.invalid |= 1 << f
+		}
+		return i
+	case kObject, kPropTree:
+		if c != '{' {
+			break
+		}
+		i, deepest := p.sk.skipValue(b, i, 3)
+		if fieldKinds[f] == kPropTree && deepest > maxPropDepth {
+			e.invalid |= 1 << f
+		}
+		return i
+	case kBool:
+		ok = c == 't' || c == 'f'
+	}
+	if !ok {
+		e.invalid |= 1 << f
+	}
+	i, _ = p.sk.skipValue(b, i, 3)
+	return i
+}
+
+// isRemote reports whether the string content s is "$remote".
+func isRemote(s []byte, esc bool) bool {
+	const remote = "$remote"
+	if !esc {
+		return string(s) == remote
+	}
+	var buf [6 * len(remote)]byte
+	if len(s) > len(buf) {
+		return false
+	}
+	return string(appendUnescaped(buf[:0], s)) == remote
+}
+
+// finalize applies the checks that need the whole body (api_key, events,
+// options.min_id_length, which may come after events) and builds the error.
+func (p *parser) finalize() *Error {
+	req := p.req
+	switch {
+	case p.optionsBad:
+		return newError(msgInvalidJSON)
+	case p.apiKey == nil:
+		return newMissingField("api_key")
+	case !p.events || (len(req.Events) == 0 && !p.badEvent):
+		return newMissingField("events")
+	case p.badEvent:
+		return newError(msgInvalidEvent)
+	}
+
+	// Unescaped values are never longer than their escaped form, so one
+	// growth up front keeps every slice into scratch valid.
+	need := 0
+	if p.apiKeyEsc {
+		need += len(p.apiKey)
+	}
+	for i := range req.Events {
+		e := &req.Events[i]
+		if e.flags&evUserEsc != 0 {
+			need += len(e.UserID)
+		}
+		if e.flags&evDevEsc != 0 {
+			need += len(e.DeviceID)
+		}
+	}
+	if cap(req.scratch) < need {
+		req.scratch = make([]byte, 0, need)
+	}
+	req.APIKey = p.apiKey
+	if p.apiKeyEsc {
+		req.APIKey = p.unescape(p.apiKey)
+	}
+
+	const none = -1
+	var firstBad [numFields]int
+	var firstMissing [3]int // fEventType, fUserID, fDeviceID
+	for i := range firstBad {
+		firstBad[i] = none
+	}
+	for i := range firstMissing {
+		firstMissing[i] = none
+	}
+	var anyBad uint64
+	anyMissing := false
+	minLen := req.MinIDLength
+	for i := range req.Events {
+		e := &req.Events[i]
+		if e.flags&evUserEsc != 0 {
+			e.UserID = p.unescape(e.UserID)
+		}
+		if e.flags&evDevEsc != 0 {
+			e.DeviceID = p.unescape(e.DeviceID)
+		}
+		if e.DeviceID != nil && allZero(e.DeviceID) {
+			e.invalid |= 1 << fDeviceID
+		} else if e.DeviceID != nil && shorter(e.DeviceID, minLen) {
+			e.DeviceID = nil
+			e.flags |= evDevShort
+		}
+		if e.UserID != nil && shorter(e.UserID, minLen) {
+			e.UserID = nil
+			e.flags |= evUserShort
+		}
+		missType := e.flags&evHasType == 0 && e.invalid&(1<<fEventType) == 0
+		missID := false
+		if e.DeviceID == nil && e.UserID == nil && e.invalid&(1<<fUserID|1<<fDeviceID) == 0 {
+			if e.flags&(evUserShort|evDevShort) == 0 {
+				missID = true
+			}
+			if e.flags&evUserShort != 0 {
+				e.invalid |= 1 << fUserID
+			}
+			if e.flags&evDevShort != 0 {
+				e.invalid |= 1 << fDeviceID
+			}
+		}
+		if e.invalid == 0 && !missType && !missID {
+			continue
+		}
+		for m := e.invalid &^ anyBad; m != 0; m &= m - 1 {
+			firstBad[bits.TrailingZeros64(m)] = i
+		}
+		anyBad |= e.invalid
+		if missType && firstMissing[0] == none {
+			firstMissing[0] = i
+			anyMissing = true
+		}
+		if missID && firstMissing[1] == none {
+			firstMissing[1], firstMissing[2] = i, i
+			anyMissing = true
+		}
+	}
+	if anyBad == 0 && !anyMissing {
+		return nil
+	}
+	err := &Error{Status: 400, Msg: msgMissingField}
+	if anyBad != 0 {
+		err.Msg = msgInvalidFields
+		err.InvalidFields = make(map[string][]int)
+		for f, i := range firstBad {
+			if i != none {
+				err.InvalidFields[fieldNames[f]] = []int{i}
+			}
+		}
+	}
+	if anyMissing {
+		err.MissingFields = make(map[string][]int)
+		for k, f := range [3]int{fEventType, fUserID, fDeviceID} {
+			if i := firstMissing[k]; i != none {
+				err.MissingFields[fieldNames[f]] = []int{i}
+			}
+		}
+	}
+	return err
+}
+
+// unescape appends the value of the escaped content s to req.scratch (which
+// has room for it) and returns it.
+func (p *parser) unescape(s []byte) []byte {
+	n := len(p.req.scratch)
+	p.req.scratch = appendUnescaped(p.req.scratch, s)
+	return p.req.scratch[n:len(p.req.scratch):len(p.req.scratch)]
+}
+
+// allZero reports whether the device id id is made of '0' and '-' only
+// (with at least one '0'), like "00000000-0000-0000-0000-000000000000".
+func allZero(id []byte) bool {
+	zero := false
+	for _, c := range id {
+		switch c {
+		case '0':
+			zero = true
+		case '-':
+		default:
+			return false
+		}
+	}
+	return zero
+}
+
+// shorter reports whether id has fewer than n characters (runes; an
+// invalid UTF-8 byte counts as one, as it becomes one U+FFFD upstream).
+func shorter(id []byte, n int) bool {
+	if len(id) < n {
+		return true
+	}
+	if len(id) >= n*utf8.UTFMax {
+		return false
+	}
+	return utf8.RuneCount(id) < n
+}
 
 // AppendRewritten appends the event as the relay spools it: insert_id is
 // added when absent (taken from ids), time is added as nowMS when absent, and
 // an ip of "$remote" is replaced by remoteIP. All other bytes are copied
 // unchanged.
+//
+// An absent field is added as the object's first member(s)
+// (`{"insert_id":"<id>","time":<nowMS>,...`); a field whose (last) value is
+// null has that null replaced in place, so that the upstream, which also
+// takes the last of duplicate keys, sees the new value. remoteIP is written
+// as a JSON string; when it is empty, "$remote" is left as it is.
 func (e *Event) AppendRewritten(dst []byte, ids *IDGen, nowMS int64, remoteIP []byte) []byte {
-	panic("unimplemented")
+	raw := e.Raw
+	if len(raw) < 2 {
+		return append(dst, raw...)
+	}
+	dst = append(dst, '{')
+	addID := !e.HasInsertID && e.insNull == 0
+	addTime := !e.HasTime && e.timeNull == 0
+	if addID {
+		dst = append(dst, `"insert_id":"`...)
+		dst = ids.Append(dst)
+		dst = append(dst, '"')
+		if addTime {
+			dst = append(dst, ',')
+		}
+	}
+	if addTime {
+		dst = append(dst, `"time":`...)
+		dst = strconv.AppendInt(dst, nowMS, 10)
+	}
+	if (addID || addTime) && e.flags&evNonEmpty != 0 {
+		dst = append(dst, ',')
+	}
+
+	// In-place replacements, in the order they occur in raw.
+	type repl struct{ off, end, kind int }
+	var rs [3]repl
+	n := 0
+	if !e.HasInsertID && e.insNull != 0 {
+		rs[n] = repl{e.insNull, e.insNull + len("null"), fInsertID}
+		n++
+	}
+	if !e.HasTime && e.timeNull != 0 {
+		rs[n] = repl{e.timeNull, e.timeNull + len("null"), fTime}
+		n++
+	}
+	if e.ipOff != 0 && len(remoteIP) > 0 {
+		rs[n] = repl{e.ipOff, e.ipEnd, fIP}
+		n++
+	}
+	for i := 1; i < n; i++ {
+		for j := i; j > 0 && rs[j].off < rs[j-1].off; j-- {
+			rs[j], rs[j-1] = rs[j-1], rs[j]
+		}
+	}
+	pos := 1
+	for _, r := range rs[:n] {
+		dst = append(dst, raw[pos:r.off]...)
+		switch r.kind {
+		case fInsertID:
+			dst = append(dst, '"')
+			dst = ids.Append(dst)
+			dst = append(dst, '"')
+		case fTime:
+			dst = strconv.AppendInt(dst, nowMS, 10)
+		case fIP:
+			dst = appendJSONString(dst, remoteIP)
+		}
+		pos = r.end
+	}
+	return append(dst, raw[pos:]...)
 }
-
-// IDGen generates insert_ids that are unique across processes and restarts
-// (a random per-generator prefix plus a counter). Safe for concurrent use.
-type IDGen struct{}
-
-// NewIDGen returns a generator with a fresh random prefix.
-func NewIDGen() *IDGen { panic("unimplemented") }
-
-// Append appends a new unique insert_id (no quotes) to dst.
-func (g *IDGen) Append(dst []byte) []byte { panic("unimplemented") }

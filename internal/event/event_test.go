@@ -1,0 +1,373 @@
+package event
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// envelope wraps events in a request with a valid api_key.
+func envelope(events ...string) string {
+	return `{"api_key":"k123","events":[` + strings.Join(events, ",") + `]}`
+}
+
+// ev is a valid event with extra members appended.
+func ev(extra string) string {
+	if extra != "" {
+		extra = "," + extra
+	}
+	return `{"event_type":"e","user_id":"user-1"` + extra + `}`
+}
+
+func nest(open, close string, n int, inner string) string {
+	return strings.Repeat(open, n) + inner + strings.Repeat(close, n)
+}
+
+// realisticEvent is a ~490-byte event shaped like an SDK's.
+func realisticEvent(i int) string {
+	insert := ""
+	if i%2 == 0 {
+		insert = fmt.Sprintf(`"insert_id":"a1b2c3d4-e5f6-4789-9abc-%012d",`, i)
+	}
+	return fmt.Sprintf(`{"user_id":"user-%08d@example.com","device_id":"5f1c2d3e-4b5a-6978-8a9b-%012d","event_type":"Checkout Completed",%s"time":1732233600%03d,"platform":"iOS","os_name":"ios","os_version":"17.4.1","device_model":"iPhone15,3","app_version":"4.12.0","ip":"$remote","language":"en-US","country":"Germany","session_id":1732233500000,"event_properties":{"cart_value":129.95,"items":3,"currency":"EUR","coupon":null,"categories":["shoes","socks"]},"user_properties":{"plan":"pro","signup_days":412}}`,
+		i, i, insert, i%1000)
+}
+
+func realisticEvents(n int) []string {
+	evs := make([]string, n)
+	for i := range evs {
+		evs[i] = realisticEvent(i)
+	}
+	return evs
+}
+
+// The document is ../../../shared/api/ingestion-groups-usermap-export.md
+// ("the doc" below). want is the error body, "" for an accepted request.
+var parseCases = []struct {
+	name string
+	body string
+	want string
+}{
+	// Errors: `error` is one of: ..., `Missing request body`, ...
+	{"empty body", ``, `{"code":400,"error":"Missing request body"}`},
+
+	// Errors: `error` is one of: ..., `Invalid JSON request body`, ...
+	{"whitespace only", ` `, `{"code":400,"error":"Invalid JSON request body"}`},
+	{"truncated", `{"api_key":"k","events":[{}]`, `{"code":400,"error":"Invalid JSON request body"}`},
+	{"trailing garbage", envelope(ev("")) + ` x`, `{"code":400,"error":"Invalid JSON request body"}`},
+	{"trailing comma", `{"api_key":"k","events":[{"event_type":"e","user_id":"user-1",}]}`, `{"code":400,"error":"Invalid JSON request body"}`},
+	{"array body", `[]`, `{"code":400,"error":"Invalid JSON request body"}`},
+	{"string body", `"x"`, `{"code":400,"error":"Invalid JSON request body"}`},
+	{"single quotes", `{'api_key':'k'}`, `{"code":400,"error":"Invalid JSON request body"}`},
+	{"leading zero number", envelope(ev(`"x":01`)), `{"code":400,"error":"Invalid JSON request body"}`},
+	{"bad escape", envelope(ev(`"x":"\q"`)), `{"code":400,"error":"Invalid JSON request body"}`},
+	{"control byte in string", envelope(ev("\"x\":\"a\tb\"")), `{"code":400,"error":"Invalid JSON request body"}`},
+	{"bad literal", envelope(ev(`"x":tru`)), `{"code":400,"error":"Invalid JSON request body"}`},
+	// invalid JSON wins over every field rule, even one found earlier
+	{"field error then bad JSON", `{"api_key":"k","events":[{"event_type":5}],"x":}`, `{"code":400,"error":"Invalid JSON request body"}`},
+	// encoding/json's nesting limit (10000 open containers) is the relay's
+	{"nesting 10000 ok", envelope(ev(`"x":` + nest("[", "]", 10000-3, ""))), ``},
+	{"nesting 10001 refused", envelope(ev(`"x":` + nest("[", "]", 10001-3, ""))), `{"code":400,"error":"Invalid JSON request body"}`},
+	// json.Valid accepts invalid UTF-8 and lone surrogates; so do we
+	{"invalid utf8 kept", envelope(ev("\"x\":\"\xff\xfe\"")), ``},
+	{"lone surrogate", envelope(ev(`"x":"\ud800"`)), ``},
+
+	// Request envelope: options: object, Optional. `min_id_length` (integer).
+	// Our choice: a wrongly typed options or min_id_length is an invalid body.
+	{"options not object", `{"api_key":"k","events":[` + ev("") + `],"options":[]}`, `{"code":400,"error":"Invalid JSON request body"}`},
+	{"min_id_length float", `{"api_key":"k","events":[` + ev("") + `],"options":{"min_id_length":1.5}}`, `{"code":400,"error":"Invalid JSON request body"}`},
+	{"min_id_length negative", `{"api_key":"k","events":[` + ev("") + `],"options":{"min_id_length":-1}}`, `{"code":400,"error":"Invalid JSON request body"}`},
+	{"min_id_length string", `{"api_key":"k","events":[` + ev("") + `],"options":{"min_id_length":"5"}}`, `{"code":400,"error":"Invalid JSON request body"}`},
+	{"min_id_length huge", `{"api_key":"k","events":[` + ev("") + `],"options":{"min_id_length":2147483648}}`, `{"code":400,"error":"Invalid JSON request body"}`},
+	{"options null", `{"api_key":"k","events":[` + ev("") + `],"options":null}`, ``},
+	{"min_id_length null", `{"api_key":"k","events":[` + ev("") + `],"options":{"min_id_length":null}}`, ``},
+
+	// Request envelope: api_key | string | Required.
+	{"api_key missing", `{"events":[` + ev("") + `]}`, `{"code":400,"error":"Request missing required field","missing_field":"api_key"}`},
+	{"api_key empty", `{"api_key":"","events":[` + ev("") + `]}`, `{"code":400,"error":"Request missing required field","missing_field":"api_key"}`},
+	{"api_key number", `{"api_key":5,"events":[` + ev("") + `]}`, `{"code":400,"error":"Request missing required field","missing_field":"api_key"}`},
+	{"api_key null", `{"api_key":null,"events":[` + ev("") + `]}`, `{"code":400,"error":"Request missing required field","missing_field":"api_key"}`},
+	{"api_key before events", `{}`, `{"code":400,"error":"Request missing required field","missing_field":"api_key"}`},
+	{"api_key last wins", `{"api_key":"","api_key":"k","events":[` + ev("") + `]}`, ``},
+
+	// Request envelope: events | array of Event | Required.
+	{"events missing", `{"api_key":"k"}`, `{"code":400,"error":"Request missing required field","missing_field":"events"}`},
+	{"events object", `{"api_key":"k","events":{}}`, `{"code":400,"error":"Request missing required field","missing_field":"events"}`},
+	{"events null", `{"api_key":"k","events":null}`, `{"code":400,"error":"Request missing required field","missing_field":"events"}`},
+	// our choice: an empty array carries no event, so it is missing
+	{"events empty", `{"api_key":"k","events":[]}`, `{"code":400,"error":"Request missing required field","missing_field":"events"}`},
+
+	// Errors: `error` is one of: ..., `Invalid event JSON`, ...
+	{"event not object", envelope(`1`), `{"code":400,"error":"Invalid event JSON"}`},
+	{"event array", envelope(ev(""), `[]`), `{"code":400,"error":"Invalid event JSON"}`},
+	{"event null", envelope(ev(""), `null`), `{"code":400,"error":"Invalid event JSON"}`},
+
+	// Event: `event_type` is required.
+	// Errors: events_with_missing_fields ... the index of the first event with an error.
+	{"event_type missing", envelope(ev(""), `{"user_id":"user-1"}`, `{"user_id":"user-1"}`), `{"code":400,"error":"Request missing required field","events_with_missing_fields":{"event_type":[1]}}`},
+	{"event_type empty", envelope(`{"event_type":"","user_id":"user-1"}`), `{"code":400,"error":"Request missing required field","events_with_missing_fields":{"event_type":[0]}}`},
+	{"event_type null", envelope(`{"event_type":null,"user_id":"user-1"}`), `{"code":400,"error":"Request missing required field","events_with_missing_fields":{"event_type":[0]}}`},
+	{"event_type number", envelope(`{"event_type":5,"user_id":"user-1"}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"event_type":[0]}}`},
+	{"escaped key", envelope(`{"event\u005ftype":"e","user_id":"user-1"}`), ``},
+
+	// Event: One of `user_id` or `device_id` is required.
+	{"no id", envelope(ev(""), `{"event_type":"e"}`), `{"code":400,"error":"Request missing required field","events_with_missing_fields":{"device_id":[1],"user_id":[1]}}`},
+	{"null ids", envelope(`{"event_type":"e","user_id":null,"device_id":null}`), `{"code":400,"error":"Request missing required field","events_with_missing_fields":{"device_id":[0],"user_id":[0]}}`},
+	{"empty ids", envelope(`{"event_type":"e","user_id":"","device_id":""}`), `{"code":400,"error":"Request missing required field","events_with_missing_fields":{"device_id":[0],"user_id":[0]}}`},
+	{"device only", envelope(`{"event_type":"e","device_id":"dev-1"}`), ``},
+	{"empty object", envelope(`{}`), `{"code":400,"error":"Request missing required field","events_with_missing_fields":{"device_id":[0],"event_type":[0],"user_id":[0]}}`},
+
+	// user_id | string; device_id | string.
+	{"user_id number", envelope(`{"event_type":"e","user_id":12345}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"user_id":[0]}}`},
+	{"device_id object", envelope(`{"event_type":"e","user_id":"user-1","device_id":{}}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"device_id":[0]}}`},
+
+	// time: Milliseconds since epoch. Any other format (for example ISO) returns 400.
+	{"time float", envelope(ev(`"time":1.5`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"time":[0]}}`},
+	{"time exponent", envelope(ev(`"time":1e12`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"time":[0]}}`},
+	{"time ISO", envelope(ev(""), ev(`"time":"2024-01-01T00:00:00Z"`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"time":[1]}}`},
+	{"time digit string", envelope(ev(`"time":"1732233600000"`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"time":[0]}}`},
+	{"time overflow", envelope(ev(`"time":9223372036854775808`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"time":[0]}}`},
+	{"time int64 max", envelope(ev(`"time":9223372036854775807`)), ``},
+	{"time negative", envelope(ev(`"time":-5`)), ``},
+	{"time ms", envelope(ev(`"time":1732233600000`)), ``},
+	{"time null is absent", envelope(ev(`"time":null`)), ``},
+	{"time last wins", envelope(ev(`"time":"x","time":1`)), ``},
+	{"first index per field", envelope(ev(""), ev(`"time":1.5`), ev(`"time":"x"`), `{"user_id":"user-1"}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"time":[1]},"events_with_missing_fields":{"event_type":[3]}}`},
+
+	// Types of the Event table.
+	{"event_properties array", envelope(ev(`"event_properties":[]`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"event_properties":[0]}}`},
+	{"user_properties string", envelope(ev(`"user_properties":"x"`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"user_properties":[0]}}`},
+	{"groups number", envelope(ev(`"groups":1`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"groups":[0]}}`},
+	{"group_properties bool", envelope(ev(`"group_properties":true`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"group_properties":[0]}}`},
+	{"plan array", envelope(ev(`"plan":["x"]`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"plan":[0]}}`},
+	{"skip sync string", envelope(ev(`"$skip_user_properties_sync":"true"`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"$skip_user_properties_sync":[0]}}`},
+	{"skip sync bool", envelope(ev(`"$skip_user_properties_sync":false`)), ``},
+	{"session_id float", envelope(ev(`"session_id":1.0`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"session_id":[0]}}`},
+	{"session_id -1", envelope(ev(`"session_id":-1`)), ``},
+	{"event_id string", envelope(ev(`"event_id":"1"`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"event_id":[0]}}`},
+	{"quantity float", envelope(ev(`"quantity":2.5`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"quantity":[0]}}`},
+	{"price string", envelope(ev(`"price":"9.99"`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"price":[0]}}`},
+	{"price negative float", envelope(ev(`"price":-9.99,"revenue":-1e2,"location_lat":52.5,"location_lng":13`)), ``},
+	{"location_lng string", envelope(ev(`"location_lng":"13.4"`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"location_lng":[0]}}`},
+	{"string field number", envelope(ev(`"platform":5`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"platform":[0]}}`},
+	{"insert_id number", envelope(ev(`"insert_id":5`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"insert_id":[0]}}`},
+	{"ip array", envelope(ev(`"ip":["1.2.3.4"]`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"ip":[0]}}`},
+	{"several invalid", envelope(ev(`"price":"1","platform":2`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"platform":[0],"price":[0]}}`},
+	// our choice: null on an optional field is the field absent
+	{"nulls are absent", envelope(ev(`"platform":null,"event_properties":null,"price":null,"groups":null,"$skip_user_properties_sync":null`)), ``},
+	// unknown fields are allowed and untouched
+	{"unknown fields", envelope(ev(`"foo":[1,{"a":2}],"Time":"x","event_properties":{"time":"x"}`)), ``},
+
+	// Limits: String length: 1024 characters (the upstream truncates: no error).
+	{"long string", envelope(ev(`"platform":"` + strings.Repeat("x", 5000) + `"`)), ``},
+
+	// Limits: Object depth: event_properties, user_properties: 40 layers.
+	{"event_properties depth 40", envelope(ev(`"event_properties":` + nest(`{"a":`, `}`, 39, `{}`))), ``},
+	{"event_properties depth 41", envelope(ev(`"event_properties":` + nest(`{"a":`, `}`, 40, `{}`))), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"event_properties":[0]}}`},
+	{"user_properties depth 41 with arrays", envelope(ev(`"user_properties":{"a":` + nest(`[`, `]`, 40, `1`) + `}`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"user_properties":[0]}}`},
+	{"group_properties depth 41", envelope(ev(`"group_properties":` + nest(`{"a":`, `}`, 40, `{}`))), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"group_properties":[0]}}`},
+	{"groups depth not limited", envelope(ev(`"groups":` + nest(`{"a":`, `}`, 50, `{}`))), ``},
+
+	// Minimum ID length: user_id, device_id: 5 (override with `min_id_length`).
+	// If an event has a user_id or device_id shorter than the minimum, the ID value is
+	// removed from the event; if the event then has neither, it can be rejected with 400.
+	{"user_id short", envelope(`{"event_type":"e","user_id":"abcd"}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"user_id":[0]}}`},
+	{"both short", envelope(`{"event_type":"e","user_id":"abcd","device_id":"dev"}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"device_id":[0],"user_id":[0]}}`},
+	{"device short user ok", envelope(`{"event_type":"e","user_id":"abcde","device_id":"dev"}`), ``},
+	{"user_id 5 chars", envelope(`{"event_type":"e","user_id":"abcde"}`), ``},
+	{"runes not bytes short", envelope(`{"event_type":"e","user_id":"éééé"}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"user_id":[0]}}`},
+	{"runes not bytes ok", envelope(`{"event_type":"e","user_id":"ééééé"}`), ``},
+	{"escaped runes", envelope(`{"event_type":"e","user_id":"\u00e9\u00e9\ud83d\ude00\u00e9"}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"user_id":[0]}}`},
+	{"min_id_length 3", `{"api_key":"k","events":[{"event_type":"e","user_id":"abc"}],"options":{"min_id_length":3}}`, ``},
+	{"min_id_length after events", `{"api_key":"k","events":[{"event_type":"e","user_id":"abcdef"}],"options":{"min_id_length":7}}`, `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"user_id":[0]}}`},
+	{"min_id_length 0", `{"options":{"min_id_length":0},"api_key":"k","events":[{"event_type":"e","device_id":"d"}]}`, ``},
+
+	// device_id: All-zero device IDs are dropped and the request returns an error.
+	{"all-zero uuid", envelope(ev(""), ev(`"device_id":"00000000-0000-0000-0000-000000000000"`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"device_id":[1]}}`},
+	{"all-zero short", envelope(`{"event_type":"e","user_id":"user-1","device_id":"0000"}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"device_id":[0]}}`},
+	{"zeros inside ok", envelope(`{"event_type":"e","device_id":"00000000-0000-0000-0000-000000000001"}`), ``},
+
+	// Minimal ingestion request: `api_key` plus `events` holding objects with
+	// `event_type` and `user_id` or `device_id`.
+	{"minimal", `{"api_key":"k","events":[{"event_type":"e","user_id":"user-1"}]}`, ``},
+	{"realistic", envelope(realisticEvents(10)...), ``},
+}
+
+func TestParse(t *testing.T) {
+	var req Request // reused on purpose
+	for _, tc := range parseCases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := Parse([]byte(tc.body), &req)
+			got := ""
+			if err != nil {
+				if err.Status != 400 {
+					t.Errorf("status %d", err.Status)
+				}
+				got = string(err.AppendJSON(nil))
+			}
+			if got != tc.want {
+				t.Errorf("Parse:\n got %s\nwant %s", got, tc.want)
+			}
+			// The oracle agrees on every case too.
+			checkParse(t, []byte(tc.body), &req)
+		})
+	}
+}
+
+func TestParseRequestFields(t *testing.T) {
+	body := `{"api_key":"k\"\u00e9y","options":{"min_id_length":3,"x":[1]},"events":[` +
+		`{"event_type":"a","device_id":"dev\u002d1","user_id":"us","insert_id":"i","time":5},` +
+		`{"event_type":"b","user_id":"user\ud83d\ude00"}]}`
+	req := Request{Events: make([]Event, 5)}
+	if err := Parse([]byte(body), &req); err != nil {
+		t.Fatal(errJSON(err))
+	}
+	if string(req.APIKey) != "k\"éy" {
+		t.Errorf("APIKey %q", req.APIKey)
+	}
+	if string(req.Options) != `{"min_id_length":3,"x":[1]}` || req.MinIDLength != 3 {
+		t.Errorf("Options %q MinIDLength %d", req.Options, req.MinIDLength)
+	}
+	if len(req.Events) != 2 {
+		t.Fatalf("%d events", len(req.Events))
+	}
+	e0, e1 := &req.Events[0], &req.Events[1]
+	if string(e0.Raw) != `{"event_type":"a","device_id":"dev\u002d1","user_id":"us","insert_id":"i","time":5}` {
+		t.Errorf("Raw %s", e0.Raw)
+	}
+	if string(e0.DeviceID) != "dev-1" || e0.UserID != nil || !e0.HasInsertID || !e0.HasTime {
+		t.Errorf("event 0: %q %q %v %v", e0.DeviceID, e0.UserID, e0.HasInsertID, e0.HasTime)
+	}
+	if string(e0.OrderKey(nil)) != "d:dev-1" {
+		t.Errorf("OrderKey %q", e0.OrderKey(nil))
+	}
+	if string(e1.UserID) != "user😀" || e1.DeviceID != nil || e1.HasInsertID || e1.HasTime {
+		t.Errorf("event 1: %q %q %v %v", e1.DeviceID, e1.UserID, e1.HasInsertID, e1.HasTime)
+	}
+	if string(e1.OrderKey([]byte("x"))) != "xu:user😀" {
+		t.Errorf("OrderKey %q", e1.OrderKey(nil))
+	}
+
+	// Reuse: nothing of the first request survives.
+	if err := Parse([]byte(`{"api_key":"k2","events":[{"event_type":"c","user_id":"abcde"}]}`), &req); err != nil {
+		t.Fatal(errJSON(err))
+	}
+	if string(req.APIKey) != "k2" || req.Options != nil || req.MinIDLength != DefaultMinIDLength || len(req.Events) != 1 {
+		t.Errorf("after reuse: %q %q %d %d", req.APIKey, req.Options, req.MinIDLength, len(req.Events))
+	}
+	if e := &req.Events[0]; e.DeviceID != nil || string(e.UserID) != "abcde" || e.HasTime || e.HasInsertID {
+		t.Errorf("after reuse: %+v", e)
+	}
+	// A failed Parse leaves no events behind.
+	if err := Parse([]byte(`{"api_key":"k2","events":[{"event_type":"c","user_id":"abcde"}],`), &req); err == nil || len(req.Events) != 0 {
+		t.Errorf("err %v, %d events", err, len(req.Events))
+	}
+}
+
+func testIDGen() *IDGen {
+	g := &IDGen{}
+	copy(g.prefix[:], "0123456789abcdef")
+	return g
+}
+
+func TestAppendRewritten(t *testing.T) {
+	cases := []struct {
+		name, event, want string
+	}{
+		// an absent insert_id is filled; a present one is never changed
+		{"adds insert_id and time", `{"event_type":"e","user_id":"user-1"}`,
+			`{"insert_id":"0123456789abcdef1","time":1700000000000,"event_type":"e","user_id":"user-1"}`},
+		{"keeps insert_id and time", `{"event_type":"e","user_id":"user-1","insert_id":"x","time":5}`,
+			`{"event_type":"e","user_id":"user-1","insert_id":"x","time":5}`},
+		{"adds time only", `{"insert_id":"x", "event_type":"e","user_id":"user-1"}`,
+			`{"time":1700000000000,"insert_id":"x", "event_type":"e","user_id":"user-1"}`},
+		// a null (the last duplicate counts) is replaced where it stands
+		{"null replaced in place", `{ "time" : null ,"event_type":"e","insert_id":null,"user_id":"user-1"}`,
+			`{ "time" : 1700000000000 ,"event_type":"e","insert_id":"0123456789abcdef1","user_id":"user-1"}`},
+		{"last null duplicate", `{"insert_id":"a","time":1,"insert_id":null,"time":null,"event_type":"e","user_id":"user-1"}`,
+			`{"insert_id":"a","time":1,"insert_id":"0123456789abcdef1","time":1700000000000,"event_type":"e","user_id":"user-1"}`},
+		// ip: `$remote` uses the address of the upload request
+		{"ip remote", `{"insert_id":"x","time":1,"ip":"$remote","event_type":"e","user_id":"user-1"}`,
+			`{"insert_id":"x","time":1,"ip":"192.0.2.7","event_type":"e","user_id":"user-1"}`},
+		{"ip remote escaped", `{"insert_id":"x","time":1,"ip":"\u0024remote","event_type":"e","user_id":"user-1"}`,
+			`{"insert_id":"x","time":1,"ip":"192.0.2.7","event_type":"e","user_id":"user-1"}`},
+		{"ip kept", `{"insert_id":"x","time":1,"ip":"10.1.1.1","event_type":"e","user_id":"user-1"}`,
+			`{"insert_id":"x","time":1,"ip":"10.1.1.1","event_type":"e","user_id":"user-1"}`},
+		{"all three", `{"ip":"$remote","event_type":"e","time":null,"user_id":"user-1","event_properties":{"ip":"$remote"}}`,
+			`{"insert_id":"0123456789abcdef1","ip":"192.0.2.7","event_type":"e","time":1700000000000,"user_id":"user-1","event_properties":{"ip":"$remote"}}`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var req Request
+			if err := Parse([]byte(envelope(tc.event)), &req); err != nil {
+				t.Fatal(errJSON(err))
+			}
+			got := req.Events[0].AppendRewritten([]byte("prefix:"), testIDGen(), 1700000000000, []byte("192.0.2.7"))
+			if string(got) != "prefix:"+tc.want {
+				t.Errorf("got  %s\nwant prefix:%s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestAppendRewrittenEscapesRemoteIP(t *testing.T) {
+	var req Request
+	if err := Parse([]byte(envelope(ev(`"ip":"$remote","insert_id":"x","time":1`))), &req); err != nil {
+		t.Fatal(errJSON(err))
+	}
+	got := req.Events[0].AppendRewritten(nil, testIDGen(), 1, []byte("a\"\\\x01\xff"))
+	want := `{"event_type":"e","user_id":"user-1","ip":"a\"\\\u0001` + "\ufffd" + `","insert_id":"x","time":1}`
+	if string(got) != want {
+		t.Errorf("got %s\nwant %s", got, want)
+	}
+	// No address known: "$remote" is left for the upstream.
+	got = req.Events[0].AppendRewritten(nil, testIDGen(), 1, nil)
+	if !bytes.Equal(got, req.Events[0].Raw) {
+		t.Errorf("got %s", got)
+	}
+}
+
+func TestErrorAppendJSON(t *testing.T) {
+	e := &Error{Status: 400, Msg: `Invalid "x"`, MissingField: "events",
+		InvalidFields: map[string][]int{"time": {3}, "device_id": {1}, "$skip_user_properties_sync": {0}},
+		MissingFields: map[string][]int{"user_id": {2}, "event_type": {0, 4}}}
+	want := `{"code":400,"error":"Invalid \"x\"","missing_field":"events","events_with_invalid_fields":{"$skip_user_properties_sync":[0],"device_id":[1],"time":[3]},"events_with_missing_fields":{"event_type":[0,4],"user_id":[2]}}`
+	for range 5 { // map order must not leak
+		if got := string(e.AppendJSON(nil)); got != want {
+			t.Fatalf("got  %s\nwant %s", got, want)
+		}
+	}
+	if e.Error() != `Invalid "x"` {
+		t.Errorf("Error() = %q", e.Error())
+	}
+}
+
+func TestParseZeroAllocs(t *testing.T) {
+	body := []byte(envelope(realisticEvents(100)...))
+	// escaped ids and api_key take the scratch path
+	esc := []byte(`{"api_key":"k\u0031","events":[` + strings.Repeat(`{"event_type":"e","user_id":"us\u00e9r-1","device_id":"d\u0065v-123"},`, 50) + ev("") + `]}`)
+	var req Request
+	for _, b := range [][]byte{body, esc} {
+		if err := Parse(b, &req); err != nil {
+			t.Fatal(errJSON(err))
+		}
+		if n := testing.AllocsPerRun(20, func() { Parse(b, &req) }); n != 0 {
+			t.Errorf("Parse: %v allocs per run", n)
+		}
+	}
+	if err := Parse(body, &req); err != nil {
+		t.Fatal(errJSON(err))
+	}
+	ids := NewIDGen()
+	dst := make([]byte, 0, 64<<10)
+	if n := testing.AllocsPerRun(20, func() {
+		dst = dst[:0]
+		for i := range req.Events {
+			dst = req.Events[i].AppendRewritten(dst, ids, 1700000000000, []byte("192.0.2.7"))
+			dst = req.Events[i].OrderKey(dst)
+		}
+	}); n != 0 {
+		t.Errorf("AppendRewritten: %v allocs per run", n)
+	}
+}
