@@ -1,12 +1,13 @@
-// Package sim is the relay's simulated upstream: a real HTTP server that
-// answers the upstream API's routes by the rules of ../shared/api/, keeps
-// what it ingested in memory for tests to read, and lets tests inject faults.
-// The relay's sandbox mode, its tests and bench/ all use it.
 package sim
 
 import (
+	"errors"
+	"fmt"
+	"hash/maphash"
 	"net"
 	"net/http"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -18,29 +19,267 @@ type Config struct {
 	EPSThreshold int
 	// RateWindow is the window the rate is averaged over; 0 means 10s.
 	RateWindow time.Duration
+	// ThrottlePenalty is how long a device or user named in a 429 stays
+	// throttled whatever its rate; 0 means 30s, negative means no penalty
+	// (only the measured rate counts).
+	ThrottlePenalty time.Duration
 	// DedupWindow is how long an insert_id is remembered per device; 0 means 7 days.
 	DedupWindow time.Duration
-	// MaxBodyBytes is the 413 limit; 0 means 1 MB (1,000,000 bytes... see the doc).
+	// DedupMaxKeys bounds the remembered insert_ids; 0 means 4,194,304. The
+	// oldest are forgotten first (see Stats.DedupEvicted).
+	DedupMaxKeys int
+	// MaxBodyBytes is the 413 limit: a (decoded) body must be strictly
+	// shorter; 0 means 1,000,000 (the relay's reading of "under 1 MB").
 	MaxBodyBytes int
+	// MaxEvents is the event count limit: a request must hold strictly fewer;
+	// 0 means 2000 ("under 2000 events").
+	MaxEvents int
+	// APIKeys, when non-empty, are the only valid api_keys; others get 400
+	// "Invalid API key". Empty means every non-empty key is valid.
+	APIKeys []string
+	// DailyQuota is the per-device limit of ingested events per UTC day;
+	// 0 means none.
+	DailyQuota int
+	// Keep bounds the events kept in memory for read-out (oldest dropped
+	// first; counts are always kept); 0 means 1,000,000, negative keeps none.
+	Keep int
+	// KeepRequests bounds the request log; 0 means 100,000, negative keeps none.
+	KeepRequests int
 	// CountOnly makes /2/httpapi answer 200 after counting events, without
 	// validating or storing them (the peak-rate benchmark sink).
 	CountOnly bool
-	// Now is the clock; nil means time.Now.
+	// Seed seeds the random choice of fractional faults; 0 means 1.
+	Seed uint64
+	// Now is the clock; nil means time.Now. Rate windows, penalties, dedup,
+	// daily quotas and request times use it; injected latency uses real time.
 	Now func() time.Time
 }
 
-// Sim is a simulated upstream. Create it with New; serve it with Serve.
-type Sim struct{}
+// Defaults of Config's zero values.
+const (
+	DefaultEPSThreshold    = 30
+	DefaultRateWindow      = 10 * time.Second
+	DefaultThrottlePenalty = 30 * time.Second
+	DefaultDedupWindow     = 7 * 24 * time.Hour
+	DefaultDedupMaxKeys    = 1 << 22
+	DefaultMaxBodyBytes    = 1_000_000
+	DefaultMaxEvents       = 2000
+	DefaultKeep            = 1_000_000
+	DefaultKeepRequests    = 100_000
+)
 
-// New returns a simulator. log may be nil.
-func New(cfg Config, log *zap.Logger) *Sim { panic("unimplemented") }
+// Validate reports a configuration that cannot work.
+func (c *Config) Validate() error {
+	switch {
+	case c.EPSThreshold < 0:
+		return fmt.Errorf("sim: EPSThreshold %d < 0", c.EPSThreshold)
+	case c.RateWindow < 0:
+		return fmt.Errorf("sim: RateWindow %v < 0", c.RateWindow)
+	case c.DedupWindow < 0:
+		return fmt.Errorf("sim: DedupWindow %v < 0", c.DedupWindow)
+	case c.DedupMaxKeys < 0:
+		return fmt.Errorf("sim: DedupMaxKeys %d < 0", c.DedupMaxKeys)
+	case c.MaxBodyBytes < 0:
+		return fmt.Errorf("sim: MaxBodyBytes %d < 0", c.MaxBodyBytes)
+	case c.MaxEvents < 0:
+		return fmt.Errorf("sim: MaxEvents %d < 0", c.MaxEvents)
+	case c.DailyQuota < 0:
+		return fmt.Errorf("sim: DailyQuota %d < 0", c.DailyQuota)
+	}
+	for _, k := range c.APIKeys {
+		if k == "" {
+			return errors.New("sim: empty key in APIKeys")
+		}
+	}
+	return nil
+}
+
+func (c Config) withDefaults() Config {
+	if c.EPSThreshold == 0 {
+		c.EPSThreshold = DefaultEPSThreshold
+	}
+	if c.RateWindow == 0 {
+		c.RateWindow = DefaultRateWindow
+	}
+	if c.ThrottlePenalty == 0 {
+		c.ThrottlePenalty = DefaultThrottlePenalty
+	}
+	if c.DedupWindow == 0 {
+		c.DedupWindow = DefaultDedupWindow
+	}
+	if c.DedupMaxKeys == 0 {
+		c.DedupMaxKeys = DefaultDedupMaxKeys
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.MaxEvents == 0 {
+		c.MaxEvents = DefaultMaxEvents
+	}
+	if c.Keep == 0 {
+		c.Keep = DefaultKeep
+	}
+	if c.KeepRequests == 0 {
+		c.KeepRequests = DefaultKeepRequests
+	}
+	if c.Seed == 0 {
+		c.Seed = 1
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// ErrClosed is returned by Serve after Close, and by Up after Close.
+var ErrClosed = errors.New("sim: closed")
+
+// Sim is a simulated upstream. Create it with New; serve it with Serve.
+type Sim struct {
+	cfg    Config
+	log    *zap.Logger
+	keys   map[string]bool
+	mux    *http.ServeMux
+	ctlMux *http.ServeMux
+	srv    *http.Server
+	ctlSrv *http.Server
+	seed   maphash.Seed
+
+	faultMu sync.Mutex
+	faults  faultState
+
+	lnMu      sync.Mutex
+	listeners []*switchListener
+	conns     map[net.Conn]struct{}
+	closed    bool
+
+	mu    sync.Mutex
+	store store
+
+	counted atomic.Int64 // CountOnly events
+}
+
+// New returns a simulator. log may be nil. It panics if cfg is invalid
+// (call cfg.Validate first to get an error instead).
+func New(cfg Config, log *zap.Logger) *Sim {
+	if err := cfg.Validate(); err != nil {
+		panic(err)
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	cfg = cfg.withDefaults()
+	s := &Sim{cfg: cfg, log: log, seed: maphash.MakeSeed()}
+	if len(cfg.APIKeys) > 0 {
+		s.keys = make(map[string]bool, len(cfg.APIKeys))
+		for _, k := range cfg.APIKeys {
+			s.keys[k] = true
+		}
+	}
+	s.faults.init(cfg.Seed)
+	s.store.init(&s.cfg, s.seed)
+	s.mux = http.NewServeMux()
+	s.ctlMux = http.NewServeMux()
+	s.registerHTTPAPI()
+	s.registerControl()
+	s.mux.Handle("/sim/", s.ctlMux)
+	s.mux.HandleFunc("/", s.unknownPath)
+	s.srv = &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second, ConnState: s.connState,
+		ErrorLog: zap.NewStdLog(log)}
+	s.ctlSrv = &http.Server{Handler: s.ctlMux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: zap.NewStdLog(log)}
+	return s
+}
+
+// Config returns the configuration in effect (zero values replaced by defaults).
+func (s *Sim) Config() Config {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cfg
+}
 
 // Handler returns the simulator's routes, including its control routes
 // under /sim/ (read what was ingested, inject faults) for black-box tests.
-func (s *Sim) Handler() http.Handler { panic("unimplemented") }
+// Faults of kind "drop" need a hijackable ResponseWriter; "down" with
+// DownRefuse needs Serve.
+func (s *Sim) Handler() http.Handler { return s.mux }
 
-// Serve serves on ln until Close.
-func (s *Sim) Serve(ln net.Listener) error { panic("unimplemented") }
+// ControlHandler returns only the /sim/ control routes.
+func (s *Sim) ControlHandler() http.Handler { return s.ctlMux }
 
-// Close stops serving.
-func (s *Sim) Close() error { panic("unimplemented") }
+// route registers an ingest route on the shared mux, wrapped in the shared
+// middleware (request log, latency, faults, down state, body reading and
+// gzip decoding). Route groups in other files of this package register
+// through it; h.serve fills what it did into in.Rec (the middleware fills
+// the status, time and fault).
+func (s *Sim) route(pattern string, h routeHandler) {
+	s.mux.Handle(pattern, s.ingestMiddleware(h))
+}
+
+// unknownPath answers the upstream's "Invalid request path".
+func (s *Sim) unknownPath(w http.ResponseWriter, r *http.Request) {
+	s.ingestMiddleware(routeHandler{serve: func(w http.ResponseWriter, r *http.Request, in *Incoming) {
+		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidPath})
+	}}).ServeHTTP(w, r)
+}
+
+// Serve serves on ln until Close. The Sim keeps ln's address so that Down
+// with DownRefuse can close it and Up can listen on it again.
+func (s *Sim) Serve(ln net.Listener) error {
+	sl, err := s.addListener(ln)
+	if err != nil {
+		return err
+	}
+	err = s.srv.Serve(sl)
+	if errors.Is(err, http.ErrServerClosed) || errors.Is(err, net.ErrClosed) {
+		return ErrClosed
+	}
+	return err
+}
+
+// ServeControl serves only the /sim/ control routes on ln until Close; it
+// is never affected by faults or Down.
+func (s *Sim) ServeControl(ln net.Listener) error {
+	err := s.ctlSrv.Serve(ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		return ErrClosed
+	}
+	return err
+}
+
+// Close stops serving: listeners are closed and connections dropped.
+func (s *Sim) Close() error {
+	s.lnMu.Lock()
+	s.closed = true
+	ls := s.listeners
+	s.listeners = nil
+	s.lnMu.Unlock()
+	var errs []error
+	for _, l := range ls {
+		if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	errs = append(errs, s.srv.Close(), s.ctlSrv.Close())
+	s.faultMu.Lock()
+	if s.faults.upTimer != nil {
+		s.faults.upTimer.Stop()
+	}
+	s.faultMu.Unlock()
+	return errors.Join(errs...)
+}
+
+// Start listens on addr (e.g. "127.0.0.1:0") and serves in a new goroutine.
+// It returns the base URL ("http://127.0.0.1:PORT"). Errors of Serve after
+// the start are logged.
+func (s *Sim) Start(addr string) (string, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", fmt.Errorf("sim: listen: %w", err)
+	}
+	go func() {
+		if err := s.Serve(ln); err != nil && !errors.Is(err, ErrClosed) {
+			s.log.Error("sim serve", zap.Error(err))
+		}
+	}()
+	return "http://" + ln.Addr().String(), nil
+}

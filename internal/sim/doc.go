@@ -1,0 +1,108 @@
+// Package sim is the relay's simulated upstream: a real HTTP server that
+// answers the upstream API's routes by the rules of
+// ../shared/api/ingestion-groups-usermap-export.md, keeps what it ingested in
+// memory for tests to read, and lets tests inject faults.
+//
+// The relay's sandbox mode, its tests and bench/ all use it. Its validator is
+// written independently of internal/event (with encoding/json) on purpose:
+// the relay's own validator is checked against it.
+//
+// # Routes
+//
+// Ingest routes (/2/httpapi and /batch, same rules; later also /groupidentify,
+// /usermap, ...) are registered with Sim.route, which wraps them in the shared
+// middleware: request log, global latency, injected faults and the "down"
+// state. Control routes live under /sim/ (see control.go) and are never
+// subject to faults (but a listener that is down for "refuse" refuses them
+// too: serve them on a second listener with ServeControl, or give /sim/down a
+// "for" duration).
+//
+// # Order of checks on /2/httpapi
+//
+//  1. method must be POST, else 400 "Invalid request path"; unknown paths
+//     answer 400 "Invalid request path" as well.
+//  2. body (after gzip decoding when Content-Encoding: gzip) must be strictly
+//     under Config.MaxBodyBytes (default 1,000,000), else 413
+//     {"code":413,"error":"Payload too large"}. An undecodable gzip stream is
+//     400 "Invalid JSON request body".
+//  3. empty (or all-whitespace) body: 400 "Missing request body".
+//  4. not a JSON object: 400 "Invalid JSON request body".
+//  5. api_key absent, null or "": 400 "Request missing required field",
+//     missing_field "api_key". api_key not a string, or not in Config.APIKeys
+//     when that is non-empty: 400 "Invalid API key".
+//  6. events absent, null or []: 400 "Request missing required field",
+//     missing_field "events". events not an array, or an element not an
+//     object: 400 "Invalid event JSON". 2000 or more events (the document's
+//     "under 2000 events"): 400 "Invalid event JSON" (it names no event; a
+//     client bisects).
+//  7. options not an object, or options.min_id_length not a non-negative
+//     integer: 400 "Invalid field values on some events" (no event named).
+//  8. per event (JSON null counts as absent for every field):
+//     - event_type absent or "": missing "event_type"; not a string: invalid.
+//     - user_id / device_id not strings: invalid. A device_id made only of
+//     '0' and '-' (with at least one '0') is invalid ("All-zero device IDs
+//     are dropped and the request returns an error"). Ids shorter than
+//     min_id_length (in characters) are removed; an event left with neither
+//     is missing "user_id".
+//     - time not an integer literal (no fraction, no exponent, not a
+//     string): invalid "time".
+//     - event_properties, user_properties, groups, group_properties, plan:
+//     objects; event_properties/user_properties/group_properties at most
+//     40 layers deep (the object itself is layer 1; objects and arrays both
+//     count): invalid otherwise.
+//     - string, number, integer and boolean fields of the Event table must
+//     have that JSON type.
+//     Each field names the index of the first event with that error. If any
+//     field is missing the error is "Request missing required field", else
+//     "Invalid field values on some events"; both maps are sent when
+//     non-empty. String length (1024) is not enforced: the document states a
+//     limit but not a rejection.
+//  9. silenced devices and daily quota (see below): 400.
+//  10. rate limit: 429.
+//  11. otherwise 200 {"code":200,"events_ingested":N,"payload_size_bytes":B,
+//     "server_upload_time":MS}, N = events in the request (duplicates
+//     included: the upstream ignores them silently), B = decoded body size.
+//
+// A non-200 answer ingests nothing (the one exception is the injected fault
+// DropAfterIngest, which ingests and then loses the answer, as a real network
+// can).
+//
+// # Dedup
+//
+// An event with an insert_id that was already ingested within DedupWindow for
+// the same api_key and device (device_id, or when absent a hash of user_id)
+// is counted in Duplicates and not stored again. Remembered ids are bounded
+// by Config.DedupMaxKeys (oldest forgotten first, counted in DedupEvicted).
+//
+// # Rate limit
+//
+// Rates are per device_id and per user_id (an event without device_id counts
+// for its user only, so throttled_devices never names the upstream's hashed
+// id). The rate of a key is the number of its events ingested during the last
+// RateWindow (10s) divided by the window in seconds. Events count only once
+// their request is accepted. A request is answered 429 when any device or
+// user in it is already above EPSThreshold (its own events do not count yet,
+// so one large batch is never refused forever) or is still inside its
+// penalty: once a key has been named in a 429 it stays throttled for
+// ThrottlePenalty (30s, the document's "Pause that user or device for 30
+// seconds"); requests during the penalty do not extend it. The reported rate
+// is the measured rate rounded up to an integer.
+//
+// # Silenced devices and daily quota
+//
+// Silence(device) silences a device until Unsilence. With DailyQuota > 0, a
+// device whose ingested events of the current UTC day (by Config.Now) are
+// already >= DailyQuota is over quota. A request holding events of such
+// devices is answered 400 "Some devices are silenced" with eps_threshold,
+// silenced_devices (the silenced ones), silenced_events (indexes of events of
+// silenced devices only), exceeded_daily_quota_devices (device -> today's
+// count), and throttled_devices / throttled_events when some are throttled
+// too. Nothing of it is ingested.
+//
+// # Concurrency
+//
+// Lock order: Sim.faultMu, then Sim.mu. Sim.mu guards the store (events,
+// dedup, rates, request log); Sim.faultMu guards faults and the down state.
+// Handlers run on net/http's goroutines; ServeControl and Serve may be called
+// for several listeners.
+package sim

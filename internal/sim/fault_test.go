@@ -1,0 +1,147 @@
+package sim
+
+import (
+	"bytes"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestFailNextStatuses(t *testing.T) {
+	s, url := start(t, Config{})
+	for _, st := range []int{500, 502, 503, 504} {
+		s.FailNext(2, st)
+		for i := 0; i < 2; i++ {
+			a := post(t, url+"/2/httpapi", env("k", ev("device1", "x")))
+			if a.Status != st || a.JSON["code"] != float64(st) {
+				t.Fatalf("want %d, got %d %s", st, a.Status, a.Body)
+			}
+		}
+	}
+	if s.Count() != 0 {
+		t.Fatalf("faulted requests ingested %d", s.Count())
+	}
+	a := post(t, url+"/2/httpapi", env("k", ev("device1", "x")))
+	if a.Status != 200 || s.Count() != 1 {
+		t.Fatalf("after faults: %d count %d", a.Status, s.Count())
+	}
+	reqs := s.Requests()
+	if len(reqs) != 9 || reqs[0].Status != 500 || reqs[0].Fault != "status" || !reqs[0].HasDevice("device1") || reqs[8].Status != 200 {
+		t.Fatalf("log %+v", reqs)
+	}
+}
+
+func TestFaultNonJSONBodyAndPathPrefix(t *testing.T) {
+	s, url := start(t, Config{})
+	s.Inject(Fault{Status: 502, Body: []byte("<html>bad gateway</html>"), ContentType: "text/html", PathPrefix: "/batch"})
+	a := post(t, url+"/2/httpapi", env("k", ev("device1", "x")))
+	if a.Status != 200 {
+		t.Fatalf("prefix not honoured: %d", a.Status)
+	}
+	a = post(t, url+"/batch", env("k", ev("device1", "y")))
+	if a.Status != 502 || string(a.Body) != "<html>bad gateway</html>" {
+		t.Fatalf("%d %q", a.Status, a.Body)
+	}
+}
+
+func TestFaultFractionAndUnlimited(t *testing.T) {
+	s, url := start(t, Config{Seed: 7})
+	s.Inject(Fault{Status: 503, Count: -1, Fraction: 0.5})
+	fails := 0
+	for i := 0; i < 40; i++ {
+		if post(t, url+"/2/httpapi", env("k", ev("device1", "x"))).Status == 503 {
+			fails++
+		}
+	}
+	if fails < 8 || fails > 32 {
+		t.Fatalf("fraction 0.5 failed %d of 40", fails)
+	}
+	s.ClearFaults()
+	if a := post(t, url+"/2/httpapi", env("k", ev("device1", "x"))); a.Status != 200 {
+		t.Fatalf("after clear: %d", a.Status)
+	}
+}
+
+func TestLatency(t *testing.T) {
+	s, url := start(t, Config{})
+	s.SetLatency(150 * time.Millisecond)
+	t0 := time.Now()
+	post(t, url+"/2/httpapi", env("k", ev("device1", "x")))
+	if d := time.Since(t0); d < 150*time.Millisecond {
+		t.Fatalf("latency %v", d)
+	}
+	s.SetLatency(0)
+	s.Inject(Fault{Latency: 100 * time.Millisecond})
+	t0 = time.Now()
+	if a := post(t, url+"/2/httpapi", env("k", ev("device1", "y"))); a.Status != 200 {
+		t.Fatalf("latency-only fault changed status: %d", a.Status)
+	}
+	if d := time.Since(t0); d < 100*time.Millisecond {
+		t.Fatalf("fault latency %v", d)
+	}
+	// Control routes are never delayed.
+	s.SetLatency(2 * time.Second)
+	t0 = time.Now()
+	var st map[string]any
+	getJSON(t, url+"/sim/stats", &st)
+	if d := time.Since(t0); d > time.Second {
+		t.Fatalf("control route delayed %v", d)
+	}
+	s.SetLatency(0)
+}
+
+func TestDrops(t *testing.T) {
+	for _, tc := range []struct {
+		mode     DropMode
+		ingested int64
+	}{{DropNoAnswer, 0}, {DropAfterIngest, 1}, {DropMidResponse, 1}} {
+		t.Run(string(tc.mode), func(t *testing.T) {
+			s, url := start(t, Config{})
+			s.DropNext(1, tc.mode)
+			_, err := tryPost(url+"/2/httpapi", env("k", ev("device1", "x")))
+			if err == nil {
+				t.Fatalf("no error from a dropped connection")
+			}
+			if s.Count() != tc.ingested {
+				t.Fatalf("ingested %d, want %d", s.Count(), tc.ingested)
+			}
+			// The retry: the same insert_id is a duplicate when it was ingested.
+			a := post(t, url+"/2/httpapi", env("k", ev("device1", "x")))
+			if a.Status != 200 || s.Count() != 1 || s.Duplicates() != tc.ingested {
+				t.Fatalf("retry: %d count %d dups %d", a.Status, s.Count(), s.Duplicates())
+			}
+			r := s.Requests()[0]
+			if r.Status != 0 || r.Fault != "drop-"+string(tc.mode) {
+				t.Fatalf("record %+v", r)
+			}
+		})
+	}
+}
+
+func TestMidResponseSendsPartialBody(t *testing.T) {
+	s, url := start(t, Config{})
+	s.DropNext(1, DropMidResponse)
+	c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	body := env("k", ev("device1", "x"))
+	c.Write([]byte("POST /2/httpapi HTTP/1.1\r\nHost: x\r\nContent-Length: " + itoa(len(body)) + "\r\n\r\n"))
+	c.Write(body)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var got bytes.Buffer
+	buf := make([]byte, 4096)
+	for {
+		n, err := c.Read(buf)
+		got.Write(buf[:n])
+		if err != nil {
+			break
+		}
+	}
+	out := got.String()
+	if !strings.HasPrefix(out, "HTTP/1.1 200") || !strings.Contains(out, `{"code":200`) || strings.HasSuffix(out, "}") {
+		t.Fatalf("partial answer %q", out)
+	}
+}

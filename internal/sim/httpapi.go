@@ -1,0 +1,105 @@
+package sim
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+)
+
+// registerHTTPAPI registers the HTTP V2 ingestion routes.
+func (s *Sim) registerHTTPAPI() {
+	h := routeHandler{serve: s.serveHTTPAPI, describe: s.describeHTTPAPI}
+	if s.cfg.CountOnly {
+		h = routeHandler{serve: s.serveCountOnly}
+	}
+	s.route("/2/httpapi", h)
+	s.route("/batch", h)
+}
+
+func (s *Sim) serveHTTPAPI(w http.ResponseWriter, r *http.Request, in *Incoming) {
+	if r.Method != http.MethodPost {
+		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidPath})
+		return
+	}
+	if in.TooLarge {
+		writeJSON(w, http.StatusRequestEntityTooLarge, errBody{Code: 413, Error: ErrTextTooLarge})
+		return
+	}
+	if in.BadEncoding {
+		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidJSON})
+		return
+	}
+	env, verr := validate(in.Body, s.keys, s.cfg.MaxEvents)
+	if verr != nil {
+		s.describeHTTPAPI(in)
+		writeJSON(w, verr.Code, verr)
+		return
+	}
+	fillRecord(in.Rec, env)
+	status, body := s.accept(env, len(in.Body), in.Rec)
+	writeJSON(w, status, body)
+}
+
+// describeHTTPAPI fills the record of a request that is not processed (a
+// fault answered it, or it is invalid) as far as the body can be read.
+func (s *Sim) describeHTTPAPI(in *Incoming) {
+	var top struct {
+		APIKey  any               `json:"api_key"`
+		Events  []json.RawMessage `json:"events"`
+		Options struct {
+			MinIDLength *int `json:"min_id_length"`
+		} `json:"options"`
+	}
+	if json.Unmarshal(in.Body, &top) != nil {
+		return
+	}
+	env := &envelope{raw: top.Events, minIDLen: 5}
+	if k, ok := top.APIKey.(string); ok {
+		env.apiKey = k
+	}
+	if top.Options.MinIDLength != nil {
+		env.minIDLen = *top.Options.MinIDLength
+	}
+	env.info = make([]evInfo, len(top.Events))
+	for i, raw := range top.Events {
+		var ev struct {
+			DeviceID any `json:"device_id"`
+			UserID   any `json:"user_id"`
+		}
+		if json.Unmarshal(raw, &ev) != nil {
+			continue
+		}
+		d, _ := ev.DeviceID.(string)
+		u, _ := ev.UserID.(string)
+		if len([]rune(d)) >= env.minIDLen {
+			env.info[i].deviceID = d
+		}
+		if len([]rune(u)) >= env.minIDLen {
+			env.info[i].userID = u
+		}
+	}
+	fillRecord(in.Rec, env)
+}
+
+func fillRecord(rec *Record, env *envelope) {
+	if env.apiKey != "" {
+		rec.KeyLabel = KeyLabel(env.apiKey)
+	}
+	rec.Events = len(env.raw)
+	for _, ev := range env.info {
+		if ev.deviceID != "" && !contains(rec.Devices, ev.deviceID) {
+			rec.Devices = append(rec.Devices, ev.deviceID)
+		}
+		if ev.userID != "" && !contains(rec.Users, ev.userID) {
+			rec.Users = append(rec.Users, ev.userID)
+		}
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b := appendJSON(nil, v)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	w.Write(b)
+}

@@ -1,0 +1,145 @@
+package sim
+
+import (
+	"bytes"
+	"compress/gzip"
+	"io"
+	"net/http"
+	"strings"
+)
+
+// Incoming is an ingest request as the shared middleware read it.
+type Incoming struct {
+	// Body is the request body, gzip-decoded when Content-Encoding: gzip;
+	// nil when TooLarge.
+	Body []byte
+	// TooLarge: the decoded body is not strictly under Config.MaxBodyBytes.
+	TooLarge bool
+	// BadEncoding: the gzip stream could not be decoded, or another
+	// Content-Encoding was named.
+	BadEncoding bool
+	// Rec is this request's log entry; handlers fill Events, Devices, Users,
+	// APIKey, Ingested and Duplicates (the middleware fills the rest).
+	Rec *Record
+}
+
+// routeHandler is an ingest route's handler; describe, when not nil, fills
+// in.Rec from the body for requests a fault answered instead.
+type routeHandler struct {
+	serve    func(w http.ResponseWriter, r *http.Request, in *Incoming)
+	describe func(in *Incoming)
+}
+
+func (s *Sim) ingestMiddleware(h routeHandler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := s.newRecord(r)
+		in := &Incoming{Rec: rec}
+		latency, f, hasFault, down := s.takeFault(r.URL.Path)
+		sleepCtx(r.Context(), latency+f.Latency)
+		if down == DownRefuse || down == DownClose {
+			rec.Fault = "down-" + string(down)
+			hijackClose(w)
+			s.logRequest(rec)
+			return
+		}
+		s.readBody(r, in)
+		rec.BodyBytes = len(in.Body)
+		rec.Gzip = strings.EqualFold(r.Header.Get("Content-Encoding"), "gzip")
+		if in.Body != nil {
+			r.Body = io.NopCloser(bytes.NewReader(in.Body))
+			r.Header.Del("Content-Encoding")
+		}
+		sw := &statusWriter{ResponseWriter: w}
+		switch {
+		case down == Down503:
+			rec.Fault = "down-503"
+			s.describe(h, in)
+			writeFault(sw, Fault{Status: http.StatusServiceUnavailable})
+		case hasFault && f.Drop == DropNoAnswer:
+			rec.Fault = "drop-" + string(f.Drop)
+			s.describe(h, in)
+			hijackClose(w)
+		case hasFault && (f.Drop == DropAfterIngest || f.Drop == DropMidResponse):
+			rec.Fault = "drop-" + string(f.Drop)
+			bw := &bufferedWriter{h: make(http.Header)}
+			h.serve(bw, r, in)
+			rec.Answered = bw.status // what it would have answered
+			if f.Drop == DropMidResponse {
+				for k, v := range bw.h {
+					w.Header()[k] = v
+				}
+				b := bw.buf.Bytes()
+				w.Header().Set("Content-Length", itoa(len(b)))
+				w.WriteHeader(bw.status)
+				w.Write(b[:len(b)/2])
+				http.NewResponseController(w).Flush()
+			}
+			hijackClose(w)
+		case hasFault && f.Status != 0:
+			rec.Fault = "status"
+			s.describe(h, in)
+			writeFault(sw, f)
+		default:
+			h.serve(sw, r, in)
+		}
+		rec.Status = sw.status
+		s.logRequest(rec)
+	})
+}
+
+func (s *Sim) describe(h routeHandler, in *Incoming) {
+	if h.describe != nil && in.Body != nil {
+		h.describe(in)
+	}
+}
+
+// readBody reads (and gzip-decodes) the body; it must be strictly shorter
+// than MaxBodyBytes.
+func (s *Sim) readBody(r *http.Request, in *Incoming) {
+	max := int64(s.cfg.MaxBodyBytes)
+	raw, err := io.ReadAll(io.LimitReader(r.Body, max))
+	if err != nil {
+		in.BadEncoding = true
+		return
+	}
+	if int64(len(raw)) >= max {
+		in.TooLarge = true
+		return
+	}
+	switch enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); enc {
+	case "", "identity":
+		in.Body = raw
+	case "gzip", "x-gzip":
+		zr, err := gzip.NewReader(bytes.NewReader(raw))
+		if err != nil {
+			in.BadEncoding = true
+			return
+		}
+		dec, err := io.ReadAll(io.LimitReader(zr, max))
+		if err != nil {
+			in.BadEncoding = true
+			return
+		}
+		if int64(len(dec)) >= max {
+			in.TooLarge = true
+			return
+		}
+		in.Body = dec
+	default:
+		in.BadEncoding = true
+	}
+}
+
+func itoa(n int) string {
+	var b [20]byte
+	i := len(b)
+	if n == 0 {
+		return "0"
+	}
+	for n > 0 {
+		i--
+		b[i] = byte('0' + n%10)
+		n /= 10
+	}
+	return string(b[i:])
+}

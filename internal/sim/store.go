@@ -1,0 +1,601 @@
+package sim
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"hash/maphash"
+	"math"
+	"net/http"
+	"sort"
+	"time"
+)
+
+// Record is one request in the request log.
+type Record struct {
+	// Seq numbers requests in arrival order, from 1.
+	Seq int64 `json:"seq"`
+	// Time is when the request arrived (Config.Now).
+	Time   time.Time `json:"time"`
+	Method string    `json:"method"`
+	Path   string    `json:"path"`
+	// Status is the status answered; 0 when the connection was dropped
+	// without a complete answer.
+	Status int `json:"status"`
+	// Answered is the status the handler produced for a request whose
+	// answer a Drop fault lost (DropAfterIngest, DropMidResponse).
+	Answered int `json:"answered,omitempty"`
+	// Fault names the fault applied: "", "status", "drop-<mode>", "down-<mode>".
+	Fault string `json:"fault,omitempty"`
+	// KeyLabel is KeyLabel(api_key) ("" when none could be read).
+	KeyLabel string `json:"key_label,omitempty"`
+	// Events is the number of events in the request (0 when unreadable).
+	Events int `json:"events"`
+	// Devices and Users are the distinct device_id / user_id values of the
+	// request's events (ids below min_id_length removed), in first-seen order.
+	Devices []string `json:"devices,omitempty"`
+	Users   []string `json:"users,omitempty"`
+	// Ingested and Duplicates count the events stored / recognised as
+	// duplicates by this request.
+	Ingested   int `json:"ingested"`
+	Duplicates int `json:"duplicates"`
+	// BodyBytes is the decoded body size; Gzip says it came gzip-encoded.
+	BodyBytes int  `json:"body_bytes"`
+	Gzip      bool `json:"gzip,omitempty"`
+}
+
+// HasDevice reports whether the request held events of device id.
+func (r *Record) HasDevice(id string) bool { return contains(r.Devices, id) }
+
+// HasUser reports whether the request held events of user id.
+func (r *Record) HasUser(id string) bool { return contains(r.Users, id) }
+
+func contains(l []string, s string) bool {
+	for _, x := range l {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// KeyLabel is a short, non-secret label of an api_key (a hash prefix), as
+// used in Record.KeyLabel.
+func KeyLabel(apiKey string) string {
+	h := sha256.Sum256([]byte(apiKey))
+	return "k:" + hex.EncodeToString(h[:4])
+}
+
+// Ingested is one stored event.
+type Ingested struct {
+	// Seq numbers stored events in arrival order, from 1 (across keys).
+	Seq int64 `json:"seq"`
+	// Request is the Seq of the request that brought it.
+	Request int64 `json:"request"`
+	// Raw is the event object exactly as received (byte-exact).
+	Raw json.RawMessage `json:"raw"`
+	// EventType, DeviceID, UserID and InsertID are read from Raw (ids below
+	// min_id_length are "").
+	EventType string    `json:"event_type"`
+	DeviceID  string    `json:"device_id,omitempty"`
+	UserID    string    `json:"user_id,omitempty"`
+	InsertID  string    `json:"insert_id,omitempty"`
+	Time      time.Time `json:"time"`
+	// APIKey is the envelope's api_key (not in the JSON form).
+	APIKey string `json:"-"`
+}
+
+// Stats are the Sim's counters; they survive the memory bounds.
+type Stats struct {
+	Requests   int64         `json:"requests"`
+	ByStatus   map[int]int64 `json:"by_status"`
+	Ingested   int64         `json:"ingested"`
+	Duplicates int64         `json:"duplicates"`
+	// IngestedByKey counts ingested events per KeyLabel.
+	IngestedByKey map[string]int64 `json:"ingested_by_key"`
+	// Counted is the number of events CountOnly mode counted.
+	Counted int64 `json:"counted"`
+	// EventsDropped counts stored events forgotten because of Config.Keep.
+	EventsDropped int64 `json:"events_dropped"`
+	// DedupEvicted counts insert_ids forgotten early because of DedupMaxKeys.
+	DedupEvicted int64 `json:"dedup_evicted"`
+	// Throttled and Silenced count 429 and silenced-400 answers.
+	Throttled int64 `json:"throttled"`
+	Silenced  int64 `json:"silenced"`
+}
+
+type dedupEntry struct {
+	h uint64
+	t int64
+}
+
+type rateStamp struct {
+	t int64
+	n int
+}
+
+type rateKey struct {
+	stamps       []rateStamp
+	sum          int
+	penaltyUntil int64
+}
+
+type quotaKey struct {
+	day int64
+	n   int
+}
+
+// store is the Sim's state; guarded by Sim.mu.
+type store struct {
+	cfg  *Config
+	seed maphash.Seed
+
+	reqSeq, evSeq int64
+	events        []Ingested
+	evStart       int
+	requests      []*Record
+	reqStart      int
+	stats         Stats
+
+	dedup     map[uint64]int64
+	dedupFIFO []dedupEntry
+	dedupHead int
+
+	rates    map[string]*rateKey
+	sweepCtr int
+	quotas   map[string]*quotaKey
+	silenced map[string]bool
+}
+
+func (st *store) init(cfg *Config, seed maphash.Seed) {
+	st.cfg, st.seed = cfg, seed
+	silenced := st.silenced
+	*st = store{cfg: cfg, seed: seed, silenced: silenced}
+	st.stats.ByStatus = make(map[int]int64)
+	st.stats.IngestedByKey = make(map[string]int64)
+	st.dedup = make(map[uint64]int64)
+	st.rates = make(map[string]*rateKey)
+	st.quotas = make(map[string]*quotaKey)
+	if st.silenced == nil {
+		st.silenced = make(map[string]bool)
+	}
+}
+
+// newRecord starts the log entry of an arriving request.
+func (s *Sim) newRecord(r *http.Request) *Record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.store.reqSeq++
+	return &Record{Seq: s.store.reqSeq, Time: s.cfg.Now(), Method: r.Method, Path: r.URL.Path}
+}
+
+// logRequest appends rec to the request log and counts it.
+func (s *Sim) logRequest(rec *Record) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := &s.store
+	st.stats.Requests++
+	st.stats.ByStatus[rec.Status]++
+	if s.cfg.KeepRequests < 0 {
+		return
+	}
+	st.requests = append(st.requests, rec)
+	if len(st.requests)-st.reqStart > s.cfg.KeepRequests {
+		st.requests[st.reqStart] = nil
+		st.reqStart++
+		if st.reqStart > len(st.requests)/2 {
+			st.requests = append(st.requests[:0:0], st.requests[st.reqStart:]...)
+			st.reqStart = 0
+		}
+	}
+}
+
+func (st *store) rateKeyOf(apiKey, kind, id string) string {
+	return apiKey + "\x00" + kind + id
+}
+
+func (st *store) rateOf(k string, now int64) (*rateKey, float64) {
+	rk := st.rates[k]
+	if rk == nil {
+		return nil, 0
+	}
+	cut := now - int64(st.cfg.RateWindow)
+	i := 0
+	for i < len(rk.stamps) && rk.stamps[i].t <= cut {
+		rk.sum -= rk.stamps[i].n
+		i++
+	}
+	if i > 0 {
+		rk.stamps = append(rk.stamps[:0], rk.stamps[i:]...)
+	}
+	return rk, float64(rk.sum) / st.cfg.RateWindow.Seconds()
+}
+
+func (st *store) addRate(k string, now int64, n int) {
+	rk := st.rates[k]
+	if rk == nil {
+		rk = &rateKey{}
+		st.rates[k] = rk
+	}
+	if l := len(rk.stamps); l > 0 && rk.stamps[l-1].t == now {
+		rk.stamps[l-1].n += n
+	} else {
+		rk.stamps = append(rk.stamps, rateStamp{now, n})
+	}
+	rk.sum += n
+}
+
+// sweep drops idle rate keys, now and then.
+func (st *store) sweep(now int64) {
+	st.sweepCtr++
+	if st.sweepCtr < 1024 {
+		return
+	}
+	st.sweepCtr = 0
+	for k := range st.rates {
+		rk, _ := st.rateOf(k, now)
+		if rk.sum == 0 && rk.penaltyUntil <= now {
+			delete(st.rates, k)
+		}
+	}
+}
+
+func utcDay(t time.Time) int64 { return t.UTC().Unix() / 86400 }
+
+// throttleBody is the 429 answer.
+type throttleBody struct {
+	Code             int            `json:"code"`
+	Error            string         `json:"error"`
+	EPSThreshold     int            `json:"eps_threshold"`
+	ThrottledDevices map[string]int `json:"throttled_devices"`
+	ThrottledUsers   map[string]int `json:"throttled_users"`
+	ThrottledEvents  []int          `json:"throttled_events"`
+}
+
+// silenceBody is the silenced-device 400 answer.
+type silenceBody struct {
+	Code                      int            `json:"code"`
+	Error                     string         `json:"error"`
+	EPSThreshold              int            `json:"eps_threshold"`
+	ExceededDailyQuotaDevices map[string]int `json:"exceeded_daily_quota_devices"`
+	SilencedDevices           []string       `json:"silenced_devices"`
+	SilencedEvents            []int          `json:"silenced_events"`
+	ThrottledDevices          map[string]int `json:"throttled_devices"`
+	ThrottledEvents           []int          `json:"throttled_events"`
+}
+
+// successBody is the 200 answer.
+type successBody struct {
+	Code             int   `json:"code"`
+	EventsIngested   int   `json:"events_ingested"`
+	PayloadSizeBytes int   `json:"payload_size_bytes"`
+	ServerUploadTime int64 `json:"server_upload_time"`
+}
+
+// accept applies silencing, quotas, rate limits and dedup to a valid
+// request and stores it when accepted. It returns the status and answer.
+func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := &s.store
+	nowT := s.cfg.Now()
+	now := nowT.UnixNano()
+	day := utcDay(nowT)
+	st.sweep(now)
+
+	// Silenced devices and daily quotas.
+	var silDevs []string
+	var silEvents []int
+	var quota map[string]int
+	for i, ev := range env.info {
+		if ev.deviceID == "" {
+			continue
+		}
+		if st.silenced[ev.deviceID] {
+			if !contains(silDevs, ev.deviceID) {
+				silDevs = append(silDevs, ev.deviceID)
+			}
+			silEvents = append(silEvents, i)
+		}
+		if s.cfg.DailyQuota > 0 {
+			if q := st.quotas[env.apiKey+"\x00"+ev.deviceID]; q != nil && q.day == day && q.n >= s.cfg.DailyQuota {
+				if quota == nil {
+					quota = make(map[string]int)
+				}
+				quota[ev.deviceID] = q.n
+			}
+		}
+	}
+
+	// Rate limits (measured on accepted events only).
+	thrDevs, thrUsers := map[string]int{}, map[string]int{}
+	var thrEvents []int
+	check := func(kind, id string, out map[string]int) bool {
+		if id == "" {
+			return false
+		}
+		if _, done := out[id]; done {
+			return true
+		}
+		k := st.rateKeyOf(env.apiKey, kind, id)
+		rk, rate := st.rateOf(k, now)
+		inPenalty := rk != nil && rk.penaltyUntil > now
+		if rate > float64(s.cfg.EPSThreshold) || inPenalty {
+			out[id] = int(math.Ceil(rate))
+			return true
+		}
+		return false
+	}
+	for i, ev := range env.info {
+		d := check("d", ev.deviceID, thrDevs)
+		u := check("u", ev.userID, thrUsers)
+		if d || u {
+			thrEvents = append(thrEvents, i)
+		}
+	}
+	if len(thrEvents) > 0 {
+		s.startPenaltiesLocked(env.apiKey, thrDevs, thrUsers, now)
+	}
+
+	if len(silDevs) > 0 || len(quota) > 0 {
+		st.stats.Silenced++
+		b := silenceBody{Code: 400, Error: ErrTextSilenced, EPSThreshold: s.cfg.EPSThreshold,
+			ExceededDailyQuotaDevices: quota, SilencedDevices: silDevs, SilencedEvents: silEvents,
+			ThrottledDevices: thrDevs, ThrottledEvents: thrEvents}
+		if b.ExceededDailyQuotaDevices == nil {
+			b.ExceededDailyQuotaDevices = map[string]int{}
+		}
+		if b.SilencedDevices == nil {
+			b.SilencedDevices = []string{}
+		}
+		if b.SilencedEvents == nil {
+			b.SilencedEvents = []int{}
+		}
+		if b.ThrottledEvents == nil {
+			b.ThrottledEvents = []int{}
+		}
+		return 400, b
+	}
+	if len(thrEvents) > 0 {
+		st.stats.Throttled++
+		return 429, throttleBody{Code: 429, Error: ErrTextTooManyRequest, EPSThreshold: s.cfg.EPSThreshold,
+			ThrottledDevices: thrDevs, ThrottledUsers: thrUsers, ThrottledEvents: thrEvents}
+	}
+
+	// Accepted: dedup, store, count.
+	label := KeyLabel(env.apiKey)
+	perDev := map[string]int{}
+	perUser := map[string]int{}
+	for i, ev := range env.info {
+		if ev.deviceID != "" {
+			perDev[ev.deviceID]++
+		}
+		if ev.userID != "" {
+			perUser[ev.userID]++
+		}
+		if ev.hasInsertID && st.seenLocked(env.apiKey, ev, now) {
+			rec.Duplicates++
+			st.stats.Duplicates++
+			continue
+		}
+		rec.Ingested++
+		st.stats.Ingested++
+		st.stats.IngestedByKey[label]++
+		st.evSeq++
+		if s.cfg.Keep < 0 {
+			continue
+		}
+		raw := make(json.RawMessage, len(env.raw[i]))
+		copy(raw, env.raw[i])
+		st.events = append(st.events, Ingested{Seq: st.evSeq, Request: rec.Seq, Raw: raw,
+			EventType: ev.eventType, DeviceID: ev.deviceID, UserID: ev.userID, InsertID: ev.insertID,
+			Time: nowT, APIKey: env.apiKey})
+		if len(st.events)-st.evStart > s.cfg.Keep {
+			st.events[st.evStart] = Ingested{}
+			st.evStart++
+			st.stats.EventsDropped++
+			if st.evStart > len(st.events)/2 {
+				st.events = append(st.events[:0:0], st.events[st.evStart:]...)
+				st.evStart = 0
+			}
+		}
+	}
+	for d, n := range perDev {
+		st.addRate(st.rateKeyOf(env.apiKey, "d", d), now, n)
+		if s.cfg.DailyQuota > 0 {
+			qk := env.apiKey + "\x00" + d
+			q := st.quotas[qk]
+			if q == nil || q.day != day {
+				q = &quotaKey{day: day}
+				st.quotas[qk] = q
+			}
+			q.n += n
+		}
+	}
+	for u, n := range perUser {
+		st.addRate(st.rateKeyOf(env.apiKey, "u", u), now, n)
+	}
+	return 200, successBody{Code: 200, EventsIngested: len(env.raw), PayloadSizeBytes: bodyLen,
+		ServerUploadTime: nowT.UnixMilli()}
+}
+
+func (s *Sim) startPenaltiesLocked(apiKey string, devs, users map[string]int, now int64) {
+	if s.cfg.ThrottlePenalty < 0 {
+		return
+	}
+	st := &s.store
+	for kind, m := range map[string]map[string]int{"d": devs, "u": users} {
+		for id := range m {
+			k := st.rateKeyOf(apiKey, kind, id)
+			rk := st.rates[k]
+			if rk == nil {
+				rk = &rateKey{}
+				st.rates[k] = rk
+			}
+			if rk.penaltyUntil <= now {
+				rk.penaltyUntil = now + int64(s.cfg.ThrottlePenalty)
+			}
+		}
+	}
+}
+
+// seenLocked reports whether ev's insert_id was seen for its device within
+// the dedup window, remembering it otherwise.
+func (st *store) seenLocked(apiKey string, ev evInfo, now int64) bool {
+	var h maphash.Hash
+	h.SetSeed(st.seed)
+	h.WriteString(apiKey)
+	h.WriteByte(0)
+	if ev.deviceID != "" {
+		h.WriteString("d")
+		h.WriteString(ev.deviceID)
+	} else {
+		h.WriteString("u") // the upstream's "hashed user_id" device
+		h.WriteString(ev.userID)
+	}
+	h.WriteByte(0)
+	h.WriteString(ev.insertID)
+	k := h.Sum64()
+	window := int64(st.cfg.DedupWindow)
+	if t, ok := st.dedup[k]; ok && t > now-window {
+		return true
+	}
+	// Forget expired entries, and the oldest while full.
+	for st.dedupHead < len(st.dedupFIFO) {
+		e := st.dedupFIFO[st.dedupHead]
+		expired := e.t <= now-window
+		if !expired && len(st.dedup) < st.cfg.DedupMaxKeys {
+			break
+		}
+		if st.dedup[e.h] == e.t {
+			delete(st.dedup, e.h)
+			if !expired {
+				st.stats.DedupEvicted++
+			}
+		}
+		st.dedupHead++
+	}
+	if st.dedupHead > 1024 && st.dedupHead > len(st.dedupFIFO)/2 {
+		st.dedupFIFO = append(st.dedupFIFO[:0:0], st.dedupFIFO[st.dedupHead:]...)
+		st.dedupHead = 0
+	}
+	st.dedup[k] = now
+	st.dedupFIFO = append(st.dedupFIFO, dedupEntry{k, now})
+	return false
+}
+
+// Events returns the stored events of apiKey in arrival order (copies of
+// the kept ones; see Config.Keep).
+func (s *Sim) Events(apiKey string) []Ingested {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Ingested
+	for _, e := range s.store.events[s.store.evStart:] {
+		if e.APIKey == apiKey {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// AllEvents returns every stored event in arrival order.
+func (s *Sim) AllEvents() []Ingested {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Ingested(nil), s.store.events[s.store.evStart:]...)
+}
+
+// Count returns the number of events ingested (duplicates excluded), also
+// those Config.Keep no longer keeps.
+func (s *Sim) Count() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.store.stats.Ingested
+}
+
+// CountFor returns the number of events ingested for apiKey.
+func (s *Sim) CountFor(apiKey string) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.store.stats.IngestedByKey[KeyLabel(apiKey)]
+}
+
+// Duplicates returns how many events were recognised as duplicates.
+func (s *Sim) Duplicates() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.store.stats.Duplicates
+}
+
+// Requests returns the request log in arrival order (see Config.KeepRequests).
+func (s *Sim) Requests() []Record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Record, 0, len(s.store.requests)-s.store.reqStart)
+	for _, r := range s.store.requests[s.store.reqStart:] {
+		out = append(out, *r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Seq < out[j].Seq })
+	return out
+}
+
+// Stats returns a copy of the counters.
+func (s *Sim) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.store.stats
+	st.Counted = s.counted.Load()
+	st.ByStatus = make(map[int]int64, len(s.store.stats.ByStatus))
+	for k, v := range s.store.stats.ByStatus {
+		st.ByStatus[k] = v
+	}
+	st.IngestedByKey = make(map[string]int64, len(s.store.stats.IngestedByKey))
+	for k, v := range s.store.stats.IngestedByKey {
+		st.IngestedByKey[k] = v
+	}
+	return st
+}
+
+// Reset forgets every stored event, counter, request, insert_id, rate and
+// quota, and clears faults. Silenced devices stay silenced; the down state
+// is kept.
+func (s *Sim) Reset() {
+	s.ClearFaults()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.store.init(&s.cfg, s.seed)
+	s.counted.Store(0)
+}
+
+// Silence silences a device (every api_key) until Unsilence.
+func (s *Sim) Silence(deviceID string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.store.silenced[deviceID] = true
+}
+
+// Unsilence ends Silence.
+func (s *Sim) Unsilence(deviceID string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.store.silenced, deviceID)
+}
+
+// SilencedDevices returns the silenced devices, sorted.
+func (s *Sim) SilencedDevices() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.store.silenced))
+	for d := range s.store.silenced {
+		out = append(out, d)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// SetDailyQuota changes Config.DailyQuota at run time (0 = none).
+func (s *Sim) SetDailyQuota(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cfg.DailyQuota = n
+}
