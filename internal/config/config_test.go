@@ -1,0 +1,329 @@
+package config
+
+import (
+	"net/netip"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDefaults(t *testing.T) {
+	c, err := Load(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{
+		Listen: "127.0.0.1:8080", AdminListen: "127.0.0.1:8081", DataDir: "./relay-data",
+		ThrottlePause: 30 * time.Second, MaxBatchEvents: 1000, MaxBatchBytes: 1000000,
+		FlushInterval: 200 * time.Millisecond, SpoolMaxBytes: 8 << 30, SpoolMinFreeBytes: 256 << 20,
+		Sync: "always", MaxRequestBytes: 20_000_000, MaxEventAge: 6 * 24 * time.Hour,
+		DrainTimeout: 10 * time.Second, LogLevel: "info",
+	}
+	if !equal(c, want) {
+		t.Fatalf("defaults\n got %+v\nwant %+v", c, want)
+	}
+	if !c.Sandbox() {
+		t.Fatal("no --ingest-url must mean sandbox mode")
+	}
+}
+
+func equal(a, b Config) bool {
+	if len(a.TrustedProxies) != len(b.TrustedProxies) {
+		return false
+	}
+	for i := range a.TrustedProxies {
+		if a.TrustedProxies[i] != b.TrustedProxies[i] {
+			return false
+		}
+	}
+	a.TrustedProxies, b.TrustedProxies = nil, nil
+	a.Warnings, b.Warnings = nil, nil
+	return reflect.DeepEqual(a, b)
+}
+
+func TestFullFile(t *testing.T) {
+	c, err := Load([]string{"--config", "testdata/full.yaml"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{
+		Listen: "127.0.0.1:9090", AdminListen: "127.0.0.1:9091", DataDir: "/var/lib/relay",
+		IngestURL: "https://ingest.example.test", AliasURL: "https://alias.example.test",
+		AnalyticsURL: "https://analytics.example.test", ExperimentURL: "https://experiment.example.test",
+		ScimURL: "https://scim.example.test", FeedbackURL: "https://feedback.example.test",
+		ThrottlePause: 45 * time.Second, MaxBatchEvents: 500, MaxBatchBytes: 500_000,
+		FlushInterval: time.Second, SpoolMaxBytes: 2 << 30, SpoolMinFreeBytes: 1 << 30, Sync: "none",
+		MaxRequestBytes: 10_000_000, MaxEventAge: 5 * 24 * time.Hour, UpstreamGzip: true,
+		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.168.1.1/32")},
+		DrainTimeout:   20 * time.Second, LogLevel: "debug", LogFormat: "console",
+		ConfigFile: "testdata/full.yaml",
+	}
+	if !equal(c, want) {
+		t.Fatalf("\n got %+v\nwant %+v", c, want)
+	}
+}
+
+// TestPrecedence: a flag beats the variable, the variable beats the file, the
+// file beats the default.
+func TestPrecedence(t *testing.T) {
+	file := []string{"--config", "testdata/partial.yaml"}
+	tests := []struct {
+		name    string
+		args    []string
+		env     []string
+		listen  string
+		sync    string
+		batchEv int
+	}{
+		{"default", nil, nil, "127.0.0.1:8080", "always", 1000},
+		{"file beats default", file, nil, "127.0.0.1:7000", "none", 10},
+		{"variable beats file", file, []string{"RELAY_LISTEN=127.0.0.1:7001", "RELAY_MAX_BATCH_EVENTS=20"}, "127.0.0.1:7001", "none", 20},
+		{"flag beats variable", append(file, "--listen", "127.0.0.1:7002"), []string{"RELAY_LISTEN=127.0.0.1:7001"}, "127.0.0.1:7002", "none", 10},
+		{"flag beats file", append(file, "--sync=always"), nil, "127.0.0.1:7000", "always", 10},
+		{"config file named by variable", nil, []string{"RELAY_CONFIG=testdata/partial.yaml"}, "127.0.0.1:7000", "none", 10},
+		{"single-dash flag", []string{"-listen", "127.0.0.1:7003"}, nil, "127.0.0.1:7003", "always", 1000},
+		{"empty variable counts as set", nil, []string{"RELAY_INGEST_URL="}, "127.0.0.1:8080", "always", 1000},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Load(tt.args, tt.env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Listen != tt.listen || c.Sync != tt.sync || c.MaxBatchEvents != tt.batchEv {
+				t.Fatalf("got listen=%s sync=%s max-batch-events=%d, want %s %s %d",
+					c.Listen, c.Sync, c.MaxBatchEvents, tt.listen, tt.sync, tt.batchEv)
+			}
+		})
+	}
+}
+
+// TestEnvNames checks every flag is read from its RELAY_ variable.
+func TestEnvNames(t *testing.T) {
+	if got := EnvName("ingest-url"); got != "RELAY_INGEST_URL" {
+		t.Fatalf("EnvName(ingest-url) = %s", got)
+	}
+	env := []string{
+		"RELAY_LISTEN=127.0.0.1:1", "RELAY_ADMIN_LISTEN=127.0.0.1:2", "RELAY_DATA_DIR=/d",
+		"RELAY_INGEST_URL=http://i", "RELAY_ALIAS_URL=http://a", "RELAY_ANALYTICS_URL=http://an",
+		"RELAY_EXPERIMENT_URL=http://e", "RELAY_SCIM_URL=http://s", "RELAY_FEEDBACK_URL=http://f",
+		"RELAY_THROTTLE_PAUSE=1m", "RELAY_MAX_BATCH_EVENTS=1999", "RELAY_MAX_BATCH_BYTES=1KiB",
+		"RELAY_FLUSH_INTERVAL=5ms", "RELAY_SPOOL_MAX_BYTES=1MB", "RELAY_SPOOL_MIN_FREE_BYTES=0",
+		"RELAY_SYNC=none", "RELAY_MAX_REQUEST_BYTES=1000", "RELAY_MAX_EVENT_AGE=1d12h",
+		"RELAY_UPSTREAM_GZIP=true", "RELAY_ADMIN_TOKEN=tok", "RELAY_CREDENTIALS=testdata/credentials.yaml",
+		"RELAY_TRUSTED_PROXIES=10.0.0.0/8, ::1/128", "RELAY_DRAIN_TIMEOUT=3s",
+		"RELAY_LOG_LEVEL=warn", "RELAY_LOG_FORMAT=json", "RELAY_CONFIG=testdata/empty.yaml",
+		"RELAY_NOT_A_SETTING=1", "PATH=/bin",
+	}
+	c, err := Load(nil, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{
+		Listen: "127.0.0.1:1", AdminListen: "127.0.0.1:2", DataDir: "/d",
+		IngestURL: "http://i", AliasURL: "http://a", AnalyticsURL: "http://an", ExperimentURL: "http://e",
+		ScimURL: "http://s", FeedbackURL: "http://f", ThrottlePause: time.Minute, MaxBatchEvents: 1999,
+		MaxBatchBytes: 1024, FlushInterval: 5 * time.Millisecond, SpoolMaxBytes: 1_000_000,
+		Sync: "none", MaxRequestBytes: 1000, MaxEventAge: 36 * time.Hour, UpstreamGzip: true,
+		AdminToken: "tok", Credentials: "testdata/credentials.yaml",
+		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("::1/128")},
+		DrainTimeout:   3 * time.Second, LogLevel: "warn", LogFormat: "json", ConfigFile: "testdata/empty.yaml",
+	}
+	if !equal(c, want) {
+		t.Fatalf("\n got %+v\nwant %+v", c, want)
+	}
+	if len(c.Warnings) != 1 || !strings.Contains(c.Warnings[0], "RELAY_NOT_A_SETTING") {
+		t.Fatalf("warnings = %q, want one naming RELAY_NOT_A_SETTING", c.Warnings)
+	}
+	// Every option has a distinct variable (a typo in the table would show here).
+	seen := map[string]bool{}
+	for _, o := range options {
+		if seen[EnvName(o.name)] {
+			t.Fatalf("duplicate variable %s", EnvName(o.name))
+		}
+		seen[EnvName(o.name)] = true
+	}
+	// RELAY_ADMIN_TOKEN_FILE is left out (it excludes RELAY_ADMIN_TOKEN) and
+	// covered by TestTokenFile.
+	if len(seen) != len(env)-2+1 {
+		t.Fatalf("test covers %d variables, the table has %d", len(env)-2+1, len(seen))
+	}
+}
+
+func TestBoolFlag(t *testing.T) {
+	c, err := Load([]string{"--upstream-gzip", "--ingest-url", "http://x"}, nil)
+	if err != nil || !c.UpstreamGzip || c.IngestURL != "http://x" {
+		t.Fatalf("bare --upstream-gzip: %+v %v", c, err)
+	}
+	c, err = Load([]string{"--upstream-gzip=false"}, []string{"RELAY_UPSTREAM_GZIP=1"})
+	if err != nil || c.UpstreamGzip {
+		t.Fatalf("--upstream-gzip=false over variable: %+v %v", c, err)
+	}
+}
+
+func TestTokenFile(t *testing.T) {
+	c, err := Load([]string{"--config", "testdata/credentials_token_file.yaml"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.AdminToken != "s3cret-token" {
+		t.Fatalf("token = %q, want the file's content trimmed", c.AdminToken)
+	}
+}
+
+// TestRefusals: every invalid setting is refused with one line naming it.
+func TestRefusals(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		env  []string
+		want string // substring of the error
+	}{
+		{"unknown yaml key", []string{"--config", "testdata/unknown_key.yaml"}, nil, `line 2: unknown key "ingest_url"`},
+		{"config key in file", []string{"--config", "testdata/config_key.yaml"}, nil, `unknown key "config"`},
+		{"nested yaml value", []string{"--config", "testdata/nested.yaml"}, nil, "listen: want a single value"},
+		{"duplicate yaml key", []string{"--config", "testdata/duplicate.yaml"}, nil, `"listen" given twice`},
+		{"missing config file", []string{"--config", "testdata/nope.yaml"}, nil, "no such file"},
+		{"bad size in file", []string{"--config", "testdata/bad_size.yaml"}, nil, "--spool-max-bytes (from key spool-max-bytes in testdata/bad_size.yaml): invalid size"},
+		{"max-batch-events 2000 in file", []string{"--config", "testdata/batch_too_big.yaml"}, nil, "--max-batch-events 2000 is above 1999"},
+		{"max-batch-events flag", []string{"--max-batch-events", "5000"}, nil, "above 1999"},
+		{"max-batch-events zero", []string{"--max-batch-events", "0"}, nil, "want 1 to 1999"},
+		{"max-batch-events not a number", nil, []string{"RELAY_MAX_BATCH_EVENTS=lots"}, "--max-batch-events (from variable RELAY_MAX_BATCH_EVENTS)"},
+		{"credentials without token", []string{"--config", "testdata/credentials_no_token.yaml"}, nil, "--credentials needs an admin token"},
+		{"credentials file missing", []string{"--credentials", "testdata/nope.yaml", "--admin-token", "x"}, nil, "--credentials"},
+		{"both token and token file", []string{"--admin-token", "a", "--admin-token-file", "testdata/admin.token"}, nil, "both set"},
+		{"empty token file", []string{"--admin-token-file", "testdata/empty.yaml"}, nil, "is empty"},
+		{"bad sync", []string{"--sync", "sometimes"}, nil, `--sync "sometimes"`},
+		{"bad duration", []string{"--flush-interval", "soon"}, nil, "--flush-interval (from flag --flush-interval): invalid duration"},
+		{"zero drain", []string{"--drain-timeout", "0s"}, nil, "--drain-timeout must be positive"},
+		{"negative duration", []string{"--throttle-pause", "-1s"}, nil, "negative"},
+		{"bad url", []string{"--ingest-url", "ingest.example.test"}, nil, "--ingest-url"},
+		{"bad listen", []string{"--listen", "8080"}, nil, "--listen"},
+		{"same listeners", []string{"--listen", "127.0.0.1:9", "--admin-listen", "127.0.0.1:9"}, nil, "both"},
+		{"bad cidr", []string{"--trusted-proxies", "10.0.0.0/33"}, nil, "invalid CIDR"},
+		{"bad log level", []string{"--log-level", "loud"}, nil, "--log-level"},
+		{"bad log format", []string{"--log-format", "xml"}, nil, "--log-format"},
+		{"unknown flag", []string{"--ingest_url", "http://x"}, nil, "flag provided but not defined"},
+		{"stray argument", []string{"serve"}, nil, `unexpected argument "serve"`},
+		{"zero request bytes", []string{"--max-request-bytes", "0"}, nil, "--max-request-bytes 0"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Load(tt.args, tt.env)
+			if err == nil {
+				t.Fatalf("accepted; want an error containing %q", tt.want)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %q does not contain %q", err, tt.want)
+			}
+			if strings.Contains(err.Error(), "\n") {
+				t.Fatalf("error spans lines: %q", err)
+			}
+		})
+	}
+}
+
+func TestHelp(t *testing.T) {
+	if _, err := Load([]string{"--help"}, nil); err != ErrHelp {
+		t.Fatalf("--help: %v, want ErrHelp", err)
+	}
+	var b strings.Builder
+	Usage(&b)
+	for _, o := range options {
+		if !strings.Contains(b.String(), "--"+o.name) || !strings.Contains(b.String(), EnvName(o.name)) {
+			t.Fatalf("usage lacks %s", o.name)
+		}
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	tests := []struct {
+		in   string
+		want int64
+		err  bool
+	}{
+		{"1000000", 1000000, false},
+		{"20MB", 20_000_000, false},
+		{"8GiB", 8 << 30, false},
+		{"8gib", 8 << 30, false},
+		{"256 MiB", 256 << 20, false},
+		{"1KB", 1000, false},
+		{"1KiB", 1024, false},
+		{"2TB", 2e12, false},
+		{"1TiB", 1 << 40, false},
+		{"100B", 100, false},
+		{"1.5GiB", 3 << 29, false},
+		{"0", 0, false},
+		{"", 0, true},
+		{"MB", 0, true},
+		{"-1", 0, true},
+		{"8 gigs", 0, true},
+		{"1.5", 0, true}, // not whole bytes
+		{"0.1KiB", 0, true},
+		{"9999999999TiB", 0, true},
+		{"99999999999999999999", 0, true},
+		{"1.2.3MB", 0, true},
+	}
+	for _, tt := range tests {
+		got, err := ParseSize(tt.in)
+		if (err != nil) != tt.err || (!tt.err && got != tt.want) {
+			t.Errorf("ParseSize(%q) = %d, %v; want %d, err=%v", tt.in, got, err, tt.want, tt.err)
+		}
+	}
+}
+
+func TestParseDuration(t *testing.T) {
+	tests := []struct {
+		in   string
+		want time.Duration
+		err  bool
+	}{
+		{"200ms", 200 * time.Millisecond, false},
+		{"30s", 30 * time.Second, false},
+		{"1h30m", 90 * time.Minute, false},
+		{"6d", 6 * 24 * time.Hour, false},
+		{"1d12h", 36 * time.Hour, false},
+		{"0d", 0, false},
+		{"0", 0, false},
+		{"", 0, true},
+		{"d", 0, true},
+		{"-1s", 0, true},
+		{"-6d", 0, true},
+		{"1.5d", 0, true},
+		{"6days", 0, true},
+		{"1d-1h", 0, true},
+		{"soon", 0, true},
+		{"99999d", 0, true},
+	}
+	for _, tt := range tests {
+		got, err := ParseDuration(tt.in)
+		if (err != nil) != tt.err || (!tt.err && got != tt.want) {
+			t.Errorf("ParseDuration(%q) = %v, %v; want %v, err=%v", tt.in, got, err, tt.want, tt.err)
+		}
+	}
+}
+
+func FuzzParseSize(f *testing.F) {
+	for _, s := range []string{"8GiB", "20MB", "1.5GiB", "1000000", "x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n, err := ParseSize(s)
+		if err == nil && n < 0 {
+			t.Fatalf("ParseSize(%q) = %d", s, n)
+		}
+	})
+}
+
+func FuzzParseDuration(f *testing.F) {
+	for _, s := range []string{"6d", "1d12h", "200ms", "-1s"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		d, err := ParseDuration(s)
+		if err == nil && d < 0 {
+			t.Fatalf("ParseDuration(%q) = %v", s, d)
+		}
+	})
+}

@@ -1,0 +1,17 @@
+// Package config loads the relay's settings from command-line flags,
+// RELAY_* environment variables and a YAML file, in that order of precedence
+// (a flag beats the variable, the variable beats the file, the file beats
+// the default), and validates them.
+//
+// Names are fixed by the relay's contract: flag --ingest-url is variable
+// RELAY_INGEST_URL and YAML key ingest-url. The YAML file is named by
+// --config (or RELAY_CONFIG); an unknown key in it is an error, so typos are
+// caught at start.
+//
+// Values: sizes accept a plain byte count or a number with a decimal (KB, MB,
+// GB, TB) or binary (KiB, MiB, GiB, TiB) unit ("8GiB", "20MB", "1000000");
+// durations accept Go durations plus a leading day count ("6d", "1d12h").
+//
+// Only cmd/relay uses this package; it turns a Config into each component's
+// own Config. Load has no side effects beyond reading the files it names.
+package config
