@@ -3,8 +3,13 @@ package ingest
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"net"
 	"net/netip"
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -12,49 +17,248 @@ import (
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
-// Config configures a Server.
+// Config configures a Server. The zero value is usable.
 type Config struct {
 	// MaxRequestBytes bounds a request body after decompression; 0 means
-	// DefaultMaxRequestBytes.
+	// DefaultMaxRequestBytes. Larger bodies are answered 413.
 	MaxRequestBytes int64
-	// TrustedProxies are the peers whose X-Forwarded-For is honoured; nil
-	// means X-Forwarded-For is never trusted.
+	// TrustedProxies are the peers whose X-Forwarded-For is honoured (see the
+	// package documentation); nil means X-Forwarded-For is never trusted.
 	TrustedProxies []netip.Prefix
-	// RetryAfter is the Retry-After sent with 503 answers; 0 means 1s.
+	// RetryAfter is the Retry-After sent with 503 answers, rounded up to whole
+	// seconds; 0 means DefaultRetryAfter.
 	RetryAfter time.Duration
-	// Now is the clock; nil means time.Now.
+	// Now is the clock for acceptance times; nil means time.Now.
 	Now func() time.Time
+
+	// ReadTimeout bounds reading one whole request (headers and body); 0
+	// means DefaultReadTimeout.
+	ReadTimeout time.Duration
+	// WriteTimeout bounds writing one response; 0 means DefaultWriteTimeout.
+	WriteTimeout time.Duration
+	// IdleTimeout bounds the wait for the next request on a keep-alive
+	// connection; 0 means DefaultIdleTimeout.
+	IdleTimeout time.Duration
 }
 
-// DefaultMaxRequestBytes is the default MaxRequestBytes (20 MB).
-const DefaultMaxRequestBytes = 20_000_000
+// Defaults of Config.
+const (
+	DefaultMaxRequestBytes = 20_000_000
+	DefaultRetryAfter      = time.Second
+	DefaultReadTimeout     = 60 * time.Second
+	DefaultWriteTimeout    = 30 * time.Second
+	DefaultIdleTimeout     = 120 * time.Second
+)
+
+// maxMaxRequestBytes keeps the fasthttp body limit (an int, with slack) and
+// the decompression buffer sizes far from overflow.
+const maxMaxRequestBytes = 1 << 40
 
 // Validate reports a configuration error.
 func (c Config) Validate() error {
-	if c.MaxRequestBytes < 0 {
-		return errors.New("ingest: MaxRequestBytes must not be negative")
+	switch {
+	case c.MaxRequestBytes < 0:
+		return fmt.Errorf("ingest: MaxRequestBytes %d is negative", c.MaxRequestBytes)
+	case c.MaxRequestBytes > maxMaxRequestBytes || int64(int(c.MaxRequestBytes)) != c.MaxRequestBytes:
+		return fmt.Errorf("ingest: MaxRequestBytes %d is too large", c.MaxRequestBytes)
+	case c.RetryAfter < 0:
+		return fmt.Errorf("ingest: RetryAfter %v is negative", c.RetryAfter)
+	case c.ReadTimeout < 0, c.WriteTimeout < 0, c.IdleTimeout < 0:
+		return errors.New("ingest: negative timeout")
 	}
-	if c.RetryAfter < 0 {
-		return errors.New("ingest: RetryAfter must not be negative")
+	for _, p := range c.TrustedProxies {
+		if !p.IsValid() {
+			return fmt.Errorf("ingest: invalid trusted proxy prefix %v", p)
+		}
 	}
 	return nil
 }
 
-// Server is the ingest listener.
-type Server struct{}
-
-// New returns a Server that spools accepted events into sp.
-func New(cfg Config, sp *spool.Spool, ids *event.IDGen, log *zap.Logger, reg prometheus.Registerer) (*Server, error) {
-	panic("unimplemented")
+// withDefaults returns c with its zero values replaced by the defaults.
+func (c Config) withDefaults() Config {
+	if c.MaxRequestBytes == 0 {
+		c.MaxRequestBytes = DefaultMaxRequestBytes
+	}
+	if c.RetryAfter == 0 {
+		c.RetryAfter = DefaultRetryAfter
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.ReadTimeout == 0 {
+		c.ReadTimeout = DefaultReadTimeout
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = DefaultWriteTimeout
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	trusted := make([]netip.Prefix, len(c.TrustedProxies))
+	for i, p := range c.TrustedProxies {
+		// Addresses are compared unmapped, so a 4-in-6 prefix becomes IPv4.
+		if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+		}
+		trusted[i] = p.Masked()
+	}
+	c.TrustedProxies = trusted
+	return c
 }
 
-// Handler returns the request handler (POST /2/httpapi, POST /batch, GET /healthz).
-func (s *Server) Handler() fasthttp.RequestHandler { panic("unimplemented") }
+// maxLaneCache bounds the lane cache; lanes beyond it are looked up in the
+// spool on every request (a flood of distinct api_keys must not grow memory
+// here without bound).
+const maxLaneCache = 1 << 16
 
-// Serve serves ln until Shutdown.
-func (s *Server) Serve(ln net.Listener) error { panic("unimplemented") }
+// Server is the ingest listener. Create it with New.
+type Server struct {
+	cfg        Config
+	maxBody    int // MaxRequestBytes as an int
+	retryAfter string
+	sp         *spool.Spool
+	ids        *event.IDGen
+	log        *zap.Logger // errors worth seeing every time
+	rejLog     *zap.Logger // sampled: rejections and HTTP-level errors
+	m          *metrics
+	srv        *fasthttp.Server
 
-// Shutdown stops accepting and waits for in-flight requests, bounded by ctx.
-func (s *Server) Shutdown(ctx context.Context) error { panic("unimplemented") }
+	// base is the context of spool calls: cancelled only when Shutdown's
+	// context ends before the in-flight requests did.
+	base       context.Context
+	cancelBase context.CancelFunc
+	closing    atomic.Bool
+
+	lnMu sync.Mutex
+	lns  []net.Listener // every listener given to Serve, closed by Shutdown
+
+	lanesMu sync.RWMutex
+	lanes   map[string]*spool.Lane // by laneCacheKey
+
+	states sync.Pool // of *reqState
+
+	testHook func(*fasthttp.RequestCtx) // tests only: called before the spool append
+}
+
+// New returns a Server that spools accepted events into sp, filling absent
+// insert_ids from ids. log and reg may be nil.
+func New(cfg Config, sp *spool.Spool, ids *event.IDGen, log *zap.Logger, reg prometheus.Registerer) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if sp == nil {
+		return nil, errors.New("ingest: nil spool")
+	}
+	if ids == nil {
+		return nil, errors.New("ingest: nil IDGen")
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	cfg = cfg.withDefaults()
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("ingest: register metrics: %w", err)
+	}
+	s := &Server{
+		cfg:        cfg,
+		maxBody:    int(cfg.MaxRequestBytes),
+		retryAfter: strconv.FormatInt(int64(math.Ceil(cfg.RetryAfter.Seconds())), 10),
+		sp:         sp,
+		ids:        ids,
+		log:        log,
+		rejLog: log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+			// At most 5 lines a second per message, so a flood of bad
+			// requests cannot flood the log.
+			return zapcore.NewSamplerWithOptions(c, time.Second, 5, 0)
+		})),
+		m:     m,
+		lanes: make(map[string]*spool.Lane),
+	}
+	s.base, s.cancelBase = context.WithCancel(context.Background())
+	s.states.New = func() any { return new(reqState) }
+	s.srv = &fasthttp.Server{
+		Handler:      s.handle,
+		ErrorHandler: s.handleReadError,
+		// The body limit fasthttp enforces while reading. A gzip body never
+		// exceeds its inflated size by more than its headers and 5 bytes per
+		// 64 KiB stored block, so with this slack a body fasthttp refuses is
+		// also too large once inflated. Plain bodies are checked exactly by
+		// the handler.
+		MaxRequestBodySize:           s.maxBody + s.maxBody/64 + 64<<10,
+		ReadTimeout:                  cfg.ReadTimeout,
+		WriteTimeout:                 cfg.WriteTimeout,
+		IdleTimeout:                  cfg.IdleTimeout,
+		ReadBufferSize:               8 << 10, // also the largest request header
+		DisablePreParseMultipartForm: true,
+		NoDefaultServerHeader:        true,
+		NoDefaultDate:                false,
+		CloseOnShutdown:              true,
+		TCPKeepalive:                 true,
+		Logger:                       fasthttpLogger{s.rejLog},
+	}
+	return s, nil
+}
+
+// Handler returns the request handler (POST /2/httpapi, POST /batch, GET
+// /healthz). Serve uses it with a fasthttp.Server configured from Config; a
+// caller that serves it with its own fasthttp.Server must set that server's
+// MaxRequestBodySize and timeouts itself.
+func (s *Server) Handler() fasthttp.RequestHandler { return s.handle }
+
+// Serve accepts connections on ln and serves them until Shutdown. It returns
+// nil after Shutdown, and the listener's error if accepting fails otherwise.
+// Serve may be called for several listeners; ln is closed by Shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	s.lnMu.Lock()
+	if s.closing.Load() {
+		s.lnMu.Unlock()
+		ln.Close()
+		return nil
+	}
+	s.lns = append(s.lns, ln)
+	s.lnMu.Unlock()
+	if err := s.srv.Serve(ln); err != nil {
+		if s.closing.Load() {
+			return nil
+		}
+		return fmt.Errorf("ingest: serve: %w", err)
+	}
+	return nil
+}
+
+// Shutdown stops accepting connections, answers 503 to requests that arrive
+// on open keep-alive connections, and waits for in-flight requests to finish
+// and their connections to close. When ctx ends first, it cancels the spool
+// appends still running (those requests are answered 503) and returns
+// ctx's error without waiting further. The Server cannot be restarted.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.lnMu.Lock()
+	s.closing.Store(true)
+	lns := s.lns
+	s.lnMu.Unlock()
+
+	err := s.srv.ShutdownWithContext(ctx)
+	// A Serve that had not reached fasthttp's Serve when it was told to stop
+	// finds its listener closed and returns.
+	for _, ln := range lns {
+		ln.Close()
+	}
+	s.cancelBase()
+	if err != nil {
+		return fmt.Errorf("ingest: shutdown: %w", err)
+	}
+	return nil
+}
+
+// fasthttpLogger sends fasthttp's own messages to a (sampled) zap logger.
+type fasthttpLogger struct{ l *zap.Logger }
+
+func (f fasthttpLogger) Printf(format string, args ...any) {
+	if ce := f.l.Check(zapcore.WarnLevel, "fasthttp"); ce != nil {
+		ce.Write(zap.String("detail", fmt.Sprintf(format, args...)))
+	}
+}

@@ -1,0 +1,72 @@
+package ingest
+
+import (
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/svcrelay/relay/internal/spool"
+	"github.com/valyala/fasthttp"
+)
+
+// benchClients is the number of concurrent HTTP clients of BenchmarkAccept.
+const benchClients = 32
+
+// BenchmarkAccept measures the accept path over real HTTP on 127.0.0.1:
+// requests of 1, 10 and 100 realistic (~490-byte) events from 32 concurrent
+// clients, into a real spool, fsynced (SyncAlways) or not (SyncNone). An op is
+// one request answered 200; allocations count the whole process (clients,
+// server and spool). events/s is the throughput of answered events.
+func BenchmarkAccept(b *testing.B) {
+	for _, mode := range []struct {
+		name string
+		sync spool.SyncMode
+	}{{"sync=always", spool.SyncAlways}, {"sync=none", spool.SyncNone}} {
+		for _, n := range []int{1, 10, 100} {
+			b.Run(fmt.Sprintf("%s/events=%d", mode.name, n), func(b *testing.B) {
+				benchAccept(b, mode.sync, n)
+			})
+		}
+	}
+}
+
+func benchAccept(b *testing.B, mode spool.SyncMode, n int) {
+	r := startRelay(b, Config{}, spool.Config{Sync: mode})
+	events := make([]string, n)
+	size := 0
+	for i := range events {
+		events[i] = realisticEvent(i)
+		size += len(events[i])
+	}
+	body := envelope("bench-api-key-0123456789abcdef", "", events...)
+	hc := &fasthttp.HostClient{Addr: r.addr, MaxConns: 2 * benchClients, ReadTimeout: 30 * time.Second}
+	defer hc.CloseIdleConnections()
+
+	b.SetParallelism(max(1, benchClients/runtime.GOMAXPROCS(0)))
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseRequest(req)
+		defer fasthttp.ReleaseResponse(resp)
+		req.SetRequestURI("http://" + r.addr + "/2/httpapi")
+		req.Header.SetMethod("POST")
+		req.Header.SetContentType("application/json")
+		req.SetBodyRaw(body)
+		for pb.Next() {
+			if err := hc.Do(req, resp); err != nil {
+				b.Error(err)
+				return
+			}
+			if resp.StatusCode() != 200 {
+				b.Errorf("answer %d %s", resp.StatusCode(), resp.Body())
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "events/s")
+	b.ReportMetric(float64(size/n), "B/event")
+}

@@ -1,0 +1,69 @@
+// Package ingest is the relay's ingest listener: the fasthttp server that
+// takes the upstream's HTTP V2 envelope on POST /2/httpapi and POST /batch,
+// validates it with package event, rewrites each event and commits the
+// request to the spool as one chunk before it answers.
+//
+// # Answers
+//
+//   - 200 {"code":200,"events_ingested":N,"payload_size_bytes":B,"server_upload_time":MS}
+//     once spool.Append returned nil: the events are durable as the spool's
+//     SyncMode defines. B is the body size as received (compressed, when the
+//     body was gzip), MS the acceptance time in ms.
+//   - A request event.Parse rejects gets the upstream's status and body
+//     (event.Error.AppendJSON); nothing of it is spooled.
+//   - 413 {"code":413,"error":"Payload too large"}: the body, after
+//     decompression, is longer than Config.MaxRequestBytes.
+//   - 415 {"code":415,"error":"Unsupported Content-Encoding"}: a
+//     Content-Encoding other than gzip, x-gzip or identity.
+//   - 400 {"code":400,"error":"Invalid gzip request body"}: a gzip body that
+//     does not decompress (corrupt, truncated, trailing garbage).
+//   - 503 {"code":503,"error":"..."} with Retry-After (Config.RetryAfter,
+//     rounded up to whole seconds): the spool is full (spool.ErrFull), its disk
+//     is low (spool.ErrDiskLow), it is closed, it failed the commit, or the
+//     server is shutting down. Nothing of the request was spooled, so a retry
+//     cannot duplicate events.
+//   - 400 {"code":400,"error":"Invalid request path"} for a POST to any other
+//     path (as the upstream answers); 404 for other methods on unknown paths;
+//     405 with Allow for a wrong method on a known path.
+//   - 408, 431 and 400 for requests fasthttp cannot read (time-out, header too
+//     large, malformed HTTP); 500 {"code":500,"error":"Internal server error"}
+//     when a handler panics (the panic is recovered and logged, the process
+//     keeps serving).
+//   - GET /healthz answers 200 "ok" while the server serves.
+//
+// The Content-Type of requests is not checked (the upstream's document does
+// not say what it does with a wrong one, and SDKs always send JSON).
+//
+// # Rewrites
+//
+// Each event is spooled as event.Event.AppendRewritten makes it: insert_id
+// added when absent, time added (the acceptance time) when absent, and an ip
+// of "$remote" replaced by the client address. The client address is the TCP
+// peer, unless the peer lies in Config.TrustedProxies: then the
+// X-Forwarded-For entries (all such headers, in order, comma separated) are
+// walked from the right, skipping trusted addresses, and the first address
+// that is not trusted is the client. When every entry is trusted, the
+// leftmost one is the client. An entry that is not an IP address (ports are
+// allowed) stops the walk, and the last address reached is used, so a client
+// can never choose its address by forging entries left of a trusted proxy's.
+//
+// # Invariants
+//
+//   - A 200 is written only after spool.Append returned nil for the whole
+//     request; a request is one Append, so it is spooled entirely or not at all.
+//   - The api_key is never logged; lanes appear in logs by spool.Lane.Label.
+//   - A request's memory is bounded by about three times
+//     Config.MaxRequestBytes (raw body, decompressed body, the batch copy):
+//     a gzip body is inflated at most to MaxRequestBytes+1 bytes.
+//   - Rejections are logged through a sampler (at most a few lines a second),
+//     and counted in relay_ingest_requests_total and
+//     relay_ingest_rejected_requests_total.
+//   - Spool appends run under the server's own context, not the request's:
+//     Shutdown lets them finish until its ctx ends, then cancels them.
+//
+// # Goroutines
+//
+// Serve runs fasthttp's accept loop and worker goroutines; each request is
+// handled on its connection's goroutine. The Server starts no goroutine of its
+// own.
+package ingest
