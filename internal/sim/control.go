@@ -154,15 +154,18 @@ func (s *Sim) registerControl() {
 		if mode == "" {
 			mode = DownRefuse
 		}
-		// Answer first: going down for "refuse" cuts this connection too.
-		if err := s.checkDownMode(mode); err != nil {
+		// The state first (ingest requests see it at once), then the answer,
+		// then the listeners: going down for "refuse" cuts this connection too.
+		if err := s.setDown(mode, upAfter); err != nil {
 			bad(w, err)
 			return
 		}
 		ok(w)
 		http.NewResponseController(w).Flush()
-		if err := s.Down(mode, upAfter); err != nil {
-			s.log.Sugar().Errorf("sim: down: %v", err)
+		if mode == DownRefuse {
+			if err := s.setListenersDown(true); err != nil {
+				s.log.Sugar().Errorf("sim: down: %v", err)
+			}
 		}
 	})
 	m.HandleFunc("POST /sim/up", func(w http.ResponseWriter, r *http.Request) {

@@ -3,7 +3,6 @@ package sim
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"strings"
@@ -124,15 +123,26 @@ func (s *Sim) PendingFaults() int {
 	return len(s.faults.queue)
 }
 
-// Down takes the Sim down in mode until Up. With for > 0 it comes up by
+// Down takes the Sim down in mode until Up. With upAfter > 0 it comes up by
 // itself after that long (real time).
 func (s *Sim) Down(mode DownMode, upAfter time.Duration) error {
-	switch mode {
-	case DownRefuse, Down503, DownClose:
-	default:
-		return fmt.Errorf("sim: unknown down mode %q", mode)
+	if err := s.setDown(mode, upAfter); err != nil {
+		return err
+	}
+	if mode == DownRefuse {
+		return s.setListenersDown(true)
+	}
+	return nil
+}
+
+// setDown sets the down state; ingest requests see it at once (while the
+// listeners are still open, DownRefuse acts as DownClose).
+func (s *Sim) setDown(mode DownMode, upAfter time.Duration) error {
+	if err := s.checkDownMode(mode); err != nil {
+		return err
 	}
 	s.faultMu.Lock()
+	defer s.faultMu.Unlock()
 	s.faults.down = mode
 	if s.faults.upTimer != nil {
 		s.faults.upTimer.Stop()
@@ -144,10 +154,6 @@ func (s *Sim) Down(mode DownMode, upAfter time.Duration) error {
 				s.log.Sugar().Errorf("sim: coming up: %v", err)
 			}
 		})
-	}
-	s.faultMu.Unlock()
-	if mode == DownRefuse {
-		return s.setListenersDown(true)
 	}
 	return nil
 }
@@ -269,23 +275,3 @@ func (b *bufferedWriter) Write(p []byte) (int, error) {
 	}
 	return b.buf.Write(p)
 }
-
-// statusWriter records the status a handler answered.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-func (w *statusWriter) Write(p []byte) (int, error) {
-	if w.status == 0 {
-		w.status = 200
-	}
-	return w.ResponseWriter.Write(p)
-}
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -38,8 +38,8 @@ func (s *Sim) ingestMiddleware(h routeHandler) http.Handler {
 		sleepCtx(r.Context(), latency+f.Latency)
 		if down == DownRefuse || down == DownClose {
 			rec.Fault = "down-" + string(down)
-			hijackClose(w)
 			s.logRequest(rec)
+			hijackClose(w)
 			return
 		}
 		s.readBody(r, in)
@@ -49,41 +49,52 @@ func (s *Sim) ingestMiddleware(h routeHandler) http.Handler {
 			r.Body = io.NopCloser(bytes.NewReader(in.Body))
 			r.Header.Del("Content-Encoding")
 		}
-		sw := &statusWriter{ResponseWriter: w}
+		// Answers are buffered so that the request is in the log (and its
+		// events in the store) before the client can see the answer.
+		bw := &bufferedWriter{h: w.Header()}
+		drop := false
 		switch {
 		case down == Down503:
 			rec.Fault = "down-503"
 			s.describe(h, in)
-			writeFault(sw, Fault{Status: http.StatusServiceUnavailable})
+			writeFault(bw, Fault{Status: http.StatusServiceUnavailable})
 		case hasFault && f.Drop == DropNoAnswer:
 			rec.Fault = "drop-" + string(f.Drop)
 			s.describe(h, in)
-			hijackClose(w)
+			drop = true
 		case hasFault && (f.Drop == DropAfterIngest || f.Drop == DropMidResponse):
 			rec.Fault = "drop-" + string(f.Drop)
-			bw := &bufferedWriter{h: make(http.Header)}
 			h.serve(bw, r, in)
 			rec.Answered = bw.status // what it would have answered
-			if f.Drop == DropMidResponse {
-				for k, v := range bw.h {
-					w.Header()[k] = v
-				}
-				b := bw.buf.Bytes()
-				w.Header().Set("Content-Length", itoa(len(b)))
-				w.WriteHeader(bw.status)
-				w.Write(b[:len(b)/2])
-				http.NewResponseController(w).Flush()
-			}
-			hijackClose(w)
+			drop = true
 		case hasFault && f.Status != 0:
 			rec.Fault = "status"
 			s.describe(h, in)
-			writeFault(sw, f)
+			writeFault(bw, f)
 		default:
-			h.serve(sw, r, in)
+			h.serve(bw, r, in)
 		}
-		rec.Status = sw.status
+		if !drop {
+			rec.Status = bw.status
+			if rec.Status == 0 {
+				rec.Status = http.StatusOK
+			}
+		}
 		s.logRequest(rec)
+		switch {
+		case !drop:
+			w.WriteHeader(rec.Status)
+			w.Write(bw.buf.Bytes())
+		case f.Drop == DropMidResponse:
+			b := bw.buf.Bytes()
+			w.Header().Set("Content-Length", itoa(len(b)))
+			w.WriteHeader(bw.status)
+			w.Write(b[:len(b)/2])
+			http.NewResponseController(w).Flush()
+			hijackClose(w)
+		default:
+			hijackClose(w)
+		}
 	})
 }
 
