@@ -1,0 +1,123 @@
+package batcher
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Config configures a Pipeline. Only cmd/relay fills it from flags.
+type Config struct {
+	// IngestURL is the upstream base; requests go to IngestURL+"/2/httpapi".
+	// Required.
+	IngestURL string
+	// MaxBatchEvents is the most events per request; zero means 1000. Above
+	// 1999 is invalid (the upstream takes fewer than 2000).
+	MaxBatchEvents int
+	// MaxBatchBytes bounds a request body: every body is strictly smaller
+	// (measured uncompressed, on the exact bytes sent); zero means 1,000,000.
+	MaxBatchBytes int
+	// FlushInterval is the longest an event waits for its batch to fill;
+	// zero means 200ms.
+	FlushInterval time.Duration
+	// ThrottlePause is how long a device or user named in a 429 gets nothing
+	// sent; zero means 30s.
+	ThrottlePause time.Duration
+	// MaxEventAge: an event not delivered this long after it was accepted
+	// goes to dead letters ("expired") instead of another try; zero means
+	// 6 days.
+	MaxEventAge time.Duration
+	// Gzip compresses request bodies (the byte limit stays uncompressed).
+	Gzip bool
+	// ShardsPerLane is the number of shards (requests in flight) per lane;
+	// zero means 4.
+	ShardsPerLane int
+	// MaxReadAheadBytes bounds, per lane, the record bytes read from the
+	// spool and not yet delivered or dead-lettered (including the events
+	// held for paused devices); zero means 64 MiB. When it is reached the
+	// lane's reader waits (back-pressure: the spool keeps the rest).
+	MaxReadAheadBytes int
+	// RetryInitial and RetryMax shape the exponential backoff (jittered,
+	// factor 2) for retryable failures; zero means 500ms and 60s. RetryMax
+	// also clamps a Retry-After.
+	RetryInitial, RetryMax time.Duration
+	// DrainTimeout is how long in-flight requests may finish after Run's
+	// context ends before they are abandoned; zero means 5s.
+	DrainTimeout time.Duration
+}
+
+// Defaults.
+const (
+	DefaultMaxBatchEvents    = 1000
+	MaxMaxBatchEvents        = 1999
+	DefaultMaxBatchBytes     = 1_000_000
+	DefaultFlushInterval     = 200 * time.Millisecond
+	DefaultThrottlePause     = 30 * time.Second
+	DefaultMaxEventAge       = 6 * 24 * time.Hour
+	DefaultShardsPerLane     = 4
+	DefaultMaxReadAheadBytes = 64 << 20
+	DefaultRetryInitial      = 500 * time.Millisecond
+	DefaultRetryMax          = 60 * time.Second
+	DefaultDrainTimeout      = 5 * time.Second
+)
+
+// Validate reports a configuration error.
+func (c Config) Validate() error {
+	var errs []error
+	if c.IngestURL == "" {
+		errs = append(errs, errors.New("ingest URL is required"))
+	} else if !strings.HasPrefix(c.IngestURL, "http://") && !strings.HasPrefix(c.IngestURL, "https://") {
+		errs = append(errs, fmt.Errorf("ingest URL %q is not http(s)", c.IngestURL))
+	}
+	if c.MaxBatchEvents < 0 || c.MaxBatchEvents > MaxMaxBatchEvents {
+		errs = append(errs, fmt.Errorf("max batch events %d not in 1..%d", c.MaxBatchEvents, MaxMaxBatchEvents))
+	}
+	if c.MaxBatchBytes < 0 || (c.MaxBatchBytes > 0 && c.MaxBatchBytes < 1024) {
+		errs = append(errs, fmt.Errorf("max batch bytes %d below 1024", c.MaxBatchBytes))
+	}
+	if c.FlushInterval < 0 || c.ThrottlePause < 0 || c.MaxEventAge < 0 || c.RetryInitial < 0 || c.RetryMax < 0 || c.DrainTimeout < 0 {
+		errs = append(errs, errors.New("negative duration"))
+	}
+	if c.ShardsPerLane < 0 || c.ShardsPerLane > 1024 {
+		errs = append(errs, fmt.Errorf("shards per lane %d not in 1..1024", c.ShardsPerLane))
+	}
+	if c.MaxReadAheadBytes < 0 {
+		errs = append(errs, errors.New("negative read-ahead"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("batcher config: %w", err)
+	}
+	return nil
+}
+
+func (c Config) withDefaults() Config {
+	def := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	if c.MaxBatchEvents == 0 {
+		c.MaxBatchEvents = DefaultMaxBatchEvents
+	}
+	if c.MaxBatchBytes == 0 {
+		c.MaxBatchBytes = DefaultMaxBatchBytes
+	}
+	def(&c.FlushInterval, DefaultFlushInterval)
+	def(&c.ThrottlePause, DefaultThrottlePause)
+	def(&c.MaxEventAge, DefaultMaxEventAge)
+	def(&c.RetryInitial, DefaultRetryInitial)
+	def(&c.RetryMax, DefaultRetryMax)
+	def(&c.DrainTimeout, DefaultDrainTimeout)
+	if c.ShardsPerLane == 0 {
+		c.ShardsPerLane = DefaultShardsPerLane
+	}
+	if c.MaxReadAheadBytes == 0 {
+		c.MaxReadAheadBytes = DefaultMaxReadAheadBytes
+	}
+	if c.RetryMax < c.RetryInitial {
+		c.RetryMax = c.RetryInitial
+	}
+	c.IngestURL = strings.TrimRight(c.IngestURL, "/")
+	return c
+}

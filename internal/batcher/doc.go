@@ -1,0 +1,65 @@
+// Package batcher delivers the spool's event lanes to the upstream's
+// /2/httpapi: it reads each lane, re-batches its events, sends them through a
+// Sender (the upstream client, which only classifies answers) and decides
+// what every answer means, by the contract's Delivery section.
+//
+// # Shape
+//
+// Run starts, for every lane of kind spool.KindEvents (those that exist and,
+// through Spool.LanesChanged, those created later), one reader goroutine and
+// Config.ShardsPerLane shard goroutines. The reader calls Lane.Next and hands
+// each record to the shard its OrderKey hashes to (FNV-1a). A shard batches
+// its records (at most MaxBatchEvents, a body strictly under MaxBatchBytes
+// measured on the exact bytes sent, flushed when full or when its oldest
+// event has waited FlushInterval) and has at most ONE request in flight.
+//
+// # Invariants
+//
+//   - Order: all events of one OrderKey (device, else user) go through one
+//     shard, which sends one request at a time and puts every event it must
+//     resend back in front of later ones; events of a paused key are held in
+//     a per-key queue that later events of the key join, and that goes back
+//     to the front when the pause ends. So one key's events reach the
+//     upstream in spool order (a resend repeats events the upstream did not
+//     ingest: a non-200 answer ingests nothing).
+//   - Acknowledgement: a chunk is acked (Spool.Ack) only when every one of
+//     its records was answered 200 or is committed to the dead-letter store
+//     (PutDead returns after the commit, and is called before the records
+//     count as done). Records of one chunk may be spread over shards; a
+//     per-chunk counter finds the last one. Chunks are acked in any order.
+//   - Loss: nothing is ever dropped silently. Dropped events are dead
+//     letters with a reason ("silenced", "invalid_fields",
+//     "missing_fields", "bad_request", "too_large", "expired") and the
+//     upstream's answer.
+//   - Retries: 5xx, time-outs and connection failures are retried with
+//     exponential, jittered, capped backoff (cenkalti/backoff), Retry-After
+//     honoured up to RetryMax, without a count limit; an event older than
+//     MaxEventAge (since its chunk was accepted) becomes an "expired" dead
+//     letter instead of being sent again.
+//   - Invalid API key (and other fatal answers: wrong URL) stop the lane:
+//     nothing is retried or dropped, relay_lane_stopped{lane} is 1, one
+//     error is logged; ResumeLane or a restart resumes it.
+//
+// # Memory and back-pressure
+//
+// Per lane, the record bytes read from the spool and not yet done (queued,
+// in flight, or held for paused devices) are bounded by MaxReadAheadBytes
+// (plus at most one Next's worth). When the bound is reached the reader
+// stops reading and waits; the spool keeps the rest, and the ingest side is
+// only limited by the spool's quota. Events held for paused devices count
+// against the bound, so a lane whose read-ahead is entirely held (e.g.
+// devices over their daily quota) waits until a pause ends.
+//
+// # Stop
+//
+// When Run's context ends, shards start no new request; a request in flight
+// gets DrainTimeout to finish (its answer is still handled) and is then
+// abandoned. Records not acknowledged stay in the spool and are read again
+// at the next start; the upstream dedups resends by insert_id.
+//
+// # Goroutines and locks
+//
+// Each shard's queues are owned by its goroutine; the reader hands records
+// over under shard.mu. Locks never nest: Pipeline.mu, laneRunner.bmu,
+// laneRunner.smu and shard.mu are each taken alone.
+package batcher

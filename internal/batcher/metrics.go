@@ -1,0 +1,57 @@
+package batcher
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	delivered   prometheus.Counter
+	retried     prometheus.Counter
+	dead        *prometheus.CounterVec
+	laneStopped *prometheus.GaugeVec
+	paused      prometheus.GaugeFunc
+}
+
+func newMetrics(reg prometheus.Registerer, p *Pipeline) (*metrics, error) {
+	m := &metrics{
+		delivered: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "relay_delivery_events_delivered_total",
+			Help: "Events the upstream answered 200 for.",
+		}),
+		retried: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "relay_delivery_events_retried_total",
+			Help: "Events put back for another request after a non-200 answer.",
+		}),
+		dead: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "relay_delivery_events_dead_lettered_total",
+			Help: "Events moved to the dead-letter store, by reason.",
+		}, []string{"reason"}),
+		laneStopped: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "relay_lane_stopped",
+			Help: "1 while a lane sends nothing (invalid API key, fatal upstream answer, operator stop): alert on it.",
+		}, []string{"lane"}),
+	}
+	m.paused = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "relay_delivery_paused_devices",
+		Help: "Devices and users whose events are held now (429 pause, daily quota, pacing).",
+	}, func() float64 {
+		var n int64
+		for _, st := range p.LaneStatus() {
+			n += st.PausedKeys
+		}
+		return float64(n)
+	})
+	for _, r := range []string{"silenced", "invalid_fields", "missing_fields", "bad_request", "too_large", "expired"} {
+		m.dead.WithLabelValues(r)
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.delivered, m.retried, m.dead, m.laneStopped, m.paused} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("batcher: register metrics: %w", err)
+			}
+		}
+	}
+	return m, nil
+}

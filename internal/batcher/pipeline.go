@@ -1,0 +1,330 @@
+package batcher
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/throttle"
+	"github.com/svcrelay/relay/internal/upstream"
+)
+
+// Sender sends one request upstream and classifies the answer.
+// *upstream.Client implements it.
+type Sender interface {
+	Do(ctx context.Context, req *upstream.Request) upstream.Result
+}
+
+// ErrUnknownLane is returned by StopLane and ResumeLane for a lane id the
+// pipeline does not deliver (no such lane, or not an events lane).
+var ErrUnknownLane = errors.New("batcher: unknown lane")
+
+// ErrNotRunning is returned by Ready before Run starts and after it returns.
+var ErrNotRunning = errors.New("batcher: delivery not running")
+
+// ErrAlreadyRunning is returned by a second concurrent Run.
+var ErrAlreadyRunning = errors.New("batcher: already running")
+
+// Pipeline delivers every events lane of a spool upstream. See the package
+// documentation.
+type Pipeline struct {
+	cfg  Config
+	sp   *spool.Spool
+	send Sender
+	thr  *throttle.Throttle
+	log  *zap.Logger
+	m    *metrics
+	url  string
+
+	mu      sync.Mutex
+	lanes   map[uint64]*laneRunner
+	running bool
+}
+
+// New returns a pipeline; nothing runs before Run. log and reg may be nil;
+// thr may be nil (a Throttle without pacing is made).
+func New(cfg Config, sp *spool.Spool, send Sender, thr *throttle.Throttle, log *zap.Logger, reg prometheus.Registerer) (*Pipeline, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if sp == nil || send == nil {
+		return nil, errors.New("batcher: spool and sender are required")
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if thr == nil {
+		var err error
+		if thr, err = throttle.New(throttle.Config{}, nil); err != nil {
+			return nil, err
+		}
+	}
+	cfg = cfg.withDefaults()
+	p := &Pipeline{cfg: cfg, sp: sp, send: send, thr: thr, log: log, url: cfg.IngestURL + "/2/httpapi", lanes: map[uint64]*laneRunner{}}
+	m, err := newMetrics(reg, p)
+	if err != nil {
+		return nil, err
+	}
+	p.m = m
+	return p, nil
+}
+
+// Run delivers until ctx ends: it starts a runner for every events lane that
+// exists and for every one created later. When ctx ends it stops taking new
+// work, gives requests in flight Config.DrainTimeout to finish (their answers
+// are still handled: acks, dead letters), then abandons them and returns nil.
+// What was not acknowledged stays in the spool. Run must return before the
+// spool is closed.
+func (p *Pipeline) Run(ctx context.Context) error {
+	p.mu.Lock()
+	if p.running {
+		p.mu.Unlock()
+		return ErrAlreadyRunning
+	}
+	p.running = true
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		p.running = false
+		p.mu.Unlock()
+	}()
+
+	drainCtx, cancelDrain := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelDrain()
+	var wg sync.WaitGroup
+	for {
+		changed := p.sp.LanesChanged()
+		for _, l := range p.sp.Lanes() {
+			if l.Key().Kind != spool.KindEvents {
+				continue
+			}
+			p.mu.Lock()
+			lr := p.lanes[l.ID()]
+			if lr == nil {
+				lr = newLaneRunner(p, l)
+				p.lanes[l.ID()] = lr
+			}
+			start := !lr.started
+			lr.started = true
+			p.mu.Unlock()
+			if start {
+				lr.start(ctx, drainCtx, &wg)
+			}
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			t := time.AfterFunc(p.cfg.DrainTimeout, cancelDrain)
+			wg.Wait()
+			t.Stop()
+			p.mu.Lock()
+			for _, lr := range p.lanes {
+				lr.started = false
+			}
+			p.mu.Unlock()
+			return nil
+		}
+	}
+}
+
+// Ready returns nil while Run is delivering.
+func (p *Pipeline) Ready() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.running {
+		return ErrNotRunning
+	}
+	return nil
+}
+
+// StopLane stops sending the lane's events (an operator's pause); they stay
+// in the spool. ResumeLane undoes it.
+func (p *Pipeline) StopLane(laneID uint64) error {
+	lr := p.lane(laneID)
+	if lr == nil {
+		return fmt.Errorf("stop lane %d: %w", laneID, ErrUnknownLane)
+	}
+	lr.stop("stopped by operator")
+	return nil
+}
+
+// ResumeLane resumes a lane stopped by StopLane or by the upstream refusing
+// its api_key ("Invalid API key"); its held events are sent at once.
+func (p *Pipeline) ResumeLane(laneID uint64) error {
+	lr := p.lane(laneID)
+	if lr == nil {
+		// A lane created after the last LanesChanged wake-up is not known
+		// yet; look it up in the spool so that an admin call never misses.
+		for _, l := range p.sp.Lanes() {
+			if l.ID() == laneID && l.Key().Kind == spool.KindEvents {
+				return nil // not running yet, so not stopped
+			}
+		}
+		return fmt.Errorf("resume lane %d: %w", laneID, ErrUnknownLane)
+	}
+	lr.resume()
+	return nil
+}
+
+func (p *Pipeline) lane(id uint64) *laneRunner {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lanes[id]
+}
+
+// LaneStatus is a snapshot of one lane's delivery.
+type LaneStatus struct {
+	ID    uint64
+	Label string
+	// Stopped is true while the lane sends nothing (Invalid API key, a
+	// fatal upstream answer, or StopLane); StopReason says why.
+	Stopped    bool
+	StopReason string
+	// PausedKeys is the number of devices/users whose events are held (429
+	// pause, daily quota, pacing); HeldEvents the events they hold.
+	PausedKeys, HeldEvents int64
+	// ReadAheadBytes is the record bytes read from the spool and not yet
+	// delivered or dead-lettered.
+	ReadAheadBytes int64
+}
+
+// LaneStatus returns a snapshot of every lane the pipeline has started,
+// by lane id.
+func (p *Pipeline) LaneStatus() []LaneStatus {
+	p.mu.Lock()
+	lrs := make([]*laneRunner, 0, len(p.lanes))
+	for _, lr := range p.lanes {
+		lrs = append(lrs, lr)
+	}
+	p.mu.Unlock()
+	out := make([]LaneStatus, 0, len(lrs))
+	for _, lr := range lrs {
+		out = append(out, lr.status())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// envelope returns the fixed bytes around a lane's events:
+// `{"api_key":<json string>,"events":[` and `]` + `,"options":<raw>` + `}`.
+func envelope(key spool.LaneKey) (prefix, suffix []byte) {
+	q, _ := json.Marshal(key.APIKey) // a string always marshals
+	prefix = append([]byte(`{"api_key":`), q...)
+	prefix = append(prefix, `,"events":[`...)
+	suffix = []byte(`]`)
+	if key.Options != "" {
+		suffix = append(suffix, `,"options":`...)
+		suffix = append(suffix, key.Options...)
+	}
+	suffix = append(suffix, '}')
+	return prefix, suffix
+}
+
+// laneRunner delivers one lane: a reader goroutine and ShardsPerLane shard
+// goroutines.
+type laneRunner struct {
+	p       *Pipeline
+	lane    *spool.Lane
+	id      uint64
+	label   string
+	key     spool.LaneKey
+	prefix  []byte
+	suffix  []byte
+	shards  []*shard
+	started bool // guarded by p.mu
+
+	// read-ahead budget (bytes read and not done)
+	bmu      sync.Mutex
+	inflight int64
+	bwake    chan struct{}
+
+	// stop state
+	smu        sync.Mutex
+	stopped    bool
+	stopReason string
+	resumeC    chan struct{}
+
+	heldKeys, heldEvents atomic.Int64
+	readAhead            atomic.Int64
+}
+
+func newLaneRunner(p *Pipeline, l *spool.Lane) *laneRunner {
+	lr := &laneRunner{p: p, lane: l, id: l.ID(), label: l.Label(), key: l.Key(), bwake: make(chan struct{}, 1)}
+	lr.prefix, lr.suffix = envelope(lr.key)
+	for i := 0; i < p.cfg.ShardsPerLane; i++ {
+		lr.shards = append(lr.shards, newShard(lr, i))
+	}
+	p.m.laneStopped.WithLabelValues(lr.label).Set(0)
+	return lr
+}
+
+func (lr *laneRunner) start(ctx, drainCtx context.Context, wg *sync.WaitGroup) {
+	wg.Add(1 + len(lr.shards))
+	go func() {
+		defer wg.Done()
+		lr.read(ctx)
+	}()
+	for _, s := range lr.shards {
+		go func() {
+			defer wg.Done()
+			s.run(ctx, drainCtx)
+		}()
+	}
+}
+
+func (lr *laneRunner) stop(reason string) {
+	lr.smu.Lock()
+	defer lr.smu.Unlock()
+	if lr.stopped {
+		return
+	}
+	lr.stopped = true
+	lr.stopReason = reason
+	lr.resumeC = make(chan struct{})
+	lr.p.m.laneStopped.WithLabelValues(lr.label).Set(1)
+	lr.p.log.Error("lane stopped: nothing is sent until it is resumed (admin API) or the relay restarts",
+		zap.String("lane", lr.label), zap.String("reason", reason))
+}
+
+func (lr *laneRunner) resume() {
+	lr.smu.Lock()
+	defer lr.smu.Unlock()
+	if !lr.stopped {
+		return
+	}
+	lr.stopped = false
+	lr.stopReason = ""
+	close(lr.resumeC)
+	lr.p.m.laneStopped.WithLabelValues(lr.label).Set(0)
+	lr.p.log.Info("lane resumed", zap.String("lane", lr.label))
+}
+
+// stoppedC returns a channel closed when the lane resumes, or nil when it is
+// not stopped.
+func (lr *laneRunner) stoppedC() <-chan struct{} {
+	lr.smu.Lock()
+	defer lr.smu.Unlock()
+	if !lr.stopped {
+		return nil
+	}
+	return lr.resumeC
+}
+
+func (lr *laneRunner) status() LaneStatus {
+	lr.smu.Lock()
+	st := LaneStatus{ID: lr.id, Label: lr.label, Stopped: lr.stopped, StopReason: lr.stopReason}
+	lr.smu.Unlock()
+	st.PausedKeys = lr.heldKeys.Load()
+	st.HeldEvents = lr.heldEvents.Load()
+	st.ReadAheadBytes = lr.readAhead.Load()
+	return st
+}

@@ -1,0 +1,476 @@
+package batcher
+
+import (
+	"container/heap"
+	"context"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"go.uber.org/zap"
+
+	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/upstream"
+)
+
+// shard owns the events of the OrderKeys that hash to it and has at most one
+// request in flight, so one key's events are sent in order.
+type shard struct {
+	lr  *laneRunner
+	idx int
+
+	mu   sync.Mutex
+	in   []item // handed over by the reader
+	wake chan struct{}
+
+	// owned by the shard goroutine
+	ready     queue
+	held      map[string]*held
+	heap      heldHeap
+	capEvents int // lowered by 413 and bisection, doubled back on success
+	bo        *backoff.ExponentialBackOff
+	body      []byte
+	batch     []item
+	dead      []deadItem
+	keybuf    []byte
+	spare     []item
+	lastWarn  time.Time
+	failures  int
+}
+
+type deadItem struct {
+	it     item
+	reason string
+}
+
+func newShard(lr *laneRunner, idx int) *shard {
+	cfg := lr.p.cfg
+	bo := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(cfg.RetryInitial),
+		backoff.WithMaxInterval(cfg.RetryMax),
+		backoff.WithMultiplier(2),
+		backoff.WithRandomizationFactor(0.5),
+		backoff.WithMaxElapsedTime(0), // retried without a count or time limit; MaxEventAge bounds it
+	)
+	return &shard{lr: lr, idx: idx, wake: make(chan struct{}, 1), held: map[string]*held{}, capEvents: cfg.MaxBatchEvents, bo: bo}
+}
+
+// give hands items over from the reader; it never blocks on the shard.
+func (s *shard) give(its []item) {
+	s.mu.Lock()
+	s.in = append(s.in, its...)
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *shard) takeIn() {
+	s.mu.Lock()
+	in := s.in
+	s.in = s.spare[:0]
+	s.mu.Unlock()
+	for _, it := range in {
+		s.ready.push(it)
+	}
+	clear(in)
+	s.spare = in[:0]
+}
+
+// run is the shard's loop: wait for a full batch, the flush interval or a
+// pause's end; build a batch; send it; handle the answer.
+func (s *shard) run(ctx, drainCtx context.Context) {
+	p := s.lr.p
+	cfg := p.cfg
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		s.takeIn()
+		if ctx.Err() != nil {
+			return
+		}
+		if c := s.lr.stoppedC(); c != nil {
+			select {
+			case <-c:
+			case <-ctx.Done():
+				return
+			}
+			continue
+		}
+		now := time.Now()
+		s.releaseHeld(now)
+		var wait time.Duration = -1
+		if s.ready.len() > 0 {
+			full := s.ready.len() >= min(s.capEvents, cfg.MaxBatchEvents) || s.ready.bytes >= cfg.MaxBatchBytes
+			due := s.ready.peek().enq.Add(cfg.FlushInterval)
+			if full || !now.Before(due) {
+				wait = 0
+			} else {
+				wait = due.Sub(now)
+			}
+		}
+		if len(s.heap) > 0 {
+			if d := s.heap[0].until.Sub(now); wait < 0 || d < wait {
+				wait = max(d, 0)
+			}
+		}
+		if wait != 0 {
+			var tc <-chan time.Time
+			if wait > 0 {
+				timer.Reset(wait)
+				tc = timer.C
+			}
+			select {
+			case <-s.wake:
+			case <-tc:
+			case <-ctx.Done():
+				return
+			}
+			if wait > 0 && !timer.Stop() {
+				select {
+				case <-timer.C:
+				default:
+				}
+			}
+			continue
+		}
+		body := s.build(now)
+		if len(s.dead) > 0 && !s.flushDead(ctx, drainCtx, nil) {
+			return
+		}
+		if len(s.batch) == 0 {
+			continue
+		}
+		res := p.send.Do(drainCtx, &upstream.Request{URL: p.url, Body: body, Gzip: cfg.Gzip})
+		if drainCtx.Err() != nil {
+			return // abandoned: the batch stays in the spool
+		}
+		if !s.handle(ctx, drainCtx, res) {
+			return
+		}
+	}
+}
+
+// releaseHeld puts the events of every key whose hold ended back at the
+// front of the ready queue (they are older than any queued event of the key).
+func (s *shard) releaseHeld(now time.Time) {
+	for len(s.heap) > 0 && !s.heap[0].until.After(now) {
+		h := heap.Pop(&s.heap).(*held)
+		delete(s.held, h.key)
+		s.lr.heldKeys.Add(-1)
+		s.lr.heldEvents.Add(-int64(len(h.items)))
+		s.ready.pushFront(h.items)
+	}
+}
+
+func (s *shard) hold(key []byte, until time.Time, it item) {
+	h := &held{key: string(key), until: until, items: []item{it}}
+	s.held[h.key] = h
+	heap.Push(&s.heap, h)
+	s.lr.heldKeys.Add(1)
+	s.lr.heldEvents.Add(1)
+}
+
+// pausedUntil is when the record's device (OrderKey) and user pauses end,
+// zero when neither is paused.
+func (s *shard) pausedUntil(r *spool.Record) time.Time {
+	thr := s.lr.p.thr
+	u := thr.PausedUntil(r.OrderKey)
+	if len(r.UserID) > 0 {
+		s.keybuf = append(append(s.keybuf[:0], userPrefix...), r.UserID...)
+		if uu := thr.PausedUntil(s.keybuf); uu.After(u) {
+			u = uu
+		}
+	}
+	return u
+}
+
+// Key prefixes of event.Event.OrderKey (event.DeviceKeyPrefix, UserKeyPrefix).
+const (
+	devicePrefix = "d:"
+	userPrefix   = "u:"
+)
+
+// build takes the next batch from the ready queue into s.batch and returns
+// its body; events of held or paused keys are moved to their held queue,
+// expired and oversized events to s.dead.
+func (s *shard) build(now time.Time) []byte {
+	cfg := s.lr.p.cfg
+	thr := s.lr.p.thr
+	capE := min(s.capEvents, cfg.MaxBatchEvents)
+	fixed := len(s.lr.prefix) + len(s.lr.suffix)
+	size := fixed
+	s.batch = s.batch[:0]
+	s.body = append(s.body[:0], s.lr.prefix...)
+	for s.ready.len() > 0 && len(s.batch) < capE {
+		it := s.ready.peek()
+		if now.Sub(it.ck.accepted) >= cfg.MaxEventAge {
+			s.dead = append(s.dead, deadItem{s.ready.pop(), "expired"})
+			continue
+		}
+		if h := s.held[string(it.rec.OrderKey)]; h != nil {
+			h.items = append(h.items, s.ready.pop())
+			s.lr.heldEvents.Add(1)
+			continue
+		}
+		if u := s.pausedUntil(&it.rec); !u.IsZero() {
+			s.hold(it.rec.OrderKey, u, s.ready.pop())
+			continue
+		}
+		if fixed+len(it.rec.Data) >= cfg.MaxBatchBytes {
+			s.dead = append(s.dead, deadItem{s.ready.pop(), "too_large"})
+			continue
+		}
+		add := len(it.rec.Data)
+		if len(s.batch) > 0 {
+			add++
+		}
+		if size+add >= cfg.MaxBatchBytes {
+			break
+		}
+		if ok, at := thr.Take(it.rec.OrderKey, 1); !ok {
+			s.hold(it.rec.OrderKey, maxTime(at, now.Add(cfg.FlushInterval)), s.ready.pop())
+			continue
+		}
+		x := s.ready.pop()
+		if len(s.batch) > 0 {
+			s.body = append(s.body, ',')
+		}
+		s.body = append(s.body, x.rec.Data...)
+		s.batch = append(s.batch, x)
+		size += add
+	}
+	s.body = append(s.body, s.lr.suffix...)
+	return s.body
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// handle decides what an answer means for the batch (the contract's
+// Delivery section). It returns false when the shard must exit.
+func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool {
+	p := s.lr.p
+	cfg := p.cfg
+	n := len(s.batch)
+	switch res.Kind {
+	case upstream.OK:
+		s.lr.done(s.batch)
+		p.m.delivered.Add(float64(n))
+		s.bo.Reset()
+		s.failures = 0
+		s.capEvents = min(s.capEvents*2, cfg.MaxBatchEvents)
+		return true
+
+	case upstream.Throttled, upstream.Silenced:
+		now := time.Now()
+		reasons := map[int]string{}
+		if res.Kind == upstream.Silenced {
+			for _, i := range res.SilencedEvents {
+				if i >= 0 && i < n {
+					reasons[i] = "silenced"
+				}
+			}
+			if len(res.SilencedDevices) > 0 {
+				set := keySet(devicePrefix, res.SilencedDevices)
+				for i := range s.batch {
+					if set[string(s.batch[i].rec.OrderKey)] {
+						reasons[i] = "silenced"
+					}
+				}
+			}
+			if len(res.QuotaDevices) > 0 {
+				p.thr.PauseUntilNextDay(prefixed(devicePrefix, res.QuotaDevices))
+			}
+		}
+		until := now.Add(cfg.ThrottlePause)
+		pause := prefixed(devicePrefix, res.ThrottledDevices)
+		pause = append(pause, prefixed(userPrefix, res.ThrottledUsers)...)
+		for _, i := range res.ThrottledEvents {
+			if i >= 0 && i < n {
+				if _, dead := reasons[i]; !dead {
+					pause = append(pause, string(s.batch[i].rec.OrderKey))
+				}
+			}
+		}
+		p.thr.Pause(pause, until)
+		progress := len(reasons) > 0
+		if !progress {
+			for i := range s.batch {
+				if !s.pausedUntil(&s.batch[i].rec).IsZero() {
+					progress = true
+					break
+				}
+			}
+		}
+		if !progress {
+			// Nothing in the answer matches this batch: wait like a 5xx
+			// rather than resend at once in a loop.
+			return s.retryLater(ctx, drainCtx, res)
+		}
+		return s.dropAndResend(ctx, drainCtx, reasons, res)
+
+	case upstream.Invalid:
+		reasons := map[int]string{}
+		for i, r := range res.InvalidEvents {
+			if i >= 0 && i < n {
+				reasons[i] = r
+			}
+		}
+		if len(reasons) > 0 {
+			return s.dropAndResend(ctx, drainCtx, reasons, res)
+		}
+		return s.split(ctx, drainCtx, res, "bad_request")
+
+	case upstream.BadRequest:
+		return s.split(ctx, drainCtx, res, "bad_request")
+
+	case upstream.TooLarge:
+		return s.split(ctx, drainCtx, res, "too_large")
+
+	case upstream.InvalidAPIKey, upstream.Fatal:
+		s.requeue(s.batch)
+		reason := "upstream answered " + string(res.Answer)
+		if res.Kind == upstream.InvalidAPIKey {
+			reason = "invalid API key"
+		}
+		s.lr.stop(reason)
+		return true
+
+	default: // Retryable
+		return s.retryLater(ctx, drainCtx, res)
+	}
+}
+
+// split handles a 413 or a 400 that names no event: a single event is
+// dead-lettered with reason, a larger batch is resent in halves (capEvents
+// halves; the next batches bisect further while the answer repeats).
+func (s *shard) split(ctx, drainCtx context.Context, res upstream.Result, reason string) bool {
+	if len(s.batch) == 1 {
+		s.dead = append(s.dead, deadItem{s.batch[0], reason})
+		return s.flushDead(ctx, drainCtx, res.Answer)
+	}
+	s.capEvents = max(1, len(s.batch)/2)
+	s.lr.p.m.retried.Add(float64(len(s.batch)))
+	s.requeue(s.batch)
+	return true
+}
+
+// dropAndResend dead-letters the batch events named in reasons (by index)
+// and puts the rest back at the front, to be sent at once (events of paused
+// keys are held by the next build).
+func (s *shard) dropAndResend(ctx, drainCtx context.Context, reasons map[int]string, res upstream.Result) bool {
+	rest := make([]item, 0, len(s.batch)-len(reasons))
+	for i := range s.batch {
+		if r, ok := reasons[i]; ok {
+			s.dead = append(s.dead, deadItem{s.batch[i], r})
+		} else {
+			rest = append(rest, s.batch[i])
+		}
+	}
+	s.lr.p.m.retried.Add(float64(len(rest)))
+	if !s.flushDead(ctx, drainCtx, res.Answer) {
+		return false
+	}
+	s.ready.pushFront(rest)
+	return true
+}
+
+func (s *shard) requeue(its []item) {
+	s.ready.pushFront(append([]item(nil), its...))
+}
+
+// retryLater puts the batch back and waits the backoff (at least a clamped
+// Retry-After).
+func (s *shard) retryLater(ctx, drainCtx context.Context, res upstream.Result) bool {
+	p := s.lr.p
+	cfg := p.cfg
+	s.requeue(s.batch)
+	p.m.retried.Add(float64(len(s.batch)))
+	d := min(s.bo.NextBackOff(), cfg.RetryMax)
+	if ra := min(res.RetryAfter, cfg.RetryMax); ra > d {
+		d = ra
+	}
+	s.failures++
+	now := time.Now()
+	if now.Sub(s.lastWarn) >= 10*time.Second {
+		s.lastWarn = now
+		p.log.Warn("upstream request failed; retrying with backoff",
+			zap.String("lane", s.lr.label), zap.Int("shard", s.idx), zap.String("class", res.Kind.String()),
+			zap.ByteString("answer", res.Answer), zap.Int("failures", s.failures), zap.Duration("wait", d))
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// flushDead commits s.dead to the dead-letter store, then marks them done
+// (so their chunks may be acked). A failing PutDead is retried with backoff
+// until it works or drainCtx ends (false: the shard exits, nothing acked).
+func (s *shard) flushDead(ctx, drainCtx context.Context, answer []byte) bool {
+	p := s.lr.p
+	now := time.Now()
+	dls := make([]spool.DeadLetter, len(s.dead))
+	for i, d := range s.dead {
+		ans := answer
+		switch d.reason {
+		case "expired":
+			ans = []byte("relay: not delivered within max-event-age")
+		case "too_large":
+			if ans == nil {
+				ans = []byte("relay: event larger than max-batch-bytes")
+			}
+		}
+		dls[i] = spool.DeadLetter{Lane: s.lr.key, Reason: d.reason, Answer: ans, Accepted: d.it.ck.accepted, Died: now, Record: d.it.rec}
+	}
+	bo := backoff.NewExponentialBackOff(backoff.WithInitialInterval(100*time.Millisecond), backoff.WithMaxInterval(10*time.Second), backoff.WithMaxElapsedTime(0))
+	for {
+		err := p.sp.PutDead(drainCtx, dls)
+		if err == nil {
+			break
+		}
+		p.log.Error("store dead letters", zap.String("lane", s.lr.label), zap.Error(err))
+		t := time.NewTimer(bo.NextBackOff())
+		select {
+		case <-t.C:
+		case <-drainCtx.Done():
+			t.Stop()
+			return false
+		}
+	}
+	its := make([]item, len(s.dead))
+	for i, d := range s.dead {
+		its[i] = d.it
+		p.m.dead.WithLabelValues(d.reason).Inc()
+	}
+	s.lr.done(its)
+	clear(s.dead)
+	s.dead = s.dead[:0]
+	return true
+}
+
+func prefixed(prefix string, ids []string) []string {
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = prefix + id
+	}
+	return out
+}
+
+func keySet(prefix string, ids []string) map[string]bool {
+	m := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		m[prefix+id] = true
+	}
+	return m
+}

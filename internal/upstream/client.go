@@ -1,0 +1,200 @@
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+)
+
+// Config configures a Client.
+type Config struct {
+	// Timeout bounds one request from dial to the last byte of the answer;
+	// zero means DefaultTimeout.
+	Timeout time.Duration
+	// DialTimeout bounds connecting; zero means DefaultDialTimeout.
+	DialTimeout time.Duration
+	// MaxConnsPerHost bounds the connections to one upstream host; size it
+	// for the batcher's shards (every shard has at most one request in
+	// flight). Zero means DefaultMaxConnsPerHost.
+	MaxConnsPerHost int
+	// MaxIdleConnDuration closes keep-alive connections idle this long;
+	// zero means DefaultMaxIdleConnDuration.
+	MaxIdleConnDuration time.Duration
+	// MaxResponseBytes bounds an answer's body; zero means 1 MiB.
+	MaxResponseBytes int
+	// UserAgent is sent in User-Agent; "" means "svc-relay".
+	UserAgent string
+}
+
+// Defaults.
+const (
+	DefaultTimeout             = 30 * time.Second
+	DefaultDialTimeout         = 5 * time.Second
+	DefaultMaxConnsPerHost     = 64
+	DefaultMaxIdleConnDuration = 30 * time.Second
+)
+
+// Validate reports a configuration error.
+func (c Config) Validate() error {
+	if c.Timeout < 0 || c.DialTimeout < 0 || c.MaxIdleConnDuration < 0 {
+		return errors.New("upstream: negative time-out")
+	}
+	if c.MaxConnsPerHost < 0 || c.MaxResponseBytes < 0 {
+		return errors.New("upstream: negative limit")
+	}
+	return nil
+}
+
+func (c Config) withDefaults() Config {
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = DefaultDialTimeout
+	}
+	if c.MaxConnsPerHost == 0 {
+		c.MaxConnsPerHost = DefaultMaxConnsPerHost
+	}
+	if c.MaxIdleConnDuration == 0 {
+		c.MaxIdleConnDuration = DefaultMaxIdleConnDuration
+	}
+	if c.MaxResponseBytes == 0 {
+		c.MaxResponseBytes = 1 << 20
+	}
+	if c.UserAgent == "" {
+		c.UserAgent = "svc-relay"
+	}
+	return c
+}
+
+// Request is one POST to the upstream.
+type Request struct {
+	// URL is the full address, e.g. ingest-url + "/2/httpapi".
+	URL string
+	// ContentType is sent as Content-Type; "" means application/json.
+	ContentType string
+	// Body is the uncompressed body; the caller keeps it unchanged until
+	// Do returns (Do copies it before an abandoned request could outlive it).
+	Body []byte
+	// Gzip compresses Body and sends Content-Encoding: gzip.
+	Gzip bool
+}
+
+// Client posts requests to the upstream and classifies the answers.
+type Client struct {
+	cfg      Config
+	hc       *fasthttp.Client
+	log      *zap.Logger
+	requests *prometheus.CounterVec
+	latency  prometheus.Histogram
+}
+
+// New returns a client. log and reg may be nil. It registers
+// relay_upstream_requests_total{status} and relay_upstream_request_seconds.
+func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Client, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	if log == nil {
+		log = zap.NewNop()
+	}
+	dialTimeout := cfg.DialTimeout
+	c := &Client{
+		cfg: cfg,
+		log: log,
+		hc: &fasthttp.Client{
+			Name:                      cfg.UserAgent,
+			MaxConnsPerHost:           cfg.MaxConnsPerHost,
+			MaxIdleConnDuration:       cfg.MaxIdleConnDuration,
+			ReadTimeout:               cfg.Timeout,
+			WriteTimeout:              cfg.Timeout,
+			MaxConnWaitTimeout:        cfg.Timeout,
+			MaxResponseBodySize:       cfg.MaxResponseBytes,
+			DisablePathNormalizing:    true,
+			MaxIdemponentCallAttempts: 1,
+			Dial: func(addr string) (net.Conn, error) {
+				return fasthttp.DialTimeout(addr, dialTimeout)
+			},
+		},
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "relay_upstream_requests_total",
+			Help: "Upstream requests by answer status (HTTP status, or timeout/error when none arrived).",
+		}, []string{"status"}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "relay_upstream_request_seconds",
+			Help:    "Upstream request latency, including failed requests.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}),
+	}
+	if reg != nil {
+		for _, m := range []prometheus.Collector{c.requests, c.latency} {
+			if err := reg.Register(m); err != nil {
+				return nil, fmt.Errorf("upstream: register metrics: %w", err)
+			}
+		}
+	}
+	return c, nil
+}
+
+// Do posts req and classifies the answer. It returns when the answer
+// arrives, the request times out (Config.Timeout), or ctx ends; in the last
+// case the request is abandoned and the Result is Retryable with ctx's error.
+func (c *Client) Do(ctx context.Context, req *Request) Result {
+	if err := ctx.Err(); err != nil {
+		return Classify(0, nil, "", err)
+	}
+	freq := fasthttp.AcquireRequest()
+	freq.SetRequestURI(req.URL)
+	freq.Header.SetMethod(fasthttp.MethodPost)
+	ct := req.ContentType
+	if ct == "" {
+		ct = "application/json"
+	}
+	freq.Header.SetContentType(ct)
+	if req.Gzip {
+		freq.Header.Set(fasthttp.HeaderContentEncoding, "gzip")
+		freq.SetBodyRaw(fasthttp.AppendGzipBytesLevel(nil, req.Body, fasthttp.CompressDefaultCompression))
+	} else {
+		freq.SetBody(req.Body) // copies: an abandoned request must not alias the caller's buffer
+	}
+	deadline := time.Now().Add(c.cfg.Timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	done := make(chan Result, 1)
+	start := time.Now()
+	go func() {
+		resp := fasthttp.AcquireResponse()
+		err := c.hc.DoDeadline(freq, resp, deadline)
+		var r Result
+		if err != nil {
+			r = Classify(0, nil, "", err)
+		} else {
+			r = Classify(resp.StatusCode(), resp.Body(), string(resp.Header.Peek(fasthttp.HeaderRetryAfter)), nil)
+		}
+		r.Duration = time.Since(start)
+		fasthttp.ReleaseResponse(resp)
+		fasthttp.ReleaseRequest(freq)
+		c.requests.WithLabelValues(r.StatusLabel()).Inc()
+		c.latency.Observe(r.Duration.Seconds())
+		done <- r
+	}()
+	select {
+	case r := <-done:
+		return r
+	case <-ctx.Done():
+		r := Classify(0, nil, "", fmt.Errorf("request abandoned: %w", ctx.Err()))
+		r.Duration = time.Since(start)
+		return r
+	}
+}
+
+// CloseIdle closes idle keep-alive connections.
+func (c *Client) CloseIdle() { c.hc.CloseIdleConnections() }
