@@ -1,0 +1,246 @@
+package adminapi
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/valyala/fasthttp"
+)
+
+// start serves s on a real 127.0.0.1 port and returns its base URL.
+func start(t *testing.T, s *Server) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := s.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	return "http://" + ln.Addr().String()
+}
+
+func get(t *testing.T, method, url string, hdr ...string) (int, http.Header, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	c := &http.Client{Timeout: 10 * time.Second}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+func TestHealthAndReady(t *testing.T) {
+	var notReady atomic.Pointer[error]
+	s, err := New(Config{Ready: func() error {
+		if p := notReady.Load(); p != nil {
+			return *p
+		}
+		return nil
+	}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := start(t, s)
+
+	if code, _, body := get(t, "GET", base+"/healthz"); code != 200 || body != "ok\n" {
+		t.Fatalf("healthz: %d %q", code, body)
+	}
+	if code, _, _ := get(t, "GET", base+"/readyz"); code != 200 {
+		t.Fatalf("readyz ready: %d", code)
+	}
+	reason := errors.New("delivery stopped")
+	notReady.Store(&reason)
+	code, _, body := get(t, "GET", base+"/readyz")
+	if code != 503 || !strings.Contains(body, "delivery stopped") {
+		t.Fatalf("readyz not ready: %d %q, want 503 with the reason", code, body)
+	}
+	// Health does not depend on readiness.
+	if code, _, _ := get(t, "GET", base+"/healthz"); code != 200 {
+		t.Fatalf("healthz while not ready: %d", code)
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector())
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "relay_test_total", Help: "test"})
+	reg.MustRegister(c)
+	c.Add(3)
+	s, err := New(Config{Gatherer: reg, AdminToken: "tok"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := start(t, s)
+	code, hdr, body := get(t, "GET", base+"/metrics") // no token needed
+	if code != 200 {
+		t.Fatalf("metrics: %d %s", code, body)
+	}
+	if !strings.HasPrefix(hdr.Get("Content-Type"), "text/plain") {
+		t.Fatalf("content type %q", hdr.Get("Content-Type"))
+	}
+	for _, want := range []string{"relay_test_total 3", "go_goroutines"} {
+		if !strings.Contains(body, want) {
+			t.Fatalf("metrics lack %q", want)
+		}
+	}
+}
+
+func TestPprofAndToken(t *testing.T) {
+	tests := []struct {
+		name  string
+		token string
+		hdr   []string
+		want  int
+	}{
+		{"no token configured", "", nil, 200},
+		{"token missing", "s3cret", nil, 401},
+		{"token wrong", "s3cret", []string{"Authorization", "Bearer s3cre"}, 403},
+		{"token wrong scheme", "s3cret", []string{"Authorization", "Basic s3cret"}, 401},
+		{"token right", "s3cret", []string{"Authorization", "Bearer s3cret"}, 200},
+		{"scheme case-insensitive", "s3cret", []string{"Authorization", "bearer s3cret"}, 200},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := New(Config{AdminToken: tt.token}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			base := start(t, s)
+			code, _, body := get(t, "GET", base+"/debug/pprof/goroutine?debug=1", tt.hdr...)
+			if code != tt.want {
+				t.Fatalf("pprof: %d, want %d (%.100s)", code, tt.want, body)
+			}
+			if code == 200 && !strings.Contains(body, "goroutine profile") {
+				t.Fatalf("pprof body %.200q", body)
+			}
+			if tt.token != "" && strings.Contains(body, tt.token) {
+				t.Fatal("token echoed")
+			}
+			// The open routes never need it.
+			for _, p := range []string{"/healthz", "/readyz", "/metrics"} {
+				if code, _, _ := get(t, "GET", base+p); code != 200 {
+					t.Fatalf("%s: %d without token", p, code)
+				}
+			}
+		})
+	}
+}
+
+func TestRouter(t *testing.T) {
+	s, err := New(Config{AdminToken: "tok"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	say := func(w string) fasthttp.RequestHandler {
+		return func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString(w) }
+	}
+	s.Handle("GET", "/relay/v1/", say("prefix"))
+	s.Handle("GET", "/relay/v1/dead/", say("longer prefix"))
+	s.Handle("GET", "/relay/v1/dead", say("exact"))
+	s.HandleAuth("DELETE", "/relay/v1/dead", say("deleted"))
+	base := start(t, s)
+
+	tests := []struct {
+		method, path string
+		hdr          []string
+		code         int
+		body         string
+	}{
+		{"GET", "/relay/v1/dead", nil, 200, "exact"},
+		{"GET", "/relay/v1/dead/17", nil, 200, "longer prefix"},
+		{"GET", "/relay/v1/other", nil, 200, "prefix"},
+		{"DELETE", "/relay/v1/dead", nil, 401, ""},
+		{"DELETE", "/relay/v1/dead", []string{"Authorization", "Bearer tok"}, 200, "deleted"},
+		{"POST", "/relay/v1/dead", nil, 405, ""},
+		{"POST", "/healthz", nil, 405, ""},
+		{"GET", "/nope", nil, 404, ""},
+		{"GET", "/relay/v2", nil, 404, ""},
+	}
+	for _, tt := range tests {
+		code, hdr, body := get(t, tt.method, base+tt.path, tt.hdr...)
+		if code != tt.code || (tt.body != "" && body != tt.body) {
+			t.Errorf("%s %s: %d %q, want %d %q", tt.method, tt.path, code, body, tt.code, tt.body)
+		}
+		if code == 405 && hdr.Get("Allow") == "" {
+			t.Errorf("%s %s: 405 without Allow", tt.method, tt.path)
+		}
+	}
+
+	defer func() {
+		if recover() == nil {
+			t.Fatal("duplicate route did not panic")
+		}
+	}()
+	s.Handle("GET", "/healthz", say("again"))
+}
+
+// TestShutdown: after Shutdown, Serve returns nil and the port is closed.
+func TestShutdown(t *testing.T) {
+	s, err := New(Config{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ln) }()
+	if code, _, _ := get(t, "GET", "http://"+ln.Addr().String()+"/healthz"); code != 200 {
+		t.Fatalf("healthz %d", code)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve after shutdown: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("serve did not return")
+	}
+	if c, err := net.DialTimeout("tcp", ln.Addr().String(), time.Second); err == nil {
+		c.Close()
+		t.Fatal("port still open after shutdown")
+	}
+}
+
+func TestValidate(t *testing.T) {
+	if _, err := New(Config{ReadTimeout: -1}, nil); err == nil {
+		t.Fatal("negative timeout accepted")
+	}
+}
