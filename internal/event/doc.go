@@ -8,15 +8,59 @@
 // structs: the relay forwards every event byte-for-byte, apart from the three
 // rewrites of Event.AppendRewritten.
 //
+// # JSON
+//
+// The verdict on JSON validity is exactly encoding/json.Valid's: strings may
+// hold invalid UTF-8 and unpaired \u surrogates (both accepted), control
+// bytes below 0x20 in strings are refused, and at most 10000 containers may
+// be open at once. The scanner is iterative (a bit stack, no recursion), so
+// deep nesting costs neither stack nor time beyond one pass. Duplicate keys
+// are allowed and the last one counts, as encoding/json and the usual JSON
+// libraries do; keys are compared after unescaping ("user\u005fid" is
+// user_id). Unescaped values (APIKey, DeviceID, UserID) decode escapes as
+// encoding/json does (an unpaired surrogate becomes U+FFFD) but keep raw
+// invalid UTF-8 bytes as they are.
+//
+// # Validation
+//
 // Validation follows ../shared/api/ingestion-groups-usermap-export.md (Event,
 // Request envelope, Errors, Limits): a request the upstream would reject is
-// rejected here with the upstream's status and body (see Error).
+// rejected here with the upstream's status and body (see Error and Parse for
+// the exact rules and which error wins). Where the document is silent, the
+// choices are:
+//   - an empty events array is a missing "events";
+//   - a null optional field is an absent field; "" as event_type, user_id or
+//     device_id is a missing field;
+//   - options that is not an object, or a min_id_length that is not an
+//     integer in 0..MaxMinIDLength, is "Invalid JSON request body";
+//   - integers (time, session_id, event_id, quantity) are JSON numbers
+//     without fraction or exponent within int64; floats are any JSON number;
+//   - property depth counts the property object as layer 1 and every object
+//     or array inside it as one more; more than 40 is invalid;
+//   - an all-zero device_id ('0' and '-' only) is invalid whatever its length;
+//   - min_id_length counts characters (runes after unescaping; each invalid
+//     UTF-8 byte is one, as it is one U+FFFD upstream). A short id is
+//     removed (Event.DeviceID/UserID nil) but its bytes are forwarded
+//     unchanged, since the upstream removes it itself; an event left with
+//     neither id is invalid in the removed field(s);
+//   - string length (1024) is not checked: the upstream truncates.
 //
-// Invariants:
+// # Invariants
+//
 //   - Parse never retains body after it returns except through the slices in
-//     Request, which alias body; the caller keeps body alive while it uses them.
+//     Request, which alias body (or Request's own scratch space, for escaped
+//     ids and api_key); the caller keeps body alive while it uses them, and
+//     the next Parse into the same Request overwrites them.
 //   - A Request with a nil error holds at least one event, each with a
-//     non-empty OrderKey.
+//     non-empty OrderKey, and Event.Raw of each is one complete JSON object.
 //   - Parse does not allocate per event once the Request has grown to size
-//     (Requests are meant to be reused).
+//     (Requests are meant to be reused); an error allocates its Error.
+//   - Events found bad while scanning are not kept, so memory stays bounded
+//     by the acceptable-looking events of a body, not by its element count.
+//   - AppendRewritten's output is one JSON object equal to Raw plus the added
+//     or replaced insert_id, time and ip (when it is the last of duplicate
+//     keys that is null or "$remote", it is replaced in place; absent fields
+//     are inserted first), and otherwise Raw byte-for-byte.
+//   - IDGen ids are unique per generator (a counter) and across generators
+//     with overwhelming probability (a 64-bit random prefix).
 package event

@@ -44,6 +44,7 @@ type Event struct {
 	// Offsets in Raw (0 means none, since Raw[0] is '{'): the value of a null
 	// insert_id or time, and the string token of an ip equal to "$remote".
 	insNull, timeNull, ipOff, ipEnd int
+	idx                             int // index in the events array
 }
 
 // Event.flags bits.
@@ -98,6 +99,9 @@ func (e *Event) OrderKey(dst []byte) []byte {
 //
 // Duplicate keys: the last one counts, as with encoding/json. A null value
 // of an optional event field counts as absent.
+//
+// When Parse returns an error, the contents of req are unspecified (Events
+// in particular is incomplete: events found bad while scanning are not kept).
 func Parse(body []byte, req *Request) *Error {
 	req.APIKey = nil
 	req.Options = nil
@@ -126,6 +130,13 @@ type parser struct {
 	events     bool // events is an array
 	badEvent   bool // an element of events is not an object
 	optionsBad bool
+	n          int // elements of events seen so far
+
+	// Per-event errors: for each field, 1 + the index of the first event
+	// with an invalid value / with the field missing (0: none).
+	badAt     [numFields]int
+	missingAt [3]int // event_type, user_id, device_id
+	anyErr    bool
 }
 
 // envelope scans the whole body; false means invalid JSON (or an envelope
@@ -177,7 +188,8 @@ func (p *parser) envelope() bool {
 				i, _ = p.sk.skipValue(b, i, 1)
 			}
 		case "events":
-			p.events, p.badEvent = false, false
+			p.events, p.badEvent, p.n, p.anyErr = false, false, 0, false
+			p.badAt, p.missingAt = [numFields]int{}, [3]int{}
 			p.req.Events = p.req.Events[:0]
 			if b[i] == '[' {
 				p.events = true
@@ -309,6 +321,7 @@ func (p *parser) eventArray(i int) int {
 			p.badEvent = true
 			i, _ = p.sk.skipValue(b, i, 2)
 		}
+		p.n++
 		if i < 0 {
 			return -1
 		}
@@ -333,11 +346,11 @@ func (p *parser) event(i int) int {
 	evs := append(p.req.Events, Event{})
 	p.req.Events = evs
 	e := &evs[len(evs)-1]
+	e.idx = p.n
 	i = skipWS(b, i+1)
 	if i < len(b) && b[i] == '}' {
-		i++
-		e.Raw = b[start:i]
-		return i
+		p.done(e)
+		return i + 1
 	}
 	e.flags |= evNonEmpty
 	for {
@@ -380,11 +393,39 @@ func (p *parser) event(i int) int {
 		case '}':
 			i++
 			e.Raw = b[start:i]
+			p.done(e)
 			return i
 		default:
 			return -1
 		}
 	}
+}
+
+// done checks the last event, e, for errors that do not depend on
+// options.min_id_length (which may come later in the body). An event with
+// such an error is recorded and dropped from req.Events: the request is
+// refused anyway, and dropping keeps the memory of a hostile body of many
+// tiny bad events ({},{},...) bounded by the size of its acceptable-looking
+// events (each at least `{"event_type":"e","user_id":"u"}`).
+func (p *parser) done(e *Event) {
+	missType := e.flags&evHasType == 0 && e.invalid&(1<<fEventType) == 0
+	missID := e.UserID == nil && e.DeviceID == nil && e.invalid&(1<<fUserID|1<<fDeviceID) == 0
+	if e.invalid == 0 && !missType && !missID {
+		return
+	}
+	p.anyErr = true
+	for m := e.invalid; m != 0; m &= m - 1 {
+		if f := bits.TrailingZeros64(m); p.badAt[f] == 0 {
+			p.badAt[f] = e.idx + 1
+		}
+	}
+	if missType && p.missingAt[0] == 0 {
+		p.missingAt[0] = e.idx + 1
+	}
+	if missID && p.missingAt[1] == 0 {
+		p.missingAt[1], p.missingAt[2] = e.idx+1, e.idx+1
+	}
+	p.req.Events = p.req.Events[:len(p.req.Events)-1]
 }
 
 // field scans the value at b[i] of the known field f of e, whose object
@@ -516,7 +557,7 @@ func (p *parser) finalize() *Error {
 		return newError(msgInvalidJSON)
 	case p.apiKey == nil:
 		return newMissingField("api_key")
-	case !p.events || (len(req.Events) == 0 && !p.badEvent):
+	case !p.events || p.n == 0:
 		return newMissingField("events")
 	case p.badEvent:
 		return newError(msgInvalidEvent)
@@ -545,17 +586,6 @@ func (p *parser) finalize() *Error {
 		req.APIKey = p.unescape(p.apiKey)
 	}
 
-	const none = -1
-	var firstBad [numFields]int
-	var firstMissing [3]int // fEventType, fUserID, fDeviceID
-	for i := range firstBad {
-		firstBad[i] = none
-	}
-	for i := range firstMissing {
-		firstMissing[i] = none
-	}
-	var anyBad uint64
-	anyMissing := false
 	minLen := req.MinIDLength
 	for i := range req.Events {
 		e := &req.Events[i]
@@ -566,8 +596,10 @@ func (p *parser) finalize() *Error {
 			e.DeviceID = p.unescape(e.DeviceID)
 		}
 		if e.DeviceID != nil && allZero(e.DeviceID) {
-			e.invalid |= 1 << fDeviceID
-		} else if e.DeviceID != nil && shorter(e.DeviceID, minLen) {
+			p.bad(fDeviceID, e.idx)
+			continue
+		}
+		if e.DeviceID != nil && shorter(e.DeviceID, minLen) {
 			e.DeviceID = nil
 			e.flags |= evDevShort
 		}
@@ -575,57 +607,47 @@ func (p *parser) finalize() *Error {
 			e.UserID = nil
 			e.flags |= evUserShort
 		}
-		missType := e.flags&evHasType == 0 && e.invalid&(1<<fEventType) == 0
-		missID := false
-		if e.DeviceID == nil && e.UserID == nil && e.invalid&(1<<fUserID|1<<fDeviceID) == 0 {
-			if e.flags&(evUserShort|evDevShort) == 0 {
-				missID = true
-			}
+		// done() kept only events with an id present, so losing both can
+		// only be min_id_length's doing.
+		if e.DeviceID == nil && e.UserID == nil {
 			if e.flags&evUserShort != 0 {
-				e.invalid |= 1 << fUserID
+				p.bad(fUserID, e.idx)
 			}
 			if e.flags&evDevShort != 0 {
-				e.invalid |= 1 << fDeviceID
+				p.bad(fDeviceID, e.idx)
 			}
 		}
-		if e.invalid == 0 && !missType && !missID {
-			continue
-		}
-		for m := e.invalid &^ anyBad; m != 0; m &= m - 1 {
-			firstBad[bits.TrailingZeros64(m)] = i
-		}
-		anyBad |= e.invalid
-		if missType && firstMissing[0] == none {
-			firstMissing[0] = i
-			anyMissing = true
-		}
-		if missID && firstMissing[1] == none {
-			firstMissing[1], firstMissing[2] = i, i
-			anyMissing = true
-		}
 	}
-	if anyBad == 0 && !anyMissing {
+	if !p.anyErr {
 		return nil
 	}
 	err := &Error{Status: 400, Msg: msgMissingField}
-	if anyBad != 0 {
-		err.Msg = msgInvalidFields
-		err.InvalidFields = make(map[string][]int)
-		for f, i := range firstBad {
-			if i != none {
-				err.InvalidFields[fieldNames[f]] = []int{i}
+	for f, at := range p.badAt {
+		if at != 0 {
+			if err.InvalidFields == nil {
+				err.Msg = msgInvalidFields
+				err.InvalidFields = make(map[string][]int)
 			}
+			err.InvalidFields[fieldNames[f]] = []int{at - 1}
 		}
 	}
-	if anyMissing {
-		err.MissingFields = make(map[string][]int)
-		for k, f := range [3]int{fEventType, fUserID, fDeviceID} {
-			if i := firstMissing[k]; i != none {
-				err.MissingFields[fieldNames[f]] = []int{i}
+	for k, f := range [3]int{fEventType, fUserID, fDeviceID} {
+		if at := p.missingAt[k]; at != 0 {
+			if err.MissingFields == nil {
+				err.MissingFields = make(map[string][]int)
 			}
+			err.MissingFields[fieldNames[f]] = []int{at - 1}
 		}
 	}
 	return err
+}
+
+// bad records that event idx has an invalid field f.
+func (p *parser) bad(f, idx int) {
+	p.anyErr = true
+	if at := p.badAt[f]; at == 0 || at > idx+1 {
+		p.badAt[f] = idx + 1
+	}
 }
 
 // unescape appends the value of the escaped content s to req.scratch (which

@@ -30,7 +30,7 @@ func realisticEvent(i int) string {
 	if i%2 == 0 {
 		insert = fmt.Sprintf(`"insert_id":"a1b2c3d4-e5f6-4789-9abc-%012d",`, i)
 	}
-	return fmt.Sprintf(`{"user_id":"user-%08d@example.com","device_id":"5f1c2d3e-4b5a-6978-8a9b-%012d","event_type":"Checkout Completed",%s"time":1732233600%03d,"platform":"iOS","os_name":"ios","os_version":"17.4.1","device_model":"iPhone15,3","app_version":"4.12.0","ip":"$remote","language":"en-US","country":"Germany","session_id":1732233500000,"event_properties":{"cart_value":129.95,"items":3,"currency":"EUR","coupon":null,"categories":["shoes","socks"]},"user_properties":{"plan":"pro","signup_days":412}}`,
+	return fmt.Sprintf(`{"user_id":"user-%08d@example.com","device_id":"5f1c2d3e-4b5a-6978-8a9b-%012d","event_type":"Checkout Completed",%s"time":1732233600%03d,"platform":"iOS","os_name":"ios","os_version":"17.4.1","device_model":"iPhone15,3","app_version":"4.12.0","ip":"$remote","language":"en-US","session_id":1732233500000,"event_properties":{"cart_value":129.95,"items":3,"currency":"EUR","coupon":null,"categories":["shoes","socks"]},"user_properties":{"plan":"pro","signup_days":412}}`,
 		i, i, insert, i%1000)
 }
 
@@ -183,6 +183,11 @@ var parseCases = []struct {
 	{"min_id_length after events", `{"api_key":"k","events":[{"event_type":"e","user_id":"abcdef"}],"options":{"min_id_length":7}}`, `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"user_id":[0]}}`},
 	{"min_id_length 0", `{"options":{"min_id_length":0},"api_key":"k","events":[{"event_type":"e","device_id":"d"}]}`, ``},
 
+	// the first index per field merges errors found while scanning with
+	// those found after min_id_length is known
+	{"short id before bad type", envelope(`{"event_type":"e","user_id":"abc"}`, `{"event_type":"e","user_id":5}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"user_id":[0]}}`},
+	{"bad type before short id", envelope(`{"event_type":"e","user_id":5}`, `{"event_type":"e","user_id":"abc"}`, `{"event_type":"e","device_id":"abc"}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"device_id":[2],"user_id":[0]}}`},
+
 	// device_id: All-zero device IDs are dropped and the request returns an error.
 	{"all-zero uuid", envelope(ev(""), ev(`"device_id":"00000000-0000-0000-0000-000000000000"`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"device_id":[1]}}`},
 	{"all-zero short", envelope(`{"event_type":"e","user_id":"user-1","device_id":"0000"}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"device_id":[0]}}`},
@@ -262,6 +267,19 @@ func TestParseRequestFields(t *testing.T) {
 	// A failed Parse leaves no events behind.
 	if err := Parse([]byte(`{"api_key":"k2","events":[{"event_type":"c","user_id":"abcde"}],`), &req); err == nil || len(req.Events) != 0 {
 		t.Errorf("err %v, %d events", err, len(req.Events))
+	}
+}
+
+// A hostile body of many tiny bad events must not cost an Event each.
+func TestParseBadEventsNotKept(t *testing.T) {
+	body := []byte(`{"api_key":"k","events":[` + strings.Repeat(`{},`, 100000) + `{"event_type":"e","user_id":"user-1"}]}`)
+	var req Request
+	err := Parse(body, &req)
+	if err == nil || len(err.MissingFields) != 3 {
+		t.Fatalf("got %s", errJSON(err))
+	}
+	if cap(req.Events) > 16 {
+		t.Errorf("%d Events allocated for 1 acceptable-looking event", cap(req.Events))
 	}
 }
 
