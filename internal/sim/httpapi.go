@@ -86,11 +86,14 @@ func fillRecord(rec *Record, env *envelope) {
 		rec.KeyLabel = KeyLabel(env.apiKey)
 	}
 	rec.Events = len(env.raw)
+	seen := make(map[string]bool)
 	for _, ev := range env.info {
-		if ev.deviceID != "" && !contains(rec.Devices, ev.deviceID) {
+		if ev.deviceID != "" && !seen["d"+ev.deviceID] {
+			seen["d"+ev.deviceID] = true
 			rec.Devices = append(rec.Devices, ev.deviceID)
 		}
-		if ev.userID != "" && !contains(rec.Users, ev.userID) {
+		if ev.userID != "" && !seen["u"+ev.userID] {
+			seen["u"+ev.userID] = true
 			rec.Users = append(rec.Users, ev.userID)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 )
 
 // Incoming is an ingest request as the shared middleware read it.
@@ -42,7 +43,8 @@ func (s *Sim) ingestMiddleware(h routeHandler) http.Handler {
 			hijackClose(w)
 			return
 		}
-		s.readBody(r, in)
+		release := s.readBody(r, in)
+		defer release()
 		rec.BodyBytes = len(in.Body)
 		rec.Gzip = strings.EqualFold(r.Header.Get("Content-Encoding"), "gzip")
 		if in.Body != nil {
@@ -104,18 +106,36 @@ func (s *Sim) describe(h routeHandler, in *Incoming) {
 	}
 }
 
+var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
 // readBody reads (and gzip-decodes) the body; it must be strictly shorter
-// than MaxBodyBytes.
-func (s *Sim) readBody(r *http.Request, in *Incoming) {
+// than MaxBodyBytes. in.Body lives in pooled buffers that release returns
+// when the request is done (handlers copy what they keep).
+func (s *Sim) readBody(r *http.Request, in *Incoming) (release func()) {
 	max := int64(s.cfg.MaxBodyBytes)
-	raw, err := io.ReadAll(io.LimitReader(r.Body, max))
+	var bufs []*bytes.Buffer
+	release = func() {
+		for _, b := range bufs {
+			if b.Cap() <= 4<<20 {
+				b.Reset()
+				bufPool.Put(b)
+			}
+		}
+	}
+	read := func(src io.Reader) ([]byte, error) {
+		b := bufPool.Get().(*bytes.Buffer)
+		bufs = append(bufs, b)
+		_, err := b.ReadFrom(io.LimitReader(src, max))
+		return b.Bytes(), err
+	}
+	raw, err := read(r.Body)
 	if err != nil {
 		in.BadEncoding = true
-		return
+		return release
 	}
 	if int64(len(raw)) >= max {
 		in.TooLarge = true
-		return
+		return release
 	}
 	switch enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); enc {
 	case "", "identity":
@@ -124,21 +144,22 @@ func (s *Sim) readBody(r *http.Request, in *Incoming) {
 		zr, err := gzip.NewReader(bytes.NewReader(raw))
 		if err != nil {
 			in.BadEncoding = true
-			return
+			return release
 		}
-		dec, err := io.ReadAll(io.LimitReader(zr, max))
+		dec, err := read(zr)
 		if err != nil {
 			in.BadEncoding = true
-			return
+			return release
 		}
 		if int64(len(dec)) >= max {
 			in.TooLarge = true
-			return
+			return release
 		}
 		in.Body = dec
 	default:
 		in.BadEncoding = true
 	}
+	return release
 }
 
 func itoa(n int) string {

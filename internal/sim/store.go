@@ -385,9 +385,8 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 		if s.cfg.Keep < 0 {
 			continue
 		}
-		raw := make(json.RawMessage, len(env.raw[i]))
-		copy(raw, env.raw[i])
-		st.events = append(st.events, Ingested{Seq: st.evSeq, Request: rec.Seq, Raw: raw,
+		// env.raw[i] is encoding/json's own copy, not the pooled body.
+		st.events = append(st.events, Ingested{Seq: st.evSeq, Request: rec.Seq, Raw: env.raw[i],
 			EventType: ev.eventType, DeviceID: ev.deviceID, UserID: ev.userID, InsertID: ev.insertID,
 			Time: nowT, APIKey: env.apiKey})
 		if len(st.events)-st.evStart > s.cfg.Keep {

@@ -1,0 +1,135 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+func TestCountEvents(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		want int
+	}{
+		{`{"api_key":"k","events":[]}`, 0},
+		{`{"api_key":"k","events":[ ]}`, 0},
+		{`{"api_key":"k","events":[{"a":1}]}`, 1},
+		{`{"events":[{"a":[1,2,{"x":","}]},{"b":"]"}, {"c":{"events":[1,2]}}],"api_key":"k"}`, 3},
+		{`{"options":{"events":[1,2,3]},"api_key":"k","events":[{"a":1},{"b":2}]}`, 2},
+		{`{"api_key":"ev\"ents","events":[{},{},{},{}]}`, 4},
+		{`{"api_key":"k","x":"events","y":[1,2],"events":[{}]}`, 1},
+		{`not json`, 0},
+	} {
+		if got := CountEvents([]byte(tc.body)); got != tc.want {
+			t.Errorf("CountEvents(%s) = %d, want %d", tc.body, got, tc.want)
+		}
+	}
+}
+
+func FuzzCountEvents(f *testing.F) {
+	f.Add([]byte(`{"api_key":"k","events":[{"a":1},{"b":[1,2]}]}`))
+	f.Add([]byte(`{"events":[{"s":"\"],"}]}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		n := CountEvents(body)
+		var top map[string]json.RawMessage
+		var evs []json.RawMessage
+		if json.Unmarshal(body, &top) != nil || json.Unmarshal(top["events"], &evs) != nil {
+			return
+		}
+		if bytes.Count(body, []byte(`"events"`)) == 1 && n != len(evs) {
+			t.Fatalf("CountEvents = %d, json says %d", n, len(evs))
+		}
+	})
+}
+
+func TestCountOnly(t *testing.T) {
+	s, url := start(t, Config{CountOnly: true})
+	// No validation: an event without ids is counted too.
+	a := post(t, url+"/2/httpapi", env("k", ev("device1", "a"), `{"event_type":"x"}`, ev("device1", "a")))
+	if a.Status != 200 || a.JSON["events_ingested"] != 3.0 {
+		t.Fatalf("%d %s", a.Status, a.Body)
+	}
+	a = post(t, url+"/batch", gz(env("k", ev("device1", "a"))), "Content-Encoding", "gzip")
+	if a.Status != 200 || s.Counted() != 4 || s.Count() != 0 || len(s.AllEvents()) != 0 {
+		t.Fatalf("%d counted %d count %d", a.Status, s.Counted(), s.Count())
+	}
+	var st Stats
+	getJSON(t, url+"/sim/stats", &st)
+	if st.Counted != 4 {
+		t.Fatalf("stats %+v", st)
+	}
+	s.FailNext(1, 503) // faults still apply
+	if a := post(t, url+"/2/httpapi", env("k", ev("device1", "a"))); a.Status != 503 {
+		t.Fatal(a.Status)
+	}
+	big := `{"api_key":"k","events":[{"p":"` + strings.Repeat("x", 1_000_000) + `"}]}`
+	if a := post(t, url+"/2/httpapi", []byte(big)); a.Status != 413 {
+		t.Fatal(a.Status)
+	}
+}
+
+func benchBody(n int) []byte {
+	evs := make([]string, n)
+	for i := range evs {
+		evs[i] = fmt.Sprintf(`{"event_type":"purchase","device_id":"device-%04d","user_id":"user-%04d","insert_id":"ins-%08d","time":1700000000000,"event_properties":{"price":9.99,"sku":"abc-123","tags":["a","b"]}}`, i%100, i%100, i)
+	}
+	return env("bench-key", evs...)
+}
+
+func BenchmarkCountEvents(b *testing.B) {
+	body := benchBody(1000)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		CountEvents(body)
+	}
+}
+
+// BenchmarkCountOnlyHTTP measures the CountOnly sink over real HTTP
+// (1000-event batches, keep-alive, 4 client goroutines).
+func BenchmarkCountOnlyHTTP(b *testing.B) {
+	s, url := start(b, Config{CountOnly: true, KeepRequests: -1})
+	body := benchBody(1000)
+	tr := &http.Transport{MaxIdleConnsPerHost: 8}
+	c := &http.Client{Transport: tr}
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	b.SetParallelism(2)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			resp, err := c.Post(url+"/2/httpapi", "application/json", bytes.NewReader(body))
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			var buf [256]byte
+			resp.Body.Read(buf[:])
+			resp.Body.Close()
+		}
+	})
+	b.ReportMetric(float64(s.Counted())/b.Elapsed().Seconds(), "events/s")
+}
+
+// BenchmarkValidateHTTP measures the full (validating, storing) sim.
+func BenchmarkValidateHTTP(b *testing.B) {
+	s, url := start(b, Config{KeepRequests: 1000, Keep: 100_000, EPSThreshold: 1 << 30})
+	bodies := make([][]byte, 64)
+	for i := range bodies {
+		bodies[i] = bytes.ReplaceAll(benchBody(1000), []byte(`"ins-`), []byte(fmt.Sprintf(`"ins-%d-`, i)))
+	}
+	b.SetBytes(int64(len(bodies[0])))
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		resp, err := client.Post(url+"/2/httpapi", "application/json", bytes.NewReader(bodies[i%len(bodies)]))
+		i++
+		if err != nil {
+			b.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	b.ReportMetric(float64(s.Count()+s.Duplicates())/b.Elapsed().Seconds(), "events/s")
+}
