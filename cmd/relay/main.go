@@ -1,0 +1,99 @@
+// Command relay is the event-ingestion relay: it accepts events over the
+// upstream's HTTP V2 API, keeps them in a bbolt spool, and delivers them
+// upstream. See README.md.
+//
+// Subcommands:
+//
+//	relay [flags]                    serve (see --help for the flags)
+//	relay sim --listen ADDR          serve the simulated upstream
+//	relay spool dump --data-dir DIR  print every live spool record as a JSON line
+//	relay version                    print the build's version
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/svcrelay/relay/internal/config"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Environ(), os.Stdout, os.Stderr))
+}
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailure = 1 // a failure while running
+	exitUsage   = 2 // bad flags or configuration: nothing was started
+)
+
+// run dispatches on the subcommand and returns the exit code.
+func run(args, environ []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	if len(args) > 0 {
+		switch args[0] {
+		case "serve":
+			args = args[1:]
+		case "sim":
+			return runSim(ctx, stop, args[1:], stderr)
+		case "spool":
+			if len(args) < 2 || args[1] != "dump" {
+				fmt.Fprintln(stderr, "relay: usage: relay spool dump --data-dir DIR")
+				return exitUsage
+			}
+			return runDump(ctx, args[2:], environ, stdout, stderr)
+		case "version":
+			fmt.Fprintln(stdout, versionString())
+			return exitOK
+		case "help":
+			usage(stderr)
+			return exitOK
+		}
+	}
+
+	cfg, err := config.Load(args, environ)
+	if errors.Is(err, config.ErrHelp) {
+		usage(stderr)
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "relay: %v\n", err)
+		return exitUsage
+	}
+	log, err := newLogger(cfg.LogLevel, cfg.LogFormat, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "relay: %v\n", err)
+		return exitUsage
+	}
+	defer log.Sync() //nolint:errcheck // nothing to do about a failed flush at exit
+
+	if err := serve(ctx, stop, cfg, log); err != nil {
+		log.Error("relay stopped with an error", errField(err))
+		return exitFailure
+	}
+	return exitOK
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, `relay: event-ingestion relay
+
+usage:
+  relay [serve] [flags]            serve (no --ingest-url: sandbox mode with a built-in simulated upstream)
+  relay sim --listen ADDR          serve the simulated upstream alone
+  relay spool dump --data-dir DIR  print every live spool record as a JSON line (relay must be stopped)
+  relay version                    print the build's version
+
+Every flag can be set as RELAY_<NAME> in the environment or as <name>: in the
+--config YAML file; a flag beats the variable, the variable beats the file.
+
+`)
+	config.Usage(w)
+}

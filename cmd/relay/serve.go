@@ -1,0 +1,312 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/svcrelay/relay/internal/adminapi"
+	"github.com/svcrelay/relay/internal/config"
+	"github.com/svcrelay/relay/internal/event"
+	"github.com/svcrelay/relay/internal/ingest"
+	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/spool"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
+	"go.uber.org/zap"
+)
+
+// lifecycle records a stop function for everything serve starts, and runs
+// them in reverse order of start. Every component has exactly one owner: the
+// lifecycle that started it.
+type lifecycle struct {
+	log   *zap.Logger
+	stops []namedStop
+}
+
+type namedStop struct {
+	name string
+	stop func(ctx context.Context) error
+}
+
+// onStop registers the stop of the component just started.
+func (l *lifecycle) onStop(name string, stop func(ctx context.Context) error) {
+	l.stops = append(l.stops, namedStop{name, stop})
+}
+
+// stopAll runs every stop, last started first, each bounded by ctx (a stop
+// whose ctx has ended must still release what it holds, e.g. close a file).
+func (l *lifecycle) stopAll(ctx context.Context) error {
+	var errs []error
+	for i := len(l.stops) - 1; i >= 0; i-- {
+		s := l.stops[i]
+		t0 := time.Now()
+		if err := s.stop(ctx); err != nil {
+			l.log.Error("stop failed", zap.String("component", s.name), errField(err))
+			errs = append(errs, fmt.Errorf("stop %s: %w", s.name, err))
+			continue
+		}
+		l.log.Info("stopped", zap.String("component", s.name), zap.Duration("took", time.Since(t0)))
+	}
+	l.stops = nil
+	return errors.Join(errs...)
+}
+
+// goroutines runs the components' long-running calls (Serve, Run) and
+// reports the first one that fails while it should still be running.
+type goroutines struct {
+	wg     sync.WaitGroup
+	failed chan error // buffered 1: the first failure
+}
+
+func (g *goroutines) run(name string, f func() error) {
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		if err := f(); err != nil {
+			select {
+			case g.failed <- fmt.Errorf("%s: %w", name, err):
+			default:
+			}
+		}
+	}()
+}
+
+// stopBudget is the longest a whole stop may take: the ingest listener's
+// drain, delivery's drain, and a few seconds to close the spool.
+func stopBudget(drain time.Duration) time.Duration { return 2*drain + 5*time.Second }
+
+// delivery is what serve needs of the delivery side: internal/batcher's
+// Pipeline has this shape.
+type delivery interface {
+	// Run delivers until ctx ends, then drains within its own time-out and
+	// returns; it must return before the spool is closed.
+	Run(ctx context.Context) error
+	// Ready returns nil while Run is delivering.
+	Ready() error
+}
+
+// newDelivery builds the delivery side from cfg.
+//
+// DELIVERY WIRING: this is the one place to build internal/upstream's Client,
+// internal/throttle's Throttle and internal/batcher's Pipeline from cfg
+// (IngestURL, MaxBatchEvents, MaxBatchBytes, FlushInterval, ThrottlePause,
+// MaxEventAge, UpstreamGzip, DrainTimeout) with log.Named("delivery") and reg,
+// and return the Pipeline. Until then deliveries do not happen: accepted
+// events stay in the spool.
+func newDelivery(cfg config.Config, sp *spool.Spool, log *zap.Logger, reg prometheus.Registerer) (delivery, error) {
+	_ = cfg
+	_ = sp
+	_ = reg
+	log.Warn("delivery is not wired into this build yet: accepted events stay in the spool")
+	return &idleDelivery{}, nil
+}
+
+// idleDelivery is the stand-in until delivery is wired: it runs and delivers
+// nothing.
+type idleDelivery struct{ running atomic.Bool }
+
+func (d *idleDelivery) Run(ctx context.Context) error {
+	d.running.Store(true)
+	defer d.running.Store(false)
+	<-ctx.Done()
+	return nil
+}
+
+func (d *idleDelivery) Ready() error {
+	if !d.running.Load() {
+		return errors.New("delivery not running")
+	}
+	return nil
+}
+
+// serve runs the relay until ctx ends (SIGTERM/SIGINT) or a component fails,
+// then stops everything in reverse order of start. resetSignals restores the
+// default signal handling once the stop begins, so a second signal kills.
+//
+// Start order: simulator (sandbox mode only), spool, admin listener,
+// delivery, ingest listener. Stop order is the reverse: stop accepting
+// events, drain delivery within --drain-timeout, stop the admin listener,
+// close the spool, stop the simulator.
+func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap.Logger) (err error) {
+	lc := &lifecycle{log: log}
+	g := &goroutines{failed: make(chan error, 1)}
+	var stopping atomic.Bool
+	defer func() {
+		stopping.Store(true)
+		// Ingest gets at most --drain-timeout, delivery drains within its own
+		// --drain-timeout after that; the rest is for closing.
+		sctx, cancel := context.WithTimeout(context.Background(), stopBudget(cfg.DrainTimeout))
+		defer cancel()
+		err = errors.Join(err, lc.stopAll(sctx))
+		g.wg.Wait()
+		if err == nil {
+			log.Info("relay stopped")
+		}
+	}()
+
+	var sandbox *sim.Sim
+	if cfg.Sandbox() {
+		sandbox = sim.New(sim.Config{}, log.Named("sim"))
+		lc.onStop("sim", func(context.Context) error { return sandbox.Close() })
+		url, err := sandbox.Start("127.0.0.1:0")
+		if err != nil {
+			return fmt.Errorf("sandbox simulator: %w", err)
+		}
+		for _, p := range []*string{&cfg.IngestURL, &cfg.AliasURL, &cfg.AnalyticsURL, &cfg.ExperimentURL, &cfg.ScimURL, &cfg.FeedbackURL} {
+			if *p == "" {
+				*p = url
+			}
+		}
+		log.Info("sandbox mode: no --ingest-url given, so events go to the built-in simulated upstream (nothing leaves this machine); read what it received at http://"+cfg.AdminListen+"/sim/events",
+			zap.Bool("sandbox", true), zap.String("upstream", url))
+	} else {
+		log.Info("relay starting", zap.Bool("sandbox", false), zap.String("upstream", cfg.IngestURL))
+	}
+	for _, w := range cfg.Warnings {
+		log.Warn(w)
+	}
+	log.Info("configuration",
+		zap.String("listen", cfg.Listen), zap.String("admin_listen", cfg.AdminListen),
+		zap.String("data_dir", cfg.DataDir), zap.String("sync", cfg.Sync),
+		zap.Int64("spool_max_bytes", cfg.SpoolMaxBytes), zap.Int64("spool_min_free_bytes", cfg.SpoolMinFreeBytes),
+		zap.Int64("max_request_bytes", cfg.MaxRequestBytes), zap.Int("max_batch_events", cfg.MaxBatchEvents),
+		zap.Int64("max_batch_bytes", cfg.MaxBatchBytes), zap.Duration("flush_interval", cfg.FlushInterval),
+		zap.Duration("drain_timeout", cfg.DrainTimeout), zap.Bool("admin_token", cfg.AdminToken != ""),
+		zap.String("version", versionString()))
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+
+	// Spool.
+	scfg := spool.Config{Dir: cfg.DataDir, MaxBytes: cfg.SpoolMaxBytes, MinFreeBytes: cfg.SpoolMinFreeBytes}
+	if cfg.Sync == "none" {
+		scfg.Sync = spool.SyncNone
+	}
+	if scfg.MinFreeBytes == 0 {
+		scfg.MinFreeBytes = -1 // --spool-min-free-bytes 0 disables the reserve
+	}
+	sp, err := spool.Open(scfg, log.Named("spool"), reg)
+	if err != nil {
+		return fmt.Errorf("open spool in %s: %w", cfg.DataDir, err)
+	}
+	var spoolOpen atomic.Bool
+	spoolOpen.Store(true)
+	lc.onStop("spool", func(context.Context) error {
+		spoolOpen.Store(false)
+		return sp.Close()
+	})
+	st := sp.Stats()
+	log.Info("spool open", zap.String("dir", cfg.DataDir), zap.Int("lanes", st.Lanes),
+		zap.Int64("live_bytes", st.LiveBytes), zap.Int64("file_bytes", st.FileBytes), zap.Int64("dead", st.Dead))
+
+	// Delivery is built before the admin listener so that /readyz can ask it.
+	dl, err := newDelivery(cfg, sp, log.Named("delivery"), reg)
+	if err != nil {
+		return fmt.Errorf("delivery: %w", err)
+	}
+
+	// Admin listener.
+	admin, err := adminapi.New(adminapi.Config{
+		Gatherer:   reg,
+		AdminToken: cfg.AdminToken,
+		Ready: func() error {
+			switch {
+			case stopping.Load():
+				return errors.New("shutting down")
+			case !spoolOpen.Load():
+				return errors.New("spool closed")
+			}
+			if err := dl.Ready(); err != nil {
+				return fmt.Errorf("delivery: %w", err)
+			}
+			return nil
+		},
+	}, log.Named("admin"))
+	if err != nil {
+		return err
+	}
+	if sandbox != nil {
+		// The simulator's read-out and fault routes, on the admin listener's
+		// fixed address, so a newcomer can see where events went.
+		admin.HandleAuth(fasthttp.MethodGet, "/sim/", fasthttpadaptor.NewFastHTTPHandler(sandbox.ControlHandler()))
+		admin.HandleAuth(fasthttp.MethodPost, "/sim/", fasthttpadaptor.NewFastHTTPHandler(sandbox.ControlHandler()))
+	}
+	// ADMIN ROUTES: the admin API's routes (dead letters, forwarding) are
+	// registered here with admin.Handle / admin.HandleAuth.
+	adminLn, err := net.Listen("tcp", cfg.AdminListen)
+	if err != nil {
+		return fmt.Errorf("admin listener: %w", err)
+	}
+	g.run("admin listener", func() error { return admin.Serve(adminLn) })
+	lc.onStop("admin listener", admin.Shutdown)
+	log.Info("admin listening", zap.String("addr", adminLn.Addr().String()))
+
+	// Delivery.
+	dctx, dcancel := context.WithCancel(context.Background())
+	ddone := make(chan struct{})
+	g.run("delivery", func() error {
+		defer close(ddone)
+		if err := dl.Run(dctx); err != nil {
+			return err
+		}
+		if dctx.Err() == nil {
+			return errors.New("stopped by itself")
+		}
+		return nil
+	})
+	lc.onStop("delivery", func(ctx context.Context) error {
+		dcancel()
+		select {
+		case <-ddone:
+			return nil
+		case <-ctx.Done():
+			// The spool must not be closed under a running delivery: give up
+			// the stop here; the process exits and the spool's last commit
+			// stands (nothing acknowledged is lost).
+			return fmt.Errorf("delivery did not stop in time: %w", ctx.Err())
+		}
+	})
+
+	// Ingest listener.
+	ing, err := ingest.New(ingest.Config{
+		MaxRequestBytes: cfg.MaxRequestBytes,
+		TrustedProxies:  cfg.TrustedProxies,
+	}, sp, event.NewIDGen(), log.Named("ingest"), reg)
+	if err != nil {
+		return err
+	}
+	ingLn, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("ingest listener: %w", err)
+	}
+	g.run("ingest listener", func() error { return ing.Serve(ingLn) })
+	lc.onStop("ingest listener", func(ctx context.Context) error {
+		// In-flight requests wait only for spool commits; they get the
+		// drain time-out, the rest of the budget is delivery's.
+		ictx, cancel := context.WithTimeout(ctx, cfg.DrainTimeout)
+		defer cancel()
+		return ing.Shutdown(ictx)
+	})
+	log.Info("ingest listening", zap.String("addr", ingLn.Addr().String()))
+	log.Info("relay serving")
+
+	select {
+	case <-ctx.Done():
+		resetSignals()
+		log.Info("signal received: stopping (a second signal kills)", zap.Duration("drain_timeout", cfg.DrainTimeout))
+		return nil
+	case err := <-g.failed:
+		resetSignals()
+		return err
+	}
+}
