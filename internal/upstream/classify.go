@@ -4,12 +4,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // Kind is the class of an upstream answer.
@@ -259,6 +260,7 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 }
 
 func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
+	var te interface{ Timeout() bool }
+	return errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, fasthttp.ErrDialTimeout) ||
+		(errors.As(err, &te) && te.Timeout())
 }
