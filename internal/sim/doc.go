@@ -45,11 +45,12 @@
 //     min_id_length (in characters) are removed; an event left with neither
 //     is missing "user_id".
 //     - time not an integer literal (no fraction, no exponent, not a
-//     string): invalid "time".
+//     string) or outside int64: invalid "time" (likewise quantity,
+//     event_id, session_id).
 //     - event_properties, user_properties, groups, group_properties, plan:
-//     objects; event_properties/user_properties/group_properties at most
-//     40 layers deep (the object itself is layer 1; objects and arrays both
-//     count): invalid otherwise.
+//     objects; event_properties and user_properties (the Limits table's
+//     "Object depth") at most 40 layers deep (the object itself is layer 1;
+//     objects and arrays both count): invalid otherwise.
 //     - string, number, integer and boolean fields of the Event table must
 //     have that JSON type.
 //     Each field names the index of the first event with that error. If any
@@ -62,6 +63,9 @@
 //  11. otherwise 200 {"code":200,"events_ingested":N,"payload_size_bytes":B,
 //     "server_upload_time":MS}, N = events in the request (duplicates
 //     included: the upstream ignores them silently), B = decoded body size.
+//
+// CountOnly mode replaces steps 3-11 by a cheap count of the "events" array
+// (CountEvents) and a 200; nothing is validated or stored, faults still apply.
 //
 // A non-200 answer ingests nothing (the one exception is the injected fault
 // DropAfterIngest, which ingests and then loses the answer, as a real network

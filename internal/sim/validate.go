@@ -3,6 +3,7 @@ package sim
 import (
 	"bytes"
 	"encoding/json"
+	"strconv"
 	"unicode/utf8"
 )
 
@@ -232,6 +233,10 @@ func kindOf(v json.RawMessage) fieldKind {
 
 func hasKind(v json.RawMessage, want fieldKind) bool {
 	k := kindOf(v)
+	if want == kInteger && k == kInteger {
+		_, err := strconv.ParseInt(string(v), 10, 64)
+		return err == nil // integers must fit in 64 bits (time, session_id: long)
+	}
 	return k == want || (want == kNumber && k == kInteger)
 }
 
