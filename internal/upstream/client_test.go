@@ -1,0 +1,109 @@
+package upstream
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/svcrelay/relay/internal/sim"
+)
+
+func startSim(t *testing.T, cfg sim.Config) (*sim.Sim, string) {
+	t.Helper()
+	s := sim.New(cfg, nil)
+	url, err := s.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, url
+}
+
+func newClient(t *testing.T, cfg Config) *Client {
+	t.Helper()
+	c, err := New(cfg, nil, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+const testBody = `{"api_key":"k","events":[{"event_type":"e","device_id":"device-1","insert_id":"i1"},{"event_type":"e","device_id":"device-2","insert_id":"i2"}]}`
+
+func TestClientAgainstSim(t *testing.T) {
+	s, url := startSim(t, sim.Config{})
+	c := newClient(t, Config{Timeout: 2 * time.Second})
+	ctx := context.Background()
+
+	for _, gz := range []bool{false, true} {
+		r := c.Do(ctx, &Request{URL: url + "/2/httpapi", Body: []byte(testBody), Gzip: gz})
+		if r.Kind != OK || r.Status != 200 {
+			t.Fatalf("gzip=%v: %+v", gz, r)
+		}
+	}
+	reqs := s.Requests()
+	if len(reqs) != 2 || reqs[0].Gzip || !reqs[1].Gzip || reqs[1].BodyBytes != len(testBody) {
+		t.Fatalf("requests %+v", reqs)
+	}
+	if s.Count() != 2 || s.Duplicates() != 2 {
+		t.Fatalf("ingested %d dup %d", s.Count(), s.Duplicates())
+	}
+
+	r := c.Do(ctx, &Request{URL: url + "/2/httpapi", Body: []byte(`{"api_key":"k","events":[{"device_id":"device-1"}]}`)})
+	if r.Kind != Invalid || r.InvalidEvents[0] != "missing_fields" {
+		t.Fatalf("%+v", r)
+	}
+
+	s.FailNext(1, 503)
+	if r := c.Do(ctx, &Request{URL: url + "/2/httpapi", Body: []byte(testBody)}); r.Kind != Retryable || r.Status != 503 {
+		t.Fatalf("%+v", r)
+	}
+	for _, mode := range []sim.DropMode{sim.DropNoAnswer, sim.DropMidResponse, sim.DropAfterIngest} {
+		s.DropNext(1, mode)
+		if r := c.Do(ctx, &Request{URL: url + "/2/httpapi", Body: []byte(testBody)}); r.Kind != Retryable || r.Status != 0 || r.Err == nil {
+			t.Fatalf("%s: %+v", mode, r)
+		}
+	}
+	if r := c.Do(ctx, &Request{URL: url + "/nope", Body: []byte(testBody)}); r.Kind != Fatal {
+		t.Fatalf("wrong path: %+v", r)
+	}
+}
+
+func TestClientTimeoutAndAbandon(t *testing.T) {
+	s, url := startSim(t, sim.Config{})
+	s.SetLatency(2 * time.Second)
+	c := newClient(t, Config{Timeout: 200 * time.Millisecond})
+	start := time.Now()
+	r := c.Do(context.Background(), &Request{URL: url + "/2/httpapi", Body: []byte(testBody)})
+	if r.Kind != Retryable || r.StatusLabel() != "timeout" || time.Since(start) > time.Second {
+		t.Fatalf("%+v after %v", r, time.Since(start))
+	}
+
+	c = newClient(t, Config{Timeout: 10 * time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	start = time.Now()
+	r = c.Do(ctx, &Request{URL: url + "/2/httpapi", Body: []byte(testBody)})
+	if r.Kind != Retryable || time.Since(start) > time.Second {
+		t.Fatalf("abandon: %+v after %v", r, time.Since(start))
+	}
+}
+
+func TestClientRefused(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	c := newClient(t, Config{Timeout: time.Second})
+	if r := c.Do(context.Background(), &Request{URL: "http://" + addr + "/2/httpapi", Body: []byte(testBody)}); r.Kind != Retryable || r.Err == nil {
+		t.Fatalf("%+v", r)
+	}
+	if r := c.Do(context.Background(), &Request{URL: "http://no-such-host.invalid/2/httpapi", Body: []byte(testBody)}); r.Kind != Retryable || r.Err == nil {
+		t.Fatalf("dns: %+v", r)
+	}
+}
