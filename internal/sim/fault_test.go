@@ -2,7 +2,9 @@ package sim
 
 import (
 	"bytes"
+	"io"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -143,5 +145,26 @@ func TestMidResponseSendsPartialBody(t *testing.T) {
 	out := got.String()
 	if !strings.HasPrefix(out, "HTTP/1.1 200") || !strings.Contains(out, `{"code":200`) || strings.HasSuffix(out, "}") {
 		t.Fatalf("partial answer %q", out)
+	}
+}
+
+func TestKeepAlive(t *testing.T) {
+	s, url := start(t, Config{})
+	tr := &http.Transport{MaxIdleConnsPerHost: 1}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr}
+	for i := 0; i < 5; i++ {
+		resp, err := c.Post(url+"/2/httpapi", "application/json", bytes.NewReader(env("k", ev("device1", itoa(i)))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatal(resp.StatusCode)
+		}
+	}
+	if n := s.Stats().Connections; n != 1 {
+		t.Fatalf("5 requests over %d connections", n)
 	}
 }

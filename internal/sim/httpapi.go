@@ -29,7 +29,7 @@ func (s *Sim) serveHTTPAPI(w http.ResponseWriter, r *http.Request, in *Incoming)
 		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidJSON})
 		return
 	}
-	env, verr := validate(in.Body, s.keys, s.cfg.MaxEvents)
+	env, verr := validate(in.Body, s.validKey, s.cfg.MaxEvents)
 	if verr != nil {
 		s.describeHTTPAPI(in)
 		writeJSON(w, verr.Code, verr)

@@ -122,6 +122,7 @@ func (s *Sim) connState(c net.Conn, st http.ConnState) {
 			s.conns = make(map[net.Conn]struct{})
 		}
 		s.conns[c] = struct{}{}
+		s.connections.Add(1)
 	case http.StateClosed, http.StateHijacked:
 		delete(s.conns, c)
 	}

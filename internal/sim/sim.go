@@ -138,7 +138,7 @@ var ErrClosed = errors.New("sim: closed")
 type Sim struct {
 	cfg    Config
 	log    *zap.Logger
-	keys   map[string]bool
+	keys   map[string]bool // Config.APIKeys; nil: every non-empty key
 	mux    *http.ServeMux
 	ctlMux *http.ServeMux
 	srv    *http.Server
@@ -156,7 +156,8 @@ type Sim struct {
 	mu    sync.Mutex
 	store store
 
-	counted atomic.Int64 // CountOnly events
+	counted     atomic.Int64 // CountOnly events
+	connections atomic.Int64 // connections accepted by Serve listeners
 }
 
 // New returns a simulator. log may be nil. It panics if cfg is invalid
@@ -180,8 +181,7 @@ func New(cfg Config, log *zap.Logger) *Sim {
 	s.store.init(&s.cfg, s.seed)
 	s.mux = http.NewServeMux()
 	s.ctlMux = http.NewServeMux()
-	s.registerHTTPAPI()
-	s.registerControl()
+	s.registerRoutes()
 	s.mux.Handle("/sim/", s.ctlMux)
 	s.mux.HandleFunc("/", s.unknownPath)
 	s.srv = &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second, ConnState: s.connState,

@@ -99,6 +99,9 @@ type Stats struct {
 	EventsDropped int64 `json:"events_dropped"`
 	// DedupEvicted counts insert_ids forgotten early because of DedupMaxKeys.
 	DedupEvicted int64 `json:"dedup_evicted"`
+	// Connections counts connections accepted by Serve listeners (keep-alive
+	// reuse shows as few connections for many requests).
+	Connections int64 `json:"connections"`
 	// Throttled and Silenced count 429 and silenced-400 answers.
 	Throttled int64 `json:"throttled"`
 	Silenced  int64 `json:"silenced"`
@@ -236,6 +239,12 @@ func (st *store) sweep(now int64) {
 		rk, _ := st.rateOf(k, now)
 		if rk.sum == 0 && rk.penaltyUntil <= now {
 			delete(st.rates, k)
+		}
+	}
+	today := utcDay(time.Unix(0, now))
+	for k, q := range st.quotas {
+		if q.day != today {
+			delete(st.quotas, k)
 		}
 	}
 }
@@ -544,6 +553,7 @@ func (s *Sim) Stats() Stats {
 	defer s.mu.Unlock()
 	st := s.store.stats
 	st.Counted = s.counted.Load()
+	st.Connections = s.connections.Load()
 	st.ByStatus = make(map[int]int64, len(s.store.stats.ByStatus))
 	for k, v := range s.store.stats.ByStatus {
 		st.ByStatus[k] = v
@@ -564,6 +574,7 @@ func (s *Sim) Reset() {
 	defer s.mu.Unlock()
 	s.store.init(&s.cfg, s.seed)
 	s.counted.Store(0)
+	s.connections.Store(0)
 }
 
 // Silence silences a device (every api_key) until Unsilence.

@@ -77,9 +77,9 @@ var eventFields = map[string]fieldKind{
 var depthLimited = []string{"event_properties", "user_properties"}
 
 // validate checks body by the document's rules (see doc.go for the order).
-// Either the envelope or the error is nil. apiKeys, when non-nil, are the
-// valid keys.
-func validate(body []byte, apiKeys map[string]bool, maxEvents int) (*envelope, *errBody) {
+// Either the envelope or the error is nil. validKey, when not nil, says
+// which api_keys are valid.
+func validate(body []byte, validKey func(string) bool, maxEvents int) (*envelope, *errBody) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil, &errBody{Code: 400, Error: ErrTextMissingBody}
 	}
@@ -95,7 +95,7 @@ func validate(body []byte, apiKeys map[string]bool, maxEvents int) (*envelope, *
 	if kindOf(key) != kString || json.Unmarshal(key, &env.apiKey) != nil {
 		return nil, &errBody{Code: 400, Error: ErrTextInvalidAPIKey}
 	}
-	if apiKeys != nil && !apiKeys[env.apiKey] {
+	if validKey != nil && !validKey(env.apiKey) {
 		return nil, &errBody{Code: 400, Error: ErrTextInvalidAPIKey}
 	}
 	evs, ok := top["events"]

@@ -1,0 +1,18 @@
+package sim
+
+// registerRoutes registers every route group on the shared mux. Each group
+// lives in its own file and registers its ingest routes with s.route (which
+// adds the request log, faults, latency, down state and body reading) and
+// uses the shared helpers: s.validKey for api keys, writeJSON for answers,
+// s.cfg.Now for time. Add new groups (groupidentify, usermap, management
+// APIs) here.
+func (s *Sim) registerRoutes() {
+	s.registerHTTPAPI() // /2/httpapi, /batch (httpapi.go)
+	s.registerControl() // /sim/... (control.go), never faulted
+}
+
+// validKey reports whether apiKey is acceptable: non-empty, and one of
+// Config.APIKeys when those are set.
+func (s *Sim) validKey(apiKey string) bool {
+	return apiKey != "" && (s.keys == nil || s.keys[apiKey])
+}
