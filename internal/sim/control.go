@@ -13,7 +13,7 @@ type FaultSpec struct {
 	Status      int     `json:"status,omitempty"`
 	Body        *string `json:"body,omitempty"` // sent as given (may be non-JSON)
 	ContentType string  `json:"content_type,omitempty"`
-	Drop        string  `json:"drop,omitempty"`    // "no-answer", "after-ingest", "mid-response"
+	Drop        string  `json:"drop,omitempty"`    // "no-answer", "mid-request", "after-ingest", "mid-response"
 	Latency     string  `json:"latency,omitempty"` // Go duration, e.g. "250ms"
 	Count       int     `json:"count,omitempty"`
 	Fraction    float64 `json:"fraction,omitempty"`
@@ -28,7 +28,7 @@ func (f FaultSpec) Fault() (Fault, error) {
 		out.Body = []byte(*f.Body)
 	}
 	switch out.Drop {
-	case DropNone, DropNoAnswer, DropAfterIngest, DropMidResponse:
+	case DropNone, DropNoAnswer, DropMidRequest, DropAfterIngest, DropMidResponse:
 	default:
 		return Fault{}, fmt.Errorf("unknown drop mode %q", f.Drop)
 	}

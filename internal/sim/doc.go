@@ -17,6 +17,20 @@
 // too: serve them on a second listener with ServeControl, or give /sim/down a
 // "for" duration).
 //
+// Control routes (JSON; the Control type is a Go client for them):
+//
+//	GET  /sim/healthz, /sim/stats
+//	GET  /sim/events?api_key=K&after=SEQ&limit=N   stored events, raw bytes as received
+//	GET  /sim/requests?after=SEQ&limit=N           the request log
+//	POST /sim/reset
+//	POST /sim/fault          FaultSpec JSON: {"status":503,"count":3,"fraction":0.5,
+//	                         "body":"any text","content_type":"text/html",
+//	                         "drop":"no-answer|mid-request|after-ingest|mid-response",
+//	                         "latency":"250ms","path_prefix":"/batch"}
+//	POST /sim/faults/clear, /sim/latency?d=250ms
+//	POST /sim/down?mode=refuse|503|close&for=5s, /sim/up
+//	POST /sim/silence?device_id=D, /sim/unsilence?device_id=D, /sim/quota?n=N
+//
 // # Order of checks on /2/httpapi
 //
 //  1. method must be POST, else 400 "Invalid request path"; unknown paths

@@ -19,6 +19,9 @@ const (
 	// DropNoAnswer reads the request, then closes the connection without
 	// answering. Nothing is ingested.
 	DropNoAnswer DropMode = "no-answer"
+	// DropMidRequest reads about half of the request body, then closes the
+	// connection (an upload cut off). Nothing is ingested.
+	DropMidRequest DropMode = "mid-request"
 	// DropAfterIngest handles the request normally (a 200 ingests its
 	// events), then closes the connection without answering: the lost
 	// answer a retry with insert_id makes safe.

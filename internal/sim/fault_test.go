@@ -97,7 +97,7 @@ func TestDrops(t *testing.T) {
 	for _, tc := range []struct {
 		mode     DropMode
 		ingested int64
-	}{{DropNoAnswer, 0}, {DropAfterIngest, 1}, {DropMidResponse, 1}} {
+	}{{DropNoAnswer, 0}, {DropMidRequest, 0}, {DropAfterIngest, 1}, {DropMidResponse, 1}} {
 		t.Run(string(tc.mode), func(t *testing.T) {
 			s, url := start(t, Config{})
 			s.DropNext(1, tc.mode)

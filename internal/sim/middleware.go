@@ -43,6 +43,15 @@ func (s *Sim) ingestMiddleware(h routeHandler) http.Handler {
 			hijackClose(w)
 			return
 		}
+		if hasFault && f.Drop == DropMidRequest {
+			rec.Fault = "drop-" + string(f.Drop)
+			if r.ContentLength > 1 {
+				io.CopyN(io.Discard, r.Body, r.ContentLength/2)
+			}
+			s.logRequest(rec)
+			hijackClose(w)
+			return
+		}
 		release := s.readBody(r, in)
 		defer release()
 		rec.BodyBytes = len(in.Body)
