@@ -20,7 +20,16 @@ type Request struct {
 
 	// scratch holds the unescaped values of escaped ids and api_key.
 	scratch []byte
+	// tmp is room to unescape one id of a dropped event.
+	tmp []byte
+	// dropped are the ids of events dropped while scanning whose
+	// errors depend on min_id_length.
+	dropped []droppedIDs
 }
+
+// droppedIDs is what an event dropped while scanning still needs for the
+// min_id_length rule: the rune counts of its ids (-1: absent).
+type droppedIDs struct{ idx, user, dev int }
 
 // DefaultMinIDLength is the upstream's minimum user_id/device_id length.
 const DefaultMinIDLength = 5
@@ -108,6 +117,7 @@ func Parse(body []byte, req *Request) *Error {
 	req.MinIDLength = DefaultMinIDLength
 	req.Events = req.Events[:0]
 	req.scratch = req.scratch[:0]
+	req.dropped = req.dropped[:0]
 	if len(body) == 0 {
 		return newError(msgMissingBody)
 	}
@@ -191,6 +201,7 @@ func (p *parser) envelope() bool {
 			p.events, p.badEvent, p.n, p.anyErr = false, false, 0, false
 			p.badAt, p.missingAt = [numFields]int{}, [3]int{}
 			p.req.Events = p.req.Events[:0]
+			p.req.dropped = p.req.dropped[:0]
 			if b[i] == '[' {
 				p.events = true
 				i = p.eventArray(i)
@@ -425,7 +436,35 @@ func (p *parser) done(e *Event) {
 	if missID && p.missingAt[1] == 0 {
 		p.missingAt[1], p.missingAt[2] = e.idx+1, e.idx+1
 	}
+	if !missID && e.invalid&(1<<fUserID|1<<fDeviceID) == 0 {
+		// Well-typed ids: what finalize would do for a kept event.
+		d := droppedIDs{idx: e.idx, user: -1, dev: -1}
+		if e.DeviceID != nil {
+			v := p.tmpValue(e.DeviceID, e.flags&evDevEsc != 0)
+			d.dev = utf8.RuneCount(v)
+			if allZero(v) {
+				p.bad(fDeviceID, e.idx)
+				d.dev = -2 // invalid: no min_id_length error for this event
+			}
+		}
+		if e.UserID != nil {
+			d.user = utf8.RuneCount(p.tmpValue(e.UserID, e.flags&evUserEsc != 0))
+		}
+		if d.dev != -2 {
+			p.req.dropped = append(p.req.dropped, d)
+		}
+	}
 	p.req.Events = p.req.Events[:len(p.req.Events)-1]
+}
+
+// tmpValue returns the value of string content s, unescaped into req.tmp
+// when esc (valid until the next call).
+func (p *parser) tmpValue(s []byte, esc bool) []byte {
+	if !esc {
+		return s
+	}
+	p.req.tmp = appendUnescaped(p.req.tmp[:0], s)
+	return p.req.tmp
 }
 
 // field scans the value at b[i] of the known field f of e, whose object
@@ -615,6 +654,18 @@ func (p *parser) finalize() *Error {
 			}
 			if e.flags&evDevShort != 0 {
 				p.bad(fDeviceID, e.idx)
+			}
+		}
+	}
+	for _, d := range req.dropped {
+		devShort := d.dev >= 0 && d.dev < minLen
+		userShort := d.user >= 0 && d.user < minLen
+		if (d.dev < 0 || devShort) && (d.user < 0 || userShort) {
+			if userShort {
+				p.bad(fUserID, d.idx)
+			}
+			if devShort {
+				p.bad(fDeviceID, d.idx)
 			}
 		}
 	}

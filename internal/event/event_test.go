@@ -186,6 +186,8 @@ var parseCases = []struct {
 	// the first index per field merges errors found while scanning with
 	// those found after min_id_length is known
 	{"short id before bad type", envelope(`{"event_type":"e","user_id":"abc"}`, `{"event_type":"e","user_id":5}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"user_id":[0]}}`},
+	{"missing type and short id", envelope(`{"user_id":"0"}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"user_id":[0]},"events_with_missing_fields":{"event_type":[0]}}`},
+	{"missing type and all-zero device", envelope(`{"device_id":"\u0030000","user_id":"ab"}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"device_id":[0]},"events_with_missing_fields":{"event_type":[0]}}`},
 	{"bad type before short id", envelope(`{"event_type":"e","user_id":5}`, `{"event_type":"e","user_id":"abc"}`, `{"event_type":"e","device_id":"abc"}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"device_id":[2],"user_id":[0]}}`},
 
 	// device_id: All-zero device IDs are dropped and the request returns an error.

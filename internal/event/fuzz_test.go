@@ -224,7 +224,7 @@ func checkParse(t testing.TB, body []byte, req *Request) {
 		t.Fatalf("%d events, want %d", len(req.Events), len(evs))
 	}
 	env := decodeObject(t, body)
-	if string(req.APIKey) != jsonString([]byte(env["api_key"].(string))) {
+	if jsonString(req.APIKey) != env["api_key"].(string) {
 		t.Fatalf("APIKey %q, want %q", req.APIKey, env["api_key"])
 	}
 	ids := testIDGen()
