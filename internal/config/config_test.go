@@ -327,3 +327,25 @@ func FuzzParseDuration(f *testing.F) {
 		}
 	})
 }
+
+// TestDeployExample: deploy/relay.yaml loads and names every setting but
+// config itself, so the example stays complete and true.
+func TestDeployExample(t *testing.T) {
+	const path = "../../deploy/relay.yaml"
+	c, err := Load([]string{"--config", path}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Sandbox() || c.MaxBatchEvents != 1000 || c.SpoolMaxBytes != 8<<30 {
+		t.Fatalf("example config: %+v", c)
+	}
+	keys, err := readFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range options {
+		if _, ok := keys[o.name]; !ok && o.name != "config" {
+			t.Errorf("deploy/relay.yaml lacks %s", o.name)
+		}
+	}
+}
