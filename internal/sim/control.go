@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -90,13 +91,30 @@ func (s *Sim) registerControl() {
 		} else {
 			evs = s.AllEvents()
 		}
-		out := []Ingested{}
+		// Hand-built so that each "raw" is the event's bytes exactly as
+		// received (encoding/json would compact and HTML-escape them).
+		b := []byte(`{"events":[`)
+		n := 0
 		for _, e := range evs {
-			if e.Seq > after && len(out) < limit {
-				out = append(out, e)
+			if e.Seq <= after || n >= limit {
+				continue
 			}
+			if n > 0 {
+				b = append(b, ',')
+			}
+			n++
+			raw := e.Raw
+			e.Raw = nil
+			obj := appendJSON(nil, e) // ends with "raw":null}
+			obj = bytes.TrimSuffix(obj, []byte(`"raw":null}`))
+			b = append(b, obj...)
+			b = append(b, `"raw":`...)
+			b = append(b, raw...)
+			b = append(b, '}')
 		}
-		writeJSON(w, 200, map[string][]Ingested{"events": out})
+		b = append(b, "]}"...)
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(b)
 	})
 	m.HandleFunc("GET /sim/requests", func(w http.ResponseWriter, r *http.Request) {
 		after, limit, err := afterLimit(r)

@@ -72,8 +72,6 @@ type Ingested struct {
 	Seq int64 `json:"seq"`
 	// Request is the Seq of the request that brought it.
 	Request int64 `json:"request"`
-	// Raw is the event object exactly as received (byte-exact).
-	Raw json.RawMessage `json:"raw"`
 	// EventType, DeviceID, UserID and InsertID are read from Raw (ids below
 	// min_id_length are "").
 	EventType string    `json:"event_type"`
@@ -83,6 +81,9 @@ type Ingested struct {
 	Time      time.Time `json:"time"`
 	// APIKey is the envelope's api_key (not in the JSON form).
 	APIKey string `json:"-"`
+	// Raw is the event object exactly as received (byte-exact, also in
+	// /sim/events). It must stay the last field (see control.go).
+	Raw json.RawMessage `json:"raw"`
 }
 
 // Stats are the Sim's counters; they survive the memory bounds.
