@@ -1,0 +1,134 @@
+package spool
+
+// Compaction gives disk space back.
+//
+// bbolt never shrinks its file: pages freed by acknowledged chunks are reused
+// by later appends, but a drained backlog leaves a file as large as the
+// largest backlog. So, after a commit, the writer compacts when both
+//
+//	file size >= Config.CompactMinFileBytes (default 4 MiB), and
+//	pages in use <= Config.CompactUsedPercent (default 25) % of the file
+//
+// where "pages in use" is bbolt's high-water mark minus its free and pending
+// pages (exact, from the freelist). A compacted file is dense, so the rule
+// does not fire again until the file has grown to four times its live data
+// and then been drained; a drained spool ends with a file under
+// CompactMinFileBytes.
+//
+// How: bbolt.Compact copies every bucket into spool.db.compact (written
+// without fsync, then fdatasync'ed once), the old file is closed, the copy
+// is renamed over spool.db, the directory is fsync'ed and the file reopened.
+// Appends queue up during the compaction (the writer is busy); readers keep
+// reading the old file until the short swap (dbMu held exclusively). A crash
+// at any point leaves either the old or the new complete file under
+// spool.db; Open removes a leftover spool.db.compact. A failed compaction is
+// logged and not retried for a minute.
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"go.uber.org/zap"
+)
+
+const compactRetryAfter = time.Minute
+
+func (s *Spool) maybeCompact() {
+	min := s.cfg.compactMinFile()
+	if min < 0 || s.db == nil {
+		return
+	}
+	file := s.fileBytes.Load()
+	if file < min {
+		return
+	}
+	var hw int64
+	if err := s.db.View(func(tx *bolt.Tx) error { hw = tx.Size(); return nil }); err != nil {
+		return
+	}
+	used := hw - int64(s.db.Stats().FreeAlloc)
+	if used*100 > file*s.cfg.compactUsedPercent() {
+		return
+	}
+	if !s.w.compactFailed.IsZero() && time.Since(s.w.compactFailed) < compactRetryAfter {
+		return
+	}
+	start := time.Now()
+	if err := s.compact(); err != nil {
+		s.w.compactFailed = time.Now()
+		s.log.Error("spool compaction failed", zap.Error(err))
+		return
+	}
+	s.w.compactFailed = time.Time{}
+	s.updateFileBytes()
+	s.m.compactions.Inc()
+	s.log.Info("spool compacted",
+		zap.Int64("file_bytes_before", file), zap.Int64("file_bytes_after", s.fileBytes.Load()),
+		zap.Int64("live_bytes", s.w.live), zap.Duration("took", time.Since(start)))
+}
+
+// compact copies the file and swaps the copy in. On error the old file stays
+// in use, unless reopening failed, in which case s.db is nil and every later
+// commit fails.
+func (s *Spool) compact() error {
+	tmp := s.path + ".compact"
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("compact: %w", err)
+	}
+	dst, err := bolt.Open(tmp, 0o600, &bolt.Options{
+		NoSync:         true,
+		NoFreelistSync: true,
+		FreelistType:   bolt.FreelistMapType,
+	})
+	if err != nil {
+		return fmt.Errorf("compact: %w", err)
+	}
+	err = bolt.Compact(dst, s.db, 64<<20)
+	if err == nil {
+		err = dst.Sync()
+	}
+	if cerr := dst.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("compact: %w", err)
+	}
+
+	s.dbMu.Lock()
+	defer s.dbMu.Unlock()
+	if err := s.db.Close(); err != nil {
+		s.log.Warn("spool: close before compaction swap", zap.Error(err))
+	}
+	s.db = nil
+	renameErr := os.Rename(tmp, s.path)
+	if renameErr == nil {
+		renameErr = syncDir(filepath.Dir(s.path))
+	}
+	db, err := s.openDB()
+	if err != nil {
+		return fmt.Errorf("compact: reopen: %w", err)
+	}
+	s.db = db
+	if renameErr != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("compact: swap: %w", renameErr)
+	}
+	return nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}

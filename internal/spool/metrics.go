@@ -1,0 +1,119 @@
+package spool
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the spool's Prometheus metrics. Per-lane gauges are computed
+// at scrape time from Lane.Stats by laneCollector, so commits pay nothing
+// for them.
+type metrics struct {
+	reg           prometheus.Registerer
+	commitSeconds prometheus.Histogram
+	commitRecords prometheus.Histogram
+	commits       prometheus.Counter
+	compactions   prometheus.Counter
+	rejectedFull  prometheus.Counter
+	rejectedDisk  prometheus.Counter
+	collector     *laneCollector
+	registered    []prometheus.Collector
+}
+
+func newMetrics(s *Spool, reg prometheus.Registerer) (*metrics, error) {
+	rejected := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_spool_append_rejected_total",
+		Help: "Appends refused, by reason (full: quota; disk_low: free disk under the reserve).",
+	}, []string{"reason"})
+	m := &metrics{
+		reg: reg,
+		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "relay_spool_commit_seconds",
+			Help:    "Duration of spool commits that appended records (fsync included under sync=always).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}),
+		commitRecords: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "relay_spool_commit_records",
+			Help:    "Records (events) appended per spool commit.",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 10),
+		}),
+		commits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "relay_spool_commits_total",
+			Help: "Spool commits.",
+		}),
+		compactions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "relay_spool_compactions_total",
+			Help: "Spool file compactions.",
+		}),
+		rejectedFull: rejected.WithLabelValues("full"),
+		rejectedDisk: rejected.WithLabelValues("disk_low"),
+		collector:    newLaneCollector(s),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.commitSeconds, m.commitRecords, m.commits, m.compactions, rejected, m.collector} {
+		if err := reg.Register(c); err != nil {
+			m.unregister()
+			return nil, err
+		}
+		m.registered = append(m.registered, c)
+	}
+	return m, nil
+}
+
+// unregister removes the metrics, so that a spool reopened later can
+// register on the same registry.
+func (m *metrics) unregister() {
+	for _, c := range m.registered {
+		m.reg.Unregister(c)
+	}
+	m.registered = nil
+}
+
+type laneCollector struct {
+	s                          *Spool
+	bytes, records, oldest     *prometheus.Desc
+	fileBytes, dead, liveBytes *prometheus.Desc
+}
+
+func newLaneCollector(s *Spool) *laneCollector {
+	lane := []string{"lane"}
+	return &laneCollector{
+		s:         s,
+		bytes:     prometheus.NewDesc("relay_spool_bytes", "Live encoded bytes queued in a lane.", lane, nil),
+		records:   prometheus.NewDesc("relay_spool_records", "Live records (events) queued in a lane.", lane, nil),
+		oldest:    prometheus.NewDesc("relay_spool_oldest_record_age_seconds", "Age of a lane's oldest queued record; 0 when empty.", lane, nil),
+		fileBytes: prometheus.NewDesc("relay_spool_file_bytes", "Size of the spool file on disk.", nil, nil),
+		dead:      prometheus.NewDesc("relay_spool_dead_letters", "Dead letters stored.", nil, nil),
+		liveBytes: prometheus.NewDesc("relay_spool_live_bytes", "Live bytes counted against the spool quota.", nil, nil),
+	}
+}
+
+func (c *laneCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.bytes
+	ch <- c.records
+	ch <- c.oldest
+	ch <- c.fileBytes
+	ch <- c.dead
+	ch <- c.liveBytes
+}
+
+func (c *laneCollector) Collect(ch chan<- prometheus.Metric) {
+	now := time.Now()
+	for _, l := range c.s.Lanes() {
+		st := l.Stats()
+		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.GaugeValue, float64(st.Bytes), l.label)
+		ch <- prometheus.MustNewConstMetric(c.records, prometheus.GaugeValue, float64(st.Records), l.label)
+		age := 0.0
+		if !st.Oldest.IsZero() {
+			age = max(now.Sub(st.Oldest).Seconds(), 0)
+		}
+		ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, age, l.label)
+	}
+	st := c.s.Stats()
+	ch <- prometheus.MustNewConstMetric(c.fileBytes, prometheus.GaugeValue, float64(st.FileBytes))
+	ch <- prometheus.MustNewConstMetric(c.dead, prometheus.GaugeValue, float64(st.Dead))
+	ch <- prometheus.MustNewConstMetric(c.liveBytes, prometheus.GaugeValue, float64(st.LiveBytes))
+}

@@ -1,0 +1,373 @@
+package spool
+
+import (
+	"context"
+	"errors"
+		"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  Config
+		ok   bool
+	}{
+		{"minimal", Config{Dir: "x"}, true},
+		{"no dir", Config{}, false},
+		{"bad sync", Config{Dir: "x", Sync: 7}, false},
+		{"negative quota", Config{Dir: "x", MaxBytes: -1}, false},
+		{"negative commit bytes", Config{Dir: "x", MaxCommitBytes: -1}, false},
+		{"compact percent over 100", Config{Dir: "x", CompactUsedPercent: 101}, false},
+		{"everything", Config{Dir: "x", Sync: SyncNone, MaxBytes: 1, MinFreeBytes: -1, MaxCommitBytes: 1, CompactMinFileBytes: -1, CompactUsedPercent: 50}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := tt.cfg.Validate(); (err == nil) != tt.ok {
+				t.Fatalf("Validate() = %v, want ok=%v", err, tt.ok)
+			}
+		})
+	}
+}
+
+func TestBatch(t *testing.T) {
+	var b Batch
+	if b.Len() != 0 || b.Bytes() != 0 {
+		t.Fatalf("empty batch: len %d bytes %d", b.Len(), b.Bytes())
+	}
+	in := []Record{
+		{OrderKey: []byte("d1"), UserID: []byte("u1"), Data: []byte(`{"a":1}`)},
+		{OrderKey: []byte("d2"), Data: []byte(`{}`)},
+		{Data: make([]byte, 300)},
+	}
+	for round := range 2 {
+		b.Reset()
+		for _, r := range in {
+			b.Add(r)
+		}
+		if b.Len() != len(in) {
+			t.Fatalf("round %d: Len %d", round, b.Len())
+		}
+		putChunkHeader(b.buf, 1234, b.n)
+		var c Chunk
+		if err := decodeChunk(9, b.buf, &c); err != nil {
+			t.Fatal(err)
+		}
+		if c.Seq != 9 || c.Accepted.UnixMilli() != 1234 || c.Size != b.Bytes() || len(c.Records) != len(in) {
+			t.Fatalf("decoded %+v", c)
+		}
+		for i, r := range c.Records {
+			if string(r.OrderKey) != string(in[i].OrderKey) || string(r.UserID) != string(in[i].UserID) || string(r.Data) != string(in[i].Data) {
+				t.Fatalf("record %d: %+v want %+v", i, r, in[i])
+			}
+		}
+	}
+	allocs := testing.AllocsPerRun(100, func() {
+		b.Reset()
+		for _, r := range in {
+			b.Add(r)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("Batch reuse allocates %v times", allocs)
+	}
+}
+
+func TestLaneLabel(t *testing.T) {
+	s := openTest(t, Config{Sync: SyncNone})
+	secret := "0123456789abcdef-secret"
+	l := mustLane(t, s, LaneKey{Kind: KindGroupIdentify, APIKey: secret, Options: `{"min_id_length":3}`})
+	if strings.Contains(l.Label(), secret) || !strings.HasPrefix(l.Label(), "groupidentify-") || len(l.Label()) != len("groupidentify-")+8 {
+		t.Fatalf("label %q", l.Label())
+	}
+	l2 := mustLane(t, s, LaneKey{Kind: KindGroupIdentify, APIKey: secret})
+	if l2.Label() == l.Label() || l2.ID() == l.ID() {
+		t.Fatalf("lanes with different options share label %q / id %d", l.Label(), l.ID())
+	}
+	if again := mustLane(t, s, l.Key()); again != l {
+		t.Fatal("Lane returned a new handle for an existing key")
+	}
+}
+
+func TestAppendNextAckReopen(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	s, err := Open(Config{Dir: dir}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := s.LanesChanged()
+	l := mustLane(t, s, testKey(1))
+	select {
+	case <-changed:
+	default:
+		t.Fatal("LanesChanged not closed after a lane was created")
+	}
+	var b Batch
+	for i := range 10 {
+		b.Reset()
+		for j := range 3 {
+			b.Add(rec(1, i*3+j, 10))
+		}
+		if err := s.Append(ctx, l, &b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Append(ctx, l, new(Batch)); err != nil {
+		t.Fatalf("empty append: %v", err)
+	}
+	st := l.Stats()
+	if st.Chunks != 10 || st.Records != 30 || st.Oldest.IsZero() || s.Stats().LiveBytes != st.Bytes {
+		t.Fatalf("stats %+v, spool %+v", st, s.Stats())
+	}
+	cs := nextT(t, l, 1) // at least one
+	if len(cs) != 1 || cs[0].Seq != 1 {
+		t.Fatalf("first Next: %d chunks", len(cs))
+	}
+	cs = append(cs, nextT(t, l, 1<<20)...)
+	if len(cs) != 10 {
+		t.Fatalf("read %d chunks", len(cs))
+	}
+	for i, c := range cs {
+		if c.Seq != uint64(i+1) {
+			t.Fatalf("chunk %d has seq %d", i, c.Seq)
+		}
+		for j, r := range c.Records {
+			if _, n := recID(r); n != i*3+j {
+				t.Fatalf("chunk %d record %d is %d", i, j, n)
+			}
+		}
+	}
+	for _, c := range cs[:4] {
+		s.Ack(l, c.Seq)
+	}
+	s.Ack(l, 2)   // twice
+	s.Ack(l, 999) // never written
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Next(ctx, 100); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Next after Close: %v", err)
+	}
+	if err := s.Append(ctx, l, &b); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Append after Close: %v", err)
+	}
+
+	s = openTest(t, Config{Dir: dir})
+	lanes := s.Lanes()
+	if len(lanes) != 1 || lanes[0].Key() != testKey(1) {
+		t.Fatalf("lanes after reopen: %v", lanes)
+	}
+	l = lanes[0]
+	if st := l.Stats(); st.Chunks != 6 || st.Records != 18 {
+		t.Fatalf("stats after reopen %+v", st)
+	}
+	cs = drainAvailable(t, l)
+	if len(cs) != 6 || cs[0].Seq != 5 {
+		t.Fatalf("after reopen read %d chunks from %d", len(cs), cs[0].Seq)
+	}
+	b.Reset()
+	b.Add(rec(1, 30, 1))
+	if err := s.Append(ctx, l, &b); err != nil {
+		t.Fatal(err)
+	}
+	if cs := nextT(t, l, 0); len(cs) != 1 || cs[0].Seq != 11 {
+		t.Fatalf("append after reopen: %+v", cs)
+	}
+}
+
+// TestNextBlocks checks that Next waits for an Append, and returns on ctx
+// end and on Close.
+func TestNextBlocks(t *testing.T) {
+	s := openTest(t, Config{Sync: SyncNone})
+	l := mustLane(t, s, testKey(1))
+	got := make(chan []Chunk, 1)
+	go func() {
+		cs, err := l.Next(context.Background(), 1000)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- cs
+	}()
+	time.Sleep(10 * time.Millisecond)
+	var b Batch
+	b.Add(rec(1, 1, 1))
+	if err := s.Append(context.Background(), l, &b); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case cs := <-got:
+		if len(cs) != 1 {
+			t.Fatalf("%d chunks", len(cs))
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Next did not wake")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	if _, err := l.Next(ctx, 1000); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Next with expired ctx: %v", err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := l.Next(context.Background(), 1000)
+		errc <- err
+	}()
+	time.Sleep(10 * time.Millisecond)
+	s.Close()
+	if err := <-errc; !errors.Is(err, ErrClosed) {
+		t.Fatalf("blocked Next after Close: %v", err)
+	}
+}
+
+// TestConcurrentLanes appends from many goroutines to many lanes while one
+// reader per lane reads and acks, and checks order, completeness and that
+// commits were shared.
+func TestConcurrentLanes(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	dir := t.TempDir()
+	s, err := Open(Config{Dir: dir}, nil, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.Close()
+		if err := checkFile(dir + "/spool.db"); err != nil {
+			t.Error(err)
+		}
+	})
+	const lanes, writersPerLane, perWriter = 8, 8, 25 // 64 concurrent appenders
+	ctx := context.Background()
+	var ls []*Lane
+	for i := range lanes {
+		ls = append(ls, mustLane(t, s, testKey(i)))
+	}
+	var wg sync.WaitGroup
+	for i := range lanes {
+		for w := range writersPerLane {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var b Batch
+				for n := range perWriter {
+					b.Reset()
+					b.Add(rec(i, w*1000+n, 100))
+					b.Add(rec(i, w*1000+n, 100))
+					if err := s.Append(ctx, ls[i], &b); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	readers := make([][]Chunk, lanes)
+	var rwg sync.WaitGroup
+	for i := range lanes {
+		rwg.Add(1)
+		go func() {
+			defer rwg.Done()
+			for n := 0; n < writersPerLane*perWriter; {
+				cs := nextT(t, ls[i], 4096)
+				for _, c := range cs {
+					s.Ack(ls[i], c.Seq)
+				}
+				n += len(cs)
+				readers[i] = append(readers[i], cs...)
+			}
+		}()
+	}
+	wg.Wait()
+	rwg.Wait()
+	for i, cs := range readers {
+		last := map[int]int{}
+		for k, c := range cs {
+			if c.Seq != uint64(k+1) {
+				t.Fatalf("lane %d: chunk %d has seq %d", i, k, c.Seq)
+			}
+			lane, n := recID(c.Records[0])
+			if lane != i {
+				t.Fatalf("lane %d got a record of lane %d", i, lane)
+			}
+			w := n / 1000
+			if p, ok := last[w]; ok && n != p+1 {
+				t.Fatalf("lane %d writer %d: %d after %d", i, w, n, p)
+			}
+			last[w] = n
+		}
+	}
+	commits := gatherValue(t, reg, "relay_spool_commits_total", "")
+	appends := float64(lanes * writersPerLane * perWriter)
+	t.Logf("%v appends in %v commits", appends, commits)
+	if commits >= appends/2 {
+		t.Fatalf("group commit did not group: %v commits for %v appends", commits, appends)
+	}
+	// Acks ride in commits of their own when nothing else is queued.
+	deadline := time.Now().Add(5 * time.Second)
+	for s.Stats().LiveBytes != 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if st := s.Stats(); st.LiveBytes != 0 {
+		t.Fatalf("live bytes after acking all: %d", st.LiveBytes)
+	}
+	for _, l := range ls {
+		if v := gatherValue(t, reg, "relay_spool_records", l.Label()); v != 0 {
+			t.Fatalf("relay_spool_records{lane=%s} = %v", l.Label(), v)
+		}
+	}
+	if v := gatherValue(t, reg, "relay_spool_commit_records", ""); v != appends*2 {
+		t.Fatalf("relay_spool_commit_records sum %v, want %v", v, appends*2)
+	}
+}
+
+// gatherValue returns a counter's or gauge's value, or a histogram's sum,
+// of the series of name with the given lane label ("" = no label).
+func gatherValue(t testing.TB, reg *prometheus.Registry, name, lane string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			l := ""
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "lane" {
+					l = lp.GetValue()
+				}
+			}
+			if l != lane {
+				continue
+			}
+			switch {
+			case m.Counter != nil:
+				return m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				return m.GetGauge().GetValue()
+			case m.Histogram != nil:
+				return m.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	t.Fatalf("metric %s{lane=%q} not found", name, lane)
+	return 0
+}
+
+func TestSecondOpenFails(t *testing.T) {
+	s := openTest(t, Config{Sync: SyncNone})
+	start := time.Now()
+	_, err := Open(s.cfg, nil, nil)
+	if err == nil || !strings.Contains(err.Error(), "locked") {
+		t.Fatalf("second Open: %v", err)
+	}
+	if time.Since(start) > 3*time.Second {
+		t.Fatalf("second Open took %v", time.Since(start))
+	}
+}

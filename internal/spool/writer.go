@@ -1,0 +1,428 @@
+package spool
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+type opKind uint8
+
+const (
+	opAppend opKind = iota
+	opLane
+	opPutDead
+	opDelDead
+)
+
+// op is one operation queued for the writer; its caller waits on done.
+type op struct {
+	kind     opKind
+	lane     *Lane // opAppend: target; opLane: result
+	batch    *Batch
+	accepted int64 // unix ms
+	key      LaneKey
+	dls      []DeadLetter
+	ids      []uint64
+	err      error
+	done     chan struct{} // capacity 1
+}
+
+func (o *op) size() int {
+	if o.kind == opAppend {
+		return len(o.batch.buf)
+	}
+	return 0
+}
+
+type ackOp struct {
+	lane *Lane
+	seq  uint64
+}
+
+// writerState belongs to the writer goroutine (and to Open before it starts).
+type writerState struct {
+	ops     []*op
+	acks    []ackOp
+	touched []*Lane
+	created []*Lane
+
+	live             int64 // committed live bytes
+	deadN, deadBytes int64 // committed dead letters
+
+	diskFree    int64 // free bytes at diskChecked
+	diskChecked time.Time
+	diskWritten int64 // bytes appended since diskChecked
+
+	compactFailed time.Time
+}
+
+// diskCheckEvery is how long a statfs result is trusted (bytes appended
+// since are subtracted from it).
+const diskCheckEvery = 500 * time.Millisecond
+
+func (s *Spool) getOp(k opKind) *op {
+	o := s.opPool.Get().(*op)
+	o.kind = k
+	return o
+}
+
+func (s *Spool) putOp(o *op) {
+	done := o.done
+	*o = op{done: done}
+	s.opPool.Put(o)
+}
+
+func (s *Spool) signal() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// do queues o for the writer and waits for its result.
+func (s *Spool) do(ctx context.Context, o *op) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	s.pending = append(s.pending, o)
+	s.mu.Unlock()
+	s.signal()
+	<-o.done
+	return o.err
+}
+
+// run is the writer goroutine: it commits everything queued, as soon as the
+// previous commit returned, until Close.
+func (s *Spool) run() {
+	defer close(s.writerDone)
+	for {
+		ops, acks, closed := s.take()
+		if len(ops) > 0 || len(acks) > 0 {
+			s.commit(ops, acks)
+			s.maybeCompact()
+		} else if closed {
+			return
+		}
+	}
+}
+
+// take waits for queued operations and takes them: every ack, and the
+// operations that fit in MaxCommitBytes (at least one).
+func (s *Spool) take() (ops []*op, acks []ackOp, closed bool) {
+	for {
+		s.mu.Lock()
+		if len(s.pending) > 0 || len(s.acks) > 0 || s.closed {
+			n, size, max := 0, 0, s.cfg.maxCommit()
+			for n < len(s.pending) {
+				sz := s.pending[n].size()
+				if n > 0 && size+sz > max {
+					break
+				}
+				size += sz
+				n++
+			}
+			ops = append(s.w.ops[:0], s.pending[:n]...)
+			rest := copy(s.pending, s.pending[n:])
+			clear(s.pending[rest:])
+			s.pending = s.pending[:rest]
+			// Swap the ack slices: the writer's spare becomes the queue.
+			acks, s.acks = s.acks, s.w.acks[:0]
+			closed = s.closed
+			s.mu.Unlock()
+			s.w.ops = ops
+			return ops, acks, closed
+		}
+		s.mu.Unlock()
+		<-s.wake
+	}
+}
+
+func (s *Spool) touch(l *Lane) {
+	if !l.wTouched {
+		l.wTouched = true
+		s.w.touched = append(s.w.touched, l)
+	}
+}
+
+// commit applies ops and acks in one transaction and answers every waiter.
+func (s *Spool) commit(ops []*op, acks []ackOp) {
+	start := time.Now()
+	records, err := s.apply(ops, acks)
+	if err == nil {
+		s.publish()
+		if records > 0 {
+			s.m.commitSeconds.Observe(time.Since(start).Seconds())
+			s.m.commitRecords.Observe(float64(records))
+		}
+		s.m.commits.Inc()
+	} else {
+		err = fmt.Errorf("spool commit: %w", err)
+		s.log.Error("spool commit failed", zap.Error(err))
+		s.rollback(acks)
+	}
+	for _, o := range ops {
+		if o.err == nil {
+			o.err = err
+		}
+		o.done <- struct{}{}
+	}
+	s.w.acks = acks[:0]
+	clear(s.w.ops)
+	s.w.ops = s.w.ops[:0]
+	s.updateFileBytes()
+}
+
+func (s *Spool) apply(ops []*op, acks []ackOp) (records int, err error) {
+	if s.db == nil {
+		return 0, errors.New("spool file is not open after a failed compaction")
+	}
+	tx, err := s.db.Begin(true)
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback()
+		}
+	}()
+	live := s.w.live
+	deadN, deadBytes := s.w.deadN, s.w.deadBytes
+
+	// Deletions first, so that the space they free serves this commit's appends.
+	for _, a := range acks {
+		l := a.lane
+		q := tx.Bucket(l.qname)
+		k := seqKey(a.seq)
+		v := q.Get(k)
+		if v == nil {
+			continue // acknowledged twice, or never written
+		}
+		_, n, herr := chunkHeader(v)
+		if herr != nil {
+			n = 0
+		}
+		sz := len(v)
+		if err = q.Delete(k); err != nil {
+			return 0, err
+		}
+		s.touch(l)
+		l.wDeleted = true
+		l.w.chunks--
+		l.w.records -= uint64(n)
+		l.w.bytes -= uint64(sz)
+		live -= int64(sz)
+	}
+
+	lanes := tx.Bucket(bucketLanes)
+	dead := tx.Bucket(bucketDead)
+	deadChanged := false
+	var now time.Time
+	for _, o := range ops {
+		switch o.kind {
+		case opLane:
+			if o.lane = s.findLane(o.key); o.lane != nil {
+				continue
+			}
+			id, err := lanes.NextSequence()
+			if err != nil {
+				return 0, err
+			}
+			l := newLane(s, id, o.key, laneState{nextSeq: 1})
+			if _, err := tx.CreateBucket(l.qname); err != nil {
+				return 0, err
+			}
+			s.w.created = append(s.w.created, l)
+			s.touch(l)
+			o.lane = l
+		case opPutDead:
+			for i := range o.dls {
+				id, err := dead.NextSequence()
+				if err != nil {
+					return 0, err
+				}
+				v := encodeDead(nil, &o.dls[i])
+				if err := dead.Put(seqKey(id), v); err != nil {
+					return 0, err
+				}
+				o.dls[i].ID = id
+				deadN++
+				deadBytes += int64(len(v))
+			}
+			deadChanged = true
+		case opDelDead:
+			for _, id := range o.ids {
+				k := seqKey(id)
+				if v := dead.Get(k); v != nil {
+					deadN--
+					deadBytes -= int64(len(v))
+					if err := dead.Delete(k); err != nil {
+						return 0, err
+					}
+				}
+			}
+			deadChanged = true
+		case opAppend:
+			l, b := o.lane, o.batch
+			sz := int64(len(b.buf))
+			if s.cfg.MaxBytes > 0 && live+sz > s.cfg.MaxBytes {
+				o.err = ErrFull
+				s.m.rejectedFull.Inc()
+				continue
+			}
+			if min := s.cfg.minFree(); min > 0 {
+				if now.IsZero() {
+					now = time.Now()
+				}
+				if s.diskFree(now)-sz < min {
+					o.err = ErrDiskLow
+					s.m.rejectedDisk.Inc()
+					continue
+				}
+			}
+			q := tx.Bucket(l.qname)
+			q.FillPercent = 1.0
+			putChunkHeader(b.buf, o.accepted, b.n)
+			// bbolt keeps b.buf until the commit; Append's caller waits for it.
+			if err := q.Put(seqKey(l.w.nextSeq), b.buf); err != nil {
+				o.err = fmt.Errorf("spool append: %w", err)
+				continue
+			}
+			s.touch(l)
+			if l.w.chunks == 0 {
+				l.wOldest = o.accepted
+			}
+			l.wAppended = true
+			l.w.nextSeq++
+			l.w.chunks++
+			l.w.records += uint64(b.n)
+			l.w.bytes += uint64(sz)
+			live += sz
+			s.w.diskWritten += sz
+			records += b.n
+		}
+	}
+
+	for _, l := range s.w.touched {
+		if l.wDeleted {
+			l.wOldest = 0
+			if k, v := tx.Bucket(l.qname).Cursor().First(); k != nil {
+				l.wOldest, _, _ = chunkHeader(v)
+			}
+		}
+		if err = lanes.Put(seqKey(l.id), encodeLane(nil, l.key, l.w)); err != nil {
+			return 0, err
+		}
+	}
+	if deadChanged {
+		v := binary.BigEndian.AppendUint64(seqKey(uint64(deadN)), uint64(deadBytes))
+		if err = tx.Bucket(bucketMeta).Put(keyDead, v); err != nil {
+			return 0, err
+		}
+	}
+	if err = tx.Commit(); err != nil {
+		return 0, err
+	}
+	s.w.live = live
+	s.w.deadN, s.w.deadBytes = deadN, deadBytes
+	return records, nil
+}
+
+// findLane returns the lane of key, committed or created in this commit.
+func (s *Spool) findLane(key LaneKey) *Lane {
+	s.mu.Lock()
+	l := s.byKey[key]
+	s.mu.Unlock()
+	if l != nil {
+		return l
+	}
+	for _, l := range s.w.created {
+		if l.key == key {
+			return l
+		}
+	}
+	return nil
+}
+
+// publish makes a successful commit visible.
+func (s *Spool) publish() {
+	for _, l := range s.w.touched {
+		l.mu.Lock()
+		l.st, l.oldest = l.w, l.wOldest
+		if l.wAppended {
+			close(l.notify)
+			l.notify = make(chan struct{})
+		}
+		l.mu.Unlock()
+		l.wTouched, l.wAppended, l.wDeleted = false, false, false
+	}
+	clear(s.w.touched)
+	s.w.touched = s.w.touched[:0]
+	s.liveBytes.Store(s.w.live)
+	s.deadN.Store(s.w.deadN)
+	if len(s.w.created) > 0 {
+		s.mu.Lock()
+		for _, l := range s.w.created {
+			s.lanes = append(s.lanes, l)
+			s.byKey[l.key] = l
+		}
+		close(s.lanesCh)
+		s.lanesCh = make(chan struct{})
+		s.mu.Unlock()
+		clear(s.w.created)
+		s.w.created = s.w.created[:0]
+	}
+}
+
+// rollback forgets a failed commit's working state; its acks are queued
+// again for the next commit.
+func (s *Spool) rollback(acks []ackOp) {
+	for _, l := range s.w.touched {
+		l.w, l.wOldest = l.st, l.oldest // l.st is written only by this goroutine
+		l.wTouched, l.wAppended, l.wDeleted = false, false, false
+	}
+	clear(s.w.touched)
+	s.w.touched = s.w.touched[:0]
+	clear(s.w.created)
+	s.w.created = s.w.created[:0]
+	if len(acks) > 0 {
+		s.mu.Lock()
+		if !s.closed {
+			s.acks = append(s.acks, acks...)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// diskFree estimates the filesystem's free bytes: a statfs at most every
+// diskCheckEvery, minus what was appended since.
+func (s *Spool) diskFree(now time.Time) int64 {
+	if now.Sub(s.w.diskChecked) >= diskCheckEvery || now.Before(s.w.diskChecked) {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(s.cfg.Dir, &st); err != nil {
+			s.log.Warn("spool: statfs failed", zap.Error(err))
+			return s.w.diskFree - s.w.diskWritten
+		}
+		s.w.diskFree = int64(st.Bavail) * int64(st.Bsize)
+		s.w.diskChecked = now
+		s.w.diskWritten = 0
+	}
+	return s.w.diskFree - s.w.diskWritten
+}
+
+func (s *Spool) updateFileBytes() {
+	if fi, err := os.Stat(s.path); err == nil {
+		s.fileBytes.Store(fi.Size())
+	}
+}
