@@ -117,6 +117,14 @@
 // count), and throttled_devices / throttled_events when some are throttled
 // too. Nothing of it is ingested.
 //
+// # Memory
+//
+// Counters (Stats) are always kept. Stored events are bounded by Config.Keep
+// (1,000,000), the request log by KeepRequests (100,000), remembered
+// insert_ids by DedupMaxKeys (4,194,304 hashes); idle rate keys and quota
+// counters of past days are swept every 1024 accepted requests. Long runs
+// (sandbox, bench) should lower Keep and KeepRequests.
+//
 // # Concurrency
 //
 // Lock order: Sim.faultMu, then Sim.mu. Sim.mu guards the store (events,

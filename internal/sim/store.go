@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"sort"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // Record is one request in the request log.
@@ -178,6 +180,11 @@ func (s *Sim) logRequest(rec *Record) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := &s.store
+	if ce := s.log.Check(zap.DebugLevel, "sim request"); ce != nil {
+		ce.Write(zap.Int64("seq", rec.Seq), zap.String("path", rec.Path), zap.Int("status", rec.Status),
+			zap.String("fault", rec.Fault), zap.String("key", rec.KeyLabel), zap.Int("events", rec.Events),
+			zap.Int("ingested", rec.Ingested), zap.Int("duplicates", rec.Duplicates))
+	}
 	st.stats.Requests++
 	st.stats.ByStatus[rec.Status]++
 	if s.cfg.KeepRequests < 0 {
