@@ -27,10 +27,12 @@ func newLogger(level, format string, w io.Writer) (*zap.Logger, error) {
 	case "json":
 		ec := zap.NewProductionEncoderConfig()
 		ec.EncodeTime = zapcore.ISO8601TimeEncoder
+		ec.EncodeDuration = zapcore.StringDurationEncoder
 		enc = zapcore.NewJSONEncoder(ec)
 	case "console":
 		ec := zap.NewDevelopmentEncoderConfig()
 		ec.EncodeTime = zapcore.ISO8601TimeEncoder
+		ec.EncodeDuration = zapcore.StringDurationEncoder
 		enc = zapcore.NewConsoleEncoder(ec)
 	default:
 		return nil, fmt.Errorf("--log-format %q: want json or console", format)

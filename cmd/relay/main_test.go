@@ -1,0 +1,200 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/svcrelay/relay/internal/config"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// TestRunRefusals: a bad configuration exits 2 with one line on stderr and
+// starts nothing.
+func TestRunRefusals(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		env  []string
+		want string
+	}{
+		{"max-batch-events", []string{"--max-batch-events", "2000"}, nil, "--max-batch-events 2000 is above 1999"},
+		{"credentials without token", []string{"--credentials", "x.yaml"}, nil, "--credentials needs an admin token"},
+		{"env value", nil, []string{"RELAY_SPOOL_MAX_BYTES=lots"}, "--spool-max-bytes (from variable RELAY_SPOOL_MAX_BYTES)"},
+		{"unknown subcommand-like argument", []string{"frobnicate"}, nil, `unexpected argument "frobnicate"`},
+		{"spool without dump", []string{"spool"}, nil, "usage: relay spool dump"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := run(tt.args, tt.env, &stdout, &stderr)
+			if code != exitUsage {
+				t.Fatalf("exit %d, want %d; stderr %q", code, exitUsage, stderr.String())
+			}
+			if !strings.Contains(stderr.String(), tt.want) || strings.Count(stderr.String(), "\n") != 1 {
+				t.Fatalf("stderr %q: want one line containing %q", stderr.String(), tt.want)
+			}
+		})
+	}
+}
+
+func TestVersionAndHelp(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"version"}, nil, &stdout, &stderr); code != 0 || !strings.HasPrefix(stdout.String(), "relay ") {
+		t.Fatalf("version: %d %q", code, stdout.String())
+	}
+	stdout.Reset()
+	if code := run([]string{"--help"}, nil, &stdout, &stderr); code != 0 || !strings.Contains(stderr.String(), "RELAY_INGEST_URL") {
+		t.Fatalf("help: %d %q", code, stderr.String())
+	}
+}
+
+// TestLifecycle: stops run last-started first, all of them even when one
+// fails, and the failures are returned.
+func TestLifecycle(t *testing.T) {
+	var order []string
+	lc := &lifecycle{log: zap.NewNop()}
+	boom := errors.New("boom")
+	for _, name := range []string{"spool", "delivery", "ingest"} {
+		lc.onStop(name, func(context.Context) error {
+			order = append(order, name)
+			if name == "delivery" {
+				return boom
+			}
+			return nil
+		})
+	}
+	err := lc.stopAll(context.Background())
+	if got := strings.Join(order, ","); got != "ingest,delivery,spool" {
+		t.Fatalf("stop order %s", got)
+	}
+	if !errors.Is(err, boom) {
+		t.Fatalf("err %v, want boom", err)
+	}
+}
+
+// TestServeSandbox runs the relay in-process in sandbox mode on real ports:
+// the first log line says sandbox, both listeners answer /healthz, /readyz
+// and /metrics work, an event is accepted and spooled, and a cancelled
+// context stops everything cleanly.
+func TestServeSandbox(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	cfg, err := config.Load([]string{
+		"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data-dir", dir,
+		"--spool-min-free-bytes", "0", "--drain-timeout", "2s",
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zapcore.DebugLevel)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, func() {}, cfg, zap.New(core)) }()
+
+	addr := func(msg string) string {
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			for _, e := range logs.FilterMessage(msg).All() {
+				return e.ContextMap()["addr"].(string)
+			}
+			select {
+			case err := <-done:
+				t.Fatalf("serve returned early: %v", err)
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+		t.Fatalf("no %q log line", msg)
+		return ""
+	}
+	ingestURL := "http://" + addr("ingest listening")
+	adminURL := "http://" + addr("admin listening")
+
+	first := logs.All()[0]
+	if !strings.Contains(first.Message, "sandbox mode") || first.ContextMap()["sandbox"] != true {
+		t.Fatalf("first log line %q does not say sandbox mode", first.Message)
+	}
+
+	get := func(url string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, u := range []string{ingestURL + "/healthz", adminURL + "/healthz", adminURL + "/readyz"} {
+		if code, body := get(u); code != 200 {
+			t.Fatalf("%s: %d %s", u, code, body)
+		}
+	}
+	resp, err := http.Post(ingestURL+"/2/httpapi", "application/json",
+		strings.NewReader(`{"api_key":"sandbox-key","events":[{"event_type":"hello","device_id":"device-12345","insert_id":"iid-1"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"events_ingested":1`) {
+		t.Fatalf("post: %d %s", resp.StatusCode, b)
+	}
+	code, metrics := get(adminURL + "/metrics")
+	if code != 200 {
+		t.Fatalf("metrics %d", code)
+	}
+	for _, want := range []string{"relay_ingest_events_accepted_total 1", "go_goroutines", "process_open_fds"} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	if code, _ := get(adminURL + "/sim/stats"); code != 200 {
+		t.Errorf("sandbox /sim/stats on the admin listener: %d", code)
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+	if _, err := http.Get(ingestURL + "/healthz"); err == nil {
+		t.Fatal("ingest listener still open after stop")
+	}
+
+	// The spool was closed: dump can open it and finds the event.
+	var out bytes.Buffer
+	if err := dump(context.Background(), dir, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), `"insert_id":"iid-1"`) || strings.Count(out.String(), "\n") != 1 {
+		t.Fatalf("dump: %s", out.String())
+	}
+}
+
+func TestDumpRefusals(t *testing.T) {
+	var out bytes.Buffer
+	if err := dump(context.Background(), filepath.Join(t.TempDir(), "missing"), &out); err == nil || !strings.Contains(err.Error(), "no spool in") {
+		t.Fatalf("missing dir: %v", err)
+	}
+	f := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(f, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := dump(context.Background(), f, &out); err == nil {
+		t.Fatal("file accepted as data dir")
+	}
+}
