@@ -1,0 +1,553 @@
+package credentials
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+
+	"go.uber.org/zap/zapcore"
+	"go.yaml.in/yaml/v3"
+)
+
+// Upstream base kinds, as named by the --*-url flags and the file's *_url keys.
+const (
+	KindIngest     = "ingest"     // --ingest-url, ingest_url
+	KindAlias      = "alias"      // --alias-url, alias_url
+	KindAnalytics  = "analytics"  // --analytics-url, analytics_url
+	KindExperiment = "experiment" // --experiment-url, experiment_url
+	KindSCIM       = "scim"       // --scim-url, scim_url
+	KindFeedback   = "feedback"   // --feedback-url, feedback_url
+)
+
+// MaxFileBytes is the largest credentials file Load reads.
+const MaxFileBytes = 1 << 20
+
+// URLs are optional upstream bases that override the --*-url flags. Each
+// field's zero value ("") means no override. They are not secret.
+type URLs struct {
+	Ingest     string `yaml:"ingest_url"`
+	Alias      string `yaml:"alias_url"`
+	Analytics  string `yaml:"analytics_url"`
+	Experiment string `yaml:"experiment_url"`
+	SCIM       string `yaml:"scim_url"`
+	Feedback   string `yaml:"feedback_url"`
+}
+
+// Get returns the base of kind (one of the Kind constants); "" when unset or
+// kind is unknown.
+func (u URLs) Get(kind string) string {
+	switch kind {
+	case KindIngest:
+		return u.Ingest
+	case KindAlias:
+		return u.Alias
+	case KindAnalytics:
+		return u.Analytics
+	case KindExperiment:
+		return u.Experiment
+	case KindSCIM:
+		return u.SCIM
+	case KindFeedback:
+		return u.Feedback
+	}
+	return ""
+}
+
+func (u URLs) each(f func(key, v string) error) error {
+	for _, kv := range [...]struct{ k, v string }{
+		{"ingest_url", u.Ingest}, {"alias_url", u.Alias}, {"analytics_url", u.Analytics},
+		{"experiment_url", u.Experiment}, {"scim_url", u.SCIM}, {"feedback_url", u.Feedback},
+	} {
+		if err := f(kv.k, kv.v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Project is one entry of the file's projects list. Its fields are read-only
+// after Load.
+type Project struct {
+	Name      string // what X-Relay-Project names; never empty
+	APIKey    Secret // never empty
+	SecretKey Secret // never empty
+	URLs      URLs   // per-project upstream bases; zero fields mean none
+
+	org *Organization // nil when no organization lists the project
+}
+
+// Organization is one entry of the file's organizations list. Its fields are
+// read-only after Load.
+type Organization struct {
+	Name             string   // never empty
+	APIKey           Secret   // organization key pair (DSAR); never empty
+	SecretKey        Secret   // never empty
+	ManagementAPIKey Secret   // experiment management; zero means not configured
+	SCIMToken        Secret   // SCIM provisioning; zero means not configured
+	URLs             URLs     // organization-wide upstream bases; zero fields mean none
+	Projects         []string // names of its projects, each in exactly one organization
+}
+
+// Org returns the organization listing p, or nil.
+func (p *Project) Org() *Organization { return p.org }
+
+// URL returns the upstream base of kind (one of the Kind constants) for p:
+// the project's own override, else its organization's, else fallback (the
+// --*-url flag). A nil p returns fallback.
+func (p *Project) URL(kind, fallback string) string {
+	if p == nil {
+		return fallback
+	}
+	if u := p.URLs.Get(kind); u != "" {
+		return u
+	}
+	return p.org.URL(kind, fallback)
+}
+
+// URL returns the organization's base of kind, else fallback. A nil o
+// returns fallback.
+func (o *Organization) URL(kind, fallback string) string {
+	if o == nil {
+		return fallback
+	}
+	if u := o.URLs.Get(kind); u != "" {
+		return u
+	}
+	return fallback
+}
+
+// Store is the parsed credentials file. A nil *Store holds no credentials:
+// every lookup reports false. It is immutable and safe for concurrent use.
+type Store struct {
+	projects []*Project // file order
+	orgs     []*Organization
+	byName   map[string]*Project
+	orgName  map[string]*Organization
+	byKey    map[[sha256.Size]byte]*Project // by sha256 of api_key, so no raw key sits in a map
+}
+
+// Project returns the project named name (the X-Relay-Project value).
+func (s *Store) Project(name string) (*Project, bool) {
+	if s == nil {
+		return nil, false
+	}
+	p, ok := s.byName[name]
+	return p, ok
+}
+
+// Organization returns the organization named name.
+func (s *Store) Organization(name string) (*Organization, bool) {
+	if s == nil {
+		return nil, false
+	}
+	o, ok := s.orgName[name]
+	return o, ok
+}
+
+// OrgOfProject returns the organization that lists the project named name;
+// false when the project is unknown or in no organization.
+func (s *Store) OrgOfProject(name string) (*Organization, bool) {
+	p, ok := s.Project(name)
+	if !ok || p.org == nil {
+		return nil, false
+	}
+	return p.org, true
+}
+
+// ProjectByAPIKey returns the project whose api_key is key (api keys are
+// unique in a valid file). The lookup is a map access, not constant time.
+func (s *Store) ProjectByAPIKey(key string) (*Project, bool) {
+	if s == nil {
+		return nil, false
+	}
+	p, ok := s.byKey[sha256.Sum256([]byte(key))]
+	return p, ok
+}
+
+// Projects returns the projects in file order (a new slice).
+func (s *Store) Projects() []*Project {
+	if s == nil {
+		return nil
+	}
+	return append([]*Project(nil), s.projects...)
+}
+
+// Organizations returns the organizations in file order (a new slice).
+func (s *Store) Organizations() []*Organization {
+	if s == nil {
+		return nil
+	}
+	return append([]*Organization(nil), s.orgs...)
+}
+
+// file is the YAML shape.
+type file struct {
+	Projects      []fileProject `yaml:"projects"`
+	Organizations []fileOrg     `yaml:"organizations"`
+}
+
+type fileProject struct {
+	Name      string `yaml:"name"`
+	APIKey    string `yaml:"api_key"`
+	SecretKey string `yaml:"secret_key"`
+	URLs      `yaml:",inline"`
+}
+
+type fileOrg struct {
+	Name             string   `yaml:"name"`
+	APIKey           string   `yaml:"api_key"`
+	SecretKey        string   `yaml:"secret_key"`
+	ManagementAPIKey string   `yaml:"management_api_key"`
+	SCIMToken        string   `yaml:"scim_token"`
+	Projects         []string `yaml:"projects"`
+	URLs             `yaml:",inline"`
+}
+
+// Load reads and parses the credentials file at path (see Parse). Errors name
+// the file and line but never contain a secret value.
+func Load(path string) (*Store, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("credentials: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("credentials: %w", err)
+	}
+	if len(data) > MaxFileBytes {
+		return nil, fmt.Errorf("credentials %s: larger than %d bytes", path, MaxFileBytes)
+	}
+	return parse(data, path)
+}
+
+// Parse parses a credentials file (the shape of the contract's "Admin
+// listener" section). It fails, with an error naming the line and never a
+// secret value, on: a YAML error; an unknown key; a second YAML document; a
+// file with no project and no organization; an empty or malformed name, or
+// one used twice; an empty api_key or secret_key; two projects with the same
+// api_key; an upstream base that is not an http(s) URL without user info,
+// query or fragment; an organization naming an unknown project; a project
+// listed by two organizations (or twice by one).
+func Parse(data []byte) (*Store, error) { return parse(data, "") }
+
+func parse(data []byte, path string) (*Store, error) {
+	fail := func(line int, format string, a ...any) error {
+		msg := fmt.Sprintf(format, a...)
+		if line > 0 {
+			msg = fmt.Sprintf("line %d: %s", line, msg)
+		}
+		if path != "" {
+			return fmt.Errorf("credentials %s: %s", path, msg)
+		}
+		return errors.New("credentials: " + msg)
+	}
+
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	var f file
+	if err := dec.Decode(&f); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, fail(0, "empty file: want projects and organizations")
+		}
+		return nil, fail(0, "%s", yamlError(err))
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return nil, fail(extra.Line, "more than one YAML document")
+	}
+	if len(f.Projects) == 0 && len(f.Organizations) == 0 {
+		return nil, fail(0, "no projects and no organizations")
+	}
+	projLines, orgLines := itemLines(data)
+
+	s := &Store{
+		byName:  make(map[string]*Project, len(f.Projects)),
+		orgName: make(map[string]*Organization, len(f.Organizations)),
+		byKey:   make(map[[sha256.Size]byte]*Project, len(f.Projects)),
+	}
+	for i, fp := range f.Projects {
+		line := lineOf(projLines, i)
+		what := fmt.Sprintf("projects[%d]", i)
+		if err := checkName(fp.Name); err != nil {
+			return nil, fail(line, "%s: name %v", what, err)
+		}
+		what = fmt.Sprintf("project %q", fp.Name)
+		if _, dup := s.byName[fp.Name]; dup {
+			return nil, fail(line, "%s: name used twice", what)
+		}
+		if err := required(what, "api_key", fp.APIKey, "secret_key", fp.SecretKey); err != nil {
+			return nil, fail(line, "%v", err)
+		}
+		keySum := sha256.Sum256([]byte(fp.APIKey))
+		if other, dup := s.byKey[keySum]; dup {
+			return nil, fail(line, "%s: api_key is the same as project %q's", what, other.Name)
+		}
+		if err := checkURLs(what, fp.URLs); err != nil {
+			return nil, fail(line, "%v", err)
+		}
+		p := &Project{Name: fp.Name, APIKey: NewSecret(fp.APIKey), SecretKey: NewSecret(fp.SecretKey), URLs: fp.URLs}
+		s.projects = append(s.projects, p)
+		s.byName[p.Name] = p
+		s.byKey[keySum] = p
+	}
+	for i, fo := range f.Organizations {
+		line := lineOf(orgLines, i)
+		what := fmt.Sprintf("organizations[%d]", i)
+		if err := checkName(fo.Name); err != nil {
+			return nil, fail(line, "%s: name %v", what, err)
+		}
+		what = fmt.Sprintf("organization %q", fo.Name)
+		if _, dup := s.orgName[fo.Name]; dup {
+			return nil, fail(line, "%s: name used twice", what)
+		}
+		if err := required(what, "api_key", fo.APIKey, "secret_key", fo.SecretKey); err != nil {
+			return nil, fail(line, "%v", err)
+		}
+		if err := checkURLs(what, fo.URLs); err != nil {
+			return nil, fail(line, "%v", err)
+		}
+		o := &Organization{
+			Name: fo.Name, APIKey: NewSecret(fo.APIKey), SecretKey: NewSecret(fo.SecretKey),
+			ManagementAPIKey: NewSecret(fo.ManagementAPIKey), SCIMToken: NewSecret(fo.SCIMToken),
+			URLs: fo.URLs, Projects: append([]string(nil), fo.Projects...),
+		}
+		for _, name := range fo.Projects {
+			p, ok := s.byName[name]
+			switch {
+			case !ok && checkName(name) != nil:
+				return nil, fail(line, "%s: projects lists a name that is not a valid project name", what)
+			case !ok:
+				return nil, fail(line, "%s: project %q is not in projects", what, name)
+			case p.org == o:
+				return nil, fail(line, "%s: project %q listed twice", what, name)
+			case p.org != nil:
+				return nil, fail(line, "%s: project %q is already in organization %q", what, name, p.org.Name)
+			}
+			p.org = o
+		}
+		s.orgs = append(s.orgs, o)
+		s.orgName[o.Name] = o
+	}
+	return s, nil
+}
+
+// MaxNameLen is the longest project or organization name.
+const MaxNameLen = 100
+
+// checkName accepts 1 to MaxNameLen letters, digits, '.', '_' and '-': a
+// name travels in a header and appears in logs and metrics.
+func checkName(name string) error {
+	if name == "" {
+		return errors.New("is empty or missing")
+	}
+	if len(name) > MaxNameLen {
+		return fmt.Errorf("is longer than %d bytes", MaxNameLen)
+	}
+	for _, c := range []byte(name) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			// Not echoed: a misplaced line could put a secret here.
+			return errors.New("has a character other than letters, digits, '.', '_' and '-'")
+		}
+	}
+	return nil
+}
+
+// required reports the first empty field of key/value pairs.
+func required(what string, kv ...string) error {
+	for i := 0; i+1 < len(kv); i += 2 {
+		if kv[i+1] == "" {
+			return fmt.Errorf("%s: %s is empty or missing", what, kv[i])
+		}
+	}
+	return nil
+}
+
+// checkURLs accepts absolute http(s) URLs with a host and no user info,
+// query or fragment. The value is not echoed: it could hold user info.
+func checkURLs(what string, u URLs) error {
+	return u.each(func(key, v string) error {
+		if v == "" {
+			return nil
+		}
+		p, err := url.Parse(v)
+		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" ||
+			p.User != nil || p.RawQuery != "" || p.ForceQuery || p.Fragment != "" {
+			return fmt.Errorf("%s: %s: want an http:// or https:// base URL without user info, query or fragment", what, key)
+		}
+		return nil
+	})
+}
+
+var (
+	// yaml quotes (a prefix of) the offending scalar in backquotes: it may
+	// be a secret.
+	quotedValue = regexp.MustCompile("`[^`]*`")
+	unknownKey  = regexp.MustCompile(`^line (\d+): field (.*) not found in type credentials\.file(Project|Org|)$`)
+	plainKey    = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+)
+
+// yamlError rewrites a yaml error so that it names keys and lines but no
+// value.
+func yamlError(err error) string {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return quotedValue.ReplaceAllString(err.Error(), "(value hidden)")
+	}
+	msgs := make([]string, 0, len(te.Errors))
+	for _, m := range te.Errors {
+		if sm := unknownKey.FindStringSubmatch(m); sm != nil {
+			where := map[string]string{"Project": "a project", "Org": "an organization", "": "the top-level mapping"}[sm[3]]
+			key := sm[2]
+			if !plainKey.MatchString(key) {
+				key = "(not shown)"
+			} else {
+				key = fmt.Sprintf("%q", key)
+			}
+			msgs = append(msgs, fmt.Sprintf("line %s: unknown key %s in %s", sm[1], key, where))
+			continue
+		}
+		m = strings.ReplaceAll(m, "credentials.fileProject", "a project")
+		m = strings.ReplaceAll(m, "credentials.fileOrg", "an organization")
+		msgs = append(msgs, quotedValue.ReplaceAllString(m, "(value hidden)"))
+	}
+	return strings.Join(msgs, "; ")
+}
+
+// itemLines returns the line of each item of the top-level projects and
+// organizations lists (best effort: nil when the shape is unexpected).
+func itemLines(data []byte) (projects, orgs []int) {
+	var root yaml.Node
+	if yaml.Unmarshal(data, &root) != nil || len(root.Content) == 0 || root.Content[0].Kind != yaml.MappingNode {
+		return nil, nil
+	}
+	m := root.Content[0].Content
+	for i := 0; i+1 < len(m); i += 2 {
+		var lines []int
+		for _, n := range m[i+1].Content {
+			lines = append(lines, n.Line)
+		}
+		switch m[i].Value {
+		case "projects":
+			projects = lines
+		case "organizations":
+			orgs = lines
+		}
+	}
+	return projects, orgs
+}
+
+func lineOf(lines []int, i int) int {
+	if i < len(lines) {
+		return lines[i]
+	}
+	return 0
+}
+
+// Format prints the project's name, organization and upstream overrides;
+// secrets are never printed.
+func (p Project) Format(f fmt.State, verb rune) {
+	org := ""
+	if p.org != nil {
+		org = p.org.Name
+	}
+	fmt.Fprintf(f, "credentials.Project{Name:%q Org:%q APIKey:%s SecretKey:%s URLs:%+v}", p.Name, org, Redacted, Redacted, p.URLs)
+}
+
+// Format prints the organization's name, projects and upstream overrides;
+// secrets are never printed.
+func (o Organization) Format(f fmt.State, verb rune) {
+	fmt.Fprintf(f, "credentials.Organization{Name:%q Projects:%q APIKey:%s SecretKey:%s ManagementAPIKey:%s SCIMToken:%s URLs:%+v}",
+		o.Name, o.Projects, Redacted, Redacted, Redacted, Redacted, o.URLs)
+}
+
+// Format prints the project and organization names only.
+func (s Store) Format(f fmt.State, verb rune) {
+	fmt.Fprintf(f, "credentials.Store{Projects:%q Organizations:%q}", s.projectNames(), s.orgNames())
+}
+
+func (s *Store) projectNames() []string {
+	if s == nil {
+		return nil
+	}
+	names := make([]string, len(s.projects))
+	for i, p := range s.projects {
+		names[i] = p.Name
+	}
+	return names
+}
+
+func (s *Store) orgNames() []string {
+	if s == nil {
+		return nil
+	}
+	names := make([]string, len(s.orgs))
+	for i, o := range s.orgs {
+		names[i] = o.Name
+	}
+	return names
+}
+
+// MarshalLogObject logs the project's name and organization, no secret.
+func (p *Project) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	if p == nil {
+		return nil
+	}
+	enc.AddString("name", p.Name)
+	if p.org != nil {
+		enc.AddString("organization", p.org.Name)
+	}
+	return nil
+}
+
+// MarshalLogObject logs the organization's name and projects, no secret.
+func (o *Organization) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	if o == nil {
+		return nil
+	}
+	enc.AddString("name", o.Name)
+	return enc.AddArray("projects", zapcore.ArrayMarshalerFunc(func(ae zapcore.ArrayEncoder) error {
+		for _, n := range o.Projects {
+			ae.AppendString(n)
+		}
+		return nil
+	}))
+}
+
+// MarshalLogObject logs the project and organization names, no secret.
+func (s *Store) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	strs := func(v []string) zapcore.ArrayMarshalerFunc {
+		return func(ae zapcore.ArrayEncoder) error {
+			for _, n := range v {
+				ae.AppendString(n)
+			}
+			return nil
+		}
+	}
+	if err := enc.AddArray("projects", strs(s.projectNames())); err != nil {
+		return err
+	}
+	return enc.AddArray("organizations", strs(s.orgNames()))
+}
+
+// MarshalJSON encodes the project and organization names, no secret.
+func (s *Store) MarshalJSON() ([]byte, error) {
+	return fmt.Appendf(nil, `{"projects":%s,"organizations":%s}`, jsonStrings(s.projectNames()), jsonStrings(s.orgNames())), nil
+}
+
+func jsonStrings(v []string) []byte {
+	b := []byte{'['}
+	for i, s := range v {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = fmt.Appendf(b, "%q", s) // names are [A-Za-z0-9._-]: %q is valid JSON
+	}
+	return append(b, ']')
+}
