@@ -137,6 +137,7 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 		}
 		body := s.build(now)
 		if len(s.dead) > 0 && !s.flushDead(ctx, drainCtx, nil) {
+			s.requeue(s.batch)
 			return
 		}
 		if len(s.batch) == 0 {
@@ -144,7 +145,10 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 		}
 		res := p.send.Do(drainCtx, &upstream.Request{URL: p.url, Body: body, Gzip: cfg.Gzip})
 		if drainCtx.Err() != nil {
-			return // abandoned: the batch stays in the spool
+			// Abandoned: the batch stays in the spool (and in this shard's
+			// queue, should Run be called again).
+			s.requeue(s.batch)
+			return
 		}
 		if !s.handle(ctx, drainCtx, res) {
 			return
@@ -204,7 +208,7 @@ func (s *shard) build(now time.Time) []byte {
 	s.batch = s.batch[:0]
 	s.body = append(s.body[:0], s.lr.prefix...)
 	for s.ready.len() > 0 && len(s.batch) < capE {
-		it := s.ready.peek()
+		it := s.ready.peek() // valid until the next pop
 		if now.Sub(it.ck.accepted) >= cfg.MaxEventAge {
 			s.dead = append(s.dead, deadItem{s.ready.pop(), "expired"})
 			continue
@@ -215,7 +219,8 @@ func (s *shard) build(now time.Time) []byte {
 			continue
 		}
 		if u := s.pausedUntil(&it.rec); !u.IsZero() {
-			s.hold(it.rec.OrderKey, u, s.ready.pop())
+			x := s.ready.pop()
+			s.hold(x.rec.OrderKey, u, x)
 			continue
 		}
 		if fixed+len(it.rec.Data) >= cfg.MaxBatchBytes {
@@ -229,11 +234,11 @@ func (s *shard) build(now time.Time) []byte {
 		if size+add >= cfg.MaxBatchBytes {
 			break
 		}
-		if ok, at := thr.Take(it.rec.OrderKey, 1); !ok {
-			s.hold(it.rec.OrderKey, maxTime(at, now.Add(cfg.FlushInterval)), s.ready.pop())
+		x := s.ready.pop()
+		if ok, at := thr.Take(x.rec.OrderKey, 1); !ok {
+			s.hold(x.rec.OrderKey, maxTime(at, now.Add(cfg.FlushInterval)), x)
 			continue
 		}
-		x := s.ready.pop()
 		if len(s.batch) > 0 {
 			s.body = append(s.body, ',')
 		}
@@ -445,6 +450,13 @@ func (s *shard) flushDead(ctx, drainCtx context.Context, answer []byte) bool {
 		case <-t.C:
 		case <-drainCtx.Done():
 			t.Stop()
+			its := make([]item, len(s.dead))
+			for i, d := range s.dead {
+				its[i] = d.it
+			}
+			s.ready.pushFront(its)
+			clear(s.dead)
+			s.dead = s.dead[:0]
 			return false
 		}
 	}

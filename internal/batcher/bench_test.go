@@ -1,0 +1,113 @@
+package batcher
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/throttle"
+	"github.com/svcrelay/relay/internal/upstream"
+)
+
+// BenchmarkBuild measures batch encoding: 1000 events of ~300 bytes into
+// one body, with the per-event pause checks.
+func BenchmarkBuild(b *testing.B) {
+	thr, _ := throttle.New(throttle.Config{}, nil)
+	cfg := Config{IngestURL: "http://x"}.withDefaults()
+	p := &Pipeline{cfg: cfg, thr: thr}
+	var err error
+	if p.m, err = newMetrics(nil, p); err != nil {
+		b.Fatal(err)
+	}
+	lr := &laneRunner{p: p, bwake: make(chan struct{}, 1)}
+	lr.prefix, lr.suffix = envelope(spool.LaneKey{APIKey: "0123456789abcdef0123456789abcdef", Options: `{"min_id_length":3}`})
+	s := newShard(lr, 0)
+	its := make([]item, 1000)
+	ck := &chunkRef{accepted: time.Now()}
+	for i := range its {
+		dev := fmt.Sprintf("device-%04d", i%200)
+		data := fmt.Sprintf(`{"event_type":"page_view","device_id":%q,"user_id":"user-%04d","insert_id":"ins-%012d","time":1700000000000,"event_properties":{"path":"/products/%d","referrer":"https://example.com/search?q=shoes","duration_ms":1234}}`, dev, i%200, i, i)
+		its[i] = item{rec: spool.Record{OrderKey: []byte("d:" + dev), UserID: []byte(fmt.Sprintf("user-%04d", i%200)), Data: []byte(data)}, ck: ck}
+	}
+	now := time.Now()
+	var body []byte
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		for _, it := range its {
+			s.ready.push(it)
+		}
+		body = s.build(now)
+		if len(s.batch) != len(its) {
+			b.Fatalf("batch %d", len(s.batch))
+		}
+	}
+	b.SetBytes(int64(len(body)))
+}
+
+// BenchmarkDeliverCountOnly measures delivery throughput from a real spool
+// to the simulator in CountOnly mode over real HTTP (events/s).
+func BenchmarkDeliverCountOnly(b *testing.B) {
+	const events = 200_000
+	sm := sim.New(sim.Config{CountOnly: true}, nil)
+	url, err := sm.Start("127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sm.Close()
+	cli, err := upstream.New(upstream.Config{}, nil, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	var total time.Duration
+	for range b.N {
+		b.StopTimer()
+		sp, err := spool.Open(spool.Config{Dir: b.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		l, err := sp.Lane(context.Background(), spool.LaneKey{Kind: spool.KindEvents, APIKey: "bench-key"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		var bt spool.Batch
+		for i := 0; i < events; i++ {
+			dev := fmt.Sprintf("device-%05d", i%10000)
+			bt.Add(spool.Record{OrderKey: []byte("d:" + dev), Data: fmt.Appendf(nil,
+				`{"event_type":"page_view","device_id":%q,"insert_id":"ins-%012d","time":1700000000000,"event_properties":{"path":"/p/%d"}}`, dev, i, i)})
+			if bt.Len() == 1000 {
+				if err := sp.Append(context.Background(), l, &bt); err != nil {
+					b.Fatal(err)
+				}
+				bt.Reset()
+			}
+		}
+		before := sm.Counted()
+		p, err := New(Config{IngestURL: url, ShardsPerLane: 8}, sp, cli, nil, nil, prometheus.NewRegistry())
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		b.StartTimer()
+		start := time.Now()
+		go func() { done <- p.Run(ctx) }()
+		for sm.Counted()-before < events {
+			time.Sleep(time.Millisecond)
+		}
+		total += time.Since(start)
+		b.StopTimer()
+		cancel()
+		<-done
+		sp.Close()
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(events)*float64(b.N)/total.Seconds(), "events/s")
+}

@@ -1,0 +1,514 @@
+package batcher
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/throttle"
+)
+
+// Many devices over two lanes (one created while running), batches bounded
+// in events and bytes, everything delivered in order and acked.
+func TestDeliverBasic(t *testing.T) {
+	h := newHarness(t, sim.Config{}, Config{MaxBatchEvents: 50, MaxBatchBytes: 8000, ShardsPerLane: 3}, throttle.Config{})
+	for c := 0; c < 10; c++ {
+		var evs []ev
+		for _, d := range devs("device-", 20) {
+			evs = append(evs, ev{Device: d, User: "user-" + d})
+		}
+		h.add("key-one", evs...)
+	}
+	h.start()
+	for c := 0; c < 5; c++ { // a lane created at run time (LanesChanged)
+		h.add("key-two", ev{User: "only-user-1"}, ev{User: "only-user-2"}, ev{Device: "device-x"})
+	}
+	h.waitDrained(10*time.Second, 0)
+	h.stop()
+	if dead := h.check(nil); len(dead) != 0 {
+		t.Fatalf("dead letters: %v", dead)
+	}
+	if n := h.sim.Count(); n != 215 {
+		t.Fatalf("sim stored %d events, want 215", n)
+	}
+	for _, r := range h.sim.Requests() {
+		if r.Events > 50 || r.BodyBytes >= 8000 {
+			t.Fatalf("request %d: %d events, %d bytes", r.Seq, r.Events, r.BodyBytes)
+		}
+	}
+	if got := h.metric("relay_delivery_events_delivered_total"); got != 215 {
+		t.Fatalf("delivered metric %v", got)
+	}
+}
+
+// Hot devices above 30 events/s get 429s; they are paused and resent, the
+// rest flows, nothing is lost or reordered.
+func TestHotDevices429(t *testing.T) {
+	h := newHarness(t, sim.Config{RateWindow: time.Second, ThrottlePenalty: 300 * time.Millisecond},
+		Config{MaxBatchEvents: 100, ThrottlePause: 400 * time.Millisecond}, throttle.Config{})
+	for c := 0; c < 6; c++ {
+		var evs []ev
+		for i := 0; i < 25; i++ {
+			evs = append(evs, ev{Device: "hot-device-1"}, ev{Device: "hot-device-2", User: "hot-user"})
+		}
+		for _, d := range devs("cold-", 10) {
+			evs = append(evs, ev{Device: d})
+		}
+		h.add("key", evs...)
+	}
+	h.start()
+	h.waitDrained(20*time.Second, 0)
+	h.stop()
+	if dead := h.check(nil); len(dead) != 0 {
+		t.Fatalf("dead letters: %d", len(dead))
+	}
+	if st := h.sim.Stats(); st.Throttled == 0 {
+		t.Fatalf("no 429 happened: %+v", st)
+	}
+	if h.metric("relay_delivery_events_retried_total") == 0 {
+		t.Fatal("retried metric 0")
+	}
+}
+
+// No request for a paused device or user arrives inside its pause window,
+// while other devices are delivered during it.
+func TestNoRequestDuringPause(t *testing.T) {
+	const pause = 700 * time.Millisecond
+	h := newHarness(t, sim.Config{EPSThreshold: 10, RateWindow: time.Second, ThrottlePenalty: -1},
+		Config{MaxBatchEvents: 40, ThrottlePause: pause, FlushInterval: 10 * time.Millisecond}, throttle.Config{})
+	h.start()
+	deadline := time.Now().Add(2500 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		h.add("key", ev{Device: "hot-device", User: "someone"}, ev{Device: "hot-device", User: "someone"},
+			ev{User: "hot-user"}, ev{User: "hot-user"},
+			ev{Device: "cold-" + time.Now().Format("150405.000")})
+		time.Sleep(20 * time.Millisecond)
+	}
+	h.waitDrained(20*time.Second, 0)
+	h.stop()
+	h.check(nil)
+
+	reqs := h.sim.Requests()
+	h.send.mu.Lock()
+	pauses := h.send.pauses
+	h.send.mu.Unlock()
+	// inWindow: a 429 received before at named the device (user) less than
+	// pause ago.
+	inWindow := func(at time.Time, dev, user string) bool {
+		for _, p := range pauses {
+			if !at.After(p.at) || at.Sub(p.at) >= pause {
+				continue
+			}
+			for _, d := range p.devices {
+				if d == dev {
+					return true
+				}
+			}
+			for _, u := range p.users {
+				if u == user {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	named := map[string]bool{}
+	for _, p := range pauses {
+		for _, d := range p.devices {
+			named["d:"+d] = true
+		}
+		for _, u := range p.users {
+			named["u:"+u] = true
+		}
+	}
+	if !named["d:hot-device"] || !named["u:hot-user"] {
+		t.Fatalf("429s named %v, want the hot device and the hot user", named)
+	}
+	coldDuring := 0
+	for _, r := range reqs {
+		for _, d := range r.Devices {
+			if inWindow(r.Time, d, "") {
+				t.Errorf("request %d (%v) for device %s inside its pause window", r.Seq, r.Time, d)
+			}
+		}
+		for _, u := range r.Users {
+			if inWindow(r.Time, "", u) {
+				t.Errorf("request %d (%v) for user %s inside its pause window", r.Seq, r.Time, u)
+			}
+		}
+		if r.Status == 200 && !r.HasDevice("hot-device") && !r.HasUser("hot-user") && inWindow(r.Time, "hot-device", "") {
+			coldDuring++
+		}
+	}
+	if coldDuring == 0 {
+		t.Fatal("no other device was delivered during a pause window")
+	}
+}
+
+// Silenced devices' events become dead letters ("silenced"); devices over
+// their daily quota wait for the next UTC day (held, not dropped, not
+// hammered); everything else is delivered.
+func TestSilencedAndQuota(t *testing.T) {
+	h := newHarness(t, sim.Config{}, Config{MaxBatchEvents: 30}, throttle.Config{})
+	h.sim.Silence("silent-device")
+	var silent []string
+	for c := 0; c < 4; c++ {
+		var evs []ev
+		for _, d := range devs("device-", 10) {
+			evs = append(evs, ev{Device: d}, ev{Device: "silent-device"})
+		}
+		silent = append(silent, h.add("key", evs...)...)
+	}
+	h.start()
+	h.waitDrained(10*time.Second, 0)
+	dead := h.check(nil)
+	if len(dead) != 40 {
+		t.Fatalf("%d dead letters, want the 40 silenced", len(dead))
+	}
+	for id, d := range dead {
+		if !strings.Contains(id, "silent-device") || d.Reason != "silenced" || !strings.Contains(string(d.Answer), "silenced") {
+			t.Fatalf("dead letter %s: %s %s", id, d.Reason, d.Answer)
+		}
+	}
+
+	// Daily quota: quota-device reaches it; its later events are held.
+	h.sim.SetDailyQuota(5)
+	var quotaIDs []string
+	for i := 0; i < 10; i++ {
+		quotaIDs = append(quotaIDs, h.add("key", ev{Device: "quota-device"}, ev{Device: "fresh-" + string(rune('a'+i))})...)
+		time.Sleep(30 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond)
+	before := len(h.sim.Requests())
+	time.Sleep(500 * time.Millisecond)
+	for _, r := range h.sim.Requests()[before:] {
+		if r.HasDevice("quota-device") {
+			t.Fatalf("request %d for the over-quota device while it waits for the next day", r.Seq)
+		}
+	}
+	var st LaneStatus
+	for _, s := range h.p.LaneStatus() {
+		st = s
+	}
+	if st.PausedKeys != 1 || st.HeldEvents == 0 {
+		t.Fatalf("lane status %+v", st)
+	}
+	h.stop()
+	pending := map[string]bool{}
+	atSim := map[string]bool{}
+	for _, e := range h.sim.AllEvents() {
+		atSim[e.InsertID] = true
+	}
+	held := 0
+	for _, id := range quotaIDs {
+		if strings.Contains(id, "quota-device") && !atSim[id] {
+			pending[id] = true
+			held++
+		}
+	}
+	if held != 5 {
+		t.Fatalf("%d quota-device events held, want 5", held)
+	}
+	if d := h.check(pending); len(d) != 40 {
+		t.Fatalf("quota events dead-lettered: %d", len(d))
+	}
+}
+
+// Invalid events in the middle of batches: exactly they are dead-lettered
+// (the API names only the first bad event per field), the rest delivered.
+func TestInvalidInMiddle(t *testing.T) {
+	h := newHarness(t, sim.Config{}, Config{MaxBatchEvents: 100, ShardsPerLane: 1}, throttle.Config{})
+	var bad = map[string]string{}
+	for c := 0; c < 3; c++ {
+		var evs []ev
+		for i := 0; i < 30; i++ {
+			e := ev{Device: devs("device-", 5)[i%5]}
+			switch i % 10 {
+			case 3:
+				e.Extra = `"time":"2024-01-01T00:00:00Z"` // duplicate key: the last wins at the sim
+			case 7:
+				e.Raw = `{"device_id":"device-missing","insert_id":"missing-` + string(rune('a'+c)) + `-` + string(rune('a'+i)) + `"}`
+			}
+			evs = append(evs, e)
+		}
+		ids := h.add("key", evs...)
+		for i, id := range ids {
+			switch i % 10 {
+			case 3:
+				bad[id] = "invalid_fields"
+			case 7:
+				delete(h.appended, id)
+				id = "missing-" + string(rune('a'+c)) + "-" + string(rune('a'+i))
+				h.appended[id] = sentEvent{apiKey: "key", orderKey: "d:device-missing", idx: c*100 + i}
+				bad[id] = "missing_fields"
+			}
+		}
+	}
+	h.start()
+	h.waitDrained(10*time.Second, 0)
+	h.stop()
+	dead := h.check(nil)
+	if len(dead) != len(bad) {
+		t.Fatalf("%d dead letters, want %d", len(dead), len(bad))
+	}
+	for id, reason := range bad {
+		if dead[id].Reason != reason {
+			t.Errorf("%s: reason %q, want %q", id, dead[id].Reason, reason)
+		}
+	}
+	if h.sim.Count() != 90-int64(len(bad)) {
+		t.Fatalf("sim stored %d", h.sim.Count())
+	}
+}
+
+// A 400 naming no event (an element that is not an object) is bisected
+// until the bad event is isolated.
+func TestBadRequestBisect(t *testing.T) {
+	h := newHarness(t, sim.Config{}, Config{MaxBatchEvents: 64, ShardsPerLane: 1}, throttle.Config{})
+	var evs []ev
+	for i := 0; i < 64; i++ {
+		evs = append(evs, ev{Device: "device-" + string(rune('a'+i%7))})
+	}
+	evs[37] = ev{Raw: `[1,2,3]`, Device: "device-z"}
+	ids := h.add("key", evs...)
+	delete(h.appended, ids[37])
+	h.start()
+	h.waitDrained(10*time.Second, 0)
+	h.stop()
+	dead := h.check(nil)
+	if len(dead) != 1 || dead["raw:[1,2,3]"].Reason != "bad_request" {
+		t.Fatalf("dead letters %v", dead)
+	}
+	if n := len(h.sim.Requests()); n > 20 {
+		t.Fatalf("%d requests to isolate one bad event among 64", n)
+	}
+}
+
+// 413: batches are split in halves; a single event too large for the
+// upstream or over MaxBatchBytes is a "too_large" dead letter.
+func TestTooLarge(t *testing.T) {
+	h := newHarness(t, sim.Config{MaxBodyBytes: 20_000}, Config{MaxBatchEvents: 200, MaxBatchBytes: 60_000, ShardsPerLane: 2}, throttle.Config{})
+	var evs []ev
+	for i := 0; i < 100; i++ {
+		evs = append(evs, ev{Device: devs("device-", 8)[i%8], Pad: 500})
+	}
+	ids := h.add("key", evs...)
+	upTooBig := h.add("key", ev{Device: "device-big", Pad: 30_000})[0]  // fits ours, not the sim's
+	ourTooBig := h.add("key", ev{Device: "device-big", Pad: 70_000})[0] // over MaxBatchBytes
+	h.add("key", ev{Device: "device-big"})
+	h.start()
+	h.waitDrained(10*time.Second, 0)
+	h.stop()
+	dead := h.check(nil)
+	if len(dead) != 2 || dead[upTooBig].Reason != "too_large" || dead[ourTooBig].Reason != "too_large" {
+		t.Fatalf("dead %v", dead)
+	}
+	st := h.sim.Stats()
+	if st.ByStatus[413] == 0 {
+		t.Fatal("no 413 seen")
+	}
+	_ = ids
+}
+
+// 5xx storms and dropped connections (also after ingest: duplicates that
+// insert_id dedups): nothing lost, nothing stored twice, order kept.
+func TestFaultStorm(t *testing.T) {
+	h := newHarness(t, sim.Config{}, Config{MaxBatchEvents: 10}, throttle.Config{})
+	// The sim applies queued faults in order: a storm of 80 requests, about
+	// 6 in 10 failing (one-request "passes" in between), mixed kinds.
+	storm := []sim.Fault{{Status: 500}, {Status: 502}, {Status: 503}, {Status: 504},
+		{Drop: sim.DropNoAnswer}, {Drop: sim.DropAfterIngest}, {Drop: sim.DropMidResponse},
+		{Status: 503, Body: []byte("<html>unavailable</html>")}, {}, {}, {}, {}}
+	for i := 0; i < 80; i++ {
+		h.sim.Inject(storm[(i*7)%len(storm)])
+	}
+	h.start()
+	for c := 0; c < 20; c++ {
+		var evs []ev
+		for _, d := range devs("device-", 15) {
+			evs = append(evs, ev{Device: d})
+		}
+		h.add("key", evs...)
+	}
+	h.waitDrained(30*time.Second, 0)
+	h.stop()
+	if d := h.check(nil); len(d) != 0 {
+		t.Fatalf("dead %d", len(d))
+	}
+	st := h.sim.Stats()
+	faulted := 0
+	for _, r := range h.sim.Requests() {
+		if r.Fault != "" {
+			faulted++
+		}
+	}
+	if faulted < 30 {
+		t.Fatalf("only %d faulted requests: %+v", faulted, st)
+	}
+	t.Logf("requests %d, faulted %d, duplicates deduped %d", st.Requests, faulted, st.Duplicates)
+}
+
+// A 10-minute outage (60s backoff cap) compressed 100x: 6s down with a
+// 600ms cap. Requests during it are counted: capped backoff, no hammering.
+func TestOutageCompressed(t *testing.T) {
+	const shards = 4
+	h := newHarness(t, sim.Config{}, Config{MaxBatchEvents: 50, ShardsPerLane: shards, RetryInitial: 50 * time.Millisecond, RetryMax: 600 * time.Millisecond}, throttle.Config{})
+	h.start()
+	h.add("key", ev{Device: "warmup"})
+	h.waitDrained(5*time.Second, 0)
+	for _, mode := range []sim.DownMode{sim.Down503, sim.DownRefuse} {
+		before := h.send.calls.Load()
+		if err := h.sim.Down(mode, 3*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		for c := 0; c < 10; c++ {
+			var evs []ev
+			for _, d := range devs("device-", 20) {
+				evs = append(evs, ev{Device: d})
+			}
+			h.add("key", evs...)
+		}
+		time.Sleep(3 * time.Second)
+		during := h.send.calls.Load() - before
+		// Per shard: about log2(600/50)=4 growing waits, then one try per
+		// 300..600ms (jitter 0.5, cap): at most ~4+3s/300ms = 14.
+		if max := int64(shards * 16); during > max {
+			t.Fatalf("%s: %d requests during a 3s outage, want <= %d", mode, during, max)
+		}
+		t.Logf("%s: %d requests during the outage", mode, during)
+		h.waitDrained(10*time.Second, 0)
+	}
+	h.stop()
+	if d := h.check(nil); len(d) != 0 {
+		t.Fatalf("dead %d", len(d))
+	}
+}
+
+// Invalid API key stops that lane without a retry loop and raises the alert
+// gauge; other lanes flow; ResumeLane tries again (once).
+func TestInvalidAPIKeyStopsLane(t *testing.T) {
+	h := newHarness(t, sim.Config{APIKeys: []string{"good-key"}}, Config{ShardsPerLane: 2}, throttle.Config{})
+	for i := 0; i < 5; i++ {
+		h.add("bad-key", ev{Device: "device-a"}, ev{Device: "device-b"}, ev{Device: "device-c"})
+		h.add("good-key", ev{Device: "device-a"})
+	}
+	h.start()
+	time.Sleep(time.Second)
+	badReqs := func() int {
+		n := 0
+		for _, r := range h.sim.Requests() {
+			if r.KeyLabel == sim.KeyLabel("bad-key") {
+				n++
+			}
+		}
+		return n
+	}
+	if n := badReqs(); n < 1 || n > 2 { // one per shard at most, then stopped
+		t.Fatalf("%d requests with the bad key", n)
+	}
+	if g := h.metric("relay_lane_stopped"); g != 1 {
+		t.Fatalf("relay_lane_stopped %v", g)
+	}
+	var badLane uint64
+	for _, st := range h.p.LaneStatus() {
+		if st.Stopped {
+			badLane = st.ID
+			if st.StopReason != "invalid API key" {
+				t.Fatalf("%+v", st)
+			}
+		}
+	}
+	h.waitDrained(5*time.Second, 15)
+	n := badReqs()
+	time.Sleep(500 * time.Millisecond)
+	if badReqs() != n {
+		t.Fatal("requests while stopped")
+	}
+	if err := h.p.ResumeLane(badLane); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if m := badReqs(); m <= n || m > n+2 {
+		t.Fatalf("after resume: %d requests (was %d)", m, n)
+	}
+	if err := h.p.ResumeLane(999); err == nil {
+		t.Fatal("resume of unknown lane")
+	}
+	h.stop()
+	pending := map[string]bool{}
+	for id, e := range h.appended {
+		if e.apiKey == "bad-key" {
+			pending[id] = true
+		}
+	}
+	if d := h.check(pending); len(d) != 0 {
+		t.Fatalf("dead letters: %v", d)
+	}
+}
+
+// An event older than MaxEventAge becomes an "expired" dead letter instead
+// of another retry.
+func TestMaxEventAge(t *testing.T) {
+	h := newHarness(t, sim.Config{}, Config{MaxEventAge: 800 * time.Millisecond}, throttle.Config{})
+	h.sim.Inject(sim.Fault{Status: 503, Count: -1})
+	h.add("key", ev{Device: "device-a"}, ev{Device: "device-b"})
+	h.start()
+	h.waitDrained(5*time.Second, 0)
+	h.stop()
+	dead := h.check(nil)
+	if len(dead) != 2 {
+		t.Fatalf("dead %v", dead)
+	}
+	for _, d := range dead {
+		if d.Reason != "expired" {
+			t.Fatalf("reason %q", d.Reason)
+		}
+	}
+	if h.metric("relay_delivery_events_dead_lettered_total", "reason", "expired") != 2 {
+		t.Fatal("metric")
+	}
+}
+
+// Stop: in-flight requests get the drain time-out, then are abandoned;
+// unacked events stay in the spool and go out after a restart.
+func TestStopDrainAndRestart(t *testing.T) {
+	h := newHarness(t, sim.Config{}, Config{DrainTimeout: 200 * time.Millisecond}, throttle.Config{})
+	h.add("key", ev{Device: "device-a"}, ev{Device: "device-b"})
+	h.sim.SetLatency(3 * time.Second)
+	h.start()
+	time.Sleep(300 * time.Millisecond)
+	start := time.Now()
+	h.stop()
+	if el := time.Since(start); el > time.Second {
+		t.Fatalf("stop took %v", el)
+	}
+	h.waitDrained(time.Second, 2) // still in the spool
+	h.sim.SetLatency(0)
+	time.Sleep(3 * time.Second) // let the abandoned requests finish at the sim
+	h.restart()
+	h.start()
+	h.waitDrained(5*time.Second, 0)
+	h.stop()
+	h.check(nil)
+}
+
+// Pacing under the upstream's rate keeps a hot device free of 429s.
+func TestPacingAvoids429(t *testing.T) {
+	h := newHarness(t, sim.Config{EPSThreshold: 30, RateWindow: time.Second},
+		Config{ShardsPerLane: 1}, throttle.Config{PaceEPS: 20, PaceBurst: 5})
+	for i := 0; i < 4; i++ {
+		var evs []ev
+		for j := 0; j < 10; j++ {
+			evs = append(evs, ev{Device: "hot-device"})
+		}
+		h.add("key", evs...)
+	}
+	h.start()
+	h.waitDrained(10*time.Second, 0)
+	h.stop()
+	h.check(nil)
+	if st := h.sim.Stats(); st.Throttled != 0 {
+		t.Fatalf("%d 429s with pacing", st.Throttled)
+	}
+}

@@ -1,0 +1,375 @@
+package batcher
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/throttle"
+	"github.com/svcrelay/relay/internal/upstream"
+)
+
+// harness runs a real spool in t.TempDir(), the simulator on 127.0.0.1 and a
+// Pipeline between them, and remembers every event it appended.
+type harness struct {
+	t    *testing.T
+	sim  *sim.Sim
+	url  string
+	sp   *spool.Spool
+	thr  *throttle.Throttle
+	cli  *upstream.Client
+	send *countingSender
+	reg  *prometheus.Registry
+	p    *Pipeline
+	cfg  Config
+	dir  string
+
+	mu       sync.Mutex
+	appended map[string]sentEvent // insert_id -> event
+	seq      map[string]int       // per order key, next index
+	lanes    map[string]*spool.Lane
+
+	cancel context.CancelFunc
+	done   chan error
+}
+
+type sentEvent struct {
+	apiKey, orderKey string
+	idx              int
+}
+
+// countingSender counts requests and wraps the real client (it only counts).
+type countingSender struct {
+	next  Sender
+	calls atomic.Int64
+
+	mu     sync.Mutex
+	pauses []namedPause
+}
+
+// namedPause is a 429 answer: when it was received and whom it named.
+type namedPause struct {
+	at             time.Time
+	devices, users []string
+}
+
+func (c *countingSender) Do(ctx context.Context, r *upstream.Request) upstream.Result {
+	c.calls.Add(1)
+	res := c.next.Do(ctx, r)
+	if res.Kind == upstream.Throttled {
+		c.mu.Lock()
+		c.pauses = append(c.pauses, namedPause{at: time.Now(), devices: res.ThrottledDevices, users: res.ThrottledUsers})
+		c.mu.Unlock()
+	}
+	return res
+}
+
+func newHarness(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle.Config) *harness {
+	t.Helper()
+	h := &harness{t: t, appended: map[string]sentEvent{}, seq: map[string]int{}, lanes: map[string]*spool.Lane{}, reg: prometheus.NewRegistry()}
+	h.sim = sim.New(simCfg, nil)
+	url, err := h.sim.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.url = url
+	t.Cleanup(func() { h.sim.Close() })
+	h.dir = t.TempDir()
+	h.sp, err = spool.Open(spool.Config{Dir: h.dir, Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		h.stop()
+		if err := h.sp.Close(); err != nil {
+			t.Errorf("close spool: %v", err)
+		}
+	})
+	h.thr, err = throttle.New(thrCfg, h.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.cli, err = upstream.New(upstream.Config{Timeout: 5 * time.Second}, nil, h.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.send = &countingSender{next: h.cli}
+	cfg.IngestURL = url
+	if cfg.RetryInitial == 0 {
+		cfg.RetryInitial = 20 * time.Millisecond
+	}
+	if cfg.RetryMax == 0 {
+		cfg.RetryMax = 200 * time.Millisecond
+	}
+	if cfg.FlushInterval == 0 {
+		cfg.FlushInterval = 20 * time.Millisecond
+	}
+	h.cfg = cfg
+	h.p, err = New(cfg, h.sp, h.send, h.thr, zaptest.NewLogger(t), h.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func (h *harness) start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	h.done = make(chan error, 1)
+	go func() { h.done <- h.p.Run(ctx) }()
+}
+
+func (h *harness) stop() {
+	if h.cancel == nil {
+		return
+	}
+	h.cancel()
+	select {
+	case err := <-h.done:
+		if err != nil {
+			h.t.Errorf("Run: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		h.t.Fatal("Run did not return")
+	}
+	h.cancel = nil
+}
+
+// restart stops the pipeline, closes and reopens the spool and makes a new
+// pipeline, as a restart of the relay does.
+func (h *harness) restart() {
+	h.t.Helper()
+	h.stop()
+	if err := h.sp.Close(); err != nil {
+		h.t.Fatal(err)
+	}
+	var err error
+	h.sp, err = spool.Open(spool.Config{Dir: h.dir, Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.mu.Lock()
+	h.lanes = map[string]*spool.Lane{}
+	h.mu.Unlock()
+	h.p, err = New(h.cfg, h.sp, h.send, h.thr, zaptest.NewLogger(h.t), nil)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func (h *harness) lane(apiKey, options string) *spool.Lane {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	k := apiKey + "\x00" + options
+	if l := h.lanes[k]; l != nil {
+		return l
+	}
+	l, err := h.sp.Lane(context.Background(), spool.LaneKey{Kind: spool.KindEvents, APIKey: apiKey, Options: options})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.lanes[k] = l
+	return l
+}
+
+// ev describes one event to append; Device or User (or both) set.
+type ev struct {
+	Device, User string
+	Extra        string // raw JSON fields appended inside the object, e.g. `"time":"x"`
+	Raw          string // the whole record data instead of a generated object
+	Pad          int    // bytes of padding property
+}
+
+// add appends one chunk of events to the lane and returns their insert_ids.
+func (h *harness) add(apiKey string, evs ...ev) []string {
+	h.t.Helper()
+	l := h.lane(apiKey, "")
+	var b spool.Batch
+	ids := make([]string, len(evs))
+	h.mu.Lock()
+	for i, e := range evs {
+		ok := "d:" + e.Device
+		if e.Device == "" {
+			ok = "u:" + e.User
+		}
+		idx := h.seq[apiKey+ok]
+		h.seq[apiKey+ok] = idx + 1
+		id := fmt.Sprintf("%s|%s|%d", apiKey, ok, idx)
+		ids[i] = id
+		data := e.Raw
+		if data == "" {
+			var sb strings.Builder
+			sb.WriteString(`{"event_type":"test"`)
+			if e.Device != "" {
+				fmt.Fprintf(&sb, `,"device_id":%q`, e.Device)
+			}
+			if e.User != "" {
+				fmt.Fprintf(&sb, `,"user_id":%q`, e.User)
+			}
+			fmt.Fprintf(&sb, `,"insert_id":%q,"time":1700000000000`, id)
+			if e.Pad > 0 {
+				fmt.Fprintf(&sb, `,"event_properties":{"pad":%q}`, strings.Repeat("p", e.Pad))
+			}
+			if e.Extra != "" {
+				sb.WriteString("," + e.Extra)
+			}
+			sb.WriteString("}")
+			data = sb.String()
+		}
+		h.appended[id] = sentEvent{apiKey: apiKey, orderKey: ok, idx: idx}
+		b.Add(spool.Record{OrderKey: []byte(ok), UserID: []byte(e.User), Data: []byte(data)})
+	}
+	h.mu.Unlock()
+	if err := h.sp.Append(context.Background(), l, &b); err != nil {
+		h.t.Fatal(err)
+	}
+	return ids
+}
+
+// waitDrained waits until every lane's records are acknowledged (or the
+// spool holds exactly keep records in total).
+func (h *harness) waitDrained(timeout time.Duration, keep int64) {
+	h.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		var n int64
+		for _, l := range h.sp.Lanes() {
+			n += l.Stats().Records
+		}
+		if n == keep {
+			return
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("spool still holds %d records (want %d) after %v; lanes %+v; sim %+v", n, keep, timeout, h.p.LaneStatus(), h.sim.Stats())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (h *harness) dead() map[string]spool.DeadLetter {
+	h.t.Helper()
+	dls, err := h.sp.ListDead(spool.DeadFilter{}, 0, 1<<20)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	out := map[string]spool.DeadLetter{}
+	for _, d := range dls {
+		id := insertID(d.Record.Data)
+		if id == "" {
+			id = "raw:" + string(d.Record.Data)
+		}
+		if _, dup := out[id]; dup {
+			h.t.Errorf("dead letter %s twice", id)
+		}
+		out[id] = d
+	}
+	return out
+}
+
+func insertID(data []byte) string {
+	var v struct {
+		InsertID string `json:"insert_id"`
+	}
+	if json.Unmarshal(data, &v) != nil {
+		return ""
+	}
+	return v.InsertID
+}
+
+// check asserts: every appended event is at the sim exactly once, or a dead
+// letter (with a reason in wantDead when given), or still in the spool
+// (pending); none is both; per order key the sim got them in order.
+// It returns the dead letters by insert_id.
+func (h *harness) check(pending map[string]bool) map[string]spool.DeadLetter {
+	h.t.Helper()
+	dead := h.dead()
+	at := map[string]int{}
+	last := map[string]int{}
+	for _, e := range h.sim.AllEvents() {
+		id := e.InsertID
+		at[id]++
+		se, ok := h.appended[id]
+		if !ok {
+			h.t.Errorf("sim holds unknown event %q", id)
+			continue
+		}
+		k := se.apiKey + se.orderKey
+		if p, seen := last[k]; seen && se.idx <= p {
+			h.t.Errorf("order broken for %s: %d after %d", k, se.idx, p)
+		}
+		last[k] = se.idx
+	}
+	var lost []string
+	for id := range h.appended {
+		n := at[id]
+		_, isDead := dead[id]
+		switch {
+		case n > 1:
+			h.t.Errorf("%s stored %d times", id, n)
+		case n == 1 && isDead:
+			h.t.Errorf("%s both delivered and dead-lettered", id)
+		case n == 0 && !isDead && !pending[id]:
+			lost = append(lost, id)
+		}
+	}
+	sort.Strings(lost)
+	if len(lost) > 0 {
+		h.t.Errorf("%d events lost, e.g. %v", len(lost), lost[:min(5, len(lost))])
+	}
+	return dead
+}
+
+func (h *harness) metric(name string, labels ...string) float64 {
+	h.t.Helper()
+	mfs, err := h.reg.Gather()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				found := false
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
+						found = true
+					}
+				}
+				if !found {
+					continue next
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				sum += m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				sum += m.GetGauge().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+func devs(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = prefix + strconv.Itoa(i)
+	}
+	return out
+}
