@@ -152,13 +152,12 @@ func TestNoRequestDuringPause(t *testing.T) {
 func TestSilencedAndQuota(t *testing.T) {
 	h := newHarness(t, sim.Config{}, Config{MaxBatchEvents: 30}, throttle.Config{})
 	h.sim.Silence("silent-device")
-	var silent []string
 	for c := 0; c < 4; c++ {
 		var evs []ev
 		for _, d := range devs("device-", 10) {
 			evs = append(evs, ev{Device: d}, ev{Device: "silent-device"})
 		}
-		silent = append(silent, h.add("key", evs...)...)
+		h.add("key", evs...)
 	}
 	h.start()
 	h.waitDrained(10*time.Second, 0)
