@@ -1,12 +1,19 @@
 package batcher
 
 import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/throttle"
+	"github.com/svcrelay/relay/internal/upstream"
 )
 
 // Many devices over two lanes (one created while running), batches bounded
@@ -510,4 +517,97 @@ func TestPacingAvoids429(t *testing.T) {
 	if st := h.sim.Stats(); st.Throttled != 0 {
 		t.Fatalf("%d 429s with pacing", st.Throttled)
 	}
+}
+
+// Retry-After is honoured but clamped to RetryMax.
+func TestRetryAfterClamped(t *testing.T) {
+	var mu sync.Mutex
+	var times []time.Time
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		times = append(times, time.Now())
+		n := len(times)
+		mu.Unlock()
+		switch n {
+		case 1:
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(503)
+		case 2:
+			w.Header().Set("Retry-After", "3600")
+			w.WriteHeader(503)
+		default:
+			io.WriteString(w, `{"code":200}`)
+		}
+	}))
+	defer srv.Close()
+	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.Close()
+	l, _ := sp.Lane(context.Background(), spool.LaneKey{Kind: spool.KindEvents, APIKey: "k"})
+	var b spool.Batch
+	b.Add(spool.Record{OrderKey: []byte("d:dev"), Data: []byte(`{"event_type":"e","device_id":"dev"}`)})
+	if err := sp.Append(context.Background(), l, &b); err != nil {
+		t.Fatal(err)
+	}
+	cli, _ := upstream.New(upstream.Config{}, nil, nil)
+	p, err := New(Config{IngestURL: srv.URL, RetryInitial: 10 * time.Millisecond, RetryMax: 1500 * time.Millisecond, FlushInterval: time.Millisecond}, sp, cli, nil, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- p.Run(ctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for l.Stats().Records != 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	if len(times) != 3 {
+		t.Fatalf("%d requests", len(times))
+	}
+	if d := times[1].Sub(times[0]); d < time.Second || d > 1600*time.Millisecond {
+		t.Fatalf("Retry-After 1 waited %v", d)
+	}
+	if d := times[2].Sub(times[1]); d < 1400*time.Millisecond || d > 2*time.Second {
+		t.Fatalf("Retry-After 3600 (clamped to 1.5s) waited %v", d)
+	}
+}
+
+// Back-pressure: events held for a device paused until tomorrow fill the
+// read-ahead; the reader then waits (the rest stays in the spool) and the
+// read-ahead stays bounded.
+func TestReadAheadBackPressure(t *testing.T) {
+	const max = 20_000
+	h := newHarness(t, sim.Config{}, Config{MaxReadAheadBytes: max, ShardsPerLane: 2}, throttle.Config{})
+	h.thr.PauseUntilNextDay([]string{"d:quota-device"})
+	for c := 0; c < 100; c++ {
+		h.add("key", ev{Device: "quota-device", Pad: 200}, ev{Device: "quota-device", Pad: 200})
+	}
+	h.start()
+	time.Sleep(time.Second)
+	var st LaneStatus
+	for _, s := range h.p.LaneStatus() {
+		st = s
+	}
+	if st.ReadAheadBytes < max || st.ReadAheadBytes > max*5/4 {
+		t.Fatalf("read-ahead %d, want about %d: %+v", st.ReadAheadBytes, max, st)
+	}
+	if st.HeldEvents == 0 || st.HeldEvents >= 200 {
+		t.Fatalf("held %d of 200", st.HeldEvents)
+	}
+	if len(h.sim.Requests()) != 0 {
+		t.Fatal("paused device sent")
+	}
+	h.stop()
+	pending := map[string]bool{}
+	for id := range h.appended {
+		pending[id] = true
+	}
+	h.check(pending)
+	h.waitDrained(time.Second, 200)
 }

@@ -296,8 +296,11 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 		until := now.Add(cfg.ThrottlePause)
 		pause := prefixed(devicePrefix, res.ThrottledDevices)
 		pause = append(pause, prefixed(userPrefix, res.ThrottledUsers)...)
+		// Events are paused by index only when the answer names no device
+		// or user (otherwise those names are exact).
+		byName := len(pause) > 0
 		for _, i := range res.ThrottledEvents {
-			if i >= 0 && i < n {
+			if !byName && i >= 0 && i < n {
 				if _, dead := reasons[i]; !dead {
 					pause = append(pause, string(s.batch[i].rec.OrderKey))
 				}
