@@ -19,7 +19,7 @@ import (
 // Many devices over two lanes (one created while running), batches bounded
 // in events and bytes, everything delivered in order and acked.
 func TestDeliverBasic(t *testing.T) {
-	h := newHarness(t, sim.Config{}, Config{MaxBatchEvents: 50, MaxBatchBytes: 8000, ShardsPerLane: 3}, throttle.Config{})
+	h := newHarness(t, sim.Config{}, Config{MaxBatchEvents: 50, MaxBatchBytes: 8000, ShardsPerLane: 3, Gzip: true}, throttle.Config{})
 	for c := 0; c < 10; c++ {
 		var evs []ev
 		for _, d := range devs("device-", 20) {
@@ -40,7 +40,7 @@ func TestDeliverBasic(t *testing.T) {
 		t.Fatalf("sim stored %d events, want 215", n)
 	}
 	for _, r := range h.sim.Requests() {
-		if r.Events > 50 || r.BodyBytes >= 8000 {
+		if r.Events > 50 || r.BodyBytes >= 8000 || !r.Gzip {
 			t.Fatalf("request %d: %d events, %d bytes", r.Seq, r.Events, r.BodyBytes)
 		}
 	}
@@ -85,7 +85,7 @@ func TestNoRequestDuringPause(t *testing.T) {
 	h := newHarness(t, sim.Config{EPSThreshold: 10, RateWindow: time.Second, ThrottlePenalty: -1},
 		Config{MaxBatchEvents: 40, ThrottlePause: pause, FlushInterval: 10 * time.Millisecond}, throttle.Config{})
 	h.start()
-	deadline := time.Now().Add(2500 * time.Millisecond)
+	deadline := time.Now().Add(1500 * time.Millisecond)
 	for time.Now().Before(deadline) {
 		h.add("key", ev{Device: "hot-device", User: "someone"}, ev{Device: "hot-device", User: "someone"},
 			ev{User: "hot-user"}, ev{User: "hot-user"},
@@ -353,19 +353,27 @@ func TestFaultStorm(t *testing.T) {
 		t.Fatalf("only %d faulted requests: %+v", faulted, st)
 	}
 	t.Logf("requests %d, faulted %d, duplicates deduped %d", st.Requests, faulted, st.Duplicates)
+	for _, status := range []string{"200", "500", "502", "503", "504", "error"} {
+		if h.metric("relay_upstream_requests_total", "status", status) == 0 {
+			t.Errorf("relay_upstream_requests_total{status=%q} is 0", status)
+		}
+	}
+	if h.metric("relay_delivery_events_retried_total") == 0 || h.metric("relay_delivery_events_delivered_total") < 300 {
+		t.Error("delivery metrics")
+	}
 }
 
-// A 10-minute outage (60s backoff cap) compressed 100x: 6s down with a
-// 600ms cap. Requests during it are counted: capped backoff, no hammering.
+// A 10-minute outage (60s backoff cap) compressed 300x: 2s down with a
+// 200ms cap. Requests during it are counted: capped backoff, no hammering.
 func TestOutageCompressed(t *testing.T) {
 	const shards = 4
-	h := newHarness(t, sim.Config{}, Config{MaxBatchEvents: 50, ShardsPerLane: shards, RetryInitial: 50 * time.Millisecond, RetryMax: 600 * time.Millisecond}, throttle.Config{})
+	h := newHarness(t, sim.Config{}, Config{MaxBatchEvents: 50, ShardsPerLane: shards, RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond}, throttle.Config{})
 	h.start()
 	h.add("key", ev{Device: "warmup"})
 	h.waitDrained(5*time.Second, 0)
 	for _, mode := range []sim.DownMode{sim.Down503, sim.DownRefuse} {
 		before := h.send.calls.Load()
-		if err := h.sim.Down(mode, 3*time.Second); err != nil {
+		if err := h.sim.Down(mode, 2*time.Second); err != nil {
 			t.Fatal(err)
 		}
 		for c := 0; c < 10; c++ {
@@ -375,12 +383,13 @@ func TestOutageCompressed(t *testing.T) {
 			}
 			h.add("key", evs...)
 		}
-		time.Sleep(3 * time.Second)
+		time.Sleep(2 * time.Second)
 		during := h.send.calls.Load() - before
-		// Per shard: about log2(600/50)=4 growing waits, then one try per
-		// 300..600ms (jitter 0.5, cap): at most ~4+3s/300ms = 14.
-		if max := int64(shards * 16); during > max {
-			t.Fatalf("%s: %d requests during a 3s outage, want <= %d", mode, during, max)
+		// Per shard: about log2(200/20)=4 growing waits, then one try per
+		// 100..200ms (jitter 0.5, capped at 200ms): at most ~4+2s/100ms = 24;
+		// uncapped hammering would be thousands.
+		if max := int64(shards * 24); during > max {
+			t.Fatalf("%s: %d requests during a 2s outage, want <= %d", mode, during, max)
 		}
 		t.Logf("%s: %d requests during the outage", mode, during)
 		h.waitDrained(10*time.Second, 0)
@@ -481,7 +490,7 @@ func TestMaxEventAge(t *testing.T) {
 func TestStopDrainAndRestart(t *testing.T) {
 	h := newHarness(t, sim.Config{}, Config{DrainTimeout: 200 * time.Millisecond}, throttle.Config{})
 	h.add("key", ev{Device: "device-a"}, ev{Device: "device-b"})
-	h.sim.SetLatency(3 * time.Second)
+	h.sim.SetLatency(1500 * time.Millisecond)
 	h.start()
 	time.Sleep(300 * time.Millisecond)
 	start := time.Now()
@@ -491,7 +500,7 @@ func TestStopDrainAndRestart(t *testing.T) {
 	}
 	h.waitDrained(time.Second, 2) // still in the spool
 	h.sim.SetLatency(0)
-	time.Sleep(3 * time.Second) // let the abandoned requests finish at the sim
+	time.Sleep(1500 * time.Millisecond) // let the abandoned requests finish at the sim
 	h.restart()
 	h.start()
 	h.waitDrained(5*time.Second, 0)

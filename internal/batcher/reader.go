@@ -38,10 +38,18 @@ func (lr *laneRunner) read(ctx context.Context) {
 		}
 		chunks, err := lr.lane.Next(ctx, int(free))
 		if err != nil {
-			if ctx.Err() == nil && !errors.Is(err, spool.ErrClosed) {
-				lr.p.log.Error("read lane", zap.String("lane", lr.label), zap.Error(err))
+			if ctx.Err() != nil || errors.Is(err, spool.ErrClosed) {
+				return
 			}
-			return
+			// A read error (e.g. a corrupt chunk): log it and try again
+			// later rather than give the lane up silently.
+			lr.p.log.Error("read lane; retrying in 1s", zap.String("lane", lr.label), zap.Error(err))
+			select {
+			case <-time.After(time.Second):
+				continue
+			case <-ctx.Done():
+				return
+			}
 		}
 		now := time.Now()
 		var total int64
