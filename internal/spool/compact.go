@@ -6,14 +6,16 @@ package spool
 // by later appends, but a drained backlog leaves a file as large as the
 // largest backlog. So, after a commit, the writer compacts when both
 //
-//	file size >= Config.CompactMinFileBytes (default 4 MiB), and
-//	pages in use <= Config.CompactUsedPercent (default 25) % of the file
+//	high-water mark >= Config.CompactMinFileBytes (default 4 MiB), and
+//	pages in use <= Config.CompactUsedPercent (default 25) % of the high-water mark
 //
-// where "pages in use" is bbolt's high-water mark minus its free and pending
-// pages (exact, from the freelist). A compacted file is dense, so the rule
-// does not fire again until the file has grown to four times its live data
-// and then been drained; a drained spool ends with a file under
-// CompactMinFileBytes.
+// where the high-water mark is the end of the last page bbolt ever used
+// (the file itself may be up to 16 MiB longer: bbolt grows it in steps, and
+// that tail is sparse) and "pages in use" is the high-water mark minus the
+// free and pending pages (exact, from the freelist). A compacted file is
+// dense, so the rule does not fire again until the data has grown to four
+// times what it was and then been drained; a drained spool ends with a file
+// under CompactMinFileBytes.
 //
 // How: bbolt.Compact copies every bucket into spool.db.compact (written
 // without fsync, then fdatasync'ed once), the old file is closed, the copy
@@ -39,11 +41,7 @@ const compactRetryAfter = time.Minute
 
 func (s *Spool) maybeCompact() {
 	min := s.cfg.compactMinFile()
-	if min < 0 || s.db == nil {
-		return
-	}
-	file := s.fileBytes.Load()
-	if file < min {
+	if min < 0 || s.db == nil || s.fileBytes.Load() < min {
 		return
 	}
 	var hw int64
@@ -51,9 +49,10 @@ func (s *Spool) maybeCompact() {
 		return
 	}
 	used := hw - int64(s.db.Stats().FreeAlloc)
-	if used*100 > file*s.cfg.compactUsedPercent() {
+	if hw < min || used*100 > hw*s.cfg.compactUsedPercent() {
 		return
 	}
+	file := s.fileBytes.Load()
 	if !s.w.compactFailed.IsZero() && time.Since(s.w.compactFailed) < compactRetryAfter {
 		return
 	}

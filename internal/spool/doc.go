@@ -5,31 +5,78 @@
 // chunk is the group of records one Append wrote to a lane; a record is one
 // event (or group identify, or mapping) with its ordering ids.
 //
-// Durability: Append returns only after the chunk is committed; under
-// SyncAlways the commit is fdatasync'ed, under SyncNone it has reached the OS
-// (it survives a crash of the process, not of the machine). Every commit is
-// made by one writer goroutine that gathers every operation queued while the
-// previous commit ran (group commit): many concurrent Appends share one fsync,
-// and a lone Append never waits for a timer.
+// # File
 //
-// Order: chunks of a lane are read back in Append order (sequence numbers
-// increase by one per chunk within a lane). Each lane has one reader cursor
-// (Lane.Next); it starts at the lane's oldest chunk when the spool opens, so
-// chunks that were read but not acknowledged before a crash are read again.
+// Dir/spool.db is a bbolt file (map freelist, freelist not synced: Open
+// rebuilds it by a scan of the file). Buckets:
 //
-// Removal: Ack queues a chunk's deletion; it rides in the next commit and
-// nobody waits for it. A chunk acknowledged but not yet committed when the
-// process dies is delivered again (the upstream dedups by insert_id).
-// PutDead commits dead letters before it returns, so a caller that dead-letters
-// some records of a chunk and then acks the chunk never loses them.
+//	meta    format version; dead-letter count and bytes
+//	lanes   8-byte big-endian lane id -> LaneKey + next seq and the live
+//	        chunks, records and bytes of the lane (updated in every commit
+//	        that touches the lane, so Open never scans a queue)
+//	q<id>   one per lane: 8-byte big-endian seq -> encoded chunk
+//	dead    8-byte big-endian id -> encoded dead letter
 //
-// Space: Append fails with ErrFull when the live bytes would pass
-// Config.MaxBytes, and with ErrDiskLow when the filesystem's free space is
-// under Config.MinFreeBytes; nothing of a failed Append is written. bbolt files
+// The value encodings are in encode.go; each starts with a version byte.
+// Another process opening the same Dir fails after about half a second with
+// an error saying the file is locked.
+//
+// # Durability
+//
+// Append returns only after the chunk is committed; under SyncAlways the
+// commit is fdatasync'ed (bbolt: two fdatasyncs per commit, data then meta),
+// under SyncNone it has reached the OS (it survives a crash of the process,
+// not of the machine). Every commit is made by one writer goroutine that
+// gathers every operation queued while the previous commit ran, up to
+// Config.MaxCommitBytes of chunks (group commit): many concurrent Appends
+// share one fsync, and a lone Append never waits for a timer. A chunk is
+// written from the caller's Batch without a copy (Append's caller waits).
+//
+// Nothing is half-written: a refused Append (ErrFull, ErrDiskLow) is skipped
+// inside the commit and does not fail its neighbours; a failed commit (e.g.
+// ENOSPC) rolls the whole transaction back, fails every Append, Lane,
+// PutDead and DeleteDead of it, queues its acks again, and the spool goes on
+// working with the next commit.
+//
+// # Order
+//
+// Chunks of a lane are read back in Append order: sequence numbers start at 1
+// and increase by one per chunk within a lane, never reused (the next seq is
+// stored with the lane). Each lane has one reader cursor (Lane.Next); it
+// starts at the lane's oldest live chunk when the spool opens, so chunks that
+// were read but not acknowledged before a crash are read again. Next reads
+// only committed chunks, through a short read transaction, and copies them
+// (one buffer per chunk; the records alias it).
+//
+// # Removal
+//
+// Ack queues a chunk's deletion; it rides in the next commit (an ack alone
+// also wakes the writer) and nobody waits for it. A chunk acknowledged but
+// not yet committed when the process dies is delivered again (the upstream
+// dedups by insert_id). PutDead commits dead letters before it returns, so a
+// caller that dead-letters some records of a chunk and then acks the chunk
+// never loses them. Dead-letter ids increase and are never reused.
+//
+// # Space
+//
+// Append fails with ErrFull when the live bytes (encoded chunk sizes, as in
+// Chunk.Size) would pass Config.MaxBytes, and with ErrDiskLow when the
+// filesystem's free space (statfs, cached for 500ms, minus the bytes appended
+// since) minus the chunk is under Config.MinFreeBytes. Acks of a commit are
+// applied before its appends, so space they free serves the same commit.
+// Dead letters, lanes and deletions are never refused for space. bbolt files
 // never shrink, so when the live data is small next to the file, the writer
 // compacts it into a new file and swaps it in (see compact.go).
 //
-// Goroutines: Open starts the writer goroutine; Close stops it after the
-// queued operations are committed. All methods are safe for concurrent use,
-// except that each Lane has a single reader (Next).
+// # Goroutines and locks
+//
+// Open starts the writer goroutine; Close stops it after the queued
+// operations are committed, then closes the file. All methods are safe for
+// concurrent use, except that each Lane has a single reader (Next).
+//
+// Locks: Spool.mu (the queue of operations, the lanes), Lane.mu (a lane's
+// committed counters and its notification channel) and Spool.dbMu (the
+// *bolt.DB: shared for read transactions, exclusive only for the compaction
+// swap and Close). No two of them are ever held at once. The writer alone
+// changes the file and the counters; it publishes them after each commit.
 package spool

@@ -3,7 +3,7 @@ package spool
 import (
 	"context"
 	"errors"
-		"strings"
+	"strings"
 	"sync"
 	"testing"
 	"time"

@@ -1,0 +1,5 @@
+//go:build !race
+
+package spool
+
+const raceEnabled = false
