@@ -52,9 +52,12 @@
 //   - A 200 is written only after spool.Append returned nil for the whole
 //     request; a request is one Append, so it is spooled entirely or not at all.
 //   - The api_key is never logged; lanes appear in logs by spool.Lane.Label.
-//   - A request's memory is bounded by about three times
-//     Config.MaxRequestBytes (raw body, decompressed body, the batch copy):
-//     a gzip body is inflated at most to MaxRequestBytes+1 bytes.
+//   - A request's memory is bounded by a small multiple of
+//     Config.MaxRequestBytes (raw body, inflated body, the batch of rewritten
+//     events, which is larger than the body by the filled insert_id and time
+//     of each event): a gzip body is inflated to at most MaxRequestBytes+1
+//     bytes, whatever its compression ratio. The number of concurrent
+//     requests is fasthttp's default Concurrency.
 //   - Rejections are logged through a sampler (at most a few lines a second),
 //     and counted in relay_ingest_requests_total and
 //     relay_ingest_rejected_requests_total.

@@ -253,7 +253,7 @@ func gzipBomb(t testing.TB, segments int) []byte {
 
 // realisticEvent is an SDK-like event of about 490 bytes.
 func realisticEvent(i int) string {
-	return fmt.Sprintf(`{"user_id":"user-%06d@example.com","device_id":"dev-%012d","event_type":"Product Viewed","time":1763700000000,"insert_id":"a1b2c3d4-%012d","platform":"Web","os_name":"Chrome","os_version":"131.0.0","device_model":"Mac OS","language":"en-US","ip":"$remote","country":"United States","city":"San Francisco","event_properties":{"product_id":"SKU-%06d","category":"shoes","price":79.99,"currency":"USD","tags":["summer","sale"],"position":%d},"user_properties":{"plan":"growth"},"session_id":1763699990000,"library":"svc-js/2.11.4"}`,
+	return fmt.Sprintf(`{"user_id":"user-%06d@example.com","device_id":"dev-%012d","event_type":"Product Viewed","time":1763700000000,"insert_id":"a1b2c3d4-%012d","platform":"Web","os_name":"Chrome","os_version":"131.0.0","language":"en-US","ip":"$remote","country":"United States","city":"Berlin","event_properties":{"product_id":"SKU-%06d","category":"shoes","price":79.99,"currency":"USD","tags":["summer","sale"],"position":%d},"user_properties":{"plan":"growth"},"session_id":1763699990000}`,
 		i%100000, i%5000, i, i%1000, i%50)
 }
 

@@ -195,7 +195,6 @@ func New(cfg Config, sp *spool.Spool, ids *event.IDGen, log *zap.Logger, reg pro
 		ReadBufferSize:               8 << 10, // also the largest request header
 		DisablePreParseMultipartForm: true,
 		NoDefaultServerHeader:        true,
-		NoDefaultDate:                false,
 		CloseOnShutdown:              true,
 		TCPKeepalive:                 true,
 		Logger:                       fasthttpLogger{s.rejLog},
