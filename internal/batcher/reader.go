@@ -36,7 +36,7 @@ func (lr *laneRunner) read(ctx context.Context) {
 		if !ok {
 			return
 		}
-		chunks, err := lr.lane.Next(ctx, int(free))
+		chunks, err := lr.lane.Next(ctx, int(min(free, maxNextBytes)))
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, spool.ErrClosed) {
 				return
@@ -78,6 +78,10 @@ func (lr *laneRunner) read(ctx context.Context) {
 		}
 	}
 }
+
+// maxNextBytes bounds one Lane.Next: the read-ahead fills in steps, so the
+// hand-over slices stay small and shards start sending early.
+const maxNextBytes = 4 << 20
 
 // shardOf hashes key (FNV-1a) to one of n shards.
 func shardOf(key []byte, n int) int {
