@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
 )
 
 func dirBytes(t testing.TB, dir string) int64 {
@@ -39,7 +41,16 @@ func TestDiskGivenBack(t *testing.T) {
 		t.Skip("writes ~450 MB")
 	}
 	dir := t.TempDir()
-	s := openTest(t, Config{Dir: dir, Sync: SyncNone})
+	s, err := Open(Config{Dir: dir, Sync: SyncNone}, zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.Close()
+		if err := checkFile(filepath.Join(dir, "spool.db")); err != nil {
+			t.Error(err)
+		}
+	})
 	ctx := context.Background()
 	const lanes, perChunk = 4, 100
 	chunksPerLane := 2500
@@ -133,7 +144,8 @@ func TestDiskGivenBack(t *testing.T) {
 func TestCompactionKeepsData(t *testing.T) {
 	dir := t.TempDir()
 	reg := prometheus.NewRegistry()
-	s, err := Open(Config{Dir: dir, Sync: SyncNone, CompactMinFileBytes: 1 << 20}, nil, reg)
+	// The log line "spool compacted" says how long the compaction took.
+	s, err := Open(Config{Dir: dir, Sync: SyncNone, CompactMinFileBytes: 1 << 20}, zaptest.NewLogger(t), reg)
 	if err != nil {
 		t.Fatal(err)
 	}

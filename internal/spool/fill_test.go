@@ -132,3 +132,75 @@ func TestDiskReserveOK(t *testing.T) {
 		}
 	}
 }
+
+// TestCommitFailure makes commits fail the way a full filesystem does (the
+// file cannot grow) and checks that a failed commit fails all of its
+// Appends, writes nothing of them, and that the spool works again once acks
+// free pages.
+func TestCommitFailure(t *testing.T) {
+	s := openTest(t, Config{Sync: SyncNone, maxFileBytes: 24 << 20, CompactMinFileBytes: -1})
+	ctx := context.Background()
+	l := mustLane(t, s, testKey(1))
+	big := func(id int) *Batch {
+		var b Batch
+		for r := range 4 {
+			b.Add(rec(1, id, 256<<10+r)) // ~1 MB per chunk
+		}
+		return &b
+	}
+	var ok []int
+	var failErr error
+	for id := range 100 {
+		if err := s.Append(ctx, l, big(id)); err != nil {
+			failErr = err
+			break
+		}
+		ok = append(ok, id)
+	}
+	if failErr == nil || errors.Is(failErr, ErrFull) || errors.Is(failErr, ErrDiskLow) {
+		t.Fatalf("after %d appends: %v, want a commit error", len(ok), failErr)
+	}
+	t.Logf("%d appends committed, then: %v", len(ok), failErr)
+	// Concurrent appends sharing failing commits all fail.
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = s.Append(ctx, l, big(1000+i))
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err == nil {
+			t.Fatalf("append %d succeeded past the file limit", i)
+		}
+	}
+	if st := l.Stats(); st.Chunks != int64(len(ok)) {
+		t.Fatalf("stats %+v after %d good appends", st, len(ok))
+	}
+	cs := drainAvailable(t, l)
+	if len(cs) != len(ok) {
+		t.Fatalf("read %d chunks, %d committed", len(cs), len(ok))
+	}
+	for i, c := range cs {
+		if _, id := recID(c.Records[0]); id != ok[i] {
+			t.Fatalf("chunk %d holds append %d", i, id)
+		}
+		s.Ack(l, c.Seq)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for s.Stats().LiveBytes != 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	// Freed pages are reused: appends work again.
+	for id := range 3 {
+		if err := s.Append(ctx, l, big(2000+id)); err != nil {
+			t.Fatalf("append after drain: %v", err)
+		}
+	}
+	if cs := drainAvailable(t, l); len(cs) != 3 {
+		t.Fatalf("after recovery read %d chunks", len(cs))
+	}
+}

@@ -1,6 +1,7 @@
 package spool
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -119,9 +120,7 @@ func mustLane(t testing.TB, s *Spool, key LaneKey) *Lane {
 // rec builds a record whose data names it.
 func rec(lane, n int, pad int) Record {
 	d := fmt.Appendf(nil, `{"lane":%d,"n":%d,"pad":"`, lane, n)
-	for range pad {
-		d = append(d, 'x')
-	}
+	d = append(d, bytes.Repeat([]byte{'x'}, pad)...)
 	d = append(d, `"}`...)
 	return Record{OrderKey: fmt.Appendf(nil, "dev-%d", n%7), UserID: fmt.Appendf(nil, "u%d", n), Data: d}
 }

@@ -64,6 +64,14 @@ type Config struct {
 	// CompactUsedPercent: the spool compacts when the pages in use are at most
 	// this percentage of the file; zero means DefaultCompactUsedPercent.
 	CompactUsedPercent int
+	// CompactMaxUsedBytes bounds the data a compaction copies (appends wait
+	// while it runs, about 20 ms per MiB here); zero means
+	// DefaultCompactMaxUsedBytes, negative means no bound.
+	CompactMaxUsedBytes int64
+
+	// maxFileBytes, when positive, makes commits that would grow the file
+	// past it fail (bbolt's MaxSize): the tests' stand-in for ENOSPC.
+	maxFileBytes int
 }
 
 // Defaults.
@@ -73,6 +81,7 @@ const (
 
 	DefaultCompactMinFileBytes = 4 << 20
 	DefaultCompactUsedPercent  = 25
+	DefaultCompactMaxUsedBytes = 16 << 20
 )
 
 // Validate reports a configuration error.
@@ -111,6 +120,16 @@ func (c Config) compactMinFile() int64 {
 		return DefaultCompactMinFileBytes
 	}
 	return c.CompactMinFileBytes
+}
+
+func (c Config) compactMaxUsed() int64 {
+	switch {
+	case c.CompactMaxUsedBytes == 0:
+		return DefaultCompactMaxUsedBytes
+	case c.CompactMaxUsedBytes < 0:
+		return math.MaxInt64
+	}
+	return c.CompactMaxUsedBytes
 }
 
 func (c Config) compactUsedPercent() int64 {
@@ -450,6 +469,7 @@ func (s *Spool) openDB() (*bolt.DB, error) {
 		FreelistType:    bolt.FreelistMapType,
 		InitialMmapSize: 1 << 30,
 		NoSync:          s.cfg.Sync == SyncNone,
+		MaxSize:         s.cfg.maxFileBytes,
 	})
 	if errors.Is(err, berrors.ErrTimeout) {
 		return nil, fmt.Errorf("open spool: %s is locked by another process: %w", s.path, err)
