@@ -382,11 +382,8 @@ func (s *shard) dropAndResend(ctx, drainCtx context.Context, reasons map[int]str
 		}
 	}
 	s.lr.p.m.retried.Add(float64(len(rest)))
-	if !s.flushDead(ctx, drainCtx, res.Answer) {
-		return false
-	}
-	s.ready.pushFront(rest)
-	return true
+	s.ready.pushFront(rest) // before flushDead, which puts the dead back in front on failure
+	return s.flushDead(ctx, drainCtx, res.Answer)
 }
 
 func (s *shard) requeue(its []item) {
