@@ -35,8 +35,9 @@
 // Nothing is half-written: a refused Append (ErrFull, ErrDiskLow) is skipped
 // inside the commit and does not fail its neighbours; a failed commit (e.g.
 // ENOSPC) rolls the whole transaction back, fails every Append, Lane,
-// PutDead and DeleteDead of it, queues its acks again, and the spool goes on
-// working with the next commit.
+// PutDead and DeleteDead of it, keeps its acks for the next commit (started
+// by the next Append or Ack, so a failing disk does not make the writer
+// spin), and the spool goes on working with the next commit.
 //
 // # Order
 //

@@ -620,8 +620,13 @@ func (s *Spool) Append(ctx context.Context, l *Lane, b *Batch) error {
 
 // Ack records that every record of chunk seq of lane l is done (delivered or
 // dead-lettered). The deletion rides in the next commit; Ack does not block.
-// Acknowledging a chunk twice, or one that does not exist, is harmless.
+// Acknowledging a chunk twice, or one that does not exist, is harmless. If
+// that commit fails, the ack waits for the next one; an ack not committed
+// when the process stops means the chunk is delivered again.
 func (s *Spool) Ack(l *Lane, seq uint64) {
+	if l.s != s {
+		return
+	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()

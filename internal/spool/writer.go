@@ -50,6 +50,7 @@ type ackOp struct {
 type writerState struct {
 	ops     []*op
 	acks    []ackOp
+	retry   []ackOp // acks of a failed commit, retried with the next one
 	touched []*Lane
 	created []*Lane
 
@@ -110,6 +111,8 @@ func (s *Spool) run() {
 	for {
 		ops, acks, closed := s.take()
 		if len(ops) > 0 || len(acks) > 0 {
+			acks = append(acks, s.w.retry...)
+			s.w.retry = s.w.retry[:0]
 			s.commit(ops, acks)
 			s.maybeCompact()
 		} else if closed {
@@ -204,6 +207,9 @@ func (s *Spool) apply(ops []*op, acks []ackOp) (records int, err error) {
 	for _, a := range acks {
 		l := a.lane
 		q := tx.Bucket(l.qname)
+		if q == nil {
+			continue // a lane created by a commit that failed
+		}
 		k := seqKey(a.seq)
 		v := q.Get(k)
 		if v == nil {
@@ -385,8 +391,9 @@ func (s *Spool) publish() {
 	}
 }
 
-// rollback forgets a failed commit's working state; its acks are queued
-// again for the next commit.
+// rollback forgets a failed commit's working state. Its acks are kept for
+// the next commit, which the next Append or Ack starts (not at once: a
+// commit that keeps failing must not make the writer spin).
 func (s *Spool) rollback(acks []ackOp) {
 	for _, l := range s.w.touched {
 		l.w, l.wOldest = l.st, l.oldest // l.st is written only by this goroutine
@@ -396,13 +403,7 @@ func (s *Spool) rollback(acks []ackOp) {
 	s.w.touched = s.w.touched[:0]
 	clear(s.w.created)
 	s.w.created = s.w.created[:0]
-	if len(acks) > 0 {
-		s.mu.Lock()
-		if !s.closed {
-			s.acks = append(s.acks, acks...)
-		}
-		s.mu.Unlock()
-	}
+	s.w.retry = append(s.w.retry[:0], acks...)
 }
 
 // diskFree estimates the filesystem's free bytes: a statfs at most every
