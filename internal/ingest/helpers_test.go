@@ -40,11 +40,11 @@ func startRelay(t testing.TB, cfg Config, scfg spool.Config) *testRelay {
 	if scfg.MinFreeBytes == 0 {
 		scfg.MinFreeBytes = -1 // the test machine's free space is not under test
 	}
-	sp, err := spool.Open(scfg, nil, nil)
+	reg := prometheus.NewRegistry()
+	sp, err := spool.Open(scfg, nil, reg)
 	if err != nil {
 		t.Fatalf("open spool: %v", err)
 	}
-	reg := prometheus.NewRegistry()
 	srv, err := New(cfg, sp, event.NewIDGen(), nil, reg)
 	if err != nil {
 		sp.Close()
@@ -199,6 +199,24 @@ func (r *testRelay) counter(name string, labels ...string) float64 {
 		}
 	}
 	return 0
+}
+
+// histogram returns the sample sum and count of a histogram of r's registry.
+func (r *testRelay) histogram(name string) (sum float64, count uint64) {
+	r.t.Helper()
+	mfs, err := r.reg.Gather()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetHistogram().GetSampleSum()
+				count += m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return sum, count
 }
 
 func gz(t testing.TB, b []byte) []byte {
