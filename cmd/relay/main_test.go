@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/config"
+	"github.com/svcrelay/relay/internal/spool"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -196,5 +197,25 @@ func TestDumpRefusals(t *testing.T) {
 	}
 	if err := dump(context.Background(), f, &out); err == nil {
 		t.Fatal("file accepted as data dir")
+	}
+}
+
+// TestDumpRefusesLockedSpool: while a spool is open (as a running relay
+// holds it), dump refuses at once instead of waiting.
+func TestDumpRefusesLockedSpool(t *testing.T) {
+	dir := t.TempDir()
+	sp, err := spool.Open(spool.Config{Dir: dir, MinFreeBytes: -1}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.Close()
+	t0 := time.Now()
+	var out bytes.Buffer
+	err = dump(context.Background(), dir, &out)
+	if !errors.Is(err, errLocked) {
+		t.Fatalf("dump of an open spool: %v, want errLocked", err)
+	}
+	if d := time.Since(t0); d > 2*time.Second {
+		t.Fatalf("refusal took %v", d)
 	}
 }
