@@ -85,7 +85,7 @@ func newLaneCollector(s *Spool) *laneCollector {
 		bytes:     prometheus.NewDesc("relay_spool_bytes", "Live encoded bytes queued in a lane.", lane, nil),
 		records:   prometheus.NewDesc("relay_spool_records", "Live records (events) queued in a lane.", lane, nil),
 		oldest:    prometheus.NewDesc("relay_spool_oldest_record_age_seconds", "Age of a lane's oldest queued record; 0 when empty.", lane, nil),
-		fileBytes: prometheus.NewDesc("relay_spool_file_bytes", "Size of the spool file on disk.", nil, nil),
+		fileBytes: prometheus.NewDesc("relay_spool_file_bytes", "Disk space taken by the spool file (allocated blocks).", nil, nil),
 		dead:      prometheus.NewDesc("relay_spool_dead_letters", "Dead letters stored.", nil, nil),
 		liveBytes: prometheus.NewDesc("relay_spool_live_bytes", "Live bytes counted against the spool quota.", nil, nil),
 	}

@@ -721,7 +721,7 @@ func (s *Spool) DeleteDead(ctx context.Context, ids []uint64) error {
 // Stats is a snapshot of the whole spool.
 type Stats struct {
 	LiveBytes int64 // record bytes counted against the quota
-	FileBytes int64 // size of the file(s) on disk
+	FileBytes int64 // disk space of the file (allocated blocks)
 	Lanes     int
 	Dead      int64
 }

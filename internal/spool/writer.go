@@ -422,8 +422,17 @@ func (s *Spool) diskFree(now time.Time) int64 {
 	return s.w.diskFree - s.w.diskWritten
 }
 
+// updateFileBytes publishes the disk space the file takes: its allocated
+// blocks (bbolt grows the file in steps of up to 16 MiB whose unwritten tail
+// is sparse), or its length when the blocks are unknown.
 func (s *Spool) updateFileBytes() {
-	if fi, err := os.Stat(s.path); err == nil {
-		s.fileBytes.Store(fi.Size())
+	fi, err := os.Stat(s.path)
+	if err != nil {
+		return
 	}
+	n := fi.Size()
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		n = min(n, st.Blocks*512)
+	}
+	s.fileBytes.Store(n)
 }
