@@ -235,3 +235,74 @@ func TestStaleCompactionFileRemoved(t *testing.T) {
 		t.Fatalf("%d chunks after reopen", len(cs))
 	}
 }
+
+// TestCompactionUnderLoad runs appenders, readers and acks while the writer
+// compacts again and again (low thresholds), and checks that every record
+// arrives once and in order per appender.
+func TestCompactionUnderLoad(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	dir := t.TempDir()
+	s, err := Open(Config{Dir: dir, Sync: SyncNone, CompactMinFileBytes: 256 << 10, CompactUsedPercent: 50}, nil, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.Close()
+		if err := checkFile(filepath.Join(dir, "spool.db")); err != nil {
+			t.Error(err)
+		}
+	})
+	ctx := context.Background()
+	const lanes, writers, perWriter = 2, 4, 300
+	var wg sync.WaitGroup
+	ls := make([]*Lane, lanes)
+	for i := range ls {
+		ls[i] = mustLane(t, s, testKey(i))
+	}
+	for i := range lanes {
+		for w := range writers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var b Batch
+				for n := range perWriter {
+					b.Reset()
+					for range 4 {
+						b.Add(rec(i, w*10_000+n, 1500))
+					}
+					if err := s.Append(ctx, ls[i], &b); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	for i := range lanes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			last := map[int]int{}
+			for got := 0; got < writers*perWriter; {
+				cs := nextT(t, ls[i], 64<<10)
+				for _, c := range cs {
+					lane, id := recID(c.Records[0])
+					w, n := id/10_000, id%10_000
+					if p, ok := last[w]; lane != i || (ok && n != p+1) || (!ok && n != 0) {
+						t.Errorf("lane %d: record %d of lane %d after %d", i, id, lane, p)
+						return
+					}
+					last[w] = n
+					s.Ack(ls[i], c.Seq)
+				}
+				got += len(cs)
+			}
+		}()
+	}
+	wg.Wait()
+	n := gatherValue(t, reg, "relay_spool_compactions_total", "")
+	t.Logf("%v compactions", n)
+	if n == 0 {
+		t.Fatal("no compaction happened")
+	}
+}

@@ -328,6 +328,12 @@ func TestConcurrentLanes(t *testing.T) {
 // of the series of name with the given lane label ("" = no label).
 func gatherValue(t testing.TB, reg *prometheus.Registry, name, lane string) float64 {
 	t.Helper()
+	return gatherLabel(t, reg, name, "lane", lane)
+}
+
+// gatherLabel is gatherValue for any one label.
+func gatherLabel(t testing.TB, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -339,11 +345,11 @@ func gatherValue(t testing.TB, reg *prometheus.Registry, name, lane string) floa
 		for _, m := range mf.GetMetric() {
 			l := ""
 			for _, lp := range m.GetLabel() {
-				if lp.GetName() == "lane" {
+				if lp.GetName() == label {
 					l = lp.GetValue()
 				}
 			}
-			if l != lane {
+			if l != value {
 				continue
 			}
 			switch {
@@ -356,7 +362,7 @@ func gatherValue(t testing.TB, reg *prometheus.Registry, name, lane string) floa
 			}
 		}
 	}
-	t.Fatalf("metric %s{lane=%q} not found", name, lane)
+	t.Fatalf("metric %s{%s=%q} not found", name, label, value)
 	return 0
 }
 
@@ -369,5 +375,59 @@ func TestSecondOpenFails(t *testing.T) {
 	}
 	if time.Since(start) > 3*time.Second {
 		t.Fatalf("second Open took %v", time.Since(start))
+	}
+}
+
+// TestOldestAndRejectMetrics: a lane's Oldest follows its first live chunk
+// through acks, and refused appends are counted by reason.
+func TestOldestAndRejectMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	dir := t.TempDir()
+	s, err := Open(Config{Dir: dir, Sync: SyncNone, MaxBytes: 2000}, nil, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	l := mustLane(t, s, testKey(1))
+	var b Batch
+	for i := range 3 {
+		b.Reset()
+		b.Add(rec(1, i, 100))
+		if err := s.Append(ctx, l, &b); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Millisecond) // distinct accepted milliseconds
+	}
+	b.Reset()
+	b.Add(rec(1, 9, 2000))
+	if err := s.Append(ctx, l, &b); !errors.Is(err, ErrFull) {
+		t.Fatalf("oversized append: %v", err)
+	}
+	if v := gatherLabel(t, reg, "relay_spool_append_rejected_total", "reason", "full"); v != 1 {
+		t.Fatalf("rejected total %v", v)
+	}
+	cs := drainAvailable(t, l)
+	if len(cs) != 3 {
+		t.Fatalf("%d chunks", len(cs))
+	}
+	for i, c := range cs {
+		if got := l.Stats().Oldest; !got.Equal(c.Accepted) {
+			t.Fatalf("before ack %d: Oldest %v, want %v", i, got, c.Accepted)
+		}
+		if age := gatherValue(t, reg, "relay_spool_oldest_record_age_seconds", l.Label()); age <= 0 {
+			t.Fatalf("oldest age %v", age)
+		}
+		s.Ack(l, c.Seq)
+		deadline := time.Now().Add(5 * time.Second)
+		for l.Stats().Chunks != int64(2-i) && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if st := l.Stats(); !st.Oldest.IsZero() || st.Chunks != 0 || st.Bytes != 0 {
+		t.Fatalf("empty lane stats %+v", st)
+	}
+	if age := gatherValue(t, reg, "relay_spool_oldest_record_age_seconds", l.Label()); age != 0 {
+		t.Fatalf("empty lane oldest age %v", age)
 	}
 }
