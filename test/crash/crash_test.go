@@ -35,6 +35,7 @@ const (
 // buildRelay builds the relay binary into a temp dir.
 func buildRelay(t *testing.T) string {
 	t.Helper()
+	trackSources(t)
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		goBin = "/usr/local/go/bin/go"
@@ -45,6 +46,34 @@ func buildRelay(t *testing.T) string {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	return bin
+}
+
+// trackSources stats every Go source and the module files of the repository.
+// The go command caches a test's result by the files the test looked at; the
+// binary is built in a subprocess, so without this an edit to the relay
+// would not invalidate a cached pass of this test.
+func trackSources(t *testing.T) {
+	t.Helper()
+	root := filepath.Join("..", "..")
+	for _, f := range []string{"go.mod", "go.sum"} {
+		if _, err := os.Stat(filepath.Join(root, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, dir := range []string{"cmd", "internal"} {
+		err := filepath.WalkDir(filepath.Join(root, dir), func(p string, d os.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if !d.IsDir() && strings.HasSuffix(p, ".go") && !strings.HasSuffix(p, "_test.go") {
+				_, err = os.Stat(p)
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // freeAddr returns a 127.0.0.1 address nothing listens on (just freed).
