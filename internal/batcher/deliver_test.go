@@ -620,3 +620,64 @@ func TestReadAheadBackPressure(t *testing.T) {
 	h.check(pending)
 	h.waitDrained(time.Second, 200)
 }
+
+// Everything at once: hot devices and users (429s), a silenced device,
+// invalid events, 5xx and dropped connections, two lanes, small batches.
+// The invariants must hold all the same.
+// (A requeued batch whose key got held by a later event's user pause
+// once broke order here.) The "paced" run also exercises pacing holds.
+func TestChaos(t *testing.T) {
+	t.Run("unpaced", func(t *testing.T) { chaos(t, throttle.Config{}) })
+	t.Run("paced", func(t *testing.T) { chaos(t, throttle.Config{PaceEPS: 40, PaceBurst: 10}) })
+}
+
+func chaos(t *testing.T, thr throttle.Config) {
+	h := newHarness(t, sim.Config{EPSThreshold: 15, RateWindow: time.Second, ThrottlePenalty: 200 * time.Millisecond},
+		Config{MaxBatchEvents: 25, MaxBatchBytes: 6000, ThrottlePause: 300 * time.Millisecond, ShardsPerLane: 3}, thr)
+	h.sim.Silence("silent-device")
+	storm := []sim.Fault{{Status: 500}, {}, {Drop: sim.DropAfterIngest}, {}, {}, {Status: 503}, {Drop: sim.DropNoAnswer}, {}, {}}
+	for i := 0; i < 120; i++ {
+		h.sim.Inject(storm[i%len(storm)])
+	}
+	h.start()
+	var bad int
+	for c := 0; c < 40; c++ {
+		var evs []ev
+		for i := 0; i < 12; i++ {
+			e := ev{Device: devs("device-", 30)[(c*12+i)%30], User: devs("user-", 7)[(c+i)%7]}
+			switch {
+			case i == 0:
+				e = ev{Device: "hot-device", User: "user-hot"}
+			case i == 1:
+				e = ev{User: "user-hot"}
+			case i == 2 && c%5 == 0:
+				e = ev{Device: "silent-device"}
+			case i == 3 && c%7 == 0:
+				e.Extra = `"time":1.5`
+				bad++
+			}
+			evs = append(evs, e)
+		}
+		lane := "key-a"
+		if c%2 == 1 {
+			lane = "key-b"
+		}
+		h.add(lane, evs...)
+		time.Sleep(10 * time.Millisecond)
+	}
+	h.waitDrained(30*time.Second, 0)
+	h.stop()
+	dead := h.check(nil)
+	reasons := map[string]int{}
+	for _, d := range dead {
+		reasons[d.Reason]++
+	}
+	if reasons["silenced"] != 8 || reasons["invalid_fields"] != bad || len(dead) != 8+bad {
+		t.Fatalf("dead letters by reason %v, want 8 silenced and %d invalid_fields", reasons, bad)
+	}
+	st := h.sim.Stats()
+	if st.Throttled == 0 {
+		t.Fatalf("no 429: %+v", st)
+	}
+	t.Logf("sim: %d requests, %v, %d throttled, %d silenced, %d duplicates", st.Requests, st.ByStatus, st.Throttled, st.Silenced, st.Duplicates)
+}

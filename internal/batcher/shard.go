@@ -382,12 +382,32 @@ func (s *shard) dropAndResend(ctx, drainCtx context.Context, reasons map[int]str
 		}
 	}
 	s.lr.p.m.retried.Add(float64(len(rest)))
-	s.ready.pushFront(rest) // before flushDead, which puts the dead back in front on failure
+	s.requeue(rest) // before flushDead, which puts the dead back in front on failure
 	return s.flushDead(ctx, drainCtx, res.Answer)
 }
 
+// requeue puts items taken by build back, in order, before everything
+// queued. An item whose key got held by the same build (a later event of
+// the key was paused, e.g. for its user) goes to the front of that key's
+// held queue instead: it is older than every held event of the key.
 func (s *shard) requeue(its []item) {
-	s.ready.pushFront(append([]item(nil), its...))
+	var front []item
+	var heldFront map[*held][]item
+	for _, it := range its {
+		if h := s.held[string(it.rec.OrderKey)]; h != nil {
+			if heldFront == nil {
+				heldFront = map[*held][]item{}
+			}
+			heldFront[h] = append(heldFront[h], it)
+			continue
+		}
+		front = append(front, it)
+	}
+	for h, older := range heldFront {
+		h.items = append(older, h.items...)
+		s.lr.heldEvents.Add(int64(len(older)))
+	}
+	s.ready.pushFront(front)
 }
 
 // retryLater puts the batch back and waits the backoff (at least a clamped
@@ -454,7 +474,7 @@ func (s *shard) flushDead(ctx, drainCtx context.Context, answer []byte) bool {
 			for i, d := range s.dead {
 				its[i] = d.it
 			}
-			s.ready.pushFront(its)
+			s.requeue(its)
 			clear(s.dead)
 			s.dead = s.dead[:0]
 			return false
