@@ -19,9 +19,17 @@
 //     shard, which sends one request at a time and puts every event it must
 //     resend back in front of later ones; events of a paused key are held in
 //     a per-key queue that later events of the key join, and that goes back
-//     to the front when the pause ends. So one key's events reach the
-//     upstream in spool order (a resend repeats events the upstream did not
-//     ingest: a non-200 answer ingests nothing).
+//     to the front when the pause ends. An event put back while its key is
+//     held (a later event of the key was held by the same build, e.g. for
+//     its user) goes to the front of that held queue. So one key's events
+//     reach the upstream in spool order (a resend repeats events the
+//     upstream did not ingest: a non-200 answer ingests nothing).
+//   - Pauses: a key named in a 429 (throttled_devices as "d:"+id,
+//     throttled_users as "u:"+id; event indexes only when no id is named)
+//     is paused in the Throttle for ThrottlePause; devices in
+//     exceeded_daily_quota_devices until the next UTC midnight. An event is
+//     held while its OrderKey or its user is paused. Throttling never adds
+//     requests: the held events simply wait.
 //   - Acknowledgement: a chunk is acked (Spool.Ack) only when every one of
 //     its records was answered 200 or is committed to the dead-letter store
 //     (PutDead returns after the commit, and is called before the records
@@ -49,6 +57,14 @@
 // only limited by the spool's quota. Events held for paused devices count
 // against the bound, so a lane whose read-ahead is entirely held (e.g.
 // devices over their daily quota) waits until a pause ends.
+//
+// # Metrics
+//
+// relay_delivery_events_delivered_total, relay_delivery_events_retried_total,
+// relay_delivery_events_dead_lettered_total{reason},
+// relay_delivery_paused_devices (keys held now) and relay_lane_stopped{lane}
+// (alert on 1). The upstream client has relay_upstream_requests_total{status}
+// and relay_upstream_request_seconds; the spool its depth and oldest age.
 //
 // # Stop
 //
