@@ -5,8 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
