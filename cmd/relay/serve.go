@@ -12,11 +12,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/svcrelay/relay/internal/adminapi"
+	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/config"
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/ingest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/throttle"
+	"github.com/svcrelay/relay/internal/upstream"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 	"go.uber.org/zap"
@@ -101,29 +104,28 @@ type delivery interface {
 // and return the Pipeline. Until then deliveries do not happen: accepted
 // events stay in the spool.
 func newDelivery(cfg config.Config, sp *spool.Spool, log *zap.Logger, reg prometheus.Registerer) (delivery, error) {
-	_ = cfg
-	_ = sp
-	_ = reg
-	log.Warn("delivery is not wired into this build yet: accepted events stay in the spool")
-	return &idleDelivery{}, nil
-}
-
-// idleDelivery is the stand-in until delivery is wired: it runs and delivers
-// nothing.
-type idleDelivery struct{ running atomic.Bool }
-
-func (d *idleDelivery) Run(ctx context.Context) error {
-	d.running.Store(true)
-	defer d.running.Store(false)
-	<-ctx.Done()
-	return nil
-}
-
-func (d *idleDelivery) Ready() error {
-	if !d.running.Load() {
-		return errors.New("delivery not running")
+	client, err := upstream.New(upstream.Config{}, log.Named("upstream"), reg)
+	if err != nil {
+		return nil, fmt.Errorf("upstream client: %w", err)
 	}
-	return nil
+	thr, err := throttle.New(throttle.Config{}, reg)
+	if err != nil {
+		return nil, fmt.Errorf("throttle: %w", err)
+	}
+	p, err := batcher.New(batcher.Config{
+		IngestURL:      cfg.IngestURL,
+		MaxBatchEvents: cfg.MaxBatchEvents,
+		MaxBatchBytes:  int(cfg.MaxBatchBytes),
+		FlushInterval:  cfg.FlushInterval,
+		ThrottlePause:  cfg.ThrottlePause,
+		MaxEventAge:    cfg.MaxEventAge,
+		Gzip:           cfg.UpstreamGzip,
+		DrainTimeout:   cfg.DrainTimeout,
+	}, sp, client, thr, log.Named("delivery"), reg)
+	if err != nil {
+		return nil, fmt.Errorf("delivery: %w", err)
+	}
+	return p, nil
 }
 
 // serve runs the relay until ctx ends (SIGTERM/SIGINT) or a component fails,
