@@ -27,22 +27,35 @@
 // Request envelope, Errors, Limits): a request the upstream would reject is
 // rejected here with the upstream's status and body (see Error and Parse for
 // the exact rules and which error wins). Where the document is silent, the
-// choices are:
-//   - an empty events array is a missing "events";
+// choices are the ones the simulated upstream (internal/sim, its own
+// encoding/json validator) makes too; its agree_test.go and FuzzAgree check
+// that both give the same status and body for every request:
+//   - a body of JSON whitespace only is a "Missing request body";
+//   - api_key absent, null or "" is a missing "api_key"; an api_key of any
+//     other type than string is "Invalid API key";
+//   - events absent, null or an empty array is a missing "events"; events
+//     of any other type than array is "Invalid event JSON";
 //   - a null optional field is an absent field; "" as event_type, user_id or
 //     device_id is a missing field;
+//   - an event with neither user_id nor device_id is missing both (both
+//     named, same index);
 //   - options that is not an object, or a min_id_length that is not an
 //     integer in 0..MaxMinIDLength, is "Invalid JSON request body";
 //   - integers (time, session_id, event_id, quantity) are JSON numbers
 //     without fraction or exponent within int64; floats are any JSON number;
-//   - property depth counts the property object as layer 1 and every object
-//     or array inside it as one more; more than 40 is invalid;
+//   - property depth (event_properties and user_properties only, the two the
+//     Limits table names; group_properties is not limited, since refusing it
+//     would lose data the upstream may take) counts the property object as
+//     layer 1 and every object or array inside it as one more; more than 40
+//     is invalid;
 //   - an all-zero device_id ('0' and '-' only) is invalid whatever its length;
 //   - min_id_length counts characters (runes after unescaping; each invalid
 //     UTF-8 byte is one, as it is one U+FFFD upstream). A short id is
 //     removed (Event.DeviceID/UserID nil) but its bytes are forwarded
 //     unchanged, since the upstream removes it itself; an event left with
-//     neither id is invalid in the removed field(s);
+//     neither id is invalid (not missing) in the removed field(s);
+//   - a request with both invalid and missing fields is "Invalid field
+//     values on some events" (both maps sent);
 //   - string length (1024) is not checked: the upstream truncates.
 //
 // # Invariants

@@ -13,6 +13,7 @@ const (
 	msgInvalidJSON   = "Invalid JSON request body"
 	msgMissingField  = "Request missing required field"
 	msgInvalidEvent  = "Invalid event JSON"
+	msgInvalidAPIKey = "Invalid API key"
 	msgInvalidFields = "Invalid field values on some events"
 )
 
@@ -25,14 +26,16 @@ const (
 //     id (absent, null or "").
 //   - events_with_invalid_fields: a field whose value has the wrong type for
 //     the Event table (a null counts as absent, not as invalid), a time that is
-//     not integer milliseconds, an integer outside int64, a property object
-//     nested deeper than 40 layers, an all-zero device_id, and the id(s) that
-//     min_id_length removed when the event is left with neither id.
+//     not integer milliseconds, an integer outside int64, an event_properties
+//     or user_properties object nested deeper than 40 layers, an all-zero
+//     device_id, and the id(s) that min_id_length removed when the event is
+//     left with neither id.
 //
-// Msg is "Invalid field values on some events" when InvalidFields is set
-// (the document lists it for invalid values and for bad time values) and
-// "Request missing required field" when only MissingFields is set (the
-// message the document gives for missing fields).
+// Msg is "Invalid field values on some events" when InvalidFields is set,
+// even when MissingFields is set too (the document lists it for invalid
+// values and for bad time values), and "Request missing required field" when
+// only MissingFields is set (the message the document gives for missing
+// fields).
 type Error struct {
 	Status int    // HTTP status, also the body's "code"
 	Msg    string // the body's "error", e.g. "Invalid field values on some events"

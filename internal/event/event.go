@@ -93,16 +93,18 @@ func (e *Event) OrderKey(dst []byte) []byte {
 // *Error means every event is acceptable to the upstream.
 //
 // The checks, in the order that decides which single error is returned:
-//  1. empty body: "Missing request body";
+//  1. empty body, or JSON whitespace (space, tab, CR, LF) only: "Missing
+//     request body";
 //  2. body not valid JSON (as json.Valid decides) or not an object, or
 //     options present but neither null nor an object, or
 //     options.min_id_length present but neither null nor an integer in
 //     0..MaxMinIDLength: "Invalid JSON request body";
-//  3. api_key absent, null, not a string or "": "Request missing required
-//     field" with missing_field "api_key";
-//  4. events absent, null, not an array, or an empty array: the same with
-//     missing_field "events";
-//  5. an element of events that is not an object: "Invalid event JSON";
+//  3. api_key absent, null or "": "Request missing required field" with
+//     missing_field "api_key"; api_key of another type: "Invalid API key";
+//  4. events absent, null or an empty array: "Request missing required
+//     field" with missing_field "events";
+//  5. events of another type than array, or an element of events that is
+//     not an object: "Invalid event JSON";
 //  6. per event field errors (see Error), with the index of the first event
 //     per field.
 //
@@ -118,7 +120,7 @@ func Parse(body []byte, req *Request) *Error {
 	req.Events = req.Events[:0]
 	req.scratch = req.scratch[:0]
 	req.dropped = req.dropped[:0]
-	if len(body) == 0 {
+	if skipWS(body, 0) == len(body) {
 		return newError(msgMissingBody)
 	}
 	p := parser{b: body, req: req}
@@ -135,9 +137,11 @@ type parser struct {
 	req *Request
 	sk  skipper
 
-	apiKey     []byte // api_key string content, nil when absent or unusable
+	apiKey     []byte // api_key string content, nil when absent, null or ""
 	apiKeyEsc  bool
+	apiKeyBad  bool // api_key is neither a string nor null
 	events     bool // events is an array
+	eventsBad  bool // events is neither an array nor null
 	badEvent   bool // an element of events is not an object
 	optionsBad bool
 	n          int // elements of events seen so far
@@ -172,7 +176,8 @@ func (p *parser) envelope() bool {
 		}
 		key := b[ks+1 : i-1]
 		if esc {
-			var buf [64]byte
+			// A key longer than this escaped names no envelope field.
+			var buf [6 * len("api_key")]byte
 			if len(key) <= len(buf) {
 				key = appendUnescaped(buf[:0], key)
 			}
@@ -185,8 +190,9 @@ func (p *parser) envelope() bool {
 		}
 		switch string(key) {
 		case "api_key":
-			p.apiKey, p.apiKeyEsc = nil, false
-			if b[i] == '"' {
+			p.apiKey, p.apiKeyEsc, p.apiKeyBad = nil, false, false
+			switch b[i] {
+			case '"':
 				s := i
 				if i, p.apiKeyEsc = scanString(b, i); i < 0 {
 					return false
@@ -194,18 +200,25 @@ func (p *parser) envelope() bool {
 				if i-s > 2 {
 					p.apiKey = b[s+1 : i-1]
 				}
-			} else {
+			case 'n':
+				i = scanLiteral(b, i)
+			default:
+				p.apiKeyBad = true
 				i, _ = p.sk.skipValue(b, i, 1)
 			}
 		case "events":
-			p.events, p.badEvent, p.n, p.anyErr = false, false, 0, false
+			p.events, p.eventsBad, p.badEvent, p.n, p.anyErr = false, false, false, 0, false
 			p.badAt, p.missingAt = [numFields]int{}, [3]int{}
 			p.req.Events = p.req.Events[:0]
 			p.req.dropped = p.req.dropped[:0]
-			if b[i] == '[' {
+			switch b[i] {
+			case '[':
 				p.events = true
 				i = p.eventArray(i)
-			} else {
+			case 'n':
+				i = scanLiteral(b, i)
+			default:
+				p.eventsBad = true
 				i, _ = p.sk.skipValue(b, i, 1)
 			}
 		case "options":
@@ -260,7 +273,8 @@ func (p *parser) options(i int) int {
 		}
 		key := b[ks+1 : i-1]
 		if esc {
-			var buf [64]byte
+			// Every character of min_id_length may be a 6-byte \uXXXX.
+			var buf [6 * len("min_id_length")]byte
 			if len(key) <= len(buf) {
 				key = appendUnescaped(buf[:0], key)
 			}
@@ -594,8 +608,12 @@ func (p *parser) finalize() *Error {
 	switch {
 	case p.optionsBad:
 		return newError(msgInvalidJSON)
+	case p.apiKeyBad:
+		return newError(msgInvalidAPIKey)
 	case p.apiKey == nil:
 		return newMissingField("api_key")
+	case p.eventsBad:
+		return newError(msgInvalidEvent)
 	case !p.events || p.n == 0:
 		return newMissingField("events")
 	case p.badEvent:

@@ -51,9 +51,12 @@ var parseCases = []struct {
 }{
 	// Errors: `error` is one of: ..., `Missing request body`, ...
 	{"empty body", ``, `{"code":400,"error":"Missing request body"}`},
+	// our choice (the sim's): JSON whitespace only is no body either
+	{"whitespace only", " \t\r\n ", `{"code":400,"error":"Missing request body"}`},
 
 	// Errors: `error` is one of: ..., `Invalid JSON request body`, ...
-	{"whitespace only", ` `, `{"code":400,"error":"Invalid JSON request body"}`},
+	{"vertical tab is not JSON whitespace", "\v", `{"code":400,"error":"Invalid JSON request body"}`},
+	{"form feed before object", "\f" + envelope(ev("")), `{"code":400,"error":"Invalid JSON request body"}`},
 	{"truncated", `{"api_key":"k","events":[{}]`, `{"code":400,"error":"Invalid JSON request body"}`},
 	{"trailing garbage", envelope(ev("")) + ` x`, `{"code":400,"error":"Invalid JSON request body"}`},
 	{"trailing comma", `{"api_key":"k","events":[{"event_type":"e","user_id":"user-1",}]}`, `{"code":400,"error":"Invalid JSON request body"}`},
@@ -81,22 +84,38 @@ var parseCases = []struct {
 	{"min_id_length string", `{"api_key":"k","events":[` + ev("") + `],"options":{"min_id_length":"5"}}`, `{"code":400,"error":"Invalid JSON request body"}`},
 	{"min_id_length huge", `{"api_key":"k","events":[` + ev("") + `],"options":{"min_id_length":2147483648}}`, `{"code":400,"error":"Invalid JSON request body"}`},
 	{"options null", `{"api_key":"k","events":[` + ev("") + `],"options":null}`, ``},
+	// every character escaped (78 bytes): found by internal/sim's TestAgree
+	{"min_id_length fully escaped", `{"api_key":"k","events":[` + ev("") + `],"options":{"\u006d\u0069\u006e\u005f\u0069\u0064\u005f\u006c\u0065\u006e\u0067\u0074\u0068":"5"}}`, `{"code":400,"error":"Invalid JSON request body"}`},
+	{"options keys fully escaped", `{"\u0061\u0070\u0069\u005f\u006b\u0065\u0079":"k","\u0065\u0076\u0065\u006e\u0074\u0073":[` + ev("") + `],"\u006f\u0070\u0074\u0069\u006f\u006e\u0073":{"\u006d\u0069\u006e\u005f\u0069\u0064\u005f\u006c\u0065\u006e\u0067\u0074\u0068":7}}`, `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"user_id":[0]}}`},
 	{"min_id_length null", `{"api_key":"k","events":[` + ev("") + `],"options":{"min_id_length":null}}`, ``},
 
 	// Request envelope: api_key | string | Required.
 	{"api_key missing", `{"events":[` + ev("") + `]}`, `{"code":400,"error":"Request missing required field","missing_field":"api_key"}`},
 	{"api_key empty", `{"api_key":"","events":[` + ev("") + `]}`, `{"code":400,"error":"Request missing required field","missing_field":"api_key"}`},
-	{"api_key number", `{"api_key":5,"events":[` + ev("") + `]}`, `{"code":400,"error":"Request missing required field","missing_field":"api_key"}`},
 	{"api_key null", `{"api_key":null,"events":[` + ev("") + `]}`, `{"code":400,"error":"Request missing required field","missing_field":"api_key"}`},
 	{"api_key before events", `{}`, `{"code":400,"error":"Request missing required field","missing_field":"api_key"}`},
 	{"api_key last wins", `{"api_key":"","api_key":"k","events":[` + ev("") + `]}`, ``},
+	// Errors: `error` is one of: ..., `Invalid API key`, ... (our choice, the
+	// sim's: a present api_key of the wrong type is invalid, not missing)
+	{"api_key number", `{"api_key":5,"events":[` + ev("") + `]}`, `{"code":400,"error":"Invalid API key"}`},
+	{"api_key object", `{"events":[` + ev("") + `],"api_key":{"k":"v"}}`, `{"code":400,"error":"Invalid API key"}`},
+	{"api_key bool before bad events", `{"api_key":true,"events":5}`, `{"code":400,"error":"Invalid API key"}`},
+	{"api_key bad then good", `{"api_key":[],"api_key":"k","events":[` + ev("") + `]}`, ``},
+	{"api_key good then bad", `{"api_key":"k","api_key":1,"events":[` + ev("") + `]}`, `{"code":400,"error":"Invalid API key"}`},
+	{"options bad before api_key bad", `{"api_key":1,"events":[` + ev("") + `],"options":1}`, `{"code":400,"error":"Invalid JSON request body"}`},
 
 	// Request envelope: events | array of Event | Required.
 	{"events missing", `{"api_key":"k"}`, `{"code":400,"error":"Request missing required field","missing_field":"events"}`},
-	{"events object", `{"api_key":"k","events":{}}`, `{"code":400,"error":"Request missing required field","missing_field":"events"}`},
 	{"events null", `{"api_key":"k","events":null}`, `{"code":400,"error":"Request missing required field","missing_field":"events"}`},
 	// our choice: an empty array carries no event, so it is missing
 	{"events empty", `{"api_key":"k","events":[]}`, `{"code":400,"error":"Request missing required field","missing_field":"events"}`},
+	{"events empty with spaces", `{"api_key":"k","events":[ ]}`, `{"code":400,"error":"Request missing required field","missing_field":"events"}`},
+	// our choice (the sim's): events of another type is invalid, not missing
+	{"events object", `{"api_key":"k","events":{}}`, `{"code":400,"error":"Invalid event JSON"}`},
+	{"events string", `{"api_key":"k","events":"[]"}`, `{"code":400,"error":"Invalid event JSON"}`},
+	{"events bad then good", `{"api_key":"k","events":1,"events":[` + ev("") + `]}`, ``},
+	{"events good then bad", `{"api_key":"k","events":[` + ev("") + `],"events":1}`, `{"code":400,"error":"Invalid event JSON"}`},
+	{"events bad then null", `{"api_key":"k","events":1,"events":null}`, `{"code":400,"error":"Request missing required field","missing_field":"events"}`},
 
 	// Errors: `error` is one of: ..., `Invalid event JSON`, ...
 	{"event not object", envelope(`1`), `{"code":400,"error":"Invalid event JSON"}`},
@@ -166,7 +185,10 @@ var parseCases = []struct {
 	{"event_properties depth 40", envelope(ev(`"event_properties":` + nest(`{"a":`, `}`, 39, `{}`))), ``},
 	{"event_properties depth 41", envelope(ev(`"event_properties":` + nest(`{"a":`, `}`, 40, `{}`))), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"event_properties":[0]}}`},
 	{"user_properties depth 41 with arrays", envelope(ev(`"user_properties":{"a":` + nest(`[`, `]`, 40, `1`) + `}`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"user_properties":[0]}}`},
-	{"group_properties depth 41", envelope(ev(`"group_properties":` + nest(`{"a":`, `}`, 40, `{}`))), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"group_properties":[0]}}`},
+	// our choice (the sim's): the limit names only these two; group_properties
+	// is not limited (refusing it would lose data the upstream may take)
+	{"group_properties depth 41", envelope(ev(`"group_properties":` + nest(`{"a":`, `}`, 40, `{}`))), ``},
+	{"group_properties depth 100", envelope(ev(`"group_properties":` + nest(`{"a":[`, `]}`, 50, `{}`))), ``},
 	{"groups depth not limited", envelope(ev(`"groups":` + nest(`{"a":`, `}`, 50, `{}`))), ``},
 
 	// Minimum ID length: user_id, device_id: 5 (override with `min_id_length`).
@@ -187,6 +209,10 @@ var parseCases = []struct {
 	// those found after min_id_length is known
 	{"short id before bad type", envelope(`{"event_type":"e","user_id":"abc"}`, `{"event_type":"e","user_id":5}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"user_id":[0]}}`},
 	{"missing type and short id", envelope(`{"user_id":"0"}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"user_id":[0]},"events_with_missing_fields":{"event_type":[0]}}`},
+	{"short device and empty user", envelope(`{"event_type":"e","user_id":"","device_id":"abc"}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"device_id":[0]}}`},
+	{"short user and bad device", envelope(`{"event_type":"e","user_id":"abc","device_id":7}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"device_id":[0]}}`},
+	{"short user and all-zero device", envelope(`{"event_type":"e","user_id":"abc","device_id":"000000"}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"device_id":[0]}}`},
+	{"no id and short id", envelope(`{"event_type":"e"}`, `{"event_type":"e","user_id":"abc"}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"user_id":[1]},"events_with_missing_fields":{"device_id":[0],"user_id":[0]}}`},
 	{"missing type and all-zero device", envelope(`{"device_id":"\u0030000","user_id":"ab"}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"device_id":[0]},"events_with_missing_fields":{"event_type":[0]}}`},
 	{"bad type before short id", envelope(`{"event_type":"e","user_id":5}`, `{"event_type":"e","user_id":"abc"}`, `{"event_type":"e","device_id":"abc"}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"device_id":[2],"user_id":[0]}}`},
 

@@ -112,7 +112,7 @@ var fieldKinds = [numFields]uint8{
 	fTime:                   kInt,
 	fEventProperties:        kPropTree,
 	fUserProperties:         kPropTree,
-	fGroupProperties:        kPropTree,
+	fGroupProperties:        kObject, // not depth limited: the Limits table names only the two above
 	fGroups:                 kObject,
 	fPlan:                   kObject,
 	fSessionID:              kInt,

@@ -17,7 +17,7 @@ import (
 // encoding/json (decode into maps, last duplicate key wins). It is the fuzz
 // oracle: Parse must give the same verdict and the same error body.
 func refParse(body []byte) (*Error, []refEvent) {
-	if len(body) == 0 {
+	if len(bytes.Trim(body, " \t\r\n")) == 0 {
 		return newError(msgMissingBody), nil
 	}
 	if !json.Valid(body) {
@@ -51,11 +51,18 @@ func refParse(body []byte) (*Error, []refEvent) {
 			minLen = int(x)
 		}
 	}
-	if k, ok := env["api_key"].(string); !ok || k == "" {
+	switch k, ok := env["api_key"].(string); {
+	case ok && k != "":
+	case ok || env["api_key"] == nil:
 		return newMissingField("api_key"), nil
+	default:
+		return newError(msgInvalidAPIKey), nil
 	}
 	evs, ok := env["events"].([]any)
-	if !ok || len(evs) == 0 {
+	switch {
+	case !ok && env["events"] != nil:
+		return newError(msgInvalidEvent), nil
+	case len(evs) == 0:
 		return newMissingField("events"), nil
 	}
 	var out []map[string]any

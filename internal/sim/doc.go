@@ -39,8 +39,11 @@
 //     under Config.MaxBodyBytes (default 1,000,000), else 413
 //     {"code":413,"error":"Payload too large"}. An undecodable gzip stream is
 //     400 "Invalid JSON request body".
-//  3. empty (or all-whitespace) body: 400 "Missing request body".
-//  4. not a JSON object: 400 "Invalid JSON request body".
+//  3. empty body, or JSON whitespace (space, tab, CR, LF) only: 400
+//     "Missing request body".
+//  4. not a JSON object, or options present, not null and not an object, or
+//     options.min_id_length present, not null and not an integer in
+//     0..2147483647: 400 "Invalid JSON request body".
 //  5. api_key absent, null or "": 400 "Request missing required field",
 //     missing_field "api_key". api_key not a string, or not in Config.APIKeys
 //     when that is non-empty: 400 "Invalid API key".
@@ -49,36 +52,42 @@
 //     object: 400 "Invalid event JSON". 2000 or more events (the document's
 //     "under 2000 events"): 400 "Invalid event JSON" (it names no event; a
 //     client bisects).
-//  7. options not an object, or options.min_id_length not a non-negative
-//     integer: 400 "Invalid field values on some events" (no event named).
-//  8. per event (JSON null counts as absent for every field):
+//  7. per event (JSON null counts as absent for every field):
 //     - event_type absent or "": missing "event_type"; not a string: invalid.
 //     - user_id / device_id not strings: invalid. A device_id made only of
 //     '0' and '-' (with at least one '0') is invalid ("All-zero device IDs
-//     are dropped and the request returns an error"). Ids shorter than
-//     min_id_length (in characters) are removed; an event left with neither
-//     is missing "user_id".
+//     are dropped and the request returns an error"). An event with neither
+//     id (absent, null or "") is missing both "user_id" and "device_id".
+//     Ids shorter than min_id_length (in characters) are removed; an event
+//     left with neither id by that removal is invalid in the removed id(s).
 //     - time not an integer literal (no fraction, no exponent, not a
 //     string) or outside int64: invalid "time" (likewise quantity,
 //     event_id, session_id).
 //     - event_properties, user_properties, groups, group_properties, plan:
 //     objects; event_properties and user_properties (the Limits table's
 //     "Object depth") at most 40 layers deep (the object itself is layer 1;
-//     objects and arrays both count): invalid otherwise.
+//     objects and arrays both count): invalid otherwise. group_properties
+//     is not depth limited (the table does not name it).
 //     - string, number, integer and boolean fields of the Event table must
 //     have that JSON type.
 //     Each field names the index of the first event with that error. If any
-//     field is missing the error is "Request missing required field", else
-//     "Invalid field values on some events"; both maps are sent when
+//     field is invalid the error is "Invalid field values on some events",
+//     else "Request missing required field"; both maps are sent when
 //     non-empty. String length (1024) is not enforced: the document states a
 //     limit but not a rejection.
-//  9. silenced devices and daily quota (see below): 400.
-//  10. rate limit: 429.
-//  11. otherwise 200 {"code":200,"events_ingested":N,"payload_size_bytes":B,
+//  8. silenced devices and daily quota (see below): 400.
+//  9. rate limit: 429.
+//  10. otherwise 200 {"code":200,"events_ingested":N,"payload_size_bytes":B,
 //     "server_upload_time":MS}, N = events in the request (duplicates
 //     included: the upstream ignores them silently), B = decoded body size.
 //
-// CountOnly mode replaces steps 3-11 by a cheap count of the "events" array
+// Where the document leaves a choice open, internal/event (the relay's
+// validator) makes the same one: agree_test.go runs both on the bodies of
+// both packages' tables and FuzzAgree on arbitrary bodies, and requires the
+// same status and body (the 2000-event limit excepted: the relay takes any
+// number of events and re-batches them).
+//
+// CountOnly mode replaces steps 3-10 by a cheap count of the "events" array
 // (CountEvents) and a 200; nothing is validated or stored, faults still apply.
 //
 // A non-200 answer ingests nothing (the one exception is the injected fault

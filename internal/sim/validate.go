@@ -3,6 +3,7 @@ package sim
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"strconv"
 	"unicode/utf8"
 )
@@ -24,6 +25,13 @@ const (
 // MaxPropertyDepth is the documented object depth limit of
 // event_properties and user_properties.
 const MaxPropertyDepth = 40
+
+// maxMinIDLength is the largest options.min_id_length taken (a 32-bit int);
+// a larger one is an invalid request body.
+const maxMinIDLength = math.MaxInt32
+
+// jsonSpace is JSON's whitespace (RFC 8259): a body of only these is missing.
+const jsonSpace = " \t\r\n"
 
 // errBody is a validation error answer.
 type errBody struct {
@@ -73,21 +81,35 @@ var eventFields = map[string]fieldKind{
 	"event_id": kInteger, "session_id": kInteger, "insert_id": kString, "plan": kObject,
 }
 
-// depthLimited are the fields whose nesting is limited to MaxPropertyDepth.
+// depthLimited are the fields whose nesting is limited to MaxPropertyDepth:
+// only the two the Limits table names (group_properties is not limited).
 var depthLimited = []string{"event_properties", "user_properties"}
 
 // validate checks body by the document's rules (see doc.go for the order).
 // Either the envelope or the error is nil. validKey, when not nil, says
 // which api_keys are valid.
 func validate(body []byte, validKey func(string) bool, maxEvents int) (*envelope, *errBody) {
-	if len(bytes.TrimSpace(body)) == 0 {
+	if body = bytes.Trim(body, jsonSpace); len(body) == 0 {
 		return nil, &errBody{Code: 400, Error: ErrTextMissingBody}
 	}
 	var top map[string]json.RawMessage
-	if body = bytes.TrimSpace(body); body[0] != '{' || json.Unmarshal(body, &top) != nil {
+	if body[0] != '{' || json.Unmarshal(body, &top) != nil {
 		return nil, &errBody{Code: 400, Error: ErrTextInvalidJSON}
 	}
 	env := &envelope{minIDLen: 5}
+	if opts, ok := top["options"]; ok && !isNull(opts) {
+		var o map[string]json.RawMessage
+		if opts[0] != '{' || json.Unmarshal(opts, &o) != nil {
+			return nil, &errBody{Code: 400, Error: ErrTextInvalidJSON}
+		}
+		if m, ok := o["min_id_length"]; ok && !isNull(m) {
+			var n int
+			if kindOf(m) != kInteger || json.Unmarshal(m, &n) != nil || n < 0 || n > maxMinIDLength {
+				return nil, &errBody{Code: 400, Error: ErrTextInvalidJSON}
+			}
+			env.minIDLen = n
+		}
+	}
 	key, ok := top["api_key"]
 	if !ok || isNull(key) || string(key) == `""` {
 		return nil, &errBody{Code: 400, Error: ErrTextMissingField, MissingField: "api_key"}
@@ -107,19 +129,6 @@ func validate(body []byte, validKey func(string) bool, maxEvents int) (*envelope
 	}
 	if len(env.raw) >= maxEvents {
 		return nil, &errBody{Code: 400, Error: ErrTextInvalidEvent}
-	}
-	if opts, ok := top["options"]; ok && !isNull(opts) {
-		var o map[string]json.RawMessage
-		if opts[0] != '{' || json.Unmarshal(opts, &o) != nil {
-			return nil, &errBody{Code: 400, Error: ErrTextInvalidFields}
-		}
-		if m, ok := o["min_id_length"]; ok && !isNull(m) {
-			var n int
-			if kindOf(m) != kInteger || json.Unmarshal(m, &n) != nil || n < 0 {
-				return nil, &errBody{Code: 400, Error: ErrTextInvalidFields}
-			}
-			env.minIDLen = n
-		}
 	}
 	var invalid, missing map[string][]int
 	mark := func(m *map[string][]int, field string, i int) {
@@ -178,14 +187,27 @@ func validate(body []byte, validKey func(string) bool, maxEvents int) (*envelope
 		if v, ok := ev["user_id"]; ok && !isNull(v) && kindOf(v) != kString {
 			badID = true
 		}
-		if utf8.RuneCountInString(dev) < env.minIDLen || allZero(dev) {
+		devShort := dev != "" && !allZero(dev) && utf8.RuneCountInString(dev) < env.minIDLen
+		uidShort := uid != "" && utf8.RuneCountInString(uid) < env.minIDLen
+		if devShort || allZero(dev) {
 			dev = ""
 		}
-		if utf8.RuneCountInString(uid) < env.minIDLen {
+		if uidShort {
 			uid = ""
 		}
-		if dev == "" && uid == "" && !badID {
+		switch {
+		case dev != "" || uid != "" || badID:
+		case devShort || uidShort:
+			// min_id_length removed what the event had: those are invalid.
+			if devShort {
+				mark(&invalid, "device_id", i)
+			}
+			if uidShort {
+				mark(&invalid, "user_id", i)
+			}
+		default:
 			mark(&missing, "user_id", i)
+			mark(&missing, "device_id", i)
 		}
 		info.deviceID, info.userID = dev, uid
 		info.insertID, info.hasInsertID = str("insert_id")
@@ -195,7 +217,7 @@ func validate(body []byte, validKey func(string) bool, maxEvents int) (*envelope
 	}
 	if missing != nil || invalid != nil {
 		e := &errBody{Code: 400, Error: ErrTextInvalidFields, InvalidFields: invalid, MissingFields: missing}
-		if missing != nil {
+		if invalid == nil {
 			e.Error = ErrTextMissingField
 		}
 		return nil, e

@@ -5,16 +5,19 @@ import (
 	"testing"
 )
 
+// validateSeeds are FuzzValidate's seeds (FuzzAgree runs them too).
+var validateSeeds = []string{
+	`{"api_key":"k","events":[{"event_type":"e","user_id":"user1"}]}`,
+	`{"api_key":"k","events":[{"event_type":"e","device_id":"0000-0000","time":"x"}],"options":{"min_id_length":0}}`,
+	`{"api_key":"k","events":[{"event_type":"e","user_id":"ab","event_properties":{"a":[[[{}]]]}}],"options":{"min_id_length":2}}`,
+	`{"api_key":"k","events":[{"event_type":"e","user_id":"user1","time":1.0},{"user_id":null}]}`,
+	`{"api_key":"k","events":null}`, `[]`, ``, `{"api_key":1}`,
+}
+
 // FuzzValidate: the validator never panics, an accepted envelope satisfies
 // the document's minimal request, and a rejection names only real events.
 func FuzzValidate(f *testing.F) {
-	for _, s := range []string{
-		`{"api_key":"k","events":[{"event_type":"e","user_id":"user1"}]}`,
-		`{"api_key":"k","events":[{"event_type":"e","device_id":"0000-0000","time":"x"}],"options":{"min_id_length":0}}`,
-		`{"api_key":"k","events":[{"event_type":"e","user_id":"ab","event_properties":{"a":[[[{}]]]}}],"options":{"min_id_length":2}}`,
-		`{"api_key":"k","events":[{"event_type":"e","user_id":"user1","time":1.0},{"user_id":null}]}`,
-		`{"api_key":"k","events":null}`, `[]`, ``, `{"api_key":1}`,
-	} {
+	for _, s := range validateSeeds {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
