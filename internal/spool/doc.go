@@ -19,7 +19,7 @@
 //
 // The value encodings are in encode.go; each starts with a version byte.
 // Another process opening the same Dir fails after about half a second with
-// an error saying the file is locked.
+// ErrLocked.
 //
 // # Durability
 //

@@ -29,6 +29,10 @@ var ErrFull = errors.New("spool: quota reached")
 // less than Config.MinFreeBytes free. Nothing was written.
 var ErrDiskLow = errors.New("spool: free disk space below reserve")
 
+// ErrLocked is returned by Open when another process (or another open Spool)
+// holds the spool's file; Open gives up after about half a second.
+var ErrLocked = errors.New("spool: locked by another process")
+
 // ErrClosed is returned by operations on a closed spool.
 var ErrClosed = errors.New("spool: closed")
 
@@ -417,7 +421,8 @@ const formatVersion = 1
 
 // Open opens or creates the spool in cfg.Dir and starts its writer.
 // log and reg may be nil. A spool directory is used by one process at a time:
-// Open fails after about half a second when another holds the file.
+// Open fails with ErrLocked after about half a second when another holds the
+// file.
 func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -472,7 +477,7 @@ func (s *Spool) openDB() (*bolt.DB, error) {
 		MaxSize:         s.cfg.maxFileBytes,
 	})
 	if errors.Is(err, berrors.ErrTimeout) {
-		return nil, fmt.Errorf("open spool: %s is locked by another process: %w", s.path, err)
+		return nil, fmt.Errorf("open spool %s: %w", s.path, ErrLocked)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open spool %s: %w", s.path, err)

@@ -370,7 +370,7 @@ func TestSecondOpenFails(t *testing.T) {
 	s := openTest(t, Config{Sync: SyncNone})
 	start := time.Now()
 	_, err := Open(s.cfg, nil, nil)
-	if err == nil || !strings.Contains(err.Error(), "locked") {
+	if !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), "locked") {
 		t.Fatalf("second Open: %v", err)
 	}
 	if time.Since(start) > 3*time.Second {
