@@ -3,6 +3,7 @@ package throttle
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -35,6 +36,10 @@ type Throttle struct {
 	cfg   Config
 	now   func() time.Time
 	burst float64
+
+	// npaused mirrors len(paused) so that PausedUntil skips the lock when
+	// nothing is paused (the common case).
+	npaused atomic.Int64
 
 	mu          sync.Mutex
 	paused      map[string]time.Time
@@ -98,6 +103,7 @@ func (t *Throttle) Pause(keys []string, until time.Time) {
 	if len(t.paused) > 2*t.pausedSwept+1024 {
 		t.sweepPausedLocked(now)
 	}
+	t.npaused.Store(int64(len(t.paused)))
 }
 
 // PauseUntilNextDay pauses keys until the next UTC midnight (devices over
@@ -117,6 +123,9 @@ func NextUTCDay(now time.Time) time.Time {
 // PausedUntil returns when key's pause ends, or the zero time when key is
 // not paused. It does not allocate.
 func (t *Throttle) PausedUntil(key []byte) time.Time {
+	if t.npaused.Load() == 0 {
+		return time.Time{}
+	}
 	now := t.now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -126,6 +135,7 @@ func (t *Throttle) PausedUntil(key []byte) time.Time {
 	}
 	if !u.After(now) {
 		delete(t.paused, string(key))
+		t.npaused.Store(int64(len(t.paused)))
 		return time.Time{}
 	}
 	return u
@@ -147,6 +157,7 @@ func (t *Throttle) sweepPausedLocked(now time.Time) {
 		}
 	}
 	t.pausedSwept = len(t.paused)
+	t.npaused.Store(int64(len(t.paused)))
 }
 
 // Pacing reports whether Take can refuse.
