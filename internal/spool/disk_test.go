@@ -212,6 +212,13 @@ func TestCompactionKeepsData(t *testing.T) {
 			t.Fatalf("chunk %d: last record %d", i, n)
 		}
 	}
+	// Sequences survive the copy: ids are not reused.
+	if err := s.PutDead(ctx, []DeadLetter{{Lane: l.Key(), Reason: "x"}}); err != nil {
+		t.Fatal(err)
+	}
+	if l2 := mustLane(t, s, testKey(2)); l2.ID() != l.ID()+1 {
+		t.Fatalf("lane created after compaction has id %d", l2.ID())
+	}
 	// Appends after the swap go to the new file.
 	b.Reset()
 	b.Add(rec(1, chunks*40, 1))
@@ -225,6 +232,10 @@ func TestCompactionKeepsData(t *testing.T) {
 		t.Fatalf("compaction file left behind: %v", err)
 	}
 	s = openTest(t, Config{Dir: dir, Sync: SyncNone})
+	more := []DeadLetter{{Lane: l.Key(), Reason: "y"}}
+	if err := s.PutDead(ctx, more); err != nil || more[0].ID != 2 {
+		t.Fatalf("dead letter after compaction and reopen: id %d, %v", more[0].ID, err)
+	}
 	rest := drainAvailable(t, s.Lanes()[0])
 	if len(rest) != 61 || rest[0].Seq != 341 || rest[60].Seq != chunks+1 {
 		t.Fatalf("after reopen: %d chunks from %d", len(rest), rest[0].Seq)
