@@ -681,3 +681,52 @@ func chaos(t *testing.T, thr throttle.Config) {
 	}
 	t.Logf("sim: %d requests, %v, %d throttled, %d silenced, %d duplicates", st.Requests, st.ByStatus, st.Throttled, st.Silenced, st.Duplicates)
 }
+
+// StopLane pauses a lane for an operator; ResumeLane sends what waited.
+// Lanes of other kinds (group identify, usermap) are not delivered here.
+func TestStopResumeLaneAndOtherKinds(t *testing.T) {
+	h := newHarness(t, sim.Config{}, Config{}, throttle.Config{})
+	gl, err := h.sp.Lane(context.Background(), spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: "key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b spool.Batch
+	b.Add(spool.Record{OrderKey: []byte("g"), Data: []byte(`{"group_type":"org","group_value":"x"}`)})
+	if err := h.sp.Append(context.Background(), gl, &b); err != nil {
+		t.Fatal(err)
+	}
+	h.add("key", ev{Device: "device-a"})
+	h.start()
+	h.waitDrained(5*time.Second, 1) // the group identify record stays
+	var id uint64
+	for _, st := range h.p.LaneStatus() {
+		id = st.ID
+	}
+	if len(h.p.LaneStatus()) != 1 {
+		t.Fatalf("lanes %+v", h.p.LaneStatus())
+	}
+	if err := h.p.StopLane(id); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.p.StopLane(gl.ID()); err == nil {
+		t.Fatal("StopLane of a group identify lane")
+	}
+	n := len(h.sim.Requests())
+	h.add("key", ev{Device: "device-a"}, ev{Device: "device-b"})
+	time.Sleep(300 * time.Millisecond)
+	if st := h.p.LaneStatus()[0]; !st.Stopped || st.StopReason != "stopped by operator" || len(h.sim.Requests()) != n {
+		t.Fatalf("status %+v, %d requests (was %d)", st, len(h.sim.Requests()), n)
+	}
+	if h.metric("relay_lane_stopped") != 1 {
+		t.Fatal("gauge")
+	}
+	if err := h.p.ResumeLane(id); err != nil {
+		t.Fatal(err)
+	}
+	h.waitDrained(5*time.Second, 1)
+	h.stop()
+	if h.metric("relay_lane_stopped") != 0 {
+		t.Fatal("gauge after resume")
+	}
+	h.check(nil)
+}
