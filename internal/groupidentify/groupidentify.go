@@ -1,0 +1,180 @@
+package groupidentify
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+
+	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/groupidentify/lanedeliver"
+	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/upstream"
+)
+
+// Limits of the API reference ("Group identify | per request | at most 1024
+// group identifies, 1024 group properties, 1 MB").
+const (
+	MaxIdentifies = 1024
+	MaxProperties = 1024
+	MaxBodyBytes  = 1_000_000
+)
+
+// Defaults of Config's zero values.
+const (
+	DefaultRetryAfter = 5 * time.Second
+)
+
+// Route is one route of the admin listener.
+type Route struct {
+	Method, Path string
+	Handler      fasthttp.RequestHandler
+	// Forward is true when the caller's own Authorization may be passed to
+	// the upstream (the admin token then travels in Proxy-Authorization);
+	// false when Authorization: Bearer is the admin token.
+	Forward bool
+}
+
+// Config configures a GroupIdentify.
+type Config struct {
+	// URL is the upstream base (--ingest-url); requests go to URL +
+	// "/groupidentify" (a project's ingest_url in the credentials file
+	// overrides it for that project's api_key). Required.
+	URL string
+	// MaxIdentifies bounds identifications per accepted and per upstream
+	// request; zero means MaxIdentifies (1024).
+	MaxIdentifies int
+	// MaxProperties bounds the group properties (plain keys plus the keys
+	// inside each $operation) per accepted and per upstream request; zero
+	// means MaxProperties (1024).
+	MaxProperties int
+	// MaxBodyBytes: accepted and upstream form bodies are strictly shorter;
+	// zero means MaxBodyBytes (1,000,000).
+	MaxBodyBytes int
+	// MaxAge, RetryInitial, RetryMax, MaxRetryAfter, Linger: see
+	// lanedeliver.Config (zero means its defaults; MaxAge 6 days).
+	MaxAge, RetryInitial, RetryMax, MaxRetryAfter, Linger time.Duration
+	// RetryAfter is sent with 503 when the spool refuses; zero means
+	// DefaultRetryAfter. Rounded up to whole seconds.
+	RetryAfter time.Duration
+	// Gzip sends upstream bodies gzip-compressed.
+	Gzip bool
+}
+
+// Validate reports a configuration error.
+func (c Config) Validate() error {
+	if c.URL == "" || !(strings.HasPrefix(c.URL, "http://") || strings.HasPrefix(c.URL, "https://")) {
+		return fmt.Errorf("groupidentify: URL %q is not an http(s) base", c.URL)
+	}
+	switch {
+	case c.MaxIdentifies < 0 || c.MaxIdentifies > MaxIdentifies:
+		return fmt.Errorf("groupidentify: MaxIdentifies %d not in 0..%d", c.MaxIdentifies, MaxIdentifies)
+	case c.MaxProperties < 0 || c.MaxProperties > MaxProperties:
+		return fmt.Errorf("groupidentify: MaxProperties %d not in 0..%d", c.MaxProperties, MaxProperties)
+	case c.MaxBodyBytes < 0 || c.MaxBodyBytes > MaxBodyBytes:
+		return fmt.Errorf("groupidentify: MaxBodyBytes %d not in 0..%d", c.MaxBodyBytes, MaxBodyBytes)
+	case c.MaxAge < 0, c.RetryInitial < 0, c.RetryMax < 0, c.MaxRetryAfter < 0, c.RetryAfter < 0:
+		return errors.New("groupidentify: negative duration")
+	}
+	return nil
+}
+
+func (c Config) withDefaults() Config {
+	if c.MaxIdentifies == 0 {
+		c.MaxIdentifies = MaxIdentifies
+	}
+	if c.MaxProperties == 0 {
+		c.MaxProperties = MaxProperties
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = MaxBodyBytes
+	}
+	if c.RetryAfter == 0 {
+		c.RetryAfter = DefaultRetryAfter
+	}
+	c.URL = strings.TrimRight(c.URL, "/")
+	return c
+}
+
+// GroupIdentify is the /groupidentify route and its delivery.
+type GroupIdentify struct {
+	cfg        Config
+	sp         *spool.Spool
+	creds      *credentials.Store
+	log        *zap.Logger
+	d          *lanedeliver.Deliverer
+	retryAfter string
+
+	accepted prometheus.Counter
+	rejected *prometheus.CounterVec
+}
+
+// New returns a GroupIdentify. creds, log and reg may be nil.
+func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credentials.Store, log *zap.Logger, reg prometheus.Registerer) (*GroupIdentify, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	if log == nil {
+		log = zap.NewNop()
+	}
+	g := &GroupIdentify{cfg: cfg, sp: sp, creds: creds, log: log,
+		retryAfter: strconv.Itoa(int((cfg.RetryAfter + time.Second - 1) / time.Second))}
+	d, err := lanedeliver.New(lanedeliver.Config{
+		Name:         "groupidentify",
+		Kind:         spool.KindGroupIdentify,
+		URL:          g.upstreamURL,
+		Field:        "identification",
+		MaxItems:     cfg.MaxIdentifies,
+		MaxBodyBytes: cfg.MaxBodyBytes,
+		MaxWeight:    cfg.MaxProperties,
+		Weight:       Properties,
+		MaxAge:       cfg.MaxAge,
+		RetryInitial: cfg.RetryInitial, RetryMax: cfg.RetryMax, MaxRetryAfter: cfg.MaxRetryAfter,
+		Linger: cfg.Linger,
+		Gzip:   cfg.Gzip,
+	}, sp, client, log, reg)
+	if err != nil {
+		return nil, fmt.Errorf("groupidentify: %w", err)
+	}
+	g.d = d
+	f := promauto.With(reg)
+	g.accepted = f.NewCounter(prometheus.CounterOpts{Name: "relay_groupidentify_accepted_total",
+		Help: "Group identifications accepted into the spool."})
+	g.rejected = f.NewCounterVec(prometheus.CounterOpts{Name: "relay_groupidentify_rejected_requests_total",
+		Help: "POST /groupidentify requests refused, by reason."}, []string{"reason"})
+	return g, nil
+}
+
+// upstreamURL is the /groupidentify URL for apiKey: the project's ingest_url
+// override, else Config.URL.
+func (g *GroupIdentify) upstreamURL(apiKey string) string {
+	base := g.cfg.URL
+	if p, ok := g.creds.ProjectByAPIKey(apiKey); ok {
+		base = strings.TrimRight(p.URL(credentials.KindIngest, base), "/")
+	}
+	return base + "/groupidentify"
+}
+
+// Routes returns the admin routes: POST /groupidentify.
+func (g *GroupIdentify) Routes() []Route {
+	return []Route{{Method: fasthttp.MethodPost, Path: "/groupidentify", Handler: g.serve}}
+}
+
+// Run delivers spooled identifications until ctx ends (see lanedeliver).
+func (g *GroupIdentify) Run(ctx context.Context) error { return g.d.Run(ctx) }
+
+// Ready reports an error while Run is not running.
+func (g *GroupIdentify) Ready() error {
+	if !g.d.Running() {
+		return errors.New("groupidentify delivery not running")
+	}
+	return nil
+}

@@ -1,0 +1,286 @@
+package usermap
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+
+	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/groupidentify/lanedeliver"
+	"github.com/svcrelay/relay/internal/spool"
+)
+
+// Mapping is one parsed, validated mapping.
+type Mapping struct {
+	UserID, GlobalUserID string
+	Unmap                bool
+	// Data is the compacted JSON object as it is sent upstream.
+	Data []byte
+}
+
+// ValidationError is a request the relay refuses locally.
+type ValidationError struct {
+	Status int // 400 or 413
+	Msg    string
+	Reason string // metric label
+}
+
+func (e *ValidationError) Error() string { return e.Msg }
+
+func bad(reason, format string, args ...any) *ValidationError {
+	return &ValidationError{Status: fasthttp.StatusBadRequest, Msg: fmt.Sprintf(format, args...), Reason: reason}
+}
+
+// ParseMappings validates the mapping parameter (one JSON object or an
+// array of them) and returns the mappings. apiKey is used to check that each
+// mapping fits one upstream request.
+func ParseMappings(apiKey string, mapping []byte, maxMappings, maxBodyBytes int) ([]Mapping, *ValidationError) {
+	v := bytes.TrimSpace(mapping)
+	if len(v) == 0 {
+		return nil, bad("missing_field", "mapping: missing or empty")
+	}
+	var raws []json.RawMessage
+	switch v[0] {
+	case '[':
+		if json.Unmarshal(v, &raws) != nil {
+			return nil, bad("invalid_json", "mapping: invalid JSON array")
+		}
+	case '{':
+		if !json.Valid(v) {
+			return nil, bad("invalid_json", "mapping: invalid JSON object")
+		}
+		raws = []json.RawMessage{v}
+	default:
+		return nil, bad("invalid_json", "mapping: must be a JSON object or an array of objects")
+	}
+	if len(raws) == 0 {
+		return nil, bad("missing_field", "mapping: empty array")
+	}
+	if len(raws) > maxMappings {
+		return nil, bad("too_many_mappings", "mapping: %d mappings; at most %d per request", len(raws), maxMappings)
+	}
+	overhead := lanedeliver.BodyOverhead(apiKey, "mapping")
+	out := make([]Mapping, 0, len(raws))
+	for i, raw := range raws {
+		m, err := parseOne(raw)
+		if err != nil {
+			err.Msg = fmt.Sprintf("mapping[%d]%s", i, err.Msg)
+			return nil, err
+		}
+		if overhead+lanedeliver.EscapedLen(m.Data) >= maxBodyBytes {
+			return nil, &ValidationError{Status: fasthttp.StatusRequestEntityTooLarge, Reason: "too_large",
+				Msg: fmt.Sprintf("mapping[%d]: too large for one upstream request (1 MB)", i)}
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+func parseOne(raw json.RawMessage) (Mapping, *ValidationError) {
+	var obj map[string]json.RawMessage
+	var m Mapping
+	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &obj) != nil {
+		return m, bad("invalid_type", ": must be an object")
+	}
+	str := func(k string) (string, *ValidationError) {
+		v, ok := obj[k]
+		if !ok || string(v) == "null" {
+			return "", nil
+		}
+		var s string
+		if json.Unmarshal(v, &s) != nil {
+			return "", bad("invalid_type", ".%s: must be a string", k)
+		}
+		return s, nil
+	}
+	var err *ValidationError
+	if m.UserID, err = str("user_id"); err != nil {
+		return m, err
+	}
+	if m.GlobalUserID, err = str("global_user_id"); err != nil {
+		return m, err
+	}
+	if v, ok := obj["unmap"]; ok && string(v) != "null" {
+		if json.Unmarshal(v, &m.Unmap) != nil {
+			return m, bad("invalid_type", ".unmap: must be a boolean")
+		}
+	}
+	for k := range obj {
+		switch k {
+		case "user_id", "global_user_id", "unmap":
+		default:
+			return m, bad("unknown_field", ".%s: unknown field (allowed: user_id, global_user_id, unmap)", k)
+		}
+	}
+	if m.UserID == "" {
+		return m, bad("missing_field", ".user_id: missing or empty")
+	}
+	if m.GlobalUserID == "" && !m.Unmap {
+		return m, bad("missing_field", ".global_user_id: missing or empty (required unless unmap is true)")
+	}
+	var buf bytes.Buffer
+	if json.Compact(&buf, raw) != nil {
+		return m, bad("invalid_json", ": invalid JSON")
+	}
+	m.Data = buf.Bytes()
+	return m, nil
+}
+
+// formValue reads a parameter of the query, else of a form body.
+func formValue(ctx *fasthttp.RequestCtx, name string) []byte {
+	if v := ctx.QueryArgs().Peek(name); v != nil {
+		return v
+	}
+	return ctx.PostArgs().Peek(name)
+}
+
+func (u *UserMap) servePost(ctx *fasthttp.RequestCtx) {
+	if n := len(ctx.PostBody()) + len(ctx.URI().QueryString()); n >= u.cfg.MaxBodyBytes {
+		u.reject(ctx, &ValidationError{Status: fasthttp.StatusRequestEntityTooLarge, Reason: "too_large",
+			Msg: fmt.Sprintf("Payload too large: %d bytes; the limit is under %d bytes (1 MB)", n, u.cfg.MaxBodyBytes)})
+		return
+	}
+	apiKey := formValue(ctx, "api_key")
+	if len(apiKey) == 0 {
+		u.reject(ctx, bad("missing_field", "api_key: missing or empty"))
+		return
+	}
+	ms, verr := ParseMappings(string(apiKey), formValue(ctx, "mapping"), u.cfg.MaxMappings, u.cfg.MaxBodyBytes)
+	if verr != nil {
+		u.reject(ctx, verr)
+		return
+	}
+	var b spool.Batch
+	for _, m := range ms {
+		b.Add(spool.Record{OrderKey: []byte(m.UserID), UserID: []byte(m.UserID), Data: m.Data})
+	}
+	rctx := context.Background()
+	lane, err := u.sp.Lane(rctx, spool.LaneKey{Kind: spool.KindUserMap, APIKey: string(apiKey)})
+	if err == nil {
+		err = u.sp.Append(rctx, lane, &b)
+	}
+	if err != nil {
+		u.spoolFailed(ctx, err)
+		return
+	}
+	u.accepted.Add(float64(len(ms)))
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.SetContentType("application/json")
+	fmt.Fprintf(ctx, `{"code":200,"mappings_accepted":%d}`, len(ms))
+}
+
+// ParseUserIDs validates the user_ids parameter of GET /api/2/usermap: a
+// JSON array of strings, or a comma-separated list; 1 to MaxUserIDs
+// non-empty ids.
+func ParseUserIDs(v []byte) ([]string, *ValidationError) {
+	t := bytes.TrimSpace(v)
+	if len(t) == 0 {
+		return nil, bad("missing_field", "user_ids: missing or empty (1 to 100 user ids)")
+	}
+	var ids []string
+	if t[0] == '[' {
+		if json.Unmarshal(t, &ids) != nil {
+			return nil, bad("invalid_json", "user_ids: invalid JSON array of strings")
+		}
+	} else {
+		ids = strings.Split(string(t), ",")
+	}
+	if len(ids) == 0 {
+		return nil, bad("missing_field", "user_ids: empty list (1 to 100 user ids)")
+	}
+	if len(ids) > MaxUserIDs {
+		return nil, bad("too_many_user_ids", "user_ids: %d ids; at most %d per request", len(ids), MaxUserIDs)
+	}
+	for i, id := range ids {
+		if strings.TrimSpace(id) == "" {
+			return nil, bad("invalid_type", "user_ids[%d]: empty user id", i)
+		}
+	}
+	return ids, nil
+}
+
+func (u *UserMap) serveGet(ctx *fasthttp.RequestCtx) {
+	if _, verr := ParseUserIDs(ctx.QueryArgs().Peek("user_ids")); verr != nil {
+		u.reject(ctx, verr)
+		return
+	}
+	base := u.cfg.AnalyticsURL
+	auth := ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)
+	if name := ctx.Request.Header.Peek("X-Relay-Project"); len(name) > 0 {
+		p, ok := u.creds.Project(string(name))
+		if !ok {
+			u.reject(ctx, bad("unknown_project", "X-Relay-Project: no project of that name in the credentials file"))
+			return
+		}
+		base = strings.TrimRight(p.URL(credentials.KindAnalytics, base), "/")
+		auth = []byte(credentials.BasicAuth(p.APIKey, p.SecretKey))
+	}
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	uri := base + "/api/2/usermap"
+	if qs := ctx.URI().QueryString(); len(qs) > 0 {
+		uri += "?" + string(qs)
+	}
+	req.SetRequestURI(uri)
+	req.Header.SetMethod(fasthttp.MethodGet)
+	if len(auth) > 0 {
+		req.Header.SetBytesV(fasthttp.HeaderAuthorization, auth)
+	}
+	if a := ctx.Request.Header.Peek(fasthttp.HeaderAccept); len(a) > 0 {
+		req.Header.SetBytesV(fasthttp.HeaderAccept, a)
+	}
+	if err := u.fwd.DoTimeout(req, resp, u.cfg.ForwardTimeout); err != nil {
+		u.forwarded.WithLabelValues("error").Inc()
+		u.log.Warn("usermap: forwarding GET /api/2/usermap failed", zap.Error(err))
+		writeError(ctx, fasthttp.StatusBadGateway, "upstream unreachable: "+err.Error())
+		return
+	}
+	u.forwarded.WithLabelValues(fmt.Sprint(resp.StatusCode())).Inc()
+	ctx.SetStatusCode(resp.StatusCode())
+	if ct := resp.Header.ContentType(); len(ct) > 0 {
+		ctx.Response.Header.SetContentTypeBytes(ct)
+	}
+	if ra := resp.Header.Peek(fasthttp.HeaderRetryAfter); len(ra) > 0 {
+		ctx.Response.Header.SetBytesV(fasthttp.HeaderRetryAfter, ra)
+	}
+	ctx.SetBody(resp.Body())
+}
+
+func (u *UserMap) spoolFailed(ctx *fasthttp.RequestCtx, err error) {
+	msg, reason := "Service unavailable", "spool_error"
+	switch {
+	case errors.Is(err, spool.ErrFull):
+		msg, reason = "Spool full, retry later", "spool_full"
+	case errors.Is(err, spool.ErrDiskLow):
+		msg, reason = "Disk space low, retry later", "disk_low"
+	case errors.Is(err, spool.ErrClosed):
+		msg, reason = "Service is shutting down", "shutting_down"
+	default:
+		u.log.Error("usermap: spool append failed", zap.Error(err))
+	}
+	ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, u.retryAfter)
+	u.reject(ctx, &ValidationError{Status: fasthttp.StatusServiceUnavailable, Msg: msg, Reason: reason})
+}
+
+func (u *UserMap) reject(ctx *fasthttp.RequestCtx, e *ValidationError) {
+	u.rejected.WithLabelValues(e.Reason).Inc()
+	writeError(ctx, e.Status, e.Msg)
+}
+
+func writeError(ctx *fasthttp.RequestCtx, status int, msg string) {
+	b, _ := json.Marshal(struct {
+		Code  int    `json:"code"`
+		Error string `json:"error"`
+	}{status, msg})
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}

@@ -1,0 +1,236 @@
+package usermap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+
+	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/groupidentify/lanedeliver"
+	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/upstream"
+)
+
+// Limits of the API reference: "Mapping batch | map/unmap | at most 2000
+// requests/events per batch and 1 MB"; "Mapping rate | 1500 alias calls
+// (not batches) per 30 seconds"; "Read mappings | user_ids | 1 to 100".
+const (
+	MaxMappings  = 2000
+	MaxBodyBytes = 1_000_000
+	RateLimit    = 1500
+	RateWindow   = 30 * time.Second
+	MaxUserIDs   = 100
+)
+
+// Defaults of Config's zero values.
+const (
+	DefaultRetryAfter     = 5 * time.Second
+	DefaultForwardTimeout = 30 * time.Second
+)
+
+// Route is one route of the admin listener.
+type Route struct {
+	Method, Path string
+	Handler      fasthttp.RequestHandler
+	// Forward is true when the caller's own Authorization may be passed to
+	// the upstream (the admin token then travels in Proxy-Authorization, or
+	// in Authorization when X-Relay-Project names a project); false when
+	// Authorization: Bearer is the admin token.
+	Forward bool
+}
+
+// Config configures a UserMap.
+type Config struct {
+	// AliasURL is the upstream base for POST /usermap (--alias-url); a
+	// project's alias_url overrides it for that project's api_key. Required.
+	AliasURL string
+	// AnalyticsURL is the upstream base for GET /api/2/usermap
+	// (--analytics-url); the project named by X-Relay-Project may override
+	// it. Required.
+	AnalyticsURL string
+	// MaxMappings bounds mappings per accepted and per upstream request;
+	// zero means MaxMappings (2000).
+	MaxMappings int
+	// MaxBodyBytes: accepted and upstream bodies are strictly shorter; zero
+	// means MaxBodyBytes (1,000,000).
+	MaxBodyBytes int
+	// RateLimit is the mapping calls allowed per RateWindow per
+	// organization; zero means RateLimit (1500).
+	RateLimit int
+	// RateWindow is the sliding window of RateLimit; zero means RateWindow
+	// (30 s). Tests shrink it.
+	RateWindow time.Duration
+	// MaxAge, RetryInitial, RetryMax, MaxRetryAfter, Linger: see
+	// lanedeliver.Config (zero means its defaults; MaxAge 6 days).
+	MaxAge, RetryInitial, RetryMax, MaxRetryAfter, Linger time.Duration
+	// RetryAfter is sent with 503 when the spool refuses; zero means
+	// DefaultRetryAfter.
+	RetryAfter time.Duration
+	// ForwardTimeout bounds a forwarded GET /api/2/usermap; zero means
+	// DefaultForwardTimeout.
+	ForwardTimeout time.Duration
+	// Gzip sends upstream POST bodies gzip-compressed.
+	Gzip bool
+}
+
+func httpBase(u string) bool {
+	return strings.HasPrefix(u, "http://") || strings.HasPrefix(u, "https://")
+}
+
+// Validate reports a configuration error.
+func (c Config) Validate() error {
+	switch {
+	case !httpBase(c.AliasURL):
+		return fmt.Errorf("usermap: AliasURL %q is not an http(s) base", c.AliasURL)
+	case !httpBase(c.AnalyticsURL):
+		return fmt.Errorf("usermap: AnalyticsURL %q is not an http(s) base", c.AnalyticsURL)
+	case c.MaxMappings < 0 || c.MaxMappings > MaxMappings:
+		return fmt.Errorf("usermap: MaxMappings %d not in 0..%d", c.MaxMappings, MaxMappings)
+	case c.MaxBodyBytes < 0 || c.MaxBodyBytes > MaxBodyBytes:
+		return fmt.Errorf("usermap: MaxBodyBytes %d not in 0..%d", c.MaxBodyBytes, MaxBodyBytes)
+	case c.RateLimit < 0:
+		return fmt.Errorf("usermap: RateLimit %d < 0", c.RateLimit)
+	case c.RateWindow < 0, c.MaxAge < 0, c.RetryInitial < 0, c.RetryMax < 0, c.MaxRetryAfter < 0,
+		c.RetryAfter < 0, c.ForwardTimeout < 0:
+		return errors.New("usermap: negative duration")
+	}
+	return nil
+}
+
+func (c Config) withDefaults() Config {
+	if c.MaxMappings == 0 {
+		c.MaxMappings = MaxMappings
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = MaxBodyBytes
+	}
+	if c.RateLimit == 0 {
+		c.RateLimit = RateLimit
+	}
+	if c.RateWindow == 0 {
+		c.RateWindow = RateWindow
+	}
+	if c.RetryAfter == 0 {
+		c.RetryAfter = DefaultRetryAfter
+	}
+	if c.ForwardTimeout == 0 {
+		c.ForwardTimeout = DefaultForwardTimeout
+	}
+	c.AliasURL = strings.TrimRight(c.AliasURL, "/")
+	c.AnalyticsURL = strings.TrimRight(c.AnalyticsURL, "/")
+	return c
+}
+
+// UserMap is the /usermap and /api/2/usermap routes and the delivery of
+// spooled mappings.
+type UserMap struct {
+	cfg        Config
+	sp         *spool.Spool
+	creds      *credentials.Store
+	log        *zap.Logger
+	d          *lanedeliver.Deliverer
+	pacer      *Pacer
+	fwd        *fasthttp.Client
+	retryAfter string
+
+	accepted  prometheus.Counter
+	rejected  *prometheus.CounterVec
+	forwarded *prometheus.CounterVec
+}
+
+// New returns a UserMap. creds, log and reg may be nil.
+func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credentials.Store, log *zap.Logger, reg prometheus.Registerer) (*UserMap, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	if log == nil {
+		log = zap.NewNop()
+	}
+	f := promauto.With(reg)
+	u := &UserMap{cfg: cfg, sp: sp, creds: creds, log: log,
+		retryAfter: strconv.Itoa(int((cfg.RetryAfter + time.Second - 1) / time.Second)),
+		fwd: &fasthttp.Client{
+			Name:                     "svc-relay",
+			ReadTimeout:              cfg.ForwardTimeout,
+			WriteTimeout:             cfg.ForwardTimeout,
+			MaxResponseBodySize:      64 << 20,
+			NoDefaultUserAgentHeader: false,
+		},
+	}
+	u.pacer = NewPacer(cfg.RateLimit, cfg.RateWindow, u.orgOf, nil)
+	u.pacer.waited = f.NewCounter(prometheus.CounterOpts{Name: "relay_usermap_pace_wait_seconds_total",
+		Help: "Time lanes waited for the per-organization mapping rate (1500 per 30 s)."})
+	d, err := lanedeliver.New(lanedeliver.Config{
+		Name:         "usermap",
+		Kind:         spool.KindUserMap,
+		URL:          u.aliasURL,
+		Field:        "mapping",
+		MaxItems:     min(cfg.MaxMappings, cfg.RateLimit),
+		MaxBodyBytes: cfg.MaxBodyBytes,
+		MaxAge:       cfg.MaxAge,
+		RetryInitial: cfg.RetryInitial, RetryMax: cfg.RetryMax, MaxRetryAfter: cfg.MaxRetryAfter,
+		ThrottleWait: cfg.RateWindow,
+		Linger:       cfg.Linger,
+		Gzip:         cfg.Gzip,
+		Pacer:        u.pacer,
+	}, sp, client, log, reg)
+	if err != nil {
+		return nil, fmt.Errorf("usermap: %w", err)
+	}
+	u.d = d
+	u.accepted = f.NewCounter(prometheus.CounterOpts{Name: "relay_usermap_accepted_total",
+		Help: "Mappings accepted into the spool."})
+	u.rejected = f.NewCounterVec(prometheus.CounterOpts{Name: "relay_usermap_rejected_requests_total",
+		Help: "POST /usermap and GET /api/2/usermap requests refused locally, by reason."}, []string{"reason"})
+	u.forwarded = f.NewCounterVec(prometheus.CounterOpts{Name: "relay_usermap_forwarded_total",
+		Help: "GET /api/2/usermap requests forwarded, by upstream status (or \"error\")."}, []string{"status"})
+	return u, nil
+}
+
+// orgOf is the pacing key of an api_key: its project's organization, else
+// the api_key itself (hashed; never logged).
+func (u *UserMap) orgOf(apiKey string) string {
+	if p, ok := u.creds.ProjectByAPIKey(apiKey); ok {
+		if o, ok := u.creds.OrgOfProject(p.Name); ok {
+			return "org:" + o.Name
+		}
+		return "project:" + p.Name
+	}
+	return "key:" + apiKey
+}
+
+func (u *UserMap) aliasURL(apiKey string) string {
+	base := u.cfg.AliasURL
+	if p, ok := u.creds.ProjectByAPIKey(apiKey); ok {
+		base = strings.TrimRight(p.URL(credentials.KindAlias, base), "/")
+	}
+	return base + "/usermap"
+}
+
+// Routes returns POST /usermap and GET /api/2/usermap (Forward).
+func (u *UserMap) Routes() []Route {
+	return []Route{
+		{Method: fasthttp.MethodPost, Path: "/usermap", Handler: u.servePost},
+		{Method: fasthttp.MethodGet, Path: "/api/2/usermap", Handler: u.serveGet, Forward: true},
+	}
+}
+
+// Run delivers spooled mappings until ctx ends (see lanedeliver).
+func (u *UserMap) Run(ctx context.Context) error { return u.d.Run(ctx) }
+
+// Ready reports an error while Run is not running.
+func (u *UserMap) Ready() error {
+	if !u.d.Running() {
+		return errors.New("usermap delivery not running")
+	}
+	return nil
+}
