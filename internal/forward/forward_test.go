@@ -1,0 +1,511 @@
+package forward
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/valyala/fasthttp"
+)
+
+// seen is what the test upstream saw of one request.
+type seen struct {
+	Method, URI, Host, Auth string
+	Header                  http.Header
+	Body                    string
+}
+
+// upstream is a real HTTP server on 127.0.0.1 that records requests and
+// answers with h.
+type upstream struct {
+	URL  string
+	mu   sync.Mutex
+	reqs []seen
+}
+
+func (u *upstream) last(t *testing.T) seen {
+	t.Helper()
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if len(u.reqs) == 0 {
+		t.Fatal("upstream saw no request")
+	}
+	return u.reqs[len(u.reqs)-1]
+}
+
+func startUpstream(t *testing.T, h http.HandlerFunc) *upstream {
+	t.Helper()
+	u := &upstream{}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		u.mu.Lock()
+		u.reqs = append(u.reqs, seen{Method: r.Method, URI: r.RequestURI, Host: r.Host,
+			Auth: r.Header.Get("Authorization"), Header: r.Header.Clone(), Body: string(b)})
+		u.mu.Unlock()
+		if h != nil {
+			h(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"ok":true}`)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	u.URL = "http://" + ln.Addr().String()
+	return u
+}
+
+// startRelay serves h (the forwarding handler) on 127.0.0.1 with fasthttp
+// and returns its address.
+func startRelay(t *testing.T, h fasthttp.RequestHandler) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: h, MaxRequestBodySize: 64 << 20}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Shutdown() })
+	return ln.Addr().String()
+}
+
+const credsYAML = `
+projects:
+  - name: web-prod
+    api_key: "pk-web"
+    secret_key: "ps-web"
+  - name: eu-app
+    api_key: "pk-eu"
+    secret_key: "ps-eu"
+    analytics_url: "%s"
+  - name: lonely
+    api_key: "pk-lonely"
+    secret_key: "ps-lonely"
+organizations:
+  - name: acme
+    api_key: "ok-acme"
+    secret_key: "os-acme"
+    management_api_key: "mgmt-acme"
+    scim_token: "scim-acme"
+    projects: [web-prod, eu-app]
+`
+
+func testCreds(t *testing.T, euURL string) *credentials.Store {
+	t.Helper()
+	s, err := credentials.Parse(fmt.Appendf(nil, credsYAML, euURL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func newForwarder(t *testing.T, cfg Config) *Forwarder {
+	t.Helper()
+	f, err := New(cfg, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// handler resolves for u and forwards.
+func handler(f *Forwarder, creds *credentials.Store, u Upstream) fasthttp.RequestHandler {
+	return func(ctx *fasthttp.RequestCtx) {
+		r, e := Resolve(ctx, creds, u)
+		if e != nil {
+			e.Write(ctx)
+			return
+		}
+		f.Forward(ctx, r.Target)
+	}
+}
+
+// rawDo sends a raw HTTP/1.1 request and returns the answer.
+func rawDo(t *testing.T, addr, raw string) *http.Response {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, raw); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+func readAll(t *testing.T, r *http.Response) string {
+	t.Helper()
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestPassThroughUntouched(t *testing.T) {
+	up := startUpstream(t, nil)
+	f := newForwarder(t, Config{})
+	addr := startRelay(t, handler(f, nil, Upstream{API: "x", Kind: credentials.KindAnalytics, Fallback: up.URL + "/", Flag: "--analytics-url", Scheme: SchemeProjectBasic}))
+	body := "category_name=a%20b&x=%2F"
+	resp := rawDo(t, addr, "PUT /api/2/taxonomy/category/a%2Fb%20c?x=1&y=%20&x=2 HTTP/1.1\r\n"+
+		"Host: evil.example\r\nAuthorization: Basic dXNlcjpwYXNz\r\nProxy-Authorization: Bearer admintok\r\n"+
+		"Connection: keep-alive, X-Hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\nUpgrade: h2c\r\n"+
+		"X-Custom: v1\r\nContent-Type: application/x-www-form-urlencoded\r\nAccept-Encoding: gzip\r\n"+
+		fmt.Sprintf("Content-Length: %d\r\n\r\n%s", len(body), body))
+	if resp.StatusCode != 200 || readAll(t, resp) != `{"ok":true}` {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	s := up.last(t)
+	if s.Method != "PUT" || s.URI != "/api/2/taxonomy/category/a%2Fb%20c?x=1&y=%20&x=2" || s.Body != body {
+		t.Errorf("upstream saw %s %s %q", s.Method, s.URI, s.Body)
+	}
+	if s.Auth != "Basic dXNlcjpwYXNz" {
+		t.Errorf("Authorization not passed through: %q", s.Auth)
+	}
+	if want := strings.TrimPrefix(up.URL, "http://"); s.Host != want {
+		t.Errorf("Host %q, want the configured upstream %q", s.Host, want)
+	}
+	for _, h := range []string{"Proxy-Authorization", "X-Hop", "Keep-Alive", "Te", "Upgrade", "X-Relay-Project"} {
+		if v := s.Header.Get(h); v != "" {
+			t.Errorf("hop-by-hop header %s forwarded: %q", h, v)
+		}
+	}
+	for h, v := range map[string]string{"X-Custom": "v1", "Content-Type": "application/x-www-form-urlencoded", "Accept-Encoding": "gzip"} {
+		if got := s.Header.Get(h); got != v {
+			t.Errorf("%s = %q, want %q", h, got, v)
+		}
+	}
+}
+
+func TestInjectedCredentials(t *testing.T) {
+	up := startUpstream(t, nil)
+	eu := startUpstream(t, nil)
+	creds := testCreds(t, eu.URL)
+	f := newForwarder(t, Config{})
+	basic := func(u, p string) string { return "Basic " + base64.StdEncoding.EncodeToString([]byte(u+":"+p)) }
+	cases := []struct {
+		name    string
+		scheme  Scheme
+		kind    string
+		project string
+		want    string
+		wantURL *upstream
+	}{
+		{"project basic", SchemeProjectBasic, credentials.KindAnalytics, "web-prod", basic("pk-web", "ps-web"), up},
+		{"project basic eu region", SchemeProjectBasic, credentials.KindAnalytics, "eu-app", basic("pk-eu", "ps-eu"), eu},
+		{"org basic", SchemeOrgBasic, credentials.KindAnalytics, "web-prod", basic("ok-acme", "os-acme"), up},
+		{"management bearer", SchemeManagementBearer, credentials.KindExperiment, "web-prod", "Bearer mgmt-acme", up},
+		{"scim bearer", SchemeSCIMBearer, credentials.KindSCIM, "eu-app", "Bearer scim-acme", up},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			addr := startRelay(t, handler(f, creds, Upstream{API: "x", Kind: c.kind, Fallback: up.URL, Flag: "--x-url", Scheme: c.scheme}))
+			resp := rawDo(t, addr, "GET /p HTTP/1.1\r\nHost: x\r\nX-Relay-Project: "+c.project+"\r\n\r\n")
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, readAll(t, resp))
+			}
+			s := c.wantURL.last(t)
+			if s.Auth != c.want {
+				t.Errorf("Authorization %q, want %q", s.Auth, c.want)
+			}
+			if s.Header.Get("X-Relay-Project") != "" {
+				t.Error("X-Relay-Project forwarded")
+			}
+		})
+	}
+}
+
+func TestResolveErrors(t *testing.T) {
+	creds := testCreds(t, "http://127.0.0.1:1")
+	noSCIM, err := credentials.Parse([]byte("projects:\n  - name: p\n    api_key: a\n    secret_key: b\norganizations:\n  - name: o\n    api_key: c\n    secret_key: d\n    projects: [p]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name    string
+		creds   *credentials.Store
+		project string
+		u       Upstream
+		status  int
+		text    string
+	}{
+		{"unknown project", creds, "nope", Upstream{Fallback: "http://x", Scheme: SchemeProjectBasic}, 400, "names no project"},
+		{"no credentials file", nil, "web-prod", Upstream{Fallback: "http://x", Scheme: SchemeProjectBasic}, 400, "no --credentials"},
+		{"project without org", creds, "lonely", Upstream{API: "scim", Fallback: "http://x", Scheme: SchemeSCIMBearer}, 400, "in no organization"},
+		{"org without scim token", noSCIM, "p", Upstream{Fallback: "http://x", Scheme: SchemeSCIMBearer}, 400, "no scim_token"},
+		{"org without management key", noSCIM, "p", Upstream{Fallback: "http://x", Scheme: SchemeManagementBearer}, 400, "no management_api_key"},
+		{"no base", creds, "web-prod", Upstream{API: "scim", Kind: credentials.KindSCIM, Flag: "--scim-url", Scheme: SchemeSCIMBearer}, 502, "--scim-url"},
+		{"no base pass-through", creds, "", Upstream{API: "scim", Kind: credentials.KindSCIM, Flag: "--scim-url", Scheme: SchemeSCIMBearer}, 502, "--scim-url"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var ctx fasthttp.RequestCtx
+			ctx.Request.SetRequestURI("/x")
+			if c.project != "" {
+				ctx.Request.Header.Set("X-Relay-Project", c.project)
+			}
+			_, e := Resolve(&ctx, c.creds, c.u)
+			if e == nil || e.Status != c.status || !strings.Contains(e.Msg, c.text) {
+				t.Fatalf("got %+v, want %d %q", e, c.status, c.text)
+			}
+			for _, secret := range []string{"ps-", "ok-", "os-", "mgmt", "scim-acme"} {
+				if strings.Contains(e.Msg, secret) {
+					t.Errorf("error holds a secret: %q", e.Msg)
+				}
+			}
+		})
+	}
+}
+
+func TestResolvePassThroughKnownKeyFindsRegion(t *testing.T) {
+	eu := startUpstream(t, nil)
+	creds := testCreds(t, eu.URL)
+	var ctx fasthttp.RequestCtx
+	ctx.Request.Header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte("pk-eu:whatever")))
+	r, e := Resolve(&ctx, creds, Upstream{Kind: credentials.KindAnalytics, Fallback: "http://default", Scheme: SchemeProjectBasic})
+	if e != nil || r.Base != eu.URL || r.Key != "project:eu-app" || r.Injected || r.Authorization != "" {
+		t.Fatalf("%+v %v", r, e)
+	}
+	ctx.Request.Header.Set("Authorization", "Bearer tok")
+	r, _ = Resolve(&ctx, creds, Upstream{Kind: credentials.KindSCIM, Fallback: "http://default", Scheme: SchemeSCIMBearer})
+	if r.Base != "http://default" || !strings.HasPrefix(r.Key, "auth:") || strings.Contains(r.Key, "tok") {
+		t.Fatalf("%+v", r)
+	}
+}
+
+func TestNoOpenProxy(t *testing.T) {
+	up := startUpstream(t, nil)
+	evil := startUpstream(t, nil)
+	f := newForwarder(t, Config{})
+	addr := startRelay(t, handler(f, nil, Upstream{API: "x", Fallback: up.URL, Scheme: SchemeProjectBasic}))
+	evilHost := strings.TrimPrefix(evil.URL, "http://")
+	for _, raw := range []string{
+		"GET " + evil.URL + "/api/x?q=1 HTTP/1.1\r\nHost: " + evilHost + "\r\n\r\n",
+		"GET /api/x?q=1 HTTP/1.1\r\nHost: " + evilHost + "\r\nX-Forwarded-Host: " + evilHost + "\r\n\r\n",
+		"GET //" + evilHost + "/api/x HTTP/1.1\r\nHost: " + evilHost + "\r\n\r\n",
+		"GET /api/x@" + evilHost + "/ HTTP/1.1\r\nHost: " + evilHost + "\r\n\r\n",
+	} {
+		resp := rawDo(t, addr, raw)
+		readAll(t, resp)
+	}
+	evil.mu.Lock()
+	n := len(evil.reqs)
+	evil.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("the request reached a host it named: %d requests", n)
+	}
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	for _, s := range up.reqs {
+		if s.Host != strings.TrimPrefix(up.URL, "http://") {
+			t.Errorf("upstream saw Host %q", s.Host)
+		}
+	}
+	if len(up.reqs) == 0 || up.reqs[0].URI != "/api/x?q=1" {
+		t.Errorf("absolute-form request not forwarded by its path: %+v", up.reqs)
+	}
+}
+
+func TestAnswerPassedBack(t *testing.T) {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Retry-After", "17")
+		h.Set("Location", "https://storage.example/file")
+		h.Set("Content-Disposition", `attachment; filename="a.gz"`)
+		h.Set("Content-Encoding", "gzip")
+		h.Set("ETag", `"v1"`)
+		h.Set("Content-Type", "application/octet-stream")
+		h.Set("Connection", "X-Private")
+		h.Set("X-Private", "hop")
+		w.WriteHeader(429)
+		w.Write([]byte{0x1f, 0x8b, 1, 2, 3})
+	})
+	f := newForwarder(t, Config{})
+	addr := startRelay(t, handler(f, nil, Upstream{Fallback: up.URL, Scheme: SchemeProjectBasic}))
+	resp := rawDo(t, addr, "GET /x HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\n")
+	body := readAll(t, resp)
+	if resp.StatusCode != 429 || body != "\x1f\x8b\x01\x02\x03" {
+		t.Fatalf("status %d body %q", resp.StatusCode, body)
+	}
+	for h, v := range map[string]string{"Retry-After": "17", "Location": "https://storage.example/file",
+		"Content-Disposition": `attachment; filename="a.gz"`, "Content-Encoding": "gzip", "Etag": `"v1"`,
+		"Content-Type": "application/octet-stream"} {
+		if got := resp.Header.Get(h); got != v {
+			t.Errorf("%s = %q, want %q", h, got, v)
+		}
+	}
+	if resp.Header.Get("X-Private") != "" {
+		t.Error("header listed in Connection passed back")
+	}
+}
+
+func TestLocalErrors(t *testing.T) {
+	hang := make(chan struct{})
+	t.Cleanup(func() { close(hang) })
+	slow := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-hang:
+		case <-time.After(5 * time.Second):
+		}
+	})
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	refused := "http://" + ln.Addr().String()
+	ln.Close()
+	f := newForwarder(t, Config{MaxRequestBodyBytes: 10, IdleTimeout: 200 * time.Millisecond})
+	cases := []struct {
+		name, base, raw string
+		status          int
+		text            string
+	}{
+		{"body too large", slow.URL, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\n01234567890", 413, "forwarding limit"},
+		{"refused", refused, "GET /x HTTP/1.1\r\nHost: x\r\n\r\n", 502, "unreachable"},
+		{"idle time-out", slow.URL, "GET /x HTTP/1.1\r\nHost: x\r\n\r\n", 502, "time-out"},
+		{"bad base", "ftp://x", "GET /x HTTP/1.1\r\nHost: x\r\n\r\n", 502, "absolute http"},
+		{"dot segment", slow.URL, "GET /a/%2e%2E/x HTTP/1.1\r\nHost: x\r\n\r\n", 400, "segments"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			addr := startRelay(t, func(ctx *fasthttp.RequestCtx) {
+				f.Forward(ctx, Target{API: "x", Base: c.base, Authorization: "Basic c2VjcmV0OnNlY3JldA=="})
+			})
+			start := time.Now()
+			resp := rawDo(t, addr, c.raw)
+			body := readAll(t, resp)
+			if resp.StatusCode != c.status || !strings.Contains(body, c.text) || resp.Header.Get("Content-Type") != "application/json" {
+				t.Fatalf("got %d %q", resp.StatusCode, body)
+			}
+			var e struct{ Error, Source string }
+			if json.Unmarshal([]byte(body), &e) != nil || e.Source != "relay" {
+				t.Errorf("body not the relay's JSON error: %q", body)
+			}
+			if strings.Contains(body, "c2VjcmV0") || strings.Contains(body, "secret") {
+				t.Errorf("error echoes the Authorization: %q", body)
+			}
+			if time.Since(start) > 3*time.Second {
+				t.Errorf("took %v", time.Since(start))
+			}
+		})
+	}
+}
+
+// TestStreamingBoundedMemory sends a 256 MiB answer through the forwarder
+// and checks the heap never grows by more than a few MiB while it flows.
+func TestStreamingBoundedMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("moves 256 MiB")
+	}
+	const total = 256 << 20
+	chunk := bytes.Repeat([]byte("0123456789abcdef"), 4096) // 64 KiB
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/gzip")
+		if r.URL.Query().Get("len") == "1" {
+			w.Header().Set("Content-Length", fmt.Sprint(total))
+		}
+		for n := 0; n < total; n += len(chunk) {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+	})
+	f := newForwarder(t, Config{})
+	addr := startRelay(t, handler(f, nil, Upstream{Fallback: up.URL, Scheme: SchemeProjectBasic}))
+	for _, q := range []string{"len=1", "len=0"} {
+		t.Run(q, func(t *testing.T) {
+			runtime.GC()
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			base := ms.HeapInuse
+			var peak atomic.Uint64
+			done := make(chan struct{})
+			go func() {
+				var ms runtime.MemStats
+				for {
+					select {
+					case <-done:
+						return
+					case <-time.After(20 * time.Millisecond):
+					}
+					runtime.ReadMemStats(&ms)
+					if ms.HeapInuse > peak.Load() {
+						peak.Store(ms.HeapInuse)
+					}
+				}
+			}()
+			resp := rawDo(t, addr, "GET /export?"+q+" HTTP/1.1\r\nHost: x\r\n\r\n")
+			n, err := io.Copy(io.Discard, resp.Body)
+			close(done)
+			if err != nil || n != total || resp.StatusCode != 200 {
+				t.Fatalf("read %d of %d: %v (status %d)", n, total, err, resp.StatusCode)
+			}
+			grow := int64(peak.Load()) - int64(base)
+			t.Logf("heap in use grew by at most %d KiB while moving %d MiB", grow>>10, total>>20)
+			if grow > 32<<20 {
+				t.Fatalf("heap grew by %d MiB: the answer is buffered, not streamed", grow>>20)
+			}
+		})
+	}
+}
+
+func TestCheckPath(t *testing.T) {
+	for p, ok := range map[string]bool{
+		"/": true, "/a": true, "/a/": true, "/a/b%2Fc": true, "/a/%20": true,
+		"": false, "a": false, "//a": false, "/a//b": false, "/./a": false, "/a/..": false,
+		"/a/%2e": false, "/a/%2E%2e/b": false, "/a/%zz": false, "/a/%4": false,
+	} {
+		if got := CheckPath([]byte(p)); got != ok {
+			t.Errorf("CheckPath(%q) = %v, want %v", p, got, ok)
+		}
+	}
+}
+
+func TestMux(t *testing.T) {
+	var m Mux
+	var got Params
+	m.Handle("GET", "/api/1/x/{id}", func(ctx *fasthttp.RequestCtx, p Params) { got = p })
+	m.Handle("DELETE", "/api/1/x/{id}", func(ctx *fasthttp.RequestCtx, p Params) {})
+	do := func(method, uri string) int {
+		var ctx fasthttp.RequestCtx
+		ctx.Request.Header.SetMethod(method)
+		ctx.Request.SetRequestURI(uri)
+		got = nil
+		m.Serve(&ctx)
+		return ctx.Response.StatusCode()
+	}
+	if do("GET", "/api/1/x/a%2Fb") != 200 || got["id"] != "a/b" {
+		t.Fatalf("got %v", got)
+	}
+	if s := do("POST", "/api/1/x/a"); s != 405 {
+		t.Errorf("POST: %d", s)
+	}
+	for _, u := range []string{"/api/1/x", "/api/1/x/", "/api/1/x/a/b", "/api/1/x/..", "/api/1/y/a"} {
+		if s := do("GET", u); s != 404 {
+			t.Errorf("GET %s: %d, want 404", u, s)
+		}
+	}
+	rs := m.AdminRoutes("/api/1/x")
+	if len(rs) != 4 || rs[0].Path != "/api/1/x" || rs[1].Path != "/api/1/x/" {
+		t.Errorf("%+v", rs)
+	}
+}
