@@ -7,8 +7,10 @@ package sim
 // s.cfg.Now for time. Add new groups (groupidentify, usermap, management
 // APIs) here.
 func (s *Sim) registerRoutes() {
-	s.registerHTTPAPI() // /2/httpapi, /batch (httpapi.go)
-	s.registerControl() // /sim/... (control.go), never faulted
+	s.registerHTTPAPI()       // /2/httpapi, /batch (httpapi.go)
+	s.registerControl()       // /sim/... (control.go), never faulted
+	s.registerGroupIdentify() // /groupidentify, /sim/groupidentify (groupidentify.go)
+	s.registerUserMap()       // /usermap, /api/2/usermap, /sim/usermap (usermap.go)
 }
 
 // validKey reports whether apiKey is acceptable: non-empty, and one of

@@ -1,0 +1,247 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+)
+
+// Group identify (POST /groupidentify), by the API reference: form fields
+// api_key and identification (a JSON array of objects with group_type,
+// group_value, group_properties; the simulator also takes one object), "at
+// most 1024 group identifies, 1024 group properties, 1 MB" per request.
+//
+// Order of checks: method POST (else 400 "Invalid request path"); body under
+// MaxBodyBytes (else 413 "Payload too large"); api_key present (else 400
+// "Request missing required field", missing_field api_key) and valid (else
+// 400 "Invalid API key"); identification present (else missing_field
+// identification); valid JSON array or object of objects (else 400 "Invalid
+// JSON request body"); at most 1024 identifications and 1024 group
+// properties (plain keys of group_properties plus the keys inside each
+// $operation), each with non-empty string group_type and group_value,
+// group_properties absent or an object whose $ keys are $set, $setOnce,
+// $add, $append or $unset holding objects, and no group value refused with
+// RejectGroupValue (else 400 "Invalid group identification", naming no index,
+// so a client bisects). Then 200 {"code":200} and every identification is
+// stored. The form fields are read from the body, else from the query.
+
+// GroupIdentify is one identification stored by the simulator.
+type GroupIdentify struct {
+	// Seq numbers stored identifications in arrival order, from 1.
+	Seq int64 `json:"seq"`
+	// Request is the Seq of the request (Record) that brought it.
+	Request    int64           `json:"request"`
+	Time       time.Time       `json:"time"`
+	KeyLabel   string          `json:"key_label"`
+	GroupType  string          `json:"group_type"`
+	GroupValue string          `json:"group_value"`
+	Raw        json.RawMessage `json:"raw"`
+}
+
+// Group identify limits of the API reference.
+const (
+	MaxGroupIdentifies = 1024
+	MaxGroupProperties = 1024
+)
+
+// ErrTextInvalidGroupIdentify answers an identification the sim refuses.
+const ErrTextInvalidGroupIdentify = "Invalid group identification"
+
+var groupOps = map[string]bool{"$set": true, "$setOnce": true, "$add": true, "$append": true, "$unset": true}
+
+// giState is the group identify store; it is also the handler of the
+// control route GET /sim/groupidentify?api_key=K (the stored
+// identifications of K as a JSON array), through which Sim finds it.
+type giState struct {
+	mu       sync.Mutex
+	seq      int64
+	byKey    map[string][]GroupIdentify
+	requests int64 // accepted requests
+	rejected map[string]bool
+}
+
+func (st *giState) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, st.list(r.URL.Query().Get("api_key")))
+}
+
+func (st *giState) list(apiKey string) []GroupIdentify {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return append([]GroupIdentify{}, st.byKey[apiKey]...)
+}
+
+const giControlPath = "/sim/groupidentify"
+
+func (s *Sim) registerGroupIdentify() {
+	st := &giState{byKey: map[string][]GroupIdentify{}, rejected: map[string]bool{}}
+	s.ctlMux.Handle(giControlPath, st)
+	s.route("/groupidentify", routeHandler{
+		serve:    func(w http.ResponseWriter, r *http.Request, in *Incoming) { s.serveGroupIdentify(st, w, r, in) },
+		describe: func(in *Incoming) { describeForm(in, "identification") },
+	})
+}
+
+// gi finds the group identify store through its control route.
+func (s *Sim) gi() *giState {
+	h, _ := s.ctlMux.Handler(&http.Request{Method: http.MethodGet, URL: &url.URL{Path: giControlPath}})
+	return h.(*giState)
+}
+
+// GroupIdentifies returns the identifications stored for apiKey, in arrival order.
+func (s *Sim) GroupIdentifies(apiKey string) []GroupIdentify { return s.gi().list(apiKey) }
+
+// GroupIdentifyRequests returns the number of /groupidentify requests answered 200.
+func (s *Sim) GroupIdentifyRequests() int64 {
+	st := s.gi()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.requests
+}
+
+// RejectGroupValue makes every request holding an identification with this
+// group_value fail with 400 "Invalid group identification" (no index named).
+func (s *Sim) RejectGroupValue(v string) {
+	st := s.gi()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.rejected[v] = true
+}
+
+// formParams reads form fields from the (decoded) body, then the query.
+func formParams(r *http.Request, in *Incoming) url.Values {
+	v, _ := url.ParseQuery(string(in.Body))
+	if v == nil {
+		v = url.Values{}
+	}
+	for k, vs := range r.URL.Query() {
+		if _, ok := v[k]; !ok {
+			v[k] = vs
+		}
+	}
+	return v
+}
+
+// describeForm fills the log record of a form request (key label, item count).
+func describeForm(in *Incoming, field string) {
+	v, _ := url.ParseQuery(string(in.Body))
+	if k := v.Get("api_key"); k != "" {
+		in.Rec.KeyLabel = KeyLabel(k)
+	}
+	var arr []json.RawMessage
+	if json.Unmarshal([]byte(v.Get(field)), &arr) == nil {
+		in.Rec.Events = len(arr)
+	}
+}
+
+// jsonObjects parses a JSON array of values or one object.
+func jsonObjects(v string) ([]json.RawMessage, bool) {
+	b := bytes.TrimSpace([]byte(v))
+	if len(b) == 0 {
+		return nil, false
+	}
+	if b[0] == '{' {
+		return []json.RawMessage{b}, json.Valid(b)
+	}
+	var arr []json.RawMessage
+	if json.Unmarshal(b, &arr) != nil {
+		return nil, false
+	}
+	return arr, true
+}
+
+func (s *Sim) serveGroupIdentify(st *giState, w http.ResponseWriter, r *http.Request, in *Incoming) {
+	if r.Method != http.MethodPost {
+		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidPath})
+		return
+	}
+	if in.TooLarge {
+		writeJSON(w, http.StatusRequestEntityTooLarge, errBody{Code: 413, Error: ErrTextTooLarge})
+		return
+	}
+	if in.BadEncoding {
+		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidJSON})
+		return
+	}
+	form := formParams(r, in)
+	apiKey := form.Get("api_key")
+	if apiKey == "" {
+		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextMissingField, MissingField: "api_key"})
+		return
+	}
+	in.Rec.KeyLabel = KeyLabel(apiKey)
+	if !s.validKey(apiKey) {
+		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidAPIKey})
+		return
+	}
+	if form.Get("identification") == "" {
+		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextMissingField, MissingField: "identification"})
+		return
+	}
+	raws, ok := jsonObjects(form.Get("identification"))
+	in.Rec.Events = len(raws)
+	if !ok || len(raws) == 0 {
+		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidJSON})
+		return
+	}
+	invalid := func() { writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidGroupIdentify}) }
+	if len(raws) > MaxGroupIdentifies {
+		invalid()
+		return
+	}
+	type parsed struct {
+		GroupType       any                        `json:"group_type"`
+		GroupValue      any                        `json:"group_value"`
+		GroupProperties map[string]json.RawMessage `json:"group_properties"`
+	}
+	out := make([]GroupIdentify, 0, len(raws))
+	props := 0
+	st.mu.Lock()
+	rejected := st.rejected
+	for _, raw := range raws {
+		var p parsed
+		if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &p) != nil {
+			st.mu.Unlock()
+			invalid()
+			return
+		}
+		gt, ok1 := p.GroupType.(string)
+		gv, ok2 := p.GroupValue.(string)
+		if !ok1 || !ok2 || gt == "" || gv == "" || rejected[gv] {
+			st.mu.Unlock()
+			invalid()
+			return
+		}
+		for k, v := range p.GroupProperties {
+			if len(k) > 0 && k[0] == '$' {
+				var op map[string]json.RawMessage
+				if !groupOps[k] || json.Unmarshal(v, &op) != nil || op == nil {
+					st.mu.Unlock()
+					invalid()
+					return
+				}
+				props += len(op)
+			} else {
+				props++
+			}
+		}
+		out = append(out, GroupIdentify{GroupType: gt, GroupValue: gv, Raw: append(json.RawMessage{}, raw...)})
+	}
+	if props > MaxGroupProperties {
+		st.mu.Unlock()
+		invalid()
+		return
+	}
+	now := s.cfg.Now()
+	for i := range out {
+		st.seq++
+		out[i].Seq, out[i].Request, out[i].Time, out[i].KeyLabel = st.seq, in.Rec.Seq, now, in.Rec.KeyLabel
+	}
+	st.byKey[apiKey] = append(st.byKey[apiKey], out...)
+	st.requests++
+	st.mu.Unlock()
+	in.Rec.Ingested = len(out)
+	writeJSON(w, http.StatusOK, map[string]int{"code": 200})
+}

@@ -1,0 +1,96 @@
+package sim
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+	"testing"
+)
+
+func giForm(key, ident string) []byte {
+	return []byte(url.Values{"api_key": {key}, "identification": {ident}}.Encode())
+}
+
+const formCT = "application/x-www-form-urlencoded"
+
+func TestGroupIdentifyValidation(t *testing.T) {
+	s, base := start(t, Config{APIKeys: []string{"k1"}})
+	many := func(n int) string {
+		parts := make([]string, n)
+		for i := range parts {
+			parts[i] = fmt.Sprintf(`{"group_type":"org","group_value":"v%d","group_properties":{"a":1}}`, i)
+		}
+		return "[" + strings.Join(parts, ",") + "]"
+	}
+	props := func(n int) string {
+		kv := make([]string, n)
+		for i := range kv {
+			kv[i] = fmt.Sprintf(`"p%d":1`, i)
+		}
+		return `[{"group_type":"org","group_value":"v","group_properties":{"$set":{` + strings.Join(kv, ",") + `}}}]`
+	}
+	tests := []struct {
+		name   string
+		body   []byte
+		status int
+		err    string
+	}{
+		{"ok array", giForm("k1", `[{"group_type":"org","group_value":"acme","group_properties":{"$set":{"plan":"pro"}}}]`), 200, ""},
+		{"ok object", giForm("k1", `{"group_type":"org","group_value":"acme2","group_properties":{"plan":"pro"}}`), 200, ""},
+		{"missing api_key", giForm("", `[]`), 400, ErrTextMissingField},
+		{"invalid api_key", giForm("nope", `[{"group_type":"a","group_value":"b"}]`), 400, ErrTextInvalidAPIKey},
+		{"missing identification", giForm("k1", ""), 400, ErrTextMissingField},
+		{"bad json", giForm("k1", `[{`), 400, ErrTextInvalidJSON},
+		{"missing group_type", giForm("k1", `[{"group_value":"b"}]`), 400, ErrTextInvalidGroupIdentify},
+		{"number group_value", giForm("k1", `[{"group_type":"a","group_value":3}]`), 400, ErrTextInvalidGroupIdentify},
+		{"unknown op", giForm("k1", `[{"group_type":"a","group_value":"b","group_properties":{"$inc":{"x":1}}}]`), 400, ErrTextInvalidGroupIdentify},
+		// "at most 1024 group identifies, 1024 group properties, 1 MB"
+		{"1024 identifies", giForm("k1", many(1024)), 200, ""},
+		{"1025 identifies", giForm("k1", many(1025)), 400, ErrTextInvalidGroupIdentify},
+		{"1024 properties", giForm("k1", props(1024)), 200, ""},
+		{"1025 properties", giForm("k1", props(1025)), 400, ErrTextInvalidGroupIdentify},
+		{"1 MB", giForm("k1", `[{"group_type":"a","group_value":"`+strings.Repeat("x", 1_000_000)+`"}]`), 413, ErrTextTooLarge},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a := post(t, base+"/groupidentify", tc.body, "Content-Type", formCT)
+			if a.Status != tc.status {
+				t.Fatalf("status %d, want %d: %s", a.Status, tc.status, a.Body)
+			}
+			if tc.err != "" && a.JSON["error"] != tc.err {
+				t.Fatalf("error %v, want %q", a.JSON["error"], tc.err)
+			}
+		})
+	}
+	got := s.GroupIdentifies("k1")
+	if len(got) != 2+1024+1 || got[0].GroupValue != "acme" || got[1].GroupValue != "acme2" {
+		t.Fatalf("stored %d, first %+v", len(got), got[0])
+	}
+	if s.GroupIdentifyRequests() != 4 {
+		t.Fatalf("requests %d", s.GroupIdentifyRequests())
+	}
+	var ctl []GroupIdentify
+	getJSON(t, base+"/sim/groupidentify?api_key=k1", &ctl)
+	if len(ctl) != len(got) {
+		t.Fatalf("control route %d, want %d", len(ctl), len(got))
+	}
+}
+
+func TestGroupIdentifyFaultAndReject(t *testing.T) {
+	s, base := start(t, Config{})
+	s.FailNext(1, 503)
+	s.RejectGroupValue("bad")
+	body := giForm("k", `[{"group_type":"a","group_value":"ok"}]`)
+	if a := post(t, base+"/groupidentify", body, "Content-Type", formCT); a.Status != 503 {
+		t.Fatalf("fault: %d", a.Status)
+	}
+	if a := post(t, base+"/groupidentify", giForm("k", `[{"group_type":"a","group_value":"ok"},{"group_type":"a","group_value":"bad"}]`), "Content-Type", formCT); a.Status != 400 {
+		t.Fatalf("rejected value: %d", a.Status)
+	}
+	if a := post(t, base+"/groupidentify", body, "Content-Type", formCT); a.Status != 200 {
+		t.Fatalf("after fault: %d", a.Status)
+	}
+	if n := len(s.GroupIdentifies("k")); n != 1 {
+		t.Fatalf("stored %d, want 1", n)
+	}
+}

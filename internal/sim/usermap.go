@@ -1,0 +1,428 @@
+package sim
+
+import (
+	"encoding/json"
+	"hash/fnv"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// User mapping, by the API reference.
+//
+// POST /usermap: api_key and mapping from the query, else the form body.
+// Checks: method POST; body under MaxBodyBytes (413); api_key present and
+// valid (400 as /2/httpapi); mapping a JSON object or array of objects (400
+// "Invalid JSON request body"); at most 2000 mappings ("at most 2000
+// requests/events per batch"), each with a non-empty string user_id, a
+// non-empty string global_user_id unless unmap is true, unmap a boolean, and
+// no user_id refused with RejectUserID (else 400 "Invalid mapping", no index
+// named). Then the rate: the mapping calls accepted for the api_key's
+// organization (SetUserMapOrg; by default each api_key is its own) during the
+// last window (1500 per 30 s, SetUserMapRate) plus this request's mappings
+// must not pass the limit, else 429 {"code":429,"error":"Too many requests"}
+// and nothing is applied or counted ("above it all requests are throttled
+// until the window falls below the limit"). Then the mappings are applied
+// in order (map sets user_id -> global_user_id, unmap removes it) and 200
+// {"code":200}.
+//
+// GET /api/2/usermap: HTTP Basic authentication with a valid api_key and a
+// non-empty secret (the one given to SetSecretKey, when set), else 401
+// {"code":401,"error":"Invalid credentials"}; user_ids a JSON array of
+// strings or comma-separated, 1 to 100 (else 400). The answer is a JSON object
+// keyed by each requested id, with mapped_from (users that map into it) and
+// mapped_to (the user it maps into) arrays of {svc_id, user_id}; empty arrays
+// for an unknown user. svc_id is a stable hash of the user id.
+
+// MappingCall is one mapping applied by the simulator.
+type MappingCall struct {
+	Seq          int64     `json:"seq"`
+	Request      int64     `json:"request"`
+	Time         time.Time `json:"time"`
+	KeyLabel     string    `json:"key_label"`
+	UserID       string    `json:"user_id"`
+	GlobalUserID string    `json:"global_user_id,omitempty"`
+	Unmap        bool      `json:"unmap,omitempty"`
+}
+
+// MappingBatch is one accepted POST /usermap request: when it arrived, its
+// organization and how many mapping calls it counted.
+type MappingBatch struct {
+	Time time.Time `json:"time"`
+	Org  string    `json:"org"`
+	N    int       `json:"n"`
+}
+
+// MappingRead is one GET /api/2/usermap request as the sim saw it.
+type MappingRead struct {
+	Time    time.Time `json:"time"`
+	Status  int       `json:"status"`
+	User    string    `json:"user_label"` // KeyLabel of the Basic auth user
+	Query   string    `json:"query"`
+	Headers []string  `json:"headers"` // canonical names of the request headers, sorted
+}
+
+// Mapping limits of the API reference.
+const (
+	MaxMappingsPerRequest = 2000
+	DefaultMappingLimit   = 1500
+	DefaultMappingWindow  = 30 * time.Second
+	MaxReadUserIDs        = 100
+)
+
+// ErrTextInvalidMapping answers a mapping the sim refuses.
+const ErrTextInvalidMapping = "Invalid mapping"
+
+type umState struct {
+	mu        sync.Mutex
+	limit     int
+	window    time.Duration
+	orgOfKey  map[string]string
+	secrets   map[string]string
+	mapped    map[string]map[string]string // org -> user_id -> global_user_id
+	calls     []MappingCall
+	batches   []MappingBatch
+	reads     []MappingRead
+	throttled int64
+	rejected  map[string]bool
+	seq       int64
+}
+
+// ServeHTTP serves the control route GET /sim/usermap: {"calls": [...],
+// "batches": [...], "throttled": N}.
+func (st *umState) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	writeJSON(w, http.StatusOK, map[string]any{"calls": st.calls, "batches": st.batches, "throttled": st.throttled})
+}
+
+const umControlPath = "/sim/usermap"
+
+func (s *Sim) registerUserMap() {
+	st := &umState{limit: DefaultMappingLimit, window: DefaultMappingWindow, orgOfKey: map[string]string{},
+		secrets: map[string]string{}, mapped: map[string]map[string]string{}, rejected: map[string]bool{}}
+	s.ctlMux.Handle(umControlPath, st)
+	s.route("/usermap", routeHandler{
+		serve:    func(w http.ResponseWriter, r *http.Request, in *Incoming) { s.serveUserMap(st, w, r, in) },
+		describe: func(in *Incoming) { describeForm(in, "mapping") },
+	})
+	s.route("/api/2/usermap", routeHandler{
+		serve: func(w http.ResponseWriter, r *http.Request, in *Incoming) { s.serveUserMapRead(st, w, r, in) },
+	})
+}
+
+func (s *Sim) um() *umState {
+	h, _ := s.ctlMux.Handler(&http.Request{Method: http.MethodGet, URL: &url.URL{Path: umControlPath}})
+	return h.(*umState)
+}
+
+// SetUserMapRate sets the mapping rate limit: limit calls per window
+// (defaults 1500 per 30 s); zero values keep the current setting.
+func (s *Sim) SetUserMapRate(limit int, window time.Duration) {
+	st := s.um()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if limit > 0 {
+		st.limit = limit
+	}
+	if window > 0 {
+		st.window = window
+	}
+}
+
+// SetUserMapOrg puts apiKey in organization org: keys of one organization
+// share the mapping rate and the mapping state.
+func (s *Sim) SetUserMapOrg(apiKey, org string) {
+	st := s.um()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.orgOfKey[apiKey] = org
+}
+
+// SetSecretKey makes GET /api/2/usermap require secret for apiKey.
+func (s *Sim) SetSecretKey(apiKey, secret string) {
+	st := s.um()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.secrets[apiKey] = secret
+}
+
+// RejectUserID makes every POST /usermap holding this user_id fail with 400
+// "Invalid mapping" (no index named).
+func (s *Sim) RejectUserID(id string) {
+	st := s.um()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.rejected[id] = true
+}
+
+// MappingCalls returns every applied mapping, in order.
+func (s *Sim) MappingCalls() []MappingCall {
+	st := s.um()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return append([]MappingCall{}, st.calls...)
+}
+
+// MappingBatches returns the accepted POST /usermap requests with their
+// arrival time, organization and mapping count (for pace assertions).
+func (s *Sim) MappingBatches() []MappingBatch {
+	st := s.um()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return append([]MappingBatch{}, st.batches...)
+}
+
+// MappingThrottled returns the number of POST /usermap answered 429.
+func (s *Sim) MappingThrottled() int64 {
+	st := s.um()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.throttled
+}
+
+// MappingReads returns the GET /api/2/usermap requests seen.
+func (s *Sim) MappingReads() []MappingRead {
+	st := s.um()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return append([]MappingRead{}, st.reads...)
+}
+
+// MappedTo returns the global user id apiKey's organization maps userID to.
+func (s *Sim) MappedTo(apiKey, userID string) (string, bool) {
+	st := s.um()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	g, ok := st.mapped[st.orgLocked(apiKey)][userID]
+	return g, ok
+}
+
+func (st *umState) orgLocked(apiKey string) string {
+	if o, ok := st.orgOfKey[apiKey]; ok {
+		return o
+	}
+	return "key:" + KeyLabel(apiKey)
+}
+
+// MaxWindowCount returns the largest number of mapping calls of one
+// organization accepted within any window of length window (the pace).
+func MaxWindowCount(batches []MappingBatch, window time.Duration) int {
+	byOrg := map[string][]MappingBatch{}
+	for _, b := range batches {
+		byOrg[b.Org] = append(byOrg[b.Org], b)
+	}
+	best := 0
+	for _, bs := range byOrg {
+		sort.Slice(bs, func(i, j int) bool { return bs[i].Time.Before(bs[j].Time) })
+		sum, lo := 0, 0
+		for _, b := range bs {
+			sum += b.N
+			for !bs[lo].Time.After(b.Time.Add(-window)) { // drop those at or before b.Time-window
+				sum -= bs[lo].N
+				lo++
+			}
+			best = max(best, sum)
+		}
+	}
+	return best
+}
+
+func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, in *Incoming) {
+	if r.Method != http.MethodPost {
+		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidPath})
+		return
+	}
+	if in.TooLarge {
+		writeJSON(w, http.StatusRequestEntityTooLarge, errBody{Code: 413, Error: ErrTextTooLarge})
+		return
+	}
+	if in.BadEncoding {
+		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidJSON})
+		return
+	}
+	q := r.URL.Query()
+	form, _ := url.ParseQuery(string(in.Body))
+	get := func(k string) string {
+		if v := q.Get(k); v != "" {
+			return v
+		}
+		return form.Get(k)
+	}
+	apiKey := get("api_key")
+	if apiKey == "" {
+		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextMissingField, MissingField: "api_key"})
+		return
+	}
+	in.Rec.KeyLabel = KeyLabel(apiKey)
+	if !s.validKey(apiKey) {
+		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidAPIKey})
+		return
+	}
+	if get("mapping") == "" {
+		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextMissingField, MissingField: "mapping"})
+		return
+	}
+	raws, ok := jsonObjects(get("mapping"))
+	in.Rec.Events = len(raws)
+	if !ok || len(raws) == 0 {
+		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidJSON})
+		return
+	}
+	invalid := func() { writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidMapping}) }
+	if len(raws) > MaxMappingsPerRequest {
+		invalid()
+		return
+	}
+	var ms []MappingCall
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for _, raw := range raws {
+		var m struct {
+			UserID       any `json:"user_id"`
+			GlobalUserID any `json:"global_user_id"`
+			Unmap        any `json:"unmap"`
+		}
+		if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &m) != nil {
+			invalid()
+			return
+		}
+		uid, ok := m.UserID.(string)
+		if !ok || uid == "" || st.rejected[uid] {
+			invalid()
+			return
+		}
+		unmap := false
+		if m.Unmap != nil {
+			if unmap, ok = m.Unmap.(bool); !ok {
+				invalid()
+				return
+			}
+		}
+		gid, _ := m.GlobalUserID.(string)
+		if m.GlobalUserID != nil && gid == "" && !unmap {
+			invalid()
+			return
+		}
+		if gid == "" && !unmap {
+			invalid()
+			return
+		}
+		ms = append(ms, MappingCall{UserID: uid, GlobalUserID: gid, Unmap: unmap})
+	}
+	now := s.cfg.Now()
+	org := st.orgLocked(apiKey)
+	inWindow := 0
+	for i := len(st.batches) - 1; i >= 0; i-- {
+		b := st.batches[i]
+		if !b.Time.After(now.Add(-st.window)) {
+			break
+		}
+		if b.Org == org {
+			inWindow += b.N
+		}
+	}
+	if inWindow+len(ms) > st.limit {
+		st.throttled++
+		writeJSON(w, http.StatusTooManyRequests, errBody{Code: 429, Error: "Too many requests"})
+		return
+	}
+	st.batches = append(st.batches, MappingBatch{Time: now, Org: org, N: len(ms)})
+	users := st.mapped[org]
+	if users == nil {
+		users = map[string]string{}
+		st.mapped[org] = users
+	}
+	for _, m := range ms {
+		st.seq++
+		m.Seq, m.Request, m.Time, m.KeyLabel = st.seq, in.Rec.Seq, now, in.Rec.KeyLabel
+		if m.Unmap {
+			delete(users, m.UserID)
+		} else {
+			users[m.UserID] = m.GlobalUserID
+		}
+		st.calls = append(st.calls, m)
+	}
+	in.Rec.Ingested = len(ms)
+	writeJSON(w, http.StatusOK, map[string]int{"code": 200})
+}
+
+type svcUser struct {
+	SvcID  int64  `json:"svc_id"`
+	UserID string `json:"user_id"`
+}
+
+type userMapping struct {
+	MappedFrom []svcUser `json:"mapped_from"`
+	MappedTo   []svcUser `json:"mapped_to"`
+}
+
+func svcID(userID string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte(userID))
+	return int64(h.Sum64() >> 12) // positive, fits a JSON number exactly
+}
+
+func (s *Sim) serveUserMapRead(st *umState, w http.ResponseWriter, r *http.Request, in *Incoming) {
+	rd := MappingRead{Time: s.cfg.Now(), Query: r.URL.RawQuery}
+	for k := range r.Header {
+		rd.Headers = append(rd.Headers, http.CanonicalHeaderKey(k))
+	}
+	sort.Strings(rd.Headers)
+	status, body := s.userMapRead(st, r, &rd)
+	rd.Status = status
+	st.mu.Lock()
+	st.reads = append(st.reads, rd)
+	st.mu.Unlock()
+	writeJSON(w, status, body)
+}
+
+func (s *Sim) userMapRead(st *umState, r *http.Request, rd *MappingRead) (int, any) {
+	if r.Method != http.MethodGet {
+		return http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidPath}
+	}
+	user, pass, ok := r.BasicAuth()
+	if ok {
+		rd.User = KeyLabel(user)
+		st.mu.Lock()
+		want, has := st.secrets[user]
+		st.mu.Unlock()
+		ok = s.validKey(user) && pass != "" && (!has || want == pass)
+	}
+	if !ok {
+		return http.StatusUnauthorized, errBody{Code: 401, Error: "Invalid credentials"}
+	}
+	raw := strings.TrimSpace(r.URL.Query().Get("user_ids"))
+	var ids []string
+	if strings.HasPrefix(raw, "[") {
+		if json.Unmarshal([]byte(raw), &ids) != nil {
+			return http.StatusBadRequest, errBody{Code: 400, Error: "Invalid user_ids"}
+		}
+	} else if raw != "" {
+		ids = strings.Split(raw, ",")
+	}
+	if len(ids) < 1 || len(ids) > MaxReadUserIDs {
+		return http.StatusBadRequest, errBody{Code: 400, Error: "Invalid user_ids: 1 to 100 user ids"}
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	users := st.mapped[st.orgLocked(user)]
+	out := make(map[string]userMapping, len(ids))
+	for _, id := range ids {
+		um := userMapping{MappedFrom: []svcUser{}, MappedTo: []svcUser{}}
+		if g, ok := users[id]; ok {
+			um.MappedTo = append(um.MappedTo, svcUser{SvcID: svcID(g), UserID: g})
+		}
+		for u, g := range users {
+			if g == id {
+				um.MappedFrom = append(um.MappedFrom, svcUser{SvcID: svcID(u), UserID: u})
+			}
+		}
+		sort.Slice(um.MappedFrom, func(i, j int) bool { return um.MappedFrom[i].UserID < um.MappedFrom[j].UserID })
+		out[id] = um
+	}
+	return http.StatusOK, out
+}
