@@ -12,14 +12,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/svcrelay/relay/internal/adminapi"
+	"github.com/svcrelay/relay/internal/adminroute"
+	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/config"
 	"github.com/svcrelay/relay/internal/event"
+	"github.com/svcrelay/relay/internal/groupidentify"
 	"github.com/svcrelay/relay/internal/ingest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
+	"github.com/svcrelay/relay/internal/usermap"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 	"go.uber.org/zap"
@@ -85,9 +89,9 @@ func (g *goroutines) run(name string, f func() error) {
 // drain, delivery's drain, and a few seconds to close the spool.
 func stopBudget(drain time.Duration) time.Duration { return 2*drain + 5*time.Second }
 
-// delivery is what serve needs of the delivery side: internal/batcher's
-// Pipeline has this shape.
-type delivery interface {
+// component is a long-running part of delivery: internal/batcher's Pipeline,
+// and the group identify and user mapping deliverers, have this shape.
+type component interface {
 	// Run delivers until ctx ends, then drains within its own time-out and
 	// returns; it must return before the spool is closed.
 	Run(ctx context.Context) error
@@ -95,15 +99,23 @@ type delivery interface {
 	Ready() error
 }
 
-// newDelivery builds the delivery side from cfg.
-//
-// DELIVERY WIRING: this is the one place to build internal/upstream's Client,
-// internal/throttle's Throttle and internal/batcher's Pipeline from cfg
-// (IngestURL, MaxBatchEvents, MaxBatchBytes, FlushInterval, ThrottlePause,
-// MaxEventAge, UpstreamGzip, DrainTimeout) with log.Named("delivery") and reg,
-// and return the Pipeline. Until then deliveries do not happen: accepted
-// events stay in the spool.
-func newDelivery(cfg config.Config, sp *spool.Spool, log *zap.Logger, reg prometheus.Registerer) (delivery, error) {
+// namedComponent is a component with its name, for logs and /readyz.
+type namedComponent struct {
+	name string
+	component
+}
+
+// deliveries is everything built on the spool and the upstream client: the
+// event pipeline, group identify and user mapping (each a component with its
+// admin routes), and the lane controls of the /relay/v1 API.
+type deliveries struct {
+	components []namedComponent
+	routes     []adminroute.Route
+	lanes      map[spool.Kind]adminapi.LaneControl
+}
+
+// newDeliveries builds the delivery side from cfg.
+func newDeliveries(cfg config.Config, sp *spool.Spool, log *zap.Logger, reg prometheus.Registerer) (*deliveries, error) {
 	client, err := upstream.New(upstream.Config{}, log.Named("upstream"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("upstream client: %w", err)
@@ -125,17 +137,76 @@ func newDelivery(cfg config.Config, sp *spool.Spool, log *zap.Logger, reg promet
 	if err != nil {
 		return nil, fmt.Errorf("delivery: %w", err)
 	}
-	return p, nil
+	d := &deliveries{
+		components: []namedComponent{{"delivery", p}},
+		lanes:      map[spool.Kind]adminapi.LaneControl{spool.KindEvents: p},
+	}
+
+	gi, err := groupidentify.New(groupidentify.Config{
+		URL:    cfg.IngestURL,
+		MaxAge: cfg.MaxEventAge,
+		Gzip:   cfg.UpstreamGzip,
+	}, sp, client, cfg.Creds, log.Named("groupidentify"), reg)
+	if err != nil {
+		return nil, fmt.Errorf("group identify: %w", err)
+	}
+	d.components = append(d.components, namedComponent{"groupidentify", gi})
+	for _, r := range gi.Routes() {
+		d.routes = append(d.routes, route(r.Method, r.Path, r.Forward, r.Handler))
+	}
+
+	if cfg.AliasURL == "" || cfg.AnalyticsURL == "" {
+		// Without the alias and analytics bases there is nowhere to send
+		// mappings: the routes say so, and mappings spooled by an earlier
+		// run wait for a start with both flags.
+		log.Warn("user mapping disabled: POST /usermap and GET /api/2/usermap answer 503 until --alias-url and --analytics-url are set")
+		off := func(ctx *fasthttp.RequestCtx) {
+			ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+			ctx.SetContentType("application/json")
+			ctx.SetBodyString(`{"code":503,"error":"user mapping is not configured on this relay (--alias-url and --analytics-url)"}` + "\n")
+		}
+		d.routes = append(d.routes,
+			route(fasthttp.MethodPost, "/usermap", false, off),
+			route(fasthttp.MethodGet, "/api/2/usermap", true, off))
+		return d, nil
+	}
+	um, err := usermap.New(usermap.Config{
+		AliasURL:     cfg.AliasURL,
+		AnalyticsURL: cfg.AnalyticsURL,
+		MaxAge:       cfg.MaxEventAge,
+		Gzip:         cfg.UpstreamGzip,
+	}, sp, client, cfg.Creds, log.Named("usermap"), reg)
+	if err != nil {
+		return nil, fmt.Errorf("user mapping: %w", err)
+	}
+	d.components = append(d.components, namedComponent{"usermap", um})
+	for _, r := range um.Routes() {
+		d.routes = append(d.routes, route(r.Method, r.Path, r.Forward, r.Handler))
+	}
+	return d, nil
+}
+
+// route is an admin route whose token mode follows forward: a forwarding
+// route (the caller's own Authorization may go upstream) or one of the
+// relay's own.
+func route(method, path string, forward bool, h fasthttp.RequestHandler) adminroute.Route {
+	mode := admintoken.ModeOwn
+	if forward {
+		mode = admintoken.ModeForward
+	}
+	return adminroute.Route{Method: method, Path: path, Mode: mode, Handler: h}
 }
 
 // serve runs the relay until ctx ends (SIGTERM/SIGINT) or a component fails,
 // then stops everything in reverse order of start. resetSignals restores the
 // default signal handling once the stop begins, so a second signal kills.
 //
-// Start order: simulator (sandbox mode only), spool, admin listener,
-// delivery, ingest listener. Stop order is the reverse: stop accepting
-// events, drain delivery within --drain-timeout, stop the admin listener,
-// close the spool, stop the simulator.
+// Start order: simulator (sandbox mode only), spool, admin listener (with
+// /relay/v1, /groupidentify, /usermap and the forwarding routes), delivery
+// (events, group identifies, user mappings), ingest listener. Stop order is
+// the reverse: stop accepting events, drain the deliveries within
+// --drain-timeout, stop the admin listener (no more group identifies or
+// mappings accepted), close the spool, stop the simulator.
 func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap.Logger) (err error) {
 	lc := &lifecycle{log: log}
 	g := &goroutines{failed: make(chan error, 1)}
@@ -180,8 +251,14 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		zap.Int64("spool_max_bytes", cfg.SpoolMaxBytes), zap.Int64("spool_min_free_bytes", cfg.SpoolMinFreeBytes),
 		zap.Int64("max_request_bytes", cfg.MaxRequestBytes), zap.Int("max_batch_events", cfg.MaxBatchEvents),
 		zap.Int64("max_batch_bytes", cfg.MaxBatchBytes), zap.Duration("flush_interval", cfg.FlushInterval),
-		zap.Duration("drain_timeout", cfg.DrainTimeout), zap.Bool("admin_token", cfg.AdminToken != ""),
+		zap.Duration("drain_timeout", cfg.DrainTimeout), zap.Bool("admin_token", cfg.Token != nil),
+		zap.Bool("credentials", cfg.Creds != nil),
 		zap.String("version", versionString()))
+
+	if cfg.Creds != nil {
+		// Names only: a Store never logs a secret.
+		log.Info("credentials loaded", zap.String("file", cfg.Credentials), zap.Object("credentials", cfg.Creds))
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
@@ -211,16 +288,21 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	log.Info("spool open", zap.String("dir", cfg.DataDir), zap.Int("lanes", st.Lanes),
 		zap.Int64("live_bytes", st.LiveBytes), zap.Int64("file_bytes", st.FileBytes), zap.Int64("dead", st.Dead))
 
-	// Delivery is built before the admin listener so that /readyz can ask it.
-	dl, err := newDelivery(cfg, sp, log.Named("delivery"), reg)
+	// Delivery is built before the admin listener so that /readyz can ask it
+	// and the listener can serve its routes.
+	dl, err := newDeliveries(cfg, sp, log, reg)
 	if err != nil {
-		return fmt.Errorf("delivery: %w", err)
+		return err
+	}
+	relayAPI, err := adminapi.NewRelay(adminapi.RelayConfig{Lanes: dl.lanes}, sp, log.Named("admin"))
+	if err != nil {
+		return err
 	}
 
 	// Admin listener.
 	admin, err := adminapi.New(adminapi.Config{
-		Gatherer:   reg,
-		AdminToken: cfg.AdminToken,
+		Gatherer: reg,
+		Token:    cfg.Token,
 		Ready: func() error {
 			switch {
 			case stopping.Load():
@@ -228,8 +310,10 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 			case !spoolOpen.Load():
 				return errors.New("spool closed")
 			}
-			if err := dl.Ready(); err != nil {
-				return fmt.Errorf("delivery: %w", err)
+			for _, c := range dl.components {
+				if err := c.Ready(); err != nil {
+					return fmt.Errorf("%s: %w", c.name, err)
+				}
 			}
 			return nil
 		},
@@ -240,11 +324,14 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	if sandbox != nil {
 		// The simulator's read-out and fault routes, on the admin listener's
 		// fixed address, so a newcomer can see where events went.
-		admin.HandleAuth(fasthttp.MethodGet, "/sim/", fasthttpadaptor.NewFastHTTPHandler(sandbox.ControlHandler()))
-		admin.HandleAuth(fasthttp.MethodPost, "/sim/", fasthttpadaptor.NewFastHTTPHandler(sandbox.ControlHandler()))
+		admin.HandleOwn(fasthttp.MethodGet, "/sim/", fasthttpadaptor.NewFastHTTPHandler(sandbox.ControlHandler()))
+		admin.HandleOwn(fasthttp.MethodPost, "/sim/", fasthttpadaptor.NewFastHTTPHandler(sandbox.ControlHandler()))
 	}
-	// ADMIN ROUTES: the admin API's routes (dead letters, forwarding) are
-	// registered here with admin.Handle / admin.HandleAuth.
+	// ADMIN ROUTES: every route but /healthz, /readyz and /metrics is
+	// registered with its admintoken.Mode (adminapi.Server.Register,
+	// HandleOwn, HandleForward); a later forwarding API adds its routes here.
+	admin.Register(relayAPI.Routes()...)
+	admin.Register(dl.routes...)
 	adminLn, err := net.Listen("tcp", cfg.AdminListen)
 	if err != nil {
 		return fmt.Errorf("admin listener: %w", err)
@@ -253,19 +340,25 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	lc.onStop("admin listener", admin.Shutdown)
 	log.Info("admin listening", zap.String("addr", adminLn.Addr().String()))
 
-	// Delivery.
+	// Delivery: events, group identifies, user mappings. They share one stop
+	// (their drains run side by side within --drain-timeout).
 	dctx, dcancel := context.WithCancel(context.Background())
+	var dwg sync.WaitGroup
+	for _, c := range dl.components {
+		dwg.Add(1)
+		g.run(c.name, func() error {
+			defer dwg.Done()
+			if err := c.Run(dctx); err != nil {
+				return err
+			}
+			if dctx.Err() == nil {
+				return errors.New("stopped by itself")
+			}
+			return nil
+		})
+	}
 	ddone := make(chan struct{})
-	g.run("delivery", func() error {
-		defer close(ddone)
-		if err := dl.Run(dctx); err != nil {
-			return err
-		}
-		if dctx.Err() == nil {
-			return errors.New("stopped by itself")
-		}
-		return nil
-	})
+	go func() { dwg.Wait(); close(ddone) }()
 	lc.onStop("delivery", func(ctx context.Context) error {
 		dcancel()
 		select {

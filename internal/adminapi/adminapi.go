@@ -2,7 +2,6 @@ package adminapi
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"net"
@@ -16,6 +15,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/svcrelay/relay/internal/adminroute"
+	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 	"go.uber.org/zap"
@@ -29,9 +30,11 @@ type Config struct {
 	// Gatherer is the registry served on /metrics; nil means
 	// prometheus.NewRegistry() (empty).
 	Gatherer prometheus.Gatherer
-	// AdminToken, when not empty, is required on authenticated routes
-	// (HandleAuth and /debug/pprof/). Never logged.
-	AdminToken string
+	// Token is the admin token required on every route but /healthz,
+	// /readyz and /metrics, where the route's admintoken.Mode says; nil
+	// means no admin token: every route is open (the token headers are
+	// still stripped before a handler sees the request).
+	Token *admintoken.Token
 	// ReadTimeout bounds reading one request; 0 means DefaultReadTimeout.
 	ReadTimeout time.Duration
 	// WriteTimeout bounds writing one response; 0 means DefaultWriteTimeout
@@ -62,8 +65,8 @@ type route struct {
 	methods map[string]fasthttp.RequestHandler
 }
 
-// Server is the admin listener. Register routes with Handle/HandleAuth before
-// Serve.
+// Server is the admin listener. Register routes with Handle (open),
+// HandleOwn, HandleForward or Register before Serve.
 type Server struct {
 	cfg Config
 	log *zap.Logger
@@ -107,7 +110,10 @@ func New(cfg Config, log *zap.Logger) (*Server, error) {
 		NoDefaultContentType:         true,
 		CloseOnShutdown:              true,
 		DisablePreParseMultipartForm: true,
-		Logger:                       zapPrintf{log},
+		// Request content (headers with tokens, bodies with api keys) never
+		// goes into fasthttp's error messages.
+		SecureErrorLogMessage: true,
+		Logger:                zapPrintf{log},
 	}
 
 	s.Handle(fasthttp.MethodGet, "/healthz", s.healthz)
@@ -127,14 +133,16 @@ func New(cfg Config, log *zap.Logger) (*Server, error) {
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	pp := fasthttpadaptor.NewFastHTTPHandler(mux)
-	s.HandleAuth(fasthttp.MethodGet, "/debug/pprof/", pp)
-	s.HandleAuth(fasthttp.MethodPost, "/debug/pprof/", pp) // pprof's symbol lookup posts
+	s.HandleOwn(fasthttp.MethodGet, "/debug/pprof/", pp)
+	s.HandleOwn(fasthttp.MethodPost, "/debug/pprof/", pp) // pprof's symbol lookup posts
 	return s, nil
 }
 
 // Handle registers h for method and path. A path ending in "/" matches every
 // path under it (the longest registered prefix wins; exact paths beat
-// prefixes). Registering the same method and path twice panics, as
+// prefixes). Handle registers an OPEN route, with no admin token check: only
+// /healthz, /readyz and /metrics are open by the contract; everything else
+// goes through HandleOwn, HandleForward or Register. Registering the same method and path twice panics, as
 // net/http.ServeMux does: it is a programming error.
 func (s *Server) Handle(method, path string, h fasthttp.RequestHandler) {
 	if !strings.HasPrefix(path, "/") || h == nil || method == "" {
@@ -157,45 +165,37 @@ func (s *Server) Handle(method, path string, h fasthttp.RequestHandler) {
 	r.methods[method] = h
 }
 
-// HandleAuth is Handle with the admin token required (see RequireToken).
-func (s *Server) HandleAuth(method, path string, h fasthttp.RequestHandler) {
-	s.Handle(method, path, s.RequireToken(h))
+// HandleOwn registers h for one of the relay's own routes (/relay/v1/...,
+// /debug/pprof/, /groupidentify, /usermap): the admin token is read from
+// Authorization (or Proxy-Authorization); see admintoken.ModeOwn.
+func (s *Server) HandleOwn(method, path string, h fasthttp.RequestHandler) {
+	s.HandleMode(method, path, admintoken.ModeOwn, h)
 }
 
-// RequireToken wraps h so that, when Config.AdminToken is set, a request
-// without "Authorization: Bearer <token>" gets 401 and one with another token
-// gets 403. With no token configured it returns h unchanged.
-func (s *Server) RequireToken(h fasthttp.RequestHandler) fasthttp.RequestHandler {
-	if s.cfg.AdminToken == "" {
-		return h
-	}
-	want := []byte(s.cfg.AdminToken)
-	return func(ctx *fasthttp.RequestCtx) {
-		got, ok := bearer(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization))
-		if !ok {
-			ctx.Response.Header.Set(fasthttp.HeaderWWWAuthenticate, `Bearer realm="relay-admin"`)
-			textError(ctx, fasthttp.StatusUnauthorized, "admin token required: Authorization: Bearer <token>")
-			return
-		}
-		if subtle.ConstantTimeCompare(got, want) != 1 {
-			textError(ctx, fasthttp.StatusForbidden, "wrong admin token")
-			return
-		}
-		h(ctx)
-	}
+// HandleForward registers h for a route forwarded to an upstream API: the
+// admin token is read from Proxy-Authorization (or from Authorization when
+// the request names a project with X-Relay-Project), and a caller's own
+// Authorization reaches h untouched; see admintoken.ModeForward.
+func (s *Server) HandleForward(method, path string, h fasthttp.RequestHandler) {
+	s.HandleMode(method, path, admintoken.ModeForward, h)
 }
 
-// bearer returns the token of an "Authorization: Bearer <token>" value.
-func bearer(v []byte) ([]byte, bool) {
-	const scheme = "bearer "
-	if len(v) <= len(scheme) || !strings.EqualFold(string(v[:len(scheme)]), scheme) {
-		return nil, false
+// HandleMode registers h behind the admin token check of mode. A request
+// reaching h passed the check and has had the admin token headers stripped
+// (admintoken.Token.Strip), so h can forward the rest of its headers.
+func (s *Server) HandleMode(method, path string, mode admintoken.Mode, h fasthttp.RequestHandler) {
+	if h == nil {
+		panic(fmt.Sprintf("adminapi: nil handler for %s %q", method, path))
 	}
-	tok := v[len(scheme):]
-	for len(tok) > 0 && tok[0] == ' ' {
-		tok = tok[1:]
+	s.Handle(method, path, s.cfg.Token.Require(mode, h))
+}
+
+// Register registers routes offered by another package (group identify,
+// user mapping, forwarded APIs), each behind the token check of its Mode.
+func (s *Server) Register(routes ...adminroute.Route) {
+	for _, r := range routes {
+		s.HandleMode(r.Method, r.Path, r.Mode, r.Handler)
 	}
-	return tok, len(tok) > 0
 }
 
 // Handler returns the router (for tests and for serving on another listener).
@@ -278,7 +278,29 @@ func textError(ctx *fasthttp.RequestCtx, status int, msg string) {
 type zapPrintf struct{ log *zap.Logger }
 
 func (z zapPrintf) Printf(format string, args ...any) {
-	z.log.Warn("admin listener", zap.String("detail", fmt.Sprintf(format, args...)))
+	z.log.Warn("admin listener", zap.String("detail", redactQuery(fmt.Sprintf(format, args...))))
+}
+
+// redactQuery cuts query strings out of a fasthttp log line (a request's URI
+// may carry an api_key, as POST /usermap?api_key=... does): from each '?'
+// to the next white space or quote.
+func redactQuery(s string) string {
+	var b strings.Builder
+	for {
+		i := strings.IndexByte(s, '?')
+		if i < 0 {
+			b.WriteString(s)
+			return b.String()
+		}
+		b.WriteString(s[:i])
+		b.WriteString("?[redacted]")
+		s = s[i+1:]
+		j := strings.IndexAny(s, " \t\n\"'")
+		if j < 0 {
+			return b.String()
+		}
+		s = s[j:]
+	}
 }
 
 // zapPrintln adapts a zap logger to promhttp.Logger.

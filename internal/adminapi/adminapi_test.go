@@ -13,6 +13,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/svcrelay/relay/internal/adminroute"
+	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/valyala/fasthttp"
 )
 
@@ -97,7 +99,7 @@ func TestMetrics(t *testing.T) {
 	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "relay_test_total", Help: "test"})
 	reg.MustRegister(c)
 	c.Add(3)
-	s, err := New(Config{Gatherer: reg, AdminToken: "tok"}, nil)
+	s, err := New(Config{Gatherer: reg, Token: mustToken(t, "tok")}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +134,11 @@ func TestPprofAndToken(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, err := New(Config{AdminToken: tt.token}, nil)
+			var tok *admintoken.Token
+			if tt.token != "" {
+				tok = mustToken(t, tt.token)
+			}
+			s, err := New(Config{Token: tok}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -158,7 +164,7 @@ func TestPprofAndToken(t *testing.T) {
 }
 
 func TestRouter(t *testing.T) {
-	s, err := New(Config{AdminToken: "tok"}, nil)
+	s, err := New(Config{Token: mustToken(t, "tok")}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +174,13 @@ func TestRouter(t *testing.T) {
 	s.Handle("GET", "/relay/v1/", say("prefix"))
 	s.Handle("GET", "/relay/v1/dead/", say("longer prefix"))
 	s.Handle("GET", "/relay/v1/dead", say("exact"))
-	s.HandleAuth("DELETE", "/relay/v1/dead", say("deleted"))
+	s.HandleOwn("DELETE", "/relay/v1/dead", say("deleted"))
+	s.HandleForward("GET", "/api/2/thing", func(ctx *fasthttp.RequestCtx) {
+		// What a forwarding handler would pass upstream.
+		ctx.SetBodyString("auth=" + string(ctx.Request.Header.Peek("Authorization")) +
+			" proxy=" + string(ctx.Request.Header.Peek("Proxy-Authorization")))
+	})
+	s.Register(adminroute.Route{Method: "PUT", Path: "/usermap", Mode: admintoken.ModeOwn, Handler: say("own route")})
 	base := start(t, s)
 
 	tests := []struct {
@@ -178,6 +190,13 @@ func TestRouter(t *testing.T) {
 		body         string
 	}{
 		{"GET", "/relay/v1/dead", nil, 200, "exact"},
+		{"GET", "/api/2/thing", nil, 401, ""},
+		{"GET", "/api/2/thing", []string{"Authorization", "Bearer tok"}, 401, ""}, // forward mode: Proxy-Authorization
+		{"GET", "/api/2/thing", []string{"Proxy-Authorization", "Bearer nope"}, 403, ""},
+		{"GET", "/api/2/thing", []string{"Proxy-Authorization", "Bearer tok", "Authorization", "Basic dXA6c2VjcmV0"}, 200, "auth=Basic dXA6c2VjcmV0 proxy="},
+		{"GET", "/api/2/thing", []string{"Authorization", "Bearer tok", "X-Relay-Project", "web"}, 200, "auth= proxy="},
+		{"PUT", "/usermap", nil, 401, ""},
+		{"PUT", "/usermap", []string{"Authorization", "Bearer tok"}, 200, "own route"},
 		{"GET", "/relay/v1/dead/17", nil, 200, "longer prefix"},
 		{"GET", "/relay/v1/other", nil, 200, "prefix"},
 		{"DELETE", "/relay/v1/dead", nil, 401, ""},
@@ -242,5 +261,27 @@ func TestShutdown(t *testing.T) {
 func TestValidate(t *testing.T) {
 	if _, err := New(Config{ReadTimeout: -1}, nil); err == nil {
 		t.Fatal("negative timeout accepted")
+	}
+}
+
+func mustToken(t *testing.T, v string) *admintoken.Token {
+	t.Helper()
+	tok, err := admintoken.New(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+func TestRedactQuery(t *testing.T) {
+	for in, want := range map[string]string{
+		"plain":                                 "plain",
+		`GET http://x/usermap?api_key=K - oops`: `GET http://x/usermap?[redacted] - oops`,
+		`"/a?k=1" and "/b?k=2"`:                 `"/a?[redacted]" and "/b?[redacted]"`,
+		"end?secret":                            "end?[redacted]",
+	} {
+		if got := redactQuery(in); got != want {
+			t.Errorf("redactQuery(%q) = %q, want %q", in, got, want)
+		}
 	}
 }

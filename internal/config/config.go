@@ -15,6 +15,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/svcrelay/relay/internal/admintoken"
+	"github.com/svcrelay/relay/internal/credentials"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -51,12 +53,17 @@ type Config struct {
 	TrustedProxies  []netip.Prefix // --trusted-proxies; nil trusts no proxy
 	DrainTimeout    time.Duration  // --drain-timeout, > 0
 
-	// AdminToken is the admin token, from --admin-token or read from
-	// --admin-token-file (surrounding white space trimmed); "" means none.
-	// Never log it.
+	// AdminToken is --admin-token as given (never log it); Load turns it,
+	// or the file of AdminTokenFile, into Token and then clears it.
 	AdminToken     string
 	AdminTokenFile string // --admin-token-file as given
-	Credentials    string // --credentials: path of the credentials YAML
+	// Token is the admin token from --admin-token or --admin-token-file
+	// (admintoken.Load); nil means no admin token: admin routes are open.
+	Token *admintoken.Token
+	// Credentials is --credentials, the path of the credentials YAML; Creds
+	// is that file loaded (credentials.Load), nil when none is given.
+	Credentials string
+	Creds       *credentials.Store
 
 	ConfigFile string // --config: the YAML file read, "" when none
 	LogLevel   string // --log-level: debug, info, warn or error
@@ -362,22 +369,31 @@ func parsePrefixes(v string) ([]netip.Prefix, error) {
 	return ps, nil
 }
 
-// finish resolves the admin token and validates c.
+// finish validates c, then loads the admin token and the credentials file
+// (the one place that refuses credentials without a token is Validate).
 func (c *Config) finish() error {
-	if c.AdminToken != "" && c.AdminTokenFile != "" {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	tok, err := admintoken.Load(c.AdminToken, c.AdminTokenFile)
+	switch {
+	case errors.Is(err, admintoken.ErrBoth):
 		return errors.New("--admin-token and --admin-token-file are both set; use one")
+	case err != nil && c.AdminTokenFile != "":
+		return fmt.Errorf("--admin-token-file: %w", err)
+	case err != nil:
+		return fmt.Errorf("--admin-token: %w", err)
 	}
-	if c.AdminTokenFile != "" {
-		b, err := os.ReadFile(c.AdminTokenFile)
-		if err != nil {
-			return fmt.Errorf("--admin-token-file: %w", err)
-		}
-		c.AdminToken = strings.TrimSpace(string(b))
-		if c.AdminToken == "" {
-			return fmt.Errorf("--admin-token-file: %s is empty", c.AdminTokenFile)
+	c.Token, c.AdminToken = tok, ""
+	if tok.ReadableByOthers() {
+		c.Warnings = append(c.Warnings, fmt.Sprintf("--admin-token-file %s is readable by group or others: chmod 600 it", c.AdminTokenFile))
+	}
+	if c.Credentials != "" {
+		if c.Creds, err = credentials.Load(c.Credentials); err != nil {
+			return fmt.Errorf("--credentials: %w", err)
 		}
 	}
-	return c.Validate()
+	return nil
 }
 
 // Validate reports the first invalid setting as one line naming the flag.
@@ -426,13 +442,8 @@ func (c Config) Validate() error {
 		return errors.New("--drain-timeout must be positive")
 	case c.Sync != "always" && c.Sync != "none":
 		return fmt.Errorf("--sync %q: want always or none", c.Sync)
-	case c.Credentials != "" && c.AdminToken == "":
+	case c.Credentials != "" && c.AdminToken == "" && c.AdminTokenFile == "" && c.Token == nil:
 		return errors.New("--credentials needs an admin token (--admin-token or --admin-token-file): injected credentials must not be open to anyone who reaches the admin listener")
-	}
-	if c.Credentials != "" {
-		if _, err := os.Stat(c.Credentials); err != nil {
-			return fmt.Errorf("--credentials: %w", err)
-		}
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

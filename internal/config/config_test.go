@@ -2,10 +2,16 @@ package config
 
 import (
 	"net/netip"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/internal/admintoken"
+	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/valyala/fasthttp"
 )
 
 func TestDefaults(t *testing.T) {
@@ -39,6 +45,10 @@ func equal(a, b Config) bool {
 	}
 	a.TrustedProxies, b.TrustedProxies = nil, nil
 	a.Warnings, b.Warnings = nil, nil
+	if (a.Token == nil) != (b.Token == nil) || (a.Creds == nil) != (b.Creds == nil) {
+		return false
+	}
+	a.Token, b.Token, a.Creds, b.Creds = nil, nil, nil, nil
 	return reflect.DeepEqual(a, b)
 }
 
@@ -126,7 +136,7 @@ func TestEnvNames(t *testing.T) {
 		ScimURL: "http://s", FeedbackURL: "http://f", ThrottlePause: time.Minute, MaxBatchEvents: 1999,
 		MaxBatchBytes: 1024, FlushInterval: 5 * time.Millisecond, SpoolMaxBytes: 1_000_000,
 		Sync: "none", MaxRequestBytes: 1000, MaxEventAge: 36 * time.Hour, UpstreamGzip: true,
-		AdminToken: "tok", Credentials: "testdata/credentials.yaml",
+		Token: tokenOf(t, "tok"), Credentials: "testdata/credentials.yaml", Creds: &credentials.Store{},
 		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("::1/128")},
 		DrainTimeout:   3 * time.Second, LogLevel: "warn", LogFormat: "json", ConfigFile: "testdata/empty.yaml",
 	}
@@ -167,9 +177,54 @@ func TestTokenFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.AdminToken != "s3cret-token" {
-		t.Fatalf("token = %q, want the file's content trimmed", c.AdminToken)
+	if !accepts(c.Token, "s3cret-token") || accepts(c.Token, "s3cret-toke") {
+		t.Fatal("token: want the file's content trimmed")
 	}
+	if c.AdminToken != "" {
+		t.Fatal("raw token kept in Config after loading")
+	}
+	// testdata/admin.token is 0644: a warning names the file, not the token.
+	found := false
+	for _, w := range c.Warnings {
+		found = found || strings.Contains(w, "testdata/admin.token is readable by group or others")
+		if strings.Contains(w, "s3cret") {
+			t.Fatalf("warning holds the token: %q", w)
+		}
+	}
+	if !found {
+		t.Fatalf("warnings %q: want one about the readable token file", c.Warnings)
+	}
+	if c.Creds == nil || len(c.Creds.Projects()) != 1 {
+		t.Fatalf("credentials not loaded: %v", c.Creds)
+	}
+
+	// A private file gives no warning.
+	priv := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(priv, []byte("another-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err = Load([]string{"--admin-token-file", priv}, nil)
+	if err != nil || !accepts(c.Token, "another-token") || len(c.Warnings) != 0 {
+		t.Fatalf("private token file: %v %q", err, c.Warnings)
+	}
+}
+
+// accepts reports whether tok lets "Authorization: Bearer v" through on an
+// own route.
+func accepts(tok *admintoken.Token, v string) bool {
+	var ctx fasthttp.RequestCtx
+	ctx.Request.Header.Set("Authorization", "Bearer "+v)
+	_, ok := tok.Check(&ctx, admintoken.ModeOwn)
+	return ok && tok != nil
+}
+
+func tokenOf(t *testing.T, v string) *admintoken.Token {
+	t.Helper()
+	tok, err := admintoken.New(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
 }
 
 // TestRefusals: every invalid setting is refused with one line naming it.
@@ -194,6 +249,8 @@ func TestRefusals(t *testing.T) {
 		{"credentials file missing", []string{"--credentials", "testdata/nope.yaml", "--admin-token", "x"}, nil, "--credentials"},
 		{"both token and token file", []string{"--admin-token", "a", "--admin-token-file", "testdata/admin.token"}, nil, "both set"},
 		{"empty token file", []string{"--admin-token-file", "testdata/empty.yaml"}, nil, "is empty"},
+		{"token with white space", []string{"--admin-token", "two words"}, nil, "--admin-token: admin token has white space"},
+		{"invalid credentials file", []string{"--credentials", "testdata/full.yaml", "--admin-token", "x"}, nil, "--credentials: "},
 		{"bad sync", []string{"--sync", "sometimes"}, nil, `--sync "sometimes"`},
 		{"bad duration", []string{"--flush-interval", "soon"}, nil, "--flush-interval (from flag --flush-interval): invalid duration"},
 		{"zero drain", []string{"--drain-timeout", "0s"}, nil, "--drain-timeout must be positive"},

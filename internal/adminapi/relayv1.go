@@ -1,0 +1,716 @@
+package adminapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/svcrelay/relay/internal/adminroute"
+	"github.com/svcrelay/relay/internal/admintoken"
+	"github.com/svcrelay/relay/internal/batcher"
+	"github.com/svcrelay/relay/internal/spool"
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+)
+
+// LaneControl is what the lane routes need of a deliverer of one lane kind.
+// *batcher.Pipeline has it (events lanes).
+type LaneControl interface {
+	// LaneStatus returns a snapshot of the lanes it delivers.
+	LaneStatus() []batcher.LaneStatus
+	// StopLane stops sending a lane's records (they stay in the spool).
+	StopLane(laneID uint64) error
+	// ResumeLane resumes a lane stopped by StopLane or by an upstream that
+	// refused its api_key.
+	ResumeLane(laneID uint64) error
+}
+
+// Limits of the /relay/v1 routes.
+const (
+	// DefaultListLimit and MaxListLimit bound a dead-letter page.
+	DefaultListLimit = 100
+	MaxListLimit     = 1000
+	// DefaultBulkLimit and MaxBulkLimit bound the dead letters one replay or
+	// purge handles (the answer's "more" says whether some are left).
+	DefaultBulkLimit = 10_000
+	MaxBulkLimit     = 100_000
+	// MaxAPIKeyLen bounds a replay's corrected api_key.
+	MaxAPIKeyLen = 1024
+
+	bulkPage          = 500     // dead letters read per ListDead during replay/purge
+	replayChunkCount  = 1000    // records per Append of a replay
+	replayChunkBytes  = 4 << 20 // record bytes per Append of a replay
+	bulkCallTimeout   = 2 * time.Minute
+	maxIDsPerBulkCall = MaxBulkLimit // ids mode ignores limit
+)
+
+// RelayConfig configures the relay's own API (dead letters and lanes).
+type RelayConfig struct {
+	// Lanes are the deliverers that report on and pause/resume lanes, by
+	// the kind they deliver; a kind without one is listed with its spool
+	// depth only, and pausing its lanes answers 409. Nil means none.
+	Lanes map[spool.Kind]LaneControl
+}
+
+// Relay serves /relay/v1/: dead letters (list, replay, purge) and lanes
+// (list, pause, resume). Every route is admintoken.ModeOwn. Answers name a
+// lane by its Label (a hash of its key), never by its api_key.
+type Relay struct {
+	cfg RelayConfig
+	sp  *spool.Spool
+	log *zap.Logger
+
+	// bulk serialises replay and purge, so that two calls never replay
+	// the same dead letter twice.
+	bulk sync.Mutex
+}
+
+// NewRelay returns the /relay/v1 API over sp. log may be nil.
+func NewRelay(cfg RelayConfig, sp *spool.Spool, log *zap.Logger) (*Relay, error) {
+	if sp == nil {
+		return nil, errors.New("adminapi: relay API needs a spool")
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Relay{cfg: cfg, sp: sp, log: log}, nil
+}
+
+// Routes returns the /relay/v1 routes, for Server.Register.
+func (a *Relay) Routes() []adminroute.Route {
+	own := func(method, path string, h fasthttp.RequestHandler) adminroute.Route {
+		return adminroute.Route{Method: method, Path: path, Mode: admintoken.ModeOwn, Handler: h}
+	}
+	return []adminroute.Route{
+		own(fasthttp.MethodGet, "/relay/v1/deadletters", a.listDead),
+		own(fasthttp.MethodPost, "/relay/v1/deadletters/replay", a.replayDead),
+		own(fasthttp.MethodPost, "/relay/v1/deadletters/purge", a.purgeDead),
+		own(fasthttp.MethodGet, "/relay/v1/lanes", a.listLanes),
+		own(fasthttp.MethodGet, "/relay/v1/lanes/", a.getLane),
+		own(fasthttp.MethodPost, "/relay/v1/lanes/", a.laneAction),
+	}
+}
+
+// ---- answers
+
+type apiError struct {
+	Error string `json:"error"`
+}
+
+func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = fasthttp.StatusInternalServerError, []byte(`{"error":"encoding the answer failed"}`)
+	}
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.Response.Header.Set(fasthttp.HeaderCacheControl, "no-store")
+	ctx.SetBody(append(b, '\n'))
+}
+
+func jsonError(ctx *fasthttp.RequestCtx, status int, format string, args ...any) {
+	writeJSON(ctx, status, apiError{Error: fmt.Sprintf(format, args...)})
+}
+
+// ---- lanes by label
+
+// laneIndex maps the spool's lanes by label and by key.
+type laneIndex struct {
+	byLabel map[string]*spool.Lane
+	byKey   map[spool.LaneKey]*spool.Lane
+}
+
+func (a *Relay) lanes() laneIndex {
+	ls := a.sp.Lanes()
+	ix := laneIndex{byLabel: make(map[string]*spool.Lane, len(ls)), byKey: make(map[spool.LaneKey]*spool.Lane, len(ls))}
+	for _, l := range ls {
+		ix.byLabel[l.Label()] = l
+		ix.byKey[l.Key()] = l
+	}
+	return ix
+}
+
+func (ix laneIndex) label(k spool.LaneKey) string {
+	if l := ix.byKey[k]; l != nil {
+		return l.Label()
+	}
+	return k.Kind.String() + "-unknown"
+}
+
+// ---- dead letters
+
+type deadLetterJSON struct {
+	ID       uint64          `json:"id"`
+	Lane     string          `json:"lane"`
+	Kind     string          `json:"kind"`
+	Reason   string          `json:"reason"`
+	Answer   string          `json:"answer"`
+	Accepted time.Time       `json:"accepted"`
+	Died     time.Time       `json:"died"`
+	Data     json.RawMessage `json:"data"`
+}
+
+type deadListJSON struct {
+	DeadLetters []deadLetterJSON `json:"dead_letters"`
+	// NextAfter is the cursor for the next page: the id of the last dead
+	// letter returned (the request's after when none).
+	NextAfter uint64 `json:"next_after"`
+	// More says whether dead letters after NextAfter match the filter.
+	More bool `json:"more"`
+	// Total is the number of dead letters in the spool, filter or not.
+	Total int64 `json:"total"`
+}
+
+func toJSON(ix laneIndex, d spool.DeadLetter) deadLetterJSON {
+	data := json.RawMessage(d.Record.Data)
+	if !json.Valid(d.Record.Data) {
+		// Not JSON (should not happen: records are the upstream payload):
+		// show it as a string rather than break the answer.
+		data, _ = json.Marshal(string(d.Record.Data))
+	}
+	return deadLetterJSON{
+		ID: d.ID, Lane: ix.label(d.Lane), Kind: d.Lane.Kind.String(), Reason: d.Reason,
+		Answer: string(d.Answer), Accepted: d.Accepted.UTC(), Died: d.Died.UTC(), Data: data,
+	}
+}
+
+// filterJSON selects dead letters: by lane label and by reason; empty
+// fields match everything.
+type filterJSON struct {
+	Lane   string `json:"lane"`
+	Reason string `json:"reason"`
+}
+
+// spoolFilter turns a label filter into the spool's key filter; ok is false
+// when no lane has the label.
+func (ix laneIndex) spoolFilter(f filterJSON) (spool.DeadFilter, bool) {
+	out := spool.DeadFilter{Reason: f.Reason}
+	if f.Lane != "" {
+		l := ix.byLabel[f.Lane]
+		if l == nil {
+			return out, false
+		}
+		k := l.Key()
+		out.Lane = &k
+	}
+	return out, true
+}
+
+func uintArg(ctx *fasthttp.RequestCtx, name string, def, lo, hi uint64) (uint64, error) {
+	v := ctx.QueryArgs().Peek(name)
+	if len(v) == 0 {
+		return def, nil
+	}
+	n, err := strconv.ParseUint(string(v), 10, 64)
+	if err != nil || n < lo || n > hi {
+		return 0, fmt.Errorf("%s: want an integer from %d to %d", name, lo, hi)
+	}
+	return n, nil
+}
+
+// listDead: GET /relay/v1/deadletters?lane=&reason=&after=&limit=
+func (a *Relay) listDead(ctx *fasthttp.RequestCtx) {
+	q := ctx.QueryArgs()
+	var badArg string
+	for k := range q.All() {
+		switch string(k) {
+		case "lane", "reason", "after", "limit":
+		default:
+			badArg = string(k)
+		}
+	}
+	if badArg != "" {
+		jsonError(ctx, fasthttp.StatusBadRequest, "unknown query parameter %q (lane, reason, after, limit)", badArg)
+		return
+	}
+	after, err := uintArg(ctx, "after", 0, 0, math.MaxUint64)
+	if err != nil {
+		jsonError(ctx, fasthttp.StatusBadRequest, "%v", err)
+		return
+	}
+	limit, err := uintArg(ctx, "limit", DefaultListLimit, 1, MaxListLimit)
+	if err != nil {
+		jsonError(ctx, fasthttp.StatusBadRequest, "%v", err)
+		return
+	}
+	ix := a.lanes()
+	f, ok := ix.spoolFilter(filterJSON{Lane: string(q.Peek("lane")), Reason: string(q.Peek("reason"))})
+	if !ok {
+		jsonError(ctx, fasthttp.StatusNotFound, "no lane labelled %q (GET /relay/v1/lanes lists them)", q.Peek("lane"))
+		return
+	}
+	dls, err := a.sp.ListDead(f, after, int(limit)+1)
+	if err != nil {
+		a.log.Error("list dead letters", errField(err))
+		jsonError(ctx, fasthttp.StatusInternalServerError, "listing dead letters failed: %v", err)
+		return
+	}
+	out := deadListJSON{DeadLetters: []deadLetterJSON{}, NextAfter: after, Total: a.sp.Stats().Dead}
+	if len(dls) > int(limit) {
+		dls, out.More = dls[:limit], true
+	}
+	for _, d := range dls {
+		out.DeadLetters = append(out.DeadLetters, toJSON(ix, d))
+		out.NextAfter = d.ID
+	}
+	writeJSON(ctx, fasthttp.StatusOK, out)
+}
+
+// bulkJSON is the body of replay and purge: ids, or a filter (an empty
+// filter {} selects every dead letter).
+type bulkJSON struct {
+	IDs    []uint64    `json:"ids"`
+	Filter *filterJSON `json:"filter"`
+	// Limit bounds the dead letters handled by this call; 0 means
+	// DefaultBulkLimit.
+	Limit int `json:"limit"`
+	// APIKey (replay only) replays the records under this api_key instead
+	// of their lane's. Never echoed or logged.
+	APIKey string `json:"api_key"`
+}
+
+func decodeBulk(ctx *fasthttp.RequestCtx, replay bool) (bulkJSON, error) {
+	var b bulkJSON
+	dec := json.NewDecoder(bytes.NewReader(ctx.PostBody()))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&b); err != nil {
+		// The decoder's messages quote field names, never values.
+		return b, fmt.Errorf("body: want a JSON object {\"ids\":[...]} or {\"filter\":{\"lane\":...,\"reason\":...}}: %s", describeJSONError(err))
+	}
+	if dec.More() {
+		return b, errors.New("body: trailing data after the JSON object")
+	}
+	switch {
+	case len(b.IDs) > 0 && b.Filter != nil:
+		return b, errors.New("body: give ids or filter, not both")
+	case len(b.IDs) == 0 && b.Filter == nil:
+		return b, errors.New(`body: give "ids" (a non-empty list) or "filter" ({} selects every dead letter)`)
+	case len(b.IDs) > maxIDsPerBulkCall:
+		return b, fmt.Errorf("body: at most %d ids per call", maxIDsPerBulkCall)
+	case b.Limit < 0 || b.Limit > MaxBulkLimit:
+		return b, fmt.Errorf("limit: want 0 to %d", MaxBulkLimit)
+	case !replay && b.APIKey != "":
+		return b, errors.New("api_key: only replay takes one")
+	}
+	if b.Limit == 0 {
+		b.Limit = DefaultBulkLimit
+	}
+	if b.APIKey != "" {
+		if len(b.APIKey) > MaxAPIKeyLen || strings.TrimSpace(b.APIKey) != b.APIKey {
+			return b, fmt.Errorf("api_key: want 1 to %d characters without surrounding white space", MaxAPIKeyLen)
+		}
+		for _, c := range []byte(b.APIKey) {
+			if c < 0x20 || c == 0x7f {
+				return b, errors.New("api_key: control characters are not allowed")
+			}
+		}
+	}
+	return b, nil
+}
+
+// describeJSONError describes a decoding error without quoting the input.
+func describeJSONError(err error) string {
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &se):
+		return fmt.Sprintf("invalid JSON at byte %d", se.Offset)
+	case errors.As(err, &te):
+		return fmt.Sprintf("field %q: want %s", te.Field, te.Type)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return err.Error()[len("json: "):]
+	case errors.Is(err, io.EOF):
+		return "empty body"
+	}
+	return "invalid JSON"
+}
+
+// selected walks the dead letters a bulk request selects, in id order and
+// in pages, and calls visit with each page's selection. In filter mode it
+// handles at most b.Limit and stops at the newest matching dead letter of
+// its start, so that records it replays and that die again (new, higher
+// ids) are left for another call; more reports whether matching dead
+// letters were left. In ids mode it returns the ids not found.
+func (a *Relay) selected(b bulkJSON, ix laneIndex, visit func([]spool.DeadLetter) error) (notFound []uint64, more bool, err error) {
+	f := spool.DeadFilter{}
+	var want map[uint64]bool
+	var after, last uint64
+	limit := b.Limit
+	if b.Filter != nil {
+		var ok bool
+		if f, ok = ix.spoolFilter(*b.Filter); !ok {
+			return nil, false, errUnknownLane
+		}
+		if last, err = a.newestDead(f); err != nil {
+			return nil, false, err
+		}
+	} else {
+		want = make(map[uint64]bool, len(b.IDs))
+		for _, id := range b.IDs {
+			want[id] = true
+		}
+		if lo := slices.Min(b.IDs); lo > 0 {
+			after = lo - 1
+		}
+		last, limit = slices.Max(b.IDs), len(b.IDs)
+	}
+	done := 0
+	for after < last {
+		page, err := a.sp.ListDead(f, after, bulkPage)
+		if err != nil {
+			return nil, false, fmt.Errorf("list dead letters: %w", err)
+		}
+		if len(page) == 0 {
+			break
+		}
+		var sel []spool.DeadLetter
+		stop := false
+		for _, d := range page {
+			if d.ID > last {
+				stop = true
+				break
+			}
+			if want != nil && !want[d.ID] {
+				after = d.ID
+				continue
+			}
+			if done+len(sel) >= limit {
+				more, stop = true, true
+				break
+			}
+			sel = append(sel, d)
+			delete(want, d.ID)
+			after = d.ID
+		}
+		if len(sel) > 0 {
+			if err := visit(sel); err != nil {
+				return nil, false, err
+			}
+			done += len(sel)
+		}
+		if stop {
+			break
+		}
+	}
+	for id := range want {
+		notFound = append(notFound, id)
+	}
+	slices.Sort(notFound)
+	return notFound, more, nil
+}
+
+// newestDead returns the id of the newest dead letter matching f, 0 when
+// none does.
+func (a *Relay) newestDead(f spool.DeadFilter) (uint64, error) {
+	var newest uint64
+	for {
+		page, err := a.sp.ListDead(f, newest, bulkPage)
+		if err != nil {
+			return 0, fmt.Errorf("list dead letters: %w", err)
+		}
+		if len(page) == 0 {
+			return newest, nil
+		}
+		newest = page[len(page)-1].ID
+	}
+}
+
+var errUnknownLane = errors.New("unknown lane")
+
+type laneCount struct {
+	Lane    string `json:"lane"`
+	Kind    string `json:"kind"`
+	Records int    `json:"records"`
+}
+
+type replayJSON struct {
+	Replayed int         `json:"replayed"`
+	Lanes    []laneCount `json:"lanes"`
+	NotFound []uint64    `json:"not_found"`
+	More     bool        `json:"more"`
+	Error    string      `json:"error,omitempty"`
+}
+
+// replayDead: POST /relay/v1/deadletters/replay
+//
+// Every selected dead letter's record is appended (durably) to the tail of
+// the lane of its kind and options, under its own api_key or the request's
+// api_key, and only then is the dead letter deleted.
+func (a *Relay) replayDead(ctx *fasthttp.RequestCtx) {
+	b, err := decodeBulk(ctx, true)
+	if err != nil {
+		jsonError(ctx, fasthttp.StatusBadRequest, "%v", err)
+		return
+	}
+	a.bulk.Lock()
+	defer a.bulk.Unlock()
+	cctx, cancel := context.WithTimeout(context.Background(), bulkCallTimeout)
+	defer cancel()
+
+	ix := a.lanes()
+	out := replayJSON{Lanes: []laneCount{}, NotFound: []uint64{}}
+	counts := map[string]*laneCount{}
+	var batch spool.Batch
+	notFound, more, err := a.selected(b, ix, func(page []spool.DeadLetter) error {
+		// Group the page by target lane, keeping id order within a lane.
+		byKey := map[spool.LaneKey][]spool.DeadLetter{}
+		var keys []spool.LaneKey
+		for _, d := range page {
+			k := d.Lane
+			if b.APIKey != "" {
+				k.APIKey = b.APIKey
+			}
+			if _, ok := byKey[k]; !ok {
+				keys = append(keys, k)
+			}
+			byKey[k] = append(byKey[k], d)
+		}
+		for _, k := range keys {
+			lane, err := a.sp.Lane(cctx, k)
+			if err != nil {
+				return fmt.Errorf("lane %s: %w", k.Kind, err)
+			}
+			dls := byKey[k]
+			for len(dls) > 0 {
+				batch.Reset()
+				n := 0
+				for n < len(dls) && n < replayChunkCount && (n == 0 || batch.Bytes() < replayChunkBytes) {
+					r := dls[n].Record
+					batch.Add(spool.Record{OrderKey: r.OrderKey, UserID: r.UserID, Data: r.Data})
+					n++
+				}
+				if err := a.sp.Append(cctx, lane, &batch); err != nil {
+					return fmt.Errorf("append to lane %s: %w", lane.Label(), err)
+				}
+				ids := make([]uint64, n)
+				for i := range n {
+					ids[i] = dls[i].ID
+				}
+				// The records are committed in the lane: now the dead
+				// letters may go. A crash between the two leaves both (a
+				// later replay would send the record twice; the upstream
+				// dedups events by insert_id).
+				if err := a.sp.DeleteDead(cctx, ids); err != nil {
+					return fmt.Errorf("delete replayed dead letters: %w", err)
+				}
+				c := counts[lane.Label()]
+				if c == nil {
+					c = &laneCount{Lane: lane.Label(), Kind: k.Kind.String()}
+					counts[lane.Label()] = c
+				}
+				c.Records += n
+				out.Replayed += n
+				dls = dls[n:]
+			}
+		}
+		return nil
+	})
+	for _, c := range counts {
+		out.Lanes = append(out.Lanes, *c)
+	}
+	slices.SortFunc(out.Lanes, func(x, y laneCount) int { return strings.Compare(x.Lane, y.Lane) })
+	if notFound != nil {
+		out.NotFound = notFound
+	}
+	out.More = more
+	fields := []zap.Field{zap.Int("replayed", out.Replayed), zap.Bool("corrected_api_key", b.APIKey != "")}
+	for _, c := range out.Lanes {
+		fields = append(fields, zap.Int("lane "+c.Lane, c.Records))
+	}
+	switch {
+	case errors.Is(err, errUnknownLane):
+		jsonError(ctx, fasthttp.StatusNotFound, "no lane labelled %q (GET /relay/v1/lanes lists them)", b.Filter.Lane)
+		return
+	case err != nil:
+		a.log.Error("replaying dead letters failed part way", append(fields, errField(err))...)
+		out.Error = "replay stopped: " + err.Error()
+		status := fasthttp.StatusInternalServerError
+		if errors.Is(err, spool.ErrFull) || errors.Is(err, spool.ErrDiskLow) {
+			status = fasthttp.StatusServiceUnavailable
+			ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, "30")
+		}
+		writeJSON(ctx, status, out)
+		return
+	}
+	a.log.Info("dead letters replayed", fields...)
+	writeJSON(ctx, fasthttp.StatusOK, out)
+}
+
+type purgeJSON struct {
+	Purged   int      `json:"purged"`
+	NotFound []uint64 `json:"not_found"`
+	More     bool     `json:"more"`
+	Error    string   `json:"error,omitempty"`
+}
+
+// purgeDead: POST /relay/v1/deadletters/purge
+func (a *Relay) purgeDead(ctx *fasthttp.RequestCtx) {
+	b, err := decodeBulk(ctx, false)
+	if err != nil {
+		jsonError(ctx, fasthttp.StatusBadRequest, "%v", err)
+		return
+	}
+	a.bulk.Lock()
+	defer a.bulk.Unlock()
+	cctx, cancel := context.WithTimeout(context.Background(), bulkCallTimeout)
+	defer cancel()
+	out := purgeJSON{NotFound: []uint64{}}
+	notFound, more, err := a.selected(b, a.lanes(), func(page []spool.DeadLetter) error {
+		ids := make([]uint64, len(page))
+		for i, d := range page {
+			ids[i] = d.ID
+		}
+		if err := a.sp.DeleteDead(cctx, ids); err != nil {
+			return fmt.Errorf("delete dead letters: %w", err)
+		}
+		out.Purged += len(ids)
+		return nil
+	})
+	if notFound != nil {
+		out.NotFound = notFound
+	}
+	out.More = more
+	switch {
+	case errors.Is(err, errUnknownLane):
+		jsonError(ctx, fasthttp.StatusNotFound, "no lane labelled %q (GET /relay/v1/lanes lists them)", b.Filter.Lane)
+		return
+	case err != nil:
+		a.log.Error("purging dead letters failed part way", zap.Int("purged", out.Purged), errField(err))
+		out.Error = "purge stopped: " + err.Error()
+		writeJSON(ctx, fasthttp.StatusInternalServerError, out)
+		return
+	}
+	a.log.Info("dead letters purged", zap.Int("purged", out.Purged))
+	writeJSON(ctx, fasthttp.StatusOK, out)
+}
+
+// ---- lanes
+
+type laneJSON struct {
+	Label   string `json:"label"`
+	Kind    string `json:"kind"`
+	Records int64  `json:"records"`
+	Chunks  int64  `json:"chunks"`
+	Bytes   int64  `json:"bytes"`
+	// Oldest is when the oldest waiting record was accepted (null when the
+	// lane is empty); OldestAgeSeconds is its age now.
+	Oldest           *time.Time `json:"oldest"`
+	OldestAgeSeconds float64    `json:"oldest_age_seconds"`
+	// Controllable says whether a deliverer reports on this lane and can
+	// pause it; the fields below are zero when it is false.
+	Controllable   bool   `json:"controllable"`
+	Running        bool   `json:"running"`
+	Stopped        bool   `json:"stopped"`
+	StopReason     string `json:"stop_reason"`
+	PausedKeys     int64  `json:"paused_keys"`
+	HeldEvents     int64  `json:"held_events"`
+	ReadAheadBytes int64  `json:"read_ahead_bytes"`
+}
+
+type lanesJSON struct {
+	Lanes []laneJSON `json:"lanes"`
+}
+
+func (a *Relay) statuses() map[uint64]batcher.LaneStatus {
+	out := map[uint64]batcher.LaneStatus{}
+	for _, c := range a.cfg.Lanes {
+		for _, st := range c.LaneStatus() {
+			out[st.ID] = st
+		}
+	}
+	return out
+}
+
+func (a *Relay) laneJSON(l *spool.Lane, sts map[uint64]batcher.LaneStatus, now time.Time) laneJSON {
+	st := l.Stats()
+	j := laneJSON{Label: l.Label(), Kind: l.Key().Kind.String(), Records: st.Records, Chunks: st.Chunks, Bytes: st.Bytes}
+	if !st.Oldest.IsZero() {
+		t := st.Oldest.UTC()
+		j.Oldest = &t
+		j.OldestAgeSeconds = max(0, now.Sub(st.Oldest).Seconds())
+	}
+	if a.cfg.Lanes[l.Key().Kind] != nil {
+		j.Controllable = true
+		if s, ok := sts[l.ID()]; ok {
+			j.Running, j.Stopped, j.StopReason = true, s.Stopped, s.StopReason
+			j.PausedKeys, j.HeldEvents, j.ReadAheadBytes = s.PausedKeys, s.HeldEvents, s.ReadAheadBytes
+		}
+	}
+	return j
+}
+
+// listLanes: GET /relay/v1/lanes
+func (a *Relay) listLanes(ctx *fasthttp.RequestCtx) {
+	sts, now := a.statuses(), time.Now()
+	out := lanesJSON{Lanes: []laneJSON{}}
+	for _, l := range a.sp.Lanes() {
+		out.Lanes = append(out.Lanes, a.laneJSON(l, sts, now))
+	}
+	writeJSON(ctx, fasthttp.StatusOK, out)
+}
+
+// laneArg splits /relay/v1/lanes/{label}[/{action}].
+func laneArg(ctx *fasthttp.RequestCtx) (label, action string) {
+	rest := strings.TrimPrefix(string(ctx.Path()), "/relay/v1/lanes/")
+	label, action, _ = strings.Cut(rest, "/")
+	return label, action
+}
+
+// getLane: GET /relay/v1/lanes/{label}
+func (a *Relay) getLane(ctx *fasthttp.RequestCtx) {
+	label, action := laneArg(ctx)
+	if action != "" {
+		jsonError(ctx, fasthttp.StatusNotFound, "not found (GET /relay/v1/lanes/{label}; POST .../pause or .../resume)")
+		return
+	}
+	l := a.lanes().byLabel[label]
+	if l == nil {
+		jsonError(ctx, fasthttp.StatusNotFound, "no lane labelled %q", label)
+		return
+	}
+	writeJSON(ctx, fasthttp.StatusOK, a.laneJSON(l, a.statuses(), time.Now()))
+}
+
+// laneAction: POST /relay/v1/lanes/{label}/pause and .../resume
+func (a *Relay) laneAction(ctx *fasthttp.RequestCtx) {
+	label, action := laneArg(ctx)
+	if action != "pause" && action != "resume" {
+		jsonError(ctx, fasthttp.StatusNotFound, "not found (POST /relay/v1/lanes/{label}/pause or /resume)")
+		return
+	}
+	l := a.lanes().byLabel[label]
+	if l == nil {
+		jsonError(ctx, fasthttp.StatusNotFound, "no lane labelled %q", label)
+		return
+	}
+	c := a.cfg.Lanes[l.Key().Kind]
+	if c == nil {
+		jsonError(ctx, fasthttp.StatusConflict, "lanes of kind %s cannot be paused or resumed", l.Key().Kind)
+		return
+	}
+	var err error
+	if action == "pause" {
+		err = c.StopLane(l.ID())
+	} else {
+		err = c.ResumeLane(l.ID())
+	}
+	if err != nil {
+		// A lane created a moment ago may not run yet.
+		jsonError(ctx, fasthttp.StatusConflict, "%s lane %s: %v (retry in a second)", action, label, err)
+		return
+	}
+	a.log.Info("lane "+action+"d by operator", zap.String("lane", label))
+	writeJSON(ctx, fasthttp.StatusOK, a.laneJSON(l, a.statuses(), time.Now()))
+}
+
+// errField logs an error as its message only.
+func errField(err error) zap.Field { return zap.String("error", err.Error()) }
