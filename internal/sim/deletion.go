@@ -1,0 +1,264 @@
+package sim
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// User deletion route rules (first version, ../shared/api/taxonomy-
+// feedback-dsar-deletion.md). The Basic user name is the project's api key;
+// the project's users are those of its events ingested through /2/httpapi
+// (svc_id = SvcID(api key, user_id)).
+//
+//   - POST /api/2/deletions/users, JSON {svc_ids: [int], user_ids: [string],
+//     requester, ignore_invalid_id, delete_from_org, include_mapped_user_ids}:
+//     1 to DeletionMaxIDs ids in total, else 400. Ids with no data in the
+//     project are invalid: with ignore_invalid_id false (and delete_from_org
+//     false) 400 {"error", "invalid_ids"} and nothing is marked; else the
+//     found users are added to the project's job scheduled DeletionLead after
+//     today (Config.Now, UTC) and the job is answered 200 {day, status,
+//     svc_ids, invalid_ids (when ignore_invalid_id or delete_from_org), app
+//     (when delete_from_org: the search covers every api key seen)}.
+//   - A job is "staging" until 3 days before its day, "submitted" until its
+//     scrub is done (its day + 1; active_scrub_done_date), then after 5 more
+//     days "done". A request for a day whose job is no longer staging goes
+//     to the next day's job.
+//   - GET /api/2/deletions/users?start_day&end_day: both required
+//     (YYYY-MM-DD), end not before start, at most 6 months apart: else 400.
+//     200 with the project's jobs whose day is in the range ([] if none).
+//   - DELETE /api/2/deletions/users/{svc_id}/{day}: while the job is staging
+//     (more than 3 days before its day) removes the id: 200 {svc_id,
+//     requested_on_day, requester}; an id not in that job 404; a job no
+//     longer staging 400.
+
+// DeletionMaxIDs is the most ids (svc_ids and user_ids together) per request.
+const DeletionMaxIDs = 100
+
+// DeletionLead is how far after the request day a new job is scheduled.
+const DeletionLead = 7 * 24 * time.Hour
+
+// DeletionUser is one entry of a job's svc_ids.
+type DeletionUser struct {
+	SvcID          int64  `json:"svc_id"`
+	Requester      string `json:"requester"`
+	RequestedOnDay string `json:"requested_on_day"`
+	UserID         string `json:"user_id,omitempty"`
+}
+
+// DeletionJob is a deletion job as answered.
+type DeletionJob struct {
+	Day                 string         `json:"day"`
+	Status              string         `json:"status"`
+	SvcIDs              []DeletionUser `json:"svc_ids"`
+	App                 int64          `json:"app,omitempty"`
+	InvalidIDs          []string       `json:"invalid_ids,omitempty"`
+	ActiveScrubDoneDate string         `json:"active_scrub_done_date,omitempty"`
+}
+
+type deletionState struct {
+	mu   sync.Mutex
+	jobs map[string]map[string][]DeletionUser // api key -> day -> users
+}
+
+func (s *Sim) registerDeletion() {
+	st := &deletionState{jobs: make(map[string]map[string][]DeletionUser)}
+	s.apiRoute("POST /api/2/deletions/users", func(w http.ResponseWriter, r *http.Request, key string) {
+		var req struct {
+			SvcIDs        []int64  `json:"svc_ids"`
+			UserIDs       []string `json:"user_ids"`
+			Requester     string   `json:"requester"`
+			IgnoreInvalid bool     `json:"ignore_invalid_id"`
+			DeleteFromOrg bool     `json:"delete_from_org"`
+			IncludeMapped bool     `json:"include_mapped_user_ids"`
+		}
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil {
+			apiError(w, http.StatusBadRequest, "invalid JSON body: "+err.Error())
+			return
+		}
+		if n := len(req.SvcIDs) + len(req.UserIDs); n == 0 || n > DeletionMaxIDs {
+			apiError(w, http.StatusBadRequest, fmt.Sprintf("send 1 to %d ids (svc_ids and user_ids together), not %d", DeletionMaxIDs, n))
+			return
+		}
+		keys := []string{key}
+		if req.DeleteFromOrg {
+			req.IgnoreInvalid = true
+			keys = s.apiKeysSeen(key)
+		}
+		type found struct{ key, user string }
+		var hits []found
+		var invalid []string
+		users := s.usersOf(keys)
+		for _, id := range req.SvcIDs {
+			hit := false
+			for _, u := range users {
+				if SvcID(u.key, u.user) == id {
+					hits, hit = append(hits, found(u)), true
+				}
+			}
+			if !hit {
+				invalid = append(invalid, strconv.FormatInt(id, 10))
+			}
+		}
+		for _, id := range req.UserIDs {
+			hit := false
+			for _, u := range users {
+				if u.user == id {
+					hits, hit = append(hits, found(u)), true
+				}
+			}
+			if !hit {
+				invalid = append(invalid, id)
+			}
+		}
+		if len(invalid) > 0 && !req.IgnoreInvalid {
+			writeJSON(w, http.StatusBadRequest, map[string]any{
+				"error": "some ids have no data in the project; nothing was marked for deletion", "invalid_ids": invalid})
+			return
+		}
+		now := s.cfg.Now().UTC()
+		today := now.Format(time.DateOnly)
+		day := now.Add(DeletionLead)
+		for deletionStatus(now, day) != "staging" {
+			day = day.AddDate(0, 0, 1)
+		}
+		dayS := day.Format(time.DateOnly)
+		st.mu.Lock()
+		var job DeletionJob
+		for _, h := range hits {
+			byDay := st.jobs[h.key]
+			if byDay == nil {
+				byDay = make(map[string][]DeletionUser)
+				st.jobs[h.key] = byDay
+			}
+			u := DeletionUser{SvcID: SvcID(h.key, h.user), Requester: req.Requester, RequestedOnDay: today}
+			if req.IncludeMapped {
+				u.UserID = h.user
+			}
+			dup := false
+			for _, old := range byDay[dayS] {
+				dup = dup || old.SvcID == u.SvcID
+			}
+			if !dup {
+				byDay[dayS] = append(byDay[dayS], u)
+			}
+			if h.key == key || job.SvcIDs == nil {
+				job.SvcIDs = append(job.SvcIDs, u)
+			}
+		}
+		st.mu.Unlock()
+		job.Day, job.Status = dayS, "staging"
+		if job.SvcIDs == nil {
+			job.SvcIDs = []DeletionUser{}
+		}
+		if req.IgnoreInvalid {
+			job.InvalidIDs = append([]string{}, invalid...)
+		}
+		if req.DeleteFromOrg {
+			job.App = AppID(key)
+		}
+		writeJSON(w, http.StatusOK, job)
+	})
+	s.apiRoute("GET /api/2/deletions/users", func(w http.ResponseWriter, r *http.Request, key string) {
+		q := r.URL.Query()
+		start, err1 := time.Parse(time.DateOnly, q.Get("start_day"))
+		end, err2 := time.Parse(time.DateOnly, q.Get("end_day"))
+		switch {
+		case err1 != nil || err2 != nil:
+			apiError(w, http.StatusBadRequest, "start_day and end_day are required, as YYYY-MM-DD")
+			return
+		case end.Before(start):
+			apiError(w, http.StatusBadRequest, "end_day is before start_day")
+			return
+		case end.After(start.AddDate(0, 6, 0)):
+			apiError(w, http.StatusBadRequest, "the range is longer than six months")
+			return
+		}
+		now := s.cfg.Now().UTC()
+		out := []DeletionJob{}
+		st.mu.Lock()
+		for dayS, users := range st.jobs[key] {
+			day, _ := time.Parse(time.DateOnly, dayS)
+			if day.Before(start) || day.After(end) || len(users) == 0 {
+				continue
+			}
+			j := DeletionJob{Day: dayS, Status: deletionStatus(now, day), SvcIDs: append([]DeletionUser{}, users...)}
+			if scrub := day.AddDate(0, 0, 1); !now.Before(scrub) {
+				j.ActiveScrubDoneDate = scrub.Format(time.DateOnly)
+			}
+			out = append(out, j)
+		}
+		st.mu.Unlock()
+		sort.Slice(out, func(i, j int) bool { return out[i].Day < out[j].Day })
+		writeJSON(w, http.StatusOK, out)
+	})
+	s.apiRoute("DELETE /api/2/deletions/users/{svc_id}/{day}", func(w http.ResponseWriter, r *http.Request, key string) {
+		id, err := strconv.ParseInt(r.PathValue("svc_id"), 10, 64)
+		day, err2 := time.Parse(time.DateOnly, r.PathValue("day"))
+		if err != nil || err2 != nil {
+			apiError(w, http.StatusBadRequest, "want /api/2/deletions/users/{svc_id}/{YYYY-MM-DD}")
+			return
+		}
+		if deletionStatus(s.cfg.Now().UTC(), day) != "staging" {
+			apiError(w, http.StatusBadRequest, "the job can no longer be changed: less than 3 days before its run")
+			return
+		}
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		users := st.jobs[key][r.PathValue("day")]
+		for i, u := range users {
+			if u.SvcID == id {
+				st.jobs[key][r.PathValue("day")] = append(users[:i:i], users[i+1:]...)
+				writeJSON(w, http.StatusOK, map[string]any{"svc_id": u.SvcID, "requested_on_day": u.RequestedOnDay, "requester": u.Requester})
+				return
+			}
+		}
+		apiError(w, http.StatusNotFound, "the id is not in the job of that day")
+	})
+}
+
+// deletionStatus is the state at now of a job scheduled for day.
+func deletionStatus(now, day time.Time) string {
+	switch {
+	case now.Before(day.Add(-3 * 24 * time.Hour)):
+		return "staging"
+	case now.Before(day.AddDate(0, 0, 6)):
+		return "submitted"
+	}
+	return "done"
+}
+
+type keyUser struct{ key, user string }
+
+// usersOf returns the distinct (api key, user_id) of the stored events of keys.
+func (s *Sim) usersOf(keys []string) []keyUser {
+	var out []keyUser
+	seen := make(map[keyUser]bool)
+	for _, k := range keys {
+		for _, ev := range s.Events(k) {
+			u := keyUser{k, ev.UserID}
+			if ev.UserID != "" && !seen[u] {
+				seen[u] = true
+				out = append(out, u)
+			}
+		}
+	}
+	return out
+}
+
+// apiKeysSeen returns first, then every other api key of stored events.
+func (s *Sim) apiKeysSeen(first string) []string {
+	out := []string{first}
+	seen := map[string]bool{first: true}
+	for _, ev := range s.AllEvents() {
+		if !seen[ev.APIKey] {
+			seen[ev.APIKey] = true
+			out = append(out, ev.APIKey)
+		}
+	}
+	return out
+}

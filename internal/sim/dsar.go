@@ -1,0 +1,328 @@
+package sim
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"net/http"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// DSAR route rules (../shared/api/taxonomy-feedback-dsar-deletion.md):
+//
+//   - POST /api/2/dsar/requests, JSON {"userId" | "svcId", "startDate",
+//     "endDate"} (dates YYYY-MM-DD, start not after end): 202
+//     {"requestId": N}; otherwise 400 {"error"}.
+//   - GET /api/2/dsar/requests/{id}: each poll moves the job one step:
+//     "submitted", "processing", ... and after DSARConfig.PollsToDone polls
+//     "done" with "urls" (or "failed" for a job created while FailNext was
+//     above 0). The urls are {base}/api/2/dsar/requests/{id}/outputs/{n},
+//     one per month of the range in which the user has events (any api key:
+//     the DSAR key is the organization's), base taken from the request's
+//     Host. A job whose user has no events is done with no urls.
+//   - GET .../outputs/{n}: needs the Authorization of the job's creator
+//     (else 403); valid for DSARConfig.URLTTL after the job is done (then
+//     410); answers 302 to /objects/dsar/{id}/{n}?expires=UNIX&sig=HMAC (the
+//     object storage), which also needs the same Authorization and answers
+//     403 once expires (Config.Now) is past; 60 seconds after the redirect.
+//   - Output files are gzipped JSON lines (svc_id, app, user_id, device_id,
+//     event_type, event_time, server_upload_time, event_properties; times as
+//     YYYY-MM-DD HH:MM:SS.ffffff).
+//   - Jobs are kept per Sim (closures), not cleared by /sim/reset.
+//
+// Control: POST /sim/dsar/config (DSARConfig JSON, absent fields keep their
+// value).
+
+// DSARConfig configures the DSAR routes.
+type DSARConfig struct {
+	// PollsToDone is how many status polls a job takes to finish; 0 keeps
+	// the current value (initially 3).
+	PollsToDone int `json:"polls_to_done,omitempty"`
+	// FailNext makes the next FailNext created jobs end "failed" instead of
+	// "done"; nil keeps the current value.
+	FailNext *int `json:"fail_next,omitempty"`
+	// URLTTL is how long the urls of a done job stay valid, as a Go
+	// duration; "" keeps the current value (initially 48h).
+	URLTTL string `json:"url_ttl,omitempty"`
+}
+
+// DSARRedirectTTL is how long an object storage address of a redirect lasts.
+const DSARRedirectTTL = 60 * time.Second
+
+type dsarJob struct {
+	id         int64
+	auth       string // Authorization of the creator
+	userID     string
+	svcID      int64
+	start, end time.Time
+	polls      int
+	fail       bool
+	doneAt     time.Time
+	files      [][]byte // gzipped outputs, set when done
+}
+
+type dsarState struct {
+	mu          sync.Mutex
+	nextID      int64
+	jobs        map[int64]*dsarJob
+	pollsToDone int
+	failNext    int
+	urlTTL      time.Duration
+	sigKey      [32]byte
+}
+
+func (s *Sim) registerDSAR() {
+	st := &dsarState{nextID: 1000, jobs: make(map[int64]*dsarJob), pollsToDone: 3, urlTTL: 48 * time.Hour}
+	rand.Read(st.sigKey[:])
+	s.apiRoute("POST /api/2/dsar/requests", func(w http.ResponseWriter, r *http.Request, key string) {
+		var req struct {
+			UserID    *string         `json:"userId"`
+			SvcID     json.RawMessage `json:"svcId"`
+			StartDate string          `json:"startDate"`
+			EndDate   string          `json:"endDate"`
+		}
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil {
+			apiError(w, http.StatusBadRequest, "invalid JSON body")
+			return
+		}
+		job := &dsarJob{auth: r.Header.Get("Authorization")}
+		if req.UserID != nil {
+			job.userID = *req.UserID
+		}
+		if len(req.SvcID) > 0 && string(req.SvcID) != "null" {
+			n, err := strconv.ParseInt(string(bytes.Trim(req.SvcID, `"`)), 10, 64)
+			if err != nil || n <= 0 {
+				apiError(w, http.StatusBadRequest, "svcId must be a positive integer")
+				return
+			}
+			job.svcID = n
+		}
+		var err1, err2 error
+		job.start, err1 = time.Parse(time.DateOnly, req.StartDate)
+		job.end, err2 = time.Parse(time.DateOnly, req.EndDate)
+		switch {
+		case job.userID == "" && job.svcID == 0:
+			apiError(w, http.StatusBadRequest, "userId or svcId is required")
+			return
+		case err1 != nil || err2 != nil:
+			apiError(w, http.StatusBadRequest, "startDate and endDate must be YYYY-MM-DD")
+			return
+		case job.end.Before(job.start):
+			apiError(w, http.StatusBadRequest, "endDate is before startDate")
+			return
+		}
+		st.mu.Lock()
+		job.id = st.nextID
+		st.nextID++
+		if st.failNext > 0 {
+			st.failNext--
+			job.fail = true
+		}
+		st.jobs[job.id] = job
+		st.mu.Unlock()
+		writeJSON(w, http.StatusAccepted, map[string]int64{"requestId": job.id})
+	})
+	s.apiRoute("GET /api/2/dsar/requests/{id}", func(w http.ResponseWriter, r *http.Request, key string) {
+		st.mu.Lock()
+		job := st.job(r)
+		if job == nil {
+			st.mu.Unlock()
+			apiError(w, http.StatusNotFound, "no such request")
+			return
+		}
+		job.polls++
+		steps := [...]string{"submitted", "processing"}
+		status := steps[min(job.polls-1, len(steps)-1)]
+		var urls []string
+		switch {
+		case job.polls >= st.pollsToDone && job.fail:
+			status = "failed"
+		case job.polls >= st.pollsToDone:
+			status = "done"
+			if job.files == nil {
+				job.doneAt = s.cfg.Now()
+				st.mu.Unlock()
+				files := s.dsarFiles(job)
+				st.mu.Lock()
+				job.files = files
+			}
+			base := "http://" + r.Host
+			urls = []string{}
+			for n := range job.files {
+				urls = append(urls, base+"/api/2/dsar/requests/"+strconv.FormatInt(job.id, 10)+"/outputs/"+strconv.Itoa(n))
+			}
+		}
+		st.mu.Unlock()
+		body := map[string]any{"requestId": job.id, "status": status}
+		if urls != nil {
+			body["urls"] = urls
+		}
+		writeJSON(w, http.StatusOK, body)
+	})
+	s.apiRoute("GET /api/2/dsar/requests/{id}/outputs/{n}", func(w http.ResponseWriter, r *http.Request, key string) {
+		st.mu.Lock()
+		job := st.job(r)
+		n, err := strconv.Atoi(r.PathValue("n"))
+		var status int
+		var msg string
+		switch {
+		case job == nil || err != nil || job.files == nil || n < 0 || n >= len(job.files):
+			status, msg = http.StatusNotFound, "no such output"
+		case !hmac.Equal([]byte(r.Header.Get("Authorization")), []byte(job.auth)):
+			status, msg = http.StatusForbidden, "the output needs the credentials that created the request"
+		case s.cfg.Now().After(job.doneAt.Add(st.urlTTL)):
+			status, msg = http.StatusGone, "the output has expired"
+		}
+		var loc string
+		if status == 0 {
+			exp := strconv.FormatInt(s.cfg.Now().Add(DSARRedirectTTL).Unix(), 10)
+			path := "/objects/dsar/" + strconv.FormatInt(job.id, 10) + "/" + strconv.Itoa(n)
+			loc = "http://" + r.Host + path + "?expires=" + exp + "&sig=" + st.sign(path, exp)
+		}
+		st.mu.Unlock()
+		if status != 0 {
+			apiError(w, status, msg)
+			return
+		}
+		http.Redirect(w, r, loc, http.StatusFound)
+	})
+	s.apiRoute("GET /objects/dsar/{id}/{n}", func(w http.ResponseWriter, r *http.Request, key string) {
+		exp := r.URL.Query().Get("expires")
+		expUnix, err := strconv.ParseInt(exp, 10, 64)
+		if err != nil || !hmac.Equal([]byte(r.URL.Query().Get("sig")), []byte(st.sign(r.URL.Path, exp))) {
+			apiError(w, http.StatusForbidden, "signature does not match")
+			return
+		}
+		if s.cfg.Now().Unix() > expUnix {
+			apiError(w, http.StatusForbidden, "request has expired")
+			return
+		}
+		st.mu.Lock()
+		job := st.job(r)
+		n, _ := strconv.Atoi(r.PathValue("n"))
+		var file []byte
+		ok := job != nil && n >= 0 && n < len(job.files) && hmac.Equal([]byte(r.Header.Get("Authorization")), []byte(job.auth))
+		if ok {
+			file = job.files[n]
+		}
+		st.mu.Unlock()
+		if !ok {
+			apiError(w, http.StatusForbidden, "the output needs the credentials that created the request")
+			return
+		}
+		w.Header().Set("Content-Type", "application/gzip")
+		w.Header().Set("Content-Length", strconv.Itoa(len(file)))
+		w.Write(file)
+	})
+	s.ctlMux.HandleFunc("POST /sim/dsar/config", func(w http.ResponseWriter, r *http.Request) {
+		var c DSARConfig
+		err := json.NewDecoder(r.Body).Decode(&c)
+		var ttl time.Duration
+		if err == nil && c.URLTTL != "" {
+			ttl, err = time.ParseDuration(c.URLTTL)
+		}
+		if err != nil || c.PollsToDone < 0 || (c.FailNext != nil && *c.FailNext < 0) {
+			apiError(w, http.StatusBadRequest, "want DSARConfig JSON with non-negative values")
+			return
+		}
+		st.mu.Lock()
+		if c.PollsToDone > 0 {
+			st.pollsToDone = c.PollsToDone
+		}
+		if c.FailNext != nil {
+			st.failNext = *c.FailNext
+		}
+		if ttl > 0 {
+			st.urlTTL = ttl
+		}
+		st.mu.Unlock()
+		writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
+	})
+}
+
+// job returns the job named by the path's {id}; st.mu held.
+func (st *dsarState) job(r *http.Request) *dsarJob {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil {
+		return nil
+	}
+	return st.jobs[id]
+}
+
+func (st *dsarState) sign(path, exp string) string {
+	m := hmac.New(sha256.New, st.sigKey[:])
+	m.Write([]byte(path + "?" + exp))
+	return hex.EncodeToString(m.Sum(nil)[:16])
+}
+
+// DSARLine is one line of a DSAR output file.
+type DSARLine struct {
+	SvcID            int64           `json:"svc_id"`
+	App              int64           `json:"app"`
+	UserID           string          `json:"user_id,omitempty"`
+	DeviceID         string          `json:"device_id,omitempty"`
+	EventType        string          `json:"event_type"`
+	EventTime        string          `json:"event_time"`
+	ServerUploadTime string          `json:"server_upload_time"`
+	EventProperties  json.RawMessage `json:"event_properties,omitempty"`
+}
+
+// dsarFiles builds the gzipped outputs of job: one per month with events of
+// its user (server upload time within the job's dates, end day included).
+func (s *Sim) dsarFiles(job *dsarJob) [][]byte {
+	months := make(map[string]*bytes.Buffer)
+	to := job.end.AddDate(0, 0, 1)
+	for _, ev := range s.AllEvents() {
+		if ev.UserID == "" || ev.Time.Before(job.start) || !ev.Time.Before(to) {
+			continue
+		}
+		if (job.userID != "" && ev.UserID != job.userID) || (job.svcID != 0 && SvcID(ev.APIKey, ev.UserID) != job.svcID) {
+			continue
+		}
+		var raw struct {
+			Time            *int64          `json:"time"`
+			EventProperties json.RawMessage `json:"event_properties"`
+		}
+		json.Unmarshal(ev.Raw, &raw)
+		up := ev.Time.UTC().Format(ExportTimeFormat)
+		et := up
+		if raw.Time != nil {
+			et = time.UnixMilli(*raw.Time).UTC().Format(ExportTimeFormat)
+		}
+		line := appendJSON(nil, DSARLine{SvcID: SvcID(ev.APIKey, ev.UserID), App: AppID(ev.APIKey), UserID: ev.UserID,
+			DeviceID: ev.DeviceID, EventType: ev.EventType, EventTime: et, ServerUploadTime: up, EventProperties: raw.EventProperties})
+		m := ev.Time.UTC().Format("2006-01")
+		if months[m] == nil {
+			months[m] = new(bytes.Buffer)
+		}
+		months[m].Write(line)
+		months[m].WriteByte('\n')
+	}
+	keys := make([]string, 0, len(months))
+	for m := range months {
+		keys = append(keys, m)
+	}
+	sort.Strings(keys)
+	files := [][]byte{}
+	for _, m := range keys {
+		var gz bytes.Buffer
+		zw := gzip.NewWriter(&gz)
+		zw.Write(months[m].Bytes())
+		zw.Close()
+		files = append(files, gz.Bytes())
+	}
+	return files
+}
+
+// SetDSAR changes the DSAR routes' configuration (POST /sim/dsar/config).
+func (c *Control) SetDSAR(ctx context.Context, cfg DSARConfig) error {
+	return c.do(ctx, "POST", "/sim/dsar/config", appendJSON(nil, cfg), nil)
+}

@@ -1,0 +1,307 @@
+package sim
+
+import (
+	"archive/zip"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Export route rules (GET /api/2/export, ../shared/api/ingestion-groups-
+// usermap-export.md):
+//
+//   - start and end are YYYYMMDDTHH (UTC), end's hour included; missing or
+//     malformed, end before start, or more than ExportMaxRange: 400.
+//   - The archive holds the events the api key (the Basic user name) sent to
+//     /2/httpapi whose server upload time (Ingested.Time) falls in the range,
+//     one zip entry "APP/APP_YYYY-MM-DD_H#0.json" per hour with data, one
+//     exported record (ExportRecord) per line, deflated; plus, when
+//     configured (ExportConfig.SyntheticBytesPerHour), synthetic records of
+//     that many bytes (rounded up to whole blocks of about 1 MiB of whole
+//     lines) per hour of the range, in stored (uncompressed) entries
+//     "APP/APP_YYYY-MM-DD_H#sN.json" of at most 256 blocks each, generated
+//     on the fly from one repeated block.
+//   - An estimated uncompressed size above ExportConfig.MaxBytes (default
+//     4 GiB, the document's "4 GB"): 400. No data in the range: 404.
+//   - The archive is streamed (chunked); nothing of it is buffered.
+//
+// Control routes: POST /sim/export/config (ExportConfig JSON; fields left
+// out keep their value) and GET /sim/export/log (the ranges served, in order).
+
+// ExportMaxRange is the longest export range.
+const ExportMaxRange = 365 * 24 * time.Hour
+
+// ExportHourFormat is the form of start and end.
+const ExportHourFormat = "20060102T15"
+
+// ExportTimeFormat is the form of the timestamps of exported records.
+const ExportTimeFormat = "2006-01-02 15:04:05.000000"
+
+// ExportConfig configures the export route.
+type ExportConfig struct {
+	// MaxBytes is the largest estimated result; larger ranges get 400. Zero
+	// (or absent) keeps the current value; the initial value is 4 GiB.
+	MaxBytes int64 `json:"max_bytes,omitempty"`
+	// SyntheticBytesPerHour adds that many bytes of synthetic records to
+	// every hour of every range; nil keeps the current value, 0 turns it off.
+	SyntheticBytesPerHour *int64 `json:"synthetic_bytes_per_hour,omitempty"`
+}
+
+// ExportServed is one entry of the export log.
+type ExportServed struct {
+	Start  string `json:"start"`
+	End    string `json:"end"`
+	Status int    `json:"status"`
+	// Bytes is the archive size sent (0 for non-200 answers).
+	Bytes int64 `json:"bytes"`
+}
+
+// ExportRecord is one exported event (the document's Exported event
+// record; fields the simulator has no value for are left out).
+type ExportRecord struct {
+	App                int64           `json:"app"`
+	SvcID              int64           `json:"svc_id"`
+	EventID            int64           `json:"event_id"`
+	SessionID          int64           `json:"session_id"`
+	UUID               string          `json:"uuid"`
+	InsertID           string          `json:"$insert_id,omitempty"`
+	EventType          string          `json:"event_type"`
+	UserID             string          `json:"user_id,omitempty"`
+	DeviceID           string          `json:"device_id,omitempty"`
+	EventTime          string          `json:"event_time"`
+	ClientEventTime    string          `json:"client_event_time"`
+	ClientUploadTime   string          `json:"client_upload_time"`
+	ServerReceivedTime string          `json:"server_received_time"`
+	ServerUploadTime   string          `json:"server_upload_time"`
+	ProcessedTime      string          `json:"processed_time"`
+	Platform           string          `json:"platform,omitempty"`
+	OSName             string          `json:"os_name,omitempty"`
+	OSVersion          string          `json:"os_version,omitempty"`
+	Country            string          `json:"country,omitempty"`
+	Language           string          `json:"language,omitempty"`
+	IPAddress          string          `json:"ip_address,omitempty"`
+	EventProperties    json.RawMessage `json:"event_properties"`
+	UserProperties     json.RawMessage `json:"user_properties"`
+	Groups             json.RawMessage `json:"groups"`
+	GroupProperties    json.RawMessage `json:"group_properties"`
+	Data               json.RawMessage `json:"data"`
+	SampleRate         *int            `json:"sample_rate"`
+}
+
+type exportState struct {
+	mu        sync.Mutex
+	maxBytes  int64
+	synthetic int64
+	log       []ExportServed
+}
+
+func (s *Sim) registerExport() {
+	st := &exportState{maxBytes: 4 << 30}
+	s.apiRoute("GET /api/2/export", func(w http.ResponseWriter, r *http.Request, key string) {
+		q := r.URL.Query()
+		served := ExportServed{Start: q.Get("start"), End: q.Get("end")}
+		defer func() {
+			st.mu.Lock()
+			st.log = append(st.log, served)
+			st.mu.Unlock()
+		}()
+		start, err1 := time.Parse(ExportHourFormat, served.Start)
+		end, err2 := time.Parse(ExportHourFormat, served.End)
+		switch {
+		case err1 != nil || err2 != nil:
+			served.Status = http.StatusBadRequest
+			apiError(w, served.Status, "start and end must be of the form YYYYMMDDTHH")
+			return
+		case end.Before(start):
+			served.Status = http.StatusBadRequest
+			apiError(w, served.Status, "end is before start")
+			return
+		case end.Add(time.Hour).Sub(start) > ExportMaxRange:
+			served.Status = http.StatusBadRequest
+			apiError(w, served.Status, "the range is longer than 365 days")
+			return
+		}
+		st.mu.Lock()
+		maxBytes, synthetic := st.maxBytes, st.synthetic
+		st.mu.Unlock()
+		hours := int64(end.Sub(start)/time.Hour) + 1
+		byHour, size := s.exportRecords(key, start, end.Add(time.Hour))
+		app := AppID(key)
+		block := syntheticBlock(app)
+		blocksPerHour := (synthetic + int64(len(block)) - 1) / int64(len(block))
+		size += blocksPerHour * int64(len(block)) * hours
+		switch {
+		case size > maxBytes:
+			served.Status = http.StatusBadRequest
+			apiError(w, served.Status, fmt.Sprintf("the result would exceed %d bytes: choose a smaller range", maxBytes))
+			return
+		case size == 0:
+			served.Status = http.StatusNotFound
+			apiError(w, served.Status, "no data for the range")
+			return
+		}
+		served.Status = http.StatusOK
+		w.Header().Set("Content-Type", "application/zip")
+		cw := &countWriter{w: w}
+		zw := zip.NewWriter(cw)
+		for h := start; !h.After(end); h = h.Add(time.Hour) {
+			prefix := fmt.Sprintf("%d/%d_%s_%d#", app, app, h.Format("2006-01-02"), h.Hour())
+			if lines := byHour[h.Unix()]; len(lines) > 0 {
+				f, err := zw.CreateHeader(&zip.FileHeader{Name: prefix + "0.json", Method: zip.Deflate, Modified: h})
+				if err != nil {
+					return
+				}
+				for _, l := range lines {
+					if _, err := f.Write(l); err != nil {
+						return
+					}
+				}
+			}
+			for n, left := 0, blocksPerHour; left > 0; n++ {
+				part := min(left, 256) // blocks of about 1 MiB
+				left -= part
+				f, err := zw.CreateHeader(&zip.FileHeader{Name: prefix + "s" + strconv.Itoa(n) + ".json", Method: zip.Store, Modified: h})
+				if err != nil {
+					return
+				}
+				for ; part > 0; part-- {
+					if _, err := f.Write(block); err != nil {
+						return
+					}
+				}
+			}
+		}
+		zw.Close()
+		served.Bytes = cw.n
+	})
+	s.ctlMux.HandleFunc("POST /sim/export/config", func(w http.ResponseWriter, r *http.Request) {
+		var c ExportConfig
+		if err := json.NewDecoder(r.Body).Decode(&c); err != nil || c.MaxBytes < 0 ||
+			(c.SyntheticBytesPerHour != nil && *c.SyntheticBytesPerHour < 0) {
+			apiError(w, http.StatusBadRequest, "want ExportConfig JSON with non-negative values")
+			return
+		}
+		st.mu.Lock()
+		if c.MaxBytes > 0 {
+			st.maxBytes = c.MaxBytes
+		}
+		if c.SyntheticBytesPerHour != nil {
+			st.synthetic = *c.SyntheticBytesPerHour
+		}
+		st.mu.Unlock()
+		writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
+	})
+	s.ctlMux.HandleFunc("GET /sim/export/log", func(w http.ResponseWriter, r *http.Request) {
+		st.mu.Lock()
+		out := append([]ExportServed{}, st.log...)
+		st.mu.Unlock()
+		writeJSON(w, http.StatusOK, map[string]any{"served": out})
+	})
+}
+
+// exportRecords returns the exported lines (each ending in '\n') of the
+// events of key uploaded in [from, to), by hour (Unix seconds of the hour),
+// and their total size.
+func (s *Sim) exportRecords(key string, from, to time.Time) (map[int64][][]byte, int64) {
+	out := make(map[int64][][]byte)
+	var size int64
+	for _, ev := range s.Events(key) {
+		t := ev.Time.UTC()
+		if t.Before(from) || !t.Before(to) {
+			continue
+		}
+		line := append(ExportLine(key, ev), '\n')
+		h := t.Truncate(time.Hour).Unix()
+		out[h] = append(out[h], line)
+		size += int64(len(line))
+	}
+	return out, size
+}
+
+// ExportLine is the exported record (JSON, no newline) of a stored event of
+// api key apiKey.
+func ExportLine(apiKey string, ev Ingested) []byte {
+	var in struct {
+		EventID         int64           `json:"event_id"`
+		SessionID       int64           `json:"session_id"`
+		Time            *int64          `json:"time"`
+		Platform        string          `json:"platform"`
+		OSName          string          `json:"os_name"`
+		OSVersion       string          `json:"os_version"`
+		Country         string          `json:"country"`
+		Language        string          `json:"language"`
+		IP              string          `json:"ip"`
+		EventProperties json.RawMessage `json:"event_properties"`
+		UserProperties  json.RawMessage `json:"user_properties"`
+		Groups          json.RawMessage `json:"groups"`
+		GroupProperties json.RawMessage `json:"group_properties"`
+	}
+	json.Unmarshal(ev.Raw, &in) // the event was validated when ingested
+	up := ev.Time.UTC().Format(ExportTimeFormat)
+	evTime := up
+	if in.Time != nil {
+		evTime = time.UnixMilli(*in.Time).UTC().Format(ExportTimeFormat)
+	}
+	obj := func(b json.RawMessage) json.RawMessage {
+		if len(b) == 0 || string(b) == "null" {
+			return json.RawMessage("{}")
+		}
+		return b
+	}
+	rec := ExportRecord{
+		App: AppID(apiKey), SvcID: SvcID(apiKey, ev.UserID+"\x00"+ev.DeviceID), EventID: in.EventID,
+		SessionID: in.SessionID, UUID: fmt.Sprintf("00000000-0000-4000-8000-%012d", ev.Seq%1_000_000_000_000),
+		InsertID: ev.InsertID, EventType: ev.EventType, UserID: ev.UserID, DeviceID: ev.DeviceID,
+		EventTime: evTime, ClientEventTime: evTime, ClientUploadTime: up, ServerReceivedTime: up,
+		ServerUploadTime: up, ProcessedTime: up, Platform: in.Platform, OSName: in.OSName,
+		OSVersion: in.OSVersion, Country: in.Country, Language: in.Language, IPAddress: in.IP,
+		EventProperties: obj(in.EventProperties), UserProperties: obj(in.UserProperties),
+		Groups: obj(in.Groups), GroupProperties: obj(in.GroupProperties), Data: json.RawMessage("{}"),
+	}
+	if ev.UserID != "" {
+		rec.SvcID = SvcID(apiKey, ev.UserID)
+	}
+	b, _ := json.Marshal(rec)
+	return b
+}
+
+// syntheticBlock is about 1 MiB of synthetic exported records, whole lines.
+func syntheticBlock(app int64) []byte {
+	var b bytes.Buffer
+	for i := 0; b.Len() < 1<<20; i++ {
+		fmt.Fprintf(&b, `{"app":%d,"svc_id":%d,"event_type":"synthetic","$insert_id":"syn-%07d","user_id":"user-%05d",`+
+			`"server_upload_time":"2020-01-01 00:00:00.000000","event_properties":{"n":%d},"data":{}}`+"\n",
+			app, 1000+i%977, i, i%977, i)
+	}
+	return b.Bytes()
+}
+
+type countWriter struct {
+	w interface{ Write([]byte) (int, error) }
+	n int64
+}
+
+func (c *countWriter) Write(b []byte) (int, error) {
+	n, err := c.w.Write(b)
+	c.n += int64(n)
+	return n, err
+}
+
+// SetExport changes the export route's configuration (POST /sim/export/config).
+func (c *Control) SetExport(ctx context.Context, cfg ExportConfig) error {
+	return c.do(ctx, "POST", "/sim/export/config", appendJSON(nil, cfg), nil)
+}
+
+// ExportLog returns the export requests served so far (GET /sim/export/log).
+func (c *Control) ExportLog(ctx context.Context) ([]ExportServed, error) {
+	var out struct {
+		Served []ExportServed `json:"served"`
+	}
+	err := c.do(ctx, "GET", "/sim/export/log", nil, &out)
+	return out.Served, err
+}

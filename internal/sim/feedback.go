@@ -1,0 +1,378 @@
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"net/http"
+	"net/url"
+	"sort"
+	"sync"
+	"time"
+	"unicode/utf8"
+)
+
+// This file holds the feedback ingestion route and the helpers shared by the
+// data-moving API groups of ../shared/api/taxonomy-feedback-dsar-deletion.md
+// and the export API (feedback.go, dsar.go, deletion.go, export.go):
+//
+//   - apiRoute registers a route whose answer is written straight to the
+//     client (no buffering: export archives are gigabytes), with the shared
+//     request log, latency, injected faults and down state. The body is not
+//     read by the middleware; handlers read it with a limit of their own.
+//   - Every route of these groups needs HTTP Basic authentication; when
+//     Config.APIKeys is set the user name must be one of them, else any
+//     non-empty user name is accepted. Missing or unknown: 401
+//     {"error":"..."}.
+//   - Their state lives in the route group (closures), not in the store:
+//     /sim/reset does not clear it. Control routes under /sim/ read and
+//     configure it (see each file).
+
+// Feedback limits of the document.
+const (
+	// FeedbackMaxItems is the most items one request may hold (at least 1).
+	FeedbackMaxItems = 100
+	// FeedbackMaxBytes is the largest request body ("5 MB", read as 5,000,000
+	// bytes); larger is 413.
+	FeedbackMaxBytes = 5_000_000
+	// FeedbackMaxBody is the simulator's own longest item or part body in
+	// characters (the document gives no figure; longer is a per-item error,
+	// its example "a body that is too long").
+	FeedbackMaxBody = 10_000
+)
+
+// FeedbackItem is a stored feedback item or conversation part (the
+// document's Item fields).
+type FeedbackItem struct {
+	UniqueID          string         `json:"unique_id"`
+	Body              string         `json:"body,omitempty"`
+	Author            string         `json:"author,omitempty"`
+	UserID            string         `json:"user_id,omitempty"`
+	Email             string         `json:"email,omitempty"`
+	CreatedAt         string         `json:"created_at,omitempty"`
+	URL               string         `json:"url,omitempty"`
+	ConversationParts []FeedbackItem `json:"conversation_parts,omitempty"`
+	// Updates counts how many requests wrote this item (1 on first ingest).
+	Updates int `json:"updates"`
+}
+
+// FeedbackError is one entry of the ingest answer's errors.
+type FeedbackError struct {
+	UniqueID string `json:"unique_id"`
+	Error    string `json:"error"`
+}
+
+// FeedbackAnswer is the ingest answer.
+type FeedbackAnswer struct {
+	Ingested int             `json:"ingested"`
+	Failed   int             `json:"failed"`
+	Errors   []FeedbackError `json:"errors"`
+}
+
+type feedbackState struct {
+	mu      sync.Mutex
+	sources map[string]map[string]*FeedbackItem // api key + "\x00" + source_id -> unique_id -> item
+}
+
+// registerFeedback registers POST /api/1/ai-feedback/ingest and the control
+// route GET /sim/feedback?api_key=K&source_id=S (stored items, by unique_id).
+//
+// Rules: body over FeedbackMaxBytes 413; not a JSON object with a non-empty
+// string source_id and an items array: 400; 0 or more than FeedbackMaxItems
+// items: 400. Per item (reported in errors, the others ingested): unique_id
+// required; body at most FeedbackMaxBody characters; created_at, when set,
+// RFC 3339; each conversation part needs a unique_id, a body of 1 to
+// FeedbackMaxBody characters and no conversation_parts of its own. A good
+// item is upserted by unique_id within (api key, source): set fields replace
+// stored ones, parts are upserted by their unique_id.
+func (s *Sim) registerFeedback() {
+	st := &feedbackState{sources: make(map[string]map[string]*FeedbackItem)}
+	s.apiRoute("POST /api/1/ai-feedback/ingest", func(w http.ResponseWriter, r *http.Request, key string) {
+		body, err := io.ReadAll(io.LimitReader(r.Body, FeedbackMaxBytes+1))
+		if err != nil {
+			apiError(w, http.StatusBadRequest, "could not read the request body")
+			return
+		}
+		if len(body) > FeedbackMaxBytes {
+			apiError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("payload larger than %d bytes", FeedbackMaxBytes))
+			return
+		}
+		var req struct {
+			SourceID *string           `json:"source_id"`
+			Items    []json.RawMessage `json:"items"`
+		}
+		if err := json.Unmarshal(body, &req); err != nil {
+			apiError(w, http.StatusBadRequest, "invalid JSON body: "+err.Error())
+			return
+		}
+		switch {
+		case req.SourceID == nil || *req.SourceID == "":
+			apiError(w, http.StatusBadRequest, "source_id is required")
+			return
+		case len(req.Items) == 0 || len(req.Items) > FeedbackMaxItems:
+			apiError(w, http.StatusBadRequest, fmt.Sprintf("items must hold 1 to %d items, not %d", FeedbackMaxItems, len(req.Items)))
+			return
+		}
+		ans := FeedbackAnswer{Errors: []FeedbackError{}}
+		good := make([]FeedbackItem, 0, len(req.Items))
+		for _, raw := range req.Items {
+			it, err := checkFeedbackItem(raw)
+			if err != nil {
+				ans.Failed++
+				ans.Errors = append(ans.Errors, FeedbackError{UniqueID: it.UniqueID, Error: err.Error()})
+				continue
+			}
+			good = append(good, it)
+		}
+		st.mu.Lock()
+		src := st.sources[key+"\x00"+*req.SourceID]
+		if src == nil {
+			src = make(map[string]*FeedbackItem)
+			st.sources[key+"\x00"+*req.SourceID] = src
+		}
+		for _, it := range good {
+			upsertFeedback(src, it)
+			ans.Ingested++
+		}
+		st.mu.Unlock()
+		writeJSON(w, http.StatusOK, ans)
+	})
+	s.ctlMux.HandleFunc("GET /sim/feedback", func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		st.mu.Lock()
+		out := []FeedbackItem{}
+		for _, it := range st.sources[q.Get("api_key")+"\x00"+q.Get("source_id")] {
+			out = append(out, *it)
+		}
+		st.mu.Unlock()
+		sort.Slice(out, func(i, j int) bool { return out[i].UniqueID < out[j].UniqueID })
+		writeJSON(w, http.StatusOK, map[string]any{"items": out})
+	})
+}
+
+// checkFeedbackItem decodes one item and applies the per-item rules. The
+// returned item carries the unique_id as far as it could be read, also on
+// error.
+func checkFeedbackItem(raw json.RawMessage) (FeedbackItem, error) {
+	var it struct {
+		FeedbackItem
+		ConversationParts []json.RawMessage `json:"conversation_parts"`
+	}
+	if err := json.Unmarshal(raw, &it); err != nil {
+		var id struct {
+			UniqueID string `json:"unique_id"`
+		}
+		json.Unmarshal(raw, &id)
+		return FeedbackItem{UniqueID: id.UniqueID}, errors.New("invalid item: " + err.Error())
+	}
+	out := it.FeedbackItem
+	out.ConversationParts = nil
+	if err := checkFeedbackFields(&out); err != nil {
+		return out, err
+	}
+	for i, praw := range it.ConversationParts {
+		var p struct {
+			FeedbackItem
+			ConversationParts json.RawMessage `json:"conversation_parts"`
+		}
+		if err := json.Unmarshal(praw, &p); err != nil {
+			return out, fmt.Errorf("conversation_parts[%d]: invalid part: %v", i, err)
+		}
+		switch {
+		case len(p.ConversationParts) > 0 && string(p.ConversationParts) != "null":
+			return out, fmt.Errorf("conversation_parts[%d]: conversation parts cannot be nested", i)
+		case p.Body == "":
+			return out, fmt.Errorf("conversation_parts[%d]: body is required", i)
+		}
+		if err := checkFeedbackFields(&p.FeedbackItem); err != nil {
+			return out, fmt.Errorf("conversation_parts[%d]: %w", i, err)
+		}
+		out.ConversationParts = append(out.ConversationParts, p.FeedbackItem)
+	}
+	return out, nil
+}
+
+func checkFeedbackFields(it *FeedbackItem) error {
+	switch {
+	case it.UniqueID == "":
+		return errors.New("unique_id is required")
+	case utf8.RuneCountInString(it.Body) > FeedbackMaxBody:
+		return fmt.Errorf("body is too long (more than %d characters)", FeedbackMaxBody)
+	}
+	if it.CreatedAt != "" {
+		if _, err := time.Parse(time.RFC3339, it.CreatedAt); err != nil {
+			return errors.New("created_at is not an ISO 8601 timestamp")
+		}
+	}
+	return nil
+}
+
+func upsertFeedback(src map[string]*FeedbackItem, it FeedbackItem) {
+	old := src[it.UniqueID]
+	if old == nil {
+		it.Updates = 1
+		parts := it.ConversationParts
+		it.ConversationParts = nil
+		src[it.UniqueID] = &it
+		for _, p := range parts {
+			upsertPart(&it, p)
+		}
+		return
+	}
+	old.Updates++
+	for _, f := range [...]struct {
+		dst *string
+		v   string
+	}{
+		{&old.Body, it.Body}, {&old.Author, it.Author}, {&old.UserID, it.UserID}, {&old.Email, it.Email},
+		{&old.CreatedAt, it.CreatedAt}, {&old.URL, it.URL},
+	} {
+		if f.v != "" {
+			*f.dst = f.v
+		}
+	}
+	for _, p := range it.ConversationParts {
+		upsertPart(old, p)
+	}
+}
+
+func upsertPart(it *FeedbackItem, p FeedbackItem) {
+	for i := range it.ConversationParts {
+		if it.ConversationParts[i].UniqueID == p.UniqueID {
+			p.Updates = it.ConversationParts[i].Updates + 1
+			it.ConversationParts[i] = p
+			return
+		}
+	}
+	p.Updates = 1
+	it.ConversationParts = append(it.ConversationParts, p)
+}
+
+// FeedbackItems returns the stored items of a source of api key apiKey
+// (GET /sim/feedback).
+func (c *Control) FeedbackItems(ctx context.Context, apiKey, sourceID string) ([]FeedbackItem, error) {
+	var out struct {
+		Items []FeedbackItem `json:"items"`
+	}
+	q := url.Values{"api_key": {apiKey}, "source_id": {sourceID}}
+	err := c.do(ctx, "GET", "/sim/feedback?"+q.Encode(), nil, &out)
+	return out.Items, err
+}
+
+// apiHandler serves a data API route; key is the Basic user name (an api key).
+type apiHandler func(w http.ResponseWriter, r *http.Request, key string)
+
+// apiRoute registers a data API route (see the top of this file): the
+// request is logged, faulted and checked for Basic authentication, and h
+// writes its answer straight to the client.
+func (s *Sim) apiRoute(pattern string, h apiHandler) {
+	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		rec := s.newRecord(r)
+		latency, f, hasFault, down := s.takeFault(r.URL.Path)
+		sleepCtx(r.Context(), latency+f.Latency)
+		sw := &statusWriter{ResponseWriter: w}
+		switch {
+		case down == DownRefuse || down == DownClose:
+			rec.Fault = "down-" + string(down)
+			hijackClose(w)
+		case down == Down503:
+			rec.Fault = "down-503"
+			writeFault(sw, Fault{Status: http.StatusServiceUnavailable})
+		case hasFault && f.Drop != DropNone && f.Drop != DropMidResponse:
+			rec.Fault = "drop-" + string(f.Drop)
+			hijackClose(w)
+		case hasFault && f.Drop == DropMidResponse:
+			rec.Fault = "drop-" + string(f.Drop)
+			sw.cutAfter = 64 << 10
+			s.serveAPI(sw, r, rec, h)
+		case hasFault && f.Status != 0:
+			rec.Fault = "status"
+			writeFault(sw, f)
+		default:
+			s.serveAPI(sw, r, rec, h)
+		}
+		rec.Status = sw.status
+		if sw.cut {
+			rec.Answered, rec.Status = sw.status, 0
+		}
+		s.logRequest(rec)
+	})
+}
+
+func (s *Sim) serveAPI(w *statusWriter, r *http.Request, rec *Record, h apiHandler) {
+	key, _, ok := r.BasicAuth()
+	if ok {
+		rec.KeyLabel = KeyLabel(key)
+	}
+	if !ok || !s.validKey(key) {
+		w.Header().Set("WWW-Authenticate", `Basic realm="svc"`)
+		apiError(w, http.StatusUnauthorized, "invalid or missing Basic authentication")
+		return
+	}
+	h(w, r, key)
+}
+
+// statusWriter records the status; with cutAfter > 0 it closes the
+// connection once that many body bytes were written (DropMidResponse).
+type statusWriter struct {
+	http.ResponseWriter
+	status   int
+	written  int64
+	cutAfter int64
+	cut      bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	if w.cut {
+		return 0, errors.New("sim: response cut")
+	}
+	if w.cutAfter > 0 && w.written+int64(len(b)) > w.cutAfter {
+		n, _ := w.ResponseWriter.Write(b[:w.cutAfter-w.written])
+		w.written += int64(n)
+		http.NewResponseController(w.ResponseWriter).Flush()
+		w.cut = true
+		hijackClose(w.ResponseWriter)
+		return n, errors.New("sim: response cut")
+	}
+	n, err := w.ResponseWriter.Write(b)
+	w.written += int64(n)
+	return n, err
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// apiError answers {"error": msg} with status.
+func apiError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]string{"error": msg})
+}
+
+// SvcID is the simulator's internal user identifier (svc_id) of user userID
+// of the project with api key apiKey: stable, positive, below 10^12.
+func SvcID(apiKey, userID string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte(apiKey))
+	h.Write([]byte{0})
+	h.Write([]byte(userID))
+	return int64(h.Sum64()%1_000_000_000_000) + 1
+}
+
+// AppID is the simulator's project number (the exported "app") of api key
+// apiKey: stable, positive, below 10^7.
+func AppID(apiKey string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte(apiKey))
+	return int64(h.Sum64()%10_000_000) + 1
+}
