@@ -1,0 +1,510 @@
+package groupidentify_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+
+	"github.com/svcrelay/relay/internal/groupidentify"
+	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/upstream"
+)
+
+// env is a relay slice: a spool in a temp dir, the simulator upstream, the
+// group identify routes served over real HTTP on 127.0.0.1.
+type env struct {
+	t       *testing.T
+	dir     string
+	sim     *sim.Sim
+	simURL  string
+	sp      *spool.Spool
+	g       *groupidentify.GroupIdentify
+	reg     *prometheus.Registry
+	base    string // relay admin base URL
+	cfg     groupidentify.Config
+	srv     *fasthttp.Server
+	cancel  context.CancelFunc
+	runDone chan error
+}
+
+func newEnv(t *testing.T, simCfg sim.Config, cfg groupidentify.Config) *env {
+	t.Helper()
+	e := &env{t: t, dir: t.TempDir(), cfg: cfg}
+	e.sim = sim.New(simCfg, nil)
+	u, err := e.sim.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.simURL = u
+	t.Cleanup(func() { e.sim.Close() })
+	e.open()
+	return e
+}
+
+// open opens the spool and serves the routes (without delivery).
+func (e *env) open() {
+	t := e.t
+	sp, err := spool.Open(spool.Config{Dir: e.dir, Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.sp = sp
+	client, err := upstream.New(upstream.Config{Timeout: 5 * time.Second}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := e.cfg
+	if cfg.URL == "" {
+		cfg.URL = e.simURL
+	}
+	if cfg.RetryInitial == 0 {
+		cfg.RetryInitial = 5 * time.Millisecond
+		cfg.RetryMax = 50 * time.Millisecond
+	}
+	e.reg = prometheus.NewRegistry()
+	g, err := groupidentify.New(cfg, sp, client, nil, nil, e.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.g = g
+	routes := map[string]fasthttp.RequestHandler{}
+	for _, r := range g.Routes() {
+		routes[r.Method+" "+r.Path] = r.Handler
+	}
+	e.srv = &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		h := routes[string(ctx.Method())+" "+string(ctx.Path())]
+		if h == nil {
+			ctx.SetStatusCode(404)
+			return
+		}
+		h(ctx)
+	}, MaxRequestBodySize: 32 << 20}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go e.srv.Serve(ln)
+	e.base = "http://" + ln.Addr().String()
+	t.Cleanup(e.close)
+}
+
+func (e *env) run() {
+	ctx, cancel := context.WithCancel(context.Background())
+	e.cancel = cancel
+	e.runDone = make(chan error, 1)
+	go func() { e.runDone <- e.g.Run(ctx) }()
+	waitFor(e.t, "Ready", func() bool { return e.g.Ready() == nil })
+}
+
+// close stops delivery, the server and the spool (idempotent).
+func (e *env) close() {
+	if e.cancel != nil {
+		e.cancel()
+		if err := <-e.runDone; err != nil {
+			e.t.Errorf("Run: %v", err)
+		}
+		e.cancel = nil
+	}
+	if e.srv != nil {
+		e.srv.Shutdown()
+		e.srv = nil
+	}
+	if e.sp != nil {
+		e.sp.Close()
+		e.sp = nil
+	}
+}
+
+var hc = &fasthttp.Client{}
+
+type answer struct {
+	Status int
+	Body   string
+	JSON   map[string]any
+}
+
+func postForm(t *testing.T, u string, form url.Values) answer {
+	t.Helper()
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(u)
+	req.Header.SetMethod("POST")
+	req.Header.SetContentType("application/x-www-form-urlencoded")
+	req.SetBodyString(form.Encode())
+	if err := hc.DoTimeout(req, resp, 10*time.Second); err != nil {
+		t.Fatalf("POST %s: %v", u, err)
+	}
+	a := answer{Status: resp.StatusCode(), Body: string(resp.Body())}
+	json.Unmarshal(resp.Body(), &a.JSON)
+	return a
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func ident(gt, gv string, nprops int) string {
+	kv := make([]string, nprops)
+	for i := range kv {
+		kv[i] = fmt.Sprintf(`"p%d":%d`, i, i)
+	}
+	return fmt.Sprintf(`{"group_type":%q,"group_value":%q,"group_properties":{"$set":{%s}}}`, gt, gv, strings.Join(kv, ","))
+}
+
+func idents(prefix string, n, nprops int) string {
+	parts := make([]string, n)
+	for i := range parts {
+		parts[i] = ident("org", fmt.Sprintf("%s%d", prefix, i), nprops)
+	}
+	return "[" + strings.Join(parts, ",") + "]"
+}
+
+func (e *env) laneRecords(key string) int64 {
+	for _, l := range e.sp.Lanes() {
+		if l.Key() == (spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: key}) {
+			return l.Stats().Records
+		}
+	}
+	return 0
+}
+
+// TestValidation: one case per rule of the API reference's "Group
+// identification object" ("The identification parameter is a JSON array of
+// objects with group_type (string), group_value (string) and
+// group_properties (object of properties)") and Limits ("Group identify |
+// per request | at most 1024 group identifies, 1024 group properties, 1 MB").
+func TestValidation(t *testing.T) {
+	e := newEnv(t, sim.Config{}, groupidentify.Config{})
+	tests := []struct {
+		name    string
+		form    url.Values
+		status  int
+		errPart string // the error must name the field and index
+	}{
+		{"missing api_key", url.Values{"identification": {idents("a", 1, 1)}}, 400, "api_key"},
+		{"empty api_key", url.Values{"api_key": {""}, "identification": {idents("a", 1, 1)}}, 400, "api_key"},
+		{"missing identification", url.Values{"api_key": {"k"}}, 400, "identification"},
+		{"bad json", url.Values{"api_key": {"k"}, "identification": {`[{"group_type":`}}, 400, "invalid JSON"},
+		{"not an array", url.Values{"api_key": {"k"}, "identification": {`"x"`}}, 400, "JSON array"},
+		{"element not object", url.Values{"api_key": {"k"}, "identification": {`[` + ident("a", "b", 1) + `,3]`}}, 400, "identification[1]: must be an object"},
+		{"missing group_type", url.Values{"api_key": {"k"}, "identification": {`[` + ident("a", "b", 1) + `,{"group_value":"v","group_properties":{}}]`}}, 400, "identification[1].group_type"},
+		{"missing group_value", url.Values{"api_key": {"k"}, "identification": {`[{"group_type":"t","group_properties":{}}]`}}, 400, "identification[0].group_value"},
+		{"group_value number", url.Values{"api_key": {"k"}, "identification": {`[{"group_type":"t","group_value":5,"group_properties":{}}]`}}, 400, "identification[0].group_value: must be a string"},
+		{"group_properties array", url.Values{"api_key": {"k"}, "identification": {`[{"group_type":"t","group_value":"v","group_properties":[]}]`}}, 400, "identification[0].group_properties: must be an object"},
+		{"missing group_properties", url.Values{"api_key": {"k"}, "identification": {`[{"group_type":"t","group_value":"v"}]`}}, 400, "identification[0].group_properties"},
+		{"unknown operation", url.Values{"api_key": {"k"}, "identification": {`[{"group_type":"t","group_value":"v","group_properties":{"$inc":{"a":1}}}]`}}, 400, "identification[0].group_properties.$inc"},
+		{"operation not object", url.Values{"api_key": {"k"}, "identification": {`[{"group_type":"t","group_value":"v","group_properties":{"$set":5}}]`}}, 400, "identification[0].group_properties.$set: must be an object"},
+		{"unknown field", url.Values{"api_key": {"k"}, "identification": {`[{"group_type":"t","group_value":"v","group_properties":{},"grp":1}]`}}, 400, "identification[0].grp"},
+		{"empty array", url.Values{"api_key": {"k"}, "identification": {`[]`}}, 400, "identification"},
+		{"1025 identifies", url.Values{"api_key": {"k"}, "identification": {idents("a", 1025, 0)}}, 400, "1025 group identifies; at most 1024"},
+		{"1025 properties", url.Values{"api_key": {"k"}, "identification": {idents("a", 5, 205)}}, 400, "more than 1024 group properties"},
+		{"1 MB body", url.Values{"api_key": {"k"}, "identification": {`[{"group_type":"t","group_value":"` + strings.Repeat("x", 1_000_000) + `","group_properties":{}}]`}}, 413, "Payload too large"},
+		{"ok: 1024 identifies", url.Values{"api_key": {"k"}, "identification": {idents("a", 1024, 1)}}, 200, ""},
+		{"ok: 1024 properties", url.Values{"api_key": {"k"}, "identification": {idents("b", 4, 256)}}, 200, ""},
+		{"ok: one object, plain and all operations", url.Values{"api_key": {"k"}, "identification": {`{"group_type":"t","group_value":"v","group_properties":{"plain":1,"$set":{"a":1},"$setOnce":{"b":1},"$add":{"c":1},"$append":{"d":1},"$unset":{"e":"-"}}}`}}, 200, ""},
+	}
+	want := int64(0)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a := postForm(t, e.base+"/groupidentify", tc.form)
+			if a.Status != tc.status {
+				t.Fatalf("status %d, want %d: %s", a.Status, tc.status, a.Body)
+			}
+			if code, _ := a.JSON["code"].(float64); int(code) != tc.status {
+				t.Fatalf("body code %v: %s", a.JSON["code"], a.Body)
+			}
+			if tc.status != 200 {
+				if msg, _ := a.JSON["error"].(string); !strings.Contains(msg, tc.errPart) {
+					t.Fatalf("error %q does not name %q", msg, tc.errPart)
+				}
+			} else {
+				n, _ := a.JSON["identifications_accepted"].(float64)
+				want += int64(n)
+			}
+			if got := e.laneRecords("k"); got != want {
+				t.Fatalf("spooled %d records, want %d", got, want)
+			}
+		})
+	}
+	if want != 1024+4+1 {
+		t.Fatalf("accepted %d", want)
+	}
+}
+
+// TestMergedDeliveredOnce: identifications of many concurrent callers are
+// merged into few upstream requests within the limits, each delivered
+// exactly once, in acceptance order.
+func TestMergedDeliveredOnce(t *testing.T) {
+	e := newEnv(t, sim.Config{}, groupidentify.Config{})
+	const callers, per, props = 40, 30, 9 // 1200 identifies, 10800 properties
+	var wg sync.WaitGroup
+	for c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a := postForm(t, e.base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents(fmt.Sprintf("c%d-", c), per, props)}})
+			if a.Status != 200 || a.JSON["identifications_accepted"] != float64(per) {
+				t.Errorf("caller %d: %d %s", c, a.Status, a.Body)
+			}
+		}()
+	}
+	wg.Wait()
+	e.run()
+	waitFor(t, "delivery", func() bool { return len(e.sim.GroupIdentifies("k")) >= callers*per })
+	time.Sleep(50 * time.Millisecond)
+	got := e.sim.GroupIdentifies("k")
+	if len(got) != callers*per {
+		t.Fatalf("delivered %d, want %d", len(got), callers*per)
+	}
+	seen := map[string]int{}
+	for _, g := range got {
+		seen[g.GroupValue]++
+	}
+	for v, n := range seen {
+		if n != 1 {
+			t.Fatalf("%s delivered %d times", v, n)
+		}
+	}
+	// 10800 properties at most 1024 per request: 113 identifies (1017
+	// properties) per request, so 11 requests; the requests are full.
+	reqs := e.sim.GroupIdentifyRequests()
+	if reqs != 11 {
+		t.Fatalf("%d upstream requests, want 11 (1200 identifies of 9 properties, 1024 properties each)", reqs)
+	}
+	// Every caller's identifications arrive in its order.
+	last := map[string]int{}
+	for _, g := range got {
+		var c, i int
+		fmt.Sscanf(g.GroupValue, "c%d-%d", &c, &i)
+		k := fmt.Sprint(c)
+		if prev, ok := last[k]; ok && i != prev+1 {
+			t.Fatalf("caller %d: %d after %d", c, i, prev)
+		}
+		last[k] = i
+	}
+	waitFor(t, "acks", func() bool { return e.laneRecords("k") == 0 })
+	if v := metricValue(e.reg, "relay_groupidentify_delivered_total"); v != callers*per {
+		t.Fatalf("delivered metric %v", v)
+	}
+}
+
+// TestIdentifiesLimit: 3000 identifies with one property go out as
+// requests of at most 1024.
+func TestIdentifiesLimit(t *testing.T) {
+	e := newEnv(t, sim.Config{}, groupidentify.Config{})
+	for c := range 3 {
+		a := postForm(t, e.base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents(fmt.Sprintf("c%d-", c), 1000, 1)}})
+		if a.Status != 200 {
+			t.Fatal(a.Status, a.Body)
+		}
+	}
+	e.run()
+	waitFor(t, "delivery", func() bool { return len(e.sim.GroupIdentifies("k")) == 3000 })
+	for _, r := range e.sim.Requests() {
+		if r.Path == "/groupidentify" && (r.Events > 1024 || r.BodyBytes >= 1_000_000) {
+			t.Fatalf("request of %d identifies, %d bytes", r.Events, r.BodyBytes)
+		}
+	}
+	if n := e.sim.GroupIdentifyRequests(); n != 3 {
+		t.Fatalf("%d requests, want 3 (1024+1024+952)", n)
+	}
+}
+
+// TestBodyLimitSplit: identifications with large properties are packed under
+// 1 MB per request, and a 413 of a smaller upstream limit splits.
+func TestBodyLimitSplit(t *testing.T) {
+	e := newEnv(t, sim.Config{MaxBodyBytes: 200_000}, groupidentify.Config{})
+	big := strings.Repeat("y", 50_000)
+	var parts []string
+	for i := range 40 {
+		parts = append(parts, fmt.Sprintf(`{"group_type":"org","group_value":"v%d","group_properties":{"blob":%q}}`, i, big))
+	}
+	for _, p := range [][]string{parts[:15], parts[15:30], parts[30:]} {
+		if a := postForm(t, e.base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {"[" + strings.Join(p, ",") + "]"}}); a.Status != 200 {
+			t.Fatal(a.Body)
+		}
+	}
+	e.run()
+	waitFor(t, "delivery", func() bool { return len(e.sim.GroupIdentifies("k")) == 40 })
+	waitFor(t, "acks", func() bool { return e.laneRecords("k") == 0 })
+	n413 := 0
+	for _, r := range e.sim.Requests() {
+		if r.Status == 413 {
+			n413++
+		}
+	}
+	if n413 == 0 {
+		t.Fatal("expected 413s from the smaller upstream limit")
+	}
+	dead, _ := e.sp.ListDead(spool.DeadFilter{}, 0, 0)
+	if len(dead) != 0 {
+		t.Fatalf("%d dead letters", len(dead))
+	}
+	for _, r := range e.sim.Requests() {
+		if r.Path == "/groupidentify" && r.BodyBytes >= 1_000_000 {
+			t.Fatalf("request of %d bytes", r.BodyBytes)
+		}
+	}
+}
+
+// TestRetry5xx: 500/502/503/504 and a dropped connection are retried;
+// everything is delivered once.
+func TestRetry5xx(t *testing.T) {
+	e := newEnv(t, sim.Config{}, groupidentify.Config{})
+	for _, st := range []int{500, 502, 503, 504} {
+		e.sim.FailNext(1, st)
+	}
+	e.sim.DropNext(1, sim.DropNoAnswer)
+	a := postForm(t, e.base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents("v", 10, 2)}})
+	if a.Status != 200 {
+		t.Fatal(a.Body)
+	}
+	e.run()
+	waitFor(t, "delivery", func() bool { return len(e.sim.GroupIdentifies("k")) == 10 })
+	waitFor(t, "acks", func() bool { return e.laneRecords("k") == 0 })
+	if e.sim.PendingFaults() != 0 {
+		t.Fatal("faults left")
+	}
+	if got := len(e.sim.GroupIdentifies("k")); got != 10 {
+		t.Fatalf("delivered %d", got)
+	}
+	if v := metricValue(e.reg, "relay_groupidentify_retries_total"); v < 5 {
+		t.Fatalf("retries %v, want >= 5", v)
+	}
+}
+
+// TestBadRequestBisect: a 400 naming nothing is bisected; the one bad
+// identification becomes a dead letter, the rest is delivered.
+func TestBadRequestBisect(t *testing.T) {
+	e := newEnv(t, sim.Config{}, groupidentify.Config{})
+	e.sim.RejectGroupValue("v7")
+	a := postForm(t, e.base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents("v", 20, 1)}})
+	if a.Status != 200 {
+		t.Fatal(a.Body)
+	}
+	e.run()
+	waitFor(t, "acks", func() bool { return e.laneRecords("k") == 0 })
+	got := e.sim.GroupIdentifies("k")
+	if len(got) != 19 {
+		t.Fatalf("delivered %d, want 19", len(got))
+	}
+	dead, err := e.sp.ListDead(spool.DeadFilter{}, 0, 0)
+	if err != nil || len(dead) != 1 {
+		t.Fatalf("dead %d %v", len(dead), err)
+	}
+	d := dead[0]
+	if d.Reason != "bad_request" || !strings.Contains(string(d.Record.Data), `"v7"`) || d.Lane.Kind != spool.KindGroupIdentify {
+		t.Fatalf("dead letter %+v %s", d, d.Record.Data)
+	}
+	if !strings.Contains(string(d.Answer), "Invalid group identification") {
+		t.Fatalf("answer %q", d.Answer)
+	}
+}
+
+// TestInvalidAPIKeyStopsLane: the lane of a refused api_key stops after one
+// request (no loop) and keeps its records; another lane keeps flowing.
+func TestInvalidAPIKeyStopsLane(t *testing.T) {
+	e := newEnv(t, sim.Config{APIKeys: []string{"good"}}, groupidentify.Config{})
+	e.run()
+	if a := postForm(t, e.base+"/groupidentify", url.Values{"api_key": {"bad"}, "identification": {idents("v", 3, 1)}}); a.Status != 200 {
+		t.Fatal(a.Body)
+	}
+	waitFor(t, "stopped gauge", func() bool {
+		return metricValue(e.reg, "relay_groupidentify_lanes_stopped") == 1
+	})
+	if a := postForm(t, e.base+"/groupidentify", url.Values{"api_key": {"good"}, "identification": {idents("v", 3, 1)}}); a.Status != 200 {
+		t.Fatal(a.Body)
+	}
+	waitFor(t, "good lane", func() bool { return len(e.sim.GroupIdentifies("good")) == 3 })
+	time.Sleep(100 * time.Millisecond)
+	badReqs := 0
+	for _, r := range e.sim.Requests() {
+		if r.KeyLabel == sim.KeyLabel("bad") {
+			badReqs++
+		}
+	}
+	if badReqs != 1 {
+		t.Fatalf("%d requests with the refused key, want 1", badReqs)
+	}
+	if e.laneRecords("bad") != 3 {
+		t.Fatalf("refused lane lost records: %d left", e.laneRecords("bad"))
+	}
+}
+
+// TestExpired: records that stay undeliverable past MaxAge are dead letters.
+func TestExpired(t *testing.T) {
+	e := newEnv(t, sim.Config{}, groupidentify.Config{MaxAge: 300 * time.Millisecond})
+	e.sim.Inject(sim.Fault{Status: 503, Count: -1})
+	if a := postForm(t, e.base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents("v", 4, 1)}}); a.Status != 200 {
+		t.Fatal(a.Body)
+	}
+	e.run()
+	waitFor(t, "acks", func() bool { return e.laneRecords("k") == 0 })
+	dead, _ := e.sp.ListDead(spool.DeadFilter{Reason: "expired"}, 0, 0)
+	if len(dead) != 4 {
+		t.Fatalf("%d expired dead letters, want 4", len(dead))
+	}
+	if len(e.sim.GroupIdentifies("k")) != 0 {
+		t.Fatal("delivered despite the fault")
+	}
+}
+
+// TestDurability: what got 200 survives closing the spool without delivery
+// and is delivered exactly once after reopening.
+func TestDurability(t *testing.T) {
+	e := newEnv(t, sim.Config{}, groupidentify.Config{})
+	for c := range 5 {
+		if a := postForm(t, e.base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents(fmt.Sprintf("c%d-", c), 20, 1)}}); a.Status != 200 {
+			t.Fatal(a.Body)
+		}
+	}
+	e.close()
+	if n := len(e.sim.GroupIdentifies("k")); n != 0 {
+		t.Fatalf("delivered %d before the restart", n)
+	}
+	e.open()
+	e.run()
+	waitFor(t, "delivery", func() bool { return len(e.sim.GroupIdentifies("k")) >= 100 })
+	waitFor(t, "acks", func() bool { return e.laneRecords("k") == 0 })
+	e.close()
+	e.open() // a third start delivers nothing again
+	e.run()
+	time.Sleep(200 * time.Millisecond)
+	if n := len(e.sim.GroupIdentifies("k")); n != 100 {
+		t.Fatalf("delivered %d, want exactly 100", n)
+	}
+}
+
+// metricValue is the value of the metric name, summed over its labels.
+func metricValue(reg *prometheus.Registry, name string) float64 {
+	mfs, _ := reg.Gather()
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return sum
+}
