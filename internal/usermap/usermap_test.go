@@ -1,0 +1,503 @@
+package usermap_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+
+	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/upstream"
+	"github.com/svcrelay/relay/internal/usermap"
+)
+
+type env struct {
+	t       *testing.T
+	dir     string
+	sim     *sim.Sim
+	simURL  string
+	sp      *spool.Spool
+	u       *usermap.UserMap
+	reg     *prometheus.Registry
+	base    string
+	cfg     usermap.Config
+	creds   *credentials.Store
+	srv     *fasthttp.Server
+	cancel  context.CancelFunc
+	runDone chan error
+}
+
+func newEnv(t *testing.T, simCfg sim.Config, cfg usermap.Config, creds *credentials.Store) *env {
+	t.Helper()
+	e := &env{t: t, dir: t.TempDir(), cfg: cfg, creds: creds}
+	e.sim = sim.New(simCfg, nil)
+	u, err := e.sim.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.simURL = u
+	t.Cleanup(func() { e.sim.Close() })
+	e.open()
+	return e
+}
+
+func (e *env) open() {
+	t := e.t
+	sp, err := spool.Open(spool.Config{Dir: e.dir, Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.sp = sp
+	client, err := upstream.New(upstream.Config{Timeout: 5 * time.Second}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := e.cfg
+	if cfg.AliasURL == "" {
+		cfg.AliasURL = e.simURL
+	}
+	if cfg.AnalyticsURL == "" {
+		cfg.AnalyticsURL = e.simURL
+	}
+	if cfg.RetryInitial == 0 {
+		cfg.RetryInitial = 5 * time.Millisecond
+		cfg.RetryMax = 50 * time.Millisecond
+	}
+	e.reg = prometheus.NewRegistry()
+	u, err := usermap.New(cfg, sp, client, e.creds, nil, e.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.u = u
+	routes := map[string]fasthttp.RequestHandler{}
+	for _, r := range u.Routes() {
+		routes[r.Method+" "+r.Path] = r.Handler
+	}
+	e.srv = &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		h := routes[string(ctx.Method())+" "+string(ctx.Path())]
+		if h == nil {
+			ctx.SetStatusCode(404)
+			return
+		}
+		h(ctx)
+	}, MaxRequestBodySize: 32 << 20}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go e.srv.Serve(ln)
+	e.base = "http://" + ln.Addr().String()
+	t.Cleanup(e.close)
+}
+
+func (e *env) run() {
+	ctx, cancel := context.WithCancel(context.Background())
+	e.cancel = cancel
+	e.runDone = make(chan error, 1)
+	go func() { e.runDone <- e.u.Run(ctx) }()
+	waitFor(e.t, "Ready", func() bool { return e.u.Ready() == nil })
+}
+
+func (e *env) close() {
+	if e.cancel != nil {
+		e.cancel()
+		if err := <-e.runDone; err != nil {
+			e.t.Errorf("Run: %v", err)
+		}
+		e.cancel = nil
+	}
+	if e.srv != nil {
+		e.srv.Shutdown()
+		e.srv = nil
+	}
+	if e.sp != nil {
+		e.sp.Close()
+		e.sp = nil
+	}
+}
+
+func (e *env) laneRecords(key string) int64 {
+	for _, l := range e.sp.Lanes() {
+		if l.Key() == (spool.LaneKey{Kind: spool.KindUserMap, APIKey: key}) {
+			return l.Stats().Records
+		}
+	}
+	return 0
+}
+
+var hc = &fasthttp.Client{}
+
+type answer struct {
+	Status int
+	Body   string
+	JSON   map[string]any
+	CT     string
+}
+
+// do sends method to u with form as the body (POST) and headers.
+func do(t *testing.T, method, u string, form url.Values, hdr ...string) answer {
+	t.Helper()
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(u)
+	req.Header.SetMethod(method)
+	if form != nil {
+		req.Header.SetContentType("application/x-www-form-urlencoded")
+		req.SetBodyString(form.Encode())
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	if err := hc.DoTimeout(req, resp, 20*time.Second); err != nil {
+		t.Fatalf("%s %s: %v", method, u, err)
+	}
+	a := answer{Status: resp.StatusCode(), Body: string(resp.Body()), CT: string(resp.Header.ContentType())}
+	json.Unmarshal(resp.Body(), &a.JSON)
+	return a
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func mappings(prefix string, n int, global string) string {
+	parts := make([]string, n)
+	for i := range parts {
+		parts[i] = fmt.Sprintf(`{"user_id":"%s%d","global_user_id":%q}`, prefix, i, global)
+	}
+	return "[" + strings.Join(parts, ",") + "]"
+}
+
+// TestValidation: one case per rule of the API reference's Mapping object
+// ("user_id | Required", "global_user_id | Required unless unmap is true",
+// "unmap | boolean") and Limits ("Mapping batch | at most 2000
+// requests/events per batch and 1 MB"; "Read mappings | user_ids | 1 to 100
+// per request").
+func TestValidation(t *testing.T) {
+	e := newEnv(t, sim.Config{}, usermap.Config{}, nil)
+	many := func(n int) string { return mappings("u", n, "g") }
+	tests := []struct {
+		name    string
+		method  string
+		path    string
+		form    url.Values
+		status  int
+		errPart string
+	}{
+		{"missing api_key", "POST", "/usermap", url.Values{"mapping": {many(1)}}, 400, "api_key"},
+		{"missing mapping", "POST", "/usermap", url.Values{"api_key": {"k"}}, 400, "mapping"},
+		{"bad json", "POST", "/usermap", url.Values{"api_key": {"k"}, "mapping": {`[{"user_id":`}}, 400, "invalid JSON"},
+		{"not object", "POST", "/usermap", url.Values{"api_key": {"k"}, "mapping": {`[{"user_id":"a","global_user_id":"g"},"x"]`}}, 400, "mapping[1]: must be an object"},
+		{"missing user_id", "POST", "/usermap", url.Values{"api_key": {"k"}, "mapping": {`[{"global_user_id":"g"}]`}}, 400, "mapping[0].user_id"},
+		{"user_id number", "POST", "/usermap", url.Values{"api_key": {"k"}, "mapping": {`[{"user_id":5,"global_user_id":"g"}]`}}, 400, "mapping[0].user_id: must be a string"},
+		{"missing global_user_id", "POST", "/usermap", url.Values{"api_key": {"k"}, "mapping": {`[{"user_id":"a","global_user_id":"g"},{"user_id":"b"}]`}}, 400, "mapping[1].global_user_id"},
+		{"unmap false needs global", "POST", "/usermap", url.Values{"api_key": {"k"}, "mapping": {`{"user_id":"b","unmap":false}`}}, 400, "mapping[0].global_user_id"},
+		{"unmap not boolean", "POST", "/usermap", url.Values{"api_key": {"k"}, "mapping": {`{"user_id":"b","unmap":"true"}`}}, 400, "mapping[0].unmap: must be a boolean"},
+		{"unknown field", "POST", "/usermap", url.Values{"api_key": {"k"}, "mapping": {`{"user_id":"b","unmapp":true}`}}, 400, "mapping[0].unmapp"},
+		{"2001 mappings", "POST", "/usermap", url.Values{"api_key": {"k"}, "mapping": {many(2001)}}, 400, "2001 mappings; at most 2000"},
+		{"1 MB", "POST", "/usermap", url.Values{"api_key": {"k"}, "mapping": {`{"user_id":"` + strings.Repeat("x", 1_000_000) + `","unmap":true}`}}, 413, "Payload too large"},
+		{"ok 2000", "POST", "/usermap", url.Values{"api_key": {"k"}, "mapping": {many(2000)}}, 200, ""},
+		{"ok unmap without global", "POST", "/usermap", url.Values{"api_key": {"k"}, "mapping": {`{"user_id":"b","unmap":true}`}}, 200, ""},
+		{"ok in the query", "POST", "/usermap?" + url.Values{"api_key": {"k"}, "mapping": {`{"user_id":"c","global_user_id":"g"}`}}.Encode(), nil, 200, ""},
+		{"read: no user_ids", "GET", "/api/2/usermap", nil, 400, "user_ids"},
+		{"read: 101 user_ids", "GET", "/api/2/usermap?user_ids=" + strings.Repeat("a,", 100) + "a", nil, 400, "101 ids; at most 100"},
+		{"read: empty id", "GET", "/api/2/usermap?user_ids=a,,b", nil, 400, "user_ids[1]"},
+		{"read: bad JSON", "GET", "/api/2/usermap?user_ids=" + url.QueryEscape(`["a",`), nil, 400, "user_ids"},
+		{"read: unknown project", "GET", "/api/2/usermap?user_ids=a", nil, 400, "X-Relay-Project"},
+	}
+	want := int64(0)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var hdr []string
+			if strings.Contains(tc.name, "unknown project") {
+				hdr = []string{"X-Relay-Project", "nope"}
+			}
+			a := do(t, tc.method, e.base+tc.path, tc.form, hdr...)
+			if a.Status != tc.status {
+				t.Fatalf("status %d, want %d: %s", a.Status, tc.status, a.Body)
+			}
+			if tc.status != 200 {
+				if msg, _ := a.JSON["error"].(string); !strings.Contains(msg, tc.errPart) || a.JSON["code"] != float64(tc.status) {
+					t.Fatalf("answer %s does not name %q", a.Body, tc.errPart)
+				}
+			} else {
+				n, _ := a.JSON["mappings_accepted"].(float64)
+				want += int64(n)
+			}
+			if got := e.laneRecords("k"); got != want {
+				t.Fatalf("spooled %d, want %d", got, want)
+			}
+		})
+	}
+	if len(e.sim.MappingReads()) != 0 {
+		t.Fatal("a locally refused read reached the upstream")
+	}
+}
+
+// TestOrderPerUser: mappings of one user_id reach the upstream in
+// acceptance order, across many requests, retries and splits.
+func TestOrderPerUser(t *testing.T) {
+	e := newEnv(t, sim.Config{}, usermap.Config{}, nil)
+	e.sim.FailNext(2, 503)
+	e.run()
+	const users, rounds = 20, 15
+	for r := range rounds {
+		parts := make([]string, users)
+		for u := range users {
+			parts[u] = fmt.Sprintf(`{"user_id":"u%d","global_user_id":"g%d"}`, u, r)
+		}
+		if a := do(t, "POST", e.base+"/usermap", url.Values{"api_key": {"k"}, "mapping": {"[" + strings.Join(parts, ",") + "]"}}); a.Status != 200 {
+			t.Fatal(a.Body)
+		}
+		if r == 7 {
+			e.sim.FailNext(1, 500)
+		}
+	}
+	waitFor(t, "delivery", func() bool { return len(e.sim.MappingCalls()) == users*rounds })
+	waitFor(t, "acks", func() bool { return e.laneRecords("k") == 0 })
+	next := map[string]int{}
+	for _, c := range e.sim.MappingCalls() {
+		var r int
+		fmt.Sscanf(c.GlobalUserID, "g%d", &r)
+		if r != next[c.UserID] {
+			t.Fatalf("user %s: round %d arrived when %d was due", c.UserID, r, next[c.UserID])
+		}
+		next[c.UserID]++
+	}
+	for u := range users {
+		if g, _ := e.sim.MappedTo("k", fmt.Sprint("u", u)); g != fmt.Sprint("g", rounds-1) {
+			t.Fatalf("u%d mapped to %q", u, g)
+		}
+	}
+}
+
+const credsYAML = `
+projects:
+  - name: web
+    api_key: "key-web"
+    secret_key: "secret-web"
+  - name: app
+    api_key: "key-app"
+    secret_key: "secret-app"
+organizations:
+  - name: acme
+    api_key: "org-key"
+    secret_key: "org-secret"
+    projects: [web, app]
+`
+
+// TestPace: two projects of one organization share the mapping rate; at
+// the simulator, no window ever holds more than the limit, nothing is
+// throttled, and everything arrives once. The window and limit are shrunk
+// (100 per 400 ms) for speed; the logic is the same as 1500 per 30 s.
+func TestPace(t *testing.T) {
+	creds, err := credentials.Parse([]byte(credsYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const limit, window = 100, 400 * time.Millisecond
+	e := newEnv(t, sim.Config{}, usermap.Config{RateLimit: limit, RateWindow: window}, creds)
+	e.sim.SetUserMapRate(limit, window)
+	e.sim.SetUserMapOrg("key-web", "acme")
+	e.sim.SetUserMapOrg("key-app", "acme")
+	e.sim.SetLatency(2 * time.Millisecond)
+	e.run()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i, key := range []string{"key-web", "key-app", "key-web", "key-app", "other"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range 3 {
+				if a := do(t, "POST", e.base+"/usermap", url.Values{"api_key": {key}, "mapping": {mappings(fmt.Sprintf("c%d-%d-", i, j), 30, "g")}}); a.Status != 200 {
+					t.Error(a.Body)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	const total = 5 * 3 * 30 // 360 for acme, 90 for "other"
+	waitFor(t, "delivery", func() bool { return len(e.sim.MappingCalls()) == total })
+	elapsed := time.Since(start)
+	batches := e.sim.MappingBatches()
+	if got := sim.MaxWindowCount(batches, window); got > limit {
+		t.Fatalf("%d mapping calls within one %v window, limit %d", got, window, limit)
+	}
+	if e.sim.MappingThrottled() != 0 {
+		t.Fatalf("%d requests throttled", e.sim.MappingThrottled())
+	}
+	// acme's 360 calls need at least 3 full windows after the first 100.
+	if elapsed < 3*window {
+		t.Fatalf("360 calls at 100 per %v took only %v", window, elapsed)
+	}
+	for _, b := range batches {
+		if b.N > limit {
+			t.Fatalf("batch of %d > limit", b.N)
+		}
+	}
+}
+
+// TestThrottled429: another client of the organization (posting straight to
+// the upstream) fills the upstream's window; the relay's requests get 429,
+// wait and resend; everything arrives once, in order.
+func TestThrottled429(t *testing.T) {
+	const window = 300 * time.Millisecond
+	e := newEnv(t, sim.Config{}, usermap.Config{RateLimit: 40, RateWindow: window, MaxRetryAfter: time.Second}, nil)
+	e.sim.SetUserMapRate(40, window)
+	for j := range 3 {
+		if a := do(t, "POST", e.base+"/usermap", url.Values{"api_key": {"k"}, "mapping": {mappings(fmt.Sprintf("r%d-", j), 20, "g")}}); a.Status != 200 {
+			t.Fatal(a.Body)
+		}
+	}
+	// The other client takes the whole window just before the relay starts.
+	if a := do(t, "POST", e.simURL+"/usermap", url.Values{"api_key": {"k"}, "mapping": {mappings("other", 40, "g")}}); a.Status != 200 {
+		t.Fatal(a.Body)
+	}
+	e.run()
+	waitFor(t, "delivery", func() bool { return len(e.sim.MappingCalls()) == 100 })
+	waitFor(t, "acks", func() bool { return e.laneRecords("k") == 0 })
+	if e.sim.MappingThrottled() == 0 {
+		t.Fatal("expected 429s")
+	}
+	seen := map[string]bool{}
+	var order []string
+	for _, c := range e.sim.MappingCalls()[40:] {
+		if seen[c.UserID] {
+			t.Fatalf("%s delivered twice", c.UserID)
+		}
+		seen[c.UserID] = true
+		order = append(order, c.UserID)
+	}
+	for i, u := range order {
+		if want := fmt.Sprintf("r%d-%d", i/20, i%20); u != want {
+			t.Fatalf("position %d: %s, want %s", i, u, want)
+		}
+	}
+	dead, _ := e.sp.ListDead(spool.DeadFilter{}, 0, 0)
+	if len(dead) != 0 {
+		t.Fatalf("%d dead letters", len(dead))
+	}
+}
+
+// TestDeadLetterAndDurability: a mapping the upstream refuses is isolated
+// into a dead letter; accepted mappings survive a close without delivery
+// and are delivered exactly once after reopening.
+func TestDeadLetterAndDurability(t *testing.T) {
+	e := newEnv(t, sim.Config{}, usermap.Config{}, nil)
+	e.sim.RejectUserID("m13")
+	for j := range 3 {
+		if a := do(t, "POST", e.base+"/usermap", url.Values{"api_key": {"k"}, "mapping": {mappings(fmt.Sprintf("m%d", j), 10, "g")}}); a.Status != 200 {
+			t.Fatal(a.Body)
+		}
+	}
+	e.close()
+	e.open()
+	e.run()
+	waitFor(t, "acks", func() bool { return e.laneRecords("k") == 0 })
+	calls := e.sim.MappingCalls()
+	if len(calls) != 29 {
+		t.Fatalf("delivered %d, want 29", len(calls))
+	}
+	dead, _ := e.sp.ListDead(spool.DeadFilter{Reason: "bad_request"}, 0, 0)
+	if len(dead) != 1 || !strings.Contains(string(dead[0].Record.Data), `"m13"`) || string(dead[0].Record.UserID) != "m13" {
+		t.Fatalf("dead letters %+v", dead)
+	}
+	e.close()
+	e.open()
+	e.run()
+	time.Sleep(150 * time.Millisecond)
+	if n := len(e.sim.MappingCalls()); n != 29 {
+		t.Fatalf("after another restart %d delivered", n)
+	}
+}
+
+// TestForwardRead: GET /api/2/usermap with the caller's own Basic auth
+// (passed through) and with credentials injected from X-Relay-Project; the
+// relay's own headers never reach the upstream.
+func TestForwardRead(t *testing.T) {
+	creds, err := credentials.Parse([]byte(credsYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, sim.Config{}, usermap.Config{}, creds)
+	e.sim.SetSecretKey("key-web", "secret-web")
+	e.sim.SetUserMapOrg("key-web", "acme")
+	e.run()
+	if a := do(t, "POST", e.base+"/usermap", url.Values{"api_key": {"key-web"}, "mapping": {`[{"user_id":"alice","global_user_id":"G"}]`}}); a.Status != 200 {
+		t.Fatal(a.Body)
+	}
+	waitFor(t, "delivery", func() bool { return len(e.sim.MappingCalls()) == 1 })
+
+	q := "/api/2/usermap?user_ids=" + url.QueryEscape(`["alice","G","nobody"]`)
+	check := func(a answer) {
+		t.Helper()
+		if a.Status != 200 || !strings.HasPrefix(a.CT, "application/json") {
+			t.Fatalf("status %d %s: %s", a.Status, a.CT, a.Body)
+		}
+		var out map[string]struct {
+			MappedFrom []map[string]any `json:"mapped_from"`
+			MappedTo   []map[string]any `json:"mapped_to"`
+		}
+		json.Unmarshal([]byte(a.Body), &out)
+		if len(out["alice"].MappedTo) != 1 || out["alice"].MappedTo[0]["user_id"] != "G" || len(out["G"].MappedFrom) != 1 {
+			t.Fatalf("answer %s", a.Body)
+		}
+		if out["nobody"].MappedFrom == nil || len(out["nobody"].MappedTo) != 0 {
+			t.Fatalf("unknown user: %s", a.Body)
+		}
+	}
+	basic := func(u, p string) string {
+		return "Basic " + encodeBase64(u+":"+p)
+	}
+	// Pass-through: the caller's Authorization, admin token in Proxy-Authorization.
+	check(do(t, "GET", e.base+q, nil, "Authorization", basic("key-web", "secret-web"),
+		"Proxy-Authorization", "Bearer admintoken", "Cookie", "c=1"))
+	// Wrong caller credentials: the upstream's 401 is passed back.
+	if a := do(t, "GET", e.base+q, nil, "Authorization", basic("key-web", "wrong")); a.Status != 401 || !strings.Contains(a.Body, "Invalid credentials") {
+		t.Fatalf("wrong secret: %d %s", a.Status, a.Body)
+	}
+	// Injected: X-Relay-Project names the project; the Bearer (admin token) is replaced.
+	check(do(t, "GET", e.base+q, nil, "X-Relay-Project", "web", "Authorization", "Bearer admintoken"))
+	reads := e.sim.MappingReads()
+	if len(reads) != 3 {
+		t.Fatalf("%d reads at the upstream", len(reads))
+	}
+	for _, r := range reads {
+		for _, h := range r.Headers {
+			switch h {
+			case "Proxy-Authorization", "X-Relay-Project", "Cookie":
+				t.Fatalf("header %s reached the upstream", h)
+			}
+		}
+		if r.User != sim.KeyLabel("key-web") {
+			t.Fatalf("upstream saw user %s", r.User)
+		}
+		if r.Query != "user_ids="+url.QueryEscape(`["alice","G","nobody"]`) {
+			t.Fatalf("query changed: %q", r.Query)
+		}
+	}
+	// The upstream unreachable: 502.
+	e.sim.Close()
+	if a := do(t, "GET", e.base+q, nil, "X-Relay-Project", "web"); a.Status != 502 {
+		t.Fatalf("upstream down: %d", a.Status)
+	}
+}
