@@ -1,0 +1,94 @@
+package groupidentify
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(`[{"group_type":"org","group_value":"acme","group_properties":{"$set":{"a":1},"b":2}}]`))
+	f.Add([]byte(`{"group_type":"org","group_value":"acme","group_properties":{"$unset":{"a":"-"}}}`))
+	f.Add([]byte(`[{"group_type":"","group_value":1}]`))
+	f.Add([]byte(`[[],{}]`))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		ids, err := Parse("key", in, MaxIdentifies, MaxProperties, MaxBodyBytes)
+		if err != nil {
+			if err.Status != 400 && err.Status != 413 || err.Msg == "" || err.Reason == "" {
+				t.Fatalf("bad error %+v", err)
+			}
+			return
+		}
+		if len(ids) == 0 || len(ids) > MaxIdentifies {
+			t.Fatalf("%d identifications accepted", len(ids))
+		}
+		total := 0
+		for _, id := range ids {
+			if id.GroupType == "" || id.GroupValue == "" || !json.Valid(id.Data) {
+				t.Fatalf("accepted %+v", id)
+			}
+			if Properties(id.Data) != id.Properties {
+				t.Fatalf("Properties(%s) = %d, parse counted %d", id.Data, Properties(id.Data), id.Properties)
+			}
+			total += id.Properties
+		}
+		if total > MaxProperties {
+			t.Fatalf("%d properties accepted", total)
+		}
+	})
+}
+
+func TestProperties(t *testing.T) {
+	tests := []struct {
+		in   string
+		want int
+	}{
+		{`{"group_properties":{}}`, 0},
+		{`{"group_properties":{"a":1,"b":{"c":2}}}`, 2},
+		{`{"group_properties":{"$set":{"a":1,"b":2},"$unset":{"c":"-"},"d":[1,2]}}`, 4},
+		{`not json`, 0},
+	}
+	for _, tc := range tests {
+		if got := Properties([]byte(tc.in)); got != tc.want {
+			t.Errorf("Properties(%s) = %d, want %d", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  Config
+		ok   bool
+	}{
+		{"minimal", Config{URL: "http://x"}, true},
+		{"no url", Config{}, false},
+		{"not http", Config{URL: "ftp://x"}, false},
+		{"identifies above the API", Config{URL: "http://x", MaxIdentifies: 1025}, false},
+		{"properties above the API", Config{URL: "http://x", MaxProperties: 1025}, false},
+		{"body above the API", Config{URL: "http://x", MaxBodyBytes: 1_000_001}, false},
+		{"negative age", Config{URL: "http://x", MaxAge: -1}, false},
+		{"smaller limits", Config{URL: "https://x", MaxIdentifies: 10, MaxProperties: 10, MaxBodyBytes: 1000}, true},
+	}
+	for _, tc := range tests {
+		if err := tc.cfg.Validate(); (err == nil) != tc.ok {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+	}
+}
+
+func BenchmarkParse100(b *testing.B) {
+	parts := make([]string, 100)
+	for i := range parts {
+		parts[i] = fmt.Sprintf(`{"group_type":"org","group_value":"v%d","group_properties":{"$set":{"plan":"pro","seats":%d},"region":"eu"}}`, i, i)
+	}
+	in := []byte("[" + strings.Join(parts, ",") + "]")
+	b.ReportAllocs()
+	b.SetBytes(int64(len(in)))
+	for b.Loop() {
+		if _, err := Parse("key", in, MaxIdentifies, MaxProperties, MaxBodyBytes); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,94 @@
+package usermap
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+func FuzzParseMappings(f *testing.F) {
+	f.Add([]byte(`[{"user_id":"a","global_user_id":"g"},{"user_id":"b","unmap":true}]`))
+	f.Add([]byte(`{"user_id":"a","unmap":false}`))
+	f.Add([]byte(`[1,"x",null]`))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		ms, err := ParseMappings("key", in, MaxMappings, MaxBodyBytes)
+		if err != nil {
+			if err.Status != 400 && err.Status != 413 || err.Msg == "" {
+				t.Fatalf("bad error %+v", err)
+			}
+			return
+		}
+		if len(ms) == 0 || len(ms) > MaxMappings {
+			t.Fatalf("%d mappings", len(ms))
+		}
+		for _, m := range ms {
+			if m.UserID == "" || (m.GlobalUserID == "" && !m.Unmap) || !json.Valid(m.Data) {
+				t.Fatalf("accepted %+v", m)
+			}
+		}
+	})
+}
+
+func FuzzParseUserIDs(f *testing.F) {
+	f.Add([]byte(`["a","b"]`))
+	f.Add([]byte(`a,b,c`))
+	f.Add([]byte(`[1]`))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		ids, err := ParseUserIDs(in)
+		if err != nil {
+			if err.Status != 400 {
+				t.Fatalf("status %d", err.Status)
+			}
+			return
+		}
+		if len(ids) < 1 || len(ids) > MaxUserIDs {
+			t.Fatalf("%d ids", len(ids))
+		}
+		for _, id := range ids {
+			if strings.TrimSpace(id) == "" {
+				t.Fatal("empty id accepted")
+			}
+		}
+	})
+}
+
+func TestConfigValidate(t *testing.T) {
+	base := Config{AliasURL: "http://a", AnalyticsURL: "https://b"}
+	tests := []struct {
+		name string
+		mut  func(*Config)
+		ok   bool
+	}{
+		{"minimal", func(*Config) {}, true},
+		{"no alias", func(c *Config) { c.AliasURL = "" }, false},
+		{"no analytics", func(c *Config) { c.AnalyticsURL = "x" }, false},
+		{"2001 mappings", func(c *Config) { c.MaxMappings = 2001 }, false},
+		{"body above the API", func(c *Config) { c.MaxBodyBytes = 1_000_001 }, false},
+		{"negative rate", func(c *Config) { c.RateLimit = -1 }, false},
+		{"negative window", func(c *Config) { c.RateWindow = -1 }, false},
+		{"shrunk window", func(c *Config) { c.RateLimit, c.RateWindow = 10, 1 }, true},
+	}
+	for _, tc := range tests {
+		c := base
+		tc.mut(&c)
+		if err := c.Validate(); (err == nil) != tc.ok {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+	}
+}
+
+func BenchmarkParseMappings2000(b *testing.B) {
+	parts := make([]string, 2000)
+	for i := range parts {
+		parts[i] = fmt.Sprintf(`{"user_id":"user-%d","global_user_id":"global-%d"}`, i, i/3)
+	}
+	in := []byte("[" + strings.Join(parts, ",") + "]")
+	b.ReportAllocs()
+	b.SetBytes(int64(len(in)))
+	for b.Loop() {
+		if _, err := ParseMappings("key", in, MaxMappings, MaxBodyBytes); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
