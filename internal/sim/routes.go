@@ -11,6 +11,10 @@ func (s *Sim) registerRoutes() {
 	s.registerControl()       // /sim/... (control.go), never faulted
 	s.registerGroupIdentify() // /groupidentify, /sim/groupidentify (groupidentify.go)
 	s.registerUserMap()       // /usermap, /api/2/usermap, /sim/usermap (usermap.go)
+	s.registerExperiments()   // /api/1/experiments... (experiments.go; shared parts in mgmt.go)
+	s.registerSCIM()          // /scim/1/Users, /scim/1/Groups (scim.go)
+	s.registerClassifiers()   // /api/2/channel-classifiers... (classifiers.go)
+	s.registerTaxonomy()      // /api/2/taxonomy/... (taxonomy.go)
 }
 
 // validKey reports whether apiKey is acceptable: non-empty, and one of

@@ -1,0 +1,448 @@
+package sim
+
+import (
+	"encoding/json"
+	"net/http"
+	"sort"
+	"strconv"
+	"time"
+)
+
+// Experiment management (/api/1/experiments), by
+// ../shared/api/experiments-scim-classifiers.md. Bearer management key (see
+// mgmt.go). State: experiments with fields, variants, user/device and cohort
+// inclusions per variant, deployments and versions (one per change, newest
+// first). Answers: JSON for reads, text "OK" for variant, inclusion and
+// deployment changes; unknown experiment, variant, version, inclusion index
+// or deployment: 404 {"error"}; malformed body: 400; bulk deletes above 100
+// entries: 400; PATCH of a web experiment (AddWebExperiment): 405.
+
+// Experiment limits of the document.
+const (
+	ExperimentBulkMax = 100
+	expMaxBody        = 5 << 20
+)
+
+type simVariant struct {
+	fields    map[string]any
+	users     []string
+	cohorts   []string
+	createdAt time.Time
+}
+
+type simExperiment struct {
+	id          string
+	fields      map[string]any
+	delivery    string // "feature" or "web"
+	variants    []string
+	byKey       map[string]*simVariant
+	deployments []string
+	versions    []map[string]any
+	created     time.Time
+	modified    time.Time
+}
+
+type expState struct {
+	exps   map[string]*simExperiment
+	nextID int
+}
+
+// experimentPatchFields are the fields PATCH /api/1/experiments/{id} takes.
+var experimentPatchFields = map[string]bool{"name": true, "description": true, "bucketingKey": true,
+	"bucketingSalt": true, "evaluationMode": true, "rolloutPercentage": true, "enabled": true,
+	"experimentType": true, "stickyBucketing": true, "startDate": true, "endDate": true, "tags": true,
+	"exposureEvent": true}
+
+// AddWebExperiment adds a web experiment (which PATCH refuses with 405) and
+// returns its id.
+func (s *Sim) AddWebExperiment(name string) string {
+	st := s.mgmt()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	e := st.exp.add(s.cfg.Now(), map[string]any{"name": name, "key": name}, "web")
+	return e.id
+}
+
+func (x *expState) add(now time.Time, fields map[string]any, delivery string) *simExperiment {
+	x.nextID++
+	e := &simExperiment{id: strconv.Itoa(x.nextID), fields: fields, delivery: delivery,
+		byKey: map[string]*simVariant{}, created: now, modified: now}
+	x.exps[e.id] = e
+	e.version(now, "created")
+	return e
+}
+
+func (e *simExperiment) version(now time.Time, what string) {
+	e.modified = now
+	e.versions = append(e.versions, map[string]any{"versionId": strconv.Itoa(len(e.versions) + 1),
+		"createdAt": now.UTC().Format(time.RFC3339), "change": what})
+}
+
+func (e *simExperiment) view() map[string]any {
+	v := map[string]any{}
+	for k, x := range e.fields {
+		v[k] = x
+	}
+	vars := []any{}
+	for _, k := range e.variants {
+		vars = append(vars, e.byKey[k].fields)
+	}
+	v["id"] = e.id
+	v["variants"] = vars
+	v["deployments"] = append([]string{}, e.deployments...)
+	v["deliveryMethod"] = e.delivery
+	v["createdAt"] = e.created.UTC().Format(time.RFC3339)
+	v["lastModifiedAt"] = e.modified.UTC().Format(time.RFC3339)
+	return v
+}
+
+func (s *Sim) registerExperiments() {
+	st := s.mgmt()
+	st.exp = &expState{exps: map[string]*simExperiment{}}
+	x := st.exp
+	r := func(pattern string, f func(e *simExperiment, w *mgWriter, q *mgRequest)) {
+		s.mgmtRoute("experiment", pattern, authMgmtBearer, expMaxBody, func(w *mgWriter, q *mgRequest) {
+			st.mu.Lock()
+			defer st.mu.Unlock()
+			var e *simExperiment
+			if id := q.r.PathValue("id"); id != "" {
+				if e = x.exps[id]; e == nil {
+					writeJSON(w, http.StatusNotFound, map[string]any{"error": "experiment not found"})
+					return
+				}
+			}
+			f(e, w, q)
+		})
+	}
+	variant := func(e *simExperiment, w *mgWriter, q *mgRequest) *simVariant {
+		v := e.byKey[q.r.PathValue("variantKey")]
+		if v == nil {
+			writeJSON(w, http.StatusNotFound, map[string]any{"error": "variant not found"})
+		}
+		return v
+	}
+	ok := func(w *mgWriter) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.WriteHeader(http.StatusOK)
+		w.Write([]byte("OK"))
+	}
+	bad := func(w *mgWriter, msg string) {
+		writeJSON(w, http.StatusBadRequest, map[string]any{"error": msg})
+	}
+	now := func() time.Time { return s.cfg.Now() }
+
+	r("GET /api/1/experiments", func(_ *simExperiment, w *mgWriter, q *mgRequest) {
+		limit := -1
+		if v := q.r.URL.Query().Get("limit"); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				bad(w, "limit must be a non-negative integer")
+				return
+			}
+			limit = n
+		}
+		all := make([]*simExperiment, 0, len(x.exps))
+		for _, e := range x.exps {
+			all = append(all, e)
+		}
+		sort.Slice(all, func(i, j int) bool {
+			a, _ := strconv.Atoi(all[i].id)
+			b, _ := strconv.Atoi(all[j].id)
+			return a > b // newest created first
+		})
+		out := []any{}
+		for _, e := range all {
+			if limit >= 0 && len(out) >= limit {
+				break
+			}
+			out = append(out, e.view())
+		}
+		writeJSON(w, http.StatusOK, out)
+	})
+	r("POST /api/1/experiments", func(_ *simExperiment, w *mgWriter, q *mgRequest) {
+		m, err := decodeObject(q.body)
+		if err != nil {
+			bad(w, "body is not a JSON object")
+			return
+		}
+		var vars []map[string]any
+		if v, has := m["variants"]; has && v != nil {
+			raw, _ := json.Marshal(v)
+			if json.Unmarshal(raw, &vars) != nil {
+				bad(w, "variants must be an array of objects")
+				return
+			}
+		}
+		for _, v := range vars {
+			if k, _ := v["key"].(string); k == "" {
+				bad(w, "every variant needs a key")
+				return
+			}
+		}
+		fields := map[string]any{}
+		for k, v := range m {
+			if k != "variants" {
+				fields[k] = v
+			}
+		}
+		e := x.add(now(), fields, "feature")
+		for _, v := range vars {
+			k := v["key"].(string)
+			if e.byKey[k] == nil {
+				e.variants = append(e.variants, k)
+			}
+			e.byKey[k] = &simVariant{fields: v, createdAt: now()}
+		}
+		if d, ok := m["deployments"].([]any); ok {
+			for _, x := range d {
+				if s, ok := x.(string); ok {
+					e.deployments = append(e.deployments, s)
+				}
+			}
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"id": e.id, "url": "https://app.example/experiments/" + e.id})
+	})
+	r("GET /api/1/experiments/{id}", func(e *simExperiment, w *mgWriter, q *mgRequest) {
+		writeJSON(w, http.StatusOK, e.view())
+	})
+	r("PATCH /api/1/experiments/{id}", func(e *simExperiment, w *mgWriter, q *mgRequest) {
+		if e.delivery != "feature" {
+			writeJSON(w, http.StatusMethodNotAllowed, map[string]any{"error": "experiments of this type cannot be edited here"})
+			return
+		}
+		m, err := decodeObject(q.body)
+		if err != nil {
+			bad(w, "body is not a JSON object")
+			return
+		}
+		for k := range m {
+			if !experimentPatchFields[k] {
+				bad(w, "field "+strconv.Quote(k)+" cannot be edited")
+				return
+			}
+		}
+		for k, v := range m {
+			e.fields[k] = v
+		}
+		e.version(now(), "edited")
+		writeJSON(w, http.StatusOK, e.view())
+	})
+	r("GET /api/1/experiments/{id}/versions", func(e *simExperiment, w *mgWriter, q *mgRequest) {
+		out := []any{}
+		for i := len(e.versions) - 1; i >= 0; i-- {
+			out = append(out, e.versions[i])
+		}
+		writeJSON(w, http.StatusOK, out)
+	})
+	r("GET /api/1/experiments/{id}/versions/{versionId}", func(e *simExperiment, w *mgWriter, q *mgRequest) {
+		for _, v := range e.versions {
+			if v["versionId"] == q.r.PathValue("versionId") {
+				writeJSON(w, http.StatusOK, v)
+				return
+			}
+		}
+		writeJSON(w, http.StatusNotFound, map[string]any{"error": "version not found"})
+	})
+	r("GET /api/1/experiments/{id}/variants", func(e *simExperiment, w *mgWriter, q *mgRequest) {
+		out := []any{}
+		for _, k := range e.variants {
+			out = append(out, e.byKey[k].fields)
+		}
+		writeJSON(w, http.StatusOK, out)
+	})
+	variantBody := func(w *mgWriter, q *mgRequest) map[string]any {
+		m, err := decodeObject(q.body)
+		if err != nil {
+			bad(w, "body is not a JSON object")
+			return nil
+		}
+		for k := range m {
+			switch k {
+			case "key", "name", "description", "payload", "rolloutWeight":
+			default:
+				bad(w, "unknown variant field "+strconv.Quote(k))
+				return nil
+			}
+		}
+		return m
+	}
+	r("POST /api/1/experiments/{id}/variants", func(e *simExperiment, w *mgWriter, q *mgRequest) {
+		m := variantBody(w, q)
+		if m == nil {
+			return
+		}
+		k, _ := m["key"].(string)
+		if k == "" {
+			bad(w, "key is required")
+			return
+		}
+		if e.byKey[k] != nil {
+			bad(w, "variant "+strconv.Quote(k)+" exists")
+			return
+		}
+		e.variants = append(e.variants, k)
+		e.byKey[k] = &simVariant{fields: m, createdAt: now()}
+		e.version(now(), "variant added")
+		ok(w)
+	})
+	r("GET /api/1/experiments/{id}/variants/{variantKey}", func(e *simExperiment, w *mgWriter, q *mgRequest) {
+		if v := variant(e, w, q); v != nil {
+			writeJSON(w, http.StatusOK, v.fields)
+		}
+	})
+	r("PATCH /api/1/experiments/{id}/variants/{variantKey}", func(e *simExperiment, w *mgWriter, q *mgRequest) {
+		v := variant(e, w, q)
+		if v == nil {
+			return
+		}
+		m := variantBody(w, q)
+		if m == nil {
+			return
+		}
+		old := q.r.PathValue("variantKey")
+		if k, _ := m["key"].(string); k != "" && k != old {
+			if e.byKey[k] != nil {
+				bad(w, "variant "+strconv.Quote(k)+" exists")
+				return
+			}
+			delete(e.byKey, old)
+			e.byKey[k] = v
+			for i, x := range e.variants {
+				if x == old {
+					e.variants[i] = k
+				}
+			}
+		}
+		for k, x := range m {
+			v.fields[k] = x
+		}
+		e.version(now(), "variant edited")
+		ok(w)
+	})
+	r("DELETE /api/1/experiments/{id}/variants/{variantKey}", func(e *simExperiment, w *mgWriter, q *mgRequest) {
+		if v := variant(e, w, q); v == nil {
+			return
+		}
+		k := q.r.PathValue("variantKey")
+		delete(e.byKey, k)
+		e.variants = removeString(e.variants, k)
+		e.version(now(), "variant deleted")
+		ok(w)
+	})
+	r("GET /api/1/experiments/{id}/variants/{variantKey}/users", func(e *simExperiment, w *mgWriter, q *mgRequest) {
+		if v := variant(e, w, q); v != nil {
+			writeJSON(w, http.StatusOK, append([]string{}, v.users...))
+		}
+	})
+	r("GET /api/1/experiments/{id}/variants/{variantKey}/cohorts", func(e *simExperiment, w *mgWriter, q *mgRequest) {
+		if v := variant(e, w, q); v != nil {
+			writeJSON(w, http.StatusOK, append([]string{}, v.cohorts...))
+		}
+	})
+	// strings reads body[field] as an array of strings.
+	stringsField := func(w *mgWriter, q *mgRequest, field string, most int) ([]string, bool) {
+		var m map[string]json.RawMessage
+		if json.Unmarshal(q.body, &m) != nil || m == nil {
+			bad(w, "body is not a JSON object")
+			return nil, false
+		}
+		var v []string
+		if json.Unmarshal(m[field], &v) != nil || v == nil {
+			bad(w, field+" must be an array of strings")
+			return nil, false
+		}
+		if most > 0 && len(v) > most {
+			bad(w, field+" holds more than "+strconv.Itoa(most)+" entries")
+			return nil, false
+		}
+		return v, true
+	}
+	r("POST /api/1/experiments/{id}/variants/{variantKey}/users", func(e *simExperiment, w *mgWriter, q *mgRequest) {
+		v := variant(e, w, q)
+		if v == nil {
+			return
+		}
+		if ids, good := stringsField(w, q, "inclusions", 0); good {
+			v.users = append(v.users, ids...)
+			ok(w)
+		}
+	})
+	r("POST /api/1/experiments/{id}/variants/{variantKey}/cohorts", func(e *simExperiment, w *mgWriter, q *mgRequest) {
+		v := variant(e, w, q)
+		if v == nil {
+			return
+		}
+		if ids, good := stringsField(w, q, "inclusions", 0); good {
+			v.cohorts = append(v.cohorts, ids...)
+			ok(w)
+		}
+	})
+	r("DELETE /api/1/experiments/{id}/variants/{variantKey}/users/{userIndex}", func(e *simExperiment, w *mgWriter, q *mgRequest) {
+		v := variant(e, w, q)
+		if v == nil {
+			return
+		}
+		i, err := strconv.Atoi(q.r.PathValue("userIndex"))
+		if err != nil || i < 0 || i >= len(v.users) {
+			writeJSON(w, http.StatusNotFound, map[string]any{"error": "inclusion not found"})
+			return
+		}
+		v.users = append(v.users[:i], v.users[i+1:]...)
+		ok(w)
+	})
+	r("DELETE /api/1/experiments/{id}/variants/{variantKey}/users", func(e *simExperiment, w *mgWriter, q *mgRequest) {
+		if v := variant(e, w, q); v != nil {
+			v.users = nil
+			ok(w)
+		}
+	})
+	bulk := func(cohorts bool) func(e *simExperiment, w *mgWriter, q *mgRequest) {
+		return func(e *simExperiment, w *mgWriter, q *mgRequest) {
+			v := variant(e, w, q)
+			if v == nil {
+				return
+			}
+			ids, good := stringsField(w, q, "users", ExperimentBulkMax)
+			if !good {
+				return
+			}
+			for _, id := range ids {
+				if cohorts {
+					v.cohorts = removeString(v.cohorts, id)
+				} else {
+					v.users = removeString(v.users, id)
+				}
+			}
+			ok(w)
+		}
+	}
+	r("DELETE /api/1/experiments/{id}/variants/{variantKey}/bulk-delete-users", bulk(false))
+	r("DELETE /api/1/experiments/{id}/variants/{variantKey}/bulk-delete-cohorts", bulk(true))
+	r("GET /api/1/experiments/{id}/deployments", func(e *simExperiment, w *mgWriter, q *mgRequest) {
+		out := []any{}
+		for _, d := range e.deployments {
+			out = append(out, map[string]any{"id": d})
+		}
+		writeJSON(w, http.StatusOK, out)
+	})
+	r("POST /api/1/experiments/{id}/deployments", func(e *simExperiment, w *mgWriter, q *mgRequest) {
+		if ids, good := stringsField(w, q, "deployments", 0); good {
+			for _, id := range ids {
+				e.deployments = append(removeString(e.deployments, id), id)
+			}
+			e.version(now(), "deployments added")
+			ok(w)
+		}
+	})
+	r("DELETE /api/1/experiments/{id}/deployments/{deploymentId}", func(e *simExperiment, w *mgWriter, q *mgRequest) {
+		d := q.r.PathValue("deploymentId")
+		n := len(e.deployments)
+		e.deployments = removeString(e.deployments, d)
+		if len(e.deployments) == n {
+			writeJSON(w, http.StatusNotFound, map[string]any{"error": "deployment not found"})
+			return
+		}
+		e.version(now(), "deployment removed")
+		ok(w)
+	})
+}

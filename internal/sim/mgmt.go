@@ -1,0 +1,359 @@
+package sim
+
+import (
+	"encoding/base64"
+	"errors"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// This file holds what the management API groups of
+// ../shared/api/experiments-scim-classifiers.md and the taxonomy API share
+// (experiments.go, scim.go, classifiers.go, taxonomy.go):
+//
+//   - mgmtRoute registers a route with the shared request log, latency,
+//     injected faults and down state, reads the body with the group's own
+//     limit (larger: 413), checks the group's authentication and logs the
+//     call in MgmtCalls (GET /sim/mgmt/calls).
+//   - Authentication. Experiments: "Authorization: Bearer <management key>";
+//     SCIM: "Bearer <scim token>", the token names the organization;
+//     classifiers and taxonomy: HTTP Basic api_key:secret_key, the api key
+//     names the project. Missing or malformed: 401. A token or key pair that
+//     is not accepted: 403. Accepted: management keys and SCIM tokens given to
+//     SetManagementKey / SetSCIMToken (with none given, any non-empty token,
+//     its own organization); api keys as /2/httpapi accepts them
+//     (Config.APIKeys) with the secret given to SetProjectSecret (with none
+//     given for a key, any non-empty secret).
+//   - Their state lives in the route groups, not in the store: /sim/reset
+//     does not clear it.
+
+// MgmtCall is one request to a management route as the sim saw it.
+type MgmtCall struct {
+	Seq    int64     `json:"seq"`
+	Time   time.Time `json:"time"`
+	API    string    `json:"api"` // "experiment", "scim", "classifier", "taxonomy"
+	Method string    `json:"method"`
+	Path   string    `json:"path"` // escaped path as received
+	Query  string    `json:"query,omitempty"`
+	// Auth is the scheme of the Authorization header: "bearer", "basic",
+	// "none" or "other".
+	Auth string `json:"auth"`
+	// Principal is KeyLabel of the bearer token or Basic user ("" when none).
+	Principal string `json:"principal,omitempty"`
+	// Account is the organization (SCIM) or api key label (classifier,
+	// taxonomy) the call counted for; "" when authentication failed.
+	Account string `json:"account,omitempty"`
+	Status  int    `json:"status"`
+	// Headers are the canonical names of the request headers, sorted.
+	Headers []string `json:"headers,omitempty"`
+	Body    string   `json:"body,omitempty"` // first 4 KiB
+}
+
+type mgmtAuth int
+
+const (
+	authMgmtBearer mgmtAuth = iota + 1
+	authSCIMBearer
+	authBasic
+)
+
+// mgmtState is the state shared by the management route groups.
+type mgmtState struct {
+	mu         sync.Mutex
+	seq        int64
+	calls      []MgmtCall
+	mgmtKeys   map[string]bool
+	scimTokens map[string]string // token -> organization
+	secrets    map[string]string // api key -> secret key
+
+	exp  *expState
+	scim *scimState
+	cls  *clsState
+	tax  *taxState
+}
+
+const mgmtControlPath = "/sim/mgmt/"
+
+// maxMgmtCalls bounds the call log (oldest dropped first).
+const maxMgmtCalls = 100_000
+
+// ServeHTTP serves GET /sim/mgmt/calls: {"calls": [...]}.
+func (st *mgmtState) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	st.mu.Lock()
+	calls := append([]MgmtCall(nil), st.calls...)
+	st.mu.Unlock()
+	writeJSON(w, http.StatusOK, map[string]any{"calls": calls})
+}
+
+// mgmt returns the shared state, creating it on first use (at New).
+func (s *Sim) mgmt() *mgmtState {
+	h, pattern := s.ctlMux.Handler(&http.Request{Method: http.MethodGet, URL: &url.URL{Path: mgmtControlPath + "calls"}})
+	if st, ok := h.(*mgmtState); ok && pattern != "" {
+		return st
+	}
+	st := &mgmtState{mgmtKeys: map[string]bool{}, scimTokens: map[string]string{}, secrets: map[string]string{}}
+	s.ctlMux.Handle(mgmtControlPath+"calls", st)
+	return st
+}
+
+// SetManagementKey makes key an accepted experiment management key (once
+// one is set, others are answered 403).
+func (s *Sim) SetManagementKey(key string) {
+	st := s.mgmt()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.mgmtKeys[key] = true
+}
+
+// SetSCIMToken makes token an accepted SCIM token of organization org (once
+// one is set, others are answered 403).
+func (s *Sim) SetSCIMToken(token, org string) {
+	st := s.mgmt()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.scimTokens[token] = org
+}
+
+// SetProjectSecret makes secret the only accepted secret key of apiKey on
+// the classifier and taxonomy routes.
+func (s *Sim) SetProjectSecret(apiKey, secret string) {
+	st := s.mgmt()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.secrets[apiKey] = secret
+}
+
+// MgmtCalls returns the management calls logged so far, oldest first.
+func (s *Sim) MgmtCalls() []MgmtCall {
+	st := s.mgmt()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return append([]MgmtCall(nil), st.calls...)
+}
+
+// MaxCallsInWindow returns the most calls of api for one account whose
+// times fall within any span shorter than window (the test of a
+// client-side rate limit).
+func MaxCallsInWindow(calls []MgmtCall, api string, window time.Duration) int {
+	by := map[string][]time.Time{}
+	for _, c := range calls {
+		if c.API == api && c.Account != "" {
+			by[c.Account] = append(by[c.Account], c.Time)
+		}
+	}
+	most := 0
+	for _, ts := range by {
+		slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
+		j := 0
+		for i := range ts {
+			for ts[i].Sub(ts[j]) >= window {
+				j++
+			}
+			most = max(most, i-j+1)
+		}
+	}
+	return most
+}
+
+// mgWriter records the status of an answer.
+type mgWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *mgWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *mgWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// mgRequest is what a management handler gets.
+type mgRequest struct {
+	r       *http.Request
+	body    []byte
+	account string // organization (SCIM), api key (classifier, taxonomy), token label (experiment)
+	call    *MgmtCall
+}
+
+type mgHandler func(w *mgWriter, q *mgRequest)
+
+// mgmtRoute registers pattern ("METHOD /path/{x}") for api.
+func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgHandler) {
+	st := s.mgmt()
+	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		rec := s.newRecord(r)
+		call := &MgmtCall{Time: s.cfg.Now(), API: api, Method: r.Method, Path: r.URL.EscapedPath(), Query: r.URL.RawQuery}
+		for k := range r.Header {
+			call.Headers = append(call.Headers, k)
+		}
+		slices.Sort(call.Headers)
+		latency, f, hasFault, down := s.takeFault(r.URL.Path)
+		sleepCtx(r.Context(), latency+f.Latency)
+		mw := &mgWriter{ResponseWriter: w}
+		switch {
+		case down == DownRefuse || down == DownClose:
+			rec.Fault = "down-" + string(down)
+			hijackClose(w)
+		case down == Down503:
+			rec.Fault = "down-503"
+			writeFault(mw, Fault{Status: http.StatusServiceUnavailable})
+		case hasFault && f.Drop != DropNone:
+			rec.Fault = "drop-" + string(f.Drop)
+			hijackClose(w)
+		case hasFault && f.Status != 0:
+			rec.Fault = "status"
+			writeFault(mw, f)
+		default:
+			s.serveMgmt(st, mw, r, call, auth, maxBody, h)
+		}
+		rec.Status = mw.status
+		call.Status = mw.status
+		s.logRequest(rec)
+		st.mu.Lock()
+		st.seq++
+		call.Seq = st.seq
+		if len(st.calls) >= maxMgmtCalls {
+			st.calls = append(st.calls[:0], st.calls[len(st.calls)/2:]...)
+		}
+		st.calls = append(st.calls, *call)
+		st.mu.Unlock()
+	})
+}
+
+func (s *Sim) serveMgmt(st *mgmtState, w *mgWriter, r *http.Request, call *MgmtCall, auth mgmtAuth, maxBody int64, h mgHandler) {
+	av := r.Header.Get("Authorization")
+	scheme, cred, _ := strings.Cut(av, " ")
+	cred = strings.TrimSpace(cred)
+	switch {
+	case av == "":
+		call.Auth = "none"
+	case strings.EqualFold(scheme, "bearer"):
+		call.Auth = "bearer"
+	case strings.EqualFold(scheme, "basic"):
+		call.Auth = "basic"
+	default:
+		call.Auth = "other"
+	}
+	q := &mgRequest{r: r, call: call}
+	unauthorized := func(status int, msg string) {
+		if status == http.StatusUnauthorized {
+			if auth == authBasic {
+				w.Header().Set("WWW-Authenticate", `Basic realm="svc"`)
+			} else {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="svc"`)
+			}
+		}
+		writeJSON(w, status, map[string]any{"error": msg})
+	}
+	switch auth {
+	case authMgmtBearer, authSCIMBearer:
+		if call.Auth != "bearer" || cred == "" {
+			unauthorized(http.StatusUnauthorized, "missing or malformed Authorization: Bearer header")
+			return
+		}
+		call.Principal = KeyLabel(cred)
+		st.mu.Lock()
+		if auth == authMgmtBearer {
+			ok := len(st.mgmtKeys) == 0 || st.mgmtKeys[cred]
+			q.account = call.Principal
+			st.mu.Unlock()
+			if !ok {
+				unauthorized(http.StatusForbidden, "invalid management API key")
+				return
+			}
+		} else {
+			org, ok := st.scimTokens[cred]
+			if len(st.scimTokens) == 0 {
+				org, ok = call.Principal, true
+			}
+			st.mu.Unlock()
+			if !ok {
+				unauthorized(http.StatusForbidden, "invalid SCIM token")
+				return
+			}
+			q.account = org
+		}
+	case authBasic:
+		if call.Auth != "basic" {
+			unauthorized(http.StatusUnauthorized, "missing or malformed Authorization: Basic header")
+			return
+		}
+		dec, err := base64.StdEncoding.DecodeString(cred)
+		key, secret, found := strings.Cut(string(dec), ":")
+		if err != nil || !found || key == "" {
+			unauthorized(http.StatusUnauthorized, "missing or malformed Authorization: Basic header")
+			return
+		}
+		call.Principal = KeyLabel(key)
+		st.mu.Lock()
+		want, has := st.secrets[key]
+		st.mu.Unlock()
+		if !s.validKey(key) || secret == "" || (has && want != secret) {
+			unauthorized(http.StatusForbidden, "invalid API key or secret key")
+			return
+		}
+		q.account = key
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]any{"error": "unreadable body"})
+		return
+	}
+	if int64(len(body)) > maxBody {
+		writeJSON(w, http.StatusRequestEntityTooLarge, map[string]any{"error": "Payload too large"})
+		return
+	}
+	q.body = body
+	if len(body) > 4096 {
+		call.Body = string(body[:4096])
+	} else {
+		call.Body = string(body)
+	}
+	if auth == authBasic {
+		call.Account = KeyLabel(q.account)
+	} else {
+		call.Account = q.account
+	}
+	h(w, q)
+}
+
+// windowHits keeps the times of counted calls per account for a sliding
+// window limit.
+type windowHits map[string][]time.Time
+
+// take counts a call of account at now unless limit calls already fall in
+// (now-window, now]; when refused it returns how long until one leaves.
+func (h windowHits) take(account string, now time.Time, limit int, window time.Duration) (bool, time.Duration) {
+	ts := h[account]
+	i := 0
+	for i < len(ts) && !ts[i].After(now.Add(-window)) {
+		i++
+	}
+	ts = ts[i:]
+	if len(ts) >= limit {
+		h[account] = ts
+		return false, ts[0].Add(window).Sub(now)
+	}
+	h[account] = append(ts, now)
+	return true, 0
+}
+
+func retryAfter(w http.ResponseWriter, d time.Duration) {
+	w.Header().Set("Retry-After", strconv.Itoa(max(1, int((d+time.Second-1)/time.Second))))
+}
+
+var errNotObject = errors.New("body is not a JSON object")

@@ -1,0 +1,696 @@
+package sim
+
+import (
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Taxonomy (/api/2/taxonomy), by ../shared/api/taxonomy-feedback-dsar-deletion.md.
+// HTTP Basic with the project's key pair (mgmt.go); state per api key.
+// Bodies are form encoded; GET parameters come from the query, DELETE
+// parameters from the query or the body. Answers: {"success": true} (with
+// "data" on reads), failures {"success": false, "errors": [{"message"}]}.
+//
+// Statuses: a missing required form field 400; create of an existing
+// entity (deleted ones included) 409; update or delete of an unknown
+// entity 409; get of an unknown category, event type or event property
+// 400, of an unknown user property 404; delete or restore in a bad state
+// (lifecycle table) 400, of an unknown entity 409; event property restore
+// answers 201.
+//
+// Lifecycle: created entities are "planned"; SeedTaxonomy puts one in any
+// state ("live", "unexpected", "transformed", "deleted"). DELETE: live and
+// unexpected become deleted, planned is removed, transformed and deleted
+// are errors. POST .../restore: deleted becomes live, others are errors.
+// An event property DELETE with event_type removes that event type's
+// override (error when there is none); its restore with event_type brings
+// the override back.
+//
+// Limits per api key: cost GET 1, PUT/POST/DELETE 2; at most
+// TaxonomyMaxInFlight cost in flight and TaxonomyPeriodCost cost per
+// TaxonomyPeriod (SetTaxonomyLimits); above either: 429 with Retry-After.
+// SetTaxonomyDelay holds every taxonomy request that long (in flight), so
+// tests can see concurrency.
+
+// Taxonomy limits of the document.
+const (
+	TaxonomyMaxInFlight = 4
+	TaxonomyPeriodCost  = 7200
+	TaxonomyPeriod      = time.Hour
+	taxMaxBody          = 1 << 20
+)
+
+// TaxonomyCost is the cost of one taxonomy request of method.
+func TaxonomyCost(method string) int {
+	if method == http.MethodGet {
+		return 1
+	}
+	return 2
+}
+
+type taxEntity struct {
+	state  string
+	fields map[string]string
+}
+
+type taxProject struct {
+	categories map[int]string
+	nextCat    int
+	events     map[string]*taxEntity
+	props      map[string]*taxEntity            // shared event properties
+	overrides  map[string]map[string]*taxEntity // event type -> property -> override
+	users      map[string]*taxEntity
+	groups     map[string]map[string]*taxEntity // group type -> property
+}
+
+type taxCost struct {
+	t    time.Time
+	cost int
+}
+
+type taxState struct {
+	projects    map[string]*taxProject
+	inFlight    map[string]int
+	peak        map[string]int
+	spent       map[string][]taxCost
+	maxInFlight int
+	periodCost  int
+	period      time.Duration
+	delay       time.Duration
+}
+
+// SetTaxonomyLimits sets the taxonomy limits; zero values keep the current
+// setting.
+func (s *Sim) SetTaxonomyLimits(maxInFlight, periodCost int, period time.Duration) {
+	st := s.mgmt()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if maxInFlight > 0 {
+		st.tax.maxInFlight = maxInFlight
+	}
+	if periodCost > 0 {
+		st.tax.periodCost = periodCost
+	}
+	if period > 0 {
+		st.tax.period = period
+	}
+}
+
+// SetTaxonomyDelay makes every taxonomy request take at least d.
+func (s *Sim) SetTaxonomyDelay(d time.Duration) {
+	st := s.mgmt()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.tax.delay = d
+}
+
+// TaxonomyPeakInFlight returns the highest cost in flight seen for apiKey.
+func (s *Sim) TaxonomyPeakInFlight(apiKey string) int {
+	st := s.mgmt()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.tax.peak[apiKey]
+}
+
+// SeedTaxonomy puts an entity of apiKey's taxonomy in state: kind is
+// "event", "event-property" (shared) or "user-property".
+func (s *Sim) SeedTaxonomy(apiKey, kind, name, state string) {
+	st := s.mgmt()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	p := st.tax.project(apiKey)
+	var m map[string]*taxEntity
+	switch kind {
+	case "event":
+		m = p.events
+	case "event-property":
+		m = p.props
+	case "user-property":
+		m = p.users
+	default:
+		panic("sim: SeedTaxonomy: unknown kind " + kind)
+	}
+	m[name] = &taxEntity{state: state, fields: map[string]string{}}
+}
+
+func (x *taxState) project(key string) *taxProject {
+	p := x.projects[key]
+	if p == nil {
+		p = &taxProject{categories: map[int]string{}, nextCat: 1, events: map[string]*taxEntity{},
+			props: map[string]*taxEntity{}, overrides: map[string]map[string]*taxEntity{},
+			users: map[string]*taxEntity{}, groups: map[string]map[string]*taxEntity{}}
+		x.projects[key] = p
+	}
+	return p
+}
+
+// taxReq is one taxonomy request: its form values and project.
+type taxReq struct {
+	*mgRequest
+	form url.Values
+	p    *taxProject
+}
+
+func taxOK(w http.ResponseWriter, status int, data any) {
+	b := map[string]any{"success": true}
+	if data != nil {
+		b["data"] = data
+	}
+	writeJSON(w, status, b)
+}
+
+func taxFail(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]any{"success": false, "errors": []any{map[string]any{"message": msg}}})
+}
+
+// need returns the required form field or answers 400.
+func (q *taxReq) need(w http.ResponseWriter, field string) (string, bool) {
+	v := q.form.Get(field)
+	if v == "" {
+		taxFail(w, http.StatusBadRequest, "missing required field: "+field)
+		return "", false
+	}
+	return v, true
+}
+
+func (s *Sim) registerTaxonomy() {
+	st := s.mgmt()
+	st.tax = &taxState{projects: map[string]*taxProject{}, inFlight: map[string]int{}, peak: map[string]int{},
+		spent: map[string][]taxCost{}, maxInFlight: TaxonomyMaxInFlight, periodCost: TaxonomyPeriodCost, period: TaxonomyPeriod}
+	x := st.tax
+	r := func(pattern string, f func(w *mgWriter, q *taxReq)) {
+		s.mgmtRoute("taxonomy", pattern, authBasic, taxMaxBody, func(w *mgWriter, q *mgRequest) {
+			cost := TaxonomyCost(q.r.Method)
+			key := q.account
+			now := s.cfg.Now()
+			st.mu.Lock()
+			if x.inFlight[key]+cost > x.maxInFlight {
+				st.mu.Unlock()
+				retryAfter(w, time.Second)
+				taxFail(w, http.StatusTooManyRequests, "Too many concurrent requests")
+				return
+			}
+			spent := x.spent[key]
+			for len(spent) > 0 && !spent[0].t.After(now.Add(-x.period)) {
+				spent = spent[1:]
+			}
+			total := 0
+			for _, c := range spent {
+				total += c.cost
+			}
+			if total+cost > x.periodCost {
+				x.spent[key] = spent
+				st.mu.Unlock()
+				wait := x.period
+				if len(spent) > 0 {
+					wait = spent[0].t.Add(x.period).Sub(now)
+				}
+				retryAfter(w, wait)
+				taxFail(w, http.StatusTooManyRequests, "Too many requests: cost budget exceeded")
+				return
+			}
+			x.spent[key] = append(spent, taxCost{now, cost})
+			x.inFlight[key] += cost
+			x.peak[key] = max(x.peak[key], x.inFlight[key])
+			delay := x.delay
+			st.mu.Unlock()
+			defer func() {
+				st.mu.Lock()
+				x.inFlight[key] -= cost
+				st.mu.Unlock()
+			}()
+			sleepCtx(q.r.Context(), delay)
+			form := q.r.URL.Query()
+			if q.r.Method != http.MethodGet {
+				if b, err := url.ParseQuery(string(q.body)); err == nil {
+					for k, v := range b {
+						form[k] = append(form[k], v...)
+					}
+				} else {
+					taxFail(w, http.StatusBadRequest, "body is not form encoded")
+					return
+				}
+			}
+			st.mu.Lock()
+			defer st.mu.Unlock()
+			f(w, &taxReq{mgRequest: q, form: form, p: x.project(key)})
+		})
+	}
+
+	// Categories.
+	r("POST /api/2/taxonomy/category", func(w *mgWriter, q *taxReq) {
+		name, ok := q.need(w, "category_name")
+		if !ok {
+			return
+		}
+		for _, n := range q.p.categories {
+			if n == name {
+				taxFail(w, http.StatusConflict, "category exists")
+				return
+			}
+		}
+		q.p.categories[q.p.nextCat] = name
+		q.p.nextCat++
+		taxOK(w, http.StatusOK, nil)
+	})
+	r("GET /api/2/taxonomy/category", func(w *mgWriter, q *taxReq) {
+		ids := make([]int, 0, len(q.p.categories))
+		for id := range q.p.categories {
+			ids = append(ids, id)
+		}
+		sort.Ints(ids)
+		out := []any{}
+		for _, id := range ids {
+			out = append(out, map[string]any{"id": id, "name": q.p.categories[id]})
+		}
+		taxOK(w, http.StatusOK, out)
+	})
+	r("GET /api/2/taxonomy/category/{category_name}", func(w *mgWriter, q *taxReq) {
+		name := q.r.PathValue("category_name")
+		for id, n := range q.p.categories {
+			if n == name {
+				taxOK(w, http.StatusOK, map[string]any{"id": id, "name": n})
+				return
+			}
+		}
+		taxFail(w, http.StatusBadRequest, "category not found")
+	})
+	catID := func(w *mgWriter, q *taxReq) (int, bool) {
+		id, err := strconv.Atoi(q.r.PathValue("category_id"))
+		if _, ok := q.p.categories[id]; err != nil || !ok {
+			taxFail(w, http.StatusConflict, "category not found")
+			return 0, false
+		}
+		return id, true
+	}
+	r("PUT /api/2/taxonomy/category/{category_id}", func(w *mgWriter, q *taxReq) {
+		name, ok := q.need(w, "category_name")
+		if !ok {
+			return
+		}
+		if id, ok := catID(w, q); ok {
+			q.p.categories[id] = name
+			taxOK(w, http.StatusOK, nil)
+		}
+	})
+	r("DELETE /api/2/taxonomy/category/{category_id}", func(w *mgWriter, q *taxReq) {
+		if id, ok := catID(w, q); ok {
+			delete(q.p.categories, id)
+			taxOK(w, http.StatusOK, nil)
+		}
+	})
+
+	// Event types.
+	eventFields := []string{"category", "description", "display_name", "is_active", "is_hidden_from_dropdowns",
+		"is_hidden_from_persona_results", "is_hidden_from_pathfinder", "is_hidden_from_timeline", "tags", "owner"}
+	setFields := func(e *taxEntity, form url.Values, fields []string) {
+		for _, f := range fields {
+			if v, ok := form[f]; ok && len(v) > 0 {
+				e.fields[f] = v[0]
+			}
+		}
+	}
+	eventView := func(name string, e *taxEntity) map[string]any {
+		tags := []string{}
+		if t := e.fields["tags"]; t != "" {
+			tags = strings.Split(t, ",")
+		}
+		v := map[string]any{"event_type": name, "category": map[string]any{"name": e.fields["category"]},
+			"description": nullable(e.fields["description"]), "display_name": nullable(e.fields["display_name"]),
+			"is_active": e.fields["is_active"] != "false", "tags": tags, "owner": nullable(e.fields["owner"])}
+		for _, f := range eventFields[4:8] {
+			v[f] = e.fields[f] == "true"
+		}
+		return v
+	}
+	r("POST /api/2/taxonomy/event", func(w *mgWriter, q *taxReq) {
+		name, ok := q.need(w, "event_type")
+		if !ok {
+			return
+		}
+		if q.p.events[name] != nil {
+			taxFail(w, http.StatusConflict, "event type exists")
+			return
+		}
+		e := &taxEntity{state: "planned", fields: map[string]string{}}
+		setFields(e, q.form, eventFields)
+		q.p.events[name] = e
+		taxOK(w, http.StatusOK, nil)
+	})
+	r("GET /api/2/taxonomy/event", func(w *mgWriter, q *taxReq) {
+		deleted := q.form.Get("showDeleted") == "true"
+		out := []any{}
+		for _, n := range sortedKeys(q.p.events) {
+			e := q.p.events[n]
+			if e.state == "deleted" && !deleted {
+				continue
+			}
+			out = append(out, eventView(n, e))
+		}
+		taxOK(w, http.StatusOK, out)
+	})
+	r("GET /api/2/taxonomy/event/{event_type}", func(w *mgWriter, q *taxReq) {
+		n := q.r.PathValue("event_type")
+		e := q.p.events[n]
+		if e == nil || e.state == "deleted" {
+			taxFail(w, http.StatusBadRequest, "event type not found")
+			return
+		}
+		taxOK(w, http.StatusOK, eventView(n, e))
+	})
+	r("PUT /api/2/taxonomy/event/{event_type}", func(w *mgWriter, q *taxReq) {
+		n := q.r.PathValue("event_type")
+		e := q.p.events[n]
+		if e == nil || e.state == "deleted" {
+			taxFail(w, http.StatusConflict, "event type not found")
+			return
+		}
+		if nn := q.form.Get("new_event_type"); nn != "" && nn != n {
+			if q.p.events[nn] != nil {
+				taxFail(w, http.StatusConflict, "event type exists")
+				return
+			}
+			delete(q.p.events, n)
+			q.p.events[nn] = e
+		}
+		setFields(e, q.form, eventFields)
+		taxOK(w, http.StatusOK, nil)
+	})
+	r("DELETE /api/2/taxonomy/event/{event_type}", func(w *mgWriter, q *taxReq) {
+		lifecycleDelete(w, q.p.events, q.r.PathValue("event_type"))
+	})
+	r("POST /api/2/taxonomy/event/{event_type}/restore", func(w *mgWriter, q *taxReq) {
+		lifecycleRestore(w, q.p.events, q.r.PathValue("event_type"), http.StatusOK)
+	})
+
+	// Event properties.
+	propFields := []string{"description", "type", "regex", "enum_values", "is_array_type", "is_required", "is_hidden", "classifications"}
+	propView := func(name, eventType string, e *taxEntity) map[string]any {
+		cls := []string{}
+		if c := e.fields["classifications"]; c != "" {
+			cls = strings.Split(c, ",")
+		}
+		t := e.fields["type"]
+		if t == "" {
+			t = "any"
+		}
+		v := map[string]any{"event_property": name, "description": e.fields["description"], "type": t,
+			"regex": nullable(e.fields["regex"]), "enum_values": nullable(e.fields["enum_values"]),
+			"is_array_type": e.fields["is_array_type"] == "true", "is_required": e.fields["is_required"] == "true",
+			"is_hidden": e.fields["is_hidden"] == "true", "classifications": cls}
+		if eventType != "" {
+			v["event_type"] = eventType
+		}
+		return v
+	}
+	r("POST /api/2/taxonomy/event-property", func(w *mgWriter, q *taxReq) {
+		name, ok := q.need(w, "event_property")
+		if !ok {
+			return
+		}
+		et := q.form.Get("event_type")
+		shared := q.p.props[name]
+		switch {
+		case et != "" && q.p.overrides[et][name] != nil:
+			taxFail(w, http.StatusConflict, "event property exists on that event type")
+		case et != "" && shared != nil:
+			o := &taxEntity{state: "planned", fields: map[string]string{}}
+			setFields(o, q.form, propFields)
+			if q.p.overrides[et] == nil {
+				q.p.overrides[et] = map[string]*taxEntity{}
+			}
+			q.p.overrides[et][name] = o
+			taxOK(w, http.StatusOK, nil)
+		case shared != nil:
+			taxFail(w, http.StatusConflict, "event property exists")
+		default:
+			e := &taxEntity{state: "planned", fields: map[string]string{}}
+			setFields(e, q.form, propFields)
+			q.p.props[name] = e
+			taxOK(w, http.StatusOK, nil)
+		}
+	})
+	r("GET /api/2/taxonomy/event-property", func(w *mgWriter, q *taxReq) {
+		et := q.form.Get("event_type")
+		if name := q.form.Get("event_property"); name != "" {
+			e := q.p.props[name]
+			if o := q.p.overrides[et][name]; et != "" && o != nil && o.state != "deleted" {
+				e = o
+			}
+			if e == nil || e.state == "deleted" {
+				taxFail(w, http.StatusBadRequest, "event property not found")
+				return
+			}
+			taxOK(w, http.StatusOK, propView(name, et, e))
+			return
+		}
+		m := q.p.props
+		if et != "" {
+			m = q.p.overrides[et]
+		}
+		out := []any{}
+		for _, n := range sortedKeys(m) {
+			if m[n].state != "deleted" {
+				out = append(out, propView(n, et, m[n]))
+			}
+		}
+		taxOK(w, http.StatusOK, out)
+	})
+	r("PUT /api/2/taxonomy/event-property/{event_property}", func(w *mgWriter, q *taxReq) {
+		name := q.r.PathValue("event_property")
+		et := q.form.Get("event_type")
+		shared := q.p.props[name]
+		if shared == nil || shared.state == "deleted" {
+			taxFail(w, http.StatusConflict, "event property not found")
+			return
+		}
+		target := shared
+		if et != "" {
+			o := q.p.overrides[et][name]
+			switch scope := q.form.Get("overrideScope"); scope {
+			case "":
+				if o != nil {
+					target = o
+				}
+			case "override":
+				if q.form.Get("classifications") != "" {
+					taxFail(w, http.StatusBadRequest, "classifications can only be applied to shared properties")
+					return
+				}
+				if o == nil {
+					o = &taxEntity{state: "planned", fields: map[string]string{}}
+					for k, v := range shared.fields {
+						o.fields[k] = v
+					}
+					if q.p.overrides[et] == nil {
+						q.p.overrides[et] = map[string]*taxEntity{}
+					}
+					q.p.overrides[et][name] = o
+				}
+				target = o
+			case "shared":
+				delete(q.p.overrides[et], name)
+			default:
+				taxFail(w, http.StatusBadRequest, "overrideScope must be override or shared")
+				return
+			}
+		}
+		if target != shared && q.form.Get("classifications") != "" {
+			taxFail(w, http.StatusBadRequest, "classifications can only be applied to shared properties")
+			return
+		}
+		if nn := q.form.Get("new_event_property_value"); nn != "" && nn != name && target == shared {
+			if q.p.props[nn] != nil {
+				taxFail(w, http.StatusConflict, "event property exists")
+				return
+			}
+			delete(q.p.props, name)
+			q.p.props[nn] = shared
+		}
+		setFields(target, q.form, propFields)
+		taxOK(w, http.StatusOK, nil)
+	})
+	r("DELETE /api/2/taxonomy/event-property/{event_property}", func(w *mgWriter, q *taxReq) {
+		name := q.r.PathValue("event_property")
+		if et := q.form.Get("event_type"); et != "" {
+			o := q.p.overrides[et][name]
+			if o == nil || o.state == "deleted" {
+				taxFail(w, http.StatusConflict, "event property is not on that event type")
+				return
+			}
+			o.state = "deleted"
+			taxOK(w, http.StatusOK, nil)
+			return
+		}
+		lifecycleDelete(w, q.p.props, name)
+	})
+	r("POST /api/2/taxonomy/event-property/{event_property}/restore", func(w *mgWriter, q *taxReq) {
+		name := q.r.PathValue("event_property")
+		if et := q.form.Get("event_type"); et != "" {
+			lifecycleRestore(w, q.p.overrides[et], name, http.StatusCreated)
+			return
+		}
+		lifecycleRestore(w, q.p.props, name, http.StatusCreated)
+	})
+
+	// User properties: custom ones answer with the "gp:" prefix.
+	userFields := []string{"description", "type", "enum_values", "regex", "is_array_type", "is_hidden", "classifications"}
+	userName := func(n string) string { return strings.TrimPrefix(n, "gp:") }
+	userView := func(name string, e *taxEntity) map[string]any {
+		cls := []string{}
+		if c := e.fields["classifications"]; c != "" {
+			cls = strings.Split(c, ",")
+		}
+		return map[string]any{"user_property": "gp:" + name, "description": e.fields["description"],
+			"type": e.fields["type"], "enum_values": nullable(e.fields["enum_values"]), "regex": nullable(e.fields["regex"]),
+			"is_array_type": e.fields["is_array_type"] == "true", "is_hidden": e.fields["is_hidden"] == "true",
+			"classifications": cls, "deleted": e.state == "deleted"}
+	}
+	r("POST /api/2/taxonomy/user-property", func(w *mgWriter, q *taxReq) {
+		name, ok := q.need(w, "user_property")
+		if !ok {
+			return
+		}
+		name = userName(name)
+		if q.p.users[name] != nil {
+			taxFail(w, http.StatusConflict, "user property exists")
+			return
+		}
+		e := &taxEntity{state: "planned", fields: map[string]string{}}
+		setFields(e, q.form, userFields)
+		q.p.users[name] = e
+		taxOK(w, http.StatusOK, nil)
+	})
+	r("GET /api/2/taxonomy/user-property", func(w *mgWriter, q *taxReq) {
+		deleted := q.form.Get("showDeleted") == "true"
+		out := []any{}
+		for _, n := range sortedKeys(q.p.users) {
+			if e := q.p.users[n]; e.state != "deleted" || deleted {
+				out = append(out, userView(n, e))
+			}
+		}
+		taxOK(w, http.StatusOK, out)
+	})
+	r("GET /api/2/taxonomy/user-property/{user_property}", func(w *mgWriter, q *taxReq) {
+		n := userName(q.r.PathValue("user_property"))
+		e := q.p.users[n]
+		if e == nil || (e.state == "deleted" && q.form.Get("showDeleted") != "true") {
+			taxFail(w, http.StatusNotFound, "user property not found")
+			return
+		}
+		taxOK(w, http.StatusOK, userView(n, e))
+	})
+	r("PUT /api/2/taxonomy/user-property/{user_property}", func(w *mgWriter, q *taxReq) {
+		n := userName(q.r.PathValue("user_property"))
+		e := q.p.users[n]
+		if e == nil || e.state == "deleted" {
+			taxFail(w, http.StatusConflict, "user property not found")
+			return
+		}
+		if nn := userName(q.form.Get("new_user_property_value")); nn != "" && nn != n {
+			if q.p.users[nn] != nil {
+				taxFail(w, http.StatusConflict, "user property exists")
+				return
+			}
+			delete(q.p.users, n)
+			q.p.users[nn] = e
+		}
+		setFields(e, q.form, userFields)
+		taxOK(w, http.StatusOK, nil)
+	})
+	r("DELETE /api/2/taxonomy/user-property/{user_property}", func(w *mgWriter, q *taxReq) {
+		lifecycleDelete(w, q.p.users, userName(q.r.PathValue("user_property")))
+	})
+	r("POST /api/2/taxonomy/user-property/{user_property}/restore", func(w *mgWriter, q *taxReq) {
+		lifecycleRestore(w, q.p.users, userName(q.r.PathValue("user_property")), http.StatusOK)
+	})
+
+	// Group properties.
+	r("POST /api/2/taxonomy/group-property", func(w *mgWriter, q *taxReq) {
+		gt, ok := q.need(w, "group_type")
+		if !ok {
+			return
+		}
+		name, ok := q.need(w, "group_property")
+		if !ok {
+			return
+		}
+		if q.p.groups[gt] == nil {
+			q.p.groups[gt] = map[string]*taxEntity{}
+		}
+		if q.p.groups[gt][name] != nil {
+			taxFail(w, http.StatusConflict, "group property exists")
+			return
+		}
+		e := &taxEntity{state: "planned", fields: map[string]string{}}
+		setFields(e, q.form, propFields)
+		q.p.groups[gt][name] = e
+		taxOK(w, http.StatusOK, nil)
+	})
+	r("GET /api/2/taxonomy/group-property", func(w *mgWriter, q *taxReq) {
+		out := []any{}
+		for _, gt := range sortedKeys(q.p.groups) {
+			if want := q.form.Get("group_type"); want != "" && want != gt {
+				continue
+			}
+			for _, n := range sortedKeys(q.p.groups[gt]) {
+				out = append(out, map[string]any{"group_type": gt, "group_property": n,
+					"description": q.p.groups[gt][n].fields["description"]})
+			}
+		}
+		taxOK(w, http.StatusOK, out)
+	})
+}
+
+// lifecycleDelete applies the document's DELETE lifecycle to m[name].
+func lifecycleDelete(w http.ResponseWriter, m map[string]*taxEntity, name string) {
+	e := m[name]
+	switch {
+	case e == nil:
+		taxFail(w, http.StatusConflict, "not found")
+	case e.state == "live", e.state == "unexpected":
+		e.state = "deleted"
+		taxOK(w, http.StatusOK, nil)
+	case e.state == "planned":
+		delete(m, name)
+		taxOK(w, http.StatusOK, nil)
+	case e.state == "transformed":
+		taxFail(w, http.StatusBadRequest, "transformed entities cannot be deleted")
+	default:
+		taxFail(w, http.StatusBadRequest, "already deleted")
+	}
+}
+
+// lifecycleRestore brings a deleted m[name] back (live).
+func lifecycleRestore(w http.ResponseWriter, m map[string]*taxEntity, name string, okStatus int) {
+	e := m[name]
+	switch {
+	case e == nil:
+		taxFail(w, http.StatusConflict, "not found")
+	case e.state != "deleted":
+		taxFail(w, http.StatusBadRequest, "not deleted")
+	default:
+		e.state = "live"
+		taxOK(w, okStatus, nil)
+	}
+}
+
+func nullable(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
