@@ -15,6 +15,10 @@ func (s *Sim) registerRoutes() {
 	s.registerSCIM()          // /scim/1/Users, /scim/1/Groups (scim.go)
 	s.registerClassifiers()   // /api/2/channel-classifiers... (classifiers.go)
 	s.registerTaxonomy()      // /api/2/taxonomy/... (taxonomy.go)
+	s.registerFeedback()      // /api/1/ai-feedback/ingest, /sim/feedback (feedback.go)
+	s.registerDSAR()          // /api/2/dsar/requests..., /objects/dsar/..., /sim/dsar/config (dsar.go)
+	s.registerDeletion()      // /api/2/deletions/users... (deletion.go)
+	s.registerExport()        // /api/2/export, /sim/export/... (export.go)
 }
 
 // validKey reports whether apiKey is acceptable: non-empty, and one of
