@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
+	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/groupidentify"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/spool"
@@ -32,6 +33,7 @@ type env struct {
 	reg     *prometheus.Registry
 	base    string // relay admin base URL
 	cfg     groupidentify.Config
+	creds   *credentials.Store
 	srv     *fasthttp.Server
 	cancel  context.CancelFunc
 	runDone chan error
@@ -39,7 +41,12 @@ type env struct {
 
 func newEnv(t *testing.T, simCfg sim.Config, cfg groupidentify.Config) *env {
 	t.Helper()
-	e := &env{t: t, dir: t.TempDir(), cfg: cfg}
+	return newEnvCreds(t, simCfg, cfg, nil)
+}
+
+func newEnvCreds(t *testing.T, simCfg sim.Config, cfg groupidentify.Config, creds *credentials.Store) *env {
+	t.Helper()
+	e := &env{t: t, dir: t.TempDir(), cfg: cfg, creds: creds}
 	e.sim = sim.New(simCfg, nil)
 	u, err := e.sim.Start("127.0.0.1:0")
 	if err != nil {
@@ -72,7 +79,7 @@ func (e *env) open() {
 		cfg.RetryMax = 50 * time.Millisecond
 	}
 	e.reg = prometheus.NewRegistry()
-	g, err := groupidentify.New(cfg, sp, client, nil, nil, e.reg)
+	g, err := groupidentify.New(cfg, sp, client, e.creds, nil, e.reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -507,4 +514,63 @@ func metricValue(reg *prometheus.Registry, name string) float64 {
 		}
 	}
 	return sum
+}
+
+// TestProjectKey: X-Relay-Project names the project whose api_key is used,
+// and a project's ingest_url override is where its identifications go.
+func TestProjectKey(t *testing.T) {
+	other := sim.New(sim.Config{}, nil)
+	otherURL, err := other.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close() })
+	creds, err := credentials.Parse([]byte(`
+projects:
+  - name: web
+    api_key: "key-web"
+    secret_key: "s1"
+  - name: eu
+    api_key: "key-eu"
+    secret_key: "s2"
+    ingest_url: "` + otherURL + `"
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnvCreds(t, sim.Config{}, groupidentify.Config{}, creds)
+	e.run()
+	post := func(form url.Values, project string) answer {
+		req := fasthttp.AcquireRequest()
+		resp := fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseRequest(req)
+		defer fasthttp.ReleaseResponse(resp)
+		req.SetRequestURI(e.base + "/groupidentify")
+		req.Header.SetMethod("POST")
+		req.Header.SetContentType("application/x-www-form-urlencoded")
+		req.Header.Set("X-Relay-Project", project)
+		req.SetBodyString(form.Encode())
+		if err := hc.DoTimeout(req, resp, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		return answer{Status: resp.StatusCode(), Body: string(resp.Body())}
+	}
+	if a := post(url.Values{"identification": {idents("w", 2, 1)}}, "web"); a.Status != 200 {
+		t.Fatal(a.Body)
+	}
+	if a := post(url.Values{"identification": {idents("e", 3, 1)}}, "eu"); a.Status != 200 {
+		t.Fatal(a.Body)
+	}
+	if a := post(url.Values{"identification": {idents("x", 1, 1)}}, "nope"); a.Status != 400 || !strings.Contains(a.Body, "X-Relay-Project") {
+		t.Fatalf("unknown project: %d %s", a.Status, a.Body)
+	}
+	if a := post(url.Values{"api_key": {"k"}, "identification": {idents("x", 1, 1)}}, "web"); a.Status != 400 || !strings.Contains(a.Body, "not both") {
+		t.Fatalf("both: %d %s", a.Status, a.Body)
+	}
+	waitFor(t, "delivery", func() bool {
+		return len(e.sim.GroupIdentifies("key-web")) == 2 && len(other.GroupIdentifies("key-eu")) == 3
+	})
+	if len(e.sim.GroupIdentifies("key-eu")) != 0 {
+		t.Fatal("the eu project's identifications went to the default host")
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 
+	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/groupidentify/lanedeliver"
 	"github.com/svcrelay/relay/internal/spool"
 )
@@ -201,6 +202,14 @@ func (g *GroupIdentify) serve(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	apiKey := formValue(ctx, "api_key")
+	if name := ctx.Request.Header.Peek("X-Relay-Project"); len(name) > 0 {
+		key, verr := projectKey(g.creds, name, apiKey)
+		if verr != nil {
+			g.reject(ctx, verr)
+			return
+		}
+		apiKey = key
+	}
 	if len(apiKey) == 0 {
 		g.reject(ctx, bad("missing_field", "api_key: missing or empty"))
 		return
@@ -229,6 +238,19 @@ func (g *GroupIdentify) serve(ctx *fasthttp.RequestCtx) {
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.SetContentType("application/json")
 	fmt.Fprintf(ctx, `{"code":200,"identifications_accepted":%d}`, len(ids))
+}
+
+// projectKey returns the api_key of the project X-Relay-Project names; the
+// request must not carry an api_key of its own.
+func projectKey(creds *credentials.Store, name, apiKey []byte) ([]byte, *ValidationError) {
+	if len(apiKey) > 0 {
+		return nil, bad("conflict", "api_key and X-Relay-Project: give one, not both")
+	}
+	p, ok := creds.Project(string(name))
+	if !ok {
+		return nil, bad("unknown_project", "X-Relay-Project: no project of that name in the credentials file")
+	}
+	return []byte(p.APIKey.Reveal()), nil
 }
 
 // formValue reads a form field of the body, else of the query.

@@ -147,6 +147,18 @@ func (u *UserMap) servePost(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	apiKey := formValue(ctx, "api_key")
+	if name := ctx.Request.Header.Peek("X-Relay-Project"); len(name) > 0 {
+		if len(apiKey) > 0 {
+			u.reject(ctx, bad("conflict", "api_key and X-Relay-Project: give one, not both"))
+			return
+		}
+		p, ok := u.creds.Project(string(name))
+		if !ok {
+			u.reject(ctx, bad("unknown_project", "X-Relay-Project: no project of that name in the credentials file"))
+			return
+		}
+		apiKey = []byte(p.APIKey.Reveal())
+	}
 	if len(apiKey) == 0 {
 		u.reject(ctx, bad("missing_field", "api_key: missing or empty"))
 		return

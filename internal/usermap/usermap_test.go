@@ -501,3 +501,27 @@ func TestForwardRead(t *testing.T) {
 		t.Fatalf("upstream down: %d", a.Status)
 	}
 }
+
+// TestProjectKey: POST /usermap with X-Relay-Project uses that project's api_key.
+func TestProjectKey(t *testing.T) {
+	creds, err := credentials.Parse([]byte(credsYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, sim.Config{}, usermap.Config{}, creds)
+	e.sim.SetUserMapOrg("key-app", "acme")
+	e.run()
+	if a := do(t, "POST", e.base+"/usermap", url.Values{"mapping": {`{"user_id":"bob","global_user_id":"B"}`}}, "X-Relay-Project", "app"); a.Status != 200 {
+		t.Fatal(a.Body)
+	}
+	if a := do(t, "POST", e.base+"/usermap", url.Values{"mapping": {`{"user_id":"bob","global_user_id":"B"}`}}, "X-Relay-Project", "nope"); a.Status != 400 {
+		t.Fatal(a.Body)
+	}
+	if a := do(t, "POST", e.base+"/usermap", url.Values{"api_key": {"k"}, "mapping": {`{"user_id":"bob","global_user_id":"B"}`}}, "X-Relay-Project", "app"); a.Status != 400 {
+		t.Fatal(a.Body)
+	}
+	waitFor(t, "delivery", func() bool { g, ok := e.sim.MappedTo("key-app", "bob"); return ok && g == "B" })
+	if n := len(e.sim.MappingCalls()); n != 1 {
+		t.Fatalf("%d calls", n)
+	}
+}
