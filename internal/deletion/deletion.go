@@ -1,0 +1,234 @@
+package deletion
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/svcrelay/relay/internal/adminroute"
+	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/forward"
+	"github.com/svcrelay/relay/internal/ratelimit"
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+)
+
+// Documented figures.
+const (
+	// PathUsers is the root of the deletion routes.
+	PathUsers = "/api/2/deletions/users"
+	// MaxIDs is the most ids (svc_ids and user_ids together) per POST.
+	MaxIDs = 100
+	// PostInterval is the least time between two POSTs of a project.
+	PostInterval = time.Second
+	// MaxParallel is the most requests of a project in flight.
+	MaxParallel = 8
+	// MaxQueryMonths is the longest GET range.
+	MaxQueryMonths = 6
+	// QueryDays is the range the document suggests for finding the job of a
+	// request: the request day plus 30 days.
+	QueryDays = 30
+)
+
+// Job states.
+const (
+	StatusStaging   = "staging"
+	StatusSubmitted = "submitted"
+	StatusDone      = "done"
+)
+
+// ErrBadRequest is returned (wrapped) for a request the upstream does not take.
+var ErrBadRequest = errors.New("bad deletion request")
+
+// Request is the POST body.
+type Request struct {
+	SvcIDs               []int64  `json:"svc_ids,omitempty"`
+	UserIDs              []string `json:"user_ids,omitempty"`
+	Requester            string   `json:"requester,omitempty"`
+	IgnoreInvalidID      bool     `json:"ignore_invalid_id,omitempty"`
+	DeleteFromOrg        bool     `json:"delete_from_org,omitempty"`
+	IncludeMappedUserIDs bool     `json:"include_mapped_user_ids,omitempty"`
+}
+
+// Validate checks the id count.
+func (r Request) Validate() error { return checkCount(len(r.SvcIDs) + len(r.UserIDs)) }
+
+func checkCount(n int) error {
+	if n == 0 || n > MaxIDs {
+		return fmt.Errorf("%w: send 1 to %d ids (svc_ids and user_ids together), not %d", ErrBadRequest, MaxIDs, n)
+	}
+	return nil
+}
+
+// CheckBody checks a POST body (see the package doc) without decoding the
+// ids' own values.
+func CheckBody(body []byte) error {
+	var raw struct {
+		SvcIDs  json.RawMessage `json:"svc_ids"`
+		UserIDs json.RawMessage `json:"user_ids"`
+	}
+	if err := json.Unmarshal(body, &raw); err != nil {
+		return fmt.Errorf("%w: the body is not a JSON object: %v", ErrBadRequest, err)
+	}
+	n := 0
+	for name, v := range map[string]json.RawMessage{"svc_ids": raw.SvcIDs, "user_ids": raw.UserIDs} {
+		if len(v) == 0 || string(v) == "null" {
+			continue
+		}
+		var l []json.RawMessage
+		if err := json.Unmarshal(v, &l); err != nil {
+			return fmt.Errorf("%w: %s is not an array", ErrBadRequest, name)
+		}
+		n += len(l)
+	}
+	return checkCount(n)
+}
+
+// CheckDays checks a GET range: both days YYYY-MM-DD, end not before start,
+// at most MaxQueryMonths apart.
+func CheckDays(start, end string) error {
+	s, err1 := time.Parse(time.DateOnly, start)
+	e, err2 := time.Parse(time.DateOnly, end)
+	switch {
+	case err1 != nil || err2 != nil:
+		return fmt.Errorf("%w: start_day and end_day are required, as YYYY-MM-DD", ErrBadRequest)
+	case e.Before(s):
+		return fmt.Errorf("%w: end_day %s is before start_day %s", ErrBadRequest, end, start)
+	case e.After(s.AddDate(0, MaxQueryMonths, 0)):
+		return fmt.Errorf("%w: start_day %s to end_day %s is longer than six months", ErrBadRequest, start, end)
+	}
+	return nil
+}
+
+// User is one entry of a job's svc_ids.
+type User struct {
+	SvcID          int64  `json:"svc_id"`
+	Requester      string `json:"requester"`
+	RequestedOnDay string `json:"requested_on_day"`
+	UserID         string `json:"user_id,omitempty"`
+}
+
+// Job is a deletion job (the POST answer and the GET list's entries).
+type Job struct {
+	Day                 string          `json:"day"`
+	Status              string          `json:"status"`
+	SvcIDs              []User          `json:"svc_ids"`
+	App                 json.RawMessage `json:"app,omitempty"`
+	InvalidIDs          []any           `json:"invalid_ids,omitempty"`
+	ActiveScrubDoneDate string          `json:"active_scrub_done_date,omitempty"`
+}
+
+// Config configures the deletion routes.
+type Config struct {
+	// AnalyticsURL is the --analytics-url base; "" means only overrides of
+	// the credentials file.
+	AnalyticsURL string
+	// Credentials are the --credentials file; nil means pass-through only.
+	Credentials *credentials.Store
+	// MaxWait is how long a call waits for its turn before a local 429; 0
+	// means ratelimit.DefaultMaxWait, negative never waits.
+	MaxWait time.Duration
+}
+
+// Validate reports a configuration that cannot work.
+func (c Config) Validate() error { return nil }
+
+// API is the deletion routes. Build it with New.
+type API struct {
+	cfg      Config
+	fwd      *forward.Forwarder
+	up       forward.Upstream
+	posts    *ratelimit.Limiter
+	parallel *ratelimit.Limiter
+	mux      *forward.Mux
+}
+
+// New returns the deletion routes. log and reg may be nil.
+func New(cfg Config, fwd *forward.Forwarder, log *zap.Logger, reg prometheus.Registerer) (*API, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if fwd == nil {
+		return nil, errors.New("deletion: nil forwarder")
+	}
+	posts, err := ratelimit.New(ratelimit.Config{Name: "deletion_post", Limit: 1, Window: PostInterval, MaxWait: cfg.MaxWait}, reg)
+	if err != nil {
+		return nil, fmt.Errorf("deletion: %w", err)
+	}
+	parallel, err := ratelimit.New(ratelimit.Config{Name: "deletion", MaxInFlight: MaxParallel, MaxWait: cfg.MaxWait}, reg)
+	if err != nil {
+		return nil, fmt.Errorf("deletion: %w", err)
+	}
+	a := &API{cfg: cfg, fwd: fwd, posts: posts, parallel: parallel, mux: &forward.Mux{},
+		up: forward.Upstream{API: "deletion", Kind: credentials.KindAnalytics, Fallback: cfg.AnalyticsURL,
+			Flag: "--analytics-url", Scheme: forward.SchemeProjectBasic}}
+	a.mux.Handle(fasthttp.MethodPost, PathUsers, a.post)
+	a.mux.Handle(fasthttp.MethodGet, PathUsers, a.list)
+	a.mux.Handle(fasthttp.MethodDelete, PathUsers+"/{svc_id}/{day}", a.remove)
+	return a, nil
+}
+
+// Routes returns the deletion routes in forwarding mode.
+func (a *API) Routes() []adminroute.Route { return a.mux.AdminRoutes(PathUsers) }
+
+func (a *API) post(ctx *fasthttp.RequestCtx, _ forward.Params) {
+	if err := CheckBody(ctx.Request.Body()); err != nil {
+		forward.WriteError(ctx, fasthttp.StatusBadRequest, err.Error())
+		return
+	}
+	a.call(ctx, true)
+}
+
+func (a *API) list(ctx *fasthttp.RequestCtx, _ forward.Params) {
+	args := ctx.QueryArgs()
+	if err := CheckDays(string(args.Peek("start_day")), string(args.Peek("end_day"))); err != nil {
+		forward.WriteError(ctx, fasthttp.StatusBadRequest, err.Error())
+		return
+	}
+	a.call(ctx, false)
+}
+
+func (a *API) remove(ctx *fasthttp.RequestCtx, p forward.Params) {
+	id, err := strconv.ParseInt(p["svc_id"], 10, 64)
+	if _, derr := time.Parse(time.DateOnly, p["day"]); err != nil || id <= 0 || derr != nil {
+		forward.WriteError(ctx, fasthttp.StatusBadRequest, "want "+PathUsers+"/{svc_id}/{YYYY-MM-DD} with a positive integer svc_id")
+		return
+	}
+	a.call(ctx, false)
+}
+
+func (a *API) call(ctx *fasthttp.RequestCtx, post bool) {
+	res, ferr := forward.Resolve(ctx, a.cfg.Credentials, a.up)
+	if ferr != nil {
+		ferr.Write(ctx)
+		return
+	}
+	if post {
+		rel, err := a.posts.Acquire(ctx, res.Key, 1)
+		if err != nil {
+			limited(ctx, err, "1 POST per second")
+			return
+		}
+		defer rel()
+	}
+	rel, err := a.parallel.Acquire(ctx, res.Key, 1)
+	if err != nil {
+		limited(ctx, err, strconv.Itoa(MaxParallel)+" requests in parallel")
+		return
+	}
+	a.fwd.Forward(ctx, res.Target)
+	rel()
+}
+
+func limited(ctx *fasthttp.RequestCtx, err error, what string) {
+	var le *ratelimit.LimitedError
+	if errors.As(err, &le) {
+		forward.WriteError(ctx, fasthttp.StatusTooManyRequests, "deletion limit of "+what+" per project reached (client-side): "+le.Reason)
+		ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, strconv.Itoa(le.RetryAfterSeconds()))
+		return
+	}
+	forward.WriteError(ctx, fasthttp.StatusServiceUnavailable, "request abandoned while waiting for the deletion limits")
+}

@@ -1,0 +1,235 @@
+package dsar
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/svcrelay/relay/internal/adminroute"
+	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/forward"
+	"github.com/svcrelay/relay/internal/ratelimit"
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+)
+
+// Documented figures.
+const (
+	// PathRequests is the root of the DSAR routes.
+	PathRequests = "/api/2/dsar/requests"
+	// Budget is the cost allowed per BudgetWindow for all DSAR endpoints.
+	Budget       = 14400
+	BudgetWindow = time.Hour
+	// CostPost and CostGet are the costs of one call.
+	CostPost = 8
+	CostGet  = 1
+	// URLLifetime is how long the urls of a done request stay valid.
+	URLLifetime = 48 * time.Hour
+	// MaxRedirects bounds the redirects followed for one output.
+	MaxRedirects = 3
+)
+
+// Job states named by the document (others exist, unnamed).
+const (
+	StatusDone   = "done"
+	StatusFailed = "failed"
+)
+
+// ErrBadRequest is returned (wrapped) by Request.Validate.
+var ErrBadRequest = errors.New("bad DSAR request")
+
+// Request is the create body.
+type Request struct {
+	UserID    string `json:"userId,omitempty"`
+	SvcID     int64  `json:"svcId,omitempty"`
+	StartDate string `json:"startDate"`
+	EndDate   string `json:"endDate"`
+}
+
+// Validate checks the rules of the package doc.
+func (r Request) Validate() error {
+	if r.UserID == "" && r.SvcID <= 0 {
+		return fmt.Errorf("%w: userId or svcId is required", ErrBadRequest)
+	}
+	s, err1 := time.Parse(time.DateOnly, r.StartDate)
+	e, err2 := time.Parse(time.DateOnly, r.EndDate)
+	switch {
+	case err1 != nil || err2 != nil:
+		return fmt.Errorf("%w: startDate and endDate are required, as YYYY-MM-DD", ErrBadRequest)
+	case e.Before(s):
+		return fmt.Errorf("%w: endDate %s is before startDate %s", ErrBadRequest, r.EndDate, r.StartDate)
+	}
+	return nil
+}
+
+// ParseRequest decodes and validates a create body.
+func ParseRequest(body []byte) (Request, error) {
+	var raw struct {
+		UserID    *string         `json:"userId"`
+		SvcID     json.RawMessage `json:"svcId"`
+		StartDate *string         `json:"startDate"`
+		EndDate   *string         `json:"endDate"`
+	}
+	if err := json.Unmarshal(body, &raw); err != nil {
+		return Request{}, fmt.Errorf("%w: the body is not a JSON object: %v", ErrBadRequest, err)
+	}
+	var r Request
+	if raw.UserID != nil {
+		r.UserID = *raw.UserID
+	}
+	if len(raw.SvcID) > 0 && string(raw.SvcID) != "null" {
+		n, err := strconv.ParseInt(string(raw.SvcID), 10, 64)
+		if err != nil || n <= 0 {
+			return Request{}, fmt.Errorf("%w: svcId must be a positive integer", ErrBadRequest)
+		}
+		r.SvcID = n
+	}
+	if raw.StartDate != nil {
+		r.StartDate = *raw.StartDate
+	}
+	if raw.EndDate != nil {
+		r.EndDate = *raw.EndDate
+	}
+	return r, r.Validate()
+}
+
+// Created is the create answer.
+type Created struct {
+	RequestID int64 `json:"requestId"`
+}
+
+// Status is the status answer.
+type Status struct {
+	Status string   `json:"status"`
+	URLs   []string `json:"urls"`
+}
+
+// Config configures the DSAR routes.
+type Config struct {
+	// AnalyticsURL is the --analytics-url base; "" means only overrides of
+	// the credentials file.
+	AnalyticsURL string
+	// Credentials are the --credentials file; nil means pass-through only.
+	Credentials *credentials.Store
+	// MaxWait is how long a call waits for the cost budget before a local
+	// 429; 0 means ratelimit.DefaultMaxWait, negative never waits.
+	MaxWait time.Duration
+}
+
+// Validate reports a configuration that cannot work.
+func (c Config) Validate() error { return nil }
+
+// API is the DSAR routes. Build it with New.
+type API struct {
+	cfg    Config
+	fwd    *forward.Forwarder
+	log    *zap.Logger
+	up     forward.Upstream
+	budget *ratelimit.Limiter
+	mux    *forward.Mux
+}
+
+// New returns the DSAR routes. log and reg may be nil.
+func New(cfg Config, fwd *forward.Forwarder, log *zap.Logger, reg prometheus.Registerer) (*API, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if fwd == nil {
+		return nil, errors.New("dsar: nil forwarder")
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	lim, err := ratelimit.New(ratelimit.Config{Name: "dsar", Limit: Budget, Window: BudgetWindow, MaxWait: cfg.MaxWait}, reg)
+	if err != nil {
+		return nil, fmt.Errorf("dsar: %w", err)
+	}
+	a := &API{cfg: cfg, fwd: fwd, log: log, budget: lim, mux: &forward.Mux{},
+		up: forward.Upstream{API: "dsar", Kind: credentials.KindAnalytics, Fallback: cfg.AnalyticsURL,
+			Flag: "--analytics-url", Scheme: forward.SchemeOrgBasic}}
+	a.mux.Handle(fasthttp.MethodPost, PathRequests, a.create)
+	a.mux.Handle(fasthttp.MethodGet, PathRequests+"/{id}", a.status)
+	a.mux.Handle(fasthttp.MethodGet, PathRequests+"/{id}/outputs/{output}", a.output)
+	return a, nil
+}
+
+// Routes returns the DSAR routes in forwarding mode.
+func (a *API) Routes() []adminroute.Route { return a.mux.AdminRoutes(PathRequests) }
+
+func (a *API) create(ctx *fasthttp.RequestCtx, _ forward.Params) {
+	if _, err := ParseRequest(ctx.Request.Body()); err != nil {
+		forward.WriteError(ctx, fasthttp.StatusBadRequest, err.Error())
+		return
+	}
+	a.call(ctx, CostPost, false)
+}
+
+func (a *API) status(ctx *fasthttp.RequestCtx, _ forward.Params) { a.call(ctx, CostGet, false) }
+
+func (a *API) output(ctx *fasthttp.RequestCtx, _ forward.Params) { a.call(ctx, CostGet, true) }
+
+func (a *API) call(ctx *fasthttp.RequestCtx, cost int, follow bool) {
+	res, ferr := forward.Resolve(ctx, a.cfg.Credentials, a.up)
+	if ferr != nil {
+		ferr.Write(ctx)
+		return
+	}
+	release, err := a.budget.Acquire(ctx, res.Key, cost)
+	if err != nil {
+		var le *ratelimit.LimitedError
+		if errors.As(err, &le) {
+			forward.WriteError(ctx, fasthttp.StatusTooManyRequests, "DSAR cost budget of "+strconv.Itoa(Budget)+
+				" per hour reached (client-side): "+le.Reason)
+			ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, strconv.Itoa(le.RetryAfterSeconds()))
+			return
+		}
+		forward.WriteError(ctx, fasthttp.StatusServiceUnavailable, "request abandoned while waiting for the DSAR cost budget")
+		return
+	}
+	status, _ := a.fwd.Forward(ctx, res.Target)
+	release()
+	if follow {
+		a.follow(ctx, res.Target, status)
+	}
+}
+
+// follow follows the redirects of an output answer (see the package doc).
+func (a *API) follow(ctx *fasthttp.RequestCtx, t forward.Target, status int) {
+	cur, err := url.Parse(t.Base + string(ctx.URI().RequestURI()))
+	if err != nil {
+		return
+	}
+	for hop := 0; hop < MaxRedirects && isRedirect(status); hop++ {
+		loc := string(ctx.Response.Header.Peek(fasthttp.HeaderLocation))
+		next, err := cur.Parse(loc)
+		if loc == "" || err != nil || (next.Scheme != "http" && next.Scheme != "https") || next.Host == "" || next.User != nil {
+			return // passed back as it is
+		}
+		a.log.Debug("dsar: following output redirect", zap.Int("hop", hop+1), zap.String("host", next.Host))
+		ctx.Request.Header.SetMethod(fasthttp.MethodGet)
+		ctx.Request.SetBody(nil)
+		ctx.Request.SetRequestURI(next.EscapedPath() + queryOf(next))
+		t.Base = next.Scheme + "://" + next.Host
+		status, _ = a.fwd.Forward(ctx, t)
+		cur = next
+	}
+}
+
+func queryOf(u *url.URL) string {
+	if u.RawQuery == "" {
+		return ""
+	}
+	return "?" + u.RawQuery
+}
+
+func isRedirect(status int) bool {
+	switch status {
+	case 301, 302, 303, 307, 308:
+		return true
+	}
+	return false
+}

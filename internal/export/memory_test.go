@@ -1,0 +1,156 @@
+package export
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/svcrelay/relay/internal/forward"
+	"github.com/svcrelay/relay/internal/sim"
+	"github.com/valyala/fasthttp"
+)
+
+const helperEnv = "RELAY_EXPORT_HELPER_UPSTREAM"
+
+// TestHelperRelayProcess is the relay side of TestExportStreamsInFlatMemory,
+// run in a subprocess so that its peak RSS (VmHWM) is the relay's alone. It
+// serves the export route on 127.0.0.1, prints its address, and answers GET
+// /test/vmhwm with its VmHWM in KiB.
+func TestHelperRelayProcess(t *testing.T) {
+	up := os.Getenv(helperEnv)
+	if up == "" {
+		t.Skip("helper process of TestExportStreamsInFlatMemory")
+	}
+	fwd, err := forward.New(forward.Config{}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(Config{AnalyticsURL: up, Credentials: testCreds(t)}, fwd, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	routes := routeHandler(nil, a.Routes())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Path()) == "/test/vmhwm" {
+			kb, err := vmHWM()
+			if err != nil {
+				ctx.Error(err.Error(), 500)
+				return
+			}
+			ctx.SetBodyString(strconv.FormatInt(kb, 10))
+			return
+		}
+		routes(ctx)
+	}}
+	fmt.Printf("LISTEN %s\n", ln.Addr())
+	go func() { io.Copy(io.Discard, os.Stdin); ln.Close() }() // the parent closes stdin to stop us
+	srv.Serve(ln)
+}
+
+// vmHWM returns this process's peak resident set size in KiB.
+func vmHWM() (int64, error) {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+			return strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("no VmHWM in /proc/self/status")
+}
+
+// TestExportStreamsInFlatMemory moves a 2.5 GB synthetic export archive
+// from the simulator through the relay's export route (in a subprocess) and
+// requires the relay's peak RSS to stay under 100 MB.
+func TestExportStreamsInFlatMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("moves 2.5 GB")
+	}
+	if _, err := os.Stat("/proc/self/status"); err != nil {
+		t.Skip("needs /proc/self/status")
+	}
+	const hours, perHour = 24, 100 << 20 // 2.4 GiB of archive
+	_, up := startSim(t, sim.Config{})
+	ctl := &sim.Control{Base: up}
+	syn := int64(perHour)
+	if err := ctl.SetExport(context.Background(), sim.ExportConfig{MaxBytes: 1 << 40, SyntheticBytesPerHour: &syn}); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperRelayProcess$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+up)
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() })
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "LISTEN ")
+	if err != nil || !ok {
+		t.Fatalf("helper said %q: %v", line, err)
+	}
+	go io.Copy(io.Discard, stdout)
+	relay := "http://" + addr
+	before := hwm(t, relay)
+
+	req, _ := http.NewRequest("GET", relay+Path+"?start=20260101T00&end=20260101T23", nil)
+	req.Header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte("proj:proj-secret")))
+	t0 := time.Now()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	head := make([]byte, 4)
+	io.ReadFull(resp.Body, head)
+	n, err := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	n += 4
+	took := time.Since(t0)
+	if err != nil || resp.StatusCode != 200 || string(head) != "PK\x03\x04" {
+		t.Fatalf("status %d, %d bytes, head %q: %v", resp.StatusCode, n, head, err)
+	}
+	log, err := ctl.ExportLog(context.Background())
+	if err != nil || len(log) != 1 || log[0].Bytes != n || n < hours*perHour {
+		t.Fatalf("relay passed %d bytes, sim log %+v (%v)", n, log, err)
+	}
+	peak := hwm(t, relay)
+	t.Logf("moved %.2f GB in %v (%.0f MB/s); relay VmHWM %d KiB before, %d KiB after (%.1f MB)",
+		float64(n)/1e9, took.Round(time.Millisecond), float64(n)/1e6/took.Seconds(), before, peak, float64(peak)*1024/1e6)
+	if peak*1024 >= 100e6 {
+		t.Fatalf("relay peak RSS %.1f MB, want under 100 MB", float64(peak)*1024/1e6)
+	}
+}
+
+func hwm(t *testing.T, relay string) int64 {
+	t.Helper()
+	resp, err := http.Get(relay + "/test/vmhwm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	kb, err := strconv.ParseInt(string(b), 10, 64)
+	if err != nil {
+		t.Fatalf("vmhwm %q: %v", b, err)
+	}
+	return kb
+}
