@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -128,7 +129,7 @@ func New(cfg Config, log *zap.Logger) (*Server, error) {
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/cmdline", cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
@@ -274,11 +275,90 @@ func textError(ctx *fasthttp.RequestCtx, status int, msg string) {
 	ctx.SetBodyString(msg + "\n")
 }
 
+// cmdline is pprof's /debug/pprof/cmdline with the value of --admin-token
+// (and of any other flag whose name says token, key or secret) redacted.
+func cmdline(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	fmt.Fprint(w, strings.Join(RedactArgs(os.Args), "\x00"))
+}
+
+// RedactArgs returns args with the values of secret-looking flags
+// (--admin-token, and any flag naming a token, key, secret or password)
+// replaced by [redacted], in both "--flag value" and "--flag=value" forms.
+func RedactArgs(args []string) []string {
+	out := slices.Clone(args)
+	secret := func(flag string) bool {
+		f := strings.ToLower(strings.TrimLeft(flag, "-"))
+		if strings.HasSuffix(f, "-file") {
+			return false // a path
+		}
+		for _, w := range []string{"token", "key", "secret", "password"} {
+			if strings.Contains(f, w) {
+				return true
+			}
+		}
+		return false
+	}
+	for i := 1; i < len(out); i++ {
+		a := out[i]
+		if !strings.HasPrefix(a, "-") {
+			continue
+		}
+		if name, _, ok := strings.Cut(a, "="); ok {
+			if secret(name) {
+				out[i] = name + "=[redacted]"
+			}
+			continue
+		}
+		if secret(a) && i+1 < len(out) {
+			out[i+1] = "[redacted]"
+			i++
+		}
+	}
+	return out
+}
+
 // zapPrintf adapts a zap logger to fasthttp.Logger.
 type zapPrintf struct{ log *zap.Logger }
 
 func (z zapPrintf) Printf(format string, args ...any) {
-	z.log.Warn("admin listener", zap.String("detail", redactQuery(fmt.Sprintf(format, args...))))
+	z.log.Warn("admin listener", zap.String("detail", redactQuoted(redactQuery(fmt.Sprintf(format, args...)))))
+}
+
+// redactQuoted replaces the content of every double-quoted fragment of a
+// fasthttp log line (it quotes request content, e.g. a malformed header
+// line with a token, whatever SecureErrorLogMessage says) by [redacted],
+// except network addresses (digits, dots, colons, brackets, hex letters).
+func redactQuoted(s string) string {
+	var b strings.Builder
+	for {
+		i := strings.IndexByte(s, '"')
+		if i < 0 {
+			b.WriteString(s)
+			return b.String()
+		}
+		b.WriteString(s[:i+1])
+		s = s[i+1:]
+		j := 0
+		for j < len(s) && s[j] != '"' {
+			if s[j] == '\\' {
+				j++
+			}
+			j++
+		}
+		inner := s[:min(j, len(s))]
+		if strings.Trim(inner, "0123456789abcdefABCDEF.:[]") == "" {
+			b.WriteString(inner)
+		} else {
+			b.WriteString("[redacted]")
+		}
+		if j >= len(s) {
+			return b.String()
+		}
+		b.WriteByte('"')
+		s = s[j+1:]
+	}
 }
 
 // redactQuery cuts query strings out of a fasthttp log line (a request's URI

@@ -273,6 +273,18 @@ func mustToken(t *testing.T, v string) *admintoken.Token {
 	return tok
 }
 
+func TestRedactQuoted(t *testing.T) {
+	for in, want := range map[string]string{
+		`error when serving connection "127.0.0.1:1"<->"[::1]:2": missing colon: "Broken tok\"en": size=1`: `error when serving connection "127.0.0.1:1"<->"[::1]:2": missing colon: "[redacted]": size=1`,
+		`unterminated "secret`: `unterminated "[redacted]`,
+		`none`:                 `none`,
+	} {
+		if got := redactQuoted(in); got != want {
+			t.Errorf("redactQuoted(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
 func TestRedactQuery(t *testing.T) {
 	for in, want := range map[string]string{
 		"plain":                                 "plain",
@@ -283,5 +295,15 @@ func TestRedactQuery(t *testing.T) {
 		if got := redactQuery(in); got != want {
 			t.Errorf("redactQuery(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+func TestRedactArgs(t *testing.T) {
+	got := RedactArgs([]string{"relay", "--admin-token", "T1", "--admin-token=T2", "-admin-token", "T3",
+		"--admin-token-file", "/etc/tok", "--listen", "x", "--upstream-gzip"})
+	want := []string{"relay", "--admin-token", "[redacted]", "--admin-token=[redacted]", "-admin-token", "[redacted]",
+		"--admin-token-file", "/etc/tok", "--listen", "x", "--upstream-gzip"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("got %q\nwant %q", got, want)
 	}
 }

@@ -245,7 +245,7 @@ func (a *Relay) listDead(ctx *fasthttp.RequestCtx) {
 	ix := a.lanes()
 	f, ok := ix.spoolFilter(filterJSON{Lane: string(q.Peek("lane")), Reason: string(q.Peek("reason"))})
 	if !ok {
-		jsonError(ctx, fasthttp.StatusNotFound, "no lane labelled %q (GET /relay/v1/lanes lists them)", q.Peek("lane"))
+		jsonError(ctx, fasthttp.StatusNotFound, "no lane has that label (GET /relay/v1/lanes lists them)")
 		return
 	}
 	dls, err := a.sp.ListDead(f, after, int(limit)+1)
@@ -528,7 +528,7 @@ func (a *Relay) replayDead(ctx *fasthttp.RequestCtx) {
 	}
 	switch {
 	case errors.Is(err, errUnknownLane):
-		jsonError(ctx, fasthttp.StatusNotFound, "no lane labelled %q (GET /relay/v1/lanes lists them)", b.Filter.Lane)
+		jsonError(ctx, fasthttp.StatusNotFound, "filter.lane: no lane has that label (GET /relay/v1/lanes lists them)")
 		return
 	case err != nil:
 		a.log.Error("replaying dead letters failed part way", append(fields, errField(err))...)
@@ -581,7 +581,7 @@ func (a *Relay) purgeDead(ctx *fasthttp.RequestCtx) {
 	out.More = more
 	switch {
 	case errors.Is(err, errUnknownLane):
-		jsonError(ctx, fasthttp.StatusNotFound, "no lane labelled %q (GET /relay/v1/lanes lists them)", b.Filter.Lane)
+		jsonError(ctx, fasthttp.StatusNotFound, "filter.lane: no lane has that label (GET /relay/v1/lanes lists them)")
 		return
 	case err != nil:
 		a.log.Error("purging dead letters failed part way", zap.Int("purged", out.Purged), errField(err))
@@ -674,7 +674,7 @@ func (a *Relay) getLane(ctx *fasthttp.RequestCtx) {
 	}
 	l := a.lanes().byLabel[label]
 	if l == nil {
-		jsonError(ctx, fasthttp.StatusNotFound, "no lane labelled %q", label)
+		jsonError(ctx, fasthttp.StatusNotFound, "no lane has that label (GET /relay/v1/lanes lists them)")
 		return
 	}
 	writeJSON(ctx, fasthttp.StatusOK, a.laneJSON(l, a.statuses(), time.Now()))
@@ -689,7 +689,7 @@ func (a *Relay) laneAction(ctx *fasthttp.RequestCtx) {
 	}
 	l := a.lanes().byLabel[label]
 	if l == nil {
-		jsonError(ctx, fasthttp.StatusNotFound, "no lane labelled %q", label)
+		jsonError(ctx, fasthttp.StatusNotFound, "no lane has that label (GET /relay/v1/lanes lists them)")
 		return
 	}
 	c := a.cfg.Lanes[l.Key().Kind]
@@ -705,7 +705,7 @@ func (a *Relay) laneAction(ctx *fasthttp.RequestCtx) {
 	}
 	if err != nil {
 		// A lane created a moment ago may not run yet.
-		jsonError(ctx, fasthttp.StatusConflict, "%s lane %s: %v (retry in a second)", action, label, err)
+		jsonError(ctx, fasthttp.StatusConflict, "%s: the lane's deliverer does not run it yet (retry in a second)", action)
 		return
 	}
 	a.log.Info("lane "+action+"d by operator", zap.String("lane", label))

@@ -1,0 +1,93 @@
+package admin
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/svcrelay/relay/internal/sim"
+)
+
+// TestKillBeforeDelivery: group identifies and mappings answered 200 while
+// the upstream is down survive a SIGKILL of the relay, and after a restart
+// with the upstream up each is delivered exactly once (counted at the sim),
+// the mappings of one user in the order they were accepted.
+func TestKillBeforeDelivery(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the relay binary")
+	}
+	const (
+		key      = "kill-test-key"
+		requests = 10
+		perReq   = 5
+	)
+	dir := t.TempDir()
+	data := dir + "/data"
+	down := "http://" + freeAddr(t) // nothing listens: nothing is delivered
+	log := &syncBuf{}
+	r := startRelay(t, data, log, "--ingest-url", down, "--alias-url", down, "--analytics-url", down)
+
+	var wantGroups, wantUsers []string
+	for i := range requests {
+		var ids, maps []string
+		for j := range perReq {
+			g := fmt.Sprintf("g-%02d-%d", i, j)
+			u := fmt.Sprintf("u-%02d-%d", i, j)
+			wantGroups, wantUsers = append(wantGroups, g), append(wantUsers, u)
+			ids = append(ids, fmt.Sprintf(`{"group_type":"org","group_value":%q,"group_properties":{"$set":{"n":%d}}}`, g, j))
+			maps = append(maps, fmt.Sprintf(`{"user_id":%q,"global_user_id":"global-%s"}`, u, u))
+		}
+		a := call(t, "POST", r.admin+"/groupidentify", form("api_key", key, "identification", "["+strings.Join(ids, ",")+"]"), "Content-Type", formType)
+		if a.status != 200 {
+			t.Fatalf("groupidentify: %d %s", a.status, a.body)
+		}
+		a = call(t, "POST", r.admin+"/usermap?"+form("api_key", key, "mapping", "["+strings.Join(maps, ",")+"]"), "")
+		if a.status != 200 {
+			t.Fatalf("usermap: %d %s", a.status, a.body)
+		}
+		// One user remapped in every request: the last must win.
+		a = call(t, "POST", r.admin+"/usermap?"+form("api_key", key, "mapping", fmt.Sprintf(`{"user_id":"order-u","global_user_id":"order-g%02d"}`, i)), "")
+		if a.status != 200 {
+			t.Fatalf("usermap: %d %s", a.status, a.body)
+		}
+	}
+	r.kill()
+
+	s, simURL := startSim(t, sim.Config{})
+	r = startRelay(t, data, log, "--ingest-url", simURL, "--alias-url", simURL, "--analytics-url", simURL)
+	total := requests * perReq
+	waitFor(t, 30*time.Second, "every group identify and mapping at the sim", func() bool {
+		return len(s.GroupIdentifies(key)) >= total && len(s.MappingCalls()) >= total+requests
+	})
+	time.Sleep(500 * time.Millisecond) // a duplicate would arrive by now
+	r.stop()
+
+	var groups []string
+	for _, g := range s.GroupIdentifies(key) {
+		groups = append(groups, g.GroupValue)
+	}
+	slices.Sort(groups)
+	if !slices.Equal(groups, wantGroups) {
+		t.Fatalf("group identifies at the sim: %d (%v...), want each of %d once", len(groups), groups[:min(5, len(groups))], total)
+	}
+	var users, order []string
+	for _, m := range s.MappingCalls() {
+		if m.UserID == "order-u" {
+			order = append(order, m.GlobalUserID)
+			continue
+		}
+		users = append(users, m.UserID)
+	}
+	slices.Sort(users)
+	if !slices.Equal(users, wantUsers) {
+		t.Fatalf("mappings at the sim: %d, want each of %d once", len(users), total)
+	}
+	if len(order) != requests || !slices.IsSorted(order) {
+		t.Fatalf("order-u's mappings arrived as %v", order)
+	}
+	if g, _ := s.MappedTo(key, "order-u"); g != fmt.Sprintf("order-g%02d", requests-1) {
+		t.Fatalf("order-u maps to %q", g)
+	}
+}
