@@ -13,6 +13,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 
+	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/groupidentify/lanedeliver"
 	"github.com/svcrelay/relay/internal/spool"
@@ -178,3 +179,14 @@ func (g *GroupIdentify) Ready() error {
 	}
 	return nil
 }
+
+// LaneStatus returns a snapshot of the group identify lanes being delivered
+// (with StopLane and ResumeLane, an adminapi.LaneControl).
+func (g *GroupIdentify) LaneStatus() []batcher.LaneStatus { return g.d.LaneStatus() }
+
+// StopLane stops delivering a lane (records stay in the spool); it wraps
+// batcher.ErrUnknownLane for a lane not running.
+func (g *GroupIdentify) StopLane(laneID uint64) error { return g.d.StopLane(laneID) }
+
+// ResumeLane resumes a lane stopped by StopLane or by an invalid api_key.
+func (g *GroupIdentify) ResumeLane(laneID uint64) error { return g.d.ResumeLane(laneID) }

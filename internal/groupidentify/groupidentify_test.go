@@ -3,6 +3,7 @@ package groupidentify_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -14,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
+	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/groupidentify"
 	"github.com/svcrelay/relay/internal/sim"
@@ -428,33 +430,86 @@ func TestBadRequestBisect(t *testing.T) {
 }
 
 // TestInvalidAPIKeyStopsLane: the lane of a refused api_key stops after one
-// request (no loop) and keeps its records; another lane keeps flowing.
+// request (no loop) and keeps its records; another lane keeps flowing;
+// ResumeLane sends the refused request once more.
 func TestInvalidAPIKeyStopsLane(t *testing.T) {
 	e := newEnv(t, sim.Config{APIKeys: []string{"good"}}, groupidentify.Config{})
 	e.run()
 	if a := postForm(t, e.base+"/groupidentify", url.Values{"api_key": {"bad"}, "identification": {idents("v", 3, 1)}}); a.Status != 200 {
 		t.Fatal(a.Body)
 	}
-	waitFor(t, "stopped gauge", func() bool {
-		return metricValue(e.reg, "relay_groupidentify_lanes_stopped") == 1
-	})
+	waitFor(t, "stopped gauge", func() bool { return metricValue(e.reg, "relay_groupidentify_lanes_stopped") == 1 })
 	if a := postForm(t, e.base+"/groupidentify", url.Values{"api_key": {"good"}, "identification": {idents("v", 3, 1)}}); a.Status != 200 {
 		t.Fatal(a.Body)
 	}
 	waitFor(t, "good lane", func() bool { return len(e.sim.GroupIdentifies("good")) == 3 })
 	time.Sleep(100 * time.Millisecond)
-	badReqs := 0
-	for _, r := range e.sim.Requests() {
-		if r.KeyLabel == sim.KeyLabel("bad") {
-			badReqs++
+	badReqs := func() int {
+		n := 0
+		for _, r := range e.sim.Requests() {
+			if r.KeyLabel == sim.KeyLabel("bad") {
+				n++
+			}
 		}
+		return n
 	}
-	if badReqs != 1 {
-		t.Fatalf("%d requests with the refused key, want 1", badReqs)
+	if n := badReqs(); n != 1 {
+		t.Fatalf("%d requests with the refused key, want 1", n)
 	}
 	if e.laneRecords("bad") != 3 {
 		t.Fatalf("refused lane lost records: %d left", e.laneRecords("bad"))
 	}
+	var badLane uint64
+	for _, st := range e.g.LaneStatus() {
+		if st.Stopped {
+			badLane = st.ID
+			if !strings.Contains(st.StopReason, "Invalid API key") {
+				t.Fatalf("stop reason %q", st.StopReason)
+			}
+		}
+	}
+	if err := e.g.ResumeLane(badLane); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "second try", func() bool { return badReqs() == 2 })
+	waitFor(t, "stopped again", func() bool { return metricValue(e.reg, "relay_groupidentify_lanes_stopped") == 1 })
+	time.Sleep(100 * time.Millisecond)
+	if n := badReqs(); n != 2 {
+		t.Fatalf("%d requests after one resume, want 2", n)
+	}
+	if err := e.g.StopLane(12345); !errors.Is(err, batcher.ErrUnknownLane) {
+		t.Fatalf("unknown lane: %v", err)
+	}
+}
+
+// TestOperatorStop: StopLane holds a lane's records in the spool until
+// ResumeLane.
+func TestOperatorStop(t *testing.T) {
+	e := newEnv(t, sim.Config{}, groupidentify.Config{})
+	e.run()
+	if a := postForm(t, e.base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents("a", 2, 1)}}); a.Status != 200 {
+		t.Fatal(a.Body)
+	}
+	waitFor(t, "first delivery", func() bool { return len(e.sim.GroupIdentifies("k")) == 2 })
+	id := e.g.LaneStatus()[0].ID
+	if err := e.g.StopLane(id); err != nil {
+		t.Fatal(err)
+	}
+	if a := postForm(t, e.base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents("b", 2, 1)}}); a.Status != 200 {
+		t.Fatal(a.Body)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if n := len(e.sim.GroupIdentifies("k")); n != 2 || e.laneRecords("k") != 2 {
+		t.Fatalf("delivered %d while stopped, %d spooled", n, e.laneRecords("k"))
+	}
+	if st := e.g.LaneStatus()[0]; !st.Stopped || st.ReadAheadBytes == 0 {
+		t.Fatalf("status %+v", st)
+	}
+	if err := e.g.ResumeLane(id); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "delivery after resume", func() bool { return len(e.sim.GroupIdentifies("k")) == 4 })
+	waitFor(t, "acks", func() bool { return e.laneRecords("k") == 0 })
 }
 
 // TestExpired: records that stay undeliverable past MaxAge are dead letters.

@@ -13,6 +13,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 
+	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/groupidentify/lanedeliver"
 	"github.com/svcrelay/relay/internal/spool"
@@ -234,3 +235,14 @@ func (u *UserMap) Ready() error {
 	}
 	return nil
 }
+
+// LaneStatus returns a snapshot of the user mapping lanes being delivered
+// (with StopLane and ResumeLane, an adminapi.LaneControl).
+func (u *UserMap) LaneStatus() []batcher.LaneStatus { return u.d.LaneStatus() }
+
+// StopLane stops delivering a lane (records stay in the spool); it wraps
+// batcher.ErrUnknownLane for a lane not running.
+func (u *UserMap) StopLane(laneID uint64) error { return u.d.StopLane(laneID) }
+
+// ResumeLane resumes a lane stopped by StopLane or by an invalid api_key.
+func (u *UserMap) ResumeLane(laneID uint64) error { return u.d.ResumeLane(laneID) }

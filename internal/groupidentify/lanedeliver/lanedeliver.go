@@ -30,7 +30,10 @@
 //   - Invalid API key, or an answer that says the URL or credentials are
 //     wrong (upstream.Fatal): the lane stops (logged once, gauge
 //     relay_<name>_lanes_stopped), its records stay in the spool; it is
-//     never retried in a loop. A restart tries again.
+//     never retried in a loop. ResumeLane (an operator) or a restart tries
+//     again. StopLane stops a lane by hand before its next request (a
+//     request in flight finishes). LaneStatus, StopLane and ResumeLane make
+//     a Deliverer an adminapi.LaneControl.
 //   - When Run's context ends, lane goroutines return; unacknowledged
 //     chunks stay in the spool and are read again after the next Open. A
 //     chunk partly delivered when the process stops is delivered again
@@ -38,10 +41,12 @@
 package lanedeliver
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,6 +56,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	"go.uber.org/zap"
 
+	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/upstream"
 )
@@ -64,10 +70,6 @@ const (
 	DefaultLinger        = 100 * time.Millisecond
 	DefaultReadBytes     = 4 << 20
 )
-
-// ErrLaneStopped is returned inside a lane when the upstream refused its
-// api_key (or said its URL is wrong): the lane stops until the next start.
-var ErrLaneStopped = errors.New("lanedeliver: lane stopped")
 
 // Pacer paces requests; Acquire blocks until n records may be sent for the
 // lane's api_key and returns a function to call when the answer arrived.
@@ -172,8 +174,45 @@ type metrics struct {
 	requests  *prometheus.CounterVec
 	dead      *prometheus.CounterVec
 	retries   prometheus.Counter
-	stopped   prometheus.Gauge
 	lanes     prometheus.Gauge
+}
+
+// laneState is what the admin side sees and changes of a running lane.
+type laneState struct {
+	id        uint64
+	label     string
+	readAhead atomic.Int64
+
+	mu      sync.Mutex
+	stopped bool
+	reason  string
+	resumed chan struct{} // closed and replaced by ResumeLane
+}
+
+// stop stops the lane; it reports whether it was running.
+func (st *laneState) stop(reason string) bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	was := !st.stopped
+	st.stopped, st.reason = true, reason
+	return was
+}
+
+// waitRunning returns once the lane is not stopped, or ctx's error.
+func (st *laneState) waitRunning(ctx context.Context) error {
+	for {
+		st.mu.Lock()
+		stopped, ch := st.stopped, st.resumed
+		st.mu.Unlock()
+		if !stopped {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ch:
+		}
+	}
 }
 
 // Deliverer runs the lanes of one kind. See the package documentation.
@@ -184,6 +223,9 @@ type Deliverer struct {
 	log     *zap.Logger
 	m       metrics
 	running atomic.Bool
+
+	mu    sync.Mutex
+	lanes map[uint64]*laneState
 }
 
 // New returns a Deliverer. log and reg may be nil.
@@ -199,16 +241,81 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, log *zap.Logger, 
 	}
 	f := promauto.With(reg)
 	p := "relay_" + cfg.Name + "_"
-	d := &Deliverer{cfg: cfg.withDefaults(), sp: sp, client: client, log: log}
+	d := &Deliverer{cfg: cfg.withDefaults(), sp: sp, client: client, log: log, lanes: map[uint64]*laneState{}}
 	d.m = metrics{
 		delivered: f.NewCounter(prometheus.CounterOpts{Name: p + "delivered_total", Help: "Records delivered upstream (200)."}),
 		requests:  f.NewCounterVec(prometheus.CounterOpts{Name: p + "requests_total", Help: "Upstream requests by answer class."}, []string{"result"}),
 		dead:      f.NewCounterVec(prometheus.CounterOpts{Name: p + "dead_letters_total", Help: "Records stored as dead letters, by reason."}, []string{"reason"}),
 		retries:   f.NewCounter(prometheus.CounterOpts{Name: p + "retries_total", Help: "Requests retried after a retryable answer or a 429."}),
-		stopped:   f.NewGauge(prometheus.GaugeOpts{Name: p + "lanes_stopped", Help: "Lanes stopped because the upstream refused the api_key (or the URL)."}),
 		lanes:     f.NewGauge(prometheus.GaugeOpts{Name: p + "lanes", Help: "Lanes being delivered."}),
 	}
+	f.NewGaugeFunc(prometheus.GaugeOpts{Name: p + "lanes_stopped",
+		Help: "Lanes stopped: the upstream refused the api_key (or the URL), or an operator stopped them."},
+		func() float64 {
+			n := 0
+			for _, s := range d.LaneStatus() {
+				if s.Stopped {
+					n++
+				}
+			}
+			return float64(n)
+		})
 	return d, nil
+}
+
+// LaneStatus returns a snapshot of every lane Run has started, by lane id.
+// PausedKeys and HeldEvents are always 0 (no per-key pauses here).
+func (d *Deliverer) LaneStatus() []batcher.LaneStatus {
+	d.mu.Lock()
+	sts := make([]*laneState, 0, len(d.lanes))
+	for _, st := range d.lanes {
+		sts = append(sts, st)
+	}
+	d.mu.Unlock()
+	out := make([]batcher.LaneStatus, 0, len(sts))
+	for _, st := range sts {
+		st.mu.Lock()
+		out = append(out, batcher.LaneStatus{ID: st.id, Label: st.label, Stopped: st.stopped, StopReason: st.reason,
+			ReadAheadBytes: st.readAhead.Load()})
+		st.mu.Unlock()
+	}
+	slices.SortFunc(out, func(a, b batcher.LaneStatus) int { return cmp.Compare(a.ID, b.ID) })
+	return out
+}
+
+func (d *Deliverer) lane(id uint64) *laneState {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.lanes[id]
+}
+
+// StopLane stops sending the lane's records before its next request (an
+// operator's pause); they stay in the spool. It fails, wrapping
+// batcher.ErrUnknownLane, for a lane Run has not started.
+func (d *Deliverer) StopLane(laneID uint64) error {
+	st := d.lane(laneID)
+	if st == nil {
+		return fmt.Errorf("%s: stop lane %d: %w", d.cfg.Name, laneID, batcher.ErrUnknownLane)
+	}
+	st.stop("stopped by operator")
+	return nil
+}
+
+// ResumeLane resumes a lane stopped by StopLane or by the upstream refusing
+// its api_key; the refused request is sent again at once.
+func (d *Deliverer) ResumeLane(laneID uint64) error {
+	st := d.lane(laneID)
+	if st == nil {
+		return fmt.Errorf("%s: resume lane %d: %w", d.cfg.Name, laneID, batcher.ErrUnknownLane)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.stopped {
+		st.stopped, st.reason = false, ""
+		close(st.resumed)
+		st.resumed = make(chan struct{})
+	}
+	return nil
 }
 
 // Running reports whether Run is running.
@@ -231,12 +338,16 @@ func (d *Deliverer) Run(ctx context.Context) error {
 				continue
 			}
 			started[l.ID()] = true
+			st := &laneState{id: l.ID(), label: l.Label(), resumed: make(chan struct{})}
+			d.mu.Lock()
+			d.lanes[l.ID()] = st
+			d.mu.Unlock()
 			d.m.lanes.Inc()
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				defer d.m.lanes.Dec()
-				d.runLane(ctx, l)
+				d.runLane(ctx, l, st)
 			}()
 		}
 		select {
@@ -263,11 +374,12 @@ type laneRun struct {
 	label  string
 	prefix []byte // "api_key=...&field="
 	bo     *backoff.ExponentialBackOff
+	st     *laneState
 }
 
-func (d *Deliverer) runLane(ctx context.Context, l *spool.Lane) {
+func (d *Deliverer) runLane(ctx context.Context, l *spool.Lane, st *laneState) {
 	key := l.Key()
-	lr := &laneRun{d: d, lane: l, key: key, label: l.Label()}
+	lr := &laneRun{d: d, lane: l, key: key, label: l.Label(), st: st}
 	lr.prefix = append(lr.prefix, "api_key="...)
 	lr.prefix = append(lr.prefix, url.QueryEscape(key.APIKey)...)
 	lr.prefix = append(lr.prefix, '&')
@@ -281,12 +393,6 @@ func (d *Deliverer) runLane(ctx context.Context, l *spool.Lane) {
 		backoff.WithMaxElapsedTime(0), // no count or time limit: MaxAge bounds it
 	)
 	err := lr.loop(ctx)
-	if errors.Is(err, ErrLaneStopped) {
-		d.m.stopped.Inc()
-		<-ctx.Done()
-		d.m.stopped.Dec()
-		return
-	}
 	if err != nil && ctx.Err() == nil && !errors.Is(err, spool.ErrClosed) {
 		d.log.Error(d.cfg.Name+": lane delivery ended", zap.String("lane", lr.label), zap.Error(err))
 	}
@@ -345,11 +451,18 @@ func (lr *laneRun) deliverChunks(ctx context.Context, chunks []spool.Chunk) erro
 		last[ci] = len(items) - 1
 	}
 	acked := 0
+	readAhead := int64(0)
+	for _, c := range chunks {
+		readAhead += int64(c.Size)
+	}
+	lr.st.readAhead.Store(readAhead)
 	ackUpTo := func(done int) { // items[:done] are done
 		for acked < len(chunks) && last[acked] < done {
 			lr.d.sp.Ack(lr.lane, chunks[acked].Seq)
+			readAhead -= int64(chunks[acked].Size)
 			acked++
 		}
+		lr.st.readAhead.Store(readAhead)
 	}
 	ackUpTo(0) // empty chunks
 	for start := 0; start < len(items); {
@@ -428,6 +541,9 @@ func (lr *laneRun) send(ctx context.Context, items []item) error {
 			items = live
 			continue
 		}
+		if err := lr.st.waitRunning(ctx); err != nil {
+			return err
+		}
 		body := lr.body(items)
 		release := func() {}
 		if cfg.Pacer != nil {
@@ -464,9 +580,15 @@ func (lr *laneRun) send(ctx context.Context, items []item) error {
 			}
 			items = items[h:]
 		case upstream.InvalidAPIKey, upstream.Fatal:
-			lr.d.log.Error(cfg.Name+": upstream refused the lane's api_key or URL; lane stopped until restart",
-				zap.String("lane", lr.label), zap.Int("status", res.Status), zap.String("class", res.Kind.String()))
-			return ErrLaneStopped
+			reason := "upstream refused the api_key (Invalid API key)"
+			if res.Kind == upstream.Fatal {
+				reason = fmt.Sprintf("upstream answered %d: wrong URL or credentials", res.Status)
+			}
+			if lr.st.stop(reason) {
+				lr.d.log.Error(cfg.Name+": lane stopped until resumed or restarted; its records stay in the spool",
+					zap.String("lane", lr.label), zap.Int("status", res.Status), zap.String("reason", reason))
+			}
+			// The loop waits in waitRunning, then resends.
 		default: // Retryable, Throttled
 			if ctx.Err() != nil {
 				return ctx.Err()
