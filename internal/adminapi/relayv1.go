@@ -668,7 +668,13 @@ func laneArg(ctx *fasthttp.RequestCtx) (label, action string) {
 // getLane: GET /relay/v1/lanes/{label}
 func (a *Relay) getLane(ctx *fasthttp.RequestCtx) {
 	label, action := laneArg(ctx)
-	if action != "" {
+	switch action {
+	case "":
+	case "pause", "resume":
+		ctx.Response.Header.Set(fasthttp.HeaderAllow, fasthttp.MethodPost)
+		jsonError(ctx, fasthttp.StatusMethodNotAllowed, "method not allowed: POST /relay/v1/lanes/{label}/%s", action)
+		return
+	default:
 		jsonError(ctx, fasthttp.StatusNotFound, "not found (GET /relay/v1/lanes/{label}; POST .../pause or .../resume)")
 		return
 	}
@@ -683,6 +689,11 @@ func (a *Relay) getLane(ctx *fasthttp.RequestCtx) {
 // laneAction: POST /relay/v1/lanes/{label}/pause and .../resume
 func (a *Relay) laneAction(ctx *fasthttp.RequestCtx) {
 	label, action := laneArg(ctx)
+	if action == "" {
+		ctx.Response.Header.Set(fasthttp.HeaderAllow, fasthttp.MethodGet)
+		jsonError(ctx, fasthttp.StatusMethodNotAllowed, "method not allowed: GET /relay/v1/lanes/{label}")
+		return
+	}
 	if action != "pause" && action != "resume" {
 		jsonError(ctx, fasthttp.StatusNotFound, "not found (POST /relay/v1/lanes/{label}/pause or /resume)")
 		return
