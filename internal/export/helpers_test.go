@@ -90,6 +90,9 @@ func newAPI(t testing.TB, upstream string) *API {
 	return a
 }
 
+// noRedirect never follows redirects: what the relay answers is what the test sees.
+var noRedirect = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
 type answer struct {
 	status int
 	body   []byte
@@ -107,7 +110,7 @@ func call(t testing.TB, method, url string, body io.Reader, hdr ...string) answe
 		k, v, _ := strings.Cut(h, ": ")
 		req.Header.Add(k, v)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := noRedirect.Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, url, err)
 	}

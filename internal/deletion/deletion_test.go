@@ -1,0 +1,177 @@
+package deletion
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/svcrelay/relay/internal/forward"
+	"github.com/svcrelay/relay/internal/sim"
+)
+
+func TestCheckBodyAndDays(t *testing.T) {
+	ids := func(n int) string {
+		var l []string
+		for i := range n {
+			l = append(l, fmt.Sprint(i+1))
+		}
+		return "[" + strings.Join(l, ",") + "]"
+	}
+	for _, tc := range []struct {
+		body string
+		ok   bool
+	}{
+		{`{"svc_ids":` + ids(100) + `}`, true},
+		{`{"svc_ids":` + ids(60) + `,"user_ids":["a","b"]}`, true},
+		{`{"svc_ids":` + ids(60) + `,"user_ids":` + strings.ReplaceAll(ids(41), ",", `,`) + `}`, false},
+		{`{"svc_ids":` + ids(101) + `}`, false},
+		{`{"requester":"r"}`, false},
+		{`{"svc_ids":"1"}`, false},
+		{`[1]`, false},
+	} {
+		if err := CheckBody([]byte(tc.body)); (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrBadRequest)) {
+			t.Errorf("%.60s: %v", tc.body, err)
+		}
+	}
+	for _, tc := range []struct {
+		start, end string
+		ok         bool
+	}{
+		{"2026-01-01", "2026-07-01", true},
+		{"2026-01-31", "2026-07-31", true},
+		{"2026-01-01", "2026-07-02", false},
+		{"2026-02-01", "2026-01-01", false},
+		{"", "2026-01-01", false},
+		{"2026-01-01", "2026-1-2", false},
+	} {
+		if err := CheckDays(tc.start, tc.end); (err == nil) != tc.ok {
+			t.Errorf("%s..%s: %v", tc.start, tc.end, err)
+		}
+	}
+}
+
+func newAPI(t testing.TB, upstream string, maxWait time.Duration) *API {
+	t.Helper()
+	fwd, err := forward.New(forward.Config{}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(Config{AnalyticsURL: upstream, Credentials: testCreds(t), MaxWait: maxWait}, fwd, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+var inj = []string{"X-Relay-Project: web", "Authorization: Bearer " + testToken}
+
+func TestDeletionThroughRelay(t *testing.T) {
+	_, up := startSim(t, sim.Config{})
+	call(t, "POST", up+"/2/httpapi", strings.NewReader(`{"api_key":"proj","events":[{"event_type":"e","user_id":"alice"},{"event_type":"e","user_id":"bobby"}]}`))
+	relay := serveRoutes(t, newAPI(t, up, 0).Routes())
+	post := func(body string) answer {
+		return call(t, "POST", relay+PathUsers, strings.NewReader(body), inj...)
+	}
+	// Local refusal: nothing sent.
+	if a := post(`{"user_ids":[]}`); a.status != 400 || !bytes.Contains(a.body, []byte(`"source":"relay"`)) {
+		t.Fatalf("no ids: %v", a)
+	}
+	// Invalid ids without ignore_invalid_id: the upstream's 400 naming them.
+	a := post(`{"user_ids":["alice","ghost"],"requester":"ops"}`)
+	if a.status != 400 || !bytes.Contains(a.body, []byte(`"invalid_ids":["ghost"]`)) || bytes.Contains(a.body, []byte(`"source"`)) {
+		t.Fatalf("invalid without ignore: %v", a)
+	}
+	// With it: 200, the found users scheduled, the invalid ones listed.
+	a = post(`{"user_ids":["alice","ghost"],"svc_ids":[` + fmt.Sprint(sim.SvcID("proj", "bobby")) + `],"requester":"ops","ignore_invalid_id":true}`)
+	var job Job
+	if json.Unmarshal(a.body, &job); a.status != 200 || len(job.SvcIDs) != 2 || len(job.InvalidIDs) != 1 || job.Status != StatusStaging {
+		t.Fatalf("invalid with ignore: %v", a)
+	}
+	today := time.Now().UTC()
+	q := "?start_day=" + today.Format(time.DateOnly) + "&end_day=" + today.AddDate(0, 0, QueryDays).Format(time.DateOnly)
+	a = call(t, "GET", relay+PathUsers+q, nil, inj...)
+	var jobs []Job
+	if json.Unmarshal(a.body, &jobs); a.status != 200 || len(jobs) != 1 || jobs[0].Day != job.Day {
+		t.Fatalf("list: %v", a)
+	}
+	if a := call(t, "GET", relay+PathUsers+"?start_day=2026-01-01&end_day=2026-08-01", nil, inj...); a.status != 400 ||
+		!bytes.Contains(a.body, []byte("six months")) {
+		t.Fatalf("7 months: %v", a)
+	}
+	if a := call(t, "DELETE", relay+PathUsers+"/x/"+job.Day, nil, inj...); a.status != 400 {
+		t.Fatalf("bad svc_id: %v", a)
+	}
+	a = call(t, "DELETE", relay+PathUsers+fmt.Sprintf("/%d/%s", job.SvcIDs[0].SvcID, job.Day), nil, inj...)
+	if a.status != 200 {
+		t.Fatalf("cancel: %v", a)
+	}
+}
+
+// TestDeletionPacing: POSTs of one project go at most 1 per second (a
+// second POST waits for its turn, or with no wait allowed is refused 429
+// locally with Retry-After), and at most 8 requests are in flight.
+func TestDeletionPacing(t *testing.T) {
+	s, up := startSim(t, sim.Config{})
+	call(t, "POST", up+"/2/httpapi", strings.NewReader(`{"api_key":"proj","events":[{"event_type":"e","user_id":"alice"}]}`))
+	body := `{"user_ids":["alice"],"requester":"ops"}`
+
+	relay := serveRoutes(t, newAPI(t, up, 5*time.Second).Routes())
+	t0 := time.Now()
+	for range 2 {
+		if a := call(t, "POST", relay+PathUsers, strings.NewReader(body), inj...); a.status != 200 {
+			t.Fatalf("POST: %v", a)
+		}
+	}
+	if d := time.Since(t0); d < PostInterval {
+		t.Fatalf("two POSTs took %v, want at least %v", d, PostInterval)
+	}
+
+	noWait := serveRoutes(t, newAPI(t, up, -1).Routes())
+	call(t, "POST", noWait+PathUsers, strings.NewReader(body), inj...)
+	a := call(t, "POST", noWait+PathUsers, strings.NewReader(body), inj...)
+	if a.status != 429 || a.hdr.Get("Retry-After") != "1" || !bytes.Contains(a.body, []byte(`"source":"relay"`)) {
+		t.Fatalf("second POST without waiting: %v %v", a, a.hdr)
+	}
+
+	// 12 slow GETs at once: never more than 8 at the upstream.
+	s.SetLatency(150 * time.Millisecond)
+	defer s.SetLatency(0)
+	q := "?start_day=2026-01-01&end_day=2026-02-01"
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var starts []time.Time
+	for range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if a := call(t, "GET", relay+PathUsers+q, nil, inj...); a.status != 200 {
+				t.Errorf("GET: %v", a)
+			}
+			mu.Lock()
+			starts = append(starts, time.Now())
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	reqs := s.Requests()
+	var gets []sim.Record
+	for _, r := range reqs {
+		if r.Method == "GET" && r.Path == PathUsers {
+			gets = append(gets, r)
+		}
+	}
+	if len(gets) != 12 {
+		t.Fatalf("%d GETs upstream", len(gets))
+	}
+	// The request log's times are arrival times: with 150 ms latency and 8
+	// in flight, the 9th arrives only after a first one was answered.
+	first, ninth := gets[0].Time, gets[8].Time
+	if ninth.Sub(first) < 100*time.Millisecond {
+		t.Fatalf("9th GET arrived %v after the first: more than 8 in flight", ninth.Sub(first))
+	}
+}

@@ -1,0 +1,134 @@
+package feedback
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/svcrelay/relay/internal/forward"
+	"github.com/svcrelay/relay/internal/sim"
+)
+
+func items(n int) string {
+	var l []string
+	for i := range n {
+		l = append(l, fmt.Sprintf(`{"unique_id":"i%d","body":"text %d"}`, i, i))
+	}
+	return strings.Join(l, ",")
+}
+
+func TestCheckRequest(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		want       error
+		bad        []string // unique_ids of bad items
+	}{
+		{"ok", `{"source_id":"s","items":[` + items(100) + `]}`, nil, nil},
+		{"101 items", `{"source_id":"s","items":[` + items(101) + `]}`, ErrBadRequest, nil},
+		{"no items", `{"source_id":"s","items":[]}`, ErrBadRequest, nil},
+		{"items missing", `{"source_id":"s"}`, ErrBadRequest, nil},
+		{"no source", `{"items":[` + items(1) + `]}`, ErrBadRequest, nil},
+		{"not an object", `[1]`, ErrBadRequest, nil},
+		{"transcript: parts only", `{"source_id":"s","items":[{"unique_id":"c","conversation_parts":[{"unique_id":"p","body":"hi"}]}]}`, nil, nil},
+		{"part without body", `{"source_id":"s","items":[` + items(2) + `,{"unique_id":"x","conversation_parts":[{"unique_id":"p"}]}]}`, ErrBadItem, []string{"x"}},
+		{"part with empty body", `{"source_id":"s","items":[{"unique_id":"y","conversation_parts":[{"body":""}]}]}`, ErrBadItem, []string{"y"}},
+		{"nested parts", `{"source_id":"s","items":[{"unique_id":"z","conversation_parts":[{"body":"a","conversation_parts":[{"body":"b"}]}]},{"unique_id":"w","conversation_parts":"no"}]}`, ErrBadItem, []string{"z", "w"}},
+		{"too large", `{"source_id":"s","items":[{"unique_id":"big","body":"` + strings.Repeat("x", MaxBytes) + `"}]}`, ErrTooLarge, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := CheckRequest([]byte(tc.body))
+			if !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
+				t.Fatalf("err %v, want %v", err, tc.want)
+			}
+			var re *RequestError
+			if errors.As(err, &re) {
+				var got []string
+				for _, it := range re.Items {
+					got = append(got, it.UniqueID)
+				}
+				if fmt.Sprint(got) != fmt.Sprint(tc.bad) {
+					t.Fatalf("bad items %v, want %v", got, tc.bad)
+				}
+			}
+		})
+	}
+}
+
+func TestChunk(t *testing.T) {
+	var its []json.RawMessage
+	for i := range 250 {
+		its = append(its, json.RawMessage(fmt.Sprintf(`{"unique_id":"i%03d","body":"%s"}`, i, strings.Repeat("x", 100))))
+	}
+	its = append(its, json.RawMessage(`{"unique_id":"huge","body":"`+strings.Repeat("y", 3000)+`"}`))
+	bodies, members, tooLarge := Chunk("src", its, 2000)
+	if len(tooLarge) != 1 || tooLarge[0] != 250 {
+		t.Fatalf("tooLarge %v", tooLarge)
+	}
+	n := 0
+	for i, b := range bodies {
+		if len(b) > 2000 || CheckRequest(b) != nil || len(members[i]) > MaxItems {
+			t.Fatalf("body %d: %d bytes, %v", i, len(b), CheckRequest(b))
+		}
+		n += len(members[i])
+	}
+	if n != 250 {
+		t.Fatalf("%d items chunked", n)
+	}
+	bodies, members, _ = Chunk("src", its[:250], 0)
+	if len(bodies) != 3 || len(members[0]) != 100 || len(members[2]) != 50 {
+		t.Fatalf("by count: %d bodies", len(bodies))
+	}
+}
+
+func FuzzCheckRequest(f *testing.F) {
+	f.Add([]byte(`{"source_id":"s","items":[{"unique_id":"z","conversation_parts":[{"body":"a"}]}]}`))
+	f.Add([]byte(`{"source_id":"s","items":[{"conversation_parts":[{"body":1}]}]}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		err := CheckRequest(b)
+		var re *RequestError
+		if errors.As(err, &re) && len(re.Items) == 0 {
+			t.Fatal("RequestError without items")
+		}
+	})
+}
+
+func TestFeedbackThroughRelay(t *testing.T) {
+	_, up := startSim(t, sim.Config{})
+	fwd, _ := forward.New(forward.Config{}, nil, nil)
+	a, err := New(Config{FeedbackURL: up, Credentials: testCreds(t)}, fwd, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay := serveRoutes(t, a.Routes())
+	inj := []string{"X-Relay-Project: web", "Authorization: Bearer " + testToken}
+	send := func(body string) answer { return call(t, "POST", relay+Path, strings.NewReader(body), inj...) }
+
+	// One item the upstream refuses among good ones: its per-item error passes back.
+	long := strings.Repeat("x", sim.FeedbackMaxBody+1)
+	r := send(`{"source_id":"src","items":[` + items(3) + `,{"unique_id":"long","body":"` + long + `"}]}`)
+	var ans Answer
+	if json.Unmarshal(r.body, &ans); r.status != 200 || ans.Ingested != 3 || ans.Failed != 1 || ans.Errors[0].UniqueID != "long" {
+		t.Fatalf("upstream per-item error: %v", r)
+	}
+	// One item breaking the documented part rules: refused locally, naming it.
+	r = send(`{"source_id":"src","items":[` + items(2) + `,{"unique_id":"nested","conversation_parts":[{"body":"a","conversation_parts":[]}]}]}`)
+	ans = Answer{}
+	if json.Unmarshal(r.body, &ans); r.status != 400 || ans.Failed != 1 || ans.Errors[0].UniqueID != "nested" ||
+		!bytes.Contains(r.body, []byte(`"source":"relay"`)) {
+		t.Fatalf("local per-item refusal: %v", r)
+	}
+	if r := send(`{"source_id":"src","items":[` + items(101) + `]}`); r.status != 400 {
+		t.Fatalf("101 items: %v", r)
+	}
+	if r := send(`{"source_id":"src","items":[{"unique_id":"b","body":"` + strings.Repeat("x", MaxBytes) + `"}]}`); r.status != 413 {
+		t.Fatalf("over 5 MB: %v", r)
+	}
+	got, err := (&sim.Control{Base: up}).FeedbackItems(context.Background(), "proj", "src")
+	if err != nil || len(got) != 3 {
+		t.Fatalf("upstream holds %d items (%v), want the 3 good ones", len(got), err)
+	}
+}
