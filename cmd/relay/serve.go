@@ -151,6 +151,7 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, log *zap.Logger, reg prom
 		return nil, fmt.Errorf("group identify: %w", err)
 	}
 	d.components = append(d.components, namedComponent{"groupidentify", gi})
+	d.lanes[spool.KindGroupIdentify] = gi
 	for _, r := range gi.Routes() {
 		d.routes = append(d.routes, route(r.Method, r.Path, r.Forward, r.Handler))
 	}
@@ -180,6 +181,7 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, log *zap.Logger, reg prom
 		return nil, fmt.Errorf("user mapping: %w", err)
 	}
 	d.components = append(d.components, namedComponent{"usermap", um})
+	d.lanes[spool.KindUserMap] = um
 	for _, r := range um.Routes() {
 		d.routes = append(d.routes, route(r.Method, r.Path, r.Forward, r.Handler))
 	}

@@ -490,14 +490,39 @@ func testLanes(t *testing.T, r *relay, s *sim.Sim) {
 		t.Fatalf("invalid-key lane lost its record: %+v", l)
 	}
 
-	// Lanes whose deliverer cannot pause them answer 409; unknown lanes 404.
+	// Group identify lanes pause and resume the same way.
+	var giLane string
 	for _, l := range lanes(t, r) {
 		if l.Kind == "groupidentify" {
-			if a := r.own("POST", "/relay/v1/lanes/"+l.Label+"/pause", ""); a.status != 409 {
-				t.Errorf("pause groupidentify lane: %d %s", a.status, a.body)
-			}
+			giLane = l.Label
 		}
 	}
+	if giLane == "" {
+		t.Fatal("no groupidentify lane listed")
+	}
+	waitFor(t, 10*time.Second, "the auth test's group identifies", func() bool { return len(s.GroupIdentifies(projAPIKey)) == 2 })
+	a = r.own("POST", "/relay/v1/lanes/"+giLane+"/pause", "")
+	if decode(t, a, &l); a.status != 200 || !l.Stopped || !l.Controllable {
+		t.Fatalf("pause groupidentify lane: %d %s", a.status, a.body)
+	}
+	a = r.own("POST", "/groupidentify", form("api_key", projAPIKey, "identification",
+		`{"group_type":"org","group_value":"paused","group_properties":{"plan":"x"}}`), "Content-Type", formType)
+	if a.status != 200 {
+		t.Fatalf("groupidentify: %d %s", a.status, a.body)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if n := len(s.GroupIdentifies(projAPIKey)); n != 2 {
+		t.Fatalf("paused groupidentify lane delivered: %d", n)
+	}
+	if l := lanes(t, r)[giLane]; l.Records != 1 || !l.Stopped {
+		t.Fatalf("paused groupidentify lane %+v", l)
+	}
+	if a := r.own("POST", "/relay/v1/lanes/"+giLane+"/resume", ""); a.status != 200 {
+		t.Fatalf("resume groupidentify lane: %d %s", a.status, a.body)
+	}
+	waitFor(t, 10*time.Second, "the held group identify", func() bool { return len(s.GroupIdentifies(projAPIKey)) == 3 })
+
+	// Unknown lanes and actions: 404.
 	for _, p := range []string{"/relay/v1/lanes/" + label + "/frobnicate", "/relay/v1/lanes/events-00000000/pause"} {
 		if a := r.own("POST", p, ""); a.status != 404 {
 			t.Errorf("POST %s: %d", p, a.status)
