@@ -1,11 +1,13 @@
 package sim
 
 import (
+	"context"
 	"encoding/json"
 	"hash/fnv"
 	"net/http"
 	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -91,12 +93,78 @@ type umState struct {
 	seq       int64
 }
 
-// ServeHTTP serves the control route GET /sim/usermap: {"calls": [...],
-// "batches": [...], "throttled": N}.
+// UserMapState is the answer of GET /sim/usermap.
+type UserMapState struct {
+	Calls     []MappingCall  `json:"calls"`
+	Batches   []MappingBatch `json:"batches"`
+	Throttled int64          `json:"throttled"`
+}
+
+// ServeHTTP serves the control route /sim/usermap. GET answers
+// UserMapState. POST changes settings, by query: limit=N&window=D (as
+// SetUserMapRate), api_key=K&org=O (SetUserMapOrg), api_key=K&secret=S
+// (SetSecretKey), reject_user_id=U (RejectUserID).
 func (st *umState) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodPost {
+		q := r.URL.Query()
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		if v := q.Get("limit"); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n <= 0 {
+				http.Error(w, "bad limit", http.StatusBadRequest)
+				return
+			}
+			st.limit = n
+		}
+		if v := q.Get("window"); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				http.Error(w, "bad window", http.StatusBadRequest)
+				return
+			}
+			st.window = d
+		}
+		if k := q.Get("api_key"); k != "" {
+			if o := q.Get("org"); o != "" {
+				st.orgOfKey[k] = o
+			}
+			if sec := q.Get("secret"); sec != "" {
+				st.secrets[k] = sec
+			}
+		}
+		if u := q.Get("reject_user_id"); u != "" {
+			st.rejected[u] = true
+		}
+		writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
+		return
+	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	writeJSON(w, http.StatusOK, map[string]any{"calls": st.calls, "batches": st.batches, "throttled": st.throttled})
+	writeJSON(w, http.StatusOK, UserMapState{Calls: st.calls, Batches: st.batches, Throttled: st.throttled})
+}
+
+// UserMap reads the simulator's mapping calls, batches and 429 count
+// (GET /sim/usermap).
+func (c *Control) UserMap(ctx context.Context) (UserMapState, error) {
+	var out UserMapState
+	err := c.do(ctx, "GET", umControlPath, nil, &out)
+	return out, err
+}
+
+// SetUserMapRate sets the mapping rate limit (POST /sim/usermap?limit=&window=).
+func (c *Control) SetUserMapRate(ctx context.Context, limit int, window time.Duration) error {
+	return c.do(ctx, "POST", umControlPath+"?"+url.Values{"limit": {strconv.Itoa(limit)}, "window": {window.String()}}.Encode(), nil, nil)
+}
+
+// SetUserMapOrg puts apiKey in organization org (POST /sim/usermap?api_key=&org=).
+func (c *Control) SetUserMapOrg(ctx context.Context, apiKey, org string) error {
+	return c.do(ctx, "POST", umControlPath+"?"+url.Values{"api_key": {apiKey}, "org": {org}}.Encode(), nil, nil)
+}
+
+// SetSecretKey makes GET /api/2/usermap require secret for apiKey.
+func (c *Control) SetSecretKey(ctx context.Context, apiKey, secret string) error {
+	return c.do(ctx, "POST", umControlPath+"?"+url.Values{"api_key": {apiKey}, "secret": {secret}}.Encode(), nil, nil)
 }
 
 const umControlPath = "/sim/usermap"
