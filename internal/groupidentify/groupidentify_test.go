@@ -525,6 +525,9 @@ func TestExpired(t *testing.T) {
 	if len(dead) != 4 {
 		t.Fatalf("%d expired dead letters, want 4", len(dead))
 	}
+	if !strings.Contains(string(dead[0].Answer), "503") {
+		t.Fatalf("expired dead letter keeps the last answer: %q", dead[0].Answer)
+	}
 	if len(e.sim.GroupIdentifies("k")) != 0 {
 		t.Fatal("delivered despite the fault")
 	}

@@ -522,6 +522,7 @@ func (lr *laneRun) body(items []item) []byte {
 func (lr *laneRun) send(ctx context.Context, items []item) error {
 	cfg := &lr.d.cfg
 	m := &lr.d.m
+	var lastAnswer []byte // of the last retryable answer, for expired dead letters
 	for len(items) > 0 {
 		// Dead-letter records that are too old to keep trying.
 		now := cfg.Now()
@@ -535,7 +536,7 @@ func (lr *laneRun) send(ctx context.Context, items []item) error {
 			}
 		}
 		if len(old) > 0 {
-			if err := lr.dead(ctx, old, "expired", nil); err != nil {
+			if err := lr.dead(ctx, old, "expired", lastAnswer); err != nil {
 				return err
 			}
 			items = live
@@ -601,6 +602,7 @@ func (lr *laneRun) send(ctx context.Context, items []item) error {
 				wait = min(res.RetryAfter, cfg.MaxRetryAfter)
 			}
 			m.retries.Inc()
+			lastAnswer = res.Answer
 			lr.d.log.Debug(cfg.Name+": retrying", zap.String("lane", lr.label), zap.Int("status", res.Status),
 				zap.Duration("wait", wait))
 			t := time.NewTimer(wait)
