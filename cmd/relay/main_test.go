@@ -30,6 +30,8 @@ func TestRunRefusals(t *testing.T) {
 	}{
 		{"max-batch-events", []string{"--max-batch-events", "2000"}, nil, "--max-batch-events 2000 is above 1999"},
 		{"credentials without token", []string{"--credentials", "x.yaml"}, nil, "--credentials needs an admin token"},
+		{"credentials file invalid", []string{"--credentials", "../../internal/credentials/testdata/unknown_key.yaml", "--admin-token", "t0ken"}, nil, "--credentials: "},
+		{"token with white space", []string{"--admin-token", "t0 ken"}, nil, "--admin-token: "},
 		{"env value", nil, []string{"RELAY_SPOOL_MAX_BYTES=lots"}, "--spool-max-bytes (from variable RELAY_SPOOL_MAX_BYTES)"},
 		{"unknown subcommand-like argument", []string{"frobnicate"}, nil, `unexpected argument "frobnicate"`},
 		{"spool without dump", []string{"spool"}, nil, "usage: relay spool dump"},
@@ -159,8 +161,36 @@ func TestServeSandbox(t *testing.T) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
+	// The admin API is mounted: group identify accepted (no token configured),
+	// its lane listed with the events lane.
+	resp, err = http.Post(adminURL+"/groupidentify", "application/x-www-form-urlencoded",
+		strings.NewReader(`api_key=sandbox-key&identification=%5B%7B%22group_type%22%3A%22org%22%2C%22group_value%22%3A%22acme%22%2C%22group_properties%22%3A%7B%22plan%22%3A%22x%22%7D%7D%5D`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("groupidentify: %d %s", resp.StatusCode, b)
+	}
+	if code, body := get(adminURL + "/relay/v1/lanes"); code != 200 || !strings.Contains(body, `"kind":"groupidentify"`) || !strings.Contains(body, `"kind":"events"`) {
+		t.Errorf("lanes: %d %s", code, body)
+	}
 	if code, _ := get(adminURL + "/sim/stats"); code != 200 {
 		t.Errorf("sandbox /sim/stats on the admin listener: %d", code)
+	}
+	// Both reach the sandbox upstream.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, evs := get(adminURL + "/sim/events?api_key=sandbox-key")
+		_, gis := get(adminURL + "/sim/groupidentify?api_key=sandbox-key")
+		if strings.Contains(evs, "iid-1") && strings.Contains(gis, "acme") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not delivered to the sandbox upstream: %s %s", evs, gis)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 
 	cancel()
@@ -176,13 +206,14 @@ func TestServeSandbox(t *testing.T) {
 		t.Fatal("ingest listener still open after stop")
 	}
 
-	// The spool was closed: dump can open it and finds the event.
+	// The spool was closed: dump can open it, and finds nothing left (both
+	// records were delivered and their acks committed at close).
 	var out bytes.Buffer
 	if err := dump(context.Background(), dir, &out); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), `"insert_id":"iid-1"`) || strings.Count(out.String(), "\n") != 1 {
-		t.Fatalf("dump: %s", out.String())
+	if out.Len() != 0 {
+		t.Fatalf("dump after delivery: %s", out.String())
 	}
 }
 
@@ -217,5 +248,38 @@ func TestDumpRefusesLockedSpool(t *testing.T) {
 	}
 	if d := time.Since(t0); d > 2*time.Second {
 		t.Fatalf("refusal took %v", d)
+	}
+}
+
+// TestDumpContent: dump prints every live record of a closed spool as one
+// JSON line with its lane label and data.
+func TestDumpContent(t *testing.T) {
+	dir := t.TempDir()
+	sp, err := spool.Open(spool.Config{Dir: dir, MinFreeBytes: -1}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := sp.Lane(context.Background(), spool.LaneKey{Kind: spool.KindEvents, APIKey: "dump-key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b spool.Batch
+	b.Add(spool.Record{OrderKey: []byte("d:dev"), Data: []byte(`{"event_type":"x","insert_id":"iid-1"}`)})
+	b.Add(spool.Record{OrderKey: []byte("d:dev"), Data: []byte(`{"event_type":"x","insert_id":"iid-2"}`)})
+	if err := sp.Append(context.Background(), l, &b); err != nil {
+		t.Fatal(err)
+	}
+	label := l.Label()
+	if err := sp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := dump(context.Background(), dir, &out); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	if strings.Count(s, "\n") != 2 || !strings.Contains(s, `"insert_id":"iid-1"`) || !strings.Contains(s, `"insert_id":"iid-2"`) ||
+		!strings.Contains(s, `"lane":"`+label+`"`) || strings.Contains(s, "dump-key") {
+		t.Fatalf("dump: %s", s)
 	}
 }

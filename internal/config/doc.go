@@ -12,6 +12,13 @@
 // GB, TB) or binary (KiB, MiB, GiB, TiB) unit ("8GiB", "20MB", "1000000");
 // durations accept Go durations plus a leading day count ("6d", "1d12h").
 //
+// Secrets: Load reads the admin token (--admin-token, or --admin-token-file
+// through admintoken.Load, which warns via Config.Warnings when the file is
+// readable by group or others) into Config.Token and drops the raw value, and
+// loads --credentials with credentials.Load into Config.Creds. Validate is the
+// one place that refuses a credentials file without an admin token. No error
+// of Load holds a token or a credential value.
+//
 // Only cmd/relay uses this package; it turns a Config into each component's
 // own Config. Load has no side effects beyond reading the files it names.
 package config
