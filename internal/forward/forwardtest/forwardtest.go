@@ -1,0 +1,204 @@
+// Package forwardtest serves forwarding routes for tests the way the admin
+// listener does: on a real fasthttp server on 127.0.0.1, behind the admin
+// token check of each route's Mode (admintoken.Token.Require), with exact
+// and prefix ("/"-ended, longest first) path matching on the normalized
+// path. It also starts the simulator as the upstream and holds a
+// credentials file whose secrets the simulator accepts.
+package forwardtest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/svcrelay/relay/internal/adminroute"
+	"github.com/svcrelay/relay/internal/admintoken"
+	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/forward"
+	"github.com/svcrelay/relay/internal/sim"
+	"github.com/valyala/fasthttp"
+)
+
+// Test credentials; the simulator of Start accepts exactly these.
+const (
+	AdminToken    = "admin-token-for-tests"
+	Project       = "web-prod"
+	ProjectKey    = "pk-web"
+	ProjectSecret = "ps-web"
+	Org           = "acme"
+	OrgKey        = "ok-acme"
+	OrgSecret     = "os-acme"
+	MgmtKey       = "mgmt-acme"
+	SCIMToken     = "scim-acme"
+	// NoOrgProject is a project in no organization.
+	NoOrgProject = "lonely"
+)
+
+// CredentialsYAML is the credentials file of Start.
+const CredentialsYAML = `
+projects:
+  - name: web-prod
+    api_key: "pk-web"
+    secret_key: "ps-web"
+  - name: lonely
+    api_key: "pk-lonely"
+    secret_key: "ps-lonely"
+organizations:
+  - name: acme
+    api_key: "ok-acme"
+    secret_key: "os-acme"
+    management_api_key: "mgmt-acme"
+    scim_token: "scim-acme"
+    projects: [web-prod]
+`
+
+// Env is a simulator upstream plus the credentials that reach it.
+type Env struct {
+	Sim     *sim.Sim
+	SimURL  string
+	Creds   *credentials.Store
+	Forward *forward.Forwarder
+}
+
+// Start starts a simulator on 127.0.0.1 that accepts the test credentials,
+// and a Forwarder (cfg).
+func Start(t testing.TB, cfg forward.Config) *Env {
+	t.Helper()
+	s := sim.New(sim.Config{}, nil)
+	u, err := s.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	s.SetManagementKey(MgmtKey)
+	s.SetSCIMToken(SCIMToken, Org)
+	s.SetProjectSecret(ProjectKey, ProjectSecret)
+	creds, err := credentials.Parse([]byte(CredentialsYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := forward.New(cfg, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Env{Sim: s, SimURL: u, Creds: creds, Forward: f}
+}
+
+// Serve serves routes on a new fasthttp server on 127.0.0.1 behind the
+// admin token AdminToken and returns the base URL ("http://127.0.0.1:P").
+func Serve(t testing.TB, routes []adminroute.Route) string {
+	t.Helper()
+	tok, err := admintoken.New(AdminToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type key struct{ method, path string }
+	handlers := map[key]fasthttp.RequestHandler{}
+	var prefixes []string
+	for _, r := range routes {
+		k := key{r.Method, r.Path}
+		if _, dup := handlers[k]; dup {
+			t.Fatalf("route %s %s registered twice", r.Method, r.Path)
+		}
+		handlers[k] = tok.Require(r.Mode, r.Handler)
+		if strings.HasSuffix(r.Path, "/") {
+			prefixes = append(prefixes, r.Path)
+		}
+	}
+	sort.Slice(prefixes, func(i, j int) bool { return len(prefixes[i]) > len(prefixes[j]) })
+	h := func(ctx *fasthttp.RequestCtx) {
+		path, method := string(ctx.Path()), string(ctx.Method())
+		if hh := handlers[key{method, path}]; hh != nil {
+			hh(ctx)
+			return
+		}
+		for _, p := range prefixes {
+			if strings.HasPrefix(path, p) {
+				if hh := handlers[key{method, p}]; hh != nil {
+					hh(ctx)
+					return
+				}
+			}
+		}
+		ctx.Error("not found", fasthttp.StatusNotFound)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: h, MaxRequestBodySize: 64 << 20, ReadTimeout: 30 * time.Second,
+		IdleTimeout: time.Second}
+	go srv.Serve(ln)
+	t.Cleanup(func() {
+		http.DefaultClient.CloseIdleConnections()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		srv.ShutdownWithContext(ctx)
+	})
+	return "http://" + ln.Addr().String()
+}
+
+// Response is an answer read in full.
+type Response struct {
+	Status int
+	Header http.Header
+	Body   string
+}
+
+// Do sends a request with net/http and reads the answer. headers are
+// name, value pairs.
+func Do(t testing.TB, method, url, body string, headers ...string) Response {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Response{resp.StatusCode, resp.Header, string(b)}
+}
+
+// Injected returns the headers of a call that names the test project (the
+// relay injects its credentials) with the admin token in Authorization.
+func Injected(extra ...string) []string {
+	return append([]string{"Authorization", "Bearer " + AdminToken, admintoken.HeaderProject, Project}, extra...)
+}
+
+// PassThrough returns the headers of a call that carries its own upstream
+// Authorization, with the admin token in Proxy-Authorization.
+func PassThrough(auth string, extra ...string) []string {
+	return append([]string{"Authorization", auth, "Proxy-Authorization", "Bearer " + AdminToken}, extra...)
+}
+
+// LastCall returns the simulator's last management call, failing when the
+// sim saw fewer than n calls in all.
+func (e *Env) LastCall(t testing.TB, n int) sim.MgmtCall {
+	t.Helper()
+	calls := e.Sim.MgmtCalls()
+	if len(calls) != n {
+		t.Fatalf("the simulator saw %d management calls, want %d", len(calls), n)
+	}
+	return calls[n-1]
+}
+
+// Calls returns how many management calls the simulator saw.
+func (e *Env) Calls() int { return len(e.Sim.MgmtCalls()) }
+
+// String for %v in messages.
+func (r Response) String() string { return fmt.Sprintf("%d %q", r.Status, r.Body) }
