@@ -623,8 +623,27 @@ func (lr *laneRun) dead(ctx context.Context, items []item, reason string, answer
 	for i, it := range items {
 		dls[i] = spool.DeadLetter{Lane: lr.key, Reason: reason, Answer: answer, Accepted: it.accepted, Died: now, Record: it.rec}
 	}
-	if err := lr.d.sp.PutDead(ctx, dls); err != nil {
-		return fmt.Errorf("%s: store dead letters: %w", lr.d.cfg.Name, err)
+	// A failed commit (disk trouble) is retried: the records were read from
+	// the lane and must be done before their chunk is acknowledged.
+	for wait, logged := lr.d.cfg.RetryInitial, false; ; wait = min(2*wait, lr.d.cfg.RetryMax) {
+		err := lr.d.sp.PutDead(ctx, dls)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil || errors.Is(err, spool.ErrClosed) {
+			return fmt.Errorf("%s: store dead letters: %w", lr.d.cfg.Name, err)
+		}
+		if !logged {
+			lr.d.log.Error(lr.d.cfg.Name+": storing dead letters failed; retrying", zap.String("lane", lr.label), zap.Error(err))
+			logged = true
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
 	}
 	lr.d.m.dead.WithLabelValues(reason).Add(float64(len(items)))
 	lr.d.log.Warn(lr.d.cfg.Name+": records dead-lettered", zap.String("lane", lr.label),
