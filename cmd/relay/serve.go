@@ -296,7 +296,7 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	if err != nil {
 		return err
 	}
-	relayAPI, err := adminapi.NewRelay(adminapi.RelayConfig{Lanes: dl.lanes}, sp, log.Named("admin"))
+	relayAPI, err := adminapi.NewRelay(adminapi.RelayConfig{Lanes: dl.lanes}, sp, log.Named("admin"), reg)
 	if err != nil {
 		return err
 	}
@@ -319,7 +319,7 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 			}
 			return nil
 		},
-	}, log.Named("admin"))
+	}, log.Named("admin"), reg)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -62,6 +63,7 @@ func (c Config) Validate() error {
 
 // route is the handlers of one path, by method.
 type route struct {
+	pattern string // the registered path, the metrics' route label
 	prefix  bool
 	methods map[string]fasthttp.RequestHandler
 }
@@ -73,14 +75,18 @@ type Server struct {
 	log *zap.Logger
 	srv *fasthttp.Server
 
+	requests *prometheus.CounterVec // relay_admin_requests_total{route,code}
+
 	mu       sync.RWMutex
 	routes   map[string]*route
 	prefixes []string // registered prefix paths, longest first
 }
 
 // New returns a server with /healthz, /readyz, /metrics and /debug/pprof/
-// registered. log may be nil.
-func New(cfg Config, log *zap.Logger) (*Server, error) {
+// registered. log and reg may be nil. It registers
+// relay_admin_requests_total{route,code} (route is the registered path, or
+// "unmatched"; never the request's own path or query).
+func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -100,6 +106,15 @@ func New(cfg Config, log *zap.Logger) (*Server, error) {
 		log = zap.NewNop()
 	}
 	s := &Server{cfg: cfg, log: log, routes: make(map[string]*route)}
+	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_admin_requests_total",
+		Help: "Admin listener requests by registered route and status code (401/403: token refused).",
+	}, []string{"route", "code"})
+	if reg != nil {
+		if err := reg.Register(s.requests); err != nil {
+			return nil, fmt.Errorf("adminapi metrics: %w", err)
+		}
+	}
 	s.srv = &fasthttp.Server{
 		Handler:                      s.serve,
 		Name:                         "relay-admin",
@@ -153,7 +168,7 @@ func (s *Server) Handle(method, path string, h fasthttp.RequestHandler) {
 	defer s.mu.Unlock()
 	r := s.routes[path]
 	if r == nil {
-		r = &route{prefix: strings.HasSuffix(path, "/"), methods: make(map[string]fasthttp.RequestHandler)}
+		r = &route{pattern: path, prefix: strings.HasSuffix(path, "/"), methods: make(map[string]fasthttp.RequestHandler)}
 		s.routes[path] = r
 		if r.prefix {
 			s.prefixes = append(s.prefixes, path)
@@ -241,6 +256,13 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	s.mu.RUnlock()
+	label := "unmatched"
+	if r != nil {
+		label = r.pattern
+	}
+	defer func() {
+		s.requests.WithLabelValues(label, strconv.Itoa(ctx.Response.StatusCode())).Inc()
+	}()
 	switch {
 	case r == nil:
 		textError(ctx, fasthttp.StatusNotFound, "not found")

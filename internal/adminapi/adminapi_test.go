@@ -69,7 +69,7 @@ func TestHealthAndReady(t *testing.T) {
 			return *p
 		}
 		return nil
-	}}, nil)
+	}}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,11 +99,13 @@ func TestMetrics(t *testing.T) {
 	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "relay_test_total", Help: "test"})
 	reg.MustRegister(c)
 	c.Add(3)
-	s, err := New(Config{Gatherer: reg, Token: mustToken(t, "tok")}, nil)
+	s, err := New(Config{Gatherer: reg, Token: mustToken(t, "tok")}, nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	base := start(t, s)
+	get(t, "GET", base+"/debug/pprof/heap?secret=1") // 401: counted by route, never by path or query
+	get(t, "GET", base+"/no/such/path")
 	code, hdr, body := get(t, "GET", base+"/metrics") // no token needed
 	if code != 200 {
 		t.Fatalf("metrics: %d %s", code, body)
@@ -111,7 +113,12 @@ func TestMetrics(t *testing.T) {
 	if !strings.HasPrefix(hdr.Get("Content-Type"), "text/plain") {
 		t.Fatalf("content type %q", hdr.Get("Content-Type"))
 	}
-	for _, want := range []string{"relay_test_total 3", "go_goroutines"} {
+	if strings.Contains(body, "secret") || strings.Contains(body, "/no/such") {
+		t.Fatal("a request's path or query became a label")
+	}
+	for _, want := range []string{"relay_test_total 3", "go_goroutines",
+		`relay_admin_requests_total{code="401",route="/debug/pprof/"} 1`,
+		`relay_admin_requests_total{code="404",route="unmatched"} 1`} {
 		if !strings.Contains(body, want) {
 			t.Fatalf("metrics lack %q", want)
 		}
@@ -138,7 +145,7 @@ func TestPprofAndToken(t *testing.T) {
 			if tt.token != "" {
 				tok = mustToken(t, tt.token)
 			}
-			s, err := New(Config{Token: tok}, nil)
+			s, err := New(Config{Token: tok}, nil, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -164,7 +171,7 @@ func TestPprofAndToken(t *testing.T) {
 }
 
 func TestRouter(t *testing.T) {
-	s, err := New(Config{Token: mustToken(t, "tok")}, nil)
+	s, err := New(Config{Token: mustToken(t, "tok")}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +233,7 @@ func TestRouter(t *testing.T) {
 
 // TestShutdown: after Shutdown, Serve returns nil and the port is closed.
 func TestShutdown(t *testing.T) {
-	s, err := New(Config{}, nil)
+	s, err := New(Config{}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +266,7 @@ func TestShutdown(t *testing.T) {
 }
 
 func TestValidate(t *testing.T) {
-	if _, err := New(Config{ReadTimeout: -1}, nil); err == nil {
+	if _, err := New(Config{ReadTimeout: -1}, nil, nil); err == nil {
 		t.Fatal("negative timeout accepted")
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/batcher"
@@ -69,20 +70,37 @@ type Relay struct {
 	sp  *spool.Spool
 	log *zap.Logger
 
+	replayed, purged prometheus.Counter
+
 	// bulk serialises replay and purge, so that two calls never replay
 	// the same dead letter twice.
 	bulk sync.Mutex
 }
 
-// NewRelay returns the /relay/v1 API over sp. log may be nil.
-func NewRelay(cfg RelayConfig, sp *spool.Spool, log *zap.Logger) (*Relay, error) {
+// NewRelay returns the /relay/v1 API over sp. log and reg may be nil. It
+// registers relay_admin_dead_letters_replayed_total and
+// relay_admin_dead_letters_purged_total.
+func NewRelay(cfg RelayConfig, sp *spool.Spool, log *zap.Logger, reg prometheus.Registerer) (*Relay, error) {
 	if sp == nil {
 		return nil, errors.New("adminapi: relay API needs a spool")
 	}
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Relay{cfg: cfg, sp: sp, log: log}, nil
+	a := &Relay{cfg: cfg, sp: sp, log: log,
+		replayed: prometheus.NewCounter(prometheus.CounterOpts{Name: "relay_admin_dead_letters_replayed_total",
+			Help: "Dead letters replayed into their lanes through the admin API."}),
+		purged: prometheus.NewCounter(prometheus.CounterOpts{Name: "relay_admin_dead_letters_purged_total",
+			Help: "Dead letters purged through the admin API."}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{a.replayed, a.purged} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("adminapi metrics: %w", err)
+			}
+		}
+	}
+	return a, nil
 }
 
 // Routes returns the /relay/v1 routes, for Server.Register.
@@ -509,6 +527,7 @@ func (a *Relay) replayDead(ctx *fasthttp.RequestCtx) {
 				}
 				c.Records += n
 				out.Replayed += n
+				a.replayed.Add(float64(n))
 				dls = dls[n:]
 			}
 		}
@@ -573,6 +592,7 @@ func (a *Relay) purgeDead(ctx *fasthttp.RequestCtx) {
 			return fmt.Errorf("delete dead letters: %w", err)
 		}
 		out.Purged += len(ids)
+		a.purged.Add(float64(len(ids)))
 		return nil
 	})
 	if notFound != nil {

@@ -47,11 +47,11 @@ func newRelayFixture(t *testing.T, scfg spool.Config, lanes map[spool.Kind]LaneC
 			t.Errorf("close spool: %v", err)
 		}
 	})
-	api, err := NewRelay(RelayConfig{Lanes: lanes}, sp, nil)
+	api, err := NewRelay(RelayConfig{Lanes: lanes}, sp, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Config{Token: mustToken(t, "tok")}, nil)
+	s, err := New(Config{Token: mustToken(t, "tok")}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +307,7 @@ func TestLaneRoutes(t *testing.T) {
 }
 
 func TestNewRelayNeedsSpool(t *testing.T) {
-	if _, err := NewRelay(RelayConfig{}, nil, nil); err == nil {
+	if _, err := NewRelay(RelayConfig{}, nil, nil, nil); err == nil {
 		t.Fatal("nil spool accepted")
 	}
 }
