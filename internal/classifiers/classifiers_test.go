@@ -1,0 +1,106 @@
+package classifiers
+
+import (
+	"encoding/base64"
+	"strings"
+	"testing"
+
+	"github.com/svcrelay/relay/internal/forward"
+	ft "github.com/svcrelay/relay/internal/forward/forwardtest"
+	"github.com/svcrelay/relay/internal/sim"
+)
+
+func start(t *testing.T) (*ft.Env, string) {
+	t.Helper()
+	env := ft.Start(t, forward.Config{})
+	a, err := New(Config{URL: env.SimURL}, env.Creds, env.Forward, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return env, ft.Serve(t, a.Routes())
+}
+
+func basic(k, s string) string { return "Basic " + base64.StdEncoding.EncodeToString([]byte(k+":"+s)) }
+
+const def = `{"displayName":"Paid","description":"d","csvDefinition":{"csvText":"channel,utm_source\nPaid,google|bing","operatorsMap":{},"columnMetadata":{"utm_source":"event_property"},"anyKeyword":"ANY","separator":"|","propertyMetadata":{},"useWaterfallLogic":true}}`
+
+func TestEveryEndpoint(t *testing.T) {
+	env, relay := start(t)
+	steps := []struct {
+		method, path, body string
+		status             int
+		want               string
+	}{
+		{"POST", "/api/2/channel-classifiers/paid_1", def, 200, `"created"`},
+		{"GET", "/api/2/channel-classifiers", "", 200, `"channelClassifiers":[`},
+		{"GET", "/api/2/channel-classifiers/paid_1", "", 200, `"separator":"|"`},
+		{"PATCH", "/api/2/channel-classifiers/paid_1", def, 200, `"updated"`},
+		// The Errors table, answered by the upstream and passed back.
+		{"GET", "/api/2/channel-classifiers/none", "", 404, ""},
+		{"PATCH", "/api/2/channel-classifiers/none", def, 404, ""},
+		{"POST", "/api/2/channel-classifiers/paid_1", def, 409, ""},
+	}
+	for i, s := range steps {
+		r := ft.Do(t, s.method, relay+s.path, s.body, ft.Injected("Content-Type", "application/json")...)
+		c := env.LastCall(t, i+1)
+		if r.Status != s.status || !strings.Contains(r.Body, s.want) || c.Status != s.status || c.Method != s.method ||
+			c.Path != s.path || c.Auth != "basic" || c.Principal != sim.KeyLabel(ft.ProjectKey) {
+			t.Errorf("%s %s: relay %v, sim saw %+v", s.method, s.path, r, c)
+		}
+		if s.body != "" && c.Body != s.body {
+			t.Errorf("%s %s: body changed", s.method, s.path)
+		}
+	}
+	// Pass-through: 401 without Authorization, 403 with a wrong secret, 200 right.
+	for auth, want := range map[string]int{"": 401, basic(ft.ProjectKey, "wrong"): 403, basic(ft.ProjectKey, ft.ProjectSecret): 200} {
+		h := []string{"Proxy-Authorization", "Bearer " + ft.AdminToken}
+		if auth != "" {
+			h = append(h, "Authorization", auth)
+		}
+		if r := ft.Do(t, "GET", relay+"/api/2/channel-classifiers", "", h...); r.Status != want {
+			t.Errorf("pass-through %q: %v, want %d", auth, r, want)
+		}
+	}
+}
+
+func TestLocalValidation(t *testing.T) {
+	env, relay := start(t)
+	const p = "/api/2/channel-classifiers/"
+	big := `{"csvDefinition":{"csvText":"` + strings.Repeat("a", MaxCSVBytes+1) + `"}}`
+	long := strings.Repeat("é", MaxTextChars+1)
+	for _, c := range []struct {
+		name, method, path, body string
+		status                   int
+	}{
+		{"name with a dot", "POST", p + "bad.name", def, 400},
+		{"name with a space", "POST", p + "bad%20name", def, 400},
+		{"name with a slash", "POST", p + "bad%2Fname", def, 400},
+		{"no csvDefinition", "POST", p + "ok", `{"displayName":"x"}`, 400},
+		{"csvDefinition null", "PATCH", p + "ok", `{"csvDefinition":null}`, 400},
+		{"no csvText", "POST", p + "ok", `{"csvDefinition":{"separator":null}}`, 400},
+		{"csvText not a string", "PATCH", p + "ok", `{"csvDefinition":{"csvText":1}}`, 400},
+		{"not JSON", "POST", p + "ok", `csvText=x`, 400},
+		{"csvText over 1 MB", "POST", p + "ok", big, 413},
+		{"csvText over 1 MB on PATCH", "PATCH", p + "ok", big, 413},
+		{"displayName over 1000", "POST", p + "ok", `{"displayName":"` + long + `","csvDefinition":{"csvText":"x"}}`, 400},
+		{"description over 1000", "PATCH", p + "ok", `{"description":"` + long + `","csvDefinition":{"csvText":"x"}}`, 400},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := ft.Do(t, c.method, relay+c.path, c.body, ft.Injected()...)
+			if r.Status != c.status || !strings.Contains(r.Body, `"source":"relay"`) {
+				t.Errorf("got %v", r)
+			}
+		})
+	}
+	if r := ft.Do(t, "GET", relay+p+"x/y", "", ft.Injected()...); r.Status != 404 {
+		t.Errorf("sub-path: %v", r)
+	}
+	if n := env.Calls(); n != 0 {
+		t.Fatalf("the simulator saw %d calls", n)
+	}
+	// At the limits exactly: forwarded and accepted.
+	edge := `{"displayName":"` + strings.Repeat("é", MaxTextChars) + `","csvDefinition":{"csvText":"` + strings.Repeat("a", MaxCSVBytes) + `"}}`
+	if r := ft.Do(t, "POST", relay+p+"edge-1_A", edge, ft.Injected()...); r.Status != 200 {
+		t.Errorf("at the limits: %v", r)
+	}
+}
