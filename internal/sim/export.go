@@ -132,8 +132,12 @@ func (s *Sim) registerExport() {
 		hours := int64(end.Sub(start)/time.Hour) + 1
 		byHour, size := s.exportRecords(key, start, end.Add(time.Hour))
 		app := AppID(key)
-		block := syntheticBlock(app)
-		blocksPerHour := (synthetic + int64(len(block)) - 1) / int64(len(block))
+		var block []byte
+		var blocksPerHour int64
+		if synthetic > 0 {
+			block = syntheticBlock(app)
+			blocksPerHour = (synthetic + int64(len(block)) - 1) / int64(len(block))
+		}
 		size += blocksPerHour * int64(len(block)) * hours
 		switch {
 		case size > maxBytes:

@@ -1,0 +1,432 @@
+package opscmd
+
+import (
+	"archive/zip"
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/export"
+)
+
+// ExportMain is `relay export`: it exports a project's events for a range
+// of hours of any length into one zip archive (or JSON lines with --jsonl).
+//
+// The range is cut into pieces of --piece-hours (at most 365 days, the
+// API's limit). A piece the upstream refuses with 400 (its answer for a
+// result over 4 GB) is halved and retried, down to single hours; a 404 is an
+// empty piece. Each finished piece is kept in OUT.parts/ and recorded in
+// the state file OUT.state.json, so that a run that was interrupted (or
+// failed) resumes where it stopped when started again with the same
+// arguments: finished pieces are never fetched again. At the end the pieces
+// are merged into OUT (zip entries copied without recompressing, or
+// unpacked to one JSON object per line) and the state is removed.
+func ExportMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	const cmd = "export"
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	var c common
+	c.register(fs, false)
+	start := fs.String("start", "", "first hour, YYYYMMDDTHH (UTC); required")
+	end := fs.String("end", "", "last hour included, YYYYMMDDTHH (UTC); required")
+	out := fs.String("out", "", "output file; required (OUT.state.json and OUT.parts/ hold an unfinished run)")
+	jsonl := fs.Bool("jsonl", false, "write JSON lines (one event per line) instead of a zip archive")
+	pieceHours := fs.Int("piece-hours", 24, "hours per request (1 to 8760); smaller pieces resume at a finer grain")
+	if code, ok := parseFlags(fs, args, stderr); !ok {
+		return code
+	}
+	s, err1 := time.Parse(export.HourFormat, *start)
+	e, err2 := time.Parse(export.HourFormat, *end)
+	switch {
+	case err1 != nil || err2 != nil:
+		return usageErr(stderr, cmd, errors.New("--start and --end are required, as YYYYMMDDTHH (UTC)"))
+	case e.Before(s):
+		return usageErr(stderr, cmd, errors.New("--end is before --start"))
+	case *out == "":
+		return usageErr(stderr, cmd, errors.New("--out is required"))
+	case *pieceHours < 1 || *pieceHours > int(export.MaxRange/time.Hour):
+		return usageErr(stderr, cmd, fmt.Errorf("--piece-hours must be 1 to %d", int(export.MaxRange/time.Hour)))
+	}
+	if err := c.load(true); err != nil {
+		return usageErr(stderr, cmd, err)
+	}
+	base, err := c.base(credentials.KindAnalytics, nil)
+	if err != nil {
+		return usageErr(stderr, cmd, err)
+	}
+	x := &exporter{
+		cl: c.newClient(credentials.BasicAuth(c.proj.APIKey, c.proj.SecretKey)), base: base, out: *out,
+		whole: export.Range{Start: s, End: e}, pieceHours: *pieceHours, jsonl: *jsonl,
+		p: newProgress(stderr), stdout: stdout,
+	}
+	x.state = exportState{Version: 1, Project: c.project, Start: *start, End: *end, JSONL: *jsonl}
+	if err := x.run(ctx); err != nil {
+		x.p.done()
+		if ctx.Err() != nil {
+			fmt.Fprintf(stderr, "relay export: interrupted; %d pieces are done: run the same command again to resume\n", len(x.state.Pieces))
+			return exitFailure
+		}
+		return fail(stderr, cmd, err)
+	}
+	return exitOK
+}
+
+// exportState is OUT.state.json.
+type exportState struct {
+	Version int    `json:"version"`
+	Project string `json:"project"`
+	Start   string `json:"start"`
+	End     string `json:"end"`
+	JSONL   bool   `json:"jsonl"`
+	// Pieces are the finished pieces, in the order they finished.
+	Pieces []donePiece `json:"pieces"`
+}
+
+type donePiece struct {
+	Start string `json:"start"`
+	End   string `json:"end"`
+	// Part is the file in OUT.parts/ ("" for an empty piece: 404).
+	Part  string `json:"part,omitempty"`
+	Bytes int64  `json:"bytes"`
+}
+
+func (d donePiece) rng() export.Range {
+	s, _ := time.Parse(export.HourFormat, d.Start)
+	e, _ := time.Parse(export.HourFormat, d.End)
+	return export.Range{Start: s, End: e}
+}
+
+type exporter struct {
+	cl         *client
+	base       string
+	out        string
+	whole      export.Range
+	pieceHours int
+	jsonl      bool
+	p          *progress
+	stdout     io.Writer
+	state      exportState
+	fetched    int64
+}
+
+func (x *exporter) statePath() string { return x.out + ".state.json" }
+func (x *exporter) partsDir() string  { return x.out + ".parts" }
+
+func (x *exporter) run(ctx context.Context) error {
+	if err := x.loadState(); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(x.partsDir(), 0o755); err != nil {
+		return err
+	}
+	queue := x.todo()
+	if n := len(x.state.Pieces); n > 0 {
+		x.p.logf("resuming: %d pieces already done, %d ranges left", n, len(queue))
+	}
+	t0 := time.Now()
+	for len(queue) > 0 {
+		r := queue[0]
+		queue = queue[1:]
+		d, status, err := x.fetch(ctx, r)
+		switch {
+		case err != nil:
+			return err
+		case status == http.StatusBadRequest:
+			a, b, ok := r.Halves()
+			if !ok {
+				return fmt.Errorf("hour %s is refused (400: over 4 GB for a single hour): use the upstream's object-storage export for it", r.StartParam())
+			}
+			x.p.logf("piece %s refused with 400 (over 4 GB?): splitting into %s and %s", r, a, b)
+			queue = append([]export.Range{a, b}, queue...)
+			continue
+		}
+		x.state.Pieces = append(x.state.Pieces, d)
+		if err := x.saveState(); err != nil {
+			return err
+		}
+		if d.Part == "" {
+			x.p.logf("piece %s: no data (404)", r)
+		} else {
+			x.p.logf("piece %s: %s", r, humanBytes(d.Bytes))
+		}
+	}
+	x.p.done()
+	n, err := x.merge()
+	if err != nil {
+		return err
+	}
+	os.RemoveAll(x.partsDir())
+	os.Remove(x.statePath())
+	fmt.Fprintf(x.stdout, "%s: %s from %d pieces (%s fetched in %v)\n", x.out, humanBytes(n), len(x.state.Pieces),
+		humanBytes(x.fetched), time.Since(t0).Round(time.Millisecond))
+	return nil
+}
+
+// loadState reads an unfinished run's state; it must be for the same
+// arguments.
+func (x *exporter) loadState() error {
+	b, err := os.ReadFile(x.statePath())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var st exportState
+	if err := json.Unmarshal(b, &st); err != nil {
+		return fmt.Errorf("state file %s is damaged (%v): remove it and %s to start over", x.statePath(), err, x.partsDir())
+	}
+	if st.Version != 1 || st.Project != x.state.Project || st.Start != x.state.Start || st.End != x.state.End || st.JSONL != x.state.JSONL {
+		return fmt.Errorf("state file %s is of another run (project %s, %s to %s): remove it and %s, or use another --out",
+			x.statePath(), st.Project, st.Start, st.End, x.partsDir())
+	}
+	for _, d := range st.Pieces {
+		if d.Part == "" {
+			continue
+		}
+		path := filepath.Join(x.partsDir(), d.Part)
+		fi, err := os.Stat(path)
+		if err != nil || fi.Size() != d.Bytes {
+			return fmt.Errorf("piece file %s of the state file is missing or changed: remove %s and %s to start over",
+				d.Part, x.statePath(), x.partsDir())
+		}
+		// Files are not fsynced (a crash of the machine may leave a piece
+		// damaged): each is checked here instead.
+		zr, err := zip.OpenReader(path)
+		if err != nil {
+			return fmt.Errorf("piece file %s is damaged (%v): remove %s and %s to start over", d.Part, err, x.statePath(), x.partsDir())
+		}
+		zr.Close()
+	}
+	x.state.Pieces = st.Pieces
+	return nil
+}
+
+func (x *exporter) saveState() error {
+	b, _ := json.MarshalIndent(x.state, "", " ")
+	tmp := x.statePath() + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, x.statePath())
+}
+
+// todo returns the ranges still to fetch: the plan's pieces minus the hours
+// of finished pieces.
+func (x *exporter) todo() []export.Range {
+	done := make([]export.Range, 0, len(x.state.Pieces))
+	for _, d := range x.state.Pieces {
+		done = append(done, d.rng())
+	}
+	sort.Slice(done, func(i, j int) bool { return done[i].Start.Before(done[j].Start) })
+	var out []export.Range
+	for _, r := range x.whole.Split(x.pieceHours) {
+		cur := r.Start
+		for _, d := range done {
+			if d.End.Before(cur) || d.Start.After(r.End) {
+				continue
+			}
+			if d.Start.After(cur) {
+				out = append(out, export.Range{Start: cur, End: d.Start.Add(-time.Hour)})
+			}
+			cur = d.End.Add(time.Hour)
+		}
+		if !cur.After(r.End) {
+			out = append(out, export.Range{Start: cur, End: r.End})
+		}
+	}
+	return out
+}
+
+// fetch downloads one piece into the parts directory. It returns the
+// finished piece, or status 400 (to split).
+func (x *exporter) fetch(ctx context.Context, r export.Range) (donePiece, int, error) {
+	d := donePiece{Start: r.StartParam(), End: r.EndParam()}
+	q := url.Values{"start": {d.Start}, "end": {d.End}}
+	resp, err := x.cl.do(ctx, http.MethodGet, x.base+export.Path+"?"+q.Encode(), nil, http.StatusBadRequest, http.StatusNotFound)
+	if err != nil {
+		return d, 0, err
+	}
+	defer resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusBadRequest:
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+		return d, resp.StatusCode, nil
+	case http.StatusNotFound:
+		return d, resp.StatusCode, nil
+	}
+	d.Part = d.Start + "-" + d.End + ".zip"
+	path := filepath.Join(x.partsDir(), d.Part)
+	f, err := os.Create(path + ".tmp")
+	if err != nil {
+		return d, 0, err
+	}
+	defer os.Remove(path + ".tmp")
+	total := resp.ContentLength
+	cr := &countingReader{r: resp.Body, on: func(n int64) {
+		if total > 0 {
+			x.p.update("piece %s: %s of %s", r, humanBytes(n), humanBytes(total))
+		} else {
+			x.p.update("piece %s: %s", r, humanBytes(n))
+		}
+	}}
+	n, err := io.Copy(f, cr)
+	x.fetched += n
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return d, 0, fmt.Errorf("piece %s: %w", r, err)
+	}
+	// A cut-off download has no central directory: refuse it (the next run
+	// fetches the piece again).
+	if zr, err := zip.OpenReader(path + ".tmp"); err != nil {
+		return d, 0, fmt.Errorf("piece %s: the archive is damaged (%v): run again to fetch it again", r, err)
+	} else {
+		zr.Close()
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		return d, 0, err
+	}
+	d.Bytes = n
+	return d, http.StatusOK, nil
+}
+
+// merge writes OUT from the finished pieces, in time order, and returns its
+// size.
+func (x *exporter) merge() (int64, error) {
+	pieces := append([]donePiece(nil), x.state.Pieces...)
+	sort.Slice(pieces, func(i, j int) bool { return pieces[i].Start < pieces[j].Start })
+	tmp := x.out + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return 0, err
+	}
+	defer os.Remove(tmp)
+	bw := bufio.NewWriterSize(f, 1<<20)
+	var zw *zip.Writer
+	if !x.jsonl {
+		zw = zip.NewWriter(bw)
+	}
+	for _, d := range pieces {
+		if d.Part == "" {
+			continue
+		}
+		x.p.update("merging %s", d.Part)
+		if err := x.mergePart(filepath.Join(x.partsDir(), d.Part), zw, bw); err != nil {
+			f.Close()
+			return 0, fmt.Errorf("merge %s: %w", d.Part, err)
+		}
+	}
+	if zw != nil {
+		err = zw.Close()
+	}
+	if err == nil {
+		err = bw.Flush()
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, err
+	}
+	x.p.done()
+	fi, err := os.Stat(tmp)
+	if err != nil {
+		return 0, err
+	}
+	return fi.Size(), os.Rename(tmp, x.out)
+}
+
+func (x *exporter) mergePart(path string, zw *zip.Writer, w io.Writer) error {
+	zr, err := zip.OpenReader(path)
+	if err != nil {
+		return err
+	}
+	defer zr.Close()
+	for _, zf := range zr.File {
+		if zw != nil {
+			raw, err := zf.OpenRaw()
+			if err != nil {
+				return err
+			}
+			hdr := zf.FileHeader
+			dst, err := zw.CreateRaw(&hdr)
+			if err != nil {
+				return err
+			}
+			if _, err := io.Copy(dst, raw); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := unpackEntry(zf, w); err != nil {
+			return fmt.Errorf("%s: %w", zf.Name, err)
+		}
+	}
+	return nil
+}
+
+// unpackEntry writes the JSON lines of one archive entry (gunzipped when it
+// is gzipped), each ending in a newline.
+func unpackEntry(zf *zip.File, w io.Writer) error {
+	rc, err := zf.Open()
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	var r io.Reader = rc
+	br := bufio.NewReaderSize(r, 1<<16)
+	if magic, _ := br.Peek(2); bytes.Equal(magic, []byte{0x1f, 0x8b}) || strings.HasSuffix(zf.Name, ".gz") {
+		gz, err := gzip.NewReader(br)
+		if err != nil {
+			return err
+		}
+		defer gz.Close()
+		br = bufio.NewReaderSize(gz, 1<<16)
+	}
+	long := false // inside a line longer than the buffer
+	for {
+		line, err := br.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			if _, werr := w.Write(line); werr != nil {
+				return werr
+			}
+			long = true
+			continue
+		}
+		if long || len(bytes.TrimSpace(line)) > 0 {
+			if _, werr := w.Write(line); werr != nil {
+				return werr
+			}
+			if len(line) == 0 || line[len(line)-1] != '\n' {
+				if _, werr := w.Write([]byte{'\n'}); werr != nil {
+					return werr
+				}
+			}
+		}
+		long = false
+		switch {
+		case err == io.EOF:
+			return nil
+		case err != nil:
+			return err
+		}
+	}
+}

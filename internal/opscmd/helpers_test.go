@@ -1,0 +1,101 @@
+package opscmd
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/svcrelay/relay/internal/sim"
+)
+
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = t
+}
+
+// startSim starts a simulator whose clock the test sets.
+func startSim(t testing.TB) (*sim.Sim, string, *clock) {
+	t.Helper()
+	c := &clock{t: time.Now().UTC()}
+	s := sim.New(sim.Config{Now: c.Now}, nil)
+	u, err := s.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, u, c
+}
+
+// credsFile writes a credentials file with project "web" (key proj) in
+// organization "acme" (key org).
+func credsFile(t testing.TB) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "creds.yaml")
+	err := os.WriteFile(p, []byte(`
+projects:
+  - name: web
+    api_key: "proj"
+    secret_key: "proj-secret"
+organizations:
+  - name: acme
+    api_key: "org"
+    secret_key: "org-secret"
+    projects: [web]
+`), 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// ingest sends events (JSON objects) for api key proj at the sim's current time.
+func ingest(t testing.TB, up string, events ...string) {
+	t.Helper()
+	body := `{"api_key":"proj","events":[` + strings.Join(events, ",") + `]}`
+	resp, err := http.Post(up+"/2/httpapi", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("ingest: %d %s", resp.StatusCode, b)
+	}
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func (r result) String() string {
+	return fmt.Sprintf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+}
+
+func runCmd(ctx context.Context, main func(context.Context, []string, io.Writer, io.Writer) int, args ...string) result {
+	var out, errb bytes.Buffer
+	code := main(ctx, args, &out, &errb)
+	return result{code, out.String(), errb.String()}
+}
+
+var fastRetry = []string{"--retry-initial=10ms", "--retry-max=50ms", "--retry-time=2s"}
