@@ -12,7 +12,9 @@ func TestDeletionJobs(t *testing.T) {
 	_, url := start(t, Config{Now: clock.Now})
 	post(t, url+"/2/httpapi", env("proj", `{"event_type":"e","user_id":"alice"}`, `{"event_type":"e","user_id":"bobby"}`))
 	post(t, url+"/2/httpapi", env("other", `{"event_type":"e","user_id":"carol"}`))
-	del := func(body string) answer { return apiCall(t, "POST", url+"/api/2/deletions/users", "proj", []byte(body)) }
+	del := func(body string) answer {
+		return apiCall(t, "POST", url+"/api/2/deletions/users", "proj", []byte(body))
+	}
 	ids := make([]int64, 101)
 	b, _ := json.Marshal(map[string]any{"svc_ids": ids})
 	for _, bad := range []string{`{`, `{"requester":"r"}`, string(b)} {
