@@ -314,3 +314,61 @@ func TestRedactArgs(t *testing.T) {
 		t.Fatalf("got %q\nwant %q", got, want)
 	}
 }
+
+// TestShutdownWithSilentConnection: a client that connected and sent
+// nothing, and one idle after a request, do not hold Shutdown; a request in
+// progress is still finished.
+func TestShutdownWithSilentConnection(t *testing.T) {
+	s, err := New(Config{}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	s.Handle("GET", "/slow", func(ctx *fasthttp.RequestCtx) {
+		<-release
+		ctx.SetBodyString("done")
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ln) }()
+	silent, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	base := "http://" + ln.Addr().String()
+	if code, _, _ := get(t, "GET", base+"/healthz"); code != 200 { // leaves an idle keep-alive connection
+		t.Fatal(code)
+	}
+	slow := make(chan string, 1)
+	go func() {
+		resp, err := http.Get(base + "/slow")
+		if err != nil {
+			slow <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		slow <- string(b)
+	}()
+	time.Sleep(100 * time.Millisecond) // the slow request is in its handler
+	go func() { time.Sleep(200 * time.Millisecond); close(release) }()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	t0 := time.Now()
+	if err := s.Shutdown(ctx); err != nil {
+		t.Fatalf("shutdown: %v after %v", err, time.Since(t0))
+	}
+	if d := time.Since(t0); d > 2*time.Second {
+		t.Fatalf("shutdown took %v", d)
+	}
+	if got := <-slow; got != "done" {
+		t.Fatalf("request in progress: %q", got)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
