@@ -1,0 +1,253 @@
+package opscmd
+
+import (
+	"bufio"
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/dsar"
+)
+
+// DSARMain is `relay dsar`: it creates a data subject access request for
+// one user (--user-id or --svc-id) and date range, polls its status
+// (backing off from --poll-initial to --poll-max) until it is done (or
+// failed: exit 1), and downloads every output into --out as
+// dsar-ID-N.json.gz, following redirects with the organization's
+// credentials. Each file is verified before it is kept (a complete gzip
+// stream whose every line is a JSON object); its line count is printed.
+// Files already in --out that verify are not downloaded again, so a run
+// given --request-id resumes an earlier one. Addresses are used within
+// their 2-day lifetime: past it the status is fetched again for fresh ones.
+func DSARMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	const cmd = "dsar"
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	var c common
+	c.register(fs, false)
+	org := fs.String("org", "", "organization of the credentials file (default: the organization of --project)")
+	userID := fs.String("user-id", "", "the user's user_id (or give --svc-id)")
+	svcID := fs.Int64("svc-id", 0, "the user's internal svc_id (or give --user-id)")
+	start := fs.String("start", "", "first day, YYYY-MM-DD; required")
+	end := fs.String("end", "", "last day, YYYY-MM-DD; required")
+	out := fs.String("out", "", "directory for the output files; required (created if missing)")
+	requestID := fs.Int64("request-id", 0, "poll and download an existing request instead of creating one")
+	pollInitial := fs.Duration("poll-initial", 30*time.Second, "first wait between status polls")
+	pollMax := fs.Duration("poll-max", 15*time.Minute, "longest wait between status polls")
+	pollTime := fs.Duration("poll-time", 96*time.Hour, "give up polling after this long (jobs finish within 3 days)")
+	if code, ok := parseFlags(fs, args, stderr); !ok {
+		return code
+	}
+	req := dsar.Request{UserID: *userID, SvcID: *svcID, StartDate: *start, EndDate: *end}
+	if *userID != "" && *svcID != 0 {
+		return usageErr(stderr, cmd, errors.New("give --user-id or --svc-id, not both"))
+	}
+	if err := req.Validate(); err != nil && *requestID == 0 {
+		return usageErr(stderr, cmd, fmt.Errorf("%v (flags --user-id/--svc-id, --start, --end)", err))
+	}
+	if *out == "" {
+		return usageErr(stderr, cmd, errors.New("--out is required"))
+	}
+	if *pollInitial <= 0 || *pollMax < *pollInitial {
+		return usageErr(stderr, cmd, errors.New("want 0 < --poll-initial <= --poll-max"))
+	}
+	if err := c.load(false); err != nil {
+		return usageErr(stderr, cmd, err)
+	}
+	var o *credentials.Organization
+	switch {
+	case *org != "":
+		var ok bool
+		if o, ok = c.store.Organization(*org); !ok {
+			return usageErr(stderr, cmd, fmt.Errorf("--org %q is not in %s", *org, c.credsPath))
+		}
+	case c.proj != nil && c.proj.Org() != nil:
+		o = c.proj.Org()
+	default:
+		return usageErr(stderr, cmd, errors.New("give --org, or a --project that an organization of the credentials file lists (DSAR needs the organization's key pair)"))
+	}
+	base, err := c.base(credentials.KindAnalytics, o)
+	if err != nil {
+		return usageErr(stderr, cmd, err)
+	}
+	if err := os.MkdirAll(*out, 0o755); err != nil {
+		return fail(stderr, cmd, err)
+	}
+	d := &dsarRun{cl: c.newClient(credentials.BasicAuth(o.APIKey, o.SecretKey)), base: base, out: *out,
+		p: newProgress(stderr), stdout: stdout, pollInitial: *pollInitial, pollMax: *pollMax, pollTime: *pollTime}
+	if err := d.run(ctx, req, *requestID); err != nil {
+		d.p.done()
+		return fail(stderr, cmd, err)
+	}
+	return exitOK
+}
+
+type dsarRun struct {
+	cl                             *client
+	base, out                      string
+	p                              *progress
+	stdout                         io.Writer
+	pollInitial, pollMax, pollTime time.Duration
+}
+
+func (d *dsarRun) run(ctx context.Context, req dsar.Request, id int64) error {
+	if id == 0 {
+		body, _ := json.Marshal(req)
+		resp, err := d.cl.do(ctx, http.MethodPost, d.base+dsar.PathRequests, body)
+		if err != nil {
+			return fmt.Errorf("create: %w", err)
+		}
+		var c dsar.Created
+		err = json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&c)
+		resp.Body.Close()
+		if err != nil || c.RequestID == 0 {
+			return fmt.Errorf("create: the answer holds no requestId (%v)", err)
+		}
+		id = c.RequestID
+		d.p.logf("created DSAR request %d (run again with --request-id %d to resume)", id, id)
+	}
+	st, doneAt, err := d.poll(ctx, id)
+	if err != nil {
+		return err
+	}
+	d.p.logf("request %d is done: %d files", id, len(st.URLs))
+	var total int64
+	for n := range st.URLs {
+		// Fetch fresh addresses when the ones we hold are about to expire.
+		if time.Since(doneAt) > dsar.URLLifetime-time.Hour {
+			if st, doneAt, err = d.poll(ctx, id); err != nil {
+				return err
+			}
+			if n >= len(st.URLs) {
+				return fmt.Errorf("request %d: the status now lists %d files, fewer than before", id, len(st.URLs))
+			}
+		}
+		path := filepath.Join(d.out, fmt.Sprintf("dsar-%d-%d.json.gz", id, n))
+		if lines, err := verifyGzipJSONLines(path); err == nil {
+			d.p.logf("%s: already downloaded (%d lines)", path, lines)
+			fmt.Fprintf(d.stdout, "%s\t%d lines\n", path, lines)
+			total += lines
+			continue
+		}
+		lines, err := d.download(ctx, st.URLs[n], path)
+		if err != nil {
+			return fmt.Errorf("file %d of %d: %w", n+1, len(st.URLs), err)
+		}
+		fmt.Fprintf(d.stdout, "%s\t%d lines\n", path, lines)
+		total += lines
+	}
+	d.p.logf("request %d: %d files, %d events in %s", id, len(st.URLs), total, d.out)
+	return nil
+}
+
+// poll polls the status until done (failed is an error), backing off.
+func (d *dsarRun) poll(ctx context.Context, id int64) (dsar.Status, time.Time, error) {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = d.pollInitial, d.pollMax, d.pollTime
+	bo.Multiplier = 1.5
+	bo.Reset()
+	url := d.base + dsar.PathRequests + "/" + strconv.FormatInt(id, 10)
+	for polls := 1; ; polls++ {
+		resp, err := d.cl.do(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return dsar.Status{}, time.Time{}, fmt.Errorf("status of request %d: %w", id, err)
+		}
+		var st dsar.Status
+		err = json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&st)
+		resp.Body.Close()
+		if err != nil {
+			return st, time.Time{}, fmt.Errorf("status of request %d: %w", id, err)
+		}
+		switch st.Status {
+		case dsar.StatusDone:
+			return st, time.Now(), nil
+		case dsar.StatusFailed:
+			return st, time.Time{}, fmt.Errorf("request %d failed upstream (status %q): create a new one", id, st.Status)
+		}
+		wait := bo.NextBackOff()
+		if wait == backoff.Stop {
+			return st, time.Time{}, fmt.Errorf("request %d still %q after %v: run again with --request-id %d", id, st.Status, d.pollTime, id)
+		}
+		d.p.logf("request %d: %s (poll %d); next poll in %v", id, st.Status, polls, wait.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return st, time.Time{}, fmt.Errorf("interrupted: run again with --request-id %d: %w", id, ctx.Err())
+		case <-time.After(wait):
+		}
+	}
+}
+
+// download fetches one output into path (through path.tmp) and verifies it.
+func (d *dsarRun) download(ctx context.Context, url, path string) (int64, error) {
+	resp, err := d.cl.do(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	f, err := os.Create(path + ".tmp")
+	if err != nil {
+		return 0, err
+	}
+	defer os.Remove(path + ".tmp")
+	name := filepath.Base(path)
+	cr := &countingReader{r: resp.Body, on: func(n int64) { d.p.update("%s: %s", name, humanBytes(n)) }}
+	n, err := io.Copy(f, cr)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, err
+	}
+	lines, err := verifyGzipJSONLines(path + ".tmp")
+	if err != nil {
+		return 0, fmt.Errorf("%s does not verify: %w", name, err)
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		return 0, err
+	}
+	d.p.logf("%s: %s, %d lines, verified", path, humanBytes(n), lines)
+	return lines, nil
+}
+
+// verifyGzipJSONLines reads the gzip file at path to its end (checking
+// its CRC) and requires every non-empty line to be a JSON object; it
+// returns the number of lines.
+func verifyGzipJSONLines(path string) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(bufio.NewReader(f))
+	if err != nil {
+		return 0, fmt.Errorf("not gzip: %w", err)
+	}
+	sc := bufio.NewScanner(zr)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	var lines int64
+	for sc.Scan() {
+		b := sc.Bytes()
+		if len(b) == 0 {
+			continue
+		}
+		lines++
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(b, &obj); err != nil {
+			return lines, fmt.Errorf("line %d is not a JSON object: %w", lines, err)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return lines, fmt.Errorf("gzip stream: %w", err)
+	}
+	return lines, nil
+}

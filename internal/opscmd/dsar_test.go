@@ -1,0 +1,87 @@
+package opscmd
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/svcrelay/relay/internal/sim"
+)
+
+func dsarArgs(up, creds, out string, extra ...string) []string {
+	a := []string{"--credentials", creds, "--project", "web", "--analytics-url", up, "--out", out,
+		"--poll-initial", "5ms", "--poll-max", "20ms"}
+	return append(append(a, fastRetry...), extra...)
+}
+
+func TestDSARCommand(t *testing.T) {
+	s, up, clk := startSim(t)
+	clk.Set(time.Date(2026, 1, 10, 12, 0, 0, 0, time.UTC))
+	ingest(t, up, `{"event_type":"jan","user_id":"alice"}`, `{"event_type":"other","user_id":"bobby"}`)
+	clk.Set(time.Date(2026, 2, 10, 12, 0, 0, 0, time.UTC))
+	ingest(t, up, `{"event_type":"feb1","user_id":"alice"}`, `{"event_type":"feb2","user_id":"alice"}`)
+	creds, out := credsFile(t), t.TempDir()
+	// The object store fails once: the download is retried.
+	s.Inject(sim.Fault{Status: 503, PathPrefix: "/objects/"})
+
+	r := runCmd(context.Background(), DSARMain, dsarArgs(up, creds, out, "--user-id", "alice", "--start", "2026-01-01", "--end", "2026-03-31")...)
+	if r.code != 0 {
+		t.Fatal(r)
+	}
+	if !strings.Contains(r.stderr, "processing") || !strings.Contains(r.stderr, "verified") {
+		t.Errorf("progress lines missing:\n%s", r.stderr)
+	}
+	files, _ := filepath.Glob(filepath.Join(out, "dsar-*-*.json.gz"))
+	if len(files) != 2 || !strings.Contains(r.stdout, "-0.json.gz\t1 lines") || !strings.Contains(r.stdout, "-1.json.gz\t2 lines") {
+		t.Fatalf("files %v\n%v", files, r)
+	}
+	if s.PendingFaults() != 0 {
+		t.Error("the injected 503 was not met")
+	}
+	// Resume: the files verify and are not downloaded again.
+	id := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(files[0]), "dsar-"), "-0.json.gz")
+	r = runCmd(context.Background(), DSARMain, dsarArgs(up, creds, out, "--request-id", id)...)
+	if r.code != 0 || strings.Count(r.stderr, "already downloaded") != 2 {
+		t.Fatal(r)
+	}
+	// A damaged file is downloaded again.
+	os.WriteFile(files[1], []byte("not gzip"), 0o644)
+	r = runCmd(context.Background(), DSARMain, dsarArgs(up, creds, out, "--request-id", id)...)
+	if r.code != 0 || strings.Count(r.stderr, "already downloaded") != 1 || strings.Count(r.stderr, "verified") != 1 {
+		t.Fatal(r)
+	}
+}
+
+func TestDSARCommandFailedJob(t *testing.T) {
+	_, up, _ := startSim(t)
+	one := 1
+	if err := (&sim.Control{Base: up}).SetDSAR(context.Background(), sim.DSARConfig{FailNext: &one}); err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	r := runCmd(context.Background(), DSARMain, dsarArgs(up, credsFile(t), out, "--svc-id", "42", "--start", "2026-01-01", "--end", "2026-01-31")...)
+	if r.code != 1 || !strings.Contains(r.stderr, "failed upstream") {
+		t.Fatal(r)
+	}
+	if files, _ := filepath.Glob(filepath.Join(out, "*")); len(files) != 0 {
+		t.Errorf("files written for a failed request: %v", files)
+	}
+}
+
+func TestDSARCommandUsage(t *testing.T) {
+	creds := credsFile(t)
+	for _, args := range [][]string{
+		{"--credentials", creds, "--project", "web", "--out", "x", "--start", "2026-01-01", "--end", "2026-01-31"},
+		{"--credentials", creds, "--project", "web", "--out", "x", "--user-id", "u", "--svc-id", "3", "--start", "2026-01-01", "--end", "2026-01-31"},
+		{"--credentials", creds, "--project", "web", "--out", "x", "--user-id", "u", "--start", "2026-02-01", "--end", "2026-01-31"},
+		{"--credentials", creds, "--org", "nope", "--out", "x", "--user-id", "u", "--start", "2026-01-01", "--end", "2026-01-31"},
+		{"--credentials", creds, "--project", "web", "--user-id", "u", "--start", "2026-01-01", "--end", "2026-01-31"},
+	} {
+		if r := runCmd(context.Background(), DSARMain, args...); r.code != 2 {
+			t.Errorf("%v: %v", args, r)
+		}
+	}
+}
