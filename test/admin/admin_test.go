@@ -561,8 +561,14 @@ func testNoSecrets(t *testing.T, r *relay) {
 		c.Close()
 		answers.add(answer{body: []byte(line)})
 	}
+	// A client connected and silent must not hold the stop.
+	silent, err := net.Dial("tcp", strings.TrimPrefix(r.admin, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
 	// Stop the relay cleanly so every log line is written.
-	r.stop()
+	r.stopClean()
 
 	logText := r.log.String()
 	if !strings.Contains(logText, "credentials loaded") || !strings.Contains(logText, "dead letters replayed") {

@@ -250,6 +250,15 @@ func (r *relay) stop() {
 	}
 }
 
+// stopClean stops the relay with SIGTERM and wants exit status 0.
+func (r *relay) stopClean() {
+	r.t.Helper()
+	r.stop()
+	if code := r.cmd.ProcessState.ExitCode(); code != 0 {
+		r.t.Errorf("relay exited %d after SIGTERM\n%s", code, r.log.String())
+	}
+}
+
 // kill ends the relay with SIGKILL and waits for it.
 func (r *relay) kill() {
 	r.t.Helper()

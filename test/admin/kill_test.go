@@ -62,7 +62,7 @@ func TestKillBeforeDelivery(t *testing.T) {
 		return len(s.GroupIdentifies(key)) >= total && len(s.MappingCalls()) >= total+requests
 	})
 	time.Sleep(500 * time.Millisecond) // a duplicate would arrive by now
-	r.stop()
+	r.stopClean()
 
 	var groups []string
 	for _, g := range s.GroupIdentifies(key) {
