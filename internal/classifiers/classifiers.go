@@ -146,7 +146,12 @@ func (a *API) handle(method, pattern string, checkName, checkBody bool) {
 			return
 		}
 		if checkBody {
-			if status, msg := CheckBody(ctx.Request.Body()); status != 0 {
+			body, err := forward.DecodedBody(ctx, a.fwd.MaxRequestBodyBytes())
+			if err != nil {
+				forward.WriteError(ctx, fasthttp.StatusBadRequest, "request body could not be decoded by its Content-Encoding")
+				return
+			}
+			if status, msg := CheckBody(body); status != 0 {
 				forward.WriteError(ctx, status, msg)
 				return
 			}

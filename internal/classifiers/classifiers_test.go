@@ -1,6 +1,7 @@
 package classifiers
 
 import (
+	"compress/gzip"
 	"encoding/base64"
 	"strings"
 	"testing"
@@ -102,5 +103,36 @@ func TestLocalValidation(t *testing.T) {
 	edge := `{"displayName":"` + strings.Repeat("é", MaxTextChars) + `","csvDefinition":{"csvText":"` + strings.Repeat("a", MaxCSVBytes) + `"}}`
 	if r := ft.Do(t, "POST", relay+p+"edge-1_A", edge, ft.Injected()...); r.Status != 200 {
 		t.Errorf("at the limits: %v", r)
+	}
+}
+
+// TestGzipBody: validation looks at the decoded body; the body forwarded is
+// the caller's, still compressed.
+func TestGzipBody(t *testing.T) {
+	env, relay := start(t)
+	gz := func(s string) string {
+		var b strings.Builder
+		zw := gzip.NewWriter(&b)
+		zw.Write([]byte(s))
+		zw.Close()
+		return b.String()
+	}
+	big := `{"csvDefinition":{"csvText":"` + strings.Repeat("a", MaxCSVBytes+1) + `"}}`
+	if r := ft.Do(t, "POST", relay+"/api/2/channel-classifiers/big", gz(big), ft.Injected("Content-Encoding", "gzip")...); r.Status != 413 {
+		t.Errorf("gzip over 1 MB: %v", r)
+	}
+	if r := ft.Do(t, "POST", relay+"/api/2/channel-classifiers/z", "not gzip", ft.Injected("Content-Encoding", "gzip")...); r.Status != 400 {
+		t.Errorf("broken gzip: %v", r)
+	}
+	if env.Calls() != 0 {
+		t.Fatalf("sim saw %d calls", env.Calls())
+	}
+	body := gz(def)
+	if r := ft.Do(t, "POST", relay+"/api/2/channel-classifiers/z", body, ft.Injected("Content-Encoding", "gzip")...); r.Status != 200 {
+		t.Errorf("gzip body: %v", r)
+	}
+	// The sim decoded what it got: the caller's gzip bytes, with their header.
+	if c := env.LastCall(t, 1); c.Body != def || !strings.Contains(strings.Join(c.Headers, ","), "Content-Encoding") {
+		t.Errorf("forwarded body or Content-Encoding changed: %+v", c)
 	}
 }

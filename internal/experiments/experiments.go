@@ -93,7 +93,12 @@ func (a *API) handle(method, pattern string, c check) {
 			return
 		}
 		if c != nil {
-			if msg := c(ctx.Request.Body()); msg != "" {
+			body, err := forward.DecodedBody(ctx, a.fwd.MaxRequestBodyBytes())
+			if err != nil {
+				forward.WriteError(ctx, fasthttp.StatusBadRequest, "request body could not be decoded by its Content-Encoding")
+				return
+			}
+			if msg := c(body); msg != "" {
 				forward.WriteError(ctx, fasthttp.StatusBadRequest, msg)
 				return
 			}

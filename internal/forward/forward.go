@@ -212,6 +212,8 @@ var hopHeaders = map[string]bool{
 	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Proxy-Authenticate": true,
 	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
 	"Host": true, "Content-Length": true, "X-Relay-Project": true,
+	// The relay has read the whole body already.
+	"Expect": true,
 }
 
 // respSkip are response headers the relay's server sets itself.

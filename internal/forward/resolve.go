@@ -220,3 +220,20 @@ func basicUser(auth []byte) (string, bool) {
 	user, _, ok := bytes.Cut(dec, []byte{':'})
 	return string(user), ok && len(user) > 0
 }
+
+// DecodedBody returns the request body decoded by its Content-Encoding
+// (gzip, deflate, br, zstd; none or identity: as is), at most limit bytes,
+// for local validation. The body forwarded upstream stays as sent. An
+// undecodable body, an unknown encoding or one decoding past limit is an
+// error (answer it 400 or 413).
+func DecodedBody(ctx *fasthttp.RequestCtx, limit int) ([]byte, error) {
+	enc := bytes.TrimSpace(ctx.Request.Header.ContentEncoding())
+	if len(enc) == 0 || bytes.EqualFold(enc, []byte("identity")) {
+		return ctx.Request.Body(), nil
+	}
+	b, err := ctx.Request.BodyUncompressedWithLimit(limit)
+	if err != nil {
+		return nil, fmt.Errorf("decode request body (Content-Encoding %q): %w", enc, err)
+	}
+	return b, nil
+}

@@ -140,7 +140,7 @@ func scimError(ctx *fasthttp.RequestCtx, status int, scimType, detail string) {
 // problem is a local validation failure.
 type problem struct{ scimType, detail string }
 
-type check func(ctx *fasthttp.RequestCtx, p forward.Params) *problem
+type check func(ctx *fasthttp.RequestCtx, p forward.Params, body []byte) *problem
 
 func (a *API) handle(method, pattern string, c check) {
 	up := forward.Upstream{API: "scim", Kind: credentials.KindSCIM, Fallback: a.cfg.URL, Flag: "--scim-url",
@@ -152,7 +152,12 @@ func (a *API) handle(method, pattern string, c check) {
 			return
 		}
 		if c != nil {
-			if pr := c(ctx, p); pr != nil {
+			body, err := forward.DecodedBody(ctx, a.fwd.MaxRequestBodyBytes())
+			if err != nil {
+				scimError(ctx, fasthttp.StatusBadRequest, "invalidSyntax", "request body could not be decoded by its Content-Encoding")
+				return
+			}
+			if pr := c(ctx, p, body); pr != nil {
 				scimError(ctx, fasthttp.StatusBadRequest, pr.scimType, pr.detail)
 				return
 			}
@@ -216,7 +221,7 @@ func ValidEmail(s string) bool {
 	return true
 }
 
-func checkPage(ctx *fasthttp.RequestCtx, _ forward.Params) *problem {
+func checkPage(ctx *fasthttp.RequestCtx, _ forward.Params, _ []byte) *problem {
 	args := ctx.QueryArgs()
 	if v := args.Peek("startIndex"); v != nil {
 		if n, err := strconv.Atoi(string(v)); err != nil || n < 1 {
@@ -235,19 +240,19 @@ func checkPage(ctx *fasthttp.RequestCtx, _ forward.Params) *problem {
 	return nil
 }
 
-func checkUserID(_ *fasthttp.RequestCtx, p forward.Params) *problem {
+func checkUserID(_ *fasthttp.RequestCtx, p forward.Params, _ []byte) *problem {
 	if !ValidEmail(p["id"]) {
 		return &problem{"invalidValue", "the user id in the path must be a valid email"}
 	}
 	return nil
 }
 
-func checkUser(ctx *fasthttp.RequestCtx, _ forward.Params) *problem {
+func checkUser(_ *fasthttp.RequestCtx, _ forward.Params, body []byte) *problem {
 	var u struct {
 		ID       *string `json:"id"`
 		UserName *string `json:"userName"`
 	}
-	if err := json.Unmarshal(ctx.Request.Body(), &u); err != nil {
+	if err := json.Unmarshal(body, &u); err != nil {
 		return &problem{"invalidSyntax", "body must be a SCIM User JSON object"}
 	}
 	if u.ID == nil || u.UserName == nil || !ValidEmail(*u.ID) || !ValidEmail(*u.UserName) {
@@ -256,7 +261,7 @@ func checkUser(ctx *fasthttp.RequestCtx, _ forward.Params) *problem {
 	return nil
 }
 
-func checkGroupID(_ *fasthttp.RequestCtx, p forward.Params) *problem {
+func checkGroupID(_ *fasthttp.RequestCtx, p forward.Params, _ []byte) *problem {
 	if _, err := strconv.Atoi(p["id"]); err != nil {
 		return &problem{"invalidValue", "the group id in the path must be an integer"}
 	}
@@ -280,12 +285,12 @@ func checkMembers(raw json.RawMessage) bool {
 	return true
 }
 
-func checkGroup(ctx *fasthttp.RequestCtx, _ forward.Params) *problem {
+func checkGroup(_ *fasthttp.RequestCtx, _ forward.Params, body []byte) *problem {
 	var g struct {
 		DisplayName *string         `json:"displayName"`
 		Members     json.RawMessage `json:"members"`
 	}
-	if err := json.Unmarshal(ctx.Request.Body(), &g); err != nil {
+	if err := json.Unmarshal(body, &g); err != nil {
 		return &problem{"invalidSyntax", "body must be a SCIM Group JSON object"}
 	}
 	if g.DisplayName == nil || *g.DisplayName == "" {
@@ -297,8 +302,8 @@ func checkGroup(ctx *fasthttp.RequestCtx, _ forward.Params) *problem {
 	return nil
 }
 
-func checkPatch(ctx *fasthttp.RequestCtx, p forward.Params) *problem {
-	if pr := checkGroupID(ctx, p); pr != nil {
+func checkPatch(ctx *fasthttp.RequestCtx, p forward.Params, raw []byte) *problem {
+	if pr := checkGroupID(ctx, p, nil); pr != nil {
 		return pr
 	}
 	var body struct {
@@ -309,7 +314,7 @@ func checkPatch(ctx *fasthttp.RequestCtx, p forward.Params) *problem {
 			Value json.RawMessage `json:"value"`
 		} `json:"Operations"`
 	}
-	if err := json.Unmarshal(ctx.Request.Body(), &body); err != nil {
+	if err := json.Unmarshal(raw, &body); err != nil {
 		return &problem{"invalidSyntax", "body must be a PatchOp JSON object"}
 	}
 	found := false

@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"bytes"
+	"compress/gzip"
 	"encoding/base64"
 	"errors"
 	"io"
@@ -315,6 +317,25 @@ func (s *Sim) serveMgmt(st *mgmtState, w *mgWriter, r *http.Request, call *MgmtC
 	}
 	if int64(len(body)) > maxBody {
 		writeJSON(w, http.StatusRequestEntityTooLarge, map[string]any{"error": "Payload too large"})
+		return
+	}
+	switch enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); enc {
+	case "", "identity":
+	case "gzip":
+		zr, err := gzip.NewReader(bytes.NewReader(body))
+		if err == nil {
+			body, err = io.ReadAll(io.LimitReader(zr, maxBody+1))
+		}
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]any{"error": "undecodable gzip body"})
+			return
+		}
+		if int64(len(body)) > maxBody {
+			writeJSON(w, http.StatusRequestEntityTooLarge, map[string]any{"error": "Payload too large"})
+			return
+		}
+	default:
+		writeJSON(w, http.StatusUnsupportedMediaType, map[string]any{"error": "unsupported Content-Encoding"})
 		return
 	}
 	q.body = body

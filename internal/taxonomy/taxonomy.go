@@ -158,7 +158,12 @@ func (a *API) handle(method, pattern string, required ...string) {
 			return
 		}
 		if len(required) > 0 {
-			form, err := url.ParseQuery(string(ctx.Request.Body()))
+			body, err := forward.DecodedBody(ctx, a.fwd.MaxRequestBodyBytes())
+			if err != nil {
+				fail(ctx, fasthttp.StatusBadRequest, "request body could not be decoded by its Content-Encoding")
+				return
+			}
+			form, err := url.ParseQuery(string(body))
 			if err != nil {
 				fail(ctx, fasthttp.StatusBadRequest, "body is not form encoded (application/x-www-form-urlencoded)")
 				return
