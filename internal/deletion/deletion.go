@@ -113,12 +113,12 @@ type User struct {
 
 // Job is a deletion job (the POST answer and the GET list's entries).
 type Job struct {
-	Day                 string          `json:"day"`
-	Status              string          `json:"status"`
-	SvcIDs              []User          `json:"svc_ids"`
-	App                 json.RawMessage `json:"app,omitempty"`
-	InvalidIDs          []any           `json:"invalid_ids,omitempty"`
-	ActiveScrubDoneDate string          `json:"active_scrub_done_date,omitempty"`
+	Day                 string            `json:"day"`
+	Status              string            `json:"status"`
+	SvcIDs              []User            `json:"svc_ids"`
+	App                 json.RawMessage   `json:"app,omitempty"`
+	InvalidIDs          []json.RawMessage `json:"invalid_ids,omitempty"`
+	ActiveScrubDoneDate string            `json:"active_scrub_done_date,omitempty"`
 }
 
 // Config configures the deletion routes.

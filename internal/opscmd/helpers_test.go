@@ -21,9 +21,13 @@ type clock struct {
 	t  time.Time
 }
 
+// Now is the pinned time, or the real time until Set is called.
 func (c *clock) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.t.IsZero() {
+		return time.Now()
+	}
 	return c.t
 }
 
@@ -33,10 +37,10 @@ func (c *clock) Set(t time.Time) {
 	c.t = t
 }
 
-// startSim starts a simulator whose clock the test sets.
+// startSim starts a simulator whose clock the test may pin.
 func startSim(t testing.TB) (*sim.Sim, string, *clock) {
 	t.Helper()
-	c := &clock{t: time.Now().UTC()}
+	c := &clock{}
 	s := sim.New(sim.Config{Now: c.Now}, nil)
 	u, err := s.Start("127.0.0.1:0")
 	if err != nil {
