@@ -80,7 +80,7 @@ func TestAdmin(t *testing.T) {
 	t.Run("auth", func(t *testing.T) { testAuth(t, r, s, rec1, rec2) })
 	t.Run("deadletters", func(t *testing.T) { testDeadLetters(t, r, s) })
 	t.Run("lanes", func(t *testing.T) { testLanes(t, r, s) })
-	t.Run("no secrets", func(t *testing.T) { testNoSecrets(t, r) })
+	t.Run("no secrets", func(t *testing.T) { testNoSecrets(t, r, s) })
 }
 
 func testAuth(t *testing.T, r *relay, s *sim.Sim, rec1, rec2 *headerRecorder) {
@@ -533,7 +533,7 @@ func testLanes(t *testing.T, r *relay, s *sim.Sim) {
 	}
 }
 
-func testNoSecrets(t *testing.T, r *relay) {
+func testNoSecrets(t *testing.T, r *relay, s *sim.Sim) {
 	// Answers worth searching besides those of the other subtests.
 	for _, p := range []string{"/metrics", "/readyz", "/nope"} {
 		call(t, "GET", r.admin+p, "")
@@ -542,6 +542,19 @@ func testNoSecrets(t *testing.T, r *relay) {
 		r.own("GET", p, "")
 	}
 	call(t, "GET", r.admin+"/api/2/usermap?user_ids=x", "", "Authorization", bearer(adminToken), "X-Relay-Project", project2Name)
+	// The project's api_key injected into a group identify and a mapping.
+	if a := call(t, "POST", r.admin+"/groupidentify", form("identification", `{"group_type":"org","group_value":"injected","group_properties":{"a":1}}`),
+		"Authorization", bearer(adminToken), "Content-Type", formType, "X-Relay-Project", projectName); a.status != 200 {
+		t.Errorf("groupidentify with X-Relay-Project: %d %s", a.status, a.body)
+	}
+	if a := call(t, "POST", r.admin+"/usermap?"+form("mapping", `{"user_id":"inj-u","global_user_id":"inj-g"}`), "",
+		"Authorization", bearer(adminToken), "X-Relay-Project", projectName); a.status != 200 {
+		t.Errorf("usermap with X-Relay-Project: %d %s", a.status, a.body)
+	}
+	waitFor(t, 10*time.Second, "the injected mapping at the sim", func() bool {
+		g, ok := s.MappedTo(projAPIKey, "inj-u")
+		return ok && g == "inj-g"
+	})
 	call(t, "POST", r.admin+"/groupidentify", form("api_key", projAPIKey, "identification", "[{]"), "Authorization", bearer(adminToken), "Content-Type", formType)
 	call(t, "POST", r.admin+"/usermap?"+form("api_key", projAPIKey, "mapping", `{"user_id":1}`), "", "Authorization", bearer(adminToken))
 	call(t, "POST", r.admin+"/usermap?"+form("api_key", projAPIKey, "mapping", `{"user_id":1}`), "", "Authorization", bearer(wrongToken))
