@@ -292,6 +292,9 @@ func Load(args []string, environ []string) (Config, error) {
 	if err := c.finish(); err != nil {
 		return Config{}, err
 	}
+	if raws["admin-token"].set {
+		c.Warnings = append(c.Warnings, "--admin-token on the command line shows in every local user's process list: prefer --admin-token-file or RELAY_ADMIN_TOKEN")
+	}
 	return c, nil
 }
 

@@ -198,6 +198,12 @@ func TestTokenFile(t *testing.T) {
 		t.Fatalf("credentials not loaded: %v", c.Creds)
 	}
 
+	// A token on the command line gives a warning (without the token).
+	c, err = Load([]string{"--admin-token", "flag-token"}, nil)
+	if err != nil || len(c.Warnings) != 1 || !strings.Contains(c.Warnings[0], "prefer --admin-token-file") || strings.Contains(c.Warnings[0], "flag-token") {
+		t.Fatalf("token flag: %v %q", err, c.Warnings)
+	}
+
 	// A private file gives no warning.
 	priv := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(priv, []byte("another-token\n"), 0o600); err != nil {
