@@ -103,3 +103,23 @@ func runCmd(ctx context.Context, main func(context.Context, []string, io.Writer,
 }
 
 var fastRetry = []string{"--retry-initial=10ms", "--retry-max=50ms", "--retry-time=2s"}
+
+func TestProgressTerminalAndPlain(t *testing.T) {
+	var b bytes.Buffer
+	p := &progress{w: &b, tty: true}
+	p.update("piece %d", 1)
+	p.update("piece %d", 2) // within 100 ms: not drawn
+	p.logf("done %d", 1)
+	p.done()
+	if got := b.String(); got != "\r\033[Kpiece 1\r\033[Kdone 1\n" {
+		t.Fatalf("terminal output %q", got)
+	}
+	b.Reset()
+	p = newProgress(&b) // not a terminal: only log lines
+	p.update("piece %d", 1)
+	p.logf("done %d", 1)
+	p.done()
+	if got := b.String(); got != "done 1\n" {
+		t.Fatalf("plain output %q", got)
+	}
+}
