@@ -1,7 +1,10 @@
 package admin
 
 import (
+	"errors"
 	"fmt"
+	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -89,5 +92,51 @@ func TestKillBeforeDelivery(t *testing.T) {
 	}
 	if g, _ := s.MappedTo(key, "order-u"); g != fmt.Sprintf("order-g%02d", requests-1) {
 		t.Fatalf("order-u maps to %q", g)
+	}
+}
+
+// TestStartRefusals: the binary refuses a credentials file without an admin
+// token, and a credentials file with a typo, with exit status 2 and one line
+// on stderr that holds no secret value.
+func TestStartRefusals(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the relay binary")
+	}
+	dir := t.TempDir()
+	good, tokenFile := writeFiles(t, dir, "http://127.0.0.1:1")
+	typo := dir + "/typo.yaml"
+	if err := os.WriteFile(typo, []byte("projects:\n  - name: p\n    api_key: \""+projAPIKey+"\"\n    secret_kye: \""+projSecret+"\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bad := dir + "/bad.yaml"
+	if err := os.WriteFile(bad, []byte("projects:\n  - name: p\n    api_key: [\""+projAPIKey+"\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no token", []string{"--credentials", good}, "--credentials needs an admin token"},
+		{"typo", []string{"--credentials", typo, "--admin-token-file", tokenFile}, "secret_kye"},
+		{"yaml error", []string{"--credentials", bad, "--admin-token-file", tokenFile}, "--credentials"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cmd := exec.Command(relayBin(t), append([]string{"--data-dir", dir + "/data", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, tt.args...)...)
+			out, err := cmd.CombinedOutput()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+				t.Fatalf("exit %v, want 2: %s", err, out)
+			}
+			if !strings.Contains(string(out), tt.want) || strings.Count(string(out), "\n") != 1 {
+				t.Fatalf("stderr %q: want one line with %q", out, tt.want)
+			}
+			for _, sec := range secrets {
+				if strings.Contains(string(out), sec) {
+					t.Fatalf("stderr holds a secret: %q", out)
+				}
+			}
+		})
 	}
 }
