@@ -509,3 +509,26 @@ func TestMux(t *testing.T) {
 		t.Errorf("%+v", rs)
 	}
 }
+
+func TestRetryAfter(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	for v, want := range map[string]time.Duration{
+		"17": 17 * time.Second, "0": 0, now.Add(90 * time.Second).Format(http.TimeFormat): 90 * time.Second,
+		now.Add(-time.Hour).Format(http.TimeFormat): 0,
+	} {
+		var h fasthttp.ResponseHeader
+		h.Set("Retry-After", v)
+		if d, ok := RetryAfter(&h, now); !ok || d != want {
+			t.Errorf("%q: %v %v, want %v", v, d, ok, want)
+		}
+	}
+	for _, v := range []string{"", "soon", "-5"} {
+		var h fasthttp.ResponseHeader
+		if v != "" {
+			h.Set("Retry-After", v)
+		}
+		if _, ok := RetryAfter(&h, now); ok {
+			t.Errorf("%q accepted", v)
+		}
+	}
+}

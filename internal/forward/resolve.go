@@ -7,6 +7,10 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/credentials"
@@ -236,4 +240,20 @@ func DecodedBody(ctx *fasthttp.RequestCtx, limit int) ([]byte, error) {
 		return nil, fmt.Errorf("decode request body (Content-Encoding %q): %w", enc, err)
 	}
 	return b, nil
+}
+
+// RetryAfter reads a Retry-After header of an answer: delay seconds or an
+// HTTP date (relative to now). ok is false when absent or unreadable.
+func RetryAfter(h *fasthttp.ResponseHeader, now time.Time) (d time.Duration, ok bool) {
+	v := strings.TrimSpace(string(h.Peek(fasthttp.HeaderRetryAfter)))
+	if v == "" {
+		return 0, false
+	}
+	if n, err := strconv.Atoi(v); err == nil {
+		return max(time.Duration(n)*time.Second, 0), n >= 0
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(t.Sub(now), 0), true
+	}
+	return 0, false
 }

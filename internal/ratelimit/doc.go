@@ -22,6 +22,10 @@
 // and is refused at MaxWait if its turn has still not come. A refusal is a
 // *LimitedError with a Retry-After estimate of at least one second.
 //
+// Pause(key, d) holds a key's calls back for d (at most Window): callers
+// use it when the upstream answered 429 with a Retry-After.
+//
 // State is in memory: a restarted relay starts with empty windows.
-// Keys with no counted call are forgotten. Lock order: Limiter.mu only.
+// Keys with no counted call and no pause are forgotten (swept every
+// 1024 calls). Lock order: Limiter.mu only.
 package ratelimit

@@ -98,10 +98,11 @@ func (e *LimitedError) RetryAfterSeconds() int {
 // Limiter admits calls per key within a sliding-window cost limit and a
 // bound of cost in flight. See the package doc for the rule.
 type Limiter struct {
-	cfg  Config
-	mu   sync.Mutex
-	keys map[string]*keyState
-	m    metrics
+	cfg   Config
+	mu    sync.Mutex
+	keys  map[string]*keyState
+	calls int // Acquire calls since the last sweep of idle keys
+	m     metrics
 }
 
 type metrics struct {
@@ -122,6 +123,7 @@ type grant struct {
 type keyState struct {
 	grants []*grant      // in admission order
 	wake   chan struct{} // closed and replaced when a grant ends or leaves
+	paused time.Time     // no call starts before (Pause)
 }
 
 // New returns a Limiter. reg may be nil.
@@ -170,6 +172,9 @@ func (l *Limiter) Acquire(ctx context.Context, key string, cost int) (release fu
 	start := time.Now()
 	deadline := start.Add(max(l.cfg.MaxWait, 0))
 	l.mu.Lock()
+	if l.calls++; l.calls >= sweepEvery {
+		l.sweepLocked(start)
+	}
 	ks := l.keys[key]
 	if ks == nil {
 		ks = &keyState{wake: make(chan struct{})}
@@ -180,7 +185,7 @@ func (l *Limiter) Acquire(ctx context.Context, key string, cost int) (release fu
 	if ok, _ := l.admissibleLocked(ks, len(ks.grants), g, start); ok && !l.queuedLocked(ks) {
 		return l.startLocked(key, ks, g, start), nil
 	}
-	est := l.estimateLocked(ks, len(ks.grants), cost, start)
+	est := later(l.estimateLocked(ks, len(ks.grants), cost, start), ks.paused)
 	switch {
 	case est.Sub(start) > l.cfg.MaxWait:
 		l.dropIfEmptyLocked(key, ks)
@@ -203,7 +208,7 @@ func (l *Limiter) Acquire(ctx context.Context, key string, cost int) (release fu
 		if !now.Before(deadline) {
 			ks.grants = slices.Delete(ks.grants, i, i+1)
 			l.wakeLocked(ks)
-			retry := l.estimateLocked(ks, i, cost, now).Sub(now)
+			retry := later(l.estimateLocked(ks, i, cost, now), ks.paused).Sub(now)
 			l.dropIfEmptyLocked(key, ks)
 			l.mu.Unlock()
 			return nil, l.refuse("wait", retry)
@@ -228,6 +233,27 @@ func (l *Limiter) Acquire(ctx context.Context, key string, cost int) (release fu
 			return nil, ctx.Err()
 		}
 		l.mu.Lock()
+	}
+}
+
+// Pause keeps every call of key from starting for d (clamped to at most
+// Window): the upstream answered 429 with Retry-After d. Calls whose turn
+// then lies beyond MaxWait are refused at once with the remaining time.
+func (l *Limiter) Pause(key string, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	d = min(d, l.cfg.Window)
+	until := time.Now().Add(d)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ks := l.keys[key]
+	if ks == nil {
+		ks = &keyState{wake: make(chan struct{})}
+		l.keys[key] = ks
+	}
+	if until.After(ks.paused) {
+		ks.paused = until
 	}
 }
 
@@ -271,8 +297,20 @@ func (l *Limiter) pruneLocked(ks *keyState, now time.Time) {
 	})
 }
 
+// sweepEvery is how many Acquire calls pass between sweeps of idle keys.
+const sweepEvery = 1024
+
+// sweepLocked forgets keys with nothing counted and no pause.
+func (l *Limiter) sweepLocked(now time.Time) {
+	l.calls = 0
+	for k, ks := range l.keys {
+		l.pruneLocked(ks, now)
+		l.dropIfEmptyLocked(k, ks)
+	}
+}
+
 func (l *Limiter) dropIfEmptyLocked(key string, ks *keyState) {
-	if len(ks.grants) == 0 && l.keys[key] == ks {
+	if len(ks.grants) == 0 && l.keys[key] == ks && !ks.paused.After(time.Now()) {
 		delete(l.keys, key)
 	}
 }
@@ -292,6 +330,9 @@ func (l *Limiter) waitingLocked(ks *keyState) int {
 // admissibleLocked reports whether g may start now given the grants ahead
 // of it (indexes below i); when not, next is when to look again.
 func (l *Limiter) admissibleLocked(ks *keyState, i int, g *grant, now time.Time) (ok bool, next time.Time) {
+	if ks.paused.After(now) {
+		return false, ks.paused
+	}
 	inFlight, inWindow := 0, 0
 	for _, o := range ks.grants[:i] {
 		if !o.started {

@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -261,4 +262,55 @@ func BenchmarkAcquireRelease(b *testing.B) {
 		}
 		rel()
 	}
+}
+
+func TestPause(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newLimiter(t, Config{Limit: 100, Window: time.Minute, MaxWait: 5 * time.Second})
+		l.Pause("k", 30*time.Second)
+		_, err := l.Acquire(context.Background(), "k", 1)
+		var le *LimitedError
+		if !errors.As(err, &le) || le.RetryAfterSeconds() != 30 {
+			t.Fatalf("paused key: %v", err)
+		}
+		if rel, err := l.Acquire(context.Background(), "other", 1); err != nil {
+			t.Fatal(err)
+		} else {
+			rel()
+		}
+		time.Sleep(27 * time.Second)
+		t0 := time.Now()
+		rel, err := l.Acquire(context.Background(), "k", 1) // waits the last 3 s
+		if err != nil || time.Since(t0) != 3*time.Second {
+			t.Fatalf("err %v after %v", err, time.Since(t0))
+		}
+		rel()
+		l.Pause("k", time.Hour) // clamped to the window
+		_, err = l.Acquire(context.Background(), "k", 1)
+		if !errors.As(err, &le) || le.RetryAfterSeconds() != 60 {
+			t.Fatalf("clamp: %v", err)
+		}
+	})
+}
+
+func TestIdleKeysForgotten(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newLimiter(t, Config{Limit: 10, Window: time.Second})
+		for i := range 2 * sweepEvery {
+			rel, err := l.Acquire(context.Background(), fmt.Sprint("key", i), 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rel()
+			if i == sweepEvery-1 {
+				time.Sleep(2 * time.Second)
+			}
+		}
+		l.mu.Lock()
+		n := len(l.keys)
+		l.mu.Unlock()
+		if n > sweepEvery+1 {
+			t.Fatalf("%d keys remembered", n)
+		}
+	})
 }

@@ -24,7 +24,9 @@
 // caller's bearer token, kept as a hash), counted from each call's answer
 // (see internal/ratelimit). A call whose turn is further than Config.MaxWait
 // gets a local 429 with Retry-After; an upstream 429 is passed back with its
-// Retry-After.
+// Retry-After, and holds that organization's further calls back for it
+// (clamped to 1 s .. Window): they wait, or get a local 429 when that is
+// further than MaxWait.
 package scim
 
 import (
@@ -175,8 +177,14 @@ func (a *API) handle(method, pattern string, c check) {
 			scimError(ctx, fasthttp.StatusServiceUnavailable, "", "relay shutting down")
 			return
 		}
-		a.fwd.Forward(ctx, r.Target)
+		status, _ := a.fwd.Forward(ctx, r.Target)
 		release()
+		if status == fasthttp.StatusTooManyRequests {
+			// The upstream refused: hold this account's calls back for its
+			// Retry-After (at least a second, at most the window).
+			d, _ := forward.RetryAfter(&ctx.Response.Header, time.Now())
+			a.lim.Pause(r.Key, max(d, time.Second))
+		}
 	})
 }
 

@@ -23,7 +23,8 @@
 // most Config.MaxInFlight cost in flight and Config.PeriodCost cost per
 // Config.Period, counted from each call's answer (internal/ratelimit). A
 // call whose turn is further than Config.MaxWait gets a local 429 with
-// Retry-After; an upstream 429 is passed back with its Retry-After.
+// Retry-After; an upstream 429 is passed back with its Retry-After, and
+// holds that project's further calls back for it (clamped to 1 s .. Period).
 package taxonomy
 
 import (
@@ -188,8 +189,14 @@ func (a *API) handle(method, pattern string, required ...string) {
 			fail(ctx, fasthttp.StatusServiceUnavailable, "relay shutting down")
 			return
 		}
-		a.fwd.Forward(ctx, r.Target)
+		status, _ := a.fwd.Forward(ctx, r.Target)
 		release()
+		if status == fasthttp.StatusTooManyRequests {
+			// The upstream refused: hold this account's calls back for its
+			// Retry-After (at least a second, at most the window).
+			d, _ := forward.RetryAfter(&ctx.Response.Header, time.Now())
+			a.lim.Pause(r.Key, max(d, time.Second))
+		}
 	})
 }
 

@@ -171,6 +171,11 @@ func TestUpstream429PassedBack(t *testing.T) {
 	if r.Status != 429 || r.Header.Get("Retry-After") == "" || strings.Contains(r.Body, `"source":"relay"`) {
 		t.Fatalf("%v %v", r, r.Header)
 	}
+	// The upstream's Retry-After now holds the project back locally.
+	r = ft.Do(t, "GET", relay+"/api/2/taxonomy/event", "", ft.Injected()...)
+	if r.Status != 429 || r.Header.Get("Retry-After") == "" || !strings.Contains(r.Body, `"source":"relay"`) || env.Calls() != 3 {
+		t.Fatalf("after the upstream's 429: %v, sim saw %d", r, env.Calls())
+	}
 }
 
 func TestConfig(t *testing.T) {
