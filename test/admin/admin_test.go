@@ -2,6 +2,7 @@ package admin
 
 import (
 	"bufio"
+	"context"
 	"encoding/base64"
 	"fmt"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/spool"
 )
 
 // Keys the sim accepts besides the projects' (it refuses every other key
@@ -79,6 +81,7 @@ func TestAdmin(t *testing.T) {
 
 	t.Run("auth", func(t *testing.T) { testAuth(t, r, s, rec1, rec2) })
 	t.Run("deadletters", func(t *testing.T) { testDeadLetters(t, r, s) })
+	t.Run("deadletters of every kind", func(t *testing.T) { testDeadKinds(t, r, s) })
 	t.Run("lanes", func(t *testing.T) { testLanes(t, r, s) })
 	t.Run("no secrets", func(t *testing.T) { testNoSecrets(t, r, s) })
 }
@@ -416,6 +419,55 @@ func testDeadLetters(t *testing.T, r *relay, s *sim.Sim) {
 	s.Unsilence("dev-p")
 }
 
+// testDeadKinds: group identifies and mappings the upstream refuses become
+// dead letters of their kind; a replay sends them again (the sim refuses
+// them again: new dead letters, the old ones gone, no loop).
+func testDeadKinds(t *testing.T, r *relay, s *sim.Sim) {
+	s.RejectGroupValue("rej-g")
+	s.RejectUserID("rej-u")
+	if a := r.own("POST", "/groupidentify", form("api_key", keyOther, "identification",
+		`[{"group_type":"org","group_value":"ok-g","group_properties":{"a":1}},{"group_type":"org","group_value":"rej-g","group_properties":{"a":2}}]`),
+		"Content-Type", formType); a.status != 200 {
+		t.Fatalf("groupidentify: %d %s", a.status, a.body)
+	}
+	if a := r.own("POST", "/usermap?"+form("api_key", keyOther, "mapping", `[{"user_id":"ok-u","global_user_id":"g"},{"user_id":"rej-u","global_user_id":"g"}]`), ""); a.status != 200 {
+		t.Fatalf("usermap: %d %s", a.status, a.body)
+	}
+	var dead []deadLetter
+	waitFor(t, 15*time.Second, "a dead letter of each kind", func() bool {
+		dead = listDead(t, r, "").DeadLetters
+		return len(dead) == 2
+	})
+	byKind := map[string]deadLetter{}
+	for _, d := range dead {
+		byKind[d.Kind] = d
+	}
+	gi, um := byKind["groupidentify"], byKind["usermap"]
+	if gi.Data["group_value"] != "rej-g" || !strings.HasPrefix(gi.Lane, "groupidentify-") || gi.Reason == "" {
+		t.Fatalf("groupidentify dead letter %+v", gi)
+	}
+	if um.Data["user_id"] != "rej-u" || !strings.HasPrefix(um.Lane, "usermap-") || um.Reason == "" {
+		t.Fatalf("usermap dead letter %+v", um)
+	}
+	if g := s.GroupIdentifies(keyOther); len(g) != 1 || g[0].GroupValue != "ok-g" {
+		t.Fatalf("sim group identifies %+v", g)
+	}
+	a := r.own("POST", "/relay/v1/deadletters/replay", `{"filter":{}}`)
+	var rp struct {
+		Replayed int `json:"replayed"`
+	}
+	if decode(t, a, &rp); a.status != 200 || rp.Replayed != 2 {
+		t.Fatalf("replay: %d %s", a.status, a.body)
+	}
+	waitFor(t, 15*time.Second, "both to die again", func() bool {
+		dead = listDead(t, r, "").DeadLetters
+		return len(dead) == 2 && dead[0].ID > max(gi.ID, um.ID)
+	})
+	if a := r.own("POST", "/relay/v1/deadletters/purge", `{"filter":{}}`); a.status != 200 {
+		t.Fatalf("purge: %d %s", a.status, a.body)
+	}
+}
+
 func lanes(t *testing.T, r *relay) map[string]lane {
 	t.Helper()
 	a := r.own("GET", "/relay/v1/lanes", "")
@@ -491,14 +543,9 @@ func testLanes(t *testing.T, r *relay, s *sim.Sim) {
 	}
 
 	// Group identify lanes pause and resume the same way.
-	var giLane string
-	for _, l := range lanes(t, r) {
-		if l.Kind == "groupidentify" {
-			giLane = l.Label
-		}
-	}
-	if giLane == "" {
-		t.Fatal("no groupidentify lane listed")
+	giLane := labelOf(t, spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: projAPIKey})
+	if _, ok := lanes(t, r)[giLane]; !ok {
+		t.Fatalf("groupidentify lane %s not listed", giLane)
 	}
 	waitFor(t, 10*time.Second, "the auth test's group identifies", func() bool { return len(s.GroupIdentifies(projAPIKey)) == 2 })
 	a = r.own("POST", "/relay/v1/lanes/"+giLane+"/pause", "")
@@ -608,4 +655,20 @@ func testNoSecrets(t *testing.T, r *relay, s *sim.Sim) {
 	if n := len(answers.all()); n < 100 {
 		t.Fatalf("only %d answers searched", n)
 	}
+}
+
+// labelOf returns the label a spool gives the lane of key (a hash of the
+// key: the same in every spool).
+func labelOf(t *testing.T, key spool.LaneKey) string {
+	t.Helper()
+	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), MinFreeBytes: -1}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.Close()
+	l, err := sp.Lane(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l.Label()
 }
