@@ -339,7 +339,10 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		return fmt.Errorf("admin listener: %w", err)
 	}
 	g.run("admin listener", func() error { return admin.Serve(adminLn) })
-	lc.onStop("admin listener", admin.Shutdown)
+	lc.onStop("admin listener", func(ctx context.Context) error {
+		relayAPI.Close() // a long replay or purge stops after its current step
+		return admin.Shutdown(ctx)
+	})
 	log.Info("admin listening", zap.String("addr", adminLn.Addr().String()))
 
 	// Delivery: events, group identifies, user mappings. They share one stop

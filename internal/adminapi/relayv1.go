@@ -72,6 +72,10 @@ type Relay struct {
 
 	replayed, purged prometheus.Counter
 
+	// stopCtx ends when Close is called: bulk calls stop between two steps.
+	stopCtx context.Context
+	stop    context.CancelFunc
+
 	// bulk serialises replay and purge, so that two calls never replay
 	// the same dead letter twice.
 	bulk sync.Mutex
@@ -93,6 +97,7 @@ func NewRelay(cfg RelayConfig, sp *spool.Spool, log *zap.Logger, reg prometheus.
 		purged: prometheus.NewCounter(prometheus.CounterOpts{Name: "relay_admin_dead_letters_purged_total",
 			Help: "Dead letters purged through the admin API."}),
 	}
+	a.stopCtx, a.stop = context.WithCancel(context.Background())
 	if reg != nil {
 		for _, c := range []prometheus.Collector{a.replayed, a.purged} {
 			if err := reg.Register(c); err != nil {
@@ -102,6 +107,12 @@ func NewRelay(cfg RelayConfig, sp *spool.Spool, log *zap.Logger, reg prometheus.
 	}
 	return a, nil
 }
+
+// Close makes replay and purge calls in progress stop after their current
+// step (an appended batch still has its dead letters deleted) and answer
+// with what they did; later calls answer at once. Call it before the admin
+// listener's Shutdown so that a long replay does not hold the stop.
+func (a *Relay) Close() { a.stop() }
 
 // Routes returns the /relay/v1 routes, for Server.Register.
 func (a *Relay) Routes() []adminroute.Route {
@@ -471,7 +482,7 @@ func (a *Relay) replayDead(ctx *fasthttp.RequestCtx) {
 	}
 	a.bulk.Lock()
 	defer a.bulk.Unlock()
-	cctx, cancel := context.WithTimeout(context.Background(), bulkCallTimeout)
+	cctx, cancel := context.WithTimeout(a.stopCtx, bulkCallTimeout)
 	defer cancel()
 
 	ix := a.lanes()
@@ -514,10 +525,14 @@ func (a *Relay) replayDead(ctx *fasthttp.RequestCtx) {
 					ids[i] = dls[i].ID
 				}
 				// The records are committed in the lane: now the dead
-				// letters may go. A crash between the two leaves both (a
-				// later replay would send the record twice; the upstream
+				// letters must go, even if the call is being stopped (a
+				// context of its own). A crash between the two leaves both
+				// (a later replay would send the record twice; the upstream
 				// dedups events by insert_id).
-				if err := a.sp.DeleteDead(cctx, ids); err != nil {
+				dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Second)
+				err := a.sp.DeleteDead(dctx, ids)
+				dcancel()
+				if err != nil {
 					return fmt.Errorf("delete replayed dead letters: %w", err)
 				}
 				c := counts[lane.Label()]
@@ -580,7 +595,7 @@ func (a *Relay) purgeDead(ctx *fasthttp.RequestCtx) {
 	}
 	a.bulk.Lock()
 	defer a.bulk.Unlock()
-	cctx, cancel := context.WithTimeout(context.Background(), bulkCallTimeout)
+	cctx, cancel := context.WithTimeout(a.stopCtx, bulkCallTimeout)
 	defer cancel()
 	out := purgeJSON{NotFound: []uint64{}}
 	notFound, more, err := a.selected(b, a.lanes(), func(page []spool.DeadLetter) error {

@@ -306,6 +306,43 @@ func TestLaneRoutes(t *testing.T) {
 	}
 }
 
+// TestRelayClose: after Close, replay and purge do nothing and say so.
+func TestRelayClose(t *testing.T) {
+	scfg := spool.Config{Dir: t.TempDir(), MinFreeBytes: -1}
+	sp, err := spool.Open(scfg, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.Close()
+	api, err := NewRelay(RelayConfig{}, sp, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Register(api.Routes()...)
+	base := start(t, s)
+	key := spool.LaneKey{Kind: spool.KindEvents, APIKey: "k"}
+	if _, err := sp.Lane(context.Background(), key); err != nil {
+		t.Fatal(err)
+	}
+	if err := sp.PutDead(context.Background(), []spool.DeadLetter{{Lane: key, Reason: "x", Record: spool.Record{Data: []byte(`{}`)}}}); err != nil {
+		t.Fatal(err)
+	}
+	api.Close()
+	for _, p := range []string{"replay", "purge"} {
+		code, _, body := getBody(t, "POST", base+"/relay/v1/deadletters/"+p, `{"filter":{}}`)
+		if code != 500 || !strings.Contains(body, "context canceled") {
+			t.Errorf("%s after Close: %d %s", p, code, body)
+		}
+	}
+	if dls, _ := sp.ListDead(spool.DeadFilter{}, 0, 0); len(dls) != 1 {
+		t.Fatalf("%d dead letters after Close, want 1 kept", len(dls))
+	}
+}
+
 func TestNewRelayNeedsSpool(t *testing.T) {
 	if _, err := NewRelay(RelayConfig{}, nil, nil, nil); err == nil {
 		t.Fatal("nil spool accepted")
