@@ -123,11 +123,9 @@ type Job struct {
 
 // Config configures the deletion routes.
 type Config struct {
-	// AnalyticsURL is the --analytics-url base; "" means only overrides of
-	// the credentials file.
-	AnalyticsURL string
-	// Credentials are the --credentials file; nil means pass-through only.
-	Credentials *credentials.Store
+	// URL is --analytics-url, the upstream base; "" means none (only
+	// projects with an analytics_url can be served).
+	URL string
 	// MaxWait is how long a call waits for its turn before a local 429; 0
 	// means ratelimit.DefaultMaxWait, negative never waits.
 	MaxWait time.Duration
@@ -139,6 +137,7 @@ func (c Config) Validate() error { return nil }
 // API is the deletion routes. Build it with New.
 type API struct {
 	cfg      Config
+	creds    *credentials.Store
 	fwd      *forward.Forwarder
 	up       forward.Upstream
 	posts    *ratelimit.Limiter
@@ -146,8 +145,9 @@ type API struct {
 	mux      *forward.Mux
 }
 
-// New returns the deletion routes. log and reg may be nil.
-func New(cfg Config, fwd *forward.Forwarder, log *zap.Logger, reg prometheus.Registerer) (*API, error) {
+// New returns the deletion routes. creds (the --credentials file; nil
+// means pass-through only), log and reg may be nil.
+func New(cfg Config, creds *credentials.Store, fwd *forward.Forwarder, log *zap.Logger, reg prometheus.Registerer) (*API, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -162,8 +162,8 @@ func New(cfg Config, fwd *forward.Forwarder, log *zap.Logger, reg prometheus.Reg
 	if err != nil {
 		return nil, fmt.Errorf("deletion: %w", err)
 	}
-	a := &API{cfg: cfg, fwd: fwd, posts: posts, parallel: parallel, mux: &forward.Mux{},
-		up: forward.Upstream{API: "deletion", Kind: credentials.KindAnalytics, Fallback: cfg.AnalyticsURL,
+	a := &API{cfg: cfg, creds: creds, fwd: fwd, posts: posts, parallel: parallel, mux: &forward.Mux{},
+		up: forward.Upstream{API: "deletion", Kind: credentials.KindAnalytics, Fallback: cfg.URL,
 			Flag: "--analytics-url", Scheme: forward.SchemeProjectBasic}}
 	a.mux.Handle(fasthttp.MethodPost, PathUsers, a.post)
 	a.mux.Handle(fasthttp.MethodGet, PathUsers, a.list)
@@ -201,7 +201,7 @@ func (a *API) remove(ctx *fasthttp.RequestCtx, p forward.Params) {
 }
 
 func (a *API) call(ctx *fasthttp.RequestCtx, post bool) {
-	res, ferr := forward.Resolve(ctx, a.cfg.Credentials, a.up)
+	res, ferr := forward.Resolve(ctx, a.creds, a.up)
 	if ferr != nil {
 		ferr.Write(ctx)
 		return

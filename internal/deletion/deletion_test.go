@@ -61,7 +61,7 @@ func newAPI(t testing.TB, upstream string, maxWait time.Duration) *API {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(Config{AnalyticsURL: upstream, Credentials: testCreds(t), MaxWait: maxWait}, fwd, nil, nil)
+	a, err := New(Config{URL: upstream, MaxWait: maxWait}, testCreds(t), fwd, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,4 +174,24 @@ func TestDeletionPacing(t *testing.T) {
 	if ninth.Sub(first) < 100*time.Millisecond {
 		t.Fatalf("9th GET arrived %v after the first: more than 8 in flight", ninth.Sub(first))
 	}
+}
+
+func FuzzCheckBody(f *testing.F) {
+	f.Add([]byte(`{"svc_ids":[1,2],"user_ids":["a"]}`))
+	f.Add([]byte(`{"svc_ids":null,"user_ids":[]}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		err := CheckBody(b)
+		if err != nil && !errors.Is(err, ErrBadRequest) {
+			t.Fatalf("error %v is not ErrBadRequest", err)
+		}
+		var r struct {
+			SvcIDs  []json.RawMessage `json:"svc_ids"`
+			UserIDs []json.RawMessage `json:"user_ids"`
+		}
+		if err == nil && json.Unmarshal(b, &r) == nil {
+			if n := len(r.SvcIDs) + len(r.UserIDs); n < 1 || n > MaxIDs {
+				t.Fatalf("accepted %d ids", n)
+			}
+		}
+	})
 }

@@ -110,11 +110,9 @@ type Status struct {
 
 // Config configures the DSAR routes.
 type Config struct {
-	// AnalyticsURL is the --analytics-url base; "" means only overrides of
-	// the credentials file.
-	AnalyticsURL string
-	// Credentials are the --credentials file; nil means pass-through only.
-	Credentials *credentials.Store
+	// URL is --analytics-url, the upstream base; "" means none (only
+	// projects with an analytics_url can be served).
+	URL string
 	// MaxWait is how long a call waits for the cost budget before a local
 	// 429; 0 means ratelimit.DefaultMaxWait, negative never waits.
 	MaxWait time.Duration
@@ -134,6 +132,7 @@ func (c Config) Validate() error {
 // API is the DSAR routes. Build it with New.
 type API struct {
 	cfg    Config
+	creds  *credentials.Store
 	fwd    *forward.Forwarder
 	log    *zap.Logger
 	up     forward.Upstream
@@ -141,8 +140,9 @@ type API struct {
 	mux    *forward.Mux
 }
 
-// New returns the DSAR routes. log and reg may be nil.
-func New(cfg Config, fwd *forward.Forwarder, log *zap.Logger, reg prometheus.Registerer) (*API, error) {
+// New returns the DSAR routes. creds (the --credentials file; nil means
+// pass-through only), log and reg may be nil.
+func New(cfg Config, creds *credentials.Store, fwd *forward.Forwarder, log *zap.Logger, reg prometheus.Registerer) (*API, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -159,8 +159,8 @@ func New(cfg Config, fwd *forward.Forwarder, log *zap.Logger, reg prometheus.Reg
 	if err != nil {
 		return nil, fmt.Errorf("dsar: %w", err)
 	}
-	a := &API{cfg: cfg, fwd: fwd, log: log, budget: lim, mux: &forward.Mux{},
-		up: forward.Upstream{API: "dsar", Kind: credentials.KindAnalytics, Fallback: cfg.AnalyticsURL,
+	a := &API{cfg: cfg, creds: creds, fwd: fwd, log: log, budget: lim, mux: &forward.Mux{},
+		up: forward.Upstream{API: "dsar", Kind: credentials.KindAnalytics, Fallback: cfg.URL,
 			Flag: "--analytics-url", Scheme: forward.SchemeOrgBasic}}
 	a.mux.Handle(fasthttp.MethodPost, PathRequests, a.create)
 	a.mux.Handle(fasthttp.MethodGet, PathRequests+"/{id}", a.status)
@@ -184,7 +184,7 @@ func (a *API) status(ctx *fasthttp.RequestCtx, _ forward.Params) { a.call(ctx, C
 func (a *API) output(ctx *fasthttp.RequestCtx, _ forward.Params) { a.call(ctx, CostGet, true) }
 
 func (a *API) call(ctx *fasthttp.RequestCtx, cost int, follow bool) {
-	res, ferr := forward.Resolve(ctx, a.cfg.Credentials, a.up)
+	res, ferr := forward.Resolve(ctx, a.creds, a.up)
 	if ferr != nil {
 		ferr.Write(ctx)
 		return

@@ -45,8 +45,8 @@ func newAPI(t testing.TB, upstream string, cfg Config) *API {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.AnalyticsURL, cfg.Credentials = upstream, testCreds(t)
-	a, err := New(cfg, fwd, nil, nil)
+	cfg.URL = upstream
+	a, err := New(cfg, testCreds(t), fwd, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,4 +146,18 @@ func TestDSARBudget(t *testing.T) {
 	if a := call(t, "POST", relay+PathRequests, strings.NewReader(body), inj...); a.status != 429 {
 		t.Fatalf("POST over budget: %v", a)
 	}
+}
+
+func FuzzParseRequest(f *testing.F) {
+	f.Add([]byte(`{"userId":"u1","startDate":"2026-01-01","endDate":"2026-02-01"}`))
+	f.Add([]byte(`{"svcId":1e3,"startDate":"2026-01-01","endDate":"2026-02-01"}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := ParseRequest(b)
+		if err == nil && (r.UserID == "" && r.SvcID <= 0 || r.Validate() != nil) {
+			t.Fatalf("accepted %+v", r)
+		}
+		if err != nil && !errors.Is(err, ErrBadRequest) {
+			t.Fatalf("error %v is not ErrBadRequest", err)
+		}
+	})
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/credentials"
@@ -97,12 +98,9 @@ func (r Range) Halves() (Range, Range, bool) {
 
 // Config configures the export route.
 type Config struct {
-	// AnalyticsURL is the --analytics-url base; "" means only per-project
-	// overrides of the credentials file (a request for a project without
-	// one is answered 502).
-	AnalyticsURL string
-	// Credentials are the --credentials file; nil means pass-through only.
-	Credentials *credentials.Store
+	// URL is --analytics-url, the upstream base; "" means none (only
+	// projects with an analytics_url can be served; others get 502).
+	URL string
 }
 
 // Validate reports a configuration that cannot work (none so far: every
@@ -111,14 +109,17 @@ func (c Config) Validate() error { return nil }
 
 // API is the export route. Build it with New.
 type API struct {
-	cfg Config
-	fwd *forward.Forwarder
-	log *zap.Logger
-	up  forward.Upstream
+	cfg   Config
+	creds *credentials.Store
+	fwd   *forward.Forwarder
+	log   *zap.Logger
+	up    forward.Upstream
 }
 
-// New returns the export route. log may be nil.
-func New(cfg Config, fwd *forward.Forwarder, log *zap.Logger) (*API, error) {
+// New returns the export route. creds (the --credentials file; nil means
+// pass-through only), log and reg may be nil (reg is unused: the forwarder
+// has the metrics).
+func New(cfg Config, creds *credentials.Store, fwd *forward.Forwarder, log *zap.Logger, _ prometheus.Registerer) (*API, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -128,8 +129,8 @@ func New(cfg Config, fwd *forward.Forwarder, log *zap.Logger) (*API, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &API{cfg: cfg, fwd: fwd, log: log, up: forward.Upstream{API: "export", Kind: credentials.KindAnalytics,
-		Fallback: cfg.AnalyticsURL, Flag: "--analytics-url", Scheme: forward.SchemeProjectBasic}}, nil
+	return &API{cfg: cfg, creds: creds, fwd: fwd, log: log, up: forward.Upstream{API: "export", Kind: credentials.KindAnalytics,
+		Fallback: cfg.URL, Flag: "--analytics-url", Scheme: forward.SchemeProjectBasic}}, nil
 }
 
 // Routes returns GET /api/2/export in forwarding mode.
@@ -148,7 +149,7 @@ func (a *API) serve(ctx *fasthttp.RequestCtx) {
 		forward.WriteError(ctx, fasthttp.StatusBadRequest, err.Error())
 		return
 	}
-	res, ferr := forward.Resolve(ctx, a.cfg.Credentials, a.up)
+	res, ferr := forward.Resolve(ctx, a.creds, a.up)
 	if ferr != nil {
 		ferr.Write(ctx)
 		return

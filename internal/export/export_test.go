@@ -100,3 +100,29 @@ func TestExportRoute(t *testing.T) {
 		t.Errorf("upstream served %d exports, want 3 (local refusals send nothing): %+v", len(log), log)
 	}
 }
+
+func FuzzParseRange(f *testing.F) {
+	f.Add("20261122T00", "20261122T23")
+	f.Add("20251122T00", "20261122T00")
+	f.Add("2026112200", "x")
+	f.Fuzz(func(t *testing.T, start, end string) {
+		r, err := ParseRange(start, end)
+		if err != nil {
+			if !errors.Is(err, ErrBadRange) {
+				t.Fatalf("error %v is not ErrBadRange", err)
+			}
+			return
+		}
+		if r.Hours() < 1 || r.Hours() > int(MaxRange/time.Hour) {
+			t.Fatalf("accepted %d hours", r.Hours())
+		}
+		// Pieces cover the range exactly.
+		n := 0
+		for _, p := range r.Split(7) {
+			n += p.Hours()
+		}
+		if n != r.Hours() {
+			t.Fatalf("split covers %d of %d hours", n, r.Hours())
+		}
+	})
+}

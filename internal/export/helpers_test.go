@@ -83,7 +83,7 @@ func newAPI(t testing.TB, upstream string) *API {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(Config{AnalyticsURL: upstream, Credentials: testCreds(t)}, fwd, nil)
+	a, err := New(Config{URL: upstream}, testCreds(t), fwd, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,7 @@ func TestHelperRelayProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(Config{AnalyticsURL: up, Credentials: testCreds(t)}, fwd, nil)
+	a, err := New(Config{URL: up}, testCreds(t), fwd, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/credentials"
@@ -172,11 +173,9 @@ func Chunk(sourceID string, items []json.RawMessage, maxBytes int) (bodies [][]b
 
 // Config configures the feedback route.
 type Config struct {
-	// FeedbackURL is the --feedback-url base; "" means only overrides of
-	// the credentials file.
-	FeedbackURL string
-	// Credentials are the --credentials file; nil means pass-through only.
-	Credentials *credentials.Store
+	// URL is --feedback-url, the upstream base; "" means none (only
+	// projects with a feedback_url can be served).
+	URL string
 }
 
 // Validate reports a configuration that cannot work.
@@ -184,22 +183,24 @@ func (c Config) Validate() error { return nil }
 
 // API is the feedback route. Build it with New.
 type API struct {
-	cfg Config
-	fwd *forward.Forwarder
-	up  forward.Upstream
+	cfg   Config
+	creds *credentials.Store
+	fwd   *forward.Forwarder
+	up    forward.Upstream
 }
 
-// New returns the feedback route. log may be nil (unused: the forwarder
-// logs).
-func New(cfg Config, fwd *forward.Forwarder, _ *zap.Logger) (*API, error) {
+// New returns the feedback route. creds (the --credentials file; nil means
+// pass-through only), log and reg may be nil (both unused: the forwarder
+// logs and has the metrics).
+func New(cfg Config, creds *credentials.Store, fwd *forward.Forwarder, _ *zap.Logger, _ prometheus.Registerer) (*API, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if fwd == nil {
 		return nil, errors.New("feedback: nil forwarder")
 	}
-	return &API{cfg: cfg, fwd: fwd, up: forward.Upstream{API: "feedback", Kind: credentials.KindFeedback,
-		Fallback: cfg.FeedbackURL, Flag: "--feedback-url", Scheme: forward.SchemeProjectBasic}}, nil
+	return &API{cfg: cfg, creds: creds, fwd: fwd, up: forward.Upstream{API: "feedback", Kind: credentials.KindFeedback,
+		Fallback: cfg.URL, Flag: "--feedback-url", Scheme: forward.SchemeProjectBasic}}, nil
 }
 
 // Routes returns POST /api/1/ai-feedback/ingest in forwarding mode.
@@ -229,7 +230,7 @@ func (a *API) serve(ctx *fasthttp.RequestCtx) {
 		forward.WriteError(ctx, fasthttp.StatusBadRequest, err.Error())
 		return
 	}
-	res, ferr := forward.Resolve(ctx, a.cfg.Credentials, a.up)
+	res, ferr := forward.Resolve(ctx, a.creds, a.up)
 	if ferr != nil {
 		ferr.Write(ctx)
 		return

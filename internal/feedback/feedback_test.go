@@ -99,7 +99,7 @@ func FuzzCheckRequest(f *testing.F) {
 func TestFeedbackThroughRelay(t *testing.T) {
 	_, up := startSim(t, sim.Config{})
 	fwd, _ := forward.New(forward.Config{}, nil, nil)
-	a, err := New(Config{FeedbackURL: up, Credentials: testCreds(t)}, fwd, nil)
+	a, err := New(Config{URL: up}, testCreds(t), fwd, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
