@@ -334,6 +334,11 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	// HandleOwn, HandleForward); a later forwarding API adds its routes here.
 	admin.Register(relayAPI.Routes()...)
 	admin.Register(dl.routes...)
+	fwdRoutes, err := forwardingRoutes(cfg, log, reg)
+	if err != nil {
+		return err
+	}
+	admin.Register(fwdRoutes...)
 	adminLn, err := net.Listen("tcp", cfg.AdminListen)
 	if err != nil {
 		return fmt.Errorf("admin listener: %w", err)
