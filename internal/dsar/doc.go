@@ -30,7 +30,9 @@
 // same credentials (the caller's Authorization, or the injected organization
 // key pair), as the document requires of a client that does not follow the
 // redirect itself; the final answer is streamed to the caller and never held
-// in memory. Only http and https locations are followed; a redirect that
+// in memory, and the caller may take longer than the admin listener's write
+// time-out to read it (export.ForwardStreaming). Only http and https
+// locations are followed; a redirect that
 // cannot be followed is passed back as it is.
 //
 // The "urls" of a status answer name the upstream host: a caller going

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/export"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/ratelimit"
 	"github.com/valyala/fasthttp"
@@ -119,12 +120,16 @@ type Config struct {
 	// Budget is the cost allowed per BudgetWindow; 0 means Budget (14400),
 	// the documented figure (tests lower it).
 	Budget int
+	// WriteIdleTimeout is the longest the caller may stop reading a
+	// streamed output before it is cut (see export.ForwardStreaming); 0
+	// means export.DefaultWriteIdleTimeout.
+	WriteIdleTimeout time.Duration
 }
 
 // Validate reports a configuration that cannot work.
 func (c Config) Validate() error {
-	if c.Budget < 0 {
-		return fmt.Errorf("dsar: Budget %d < 0", c.Budget)
+	if c.Budget < 0 || c.WriteIdleTimeout < 0 {
+		return fmt.Errorf("dsar: negative Budget or WriteIdleTimeout")
 	}
 	return nil
 }
@@ -201,11 +206,14 @@ func (a *API) call(ctx *fasthttp.RequestCtx, cost int, follow bool) {
 		forward.WriteError(ctx, fasthttp.StatusServiceUnavailable, "request abandoned while waiting for the DSAR cost budget")
 		return
 	}
-	status, _ := a.fwd.Forward(ctx, res.Target)
-	release()
-	if follow {
-		a.follow(ctx, res.Target, status)
+	if !follow {
+		a.fwd.Forward(ctx, res.Target)
+		release()
+		return
 	}
+	status, _ := export.ForwardStreaming(ctx, a.fwd, res.Target, a.cfg.WriteIdleTimeout)
+	release()
+	a.follow(ctx, res.Target, status)
 }
 
 // follow follows the redirects of an output answer (see the package doc).
@@ -225,7 +233,7 @@ func (a *API) follow(ctx *fasthttp.RequestCtx, t forward.Target, status int) {
 		ctx.Request.SetBody(nil)
 		ctx.Request.SetRequestURI(next.EscapedPath() + queryOf(next))
 		t.Base = next.Scheme + "://" + next.Host
-		status, _ = a.fwd.Forward(ctx, t)
+		status, _ = export.ForwardStreaming(ctx, a.fwd, t, a.cfg.WriteIdleTimeout)
 		cur = next
 	}
 }

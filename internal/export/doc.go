@@ -15,7 +15,10 @@
 //
 // The archive is streamed from the upstream connection to the caller by
 // internal/forward: the relay never holds it (a multi-GB export keeps the
-// relay's memory flat; see the memory test in this package).
+// relay's memory flat; see the memory test in this package). The admin
+// listener's write time-out is a deadline for the whole answer in fasthttp;
+// ForwardStreaming turns it into an idle time-out for streamed answers
+// (Config.WriteIdleTimeout), so a slow caller is not cut while it reads.
 //
 // # Credentials
 //

@@ -101,11 +101,19 @@ type Config struct {
 	// URL is --analytics-url, the upstream base; "" means none (only
 	// projects with an analytics_url can be served; others get 502).
 	URL string
+	// WriteIdleTimeout is the longest the caller may stop reading a
+	// streamed archive before it is cut (see ForwardStreaming); 0 means
+	// DefaultWriteIdleTimeout.
+	WriteIdleTimeout time.Duration
 }
 
-// Validate reports a configuration that cannot work (none so far: every
-// field's zero value is usable).
-func (c Config) Validate() error { return nil }
+// Validate reports a configuration that cannot work.
+func (c Config) Validate() error {
+	if c.WriteIdleTimeout < 0 {
+		return fmt.Errorf("export: WriteIdleTimeout %v < 0", c.WriteIdleTimeout)
+	}
+	return nil
+}
 
 // API is the export route. Build it with New.
 type API struct {
@@ -154,5 +162,5 @@ func (a *API) serve(ctx *fasthttp.RequestCtx) {
 		ferr.Write(ctx)
 		return
 	}
-	a.fwd.Forward(ctx, res.Target)
+	ForwardStreaming(ctx, a.fwd, res.Target, a.cfg.WriteIdleTimeout)
 }

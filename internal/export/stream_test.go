@@ -1,0 +1,82 @@
+package export
+
+import (
+	"context"
+	"encoding/base64"
+	"io"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/svcrelay/relay/internal/adminapi"
+	"github.com/svcrelay/relay/internal/forward"
+	"github.com/svcrelay/relay/internal/sim"
+)
+
+// TestSlowCallerOutlivesWriteTimeout: on the real admin listener with a
+// 1 s write time-out, a caller reading an archive slowly for longer than
+// that gets all of it; a caller that stops reading for longer than
+// WriteIdleTimeout is cut.
+func TestSlowCallerOutlivesWriteTimeout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("reads slowly for 2 s")
+	}
+	_, up := startSim(t, sim.Config{})
+	ctl := &sim.Control{Base: up}
+	syn := int64(24 << 20)
+	if err := ctl.SetExport(context.Background(), sim.ExportConfig{SyntheticBytesPerHour: &syn}); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := adminapi.New(adminapi.Config{WriteTimeout: time.Second}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fwd, _ := forward.New(forward.Config{}, nil, nil)
+	a, _ := New(Config{URL: up, WriteIdleTimeout: 400 * time.Millisecond}, testCreds(t), fwd, nil, nil)
+	admin.Register(a.Routes()...)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go admin.Serve(ln)
+	t.Cleanup(func() { admin.Shutdown(context.Background()) })
+	get := func() *http.Response {
+		req, _ := http.NewRequest("GET", "http://"+ln.Addr().String()+Path+"?start=20260101T00&end=20260101T00", nil)
+		req.Header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte("proj:proj-secret")))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("export: %v %v", resp, err)
+		}
+		return resp
+	}
+	resp := get()
+	t0 := time.Now()
+	var n int64
+	buf := make([]byte, 512<<10)
+	for {
+		m, err := resp.Body.Read(buf)
+		n += int64(m)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("slow reader cut after %d bytes and %v: %v", n, time.Since(t0), err)
+		}
+		time.Sleep(40 * time.Millisecond)
+	}
+	resp.Body.Close()
+	log, _ := ctl.ExportLog(context.Background())
+	if took := time.Since(t0); took < 1500*time.Millisecond || len(log) != 1 || n != log[0].Bytes {
+		t.Fatalf("read %d bytes in %v (sim sent %+v): the test did not outlast the write time-out", n, took, log)
+	}
+
+	resp = get()
+	io.ReadFull(resp.Body, buf)
+	time.Sleep(1500 * time.Millisecond) // longer than WriteIdleTimeout, with the socket buffers full
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err == nil {
+		t.Fatal("a caller that stopped reading was never cut")
+	}
+}
