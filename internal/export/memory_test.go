@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/adminapi"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/valyala/fasthttp"
@@ -24,8 +25,9 @@ const helperEnv = "RELAY_EXPORT_HELPER_UPSTREAM"
 
 // TestHelperRelayProcess is the relay side of TestExportStreamsInFlatMemory,
 // run in a subprocess so that its peak RSS (VmHWM) is the relay's alone. It
-// serves the export route on 127.0.0.1, prints its address, and answers GET
-// /test/vmhwm with its VmHWM in KiB.
+// serves the export route on the real admin listener (internal/adminapi) on
+// 127.0.0.1, prints its address, and answers GET /test/vmhwm with its VmHWM
+// in KiB.
 func TestHelperRelayProcess(t *testing.T) {
 	up := os.Getenv(helperEnv)
 	if up == "" {
@@ -39,26 +41,26 @@ func TestHelperRelayProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	routes := routeHandler(nil, a.Routes())
+	admin, err := adminapi.New(adminapi.Config{}, nil, nil) // the real admin listener, its default time-outs
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin.Register(a.Routes()...)
+	admin.Handle(fasthttp.MethodGet, "/test/vmhwm", func(ctx *fasthttp.RequestCtx) {
+		kb, err := vmHWM()
+		if err != nil {
+			ctx.Error(err.Error(), 500)
+			return
+		}
+		ctx.SetBodyString(strconv.FormatInt(kb, 10))
+	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
-		if string(ctx.Path()) == "/test/vmhwm" {
-			kb, err := vmHWM()
-			if err != nil {
-				ctx.Error(err.Error(), 500)
-				return
-			}
-			ctx.SetBodyString(strconv.FormatInt(kb, 10))
-			return
-		}
-		routes(ctx)
-	}}
 	fmt.Printf("LISTEN %s\n", ln.Addr())
 	go func() { io.Copy(io.Discard, os.Stdin); ln.Close() }() // the parent closes stdin to stop us
-	srv.Serve(ln)
+	admin.Serve(ln)
 }
 
 // vmHWM returns this process's peak resident set size in KiB.
