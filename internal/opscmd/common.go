@@ -135,6 +135,17 @@ func (e *statusError) Error() string {
 // package doc). accept lists the statuses handed back to the caller with
 // the body open (besides 2xx). Any other status is a *statusError.
 func (cl *client) do(ctx context.Context, method, url string, body []byte, accept ...int) (*http.Response, error) {
+	return cl.retry(ctx, method, url, body, true, accept)
+}
+
+// doNoReplay is do for a request that must not reach the upstream twice
+// (DSAR create): only answers that say it was not processed (429, 503) are
+// retried, never a transport error (the request may have arrived).
+func (cl *client) doNoReplay(ctx context.Context, method, url string, body []byte, accept ...int) (*http.Response, error) {
+	return cl.retry(ctx, method, url, body, false, accept)
+}
+
+func (cl *client) retry(ctx context.Context, method, url string, body []byte, replay bool, accept []int) (*http.Response, error) {
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval = cl.c.retryInitial
 	bo.MaxInterval = cl.c.retryMax
@@ -148,6 +159,10 @@ func (cl *client) do(ctx context.Context, method, url string, body []byte, accep
 		var perm *backoff.PermanentError
 		if errors.As(err, &perm) {
 			return nil, fmt.Errorf("%s %s: %w", method, redactURL(url), perm.Err)
+		}
+		var se *statusError
+		if !replay && (!errors.As(err, &se) || (se.Status != http.StatusTooManyRequests && se.Status != http.StatusServiceUnavailable)) {
+			return nil, fmt.Errorf("%s %s (not retried: the upstream may have received it): %w", method, redactURL(url), err)
 		}
 		wait := bo.NextBackOff()
 		if wait == backoff.Stop {

@@ -103,7 +103,7 @@ type dsarRun struct {
 func (d *dsarRun) run(ctx context.Context, req dsar.Request, id int64) error {
 	if id == 0 {
 		body, _ := json.Marshal(req)
-		resp, err := d.cl.do(ctx, http.MethodPost, d.base+dsar.PathRequests, body)
+		resp, err := d.cl.doNoReplay(ctx, http.MethodPost, d.base+dsar.PathRequests, body)
 		if err != nil {
 			return fmt.Errorf("create: %w", err)
 		}

@@ -85,3 +85,30 @@ func TestDSARCommandUsage(t *testing.T) {
 		}
 	}
 }
+
+// TestDSARCreateNotReplayed: a create whose answer is lost is not sent
+// again (it may have created a request); a 503 answer is retried.
+func TestDSARCreateNotReplayed(t *testing.T) {
+	s, up, _ := startSim(t)
+	creds := credsFile(t)
+	args := dsarArgs(up, creds, t.TempDir(), "--user-id", "nobody", "--start", "2026-01-01", "--end", "2026-01-31")
+	s.Inject(sim.Fault{Drop: sim.DropNoAnswer, PathPrefix: "/api/2/dsar/requests"})
+	r := runCmd(context.Background(), DSARMain, args...)
+	if r.code != 1 || !strings.Contains(r.stderr, "not retried") {
+		t.Fatal(r)
+	}
+	s.Inject(sim.Fault{Status: 503, PathPrefix: "/api/2/dsar/requests"})
+	r = runCmd(context.Background(), DSARMain, args...)
+	if r.code != 0 || !strings.Contains(r.stderr, "0 files") {
+		t.Fatal(r)
+	}
+	var creates int
+	for _, rec := range s.Requests() {
+		if rec.Method == "POST" && rec.Path == "/api/2/dsar/requests" {
+			creates++
+		}
+	}
+	if creates != 3 { // lost, 503, created
+		t.Fatalf("%d creates, want 3", creates)
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/export"
 )
@@ -140,7 +141,7 @@ func (x *exporter) run(ctx context.Context) error {
 	for len(queue) > 0 {
 		r := queue[0]
 		queue = queue[1:]
-		d, status, err := x.fetch(ctx, r)
+		d, status, err := x.fetchRetrying(ctx, r)
 		switch {
 		case err != nil:
 			return err
@@ -251,6 +252,34 @@ func (x *exporter) todo() []export.Range {
 	return out
 }
 
+// fetchRetrying is fetch, tried again (up to 5 times, backing off) when the
+// archive's body was cut or arrived damaged.
+func (x *exporter) fetchRetrying(ctx context.Context, r export.Range) (donePiece, int, error) {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = x.cl.c.retryInitial, x.cl.c.retryMax, 0
+	bo.Reset()
+	for attempt := 1; ; attempt++ {
+		d, status, err := x.fetch(ctx, r)
+		var be *bodyError
+		if !errors.As(err, &be) || attempt == 5 || ctx.Err() != nil {
+			return d, status, err
+		}
+		wait := bo.NextBackOff()
+		x.p.logf("piece %s: %v; fetching it again in %v", r, err, wait.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return d, 0, ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
+
+// bodyError is a piece whose answer began (200) but did not arrive whole.
+type bodyError struct{ err error }
+
+func (e *bodyError) Error() string { return e.err.Error() }
+func (e *bodyError) Unwrap() error { return e.err }
+
 // fetch downloads one piece into the parts directory. It returns the
 // finished piece, or status 400 (to split).
 func (x *exporter) fetch(ctx context.Context, r export.Range) (donePiece, int, error) {
@@ -283,21 +312,23 @@ func (x *exporter) fetch(ctx context.Context, r export.Range) (donePiece, int, e
 			x.p.update("piece %s: %s", r, humanBytes(n))
 		}
 	}}
-	n, err := io.Copy(f, cr)
+	n, rerr := io.Copy(f, cr)
 	x.fetched += n
-	if cerr := f.Close(); err == nil {
-		err = cerr
+	if cerr := f.Close(); cerr != nil {
+		return d, 0, fmt.Errorf("piece %s: %w", r, cerr)
 	}
+	if rerr != nil {
+		if ctx.Err() != nil {
+			return d, 0, ctx.Err()
+		}
+		return d, 0, &bodyError{fmt.Errorf("piece %s: the archive was cut after %d bytes: %w", r, n, rerr)}
+	}
+	// A cut-off download has no central directory: refuse it.
+	zr, err := zip.OpenReader(path + ".tmp")
 	if err != nil {
-		return d, 0, fmt.Errorf("piece %s: %w", r, err)
+		return d, 0, &bodyError{fmt.Errorf("piece %s: the archive is damaged: %w", r, err)}
 	}
-	// A cut-off download has no central directory: refuse it (the next run
-	// fetches the piece again).
-	if zr, err := zip.OpenReader(path + ".tmp"); err != nil {
-		return d, 0, fmt.Errorf("piece %s: the archive is damaged (%v): run again to fetch it again", r, err)
-	} else {
-		zr.Close()
-	}
+	zr.Close()
 	if err := os.Rename(path+".tmp", path); err != nil {
 		return d, 0, err
 	}

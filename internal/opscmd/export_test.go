@@ -187,3 +187,26 @@ func TestExportResumes(t *testing.T) {
 	}
 	_ = io.Discard
 }
+
+// TestExportRefetchesACutPiece: an archive whose answer is cut mid-body is
+// fetched again, not recorded as done.
+func TestExportRefetchesACutPiece(t *testing.T) {
+	s, up, _ := startSim(t)
+	syn := int64(1 << 20)
+	if err := (&sim.Control{Base: up}).SetExport(context.Background(), sim.ExportConfig{SyntheticBytesPerHour: &syn}); err != nil {
+		t.Fatal(err)
+	}
+	s.Inject(sim.Fault{Drop: sim.DropMidResponse, PathPrefix: "/api/2/export"})
+	out := filepath.Join(t.TempDir(), "out.zip")
+	args := append([]string{"--credentials", credsFile(t), "--project", "web", "--analytics-url", up,
+		"--start", "20260101T00", "--end", "20260101T00", "--out", out}, fastRetry...)
+	r := runCmd(context.Background(), ExportMain, args...)
+	if r.code != 0 || !strings.Contains(r.stderr, "was cut after") || !strings.Contains(r.stderr, "fetching it again") {
+		t.Fatal(r)
+	}
+	zr, err := zip.OpenReader(out)
+	if err != nil || len(zr.File) != 1 || zr.File[0].UncompressedSize64 < uint64(syn) {
+		t.Fatalf("archive: %v", err)
+	}
+	zr.Close()
+}
