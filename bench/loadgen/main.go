@@ -201,13 +201,12 @@ func put16(b []byte, off int, v uint64) {
 }
 
 type workerStats struct {
-	lat      hist.Hist // microseconds
-	reqs     int64
-	events   int64 // events in 200 answers
-	status   map[int]int64
-	netErrs  map[string]int64
-	late     int64 // open loop: sends that started > 1 ms after schedule
-	_padding [64]byte
+	lat     hist.Hist // microseconds
+	reqs    int64
+	events  int64 // events in 200 answers
+	status  map[int]int64
+	netErrs map[string]int64
+	late    int64 // open loop: sends that started > 1 ms after schedule
 }
 
 func run(c config) int {

@@ -1,0 +1,343 @@
+#!/usr/bin/env bash
+# bench/compare.sh: the same load, in one run, against
+#   (a) the relay with --sync always, (b) the relay with --sync none,
+#   (c) nginx as a plain reverse proxy,
+# all three in front of the same counting sink (bench/sink), on 127.0.0.1 only.
+#
+# Per target and run: a closed-loop peak run (wrk or bench/loadgen, --tool),
+# then an open-loop bench/loadgen run at half of that peak (accept latency and
+# end-to-end lag: send time stamped in each event, subtracted at the sink).
+# Prints one table (medians over --runs) and the ratios relay/nginx.
+#
+# usage: bench/compare.sh [--smoke] [--duration 10] [--events 100] [--conns 32]
+#                         [--runs 3] [--tool wrk|loadgen] [--targets "always none nginx"]
+#                         [--profile DIR] [--out FILE]
+# Installs wrk and nginx with apt-get when missing. Cleans up on exit.
+set -euo pipefail
+
+DURATION=10
+EVENTS=100
+CONNS=32
+RUNS=3
+TOOL=wrk
+TARGETS="always none nginx"
+PROFILE_DIR=""
+OUT=""
+HALF=1
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--smoke) DURATION=3; RUNS=1; shift ;;
+	--duration) DURATION="$2"; shift 2 ;;
+	--events) EVENTS="$2"; shift 2 ;;
+	--conns) CONNS="$2"; shift 2 ;;
+	--runs) RUNS="$2"; shift 2 ;;
+	--tool) TOOL="$2"; shift 2 ;;
+	--targets) TARGETS="$2"; shift 2 ;;
+	--profile) PROFILE_DIR="$2"; shift 2 ;;
+	--no-half) HALF=0; shift ;;
+	--out) OUT="$2"; shift 2 ;;
+	-h | --help) sed -n '2,17p' "$0"; exit 0 ;;
+	*) echo "compare.sh: unknown argument $1" >&2; exit 2 ;;
+	esac
+done
+case "$TOOL" in wrk | loadgen) ;; *) echo "compare.sh: --tool wrk|loadgen" >&2; exit 2 ;; esac
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+TMP="$(mktemp -d /tmp/relay-compare.XXXXXX)"
+PIDS=()
+cleanup() {
+	for p in "${PIDS[@]:-}"; do
+		[ -n "$p" ] && kill "$p" 2>/dev/null || true
+	done
+	sleep 0.3
+	for p in "${PIDS[@]:-}"; do
+		[ -n "$p" ] && kill -9 "$p" 2>/dev/null || true
+	done
+	rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log() { echo "[compare $(date -u +%H:%M:%S)] $*" >&2; }
+
+# --- tools -------------------------------------------------------------------
+need=()
+command -v wrk >/dev/null || need+=(wrk)
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx)
+if [ ${#need[@]} -gt 0 ]; then
+	log "installing ${need[*]} with apt-get"
+	SUDO=""
+	[ "$(id -u)" -ne 0 ] && SUDO=sudo
+	$SUDO apt-get update -qq >&2
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >&2
+	# Debian starts the packaged nginx service; this script runs its own.
+	$SUDO systemctl stop nginx >/dev/null 2>&1 || $SUDO service nginx stop >/dev/null 2>&1 || true
+fi
+NGINX="$(command -v nginx || echo /usr/sbin/nginx)"
+for t in curl go; do
+	command -v "$t" >/dev/null || { echo "compare.sh: $t is required" >&2; exit 2; }
+done
+
+log "building relay, loadgen, sink"
+(cd "$ROOT" && go build -o "$TMP/relay" ./cmd/relay && go build -o "$TMP/loadgen" ./bench/loadgen &&
+	go build -o "$TMP/sink" ./bench/sink)
+
+free_port() {
+	local p i
+	for i in $(seq 1 100); do
+		p=$((20000 + RANDOM % 30000))
+		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+			echo "$p"
+			return 0
+		fi
+	done
+	return 1
+}
+
+wait_http() { # url seconds
+	local i
+	for i in $(seq 1 $(($2 * 20))); do
+		curl -sf -o /dev/null "$1" && return 0
+		sleep 0.05
+	done
+	echo "compare.sh: $1 did not answer" >&2
+	return 1
+}
+
+CLK_TCK=$(getconf CLK_TCK)
+# cpu_ticks PID...: utime+stime of the processes and their children.
+cpu_ticks() {
+	local total=0 p kids
+	for p in "$@"; do
+		[ -r "/proc/$p/stat" ] || continue
+		# fields after the ")" of comm: state is 1, utime 12, stime 13
+		total=$((total + $(sed 's/^.*) //' "/proc/$p/stat" | awk '{print $12 + $13}')))
+		kids=$(ps -o pid= --ppid "$p" 2>/dev/null || true)
+		for k in $kids; do
+			[ -r "/proc/$k/stat" ] && total=$((total + $(sed 's/^.*) //' "/proc/$k/stat" | awk '{print $12 + $13}')))
+		done
+	done
+	echo "$total"
+}
+# hwm_kb PID: peak RSS of the process plus its children (nginx workers).
+hwm_kb() {
+	local total=0 p
+	for p in "$1" $(ps -o pid= --ppid "$1" 2>/dev/null || true); do
+		[ -r "/proc/$p/status" ] && total=$((total + $(awk '/^VmHWM/{print $2}' "/proc/$p/status")))
+	done
+	echo "$total"
+}
+
+# --- sink ----------------------------------------------------------------------
+"$TMP/sink" -listen 127.0.0.1:0 -addr-file "$TMP/sink.addr" >"$TMP/sink.log" 2>&1 &
+PIDS+=($!)
+for i in $(seq 1 100); do [ -s "$TMP/sink.addr" ] && break; sleep 0.05; done
+SINK="$(cat "$TMP/sink.addr")"
+log "sink on $SINK"
+
+"$TMP/loadgen" -dump-body -events "$EVENTS" >"$TMP/body.json"
+cat >"$TMP/post.lua" <<EOF
+local f = assert(io.open("$TMP/body.json", "rb"))
+wrk.method = "POST"
+wrk.body = f:read("*a")
+f:close()
+wrk.headers["Content-Type"] = "application/json"
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("WRK requests=%d duration_us=%d status_err=%d sock_err=%d p50_us=%d p99_us=%d\n",
+    summary.requests, summary.duration, e.status, e.connect + e.read + e.write + e.timeout,
+    latency:percentile(50), latency:percentile(99)))
+end
+EOF
+
+# --- targets -------------------------------------------------------------------
+TPID=""
+TURL=""
+ADMIN=""
+start_target() { # name run
+	local port
+	port=$(free_port)
+	TURL="http://127.0.0.1:$port/2/httpapi"
+	case "$1" in
+	always | none)
+		local aport
+		aport=$(free_port)
+		ADMIN="http://127.0.0.1:$aport"
+		rm -rf "$TMP/data"
+		"$TMP/relay" --sync "$1" --ingest-url "http://$SINK" --data-dir "$TMP/data" \
+			--listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$aport" --log-level warn \
+			>"$TMP/relay-$1-$2.log" 2>&1 &
+		TPID=$!
+		PIDS+=("$TPID")
+		wait_http "$ADMIN/readyz" 20
+		;;
+	nginx)
+		ADMIN=""
+		mkdir -p "$TMP/nginx"
+		local user=""
+		# As root, nginx would run its workers as nobody, who cannot enter $TMP.
+		[ "$(id -u)" -eq 0 ] && user="user root;"
+		cat >"$TMP/nginx/nginx.conf" <<EOF
+$user
+worker_processes auto;
+daemon off;
+pid $TMP/nginx/nginx.pid;
+error_log $TMP/nginx/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $TMP/nginx/body;
+  proxy_temp_path $TMP/nginx/proxy;
+  fastcgi_temp_path $TMP/nginx/fastcgi;
+  uwsgi_temp_path $TMP/nginx/uwsgi;
+  scgi_temp_path $TMP/nginx/scgi;
+  client_max_body_size 20m;
+  client_body_buffer_size 1m;
+  upstream sink { server $SINK; keepalive 64; }
+  server {
+    listen 127.0.0.1:$port;
+    location / {
+      proxy_pass http://sink;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+    }
+  }
+}
+EOF
+		"$NGINX" -e "$TMP/nginx/error.log" -p "$TMP/nginx" -c "$TMP/nginx/nginx.conf" >"$TMP/nginx/stdout.log" 2>&1 &
+		TPID=$!
+		PIDS+=("$TPID")
+		# nginx answers 404 from the sink for an unknown path: wait for any answer.
+		for i in $(seq 1 100); do
+			curl -s -o /dev/null "http://127.0.0.1:$port/" && break
+			sleep 0.05
+		done
+		;;
+	esac
+}
+stop_target() {
+	kill "$TPID" 2>/dev/null || true
+	for i in $(seq 1 100); do kill -0 "$TPID" 2>/dev/null || break; sleep 0.05; done
+	kill -9 "$TPID" 2>/dev/null || true
+	wait "$TPID" 2>/dev/null || true
+}
+sink_stat() { curl -s "http://$SINK/stats" | sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p"; }
+sink_reset() { curl -s -o /dev/null -X POST "http://$SINK/reset"; }
+# wait_delivered N: until the sink counted N events or stopped progressing 3 s.
+wait_delivered() {
+	local last=-1 same=0 c
+	while :; do
+		c=$(sink_stat counted)
+		[ "$c" -ge "$1" ] && return 0
+		if [ "$c" = "$last" ]; then
+			same=$((same + 1))
+			[ $same -ge 30 ] && { log "delivery stalled at $c of $1"; return 0; }
+		else
+			same=0
+		fi
+		last=$c
+		sleep 0.1
+	done
+}
+kv() { echo "$2" | tr ' ' '\n' | sed -n "s/^$1=//p" | head -1; }
+
+RESULTS="$TMP/results.tsv"
+: >"$RESULTS"
+for run in $(seq 1 "$RUNS"); do
+	for target in $TARGETS; do
+		log "run $run/$RUNS: $target, $EVENTS events/request, $CONNS conns, ${DURATION}s, $TOOL"
+		start_target "$target" "$run"
+		sink_reset
+		c0=$(cpu_ticks "$TPID")
+		if [ -n "$PROFILE_DIR" ] && [ -n "$ADMIN" ] && [ "$run" = 1 ]; then
+			mkdir -p "$PROFILE_DIR"
+			psecs=$((DURATION > 2 ? DURATION - 1 : 1))
+			curl -s -o "$PROFILE_DIR/cpu-$target-e$EVENTS.pprof" "$ADMIN/debug/pprof/profile?seconds=$psecs" &
+			PROF=$!
+		fi
+		if [ "$TOOL" = wrk ]; then
+			out=$(wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency -s "$TMP/post.lua" "$TURL" | grep '^WRK')
+			reqs=$(kv requests "$out")
+			bad=$(($(kv status_err "$out") + $(kv sock_err "$out")))
+			secs=$(awk -v us="$(kv duration_us "$out")" 'BEGIN{print us/1e6}')
+			ok=$((reqs - bad))
+			eps=$(awk -v n="$ok" -v e="$EVENTS" -v s="$secs" 'BEGIN{printf "%.0f", n*e/s}')
+			rps=$(awk -v n="$ok" -v s="$secs" 'BEGIN{printf "%.0f", n/s}')
+			p50=$(awk -v us="$(kv p50_us "$out")" 'BEGIN{printf "%.2f", us/1000}')
+			p99=$(awk -v us="$(kv p99_us "$out")" 'BEGIN{printf "%.2f", us/1000}')
+		else
+			out=$("$TMP/loadgen" -url "$TURL" -c "$CONNS" -events "$EVENTS" -duration "${DURATION}s" -warmup 0 | grep '^RESULT')
+			ok=$(kv status_200 "$out")
+			ok=${ok:-0}
+			bad=$(kv errors "$out")
+			eps=$(kv events_s "$out")
+			rps=$(kv req_s "$out")
+			p50=$(kv p50_ms "$out")
+			p99=$(kv p99_ms "$out")
+		fi
+		accepted=$((ok * EVENTS))
+		wait_delivered "$accepted"
+		c1=$(cpu_ticks "$TPID")
+		[ -n "${PROF:-}" ] && { wait "$PROF" || true; PROF=""; }
+		counted=$(sink_stat counted)
+		first=$(sink_stat first_ns)
+		last=$(sink_stat last_ns)
+		deps=$(awk -v n="$counted" -v f="$first" -v l="$last" 'BEGIN{d=(l-f)/1e9; if (d<=0) d=1; printf "%.0f", n/d}')
+		cpum=$(awk -v t=$((c1 - c0)) -v hz="$CLK_TCK" -v n="$accepted" 'BEGIN{if(n==0){print "nan"}else{printf "%.2f", t/hz/n*1e6}}')
+		# Half of the peak, open loop: accept latency and end-to-end lag.
+		h50="-" h99="-" lag99="-"
+		if [ "$HALF" = 1 ] && [ "$rps" -gt 0 ]; then
+			sink_reset
+			hrate=$((rps / 2))
+			[ "$hrate" -lt 1 ] && hrate=1
+			hout=$("$TMP/loadgen" -url "$TURL" -c "$CONNS" -events "$EVENTS" -duration "${DURATION}s" -warmup 1s \
+				-rate "$hrate" -seed 2 | grep '^RESULT')
+			h50=$(kv p50_ms "$hout")
+			h99=$(kv p99_ms "$hout")
+			hok=$(kv status_200 "$hout")
+			# the warm-up's events arrive too; wait for all, then read the lag.
+			wait_delivered $(((${hok:-0}) * EVENTS))
+			lag99=$(sink_stat lag_p99_ms)
+		fi
+		rss=$(($(hwm_kb "$TPID") / 1024))
+		stop_target
+		printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$target" "$run" "$eps" "$rps" "$p50" "$p99" \
+			"$h50" "$h99" "$deps" "$lag99" "$cpum" "$rss" "$bad" >>"$RESULTS"
+		log "$target: $eps events/s ($rps req/s), p50 $p50 ms, p99 $p99 ms; half: p99 $h99 ms, lag p99 $lag99 ms; delivered $deps events/s; ${cpum} CPU s/M events; peak RSS ${rss} MiB; errors $bad"
+	done
+done
+
+# --- table ---------------------------------------------------------------------
+median() { # target column
+	awk -F'\t' -v t="$1" -v c="$2" '$1==t && $c!="-" && $c!="nan" {print $c}' "$RESULTS" | sort -g |
+		awk '{a[NR]=$1} END{if(NR==0){print "-"} else if(NR%2){print a[(NR+1)/2]} else {printf "%.2f\n", (a[NR/2]+a[NR/2+1])/2}}'
+}
+{
+	echo
+	echo "compare.sh: $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+	echo "load: $TOOL, $CONNS connections, $EVENTS events/request (~$(($(wc -c <"$TMP/body.json") / EVENTS)) B/event), ${DURATION}s per run, median of $RUNS run(s)"
+	echo
+	echo "| target | accepted events/s | requests/s | p50 ms | p99 ms | p99 ms at half peak | delivered events/s | e2e lag p99 ms (half peak) | CPU s / M events | peak RSS MiB | errors |"
+	echo "|---|---|---|---|---|---|---|---|---|---|---|"
+	for t in $TARGETS; do
+		name=$t
+		case $t in always) name="relay --sync always" ;; none) name="relay --sync none" ;; esac
+		echo "| $name | $(median "$t" 3) | $(median "$t" 4) | $(median "$t" 5) | $(median "$t" 6) | $(median "$t" 8) | $(median "$t" 9) | $(median "$t" 10) | $(median "$t" 11) | $(median "$t" 12) | $(median "$t" 13) |"
+	done
+	if echo " $TARGETS " | grep -q " nginx "; then
+		n_eps=$(median nginx 3)
+		n_rps=$(median nginx 4)
+		n_cpu=$(median nginx 11)
+		n_rss=$(median nginx 12)
+		echo
+		for t in always none; do
+			echo " $TARGETS " | grep -q " $t " || continue
+			awk -v t="$t" -v a="$(median "$t" 3)" -v b="$n_eps" -v c="$(median "$t" 11)" -v d="$n_cpu" \
+				-v e="$(median "$t" 12)" -v f="$n_rss" -v g="$(median "$t" 4)" -v h="$n_rps" \
+				'BEGIN{printf "relay --sync %s / nginx: events/s %.2fx, requests/s %.2fx, CPU per event %.2fx, peak RSS %.2fx\n", t, a/b, g/h, (d>0?c/d:0), (f>0?e/f:0)}'
+		done
+	fi
+	echo
+	echo "raw runs (target run events/s req/s p50 p99 half_p50 half_p99 delivered/s lag_p99 cpu_s_per_M rss_MiB errors):"
+	cat "$RESULTS"
+} | tee ${OUT:+"$OUT"}
