@@ -175,7 +175,12 @@ func New(cfg Config, creds *credentials.Store, fwd *forward.Forwarder, log *zap.
 func (a *API) Routes() []adminroute.Route { return a.mux.AdminRoutes(PathUsers) }
 
 func (a *API) post(ctx *fasthttp.RequestCtx, _ forward.Params) {
-	if err := CheckBody(ctx.Request.Body()); err != nil {
+	body, err := forward.DecodedBody(ctx, 4<<20)
+	if err != nil {
+		forward.WriteError(ctx, fasthttp.StatusBadRequest, err.Error())
+		return
+	}
+	if err := CheckBody(body); err != nil {
 		forward.WriteError(ctx, fasthttp.StatusBadRequest, err.Error())
 		return
 	}

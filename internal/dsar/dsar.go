@@ -177,7 +177,12 @@ func New(cfg Config, creds *credentials.Store, fwd *forward.Forwarder, log *zap.
 func (a *API) Routes() []adminroute.Route { return a.mux.AdminRoutes(PathRequests) }
 
 func (a *API) create(ctx *fasthttp.RequestCtx, _ forward.Params) {
-	if _, err := ParseRequest(ctx.Request.Body()); err != nil {
+	body, err := forward.DecodedBody(ctx, 1<<20)
+	if err != nil {
+		forward.WriteError(ctx, fasthttp.StatusBadRequest, err.Error())
+		return
+	}
+	if _, err := ParseRequest(body); err != nil {
 		forward.WriteError(ctx, fasthttp.StatusBadRequest, err.Error())
 		return
 	}

@@ -5,6 +5,9 @@
 //
 // # Rules checked locally
 //
+// The body is checked decoded by its Content-Encoding (forward.DecodedBody;
+// undecodable: 400) and forwarded as sent.
+//
 //   - The body is at most MaxBytes (5 MB, read as 5,000,000 bytes): else 413.
 //   - It is a JSON object with a non-empty string source_id and an items
 //     array of 1 to MaxItems (100) items: else 400.

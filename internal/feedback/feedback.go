@@ -209,7 +209,16 @@ func (a *API) Routes() []adminroute.Route {
 }
 
 func (a *API) serve(ctx *fasthttp.RequestCtx) {
-	err := CheckRequest(ctx.Request.Body())
+	body, err := forward.DecodedBody(ctx, MaxBytes+1)
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		forward.WriteError(ctx, fasthttp.StatusRequestEntityTooLarge, fmt.Sprintf("%v: decoded, the body is larger than %d bytes", ErrTooLarge, MaxBytes))
+		return
+	}
+	if err != nil {
+		forward.WriteError(ctx, fasthttp.StatusBadRequest, err.Error())
+		return
+	}
+	err = CheckRequest(body)
 	var re *RequestError
 	switch {
 	case errors.Is(err, ErrTooLarge):

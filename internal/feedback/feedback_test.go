@@ -2,6 +2,7 @@ package feedback
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -127,8 +128,28 @@ func TestFeedbackThroughRelay(t *testing.T) {
 	if r := send(`{"source_id":"src","items":[{"unique_id":"b","body":"` + strings.Repeat("x", MaxBytes) + `"}]}`); r.status != 413 {
 		t.Fatalf("over 5 MB: %v", r)
 	}
+	// gzip-encoded bodies are checked decoded and forwarded as sent.
+	gz := func(s string) *bytes.Reader {
+		var b bytes.Buffer
+		w := gzip.NewWriter(&b)
+		w.Write([]byte(s))
+		w.Close()
+		return bytes.NewReader(b.Bytes())
+	}
+	r = call(t, "POST", relay+Path, gz(`{"source_id":"src","items":[{"unique_id":"z1","conversation_parts":[{"unique_id":"p"}]}]}`),
+		append(inj, "Content-Encoding: gzip")...)
+	if r.status != 400 || !bytes.Contains(r.body, []byte(`"unique_id":"z1"`)) {
+		t.Fatalf("gzip body with a bad part: %v", r)
+	}
+	r = call(t, "POST", relay+Path, gz(`{"source_id":"src","items":[{"unique_id":"z2","body":"zipped"}]}`), append(inj, "Content-Encoding: gzip")...)
+	if r.status != 200 || !bytes.Contains(r.body, []byte(`"ingested":1`)) {
+		t.Fatalf("gzip body: %v", r)
+	}
+	if r := call(t, "POST", relay+Path, strings.NewReader("not gzip"), append(inj, "Content-Encoding: gzip")...); r.status != 400 {
+		t.Fatalf("undecodable body: %v", r)
+	}
 	got, err := (&sim.Control{Base: up}).FeedbackItems(context.Background(), "proj", "src")
-	if err != nil || len(got) != 3 {
-		t.Fatalf("upstream holds %d items (%v), want the 3 good ones", len(got), err)
+	if err != nil || len(got) != 4 {
+		t.Fatalf("upstream holds %d items (%v), want the 4 good ones", len(got), err)
 	}
 }

@@ -30,6 +30,9 @@
 // 429, 5xx and transport errors are retried with exponential backoff and
 // jitter (github.com/cenkalti/backoff/v4; Retry-After honoured, capped at
 // --retry-max), until --retry-time has passed; other answers are final.
+// The one request that must not reach the upstream twice, DSAR create, is
+// retried only on 429 and 503 answers, never after a transport error. An
+// export archive cut mid-body is fetched again (up to 5 tries).
 // Client-side pacing follows the documents: deletion POSTs at most 1 per
 // second; DSAR polls back off from --poll-initial to --poll-max, far under
 // the 14400-per-hour cost budget.

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -23,6 +25,8 @@ import (
 //     client (no buffering: export archives are gigabytes), with the shared
 //     request log, latency, injected faults and down state. The body is not
 //     read by the middleware; handlers read it with a limit of their own.
+//   - Request bodies may be gzip-encoded (Content-Encoding: gzip); another
+//     encoding is 415.
 //   - Every route of these groups needs HTTP Basic authentication; when
 //     Config.APIKeys is set the user name must be one of them, else any
 //     non-empty user name is accepted. Missing or unknown: 401
@@ -310,6 +314,20 @@ func (s *Sim) serveAPI(w *statusWriter, r *http.Request, rec *Record, h apiHandl
 	if !ok || !s.validKey(key) {
 		w.Header().Set("WWW-Authenticate", `Basic realm="svc"`)
 		apiError(w, http.StatusUnauthorized, "invalid or missing Basic authentication")
+		return
+	}
+	switch enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); enc {
+	case "", "identity":
+	case "gzip":
+		zr, err := gzip.NewReader(r.Body)
+		if err != nil {
+			apiError(w, http.StatusBadRequest, "undecodable gzip body")
+			return
+		}
+		r.Body = io.NopCloser(zr)
+		r.Header.Del("Content-Encoding")
+	default:
+		apiError(w, http.StatusUnsupportedMediaType, "unsupported Content-Encoding")
 		return
 	}
 	h(w, r, key)
