@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/export"
 	"github.com/svcrelay/relay/internal/sim"
 )
 
@@ -209,4 +210,53 @@ func TestExportRefetchesACutPiece(t *testing.T) {
 		t.Fatalf("archive: %v", err)
 	}
 	zr.Close()
+}
+
+// TestExportTodo: the ranges left are the plan minus the finished pieces,
+// whatever their sizes (pieces of a split piece included).
+func TestExportTodo(t *testing.T) {
+	x := &exporter{pieceHours: 6}
+	x.whole, _ = exportRange("20260101T00", "20260101T23")
+	for _, tc := range []struct {
+		done [][2]string
+		want string
+	}{
+		{nil, "00-05 06-11 12-17 18-23"},
+		{[][2]string{{"20260101T06", "20260101T11"}}, "00-05 12-17 18-23"},
+		{[][2]string{{"20260101T06", "20260101T08"}, {"20260101T13", "20260101T13"}}, "00-05 09-11 12-12 14-17 18-23"},
+		{[][2]string{{"20260101T00", "20260101T23"}}, ""},
+		{[][2]string{{"20260101T18", "20260101T20"}, {"20260101T22", "20260101T23"}}, "00-05 06-11 12-17 21-21"},
+	} {
+		x.state.Pieces = nil
+		for _, d := range tc.done {
+			x.state.Pieces = append(x.state.Pieces, donePiece{Start: d[0], End: d[1]})
+		}
+		var got []string
+		for _, r := range x.todo() {
+			got = append(got, r.Start.Format("15")+"-"+r.End.Format("15"))
+		}
+		if strings.Join(got, " ") != tc.want {
+			t.Errorf("done %v: todo %v, want %s", tc.done, got, tc.want)
+		}
+	}
+}
+
+func exportRange(s, e string) (export.Range, error) { return export.ParseRange(s, e) }
+
+// TestCommandsUseProjectOverride: a project's feedback_url in the
+// credentials file is used without --feedback-url.
+func TestCommandsUseProjectOverride(t *testing.T) {
+	_, up, _ := startSim(t)
+	creds := filepath.Join(t.TempDir(), "creds.yaml")
+	os.WriteFile(creds, []byte("projects:\n  - name: eu\n    api_key: \"proj\"\n    secret_key: \"s\"\n    feedback_url: \""+up+"\"\n"), 0o600)
+	items := filepath.Join(t.TempDir(), "items.jsonl")
+	os.WriteFile(items, []byte(`{"unique_id":"a","body":"b"}`+"\n"), 0o644)
+	r := runCmd(context.Background(), FeedbackMain, "--credentials", creds, "--project", "eu", "--source", "s", "--file", items)
+	if r.code != 0 || !strings.Contains(r.stderr, "1 items ingested") {
+		t.Fatal(r)
+	}
+	r = runCmd(context.Background(), ExportMain, "--credentials", creds, "--project", "eu", "--start", "20260101T00", "--end", "20260101T00", "--out", filepath.Join(t.TempDir(), "x"))
+	if r.code != 2 || !strings.Contains(r.stderr, "--analytics-url") {
+		t.Fatal(r)
+	}
 }
