@@ -51,7 +51,7 @@ func (c *common) register(fs *flag.FlagSet, feedback bool) {
 	fs.DurationVar(&c.retryInitial, "retry-initial", time.Second, "first wait before retrying a 429, 5xx or transport error")
 	fs.DurationVar(&c.retryMax, "retry-max", time.Minute, "longest wait between retries (also caps Retry-After)")
 	fs.DurationVar(&c.retryTime, "retry-time", 10*time.Minute, "give up retrying one request after this long")
-	fs.DurationVar(&c.timeout, "timeout", time.Minute, "longest wait for an answer's head (a streaming body may take longer)")
+	fs.DurationVar(&c.timeout, "timeout", 5*time.Minute, "longest wait for an answer's head (an export may take a while to start; its body may stream for longer)")
 }
 
 // load reads the credentials file and finds the project (required when
