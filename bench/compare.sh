@@ -310,7 +310,7 @@ done
 # --- table ---------------------------------------------------------------------
 median() { # target column
 	awk -F'\t' -v t="$1" -v c="$2" '$1==t && $c!="-" && $c!="nan" {print $c}' "$RESULTS" | sort -g |
-		awk '{a[NR]=$1} END{if(NR==0){print "-"} else if(NR%2){print a[(NR+1)/2]} else {printf "%.2f\n", (a[NR/2]+a[NR/2+1])/2}}'
+		awk '{a[NR]=$1} END{if(NR==0){print "-"} else if(NR%2){print a[(NR+1)/2]} else {printf "%.10g\n", (a[NR/2]+a[NR/2+1])/2}}'
 }
 {
 	echo

@@ -351,8 +351,8 @@ func run(c config) int {
 	}
 	errs := reqs - status[200]
 	fmt.Printf("  answers: %s\n", strings.Join(codes, " "))
-	fmt.Printf("RESULT reqs=%d req_s=%.0f events_s=%.0f p50_ms=%.3f p99_ms=%.3f p999_ms=%.3f max_ms=%.3f errors=%d late=%d avg_event_bytes=%.0f secs=%.3f %s\n",
-		reqs, float64(status[200])/secs, float64(events)/secs, ms(all.Quantile(.5)), ms(all.Quantile(.99)),
+	fmt.Printf("RESULT reqs=%d req_s=%.0f events=%d events_s=%.0f p50_ms=%.3f p99_ms=%.3f p999_ms=%.3f max_ms=%.3f errors=%d late=%d avg_event_bytes=%.0f secs=%.3f %s\n",
+		reqs, float64(status[200])/secs, events, float64(events)/secs, ms(all.Quantile(.5)), ms(all.Quantile(.99)),
 		ms(all.Quantile(.999)), ms(all.Max()), errs, late, avgEvent, secs, strings.Join(codes, " "))
 	if status[200] == 0 {
 		return 1
