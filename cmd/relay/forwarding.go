@@ -7,7 +7,11 @@ import (
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/classifiers"
 	"github.com/svcrelay/relay/internal/config"
+	"github.com/svcrelay/relay/internal/deletion"
+	"github.com/svcrelay/relay/internal/dsar"
 	"github.com/svcrelay/relay/internal/experiments"
+	"github.com/svcrelay/relay/internal/export"
+	"github.com/svcrelay/relay/internal/feedback"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/scim"
 	"github.com/svcrelay/relay/internal/taxonomy"
@@ -15,7 +19,8 @@ import (
 )
 
 // forwardingRoutes builds the admin listener's forwarded upstream APIs
-// (experiments, SCIM, channel classifiers, taxonomy). They share one
+// (experiments, SCIM, channel classifiers, taxonomy, feedback, DSAR, user
+// deletion, export). They share one
 // Forwarder, so its connections and metrics exist once per process. Every
 // upstream base comes from the flags or the credentials file, never from a
 // request.
@@ -45,5 +50,25 @@ func forwardingRoutes(cfg config.Config, log *zap.Logger, reg prometheus.Registe
 		return nil, fmt.Errorf("taxonomy: %w", err)
 	}
 	routes = append(routes, tx.Routes()...)
+	fb, err := feedback.New(feedback.Config{URL: cfg.FeedbackURL}, cfg.Creds, fwd, log.Named("feedback"), reg)
+	if err != nil {
+		return nil, fmt.Errorf("feedback: %w", err)
+	}
+	routes = append(routes, fb.Routes()...)
+	ds, err := dsar.New(dsar.Config{URL: cfg.AnalyticsURL}, cfg.Creds, fwd, log.Named("dsar"), reg)
+	if err != nil {
+		return nil, fmt.Errorf("dsar: %w", err)
+	}
+	routes = append(routes, ds.Routes()...)
+	de, err := deletion.New(deletion.Config{URL: cfg.AnalyticsURL}, cfg.Creds, fwd, log.Named("deletion"), reg)
+	if err != nil {
+		return nil, fmt.Errorf("deletion: %w", err)
+	}
+	routes = append(routes, de.Routes()...)
+	xp, err := export.New(export.Config{URL: cfg.AnalyticsURL}, cfg.Creds, fwd, log.Named("export"), reg)
+	if err != nil {
+		return nil, fmt.Errorf("export: %w", err)
+	}
+	routes = append(routes, xp.Routes()...)
 	return routes, nil
 }

@@ -8,6 +8,8 @@
 //	relay sim --listen ADDR          serve the simulated upstream
 //	relay spool dump --data-dir DIR  print every live spool record as a JSON line
 //	relay version                    print the build's version
+//	relay export|dsar|delete-users|feedback ...
+//	                                 operator commands that talk to the upstream directly
 package main
 
 import (
@@ -20,6 +22,7 @@ import (
 	"syscall"
 
 	"github.com/svcrelay/relay/internal/config"
+	"github.com/svcrelay/relay/internal/opscmd"
 )
 
 func main() {
@@ -53,6 +56,14 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 		case "version":
 			fmt.Fprintln(stdout, versionString())
 			return exitOK
+		case "export":
+			return opscmd.ExportMain(ctx, args[1:], stdout, stderr)
+		case "dsar":
+			return opscmd.DSARMain(ctx, args[1:], stdout, stderr)
+		case "delete-users":
+			return opscmd.DeleteUsersMain(ctx, args[1:], stdout, stderr)
+		case "feedback":
+			return opscmd.FeedbackMain(ctx, args[1:], stdout, stderr)
 		case "help":
 			usage(stderr)
 			return exitOK
@@ -90,6 +101,11 @@ usage:
   relay sim --listen ADDR          serve the simulated upstream alone
   relay spool dump --data-dir DIR  print every live spool record as a JSON line (relay must be stopped)
   relay version                    print the build's version
+  relay export --credentials F --project P --analytics-url U --start YYYYMMDDTHH --end YYYYMMDDTHH --out FILE [--jsonl]
+  relay dsar --credentials F --project P (--user-id U | --svc-id N) --start YYYY-MM-DD --end YYYY-MM-DD --out DIR
+  relay delete-users --credentials F --project P --ids-file F --requester R [--dry-run] [--ignore-invalid-id]
+  relay feedback --credentials F --project P --feedback-url U --source S --file items.jsonl
+                                   operator commands: talk to the upstream directly (relay CMD --help)
 
 Every flag can be set as RELAY_<NAME> in the environment or as <name>: in the
 --config YAML file; a flag beats the variable, the variable beats the file.
