@@ -13,13 +13,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
+	"github.com/svcrelay/relay/internal/graceful"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 	"go.uber.org/zap"
@@ -74,17 +74,9 @@ type route struct {
 type Server struct {
 	cfg Config
 	log *zap.Logger
-	srv *fasthttp.Server
+	srv *graceful.Server
 
 	requests *prometheus.CounterVec // relay_admin_requests_total{route,code}
-
-	// connMu guards conns: the connections open now and whether a handler
-	// runs on them, for Shutdown to close those that serve nothing (fasthttp's
-	// own Shutdown waits until its context ends for a connection that never
-	// sent a request: it counts as active from the accept).
-	connMu   sync.Mutex
-	conns    map[net.Conn]bool
-	stopping atomic.Bool // Shutdown was called
 
 	mu       sync.RWMutex
 	routes   map[string]*route
@@ -114,7 +106,7 @@ func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Server, error
 	if log == nil {
 		log = zap.NewNop()
 	}
-	s := &Server{cfg: cfg, log: log, routes: make(map[string]*route), conns: make(map[net.Conn]bool)}
+	s := &Server{cfg: cfg, log: log, routes: make(map[string]*route)}
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "relay_admin_requests_total",
 		Help: "Admin listener requests by registered route and status code (401/403: token refused).",
@@ -124,7 +116,9 @@ func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Server, error
 			return nil, fmt.Errorf("adminapi metrics: %w", err)
 		}
 	}
-	s.srv = &fasthttp.Server{
+	// graceful closes, at Shutdown, connections on which no handler runs
+	// (fasthttp alone waits for a silent client until its read timeout).
+	s.srv = graceful.New(&fasthttp.Server{
 		Handler:                      s.serve,
 		Name:                         "relay-admin",
 		ReadTimeout:                  cfg.ReadTimeout,
@@ -139,8 +133,7 @@ func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Server, error
 		// goes into fasthttp's error messages.
 		SecureErrorLogMessage: true,
 		Logger:                zapPrintf{log},
-		ConnState:             s.connState,
-	}
+	})
 
 	s.Handle(fasthttp.MethodGet, "/healthz", s.healthz)
 	s.Handle(fasthttp.MethodHead, "/healthz", s.healthz)
@@ -237,76 +230,16 @@ func (s *Server) Serve(ln net.Listener) error {
 
 // Shutdown stops accepting and waits for open requests until ctx ends.
 // Connections on which no handler runs (new ones that sent nothing yet, idle
-// keep-alive ones) are closed at once and again every 50 ms while it waits,
-// so a client that connected and sent nothing does not hold the stop.
+// keep-alive ones) are closed at once (see package graceful), so a client
+// that connected and sent nothing does not hold the stop.
 func (s *Server) Shutdown(ctx context.Context) error {
-	s.stopping.Store(true)
-	errc := make(chan error, 1)
-	go func() { errc <- s.srv.ShutdownWithContext(ctx) }()
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		s.closeWaiting()
-		select {
-		case err := <-errc:
-			if err != nil {
-				return fmt.Errorf("admin listener shutdown: %w", err)
-			}
-			return nil
-		case <-tick.C:
-		}
+	if err := s.srv.Shutdown(ctx); err != nil {
+		return fmt.Errorf("admin listener shutdown: %w", err)
 	}
-}
-
-func (s *Server) srvStopping() bool { return s.stopping.Load() }
-
-// connState tracks the open connections (fasthttp.Server.ConnState).
-func (s *Server) connState(c net.Conn, st fasthttp.ConnState) {
-	s.connMu.Lock()
-	defer s.connMu.Unlock()
-	switch st {
-	case fasthttp.StateNew:
-		s.conns[c] = false
-	case fasthttp.StateClosed, fasthttp.StateHijacked:
-		delete(s.conns, c)
-	}
-}
-
-// busy marks whether a handler runs on c; it reports false when c was
-// already closed by Shutdown.
-func (s *Server) busy(c net.Conn, b bool) bool {
-	s.connMu.Lock()
-	defer s.connMu.Unlock()
-	if _, ok := s.conns[c]; !ok {
-		return false
-	}
-	s.conns[c] = b
-	return true
-}
-
-// closeWaiting closes the connections on which no handler runs now.
-func (s *Server) closeWaiting() {
-	s.connMu.Lock()
-	defer s.connMu.Unlock()
-	for c, b := range s.conns {
-		if !b {
-			c.Close()
-			delete(s.conns, c)
-		}
-	}
+	return nil
 }
 
 func (s *Server) serve(ctx *fasthttp.RequestCtx) {
-	if c := ctx.Conn(); c != nil {
-		if !s.busy(c, true) && s.srvStopping() {
-			// Shutdown closed the connection between the read of this
-			// request and now: nothing of it is handled.
-			ctx.SetConnectionClose()
-			textError(ctx, fasthttp.StatusServiceUnavailable, "shutting down")
-			return
-		}
-		defer s.busy(c, false)
-	}
 	path := string(ctx.Path())
 	s.mu.RLock()
 	r := s.routes[path]

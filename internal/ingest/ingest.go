@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/svcrelay/relay/internal/event"
+	"github.com/svcrelay/relay/internal/graceful"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
@@ -124,7 +125,7 @@ type Server struct {
 	log        *zap.Logger // errors worth seeing every time
 	rejLog     *zap.Logger // sampled: rejections and HTTP-level errors
 	m          *metrics
-	srv        *fasthttp.Server
+	srv        *graceful.Server
 
 	// base is the context of spool calls: cancelled only when Shutdown's
 	// context ends before the in-flight requests did.
@@ -180,7 +181,10 @@ func New(cfg Config, sp *spool.Spool, ids *event.IDGen, log *zap.Logger, reg pro
 	}
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.states.New = func() any { return new(reqState) }
-	s.srv = &fasthttp.Server{
+	// graceful closes, at Shutdown, connections on which no handler runs
+	// (fasthttp alone waits for a silent or idle keep-alive client until its
+	// read or idle timeout).
+	s.srv = graceful.New(&fasthttp.Server{
 		Handler:      s.handle,
 		ErrorHandler: s.handleReadError,
 		// The body limit fasthttp enforces while reading. A gzip body never
@@ -198,7 +202,7 @@ func New(cfg Config, sp *spool.Spool, ids *event.IDGen, log *zap.Logger, reg pro
 		CloseOnShutdown:              true,
 		TCPKeepalive:                 true,
 		Logger:                       fasthttpLogger{s.rejLog},
-	}
+	})
 	return s, nil
 }
 
@@ -229,8 +233,10 @@ func (s *Server) Serve(ln net.Listener) error {
 	return nil
 }
 
-// Shutdown stops accepting connections, answers 503 to requests that arrive
-// on open keep-alive connections, and waits for in-flight requests to finish
+// Shutdown stops accepting connections, closes at once the connections on
+// which no request is in the handler (new ones that sent nothing yet, idle
+// keep-alive ones; see package graceful), answers 503 to requests that reach
+// the handler after it started, and waits for in-flight requests to finish
 // and their connections to close. When ctx ends first, it cancels the spool
 // appends still running (those requests are answered 503) and returns
 // ctx's error without waiting further. The Server cannot be restarted.
@@ -240,7 +246,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	lns := s.lns
 	s.lnMu.Unlock()
 
-	err := s.srv.ShutdownWithContext(ctx)
+	err := s.srv.Shutdown(ctx)
 	// A Serve that had not reached fasthttp's Serve when it was told to stop
 	// finds its listener closed and returns.
 	for _, ln := range lns {

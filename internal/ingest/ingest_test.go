@@ -1,14 +1,18 @@
 package ingest
 
 import (
+	"bufio"
 	"bytes"
 	"compress/gzip"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -723,5 +727,76 @@ func TestMetricsRegistered(t *testing.T) {
 	// A second Server on the same registry is a configuration error.
 	if _, err := New(Config{}, r.sp, event.NewIDGen(), nil, r.reg); err == nil {
 		t.Error("New registered the same metrics twice")
+	}
+}
+
+// TestShutdownClosesWaitingConnections: a client connected without sending
+// anything and an idle keep-alive client (the server's timeouts a minute
+// long) do not delay Shutdown, while a request in the handler still gets its
+// 200 and is spooled.
+func TestShutdownClosesWaitingConnections(t *testing.T) {
+	r := startRelay(t, Config{ReadTimeout: time.Minute, IdleTimeout: time.Minute}, spool.Config{Sync: spool.SyncNone})
+	entered, release := make(chan struct{}), make(chan struct{})
+	r.srv.testHook = func(*fasthttp.RequestCtx) {
+		close(entered)
+		<-release
+	}
+	dialWait := func() net.Conn {
+		c, err := net.DialTimeout("tcp", r.addr, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	silent := dialWait()
+	idle := dialWait()
+	idle.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(idle, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+	if resp, err := http.ReadResponse(bufio.NewReader(idle), nil); err != nil || resp.StatusCode != 200 || resp.Close {
+		t.Fatalf("keep-alive /healthz: %v %v", resp, err)
+	}
+	got := make(chan answer, 1)
+	go func() {
+		got <- r.post("/2/httpapi", envelope("k", "", `{"user_id":"user-00001","event_type":"a"}`))
+	}()
+	<-entered
+
+	shut := make(chan error, 1)
+	begin := time.Now()
+	go func() { shut <- r.srv.Shutdown(context.Background()) }()
+	for name, c := range map[string]net.Conn{"silent": silent, "idle keep-alive": idle} {
+		c.SetReadDeadline(time.Now().Add(time.Second))
+		if n, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("%s connection still open after Shutdown began: read %d, %v", name, n, err)
+		}
+	}
+	if d := time.Since(begin); d > 100*time.Millisecond {
+		t.Errorf("waiting connections closed %v after Shutdown began, want < 100ms", d)
+	}
+	select {
+	case err := <-shut:
+		t.Fatalf("Shutdown returned %v with a request in flight", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	released := time.Now()
+	if a := <-got; a.status != 200 {
+		t.Fatalf("in-flight request: %d %s", a.status, a.body)
+	}
+	select {
+	case err := <-shut:
+		if err != nil {
+			t.Fatalf("Shutdown: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Shutdown did not return after the request finished")
+	}
+	// fasthttp polls its count of open connections every 100 ms.
+	if d := time.Since(released); d > 250*time.Millisecond {
+		t.Errorf("Shutdown returned %v after the in-flight request ended, want about 100ms", d)
+	}
+	if got := len(r.drain("k", "")); got != 1 {
+		t.Fatalf("%d records, want 1", got)
 	}
 }

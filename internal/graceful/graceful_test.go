@@ -1,0 +1,210 @@
+package graceful
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// start serves h on 127.0.0.1 with minute-long timeouts (so only Shutdown's
+// closing can end a silent connection quickly).
+func start(t *testing.T, h fasthttp.RequestHandler, state func(net.Conn, fasthttp.ConnState)) (*Server, string, chan error) {
+	t.Helper()
+	s := New(&fasthttp.Server{
+		Handler:     h,
+		ConnState:   state,
+		ReadTimeout: time.Minute,
+		IdleTimeout: time.Minute,
+		Logger:      discard{},
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s.Shutdown(ctx)
+	})
+	return s, ln.Addr().String(), served
+}
+
+func dial(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// get sends one keep-alive GET on c and reads its answer.
+func get(t *testing.T, c net.Conn, br *bufio.Reader, path string) *http.Response {
+	t.Helper()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("read answer of %s: %v", path, err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp
+}
+
+// waitClosed fails unless the server closes c within d.
+func waitClosed(t *testing.T, name string, c net.Conn, d time.Duration) {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(d))
+	var b [1]byte
+	if _, err := c.Read(b[:]); !errors.Is(err, io.EOF) && !isReset(err) {
+		t.Fatalf("%s connection: read %v, want EOF (closed by Shutdown)", name, err)
+	}
+}
+
+func isReset(err error) bool {
+	var ne *net.OpError
+	return errors.As(err, &ne) && !ne.Timeout()
+}
+
+// TestShutdownClosesWaitingConnections: a silent connection and an idle
+// keep-alive one are closed at once; a request in its handler still gets its
+// 200, and Shutdown returns right after it.
+func TestShutdownClosesWaitingConnections(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	s, addr, served := start(t, func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Path()) == "/slow" {
+			close(entered)
+			<-release
+		}
+		ctx.SetBodyString("ok")
+	}, nil)
+
+	silent := dial(t, addr)
+	idle := dial(t, addr)
+	if r := get(t, idle, bufio.NewReader(idle), "/"); r.StatusCode != 200 || r.Close {
+		t.Fatalf("keep-alive request: %d close=%v", r.StatusCode, r.Close)
+	}
+	busy := dial(t, addr)
+	busyAnswer := make(chan *http.Response, 1)
+	go func() {
+		busy.SetDeadline(time.Now().Add(10 * time.Second))
+		io.WriteString(busy, "GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+		r, err := http.ReadResponse(bufio.NewReader(busy), nil)
+		if err != nil {
+			t.Errorf("in-flight request: %v", err)
+		}
+		busyAnswer <- r
+	}()
+	<-entered
+
+	shut := make(chan error, 1)
+	begin := time.Now()
+	go func() { shut <- s.Shutdown(context.Background()) }()
+	waitClosed(t, "silent", silent, time.Second)
+	waitClosed(t, "idle keep-alive", idle, time.Second)
+	if d := time.Since(begin); d > 100*time.Millisecond {
+		t.Errorf("waiting connections closed after %v, want < 100ms", d)
+	}
+	select {
+	case err := <-shut:
+		t.Fatalf("Shutdown returned %v with a request in its handler", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+
+	close(release)
+	released := time.Now()
+	r := <-busyAnswer
+	if r == nil || r.StatusCode != 200 {
+		t.Fatalf("in-flight request answer: %+v, want 200", r)
+	}
+	if !r.Close {
+		t.Errorf("in-flight answer during Shutdown without Connection: close")
+	}
+	select {
+	case err := <-shut:
+		if err != nil {
+			t.Fatalf("Shutdown: %v", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Shutdown still waiting 2s after the last request ended")
+	}
+	if d := time.Since(released); d > 250*time.Millisecond {
+		t.Errorf("Shutdown returned %v after the last request ended, want about 100ms (fasthttp's poll)", d)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("Serve after Shutdown: %v", err)
+	}
+	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		c.Close()
+		t.Fatal("connection accepted after Shutdown")
+	}
+}
+
+// TestShutdownIdleOnly: with only waiting connections, Shutdown returns at
+// once though their read and idle timeouts are a minute.
+func TestShutdownIdleOnly(t *testing.T) {
+	var mu sync.Mutex
+	states := map[fasthttp.ConnState]int{}
+	s, addr, _ := start(t, func(ctx *fasthttp.RequestCtx) {}, func(_ net.Conn, st fasthttp.ConnState) {
+		mu.Lock()
+		states[st]++
+		mu.Unlock()
+	})
+	dial(t, addr)
+	idle := dial(t, addr)
+	get(t, idle, bufio.NewReader(idle), "/")
+	// The silent connection is accepted before Shutdown, but its StateNew
+	// may come later: either way it must be closed.
+	begin := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	// fasthttp polls its count of open connections every 100 ms.
+	if d := time.Since(begin); d > 250*time.Millisecond {
+		t.Fatalf("Shutdown took %v with two waiting connections, want about 100ms", d)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if states[fasthttp.StateNew] != 2 || states[fasthttp.StateIdle] != 1 {
+		t.Fatalf("wrapped ConnState saw %v, want 2 new, 1 idle", states)
+	}
+}
+
+// TestRequestOnClosedConnectionNotHandled: a request whose connection
+// Shutdown closed before it became active never reaches the handler.
+func TestRequestOnClosedConnectionNotHandled(t *testing.T) {
+	called := false
+	s := New(&fasthttp.Server{Handler: func(*fasthttp.RequestCtx) { called = true }})
+	c1, c2 := net.Pipe()
+	defer c2.Close()
+	s.connState(c1, fasthttp.StateNew)
+	if err := s.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var ctx fasthttp.RequestCtx
+	ctx.Init2(c1, nil, false)
+	s.handle(&ctx)
+	if called || ctx.Response.StatusCode() != fasthttp.StatusServiceUnavailable {
+		t.Fatalf("handler called=%v, status %d; want not called, 503", called, ctx.Response.StatusCode())
+	}
+}
+
+type discard struct{}
+
+func (discard) Printf(string, ...any) {}
