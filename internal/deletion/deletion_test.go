@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/forward"
+	"github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
 )
 
@@ -68,46 +69,46 @@ func newAPI(t testing.TB, upstream string, maxWait time.Duration) *API {
 	return a
 }
 
-var inj = []string{"X-Relay-Project: web", "Authorization: Bearer " + testToken}
+var inj = []string{"X-Relay-Project: web", "Authorization: Bearer " + forwardtest.AdminToken}
 
 func TestDeletionThroughRelay(t *testing.T) {
-	_, up := startSim(t, sim.Config{})
-	call(t, "POST", up+"/2/httpapi", strings.NewReader(`{"api_key":"proj","events":[{"event_type":"e","user_id":"alice"},{"event_type":"e","user_id":"bobby"}]}`))
-	relay := serveRoutes(t, newAPI(t, up, 0).Routes())
-	post := func(body string) answer {
-		return call(t, "POST", relay+PathUsers, strings.NewReader(body), inj...)
+	_, up := forwardtest.StartSim(t, sim.Config{})
+	forwardtest.Call(t, "POST", up+"/2/httpapi", strings.NewReader(`{"api_key":"proj","events":[{"event_type":"e","user_id":"alice"},{"event_type":"e","user_id":"bobby"}]}`))
+	relay := forwardtest.ServeAdmin(t, newAPI(t, up, 0).Routes())
+	post := func(body string) forwardtest.Answer {
+		return forwardtest.Call(t, "POST", relay+PathUsers, strings.NewReader(body), inj...)
 	}
 	// Local refusal: nothing sent.
-	if a := post(`{"user_ids":[]}`); a.status != 400 || !bytes.Contains(a.body, []byte(`"source":"relay"`)) {
+	if a := post(`{"user_ids":[]}`); a.Status != 400 || !bytes.Contains(a.Body, []byte(`"source":"relay"`)) {
 		t.Fatalf("no ids: %v", a)
 	}
 	// Invalid ids without ignore_invalid_id: the upstream's 400 naming them.
 	a := post(`{"user_ids":["alice","ghost"],"requester":"ops"}`)
-	if a.status != 400 || !bytes.Contains(a.body, []byte(`"invalid_ids":["ghost"]`)) || bytes.Contains(a.body, []byte(`"source"`)) {
+	if a.Status != 400 || !bytes.Contains(a.Body, []byte(`"invalid_ids":["ghost"]`)) || bytes.Contains(a.Body, []byte(`"source"`)) {
 		t.Fatalf("invalid without ignore: %v", a)
 	}
 	// With it: 200, the found users scheduled, the invalid ones listed.
 	a = post(`{"user_ids":["alice","ghost"],"svc_ids":[` + fmt.Sprint(sim.SvcID("proj", "bobby")) + `],"requester":"ops","ignore_invalid_id":true}`)
 	var job Job
-	if json.Unmarshal(a.body, &job); a.status != 200 || len(job.SvcIDs) != 2 || len(job.InvalidIDs) != 1 || job.Status != StatusStaging {
+	if json.Unmarshal(a.Body, &job); a.Status != 200 || len(job.SvcIDs) != 2 || len(job.InvalidIDs) != 1 || job.Status != StatusStaging {
 		t.Fatalf("invalid with ignore: %v", a)
 	}
 	today := time.Now().UTC()
 	q := "?start_day=" + today.Format(time.DateOnly) + "&end_day=" + today.AddDate(0, 0, QueryDays).Format(time.DateOnly)
-	a = call(t, "GET", relay+PathUsers+q, nil, inj...)
+	a = forwardtest.Call(t, "GET", relay+PathUsers+q, nil, inj...)
 	var jobs []Job
-	if json.Unmarshal(a.body, &jobs); a.status != 200 || len(jobs) != 1 || jobs[0].Day != job.Day {
+	if json.Unmarshal(a.Body, &jobs); a.Status != 200 || len(jobs) != 1 || jobs[0].Day != job.Day {
 		t.Fatalf("list: %v", a)
 	}
-	if a := call(t, "GET", relay+PathUsers+"?start_day=2026-01-01&end_day=2026-08-01", nil, inj...); a.status != 400 ||
-		!bytes.Contains(a.body, []byte("six months")) {
+	if a := forwardtest.Call(t, "GET", relay+PathUsers+"?start_day=2026-01-01&end_day=2026-08-01", nil, inj...); a.Status != 400 ||
+		!bytes.Contains(a.Body, []byte("six months")) {
 		t.Fatalf("7 months: %v", a)
 	}
-	if a := call(t, "DELETE", relay+PathUsers+"/x/"+job.Day, nil, inj...); a.status != 400 {
+	if a := forwardtest.Call(t, "DELETE", relay+PathUsers+"/x/"+job.Day, nil, inj...); a.Status != 400 {
 		t.Fatalf("bad svc_id: %v", a)
 	}
-	a = call(t, "DELETE", relay+PathUsers+fmt.Sprintf("/%d/%s", job.SvcIDs[0].SvcID, job.Day), nil, inj...)
-	if a.status != 200 {
+	a = forwardtest.Call(t, "DELETE", relay+PathUsers+fmt.Sprintf("/%d/%s", job.SvcIDs[0].SvcID, job.Day), nil, inj...)
+	if a.Status != 200 {
 		t.Fatalf("cancel: %v", a)
 	}
 }
@@ -116,14 +117,14 @@ func TestDeletionThroughRelay(t *testing.T) {
 // second POST waits for its turn, or with no wait allowed is refused 429
 // locally with Retry-After), and at most 8 requests are in flight.
 func TestDeletionPacing(t *testing.T) {
-	s, up := startSim(t, sim.Config{})
-	call(t, "POST", up+"/2/httpapi", strings.NewReader(`{"api_key":"proj","events":[{"event_type":"e","user_id":"alice"}]}`))
+	s, up := forwardtest.StartSim(t, sim.Config{})
+	forwardtest.Call(t, "POST", up+"/2/httpapi", strings.NewReader(`{"api_key":"proj","events":[{"event_type":"e","user_id":"alice"}]}`))
 	body := `{"user_ids":["alice"],"requester":"ops"}`
 
-	relay := serveRoutes(t, newAPI(t, up, 5*time.Second).Routes())
+	relay := forwardtest.ServeAdmin(t, newAPI(t, up, 5*time.Second).Routes())
 	t0 := time.Now()
 	for range 2 {
-		if a := call(t, "POST", relay+PathUsers, strings.NewReader(body), inj...); a.status != 200 {
+		if a := forwardtest.Call(t, "POST", relay+PathUsers, strings.NewReader(body), inj...); a.Status != 200 {
 			t.Fatalf("POST: %v", a)
 		}
 	}
@@ -131,11 +132,11 @@ func TestDeletionPacing(t *testing.T) {
 		t.Fatalf("two POSTs took %v, want at least %v", d, PostInterval)
 	}
 
-	noWait := serveRoutes(t, newAPI(t, up, -1).Routes())
-	call(t, "POST", noWait+PathUsers, strings.NewReader(body), inj...)
-	a := call(t, "POST", noWait+PathUsers, strings.NewReader(body), inj...)
-	if a.status != 429 || a.hdr.Get("Retry-After") != "1" || !bytes.Contains(a.body, []byte(`"source":"relay"`)) {
-		t.Fatalf("second POST without waiting: %v %v", a, a.hdr)
+	noWait := forwardtest.ServeAdmin(t, newAPI(t, up, -1).Routes())
+	forwardtest.Call(t, "POST", noWait+PathUsers, strings.NewReader(body), inj...)
+	a := forwardtest.Call(t, "POST", noWait+PathUsers, strings.NewReader(body), inj...)
+	if a.Status != 429 || a.Header.Get("Retry-After") != "1" || !bytes.Contains(a.Body, []byte(`"source":"relay"`)) {
+		t.Fatalf("second POST without waiting: %v %v", a, a.Header)
 	}
 
 	// 12 slow GETs at once: never more than 8 at the upstream.
@@ -149,7 +150,7 @@ func TestDeletionPacing(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if a := call(t, "GET", relay+PathUsers+q, nil, inj...); a.status != 200 {
+			if a := forwardtest.Call(t, "GET", relay+PathUsers+q, nil, inj...); a.Status != 200 {
 				t.Errorf("GET: %v", a)
 			}
 			mu.Lock()

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/forward"
+	"github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
 )
 
@@ -57,39 +58,39 @@ func newAPI(t testing.TB, upstream string, cfg Config) *API {
 // relay with injected organization credentials; the relay follows the
 // output's redirect to the object address with the same credentials.
 func TestDSARThroughRelay(t *testing.T) {
-	_, up := startSim(t, sim.Config{})
-	call(t, "POST", up+"/2/httpapi", strings.NewReader(`{"api_key":"proj","events":[{"event_type":"e1","user_id":"alice"},{"event_type":"e2","user_id":"alice"}]}`))
-	relay := serveRoutes(t, newAPI(t, up, Config{}).Routes())
-	inj := []string{"X-Relay-Project: web", "Authorization: Bearer " + testToken}
+	_, up := forwardtest.StartSim(t, sim.Config{})
+	forwardtest.Call(t, "POST", up+"/2/httpapi", strings.NewReader(`{"api_key":"proj","events":[{"event_type":"e1","user_id":"alice"},{"event_type":"e2","user_id":"alice"}]}`))
+	relay := forwardtest.ServeAdmin(t, newAPI(t, up, Config{}).Routes())
+	inj := []string{"X-Relay-Project: web", "Authorization: Bearer " + forwardtest.AdminToken}
 	day := time.Now().UTC().Format(time.DateOnly)
 
-	a := call(t, "POST", relay+PathRequests, strings.NewReader(`{"userId":"alice","startDate":"2026-13-01","endDate":"2026-01-01"}`), inj...)
-	if a.status != 400 || !bytes.Contains(a.body, []byte(`"source":"relay"`)) {
+	a := forwardtest.Call(t, "POST", relay+PathRequests, strings.NewReader(`{"userId":"alice","startDate":"2026-13-01","endDate":"2026-01-01"}`), inj...)
+	if a.Status != 400 || !bytes.Contains(a.Body, []byte(`"source":"relay"`)) {
 		t.Fatalf("bad body: %v", a)
 	}
-	a = call(t, "POST", relay+PathRequests, strings.NewReader(`{"userId":"alice","startDate":"`+day+`","endDate":"`+day+`"}`), inj...)
+	a = forwardtest.Call(t, "POST", relay+PathRequests, strings.NewReader(`{"userId":"alice","startDate":"`+day+`","endDate":"`+day+`"}`), inj...)
 	var c Created
-	if json.Unmarshal(a.body, &c); a.status != 202 || c.RequestID == 0 {
+	if json.Unmarshal(a.Body, &c); a.Status != 202 || c.RequestID == 0 {
 		t.Fatalf("create: %v", a)
 	}
 	id := strconv.FormatInt(c.RequestID, 10)
 	var st Status
 	for i := 0; i < 10 && st.Status != StatusDone; i++ {
-		a = call(t, "GET", relay+PathRequests+"/"+id, nil, inj...)
-		if a.status != 200 {
+		a = forwardtest.Call(t, "GET", relay+PathRequests+"/"+id, nil, inj...)
+		if a.Status != 200 {
 			t.Fatalf("status: %v", a)
 		}
-		json.Unmarshal(a.body, &st)
+		json.Unmarshal(a.Body, &st)
 	}
 	if st.Status != StatusDone || len(st.URLs) != 1 {
 		t.Fatalf("status %+v", st)
 	}
 	u, _ := url.Parse(st.URLs[0])
-	a = call(t, "GET", relay+u.Path, nil, inj...)
-	if a.status != 200 || a.hdr.Get("Content-Type") != "application/gzip" {
+	a = forwardtest.Call(t, "GET", relay+u.Path, nil, inj...)
+	if a.Status != 200 || a.Header.Get("Content-Type") != "application/gzip" {
 		t.Fatalf("output: %v", a)
 	}
-	zr, err := gzip.NewReader(bytes.NewReader(a.body))
+	zr, err := gzip.NewReader(bytes.NewReader(a.Body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,27 +100,27 @@ func TestDSARThroughRelay(t *testing.T) {
 	}
 	// Pass-through works too (the caller's own org key pair), and a project key is refused by the object store.
 	org := "Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte("org:org-secret"))
-	if a := call(t, "GET", relay+u.Path, nil, org, "Proxy-Authorization: Bearer "+testToken); a.status != 200 {
+	if a := forwardtest.Call(t, "GET", relay+u.Path, nil, org, "Proxy-Authorization: Bearer "+forwardtest.AdminToken); a.Status != 200 {
 		t.Errorf("pass-through output: %v", a)
 	}
 	proj := "Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte("proj:proj-secret"))
-	if a := call(t, "GET", relay+u.Path, nil, proj, "Proxy-Authorization: Bearer "+testToken); a.status != 403 {
+	if a := forwardtest.Call(t, "GET", relay+u.Path, nil, proj, "Proxy-Authorization: Bearer "+forwardtest.AdminToken); a.Status != 403 {
 		t.Errorf("other credentials: %v", a)
 	}
 }
 
 func TestDSARFailedJobPassedBack(t *testing.T) {
-	_, up := startSim(t, sim.Config{})
+	_, up := forwardtest.StartSim(t, sim.Config{})
 	one := 1
 	(&sim.Control{Base: up}).SetDSAR(context.Background(), sim.DSARConfig{PollsToDone: 1, FailNext: &one})
-	relay := serveRoutes(t, newAPI(t, up, Config{}).Routes())
-	inj := []string{"X-Relay-Project: web", "Authorization: Bearer " + testToken}
-	a := call(t, "POST", relay+PathRequests, strings.NewReader(`{"svcId":42,"startDate":"2026-01-01","endDate":"2026-01-31"}`), inj...)
+	relay := forwardtest.ServeAdmin(t, newAPI(t, up, Config{}).Routes())
+	inj := []string{"X-Relay-Project: web", "Authorization: Bearer " + forwardtest.AdminToken}
+	a := forwardtest.Call(t, "POST", relay+PathRequests, strings.NewReader(`{"svcId":42,"startDate":"2026-01-01","endDate":"2026-01-31"}`), inj...)
 	var c Created
-	json.Unmarshal(a.body, &c)
-	a = call(t, "GET", relay+PathRequests+"/"+strconv.FormatInt(c.RequestID, 10), nil, inj...)
+	json.Unmarshal(a.Body, &c)
+	a = forwardtest.Call(t, "GET", relay+PathRequests+"/"+strconv.FormatInt(c.RequestID, 10), nil, inj...)
 	var st Status
-	if json.Unmarshal(a.body, &st); st.Status != StatusFailed {
+	if json.Unmarshal(a.Body, &st); st.Status != StatusFailed {
 		t.Fatalf("status %v", a)
 	}
 }
@@ -127,23 +128,23 @@ func TestDSARFailedJobPassedBack(t *testing.T) {
 // TestDSARBudget: POST costs 8 and GET 1 against the per-organization
 // budget; over it the relay answers 429 with Retry-After and sends nothing.
 func TestDSARBudget(t *testing.T) {
-	_, up := startSim(t, sim.Config{})
-	relay := serveRoutes(t, newAPI(t, up, Config{Budget: 10, MaxWait: -1}).Routes())
-	inj := []string{"X-Relay-Project: web", "Authorization: Bearer " + testToken}
+	_, up := forwardtest.StartSim(t, sim.Config{})
+	relay := forwardtest.ServeAdmin(t, newAPI(t, up, Config{Budget: 10, MaxWait: -1}).Routes())
+	inj := []string{"X-Relay-Project: web", "Authorization: Bearer " + forwardtest.AdminToken}
 	body := `{"userId":"u","startDate":"2026-01-01","endDate":"2026-01-31"}`
-	if a := call(t, "POST", relay+PathRequests, strings.NewReader(body), inj...); a.status != 202 {
+	if a := forwardtest.Call(t, "POST", relay+PathRequests, strings.NewReader(body), inj...); a.Status != 202 {
 		t.Fatalf("first POST: %v", a)
 	}
 	for i := range 2 {
-		if a := call(t, "GET", relay+PathRequests+"/1000", nil, inj...); a.status != 200 {
+		if a := forwardtest.Call(t, "GET", relay+PathRequests+"/1000", nil, inj...); a.Status != 200 {
 			t.Fatalf("GET %d: %v", i, a)
 		}
 	}
-	a := call(t, "GET", relay+PathRequests+"/1000", nil, inj...)
-	if a.status != 429 || a.hdr.Get("Retry-After") == "" || !bytes.Contains(a.body, []byte(`"source":"relay"`)) {
-		t.Fatalf("over budget: %v %v", a, a.hdr)
+	a := forwardtest.Call(t, "GET", relay+PathRequests+"/1000", nil, inj...)
+	if a.Status != 429 || a.Header.Get("Retry-After") == "" || !bytes.Contains(a.Body, []byte(`"source":"relay"`)) {
+		t.Fatalf("over budget: %v %v", a, a.Header)
 	}
-	if a := call(t, "POST", relay+PathRequests, strings.NewReader(body), inj...); a.status != 429 {
+	if a := forwardtest.Call(t, "POST", relay+PathRequests, strings.NewReader(body), inj...); a.Status != 429 {
 		t.Fatalf("POST over budget: %v", a)
 	}
 }

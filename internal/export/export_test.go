@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
 )
 
@@ -53,13 +54,13 @@ func TestRangeSplitHalves(t *testing.T) {
 
 func TestExportRoute(t *testing.T) {
 	clock := time.Date(2026, 11, 22, 12, 30, 0, 0, time.UTC)
-	s, up := startSim(t, sim.Config{Now: func() time.Time { return clock }})
+	s, up := forwardtest.StartSim(t, sim.Config{Now: func() time.Time { return clock }})
 	_ = s
 	ingest := `{"api_key":"proj","events":[{"event_type":"e1","user_id":"alice"}]}`
-	call(t, "POST", up+"/2/httpapi", strings.NewReader(ingest))
-	relay := serveRoutes(t, newAPI(t, up).Routes())
+	forwardtest.Call(t, "POST", up+"/2/httpapi", strings.NewReader(ingest))
+	relay := forwardtest.ServeAdmin(t, newAPI(t, up).Routes())
 	basic := "Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte("proj:proj-secret"))
-	proxyTok := "Proxy-Authorization: Bearer " + testToken
+	proxyTok := "Proxy-Authorization: Bearer " + forwardtest.AdminToken
 	for _, tc := range []struct {
 		name  string
 		query string
@@ -72,23 +73,23 @@ func TestExportRoute(t *testing.T) {
 		{"bad form", "start=2026-11-22&end=20261122T23", []string{basic, proxyTok}, 400, true},
 		{"too long", "start=20251122T00&end=20261122T23", []string{basic, proxyTok}, 400, true},
 		{"pass-through", "start=20261122T00&end=20261122T23", []string{basic, proxyTok}, 200, false},
-		{"injected", "start=20261122T00&end=20261122T23", []string{"X-Relay-Project: web", "Authorization: Bearer " + testToken}, 200, false},
+		{"injected", "start=20261122T00&end=20261122T23", []string{"X-Relay-Project: web", "Authorization: Bearer " + forwardtest.AdminToken}, 200, false},
 		{"empty range 404 passed back", "start=20261121T00&end=20261121T23", []string{basic, proxyTok}, 404, false},
 		{"upstream 401 passed back", "start=20261122T00&end=20261122T23", []string{proxyTok}, 401, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a := call(t, "GET", relay+Path+"?"+tc.query, nil, tc.hdr...)
-			if a.status != tc.want {
+			a := forwardtest.Call(t, "GET", relay+Path+"?"+tc.query, nil, tc.hdr...)
+			if a.Status != tc.want {
 				t.Fatalf("got %v, want %d", a, tc.want)
 			}
-			if local := bytes.Contains(a.body, []byte(`"source":"relay"`)); local != tc.local && a.status != 401 {
-				t.Errorf("local answer %v, want %v: %s", local, tc.local, a.body)
+			if local := bytes.Contains(a.Body, []byte(`"source":"relay"`)); local != tc.local && a.Status != 401 {
+				t.Errorf("local answer %v, want %v: %s", local, tc.local, a.Body)
 			}
-			if tc.name == "upstream 401 passed back" && a.hdr.Get("Www-Authenticate") != `Basic realm="svc"` {
-				t.Errorf("401 not the upstream's: %v %v", a, a.hdr)
+			if tc.name == "upstream 401 passed back" && a.Header.Get("Www-Authenticate") != `Basic realm="svc"` {
+				t.Errorf("401 not the upstream's: %v %v", a, a.Header)
 			}
-			if a.status == 200 {
-				zr, err := zip.NewReader(bytes.NewReader(a.body), int64(len(a.body)))
+			if a.Status == 200 {
+				zr, err := zip.NewReader(bytes.NewReader(a.Body), int64(len(a.Body)))
 				if err != nil || len(zr.File) != 1 || !strings.HasSuffix(zr.File[0].Name, "_2026-11-22_12#0.json") {
 					t.Fatalf("archive: %v", err)
 				}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/adminapi"
 	"github.com/svcrelay/relay/internal/forward"
+	"github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/valyala/fasthttp"
 )
@@ -90,7 +91,7 @@ func TestExportStreamsInFlatMemory(t *testing.T) {
 		t.Skip("needs /proc/self/status")
 	}
 	const hours, perHour = 20, 100 << 20 // 2.0 GiB (2.1 GB) of archive
-	_, up := startSim(t, sim.Config{})
+	_, up := forwardtest.StartSim(t, sim.Config{})
 	ctl := &sim.Control{Base: up}
 	syn := int64(perHour)
 	if err := ctl.SetExport(context.Background(), sim.ExportConfig{MaxBytes: 1 << 40, SyntheticBytesPerHour: &syn}); err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/adminapi"
 	"github.com/svcrelay/relay/internal/forward"
+	"github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
 )
 
@@ -22,7 +23,7 @@ func TestSlowCallerOutlivesWriteTimeout(t *testing.T) {
 	if testing.Short() {
 		t.Skip("reads slowly for 2 s")
 	}
-	_, up := startSim(t, sim.Config{})
+	_, up := forwardtest.StartSim(t, sim.Config{})
 	ctl := &sim.Control{Base: up}
 	syn := int64(24 << 20)
 	if err := ctl.SetExport(context.Background(), sim.ExportConfig{SyntheticBytesPerHour: &syn}); err != nil {

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/svcrelay/relay/internal/forward"
+	"github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
 )
 
@@ -98,34 +99,36 @@ func FuzzCheckRequest(f *testing.F) {
 }
 
 func TestFeedbackThroughRelay(t *testing.T) {
-	_, up := startSim(t, sim.Config{})
+	_, up := forwardtest.StartSim(t, sim.Config{})
 	fwd, _ := forward.New(forward.Config{}, nil, nil)
 	a, err := New(Config{URL: up}, testCreds(t), fwd, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	relay := serveRoutes(t, a.Routes())
-	inj := []string{"X-Relay-Project: web", "Authorization: Bearer " + testToken}
-	send := func(body string) answer { return call(t, "POST", relay+Path, strings.NewReader(body), inj...) }
+	relay := forwardtest.ServeAdmin(t, a.Routes())
+	inj := []string{"X-Relay-Project: web", "Authorization: Bearer " + forwardtest.AdminToken}
+	send := func(body string) forwardtest.Answer {
+		return forwardtest.Call(t, "POST", relay+Path, strings.NewReader(body), inj...)
+	}
 
 	// One item the upstream refuses among good ones: its per-item error passes back.
 	long := strings.Repeat("x", sim.FeedbackMaxBody+1)
 	r := send(`{"source_id":"src","items":[` + items(3) + `,{"unique_id":"long","body":"` + long + `"}]}`)
 	var ans Answer
-	if json.Unmarshal(r.body, &ans); r.status != 200 || ans.Ingested != 3 || ans.Failed != 1 || ans.Errors[0].UniqueID != "long" {
+	if json.Unmarshal(r.Body, &ans); r.Status != 200 || ans.Ingested != 3 || ans.Failed != 1 || ans.Errors[0].UniqueID != "long" {
 		t.Fatalf("upstream per-item error: %v", r)
 	}
 	// One item breaking the documented part rules: refused locally, naming it.
 	r = send(`{"source_id":"src","items":[` + items(2) + `,{"unique_id":"nested","conversation_parts":[{"body":"a","conversation_parts":[]}]}]}`)
 	ans = Answer{}
-	if json.Unmarshal(r.body, &ans); r.status != 400 || ans.Failed != 1 || ans.Errors[0].UniqueID != "nested" ||
-		!bytes.Contains(r.body, []byte(`"source":"relay"`)) {
+	if json.Unmarshal(r.Body, &ans); r.Status != 400 || ans.Failed != 1 || ans.Errors[0].UniqueID != "nested" ||
+		!bytes.Contains(r.Body, []byte(`"source":"relay"`)) {
 		t.Fatalf("local per-item refusal: %v", r)
 	}
-	if r := send(`{"source_id":"src","items":[` + items(101) + `]}`); r.status != 400 {
+	if r := send(`{"source_id":"src","items":[` + items(101) + `]}`); r.Status != 400 {
 		t.Fatalf("101 items: %v", r)
 	}
-	if r := send(`{"source_id":"src","items":[{"unique_id":"b","body":"` + strings.Repeat("x", MaxBytes) + `"}]}`); r.status != 413 {
+	if r := send(`{"source_id":"src","items":[{"unique_id":"b","body":"` + strings.Repeat("x", MaxBytes) + `"}]}`); r.Status != 413 {
 		t.Fatalf("over 5 MB: %v", r)
 	}
 	// gzip-encoded bodies are checked decoded and forwarded as sent.
@@ -136,16 +139,16 @@ func TestFeedbackThroughRelay(t *testing.T) {
 		w.Close()
 		return bytes.NewReader(b.Bytes())
 	}
-	r = call(t, "POST", relay+Path, gz(`{"source_id":"src","items":[{"unique_id":"z1","conversation_parts":[{"unique_id":"p"}]}]}`),
+	r = forwardtest.Call(t, "POST", relay+Path, gz(`{"source_id":"src","items":[{"unique_id":"z1","conversation_parts":[{"unique_id":"p"}]}]}`),
 		append(inj, "Content-Encoding: gzip")...)
-	if r.status != 400 || !bytes.Contains(r.body, []byte(`"unique_id":"z1"`)) {
+	if r.Status != 400 || !bytes.Contains(r.Body, []byte(`"unique_id":"z1"`)) {
 		t.Fatalf("gzip body with a bad part: %v", r)
 	}
-	r = call(t, "POST", relay+Path, gz(`{"source_id":"src","items":[{"unique_id":"z2","body":"zipped"}]}`), append(inj, "Content-Encoding: gzip")...)
-	if r.status != 200 || !bytes.Contains(r.body, []byte(`"ingested":1`)) {
+	r = forwardtest.Call(t, "POST", relay+Path, gz(`{"source_id":"src","items":[{"unique_id":"z2","body":"zipped"}]}`), append(inj, "Content-Encoding: gzip")...)
+	if r.Status != 200 || !bytes.Contains(r.Body, []byte(`"ingested":1`)) {
 		t.Fatalf("gzip body: %v", r)
 	}
-	if r := call(t, "POST", relay+Path, strings.NewReader("not gzip"), append(inj, "Content-Encoding: gzip")...); r.status != 400 {
+	if r := forwardtest.Call(t, "POST", relay+Path, strings.NewReader("not gzip"), append(inj, "Content-Encoding: gzip")...); r.Status != 400 {
 		t.Fatalf("undecodable body: %v", r)
 	}
 	got, err := (&sim.Control{Base: up}).FeedbackItems(context.Background(), "proj", "src")
