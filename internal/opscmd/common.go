@@ -40,6 +40,15 @@ type common struct {
 	proj  *credentials.Project
 }
 
+// newFlagSet returns the flag set of cmd with the common flags registered
+// (--feedback-url when feedback, else --analytics-url).
+func newFlagSet(cmd string, feedback bool) (*flag.FlagSet, *common) {
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	c := &common{}
+	c.register(fs, feedback)
+	return fs, c
+}
+
 func (c *common) register(fs *flag.FlagSet, feedback bool) {
 	fs.StringVar(&c.credsPath, "credentials", "", "YAML file of upstream credentials (the relay's --credentials format); required")
 	fs.StringVar(&c.project, "project", "", "project of the credentials file to act for")
@@ -95,6 +104,20 @@ func (c *common) base(kind string, org *credentials.Organization) (string, error
 		return "", fmt.Errorf("no upstream base: give %s or set it in the credentials file", flagName)
 	}
 	return strings.TrimRight(b, "/"), nil
+}
+
+// projectClient loads the credentials file (--project required) and
+// returns a client with the project's key pair and the project's upstream
+// base of kind. Its errors are usage errors.
+func (c *common) projectClient(kind string) (*client, string, error) {
+	if err := c.load(true); err != nil {
+		return nil, "", err
+	}
+	base, err := c.base(kind, nil)
+	if err != nil {
+		return nil, "", err
+	}
+	return c.newClient(credentials.BasicAuth(c.proj.APIKey, c.proj.SecretKey)), base, nil
 }
 
 // client is an upstream HTTP client with one Authorization.

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -32,9 +31,7 @@ import (
 // requests without sending anything. Exit 1 when any request failed.
 func DeleteUsersMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	const cmd = "delete-users"
-	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	var c common
-	c.register(fs, false)
+	fs, c := newFlagSet(cmd, false)
 	idsFile := fs.String("ids-file", "", "file of ids to delete, one a line; required")
 	kind := fs.String("ids-kind", "user", "kind of the lines without a prefix: user (user_id) or svc (svc_id)")
 	requester := fs.String("requester", "", "who asks, for the audit trail; required")
@@ -74,14 +71,10 @@ func DeleteUsersMain(ctx context.Context, args []string, stdout, stderr io.Write
 		p.logf("dry run: %d ids in %d requests, nothing sent", len(ids), len(chunks))
 		return exitOK
 	}
-	if err := c.load(true); err != nil {
-		return usageErr(stderr, cmd, err)
-	}
-	base, err := c.base(credentials.KindAnalytics, nil)
+	cl, base, err := c.projectClient(credentials.KindAnalytics)
 	if err != nil {
 		return usageErr(stderr, cmd, err)
 	}
-	cl := c.newClient(credentials.BasicAuth(c.proj.APIKey, c.proj.SecretKey))
 	var last time.Time
 	failed, scheduled := 0, 0
 	var invalid []string

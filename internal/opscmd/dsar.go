@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -32,9 +31,7 @@ import (
 // their 2-day lifetime: past it the status is fetched again for fresh ones.
 func DSARMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	const cmd = "dsar"
-	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	var c common
-	c.register(fs, false)
+	fs, c := newFlagSet(cmd, false)
 	org := fs.String("org", "", "organization of the credentials file (default: the organization of --project)")
 	userID := fs.String("user-id", "", "the user's user_id (or give --svc-id)")
 	svcID := fs.Int64("svc-id", 0, "the user's internal svc_id (or give --user-id)")

@@ -8,7 +8,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -38,9 +37,7 @@ import (
 // unpacked to one JSON object per line) and the state is removed.
 func ExportMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	const cmd = "export"
-	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	var c common
-	c.register(fs, false)
+	fs, c := newFlagSet(cmd, false)
 	start := fs.String("start", "", "first hour, YYYYMMDDTHH (UTC); required")
 	end := fs.String("end", "", "last hour included, YYYYMMDDTHH (UTC); required")
 	out := fs.String("out", "", "output file; required (OUT.state.json and OUT.parts/ hold an unfinished run)")
@@ -61,15 +58,12 @@ func ExportMain(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	case *pieceHours < 1 || *pieceHours > int(export.MaxRange/time.Hour):
 		return usageErr(stderr, cmd, fmt.Errorf("--piece-hours must be 1 to %d", int(export.MaxRange/time.Hour)))
 	}
-	if err := c.load(true); err != nil {
-		return usageErr(stderr, cmd, err)
-	}
-	base, err := c.base(credentials.KindAnalytics, nil)
+	cl, base, err := c.projectClient(credentials.KindAnalytics)
 	if err != nil {
 		return usageErr(stderr, cmd, err)
 	}
 	x := &exporter{
-		cl: c.newClient(credentials.BasicAuth(c.proj.APIKey, c.proj.SecretKey)), base: base, out: *out,
+		cl: cl, base: base, out: *out,
 		whole: export.Range{Start: s, End: e}, pieceHours: *pieceHours, jsonl: *jsonl,
 		p: newProgress(stderr), stdout: stdout,
 	}

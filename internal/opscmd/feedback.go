@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -24,9 +23,7 @@ import (
 // stdout is "error\tLINE\tUNIQUE_ID\tTEXT". Exit 1 when any item failed.
 func FeedbackMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	const cmd = "feedback"
-	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	var c common
-	c.register(fs, true)
+	fs, c := newFlagSet(cmd, true)
 	source := fs.String("source", "", "feedback source id (from the source's settings); required")
 	file := fs.String("file", "", "JSON lines file of items; required")
 	if code, ok := parseFlags(fs, args, stderr); !ok {
@@ -38,10 +35,7 @@ func FeedbackMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	case *file == "":
 		return usageErr(stderr, cmd, errors.New("--file is required"))
 	}
-	if err := c.load(true); err != nil {
-		return usageErr(stderr, cmd, err)
-	}
-	base, err := c.base(credentials.KindFeedback, nil)
+	cl, base, err := c.projectClient(credentials.KindFeedback)
 	if err != nil {
 		return usageErr(stderr, cmd, err)
 	}
@@ -56,7 +50,6 @@ func FeedbackMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		fmt.Fprintf(stdout, "error\t%d\t%s\t%s\n", lineOf[i], id, "item larger than a whole request (5 MB): not sent")
 		failed++
 	}
-	cl := c.newClient(credentials.BasicAuth(c.proj.APIKey, c.proj.SecretKey))
 	ingested := 0
 	for n, body := range bodies {
 		p.update("request %d of %d (%d items)", n+1, len(bodies), len(members[n]))
