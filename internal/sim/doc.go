@@ -9,13 +9,33 @@
 //
 // # Routes
 //
-// Ingest routes (/2/httpapi and /batch, same rules; later also /groupidentify,
-// /usermap, ...) are registered with Sim.route, which wraps them in the shared
-// middleware: request log, global latency, injected faults and the "down"
-// state. Control routes live under /sim/ (see control.go) and are never
-// subject to faults (but a listener that is down for "refuse" refuses them
-// too: serve them on a second listener with ServeControl, or give /sim/down a
-// "for" duration).
+// Every upstream route is registered with Sim.route (routes.go lists the
+// groups), which wraps it in the shared middleware: request log, global
+// latency, injected faults and the "down" state. The route groups, one file
+// each:
+//
+//	/2/httpapi, /batch                          ingestion (httpapi.go; rules below)
+//	/groupidentify                              group identify (groupidentify.go)
+//	/usermap, GET /api/2/usermap                user mapping and its read (usermap.go)
+//	/api/1/experiments...                       experiments management (experiments.go)
+//	/scim/1/Users, /scim/1/Groups               SCIM (scim.go)
+//	/api/2/channel-classifiers...               channel classifiers (classifiers.go)
+//	/api/2/taxonomy/...                         taxonomy (taxonomy.go)
+//	/api/1/ai-feedback/ingest                   AI feedback (feedback.go)
+//	/api/2/dsar/requests..., /objects/dsar/...  DSAR (dsar.go)
+//	/api/2/deletions/users...                   user deletion (deletion.go)
+//	/api/2/export                               export (export.go)
+//
+// The four management APIs (experiments, SCIM, classifiers, taxonomy) share
+// authentication, a call log and a lock in mgmt.go. A group that keeps state
+// of its own registers its reset with Sim.onReset, so Reset and /sim/reset
+// clear it with the store (configuration such as accepted keys and rate
+// limits is kept).
+//
+// Control routes live under /sim/ (see control.go and each group's file) and
+// are never subject to faults (but a listener that is down for "refuse"
+// refuses them too: serve them on a second listener with ServeControl, or
+// give /sim/down a "for" duration).
 //
 // Control routes (JSON; the Control type is a Go client for them):
 //
@@ -30,6 +50,8 @@
 //	POST /sim/faults/clear, /sim/latency?d=250ms
 //	POST /sim/down?mode=refuse|503|close&for=5s, /sim/up
 //	POST /sim/silence?device_id=D, /sim/unsilence?device_id=D, /sim/quota?n=N
+//	     /sim/groupidentify, /sim/usermap, /sim/mgmt/calls, /sim/feedback,
+//	     /sim/dsar/config, /sim/export/...            per group (see its file)
 //
 // # Order of checks on /2/httpapi
 //

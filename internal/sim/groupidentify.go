@@ -79,6 +79,12 @@ const giControlPath = "/sim/groupidentify"
 func (s *Sim) registerGroupIdentify() {
 	st := &giState{byKey: map[string][]GroupIdentify{}, rejected: map[string]bool{}}
 	s.ctlMux.Handle(giControlPath, st)
+	s.onReset(func() {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		st.seq, st.requests = 0, 0
+		st.byKey, st.rejected = map[string][]GroupIdentify{}, map[string]bool{}
+	})
 	s.route("/groupidentify", routeHandler{
 		serve:    func(w http.ResponseWriter, r *http.Request, in *Incoming) { s.serveGroupIdentify(st, w, r, in) },
 		describe: func(in *Incoming) { describeForm(in, "identification") },

@@ -32,8 +32,10 @@ import (
 //     its own organization); api keys as /2/httpapi accepts them
 //     (Config.APIKeys) with the secret given to SetProjectSecret (with none
 //     given for a key, any non-empty secret).
-//   - Their state lives in the route groups, not in the store: /sim/reset
-//     does not clear it.
+//   - Their state lives in the route groups, not in the store; Reset (and
+//     /sim/reset) forgets the call log and every experiment, SCIM user and
+//     group, classifier, taxonomy entry, rate window and cost spent, and
+//     keeps the accepted keys, tokens, secrets and limits.
 
 // MgmtCall is one request to a management route as the sim saw it.
 type MgmtCall struct {
@@ -85,6 +87,27 @@ const mgmtControlPath = "/sim/mgmt/"
 // maxMgmtCalls bounds the call log (oldest dropped first).
 const maxMgmtCalls = 100_000
 
+// reset forgets the data of every management API (Sim.Reset). Taxonomy's
+// in-flight counts are kept: requests still running decrement them.
+func (st *mgmtState) reset() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.seq, st.calls = 0, nil
+	if st.exp != nil {
+		st.exp.exps, st.exp.nextID = map[string]*simExperiment{}, 0
+	}
+	if st.scim != nil {
+		st.scim.orgs, st.scim.hits = map[string]*scimOrg{}, windowHits{}
+	}
+	if st.cls != nil {
+		st.cls.byKey = map[string]map[string]*simClassifier{}
+	}
+	if st.tax != nil {
+		st.tax.projects, st.tax.spent = map[string]*taxProject{}, map[string][]taxCost{}
+		st.tax.peak = map[string]int{}
+	}
+}
+
 // ServeHTTP serves GET /sim/mgmt/calls: {"calls": [...]}.
 func (st *mgmtState) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	st.mu.Lock()
@@ -101,6 +124,7 @@ func (s *Sim) mgmt() *mgmtState {
 	}
 	st := &mgmtState{mgmtKeys: map[string]bool{}, scimTokens: map[string]string{}, secrets: map[string]string{}}
 	s.ctlMux.Handle(mgmtControlPath+"calls", st)
+	s.onReset(st.reset)
 	return st
 }
 

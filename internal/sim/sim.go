@@ -156,6 +156,9 @@ type Sim struct {
 	mu    sync.Mutex
 	store store
 
+	resetMu sync.Mutex
+	resets  []func() // route groups' own state resets (onReset), run by Reset
+
 	counted     atomic.Int64 // CountOnly events
 	connections atomic.Int64 // connections accepted by Serve listeners
 }
@@ -213,6 +216,28 @@ func (s *Sim) ControlHandler() http.Handler { return s.ctlMux }
 // the status, time and fault).
 func (s *Sim) route(pattern string, h routeHandler) {
 	s.mux.Handle(pattern, s.ingestMiddleware(h))
+}
+
+// onReset registers f to run on every Reset (and POST /sim/reset). A route
+// group that keeps state of its own (outside the store) registers, when it
+// registers its routes, the function that forgets it: stored data, call
+// logs, counters and injected refusals. Configuration (accepted keys,
+// secrets, rate limits) is kept, as Reset keeps the store's silenced devices.
+// f runs without Sim's locks held and takes its group's own lock.
+func (s *Sim) onReset(f func()) {
+	s.resetMu.Lock()
+	defer s.resetMu.Unlock()
+	s.resets = append(s.resets, f)
+}
+
+// resetGroups runs the functions given to onReset, in registration order.
+func (s *Sim) resetGroups() {
+	s.resetMu.Lock()
+	fs := append([]func(){}, s.resets...)
+	s.resetMu.Unlock()
+	for _, f := range fs {
+		f()
+	}
 }
 
 // unknownPath answers the upstream's "Invalid request path".

@@ -574,15 +574,16 @@ func (s *Sim) Stats() Stats {
 }
 
 // Reset forgets every stored event, counter, request, insert_id, rate and
-// quota, and clears faults. Silenced devices stay silenced; the down state
-// is kept.
+// quota, and clears faults, and resets every route group's own state (see
+// onReset). Silenced devices stay silenced; the down state is kept.
 func (s *Sim) Reset() {
 	s.ClearFaults()
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.store.init(&s.cfg, s.seed)
 	s.counted.Store(0)
 	s.connections.Store(0)
+	s.mu.Unlock()
+	s.resetGroups()
 }
 
 // Silence silences a device (every api_key) until Unsilence.

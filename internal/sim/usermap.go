@@ -173,6 +173,13 @@ func (s *Sim) registerUserMap() {
 	st := &umState{limit: DefaultMappingLimit, window: DefaultMappingWindow, orgOfKey: map[string]string{},
 		secrets: map[string]string{}, mapped: map[string]map[string]string{}, rejected: map[string]bool{}}
 	s.ctlMux.Handle(umControlPath, st)
+	s.onReset(func() { // rate limit, key organizations and secrets are configuration: kept
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		st.mapped, st.rejected = map[string]map[string]string{}, map[string]bool{}
+		st.calls, st.batches, st.reads = nil, nil, nil
+		st.throttled, st.seq = 0, 0
+	})
 	s.route("/usermap", routeHandler{
 		serve:    func(w http.ResponseWriter, r *http.Request, in *Incoming) { s.serveUserMap(st, w, r, in) },
 		describe: func(in *Incoming) { describeForm(in, "mapping") },
