@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/formreq"
 	"github.com/svcrelay/relay/internal/groupidentify/lanedeliver"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/upstream"
@@ -33,15 +33,8 @@ const (
 	DefaultRetryAfter = 5 * time.Second
 )
 
-// Route is one route of the admin listener.
-type Route struct {
-	Method, Path string
-	Handler      fasthttp.RequestHandler
-	// Forward is true when the caller's own Authorization may be passed to
-	// the upstream (the admin token then travels in Proxy-Authorization);
-	// false when Authorization: Bearer is the admin token.
-	Forward bool
-}
+// Route is one route of the admin listener (see formreq.Route).
+type Route = formreq.Route
 
 // Config configures a GroupIdentify.
 type Config struct {
@@ -106,15 +99,14 @@ func (c Config) withDefaults() Config {
 
 // GroupIdentify is the /groupidentify route and its delivery.
 type GroupIdentify struct {
-	cfg        Config
-	sp         *spool.Spool
-	creds      *credentials.Store
-	log        *zap.Logger
-	d          *lanedeliver.Deliverer
-	retryAfter string
+	cfg   Config
+	sp    *spool.Spool
+	creds *credentials.Store
+	log   *zap.Logger
+	d     *lanedeliver.Deliverer
+	rej   *formreq.Rejecter
 
 	accepted prometheus.Counter
-	rejected *prometheus.CounterVec
 }
 
 // New returns a GroupIdentify. creds, log and reg may be nil.
@@ -126,8 +118,7 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 	if log == nil {
 		log = zap.NewNop()
 	}
-	g := &GroupIdentify{cfg: cfg, sp: sp, creds: creds, log: log,
-		retryAfter: strconv.Itoa(int((cfg.RetryAfter + time.Second - 1) / time.Second))}
+	g := &GroupIdentify{cfg: cfg, sp: sp, creds: creds, log: log}
 	d, err := lanedeliver.New(lanedeliver.Config{
 		Name:         "groupidentify",
 		Kind:         spool.KindGroupIdentify,
@@ -149,8 +140,8 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 	f := promauto.With(reg)
 	g.accepted = f.NewCounter(prometheus.CounterOpts{Name: "relay_groupidentify_accepted_total",
 		Help: "Group identifications accepted into the spool."})
-	g.rejected = f.NewCounterVec(prometheus.CounterOpts{Name: "relay_groupidentify_rejected_requests_total",
-		Help: "POST /groupidentify requests refused, by reason."}, []string{"reason"})
+	g.rej = formreq.NewRejecter("groupidentify", log, f.NewCounterVec(prometheus.CounterOpts{Name: "relay_groupidentify_rejected_requests_total",
+		Help: "POST /groupidentify requests refused, by reason."}, []string{"reason"}), cfg.RetryAfter)
 	return g, nil
 }
 

@@ -9,9 +9,9 @@ import (
 	"strings"
 
 	"github.com/valyala/fasthttp"
-	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/formreq"
 	"github.com/svcrelay/relay/internal/groupidentify/lanedeliver"
 	"github.com/svcrelay/relay/internal/spool"
 )
@@ -28,18 +28,9 @@ type Identification struct {
 	Data []byte
 }
 
-// ValidationError is a request the relay refuses locally.
-type ValidationError struct {
-	Status int // 400 or 413
-	Msg    string
-	Reason string // metric label
-}
-
-func (e *ValidationError) Error() string { return e.Msg }
-
-func bad(reason, format string, args ...any) *ValidationError {
-	return &ValidationError{Status: fasthttp.StatusBadRequest, Msg: fmt.Sprintf(format, args...), Reason: reason}
-}
+// ValidationError is a request the relay refuses locally (see
+// formreq.ValidationError).
+type ValidationError = formreq.ValidationError
 
 // Parse validates the identification parameter (a JSON array of objects, or
 // one object) against the limits and returns the identifications. apiKey
@@ -47,27 +38,27 @@ func bad(reason, format string, args ...any) *ValidationError {
 func Parse(apiKey string, identification []byte, maxIdentifies, maxProperties, maxBodyBytes int) ([]Identification, *ValidationError) {
 	v := bytes.TrimSpace(identification)
 	if len(v) == 0 {
-		return nil, bad("missing_field", "identification: missing or empty")
+		return nil, formreq.Bad("missing_field", "identification: missing or empty")
 	}
 	var raws []json.RawMessage
 	switch v[0] {
 	case '[':
 		if err := json.Unmarshal(v, &raws); err != nil {
-			return nil, bad("invalid_json", "identification: invalid JSON array of objects: %s", jsonErr(err))
+			return nil, formreq.Bad("invalid_json", "identification: invalid JSON array of objects: %s", jsonErr(err))
 		}
 	case '{':
 		if !json.Valid(v) {
-			return nil, bad("invalid_json", "identification: invalid JSON object")
+			return nil, formreq.Bad("invalid_json", "identification: invalid JSON object")
 		}
 		raws = []json.RawMessage{v}
 	default:
-		return nil, bad("invalid_json", "identification: must be a JSON array of objects (or one object)")
+		return nil, formreq.Bad("invalid_json", "identification: must be a JSON array of objects (or one object)")
 	}
 	if len(raws) == 0 {
-		return nil, bad("missing_field", "identification: empty array")
+		return nil, formreq.Bad("missing_field", "identification: empty array")
 	}
 	if len(raws) > maxIdentifies {
-		return nil, bad("too_many_identifies", "identification: %d group identifies; at most %d per request", len(raws), maxIdentifies)
+		return nil, formreq.Bad("too_many_identifies", "identification: %d group identifies; at most %d per request", len(raws), maxIdentifies)
 	}
 	overhead := lanedeliver.BodyOverhead(apiKey, "identification")
 	out := make([]Identification, 0, len(raws))
@@ -84,7 +75,7 @@ func Parse(apiKey string, identification []byte, maxIdentifies, maxProperties, m
 		}
 		total += id.Properties
 		if total > maxProperties {
-			return nil, bad("too_many_properties", "identification: more than %d group properties in one request (at identification[%d])", maxProperties, i)
+			return nil, formreq.Bad("too_many_properties", "identification: more than %d group properties in one request (at identification[%d])", maxProperties, i)
 		}
 		if overhead+lanedeliver.EscapedLen(id.Data) >= maxBodyBytes {
 			return nil, &ValidationError{Status: fasthttp.StatusRequestEntityTooLarge, Reason: "too_large",
@@ -98,7 +89,7 @@ func Parse(apiKey string, identification []byte, maxIdentifies, maxProperties, m
 func parseOne(raw json.RawMessage) (Identification, *ValidationError) {
 	var obj map[string]json.RawMessage
 	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &obj) != nil {
-		return Identification{}, bad("invalid_type", ": must be an object")
+		return Identification{}, formreq.Bad("invalid_type", ": must be an object")
 	}
 	var id Identification
 	for k, v := range obj {
@@ -109,7 +100,7 @@ func parseOne(raw json.RawMessage) (Identification, *ValidationError) {
 				continue
 			}
 			if json.Unmarshal(v, &s) != nil {
-				return id, bad("invalid_type", "%s: must be a string", k)
+				return id, formreq.Bad("invalid_type", "%s: must be a string", k)
 			}
 			if k == "group_type" {
 				id.GroupType = s
@@ -118,31 +109,31 @@ func parseOne(raw json.RawMessage) (Identification, *ValidationError) {
 			}
 		case "group_properties":
 		default:
-			return id, bad("unknown_field", "%s: unknown field (allowed: group_type, group_value, group_properties)", k)
+			return id, formreq.Bad("unknown_field", "%s: unknown field (allowed: group_type, group_value, group_properties)", k)
 		}
 	}
 	if id.GroupType == "" {
-		return id, bad("missing_field", "group_type: missing or empty")
+		return id, formreq.Bad("missing_field", "group_type: missing or empty")
 	}
 	if id.GroupValue == "" {
-		return id, bad("missing_field", "group_value: missing or empty")
+		return id, formreq.Bad("missing_field", "group_value: missing or empty")
 	}
 	gp, ok := obj["group_properties"]
 	if !ok || isNull(gp) {
-		return id, bad("missing_field", "group_properties: missing")
+		return id, formreq.Bad("missing_field", "group_properties: missing")
 	}
 	var props map[string]json.RawMessage
 	if gp[0] != '{' || json.Unmarshal(gp, &props) != nil {
-		return id, bad("invalid_type", "group_properties: must be an object")
+		return id, formreq.Bad("invalid_type", "group_properties: must be an object")
 	}
 	for k, v := range props {
 		if len(k) > 0 && k[0] == '$' {
 			if !operations[k] {
-				return id, bad("unknown_operation", "group_properties.%s: unknown operation (allowed: $set, $setOnce, $add, $append, $unset)", k)
+				return id, formreq.Bad("unknown_operation", "group_properties.%s: unknown operation (allowed: $set, $setOnce, $add, $append, $unset)", k)
 			}
 			var op map[string]json.RawMessage
 			if len(v) == 0 || v[0] != '{' || json.Unmarshal(v, &op) != nil {
-				return id, bad("invalid_type", "group_properties.%s: must be an object", k)
+				return id, formreq.Bad("invalid_type", "group_properties.%s: must be an object", k)
 			}
 			id.Properties += len(op)
 		} else {
@@ -151,7 +142,7 @@ func parseOne(raw json.RawMessage) (Identification, *ValidationError) {
 	}
 	var buf bytes.Buffer
 	if err := json.Compact(&buf, raw); err != nil {
-		return id, bad("invalid_json", ": invalid JSON")
+		return id, formreq.Bad("invalid_json", ": invalid JSON")
 	}
 	id.Data = buf.Bytes()
 	return id, nil
@@ -197,7 +188,7 @@ func jsonErr(err error) string {
 
 func (g *GroupIdentify) serve(ctx *fasthttp.RequestCtx) {
 	if n := len(ctx.PostBody()); n >= g.cfg.MaxBodyBytes {
-		g.reject(ctx, &ValidationError{Status: fasthttp.StatusRequestEntityTooLarge, Reason: "too_large",
+		g.rej.Reject(ctx, &ValidationError{Status: fasthttp.StatusRequestEntityTooLarge, Reason: "too_large",
 			Msg: fmt.Sprintf("Payload too large: body of %d bytes; the limit is under %d bytes (1 MB)", n, g.cfg.MaxBodyBytes)})
 		return
 	}
@@ -205,18 +196,18 @@ func (g *GroupIdentify) serve(ctx *fasthttp.RequestCtx) {
 	if name := ctx.Request.Header.Peek("X-Relay-Project"); len(name) > 0 {
 		key, verr := projectKey(g.creds, name, apiKey)
 		if verr != nil {
-			g.reject(ctx, verr)
+			g.rej.Reject(ctx, verr)
 			return
 		}
 		apiKey = key
 	}
 	if len(apiKey) == 0 {
-		g.reject(ctx, bad("missing_field", "api_key: missing or empty"))
+		g.rej.Reject(ctx, formreq.Bad("missing_field", "api_key: missing or empty"))
 		return
 	}
 	ids, verr := Parse(string(apiKey), formValue(ctx, "identification"), g.cfg.MaxIdentifies, g.cfg.MaxProperties, g.cfg.MaxBodyBytes)
 	if verr != nil {
-		g.reject(ctx, verr)
+		g.rej.Reject(ctx, verr)
 		return
 	}
 	var b spool.Batch
@@ -231,7 +222,7 @@ func (g *GroupIdentify) serve(ctx *fasthttp.RequestCtx) {
 		err = g.sp.Append(rctx, lane, &b)
 	}
 	if err != nil {
-		g.spoolFailed(ctx, err)
+		g.rej.SpoolFailed(ctx, err)
 		return
 	}
 	g.accepted.Add(float64(len(ids)))
@@ -244,11 +235,11 @@ func (g *GroupIdentify) serve(ctx *fasthttp.RequestCtx) {
 // request must not carry an api_key of its own.
 func projectKey(creds *credentials.Store, name, apiKey []byte) ([]byte, *ValidationError) {
 	if len(apiKey) > 0 {
-		return nil, bad("conflict", "api_key and X-Relay-Project: give one, not both")
+		return nil, formreq.Bad("conflict", "api_key and X-Relay-Project: give one, not both")
 	}
 	p, ok := creds.Project(string(name))
 	if !ok {
-		return nil, bad("unknown_project", "X-Relay-Project: no project of that name in the credentials file")
+		return nil, formreq.Bad("unknown_project", "X-Relay-Project: no project of that name in the credentials file")
 	}
 	return []byte(p.APIKey.Reveal()), nil
 }
@@ -259,36 +250,4 @@ func formValue(ctx *fasthttp.RequestCtx, name string) []byte {
 		return v
 	}
 	return ctx.QueryArgs().Peek(name)
-}
-
-func (g *GroupIdentify) spoolFailed(ctx *fasthttp.RequestCtx, err error) {
-	msg, reason := "Service unavailable", "spool_error"
-	switch {
-	case errors.Is(err, spool.ErrFull):
-		msg, reason = "Spool full, retry later", "spool_full"
-	case errors.Is(err, spool.ErrDiskLow):
-		msg, reason = "Disk space low, retry later", "disk_low"
-	case errors.Is(err, spool.ErrClosed):
-		msg, reason = "Service is shutting down", "shutting_down"
-	default:
-		g.log.Error("groupidentify: spool append failed", zap.Error(err))
-	}
-	ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, g.retryAfter)
-	g.reject(ctx, &ValidationError{Status: fasthttp.StatusServiceUnavailable, Msg: msg, Reason: reason})
-}
-
-func (g *GroupIdentify) reject(ctx *fasthttp.RequestCtx, e *ValidationError) {
-	g.rejected.WithLabelValues(e.Reason).Inc()
-	writeError(ctx, e.Status, e.Msg)
-}
-
-// writeError answers {"code":status,"error":msg}.
-func writeError(ctx *fasthttp.RequestCtx, status int, msg string) {
-	b, _ := json.Marshal(struct {
-		Code  int    `json:"code"`
-		Error string `json:"error"`
-	}{status, msg})
-	ctx.SetStatusCode(status)
-	ctx.SetContentType("application/json")
-	ctx.SetBody(b)
 }

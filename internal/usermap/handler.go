@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -12,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/formreq"
 	"github.com/svcrelay/relay/internal/groupidentify/lanedeliver"
 	"github.com/svcrelay/relay/internal/spool"
 )
@@ -24,18 +24,9 @@ type Mapping struct {
 	Data []byte
 }
 
-// ValidationError is a request the relay refuses locally.
-type ValidationError struct {
-	Status int // 400 or 413
-	Msg    string
-	Reason string // metric label
-}
-
-func (e *ValidationError) Error() string { return e.Msg }
-
-func bad(reason, format string, args ...any) *ValidationError {
-	return &ValidationError{Status: fasthttp.StatusBadRequest, Msg: fmt.Sprintf(format, args...), Reason: reason}
-}
+// ValidationError is a request the relay refuses locally (see
+// formreq.ValidationError).
+type ValidationError = formreq.ValidationError
 
 // ParseMappings validates the mapping parameter (one JSON object or an
 // array of them) and returns the mappings. apiKey is used to check that each
@@ -43,27 +34,27 @@ func bad(reason, format string, args ...any) *ValidationError {
 func ParseMappings(apiKey string, mapping []byte, maxMappings, maxBodyBytes int) ([]Mapping, *ValidationError) {
 	v := bytes.TrimSpace(mapping)
 	if len(v) == 0 {
-		return nil, bad("missing_field", "mapping: missing or empty")
+		return nil, formreq.Bad("missing_field", "mapping: missing or empty")
 	}
 	var raws []json.RawMessage
 	switch v[0] {
 	case '[':
 		if json.Unmarshal(v, &raws) != nil {
-			return nil, bad("invalid_json", "mapping: invalid JSON array")
+			return nil, formreq.Bad("invalid_json", "mapping: invalid JSON array")
 		}
 	case '{':
 		if !json.Valid(v) {
-			return nil, bad("invalid_json", "mapping: invalid JSON object")
+			return nil, formreq.Bad("invalid_json", "mapping: invalid JSON object")
 		}
 		raws = []json.RawMessage{v}
 	default:
-		return nil, bad("invalid_json", "mapping: must be a JSON object or an array of objects")
+		return nil, formreq.Bad("invalid_json", "mapping: must be a JSON object or an array of objects")
 	}
 	if len(raws) == 0 {
-		return nil, bad("missing_field", "mapping: empty array")
+		return nil, formreq.Bad("missing_field", "mapping: empty array")
 	}
 	if len(raws) > maxMappings {
-		return nil, bad("too_many_mappings", "mapping: %d mappings; at most %d per request", len(raws), maxMappings)
+		return nil, formreq.Bad("too_many_mappings", "mapping: %d mappings; at most %d per request", len(raws), maxMappings)
 	}
 	overhead := lanedeliver.BodyOverhead(apiKey, "mapping")
 	out := make([]Mapping, 0, len(raws))
@@ -86,7 +77,7 @@ func parseOne(raw json.RawMessage) (Mapping, *ValidationError) {
 	var obj map[string]json.RawMessage
 	var m Mapping
 	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &obj) != nil {
-		return m, bad("invalid_type", ": must be an object")
+		return m, formreq.Bad("invalid_type", ": must be an object")
 	}
 	str := func(k string) (string, *ValidationError) {
 		v, ok := obj[k]
@@ -95,7 +86,7 @@ func parseOne(raw json.RawMessage) (Mapping, *ValidationError) {
 		}
 		var s string
 		if json.Unmarshal(v, &s) != nil {
-			return "", bad("invalid_type", ".%s: must be a string", k)
+			return "", formreq.Bad("invalid_type", ".%s: must be a string", k)
 		}
 		return s, nil
 	}
@@ -108,25 +99,25 @@ func parseOne(raw json.RawMessage) (Mapping, *ValidationError) {
 	}
 	if v, ok := obj["unmap"]; ok && string(v) != "null" {
 		if json.Unmarshal(v, &m.Unmap) != nil {
-			return m, bad("invalid_type", ".unmap: must be a boolean")
+			return m, formreq.Bad("invalid_type", ".unmap: must be a boolean")
 		}
 	}
 	for k := range obj {
 		switch k {
 		case "user_id", "global_user_id", "unmap":
 		default:
-			return m, bad("unknown_field", ".%s: unknown field (allowed: user_id, global_user_id, unmap)", k)
+			return m, formreq.Bad("unknown_field", ".%s: unknown field (allowed: user_id, global_user_id, unmap)", k)
 		}
 	}
 	if m.UserID == "" {
-		return m, bad("missing_field", ".user_id: missing or empty")
+		return m, formreq.Bad("missing_field", ".user_id: missing or empty")
 	}
 	if m.GlobalUserID == "" && !m.Unmap {
-		return m, bad("missing_field", ".global_user_id: missing or empty (required unless unmap is true)")
+		return m, formreq.Bad("missing_field", ".global_user_id: missing or empty (required unless unmap is true)")
 	}
 	var buf bytes.Buffer
 	if json.Compact(&buf, raw) != nil {
-		return m, bad("invalid_json", ": invalid JSON")
+		return m, formreq.Bad("invalid_json", ": invalid JSON")
 	}
 	m.Data = buf.Bytes()
 	return m, nil
@@ -142,30 +133,30 @@ func formValue(ctx *fasthttp.RequestCtx, name string) []byte {
 
 func (u *UserMap) servePost(ctx *fasthttp.RequestCtx) {
 	if n := len(ctx.PostBody()) + len(ctx.URI().QueryString()); n >= u.cfg.MaxBodyBytes {
-		u.reject(ctx, &ValidationError{Status: fasthttp.StatusRequestEntityTooLarge, Reason: "too_large",
+		u.rej.Reject(ctx, &ValidationError{Status: fasthttp.StatusRequestEntityTooLarge, Reason: "too_large",
 			Msg: fmt.Sprintf("Payload too large: %d bytes; the limit is under %d bytes (1 MB)", n, u.cfg.MaxBodyBytes)})
 		return
 	}
 	apiKey := formValue(ctx, "api_key")
 	if name := ctx.Request.Header.Peek("X-Relay-Project"); len(name) > 0 {
 		if len(apiKey) > 0 {
-			u.reject(ctx, bad("conflict", "api_key and X-Relay-Project: give one, not both"))
+			u.rej.Reject(ctx, formreq.Bad("conflict", "api_key and X-Relay-Project: give one, not both"))
 			return
 		}
 		p, ok := u.creds.Project(string(name))
 		if !ok {
-			u.reject(ctx, bad("unknown_project", "X-Relay-Project: no project of that name in the credentials file"))
+			u.rej.Reject(ctx, formreq.Bad("unknown_project", "X-Relay-Project: no project of that name in the credentials file"))
 			return
 		}
 		apiKey = []byte(p.APIKey.Reveal())
 	}
 	if len(apiKey) == 0 {
-		u.reject(ctx, bad("missing_field", "api_key: missing or empty"))
+		u.rej.Reject(ctx, formreq.Bad("missing_field", "api_key: missing or empty"))
 		return
 	}
 	ms, verr := ParseMappings(string(apiKey), formValue(ctx, "mapping"), u.cfg.MaxMappings, u.cfg.MaxBodyBytes)
 	if verr != nil {
-		u.reject(ctx, verr)
+		u.rej.Reject(ctx, verr)
 		return
 	}
 	var b spool.Batch
@@ -178,7 +169,7 @@ func (u *UserMap) servePost(ctx *fasthttp.RequestCtx) {
 		err = u.sp.Append(rctx, lane, &b)
 	}
 	if err != nil {
-		u.spoolFailed(ctx, err)
+		u.rej.SpoolFailed(ctx, err)
 		return
 	}
 	u.accepted.Add(float64(len(ms)))
@@ -193,25 +184,25 @@ func (u *UserMap) servePost(ctx *fasthttp.RequestCtx) {
 func ParseUserIDs(v []byte) ([]string, *ValidationError) {
 	t := bytes.TrimSpace(v)
 	if len(t) == 0 {
-		return nil, bad("missing_field", "user_ids: missing or empty (1 to 100 user ids)")
+		return nil, formreq.Bad("missing_field", "user_ids: missing or empty (1 to 100 user ids)")
 	}
 	var ids []string
 	if t[0] == '[' {
 		if json.Unmarshal(t, &ids) != nil {
-			return nil, bad("invalid_json", "user_ids: invalid JSON array of strings")
+			return nil, formreq.Bad("invalid_json", "user_ids: invalid JSON array of strings")
 		}
 	} else {
 		ids = strings.Split(string(t), ",")
 	}
 	if len(ids) == 0 {
-		return nil, bad("missing_field", "user_ids: empty list (1 to 100 user ids)")
+		return nil, formreq.Bad("missing_field", "user_ids: empty list (1 to 100 user ids)")
 	}
 	if len(ids) > MaxUserIDs {
-		return nil, bad("too_many_user_ids", "user_ids: %d ids; at most %d per request", len(ids), MaxUserIDs)
+		return nil, formreq.Bad("too_many_user_ids", "user_ids: %d ids; at most %d per request", len(ids), MaxUserIDs)
 	}
 	for i, id := range ids {
 		if strings.TrimSpace(id) == "" {
-			return nil, bad("invalid_type", "user_ids[%d]: empty user id", i)
+			return nil, formreq.Bad("invalid_type", "user_ids[%d]: empty user id", i)
 		}
 	}
 	return ids, nil
@@ -219,7 +210,7 @@ func ParseUserIDs(v []byte) ([]string, *ValidationError) {
 
 func (u *UserMap) serveGet(ctx *fasthttp.RequestCtx) {
 	if _, verr := ParseUserIDs(ctx.QueryArgs().Peek("user_ids")); verr != nil {
-		u.reject(ctx, verr)
+		u.rej.Reject(ctx, verr)
 		return
 	}
 	base := u.cfg.AnalyticsURL
@@ -227,7 +218,7 @@ func (u *UserMap) serveGet(ctx *fasthttp.RequestCtx) {
 	if name := ctx.Request.Header.Peek("X-Relay-Project"); len(name) > 0 {
 		p, ok := u.creds.Project(string(name))
 		if !ok {
-			u.reject(ctx, bad("unknown_project", "X-Relay-Project: no project of that name in the credentials file"))
+			u.rej.Reject(ctx, formreq.Bad("unknown_project", "X-Relay-Project: no project of that name in the credentials file"))
 			return
 		}
 		base = strings.TrimRight(p.URL(credentials.KindAnalytics, base), "/")
@@ -252,7 +243,7 @@ func (u *UserMap) serveGet(ctx *fasthttp.RequestCtx) {
 	if err := u.fwd.DoTimeout(req, resp, u.cfg.ForwardTimeout); err != nil {
 		u.forwarded.WithLabelValues("error").Inc()
 		u.log.Warn("usermap: forwarding GET /api/2/usermap failed", zap.Error(err))
-		writeError(ctx, fasthttp.StatusBadGateway, "upstream unreachable: "+err.Error())
+		formreq.WriteError(ctx, fasthttp.StatusBadGateway, "upstream unreachable: "+err.Error())
 		return
 	}
 	u.forwarded.WithLabelValues(fmt.Sprint(resp.StatusCode())).Inc()
@@ -264,35 +255,4 @@ func (u *UserMap) serveGet(ctx *fasthttp.RequestCtx) {
 		ctx.Response.Header.SetBytesV(fasthttp.HeaderRetryAfter, ra)
 	}
 	ctx.SetBody(resp.Body())
-}
-
-func (u *UserMap) spoolFailed(ctx *fasthttp.RequestCtx, err error) {
-	msg, reason := "Service unavailable", "spool_error"
-	switch {
-	case errors.Is(err, spool.ErrFull):
-		msg, reason = "Spool full, retry later", "spool_full"
-	case errors.Is(err, spool.ErrDiskLow):
-		msg, reason = "Disk space low, retry later", "disk_low"
-	case errors.Is(err, spool.ErrClosed):
-		msg, reason = "Service is shutting down", "shutting_down"
-	default:
-		u.log.Error("usermap: spool append failed", zap.Error(err))
-	}
-	ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, u.retryAfter)
-	u.reject(ctx, &ValidationError{Status: fasthttp.StatusServiceUnavailable, Msg: msg, Reason: reason})
-}
-
-func (u *UserMap) reject(ctx *fasthttp.RequestCtx, e *ValidationError) {
-	u.rejected.WithLabelValues(e.Reason).Inc()
-	writeError(ctx, e.Status, e.Msg)
-}
-
-func writeError(ctx *fasthttp.RequestCtx, status int, msg string) {
-	b, _ := json.Marshal(struct {
-		Code  int    `json:"code"`
-		Error string `json:"error"`
-	}{status, msg})
-	ctx.SetStatusCode(status)
-	ctx.SetContentType("application/json")
-	ctx.SetBody(b)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/formreq"
 	"github.com/svcrelay/relay/internal/groupidentify/lanedeliver"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/upstream"
@@ -37,16 +37,10 @@ const (
 	DefaultForwardTimeout = 30 * time.Second
 )
 
-// Route is one route of the admin listener.
-type Route struct {
-	Method, Path string
-	Handler      fasthttp.RequestHandler
-	// Forward is true when the caller's own Authorization may be passed to
-	// the upstream (the admin token then travels in Proxy-Authorization, or
-	// in Authorization when X-Relay-Project names a project); false when
-	// Authorization: Bearer is the admin token.
-	Forward bool
-}
+// Route is one route of the admin listener (see formreq.Route). A Forward
+// route also takes the admin token in Authorization when X-Relay-Project
+// names a project.
+type Route = formreq.Route
 
 // Config configures a UserMap.
 type Config struct {
@@ -133,17 +127,16 @@ func (c Config) withDefaults() Config {
 // UserMap is the /usermap and /api/2/usermap routes and the delivery of
 // spooled mappings.
 type UserMap struct {
-	cfg        Config
-	sp         *spool.Spool
-	creds      *credentials.Store
-	log        *zap.Logger
-	d          *lanedeliver.Deliverer
-	pacer      *Pacer
-	fwd        *fasthttp.Client
-	retryAfter string
+	cfg   Config
+	sp    *spool.Spool
+	creds *credentials.Store
+	log   *zap.Logger
+	d     *lanedeliver.Deliverer
+	pacer *Pacer
+	fwd   *fasthttp.Client
+	rej   *formreq.Rejecter
 
 	accepted  prometheus.Counter
-	rejected  *prometheus.CounterVec
 	forwarded *prometheus.CounterVec
 }
 
@@ -158,7 +151,6 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 	}
 	f := promauto.With(reg)
 	u := &UserMap{cfg: cfg, sp: sp, creds: creds, log: log,
-		retryAfter: strconv.Itoa(int((cfg.RetryAfter + time.Second - 1) / time.Second)),
 		fwd: &fasthttp.Client{
 			Name:                     "svc-relay",
 			ReadTimeout:              cfg.ForwardTimeout,
@@ -190,8 +182,8 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 	u.d = d
 	u.accepted = f.NewCounter(prometheus.CounterOpts{Name: "relay_usermap_accepted_total",
 		Help: "Mappings accepted into the spool."})
-	u.rejected = f.NewCounterVec(prometheus.CounterOpts{Name: "relay_usermap_rejected_requests_total",
-		Help: "POST /usermap and GET /api/2/usermap requests refused locally, by reason."}, []string{"reason"})
+	u.rej = formreq.NewRejecter("usermap", log, f.NewCounterVec(prometheus.CounterOpts{Name: "relay_usermap_rejected_requests_total",
+		Help: "POST /usermap and GET /api/2/usermap requests refused locally, by reason."}, []string{"reason"}), cfg.RetryAfter)
 	u.forwarded = f.NewCounterVec(prometheus.CounterOpts{Name: "relay_usermap_forwarded_total",
 		Help: "GET /api/2/usermap requests forwarded, by upstream status (or \"error\")."}, []string{"status"})
 	return u, nil

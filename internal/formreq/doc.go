@@ -1,0 +1,15 @@
+// Package formreq holds what the admin listener's form-request routes
+// (POST /groupidentify in internal/groupidentify, POST /usermap and GET
+// /api/2/usermap in internal/usermap) share: their Route type, the
+// ValidationError of a request refused locally, and the Rejecter that
+// answers refusals as {"code":STATUS,"error":"..."}.
+//
+// Invariants:
+//   - Every refusal a Rejecter writes is counted once in its Rejected
+//     counter, labelled by the ValidationError's Reason.
+//   - A spool failure (SpoolFailed) is 503 with Retry-After; only an
+//     unexpected error (not spool.ErrFull, ErrDiskLow or ErrClosed) is
+//     logged, with its error and never a request's api_key.
+//
+// It has no package-level state.
+package formreq
