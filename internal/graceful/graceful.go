@@ -16,6 +16,9 @@
 //     is closed at once; one whose request reached the handler is never
 //     closed by the Server before its answer was written (StateIdle). A
 //     request still being read when Shutdown starts is cut off.
+//   - fasthttp's "error when serving connection" messages caused by the
+//     Server's own closing (net.ErrClosed once Shutdown started) are not
+//     passed to srv.Logger: every stop with an idle client would log one.
 //   - A request read on a connection the Server closed does not reach the
 //     wrapped handler: it is answered 503 on the closed connection, so a
 //     handler with side effects never runs for a client that cannot get its
@@ -28,7 +31,10 @@ package graceful
 
 import (
 	"context"
+	"errors"
+	"log"
 	"net"
+	"os"
 	"sync"
 
 	"github.com/valyala/fasthttp"
@@ -58,6 +64,11 @@ func New(srv *fasthttp.Server) *Server {
 	srv.Handler = s.handle
 	srv.ConnState = s.connState
 	srv.CloseOnShutdown = true
+	l := srv.Logger
+	if l == nil {
+		l = log.New(os.Stderr, "", log.LstdFlags) // fasthttp's default
+	}
+	srv.Logger = quietLogger{s, l}
 	return s
 }
 
@@ -119,4 +130,25 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	s.handler(ctx)
+}
+
+// quietLogger passes fasthttp's messages on to l, except those about a
+// connection the Server closed during Shutdown.
+type quietLogger struct {
+	s *Server
+	l fasthttp.Logger
+}
+
+func (q quietLogger) Printf(format string, args ...any) {
+	q.s.mu.Lock()
+	stopping := q.s.stopping
+	q.s.mu.Unlock()
+	if stopping {
+		for _, a := range args {
+			if err, ok := a.(error); ok && errors.Is(err, net.ErrClosed) {
+				return
+			}
+		}
+	}
+	q.l.Printf(format, args...)
 }

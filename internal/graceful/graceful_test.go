@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -18,12 +19,20 @@ import (
 // closing can end a silent connection quickly).
 func start(t *testing.T, h fasthttp.RequestHandler, state func(net.Conn, fasthttp.ConnState)) (*Server, string, chan error) {
 	t.Helper()
+	logged := &recordLogger{}
+	t.Cleanup(func() {
+		logged.mu.Lock()
+		defer logged.mu.Unlock()
+		for _, m := range logged.msgs {
+			t.Errorf("fasthttp logged %q (the Server's own closing must not be logged)", m)
+		}
+	})
 	s := New(&fasthttp.Server{
 		Handler:     h,
 		ConnState:   state,
 		ReadTimeout: time.Minute,
 		IdleTimeout: time.Minute,
-		Logger:      discard{},
+		Logger:      logged,
 	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -205,6 +214,14 @@ func TestRequestOnClosedConnectionNotHandled(t *testing.T) {
 	}
 }
 
-type discard struct{}
+// recordLogger keeps fasthttp's messages.
+type recordLogger struct {
+	mu   sync.Mutex
+	msgs []string
+}
 
-func (discard) Printf(string, ...any) {}
+func (r *recordLogger) Printf(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.msgs = append(r.msgs, fmt.Sprintf(format, args...))
+}
