@@ -63,6 +63,10 @@
 //     relay_ingest_rejected_requests_total.
 //   - Spool appends run under the server's own context, not the request's:
 //     Shutdown lets them finish until its ctx ends, then cancels them.
+//   - Shutdown closes at once the connections on which no request is in the
+//     handler (silent new ones, idle keep-alive ones; package graceful), so
+//     a client that sends nothing never holds the stop until its read or
+//     idle timeout.
 //
 // # Goroutines
 //
