@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/test/e2e/harness"
 )
 
 // Secrets of the credentials file and the admin token. Each is distinct and
@@ -102,17 +103,6 @@ func trackSources(t *testing.T) {
 	}
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
-
 // startSim serves a simulator on 127.0.0.1 and returns it with its URL.
 func startSim(t *testing.T, cfg sim.Config) (*sim.Sim, string) {
 	t.Helper()
@@ -190,20 +180,14 @@ type relay struct {
 // quiet defaults, and waits for /readyz.
 func startRelay(t *testing.T, dataDir string, log *syncBuf, args ...string) *relay {
 	t.Helper()
-	ingest, admin := freeAddr(t), freeAddr(t)
+	ingest, admin := harness.FreeAddr(t), harness.FreeAddr(t)
 	all := append([]string{
 		"--listen", ingest, "--admin-listen", admin, "--data-dir", dataDir,
 		"--spool-min-free-bytes", "0", "--log-format", "json", "--log-level", "debug",
 		"--drain-timeout", "2s", "--flush-interval", "20ms",
 	}, args...)
 	cmd := exec.Command(relayBin(t), all...)
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "RELAY_") {
-			env = append(env, kv)
-		}
-	}
-	cmd.Env = env
+	cmd.Env = harness.CleanEnv()
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/test/e2e/harness"
 )
 
 // TestKillBeforeDelivery: group identifies and mappings answered 200 while
@@ -28,7 +29,7 @@ func TestKillBeforeDelivery(t *testing.T) {
 	)
 	dir := t.TempDir()
 	data := dir + "/data"
-	down := "http://" + freeAddr(t) // nothing listens: nothing is delivered
+	down := "http://" + harness.FreeAddr(t) // nothing listens: nothing is delivered
 	log := &syncBuf{}
 	r := startRelay(t, data, log, "--ingest-url", down, "--alias-url", down, "--analytics-url", down)
 

@@ -12,17 +12,16 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/test/e2e/harness"
 )
 
 const (
@@ -31,131 +30,6 @@ const (
 	apiKey   = "crash-test-api-key"
 	maxBatch = 4 // events per request: 1..maxBatch
 )
-
-// buildRelay builds the relay binary into a temp dir.
-func buildRelay(t *testing.T) string {
-	t.Helper()
-	trackSources(t)
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = "/usr/local/go/bin/go"
-	}
-	bin := filepath.Join(t.TempDir(), "relay")
-	cmd := exec.Command(goBin, "build", "-o", bin, "github.com/svcrelay/relay/cmd/relay")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// trackSources stats every Go source and the module files of the repository.
-// The go command caches a test's result by the files the test looked at; the
-// binary is built in a subprocess, so without this an edit to the relay
-// would not invalidate a cached pass of this test.
-func trackSources(t *testing.T) {
-	t.Helper()
-	root := filepath.Join("..", "..")
-	for _, f := range []string{"go.mod", "go.sum"} {
-		if _, err := os.Stat(filepath.Join(root, f)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, dir := range []string{"cmd", "internal"} {
-		err := filepath.WalkDir(filepath.Join(root, dir), func(p string, d os.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			if !d.IsDir() && strings.HasSuffix(p, ".go") && !strings.HasSuffix(p, "_test.go") {
-				_, err = os.Stat(p)
-			}
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// freeAddr returns a 127.0.0.1 address nothing listens on (just freed).
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
-
-// cleanEnv is the environment without RELAY_* variables.
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "RELAY_") {
-			env = append(env, kv)
-		}
-	}
-	return env
-}
-
-type relay struct {
-	cmd  *exec.Cmd
-	done chan error
-}
-
-// startRelay starts the binary and waits until its ingest /healthz answers.
-func startRelay(t *testing.T, bin, listen, dataDir, deadURL string, logf *os.File) *relay {
-	t.Helper()
-	cmd := exec.Command(bin,
-		"--listen", listen,
-		"--admin-listen", "127.0.0.1:0",
-		"--data-dir", dataDir,
-		"--ingest-url", deadURL, // nothing listens: nothing is delivered, all stays spooled
-		"--spool-min-free-bytes", "0",
-		"--log-format", "json",
-		"--drain-timeout", "2s",
-	)
-	cmd.Env = cleanEnv()
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	r := &relay{cmd: cmd, done: make(chan error, 1)}
-	go func() { r.done <- cmd.Wait() }()
-	hc := &http.Client{Timeout: time.Second}
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		select {
-		case err := <-r.done:
-			t.Fatalf("relay exited during start: %v (log: %s)", err, logf.Name())
-		default:
-		}
-		resp, err := hc.Get("http://" + listen + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return r
-			}
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	r.cmd.Process.Kill()
-	t.Fatalf("relay not healthy within 15s (log: %s)", logf.Name())
-	return nil
-}
-
-func (r *relay) kill(t *testing.T) {
-	t.Helper()
-	if err := r.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-r.done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("killed relay did not exit")
-	}
-}
 
 // outcome of one event, as its client saw it.
 type outcome uint8
@@ -244,24 +118,14 @@ func TestKill9KeepsAcceptedEvents(t *testing.T) {
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 1))
 
-	bin := buildRelay(t)
+	bin := harness.Build(t)
 	t.Logf("built relay in %v", time.Since(start).Round(time.Millisecond))
 	tmp := t.TempDir()
 	dataDir := filepath.Join(tmp, "data")
-	listen := freeAddr(t)
-	deadURL := "http://" + freeAddr(t)
-	logf, err := os.Create(filepath.Join(tmp, "relay.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	dumpLog := func() {
-		b, _ := os.ReadFile(logf.Name())
-		if len(b) > 8000 {
-			b = b[len(b)-8000:]
-		}
-		t.Logf("relay log tail:\n%s", b)
-	}
+	// Nothing listens at the ingest URL: nothing is delivered, all stays spooled.
+	opts := &harness.RelayOpts{Listen: harness.FreeAddr(t), DataDir: dataDir,
+		IngestURL: "http://" + harness.FreeAddr(t), Extra: []string{"--drain-timeout", "2s"}}
+	listen := opts.Listen
 
 	var mu sync.Mutex
 	events := make(map[string]sent)
@@ -272,7 +136,8 @@ func TestKill9KeepsAcceptedEvents(t *testing.T) {
 	}
 	var reqs atomic.Int64
 
-	r := startRelay(t, bin, listen, dataDir, deadURL, logf)
+	r := harness.StartRelay(t, bin, tmp, opts)
+	dumpLog := func() { t.Logf("relay log tail:\n%s", r.LogTail(8000)) }
 	ctx, stopClients := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for i := range clients {
@@ -297,24 +162,15 @@ func TestKill9KeepsAcceptedEvents(t *testing.T) {
 				t.Errorf("spool dump while the relay runs: err=%v out=%.300s; want a refusal", err, out)
 			}
 		}
-		r.kill(t)
-		r = startRelay(t, bin, listen, dataDir, deadURL, logf)
+		r.Kill(t)
+		r = harness.StartRelay(t, bin, tmp, opts)
 	}
 	time.Sleep(200 * time.Millisecond)
 
 	// A graceful stop under load exits 0.
-	if err := r.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-r.done:
-		if err != nil {
-			dumpLog()
-			t.Fatalf("relay exit after SIGTERM: %v, want 0", err)
-		}
-	case <-time.After(15 * time.Second):
-		r.cmd.Process.Kill()
-		t.Fatal("relay did not stop within 15s of SIGTERM")
+	if err := r.Stop(t, 15*time.Second); err != nil {
+		dumpLog()
+		t.Fatalf("relay exit after SIGTERM: %v, want 0", err)
 	}
 	stopClients()
 	wg.Wait()
