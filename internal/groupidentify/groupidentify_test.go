@@ -1,11 +1,8 @@
 package groupidentify_test
 
 import (
-	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"strings"
 	"sync"
@@ -13,33 +10,20 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/valyala/fasthttp"
 
 	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/formreq/formreqtest"
 	"github.com/svcrelay/relay/internal/groupidentify"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/upstream"
 )
 
-// env is a relay slice: a spool in a temp dir, the simulator upstream, the
-// group identify routes served over real HTTP on 127.0.0.1.
-type env struct {
-	t       *testing.T
-	dir     string
-	sim     *sim.Sim
-	simURL  string
-	sp      *spool.Spool
-	g       *groupidentify.GroupIdentify
-	reg     *prometheus.Registry
-	base    string // relay admin base URL
-	cfg     groupidentify.Config
-	creds   *credentials.Store
-	srv     *fasthttp.Server
-	cancel  context.CancelFunc
-	runDone chan error
-}
+// env is formreqtest's relay slice around a GroupIdentify: a spool in a
+// temp dir, the simulator upstream, the group identify routes served over
+// real HTTP on 127.0.0.1.
+type env = formreqtest.Env[*groupidentify.GroupIdentify]
 
 func newEnv(t *testing.T, simCfg sim.Config, cfg groupidentify.Config) *env {
 	t.Helper()
@@ -48,127 +32,29 @@ func newEnv(t *testing.T, simCfg sim.Config, cfg groupidentify.Config) *env {
 
 func newEnvCreds(t *testing.T, simCfg sim.Config, cfg groupidentify.Config, creds *credentials.Store) *env {
 	t.Helper()
-	e := &env{t: t, dir: t.TempDir(), cfg: cfg, creds: creds}
-	e.sim = sim.New(simCfg, nil)
-	u, err := e.sim.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.simURL = u
-	t.Cleanup(func() { e.sim.Close() })
-	e.open()
-	return e
+	return formreqtest.New(t, simCfg, spool.KindGroupIdentify,
+		func(simURL string, sp *spool.Spool, client *upstream.Client, reg *prometheus.Registry) (*groupidentify.GroupIdentify, error) {
+			if cfg.URL == "" {
+				cfg.URL = simURL
+			}
+			if cfg.RetryInitial == 0 {
+				cfg.RetryInitial = 5 * time.Millisecond
+				cfg.RetryMax = 50 * time.Millisecond
+			}
+			return groupidentify.New(cfg, sp, client, creds, nil, reg)
+		})
 }
 
-// open opens the spool and serves the routes (without delivery).
-func (e *env) open() {
-	t := e.t
-	sp, err := spool.Open(spool.Config{Dir: e.dir, Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.sp = sp
-	client, err := upstream.New(upstream.Config{Timeout: 5 * time.Second}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := e.cfg
-	if cfg.URL == "" {
-		cfg.URL = e.simURL
-	}
-	if cfg.RetryInitial == 0 {
-		cfg.RetryInitial = 5 * time.Millisecond
-		cfg.RetryMax = 50 * time.Millisecond
-	}
-	e.reg = prometheus.NewRegistry()
-	g, err := groupidentify.New(cfg, sp, client, e.creds, nil, e.reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.g = g
-	routes := map[string]fasthttp.RequestHandler{}
-	for _, r := range g.Routes() {
-		routes[r.Method+" "+r.Path] = r.Handler
-	}
-	e.srv = &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
-		h := routes[string(ctx.Method())+" "+string(ctx.Path())]
-		if h == nil {
-			ctx.SetStatusCode(404)
-			return
-		}
-		h(ctx)
-	}, MaxRequestBodySize: 32 << 20}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go e.srv.Serve(ln)
-	e.base = "http://" + ln.Addr().String()
-	t.Cleanup(e.close)
-}
-
-func (e *env) run() {
-	ctx, cancel := context.WithCancel(context.Background())
-	e.cancel = cancel
-	e.runDone = make(chan error, 1)
-	go func() { e.runDone <- e.g.Run(ctx) }()
-	waitFor(e.t, "Ready", func() bool { return e.g.Ready() == nil })
-}
-
-// close stops delivery, the server and the spool (idempotent).
-func (e *env) close() {
-	if e.cancel != nil {
-		e.cancel()
-		if err := <-e.runDone; err != nil {
-			e.t.Errorf("Run: %v", err)
-		}
-		e.cancel = nil
-	}
-	if e.srv != nil {
-		e.srv.Shutdown()
-		e.srv = nil
-	}
-	if e.sp != nil {
-		e.sp.Close()
-		e.sp = nil
-	}
-}
-
-var hc = &fasthttp.Client{}
-
-type answer struct {
-	Status int
-	Body   string
-	JSON   map[string]any
-}
+type answer = formreqtest.Answer
 
 func postForm(t *testing.T, u string, form url.Values) answer {
 	t.Helper()
-	req := fasthttp.AcquireRequest()
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(u)
-	req.Header.SetMethod("POST")
-	req.Header.SetContentType("application/x-www-form-urlencoded")
-	req.SetBodyString(form.Encode())
-	if err := hc.DoTimeout(req, resp, 10*time.Second); err != nil {
-		t.Fatalf("POST %s: %v", u, err)
-	}
-	a := answer{Status: resp.StatusCode(), Body: string(resp.Body())}
-	json.Unmarshal(resp.Body(), &a.JSON)
-	return a
+	return formreqtest.Do(t, "POST", u, form)
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	formreqtest.WaitFor(t, 10*time.Second, what, cond)
 }
 
 func ident(gt, gv string, nprops int) string {
@@ -185,15 +71,6 @@ func idents(prefix string, n, nprops int) string {
 		parts[i] = ident("org", fmt.Sprintf("%s%d", prefix, i), nprops)
 	}
 	return "[" + strings.Join(parts, ",") + "]"
-}
-
-func (e *env) laneRecords(key string) int64 {
-	for _, l := range e.sp.Lanes() {
-		if l.Key() == (spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: key}) {
-			return l.Stats().Records
-		}
-	}
-	return 0
 }
 
 // TestValidation: one case per rule of the API reference's "Group
@@ -234,7 +111,7 @@ func TestValidation(t *testing.T) {
 	want := int64(0)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			a := postForm(t, e.base+"/groupidentify", tc.form)
+			a := postForm(t, e.Base+"/groupidentify", tc.form)
 			if a.Status != tc.status {
 				t.Fatalf("status %d, want %d: %s", a.Status, tc.status, a.Body)
 			}
@@ -249,7 +126,7 @@ func TestValidation(t *testing.T) {
 				n, _ := a.JSON["identifications_accepted"].(float64)
 				want += int64(n)
 			}
-			if got := e.laneRecords("k"); got != want {
+			if got := e.LaneRecords("k"); got != want {
 				t.Fatalf("spooled %d records, want %d", got, want)
 			}
 		})
@@ -270,17 +147,17 @@ func TestMergedDeliveredOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a := postForm(t, e.base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents(fmt.Sprintf("c%d-", c), per, props)}})
+			a := postForm(t, e.Base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents(fmt.Sprintf("c%d-", c), per, props)}})
 			if a.Status != 200 || a.JSON["identifications_accepted"] != float64(per) {
 				t.Errorf("caller %d: %d %s", c, a.Status, a.Body)
 			}
 		}()
 	}
 	wg.Wait()
-	e.run()
-	waitFor(t, "delivery", func() bool { return len(e.sim.GroupIdentifies("k")) >= callers*per })
+	e.Run()
+	waitFor(t, "delivery", func() bool { return len(e.Sim.GroupIdentifies("k")) >= callers*per })
 	time.Sleep(50 * time.Millisecond)
-	got := e.sim.GroupIdentifies("k")
+	got := e.Sim.GroupIdentifies("k")
 	if len(got) != callers*per {
 		t.Fatalf("delivered %d, want %d", len(got), callers*per)
 	}
@@ -295,7 +172,7 @@ func TestMergedDeliveredOnce(t *testing.T) {
 	}
 	// 10800 properties at most 1024 per request: 113 identifies (1017
 	// properties) per request, so 11 requests; the requests are full.
-	reqs := e.sim.GroupIdentifyRequests()
+	reqs := e.Sim.GroupIdentifyRequests()
 	if reqs != 11 {
 		t.Fatalf("%d upstream requests, want 11 (1200 identifies of 9 properties, 1024 properties each)", reqs)
 	}
@@ -310,8 +187,8 @@ func TestMergedDeliveredOnce(t *testing.T) {
 		}
 		last[k] = i
 	}
-	waitFor(t, "acks", func() bool { return e.laneRecords("k") == 0 })
-	if v := metricValue(e.reg, "relay_groupidentify_delivered_total"); v != callers*per {
+	waitFor(t, "acks", func() bool { return e.LaneRecords("k") == 0 })
+	if v := metricValue(e.Reg, "relay_groupidentify_delivered_total"); v != callers*per {
 		t.Fatalf("delivered metric %v", v)
 	}
 }
@@ -321,19 +198,19 @@ func TestMergedDeliveredOnce(t *testing.T) {
 func TestIdentifiesLimit(t *testing.T) {
 	e := newEnv(t, sim.Config{}, groupidentify.Config{})
 	for c := range 3 {
-		a := postForm(t, e.base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents(fmt.Sprintf("c%d-", c), 1000, 1)}})
+		a := postForm(t, e.Base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents(fmt.Sprintf("c%d-", c), 1000, 1)}})
 		if a.Status != 200 {
 			t.Fatal(a.Status, a.Body)
 		}
 	}
-	e.run()
-	waitFor(t, "delivery", func() bool { return len(e.sim.GroupIdentifies("k")) == 3000 })
-	for _, r := range e.sim.Requests() {
+	e.Run()
+	waitFor(t, "delivery", func() bool { return len(e.Sim.GroupIdentifies("k")) == 3000 })
+	for _, r := range e.Sim.Requests() {
 		if r.Path == "/groupidentify" && (r.Events > 1024 || r.BodyBytes >= 1_000_000) {
 			t.Fatalf("request of %d identifies, %d bytes", r.Events, r.BodyBytes)
 		}
 	}
-	if n := e.sim.GroupIdentifyRequests(); n != 3 {
+	if n := e.Sim.GroupIdentifyRequests(); n != 3 {
 		t.Fatalf("%d requests, want 3 (1024+1024+952)", n)
 	}
 }
@@ -348,15 +225,15 @@ func TestBodyLimitSplit(t *testing.T) {
 		parts = append(parts, fmt.Sprintf(`{"group_type":"org","group_value":"v%d","group_properties":{"blob":%q}}`, i, big))
 	}
 	for _, p := range [][]string{parts[:15], parts[15:30], parts[30:]} {
-		if a := postForm(t, e.base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {"[" + strings.Join(p, ",") + "]"}}); a.Status != 200 {
+		if a := postForm(t, e.Base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {"[" + strings.Join(p, ",") + "]"}}); a.Status != 200 {
 			t.Fatal(a.Body)
 		}
 	}
-	e.run()
-	waitFor(t, "delivery", func() bool { return len(e.sim.GroupIdentifies("k")) == 40 })
-	waitFor(t, "acks", func() bool { return e.laneRecords("k") == 0 })
+	e.Run()
+	waitFor(t, "delivery", func() bool { return len(e.Sim.GroupIdentifies("k")) == 40 })
+	waitFor(t, "acks", func() bool { return e.LaneRecords("k") == 0 })
 	n413 := 0
-	for _, r := range e.sim.Requests() {
+	for _, r := range e.Sim.Requests() {
 		if r.Status == 413 {
 			n413++
 		}
@@ -364,11 +241,11 @@ func TestBodyLimitSplit(t *testing.T) {
 	if n413 == 0 {
 		t.Fatal("expected 413s from the smaller upstream limit")
 	}
-	dead, _ := e.sp.ListDead(spool.DeadFilter{}, 0, 0)
+	dead, _ := e.Spool.ListDead(spool.DeadFilter{}, 0, 0)
 	if len(dead) != 0 {
 		t.Fatalf("%d dead letters", len(dead))
 	}
-	for _, r := range e.sim.Requests() {
+	for _, r := range e.Sim.Requests() {
 		if r.Path == "/groupidentify" && r.BodyBytes >= 1_000_000 {
 			t.Fatalf("request of %d bytes", r.BodyBytes)
 		}
@@ -380,23 +257,23 @@ func TestBodyLimitSplit(t *testing.T) {
 func TestRetry5xx(t *testing.T) {
 	e := newEnv(t, sim.Config{}, groupidentify.Config{})
 	for _, st := range []int{500, 502, 503, 504} {
-		e.sim.FailNext(1, st)
+		e.Sim.FailNext(1, st)
 	}
-	e.sim.DropNext(1, sim.DropNoAnswer)
-	a := postForm(t, e.base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents("v", 10, 2)}})
+	e.Sim.DropNext(1, sim.DropNoAnswer)
+	a := postForm(t, e.Base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents("v", 10, 2)}})
 	if a.Status != 200 {
 		t.Fatal(a.Body)
 	}
-	e.run()
-	waitFor(t, "delivery", func() bool { return len(e.sim.GroupIdentifies("k")) == 10 })
-	waitFor(t, "acks", func() bool { return e.laneRecords("k") == 0 })
-	if e.sim.PendingFaults() != 0 {
+	e.Run()
+	waitFor(t, "delivery", func() bool { return len(e.Sim.GroupIdentifies("k")) == 10 })
+	waitFor(t, "acks", func() bool { return e.LaneRecords("k") == 0 })
+	if e.Sim.PendingFaults() != 0 {
 		t.Fatal("faults left")
 	}
-	if got := len(e.sim.GroupIdentifies("k")); got != 10 {
+	if got := len(e.Sim.GroupIdentifies("k")); got != 10 {
 		t.Fatalf("delivered %d", got)
 	}
-	if v := metricValue(e.reg, "relay_groupidentify_retries_total"); v < 5 {
+	if v := metricValue(e.Reg, "relay_groupidentify_retries_total"); v < 5 {
 		t.Fatalf("retries %v, want >= 5", v)
 	}
 }
@@ -405,18 +282,18 @@ func TestRetry5xx(t *testing.T) {
 // identification becomes a dead letter, the rest is delivered.
 func TestBadRequestBisect(t *testing.T) {
 	e := newEnv(t, sim.Config{}, groupidentify.Config{})
-	e.sim.RejectGroupValue("v7")
-	a := postForm(t, e.base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents("v", 20, 1)}})
+	e.Sim.RejectGroupValue("v7")
+	a := postForm(t, e.Base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents("v", 20, 1)}})
 	if a.Status != 200 {
 		t.Fatal(a.Body)
 	}
-	e.run()
-	waitFor(t, "acks", func() bool { return e.laneRecords("k") == 0 })
-	got := e.sim.GroupIdentifies("k")
+	e.Run()
+	waitFor(t, "acks", func() bool { return e.LaneRecords("k") == 0 })
+	got := e.Sim.GroupIdentifies("k")
 	if len(got) != 19 {
 		t.Fatalf("delivered %d, want 19", len(got))
 	}
-	dead, err := e.sp.ListDead(spool.DeadFilter{}, 0, 0)
+	dead, err := e.Spool.ListDead(spool.DeadFilter{}, 0, 0)
 	if err != nil || len(dead) != 1 {
 		t.Fatalf("dead %d %v", len(dead), err)
 	}
@@ -434,19 +311,19 @@ func TestBadRequestBisect(t *testing.T) {
 // ResumeLane sends the refused request once more.
 func TestInvalidAPIKeyStopsLane(t *testing.T) {
 	e := newEnv(t, sim.Config{APIKeys: []string{"good"}}, groupidentify.Config{})
-	e.run()
-	if a := postForm(t, e.base+"/groupidentify", url.Values{"api_key": {"bad"}, "identification": {idents("v", 3, 1)}}); a.Status != 200 {
+	e.Run()
+	if a := postForm(t, e.Base+"/groupidentify", url.Values{"api_key": {"bad"}, "identification": {idents("v", 3, 1)}}); a.Status != 200 {
 		t.Fatal(a.Body)
 	}
-	waitFor(t, "stopped gauge", func() bool { return metricValue(e.reg, "relay_groupidentify_lanes_stopped") == 1 })
-	if a := postForm(t, e.base+"/groupidentify", url.Values{"api_key": {"good"}, "identification": {idents("v", 3, 1)}}); a.Status != 200 {
+	waitFor(t, "stopped gauge", func() bool { return metricValue(e.Reg, "relay_groupidentify_lanes_stopped") == 1 })
+	if a := postForm(t, e.Base+"/groupidentify", url.Values{"api_key": {"good"}, "identification": {idents("v", 3, 1)}}); a.Status != 200 {
 		t.Fatal(a.Body)
 	}
-	waitFor(t, "good lane", func() bool { return len(e.sim.GroupIdentifies("good")) == 3 })
+	waitFor(t, "good lane", func() bool { return len(e.Sim.GroupIdentifies("good")) == 3 })
 	time.Sleep(100 * time.Millisecond)
 	badReqs := func() int {
 		n := 0
-		for _, r := range e.sim.Requests() {
+		for _, r := range e.Sim.Requests() {
 			if r.KeyLabel == sim.KeyLabel("bad") {
 				n++
 			}
@@ -456,11 +333,11 @@ func TestInvalidAPIKeyStopsLane(t *testing.T) {
 	if n := badReqs(); n != 1 {
 		t.Fatalf("%d requests with the refused key, want 1", n)
 	}
-	if e.laneRecords("bad") != 3 {
-		t.Fatalf("refused lane lost records: %d left", e.laneRecords("bad"))
+	if e.LaneRecords("bad") != 3 {
+		t.Fatalf("refused lane lost records: %d left", e.LaneRecords("bad"))
 	}
 	var badLane uint64
-	for _, st := range e.g.LaneStatus() {
+	for _, st := range e.C.LaneStatus() {
 		if st.Stopped {
 			badLane = st.ID
 			if !strings.Contains(st.StopReason, "Invalid API key") {
@@ -468,16 +345,16 @@ func TestInvalidAPIKeyStopsLane(t *testing.T) {
 			}
 		}
 	}
-	if err := e.g.ResumeLane(badLane); err != nil {
+	if err := e.C.ResumeLane(badLane); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "second try", func() bool { return badReqs() == 2 })
-	waitFor(t, "stopped again", func() bool { return metricValue(e.reg, "relay_groupidentify_lanes_stopped") == 1 })
+	waitFor(t, "stopped again", func() bool { return metricValue(e.Reg, "relay_groupidentify_lanes_stopped") == 1 })
 	time.Sleep(100 * time.Millisecond)
 	if n := badReqs(); n != 2 {
 		t.Fatalf("%d requests after one resume, want 2", n)
 	}
-	if err := e.g.StopLane(12345); !errors.Is(err, batcher.ErrUnknownLane) {
+	if err := e.C.StopLane(12345); !errors.Is(err, batcher.ErrUnknownLane) {
 		t.Fatalf("unknown lane: %v", err)
 	}
 }
@@ -486,49 +363,49 @@ func TestInvalidAPIKeyStopsLane(t *testing.T) {
 // ResumeLane.
 func TestOperatorStop(t *testing.T) {
 	e := newEnv(t, sim.Config{}, groupidentify.Config{})
-	e.run()
-	if a := postForm(t, e.base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents("a", 2, 1)}}); a.Status != 200 {
+	e.Run()
+	if a := postForm(t, e.Base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents("a", 2, 1)}}); a.Status != 200 {
 		t.Fatal(a.Body)
 	}
-	waitFor(t, "first delivery", func() bool { return len(e.sim.GroupIdentifies("k")) == 2 })
-	id := e.g.LaneStatus()[0].ID
-	if err := e.g.StopLane(id); err != nil {
+	waitFor(t, "first delivery", func() bool { return len(e.Sim.GroupIdentifies("k")) == 2 })
+	id := e.C.LaneStatus()[0].ID
+	if err := e.C.StopLane(id); err != nil {
 		t.Fatal(err)
 	}
-	if a := postForm(t, e.base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents("b", 2, 1)}}); a.Status != 200 {
+	if a := postForm(t, e.Base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents("b", 2, 1)}}); a.Status != 200 {
 		t.Fatal(a.Body)
 	}
 	time.Sleep(300 * time.Millisecond)
-	if n := len(e.sim.GroupIdentifies("k")); n != 2 || e.laneRecords("k") != 2 {
-		t.Fatalf("delivered %d while stopped, %d spooled", n, e.laneRecords("k"))
+	if n := len(e.Sim.GroupIdentifies("k")); n != 2 || e.LaneRecords("k") != 2 {
+		t.Fatalf("delivered %d while stopped, %d spooled", n, e.LaneRecords("k"))
 	}
-	if st := e.g.LaneStatus()[0]; !st.Stopped || st.ReadAheadBytes == 0 {
+	if st := e.C.LaneStatus()[0]; !st.Stopped || st.ReadAheadBytes == 0 {
 		t.Fatalf("status %+v", st)
 	}
-	if err := e.g.ResumeLane(id); err != nil {
+	if err := e.C.ResumeLane(id); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "delivery after resume", func() bool { return len(e.sim.GroupIdentifies("k")) == 4 })
-	waitFor(t, "acks", func() bool { return e.laneRecords("k") == 0 })
+	waitFor(t, "delivery after resume", func() bool { return len(e.Sim.GroupIdentifies("k")) == 4 })
+	waitFor(t, "acks", func() bool { return e.LaneRecords("k") == 0 })
 }
 
 // TestExpired: records that stay undeliverable past MaxAge are dead letters.
 func TestExpired(t *testing.T) {
 	e := newEnv(t, sim.Config{}, groupidentify.Config{MaxAge: 300 * time.Millisecond})
-	e.sim.Inject(sim.Fault{Status: 503, Count: -1})
-	if a := postForm(t, e.base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents("v", 4, 1)}}); a.Status != 200 {
+	e.Sim.Inject(sim.Fault{Status: 503, Count: -1})
+	if a := postForm(t, e.Base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents("v", 4, 1)}}); a.Status != 200 {
 		t.Fatal(a.Body)
 	}
-	e.run()
-	waitFor(t, "acks", func() bool { return e.laneRecords("k") == 0 })
-	dead, _ := e.sp.ListDead(spool.DeadFilter{Reason: "expired"}, 0, 0)
+	e.Run()
+	waitFor(t, "acks", func() bool { return e.LaneRecords("k") == 0 })
+	dead, _ := e.Spool.ListDead(spool.DeadFilter{Reason: "expired"}, 0, 0)
 	if len(dead) != 4 {
 		t.Fatalf("%d expired dead letters, want 4", len(dead))
 	}
 	if !strings.Contains(string(dead[0].Answer), "503") {
 		t.Fatalf("expired dead letter keeps the last answer: %q", dead[0].Answer)
 	}
-	if len(e.sim.GroupIdentifies("k")) != 0 {
+	if len(e.Sim.GroupIdentifies("k")) != 0 {
 		t.Fatal("delivered despite the fault")
 	}
 }
@@ -538,23 +415,23 @@ func TestExpired(t *testing.T) {
 func TestDurability(t *testing.T) {
 	e := newEnv(t, sim.Config{}, groupidentify.Config{})
 	for c := range 5 {
-		if a := postForm(t, e.base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents(fmt.Sprintf("c%d-", c), 20, 1)}}); a.Status != 200 {
+		if a := postForm(t, e.Base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents(fmt.Sprintf("c%d-", c), 20, 1)}}); a.Status != 200 {
 			t.Fatal(a.Body)
 		}
 	}
-	e.close()
-	if n := len(e.sim.GroupIdentifies("k")); n != 0 {
+	e.Close()
+	if n := len(e.Sim.GroupIdentifies("k")); n != 0 {
 		t.Fatalf("delivered %d before the restart", n)
 	}
-	e.open()
-	e.run()
-	waitFor(t, "delivery", func() bool { return len(e.sim.GroupIdentifies("k")) >= 100 })
-	waitFor(t, "acks", func() bool { return e.laneRecords("k") == 0 })
-	e.close()
-	e.open() // a third start delivers nothing again
-	e.run()
+	e.Open()
+	e.Run()
+	waitFor(t, "delivery", func() bool { return len(e.Sim.GroupIdentifies("k")) >= 100 })
+	waitFor(t, "acks", func() bool { return e.LaneRecords("k") == 0 })
+	e.Close()
+	e.Open() // a third start delivers nothing again
+	e.Run()
 	time.Sleep(200 * time.Millisecond)
-	if n := len(e.sim.GroupIdentifies("k")); n != 100 {
+	if n := len(e.Sim.GroupIdentifies("k")); n != 100 {
 		t.Fatalf("delivered %d, want exactly 100", n)
 	}
 }
@@ -597,21 +474,9 @@ projects:
 		t.Fatal(err)
 	}
 	e := newEnvCreds(t, sim.Config{}, groupidentify.Config{}, creds)
-	e.run()
+	e.Run()
 	post := func(form url.Values, project string) answer {
-		req := fasthttp.AcquireRequest()
-		resp := fasthttp.AcquireResponse()
-		defer fasthttp.ReleaseRequest(req)
-		defer fasthttp.ReleaseResponse(resp)
-		req.SetRequestURI(e.base + "/groupidentify")
-		req.Header.SetMethod("POST")
-		req.Header.SetContentType("application/x-www-form-urlencoded")
-		req.Header.Set("X-Relay-Project", project)
-		req.SetBodyString(form.Encode())
-		if err := hc.DoTimeout(req, resp, 5*time.Second); err != nil {
-			t.Fatal(err)
-		}
-		return answer{Status: resp.StatusCode(), Body: string(resp.Body())}
+		return formreqtest.Do(t, "POST", e.Base+"/groupidentify", form, "X-Relay-Project", project)
 	}
 	if a := post(url.Values{"identification": {idents("w", 2, 1)}}, "web"); a.Status != 200 {
 		t.Fatal(a.Body)
@@ -626,9 +491,9 @@ projects:
 		t.Fatalf("both: %d %s", a.Status, a.Body)
 	}
 	waitFor(t, "delivery", func() bool {
-		return len(e.sim.GroupIdentifies("key-web")) == 2 && len(other.GroupIdentifies("key-eu")) == 3
+		return len(e.Sim.GroupIdentifies("key-web")) == 2 && len(other.GroupIdentifies("key-eu")) == 3
 	})
-	if len(e.sim.GroupIdentifies("key-eu")) != 0 {
+	if len(e.Sim.GroupIdentifies("key-eu")) != 0 {
 		t.Fatal("the eu project's identifications went to the default host")
 	}
 }

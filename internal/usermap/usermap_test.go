@@ -1,10 +1,8 @@
 package usermap_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/url"
 	"strings"
 	"sync"
@@ -12,171 +10,41 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/valyala/fasthttp"
 
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/formreq/formreqtest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/upstream"
 	"github.com/svcrelay/relay/internal/usermap"
 )
 
-type env struct {
-	t       *testing.T
-	dir     string
-	sim     *sim.Sim
-	simURL  string
-	sp      *spool.Spool
-	u       *usermap.UserMap
-	reg     *prometheus.Registry
-	base    string
-	cfg     usermap.Config
-	creds   *credentials.Store
-	srv     *fasthttp.Server
-	cancel  context.CancelFunc
-	runDone chan error
-}
+// env is formreqtest's relay slice around a UserMap.
+type env = formreqtest.Env[*usermap.UserMap]
 
 func newEnv(t *testing.T, simCfg sim.Config, cfg usermap.Config, creds *credentials.Store) *env {
 	t.Helper()
-	e := &env{t: t, dir: t.TempDir(), cfg: cfg, creds: creds}
-	e.sim = sim.New(simCfg, nil)
-	u, err := e.sim.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.simURL = u
-	t.Cleanup(func() { e.sim.Close() })
-	e.open()
-	return e
+	return formreqtest.New(t, simCfg, spool.KindUserMap,
+		func(simURL string, sp *spool.Spool, client *upstream.Client, reg *prometheus.Registry) (*usermap.UserMap, error) {
+			if cfg.AliasURL == "" {
+				cfg.AliasURL = simURL
+			}
+			if cfg.AnalyticsURL == "" {
+				cfg.AnalyticsURL = simURL
+			}
+			if cfg.RetryInitial == 0 {
+				cfg.RetryInitial = 5 * time.Millisecond
+				cfg.RetryMax = 50 * time.Millisecond
+			}
+			return usermap.New(cfg, sp, client, creds, nil, reg)
+		})
 }
 
-func (e *env) open() {
-	t := e.t
-	sp, err := spool.Open(spool.Config{Dir: e.dir, Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.sp = sp
-	client, err := upstream.New(upstream.Config{Timeout: 5 * time.Second}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := e.cfg
-	if cfg.AliasURL == "" {
-		cfg.AliasURL = e.simURL
-	}
-	if cfg.AnalyticsURL == "" {
-		cfg.AnalyticsURL = e.simURL
-	}
-	if cfg.RetryInitial == 0 {
-		cfg.RetryInitial = 5 * time.Millisecond
-		cfg.RetryMax = 50 * time.Millisecond
-	}
-	e.reg = prometheus.NewRegistry()
-	u, err := usermap.New(cfg, sp, client, e.creds, nil, e.reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.u = u
-	routes := map[string]fasthttp.RequestHandler{}
-	for _, r := range u.Routes() {
-		routes[r.Method+" "+r.Path] = r.Handler
-	}
-	e.srv = &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
-		h := routes[string(ctx.Method())+" "+string(ctx.Path())]
-		if h == nil {
-			ctx.SetStatusCode(404)
-			return
-		}
-		h(ctx)
-	}, MaxRequestBodySize: 32 << 20}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go e.srv.Serve(ln)
-	e.base = "http://" + ln.Addr().String()
-	t.Cleanup(e.close)
-}
-
-func (e *env) run() {
-	ctx, cancel := context.WithCancel(context.Background())
-	e.cancel = cancel
-	e.runDone = make(chan error, 1)
-	go func() { e.runDone <- e.u.Run(ctx) }()
-	waitFor(e.t, "Ready", func() bool { return e.u.Ready() == nil })
-}
-
-func (e *env) close() {
-	if e.cancel != nil {
-		e.cancel()
-		if err := <-e.runDone; err != nil {
-			e.t.Errorf("Run: %v", err)
-		}
-		e.cancel = nil
-	}
-	if e.srv != nil {
-		e.srv.Shutdown()
-		e.srv = nil
-	}
-	if e.sp != nil {
-		e.sp.Close()
-		e.sp = nil
-	}
-}
-
-func (e *env) laneRecords(key string) int64 {
-	for _, l := range e.sp.Lanes() {
-		if l.Key() == (spool.LaneKey{Kind: spool.KindUserMap, APIKey: key}) {
-			return l.Stats().Records
-		}
-	}
-	return 0
-}
-
-var hc = &fasthttp.Client{}
-
-type answer struct {
-	Status int
-	Body   string
-	JSON   map[string]any
-	CT     string
-}
-
-// do sends method to u with form as the body (POST) and headers.
-func do(t *testing.T, method, u string, form url.Values, hdr ...string) answer {
-	t.Helper()
-	req := fasthttp.AcquireRequest()
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(u)
-	req.Header.SetMethod(method)
-	if form != nil {
-		req.Header.SetContentType("application/x-www-form-urlencoded")
-		req.SetBodyString(form.Encode())
-	}
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	if err := hc.DoTimeout(req, resp, 20*time.Second); err != nil {
-		t.Fatalf("%s %s: %v", method, u, err)
-	}
-	a := answer{Status: resp.StatusCode(), Body: string(resp.Body()), CT: string(resp.Header.ContentType())}
-	json.Unmarshal(resp.Body(), &a.JSON)
-	return a
-}
+type answer = formreqtest.Answer
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	formreqtest.WaitFor(t, 15*time.Second, what, cond)
 }
 
 func mappings(prefix string, n int, global string) string {
@@ -231,7 +99,7 @@ func TestValidation(t *testing.T) {
 			if strings.Contains(tc.name, "unknown project") {
 				hdr = []string{"X-Relay-Project", "nope"}
 			}
-			a := do(t, tc.method, e.base+tc.path, tc.form, hdr...)
+			a := formreqtest.Do(t, tc.method, e.Base+tc.path, tc.form, hdr...)
 			if a.Status != tc.status {
 				t.Fatalf("status %d, want %d: %s", a.Status, tc.status, a.Body)
 			}
@@ -243,12 +111,12 @@ func TestValidation(t *testing.T) {
 				n, _ := a.JSON["mappings_accepted"].(float64)
 				want += int64(n)
 			}
-			if got := e.laneRecords("k"); got != want {
+			if got := e.LaneRecords("k"); got != want {
 				t.Fatalf("spooled %d, want %d", got, want)
 			}
 		})
 	}
-	if len(e.sim.MappingReads()) != 0 {
+	if len(e.Sim.MappingReads()) != 0 {
 		t.Fatal("a locally refused read reached the upstream")
 	}
 }
@@ -257,25 +125,25 @@ func TestValidation(t *testing.T) {
 // acceptance order, across many requests, retries and splits.
 func TestOrderPerUser(t *testing.T) {
 	e := newEnv(t, sim.Config{}, usermap.Config{}, nil)
-	e.sim.FailNext(2, 503)
-	e.run()
+	e.Sim.FailNext(2, 503)
+	e.Run()
 	const users, rounds = 20, 15
 	for r := range rounds {
 		parts := make([]string, users)
 		for u := range users {
 			parts[u] = fmt.Sprintf(`{"user_id":"u%d","global_user_id":"g%d"}`, u, r)
 		}
-		if a := do(t, "POST", e.base+"/usermap", url.Values{"api_key": {"k"}, "mapping": {"[" + strings.Join(parts, ",") + "]"}}); a.Status != 200 {
+		if a := formreqtest.Do(t, "POST", e.Base+"/usermap", url.Values{"api_key": {"k"}, "mapping": {"[" + strings.Join(parts, ",") + "]"}}); a.Status != 200 {
 			t.Fatal(a.Body)
 		}
 		if r == 7 {
-			e.sim.FailNext(1, 500)
+			e.Sim.FailNext(1, 500)
 		}
 	}
-	waitFor(t, "delivery", func() bool { return len(e.sim.MappingCalls()) == users*rounds })
-	waitFor(t, "acks", func() bool { return e.laneRecords("k") == 0 })
+	waitFor(t, "delivery", func() bool { return len(e.Sim.MappingCalls()) == users*rounds })
+	waitFor(t, "acks", func() bool { return e.LaneRecords("k") == 0 })
 	next := map[string]int{}
-	for _, c := range e.sim.MappingCalls() {
+	for _, c := range e.Sim.MappingCalls() {
 		var r int
 		fmt.Sscanf(c.GlobalUserID, "g%d", &r)
 		if r != next[c.UserID] {
@@ -284,7 +152,7 @@ func TestOrderPerUser(t *testing.T) {
 		next[c.UserID]++
 	}
 	for u := range users {
-		if g, _ := e.sim.MappedTo("k", fmt.Sprint("u", u)); g != fmt.Sprint("g", rounds-1) {
+		if g, _ := e.Sim.MappedTo("k", fmt.Sprint("u", u)); g != fmt.Sprint("g", rounds-1) {
 			t.Fatalf("u%d mapped to %q", u, g)
 		}
 	}
@@ -316,11 +184,11 @@ func TestPace(t *testing.T) {
 	}
 	const limit, window = 100, 400 * time.Millisecond
 	e := newEnv(t, sim.Config{}, usermap.Config{RateLimit: limit, RateWindow: window}, creds)
-	e.sim.SetUserMapRate(limit, window)
-	e.sim.SetUserMapOrg("key-web", "acme")
-	e.sim.SetUserMapOrg("key-app", "acme")
-	e.sim.SetLatency(2 * time.Millisecond)
-	e.run()
+	e.Sim.SetUserMapRate(limit, window)
+	e.Sim.SetUserMapOrg("key-web", "acme")
+	e.Sim.SetUserMapOrg("key-app", "acme")
+	e.Sim.SetLatency(2 * time.Millisecond)
+	e.Run()
 	start := time.Now()
 	var wg sync.WaitGroup
 	for i, key := range []string{"key-web", "key-app", "key-web", "key-app", "other"} {
@@ -328,7 +196,7 @@ func TestPace(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for j := range 3 {
-				if a := do(t, "POST", e.base+"/usermap", url.Values{"api_key": {key}, "mapping": {mappings(fmt.Sprintf("c%d-%d-", i, j), 30, "g")}}); a.Status != 200 {
+				if a := formreqtest.Do(t, "POST", e.Base+"/usermap", url.Values{"api_key": {key}, "mapping": {mappings(fmt.Sprintf("c%d-%d-", i, j), 30, "g")}}); a.Status != 200 {
 					t.Error(a.Body)
 				}
 			}
@@ -336,14 +204,14 @@ func TestPace(t *testing.T) {
 	}
 	wg.Wait()
 	const total = 5 * 3 * 30 // 360 for acme, 90 for "other"
-	waitFor(t, "delivery", func() bool { return len(e.sim.MappingCalls()) == total })
+	waitFor(t, "delivery", func() bool { return len(e.Sim.MappingCalls()) == total })
 	elapsed := time.Since(start)
-	batches := e.sim.MappingBatches()
+	batches := e.Sim.MappingBatches()
 	if got := sim.MaxWindowCount(batches, window); got > limit {
 		t.Fatalf("%d mapping calls within one %v window, limit %d", got, window, limit)
 	}
-	if e.sim.MappingThrottled() != 0 {
-		t.Fatalf("%d requests throttled", e.sim.MappingThrottled())
+	if e.Sim.MappingThrottled() != 0 {
+		t.Fatalf("%d requests throttled", e.Sim.MappingThrottled())
 	}
 	// acme's 360 calls need at least 3 full windows after the first 100.
 	if elapsed < 3*window {
@@ -362,25 +230,25 @@ func TestPace(t *testing.T) {
 func TestThrottled429(t *testing.T) {
 	const window = 300 * time.Millisecond
 	e := newEnv(t, sim.Config{}, usermap.Config{RateLimit: 40, RateWindow: window, MaxRetryAfter: time.Second}, nil)
-	e.sim.SetUserMapRate(40, window)
+	e.Sim.SetUserMapRate(40, window)
 	for j := range 3 {
-		if a := do(t, "POST", e.base+"/usermap", url.Values{"api_key": {"k"}, "mapping": {mappings(fmt.Sprintf("r%d-", j), 20, "g")}}); a.Status != 200 {
+		if a := formreqtest.Do(t, "POST", e.Base+"/usermap", url.Values{"api_key": {"k"}, "mapping": {mappings(fmt.Sprintf("r%d-", j), 20, "g")}}); a.Status != 200 {
 			t.Fatal(a.Body)
 		}
 	}
 	// The other client takes the whole window just before the relay starts.
-	if a := do(t, "POST", e.simURL+"/usermap", url.Values{"api_key": {"k"}, "mapping": {mappings("other", 40, "g")}}); a.Status != 200 {
+	if a := formreqtest.Do(t, "POST", e.SimURL+"/usermap", url.Values{"api_key": {"k"}, "mapping": {mappings("other", 40, "g")}}); a.Status != 200 {
 		t.Fatal(a.Body)
 	}
-	e.run()
-	waitFor(t, "delivery", func() bool { return len(e.sim.MappingCalls()) == 100 })
-	waitFor(t, "acks", func() bool { return e.laneRecords("k") == 0 })
-	if e.sim.MappingThrottled() == 0 {
+	e.Run()
+	waitFor(t, "delivery", func() bool { return len(e.Sim.MappingCalls()) == 100 })
+	waitFor(t, "acks", func() bool { return e.LaneRecords("k") == 0 })
+	if e.Sim.MappingThrottled() == 0 {
 		t.Fatal("expected 429s")
 	}
 	seen := map[string]bool{}
 	var order []string
-	for _, c := range e.sim.MappingCalls()[40:] {
+	for _, c := range e.Sim.MappingCalls()[40:] {
 		if seen[c.UserID] {
 			t.Fatalf("%s delivered twice", c.UserID)
 		}
@@ -392,7 +260,7 @@ func TestThrottled429(t *testing.T) {
 			t.Fatalf("position %d: %s, want %s", i, u, want)
 		}
 	}
-	dead, _ := e.sp.ListDead(spool.DeadFilter{}, 0, 0)
+	dead, _ := e.Spool.ListDead(spool.DeadFilter{}, 0, 0)
 	if len(dead) != 0 {
 		t.Fatalf("%d dead letters", len(dead))
 	}
@@ -403,29 +271,29 @@ func TestThrottled429(t *testing.T) {
 // and are delivered exactly once after reopening.
 func TestDeadLetterAndDurability(t *testing.T) {
 	e := newEnv(t, sim.Config{}, usermap.Config{}, nil)
-	e.sim.RejectUserID("m13")
+	e.Sim.RejectUserID("m13")
 	for j := range 3 {
-		if a := do(t, "POST", e.base+"/usermap", url.Values{"api_key": {"k"}, "mapping": {mappings(fmt.Sprintf("m%d", j), 10, "g")}}); a.Status != 200 {
+		if a := formreqtest.Do(t, "POST", e.Base+"/usermap", url.Values{"api_key": {"k"}, "mapping": {mappings(fmt.Sprintf("m%d", j), 10, "g")}}); a.Status != 200 {
 			t.Fatal(a.Body)
 		}
 	}
-	e.close()
-	e.open()
-	e.run()
-	waitFor(t, "acks", func() bool { return e.laneRecords("k") == 0 })
-	calls := e.sim.MappingCalls()
+	e.Close()
+	e.Open()
+	e.Run()
+	waitFor(t, "acks", func() bool { return e.LaneRecords("k") == 0 })
+	calls := e.Sim.MappingCalls()
 	if len(calls) != 29 {
 		t.Fatalf("delivered %d, want 29", len(calls))
 	}
-	dead, _ := e.sp.ListDead(spool.DeadFilter{Reason: "bad_request"}, 0, 0)
+	dead, _ := e.Spool.ListDead(spool.DeadFilter{Reason: "bad_request"}, 0, 0)
 	if len(dead) != 1 || !strings.Contains(string(dead[0].Record.Data), `"m13"`) || string(dead[0].Record.UserID) != "m13" {
 		t.Fatalf("dead letters %+v", dead)
 	}
-	e.close()
-	e.open()
-	e.run()
+	e.Close()
+	e.Open()
+	e.Run()
 	time.Sleep(150 * time.Millisecond)
-	if n := len(e.sim.MappingCalls()); n != 29 {
+	if n := len(e.Sim.MappingCalls()); n != 29 {
 		t.Fatalf("after another restart %d delivered", n)
 	}
 }
@@ -439,13 +307,13 @@ func TestForwardRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := newEnv(t, sim.Config{}, usermap.Config{}, creds)
-	e.sim.SetSecretKey("key-web", "secret-web")
-	e.sim.SetUserMapOrg("key-web", "acme")
-	e.run()
-	if a := do(t, "POST", e.base+"/usermap", url.Values{"api_key": {"key-web"}, "mapping": {`[{"user_id":"alice","global_user_id":"G"}]`}}); a.Status != 200 {
+	e.Sim.SetSecretKey("key-web", "secret-web")
+	e.Sim.SetUserMapOrg("key-web", "acme")
+	e.Run()
+	if a := formreqtest.Do(t, "POST", e.Base+"/usermap", url.Values{"api_key": {"key-web"}, "mapping": {`[{"user_id":"alice","global_user_id":"G"}]`}}); a.Status != 200 {
 		t.Fatal(a.Body)
 	}
-	waitFor(t, "delivery", func() bool { return len(e.sim.MappingCalls()) == 1 })
+	waitFor(t, "delivery", func() bool { return len(e.Sim.MappingCalls()) == 1 })
 
 	q := "/api/2/usermap?user_ids=" + url.QueryEscape(`["alice","G","nobody"]`)
 	check := func(a answer) {
@@ -469,15 +337,15 @@ func TestForwardRead(t *testing.T) {
 		return "Basic " + encodeBase64(u+":"+p)
 	}
 	// Pass-through: the caller's Authorization, admin token in Proxy-Authorization.
-	check(do(t, "GET", e.base+q, nil, "Authorization", basic("key-web", "secret-web"),
+	check(formreqtest.Do(t, "GET", e.Base+q, nil, "Authorization", basic("key-web", "secret-web"),
 		"Proxy-Authorization", "Bearer admintoken", "Cookie", "c=1"))
 	// Wrong caller credentials: the upstream's 401 is passed back.
-	if a := do(t, "GET", e.base+q, nil, "Authorization", basic("key-web", "wrong")); a.Status != 401 || !strings.Contains(a.Body, "Invalid credentials") {
+	if a := formreqtest.Do(t, "GET", e.Base+q, nil, "Authorization", basic("key-web", "wrong")); a.Status != 401 || !strings.Contains(a.Body, "Invalid credentials") {
 		t.Fatalf("wrong secret: %d %s", a.Status, a.Body)
 	}
 	// Injected: X-Relay-Project names the project; the Bearer (admin token) is replaced.
-	check(do(t, "GET", e.base+q, nil, "X-Relay-Project", "web", "Authorization", "Bearer admintoken"))
-	reads := e.sim.MappingReads()
+	check(formreqtest.Do(t, "GET", e.Base+q, nil, "X-Relay-Project", "web", "Authorization", "Bearer admintoken"))
+	reads := e.Sim.MappingReads()
 	if len(reads) != 3 {
 		t.Fatalf("%d reads at the upstream", len(reads))
 	}
@@ -496,8 +364,8 @@ func TestForwardRead(t *testing.T) {
 		}
 	}
 	// The upstream unreachable: 502.
-	e.sim.Close()
-	if a := do(t, "GET", e.base+q, nil, "X-Relay-Project", "web"); a.Status != 502 {
+	e.Sim.Close()
+	if a := formreqtest.Do(t, "GET", e.Base+q, nil, "X-Relay-Project", "web"); a.Status != 502 {
 		t.Fatalf("upstream down: %d", a.Status)
 	}
 }
@@ -509,19 +377,19 @@ func TestProjectKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := newEnv(t, sim.Config{}, usermap.Config{}, creds)
-	e.sim.SetUserMapOrg("key-app", "acme")
-	e.run()
-	if a := do(t, "POST", e.base+"/usermap", url.Values{"mapping": {`{"user_id":"bob","global_user_id":"B"}`}}, "X-Relay-Project", "app"); a.Status != 200 {
+	e.Sim.SetUserMapOrg("key-app", "acme")
+	e.Run()
+	if a := formreqtest.Do(t, "POST", e.Base+"/usermap", url.Values{"mapping": {`{"user_id":"bob","global_user_id":"B"}`}}, "X-Relay-Project", "app"); a.Status != 200 {
 		t.Fatal(a.Body)
 	}
-	if a := do(t, "POST", e.base+"/usermap", url.Values{"mapping": {`{"user_id":"bob","global_user_id":"B"}`}}, "X-Relay-Project", "nope"); a.Status != 400 {
+	if a := formreqtest.Do(t, "POST", e.Base+"/usermap", url.Values{"mapping": {`{"user_id":"bob","global_user_id":"B"}`}}, "X-Relay-Project", "nope"); a.Status != 400 {
 		t.Fatal(a.Body)
 	}
-	if a := do(t, "POST", e.base+"/usermap", url.Values{"api_key": {"k"}, "mapping": {`{"user_id":"bob","global_user_id":"B"}`}}, "X-Relay-Project", "app"); a.Status != 400 {
+	if a := formreqtest.Do(t, "POST", e.Base+"/usermap", url.Values{"api_key": {"k"}, "mapping": {`{"user_id":"bob","global_user_id":"B"}`}}, "X-Relay-Project", "app"); a.Status != 400 {
 		t.Fatal(a.Body)
 	}
-	waitFor(t, "delivery", func() bool { g, ok := e.sim.MappedTo("key-app", "bob"); return ok && g == "B" })
-	if n := len(e.sim.MappingCalls()); n != 1 {
+	waitFor(t, "delivery", func() bool { g, ok := e.Sim.MappedTo("key-app", "bob"); return ok && g == "B" })
+	if n := len(e.Sim.MappingCalls()); n != 1 {
 		t.Fatalf("%d calls", n)
 	}
 }
