@@ -62,7 +62,7 @@ func newAPI(t testing.TB, upstream string, maxWait time.Duration) *API {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(Config{URL: upstream, MaxWait: maxWait}, testCreds(t), fwd, nil, nil)
+	a, err := New(Config{URL: upstream, MaxWait: maxWait}, forwardtest.WebCreds(t), fwd, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,7 @@ func TestHelperRelayProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(Config{URL: up}, testCreds(t), fwd, nil, nil)
+	a, err := New(Config{URL: up}, forwardtest.WebCreds(t), fwd, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,7 +34,7 @@ func TestSlowCallerOutlivesWriteTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	fwd, _ := forward.New(forward.Config{}, nil, nil)
-	a, _ := New(Config{URL: up, WriteIdleTimeout: 400 * time.Millisecond}, testCreds(t), fwd, nil, nil)
+	a, _ := New(Config{URL: up, WriteIdleTimeout: 400 * time.Millisecond}, forwardtest.WebCreds(t), fwd, nil, nil)
 	admin.Register(a.Routes()...)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -101,7 +101,7 @@ func FuzzCheckRequest(f *testing.F) {
 func TestFeedbackThroughRelay(t *testing.T) {
 	_, up := forwardtest.StartSim(t, sim.Config{})
 	fwd, _ := forward.New(forward.Config{}, nil, nil)
-	a, err := New(Config{URL: up}, testCreds(t), fwd, nil, nil)
+	a, err := New(Config{URL: up}, forwardtest.WebCreds(t), fwd, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

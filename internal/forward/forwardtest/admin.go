@@ -107,3 +107,19 @@ func Call(t testing.TB, method, url string, body io.Reader, hdr ...string) Answe
 	}
 	return Answer{resp.StatusCode, b, resp.Header}
 }
+
+// WebCredsYAML is a credentials file of one project, "web" (api_key "proj",
+// secret_key "proj-secret"), in no organization: the ServeAdmin tests'
+// usual credentials.
+const WebCredsYAML = `
+projects:
+  - name: web
+    api_key: "proj"
+    secret_key: "proj-secret"
+`
+
+// WebCreds parses WebCredsYAML.
+func WebCreds(t testing.TB) *credentials.Store {
+	t.Helper()
+	return ParseCreds(t, WebCredsYAML)
+}
