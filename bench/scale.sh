@@ -19,12 +19,16 @@ N=10000000
 SYNC=always
 LANES=100
 DURATION=10
+DATA=""
+BUILD_ONLY=0
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--events) N="$2"; shift 2 ;;
 	--sync) SYNC="$2"; shift 2 ;;
 	--lanes) LANES="$2"; shift 2 ;;
 	--duration) DURATION="$2"; shift 2 ;;
+	--data) DATA="$2"; shift 2 ;;     # keep the spool in DIR (not removed at exit)
+	--build-only) BUILD_ONLY=1; shift ;; # backlog: stop after building it (use with --data)
 	*) echo "scale.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
@@ -32,6 +36,7 @@ case "$MODE" in backlog | lanes) ;; *) sed -n '2,15p' "$0"; exit 2 ;; esac
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 TMP="$(mktemp -d /tmp/relay-scale.XXXXXX)"
+[ -z "$DATA" ] && DATA="$TMP/data"
 PIDS=()
 cleanup() {
 	for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
@@ -58,7 +63,7 @@ PORT=$((20000 + RANDOM % 20000))
 APORT=$((PORT + 1))
 RPID=""
 start_relay() { # logname
-	"$TMP/relay" --sync "$SYNC" --ingest-url "http://$SINK" --data-dir "$TMP/data" \
+	"$TMP/relay" --sync "$SYNC" --ingest-url "http://$SINK" --data-dir "$DATA" \
 		--listen "127.0.0.1:$PORT" --admin-listen "127.0.0.1:$APORT" --log-level warn >>"$TMP/$1.log" 2>&1 &
 	RPID=$!
 	PIDS+=("$RPID")
@@ -78,8 +83,10 @@ stop_relay() {
 	wait "$RPID" 2>/dev/null || true
 }
 status_kb() { awk -v k="$2:" '$1==k{print $2}' "/proc/$1/status"; }
+# rss PID: resident MiB, and its anonymous / file-backed (bbolt mmap) parts.
+rss() { echo "$(mib "$(status_kb "$1" VmRSS)") MiB (anon $(mib "$(status_kb "$1" RssAnon)"), file $(mib "$(status_kb "$1" RssFile)"))"; }
 mib() { awk -v k="$1" 'BEGIN{printf "%.0f", k/1024}'; }
-du_mb() { du -sm "$TMP/data" | cut -f1; }
+du_mb() { du -sm "$DATA" | cut -f1; }
 
 echo "scale.sh $MODE: $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -104,7 +111,7 @@ curl -s -o /dev/null -X POST "http://$SINK/down?on=1"
 start_relay build
 wait_ready
 sleep 1
-rss_empty=$(status_kb "$RPID" VmRSS)
+rss_empty=$(rss "$RPID")
 REQS=$(((N + 999) / 1000))
 log "building a backlog of $((REQS * 1000)) events (upstream down)"
 t0=$(now_ns)
@@ -116,13 +123,14 @@ avg=$(kv avg_event_bytes "$out")
 raw_mb=$(awk -v n="$accepted" -v a="$avg" 'BEGIN{printf "%.0f", n*a/1e6}')
 echo "build: accepted=$accepted in $(awk -v d=$((t1 - t0)) 'BEGIN{printf "%.1f", d/1e9}')s ($(kv events_s "$out") events/s, p99 $(kv p99_ms "$out") ms, errors $(kv errors "$out")); raw event bytes ${raw_mb} MB (avg ${avg} B/event)"
 sleep 2
-rss_backlog=$(status_kb "$RPID" VmRSS)
+rss_backlog=$(rss "$RPID")
 hwm_build=$(status_kb "$RPID" VmHWM)
-echo "rss: empty $(mib "$rss_empty") MiB, with backlog (idle) $(mib "$rss_backlog") MiB, peak while building $(mib "$hwm_build") MiB"
+echo "rss: empty $rss_empty, with backlog (idle) $rss_backlog, peak while building $(mib "$hwm_build") MiB"
 echo "spool: $(du_mb) MB on disk with the backlog (raw event bytes ${raw_mb} MB: $(awk -v d="$(du_mb)" -v r="$raw_mb" 'BEGIN{printf "%.2f", d/r}')x); sink refused $(sink_stat refused) requests"
 ts=$(now_ns)
 stop_relay
 echo "stop with backlog: $(awk -v d=$(($(now_ns) - ts)) 'BEGIN{printf "%.2f", d/1e9}')s"
+[ "$BUILD_ONLY" = 1 ] && exit 0
 
 curl -s -o /dev/null -X POST "http://$SINK/reset"
 curl -s -o /dev/null -X POST "http://$SINK/down?on=0"
@@ -131,10 +139,10 @@ ts=$(now_ns)
 start_relay restart
 wait_ready
 tr=$(now_ns)
-rss_ready=$(status_kb "$RPID" VmRSS)
+rss_ready=$(rss "$RPID")
 for i in $(seq 1 2000); do [ "$(sink_stat first_ns)" != 0 ] && break; sleep 0.005; done
 first=$(sink_stat first_ns)
-echo "restart: ready after $(awk -v d=$((tr - ts)) 'BEGIN{printf "%.3f", d/1e9}')s, first delivery after $(awk -v d=$((first - ts)) 'BEGIN{printf "%.3f", d/1e9}')s; rss when ready $(mib "$rss_ready") MiB"
+echo "restart: ready after $(awk -v d=$((tr - ts)) 'BEGIN{printf "%.3f", d/1e9}')s, first delivery after $(awk -v d=$((first - ts)) 'BEGIN{printf "%.3f", d/1e9}')s; rss when ready $rss_ready"
 limit=$((N / 50000 + 120))
 t_end=$(($(date +%s) + limit))
 du_peak=0
@@ -144,10 +152,10 @@ while [ "$(sink_stat counted)" -lt "$accepted" ] && [ "$(date +%s)" -lt "$t_end"
 	sleep 1
 done
 c=$(sink_stat counted); f=$(sink_stat first_ns); l=$(sink_stat last_ns)
-echo "drain: $c of $accepted delivered in $(awk -v d=$((l - f)) 'BEGIN{printf "%.1f", d/1e9}')s: $(awk -v n="$c" -v d=$((l - f)) 'BEGIN{printf "%.0f", n/(d/1e9)}') events/s; peak RSS while draining $(mib "$(status_kb "$RPID" VmHWM)") MiB; $(curl -s "http://127.0.0.1:$APORT/metrics" | grep -E '^relay_delivery_events_delivered_total' || true)"
+echo "drain: $c of $accepted delivered in $(awk -v d=$((l - f)) 'BEGIN{printf "%.1f", d/1e9}')s: $(awk -v n="$c" -v d=$((l - f)) 'BEGIN{printf "%.0f", n/(d/1e9)}') events/s; peak RSS while draining $(mib "$(status_kb "$RPID" VmHWM)") MiB, now $(rss "$RPID"); $(curl -s "http://127.0.0.1:$APORT/metrics" | grep -E '^relay_delivery_events_delivered_total' || true)"
 for i in 0 5 10 15 20 25 30; do
 	[ "$i" -gt 0 ] && sleep 5
-	echo "spool after drain (+${i}s): $(du_mb) MB; rss $(mib "$(status_kb "$RPID" VmRSS)") MiB"
+	echo "spool after drain (+${i}s): $(du_mb) MB; rss $(rss "$RPID")"
 	[ "$(du_mb)" -lt 50 ] && break
 done
 stop_relay
