@@ -160,16 +160,25 @@ start_target() { # name run
 	TURL="http://127.0.0.1:$port/2/httpapi"
 	case "$1" in
 	always | none)
-		local aport
-		aport=$(free_port)
-		ADMIN="http://127.0.0.1:$aport"
-		rm -rf "$TMP/data"
-		"$TMP/relay" --sync "$1" --ingest-url "http://$SINK" --data-dir "$TMP/data" \
-			--listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$aport" --log-level warn \
-			>"$TMP/relay-$1-$2.log" 2>&1 &
-		TPID=$!
-		PIDS+=("$TPID")
-		wait_http "$ADMIN/readyz" 20
+		local aport attempt
+		for attempt in 1 2 3; do
+			aport=$(free_port)
+			while [ "$aport" = "$port" ]; do aport=$(free_port); done
+			ADMIN="http://127.0.0.1:$aport"
+			rm -rf "$TMP/data"
+			"$TMP/relay" --sync "$1" --ingest-url "http://$SINK" --data-dir "$TMP/data" \
+				--listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$aport" --log-level warn \
+				>"$TMP/relay-$1-$2.log" 2>&1 &
+			TPID=$!
+			PIDS+=("$TPID")
+			wait_http "$ADMIN/readyz" 20 && break
+			log "relay did not start (attempt $attempt); its log:"
+			tail -5 "$TMP/relay-$1-$2.log" >&2
+			stop_target
+			[ "$attempt" = 3 ] && exit 1
+			port=$(free_port)
+			TURL="http://127.0.0.1:$port/2/httpapi"
+		done
 		;;
 	nginx)
 		ADMIN=""
