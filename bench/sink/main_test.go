@@ -1,0 +1,50 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+func TestSinkCountsAndLag(t *testing.T) {
+	s := &sink{lagOn: true}
+	now := time.Now().UnixMicro()
+	body := `{"api_key":"k","events":[{"event_type":"a","event_properties":{"sent_us":` +
+		itoa(now-5000) + `}},{"event_type":"b","event_properties":{"sent_us":` + itoa(now-1000) + `}},{"event_type":"c"}]}`
+	var ctx fasthttp.RequestCtx
+	ctx.Request.SetRequestURI("/2/httpapi")
+	ctx.Request.Header.SetMethod("POST")
+	ctx.Request.SetBodyString(body)
+	s.handle(&ctx)
+	if ctx.Response.StatusCode() != 200 || !strings.Contains(string(ctx.Response.Body()), `"events_ingested":3`) {
+		t.Fatalf("answer %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
+	}
+	if s.counted.Load() != 3 || s.lag.Count() != 2 {
+		t.Fatalf("counted %d, lag samples %d; want 3, 2", s.counted.Load(), s.lag.Count())
+	}
+	if m := s.lag.Max(); m < 5000 || m > 5000+uint64(time.Minute/time.Microsecond) {
+		t.Fatalf("max lag %d us, want >= 5000", m)
+	}
+
+	s.down.Store(true)
+	var down fasthttp.RequestCtx
+	down.Request.SetRequestURI("/2/httpapi")
+	down.Request.SetBodyString(body)
+	s.handle(&down)
+	if down.Response.StatusCode() != 503 || s.counted.Load() != 3 {
+		t.Fatalf("down: status %d, counted %d", down.Response.StatusCode(), s.counted.Load())
+	}
+}
+
+func itoa(v int64) string {
+	var b [20]byte
+	i := len(b)
+	for v > 0 {
+		i--
+		b[i] = byte('0' + v%10)
+		v /= 10
+	}
+	return string(b[i:])
+}
