@@ -7,8 +7,14 @@
 //
 // # File
 //
-// Dir/spool.db is a bbolt file (map freelist, freelist not synced: Open
-// rebuilds it by a scan of the file). Buckets:
+// Dir/spool.db is a bbolt file with a map freelist. The freelist is written
+// by every commit while it is small (maxSyncedFreePages) and by Close;
+// otherwise (while a large backlog drains) commits skip it and the next Open
+// rebuilds it by checking every page of the file (about 1 s per 5 GB here),
+// so that a restart with a backlog on disk, clean or after a crash, is
+// usually a read of a few pages. The mapping's pages are advised (see
+// advise.go): read-ahead for what a reader is about to copy, and dropped
+// from the RSS once read. Buckets:
 //
 //	meta    format version; dead-letter count and bytes
 //	lanes   8-byte big-endian lane id -> LaneKey + next seq and the live
