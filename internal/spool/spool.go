@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -251,6 +252,14 @@ type Lane struct {
 
 	// Reader (Next) only.
 	readSeq uint64
+	raw     []rawChunk // scratch of read
+	adv     spans      // scratch of read
+}
+
+// rawChunk is a chunk as it lies in the mapping, inside a read transaction.
+type rawChunk struct {
+	seq uint64
+	v   []byte
 }
 
 func newLane(s *Spool, id uint64, key LaneKey, st laneState) *Lane {
@@ -348,22 +357,40 @@ func (l *Lane) read(maxBytes int, next uint64) ([]Chunk, error) {
 		if b == nil {
 			return fmt.Errorf("lane %s: queue bucket missing: %w", l.label, errCorrupt)
 		}
+		raw := l.raw[:0]
 		c := b.Cursor()
 		for k, v := c.Seek(seqKey(l.readSeq)); k != nil; k, v = c.Next() {
 			seq := binary.BigEndian.Uint64(k)
 			if seq >= next {
 				break
 			}
-			if len(out) > 0 && (maxBytes <= 0 || total+len(v) > maxBytes) {
+			if len(raw) > 0 && (maxBytes <= 0 || total+len(v) > maxBytes) {
 				break
 			}
-			buf := make([]byte, len(v))
-			copy(buf, v)
-			out = append(out, Chunk{})
-			if err := decodeChunk(seq, buf, &out[len(out)-1]); err != nil {
-				return fmt.Errorf("lane %s chunk %d: %w", l.label, seq, err)
-			}
+			raw = append(raw, rawChunk{seq, v})
 			total += len(v)
+		}
+		l.raw = raw[:0]
+		defer clear(raw) // no references into the mapping outlive tx
+		if len(raw) == 0 {
+			return nil
+		}
+		// Ask for all the pages at once (see advise.go), copy, then drop
+		// them from the RSS.
+		m := mapping(s.db, tx)
+		l.adv = l.adv[:0]
+		for _, r := range raw {
+			l.adv.add(m, r.v)
+		}
+		l.adv.advise(m, syscall.MADV_WILLNEED)
+		defer l.adv.advise(m, syscall.MADV_DONTNEED)
+		out = make([]Chunk, len(raw))
+		for i, r := range raw {
+			buf := make([]byte, len(r.v))
+			copy(buf, r.v)
+			if err := decodeChunk(r.seq, buf, &out[i]); err != nil {
+				return fmt.Errorf("lane %s chunk %d: %w", l.label, r.seq, err)
+			}
 		}
 		return nil
 	})

@@ -1,0 +1,64 @@
+package spool
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// rssFileKiB is the process's file-backed resident memory (the bbolt
+// mapping's pages among it).
+func rssFileKiB(t *testing.T) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Skip("no /proc/self/status")
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "RssFile:" {
+			n, _ := strconv.ParseInt(f[1], 10, 64)
+			return n
+		}
+	}
+	t.Skip("no RssFile in /proc/self/status")
+	return 0
+}
+
+// TestReadDropsPages checks that reading a backlog does not leave its pages
+// in the process's RSS (advise.go): 64 MiB read through the mapping, and
+// the file-backed RSS grows by a small fraction of it.
+func TestReadDropsPages(t *testing.T) {
+	ctx := context.Background()
+	s := openTest(t, Config{Dir: t.TempDir(), Sync: SyncNone, CompactMinFileBytes: -1})
+	l := mustLane(t, s, testKey(1))
+	var b Batch
+	const chunks, perChunk, pad = 128, 100, 5000 // ~64 MiB
+	for i := range chunks {
+		b.Reset()
+		for j := range perChunk {
+			b.Add(rec(1, i*perChunk+j, pad))
+		}
+		if err := s.Append(ctx, l, &b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := rssFileKiB(t)
+	n := 0
+	for n < chunks*perChunk {
+		for _, c := range nextT(t, l, 4<<20) {
+			for _, r := range c.Records {
+				if _, id := recID(r); id != n {
+					t.Fatalf("record %d is %d", n, id)
+				}
+				n++
+			}
+		}
+	}
+	grew := rssFileKiB(t) - before
+	t.Logf("read %d MiB; file-backed RSS grew %d KiB", chunks*perChunk*pad>>20, grew)
+	if grew > 16<<10 {
+		t.Fatalf("file-backed RSS grew %d KiB while reading %d MiB", grew, chunks*perChunk*pad>>20)
+	}
+}
