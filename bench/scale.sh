@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # bench/scale.sh: the relay's scale scenarios (not part of CI; bounded, 127.0.0.1 only).
 #
-#   bench/scale.sh backlog [--events N] [--sync always|none]
+#   bench/scale.sh backlog [--events N] [--sync always|none] [--stop term|kill]
 #       Build an N-event backlog (default 10,000,000; 1000-event requests,
 #       32 connections) while the upstream (bench/sink) answers 503, then stop
-#       the relay (SIGTERM), bring the upstream up and restart the relay on the
+#       the relay (SIGTERM, or SIGKILL with --stop kill), bring the upstream up and restart the relay on the
 #       backlog: time to /readyz 200 and to the first delivery, the drain rate,
 #       RSS empty vs with the backlog, spool disk use vs the raw event bytes,
 #       and after the drain.
@@ -21,6 +21,7 @@ LANES=100
 DURATION=10
 DATA=""
 BUILD_ONLY=0
+STOP=term
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--events) N="$2"; shift 2 ;;
@@ -29,10 +30,12 @@ while [ $# -gt 0 ]; do
 	--duration) DURATION="$2"; shift 2 ;;
 	--data) DATA="$2"; shift 2 ;;     # keep the spool in DIR (not removed at exit)
 	--build-only) BUILD_ONLY=1; shift ;; # backlog: stop after building it (use with --data)
+	--stop) STOP="$2"; shift 2 ;;      # backlog: how the relay is stopped with the backlog: term or kill
 	*) echo "scale.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
 case "$MODE" in backlog | lanes) ;; *) sed -n '2,15p' "$0"; exit 2 ;; esac
+case "$STOP" in term | kill) ;; *) echo "scale.sh: --stop term|kill" >&2; exit 2 ;; esac
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 TMP="$(mktemp -d /tmp/relay-scale.XXXXXX)"
@@ -76,8 +79,8 @@ wait_ready() {
 	echo "scale.sh: relay not ready" >&2
 	return 1
 }
-stop_relay() {
-	kill "$RPID" 2>/dev/null || true
+stop_relay() { # [signal]
+	kill -"${1:-TERM}" "$RPID" 2>/dev/null || true
 	for i in $(seq 1 600); do kill -0 "$RPID" 2>/dev/null || break; sleep 0.05; done
 	kill -9 "$RPID" 2>/dev/null || true
 	wait "$RPID" 2>/dev/null || true
@@ -128,8 +131,8 @@ hwm_build=$(status_kb "$RPID" VmHWM)
 echo "rss: empty $rss_empty, with backlog (idle) $rss_backlog, peak while building $(mib "$hwm_build") MiB"
 echo "spool: $(du_mb) MB on disk with the backlog (raw event bytes ${raw_mb} MB: $(awk -v d="$(du_mb)" -v r="$raw_mb" 'BEGIN{printf "%.2f", d/r}')x); sink refused $(sink_stat refused) requests"
 ts=$(now_ns)
-stop_relay
-echo "stop with backlog: $(awk -v d=$(($(now_ns) - ts)) 'BEGIN{printf "%.2f", d/1e9}')s"
+stop_relay "$([ "$STOP" = kill ] && echo KILL || echo TERM)"
+echo "stop ($STOP) with backlog: $(awk -v d=$(($(now_ns) - ts)) 'BEGIN{printf "%.2f", d/1e9}')s"
 [ "$BUILD_ONLY" = 1 ] && exit 0
 
 curl -s -o /dev/null -X POST "http://$SINK/reset"
