@@ -8,9 +8,9 @@
 // # File
 //
 // Dir/spool.db is a bbolt file with a map freelist. The freelist is written
-// by every commit while it is small (maxSyncedFreePages) and by Close;
-// otherwise (while a large backlog drains) commits skip it and the next Open
-// rebuilds it by checking every page of the file (about 1 s per 5 GB here),
+// by every commit while it is small next to what the commit writes
+// (keepFreelist) and by Close; otherwise (while a large backlog drains)
+// commits skip it and the next Open rebuilds it by checking every page of the file (about 1 s per 5 GB here),
 // so that a restart with a backlog on disk, clean or after a crash, is
 // usually a read of a few pages. The mapping's pages are advised (see
 // advise.go): read-ahead for what a reader is about to copy, and dropped

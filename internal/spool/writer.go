@@ -133,18 +133,26 @@ func (s *Spool) run() {
 // acked chunks' headers) would otherwise stay resident.
 const trimInterval = time.Second
 
-// maxSyncedFreePages bounds the freelist that commits write: up to this many
-// free pages (16 KiB of page ids at 4 KiB pages, a few pages per commit) the
-// freelist is part of every commit, so that Open — after a crash too — reads
-// it instead of rebuilding it by checking every page of the file (about
-// 1 s per 5 GB here). Above it (while a big backlog drains) commits skip it
-// and Open falls back to the scan; the clean Close writes it anyway.
-const maxSyncedFreePages = 2048
+// A commit writes the freelist when its page ids (8 bytes each) take at most
+// freelistMinBytes or 1/freelistShare of the chunk bytes the commit writes,
+// so that Open — after a crash too — reads it instead of rebuilding it by
+// checking every page of the file (about 1 s per 5 GB here). Appending big
+// chunks leaves a fragmented freelist (bbolt rewrites the tail leaf, with
+// up to three earlier chunks, on every append: ~4,400 free pages after a
+// 1M-event build of 1000-event chunks), which the share keeps writing at a
+// few percent of the commit; a drain (acks, no appends) frees far more, and
+// then commits skip the freelist and a crash costs the scan. The clean
+// Close writes it anyway.
+const (
+	freelistMinBytes = 16 << 10
+	freelistShare    = 8
+)
 
-// keepFreelist reports whether the next commit should write the freelist.
-func (s *Spool) keepFreelist() bool {
+// keepFreelist reports whether a commit writing written chunk bytes should
+// write the freelist.
+func (s *Spool) keepFreelist(written int) bool {
 	st := s.db.Stats()
-	return st.FreePageN+st.PendingPageN <= maxSyncedFreePages
+	return (st.FreePageN+st.PendingPageN)*8 <= max(freelistMinBytes, written/freelistShare)
 }
 
 // persistFreelist commits the freelist once more, whatever its size, so that
@@ -376,7 +384,11 @@ func (s *Spool) apply(ops []*op, acks []ackOp) (records int, err error) {
 			return 0, err
 		}
 	}
-	s.db.NoFreelistSync = !s.keepFreelist()
+	written := 0
+	for _, o := range ops {
+		written += o.size()
+	}
+	s.db.NoFreelistSync = !s.keepFreelist(written)
 	if err = tx.Commit(); err != nil {
 		return 0, err
 	}
