@@ -64,6 +64,7 @@ type writerState struct {
 
 	compactFailed time.Time
 	trimmed       time.Time // last trimMapping
+	freelistStale bool      // the last commit did not write the freelist
 }
 
 // diskCheckEvery is how long a statfs result is trusted (bytes appended
@@ -155,8 +156,29 @@ func (s *Spool) keepFreelist(written int) bool {
 	return (st.FreePageN+st.PendingPageN)*8 <= max(freelistMinBytes, written/freelistShare)
 }
 
+// When the last commit skipped the freelist and no other follows within
+// idleFreelistDelay, the writer commits it alone (idleFreelist), if its ids
+// take at most idleFreelistMaxBytes: a relay that goes quiet — a backlog
+// built while the upstream is down, the end of a burst — has it on disk
+// for the next Open even after a crash, at the cost of one small commit.
+const (
+	idleFreelistDelay    = 50 * time.Millisecond
+	idleFreelistMaxBytes = 1 << 20
+)
+
+func (s *Spool) idleFreelist() {
+	s.w.freelistStale = false
+	if s.db == nil {
+		return
+	}
+	if st := s.db.Stats(); (st.FreePageN+st.PendingPageN)*8 > idleFreelistMaxBytes {
+		return
+	}
+	s.persistFreelist()
+}
+
 // persistFreelist commits the freelist once more, whatever its size, so that
-// the next Open after a clean Close does not rebuild it. Best effort: a
+// the next Open does not rebuild it (Close; idleFreelist). Best effort: a
 // failure only makes that Open slower.
 func (s *Spool) persistFreelist() {
 	if s.db == nil {
@@ -164,8 +186,10 @@ func (s *Spool) persistFreelist() {
 	}
 	s.db.NoFreelistSync = false
 	if err := s.db.Update(func(*bolt.Tx) error { return nil }); err != nil {
-		s.log.Warn("spool: write the freelist at close", zap.Error(err))
+		s.log.Warn("spool: write the freelist", zap.Error(err))
+		return
 	}
+	s.w.freelistStale = false
 }
 
 // take waits for queued operations and takes them: every ack, and the
@@ -195,7 +219,17 @@ func (s *Spool) take() (ops []*op, acks []ackOp, closed bool) {
 			return ops, acks, closed
 		}
 		s.mu.Unlock()
-		<-s.wake
+		if !s.w.freelistStale {
+			<-s.wake
+			continue
+		}
+		t := time.NewTimer(idleFreelistDelay)
+		select {
+		case <-s.wake:
+		case <-t.C:
+			s.idleFreelist()
+		}
+		t.Stop()
 	}
 }
 
@@ -392,6 +426,7 @@ func (s *Spool) apply(ops []*op, acks []ackOp) (records int, err error) {
 	if err = tx.Commit(); err != nil {
 		return 0, err
 	}
+	s.w.freelistStale = s.db.NoFreelistSync
 	s.w.live = live
 	s.w.deadN, s.w.deadBytes = deadN, deadBytes
 	return records, nil
