@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # bench/scale.sh: the relay's scale scenarios (not part of CI; bounded, 127.0.0.1 only).
 #
-#   bench/scale.sh backlog [--events N] [--sync always|none] [--stop term|kill]
+#   bench/scale.sh backlog [--events N] [--sync always|none] [--stop term|kill] [--cold]
 #       Build an N-event backlog (default 10,000,000; 1000-event requests,
 #       32 connections) while the upstream (bench/sink) answers 503, then stop
-#       the relay (SIGTERM, or SIGKILL with --stop kill), bring the upstream up and restart the relay on the
+#       the relay (SIGTERM, or SIGKILL with --stop kill; --cold also drops the
+#       page cache, as after a reboot: needs root), bring the upstream up and restart the relay on the
 #       backlog: time to /readyz 200 and to the first delivery, the drain rate,
 #       RSS empty vs with the backlog, spool disk use vs the raw event bytes,
 #       and after the drain.
@@ -22,6 +23,7 @@ DURATION=10
 DATA=""
 BUILD_ONLY=0
 STOP=term
+COLD=0
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--events) N="$2"; shift 2 ;;
@@ -30,11 +32,12 @@ while [ $# -gt 0 ]; do
 	--duration) DURATION="$2"; shift 2 ;;
 	--data) DATA="$2"; shift 2 ;;     # keep the spool in DIR (not removed at exit)
 	--build-only) BUILD_ONLY=1; shift ;; # backlog: stop after building it (use with --data)
-	--stop) STOP="$2"; shift 2 ;;      # backlog: how the relay is stopped with the backlog: term or kill
+	--stop) STOP="$2"; shift 2 ;;
+	--cold) COLD=1; shift ;;            # backlog: drop the page cache before the restart      # backlog: how the relay is stopped with the backlog: term or kill
 	*) echo "scale.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
-case "$MODE" in backlog | lanes) ;; *) sed -n '2,15p' "$0"; exit 2 ;; esac
+case "$MODE" in backlog | lanes) ;; *) sed -n '2,16p' "$0"; exit 2 ;; esac
 case "$STOP" in term | kill) ;; *) echo "scale.sh: --stop term|kill" >&2; exit 2 ;; esac
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -135,6 +138,14 @@ stop_relay "$([ "$STOP" = kill ] && echo KILL || echo TERM)"
 echo "stop ($STOP) with backlog: $(awk -v d=$(($(now_ns) - ts)) 'BEGIN{printf "%.2f", d/1e9}')s"
 [ "$BUILD_ONLY" = 1 ] && exit 0
 
+if [ "$COLD" = 1 ]; then
+	sync
+	if echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; then
+		echo "page cache dropped (cold restart and drain)"
+	else
+		echo "scale.sh: --cold needs root (/proc/sys/vm/drop_caches); the page cache stays warm" >&2
+	fi
+fi
 curl -s -o /dev/null -X POST "http://$SINK/reset"
 curl -s -o /dev/null -X POST "http://$SINK/down?on=0"
 log "restarting on the backlog, upstream up"
