@@ -359,7 +359,8 @@ func (l *Lane) read(maxBytes int, next uint64) ([]Chunk, error) {
 		}
 		raw := l.raw[:0]
 		c := b.Cursor()
-		for k, v := c.Seek(seqKey(l.readSeq)); k != nil; k, v = c.Next() {
+		k, v := c.Seek(seqKey(l.readSeq))
+		for ; k != nil; k, v = c.Next() {
 			seq := binary.BigEndian.Uint64(k)
 			if seq >= next {
 				break
@@ -375,14 +376,24 @@ func (l *Lane) read(maxBytes int, next uint64) ([]Chunk, error) {
 		if len(raw) == 0 {
 			return nil
 		}
-		// Ask for all the pages at once (see advise.go), copy, then drop
-		// them from the RSS.
+		// Ask for the pages of these chunks and of the ones after them (the
+		// next call's, read from disk while these are delivered) at once
+		// (see advise.go), copy, then drop the copied pages from the RSS.
 		m := mapping(s.db, tx)
 		l.adv = l.adv[:0]
 		for _, r := range raw {
 			l.adv.add(m, r.v)
 		}
+		var ahead spans
+		for n := 0; k != nil && n < maxBytes && len(ahead) < 64; k, v = c.Next() {
+			if binary.BigEndian.Uint64(k) >= next {
+				break
+			}
+			ahead.add(m, v)
+			n += len(v)
+		}
 		l.adv.advise(m, syscall.MADV_WILLNEED)
+		ahead.advise(m, syscall.MADV_WILLNEED)
 		defer l.adv.advise(m, syscall.MADV_DONTNEED)
 		out = make([]Chunk, len(raw))
 		for i, r := range raw {
