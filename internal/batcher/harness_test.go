@@ -38,6 +38,7 @@ type harness struct {
 
 	mu       sync.Mutex
 	appended map[string]sentEvent // insert_id -> event
+	data     map[string]string    // insert_id -> the record's data as appended
 	seq      map[string]int       // per order key, next index
 	lanes    map[string]*spool.Lane
 
@@ -78,7 +79,7 @@ func (c *countingSender) Do(ctx context.Context, r *upstream.Request) upstream.R
 
 func newHarness(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle.Config) *harness {
 	t.Helper()
-	h := &harness{t: t, appended: map[string]sentEvent{}, seq: map[string]int{}, lanes: map[string]*spool.Lane{}, reg: prometheus.NewRegistry()}
+	h := &harness{t: t, appended: map[string]sentEvent{}, data: map[string]string{}, seq: map[string]int{}, lanes: map[string]*spool.Lane{}, reg: prometheus.NewRegistry()}
 	h.sim = sim.New(simCfg, nil)
 	url, err := h.sim.Start("127.0.0.1:0")
 	if err != nil {
@@ -229,6 +230,7 @@ func (h *harness) add(apiKey string, evs ...ev) []string {
 			data = sb.String()
 		}
 		h.appended[id] = sentEvent{apiKey: apiKey, orderKey: ok, idx: idx}
+		h.data[id] = data
 		b.Add(spool.Record{OrderKey: []byte(ok), UserID: []byte(e.User), Data: []byte(data)})
 	}
 	h.mu.Unlock()
@@ -290,7 +292,8 @@ func insertID(data []byte) string {
 
 // check asserts: every appended event is at the sim exactly once, or a dead
 // letter (with a reason in wantDead when given), or still in the spool
-// (pending); none is both; per order key the sim got them in order.
+// (pending); none is both; per order key the sim got them in order; the
+// sim got every event byte for byte as appended.
 // It returns the dead letters by insert_id.
 func (h *harness) check(pending map[string]bool) map[string]spool.DeadLetter {
 	h.t.Helper()
@@ -304,6 +307,9 @@ func (h *harness) check(pending map[string]bool) map[string]spool.DeadLetter {
 		if !ok {
 			h.t.Errorf("sim holds unknown event %q", id)
 			continue
+		}
+		if want := h.data[id]; string(e.Raw) != want {
+			h.t.Errorf("event %s arrived as %.200q, appended as %.200q", id, e.Raw, want)
 		}
 		k := se.apiKey + se.orderKey
 		if p, seen := last[k]; seen && se.idx <= p {
