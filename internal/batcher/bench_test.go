@@ -3,6 +3,7 @@ package batcher
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,7 +20,7 @@ import (
 func BenchmarkBuild(b *testing.B) {
 	thr, _ := throttle.New(throttle.Config{}, nil)
 	cfg := Config{IngestURL: "http://x"}.withDefaults()
-	p := &Pipeline{cfg: cfg, thr: thr}
+	p := &Pipeline{cfg: cfg, thr: thr, budget: newBudget(int64(cfg.MaxReadAheadTotalBytes))}
 	var err error
 	if p.m, err = newMetrics(nil, p); err != nil {
 		b.Fatal(err)
@@ -53,7 +54,25 @@ func BenchmarkBuild(b *testing.B) {
 // BenchmarkDeliverCountOnly measures delivery throughput from a real spool
 // to the simulator in CountOnly mode over real HTTP (events/s).
 func BenchmarkDeliverCountOnly(b *testing.B) {
-	const events = 200_000
+	deliverCountOnly(b, Config{ShardsPerLane: 8}, 200_000, 0)
+}
+
+// BenchmarkDeliverReadAhead measures drain throughput by read-ahead budget
+// with the relay's defaults otherwise and events of ~500 bytes (bench/
+// loadgen's size): the smallest budget that keeps the throughput is the
+// default (DefaultMaxReadAheadBytes). It reports the peak accounted
+// read-ahead (readahead-MiB) too.
+func BenchmarkDeliverReadAhead(b *testing.B) {
+	for _, mib := range []int{4, 8, 16, 32, 64} {
+		b.Run(fmt.Sprintf("budget=%dMiB", mib), func(b *testing.B) {
+			deliverCountOnly(b, Config{MaxReadAheadBytes: mib << 20}, 100_000, 380)
+		})
+	}
+}
+
+// deliverCountOnly appends events (in chunks of 1000, padded by pad bytes)
+// to a fresh spool per iteration and times draining them to a CountOnly sim.
+func deliverCountOnly(b *testing.B, cfg Config, events, pad int) {
 	sm := sim.New(sim.Config{CountOnly: true}, nil)
 	url, err := sm.Start("127.0.0.1:0")
 	if err != nil {
@@ -64,9 +83,12 @@ func BenchmarkDeliverCountOnly(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	cfg.IngestURL = url
+	padding := strings.Repeat("x", pad)
 	b.ReportAllocs()
 	b.ResetTimer()
 	var total time.Duration
+	var peak int64
 	for range b.N {
 		b.StopTimer()
 		sp, err := spool.Open(spool.Config{Dir: b.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
@@ -81,7 +103,7 @@ func BenchmarkDeliverCountOnly(b *testing.B) {
 		for i := 0; i < events; i++ {
 			dev := fmt.Sprintf("device-%05d", i%10000)
 			bt.Add(spool.Record{OrderKey: []byte("d:" + dev), Data: fmt.Appendf(nil,
-				`{"event_type":"page_view","device_id":%q,"insert_id":"ins-%012d","time":1700000000000,"event_properties":{"path":"/p/%d"}}`, dev, i, i)})
+				`{"event_type":"page_view","device_id":%q,"insert_id":"ins-%012d","time":1700000000000,"event_properties":{"path":"/p/%d","pad":"%s"}}`, dev, i, i, padding)})
 			if bt.Len() == 1000 {
 				if err := sp.Append(context.Background(), l, &bt); err != nil {
 					b.Fatal(err)
@@ -90,7 +112,7 @@ func BenchmarkDeliverCountOnly(b *testing.B) {
 			}
 		}
 		before := sm.Counted()
-		p, err := New(Config{IngestURL: url, ShardsPerLane: 8}, sp, cli, nil, nil, prometheus.NewRegistry())
+		p, err := New(cfg, sp, cli, nil, nil, prometheus.NewRegistry())
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -99,7 +121,10 @@ func BenchmarkDeliverCountOnly(b *testing.B) {
 		b.StartTimer()
 		start := time.Now()
 		go func() { done <- p.Run(ctx) }()
-		for sm.Counted()-before < events {
+		for sm.Counted()-before < int64(events) {
+			for _, st := range p.LaneStatus() {
+				peak = max(peak, st.ReadAheadBytes)
+			}
 			time.Sleep(time.Millisecond)
 		}
 		total += time.Since(start)
@@ -110,4 +135,5 @@ func BenchmarkDeliverCountOnly(b *testing.B) {
 		b.StartTimer()
 	}
 	b.ReportMetric(float64(events)*float64(b.N)/total.Seconds(), "events/s")
+	b.ReportMetric(float64(peak)/(1<<20), "readahead-MiB")
 }

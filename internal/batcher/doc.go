@@ -50,20 +50,38 @@
 //
 // # Memory and back-pressure
 //
-// Per lane, the record bytes read from the spool and not yet done (queued,
-// in flight, or held for paused devices) are bounded by MaxReadAheadBytes
-// (plus at most one Next's worth). When the bound is reached the reader
-// stops reading and waits; the spool keeps the rest, and the ingest side is
-// only limited by the spool's quota. Events held for paused devices count
-// against the bound, so a lane whose read-ahead is entirely held (e.g.
-// devices over their daily quota) waits until a pause ends.
+// The read-ahead is bounded in bytes of memory held, per lane
+// (MaxReadAheadBytes) and for all lanes together (MaxReadAheadTotalBytes).
+// What counts is what stays reachable: Lane.Next copies each chunk out of
+// the spool into one buffer that all its records alias, so a chunk counts
+// its buffer (Chunk.Size) plus an item per record from when it is read
+// until its last record is done (delivered or dead-lettered) or detached.
+// A record moved to a held queue (its key paused by a 429, a daily quota,
+// pacing) is detached: copied into its own small allocation, counted by
+// itself, so that one held event does not keep a whole chunk alive for
+// hours. A detached record counts twice (its copy and its chunk) until its
+// chunk's other records are done or detached too, so at worst a budget is
+// met by half the data. A reader stops once its lane is at the bound, so the
+// bound is exceeded by at most one Lane.Next step (an eighth of the lane's
+// budget, or one chunk when that is larger), and the total by that plus one
+// chunk per lane (see below).
+//
+// A lane's reader reads while its read-ahead is under MaxReadAheadBytes and
+// the total under MaxReadAheadTotalBytes; when the total is reached, a lane
+// still reads one chunk whenever it has nothing read ahead. So a lane whose
+// budget is entirely held (devices over their daily quota, a stopped lane,
+// an upstream that is down) keeps at most its own budget and waits until a
+// pause ends; other lanes are slowed by a full total, never stopped. The
+// spool keeps the rest; the ingest side is only limited by the spool's
+// quota. The per-lane budget is what one lane needs to drain at full speed
+// (BenchmarkDeliverReadAhead); the total bounds many lanes with backlogs.
 //
 // # Metrics
 //
 // relay_delivery_events_delivered_total, relay_delivery_events_retried_total,
 // relay_delivery_events_dead_lettered_total{reason},
-// relay_delivery_paused_devices (keys held now) and relay_lane_stopped{lane}
-// (alert on 1). The upstream client has relay_upstream_requests_total{status}
+// relay_delivery_paused_devices (keys held now), relay_lane_stopped{lane}
+// (alert on 1) and relay_delivery_read_ahead_bytes (all lanes). The upstream client has relay_upstream_requests_total{status}
 // and relay_upstream_request_seconds; the spool its depth and oldest age.
 //
 // # Stop
@@ -76,6 +94,8 @@
 // # Goroutines and locks
 //
 // Each shard's queues are owned by its goroutine; the reader hands records
-// over under shard.mu. Locks never nest: Pipeline.mu, laneRunner.bmu,
-// laneRunner.smu and shard.mu are each taken alone.
+// over under shard.mu. A chunk's counters (chunkRef.left, refs) are atomic:
+// its records may be done by several shards. Locks never nest: Pipeline.mu,
+// laneRunner.bmu, laneRunner.smu, budget.mu and shard.mu are each taken
+// alone.
 package batcher

@@ -12,6 +12,7 @@ type metrics struct {
 	dead        *prometheus.CounterVec
 	laneStopped *prometheus.GaugeVec
 	paused      prometheus.GaugeFunc
+	readAhead   prometheus.GaugeFunc
 }
 
 func newMetrics(reg prometheus.Registerer, p *Pipeline) (*metrics, error) {
@@ -43,11 +44,15 @@ func newMetrics(reg prometheus.Registerer, p *Pipeline) (*metrics, error) {
 		}
 		return float64(n)
 	})
+	m.readAhead = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "relay_delivery_read_ahead_bytes",
+		Help: "Memory held by events read from the spool and not yet delivered, all lanes (bounded by the read-ahead budget).",
+	}, func() float64 { return float64(p.budget.Used()) })
 	for _, r := range []string{"silenced", "invalid_fields", "missing_fields", "bad_request", "too_large", "expired"} {
 		m.dead.WithLabelValues(r)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.delivered, m.retried, m.dead, m.laneStopped, m.paused} {
+		for _, c := range []prometheus.Collector{m.delivered, m.retried, m.dead, m.laneStopped, m.paused, m.readAhead} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("batcher: register metrics: %w", err)
 			}

@@ -44,6 +44,8 @@ type Pipeline struct {
 	log  *zap.Logger
 	m    *metrics
 	url  string
+	// budget is the read-ahead of all lanes (MaxReadAheadTotalBytes).
+	budget *budget
 
 	mu      sync.Mutex
 	lanes   map[uint64]*laneRunner
@@ -69,7 +71,8 @@ func New(cfg Config, sp *spool.Spool, send Sender, thr *throttle.Throttle, log *
 		}
 	}
 	cfg = cfg.withDefaults()
-	p := &Pipeline{cfg: cfg, sp: sp, send: send, thr: thr, log: log, url: cfg.IngestURL + "/2/httpapi", lanes: map[uint64]*laneRunner{}}
+	p := &Pipeline{cfg: cfg, sp: sp, send: send, thr: thr, log: log, url: cfg.IngestURL + "/2/httpapi", lanes: map[uint64]*laneRunner{},
+		budget: newBudget(int64(cfg.MaxReadAheadTotalBytes))}
 	m, err := newMetrics(reg, p)
 	if err != nil {
 		return nil, err
@@ -192,8 +195,9 @@ type LaneStatus struct {
 	// PausedKeys is the number of devices/users whose events are held (429
 	// pause, daily quota, pacing); HeldEvents the events they hold.
 	PausedKeys, HeldEvents int64
-	// ReadAheadBytes is the record bytes read from the spool and not yet
-	// delivered or dead-lettered.
+	// ReadAheadBytes is the memory the lane's read-ahead holds: the buffers
+	// of chunks read from the spool with a record not yet delivered or
+	// dead-lettered, and the copies of records held for paused keys.
 	ReadAheadBytes int64
 }
 

@@ -3,8 +3,10 @@ package batcher
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"go.uber.org/zap"
 
@@ -13,30 +15,48 @@ import (
 
 // item is one record on its way upstream.
 type item struct {
-	rec  spool.Record
-	ck   *chunkRef
-	enq  time.Time // when the shard got it (flush timer)
-	size int64     // bytes counted against the read-ahead budget
+	rec spool.Record
+	ck  *chunkRef
+	enq time.Time // when the shard got it (flush timer)
+	// own is the memory of the record's own copy (detach), counted against
+	// the read-ahead budget; 0 while rec aliases its chunk's buffer.
+	own int64
 }
 
-// chunkRef counts a chunk's records not yet done; the last one acks it.
+// itemBytes is what one record costs besides its bytes: its item in the
+// hand-over slices and the shard's queues.
+const itemBytes = int64(unsafe.Sizeof(item{}))
+
+// chunkRef tracks one chunk read from the spool: the records not yet done
+// (the last one acks the chunk) and the records still aliasing its buffer
+// (the last one releases the buffer's bytes from the read-ahead budget).
 type chunkRef struct {
 	seq      uint64
 	accepted time.Time
-	left     atomic.Int32
+	bytes    int64        // counted against the read-ahead budget while refs > 0
+	left     atomic.Int32 // records not done
+	refs     atomic.Int32 // records not done and not detached
+}
+
+// chunkBytes is the memory a chunk read by Lane.Next holds until its last
+// record is done or detached: its buffer (all records alias one allocation
+// of Size bytes) and an item per record.
+func chunkBytes(c *spool.Chunk) int64 {
+	return int64(c.Size) + int64(len(c.Records))*itemBytes
 }
 
 // read is the lane's reader: it reads chunks within the read-ahead budget
 // and hands each record to the shard its OrderKey hashes to.
 func (lr *laneRunner) read(ctx context.Context) {
-	max := int64(lr.p.cfg.MaxReadAheadBytes)
+	limit := int64(lr.p.cfg.MaxReadAheadBytes)
+	step := min(max(limit/8, 1), maxNextBytes)
 	per := make([][]item, len(lr.shards))
 	for {
-		free, ok := lr.waitBudget(ctx, max)
+		free, ok := lr.waitBudget(ctx, limit)
 		if !ok {
 			return
 		}
-		chunks, err := lr.lane.Next(ctx, int(min(free, maxNextBytes)))
+		chunks, err := lr.lane.Next(ctx, int(min(free, step)))
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, spool.ErrClosed) {
 				return
@@ -58,13 +78,13 @@ func (lr *laneRunner) read(ctx context.Context) {
 				lr.p.sp.Ack(lr.lane, c.Seq)
 				continue
 			}
-			ck := &chunkRef{seq: c.Seq, accepted: c.Accepted}
+			ck := &chunkRef{seq: c.Seq, accepted: c.Accepted, bytes: chunkBytes(&c)}
 			ck.left.Store(int32(len(c.Records)))
+			ck.refs.Store(int32(len(c.Records)))
+			total += ck.bytes
 			for _, r := range c.Records {
-				sz := int64(len(r.Data) + len(r.OrderKey) + len(r.UserID) + 64)
-				total += sz
 				i := shardOf(r.OrderKey, len(lr.shards))
-				per[i] = append(per[i], item{rec: r, ck: ck, enq: now, size: sz})
+				per[i] = append(per[i], item{rec: r, ck: ck, enq: now})
 			}
 		}
 		lr.acquire(total)
@@ -79,7 +99,8 @@ func (lr *laneRunner) read(ctx context.Context) {
 	}
 }
 
-// maxNextBytes bounds one Lane.Next: the read-ahead fills in steps, so the
+// maxNextBytes bounds one Lane.Next: the read-ahead fills in steps (also at
+// most an eighth of the budget, so one step overshoots it little), the
 // hand-over slices stay small and shards start sending early.
 const maxNextBytes = 4 << 20
 
@@ -93,18 +114,30 @@ func shardOf(key []byte, n int) int {
 	return int(h % uint64(n))
 }
 
-// waitBudget waits until the read-ahead is under max and returns the free
-// bytes (at least 1), or false when ctx ends.
-func (lr *laneRunner) waitBudget(ctx context.Context, max int64) (int64, bool) {
+// waitBudget waits until the lane may read and returns how many bytes
+// (at least 1: Lane.Next returns at least one chunk), or false when ctx
+// ends. A lane reads while its read-ahead is under limit and the
+// pipeline's total is under its limit; a lane with nothing read ahead
+// reads one chunk even when the total is reached, so lanes that hold their
+// whole budget (stopped, paused devices) slow the others, never stop them.
+func (lr *laneRunner) waitBudget(ctx context.Context, limit int64) (int64, bool) {
+	total := lr.p.budget
 	for {
 		lr.bmu.Lock()
 		in := lr.inflight
 		lr.bmu.Unlock()
-		if in < max {
-			return max - in, true
+		used, freed := total.state()
+		switch {
+		case in >= limit:
+			freed = nil // only this lane's own releases help
+		case used < total.limit:
+			return min(limit-in, total.limit-used), true
+		case in == 0:
+			return 1, true
 		}
 		select {
 		case <-lr.bwake:
+		case <-freed:
 		case <-ctx.Done():
 			return 0, false
 		}
@@ -117,6 +150,7 @@ func (lr *laneRunner) acquire(n int64) {
 	v := lr.inflight
 	lr.bmu.Unlock()
 	lr.readAhead.Store(v)
+	lr.p.budget.add(n)
 }
 
 func (lr *laneRunner) release(n int64) {
@@ -128,21 +162,98 @@ func (lr *laneRunner) release(n int64) {
 	v := lr.inflight
 	lr.bmu.Unlock()
 	lr.readAhead.Store(v)
+	lr.p.budget.add(-n)
 	select {
 	case lr.bwake <- struct{}{}:
 	default:
 	}
 }
 
+// budget is the read-ahead of all lanes of a Pipeline together.
+type budget struct {
+	limit int64
+
+	mu    sync.Mutex
+	used  int64
+	freed chan struct{} // closed and replaced when used falls below limit
+}
+
+func newBudget(limit int64) *budget {
+	return &budget{limit: limit, freed: make(chan struct{})}
+}
+
+func (b *budget) add(n int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	was := b.used
+	b.used += n
+	if was >= b.limit && b.used < b.limit {
+		close(b.freed)
+		b.freed = make(chan struct{})
+	}
+}
+
+// state returns the bytes in use and a channel closed when they next fall
+// below the limit.
+func (b *budget) state() (int64, <-chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.used, b.freed
+}
+
+// Used is the read-ahead of all lanes.
+func (b *budget) Used() int64 {
+	used, _ := b.state()
+	return used
+}
+
 // done marks items delivered or dead-lettered: acks every chunk whose last
-// record this was and releases their read-ahead bytes.
+// record this was and releases the read-ahead bytes they held (a detached
+// record's own copy; a chunk's buffer with the last record aliasing it).
 func (lr *laneRunner) done(its []item) {
 	var n int64
 	for i := range its {
-		n += its[i].size
-		if its[i].ck.left.Add(-1) == 0 {
-			lr.p.sp.Ack(lr.lane, its[i].ck.seq)
+		it := &its[i]
+		if it.own > 0 {
+			n += it.own
+		} else if it.ck.refs.Add(-1) == 0 {
+			n += it.ck.bytes
+		}
+		if it.ck.left.Add(-1) == 0 {
+			lr.p.sp.Ack(lr.lane, it.ck.seq)
 		}
 	}
 	lr.release(n)
+}
+
+// detach gives the record its own copy, so that it no longer pins its
+// chunk's buffer: a record held for a paused key may wait for hours (daily
+// quota) while the rest of its chunk was delivered long ago. The copy is
+// counted against the budget instead; the chunk's bytes are released when
+// its last aliasing record is done or detached. Idempotent.
+func (lr *laneRunner) detach(it *item) {
+	if it.own > 0 {
+		return
+	}
+	r := &it.rec
+	buf := make([]byte, 0, len(r.OrderKey)+len(r.UserID)+len(r.Data))
+	r.OrderKey, buf = own(buf, r.OrderKey)
+	r.UserID, buf = own(buf, r.UserID)
+	r.Data, buf = own(buf, r.Data)
+	it.own = int64(cap(buf)) + itemBytes
+	lr.acquire(it.own)
+	if it.ck.refs.Add(-1) == 0 {
+		lr.release(it.ck.bytes)
+	}
+}
+
+// own appends b to buf and returns the copy (nil for empty b, as the spool
+// decodes it) and buf.
+func own(buf, b []byte) ([]byte, []byte) {
+	if len(b) == 0 {
+		return nil, buf
+	}
+	at := len(buf)
+	buf = append(buf, b...)
+	return buf[at:len(buf):len(buf)], buf
 }

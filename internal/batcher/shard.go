@@ -150,7 +150,12 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 			s.requeue(s.batch)
 			return
 		}
-		if !s.handle(ctx, drainCtx, res) {
+		ok := s.handle(ctx, drainCtx, res)
+		// The batch's items are done or queued again: drop the references
+		// (an idle shard's last batch would keep its chunks' buffers).
+		clear(s.batch)
+		s.batch = s.batch[:0]
+		if !ok {
 			return
 		}
 	}
@@ -168,7 +173,9 @@ func (s *shard) releaseHeld(now time.Time) {
 	}
 }
 
+// hold starts a held queue for key with it (detached: see laneRunner.detach).
 func (s *shard) hold(key []byte, until time.Time, it item) {
+	s.lr.detach(&it)
 	h := &held{key: string(key), until: until, items: []item{it}}
 	s.held[h.key] = h
 	heap.Push(&s.heap, h)
@@ -214,7 +221,9 @@ func (s *shard) build(now time.Time) []byte {
 			continue
 		}
 		if h := s.held[string(it.rec.OrderKey)]; h != nil {
-			h.items = append(h.items, s.ready.pop())
+			x := s.ready.pop()
+			s.lr.detach(&x)
+			h.items = append(h.items, x)
 			s.lr.heldEvents.Add(1)
 			continue
 		}
@@ -398,6 +407,7 @@ func (s *shard) requeue(its []item) {
 			if heldFront == nil {
 				heldFront = map[*held][]item{}
 			}
+			s.lr.detach(&it)
 			heldFront[h] = append(heldFront[h], it)
 			continue
 		}

@@ -1,0 +1,215 @@
+package batcher
+
+import (
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/throttle"
+)
+
+// A device paused until tomorrow has one event in each of many large
+// chunks; everything else is delivered. The held events must not keep their
+// chunks' buffers alive: the read-ahead then accounts only the held copies,
+// and the heap does not grow by the chunks' size (before held events were
+// copied out, the 100 chunks of ~200 KB stayed reachable: +19 MB).
+func TestHeldEventsDoNotPinChunks(t *testing.T) {
+	const (
+		chunks   = 100
+		perChunk = 100 // one held, 99 delivered
+		pad      = 2000
+	)
+	h := newHarness(t, sim.Config{CountOnly: true},
+		Config{MaxReadAheadBytes: 1 << 20, ShardsPerLane: 2, MaxBatchEvents: 200}, throttle.Config{})
+	h.thr.PauseUntilNextDay([]string{"d:quota-device"})
+	var heldData int64
+	cold := devs("cold-", perChunk)
+	for c := 0; c < chunks; c++ {
+		evs := []ev{{Device: "quota-device", User: "quota-user", Pad: 10}}
+		for i := 1; i < perChunk; i++ {
+			evs = append(evs, ev{Device: cold[i], Pad: pad})
+		}
+		ids := h.add("key", evs...)
+		heldData += int64(len(h.data[ids[0]]) + len("d:quota-device") + len("quota-user"))
+	}
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+
+	h.start()
+	want := int64(chunks * (perChunk - 1))
+	deadline := time.Now().Add(20 * time.Second)
+	for h.sim.Counted() < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("delivered %d of %d; lanes %+v", h.sim.Counted(), want, h.p.LaneStatus())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The last 200 answers may still be being handled: wait for the
+	// read-ahead to settle on the held events.
+	var st LaneStatus
+	maxHeld := heldData + chunks*itemBytes
+	for {
+		st = h.p.LaneStatus()[0]
+		if st.HeldEvents == chunks && st.ReadAheadBytes <= maxHeld {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("read-ahead %d bytes with %d events held, want at most %d (the held copies): %+v",
+				st.ReadAheadBytes, st.HeldEvents, maxHeld, st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if st.ReadAheadBytes < heldData {
+		t.Fatalf("read-ahead %d bytes, below the %d bytes of the held events", st.ReadAheadBytes, heldData)
+	}
+	if got := h.p.budget.Used(); got != st.ReadAheadBytes {
+		t.Fatalf("pipeline read-ahead %d, lane %d", got, st.ReadAheadBytes)
+	}
+
+	runtime.GC()
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	grew := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	// Allowed: the shards' body buffers and the upstream client's (up to
+	// MaxBatchBytes each), queues, the sim's connections; not the chunks.
+	pinned := int64(chunks * (perChunk - 1) * pad)
+	t.Logf("heap grew %d KiB (chunks: %d KiB); read-ahead %d bytes for %d held events", grew>>10, pinned>>10, st.ReadAheadBytes, st.HeldEvents)
+	if grew > pinned/2 {
+		t.Fatalf("heap grew %d KiB while only %d events are held: chunk buffers (%d KiB) still reachable?", grew>>10, st.HeldEvents, pinned>>10)
+	}
+	if len(h.sim.Requests()) == 0 || h.sim.Counted() != want {
+		t.Fatalf("sim counted %d, want %d (the paused device must not be sent)", h.sim.Counted(), want)
+	}
+}
+
+// Events held for a paused device (moved into their own copies while their
+// chunks' other events are delivered) are delivered byte for byte, in
+// order, after the pause ends, and only then.
+func TestHeldEventsDeliveredIntactAfterPause(t *testing.T) {
+	const pause = time.Second
+	h := newHarness(t, sim.Config{}, Config{ShardsPerLane: 2, MaxBatchEvents: 50}, throttle.Config{})
+	for c := 0; c < 20; c++ {
+		var evs []ev
+		for i := 0; i < 3; i++ {
+			evs = append(evs, ev{Device: "paused-device", User: "user-" + string(rune('a'+c%26)), Pad: 50 + 37*c + i})
+		}
+		for _, d := range devs("other-", 20) {
+			evs = append(evs, ev{Device: d, Pad: 300})
+		}
+		h.add("key", evs...)
+	}
+	until := time.Now().Add(pause)
+	h.thr.Pause([]string{"d:paused-device"}, until)
+	h.start()
+
+	// During the pause: the others are delivered, the paused device's
+	// events are held, in their own copies only.
+	deadline := time.Now().Add(10 * time.Second)
+	for h.sim.Count() < 20*20 {
+		if time.Now().After(deadline) {
+			t.Fatalf("others not delivered: %d", h.sim.Count())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	var st LaneStatus
+	for time.Now().Before(until.Add(-50 * time.Millisecond)) {
+		if st = h.p.LaneStatus()[0]; st.HeldEvents == 60 && st.ReadAheadBytes < 60*(1024+itemBytes) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if time.Now().Before(until) && (st.HeldEvents != 60 || st.ReadAheadBytes >= 60*(1024+itemBytes)) {
+		t.Fatalf("during the pause: %+v, want 60 events held in their own copies", st)
+	}
+
+	h.waitDrained(10*time.Second, 0)
+	h.stop()
+	h.check(nil) // order, exactly once, byte for byte
+	at := map[int64]time.Time{}
+	for _, r := range h.sim.Requests() {
+		at[r.Seq] = r.Time
+	}
+	n := 0
+	for _, e := range h.sim.AllEvents() {
+		if e.DeviceID != "paused-device" {
+			continue
+		}
+		n++
+		if at[e.Request].Before(until) {
+			t.Errorf("event %s of the paused device sent at %v, before the pause ended (%v)", e.InsertID, at[e.Request], until)
+		}
+	}
+	if n != 60 {
+		t.Fatalf("paused device: %d events delivered, want 60", n)
+	}
+}
+
+// The total read-ahead is shared: a lane whose events are all held (a
+// device over its daily quota) fills its own budget and the total; another
+// lane then still reads, one chunk at a time while it has nothing read
+// ahead, and drains completely; the totals stay bounded; everything read
+// is released when delivered.
+func TestTotalReadAheadNoStarvation(t *testing.T) {
+	const limit = 32 << 10
+	h := newHarness(t, sim.Config{}, Config{MaxReadAheadBytes: limit, MaxReadAheadTotalBytes: limit, ShardsPerLane: 2}, throttle.Config{})
+	h.thr.PauseUntilNextDay([]string{"d:quota-device"})
+	for c := 0; c < 100; c++ {
+		h.add("stuck-key", ev{Device: "quota-device", Pad: 500}, ev{Device: "quota-device", Pad: 500})
+	}
+	h.start()
+	deadline := time.Now().Add(10 * time.Second)
+	for h.p.budget.Used() < limit {
+		if time.Now().After(deadline) {
+			t.Fatalf("the stuck lane did not fill the total: %d; %+v", h.p.budget.Used(), h.p.LaneStatus())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Now the other lane: 50 chunks of ~10 KB, 15 times the total.
+	for c := 0; c < 50; c++ {
+		var evs []ev
+		for _, d := range devs("dev-", 20) {
+			evs = append(evs, ev{Device: d, Pad: 400})
+		}
+		h.add("ok-key", evs...)
+	}
+	for h.sim.Count() < 50*20 {
+		if time.Now().After(deadline) {
+			t.Fatalf("other lane starved: %d of 1000 delivered; %+v", h.sim.Count(), h.p.LaneStatus())
+		}
+		// The stuck lane's budget (plus a step's overshoot) and one chunk
+		// of the other lane (it reads only while it holds nothing).
+		if used := h.p.budget.Used(); used > 2*limit+16<<10 {
+			t.Fatalf("total read-ahead %d, limit %d: %+v", used, limit, h.p.LaneStatus())
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	stuckID, okID := h.lane("stuck-key", "").ID(), h.lane("ok-key", "").ID()
+	status := func(id uint64) LaneStatus {
+		for _, st := range h.p.LaneStatus() {
+			if st.ID == id {
+				return st
+			}
+		}
+		t.Fatalf("no lane %d", id)
+		return LaneStatus{}
+	}
+	for status(okID).ReadAheadBytes != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("delivered lane still accounts read-ahead: %+v", status(okID))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if st := status(stuckID); st.HeldEvents == 0 || st.ReadAheadBytes > limit+limit/8+2*(600+itemBytes) {
+		t.Fatalf("stuck lane: %+v (limit %d)", st, limit)
+	}
+	h.stop()
+	stuck := map[string]bool{}
+	for id, se := range h.appended {
+		if se.apiKey == "stuck-key" {
+			stuck[id] = true
+		}
+	}
+	h.check(stuck)
+}
