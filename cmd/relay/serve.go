@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -199,6 +201,19 @@ func route(method, path string, forward bool, h fasthttp.RequestHandler) adminro
 	return adminroute.Route{Method: method, Path: path, Mode: mode, Handler: h}
 }
 
+// memoryLimitField is the soft memory limit in force (GOMEMLIMIT, or
+// DefaultMemoryLimit set by run), "none" when there is none.
+func memoryLimitField() zap.Field {
+	switch limit := debug.SetMemoryLimit(-1); { // -1 only reads it
+	case limit == math.MaxInt64:
+		return zap.String("memory_limit", "none")
+	case limit%(1<<20) == 0:
+		return zap.String("memory_limit", fmt.Sprintf("%d MiB", limit>>20))
+	default:
+		return zap.String("memory_limit", fmt.Sprintf("%d bytes", limit))
+	}
+}
+
 // serve runs the relay until ctx ends (SIGTERM/SIGINT) or a component fails,
 // then stops everything in reverse order of start. resetSignals restores the
 // default signal handling once the stop begins, so a second signal kills.
@@ -255,6 +270,7 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		zap.Int64("max_batch_bytes", cfg.MaxBatchBytes), zap.Duration("flush_interval", cfg.FlushInterval),
 		zap.Duration("drain_timeout", cfg.DrainTimeout), zap.Bool("admin_token", cfg.Token != nil),
 		zap.Bool("credentials", cfg.Creds != nil),
+		memoryLimitField(),
 		zap.String("version", versionString()))
 
 	if cfg.Creds != nil {

@@ -1,0 +1,162 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestDefaultMemoryLimit(t *testing.T) {
+	tests := []struct {
+		name    string
+		environ []string
+		want    bool
+	}{
+		{"no environment", nil, true},
+		{"other variables", []string{"HOME=/root", "GOGC=100", "XGOMEMLIMIT=1GiB"}, true},
+		{"GOMEMLIMIT set", []string{"HOME=/root", "GOMEMLIMIT=1GiB"}, false},
+		{"GOMEMLIMIT off", []string{"GOMEMLIMIT=off"}, false},
+		{"GOMEMLIMIT empty (the runtime ignores it)", []string{"GOMEMLIMIT="}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			limit, ok := defaultMemoryLimit(tt.environ)
+			if ok != tt.want || (ok && limit != DefaultMemoryLimit) {
+				t.Fatalf("got %d %v, want set=%v", limit, ok, tt.want)
+			}
+		})
+	}
+}
+
+func TestMemoryLimitField(t *testing.T) {
+	old := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { debug.SetMemoryLimit(old) })
+	for _, tt := range []struct {
+		limit int64
+		want  string
+	}{
+		{math.MaxInt64, "none"},
+		{128 << 20, "128 MiB"},
+		{1_500_000_000, "1500000000 bytes"},
+	} {
+		debug.SetMemoryLimit(tt.limit)
+		if got := memoryLimitField().String; got != tt.want {
+			t.Errorf("limit %d logged as %q, want %q", tt.limit, got, tt.want)
+		}
+	}
+}
+
+// TestRelayProcessMemoryLimit runs the relay (this test binary re-executed
+// as `relay` in sandbox mode) and reads the memory limit its configuration
+// log line reports: the default without GOMEMLIMIT, GOMEMLIMIT's own value
+// (the runtime applies it; the relay must not override it) otherwise.
+func TestRelayProcessMemoryLimit(t *testing.T) {
+	tests := []struct {
+		env, want string
+	}{
+		{"", "128 MiB"},
+		{"GOMEMLIMIT=200MiB", "200 MiB"},
+		{"GOMEMLIMIT=off", "none"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.want, func(t *testing.T) {
+			if got := childMemoryLimit(t, tt.env); got != tt.want {
+				t.Fatalf("with %q the relay logged memory_limit %q, want %q", tt.env, got, tt.want)
+			}
+		})
+	}
+}
+
+// TestMain lets the test binary run as the relay: with RELAY_TEST_CHILD=1
+// it calls run with the arguments after "--".
+func TestMain(m *testing.M) {
+	if os.Getenv("RELAY_TEST_CHILD") == "1" {
+		args := os.Args[1:]
+		for i, a := range args {
+			if a == "--" {
+				args = args[i+1:]
+				break
+			}
+		}
+		os.Exit(run(args, os.Environ(), os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// childMemoryLimit starts the relay as a child process with env added,
+// waits for its configuration log line, stops it with SIGTERM and returns
+// the line's memory_limit.
+func childMemoryLimit(t *testing.T, env string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "data")
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "--",
+		"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data-dir", dir,
+		"--spool-min-free-bytes", "0", "--drain-timeout", "1s")
+	cmd.Env = append(withoutGOMEMLIMIT(os.Environ()), "RELAY_TEST_CHILD=1")
+	if env != "" {
+		cmd.Env = append(cmd.Env, env)
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	found := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			var line struct {
+				Msg         string `json:"msg"`
+				MemoryLimit string `json:"memory_limit"`
+			}
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "configuration" {
+				found <- line.MemoryLimit
+			}
+		}
+		exited <- cmd.Wait()
+	}()
+	var got string
+	select {
+	case got = <-found:
+	case err := <-exited:
+		t.Fatalf("relay exited before its configuration line: %v", err)
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("no configuration line within 20s")
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("relay stopped with %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("relay did not stop within 20s of SIGTERM")
+	}
+	return got
+}
+
+func withoutGOMEMLIMIT(environ []string) []string {
+	var out []string
+	for _, kv := range environ {
+		if !strings.HasPrefix(kv, "GOMEMLIMIT=") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
