@@ -76,6 +76,15 @@
 // quota. The per-lane budget is what one lane needs to drain at full speed
 // (BenchmarkDeliverReadAhead); the total bounds many lanes with backlogs.
 //
+// Within its budget a lane reads only as far as its window: one Next step
+// at the start, doubling with each progress (a 200, dead letters, events
+// parked for a paused key) up to the budget. When every shard of the lane
+// is retrying (the upstream is down) the window closes to one chunk, so an
+// outage holds what was read before it, not the budget.
+// Shards that wait (idle, backing off, lane stopped) give their request
+// body buffer back to a pool shared by all lanes and drop the capacity of
+// their empty queues.
+//
 // # Metrics
 //
 // relay_delivery_events_delivered_total, relay_delivery_events_retried_total,

@@ -46,6 +46,8 @@ type Pipeline struct {
 	url  string
 	// budget is the read-ahead of all lanes (MaxReadAheadTotalBytes).
 	budget *budget
+	// bodies pools the shards' request body buffers (*[]byte).
+	bodies sync.Pool
 
 	mu      sync.Mutex
 	lanes   map[uint64]*laneRunner
@@ -259,11 +261,22 @@ type laneRunner struct {
 
 	heldKeys, heldEvents atomic.Int64
 	readAhead            atomic.Int64
+	// failing counts the shards whose last request failed (retryable) and
+	// that have not had a 200 since.
+	failing atomic.Int32
+	// window is the read-ahead the lane may use now (at most
+	// MaxReadAheadBytes): one step at the start, one chunk while every
+	// shard fails, doubled by progress (laneRunner.progress).
+	window atomic.Int64
+	// windowWait is true while the reader waits because of the window:
+	// shards then send what they have instead of waiting for full batches.
+	windowWait atomic.Bool
 }
 
 func newLaneRunner(p *Pipeline, l *spool.Lane) *laneRunner {
 	lr := &laneRunner{p: p, lane: l, id: l.ID(), label: l.Label(), key: l.Key(), bwake: make(chan struct{}, 1)}
 	lr.prefix, lr.suffix = envelope(lr.key)
+	lr.window.Store(lr.step())
 	for i := 0; i < p.cfg.ShardsPerLane; i++ {
 		lr.shards = append(lr.shards, newShard(lr, i))
 	}

@@ -213,3 +213,52 @@ func TestTotalReadAheadNoStarvation(t *testing.T) {
 	}
 	h.check(stuck)
 }
+
+// While the upstream is down (every shard retrying), the lane stops
+// reading: from the start it reads one step, not its budget; when the
+// upstream goes down later it keeps what it had read and reads no more (the
+// window opens with progress only). Once the upstream is back everything is
+// delivered.
+func TestOutageStopsReadAhead(t *testing.T) {
+	const limit = 1 << 20
+	h := newHarness(t, sim.Config{}, Config{MaxReadAheadBytes: limit, ShardsPerLane: 2, MaxBatchEvents: 50,
+		RetryInitial: 100 * time.Millisecond}, throttle.Config{})
+	for i, mode := range []sim.DownMode{sim.Down503, sim.DownRefuse} {
+		if err := h.sim.Down(mode, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		for c := 0; c < 100; c++ { // 100 chunks of ~25 KB: twice the budget
+			var evs []ev
+			for _, d := range devs("dev-", 20) {
+				evs = append(evs, ev{Device: d, Pad: 1000})
+			}
+			h.add("key", evs...)
+		}
+		if i == 0 {
+			h.start()
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for lr := h.p.lane(h.lane("key", "").ID()); lr == nil || lr.failing.Load() < 2; lr = h.p.lane(h.lane("key", "").ID()) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the shards did not start retrying", mode)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		first := h.p.LaneStatus()[0].ReadAheadBytes
+		time.Sleep(300 * time.Millisecond) // three retries
+		st := h.p.LaneStatus()[0]
+		const chunk = 32 << 10 // 20 events of ~1.1 KB and their items
+		switch {
+		case i == 0 && st.ReadAheadBytes > limit/8*5/4+chunk:
+			t.Fatalf("%s from the start: read-ahead %d bytes, want at most a step (%d)", mode, st.ReadAheadBytes, limit/8)
+		case st.ReadAheadBytes != first || st.ReadAheadBytes > limit+limit/8+chunk:
+			t.Fatalf("%s: read-ahead %d bytes, then %d during the outage, want no more reading (budget %d)", mode, first, st.ReadAheadBytes, limit)
+		}
+		if err := h.sim.Up(); err != nil {
+			t.Fatal(err)
+		}
+		h.waitDrained(20*time.Second, 0)
+	}
+	h.stop()
+	h.check(nil)
+}

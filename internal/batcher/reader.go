@@ -49,10 +49,14 @@ func chunkBytes(c *spool.Chunk) int64 {
 // and hands each record to the shard its OrderKey hashes to.
 func (lr *laneRunner) read(ctx context.Context) {
 	limit := int64(lr.p.cfg.MaxReadAheadBytes)
-	step := min(max(limit/8, 1), maxNextBytes)
+	step := lr.step()
 	per := make([][]item, len(lr.shards))
 	for {
-		free, ok := lr.waitBudget(ctx, limit)
+		free, ok := lr.waitBudget(ctx, limit, func() {
+			// About to wait: the hand-over slices need not keep their
+			// capacity meanwhile.
+			clear(per)
+		})
 		if !ok {
 			return
 		}
@@ -99,6 +103,36 @@ func (lr *laneRunner) read(ctx context.Context) {
 	}
 }
 
+// step is the most one Lane.Next reads.
+func (lr *laneRunner) step() int64 {
+	return min(max(int64(lr.p.cfg.MaxReadAheadBytes)/8, 1), maxNextBytes)
+}
+
+// progress opens the read-ahead window (to a step, then doubling up to
+// the lane's budget) whenever the upstream answered and records are done (a
+// 200, dead letters) or parked (held for a paused key, so that later keys
+// can be read and sent).
+func (lr *laneRunner) progress() {
+	if w, limit := lr.window.Load(), int64(lr.p.cfg.MaxReadAheadBytes); w < limit {
+		lr.window.Store(min(max(2*w, lr.step()), limit))
+		lr.wakeReader()
+	}
+}
+
+// shardFailing is called when a shard's request failed after a 200 (or
+// its first one): when every shard of the lane is failing (the upstream is
+// down), the window closes to one chunk, so the lane stops reading what it
+// cannot send: while it holds anything it reads nothing. It reopens with
+// progress.
+func (lr *laneRunner) shardFailing() {
+	if int(lr.failing.Add(1)) >= len(lr.shards) {
+		lr.window.Store(1)
+	}
+}
+
+// shardRecovered is called on a 200 after failures.
+func (lr *laneRunner) shardRecovered() { lr.failing.Add(-1) }
+
 // maxNextBytes bounds one Lane.Next: the read-ahead fills in steps (also at
 // most an eighth of the budget, so one step overshoots it little), the
 // hand-over slices stay small and shards start sending early.
@@ -116,24 +150,41 @@ func shardOf(key []byte, n int) int {
 
 // waitBudget waits until the lane may read and returns how many bytes
 // (at least 1: Lane.Next returns at least one chunk), or false when ctx
-// ends. A lane reads while its read-ahead is under limit and the
-// pipeline's total is under its limit; a lane with nothing read ahead
-// reads one chunk even when the total is reached, so lanes that hold their
-// whole budget (stopped, paused devices) slow the others, never stop them.
-func (lr *laneRunner) waitBudget(ctx context.Context, limit int64) (int64, bool) {
+// ends. A lane reads while its read-ahead is under limit and under its
+// window (see progress), and the pipeline's total is under its limit; a
+// lane with nothing read ahead reads one chunk even when the total is
+// reached, so lanes that hold their whole budget (stopped, paused devices)
+// slow the others, never stop them.
+//
+// idle is called once before the first wait.
+func (lr *laneRunner) waitBudget(ctx context.Context, limit int64, idle func()) (int64, bool) {
 	total := lr.p.budget
 	for {
 		lr.bmu.Lock()
 		in := lr.inflight
 		lr.bmu.Unlock()
 		used, freed := total.state()
+		lim := min(limit, lr.window.Load())
 		switch {
-		case in >= limit:
-			freed = nil // only this lane's own releases help
+		case in >= lim:
+			freed = nil // only this lane's own releases (or progress) help
+			if lim < limit && !lr.windowWait.Swap(true) {
+				// The shards will get no more until they send: they
+				// must not wait for full batches.
+				for _, s := range lr.shards {
+					s.poke()
+				}
+			}
 		case used < total.limit:
-			return min(limit-in, total.limit-used), true
+			lr.windowWait.Store(false)
+			return min(lim-in, total.limit-used), true
 		case in == 0:
+			lr.windowWait.Store(false)
 			return 1, true
+		}
+		if idle != nil {
+			idle()
+			idle = nil
 		}
 		select {
 		case <-lr.bwake:
@@ -163,6 +214,11 @@ func (lr *laneRunner) release(n int64) {
 	lr.bmu.Unlock()
 	lr.readAhead.Store(v)
 	lr.p.budget.add(-n)
+	lr.wakeReader()
+}
+
+// wakeReader wakes the reader if it waits for its budget.
+func (lr *laneRunner) wakeReader() {
 	select {
 	case lr.bwake <- struct{}{}:
 	default:

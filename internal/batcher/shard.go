@@ -60,6 +60,11 @@ func (s *shard) give(its []item) {
 	s.mu.Lock()
 	s.in = append(s.in, its...)
 	s.mu.Unlock()
+	s.poke()
+}
+
+// poke wakes the shard goroutine if it waits.
+func (s *shard) poke() {
 	select {
 	case s.wake <- struct{}{}:
 	default:
@@ -91,6 +96,7 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 			return
 		}
 		if c := s.lr.stoppedC(); c != nil {
+			s.shrink()
 			select {
 			case <-c:
 			case <-ctx.Done():
@@ -102,7 +108,8 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 		s.releaseHeld(now)
 		var wait time.Duration = -1
 		if s.ready.len() > 0 {
-			full := s.ready.len() >= min(s.capEvents, cfg.MaxBatchEvents) || s.ready.bytes >= cfg.MaxBatchBytes
+			full := s.ready.len() >= min(s.capEvents, cfg.MaxBatchEvents) || s.ready.bytes >= cfg.MaxBatchBytes ||
+				s.lr.windowWait.Load() // the reader waits for this shard's answers
 			due := s.ready.peek().enq.Add(cfg.FlushInterval)
 			if full || !now.Before(due) {
 				wait = 0
@@ -120,6 +127,8 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 			if wait > 0 {
 				timer.Reset(wait)
 				tc = timer.C
+			} else {
+				s.shrink() // nothing queued or held: idle until the reader gives more
 			}
 			select {
 			case <-s.wake:
@@ -137,13 +146,16 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 		}
 		body := s.build(now)
 		if len(s.dead) > 0 && !s.flushDead(ctx, drainCtx, nil) {
+			s.putBody()
 			s.requeue(s.batch)
 			return
 		}
 		if len(s.batch) == 0 {
+			s.putBody()
 			continue
 		}
 		res := p.send.Do(drainCtx, &upstream.Request{URL: p.url, Body: body, Gzip: cfg.Gzip})
+		s.putBody() // Do has sent or copied it
 		if drainCtx.Err() != nil {
 			// Abandoned: the batch stays in the spool (and in this shard's
 			// queue, should Run be called again).
@@ -176,6 +188,7 @@ func (s *shard) releaseHeld(now time.Time) {
 // hold starts a held queue for key with it (detached: see laneRunner.detach).
 func (s *shard) hold(key []byte, until time.Time, it item) {
 	s.lr.detach(&it)
+	s.lr.progress()
 	h := &held{key: string(key), until: until, items: []item{it}}
 	s.held[h.key] = h
 	heap.Push(&s.heap, h)
@@ -213,6 +226,11 @@ func (s *shard) build(now time.Time) []byte {
 	fixed := len(s.lr.prefix) + len(s.lr.suffix)
 	size := fixed
 	s.batch = s.batch[:0]
+	if s.body == nil {
+		if bp, _ := s.lr.p.bodies.Get().(*[]byte); bp != nil {
+			s.body = *bp
+		}
+	}
 	s.body = append(s.body[:0], s.lr.prefix...)
 	for s.ready.len() > 0 && len(s.batch) < capE {
 		it := s.ready.peek() // valid until the next pop
@@ -223,6 +241,7 @@ func (s *shard) build(now time.Time) []byte {
 		if h := s.held[string(it.rec.OrderKey)]; h != nil {
 			x := s.ready.pop()
 			s.lr.detach(&x)
+			s.lr.progress()
 			h.items = append(h.items, x)
 			s.lr.heldEvents.Add(1)
 			continue
@@ -259,6 +278,39 @@ func (s *shard) build(now time.Time) []byte {
 	return s.body
 }
 
+// shrink drops what a shard that is about to wait (idle, backing off, its
+// lane stopped) does not need: its body buffer and the capacity of its
+// empty slices, which many lanes' shards would otherwise each keep at the
+// size of their largest burst.
+func (s *shard) shrink() {
+	s.putBody()
+	if len(s.batch) == 0 {
+		s.batch = nil
+	}
+	s.spare = nil
+	if s.ready.len() == 0 {
+		s.ready = queue{}
+	}
+	s.mu.Lock()
+	if len(s.in) == 0 {
+		s.in = nil
+	}
+	s.mu.Unlock()
+}
+
+// putBody gives the request body buffer back to the pipeline's pool: a
+// shard that waits (idle, backing off, its lane stopped) holds no body, so
+// many lanes' shards share a few buffers instead of one each (up to
+// MaxBatchBytes).
+func (s *shard) putBody() {
+	if s.body == nil {
+		return
+	}
+	b := s.body[:0]
+	s.body = nil
+	s.lr.p.bodies.Put(&b)
+}
+
 func maxTime(a, b time.Time) time.Time {
 	if a.After(b) {
 		return a
@@ -277,7 +329,11 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 		s.lr.done(s.batch)
 		p.m.delivered.Add(float64(n))
 		s.bo.Reset()
-		s.failures = 0
+		if s.failures > 0 {
+			s.failures = 0
+			s.lr.shardRecovered()
+		}
+		s.lr.progress()
 		s.capEvents = min(s.capEvents*2, cfg.MaxBatchEvents)
 		return true
 
@@ -431,6 +487,9 @@ func (s *shard) retryLater(ctx, drainCtx context.Context, res upstream.Result) b
 	if ra := min(res.RetryAfter, cfg.RetryMax); ra > d {
 		d = ra
 	}
+	if s.failures == 0 {
+		s.lr.shardFailing()
+	}
 	s.failures++
 	now := time.Now()
 	if now.Sub(s.lastWarn) >= 10*time.Second {
@@ -439,6 +498,8 @@ func (s *shard) retryLater(ctx, drainCtx context.Context, res upstream.Result) b
 			zap.String("lane", s.lr.label), zap.Int("shard", s.idx), zap.String("class", res.Kind.String()),
 			zap.ByteString("answer", res.Answer), zap.Int("failures", s.failures), zap.Duration("wait", d))
 	}
+	s.batch = nil // requeued above
+	s.shrink()
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -496,6 +557,7 @@ func (s *shard) flushDead(ctx, drainCtx context.Context, answer []byte) bool {
 		p.m.dead.WithLabelValues(d.reason).Inc()
 	}
 	s.lr.done(its)
+	s.lr.progress()
 	clear(s.dead)
 	s.dead = s.dead[:0]
 	return true
