@@ -3,6 +3,7 @@ package spool
 import (
 	"os"
 	"syscall"
+	"time"
 	"unsafe"
 
 	bolt "go.etcd.io/bbolt"
@@ -28,6 +29,19 @@ import (
 // Every call happens inside a bbolt transaction: bbolt never remaps the file
 // while one is open, so the addresses stay those of the mapping. Advice is
 // best effort; errors are ignored.
+
+// adviseAge: Lane.read advises only for chunks at least this old (a backlog
+// being caught up). Newer ones are in the page cache; the advice calls for
+// them (several per read, each walking the pages) were 22% of the relay's
+// CPU at 100-event load, and the writer's trim drops their pages anyway.
+const adviseAge = 10 * time.Second
+
+func (c Config) adviseOlder() time.Duration {
+	if c.adviseAge > 0 {
+		return c.adviseAge
+	}
+	return adviseAge
+}
 
 // adviseGap is the largest hole between two chunks' pages that one advice
 // call spans: fewer system calls, few pages advised for nothing.

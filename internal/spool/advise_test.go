@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // rssFileKiB is the process's file-backed resident memory (the bbolt
@@ -27,11 +28,12 @@ func rssFileKiB(t *testing.T) int64 {
 }
 
 // TestReadDropsPages checks that reading a backlog does not leave its pages
-// in the process's RSS (advise.go): 64 MiB read through the mapping, and
-// the file-backed RSS grows by a small fraction of it.
+// in the process's RSS (advise.go): 64 MiB of backlog (every chunk older
+// than adviseAge) read through the mapping, and the file-backed RSS grows
+// by a small fraction of it.
 func TestReadDropsPages(t *testing.T) {
 	ctx := context.Background()
-	s := openTest(t, Config{Dir: t.TempDir(), Sync: SyncNone, CompactMinFileBytes: -1})
+	s := openTest(t, Config{Dir: t.TempDir(), Sync: SyncNone, CompactMinFileBytes: -1, adviseAge: time.Nanosecond})
 	l := mustLane(t, s, testKey(1))
 	var b Batch
 	const chunks, perChunk, pad = 128, 100, 5000 // ~64 MiB
