@@ -11,7 +11,10 @@
 #
 # usage: bench/compare.sh [--smoke] [--duration 10] [--events 100] [--conns 32]
 #                         [--runs 3] [--tool wrk|loadgen] [--targets "always none nginx"]
-#                         [--profile DIR] [--out FILE]
+#                         [--profile DIR] [--out FILE] [--base-bin RELAY]
+# --base-bin adds the targets base-always and base-none: the same load against
+# another relay binary (say, one built from the commit before a change), in the
+# same run, so that a change is measured against its baseline on this noisy box.
 # Installs wrk and nginx with apt-get when missing. Cleans up on exit.
 set -euo pipefail
 
@@ -36,7 +39,8 @@ while [ $# -gt 0 ]; do
 	--profile) PROFILE_DIR="$2"; shift 2 ;;
 	--no-half) HALF=0; shift ;;
 	--out) OUT="$2"; shift 2 ;;
-	-h | --help) sed -n '2,17p' "$0"; exit 0 ;;
+	--base-bin) BASE_BIN="$(realpath "$2")"; shift 2 ;;
+	-h | --help) sed -n '2,18p' "$0"; exit 0 ;;
 	*) echo "compare.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
@@ -159,14 +163,18 @@ start_target() { # name run
 	port=$(free_port)
 	TURL="http://127.0.0.1:$port/2/httpapi"
 	case "$1" in
-	always | none)
-		local aport attempt
+	always | none | base-always | base-none)
+		local aport attempt bin="$TMP/relay" mode="$1"
+		case "$1" in base-*)
+			[ -x "${BASE_BIN:-}" ] || { echo "compare.sh: target $1 needs --base-bin" >&2; exit 2; }
+			bin="$BASE_BIN" mode="${1#base-}" ;;
+		esac
 		for attempt in 1 2 3; do
 			aport=$(free_port)
 			while [ "$aport" = "$port" ]; do aport=$(free_port); done
 			ADMIN="http://127.0.0.1:$aport"
 			rm -rf "$TMP/data"
-			"$TMP/relay" --sync "$1" --ingest-url "http://$SINK" --data-dir "$TMP/data" \
+			"$bin" --sync "$mode" --ingest-url "http://$SINK" --data-dir "$TMP/data" \
 				--listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$aport" --log-level warn \
 				>"$TMP/relay-$1-$2.log" 2>&1 &
 			TPID=$!
@@ -317,6 +325,13 @@ for run in $(seq 1 "$RUNS"); do
 done
 
 # --- table ---------------------------------------------------------------------
+label() { # target: its name in the table
+	case $1 in
+	always | none) echo "relay --sync $1" ;;
+	base-always | base-none) echo "base relay --sync ${1#base-}" ;;
+	*) echo "$1" ;;
+	esac
+}
 median() { # target column
 	awk -F'\t' -v t="$1" -v c="$2" '$1==t && $c!="-" && $c!="nan" {print $c}' "$RESULTS" | sort -g |
 		awk '{a[NR]=$1} END{if(NR==0){print "-"} else if(NR%2){print a[(NR+1)/2]} else {printf "%.10g\n", (a[NR/2]+a[NR/2+1])/2}}'
@@ -329,8 +344,7 @@ median() { # target column
 	echo "| target | accepted events/s | requests/s | p50 ms | p99 ms | p99 ms at half peak | delivered events/s | e2e lag p99 ms (half peak) | CPU s / M events | peak RSS MiB | errors |"
 	echo "|---|---|---|---|---|---|---|---|---|---|---|"
 	for t in $TARGETS; do
-		name=$t
-		case $t in always) name="relay --sync always" ;; none) name="relay --sync none" ;; esac
+		name=$(label "$t")
 		echo "| $name | $(median "$t" 3) | $(median "$t" 4) | $(median "$t" 5) | $(median "$t" 6) | $(median "$t" 8) | $(median "$t" 9) | $(median "$t" 10) | $(median "$t" 11) | $(median "$t" 12) | $(median "$t" 13) |"
 	done
 	if echo " $TARGETS " | grep -q " nginx "; then
@@ -339,11 +353,11 @@ median() { # target column
 		n_cpu=$(median nginx 11)
 		n_rss=$(median nginx 12)
 		echo
-		for t in always none; do
+		for t in always none base-always base-none; do
 			echo " $TARGETS " | grep -q " $t " || continue
-			awk -v t="$t" -v a="$(median "$t" 3)" -v b="$n_eps" -v c="$(median "$t" 11)" -v d="$n_cpu" \
+			awk -v t="$(label "$t")" -v a="$(median "$t" 3)" -v b="$n_eps" -v c="$(median "$t" 11)" -v d="$n_cpu" \
 				-v e="$(median "$t" 12)" -v f="$n_rss" -v g="$(median "$t" 4)" -v h="$n_rps" \
-				'BEGIN{printf "relay --sync %s / nginx: events/s %.2fx, requests/s %.2fx, CPU per event %.2fx, peak RSS %.2fx\n", t, a/b, g/h, (d>0?c/d:0), (f>0?e/f:0)}'
+				'BEGIN{printf "%s / nginx: events/s %.2fx, requests/s %.2fx, CPU per event %.2fx, peak RSS %.2fx\n", t, a/b, g/h, (d>0?c/d:0), (f>0?e/f:0)}'
 		done
 	fi
 	echo
