@@ -46,8 +46,8 @@ type Pipeline struct {
 	url  string
 	// budget is the read-ahead of all lanes (MaxReadAheadTotalBytes).
 	budget *budget
-	// bodies pools the shards' request body buffers (*[]byte).
-	bodies sync.Pool
+	// bodies holds the request body buffers of shards that wait.
+	bodies bodyPool
 
 	mu      sync.Mutex
 	lanes   map[uint64]*laneRunner
@@ -74,7 +74,7 @@ func New(cfg Config, sp *spool.Spool, send Sender, thr *throttle.Throttle, log *
 	}
 	cfg = cfg.withDefaults()
 	p := &Pipeline{cfg: cfg, sp: sp, send: send, thr: thr, log: log, url: cfg.IngestURL + "/2/httpapi", lanes: map[uint64]*laneRunner{},
-		budget: newBudget(int64(cfg.MaxReadAheadTotalBytes))}
+		budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool()}
 	m, err := newMetrics(reg, p)
 	if err != nil {
 		return nil, err

@@ -227,9 +227,7 @@ func (s *shard) build(now time.Time) []byte {
 	size := fixed
 	s.batch = s.batch[:0]
 	if s.body == nil {
-		if bp, _ := s.lr.p.bodies.Get().(*[]byte); bp != nil {
-			s.body = *bp
-		}
+		s.body = s.lr.p.bodies.get(cfg.MaxBatchBytes)
 	}
 	s.body = append(s.body[:0], s.lr.prefix...)
 	for s.ready.len() > 0 && len(s.batch) < capE {
@@ -306,9 +304,8 @@ func (s *shard) putBody() {
 	if s.body == nil {
 		return
 	}
-	b := s.body[:0]
+	s.lr.p.bodies.put(s.body)
 	s.body = nil
-	s.lr.p.bodies.Put(&b)
 }
 
 func maxTime(a, b time.Time) time.Time {

@@ -406,8 +406,7 @@ func (l *Lane) read(maxBytes int, next uint64) ([]Chunk, error) {
 		}
 		out = make([]Chunk, len(raw))
 		for i, r := range raw {
-			buf := make([]byte, len(r.v))
-			copy(buf, r.v)
+			buf := append([]byte(nil), r.v...) // unlike make+copy, not zeroed first
 			if err := decodeChunk(r.seq, buf, &out[i]); err != nil {
 				return fmt.Errorf("lane %s chunk %d: %w", l.label, r.seq, err)
 			}

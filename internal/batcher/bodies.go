@@ -1,0 +1,34 @@
+package batcher
+
+// bodyPool keeps up to bodyPoolSize request body buffers for shards that
+// start building a batch. Unlike a sync.Pool it is not emptied by GC cycles,
+// which under load come several times a second: a body is up to
+// MaxBatchBytes, and a shard that finds the pool empty allocates (and the
+// runtime zeroes) a fresh one.
+type bodyPool struct{ free chan []byte }
+
+// bodyPoolSize bounds what waiting shards keep: ~8 MB at the default
+// MaxBatchBytes, whatever the number of lanes.
+const bodyPoolSize = 8
+
+func newBodyPool() bodyPool { return bodyPool{free: make(chan []byte, bodyPoolSize)} }
+
+// get returns an empty buffer with room for a body of up to max bytes.
+func (p bodyPool) get(max int) []byte {
+	select {
+	case b := <-p.free:
+		if cap(b) >= max {
+			return b[:0]
+		}
+	default:
+	}
+	return make([]byte, 0, max)
+}
+
+// put keeps b for a later get, or drops it when the pool is full.
+func (p bodyPool) put(b []byte) {
+	select {
+	case p.free <- b[:0]:
+	default:
+	}
+}
