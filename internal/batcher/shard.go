@@ -200,6 +200,9 @@ func (s *shard) hold(key []byte, until time.Time, it item) {
 // zero when neither is paused.
 func (s *shard) pausedUntil(r *spool.Record) time.Time {
 	thr := s.lr.p.thr
+	if !thr.AnyPaused() { // the common case: no key to build, no lookups
+		return time.Time{}
+	}
 	u := thr.PausedUntil(r.OrderKey)
 	if len(r.UserID) > 0 {
 		s.keybuf = append(append(s.keybuf[:0], userPrefix...), r.UserID...)

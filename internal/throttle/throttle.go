@@ -141,6 +141,10 @@ func (t *Throttle) PausedUntil(key []byte) time.Time {
 	return u
 }
 
+// AnyPaused reports whether some key may be paused; when it is false,
+// PausedUntil is zero for every key. Lets callers skip building keys.
+func (t *Throttle) AnyPaused() bool { return t.npaused.Load() != 0 }
+
 // PausedKeys is the number of keys with an unexpired pause.
 func (t *Throttle) PausedKeys() int {
 	now := t.now()

@@ -173,3 +173,23 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Fatalf("no metric %s", name)
 	return 0
 }
+
+// AnyPaused lets the batcher skip per-event pause lookups: it must be true
+// whenever some key is paused, so a false answer can be trusted.
+func TestAnyPaused(t *testing.T) {
+	th, err := New(Config{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if th.AnyPaused() {
+		t.Fatal("a new throttle reports pauses")
+	}
+	th.Pause([]string{"d:past"}, time.Now().Add(-time.Second))
+	if th.AnyPaused() {
+		t.Fatal("a pause in the past counted")
+	}
+	th.Pause([]string{"u:a"}, time.Now().Add(time.Minute))
+	if !th.AnyPaused() || th.PausedUntil([]byte("u:a")).IsZero() {
+		t.Fatal("a pause in the future not reported")
+	}
+}
