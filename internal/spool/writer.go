@@ -64,6 +64,7 @@ type writerState struct {
 
 	compactFailed time.Time
 	trimmed       time.Time // last trimMapping
+	trimDue       bool      // a commit since trimmed: trim when idle
 	freelistStale bool      // the last commit did not write the freelist
 }
 
@@ -121,6 +122,9 @@ func (s *Spool) run() {
 			if now := time.Now(); now.Sub(s.w.trimmed) >= trimInterval && s.db != nil {
 				trimMapping(s.db)
 				s.w.trimmed = now
+				s.w.trimDue = false
+			} else {
+				s.w.trimDue = true
 			}
 		} else if closed {
 			s.persistFreelist()
@@ -224,7 +228,7 @@ func (s *Spool) take() (ops []*op, acks []ackOp, closed bool) {
 			return ops, acks, closed
 		}
 		s.mu.Unlock()
-		if !s.w.freelistStale {
+		if !s.w.freelistStale && !s.w.trimDue {
 			<-s.wake
 			continue
 		}
@@ -232,7 +236,16 @@ func (s *Spool) take() (ops []*op, acks []ackOp, closed bool) {
 		select {
 		case <-s.wake:
 		case <-t.C:
-			s.idleFreelist()
+			if s.w.freelistStale {
+				s.idleFreelist()
+			}
+			if s.w.trimDue && s.db != nil {
+				// The commits since the last trim touched pages: a
+				// relay that went quiet gives them back now.
+				trimMapping(s.db)
+				s.w.trimmed = time.Now()
+			}
+			s.w.trimDue = false
 		}
 		t.Stop()
 	}

@@ -1,0 +1,36 @@
+package spool
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestIdleTrim: pages the writer's commits touched leave the RSS once the
+// writer has been idle for a moment, even when the last trim was recent.
+func TestIdleTrim(t *testing.T) {
+	ctx := context.Background()
+	s := openTest(t, Config{Dir: t.TempDir(), Sync: SyncNone, CompactMinFileBytes: -1})
+	l := mustLane(t, s, testKey(1))
+	time.Sleep(3 * idleFreelistDelay)
+	base := rssFileKiB(t)
+	var b Batch
+	var peak int64
+	for i := range 64 {
+		b.Reset()
+		for j := range 100 {
+			b.Add(rec(1, i*100+j, 5000))
+		}
+		if err := s.Append(ctx, l, &b); err != nil {
+			t.Fatal(err)
+		}
+		peak = max(peak, rssFileKiB(t))
+	}
+	after := rssFileKiB(t)
+	time.Sleep(5 * idleFreelistDelay)
+	idle := rssFileKiB(t)
+	t.Logf("file-backed RSS: %d KiB before, peak %d, after the appends %d, idle %d", base, peak, after, idle)
+	if idle-base > 1<<10 {
+		t.Fatalf("file-backed RSS %d KiB above its start after the writer went idle", idle-base)
+	}
+}
