@@ -114,6 +114,8 @@ type deliveries struct {
 	components []namedComponent
 	routes     []adminroute.Route
 	lanes      map[spool.Kind]adminapi.LaneControl
+	// release drops buffers kept for reuse, before an idle process collects.
+	release []func()
 }
 
 // newDeliveries builds the delivery side from cfg.
@@ -142,6 +144,7 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, log *zap.Logger, reg prom
 	d := &deliveries{
 		components: []namedComponent{{"delivery", p}},
 		lanes:      map[spool.Kind]adminapi.LaneControl{spool.KindEvents: p},
+		release:    []func(){p.ReleaseMemory},
 	}
 
 	gi, err := groupidentify.New(groupidentify.Config{
@@ -312,6 +315,14 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	if err != nil {
 		return err
 	}
+
+	// Give the heap's free pages back once the relay goes quiet after a burst.
+	idleCtx, stopIdle := context.WithCancel(context.Background())
+	lc.onStop("idle memory return", func(context.Context) error { stopIdle(); return nil })
+	g.run("idle memory return", func() error {
+		returnIdleMemory(idleCtx, idleCheckEvery, idleQuietBytes, idleMinAlloc, dl.release...)
+		return nil
+	})
 	relayAPI, err := adminapi.NewRelay(adminapi.RelayConfig{Lanes: dl.lanes}, sp, log.Named("admin"), reg)
 	if err != nil {
 		return err

@@ -32,3 +32,14 @@ func (p bodyPool) put(b []byte) {
 	default:
 	}
 }
+
+// drain drops every kept buffer.
+func (p bodyPool) drain() {
+	for {
+		select {
+		case <-p.free:
+		default:
+			return
+		}
+	}
+}

@@ -141,6 +141,10 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	}
 }
 
+// ReleaseMemory drops the request body buffers kept for reuse (up to ~8 MB),
+// so that the next GC frees them: for a process that has gone idle.
+func (p *Pipeline) ReleaseMemory() { p.bodies.drain() }
+
 // Ready returns nil while Run is delivering.
 func (p *Pipeline) Ready() error {
 	p.mu.Lock()
