@@ -24,7 +24,8 @@ import (
 //     relay owns, but RSS is what operators and limits see. Lane.read drops
 //     the pages it copied (MADV_DONTNEED on a shared file mapping only
 //     unmaps them: the data stays in the page cache and on disk), and the
-//     writer drops the whole mapping now and then (trimInterval).
+//     writer drops the whole mapping every trimInterval while it commits,
+//     and once more when it goes idle.
 //
 // Every call happens inside a bbolt transaction: bbolt never remaps the file
 // while one is open, so the addresses stay those of the mapping. Advice is
