@@ -155,13 +155,15 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 			continue
 		}
 		res := p.send.Do(drainCtx, &upstream.Request{URL: p.url, Body: body, Gzip: cfg.Gzip})
-		s.putBody() // Do has sent or copied it
 		if drainCtx.Err() != nil {
 			// Abandoned: the batch stays in the spool (and in this shard's
-			// queue, should Run be called again).
+			// queue, should Run be called again). The request may still be
+			// sending the body, which Do did not copy: drop it, never reuse.
+			s.body = nil
 			s.requeue(s.batch)
 			return
 		}
+		s.putBody() // sent
 		ok := s.handle(ctx, drainCtx, res)
 		// The batch's items are done or queued again: drop the references
 		// (an idle shard's last batch would keep its chunks' buffers).

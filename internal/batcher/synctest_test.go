@@ -1,6 +1,7 @@
 package batcher
 
 import (
+	"bytes"
 	"context"
 	"sync"
 	"testing"
@@ -135,3 +136,70 @@ func TestDrainDeadlineFakeTime(t *testing.T) {
 		}
 	})
 }
+
+// An abandoned request may still be sending its body, which the upstream
+// client does not copy: the shard must never build a later batch into that
+// buffer. Run is stopped with every shard's request abandoned, then run
+// again on the same pipeline (same body pool) to deliver everything; the
+// abandoned bodies must be as they were when abandoned.
+func TestAbandonedBodyNotReused(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sp, l := openFilled(t, 64)
+		defer sp.Close()
+		var mu sync.Mutex
+		var kept, snaps [][]byte
+		abandon := true
+		send := senderFunc(func(ctx context.Context, r *upstream.Request) upstream.Result {
+			mu.Lock()
+			ab := abandon
+			mu.Unlock()
+			if !ab {
+				return upstream.Classify(200, []byte(`{"code":200}`), "", nil)
+			}
+			<-ctx.Done() // never answers: abandoned at the drain deadline
+			mu.Lock()
+			kept = append(kept, r.Body)
+			snaps = append(snaps, bytes.Clone(r.Body))
+			mu.Unlock()
+			return upstream.Classify(0, nil, "", ctx.Err())
+		})
+		p, err := New(Config{IngestURL: "http://sim", DrainTimeout: time.Second, FlushInterval: time.Millisecond}, sp, send, nil, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		run := func(until func() bool) {
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error)
+			go func() { done <- p.Run(ctx) }()
+			for !until() {
+				time.Sleep(10 * time.Millisecond)
+			}
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		}
+		run(func() bool { time.Sleep(time.Second); synctest.Wait(); return true })
+		mu.Lock()
+		n := len(kept)
+		abandon = false
+		mu.Unlock()
+		if n == 0 {
+			t.Fatal("no request was abandoned")
+		}
+		run(func() bool { return l.Stats().Records == 0 })
+		mu.Lock()
+		defer mu.Unlock()
+		for i := range kept {
+			if !bytes.Equal(kept[i], snaps[i]) {
+				t.Fatalf("abandoned body %d was overwritten:\n%s\nnow\n%s", i, snaps[i], kept[i])
+			}
+		}
+		t.Logf("%d abandoned bodies intact", n)
+	})
+}
+
+// senderFunc adapts a function to Sender.
+type senderFunc func(ctx context.Context, r *upstream.Request) upstream.Result
+
+func (f senderFunc) Do(ctx context.Context, r *upstream.Request) upstream.Result { return f(ctx, r) }

@@ -79,8 +79,9 @@ type Request struct {
 	URL string
 	// ContentType is sent as Content-Type; "" means application/json.
 	ContentType string
-	// Body is the uncompressed body; the caller keeps it unchanged until
-	// Do returns (Do copies it before an abandoned request could outlive it).
+	// Body is the uncompressed body. Do sends it without copying: the caller
+	// keeps it unchanged until Do returns and, when Do returned because ctx
+	// ended (the request abandoned, still being sent), for good.
 	Body []byte
 	// Gzip compresses Body and sends Content-Encoding: gzip.
 	Gzip bool
@@ -162,7 +163,7 @@ func (c *Client) Do(ctx context.Context, req *Request) Result {
 		freq.Header.Set(fasthttp.HeaderContentEncoding, "gzip")
 		freq.SetBodyRaw(fasthttp.AppendGzipBytesLevel(nil, req.Body, fasthttp.CompressDefaultCompression))
 	} else {
-		freq.SetBody(req.Body) // copies: an abandoned request must not alias the caller's buffer
+		freq.SetBodyRaw(req.Body) // no copy: see Request.Body
 	}
 	deadline := time.Now().Add(c.cfg.Timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
