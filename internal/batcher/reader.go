@@ -36,6 +36,10 @@ type chunkRef struct {
 	bytes    int64        // counted against the read-ahead budget while refs > 0
 	left     atomic.Int32 // records not done
 	refs     atomic.Int32 // records not done and not detached
+	// buf is the chunk's buffer, given back to the spool when refs reaches
+	// zero: then no item aliases it (delivered and dead-lettered records
+	// are read no more, held ones have their own copy).
+	buf spool.Buffer
 }
 
 // chunkBytes is the memory a chunk read by Lane.Next holds until its last
@@ -82,7 +86,7 @@ func (lr *laneRunner) read(ctx context.Context) {
 				lr.p.sp.Ack(lr.lane, c.Seq)
 				continue
 			}
-			ck := &chunkRef{seq: c.Seq, accepted: c.Accepted, bytes: chunkBytes(&c)}
+			ck := &chunkRef{seq: c.Seq, accepted: c.Accepted, bytes: chunkBytes(&c), buf: c.Buffer()}
 			ck.left.Store(int32(len(c.Records)))
 			ck.refs.Store(int32(len(c.Records)))
 			total += ck.bytes
@@ -274,6 +278,7 @@ func (lr *laneRunner) done(its []item) {
 			n += it.own
 		} else if it.ck.refs.Add(-1) == 0 {
 			n += it.ck.bytes
+			it.ck.buf.Release()
 		}
 		if it.ck.left.Add(-1) == 0 {
 			lr.p.sp.Ack(lr.lane, it.ck.seq)
@@ -300,6 +305,7 @@ func (lr *laneRunner) detach(it *item) {
 	lr.acquire(it.own)
 	if it.ck.refs.Add(-1) == 0 {
 		lr.release(it.ck.bytes)
+		it.ck.buf.Release()
 	}
 }
 

@@ -187,11 +187,13 @@ func (s *shard) releaseHeld(now time.Time) {
 	}
 }
 
-// hold starts a held queue for key with it (detached: see laneRunner.detach).
-func (s *shard) hold(key []byte, until time.Time, it item) {
+// hold starts a held queue for it's key with it (detached: see
+// laneRunner.detach; from then on only its own copy may be read, as the
+// chunk's buffer may be reused).
+func (s *shard) hold(until time.Time, it item) {
 	s.lr.detach(&it)
 	s.lr.progress()
-	h := &held{key: string(key), until: until, items: []item{it}}
+	h := &held{key: string(it.rec.OrderKey), until: until, items: []item{it}}
 	s.held[h.key] = h
 	heap.Push(&s.heap, h)
 	s.lr.heldKeys.Add(1)
@@ -251,7 +253,7 @@ func (s *shard) build(now time.Time) []byte {
 		}
 		if u := s.pausedUntil(&it.rec); !u.IsZero() {
 			x := s.ready.pop()
-			s.hold(x.rec.OrderKey, u, x)
+			s.hold(u, x)
 			continue
 		}
 		if fixed+len(it.rec.Data) >= cfg.MaxBatchBytes {
@@ -267,7 +269,7 @@ func (s *shard) build(now time.Time) []byte {
 		}
 		x := s.ready.pop()
 		if ok, at := thr.Take(x.rec.OrderKey, 1); !ok {
-			s.hold(x.rec.OrderKey, maxTime(at, now.Add(cfg.FlushInterval)), x)
+			s.hold(maxTime(at, now.Add(cfg.FlushInterval)), x)
 			continue
 		}
 		if len(s.batch) > 0 {

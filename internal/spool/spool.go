@@ -232,7 +232,12 @@ type Chunk struct {
 	Records []Record
 	// Size is the encoded size counted against the quota.
 	Size int
+	buf  Buffer
 }
+
+// Buffer is the memory the records alias, for a caller that can tell when
+// they are no longer read (see Buffer.Release).
+func (c *Chunk) Buffer() Buffer { return c.buf }
 
 // Lane is a handle on one lane. Lanes are never closed or freed while the
 // spool is open.
@@ -312,7 +317,8 @@ func (l *Lane) Stats() LaneStats {
 // them in order (at least one, at most about maxBytes) and advances the
 // cursor. It returns ctx.Err() when ctx ends and ErrClosed when the spool
 // closes. One caller at a time per lane. maxBytes <= 0 returns one chunk.
-// The chunks are copies: they stay valid after Ack and Close.
+// The chunks are copies: they stay valid after Ack and Close, until their
+// Buffer is released (Chunk.Buffer).
 func (l *Lane) Next(ctx context.Context, maxBytes int) ([]Chunk, error) {
 	for {
 		select {
@@ -406,7 +412,9 @@ func (l *Lane) read(maxBytes int, next uint64) ([]Chunk, error) {
 		}
 		out = make([]Chunk, len(raw))
 		for i, r := range raw {
-			buf := append([]byte(nil), r.v...) // unlike make+copy, not zeroed first
+			buf, box := getBuf(len(r.v))
+			copy(buf, r.v)
+			out[i].buf = Buffer{box}
 			if err := decodeChunk(r.seq, buf, &out[i]); err != nil {
 				return fmt.Errorf("lane %s chunk %d: %w", l.label, r.seq, err)
 			}
