@@ -44,9 +44,10 @@ type chunkRef struct {
 
 // chunkBytes is the memory a chunk read by Lane.Next holds until its last
 // record is done or detached: its buffer (all records alias one allocation
-// of Size bytes) and an item per record.
+// of at least Size bytes, rounded up to the spool's buffer class) and an
+// item per record.
 func chunkBytes(c *spool.Chunk) int64 {
-	return int64(c.Size) + int64(len(c.Records))*itemBytes
+	return int64(max(c.Size, c.Buffer().Cap())) + int64(len(c.Records))*itemBytes
 }
 
 // read is the lane's reader: it reads chunks within the read-ahead budget

@@ -5,14 +5,14 @@ import (
 	"sync"
 )
 
-// Chunk buffers are recycled by size class (powers of two from 4 KiB to
+// Chunk buffers are recycled by size class (powers of two from 512 bytes to
 // 16 MiB): Lane.Next copies every chunk it reads out of the mapping, and a
 // fresh buffer per chunk (allocated, zeroed, collected) was ~3% of the
 // relay's CPU at 100-event load plus most of its allocation volume. A caller
 // that knows when a chunk is no longer read gives its Buffer back; one that
 // does not simply drops it.
 const (
-	minBufShift = 12
+	minBufShift = 9
 	maxBufShift = 24
 )
 
@@ -46,6 +46,15 @@ func getBuf(n int) ([]byte, *[]byte) {
 
 // Buffer is the memory a Chunk's records alias.
 type Buffer struct{ p *[]byte }
+
+// Cap is the memory the buffer holds (a chunk rounded up to its class), 0
+// for the zero Buffer.
+func (b Buffer) Cap() int {
+	if b.p == nil {
+		return 0
+	}
+	return cap(*b.p)
+}
 
 // Release gives the buffer back for later reads. Call it once, and only
 // when nothing reads the chunk's records (or slices of them) any more:

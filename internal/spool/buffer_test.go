@@ -9,7 +9,7 @@ import (
 
 func TestBufClass(t *testing.T) {
 	for _, tt := range []struct{ n, class int }{
-		{0, 0}, {1, 0}, {4096, 0}, {4097, 1}, {8192, 1}, {1 << 20, 8}, {1<<20 + 1, 9}, {16 << 20, 12}, {16<<20 + 1, -1},
+		{0, 0}, {1, 0}, {512, 0}, {513, 1}, {4096, 3}, {4097, 4}, {1 << 20, 11}, {1<<20 + 1, 12}, {16 << 20, 15}, {16<<20 + 1, -1},
 	} {
 		if got := bufClass(tt.n); got != tt.class {
 			t.Errorf("bufClass(%d) = %d, want %d", tt.n, got, tt.class)
