@@ -3,20 +3,23 @@ package spool
 import (
 	"math/bits"
 	"sync"
+	"sync/atomic"
 )
 
-// Chunk buffers are recycled by size class (powers of two from 512 bytes to
-// 16 MiB): Lane.Next copies every chunk it reads out of the mapping, and a
-// fresh buffer per chunk (allocated, zeroed, collected) was ~3% of the
-// relay's CPU at 100-event load plus most of its allocation volume. A caller
-// that knows when a chunk is no longer read gives its Buffer back; one that
-// does not simply drops it.
+// Chunk memory is recycled by size class (powers of two from 512 bytes to
+// 16 MiB). A chunk's buffer is shared: an Append hands its Batch's buffer to
+// the spool, which keeps it while the chunk is only in the write-ahead log
+// (see hot.go) and lends it to the lane's reader; a chunk read from bbolt is
+// copied into a buffer of its own. Each holder has one reference, and the
+// last Release gives the buffer back to its class's pool. A holder that
+// cannot tell when it stops reading simply drops its Buffer: the memory is
+// then collected, never reused under it.
 const (
 	minBufShift = 9
 	maxBufShift = 24
 )
 
-var bufPools [maxBufShift - minBufShift + 1]sync.Pool // of *[]byte
+var bufPools [maxBufShift - minBufShift + 1]sync.Pool // of *chunkBuf
 
 // bufClass is the smallest class holding n bytes, -1 above the largest.
 func bufClass(n int) int {
@@ -30,22 +33,48 @@ func bufClass(n int) int {
 	return c
 }
 
-// getBuf returns a buffer of n bytes (contents undefined) and its box for
-// Release; the box is nil for sizes beyond the classes.
-func getBuf(n int) ([]byte, *[]byte) {
+// chunkBuf is a buffer of a class's capacity (or, beyond the classes, of
+// exactly what was asked) with a count of its holders.
+type chunkBuf struct {
+	b    []byte
+	refs atomic.Int32
+}
+
+// getBuf returns a buffer with room for n bytes, b of length 0, one
+// reference held by the caller. Its contents are undefined.
+func getBuf(n int) *chunkBuf {
 	c := bufClass(n)
 	if c < 0 {
-		return make([]byte, n), nil
+		cb := &chunkBuf{b: make([]byte, 0, n)}
+		cb.refs.Store(1)
+		return cb
 	}
-	if p, _ := bufPools[c].Get().(*[]byte); p != nil {
-		return (*p)[:n], p
+	cb, _ := bufPools[c].Get().(*chunkBuf)
+	if cb == nil {
+		cb = &chunkBuf{b: make([]byte, 0, 1<<(c+minBufShift))}
 	}
-	b := make([]byte, 1<<(c+minBufShift))
-	return b[:n], &b
+	cb.b = cb.b[:0]
+	cb.refs.Store(1)
+	return cb
+}
+
+// ref adds a holder.
+func (cb *chunkBuf) ref() { cb.refs.Add(1) }
+
+// release drops a holder; the last one gives the buffer back to its pool.
+func (cb *chunkBuf) release() {
+	if n := cb.refs.Add(-1); n > 0 {
+		return
+	} else if n < 0 {
+		panic("spool: chunk buffer released more often than referenced")
+	}
+	if c := bufClass(cap(cb.b)); c >= 0 && cap(cb.b) == 1<<(c+minBufShift) {
+		bufPools[c].Put(cb)
+	}
 }
 
 // Buffer is the memory a Chunk's records alias.
-type Buffer struct{ p *[]byte }
+type Buffer struct{ p *chunkBuf }
 
 // Cap is the memory the buffer holds (a chunk rounded up to its class), 0
 // for the zero Buffer.
@@ -53,18 +82,92 @@ func (b Buffer) Cap() int {
 	if b.p == nil {
 		return 0
 	}
-	return cap(*b.p)
+	return cap(b.p.b)
 }
 
-// Release gives the buffer back for later reads. Call it once, and only
-// when nothing reads the chunk's records (or slices of them) any more:
-// their bytes are overwritten by a later chunk. The zero Buffer does
-// nothing.
+// Release says the caller no longer reads the chunk's records (or slices of
+// them): once every holder released it, the memory is reused for other
+// chunks. Call it at most once per Chunk returned by Next. The zero Buffer
+// does nothing.
 func (b Buffer) Release() {
-	if b.p == nil {
-		return
+	if b.p != nil {
+		b.p.release()
 	}
-	if c := bufClass(cap(*b.p)); c >= 0 && cap(*b.p) == 1<<(c+minBufShift) {
-		bufPools[c].Put(b.p)
+}
+
+// Batch is a reusable builder of the records of one Append. Its buffer is
+// the chunk's encoding (see encode.go); an Append that succeeds takes the
+// buffer over (no copy) and leaves the Batch empty, and the next Add starts a
+// fresh buffer of the same size class from the pool. The zero value is an
+// empty batch.
+type Batch struct {
+	cb   *chunkBuf // nil until the first Add after a Reset or Append
+	n    int
+	last int // capacity of the last buffer, a hint for the next one
+}
+
+// Reset empties b, keeping its memory.
+func (b *Batch) Reset() {
+	if b.cb != nil {
+		b.cb.b = b.cb.b[:0]
 	}
+	b.n = 0
+}
+
+// Add appends a record; the slices are copied.
+func (b *Batch) Add(r Record) {
+	need := 3*binaryMaxVarintLen + len(r.OrderKey) + len(r.UserID) + len(r.Data)
+	if b.cb == nil || len(b.cb.b) == 0 {
+		if b.cb == nil || cap(b.cb.b) < chunkHeaderLen+need {
+			b.grow(chunkHeaderLen + need)
+		}
+		b.cb.b = b.cb.b[:chunkHeaderLen] // the header is written by Append
+	} else if cap(b.cb.b)-len(b.cb.b) < need {
+		b.grow(len(b.cb.b) + need)
+	}
+	buf := b.cb.b
+	buf = appendBytes(buf, r.OrderKey)
+	buf = appendBytes(buf, r.UserID)
+	buf = appendBytes(buf, r.Data)
+	b.cb.b = buf
+	b.n++
+}
+
+// binaryMaxVarintLen is the longest uvarint of a length.
+const binaryMaxVarintLen = 10
+
+// grow makes room for n bytes, keeping the contents, in a pooled buffer: at
+// least the last buffer's size, and at least twice the current one, so that
+// a batch grows in a few steps.
+func (b *Batch) grow(n int) {
+	want := max(n, b.last)
+	if b.cb != nil {
+		want = max(want, 2*cap(b.cb.b))
+	}
+	cb := getBuf(want)
+	if b.cb != nil {
+		cb.b = append(cb.b, b.cb.b...)
+		b.cb.release()
+	}
+	b.cb = cb
+	b.last = cap(cb.b)
+}
+
+// take hands b's buffer over to the caller (Append) and empties b.
+func (b *Batch) take() *chunkBuf {
+	cb := b.cb
+	b.cb, b.n = nil, 0
+	return cb
+}
+
+// Len is the number of records added.
+func (b *Batch) Len() int { return b.n }
+
+// Bytes is the encoded size of b (0 when empty): what Append counts against
+// the quota and what Chunk.Size reports.
+func (b *Batch) Bytes() int {
+	if b.n == 0 {
+		return 0
+	}
+	return len(b.cb.b)
 }

@@ -59,21 +59,21 @@ func (s *Spool) maybeCompact() {
 		return
 	}
 	file := s.fileBytes.Load()
-	if !s.w.compactFailed.IsZero() && time.Since(s.w.compactFailed) < compactRetryAfter {
+	if !s.st.compactFailed.IsZero() && time.Since(s.st.compactFailed) < compactRetryAfter {
 		return
 	}
 	start := time.Now()
 	if err := s.compact(); err != nil {
-		s.w.compactFailed = time.Now()
+		s.st.compactFailed = time.Now()
 		s.log.Error("spool compaction failed", zap.Error(err))
 		return
 	}
-	s.w.compactFailed = time.Time{}
+	s.st.compactFailed = time.Time{}
 	s.updateFileBytes()
 	s.m.compactions.Inc()
 	s.log.Info("spool compacted",
 		zap.Int64("file_bytes_before", file), zap.Int64("file_bytes_after", s.fileBytes.Load()),
-		zap.Int64("live_bytes", s.w.live), zap.Duration("took", time.Since(start)))
+		zap.Int64("live_bytes", s.st.live), zap.Duration("took", time.Since(start)))
 }
 
 // compact copies the file and swaps the copy in. On error the old file stays

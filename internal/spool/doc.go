@@ -1,25 +1,24 @@
-// Package spool is the relay's durable queue: one bbolt file holding, per
-// lane, an ordered queue of chunks, plus a dead-letter store.
+// Package spool is the relay's durable queue: a write-ahead log (WAL) in
+// front of one bbolt file that holds, per lane, an ordered queue of chunks,
+// plus a dead-letter store.
 //
 // A lane is one upstream destination (LaneKey: kind, api_key, options). A
 // chunk is the group of records one Append wrote to a lane; a record is one
 // event (or group identify, or mapping) with its ordering ids.
 //
-// # File
+// # Files
 //
-// Dir/spool.db is a bbolt file with a map freelist. The freelist is written
-// by every commit while it is small next to what the commit writes
-// (keepFreelist) and by Close; otherwise (while a large backlog drains)
-// commits skip it and the next Open rebuilds it by checking every page of the file (about 1 s per 5 GB here),
-// so that a restart with a backlog on disk, clean or after a crash, is
-// usually a read of a few pages. The mapping's pages are advised (see
-// advise.go): read-ahead for what a reader is about to copy, and dropped
-// from the RSS once read. Buckets:
+// Dir/wal/ holds the WAL's segment files (see wal.go): an Append is a record
+// appended to the current segment. Dir/spool.db is a bbolt file with a map
+// freelist, where a chunk lives once a checkpoint moved it there (see
+// store.go). Its buckets:
 //
-//	meta    format version; dead-letter count and bytes
-//	lanes   8-byte big-endian lane id -> LaneKey + next seq and the live
-//	        chunks, records and bytes of the lane (updated in every commit
-//	        that touches the lane, so Open never scans a queue)
+//	meta    format version; dead-letter count and bytes; the WAL position
+//	        applied to the file (records before it need no replay)
+//	lanes   8-byte big-endian lane id -> LaneKey + next seq and the
+//	        chunks, records and bytes of the lane in this file (updated in
+//	        every transaction that touches the lane, so Open never scans a
+//	        queue)
 //	q<id>   one per lane: 8-byte big-endian seq -> encoded chunk
 //	dead    8-byte big-endian id -> encoded dead letter
 //
@@ -27,63 +26,97 @@
 // Another process opening the same Dir fails after about half a second with
 // ErrLocked.
 //
+// The freelist is written by every transaction while it is small next to
+// what the transaction writes (keepFreelist), when the spool goes idle, and
+// by Close; otherwise the next Open rebuilds it by checking every page of
+// the file (about 1 s per 5 GB here). The mapping's pages are advised (see
+// advise.go).
+//
 // # Durability
 //
-// Append returns only after the chunk is committed; under SyncAlways the
-// commit is fdatasync'ed (bbolt: two fdatasyncs per commit, data then meta),
-// under SyncNone it has reached the OS (it survives a crash of the process,
-// not of the machine). Every commit is made by one writer goroutine that
-// gathers every operation queued while the previous commit ran, up to
-// Config.MaxCommitBytes of chunks (group commit): many concurrent Appends
-// share one fsync, and a lone Append never waits for a timer. A chunk is
-// written from the caller's Batch without a copy (Append's caller waits).
+// Append returns only after its chunk's record is in the WAL: under
+// SyncAlways the segment is fdatasync'ed (one fdatasync per write, for
+// every Append queued while the previous write ran: group commit, no timer);
+// under SyncNone the record has reached the OS (it survives a crash of the
+// process, not of the machine). A segment's name is made durable (directory
+// fsync) before anything in it is acknowledged. A chunk is written from its
+// Batch's buffer without a copy, and the spool keeps that buffer: the chunk
+// is now "hot", in the WAL and in memory, not in bbolt.
+//
+// Checkpoints (store.go) move hot chunks into bbolt: every ~100 ms, the
+// chunks not acknowledged within flushAge (500 ms), and all of them when
+// the hot chunks' memory passes Config.HotMaxBytes or the WAL since the last
+// checkpoint passes 64 MiB. A checkpoint is one bbolt transaction (two
+// fdatasyncs under SyncAlways, none under SyncNone) that also stores the WAL
+// position up to which bbolt is complete. Open replays the WAL from that
+// position into bbolt, so every acknowledged chunk not yet in bbolt comes
+// back after a crash; a segment is read up to its first invalid record (a
+// torn write), which was never acknowledged. A chunk delivered and
+// acknowledged while hot is never written to bbolt at all: under load,
+// delivery keeps up and bbolt sees only what waits.
 //
 // Nothing is half-written: a refused Append (ErrFull, ErrDiskLow) is skipped
-// inside the commit and does not fail its neighbours; a failed commit (e.g.
-// ENOSPC) rolls the whole transaction back, fails every Append, Lane,
-// PutDead and DeleteDead of it, keeps its acks for the next commit (started
-// by the next Append or Ack, so a failing disk does not make the writer
-// spin), and the spool goes on working with the next commit.
+// inside the write and does not fail its neighbours; a failed WAL write
+// fails every Append of it, and the writer abandons that segment (zeroing
+// the failed records' first header, so that a replay stops before them) and
+// continues in a new one. A failed checkpoint keeps its chunks hot and its
+// deletions queued for the next one; appends go on into the WAL until the
+// hot chunks' memory reaches four times HotMaxBytes, then fail with ErrFull.
+// While checkpoints make progress but lag, appends wait for them instead
+// (at most 5 s), as they would wait for bbolt without the WAL.
 //
 // # Order
 //
-// Chunks of a lane are read back in Append order: sequence numbers start at 1
-// and increase by one per chunk within a lane, never reused (the next seq is
-// stored with the lane). Each lane has one reader cursor (Lane.Next); it
-// starts at the lane's oldest live chunk when the spool opens, so chunks that
-// were read but not acknowledged before a crash are read again. Next reads
-// only committed chunks, through a short read transaction, and copies them
-// (one buffer per chunk; the records alias it).
+// Chunks of a lane are read back in Append order: sequence numbers start at
+// 1 and increase by one per chunk within a lane, never reused (the next seq
+// is stored with the lane). Within a lane, WAL order is seq order, so the
+// chunks in bbolt always precede the hot ones. Each lane has one reader
+// cursor (Lane.Next): it reads chunks in bbolt through a short read
+// transaction (a copy per chunk) and hot chunks from memory (no copy: the
+// reader shares the buffer); it starts at the lane's oldest live chunk when
+// the spool opens, so chunks that were read but not acknowledged before a
+// crash are read again.
 //
 // # Removal
 //
-// Ack queues a chunk's deletion; it rides in the next commit (an ack alone
-// also wakes the writer) and nobody waits for it. A chunk acknowledged but
-// not yet committed when the process dies is delivered again (the upstream
-// dedups by insert_id). PutDead commits dead letters before it returns, so a
-// caller that dead-letters some records of a chunk and then acks the chunk
-// never loses them. Dead-letter ids increase and are never reused.
+// Ack never blocks. A hot chunk acknowledged is forgotten at once (its
+// memory is reused once the reader releases it too); a chunk in bbolt is
+// deleted by the next checkpoint. Every ack is also written to the WAL with
+// the next write (not synced on its own), so that a replay does not bring
+// back chunks acknowledged before a crash; one not yet written when the
+// process dies is delivered again (the upstream dedups by insert_id).
+// PutDead commits dead letters to bbolt before it returns, so a caller that
+// dead-letters some records of a chunk and then acks the chunk never loses
+// them. Dead-letter ids increase and are never reused.
 //
 // # Space
 //
 // Append fails with ErrFull when the live bytes (encoded chunk sizes, as in
-// Chunk.Size) would pass Config.MaxBytes, and with ErrDiskLow when the
-// filesystem's free space (statfs, cached for 500ms, minus the bytes appended
-// since) minus the chunk is under Config.MinFreeBytes. Acks of a commit are
-// applied before its appends, so space they free serves the same commit.
-// Dead letters, lanes and deletions are never refused for space. bbolt files
-// never shrink, so when the live data is small next to the file, the writer
-// compacts it into a new file and swaps it in (see compact.go).
+// Chunk.Size, hot and in bbolt) would pass Config.MaxBytes, and with
+// ErrDiskLow when the filesystem's free space (statfs, cached for 500ms,
+// minus the bytes appended since) minus the chunk is under
+// Config.MinFreeBytes. Dead letters, lanes and deletions are never refused
+// for space. WAL segments are reused once a checkpoint passed them (up to
+// two spares are kept), and an idle spool (nothing appended for 30 s) keeps
+// no WAL file. bbolt files never shrink, so when the live data is small next
+// to the file, the store compacts it into a new file and swaps it in (see
+// compact.go).
 //
 // # Goroutines and locks
 //
-// Open starts the writer goroutine; Close stops it after the queued
-// operations are committed, then closes the file. All methods are safe for
-// concurrent use, except that each Lane has a single reader (Next).
+// Open starts two goroutines: the WAL writer (walwriter.go: appends and
+// acks into the WAL, hot chunks published to their lanes) and the store
+// (store.go: every bbolt write: checkpoints, lanes, dead letters,
+// compaction, and the WAL segments' reuse). Close stops the writer after
+// the queued appends are written, then the store after a last checkpoint of
+// everything, then closes the file. All methods are safe for concurrent
+// use, except that each Lane has a single reader (Next).
 //
-// Locks: Spool.mu (the queue of operations, the lanes), Lane.mu (a lane's
-// committed counters and its notification channel) and Spool.dbMu (the
-// *bolt.DB: shared for read transactions, exclusive only for the compaction
-// swap and Close). No two of them are ever held at once. The writer alone
-// changes the file and the counters; it publishes them after each commit.
+// Locks: Spool.mu (the queues of operations and acks, the WAL's published
+// end, the lanes), Lane.mu (a lane's bbolt counters, its hot chunks, its
+// notification channel) and Spool.dbMu (the *bolt.DB: shared for read
+// transactions, exclusive only for the compaction swap and Close). No two
+// of them are ever held at once. A hot chunk's buffer is shared by the
+// spool and the reader, each holding a reference (buffer.go); the spool
+// drops its own when the chunk is acknowledged or put into bbolt.
 package spool

@@ -26,17 +26,17 @@ func FuzzDecode(f *testing.F) {
 		b.Add(r)
 		b.Add(Record{})
 		b.Add(r)
-		putChunkHeader(b.buf, 42, b.n)
+		putChunkHeader(b.cb.b, 42, b.n)
 		var c Chunk
-		if err := decodeChunk(7, b.buf, &c); err != nil {
+		if err := decodeChunk(7, b.cb.b, &c); err != nil {
 			t.Fatal(err)
 		}
 		if len(c.Records) != 3 || !sameRecord(c.Records[0], r) || !sameRecord(c.Records[1], Record{}) || !sameRecord(c.Records[2], r) {
 			t.Fatalf("chunk round trip: %+v", c.Records)
 		}
-		for cut := range b.buf { // every truncation is an error
-			if err := decodeChunk(7, b.buf[:cut], &c); err == nil {
-				t.Fatalf("truncated chunk (%d of %d bytes) decoded", cut, len(b.buf))
+		for cut := range b.cb.b { // every truncation is an error
+			if err := decodeChunk(7, b.cb.b[:cut], &c); err == nil {
+				t.Fatalf("truncated chunk (%d of %d bytes) decoded", cut, len(b.cb.b))
 			}
 		}
 		key := LaneKey{Kind: Kind(kind), APIKey: apiKey, Options: options}

@@ -3,7 +3,9 @@ package spool
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -133,12 +135,20 @@ func TestDiskReserveOK(t *testing.T) {
 	}
 }
 
-// TestCommitFailure makes commits fail the way a full filesystem does (the
-// file cannot grow) and checks that a failed commit fails all of its
-// Appends, writes nothing of them, and that the spool works again once acks
-// free pages.
-func TestCommitFailure(t *testing.T) {
-	s := openTest(t, Config{Sync: SyncNone, maxFileBytes: 24 << 20, CompactMinFileBytes: -1})
+// TestCheckpointFailure makes checkpoints fail the way a full filesystem
+// does (the bbolt file cannot grow): appends go on into the WAL until the
+// memory bound, then are refused (at once: a failing store makes no
+// progress to wait for); every append that returned nil survives, in
+// order, reads and a restart; once acks free pages, checkpoints and appends
+// work again.
+func TestCheckpointFailure(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{Dir: dir, Sync: SyncNone, maxFileBytes: 24 << 20, CompactMinFileBytes: -1,
+		HotMaxBytes: 4 << 20, flushAge: time.Nanosecond, checkpointEvery: time.Millisecond}
+	s, err := Open(cfg, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 	l := mustLane(t, s, testKey(1))
 	big := func(id int) *Batch {
@@ -150,57 +160,126 @@ func TestCommitFailure(t *testing.T) {
 	}
 	var ok []int
 	var failErr error
-	for id := range 100 {
+	start := time.Now()
+	for id := range 200 {
 		if err := s.Append(ctx, l, big(id)); err != nil {
 			failErr = err
 			break
 		}
 		ok = append(ok, id)
+		time.Sleep(2 * time.Millisecond) // let checkpoints run and fail
 	}
-	if failErr == nil || errors.Is(failErr, ErrFull) || errors.Is(failErr, ErrDiskLow) {
-		t.Fatalf("after %d appends: %v, want a commit error", len(ok), failErr)
+	if !errors.Is(failErr, ErrFull) || !s.ckptFailed.Load() {
+		t.Fatalf("after %d appends: %v (checkpoint failing: %v), want ErrFull from failing checkpoints", len(ok), failErr, s.ckptFailed.Load())
 	}
-	t.Logf("%d appends committed, then: %v", len(ok), failErr)
-	// Concurrent appends sharing failing commits all fail.
-	var wg sync.WaitGroup
-	errs := make([]error, 8)
-	for i := range errs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = s.Append(ctx, l, big(1000+i))
-		}()
+	if d := time.Since(start); d > hotWaitMax {
+		t.Fatalf("refused after %v: the writer waited for a failing store", d)
 	}
-	wg.Wait()
-	for i, err := range errs {
-		if err == nil {
-			t.Fatalf("append %d succeeded past the file limit", i)
-		}
-	}
+	t.Logf("%d appends taken, then: %v", len(ok), failErr)
 	if st := l.Stats(); st.Chunks != int64(len(ok)) {
 		t.Fatalf("stats %+v after %d good appends", st, len(ok))
 	}
+	// A restart while bbolt is full: the WAL still has everything.
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cfg.maxFileBytes = 0
+	s = openTest(t, cfg)
+	l = s.Lanes()[0]
 	cs := drainAvailable(t, l)
 	if len(cs) != len(ok) {
-		t.Fatalf("read %d chunks, %d committed", len(cs), len(ok))
+		t.Fatalf("read %d chunks after a restart, %d were taken", len(cs), len(ok))
 	}
 	for i, c := range cs {
 		if _, id := recID(c.Records[0]); id != ok[i] {
 			t.Fatalf("chunk %d holds append %d", i, id)
 		}
+	}
+	s.Close()
+
+	// Full again, and no restart: acks free pages and memory.
+	cfg.maxFileBytes = 24 << 20
+	s = openTest(t, cfg)
+	l = s.Lanes()[0]
+	cs = drainAvailable(t, l)
+	for _, c := range cs {
 		s.Ack(l, c.Seq)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for s.Stats().LiveBytes != 0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
-	// Freed pages are reused: appends work again.
 	for id := range 3 {
 		if err := s.Append(ctx, l, big(2000+id)); err != nil {
 			t.Fatalf("append after drain: %v", err)
 		}
 	}
+	waitCheckpointed(t, s)
+	if s.ckptFailed.Load() {
+		t.Fatal("checkpoints still fail after the drain")
+	}
 	if cs := drainAvailable(t, l); len(cs) != 3 {
 		t.Fatalf("after recovery read %d chunks", len(cs))
+	}
+}
+
+// TestWALWriteFailure fails WAL writes (before the write, and after it in
+// place of the fdatasync, when the records are in the file): the appends of
+// a failed write get the error and are neither read nor found after a
+// restart; the others, before and after, are intact and in order, and the
+// spool goes on in a new segment.
+func TestWALWriteFailure(t *testing.T) {
+	for _, synced := range []bool{false, true} {
+		t.Run(fmt.Sprintf("after write %v", synced), func(t *testing.T) {
+			dir := t.TempDir()
+			var fail atomic.Bool
+			// No checkpoint after the lane's: a crash image replays every
+			// segment, the failed writes' too.
+			cfg := Config{Dir: dir, Sync: SyncAlways, checkpointEvery: time.Hour, walFault: func(s bool) error {
+				if s == synced && fail.Load() {
+					return errors.New("injected I/O error")
+				}
+				return nil
+			}}
+			s := openTest(t, cfg)
+			ctx := context.Background()
+			l := mustLane(t, s, testKey(1))
+			var ok []int
+			for id := range 30 {
+				var b Batch
+				b.Add(rec(1, id, 100))
+				fail.Store(id%10 == 5)
+				err := s.Append(ctx, l, &b)
+				switch {
+				case id%10 == 5 && err == nil:
+					t.Fatalf("append %d: no error from a failed write", id)
+				case id%10 != 5 && err != nil:
+					t.Fatalf("append %d: %v", id, err)
+				case err == nil:
+					ok = append(ok, id)
+				}
+			}
+			check := func(cs []Chunk, when string) {
+				t.Helper()
+				if len(cs) != len(ok) {
+					t.Fatalf("%s: %d chunks, %d appends succeeded", when, len(cs), len(ok))
+				}
+				for i, c := range cs {
+					if _, id := recID(c.Records[0]); id != ok[i] {
+						t.Fatalf("%s: chunk %d holds append %d", when, i, id)
+					}
+				}
+			}
+			check(drainAvailable(t, l), "read")
+			if s.w.nextNo < 4 {
+				t.Fatalf("segments used: %d, want a new one after each failed write", s.w.nextNo-1)
+			}
+			img := crashImage(t, dir)
+			s.Close()
+			s = openTest(t, Config{Dir: dir})
+			check(drainAvailable(t, s.Lanes()[0]), "after a restart")
+			s = openTest(t, Config{Dir: img})
+			check(drainAvailable(t, s.Lanes()[0]), "after a crash")
+		})
 	}
 }

@@ -33,16 +33,26 @@ func metaFreelist(t *testing.T, path string) uint64 {
 	return best
 }
 
-// crashImage copies the spool file as it is on disk now, as a kill -9 would
-// leave it, into a new directory.
+// crashImage copies the spool's files as they are on disk now, as a kill -9
+// would leave them, into a new directory.
 func crashImage(t *testing.T, dir string) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(dir, "spool.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	img := t.TempDir()
-	if err := os.WriteFile(filepath.Join(img, "spool.db"), b, 0o600); err != nil {
+	err := filepath.Walk(dir, func(path string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, path)
+		if fi.IsDir() {
+			return os.MkdirAll(filepath.Join(img, rel), 0o750)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(img, rel), b, 0o600)
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	return img
@@ -66,7 +76,8 @@ func TestFreelistWritten(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			s, err := Open(Config{Dir: dir, CompactMinFileBytes: -1}, nil, nil)
+			// Chunks go to bbolt at the next checkpoint, as a backlog's do.
+			s, err := Open(Config{Dir: dir, CompactMinFileBytes: -1, flushAge: time.Nanosecond, checkpointEvery: time.Millisecond}, nil, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -86,14 +97,16 @@ func TestFreelistWritten(t *testing.T) {
 			for _, c := range cs[:tc.chunks-10] {
 				s.Ack(l, c.Seq)
 			}
-			// Two more commits: the first carries the acks, the second
-			// writes the freelist as it stands after them.
+			// Two more appends: the checkpoint that carries the acks may
+			// put the first, the second is put by a later one, which
+			// writes the freelist as it stands after the deletions.
 			for i := range 2 {
 				b.Reset()
 				b.Add(rec(1, tc.chunks+i, 10))
 				if err := s.Append(ctx, l, &b); err != nil {
 					t.Fatal(err)
 				}
+				waitCheckpointed(t, s)
 			}
 			img := crashImage(t, dir) // at once: the idle commit may not have run
 			if saved := metaFreelist(t, filepath.Join(img, "spool.db")) != noFreelist; tc.wantSaved && !saved {
@@ -111,7 +124,7 @@ func TestFreelistWritten(t *testing.T) {
 				t.Fatal("no freelist on disk after Close")
 			}
 			for _, d := range []string{img, idle, dir} {
-				s := openTest(t, Config{Dir: d, CompactMinFileBytes: -1})
+				s := openTest(t, Config{Dir: d, CompactMinFileBytes: -1, flushAge: time.Nanosecond, checkpointEvery: time.Millisecond})
 				l := s.Lanes()[0]
 				cs := drainAvailable(t, l)
 				if len(cs) != 12 {
@@ -133,5 +146,18 @@ func TestFreelistWritten(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// waitCheckpointed waits until every chunk appended so far is in bbolt and
+// every ack is applied (nothing held in memory, nothing queued).
+func waitCheckpointed(t testing.TB, s *Spool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !s.checkpointed() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not checkpointed: %d bytes held", s.hotHeld.Load())
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

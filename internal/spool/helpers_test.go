@@ -162,3 +162,12 @@ func drainAvailable(t testing.TB, l *Lane) []Chunk {
 		out = append(out, cs...)
 	}
 }
+
+// checkpointed reports whether everything appended and acknowledged so far
+// is applied to bbolt: no chunk held in memory, nothing queued for the
+// store, the applied position at the WAL's end.
+func (s *Spool) checkpointed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.hotHeld.Load() == 0 && len(s.coldAcks) == 0 && len(s.sops) == 0 && s.walTotal == s.appliedTotal.Load()
+}

@@ -15,10 +15,14 @@ type metrics struct {
 	commitRecords prometheus.Histogram
 	commits       prometheus.Counter
 	compactions   prometheus.Counter
-	rejectedFull  prometheus.Counter
-	rejectedDisk  prometheus.Counter
-	collector     *laneCollector
-	registered    []prometheus.Collector
+
+	checkpoints       prometheus.Counter
+	checkpointSeconds prometheus.Histogram
+	checkpointBytes   prometheus.Counter
+	rejectedFull      prometheus.Counter
+	rejectedDisk      prometheus.Counter
+	collector         *laneCollector
+	registered        []prometheus.Collector
 }
 
 func newMetrics(s *Spool, reg prometheus.Registerer) (*metrics, error) {
@@ -30,17 +34,30 @@ func newMetrics(s *Spool, reg prometheus.Registerer) (*metrics, error) {
 		reg: reg,
 		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "relay_spool_commit_seconds",
-			Help:    "Duration of spool commits that appended records (fsync included under sync=always).",
+			Help:    "Duration of the write-ahead log writes that appended records (fsync included under sync=always).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
 		}),
 		commitRecords: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "relay_spool_commit_records",
-			Help:    "Records (events) appended per spool commit.",
+			Help:    "Records (events) appended per write-ahead log write (group commit).",
 			Buckets: prometheus.ExponentialBuckets(1, 4, 10),
 		}),
 		commits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "relay_spool_commits_total",
-			Help: "Spool commits.",
+			Help: "Write-ahead log writes that appended records.",
+		}),
+		checkpoints: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "relay_spool_checkpoints_total",
+			Help: "bbolt transactions of the spool (checkpoints of the write-ahead log, lanes, dead letters).",
+		}),
+		checkpointSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "relay_spool_checkpoint_seconds",
+			Help:    "Duration of the spool's bbolt transactions (fsync included under sync=always).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		checkpointBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "relay_spool_checkpoint_bytes_total",
+			Help: "Chunk bytes moved from the write-ahead log into bbolt (not acknowledged within the flush age, or past the memory bound).",
 		}),
 		compactions: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "relay_spool_compactions_total",
@@ -53,7 +70,8 @@ func newMetrics(s *Spool, reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.commitSeconds, m.commitRecords, m.commits, m.compactions, rejected, m.collector} {
+	for _, c := range []prometheus.Collector{m.commitSeconds, m.commitRecords, m.commits, m.compactions,
+		m.checkpoints, m.checkpointSeconds, m.checkpointBytes, rejected, m.collector} {
 		if err := reg.Register(c); err != nil {
 			m.unregister()
 			return nil, err
@@ -73,9 +91,9 @@ func (m *metrics) unregister() {
 }
 
 type laneCollector struct {
-	s                          *Spool
-	bytes, records, oldest     *prometheus.Desc
-	fileBytes, dead, liveBytes *prometheus.Desc
+	s                                    *Spool
+	bytes, records, oldest               *prometheus.Desc
+	fileBytes, dead, liveBytes, hotBytes *prometheus.Desc
 }
 
 func newLaneCollector(s *Spool) *laneCollector {
@@ -85,7 +103,8 @@ func newLaneCollector(s *Spool) *laneCollector {
 		bytes:     prometheus.NewDesc("relay_spool_bytes", "Live encoded bytes queued in a lane.", lane, nil),
 		records:   prometheus.NewDesc("relay_spool_records", "Live records (events) queued in a lane.", lane, nil),
 		oldest:    prometheus.NewDesc("relay_spool_oldest_record_age_seconds", "Age of a lane's oldest queued record; 0 when empty.", lane, nil),
-		fileBytes: prometheus.NewDesc("relay_spool_file_bytes", "Disk space taken by the spool file (allocated blocks).", nil, nil),
+		fileBytes: prometheus.NewDesc("relay_spool_file_bytes", "Disk space taken by the spool's bbolt file and write-ahead log (allocated blocks).", nil, nil),
+		hotBytes:  prometheus.NewDesc("relay_spool_hot_bytes", "Memory of chunks held between the write-ahead log and bbolt.", nil, nil),
 		dead:      prometheus.NewDesc("relay_spool_dead_letters", "Dead letters stored.", nil, nil),
 		liveBytes: prometheus.NewDesc("relay_spool_live_bytes", "Live bytes counted against the spool quota.", nil, nil),
 	}
@@ -98,6 +117,7 @@ func (c *laneCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.fileBytes
 	ch <- c.dead
 	ch <- c.liveBytes
+	ch <- c.hotBytes
 }
 
 func (c *laneCollector) Collect(ch chan<- prometheus.Metric) {
@@ -116,4 +136,5 @@ func (c *laneCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.fileBytes, prometheus.GaugeValue, float64(st.FileBytes))
 	ch <- prometheus.MustNewConstMetric(c.dead, prometheus.GaugeValue, float64(st.Dead))
 	ch <- prometheus.MustNewConstMetric(c.liveBytes, prometheus.GaugeValue, float64(st.LiveBytes))
+	ch <- prometheus.MustNewConstMetric(c.hotBytes, prometheus.GaugeValue, float64(c.s.hotHeld.Load()))
 }

@@ -51,7 +51,7 @@ const (
 type Config struct {
 	// Dir is the directory of the spool files; created if missing. Required.
 	Dir string
-	// Sync is the durability of a commit; the zero value is SyncAlways.
+	// Sync is the durability of an Append; the zero value is SyncAlways.
 	Sync SyncMode
 	// MaxBytes bounds the live record bytes; zero means no quota.
 	MaxBytes int64
@@ -59,9 +59,15 @@ type Config struct {
 	// and compaction still work; zero means DefaultMinFreeBytes, negative
 	// disables the check.
 	MinFreeBytes int64
-	// MaxCommitBytes bounds the bytes gathered into one commit; zero means
+	// MaxCommitBytes bounds the bytes gathered into one WAL write (group
+	// commit) and into one bbolt transaction at Open; zero means
 	// DefaultMaxCommitBytes.
 	MaxCommitBytes int
+	// HotMaxBytes bounds the memory of chunks kept between the WAL and
+	// bbolt (see hot.go): past it a checkpoint moves every unacknowledged one
+	// into bbolt, and past four times it Append fails with ErrFull. Zero
+	// means DefaultHotMaxBytes.
+	HotMaxBytes int64
 	// CompactMinFileBytes is the file size under which the spool never
 	// compacts (see compact.go); zero means DefaultCompactMinFileBytes,
 	// negative disables compaction.
@@ -69,23 +75,34 @@ type Config struct {
 	// CompactUsedPercent: the spool compacts when the pages in use are at most
 	// this percentage of the file; zero means DefaultCompactUsedPercent.
 	CompactUsedPercent int
-	// CompactMaxUsedBytes bounds the data a compaction copies (appends wait
-	// while it runs, about 20 ms per MiB here); zero means
+	// CompactMaxUsedBytes bounds the data a compaction copies (checkpoints
+	// wait while it runs, about 20 ms per MiB here); zero means
 	// DefaultCompactMaxUsedBytes, negative means no bound.
 	CompactMaxUsedBytes int64
 
-	// adviseAge, when positive, replaces the package's adviseAge (tests).
-	adviseAge time.Duration
+	// Tests' knobs; zero means the default.
+	adviseAge       time.Duration // see advise.go
+	segmentBytes    int64         // DefaultSegmentBytes
+	flushAge        time.Duration // defaultFlushAge
+	checkpointEvery time.Duration // defaultCheckpointEvery
+	walMaxBytes     int64         // defaultWALMaxBytes
+	idleAfter       time.Duration // defaultIdleAfter
 
-	// maxFileBytes, when positive, makes commits that would grow the file
-	// past it fail (bbolt's MaxSize): the tests' stand-in for ENOSPC.
+	// maxFileBytes, when positive, makes checkpoints that would grow the
+	// bbolt file past it fail (bbolt's MaxSize): the tests' stand-in for
+	// ENOSPC.
 	maxFileBytes int
+	// walFault, when set, is called before every WAL write (synced false)
+	// and after it in place of its fdatasync (synced true); an error fails
+	// the write as an I/O error would (tests).
+	walFault func(synced bool) error
 }
 
 // Defaults.
 const (
 	DefaultMinFreeBytes   = 256 << 20
 	DefaultMaxCommitBytes = 32 << 20
+	DefaultHotMaxBytes    = 32 << 20
 
 	DefaultCompactMinFileBytes = 4 << 20
 	DefaultCompactUsedPercent  = 25
@@ -103,6 +120,8 @@ func (c Config) Validate() error {
 		return errors.New("spool config: MaxBytes must not be negative")
 	case c.MaxCommitBytes < 0:
 		return errors.New("spool config: MaxCommitBytes must not be negative")
+	case c.HotMaxBytes < 0:
+		return errors.New("spool config: HotMaxBytes must not be negative")
 	case c.CompactUsedPercent < 0 || c.CompactUsedPercent > 100:
 		return errors.New("spool config: CompactUsedPercent must be within 0..100")
 	}
@@ -121,6 +140,48 @@ func (c Config) maxCommit() int {
 		return DefaultMaxCommitBytes
 	}
 	return c.MaxCommitBytes
+}
+
+func (c Config) hotMax() int64 {
+	if c.HotMaxBytes == 0 {
+		return DefaultHotMaxBytes
+	}
+	return c.HotMaxBytes
+}
+
+func (c Config) segBytes() int64 {
+	if c.segmentBytes > 0 {
+		return c.segmentBytes
+	}
+	return DefaultSegmentBytes
+}
+
+func (c Config) flushAfter() time.Duration {
+	if c.flushAge > 0 {
+		return c.flushAge
+	}
+	return defaultFlushAge
+}
+
+func (c Config) checkpointInterval() time.Duration {
+	if c.checkpointEvery > 0 {
+		return c.checkpointEvery
+	}
+	return defaultCheckpointEvery
+}
+
+func (c Config) idle() time.Duration {
+	if c.idleAfter > 0 {
+		return c.idleAfter
+	}
+	return defaultIdleAfter
+}
+
+func (c Config) walMax() int64 {
+	if c.walMaxBytes > 0 {
+		return c.walMaxBytes
+	}
+	return defaultWALMaxBytes
 }
 
 func (c Config) compactMinFile() int64 {
@@ -187,48 +248,13 @@ type Record struct {
 	Data []byte
 }
 
-// Batch is a reusable builder of the records of one Append. Its buffer is
-// the chunk's encoding (see encode.go), so Append writes it without copying;
-// once grown, Add allocates nothing. The zero value is an empty batch.
-type Batch struct {
-	buf []byte // chunk header space + encoded records
-	n   int
-}
-
-// Reset empties b, keeping its memory.
-func (b *Batch) Reset() {
-	b.buf = b.buf[:0]
-	b.n = 0
-}
-
-// Add appends a record; the slices are copied.
-func (b *Batch) Add(r Record) {
-	if len(b.buf) < chunkHeaderLen {
-		b.buf = append(b.buf[:0], make([]byte, chunkHeaderLen)...)
-	}
-	b.buf = appendBytes(b.buf, r.OrderKey)
-	b.buf = appendBytes(b.buf, r.UserID)
-	b.buf = appendBytes(b.buf, r.Data)
-	b.n++
-}
-
-// Len is the number of records added.
-func (b *Batch) Len() int { return b.n }
-
-// Bytes is the encoded size of b (0 when empty): what Append counts against
-// the quota and what Chunk.Size reports.
-func (b *Batch) Bytes() int {
-	if b.n == 0 {
-		return 0
-	}
-	return len(b.buf)
-}
-
-// Chunk is a committed group of records of a lane, as read back by Next.
+// Chunk is a group of records of a lane, as read back by Next: the records
+// of one Append.
 type Chunk struct {
 	Seq      uint64
 	Accepted time.Time // when Append was called (millisecond precision)
-	// Records alias memory owned by the chunk; valid until the caller drops it.
+	// Records alias memory shared with the spool; valid until the caller
+	// releases the Buffer (or forever, if it never does).
 	Records []Record
 	// Size is the encoded size counted against the quota.
 	Size int
@@ -248,20 +274,32 @@ type Lane struct {
 	label string
 	qname []byte // name of the queue bucket
 
-	mu     sync.Mutex
-	st     laneState     // committed state; written by the writer under mu
-	oldest int64         // accepted ms of the first live chunk, 0 when empty
-	notify chan struct{} // closed (and replaced) when a commit appends
+	mu         sync.Mutex
+	cold       laneState // what bbolt holds (committed); written by the store
+	coldOldest int64     // accepted ms of the first chunk in bbolt, 0 when none
+	hot        hotList   // chunks in the WAL only
+	next       uint64    // every chunk below it is published (cold or hot)
+	notify     chan struct{}
 
-	// Writer goroutine only: the working copy inside the current tx.
-	w                             laneState
-	wOldest                       int64
-	wTouched, wAppended, wDeleted bool
+	// The WAL writer's own: the next seq it assigns.
+	aNext uint64
+
+	// The store's own: the working copy inside its transaction.
+	w                   laneState
+	wOldest             int64
+	wTouched, wOldStale bool
 
 	// Reader (Next) only.
 	readSeq uint64
 	raw     []rawChunk // scratch of read
 	adv     spans      // scratch of read
+	refs    []hotRef   // scratch of takeHot
+}
+
+// hotRef is a reference the reader took on a hot chunk's buffer.
+type hotRef struct {
+	seq uint64
+	cb  *chunkBuf
 }
 
 // rawChunk is a chunk as it lies in the mapping, inside a read transaction.
@@ -278,7 +316,9 @@ func newLane(s *Spool, id uint64, key LaneKey, st laneState) *Lane {
 		id:     id,
 		label:  key.Kind.String() + "-" + hex.EncodeToString(h[:4]),
 		qname:  queueName(id),
-		st:     st,
+		cold:   st,
+		next:   st.nextSeq,
+		aNext:  st.nextSeq,
 		w:      st,
 		notify: make(chan struct{}),
 	}
@@ -305,20 +345,31 @@ type LaneStats struct {
 	Oldest                 time.Time // zero when empty
 }
 
-// Stats returns the lane's live (not yet acknowledged-and-committed) content.
+// Stats returns the lane's live (not yet acknowledged) content. A chunk
+// acknowledged while a checkpoint copied it into bbolt counts until the
+// next checkpoint deletes it.
 func (l *Lane) Stats() LaneStats {
 	l.mu.Lock()
-	st, oldest := l.st, l.oldest
-	l.mu.Unlock()
-	return LaneStats{Chunks: int64(st.chunks), Records: int64(st.records), Bytes: int64(st.bytes), Oldest: fromMs(oldest)}
+	defer l.mu.Unlock()
+	st := LaneStats{
+		Chunks:  int64(l.cold.chunks) + l.hot.chunks,
+		Records: int64(l.cold.records) + l.hot.records,
+		Bytes:   int64(l.cold.bytes) + l.hot.bytes,
+	}
+	oldest := l.coldOldest
+	if l.cold.chunks == 0 {
+		oldest = l.hot.oldestUnacked()
+	}
+	st.Oldest = fromMs(oldest)
+	return st
 }
 
 // Next blocks until the lane has chunks after its read cursor, then returns
 // them in order (at least one, at most about maxBytes) and advances the
 // cursor. It returns ctx.Err() when ctx ends and ErrClosed when the spool
 // closes. One caller at a time per lane. maxBytes <= 0 returns one chunk.
-// The chunks are copies: they stay valid after Ack and Close, until their
-// Buffer is released (Chunk.Buffer).
+// The chunks stay valid after Ack and Close, until their Buffer is released
+// (Chunk.Buffer).
 func (l *Lane) Next(ctx context.Context, maxBytes int) ([]Chunk, error) {
 	for {
 		select {
@@ -327,10 +378,18 @@ func (l *Lane) Next(ctx context.Context, maxBytes int) ([]Chunk, error) {
 		default:
 		}
 		l.mu.Lock()
-		next, ch := l.st.nextSeq, l.notify
+		next, firstHot, ch := l.next, l.hot.firstSeq(l.next), l.notify
+		if l.readSeq >= firstHot && l.readSeq < next {
+			refs := l.takeHot(maxBytes)
+			l.mu.Unlock()
+			if len(refs) > 0 {
+				return l.decodeHot(refs)
+			}
+			continue // every one was acknowledged already
+		}
 		l.mu.Unlock()
-		if l.readSeq < next {
-			chunks, err := l.read(maxBytes, next)
+		if l.readSeq < firstHot {
+			chunks, err := l.read(maxBytes, firstHot)
 			if err != nil {
 				return nil, err
 			}
@@ -338,7 +397,7 @@ func (l *Lane) Next(ctx context.Context, maxBytes int) ([]Chunk, error) {
 				l.readSeq = chunks[len(chunks)-1].Seq + 1
 				return chunks, nil
 			}
-			l.readSeq = next // everything up to next was acknowledged already
+			l.readSeq = firstHot // everything below was acknowledged already
 			continue
 		}
 		select {
@@ -351,8 +410,57 @@ func (l *Lane) Next(ctx context.Context, maxBytes int) ([]Chunk, error) {
 	}
 }
 
-// read returns the committed chunks in [l.readSeq, next).
-func (l *Lane) read(maxBytes int, next uint64) ([]Chunk, error) {
+// takeHot takes a reference on the unacknowledged hot chunks from the read
+// cursor on, up to about maxBytes, and advances the cursor. Call with l.mu
+// held.
+func (l *Lane) takeHot(maxBytes int) []hotRef {
+	refs := l.refs[:0]
+	total := 0
+	cs := l.hot.cs
+	i := l.hot.index(l.readSeq)
+	for ; i < len(cs); i++ {
+		c := cs[i]
+		if c.acked {
+			continue
+		}
+		if len(refs) > 0 && (maxBytes <= 0 || total+c.size > maxBytes) {
+			break
+		}
+		c.cb.ref()
+		refs = append(refs, hotRef{c.seq, c.cb})
+		total += c.size
+	}
+	if i < len(cs) {
+		l.readSeq = cs[i].seq
+	} else {
+		l.readSeq = l.next
+	}
+	l.refs = refs
+	return refs
+}
+
+// decodeHot turns the referenced hot chunks into Chunks.
+func (l *Lane) decodeHot(refs []hotRef) ([]Chunk, error) {
+	out := make([]Chunk, len(refs))
+	var err error
+	for i, c := range refs {
+		out[i].buf = Buffer{c.cb}
+		if derr := decodeChunk(c.seq, c.cb.b, &out[i]); derr != nil && err == nil {
+			err = fmt.Errorf("spool read: lane %s chunk %d: %w", l.label, c.seq, derr)
+		}
+	}
+	clear(refs)
+	if err != nil {
+		for _, c := range out {
+			c.buf.Release()
+		}
+		return nil, err
+	}
+	return out, nil
+}
+
+// read returns the chunks in bbolt in [l.readSeq, end).
+func (l *Lane) read(maxBytes int, end uint64) ([]Chunk, error) {
 	s := l.s
 	s.dbMu.RLock()
 	defer s.dbMu.RUnlock()
@@ -371,7 +479,7 @@ func (l *Lane) read(maxBytes int, next uint64) ([]Chunk, error) {
 		k, v := c.Seek(seqKey(l.readSeq))
 		for ; k != nil; k, v = c.Next() {
 			seq := binary.BigEndian.Uint64(k)
-			if seq >= next {
+			if seq >= end {
 				break
 			}
 			if len(raw) > 0 && (maxBytes <= 0 || total+len(v) > maxBytes) {
@@ -390,7 +498,7 @@ func (l *Lane) read(maxBytes int, next uint64) ([]Chunk, error) {
 		// the ones after them (the next call's, read from disk while these
 		// are delivered) at once, copy, then drop the copied pages from the
 		// RSS (see advise.go). Fresh chunks are in the page cache, and the
-		// writer's trim keeps their pages out of the RSS: advice for them
+		// store's trim keeps their pages out of the RSS: advice for them
 		// cost a quarter of the relay's CPU under load.
 		if acc, _, herr := chunkHeader(raw[0].v); herr == nil && time.Since(fromMs(acc)) >= s.cfg.adviseOlder() {
 			m := mapping(s.db, tx)
@@ -400,7 +508,7 @@ func (l *Lane) read(maxBytes int, next uint64) ([]Chunk, error) {
 			}
 			var ahead spans
 			for n := 0; k != nil && n < maxBytes && len(ahead) < 64; k, v = c.Next() {
-				if binary.BigEndian.Uint64(k) >= next {
+				if binary.BigEndian.Uint64(k) >= end {
 					break
 				}
 				ahead.add(m, v)
@@ -412,10 +520,10 @@ func (l *Lane) read(maxBytes int, next uint64) ([]Chunk, error) {
 		}
 		out = make([]Chunk, len(raw))
 		for i, r := range raw {
-			buf, box := getBuf(len(r.v))
-			copy(buf, r.v)
-			out[i].buf = Buffer{box}
-			if err := decodeChunk(r.seq, buf, &out[i]); err != nil {
+			cb := getBuf(len(r.v))
+			cb.b = append(cb.b, r.v...)
+			out[i].buf = Buffer{cb}
+			if err := decodeChunk(r.seq, cb.b, &out[i]); err != nil {
 				return fmt.Errorf("lane %s chunk %d: %w", l.label, r.seq, err)
 			}
 		}
@@ -429,36 +537,55 @@ func (l *Lane) read(maxBytes int, next uint64) ([]Chunk, error) {
 
 // Spool is the durable queue. See the package documentation.
 type Spool struct {
-	cfg  Config
-	log  *zap.Logger
-	path string
-	m    *metrics
+	cfg    Config
+	log    *zap.Logger
+	path   string // the bbolt file
+	walDir string
+	m      *metrics
 
 	// dbMu guards db: readers (Next, ListDead) hold it shared for one short
-	// View; the writer holds it exclusively only to swap files after a
+	// View; the store holds it exclusively only to swap files after a
 	// compaction, and Close to close the file (db = nil afterwards).
 	dbMu sync.RWMutex
 	db   *bolt.DB
 
-	mu      sync.Mutex // guards the fields below
-	closed  bool
-	pending []*op
-	acks    []ackOp
-	lanes   []*Lane
-	byKey   map[LaneKey]*Lane
-	lanesCh chan struct{}
+	mu       sync.Mutex // guards the fields below
+	closed   bool
+	appends  []*op   // queued for the WAL writer
+	acks     []ackOp // acknowledgements not yet written to the WAL
+	sops     []*op   // queued for the store: lanes, dead letters
+	coldAcks []ackOp // acknowledged chunks in bbolt, deleted by the next checkpoint
+	walEnd   walPos  // just past the last published WAL record
+	walTotal int64   // WAL bytes written up to walEnd since Open
+	lanes    []*Lane
+	byKey    map[LaneKey]*Lane
+	lanesCh  chan struct{}
 
-	wake       chan struct{} // capacity 1: the writer has work
-	closing    chan struct{} // closed by Close
-	writerDone chan struct{}
-	opPool     sync.Pool
+	walWake   chan struct{} // capacity 1: the WAL writer has work
+	storeWake chan struct{} // capacity 1: the store has work
+	closing   chan struct{} // closed by Close
+	walDone   chan struct{} // closed when the WAL writer returned
+	storeDone chan struct{} // closed when the store returned
+	spares    chan string   // spare WAL files ready for the writer (paths)
+	opPool    sync.Pool
 
-	// Published by the writer after each commit.
-	liveBytes atomic.Int64
+	// Memory and quota accounting (see hot.go and checkpoint.go).
+	hotUnacked atomic.Int64  // bytes of unacknowledged hot chunks
+	hotHeld    atomic.Int64  // bytes of hot chunks the spool holds
+	coldLive   atomic.Int64  // bytes of chunks in bbolt
+	force      atomic.Bool   // the WAL writer asks for a checkpoint of everything
+	armed      atomic.Bool   // the store has a checkpoint scheduled
+	retire     atomic.Bool   // the store asks the WAL writer to give up its idle segment
+	ckptFailed atomic.Bool   // the last checkpoint failed
+	relief     chan struct{} // closed (and replaced, under mu) after each checkpoint
+	// appliedTotal is walTotal at the applied position (the store's).
+	appliedTotal atomic.Int64
+
 	fileBytes atomic.Int64
 	deadN     atomic.Int64
 
-	w writerState // the writer goroutine's own
+	w  walWriter  // the WAL writer goroutine's own
+	st storeState // the store goroutine's own
 }
 
 const lockTimeout = 500 * time.Millisecond
@@ -469,14 +596,16 @@ var (
 	bucketDead  = []byte("dead")
 	keyFormat   = []byte("format")
 	keyDead     = []byte("dead") // in meta: dead letter count and bytes
+	keyWAL      = []byte("wal")  // in meta: the WAL position applied to bbolt
 )
 
-const formatVersion = 1
+// formatVersion 2 adds the WAL; a version 1 file (no WAL) is upgraded.
+const formatVersion = 2
 
-// Open opens or creates the spool in cfg.Dir and starts its writer.
-// log and reg may be nil. A spool directory is used by one process at a time:
-// Open fails with ErrLocked after about half a second when another holds the
-// file.
+// Open opens or creates the spool in cfg.Dir, replays its WAL into bbolt,
+// and starts its goroutines. log and reg may be nil. A spool directory is
+// used by one process at a time: Open fails with ErrLocked after about half
+// a second when another holds the file.
 func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -484,18 +613,23 @@ func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error
 	if log == nil {
 		log = zap.NewNop()
 	}
-	if err := os.MkdirAll(cfg.Dir, 0o750); err != nil {
-		return nil, fmt.Errorf("open spool: %w", err)
-	}
 	s := &Spool{
-		cfg:        cfg,
-		log:        log,
-		path:       filepath.Join(cfg.Dir, "spool.db"),
-		byKey:      make(map[LaneKey]*Lane),
-		lanesCh:    make(chan struct{}),
-		wake:       make(chan struct{}, 1),
-		closing:    make(chan struct{}),
-		writerDone: make(chan struct{}),
+		cfg:       cfg,
+		log:       log,
+		path:      filepath.Join(cfg.Dir, "spool.db"),
+		walDir:    walPath(cfg.Dir),
+		byKey:     make(map[LaneKey]*Lane),
+		lanesCh:   make(chan struct{}),
+		walWake:   make(chan struct{}, 1),
+		storeWake: make(chan struct{}, 1),
+		closing:   make(chan struct{}),
+		walDone:   make(chan struct{}),
+		storeDone: make(chan struct{}),
+		spares:    make(chan string, maxSpares),
+		relief:    make(chan struct{}),
+	}
+	if err := os.MkdirAll(s.walDir, 0o750); err != nil {
+		return nil, fmt.Errorf("open spool: %w", err)
 	}
 	s.opPool.New = func() any { return &op{done: make(chan struct{}, 1)} }
 	if err := os.Remove(s.path + ".compact"); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -506,7 +640,11 @@ func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error
 		return nil, err
 	}
 	s.db = db
-	if err := s.load(); err != nil {
+	applied, err := s.load()
+	if err == nil {
+		err = s.replay(applied)
+	}
+	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open spool %s: %w", s.path, err)
 	}
@@ -517,7 +655,8 @@ func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error
 		return nil, fmt.Errorf("open spool: metrics: %w", err)
 	}
 	s.m = m
-	go s.run()
+	go s.runWAL()
+	go s.runStore()
 	return s, nil
 }
 
@@ -539,18 +678,21 @@ func (s *Spool) openDB() (*bolt.DB, error) {
 	return db, nil
 }
 
-// load creates the buckets of a new file and reads the lanes of an old one.
-func (s *Spool) load() error {
-	err := s.db.Update(func(tx *bolt.Tx) error {
+// load creates the buckets of a new file and reads the lanes of an old one;
+// it returns the WAL position applied to the file.
+func (s *Spool) load() (applied walPos, err error) {
+	err = s.db.Update(func(tx *bolt.Tx) error {
 		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
 		if err != nil {
 			return err
 		}
-		if v := meta.Get(keyFormat); v == nil {
+		switch v := meta.Get(keyFormat); {
+		case v == nil, len(v) == 8 && binary.BigEndian.Uint64(v) == 1:
+			// New, or written before the WAL: nothing to replay.
 			if err := meta.Put(keyFormat, seqKey(formatVersion)); err != nil {
 				return err
 			}
-		} else if len(v) != 8 || binary.BigEndian.Uint64(v) != formatVersion {
+		case len(v) != 8 || binary.BigEndian.Uint64(v) != formatVersion:
 			return fmt.Errorf("unknown spool format %x", v)
 		}
 		if _, err := tx.CreateBucketIfNotExists(bucketLanes); err != nil {
@@ -560,14 +702,21 @@ func (s *Spool) load() error {
 		return err
 	})
 	if err != nil {
-		return err
+		return walPos{}, err
 	}
-	return s.db.View(func(tx *bolt.Tx) error {
-		if v := tx.Bucket(bucketMeta).Get(keyDead); len(v) == 16 {
-			s.w.deadN = int64(binary.BigEndian.Uint64(v))
-			s.w.deadBytes = int64(binary.BigEndian.Uint64(v[8:]))
+	err = s.db.View(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if v := meta.Get(keyDead); len(v) == 16 {
+			s.st.deadN = int64(binary.BigEndian.Uint64(v))
+			s.st.deadBytes = int64(binary.BigEndian.Uint64(v[8:]))
 		}
-		s.deadN.Store(s.w.deadN)
+		s.deadN.Store(s.st.deadN)
+		if v := meta.Get(keyWAL); v != nil {
+			var err error
+			if applied, err = decodePos(v); err != nil {
+				return err
+			}
+		}
 		return tx.Bucket(bucketLanes).ForEach(func(k, v []byte) error {
 			key, st, err := decodeLane(v)
 			if err != nil {
@@ -578,27 +727,35 @@ func (s *Spool) load() error {
 			if q == nil {
 				return fmt.Errorf("lane %s: queue bucket missing: %w", l.label, errCorrupt)
 			}
-			l.readSeq = st.nextSeq
-			if fk, fv := q.Cursor().First(); fk != nil {
-				l.readSeq = binary.BigEndian.Uint64(fk)
-				if l.oldest, _, err = chunkHeader(fv); err != nil {
-					return err
-				}
+			if l.coldOldest, err = firstAccepted(q); err != nil {
+				return err
 			}
-			l.wOldest = l.oldest
+			l.wOldest = l.coldOldest
 			s.lanes = append(s.lanes, l)
 			s.byKey[key] = l
-			s.w.live += int64(st.bytes)
-			s.liveBytes.Store(s.w.live)
+			s.st.live += int64(st.bytes)
 			return nil
 		})
 	})
+	s.coldLive.Store(s.st.live)
+	return applied, err
 }
 
-// Close commits queued operations, stops the writer and closes the file.
-// Blocked Next calls return ErrClosed. Acks queued after Close are dropped
-// (their chunks are delivered again after the next Open). Closing twice
-// returns ErrClosed.
+// firstAccepted is the acceptance time of the first chunk of queue q, 0
+// when it is empty.
+func firstAccepted(q *bolt.Bucket) (int64, error) {
+	k, v := q.Cursor().First()
+	if k == nil {
+		return 0, nil
+	}
+	ms, _, err := chunkHeader(v)
+	return ms, err
+}
+
+// Close writes what is queued to the WAL, moves every unacknowledged chunk
+// into bbolt, stops the goroutines and closes the files. Blocked Next calls
+// return ErrClosed. Acks queued after Close are dropped (their chunks are
+// delivered again after the next Open). Closing twice returns ErrClosed.
 func (s *Spool) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -608,8 +765,10 @@ func (s *Spool) Close() error {
 	s.closed = true
 	s.mu.Unlock()
 	close(s.closing)
-	s.signal()
-	<-s.writerDone
+	wake(s.walWake)
+	<-s.walDone
+	wake(s.storeWake)
+	<-s.storeDone
 	s.m.unregister()
 	s.dbMu.Lock()
 	defer s.dbMu.Unlock()
@@ -658,11 +817,12 @@ func (s *Spool) LanesChanged() <-chan struct{} {
 	return s.lanesCh
 }
 
-// Append commits b as one chunk at the tail of lane l and returns once it is
-// durable (see SyncMode). An empty batch is a no-op. b must not be changed
-// until Append returns. ctx is checked before the chunk is queued; once
-// queued, Append waits for the commit (about a millisecond) so that its
-// answer is always the truth.
+// Append writes b as one chunk at the tail of lane l and returns once it is
+// durable (see SyncMode). On success it takes b's records over and leaves b
+// empty (ready for reuse); on error b is unchanged. An empty batch is a
+// no-op. b must not be used until Append returns. ctx is checked before the
+// chunk is queued; once queued, Append waits for the write (well under a
+// millisecond plus the fsync) so that its answer is always the truth.
 func (s *Spool) Append(ctx context.Context, l *Lane, b *Batch) error {
 	if b.n == 0 {
 		return nil
@@ -678,13 +838,36 @@ func (s *Spool) Append(ctx context.Context, l *Lane, b *Batch) error {
 }
 
 // Ack records that every record of chunk seq of lane l is done (delivered or
-// dead-lettered). The deletion rides in the next commit; Ack does not block.
-// Acknowledging a chunk twice, or one that does not exist, is harmless. If
-// that commit fails, the ack waits for the next one; an ack not committed
-// when the process stops means the chunk is delivered again.
+// dead-lettered). It does not block: a chunk still only in the WAL is
+// forgotten at once, one in bbolt is deleted by the next checkpoint, and the
+// acknowledgement is written to the WAL with the next write so that a crash
+// does not bring the chunk back. Acknowledging a chunk twice, or one that
+// does not exist, is harmless. An ack not yet on disk when the process stops
+// means the chunk is delivered again.
 func (s *Spool) Ack(l *Lane, seq uint64) {
 	if l.s != s {
 		return
+	}
+	l.mu.Lock()
+	c := l.hot.find(seq)
+	if c != nil && c.acked {
+		l.mu.Unlock()
+		return
+	}
+	var cb *chunkBuf
+	if c != nil {
+		cb = l.hot.ack(c)
+	}
+	cold := c == nil && seq < l.hot.firstSeq(l.next)
+	l.mu.Unlock()
+	if c != nil {
+		s.hotUnacked.Add(-int64(c.size))
+		if cb != nil {
+			cb.release()
+			s.hotHeld.Add(-int64(c.size))
+		}
+	} else if !cold {
+		return // never written, or acknowledged already
 	}
 	s.mu.Lock()
 	if s.closed {
@@ -692,8 +875,14 @@ func (s *Spool) Ack(l *Lane, seq uint64) {
 		return
 	}
 	s.acks = append(s.acks, ackOp{l, seq})
+	if cold {
+		s.coldAcks = append(s.coldAcks, ackOp{l, seq})
+	}
 	s.mu.Unlock()
-	s.signal()
+	wake(s.walWake)
+	if cold && !s.armed.Load() {
+		wake(s.storeWake) // it has a checkpoint to schedule
+	}
 }
 
 // DeadLetter is a record that will not be delivered, with why.
@@ -780,7 +969,7 @@ func (s *Spool) DeleteDead(ctx context.Context, ids []uint64) error {
 // Stats is a snapshot of the whole spool.
 type Stats struct {
 	LiveBytes int64 // record bytes counted against the quota
-	FileBytes int64 // disk space of the file (allocated blocks)
+	FileBytes int64 // disk space of the bbolt file and the WAL (allocated blocks)
 	Lanes     int
 	Dead      int64
 }
@@ -791,9 +980,13 @@ func (s *Spool) Stats() Stats {
 	n := len(s.lanes)
 	s.mu.Unlock()
 	return Stats{
-		LiveBytes: s.liveBytes.Load(),
+		LiveBytes: s.liveBytes(),
 		FileBytes: s.fileBytes.Load(),
 		Lanes:     n,
 		Dead:      s.deadN.Load(),
 	}
 }
+
+// liveBytes is what counts against MaxBytes: the unacknowledged hot chunks
+// and the chunks in bbolt.
+func (s *Spool) liveBytes() int64 { return s.hotUnacked.Load() + s.coldLive.Load() }

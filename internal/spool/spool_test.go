@@ -1,6 +1,7 @@
 package spool
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"strings"
@@ -52,9 +53,9 @@ func TestBatch(t *testing.T) {
 		if b.Len() != len(in) {
 			t.Fatalf("round %d: Len %d", round, b.Len())
 		}
-		putChunkHeader(b.buf, 1234, b.n)
+		putChunkHeader(b.cb.b, 1234, b.n)
 		var c Chunk
-		if err := decodeChunk(9, b.buf, &c); err != nil {
+		if err := decodeChunk(9, b.cb.b, &c); err != nil {
 			t.Fatal(err)
 		}
 		if c.Seq != 9 || c.Accepted.UnixMilli() != 1234 || c.Size != b.Bytes() || len(c.Records) != len(in) {
@@ -74,6 +75,21 @@ func TestBatch(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Fatalf("Batch reuse allocates %v times", allocs)
+	}
+	// A batch that grows past its buffer moves to a larger class, keeping
+	// what it holds.
+	var g Batch
+	big := Record{OrderKey: []byte("k"), Data: bytes.Repeat([]byte("x"), 700)}
+	for range 50 {
+		g.Add(big)
+	}
+	putChunkHeader(g.cb.b, 1, g.n)
+	var c Chunk
+	if err := decodeChunk(1, g.cb.b, &c); err != nil || len(c.Records) != 50 || !bytes.Equal(c.Records[49].Data, big.Data) {
+		t.Fatalf("grown batch: %d records, %v", len(c.Records), err)
+	}
+	if n := cap(g.cb.b); n&(n-1) != 0 {
+		t.Fatalf("grown batch buffer of %d bytes is not a size class", n)
 	}
 }
 
@@ -153,8 +169,15 @@ func TestAppendNextAckReopen(t *testing.T) {
 	if _, err := l.Next(ctx, 100); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Next after Close: %v", err)
 	}
+	if b.Len() != 0 {
+		t.Fatalf("batch holds %d records after a successful Append", b.Len())
+	}
+	b.Add(rec(1, 99, 1))
 	if err := s.Append(ctx, l, &b); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Append after Close: %v", err)
+	}
+	if b.Len() != 1 {
+		t.Fatalf("a refused Append emptied the batch")
 	}
 
 	s = openTest(t, Config{Dir: dir})

@@ -1,0 +1,561 @@
+package spool
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+)
+
+type opKind uint8
+
+const (
+	opAppend opKind = iota // the WAL writer's
+	opLane                 // the store's, as the rest
+	opPutDead
+	opDelDead
+)
+
+// op is one operation queued for the WAL writer or the store; its caller
+// waits on done.
+type op struct {
+	kind     opKind
+	lane     *Lane // opAppend: target; opLane: result
+	batch    *Batch
+	accepted int64  // unix ms
+	seq      uint64 // opAppend: assigned by the WAL writer
+	key      LaneKey
+	dls      []DeadLetter
+	ids      []uint64
+	err      error
+	done     chan struct{} // capacity 1
+}
+
+type ackOp struct {
+	lane *Lane
+	seq  uint64
+}
+
+// walWriter belongs to the WAL writer goroutine (and to Open before it
+// starts).
+type walWriter struct {
+	f      *os.File // the current segment; nil before the first write and after a failed one
+	fd     int
+	no     uint64 // its number
+	off    int64  // where the next record goes
+	size   int64  // its size
+	nextNo uint64 // the next segment's number
+	total  int64  // bytes written since Open
+	gStart int64  // offset of the last write's first chunk record
+
+	ops    []*op
+	acks   []ackOp
+	retry  []ackOp // acks of a failed write, written with the next one
+	hdrs   []byte
+	ackBuf []byte
+	iovs   [][]byte
+
+	diskFree    int64 // free bytes at diskChecked
+	diskChecked time.Time
+	diskWritten int64 // bytes appended since diskChecked
+}
+
+// diskCheckEvery is how long a statfs result is trusted (bytes appended
+// since are subtracted from it).
+const diskCheckEvery = 500 * time.Millisecond
+
+func (s *Spool) getOp(k opKind) *op {
+	o := s.opPool.Get().(*op)
+	o.kind = k
+	return o
+}
+
+func (s *Spool) putOp(o *op) {
+	done := o.done
+	*o = op{done: done}
+	s.opPool.Put(o)
+}
+
+// wake signals a goroutine waiting on c (capacity 1) without blocking.
+func wake(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// do queues o for its goroutine and waits for its result.
+func (s *Spool) do(ctx context.Context, o *op) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	c := s.walWake
+	if o.kind == opAppend {
+		s.appends = append(s.appends, o)
+	} else {
+		s.sops = append(s.sops, o)
+		c = s.storeWake
+	}
+	s.mu.Unlock()
+	wake(c)
+	<-o.done
+	return o.err
+}
+
+// runWAL is the WAL writer goroutine: it writes everything queued, as soon
+// as the previous write returned, until Close.
+func (s *Spool) runWAL() {
+	defer close(s.walDone)
+	defer s.closeSegment()
+	for {
+		ops, acks, closed := s.takeWAL()
+		if len(ops) > 0 || len(acks) > 0 {
+			s.writeGroup(ops, acks)
+		} else if closed {
+			return
+		}
+	}
+}
+
+// takeWAL waits for queued appends or acks and takes them: every ack, and
+// the appends that fit in one write (at least one).
+func (s *Spool) takeWAL() (ops []*op, acks []ackOp, closed bool) {
+	max := min(s.cfg.maxCommit(), int(s.cfg.segBytes()/4))
+	for {
+		s.mu.Lock()
+		if len(s.appends) > 0 || len(s.acks) > 0 || len(s.w.retry) > 0 || s.closed {
+			n, size := 0, 0
+			for n < len(s.appends) {
+				sz := s.appends[n].batch.Bytes()
+				if n > 0 && size+sz > max {
+					break
+				}
+				size += sz
+				n++
+			}
+			ops = append(s.w.ops[:0], s.appends[:n]...)
+			rest := copy(s.appends, s.appends[n:])
+			clear(s.appends[rest:])
+			s.appends = s.appends[:rest]
+			// Swap the ack slices: the writer's spare becomes the queue.
+			acks, s.acks = s.acks, s.w.acks[:0]
+			closed = s.closed
+			s.mu.Unlock()
+			s.w.ops = ops
+			if len(s.w.retry) > 0 {
+				acks = append(acks, s.w.retry...)
+				s.w.retry = s.w.retry[:0]
+			}
+			return ops, acks, closed
+		}
+		s.mu.Unlock()
+		if s.retire.Swap(false) {
+			s.retireSegment()
+		}
+		<-s.walWake
+	}
+}
+
+// retireSegment gives up the current segment of an idle spool: the WAL's
+// end moves to the start of the next one (created by the next write), so
+// that the store's next checkpoint frees this one.
+func (s *Spool) retireSegment() {
+	if s.w.f == nil {
+		return
+	}
+	s.closeSegment()
+	s.mu.Lock()
+	s.walEnd = walPos{s.w.nextNo, 0}
+	s.mu.Unlock()
+	wake(s.storeWake)
+}
+
+// writeGroup writes the acks and the admitted appends as records of the
+// current segment in one write (and one fdatasync under SyncAlways), then
+// publishes the chunks to their lanes and answers every waiter.
+func (s *Spool) writeGroup(ops []*op, acks []ackOp) {
+	start := time.Now()
+	s.waitMemory(ops)
+	n, bytes, records := s.admit(ops, start)
+	var err error
+	if n > 0 || len(acks) > 0 {
+		err = s.write(ops, acks)
+	}
+	switch {
+	case err != nil:
+		err = fmt.Errorf("spool append: %w", err)
+		s.log.Error("spool: WAL write failed", zap.Error(err))
+		s.w.retry = append(s.w.retry, acks...)
+		s.skip(ops)
+	case n == 0:
+		s.publish(nil) // acks only: the WAL's end moved
+	default:
+		s.publish(ops)
+		s.hotUnacked.Add(bytes)
+		s.hotHeld.Add(bytes)
+		s.m.commitSeconds.Observe(time.Since(start).Seconds())
+		s.m.commitRecords.Observe(float64(records))
+		s.m.commits.Inc()
+		if s.hotHeld.Load() > s.cfg.hotMax() || s.w.total-s.appliedTotal.Load() > s.cfg.walMax() {
+			s.force.Store(true)
+			wake(s.storeWake)
+		} else if !s.armed.Load() {
+			wake(s.storeWake) // it has a checkpoint to schedule
+		}
+	}
+	for _, o := range ops {
+		if o.err == nil {
+			o.err = err
+		}
+		o.done <- struct{}{}
+	}
+	s.w.acks = acks[:0]
+	clear(s.w.ops)
+	s.w.ops = s.w.ops[:0]
+}
+
+// hotWaitMax bounds how long the WAL writer waits for checkpoints to bring
+// the memory of hot chunks under its hard bound before it refuses appends.
+const hotWaitMax = 5 * time.Second
+
+// waitMemory holds the group back while the hot chunks' memory and the
+// group's would pass the hard bound (four times HotMaxBytes) and
+// checkpoints are making progress: appends then wait for bbolt, as they
+// would without the WAL, instead of being refused. It asks for a checkpoint
+// of everything and waits at most hotWaitMax; admit refuses what still does
+// not fit.
+func (s *Spool) waitMemory(ops []*op) {
+	var group int64
+	for _, o := range ops {
+		group += int64(o.batch.Bytes())
+	}
+	hard := 4 * s.cfg.hotMax()
+	deadline := time.Now().Add(hotWaitMax)
+	for held := s.hotHeld.Load(); held > 0 && held+group > hard && !s.ckptFailed.Load() && time.Now().Before(deadline); held = s.hotHeld.Load() {
+		s.force.Store(true)
+		wake(s.storeWake)
+		s.mu.Lock()
+		relief := s.relief
+		s.mu.Unlock()
+		t := time.NewTimer(time.Millisecond) // acks free memory too
+		select {
+		case <-relief:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// admit refuses the appends that the quota, the memory bound or the disk
+// reserve do not allow (setting their err), and assigns the others their
+// seqs and chunk headers. It returns how many it admitted, their bytes and
+// records.
+func (s *Spool) admit(ops []*op, now time.Time) (n int, bytes int64, records int) {
+	live, held := s.liveBytes(), s.hotHeld.Load()
+	hard := 4 * s.cfg.hotMax()
+	minFree := s.cfg.minFree()
+	for _, o := range ops {
+		sz := int64(len(o.batch.cb.b))
+		switch {
+		case s.cfg.MaxBytes > 0 && live+bytes+sz > s.cfg.MaxBytes:
+			o.err = ErrFull
+			s.m.rejectedFull.Inc()
+			continue
+		case held+bytes > 0 && held+bytes+sz > hard:
+			// Checkpoints do not keep up (or fail): refuse rather than
+			// hold unbounded memory.
+			o.err = ErrFull
+			s.m.rejectedFull.Inc()
+			continue
+		case minFree > 0 && s.diskFree(now)-sz < minFree:
+			o.err = ErrDiskLow
+			s.m.rejectedDisk.Inc()
+			continue
+		}
+		l := o.lane
+		o.seq = l.aNext
+		l.aNext++
+		putChunkHeader(o.batch.cb.b, o.accepted, o.batch.n)
+		n++
+		bytes += sz
+		records += o.batch.n
+		s.w.diskWritten += sz
+	}
+	return n, bytes, records
+}
+
+// write writes the records of acks and of the admitted appends at the end of
+// the current segment (a new one when they do not fit) and, under
+// SyncAlways when there are appends, fdatasyncs it. On error the segment is
+// given up: the next write starts a new one.
+func (s *Spool) write(ops []*op, acks []ackOp) error {
+	need := int64(0)
+	if len(acks) > 0 {
+		need += recHeaderLen + int64(len(acks))*ackEntryLen
+	}
+	appends := false
+	for _, o := range ops {
+		if o.err == nil {
+			need += recHeaderLen + int64(len(o.batch.cb.b))
+			appends = true
+		}
+	}
+	if s.w.f == nil || s.w.off+need > s.w.size {
+		if err := s.rotate(need); err != nil {
+			return err
+		}
+	}
+	// Where the group's chunk records start (after the ack record), for
+	// publish.
+	s.w.gStart = s.w.off
+	if len(acks) > 0 {
+		s.w.gStart += recHeaderLen + int64(len(acks))*ackEntryLen
+	}
+	nrec := 0
+	if len(acks) > 0 {
+		nrec++
+	}
+	for _, o := range ops {
+		if o.err == nil {
+			nrec++
+		}
+	}
+	hdrs := slices.Grow(s.w.hdrs[:0], nrec*recHeaderLen)[:nrec*recHeaderLen]
+	s.w.hdrs = hdrs
+	iovs := s.w.iovs[:0]
+	if len(acks) > 0 {
+		ab := s.w.ackBuf[:0]
+		for _, a := range acks {
+			ab = binary.LittleEndian.AppendUint64(ab, a.lane.id)
+			ab = binary.LittleEndian.AppendUint64(ab, a.seq)
+		}
+		s.w.ackBuf = ab
+		h := hdrs[:recHeaderLen]
+		hdrs = hdrs[recHeaderLen:]
+		putRecHeader(h, s.w.no, recAcks, 0, 0, ab)
+		iovs = append(iovs, h, ab)
+	}
+	for _, o := range ops {
+		if o.err == nil {
+			h := hdrs[:recHeaderLen]
+			hdrs = hdrs[recHeaderLen:]
+			putRecHeader(h, s.w.no, recChunk, o.lane.id, o.seq, o.batch.cb.b)
+			iovs = append(iovs, h, o.batch.cb.b)
+		}
+	}
+	err := s.pwrite(iovs, s.w.off)
+	clear(iovs)
+	s.w.iovs = iovs[:0]
+	if err == nil && appends && s.cfg.Sync == SyncAlways {
+		err = fdatasync(s.w.fd)
+		if s.cfg.walFault != nil && err == nil {
+			err = s.cfg.walFault(true)
+		}
+	}
+	if err != nil {
+		s.abandon()
+		return err
+	}
+	s.w.off += need
+	s.w.total += need
+	return nil
+}
+
+// pwrite writes iovs at off in the current segment, all of them.
+func (s *Spool) pwrite(iovs [][]byte, off int64) error {
+	if s.cfg.walFault != nil {
+		if err := s.cfg.walFault(false); err != nil {
+			return err
+		}
+	}
+	const iovMax = 1024 // IOV_MAX on Linux
+	for len(iovs) > 0 {
+		batch := iovs[:min(len(iovs), iovMax)]
+		n, err := unix.Pwritev(s.w.fd, batch, off)
+		if errors.Is(err, syscall.EINTR) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return io.ErrShortWrite
+		}
+		off += int64(n)
+		for n > 0 {
+			if n >= len(iovs[0]) {
+				n -= len(iovs[0])
+				iovs = iovs[1:]
+			} else {
+				iovs[0] = iovs[0][n:]
+				n = 0
+			}
+		}
+		for len(iovs) > 0 && len(iovs[0]) == 0 {
+			iovs = iovs[1:]
+		}
+	}
+	return nil
+}
+
+func fdatasync(fd int) error {
+	for {
+		err := syscall.Fdatasync(fd)
+		if !errors.Is(err, syscall.EINTR) {
+			return err
+		}
+	}
+}
+
+// abandon gives up the current segment after a failed write: it zeroes the
+// header of the first record that may have reached the file, so that a
+// replay stops before the failed records (best effort: the disk just
+// failed; should it not work, those records may come back after a restart,
+// which only repeats events), and closes it.
+func (s *Spool) abandon() {
+	if s.w.f == nil {
+		return
+	}
+	var zero [recHeaderLen]byte
+	if _, err := s.w.f.WriteAt(zero[:], s.w.off); err == nil {
+		_ = fdatasync(s.w.fd)
+	}
+	s.closeSegment()
+}
+
+func (s *Spool) closeSegment() {
+	if s.w.f != nil {
+		s.w.f.Close()
+		s.w.f = nil
+	}
+}
+
+// rotate starts the next segment, of the standard size or, for a record
+// larger than that, of need bytes: a spare file renamed to its number when
+// there is one, else a new file with its blocks allocated. Under SyncAlways
+// the directory is synced before the segment is used, so that its name is
+// durable before anything in it is acknowledged.
+func (s *Spool) rotate(need int64) error {
+	s.closeSegment()
+	no := s.w.nextNo
+	size := s.cfg.segBytes()
+	path := filepath.Join(s.walDir, segName(no))
+	var f *os.File
+	if need <= size {
+		select {
+		case sp := <-s.spares:
+			if err := os.Rename(sp, path); err != nil {
+				s.log.Warn("spool: reuse WAL file", zap.Error(err))
+				_ = os.Remove(sp)
+				break
+			}
+			var err error
+			if f, err = os.OpenFile(path, os.O_RDWR, 0); err != nil {
+				s.log.Warn("spool: reuse WAL file", zap.Error(err))
+				f = nil
+			}
+		default:
+		}
+	} else {
+		size = need
+	}
+	if f == nil {
+		var err error
+		f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+		if err != nil {
+			return fmt.Errorf("new WAL segment: %w", err)
+		}
+		if err := allocFile(f, size); err != nil {
+			f.Close()
+			_ = os.Remove(path)
+			return fmt.Errorf("new WAL segment: %w", err)
+		}
+	}
+	if s.cfg.Sync == SyncAlways {
+		if err := syncDir(s.walDir); err != nil {
+			f.Close()
+			return fmt.Errorf("new WAL segment: %w", err)
+		}
+	}
+	s.w.f, s.w.fd, s.w.no, s.w.off, s.w.size = f, int(f.Fd()), no, 0, size
+	s.w.nextNo++
+	return nil
+}
+
+// publish hands the written chunks to their lanes: each becomes a hot chunk
+// holding the batch's buffer, and the lane's reader is woken. Then it moves
+// the WAL's published end, which the store's checkpoints go by.
+func (s *Spool) publish(ops []*op) {
+	at := s.w.gStart
+	for _, o := range ops {
+		if o.err != nil {
+			continue
+		}
+		l, b := o.lane, o.batch
+		c := &hotChunk{
+			seq:      o.seq,
+			accepted: o.accepted,
+			records:  b.n,
+			size:     len(b.cb.b),
+			pos:      walPos{s.w.no, at},
+			walAt:    s.w.total - (s.w.off - at),
+		}
+		at += recHeaderLen + int64(c.size)
+		c.cb = b.take()
+		l.mu.Lock()
+		l.hot.push(c)
+		l.next = c.seq + 1
+		close(l.notify)
+		l.notify = make(chan struct{})
+		l.mu.Unlock()
+	}
+	s.mu.Lock()
+	s.walEnd = walPos{s.w.no, s.w.off}
+	s.walTotal = s.w.total
+	s.mu.Unlock()
+}
+
+// skip publishes, after a failed write, that the seqs given to its chunks
+// are not used: they are never given again (a record of them may be on
+// disk), and the readers step over them.
+func (s *Spool) skip(ops []*op) {
+	for _, o := range ops {
+		if o.err != nil || o.seq == 0 {
+			continue
+		}
+		l := o.lane
+		l.mu.Lock()
+		l.next = max(l.next, o.seq+1)
+		l.mu.Unlock()
+	}
+}
+
+// diskFree estimates the filesystem's free bytes: a statfs at most every
+// diskCheckEvery, minus what was appended since.
+func (s *Spool) diskFree(now time.Time) int64 {
+	if now.Sub(s.w.diskChecked) >= diskCheckEvery || now.Before(s.w.diskChecked) {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(s.cfg.Dir, &st); err != nil {
+			s.log.Warn("spool: statfs failed", zap.Error(err))
+			return s.w.diskFree - s.w.diskWritten
+		}
+		s.w.diskFree = int64(st.Bavail) * int64(st.Bsize)
+		s.w.diskChecked = now
+		s.w.diskWritten = 0
+	}
+	return s.w.diskFree - s.w.diskWritten
+}
