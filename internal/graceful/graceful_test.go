@@ -239,3 +239,94 @@ func (r *recordLogger) Printf(format string, args ...any) {
 	defer r.mu.Unlock()
 	r.msgs = append(r.msgs, fmt.Sprintf(format, args...))
 }
+
+// TestOversizedBodyAnswered: a client still sending a body over
+// MaxRequestBodySize when the server answers 413 and closes gets the whole
+// answer, every time, and its writes do not fail: the server half-closes and
+// discards what the client still sends instead of resetting the connection.
+// (Closing a socket with unread data sends RST; a client whose body write
+// fails with "connection reset by peer" before it read the answer, as Go's
+// http.Transport does, reports the reset instead of the 413, and a client
+// that sends its whole body before reading never sees the answer.)
+func TestOversizedBodyAnswered(t *testing.T) {
+	const (
+		limit = 64 << 10
+		size  = 1 << 20 // the body the client sends: 16 times the limit
+		conns = 50
+	)
+	_, addr, _ := serve(t, &fasthttp.Server{
+		Handler:            func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("ok") },
+		ErrorHandler:       tooLargeHandler,
+		MaxRequestBodySize: limit,
+		ReadTimeout:        time.Minute,
+		IdleTimeout:        time.Minute,
+	}, fasthttp.ErrBodyTooLarge.Error())
+	var failed, tried int
+	var first error
+	stop := time.Now().Add(30 * time.Second)
+	for ; tried < conns && time.Now().Before(stop); tried++ {
+		if err := postOversized(addr, size); err != nil {
+			if failed++; first == nil {
+				first = err
+			}
+		}
+	}
+	if failed > 0 {
+		t.Fatalf("%d of %d clients did not get the whole 413 answer with their body written; first: %v", failed, tried, first)
+	}
+}
+
+// tooLargeHandler answers 413 to a body over the limit, 400 otherwise.
+func tooLargeHandler(ctx *fasthttp.RequestCtx, err error) {
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		ctx.Error("too large", fasthttp.StatusRequestEntityTooLarge)
+		return
+	}
+	ctx.Error("bad request", fasthttp.StatusBadRequest)
+}
+
+// postOversized sends a POST with a body of size bytes on a new connection,
+// writing in a goroutine while it reads the answer. It returns an error
+// unless the answer is a whole 413 and the whole body was written. It
+// returns once the writer ended (within the connection's 5s deadline).
+func postOversized(addr string, size int) error {
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	// A small send buffer: the kernels cannot take the whole body before
+	// the server's close, so the client is still writing then.
+	c.(*net.TCPConn).SetWriteBuffer(32 << 10)
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	wrote := make(chan error, 1)
+	go func() {
+		if _, err := fmt.Fprintf(c, "POST /ingest HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", size); err != nil {
+			wrote <- err
+			return
+		}
+		chunk := make([]byte, 16<<10)
+		for sent := 0; sent < size; sent += len(chunk) {
+			if _, err := c.Write(chunk); err != nil {
+				wrote <- err
+				return
+			}
+		}
+		wrote <- nil
+	}()
+	resp, rerr := http.ReadResponse(bufio.NewReader(c), nil)
+	var body []byte
+	if rerr == nil {
+		body, rerr = io.ReadAll(resp.Body)
+	}
+	werr := <-wrote // the deadline bounds the wait
+	switch {
+	case rerr != nil:
+		return fmt.Errorf("read answer: %w (body write: %v)", rerr, werr)
+	case resp.StatusCode != fasthttp.StatusRequestEntityTooLarge || string(body) != "too large":
+		return fmt.Errorf("answer %d %q, want 413 \"too large\"", resp.StatusCode, body)
+	case werr != nil:
+		return fmt.Errorf("answer read, but the body write failed: %w", werr)
+	}
+	return nil
+}
