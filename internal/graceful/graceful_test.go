@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -19,21 +20,34 @@ import (
 // closing can end a silent connection quickly).
 func start(t *testing.T, h fasthttp.RequestHandler, state func(net.Conn, fasthttp.ConnState)) (*Server, string, chan error) {
 	t.Helper()
-	logged := &recordLogger{}
-	t.Cleanup(func() {
-		logged.mu.Lock()
-		defer logged.mu.Unlock()
-		for _, m := range logged.msgs {
-			t.Errorf("fasthttp logged %q (the Server's own closing must not be logged)", m)
-		}
-	})
-	s := New(&fasthttp.Server{
+	return serve(t, &fasthttp.Server{
 		Handler:     h,
 		ConnState:   state,
 		ReadTimeout: time.Minute,
 		IdleTimeout: time.Minute,
-		Logger:      logged,
 	})
+}
+
+// serve serves with srv on 127.0.0.1 and fails the test if fasthttp logs a
+// message that does not contain one of expected.
+func serve(t *testing.T, srv *fasthttp.Server, expected ...string) (*Server, string, chan error) {
+	t.Helper()
+	logged := &recordLogger{}
+	t.Cleanup(func() {
+		logged.mu.Lock()
+		defer logged.mu.Unlock()
+	msgs:
+		for _, m := range logged.msgs {
+			for _, e := range expected {
+				if strings.Contains(m, e) {
+					continue msgs
+				}
+			}
+			t.Errorf("fasthttp logged %q (the Server's own closing must not be logged)", m)
+		}
+	})
+	srv.Logger = logged
+	s := New(srv)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -224,4 +238,274 @@ func (r *recordLogger) Printf(format string, args ...any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.msgs = append(r.msgs, fmt.Sprintf(format, args...))
+}
+
+// TestOversizedBodyAnswered: a client still sending a body over
+// MaxRequestBodySize when the server answers 413 and closes gets the whole
+// answer, every time, and its writes do not fail: the server half-closes and
+// discards what the client still sends instead of resetting the connection.
+// (Closing a socket with unread data sends RST; a client whose body write
+// fails with "connection reset by peer" before it read the answer, as Go's
+// http.Transport does, reports the reset instead of the 413, and a client
+// that sends its whole body before reading never sees the answer.)
+func TestOversizedBodyAnswered(t *testing.T) {
+	const (
+		limit = 64 << 10
+		size  = 1 << 20 // the body the client sends: 16 times the limit
+		conns = 50
+	)
+	_, addr, _ := serve(t, &fasthttp.Server{
+		Handler:            func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("ok") },
+		ErrorHandler:       tooLargeHandler,
+		MaxRequestBodySize: limit,
+		ReadTimeout:        time.Minute,
+		IdleTimeout:        time.Minute,
+	}, fasthttp.ErrBodyTooLarge.Error())
+	var failed, tried int
+	var first error
+	stop := time.Now().Add(30 * time.Second)
+	for ; tried < conns && time.Now().Before(stop); tried++ {
+		if err := postOversized(addr, size); err != nil {
+			if failed++; first == nil {
+				first = err
+			}
+		}
+	}
+	if failed > 0 {
+		t.Fatalf("%d of %d clients did not get the whole 413 answer with their body written; first: %v", failed, tried, first)
+	}
+}
+
+// tooLargeHandler answers 413 to a body over the limit, 400 otherwise.
+func tooLargeHandler(ctx *fasthttp.RequestCtx, err error) {
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		ctx.Error("too large", fasthttp.StatusRequestEntityTooLarge)
+		return
+	}
+	ctx.Error("bad request", fasthttp.StatusBadRequest)
+}
+
+// postOversized sends a POST with a body of size bytes on a new connection,
+// writing in a goroutine while it reads the answer. It returns an error
+// unless the answer is a whole 413 and the whole body was written. It
+// returns once the writer ended (within the connection's 5s deadline).
+func postOversized(addr string, size int) error {
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	// A small send buffer: the kernels cannot take the whole body before
+	// the server's close, so the client is still writing then.
+	c.(*net.TCPConn).SetWriteBuffer(32 << 10)
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	wrote := make(chan error, 1)
+	go func() {
+		if _, err := fmt.Fprintf(c, "POST /ingest HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", size); err != nil {
+			wrote <- err
+			return
+		}
+		chunk := make([]byte, 16<<10)
+		for sent := 0; sent < size; sent += len(chunk) {
+			if _, err := c.Write(chunk); err != nil {
+				wrote <- err
+				return
+			}
+		}
+		wrote <- nil
+	}()
+	resp, rerr := http.ReadResponse(bufio.NewReader(c), nil)
+	var body []byte
+	if rerr == nil {
+		body, rerr = io.ReadAll(resp.Body)
+	}
+	werr := <-wrote // the deadline bounds the wait
+	switch {
+	case rerr != nil:
+		return fmt.Errorf("read answer: %w (body write: %v)", rerr, werr)
+	case resp.StatusCode != fasthttp.StatusRequestEntityTooLarge || string(body) != "too large":
+		return fmt.Errorf("answer %d %q, want 413 \"too large\"", resp.StatusCode, body)
+	case werr != nil:
+		return fmt.Errorf("answer read, but the body write failed: %w", werr)
+	}
+	return nil
+}
+
+// tcpPair returns the two ends of a TCP connection on 127.0.0.1, the server
+// end accepted through s's listener wrapper.
+func tcpPair(t *testing.T, s *Server) (srv *lingerConn, client net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	client = dial(t, ln.Addr().String())
+	c, err := lingerListener{ln, s}.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc, ok := c.(*lingerConn)
+	if !ok {
+		c.Close()
+		t.Fatalf("accepted %T, want *lingerConn", c)
+	}
+	t.Cleanup(func() { lc.tcp.Close() })
+	return lc, client
+}
+
+// lingeringCount is the number of connections lingering on s.
+func lingeringCount(s *Server) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.lingering)
+}
+
+// waitLingeringCount fails unless the lingering count on s becomes n within d.
+func waitLingeringCount(t *testing.T, s *Server, n int, d time.Duration) {
+	t.Helper()
+	for stop := time.Now().Add(d); lingeringCount(s) != n; time.Sleep(time.Millisecond) {
+		if time.Now().After(stop) {
+			t.Fatalf("%d connections lingering after %v, want %d", lingeringCount(s), d, n)
+		}
+	}
+}
+
+// TestLingerEnds: a connection the peer closed first is closed at once; one
+// closed while the peer may still send lingers until the peer closes, or at
+// most lingerTimeout.
+func TestLingerEnds(t *testing.T) {
+	s := New(&fasthttp.Server{})
+
+	t.Run("peer closed first", func(t *testing.T) {
+		c, client := tcpPair(t, s)
+		client.Close()
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Read(make([]byte, 1)); err != io.EOF {
+			t.Fatalf("read after the peer closed: %v, want EOF", err)
+		}
+		c.Close()
+		if n := lingeringCount(s); n != 0 {
+			t.Fatalf("%d connections lingering after the peer closed first", n)
+		}
+		if err := c.Close(); !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("second Close: %v, want net.ErrClosed", err)
+		}
+	})
+
+	t.Run("peer closes after the answer", func(t *testing.T) {
+		c, client := tcpPair(t, s)
+		if _, err := io.WriteString(c, "answer"); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if n := lingeringCount(s); n != 1 {
+			t.Fatalf("%d connections lingering after Close, want 1", n)
+		}
+		// The peer gets the answer and the FIN (CloseWrite), and may still
+		// send: the server discards it.
+		client.SetDeadline(time.Now().Add(5 * time.Second))
+		if b, err := io.ReadAll(client); err != nil || string(b) != "answer" {
+			t.Fatalf("peer read %q, %v; want the answer and EOF", b, err)
+		}
+		if _, err := client.Write(make([]byte, 64<<10)); err != nil {
+			t.Fatalf("peer write while the server lingers: %v", err)
+		}
+		begin := time.Now()
+		client.Close()
+		waitLingeringCount(t, s, 0, 5*time.Second)
+		if d := time.Since(begin); d > lingerTimeout/2 {
+			t.Errorf("linger ended %v after the peer closed, want at once", d)
+		}
+	})
+
+	t.Run("silent peer", func(t *testing.T) {
+		c, client := tcpPair(t, s)
+		begin := time.Now()
+		c.Close()
+		client.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := client.Read(make([]byte, 1)); err != io.EOF {
+			t.Fatalf("peer read: %v, want EOF (the server's FIN)", err)
+		}
+		waitLingeringCount(t, s, 0, 5*time.Second)
+		if d := time.Since(begin); d < lingerTimeout-50*time.Millisecond || d > lingerTimeout+500*time.Millisecond {
+			t.Errorf("linger with a silent peer lasted %v, want about %v", d, lingerTimeout)
+		}
+	})
+}
+
+// TestLingerByteLimit: a peer that keeps sending is cut off once the server
+// discarded lingerLimit bytes, before lingerTimeout.
+func TestLingerByteLimit(t *testing.T) {
+	s := New(&fasthttp.Server{})
+	s.lingerLimit = 64 << 10
+	c, client := tcpPair(t, s)
+	c.Close()
+	client.SetDeadline(time.Now().Add(5 * time.Second))
+	begin := time.Now()
+	chunk := make([]byte, 16<<10)
+	var err error
+	for sent := 0; sent < 256<<20 && err == nil; sent += len(chunk) {
+		_, err = client.Write(chunk)
+	}
+	if err == nil || isTimeout(err) {
+		t.Fatalf("peer sent 256 MiB to a lingering connection (%v), want it closed after 64 KiB", err)
+	}
+	if d := time.Since(begin); d > lingerTimeout*3/4 {
+		t.Errorf("peer's write failed after %v, want before lingerTimeout (%v)", d, lingerTimeout)
+	}
+	waitLingeringCount(t, s, 0, 5*time.Second)
+}
+
+// TestShutdownWithLingering: Shutdown waits for a connection that was
+// lingering when it began no longer than the linger's bound, and closes it
+// at once when its ctx ends first.
+func TestShutdownWithLingering(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		timeout time.Duration
+		want    error
+		within  time.Duration
+	}{
+		{"linger ends", 5 * time.Second, nil, lingerTimeout + 250*time.Millisecond},
+		{"ctx ends first", 50 * time.Millisecond, context.DeadlineExceeded, 250 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, addr, served := serve(t, &fasthttp.Server{
+				ErrorHandler:       tooLargeHandler,
+				MaxRequestBodySize: 1 << 10,
+				ReadTimeout:        time.Minute,
+				IdleTimeout:        time.Minute,
+			}, fasthttp.ErrBodyTooLarge.Error())
+			// A client that sent part of an oversized body, read the
+			// 413 and stays silent: its connection lingers.
+			c := dial(t, addr)
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			if _, err := fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", 1<<20, make([]byte, 8<<10)); err != nil {
+				t.Fatal(err)
+			}
+			if r, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || r.StatusCode != 413 {
+				t.Fatalf("answer: %v, %v; want 413", r, err)
+			}
+			waitLingeringCount(t, s, 1, 5*time.Second)
+
+			ctx, cancel := context.WithTimeout(context.Background(), tc.timeout)
+			defer cancel()
+			begin := time.Now()
+			if err := s.Shutdown(ctx); err != tc.want {
+				t.Fatalf("Shutdown: %v, want %v", err, tc.want)
+			}
+			if d := time.Since(begin); d > tc.within {
+				t.Errorf("Shutdown took %v with a lingering connection, want < %v", d, tc.within)
+			}
+			if n := lingeringCount(s); n != 0 {
+				t.Errorf("%d connections lingering after Shutdown returned", n)
+			}
+			if err := <-served; err != nil {
+				t.Fatalf("Serve: %v", err)
+			}
+		})
+	}
 }
