@@ -1,6 +1,7 @@
 package spool
 
 import (
+	"encoding/binary"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -36,7 +37,11 @@ func bufClass(n int) int {
 // chunkBuf is a buffer of a class's capacity (or, beyond the classes, of
 // exactly what was asked) with a count of its holders.
 type chunkBuf struct {
-	b    []byte
+	b []byte
+	// idx, when a Batch built b, holds each record's offset and length in b
+	// (OrderKey, UserID, Data: six per record), so that a hot chunk's reader
+	// gets its records without decoding (and without touching) b.
+	idx  []uint32
 	refs atomic.Int32
 }
 
@@ -53,7 +58,7 @@ func getBuf(n int) *chunkBuf {
 	if cb == nil {
 		cb = &chunkBuf{b: make([]byte, 0, 1<<(c+minBufShift))}
 	}
-	cb.b = cb.b[:0]
+	cb.b, cb.idx = cb.b[:0], cb.idx[:0]
 	cb.refs.Store(1)
 	return cb
 }
@@ -109,7 +114,7 @@ type Batch struct {
 // Reset empties b, keeping its memory.
 func (b *Batch) Reset() {
 	if b.cb != nil {
-		b.cb.b = b.cb.b[:0]
+		b.cb.b, b.cb.idx = b.cb.b[:0], b.cb.idx[:0]
 	}
 	b.n = 0
 }
@@ -125,12 +130,34 @@ func (b *Batch) Add(r Record) {
 	} else if cap(b.cb.b)-len(b.cb.b) < need {
 		b.grow(len(b.cb.b) + need)
 	}
-	buf := b.cb.b
-	buf = appendBytes(buf, r.OrderKey)
-	buf = appendBytes(buf, r.UserID)
-	buf = appendBytes(buf, r.Data)
-	b.cb.b = buf
+	buf, idx := b.cb.b, b.cb.idx
+	for _, f := range [3][]byte{r.OrderKey, r.UserID, r.Data} {
+		buf = binary.AppendUvarint(buf, uint64(len(f)))
+		idx = append(idx, uint32(len(buf)), uint32(len(f)))
+		buf = append(buf, f...)
+	}
+	b.cb.b, b.cb.idx = buf, idx
 	b.n++
+}
+
+// records returns the records of a chunk built by a Batch from its index
+// (nil when cb has none), aliasing cb.b.
+func (cb *chunkBuf) records(n int) []Record {
+	if len(cb.idx) != 6*n {
+		return nil
+	}
+	rs := make([]Record, n)
+	field := func(i int) []byte {
+		off, l := cb.idx[i], cb.idx[i+1]
+		if l == 0 {
+			return nil // as decodeChunk
+		}
+		return cb.b[off : off+l : off+l]
+	}
+	for i := range rs {
+		rs[i] = Record{OrderKey: field(6 * i), UserID: field(6*i + 2), Data: field(6*i + 4)}
+	}
+	return rs
 }
 
 // binaryMaxVarintLen is the longest uvarint of a length.
@@ -147,6 +174,7 @@ func (b *Batch) grow(n int) {
 	cb := getBuf(want)
 	if b.cb != nil {
 		cb.b = append(cb.b, b.cb.b...)
+		cb.idx = append(cb.idx, b.cb.idx...)
 		b.cb.release()
 	}
 	b.cb = cb

@@ -61,7 +61,7 @@
 // the failed records' first header, so that a replay stops before them) and
 // continues in a new one. A failed checkpoint keeps its chunks hot and its
 // deletions queued for the next one; appends go on into the WAL until the
-// hot chunks' memory reaches four times HotMaxBytes, then fail with ErrFull.
+// hot chunks' memory reaches twice HotMaxBytes, then fail with ErrFull.
 // While checkpoints make progress but lag, appends wait for them instead
 // (at most 5 s), as they would wait for bbolt without the WAL.
 //

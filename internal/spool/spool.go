@@ -65,8 +65,9 @@ type Config struct {
 	MaxCommitBytes int
 	// HotMaxBytes bounds the memory of chunks kept between the WAL and
 	// bbolt (see hot.go): past it a checkpoint moves every unacknowledged one
-	// into bbolt, and past four times it Append fails with ErrFull. Zero
-	// means DefaultHotMaxBytes.
+	// into bbolt, and past twice it appends wait for that checkpoint (or
+	// fail with ErrFull when checkpoints fail). Zero means
+	// DefaultHotMaxBytes.
 	HotMaxBytes int64
 	// CompactMinFileBytes is the file size under which the spool never
 	// compacts (see compact.go); zero means DefaultCompactMinFileBytes,
@@ -102,7 +103,7 @@ type Config struct {
 const (
 	DefaultMinFreeBytes   = 256 << 20
 	DefaultMaxCommitBytes = 32 << 20
-	DefaultHotMaxBytes    = 32 << 20
+	DefaultHotMaxBytes    = 16 << 20
 
 	DefaultCompactMinFileBytes = 4 << 20
 	DefaultCompactUsedPercent  = 25
@@ -298,8 +299,10 @@ type Lane struct {
 
 // hotRef is a reference the reader took on a hot chunk's buffer.
 type hotRef struct {
-	seq uint64
-	cb  *chunkBuf
+	seq      uint64
+	accepted int64
+	records  int
+	cb       *chunkBuf
 }
 
 // rawChunk is a chunk as it lies in the mapping, inside a read transaction.
@@ -427,7 +430,7 @@ func (l *Lane) takeHot(maxBytes int) []hotRef {
 			break
 		}
 		c.cb.ref()
-		refs = append(refs, hotRef{c.seq, c.cb})
+		refs = append(refs, hotRef{c.seq, c.accepted, c.records, c.cb})
 		total += c.size
 	}
 	if i < len(cs) {
@@ -445,7 +448,9 @@ func (l *Lane) decodeHot(refs []hotRef) ([]Chunk, error) {
 	var err error
 	for i, c := range refs {
 		out[i].buf = Buffer{c.cb}
-		if derr := decodeChunk(c.seq, c.cb.b, &out[i]); derr != nil && err == nil {
+		if rs := c.cb.records(c.records); rs != nil {
+			out[i].Seq, out[i].Accepted, out[i].Size, out[i].Records = c.seq, time.UnixMilli(c.accepted), len(c.cb.b), rs
+		} else if derr := decodeChunk(c.seq, c.cb.b, &out[i]); derr != nil && err == nil {
 			err = fmt.Errorf("spool read: lane %s chunk %d: %w", l.label, c.seq, derr)
 		}
 	}

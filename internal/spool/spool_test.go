@@ -66,6 +66,19 @@ func TestBatch(t *testing.T) {
 				t.Fatalf("record %d: %+v want %+v", i, r, in[i])
 			}
 		}
+		// The index a hot chunk's reader uses gives the same records,
+		// empty fields as nil.
+		idx := b.cb.records(b.n)
+		if len(idx) != len(c.Records) {
+			t.Fatalf("indexed records: %d, decoded %d", len(idx), len(c.Records))
+		}
+		for i, r := range idx {
+			d := c.Records[i]
+			if !bytes.Equal(r.OrderKey, d.OrderKey) || !bytes.Equal(r.UserID, d.UserID) || !bytes.Equal(r.Data, d.Data) ||
+				(r.UserID == nil) != (d.UserID == nil) || (r.OrderKey == nil) != (d.OrderKey == nil) {
+				t.Fatalf("indexed record %d: %+v, decoded %+v", i, r, d)
+			}
+		}
 	}
 	allocs := testing.AllocsPerRun(100, func() {
 		b.Reset()
@@ -87,6 +100,9 @@ func TestBatch(t *testing.T) {
 	var c Chunk
 	if err := decodeChunk(1, g.cb.b, &c); err != nil || len(c.Records) != 50 || !bytes.Equal(c.Records[49].Data, big.Data) {
 		t.Fatalf("grown batch: %d records, %v", len(c.Records), err)
+	}
+	if rs := g.cb.records(g.n); len(rs) != 50 || !bytes.Equal(rs[49].Data, big.Data) || !bytes.Equal(rs[0].OrderKey, big.OrderKey) {
+		t.Fatalf("grown batch's index: %d records", len(rs))
 	}
 	if n := cap(g.cb.b); n&(n-1) != 0 {
 		t.Fatalf("grown batch buffer of %d bytes is not a size class", n)

@@ -233,7 +233,7 @@ func (s *Spool) writeGroup(ops []*op, acks []ackOp) {
 const hotWaitMax = 5 * time.Second
 
 // waitMemory holds the group back while the hot chunks' memory and the
-// group's would pass the hard bound (four times HotMaxBytes) and
+// group's would pass the hard bound (twice HotMaxBytes) and
 // checkpoints are making progress: appends then wait for bbolt, as they
 // would without the WAL, instead of being refused. It asks for a checkpoint
 // of everything and waits at most hotWaitMax; admit refuses what still does
@@ -243,7 +243,7 @@ func (s *Spool) waitMemory(ops []*op) {
 	for _, o := range ops {
 		group += int64(o.batch.Bytes())
 	}
-	hard := 4 * s.cfg.hotMax()
+	hard := 2 * s.cfg.hotMax()
 	deadline := time.Now().Add(hotWaitMax)
 	for held := s.hotHeld.Load(); held > 0 && held+group > hard && !s.ckptFailed.Load() && time.Now().Before(deadline); held = s.hotHeld.Load() {
 		s.force.Store(true)
@@ -266,7 +266,7 @@ func (s *Spool) waitMemory(ops []*op) {
 // records.
 func (s *Spool) admit(ops []*op, now time.Time) (n int, bytes int64, records int) {
 	live, held := s.liveBytes(), s.hotHeld.Load()
-	hard := 4 * s.cfg.hotMax()
+	hard := 2 * s.cfg.hotMax()
 	minFree := s.cfg.minFree()
 	for _, o := range ops {
 		sz := int64(len(o.batch.cb.b))
