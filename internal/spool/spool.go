@@ -103,7 +103,7 @@ type Config struct {
 const (
 	DefaultMinFreeBytes   = 256 << 20
 	DefaultMaxCommitBytes = 32 << 20
-	DefaultHotMaxBytes    = 16 << 20
+	DefaultHotMaxBytes    = 8 << 20
 
 	DefaultCompactMinFileBytes = 4 << 20
 	DefaultCompactUsedPercent  = 25

@@ -104,7 +104,7 @@ func TestBatch(t *testing.T) {
 	if rs := g.cb.records(g.n); len(rs) != 50 || !bytes.Equal(rs[49].Data, big.Data) || !bytes.Equal(rs[0].OrderKey, big.OrderKey) {
 		t.Fatalf("grown batch's index: %d records", len(rs))
 	}
-	if n := cap(g.cb.b); n&(n-1) != 0 {
+	if n := cap(g.cb.b); classSize(bufClass(n)) != n {
 		t.Fatalf("grown batch buffer of %d bytes is not a size class", n)
 	}
 }
