@@ -837,6 +837,10 @@ func (s *Spool) Append(ctx context.Context, l *Lane, b *Batch) error {
 	}
 	o := s.getOp(opAppend)
 	o.lane, o.batch, o.accepted = l, b, time.Now().UnixMilli()
+	// The chunk's header and its record's checksum, here, in the caller's
+	// goroutine (see wal.go).
+	putChunkHeader(b.cb.b, o.accepted, b.n)
+	o.crc = payloadCRC(b.cb.b)
 	err := s.do(ctx, o)
 	s.putOp(o)
 	return err

@@ -32,6 +32,7 @@ type op struct {
 	lane     *Lane // opAppend: target; opLane: result
 	batch    *Batch
 	accepted int64  // unix ms
+	crc      uint32 // opAppend: the chunk's checksum (its WAL record's payload)
 	seq      uint64 // opAppend: assigned by the WAL writer
 	key      LaneKey
 	dls      []DeadLetter
@@ -289,7 +290,6 @@ func (s *Spool) admit(ops []*op, now time.Time) (n int, bytes int64, records int
 		l := o.lane
 		o.seq = l.aNext
 		l.aNext++
-		putChunkHeader(o.batch.cb.b, o.accepted, o.batch.n)
 		n++
 		bytes += sz
 		records += o.batch.n
@@ -346,14 +346,14 @@ func (s *Spool) write(ops []*op, acks []ackOp) error {
 		s.w.ackBuf = ab
 		h := hdrs[:recHeaderLen]
 		hdrs = hdrs[recHeaderLen:]
-		putRecHeader(h, s.w.no, recAcks, 0, 0, ab)
+		putRecHeader(h, s.w.no, recAcks, 0, 0, len(ab), payloadCRC(ab))
 		iovs = append(iovs, h, ab)
 	}
 	for _, o := range ops {
 		if o.err == nil {
 			h := hdrs[:recHeaderLen]
 			hdrs = hdrs[recHeaderLen:]
-			putRecHeader(h, s.w.no, recChunk, o.lane.id, o.seq, o.batch.cb.b)
+			putRecHeader(h, s.w.no, recChunk, o.lane.id, o.seq, len(o.batch.cb.b), o.crc)
 			iovs = append(iovs, h, o.batch.cb.b)
 		}
 	}
