@@ -165,6 +165,9 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 	nowMS := now.UnixMilli()
 	st.ip = s.clientIP(ctx, st.ip[:0])
 	st.batch.Reset()
+	// About what the records take: the events, grown by the rewrites, and
+	// their order keys and user ids.
+	st.batch.Reserve(len(body) + recordSlack*n)
 	for i := range st.req.Events {
 		ev := &st.req.Events[i]
 		st.scratch = ev.AppendRewritten(st.scratch[:0], s.ids, nowMS, st.ip)
@@ -191,6 +194,11 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 	ctx.SetContentTypeBytes(jsonContentType)
 	ctx.SetBody(b)
 }
+
+// recordSlack is what a record usually takes beyond its event's bytes in the
+// body: an insert_id and a time filled in, the order key and user id, their
+// length prefixes.
+const recordSlack = 128
 
 // lane returns the spool lane of st.req, from the cache when it can.
 func (s *Server) lane(st *reqState) (*spool.Lane, error) {

@@ -118,12 +118,10 @@ func (b Buffer) Release() {
 // Batch is a reusable builder of the records of one Append. Its buffer is
 // the chunk's encoding (see encode.go); an Append that succeeds takes the
 // buffer over (no copy) and leaves the Batch empty, and the next Add starts a
-// fresh buffer of the same size class from the pool. The zero value is an
-// empty batch.
+// fresh buffer from the pool. The zero value is an empty batch.
 type Batch struct {
-	cb   *chunkBuf // nil until the first Add after a Reset or Append
-	n    int
-	last int // capacity of the last buffer, a hint for the next one
+	cb *chunkBuf // nil until the first Add after an Append
+	n  int
 }
 
 // Reset empties b, keeping its memory.
@@ -134,16 +132,29 @@ func (b *Batch) Reset() {
 	b.n = 0
 }
 
+// Reserve makes room for about n more bytes of records (their data plus
+// a few bytes each), so that a caller that knows the size of what it will
+// add gets a buffer of the right class at once instead of growing into one.
+func (b *Batch) Reserve(n int) {
+	if b.cb == nil {
+		b.grow(chunkHeaderLen + n)
+		return
+	}
+	if cap(b.cb.b)-max(len(b.cb.b), chunkHeaderLen) < n {
+		b.grow(max(len(b.cb.b), chunkHeaderLen) + n)
+	}
+}
+
 // Add appends a record; the slices are copied.
 func (b *Batch) Add(r Record) {
-	need := 3*binaryMaxVarintLen + len(r.OrderKey) + len(r.UserID) + len(r.Data)
+	need := 3*binary.MaxVarintLen64 + len(r.OrderKey) + len(r.UserID) + len(r.Data)
 	if b.cb == nil || len(b.cb.b) == 0 {
 		if b.cb == nil || cap(b.cb.b) < chunkHeaderLen+need {
 			b.grow(chunkHeaderLen + need)
 		}
 		b.cb.b = b.cb.b[:chunkHeaderLen] // the header is written by Append
 	} else if cap(b.cb.b)-len(b.cb.b) < need {
-		b.grow(len(b.cb.b) + need)
+		b.grow(2 * (len(b.cb.b) + need)) // amortised; Append trims the excess
 	}
 	buf, idx := b.cb.b, b.cb.idx
 	for _, f := range [3][]byte{r.OrderKey, r.UserID, r.Data} {
@@ -153,6 +164,52 @@ func (b *Batch) Add(r Record) {
 	}
 	b.cb.b, b.cb.idx = buf, idx
 	b.n++
+}
+
+// grow moves b's contents into a pooled buffer of at least n bytes.
+func (b *Batch) grow(n int) {
+	cb := getBuf(n)
+	if b.cb != nil {
+		cb.b = append(cb.b, b.cb.b...)
+		cb.idx = append(cb.idx, b.cb.idx...)
+		b.cb.release()
+	}
+	b.cb = cb
+}
+
+// fit copies the contents of a buffer more than half empty (it grew, or
+// was reserved, well past them) into one of the right class: the spool
+// holds a chunk's buffer until the chunk is delivered, and that memory is
+// what the spool's bounds count. Append calls it in its caller's goroutine,
+// where the chunk is in the cache.
+func (b *Batch) fit() {
+	cb := b.cb
+	if cap(cb.b) > len(cb.b)+len(cb.b)/2 && bufClass(len(cb.b)) >= 0 {
+		f := getBuf(len(cb.b))
+		f.b = append(f.b, cb.b...)
+		f.idx = append(f.idx, cb.idx...)
+		cb.release()
+		b.cb = f
+	}
+}
+
+// take hands b's buffer over to the caller (Append) and empties b.
+func (b *Batch) take() *chunkBuf {
+	cb := b.cb
+	b.cb, b.n = nil, 0
+	return cb
+}
+
+// Len is the number of records added.
+func (b *Batch) Len() int { return b.n }
+
+// Bytes is the encoded size of b (0 when empty): what Append counts against
+// the quota and what Chunk.Size reports.
+func (b *Batch) Bytes() int {
+	if b.n == 0 {
+		return 0
+	}
+	return len(b.cb.b)
 }
 
 // records returns the records of a chunk built by a Batch from its index
@@ -173,44 +230,4 @@ func (cb *chunkBuf) records(n int) []Record {
 		rs[i] = Record{OrderKey: field(6 * i), UserID: field(6*i + 2), Data: field(6*i + 4)}
 	}
 	return rs
-}
-
-// binaryMaxVarintLen is the longest uvarint of a length.
-const binaryMaxVarintLen = 10
-
-// grow makes room for n bytes, keeping the contents, in a pooled buffer: at
-// least the last buffer's size, and at least twice the current one, so that
-// a batch grows in a few steps.
-func (b *Batch) grow(n int) {
-	want := max(n, b.last)
-	if b.cb != nil {
-		want = max(want, 2*cap(b.cb.b))
-	}
-	cb := getBuf(want)
-	if b.cb != nil {
-		cb.b = append(cb.b, b.cb.b...)
-		cb.idx = append(cb.idx, b.cb.idx...)
-		b.cb.release()
-	}
-	b.cb = cb
-	b.last = cap(cb.b)
-}
-
-// take hands b's buffer over to the caller (Append) and empties b.
-func (b *Batch) take() *chunkBuf {
-	cb := b.cb
-	b.cb, b.n = nil, 0
-	return cb
-}
-
-// Len is the number of records added.
-func (b *Batch) Len() int { return b.n }
-
-// Bytes is the encoded size of b (0 when empty): what Append counts against
-// the quota and what Chunk.Size reports.
-func (b *Batch) Bytes() int {
-	if b.n == 0 {
-		return 0
-	}
-	return len(b.cb.b)
 }

@@ -837,8 +837,9 @@ func (s *Spool) Append(ctx context.Context, l *Lane, b *Batch) error {
 	}
 	o := s.getOp(opAppend)
 	o.lane, o.batch, o.accepted = l, b, time.Now().UnixMilli()
-	// The chunk's header and its record's checksum, here, in the caller's
-	// goroutine (see wal.go).
+	// Right-sized, with its header and its record's checksum: here, in the
+	// caller's goroutine (see wal.go).
+	b.fit()
 	putChunkHeader(b.cb.b, o.accepted, b.n)
 	o.crc = payloadCRC(b.cb.b)
 	err := s.do(ctx, o)
