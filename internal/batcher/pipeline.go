@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -48,6 +49,8 @@ type Pipeline struct {
 	budget *budget
 	// bodies holds the request body buffers of shards that wait.
 	bodies bodyPool
+	// seed hashes order keys to shards (shardOf).
+	seed maphash.Seed
 
 	mu      sync.Mutex
 	lanes   map[uint64]*laneRunner
@@ -73,7 +76,7 @@ func New(cfg Config, sp *spool.Spool, send Sender, thr *throttle.Throttle, log *
 		}
 	}
 	cfg = cfg.withDefaults()
-	p := &Pipeline{cfg: cfg, sp: sp, send: send, thr: thr, log: log, url: cfg.IngestURL + "/2/httpapi", lanes: map[uint64]*laneRunner{},
+	p := &Pipeline{cfg: cfg, sp: sp, send: send, thr: thr, log: log, url: cfg.IngestURL + "/2/httpapi", lanes: map[uint64]*laneRunner{}, seed: maphash.MakeSeed(),
 		budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool()}
 	m, err := newMetrics(reg, p)
 	if err != nil {
