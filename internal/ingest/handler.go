@@ -19,16 +19,15 @@ import (
 
 // reqState is the reusable memory of one request.
 type reqState struct {
-	req     event.Request
-	batch   spool.Batch
-	plain   []byte // inflated body
-	zr      *gzip.Reader
-	br      bytes.Reader
-	scratch []byte // one rewritten event
-	okey    []byte // one order key
-	ip      []byte // client address, text
-	lk      []byte // lane cache key
-	out     []byte // response body
+	req   event.Request
+	batch spool.Batch
+	plain []byte // inflated body
+	zr    *gzip.Reader
+	br    bytes.Reader
+	okey  []byte // one order key
+	ip    []byte // client address, text
+	lk    []byte // lane cache key
+	out   []byte // response body
 }
 
 // Pooled memory above these sizes is dropped rather than kept.
@@ -47,9 +46,6 @@ func (s *Server) putState(st *reqState) {
 	st.batch.Reset()
 	if cap(st.plain) > maxPooledBuf {
 		st.plain = nil
-	}
-	if cap(st.scratch) > maxPooledBuf {
-		st.scratch = nil
 	}
 	if cap(st.out) > maxPooledBuf {
 		st.out = nil
@@ -170,9 +166,12 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 	st.batch.Reserve(len(body) + recordSlack*n)
 	for i := range st.req.Events {
 		ev := &st.req.Events[i]
-		st.scratch = ev.AppendRewritten(st.scratch[:0], s.ids, nowMS, st.ip)
 		st.okey = ev.OrderKey(st.okey[:0])
-		st.batch.Add(spool.Record{OrderKey: st.okey, UserID: ev.UserID, Data: st.scratch})
+		// Rewritten straight into the batch: an insert_id, a time and the
+		// client's address are what AppendRewritten may add.
+		st.batch.AddFunc(st.okey, ev.UserID, len(ev.Raw)+len(st.ip)+rewriteSlack, func(dst []byte) []byte {
+			return ev.AppendRewritten(dst, s.ids, nowMS, st.ip)
+		})
 	}
 	if s.testHook != nil {
 		s.testHook(ctx)
@@ -194,6 +193,10 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 	ctx.SetContentTypeBytes(jsonContentType)
 	ctx.SetBody(b)
 }
+
+// rewriteSlack bounds what AppendRewritten adds to an event besides the
+// client's address: `"insert_id":"<36>",` and `"time":<ms>,`.
+const rewriteSlack = 96
 
 // recordSlack is what a record usually takes beyond its event's bytes in the
 // body: an insert_id and a time filled in, the order key and user id, their

@@ -166,6 +166,57 @@ func (b *Batch) Add(r Record) {
 	b.n++
 }
 
+// AddFunc appends a record whose data data appends to dst, the batch's own
+// buffer: no copy of it is made. maxData bounds the data's length (it sizes
+// the length prefix; a longer record is still right, at the cost of a copy).
+// The order key and user id are copied; data must not keep dst.
+func (b *Batch) AddFunc(orderKey, userID []byte, maxData int, data func(dst []byte) []byte) {
+	width := uvarintLen(uint64(maxData))
+	b.Reserve(len(orderKey) + len(userID) + 2*binary.MaxVarintLen64 + width + maxData)
+	if len(b.cb.b) == 0 {
+		b.cb.b = b.cb.b[:chunkHeaderLen] // the header is written by Append
+	}
+	buf, idx := b.cb.b, b.cb.idx
+	for _, f := range [2][]byte{orderKey, userID} {
+		buf = binary.AppendUvarint(buf, uint64(len(f)))
+		idx = append(idx, uint32(len(buf)), uint32(len(f)))
+		buf = append(buf, f...)
+	}
+	at := len(buf)
+	buf = data(append(buf, make([]byte, width)...))
+	n := len(buf) - at - width
+	if need := uvarintLen(uint64(n)); need > width {
+		// Longer than promised: make room for the longer prefix.
+		buf = append(buf, make([]byte, need-width)...)
+		copy(buf[at+need:], buf[at+width:len(buf)-(need-width)])
+		width = need
+	}
+	putUvarintWidth(buf[at:at+width], uint64(n))
+	idx = append(idx, uint32(at+width), uint32(n))
+	b.cb.b, b.cb.idx = buf, idx
+	b.n++
+}
+
+// uvarintLen is the length of x's shortest uvarint.
+func uvarintLen(x uint64) int {
+	n := 1
+	for ; x >= 0x80; x >>= 7 {
+		n++
+	}
+	return n
+}
+
+// putUvarintWidth writes x as a uvarint of exactly len(p) bytes (padded
+// with continuation bytes, which binary.Uvarint decodes as the same value);
+// len(p) must be at least uvarintLen(x).
+func putUvarintWidth(p []byte, x uint64) {
+	for i := range p[:len(p)-1] {
+		p[i] = byte(x) | 0x80
+		x >>= 7
+	}
+	p[len(p)-1] = byte(x)
+}
+
 // grow moves b's contents into a pooled buffer of at least n bytes.
 func (b *Batch) grow(n int) {
 	cb := getBuf(n)
