@@ -275,9 +275,10 @@ type laneRunner struct {
 	// MaxReadAheadBytes): one step at the start, one chunk while every
 	// shard fails, doubled by progress (laneRunner.progress).
 	window atomic.Int64
-	// windowWait is true while the reader waits because of the window:
-	// shards then send what they have instead of waiting for full batches.
-	windowWait atomic.Bool
+	// readerWaits is true while the reader waits because of the window or
+	// a read-ahead budget: shards then send what they have instead of
+	// waiting for full batches.
+	readerWaits atomic.Bool
 }
 
 func newLaneRunner(p *Pipeline, l *spool.Lane) *laneRunner {

@@ -1,6 +1,7 @@
 package batcher
 
 import (
+	"fmt"
 	"runtime"
 	"testing"
 	"time"
@@ -265,6 +266,30 @@ func TestOutageStopsReadAhead(t *testing.T) {
 			t.Fatal(err)
 		}
 		h.waitDrained(20*time.Second, 0)
+	}
+	h.stop()
+	h.check(nil)
+}
+
+// A read-ahead budget smaller than the shards' batches: the reader waits
+// for the budget while every shard waits for a full batch. The shards must
+// send what they have then, not once per flush interval (1 s here: the
+// ~1 MB below would take 16 s that way).
+func TestSmallBudgetDoesNotWaitForFlush(t *testing.T) {
+	h := newHarness(t, sim.Config{}, Config{MaxReadAheadBytes: 64 << 10, ShardsPerLane: 4,
+		MaxBatchEvents: 1000, FlushInterval: time.Second}, throttle.Config{})
+	for c := 0; c < 100; c++ {
+		var evs []ev
+		for _, d := range devs(fmt.Sprintf("dev-%d-", c), 20) {
+			evs = append(evs, ev{Device: d, Pad: 400})
+		}
+		h.add("key", evs...)
+	}
+	start := time.Now()
+	h.start()
+	h.waitDrained(15*time.Second, 0)
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("delivered in %v: the shards waited for their flush interval", d)
 	}
 	h.stop()
 	h.check(nil)

@@ -173,19 +173,21 @@ func (lr *laneRunner) waitBudget(ctx context.Context, limit int64, idle func()) 
 		switch {
 		case in >= lim:
 			freed = nil // only this lane's own releases (or progress) help
-			if lim < limit && !lr.windowWait.Swap(true) {
-				// The shards will get no more until they send: they
-				// must not wait for full batches.
-				for _, s := range lr.shards {
-					s.poke()
-				}
-			}
 		case used < total.limit:
-			lr.windowWait.Store(false)
+			lr.readerWaits.Store(false)
 			return min(lim-in, total.limit-used), true
 		case in == 0:
-			lr.windowWait.Store(false)
+			lr.readerWaits.Store(false)
 			return 1, true
+		}
+		// Held by the window, the lane's budget or the pipeline's: the
+		// shards get no more until they send, so they must not wait for
+		// full batches (a budget smaller than the shards' batches would
+		// otherwise deliver one flush interval at a time).
+		if !lr.readerWaits.Swap(true) {
+			for _, s := range lr.shards {
+				s.poke()
+			}
 		}
 		if idle != nil {
 			idle()

@@ -109,7 +109,7 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 		var wait time.Duration = -1
 		if s.ready.len() > 0 {
 			full := s.ready.len() >= min(s.capEvents, cfg.MaxBatchEvents) || s.ready.bytes >= cfg.MaxBatchBytes ||
-				s.lr.windowWait.Load() // the reader waits for this shard's answers
+				s.lr.readerWaits.Load() // the reader waits for this shard's answers
 			due := s.ready.peek().enq.Add(cfg.FlushInterval)
 			if full || !now.Before(due) {
 				wait = 0
