@@ -5,7 +5,8 @@
 #       Build an N-event backlog (default 10,000,000; 1000-event requests,
 #       32 connections) while the upstream (bench/sink) answers 503, then stop
 #       the relay (SIGTERM, or SIGKILL with --stop kill; --cold also drops the
-#       page cache, as after a reboot: needs root), bring the upstream up and restart the relay on the
+#       page cache, as after a reboot: needs root), start it once more with the upstream
+#       still down (RSS holding the backlog), bring the upstream up and restart the relay on the
 #       backlog: time to /readyz 200 and to the first delivery, the drain rate,
 #       RSS empty vs with the backlog, spool disk use vs the raw event bytes,
 #       and after the drain.
@@ -146,6 +147,17 @@ if [ "$COLD" = 1 ]; then
 		echo "scale.sh: --cold needs root (/proc/sys/vm/drop_caches); the page cache stays warm" >&2
 	fi
 fi
+# The first start after the stop (it replays the write-ahead log after a
+# kill) with the upstream still down: what the backlog on disk costs in
+# memory, a fresh relay on it (delivery retrying, idle) against the fresh
+# relay on the empty spool above.
+ts=$(now_ns)
+start_relay held
+wait_ready
+echo "first start on the backlog (upstream down): ready after $(awk -v d=$(($(now_ns) - ts)) 'BEGIN{printf "%.3f", d/1e9}')s"
+sleep 3
+echo "rss: fresh on the empty spool $rss_empty, fresh on the backlog (upstream down, idle 3 s) $(rss "$RPID")"
+stop_relay "$([ "$STOP" = kill ] && echo KILL || echo TERM)"
 curl -s -o /dev/null -X POST "http://$SINK/reset"
 curl -s -o /dev/null -X POST "http://$SINK/down?on=0"
 log "restarting on the backlog, upstream up"

@@ -357,7 +357,7 @@ func TestReplayTornTail(t *testing.T) {
 	}
 }
 
-// copyDir copies the files of src (one level of subdirectories) into dst.
+// copyDir copies the files and directories below src into dst.
 func copyDir(t *testing.T, src, dst string) {
 	t.Helper()
 	err := filepath.Walk(src, func(path string, fi os.FileInfo, err error) error {

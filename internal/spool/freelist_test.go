@@ -38,23 +38,7 @@ func metaFreelist(t *testing.T, path string) uint64 {
 func crashImage(t *testing.T, dir string) string {
 	t.Helper()
 	img := t.TempDir()
-	err := filepath.Walk(dir, func(path string, fi os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, path)
-		if fi.IsDir() {
-			return os.MkdirAll(filepath.Join(img, rel), 0o750)
-		}
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		return os.WriteFile(filepath.Join(img, rel), b, 0o600)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	copyDir(t, dir, img)
 	return img
 }
 
