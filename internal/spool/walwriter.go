@@ -276,9 +276,10 @@ func (s *Spool) admit(ops []*op, now time.Time) (n int, bytes int64, records int
 			o.err = ErrFull
 			s.m.rejectedFull.Inc()
 			continue
-		case held+bytes > 0 && held+bytes+sz > hard:
+		case held > 0 && held+bytes+sz > hard:
 			// Checkpoints do not keep up (or fail): refuse rather than
-			// hold unbounded memory.
+			// hold unbounded memory. (With nothing held, the whole group
+			// is taken: a group is a few MiB at most.)
 			o.err = ErrFull
 			s.m.rejectedFull.Inc()
 			continue
