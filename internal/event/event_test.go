@@ -75,6 +75,17 @@ var parseCases = []struct {
 	// json.Valid accepts invalid UTF-8 and lone surrogates; so do we
 	{"invalid utf8 kept", envelope(ev("\"x\":\"\xff\xfe\"")), ``},
 	{"lone surrogate", envelope(ev(`"x":"\ud800"`)), ``},
+	// the string scanner reads 16 bytes at a time: stops on either side of
+	// its word boundaries, and strings cut off by the end of the body
+	{"escape across word boundary", envelope(`{"event_type":"e","user_id":"abcdefghijklmn\"\u00e9op` + strings.Repeat("q", 16) + `\\"}`), ``},
+	{"unicode escape across word boundary", envelope(`{"event_type":"e","user_id":"abcdefghijklm\u00e9\u00e9"}`), ``},
+	{"control byte at word end", envelope(ev("\"x\":\"abcdefghijklmno\x1f\"")), `{"code":400,"error":"Invalid JSON request body"}`},
+	{"control byte after word", envelope(ev("\"x\":\"abcdefghijklmnop\x00\"")), `{"code":400,"error":"Invalid JSON request body"}`},
+	{"quote at word end", envelope(ev(`"abcdefghijklmn":"abcdefghijklmno"`)), ``},
+	{"body ends in long string", `{"api_key":"k","events":[{"event_type":"e","user_id":"user-1abcdefghijklmnopqrstuvwxyz`, `{"code":400,"error":"Invalid JSON request body"}`},
+	{"body ends in short string", `{"api_key":"k","events":[{"event_type":"e","user_id":"us`, `{"code":400,"error":"Invalid JSON request body"}`},
+	{"body ends after backslash", `{"api_key":"k","events":[{"event_type":"e","user_id":"user-1\`, `{"code":400,"error":"Invalid JSON request body"}`},
+	{"body ends in unicode escape", `{"api_key":"k","events":[{"event_type":"e","user_id":"user-1\u00e`, `{"code":400,"error":"Invalid JSON request body"}`},
 
 	// Request envelope: options: object, Optional. `min_id_length` (integer).
 	// Our choice: a wrongly typed options or min_id_length is an invalid body.

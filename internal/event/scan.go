@@ -38,19 +38,21 @@ func skipWS(b []byte, i int) int {
 func scanString(b []byte, i int) (end int, esc bool) {
 	i++
 	for {
-		// Eight bytes at a time while none is '"', '\\' or a control byte.
-		for i+8 <= len(b) {
-			x := binary.LittleEndian.Uint64(b[i:])
-			q := x ^ (lsb * '"')
-			s := x ^ (lsb * '\\')
-			m := ((q - lsb) &^ q) | ((s - lsb) &^ s) | ((x - lsb*0x20) &^ x)
-			if m &= msb; m != 0 {
-				// The lowest flagged byte is exact: borrows only produce
-				// false flags above a true one.
-				i += bits.TrailingZeros64(m) >> 3
+		// Sixteen bytes at a time while none stops the string: one branch
+		// covers most keys and short values.
+		for i+16 <= len(b) {
+			w := b[i : i+16]
+			lo := stringStops(binary.LittleEndian.Uint64(w))
+			hi := stringStops(binary.LittleEndian.Uint64(w[8:]))
+			if lo|hi != 0 {
+				n := bits.TrailingZeros64(lo)
+				if lo == 0 {
+					n = 64 + bits.TrailingZeros64(hi)
+				}
+				i += n >> 3
 				break
 			}
-			i += 8
+			i += 16
 		}
 		if i >= len(b) {
 			return -1, esc
@@ -80,6 +82,19 @@ func scanString(b []byte, i int) (end int, esc bool) {
 			i++
 		}
 	}
+}
+
+// stringStops flags the bytes of x (eight string bytes, little endian) that
+// stop a string scan: '"', '\\' and control bytes below 0x20. The lowest
+// flag (the high bit of its byte) is exact; borrows may set false flags
+// above it. 0 means none of the eight bytes stops the scan.
+func stringStops(x uint64) uint64 {
+	// x^0x02 maps '"' (0x22) to 0x20 and keeps control bytes below 0x20, so
+	// one "byte below 0x21" test finds both; x^'\\' is zero at a backslash.
+	// The three tested values share x's high bits, so one &^x serves all.
+	t := x ^ (lsb * 0x02)
+	s := x ^ (lsb * '\\')
+	return ((t - lsb*0x21) | (s - lsb)) &^ x & msb
 }
 
 // hex4 decodes four hex digits, or returns -1.

@@ -1,0 +1,94 @@
+package event
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+// refScanString is scanString one byte at a time, the obvious way.
+func refScanString(b []byte, i int) (end int, esc bool) {
+	for i++; i < len(b); i++ {
+		switch c := b[i]; {
+		case c == '"':
+			return i + 1, esc
+		case c < 0x20:
+			return -1, esc
+		case c == '\\':
+			esc = true
+			if i+1 >= len(b) {
+				return -1, esc
+			}
+			switch b[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i++
+			case 'u':
+				if hex4(b[i+2:min(i+6, len(b))]) < 0 {
+					return -1, esc
+				}
+				i += 5
+			default:
+				return -1, esc
+			}
+		}
+	}
+	return -1, esc
+}
+
+// stopProbes are bytes that stop a string scan and their neighbours (and
+// the bytes that differ from them only in the bit the SWAR test ignores).
+var stopProbes = []byte{
+	'"', '\\', 0x00, 0x01, 0x1f, 0x20, 0x21, 0x23, 0x02, 0x03, 0x5b, 0x5d, 0x5c ^ 0x02,
+	0x7f, 0x80, 0x81, 0xa0, 0xa2, 0xa1, 0xdc, 0xdd, 0xfe, 0xff, 'u', 'a',
+}
+
+// TestScanString puts every probe byte at every offset of a string (so at
+// every position of the 8- and 16-byte words scanString reads), with and
+// without the string's end at the end of the buffer, after a clean prefix
+// of every length and after an escape ending at a word boundary.
+func TestScanString(t *testing.T) {
+	tails := []string{`"`, `"x`, `" ,"abc":1}` + strings.Repeat(" ", 20), ``}
+	for _, pre := range []string{``, `\n`, `ab\u00e9`, `\\`, `abcdef\"`, `abcdefghijklmn\/`} {
+		for n := range 40 {
+			for _, probe := range stopProbes {
+				for _, tail := range tails {
+					body := `"` + pre + strings.Repeat("y", n) + string(probe) + strings.Repeat("z", n%17) + tail
+					b := []byte(body)
+					end, esc := scanString(b, 0)
+					wantEnd, wantEsc := refScanString(b, 0)
+					if end != wantEnd || (end >= 0 && esc != wantEsc) {
+						t.Fatalf("scanString(%q) = %d, %v; want %d, %v", body, end, esc, wantEnd, wantEsc)
+					}
+					// The verdict is json.Valid's on the string alone.
+					if end >= 0 && json.Valid(b[:end]) != true || end < 0 && tail == `"` && json.Valid(b) {
+						t.Fatalf("scanString(%q) = %d disagrees with json.Valid", body, end)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestStringStops checks the exact lowest flag for every byte value at every
+// position of the word, after bytes that do not stop the scan.
+func TestStringStops(t *testing.T) {
+	for pos := range 8 {
+		for v := range 256 {
+			var w [8]byte
+			for k := range w {
+				w[k] = 'a' + byte(k)
+			}
+			w[pos] = byte(v)
+			x := uint64(0)
+			for k := 7; k >= 0; k-- {
+				x = x<<8 | uint64(w[k])
+			}
+			stops := v == '"' || v == '\\' || v < 0x20
+			m := stringStops(x)
+			low := m & -m
+			if stops != (low == 0x80<<(8*pos)) || !stops && m != 0 {
+				t.Errorf("byte %#02x at %d: stringStops = %#016x", v, pos, m)
+			}
+		}
+	}
+}
