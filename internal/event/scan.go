@@ -44,12 +44,12 @@ func scanString(b []byte, i int) (end int, esc bool) {
 			w := b[i : i+16]
 			lo := stringStops(binary.LittleEndian.Uint64(w))
 			hi := stringStops(binary.LittleEndian.Uint64(w[8:]))
-			if lo|hi != 0 {
-				n := bits.TrailingZeros64(lo)
-				if lo == 0 {
-					n = 64 + bits.TrailingZeros64(hi)
-				}
-				i += n >> 3
+			if lo != 0 {
+				i += bits.TrailingZeros64(lo) >> 3
+				break
+			}
+			if hi != 0 {
+				i += 8 + bits.TrailingZeros64(hi)>>3
 				break
 			}
 			i += 16
