@@ -401,10 +401,16 @@ func (p *parser) event(i int) int {
 		if i = skipWS(b, i+1); i >= len(b) {
 			return -1
 		}
-		if f < 0 {
+		switch {
+		case f < 0:
 			i, _ = p.sk.skipValue(b, i, 3)
-		} else {
-			i = p.field(e, f, i, start)
+		case f > lastRecorded:
+			// Only the type of the value matters.
+			var ok bool
+			i, ok = p.typedValue(fieldKinds[f], i)
+			e.setValid(f, ok)
+		default:
+			i = p.recordedField(e, f, i, start)
 		}
 		if i < 0 {
 			return -1
@@ -481,12 +487,11 @@ func (p *parser) tmpValue(s []byte, esc bool) []byte {
 	return p.req.tmp
 }
 
-// field scans the value at b[i] of the known field f of e, whose object
-// starts at b[start]. Each occurrence replaces what an earlier one of the
-// same key recorded.
-func (p *parser) field(e *Event, f, i, start int) int {
+// recordedField scans the value at b[i] of the field f (at most
+// lastRecorded) of e, whose object starts at b[start]. Each occurrence
+// replaces what an earlier one of the same key recorded.
+func (p *parser) recordedField(e *Event, f, i, start int) int {
 	b := p.b
-	e.invalid &^= 1 << f
 	switch f {
 	case fUserID:
 		e.UserID = nil
@@ -511,6 +516,7 @@ func (p *parser) field(e *Event, f, i, start int) int {
 		case fTime:
 			e.timeNull = i - start
 		}
+		e.setValid(f, true)
 		return scanLiteral(b, i)
 	}
 	switch f {
@@ -519,73 +525,76 @@ func (p *parser) field(e *Event, f, i, start int) int {
 	case fTime:
 		e.HasTime = true
 	}
-	ok := false
-	switch fieldKinds[f] {
-	case kString:
-		if c != '"' {
-			break
-		}
-		s := i
-		var esc bool
-		if i, esc = scanString(b, i); i < 0 {
-			return -1
-		}
-		content := b[s+1 : i-1]
-		switch f {
-		case fUserID:
-			if len(content) > 0 {
-				e.UserID = content
-				if esc {
-					e.flags |= evUserEsc
-				}
-			}
-		case fDeviceID:
-			if len(content) > 0 {
-				e.DeviceID = content
-				if esc {
-					e.flags |= evDevEsc
-				}
-			}
-		case fEventType:
-			if len(content) > 0 {
-				e.flags |= evHasType
-			}
-		case fIP:
-			if isRemote(content, esc) {
-				e.ipOff, e.ipEnd = s-start, i-start
-			}
-		}
-		return i
-	case kInt, kNumber:
-		if c != '-' && (c < '0' || c > '9') {
-			break
-		}
-		s := i
-		i, isInt := scanNumber(b, i)
-		if i < 0 {
-			return -1
-		}
-		if fieldKinds[f] == kInt && (!isInt || !fitsInt64(b[s:i])) {
-			e.invalid |= 1 << f
-		}
-		return i
-	case kObject, kPropTree:
-		if c != '{' {
-			break
-		}
-		i, deepest := p.sk.skipValue(b, i, 3)
-		if fieldKinds[f] == kPropTree && deepest > maxPropDepth {
-			e.invalid |= 1 << f
-		}
-		return i
-	case kBool:
-		ok = c == 't' || c == 'f'
+	if c != '"' || fieldKinds[f] != kString {
+		end, ok := p.typedValue(fieldKinds[f], i)
+		e.setValid(f, ok)
+		return end
 	}
-	if !ok {
+	e.setValid(f, true)
+	s := i
+	var esc bool
+	if i, esc = scanString(b, i); i < 0 {
+		return -1
+	}
+	content := b[s+1 : i-1]
+	switch f {
+	case fUserID:
+		if len(content) > 0 {
+			e.UserID = content
+			if esc {
+				e.flags |= evUserEsc
+			}
+		}
+	case fDeviceID:
+		if len(content) > 0 {
+			e.DeviceID = content
+			if esc {
+				e.flags |= evDevEsc
+			}
+		}
+	case fEventType:
+		if len(content) > 0 {
+			e.flags |= evHasType
+		}
+	case fIP:
+		if isRemote(content, esc) {
+			e.ipOff, e.ipEnd = s-start, i-start
+		}
+	}
+	return i
+}
+
+// setValid records whether the value of field f is valid.
+func (e *Event) setValid(f int, ok bool) {
+	if ok {
+		e.invalid &^= 1 << f
+	} else {
 		e.invalid |= 1 << f
 	}
-	i, _ = p.sk.skipValue(b, i, 3)
-	return i
+}
+
+// typedValue scans the value at b[i] of an event field and reports whether
+// it has the field's kind. null has every kind (a null field is absent).
+func (p *parser) typedValue(kind uint8, i int) (end int, ok bool) {
+	b := p.b
+	switch c := b[i]; {
+	case c == '"':
+		end, _ = scanString(b, i)
+		return end, kind == kString
+	case c == '{':
+		end, deepest := p.sk.skipValue(b, i, 3)
+		return end, kind == kObject || kind == kPropTree && deepest <= maxPropDepth
+	case c == '-' || c-'0' <= 9:
+		end, isInt := scanNumber(b, i)
+		return end, kind == kNumber || kind == kInt && isInt && end >= 0 && fitsInt64(b[i:end])
+	case c == 'n':
+		return scanLiteral(b, i), true
+	case c == 't' || c == 'f':
+		return scanLiteral(b, i), kind == kBool
+	default: // an array, or not JSON
+		end, _ = p.sk.skipValue(b, i, 3)
+		return end, false
+	}
 }
 
 // isRemote reports whether the string content s is "$remote".

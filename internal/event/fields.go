@@ -2,6 +2,8 @@ package event
 
 // The top-level event fields of the ingestion document's Event table that
 // have a type the relay checks. Unknown fields are allowed and not looked at.
+// Parse records the values of the first ones, up to lastRecorded; of the
+// others only the type matters.
 const (
 	fUserID = iota
 	fDeviceID
@@ -45,6 +47,8 @@ const (
 	fADID
 	fAndroidID
 	numFields
+
+	lastRecorded = fIP
 )
 
 // Value kinds of the Event table.
