@@ -395,10 +395,9 @@ func (p *parser) event(i int) int {
 			}
 		}
 		f := lookupField(key)
-		if i = skipWS(b, i); i >= len(b) || b[i] != ':' {
-			return -1
-		}
-		if i = skipWS(b, i+1); i >= len(b) {
+		if i+1 < len(b) && b[i] == ':' && b[i+1] > ' ' {
+			i++ // compact JSON
+		} else if i = colonWS(b, i); i < 0 {
 			return -1
 		}
 		switch {
@@ -414,6 +413,10 @@ func (p *parser) event(i int) int {
 		}
 		if i < 0 {
 			return -1
+		}
+		if i+1 < len(b) && b[i] == ',' && b[i+1] == '"' {
+			i++ // compact JSON: the next member's key
+			continue
 		}
 		if i = skipWS(b, i); i >= len(b) {
 			return -1

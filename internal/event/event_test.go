@@ -2,6 +2,7 @@ package event
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -260,6 +261,29 @@ var parseCases = []struct {
 	// `event_type` and `user_id` or `device_id`.
 	{"minimal", `{"api_key":"k","events":[{"event_type":"e","user_id":"user-1"}]}`, ``},
 	{"realistic", envelope(realisticEvents(10)...), ``},
+	// compact JSON takes fast paths around ':' and ','; whitespace anywhere
+	// takes the general ones
+	{"realistic indented", indent(envelope(realisticEvents(3)...), "\t"), ``},
+	{"realistic spaced", indent(envelope(realisticEvents(3)...), " \r"), ``},
+	{"space before colon", envelope(`{"event_type" :"e","user_id":"user-1","event_properties":{"a" :1}}`), ``},
+	{"space after colon", envelope(`{"event_type": "e","user_id":"user-1","event_properties":{"a": [ 1 ]}}`), ``},
+	{"space after comma", envelope(`{"event_type":"e", "user_id":"user-1","event_properties":{"a":1, "b":2}}`), ``},
+	{"space before comma", envelope(`{"event_type":"e" ,"user_id":"user-1","event_properties":{"a":1 ,"b":2}}`), ``},
+	{"comma then number in event", envelope(`{"event_type":"e","user_id":"user-1",5}`), `{"code":400,"error":"Invalid JSON request body"}`},
+	{"comma then close in properties", envelope(ev(`"event_properties":{"a":1,}`)), `{"code":400,"error":"Invalid JSON request body"}`},
+	{"colon then end of body", `{"api_key":"k","events":[{"event_type":`, `{"code":400,"error":"Invalid JSON request body"}`},
+	{"key then end of body", `{"api_key":"k","events":[{"event_type"`, `{"code":400,"error":"Invalid JSON request body"}`},
+	{"comma then end of body", `{"api_key":"k","events":[{"event_type":"e",`, `{"code":400,"error":"Invalid JSON request body"}`},
+	{"double colon", envelope(`{"event_type"::"e","user_id":"user-1"}`), `{"code":400,"error":"Invalid JSON request body"}`},
+}
+
+// indent pretty-prints the JSON document s, indenting with ind.
+func indent(s, ind string) string {
+	var b bytes.Buffer
+	if err := json.Indent(&b, []byte(s), "", ind); err != nil {
+		panic(err)
+	}
+	return b.String()
 }
 
 func TestParse(t *testing.T) {

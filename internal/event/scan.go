@@ -33,6 +33,18 @@ func skipWS(b []byte, i int) int {
 	return i
 }
 
+// colonWS scans the ':' after a key that ends at i, and the whitespace
+// around it, returning the index of the value.
+func colonWS(b []byte, i int) int {
+	if i = skipWS(b, i); i >= len(b) || b[i] != ':' {
+		return -1
+	}
+	if i = skipWS(b, i+1); i >= len(b) {
+		return -1
+	}
+	return i
+}
+
 // scanString scans the string token at b[i] == '"'. It reports whether the
 // string holds escapes (its content is then not its value).
 func scanString(b []byte, i int) (end int, esc bool) {
@@ -317,11 +329,10 @@ func (s *skipper) key(b []byte, i int) int {
 	if i, _ = scanString(b, i); i < 0 {
 		return -1
 	}
-	i = skipWS(b, i)
-	if i >= len(b) || b[i] != ':' {
-		return -1
+	if i+1 < len(b) && b[i] == ':' && b[i+1] > ' ' {
+		return i + 1 // compact JSON
 	}
-	return skipWS(b, i+1)
+	return colonWS(b, i)
 }
 
 // appendUnescaped appends the value of the string content s (between the
