@@ -50,17 +50,16 @@ func colonWS(b []byte, i int) int {
 func scanString(b []byte, i int) (end int, esc bool) {
 	i++
 	for {
-		// Sixteen bytes at a time while none stops the string: one branch
-		// covers most keys and short values.
+		// Sixteen bytes per iteration while none stops the string, the
+		// second word read only when the first has no stop (most keys
+		// and many values end in it).
 		for i+16 <= len(b) {
 			w := b[i : i+16]
-			lo := stringStops(binary.LittleEndian.Uint64(w))
-			hi := stringStops(binary.LittleEndian.Uint64(w[8:]))
-			if lo != 0 {
+			if lo := stringStops(binary.LittleEndian.Uint64(w)); lo != 0 {
 				i += bits.TrailingZeros64(lo) >> 3
 				break
 			}
-			if hi != 0 {
+			if hi := stringStops(binary.LittleEndian.Uint64(w[8:])); hi != 0 {
 				i += 8 + bits.TrailingZeros64(hi)>>3
 				break
 			}
