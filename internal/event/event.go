@@ -378,10 +378,11 @@ func (p *parser) event(i int) int {
 		return i + 1
 	}
 	e.flags |= evNonEmpty
+	if i >= len(b) || b[i] != '"' {
+		return -1
+	}
 	for {
-		if i >= len(b) || b[i] != '"' {
-			return -1
-		}
+		// b[i] is the '"' of a member's key.
 		ks := i
 		var esc bool
 		if i, esc = scanString(b, i); i < 0 {
@@ -403,6 +404,10 @@ func (p *parser) event(i int) int {
 		switch {
 		case f < 0:
 			i, _ = p.sk.skipValue(b, i, 3)
+		case f > lastRecorded && fieldKinds[f] == kString && b[i] == '"':
+			// The commonest member, spared typedValue's dispatch.
+			i, _ = scanString(b, i)
+			e.setValid(f, true)
 		case f > lastRecorded:
 			// Only the type of the value matters.
 			var ok bool
@@ -423,7 +428,9 @@ func (p *parser) event(i int) int {
 		}
 		switch b[i] {
 		case ',':
-			i = skipWS(b, i+1)
+			if i = skipWS(b, i+1); i >= len(b) || b[i] != '"' {
+				return -1
+			}
 		case '}':
 			i++
 			e.Raw = b[start:i]
@@ -495,6 +502,54 @@ func (p *parser) tmpValue(s []byte, esc bool) []byte {
 // replaces what an earlier one of the same key recorded.
 func (p *parser) recordedField(e *Event, f, i, start int) int {
 	b := p.b
+	if b[i] != '"' || fieldKinds[f] != kString {
+		return p.recordedOther(e, f, i, start)
+	}
+	// A string, as all these fields but time have.
+	s := i
+	i, esc := scanString(b, i)
+	if i < 0 {
+		return -1
+	}
+	e.setValid(f, true)
+	content := b[s+1 : i-1]
+	switch f {
+	case fUserID:
+		e.UserID, e.flags = nil, e.flags&^evUserEsc
+		if len(content) > 0 {
+			e.UserID = content
+			if esc {
+				e.flags |= evUserEsc
+			}
+		}
+	case fDeviceID:
+		e.DeviceID, e.flags = nil, e.flags&^evDevEsc
+		if len(content) > 0 {
+			e.DeviceID = content
+			if esc {
+				e.flags |= evDevEsc
+			}
+		}
+	case fEventType:
+		e.flags &^= evHasType
+		if len(content) > 0 {
+			e.flags |= evHasType
+		}
+	case fInsertID:
+		e.HasInsertID, e.insNull = true, 0
+	case fIP:
+		e.ipOff, e.ipEnd = 0, 0
+		if isRemote(content, esc) {
+			e.ipOff, e.ipEnd = s-start, i-start
+		}
+	}
+	return i
+}
+
+// recordedOther is recordedField for time and for values that are not
+// strings.
+func (p *parser) recordedOther(e *Event, f, i, start int) int {
+	b := p.b
 	switch f {
 	case fUserID:
 		e.UserID = nil
@@ -511,8 +566,7 @@ func (p *parser) recordedField(e *Event, f, i, start int) int {
 	case fIP:
 		e.ipOff, e.ipEnd = 0, 0
 	}
-	c := b[i]
-	if c == 'n' {
+	if b[i] == 'n' {
 		switch f {
 		case fInsertID:
 			e.insNull = i - start
@@ -528,43 +582,9 @@ func (p *parser) recordedField(e *Event, f, i, start int) int {
 	case fTime:
 		e.HasTime = true
 	}
-	if c != '"' || fieldKinds[f] != kString {
-		end, ok := p.typedValue(fieldKinds[f], i)
-		e.setValid(f, ok)
-		return end
-	}
-	e.setValid(f, true)
-	s := i
-	var esc bool
-	if i, esc = scanString(b, i); i < 0 {
-		return -1
-	}
-	content := b[s+1 : i-1]
-	switch f {
-	case fUserID:
-		if len(content) > 0 {
-			e.UserID = content
-			if esc {
-				e.flags |= evUserEsc
-			}
-		}
-	case fDeviceID:
-		if len(content) > 0 {
-			e.DeviceID = content
-			if esc {
-				e.flags |= evDevEsc
-			}
-		}
-	case fEventType:
-		if len(content) > 0 {
-			e.flags |= evHasType
-		}
-	case fIP:
-		if isRemote(content, esc) {
-			e.ipOff, e.ipEnd = s-start, i-start
-		}
-	}
-	return i
+	end, ok := p.typedValue(fieldKinds[f], i)
+	e.setValid(f, ok)
+	return end
 }
 
 // setValid records whether the value of field f is valid.

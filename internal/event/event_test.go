@@ -209,6 +209,20 @@ var parseCases = []struct {
 	{"lone minus in int field", envelope(ev(`"quantity":-`)), `{"code":400,"error":"Invalid JSON request body"}`},
 	{"bad fraction in string field", envelope(ev(`"city":1.`)), `{"code":400,"error":"Invalid JSON request body"}`},
 	{"bad byte in object field", envelope(ev(`"plan":x`)), `{"code":400,"error":"Invalid JSON request body"}`},
+	// duplicates of the recorded fields: the last one counts, whatever the
+	// types of the earlier ones
+	{"user_id number then string", envelope(`{"event_type":"e","user_id":5,"user_id":"user-1"}`), ``},
+	{"user_id string then null", envelope(`{"event_type":"e","user_id":"user-1","user_id":null}`), `{"code":400,"error":"Request missing required field","events_with_missing_fields":{"device_id":[0],"user_id":[0]}}`},
+	{"user_id string then empty", envelope(`{"event_type":"e","user_id":"user-1","user_id":""}`), `{"code":400,"error":"Request missing required field","events_with_missing_fields":{"device_id":[0],"user_id":[0]}}`},
+	{"user_id escaped then short", envelope(`{"event_type":"e","user_id":"us\u0065r-1","user_id":"abc"}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"user_id":[0]}}`},
+	{"device_id escaped then plain", envelope(`{"event_type":"e","device_id":"\u0030000","device_id":"dev-12"}`), ``},
+	{"device_id string then object", envelope(`{"event_type":"e","user_id":"user-1","device_id":"dev-12","device_id":{}}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"device_id":[0]}}`},
+	{"event_type string then empty", envelope(`{"event_type":"e","event_type":"","user_id":"user-1"}`), `{"code":400,"error":"Request missing required field","events_with_missing_fields":{"event_type":[0]}}`},
+	{"event_type number then string", envelope(`{"event_type":1,"event_type":"e","user_id":"user-1"}`), ``},
+	{"insert_id null then string", envelope(ev(`"insert_id":null,"insert_id":"x"`)), ``},
+	{"insert_id string then number", envelope(ev(`"insert_id":"x","insert_id":1`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"insert_id":[0]}}`},
+	{"time string then int", envelope(ev(`"time":"x","time":5`)), ``},
+	{"ip number then remote", envelope(ev(`"ip":1,"ip":"$remote"`)), ``},
 	// our choice: null on an optional field is the field absent
 	{"nulls are absent", envelope(ev(`"platform":null,"event_properties":null,"price":null,"groups":null,"$skip_user_properties_sync":null`)), ``},
 	// unknown fields are allowed and untouched
@@ -399,6 +413,16 @@ func TestAppendRewritten(t *testing.T) {
 			`{"insert_id":"x","time":1,"ip":"192.0.2.7","event_type":"e","user_id":"user-1"}`},
 		{"ip kept", `{"insert_id":"x","time":1,"ip":"10.1.1.1","event_type":"e","user_id":"user-1"}`,
 			`{"insert_id":"x","time":1,"ip":"10.1.1.1","event_type":"e","user_id":"user-1"}`},
+		// of duplicate ips, only a last "$remote" is replaced
+		{"ip remote then other", `{"insert_id":"x","time":1,"ip":"$remote","ip":"10.1.1.1","event_type":"e","user_id":"user-1"}`,
+			`{"insert_id":"x","time":1,"ip":"$remote","ip":"10.1.1.1","event_type":"e","user_id":"user-1"}`},
+		{"ip other then remote", `{"insert_id":"x","time":1,"ip":"10.1.1.1","ip":"$remote","event_type":"e","user_id":"user-1"}`,
+			`{"insert_id":"x","time":1,"ip":"10.1.1.1","ip":"192.0.2.7","event_type":"e","user_id":"user-1"}`},
+		{"ip remote then null", `{"insert_id":"x","time":1,"ip":"$remote","ip":null,"event_type":"e","user_id":"user-1"}`,
+			`{"insert_id":"x","time":1,"ip":"$remote","ip":null,"event_type":"e","user_id":"user-1"}`},
+		// a string insert_id after a null one is kept; time likewise
+		{"insert_id null then string", `{"insert_id":null,"insert_id":"x","time":null,"time":7,"event_type":"e","user_id":"user-1"}`,
+			`{"insert_id":null,"insert_id":"x","time":null,"time":7,"event_type":"e","user_id":"user-1"}`},
 		{"all three", `{"ip":"$remote","event_type":"e","time":null,"user_id":"user-1","event_properties":{"ip":"$remote"}}`,
 			`{"insert_id":"0123456789abcdef1","ip":"192.0.2.7","event_type":"e","time":1700000000000,"user_id":"user-1","event_properties":{"ip":"$remote"}}`},
 	}
