@@ -295,11 +295,20 @@ func (s *skipper) skipValue(b []byte, i, depth int) (end, deepest int) {
 			if d == 0 {
 				return i, deepest
 			}
+			obj := s.stack[uint(d)>>6]&(uint64(1)<<(uint(d)&63)) != 0
+			if i+1 < len(b) && b[i] == ',' && b[i+1] > ' ' {
+				i++ // compact JSON: the next member or element
+				if obj {
+					if i = s.key(b, i); i < 0 {
+						return -1, 0
+					}
+				}
+				break closing
+			}
 			i = skipWS(b, i)
 			if i >= len(b) {
 				return -1, 0
 			}
-			obj := s.stack[uint(d)>>6]&(uint64(1)<<(uint(d)&63)) != 0
 			switch c := b[i]; {
 			case c == ',':
 				i = skipWS(b, i+1)
