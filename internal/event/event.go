@@ -1,6 +1,7 @@
 package event
 
 import (
+	"encoding/binary"
 	"math/bits"
 	"strconv"
 	"unicode/utf8"
@@ -383,19 +384,10 @@ func (p *parser) event(i int) int {
 	}
 	for {
 		// b[i] is the '"' of a member's key.
-		ks := i
-		var esc bool
-		if i, esc = scanString(b, i); i < 0 {
+		var f int
+		if i, f = eventKey(b, i); i < 0 {
 			return -1
 		}
-		key := b[ks+1 : i-1]
-		if esc {
-			var buf [6 * maxFieldLen]byte
-			if len(key) <= len(buf) {
-				key = appendUnescaped(buf[:0], key)
-			}
-		}
-		f := lookupField(key)
 		if i+1 < len(b) && b[i] == ':' && b[i+1] > ' ' {
 			i++ // compact JSON
 		} else if i = colonWS(b, i); i < 0 {
@@ -440,6 +432,44 @@ func (p *parser) event(i int) int {
 			return -1
 		}
 	}
+}
+
+// eventKey scans the key at b[i] == '"' of an event member and returns the
+// index past it and the field it names (-1: none).
+func eventKey(b []byte, i int) (end, f int) {
+	// A key of at most 16 bytes without escapes, as event keys are, is
+	// both found and matched from the two words that hold it: the stop test
+	// of scanString finds its end, and byWords its field. This saves a
+	// second pass over the key (lookupField's) and a call.
+	if i+2+shortFieldLen <= len(b) {
+		w := b[i+1 : i+2+shortFieldLen]
+		lo, hi := binary.LittleEndian.Uint64(w), binary.LittleEndian.Uint64(w[8:])
+		n := shortFieldLen
+		if m := stringStops(lo); m != 0 {
+			n = bits.TrailingZeros64(m) >> 3
+		} else if m := stringStops(hi); m != 0 {
+			n = 8 + bits.TrailingZeros64(m)>>3
+		}
+		if w[n] == '"' {
+			// Zero the bytes past the key.
+			lo &= keyMasks[n][0]
+			hi &= keyMasks[n][1]
+			return i + n + 2, byWords.lookup(lo, hi)
+		}
+	}
+	end, esc := scanString(b, i)
+	if end < 0 {
+		return -1, -1
+	}
+	key := b[i+1 : end-1]
+	if esc {
+		var buf [6 * maxFieldLen]byte
+		if len(key) > len(buf) {
+			return end, -1
+		}
+		key = appendUnescaped(buf[:0], key)
+	}
+	return end, lookupField(key)
 }
 
 // done checks the last event, e, for errors that do not depend on
