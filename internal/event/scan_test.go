@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // refScanString is scanString one byte at a time, the obvious way.
@@ -88,6 +89,22 @@ func TestStringStops(t *testing.T) {
 			low := m & -m
 			if stops != (low == 0x80<<(8*pos)) || !stops && m != 0 {
 				t.Errorf("byte %#02x at %d: stringStops = %#016x", v, pos, m)
+			}
+		}
+	}
+}
+
+// TestAppendJSONString round-trips strings with runs of plain bytes broken
+// by every kind of byte that is escaped or replaced, at the start, middle
+// and end.
+func TestAppendJSONString(t *testing.T) {
+	for _, special := range []string{``, `"`, `\`, "\x00", "\x1f", "\x7f", "é", "\u2028", "\xff", "\xe2\x82", "\U0001F600"} {
+		for _, s := range []string{special, "10.0.0.1" + special, special + "10.0.0.1", "a" + special + "b" + special + "c"} {
+			out := appendJSONString([]byte("x"), []byte(s))
+			var got string
+			// valid UTF-8 out: invalid bytes are replaced, not copied
+			if out[0] != 'x' || !utf8.Valid(out) || json.Unmarshal(out[1:], &got) != nil || got != jsonString([]byte(s)) {
+				t.Errorf("appendJSONString(%q) = %s, decodes to %q", s, out, got)
 			}
 		}
 	}
