@@ -109,3 +109,33 @@ func TestAppendJSONString(t *testing.T) {
 		}
 	}
 }
+
+// FuzzScanString compares scanString with refScanString, and eventKey with
+// the slow path it shortcuts, at every '"' of the input.
+func FuzzScanString(f *testing.F) {
+	f.Add([]byte(`"user_id":"abcdefghijklmn\"\u00e9op","event_properties":{"a\\b":"\u0000"}`))
+	f.Add([]byte("\"time\x01\"\"ip\"\"0123456789abcdef\"\"0123456789abcde\\\""))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for i, c := range b {
+			if c != '"' {
+				continue
+			}
+			end, esc := scanString(b, i)
+			wantEnd, wantEsc := refScanString(b, i)
+			if end != wantEnd || end >= 0 && esc != wantEsc {
+				t.Fatalf("scanString(%q, %d) = %d, %v; want %d, %v", b, i, end, esc, wantEnd, wantEsc)
+			}
+			wantF := -1
+			if end >= 0 {
+				k := b[i+1 : end-1]
+				if esc {
+					k = appendUnescaped(nil, k)
+				}
+				wantF = lookupField(k)
+			}
+			if kEnd, f := eventKey(b, i); kEnd != end || end >= 0 && f != wantF {
+				t.Fatalf("eventKey(%q, %d) = %d, %d; want %d, %d", b, i, kEnd, f, end, wantF)
+			}
+		}
+	})
+}
