@@ -265,6 +265,8 @@ type wordSlot struct {
 	f      int
 }
 
+// hash maps a key's words to a slot (multiplicative hashing: the top 7
+// bits of the product).
 func (t *wordTable) hash(lo, hi uint64) uint {
 	return uint(((lo ^ hi) * t.mul) >> (64 - 7))
 }
@@ -277,6 +279,7 @@ func (t *wordTable) lookup(lo, hi uint64) int {
 	return -1
 }
 
+// newWordTable builds byWords from fieldNames.
 func newWordTable() *wordTable {
 	t := &wordTable{}
 	// Try odd multipliers (a Weyl sequence) until the names fit without
