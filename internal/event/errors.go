@@ -107,6 +107,16 @@ func appendIndexMap(dst []byte, m map[string][]int) []byte {
 func appendJSONString(dst, s []byte) []byte {
 	dst = append(dst, '"')
 	for i := 0; i < len(s); {
+		// Copy a run of bytes that stay as they are (all of an IP
+		// address) in one append.
+		j := i
+		for j < len(s) && s[j] >= 0x20 && s[j] < utf8.RuneSelf && s[j] != '"' && s[j] != '\\' {
+			j++
+		}
+		dst = append(dst, s[i:j]...)
+		if i = j; i == len(s) {
+			break
+		}
 		c := s[i]
 		if c >= utf8.RuneSelf {
 			r, size := utf8.DecodeRune(s[i:])

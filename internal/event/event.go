@@ -1,6 +1,7 @@
 package event
 
 import (
+	"encoding/binary"
 	"math/bits"
 	"strconv"
 	"unicode/utf8"
@@ -25,6 +26,10 @@ type Request struct {
 	// dropped are the ids of events dropped while scanning whose
 	// errors depend on min_id_length.
 	dropped []droppedIDs
+	// sk lives here rather than in parser so that Parse does not clear its
+	// 1.25 KiB nesting stack each time: skipValue reads only levels it
+	// has written.
+	sk skipper
 }
 
 // droppedIDs is what an event dropped while scanning still needs for the
@@ -123,7 +128,7 @@ func Parse(body []byte, req *Request) *Error {
 	if skipWS(body, 0) == len(body) {
 		return newError(msgMissingBody)
 	}
-	p := parser{b: body, req: req}
+	p := parser{b: body, req: req, sk: &req.sk}
 	if !p.envelope() {
 		req.Events = req.Events[:0]
 		return newError(msgInvalidJSON)
@@ -135,7 +140,7 @@ func Parse(body []byte, req *Request) *Error {
 type parser struct {
 	b   []byte
 	req *Request
-	sk  skipper
+	sk  *skipper
 
 	apiKey     []byte // api_key string content, nil when absent, null or ""
 	apiKeyEsc  bool
@@ -378,43 +383,50 @@ func (p *parser) event(i int) int {
 		return i + 1
 	}
 	e.flags |= evNonEmpty
+	if i >= len(b) || b[i] != '"' {
+		return -1
+	}
 	for {
-		if i >= len(b) || b[i] != '"' {
+		// b[i] is the '"' of a member's key.
+		var f int
+		if i, f = eventKey(b, i); i < 0 {
 			return -1
 		}
-		ks := i
-		var esc bool
-		if i, esc = scanString(b, i); i < 0 {
+		if i+1 < len(b) && b[i] == ':' && b[i+1] > ' ' {
+			i++ // compact JSON
+		} else if i = colonWS(b, i); i < 0 {
 			return -1
 		}
-		key := b[ks+1 : i-1]
-		if esc {
-			var buf [6 * maxFieldLen]byte
-			if len(key) <= len(buf) {
-				key = appendUnescaped(buf[:0], key)
-			}
-		}
-		f := lookupField(key)
-		if i = skipWS(b, i); i >= len(b) || b[i] != ':' {
-			return -1
-		}
-		if i = skipWS(b, i+1); i >= len(b) {
-			return -1
-		}
-		if f < 0 {
+		switch {
+		case f < 0:
 			i, _ = p.sk.skipValue(b, i, 3)
-		} else {
-			i = p.field(e, f, i, start)
+		case f > lastRecorded && fieldKinds[f] == kString && b[i] == '"':
+			// The commonest member, spared typedValue's dispatch.
+			i, _ = scanString(b, i)
+			e.setValid(f, true)
+		case f > lastRecorded:
+			// Only the type of the value matters.
+			var ok bool
+			i, ok = p.typedValue(fieldKinds[f], i)
+			e.setValid(f, ok)
+		default:
+			i = p.recordedField(e, f, i, start)
 		}
 		if i < 0 {
 			return -1
+		}
+		if i+1 < len(b) && b[i] == ',' && b[i+1] == '"' {
+			i++ // compact JSON: the next member's key
+			continue
 		}
 		if i = skipWS(b, i); i >= len(b) {
 			return -1
 		}
 		switch b[i] {
 		case ',':
-			i = skipWS(b, i+1)
+			if i = skipWS(b, i+1); i >= len(b) || b[i] != '"' {
+				return -1
+			}
 		case '}':
 			i++
 			e.Raw = b[start:i]
@@ -424,6 +436,44 @@ func (p *parser) event(i int) int {
 			return -1
 		}
 	}
+}
+
+// eventKey scans the key at b[i] == '"' of an event member and returns the
+// index past it and the field it names (-1: none).
+func eventKey(b []byte, i int) (end, f int) {
+	// A key of at most 16 bytes without escapes, as event keys are, is
+	// both found and matched from the two words that hold it: the stop test
+	// of scanString finds its end, and byWords its field. This saves a
+	// second pass over the key (lookupField's) and a call.
+	if i+2+shortFieldLen <= len(b) {
+		w := b[i+1 : i+2+shortFieldLen]
+		lo, hi := binary.LittleEndian.Uint64(w), binary.LittleEndian.Uint64(w[8:])
+		n := shortFieldLen
+		if m := stringStops(lo); m != 0 {
+			n = bits.TrailingZeros64(m) >> 3
+		} else if m := stringStops(hi); m != 0 {
+			n = 8 + bits.TrailingZeros64(m)>>3
+		}
+		if w[n] == '"' {
+			// Zero the bytes past the key.
+			lo &= keyMasks[n][0]
+			hi &= keyMasks[n][1]
+			return i + n + 2, byWords.lookup(lo, hi)
+		}
+	}
+	end, esc := scanString(b, i)
+	if end < 0 {
+		return -1, -1
+	}
+	key := b[i+1 : end-1]
+	if esc {
+		var buf [6 * maxFieldLen]byte
+		if len(key) > len(buf) {
+			return end, -1
+		}
+		key = appendUnescaped(buf[:0], key)
+	}
+	return end, lookupField(key)
 }
 
 // done checks the last event, e, for errors that do not depend on
@@ -481,12 +531,59 @@ func (p *parser) tmpValue(s []byte, esc bool) []byte {
 	return p.req.tmp
 }
 
-// field scans the value at b[i] of the known field f of e, whose object
-// starts at b[start]. Each occurrence replaces what an earlier one of the
-// same key recorded.
-func (p *parser) field(e *Event, f, i, start int) int {
+// recordedField scans the value at b[i] of the field f (at most
+// lastRecorded) of e, whose object starts at b[start]. Each occurrence
+// replaces what an earlier one of the same key recorded.
+func (p *parser) recordedField(e *Event, f, i, start int) int {
 	b := p.b
-	e.invalid &^= 1 << f
+	if b[i] != '"' || fieldKinds[f] != kString {
+		return p.recordedOther(e, f, i, start)
+	}
+	// A string, as all these fields but time have.
+	s := i
+	i, esc := scanString(b, i)
+	if i < 0 {
+		return -1
+	}
+	e.setValid(f, true)
+	content := b[s+1 : i-1]
+	switch f {
+	case fUserID:
+		e.UserID, e.flags = nil, e.flags&^evUserEsc
+		if len(content) > 0 {
+			e.UserID = content
+			if esc {
+				e.flags |= evUserEsc
+			}
+		}
+	case fDeviceID:
+		e.DeviceID, e.flags = nil, e.flags&^evDevEsc
+		if len(content) > 0 {
+			e.DeviceID = content
+			if esc {
+				e.flags |= evDevEsc
+			}
+		}
+	case fEventType:
+		e.flags &^= evHasType
+		if len(content) > 0 {
+			e.flags |= evHasType
+		}
+	case fInsertID:
+		e.HasInsertID, e.insNull = true, 0
+	case fIP:
+		e.ipOff, e.ipEnd = 0, 0
+		if isRemote(content, esc) {
+			e.ipOff, e.ipEnd = s-start, i-start
+		}
+	}
+	return i
+}
+
+// recordedOther is recordedField for time and for values that are not
+// strings.
+func (p *parser) recordedOther(e *Event, f, i, start int) int {
+	b := p.b
 	switch f {
 	case fUserID:
 		e.UserID = nil
@@ -503,14 +600,14 @@ func (p *parser) field(e *Event, f, i, start int) int {
 	case fIP:
 		e.ipOff, e.ipEnd = 0, 0
 	}
-	c := b[i]
-	if c == 'n' {
+	if b[i] == 'n' {
 		switch f {
 		case fInsertID:
 			e.insNull = i - start
 		case fTime:
 			e.timeNull = i - start
 		}
+		e.setValid(f, true)
 		return scanLiteral(b, i)
 	}
 	switch f {
@@ -519,73 +616,42 @@ func (p *parser) field(e *Event, f, i, start int) int {
 	case fTime:
 		e.HasTime = true
 	}
-	ok := false
-	switch fieldKinds[f] {
-	case kString:
-		if c != '"' {
-			break
-		}
-		s := i
-		var esc bool
-		if i, esc = scanString(b, i); i < 0 {
-			return -1
-		}
-		content := b[s+1 : i-1]
-		switch f {
-		case fUserID:
-			if len(content) > 0 {
-				e.UserID = content
-				if esc {
-					e.flags |= evUserEsc
-				}
-			}
-		case fDeviceID:
-			if len(content) > 0 {
-				e.DeviceID = content
-				if esc {
-					e.flags |= evDevEsc
-				}
-			}
-		case fEventType:
-			if len(content) > 0 {
-				e.flags |= evHasType
-			}
-		case fIP:
-			if isRemote(content, esc) {
-				e.ipOff, e.ipEnd = s-start, i-start
-			}
-		}
-		return i
-	case kInt, kNumber:
-		if c != '-' && (c < '0' || c > '9') {
-			break
-		}
-		s := i
-		i, isInt := scanNumber(b, i)
-		if i < 0 {
-			return -1
-		}
-		if fieldKinds[f] == kInt && (!isInt || !fitsInt64(b[s:i])) {
-			e.invalid |= 1 << f
-		}
-		return i
-	case kObject, kPropTree:
-		if c != '{' {
-			break
-		}
-		i, deepest := p.sk.skipValue(b, i, 3)
-		if fieldKinds[f] == kPropTree && deepest > maxPropDepth {
-			e.invalid |= 1 << f
-		}
-		return i
-	case kBool:
-		ok = c == 't' || c == 'f'
-	}
-	if !ok {
+	end, ok := p.typedValue(fieldKinds[f], i)
+	e.setValid(f, ok)
+	return end
+}
+
+// setValid records whether the value of field f is valid.
+func (e *Event) setValid(f int, ok bool) {
+	if ok {
+		e.invalid &^= 1 << f
+	} else {
 		e.invalid |= 1 << f
 	}
-	i, _ = p.sk.skipValue(b, i, 3)
-	return i
+}
+
+// typedValue scans the value at b[i] of an event field and reports whether
+// it has the field's kind. null has every kind (a null field is absent).
+func (p *parser) typedValue(kind uint8, i int) (end int, ok bool) {
+	b := p.b
+	switch c := b[i]; {
+	case c == '"':
+		end, _ = scanString(b, i)
+		return end, kind == kString
+	case c == '{':
+		end, deepest := p.sk.skipValue(b, i, 3)
+		return end, kind == kObject || kind == kPropTree && deepest <= maxPropDepth
+	case c == '-' || c-'0' <= 9:
+		end, isInt := scanNumber(b, i)
+		return end, kind == kNumber || kind == kInt && isInt && end >= 0 && fitsInt64(b[i:end])
+	case c == 'n':
+		return scanLiteral(b, i), true
+	case c == 't' || c == 'f':
+		return scanLiteral(b, i), kind == kBool
+	default: // an array, or not JSON
+		end, _ = p.sk.skipValue(b, i, 3)
+		return end, false
+	}
 }
 
 // isRemote reports whether the string content s is "$remote".

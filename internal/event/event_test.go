@@ -2,6 +2,7 @@ package event
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -75,6 +76,17 @@ var parseCases = []struct {
 	// json.Valid accepts invalid UTF-8 and lone surrogates; so do we
 	{"invalid utf8 kept", envelope(ev("\"x\":\"\xff\xfe\"")), ``},
 	{"lone surrogate", envelope(ev(`"x":"\ud800"`)), ``},
+	// the string scanner reads 16 bytes at a time: stops on either side of
+	// its word boundaries, and strings cut off by the end of the body
+	{"escape across word boundary", envelope(`{"event_type":"e","user_id":"abcdefghijklmn\"\u00e9op` + strings.Repeat("q", 16) + `\\"}`), ``},
+	{"unicode escape across word boundary", envelope(`{"event_type":"e","user_id":"abcdefghijklm\u00e9\u00e9"}`), ``},
+	{"control byte at word end", envelope(ev("\"x\":\"abcdefghijklmno\x1f\"")), `{"code":400,"error":"Invalid JSON request body"}`},
+	{"control byte after word", envelope(ev("\"x\":\"abcdefghijklmnop\x00\"")), `{"code":400,"error":"Invalid JSON request body"}`},
+	{"quote at word end", envelope(ev(`"abcdefghijklmn":"abcdefghijklmno"`)), ``},
+	{"body ends in long string", `{"api_key":"k","events":[{"event_type":"e","user_id":"user-1abcdefghijklmnopqrstuvwxyz`, `{"code":400,"error":"Invalid JSON request body"}`},
+	{"body ends in short string", `{"api_key":"k","events":[{"event_type":"e","user_id":"us`, `{"code":400,"error":"Invalid JSON request body"}`},
+	{"body ends after backslash", `{"api_key":"k","events":[{"event_type":"e","user_id":"user-1\`, `{"code":400,"error":"Invalid JSON request body"}`},
+	{"body ends in unicode escape", `{"api_key":"k","events":[{"event_type":"e","user_id":"user-1\u00e`, `{"code":400,"error":"Invalid JSON request body"}`},
 
 	// Request envelope: options: object, Optional. `min_id_length` (integer).
 	// Our choice: a wrongly typed options or min_id_length is an invalid body.
@@ -173,6 +185,44 @@ var parseCases = []struct {
 	{"insert_id number", envelope(ev(`"insert_id":5`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"insert_id":[0]}}`},
 	{"ip array", envelope(ev(`"ip":["1.2.3.4"]`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"ip":[0]}}`},
 	{"several invalid", envelope(ev(`"price":"1","platform":2`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"platform":[0],"price":[0]}}`},
+	// a value is classified by its first byte: every kind against the others
+	{"string field true", envelope(ev(`"platform":true`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"platform":[0]}}`},
+	{"string field object", envelope(ev(`"os_name":{"a":"b"}`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"os_name":[0]}}`},
+	{"price bool", envelope(ev(`"price":false`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"price":[0]}}`},
+	{"price array", envelope(ev(`"price":[1]`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"price":[0]}}`},
+	{"groups array", envelope(ev(`"groups":[]`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"groups":[0]}}`},
+	{"skip sync number", envelope(ev(`"$skip_user_properties_sync":1`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"$skip_user_properties_sync":[0]}}`},
+	{"skip sync true", envelope(ev(`"$skip_user_properties_sync":true`)), ``},
+	{"session_id -0", envelope(ev(`"session_id":-0`)), ``},
+	{"session_id exponent", envelope(ev(`"session_id":1E3`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"session_id":[0]}}`},
+	{"event_id int64 min", envelope(ev(`"event_id":-9223372036854775808`)), ``},
+	{"event_id below int64", envelope(ev(`"event_id":-9223372036854775809`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"event_id":[0]}}`},
+	{"time object", envelope(ev(`"time":{}`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"time":[0]}}`},
+	{"insert_id true", envelope(ev(`"insert_id":true`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"insert_id":[0]}}`},
+	{"ip null", envelope(ev(`"ip":null`)), ``},
+	{"invalid then valid", envelope(ev(`"price":"1","price":1,"platform":[],"platform":"p"`)), ``},
+	{"valid then invalid", envelope(ev(`"price":1,"price":"1"`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"price":[0]}}`},
+	// and a bad literal or number in a typed field is bad JSON, whatever the kind
+	{"bad literal in bool field", envelope(ev(`"$skip_user_properties_sync":tru`)), `{"code":400,"error":"Invalid JSON request body"}`},
+	{"bad null in string field", envelope(ev(`"platform":nul`)), `{"code":400,"error":"Invalid JSON request body"}`},
+	{"bad null in time", envelope(ev(`"time":nil`)), `{"code":400,"error":"Invalid JSON request body"}`},
+	{"lone minus in int field", envelope(ev(`"quantity":-`)), `{"code":400,"error":"Invalid JSON request body"}`},
+	{"bad fraction in string field", envelope(ev(`"city":1.`)), `{"code":400,"error":"Invalid JSON request body"}`},
+	{"bad byte in object field", envelope(ev(`"plan":x`)), `{"code":400,"error":"Invalid JSON request body"}`},
+	// duplicates of the recorded fields: the last one counts, whatever the
+	// types of the earlier ones
+	{"user_id number then string", envelope(`{"event_type":"e","user_id":5,"user_id":"user-1"}`), ``},
+	{"user_id string then null", envelope(`{"event_type":"e","user_id":"user-1","user_id":null}`), `{"code":400,"error":"Request missing required field","events_with_missing_fields":{"device_id":[0],"user_id":[0]}}`},
+	{"user_id string then empty", envelope(`{"event_type":"e","user_id":"user-1","user_id":""}`), `{"code":400,"error":"Request missing required field","events_with_missing_fields":{"device_id":[0],"user_id":[0]}}`},
+	{"user_id escaped then short", envelope(`{"event_type":"e","user_id":"us\u0065r-1","user_id":"abc"}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"user_id":[0]}}`},
+	{"device_id escaped then plain", envelope(`{"event_type":"e","device_id":"\u0030000","device_id":"dev-12"}`), ``},
+	{"device_id string then object", envelope(`{"event_type":"e","user_id":"user-1","device_id":"dev-12","device_id":{}}`), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"device_id":[0]}}`},
+	{"event_type string then empty", envelope(`{"event_type":"e","event_type":"","user_id":"user-1"}`), `{"code":400,"error":"Request missing required field","events_with_missing_fields":{"event_type":[0]}}`},
+	{"event_type number then string", envelope(`{"event_type":1,"event_type":"e","user_id":"user-1"}`), ``},
+	{"insert_id null then string", envelope(ev(`"insert_id":null,"insert_id":"x"`)), ``},
+	{"insert_id string then number", envelope(ev(`"insert_id":"x","insert_id":1`)), `{"code":400,"error":"Invalid field values on some events","events_with_invalid_fields":{"insert_id":[0]}}`},
+	{"time string then int", envelope(ev(`"time":"x","time":5`)), ``},
+	{"ip number then remote", envelope(ev(`"ip":1,"ip":"$remote"`)), ``},
 	// our choice: null on an optional field is the field absent
 	{"nulls are absent", envelope(ev(`"platform":null,"event_properties":null,"price":null,"groups":null,"$skip_user_properties_sync":null`)), ``},
 	// unknown fields are allowed and untouched
@@ -225,6 +275,29 @@ var parseCases = []struct {
 	// `event_type` and `user_id` or `device_id`.
 	{"minimal", `{"api_key":"k","events":[{"event_type":"e","user_id":"user-1"}]}`, ``},
 	{"realistic", envelope(realisticEvents(10)...), ``},
+	// compact JSON takes fast paths around ':' and ','; whitespace anywhere
+	// takes the general ones
+	{"realistic indented", indent(envelope(realisticEvents(3)...), "\t"), ``},
+	{"realistic spaced", indent(envelope(realisticEvents(3)...), " \r"), ``},
+	{"space before colon", envelope(`{"event_type" :"e","user_id":"user-1","event_properties":{"a" :1}}`), ``},
+	{"space after colon", envelope(`{"event_type": "e","user_id":"user-1","event_properties":{"a": [ 1 ]}}`), ``},
+	{"space after comma", envelope(`{"event_type":"e", "user_id":"user-1","event_properties":{"a":1, "b":2}}`), ``},
+	{"space before comma", envelope(`{"event_type":"e" ,"user_id":"user-1","event_properties":{"a":1 ,"b":2}}`), ``},
+	{"comma then number in event", envelope(`{"event_type":"e","user_id":"user-1",5}`), `{"code":400,"error":"Invalid JSON request body"}`},
+	{"comma then close in properties", envelope(ev(`"event_properties":{"a":1,}`)), `{"code":400,"error":"Invalid JSON request body"}`},
+	{"colon then end of body", `{"api_key":"k","events":[{"event_type":`, `{"code":400,"error":"Invalid JSON request body"}`},
+	{"key then end of body", `{"api_key":"k","events":[{"event_type"`, `{"code":400,"error":"Invalid JSON request body"}`},
+	{"comma then end of body", `{"api_key":"k","events":[{"event_type":"e",`, `{"code":400,"error":"Invalid JSON request body"}`},
+	{"double colon", envelope(`{"event_type"::"e","user_id":"user-1"}`), `{"code":400,"error":"Invalid JSON request body"}`},
+}
+
+// indent pretty-prints the JSON document s, indenting with ind.
+func indent(s, ind string) string {
+	var b bytes.Buffer
+	if err := json.Indent(&b, []byte(s), "", ind); err != nil {
+		panic(err)
+	}
+	return b.String()
 }
 
 func TestParse(t *testing.T) {
@@ -340,6 +413,16 @@ func TestAppendRewritten(t *testing.T) {
 			`{"insert_id":"x","time":1,"ip":"192.0.2.7","event_type":"e","user_id":"user-1"}`},
 		{"ip kept", `{"insert_id":"x","time":1,"ip":"10.1.1.1","event_type":"e","user_id":"user-1"}`,
 			`{"insert_id":"x","time":1,"ip":"10.1.1.1","event_type":"e","user_id":"user-1"}`},
+		// of duplicate ips, only a last "$remote" is replaced
+		{"ip remote then other", `{"insert_id":"x","time":1,"ip":"$remote","ip":"10.1.1.1","event_type":"e","user_id":"user-1"}`,
+			`{"insert_id":"x","time":1,"ip":"$remote","ip":"10.1.1.1","event_type":"e","user_id":"user-1"}`},
+		{"ip other then remote", `{"insert_id":"x","time":1,"ip":"10.1.1.1","ip":"$remote","event_type":"e","user_id":"user-1"}`,
+			`{"insert_id":"x","time":1,"ip":"10.1.1.1","ip":"192.0.2.7","event_type":"e","user_id":"user-1"}`},
+		{"ip remote then null", `{"insert_id":"x","time":1,"ip":"$remote","ip":null,"event_type":"e","user_id":"user-1"}`,
+			`{"insert_id":"x","time":1,"ip":"$remote","ip":null,"event_type":"e","user_id":"user-1"}`},
+		// a string insert_id after a null one is kept; time likewise
+		{"insert_id null then string", `{"insert_id":null,"insert_id":"x","time":null,"time":7,"event_type":"e","user_id":"user-1"}`,
+			`{"insert_id":null,"insert_id":"x","time":null,"time":7,"event_type":"e","user_id":"user-1"}`},
 		{"all three", `{"ip":"$remote","event_type":"e","time":null,"user_id":"user-1","event_properties":{"ip":"$remote"}}`,
 			`{"insert_id":"0123456789abcdef1","ip":"192.0.2.7","event_type":"e","time":1700000000000,"user_id":"user-1","event_properties":{"ip":"$remote"}}`},
 	}

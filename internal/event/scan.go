@@ -33,24 +33,37 @@ func skipWS(b []byte, i int) int {
 	return i
 }
 
+// colonWS scans the ':' after a key that ends at i, and the whitespace
+// around it, returning the index of the value.
+func colonWS(b []byte, i int) int {
+	if i = skipWS(b, i); i >= len(b) || b[i] != ':' {
+		return -1
+	}
+	if i = skipWS(b, i+1); i >= len(b) {
+		return -1
+	}
+	return i
+}
+
 // scanString scans the string token at b[i] == '"'. It reports whether the
 // string holds escapes (its content is then not its value).
 func scanString(b []byte, i int) (end int, esc bool) {
 	i++
 	for {
-		// Eight bytes at a time while none is '"', '\\' or a control byte.
-		for i+8 <= len(b) {
-			x := binary.LittleEndian.Uint64(b[i:])
-			q := x ^ (lsb * '"')
-			s := x ^ (lsb * '\\')
-			m := ((q - lsb) &^ q) | ((s - lsb) &^ s) | ((x - lsb*0x20) &^ x)
-			if m &= msb; m != 0 {
-				// The lowest flagged byte is exact: borrows only produce
-				// false flags above a true one.
-				i += bits.TrailingZeros64(m) >> 3
+		// Sixteen bytes per iteration while none stops the string, the
+		// second word read only when the first has no stop (most keys
+		// and many values end in it).
+		for i+16 <= len(b) {
+			w := b[i : i+16]
+			if lo := stringStops(binary.LittleEndian.Uint64(w)); lo != 0 {
+				i += bits.TrailingZeros64(lo) >> 3
 				break
 			}
-			i += 8
+			if hi := stringStops(binary.LittleEndian.Uint64(w[8:])); hi != 0 {
+				i += 8 + bits.TrailingZeros64(hi)>>3
+				break
+			}
+			i += 16
 		}
 		if i >= len(b) {
 			return -1, esc
@@ -80,6 +93,19 @@ func scanString(b []byte, i int) (end int, esc bool) {
 			i++
 		}
 	}
+}
+
+// stringStops flags the bytes of x (eight string bytes, little endian) that
+// stop a string scan: '"', '\\' and control bytes below 0x20. The lowest
+// flag (the high bit of its byte) is exact; borrows may set false flags
+// above it. 0 means none of the eight bytes stops the scan.
+func stringStops(x uint64) uint64 {
+	// x^0x02 maps '"' (0x22) to 0x20 and keeps control bytes below 0x20, so
+	// one "byte below 0x21" test finds both; x^'\\' is zero at a backslash.
+	// The three tested values share x's high bits, so one &^x serves all.
+	t := x ^ (lsb * 0x02)
+	s := x ^ (lsb * '\\')
+	return ((t - lsb*0x21) | (s - lsb)) &^ x & msb
 }
 
 // hex4 decodes four hex digits, or returns -1.
@@ -269,11 +295,20 @@ func (s *skipper) skipValue(b []byte, i, depth int) (end, deepest int) {
 			if d == 0 {
 				return i, deepest
 			}
+			obj := s.stack[uint(d)>>6]&(uint64(1)<<(uint(d)&63)) != 0
+			if i+1 < len(b) && b[i] == ',' && b[i+1] > ' ' {
+				i++ // compact JSON: the next member or element
+				if obj {
+					if i = s.key(b, i); i < 0 {
+						return -1, 0
+					}
+				}
+				break closing
+			}
 			i = skipWS(b, i)
 			if i >= len(b) {
 				return -1, 0
 			}
-			obj := s.stack[uint(d)>>6]&(uint64(1)<<(uint(d)&63)) != 0
 			switch c := b[i]; {
 			case c == ',':
 				i = skipWS(b, i+1)
@@ -302,11 +337,10 @@ func (s *skipper) key(b []byte, i int) int {
 	if i, _ = scanString(b, i); i < 0 {
 		return -1
 	}
-	i = skipWS(b, i)
-	if i >= len(b) || b[i] != ':' {
-		return -1
+	if i+1 < len(b) && b[i] == ':' && b[i+1] > ' ' {
+		return i + 1 // compact JSON
 	}
-	return skipWS(b, i+1)
+	return colonWS(b, i)
 }
 
 // appendUnescaped appends the value of the string content s (between the
