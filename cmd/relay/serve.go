@@ -305,6 +305,10 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		spoolOpen.Store(false)
 		return sp.Close()
 	})
+	// Open may have replayed tens of MB of the spool's write-ahead log:
+	// give that memory back before serving, or a relay restarted on a
+	// backlog keeps it as RSS until its first collection.
+	debug.FreeOSMemory()
 	st := sp.Stats()
 	log.Info("spool open", zap.String("dir", cfg.DataDir), zap.Int("lanes", st.Lanes),
 		zap.Int64("live_bytes", st.LiveBytes), zap.Int64("file_bytes", st.FileBytes), zap.Int64("dead", st.Dead))

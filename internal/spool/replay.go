@@ -191,6 +191,11 @@ func (r *replayer) apply(pos walPos) error {
 		return nil
 	}
 	live := s.st.live
+	// Keep the freelist on disk: a relay killed again before the store
+	// writes it (idleFreelist) would otherwise have the next Open check
+	// every page of the file.
+	s.db.NoFreelistSync = false
+	defer func() { s.db.NoFreelistSync = true }()
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		for _, a := range r.dels {
 			n, err := s.txDelete(tx, a.lane, a.seq)

@@ -1,6 +1,7 @@
 package spool
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -686,28 +687,21 @@ func (s *Spool) openDB() (*bolt.DB, error) {
 // load creates the buckets of a new file and reads the lanes of an old one;
 // it returns the WAL position applied to the file.
 func (s *Spool) load() (applied walPos, err error) {
-	err = s.db.Update(func(tx *bolt.Tx) error {
-		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
-		if err != nil {
-			return err
-		}
-		switch v := meta.Get(keyFormat); {
-		case v == nil, len(v) == 8 && binary.BigEndian.Uint64(v) == 1:
-			// New, or written before the WAL: nothing to replay.
-			if err := meta.Put(keyFormat, seqKey(formatVersion)); err != nil {
-				return err
-			}
-		case len(v) != 8 || binary.BigEndian.Uint64(v) != formatVersion:
-			return fmt.Errorf("unknown spool format %x", v)
-		}
-		if _, err := tx.CreateBucketIfNotExists(bucketLanes); err != nil {
-			return err
-		}
-		_, err = tx.CreateBucketIfNotExists(bucketDead)
-		return err
-	})
-	if err != nil {
+	// Write only when a bucket or the format is missing: a commit at every
+	// Open would leave the freelist on disk stale (see keepFreelist).
+	ready := false
+	if err := s.db.View(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		ready = meta != nil && tx.Bucket(bucketLanes) != nil && tx.Bucket(bucketDead) != nil &&
+			bytes.Equal(meta.Get(keyFormat), seqKey(formatVersion))
+		return nil
+	}); err != nil {
 		return walPos{}, err
+	}
+	if !ready {
+		if err := s.db.Update(createBuckets); err != nil {
+			return walPos{}, err
+		}
 	}
 	err = s.db.View(func(tx *bolt.Tx) error {
 		meta := tx.Bucket(bucketMeta)
@@ -744,6 +738,28 @@ func (s *Spool) load() (applied walPos, err error) {
 	})
 	s.coldLive.Store(s.st.live)
 	return applied, err
+}
+
+// createBuckets creates the buckets of a new file, and upgrades the format
+// of one written before the WAL (nothing to replay).
+func createBuckets(tx *bolt.Tx) error {
+	meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+	if err != nil {
+		return err
+	}
+	switch v := meta.Get(keyFormat); {
+	case v == nil, len(v) == 8 && binary.BigEndian.Uint64(v) == 1:
+		if err := meta.Put(keyFormat, seqKey(formatVersion)); err != nil {
+			return err
+		}
+	case len(v) != 8 || binary.BigEndian.Uint64(v) != formatVersion:
+		return fmt.Errorf("unknown spool format %x", v)
+	}
+	if _, err := tx.CreateBucketIfNotExists(bucketLanes); err != nil {
+		return err
+	}
+	_, err = tx.CreateBucketIfNotExists(bucketDead)
+	return err
 }
 
 // firstAccepted is the acceptance time of the first chunk of queue q, 0
