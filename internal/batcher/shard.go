@@ -234,7 +234,10 @@ func (s *shard) build(now time.Time) []byte {
 	size := fixed
 	s.batch = s.batch[:0]
 	if s.body == nil {
-		s.body = s.lr.p.bodies.get(cfg.MaxBatchBytes)
+		// Room for what is ready (a body is never larger than
+		// MaxBatchBytes): a shard retrying a few events during an
+		// outage then holds a small buffer, not MaxBatchBytes.
+		s.body = s.lr.p.bodies.get(min(fixed+s.ready.bytes+s.ready.len(), cfg.MaxBatchBytes))
 	}
 	s.body = append(s.body[:0], s.lr.prefix...)
 	for s.ready.len() > 0 && len(s.batch) < capE {

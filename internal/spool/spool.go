@@ -499,19 +499,19 @@ func (l *Lane) read(maxBytes int, end uint64) ([]Chunk, error) {
 		if len(raw) == 0 {
 			return nil
 		}
-		// A backlog being caught up (its oldest chunk here was accepted
-		// adviseAge ago or more): ask for the pages of these chunks and of
-		// the ones after them (the next call's, read from disk while these
-		// are delivered) at once, copy, then drop the copied pages from the
-		// RSS (see advise.go). Fresh chunks are in the page cache, and the
-		// store's trim keeps their pages out of the RSS: advice for them
-		// cost a quarter of the relay's CPU under load.
+		// Drop the copied pages from the RSS afterwards (see advise.go; the
+		// data stays in the page cache): chunks are read from bbolt only
+		// when they waited (a backlog, an outage's retries), so one call
+		// per read is cheap. A chunk accepted adviseAge ago or more is
+		// likely not in the page cache any more: ask for its pages and the
+		// next call's at once (read from disk while these are delivered).
+		m := mapping(s.db, tx)
+		l.adv = l.adv[:0]
+		for _, r := range raw {
+			l.adv.add(m, r.v)
+		}
+		defer l.adv.advise(m, syscall.MADV_DONTNEED)
 		if acc, _, herr := chunkHeader(raw[0].v); herr == nil && time.Since(fromMs(acc)) >= s.cfg.adviseOlder() {
-			m := mapping(s.db, tx)
-			l.adv = l.adv[:0]
-			for _, r := range raw {
-				l.adv.add(m, r.v)
-			}
 			var ahead spans
 			for n := 0; k != nil && n < maxBytes && len(ahead) < 64; k, v = c.Next() {
 				if binary.BigEndian.Uint64(k) >= end {
@@ -522,7 +522,6 @@ func (l *Lane) read(maxBytes int, end uint64) ([]Chunk, error) {
 			}
 			l.adv.advise(m, syscall.MADV_WILLNEED)
 			ahead.advise(m, syscall.MADV_WILLNEED)
-			defer l.adv.advise(m, syscall.MADV_DONTNEED)
 		}
 		out = make([]Chunk, len(raw))
 		for i, r := range raw {
