@@ -52,10 +52,13 @@
 //
 // The read-ahead is bounded in bytes of memory held, per lane
 // (MaxReadAheadBytes) and for all lanes together (MaxReadAheadTotalBytes).
-// What counts is what stays reachable: Lane.Next copies each chunk out of
-// the spool into one buffer that all its records alias, so a chunk counts
-// its buffer (Chunk.Size) plus an item per record from when it is read
-// until its last record is done (delivered or dead-lettered) or detached.
+// What counts is what stays reachable: all records of a chunk Lane.Next
+// returns alias one buffer (the spool's own for a chunk still in its
+// write-ahead log, shared with it; a copy for one read from bbolt), so a
+// chunk counts its buffer (the larger of Chunk.Size and the buffer's
+// capacity) plus an item per record from when it is read until its last
+// record is done (delivered or dead-lettered) or detached; the buffer is
+// then released (Buffer.Release).
 // A record moved to a held queue (its key paused by a 429, a daily quota,
 // pacing) is detached: copied into its own small allocation, counted by
 // itself, so that one held event does not keep a whole chunk alive for

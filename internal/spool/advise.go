@@ -18,23 +18,24 @@ import (
 //     (no read-ahead), which caps a drain at ~90k events/s here. Lane.read
 //     therefore asks for the pages of the chunks it is about to copy
 //     (MADV_WILLNEED: one large read).
-//   - Every page a reader or the writer touched stays mapped, so the
+//   - Every page a reader or the store touched stays mapped, so the
 //     process's RSS grows with the spool file (a drained 5 GB backlog left
 //     gigabytes of file-backed RSS). The pages are page cache, not memory the
 //     relay owns, but RSS is what operators and limits see. Lane.read drops
 //     the pages it copied (MADV_DONTNEED on a shared file mapping only
 //     unmaps them: the data stays in the page cache and on disk), and the
-//     writer drops the whole mapping every trimInterval while it commits,
-//     and once more when it goes idle.
+//     store drops the whole mapping after its checkpoints (at most every
+//     trimInterval) and once more when it goes idle.
 //
 // Every call happens inside a bbolt transaction: bbolt never remaps the file
 // while one is open, so the addresses stay those of the mapping. Advice is
 // best effort; errors are ignored.
 
-// adviseAge: Lane.read advises only for chunks at least this old (a backlog
-// being caught up). Newer ones are in the page cache; the advice calls for
-// them (several per read, each walking the pages) were 22% of the relay's
-// CPU at 100-event load, and the writer's trim drops their pages anyway.
+// adviseAge: Lane.read asks for the pages ahead (MADV_WILLNEED) only for
+// chunks at least this old (a backlog being caught up). Newer ones are in
+// the page cache; the advice calls for them (several per read, each walking
+// the pages) were 22% of the relay's CPU at 100-event load when every
+// chunk was read from bbolt (before the WAL).
 const adviseAge = 10 * time.Second
 
 func (c Config) adviseOlder() time.Duration {

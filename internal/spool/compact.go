@@ -4,14 +4,16 @@ package spool
 //
 // bbolt never shrinks its file: pages freed by acknowledged chunks are reused
 // by later appends, but a drained backlog leaves a file as large as the
-// largest backlog. So, after a commit, the writer compacts when
+// largest backlog. So, after a checkpoint, the store compacts when
 //
 //	high-water mark >= Config.CompactMinFileBytes (default 4 MiB), and
 //	pages in use <= Config.CompactUsedPercent (default 25) % of the high-water mark, and
 //	pages in use <= Config.CompactMaxUsedBytes (default 16 MiB).
 //
-// The last bound is there because a compaction runs on the writer goroutine, so appends wait for it
-// (measured here: ~57 ms for 1.3 MB live, 2.6 s for 120 MB), and a backlog
+// The last bound is there because a compaction runs on the store goroutine,
+// so checkpoints wait for it (measured here: ~57 ms for 1.3 MB live, 2.6 s
+// for 120 MB; appends go on into the WAL, and wait only once the hot
+// chunks' memory bound is reached), and a backlog
 // being drained is cheaper to compact once it is small. The price: a file
 // keeps its peak size while more than CompactMaxUsedBytes stay live.
 //
@@ -26,7 +28,7 @@ package spool
 // How: bbolt.Compact copies every bucket into spool.db.compact (written
 // without fsync, then fdatasync'ed once), the old file is closed, the copy
 // is renamed over spool.db, the directory is fsync'ed and the file reopened.
-// Appends queue up during the compaction (the writer is busy); readers keep
+// Checkpoints wait during the compaction (the store is busy); readers keep
 // reading the old file until the short swap (dbMu held exclusively). A crash
 // at any point leaves either the old or the new complete file under
 // spool.db; Open removes a leftover spool.db.compact. A failed compaction is
