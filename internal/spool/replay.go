@@ -82,18 +82,7 @@ func (s *Spool) replay(applied walPos) error {
 		s.keepOrRemove(filepath.Join(s.walDir, name))
 	}
 	for _, no := range segs {
-		path := filepath.Join(s.walDir, segName(no))
-		if len(s.spares) < cap(s.spares) {
-			if fi, err := os.Stat(path); err == nil && fi.Size() == s.cfg.segBytes() {
-				s.st.spareSeq++
-				sp := filepath.Join(s.walDir, fmt.Sprintf("%s%016x.wal", sparePrefix, s.st.spareSeq))
-				if err := os.Rename(path, sp); err == nil {
-					s.spares <- sp
-					continue
-				}
-			}
-		}
-		if err := removeIfExists(path); err != nil {
+		if err := s.freeSegment(filepath.Join(s.walDir, segName(no))); err != nil {
 			return fmt.Errorf("wal: %w", err)
 		}
 	}

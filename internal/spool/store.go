@@ -580,35 +580,43 @@ func (s *Spool) rollback(acks []ackOp, flush []*hotChunk, flushL []*Lane, lanes 
 }
 
 // recycle reuses or removes the WAL segments before the applied one: their
-// records are all in bbolt or acknowledged. A standard-size segment becomes
-// a spare for the WAL writer while there are fewer than maxSpares.
+// records are all in bbolt or acknowledged.
 func (s *Spool) recycle() {
 	if s.st.oldestSeg >= s.st.applied.seg {
 		return
 	}
 	defer s.updateFileBytes()
 	for ; s.st.oldestSeg < s.st.applied.seg; s.st.oldestSeg++ {
-		path := filepath.Join(s.walDir, segName(s.st.oldestSeg))
-		fi, err := os.Stat(path)
-		if err != nil {
-			continue // a number the writer skipped, or removed already
-		}
-		if !s.st.idle && fi.Size() == s.cfg.segBytes() && len(s.spares) < cap(s.spares) {
-			s.st.spareSeq++
-			sp := filepath.Join(s.walDir, fmt.Sprintf("%s%016x.wal", sparePrefix, s.st.spareSeq))
-			if err := os.Rename(path, sp); err == nil {
-				select {
-				case s.spares <- sp:
-					continue
-				default:
-					path = sp
-				}
-			}
-		}
-		if err := removeIfExists(path); err != nil {
+		if err := s.freeSegment(filepath.Join(s.walDir, segName(s.st.oldestSeg))); err != nil {
 			s.log.Warn("spool: remove WAL segment", zap.Error(err))
 		}
 	}
+}
+
+// freeSegment makes the segment file at path, whose records are all in
+// bbolt or acknowledged, a spare for the WAL writer (renamed out of the
+// segments' names) while there are fewer than maxSpares, the spool is not
+// idle and the file has the standard size; otherwise it removes it. A
+// missing file (a number the writer skipped, or removed already) is no
+// error.
+func (s *Spool) freeSegment(path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil
+	}
+	if !s.st.idle && fi.Size() == s.cfg.segBytes() && len(s.spares) < cap(s.spares) {
+		s.st.spareSeq++
+		sp := filepath.Join(s.walDir, fmt.Sprintf("%s%016x.wal", sparePrefix, s.st.spareSeq))
+		if err := os.Rename(path, sp); err == nil {
+			select {
+			case s.spares <- sp:
+				return nil
+			default:
+				path = sp
+			}
+		}
+	}
+	return removeIfExists(path)
 }
 
 // checkIdle notices when nothing was appended for Config.idleAfter: then
