@@ -21,11 +21,12 @@ import (
 //   - Every page a reader or the store touched stays mapped, so the
 //     process's RSS grows with the spool file (a drained 5 GB backlog left
 //     gigabytes of file-backed RSS). The pages are page cache, not memory the
-//     relay owns, but RSS is what operators and limits see. Lane.read drops
-//     the pages it copied (MADV_DONTNEED on a shared file mapping only
-//     unmaps them: the data stays in the page cache and on disk), and the
-//     store drops the whole mapping after its checkpoints (at most every
-//     trimInterval) and once more when it goes idle.
+//     relay owns, but RSS is what operators and limits see. Every reader
+//     drops the whole mapping after it copied (MADV_DONTNEED on a shared
+//     file mapping only unmaps the pages: the data stays in the page cache
+//     and on disk, and a reader that needs a page again faults it back in),
+//     so does the store after each commit and every few megabytes of a
+//     checkpoint's deletions, and so does Open.
 //
 // Every call happens inside a bbolt transaction: bbolt never remaps the file
 // while one is open, so the addresses stay those of the mapping. Advice is
@@ -97,6 +98,15 @@ func (ss *spans) add(m, b []byte) {
 func (ss spans) advise(m []byte, advice int) {
 	for _, s := range ss {
 		_ = syscall.Madvise(m[s.lo:s.hi], advice)
+	}
+}
+
+// trimTx drops every page of db's mapping from the process's RSS, inside
+// tx (a write transaction too: the pages that tx's nodes still point into
+// are read again from the page cache when it needs them).
+func trimTx(db *bolt.DB, tx *bolt.Tx) {
+	if m := mapping(db, tx); len(m) > 0 {
+		_ = syscall.Madvise(m, syscall.MADV_DONTNEED)
 	}
 }
 

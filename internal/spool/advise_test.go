@@ -64,3 +64,44 @@ func TestReadDropsPages(t *testing.T) {
 		t.Fatalf("file-backed RSS grew %d KiB while reading %d MiB", grew, chunks*perChunk*pad>>20)
 	}
 }
+
+// TestOpenDropsPages checks that Open leaves no page of the file in the
+// process's RSS: the replay of a WAL with 48 MiB of chunks (as a kill -9
+// leaves it) and the load of the lanes touch pages all over the file, and a
+// relay started on a backlog should not carry them.
+func TestOpenDropsPages(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s := openTest(t, Config{Dir: dir, Sync: SyncNone, CompactMinFileBytes: -1})
+	var b Batch
+	const lanes, chunks, perChunk, pad = 4, 24, 100, 5000 // ~48 MiB
+	for i := range chunks {
+		for ln := range lanes {
+			b.Reset()
+			for j := range perChunk {
+				b.Add(rec(ln, i*perChunk+j, pad))
+			}
+			if err := s.Append(ctx, mustLane(t, s, testKey(ln)), &b); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	img := crashImage(t, dir) // every chunk still hot: all of it in the WAL
+	s.Close()
+
+	before := rssFileKiB(t)
+	s = openTest(t, Config{Dir: img, Sync: SyncNone, CompactMinFileBytes: -1})
+	grew := rssFileKiB(t) - before
+	t.Logf("opened %d MiB of WAL; file-backed RSS grew %d KiB", lanes*chunks*perChunk*pad>>20, grew)
+	if grew > 2<<10 {
+		t.Fatalf("file-backed RSS grew %d KiB across Open", grew)
+	}
+	if got := len(s.Lanes()); got != lanes {
+		t.Fatalf("%d lanes after the replay, want %d", got, lanes)
+	}
+	for _, l := range s.Lanes() {
+		if n := len(drainAvailable(t, l)); n != chunks {
+			t.Fatalf("lane %v: %d chunks after the replay, want %d", l, n, chunks)
+		}
+	}
+}

@@ -502,16 +502,19 @@ func (l *Lane) read(maxBytes int, end uint64) ([]Chunk, error) {
 		// Drop the copied pages from the RSS afterwards (see advise.go; the
 		// data stays in the page cache): chunks are read from bbolt only
 		// when they waited (a backlog, an outage's retries), so one call
-		// per read is cheap. A chunk accepted adviseAge ago or more is
-		// likely not in the page cache any more: ask for its pages and the
-		// next call's at once (read from disk while these are delivered).
+		// per read is cheap. The whole mapping, not the chunks' pages: the
+		// kernel maps the large folios around them, and the store's
+		// commits touch pages meanwhile. A chunk accepted adviseAge ago or
+		// more is likely not in the page cache any more: ask for its pages
+		// and the next call's at once (read from disk while these are
+		// delivered).
 		m := mapping(s.db, tx)
-		l.adv = l.adv[:0]
-		for _, r := range raw {
-			l.adv.add(m, r.v)
-		}
-		defer l.adv.advise(m, syscall.MADV_DONTNEED)
+		defer trimTx(s.db, tx)
 		if acc, _, herr := chunkHeader(raw[0].v); herr == nil && time.Since(fromMs(acc)) >= s.cfg.adviseOlder() {
+			l.adv = l.adv[:0]
+			for _, r := range raw {
+				l.adv.add(m, r.v)
+			}
 			var ahead spans
 			for n := 0; k != nil && n < maxBytes && len(ahead) < 64; k, v = c.Next() {
 				if binary.BigEndian.Uint64(k) >= end {
@@ -653,6 +656,11 @@ func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error
 		db.Close()
 		return nil, fmt.Errorf("open spool %s: %w", s.path, err)
 	}
+	// load and replay touched pages all over the file (lane records,
+	// every queue's first chunk, the tails replay appended to): none of
+	// them is needed again soon, and a relay started on a backlog should
+	// not carry them in its RSS (see advise.go).
+	trimMapping(db)
 	s.updateFileBytes()
 	m, err := newMetrics(s, reg)
 	if err != nil {
