@@ -79,9 +79,10 @@
 // quota. The per-lane budget is what one lane needs to drain at full speed
 // (BenchmarkDeliverReadAhead); the total bounds many lanes with backlogs.
 //
-// Within its budget a lane reads only as far as its window: one Next step
-// at the start, doubling with each progress (a 200, dead letters, events
-// parked for a paused key) up to the budget. When every shard of the lane
+// Within its budget a lane reads only as far as its window: one chunk at
+// the start, one Next step at the first progress (a 200, dead letters,
+// events parked for a paused key), doubling with each further one up to
+// the budget. When every shard of the lane
 // is retrying (the upstream is down) the window closes to one chunk, so an
 // outage holds what was read before it, not the budget.
 // Shards that wait (idle, backing off, lane stopped) give their request

@@ -272,8 +272,10 @@ type laneRunner struct {
 	// that have not had a 200 since.
 	failing atomic.Int32
 	// window is the read-ahead the lane may use now (at most
-	// MaxReadAheadBytes): one step at the start, one chunk while every
-	// shard fails, doubled by progress (laneRunner.progress).
+	// MaxReadAheadBytes): one chunk at the start and while every shard
+	// fails, a step after the first progress, then doubled by each
+	// (laneRunner.progress). A relay started on a backlog while the
+	// upstream is down so holds one chunk, not a step (1 MB).
 	window atomic.Int64
 	// readerWaits is true while the reader waits because of the window or
 	// a read-ahead budget: shards then send what they have instead of
@@ -284,7 +286,7 @@ type laneRunner struct {
 func newLaneRunner(p *Pipeline, l *spool.Lane) *laneRunner {
 	lr := &laneRunner{p: p, lane: l, id: l.ID(), label: l.Label(), key: l.Key(), bwake: make(chan struct{}, 1)}
 	lr.prefix, lr.suffix = envelope(lr.key)
-	lr.window.Store(lr.step())
+	lr.window.Store(1)
 	for i := 0; i < p.cfg.ShardsPerLane; i++ {
 		lr.shards = append(lr.shards, newShard(lr, i))
 	}

@@ -223,7 +223,7 @@ func TestTotalReadAheadNoStarvation(t *testing.T) {
 }
 
 // While the upstream is down (every shard retrying), the lane stops
-// reading: from the start it reads one step, not its budget; when the
+// reading: from the start it reads one chunk, not its budget; when the
 // upstream goes down later it keeps what it had read and reads no more (the
 // window opens with progress only). Once the upstream is back everything is
 // delivered.
@@ -257,8 +257,8 @@ func TestOutageStopsReadAhead(t *testing.T) {
 		st := h.p.LaneStatus()[0]
 		const chunk = 32 << 10 // 20 events of ~1.1 KB and their items
 		switch {
-		case i == 0 && st.ReadAheadBytes > limit/8*5/4+chunk:
-			t.Fatalf("%s from the start: read-ahead %d bytes, want at most a step (%d)", mode, st.ReadAheadBytes, limit/8)
+		case i == 0 && st.ReadAheadBytes > chunk:
+			t.Fatalf("%s from the start: read-ahead %d bytes, want one chunk (%d)", mode, st.ReadAheadBytes, chunk)
 		case st.ReadAheadBytes != first || st.ReadAheadBytes > limit+limit/8+chunk:
 			t.Fatalf("%s: read-ahead %d bytes, then %d during the outage, want no more reading (budget %d)", mode, first, st.ReadAheadBytes, limit)
 		}
