@@ -117,8 +117,9 @@ fi
 curl -s -o /dev/null -X POST "http://$SINK/down?on=1"
 start_relay build
 wait_ready
-sleep 1
+sleep 3 # idle as long as the relay on the backlog below
 rss_empty=$(rss "$RPID")
+rss_empty_kb=$(status_kb "$RPID" VmRSS)
 REQS=$(((N + 999) / 1000))
 log "building a backlog of $((REQS * 1000)) events (upstream down)"
 t0=$(now_ns)
@@ -156,7 +157,8 @@ start_relay held
 wait_ready
 echo "first start on the backlog (upstream down): ready after $(awk -v d=$(($(now_ns) - ts)) 'BEGIN{printf "%.3f", d/1e9}')s"
 sleep 3
-echo "rss: fresh on the empty spool $rss_empty, fresh on the backlog (upstream down, idle 3 s) $(rss "$RPID")"
+held_kb=$(status_kb "$RPID" VmRSS)
+echo "rss: fresh on the empty spool $rss_empty, fresh on the backlog (upstream down, idle 3 s) $(rss "$RPID"); $(awk -v a="$held_kb" -v b="$rss_empty_kb" 'BEGIN{printf "%.2fx (%d vs %d KiB)", a/b, a, b}')"
 stop_relay "$([ "$STOP" = kill ] && echo KILL || echo TERM)"
 curl -s -o /dev/null -X POST "http://$SINK/reset"
 curl -s -o /dev/null -X POST "http://$SINK/down?on=0"
