@@ -5,6 +5,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -104,4 +105,62 @@ func TestOpenDropsPages(t *testing.T) {
 			t.Fatalf("lane %v: %d chunks after the replay, want %d", l, n, chunks)
 		}
 	}
+}
+
+// TestCheckpointDeletesDropPages checks that a checkpoint deleting a drained
+// backlog's chunks does not map them all at once: each deletion reads its
+// chunk's header, which maps the folio around it, and the transaction drops
+// the mapping every few megabytes of deletions (see apply).
+func TestCheckpointDeletesDropPages(t *testing.T) {
+	ctx := context.Background()
+	var peak atomic.Int64
+	s := openTest(t, Config{Dir: t.TempDir(), Sync: SyncNone, CompactMinFileBytes: -1,
+		flushAge: time.Nanosecond, checkpointEvery: 300 * time.Millisecond,
+		beforeTrim: func() { peak.Store(max(peak.Load(), procRssFileKiB())) }})
+	l := mustLane(t, s, testKey(1))
+	var b Batch
+	const chunks, perChunk, pad = 128, 100, 5000 // ~64 MiB
+	for i := range chunks {
+		b.Reset()
+		for j := range perChunk {
+			b.Add(rec(1, i*perChunk+j, pad))
+		}
+		if err := s.Append(ctx, l, &b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitCheckpointed(t, s) // every chunk in bbolt
+	var seqs []uint64
+	for n := 0; n < chunks; {
+		for _, c := range nextT(t, l, 8<<20) {
+			seqs = append(seqs, c.Seq)
+			c.Buffer().Release()
+			n++
+		}
+	}
+	before := rssFileKiB(t)
+	for _, seq := range seqs {
+		s.Ack(l, seq)
+	}
+	waitCheckpointed(t, s)
+	grew := peak.Load() - before
+	t.Logf("deleted %d MiB of chunks; file-backed RSS grew %d KiB inside the checkpoint", chunks*perChunk*pad>>20, grew)
+	if peak.Load() == 0 {
+		t.Fatal("no checkpoint deleted anything")
+	}
+	if grew > 12<<10 {
+		t.Fatalf("file-backed RSS grew %d KiB inside a checkpoint deleting %d MiB", grew, chunks*perChunk*pad>>20)
+	}
+}
+
+// procRssFileKiB is rssFileKiB for goroutines other than the test's.
+func procRssFileKiB() int64 {
+	b, _ := os.ReadFile("/proc/self/status")
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "RssFile:" {
+			n, _ := strconv.ParseInt(f[1], 10, 64)
+			return n
+		}
+	}
+	return 0
 }

@@ -306,6 +306,9 @@ func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane
 		}
 		live -= int64(n)
 		if unmapped += n; unmapped >= trimDeleted || i == len(acks)-1 && unmapped > 0 {
+			if s.cfg.beforeTrim != nil {
+				s.cfg.beforeTrim()
+			}
 			trimTx(s.db, tx)
 			unmapped = 0
 		}
