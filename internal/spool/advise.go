@@ -114,9 +114,7 @@ func trimTx(db *bolt.DB, tx *bolt.Tx) {
 // must not run inside a write transaction of the caller's goroutine.
 func trimMapping(db *bolt.DB) {
 	_ = db.View(func(tx *bolt.Tx) error {
-		if m := mapping(db, tx); len(m) > 0 {
-			_ = syscall.Madvise(m, syscall.MADV_DONTNEED)
-		}
+		trimTx(db, tx)
 		return nil
 	})
 }

@@ -14,18 +14,40 @@ import (
 // mapping's pages among it).
 func rssFileKiB(t *testing.T) int64 {
 	t.Helper()
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		t.Skip("no /proc/self/status")
+	n := procRssFileKiB()
+	if n == 0 {
+		t.Skip("no RssFile in /proc/self/status")
 	}
+	return n
+}
+
+// procRssFileKiB is rssFileKiB for goroutines other than the test's: 0
+// when /proc has no RssFile.
+func procRssFileKiB() int64 {
+	b, _ := os.ReadFile("/proc/self/status")
 	for _, l := range strings.Split(string(b), "\n") {
 		if f := strings.Fields(l); len(f) >= 2 && f[0] == "RssFile:" {
 			n, _ := strconv.ParseInt(f[1], 10, 64)
 			return n
 		}
 	}
-	t.Skip("no RssFile in /proc/self/status")
 	return 0
+}
+
+// appendChunks appends chunks chunks of perChunk records of lane (ids from
+// 0 on, pad bytes each) to l.
+func appendChunks(t *testing.T, s *Spool, l *Lane, lane, chunks, perChunk, pad int) {
+	t.Helper()
+	var b Batch
+	for i := range chunks {
+		b.Reset()
+		for j := range perChunk {
+			b.Add(rec(lane, i*perChunk+j, pad))
+		}
+		if err := s.Append(context.Background(), l, &b); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // TestReadDropsPages checks that reading a backlog does not leave its pages
@@ -33,20 +55,10 @@ func rssFileKiB(t *testing.T) int64 {
 // than adviseAge) read through the mapping, and the file-backed RSS grows
 // by a small fraction of it.
 func TestReadDropsPages(t *testing.T) {
-	ctx := context.Background()
 	s := openTest(t, Config{Dir: t.TempDir(), Sync: SyncNone, CompactMinFileBytes: -1, adviseAge: time.Nanosecond})
 	l := mustLane(t, s, testKey(1))
-	var b Batch
 	const chunks, perChunk, pad = 128, 100, 5000 // ~64 MiB
-	for i := range chunks {
-		b.Reset()
-		for j := range perChunk {
-			b.Add(rec(1, i*perChunk+j, pad))
-		}
-		if err := s.Append(ctx, l, &b); err != nil {
-			t.Fatal(err)
-		}
-	}
+	appendChunks(t, s, l, 1, chunks, perChunk, pad)
 	before := rssFileKiB(t)
 	n := 0
 	for n < chunks*perChunk {
@@ -71,23 +83,13 @@ func TestReadDropsPages(t *testing.T) {
 // leaves it) and the load of the lanes touch pages all over the file, and a
 // relay started on a backlog should not carry them.
 func TestOpenDropsPages(t *testing.T) {
-	ctx := context.Background()
 	dir := t.TempDir()
 	// Nothing reaches bbolt before the image is taken (no checkpoint may
 	// run while it is copied): every chunk is replayed from the WAL.
 	s := openTest(t, Config{Dir: dir, Sync: SyncNone, CompactMinFileBytes: -1, HotMaxBytes: 128 << 20, flushAge: time.Hour})
-	var b Batch
 	const lanes, chunks, perChunk, pad = 4, 24, 100, 5000 // ~48 MiB
-	for i := range chunks {
-		for ln := range lanes {
-			b.Reset()
-			for j := range perChunk {
-				b.Add(rec(ln, i*perChunk+j, pad))
-			}
-			if err := s.Append(ctx, mustLane(t, s, testKey(ln)), &b); err != nil {
-				t.Fatal(err)
-			}
-		}
+	for ln := range lanes {
+		appendChunks(t, s, mustLane(t, s, testKey(ln)), ln, chunks, perChunk, pad)
 	}
 	if s.appliedTotal.Load() != 0 {
 		t.Fatal("a checkpoint ran before the image")
@@ -117,23 +119,13 @@ func TestOpenDropsPages(t *testing.T) {
 // chunk's header, which maps the folio around it, and the transaction drops
 // the mapping every few megabytes of deletions (see apply).
 func TestCheckpointDeletesDropPages(t *testing.T) {
-	ctx := context.Background()
 	var peak atomic.Int64
 	s := openTest(t, Config{Dir: t.TempDir(), Sync: SyncNone, CompactMinFileBytes: -1,
 		flushAge: time.Nanosecond, checkpointEvery: 300 * time.Millisecond,
 		beforeTrim: func() { peak.Store(max(peak.Load(), procRssFileKiB())) }})
 	l := mustLane(t, s, testKey(1))
-	var b Batch
 	const chunks, perChunk, pad = 128, 100, 5000 // ~64 MiB
-	for i := range chunks {
-		b.Reset()
-		for j := range perChunk {
-			b.Add(rec(1, i*perChunk+j, pad))
-		}
-		if err := s.Append(ctx, l, &b); err != nil {
-			t.Fatal(err)
-		}
-	}
+	appendChunks(t, s, l, 1, chunks, perChunk, pad)
 	waitCheckpointed(t, s) // every chunk in bbolt
 	var seqs []uint64
 	for n := 0; n < chunks; {
@@ -156,16 +148,4 @@ func TestCheckpointDeletesDropPages(t *testing.T) {
 	if grew > 12<<10 {
 		t.Fatalf("file-backed RSS grew %d KiB inside a checkpoint deleting %d MiB", grew, chunks*perChunk*pad>>20)
 	}
-}
-
-// procRssFileKiB is rssFileKiB for goroutines other than the test's.
-func procRssFileKiB() int64 {
-	b, _ := os.ReadFile("/proc/self/status")
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) >= 2 && f[0] == "RssFile:" {
-			n, _ := strconv.ParseInt(f[1], 10, 64)
-			return n
-		}
-	}
-	return 0
 }

@@ -511,9 +511,9 @@ func (l *Lane) read(maxBytes int, end uint64) ([]Chunk, error) {
 		// more is likely not in the page cache any more: ask for its pages
 		// and the next call's at once (read from disk while these are
 		// delivered).
-		m := mapping(s.db, tx)
 		defer trimTx(s.db, tx)
 		if acc, _, herr := chunkHeader(raw[0].v); herr == nil && time.Since(fromMs(acc)) >= s.cfg.adviseOlder() {
+			m := mapping(s.db, tx)
 			l.adv = l.adv[:0]
 			for _, r := range raw {
 				l.adv.add(m, r.v)
