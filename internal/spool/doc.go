@@ -19,7 +19,9 @@
 //	        chunks, records and bytes of the lane in this file (updated in
 //	        every transaction that touches the lane, so Open never scans a
 //	        queue)
-//	q<id>   one per lane: 8-byte big-endian seq -> encoded chunk
+//	q<id>   one per lane: 8-byte big-endian seq -> encoded chunk; a
+//	        chunk of 32 KiB or more is a bucket of its own holding it
+//	        under key 0x00, so that bbolt writes it once (chunkstore.go)
 //	dead    8-byte big-endian id -> encoded dead letter
 //
 // The value encodings are in encode.go; each starts with a version byte.

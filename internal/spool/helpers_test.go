@@ -60,6 +60,7 @@ func checkFile(path string) error {
 			}
 			var last uint64
 			err = q.ForEach(func(k, v []byte) error {
+				v = chunkValue(q, k, v)
 				seq := binary.BigEndian.Uint64(k)
 				if seq >= st.nextSeq {
 					return fmt.Errorf("lane %d: seq %d >= next %d", key.Kind, seq, st.nextSeq)

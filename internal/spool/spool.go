@@ -491,6 +491,7 @@ func (l *Lane) read(maxBytes int, end uint64) ([]Chunk, error) {
 			if seq >= end {
 				break
 			}
+			v = chunkValue(b, k, v)
 			if len(raw) > 0 && (maxBytes <= 0 || total+len(v) > maxBytes) {
 				break
 			}
@@ -523,6 +524,7 @@ func (l *Lane) read(maxBytes int, end uint64) ([]Chunk, error) {
 				if binary.BigEndian.Uint64(k) >= end {
 					break
 				}
+				v = chunkValue(b, k, v)
 				ahead.add(m, v)
 				n += len(v)
 			}
@@ -610,8 +612,11 @@ var (
 	keyWAL      = []byte("wal")  // in meta: the WAL position applied to bbolt
 )
 
-// formatVersion 2 adds the WAL; a version 1 file (no WAL) is upgraded.
-const formatVersion = 2
+// formatVersion 2 adds the WAL; 3 stores large chunks as buckets of their
+// own (see chunkstore.go). Files of versions 1 and 2 are upgraded in place:
+// what they hold reads the same. The version keeps an older relay from
+// opening a file it would misread.
+const formatVersion = 3
 
 // Open opens or creates the spool in cfg.Dir, replays its WAL into bbolt,
 // and starts its goroutines. log and reg may be nil. A spool directory is
@@ -751,14 +756,15 @@ func (s *Spool) load() (applied walPos, err error) {
 }
 
 // createBuckets creates the buckets of a new file, and upgrades the format
-// of one written before the WAL (nothing to replay).
+// of an older one: version 1 was written before the WAL (nothing to
+// replay), and what versions 1 and 2 hold reads the same in version 3.
 func createBuckets(tx *bolt.Tx) error {
 	meta, err := tx.CreateBucketIfNotExists(bucketMeta)
 	if err != nil {
 		return err
 	}
 	switch v := meta.Get(keyFormat); {
-	case v == nil, len(v) == 8 && binary.BigEndian.Uint64(v) == 1:
+	case v == nil, len(v) == 8 && binary.BigEndian.Uint64(v) >= 1 && binary.BigEndian.Uint64(v) < formatVersion:
 		if err := meta.Put(keyFormat, seqKey(formatVersion)); err != nil {
 			return err
 		}
@@ -779,7 +785,7 @@ func firstAccepted(q *bolt.Bucket) (int64, error) {
 	if k == nil {
 		return 0, nil
 	}
-	ms, _, err := chunkHeader(v)
+	ms, _, err := chunkHeader(chunkValue(q, k, v))
 	return ms, err
 }
 

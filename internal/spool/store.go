@@ -298,13 +298,14 @@ func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane
 	// Each maps the pages around its chunk's header (see afterCommit);
 	// dropping them every few megabytes keeps a checkpoint that deletes a
 	// drained backlog's worth of chunks from mapping all of it at once.
-	unmapped := 0
+	unmapped, freed := 0, 0
 	for i, a := range acks {
 		n, err := s.txDelete(tx, a.lane, a.seq)
 		if err != nil {
 			return 0, err
 		}
 		live -= int64(n)
+		freed += n
 		if unmapped += n; unmapped >= trimDeleted || i == len(acks)-1 && unmapped > 0 {
 			if s.cfg.beforeTrim != nil {
 				s.cfg.beforeTrim()
@@ -390,7 +391,7 @@ func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane
 			return 0, err
 		}
 	}
-	s.db.NoFreelistSync = !s.keepFreelist(written)
+	s.db.NoFreelistSync = !s.keepFreelist(written, freed)
 	if err = tx.Commit(); err != nil {
 		return 0, err
 	}
@@ -408,7 +409,7 @@ func (s *Spool) txDelete(tx *bolt.Tx, l *Lane, seq uint64) (int, error) {
 		return 0, nil // a lane created by a commit that failed
 	}
 	k := seqKey(seq)
-	v := q.Get(k)
+	v := getChunk(q, k)
 	if v == nil {
 		return 0, nil // acknowledged twice, or never put
 	}
@@ -417,7 +418,7 @@ func (s *Spool) txDelete(tx *bolt.Tx, l *Lane, seq uint64) (int, error) {
 		n = 0
 	}
 	sz := len(v)
-	if err := q.Delete(k); err != nil {
+	if err := deleteChunk(q, k); err != nil {
 		return 0, err
 	}
 	s.touch(l)
@@ -436,7 +437,7 @@ func (s *Spool) txPut(tx *bolt.Tx, l *Lane, seq uint64, accepted int64, records 
 		return fmt.Errorf("lane %s: queue bucket missing: %w", l.label, errCorrupt)
 	}
 	q.FillPercent = 1.0
-	if err := q.Put(seqKey(seq), v); err != nil {
+	if err := putChunk(q, seqKey(seq), v); err != nil {
 		return err
 	}
 	s.touch(l)
@@ -667,11 +668,15 @@ const (
 	freelistShare    = 8
 )
 
-// keepFreelist reports whether a commit writing written chunk bytes should
-// write the freelist.
-func (s *Spool) keepFreelist(written int) bool {
+// keepFreelist reports whether a commit writing written chunk bytes and
+// deleting freed should write the freelist. bbolt's counts are those of the
+// transaction's start: the pages it frees are estimated from freed. Without
+// them a drain's commit wrote the freelist of everything it deleted, and
+// on a full disk with no free run that long it could not delete at all.
+func (s *Spool) keepFreelist(written, freed int) bool {
 	st := s.db.Stats()
-	return (st.FreePageN+st.PendingPageN)*8 <= max(freelistMinBytes, written/freelistShare)
+	ids := st.FreePageN + st.PendingPageN + freed/s.db.Info().PageSize
+	return ids*8 <= max(freelistMinBytes, written/freelistShare)
 }
 
 // When the last commit skipped the freelist and no other follows within
