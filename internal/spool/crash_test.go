@@ -32,6 +32,15 @@ func TestMain(m *testing.M) {
 // are small (many rotations and reuses) and its checkpoints frequent; the
 // round chooses the flush age, from "every chunk goes to bbolt at once" to
 // the default.
+// crashRecords is the number of records of a writer's append n: one to
+// three small ones, or one of 33 KiB every sixteenth.
+func crashRecords(n int) int {
+	if n%16 == 15 {
+		return 1
+	}
+	return 1 + n%3
+}
+
 func crashChild(dir string) {
 	round, _ := strconv.Atoi(os.Getenv("SPOOL_CRASH_ROUND"))
 	mode := SyncNone
@@ -57,8 +66,12 @@ func crashChild(dir string) {
 			for n := 0; ; n++ {
 				id := round*1_000_000 + w*10_000 + n
 				b.Reset()
-				for range 1 + n%3 {
-					b.Add(rec(w%4, id, 200))
+				pad := 200
+				if n%16 == 15 {
+					pad = 33 << 10 // a bucket of its own (chunkstore.go)
+				}
+				for range crashRecords(n) {
+					b.Add(rec(w%4, id, pad))
 				}
 				if err := s.Append(ctx, l, &b); err != nil {
 					fmt.Fprintln(os.Stderr, "child append:", err)
@@ -171,7 +184,7 @@ func TestCrash(t *testing.T) {
 		for _, l := range s.Lanes() {
 			for _, c := range drainAvailable(t, l) {
 				_, id := recID(c.Records[0])
-				if len(c.Records) != 1+(id%10_000)%3 {
+				if want := crashRecords(id % 10_000); len(c.Records) != want {
 					t.Fatalf("round %d: append %d has %d records", round, id, len(c.Records))
 				}
 				for _, r := range c.Records {

@@ -179,10 +179,14 @@ func TestCompactionKeepsData(t *testing.T) {
 	l := mustLane(t, s, testKey(1))
 	var b Batch
 	const chunks = 400
-	for c := range chunks { // ~8 MB
+	for c := range chunks { // ~10 MB
 		b.Reset()
+		pad := 500 // ~22 KB chunks: plain values
+		if c%4 == 0 {
+			pad = 1000 // ~42 KB: buckets of their own (chunkstore.go)
+		}
 		for r := range 40 {
-			b.Add(rec(1, c*40+r, 500))
+			b.Add(rec(1, c*40+r, pad))
 		}
 		if err := s.Append(ctx, l, &b); err != nil {
 			t.Fatal(err)
