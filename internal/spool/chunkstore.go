@@ -32,18 +32,13 @@ var chunkValueKey = []byte{0}
 
 // putChunk puts chunk v under k in q, replacing what k held.
 func putChunk(q *bolt.Bucket, k, v []byte) error {
-	if q.Bucket(k) != nil {
-		if err := q.DeleteBucket(k); err != nil {
+	if ck, old := q.Cursor().Seek(k); bytes.Equal(ck, k) {
+		if err := deleteChunk(q, k, old == nil); err != nil {
 			return err
 		}
 	}
 	if len(v) < nestMinBytes {
 		return q.Put(k, v)
-	}
-	if q.Get(k) != nil {
-		if err := q.Delete(k); err != nil {
-			return err
-		}
 	}
 	b, err := q.CreateBucket(k)
 	if err != nil {
@@ -66,18 +61,20 @@ func chunkValue(q *bolt.Bucket, k, v []byte) []byte {
 	return nil
 }
 
-// getChunk is the chunk under k in q, nil when there is none.
-func getChunk(q *bolt.Bucket, k []byte) []byte {
+// chunkAt is the chunk under k in q (nil when there is none), and whether
+// it is a bucket of its own.
+func chunkAt(q *bolt.Bucket, k []byte) (v []byte, nested bool) {
 	ck, v := q.Cursor().Seek(k)
 	if !bytes.Equal(ck, k) {
-		return nil
+		return nil, false
 	}
-	return chunkValue(q, k, v)
+	return chunkValue(q, k, v), v == nil
 }
 
-// deleteChunk deletes the chunk under k in q, which must hold one.
-func deleteChunk(q *bolt.Bucket, k []byte) error {
-	if q.Bucket(k) != nil {
+// deleteChunk deletes the chunk under k in q, a bucket of its own when
+// nested.
+func deleteChunk(q *bolt.Bucket, k []byte, nested bool) error {
+	if nested {
 		return q.DeleteBucket(k)
 	}
 	return q.Delete(k)

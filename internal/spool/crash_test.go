@@ -26,21 +26,22 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// crashAppend is what a writer's append n holds: one to three small
+// records, or every sixteenth one record of 33 KiB (a chunk stored as a
+// bucket of its own, chunkstore.go).
+func crashAppend(n int) (records, pad int) {
+	if n%16 == 15 {
+		return 1, 33 << 10
+	}
+	return 1 + n%3, 200
+}
+
 // crashChild appends from concurrent goroutines forever, printing "ok <id>"
 // after every Append that returned nil, and reads and acknowledges every
 // lane, printing "ack <id>" before each Ack, until killed. Its WAL segments
 // are small (many rotations and reuses) and its checkpoints frequent; the
 // round chooses the flush age, from "every chunk goes to bbolt at once" to
 // the default.
-// crashRecords is the number of records of a writer's append n: one to
-// three small ones, or one of 33 KiB every sixteenth.
-func crashRecords(n int) int {
-	if n%16 == 15 {
-		return 1
-	}
-	return 1 + n%3
-}
-
 func crashChild(dir string) {
 	round, _ := strconv.Atoi(os.Getenv("SPOOL_CRASH_ROUND"))
 	mode := SyncNone
@@ -66,11 +67,8 @@ func crashChild(dir string) {
 			for n := 0; ; n++ {
 				id := round*1_000_000 + w*10_000 + n
 				b.Reset()
-				pad := 200
-				if n%16 == 15 {
-					pad = 33 << 10 // a bucket of its own (chunkstore.go)
-				}
-				for range crashRecords(n) {
+				records, pad := crashAppend(n)
+				for range records {
 					b.Add(rec(w%4, id, pad))
 				}
 				if err := s.Append(ctx, l, &b); err != nil {
@@ -184,7 +182,7 @@ func TestCrash(t *testing.T) {
 		for _, l := range s.Lanes() {
 			for _, c := range drainAvailable(t, l) {
 				_, id := recID(c.Records[0])
-				if want := crashRecords(id % 10_000); len(c.Records) != want {
+				if want, _ := crashAppend(id % 10_000); len(c.Records) != want {
 					t.Fatalf("round %d: append %d has %d records", round, id, len(c.Records))
 				}
 				for _, r := range c.Records {

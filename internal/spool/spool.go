@@ -763,12 +763,17 @@ func createBuckets(tx *bolt.Tx) error {
 	if err != nil {
 		return err
 	}
-	switch v := meta.Get(keyFormat); {
-	case v == nil, len(v) == 8 && binary.BigEndian.Uint64(v) >= 1 && binary.BigEndian.Uint64(v) < formatVersion:
+	v := meta.Get(keyFormat)
+	var version uint64 // 0: missing or malformed
+	if len(v) == 8 {
+		version = binary.BigEndian.Uint64(v)
+	}
+	switch {
+	case v == nil, version >= 1 && version < formatVersion:
 		if err := meta.Put(keyFormat, seqKey(formatVersion)); err != nil {
 			return err
 		}
-	case len(v) != 8 || binary.BigEndian.Uint64(v) != formatVersion:
+	case version != formatVersion:
 		return fmt.Errorf("unknown spool format %x", v)
 	}
 	if _, err := tx.CreateBucketIfNotExists(bucketLanes); err != nil {

@@ -409,7 +409,7 @@ func (s *Spool) txDelete(tx *bolt.Tx, l *Lane, seq uint64) (int, error) {
 		return 0, nil // a lane created by a commit that failed
 	}
 	k := seqKey(seq)
-	v := getChunk(q, k)
+	v, nested := chunkAt(q, k)
 	if v == nil {
 		return 0, nil // acknowledged twice, or never put
 	}
@@ -418,7 +418,7 @@ func (s *Spool) txDelete(tx *bolt.Tx, l *Lane, seq uint64) (int, error) {
 		n = 0
 	}
 	sz := len(v)
-	if err := deleteChunk(q, k); err != nil {
+	if err := deleteChunk(q, k, nested); err != nil {
 		return 0, err
 	}
 	s.touch(l)
