@@ -275,16 +275,26 @@ func (b *budget) Used() int64 {
 // record's own copy; a chunk's buffer with the last record aliasing it).
 func (lr *laneRunner) done(its []item) {
 	var n int64
-	for i := range its {
-		it := &its[i]
-		if it.own > 0 {
-			n += it.own
-		} else if it.ck.refs.Add(-1) == 0 {
-			n += it.ck.bytes
-			it.ck.buf.Release()
+	// A batch holds a chunk's records for this shard one after another, so
+	// the chunk counters are decremented once per run of records: each
+	// decrement is an atomic on a line the other shards write too.
+	for i := 0; i < len(its); {
+		ck := its[i].ck
+		var left, refs int32
+		for ; i < len(its) && its[i].ck == ck; i++ {
+			left++
+			if its[i].own > 0 {
+				n += its[i].own
+			} else {
+				refs++
+			}
 		}
-		if it.ck.left.Add(-1) == 0 {
-			lr.p.sp.Ack(lr.lane, it.ck.seq)
+		if refs > 0 && ck.refs.Add(-refs) == 0 {
+			n += ck.bytes
+			ck.buf.Release()
+		}
+		if ck.left.Add(-left) == 0 {
+			lr.p.sp.Ack(lr.lane, ck.seq)
 		}
 	}
 	lr.release(n)

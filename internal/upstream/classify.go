@@ -127,6 +127,12 @@ func Classify(status int, respBody []byte, retryAfter string, err error) Result 
 		return Result{Kind: Retryable, Err: err, Answer: []byte("error: " + err.Error())}
 	}
 	r := Result{Status: status, Answer: answer(status, respBody)}
+	if status == http.StatusOK {
+		// Nothing of a 200's body changes what happens next (kindOf is OK
+		// whatever it says): not decoded, on the delivery's hot path.
+		r.Kind = OK
+		return r
+	}
 	r.RetryAfter = parseRetryAfter(retryAfter, time.Now())
 	var b body
 	parsed := len(respBody) > 0 && json.Unmarshal(respBody, &b) == nil
