@@ -9,7 +9,8 @@ import (
 )
 
 func TestSinkCountsAndLag(t *testing.T) {
-	s := &sink{lagOn: true}
+	s := &sink{}
+	s.lagOn.Store(true)
 	now := time.Now().UnixMicro()
 	body := `{"api_key":"k","events":[{"event_type":"a","event_properties":{"sent_us":` +
 		itoa(now-5000) + `}},{"event_type":"b","event_properties":{"sent_us":` + itoa(now-1000) + `}},{"event_type":"c"}]}`
@@ -28,12 +29,26 @@ func TestSinkCountsAndLag(t *testing.T) {
 		t.Fatalf("max lag %d us, want >= 5000", m)
 	}
 
+	// Lag recording off (POST /lag?on=0): counted, no lag sample.
+	var off fasthttp.RequestCtx
+	off.Request.SetRequestURI("/lag?on=0")
+	off.Request.Header.SetMethod("POST")
+	s.handle(&off)
+	var plain fasthttp.RequestCtx
+	plain.Request.SetRequestURI("/2/httpapi")
+	plain.Request.Header.SetMethod("POST")
+	plain.Request.SetBodyString(body)
+	s.handle(&plain)
+	if s.counted.Load() != 6 || s.lag.Count() != 2 {
+		t.Fatalf("lag off: counted %d, lag samples %d; want 6, 2", s.counted.Load(), s.lag.Count())
+	}
+
 	s.down.Store(true)
 	var down fasthttp.RequestCtx
 	down.Request.SetRequestURI("/2/httpapi")
 	down.Request.SetBodyString(body)
 	s.handle(&down)
-	if down.Response.StatusCode() != 503 || s.counted.Load() != 3 {
+	if down.Response.StatusCode() != 503 || s.counted.Load() != 6 {
 		t.Fatalf("down: status %d, counted %d", down.Response.StatusCode(), s.counted.Load())
 	}
 }
