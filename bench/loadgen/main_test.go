@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"testing"
 )
@@ -51,6 +52,10 @@ func TestTemplates(t *testing.T) {
 				}
 				if len(env.Events) != tc.events {
 					t.Fatalf("%d events, want %d", len(env.Events), tc.events)
+				}
+				// bench/sink counts events by their "event_type" keys.
+				if n := bytes.Count(b, []byte(`"event_type"`)); n != tc.events {
+					t.Fatalf("%d \"event_type\" strings, want one per event (%d)", n, tc.events)
 				}
 				if tc.events >= 100 {
 					avg := float64(len(b)) / float64(tc.events)

@@ -1,6 +1,6 @@
 // Command sink is the peak-rate benchmark's upstream: a fasthttp server that
 // answers POST /2/httpapi and /batch with the upstream's 200 body after
-// counting the events (sim.CountEvents, no validation, nothing stored), so
+// counting the events (see count; no validation, nothing stored), so
 // that the upstream is never the bottleneck of a relay or nginx benchmark.
 //
 // It also measures end-to-end lag: every event_properties.sent_us stamp
@@ -38,12 +38,27 @@ type sink struct {
 	last     atomic.Int64
 	down     atomic.Bool
 	lagOn    atomic.Bool
+	exact    bool // count with sim.CountEvents instead of by event_type keys
 
 	mu  sync.Mutex
 	lag hist.Hist // microseconds
 }
 
 var stamp = []byte(`"sent_us":`)
+
+var eventTypeKey = []byte(`"event_type"`)
+
+// count counts body's events. By default it counts "event_type" strings
+// (bytes.Count, several GB/s): every event the relay or nginx passes on has
+// exactly one such key, and bench/loadgen's property names and values never
+// contain it. sim.CountEvents, exact for any envelope, scans a byte at a
+// time; in a peak-rate run it took more of the two cores than nginx did.
+func (s *sink) count(body []byte) int {
+	if s.exact {
+		return sim.CountEvents(body)
+	}
+	return bytes.Count(body, eventTypeKey)
+}
 
 func (s *sink) handle(ctx *fasthttp.RequestCtx) {
 	switch string(ctx.Path()) {
@@ -55,7 +70,7 @@ func (s *sink) handle(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		body := ctx.PostBody()
-		n := sim.CountEvents(body)
+		n := s.count(body)
 		now := time.Now()
 		s.counted.Add(int64(n))
 		s.requests.Add(1)
@@ -141,13 +156,14 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:0", "address to serve on")
 	addrFile := flag.String("addr-file", "", "write the chosen address to this file once listening")
 	lag := flag.Bool("lag", true, "record end-to-end lag from event_properties.sent_us stamps")
+	exact := flag.Bool("exact", false, "count the events array's elements (a byte-at-a-time scan) instead of event_type keys")
 	flag.Parse()
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "sink:", err)
 		os.Exit(1)
 	}
-	s := &sink{}
+	s := &sink{exact: *exact}
 	s.lagOn.Store(*lag)
 	srv := &fasthttp.Server{
 		Handler:            s.handle,
