@@ -98,10 +98,14 @@ free_port() {
 	return 1
 }
 
-wait_http() { # url seconds
+wait_http() { # url seconds [pid]: also gives up when pid has exited
 	local i
 	for i in $(seq 1 $(($2 * 20))); do
 		curl -sf -o /dev/null "$1" && return 0
+		if [ -n "${3:-}" ] && ! kill -0 "$3" 2>/dev/null; then
+			echo "compare.sh: $1: the process exited" >&2
+			return 1
+		fi
 		sleep 0.05
 	done
 	echo "compare.sh: $1 did not answer" >&2
@@ -179,7 +183,9 @@ start_target() { # name run
 				>"$TMP/relay-$1-$2.log" 2>&1 &
 			TPID=$!
 			PIDS+=("$TPID")
-			wait_http "$ADMIN/readyz" 20 && break
+			# A port free_port chose may be taken meanwhile (the relay
+			# then exits at once: try other ports).
+			wait_http "$ADMIN/readyz" 20 "$TPID" && break
 			log "relay did not start (attempt $attempt); its log:"
 			tail -5 "$TMP/relay-$1-$2.log" >&2
 			stop_target

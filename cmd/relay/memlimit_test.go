@@ -62,7 +62,7 @@ func TestRelayProcessMemoryLimit(t *testing.T) {
 	tests := []struct {
 		env, want string
 	}{
-		{"", "128 MiB"},
+		{"", "120 MiB"},
 		{"GOMEMLIMIT=200MiB", "200 MiB"},
 		{"GOMEMLIMIT=off", "none"},
 	}

@@ -67,8 +67,9 @@ const (
 	// full speed: the relay drained a 2M-event backlog (~500-byte events)
 	// to a counting sink at ~420k events/s with 4 MiB, ~490k with 8, ~510k
 	// with 16 and ~500k with 64. Under a load of 1000-event requests with
-	// the relay's 128 MiB memory limit, more read-ahead took heap from the
-	// accept path (16 MiB: -18% events accepted, 64 MiB: -40%). 8 MiB is
+	// the relay's memory limit (then 128 MiB, now 120), more read-ahead
+	// took heap from the accept path (16 MiB: -18% events accepted, 64
+	// MiB: -40%). 8 MiB is
 	// twice what the default 4 shards need for a full batch in flight and
 	// one ready.
 	DefaultMaxReadAheadBytes = 8 << 20
