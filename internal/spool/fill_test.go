@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
 )
 
 // TestFill fills a small quota from concurrent appenders until every one is
@@ -381,5 +383,109 @@ func copyDir(t *testing.T, src, dst string) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestCommitGather: under SyncAlways, after a write of several appends, a
+// lone queued append waits (up to the gather time) for another to share its
+// write and fsync; once a write carried one append, a lone client's appends
+// do not wait at all.
+func TestCommitGather(t *testing.T) {
+	const gather = time.Second
+	var blocking atomic.Bool
+	entered, release := make(chan struct{}), make(chan struct{})
+	cfg := Config{Sync: SyncAlways, gather: gather, walFault: func(synced bool) error {
+		if !synced && blocking.Load() {
+			entered <- struct{}{}
+			<-release
+		}
+		return nil
+	}}
+	s := openTest(t, cfg)
+	ctx := context.Background()
+	l := mustLane(t, s, testKey(1))
+	commits := func() float64 {
+		var m dto.Metric
+		if err := s.m.commits.Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetCounter().GetValue()
+	}
+	start := func(id int) chan error {
+		done := make(chan error, 1)
+		go func() {
+			var b Batch
+			b.Add(rec(1, id, 100))
+			done <- s.Append(ctx, l, &b)
+		}()
+		return done
+	}
+	queued := func(n int) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+			s.mu.Lock()
+			q := len(s.appends)
+			s.mu.Unlock()
+			if q == n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d appends queued, want %d", q, n)
+			}
+		}
+	}
+	wait := func(name string, c chan error) {
+		t.Helper()
+		if err := <-c; err != nil {
+			t.Fatalf("append %s: %v", name, err)
+		}
+	}
+
+	// A is written alone; B and C, queued meanwhile, together.
+	blocking.Store(true)
+	a := start(0)
+	<-entered
+	b, c := start(1), start(2)
+	queued(2)
+	release <- struct{}{}
+	wait("A", a)
+	<-entered // B and C's write
+	d := start(3)
+	queued(1)
+	before := commits()
+	blocking.Store(false)
+	release <- struct{}{}
+	wait("B", b)
+	wait("C", c)
+	if got := commits() - before; got != 1 {
+		t.Fatalf("B and C took %v writes, want 1", got)
+	}
+
+	// The last write carried two appends: D, alone, waits for company.
+	time.Sleep(gather / 10)
+	select {
+	case err := <-d:
+		t.Fatalf("D was written alone without waiting (err %v)", err)
+	default:
+	}
+	e := start(4)
+	wait("D", d)
+	wait("E", e)
+	if got := commits() - before; got != 2 {
+		t.Fatalf("D and E took %v writes, want 1", got-1)
+	}
+
+	// F waits its gather time once (the last write had two appends); from
+	// then on a lone client's writes carry one append and never wait.
+	wait("F", start(5))
+	t0 := time.Now()
+	for id := 6; id < 16; id++ {
+		wait(fmt.Sprint(id), start(id))
+	}
+	if el := time.Since(t0); el >= gather {
+		t.Fatalf("10 appends of a lone client took %v: they waited for company", el)
+	}
+	if n := len(drainAvailable(t, l)); n != 16 {
+		t.Fatalf("read %d chunks, want 16", n)
 	}
 }

@@ -98,6 +98,8 @@ type Config struct {
 	// and after it in place of its fdatasync (synced true); an error fails
 	// the write as an I/O error would (tests).
 	walFault func(synced bool) error
+	// gather replaces commitGather when positive (tests).
+	gather time.Duration
 	// beforeTrim, when set, is called inside a checkpoint's transaction
 	// before each trim of the pages its deletions mapped (tests).
 	beforeTrim func()

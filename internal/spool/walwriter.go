@@ -1,6 +1,7 @@
 package spool
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -68,6 +69,9 @@ type walWriter struct {
 	diskFree    int64 // free bytes at diskChecked
 	diskChecked time.Time
 	diskWritten int64 // bytes appended since diskChecked
+
+	lastGroup int         // appends in the last write
+	gather    *time.Timer // takeWAL's wait for a group to fill
 }
 
 // diskCheckEvery is how long a statfs result is trusted (bytes appended
@@ -132,12 +136,35 @@ func (s *Spool) runWAL() {
 	}
 }
 
+// commitGather bounds how long, under SyncAlways, the WAL writer waits for
+// a group to fill (see takeWAL). An fsync costs the same for one append as
+// for eight: at 32 connections of 1-event requests, waiting up to 50 µs
+// took 20% more requests a second (groups grew, fsyncs fell); 20 µs gained
+// less, 150 µs less again.
+const commitGather = 50 * time.Microsecond
+
 // takeWAL waits for queued appends or acks and takes them: every ack, and
-// the appends that fit in one write (at least one).
+// the appends that fit in one write (at least one). Under SyncAlways, when
+// the last write carried several appends (clients append concurrently) and
+// fewer are queued now, it first waits up to commitGather for as many: the
+// others are most likely in flight, and each would otherwise wait for a
+// whole fsync of its own. A lone client never waits.
 func (s *Spool) takeWAL() (ops []*op, acks []ackOp, closed bool) {
 	max := min(s.cfg.maxCommit(), int(s.cfg.segBytes()/4))
+	var gatherUntil time.Time
 	for {
 		s.mu.Lock()
+		if q := len(s.appends); q > 0 && q < s.w.lastGroup && !s.closed && s.cfg.Sync == SyncAlways {
+			now := time.Now()
+			if gatherUntil.IsZero() {
+				gatherUntil = now.Add(cmp.Or(s.cfg.gather, commitGather))
+			}
+			if now.Before(gatherUntil) {
+				s.mu.Unlock()
+				s.waitGather(gatherUntil.Sub(now))
+				continue
+			}
+		}
 		if len(s.appends) > 0 || len(s.acks) > 0 || len(s.w.retry) > 0 || s.closed {
 			n, size := 0, 0
 			for n < len(s.appends) {
@@ -171,6 +198,21 @@ func (s *Spool) takeWAL() (ops []*op, acks []ackOp, closed bool) {
 	}
 }
 
+// waitGather waits until an append is queued (do wakes walWake) or d
+// passes.
+func (s *Spool) waitGather(d time.Duration) {
+	if s.w.gather == nil {
+		s.w.gather = time.NewTimer(d)
+	} else {
+		s.w.gather.Reset(d)
+	}
+	select {
+	case <-s.walWake:
+	case <-s.w.gather.C:
+	}
+	s.w.gather.Stop()
+}
+
 // retireSegment gives up the current segment of an idle spool: the WAL's
 // end moves to the start of the next one (created by the next write), so
 // that the store's next checkpoint frees this one.
@@ -191,6 +233,7 @@ func (s *Spool) retireSegment() {
 func (s *Spool) writeGroup(ops []*op, acks []ackOp) {
 	start := time.Now()
 	s.waitMemory(ops)
+	s.w.lastGroup = len(ops)
 	n, bytes, records := s.admit(ops, start)
 	var err error
 	if n > 0 || len(acks) > 0 {
