@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"syscall"
 	"time"
@@ -70,8 +71,7 @@ type walWriter struct {
 	diskChecked time.Time
 	diskWritten int64 // bytes appended since diskChecked
 
-	lastGroup int         // appends in the last write
-	gather    *time.Timer // takeWAL's wait for a group to fill
+	lastGroup int // appends in the last write
 }
 
 // diskCheckEvery is how long a statfs result is trusted (bytes appended
@@ -137,10 +137,10 @@ func (s *Spool) runWAL() {
 }
 
 // commitGather bounds how long, under SyncAlways, the WAL writer waits for
-// a group to fill (see takeWAL). An fsync costs the same for one append as
-// for eight: at 32 connections of 1-event requests, waiting up to 50 µs
-// took 20% more requests a second (groups grew, fsyncs fell); 20 µs gained
-// less, 150 µs less again.
+// a group to fill (see takeWAL). An fsync costs about the same for one
+// append as for eight: at 32 connections of 1-event requests, waiting up to
+// 50 µs took 8-10% more requests a second (groups grew, fsyncs fell); a
+// prototype gained less with 20 µs, and less again with 150 µs.
 const commitGather = 50 * time.Microsecond
 
 // takeWAL waits for queued appends or acks and takes them: every ack, and
@@ -199,18 +199,19 @@ func (s *Spool) takeWAL() (ops []*op, acks []ackOp, closed bool) {
 }
 
 // waitGather waits until an append is queued (do wakes walWake) or d
-// passes.
+// passes. It yields rather than sleeps: a timer this short fires a
+// millisecond late when the Ps are idle (the netpoller waits whole
+// milliseconds), while yielding lets the handlers whose appends it waits
+// for run, and costs at most d of CPU when there are none.
 func (s *Spool) waitGather(d time.Duration) {
-	if s.w.gather == nil {
-		s.w.gather = time.NewTimer(d)
-	} else {
-		s.w.gather.Reset(d)
+	for until := time.Now().Add(d); time.Now().Before(until); {
+		select {
+		case <-s.walWake:
+			return
+		default:
+		}
+		runtime.Gosched()
 	}
-	select {
-	case <-s.walWake:
-	case <-s.w.gather.C:
-	}
-	s.w.gather.Stop()
 }
 
 // retireSegment gives up the current segment of an idle spool: the WAL's
