@@ -38,7 +38,9 @@
 //
 // Append returns only after its chunk's record is in the WAL: under
 // SyncAlways the segment is fdatasync'ed (one fdatasync per write, for
-// every Append queued while the previous write ran: group commit, no timer);
+// every Append queued while the previous write ran: group commit; when the
+// last write carried several appends and fewer are queued, the writer first
+// yields up to 50 µs for as many, see takeWAL);
 // under SyncNone the record has reached the OS (it survives a crash of the
 // process, not of the machine). A segment's name is made durable (directory
 // fsync) before anything in it is acknowledged. A chunk is written from its
