@@ -69,9 +69,8 @@ const (
 	// with 16 and ~500k with 64. Under a load of 1000-event requests with
 	// the relay's memory limit (then 128 MiB, now 120), more read-ahead
 	// took heap from the accept path (16 MiB: -18% events accepted, 64
-	// MiB: -40%). 8 MiB is
-	// twice what the default 4 shards need for a full batch in flight and
-	// one ready.
+	// MiB: -40%). 8 MiB is twice what the default 4 shards need for a full
+	// batch in flight and one ready.
 	DefaultMaxReadAheadBytes = 8 << 20
 	// DefaultMaxReadAheadTotalBytes lets three lanes read ahead fully.
 	// With 100 busy lanes the budget is full and held as heap: at 32 MiB
