@@ -101,7 +101,7 @@
 // minus the bytes appended since) minus the chunk is under
 // Config.MinFreeBytes. Dead letters, lanes and deletions are never refused
 // for space. WAL segments are reused once a checkpoint passed them (up to
-// two spares are kept), and an idle spool (nothing appended for 30 s) keeps
+// eight spares are kept), and an idle spool (nothing appended for 30 s) keeps
 // no WAL file. bbolt files never shrink, so when the live data is small next
 // to the file, the store compacts it into a new file and swaps it in (see
 // compact.go).

@@ -37,8 +37,15 @@ const (
 	// defaultWALMaxBytes bounds the WAL since the applied position, and
 	// with it what a restart replays.
 	defaultWALMaxBytes = 64 << 20
-	// maxSpares bounds the WAL files kept for reuse.
-	maxSpares = 2
+	// maxSpares bounds the WAL files kept for reuse. It covers what a
+	// busy WAL holds (defaultWALMaxBytes of DefaultSegmentBytes segments,
+	// plus the current one) and the several segments one checkpoint
+	// frees at once, so that under load the writer reuses a file instead
+	// of allocating a new one, whose fdatasyncs also write the extents'
+	// metadata. With 2, half the rotations at 1M events/s made a new
+	// file; 8 gave +6% events/s. Spares are only what the WAL once held,
+	// and are removed when the spool goes idle.
+	maxSpares = 8
 	// defaultIdleAfter: when nothing was appended for this long, the WAL
 	// writer gives up its segment and the spare files are removed, so that
 	// an idle spool gives the WAL's disk space back.
