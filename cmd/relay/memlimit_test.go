@@ -7,7 +7,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -68,10 +70,52 @@ func TestRelayProcessMemoryLimit(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.want, func(t *testing.T) {
-			if got := childMemoryLimit(t, tt.env); got != tt.want {
+			if got := childConfig(t, tt.env).MemoryLimit; got != tt.want {
 				t.Fatalf("with %q the relay logged memory_limit %q, want %q", tt.env, got, tt.want)
 			}
 		})
+	}
+}
+
+func TestDefaultMaxProcs(t *testing.T) {
+	tests := []struct {
+		name        string
+		environ     []string
+		procs, cpus int
+		want        int // 0: left as it is
+	}{
+		{"no limit", nil, 2, 2, 3},
+		{"one CPU", []string{"HOME=/root"}, 1, 1, 2},
+		{"GOMAXPROCS set", []string{"GOMAXPROCS=2"}, 2, 2, 0},
+		{"GOMAXPROCS empty (the runtime ignores it)", []string{"GOMAXPROCS="}, 8, 8, 9},
+		{"a CPU limit below the CPUs", nil, 2, 8, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n, ok := defaultMaxProcs(tt.environ, tt.procs, tt.cpus)
+			if ok != (tt.want != 0) || (ok && n != tt.want) {
+				t.Fatalf("got %d %v, want %d", n, ok, tt.want)
+			}
+		})
+	}
+}
+
+// TestRelayProcessMaxProcs: the relay runs with one P more than its
+// default when GOMAXPROCS is not set and no CPU limit lowered the default,
+// and with GOMAXPROCS's own value when it is set.
+func TestRelayProcessMaxProcs(t *testing.T) {
+	if got := childConfig(t, "GOMAXPROCS=1").GOMAXPROCS; got != 1 {
+		t.Errorf("with GOMAXPROCS=1 the relay logged gomaxprocs %d", got)
+	}
+	if os.Getenv("GOMAXPROCS") != "" {
+		t.Skip("GOMAXPROCS is set for the test: the child's default is unknown")
+	}
+	want := runtime.GOMAXPROCS(0) // the default, as the child's runtime sets it
+	if want == runtime.NumCPU() {
+		want++
+	}
+	if got := childConfig(t, "").GOMAXPROCS; got != want {
+		t.Errorf("without GOMAXPROCS the relay logged gomaxprocs %d, want %d", got, want)
 	}
 }
 
@@ -91,16 +135,23 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// childMemoryLimit starts the relay as a child process with env added,
-// waits for its configuration log line, stops it with SIGTERM and returns
-// the line's memory_limit.
-func childMemoryLimit(t *testing.T, env string) string {
+// configLine is what the tests read of the relay's configuration log line.
+type configLine struct {
+	Msg         string `json:"msg"`
+	MemoryLimit string `json:"memory_limit"`
+	GOMAXPROCS  int    `json:"gomaxprocs"`
+}
+
+// childConfig starts the relay as a child process with env added (and
+// without the test's own GOMEMLIMIT and GOMAXPROCS), waits for its
+// configuration log line, stops it with SIGTERM and returns the line.
+func childConfig(t *testing.T, env string) configLine {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "data")
 	cmd := exec.Command(os.Args[0], "-test.run=^$", "--",
 		"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data-dir", dir,
 		"--spool-min-free-bytes", "0", "--drain-timeout", "1s")
-	cmd.Env = append(withoutGOMEMLIMIT(os.Environ()), "RELAY_TEST_CHILD=1")
+	cmd.Env = append(without(os.Environ(), "GOMEMLIMIT=", "GOMAXPROCS="), "RELAY_TEST_CHILD=1")
 	if env != "" {
 		cmd.Env = append(cmd.Env, env)
 	}
@@ -112,22 +163,19 @@ func childMemoryLimit(t *testing.T, env string) string {
 		t.Fatal(err)
 	}
 	exited := make(chan error, 1)
-	found := make(chan string, 1)
+	found := make(chan configLine, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(nil, 1<<20)
 		for sc.Scan() {
-			var line struct {
-				Msg         string `json:"msg"`
-				MemoryLimit string `json:"memory_limit"`
-			}
+			var line configLine
 			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "configuration" {
-				found <- line.MemoryLimit
+				found <- line
 			}
 		}
 		exited <- cmd.Wait()
 	}()
-	var got string
+	var got configLine
 	select {
 	case got = <-found:
 	case err := <-exited:
@@ -151,10 +199,11 @@ func childMemoryLimit(t *testing.T, env string) string {
 	return got
 }
 
-func withoutGOMEMLIMIT(environ []string) []string {
+// without returns environ without the variables of the given prefixes.
+func without(environ []string, prefixes ...string) []string {
 	var out []string
 	for _, kv := range environ {
-		if !strings.HasPrefix(kv, "GOMEMLIMIT=") {
+		if !slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(kv, p) }) {
 			out = append(out, kv)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -273,7 +274,7 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		zap.Int64("max_batch_bytes", cfg.MaxBatchBytes), zap.Duration("flush_interval", cfg.FlushInterval),
 		zap.Duration("drain_timeout", cfg.DrainTimeout), zap.Bool("admin_token", cfg.Token != nil),
 		zap.Bool("credentials", cfg.Creds != nil),
-		memoryLimitField(),
+		memoryLimitField(), zap.Int("gomaxprocs", runtime.GOMAXPROCS(0)),
 		zap.String("version", versionString()))
 
 	if cfg.Creds != nil {
