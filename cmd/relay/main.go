@@ -104,8 +104,10 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 
 // defaultMaxProcs returns one P more than the CPUs (procs+1) and true,
 // unless environ sets GOMAXPROCS or the runtime's default procs is below
-// cpus (a cgroup CPU limit set it: more Ps than the limit would get the
-// process throttled).
+// cpus: a cgroup CPU limit set it, and one more P would let the process
+// use more CPU than the limit and be throttled. With procs == cpus the
+// process can already use every CPU (whatever a limit says), so the extra
+// P adds no CPU time, only one more thread for the OS to share them among.
 //
 // Why: under --sync always the WAL writer spends most of its time in
 // fdatasync, and each request of its group waits for it. When the call
