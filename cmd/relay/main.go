@@ -102,10 +102,11 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-// defaultMaxProcs returns one P more than the CPUs (procs+1) and true,
-// unless environ sets GOMAXPROCS or the runtime's default procs is below
-// cpus: a cgroup CPU limit set it, and one more P would let the process
-// use more CPU than the limit and be throttled. With procs == cpus the
+// defaultMaxProcs returns one P more than the CPUs (cpus+1) and true,
+// unless environ sets GOMAXPROCS or procs (the runtime's default) is not
+// cpus. Below cpus, a cgroup CPU limit set it, and one more P would let
+// the process use more CPU than the limit and be throttled; above, it was
+// raised already (run called again). With procs == cpus the
 // process can already use every CPU (whatever a limit says), so the extra
 // P adds no CPU time, only one more thread for the OS to share them among.
 //
@@ -124,10 +125,10 @@ func defaultMaxProcs(environ []string, procs, cpus int) (int, bool) {
 			return 0, false
 		}
 	}
-	if procs < cpus {
+	if procs != cpus {
 		return 0, false
 	}
-	return procs + 1, true
+	return cpus + 1, true
 }
 
 // DefaultMemoryLimit is the soft memory limit (runtime/debug.SetMemoryLimit)

@@ -89,6 +89,7 @@ func TestDefaultMaxProcs(t *testing.T) {
 		{"GOMAXPROCS set", []string{"GOMAXPROCS=2"}, 2, 2, 0},
 		{"GOMAXPROCS empty (the runtime ignores it)", []string{"GOMAXPROCS="}, 8, 8, 9},
 		{"a CPU limit below the CPUs", nil, 2, 8, 0},
+		{"raised already (run called again)", nil, 3, 2, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
