@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,7 +11,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -51,12 +51,7 @@ func kindName(k spool.Kind) string {
 func runDump(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("relay spool dump", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	def := "./relay-data"
-	for _, kv := range environ {
-		if v, ok := strings.CutPrefix(kv, config.EnvName("data-dir")+"="); ok && v != "" {
-			def = v
-		}
-	}
+	def := cmp.Or(envValue(environ, config.EnvName("data-dir")), "./relay-data")
 	dir := fs.String("data-dir", def, "the relay's data dir (default from RELAY_DATA_DIR)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

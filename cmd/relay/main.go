@@ -120,12 +120,7 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 // bench/RESULTS.md). The spare P costs nothing when the writer is not
 // waiting for one: the OS shares the CPUs among the threads.
 func defaultMaxProcs(environ []string, procs, cpus int) (int, bool) {
-	for _, kv := range environ {
-		if v, ok := strings.CutPrefix(kv, "GOMAXPROCS="); ok && v != "" {
-			return 0, false
-		}
-	}
-	if procs != cpus {
+	if envValue(environ, "GOMAXPROCS") != "" || procs != cpus {
 		return 0, false
 	}
 	return cpus + 1, true
@@ -153,12 +148,22 @@ const DefaultMemoryLimit = 120 << 20
 // defaultMemoryLimit returns DefaultMemoryLimit and true unless environ sets
 // GOMEMLIMIT (also to "off"): the runtime has applied that one itself.
 func defaultMemoryLimit(environ []string) (int64, bool) {
-	for _, kv := range environ {
-		if v, ok := strings.CutPrefix(kv, "GOMEMLIMIT="); ok && v != "" {
-			return 0, false
-		}
+	if envValue(environ, "GOMEMLIMIT") != "" {
+		return 0, false
 	}
 	return DefaultMemoryLimit, true
+}
+
+// envValue is the last non-empty value of the variable name in environ
+// (os.Environ's form, "KEY=value"), or "" when it has none.
+func envValue(environ []string, name string) string {
+	val := ""
+	for _, kv := range environ {
+		if v, ok := strings.CutPrefix(kv, name+"="); ok && v != "" {
+			val = v
+		}
+	}
+	return val
 }
 
 func usage(w io.Writer) {
