@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # bench/compare.sh: the same load, in one run, against
 #   (a) the relay with --sync always, (b) the relay with --sync none,
-#   (c) nginx as a plain reverse proxy,
+#   (c) nginx as a reverse proxy (tuned: bodies in memory, kept-alive
+#       upstream connections; the target "nginx-plain" adds one with
+#       Debian's defaults, for reference),
 # all three in front of the same counting sink (bench/sink), on 127.0.0.1 only.
 #
 # Per target and run: a closed-loop peak run (wrk or bench/loadgen, --tool),
@@ -11,6 +13,7 @@
 #
 # usage: bench/compare.sh [--smoke] [--duration 10] [--events 100] [--conns 32]
 #                         [--runs 3] [--tool wrk|loadgen] [--targets "always none nginx"]
+#                         (targets: always none nginx nginx-plain base-always base-none)
 #                         [--profile DIR] [--out FILE] [--base-bin RELAY]
 # --base-bin adds the targets base-always and base-none: the same load against
 # another relay binary (say, one built from the commit before a change), in the
@@ -40,7 +43,7 @@ while [ $# -gt 0 ]; do
 	--no-half) HALF=0; shift ;;
 	--out) OUT="$2"; shift 2 ;;
 	--base-bin) BASE_BIN="$(realpath "$2")"; shift 2 ;;
-	-h | --help) sed -n '2,18p' "$0"; exit 0 ;;
+	-h | --help) sed -n '2,21p' "$0"; exit 0 ;;
 	*) echo "compare.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
@@ -194,26 +197,16 @@ start_target() { # name run
 			TURL="http://127.0.0.1:$port/2/httpapi"
 		done
 		;;
-	nginx)
+	nginx | nginx-plain)
 		ADMIN=""
 		mkdir -p "$TMP/nginx"
-		local user=""
+		local user="" http
 		# As root, nginx would run its workers as nobody, who cannot enter $TMP.
 		[ "$(id -u)" -eq 0 ] && user="user root;"
-		cat >"$TMP/nginx/nginx.conf" <<EOF
-$user
-worker_processes auto;
-daemon off;
-pid $TMP/nginx/nginx.pid;
-error_log $TMP/nginx/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path $TMP/nginx/body;
-  proxy_temp_path $TMP/nginx/proxy;
-  fastcgi_temp_path $TMP/nginx/fastcgi;
-  uwsgi_temp_path $TMP/nginx/uwsgi;
-  scgi_temp_path $TMP/nginx/scgi;
+		if [ "$1" = nginx ]; then
+			# Tuned: the body kept in memory, kept-alive upstream
+			# connections, no access log. The ratio targets use this one.
+			http="access_log off;
   client_max_body_size 20m;
   client_body_buffer_size 1m;
   upstream sink { server $SINK; keepalive 64; }
@@ -222,9 +215,35 @@ http {
     location / {
       proxy_pass http://sink;
       proxy_http_version 1.1;
-      proxy_set_header Connection "";
+      proxy_set_header Connection \"\";
     }
-  }
+  }"
+		else
+			# Plain: only proxy_pass, the rest Debian's defaults (an
+			# access log, a 16 KiB body buffer so that larger bodies go
+			# through a temp file, a new upstream connection per
+			# request). A reference for the issue's figures, not a target.
+			http="access_log $TMP/nginx/access.log;
+  client_max_body_size 20m;
+  server {
+    listen 127.0.0.1:$port;
+    location / { proxy_pass http://$SINK; }
+  }"
+		fi
+		cat >"$TMP/nginx/nginx.conf" <<EOF
+$user
+worker_processes auto;
+daemon off;
+pid $TMP/nginx/nginx.pid;
+error_log $TMP/nginx/error.log warn;
+events { worker_connections 4096; }
+http {
+  client_body_temp_path $TMP/nginx/body;
+  proxy_temp_path $TMP/nginx/proxy;
+  fastcgi_temp_path $TMP/nginx/fastcgi;
+  uwsgi_temp_path $TMP/nginx/uwsgi;
+  scgi_temp_path $TMP/nginx/scgi;
+  $http
 }
 EOF
 		"$NGINX" -e "$TMP/nginx/error.log" -p "$TMP/nginx" -c "$TMP/nginx/nginx.conf" >"$TMP/nginx/stdout.log" 2>&1 &
@@ -359,19 +378,20 @@ median() { # target column
 		name=$(label "$t")
 		echo "| $name | $(median "$t" 3) | $(median "$t" 4) | $(median "$t" 5) | $(median "$t" 6) | $(median "$t" 8) | $(median "$t" 9) | $(median "$t" 10) | $(median "$t" 11) | $(median "$t" 12) | $(median "$t" 13) |"
 	done
-	if echo " $TARGETS " | grep -q " nginx "; then
-		n_eps=$(median nginx 3)
-		n_rps=$(median nginx 4)
-		n_cpu=$(median nginx 11)
-		n_rss=$(median nginx 12)
+	for ref in nginx nginx-plain; do
+		echo " $TARGETS " | grep -q " $ref " || continue
+		n_eps=$(median "$ref" 3)
+		n_rps=$(median "$ref" 4)
+		n_cpu=$(median "$ref" 11)
+		n_rss=$(median "$ref" 12)
 		echo
 		for t in always none base-always base-none; do
 			echo " $TARGETS " | grep -q " $t " || continue
-			awk -v t="$(label "$t")" -v a="$(median "$t" 3)" -v b="$n_eps" -v c="$(median "$t" 11)" -v d="$n_cpu" \
+			awk -v t="$(label "$t")" -v r="$ref" -v a="$(median "$t" 3)" -v b="$n_eps" -v c="$(median "$t" 11)" -v d="$n_cpu" \
 				-v e="$(median "$t" 12)" -v f="$n_rss" -v g="$(median "$t" 4)" -v h="$n_rps" \
-				'BEGIN{printf "%s / nginx: events/s %.2fx, requests/s %.2fx, CPU per event %.2fx, peak RSS %.2fx\n", t, a/b, g/h, (d>0?c/d:0), (f>0?e/f:0)}'
+				'BEGIN{printf "%s / %s: events/s %.2fx, requests/s %.2fx, CPU per event %.2fx, peak RSS %.2fx\n", t, r, a/b, g/h, (d>0?c/d:0), (f>0?e/f:0)}'
 		done
-	fi
+	done
 	echo
 	echo "raw runs (target run events/s req/s p50 p99 half_p50 half_p99 delivered/s lag_p99 cpu_s_per_M rss_MiB errors):"
 	cat "$RESULTS"
