@@ -106,9 +106,9 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 // unless environ sets GOMAXPROCS or procs (the runtime's default) is not
 // cpus. Below cpus, a cgroup CPU limit set it, and one more P would let
 // the process use more CPU than the limit and be throttled; above, it was
-// raised already (run called again). With procs == cpus the
-// process can already use every CPU (whatever a limit says), so the extra
-// P adds no CPU time, only one more thread for the OS to share them among.
+// raised already (run called again). With procs == cpus the process can
+// already use every CPU (whatever a limit says), so the extra P adds no
+// CPU time, only one more thread for the OS to share them among.
 //
 // Why: under --sync always the WAL writer spends most of its time in
 // fdatasync, and each request of its group waits for it. When the call

@@ -43,8 +43,9 @@ const (
 	// frees at once, so that under load the writer reuses a file instead
 	// of allocating a new one, whose fdatasyncs also write the extents'
 	// metadata. With 2, half the rotations at 1M events/s made a new
-	// file; 8 gave +5% events/s (median of 4 interleaved runs). Spares are only what the WAL once held,
-	// and are removed when the spool goes idle.
+	// file; 8 gave +5% events/s (median of 4 interleaved runs). Spares
+	// are only what the WAL once held, and are removed when the spool
+	// goes idle.
 	maxSpares = 8
 	// defaultIdleAfter: when nothing was appended for this long, the WAL
 	// writer gives up its segment and the spare files are removed, so that
