@@ -218,10 +218,12 @@ start_target() { # name run
 			# passes what the issue measured for "a plain reverse proxy"
 			# (bench/RESULTS.md, tenth session): the ratio targets use it.
 			conns=768
+			local mime=""
+			[ -f /etc/nginx/mime.types ] && mime="include /etc/nginx/mime.types;"
 			http="sendfile on;
   tcp_nopush on;
   types_hash_max_size 2048;
-  include /etc/nginx/mime.types;
+  $mime
   default_type application/octet-stream;
   access_log $TMP/nginx/access.log;
   gzip on;
