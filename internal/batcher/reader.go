@@ -57,16 +57,20 @@ func (lr *laneRunner) read(ctx context.Context) {
 	limit := int64(lr.p.cfg.MaxReadAheadBytes)
 	step := lr.step()
 	per := make([][]item, len(lr.shards))
+	var recs []spool.Record // reused by NextInto: every record is copied into an item
 	for {
 		free, ok := lr.waitBudget(ctx, limit, func() {
-			// About to wait: the hand-over slices need not keep their
-			// capacity meanwhile.
+			// About to wait: the hand-over slices and the records
+			// need not keep their capacity meanwhile (with many lanes,
+			// most wait for the budget).
 			clear(per)
+			recs = nil
 		})
 		if !ok {
 			return
 		}
-		chunks, err := lr.lane.Next(ctx, int(min(free, step)))
+		chunks, more, err := lr.lane.NextInto(ctx, int(min(free, step)), recs)
+		recs = more
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, spool.ErrClosed) {
 				return
@@ -97,6 +101,8 @@ func (lr *laneRunner) read(ctx context.Context) {
 				per[i] = append(per[i], item{rec: r, ck: ck, enq: now})
 			}
 		}
+		clear(recs) // the items hold the records now: keep no chunk's buffer alive
+		recs = recs[:0]
 		lr.acquire(total)
 		for i, its := range per {
 			if len(its) == 0 {

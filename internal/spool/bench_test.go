@@ -86,7 +86,12 @@ func benchAppend(b *testing.B, mode SyncMode, per, par int) {
 
 // BenchmarkDrain measures Next+Ack over a backlog of 100-record chunks in
 // bbolt (appended, then the spool reopened).
-func BenchmarkDrain(b *testing.B) {
+func BenchmarkDrain(b *testing.B) { benchDrain(b, false) }
+
+// BenchmarkDrainInto is BenchmarkDrain with NextInto, as the batcher reads.
+func BenchmarkDrainInto(b *testing.B) { benchDrain(b, true) }
+
+func benchDrain(b *testing.B, into bool) {
 	dir := b.TempDir()
 	s, err := Open(Config{Dir: dir, Sync: SyncNone, CompactMinFileBytes: -1}, nil, nil)
 	if err != nil {
@@ -121,8 +126,14 @@ func BenchmarkDrain(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	start := time.Now()
+	var reuse []Record
 	for n := 0; n < b.N; {
-		cs, err := l.Next(ctx, 4<<20)
+		var cs []Chunk
+		if into {
+			cs, reuse, err = l.NextInto(ctx, 4<<20, reuse)
+		} else {
+			cs, err = l.Next(ctx, 4<<20)
+		}
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -265,11 +265,14 @@ func (b *Batch) Bytes() int {
 
 // records returns the records of a chunk built by a Batch from its index
 // (nil when cb has none), aliasing cb.b.
-func (cb *chunkBuf) records(n int) []Record {
+func (cb *chunkBuf) records(n int) []Record { return cb.recordsInto(n, nil) }
+
+// recordsInto is records with the slice taken from slab.
+func (cb *chunkBuf) recordsInto(n int, slab *recSlab) []Record {
 	if len(cb.idx) != 6*n {
 		return nil
 	}
-	rs := make([]Record, n)
+	rs := slab.take(n)
 	field := func(i int) []byte {
 		off, l := cb.idx[i], cb.idx[i+1]
 		if l == 0 {

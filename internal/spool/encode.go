@@ -64,7 +64,10 @@ func chunkHeader(v []byte) (acceptedMs int64, n int, err error) {
 }
 
 // decodeChunk decodes v into c; the records alias v.
-func decodeChunk(seq uint64, v []byte, c *Chunk) error {
+func decodeChunk(seq uint64, v []byte, c *Chunk) error { return decodeChunkInto(seq, v, c, nil) }
+
+// decodeChunkInto is decodeChunk with c.Records taken from slab.
+func decodeChunkInto(seq uint64, v []byte, c *Chunk, slab *recSlab) error {
 	ms, n, err := chunkHeader(v)
 	if err != nil {
 		return err
@@ -75,7 +78,7 @@ func decodeChunk(seq uint64, v []byte, c *Chunk) error {
 	c.Seq = seq
 	c.Accepted = time.UnixMilli(ms)
 	c.Size = len(v)
-	c.Records = make([]Record, n)
+	c.Records = slab.take(n)
 	p := v[chunkHeaderLen:]
 	for i := range c.Records {
 		r := &c.Records[i]
