@@ -298,9 +298,10 @@ type Lane struct {
 
 	// Reader (Next) only.
 	readSeq uint64
-	raw     []rawChunk // scratch of read
-	adv     spans      // scratch of read
-	refs    []hotRef   // scratch of takeHot
+	raw     []rawChunk  // scratch of read
+	adv     spans       // scratch of read
+	refs    []hotRef    // scratch of takeHot
+	idle    *time.Timer // of wait
 }
 
 // hotRef is a reference the reader took on a hot chunk's buffer.
@@ -450,12 +451,43 @@ func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]C
 			l.readSeq = firstHot // everything below was acknowledged already
 			continue
 		}
+		if err := l.wait(ctx, ch, slab); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// recIdleDrop is how long a reader waits for chunks before NextInto drops
+// the records slice it was given: an idle lane's reader keeps nothing (a
+// fleet relay's idle lanes would otherwise each keep their largest read's,
+// up to ~150 KB), while a busy one keeps reusing it (at the 100-event peak
+// the reader waits, briefly, before most of its reads). A variable for
+// tests.
+var recIdleDrop = time.Second
+
+// wait waits for the lane to change (ch), dropping slab's buffer when that
+// takes longer than recIdleDrop.
+func (l *Lane) wait(ctx context.Context, ch <-chan struct{}, slab *recSlab) error {
+	var idle <-chan time.Time
+	if slab != nil && slab.buf != nil {
+		if l.idle == nil {
+			l.idle = time.NewTimer(recIdleDrop)
+		} else {
+			l.idle.Reset(recIdleDrop)
+		}
+		defer l.idle.Stop()
+		idle = l.idle.C
+	}
+	for {
 		select {
 		case <-ch:
+			return nil
+		case <-idle:
+			slab.buf, idle = nil, nil
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return ctx.Err()
 		case <-l.s.closing:
-			return nil, ErrClosed
+			return ErrClosed
 		}
 	}
 }

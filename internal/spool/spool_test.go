@@ -604,3 +604,64 @@ func TestNextInto(t *testing.T) {
 		t.Fatalf("read %d records of %d", read, n)
 	}
 }
+
+// TestNextIntoIdle checks that NextInto keeps reusing the slice across a
+// short wait for chunks and drops it when the wait passes recIdleDrop.
+func TestNextIntoIdle(t *testing.T) {
+	old := recIdleDrop
+	recIdleDrop = 100 * time.Millisecond
+	t.Cleanup(func() { recIdleDrop = old })
+	s := openTest(t, Config{})
+	l := mustLane(t, s, testKey(1))
+	ctx := context.Background()
+	n := 0
+	appendAfter := func(d time.Duration) chan error {
+		done := make(chan error, 1)
+		time.AfterFunc(d, func() {
+			var b Batch
+			b.Add(rec(1, n, 10))
+			n++
+			done <- s.Append(ctx, l, &b)
+		})
+		return done
+	}
+	next := func(recs []Record) ([]Chunk, []Record) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		cs, recs, err := l.NextInto(ctx, 1<<20, recs)
+		if err != nil {
+			t.Fatalf("NextInto: %v", err)
+		}
+		return cs, recs
+	}
+	if err := <-appendAfter(0); err != nil {
+		t.Fatal(err)
+	}
+	_, recs := next(nil)
+	first := &recs[0]
+
+	done := appendAfter(10 * time.Millisecond) // a short wait
+	cs, recs := next(recs)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if &cs[0].Records[0] != first {
+		t.Fatal("NextInto dropped the slice after a short wait")
+	}
+	if _, id := recID(cs[0].Records[0]); id != 1 {
+		t.Fatalf("read record %d, want 1", id)
+	}
+
+	done = appendAfter(400 * time.Millisecond) // longer than recIdleDrop
+	cs, _ = next(recs)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if &cs[0].Records[0] == first {
+		t.Fatal("NextInto kept the slice through a wait longer than recIdleDrop")
+	}
+	if _, id := recID(cs[0].Records[0]); id != 2 {
+		t.Fatalf("read record %d, want 2", id)
+	}
+}
