@@ -387,7 +387,8 @@ func (l *Lane) Next(ctx context.Context, maxBytes int) ([]Chunk, error) {
 // NextInto is Next for a reader that is done with the chunks' Records
 // slices (not with the bytes they alias, which stay valid as with Next)
 // before it calls NextInto again: their Records are carved from recs,
-// grown when too small, and NextInto returns it for the next call. The
+// grown when too small and dropped when the call waits long (see
+// recIdleDrop), and NextInto returns it for the next call. The
 // batcher's reader copies every record out at once; at 100-event requests
 // a fresh slice per chunk was more than half of the bytes the relay
 // allocated (72 per record).
