@@ -211,9 +211,10 @@ start_target() { # name run
 		nginx-debian)
 			# The http settings of the /etc/nginx/nginx.conf Debian's
 			# package installs (sendfile and tcp_nopush: a body larger
-			# than the 16 KiB default buffer goes through a temp file and
-			# is sent with sendfile; an access log; gzip for text/html
-			# answers), its 768 connections per worker, and a site that
+			# than the 16 KiB default buffer goes through a temp file,
+			# and without them such bodies pass ten times slower; an
+			# access log; gzip for text/html answers), its 768
+			# connections per worker, and a site that
 			# proxies to kept-alive upstream connections. On this box it
 			# passes what the issue measured for "a plain reverse proxy"
 			# (bench/RESULTS.md, tenth session): the ratio targets use it.
