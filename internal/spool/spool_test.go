@@ -609,7 +609,6 @@ func TestNextInto(t *testing.T) {
 // short wait for chunks and drops it when the wait passes recIdleDrop.
 func TestNextIntoIdle(t *testing.T) {
 	old := recIdleDrop
-	recIdleDrop = 100 * time.Millisecond
 	t.Cleanup(func() { recIdleDrop = old })
 	s := openTest(t, Config{})
 	l := mustLane(t, s, testKey(1))
@@ -641,7 +640,8 @@ func TestNextIntoIdle(t *testing.T) {
 	_, recs := next(nil)
 	first := &recs[0]
 
-	done := appendAfter(10 * time.Millisecond) // a short wait
+	recIdleDrop = 10 * time.Second // the append's fsync may be slow on a busy machine
+	done := appendAfter(10 * time.Millisecond)
 	cs, recs := next(recs)
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -653,7 +653,8 @@ func TestNextIntoIdle(t *testing.T) {
 		t.Fatalf("read record %d, want 1", id)
 	}
 
-	done = appendAfter(400 * time.Millisecond) // longer than recIdleDrop
+	recIdleDrop = 20 * time.Millisecond
+	done = appendAfter(200 * time.Millisecond)
 	cs, _ = next(recs)
 	if err := <-done; err != nil {
 		t.Fatal(err)
