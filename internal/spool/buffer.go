@@ -264,11 +264,9 @@ func (b *Batch) Bytes() int {
 }
 
 // records returns the records of a chunk built by a Batch from its index
-// (nil when cb has none), aliasing cb.b.
-func (cb *chunkBuf) records(n int) []Record { return cb.recordsInto(n, nil) }
-
-// recordsInto is records with the slice taken from slab.
-func (cb *chunkBuf) recordsInto(n int, slab *recSlab) []Record {
+// (nil when cb has none), aliasing cb.b, in a slice taken from slab (nil: a
+// fresh one).
+func (cb *chunkBuf) records(n int, slab *recSlab) []Record {
 	if len(cb.idx) != 6*n {
 		return nil
 	}

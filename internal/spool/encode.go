@@ -63,11 +63,9 @@ func chunkHeader(v []byte) (acceptedMs int64, n int, err error) {
 	return int64(binary.BigEndian.Uint64(v[1:9])), int(binary.BigEndian.Uint32(v[9:13])), nil
 }
 
-// decodeChunk decodes v into c; the records alias v.
-func decodeChunk(seq uint64, v []byte, c *Chunk) error { return decodeChunkInto(seq, v, c, nil) }
-
-// decodeChunkInto is decodeChunk with c.Records taken from slab.
-func decodeChunkInto(seq uint64, v []byte, c *Chunk, slab *recSlab) error {
+// decodeChunk decodes v into c; the records alias v, c.Records is taken
+// from slab (nil: a fresh slice).
+func decodeChunk(seq uint64, v []byte, c *Chunk, slab *recSlab) error {
 	ms, n, err := chunkHeader(v)
 	if err != nil {
 		return err

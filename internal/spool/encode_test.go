@@ -16,7 +16,7 @@ func FuzzDecode(f *testing.F) {
 		// Arbitrary bytes as every kind of value.
 		for _, v := range [][]byte{okey, uid, data, []byte(apiKey)} {
 			var c Chunk
-			_ = decodeChunk(1, v, &c)
+			_ = decodeChunk(1, v, &c, nil)
 			_, _, _ = decodeLane(v)
 			_, _ = decodeDead(1, v)
 		}
@@ -28,14 +28,14 @@ func FuzzDecode(f *testing.F) {
 		b.Add(r)
 		putChunkHeader(b.cb.b, 42, b.n)
 		var c Chunk
-		if err := decodeChunk(7, b.cb.b, &c); err != nil {
+		if err := decodeChunk(7, b.cb.b, &c, nil); err != nil {
 			t.Fatal(err)
 		}
 		if len(c.Records) != 3 || !sameRecord(c.Records[0], r) || !sameRecord(c.Records[1], Record{}) || !sameRecord(c.Records[2], r) {
 			t.Fatalf("chunk round trip: %+v", c.Records)
 		}
 		for cut := range b.cb.b { // every truncation is an error
-			if err := decodeChunk(7, b.cb.b[:cut], &c); err == nil {
+			if err := decodeChunk(7, b.cb.b[:cut], &c, nil); err == nil {
 				t.Fatalf("truncated chunk (%d of %d bytes) decoded", cut, len(b.cb.b))
 			}
 		}

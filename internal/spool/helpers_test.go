@@ -66,7 +66,7 @@ func checkFile(path string) error {
 					return fmt.Errorf("lane %d: seq %d >= next %d", key.Kind, seq, st.nextSeq)
 				}
 				var c Chunk
-				if err := decodeChunk(seq, v, &c); err != nil {
+				if err := decodeChunk(seq, v, &c, nil); err != nil {
 					return err
 				}
 				got.chunks++

@@ -529,9 +529,9 @@ func (l *Lane) decodeHot(refs []hotRef, slab *recSlab) ([]Chunk, error) {
 	var err error
 	for i, c := range refs {
 		out[i].buf = Buffer{c.cb}
-		if rs := c.cb.recordsInto(c.records, slab); rs != nil {
+		if rs := c.cb.records(c.records, slab); rs != nil {
 			out[i].Seq, out[i].Accepted, out[i].Size, out[i].Records = c.seq, time.UnixMilli(c.accepted), len(c.cb.b), rs
-		} else if derr := decodeChunkInto(c.seq, c.cb.b, &out[i], slab); derr != nil && err == nil {
+		} else if derr := decodeChunk(c.seq, c.cb.b, &out[i], slab); derr != nil && err == nil {
 			err = fmt.Errorf("spool read: lane %s chunk %d: %w", l.label, c.seq, derr)
 		}
 	}
@@ -614,7 +614,7 @@ func (l *Lane) read(maxBytes int, end uint64, slab *recSlab) ([]Chunk, error) {
 			cb := getBuf(len(r.v))
 			cb.b = append(cb.b, r.v...)
 			out[i].buf = Buffer{cb}
-			if err := decodeChunkInto(r.seq, cb.b, &out[i], slab); err != nil {
+			if err := decodeChunk(r.seq, cb.b, &out[i], slab); err != nil {
 				return fmt.Errorf("lane %s chunk %d: %w", l.label, r.seq, err)
 			}
 		}

@@ -56,7 +56,7 @@ func TestBatch(t *testing.T) {
 		}
 		putChunkHeader(b.cb.b, 1234, b.n)
 		var c Chunk
-		if err := decodeChunk(9, b.cb.b, &c); err != nil {
+		if err := decodeChunk(9, b.cb.b, &c, nil); err != nil {
 			t.Fatal(err)
 		}
 		if c.Seq != 9 || c.Accepted.UnixMilli() != 1234 || c.Size != b.Bytes() || len(c.Records) != len(in) {
@@ -69,7 +69,7 @@ func TestBatch(t *testing.T) {
 		}
 		// The index a hot chunk's reader uses gives the same records,
 		// empty fields as nil.
-		idx := b.cb.records(b.n)
+		idx := b.cb.records(b.n, nil)
 		if len(idx) != len(c.Records) {
 			t.Fatalf("indexed records: %d, decoded %d", len(idx), len(c.Records))
 		}
@@ -99,10 +99,10 @@ func TestBatch(t *testing.T) {
 	}
 	putChunkHeader(g.cb.b, 1, g.n)
 	var c Chunk
-	if err := decodeChunk(1, g.cb.b, &c); err != nil || len(c.Records) != 50 || !bytes.Equal(c.Records[49].Data, big.Data) {
+	if err := decodeChunk(1, g.cb.b, &c, nil); err != nil || len(c.Records) != 50 || !bytes.Equal(c.Records[49].Data, big.Data) {
 		t.Fatalf("grown batch: %d records, %v", len(c.Records), err)
 	}
-	if rs := g.cb.records(g.n); len(rs) != 50 || !bytes.Equal(rs[49].Data, big.Data) || !bytes.Equal(rs[0].OrderKey, big.OrderKey) {
+	if rs := g.cb.records(g.n, nil); len(rs) != 50 || !bytes.Equal(rs[49].Data, big.Data) || !bytes.Equal(rs[0].OrderKey, big.OrderKey) {
 		t.Fatalf("grown batch's index: %d records", len(rs))
 	}
 	if n := cap(g.cb.b); classSize(bufClass(n)) != n {
@@ -489,10 +489,10 @@ func TestBatchAddFunc(t *testing.T) {
 	}
 	putChunkHeader(b.cb.b, 1, b.n)
 	var c Chunk
-	if err := decodeChunk(1, b.cb.b, &c); err != nil {
+	if err := decodeChunk(1, b.cb.b, &c, nil); err != nil {
 		t.Fatal(err)
 	}
-	for name, rs := range map[string][]Record{"decoded": c.Records, "indexed": b.cb.records(b.n)} {
+	for name, rs := range map[string][]Record{"decoded": c.Records, "indexed": b.cb.records(b.n, nil)} {
 		if len(rs) != len(want) {
 			t.Fatalf("%s: %d records", name, len(rs))
 		}
