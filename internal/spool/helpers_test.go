@@ -146,6 +146,18 @@ func nextT(t testing.TB, l *Lane, maxBytes int) []Chunk {
 	return cs
 }
 
+// nextIntoT calls NextInto with a deadline.
+func nextIntoT(t testing.TB, l *Lane, recs []Record) ([]Chunk, []Record) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cs, recs, err := l.NextInto(ctx, 1<<20, recs)
+	if err != nil {
+		t.Fatalf("NextInto: %v", err)
+	}
+	return cs, recs
+}
+
 // drainAvailable reads everything committed in l now, without blocking.
 func drainAvailable(t testing.TB, l *Lane) []Chunk {
 	t.Helper()

@@ -519,10 +519,7 @@ func TestBatchAddFunc(t *testing.T) {
 func TestNextInto(t *testing.T) {
 	dir := t.TempDir()
 	ctx := context.Background()
-	s, err := Open(Config{Dir: dir}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openTest(t, Config{Dir: dir})
 	l := mustLane(t, s, testKey(1))
 	n := 0
 	appendChunks := func(s *Spool, l *Lane, chunks, per int) {
@@ -542,12 +539,7 @@ func TestNextInto(t *testing.T) {
 	read := 0
 	nextInto := func(l *Lane, recs []Record) ([]Chunk, []Record) {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		cs, recs, err := l.NextInto(ctx, 1<<20, recs)
-		if err != nil {
-			t.Fatalf("NextInto: %v", err)
-		}
+		cs, recs := nextIntoT(t, l, recs)
 		total := 0
 		for _, c := range cs {
 			for _, r := range c.Records {
@@ -571,7 +563,7 @@ func TestNextInto(t *testing.T) {
 	// call, and the records carved before stay intact.
 	appendChunks(s, l, 6, 100)
 	_, recs := nextInto(l, nil)
-	first := &recs[:1][0]
+	first := &recs[0]
 
 	// The next call carves from the same slice.
 	appendChunks(s, l, 2, 50)
@@ -624,25 +616,15 @@ func TestNextIntoIdle(t *testing.T) {
 		})
 		return done
 	}
-	next := func(recs []Record) ([]Chunk, []Record) {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		cs, recs, err := l.NextInto(ctx, 1<<20, recs)
-		if err != nil {
-			t.Fatalf("NextInto: %v", err)
-		}
-		return cs, recs
-	}
 	if err := <-appendAfter(0); err != nil {
 		t.Fatal(err)
 	}
-	_, recs := next(nil)
+	_, recs := nextIntoT(t, l, nil)
 	first := &recs[0]
 
 	recIdleDrop = 10 * time.Second // the append's fsync may be slow on a busy machine
 	done := appendAfter(10 * time.Millisecond)
-	cs, recs := next(recs)
+	cs, recs := nextIntoT(t, l, recs)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -655,7 +637,7 @@ func TestNextIntoIdle(t *testing.T) {
 
 	recIdleDrop = 20 * time.Millisecond
 	done = appendAfter(200 * time.Millisecond)
-	cs, _ = next(recs)
+	cs, _ = nextIntoT(t, l, recs)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
