@@ -207,6 +207,16 @@ start_target() { # name run
 		local user="" http conns=4096
 		# As root, nginx would run its workers as nobody, who cannot enter $TMP.
 		[ "$(id -u)" -eq 0 ] && user="user root;"
+		# The site of nginx-debian and nginx: kept-alive upstream connections.
+		local keptalive="upstream sink { server $SINK; keepalive 64; }
+  server {
+    listen 127.0.0.1:$port;
+    location / {
+      proxy_pass http://sink;
+      proxy_http_version 1.1;
+      proxy_set_header Connection \"\";
+    }
+  }"
 		case "$1" in
 		nginx-debian)
 			# The http settings of the /etc/nginx/nginx.conf Debian's
@@ -214,9 +224,8 @@ start_target() { # name run
 			# than the 16 KiB default buffer goes through a temp file,
 			# and without them such bodies pass ten times slower; an
 			# access log; gzip for text/html answers), its 768
-			# connections per worker, and a site that
-			# proxies to kept-alive upstream connections. On this box it
-			# passes what the issue measured for "a plain reverse proxy"
+			# connections per worker, and the kept-alive site. On this
+			# box it passes what the issue measured for "a plain reverse proxy"
 			# (bench/RESULTS.md, tenth session): the ratio targets use it.
 			conns=768
 			local mime=""
@@ -229,15 +238,7 @@ start_target() { # name run
   access_log $TMP/nginx/access.log;
   gzip on;
   client_max_body_size 20m;
-  upstream sink { server $SINK; keepalive 64; }
-  server {
-    listen 127.0.0.1:$port;
-    location / {
-      proxy_pass http://sink;
-      proxy_http_version 1.1;
-      proxy_set_header Connection \"\";
-    }
-  }"
+  $keptalive"
 			;;
 		nginx)
 			# Tuned: the body kept in memory, kept-alive upstream
@@ -246,15 +247,7 @@ start_target() { # name run
 			http="access_log off;
   client_max_body_size 20m;
   client_body_buffer_size 1m;
-  upstream sink { server $SINK; keepalive 64; }
-  server {
-    listen 127.0.0.1:$port;
-    location / {
-      proxy_pass http://sink;
-      proxy_http_version 1.1;
-      proxy_set_header Connection \"\";
-    }
-  }"
+  $keptalive"
 			;;
 		*)
 			# Plain: proxy_pass and nginx's built-in defaults (an
