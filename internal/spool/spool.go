@@ -393,24 +393,21 @@ func (l *Lane) Next(ctx context.Context, maxBytes int) ([]Chunk, error) {
 // a fresh slice per chunk was more than half of the bytes the relay
 // allocated (72 per record).
 func (l *Lane) NextInto(ctx context.Context, maxBytes int, recs []Record) ([]Chunk, []Record, error) {
-	slab := recSlab{buf: recs[:0], reuse: true}
+	slab := recSlab{buf: recs[:0]}
 	chunks, err := l.nextChunks(ctx, maxBytes, &slab)
 	return chunks, slab.buf, err
 }
 
-// recSlab hands out the Records slices of one Next call: each a fresh
-// allocation, or with reuse (NextInto) the next part of buf. A slice that
+// recSlab hands out the Records slices of one NextInto call, each the next
+// part of buf (a nil *recSlab, Next's, hands out fresh ones). A slice that
 // does not fit gets a new, larger buf; those handed out before keep the
 // old one.
-type recSlab struct {
-	buf   []Record
-	reuse bool
-}
+type recSlab struct{ buf []Record }
 
 // take returns a slice of n records. Reused ones hold the records of an
 // earlier call: the caller sets every field.
 func (s *recSlab) take(n int) []Record {
-	if s == nil || !s.reuse {
+	if s == nil {
 		return make([]Record, n)
 	}
 	used := len(s.buf)
