@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math"
@@ -43,6 +44,18 @@ type Config struct {
 	// IdleTimeout bounds the wait for the next request on a keep-alive
 	// connection; 0 means DefaultIdleTimeout.
 	IdleTimeout time.Duration
+
+	// Issue 19 (connections) and 23 (TLS).
+
+	// MaxConnections bounds the connections held open at once, over every
+	// listener given to Serve; 0 means DefaultMaxConnections. Beyond it a
+	// new connection waits in the kernel's accept queue until one closes
+	// (and is refused by the kernel once that queue is full).
+	MaxConnections int
+	// TLS, when not nil, serves every listener given to Serve over TLS with
+	// this configuration (its GetCertificate may change the certificate at
+	// run time, see package tlsreload); nil means plain HTTP.
+	TLS *tls.Config
 }
 
 // Defaults of Config.
@@ -52,6 +65,7 @@ const (
 	DefaultReadTimeout     = 60 * time.Second
 	DefaultWriteTimeout    = 30 * time.Second
 	DefaultIdleTimeout     = 120 * time.Second
+	DefaultMaxConnections  = 16384
 )
 
 // maxMaxRequestBytes keeps the fasthttp body limit (an int, with slack) and
@@ -69,6 +83,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("ingest: RetryAfter %v is negative", c.RetryAfter)
 	case c.ReadTimeout < 0, c.WriteTimeout < 0, c.IdleTimeout < 0:
 		return errors.New("ingest: negative timeout")
+	case c.MaxConnections < 0:
+		return fmt.Errorf("ingest: MaxConnections %d is negative", c.MaxConnections)
+	case c.TLS != nil && c.TLS.GetCertificate == nil && c.TLS.GetConfigForClient == nil && len(c.TLS.Certificates) == 0:
+		return errors.New("ingest: TLS has no certificate")
 	}
 	for _, p := range c.TrustedProxies {
 		if !p.IsValid() {
@@ -98,6 +116,9 @@ func (c Config) withDefaults() Config {
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = DefaultIdleTimeout
 	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = DefaultMaxConnections
+	}
 	trusted := make([]netip.Prefix, len(c.TrustedProxies))
 	for i, p := range c.TrustedProxies {
 		// Addresses are compared unmapped, so a 4-in-6 prefix becomes IPv4.
@@ -119,12 +140,15 @@ const maxLaneCache = 1 << 16
 type Server struct {
 	cfg        Config
 	maxBody    int // MaxRequestBytes as an int
+	readLimit  int // the body limit fasthttp enforces while reading (see New)
 	retryAfter string
 	sp         *spool.Spool
 	ids        *event.IDGen
 	log        *zap.Logger // errors worth seeing every time
 	rejLog     *zap.Logger // sampled: rejections and HTTP-level errors
 	m          *metrics
+	cm         *connMetrics
+	conns      *connLimiter
 	srv        *graceful.Server
 
 	// base is the context of spool calls: cancelled only when Shutdown's
@@ -164,6 +188,11 @@ func New(cfg Config, sp *spool.Spool, ids *event.IDGen, log *zap.Logger, reg pro
 	if err != nil {
 		return nil, fmt.Errorf("ingest: register metrics: %w", err)
 	}
+	conns := newConnLimiter(cfg.MaxConnections)
+	cm, err := newConnMetrics(reg, conns)
+	if err != nil {
+		return nil, fmt.Errorf("ingest: register metrics: %w", err)
+	}
 	s := &Server{
 		cfg:        cfg,
 		maxBody:    int(cfg.MaxRequestBytes),
@@ -177,22 +206,32 @@ func New(cfg Config, sp *spool.Spool, ids *event.IDGen, log *zap.Logger, reg pro
 			return zapcore.NewSamplerWithOptions(c, time.Second, 5, 0)
 		})),
 		m:     m,
+		cm:    cm,
+		conns: conns,
 		lanes: make(map[string]*spool.Lane),
 	}
+	// The body limit fasthttp enforces while reading. A gzip body never
+	// exceeds its inflated size by more than its headers and 5 bytes per 64
+	// KiB stored block, so with this slack a body fasthttp refuses is also
+	// too large once inflated. Plain bodies are checked exactly by the
+	// handler.
+	s.readLimit = s.maxBody + s.maxBody/64 + 64<<10
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.states.New = func() any { return new(reqState) }
 	// graceful closes, at Shutdown, connections on which no handler runs
 	// (fasthttp alone waits for a silent or idle keep-alive client until its
 	// read or idle timeout).
 	s.srv = graceful.New(&fasthttp.Server{
-		Handler:      s.handle,
-		ErrorHandler: s.handleReadError,
-		// The body limit fasthttp enforces while reading. A gzip body never
-		// exceeds its inflated size by more than its headers and 5 bytes per
-		// 64 KiB stored block, so with this slack a body fasthttp refuses is
-		// also too large once inflated. Plain bodies are checked exactly by
-		// the handler.
-		MaxRequestBodySize:           s.maxBody + s.maxBody/64 + 64<<10,
+		Handler:            s.strictHandle,
+		ErrorHandler:       s.handleReadError,
+		ExpectHandler:      s.expect,
+		ConnState:          s.connState,
+		MaxRequestBodySize: s.readLimit,
+		// The connection limit is s.conns (Serve's listeners). A worker
+		// reports its connection closed (freeing a slot) just before it
+		// becomes free itself, so fasthttp's own limit (503 beyond it) is
+		// twice that.
+		Concurrency:                  2 * cfg.MaxConnections,
 		ReadTimeout:                  cfg.ReadTimeout,
 		WriteTimeout:                 cfg.WriteTimeout,
 		IdleTimeout:                  cfg.IdleTimeout,
@@ -200,21 +239,29 @@ func New(cfg Config, sp *spool.Spool, ids *event.IDGen, log *zap.Logger, reg pro
 		DisablePreParseMultipartForm: true,
 		NoDefaultServerHeader:        true,
 		CloseOnShutdown:              true,
-		TCPKeepalive:                 true,
-		Logger:                       fasthttpLogger{s.rejLog},
+		// fasthttp's TCPKeepalive stays off: an accepted connection whose
+		// SetKeepAlive fails would end its Serve. net.Listen's connections
+		// have TCP keep-alive on already (15s).
+		SecureErrorLogMessage: true,
+		Logger:                fasthttpLogger{s.rejLog},
 	})
 	return s, nil
 }
 
 // Handler returns the request handler (POST /2/httpapi, POST /batch, GET
-// /healthz). Serve uses it with a fasthttp.Server configured from Config; a
-// caller that serves it with its own fasthttp.Server must set that server's
-// MaxRequestBodySize and timeouts itself.
-func (s *Server) Handler() fasthttp.RequestHandler { return s.handle }
+// /healthz), with the strict checks of the request head. Serve uses it with
+// a fasthttp.Server configured from Config; a caller that serves it with its
+// own fasthttp.Server must set that server's MaxRequestBodySize, timeouts
+// and ExpectHandler itself.
+func (s *Server) Handler() fasthttp.RequestHandler { return s.strictHandle }
 
-// Serve accepts connections on ln and serves them until Shutdown. It returns
-// nil after Shutdown, and the listener's error if accepting fails otherwise.
-// Serve may be called for several listeners; ln is closed by Shutdown.
+// Serve accepts connections on ln and serves them until Shutdown, over TLS
+// when Config.TLS is set. It returns nil after Shutdown, and the listener's
+// error if accepting fails otherwise; accept errors that end when resources
+// free up (out of file descriptors, ENOBUFS, ECONNABORTED...) are retried
+// after a pause (5ms doubling up to 1s) instead. Serve may be called for
+// several listeners; together they hold at most Config.MaxConnections
+// connections. ln is closed by Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
 	s.lnMu.Lock()
 	if s.closing.Load() {
@@ -224,7 +271,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 	s.lns = append(s.lns, ln)
 	s.lnMu.Unlock()
-	if err := s.srv.Serve(ln); err != nil {
+	if err := s.srv.Serve(s.wrapListener(ln)); err != nil {
 		if s.closing.Load() {
 			return nil
 		}
@@ -257,13 +304,4 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		return fmt.Errorf("ingest: shutdown: %w", err)
 	}
 	return nil
-}
-
-// fasthttpLogger sends fasthttp's own messages to a (sampled) zap logger.
-type fasthttpLogger struct{ l *zap.Logger }
-
-func (f fasthttpLogger) Printf(format string, args ...any) {
-	if ce := f.l.Check(zapcore.WarnLevel, "fasthttp"); ce != nil {
-		ce.Write(zap.String("detail", fmt.Sprintf(format, args...)))
-	}
 }

@@ -1,0 +1,282 @@
+package ingest
+
+import (
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+// Accept back-off: net/http's (5ms doubling, at most 1s).
+const (
+	acceptDelayMin = 5 * time.Millisecond
+	acceptDelayMax = time.Second
+)
+
+// retryListener is a net.Listener whose Accept waits and retries the errors
+// that end when resources free up (out of file descriptors, buffers or
+// memory, a connection aborted before it was accepted), as net/http's Serve
+// does: fasthttp's Serve returns on any accept error but a time-out, and the
+// relay would stop serving when it runs out of descriptors.
+type retryListener struct {
+	net.Listener
+	log     *zap.Logger // sampled
+	retries func()      // counts one retried accept error
+
+	closeOnce sync.Once
+	done      chan struct{} // closed by Close: ends a back-off sleep
+}
+
+func newRetryListener(ln net.Listener, log *zap.Logger, retries func()) *retryListener {
+	return &retryListener{Listener: ln, log: log, retries: retries, done: make(chan struct{})}
+}
+
+func (l *retryListener) Accept() (net.Conn, error) {
+	var delay time.Duration
+	for {
+		c, err := l.Listener.Accept()
+		if err == nil {
+			return c, nil
+		}
+		select {
+		case <-l.done:
+			return nil, net.ErrClosed
+		default:
+		}
+		if !retryableAcceptError(err) {
+			return nil, err
+		}
+		if delay == 0 {
+			delay = acceptDelayMin
+		} else {
+			delay = min(2*delay, acceptDelayMax)
+		}
+		l.retries()
+		if ce := l.log.Check(zapcore.WarnLevel, "ingest accept failed; retrying"); ce != nil {
+			// The error of accept(2) names no peer and no request content.
+			ce.Write(zap.Error(err), zap.Duration("retry_in", delay))
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-l.done:
+			t.Stop()
+			return nil, net.ErrClosed
+		}
+	}
+}
+
+func (l *retryListener) Close() error {
+	l.closeOnce.Do(func() { close(l.done) })
+	return l.Listener.Close()
+}
+
+// retryableAcceptError reports whether an accept error may end by itself:
+// a time-out, or an errno of exhausted resources or of a connection lost
+// between the handshake and the accept. Other errors (a closed or broken
+// listener) end Serve.
+func retryableAcceptError(err error) bool {
+	if errors.Is(err, net.ErrClosed) {
+		return false
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return true
+	}
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		return false
+	}
+	switch errno {
+	case syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM,
+		syscall.ECONNABORTED, syscall.ECONNRESET, syscall.EPROTO, syscall.EPERM,
+		syscall.EINTR, syscall.EAGAIN, syscall.ETIMEDOUT:
+		return true
+	}
+	return errno.Temporary()
+}
+
+// connLimiter bounds the connections a Server holds open, over all its
+// listeners. A slot is taken before accept(2) is called, so beyond the
+// bound new connections wait in the kernel's accept queue (and, once it is
+// full, the kernel refuses them); the slot is given back when fasthttp
+// reports the connection closed or hijacked (Server.connState).
+type connLimiter struct {
+	slots chan struct{}
+}
+
+func newConnLimiter(n int) *connLimiter { return &connLimiter{slots: make(chan struct{}, n)} }
+
+// open is the number of connections held.
+func (c *connLimiter) open() int { return len(c.slots) }
+
+// release gives back the slot of one closed connection.
+func (c *connLimiter) release() {
+	select {
+	case <-c.slots:
+	default: // never taken: not a connection of a limitListener
+	}
+}
+
+// limitListener takes a slot of lim for every connection it returns.
+type limitListener struct {
+	net.Listener
+	lim  *connLimiter
+	full func() // called when Accept has to wait for a slot
+
+	closeOnce sync.Once
+	done      chan struct{} // closed by Close: ends a wait for a slot
+}
+
+func newLimitListener(ln net.Listener, lim *connLimiter, full func()) *limitListener {
+	return &limitListener{Listener: ln, lim: lim, full: full, done: make(chan struct{})}
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	select {
+	case l.lim.slots <- struct{}{}:
+	default:
+		l.full()
+		select {
+		case l.lim.slots <- struct{}{}:
+		case <-l.done:
+			return nil, net.ErrClosed
+		}
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.lim.slots
+		return nil, err
+	}
+	return c, nil
+}
+
+func (l *limitListener) Close() error {
+	l.closeOnce.Do(func() { close(l.done) })
+	return l.Listener.Close()
+}
+
+// wrapListener stacks, over ln: accept retries, the connection limit, and
+// TLS when configured. fasthttp's Serve gets the result.
+func (s *Server) wrapListener(ln net.Listener) net.Listener {
+	var l net.Listener = newRetryListener(ln, s.rejLog, s.cm.acceptRetries.Inc)
+	l = newLimitListener(l, s.conns, s.connsFull)
+	if s.cfg.TLS != nil {
+		l = tls.NewListener(l, s.cfg.TLS)
+	}
+	return l
+}
+
+// connsFull notes that the connection limit holds new connections back.
+func (s *Server) connsFull() {
+	s.cm.connsFull.Inc()
+	if ce := s.rejLog.Check(zapcore.WarnLevel, "ingest connection limit reached: new connections wait"); ce != nil {
+		ce.Write(zap.Int("max_connections", s.cfg.MaxConnections))
+	}
+}
+
+// connState gives a connection's slot back when fasthttp is done with it.
+func (s *Server) connState(_ net.Conn, st fasthttp.ConnState) {
+	if st == fasthttp.StateClosed || st == fasthttp.StateHijacked {
+		s.conns.release()
+	}
+}
+
+// fasthttpLogger sends fasthttp's own messages to a (sampled) zap logger
+// without their content: fasthttp's messages quote request heads (header
+// values, query strings holding an api_key) when it cannot parse them. A
+// line says only that a connection failed, the peer's address, and a class
+// of the error; neither the format nor the error text is logged.
+type fasthttpLogger struct{ l *zap.Logger }
+
+func (f fasthttpLogger) Printf(_ string, args ...any) {
+	ce := f.l.Check(zapcore.WarnLevel, "ingest connection error")
+	if ce == nil {
+		return
+	}
+	var remote net.Addr
+	class := "other"
+	for _, a := range args {
+		switch v := a.(type) {
+		case net.Addr:
+			remote = v // fasthttp names the local address first, the peer last
+		case error:
+			class = errorClass(v)
+		}
+	}
+	fields := []zap.Field{zap.String("class", class)}
+	if remote != nil {
+		fields = append(fields, zap.String("remote", remote.String()))
+	}
+	ce.Write(fields...)
+}
+
+// errorClass names the kind of a connection error in a few fixed words.
+func errorClass(err error) string {
+	var ne net.Error
+	var small *fasthttp.ErrSmallBuffer
+	var rec tls.RecordHeaderError
+	var alert tls.AlertError
+	switch {
+	case errors.Is(err, net.ErrClosed):
+		return "closed"
+	case errors.As(err, &ne) && ne.Timeout(), errors.Is(err, os.ErrDeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "eof"
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+		return "reset"
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		return "body too large"
+	case errors.As(err, &small):
+		return "header too large"
+	case errors.As(err, &rec), errors.As(err, &alert), strings.HasPrefix(err.Error(), "tls: "):
+		return "tls"
+	}
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return "syscall"
+	}
+	return "malformed request"
+}
+
+// connMetrics are the listener's metrics.
+type connMetrics struct {
+	acceptRetries prometheus.Counter
+	connsFull     prometheus.Counter
+}
+
+func newConnMetrics(reg prometheus.Registerer, lim *connLimiter) (*connMetrics, error) {
+	m := &connMetrics{
+		acceptRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "relay_ingest_accept_retries_total",
+			Help: "Accept errors on the ingest listener (out of file descriptors, buffers...) retried after a pause.",
+		}),
+		connsFull: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "relay_ingest_connection_limit_waits_total",
+			Help: "Times the ingest listener held new connections back because --max-connections were open.",
+		}),
+	}
+	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "relay_ingest_connections",
+		Help: "Ingest connections open (at most --max-connections).",
+	}, func() float64 { return float64(lim.open()) })
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.acceptRetries, m.connsFull, open} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
