@@ -123,7 +123,9 @@ func TestMaxConnections(t *testing.T) {
 
 // TestRetryableAcceptError: which accept errors the listener retries.
 func TestRetryableAcceptError(t *testing.T) {
-	op := func(err error) error { return &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", err)} }
+	op := func(err error) error {
+		return &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", err)}
+	}
 	for _, tc := range []struct {
 		err  error
 		want bool
