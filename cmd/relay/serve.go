@@ -2,14 +2,18 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math"
 	"net"
+	"os"
+	"os/signal"
 	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -314,6 +318,37 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	log.Info("spool open", zap.String("dir", cfg.DataDir), zap.Int("lanes", st.Lanes),
 		zap.Int64("live_bytes", st.LiveBytes), zap.Int64("file_bytes", st.FileBytes), zap.Int64("dead", st.Dead))
 
+	// TLS of both listeners, reloaded on SIGHUP (issue 23).
+	ingTLS, err := loadTLS(log, "ingest", cfg.TLSCert, cfg.TLSKey)
+	if err != nil {
+		return err
+	}
+	adminTLS, err := loadTLS(log, "admin", cfg.AdminTLSCert, cfg.AdminTLSKey)
+	if err != nil {
+		return err
+	}
+	var tlsPairs []*tlsPair
+	for _, p := range []*tlsPair{ingTLS, adminTLS} {
+		if p != nil {
+			tlsPairs = append(tlsPairs, p)
+		}
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	hupCtx, stopHUP := context.WithCancel(context.Background())
+	lc.onStop("SIGHUP handler", func(context.Context) error { signal.Stop(hup); stopHUP(); return nil })
+	g.run("SIGHUP handler", func() error {
+		for {
+			select {
+			case <-hup:
+				log.Info("SIGHUP received: reloading")
+				reloadTLS(log, tlsPairs)
+			case <-hupCtx.Done():
+				return nil
+			}
+		}
+	})
+
 	// Delivery is built before the admin listener so that /readyz can ask it
 	// and the listener can serve its routes.
 	dl, err := newDeliveries(cfg, sp, log, reg)
@@ -375,12 +410,15 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	if err != nil {
 		return fmt.Errorf("admin listener: %w", err)
 	}
+	if adminTLS != nil {
+		adminLn = tls.NewListener(adminLn, adminTLS.r.TLSConfig())
+	}
 	g.run("admin listener", func() error { return admin.Serve(adminLn) })
 	lc.onStop("admin listener", func(ctx context.Context) error {
 		relayAPI.Close() // a long replay or purge stops after its current step
 		return admin.Shutdown(ctx)
 	})
-	log.Info("admin listening", zap.String("addr", adminLn.Addr().String()))
+	log.Info("admin listening", zap.String("addr", adminLn.Addr().String()), zap.Bool("tls", adminTLS != nil))
 
 	// Delivery: events, group identifies, user mappings. They share one stop
 	// (their drains run side by side within --drain-timeout).
@@ -415,10 +453,15 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	})
 
 	// Ingest listener.
-	ing, err := ingest.New(ingest.Config{
+	icfg := ingest.Config{
 		MaxRequestBytes: cfg.MaxRequestBytes,
 		TrustedProxies:  cfg.TrustedProxies,
-	}, sp, event.NewIDGen(), log.Named("ingest"), reg)
+	}
+	icfg.MaxConnections = cfg.MaxConnections // issue 19
+	if ingTLS != nil {                       // issue 23
+		icfg.TLS = ingTLS.r.TLSConfig()
+	}
+	ing, err := ingest.New(icfg, sp, event.NewIDGen(), log.Named("ingest"), reg)
 	if err != nil {
 		return err
 	}
@@ -434,7 +477,7 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		defer cancel()
 		return ing.Shutdown(ictx)
 	})
-	log.Info("ingest listening", zap.String("addr", ingLn.Addr().String()))
+	log.Info("ingest listening", zap.String("addr", ingLn.Addr().String()), zap.Bool("tls", ingTLS != nil))
 	log.Info("relay serving")
 
 	select {

@@ -72,6 +72,14 @@ type Config struct {
 	// Warnings are non-fatal findings (e.g. an unknown RELAY_* variable) for
 	// the caller to log.
 	Warnings []string
+
+	// Issues 19 and 23 (ingest listener): connections and TLS.
+	MaxConnections int // --max-connections, > 0
+	// TLSCert and TLSKey are --tls-cert and --tls-key (both or neither):
+	// the ingest listener serves TLS with them. AdminTLSCert and
+	// AdminTLSKey are the same for the admin listener. SIGHUP reloads them.
+	TLSCert, TLSKey           string
+	AdminTLSCert, AdminTLSKey string
 }
 
 // Sandbox reports whether the relay runs against its built-in simulated
@@ -181,6 +189,25 @@ var options = []option{
 		set: str(func(c *Config) *string { return &c.LogFormat })},
 	{name: "config", usage: "YAML file of settings (keys are the flag names); flags and RELAY_* variables beat it",
 		set: str(func(c *Config) *string { return &c.ConfigFile })},
+
+	// Issues 19 and 23 (ingest listener): connections and TLS.
+	{name: "max-connections", def: "16384", usage: "ingest connections held open at once; beyond it new ones wait in the accept queue",
+		set: func(c *Config, v string) error {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				return fmt.Errorf("invalid number %q", v)
+			}
+			c.MaxConnections = n
+			return nil
+		}},
+	{name: "tls-cert", usage: "PEM certificate chain: the ingest listener serves HTTPS (with --tls-key); SIGHUP reloads it",
+		set: str(func(c *Config) *string { return &c.TLSCert })},
+	{name: "tls-key", usage: "PEM private key of --tls-cert",
+		set: str(func(c *Config) *string { return &c.TLSKey })},
+	{name: "admin-tls-cert", usage: "PEM certificate chain: the admin listener serves HTTPS (with --admin-tls-key); SIGHUP reloads it",
+		set: str(func(c *Config) *string { return &c.AdminTLSCert })},
+	{name: "admin-tls-key", usage: "PEM private key of --admin-tls-cert",
+		set: str(func(c *Config) *string { return &c.AdminTLSKey })},
 }
 
 // EnvName returns the environment variable of a flag: RELAY_ plus the flag
@@ -457,6 +484,22 @@ func (c Config) Validate() error {
 	case "", "json", "console":
 	default:
 		return fmt.Errorf("--log-format %q: want json or console", c.LogFormat)
+	}
+
+	// Issues 19 and 23 (ingest listener).
+	if c.MaxConnections < 1 {
+		return fmt.Errorf("--max-connections %d: want a positive number", c.MaxConnections)
+	}
+	for _, p := range []struct{ cert, key, certV, keyV string }{
+		{"tls-cert", "tls-key", c.TLSCert, c.TLSKey},
+		{"admin-tls-cert", "admin-tls-key", c.AdminTLSCert, c.AdminTLSKey},
+	} {
+		switch {
+		case p.certV != "" && p.keyV == "":
+			return fmt.Errorf("--%s is set without --%s", p.cert, p.key)
+		case p.certV == "" && p.keyV != "":
+			return fmt.Errorf("--%s is set without --%s", p.key, p.cert)
+		}
 	}
 	return nil
 }

@@ -25,6 +25,7 @@ func TestDefaults(t *testing.T) {
 		FlushInterval: 200 * time.Millisecond, SpoolMaxBytes: 8 << 30, SpoolMinFreeBytes: 256 << 20,
 		Sync: "always", MaxRequestBytes: 20_000_000, MaxEventAge: 6 * 24 * time.Hour,
 		DrainTimeout: 10 * time.Second, LogLevel: "info",
+		MaxConnections: 16384, // issues 19 and 23 (ingest listener)
 	}
 	if !equal(c, want) {
 		t.Fatalf("defaults\n got %+v\nwant %+v", c, want)
@@ -68,6 +69,9 @@ func TestFullFile(t *testing.T) {
 		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.168.1.1/32")},
 		DrainTimeout:   20 * time.Second, LogLevel: "debug", LogFormat: "console",
 		ConfigFile: "testdata/full.yaml",
+		// Issues 19 and 23 (ingest listener).
+		MaxConnections: 1000, TLSCert: "/etc/relay/tls/cert.pem", TLSKey: "/etc/relay/tls/key.pem",
+		AdminTLSCert: "/etc/relay/tls/admin-cert.pem", AdminTLSKey: "/etc/relay/tls/admin-key.pem",
 	}
 	if !equal(c, want) {
 		t.Fatalf("\n got %+v\nwant %+v", c, want)
@@ -125,6 +129,9 @@ func TestEnvNames(t *testing.T) {
 		"RELAY_TRUSTED_PROXIES=10.0.0.0/8, ::1/128", "RELAY_DRAIN_TIMEOUT=3s",
 		"RELAY_LOG_LEVEL=warn", "RELAY_LOG_FORMAT=json", "RELAY_CONFIG=testdata/empty.yaml",
 		"RELAY_NOT_A_SETTING=1", "PATH=/bin",
+		// Issues 19 and 23 (ingest listener).
+		"RELAY_MAX_CONNECTIONS=7", "RELAY_TLS_CERT=c", "RELAY_TLS_KEY=k",
+		"RELAY_ADMIN_TLS_CERT=ac", "RELAY_ADMIN_TLS_KEY=ak",
 	}
 	c, err := Load(nil, env)
 	if err != nil {
@@ -139,6 +146,8 @@ func TestEnvNames(t *testing.T) {
 		Token: tokenOf(t, "tok"), Credentials: "testdata/credentials.yaml", Creds: &credentials.Store{},
 		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("::1/128")},
 		DrainTimeout:   3 * time.Second, LogLevel: "warn", LogFormat: "json", ConfigFile: "testdata/empty.yaml",
+		// Issues 19 and 23 (ingest listener).
+		MaxConnections: 7, TLSCert: "c", TLSKey: "k", AdminTLSCert: "ac", AdminTLSKey: "ak",
 	}
 	if !equal(c, want) {
 		t.Fatalf("\n got %+v\nwant %+v", c, want)
@@ -270,6 +279,12 @@ func TestRefusals(t *testing.T) {
 		{"unknown flag", []string{"--ingest_url", "http://x"}, nil, "flag provided but not defined"},
 		{"stray argument", []string{"serve"}, nil, `unexpected argument "serve"`},
 		{"zero request bytes", []string{"--max-request-bytes", "0"}, nil, "--max-request-bytes 0"},
+		// Issues 19 and 23 (ingest listener).
+		{"zero connections", []string{"--max-connections", "0"}, nil, "--max-connections 0"},
+		{"connections not a number", []string{"--max-connections", "many"}, nil, "--max-connections (from flag --max-connections): invalid number"},
+		{"tls cert without key", []string{"--tls-cert", "c.pem"}, nil, "--tls-cert is set without --tls-key"},
+		{"tls key without cert", nil, []string{"RELAY_TLS_KEY=k.pem"}, "--tls-key is set without --tls-cert"},
+		{"admin tls cert without key", []string{"--admin-tls-cert", "c.pem"}, nil, "--admin-tls-cert is set without --admin-tls-key"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,0 +1,173 @@
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/svcrelay/relay/internal/config"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// writeSelfSigned writes a new self-signed certificate for 127.0.0.1 with
+// serial to certFile and keyFile.
+func writeSelfSigned(t *testing.T, serial int64, certFile, keyFile string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(serial),
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestServeTLSReloadOnSIGHUP runs the relay in-process with TLS on both
+// listeners, sends the process SIGHUP after new certificates were written,
+// and checks that new connections get them while kept-alive ones go on, and
+// that a bad file keeps the certificate in use.
+func TestServeTLSReloadOnSIGHUP(t *testing.T) {
+	dir := t.TempDir()
+	ic, ik := filepath.Join(dir, "ingest.pem"), filepath.Join(dir, "ingest.key")
+	ac, ak := filepath.Join(dir, "admin.pem"), filepath.Join(dir, "admin.key")
+	writeSelfSigned(t, 1, ic, ik)
+	writeSelfSigned(t, 11, ac, ak)
+	cfg, err := config.Load([]string{
+		"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"),
+		"--spool-min-free-bytes", "0", "--drain-timeout", "2s",
+		"--tls-cert", ic, "--tls-key", ik, "--admin-tls-cert", ac, "--admin-tls-key", ak,
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zapcore.DebugLevel)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, func() {}, cfg, zap.New(core)) }()
+
+	waitLog := func(msg string, n int) {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for logs.FilterMessage(msg).Len() < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("fewer than %d %q log lines", n, msg)
+			}
+			select {
+			case err := <-done:
+				t.Fatalf("serve returned early: %v", err)
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}
+	waitLog("relay serving", 1) // the SIGHUP handler is installed before
+	addr := func(msg string) string { return logs.FilterMessage(msg).All()[0].ContextMap()["addr"].(string) }
+	urls := []string{"https://" + addr("ingest listening") + "/healthz", "https://" + addr("admin listening") + "/healthz"}
+
+	// get answers GET url on tr: the certificate serial and whether the
+	// connection was reused.
+	get := func(tr *http.Transport, url string) (int64, bool) {
+		t.Helper()
+		var reused bool
+		req, _ := http.NewRequest(http.MethodGet, url, nil)
+		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+			GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused },
+		}))
+		resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", url, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d", url, resp.StatusCode)
+		}
+		return resp.TLS.PeerCertificates[0].SerialNumber.Int64(), reused
+	}
+	newTransport := func() *http.Transport {
+		tr := &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}} // serials are checked
+		t.Cleanup(tr.CloseIdleConnections)
+		return tr
+	}
+	kept := newTransport()
+	for i, want := range []int64{1, 11} {
+		if s, _ := get(kept, urls[i]); s != want {
+			t.Fatalf("%s: serial %d, want %d", urls[i], s, want)
+		}
+	}
+
+	writeSelfSigned(t, 2, ic, ik)
+	writeSelfSigned(t, 12, ac, ak)
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitLog("tls certificate reloaded", 2)
+	fresh := newTransport()
+	for i, want := range []int64{2, 12} {
+		if s, reused := get(kept, urls[i]); s != want-1 || !reused {
+			t.Fatalf("%s kept alive: serial %d reused %v, want %d on the old connection", urls[i], s, reused, want-1)
+		}
+		if s, _ := get(fresh, urls[i]); s != want {
+			t.Fatalf("%s new connection: serial %d, want %d", urls[i], s, want)
+		}
+	}
+
+	// A bad file: logged, the certificate in use stays.
+	if err := os.WriteFile(ic, []byte("not a certificate"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitLog("tls certificate reload failed: keeping the previous certificate", 1)
+	if s, _ := get(newTransport(), urls[0]); s != 2 {
+		t.Fatalf("after a bad file: serial %d, want 2", s)
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+}
