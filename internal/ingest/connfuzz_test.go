@@ -106,7 +106,6 @@ func FuzzIngestConn(f *testing.F) {
 		<-served
 	})
 
-
 	f.Fuzz(func(t *testing.T, in []byte) {
 		c, err := ln.dial()
 		if err != nil {
