@@ -26,7 +26,16 @@
 //     path (as the upstream answers); 404 for other methods on unknown paths;
 //     405 with Allow for a wrong method on a known path.
 //   - 408, 431 and 400 for requests fasthttp cannot read (time-out, header too
-//     large, malformed HTTP); 500 {"code":500,"error":"Internal server error"}
+//     large, malformed HTTP).
+//   - 400 and a closed connection for framing RFC 9112 makes an error but
+//     fasthttp would take: Content-Length with Transfer-Encoding (whatever
+//     follows on the connection, e.g. a request smuggled behind a chunked
+//     body, is never read), obs-fold header lines, more than one
+//     Content-Encoding field (see strict.go).
+//   - `Expect: 100-continue` with a Content-Length certainly above the limit
+//     (MaxRequestBytes for a plain body, the read limit for a compressed
+//     one) gets 413 instead of `100 Continue`, and the connection is closed.
+//   - 500 {"code":500,"error":"Internal server error"}
 //     when a handler panics (the panic is recovered and logged, the process
 //     keeps serving).
 //   - GET /healthz answers 200 "ok" while the server serves.
@@ -56,8 +65,17 @@
 //     Config.MaxRequestBytes (raw body, inflated body, the batch of rewritten
 //     events, which is larger than the body by the filled insert_id and time
 //     of each event): a gzip body is inflated to at most MaxRequestBytes+1
-//     bytes, whatever its compression ratio. The number of concurrent
-//     requests is fasthttp's default Concurrency.
+//     bytes, whatever its compression ratio. At most Config.MaxConnections
+//     connections are open at once (over every listener of a Server); beyond
+//     it Accept waits for one to close, so new connections wait in the
+//     kernel's accept queue.
+//   - An accept error that ends when resources free up (EMFILE, ENFILE,
+//     ENOBUFS, ENOMEM, ECONNABORTED, time-outs...) never ends Serve: Accept
+//     pauses (5ms doubling up to 1s, as net/http) and retries.
+//   - fasthttp's own log lines (about connections it could not serve) go
+//     out as "ingest connection error" with the peer's address and a fixed
+//     class of the error only: fasthttp quotes request heads (header values,
+//     query strings holding an api_key) in its messages.
 //   - Rejections are logged through a sampler (at most a few lines a second),
 //     and counted in relay_ingest_requests_total and
 //     relay_ingest_rejected_requests_total.
@@ -72,5 +90,6 @@
 //
 // Serve runs fasthttp's accept loop and worker goroutines; each request is
 // handled on its connection's goroutine. The Server starts no goroutine of its
-// own.
+// own. With Config.TLS, the TLS handshake runs on the connection's goroutine
+// at its first read, within ReadTimeout.
 package ingest
