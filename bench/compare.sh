@@ -17,11 +17,14 @@
 #                         [--runs 3] [--tool wrk|loadgen]
 #                         [--targets "always none nginx-debian nginx"]
 #                         (targets: always none nginx-debian nginx nginx-plain
-#                          base-always base-none)
+#                          base-always base-none always-tls none-tls)
 #                         [--profile DIR] [--out FILE] [--base-bin RELAY]
 # --base-bin adds the targets base-always and base-none: the same load against
 # another relay binary (say, one built from the commit before a change), in the
 # same run, so that a change is measured against its baseline on this noisy box.
+# always-tls and none-tls: the relay serving HTTPS (--tls-cert/--tls-key, a
+# self-signed P-256 certificate made with openssl; clients do not verify it),
+# to set against always and none in the same run for the cost of TLS.
 # Installs wrk and nginx with apt-get when missing. Cleans up on exit.
 set -euo pipefail
 
@@ -174,11 +177,21 @@ start_target() { # name run
 	port=$(free_port)
 	TURL="http://127.0.0.1:$port/2/httpapi"
 	case "$1" in
-	always | none | base-always | base-none)
-		local aport attempt bin="$TMP/relay" mode="$1"
+	always | none | base-always | base-none | always-tls | none-tls)
+		local aport attempt bin="$TMP/relay" mode="$1" scheme=http tlsargs=()
 		case "$1" in base-*)
 			[ -x "${BASE_BIN:-}" ] || { echo "compare.sh: target $1 needs --base-bin" >&2; exit 2; }
 			bin="$BASE_BIN" mode="${1#base-}" ;;
+		esac
+		case "$1" in *-tls)
+			mode="${1%-tls}" scheme=https
+			if [ ! -f "$TMP/tls.key" ]; then
+				openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+					-subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 \
+					-keyout "$TMP/tls.key" -out "$TMP/tls.pem" 2>/dev/null
+			fi
+			tlsargs=(--tls-cert "$TMP/tls.pem" --tls-key "$TMP/tls.key")
+			TURL="https://127.0.0.1:$port/2/httpapi" ;;
 		esac
 		for attempt in 1 2 3; do
 			aport=$(free_port)
@@ -186,7 +199,7 @@ start_target() { # name run
 			ADMIN="http://127.0.0.1:$aport"
 			rm -rf "$TMP/data"
 			"$bin" --sync "$mode" --ingest-url "http://$SINK" --data-dir "$TMP/data" \
-				--listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$aport" --log-level warn \
+				--listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$aport" --log-level warn "${tlsargs[@]}" \
 				>"$TMP/relay-$1-$2.log" 2>&1 &
 			TPID=$!
 			PIDS+=("$TPID")
@@ -198,7 +211,7 @@ start_target() { # name run
 			stop_target
 			[ "$attempt" = 3 ] && exit 1
 			port=$(free_port)
-			TURL="http://127.0.0.1:$port/2/httpapi"
+			TURL="$scheme://127.0.0.1:$port/2/httpapi"
 		done
 		;;
 	nginx | nginx-debian | nginx-plain)
@@ -392,6 +405,7 @@ done
 label() { # target: its name in the table
 	case $1 in
 	always | none) echo "relay --sync $1" ;;
+	always-tls | none-tls) echo "relay --sync ${1%-tls}, TLS" ;;
 	base-always | base-none) echo "base relay --sync ${1#base-}" ;;
 	*) echo "$1" ;;
 	esac
