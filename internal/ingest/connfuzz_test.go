@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -46,17 +47,23 @@ func (l *memListener) Addr() net.Addr { return memAddr }
 
 var memAddr = &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 8080}
 
-// dial returns the client side of a new connection the listener accepts.
-func (l *memListener) dial() (*memConn, error) {
+// dial returns the client side of a new connection the listener accepts,
+// or an error when it accepts none within wait (a connection slot that was
+// never given back would show so).
+func (l *memListener) dial(wait time.Duration) (*memConn, error) {
 	c2s, fromClient := io.Pipe()
 	s2c, fromServer := io.Pipe()
 	client := &memConn{r: s2c, w: fromClient}
 	server := &memConn{r: c2s, w: fromServer}
+	t := time.NewTimer(wait)
+	defer t.Stop()
 	select {
 	case l.conns <- server:
 		return client, nil
 	case <-l.done:
 		return nil, net.ErrClosed
+	case <-t.C:
+		return nil, errors.New("no connection accepted")
 	}
 }
 
@@ -81,7 +88,8 @@ func (c *memConn) SetWriteDeadline(time.Time) error { return nil }
 // listener (request lines, headers, body framing, pipelining) through the
 // whole server: the connection handling, the strict head checks, fasthttp's
 // parser and the handler over a real spool. The server never panics or
-// hangs (it closes the connection once the client closed its side), what it
+// hangs (it closes the connection once the client closed its side, and
+// gives back its connection slot: the limit is small), what it
 // writes is a sequence of well-formed HTTP/1.1 responses, none is a 500,
 // a refused framing closes the connection, and nothing follows an answer
 // that closes it (a request behind a refused one is never served). Seeds in
@@ -107,7 +115,7 @@ func FuzzIngestConn(f *testing.F) {
 	})
 
 	f.Fuzz(func(t *testing.T, in []byte) {
-		c, err := ln.dial()
+		c, err := ln.dial(20 * time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
