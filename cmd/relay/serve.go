@@ -477,7 +477,8 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		defer cancel()
 		return ing.Shutdown(ictx)
 	})
-	log.Info("ingest listening", zap.String("addr", ingLn.Addr().String()), zap.Bool("tls", ingTLS != nil))
+	log.Info("ingest listening", zap.String("addr", ingLn.Addr().String()), zap.Bool("tls", ingTLS != nil),
+		zap.Int("max_connections", cfg.MaxConnections))
 	log.Info("relay serving")
 
 	select {
