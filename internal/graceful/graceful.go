@@ -61,6 +61,7 @@ package graceful
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"log"
@@ -134,6 +135,12 @@ func New(srv *fasthttp.Server) *Server {
 // It returns nil after Shutdown. The error is fasthttp's, unwrapped. The TCP
 // connections it accepts linger when closed (see the package doc).
 func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(lingerListener{ln, s}) }
+
+// ServeTLS is Serve over TLS with cfg: the TCP connections ln accepts
+// linger when closed, under their TLS layer.
+func (s *Server) ServeTLS(ln net.Listener, cfg *tls.Config) error {
+	return s.srv.Serve(tls.NewListener(lingerListener{ln, s}, cfg))
+}
 
 // Shutdown stops accepting, closes the connections on which no request is
 // active, and waits until the active requests are answered and the
@@ -311,6 +318,9 @@ func (c *lingerConn) Close() error {
 // already closed or lingering: the Server's own closing of waiting
 // connections, with s.mu held (which Close, through startLinger, takes).
 func closeNow(c net.Conn) {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn() // no close_notify: its write could wait with s.mu held
+	}
 	lc, ok := c.(*lingerConn)
 	if !ok {
 		c.Close()

@@ -271,7 +271,13 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 	s.lns = append(s.lns, ln)
 	s.lnMu.Unlock()
-	if err := s.srv.Serve(s.wrapListener(ln)); err != nil {
+	var err error
+	if s.cfg.TLS != nil {
+		err = s.srv.ServeTLS(s.wrapListener(ln), s.cfg.TLS)
+	} else {
+		err = s.srv.Serve(s.wrapListener(ln))
+	}
+	if err != nil {
 		if s.closing.Load() {
 			return nil
 		}

@@ -166,15 +166,11 @@ func (l *limitListener) Close() error {
 	return l.Listener.Close()
 }
 
-// wrapListener stacks, over ln: accept retries, the connection limit, and
-// TLS when configured. fasthttp's Serve gets the result.
+// wrapListener stacks, over ln: accept retries, then the connection limit.
+// (TLS goes over both, and over graceful's lingering: see Serve.)
 func (s *Server) wrapListener(ln net.Listener) net.Listener {
 	var l net.Listener = newRetryListener(ln, s.rejLog, s.cm.acceptRetries.Inc)
-	l = newLimitListener(l, s.conns, s.connsFull)
-	if s.cfg.TLS != nil {
-		l = tls.NewListener(l, s.cfg.TLS)
-	}
-	return l
+	return newLimitListener(l, s.conns, s.connsFull)
 }
 
 // connsFull notes that the connection limit holds new connections back.

@@ -1,13 +1,16 @@
 package ingest
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"math/big"
 	"net"
@@ -15,6 +18,7 @@ import (
 	"net/http/httptrace"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -131,5 +135,130 @@ func TestTLSIngestAndReload(t *testing.T) {
 	}
 	if n := r.counter("relay_ingest_events_accepted_total"); n != 3 {
 		t.Fatalf("%v events accepted, want 3", n)
+	}
+}
+
+// tlsRelay starts a relay serving TLS with a new self-signed certificate.
+func tlsRelay(t *testing.T, cfg Config) *testRelay {
+	t.Helper()
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	writeSelfSigned(t, 1, certFile, keyFile)
+	rl, err := tlsreload.New(tlsreload.Config{CertFile: certFile, KeyFile: keyFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.TLS = rl.TLSConfig()
+	return startRelay(t, cfg, spool.Config{Sync: spool.SyncNone})
+}
+
+// TestTLSOversizedBodyAnswered: a TLS client still sending a body over the
+// limit when the relay refuses it from its Content-Length gets the whole 413
+// (the TCP connection under TLS lingers), not a reset.
+func TestTLSOversizedBodyAnswered(t *testing.T) {
+	const (
+		limit = 1000
+		size  = 1 << 20
+		conns = 30
+	)
+	r := tlsRelay(t, Config{MaxRequestBytes: limit})
+	var failed int
+	var first error
+	stop := time.Now().Add(30 * time.Second)
+	tried := 0
+	for ; tried < conns && time.Now().Before(stop); tried++ {
+		if err := postOversizedTLS(r.addr, size); err != nil {
+			if failed++; first == nil {
+				first = err
+			}
+		}
+	}
+	if failed > 0 {
+		t.Fatalf("%d of %d TLS clients did not get the 413; first: %v", failed, tried, first)
+	}
+}
+
+// postOversizedTLS posts size bytes over a new TLS connection with a small
+// send buffer, writing while it reads the answer; nil when the answer is the
+// whole 413.
+func postOversizedTLS(addr string, size int) error {
+	raw, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return err
+	}
+	defer raw.Close()
+	raw.(*net.TCPConn).SetWriteBuffer(32 << 10)
+	raw.SetDeadline(time.Now().Add(10 * time.Second))
+	c := tls.Client(raw, &tls.Config{InsecureSkipVerify: true})
+	if err := c.Handshake(); err != nil {
+		return err
+	}
+	wrote := make(chan error, 1)
+	go func() {
+		if _, err := fmt.Fprintf(c, "POST /2/httpapi HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", size); err != nil {
+			wrote <- err
+			return
+		}
+		chunk := make([]byte, 16<<10)
+		for sent := 0; sent < size; sent += len(chunk) {
+			if _, err := c.Write(chunk); err != nil {
+				wrote <- err
+				return
+			}
+		}
+		wrote <- nil
+	}()
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	var body []byte
+	if err == nil {
+		body, err = io.ReadAll(resp.Body)
+	}
+	werr := <-wrote // the deadline bounds the wait
+	switch {
+	case err != nil:
+		return fmt.Errorf("read answer: %w (body write: %v)", err, werr)
+	case resp.StatusCode != 413 || !strings.Contains(string(body), "Payload too large"):
+		return fmt.Errorf("answer %d %q", resp.StatusCode, body)
+	case werr != nil:
+		// A client that writes its whole body before reading sees only
+		// this: the reset, not the 413.
+		return fmt.Errorf("answer read, but the body write failed: %w", werr)
+	}
+	return nil
+}
+
+// TestTLSShutdownClosesIdle: Shutdown closes an idle kept-alive TLS
+// connection at once and returns.
+func TestTLSShutdownClosesIdle(t *testing.T) {
+	r := tlsRelay(t, Config{})
+	c, err := tls.Dial("tcp", r.addr, &tls.Config{InsecureSkipVerify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	br := bufio.NewReader(c)
+	io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("healthz: %v %v", resp, err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		done <- r.srv.Shutdown(ctx)
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Shutdown: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("Shutdown hangs with an idle TLS connection open")
+	}
+	if _, err := br.ReadByte(); err == nil {
+		t.Fatal("idle TLS connection still open after Shutdown")
 	}
 }
