@@ -43,6 +43,9 @@ type Config struct {
 	// IdleTimeout bounds the wait for the next request on a keep-alive
 	// connection; 0 means DefaultIdleTimeout.
 	IdleTimeout time.Duration
+
+	// Issue 23: browsers and the open internet (see open.go).
+	Open
 }
 
 // Defaults of Config.
@@ -75,7 +78,7 @@ func (c Config) Validate() error {
 			return fmt.Errorf("ingest: invalid trusted proxy prefix %v", p)
 		}
 	}
-	return nil
+	return c.Open.validate()
 }
 
 // withDefaults returns c with its zero values replaced by the defaults.
@@ -142,6 +145,8 @@ type Server struct {
 	states sync.Pool // of *reqState
 
 	testHook func(*fasthttp.RequestCtx) // tests only: called before the spool append
+
+	open // issue 23: CORS, api_key allow-list, client rate limit
 }
 
 // New returns a Server that spools accepted events into sp, filling absent
@@ -178,6 +183,9 @@ func New(cfg Config, sp *spool.Spool, ids *event.IDGen, log *zap.Logger, reg pro
 		})),
 		m:     m,
 		lanes: make(map[string]*spool.Lane),
+	}
+	if err := s.initOpen(cfg.Open); err != nil {
+		return nil, err
 	}
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.states.New = func() any { return new(reqState) }
