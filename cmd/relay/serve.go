@@ -418,10 +418,17 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	ing, err := ingest.New(ingest.Config{
 		MaxRequestBytes: cfg.MaxRequestBytes,
 		TrustedProxies:  cfg.TrustedProxies,
+		Open: ingest.Open{ // issue 23
+			CORSOrigins:     cfg.CORSOrigins,
+			AllowedAPIKeys:  cfg.IngestAllowedAPIKeys(cfg.Creds),
+			ClientRateLimit: cfg.ClientRateLimit,
+			AnonymizeIP:     cfg.AnonymizeIP,
+		},
 	}, sp, event.NewIDGen(), log.Named("ingest"), reg)
 	if err != nil {
 		return err
 	}
+	logOpen(log, cfg)
 	ingLn, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("ingest listener: %w", err)

@@ -124,6 +124,8 @@ func TestEnvNames(t *testing.T) {
 		"RELAY_UPSTREAM_GZIP=true", "RELAY_ADMIN_TOKEN=tok", "RELAY_CREDENTIALS=testdata/credentials.yaml",
 		"RELAY_TRUSTED_PROXIES=10.0.0.0/8, ::1/128", "RELAY_DRAIN_TIMEOUT=3s",
 		"RELAY_LOG_LEVEL=warn", "RELAY_LOG_FORMAT=json", "RELAY_CONFIG=testdata/empty.yaml",
+		"RELAY_CORS_ORIGINS=https://a.example", "RELAY_ALLOWED_API_KEYS=k1", "RELAY_CLIENT_RATE_LIMIT=3",
+		"RELAY_ANONYMIZE_IP=true",
 		"RELAY_NOT_A_SETTING=1", "PATH=/bin",
 	}
 	c, err := Load(nil, env)
@@ -139,6 +141,7 @@ func TestEnvNames(t *testing.T) {
 		Token: tokenOf(t, "tok"), Credentials: "testdata/credentials.yaml", Creds: &credentials.Store{},
 		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("::1/128")},
 		DrainTimeout:   3 * time.Second, LogLevel: "warn", LogFormat: "json", ConfigFile: "testdata/empty.yaml",
+		CORSOrigins: []string{"https://a.example"}, AllowedAPIKeys: []string{"k1"}, ClientRateLimit: 3, AnonymizeIP: true,
 	}
 	if !equal(c, want) {
 		t.Fatalf("\n got %+v\nwant %+v", c, want)
