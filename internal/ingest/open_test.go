@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"encoding/json"
+	"net"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -10,7 +11,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/valyala/fasthttp"
 )
 
 // Tests of issue 23: CORS, text/plain bodies, the api_key allow-list,
@@ -488,4 +491,62 @@ func TestAnonymizeAddr(t *testing.T) {
 			t.Errorf("anonymizeAddr(%s) = %s, want %s", in, got, want)
 		}
 	}
+}
+
+// FuzzHandlerOpen is FuzzHandler with every issue 23 setting on (CORS,
+// allow-list, rate limit, anonymization) and a fuzzed Origin: no panic,
+// every answer documented, JSON where it has a body, and CORS headers only
+// for the allowed origin.
+func FuzzHandlerOpen(f *testing.F) {
+	f.Add([]byte(`{"api_key":"k","events":[{"user_id":"user-00001","event_type":"a","ip":"$remote"}]}`), shopOrigin, false)
+	f.Add([]byte(`{"api_key":"k","events":[{"user_id":"user-00001","event_type":"a","ip":"1.2.3.4","ip":"x"}]}`), evilOrigin, false)
+	f.Add([]byte(`{"api_key":"other","events":[{"user_id":"user-00001","event_type":"a","i\u0070":"::1"}]}`), "", true)
+	f.Add([]byte(``), "null", false)
+
+	sp, err := spool.Open(spool.Config{Dir: f.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { sp.Close() })
+	s, err := New(Config{MaxRequestBytes: 1 << 16, Open: Open{
+		CORSOrigins: []string{shopOrigin}, AllowedAPIKeys: []string{"k"}, ClientRateLimit: 1e6, AnonymizeIP: true,
+	}}, sp, event.NewIDGen(), nil, nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	remote := &net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 1234}
+	f.Fuzz(func(t *testing.T, body []byte, origin string, zip bool) {
+		var req fasthttp.Request
+		req.Header.SetMethod("POST")
+		req.SetRequestURI("/batch")
+		if origin != "" {
+			req.Header.Set("Origin", origin)
+		}
+		if zip {
+			req.Header.SetContentEncoding("gzip")
+			body = gz(t, body)
+		}
+		req.SetBody(body)
+		var ctx fasthttp.RequestCtx
+		ctx.Init(&req, remote, nil)
+		s.Handler()(&ctx)
+
+		status := ctx.Response.StatusCode()
+		var ans struct{ Code int }
+		if err := json.Unmarshal(ctx.Response.Body(), &ans); err != nil || ans.Code != status {
+			t.Fatalf("status %d body %q", status, ctx.Response.Body())
+		}
+		switch status {
+		case 200, 400, 403, 413, 429:
+		default:
+			t.Fatalf("unexpected status %d: %s", status, ctx.Response.Body())
+		}
+		acao := string(ctx.Response.Header.Peek("Access-Control-Allow-Origin"))
+		if (acao != "") != (origin == shopOrigin) || acao != "" && acao != shopOrigin {
+			t.Fatalf("Origin %q answered with Access-Control-Allow-Origin %q", origin, acao)
+		}
+		if origin != "" && origin != shopOrigin && status != 403 {
+			t.Fatalf("Origin %q answered %d, want 403", origin, status)
+		}
+	})
 }
