@@ -1,8 +1,12 @@
 package ingest
 
 import (
+	"fmt"
 	"net/netip"
+	"regexp"
 	"strings"
+
+	"github.com/valyala/fasthttp"
 )
 
 // IP anonymization (issue 23).
@@ -41,4 +45,38 @@ func appendAnonymizedIP(dst, ip []byte) []byte {
 	dst = append(dst, '"')
 	dst = anonymizeAddr(a).AppendTo(dst)
 	return append(dst, '"')
+}
+
+// ipLike finds candidates for IP addresses in text: dotted quads, and runs
+// of hex digits, colons and dots with at least two colons.
+var ipLike = regexp.MustCompile(`[0-9A-Fa-f]*:[0-9A-Fa-f]*:[0-9A-Fa-f:.]*|\d{1,3}(?:\.\d{1,3}){3}`)
+
+// anonymizeText replaces every IP address in s (as netip parses it) by its
+// anonymized form. It is for log lines written by code that is not the
+// relay's (fasthttp's), where addresses come inside messages.
+func anonymizeText(s string) string {
+	return ipLike.ReplaceAllStringFunc(s, func(m string) string {
+		a, err := netip.ParseAddr(m)
+		if err != nil {
+			return m
+		}
+		return anonymizeAddr(a).String()
+	})
+}
+
+// anonLogger anonymizes the addresses in the lines of a fasthttp.Logger
+// (fasthttp names the peer in its connection errors).
+type anonLogger struct{ l fasthttp.Logger }
+
+func (a anonLogger) Printf(format string, args ...any) {
+	a.l.Printf("%s", anonymizeText(fmt.Sprintf(format, args...)))
+}
+
+// fasthttpLog is the fasthttp.Server's Logger: fasthttpLogger, through
+// anonLogger under AnonymizeIP.
+func (s *Server) fasthttpLog() fasthttp.Logger {
+	if s.anonIP {
+		return anonLogger{fasthttpLogger{s.rejLog}}
+	}
+	return fasthttpLogger{s.rejLog}
 }

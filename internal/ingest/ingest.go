@@ -209,7 +209,7 @@ func New(cfg Config, sp *spool.Spool, ids *event.IDGen, log *zap.Logger, reg pro
 		NoDefaultServerHeader:        true,
 		CloseOnShutdown:              true,
 		TCPKeepalive:                 true,
-		Logger:                       fasthttpLogger{s.rejLog},
+		Logger:                       s.fasthttpLog(), // issue 23: anonymized under AnonymizeIP
 	})
 	return s, nil
 }
