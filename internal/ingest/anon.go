@@ -1,10 +1,10 @@
 package ingest
 
 import (
+	"bytes"
 	"fmt"
 	"net/netip"
 	"regexp"
-	"strings"
 
 	"github.com/valyala/fasthttp"
 )
@@ -35,12 +35,16 @@ var jsonNull = []byte("null")
 // value is not an IP address (it cannot be anonymized, so it is not
 // forwarded; the upstream takes a null ip as absent).
 func appendAnonymizedIP(dst, ip []byte) []byte {
-	if len(ip) > 64 { // longer than any address with a zone
-		return append(dst, jsonNull...)
-	}
-	a, err := netip.ParseAddr(strings.TrimSpace(string(ip)))
-	if err != nil {
-		return append(dst, jsonNull...)
+	ip = bytes.TrimSpace(ip)
+	a, ok := parseIPv4(ip) // without the allocation of string(ip)
+	if !ok {
+		if len(ip) > 64 { // longer than any address with a zone
+			return append(dst, jsonNull...)
+		}
+		var err error
+		if a, err = netip.ParseAddr(string(ip)); err != nil {
+			return append(dst, jsonNull...)
+		}
 	}
 	dst = append(dst, '"')
 	dst = anonymizeAddr(a).AppendTo(dst)
@@ -79,4 +83,34 @@ func (s *Server) fasthttpLog() fasthttp.Logger {
 		return anonLogger{fasthttpLogger{s.rejLog}}
 	}
 	return fasthttpLogger{s.rejLog}
+}
+
+// parseIPv4 parses a dotted-quad IPv4 address as netip.ParseAddr does (four
+// decimal fields of 0..255, no leading zeros).
+func parseIPv4(b []byte) (netip.Addr, bool) {
+	var a [4]byte
+	field, n, digits := 0, 0, 0
+	for i, c := range b {
+		switch {
+		case c >= '0' && c <= '9':
+			if digits > 0 && n == 0 { // leading zero
+				return netip.Addr{}, false
+			}
+			n = n*10 + int(c-'0')
+			digits++
+			if n > 255 {
+				return netip.Addr{}, false
+			}
+		case c == '.' && digits > 0 && field < 3 && i < len(b)-1:
+			a[field] = byte(n)
+			field, n, digits = field+1, 0, 0
+		default:
+			return netip.Addr{}, false
+		}
+	}
+	if field != 3 || digits == 0 {
+		return netip.Addr{}, false
+	}
+	a[3] = byte(n)
+	return netip.AddrFrom4(a), true
 }

@@ -564,3 +564,30 @@ func TestAnonymizeText(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseIPv4: parseIPv4 agrees with netip.ParseAddr on IPv4 addresses and
+// takes nothing else.
+func FuzzParseIPv4(f *testing.F) {
+	for _, s := range []string{"1.2.3.4", "0.0.0.0", "255.255.255.255", "01.2.3.4", "1.2.3", "1.2.3.4.", "256.1.1.1", "1..2.3", "", "::1", "1.2.3.4%x", ".1.2.3"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		got, ok := parseIPv4([]byte(s))
+		want, err := netip.ParseAddr(s)
+		wantOK := err == nil && want.Is4()
+		if ok != wantOK || ok && got != want {
+			t.Fatalf("parseIPv4(%q) = %v, %v; netip: %v, %v", s, got, ok, want, err)
+		}
+	})
+}
+
+func TestAnonymizedIPAllocs(t *testing.T) {
+	ip := []byte(" 198.51.100.23")
+	dst := make([]byte, 0, 64)
+	if n := testing.AllocsPerRun(100, func() { dst = appendAnonymizedIP(dst[:0], ip) }); n != 0 {
+		t.Errorf("%v allocations per IPv4 address", n)
+	}
+	if string(dst) != `"198.51.100.0"` {
+		t.Errorf("got %s", dst)
+	}
+}
