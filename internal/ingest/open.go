@@ -31,7 +31,7 @@ type Open struct {
 	// twice as many; above it the answer is 429 with Retry-After and
 	// throttled_events naming every event, and nothing is spooled. The client
 	// address is the one TrustedProxies decide (an IPv6 client counts by its
-	// /64). 0: no limit, at no cost.
+	// /64); time is Config.Now's. 0: no limit, at no cost.
 	ClientRateLimit float64
 	// AnonymizeIP drops the last octet of IPv4 / the last 80 bits of IPv6
 	// addresses: of the client address that replaces "$remote", of every ip
