@@ -214,7 +214,11 @@ func TestBrowserSDKThroughRelay(t *testing.T) {
 	}
 	for _, v := range visits {
 		res := out.Visits[v.Name]
-		t.Logf("%s: %d events sent, requests %q", v.Name, len(res.Sent), res.Requests)
+		var types []any
+		for _, ev := range res.Sent {
+			types = append(types, ev["event_type"])
+		}
+		t.Logf("%s: %d events sent %v, requests %q", v.Name, len(res.Sent), types, res.Requests)
 		if res.Error != "" {
 			t.Fatalf("%s: %s", v.Name, res.Error)
 		}

@@ -2,7 +2,7 @@
 // downloads no browser) over the pages browser_test.go serves:
 //   node drive.mjs <chromium> <visits.json>
 // visits.json: [{"name","url","click","waitMs"}]. For each visit, in one
-// browser: open the page, wait for the SDK, click #buy (and wait for the
+// browser but a context of its own: open the page, wait for the SDK, click #buy (and wait for the
 // SDK's autocaptured click), call relayE2E.finish(), and wait until every
 // request to a 127.0.0.1 port has finished. Prints one JSON object:
 // {"visits":{name:{sent,results,requests,error}},"outside":[urls]}, where
@@ -29,7 +29,9 @@ const browser = await puppeteer.launch({
 const out = { visits: {}, outside: [] };
 try {
   for (const v of visits) {
-    const page = await browser.newPage();
+    // Each visit in its own context: no cookie or storage of another.
+    const context = await browser.createBrowserContext();
+    const page = await context.newPage();
     const requests = [];
     const pending = new Set();
     const isLocal = (u) => u.startsWith('http://127.0.0.1:');
@@ -70,7 +72,7 @@ try {
       res.error = String(e && e.stack || e);
     }
     out.visits[v.name] = res;
-    await page.close();
+    await context.close();
   }
 } finally {
   await browser.close();

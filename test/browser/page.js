@@ -66,7 +66,9 @@
     enableDiagnostics: false,
     autocapture: {
       pageViews: true,
-      elementInteractions: true,
+      // Clicks, but not the timed viewport events (they would come after
+      // finish, on page hide, unrecorded).
+      elementInteractions: { viewportContentUpdated: { enabled: false } },
       attribution: false,
       sessions: false,
       formInteractions: false,
@@ -105,6 +107,8 @@
       const timeout = new Promise((resolve) => setTimeout(() => resolve(null), waitMs));
       const results = await Promise.race([verdicts, timeout]);
       await Promise.all(inflating);
+      // Nothing more from this page: what was recorded is all it sends.
+      amp.setOptOut(true);
       return { sent: sent, results: results, gzipUploads: gzipUploads };
     },
   };
