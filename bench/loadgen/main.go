@@ -50,6 +50,7 @@ type config struct {
 	seed      int64
 	dumpBody  bool
 	timeout   time.Duration
+	origin    string // Origin header of every request ("": none), for the CORS cost
 }
 
 func main() {
@@ -68,6 +69,7 @@ func main() {
 	flag.Int64Var(&c.seed, "seed", 1, "random seed")
 	flag.BoolVar(&c.dumpBody, "dump-body", false, "print one request body (for wrk) and exit")
 	flag.DurationVar(&c.timeout, "timeout", 10*time.Second, "per-request timeout")
+	flag.StringVar(&c.origin, "origin", "", "send this Origin header, as a browser page would (measure the relay's CORS cost with --cors-origins); empty: none")
 	flag.Parse()
 	if err := c.validate(); err != nil {
 		fmt.Fprintln(os.Stderr, "loadgen:", err)
@@ -258,6 +260,9 @@ func run(c config) int {
 			req.SetRequestURI(c.url)
 			req.Header.SetMethod("POST")
 			req.Header.SetContentType("application/json")
+			if c.origin != "" {
+				req.Header.Set("Origin", c.origin)
+			}
 			buf := make([]byte, 0, 1<<20)
 			var interval time.Duration
 			var next time.Time

@@ -456,6 +456,12 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	icfg := ingest.Config{
 		MaxRequestBytes: cfg.MaxRequestBytes,
 		TrustedProxies:  cfg.TrustedProxies,
+		Open: ingest.Open{ // issue 23
+			CORSOrigins:     cfg.CORSOrigins,
+			AllowedAPIKeys:  cfg.IngestAllowedAPIKeys(cfg.Creds),
+			ClientRateLimit: cfg.ClientRateLimit,
+			AnonymizeIP:     cfg.AnonymizeIP,
+		},
 	}
 	icfg.MaxConnections = cfg.MaxConnections // issue 19
 	if ingTLS != nil {                       // issue 23
@@ -465,6 +471,7 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	if err != nil {
 		return err
 	}
+	logOpen(log, cfg)
 	ingLn, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("ingest listener: %w", err)

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/netip"
 	"net/url"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/ingest"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -80,6 +82,16 @@ type Config struct {
 	// AdminTLSKey are the same for the admin listener. SIGHUP reloads them.
 	TLSCert, TLSKey           string
 	AdminTLSCert, AdminTLSKey string
+	// Issue 23: browsers and the open internet.
+	CORSOrigins []string // --cors-origins, normalized (ingest.NormalizeOrigin), or ["*"]; nil: none
+	// AllowedAPIKeys is --allowed-api-keys; nil: every api_key. When
+	// AllowedKeysFromCredentials (--allowed-api-keys=credentials) it is nil
+	// and the keys are the credentials file's projects' (see
+	// IngestAllowedAPIKeys).
+	AllowedAPIKeys             []string
+	AllowedKeysFromCredentials bool
+	ClientRateLimit            float64 // --client-rate-limit, requests/s per client address; 0: off
+	AnonymizeIP                bool    // --anonymize-ip
 }
 
 // Sandbox reports whether the relay runs against its built-in simulated
@@ -208,6 +220,98 @@ var options = []option{
 		set: str(func(c *Config) *string { return &c.AdminTLSCert })},
 	{name: "admin-tls-key", usage: "PEM private key of --admin-tls-cert",
 		set: str(func(c *Config) *string { return &c.AdminTLSKey })},
+	// Issue 23: browsers and the open internet.
+	{name: "cors-origins", usage: "comma-separated origins (https://www.example.com) whose browser pages may POST to the ingest listener, or *; others are refused",
+		set: func(c *Config, v string) error {
+			origins, err := parseOrigins(v)
+			c.CORSOrigins = origins
+			return err
+		}},
+	{name: "allowed-api-keys", usage: "comma-separated api_keys the ingest takes (others: 403), or \"credentials\" for the credentials file's projects; empty: all",
+		set: func(c *Config, v string) error {
+			c.AllowedAPIKeys, c.AllowedKeysFromCredentials = nil, false
+			if strings.TrimSpace(v) == "credentials" {
+				c.AllowedKeysFromCredentials = true
+				return nil
+			}
+			for f := range strings.SplitSeq(v, ",") {
+				if f = strings.TrimSpace(f); f != "" {
+					c.AllowedAPIKeys = append(c.AllowedAPIKeys, f)
+				}
+			}
+			return nil
+		}},
+	{name: "client-rate-limit", def: "0", usage: "ingest requests per second per client address (burst 2x); above: 429 with Retry-After (0: off)",
+		set: func(c *Config, v string) error {
+			r, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil || math.IsNaN(r) || math.IsInf(r, 0) || r < 0 || r > 1e9 {
+				return fmt.Errorf("invalid rate %q: want requests per second, 0 (off) to 1e9", v)
+			}
+			c.ClientRateLimit = r
+			return nil
+		}},
+	{name: "anonymize-ip", def: "false", isBool: true, usage: "drop the last octet of IPv4 / last 80 bits of IPv6 of every ip the relay fills in or forwards",
+		set: func(c *Config, v string) error {
+			b, err := strconv.ParseBool(strings.TrimSpace(v))
+			if err != nil {
+				return fmt.Errorf("invalid boolean %q: want true or false", v)
+			}
+			c.AnonymizeIP = b
+			return nil
+		}},
+}
+
+// isListOption reports whether a YAML file may give the option as a list
+// (joined with commas).
+func isListOption(name string) bool {
+	switch name {
+	case "trusted-proxies", "cors-origins", "allowed-api-keys":
+		return true
+	}
+	return false
+}
+
+// parseOrigins parses --cors-origins: a comma-separated list of origins, or
+// "*" alone.
+func parseOrigins(v string) ([]string, error) {
+	var out []string
+	for f := range strings.SplitSeq(v, ",") {
+		f = strings.TrimSpace(f)
+		switch {
+		case f == "":
+			continue
+		case f == "*":
+			out = append(out, f)
+			continue
+		}
+		n, err := ingest.NormalizeOrigin(f)
+		if err != nil {
+			return nil, fmt.Errorf("invalid origin %q: want scheme://host[:port], e.g. https://www.example.com", f)
+		}
+		out = append(out, n)
+	}
+	if len(out) > 1 && slices.Contains(out, "*") {
+		return nil, errors.New(`"*" allows every origin: give it alone`)
+	}
+	return out, nil
+}
+
+// IngestAllowedAPIKeys returns the api_keys the ingest listener takes (nil:
+// every one): --allowed-api-keys, or with --allowed-api-keys=credentials the
+// api_keys of creds' projects (empty, not nil, when it has none: nothing is
+// taken). Callers pass the store they serve with, so that a reloaded
+// credentials file gives the reloaded list.
+func (c Config) IngestAllowedAPIKeys(creds *credentials.Store) []string {
+	if !c.AllowedKeysFromCredentials {
+		return c.AllowedAPIKeys
+	}
+	keys := []string{}
+	for _, p := range creds.Projects() {
+		// Revealed into the ingest's allow-list only, compared there, never
+		// printed.
+		keys = append(keys, p.APIKey.Reveal())
+	}
+	return keys
 }
 
 // EnvName returns the environment variable of a flag: RELAY_ plus the flag
@@ -359,11 +463,11 @@ func readFile(path string) (map[string]string, error) {
 			out[k.Value] = ""
 		case v.Kind == yaml.ScalarNode:
 			out[k.Value] = v.Value
-		case v.Kind == yaml.SequenceNode && k.Value == "trusted-proxies":
+		case v.Kind == yaml.SequenceNode && isListOption(k.Value):
 			items := make([]string, 0, len(v.Content))
 			for _, it := range v.Content {
 				if it.Kind != yaml.ScalarNode {
-					return nil, fmt.Errorf("config file %s line %d: %s: want a list of CIDRs", path, it.Line, k.Value)
+					return nil, fmt.Errorf("config file %s line %d: %s: want a list of strings", path, it.Line, k.Value)
 				}
 				items = append(items, it.Value)
 			}
@@ -422,6 +526,15 @@ func (c *Config) finish() error {
 		if c.Creds, err = credentials.Load(c.Credentials); err != nil {
 			return fmt.Errorf("--credentials: %w", err)
 		}
+	}
+	// Issue 23.
+	switch {
+	case c.AllowedKeysFromCredentials && c.Creds == nil:
+		return errors.New("--allowed-api-keys=credentials needs --credentials (the file whose projects' api_keys are taken)")
+	case c.AllowedKeysFromCredentials && len(c.Creds.Projects()) == 0:
+		c.Warnings = append(c.Warnings, "--allowed-api-keys=credentials: the credentials file has no project, so the ingest takes no api_key")
+	case len(c.CORSOrigins) > 0 && c.AllowedAPIKeys == nil && !c.AllowedKeysFromCredentials:
+		c.Warnings = append(c.Warnings, "--cors-origins is set but --allowed-api-keys is not: the ingest listener takes any api_key and forwards it to your upstream; set --allowed-api-keys first")
 	}
 	return nil
 }

@@ -128,6 +128,8 @@ func TestEnvNames(t *testing.T) {
 		"RELAY_UPSTREAM_GZIP=true", "RELAY_ADMIN_TOKEN=tok", "RELAY_CREDENTIALS=testdata/credentials.yaml",
 		"RELAY_TRUSTED_PROXIES=10.0.0.0/8, ::1/128", "RELAY_DRAIN_TIMEOUT=3s",
 		"RELAY_LOG_LEVEL=warn", "RELAY_LOG_FORMAT=json", "RELAY_CONFIG=testdata/empty.yaml",
+		"RELAY_CORS_ORIGINS=https://a.example", "RELAY_ALLOWED_API_KEYS=k1", "RELAY_CLIENT_RATE_LIMIT=3",
+		"RELAY_ANONYMIZE_IP=true",
 		"RELAY_NOT_A_SETTING=1", "PATH=/bin",
 		// Issues 19 and 23 (ingest listener).
 		"RELAY_MAX_CONNECTIONS=7", "RELAY_TLS_CERT=c", "RELAY_TLS_KEY=k",
@@ -148,6 +150,7 @@ func TestEnvNames(t *testing.T) {
 		DrainTimeout:   3 * time.Second, LogLevel: "warn", LogFormat: "json", ConfigFile: "testdata/empty.yaml",
 		// Issues 19 and 23 (ingest listener).
 		MaxConnections: 7, TLSCert: "c", TLSKey: "k", AdminTLSCert: "ac", AdminTLSKey: "ak",
+		CORSOrigins: []string{"https://a.example"}, AllowedAPIKeys: []string{"k1"}, ClientRateLimit: 3, AnonymizeIP: true,
 	}
 	if !equal(c, want) {
 		t.Fatalf("\n got %+v\nwant %+v", c, want)

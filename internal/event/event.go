@@ -69,6 +69,7 @@ const (
 	evDevEsc                // DeviceID is still the escaped string content
 	evUserShort             // user_id was removed for min_id_length
 	evDevShort              // device_id was removed for min_id_length
+	evIPGiven               // some ip member is a string other than "$remote" (issue 23)
 )
 
 // Prefixes of OrderKey: the device id and user id spaces are kept apart.
@@ -575,6 +576,8 @@ func (p *parser) recordedField(e *Event, f, i, start int) int {
 		e.ipOff, e.ipEnd = 0, 0
 		if isRemote(content, esc) {
 			e.ipOff, e.ipEnd = s-start, i-start
+		} else {
+			e.flags |= evIPGiven
 		}
 	}
 	return i

@@ -41,7 +41,48 @@
 //   - GET /healthz answers 200 "ok" while the server serves.
 //
 // The Content-Type of requests is not checked (the upstream's document does
-// not say what it does with a wrong one, and SDKs always send JSON).
+// not say what it does with a wrong one, and SDKs always send JSON): a
+// text/plain body, what navigator.sendBeacon sends, is the same envelope
+// under the same rules.
+//
+// # Browsers and the internet (Config.Open)
+//
+// Each check is off by default and costs a nil test when off.
+//
+//   - CORS (Open.CORSOrigins): on the ingest paths, OPTIONS with Origin and
+//     Access-Control-Request-Method is a preflight: 204 with
+//     Access-Control-Allow-Origin (the origin, or * under "*"),
+//     -Allow-Methods POST, -Allow-Headers (Content-Type, Content-Encoding,
+//     Accept) and -Max-Age 7200 for an allowed origin; 403 {"code":403,
+//     "error":"Origin not allowed"} and no CORS header for another. Every
+//     answer on the ingest paths carries Vary: Origin, and for an allowed
+//     origin Access-Control-Allow-Origin (errors too, so that the SDK can
+//     read them); never Access-Control-Allow-Credentials. A POST whose
+//     Origin is not allowed is answered 403 and nothing is spooled: a
+//     sendBeacon or text/plain fetch is sent without a preflight, so the
+//     browser alone would not stop it. Requests without Origin (servers,
+//     SDKs outside browsers) are not affected. An OPTIONS that is not a
+//     preflight gets 204 with Allow.
+//   - The allow-list (Open.AllowedAPIKeys, Server.SetAllowedAPIKeys): after
+//     validation (an invalid request gets the upstream's 400 whatever its
+//     key), a request of another api_key is answered 403 {"code":403,
+//     "error":"API key not allowed"}; no lane is made for it.
+//   - Per-client rate limit (Open.ClientRateLimit): after validation and the
+//     allow-list, a request over its client's rate is answered 429 with
+//     Retry-After (whole seconds, at least 1) and {"code":429,"error":"Too
+//     many requests for this client","throttled_events":[0..n-1]}, which the
+//     official SDKs take as the upstream's 429 and hold the events back for
+//     30 s. The client is the address of Rewrites below (IPv6 by its /64);
+//     see clientlimit.go for the table and its bound.
+//   - Anonymization (Open.AnonymizeIP): the client address written for
+//     "$remote" keeps its /24 (IPv4) or /48 (IPv6); every ip member an event
+//     gives (duplicates included) is rewritten the same way, and one that is
+//     not an address becomes null. Rejection log lines show the peer
+//     anonymized.
+//
+// Refusals of this section are counted in relay_ingest_rejected_requests_total
+// with reasons origin_not_allowed, api_key_not_allowed and
+// client_rate_limited (and their events in relay_ingest_events_rejected_total).
 //
 // # Rewrites
 //

@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"context"
 	"errors"
+	"math"
 	"net"
 	"net/netip"
 	"strconv"
@@ -28,6 +29,7 @@ type reqState struct {
 	ip    []byte // client address, text
 	lk    []byte // lane cache key
 	out   []byte // response body
+	ev    []byte // one rewritten event, for AppendIPsReplaced
 }
 
 // Pooled memory above these sizes is dropped rather than kept.
@@ -70,6 +72,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 				zap.Any("panic", r), zap.Stack("stack"))
 			if !answered {
 				ctx.Response.Reset()
+				if s.corsPol != nil && p <= pathBatch {
+					origin := ctx.Request.Header.PeekBytes(headerOrigin)
+					s.corsPol.setHeaders(&ctx.Response.Header, origin, len(origin) > 0 && s.corsPol.allows(origin))
+				}
 				s.m.reject(reasonPanic, 0)
 				s.writeError(ctx, fasthttp.StatusInternalServerError, "Internal server error")
 			}
@@ -93,6 +99,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 		s.writeError(ctx, fasthttp.StatusNotFound, "Not found")
 	default:
+		if s.corsPol != nil && s.cors(ctx, p) {
+			answered = true
+			return
+		}
 		if !ctx.IsPost() {
 			ctx.Response.Header.Set(fasthttp.HeaderAllow, "POST")
 			s.writeError(ctx, fasthttp.StatusMethodNotAllowed, "Method not allowed")
@@ -150,6 +160,17 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 		return
 	}
 	n := len(st.req.Events)
+	if !s.apiKeyAllowed(st.req.APIKey) {
+		s.rejectf(ctx, p, fasthttp.StatusForbidden, "API key not allowed", reasonAPIKeyNotAllowed, n)
+		return
+	}
+	addr := s.requestClient(ctx)
+	if s.limiter != nil {
+		if ok, wait := s.limiter.allow(addr); !ok {
+			s.rateLimited(ctx, p, st, n, wait)
+			return
+		}
+	}
 
 	lane, err := s.lane(st)
 	if err != nil {
@@ -159,7 +180,10 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 
 	now := s.cfg.Now()
 	nowMS := now.UnixMilli()
-	st.ip = s.clientIP(ctx, st.ip[:0])
+	if s.anonIP {
+		addr = anonymizeAddr(addr)
+	}
+	st.ip = addr.AppendTo(st.ip[:0])
 	st.batch.Reset()
 	// About what the records take: the events, grown by the rewrites, and
 	// their order keys and user ids.
@@ -170,6 +194,11 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 		// Rewritten straight into the batch: an insert_id, a time and the
 		// client's address are what AppendRewritten may add.
 		st.batch.AddFunc(st.okey, ev.UserID, len(ev.Raw)+len(st.ip)+rewriteSlack, func(dst []byte) []byte {
+			if s.anonIP && ev.HasGivenIP() {
+				// The ips the client gave, anonymized too.
+				st.ev = ev.AppendRewritten(st.ev[:0], s.ids, nowMS, st.ip)
+				return event.AppendIPsReplaced(dst, st.ev, appendAnonymizedIP)
+			}
 			return ev.AppendRewritten(dst, s.ids, nowMS, st.ip)
 		})
 	}
@@ -234,8 +263,19 @@ func (s *Server) lane(st *reqState) (*spool.Lane, error) {
 	return l, nil
 }
 
-// clientIP appends the text form of the request's client address to dst.
-func (s *Server) clientIP(ctx *fasthttp.RequestCtx, dst []byte) []byte {
+// requestClient returns the request's client address (see the package
+// documentation), without a zone.
+func (s *Server) requestClient(ctx *fasthttp.RequestCtx) netip.Addr {
+	var xff [][]byte
+	if len(s.cfg.TrustedProxies) > 0 {
+		xff = ctx.Request.Header.PeekAll(fasthttp.HeaderXForwardedFor)
+	}
+	return clientAddr(peerAddr(ctx), xff, s.cfg.TrustedProxies).WithZone("")
+}
+
+// peerAddr is the TCP peer's address; the unspecified IPv4 address when
+// there is none.
+func peerAddr(ctx *fasthttp.RequestCtx) netip.Addr {
 	var peer netip.Addr
 	if ta, ok := ctx.RemoteAddr().(*net.TCPAddr); ok {
 		peer, _ = netip.AddrFromSlice(ta.IP)
@@ -243,11 +283,31 @@ func (s *Server) clientIP(ctx *fasthttp.RequestCtx, dst []byte) []byte {
 	if !peer.IsValid() {
 		peer = netip.IPv4Unspecified()
 	}
-	var xff [][]byte
-	if len(s.cfg.TrustedProxies) > 0 {
-		xff = ctx.Request.Header.PeekAll(fasthttp.HeaderXForwardedFor)
+	return peer
+}
+
+// rateLimited answers a request over its client's rate: 429 with
+// Retry-After (wait rounded up to whole seconds) and, as the upstream's 429
+// does, throttled_events naming every event of the request, which makes
+// the official SDKs hold them back (30 s) instead of retrying at once.
+func (s *Server) rateLimited(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState, n int, wait time.Duration) {
+	s.m.reject(reasonClientRateLimit, n)
+	s.logReject(ctx, p, fasthttp.StatusTooManyRequests, reasonClientRateLimit, n)
+	secs := max(int64(math.Ceil(wait.Seconds())), 1)
+	var buf [20]byte
+	ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, string(strconv.AppendInt(buf[:0], secs, 10)))
+	ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
+	ctx.SetContentTypeBytes(jsonContentType)
+	b := append(st.out[:0], `{"code":429,"error":"Too many requests for this client","throttled_events":[`...)
+	for i := range n {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(i), 10)
 	}
-	return clientAddr(peer, xff, s.cfg.TrustedProxies).WithZone("").AppendTo(dst)
+	b = append(b, "]}"...)
+	st.out = b
+	ctx.SetBody(b)
 }
 
 // spoolFailed answers a request whose events could not be spooled.
@@ -304,7 +364,7 @@ func (s *Server) logReject(ctx *fasthttp.RequestCtx, p pathIdx, status int, reas
 			zap.Int("status", status),
 			zap.String("reason", reason),
 			zap.Int("events", n),
-			zap.Stringer("remote", ctx.RemoteAddr()),
+			s.remoteField(ctx),
 		)
 	}
 }
@@ -357,4 +417,13 @@ func rejectReason(e *event.Error) string {
 		return reasonInvalidAPIKey
 	}
 	return reasonInvalidRequest
+}
+
+// remoteField is the log field of the request's peer; anonymized under
+// AnonymizeIP (the port is dropped then too).
+func (s *Server) remoteField(ctx *fasthttp.RequestCtx) zap.Field {
+	if s.anonIP {
+		return zap.Stringer("remote", anonymizeAddr(peerAddr(ctx)))
+	}
+	return zap.Stringer("remote", ctx.RemoteAddr())
 }

@@ -56,6 +56,8 @@ type Config struct {
 	// this configuration (its GetCertificate may change the certificate at
 	// run time, see package tlsreload); nil means plain HTTP.
 	TLS *tls.Config
+	// Issue 23: browsers and the open internet (see open.go).
+	Open
 }
 
 // Defaults of Config.
@@ -93,7 +95,7 @@ func (c Config) Validate() error {
 			return fmt.Errorf("ingest: invalid trusted proxy prefix %v", p)
 		}
 	}
-	return nil
+	return c.Open.validate()
 }
 
 // withDefaults returns c with its zero values replaced by the defaults.
@@ -166,6 +168,8 @@ type Server struct {
 	states sync.Pool // of *reqState
 
 	testHook func(*fasthttp.RequestCtx) // tests only: called before the spool append
+
+	open // issue 23: CORS, api_key allow-list, client rate limit
 }
 
 // New returns a Server that spools accepted events into sp, filling absent
@@ -216,6 +220,9 @@ func New(cfg Config, sp *spool.Spool, ids *event.IDGen, log *zap.Logger, reg pro
 	// too large once inflated. Plain bodies are checked exactly by the
 	// handler.
 	s.readLimit = s.maxBody + s.maxBody/64 + 64<<10
+	if err := s.initOpen(cfg.Open); err != nil {
+		return nil, err
+	}
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.states.New = func() any { return new(reqState) }
 	// graceful closes, at Shutdown, connections on which no handler runs
@@ -243,7 +250,7 @@ func New(cfg Config, sp *spool.Spool, ids *event.IDGen, log *zap.Logger, reg pro
 		// SetKeepAlive fails would end its Serve. net.Listen's connections
 		// have TCP keep-alive on already (15s).
 		SecureErrorLogMessage: true,
-		Logger:                fasthttpLogger{s.rejLog},
+		Logger:                s.fasthttpLog(), // issue 23: anonymized under AnonymizeIP
 	})
 	return s, nil
 }

@@ -52,10 +52,14 @@ const (
 	reasonBadHTTP             = "bad_http"
 	reasonTimeout             = "timeout"
 	reasonPanic               = "panic"
+	// issue 23
+	reasonOriginNotAllowed = "origin_not_allowed"
+	reasonAPIKeyNotAllowed = "api_key_not_allowed"
+	reasonClientRateLimit  = "client_rate_limited"
 )
 
 // codes that get a pre-resolved counter (others are resolved per request).
-var knownCodes = []int{200, 400, 404, 405, 408, 413, 415, 431, 500, 503}
+var knownCodes = []int{200, 204, 400, 403, 404, 405, 408, 413, 415, 429, 431, 500, 503}
 
 type metrics struct {
 	requests      *prometheus.CounterVec
@@ -109,6 +113,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		reasonInvalidEventJSON, reasonMissingBody, reasonInvalidAPIKey, reasonInvalidRequest,
 		reasonTooLarge, reasonBadGzip, reasonUnsupportedEncoding, reasonSpoolFull, reasonDiskLow,
 		reasonShuttingDown, reasonSpoolError, reasonBadHTTP, reasonTimeout, reasonPanic,
+		reasonOriginNotAllowed, reasonAPIKeyNotAllowed, reasonClientRateLimit,
 	} {
 		m.reasonCounter[r] = [2]prometheus.Counter{m.rejected.WithLabelValues(r), m.rejectedReqs.WithLabelValues(r)}
 	}

@@ -1,0 +1,86 @@
+package ingest
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync/atomic"
+)
+
+// Open configures what an ingest listener reachable from browsers and the
+// internet needs (issue 23). The zero value changes nothing: no CORS, every
+// api_key, no rate limit, addresses forwarded as they are.
+type Open struct {
+	// CORSOrigins are the origins (scheme://host[:port], see
+	// NormalizeOrigin) whose browser pages may POST to the ingest paths, or
+	// the one entry "*" for every origin. Preflights (OPTIONS) from them are
+	// answered 204 with Access-Control-Allow-Origin, -Methods (POST),
+	// -Headers and -Max-Age; their requests' answers carry
+	// Access-Control-Allow-Origin and Vary: Origin; credentials are never
+	// allowed. A request with an Origin header not among them is answered
+	// 403 and nothing of it is spooled. nil or empty: no CORS headers are
+	// sent and the Origin header is not looked at.
+	CORSOrigins []string
+	// AllowedAPIKeys, when non-nil, are the only api_keys taken; a valid
+	// request with another is answered 403 {"code":403,"error":"API key not
+	// allowed"} and nothing of it is spooled. nil: every api_key; empty and
+	// non-nil: none. Server.SetAllowedAPIKeys replaces it at run time.
+	AllowedAPIKeys []string
+	// ClientRateLimit is the requests per second (of accepted-looking
+	// requests: valid, allowed) one client address may send, with a burst of
+	// twice as many; above it the answer is 429 with Retry-After and
+	// throttled_events naming every event, and nothing is spooled. The client
+	// address is the one TrustedProxies decide (an IPv6 client counts by its
+	// /64); time is Config.Now's. 0: no limit, at no cost.
+	ClientRateLimit float64
+	// AnonymizeIP drops the last octet of IPv4 / the last 80 bits of IPv6
+	// addresses: of the client address that replaces "$remote", of every ip
+	// string an event gives (one that is not an address becomes null), and of
+	// the address in rejection log lines. false: addresses are forwarded as
+	// they are.
+	AnonymizeIP bool
+}
+
+// maxClientRateLimit keeps the token interval at least a nanosecond.
+const maxClientRateLimit = 1e9
+
+func (o Open) validate() error {
+	if _, err := newCORS(o.CORSOrigins); err != nil {
+		return err
+	}
+	switch r := o.ClientRateLimit; {
+	case math.IsNaN(r) || r < 0:
+		return fmt.Errorf("ingest: ClientRateLimit %v is negative", r)
+	case r > maxClientRateLimit:
+		return fmt.Errorf("ingest: ClientRateLimit %v is above %v", r, maxClientRateLimit)
+	}
+	for _, k := range o.AllowedAPIKeys {
+		if k == "" {
+			return errors.New("ingest: empty api_key in AllowedAPIKeys")
+		}
+	}
+	return nil
+}
+
+// open is a Server's state of Open.
+type open struct {
+	corsPol *corsPolicy            // nil: CORS off
+	allowed atomic.Pointer[keySet] // nil: every api_key
+	limiter *clientLimiter         // nil: no rate limit
+	anonIP  bool
+}
+
+// initOpen sets up s.open from o; s.cfg.Now must be set.
+func (s *Server) initOpen(o Open) error {
+	cors, err := newCORS(o.CORSOrigins)
+	if err != nil {
+		return err
+	}
+	s.corsPol = cors
+	s.allowed.Store(newKeySet(o.AllowedAPIKeys))
+	if o.ClientRateLimit > 0 {
+		s.limiter = newClientLimiter(o.ClientRateLimit, limiterMaxClients, s.cfg.Now)
+	}
+	s.anonIP = o.AnonymizeIP
+	return nil
+}

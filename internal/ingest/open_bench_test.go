@@ -1,0 +1,73 @@
+package ingest
+
+import (
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/svcrelay/relay/internal/spool"
+	"github.com/valyala/fasthttp"
+)
+
+// BenchmarkAcceptOpen is BenchmarkAccept (sync=none, 1 and 100 events) with
+// the issue 23 settings: off (the baseline), CORS (every request from an
+// allowed Origin), and all of them (CORS, an allow-list, a client rate limit
+// too high to refuse, anonymization of $remote and of a given ip in every
+// event). The differences are their cost; measure on a quiet machine.
+func BenchmarkAcceptOpen(b *testing.B) {
+	const key = "bench-api-key-0123456789abcdef"
+	for _, set := range []struct {
+		name   string
+		open   Open
+		origin string
+	}{
+		{"off", Open{}, ""},
+		{"cors", Open{CORSOrigins: []string{shopOrigin}}, shopOrigin},
+		{"all", Open{CORSOrigins: []string{shopOrigin}, AllowedAPIKeys: []string{"k1", key}, ClientRateLimit: 1e9, AnonymizeIP: true}, shopOrigin},
+	} {
+		for _, n := range []int{1, 100} {
+			b.Run(fmt.Sprintf("%s/events=%d", set.name, n), func(b *testing.B) {
+				r := startRelay(b, Config{Open: set.open}, spool.Config{Sync: spool.SyncNone})
+				events := make([]string, n)
+				for i := range events {
+					events[i] = realisticEvent(i)
+					if i%2 == 1 { // half give their own ip
+						events[i] = events[i][:len(events[i])-1] + `,"ip":"198.51.100.23"}`
+					}
+				}
+				body := envelope(key, "", events...)
+				hc := &fasthttp.HostClient{Addr: r.addr, MaxConns: 2 * benchClients, ReadTimeout: 30 * time.Second}
+				defer hc.CloseIdleConnections()
+				b.SetParallelism(max(1, benchClients/runtime.GOMAXPROCS(0)))
+				b.SetBytes(int64(len(body)))
+				b.ReportAllocs()
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) {
+					req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+					defer fasthttp.ReleaseRequest(req)
+					defer fasthttp.ReleaseResponse(resp)
+					req.SetRequestURI("http://" + r.addr + "/2/httpapi")
+					req.Header.SetMethod("POST")
+					req.Header.SetContentType("application/json")
+					if set.origin != "" {
+						req.Header.Set("Origin", set.origin)
+					}
+					req.SetBodyRaw(body)
+					for pb.Next() {
+						if err := hc.Do(req, resp); err != nil {
+							b.Error(err)
+							return
+						}
+						if resp.StatusCode() != 200 {
+							b.Errorf("answer %d %s", resp.StatusCode(), resp.Body())
+							return
+						}
+					}
+				})
+				b.StopTimer()
+				b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "events/s")
+			})
+		}
+	}
+}
