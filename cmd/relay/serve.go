@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
+	"net/http"
 	"runtime"
 	"runtime/debug"
 	"sync"
@@ -19,6 +21,7 @@ import (
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/config"
+	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/groupidentify"
 	"github.com/svcrelay/relay/internal/ingest"
@@ -27,8 +30,6 @@ import (
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
 	"github.com/svcrelay/relay/internal/usermap"
-	"github.com/valyala/fasthttp"
-	"github.com/valyala/fasthttp/fasthttpadaptor"
 	"go.uber.org/zap"
 )
 
@@ -158,23 +159,21 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, log *zap.Logger, reg prom
 	}
 	d.components = append(d.components, namedComponent{"groupidentify", gi})
 	d.lanes[spool.KindGroupIdentify] = gi
-	for _, r := range gi.Routes() {
-		d.routes = append(d.routes, route(r.Method, r.Path, r.Forward, r.Handler))
-	}
+	d.routes = append(d.routes, gi.Routes()...)
 
 	if cfg.AliasURL == "" || cfg.AnalyticsURL == "" {
 		// Without the alias and analytics bases there is nowhere to send
 		// mappings: the routes say so, and mappings spooled by an earlier
 		// run wait for a start with both flags.
 		log.Warn("user mapping disabled: POST /usermap and GET /api/2/usermap answer 503 until --alias-url and --analytics-url are set")
-		off := func(ctx *fasthttp.RequestCtx) {
-			ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
-			ctx.SetContentType("application/json")
-			ctx.SetBodyString(`{"code":503,"error":"user mapping is not configured on this relay (--alias-url and --analytics-url)"}` + "\n")
-		}
+		off := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			io.WriteString(w, `{"code":503,"error":"user mapping is not configured on this relay (--alias-url and --analytics-url)"}`+"\n")
+		})
 		d.routes = append(d.routes,
-			route(fasthttp.MethodPost, "/usermap", false, off),
-			route(fasthttp.MethodGet, "/api/2/usermap", true, off))
+			adminroute.Route{Method: http.MethodPost, Path: "/usermap", Mode: admintoken.ModeOwn, Handler: off},
+			adminroute.Route{Method: http.MethodGet, Path: "/api/2/usermap", Mode: admintoken.ModeForward, Handler: off})
 		return d, nil
 	}
 	um, err := usermap.New(usermap.Config{
@@ -188,21 +187,8 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, log *zap.Logger, reg prom
 	}
 	d.components = append(d.components, namedComponent{"usermap", um})
 	d.lanes[spool.KindUserMap] = um
-	for _, r := range um.Routes() {
-		d.routes = append(d.routes, route(r.Method, r.Path, r.Forward, r.Handler))
-	}
+	d.routes = append(d.routes, um.Routes()...)
 	return d, nil
-}
-
-// route is an admin route whose token mode follows forward: a forwarding
-// route (the caller's own Authorization may go upstream) or one of the
-// relay's own.
-func route(method, path string, forward bool, h fasthttp.RequestHandler) adminroute.Route {
-	mode := admintoken.ModeOwn
-	if forward {
-		mode = admintoken.ModeForward
-	}
-	return adminroute.Route{Method: method, Path: path, Mode: mode, Handler: h}
 }
 
 // memoryLimitField is the soft memory limit in force (GOMEMLIMIT, or
@@ -333,7 +319,9 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		return err
 	}
 
-	// Admin listener.
+	// Admin listener. The credentials and the token in force can be swapped
+	// at run time (a reload): through creds, and admin.SetToken.
+	creds := credentials.NewRef(cfg.Creds)
 	admin, err := adminapi.New(adminapi.Config{
 		Gatherer: reg,
 		Token:    cfg.Token,
@@ -358,15 +346,16 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	if sandbox != nil {
 		// The simulator's read-out and fault routes, on the admin listener's
 		// fixed address, so a newcomer can see where events went.
-		admin.HandleOwn(fasthttp.MethodGet, "/sim/", fasthttpadaptor.NewFastHTTPHandler(sandbox.ControlHandler()))
-		admin.HandleOwn(fasthttp.MethodPost, "/sim/", fasthttpadaptor.NewFastHTTPHandler(sandbox.ControlHandler()))
+		for _, m := range []string{http.MethodGet, http.MethodPost} {
+			admin.Register(adminroute.Route{Method: m, Path: "/sim/", Mode: admintoken.ModeOwn, Handler: sandbox.ControlHandler()})
+		}
 	}
 	// ADMIN ROUTES: every route but /healthz, /readyz and /metrics is
-	// registered with its admintoken.Mode (adminapi.Server.Register,
-	// HandleOwn, HandleForward); a later forwarding API adds its routes here.
+	// registered with its admintoken.Mode (adminapi.Server.Register); a
+	// forwarded API is a table in cmd/relay/forwarding.go.
 	admin.Register(relayAPI.Routes()...)
 	admin.Register(dl.routes...)
-	fwdRoutes, err := forwardingRoutes(cfg, log, reg)
+	fwdRoutes, fwd, err := forwardingRoutes(cfg, creds, log, reg)
 	if err != nil {
 		return err
 	}
@@ -378,7 +367,9 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	g.run("admin listener", func() error { return admin.Serve(adminLn) })
 	lc.onStop("admin listener", func(ctx context.Context) error {
 		relayAPI.Close() // a long replay or purge stops after its current step
-		return admin.Shutdown(ctx)
+		err := admin.Shutdown(ctx)
+		fwd.Close()
+		return err
 	})
 	log.Info("admin listening", zap.String("addr", adminLn.Addr().String()))
 

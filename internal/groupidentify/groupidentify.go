@@ -4,14 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
-	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 
+	"github.com/svcrelay/relay/internal/adminroute"
+	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/formreq"
@@ -32,9 +34,6 @@ const (
 const (
 	DefaultRetryAfter = 5 * time.Second
 )
-
-// Route is one route of the admin listener (see formreq.Route).
-type Route = formreq.Route
 
 // Config configures a GroupIdentify.
 type Config struct {
@@ -156,8 +155,8 @@ func (g *GroupIdentify) upstreamURL(apiKey string) string {
 }
 
 // Routes returns the admin routes: POST /groupidentify.
-func (g *GroupIdentify) Routes() []Route {
-	return []Route{{Method: fasthttp.MethodPost, Path: "/groupidentify", Handler: g.serve}}
+func (g *GroupIdentify) Routes() []adminroute.Route {
+	return []adminroute.Route{{Method: http.MethodPost, Path: "/groupidentify", Mode: admintoken.ModeOwn, Handler: http.HandlerFunc(g.serve)}}
 }
 
 // Run delivers spooled identifications until ctx ends (see lanedeliver).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"time"
 
@@ -12,6 +13,8 @@ import (
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 
+	"github.com/svcrelay/relay/internal/adminroute"
+	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/formreq"
@@ -36,11 +39,6 @@ const (
 	DefaultRetryAfter     = 5 * time.Second
 	DefaultForwardTimeout = 30 * time.Second
 )
-
-// Route is one route of the admin listener (see formreq.Route). A Forward
-// route also takes the admin token in Authorization when X-Relay-Project
-// names a project.
-type Route = formreq.Route
 
 // Config configures a UserMap.
 type Config struct {
@@ -210,10 +208,10 @@ func (u *UserMap) aliasURL(apiKey string) string {
 }
 
 // Routes returns POST /usermap and GET /api/2/usermap (Forward).
-func (u *UserMap) Routes() []Route {
-	return []Route{
-		{Method: fasthttp.MethodPost, Path: "/usermap", Handler: u.servePost},
-		{Method: fasthttp.MethodGet, Path: "/api/2/usermap", Handler: u.serveGet, Forward: true},
+func (u *UserMap) Routes() []adminroute.Route {
+	return []adminroute.Route{
+		{Method: http.MethodPost, Path: "/usermap", Mode: admintoken.ModeOwn, Handler: http.HandlerFunc(u.servePost)},
+		{Method: http.MethodGet, Path: "/api/2/usermap", Mode: admintoken.ModeForward, Handler: http.HandlerFunc(u.serveGet)},
 	}
 }
 
