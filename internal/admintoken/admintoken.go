@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"os"
 	"strings"
-
 )
 
 // Mode says where a route reads the admin token (see the package doc).
