@@ -344,11 +344,11 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		return err
 	}
 	if sandbox != nil {
-		// The simulator's read-out and fault routes, on the admin listener's
-		// fixed address, so a newcomer can see where events went.
-		for _, m := range []string{http.MethodGet, http.MethodPost} {
-			admin.Register(adminroute.Route{Method: m, Path: "/sim/", Mode: admintoken.ModeOwn, Handler: sandbox.ControlHandler()})
-		}
+		// The simulator's read-outs (GET /sim/...), on the admin listener's
+		// fixed address, so a newcomer can see where events went. Its fault
+		// and test knobs (POST /sim/...) are not mounted in the product:
+		// they are `relay sim`'s and the tests'.
+		admin.Register(adminroute.Route{Method: http.MethodGet, Path: "/sim/", Mode: admintoken.ModeOwn, Handler: sandbox.ControlHandler()})
 	}
 	// ADMIN ROUTES: every route but /healthz, /readyz and /metrics is
 	// registered with its admintoken.Mode (adminapi.Server.Register); a
