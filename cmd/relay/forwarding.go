@@ -18,11 +18,12 @@ import (
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/scim"
 	"github.com/svcrelay/relay/internal/taxonomy"
+	"github.com/svcrelay/relay/internal/usermap"
 )
 
 // forwardingRoutes builds the admin listener's forwarded upstream APIs
 // (experiments, SCIM, channel classifiers, taxonomy, feedback, DSAR, user
-// deletion, export) from their tables, on one Forwarder, so its connections
+// deletion, export, user mapping reads) from their tables, on one Forwarder, so its connections
 // and metrics exist once per process. Every upstream base comes from the
 // flags or the credentials file (read through creds at every request),
 // never from a request.
@@ -52,6 +53,7 @@ func forwardingRoutes(cfg config.Config, creds *credentials.Ref, log *zap.Logger
 		ds,
 		deletion.API(deletion.Config{URL: cfg.AnalyticsURL}),
 		export.API(cfg.AnalyticsURL),
+		usermap.ReadAPI(cfg.AnalyticsURL),
 	)
 	if err != nil {
 		return nil, nil, err

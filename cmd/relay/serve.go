@@ -165,15 +165,14 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, log *zap.Logger, reg prom
 		// Without the alias and analytics bases there is nowhere to send
 		// mappings: the routes say so, and mappings spooled by an earlier
 		// run wait for a start with both flags.
-		log.Warn("user mapping disabled: POST /usermap and GET /api/2/usermap answer 503 until --alias-url and --analytics-url are set")
+		log.Warn("user mapping disabled: POST /usermap answers 503 until --alias-url and --analytics-url are set")
 		off := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusServiceUnavailable)
 			io.WriteString(w, `{"code":503,"error":"user mapping is not configured on this relay (--alias-url and --analytics-url)"}`+"\n")
 		})
 		d.routes = append(d.routes,
-			adminroute.Route{Method: http.MethodPost, Path: "/usermap", Mode: admintoken.ModeOwn, Handler: off},
-			adminroute.Route{Method: http.MethodGet, Path: "/api/2/usermap", Mode: admintoken.ModeForward, Handler: off})
+			adminroute.Route{Method: http.MethodPost, Path: "/usermap", Mode: admintoken.ModeOwn, Handler: off})
 		return d, nil
 	}
 	um, err := usermap.New(usermap.Config{

@@ -23,6 +23,10 @@ type API struct {
 	Errors func(w http.ResponseWriter, p *Problem)
 	// Accept is sent as Accept when the caller sent none ("" keeps none).
 	Accept string
+	// Headers, when not nil, are the only request headers forwarded beside
+	// Authorization (the API's reference names no others); nil forwards
+	// every end-to-end header.
+	Headers []string
 	// Limits are client-side limits per caller's upstream account
 	// (Resolved.Key), taken in order before the call and given back when
 	// its answer is done; an upstream 429 pauses the account on each for
@@ -125,19 +129,19 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			if errors.Is(err, ErrBodyTooLarge) {
 				status = http.StatusRequestEntityTooLarge
 			}
-			a.Errors(w, &Problem{Status: status, Msg: err.Error()})
+			h.local(w, "invalid", &Problem{Status: status, Msg: err.Error()})
 			return
 		}
 	}
 	if h.route.Check != nil {
 		if p := h.route.Check(r, body); p != nil {
-			a.Errors(w, p)
+			h.local(w, "invalid", p)
 			return
 		}
 	}
 	res, p := Resolve(r, h.f.creds.Load(), a.Upstream)
 	if p != nil {
-		a.Errors(w, p)
+		h.local(w, "unresolved", p)
 		return
 	}
 	for i, lim := range h.lims {
@@ -154,17 +158,26 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			var le *ratelimit.LimitedError
 			if errors.As(err, &le) {
 				w.Header().Set("Retry-After", strconv.Itoa(le.RetryAfterSeconds()))
-				a.Errors(w, &Problem{Status: http.StatusTooManyRequests, Msg: fmt.Sprintf(
+				h.local(w, "limited", &Problem{Status: http.StatusTooManyRequests, Msg: fmt.Sprintf(
 					"client-side limit of %s reached (%s); retry after %d s", l.Says, le.Reason, le.RetryAfterSeconds())})
 				return
 			}
-			a.Errors(w, &Problem{Status: http.StatusServiceUnavailable, Msg: "request abandoned while waiting for the client-side limit"})
+			h.local(w, "limited", &Problem{Status: http.StatusServiceUnavailable, Msg: "request abandoned while waiting for the client-side limit"})
 			return
 		}
 		defer release()
 	}
 	if a.Accept != "" && r.Header.Get("Accept") == "" {
 		r.Header.Set("Accept", a.Accept)
+	}
+	if a.Headers != nil {
+		keep := http.Header{}
+		for _, k := range append([]string{"Authorization", admintoken.HeaderProject}, a.Headers...) {
+			if vs := r.Header.Values(k); len(vs) > 0 {
+				keep[http.CanonicalHeaderKey(k)] = vs
+			}
+		}
+		r.Header = keep
 	}
 	status, _ := h.f.forward(w, r, res.Target, h.proxy)
 	if status == http.StatusTooManyRequests {
@@ -173,6 +186,13 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			lim.Pause(res.Key, max(d, time.Second))
 		}
 	}
+}
+
+// local answers a problem found before anything was sent, counted in
+// relay_forward_errors_total by reason.
+func (h *handler) local(w http.ResponseWriter, reason string, p *Problem) {
+	h.f.m.errors.WithLabelValues(h.api.API, reason).Inc()
+	h.api.Errors(w, p)
 }
 
 // follower is a RoundTripper that follows up to n redirects of an answer

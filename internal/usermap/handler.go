@@ -8,11 +8,9 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/valyala/fasthttp"
-	"go.uber.org/zap"
-
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/formreq"
+	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/groupidentify/lanedeliver"
 	"github.com/svcrelay/relay/internal/spool"
 )
@@ -210,51 +208,31 @@ func ParseUserIDs(v []byte) ([]string, *ValidationError) {
 	return ids, nil
 }
 
-func (u *UserMap) serveGet(w http.ResponseWriter, r *http.Request) {
-	if _, verr := ParseUserIDs([]byte(r.URL.Query().Get("user_ids"))); verr != nil {
-		u.rej.Reject(w, verr)
-		return
+// ReadAPI is GET /api/2/usermap as a forwarded API: base analyticsURL
+// (--analytics-url; a project's analytics_url overrides it), the project's
+// key pair as Basic, user_ids checked by ParseUserIDs, and only Accept
+// forwarded beside Authorization. Local answers are {"code":N,"error":"...",
+// "source":"relay"}.
+func ReadAPI(analyticsURL string) forward.API {
+	return forward.API{
+		Upstream: forward.Upstream{API: "usermap", Kind: credentials.KindAnalytics, Fallback: analyticsURL,
+			Flag: "--analytics-url", Scheme: forward.SchemeProjectBasic},
+		Headers: []string{"Accept"},
+		Errors: func(w http.ResponseWriter, p *forward.Problem) {
+			b, _ := json.Marshal(struct {
+				Code   int    `json:"code"`
+				Error  string `json:"error"`
+				Source string `json:"source"`
+			}{p.Status, p.Msg, "relay"})
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(p.Status)
+			w.Write(b)
+		},
+		Routes: []forward.Route{{Method: http.MethodGet, Path: "/api/2/usermap", Check: func(r *http.Request, _ []byte) *forward.Problem {
+			if _, verr := ParseUserIDs([]byte(r.URL.Query().Get("user_ids"))); verr != nil {
+				return &forward.Problem{Status: verr.Status, Msg: verr.Msg}
+			}
+			return nil
+		}}},
 	}
-	base := u.cfg.AnalyticsURL
-	auth := r.Header.Get("Authorization")
-	if name := r.Header.Get("X-Relay-Project"); name != "" {
-		p, ok := u.creds.Project(name)
-		if !ok {
-			u.rej.Reject(w, formreq.Bad("unknown_project", "X-Relay-Project: no project of that name in the credentials file"))
-			return
-		}
-		base = strings.TrimRight(p.URL(credentials.KindAnalytics, base), "/")
-		auth = credentials.BasicAuth(p.APIKey, p.SecretKey)
-	}
-	req := fasthttp.AcquireRequest()
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	uri := base + "/api/2/usermap"
-	if qs := r.URL.RawQuery; qs != "" {
-		uri += "?" + qs
-	}
-	req.SetRequestURI(uri)
-	req.Header.SetMethod(fasthttp.MethodGet)
-	if auth != "" {
-		req.Header.Set(fasthttp.HeaderAuthorization, auth)
-	}
-	if a := r.Header.Get("Accept"); a != "" {
-		req.Header.Set(fasthttp.HeaderAccept, a)
-	}
-	if err := u.fwd.DoTimeout(req, resp, u.cfg.ForwardTimeout); err != nil {
-		u.forwarded.WithLabelValues("error").Inc()
-		u.log.Warn("usermap: forwarding GET /api/2/usermap failed", zap.Error(err))
-		formreq.WriteError(w, http.StatusBadGateway, "upstream unreachable: "+err.Error())
-		return
-	}
-	u.forwarded.WithLabelValues(fmt.Sprint(resp.StatusCode())).Inc()
-	if ct := resp.Header.ContentType(); len(ct) > 0 {
-		w.Header().Set("Content-Type", string(ct))
-	}
-	if ra := resp.Header.Peek(fasthttp.HeaderRetryAfter); len(ra) > 0 {
-		w.Header().Set("Retry-After", string(ra))
-	}
-	w.WriteHeader(resp.StatusCode())
-	w.Write(resp.Body())
 }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
-	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/adminroute"
@@ -36,8 +35,7 @@ const (
 
 // Defaults of Config's zero values.
 const (
-	DefaultRetryAfter     = 5 * time.Second
-	DefaultForwardTimeout = 30 * time.Second
+	DefaultRetryAfter = 5 * time.Second
 )
 
 // Config configures a UserMap.
@@ -67,9 +65,6 @@ type Config struct {
 	// RetryAfter is sent with 503 when the spool refuses; zero means
 	// DefaultRetryAfter.
 	RetryAfter time.Duration
-	// ForwardTimeout bounds a forwarded GET /api/2/usermap; zero means
-	// DefaultForwardTimeout.
-	ForwardTimeout time.Duration
 	// Gzip sends upstream POST bodies gzip-compressed.
 	Gzip bool
 }
@@ -92,7 +87,7 @@ func (c Config) Validate() error {
 	case c.RateLimit < 0:
 		return fmt.Errorf("usermap: RateLimit %d < 0", c.RateLimit)
 	case c.RateWindow < 0, c.MaxAge < 0, c.RetryInitial < 0, c.RetryMax < 0, c.MaxRetryAfter < 0,
-		c.RetryAfter < 0, c.ForwardTimeout < 0:
+		c.RetryAfter < 0:
 		return errors.New("usermap: negative duration")
 	}
 	return nil
@@ -114,9 +109,6 @@ func (c Config) withDefaults() Config {
 	if c.RetryAfter == 0 {
 		c.RetryAfter = DefaultRetryAfter
 	}
-	if c.ForwardTimeout == 0 {
-		c.ForwardTimeout = DefaultForwardTimeout
-	}
 	c.AliasURL = strings.TrimRight(c.AliasURL, "/")
 	c.AnalyticsURL = strings.TrimRight(c.AnalyticsURL, "/")
 	return c
@@ -131,11 +123,9 @@ type UserMap struct {
 	log   *zap.Logger
 	d     *lanedeliver.Deliverer
 	pacer *Pacer
-	fwd   *fasthttp.Client
 	rej   *formreq.Rejecter
 
-	accepted  prometheus.Counter
-	forwarded *prometheus.CounterVec
+	accepted prometheus.Counter
 }
 
 // New returns a UserMap. creds, log and reg may be nil.
@@ -148,15 +138,7 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 		log = zap.NewNop()
 	}
 	f := promauto.With(reg)
-	u := &UserMap{cfg: cfg, sp: sp, creds: creds, log: log,
-		fwd: &fasthttp.Client{
-			Name:                     "svc-relay",
-			ReadTimeout:              cfg.ForwardTimeout,
-			WriteTimeout:             cfg.ForwardTimeout,
-			MaxResponseBodySize:      64 << 20,
-			NoDefaultUserAgentHeader: false,
-		},
-	}
+	u := &UserMap{cfg: cfg, sp: sp, creds: creds, log: log}
 	u.pacer = NewPacer(cfg.RateLimit, cfg.RateWindow, u.orgOf, nil)
 	u.pacer.waited = f.NewCounter(prometheus.CounterOpts{Name: "relay_usermap_pace_wait_seconds_total",
 		Help: "Time lanes waited for the per-organization mapping rate (1500 per 30 s)."})
@@ -181,9 +163,7 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 	u.accepted = f.NewCounter(prometheus.CounterOpts{Name: "relay_usermap_accepted_total",
 		Help: "Mappings accepted into the spool."})
 	u.rej = formreq.NewRejecter("usermap", log, f.NewCounterVec(prometheus.CounterOpts{Name: "relay_usermap_rejected_requests_total",
-		Help: "POST /usermap and GET /api/2/usermap requests refused locally, by reason."}, []string{"reason"}), cfg.RetryAfter)
-	u.forwarded = f.NewCounterVec(prometheus.CounterOpts{Name: "relay_usermap_forwarded_total",
-		Help: "GET /api/2/usermap requests forwarded, by upstream status (or \"error\")."}, []string{"status"})
+		Help: "POST /usermap requests refused locally, by reason."}, []string{"reason"}), cfg.RetryAfter)
 	return u, nil
 }
 
@@ -207,11 +187,11 @@ func (u *UserMap) aliasURL(apiKey string) string {
 	return base + "/usermap"
 }
 
-// Routes returns POST /usermap and GET /api/2/usermap (Forward).
+// Routes returns POST /usermap (GET /api/2/usermap is ReadAPI, forwarded by
+// internal/forward).
 func (u *UserMap) Routes() []adminroute.Route {
 	return []adminroute.Route{
 		{Method: http.MethodPost, Path: "/usermap", Mode: admintoken.ModeOwn, Handler: http.HandlerFunc(u.servePost)},
-		{Method: http.MethodGet, Path: "/api/2/usermap", Mode: admintoken.ModeForward, Handler: http.HandlerFunc(u.serveGet)},
 	}
 }
 
