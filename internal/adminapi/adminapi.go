@@ -393,8 +393,8 @@ func (z serverLog) Write(p []byte) (int, error) {
 func Redact(line string) string { return redactQuoted(redactQuery(line)) }
 
 // redactQuoted replaces the content of every double-quoted fragment of a
-// fasthttp log line (it quotes request content, e.g. a malformed header
-// line with a token, whatever SecureErrorLogMessage says) by [redacted],
+// server log line (it may quote request content, e.g. a malformed header
+// line with a token, or a handler's panic value) by [redacted],
 // except network addresses (digits, dots, colons, brackets, hex letters).
 func redactQuoted(s string) string {
 	var b strings.Builder
@@ -427,7 +427,7 @@ func redactQuoted(s string) string {
 	}
 }
 
-// redactQuery cuts query strings out of a fasthttp log line (a request's URI
+// redactQuery cuts query strings out of a server log line (a request's URI
 // may carry an api_key, as POST /usermap?api_key=... does): from each '?'
 // to the next white space or quote.
 func redactQuery(s string) string {

@@ -3,7 +3,7 @@
 // on the admin listener, on the upstream's paths.
 //
 // Every endpoint of the document's table is a route of API; any other path
-// under /api/1/experiments is answered 404 locally and never forwarded. The
+// under /api/1/experiments is answered 404 or 405 by the admin listener and never forwarded. The
 // upstream is --experiment-url, or the experiment_url of the project named by
 // X-Relay-Project (or of its organization). Credentials: the caller's
 // Authorization passes through; with X-Relay-Project the organization's

@@ -3,7 +3,7 @@
 // admin listener, on the upstream's paths, within the upstream's rate limit.
 //
 // Every endpoint of the document's table is a route of API; other paths
-// under /scim/1/Users and /scim/1/Groups are answered 404 locally. The
+// under /scim/1/Users and /scim/1/Groups are answered 404 or 405 by the admin listener. The
 // upstream is --scim-url, or the scim_url of the project named by
 // X-Relay-Project or of its organization. Credentials: the caller's
 // Authorization passes through; with X-Relay-Project the organization's

@@ -3,7 +3,7 @@
 // the upstream's paths, within the upstream's cost budget.
 //
 // Every endpoint of the document's table is a route of API; other paths
-// under /api/2/taxonomy are answered 404 locally. The upstream is
+// under /api/2/taxonomy are answered 404 or 405 by the admin listener. The upstream is
 // --analytics-url, or the analytics_url of the project named by
 // X-Relay-Project (or of the project whose api_key a pass-through Basic
 // header carries), else of its organization. Credentials: the caller's
