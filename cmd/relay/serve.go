@@ -120,8 +120,9 @@ type deliveries struct {
 	release []func()
 }
 
-// newDeliveries builds the delivery side from cfg.
-func newDeliveries(cfg config.Config, sp *spool.Spool, log *zap.Logger, reg prometheus.Registerer) (*deliveries, error) {
+// newDeliveries builds the delivery side from cfg; creds is the credentials
+// file in force.
+func newDeliveries(cfg config.Config, sp *spool.Spool, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*deliveries, error) {
 	client, err := upstream.New(upstream.Config{}, log.Named("upstream"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("upstream client: %w", err)
@@ -153,7 +154,7 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, log *zap.Logger, reg prom
 		URL:    cfg.IngestURL,
 		MaxAge: cfg.MaxEventAge,
 		Gzip:   cfg.UpstreamGzip,
-	}, sp, client, cfg.Creds, log.Named("groupidentify"), reg)
+	}, sp, client, creds, log.Named("groupidentify"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("group identify: %w", err)
 	}
@@ -180,7 +181,7 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, log *zap.Logger, reg prom
 		AnalyticsURL: cfg.AnalyticsURL,
 		MaxAge:       cfg.MaxEventAge,
 		Gzip:         cfg.UpstreamGzip,
-	}, sp, client, cfg.Creds, log.Named("usermap"), reg)
+	}, sp, client, creds, log.Named("usermap"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("user mapping: %w", err)
 	}
@@ -301,7 +302,10 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 
 	// Delivery is built before the admin listener so that /readyz can ask it
 	// and the listener can serve its routes.
-	dl, err := newDeliveries(cfg, sp, log, reg)
+	// The credentials file in force: every reader loads it at each use, so
+	// a reload can swap it (creds.Swap) without a restart.
+	creds := credentials.NewRef(cfg.Creds)
+	dl, err := newDeliveries(cfg, sp, creds, log, reg)
 	if err != nil {
 		return err
 	}
@@ -319,8 +323,7 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	}
 
 	// Admin listener. The credentials and the token in force can be swapped
-	// at run time (a reload): through creds, and admin.SetToken.
-	creds := credentials.NewRef(cfg.Creds)
+	// at run time (a reload): creds.Swap, and admin.SetToken.
 	admin, err := adminapi.New(adminapi.Config{
 		Gatherer: reg,
 		Token:    cfg.Token,

@@ -251,3 +251,32 @@ func (u *upstream) count() int {
 	defer u.mu.Unlock()
 	return len(u.reqs)
 }
+
+// TestCredentialsSwap: a credentials file swapped at run time (a reload)
+// is in force for the next request.
+func TestCredentialsSwap(t *testing.T) {
+	up := startUpstream(t, nil)
+	ref := credentials.NewRef(testCreds(t, up.URL))
+	f, err := New(Config{}, ref, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := serveAPIs(t, f, API{
+		Upstream: Upstream{API: "s", Kind: credentials.KindAnalytics, Fallback: up.URL, Scheme: SchemeProjectBasic},
+		Routes:   []Route{{Method: "GET", Path: "/s"}},
+	})
+	if resp, _ := send(t, "GET", base+"/s", "", "X-Relay-Project", "fresh"); resp.StatusCode != 400 {
+		t.Fatalf("unknown project before the swap: %d", resp.StatusCode)
+	}
+	next, err := credentials.Parse([]byte("projects:\n  - name: fresh\n    api_key: \"pk-fresh\"\n    secret_key: \"ps-fresh\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref.Swap(next)
+	if resp, body := send(t, "GET", base+"/s", "", "X-Relay-Project", "fresh"); resp.StatusCode != 200 {
+		t.Fatalf("after the swap: %d %s", resp.StatusCode, body)
+	}
+	if resp, _ := send(t, "GET", base+"/s", "", "X-Relay-Project", "web-prod"); resp.StatusCode != 400 {
+		t.Fatalf("a project of the old file after the swap: %d", resp.StatusCode)
+	}
+}

@@ -100,7 +100,7 @@ func (c Config) withDefaults() Config {
 type GroupIdentify struct {
 	cfg   Config
 	sp    *spool.Spool
-	creds *credentials.Store
+	creds *credentials.Ref // read at every use: a reload takes effect at once
 	log   *zap.Logger
 	d     *lanedeliver.Deliverer
 	rej   *formreq.Rejecter
@@ -108,8 +108,9 @@ type GroupIdentify struct {
 	accepted prometheus.Counter
 }
 
-// New returns a GroupIdentify. creds, log and reg may be nil.
-func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credentials.Store, log *zap.Logger, reg prometheus.Registerer) (*GroupIdentify, error) {
+// New returns a GroupIdentify. creds (the credentials file in force), log
+// and reg may be nil.
+func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*GroupIdentify, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -148,7 +149,7 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 // override, else Config.URL.
 func (g *GroupIdentify) upstreamURL(apiKey string) string {
 	base := g.cfg.URL
-	if p, ok := g.creds.ProjectByAPIKey(apiKey); ok {
+	if p, ok := g.creds.Load().ProjectByAPIKey(apiKey); ok {
 		base = strings.TrimRight(p.URL(credentials.KindIngest, base), "/")
 	}
 	return base + "/groupidentify"

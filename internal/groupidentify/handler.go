@@ -199,7 +199,7 @@ func (g *GroupIdentify) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	apiKey := formValue(f, "api_key")
 	if name := r.Header.Get("X-Relay-Project"); name != "" {
-		key, verr := projectKey(g.creds, name, apiKey)
+		key, verr := projectKey(g.creds.Load(), name, apiKey)
 		if verr != nil {
 			g.rej.Reject(w, verr)
 			return

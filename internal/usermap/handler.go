@@ -144,7 +144,7 @@ func (u *UserMap) servePost(w http.ResponseWriter, r *http.Request) {
 			u.rej.Reject(w, formreq.Bad("conflict", "api_key and X-Relay-Project: give one, not both"))
 			return
 		}
-		p, ok := u.creds.Project(name)
+		p, ok := u.creds.Load().Project(name)
 		if !ok {
 			u.rej.Reject(w, formreq.Bad("unknown_project", "X-Relay-Project: no project of that name in the credentials file"))
 			return

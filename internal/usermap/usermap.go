@@ -119,7 +119,7 @@ func (c Config) withDefaults() Config {
 type UserMap struct {
 	cfg   Config
 	sp    *spool.Spool
-	creds *credentials.Store
+	creds *credentials.Ref // read at every use: a reload takes effect at once
 	log   *zap.Logger
 	d     *lanedeliver.Deliverer
 	pacer *Pacer
@@ -128,8 +128,9 @@ type UserMap struct {
 	accepted prometheus.Counter
 }
 
-// New returns a UserMap. creds, log and reg may be nil.
-func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credentials.Store, log *zap.Logger, reg prometheus.Registerer) (*UserMap, error) {
+// New returns a UserMap. creds (the credentials file in force), log and reg
+// may be nil.
+func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*UserMap, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -170,8 +171,9 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 // orgOf is the pacing key of an api_key: its project's organization, else
 // the api_key itself (hashed; never logged).
 func (u *UserMap) orgOf(apiKey string) string {
-	if p, ok := u.creds.ProjectByAPIKey(apiKey); ok {
-		if o, ok := u.creds.OrgOfProject(p.Name); ok {
+	creds := u.creds.Load()
+	if p, ok := creds.ProjectByAPIKey(apiKey); ok {
+		if o, ok := creds.OrgOfProject(p.Name); ok {
 			return "org:" + o.Name
 		}
 		return "project:" + p.Name
@@ -181,7 +183,7 @@ func (u *UserMap) orgOf(apiKey string) string {
 
 func (u *UserMap) aliasURL(apiKey string) string {
 	base := u.cfg.AliasURL
-	if p, ok := u.creds.ProjectByAPIKey(apiKey); ok {
+	if p, ok := u.creds.Load().ProjectByAPIKey(apiKey); ok {
 		base = strings.TrimRight(p.URL(credentials.KindAlias, base), "/")
 	}
 	return base + "/usermap"

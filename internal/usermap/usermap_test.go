@@ -47,7 +47,7 @@ func newEnv(t *testing.T, simCfg sim.Config, cfg usermap.Config, creds *credenti
 				cfg.RetryInitial = 5 * time.Millisecond
 				cfg.RetryMax = 50 * time.Millisecond
 			}
-			um, err := usermap.New(cfg, sp, client, creds, nil, reg)
+			um, err := usermap.New(cfg, sp, client, credentials.NewRef(creds), nil, reg)
 			if err != nil {
 				return component{}, err
 			}
