@@ -4,9 +4,12 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/classifiers"
 	"github.com/svcrelay/relay/internal/config"
+	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/deletion"
 	"github.com/svcrelay/relay/internal/dsar"
 	"github.com/svcrelay/relay/internal/experiments"
@@ -15,60 +18,45 @@ import (
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/scim"
 	"github.com/svcrelay/relay/internal/taxonomy"
-	"go.uber.org/zap"
+	"github.com/svcrelay/relay/internal/usermap"
 )
 
 // forwardingRoutes builds the admin listener's forwarded upstream APIs
 // (experiments, SCIM, channel classifiers, taxonomy, feedback, DSAR, user
-// deletion, export). They share one
-// Forwarder, so its connections and metrics exist once per process. Every
-// upstream base comes from the flags or the credentials file, never from a
-// request.
-func forwardingRoutes(cfg config.Config, log *zap.Logger, reg prometheus.Registerer) ([]adminroute.Route, error) {
-	fwd, err := forward.New(forward.Config{}, log.Named("forward"), reg)
+// deletion, export, user mapping reads) from their tables, on one Forwarder, so its connections
+// and metrics exist once per process. Every upstream base comes from the
+// flags or the credentials file (read through creds at every request),
+// never from a request.
+func forwardingRoutes(cfg config.Config, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) ([]adminroute.Route, *forward.Forwarder, error) {
+	fwd, err := forward.New(forward.Config{}, creds, log.Named("forward"), reg)
 	if err != nil {
-		return nil, fmt.Errorf("forwarder: %w", err)
+		return nil, nil, fmt.Errorf("forwarder: %w", err)
 	}
-	var routes []adminroute.Route
-	ex, err := experiments.New(experiments.Config{URL: cfg.ExperimentURL}, cfg.Creds, fwd, log.Named("experiments"), reg)
+	sc, err := scim.API(scim.Config{URL: cfg.ScimURL})
 	if err != nil {
-		return nil, fmt.Errorf("experiments: %w", err)
+		return nil, nil, err
 	}
-	routes = append(routes, ex.Routes()...)
-	sc, err := scim.New(scim.Config{URL: cfg.ScimURL}, cfg.Creds, fwd, log.Named("scim"), reg)
+	tx, err := taxonomy.API(taxonomy.Config{URL: cfg.AnalyticsURL})
 	if err != nil {
-		return nil, fmt.Errorf("scim: %w", err)
+		return nil, nil, err
 	}
-	routes = append(routes, sc.Routes()...)
-	cl, err := classifiers.New(classifiers.Config{URL: cfg.AnalyticsURL}, cfg.Creds, fwd, log.Named("classifiers"), reg)
+	ds, err := dsar.API(dsar.Config{URL: cfg.AnalyticsURL})
 	if err != nil {
-		return nil, fmt.Errorf("classifiers: %w", err)
+		return nil, nil, err
 	}
-	routes = append(routes, cl.Routes()...)
-	tx, err := taxonomy.New(taxonomy.Config{URL: cfg.AnalyticsURL}, cfg.Creds, fwd, log.Named("taxonomy"), reg)
+	routes, err := fwd.Routes(
+		experiments.API(cfg.ExperimentURL),
+		sc,
+		classifiers.API(cfg.AnalyticsURL),
+		tx,
+		feedback.API(cfg.FeedbackURL),
+		ds,
+		deletion.API(deletion.Config{URL: cfg.AnalyticsURL}),
+		export.API(cfg.AnalyticsURL),
+		usermap.ReadAPI(cfg.AnalyticsURL),
+	)
 	if err != nil {
-		return nil, fmt.Errorf("taxonomy: %w", err)
+		return nil, nil, err
 	}
-	routes = append(routes, tx.Routes()...)
-	fb, err := feedback.New(feedback.Config{URL: cfg.FeedbackURL}, cfg.Creds, fwd, log.Named("feedback"), reg)
-	if err != nil {
-		return nil, fmt.Errorf("feedback: %w", err)
-	}
-	routes = append(routes, fb.Routes()...)
-	ds, err := dsar.New(dsar.Config{URL: cfg.AnalyticsURL}, cfg.Creds, fwd, log.Named("dsar"), reg)
-	if err != nil {
-		return nil, fmt.Errorf("dsar: %w", err)
-	}
-	routes = append(routes, ds.Routes()...)
-	de, err := deletion.New(deletion.Config{URL: cfg.AnalyticsURL}, cfg.Creds, fwd, log.Named("deletion"), reg)
-	if err != nil {
-		return nil, fmt.Errorf("deletion: %w", err)
-	}
-	routes = append(routes, de.Routes()...)
-	xp, err := export.New(export.Config{URL: cfg.AnalyticsURL}, cfg.Creds, fwd, log.Named("export"), reg)
-	if err != nil {
-		return nil, fmt.Errorf("export: %w", err)
-	}
-	routes = append(routes, xp.Routes()...)
-	return routes, nil
+	return routes, fwd, nil
 }

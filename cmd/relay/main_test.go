@@ -179,6 +179,17 @@ func TestServeSandbox(t *testing.T) {
 	if code, _ := get(adminURL + "/sim/stats"); code != 200 {
 		t.Errorf("sandbox /sim/stats on the admin listener: %d", code)
 	}
+	// The simulator's fault and test knobs are not mounted in the product.
+	for _, p := range []string{"/sim/down", "/sim/fault", "/sim/reset"} {
+		resp, err := http.Post(adminURL+p, "application/json", strings.NewReader(`{}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusMethodNotAllowed {
+			t.Errorf("POST %s on the admin listener: %d, want 405", p, resp.StatusCode)
+		}
+	}
 	// Both reach the sandbox upstream.
 	deadline := time.Now().Add(10 * time.Second)
 	for {

@@ -5,8 +5,10 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"runtime"
@@ -23,6 +25,7 @@ import (
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/config"
+	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/groupidentify"
 	"github.com/svcrelay/relay/internal/ingest"
@@ -31,8 +34,6 @@ import (
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
 	"github.com/svcrelay/relay/internal/usermap"
-	"github.com/valyala/fasthttp"
-	"github.com/valyala/fasthttp/fasthttpadaptor"
 	"go.uber.org/zap"
 )
 
@@ -123,8 +124,9 @@ type deliveries struct {
 	release []func()
 }
 
-// newDeliveries builds the delivery side from cfg.
-func newDeliveries(cfg config.Config, sp *spool.Spool, log *zap.Logger, reg prometheus.Registerer) (*deliveries, error) {
+// newDeliveries builds the delivery side from cfg; creds is the credentials
+// file in force.
+func newDeliveries(cfg config.Config, sp *spool.Spool, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*deliveries, error) {
 	client, err := upstream.New(upstream.Config{}, log.Named("upstream"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("upstream client: %w", err)
@@ -156,29 +158,26 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, log *zap.Logger, reg prom
 		URL:    cfg.IngestURL,
 		MaxAge: cfg.MaxEventAge,
 		Gzip:   cfg.UpstreamGzip,
-	}, sp, client, cfg.Creds, log.Named("groupidentify"), reg)
+	}, sp, client, creds, log.Named("groupidentify"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("group identify: %w", err)
 	}
 	d.components = append(d.components, namedComponent{"groupidentify", gi})
 	d.lanes[spool.KindGroupIdentify] = gi
-	for _, r := range gi.Routes() {
-		d.routes = append(d.routes, route(r.Method, r.Path, r.Forward, r.Handler))
-	}
+	d.routes = append(d.routes, gi.Routes()...)
 
 	if cfg.AliasURL == "" || cfg.AnalyticsURL == "" {
 		// Without the alias and analytics bases there is nowhere to send
 		// mappings: the routes say so, and mappings spooled by an earlier
 		// run wait for a start with both flags.
-		log.Warn("user mapping disabled: POST /usermap and GET /api/2/usermap answer 503 until --alias-url and --analytics-url are set")
-		off := func(ctx *fasthttp.RequestCtx) {
-			ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
-			ctx.SetContentType("application/json")
-			ctx.SetBodyString(`{"code":503,"error":"user mapping is not configured on this relay (--alias-url and --analytics-url)"}` + "\n")
-		}
+		log.Warn("user mapping disabled: POST /usermap answers 503 until --alias-url and --analytics-url are set")
+		off := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			io.WriteString(w, `{"code":503,"error":"user mapping is not configured on this relay (--alias-url and --analytics-url)"}`+"\n")
+		})
 		d.routes = append(d.routes,
-			route(fasthttp.MethodPost, "/usermap", false, off),
-			route(fasthttp.MethodGet, "/api/2/usermap", true, off))
+			adminroute.Route{Method: http.MethodPost, Path: "/usermap", Mode: admintoken.ModeOwn, Handler: off})
 		return d, nil
 	}
 	um, err := usermap.New(usermap.Config{
@@ -186,27 +185,14 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, log *zap.Logger, reg prom
 		AnalyticsURL: cfg.AnalyticsURL,
 		MaxAge:       cfg.MaxEventAge,
 		Gzip:         cfg.UpstreamGzip,
-	}, sp, client, cfg.Creds, log.Named("usermap"), reg)
+	}, sp, client, creds, log.Named("usermap"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("user mapping: %w", err)
 	}
 	d.components = append(d.components, namedComponent{"usermap", um})
 	d.lanes[spool.KindUserMap] = um
-	for _, r := range um.Routes() {
-		d.routes = append(d.routes, route(r.Method, r.Path, r.Forward, r.Handler))
-	}
+	d.routes = append(d.routes, um.Routes()...)
 	return d, nil
-}
-
-// route is an admin route whose token mode follows forward: a forwarding
-// route (the caller's own Authorization may go upstream) or one of the
-// relay's own.
-func route(method, path string, forward bool, h fasthttp.RequestHandler) adminroute.Route {
-	mode := admintoken.ModeOwn
-	if forward {
-		mode = admintoken.ModeForward
-	}
-	return adminroute.Route{Method: method, Path: path, Mode: mode, Handler: h}
 }
 
 // memoryLimitField is the soft memory limit in force (GOMEMLIMIT, or
@@ -351,7 +337,10 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 
 	// Delivery is built before the admin listener so that /readyz can ask it
 	// and the listener can serve its routes.
-	dl, err := newDeliveries(cfg, sp, log, reg)
+	// The credentials file in force: every reader loads it at each use, so
+	// a reload can swap it (creds.Swap) without a restart.
+	creds := credentials.NewRef(cfg.Creds)
+	dl, err := newDeliveries(cfg, sp, creds, log, reg)
 	if err != nil {
 		return err
 	}
@@ -368,7 +357,8 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		return err
 	}
 
-	// Admin listener.
+	// Admin listener. The credentials and the token in force can be swapped
+	// at run time (a reload): creds.Swap, and admin.SetToken.
 	admin, err := adminapi.New(adminapi.Config{
 		Gatherer: reg,
 		Token:    cfg.Token,
@@ -391,17 +381,18 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		return err
 	}
 	if sandbox != nil {
-		// The simulator's read-out and fault routes, on the admin listener's
-		// fixed address, so a newcomer can see where events went.
-		admin.HandleOwn(fasthttp.MethodGet, "/sim/", fasthttpadaptor.NewFastHTTPHandler(sandbox.ControlHandler()))
-		admin.HandleOwn(fasthttp.MethodPost, "/sim/", fasthttpadaptor.NewFastHTTPHandler(sandbox.ControlHandler()))
+		// The simulator's read-outs (GET /sim/...), on the admin listener's
+		// fixed address, so a newcomer can see where events went. Its fault
+		// and test knobs (POST /sim/...) are not mounted in the product:
+		// they are `relay sim`'s and the tests'.
+		admin.Register(adminroute.Route{Method: http.MethodGet, Path: "/sim/", Mode: admintoken.ModeOwn, Handler: sandbox.ControlHandler()})
 	}
 	// ADMIN ROUTES: every route but /healthz, /readyz and /metrics is
-	// registered with its admintoken.Mode (adminapi.Server.Register,
-	// HandleOwn, HandleForward); a later forwarding API adds its routes here.
+	// registered with its admintoken.Mode (adminapi.Server.Register); a
+	// forwarded API is a table in cmd/relay/forwarding.go.
 	admin.Register(relayAPI.Routes()...)
 	admin.Register(dl.routes...)
-	fwdRoutes, err := forwardingRoutes(cfg, log, reg)
+	fwdRoutes, fwd, err := forwardingRoutes(cfg, creds, log, reg)
 	if err != nil {
 		return err
 	}
@@ -416,7 +407,9 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	g.run("admin listener", func() error { return admin.Serve(adminLn) })
 	lc.onStop("admin listener", func(ctx context.Context) error {
 		relayAPI.Close() // a long replay or purge stops after its current step
-		return admin.Shutdown(ctx)
+		err := admin.Shutdown(ctx)
+		fwd.Close()
+		return err
 	})
 	log.Info("admin listening", zap.String("addr", adminLn.Addr().String()), zap.Bool("tls", adminTLS != nil))
 

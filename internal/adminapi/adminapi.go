@@ -2,27 +2,28 @@ package adminapi
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
+	stdlog "log"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
-	"github.com/svcrelay/relay/internal/graceful"
-	"github.com/valyala/fasthttp"
-	"github.com/valyala/fasthttp/fasthttpadaptor"
-	"go.uber.org/zap"
 )
 
 // Config configures a Server.
@@ -36,15 +37,20 @@ type Config struct {
 	// Token is the admin token required on every route but /healthz,
 	// /readyz and /metrics, where the route's admintoken.Mode says; nil
 	// means no admin token: every route is open (the token headers are
-	// still stripped before a handler sees the request).
+	// still stripped before a handler sees the request). SetToken replaces
+	// it at run time.
 	Token *admintoken.Token
 	// ReadTimeout bounds reading one request; 0 means DefaultReadTimeout.
 	ReadTimeout time.Duration
 	// WriteTimeout bounds writing one response; 0 means DefaultWriteTimeout
-	// (long enough for a 30s CPU profile).
+	// (long enough for a 30s CPU profile). Forwarded answers renew their
+	// own idle deadline instead (internal/forward).
 	WriteTimeout time.Duration
 	// MaxRequestBodySize bounds request bodies; 0 means DefaultMaxRequestBodySize.
 	MaxRequestBodySize int
+	// TLS, when not nil, makes the listener serve HTTPS with it (its
+	// certificates or GetCertificate); nil means plain HTTP.
+	TLS *tls.Config
 }
 
 // Defaults of Config.
@@ -62,31 +68,27 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// route is the handlers of one path, by method.
-type route struct {
-	pattern string // the registered path, the metrics' route label
-	prefix  bool
-	methods map[string]fasthttp.RequestHandler
-}
-
-// Server is the admin listener. Register routes with Handle (open),
-// HandleOwn, HandleForward or Register before Serve.
+// Server is the admin listener: an http.Server over an http.ServeMux.
+// Register routes with Handle (open) or Register before Serve.
 type Server struct {
-	cfg Config
-	log *zap.Logger
-	srv *graceful.Server
+	cfg   Config
+	log   *zap.Logger
+	srv   *http.Server
+	mux   *http.ServeMux
+	token atomic.Pointer[admintoken.Token]
 
 	requests *prometheus.CounterVec // relay_admin_requests_total{route,code}
 
-	mu       sync.RWMutex
-	routes   map[string]*route
-	prefixes []string // registered prefix paths, longest first
+	mu       sync.Mutex            // guards fresh
+	fresh    map[net.Conn]struct{} // connections that have sent nothing yet
+	stopping atomic.Bool           // Shutdown began
 }
 
 // New returns a server with /healthz, /readyz, /metrics and /debug/pprof/
 // registered. log and reg may be nil. It registers
-// relay_admin_requests_total{route,code} (route is the registered path, or
-// "unmatched"; never the request's own path or query).
+// relay_admin_requests_total{route,code} (route is the registered pattern,
+// "unmatched" when none matched, "refused" for a path CheckPath refused;
+// never the request's own path or query).
 func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -106,7 +108,8 @@ func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Server, error
 	if log == nil {
 		log = zap.NewNop()
 	}
-	s := &Server{cfg: cfg, log: log, routes: make(map[string]*route)}
+	s := &Server{cfg: cfg, log: log, mux: http.NewServeMux(), fresh: make(map[net.Conn]struct{})}
+	s.token.Store(cfg.Token)
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "relay_admin_requests_total",
 		Help: "Admin listener requests by registered route and status code (401/403: token refused).",
@@ -116,191 +119,218 @@ func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Server, error
 			return nil, fmt.Errorf("adminapi metrics: %w", err)
 		}
 	}
-	// graceful closes, at Shutdown, connections on which no handler runs
-	// (fasthttp alone waits for a silent client until its read timeout).
-	s.srv = graceful.New(&fasthttp.Server{
-		Handler:                      s.serve,
-		Name:                         "relay-admin",
-		ReadTimeout:                  cfg.ReadTimeout,
-		WriteTimeout:                 cfg.WriteTimeout,
-		IdleTimeout:                  2 * time.Minute,
-		MaxRequestBodySize:           cfg.MaxRequestBodySize,
-		NoDefaultDate:                true,
-		NoDefaultContentType:         true,
-		CloseOnShutdown:              true,
-		DisablePreParseMultipartForm: true,
-		// Request content (headers with tokens, bodies with api keys) never
-		// goes into fasthttp's error messages.
-		SecureErrorLogMessage: true,
-		Logger:                zapPrintf{log},
-	})
+	s.srv = &http.Server{
+		Handler:           http.HandlerFunc(s.serve),
+		ReadHeaderTimeout: min(cfg.ReadTimeout, 10*time.Second),
+		ReadTimeout:       cfg.ReadTimeout,
+		WriteTimeout:      cfg.WriteTimeout,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		TLSConfig:         cfg.TLS,
+		ConnState:         s.connState,
+		// net/http's own lines (TLS handshake errors, panics) go to the log
+		// with quoted fragments and query strings redacted.
+		ErrorLog: stdlog.New(serverLog{log}, "", 0),
+	}
 
-	s.Handle(fasthttp.MethodGet, "/healthz", s.healthz)
-	s.Handle(fasthttp.MethodHead, "/healthz", s.healthz)
-	s.Handle(fasthttp.MethodGet, "/readyz", s.readyz)
-	s.Handle(fasthttp.MethodHead, "/readyz", s.readyz)
-	metrics := fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{
-		ErrorLog:      zapPrintln{log},
+	s.Handle(http.MethodGet, "/healthz", http.HandlerFunc(s.healthz))
+	s.Handle(http.MethodGet, "/readyz", http.HandlerFunc(s.readyz))
+	s.Handle(http.MethodGet, "/metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{
+		ErrorLog:      zap.NewStdLog(log),
 		ErrorHandling: promhttp.ContinueOnError,
 	}))
-	s.Handle(fasthttp.MethodGet, "/metrics", metrics)
-
-	mux := http.NewServeMux()
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	pp := fasthttpadaptor.NewFastHTTPHandler(mux)
-	s.HandleOwn(fasthttp.MethodGet, "/debug/pprof/", pp)
-	s.HandleOwn(fasthttp.MethodPost, "/debug/pprof/", pp) // pprof's symbol lookup posts
+	own := func(method, path string, h http.HandlerFunc) adminroute.Route {
+		return adminroute.Route{Method: method, Path: path, Mode: admintoken.ModeOwn, Handler: h}
+	}
+	s.Register(
+		own(http.MethodGet, "/debug/pprof/", pprof.Index),
+		own(http.MethodGet, "/debug/pprof/cmdline", cmdline),
+		own(http.MethodGet, "/debug/pprof/profile", pprof.Profile),
+		own(http.MethodGet, "/debug/pprof/symbol", pprof.Symbol),
+		own(http.MethodPost, "/debug/pprof/symbol", pprof.Symbol),
+		own(http.MethodGet, "/debug/pprof/trace", pprof.Trace),
+	)
 	return s, nil
 }
 
-// Handle registers h for method and path. A path ending in "/" matches every
-// path under it (the longest registered prefix wins; exact paths beat
-// prefixes). Handle registers an OPEN route, with no admin token check: only
+// Handle registers h for method and path (an http.ServeMux pattern path;
+// GET also serves HEAD) as an OPEN route, with no admin token check: only
 // /healthz, /readyz and /metrics are open by the contract; everything else
-// goes through HandleOwn, HandleForward or Register. Registering the same method and path twice panics, as
-// net/http.ServeMux does: it is a programming error.
-func (s *Server) Handle(method, path string, h fasthttp.RequestHandler) {
-	if !strings.HasPrefix(path, "/") || h == nil || method == "" {
-		panic(fmt.Sprintf("adminapi: bad route %s %q", method, path))
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r := s.routes[path]
-	if r == nil {
-		r = &route{pattern: path, prefix: strings.HasSuffix(path, "/"), methods: make(map[string]fasthttp.RequestHandler)}
-		s.routes[path] = r
-		if r.prefix {
-			s.prefixes = append(s.prefixes, path)
-			sort.Slice(s.prefixes, func(i, j int) bool { return len(s.prefixes[i]) > len(s.prefixes[j]) })
-		}
-	}
-	if _, dup := r.methods[method]; dup {
-		panic(fmt.Sprintf("adminapi: route %s %s registered twice", method, path))
-	}
-	r.methods[method] = h
+// goes through Register. Registering a pattern twice panics, as
+// http.ServeMux does: it is a programming error.
+func (s *Server) Handle(method, path string, h http.Handler) {
+	s.mux.Handle(method+" "+path, h)
 }
 
-// HandleOwn registers h for one of the relay's own routes (/relay/v1/...,
-// /debug/pprof/, /groupidentify, /usermap): the admin token is read from
-// Authorization (or Proxy-Authorization); see admintoken.ModeOwn.
-func (s *Server) HandleOwn(method, path string, h fasthttp.RequestHandler) {
-	s.HandleMode(method, path, admintoken.ModeOwn, h)
-}
-
-// HandleForward registers h for a route forwarded to an upstream API: the
-// admin token is read from Proxy-Authorization (or from Authorization when
-// the request names a project with X-Relay-Project), and a caller's own
-// Authorization reaches h untouched; see admintoken.ModeForward.
-func (s *Server) HandleForward(method, path string, h fasthttp.RequestHandler) {
-	s.HandleMode(method, path, admintoken.ModeForward, h)
-}
-
-// HandleMode registers h behind the admin token check of mode. A request
-// reaching h passed the check and has had the admin token headers stripped
-// (admintoken.Token.Strip), so h can forward the rest of its headers.
-func (s *Server) HandleMode(method, path string, mode admintoken.Mode, h fasthttp.RequestHandler) {
-	if h == nil {
-		panic(fmt.Sprintf("adminapi: nil handler for %s %q", method, path))
-	}
-	s.Handle(method, path, s.cfg.Token.Require(mode, h))
-}
-
-// Register registers routes offered by another package (group identify,
-// user mapping, forwarded APIs), each behind the token check of its Mode.
+// Register registers routes (the relay's own, group identify, user
+// mapping, forwarded APIs), each behind the admin token check of its Mode:
+// a request reaching a Handler passed the check and has had the admin
+// token removed from its headers (admintoken.Token.Strip).
 func (s *Server) Register(routes ...adminroute.Route) {
 	for _, r := range routes {
-		s.HandleMode(r.Method, r.Path, r.Mode, r.Handler)
+		if r.Handler == nil {
+			panic(fmt.Sprintf("adminapi: nil handler for %s", r.Pattern()))
+		}
+		mode, next := r.Mode, r.Handler
+		s.mux.Handle(r.Pattern(), http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			s.token.Load().Require(mode, next).ServeHTTP(w, req)
+		}))
 	}
 }
 
-// Handler returns the router (for tests and for serving on another listener).
-func (s *Server) Handler() fasthttp.RequestHandler { return s.serve }
+// SetToken puts t in force for every later request (nil: no admin token),
+// e.g. after a reload of the token file.
+func (s *Server) SetToken(t *admintoken.Token) { s.token.Store(t) }
 
-// Serve serves on ln until Shutdown; it returns nil after Shutdown.
+// Handler returns the listener's handler (for tests and other listeners):
+// the path check, the metrics and the router.
+func (s *Server) Handler() http.Handler { return s.srv.Handler }
+
+// Serve serves on ln (with TLS when Config.TLS is set) until Shutdown; it
+// returns nil after Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
-	if err := s.srv.Serve(ln); err != nil {
+	var err error
+	if s.cfg.TLS != nil {
+		err = s.srv.ServeTLS(ln, "", "")
+	} else {
+		err = s.srv.Serve(ln)
+	}
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("admin listener: %w", err)
 	}
 	return nil
 }
 
-// Shutdown stops accepting and waits for open requests until ctx ends.
-// Connections on which no handler runs (new ones that sent nothing yet, idle
-// keep-alive ones) are closed at once (see package graceful), so a client
-// that connected and sent nothing does not hold the stop.
+// Shutdown stops accepting, closes idle connections and connections that
+// have sent nothing yet (net/http alone waits 5 s for those), and waits for
+// open requests until ctx ends; then it closes the rest.
 func (s *Server) Shutdown(ctx context.Context) error {
-	if err := s.srv.Shutdown(ctx); err != nil {
-		return fmt.Errorf("admin listener shutdown: %w", err)
+	s.stopping.Store(true)
+	done := make(chan error, 1)
+	go func() { done <- s.srv.Shutdown(ctx) }()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		s.closeFresh()
+		select {
+		case err := <-done:
+			if err != nil {
+				s.srv.Close()
+				return fmt.Errorf("admin listener shutdown: %w", err)
+			}
+			return nil
+		case <-tick.C:
+		}
 	}
-	return nil
 }
 
-func (s *Server) serve(ctx *fasthttp.RequestCtx) {
-	path := string(ctx.Path())
-	s.mu.RLock()
-	r := s.routes[path]
-	if r == nil {
-		for _, p := range s.prefixes {
-			if strings.HasPrefix(path, p) {
-				r = s.routes[p]
-				break
-			}
-		}
+// connState keeps the connections that have not sent a byte yet.
+func (s *Server) connState(c net.Conn, st http.ConnState) {
+	s.mu.Lock()
+	if st == http.StateNew {
+		s.fresh[c] = struct{}{}
+	} else {
+		delete(s.fresh, c)
 	}
-	var h fasthttp.RequestHandler
-	var allow []string
-	if r != nil {
-		h = r.methods[string(ctx.Method())]
-		if h == nil {
-			for m := range r.methods {
-				allow = append(allow, m)
-			}
-		}
+	s.mu.Unlock()
+	if st == http.StateNew && s.stopping.Load() {
+		s.closeFresh()
 	}
-	s.mu.RUnlock()
-	label := "unmatched"
-	if r != nil {
-		label = r.pattern
+}
+
+// closeFresh closes the connections that have sent nothing: no request is
+// lost, as if the listener had closed a moment before they connected.
+func (s *Server) closeFresh() {
+	s.mu.Lock()
+	var cs []net.Conn
+	for c := range s.fresh {
+		cs = append(cs, c)
 	}
+	s.mu.Unlock()
+	for _, c := range cs {
+		c.Close()
+	}
+}
+
+// serve refuses paths adminroute.CheckPath refuses (400, before routing,
+// so routing and forwarding see one path), bounds the body, routes, and
+// counts the answer by the pattern that served it.
+func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	sw := &statusWriter{ResponseWriter: w}
+	label := "refused"
 	defer func() {
-		s.requests.WithLabelValues(label, strconv.Itoa(ctx.Response.StatusCode())).Inc()
+		s.requests.WithLabelValues(label, strconv.Itoa(sw.code())).Inc()
 	}()
-	switch {
-	case r == nil:
-		textError(ctx, fasthttp.StatusNotFound, "not found")
-	case h == nil:
-		slices.Sort(allow)
-		ctx.Response.Header.Set(fasthttp.HeaderAllow, strings.Join(allow, ", "))
-		textError(ctx, fasthttp.StatusMethodNotAllowed, "method not allowed")
-	default:
-		h(ctx)
+	if err := adminroute.CheckPath(adminroute.RawPath(r)); err != nil {
+		// JSON with "source":"relay", like every local answer on a
+		// forwarded path; the reason names no request content.
+		sw.Header().Set("Content-Type", "application/json")
+		sw.Header().Set("Connection", "close")
+		sw.WriteHeader(http.StatusBadRequest)
+		io.WriteString(sw, `{"error":"request path refused: it has an empty, '.' or '..' segment, an escaped '/', '\\', '.', '%' or ';', or bytes that are not printable ASCII; nothing was forwarded","source":"relay"}`+"\n")
+		return
+	}
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = http.MaxBytesReader(sw, r.Body, int64(s.cfg.MaxRequestBodySize))
+	}
+	s.mux.ServeHTTP(sw, r)
+	label = "unmatched"
+	if r.Pattern != "" {
+		label = r.Pattern
 	}
 }
 
-func (s *Server) healthz(ctx *fasthttp.RequestCtx) {
-	ctx.SetContentType("text/plain; charset=utf-8")
-	ctx.SetBodyString("ok\n")
+// statusWriter keeps the status of the answer for the metrics.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
 }
 
-func (s *Server) readyz(ctx *fasthttp.RequestCtx) {
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+func (w *statusWriter) code() int {
+	if w.status == 0 {
+		return http.StatusOK
+	}
+	return w.status
+}
+
+// Unwrap lets http.ResponseController reach the server's writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	io.WriteString(w, "ok\n")
+}
+
+func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 	if s.cfg.Ready != nil {
 		if err := s.cfg.Ready(); err != nil {
-			textError(ctx, fasthttp.StatusServiceUnavailable, "not ready: "+err.Error())
+			textError(w, http.StatusServiceUnavailable, "not ready: "+err.Error())
 			return
 		}
 	}
-	ctx.SetContentType("text/plain; charset=utf-8")
-	ctx.SetBodyString("ready\n")
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	io.WriteString(w, "ready\n")
 }
 
-func textError(ctx *fasthttp.RequestCtx, status int, msg string) {
-	ctx.SetStatusCode(status)
-	ctx.SetContentType("text/plain; charset=utf-8")
-	ctx.SetBodyString(msg + "\n")
+func textError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	io.WriteString(w, msg+"\n")
 }
 
 // cmdline is pprof's /debug/pprof/cmdline with the value of --admin-token
@@ -347,16 +377,24 @@ func RedactArgs(args []string) []string {
 	return out
 }
 
-// zapPrintf adapts a zap logger to fasthttp.Logger.
-type zapPrintf struct{ log *zap.Logger }
+// serverLog takes net/http's error log lines (TLS handshake errors,
+// panics in handlers, accept errors) into zap, with quoted fragments and
+// query strings redacted: no request content reaches the log.
+type serverLog struct{ log *zap.Logger }
 
-func (z zapPrintf) Printf(format string, args ...any) {
-	z.log.Warn("admin listener", zap.String("detail", redactQuoted(redactQuery(fmt.Sprintf(format, args...)))))
+func (z serverLog) Write(p []byte) (int, error) {
+	z.log.Warn("admin listener", zap.String("detail", Redact(strings.TrimRight(string(p), "\n"))))
+	return len(p), nil
 }
 
+// Redact returns a server log line with the content of double-quoted
+// fragments and query strings replaced by [redacted] (see redactQuoted,
+// redactQuery).
+func Redact(line string) string { return redactQuoted(redactQuery(line)) }
+
 // redactQuoted replaces the content of every double-quoted fragment of a
-// fasthttp log line (it quotes request content, e.g. a malformed header
-// line with a token, whatever SecureErrorLogMessage says) by [redacted],
+// server log line (it may quote request content, e.g. a malformed header
+// line with a token, or a handler's panic value) by [redacted],
 // except network addresses (digits, dots, colons, brackets, hex letters).
 func redactQuoted(s string) string {
 	var b strings.Builder
@@ -389,7 +427,7 @@ func redactQuoted(s string) string {
 	}
 }
 
-// redactQuery cuts query strings out of a fasthttp log line (a request's URI
+// redactQuery cuts query strings out of a server log line (a request's URI
 // may carry an api_key, as POST /usermap?api_key=... does): from each '?'
 // to the next white space or quote.
 func redactQuery(s string) string {
@@ -409,11 +447,4 @@ func redactQuery(s string) string {
 		}
 		s = s[j:]
 	}
-}
-
-// zapPrintln adapts a zap logger to promhttp.Logger.
-type zapPrintln struct{ log *zap.Logger }
-
-func (z zapPrintln) Println(v ...any) {
-	z.log.Warn("metrics gathering", zap.String("detail", fmt.Sprint(v...)))
 }

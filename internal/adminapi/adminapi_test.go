@@ -15,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
-	"github.com/valyala/fasthttp"
 )
 
 // start serves s on a real 127.0.0.1 port and returns its base URL.
@@ -117,7 +116,7 @@ func TestMetrics(t *testing.T) {
 		t.Fatal("a request's path or query became a label")
 	}
 	for _, want := range []string{"relay_test_total 3", "go_goroutines",
-		`relay_admin_requests_total{code="401",route="/debug/pprof/"} 1`,
+		`relay_admin_requests_total{code="401",route="GET /debug/pprof/"} 1`,
 		`relay_admin_requests_total{code="404",route="unmatched"} 1`} {
 		if !strings.Contains(body, want) {
 			t.Fatalf("metrics lack %q", want)
@@ -175,19 +174,26 @@ func TestRouter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	say := func(w string) fasthttp.RequestHandler {
-		return func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString(w) }
+	say := func(w string) http.Handler {
+		return http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { io.WriteString(rw, w) })
 	}
-	s.Handle("GET", "/relay/v1/", say("prefix"))
-	s.Handle("GET", "/relay/v1/dead/", say("longer prefix"))
-	s.Handle("GET", "/relay/v1/dead", say("exact"))
-	s.HandleOwn("DELETE", "/relay/v1/dead", say("deleted"))
-	s.HandleForward("GET", "/api/2/thing", func(ctx *fasthttp.RequestCtx) {
-		// What a forwarding handler would pass upstream.
-		ctx.SetBodyString("auth=" + string(ctx.Request.Header.Peek("Authorization")) +
-			" proxy=" + string(ctx.Request.Header.Peek("Proxy-Authorization")))
-	})
-	s.Register(adminroute.Route{Method: "PUT", Path: "/usermap", Mode: admintoken.ModeOwn, Handler: say("own route")})
+	own := func(method, path string, h http.Handler) adminroute.Route {
+		return adminroute.Route{Method: method, Path: path, Mode: admintoken.ModeOwn, Handler: h}
+	}
+	s.Register(
+		own("GET", "/relay/v1/", say("prefix")),
+		own("GET", "/relay/v1/dead/", say("longer prefix")),
+		own("GET", "/relay/v1/dead", say("exact")),
+		own("DELETE", "/relay/v1/dead", say("deleted")),
+		own("GET", "/relay/v1/lanes/{label}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.WriteString(w, "lane "+r.PathValue("label"))
+		})),
+		adminroute.Route{Method: "GET", Path: "/api/2/thing", Mode: admintoken.ModeForward, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			// What a forwarding handler would pass upstream.
+			io.WriteString(w, "auth="+r.Header.Get("Authorization")+" proxy="+r.Header.Get("Proxy-Authorization"))
+		})},
+		own("PUT", "/usermap", say("own route")),
+	)
 	base := start(t, s)
 
 	tests := []struct {
@@ -196,16 +202,20 @@ func TestRouter(t *testing.T) {
 		code         int
 		body         string
 	}{
-		{"GET", "/relay/v1/dead", nil, 200, "exact"},
+		{"GET", "/relay/v1/dead", []string{"Authorization", "Bearer tok"}, 200, "exact"},
+		{"GET", "/relay/v1/dead", nil, 401, ""},
 		{"GET", "/api/2/thing", nil, 401, ""},
 		{"GET", "/api/2/thing", []string{"Authorization", "Bearer tok"}, 401, ""}, // forward mode: Proxy-Authorization
 		{"GET", "/api/2/thing", []string{"Proxy-Authorization", "Bearer nope"}, 403, ""},
 		{"GET", "/api/2/thing", []string{"Proxy-Authorization", "Bearer tok", "Authorization", "Basic dXA6c2VjcmV0"}, 200, "auth=Basic dXA6c2VjcmV0 proxy="},
 		{"GET", "/api/2/thing", []string{"Authorization", "Bearer tok", "X-Relay-Project", "web"}, 200, "auth= proxy="},
+		{"GET", "/api/2/thing", []string{"Proxy-Authorization", "Bearer tok", "Authorization", "Token tok"}, 200, "auth= proxy="},
 		{"PUT", "/usermap", nil, 401, ""},
 		{"PUT", "/usermap", []string{"Authorization", "Bearer tok"}, 200, "own route"},
-		{"GET", "/relay/v1/dead/17", nil, 200, "longer prefix"},
-		{"GET", "/relay/v1/other", nil, 200, "prefix"},
+		{"GET", "/relay/v1/dead/17", []string{"Authorization", "Bearer tok"}, 200, "longer prefix"},
+		{"GET", "/relay/v1/other", []string{"Authorization", "Bearer tok"}, 200, "prefix"},
+		{"GET", "/relay/v1/lanes/events-1a", []string{"Authorization", "Bearer tok"}, 200, "lane events-1a"},
+		{"HEAD", "/healthz", nil, 200, ""},
 		{"DELETE", "/relay/v1/dead", nil, 401, ""},
 		{"DELETE", "/relay/v1/dead", []string{"Authorization", "Bearer tok"}, 200, "deleted"},
 		{"POST", "/relay/v1/dead", nil, 405, ""},
@@ -324,10 +334,10 @@ func TestShutdownWithSilentConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	release := make(chan struct{})
-	s.Handle("GET", "/slow", func(ctx *fasthttp.RequestCtx) {
+	s.Handle("GET", "/slow", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		<-release
-		ctx.SetBodyString("done")
-	})
+		io.WriteString(w, "done")
+	}))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

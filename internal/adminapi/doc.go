@@ -1,35 +1,42 @@
-// Package adminapi is the relay's admin listener on fasthttp: /healthz,
-// /readyz, /metrics, /debug/pprof/, a small router on which the other admin
-// routes are registered with their admin token mode, and the relay's own API
-// under /relay/v1/ (Relay: dead letters and lanes).
+// Package adminapi is the relay's admin listener: an http.Server over an
+// http.ServeMux serving /healthz, /readyz, /metrics (promhttp),
+// /debug/pprof/ (net/http/pprof), the routes other packages offer as
+// adminroute.Route values with their admin token mode, and the relay's own
+// API under /relay/v1/ (Relay: dead letters and lanes).
 //
 // # Routes and the admin token
 //
 // Handle registers an open route; only /healthz, /readyz and /metrics are
-// open. Every other route is registered with its admintoken.Mode: HandleOwn
-// (the relay's own routes, /debug/pprof/, /groupidentify, /usermap: the
-// token in Authorization), HandleForward (routes forwarded to an upstream
-// API: the token in Proxy-Authorization, the caller's own Authorization
-// passed through), or Register with adminroute.Route values offered by other
-// packages. A later forwarding API only adds its routes with ModeForward.
+// open. Every other route is registered with Register and its
+// admintoken.Mode: ModeOwn (the relay's own routes, /debug/pprof/,
+// /groupidentify, /usermap: the token in Authorization) or ModeForward
+// (routes forwarded to an upstream API, internal/forward: the token in
+// Proxy-Authorization, the caller's own Authorization passed through).
 //
 // Invariants:
+//   - One path: every request's raw path passes adminroute.CheckPath before
+//     routing, or is answered 400 {"error","source":"relay"} (no token
+//     check, no handler, nothing forwarded). The ServeMux routes the decoded
+//     path of what remains; forwarders send that same path.
 //   - /healthz answers 200 while the listener serves; it checks nothing else.
 //   - /readyz answers 200 only when Config.Ready returns nil, else 503 with
 //     the reason as a text body.
-//   - When Config.Token is set, a request to a non-open route reaches its
-//     handler only with the right token where its mode reads it (401 when
-//     absent, 403 when wrong, compared in constant time by admintoken), and
-//     with the admin token headers stripped (admintoken.Token.Strip), so a
-//     forwarding handler never sends the token upstream.
-//   - Neither the token nor request content reaches the log: fasthttp's
-//     error messages are produced with SecureErrorLogMessage, and quoted
-//     fragments and query strings in them are redacted before logging.
-//     /debug/pprof/cmdline redacts secret-looking flag values.
-//   - Routes are matched on the exact path, or on a prefix when registered
-//     with a trailing slash; the longest match wins. A known path with another
-//     method is answered 405 with Allow; an unknown path 404 (before any
-//     token check: a 404 reveals no secret).
+//   - When a token is in force (Config.Token, SetToken), a request to a
+//     non-open route reaches its handler only with the right token where
+//     its mode reads it (401 when absent, 403 when wrong, compared in
+//     constant time by admintoken), and with the admin token removed from
+//     its headers in whatever scheme it rides (admintoken.Token.Strip), so
+//     a forwarding handler never sends it upstream.
+//   - Neither the token nor request content reaches the log: net/http's
+//     error log goes to zap with quoted fragments and query strings
+//     redacted; /debug/pprof/cmdline redacts secret-looking flag values.
+//   - Patterns are http.ServeMux's: the most specific wins; a known path
+//     with another method is answered 405 with Allow; an unknown path 404
+//     (before any token check: a 404 reveals no secret).
+//     relay_admin_requests_total counts by the matched pattern, never by
+//     the request's path.
+//   - Request bodies are bounded by Config.MaxRequestBodySize
+//     (http.MaxBytesReader).
 //
 // # /relay/v1
 //
@@ -45,8 +52,10 @@
 // Pause and resume go to the LaneControl of the lane's kind (the batcher for
 // events); kinds without one answer 409.
 //
-// Goroutines: Serve runs the fasthttp server on the caller's goroutine;
-// Shutdown stops it and waits for open requests up to its context. Handlers
-// run on fasthttp's goroutines; Relay's bulk calls hold Relay.bulk (its only
-// lock) across spool calls.
+// Goroutines: Serve runs the http.Server on the caller's goroutine (with
+// TLS when Config.TLS is set); handlers run on net/http's connection
+// goroutines. Shutdown stops accepting, closes idle connections and those
+// that have sent nothing yet, and waits for open requests up to its
+// context; it owns one goroutine for the duration of the call. Relay's bulk
+// calls hold Relay.bulk (its only lock) across spool calls.
 package adminapi

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,7 +21,6 @@ import (
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/spool"
-	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 )
 
@@ -116,16 +117,16 @@ func (a *Relay) Close() { a.stop() }
 
 // Routes returns the /relay/v1 routes, for Server.Register.
 func (a *Relay) Routes() []adminroute.Route {
-	own := func(method, path string, h fasthttp.RequestHandler) adminroute.Route {
+	own := func(method, path string, h http.HandlerFunc) adminroute.Route {
 		return adminroute.Route{Method: method, Path: path, Mode: admintoken.ModeOwn, Handler: h}
 	}
 	return []adminroute.Route{
-		own(fasthttp.MethodGet, "/relay/v1/deadletters", a.listDead),
-		own(fasthttp.MethodPost, "/relay/v1/deadletters/replay", a.replayDead),
-		own(fasthttp.MethodPost, "/relay/v1/deadletters/purge", a.purgeDead),
-		own(fasthttp.MethodGet, "/relay/v1/lanes", a.listLanes),
-		own(fasthttp.MethodGet, "/relay/v1/lanes/", a.getLane),
-		own(fasthttp.MethodPost, "/relay/v1/lanes/", a.laneAction),
+		own(http.MethodGet, "/relay/v1/deadletters", a.listDead),
+		own(http.MethodPost, "/relay/v1/deadletters/replay", a.replayDead),
+		own(http.MethodPost, "/relay/v1/deadletters/purge", a.purgeDead),
+		own(http.MethodGet, "/relay/v1/lanes", a.listLanes),
+		own(http.MethodGet, "/relay/v1/lanes/{label}", a.getLane),
+		own(http.MethodPost, "/relay/v1/lanes/{label}/{action}", a.laneAction),
 	}
 }
 
@@ -135,19 +136,19 @@ type apiError struct {
 	Error string `json:"error"`
 }
 
-func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
+func writeJSON(w http.ResponseWriter, status int, v any) {
 	b, err := json.Marshal(v)
 	if err != nil {
-		status, b = fasthttp.StatusInternalServerError, []byte(`{"error":"encoding the answer failed"}`)
+		status, b = http.StatusInternalServerError, []byte(`{"error":"encoding the answer failed"}`)
 	}
-	ctx.SetStatusCode(status)
-	ctx.SetContentType("application/json")
-	ctx.Response.Header.Set(fasthttp.HeaderCacheControl, "no-store")
-	ctx.SetBody(append(b, '\n'))
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
 }
 
-func jsonError(ctx *fasthttp.RequestCtx, status int, format string, args ...any) {
-	writeJSON(ctx, status, apiError{Error: fmt.Sprintf(format, args...)})
+func jsonError(w http.ResponseWriter, status int, format string, args ...any) {
+	writeJSON(w, status, apiError{Error: fmt.Sprintf(format, args...)})
 }
 
 // ---- lanes by label
@@ -234,8 +235,8 @@ func (ix laneIndex) spoolFilter(f filterJSON) (spool.DeadFilter, bool) {
 	return out, true
 }
 
-func uintArg(ctx *fasthttp.RequestCtx, name string, def, lo, hi uint64) (uint64, error) {
-	v := ctx.QueryArgs().Peek(name)
+func uintArg(q url.Values, name string, def, lo, hi uint64) (uint64, error) {
+	v := q.Get(name)
 	if len(v) == 0 {
 		return def, nil
 	}
@@ -247,40 +248,40 @@ func uintArg(ctx *fasthttp.RequestCtx, name string, def, lo, hi uint64) (uint64,
 }
 
 // listDead: GET /relay/v1/deadletters?lane=&reason=&after=&limit=
-func (a *Relay) listDead(ctx *fasthttp.RequestCtx) {
-	q := ctx.QueryArgs()
+func (a *Relay) listDead(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
 	var badArg string
-	for k := range q.All() {
-		switch string(k) {
+	for k := range q {
+		switch k {
 		case "lane", "reason", "after", "limit":
 		default:
-			badArg = string(k)
+			badArg = k
 		}
 	}
 	if badArg != "" {
-		jsonError(ctx, fasthttp.StatusBadRequest, "unknown query parameter %q (lane, reason, after, limit)", badArg)
+		jsonError(w, http.StatusBadRequest, "unknown query parameter %q (lane, reason, after, limit)", badArg)
 		return
 	}
-	after, err := uintArg(ctx, "after", 0, 0, math.MaxUint64)
+	after, err := uintArg(q, "after", 0, 0, math.MaxUint64)
 	if err != nil {
-		jsonError(ctx, fasthttp.StatusBadRequest, "%v", err)
+		jsonError(w, http.StatusBadRequest, "%v", err)
 		return
 	}
-	limit, err := uintArg(ctx, "limit", DefaultListLimit, 1, MaxListLimit)
+	limit, err := uintArg(q, "limit", DefaultListLimit, 1, MaxListLimit)
 	if err != nil {
-		jsonError(ctx, fasthttp.StatusBadRequest, "%v", err)
+		jsonError(w, http.StatusBadRequest, "%v", err)
 		return
 	}
 	ix := a.lanes()
-	f, ok := ix.spoolFilter(filterJSON{Lane: string(q.Peek("lane")), Reason: string(q.Peek("reason"))})
+	f, ok := ix.spoolFilter(filterJSON{Lane: q.Get("lane"), Reason: q.Get("reason")})
 	if !ok {
-		jsonError(ctx, fasthttp.StatusNotFound, "no lane has that label (GET /relay/v1/lanes lists them)")
+		jsonError(w, http.StatusNotFound, "no lane has that label (GET /relay/v1/lanes lists them)")
 		return
 	}
 	dls, err := a.sp.ListDead(f, after, int(limit)+1)
 	if err != nil {
 		a.log.Error("list dead letters", errField(err))
-		jsonError(ctx, fasthttp.StatusInternalServerError, "listing dead letters failed: %v", err)
+		jsonError(w, http.StatusInternalServerError, "listing dead letters failed: %v", err)
 		return
 	}
 	out := deadListJSON{DeadLetters: []deadLetterJSON{}, NextAfter: after, Total: a.sp.Stats().Dead}
@@ -291,7 +292,7 @@ func (a *Relay) listDead(ctx *fasthttp.RequestCtx) {
 		out.DeadLetters = append(out.DeadLetters, toJSON(ix, d))
 		out.NextAfter = d.ID
 	}
-	writeJSON(ctx, fasthttp.StatusOK, out)
+	writeJSON(w, http.StatusOK, out)
 }
 
 // bulkJSON is the body of replay and purge: ids, or a filter (an empty
@@ -307,9 +308,13 @@ type bulkJSON struct {
 	APIKey string `json:"api_key"`
 }
 
-func decodeBulk(ctx *fasthttp.RequestCtx, replay bool) (bulkJSON, error) {
+func decodeBulk(r *http.Request, replay bool) (bulkJSON, error) {
 	var b bulkJSON
-	dec := json.NewDecoder(bytes.NewReader(ctx.PostBody()))
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		return b, fmt.Errorf("body: %w", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&b); err != nil {
 		// The decoder's messages quote field names, never values.
@@ -474,10 +479,10 @@ type replayJSON struct {
 // Every selected dead letter's record is appended (durably) to the tail of
 // the lane of its kind and options, under its own api_key or the request's
 // api_key, and only then is the dead letter deleted.
-func (a *Relay) replayDead(ctx *fasthttp.RequestCtx) {
-	b, err := decodeBulk(ctx, true)
+func (a *Relay) replayDead(w http.ResponseWriter, r *http.Request) {
+	b, err := decodeBulk(r, true)
 	if err != nil {
-		jsonError(ctx, fasthttp.StatusBadRequest, "%v", err)
+		jsonError(w, http.StatusBadRequest, "%v", err)
 		return
 	}
 	a.bulk.Lock()
@@ -562,21 +567,21 @@ func (a *Relay) replayDead(ctx *fasthttp.RequestCtx) {
 	}
 	switch {
 	case errors.Is(err, errUnknownLane):
-		jsonError(ctx, fasthttp.StatusNotFound, "filter.lane: no lane has that label (GET /relay/v1/lanes lists them)")
+		jsonError(w, http.StatusNotFound, "filter.lane: no lane has that label (GET /relay/v1/lanes lists them)")
 		return
 	case err != nil:
 		a.log.Error("replaying dead letters failed part way", append(fields, errField(err))...)
 		out.Error = "replay stopped: " + err.Error()
-		status := fasthttp.StatusInternalServerError
+		status := http.StatusInternalServerError
 		if errors.Is(err, spool.ErrFull) || errors.Is(err, spool.ErrDiskLow) {
-			status = fasthttp.StatusServiceUnavailable
-			ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, "30")
+			status = http.StatusServiceUnavailable
+			w.Header().Set("Retry-After", "30")
 		}
-		writeJSON(ctx, status, out)
+		writeJSON(w, status, out)
 		return
 	}
 	a.log.Info("dead letters replayed", fields...)
-	writeJSON(ctx, fasthttp.StatusOK, out)
+	writeJSON(w, http.StatusOK, out)
 }
 
 type purgeJSON struct {
@@ -587,10 +592,10 @@ type purgeJSON struct {
 }
 
 // purgeDead: POST /relay/v1/deadletters/purge
-func (a *Relay) purgeDead(ctx *fasthttp.RequestCtx) {
-	b, err := decodeBulk(ctx, false)
+func (a *Relay) purgeDead(w http.ResponseWriter, r *http.Request) {
+	b, err := decodeBulk(r, false)
 	if err != nil {
-		jsonError(ctx, fasthttp.StatusBadRequest, "%v", err)
+		jsonError(w, http.StatusBadRequest, "%v", err)
 		return
 	}
 	a.bulk.Lock()
@@ -616,16 +621,16 @@ func (a *Relay) purgeDead(ctx *fasthttp.RequestCtx) {
 	out.More = more
 	switch {
 	case errors.Is(err, errUnknownLane):
-		jsonError(ctx, fasthttp.StatusNotFound, "filter.lane: no lane has that label (GET /relay/v1/lanes lists them)")
+		jsonError(w, http.StatusNotFound, "filter.lane: no lane has that label (GET /relay/v1/lanes lists them)")
 		return
 	case err != nil:
 		a.log.Error("purging dead letters failed part way", zap.Int("purged", out.Purged), errField(err))
 		out.Error = "purge stopped: " + err.Error()
-		writeJSON(ctx, fasthttp.StatusInternalServerError, out)
+		writeJSON(w, http.StatusInternalServerError, out)
 		return
 	}
 	a.log.Info("dead letters purged", zap.Int("purged", out.Purged))
-	writeJSON(ctx, fasthttp.StatusOK, out)
+	writeJSON(w, http.StatusOK, out)
 }
 
 // ---- lanes
@@ -684,63 +689,40 @@ func (a *Relay) laneJSON(l *spool.Lane, sts map[uint64]batcher.LaneStatus, now t
 }
 
 // listLanes: GET /relay/v1/lanes
-func (a *Relay) listLanes(ctx *fasthttp.RequestCtx) {
+func (a *Relay) listLanes(w http.ResponseWriter, r *http.Request) {
 	sts, now := a.statuses(), time.Now()
 	out := lanesJSON{Lanes: []laneJSON{}}
 	for _, l := range a.sp.Lanes() {
 		out.Lanes = append(out.Lanes, a.laneJSON(l, sts, now))
 	}
-	writeJSON(ctx, fasthttp.StatusOK, out)
-}
-
-// laneArg splits /relay/v1/lanes/{label}[/{action}].
-func laneArg(ctx *fasthttp.RequestCtx) (label, action string) {
-	rest := strings.TrimPrefix(string(ctx.Path()), "/relay/v1/lanes/")
-	label, action, _ = strings.Cut(rest, "/")
-	return label, action
+	writeJSON(w, http.StatusOK, out)
 }
 
 // getLane: GET /relay/v1/lanes/{label}
-func (a *Relay) getLane(ctx *fasthttp.RequestCtx) {
-	label, action := laneArg(ctx)
-	switch action {
-	case "":
-	case "pause", "resume":
-		ctx.Response.Header.Set(fasthttp.HeaderAllow, fasthttp.MethodPost)
-		jsonError(ctx, fasthttp.StatusMethodNotAllowed, "method not allowed: POST /relay/v1/lanes/{label}/%s", action)
-		return
-	default:
-		jsonError(ctx, fasthttp.StatusNotFound, "not found (GET /relay/v1/lanes/{label}; POST .../pause or .../resume)")
-		return
-	}
-	l := a.lanes().byLabel[label]
+func (a *Relay) getLane(w http.ResponseWriter, r *http.Request) {
+	l := a.lanes().byLabel[r.PathValue("label")]
 	if l == nil {
-		jsonError(ctx, fasthttp.StatusNotFound, "no lane has that label (GET /relay/v1/lanes lists them)")
+		jsonError(w, http.StatusNotFound, "no lane has that label (GET /relay/v1/lanes lists them)")
 		return
 	}
-	writeJSON(ctx, fasthttp.StatusOK, a.laneJSON(l, a.statuses(), time.Now()))
+	writeJSON(w, http.StatusOK, a.laneJSON(l, a.statuses(), time.Now()))
 }
 
 // laneAction: POST /relay/v1/lanes/{label}/pause and .../resume
-func (a *Relay) laneAction(ctx *fasthttp.RequestCtx) {
-	label, action := laneArg(ctx)
-	if action == "" {
-		ctx.Response.Header.Set(fasthttp.HeaderAllow, fasthttp.MethodGet)
-		jsonError(ctx, fasthttp.StatusMethodNotAllowed, "method not allowed: GET /relay/v1/lanes/{label}")
-		return
-	}
+func (a *Relay) laneAction(w http.ResponseWriter, r *http.Request) {
+	label, action := r.PathValue("label"), r.PathValue("action")
 	if action != "pause" && action != "resume" {
-		jsonError(ctx, fasthttp.StatusNotFound, "not found (POST /relay/v1/lanes/{label}/pause or /resume)")
+		jsonError(w, http.StatusNotFound, "not found (POST /relay/v1/lanes/{label}/pause or /resume)")
 		return
 	}
 	l := a.lanes().byLabel[label]
 	if l == nil {
-		jsonError(ctx, fasthttp.StatusNotFound, "no lane has that label (GET /relay/v1/lanes lists them)")
+		jsonError(w, http.StatusNotFound, "no lane has that label (GET /relay/v1/lanes lists them)")
 		return
 	}
 	c := a.cfg.Lanes[l.Key().Kind]
 	if c == nil {
-		jsonError(ctx, fasthttp.StatusConflict, "lanes of kind %s cannot be paused or resumed", l.Key().Kind)
+		jsonError(w, http.StatusConflict, "lanes of kind %s cannot be paused or resumed", l.Key().Kind)
 		return
 	}
 	var err error
@@ -751,11 +733,11 @@ func (a *Relay) laneAction(ctx *fasthttp.RequestCtx) {
 	}
 	if err != nil {
 		// A lane created a moment ago may not run yet.
-		jsonError(ctx, fasthttp.StatusConflict, "%s: the lane's deliverer does not run it yet (retry in a second)", action)
+		jsonError(w, http.StatusConflict, "%s: the lane's deliverer does not run it yet (retry in a second)", action)
 		return
 	}
 	a.log.Info("lane "+action+"d by operator", zap.String("lane", label))
-	writeJSON(ctx, fasthttp.StatusOK, a.laneJSON(l, a.statuses(), time.Now()))
+	writeJSON(w, http.StatusOK, a.laneJSON(l, a.statuses(), time.Now()))
 }
 
 // errField logs an error as its message only.

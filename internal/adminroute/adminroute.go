@@ -1,29 +1,141 @@
-// Package adminroute is the one type shared by the packages that offer routes
-// to the admin listener (group identify, user mapping, the forwarded
-// management APIs) and the listener that serves them. A package returns its
-// routes; internal/adminapi applies the admin-token check of Mode (see
-// internal/admintoken) before calling Handler, so handlers never see an
-// unauthenticated request.
+// Package adminroute is what the admin listener (internal/adminapi) and the
+// packages that offer it routes (group identify, user mapping, the forwarded
+// upstream APIs of internal/forward, /relay/v1) share: the one Route type,
+// and CheckPath, the one rule for which request paths the listener serves.
+//
+// # One path
+//
+// The admin listener refuses (400) every request whose raw path CheckPath
+// refuses, before routing. What remains has one meaning: the decoded path
+// (http.Request.URL.Path) that http.ServeMux routes, and the escaped path
+// (URL.EscapedPath) that internal/forward sends upstream, name the same
+// segments, because no escape in it decodes to a separator, a dot or an
+// escape, and no segment is empty, "." or "..". Forwarders call CheckPath
+// again before they send anything.
 package adminroute
 
 import (
+	"errors"
+	"net/http"
+	"strings"
+	"unicode/utf8"
+
 	"github.com/svcrelay/relay/internal/admintoken"
-	"github.com/valyala/fasthttp"
 )
 
-// Route is one method and path on the admin listener.
+// Route is one method and path pattern on the admin listener.
 type Route struct {
-	// Method is the HTTP method, e.g. fasthttp.MethodGet.
+	// Method is the HTTP method, e.g. http.MethodGet (GET also serves HEAD).
 	Method string
-	// Path is matched exactly, or as a prefix when it ends in "/" (the
-	// longest registered match wins); handlers of a prefix route their
-	// sub-paths themselves.
+	// Path is an http.ServeMux path pattern: literal segments and {name}
+	// wildcards ("/relay/v1/lanes/{label}"); a trailing "/" matches every
+	// path under it. It is also the route label of the listener's metrics.
 	Path string
 	// Mode says where the admin token travels: admintoken.ModeOwn for the
 	// relay's own routes, admintoken.ModeForward for routes whose caller
 	// may pass its own upstream Authorization through.
 	Mode admintoken.Mode
 	// Handler serves the request after the token check; the admin token
-	// headers have already been stripped.
-	Handler fasthttp.RequestHandler
+	// has been stripped from the request's headers.
+	Handler http.Handler
+}
+
+// Pattern is the route's http.ServeMux pattern, "METHOD PATH".
+func (r Route) Pattern() string { return r.Method + " " + r.Path }
+
+// ErrBadPath is returned by CheckPath for a path the admin listener refuses.
+var ErrBadPath = errors.New("request path refused")
+
+// CheckPath reports whether raw, a request's path as sent (before any
+// decoding, without the query), is one the admin listener serves. It
+// refuses, wrapping ErrBadPath:
+//   - a path not starting with "/" (absolute-form, "*", CONNECT targets);
+//   - an empty segment ("//") other than a trailing "/", and a segment
+//     that is "." or "..";
+//   - raw bytes outside printable ASCII (NUL, controls, space, non-ASCII),
+//     '\' and ';' (path parameters);
+//   - a malformed escape, and escapes of '/', '\', '.', '%' (double
+//     encoding), ';', controls and NUL;
+//   - a path whose decoded form is not valid UTF-8 (overlong encodings
+//     such as %C0%AF).
+//
+// A path it accepts decodes segment by segment into the path that routing
+// sees, and encodes back into the path that forwarding sends.
+func CheckPath(raw string) error {
+	bad := func(why string) error { return errors.Join(ErrBadPath, errors.New(why)) }
+	if raw == "" || raw[0] != '/' {
+		return bad("the path must start with /")
+	}
+	decoded := make([]byte, 0, len(raw))
+	segStart := 1
+	for i := 0; i < len(raw); i++ {
+		c := raw[i]
+		switch {
+		case c <= ' ' || c >= 0x7f:
+			return bad("the path holds a control, space or non-ASCII byte")
+		case c == '\\' || c == ';' || c == '#':
+			return bad(`the path holds '\', ';' or '#'`)
+		case c == '%':
+			if i+2 >= len(raw) || !isHex(raw[i+1]) || !isHex(raw[i+2]) {
+				return bad("the path holds a malformed escape")
+			}
+			d := unhex(raw[i+1])<<4 | unhex(raw[i+2])
+			if d < 0x20 || d == 0x7f || strings.IndexByte(`/\.%;`, d) >= 0 {
+				return bad(`the path holds an escaped '/', '\', '.', '%', ';' or control byte`)
+			}
+			decoded = append(decoded, d)
+			i += 2
+			continue
+		case c == '/' && i > 0:
+			seg := raw[segStart:i]
+			if seg == "" || seg == "." || seg == ".." {
+				return bad("the path holds an empty, '.' or '..' segment")
+			}
+			segStart = i + 1
+		}
+		decoded = append(decoded, c)
+	}
+	if last := raw[segStart:]; last == "." || last == ".." {
+		return bad("the path holds a '.' or '..' segment")
+	}
+	if !utf8.Valid(decoded) {
+		return bad("the decoded path is not valid UTF-8")
+	}
+	return nil
+}
+
+// RawPath returns the path of r as the client sent it (no query), for
+// CheckPath: the request line's path, or the path of an absolute-form
+// request URI ("" for "*" and CONNECT's authority form).
+func RawPath(r *http.Request) string {
+	u := r.RequestURI
+	if u == "" { // a request built in a test or by a client, not read by a server
+		return r.URL.EscapedPath()
+	}
+	if i := strings.IndexByte(u, '?'); i >= 0 {
+		u = u[:i]
+	}
+	if strings.HasPrefix(u, "/") {
+		return u
+	}
+	if _, rest, ok := strings.Cut(u, "://"); ok {
+		if i := strings.IndexByte(rest, '/'); i >= 0 {
+			return rest[i:]
+		}
+	}
+	return ""
+}
+
+func isHex(c byte) bool {
+	return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F'
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c >= '0' && c <= '9':
+		return c - '0'
+	case c >= 'a' && c <= 'f':
+		return c - 'a' + 10
+	}
+	return c - 'A' + 10
 }

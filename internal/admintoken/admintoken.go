@@ -6,12 +6,13 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
-
-	"github.com/valyala/fasthttp"
+	"strings"
 )
 
 // Mode says where a route reads the admin token (see the package doc).
@@ -137,25 +138,29 @@ func (t *Token) mac(b []byte) [sha256.Size]byte {
 
 // match reports whether v is "Bearer <token>" (scheme case-insensitive) and
 // whether the token is t's. A Bearer with nothing after it is not a token.
-func (t *Token) match(v []byte) (bearer, ok bool) {
+func (t *Token) match(v string) (bearer, ok bool) {
 	const scheme = "bearer"
-	if len(v) <= len(scheme) || !bytes.EqualFold(v[:len(scheme)], []byte(scheme)) ||
+	if len(v) <= len(scheme) || !strings.EqualFold(v[:len(scheme)], scheme) ||
 		(v[len(scheme)] != ' ' && v[len(scheme)] != '\t') {
 		return false, false
 	}
-	tok := bytes.TrimSpace(v[len(scheme):])
-	if len(tok) == 0 {
+	tok := strings.TrimSpace(v[len(scheme):])
+	if tok == "" {
 		return false, false
 	}
-	sum := t.mac(tok)
-	return true, subtle.ConstantTimeCompare(sum[:], t.sum[:]) == 1
+	return true, t.equal(tok)
 }
 
-// scan reports whether any value of header carries a bearer token and
-// whether one carries t's.
-func (t *Token) scan(ctx *fasthttp.RequestCtx, header string) (presented, ok bool) {
-	// PeekAll reuses one buffer per header set: finish with it here.
-	for _, v := range ctx.Request.Header.PeekAll(header) {
+// equal compares s with the token in constant time (over HMAC sums).
+func (t *Token) equal(s string) bool {
+	sum := t.mac([]byte(s))
+	return subtle.ConstantTimeCompare(sum[:], t.sum[:]) == 1
+}
+
+// scan reports whether any value of header presents a Bearer token
+// (presented) and whether one is the admin token (ok).
+func (t *Token) scan(h http.Header, header string) (presented, ok bool) {
+	for _, v := range h.Values(header) {
 		b, m := t.match(v)
 		presented = presented || b
 		ok = ok || m
@@ -163,83 +168,122 @@ func (t *Token) scan(ctx *fasthttp.RequestCtx, header string) (presented, ok boo
 	return presented, ok
 }
 
-// readsAuthorization reports whether mode reads the admin token from
-// Authorization for this request.
-func readsAuthorization(ctx *fasthttp.RequestCtx, mode Mode) bool {
-	return mode == ModeOwn || len(ctx.Request.Header.Peek(HeaderProject)) > 0
+// carries reports whether an Authorization value carries the admin token in
+// any scheme: Bearer, Token or any other "<scheme> <credentials>", the bare
+// value, or HTTP Basic (base64 of "user:password") with the token as the
+// user, the password or the whole pair. Every candidate is compared in
+// constant time.
+func (t *Token) carries(v string) bool {
+	found := false
+	check := func(s string) {
+		if s != "" && t.equal(s) {
+			found = true
+		}
+	}
+	v = strings.TrimSpace(v)
+	check(v)
+	for _, f := range strings.Fields(v) {
+		check(f)
+		for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
+			dec, err := enc.DecodeString(f)
+			if err != nil {
+				continue
+			}
+			d := string(dec)
+			check(d)
+			user, pass, _ := strings.Cut(d, ":")
+			check(user)
+			check(pass)
+		}
+	}
+	return found
 }
 
-// Check checks the admin token of the request for a route of mode. It returns
-// ok when the token is right (or t is nil); otherwise status is 401 (no
-// token presented where mode reads it; Check then sets the Bearer challenge
-// headers on ctx.Response) or 403 (a wrong token). status is 0 when ok. The
-// caller writes the status and body (Require does).
-func (t *Token) Check(ctx *fasthttp.RequestCtx, mode Mode) (status int, ok bool) {
+func readsAuthorization(r *http.Request, mode Mode) bool {
+	return mode == ModeOwn || r.Header.Get(HeaderProject) != ""
+}
+
+// Check reports whether r may reach a route of mode: ok, or the status to
+// answer (401 with the challenge headers set on w, or 403). A nil Token
+// lets every request through.
+func (t *Token) Check(w http.ResponseWriter, r *http.Request, mode Mode) (status int, ok bool) {
 	if t == nil {
 		return 0, true
 	}
-	inAuth := readsAuthorization(ctx, mode)
-	presented, ok := t.scan(ctx, fasthttp.HeaderProxyAuthorization)
+	inAuth := readsAuthorization(r, mode)
+	presented, ok := t.scan(r.Header, "Proxy-Authorization")
 	if !ok && inAuth {
 		var p bool
-		p, ok = t.scan(ctx, fasthttp.HeaderAuthorization)
+		p, ok = t.scan(r.Header, "Authorization")
 		presented = presented || p
 	}
 	switch {
 	case ok:
 		return 0, true
 	case presented:
-		return fasthttp.StatusForbidden, false
+		return http.StatusForbidden, false
 	}
 	if inAuth {
-		ctx.Response.Header.Set(fasthttp.HeaderWWWAuthenticate, Challenge)
+		w.Header().Set("WWW-Authenticate", Challenge)
 	}
 	if mode != ModeOwn {
-		ctx.Response.Header.Set(fasthttp.HeaderProxyAuthenticate, Challenge)
+		w.Header().Set("Proxy-Authenticate", Challenge)
 	}
-	return fasthttp.StatusUnauthorized, false
+	return http.StatusUnauthorized, false
 }
 
-// Strip removes the admin token headers from the request before it is
-// handled or forwarded: Proxy-Authorization always; Authorization when mode
-// reads it as the admin token (ModeOwn, or ModeForward with X-Relay-Project)
-// or when it carries t's token. A caller's own Authorization on a forwarding
-// route without X-Relay-Project stays untouched. t may be nil.
-func (t *Token) Strip(ctx *fasthttp.RequestCtx, mode Mode) {
-	h := &ctx.Request.Header
-	h.Del(fasthttp.HeaderProxyAuthorization)
-	strip := readsAuthorization(ctx, mode)
-	if !strip && t != nil {
-		_, strip = t.scan(ctx, fasthttp.HeaderAuthorization)
+// Strip removes the admin token from r's headers before a handler (and an
+// upstream) sees them: Proxy-Authorization always; Authorization when the
+// mode reads the admin token there (ModeOwn; ModeForward with
+// X-Relay-Project); and, on any route, every Authorization value that
+// carries the admin token in whatever scheme (see carries). A caller's own
+// upstream Authorization that does not carry the token is kept.
+func (t *Token) Strip(r *http.Request, mode Mode) {
+	r.Header.Del("Proxy-Authorization")
+	if readsAuthorization(r, mode) {
+		r.Header.Del("Authorization")
+		return
 	}
-	if strip {
-		h.Del(fasthttp.HeaderAuthorization)
+	if t == nil {
+		return
+	}
+	vals := r.Header.Values("Authorization")
+	keep := vals[:0:0]
+	for _, v := range vals {
+		if !t.carries(v) {
+			keep = append(keep, v)
+		}
+	}
+	if len(keep) == len(vals) {
+		return
+	}
+	r.Header.Del("Authorization")
+	for _, v := range keep {
+		r.Header.Add("Authorization", v)
 	}
 }
 
-// Require wraps next for a route of mode: a request failing Check is
-// answered with its status and a short text body; one passing it has the
-// admin token headers stripped (Strip) and goes to next. With a nil t every
-// request passes (still stripped).
-func (t *Token) Require(mode Mode, next fasthttp.RequestHandler) fasthttp.RequestHandler {
-	return func(ctx *fasthttp.RequestCtx) {
-		if status, ok := t.Check(ctx, mode); !ok {
-			ctx.Response.Header.SetContentType("text/plain; charset=utf-8")
-			ctx.SetStatusCode(status)
+// Require returns a handler that checks the admin token of mode (answering
+// 401 or 403 as text), strips it (Strip), and calls next.
+func (t *Token) Require(mode Mode, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if status, ok := t.Check(w, r, mode); !ok {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.WriteHeader(status)
 			switch {
-			case status == fasthttp.StatusForbidden:
-				ctx.SetBodyString("wrong admin token\n")
+			case status == http.StatusForbidden:
+				io.WriteString(w, "wrong admin token\n")
 			case mode == ModeOwn:
-				ctx.SetBodyString("admin token required: Authorization: Bearer <token>\n")
+				io.WriteString(w, "admin token required: Authorization: Bearer <token>\n")
 			default:
-				ctx.SetBodyString("admin token required: Proxy-Authorization: Bearer <token> " +
-					"(or Authorization: Bearer <token> with " + HeaderProject + ")\n")
+				io.WriteString(w, "admin token required: Proxy-Authorization: Bearer <token> "+
+					"(or Authorization: Bearer <token> with "+HeaderProject+")\n")
 			}
 			return
 		}
-		t.Strip(ctx, mode)
-		next(ctx)
-	}
+		t.Strip(r, mode)
+		next.ServeHTTP(w, r)
+	})
 }
 
 // String returns a redacted placeholder.

@@ -1,68 +1,47 @@
 package admintoken
 
 import (
+	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
-	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/valyala/fasthttp"
 )
+
+func b64basic(userPass string) string {
+	return "Basic " + base64.StdEncoding.EncodeToString([]byte(userPass))
+}
 
 const (
 	right = "s3cret-Admin-Token~MARK"
 	wrong = "s3cret-Admin-Token~MARX" // same length, last byte differs
 )
 
-// serve runs a real fasthttp server on 127.0.0.1 whose routes are wrapped by
-// tok.Require and echo the auth headers their handler saw.
+// serve runs a real net/http server on 127.0.0.1 whose routes are wrapped
+// by tok.Require and echo the auth headers their handler saw.
 func serve(t *testing.T, tok *Token) string {
 	t.Helper()
-	echo := func(ctx *fasthttp.RequestCtx) {
-		h := &ctx.Request.Header
-		seen := func(name string) string {
-			var vs []string
-			for _, v := range h.PeekAll(name) {
-				vs = append(vs, string(v))
-			}
-			return strings.Join(vs, "|")
-		}
-		ctx.Response.Header.Set("X-Seen-Authorization", seen(fasthttp.HeaderAuthorization))
-		ctx.Response.Header.Set("X-Seen-Proxy-Authorization", seen(fasthttp.HeaderProxyAuthorization))
-		ctx.Response.Header.Set("X-Seen-Project", seen(HeaderProject))
-		ctx.SetBodyString("handled")
-	}
-	own, fwd := tok.Require(ModeOwn, echo), tok.Require(ModeForward, echo)
-	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
-		switch string(ctx.Path()) {
-		case "/relay/v1/lanes":
-			own(ctx)
-		case "/api/2/export":
-			fwd(ctx)
-		default:
-			ctx.SetStatusCode(fasthttp.StatusNotFound)
-		}
-	}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	t.Cleanup(func() {
-		if err := srv.Shutdown(); err != nil {
-			t.Error(err)
-		}
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
+	echo := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen := func(name string) string { return strings.Join(r.Header.Values(name), "|") }
+		w.Header().Set("X-Seen-Authorization", seen("Authorization"))
+		w.Header().Set("X-Seen-Proxy-Authorization", seen("Proxy-Authorization"))
+		w.Header().Set("X-Seen-Project", seen(HeaderProject))
+		io.WriteString(w, "handled")
 	})
-	return ln.Addr().String()
+	mux := http.NewServeMux()
+	mux.Handle("/relay/v1/lanes", tok.Require(ModeOwn, echo))
+	mux.Handle("/api/2/export", tok.Require(ModeForward, echo))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv.Listener.Addr().String()
 }
 
 type result struct {
@@ -75,23 +54,30 @@ type result struct {
 
 func do(t *testing.T, addr, path string, headers [][2]string) result {
 	t.Helper()
-	c := &fasthttp.HostClient{Addr: addr}
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + addr + path)
+	req, err := http.NewRequest("GET", "http://"+addr+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, h := range headers {
 		req.Header.Add(h[0], h[1])
 	}
-	if err := c.DoTimeout(req, resp, 5*time.Second); err != nil {
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Do(req)
+	if err != nil {
 		t.Fatal(err)
 	}
-	g := func(k string) string { return string(resp.Header.Peek(k)) }
+	defer resp.Body.Close()
+	whole, err := httputil.DumpResponse(resp, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := string(whole[strings.Index(string(whole), "\r\n\r\n")+4:])
+	g := resp.Header.Get
 	return result{
-		status: resp.StatusCode(), body: string(resp.Body()),
-		www: g(fasthttp.HeaderWWWAuthenticate), proxyChallenge: g(fasthttp.HeaderProxyAuthenticate),
+		status: resp.StatusCode, body: body,
+		www: g("WWW-Authenticate"), proxyChallenge: g("Proxy-Authenticate"),
 		seenAuth: g("X-Seen-Authorization"), seenProxy: g("X-Seen-Proxy-Authorization"), seenProject: g("X-Seen-Project"),
-		wholeAnswer: resp.String(),
+		wholeAnswer: string(whole),
 	}
 }
 
@@ -139,6 +125,16 @@ func TestCheckOverHTTP(t *testing.T) {
 		{"fwd: wrong in Authorization is not the slot", fwd, [][2]string{auth("Bearer " + wrong)}, 401, "", false, true},
 		{"fwd: admin token in Authorization too is stripped", fwd, [][2]string{proxy("Bearer " + right), auth("Bearer " + right)}, 200, "", false, false},
 		{"fwd: Basic only", fwd, [][2]string{auth(basic)}, 401, "", false, true},
+		// The admin token is stripped from Authorization whatever scheme it
+		// rides in (issue 19): never forwarded upstream.
+		{"fwd: token in Token scheme stripped", fwd, [][2]string{proxy("Bearer " + right), auth("Token " + right)}, 200, "", false, false},
+		{"fwd: bare token stripped", fwd, [][2]string{proxy("Bearer " + right), auth(right)}, 200, "", false, false},
+		{"fwd: Basic user=token stripped", fwd, [][2]string{proxy("Bearer " + right), auth(b64basic(right + ":x"))}, 200, "", false, false},
+		{"fwd: Basic password=token stripped", fwd, [][2]string{proxy("Bearer " + right), auth(b64basic("user:" + right))}, 200, "", false, false},
+		{"fwd: Basic token alone stripped", fwd, [][2]string{proxy("Bearer " + right), auth(b64basic(right))}, 200, "", false, false},
+		{"fwd: unpadded Basic token stripped", fwd, [][2]string{proxy("Bearer " + right), auth("Basic " + base64.RawStdEncoding.EncodeToString([]byte("u:"+right)))}, 200, "", false, false},
+		{"fwd: only the carrying value stripped", fwd, [][2]string{proxy("Bearer " + right), auth("Token " + right), auth(basic)}, 200, basic, false, false},
+		{"fwd: Basic wrong token kept", fwd, [][2]string{proxy("Bearer " + right), auth(b64basic("user:" + wrong))}, 200, b64basic("user:" + wrong), false, false},
 		// ModeForward with X-Relay-Project: Authorization or Proxy-Authorization.
 		{"project: none", fwd, [][2]string{project}, 401, "", true, true},
 		{"project: Authorization right", fwd, [][2]string{project, auth("Bearer " + right)}, 200, "", false, false},
@@ -217,17 +213,26 @@ func TestCheckAndStripDirect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ctx fasthttp.RequestCtx
-	ctx.Request.Header.Set("Authorization", "Bearer "+right)
-	if status, ok := tok.Check(&ctx, ModeOwn); !ok || status != 0 {
+	r := httptest.NewRequest("GET", "/", nil)
+	r.Header.Set("Authorization", "Bearer "+right)
+	w := httptest.NewRecorder()
+	if status, ok := tok.Check(w, r, ModeOwn); !ok || status != 0 {
 		t.Fatalf("Check = %d, %v", status, ok)
 	}
-	if status, ok := (*Token)(nil).Check(&ctx, ModeForward); !ok || status != 0 {
+	if status, ok := (*Token)(nil).Check(w, r, ModeForward); !ok || status != 0 {
 		t.Fatalf("nil Check = %d, %v", status, ok)
 	}
-	tok.Strip(&ctx, ModeForward) // no project, but it carries the token
-	if v := ctx.Request.Header.Peek("Authorization"); v != nil {
+	tok.Strip(r, ModeForward) // no project, but it carries the token
+	if v, ok := r.Header["Authorization"]; ok {
 		t.Fatalf("Authorization %q not stripped", v)
+	}
+	for _, v := range []string{"Token " + right, b64basic(right + ":"), "Basic " + base64.URLEncoding.EncodeToString([]byte(right)), " " + right + " "} {
+		r.Header.Set("Proxy-Authorization", "Bearer "+right)
+		r.Header.Set("Authorization", v)
+		tok.Strip(r, ModeForward)
+		if got := r.Header.Get("Authorization") + r.Header.Get("Proxy-Authorization"); got != "" {
+			t.Errorf("%q: left %q", v, got)
+		}
 	}
 	if got := fmt.Sprint(ModeOwn, ModeForward, Mode(7)); got != "own forward Mode(7)" {
 		t.Errorf("Mode strings %q", got)
@@ -311,13 +316,13 @@ func TestLoad(t *testing.T) {
 			if tok.ReadableByOthers() != tt.readable {
 				t.Errorf("ReadableByOthers = %v, want %v", tok.ReadableByOthers(), tt.readable)
 			}
-			var ctx fasthttp.RequestCtx
-			ctx.Request.Header.Set("Authorization", "Bearer "+right)
-			if _, ok := tok.Check(&ctx, ModeOwn); !ok {
+			r := httptest.NewRequest("GET", "/", nil)
+			r.Header.Set("Authorization", "Bearer "+right)
+			if _, ok := tok.Check(httptest.NewRecorder(), r, ModeOwn); !ok {
 				t.Error("loaded token does not accept the token")
 			}
-			ctx.Request.Header.Set("Authorization", "Bearer "+wrong)
-			if status, ok := tok.Check(&ctx, ModeOwn); ok || status != 403 {
+			r.Header.Set("Authorization", "Bearer "+wrong)
+			if status, ok := tok.Check(httptest.NewRecorder(), r, ModeOwn); ok || status != 403 {
 				t.Errorf("wrong token: %d, %v", status, ok)
 			}
 		})
@@ -346,11 +351,12 @@ func BenchmarkCheck(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var ctx fasthttp.RequestCtx
-	ctx.Request.Header.Set("Proxy-Authorization", "Bearer "+right)
+	r := httptest.NewRequest("GET", "/", nil)
+	r.Header.Set("Proxy-Authorization", "Bearer "+right)
+	w := httptest.NewRecorder()
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, ok := tok.Check(&ctx, ModeForward); !ok {
+		if _, ok := tok.Check(w, r, ModeForward); !ok {
 			b.Fatal("rejected")
 		}
 	}
@@ -367,7 +373,8 @@ func FuzzMatch(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, v []byte) {
-		bearer, ok := tok.match(v)
+		tok.carries(string(v)) // never panics
+		bearer, ok := tok.match(string(v))
 		if ok && !bearer {
 			t.Fatal("ok without bearer")
 		}

@@ -2,8 +2,8 @@
 // (/api/2/channel-classifiers) of ../shared/api/experiments-scim-classifiers.md
 // on the admin listener, on the upstream's paths.
 //
-// Every endpoint of the document's table is routed (Routes); other paths
-// under /api/2/channel-classifiers are answered 404 locally. The upstream is
+// Every endpoint of the document's table is a route of API; other paths
+// under /api/2/channel-classifiers are answered 404 or 405 by the admin listener. The upstream is
 // --analytics-url, or the analytics_url of the project named by
 // X-Relay-Project (or of the project whose api_key a pass-through Basic
 // header carries), else of its organization. Credentials: the caller's
@@ -23,16 +23,12 @@ package classifiers
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
+	"net/http"
 	"unicode/utf8"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/forward"
-	"github.com/valyala/fasthttp"
-	"go.uber.org/zap"
 )
 
 // Limits of the document.
@@ -43,43 +39,34 @@ const (
 	Root = "/api/2/channel-classifiers"
 )
 
-// Config configures the classifier routes.
-type Config struct {
-	// URL is --analytics-url, the upstream base; "" means none (only
-	// projects with an analytics_url can be served).
-	URL string
-}
-
-// Validate reports a configuration that cannot work.
-func (c Config) Validate() error { return nil }
-
-// API forwards the classifier routes.
-type API struct {
-	cfg   Config
-	creds *credentials.Store
-	fwd   *forward.Forwarder
-	log   *zap.Logger
-	mux   forward.Mux
-}
-
-// New returns the classifier routes. creds, log and reg may be nil.
-func New(cfg Config, creds *credentials.Store, fwd *forward.Forwarder, log *zap.Logger, reg prometheus.Registerer) (*API, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
+// API is the channel classifier API as forward data: base --analytics-url
+// (url), the project's key pair as Basic, and the routes of the document's
+// table with their checks.
+func API(url string) forward.API {
+	body := func(_ *http.Request, b []byte) *forward.Problem {
+		if status, msg := CheckBody(b); status != 0 {
+			return &forward.Problem{Status: status, Msg: msg}
+		}
+		return nil
 	}
-	if fwd == nil {
-		return nil, errors.New("classifiers: nil forwarder")
+	named := func(r *http.Request, b []byte) *forward.Problem {
+		if !ValidName(r.PathValue("name")) {
+			return forward.Bad("classifier name may hold letters, digits, underscores and hyphens only")
+		}
+		return body(r, b)
 	}
-	if log == nil {
-		log = zap.NewNop()
+	const limit = forward.DefaultMaxRequestBodyBytes
+	return forward.API{
+		Upstream: forward.Upstream{API: "classifier", Kind: credentials.KindAnalytics, Fallback: url,
+			Flag: "--analytics-url", Scheme: forward.SchemeProjectBasic},
+		Routes: []forward.Route{
+			{Method: http.MethodGet, Path: Root},
+			{Method: http.MethodGet, Path: Root + "/{name}"},
+			{Method: http.MethodPost, Path: Root + "/{name}", Check: named, BodyLimit: limit},
+			{Method: http.MethodPatch, Path: Root + "/{name}", Check: body, BodyLimit: limit},
+		},
 	}
-	a := &API{cfg: cfg, creds: creds, fwd: fwd, log: log}
-	a.routes()
-	return a, nil
 }
-
-// Routes returns the admin-listener routes (admintoken.ModeForward).
-func (a *API) Routes() []adminroute.Route { return a.mux.AdminRoutes(Root) }
 
 // ValidName reports whether name has only letters, digits, '_' and '-'
 // (and is not empty).
@@ -104,65 +91,30 @@ func CheckBody(body []byte) (int, string) {
 		Def         json.RawMessage `json:"csvDefinition"`
 	}
 	if err := json.Unmarshal(body, &b); err != nil || len(body) == 0 {
-		return fasthttp.StatusBadRequest, "body must be a JSON object"
+		return http.StatusBadRequest, "body must be a JSON object"
 	}
 	var def struct {
 		CSV *string `json:"csvText"`
 	}
 	if len(b.Def) == 0 || string(b.Def) == "null" {
-		return fasthttp.StatusBadRequest, "csvDefinition is required"
+		return http.StatusBadRequest, "csvDefinition is required"
 	}
 	if err := json.Unmarshal(b.Def, &def); err != nil || b.Def[0] != '{' {
-		return fasthttp.StatusBadRequest, "csvDefinition must be an object"
+		return http.StatusBadRequest, "csvDefinition must be an object"
 	}
 	if def.CSV == nil {
-		return fasthttp.StatusBadRequest, "csvDefinition.csvText is required"
+		return http.StatusBadRequest, "csvDefinition.csvText is required"
 	}
 	if n := len(*def.CSV); n > MaxCSVBytes {
-		return fasthttp.StatusRequestEntityTooLarge, fmt.Sprintf("csvDefinition.csvText is %d bytes; at most 1 MB (%d bytes)", n, MaxCSVBytes)
+		return http.StatusRequestEntityTooLarge, fmt.Sprintf("csvDefinition.csvText is %d bytes; at most 1 MB (%d bytes)", n, MaxCSVBytes)
 	}
 	for _, f := range []struct {
 		name string
 		v    *string
 	}{{"displayName", b.DisplayName}, {"description", b.Description}} {
 		if f.v != nil && utf8.RuneCountInString(*f.v) > MaxTextChars {
-			return fasthttp.StatusBadRequest, fmt.Sprintf("%s is longer than %d characters", f.name, MaxTextChars)
+			return http.StatusBadRequest, fmt.Sprintf("%s is longer than %d characters", f.name, MaxTextChars)
 		}
 	}
 	return 0, ""
-}
-
-func (a *API) handle(method, pattern string, checkName, checkBody bool) {
-	up := forward.Upstream{API: "classifier", Kind: credentials.KindAnalytics, Fallback: a.cfg.URL,
-		Flag: "--analytics-url", Scheme: forward.SchemeProjectBasic}
-	a.mux.Handle(method, pattern, func(ctx *fasthttp.RequestCtx, p forward.Params) {
-		r, e := forward.Resolve(ctx, a.creds, up)
-		if e != nil {
-			e.Write(ctx)
-			return
-		}
-		if checkName && !ValidName(p["name"]) {
-			forward.WriteError(ctx, fasthttp.StatusBadRequest, "classifier name may hold letters, digits, underscores and hyphens only")
-			return
-		}
-		if checkBody {
-			body, err := forward.DecodedBody(ctx, a.fwd.MaxRequestBodyBytes())
-			if err != nil {
-				forward.WriteError(ctx, fasthttp.StatusBadRequest, "request body could not be decoded by its Content-Encoding")
-				return
-			}
-			if status, msg := CheckBody(body); status != 0 {
-				forward.WriteError(ctx, status, msg)
-				return
-			}
-		}
-		a.fwd.Forward(ctx, r.Target)
-	})
-}
-
-func (a *API) routes() {
-	a.handle(fasthttp.MethodGet, Root, false, false)
-	a.handle(fasthttp.MethodGet, Root+"/{name}", false, false)
-	a.handle(fasthttp.MethodPost, Root+"/{name}", true, true)
-	a.handle(fasthttp.MethodPatch, Root+"/{name}", false, true)
 }

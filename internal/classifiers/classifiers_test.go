@@ -14,11 +14,7 @@ import (
 func start(t *testing.T) (*ft.Env, string) {
 	t.Helper()
 	env := ft.Start(t, forward.Config{})
-	a, err := New(Config{URL: env.SimURL}, env.Creds, env.Forward, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return env, ft.Serve(t, a.Routes())
+	return env, ft.Serve(t, env.Routes(t, API(env.SimURL)))
 }
 
 func basic(k, s string) string { return "Basic " + base64.StdEncoding.EncodeToString([]byte(k+":"+s)) }

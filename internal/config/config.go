@@ -526,6 +526,9 @@ func (c *Config) finish() error {
 		if c.Creds, err = credentials.Load(c.Credentials); err != nil {
 			return fmt.Errorf("--credentials: %w", err)
 		}
+		if c.Creds.ReadableByOthers() { // issue 19
+			c.Warnings = append(c.Warnings, fmt.Sprintf("--credentials %s is readable by group or others: chmod 600 it", c.Credentials))
+		}
 	}
 	// Issue 23.
 	switch {

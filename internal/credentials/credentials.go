@@ -10,6 +10,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"sync/atomic"
 
 	"go.uber.org/zap/zapcore"
 	"go.yaml.in/yaml/v3"
@@ -130,7 +131,38 @@ type Store struct {
 	byName   map[string]*Project
 	orgName  map[string]*Organization
 	byKey    map[[sha256.Size]byte]*Project // by sha256 of api_key, so no raw key sits in a map
+
+	readableByOthers bool // loaded from a file group or others may read
 }
+
+// ReadableByOthers reports whether the Store was loaded from a file that
+// group or others may read (mode & 0o044): the caller should warn, as for
+// the admin token file. False for a nil Store and one from Parse.
+func (s *Store) ReadableByOthers() bool { return s != nil && s.readableByOthers }
+
+// Ref holds the Store in force, for readers that must see a new one after a
+// reload (SIGHUP) without a restart: Load in every request, Swap to replace.
+// A nil *Ref, like a Ref holding nil, holds no credentials. Safe for
+// concurrent use.
+type Ref struct{ p atomic.Pointer[Store] }
+
+// NewRef returns a Ref holding s (which may be nil).
+func NewRef(s *Store) *Ref {
+	r := &Ref{}
+	r.p.Store(s)
+	return r
+}
+
+// Load returns the Store in force (nil: none).
+func (r *Ref) Load() *Store {
+	if r == nil {
+		return nil
+	}
+	return r.p.Load()
+}
+
+// Swap puts s in force for every later Load and returns the Store it replaces.
+func (r *Ref) Swap(s *Store) *Store { return r.p.Swap(s) }
 
 // Project returns the project named name (the X-Relay-Project value).
 func (s *Store) Project(name string) (*Project, bool) {
@@ -224,7 +256,16 @@ func Load(path string) (*Store, error) {
 	if len(data) > MaxFileBytes {
 		return nil, fmt.Errorf("credentials %s: larger than %d bytes", path, MaxFileBytes)
 	}
-	return parse(data, path)
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("credentials: %w", err)
+	}
+	s, err := parse(data, path)
+	if err != nil {
+		return nil, err
+	}
+	s.readableByOthers = fi.Mode().Perm()&0o044 != 0
+	return s, nil
 }
 
 // Parse parses a credentials file (the shape of the contract's "Admin

@@ -439,3 +439,51 @@ func TestSecret(t *testing.T) {
 		}
 	}
 }
+
+func TestLoadReadableByOthers(t *testing.T) {
+	const yaml = "projects:\n  - name: web\n    api_key: \"k\"\n    secret_key: \"s\"\n"
+	for perm, want := range map[os.FileMode]bool{0o600: false, 0o640: true, 0o604: true, 0o400: false} {
+		path := filepath.Join(t.TempDir(), "creds.yaml")
+		if err := os.WriteFile(path, []byte(yaml), perm); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(path, perm); err != nil { // beat the umask
+			t.Fatal(err)
+		}
+		s, err := Load(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.ReadableByOthers() != want {
+			t.Errorf("mode %o: ReadableByOthers = %v, want %v", perm, s.ReadableByOthers(), want)
+		}
+	}
+	if (*Store)(nil).ReadableByOthers() {
+		t.Error("nil store readable")
+	}
+}
+
+func TestRef(t *testing.T) {
+	var nilRef *Ref
+	if nilRef.Load() != nil {
+		t.Fatal("nil Ref holds a store")
+	}
+	a, err := Parse([]byte("projects:\n  - name: a\n    api_key: \"ka\"\n    secret_key: \"s\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Parse([]byte("projects:\n  - name: b\n    api_key: \"kb\"\n    secret_key: \"s\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := NewRef(a)
+	if _, ok := r.Load().Project("a"); !ok {
+		t.Fatal("Load: not the first store")
+	}
+	if old := r.Swap(b); old != a {
+		t.Fatal("Swap returned another store")
+	}
+	if _, ok := r.Load().Project("b"); !ok {
+		t.Fatal("Load after Swap: not the new store")
+	}
+}

@@ -4,16 +4,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"strconv"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/ratelimit"
-	"github.com/valyala/fasthttp"
-	"go.uber.org/zap"
 )
 
 // Documented figures.
@@ -134,106 +131,56 @@ type Config struct {
 // Validate reports a configuration that cannot work.
 func (c Config) Validate() error { return nil }
 
-// API is the deletion routes. Build it with New.
-type API struct {
-	cfg      Config
-	creds    *credentials.Store
-	fwd      *forward.Forwarder
-	up       forward.Upstream
-	posts    *ratelimit.Limiter
-	parallel *ratelimit.Limiter
-	mux      *forward.Mux
+// API returns the deletion API as forward data: base cfg.URL, the
+// project's key pair as Basic, the routes with their checks, and the
+// limits per project: 1 POST per PostInterval, MaxParallel calls in flight.
+func API(cfg Config) forward.API {
+	return forward.API{
+		Upstream: forward.Upstream{API: "deletion", Kind: credentials.KindAnalytics, Fallback: cfg.URL,
+			Flag: "--analytics-url", Scheme: forward.SchemeProjectBasic},
+		Limits: []forward.Limit{
+			{
+				Config: ratelimit.Config{Name: "deletion_post", Limit: 1, Window: PostInterval, MaxWait: cfg.MaxWait},
+				Cost: func(method string) int {
+					if method == http.MethodPost {
+						return 1
+					}
+					return 0
+				},
+				Says: "1 POST per second per project",
+			},
+			{
+				Config: ratelimit.Config{Name: "deletion", MaxInFlight: MaxParallel, MaxWait: cfg.MaxWait},
+				Says:   strconv.Itoa(MaxParallel) + " requests in parallel per project",
+			},
+		},
+		Routes: []forward.Route{
+			{Method: http.MethodPost, Path: PathUsers, BodyLimit: 4 << 20, Check: checkPost},
+			{Method: http.MethodGet, Path: PathUsers, Check: checkList},
+			{Method: http.MethodDelete, Path: PathUsers + "/{svc_id}/{day}", Check: checkRemove},
+		},
+	}
 }
 
-// New returns the deletion routes. creds (the --credentials file; nil
-// means pass-through only), log and reg may be nil.
-func New(cfg Config, creds *credentials.Store, fwd *forward.Forwarder, log *zap.Logger, reg prometheus.Registerer) (*API, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if fwd == nil {
-		return nil, errors.New("deletion: nil forwarder")
-	}
-	posts, err := ratelimit.New(ratelimit.Config{Name: "deletion_post", Limit: 1, Window: PostInterval, MaxWait: cfg.MaxWait}, reg)
-	if err != nil {
-		return nil, fmt.Errorf("deletion: %w", err)
-	}
-	parallel, err := ratelimit.New(ratelimit.Config{Name: "deletion", MaxInFlight: MaxParallel, MaxWait: cfg.MaxWait}, reg)
-	if err != nil {
-		return nil, fmt.Errorf("deletion: %w", err)
-	}
-	a := &API{cfg: cfg, creds: creds, fwd: fwd, posts: posts, parallel: parallel, mux: &forward.Mux{},
-		up: forward.Upstream{API: "deletion", Kind: credentials.KindAnalytics, Fallback: cfg.URL,
-			Flag: "--analytics-url", Scheme: forward.SchemeProjectBasic}}
-	a.mux.Handle(fasthttp.MethodPost, PathUsers, a.post)
-	a.mux.Handle(fasthttp.MethodGet, PathUsers, a.list)
-	a.mux.Handle(fasthttp.MethodDelete, PathUsers+"/{svc_id}/{day}", a.remove)
-	return a, nil
-}
-
-// Routes returns the deletion routes in forwarding mode.
-func (a *API) Routes() []adminroute.Route { return a.mux.AdminRoutes(PathUsers) }
-
-func (a *API) post(ctx *fasthttp.RequestCtx, _ forward.Params) {
-	body, err := forward.DecodedBody(ctx, 4<<20)
-	if err != nil {
-		forward.WriteError(ctx, fasthttp.StatusBadRequest, err.Error())
-		return
-	}
+func checkPost(_ *http.Request, body []byte) *forward.Problem {
 	if err := CheckBody(body); err != nil {
-		forward.WriteError(ctx, fasthttp.StatusBadRequest, err.Error())
-		return
+		return forward.Bad("%v", err)
 	}
-	a.call(ctx, true)
+	return nil
 }
 
-func (a *API) list(ctx *fasthttp.RequestCtx, _ forward.Params) {
-	args := ctx.QueryArgs()
-	if err := CheckDays(string(args.Peek("start_day")), string(args.Peek("end_day"))); err != nil {
-		forward.WriteError(ctx, fasthttp.StatusBadRequest, err.Error())
-		return
+func checkList(r *http.Request, _ []byte) *forward.Problem {
+	q := r.URL.Query()
+	if err := CheckDays(q.Get("start_day"), q.Get("end_day")); err != nil {
+		return forward.Bad("%v", err)
 	}
-	a.call(ctx, false)
+	return nil
 }
 
-func (a *API) remove(ctx *fasthttp.RequestCtx, p forward.Params) {
-	id, err := strconv.ParseInt(p["svc_id"], 10, 64)
-	if _, derr := time.Parse(time.DateOnly, p["day"]); err != nil || id <= 0 || derr != nil {
-		forward.WriteError(ctx, fasthttp.StatusBadRequest, "want "+PathUsers+"/{svc_id}/{YYYY-MM-DD} with a positive integer svc_id")
-		return
+func checkRemove(r *http.Request, _ []byte) *forward.Problem {
+	id, err := strconv.ParseInt(r.PathValue("svc_id"), 10, 64)
+	if _, derr := time.Parse(time.DateOnly, r.PathValue("day")); err != nil || id <= 0 || derr != nil {
+		return forward.Bad("want %s/{svc_id}/{YYYY-MM-DD} with a positive integer svc_id", PathUsers)
 	}
-	a.call(ctx, false)
-}
-
-func (a *API) call(ctx *fasthttp.RequestCtx, post bool) {
-	res, ferr := forward.Resolve(ctx, a.creds, a.up)
-	if ferr != nil {
-		ferr.Write(ctx)
-		return
-	}
-	if post {
-		rel, err := a.posts.Acquire(ctx, res.Key, 1)
-		if err != nil {
-			limited(ctx, err, "1 POST per second")
-			return
-		}
-		defer rel()
-	}
-	rel, err := a.parallel.Acquire(ctx, res.Key, 1)
-	if err != nil {
-		limited(ctx, err, strconv.Itoa(MaxParallel)+" requests in parallel")
-		return
-	}
-	a.fwd.Forward(ctx, res.Target)
-	rel()
-}
-
-func limited(ctx *fasthttp.RequestCtx, err error, what string) {
-	var le *ratelimit.LimitedError
-	if errors.As(err, &le) {
-		forward.WriteError(ctx, fasthttp.StatusTooManyRequests, "deletion limit of "+what+" per project reached (client-side): "+le.Reason)
-		ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, strconv.Itoa(le.RetryAfterSeconds()))
-		return
-	}
-	forward.WriteError(ctx, fasthttp.StatusServiceUnavailable, "request abandoned while waiting for the deletion limits")
+	return nil
 }

@@ -56,17 +56,9 @@ func TestCheckBodyAndDays(t *testing.T) {
 	}
 }
 
-func newAPI(t testing.TB, upstream string, maxWait time.Duration) *API {
+func newAPI(t testing.TB, upstream string, maxWait time.Duration) forwardtest.Built {
 	t.Helper()
-	fwd, err := forward.New(forward.Config{}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := New(Config{URL: upstream, MaxWait: maxWait}, forwardtest.WebCreds(t), fwd, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return a
+	return forwardtest.Build(t, forward.Config{}, forwardtest.WebCreds(t), API(Config{URL: upstream, MaxWait: maxWait}))
 }
 
 var inj = []string{"X-Relay-Project: web", "Authorization: Bearer " + forwardtest.AdminToken}

@@ -9,7 +9,7 @@
 //	GET  /api/2/dsar/requests/{id}/outputs/{output}  a gzipped file (cost 1)
 //
 // Other methods and paths under /api/2/dsar/requests are answered 404 or
-// 405 locally.
+// 405 locally by the admin listener. The routes are data: API.
 //
 // # Rules checked locally
 //
@@ -28,12 +28,12 @@
 // An output answered with a redirect (301, 302, 303, 307, 308 with a
 // Location) is followed by the relay, at most MaxRedirects times, with the
 // same credentials (the caller's Authorization, or the injected organization
-// key pair), as the document requires of a client that does not follow the
-// redirect itself; the final answer is streamed to the caller and never held
-// in memory, and the caller may take longer than the admin listener's write
-// time-out to read it (export.ForwardStreaming). Only http and https
-// locations are followed; a redirect that
-// cannot be followed is passed back as it is.
+// key pair) on the same host and none on another (http.Client's rule), as
+// the document requires of a client that does not follow the redirect
+// itself; the final answer is streamed to the caller and never held in
+// memory, under an idle time-out, not a total one (internal/forward). Only
+// http and https locations are followed; a redirect that cannot be followed
+// is passed back as it is.
 //
 // The "urls" of a status answer name the upstream host: a caller going
 // through the relay requests their path on the relay instead.

@@ -40,18 +40,14 @@ func TestParseRequest(t *testing.T) {
 	}
 }
 
-func newAPI(t testing.TB, upstream string, cfg Config) *API {
+func newAPI(t testing.TB, upstream string, cfg Config) forwardtest.Built {
 	t.Helper()
-	fwd, err := forward.New(forward.Config{}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	cfg.URL = upstream
-	a, err := New(cfg, testCreds(t), fwd, nil, nil)
+	a, err := API(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return a
+	return forwardtest.Build(t, forward.Config{}, testCreds(t), a)
 }
 
 // TestDSARThroughRelay creates, polls and downloads a DSAR through the

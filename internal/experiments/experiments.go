@@ -2,8 +2,8 @@
 // (/api/1/experiments/...) of ../shared/api/experiments-scim-classifiers.md
 // on the admin listener, on the upstream's paths.
 //
-// Every endpoint of the document's table is routed (Routes); any other path
-// under /api/1/experiments is answered 404 locally and never forwarded. The
+// Every endpoint of the document's table is a route of API; any other path
+// under /api/1/experiments is answered 404 or 405 by the admin listener and never forwarded. The
 // upstream is --experiment-url, or the experiment_url of the project named by
 // X-Relay-Project (or of its organization). Credentials: the caller's
 // Authorization passes through; with X-Relay-Project the organization's
@@ -22,13 +22,10 @@ package experiments
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/forward"
-	"github.com/valyala/fasthttp"
-	"go.uber.org/zap"
 )
 
 // BulkMax is the most ids a bulk delete may carry.
@@ -37,108 +34,61 @@ const BulkMax = 100
 // Root is the path every route of this package is under.
 const Root = "/api/1/experiments"
 
-// Config configures the experiment routes.
-type Config struct {
-	// URL is --experiment-url, the upstream base; "" means none (then only
-	// projects or organizations with an experiment_url can be served; the
-	// others get 502 with a clear message).
-	URL string
-}
-
-// Validate reports a configuration that cannot work.
-func (c Config) Validate() error { return nil }
-
-// API forwards the experiment management routes.
-type API struct {
-	cfg   Config
-	creds *credentials.Store
-	fwd   *forward.Forwarder
-	log   *zap.Logger
-	mux   forward.Mux
-}
-
-// New returns the experiment routes. creds may be nil (no credentials
-// file: pass-through only); log may be nil; reg is unused (the forwarder
-// counts requests) and may be nil.
-func New(cfg Config, creds *credentials.Store, fwd *forward.Forwarder, log *zap.Logger, reg prometheus.Registerer) (*API, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if fwd == nil {
-		return nil, fmt.Errorf("experiments: nil forwarder")
-	}
-	if log == nil {
-		log = zap.NewNop()
-	}
-	a := &API{cfg: cfg, creds: creds, fwd: fwd, log: log}
-	a.routes()
-	return a, nil
-}
-
-// Routes returns the admin-listener routes (admintoken.ModeForward).
-func (a *API) Routes() []adminroute.Route { return a.mux.AdminRoutes(Root) }
-
-func (a *API) upstream() forward.Upstream {
-	return forward.Upstream{API: "experiment", Kind: credentials.KindExperiment, Fallback: a.cfg.URL,
-		Flag: "--experiment-url", Scheme: forward.SchemeManagementBearer}
-}
-
-type check func(body []byte) string
-
-func (a *API) handle(method, pattern string, c check) {
-	a.mux.Handle(method, pattern, func(ctx *fasthttp.RequestCtx, _ forward.Params) {
-		r, e := forward.Resolve(ctx, a.creds, a.upstream())
-		if e != nil {
-			e.Write(ctx)
-			return
-		}
-		if c != nil {
-			body, err := forward.DecodedBody(ctx, a.fwd.MaxRequestBodyBytes())
-			if err != nil {
-				forward.WriteError(ctx, fasthttp.StatusBadRequest, "request body could not be decoded by its Content-Encoding")
-				return
-			}
-			if msg := c(body); msg != "" {
-				forward.WriteError(ctx, fasthttp.StatusBadRequest, msg)
-				return
-			}
-		}
-		if len(ctx.Request.Header.Peek(fasthttp.HeaderAccept)) == 0 {
-			ctx.Request.Header.Set(fasthttp.HeaderAccept, "application/json")
-		}
-		a.fwd.Forward(ctx, r.Target)
-	})
-}
-
-func (a *API) routes() {
+// API is the experiment management API as forward data: base
+// --experiment-url (url), the organization's management_api_key as Bearer,
+// and the routes of the document's table with their checks.
+func API(url string) forward.API {
 	const (
-		get, post, patch, del = fasthttp.MethodGet, fasthttp.MethodPost, fasthttp.MethodPatch, fasthttp.MethodDelete
+		get, post, patch, del = http.MethodGet, http.MethodPost, http.MethodPatch, http.MethodDelete
 		e                     = Root + "/{id}"
 		v                     = e + "/variants/{variantKey}"
 	)
-	a.handle(get, Root, nil)
-	a.handle(post, Root, checkCreate)
-	a.handle(get, e, nil)
-	a.handle(patch, e, checkObject)
-	a.handle(get, e+"/versions", nil)
-	a.handle(get, e+"/versions/{versionId}", nil)
-	a.handle(get, e+"/variants", nil)
-	a.handle(post, e+"/variants", checkVariant)
-	a.handle(get, v, nil)
-	a.handle(patch, v, checkObject)
-	a.handle(del, v, nil)
-	a.handle(get, v+"/users", nil)
-	a.handle(get, v+"/cohorts", nil)
-	a.handle(post, v+"/users", checkStrings("inclusions", 0))
-	a.handle(post, v+"/cohorts", checkStrings("inclusions", 0))
-	a.handle(del, v+"/users/{userIndex}", nil)
-	a.handle(del, v+"/users", nil)
-	a.handle(del, v+"/bulk-delete-users", checkStrings("users", BulkMax))
-	a.handle(del, v+"/bulk-delete-cohorts", checkStrings("users", BulkMax))
-	a.handle(get, e+"/deployments", nil)
-	a.handle(post, e+"/deployments", checkStrings("deployments", 0))
-	a.handle(del, e+"/deployments/{deploymentId}", nil)
+	r := func(method, path string, c check) forward.Route {
+		rt := forward.Route{Method: method, Path: path}
+		if c != nil {
+			rt.BodyLimit = forward.DefaultMaxRequestBodyBytes
+			rt.Check = func(_ *http.Request, body []byte) *forward.Problem {
+				if msg := c(body); msg != "" {
+					return forward.Bad("%s", msg)
+				}
+				return nil
+			}
+		}
+		return rt
+	}
+	return forward.API{
+		Upstream: forward.Upstream{API: "experiment", Kind: credentials.KindExperiment, Fallback: url,
+			Flag: "--experiment-url", Scheme: forward.SchemeManagementBearer},
+		Accept: "application/json",
+		Routes: []forward.Route{
+			r(get, Root, nil),
+			r(post, Root, checkCreate),
+			r(get, e, nil),
+			r(patch, e, checkObject),
+			r(get, e+"/versions", nil),
+			r(get, e+"/versions/{versionId}", nil),
+			r(get, e+"/variants", nil),
+			r(post, e+"/variants", checkVariant),
+			r(get, v, nil),
+			r(patch, v, checkObject),
+			r(del, v, nil),
+			r(get, v+"/users", nil),
+			r(get, v+"/cohorts", nil),
+			r(post, v+"/users", checkStrings("inclusions", 0)),
+			r(post, v+"/cohorts", checkStrings("inclusions", 0)),
+			r(del, v+"/users/{userIndex}", nil),
+			r(del, v+"/users", nil),
+			r(del, v+"/bulk-delete-users", checkStrings("users", BulkMax)),
+			r(del, v+"/bulk-delete-cohorts", checkStrings("users", BulkMax)),
+			r(get, e+"/deployments", nil),
+			r(post, e+"/deployments", checkStrings("deployments", 0)),
+			r(del, e+"/deployments/{deploymentId}", nil),
+		},
+	}
 }
+
+// check validates a decoded body; it returns "" or the message of a 400.
+type check func(body []byte) string
 
 func object(body []byte) (map[string]json.RawMessage, string) {
 	var m map[string]json.RawMessage

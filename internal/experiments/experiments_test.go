@@ -13,11 +13,7 @@ import (
 func start(t *testing.T) (*ft.Env, string) {
 	t.Helper()
 	env := ft.Start(t, forward.Config{})
-	a, err := New(Config{URL: env.SimURL}, env.Creds, env.Forward, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return env, ft.Serve(t, a.Routes())
+	return env, ft.Serve(t, env.Routes(t, API(env.SimURL)))
 }
 
 // TestEveryEndpoint walks every endpoint of the document's table through

@@ -15,15 +15,14 @@
 //
 // The archive is streamed from the upstream connection to the caller by
 // internal/forward: the relay never holds it (a multi-GB export keeps the
-// relay's memory flat; see the memory test in this package). The admin
-// listener's write time-out is a deadline for the whole answer in fasthttp;
-// ForwardStreaming turns it into an idle time-out for streamed answers
-// (Config.WriteIdleTimeout), so a slow caller is not cut while it reads.
+// relay's memory flat; see the memory test in this package). The caller
+// has an idle time-out, not a total one (forward.Config.IdleTimeout): a slow
+// caller is not cut while it reads, a stalled one is.
 //
 // # Credentials
 //
 // The caller's Authorization passes through, or X-Relay-Project names a
 // project whose api_key:secret_key the relay injects (HTTP Basic). The
 // upstream base is the project's analytics_url override, else
-// Config.AnalyticsURL (--analytics-url); never taken from the request.
+// --analytics-url; never taken from the request.
 package export

@@ -3,15 +3,11 @@ package export
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/svcrelay/relay/internal/adminroute"
-	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/forward"
-	"github.com/valyala/fasthttp"
-	"go.uber.org/zap"
 )
 
 // Path is the export endpoint, on the admin listener and upstream.
@@ -96,71 +92,25 @@ func (r Range) Halves() (Range, Range, bool) {
 	return Range{r.Start, mid.Add(-time.Hour)}, Range{mid, r.End}, true
 }
 
-// Config configures the export route.
-type Config struct {
-	// URL is --analytics-url, the upstream base; "" means none (only
-	// projects with an analytics_url can be served; others get 502).
-	URL string
-	// WriteIdleTimeout is the longest the caller may stop reading a
-	// streamed archive before it is cut (see ForwardStreaming); 0 means
-	// DefaultWriteIdleTimeout.
-	WriteIdleTimeout time.Duration
+// API is the export API as forward data: base --analytics-url (url), the
+// project's key pair as Basic, and GET Path with start and end checked
+// (ParseRange). The answer, a zip of up to 4 GB, is streamed.
+func API(url string) forward.API {
+	return forward.API{
+		Upstream: forward.Upstream{API: "export", Kind: credentials.KindAnalytics,
+			Fallback: url, Flag: "--analytics-url", Scheme: forward.SchemeProjectBasic},
+		Routes: []forward.Route{{Method: http.MethodGet, Path: Path, Check: checkRange}},
+	}
 }
 
-// Validate reports a configuration that cannot work.
-func (c Config) Validate() error {
-	if c.WriteIdleTimeout < 0 {
-		return fmt.Errorf("export: WriteIdleTimeout %v < 0", c.WriteIdleTimeout)
+func checkRange(r *http.Request, _ []byte) *forward.Problem {
+	q := r.URL.Query()
+	start, end := q.Get("start"), q.Get("end")
+	if start == "" || end == "" {
+		return forward.Bad("start and end are required, each of the form YYYYMMDDTHH")
+	}
+	if _, err := ParseRange(start, end); err != nil {
+		return forward.Bad("%v", err)
 	}
 	return nil
-}
-
-// API is the export route. Build it with New.
-type API struct {
-	cfg   Config
-	creds *credentials.Store
-	fwd   *forward.Forwarder
-	log   *zap.Logger
-	up    forward.Upstream
-}
-
-// New returns the export route. creds (the --credentials file; nil means
-// pass-through only), log and reg may be nil (reg is unused: the forwarder
-// has the metrics).
-func New(cfg Config, creds *credentials.Store, fwd *forward.Forwarder, log *zap.Logger, _ prometheus.Registerer) (*API, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if fwd == nil {
-		return nil, errors.New("export: nil forwarder")
-	}
-	if log == nil {
-		log = zap.NewNop()
-	}
-	return &API{cfg: cfg, creds: creds, fwd: fwd, log: log, up: forward.Upstream{API: "export", Kind: credentials.KindAnalytics,
-		Fallback: cfg.URL, Flag: "--analytics-url", Scheme: forward.SchemeProjectBasic}}, nil
-}
-
-// Routes returns GET /api/2/export in forwarding mode.
-func (a *API) Routes() []adminroute.Route {
-	return []adminroute.Route{{Method: fasthttp.MethodGet, Path: Path, Mode: admintoken.ModeForward, Handler: a.serve}}
-}
-
-func (a *API) serve(ctx *fasthttp.RequestCtx) {
-	args := ctx.QueryArgs()
-	start, end := args.Peek("start"), args.Peek("end")
-	if len(start) == 0 || len(end) == 0 {
-		forward.WriteError(ctx, fasthttp.StatusBadRequest, "start and end are required, each of the form YYYYMMDDTHH")
-		return
-	}
-	if _, err := ParseRange(string(start), string(end)); err != nil {
-		forward.WriteError(ctx, fasthttp.StatusBadRequest, err.Error())
-		return
-	}
-	res, ferr := forward.Resolve(ctx, a.creds, a.up)
-	if ferr != nil {
-		ferr.Write(ctx)
-		return
-	}
-	ForwardStreaming(ctx, a.fwd, res.Target, a.cfg.WriteIdleTimeout)
 }

@@ -9,15 +9,7 @@ import (
 
 // newAPI is an API of upstream with forwardtest.WebCreds, forwarding with
 // a default Forwarder.
-func newAPI(t testing.TB, upstream string) *API {
+func newAPI(t testing.TB, upstream string) forwardtest.Built {
 	t.Helper()
-	fwd, err := forward.New(forward.Config{}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := New(Config{URL: upstream}, forwardtest.WebCreds(t), fwd, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return a
+	return forwardtest.Build(t, forward.Config{}, forwardtest.WebCreds(t), API(upstream))
 }

@@ -19,7 +19,6 @@ import (
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
-	"github.com/valyala/fasthttp"
 )
 
 const helperEnv = "RELAY_EXPORT_HELPER_UPSTREAM"
@@ -34,27 +33,19 @@ func TestHelperRelayProcess(t *testing.T) {
 	if up == "" {
 		t.Skip("helper process of TestExportStreamsInFlatMemory")
 	}
-	fwd, err := forward.New(forward.Config{}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := New(Config{URL: up}, forwardtest.WebCreds(t), fwd, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	admin, err := adminapi.New(adminapi.Config{}, nil, nil) // the real admin listener, its default time-outs
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin.Register(a.Routes()...)
-	admin.Handle(fasthttp.MethodGet, "/test/vmhwm", func(ctx *fasthttp.RequestCtx) {
+	admin.Register(forwardtest.Build(t, forward.Config{}, forwardtest.WebCreds(t), API(up))...)
+	admin.Handle(http.MethodGet, "/test/vmhwm", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		kb, err := vmHWM()
 		if err != nil {
-			ctx.Error(err.Error(), 500)
+			http.Error(w, err.Error(), 500)
 			return
 		}
-		ctx.SetBodyString(strconv.FormatInt(kb, 10))
-	})
+		io.WriteString(w, strconv.FormatInt(kb, 10))
+	}))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

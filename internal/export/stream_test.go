@@ -18,7 +18,7 @@ import (
 // TestSlowCallerOutlivesWriteTimeout: on the real admin listener with a
 // 1 s write time-out, a caller reading an archive slowly for longer than
 // that gets all of it; a caller that stops reading for longer than
-// WriteIdleTimeout is cut.
+// the forwarder's IdleTimeout is cut.
 func TestSlowCallerOutlivesWriteTimeout(t *testing.T) {
 	if testing.Short() {
 		t.Skip("reads slowly for 2 s")
@@ -33,9 +33,7 @@ func TestSlowCallerOutlivesWriteTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fwd, _ := forward.New(forward.Config{}, nil, nil)
-	a, _ := New(Config{URL: up, WriteIdleTimeout: 400 * time.Millisecond}, forwardtest.WebCreds(t), fwd, nil, nil)
-	admin.Register(a.Routes()...)
+	admin.Register(forwardtest.Build(t, forward.Config{IdleTimeout: time.Second}, forwardtest.WebCreds(t), API(up))...)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -56,9 +54,9 @@ func TestSlowCallerOutlivesWriteTimeout(t *testing.T) {
 	var n int64
 	buf := make([]byte, 512<<10)
 	for {
-		m, err := resp.Body.Read(buf)
+		m, err := io.ReadFull(resp.Body, buf)
 		n += int64(m)
-		if err == io.EOF {
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
 			break
 		}
 		if err != nil {
@@ -74,7 +72,7 @@ func TestSlowCallerOutlivesWriteTimeout(t *testing.T) {
 
 	resp = get()
 	io.ReadFull(resp.Body, buf)
-	time.Sleep(1500 * time.Millisecond) // longer than WriteIdleTimeout, with the socket buffers full
+	time.Sleep(3 * time.Second) // longer than IdleTimeout, with the socket buffers full
 	_, err = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	if err == nil {

@@ -53,30 +53,19 @@ organizations:
 	if err != nil {
 		t.Fatal(err)
 	}
-	fwd, err := forward.New(forward.Config{}, nil, reg)
+	fwd, err := forward.New(forward.Config{}, credentials.NewRef(creds), nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fb, err := feedback.New(feedback.Config{URL: up}, creds, fwd, nil, reg)
+	ds, err := dsar.API(dsar.Config{URL: up})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ds, err := dsar.New(dsar.Config{URL: up}, creds, fwd, nil, reg)
+	routes, err := fwd.Routes(feedback.API(up), ds, deletion.API(deletion.Config{URL: up}), export.API(up))
 	if err != nil {
 		t.Fatal(err)
 	}
-	de, err := deletion.New(deletion.Config{URL: up}, creds, fwd, nil, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ex, err := export.New(export.Config{URL: up}, creds, fwd, nil, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin.Register(fb.Routes()...)
-	admin.Register(ds.Routes()...)
-	admin.Register(de.Routes()...)
-	admin.Register(ex.Routes()...)
+	admin.Register(routes...)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

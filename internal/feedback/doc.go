@@ -29,6 +29,6 @@
 //
 // Project HTTP Basic: the caller's Authorization passes through, or
 // X-Relay-Project names a project whose key pair the relay injects. The base
-// is the project's feedback_url override, else Config.FeedbackURL
+// is the project's feedback_url override, else the URL given to API
 // (--feedback-url).
 package feedback

@@ -5,14 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/svcrelay/relay/internal/adminroute"
-	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/forward"
-	"github.com/valyala/fasthttp"
-	"go.uber.org/zap"
 )
 
 // Documented figures.
@@ -171,78 +167,29 @@ func Chunk(sourceID string, items []json.RawMessage, maxBytes int) (bodies [][]b
 	return bodies, members, tooLarge
 }
 
-// Config configures the feedback route.
-type Config struct {
-	// URL is --feedback-url, the upstream base; "" means none (only
-	// projects with a feedback_url can be served).
-	URL string
+// API is the feedback ingestion API as forward data: base --feedback-url
+// (url), the project's key pair as Basic, and POST Path checked by
+// CheckRequest (a request breaking the rules is answered locally, with the
+// per-item errors, and nothing is sent).
+func API(url string) forward.API {
+	return forward.API{
+		Upstream: forward.Upstream{API: "feedback", Kind: credentials.KindFeedback,
+			Fallback: url, Flag: "--feedback-url", Scheme: forward.SchemeProjectBasic},
+		Routes: []forward.Route{{Method: http.MethodPost, Path: Path, BodyLimit: MaxBytes, Check: check}},
+	}
 }
 
-// Validate reports a configuration that cannot work.
-func (c Config) Validate() error { return nil }
-
-// API is the feedback route. Build it with New.
-type API struct {
-	cfg   Config
-	creds *credentials.Store
-	fwd   *forward.Forwarder
-	up    forward.Upstream
-}
-
-// New returns the feedback route. creds (the --credentials file; nil means
-// pass-through only), log and reg may be nil (both unused: the forwarder
-// logs and has the metrics).
-func New(cfg Config, creds *credentials.Store, fwd *forward.Forwarder, _ *zap.Logger, _ prometheus.Registerer) (*API, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if fwd == nil {
-		return nil, errors.New("feedback: nil forwarder")
-	}
-	return &API{cfg: cfg, creds: creds, fwd: fwd, up: forward.Upstream{API: "feedback", Kind: credentials.KindFeedback,
-		Fallback: cfg.URL, Flag: "--feedback-url", Scheme: forward.SchemeProjectBasic}}, nil
-}
-
-// Routes returns POST /api/1/ai-feedback/ingest in forwarding mode.
-func (a *API) Routes() []adminroute.Route {
-	return []adminroute.Route{{Method: fasthttp.MethodPost, Path: Path, Mode: admintoken.ModeForward, Handler: a.serve}}
-}
-
-func (a *API) serve(ctx *fasthttp.RequestCtx) {
-	body, err := forward.DecodedBody(ctx, MaxBytes+1)
-	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-		forward.WriteError(ctx, fasthttp.StatusRequestEntityTooLarge, fmt.Sprintf("%v: decoded, the body is larger than %d bytes", ErrTooLarge, MaxBytes))
-		return
-	}
-	if err != nil {
-		forward.WriteError(ctx, fasthttp.StatusBadRequest, err.Error())
-		return
-	}
-	err = CheckRequest(body)
+func check(_ *http.Request, body []byte) *forward.Problem {
+	err := CheckRequest(body)
 	var re *RequestError
 	switch {
+	case err == nil:
+		return nil
 	case errors.Is(err, ErrTooLarge):
-		forward.WriteError(ctx, fasthttp.StatusRequestEntityTooLarge, err.Error())
-		return
+		return &forward.Problem{Status: http.StatusRequestEntityTooLarge, Msg: err.Error()}
 	case errors.As(err, &re):
-		b, _ := json.Marshal(struct {
-			Error  string `json:"error"`
-			Source string `json:"source"`
-			Answer
-		}{err.Error() + "; nothing was sent", "relay", Answer{Failed: len(re.Items), Errors: re.Items}})
-		ctx.Response.Reset()
-		ctx.SetStatusCode(fasthttp.StatusBadRequest)
-		ctx.SetContentType("application/json")
-		ctx.SetBody(append(b, '\n'))
-		return
-	case err != nil:
-		forward.WriteError(ctx, fasthttp.StatusBadRequest, err.Error())
-		return
+		return &forward.Problem{Status: http.StatusBadRequest, Msg: err.Error() + "; nothing was sent",
+			Extra: Answer{Failed: len(re.Items), Errors: re.Items}}
 	}
-	res, ferr := forward.Resolve(ctx, a.creds, a.up)
-	if ferr != nil {
-		ferr.Write(ctx)
-		return
-	}
-	a.fwd.Forward(ctx, res.Target)
+	return forward.Bad("%v", err)
 }

@@ -100,12 +100,7 @@ func FuzzCheckRequest(f *testing.F) {
 
 func TestFeedbackThroughRelay(t *testing.T) {
 	_, up := forwardtest.StartSim(t, sim.Config{})
-	fwd, _ := forward.New(forward.Config{}, nil, nil)
-	a, err := New(Config{URL: up}, forwardtest.WebCreds(t), fwd, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	relay := forwardtest.ServeAdmin(t, a.Routes())
+	relay := forwardtest.ServeAdmin(t, forwardtest.Build(t, forward.Config{}, forwardtest.WebCreds(t), API(up)))
 	inj := []string{"X-Relay-Project: web", "Authorization: Bearer " + forwardtest.AdminToken}
 	send := func(body string) forwardtest.Answer {
 		return forwardtest.Call(t, "POST", relay+Path, strings.NewReader(body), inj...)

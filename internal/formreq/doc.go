@@ -1,7 +1,7 @@
 // Package formreq holds what the admin listener's form-request routes
 // (POST /groupidentify in internal/groupidentify, POST /usermap and GET
-// /api/2/usermap in internal/usermap) share: their Route type, the
-// ValidationError of a request refused locally, and the Rejecter that
+// /api/2/usermap in internal/usermap) share: ReadForm, the ValidationError
+// of a request refused locally, and the Rejecter that
 // answers refusals as {"code":STATUS,"error":"..."}.
 //
 // Invariants:

@@ -4,24 +4,49 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
 	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/spool"
 )
 
-// Route is one route of the admin listener.
-type Route struct {
-	Method, Path string
-	Handler      fasthttp.RequestHandler
-	// Forward is true when the caller's own Authorization may be passed to
-	// the upstream (the admin token then travels in Proxy-Authorization);
-	// false when Authorization: Bearer is the admin token.
-	Forward bool
+// Form is a form request read in full: its body, the body's fields (for
+// an application/x-www-form-urlencoded body) and the query's.
+type Form struct {
+	Body        []byte
+	Post, Query url.Values
+}
+
+// ReadForm reads r's body (bounded by the admin listener) and its form
+// fields. Malformed fields are skipped, as fasthttp's args parser did.
+func ReadForm(r *http.Request) (Form, error) {
+	f := Form{Query: r.URL.Query(), Post: url.Values{}}
+	if r.Body != nil {
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			return f, fmt.Errorf("read body: %w", err)
+		}
+		f.Body = b
+	}
+	if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct == "application/x-www-form-urlencoded" {
+		f.Post, _ = url.ParseQuery(string(f.Body))
+	}
+	return f, nil
+}
+
+// Value returns the first value of name in vs and whether it is there.
+func Value(vs url.Values, name string) (string, bool) {
+	if v, ok := vs[name]; ok && len(v) > 0 {
+		return v[0], true
+	}
+	return "", false
 }
 
 // ValidationError is a request the relay refuses locally.
@@ -35,18 +60,18 @@ func (e *ValidationError) Error() string { return e.Msg }
 
 // Bad returns a 400 ValidationError with reason and a formatted message.
 func Bad(reason, format string, args ...any) *ValidationError {
-	return &ValidationError{Status: fasthttp.StatusBadRequest, Msg: fmt.Sprintf(format, args...), Reason: reason}
+	return &ValidationError{Status: http.StatusBadRequest, Msg: fmt.Sprintf(format, args...), Reason: reason}
 }
 
 // WriteError answers {"code":status,"error":msg}.
-func WriteError(ctx *fasthttp.RequestCtx, status int, msg string) {
+func WriteError(w http.ResponseWriter, status int, msg string) {
 	b, _ := json.Marshal(struct {
 		Code  int    `json:"code"`
 		Error string `json:"error"`
 	}{status, msg})
-	ctx.SetStatusCode(status)
-	ctx.SetContentType("application/json")
-	ctx.SetBody(b)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(b)
 }
 
 // Rejecter answers and counts the requests a route refuses. Build it with
@@ -68,14 +93,14 @@ func NewRejecter(name string, log *zap.Logger, rejected *prometheus.CounterVec, 
 }
 
 // Reject counts e by its Reason and answers it.
-func (r *Rejecter) Reject(ctx *fasthttp.RequestCtx, e *ValidationError) {
+func (r *Rejecter) Reject(w http.ResponseWriter, e *ValidationError) {
 	r.rejected.WithLabelValues(e.Reason).Inc()
-	WriteError(ctx, e.Status, e.Msg)
+	WriteError(w, e.Status, e.Msg)
 }
 
 // SpoolFailed answers a failed spool append: 503 with Retry-After, reason
 // spool_full, disk_low, shutting_down or (logged) spool_error.
-func (r *Rejecter) SpoolFailed(ctx *fasthttp.RequestCtx, err error) {
+func (r *Rejecter) SpoolFailed(w http.ResponseWriter, err error) {
 	msg, reason := "Service unavailable", "spool_error"
 	switch {
 	case errors.Is(err, spool.ErrFull):
@@ -87,6 +112,6 @@ func (r *Rejecter) SpoolFailed(ctx *fasthttp.RequestCtx, err error) {
 	default:
 		r.log.Error(r.name+": spool append failed", zap.Error(err))
 	}
-	ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, r.retryAfter)
-	r.Reject(ctx, &ValidationError{Status: fasthttp.StatusServiceUnavailable, Msg: msg, Reason: reason})
+	w.Header().Set("Retry-After", r.retryAfter)
+	r.Reject(w, &ValidationError{Status: http.StatusServiceUnavailable, Msg: msg, Reason: reason})
 }

@@ -3,12 +3,13 @@ package formreq
 import (
 	"errors"
 	"fmt"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/spool"
@@ -27,15 +28,15 @@ func TestSpoolFailed(t *testing.T) {
 	} {
 		rejected := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "x"}, []string{"reason"})
 		r := NewRejecter("test", zap.NewNop(), rejected, 4200*time.Millisecond)
-		var ctx fasthttp.RequestCtx
-		r.SpoolFailed(&ctx, tc.err)
-		if got := ctx.Response.StatusCode(); got != 503 {
+		w := httptest.NewRecorder()
+		r.SpoolFailed(w, tc.err)
+		if got := w.Code; got != 503 {
 			t.Errorf("%v: status %d, want 503", tc.err, got)
 		}
-		if got := string(ctx.Response.Header.Peek(fasthttp.HeaderRetryAfter)); got != "5" {
+		if got := w.Header().Get("Retry-After"); got != "5" {
 			t.Errorf("%v: Retry-After %q, want 5 (4.2 s rounded up)", tc.err, got)
 		}
-		if got := string(ctx.Response.Body()); got != tc.msg {
+		if got := w.Body.String(); got != tc.msg {
 			t.Errorf("%v: body %s, want %s", tc.err, got, tc.msg)
 		}
 		if n := count(t, rejected.WithLabelValues(tc.reason)); n != 1 {
@@ -47,11 +48,11 @@ func TestSpoolFailed(t *testing.T) {
 func TestReject(t *testing.T) {
 	rejected := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "x"}, []string{"reason"})
 	r := NewRejecter("test", zap.NewNop(), rejected, time.Second)
-	var ctx fasthttp.RequestCtx
-	r.Reject(&ctx, Bad("missing_field", "api_key: %s", `missing "x"`))
-	if ctx.Response.StatusCode() != 400 || string(ctx.Response.Header.ContentType()) != "application/json" ||
-		string(ctx.Response.Body()) != `{"code":400,"error":"api_key: missing \"x\""}` {
-		t.Errorf("answer %d %s %s", ctx.Response.StatusCode(), ctx.Response.Header.ContentType(), ctx.Response.Body())
+	w := httptest.NewRecorder()
+	r.Reject(w, Bad("missing_field", "api_key: %s", `missing "x"`))
+	if w.Code != 400 || w.Header().Get("Content-Type") != "application/json" ||
+		w.Body.String() != `{"code":400,"error":"api_key: missing \"x\""}` {
+		t.Errorf("answer %d %s %s", w.Code, w.Header().Get("Content-Type"), w.Body)
 	}
 	if n := count(t, rejected.WithLabelValues("missing_field")); n != 1 {
 		t.Errorf("rejected{missing_field} = %v, want 1", n)
@@ -66,4 +67,27 @@ func count(t *testing.T, c prometheus.Counter) float64 {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+func TestReadForm(t *testing.T) {
+	r := httptest.NewRequest("POST", "/x?api_key=q&both=query", strings.NewReader("api_key=b&both=body&bad=%zz"))
+	r.Header.Set("Content-Type", "application/x-www-form-urlencoded; charset=utf-8")
+	f, err := ReadForm(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := Value(f.Post, "both"); v != "body" {
+		t.Errorf("post both = %q", v)
+	}
+	if v, _ := Value(f.Query, "both"); v != "query" {
+		t.Errorf("query both = %q", v)
+	}
+	if _, ok := Value(f.Post, "missing"); ok {
+		t.Error("missing field found")
+	}
+	r = httptest.NewRequest("POST", "/x", strings.NewReader("api_key=b"))
+	r.Header.Set("Content-Type", "application/json")
+	if f, _ := ReadForm(r); len(f.Post) != 0 || string(f.Body) != "api_key=b" {
+		t.Errorf("a JSON body parsed as a form: %v", f.Post)
+	}
 }

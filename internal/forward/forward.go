@@ -1,37 +1,43 @@
 package forward
 
 import (
-	"bytes"
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
+
+	"github.com/svcrelay/relay/internal/adminroute"
+	"github.com/svcrelay/relay/internal/admintoken"
+	"github.com/svcrelay/relay/internal/credentials"
 )
 
 // Config configures a Forwarder. Zero values mean the documented defaults.
 type Config struct {
 	// MaxRequestBodyBytes bounds the request body a caller may send through
-	// the forwarder; a larger one is answered 413 locally and nothing is
-	// sent. 0 means DefaultMaxRequestBodyBytes.
+	// the forwarder; a larger one is answered 413 locally. 0 means
+	// DefaultMaxRequestBodyBytes.
 	MaxRequestBodyBytes int
 	// DialTimeout bounds connecting to the upstream; 0 means DefaultDialTimeout.
 	DialTimeout time.Duration
 	// IdleTimeout is the longest the forwarder waits for the next byte from
-	// the upstream (the answer's head, or any part of a streamed body) or to
-	// write the next part of the request. It is an idle time-out, not a
-	// total: a multi-GB answer that keeps flowing is never cut. 0 means
+	// the upstream (the answer's head, or any part of a streamed body), to
+	// write the next part of the request upstream, or for the caller to take
+	// the next part of the answer. It is an idle time-out, not a total: a
+	// multi-GB answer that keeps flowing is never cut. 0 means
 	// DefaultIdleTimeout.
 	IdleTimeout time.Duration
 	// MaxConnsPerHost bounds the connections to one upstream host; a call
-	// waits up to IdleTimeout for a free one. 0 means DefaultMaxConnsPerHost.
+	// waits for a free one. 0 means DefaultMaxConnsPerHost.
 	MaxConnsPerHost int
 }
 
@@ -74,14 +80,14 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Target is where and how one request goes upstream. Build it with Resolve
-// (or by hand from configuration): never from the request.
+// Target is where and how one request goes upstream. Resolve builds it from
+// configuration, never from the request.
 type Target struct {
 	// API names the forwarded API in metrics and logs ("scim", "taxonomy").
 	API string
 	// Base is the upstream base URL from configuration (a --*-url flag or a
-	// credentials override): "http(s)://host[:port][/prefix]". The request's
-	// path and query are appended to it.
+	// credentials override): "http(s)://host[:port][/prefix]". The routed
+	// request path and the query are appended to it.
 	Base string
 	// Authorization, when not empty, is sent as the Authorization header
 	// (injected credentials). Empty: the caller's own Authorization header,
@@ -97,21 +103,25 @@ var (
 	// ErrBadTarget is returned when the Target's Base is not an absolute
 	// http(s) URL (answered 502: a configuration error).
 	ErrBadTarget = errors.New("bad upstream base")
-	// ErrBadPath is returned when the request path has empty, "." or ".."
-	// segments (answered 400).
+	// ErrBadPath is returned when the request path is one
+	// adminroute.CheckPath refuses (answered 400).
 	ErrBadPath = errors.New("bad request path")
 	// ErrUpstream wraps a transport error talking to the upstream (refused,
 	// time-out, broken connection; answered 502).
 	ErrUpstream = errors.New("upstream unreachable")
 )
 
-// Forwarder forwards admin-listener requests to upstream APIs. It is safe
-// for concurrent use.
+// Forwarder forwards admin-listener requests to upstream APIs with one
+// httputil.ReverseProxy per redirect policy over one http.Transport. It is
+// safe for concurrent use.
 type Forwarder struct {
-	cfg    Config
-	log    *zap.Logger
-	client *fasthttp.Client
-	m      metrics
+	cfg       Config
+	creds     *credentials.Ref
+	log       *zap.Logger
+	reg       prometheus.Registerer
+	transport *http.Transport
+	proxy     *httputil.ReverseProxy
+	m         metrics
 }
 
 type metrics struct {
@@ -120,9 +130,10 @@ type metrics struct {
 	inflight *prometheus.GaugeVec   // api
 }
 
-// New returns a Forwarder. log may be nil (no logs); reg may be nil (metrics
-// not registered).
-func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Forwarder, error) {
+// New returns a Forwarder. creds is the credentials file in force (read at
+// every request, so a reload takes effect at once; nil: none). log may be
+// nil (no logs); reg may be nil (metrics not registered).
+func New(cfg Config, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*Forwarder, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -130,11 +141,11 @@ func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Forwarder, er
 	if log == nil {
 		log = zap.NewNop()
 	}
-	f := &Forwarder{cfg: cfg, log: log}
+	f := &Forwarder{cfg: cfg, creds: creds, log: log, reg: reg}
 	f.m = metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "relay_forward_requests_total",
-			Help: "Requests forwarded to upstream APIs, by API and upstream status (0: no answer).",
+			Help: "Requests forwarded to upstream APIs, by API and upstream status.",
 		}, []string{"api", "code"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "relay_forward_errors_total",
@@ -154,31 +165,32 @@ func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Forwarder, er
 	}
 	idle := cfg.IdleTimeout
 	dialer := &net.Dialer{Timeout: cfg.DialTimeout}
-	f.client = &fasthttp.Client{
-		Name:                          "",
-		NoDefaultUserAgentHeader:      true,
-		DisablePathNormalizing:        true,
-		DisableHeaderNamesNormalizing: false,
-		StreamResponseBody:            true,
-		MaxConnsPerHost:               cfg.MaxConnsPerHost,
-		MaxConnWaitTimeout:            idle,
-		MaxIdleConnDuration:           30 * time.Second,
-		// One attempt: a retried call would count twice against the
-		// upstream's rate limits, and a POST must never be sent twice.
-		MaxIdemponentCallAttempts: 1,
-		Dial: func(addr string) (net.Conn, error) {
-			c, err := dialer.Dial("tcp", addr)
+	f.transport = &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := dialer.DialContext(ctx, network, addr)
 			if err != nil {
 				return nil, err
 			}
 			return &idleConn{Conn: c, idle: idle}, nil
 		},
+		MaxConnsPerHost:       cfg.MaxConnsPerHost,
+		MaxIdleConnsPerHost:   cfg.MaxConnsPerHost,
+		IdleConnTimeout:       30 * time.Second,
+		ResponseHeaderTimeout: idle,
+		TLSHandshakeTimeout:   cfg.DialTimeout,
+		ForceAttemptHTTP2:     true,
+		// Bodies are passed as they are (a gzip answer stays gzip).
+		DisableCompression: true,
 	}
+	f.proxy = f.newProxy(f.transport)
 	return f, nil
 }
 
 // MaxRequestBodyBytes returns the request body bound in effect.
 func (f *Forwarder) MaxRequestBodyBytes() int { return f.cfg.MaxRequestBodyBytes }
+
+// Close closes the upstream connections kept alive.
+func (f *Forwarder) Close() { f.transport.CloseIdleConnections() }
 
 // idleConn renews its deadline before every read and write: an idle
 // time-out that never cuts a transfer that keeps moving.
@@ -201,234 +213,205 @@ func (c *idleConn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
-// fasthttp clears or sets deadlines itself; ours are renewed per call.
-func (c *idleConn) SetDeadline(time.Time) error      { return nil }
-func (c *idleConn) SetReadDeadline(time.Time) error  { return nil }
-func (c *idleConn) SetWriteDeadline(time.Time) error { return nil }
+// targetKey carries a request's *Target from Forward to the proxy's Rewrite.
+type targetKey struct{}
 
-// hopHeaders are never forwarded in either direction (RFC 9110 7.6.1), nor
-// the relay's own and the framing headers that fasthttp sets itself.
-var hopHeaders = map[string]bool{
-	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Proxy-Authenticate": true,
-	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
-	"Host": true, "Content-Length": true, "X-Relay-Project": true,
-	// The relay has read the whole body already.
-	"Expect": true,
+// newProxy returns the ReverseProxy of the relay's header rules over rt.
+func (f *Forwarder) newProxy(rt http.RoundTripper) *httputil.ReverseProxy {
+	return &httputil.ReverseProxy{
+		Transport: rt,
+		Rewrite:   rewrite,
+		ModifyResponse: func(resp *http.Response) error {
+			// The relay's server sets its own.
+			resp.Header.Del("Server")
+			return nil
+		},
+		ErrorHandler: f.proxyError,
+		ErrorLog:     zap.NewStdLog(f.log),
+	}
 }
 
-// respSkip are response headers the relay's server sets itself.
-var respSkip = map[string]bool{"Server": true, "Date": true}
-
-// connectionListed returns the header names listed in Connection (also
-// hop-by-hop), canonicalised.
-func connectionListed(v []byte) map[string]bool {
-	if len(v) == 0 {
-		return nil
+// rewrite is the relay's header rules: the upstream is the Target's Base
+// (never the request's Host or an absolute request URI), the path is the
+// routed path (URL.Path, sent as URL.EscapedPath, which adminroute.CheckPath
+// made one), the query is the caller's, untouched. ReverseProxy itself drops
+// the hop-by-hop headers (and those named in Connection) and the
+// X-Forwarded-* headers the caller sent; here Proxy-Authorization,
+// X-Relay-Project and Expect go too, and Authorization becomes the Target's
+// when it injects credentials.
+func rewrite(pr *httputil.ProxyRequest) {
+	t := pr.In.Context().Value(targetKey{}).(*Target)
+	base, _ := url.Parse(strings.TrimRight(t.Base, "/")) // checked by Forward
+	out := pr.Out
+	out.URL = &url.URL{
+		Scheme:   base.Scheme,
+		Host:     base.Host,
+		Path:     base.Path + pr.In.URL.Path,
+		RawPath:  base.EscapedPath() + pr.In.URL.EscapedPath(),
+		RawQuery: pr.In.URL.RawQuery,
 	}
-	m := map[string]bool{}
-	for _, n := range strings.Split(string(v), ",") {
-		if n = strings.TrimSpace(n); n != "" {
-			m[canonical(n)] = true
-		}
+	out.Host = ""
+	out.Header.Del("Proxy-Authorization")
+	out.Header.Del(admintoken.HeaderProject)
+	out.Header.Del("Expect")
+	if t.Authorization != "" {
+		out.Header.Set("Authorization", t.Authorization)
 	}
-	return m
 }
 
-func canonical(name string) string {
-	b := []byte(strings.ToLower(name))
-	up := true
-	for i, c := range b {
-		if up && c >= 'a' && c <= 'z' {
-			b[i] = c - 'a' + 'A'
-		}
-		up = c == '-'
-	}
-	return string(b)
+// checkBase accepts an absolute http(s) URL with a host, no user info, query
+// or fragment.
+func checkBase(base string) bool {
+	u, err := url.Parse(strings.TrimRight(base, "/"))
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" &&
+		u.User == nil && u.RawQuery == "" && u.Fragment == "" && !strings.ContainsAny(base, "?# \t\r\n")
 }
 
-// CheckPath reports whether a raw request path is acceptable for
-// forwarding: it starts with "/", has no empty segment (but may end in
-// "/"), and no segment that is "." or ".." before or after percent
-// decoding.
-func CheckPath(raw []byte) bool {
-	if len(raw) == 0 || raw[0] != '/' {
-		return false
-	}
-	segs := bytes.Split(raw[1:], []byte{'/'})
-	for i, s := range segs {
-		if len(s) == 0 && i != len(segs)-1 {
-			return false
-		}
-		d, err := unescape(s)
-		if err != nil || d == "." || d == ".." {
-			return false
-		}
-	}
-	return true
-}
-
-// checkBase accepts an absolute http(s) URL with a host and no query.
-func checkBase(base string) (string, bool) {
-	base = strings.TrimRight(base, "/")
-	rest, ok := strings.CutPrefix(base, "http://")
-	if !ok {
-		rest, ok = strings.CutPrefix(base, "https://")
-	}
-	if !ok || rest == "" || rest[0] == '/' || strings.ContainsAny(base, "?#@ \t\r\n") {
-		return "", false
-	}
-	return base, true
-}
-
-// Forward sends the request in ctx to t.Base + the request's raw path and
-// query, and writes the upstream's answer to ctx: status, end-to-end headers
-// and the body, streamed (the upstream connection stays open until the
-// relay's server has copied the body to the caller; nothing of it is held in
-// memory). The method, raw path, query string and body are sent untouched;
-// hop-by-hop headers, Host, Proxy-Authorization and X-Relay-Project are
-// removed; Authorization is t.Authorization when set, else the caller's.
+// Forward sends r to t.Base + r's routed path and query and writes the
+// upstream's answer to w: status, end-to-end headers and the body,
+// streamed (nothing of it is held in memory). The method, path, query and
+// body are sent untouched; see rewrite for the headers.
 //
 // It returns the upstream's status, or 0 when the answer was written locally
 // (then err is one of the package's sentinels, wrapped): 413 body too large,
 // 400 bad path, 502 bad target or upstream transport error, each with a
 // JSON body {"error": "...", "source": "relay"}. Call Forward at most once
 // per request, as the handler's last step.
-func (f *Forwarder) Forward(ctx *fasthttp.RequestCtx, t Target) (int, error) {
+func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, t Target) (int, error) {
+	return f.forward(w, r, t, f.proxy)
+}
+
+func (f *Forwarder) forward(w http.ResponseWriter, r *http.Request, t Target, proxy *httputil.ReverseProxy) (int, error) {
 	api := t.API
 	if api == "" {
 		api = "other"
+		t.API = api
 	}
 	fail := func(status int, reason string, err error, msg string) (int, error) {
 		f.m.errors.WithLabelValues(api, reason).Inc()
-		WriteError(ctx, status, msg)
+		WriteError(w, status, msg)
 		return 0, err
 	}
-	if len(ctx.Request.Body()) > f.cfg.MaxRequestBodyBytes {
-		return fail(fasthttp.StatusRequestEntityTooLarge, "body_too_large", ErrBodyTooLarge,
+	if r.ContentLength > int64(f.cfg.MaxRequestBodyBytes) {
+		return fail(http.StatusRequestEntityTooLarge, "body_too_large", ErrBodyTooLarge,
 			fmt.Sprintf("request body larger than the relay's forwarding limit of %d bytes", f.cfg.MaxRequestBodyBytes))
 	}
-	base, ok := checkBase(t.Base)
-	if !ok {
-		return fail(fasthttp.StatusBadGateway, "bad_target", ErrBadTarget,
+	if !checkBase(t.Base) {
+		return fail(http.StatusBadGateway, "bad_target", ErrBadTarget,
 			"the relay's configured upstream base for this API is not an absolute http(s) URL")
 	}
-	path := ctx.URI().PathOriginal()
-	if !CheckPath(path) {
-		return fail(fasthttp.StatusBadRequest, "bad_path", ErrBadPath,
-			"request path has empty, '.' or '..' segments")
+	if err := adminroute.CheckPath(adminroute.RawPath(r)); err != nil {
+		return fail(http.StatusBadRequest, "bad_path", fmt.Errorf("%w: %w", ErrBadPath, err),
+			"request path refused: it has an empty, '.' or '..' segment, an escaped '/', '\\', '.' or '%', or ';'")
 	}
-
-	req := fasthttp.AcquireRequest()
-	resp := fasthttp.AcquireResponse()
-	release := func() {
-		fasthttp.ReleaseRequest(req)
-		fasthttp.ReleaseResponse(resp)
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = http.MaxBytesReader(w, r.Body, int64(f.cfg.MaxRequestBodyBytes))
 	}
-	uri := make([]byte, 0, len(base)+len(path)+1+len(ctx.URI().QueryString()))
-	uri = append(uri, base...)
-	uri = append(uri, path...)
-	if q := ctx.URI().QueryString(); len(q) > 0 {
-		uri = append(append(uri, '?'), q...)
+	rec := &recorder{ResponseWriter: w, idle: f.cfg.IdleTimeout, rc: http.NewResponseController(w)}
+	rec.renew()
+	ctx := context.WithValue(r.Context(), targetKey{}, &t)
+	in := f.m.inflight.WithLabelValues(api)
+	in.Inc()
+	proxy.ServeHTTP(rec, r.WithContext(ctx))
+	in.Dec()
+	if rec.err != nil {
+		return 0, rec.err
 	}
-	req.SetRequestURIBytes(uri)
-	req.URI().DisablePathNormalizing = true
-	req.Header.SetMethodBytes(ctx.Method())
-	in := &ctx.Request.Header
-	listed := connectionListed(in.Peek(fasthttp.HeaderConnection))
-	for k, v := range in.All() {
-		name := canonical(string(k))
-		if hopHeaders[name] || listed[name] {
-			continue
-		}
-		if name == fasthttp.HeaderAuthorization && t.Authorization != "" {
-			continue
-		}
-		req.Header.AddBytesKV(k, v)
-	}
-	if t.Authorization != "" {
-		req.Header.Set(fasthttp.HeaderAuthorization, t.Authorization)
-	}
-	if body := ctx.Request.Body(); len(body) > 0 {
-		req.SetBodyRaw(body)
-	}
-
-	f.m.inflight.WithLabelValues(api).Inc()
-	err := f.client.Do(req, resp)
-	f.m.inflight.WithLabelValues(api).Dec()
-	if err != nil {
-		release()
-		reason := "transport"
-		msg := "upstream " + t.API + " unreachable: " + transportText(err)
-		f.log.Warn("forward: upstream error", zap.String("api", api), zap.String("method", string(ctx.Method())),
-			zap.ByteString("path", path), zap.String("error", transportText(err)))
-		return fail(fasthttp.StatusBadGateway, reason, fmt.Errorf("%w: %w", ErrUpstream, err), msg)
-	}
-	status := resp.StatusCode()
-	f.m.requests.WithLabelValues(api, strconv.Itoa(status)).Inc()
-
-	out := &ctx.Response
-	out.Reset()
-	out.SetStatusCode(status)
-	rlisted := connectionListed(resp.Header.Peek(fasthttp.HeaderConnection))
-	for k, v := range resp.Header.All() {
-		name := canonical(string(k))
-		if hopHeaders[name] || rlisted[name] || respSkip[name] {
-			continue
-		}
-		out.Header.AddBytesKV(k, v)
-	}
-	if len(resp.Header.ContentType()) == 0 {
-		out.Header.SetNoDefaultContentType(true)
-	}
-	size := resp.Header.ContentLength()
-	if size < 0 {
-		size = -1 // chunked or until close: the caller gets it chunked
-	}
-	if body := resp.BodyStream(); body != nil {
-		ctx.SetBodyStream(&upstreamBody{r: body, release: release, resp: resp}, size)
-	} else {
-		// No body stream (e.g. HEAD, 204, 304): copy what there is.
-		out.SetBody(resp.Body())
-		release()
-	}
-	return status, nil
+	f.m.requests.WithLabelValues(api, strconv.Itoa(rec.status)).Inc()
+	return rec.status, nil
 }
 
-// upstreamBody is the streamed answer body; the relay's server closes it
-// once the body is copied to the caller (or the caller went away), which
-// frees the upstream connection and the pooled request and response.
-type upstreamBody struct {
-	r       io.Reader
-	resp    *fasthttp.Response
-	release func()
-	once    sync.Once
+// proxyError answers a request the proxy could not complete: 413 when the
+// caller's body passed the limit, else 502 (nothing is retried: a retry
+// would count twice against the upstream's rate limits).
+func (f *Forwarder) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	t := r.Context().Value(targetKey{}).(*Target)
+	rec, _ := w.(*recorder)
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		f.m.errors.WithLabelValues(t.API, "body_too_large").Inc()
+		WriteError(w, http.StatusRequestEntityTooLarge,
+			fmt.Sprintf("request body larger than the relay's forwarding limit of %d bytes", f.cfg.MaxRequestBodyBytes))
+		if rec != nil {
+			rec.err = fmt.Errorf("%w: %w", ErrBodyTooLarge, err)
+		}
+		return
+	}
+	f.m.errors.WithLabelValues(t.API, "transport").Inc()
+	f.log.Warn("forward: upstream error", zap.String("api", t.API), zap.String("method", r.Method),
+		zap.String("path", r.URL.Path), zap.String("error", transportText(err)))
+	WriteError(w, http.StatusBadGateway, "upstream "+t.API+" unreachable: "+transportText(err))
+	if rec != nil {
+		rec.err = fmt.Errorf("%w: %w", ErrUpstream, err)
+	}
 }
 
-func (b *upstreamBody) Read(p []byte) (int, error) { return b.r.Read(p) }
+// recorder keeps the status written and renews the caller connection's
+// write deadline as the answer flows: the caller may take as long as it
+// keeps reading, and one that stops reading for the idle time-out is cut.
+type recorder struct {
+	http.ResponseWriter
+	rc      *http.ResponseController
+	idle    time.Duration
+	renewAt time.Time
+	status  int
+	err     error
+}
 
-func (b *upstreamBody) Close() error {
-	var err error
-	b.once.Do(func() {
-		err = b.resp.CloseBodyStream()
-		b.release()
-	})
-	return err
+func (w *recorder) renew() {
+	if now := time.Now(); !now.Before(w.renewAt) {
+		_ = w.rc.SetWriteDeadline(now.Add(w.idle)) // not supported: the server's WriteTimeout stands
+		w.renewAt = now.Add(w.idle / 8)
+	}
+}
+
+func (w *recorder) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *recorder) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	w.renew()
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController (the proxy's flushes) reach the
+// server's writer.
+func (w *recorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// WriteError answers locally: status and {"error": msg, "source": "relay"}
+// (application/json), so that callers can tell the relay's own answers from
+// the upstream's.
+func WriteError(w http.ResponseWriter, status int, msg string) {
+	b, _ := json.Marshal(struct {
+		Error  string `json:"error"`
+		Source string `json:"source"`
+	}{msg, "relay"})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
 }
 
 // transportText describes a transport error without any request detail.
 func transportText(err error) string {
 	var ne net.Error
 	switch {
-	case errors.Is(err, fasthttp.ErrTimeout), errors.As(err, &ne) && ne.Timeout():
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
 		return "time-out"
-	case errors.Is(err, fasthttp.ErrNoFreeConns):
-		return "no free connection"
-	case errors.Is(err, fasthttp.ErrConnectionClosed):
-		return "connection closed before the answer"
+	case errors.Is(err, context.Canceled):
+		return "the caller went away"
 	}
 	var oe *net.OpError
 	if errors.As(err, &oe) && oe.Op == "dial" {
 		return "connection refused or failed"
 	}
-	return "transport error"
+	if strings.Contains(err.Error(), "timeout awaiting response headers") {
+		return "time-out"
+	}
+	return "connection closed before the answer"
 }

@@ -2,19 +2,23 @@ package forward
 
 import (
 	"bytes"
+	"compress/gzip"
+	"compress/zlib"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/klauspost/compress/zstd"
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/credentials"
-	"github.com/valyala/fasthttp"
 )
 
 // Scheme is the upstream authentication a route needs.
@@ -50,7 +54,7 @@ func (s Scheme) String() string {
 	return fmt.Sprintf("Scheme(%d)", int(s))
 }
 
-// Upstream says where a route's API lives and how it authenticates.
+// Upstream says where an API lives and how it authenticates.
 type Upstream struct {
 	// API names the API in metrics, logs and errors ("scim").
 	API string
@@ -82,30 +86,24 @@ type Resolved struct {
 	Key string
 }
 
-// Error is a local answer: status and message for the caller. It never
-// holds a secret.
-type Error struct {
+// Problem is a local answer: the status and message for the caller, in the
+// API's error format (see API.Errors). It never holds a secret.
+type Problem struct {
 	Status int
 	Msg    string
+	// Type is the SCIM scimType of the answer ("invalidValue"); "" for none
+	// and for other formats.
+	Type string
+	// Extra, when not nil, is a JSON object whose fields the JSON error
+	// format adds to the answer (feedback's per-item errors).
+	Extra any
 }
 
-func (e *Error) Error() string { return e.Msg }
+func (p *Problem) Error() string { return p.Msg }
 
-// Write writes e to ctx as JSON (see WriteError).
-func (e *Error) Write(ctx *fasthttp.RequestCtx) { WriteError(ctx, e.Status, e.Msg) }
-
-// WriteError answers ctx locally: status and {"error": msg, "source":
-// "relay"} (application/json), so that callers can tell the relay's own
-// answers from the upstream's.
-func WriteError(ctx *fasthttp.RequestCtx, status int, msg string) {
-	b, _ := json.Marshal(struct {
-		Error  string `json:"error"`
-		Source string `json:"source"`
-	}{msg, "relay"})
-	ctx.Response.Reset()
-	ctx.SetStatusCode(status)
-	ctx.SetContentType("application/json")
-	ctx.SetBody(append(b, '\n'))
+// Bad returns a 400 Problem with a formatted message.
+func Bad(format string, args ...any) *Problem {
+	return &Problem{Status: http.StatusBadRequest, Msg: fmt.Sprintf(format, args...)}
 }
 
 // Resolve finds the Target of a request for u. With X-Relay-Project: NAME
@@ -119,9 +117,9 @@ func WriteError(ctx *fasthttp.RequestCtx, status int, msg string) {
 // credentials file, or the project lacks what u.Scheme needs (no
 // organization, no management_api_key, no scim_token); 502 when no base is
 // configured for u.
-func Resolve(ctx *fasthttp.RequestCtx, creds *credentials.Store, u Upstream) (Resolved, *Error) {
+func Resolve(req *http.Request, creds *credentials.Store, u Upstream) (Resolved, *Problem) {
 	r := Resolved{Target: Target{API: u.API}}
-	name := string(ctx.Request.Header.Peek(admintoken.HeaderProject))
+	name := req.Header.Get(admintoken.HeaderProject)
 	if name != "" {
 		p, ok := creds.Project(name)
 		if !ok {
@@ -129,13 +127,13 @@ func Resolve(ctx *fasthttp.RequestCtx, creds *credentials.Store, u Upstream) (Re
 			if creds == nil {
 				msg = fmt.Sprintf("%s given but the relay has no --credentials file", admintoken.HeaderProject)
 			}
-			return r, &Error{fasthttp.StatusBadRequest, msg}
+			return r, &Problem{Status: http.StatusBadRequest, Msg: msg}
 		}
 		r.Project, r.Org, r.Injected = p, p.Org(), true
 		org := p.Org()
-		needOrg := func(what string) *Error {
+		needOrg := func(what string) *Problem {
 			if org == nil {
-				return &Error{fasthttp.StatusBadRequest, fmt.Sprintf(
+				return &Problem{Status: http.StatusBadRequest, Msg: fmt.Sprintf(
 					"project %q is in no organization of the credentials file; %s needs the organization's %s", p.Name, u.API, what)}
 			}
 			return nil
@@ -155,7 +153,7 @@ func Resolve(ctx *fasthttp.RequestCtx, creds *credentials.Store, u Upstream) (Re
 				return r, e
 			}
 			if org.ManagementAPIKey.IsZero() {
-				return r, &Error{fasthttp.StatusBadRequest, fmt.Sprintf(
+				return r, &Problem{Status: http.StatusBadRequest, Msg: fmt.Sprintf(
 					"organization %q of project %q has no management_api_key in the credentials file", org.Name, p.Name)}
 			}
 			r.Authorization = credentials.Bearer(org.ManagementAPIKey)
@@ -165,16 +163,16 @@ func Resolve(ctx *fasthttp.RequestCtx, creds *credentials.Store, u Upstream) (Re
 				return r, e
 			}
 			if org.SCIMToken.IsZero() {
-				return r, &Error{fasthttp.StatusBadRequest, fmt.Sprintf(
+				return r, &Problem{Status: http.StatusBadRequest, Msg: fmt.Sprintf(
 					"organization %q of project %q has no scim_token in the credentials file", org.Name, p.Name)}
 			}
 			r.Authorization = credentials.Bearer(org.SCIMToken)
 			r.Key = "org:" + org.Name
 		default:
-			return r, &Error{fasthttp.StatusInternalServerError, "relay: route has no authentication scheme"}
+			return r, &Problem{Status: http.StatusInternalServerError, Msg: "relay: route has no authentication scheme"}
 		}
 	} else {
-		auth := ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)
+		auth := []byte(req.Header.Get("Authorization"))
 		if (u.Scheme == SchemeProjectBasic || u.Scheme == SchemeOrgBasic) && len(auth) > 0 {
 			// The caller's own key pair may be one of the file's: its
 			// project (and so its region and limits) is then known.
@@ -205,7 +203,7 @@ func Resolve(ctx *fasthttp.RequestCtx, creds *credentials.Store, u Upstream) (Re
 		r.Base = u.Fallback
 	}
 	if r.Base == "" {
-		return r, &Error{fasthttp.StatusBadGateway, fmt.Sprintf(
+		return r, &Problem{Status: http.StatusBadGateway, Msg: fmt.Sprintf(
 			"no upstream configured for %s: set %s (or %s_url in the credentials file)", u.API, u.Flag, u.Kind)}
 	}
 	return r, nil
@@ -225,27 +223,69 @@ func basicUser(auth []byte) (string, bool) {
 	return string(user), ok && len(user) > 0
 }
 
-// DecodedBody returns the request body decoded by its Content-Encoding
-// (gzip, deflate, br, zstd; none or identity: as is), at most limit bytes,
-// for local validation. The body forwarded upstream stays as sent. An
-// undecodable body, an unknown encoding or one decoding past limit is an
-// error (answer it 400 or 413).
-func DecodedBody(ctx *fasthttp.RequestCtx, limit int) ([]byte, error) {
-	enc := bytes.TrimSpace(ctx.Request.Header.ContentEncoding())
-	if len(enc) == 0 || bytes.EqualFold(enc, []byte("identity")) {
-		return ctx.Request.Body(), nil
+// DecodedBody reads the request body, decoded by its Content-Encoding
+// (gzip, deflate, zstd; none or identity: as is), at most limit bytes, for
+// local validation, and puts the body back as it was sent, so that the body
+// forwarded upstream is untouched. An undecodable body or an unknown
+// encoding is an error wrapping ErrUndecodable (answer it 400); a body
+// larger than limit, sent or decoded, one wrapping ErrBodyTooLarge (413).
+func DecodedBody(r *http.Request, limit int) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
 	}
-	b, err := ctx.Request.BodyUncompressedWithLimit(limit)
+	raw, err := io.ReadAll(io.LimitReader(r.Body, int64(limit)+1))
+	r.Body.Close()
 	if err != nil {
-		return nil, fmt.Errorf("decode request body (Content-Encoding %q): %w", enc, err)
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, fmt.Errorf("%w: %w", ErrBodyTooLarge, err)
+		}
+		return nil, fmt.Errorf("read request body: %w", err)
+	}
+	if len(raw) > limit {
+		return nil, fmt.Errorf("%w: more than %d bytes", ErrBodyTooLarge, limit)
+	}
+	r.Body = io.NopCloser(bytes.NewReader(raw))
+	r.ContentLength = int64(len(raw))
+	enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding")))
+	var dec io.ReadCloser
+	switch enc {
+	case "", "identity":
+		return raw, nil
+	case "gzip", "x-gzip":
+		dec, err = gzip.NewReader(bytes.NewReader(raw))
+	case "deflate":
+		dec, err = zlib.NewReader(bytes.NewReader(raw))
+	case "zstd":
+		var z *zstd.Decoder
+		if z, err = zstd.NewReader(bytes.NewReader(raw), zstd.WithDecoderConcurrency(1)); err == nil {
+			dec = z.IOReadCloser()
+		}
+	default:
+		return nil, fmt.Errorf("%w: Content-Encoding %q is not one the relay decodes (gzip, deflate, zstd)", ErrUndecodable, enc)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w (Content-Encoding %q): %w", ErrUndecodable, enc, err)
+	}
+	defer dec.Close()
+	b, err := io.ReadAll(io.LimitReader(dec, int64(limit)+1))
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("%w (Content-Encoding %q): %w", ErrUndecodable, enc, err)
+	case len(b) > limit:
+		return nil, fmt.Errorf("%w: decoded, more than %d bytes", ErrBodyTooLarge, limit)
 	}
 	return b, nil
 }
 
+// ErrUndecodable is returned by DecodedBody for a body its Content-Encoding
+// does not decode.
+var ErrUndecodable = errors.New("request body could not be decoded by its Content-Encoding")
+
 // RetryAfter reads a Retry-After header of an answer: delay seconds or an
 // HTTP date (relative to now). ok is false when absent or unreadable.
-func RetryAfter(h *fasthttp.ResponseHeader, now time.Time) (d time.Duration, ok bool) {
-	v := strings.TrimSpace(string(h.Peek(fasthttp.HeaderRetryAfter)))
+func RetryAfter(h http.Header, now time.Time) (d time.Duration, ok bool) {
+	v := strings.TrimSpace(h.Get("Retry-After"))
 	if v == "" {
 		return 0, false
 	}
@@ -256,4 +296,21 @@ func RetryAfter(h *fasthttp.ResponseHeader, now time.Time) (d time.Duration, ok 
 		return max(t.Sub(now), 0), true
 	}
 	return 0, false
+}
+
+// jsonMerge marshals base with the fields of extra (a struct or map that
+// marshals to a JSON object) added.
+func jsonMerge(base map[string]any, extra any) ([]byte, error) {
+	b, err := json.Marshal(extra)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	for k, v := range base {
+		m[k] = v
+	}
+	return json.Marshal(m)
 }

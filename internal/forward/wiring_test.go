@@ -12,6 +12,7 @@ import (
 	"github.com/svcrelay/relay/internal/adminapi"
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/classifiers"
+	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/experiments"
 	"github.com/svcrelay/relay/internal/forward"
 	ft "github.com/svcrelay/relay/internal/forward/forwardtest"
@@ -34,30 +35,23 @@ func TestWiredOnAdminListener(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fwd, err := forward.New(forward.Config{}, nil, reg)
+	fwd, err := forward.New(forward.Config{}, credentials.NewRef(env.Creds), nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ex, err := experiments.New(experiments.Config{URL: env.SimURL}, env.Creds, fwd, nil, reg)
+	sc, err := scim.API(scim.Config{URL: env.SimURL})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sc, err := scim.New(scim.Config{URL: env.SimURL}, env.Creds, fwd, nil, reg)
+	tx, err := taxonomy.API(taxonomy.Config{URL: env.SimURL})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl, err := classifiers.New(classifiers.Config{URL: env.SimURL}, env.Creds, fwd, nil, reg)
+	routes, err := fwd.Routes(experiments.API(env.SimURL), sc, classifiers.API(env.SimURL), tx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx, err := taxonomy.New(taxonomy.Config{URL: env.SimURL}, env.Creds, fwd, nil, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin.Register(ex.Routes()...)
-	admin.Register(sc.Routes()...)
-	admin.Register(cl.Routes()...)
-	admin.Register(tx.Routes()...)
+	admin.Register(routes...)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

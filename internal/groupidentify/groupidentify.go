@@ -4,14 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
-	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 
+	"github.com/svcrelay/relay/internal/adminroute"
+	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/formreq"
@@ -32,9 +34,6 @@ const (
 const (
 	DefaultRetryAfter = 5 * time.Second
 )
-
-// Route is one route of the admin listener (see formreq.Route).
-type Route = formreq.Route
 
 // Config configures a GroupIdentify.
 type Config struct {
@@ -101,7 +100,7 @@ func (c Config) withDefaults() Config {
 type GroupIdentify struct {
 	cfg   Config
 	sp    *spool.Spool
-	creds *credentials.Store
+	creds *credentials.Ref // read at every use: a reload takes effect at once
 	log   *zap.Logger
 	d     *lanedeliver.Deliverer
 	rej   *formreq.Rejecter
@@ -109,8 +108,9 @@ type GroupIdentify struct {
 	accepted prometheus.Counter
 }
 
-// New returns a GroupIdentify. creds, log and reg may be nil.
-func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credentials.Store, log *zap.Logger, reg prometheus.Registerer) (*GroupIdentify, error) {
+// New returns a GroupIdentify. creds (the credentials file in force), log
+// and reg may be nil.
+func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*GroupIdentify, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -149,15 +149,15 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 // override, else Config.URL.
 func (g *GroupIdentify) upstreamURL(apiKey string) string {
 	base := g.cfg.URL
-	if p, ok := g.creds.ProjectByAPIKey(apiKey); ok {
+	if p, ok := g.creds.Load().ProjectByAPIKey(apiKey); ok {
 		base = strings.TrimRight(p.URL(credentials.KindIngest, base), "/")
 	}
 	return base + "/groupidentify"
 }
 
 // Routes returns the admin routes: POST /groupidentify.
-func (g *GroupIdentify) Routes() []Route {
-	return []Route{{Method: fasthttp.MethodPost, Path: "/groupidentify", Handler: g.serve}}
+func (g *GroupIdentify) Routes() []adminroute.Route {
+	return []adminroute.Route{{Method: http.MethodPost, Path: "/groupidentify", Mode: admintoken.ModeOwn, Handler: http.HandlerFunc(g.serve)}}
 }
 
 // Run delivers spooled identifications until ctx ends (see lanedeliver).

@@ -41,7 +41,7 @@ func newEnvCreds(t *testing.T, simCfg sim.Config, cfg groupidentify.Config, cred
 				cfg.RetryInitial = 5 * time.Millisecond
 				cfg.RetryMax = 50 * time.Millisecond
 			}
-			return groupidentify.New(cfg, sp, client, creds, nil, reg)
+			return groupidentify.New(cfg, sp, client, credentials.NewRef(creds), nil, reg)
 		})
 }
 

@@ -6,9 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
-
-	"github.com/valyala/fasthttp"
 
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/formreq"
@@ -78,7 +77,7 @@ func Parse(apiKey string, identification []byte, maxIdentifies, maxProperties, m
 			return nil, formreq.Bad("too_many_properties", "identification: more than %d group properties in one request (at identification[%d])", maxProperties, i)
 		}
 		if overhead+lanedeliver.EscapedLen(id.Data) >= maxBodyBytes {
-			return nil, &ValidationError{Status: fasthttp.StatusRequestEntityTooLarge, Reason: "too_large",
+			return nil, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
 				Msg: fmt.Sprintf("identification[%d]: too large for one upstream request (1 MB)", i)}
 		}
 		out = append(out, id)
@@ -186,28 +185,34 @@ func jsonErr(err error) string {
 	return "malformed"
 }
 
-func (g *GroupIdentify) serve(ctx *fasthttp.RequestCtx) {
-	if n := len(ctx.PostBody()); n >= g.cfg.MaxBodyBytes {
-		g.rej.Reject(ctx, &ValidationError{Status: fasthttp.StatusRequestEntityTooLarge, Reason: "too_large",
+func (g *GroupIdentify) serve(w http.ResponseWriter, r *http.Request) {
+	f, err := formreq.ReadForm(r)
+	if err != nil {
+		g.rej.Reject(w, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
+			Msg: fmt.Sprintf("Payload too large: the limit is under %d bytes (1 MB)", g.cfg.MaxBodyBytes)})
+		return
+	}
+	if n := len(f.Body); n >= g.cfg.MaxBodyBytes {
+		g.rej.Reject(w, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
 			Msg: fmt.Sprintf("Payload too large: body of %d bytes; the limit is under %d bytes (1 MB)", n, g.cfg.MaxBodyBytes)})
 		return
 	}
-	apiKey := formValue(ctx, "api_key")
-	if name := ctx.Request.Header.Peek("X-Relay-Project"); len(name) > 0 {
-		key, verr := projectKey(g.creds, name, apiKey)
+	apiKey := formValue(f, "api_key")
+	if name := r.Header.Get("X-Relay-Project"); name != "" {
+		key, verr := projectKey(g.creds.Load(), name, apiKey)
 		if verr != nil {
-			g.rej.Reject(ctx, verr)
+			g.rej.Reject(w, verr)
 			return
 		}
 		apiKey = key
 	}
-	if len(apiKey) == 0 {
-		g.rej.Reject(ctx, formreq.Bad("missing_field", "api_key: missing or empty"))
+	if apiKey == "" {
+		g.rej.Reject(w, formreq.Bad("missing_field", "api_key: missing or empty"))
 		return
 	}
-	ids, verr := Parse(string(apiKey), formValue(ctx, "identification"), g.cfg.MaxIdentifies, g.cfg.MaxProperties, g.cfg.MaxBodyBytes)
+	ids, verr := Parse(apiKey, []byte(formValue(f, "identification")), g.cfg.MaxIdentifies, g.cfg.MaxProperties, g.cfg.MaxBodyBytes)
 	if verr != nil {
-		g.rej.Reject(ctx, verr)
+		g.rej.Reject(w, verr)
 		return
 	}
 	var b spool.Batch
@@ -217,37 +222,37 @@ func (g *GroupIdentify) serve(ctx *fasthttp.RequestCtx) {
 		b.Add(spool.Record{OrderKey: key, Data: id.Data})
 	}
 	rctx := context.Background()
-	lane, err := g.sp.Lane(rctx, spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: string(apiKey)})
+	lane, err := g.sp.Lane(rctx, spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: apiKey})
 	if err == nil {
 		err = g.sp.Append(rctx, lane, &b)
 	}
 	if err != nil {
-		g.rej.SpoolFailed(ctx, err)
+		g.rej.SpoolFailed(w, err)
 		return
 	}
 	g.accepted.Add(float64(len(ids)))
-	ctx.SetStatusCode(fasthttp.StatusOK)
-	ctx.SetContentType("application/json")
-	fmt.Fprintf(ctx, `{"code":200,"identifications_accepted":%d}`, len(ids))
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, `{"code":200,"identifications_accepted":%d}`, len(ids))
 }
 
 // projectKey returns the api_key of the project X-Relay-Project names; the
 // request must not carry an api_key of its own.
-func projectKey(creds *credentials.Store, name, apiKey []byte) ([]byte, *ValidationError) {
-	if len(apiKey) > 0 {
-		return nil, formreq.Bad("conflict", "api_key and X-Relay-Project: give one, not both")
+func projectKey(creds *credentials.Store, name, apiKey string) (string, *ValidationError) {
+	if apiKey != "" {
+		return "", formreq.Bad("conflict", "api_key and X-Relay-Project: give one, not both")
 	}
-	p, ok := creds.Project(string(name))
+	p, ok := creds.Project(name)
 	if !ok {
-		return nil, formreq.Bad("unknown_project", "X-Relay-Project: no project of that name in the credentials file")
+		return "", formreq.Bad("unknown_project", "X-Relay-Project: no project of that name in the credentials file")
 	}
-	return []byte(p.APIKey.Reveal()), nil
+	return p.APIKey.Reveal(), nil
 }
 
 // formValue reads a form field of the body, else of the query.
-func formValue(ctx *fasthttp.RequestCtx, name string) []byte {
-	if v := ctx.PostArgs().Peek(name); v != nil {
+func formValue(f formreq.Form, name string) string {
+	if v, ok := formreq.Value(f.Post, name); ok {
 		return v
 	}
-	return ctx.QueryArgs().Peek(name)
+	v, _ := formreq.Value(f.Query, name)
+	return v
 }

@@ -1,9 +1,8 @@
 package scim
 
 import (
+	"net/http/httptest"
 	"testing"
-
-	"github.com/svcrelay/relay/internal/forward"
 )
 
 // FuzzChecks: the body validators never panic on any input.
@@ -13,10 +12,11 @@ func FuzzChecks(f *testing.F) {
 	f.Add(`{"displayName":"g","members":null}`)
 	f.Add(`[]`)
 	f.Fuzz(func(t *testing.T, body string) {
-		p := forward.Params{"id": "1"}
-		checkPatch(nil, p, []byte(body))
-		checkUser(nil, p, []byte(body))
-		checkGroup(nil, p, []byte(body))
+		r := httptest.NewRequest("PATCH", "/scim/1/Groups/1", nil)
+		r.SetPathValue("id", "1")
+		checkPatch(r, []byte(body))
+		checkUser(r, []byte(body))
+		checkGroup(r, []byte(body))
 		ValidEmail(body)
 	})
 }

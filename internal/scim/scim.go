@@ -2,8 +2,8 @@
 // /scim/1/Groups) of ../shared/api/experiments-scim-classifiers.md on the
 // admin listener, on the upstream's paths, within the upstream's rate limit.
 //
-// Every endpoint of the document's table is routed (Routes); other paths
-// under /scim/1/Users and /scim/1/Groups are answered 404 locally. The
+// Every endpoint of the document's table is a route of API; other paths
+// under /scim/1/Users and /scim/1/Groups are answered 404 or 405 by the admin listener. The
 // upstream is --scim-url, or the scim_url of the project named by
 // X-Relay-Project or of its organization. Credentials: the caller's
 // Authorization passes through; with X-Relay-Project the organization's
@@ -31,19 +31,15 @@ package scim
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/ratelimit"
-	"github.com/valyala/fasthttp"
-	"go.uber.org/zap"
 )
 
 // Limits of the document.
@@ -82,23 +78,13 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// API forwards the SCIM routes.
-type API struct {
-	cfg   Config
-	creds *credentials.Store
-	fwd   *forward.Forwarder
-	log   *zap.Logger
-	lim   *ratelimit.Limiter
-	mux   forward.Mux
-}
-
-// New returns the SCIM routes. creds, log and reg may be nil.
-func New(cfg Config, creds *credentials.Store, fwd *forward.Forwarder, log *zap.Logger, reg prometheus.Registerer) (*API, error) {
+// API returns the SCIM API as forward data: base cfg.URL, the
+// organization's scim_token as Bearer, the SCIM error format, the
+// client-side limit of cfg and the routes of the document's table with
+// their checks.
+func API(cfg Config) (forward.API, error) {
 	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if fwd == nil {
-		return nil, errors.New("scim: nil forwarder")
+		return forward.API{}, err
 	}
 	if cfg.RateLimit == 0 {
 		cfg.RateLimit = DefaultRate
@@ -109,99 +95,56 @@ func New(cfg Config, creds *credentials.Store, fwd *forward.Forwarder, log *zap.
 	if cfg.MaxWait == 0 {
 		cfg.MaxWait = DefaultMaxWait
 	}
-	if log == nil {
-		log = zap.NewNop()
+	const get, post, put, patch, del = http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete
+	r := func(method, path string, c check, body bool) forward.Route {
+		rt := forward.Route{Method: method, Path: path, Check: c}
+		if body {
+			rt.BodyLimit = forward.DefaultMaxRequestBodyBytes
+		}
+		return rt
 	}
-	lim, err := ratelimit.New(ratelimit.Config{Name: "scim", Limit: cfg.RateLimit, Window: cfg.Window, MaxWait: cfg.MaxWait}, reg)
-	if err != nil {
-		return nil, fmt.Errorf("scim: %w", err)
-	}
-	a := &API{cfg: cfg, creds: creds, fwd: fwd, log: log, lim: lim}
-	a.routes()
-	return a, nil
+	return forward.API{
+		Upstream: forward.Upstream{API: "scim", Kind: credentials.KindSCIM, Fallback: cfg.URL, Flag: "--scim-url",
+			Scheme: forward.SchemeSCIMBearer},
+		Errors: WriteError,
+		Limits: []forward.Limit{{
+			Config: ratelimit.Config{Name: "scim", Limit: cfg.RateLimit, Window: cfg.Window, MaxWait: cfg.MaxWait},
+			Says:   fmt.Sprintf("%d requests per %v per organization", cfg.RateLimit, cfg.Window),
+		}},
+		Routes: []forward.Route{
+			r(get, rootUsers, checkPage, false),
+			r(get, rootUsers+"/{id}", nil, false),
+			r(post, rootUsers, checkUser, true),
+			r(put, rootUsers+"/{id}", checkUserID, false),
+			r(patch, rootUsers+"/{id}", checkUserID, false),
+			r(del, rootUsers+"/{id}", checkUserID, false),
+			r(get, rootGroups, checkPage, false),
+			r(get, rootGroups+"/{id}", checkGroupID, false),
+			r(post, rootGroups, checkGroup, true),
+			r(patch, rootGroups+"/{id}", checkPatch, true),
+			r(del, rootGroups+"/{id}", checkGroupID, false),
+		},
+	}, nil
 }
 
-// Routes returns the admin-listener routes (admintoken.ModeForward).
-func (a *API) Routes() []adminroute.Route {
-	return append(a.mux.AdminRoutes(rootUsers), a.mux.AdminRoutes(rootGroups)...)
-}
-
-// scimError answers locally in the SCIM error format.
-func scimError(ctx *fasthttp.RequestCtx, status int, scimType, detail string) {
-	b := map[string]any{"schemas": []string{ErrorSchema}, "status": strconv.Itoa(status), "detail": "relay: " + detail, "source": "relay"}
-	if scimType != "" {
-		b["scimType"] = scimType
+// WriteError writes a local answer in the SCIM error format, with
+// "detail" starting "relay: " and "source":"relay".
+func WriteError(w http.ResponseWriter, p *forward.Problem) {
+	b := map[string]any{"schemas": []string{ErrorSchema}, "status": strconv.Itoa(p.Status), "detail": "relay: " + p.Msg, "source": "relay"}
+	if p.Type != "" {
+		b["scimType"] = p.Type
 	}
 	body, _ := json.Marshal(b)
-	ctx.Response.Reset()
-	ctx.SetStatusCode(status)
-	ctx.SetContentType("application/scim+json")
-	ctx.SetBody(body)
+	w.Header().Set("Content-Type", "application/scim+json")
+	w.WriteHeader(p.Status)
+	w.Write(body)
 }
 
-// problem is a local validation failure.
-type problem struct{ scimType, detail string }
+// check validates a request (its path values, query, decoded body).
+type check = func(r *http.Request, body []byte) *forward.Problem
 
-type check func(ctx *fasthttp.RequestCtx, p forward.Params, body []byte) *problem
-
-func (a *API) handle(method, pattern string, c check) {
-	up := forward.Upstream{API: "scim", Kind: credentials.KindSCIM, Fallback: a.cfg.URL, Flag: "--scim-url",
-		Scheme: forward.SchemeSCIMBearer}
-	a.mux.Handle(method, pattern, func(ctx *fasthttp.RequestCtx, p forward.Params) {
-		r, e := forward.Resolve(ctx, a.creds, up)
-		if e != nil {
-			scimError(ctx, e.Status, "", e.Msg)
-			return
-		}
-		if c != nil {
-			body, err := forward.DecodedBody(ctx, a.fwd.MaxRequestBodyBytes())
-			if err != nil {
-				scimError(ctx, fasthttp.StatusBadRequest, "invalidSyntax", "request body could not be decoded by its Content-Encoding")
-				return
-			}
-			if pr := c(ctx, p, body); pr != nil {
-				scimError(ctx, fasthttp.StatusBadRequest, pr.scimType, pr.detail)
-				return
-			}
-		}
-		release, err := a.lim.Acquire(ctx, r.Key, 1)
-		if err != nil {
-			var le *ratelimit.LimitedError
-			if errors.As(err, &le) {
-				scimError(ctx, fasthttp.StatusTooManyRequests, "", fmt.Sprintf(
-					"client-side limit of %d requests per %v per organization reached; retry after %d s",
-					a.cfg.RateLimit, a.cfg.Window, le.RetryAfterSeconds()))
-				ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, strconv.Itoa(le.RetryAfterSeconds()))
-				return
-			}
-			scimError(ctx, fasthttp.StatusServiceUnavailable, "", "relay shutting down")
-			return
-		}
-		status, _ := a.fwd.Forward(ctx, r.Target)
-		release()
-		if status == fasthttp.StatusTooManyRequests {
-			// The upstream refused: hold this account's calls back for its
-			// Retry-After (at least a second, at most the window).
-			d, _ := forward.RetryAfter(&ctx.Response.Header, time.Now())
-			a.lim.Pause(r.Key, max(d, time.Second))
-		}
-	})
-}
-
-func (a *API) routes() {
-	const get, post, put, patch, del = fasthttp.MethodGet, fasthttp.MethodPost, fasthttp.MethodPut,
-		fasthttp.MethodPatch, fasthttp.MethodDelete
-	a.handle(get, rootUsers, checkPage)
-	a.handle(get, rootUsers+"/{id}", nil)
-	a.handle(post, rootUsers, checkUser)
-	a.handle(put, rootUsers+"/{id}", checkUserID)
-	a.handle(patch, rootUsers+"/{id}", checkUserID)
-	a.handle(del, rootUsers+"/{id}", checkUserID)
-	a.handle(get, rootGroups, checkPage)
-	a.handle(get, rootGroups+"/{id}", checkGroupID)
-	a.handle(post, rootGroups, checkGroup)
-	a.handle(patch, rootGroups+"/{id}", checkPatch)
-	a.handle(del, rootGroups+"/{id}", checkGroupID)
+func problem(scimType, detail string) *forward.Problem {
+	return &forward.Problem{Status: http.StatusBadRequest, Type: scimType, Msg: detail}
 }
 
 // ValidEmail is the relay's email check: one '@', a non-empty local part, a
@@ -229,49 +172,49 @@ func ValidEmail(s string) bool {
 	return true
 }
 
-func checkPage(ctx *fasthttp.RequestCtx, _ forward.Params, _ []byte) *problem {
-	args := ctx.QueryArgs()
-	if v := args.Peek("startIndex"); v != nil {
-		if n, err := strconv.Atoi(string(v)); err != nil || n < 1 {
-			return &problem{"invalidValue", "startIndex must be an integer >= 1"}
+func checkPage(r *http.Request, _ []byte) *forward.Problem {
+	args := r.URL.Query()
+	if v, ok := args["startIndex"]; ok {
+		if n, err := strconv.Atoi(v[0]); err != nil || n < 1 {
+			return problem("invalidValue", "startIndex must be an integer >= 1")
 		}
 	}
-	if v := args.Peek("itemsPerPage"); v != nil {
-		n, err := strconv.Atoi(string(v))
+	if v, ok := args["itemsPerPage"]; ok {
+		n, err := strconv.Atoi(v[0])
 		if err != nil || n < 0 {
-			return &problem{"invalidValue", "itemsPerPage must be a non-negative integer"}
+			return problem("invalidValue", "itemsPerPage must be a non-negative integer")
 		}
 		if n > MaxItemsPerPage {
-			return &problem{"invalidValue", fmt.Sprintf("itemsPerPage %d is above the maximum of %d", n, MaxItemsPerPage)}
+			return problem("invalidValue", fmt.Sprintf("itemsPerPage %d is above the maximum of %d", n, MaxItemsPerPage))
 		}
 	}
 	return nil
 }
 
-func checkUserID(_ *fasthttp.RequestCtx, p forward.Params, _ []byte) *problem {
-	if !ValidEmail(p["id"]) {
-		return &problem{"invalidValue", "the user id in the path must be a valid email"}
+func checkUserID(r *http.Request, _ []byte) *forward.Problem {
+	if !ValidEmail(r.PathValue("id")) {
+		return problem("invalidValue", "the user id in the path must be a valid email")
 	}
 	return nil
 }
 
-func checkUser(_ *fasthttp.RequestCtx, _ forward.Params, body []byte) *problem {
+func checkUser(_ *http.Request, body []byte) *forward.Problem {
 	var u struct {
 		ID       *string `json:"id"`
 		UserName *string `json:"userName"`
 	}
 	if err := json.Unmarshal(body, &u); err != nil {
-		return &problem{"invalidSyntax", "body must be a SCIM User JSON object"}
+		return problem("invalidSyntax", "body must be a SCIM User JSON object")
 	}
 	if u.ID == nil || u.UserName == nil || !ValidEmail(*u.ID) || !ValidEmail(*u.UserName) {
-		return &problem{"invalidValue", "id and userName must be valid emails"}
+		return problem("invalidValue", "id and userName must be valid emails")
 	}
 	return nil
 }
 
-func checkGroupID(_ *fasthttp.RequestCtx, p forward.Params, _ []byte) *problem {
-	if _, err := strconv.Atoi(p["id"]); err != nil {
-		return &problem{"invalidValue", "the group id in the path must be an integer"}
+func checkGroupID(r *http.Request, _ []byte) *forward.Problem {
+	if _, err := strconv.Atoi(r.PathValue("id")); err != nil {
+		return problem("invalidValue", "the group id in the path must be an integer")
 	}
 	return nil
 }
@@ -293,25 +236,25 @@ func checkMembers(raw json.RawMessage) bool {
 	return true
 }
 
-func checkGroup(_ *fasthttp.RequestCtx, _ forward.Params, body []byte) *problem {
+func checkGroup(_ *http.Request, body []byte) *forward.Problem {
 	var g struct {
 		DisplayName *string         `json:"displayName"`
 		Members     json.RawMessage `json:"members"`
 	}
 	if err := json.Unmarshal(body, &g); err != nil {
-		return &problem{"invalidSyntax", "body must be a SCIM Group JSON object"}
+		return problem("invalidSyntax", "body must be a SCIM Group JSON object")
 	}
 	if g.DisplayName == nil || *g.DisplayName == "" {
-		return &problem{"invalidValue", "displayName is required"}
+		return problem("invalidValue", "displayName is required")
 	}
 	if len(g.Members) > 0 && string(g.Members) != "null" && !checkMembers(g.Members) {
-		return &problem{"invalidValue", "members must be objects whose value is a valid email"}
+		return problem("invalidValue", "members must be objects whose value is a valid email")
 	}
 	return nil
 }
 
-func checkPatch(ctx *fasthttp.RequestCtx, p forward.Params, raw []byte) *problem {
-	if pr := checkGroupID(ctx, p, nil); pr != nil {
+func checkPatch(r *http.Request, raw []byte) *forward.Problem {
+	if pr := checkGroupID(r, nil); pr != nil {
 		return pr
 	}
 	var body struct {
@@ -323,32 +266,32 @@ func checkPatch(ctx *fasthttp.RequestCtx, p forward.Params, raw []byte) *problem
 		} `json:"Operations"`
 	}
 	if err := json.Unmarshal(raw, &body); err != nil {
-		return &problem{"invalidSyntax", "body must be a PatchOp JSON object"}
+		return problem("invalidSyntax", "body must be a PatchOp JSON object")
 	}
 	found := false
 	for _, s := range body.Schemas {
 		found = found || s == PatchOpSchema
 	}
 	if !found {
-		return &problem{"invalidSyntax", "schemas must contain " + PatchOpSchema}
+		return problem("invalidSyntax", "schemas must contain "+PatchOpSchema)
 	}
 	if len(body.Operations) == 0 {
-		return &problem{"invalidSyntax", "Operations must be a non-empty array"}
+		return problem("invalidSyntax", "Operations must be a non-empty array")
 	}
 	for i, op := range body.Operations {
 		if op.Op == nil || (!strings.EqualFold(*op.Op, "add") && !strings.EqualFold(*op.Op, "remove")) {
-			return &problem{"invalidSyntax", fmt.Sprintf("Operations[%d].op must be add or remove", i)}
+			return problem("invalidSyntax", fmt.Sprintf("Operations[%d].op must be add or remove", i))
 		}
 		add := strings.EqualFold(*op.Op, "add")
 		switch {
 		case op.Path != nil && *op.Path == "members":
 			if (add || len(op.Value) > 0) && !checkMembers(op.Value) {
-				return &problem{"invalidValue", fmt.Sprintf("Operations[%d].value must be objects whose value is a valid email", i)}
+				return problem("invalidValue", fmt.Sprintf("Operations[%d].value must be objects whose value is a valid email", i))
 			}
 		case !add && op.Path != nil && strings.HasPrefix(*op.Path, "members[") && strings.HasSuffix(*op.Path, "]"):
 			// remove with a filter path: its exact shape is not documented.
 		default:
-			return &problem{"invalidPath", fmt.Sprintf("Operations[%d].path must be members", i)}
+			return problem("invalidPath", fmt.Sprintf("Operations[%d].path must be members", i))
 		}
 	}
 	return nil

@@ -21,11 +21,11 @@ func start(t *testing.T, cfg Config) (*ft.Env, string) {
 	if cfg.URL == "" {
 		cfg.URL = env.SimURL
 	}
-	a, err := New(cfg, env.Creds, env.Forward, nil, nil)
+	a, err := API(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return env, ft.Serve(t, a.Routes())
+	return env, ft.Serve(t, env.Routes(t, a))
 }
 
 func userBody(email string) string {
@@ -109,10 +109,14 @@ func TestLocalValidation(t *testing.T) {
 			}
 		})
 	}
-	for _, p := range []string{"/scim/1/Users/a@x.io/extra", "/scim/1/Groups/1/members", "/scim/1/Users/", "/scim/1/Users/a%2F..%2Fb/x"} {
+	for _, p := range []string{"/scim/1/Users/a@x.io/extra", "/scim/1/Groups/1/members", "/scim/1/Users/"} {
 		if r := ft.Do(t, "GET", relay+p, "", ft.Injected()...); r.Status != 404 {
 			t.Errorf("GET %s: %v, want a local 404", p, r)
 		}
+	}
+	// An encoded separator or dot segment is refused before routing.
+	if r := ft.Do(t, "GET", relay+"/scim/1/Users/a%2F..%2Fb/x", "", ft.Injected()...); r.Status != 400 || !strings.Contains(r.Body, `"source":"relay"`) {
+		t.Errorf("encoded traversal: %v, want a local 400", r)
 	}
 	if n := env.Calls(); n != 0 {
 		t.Fatalf("the simulator saw %d calls", n)
@@ -251,11 +255,16 @@ func TestRegionBase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(Config{URL: env.SimURL}, creds, env.Forward, nil, nil)
+	a, err := API(Config{URL: env.SimURL})
 	if err != nil {
 		t.Fatal(err)
 	}
-	relay := ft.Serve(t, a.Routes())
+	fwd := ft.Forwarder(t, forward.Config{}, creds)
+	rs, err := fwd.Routes(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay := ft.Serve(t, rs)
 	if r := ft.Do(t, "GET", relay+"/scim/1/Users", "", ft.Injected()...); r.Status != 200 {
 		t.Fatal(r)
 	}
@@ -268,8 +277,8 @@ func TestConfig(t *testing.T) {
 	if (Config{RateLimit: -1}).Validate() == nil || (Config{Window: -1}).Validate() == nil {
 		t.Error("negative accepted")
 	}
-	if _, err := New(Config{}, nil, nil, nil, nil); err == nil {
-		t.Error("nil forwarder accepted")
+	if _, err := API(Config{Window: -1}); err == nil {
+		t.Error("API accepted a bad Config")
 	}
 	for e, ok := range map[string]bool{"a@b.co": true, "A.B+c@x.y.z": true, "a@b": false, "@b.co": false,
 		"a b@c.de": false, "a@@b.co": false, "a@b..co": false, "": false, "<a@b.co>": false} {

@@ -2,8 +2,8 @@
 // ../shared/api/taxonomy-feedback-dsar-deletion.md on the admin listener, on
 // the upstream's paths, within the upstream's cost budget.
 //
-// Every endpoint of the document's table is routed (Routes); other paths
-// under /api/2/taxonomy are answered 404 locally. The upstream is
+// Every endpoint of the document's table is a route of API; other paths
+// under /api/2/taxonomy are answered 404 or 405 by the admin listener. The upstream is
 // --analytics-url, or the analytics_url of the project named by
 // X-Relay-Project (or of the project whose api_key a pass-through Basic
 // header carries), else of its organization. Credentials: the caller's
@@ -31,17 +31,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
-	"strconv"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/ratelimit"
-	"github.com/valyala/fasthttp"
-	"go.uber.org/zap"
 )
 
 // Limits of the document, and the defaults of Config's zero values.
@@ -56,7 +52,7 @@ const (
 
 // Cost is the document's cost of a request of method.
 func Cost(method string) int {
-	if method == fasthttp.MethodGet {
+	if method == http.MethodGet {
 		return 1
 	}
 	return 2
@@ -94,23 +90,13 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// API forwards the taxonomy routes.
-type API struct {
-	cfg   Config
-	creds *credentials.Store
-	fwd   *forward.Forwarder
-	log   *zap.Logger
-	lim   *ratelimit.Limiter
-	mux   forward.Mux
-}
-
-// New returns the taxonomy routes. creds, log and reg may be nil.
-func New(cfg Config, creds *credentials.Store, fwd *forward.Forwarder, log *zap.Logger, reg prometheus.Registerer) (*API, error) {
+// API returns the taxonomy API as forward data: base cfg.URL, the
+// project's key pair as Basic, the taxonomy error format, the cost budget
+// of cfg and the routes of the document's table, with the required field of
+// each create.
+func API(cfg Config) (forward.API, error) {
 	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if fwd == nil {
-		return nil, errors.New("taxonomy: nil forwarder")
+		return forward.API{}, err
 	}
 	if cfg.MaxInFlight == 0 {
 		cfg.MaxInFlight = DefaultMaxInFlight
@@ -124,107 +110,77 @@ func New(cfg Config, creds *credentials.Store, fwd *forward.Forwarder, log *zap.
 	if cfg.MaxWait == 0 {
 		cfg.MaxWait = DefaultMaxWait
 	}
-	if log == nil {
-		log = zap.NewNop()
-	}
-	lim, err := ratelimit.New(ratelimit.Config{Name: "taxonomy", Limit: cfg.PeriodCost, Window: cfg.Period,
-		MaxInFlight: cfg.MaxInFlight, MaxWait: cfg.MaxWait}, reg)
-	if err != nil {
-		return nil, fmt.Errorf("taxonomy: %w", err)
-	}
-	a := &API{cfg: cfg, creds: creds, fwd: fwd, log: log, lim: lim}
-	a.routes()
-	return a, nil
-}
-
-// Routes returns the admin-listener routes (admintoken.ModeForward).
-func (a *API) Routes() []adminroute.Route { return a.mux.AdminRoutes(Root) }
-
-// fail answers locally in the taxonomy's error format.
-func fail(ctx *fasthttp.RequestCtx, status int, msg string) {
-	body, _ := json.Marshal(map[string]any{"success": false, "errors": []any{map[string]string{"message": "relay: " + msg}}, "source": "relay"})
-	ctx.Response.Reset()
-	ctx.SetStatusCode(status)
-	ctx.SetContentType("application/json")
-	ctx.SetBody(body)
-}
-
-func (a *API) handle(method, pattern string, required ...string) {
-	up := forward.Upstream{API: "taxonomy", Kind: credentials.KindAnalytics, Fallback: a.cfg.URL,
-		Flag: "--analytics-url", Scheme: forward.SchemeProjectBasic}
-	a.mux.Handle(method, pattern, func(ctx *fasthttp.RequestCtx, _ forward.Params) {
-		r, e := forward.Resolve(ctx, a.creds, up)
-		if e != nil {
-			fail(ctx, e.Status, e.Msg)
-			return
-		}
-		if len(required) > 0 {
-			body, err := forward.DecodedBody(ctx, a.fwd.MaxRequestBodyBytes())
-			if err != nil {
-				fail(ctx, fasthttp.StatusBadRequest, "request body could not be decoded by its Content-Encoding")
-				return
-			}
-			form, err := url.ParseQuery(string(body))
-			if err != nil {
-				fail(ctx, fasthttp.StatusBadRequest, "body is not form encoded (application/x-www-form-urlencoded)")
-				return
-			}
-			for _, f := range required {
-				if form.Get(f) == "" && len(ctx.QueryArgs().Peek(f)) == 0 {
-					fail(ctx, fasthttp.StatusBadRequest, "missing required field: "+f)
-					return
-				}
-			}
-		}
-		release, err := a.lim.Acquire(ctx, r.Key, Cost(method))
-		if err != nil {
-			var le *ratelimit.LimitedError
-			if errors.As(err, &le) {
-				fail(ctx, fasthttp.StatusTooManyRequests, fmt.Sprintf(
-					"client-side cost budget (%d in flight, %d per %v per project) reached; retry after %d s",
-					a.cfg.MaxInFlight, a.cfg.PeriodCost, a.cfg.Period, le.RetryAfterSeconds()))
-				ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, strconv.Itoa(le.RetryAfterSeconds()))
-				return
-			}
-			fail(ctx, fasthttp.StatusServiceUnavailable, "relay shutting down")
-			return
-		}
-		status, _ := a.fwd.Forward(ctx, r.Target)
-		release()
-		if status == fasthttp.StatusTooManyRequests {
-			// The upstream refused: hold this account's calls back for its
-			// Retry-After (at least a second, at most the window).
-			d, _ := forward.RetryAfter(&ctx.Response.Header, time.Now())
-			a.lim.Pause(r.Key, max(d, time.Second))
-		}
-	})
-}
-
-func (a *API) routes() {
-	const get, post, put, del = fasthttp.MethodGet, fasthttp.MethodPost, fasthttp.MethodPut, fasthttp.MethodDelete
+	const get, post, put, del = http.MethodGet, http.MethodPost, http.MethodPut, http.MethodDelete
 	const c, e, ep, up, gp = Root + "/category", Root + "/event", Root + "/event-property", Root + "/user-property", Root + "/group-property"
-	a.handle(post, c, "category_name")
-	a.handle(get, c)
-	a.handle(get, c+"/{category_name}")
-	a.handle(put, c+"/{category_id}", "category_name")
-	a.handle(del, c+"/{category_id}")
-	a.handle(post, e, "event_type")
-	a.handle(get, e)
-	a.handle(get, e+"/{event_type}")
-	a.handle(put, e+"/{event_type}")
-	a.handle(del, e+"/{event_type}")
-	a.handle(post, e+"/{event_type}/restore")
-	a.handle(post, ep, "event_property")
-	a.handle(get, ep)
-	a.handle(put, ep+"/{event_property}")
-	a.handle(del, ep+"/{event_property}")
-	a.handle(post, ep+"/{event_property}/restore")
-	a.handle(post, up, "user_property")
-	a.handle(get, up)
-	a.handle(get, up+"/{user_property}")
-	a.handle(put, up+"/{user_property}")
-	a.handle(del, up+"/{user_property}")
-	a.handle(post, up+"/{user_property}/restore")
-	a.handle(post, gp, "group_type", "group_property")
-	a.handle(get, gp)
+	r := func(method, path string, required ...string) forward.Route {
+		rt := forward.Route{Method: method, Path: path}
+		if len(required) > 0 {
+			rt.BodyLimit = forward.DefaultMaxRequestBodyBytes
+			rt.Check = requires(required)
+		}
+		return rt
+	}
+	return forward.API{
+		Upstream: forward.Upstream{API: "taxonomy", Kind: credentials.KindAnalytics, Fallback: cfg.URL,
+			Flag: "--analytics-url", Scheme: forward.SchemeProjectBasic},
+		Errors: WriteError,
+		Limits: []forward.Limit{{
+			Config: ratelimit.Config{Name: "taxonomy", Limit: cfg.PeriodCost, Window: cfg.Period,
+				MaxInFlight: cfg.MaxInFlight, MaxWait: cfg.MaxWait},
+			Cost: Cost,
+			Says: fmt.Sprintf("a cost of %d in flight and %d per %v per project", cfg.MaxInFlight, cfg.PeriodCost, cfg.Period),
+		}},
+		Routes: []forward.Route{
+			r(post, c, "category_name"),
+			r(get, c),
+			r(get, c+"/{category_name}"),
+			r(put, c+"/{category_id}", "category_name"),
+			r(del, c+"/{category_id}"),
+			r(post, e, "event_type"),
+			r(get, e),
+			r(get, e+"/{event_type}"),
+			r(put, e+"/{event_type}"),
+			r(del, e+"/{event_type}"),
+			r(post, e+"/{event_type}/restore"),
+			r(post, ep, "event_property"),
+			r(get, ep),
+			r(put, ep+"/{event_property}"),
+			r(del, ep+"/{event_property}"),
+			r(post, ep+"/{event_property}/restore"),
+			r(post, up, "user_property"),
+			r(get, up),
+			r(get, up+"/{user_property}"),
+			r(put, up+"/{user_property}"),
+			r(del, up+"/{user_property}"),
+			r(post, up+"/{user_property}/restore"),
+			r(post, gp, "group_type", "group_property"),
+			r(get, gp),
+		},
+	}, nil
+}
+
+// WriteError writes a local answer in the taxonomy error format:
+// {"success":false,"errors":[{"message":"relay: ..."}],"source":"relay"}.
+func WriteError(w http.ResponseWriter, p *forward.Problem) {
+	body, _ := json.Marshal(map[string]any{"success": false, "errors": []any{map[string]string{"message": "relay: " + p.Msg}}, "source": "relay"})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(p.Status)
+	w.Write(body)
+}
+
+// requires checks that a form body (or the query) holds every field.
+func requires(fields []string) func(r *http.Request, body []byte) *forward.Problem {
+	return func(r *http.Request, body []byte) *forward.Problem {
+		form, err := url.ParseQuery(string(body))
+		if err != nil {
+			return forward.Bad("body is not form encoded (application/x-www-form-urlencoded)")
+		}
+		q := r.URL.Query()
+		for _, f := range fields {
+			if form.Get(f) == "" && q.Get(f) == "" {
+				return forward.Bad("missing required field: %s", f)
+			}
+		}
+		return nil
+	}
 }

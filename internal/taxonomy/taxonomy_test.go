@@ -15,11 +15,11 @@ func start(t *testing.T, cfg Config) (*ft.Env, string) {
 	t.Helper()
 	env := ft.Start(t, forward.Config{})
 	cfg.URL = env.SimURL
-	a, err := New(cfg, env.Creds, env.Forward, nil, nil)
+	a, err := API(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return env, ft.Serve(t, a.Routes())
+	return env, ft.Serve(t, env.Routes(t, a))
 }
 
 const form = "application/x-www-form-urlencoded"

@@ -1,7 +1,7 @@
 // Package usermap is the admin listener's user mapping routes:
 // POST /usermap (validated, spooled, delivered to {alias-url}/usermap, paced
-// per organization) and GET /api/2/usermap (forwarded synchronously to
-// {analytics-url}/api/2/usermap).
+// per organization) and GET /api/2/usermap (ReadAPI: forwarded
+// synchronously to {analytics-url}/api/2/usermap by internal/forward).
 //
 // # POST /usermap
 //
@@ -38,18 +38,17 @@
 //
 // # GET /api/2/usermap
 //
-// user_ids is validated locally (1 to 100 non-empty ids, given either as a
-// JSON array of strings or comma-separated; the reference says "list" and
-// shows neither) and 400 otherwise. The request goes to the configured
-// analytics base (or the named project's analytics_url) with the query
-// untouched and only these headers: Authorization (the caller's own,
-// passed through; or, with X-Relay-Project: NAME, Basic api_key:secret_key of
-// that project, 400 if unknown) and Accept. Proxy-Authorization,
-// X-Relay-Project and every other header stay behind. The answer's status,
-// Content-Type, Retry-After and body are passed back; 502 when the upstream
-// cannot be reached.
+// ReadAPI is the route as forward data. user_ids is validated locally (1 to
+// 100 non-empty ids, given either as a JSON array of strings or
+// comma-separated; the reference says "list" and shows neither) and 400
+// otherwise. The request goes to the configured analytics base (or the named
+// project's analytics_url) with the query untouched and only these headers:
+// Authorization (the caller's own, passed through; or, with X-Relay-Project:
+// NAME, Basic api_key:secret_key of that project, 400 if unknown) and
+// Accept. The answer is passed back (internal/forward); 502 when the
+// upstream cannot be reached.
 //
-// Metrics: relay_usermap_accepted_total, relay_usermap_rejected_requests_total{reason},
-// relay_usermap_forwarded_total{status}, relay_usermap_pace_wait_seconds_total
-// and lanedeliver's relay_usermap_* delivery metrics.
+// Metrics: relay_usermap_accepted_total, relay_usermap_rejected_requests_total{reason}
+// (POST), relay_usermap_pace_wait_seconds_total and lanedeliver's
+// relay_usermap_* delivery metrics; reads are relay_forward_*{api="usermap"}.
 package usermap

@@ -5,13 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
-
-	"github.com/valyala/fasthttp"
-	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/formreq"
+	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/groupidentify/lanedeliver"
 	"github.com/svcrelay/relay/internal/spool"
 )
@@ -65,7 +64,7 @@ func ParseMappings(apiKey string, mapping []byte, maxMappings, maxBodyBytes int)
 			return nil, err
 		}
 		if overhead+lanedeliver.EscapedLen(m.Data) >= maxBodyBytes {
-			return nil, &ValidationError{Status: fasthttp.StatusRequestEntityTooLarge, Reason: "too_large",
+			return nil, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
 				Msg: fmt.Sprintf("mapping[%d]: too large for one upstream request (1 MB)", i)}
 		}
 		out = append(out, m)
@@ -124,39 +123,41 @@ func parseOne(raw json.RawMessage) (Mapping, *ValidationError) {
 }
 
 // formValue reads a parameter of the query, else of a form body.
-func formValue(ctx *fasthttp.RequestCtx, name string) []byte {
-	if v := ctx.QueryArgs().Peek(name); v != nil {
+func formValue(f formreq.Form, name string) string {
+	if v, ok := formreq.Value(f.Query, name); ok {
 		return v
 	}
-	return ctx.PostArgs().Peek(name)
+	v, _ := formreq.Value(f.Post, name)
+	return v
 }
 
-func (u *UserMap) servePost(ctx *fasthttp.RequestCtx) {
-	if n := len(ctx.PostBody()) + len(ctx.URI().QueryString()); n >= u.cfg.MaxBodyBytes {
-		u.rej.Reject(ctx, &ValidationError{Status: fasthttp.StatusRequestEntityTooLarge, Reason: "too_large",
+func (u *UserMap) servePost(w http.ResponseWriter, r *http.Request) {
+	f, err := formreq.ReadForm(r)
+	if n := len(f.Body) + len(r.URL.RawQuery); err != nil || n >= u.cfg.MaxBodyBytes {
+		u.rej.Reject(w, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
 			Msg: fmt.Sprintf("Payload too large: %d bytes; the limit is under %d bytes (1 MB)", n, u.cfg.MaxBodyBytes)})
 		return
 	}
-	apiKey := formValue(ctx, "api_key")
-	if name := ctx.Request.Header.Peek("X-Relay-Project"); len(name) > 0 {
-		if len(apiKey) > 0 {
-			u.rej.Reject(ctx, formreq.Bad("conflict", "api_key and X-Relay-Project: give one, not both"))
+	apiKey := formValue(f, "api_key")
+	if name := r.Header.Get("X-Relay-Project"); name != "" {
+		if apiKey != "" {
+			u.rej.Reject(w, formreq.Bad("conflict", "api_key and X-Relay-Project: give one, not both"))
 			return
 		}
-		p, ok := u.creds.Project(string(name))
+		p, ok := u.creds.Load().Project(name)
 		if !ok {
-			u.rej.Reject(ctx, formreq.Bad("unknown_project", "X-Relay-Project: no project of that name in the credentials file"))
+			u.rej.Reject(w, formreq.Bad("unknown_project", "X-Relay-Project: no project of that name in the credentials file"))
 			return
 		}
-		apiKey = []byte(p.APIKey.Reveal())
+		apiKey = p.APIKey.Reveal()
 	}
-	if len(apiKey) == 0 {
-		u.rej.Reject(ctx, formreq.Bad("missing_field", "api_key: missing or empty"))
+	if apiKey == "" {
+		u.rej.Reject(w, formreq.Bad("missing_field", "api_key: missing or empty"))
 		return
 	}
-	ms, verr := ParseMappings(string(apiKey), formValue(ctx, "mapping"), u.cfg.MaxMappings, u.cfg.MaxBodyBytes)
+	ms, verr := ParseMappings(apiKey, []byte(formValue(f, "mapping")), u.cfg.MaxMappings, u.cfg.MaxBodyBytes)
 	if verr != nil {
-		u.rej.Reject(ctx, verr)
+		u.rej.Reject(w, verr)
 		return
 	}
 	var b spool.Batch
@@ -164,18 +165,17 @@ func (u *UserMap) servePost(ctx *fasthttp.RequestCtx) {
 		b.Add(spool.Record{OrderKey: []byte(m.UserID), UserID: []byte(m.UserID), Data: m.Data})
 	}
 	rctx := context.Background()
-	lane, err := u.sp.Lane(rctx, spool.LaneKey{Kind: spool.KindUserMap, APIKey: string(apiKey)})
+	lane, err := u.sp.Lane(rctx, spool.LaneKey{Kind: spool.KindUserMap, APIKey: apiKey})
 	if err == nil {
 		err = u.sp.Append(rctx, lane, &b)
 	}
 	if err != nil {
-		u.rej.SpoolFailed(ctx, err)
+		u.rej.SpoolFailed(w, err)
 		return
 	}
 	u.accepted.Add(float64(len(ms)))
-	ctx.SetStatusCode(fasthttp.StatusOK)
-	ctx.SetContentType("application/json")
-	fmt.Fprintf(ctx, `{"code":200,"mappings_accepted":%d}`, len(ms))
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, `{"code":200,"mappings_accepted":%d}`, len(ms))
 }
 
 // ParseUserIDs validates the user_ids parameter of GET /api/2/usermap: a
@@ -208,51 +208,31 @@ func ParseUserIDs(v []byte) ([]string, *ValidationError) {
 	return ids, nil
 }
 
-func (u *UserMap) serveGet(ctx *fasthttp.RequestCtx) {
-	if _, verr := ParseUserIDs(ctx.QueryArgs().Peek("user_ids")); verr != nil {
-		u.rej.Reject(ctx, verr)
-		return
+// ReadAPI is GET /api/2/usermap as a forwarded API: base analyticsURL
+// (--analytics-url; a project's analytics_url overrides it), the project's
+// key pair as Basic, user_ids checked by ParseUserIDs, and only Accept
+// forwarded beside Authorization. Local answers are {"code":N,"error":"...",
+// "source":"relay"}.
+func ReadAPI(analyticsURL string) forward.API {
+	return forward.API{
+		Upstream: forward.Upstream{API: "usermap", Kind: credentials.KindAnalytics, Fallback: analyticsURL,
+			Flag: "--analytics-url", Scheme: forward.SchemeProjectBasic},
+		Headers: []string{"Accept"},
+		Errors: func(w http.ResponseWriter, p *forward.Problem) {
+			b, _ := json.Marshal(struct {
+				Code   int    `json:"code"`
+				Error  string `json:"error"`
+				Source string `json:"source"`
+			}{p.Status, p.Msg, "relay"})
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(p.Status)
+			w.Write(b)
+		},
+		Routes: []forward.Route{{Method: http.MethodGet, Path: "/api/2/usermap", Check: func(r *http.Request, _ []byte) *forward.Problem {
+			if _, verr := ParseUserIDs([]byte(r.URL.Query().Get("user_ids"))); verr != nil {
+				return &forward.Problem{Status: verr.Status, Msg: verr.Msg}
+			}
+			return nil
+		}}},
 	}
-	base := u.cfg.AnalyticsURL
-	auth := ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)
-	if name := ctx.Request.Header.Peek("X-Relay-Project"); len(name) > 0 {
-		p, ok := u.creds.Project(string(name))
-		if !ok {
-			u.rej.Reject(ctx, formreq.Bad("unknown_project", "X-Relay-Project: no project of that name in the credentials file"))
-			return
-		}
-		base = strings.TrimRight(p.URL(credentials.KindAnalytics, base), "/")
-		auth = []byte(credentials.BasicAuth(p.APIKey, p.SecretKey))
-	}
-	req := fasthttp.AcquireRequest()
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	uri := base + "/api/2/usermap"
-	if qs := ctx.URI().QueryString(); len(qs) > 0 {
-		uri += "?" + string(qs)
-	}
-	req.SetRequestURI(uri)
-	req.Header.SetMethod(fasthttp.MethodGet)
-	if len(auth) > 0 {
-		req.Header.SetBytesV(fasthttp.HeaderAuthorization, auth)
-	}
-	if a := ctx.Request.Header.Peek(fasthttp.HeaderAccept); len(a) > 0 {
-		req.Header.SetBytesV(fasthttp.HeaderAccept, a)
-	}
-	if err := u.fwd.DoTimeout(req, resp, u.cfg.ForwardTimeout); err != nil {
-		u.forwarded.WithLabelValues("error").Inc()
-		u.log.Warn("usermap: forwarding GET /api/2/usermap failed", zap.Error(err))
-		formreq.WriteError(ctx, fasthttp.StatusBadGateway, "upstream unreachable: "+err.Error())
-		return
-	}
-	u.forwarded.WithLabelValues(fmt.Sprint(resp.StatusCode())).Inc()
-	ctx.SetStatusCode(resp.StatusCode())
-	if ct := resp.Header.ContentType(); len(ct) > 0 {
-		ctx.Response.Header.SetContentTypeBytes(ct)
-	}
-	if ra := resp.Header.Peek(fasthttp.HeaderRetryAfter); len(ra) > 0 {
-		ctx.Response.Header.SetBytesV(fasthttp.HeaderRetryAfter, ra)
-	}
-	ctx.SetBody(resp.Body())
 }

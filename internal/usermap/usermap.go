@@ -4,14 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
-	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 
+	"github.com/svcrelay/relay/internal/adminroute"
+	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/formreq"
@@ -33,14 +35,8 @@ const (
 
 // Defaults of Config's zero values.
 const (
-	DefaultRetryAfter     = 5 * time.Second
-	DefaultForwardTimeout = 30 * time.Second
+	DefaultRetryAfter = 5 * time.Second
 )
-
-// Route is one route of the admin listener (see formreq.Route). A Forward
-// route also takes the admin token in Authorization when X-Relay-Project
-// names a project.
-type Route = formreq.Route
 
 // Config configures a UserMap.
 type Config struct {
@@ -69,9 +65,6 @@ type Config struct {
 	// RetryAfter is sent with 503 when the spool refuses; zero means
 	// DefaultRetryAfter.
 	RetryAfter time.Duration
-	// ForwardTimeout bounds a forwarded GET /api/2/usermap; zero means
-	// DefaultForwardTimeout.
-	ForwardTimeout time.Duration
 	// Gzip sends upstream POST bodies gzip-compressed.
 	Gzip bool
 }
@@ -94,7 +87,7 @@ func (c Config) Validate() error {
 	case c.RateLimit < 0:
 		return fmt.Errorf("usermap: RateLimit %d < 0", c.RateLimit)
 	case c.RateWindow < 0, c.MaxAge < 0, c.RetryInitial < 0, c.RetryMax < 0, c.MaxRetryAfter < 0,
-		c.RetryAfter < 0, c.ForwardTimeout < 0:
+		c.RetryAfter < 0:
 		return errors.New("usermap: negative duration")
 	}
 	return nil
@@ -116,9 +109,6 @@ func (c Config) withDefaults() Config {
 	if c.RetryAfter == 0 {
 		c.RetryAfter = DefaultRetryAfter
 	}
-	if c.ForwardTimeout == 0 {
-		c.ForwardTimeout = DefaultForwardTimeout
-	}
 	c.AliasURL = strings.TrimRight(c.AliasURL, "/")
 	c.AnalyticsURL = strings.TrimRight(c.AnalyticsURL, "/")
 	return c
@@ -129,19 +119,18 @@ func (c Config) withDefaults() Config {
 type UserMap struct {
 	cfg   Config
 	sp    *spool.Spool
-	creds *credentials.Store
+	creds *credentials.Ref // read at every use: a reload takes effect at once
 	log   *zap.Logger
 	d     *lanedeliver.Deliverer
 	pacer *Pacer
-	fwd   *fasthttp.Client
 	rej   *formreq.Rejecter
 
-	accepted  prometheus.Counter
-	forwarded *prometheus.CounterVec
+	accepted prometheus.Counter
 }
 
-// New returns a UserMap. creds, log and reg may be nil.
-func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credentials.Store, log *zap.Logger, reg prometheus.Registerer) (*UserMap, error) {
+// New returns a UserMap. creds (the credentials file in force), log and reg
+// may be nil.
+func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*UserMap, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -150,15 +139,7 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 		log = zap.NewNop()
 	}
 	f := promauto.With(reg)
-	u := &UserMap{cfg: cfg, sp: sp, creds: creds, log: log,
-		fwd: &fasthttp.Client{
-			Name:                     "svc-relay",
-			ReadTimeout:              cfg.ForwardTimeout,
-			WriteTimeout:             cfg.ForwardTimeout,
-			MaxResponseBodySize:      64 << 20,
-			NoDefaultUserAgentHeader: false,
-		},
-	}
+	u := &UserMap{cfg: cfg, sp: sp, creds: creds, log: log}
 	u.pacer = NewPacer(cfg.RateLimit, cfg.RateWindow, u.orgOf, nil)
 	u.pacer.waited = f.NewCounter(prometheus.CounterOpts{Name: "relay_usermap_pace_wait_seconds_total",
 		Help: "Time lanes waited for the per-organization mapping rate (1500 per 30 s)."})
@@ -183,17 +164,16 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 	u.accepted = f.NewCounter(prometheus.CounterOpts{Name: "relay_usermap_accepted_total",
 		Help: "Mappings accepted into the spool."})
 	u.rej = formreq.NewRejecter("usermap", log, f.NewCounterVec(prometheus.CounterOpts{Name: "relay_usermap_rejected_requests_total",
-		Help: "POST /usermap and GET /api/2/usermap requests refused locally, by reason."}, []string{"reason"}), cfg.RetryAfter)
-	u.forwarded = f.NewCounterVec(prometheus.CounterOpts{Name: "relay_usermap_forwarded_total",
-		Help: "GET /api/2/usermap requests forwarded, by upstream status (or \"error\")."}, []string{"status"})
+		Help: "POST /usermap requests refused locally, by reason."}, []string{"reason"}), cfg.RetryAfter)
 	return u, nil
 }
 
 // orgOf is the pacing key of an api_key: its project's organization, else
 // the api_key itself (hashed; never logged).
 func (u *UserMap) orgOf(apiKey string) string {
-	if p, ok := u.creds.ProjectByAPIKey(apiKey); ok {
-		if o, ok := u.creds.OrgOfProject(p.Name); ok {
+	creds := u.creds.Load()
+	if p, ok := creds.ProjectByAPIKey(apiKey); ok {
+		if o, ok := creds.OrgOfProject(p.Name); ok {
 			return "org:" + o.Name
 		}
 		return "project:" + p.Name
@@ -203,17 +183,17 @@ func (u *UserMap) orgOf(apiKey string) string {
 
 func (u *UserMap) aliasURL(apiKey string) string {
 	base := u.cfg.AliasURL
-	if p, ok := u.creds.ProjectByAPIKey(apiKey); ok {
+	if p, ok := u.creds.Load().ProjectByAPIKey(apiKey); ok {
 		base = strings.TrimRight(p.URL(credentials.KindAlias, base), "/")
 	}
 	return base + "/usermap"
 }
 
-// Routes returns POST /usermap and GET /api/2/usermap (Forward).
-func (u *UserMap) Routes() []Route {
-	return []Route{
-		{Method: fasthttp.MethodPost, Path: "/usermap", Handler: u.servePost},
-		{Method: fasthttp.MethodGet, Path: "/api/2/usermap", Handler: u.serveGet, Forward: true},
+// Routes returns POST /usermap (GET /api/2/usermap is ReadAPI, forwarded by
+// internal/forward).
+func (u *UserMap) Routes() []adminroute.Route {
+	return []adminroute.Route{
+		{Method: http.MethodPost, Path: "/usermap", Mode: admintoken.ModeOwn, Handler: http.HandlerFunc(u.servePost)},
 	}
 }
 

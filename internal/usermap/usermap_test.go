@@ -11,21 +11,32 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/formreq/formreqtest"
+	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/upstream"
 	"github.com/svcrelay/relay/internal/usermap"
 )
 
+// component is a UserMap with GET /api/2/usermap (ReadAPI) forwarded beside
+// its own routes, as cmd/relay serves them.
+type component struct {
+	*usermap.UserMap
+	read []adminroute.Route
+}
+
+func (c component) Routes() []adminroute.Route { return append(c.UserMap.Routes(), c.read...) }
+
 // env is formreqtest's relay slice around a UserMap.
-type env = formreqtest.Env[*usermap.UserMap]
+type env = formreqtest.Env[component]
 
 func newEnv(t *testing.T, simCfg sim.Config, cfg usermap.Config, creds *credentials.Store) *env {
 	t.Helper()
 	return formreqtest.New(t, simCfg, spool.KindUserMap,
-		func(simURL string, sp *spool.Spool, client *upstream.Client, reg *prometheus.Registry) (*usermap.UserMap, error) {
+		func(simURL string, sp *spool.Spool, client *upstream.Client, reg *prometheus.Registry) (component, error) {
 			if cfg.AliasURL == "" {
 				cfg.AliasURL = simURL
 			}
@@ -36,7 +47,16 @@ func newEnv(t *testing.T, simCfg sim.Config, cfg usermap.Config, creds *credenti
 				cfg.RetryInitial = 5 * time.Millisecond
 				cfg.RetryMax = 50 * time.Millisecond
 			}
-			return usermap.New(cfg, sp, client, creds, nil, reg)
+			um, err := usermap.New(cfg, sp, client, credentials.NewRef(creds), nil, reg)
+			if err != nil {
+				return component{}, err
+			}
+			fwd, err := forward.New(forward.Config{}, credentials.NewRef(creds), nil, reg)
+			if err != nil {
+				return component{}, err
+			}
+			read, err := fwd.Routes(usermap.ReadAPI(cfg.AnalyticsURL))
+			return component{um, read}, err
 		})
 }
 

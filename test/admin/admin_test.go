@@ -209,6 +209,35 @@ func testAuth(t *testing.T, r *relay, s *sim.Sim, rec1, rec2 *headerRecorder) {
 			t.Errorf("sim read by %s", rd.User)
 		}
 	}
+
+	// Issue 19: the admin token, whatever scheme carries it in
+	// Authorization, never reaches the upstream.
+	for _, v := range []string{"Token " + adminToken, basic(adminToken, "x"), basic("user", adminToken), adminToken} {
+		n := rec1.count()
+		call(t, "GET", r.admin+read, "", "Proxy-Authorization", bearer(adminToken), "Authorization", v)
+		if rec1.count() != n+1 {
+			t.Fatalf("pass-through call not forwarded")
+		}
+		if got := rec1.last(); got.Get("Authorization") != "" || got.Get("Proxy-Authorization") != "" {
+			t.Errorf("the admin token in Authorization (%s) reached the upstream", strings.Fields(redactHdr([]string{"", v})[1])[0])
+		}
+	}
+	// Issue 19: routing and forwarding see one path; an encoded traversal
+	// is refused locally and reaches no upstream.
+	n1 = rec1.count()
+	for _, p := range []string{
+		"/scim/1/Users/..%2F..%2F..%2Fapi%2F2%2Fexport?start=20260101T00&end=20260101T01",
+		"/api/2/deletions/users%2F..%2F..%2F..%2Fapi%2F2%2Fexport?start=20260101T00&end=20260101T01",
+		"/api/2/usermap%2F..%2Fexport?start=20260101T00&end=20260101T01",
+	} {
+		if a := call(t, "GET", r.admin+p, "", "Authorization", bearer(adminToken), "X-Relay-Project", projectName); a.status != 400 ||
+			!strings.Contains(string(a.body), `"source":"relay"`) {
+			t.Errorf("GET %s: %d %.200s, want the relay's 400", p, a.status, a.body)
+		}
+	}
+	if rec1.count() != n1 {
+		t.Errorf("an encoded traversal reached the upstream")
+	}
 }
 
 func redactHdr(hdr []string) []string {

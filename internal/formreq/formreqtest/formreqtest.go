@@ -19,7 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
-	"github.com/svcrelay/relay/internal/formreq"
+	"github.com/svcrelay/relay/internal/adminapi"
+	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/upstream"
@@ -27,7 +28,7 @@ import (
 
 // Component is a form-request route with its delivery.
 type Component interface {
-	Routes() []formreq.Route
+	Routes() []adminroute.Route
 	Run(ctx context.Context) error
 	Ready() error
 }
@@ -49,7 +50,7 @@ type Env[C Component] struct {
 
 	kind    spool.Kind
 	build   Build[C]
-	srv     *fasthttp.Server
+	srv     *adminapi.Server
 	cancel  context.CancelFunc
 	runDone chan error
 }
@@ -72,7 +73,8 @@ func New[C Component](t *testing.T, simCfg sim.Config, kind spool.Kind, build Bu
 }
 
 // Open opens the spool, builds the component and serves its routes
-// (exact method and path; 404 else), without delivery.
+// on the admin listener (internal/adminapi, no admin token), without
+// delivery.
 func (e *Env[C]) Open() {
 	t := e.T
 	sp, err := spool.Open(spool.Config{Dir: e.Dir, Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
@@ -90,18 +92,12 @@ func (e *Env[C]) Open() {
 		t.Fatal(err)
 	}
 	e.C = c
-	routes := map[string]fasthttp.RequestHandler{}
-	for _, r := range c.Routes() {
-		routes[r.Method+" "+r.Path] = r.Handler
+	// The real admin listener, without an admin token.
+	e.srv, err = adminapi.New(adminapi.Config{}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	e.srv = &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
-		h := routes[string(ctx.Method())+" "+string(ctx.Path())]
-		if h == nil {
-			ctx.SetStatusCode(404)
-			return
-		}
-		h(ctx)
-	}, MaxRequestBodySize: 32 << 20}
+	e.srv.Register(c.Routes()...)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -131,7 +127,9 @@ func (e *Env[C]) Close() {
 		e.cancel = nil
 	}
 	if e.srv != nil {
-		e.srv.Shutdown()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		e.srv.Shutdown(ctx)
+		cancel()
 		e.srv = nil
 	}
 	if e.Spool != nil {

@@ -3,50 +3,31 @@ package forwardtest
 import (
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/svcrelay/relay/internal/adminroute"
-	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/sim"
-	"github.com/valyala/fasthttp"
 )
 
-// ServeAdmin serves routes as the admin listener (internal/adminapi) does:
-// behind the admin token AdminToken (check and strip by each route's Mode),
-// 32 MiB bodies, no default Content-Type. The first route in order whose
-// method matches and whose path is equal to the request's (or, for a
-// "/"-ended route, a prefix of it) serves; no match is 404. It returns the
-// base URL ("http://127.0.0.1:P") and shuts the server down at cleanup.
-//
-// Unlike Serve it keeps route order and does not reject duplicates.
+// ServeAdmin is Serve (kept for the tests written against it).
 func ServeAdmin(t testing.TB, routes []adminroute.Route) string {
 	t.Helper()
-	tok, err := admintoken.New(AdminToken)
+	return Serve(t, routes)
+}
+
+// Forwarder returns a Forwarder (cfg) whose credentials are creds, failing
+// the test on error.
+func Forwarder(t testing.TB, cfg forward.Config, creds *credentials.Store) *forward.Forwarder {
+	t.Helper()
+	f, err := forward.New(cfg, credentials.NewRef(creds), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := func(ctx *fasthttp.RequestCtx) {
-		path := string(ctx.Path())
-		for _, r := range routes {
-			if r.Method == string(ctx.Method()) && (r.Path == path || strings.HasSuffix(r.Path, "/") && strings.HasPrefix(path, r.Path)) {
-				tok.Require(r.Mode, r.Handler)(ctx)
-				return
-			}
-		}
-		ctx.Error("no route", fasthttp.StatusNotFound)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &fasthttp.Server{Handler: h, MaxRequestBodySize: 32 << 20, NoDefaultContentType: true}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Shutdown() })
-	return "http://" + ln.Addr().String()
+	return f
 }
 
 // ParseCreds parses a credentials file, failing the test on error.
@@ -122,4 +103,21 @@ projects:
 func WebCreds(t testing.TB) *credentials.Store {
 	t.Helper()
 	return ParseCreds(t, WebCredsYAML)
+}
+
+// Built is the admin routes of forwarded APIs, built by Build.
+type Built []adminroute.Route
+
+// Routes returns the routes.
+func (b Built) Routes() []adminroute.Route { return b }
+
+// Build builds the routes of apis on a new Forwarder (cfg) whose
+// credentials are creds, failing the test on error.
+func Build(t testing.TB, cfg forward.Config, creds *credentials.Store, apis ...forward.API) Built {
+	t.Helper()
+	rs, err := Forwarder(t, cfg, creds).Routes(apis...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs
 }

@@ -1,9 +1,7 @@
-// Package forwardtest serves forwarding routes for tests the way the admin
-// listener does: on a real fasthttp server on 127.0.0.1, behind the admin
-// token check of each route's Mode (admintoken.Token.Require), with exact
-// and prefix ("/"-ended, longest first) path matching on the normalized
-// path. It also starts the simulator as the upstream and holds a
-// credentials file whose secrets the simulator accepts.
+// Package forwardtest serves forwarding routes for tests on the real admin
+// listener (internal/adminapi) on 127.0.0.1, behind the admin token check
+// of each route's Mode. It also starts the simulator as the upstream and
+// holds a credentials file whose secrets the simulator accepts.
 package forwardtest
 
 import (
@@ -12,17 +10,16 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"sort"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/adminapi"
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/sim"
-	"github.com/valyala/fasthttp"
 )
 
 // Test credentials; the simulator of Start accepts exactly these.
@@ -83,65 +80,50 @@ func Start(t testing.TB, cfg forward.Config) *Env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := forward.New(cfg, nil, nil)
+	f, err := forward.New(cfg, credentials.NewRef(creds), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return &Env{Sim: s, SimURL: u, Creds: creds, Forward: f}
 }
 
-// Serve serves routes on a new fasthttp server on 127.0.0.1 behind the
-// admin token AdminToken and returns the base URL ("http://127.0.0.1:P").
+// Serve serves routes on the real admin listener (internal/adminapi) on
+// 127.0.0.1 behind the admin token AdminToken and returns the base URL
+// ("http://127.0.0.1:P"). The listener is shut down at cleanup.
 func Serve(t testing.TB, routes []adminroute.Route) string {
 	t.Helper()
 	tok, err := admintoken.New(AdminToken)
 	if err != nil {
 		t.Fatal(err)
 	}
-	type key struct{ method, path string }
-	handlers := map[key]fasthttp.RequestHandler{}
-	var prefixes []string
-	for _, r := range routes {
-		k := key{r.Method, r.Path}
-		if _, dup := handlers[k]; dup {
-			t.Fatalf("route %s %s registered twice", r.Method, r.Path)
-		}
-		handlers[k] = tok.Require(r.Mode, r.Handler)
-		if strings.HasSuffix(r.Path, "/") {
-			prefixes = append(prefixes, r.Path)
-		}
+	srv, err := adminapi.New(adminapi.Config{Token: tok, MaxRequestBodySize: 64 << 20}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	sort.Slice(prefixes, func(i, j int) bool { return len(prefixes[i]) > len(prefixes[j]) })
-	h := func(ctx *fasthttp.RequestCtx) {
-		path, method := string(ctx.Path()), string(ctx.Method())
-		if hh := handlers[key{method, path}]; hh != nil {
-			hh(ctx)
-			return
-		}
-		for _, p := range prefixes {
-			if strings.HasPrefix(path, p) {
-				if hh := handlers[key{method, p}]; hh != nil {
-					hh(ctx)
-					return
-				}
-			}
-		}
-		ctx.Error("not found", fasthttp.StatusNotFound)
-	}
+	srv.Register(routes...)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &fasthttp.Server{Handler: h, MaxRequestBodySize: 64 << 20, ReadTimeout: 30 * time.Second,
-		IdleTimeout: time.Second}
 	go srv.Serve(ln)
 	t.Cleanup(func() {
 		http.DefaultClient.CloseIdleConnections()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		srv.ShutdownWithContext(ctx)
+		srv.Shutdown(ctx)
 	})
 	return "http://" + ln.Addr().String()
+}
+
+// Routes returns the admin routes of apis, forwarded by the Env's
+// Forwarder (whose credentials are the Env's), failing the test on error.
+func (e *Env) Routes(t testing.TB, apis ...forward.API) []adminroute.Route {
+	t.Helper()
+	rs, err := e.Forward.Routes(apis...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs
 }
 
 // Response is an answer read in full.

@@ -1,0 +1,217 @@
+package forward
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"time"
+
+	"github.com/svcrelay/relay/internal/adminroute"
+	"github.com/svcrelay/relay/internal/admintoken"
+	"github.com/svcrelay/relay/internal/ratelimit"
+)
+
+// API is one forwarded upstream API as data: where it lives, how it
+// authenticates, how its local answers look, its client-side limits and its
+// documented routes. Forwarder.Routes turns it into admin-listener routes.
+type API struct {
+	Upstream
+	// Errors writes the API's local answers in its own error format; nil
+	// means JSONErrors.
+	Errors func(w http.ResponseWriter, p *Problem)
+	// Accept is sent as Accept when the caller sent none ("" keeps none).
+	Accept string
+	// Headers, when not nil, are the only request headers forwarded beside
+	// Authorization (the API's reference names no others); nil forwards
+	// every end-to-end header.
+	Headers []string
+	// Limits are client-side limits per caller's upstream account
+	// (Resolved.Key), taken in order before the call and given back when
+	// its answer is done; an upstream 429 pauses the account on each for
+	// its Retry-After (1 s at least).
+	Limits []Limit
+	// Routes are the documented endpoints; other paths are not forwarded.
+	Routes []Route
+}
+
+// Route is one documented endpoint of an API.
+type Route struct {
+	// Method and Path (an http.ServeMux pattern with {name} wildcards,
+	// read in Check with r.PathValue) of the endpoint, the upstream's.
+	Method, Path string
+	// Check validates what the upstream documents, before anything is
+	// sent; nil: nothing to check. body is the decoded request body when
+	// BodyLimit > 0, else nil.
+	Check func(r *http.Request, body []byte) *Problem
+	// BodyLimit > 0 makes the decoded body (at most BodyLimit bytes, else
+	// 413) available to Check.
+	BodyLimit int
+	// Follow is how many redirects of the upstream's answer the relay
+	// follows itself (DSAR outputs); 0: the redirect is passed back.
+	Follow int
+}
+
+// Limit is one client-side limit of an API.
+type Limit struct {
+	ratelimit.Config
+	// Cost is the cost of a call by its method; nil means 1 for every
+	// call, and a cost of 0 means the limit does not apply to the call.
+	Cost func(method string) int
+	// Says names the limit in the local 429's message ("100 requests per
+	// minute per organization").
+	Says string
+}
+
+// JSONErrors writes p as {"error": msg, "source": "relay"} plus p.Extra's
+// fields.
+func JSONErrors(w http.ResponseWriter, p *Problem) {
+	if p.Extra == nil {
+		WriteError(w, p.Status, p.Msg)
+		return
+	}
+	b, err := jsonMerge(map[string]any{"error": p.Msg, "source": "relay"}, p.Extra)
+	if err != nil {
+		WriteError(w, p.Status, p.Msg)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(p.Status)
+	w.Write(append(b, '\n'))
+}
+
+// Routes returns the admin-listener routes (admintoken.ModeForward) of the
+// APIs: every Route, resolved, checked, limited and forwarded. Limits'
+// metrics are registered on the Forwarder's registry.
+func (f *Forwarder) Routes(apis ...API) ([]adminroute.Route, error) {
+	var out []adminroute.Route
+	for _, a := range apis {
+		if a.Errors == nil {
+			a.Errors = JSONErrors
+		}
+		lims := make([]*ratelimit.Limiter, len(a.Limits))
+		for i, l := range a.Limits {
+			lim, err := ratelimit.New(l.Config, f.reg)
+			if err != nil {
+				return nil, fmt.Errorf("forward %s: %w", a.API, err)
+			}
+			lims[i] = lim
+		}
+		for _, rt := range a.Routes {
+			proxy := f.proxy
+			if rt.Follow > 0 {
+				proxy = f.newProxy(follower(f.transport, rt.Follow))
+			}
+			h := &handler{f: f, api: a, lims: lims, route: rt, proxy: proxy}
+			out = append(out, adminroute.Route{Method: rt.Method, Path: rt.Path, Mode: admintoken.ModeForward, Handler: h})
+		}
+	}
+	return out, nil
+}
+
+// handler serves one Route of one API.
+type handler struct {
+	f     *Forwarder
+	api   API
+	lims  []*ratelimit.Limiter
+	route Route
+	proxy *httputil.ReverseProxy
+}
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	a := h.api
+	var body []byte
+	if h.route.BodyLimit > 0 {
+		var err error
+		if body, err = DecodedBody(r, h.route.BodyLimit); err != nil {
+			status := http.StatusBadRequest
+			if errors.Is(err, ErrBodyTooLarge) {
+				status = http.StatusRequestEntityTooLarge
+			}
+			h.local(w, "invalid", &Problem{Status: status, Msg: err.Error()})
+			return
+		}
+	}
+	if h.route.Check != nil {
+		if p := h.route.Check(r, body); p != nil {
+			h.local(w, "invalid", p)
+			return
+		}
+	}
+	res, p := Resolve(r, h.f.creds.Load(), a.Upstream)
+	if p != nil {
+		h.local(w, "unresolved", p)
+		return
+	}
+	for i, lim := range h.lims {
+		l := a.Limits[i]
+		cost := 1
+		if l.Cost != nil {
+			cost = l.Cost(r.Method)
+		}
+		if cost == 0 {
+			continue
+		}
+		release, err := lim.Acquire(r.Context(), res.Key, cost)
+		if err != nil {
+			var le *ratelimit.LimitedError
+			if errors.As(err, &le) {
+				w.Header().Set("Retry-After", strconv.Itoa(le.RetryAfterSeconds()))
+				h.local(w, "limited", &Problem{Status: http.StatusTooManyRequests, Msg: fmt.Sprintf(
+					"client-side limit of %s reached (%s); retry after %d s", l.Says, le.Reason, le.RetryAfterSeconds())})
+				return
+			}
+			h.local(w, "limited", &Problem{Status: http.StatusServiceUnavailable, Msg: "request abandoned while waiting for the client-side limit"})
+			return
+		}
+		defer release()
+	}
+	if a.Accept != "" && r.Header.Get("Accept") == "" {
+		r.Header.Set("Accept", a.Accept)
+	}
+	if a.Headers != nil {
+		keep := http.Header{}
+		for _, k := range append([]string{"Authorization", admintoken.HeaderProject}, a.Headers...) {
+			if vs := r.Header.Values(k); len(vs) > 0 {
+				keep[http.CanonicalHeaderKey(k)] = vs
+			}
+		}
+		r.Header = keep
+	}
+	status, _ := h.f.forward(w, r, res.Target, h.proxy)
+	if status == http.StatusTooManyRequests {
+		d, _ := RetryAfter(w.Header(), time.Now())
+		for _, lim := range h.lims {
+			lim.Pause(res.Key, max(d, time.Second))
+		}
+	}
+}
+
+// local answers a problem found before anything was sent, counted in
+// relay_forward_errors_total by reason.
+func (h *handler) local(w http.ResponseWriter, reason string, p *Problem) {
+	h.f.m.errors.WithLabelValues(h.api.API, reason).Inc()
+	h.api.Errors(w, p)
+}
+
+// follower is a RoundTripper that follows up to n redirects of an answer
+// (http.Client's rules: GET after 301/302/303, Authorization dropped on a
+// redirect to another host); a redirect it does not follow (too many, not
+// http(s), user info in the URL) is passed back as it is.
+func follower(rt http.RoundTripper, n int) http.RoundTripper {
+	c := &http.Client{Transport: rt, CheckRedirect: func(req *http.Request, via []*http.Request) error {
+		if len(via) > n || (req.URL.Scheme != "http" && req.URL.Scheme != "https") || req.URL.User != nil {
+			return http.ErrUseLastResponse
+		}
+		return nil
+	}}
+	return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		r.RequestURI = "" // the proxy's own copy of the caller's request
+		return c.Do(r)
+	})
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
