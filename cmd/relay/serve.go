@@ -287,6 +287,9 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
+	if err := registerBuildInfo(reg); err != nil {
+		return err
+	}
 
 	// Spool.
 	scfg := spool.Config{Dir: cfg.DataDir, MaxBytes: cfg.SpoolMaxBytes, MinFreeBytes: cfg.SpoolMinFreeBytes}

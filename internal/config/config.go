@@ -72,6 +72,99 @@ type Config struct {
 	// Warnings are non-fatal findings (e.g. an unknown RELAY_* variable) for
 	// the caller to log.
 	Warnings []string
+
+	// Issue 24: where each setting came from, for `relay config check`.
+	// Settings lists every option of the table in its order, with the value
+	// as given (secrets masked) and its Origin.
+	Settings []Setting
+}
+
+// Setting is one option's effective value and where it came from.
+type Setting struct {
+	Name   string // the flag name, e.g. "ingest-url"
+	Value  string // as given; a secret's value is Masked, a URL's password too
+	Origin Origin
+	Secret bool // the value is a secret (masked)
+}
+
+// Masked replaces a secret's value in Setting.Value.
+const Masked = "<masked>"
+
+// Origin is where a setting's value came from: "default", "flag",
+// "variable" or "file" (with File and Line).
+type Origin struct {
+	Kind string
+	File string // Kind "file": the YAML file
+	Line int    // Kind "file": the line of the key
+}
+
+// String names the source for a person: "default", "flag", "variable",
+// "relay.yaml line 7" (Config.Source adds the setting's flag or variable).
+func (o Origin) String() string { return o.describe("") }
+
+func (o Origin) describe(name string) string {
+	switch {
+	case name == "" && (o.Kind == "flag" || o.Kind == "variable"):
+		return o.Kind
+	case o.Kind == "flag":
+		return "flag --" + name
+	case o.Kind == "variable":
+		return "variable " + EnvName(name)
+	case o.Kind == "file":
+		return fmt.Sprintf("%s line %d", o.File, o.Line)
+	}
+	return "default"
+}
+
+// Source is where name's value came from, e.g. "flag --sync",
+// "variable RELAY_SYNC", "/etc/relay/relay.yaml line 12" or "default".
+func (c Config) Source(name string) string {
+	for _, s := range c.Settings {
+		if s.Name == name {
+			return s.Origin.describe(name)
+		}
+	}
+	return "default"
+}
+
+// SettingError is a validation error about one or more settings; Load
+// rewrites it to name where each bad value came from.
+type SettingError struct {
+	Names []string // flag names, e.g. "max-batch-events"
+	Msg   string   // what is wrong, without the setting's name
+}
+
+func (e *SettingError) Error() string { return "--" + e.Names[0] + sep(e.Msg) + e.Msg }
+
+// sep is the space between a setting's name and msg, none before a colon.
+func sep(msg string) string {
+	if strings.HasPrefix(msg, ":") {
+		return ""
+	}
+	return " "
+}
+
+func settingErr(name, format string, args ...any) error {
+	return &SettingError{Names: []string{name}, Msg: fmt.Sprintf(format, args...)}
+}
+
+// withSources rewrites a *SettingError to name each setting's source, never
+// a flag that was not given: "max-batch-events 2000 is above 1999 (from
+// relay.yaml line 3)".
+func (c Config) withSources(err error) error {
+	var se *SettingError
+	if !errors.As(err, &se) {
+		return err
+	}
+	from := make([]string, 0, len(se.Names))
+	for _, n := range se.Names {
+		src := c.Source(n)
+		if len(se.Names) > 1 {
+			src = n + " from " + src
+		}
+		from = append(from, src)
+	}
+	return fmt.Errorf("%s%s%s (from %s)", se.Names[0], sep(se.Msg), se.Msg, strings.Join(from, "; "))
 }
 
 // Sandbox reports whether the relay runs against its built-in simulated
@@ -84,6 +177,7 @@ type option struct {
 	def    string
 	usage  string
 	isBool bool
+	secret bool // masked by `relay config check` (issue 24)
 	set    func(c *Config, v string) error
 }
 
@@ -161,7 +255,7 @@ var options = []option{
 			c.UpstreamGzip = b
 			return nil
 		}},
-	{name: "admin-token", usage: "token required on admin routes but /healthz, /readyz and /metrics (prefer --admin-token-file)",
+	{name: "admin-token", secret: true, usage: "token required on admin routes but /healthz, /readyz and /metrics (prefer --admin-token-file)",
 		set: str(func(c *Config) *string { return &c.AdminToken })},
 	{name: "admin-token-file", usage: "file holding the admin token",
 		set: str(func(c *Config) *string { return &c.AdminTokenFile })},
@@ -268,7 +362,7 @@ func Load(args []string, environ []string) (Config, error) {
 	} else if v, ok := env[EnvName("config")]; ok {
 		cfgFile = v
 	}
-	var file map[string]string
+	var file map[string]fileValue
 	if cfgFile != "" {
 		var err error
 		if file, err = readFile(cfgFile); err != nil {
@@ -277,20 +371,25 @@ func Load(args []string, environ []string) (Config, error) {
 	}
 
 	for _, o := range options {
-		v, src := o.def, "default"
+		v, org := o.def, Origin{Kind: "default"}
 		if r := raws[o.name]; r.set {
-			v, src = r.v, "flag --"+o.name
+			v, org = r.v, Origin{Kind: "flag"}
 		} else if ev, ok := env[EnvName(o.name)]; ok {
-			v, src = ev, "variable "+EnvName(o.name)
+			v, org = ev, Origin{Kind: "variable"}
 		} else if fv, ok := file[o.name]; ok {
-			v, src = fv, fmt.Sprintf("key %s in %s", o.name, cfgFile)
+			v, org = fv.v, Origin{Kind: "file", File: cfgFile, Line: fv.line}
 		}
+		shown := maskURL(v)
+		if o.secret && v != "" {
+			shown = Masked
+		}
+		c.Settings = append(c.Settings, Setting{Name: o.name, Value: shown, Origin: org, Secret: o.secret})
 		if err := o.set(&c, v); err != nil {
-			return Config{}, fmt.Errorf("--%s (from %s): %w", o.name, src, err)
+			return Config{}, fmt.Errorf("%s (from %s): %w", o.name, org.describe(o.name), err)
 		}
 	}
 	if err := c.finish(); err != nil {
-		return Config{}, err
+		return Config{}, c.withSources(err)
 	}
 	if raws["admin-token"].set {
 		c.Warnings = append(c.Warnings, "--admin-token on the command line shows in every local user's process list: prefer --admin-token-file or RELAY_ADMIN_TOKEN")
@@ -298,8 +397,28 @@ func Load(args []string, environ []string) (Config, error) {
 	return c, nil
 }
 
+// fileValue is a value of the YAML settings file and the line of its key.
+type fileValue struct {
+	v    string
+	line int
+}
+
+// maskURL hides the password of a URL with user information; other values
+// are returned as they are.
+func maskURL(v string) string {
+	u, err := url.Parse(v)
+	if err != nil || u.User == nil || u.Host == "" {
+		return v
+	}
+	if _, ok := u.User.Password(); ok {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		return u.String()
+	}
+	return v
+}
+
 // readFile reads the YAML settings file into flag name -> raw value.
-func readFile(path string) (map[string]string, error) {
+func readFile(path string) (map[string]fileValue, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("config file: %w", err)
@@ -308,7 +427,7 @@ func readFile(path string) (map[string]string, error) {
 	if err := yaml.Unmarshal(b, &doc); err != nil {
 		return nil, fmt.Errorf("config file %s: %w", path, err)
 	}
-	out := make(map[string]string)
+	out := make(map[string]fileValue)
 	if doc.Kind == 0 { // empty file
 		return out, nil
 	}
@@ -329,9 +448,9 @@ func readFile(path string) (map[string]string, error) {
 		}
 		switch {
 		case v.Kind == yaml.ScalarNode && v.Tag == "!!null":
-			out[k.Value] = ""
+			out[k.Value] = fileValue{"", k.Line}
 		case v.Kind == yaml.ScalarNode:
-			out[k.Value] = v.Value
+			out[k.Value] = fileValue{v.Value, k.Line}
 		case v.Kind == yaml.SequenceNode && k.Value == "trusted-proxies":
 			items := make([]string, 0, len(v.Content))
 			for _, it := range v.Content {
@@ -340,7 +459,7 @@ func readFile(path string) (map[string]string, error) {
 				}
 				items = append(items, it.Value)
 			}
-			out[k.Value] = strings.Join(items, ",")
+			out[k.Value] = fileValue{strings.Join(items, ","), k.Line}
 		default:
 			return nil, fmt.Errorf("config file %s line %d: %s: want a single value", path, v.Line, k.Value)
 		}
@@ -381,11 +500,11 @@ func (c *Config) finish() error {
 	tok, err := admintoken.Load(c.AdminToken, c.AdminTokenFile)
 	switch {
 	case errors.Is(err, admintoken.ErrBoth):
-		return errors.New("--admin-token and --admin-token-file are both set; use one")
+		return &SettingError{Names: []string{"admin-token", "admin-token-file"}, Msg: "and admin-token-file are both set; use one"}
 	case err != nil && c.AdminTokenFile != "":
-		return fmt.Errorf("--admin-token-file: %w", err)
+		return settingErr("admin-token-file", "%s: %v", c.AdminTokenFile, err)
 	case err != nil:
-		return fmt.Errorf("--admin-token: %w", err)
+		return settingErr("admin-token", ": %v", err)
 	}
 	c.Token, c.AdminToken = tok, ""
 	if tok.ReadableByOthers() {
@@ -393,24 +512,25 @@ func (c *Config) finish() error {
 	}
 	if c.Credentials != "" {
 		if c.Creds, err = credentials.Load(c.Credentials); err != nil {
-			return fmt.Errorf("--credentials: %w", err)
+			return settingErr("credentials", ": %v", err)
 		}
 	}
 	return nil
 }
 
-// Validate reports the first invalid setting as one line naming the flag.
+// Validate reports the first invalid setting as one line naming the flag;
+// the error is a *SettingError (Load names where the value came from).
 func (c Config) Validate() error {
 	for _, a := range []struct{ name, v string }{{"listen", c.Listen}, {"admin-listen", c.AdminListen}} {
 		if _, _, err := net.SplitHostPort(a.v); err != nil {
-			return fmt.Errorf("--%s %q: want host:port, e.g. 127.0.0.1:8080", a.name, a.v)
+			return settingErr(a.name, "%q: want host:port, e.g. 127.0.0.1:8080", a.v)
 		}
 	}
 	if c.Listen == c.AdminListen && !strings.HasSuffix(c.Listen, ":0") {
-		return fmt.Errorf("--listen and --admin-listen are both %s", c.Listen)
+		return &SettingError{Names: []string{"listen", "admin-listen"}, Msg: "and admin-listen are both " + c.Listen}
 	}
 	if strings.TrimSpace(c.DataDir) == "" {
-		return errors.New("--data-dir is empty")
+		return settingErr("data-dir", "is empty")
 	}
 	for _, u := range []struct{ name, v string }{
 		{"ingest-url", c.IngestURL}, {"alias-url", c.AliasURL}, {"analytics-url", c.AnalyticsURL},
@@ -421,42 +541,44 @@ func (c Config) Validate() error {
 		}
 		p, err := url.Parse(u.v)
 		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
-			return fmt.Errorf("--%s %q: want an http:// or https:// base URL", u.name, u.v)
+			return settingErr(u.name, "%q: want an http:// or https:// base URL", maskURL(u.v))
 		}
 	}
 	switch {
 	case c.MaxBatchEvents > MaxBatchEventsLimit:
-		return fmt.Errorf("--max-batch-events %d is above %d: the upstream takes fewer than 2000 events per request", c.MaxBatchEvents, MaxBatchEventsLimit)
+		return settingErr("max-batch-events", "%d is above %d: the upstream takes fewer than 2000 events per request", c.MaxBatchEvents, MaxBatchEventsLimit)
 	case c.MaxBatchEvents < 1:
-		return fmt.Errorf("--max-batch-events %d: want 1 to %d", c.MaxBatchEvents, MaxBatchEventsLimit)
+		return settingErr("max-batch-events", "%d: want 1 to %d", c.MaxBatchEvents, MaxBatchEventsLimit)
 	case c.MaxBatchBytes < 1:
-		return fmt.Errorf("--max-batch-bytes %d: want a positive size", c.MaxBatchBytes)
+		return settingErr("max-batch-bytes", "%d: want a positive size", c.MaxBatchBytes)
 	case c.MaxRequestBytes < 1:
-		return fmt.Errorf("--max-request-bytes %d: want a positive size", c.MaxRequestBytes)
-	case c.SpoolMaxBytes < 0, c.SpoolMinFreeBytes < 0:
-		return errors.New("spool sizes must not be negative")
+		return settingErr("max-request-bytes", "%d: want a positive size", c.MaxRequestBytes)
+	case c.SpoolMaxBytes < 0:
+		return settingErr("spool-max-bytes", "must not be negative")
+	case c.SpoolMinFreeBytes < 0:
+		return settingErr("spool-min-free-bytes", "must not be negative")
 	case c.ThrottlePause <= 0:
-		return errors.New("--throttle-pause must be positive")
+		return settingErr("throttle-pause", "must be positive")
 	case c.FlushInterval <= 0:
-		return errors.New("--flush-interval must be positive")
+		return settingErr("flush-interval", "must be positive")
 	case c.MaxEventAge <= 0:
-		return errors.New("--max-event-age must be positive")
+		return settingErr("max-event-age", "must be positive")
 	case c.DrainTimeout <= 0:
-		return errors.New("--drain-timeout must be positive")
+		return settingErr("drain-timeout", "must be positive")
 	case c.Sync != "always" && c.Sync != "none":
-		return fmt.Errorf("--sync %q: want always or none", c.Sync)
+		return settingErr("sync", "%q: want always or none", c.Sync)
 	case c.Credentials != "" && c.AdminToken == "" && c.AdminTokenFile == "" && c.Token == nil:
-		return errors.New("--credentials needs an admin token (--admin-token or --admin-token-file): injected credentials must not be open to anyone who reaches the admin listener")
+		return settingErr("credentials", "needs an admin token (admin-token or admin-token-file): injected credentials must not be open to anyone who reaches the admin listener")
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:
-		return fmt.Errorf("--log-level %q: want debug, info, warn or error", c.LogLevel)
+		return settingErr("log-level", "%q: want debug, info, warn or error", c.LogLevel)
 	}
 	switch c.LogFormat {
 	case "", "json", "console":
 	default:
-		return fmt.Errorf("--log-format %q: want json or console", c.LogFormat)
+		return settingErr("log-format", "%q: want json or console", c.LogFormat)
 	}
 	return nil
 }

@@ -45,6 +45,7 @@ func equal(a, b Config) bool {
 	}
 	a.TrustedProxies, b.TrustedProxies = nil, nil
 	a.Warnings, b.Warnings = nil, nil
+	a.Settings, b.Settings = nil, nil
 	if (a.Token == nil) != (b.Token == nil) || (a.Creds == nil) != (b.Creds == nil) {
 		return false
 	}
@@ -246,20 +247,20 @@ func TestRefusals(t *testing.T) {
 		{"nested yaml value", []string{"--config", "testdata/nested.yaml"}, nil, "listen: want a single value"},
 		{"duplicate yaml key", []string{"--config", "testdata/duplicate.yaml"}, nil, `"listen" given twice`},
 		{"missing config file", []string{"--config", "testdata/nope.yaml"}, nil, "no such file"},
-		{"bad size in file", []string{"--config", "testdata/bad_size.yaml"}, nil, "--spool-max-bytes (from key spool-max-bytes in testdata/bad_size.yaml): invalid size"},
-		{"max-batch-events 2000 in file", []string{"--config", "testdata/batch_too_big.yaml"}, nil, "--max-batch-events 2000 is above 1999"},
+		{"bad size in file", []string{"--config", "testdata/bad_size.yaml"}, nil, "spool-max-bytes (from testdata/bad_size.yaml line 1): invalid size"},
+		{"max-batch-events 2000 in file", []string{"--config", "testdata/batch_too_big.yaml"}, nil, "max-batch-events 2000 is above 1999: the upstream takes fewer than 2000 events per request (from testdata/batch_too_big.yaml line 1)"},
 		{"max-batch-events flag", []string{"--max-batch-events", "5000"}, nil, "above 1999"},
 		{"max-batch-events zero", []string{"--max-batch-events", "0"}, nil, "want 1 to 1999"},
-		{"max-batch-events not a number", nil, []string{"RELAY_MAX_BATCH_EVENTS=lots"}, "--max-batch-events (from variable RELAY_MAX_BATCH_EVENTS)"},
-		{"credentials without token", []string{"--config", "testdata/credentials_no_token.yaml"}, nil, "--credentials needs an admin token"},
+		{"max-batch-events not a number", nil, []string{"RELAY_MAX_BATCH_EVENTS=lots"}, "max-batch-events (from variable RELAY_MAX_BATCH_EVENTS): invalid number"},
+		{"credentials without token", []string{"--config", "testdata/credentials_no_token.yaml"}, nil, "credentials needs an admin token (admin-token or admin-token-file): injected credentials must not be open to anyone who reaches the admin listener (from testdata/credentials_no_token.yaml line 1)"},
 		{"credentials file missing", []string{"--credentials", "testdata/nope.yaml", "--admin-token", "x"}, nil, "--credentials"},
 		{"both token and token file", []string{"--admin-token", "a", "--admin-token-file", "testdata/admin.token"}, nil, "both set"},
 		{"empty token file", []string{"--admin-token-file", "testdata/empty.yaml"}, nil, "is empty"},
-		{"token with white space", []string{"--admin-token", "two words"}, nil, "--admin-token: admin token has white space"},
-		{"invalid credentials file", []string{"--credentials", "testdata/full.yaml", "--admin-token", "x"}, nil, "--credentials: "},
-		{"bad sync", []string{"--sync", "sometimes"}, nil, `--sync "sometimes"`},
-		{"bad duration", []string{"--flush-interval", "soon"}, nil, "--flush-interval (from flag --flush-interval): invalid duration"},
-		{"zero drain", []string{"--drain-timeout", "0s"}, nil, "--drain-timeout must be positive"},
+		{"token with white space", []string{"--admin-token", "two words"}, nil, "admin-token: admin token has white space, control or non-ASCII characters (from flag --admin-token)"},
+		{"invalid credentials file", []string{"--credentials", "testdata/full.yaml", "--admin-token", "x"}, nil, "credentials: credentials testdata/full.yaml: line 1: unknown key"},
+		{"bad sync", []string{"--sync", "sometimes"}, nil, `sync "sometimes": want always or none (from flag --sync)`},
+		{"bad duration", []string{"--flush-interval", "soon"}, nil, "flush-interval (from flag --flush-interval): invalid duration"},
+		{"zero drain", []string{"--drain-timeout", "0s"}, nil, "drain-timeout must be positive (from flag --drain-timeout)"},
 		{"negative duration", []string{"--throttle-pause", "-1s"}, nil, "negative"},
 		{"bad url", []string{"--ingest-url", "ingest.example.test"}, nil, "--ingest-url"},
 		{"bad listen", []string{"--listen", "8080"}, nil, "--listen"},
@@ -269,7 +270,7 @@ func TestRefusals(t *testing.T) {
 		{"bad log format", []string{"--log-format", "xml"}, nil, "--log-format"},
 		{"unknown flag", []string{"--ingest_url", "http://x"}, nil, "flag provided but not defined"},
 		{"stray argument", []string{"serve"}, nil, `unexpected argument "serve"`},
-		{"zero request bytes", []string{"--max-request-bytes", "0"}, nil, "--max-request-bytes 0"},
+		{"zero request bytes", []string{"--max-request-bytes", "0"}, nil, "max-request-bytes 0: want a positive size (from flag --max-request-bytes)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
