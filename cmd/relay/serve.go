@@ -245,6 +245,11 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		}
 	}()
 
+	// SIGHUP reloads the token and credentials files (sighup.go), and no
+	// longer kills; its watch is stopped last.
+	stopHUP := watchSIGHUP(func() { reloadFiles(cfg, log) })
+	lc.onStop("SIGHUP watch", func(context.Context) error { stopHUP(); return nil })
+
 	var sandbox *sim.Sim
 	if cfg.Sandbox() {
 		sandbox = sim.New(sim.Config{}, log.Named("sim"))

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"sync/atomic"
 	"regexp"
 	"strings"
 
@@ -123,13 +124,39 @@ func (o *Organization) URL(kind, fallback string) string {
 }
 
 // Store is the parsed credentials file. A nil *Store holds no credentials:
-// every lookup reports false. It is immutable and safe for concurrent use.
+// every lookup reports false. It is safe for concurrent use; Reload swaps
+// its content as a whole.
 type Store struct {
 	projects []*Project // file order
 	orgs     []*Organization
 	byName   map[string]*Project
 	orgName  map[string]*Organization
 	byKey    map[[sha256.Size]byte]*Project // by sha256 of api_key, so no raw key sits in a map
+
+	// reloaded is the content of the file read by the latest Reload (issue
+	// 24: SIGHUP); nil until then. Every lookup reads it first.
+	reloaded atomic.Pointer[Store]
+}
+
+// cur is the content in force: the latest Reload's, else s itself.
+func (s *Store) cur() *Store {
+	if r := s.reloaded.Load(); r != nil {
+		return r
+	}
+	return s
+}
+
+// Reload reads the credentials file at path (Load's rules) and, when it is
+// valid, makes it the content of s for every lookup after Reload returns.
+// On an error s keeps its content; the error names the line, never a
+// secret. It returns the new content, for logging its names.
+func (s *Store) Reload(path string) (*Store, error) {
+	n, err := Load(path)
+	if err != nil {
+		return nil, err
+	}
+	s.reloaded.Store(n)
+	return n, nil
 }
 
 // Project returns the project named name (the X-Relay-Project value).
@@ -137,7 +164,7 @@ func (s *Store) Project(name string) (*Project, bool) {
 	if s == nil {
 		return nil, false
 	}
-	p, ok := s.byName[name]
+	p, ok := s.cur().byName[name]
 	return p, ok
 }
 
@@ -146,7 +173,7 @@ func (s *Store) Organization(name string) (*Organization, bool) {
 	if s == nil {
 		return nil, false
 	}
-	o, ok := s.orgName[name]
+	o, ok := s.cur().orgName[name]
 	return o, ok
 }
 
@@ -166,7 +193,7 @@ func (s *Store) ProjectByAPIKey(key string) (*Project, bool) {
 	if s == nil {
 		return nil, false
 	}
-	p, ok := s.byKey[sha256.Sum256([]byte(key))]
+	p, ok := s.cur().byKey[sha256.Sum256([]byte(key))]
 	return p, ok
 }
 
@@ -175,7 +202,7 @@ func (s *Store) Projects() []*Project {
 	if s == nil {
 		return nil
 	}
-	return append([]*Project(nil), s.projects...)
+	return append([]*Project(nil), s.cur().projects...)
 }
 
 // Organizations returns the organizations in file order (a new slice).
@@ -183,7 +210,7 @@ func (s *Store) Organizations() []*Organization {
 	if s == nil {
 		return nil
 	}
-	return append([]*Organization(nil), s.orgs...)
+	return append([]*Organization(nil), s.cur().orgs...)
 }
 
 // file is the YAML shape.
@@ -468,7 +495,7 @@ func (o Organization) Format(f fmt.State, verb rune) {
 }
 
 // Format prints the project and organization names only.
-func (s Store) Format(f fmt.State, verb rune) {
+func (s *Store) Format(f fmt.State, verb rune) {
 	fmt.Fprintf(f, "credentials.Store{Projects:%q Organizations:%q}", s.projectNames(), s.orgNames())
 }
 
@@ -476,6 +503,7 @@ func (s *Store) projectNames() []string {
 	if s == nil {
 		return nil
 	}
+	s = s.cur()
 	names := make([]string, len(s.projects))
 	for i, p := range s.projects {
 		names[i] = p.Name
@@ -487,6 +515,7 @@ func (s *Store) orgNames() []string {
 	if s == nil {
 		return nil
 	}
+	s = s.cur()
 	names := make([]string, len(s.orgs))
 	for i, o := range s.orgs {
 		names[i] = o.Name

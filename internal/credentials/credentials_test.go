@@ -282,7 +282,8 @@ func TestNoSecretInOutput(t *testing.T) {
 	org, _ := s.Organization("acme")
 
 	values := map[string]any{
-		"store": s, "*store": *s, "project": web, "*project": *web, "org": org, "*org": *org,
+		"store":   s, // a Store value is not copied (Reload swaps it atomically)
+		"project": web, "*project": *web, "org": org, "*org": *org,
 		"secret": web.SecretKey, "projects": s.Projects(), "orgs": s.Organizations(),
 		"wrapped": struct {
 			P *Project
@@ -437,5 +438,44 @@ func TestSecret(t *testing.T) {
 		if strings.Contains(out, "abc") || strings.Contains(out, "616263") {
 			t.Errorf("Secret printed its value: %q", out)
 		}
+	}
+}
+
+// TestReload: Reload swaps the whole content for the new file's; a bad new
+// file keeps the content in force.
+func TestReload(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "credentials.yaml")
+	write := func(body string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("projects:\n  - name: old\n    api_key: \"k-old\"\n    secret_key: \"s-old\"\n")
+	s, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write("projects:\n  - name: new\n    api_key: \"k-new\"\n    secret_key: \"s-new\"\n")
+	n, err := s.Reload(path)
+	if err != nil || len(n.Projects()) != 1 {
+		t.Fatalf("Reload: %v", err)
+	}
+	if _, ok := s.Project("old"); ok {
+		t.Fatal("old project still known after Reload")
+	}
+	if p, ok := s.ProjectByAPIKey("k-new"); !ok || p.Name != "new" {
+		t.Fatal("new project not found by api_key")
+	}
+	if fmt.Sprint(s) != `credentials.Store{Projects:["new"] Organizations:[]}` {
+		t.Fatalf("printed %s", s)
+	}
+	write("projects:\n  - name: broken\n    api_key: \"k-b\"\n    bogus: \"s3cret\"\n")
+	if _, err := s.Reload(path); err == nil || strings.Contains(err.Error(), "s3cret") {
+		t.Fatalf("bad file: %v", err)
+	}
+	if _, ok := s.Project("new"); !ok {
+		t.Fatal("a refused reload dropped the content in force")
 	}
 }

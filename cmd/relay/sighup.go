@@ -1,0 +1,75 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+
+	"github.com/svcrelay/relay/internal/config"
+	"go.uber.org/zap"
+)
+
+// watchSIGHUP calls reload on every SIGHUP until the returned stop is
+// called; stop waits for a reload in progress. While it watches, SIGHUP no
+// longer kills the process (its default), so a `systemctl reload` or a
+// stray `kill -HUP` is never an unclean exit.
+func watchSIGHUP(reload func()) (stop func()) {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGHUP)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-ch:
+				reload()
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(ch)
+		cancel()
+		wg.Wait()
+	}
+}
+
+// reloadFiles re-reads what SIGHUP reloads: the admin token file and the
+// credentials file. Each is swapped only when its new content is valid; a
+// bad new file keeps the one in force and the log says why. The log shows
+// the new state (project and organization names, never a secret).
+// (The TLS files of --tls-cert/--tls-key belong here too.)
+func reloadFiles(cfg config.Config, log *zap.Logger) {
+	log.Info("SIGHUP: reloading the admin token file and the credentials file")
+	switch {
+	case cfg.Token == nil:
+		log.Info("SIGHUP: no admin token configured: nothing to reload (a token cannot be added while serving)")
+	case cfg.AdminTokenFile == "":
+		log.Info("SIGHUP: the admin token was given directly (" + cfg.Source("admin-token") + "), not in a file: kept")
+	default:
+		readable, err := cfg.Token.Reload(cfg.AdminTokenFile)
+		if err != nil {
+			log.Error("SIGHUP: admin token file not reloaded; the token in force stays", zap.String("file", cfg.AdminTokenFile), errField(err))
+			break
+		}
+		log.Info("SIGHUP: admin token reloaded", zap.String("file", cfg.AdminTokenFile))
+		if readable {
+			log.Warn("--admin-token-file " + cfg.AdminTokenFile + " is readable by group or others: chmod 600 it")
+		}
+	}
+	if cfg.Creds == nil {
+		log.Info("SIGHUP: no credentials file configured: nothing to reload")
+		return
+	}
+	n, err := cfg.Creds.Reload(cfg.Credentials)
+	if err != nil {
+		log.Error("SIGHUP: credentials file not reloaded; the credentials in force stay", zap.String("file", cfg.Credentials), errField(err))
+		return
+	}
+	log.Info("SIGHUP: credentials reloaded", zap.String("file", cfg.Credentials), zap.Object("credentials", n))
+}
