@@ -8,9 +8,9 @@ import (
 	"io"
 	"net/url"
 	"os"
-	"sync/atomic"
 	"regexp"
 	"strings"
+	"sync/atomic"
 
 	"go.uber.org/zap/zapcore"
 	"go.yaml.in/yaml/v3"
