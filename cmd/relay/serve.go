@@ -112,6 +112,7 @@ type namedComponent struct {
 // event pipeline, group identify and user mapping (each a component with its
 // admin routes), and the lane controls of the /relay/v1 API.
 type deliveries struct {
+	client     *upstream.Client // for /readyz's word on the upstream
 	components []namedComponent
 	routes     []adminroute.Route
 	lanes      map[spool.Kind]adminapi.LaneControl
@@ -143,6 +144,7 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, log *zap.Logger, reg prom
 		return nil, fmt.Errorf("delivery: %w", err)
 	}
 	d := &deliveries{
+		client:     client,
 		components: []namedComponent{{"delivery", p}},
 		lanes:      map[spool.Kind]adminapi.LaneControl{spool.KindEvents: p},
 		release:    []func(){p.ReleaseMemory},
@@ -343,14 +345,18 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 
 	// Admin listener.
 	admin, err := adminapi.New(adminapi.Config{
-		Gatherer: reg,
-		Token:    cfg.Token,
+		Gatherer:  reg,
+		Token:     cfg.Token,
+		ReadyInfo: func() string { return upstreamInfo(dl.client, time.Now()) },
 		Ready: func() error {
 			switch {
 			case stopping.Load():
-				return errors.New("shutting down")
+				return errShuttingDown
 			case !spoolOpen.Load():
 				return errors.New("spool closed")
+			}
+			if err := ingestRefusal(sp.Stats().LiveBytes, cfg.SpoolMaxBytes, cfg.DataDir, cfg.SpoolMinFreeBytes); err != nil {
+				return err
 			}
 			for _, c := range dl.components {
 				if err := c.Ready(); err != nil {

@@ -30,6 +30,9 @@ type Config struct {
 	// Ready reports why the relay is not ready (spool closed, delivery not
 	// running); nil error means ready. A nil Ready means always ready.
 	Ready func() error
+	// ReadyInfo returns lines added to /readyz's body whatever its status
+	// (e.g. whether the upstream answers); nil adds none.
+	ReadyInfo func() string
 	// Gatherer is the registry served on /metrics; nil means
 	// prometheus.NewRegistry() (empty).
 	Gatherer prometheus.Gatherer
@@ -287,14 +290,22 @@ func (s *Server) healthz(ctx *fasthttp.RequestCtx) {
 }
 
 func (s *Server) readyz(ctx *fasthttp.RequestCtx) {
+	info := ""
+	if s.cfg.ReadyInfo != nil {
+		info = s.cfg.ReadyInfo()
+	}
 	if s.cfg.Ready != nil {
 		if err := s.cfg.Ready(); err != nil {
-			textError(ctx, fasthttp.StatusServiceUnavailable, "not ready: "+err.Error())
+			msg := "not ready: " + err.Error()
+			if info != "" {
+				msg += "\n" + strings.TrimSuffix(info, "\n")
+			}
+			textError(ctx, fasthttp.StatusServiceUnavailable, msg)
 			return
 		}
 	}
 	ctx.SetContentType("text/plain; charset=utf-8")
-	ctx.SetBodyString("ready\n")
+	ctx.SetBodyString("ready\n" + info)
 }
 
 func textError(ctx *fasthttp.RequestCtx, status int, msg string) {
