@@ -343,28 +343,35 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		return err
 	}
 
+	// Readiness (/readyz and relay_ready): not ready while stopping, while
+	// ingest would refuse, or while a delivery is not running.
+	ready := func() error {
+		switch {
+		case stopping.Load():
+			return errShuttingDown
+		case !spoolOpen.Load():
+			return errors.New("spool closed")
+		}
+		if err := ingestRefusal(sp.Stats().LiveBytes, cfg.SpoolMaxBytes, cfg.DataDir, cfg.SpoolMinFreeBytes); err != nil {
+			return err
+		}
+		for _, c := range dl.components {
+			if err := c.Ready(); err != nil {
+				return fmt.Errorf("%s: %w", c.name, err)
+			}
+		}
+		return nil
+	}
+	if err := registerOpsMetrics(reg, cfg.SpoolMaxBytes, cfg.SpoolMinFreeBytes, cfg.DataDir, ready); err != nil {
+		return err
+	}
+
 	// Admin listener.
 	admin, err := adminapi.New(adminapi.Config{
 		Gatherer:  reg,
 		Token:     cfg.Token,
 		ReadyInfo: func() string { return upstreamInfo(dl.client, time.Now()) },
-		Ready: func() error {
-			switch {
-			case stopping.Load():
-				return errShuttingDown
-			case !spoolOpen.Load():
-				return errors.New("spool closed")
-			}
-			if err := ingestRefusal(sp.Stats().LiveBytes, cfg.SpoolMaxBytes, cfg.DataDir, cfg.SpoolMinFreeBytes); err != nil {
-				return err
-			}
-			for _, c := range dl.components {
-				if err := c.Ready(); err != nil {
-					return fmt.Errorf("%s: %w", c.name, err)
-				}
-			}
-			return nil
-		},
+		Ready:     ready,
 	}, log.Named("admin"), reg)
 	if err != nil {
 		return err

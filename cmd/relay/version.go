@@ -8,9 +8,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// version may be stamped at link time (-ldflags "-X main.version=v1.2.3");
-// empty means the module version go build recorded, "(devel)" in a checkout.
-var version string
+// version and revision may be stamped at link time (-ldflags "-X
+// main.version=v1.2.3 -X main.revision=<commit>", as deploy/image.sh does);
+// empty means what go build recorded: the module version ("(devel)" in a
+// checkout) and the VCS revision when it stamped one.
+var version, revision string
 
 // build describes the running binary.
 type build struct {
@@ -44,6 +46,9 @@ func readBuild() build {
 	}
 	if version != "" {
 		b.Version = version
+	}
+	if revision != "" {
+		b.Revision, dirty = revision, ""
 	}
 	if b.Revision != "unknown" {
 		b.Revision += dirty
