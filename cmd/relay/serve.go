@@ -234,8 +234,10 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	lc := &lifecycle{log: log}
 	g := &goroutines{failed: make(chan error, 1)}
 	var stopping atomic.Bool
+	sd := newNotifier() // systemd's Type=notify (sdnotify.go)
 	defer func() {
 		stopping.Store(true)
+		_ = sd.notify("STOPPING=1")
 		// Ingest gets at most --drain-timeout, delivery drains within its own
 		// --drain-timeout after that; the rest is for closing.
 		sctx, cancel := context.WithTimeout(context.Background(), stopBudget(cfg.DrainTimeout))
@@ -249,7 +251,11 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 
 	// SIGHUP reloads the token and credentials files (sighup.go), and no
 	// longer kills; its watch is stopped last.
-	stopHUP := watchSIGHUP(func() { reloadFiles(cfg, log) })
+	stopHUP := watchSIGHUP(func() {
+		_ = sd.notify("RELOADING=1")
+		reloadFiles(cfg, log)
+		_ = sd.notify("READY=1")
+	})
 	lc.onStop("SIGHUP watch", func(context.Context) error { stopHUP(); return nil })
 
 	var sandbox *sim.Sim
@@ -457,6 +463,9 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	})
 	log.Info("ingest listening", zap.String("addr", ingLn.Addr().String()))
 	log.Info("relay serving")
+	if err := sd.notify("READY=1\nSTATUS=serving"); err != nil {
+		log.Warn("could not tell systemd the relay is ready", errField(err))
+	}
 
 	select {
 	case <-ctx.Done():
