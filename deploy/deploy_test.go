@@ -346,15 +346,18 @@ func TestContainerfiles(t *testing.T) {
 	if testing.Short() {
 		return
 	}
-	configCheck(t, harness.Build(t), env)
+	bin := harness.Build(t)
+	configCheck(t, bin, env)
+	// And the example settings file of the systemd unit.
+	configCheck(t, bin, nil, "--config", "relay.yaml")
 }
 
-// configCheck runs `relay config check` with env and wants exit 0.
-func configCheck(t *testing.T, bin string, env []string) {
+// configCheck runs `relay config check args...` with env and wants exit 0.
+func configCheck(t *testing.T, bin string, env []string, args ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "config", "check")
+	cmd := exec.CommandContext(ctx, bin, append([]string{"config", "check"}, args...)...)
 	cmd.Env = append(harness.CleanEnv(), env...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
