@@ -55,7 +55,7 @@ b bud --quiet --layers=false -f deploy/Containerfile -t "$tag" "$ctx" >/dev/null
 echo "built $tag"
 b inspect --format 'user={{.OCIv1.Config.User}} entrypoint={{.OCIv1.Config.Entrypoint}} ports={{.OCIv1.Config.ExposedPorts}} volumes={{.OCIv1.Config.Volumes}} env={{.OCIv1.Config.Env}}{{"\n"}}' "$tag"
 if [[ -n $archive ]]; then
-	b push "$tag" "oci-archive:$archive:$tag" >/dev/null
+	b push --quiet "$tag" "oci-archive:$archive:$tag" >/dev/null
 	echo "wrote $archive"
 fi
 [[ $smoke == 1 ]] || exit 0
