@@ -28,10 +28,10 @@ func TestRunRefusals(t *testing.T) {
 		env  []string
 		want string
 	}{
-		{"max-batch-events", []string{"--max-batch-events", "2000"}, nil, "max-batch-events 2000 is above 1999: the upstream takes fewer than 2000 events per request (from flag --max-batch-events)"},
-		{"credentials without token", []string{"--credentials", "x.yaml"}, nil, "credentials needs an admin token"},
-		{"credentials file invalid", []string{"--credentials", "../../internal/credentials/testdata/unknown_key.yaml", "--admin-token", "t0ken"}, nil, "credentials: "},
-		{"token with white space", []string{"--admin-token", "t0 ken"}, nil, "admin-token: "},
+		{"max-batch-events", []string{"--max-batch-events", "2000"}, nil, "--max-batch-events 2000 is above 1999"},
+		{"credentials without token", []string{"--credentials", "x.yaml"}, nil, "--credentials needs an admin token"},
+		{"credentials file invalid", []string{"--credentials", "../../internal/credentials/testdata/unknown_key.yaml", "--admin-token", "t0ken"}, nil, "--credentials: "},
+		{"token with white space", []string{"--admin-token", "t0 ken"}, nil, "--admin-token: "},
 		{"env value", nil, []string{"RELAY_SPOOL_MAX_BYTES=lots"}, "spool-max-bytes (from variable RELAY_SPOOL_MAX_BYTES)"},
 		{"unknown subcommand-like argument", []string{"frobnicate"}, nil, `unexpected argument "frobnicate"`},
 		{"spool without dump", []string{"spool"}, nil, "usage: relay spool dump"},

@@ -150,7 +150,7 @@ func settingErr(name, format string, args ...any) error {
 
 // withSources rewrites a *SettingError to name each setting's source, never
 // a flag that was not given: "max-batch-events 2000 is above 1999 (from
-// relay.yaml line 3)".
+// relay.yaml line 3)", "--sync "x": want always or none (from flag --sync)".
 func (c Config) withSources(err error) error {
 	var se *SettingError
 	if !errors.As(err, &se) {
@@ -164,7 +164,18 @@ func (c Config) withSources(err error) error {
 		}
 		from = append(from, src)
 	}
-	return fmt.Errorf("%s%s%s (from %s)", se.Names[0], sep(se.Msg), se.Msg, strings.Join(from, "; "))
+	return fmt.Errorf("%s%s%s (from %s)", c.label(se.Names[0]), sep(se.Msg), se.Msg, strings.Join(from, "; "))
+}
+
+// label is how an error calls a setting: "--name" when it was given as a
+// flag, else its bare name (its source follows in the error).
+func (c Config) label(name string) string {
+	for _, s := range c.Settings {
+		if s.Name == name && s.Origin.Kind == "flag" {
+			return "--" + name
+		}
+	}
+	return name
 }
 
 // Sandbox reports whether the relay runs against its built-in simulated
@@ -385,7 +396,7 @@ func Load(args []string, environ []string) (Config, error) {
 		}
 		c.Settings = append(c.Settings, Setting{Name: o.name, Value: shown, Origin: org, Secret: o.secret})
 		if err := o.set(&c, v); err != nil {
-			return Config{}, fmt.Errorf("%s (from %s): %w", o.name, org.describe(o.name), err)
+			return Config{}, fmt.Errorf("%s (from %s): %w", c.label(o.name), org.describe(o.name), err)
 		}
 	}
 	if err := c.finish(); err != nil {

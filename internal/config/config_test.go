@@ -256,11 +256,11 @@ func TestRefusals(t *testing.T) {
 		{"credentials file missing", []string{"--credentials", "testdata/nope.yaml", "--admin-token", "x"}, nil, "--credentials"},
 		{"both token and token file", []string{"--admin-token", "a", "--admin-token-file", "testdata/admin.token"}, nil, "both set"},
 		{"empty token file", []string{"--admin-token-file", "testdata/empty.yaml"}, nil, "is empty"},
-		{"token with white space", []string{"--admin-token", "two words"}, nil, "admin-token: admin token has white space, control or non-ASCII characters (from flag --admin-token)"},
-		{"invalid credentials file", []string{"--credentials", "testdata/full.yaml", "--admin-token", "x"}, nil, "credentials: credentials testdata/full.yaml: line 1: unknown key"},
-		{"bad sync", []string{"--sync", "sometimes"}, nil, `sync "sometimes": want always or none (from flag --sync)`},
-		{"bad duration", []string{"--flush-interval", "soon"}, nil, "flush-interval (from flag --flush-interval): invalid duration"},
-		{"zero drain", []string{"--drain-timeout", "0s"}, nil, "drain-timeout must be positive (from flag --drain-timeout)"},
+		{"token with white space", []string{"--admin-token", "two words"}, nil, "--admin-token: admin token has white space"},
+		{"invalid credentials file", []string{"--credentials", "testdata/full.yaml", "--admin-token", "x"}, nil, "--credentials: "},
+		{"bad sync", []string{"--sync", "sometimes"}, nil, `--sync "sometimes"`},
+		{"bad duration", []string{"--flush-interval", "soon"}, nil, "--flush-interval (from flag --flush-interval): invalid duration"},
+		{"zero drain", []string{"--drain-timeout", "0s"}, nil, "--drain-timeout must be positive"},
 		{"negative duration", []string{"--throttle-pause", "-1s"}, nil, "negative"},
 		{"bad url", []string{"--ingest-url", "ingest.example.test"}, nil, "--ingest-url"},
 		{"bad listen", []string{"--listen", "8080"}, nil, "--listen"},
@@ -270,7 +270,7 @@ func TestRefusals(t *testing.T) {
 		{"bad log format", []string{"--log-format", "xml"}, nil, "--log-format"},
 		{"unknown flag", []string{"--ingest_url", "http://x"}, nil, "flag provided but not defined"},
 		{"stray argument", []string{"serve"}, nil, `unexpected argument "serve"`},
-		{"zero request bytes", []string{"--max-request-bytes", "0"}, nil, "max-request-bytes 0: want a positive size (from flag --max-request-bytes)"},
+		{"zero request bytes", []string{"--max-request-bytes", "0"}, nil, "--max-request-bytes 0"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -118,7 +118,7 @@ func TestStartRefusals(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"no token", []string{"--credentials", good}, "credentials needs an admin token (admin-token or admin-token-file): injected credentials must not be open to anyone who reaches the admin listener (from flag --credentials)"},
+		{"no token", []string{"--credentials", good}, "--credentials needs an admin token"},
 		{"typo", []string{"--credentials", typo, "--admin-token-file", tokenFile}, "secret_kye"},
 		{"yaml error", []string{"--credentials", bad, "--admin-token-file", tokenFile}, "--credentials"},
 	}
