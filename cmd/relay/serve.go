@@ -249,14 +249,19 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		}
 	}()
 
-	// SIGHUP reloads the token and credentials files (sighup.go), and no
-	// longer kills; its watch is stopped last.
-	stopHUP := watchSIGHUP(func() {
+	// SIGHUP (sighup.go) runs every reloader, and no longer kills; its
+	// watch is stopped last. The admin token and credentials files are
+	// reloaded first; a component that reloads more (e.g. the TLS files)
+	// adds its own with onHUP.add.
+	onHUP := &reloaders{}
+	onHUP.add(func() { reloadFiles(cfg, log) })
+	stopWatchHUP := watchSIGHUP(func() {
+		log.Info("SIGHUP received: reloading")
 		_ = sd.notify("RELOADING=1")
-		reloadFiles(cfg, log)
+		onHUP.run()
 		_ = sd.notify("READY=1")
 	})
-	lc.onStop("SIGHUP watch", func(context.Context) error { stopHUP(); return nil })
+	lc.onStop("SIGHUP watch", func(context.Context) error { stopWatchHUP(); return nil })
 
 	var sandbox *sim.Sim
 	if cfg.Sandbox() {

@@ -39,13 +39,34 @@ func watchSIGHUP(reload func()) (stop func()) {
 	}
 }
 
+// reloaders is what SIGHUP reloads: each component that reloads something
+// adds its function once it is built; run calls them in the order added.
+type reloaders struct {
+	mu sync.Mutex
+	fs []func()
+}
+
+func (r *reloaders) add(f func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fs = append(r.fs, f)
+}
+
+func (r *reloaders) run() {
+	r.mu.Lock()
+	fs := append([]func(){}, r.fs...)
+	r.mu.Unlock()
+	for _, f := range fs {
+		f()
+	}
+}
+
 // reloadFiles re-reads what SIGHUP reloads: the admin token file and the
 // credentials file. Each is swapped only when its new content is valid; a
 // bad new file keeps the one in force and the log says why. The log shows
 // the new state (project and organization names, never a secret).
 // (The TLS files of --tls-cert/--tls-key belong here too.)
 func reloadFiles(cfg config.Config, log *zap.Logger) {
-	log.Info("SIGHUP: reloading the admin token file and the credentials file")
 	switch {
 	case cfg.Token == nil:
 		log.Info("SIGHUP: no admin token configured: nothing to reload (a token cannot be added while serving)")
