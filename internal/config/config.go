@@ -274,12 +274,14 @@ func Load(args []string, environ []string) (Config, error) {
 	} else if v, ok := env[EnvName("config")]; ok {
 		cfgFile = v
 	}
-	var file map[string]fileValue
+	var file map[string]string
+	var lines map[string]int // issue 24: the line of each key, for sources
 	if cfgFile != "" {
 		var err error
 		if file, err = readFile(cfgFile); err != nil {
 			return Config{}, err
 		}
+		lines = keyLines(cfgFile)
 	}
 
 	for _, o := range options {
@@ -289,7 +291,7 @@ func Load(args []string, environ []string) (Config, error) {
 		} else if ev, ok := env[EnvName(o.name)]; ok {
 			v, org = ev, Origin{Kind: "variable"}
 		} else if fv, ok := file[o.name]; ok {
-			v, org = fv.v, Origin{Kind: "file", File: cfgFile, Line: fv.line}
+			v, org = fv, Origin{Kind: "file", File: cfgFile, Line: lines[o.name]}
 		}
 		shown := maskURL(v)
 		if o.secret && v != "" {
@@ -309,28 +311,8 @@ func Load(args []string, environ []string) (Config, error) {
 	return c, nil
 }
 
-// fileValue is a value of the YAML settings file and the line of its key.
-type fileValue struct {
-	v    string
-	line int
-}
-
-// maskURL hides the password of a URL with user information; other values
-// are returned as they are.
-func maskURL(v string) string {
-	u, err := url.Parse(v)
-	if err != nil || u.User == nil || u.Host == "" {
-		return v
-	}
-	if _, ok := u.User.Password(); ok {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
-		return u.String()
-	}
-	return v
-}
-
 // readFile reads the YAML settings file into flag name -> raw value.
-func readFile(path string) (map[string]fileValue, error) {
+func readFile(path string) (map[string]string, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("config file: %w", err)
@@ -339,7 +321,7 @@ func readFile(path string) (map[string]fileValue, error) {
 	if err := yaml.Unmarshal(b, &doc); err != nil {
 		return nil, fmt.Errorf("config file %s: %w", path, err)
 	}
-	out := make(map[string]fileValue)
+	out := make(map[string]string)
 	if doc.Kind == 0 { // empty file
 		return out, nil
 	}
@@ -360,9 +342,9 @@ func readFile(path string) (map[string]fileValue, error) {
 		}
 		switch {
 		case v.Kind == yaml.ScalarNode && v.Tag == "!!null":
-			out[k.Value] = fileValue{"", k.Line}
+			out[k.Value] = ""
 		case v.Kind == yaml.ScalarNode:
-			out[k.Value] = fileValue{v.Value, k.Line}
+			out[k.Value] = v.Value
 		case v.Kind == yaml.SequenceNode && k.Value == "trusted-proxies":
 			items := make([]string, 0, len(v.Content))
 			for _, it := range v.Content {
@@ -371,7 +353,7 @@ func readFile(path string) (map[string]fileValue, error) {
 				}
 				items = append(items, it.Value)
 			}
-			out[k.Value] = fileValue{strings.Join(items, ","), k.Line}
+			out[k.Value] = strings.Join(items, ",")
 		default:
 			return nil, fmt.Errorf("config file %s line %d: %s: want a single value", path, v.Line, k.Value)
 		}

@@ -3,7 +3,11 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net/url"
+	"os"
 	"strings"
+
+	"go.yaml.in/yaml/v3"
 )
 
 // Where each setting came from (issue 24): Load records a Setting per
@@ -106,4 +110,44 @@ func (c Config) label(name string) string {
 		}
 	}
 	return name
+}
+
+// maskURL hides the password of a URL with user information; other values
+// are returned as they are.
+func maskURL(v string) string {
+	u, err := url.Parse(v)
+	if err != nil || u.User == nil || u.Host == "" {
+		return v
+	}
+	if _, ok := u.User.Password(); ok {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		return u.String()
+	}
+	return v
+}
+
+// keyLines returns the line of each top-level key of the YAML settings file
+// at path, for naming a value's source; readFile has validated the file, so
+// an error here only loses the line numbers (nil map: line 0).
+func keyLines(path string) map[string]int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var doc yaml.Node
+	if yaml.Unmarshal(b, &doc) != nil {
+		return nil
+	}
+	m := &doc
+	if m.Kind == yaml.DocumentNode && len(m.Content) == 1 {
+		m = m.Content[0]
+	}
+	if m.Kind != yaml.MappingNode {
+		return nil
+	}
+	lines := make(map[string]int, len(m.Content)/2)
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		lines[m.Content[i].Value] = m.Content[i].Line
+	}
+	return lines
 }
