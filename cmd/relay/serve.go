@@ -19,6 +19,7 @@ import (
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/config"
+	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/groupidentify"
 	"github.com/svcrelay/relay/internal/ingest"
@@ -254,7 +255,12 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	// reloaded first; a component that reloads more (e.g. the TLS files)
 	// adds its own with onHUP.add.
 	onHUP := &reloaders{}
-	onHUP.add(func() { reloadFiles(cfg, log) })
+	onHUP.add(func() {
+		reloadFiles(cfg, log, reloadTargets{
+			setToken: func(t *admintoken.Token) { cfg.Token.SetFrom(t) },
+			setCreds: func(n *credentials.Store) { cfg.Creds.SetFrom(n) },
+		})
+	})
 	stopWatchHUP := watchSIGHUP(func() {
 		log.Info("SIGHUP received: reloading")
 		_ = sd.notify("RELOADING=1")

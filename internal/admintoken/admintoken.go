@@ -41,10 +41,22 @@ const MaxFileBytes = 4096
 // Token is a configured admin token. The zero value is not usable: build it
 // with New or Load. A nil *Token means no admin token is configured.
 type Token struct {
-	key [32]byte // random HMAC key
-	// sum is the HMAC of the token; Reload swaps it (issue 24: SIGHUP).
-	sum              atomic.Pointer[[sha256.Size]byte]
+	key              [32]byte // random HMAC key
+	sum              [sha256.Size]byte
 	readableByOthers bool
+
+	// replaced is the token put in force by SetFrom (issue 24: SIGHUP);
+	// nil until then. match checks against it when set.
+	replaced atomic.Pointer[Token]
+}
+
+// SetFrom puts n's token in force in t for every request checked after it
+// returns (a reload); n must not be nil.
+func (t *Token) SetFrom(n *Token) {
+	if r := n.replaced.Load(); r != nil {
+		n = r
+	}
+	t.replaced.Store(n)
 }
 
 // Errors of New and Load. They never contain the token.
@@ -65,22 +77,7 @@ var (
 // header value cannot carry it). Only visible ASCII (0x21 to 0x7e) is
 // accepted.
 func New(token string) (*Token, error) {
-	tok, err := check([]byte(token))
-	if err != nil {
-		return nil, err
-	}
-	t := &Token{}
-	if _, err := rand.Read(t.key[:]); err != nil {
-		return nil, fmt.Errorf("admin token: %w", err)
-	}
-	sum := t.mac(tok)
-	t.sum.Store(&sum)
-	return t, nil
-}
-
-// check returns token trimmed, or ErrEmpty or ErrBadChar.
-func check(token []byte) ([]byte, error) {
-	tok := bytes.TrimSpace(token)
+	tok := bytes.TrimSpace([]byte(token))
 	if len(tok) == 0 {
 		return nil, ErrEmpty
 	}
@@ -89,7 +86,12 @@ func check(token []byte) ([]byte, error) {
 			return nil, ErrBadChar
 		}
 	}
-	return tok, nil
+	t := &Token{}
+	if _, err := rand.Read(t.key[:]); err != nil {
+		return nil, fmt.Errorf("admin token: %w", err)
+	}
+	t.sum = t.mac(tok)
+	return t, nil
 }
 
 // Load returns the admin token given directly (token) or in a file
@@ -106,62 +108,32 @@ func Load(token, tokenFile string) (*Token, error) {
 	case tokenFile == "":
 		return nil, nil
 	}
-	data, readable, err := readFile(tokenFile)
+	f, err := os.Open(tokenFile)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("admin token file: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("admin token file: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("admin token file %s: not a regular file", tokenFile)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("admin token file: %w", err)
+	}
+	if len(data) > MaxFileBytes {
+		return nil, fmt.Errorf("admin token file %s: larger than %d bytes", tokenFile, MaxFileBytes)
 	}
 	t, err := New(string(data))
 	clear(data)
 	if err != nil {
 		return nil, fmt.Errorf("admin token file %s: %w", tokenFile, err)
 	}
-	t.readableByOthers = readable
+	t.readableByOthers = fi.Mode().Perm()&0o044 != 0
 	return t, nil
-}
-
-// readFile reads a token file; readable reports whether group or others may
-// read it.
-func readFile(tokenFile string) (data []byte, readable bool, err error) {
-	f, err := os.Open(tokenFile)
-	if err != nil {
-		return nil, false, fmt.Errorf("admin token file: %w", err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, false, fmt.Errorf("admin token file: %w", err)
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, false, fmt.Errorf("admin token file %s: not a regular file", tokenFile)
-	}
-	data, err = io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
-	if err != nil {
-		return nil, false, fmt.Errorf("admin token file: %w", err)
-	}
-	if len(data) > MaxFileBytes {
-		clear(data)
-		return nil, false, fmt.Errorf("admin token file %s: larger than %d bytes", tokenFile, MaxFileBytes)
-	}
-	return data, fi.Mode().Perm()&0o044 != 0, nil
-}
-
-// Reload replaces t's token with the content of tokenFile (Load's rules) for
-// every request checked after it returns (SIGHUP). On an error t keeps its
-// token; the error never holds a token. readableByOthers reports whether
-// group or others may read the new file.
-func (t *Token) Reload(tokenFile string) (readableByOthers bool, err error) {
-	data, readable, err := readFile(tokenFile)
-	if err != nil {
-		return false, err
-	}
-	defer clear(data)
-	tok, err := check(data)
-	if err != nil {
-		return false, fmt.Errorf("admin token file %s: %w", tokenFile, err)
-	}
-	sum := t.mac(tok)
-	t.sum.Store(&sum)
-	return readable, nil
 }
 
 // ReadableByOthers reports whether the token came from a file that group or
@@ -189,8 +161,11 @@ func (t *Token) match(v []byte) (bearer, ok bool) {
 	if len(tok) == 0 {
 		return false, false
 	}
+	if r := t.replaced.Load(); r != nil {
+		t = r
+	}
 	sum := t.mac(tok)
-	return true, subtle.ConstantTimeCompare(sum[:], t.sum.Load()[:]) == 1
+	return true, subtle.ConstantTimeCompare(sum[:], t.sum[:]) == 1
 }
 
 // scan reports whether any value of header carries a bearer token and

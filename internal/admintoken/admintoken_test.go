@@ -333,7 +333,7 @@ func TestTokenNeverPrinted(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, verb := range []string{"%v", "%+v", "%#v", "%s", "%x", "%d", "%q"} {
-		for _, v := range []any{tok, struct{ t *Token }{tok}} { // a Token value is not copied (its sum is atomic)
+		for _, v := range []any{tok, struct{ t *Token }{tok}} { // a Token is not copied (SetFrom's atomic)
 			if out := fmt.Sprintf(verb, v); strings.Contains(out, right) || strings.Contains(out, fmt.Sprintf("%x", right)) {
 				t.Errorf("%s printed the token: %s", verb, out)
 			}
@@ -378,4 +378,27 @@ func FuzzMatch(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestSetFrom: SetFrom puts another token in force; the first no longer
+// matches.
+func TestSetFrom(t *testing.T) {
+	tok, err := New("first-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	matches := func(v string) bool { _, ok := tok.match([]byte("Bearer " + v)); return ok }
+	if !matches("first-token") {
+		t.Fatal("first token refused")
+	}
+	for _, next := range []string{"second-token", "third-token"} {
+		n, err := New(next)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok.SetFrom(n)
+		if matches("first-token") || !matches(next) {
+			t.Fatalf("after SetFrom(%s): want only it to match", next)
+		}
+	}
 }

@@ -124,7 +124,7 @@ func (o *Organization) URL(kind, fallback string) string {
 }
 
 // Store is the parsed credentials file. A nil *Store holds no credentials:
-// every lookup reports false. It is safe for concurrent use; Reload swaps
+// every lookup reports false. It is safe for concurrent use; SetFrom swaps
 // its content as a whole.
 type Store struct {
 	projects []*Project // file order
@@ -133,12 +133,12 @@ type Store struct {
 	orgName  map[string]*Organization
 	byKey    map[[sha256.Size]byte]*Project // by sha256 of api_key, so no raw key sits in a map
 
-	// reloaded is the content of the file read by the latest Reload (issue
-	// 24: SIGHUP); nil until then. Every lookup reads it first.
+	// reloaded is the content put in force by SetFrom (issue 24: SIGHUP);
+	// nil until then. Every lookup reads it first.
 	reloaded atomic.Pointer[Store]
 }
 
-// cur is the content in force: the latest Reload's, else s itself.
+// cur is the content in force: the latest SetFrom's, else s itself.
 func (s *Store) cur() *Store {
 	if r := s.reloaded.Load(); r != nil {
 		return r
@@ -146,18 +146,9 @@ func (s *Store) cur() *Store {
 	return s
 }
 
-// Reload reads the credentials file at path (Load's rules) and, when it is
-// valid, makes it the content of s for every lookup after Reload returns.
-// On an error s keeps its content; the error names the line, never a
-// secret. It returns the new content, for logging its names.
-func (s *Store) Reload(path string) (*Store, error) {
-	n, err := Load(path)
-	if err != nil {
-		return nil, err
-	}
-	s.reloaded.Store(n)
-	return n, nil
-}
+// SetFrom makes n's content the content of s for every lookup after it
+// returns (a reload); n must not be nil.
+func (s *Store) SetFrom(n *Store) { s.reloaded.Store(n.cur()) }
 
 // Project returns the project named name (the X-Relay-Project value).
 func (s *Store) Project(name string) (*Project, bool) {
