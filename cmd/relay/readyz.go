@@ -20,7 +20,8 @@ const readyMargin = 64 << 10
 // within readyMargin of minFree). maxBytes or minFree 0 disables its check.
 // (The lane limit of --max-lanes belongs here too.)
 func ingestRefusal(liveBytes, maxBytes int64, dataDir string, minFree int64) error {
-	if maxBytes > 0 && liveBytes > maxBytes-readyMargin {
+	// A quota under twice the margin (tests, toys) keeps half of it as margin.
+	if maxBytes > 0 && liveBytes > maxBytes-min(readyMargin, maxBytes/2) {
 		return fmt.Errorf("spool quota reached (%d of %d bytes, --spool-max-bytes): ingest answers 503 until delivery drains it", liveBytes, maxBytes)
 	}
 	if minFree > 0 {
