@@ -72,7 +72,7 @@ func startRelay(t *testing.T) *relayFixture {
 	if resp.StatusCode != 200 {
 		t.Fatalf("groupidentify: %d", resp.StatusCode)
 	}
-	for range 500 { // 10s for the event to be delivered
+	for range 1500 { // 30s for the event to be delivered (a loaded CI machine)
 		if n, _ := r.Metric("relay_delivery_events_delivered_total"); n >= 1 {
 			break
 		}
