@@ -7,7 +7,8 @@
 //	relay [flags]                    serve (see --help for the flags)
 //	relay sim --listen ADDR          serve the simulated upstream
 //	relay spool dump --data-dir DIR  print every live spool record as a JSON line
-//	relay version                    print the build's version
+//	relay version, relay --version   print the build's version
+//	relay config check [flags]       validate the settings without serving
 //	relay export|dsar|delete-users|feedback ...
 //	                                 operator commands that talk to the upstream directly
 package main
@@ -56,9 +57,11 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 				return exitUsage
 			}
 			return runDump(ctx, args[2:], environ, stdout, stderr)
-		case "version":
+		case "version", "--version", "-version":
 			fmt.Fprintln(stdout, versionString())
 			return exitOK
+		case "config":
+			return runConfig(args[1:], environ, stdout, stderr)
 		case "export":
 			return opscmd.ExportMain(ctx, args[1:], stdout, stderr)
 		case "dsar":
@@ -173,7 +176,8 @@ usage:
   relay [serve] [flags]            serve (no --ingest-url: sandbox mode with a built-in simulated upstream)
   relay sim --listen ADDR          serve the simulated upstream alone
   relay spool dump --data-dir DIR  print every live spool record as a JSON line (relay must be stopped)
-  relay version                    print the build's version
+  relay version, relay --version   print the build's version
+  relay config check [flags]       validate the settings and credentials without serving; print them, secrets masked
   relay export --credentials F --project P --analytics-url U --start YYYYMMDDTHH --end YYYYMMDDTHH --out FILE [--jsonl]
   relay dsar --credentials F --project P (--user-id U | --svc-id N) --start YYYY-MM-DD --end YYYY-MM-DD --out DIR
   relay delete-users --credentials F --project P --ids-file F --requester R [--dry-run] [--ignore-invalid-id]

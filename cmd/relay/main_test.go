@@ -32,7 +32,7 @@ func TestRunRefusals(t *testing.T) {
 		{"credentials without token", []string{"--credentials", "x.yaml"}, nil, "--credentials needs an admin token"},
 		{"credentials file invalid", []string{"--credentials", "../../internal/credentials/testdata/unknown_key.yaml", "--admin-token", "t0ken"}, nil, "--credentials: "},
 		{"token with white space", []string{"--admin-token", "t0 ken"}, nil, "--admin-token: "},
-		{"env value", nil, []string{"RELAY_SPOOL_MAX_BYTES=lots"}, "--spool-max-bytes (from variable RELAY_SPOOL_MAX_BYTES)"},
+		{"env value", nil, []string{"RELAY_SPOOL_MAX_BYTES=lots"}, "spool-max-bytes (from variable RELAY_SPOOL_MAX_BYTES)"},
 		{"unknown subcommand-like argument", []string{"frobnicate"}, nil, `unexpected argument "frobnicate"`},
 		{"spool without dump", []string{"spool"}, nil, "usage: relay spool dump"},
 	}

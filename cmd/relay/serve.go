@@ -9,13 +9,10 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"os"
-	"os/signal"
 	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -117,6 +114,7 @@ type namedComponent struct {
 // event pipeline, group identify and user mapping (each a component with its
 // admin routes), and the lane controls of the /relay/v1 API.
 type deliveries struct {
+	client     *upstream.Client // for /readyz's word on the upstream
 	components []namedComponent
 	routes     []adminroute.Route
 	lanes      map[spool.Kind]adminapi.LaneControl
@@ -149,6 +147,7 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, creds *credentials.Ref, l
 		return nil, fmt.Errorf("delivery: %w", err)
 	}
 	d := &deliveries{
+		client:     client,
 		components: []namedComponent{{"delivery", p}},
 		lanes:      map[spool.Kind]adminapi.LaneControl{spool.KindEvents: p},
 		release:    []func(){p.ReleaseMemory},
@@ -222,8 +221,10 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	lc := &lifecycle{log: log}
 	g := &goroutines{failed: make(chan error, 1)}
 	var stopping atomic.Bool
+	sd := newNotifier() // systemd's Type=notify (sdnotify.go)
 	defer func() {
 		stopping.Store(true)
+		_ = sd.notify("STOPPING=1")
 		// Ingest gets at most --drain-timeout, delivery drains within its own
 		// --drain-timeout after that; the rest is for closing.
 		sctx, cancel := context.WithTimeout(context.Background(), stopBudget(cfg.DrainTimeout))
@@ -234,6 +235,19 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 			log.Info("relay stopped")
 		}
 	}()
+
+	// SIGHUP (sighup.go) runs every reloader, and no longer kills; its
+	// watch is stopped last. Each component that reloads something (the
+	// TLS files, the token and credentials files) adds its own with
+	// onHUP.add once it is built.
+	onHUP := &reloaders{}
+	stopWatchHUP := watchSIGHUP(func() {
+		log.Info("SIGHUP received: reloading")
+		_ = sd.notify("RELOADING=1")
+		onHUP.run()
+		_ = sd.notify("READY=1")
+	})
+	lc.onStop("SIGHUP watch", func(context.Context) error { stopWatchHUP(); return nil })
 
 	var sandbox *sim.Sim
 	if cfg.Sandbox() {
@@ -277,6 +291,9 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
+	if err := registerBuildInfo(reg); err != nil {
+		return err
+	}
 
 	// Spool.
 	scfg := spool.Config{Dir: cfg.DataDir, MaxBytes: cfg.SpoolMaxBytes, MinFreeBytes: cfg.SpoolMinFreeBytes}
@@ -319,21 +336,7 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 			tlsPairs = append(tlsPairs, p)
 		}
 	}
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	hupCtx, stopHUP := context.WithCancel(context.Background())
-	lc.onStop("SIGHUP handler", func(context.Context) error { signal.Stop(hup); stopHUP(); return nil })
-	g.run("SIGHUP handler", func() error {
-		for {
-			select {
-			case <-hup:
-				log.Info("SIGHUP received: reloading")
-				reloadTLS(log, tlsPairs)
-			case <-hupCtx.Done():
-				return nil
-			}
-		}
-	})
+	onHUP.add(func() { reloadTLS(log, tlsPairs) })
 
 	// Delivery is built before the admin listener so that /readyz can ask it
 	// and the listener can serve its routes.
@@ -357,25 +360,36 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		return err
 	}
 
+	// Readiness (/readyz and relay_ready): not ready while stopping, while
+	// ingest would refuse, or while a delivery is not running.
+	ready := func() error {
+		switch {
+		case stopping.Load():
+			return errShuttingDown
+		case !spoolOpen.Load():
+			return errors.New("spool closed")
+		}
+		if err := ingestRefusal(sp.Stats().LiveBytes, cfg.SpoolMaxBytes, cfg.DataDir, cfg.SpoolMinFreeBytes); err != nil {
+			return err
+		}
+		for _, c := range dl.components {
+			if err := c.Ready(); err != nil {
+				return fmt.Errorf("%s: %w", c.name, err)
+			}
+		}
+		return nil
+	}
+	if err := registerOpsMetrics(reg, cfg.SpoolMaxBytes, cfg.SpoolMinFreeBytes, cfg.DataDir, ready); err != nil {
+		return err
+	}
+
 	// Admin listener. The credentials and the token in force can be swapped
 	// at run time (a reload): creds.Swap, and admin.SetToken.
 	admin, err := adminapi.New(adminapi.Config{
-		Gatherer: reg,
-		Token:    cfg.Token,
-		Ready: func() error {
-			switch {
-			case stopping.Load():
-				return errors.New("shutting down")
-			case !spoolOpen.Load():
-				return errors.New("spool closed")
-			}
-			for _, c := range dl.components {
-				if err := c.Ready(); err != nil {
-					return fmt.Errorf("%s: %w", c.name, err)
-				}
-			}
-			return nil
-		},
+		Gatherer:  reg,
+		Token:     cfg.Token,
+		ReadyInfo: func() string { return upstreamInfo(dl.client, time.Now()) },
+		Ready:     ready,
 	}, log.Named("admin"), reg)
 	if err != nil {
 		return err
@@ -465,6 +479,18 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		return err
 	}
 	logOpen(log, cfg)
+	// SIGHUP: the token and credentials files, once everything that holds
+	// them is built (the admin listener, the credentials Ref, the ingest
+	// allow-list).
+	onHUP.add(func() {
+		reloadFiles(cfg, log, reloadTargets{
+			setToken: admin.SetToken,
+			setCreds: func(n *credentials.Store) {
+				creds.Swap(n)
+				reloadAllowedKeys(ing, cfg, n, log)
+			},
+		})
+	})
 	ingLn, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("ingest listener: %w", err)
@@ -480,6 +506,9 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	log.Info("ingest listening", zap.String("addr", ingLn.Addr().String()), zap.Bool("tls", ingTLS != nil),
 		zap.Int("max_connections", cfg.MaxConnections))
 	log.Info("relay serving")
+	if err := sd.notify("READY=1\nSTATUS=serving"); err != nil {
+		log.Warn("could not tell systemd the relay is ready", errField(err))
+	}
 
 	select {
 	case <-ctx.Done():

@@ -31,6 +31,9 @@ type Config struct {
 	// Ready reports why the relay is not ready (spool closed, delivery not
 	// running); nil error means ready. A nil Ready means always ready.
 	Ready func() error
+	// ReadyInfo returns lines added to /readyz's body whatever its status
+	// (e.g. whether the upstream answers); nil adds none.
+	ReadyInfo func() string
 	// Gatherer is the registry served on /metrics; nil means
 	// prometheus.NewRegistry() (empty).
 	Gatherer prometheus.Gatherer
@@ -316,14 +319,22 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
+	info := ""
+	if s.cfg.ReadyInfo != nil {
+		info = s.cfg.ReadyInfo()
+	}
 	if s.cfg.Ready != nil {
 		if err := s.cfg.Ready(); err != nil {
-			textError(w, http.StatusServiceUnavailable, "not ready: "+err.Error())
+			msg := "not ready: " + err.Error()
+			if info != "" {
+				msg += "\n" + strings.TrimSuffix(info, "\n")
+			}
+			textError(w, http.StatusServiceUnavailable, msg)
 			return
 		}
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	io.WriteString(w, "ready\n")
+	io.WriteString(w, "ready\n"+info)
 }
 
 func textError(w http.ResponseWriter, status int, msg string) {

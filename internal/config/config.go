@@ -92,6 +92,11 @@ type Config struct {
 	AllowedKeysFromCredentials bool
 	ClientRateLimit            float64 // --client-rate-limit, requests/s per client address; 0: off
 	AnonymizeIP                bool    // --anonymize-ip
+
+	// Issue 24: where each setting came from, for `relay config check`.
+	// Settings lists every option of the table in its order, with the value
+	// as given (secrets masked) and its Origin.
+	Settings []Setting
 }
 
 // Sandbox reports whether the relay runs against its built-in simulated
@@ -104,6 +109,7 @@ type option struct {
 	def    string
 	usage  string
 	isBool bool
+	secret bool // masked by `relay config check` (issue 24)
 	set    func(c *Config, v string) error
 }
 
@@ -181,7 +187,7 @@ var options = []option{
 			c.UpstreamGzip = b
 			return nil
 		}},
-	{name: "admin-token", usage: "token required on admin routes but /healthz, /readyz and /metrics (prefer --admin-token-file)",
+	{name: "admin-token", secret: true, usage: "token required on admin routes but /healthz, /readyz and /metrics (prefer --admin-token-file)",
 		set: str(func(c *Config) *string { return &c.AdminToken })},
 	{name: "admin-token-file", usage: "file holding the admin token",
 		set: str(func(c *Config) *string { return &c.AdminTokenFile })},
@@ -227,7 +233,7 @@ var options = []option{
 			c.CORSOrigins = origins
 			return err
 		}},
-	{name: "allowed-api-keys", usage: "comma-separated api_keys the ingest takes (others: 403), or \"credentials\" for the credentials file's projects; empty: all",
+	{name: "allowed-api-keys", secret: true, usage: "comma-separated api_keys the ingest takes (others: 403), or \"credentials\" for the credentials file's projects; empty: all",
 		set: func(c *Config, v string) error {
 			c.AllowedAPIKeys, c.AllowedKeysFromCredentials = nil, false
 			if strings.TrimSpace(v) == "credentials" {
@@ -400,28 +406,35 @@ func Load(args []string, environ []string) (Config, error) {
 		cfgFile = v
 	}
 	var file map[string]string
+	var lines map[string]int // issue 24: the line of each key, for sources
 	if cfgFile != "" {
 		var err error
 		if file, err = readFile(cfgFile); err != nil {
 			return Config{}, err
 		}
+		lines = keyLines(cfgFile)
 	}
 
 	for _, o := range options {
-		v, src := o.def, "default"
+		v, org := o.def, Origin{Kind: "default"}
 		if r := raws[o.name]; r.set {
-			v, src = r.v, "flag --"+o.name
+			v, org = r.v, Origin{Kind: "flag"}
 		} else if ev, ok := env[EnvName(o.name)]; ok {
-			v, src = ev, "variable "+EnvName(o.name)
+			v, org = ev, Origin{Kind: "variable"}
 		} else if fv, ok := file[o.name]; ok {
-			v, src = fv, fmt.Sprintf("key %s in %s", o.name, cfgFile)
+			v, org = fv, Origin{Kind: "file", File: cfgFile, Line: lines[o.name]}
 		}
+		shown := maskURL(v)
+		if o.secret && v != "" {
+			shown = Masked
+		}
+		c.Settings = append(c.Settings, Setting{Name: o.name, Value: shown, Origin: org, Secret: o.secret})
 		if err := o.set(&c, v); err != nil {
-			return Config{}, fmt.Errorf("--%s (from %s): %w", o.name, src, err)
+			return Config{}, fmt.Errorf("%s (from %s): %w", c.label(o.name), org.describe(o.name), err)
 		}
 	}
 	if err := c.finish(); err != nil {
-		return Config{}, err
+		return Config{}, c.withSources(err)
 	}
 	if raws["admin-token"].set {
 		c.Warnings = append(c.Warnings, "--admin-token on the command line shows in every local user's process list: prefer --admin-token-file or RELAY_ADMIN_TOKEN")
@@ -512,11 +525,11 @@ func (c *Config) finish() error {
 	tok, err := admintoken.Load(c.AdminToken, c.AdminTokenFile)
 	switch {
 	case errors.Is(err, admintoken.ErrBoth):
-		return errors.New("--admin-token and --admin-token-file are both set; use one")
+		return &SettingError{Names: []string{"admin-token", "admin-token-file"}, Msg: "and admin-token-file are both set; use one"}
 	case err != nil && c.AdminTokenFile != "":
-		return fmt.Errorf("--admin-token-file: %w", err)
+		return settingErr("admin-token-file", "%s: %v", c.AdminTokenFile, err)
 	case err != nil:
-		return fmt.Errorf("--admin-token: %w", err)
+		return settingErr("admin-token", ": %v", err)
 	}
 	c.Token, c.AdminToken = tok, ""
 	if tok.ReadableByOthers() {
@@ -524,7 +537,7 @@ func (c *Config) finish() error {
 	}
 	if c.Credentials != "" {
 		if c.Creds, err = credentials.Load(c.Credentials); err != nil {
-			return fmt.Errorf("--credentials: %w", err)
+			return settingErr("credentials", ": %v", err)
 		}
 		if c.Creds.ReadableByOthers() { // issue 19
 			c.Warnings = append(c.Warnings, fmt.Sprintf("--credentials %s is readable by group or others: chmod 600 it", c.Credentials))
@@ -542,18 +555,19 @@ func (c *Config) finish() error {
 	return nil
 }
 
-// Validate reports the first invalid setting as one line naming the flag.
+// Validate reports the first invalid setting as one line naming the flag;
+// the error is a *SettingError (Load names where the value came from).
 func (c Config) Validate() error {
 	for _, a := range []struct{ name, v string }{{"listen", c.Listen}, {"admin-listen", c.AdminListen}} {
 		if _, _, err := net.SplitHostPort(a.v); err != nil {
-			return fmt.Errorf("--%s %q: want host:port, e.g. 127.0.0.1:8080", a.name, a.v)
+			return settingErr(a.name, "%q: want host:port, e.g. 127.0.0.1:8080", a.v)
 		}
 	}
 	if c.Listen == c.AdminListen && !strings.HasSuffix(c.Listen, ":0") {
-		return fmt.Errorf("--listen and --admin-listen are both %s", c.Listen)
+		return &SettingError{Names: []string{"listen", "admin-listen"}, Msg: "and admin-listen are both " + c.Listen}
 	}
 	if strings.TrimSpace(c.DataDir) == "" {
-		return errors.New("--data-dir is empty")
+		return settingErr("data-dir", "is empty")
 	}
 	for _, u := range []struct{ name, v string }{
 		{"ingest-url", c.IngestURL}, {"alias-url", c.AliasURL}, {"analytics-url", c.AnalyticsURL},
@@ -564,42 +578,44 @@ func (c Config) Validate() error {
 		}
 		p, err := url.Parse(u.v)
 		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
-			return fmt.Errorf("--%s %q: want an http:// or https:// base URL", u.name, u.v)
+			return settingErr(u.name, "%q: want an http:// or https:// base URL", maskURL(u.v))
 		}
 	}
 	switch {
 	case c.MaxBatchEvents > MaxBatchEventsLimit:
-		return fmt.Errorf("--max-batch-events %d is above %d: the upstream takes fewer than 2000 events per request", c.MaxBatchEvents, MaxBatchEventsLimit)
+		return settingErr("max-batch-events", "%d is above %d: the upstream takes fewer than 2000 events per request", c.MaxBatchEvents, MaxBatchEventsLimit)
 	case c.MaxBatchEvents < 1:
-		return fmt.Errorf("--max-batch-events %d: want 1 to %d", c.MaxBatchEvents, MaxBatchEventsLimit)
+		return settingErr("max-batch-events", "%d: want 1 to %d", c.MaxBatchEvents, MaxBatchEventsLimit)
 	case c.MaxBatchBytes < 1:
-		return fmt.Errorf("--max-batch-bytes %d: want a positive size", c.MaxBatchBytes)
+		return settingErr("max-batch-bytes", "%d: want a positive size", c.MaxBatchBytes)
 	case c.MaxRequestBytes < 1:
-		return fmt.Errorf("--max-request-bytes %d: want a positive size", c.MaxRequestBytes)
-	case c.SpoolMaxBytes < 0, c.SpoolMinFreeBytes < 0:
-		return errors.New("spool sizes must not be negative")
+		return settingErr("max-request-bytes", "%d: want a positive size", c.MaxRequestBytes)
+	case c.SpoolMaxBytes < 0:
+		return settingErr("spool-max-bytes", "must not be negative")
+	case c.SpoolMinFreeBytes < 0:
+		return settingErr("spool-min-free-bytes", "must not be negative")
 	case c.ThrottlePause <= 0:
-		return errors.New("--throttle-pause must be positive")
+		return settingErr("throttle-pause", "must be positive")
 	case c.FlushInterval <= 0:
-		return errors.New("--flush-interval must be positive")
+		return settingErr("flush-interval", "must be positive")
 	case c.MaxEventAge <= 0:
-		return errors.New("--max-event-age must be positive")
+		return settingErr("max-event-age", "must be positive")
 	case c.DrainTimeout <= 0:
-		return errors.New("--drain-timeout must be positive")
+		return settingErr("drain-timeout", "must be positive")
 	case c.Sync != "always" && c.Sync != "none":
-		return fmt.Errorf("--sync %q: want always or none", c.Sync)
+		return settingErr("sync", "%q: want always or none", c.Sync)
 	case c.Credentials != "" && c.AdminToken == "" && c.AdminTokenFile == "" && c.Token == nil:
-		return errors.New("--credentials needs an admin token (--admin-token or --admin-token-file): injected credentials must not be open to anyone who reaches the admin listener")
+		return settingErr("credentials", "needs an admin token (admin-token or admin-token-file): injected credentials must not be open to anyone who reaches the admin listener")
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:
-		return fmt.Errorf("--log-level %q: want debug, info, warn or error", c.LogLevel)
+		return settingErr("log-level", "%q: want debug, info, warn or error", c.LogLevel)
 	}
 	switch c.LogFormat {
 	case "", "json", "console":
 	default:
-		return fmt.Errorf("--log-format %q: want json or console", c.LogFormat)
+		return settingErr("log-format", "%q: want json or console", c.LogFormat)
 	}
 
 	// Issues 19 and 23 (ingest listener).

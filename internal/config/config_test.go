@@ -46,6 +46,7 @@ func equal(a, b Config) bool {
 	}
 	a.TrustedProxies, b.TrustedProxies = nil, nil
 	a.Warnings, b.Warnings = nil, nil
+	a.Settings, b.Settings = nil, nil
 	if (a.Token == nil) != (b.Token == nil) || (a.Creds == nil) != (b.Creds == nil) {
 		return false
 	}
@@ -268,12 +269,12 @@ func TestRefusals(t *testing.T) {
 		{"nested yaml value", []string{"--config", "testdata/nested.yaml"}, nil, "listen: want a single value"},
 		{"duplicate yaml key", []string{"--config", "testdata/duplicate.yaml"}, nil, `"listen" given twice`},
 		{"missing config file", []string{"--config", "testdata/nope.yaml"}, nil, "no such file"},
-		{"bad size in file", []string{"--config", "testdata/bad_size.yaml"}, nil, "--spool-max-bytes (from key spool-max-bytes in testdata/bad_size.yaml): invalid size"},
-		{"max-batch-events 2000 in file", []string{"--config", "testdata/batch_too_big.yaml"}, nil, "--max-batch-events 2000 is above 1999"},
+		{"bad size in file", []string{"--config", "testdata/bad_size.yaml"}, nil, "spool-max-bytes (from testdata/bad_size.yaml line 1): invalid size"},
+		{"max-batch-events 2000 in file", []string{"--config", "testdata/batch_too_big.yaml"}, nil, "max-batch-events 2000 is above 1999: the upstream takes fewer than 2000 events per request (from testdata/batch_too_big.yaml line 1)"},
 		{"max-batch-events flag", []string{"--max-batch-events", "5000"}, nil, "above 1999"},
 		{"max-batch-events zero", []string{"--max-batch-events", "0"}, nil, "want 1 to 1999"},
-		{"max-batch-events not a number", nil, []string{"RELAY_MAX_BATCH_EVENTS=lots"}, "--max-batch-events (from variable RELAY_MAX_BATCH_EVENTS)"},
-		{"credentials without token", []string{"--config", "testdata/credentials_no_token.yaml"}, nil, "--credentials needs an admin token"},
+		{"max-batch-events not a number", nil, []string{"RELAY_MAX_BATCH_EVENTS=lots"}, "max-batch-events (from variable RELAY_MAX_BATCH_EVENTS): invalid number"},
+		{"credentials without token", []string{"--config", "testdata/credentials_no_token.yaml"}, nil, "credentials needs an admin token (admin-token or admin-token-file): injected credentials must not be open to anyone who reaches the admin listener (from testdata/credentials_no_token.yaml line 1)"},
 		{"credentials file missing", []string{"--credentials", "testdata/nope.yaml", "--admin-token", "x"}, nil, "--credentials"},
 		{"both token and token file", []string{"--admin-token", "a", "--admin-token-file", "testdata/admin.token"}, nil, "both set"},
 		{"empty token file", []string{"--admin-token-file", "testdata/empty.yaml"}, nil, "is empty"},

@@ -19,6 +19,13 @@
 // one place that refuses a credentials file without an admin token. No error
 // of Load holds a token or a credential value.
 //
+// Sources: Config.Settings lists every option with the value as given
+// (secrets and URL passwords masked) and its Origin (default, flag,
+// variable, or file and line); Config.Source names it for a person. A
+// validation error names the source of the bad value ("max-batch-events
+// 3000 is above 1999: ... (from variable RELAY_MAX_BATCH_EVENTS)"), never a
+// flag that was not given; Validate alone returns a *SettingError.
+//
 // Only cmd/relay uses this package; it turns a Config into each component's
 // own Config. Load has no side effects beyond reading the files it names.
 package config

@@ -316,6 +316,10 @@ func TestInvalidAPIKeyStopsLane(t *testing.T) {
 		t.Fatal(a.Body)
 	}
 	waitFor(t, "stopped gauge", func() bool { return metricValue(e.Reg, "relay_groupidentify_lanes_stopped") == 1 })
+	// relay_lane_stopped{lane} covers this kind too (issue 24).
+	if v := metricValue(e.Reg, "relay_lane_stopped"); v != 1 {
+		t.Fatalf("relay_lane_stopped sums to %v, want 1", v)
+	}
 	if a := postForm(t, e.Base+"/groupidentify", url.Values{"api_key": {"good"}, "identification": {idents("v", 3, 1)}}); a.Status != 200 {
 		t.Fatal(a.Body)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -85,6 +86,9 @@ type Request struct {
 	Body []byte
 	// Gzip compresses Body and sends Content-Encoding: gzip.
 	Gzip bool
+	// Kind labels the request's metrics (kind="events", "groupidentify",
+	// "usermap"); "" means "other".
+	Kind string
 }
 
 // Client posts requests to the upstream and classifies the answers.
@@ -93,11 +97,35 @@ type Client struct {
 	hc       *fasthttp.Client
 	log      *zap.Logger
 	requests *prometheus.CounterVec
-	latency  prometheus.Histogram
+	latency  *prometheus.HistogramVec
+	// last is the outcome of the latest request to end (issue 24), for
+	// /readyz's word on the upstream; nil before the first.
+	last atomic.Pointer[Outcome]
+}
+
+// Outcome is how the latest upstream request ended (Client.Last).
+type Outcome struct {
+	At time.Time
+	// Reached is true when an HTTP answer arrived (any status): the
+	// upstream is reachable, whatever it thought of the request.
+	Reached bool
+	// Status is relay_upstream_requests_total's status label: the HTTP
+	// status, or "timeout"/"error" when no answer arrived.
+	Status string
+}
+
+// Last returns the outcome of the latest upstream request to end, and false
+// when none has ended yet.
+func (c *Client) Last() (Outcome, bool) {
+	if o := c.last.Load(); o != nil {
+		return *o, true
+	}
+	return Outcome{}, false
 }
 
 // New returns a client. log and reg may be nil. It registers
-// relay_upstream_requests_total{status} and relay_upstream_request_seconds.
+// relay_upstream_requests_total{kind,status} and
+// relay_upstream_request_seconds{kind}.
 func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -126,13 +154,13 @@ func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Client, error
 		},
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "relay_upstream_requests_total",
-			Help: "Upstream requests by answer status (HTTP status, or timeout/error when none arrived).",
-		}, []string{"status"}),
-		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Help: "Upstream requests by lane kind and answer status (HTTP status, or timeout/error when none arrived).",
+		}, []string{"kind", "status"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "relay_upstream_request_seconds",
-			Help:    "Upstream request latency, including failed requests.",
+			Help:    "Upstream request latency by lane kind, including failed requests.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
-		}),
+		}, []string{"kind"}),
 	}
 	if reg != nil {
 		for _, m := range []prometheus.Collector{c.requests, c.latency} {
@@ -183,8 +211,13 @@ func (c *Client) Do(ctx context.Context, req *Request) Result {
 		r.Duration = time.Since(start)
 		fasthttp.ReleaseResponse(resp)
 		fasthttp.ReleaseRequest(freq)
-		c.requests.WithLabelValues(r.StatusLabel()).Inc()
-		c.latency.Observe(r.Duration.Seconds())
+		kind := req.Kind
+		if kind == "" {
+			kind = "other"
+		}
+		c.requests.WithLabelValues(kind, r.StatusLabel()).Inc()
+		c.latency.WithLabelValues(kind).Observe(r.Duration.Seconds())
+		c.last.Store(&Outcome{At: time.Now(), Reached: r.Status != 0, Status: r.StatusLabel()})
 		done <- r
 	}()
 	select {

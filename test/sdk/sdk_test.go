@@ -4,8 +4,9 @@
 // that the SDK's events reach the simulated upstream intact.
 //
 // Set up once with `npm ci --prefix test/sdk` (.ci/run does). Without node
-// the test is skipped; without node_modules it is skipped too, except under
-// CI=true, where it fails.
+// or without node_modules the package is skipped loudly (a SKIPPED banner,
+// and "[no tests to run]" on go test's ok line), except under CI=true,
+// where the test fails with the reason.
 package sdk
 
 import (
@@ -38,22 +39,49 @@ type sdkResult struct {
 	Event   json.RawMessage `json:"event"`
 }
 
-// needNode returns the node binary, or skips (or fails under CI=true) when
-// the SDK cannot run here.
+// sdkMissing says why the SDK cannot run here ("" when it can): no node in
+// PATH, or the pinned SDK not installed under node_modules.
+func sdkMissing() string {
+	if _, err := exec.LookPath("node"); err != nil {
+		return "node not found in PATH: the Node.js SDK end-to-end test needs Node.js and `npm ci --prefix test/sdk`"
+	}
+	pkg := filepath.Join("node_modules", filepath.FromSlash(sdkPackage), "package.json")
+	if _, err := os.Stat(pkg); err != nil {
+		return fmt.Sprintf("%s is not installed (%v): run `npm ci --prefix test/sdk`", sdkPackage, err)
+	}
+	return ""
+}
+
+// TestMain skips the package loudly when the SDK cannot run and CI is not
+// "true": a banner, and go test's "[no tests to run]" mark on the package's
+// ok line (a t.Skip shows only under -v, so a plain `go test ./...` would
+// print a bare "ok" for a test that did not run). Under CI=true the test
+// runs and fails with the reason instead.
+func TestMain(m *testing.M) {
+	if why := sdkMissing(); why != "" && os.Getenv("CI") != "true" {
+		fmt.Printf("SKIPPED: the Node.js SDK end-to-end test did not run: %s\n", why)
+		fmt.Println("testing: warning: no tests to run")
+		fmt.Println("PASS")
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// needNode returns the node binary; under CI=true it fails the test when
+// the SDK cannot run (TestMain skipped the package otherwise).
 func needNode(t *testing.T) string {
 	t.Helper()
+	if why := sdkMissing(); why != "" {
+		t.Fatalf("%s (CI=true: the SDK test must run in CI)", why)
+	}
 	node, err := exec.LookPath("node")
 	if err != nil {
-		t.Skip("node not found in PATH: the Node.js SDK end-to-end test needs Node.js and `npm ci --prefix test/sdk`")
+		t.Fatal(err)
 	}
 	pkg := filepath.Join("node_modules", filepath.FromSlash(sdkPackage), "package.json")
 	b, err := os.ReadFile(pkg)
 	if err != nil {
-		msg := fmt.Sprintf("%s is not installed (%v): run `npm ci --prefix test/sdk`", sdkPackage, err)
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
+		t.Fatal(err)
 	}
 	var meta struct{ Version string }
 	if err := json.Unmarshal(b, &meta); err != nil {

@@ -260,7 +260,43 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, log *zap.Logger, 
 			}
 			return float64(n)
 		})
+	if reg != nil {
+		// relay_lane_stopped{lane} for this kind's lanes, beside the event
+		// pipeline's (issue 24): one series per lane, so one alert covers
+		// every kind.
+		if err := reg.Register(laneStoppedCollector{d, newLaneStoppedDesc()}); err != nil {
+			return nil, fmt.Errorf("%s: register relay_lane_stopped: %w", cfg.Name, err)
+		}
+	}
 	return d, nil
+}
+
+// newLaneStoppedDesc must equal internal/batcher's relay_lane_stopped (name,
+// help, labels): the registry merges both collectors' series into one family.
+func newLaneStoppedDesc() *prometheus.Desc {
+	return prometheus.NewDesc("relay_lane_stopped",
+		"1 while a lane sends nothing (invalid API key, fatal upstream answer, operator stop): alert on it.",
+		[]string{"lane"}, nil)
+}
+
+// laneStoppedCollector is unchecked (Describe sends nothing) so that it can
+// share its family with the event pipeline's gauge; it reads LaneStatus
+// snapshots and holds no lock while sending.
+type laneStoppedCollector struct {
+	d    *Deliverer
+	desc *prometheus.Desc
+}
+
+func (laneStoppedCollector) Describe(chan<- *prometheus.Desc) {}
+
+func (c laneStoppedCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range c.d.LaneStatus() {
+		v := 0.0
+		if s.Stopped {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, s.Label)
+	}
 }
 
 // LaneStatus returns a snapshot of every lane Run has started, by lane id.
@@ -559,6 +595,7 @@ func (lr *laneRun) send(ctx context.Context, items []item) error {
 			ContentType: "application/x-www-form-urlencoded",
 			Body:        body,
 			Gzip:        cfg.Gzip,
+			Kind:        cfg.Name,
 		})
 		release()
 		m.requests.WithLabelValues(res.Kind.String()).Inc()

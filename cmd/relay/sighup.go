@@ -1,0 +1,109 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+
+	"github.com/svcrelay/relay/internal/admintoken"
+	"github.com/svcrelay/relay/internal/config"
+	"github.com/svcrelay/relay/internal/credentials"
+	"go.uber.org/zap"
+)
+
+// watchSIGHUP calls reload on every SIGHUP until the returned stop is
+// called; stop waits for a reload in progress. While it watches, SIGHUP no
+// longer kills the process (its default), so a `systemctl reload` or a
+// stray `kill -HUP` is never an unclean exit.
+func watchSIGHUP(reload func()) (stop func()) {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGHUP)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-ch:
+				reload()
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(ch)
+		cancel()
+		wg.Wait()
+	}
+}
+
+// reloaders is what SIGHUP reloads: each component that reloads something
+// adds its function once it is built; run calls them in the order added.
+type reloaders struct {
+	mu sync.Mutex
+	fs []func()
+}
+
+func (r *reloaders) add(f func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fs = append(r.fs, f)
+}
+
+func (r *reloaders) run() {
+	r.mu.Lock()
+	fs := append([]func(){}, r.fs...)
+	r.mu.Unlock()
+	for _, f := range fs {
+		f()
+	}
+}
+
+// reloadTargets put what reloadFiles read in force.
+type reloadTargets struct {
+	// setToken puts a new admin token in force for every later request.
+	setToken func(*admintoken.Token)
+	// setCreds puts a new credentials store in force for every later lookup
+	// (and whatever depends on it, e.g. an allow-list built from it).
+	setCreds func(*credentials.Store)
+}
+
+// reloadFiles re-reads what SIGHUP reloads: the admin token file and the
+// credentials file. Each is put in force only when its new content is
+// valid; a bad new file keeps the one in force and the log says why. The
+// log shows the new state (project and organization names, never a
+// secret).
+func reloadFiles(cfg config.Config, log *zap.Logger, to reloadTargets) {
+	switch {
+	case cfg.Token == nil:
+		log.Info("SIGHUP: no admin token configured: nothing to reload (a token cannot be added while serving)")
+	case cfg.AdminTokenFile == "":
+		log.Info("SIGHUP: the admin token was given directly (" + cfg.Source("admin-token") + "), not in a file: kept")
+	default:
+		tok, err := admintoken.Load("", cfg.AdminTokenFile)
+		if err != nil {
+			log.Error("SIGHUP: admin token file not reloaded; the token in force stays", zap.String("file", cfg.AdminTokenFile), errField(err))
+			break
+		}
+		to.setToken(tok)
+		log.Info("SIGHUP: admin token reloaded", zap.String("file", cfg.AdminTokenFile))
+		if tok.ReadableByOthers() {
+			log.Warn("--admin-token-file " + cfg.AdminTokenFile + " is readable by group or others: chmod 600 it")
+		}
+	}
+	if cfg.Credentials == "" {
+		log.Info("SIGHUP: no credentials file configured: nothing to reload")
+		return
+	}
+	n, err := credentials.Load(cfg.Credentials)
+	if err != nil {
+		log.Error("SIGHUP: credentials file not reloaded; the credentials in force stay", zap.String("file", cfg.Credentials), errField(err))
+		return
+	}
+	to.setCreds(n)
+	log.Info("SIGHUP: credentials reloaded", zap.String("file", cfg.Credentials), zap.Object("credentials", n))
+}

@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/svcrelay/relay/internal/config"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// servedRelay is serve running in this process on 127.0.0.1 ports.
+type servedRelay struct {
+	admin  string // http://host:port
+	ingest string
+	logs   *observer.ObservedLogs
+	stop   func() error
+}
+
+// startServe runs serve with args (plus free ports and a temporary data
+// dir) until the test ends.
+func startServe(t *testing.T, args ...string) *servedRelay {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "data")
+	cfg, err := config.Load(append([]string{
+		"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data-dir", dir,
+		"--spool-min-free-bytes", "0", "--drain-timeout", "2s",
+	}, args...), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zapcore.DebugLevel)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, func() {}, cfg, zap.New(core)) }()
+	stopped := false
+	r := &servedRelay{logs: logs, stop: func() error {
+		if stopped {
+			return nil
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(30 * time.Second):
+			t.Fatal("serve did not stop within 30s")
+			return nil
+		}
+	}}
+	t.Cleanup(func() { _ = r.stop() })
+	addr := func(msg string) string {
+		for range 2000 { // 10s
+			for _, e := range logs.FilterMessage(msg).All() {
+				return "http://" + e.ContextMap()["addr"].(string)
+			}
+			select {
+			case err := <-done:
+				t.Fatalf("serve returned early: %v", err)
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+		t.Fatalf("no %q log line", msg)
+		return ""
+	}
+	r.admin, r.ingest = addr("admin listening"), addr("ingest listening")
+	return r
+}
+
+// waitLog waits up to 10s for n log lines with message msg.
+func (r *servedRelay) waitLog(t *testing.T, msg string, n int) {
+	t.Helper()
+	for range 1000 {
+		if r.logs.FilterMessage(msg).Len() >= n {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("no %d %q log lines; have %d", n, msg, r.logs.FilterMessage(msg).Len())
+}
+
+func getWithToken(t *testing.T, url, token string) int {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestSIGHUPReloads: SIGHUP swaps the admin token file and the credentials
+// file for their new content, keeps both when the new files are bad, and
+// does not stop the relay.
+func TestSIGHUPReloads(t *testing.T) {
+	dir := t.TempDir()
+	tokenFile, credsFile := filepath.Join(dir, "admin.token"), filepath.Join(dir, "credentials.yaml")
+	write := func(path, body string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(tokenFile, "token-one\n")
+	write(credsFile, "projects:\n  - name: old-project\n    api_key: \"k-old\"\n    secret_key: \"s-old\"\n")
+	r := startServe(t, "--admin-token-file", tokenFile, "--credentials", credsFile)
+	lanes := r.admin + "/relay/v1/lanes"
+	if code := getWithToken(t, lanes, "token-one"); code != 200 {
+		t.Fatalf("first token: %d", code)
+	}
+
+	write(tokenFile, "token-two\n")
+	write(credsFile, "projects:\n  - name: new-project\n    api_key: \"k-new\"\n    secret_key: \"s-new\"\n")
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	r.waitLog(t, "SIGHUP: credentials reloaded", 1)
+	if code := getWithToken(t, lanes, "token-two"); code != 200 {
+		t.Fatalf("new token after SIGHUP: %d", code)
+	}
+	if code := getWithToken(t, lanes, "token-one"); code != 403 {
+		t.Fatalf("old token after SIGHUP: %d, want 403", code)
+	}
+	e := r.logs.FilterMessage("SIGHUP: credentials reloaded").All()[0]
+	if got := e.ContextMap()["credentials"]; got == nil {
+		t.Fatal("the reload log does not show the new credentials' names")
+	}
+
+	// Bad new files: the ones in force stay, and the log says why.
+	write(tokenFile, "two words\n")
+	write(credsFile, "projects: [oops\n")
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	r.waitLog(t, "SIGHUP: credentials file not reloaded; the credentials in force stay", 1)
+	r.waitLog(t, "SIGHUP: admin token file not reloaded; the token in force stays", 1)
+	if code := getWithToken(t, lanes, "token-two"); code != 200 {
+		t.Fatalf("token after a bad reload: %d, want the one in force", code)
+	}
+	if err := r.stop(); err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+}

@@ -1,0 +1,153 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Where each setting came from (issue 24): Load records a Setting per
+// option, validation errors name the source of the bad value.
+
+// Setting is one option's effective value and where it came from.
+type Setting struct {
+	Name   string // the flag name, e.g. "ingest-url"
+	Value  string // as given; a secret's value is Masked, a URL's password too
+	Origin Origin
+	Secret bool // the value is a secret (masked)
+}
+
+// Masked replaces a secret's value in Setting.Value.
+const Masked = "<masked>"
+
+// Origin is where a setting's value came from: "default", "flag",
+// "variable" or "file" (with File and Line).
+type Origin struct {
+	Kind string
+	File string // Kind "file": the YAML file
+	Line int    // Kind "file": the line of the key
+}
+
+// String names the source for a person: "default", "flag", "variable",
+// "relay.yaml line 7" (Config.Source adds the setting's flag or variable).
+func (o Origin) String() string { return o.describe("") }
+
+func (o Origin) describe(name string) string {
+	switch {
+	case name == "" && (o.Kind == "flag" || o.Kind == "variable"):
+		return o.Kind
+	case o.Kind == "flag":
+		return "flag --" + name
+	case o.Kind == "variable":
+		return "variable " + EnvName(name)
+	case o.Kind == "file":
+		return fmt.Sprintf("%s line %d", o.File, o.Line)
+	}
+	return "default"
+}
+
+// Source is where name's value came from, e.g. "flag --sync",
+// "variable RELAY_SYNC", "/etc/relay/relay.yaml line 12" or "default".
+func (c Config) Source(name string) string {
+	for _, s := range c.Settings {
+		if s.Name == name {
+			return s.Origin.describe(name)
+		}
+	}
+	return "default"
+}
+
+// SettingError is a validation error about one or more settings; Load
+// rewrites it to name where each bad value came from.
+type SettingError struct {
+	Names []string // flag names, e.g. "max-batch-events"
+	Msg   string   // what is wrong, without the setting's name
+}
+
+func (e *SettingError) Error() string { return "--" + e.Names[0] + sep(e.Msg) + e.Msg }
+
+// sep is the space between a setting's name and msg, none before a colon.
+func sep(msg string) string {
+	if strings.HasPrefix(msg, ":") {
+		return ""
+	}
+	return " "
+}
+
+func settingErr(name, format string, args ...any) error {
+	return &SettingError{Names: []string{name}, Msg: fmt.Sprintf(format, args...)}
+}
+
+// withSources rewrites a *SettingError to name each setting's source, never
+// a flag that was not given: "max-batch-events 2000 is above 1999 (from
+// relay.yaml line 3)", "--sync "x": want always or none (from flag --sync)".
+func (c Config) withSources(err error) error {
+	var se *SettingError
+	if !errors.As(err, &se) {
+		return err
+	}
+	from := make([]string, 0, len(se.Names))
+	for _, n := range se.Names {
+		src := c.Source(n)
+		if len(se.Names) > 1 {
+			src = n + " from " + src
+		}
+		from = append(from, src)
+	}
+	return fmt.Errorf("%s%s%s (from %s)", c.label(se.Names[0]), sep(se.Msg), se.Msg, strings.Join(from, "; "))
+}
+
+// label is how an error calls a setting: "--name" when it was given as a
+// flag, else its bare name (its source follows in the error).
+func (c Config) label(name string) string {
+	for _, s := range c.Settings {
+		if s.Name == name && s.Origin.Kind == "flag" {
+			return "--" + name
+		}
+	}
+	return name
+}
+
+// maskURL hides the password of a URL with user information; other values
+// are returned as they are.
+func maskURL(v string) string {
+	u, err := url.Parse(v)
+	if err != nil || u.User == nil || u.Host == "" {
+		return v
+	}
+	if _, ok := u.User.Password(); ok {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		return u.String()
+	}
+	return v
+}
+
+// keyLines returns the line of each top-level key of the YAML settings file
+// at path, for naming a value's source; readFile has validated the file, so
+// an error here only loses the line numbers (nil map: line 0).
+func keyLines(path string) map[string]int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var doc yaml.Node
+	if yaml.Unmarshal(b, &doc) != nil {
+		return nil
+	}
+	m := &doc
+	if m.Kind == yaml.DocumentNode && len(m.Content) == 1 {
+		m = m.Content[0]
+	}
+	if m.Kind != yaml.MappingNode {
+		return nil
+	}
+	lines := make(map[string]int, len(m.Content)/2)
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		lines[m.Content[i].Value] = m.Content[i].Line
+	}
+	return lines
+}
