@@ -36,6 +36,8 @@ func TestFleet(t *testing.T) {
 	t.Run("DeadLetters", env.testDeadLetters)
 	t.Run("Pauses", env.testPauses)
 	t.Run("PartitionsFixed", env.testPartitionsFixed)
+	t.Run("KeepAlive", env.testKeepAlive)
+	t.Run("LeaseStolen", env.testLeaseStolen)
 	t.Run("Failover", env.testFailover)
 	t.Run("NodeRestart", env.testNodeRestart)
 }
@@ -102,12 +104,19 @@ type collector struct {
 	got    map[string][]int
 	set    map[string]bool // "key/n" read
 	msgs   int
-	owners map[slot]int // deliver calls running now, per partition
-	maxOwn int
+	own    *owners
+}
+
+// owners counts the deliver calls running at once per partition, across
+// the relays whose collectors share it.
+type owners struct {
+	mu  sync.Mutex
+	now map[slot]int
+	max int
 }
 
 func newCollector() *collector {
-	return &collector{got: make(map[string][]int), set: make(map[string]bool), owners: make(map[slot]int)}
+	return &collector{got: make(map[string][]int), set: make(map[string]bool), own: &owners{now: make(map[slot]int)}}
 }
 
 func (c *collector) add(m *Message) {
@@ -135,14 +144,15 @@ func (c *collector) count() int {
 func (c *collector) deliver(ack func(*Message) bool) DeliverFunc {
 	return func(ctx context.Context, p *Partition) error {
 		s := slot{p.Kind(), p.ID()}
-		c.mu.Lock()
-		c.owners[s]++
-		c.maxOwn = max(c.maxOwn, c.owners[s])
-		c.mu.Unlock()
+		o := c.own
+		o.mu.Lock()
+		o.now[s]++
+		o.max = max(o.max, o.now[s])
+		o.mu.Unlock()
 		defer func() {
-			c.mu.Lock()
-			c.owners[s]--
-			c.mu.Unlock()
+			o.mu.Lock()
+			o.now[s]--
+			o.mu.Unlock()
 		}()
 		for {
 			m, err := p.Next(ctx)
@@ -242,8 +252,8 @@ func (e *testEnv) testAppendReadAck(t *testing.T) {
 		t.Errorf("read %d records, want %d", col.count(), total)
 	}
 	checkOrder(t, col.got, want)
-	if col.maxOwn != 1 {
-		t.Errorf("a partition had %d readers at once", col.maxOwn)
+	if col.own.max != 1 {
+		t.Errorf("a partition had %d readers at once", col.own.max)
 	}
 	// The lane and the acceptance time travel with the message.
 	if err := f.Append(ctx, Request{Lane: spool.LaneKey{Kind: spool.KindEvents, APIKey: "k2", Options: `{"min_id_length":1}`}, Accepted: time.UnixMilli(1234567), Records: []spool.Record{{OrderKey: []byte("u:x"), UserID: []byte("x"), Data: []byte("{}")}}}); err != nil {
@@ -468,6 +478,101 @@ func (e *testEnv) testPartitionsFixed(t *testing.T) {
 	}
 }
 
+// testKeepAlive: a message held (not acknowledged) past AckWait is not
+// delivered again while its owner holds it.
+func (e *testEnv) testKeepAlive(t *testing.T) {
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1, AckWait: time.Second})
+	ctx := bg(t)
+	if err := f.Append(ctx, Request{Lane: lane, Records: []spool.Record{rec("d:a", 1)}}); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		again *Message
+		err   error
+	}
+	res := make(chan result, 1)
+	stop := run(f, func(ctx context.Context, p *Partition) error {
+		if p.Kind() != spool.KindEvents {
+			<-ctx.Done()
+			return nil
+		}
+		m, err := p.Next(ctx)
+		if err != nil {
+			res <- result{err: err}
+			return err
+		}
+		// Hold it for three AckWaits: nothing may come again.
+		wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		again, err := p.Next(wctx)
+		cancel()
+		if err := p.Ack(ctx, m); err != nil {
+			res <- result{err: err}
+			return err
+		}
+		res <- result{again, err}
+		<-ctx.Done()
+		return nil
+	})
+	defer stop()
+	select {
+	case r := <-res:
+		if r.again != nil {
+			t.Fatalf("held message delivered again (seq %d, delivery %d)", r.again.Seq, r.again.Delivered)
+		}
+		if !errors.Is(r.err, context.DeadlineExceeded) {
+			t.Fatalf("waiting for nothing: %v", r.err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("deliver did not finish")
+	}
+}
+
+// testLeaseStolen: when the lease is taken from its holder (here: deleted
+// behind its back, as an expiry would), the holder's deliver context ends
+// at its next renewal, and a reader of the reset consumer gets everything
+// not acknowledged.
+func (e *testEnv) testLeaseStolen(t *testing.T) {
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1, LeaseTTL: 3 * time.Second})
+	ctx := bg(t)
+	ended := make(chan time.Time, 4)
+	started := make(chan struct{}, 4)
+	stop := run(f, func(ctx context.Context, p *Partition) error {
+		if p.Kind() != spool.KindEvents {
+			<-ctx.Done()
+			return nil
+		}
+		started <- struct{}{}
+		<-ctx.Done()
+		ended <- time.Now()
+		return nil
+	})
+	defer stop()
+	select {
+	case <-started:
+	case <-time.After(20 * time.Second):
+		t.Fatal("partition never taken")
+	}
+	key := slot{spool.KindEvents, 0}.key()
+	stolen := time.Now()
+	if err := f.kv.Delete(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case at := <-ended:
+		if d := at.Sub(stolen); d > 3*time.Second {
+			t.Errorf("deliver ran %v after its lease was taken", d)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("deliver never stopped after its lease was taken")
+	}
+	// The relay takes the partition again (it is still assigned to it).
+	select {
+	case <-started:
+	case <-time.After(20 * time.Second):
+		t.Fatal("partition not taken again")
+	}
+}
+
 // testFailover: relays A and B share 4 partitions; A holds some messages
 // unacknowledged, then its connection dies. B must take A's partitions
 // within bounded time and read, in order, everything not acknowledged:
@@ -482,6 +587,7 @@ func (e *testEnv) testFailover(t *testing.T) {
 	ctx := bg(t)
 
 	colA, colB := newCollector(), newCollector()
+	colB.own = colA.own // one count of readers per partition across both relays
 	// A acknowledges the first half of what it reads and holds the rest.
 	var mu sync.Mutex
 	readA := 0
@@ -566,6 +672,15 @@ func (e *testEnv) testFailover(t *testing.T) {
 	// Everything A read but did not ack was read again by B (nothing lost).
 	colA.mu.Lock()
 	colB.mu.Lock()
+	both := 0
+	for k := range colA.set {
+		if colB.set[k] {
+			both++
+		}
+	}
+	if both == 0 {
+		t.Error("B read nothing A had read: the failover redelivered nothing, the test tests nothing")
+	}
 	for k, n := range want {
 		seen := map[int]bool{}
 		for _, v := range colB.got[k] {
@@ -583,9 +698,11 @@ func (e *testEnv) testFailover(t *testing.T) {
 			}
 		}
 	}
-	if colA.maxOwn > 1 || colB.maxOwn > 1 {
-		t.Errorf("a partition had two readers in one relay")
+	colA.own.mu.Lock()
+	if colA.own.max > 1 {
+		t.Errorf("a partition had %d readers at once across the relays", colA.own.max)
 	}
+	colA.own.mu.Unlock()
 	colB.mu.Unlock()
 	colA.mu.Unlock()
 	waitFor(t, 10*time.Second, "the stream empties", func() bool { return streamMsgs(t, b, spool.KindEvents) == 0 })

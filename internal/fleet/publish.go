@@ -72,7 +72,12 @@ func (f *Fleet) Append(ctx context.Context, req Request) error {
 		if len(msgs) == 1 {
 			err = f.publishOne(ctx, msgs[0])
 		} else {
-			err = f.publishBatch(ctx, msgs)
+			// A retry asks for an answer to every message of the batch,
+			// so that a message the stream refuses (the batch is then
+			// abandoned, and the commit only says "incomplete") is
+			// reported for what it is instead of retried until the
+			// time-out.
+			err = f.publishBatch(ctx, msgs, attempt > 0)
 		}
 		if err == nil || errors.Is(err, ErrFull) || !(errors.Is(err, ErrUnavailable) || retryable(err)) {
 			break
@@ -213,9 +218,9 @@ func (f *Fleet) publishOne(ctx context.Context, m outMsg) error {
 }
 
 // publishBatch publishes msgs as one atomic batch: every message but the
-// last without a reply, the last with the commit header and a reply. The
-// server stores all or none.
-func (f *Fleet) publishBatch(ctx context.Context, msgs []outMsg) error {
+// last without a reply (with one when ackEach), the last with the commit
+// header and a reply. The server stores all or none.
+func (f *Fleet) publishBatch(ctx context.Context, msgs []outMsg, ackEach bool) error {
 	stream := msgs[0].stream
 	batch := nuid.Next()
 	for i, m := range msgs {
@@ -224,9 +229,28 @@ func (f *Fleet) publishBatch(ctx context.Context, msgs []outMsg) error {
 		msg.Header.Set(nats.ExpectedStreamHdr, stream)
 		msg.Header.Set("Nats-Batch-Id", batch)
 		msg.Header.Set("Nats-Batch-Sequence", strconv.Itoa(i+1))
-		if i < len(msgs)-1 {
+		if i < len(msgs)-1 && !ackEach {
 			if err := f.nc.PublishMsg(msg); err != nil {
 				return err
+			}
+			continue
+		}
+		if i < len(msgs)-1 {
+			// Staged messages are answered with an empty body, or an error.
+			actx, cancel := f.attemptCtx(ctx)
+			resp, err := f.nc.RequestMsgWithContext(actx, msg)
+			cancel()
+			if err != nil {
+				return err
+			}
+			if len(resp.Data) > 0 {
+				err = answer(resp, stream)
+				if isRetryableAnswer(err) {
+					return fmt.Errorf("%w: %w", ErrUnavailable, err)
+				}
+				if err != nil {
+					return err
+				}
 			}
 			continue
 		}
