@@ -3,8 +3,8 @@ package fleet
 import (
 	"bytes"
 	"encoding/binary"
-	"hash/crc32"
 	"errors"
+	"hash/crc32"
 	"testing"
 	"time"
 

@@ -100,11 +100,11 @@ func parse(r spool.Record) (string, int) {
 
 // collector records what a deliver function read, per key in order.
 type collector struct {
-	mu     sync.Mutex
-	got    map[string][]int
-	set    map[string]bool // "key/n" read
-	msgs   int
-	own    *owners
+	mu   sync.Mutex
+	got  map[string][]int
+	set  map[string]bool // "key/n" read
+	msgs int
+	own  *owners
 }
 
 // owners counts the deliver calls running at once per partition, across
