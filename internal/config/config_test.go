@@ -25,6 +25,7 @@ func TestDefaults(t *testing.T) {
 		FlushInterval: 200 * time.Millisecond, SpoolMaxBytes: 8 << 30, SpoolMinFreeBytes: 256 << 20,
 		Sync: "always", MaxRequestBytes: 20_000_000, MaxEventAge: 6 * 24 * time.Hour,
 		DrainTimeout: 10 * time.Second, LogLevel: "info",
+		SpoolPartitions: 16, // issue 22
 	}
 	if !equal(c, want) {
 		t.Fatalf("defaults\n got %+v\nwant %+v", c, want)
@@ -67,7 +68,8 @@ func TestFullFile(t *testing.T) {
 		MaxRequestBytes: 10_000_000, MaxEventAge: 5 * 24 * time.Hour, UpstreamGzip: true,
 		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.168.1.1/32")},
 		DrainTimeout:   20 * time.Second, LogLevel: "debug", LogFormat: "console",
-		ConfigFile: "testdata/full.yaml",
+		ConfigFile:      "testdata/full.yaml",
+		SpoolPartitions: 16, // issue 22
 	}
 	if !equal(c, want) {
 		t.Fatalf("\n got %+v\nwant %+v", c, want)
@@ -125,6 +127,9 @@ func TestEnvNames(t *testing.T) {
 		"RELAY_TRUSTED_PROXIES=10.0.0.0/8, ::1/128", "RELAY_DRAIN_TIMEOUT=3s",
 		"RELAY_LOG_LEVEL=warn", "RELAY_LOG_FORMAT=json", "RELAY_CONFIG=testdata/empty.yaml",
 		"RELAY_NOT_A_SETTING=1", "PATH=/bin",
+		// Fleet mode (issue 22).
+		"RELAY_SPOOL=nats://h1:4222,h2:4222", "RELAY_NATS_CREDS=testdata/admin.token", "RELAY_NATS_TLS_CA=testdata/admin.token",
+		"RELAY_NATS_TLS_CERT=testdata/credentials.yaml", "RELAY_NATS_TLS_KEY=testdata/empty.yaml", "RELAY_SPOOL_PARTITIONS=8",
 	}
 	c, err := Load(nil, env)
 	if err != nil {
@@ -139,6 +144,9 @@ func TestEnvNames(t *testing.T) {
 		Token: tokenOf(t, "tok"), Credentials: "testdata/credentials.yaml", Creds: &credentials.Store{},
 		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("::1/128")},
 		DrainTimeout:   3 * time.Second, LogLevel: "warn", LogFormat: "json", ConfigFile: "testdata/empty.yaml",
+		// Fleet mode (issue 22).
+		SpoolNATS: []string{"nats://h1:4222", "nats://h2:4222"}, NATSCreds: "testdata/admin.token", NATSTLSCA: "testdata/admin.token",
+		NATSTLSCert: "testdata/credentials.yaml", NATSTLSKey: "testdata/empty.yaml", SpoolPartitions: 8,
 	}
 	if !equal(c, want) {
 		t.Fatalf("\n got %+v\nwant %+v", c, want)
@@ -270,6 +278,16 @@ func TestRefusals(t *testing.T) {
 		{"unknown flag", []string{"--ingest_url", "http://x"}, nil, "flag provided but not defined"},
 		{"stray argument", []string{"serve"}, nil, `unexpected argument "serve"`},
 		{"zero request bytes", []string{"--max-request-bytes", "0"}, nil, "--max-request-bytes 0"},
+		// Fleet mode (issue 22).
+		{"spool neither local nor nats", []string{"--spool", "kafka://h:9092"}, nil, "--spool (from flag --spool): want local or nats://"},
+		{"spool server without port", []string{"--spool", "nats://h1:4222,h2"}, nil, "server 2: want host:port"},
+		{"spool password not echoed", []string{"--spool", "nats://u:s3cret@h1"}, nil, "server 1: want host:port"},
+		{"spool bad scheme", []string{"--spool", "nats://h1:4222,http://h2:4222"}, nil, `scheme "http"`},
+		{"nats creds with local spool", []string{"--nats-creds", "testdata/admin.token"}, nil, "--nats-creds is only for --spool nats://"},
+		{"nats creds missing", []string{"--spool", "nats://h:4222", "--nats-creds", "testdata/nope.creds"}, nil, "--nats-creds: "},
+		{"tls cert without key", []string{"--spool", "nats://h:4222", "--nats-tls-cert", "testdata/admin.token"}, nil, "go together"},
+		{"zero partitions", []string{"--spool-partitions", "0"}, nil, "--spool-partitions 0"},
+		{"too many partitions", nil, []string{"RELAY_SPOOL_PARTITIONS=1000"}, "--spool-partitions 1000"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -410,5 +428,36 @@ func TestDeployExample(t *testing.T) {
 		if _, ok := keys[o.name]; !ok && o.name != "config" {
 			t.Errorf("deploy/relay.yaml lacks %s", o.name)
 		}
+	}
+}
+
+// TestSpool: --spool's forms (issue 22).
+func TestSpool(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want []string
+	}{
+		{"local", nil},
+		{"nats://h1:4222", []string{"nats://h1:4222"}},
+		{"nats://h1:4222,h2:4222, h3:4222", []string{"nats://h1:4222", "nats://h2:4222", "nats://h3:4222"}},
+		{"tls://h1:4222,h2:4222", []string{"tls://h1:4222", "tls://h2:4222"}},
+		{"nats://u:p@h1:4222,[::1]:4222", []string{"nats://u:p@h1:4222", "nats://[::1]:4222"}},
+	} {
+		c, err := Load([]string{"--spool", tt.in}, nil)
+		if err != nil {
+			t.Errorf("%s: %v", tt.in, err)
+			continue
+		}
+		if !reflect.DeepEqual(c.SpoolNATS, tt.want) {
+			t.Errorf("%s: %q, want %q", tt.in, c.SpoolNATS, tt.want)
+		}
+	}
+	c, err := Load([]string{"--spool", "nats://h:4222", "--nats-creds", "testdata/admin.token", "--nats-tls-ca", "testdata/admin.token",
+		"--nats-tls-cert", "testdata/admin.token", "--nats-tls-key", "testdata/admin.token", "--spool-partitions", "32"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.NATSCreds == "" || c.NATSTLSCA == "" || c.NATSTLSCert == "" || c.NATSTLSKey == "" || c.SpoolPartitions != 32 {
+		t.Fatalf("%+v", c)
 	}
 }
