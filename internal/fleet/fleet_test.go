@@ -29,6 +29,7 @@ func TestFleet(t *testing.T) {
 	}
 	c := natstest.Start(t, natstest.Config{})
 	env := &testEnv{c: c}
+	t.Run("Dial", env.testDial)
 	t.Run("AppendReadAck", env.testAppendReadAck)
 	t.Run("AllOrNothing", env.testAllOrNothing)
 	t.Run("Dedup", env.testDedup)
@@ -216,6 +217,22 @@ func checkOrder(t *testing.T, got map[string][]int, want map[string]int) {
 				break
 			}
 		}
+	}
+}
+
+func (e *testEnv) testDial(t *testing.T) {
+	nc, err := Dial(ConnConfig{Servers: e.c.URLs()[:1]}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	// The client learned the other servers from the cluster.
+	waitFor(t, 10*time.Second, "the other servers discovered", func() bool { return len(nc.Servers()) >= e.c.Len() })
+	if _, err := Dial(ConnConfig{Servers: e.c.URLs(), CredsFile: t.TempDir() + "/none.creds"}, nil); err == nil {
+		t.Error("dial with a missing credentials file succeeded")
+	}
+	if _, err := Dial(ConnConfig{Servers: e.c.URLs(), TLSCertFile: "x"}, nil); err == nil {
+		t.Error("dial with a certificate but no key succeeded")
 	}
 }
 
