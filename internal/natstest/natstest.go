@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -43,10 +44,12 @@ type Config struct {
 
 // Cluster is a running in-process JetStream cluster.
 type Cluster struct {
-	t     testing.TB
-	cfg   Config
-	mu    sync.Mutex // guards nodes[i].srv
-	nodes []*node
+	// fatalf reports a failure: t.Fatalf under Start, a panic under New.
+	fatalf func(format string, args ...any)
+	helper func()
+	cfg    Config
+	mu     sync.Mutex // guards nodes[i].srv
+	nodes  []*node
 }
 
 type node struct {
@@ -60,35 +63,65 @@ type node struct {
 // every node is current. It stops the cluster when the test ends.
 func Start(t testing.TB, cfg Config) *Cluster {
 	t.Helper()
+	c, err := start(cfg, func(int) string { return t.TempDir() }, t.Fatalf, t.Helper)
+	if c != nil {
+		t.Cleanup(c.Close)
+	}
+	if err != nil {
+		t.Fatalf("natstest: %v", err)
+	}
+	return c
+}
+
+// New starts a cluster outside a test (a benchmark program), its stores in
+// dir/n1, dir/n2, ...; the caller stops it with Close. Kill, Restart and
+// WaitReady panic where Start's cluster would fail the test.
+func New(cfg Config, dir string) (*Cluster, error) {
+	c, err := start(cfg, func(i int) string { return filepath.Join(dir, fmt.Sprintf("n%d", i+1)) },
+		func(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }, func() {})
+	if err != nil && c != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, err
+}
+
+func start(cfg Config, dir func(int) string, fatalf func(string, ...any), helper func()) (*Cluster, error) {
 	if cfg.Nodes == 0 {
 		cfg.Nodes = 3
 	}
 	if cfg.ReadyTimeout == 0 {
 		cfg.ReadyTimeout = 45 * time.Second
 	}
-	c := &Cluster{t: t, cfg: cfg}
-	ports := freePorts(t, 2*cfg.Nodes)
+	c := &Cluster{cfg: cfg, fatalf: fatalf, helper: helper}
+	ports, err := freePorts(2 * cfg.Nodes)
+	if err != nil {
+		return nil, err
+	}
 	for i := range cfg.Nodes {
 		c.nodes = append(c.nodes, &node{
 			name:  fmt.Sprintf("n%d", i+1),
 			port:  ports[2*i],
 			route: ports[2*i+1],
-			dir:   t.TempDir(),
+			dir:   dir(i),
 		})
 	}
-	t.Cleanup(c.stopAll)
 	for i := range c.nodes {
 		if err := c.start(i); err != nil {
-			t.Fatalf("natstest: start %s: %v", c.nodes[i].name, err)
+			return c, fmt.Errorf("start %s: %w", c.nodes[i].name, err)
 		}
 	}
-	c.WaitReady()
-	return c
+	if err := c.waitReady(); err != nil {
+		return c, err
+	}
+	return c, nil
 }
 
+// Close stops every node.
+func (c *Cluster) Close() { c.stopAll() }
+
 // freePorts returns n distinct free TCP ports of 127.0.0.1.
-func freePorts(t testing.TB, n int) []int {
-	t.Helper()
+func freePorts(n int) ([]int, error) {
 	ls := make([]net.Listener, 0, n)
 	defer func() {
 		for _, l := range ls {
@@ -99,12 +132,12 @@ func freePorts(t testing.TB, n int) []int {
 	for range n {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			t.Fatalf("natstest: free port: %v", err)
+			return nil, fmt.Errorf("free port: %w", err)
 		}
 		ls = append(ls, l)
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
-	return ports
+	return ports, nil
 }
 
 func (c *Cluster) options(i int) *server.Options {
@@ -198,12 +231,12 @@ func (c *Cluster) Kill(i int) { c.stop(i) }
 // Restart starts node i again on the same ports with the same store and
 // waits until the cluster is ready (WaitReady).
 func (c *Cluster) Restart(i int) {
-	c.t.Helper()
+	c.helper()
 	if c.Server(i) != nil {
-		c.t.Fatalf("natstest: restart %s: still running", c.nodes[i].name)
+		c.fatalf("natstest: restart %s: still running", c.nodes[i].name)
 	}
 	if err := c.start(i); err != nil {
-		c.t.Fatalf("natstest: restart %s: %v", c.nodes[i].name, err)
+		c.fatalf("natstest: restart %s: %v", c.nodes[i].name, err)
 	}
 	c.WaitReady()
 }
@@ -223,17 +256,21 @@ func (c *Cluster) StreamLeader(stream string) int {
 // every running node is current with it; it fails the test after
 // Config.ReadyTimeout.
 func (c *Cluster) WaitReady() {
-	c.t.Helper()
+	c.helper()
+	if err := c.waitReady(); err != nil {
+		c.fatalf("natstest: %v", err)
+	}
+}
+
+func (c *Cluster) waitReady() error {
 	deadline := time.Now().Add(c.cfg.ReadyTimeout)
-	for {
-		if c.ready() {
-			return
-		}
+	for !c.ready() {
 		if time.Now().After(deadline) {
-			c.t.Fatalf("natstest: cluster not ready within %v", c.cfg.ReadyTimeout)
+			return fmt.Errorf("cluster not ready within %v", c.cfg.ReadyTimeout)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	return nil
 }
 
 func (c *Cluster) ready() bool {
