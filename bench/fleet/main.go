@@ -104,7 +104,7 @@ func run(o options) error {
 		}
 		defer nc.Close()
 		octx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		f, err := fleet.Open(octx, nc, cfg, nil)
+		f, err := fleet.Open(octx, nc, cfg, nil, nil)
 		cancel()
 		if err != nil {
 			return err

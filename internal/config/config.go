@@ -512,7 +512,7 @@ func ParseSpool(v string) ([]string, error) {
 		return nil, nil
 	}
 	if !strings.HasPrefix(v, "nats://") && !strings.HasPrefix(v, "tls://") {
-		return nil, errors.New("want local or nats://host:port[,host:port...]")
+		return nil, errors.New("want local or nats://host:port[,host:port]")
 	}
 	var out []string
 	scheme := ""
@@ -553,7 +553,7 @@ func (c Config) validateFleet() error {
 			continue
 		}
 		if c.SpoolNATS == nil {
-			return fmt.Errorf("--%s is only for --spool nats://...", f.name)
+			return fmt.Errorf("--%s is only for --spool nats://host:port", f.name)
 		}
 		if _, err := os.Stat(f.v); err != nil {
 			return fmt.Errorf("--%s: %w", f.name, err)

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/spool"
@@ -213,12 +214,13 @@ type Fleet struct {
 	kv    jetstream.KeyValue // RELAY_FLEET
 	dead  jetstream.Stream
 	pause *pauses
+	m     *metrics
 }
 
 // Open creates or checks the streams and buckets on the cluster nc is
 // connected to and starts watching pauses. nc stays the caller's (Close does
-// not close it). log may be nil.
-func Open(ctx context.Context, nc *nats.Conn, cfg Config, log *zap.Logger) (*Fleet, error) {
+// not close it). log and reg may be nil.
+func Open(ctx context.Context, nc *nats.Conn, cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Fleet, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -233,7 +235,11 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config, log *zap.Logger) (*Fle
 	if err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
 	}
-	f := &Fleet{cfg: cfg, n: names{cfg.Namespace}, nc: nc, js: js, log: log.With(zap.String("relay", cfg.Name))}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	f := &Fleet{cfg: cfg, n: names{cfg.Namespace}, nc: nc, js: js, m: m, log: log.With(zap.String("relay", cfg.Name))}
 	for _, k := range kinds {
 		if err := f.ensureStream(ctx, k); err != nil {
 			return nil, err

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
@@ -31,6 +32,7 @@ func TestFleet(t *testing.T) {
 	env := &testEnv{c: c}
 	t.Run("Dial", env.testDial)
 	t.Run("AppendReadAck", env.testAppendReadAck)
+	t.Run("Metrics", env.testMetrics)
 	t.Run("AllOrNothing", env.testAllOrNothing)
 	t.Run("Dedup", env.testDedup)
 	t.Run("Full", env.testFull)
@@ -72,7 +74,7 @@ func (e *testEnv) open(t *testing.T, nc *nats.Conn, cfg Config) *Fleet {
 	if os.Getenv("FLEET_TEST_LOG") != "" {
 		log = zaptest.NewLogger(t)
 	}
-	f, err := Open(ctx, nc, cfg, log)
+	f, err := Open(ctx, nc, cfg, log, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,6 +298,93 @@ func (e *testEnv) testAppendReadAck(t *testing.T) {
 	}
 }
 
+// gauge returns the value of a metric (summed over its series; a
+// histogram's count), -1 when absent.
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		v := 0.0
+		for _, m := range mf.GetMetric() {
+			switch {
+			case m.Gauge != nil:
+				v += m.GetGauge().GetValue()
+			case m.Counter != nil:
+				v += m.GetCounter().GetValue()
+			case m.Histogram != nil:
+				v += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+		return v
+	}
+	return -1
+}
+
+func (e *testEnv) testMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	ctx := bg(t)
+	f, err := Open(ctx, e.connect(t), Config{Namespace: e.namespace(), Partitions: 2}, nil, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Append(ctx, Request{Lane: lane, Records: []spool.Record{rec("d:a", 1)}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := gauge(t, reg, "relay_fleet_append_seconds"); got != 1 {
+		t.Errorf("append_seconds count %v, want 1", got)
+	}
+	read := make(chan *Message, 1)
+	var held *Partition
+	var mu sync.Mutex
+	stop := run(f, func(ctx context.Context, p *Partition) error {
+		if p.Kind() == spool.KindEvents {
+			m, err := p.Next(ctx)
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			held = p
+			mu.Unlock()
+			read <- m
+		}
+		<-ctx.Done()
+		return nil
+	})
+	defer stop()
+	var m *Message
+	select {
+	case m = <-read:
+	case <-time.After(30 * time.Second):
+		t.Fatal("nothing read")
+	}
+	waitFor(t, 10*time.Second, "every partition owned", func() bool { return gauge(t, reg, "relay_fleet_partitions_owned") == 6 })
+	if got := gauge(t, reg, "relay_fleet_messages_held"); got != 1 {
+		t.Errorf("messages_held %v with one message read, want 1", got)
+	}
+	waitFor(t, 10*time.Second, "the backlog shows the message", func() bool { return gauge(t, reg, "relay_fleet_partition_backlog") == 1 })
+	mu.Lock()
+	p := held
+	mu.Unlock()
+	if err := p.Ack(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if got := gauge(t, reg, "relay_fleet_messages_held"); got != 0 {
+		t.Errorf("messages_held %v after the ack, want 0", got)
+	}
+	waitFor(t, 10*time.Second, "the backlog empties", func() bool { return gauge(t, reg, "relay_fleet_partition_backlog") == 0 })
+	stop()
+	if got := gauge(t, reg, "relay_fleet_partitions_owned"); got != 0 {
+		t.Errorf("partitions_owned %v after Run returned", got)
+	}
+}
+
 func (e *testEnv) testAllOrNothing(t *testing.T) {
 	nc := e.connect(t)
 	// The stream takes messages up to MaxMessageBytes+1024; a record far
@@ -489,7 +578,7 @@ func (e *testEnv) testPartitionsFixed(t *testing.T) {
 	ns := e.namespace()
 	e.open(t, nc, Config{Namespace: ns, Partitions: 4})
 	ctx := bg(t)
-	_, err := Open(ctx, nc, Config{Namespace: ns, Partitions: 8}, nil)
+	_, err := Open(ctx, nc, Config{Namespace: ns, Partitions: 8}, nil, nil)
 	if !errors.Is(err, ErrPartitions) {
 		t.Fatalf("open with another partition count: %v, want ErrPartitions", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -31,8 +32,12 @@ type slot struct {
 
 func (s slot) key() string { return "p." + s.kind.String() + "." + strconv.Itoa(s.id) }
 
+// label is the slot's metric label, e.g. "events-3".
+func (s slot) label() string { return s.kind.String() + "-" + strconv.Itoa(s.id) }
+
 // lease is a partition this relay holds.
 type lease struct {
+	p      atomic.Pointer[Partition] // set once open
 	rev    uint64
 	cancel context.CancelFunc
 	timer  *time.Timer // cancels at the lease's deadline
@@ -223,6 +228,10 @@ func (f *Fleet) acquire(ctx context.Context, s slot, deliver DeliverFunc) *lease
 			return
 		}
 		defer p.close()
+		l.p.Store(p)
+		f.m.owned.Add(1)
+		defer f.m.owned.Add(-1)
+		defer f.m.backlog.DeleteLabelValues(s.label())
 		f.log.Info("partition taken", zap.String("partition", s.key()))
 		if err := deliver(owned, p); err != nil && !errors.Is(err, ErrLost) && owned.Err() == nil {
 			f.log.Error("deliver partition", zap.String("partition", s.key()), zap.Error(err))
@@ -256,6 +265,15 @@ func (f *Fleet) renew(ctx context.Context, s slot, l *lease) {
 	l.rev = rev
 	if !l.timer.Reset(f.deadline(start)) {
 		l.cancel() // the deadline passed before this renewal: stay stopped
+		return
+	}
+	if p := l.p.Load(); p != nil {
+		octx, cancel := f.opCtx(ctx)
+		info, err := p.cons.Info(octx)
+		cancel()
+		if err == nil {
+			f.m.backlog.WithLabelValues(s.label()).Set(float64(info.NumPending + uint64(info.NumAckPending)))
+		}
 	}
 }
 

@@ -40,6 +40,7 @@ type Partition struct {
 	id   int
 	ctx  context.Context // ends when ownership ends
 	it   jetstream.MessagesContext
+	cons jetstream.Consumer
 	log  *zap.Logger
 
 	mu  sync.Mutex
@@ -83,7 +84,7 @@ func (f *Fleet) openPartition(ctx, owned context.Context, k spool.Kind, id int) 
 		return nil, fmt.Errorf("fleet: read %s/%s: %w", stream, name, unavailable(err))
 	}
 	p := &Partition{
-		f: f, kind: k, id: id, ctx: owned, it: it,
+		f: f, kind: k, id: id, ctx: owned, it: it, cons: cons,
 		log:      f.log.With(zap.String("stream", stream), zap.Int("partition", id)),
 		out:      make(map[uint64]jetstream.Msg),
 		stopKeep: make(chan struct{}),
@@ -99,6 +100,10 @@ func (p *Partition) close() {
 	p.it.Stop()
 	close(p.stopKeep)
 	<-p.keepDone
+	p.mu.Lock()
+	p.f.m.held.Add(-int64(len(p.out)))
+	clear(p.out)
+	p.mu.Unlock()
 }
 
 // keepAlive sends InProgress for every handed-out message every AckWait/3,
@@ -164,6 +169,9 @@ func (p *Partition) Next(ctx context.Context) (*Message, error) {
 			continue
 		}
 		p.mu.Lock()
+		if _, ok := p.out[md.Sequence.Stream]; !ok {
+			p.f.m.held.Add(1)
+		}
 		p.out[md.Sequence.Stream] = m
 		p.mu.Unlock()
 		return &Message{
@@ -204,10 +212,18 @@ func (p *Partition) Ack(ctx context.Context, m *Message) error {
 	if err != nil {
 		return fmt.Errorf("fleet: ack partition %d seq %d: %w", p.id, m.Seq, unavailable(err))
 	}
-	p.mu.Lock()
-	delete(p.out, m.Seq)
-	p.mu.Unlock()
+	p.forget(m.Seq)
 	return nil
+}
+
+// forget drops seq from the handed-out messages.
+func (p *Partition) forget(seq uint64) {
+	p.mu.Lock()
+	if _, ok := p.out[seq]; ok {
+		delete(p.out, seq)
+		p.f.m.held.Add(-1)
+	}
+	p.mu.Unlock()
 }
 
 // Nak gives m back to be read again after delay (zero: at once). Next will
@@ -215,9 +231,7 @@ func (p *Partition) Ack(ctx context.Context, m *Message) error {
 // whose keys the caller holds back itself (e.g. a lane stopped by a fatal
 // answer); a paused key's message is simply kept (and kept alive) instead.
 func (p *Partition) Nak(m *Message, delay time.Duration) error {
-	p.mu.Lock()
-	delete(p.out, m.Seq)
-	p.mu.Unlock()
+	p.forget(m.Seq)
 	var err error
 	if delay > 0 {
 		err = m.msg.NakWithDelay(delay)

@@ -65,6 +65,7 @@ func (f *Fleet) Append(ctx context.Context, req Request) error {
 		req.Accepted = time.Now()
 	}
 	msgs := f.messages(&req)
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.PublishTimeout)
 	defer cancel()
 	var err error
@@ -93,8 +94,11 @@ func (f *Fleet) Append(ctx context.Context, req Request) error {
 		break
 	}
 	if err != nil {
-		return fmt.Errorf("append %d records to %s: %w", len(req.Records), f.n.stream(req.Lane.Kind), unavailable(err))
+		err = fmt.Errorf("append %d records to %s: %w", len(req.Records), f.n.stream(req.Lane.Kind), unavailable(err))
+		f.m.appendFailed(err)
+		return err
 	}
+	f.m.appendSeconds.Observe(time.Since(start).Seconds())
 	return nil
 }
 
