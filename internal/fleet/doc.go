@@ -7,21 +7,30 @@
 //
 // The delivery engine and the ingest talk to a spool through a few small
 // interfaces; the local spool (internal/spool) and this package are the two
-// implementations. This package states the seam as the fleet needs it
-// (Seam, Owner, Partition, Pauser below), written so that the coming
-// one-delivery-engine can declare the same methods on its side:
+// implementations. seam.go writes the fleet's side down (the engine of
+// issue 21 declares the same methods where it uses them; the compiler checks
+// that Fleet and Partition have them):
 //
-//   - Append(ctx, Request) error: a request's records of one lane, made
-//     durable as a whole before it returns (all or nothing, see Ingest).
-//   - Run(ctx, deliver): for every partition this relay owns, deliver runs
-//     with a context that ends when ownership ends; it reads the
-//     partition's messages in order (Partition.Next) and acknowledges each
-//     one (Partition.Ack) once all its records were answered 200 by the
-//     upstream or committed as dead letters.
-//   - PutDead, ListDead, DeleteDead: dead letters, shared by the fleet (one
-//     relay can list and replay what another dead-lettered).
-//   - Pause, PausedUntil: a key (device, user, pacing slot) held until a
-//     time, seen by every relay.
+//   - Appender: Append(ctx, Request) error: a request's records of one
+//     lane, made durable as a whole before it returns (all or nothing, see
+//     Ingest).
+//   - Owner: Run(ctx, deliver): for every partition this relay owns,
+//     deliver runs with a context that ends when ownership ends.
+//   - Reader (a *Partition): Next returns the partition's messages in
+//     order; Ack once all a message's records were answered 200 by the
+//     upstream or committed as dead letters; Nak to have one read again.
+//   - DeadLetters: PutDead, ListDead, DeleteDead, shared by the fleet (one
+//     relay lists and replays what another dead-lettered).
+//   - Pauser: Pause, PausedUntil: a key (device, user, pacing slot) held
+//     until a time, seen by every relay.
+//
+// Where the local spool has one queue per lane (kind, api_key, options)
+// and a chunk per Append, the fleet has one stream per kind split in P
+// partitions, and a message per request and partition whose lane travels
+// inside it: the engine's unit of work is a partition (in which it keeps
+// its per-key shards), not a lane. Lane-level admin (stop, resume, status)
+// then works on the engine's in-memory state, across the partitions it
+// owns.
 //
 // A message is the unit of storage and of acknowledgement: the records of
 // one request that fall in one partition (split further only when larger
@@ -116,11 +125,10 @@
 // # Ownership
 //
 // Each relay puts m.<relay> in KV RELAY_FLEET every LeaseTTL/3 (a
-// heartbeat); the live members are the keys present. A partition is
-// assigned by rendezvous hashing over the live members (highest
-// FNV(member, partition)), so every relay computes the same assignment from
-// the same list and a membership change moves only the partitions of the
-// member that came or went. A relay delivers a partition only while it
+// heartbeat); the live members are the keys present. Partitions are
+// assigned from that list (see assign), so every relay computes the same
+// assignment from the same list and a membership change moves few
+// partitions. A relay delivers a partition only while it
 // holds its lease p.<kind>.<p>: created with Create (atomic: the key must
 // not exist), renewed with Update at the last revision (compare and swap),
 // deleted when the relay gives the partition up, and gone by itself
@@ -136,6 +144,21 @@
 // acknowledgements from the previous owner, whose consumer no longer
 // exists, are refused. A standby takes a dead owner's partitions within
 // LeaseTTL plus one heartbeat (about 8 s with the defaults).
+//
+// Why not JetStream's pinned-client priority policy: a pinned consumer
+// gives one reader per partition, but when the pin moves the previous
+// reader's unacknowledged messages come back only after AckWait, while the
+// new reader already gets later ones (nats-server 2.15 unpins without
+// touching pending messages), which would break per-key order; and the
+// server, not the fleet, decides which relay is pinned, so partitions are
+// not spread on purpose. The lease plus consumer reset gives order and
+// spread, at the cost of a consumer re-creation per take-over.
+//
+// The ownership loop does one KV operation per held or wanted lease per
+// heartbeat (3 x P at most, e.g. 48 every 2 s with the defaults), each in
+// its own goroutine so that a slow answer does not delay the other
+// renewals. Partitions are assigned by rendezvous hashing with bounded load
+// (each member takes at most ceil(P/n) of each kind).
 //
 // A paused key's message stays unacknowledged: the engine keeps its
 // records and acknowledges other messages of the partition meanwhile
@@ -156,7 +179,17 @@
 // # Goroutines
 //
 // Open starts the pause watcher (stopped by Close). Run owns the heartbeat
-// loop and one goroutine per owned partition (calling deliver); it returns
-// after every deliver returned and every lease was released. A Partition's
-// keep-alive goroutine lives as long as its deliver call.
+// loop, the per-tick goroutines of its KV operations (waited for within the
+// tick) and one goroutine per owned partition (opening it, then calling
+// deliver); it returns after every deliver returned and every lease was
+// released. A Partition's keep-alive goroutine lives as long as its
+// deliver call. Locks: Partition.mu (its handed-out messages) and
+// pauses.mu (the pause map), never held together nor across a call into
+// another package; metrics read atomics.
+//
+// # Metrics
+//
+// See metrics.go: relay_fleet_append_seconds,
+// relay_fleet_append_failures_total{reason}, relay_fleet_partitions_owned,
+// relay_fleet_messages_held, relay_fleet_partition_backlog{partition}.
 package fleet

@@ -78,14 +78,15 @@ func (p *pauses) watch(ctx context.Context, w jetstream.KeyWatcher) {
 				}
 				continue
 			}
+			k, put, v := e.Key(), e.Operation() == jetstream.KeyValuePut, e.Value()
 			p.mu.Lock()
-			if e.Operation() == jetstream.KeyValuePut && len(e.Value()) == 8 {
-				t := time.UnixMilli(int64(binary.BigEndian.Uint64(e.Value())))
-				if t.After(p.until[e.Key()]) {
-					p.until[e.Key()] = t
+			if put && len(v) == 8 {
+				t := time.UnixMilli(int64(binary.BigEndian.Uint64(v)))
+				if t.After(p.until[k]) {
+					p.until[k] = t
 				}
 			} else {
-				delete(p.until, e.Key())
+				delete(p.until, k)
 			}
 			p.mu.Unlock()
 		}
