@@ -40,6 +40,7 @@ func TestFleet(t *testing.T) {
 	t.Run("Pauses", env.testPauses)
 	t.Run("PartitionsFixed", env.testPartitionsFixed)
 	t.Run("KeepAlive", env.testKeepAlive)
+	t.Run("RelayRestart", env.testRelayRestart)
 	t.Run("LeaseStolen", env.testLeaseStolen)
 	t.Run("Failover", env.testFailover)
 	t.Run("NodeRestart", env.testNodeRestart)
@@ -584,17 +585,20 @@ func (e *testEnv) testPartitionsFixed(t *testing.T) {
 	}
 }
 
-// testKeepAlive: a message held (not acknowledged) past AckWait is not
-// delivered again while its owner holds it.
+// testKeepAlive: a message held (not acknowledged, as a paused key's is)
+// past AckWait is not delivered again while its owner holds it, and does
+// not hold back the next message of its partition (another key's).
 func (e *testEnv) testKeepAlive(t *testing.T) {
 	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1, AckWait: time.Second})
 	ctx := bg(t)
-	if err := f.Append(ctx, Request{Lane: lane, Records: []spool.Record{rec("d:a", 1)}}); err != nil {
-		t.Fatal(err)
+	for _, k := range []string{"d:paused", "d:other"} {
+		if err := f.Append(ctx, Request{Lane: lane, Records: []spool.Record{rec(k, 1)}}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	type result struct {
-		again *Message
-		err   error
+		held, other, again *Message
+		err                error
 	}
 	res := make(chan result, 1)
 	stop := run(f, func(ctx context.Context, p *Partition) error {
@@ -602,26 +606,35 @@ func (e *testEnv) testKeepAlive(t *testing.T) {
 			<-ctx.Done()
 			return nil
 		}
-		m, err := p.Next(ctx)
-		if err != nil {
-			res <- result{err: err}
-			return err
+		var r result
+		defer func() { res <- r }()
+		if r.held, r.err = p.Next(ctx); r.err != nil {
+			return r.err
 		}
-		// Hold it for three AckWaits: nothing may come again.
+		if r.other, r.err = p.Next(ctx); r.err != nil {
+			return r.err
+		}
+		if r.err = p.Ack(ctx, r.other); r.err != nil {
+			return r.err
+		}
+		// Hold the first for three AckWaits: nothing may come again.
 		wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		again, err := p.Next(wctx)
+		r.again, r.err = p.Next(wctx)
 		cancel()
-		if err := p.Ack(ctx, m); err != nil {
-			res <- result{err: err}
-			return err
+		if err := p.Ack(ctx, r.held); err != nil {
+			r.err = err
 		}
-		res <- result{again, err}
-		<-ctx.Done()
 		return nil
 	})
 	defer stop()
 	select {
 	case r := <-res:
+		if r.held == nil || r.other == nil {
+			t.Fatalf("read %v %v: %v", r.held, r.other, r.err)
+		}
+		if string(r.held.Records[0].OrderKey) != "d:paused" || string(r.other.Records[0].OrderKey) != "d:other" {
+			t.Fatalf("read %s then %s", r.held.Records[0].OrderKey, r.other.Records[0].OrderKey)
+		}
 		if r.again != nil {
 			t.Fatalf("held message delivered again (seq %d, delivery %d)", r.again.Seq, r.again.Delivered)
 		}
@@ -630,6 +643,52 @@ func (e *testEnv) testKeepAlive(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("deliver did not finish")
+	}
+	waitFor(t, 10*time.Second, "the stream empties", func() bool { return streamMsgs(t, f, spool.KindEvents) == 0 })
+}
+
+// testRelayRestart: a relay stops with a message read and not
+// acknowledged; started again, it reads that message first.
+func (e *testEnv) testRelayRestart(t *testing.T) {
+	ns := e.namespace()
+	f := e.open(t, e.connect(t), Config{Namespace: ns, Partitions: 1})
+	ctx := bg(t)
+	for n := 1; n <= 3; n++ {
+		if err := f.Append(ctx, Request{Lane: lane, Records: []spool.Record{rec("d:a", n)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	firstRun := make(chan error, 1)
+	stop := run(f, func(ctx context.Context, p *Partition) error {
+		if p.Kind() != spool.KindEvents {
+			<-ctx.Done()
+			return nil
+		}
+		m, err := p.Next(ctx)
+		if err == nil {
+			err = p.Ack(ctx, m) // record 1 done
+		}
+		if err == nil {
+			_, err = p.Next(ctx) // record 2 read, not acknowledged
+		}
+		firstRun <- err
+		<-ctx.Done()
+		return nil
+	})
+	if err := <-firstRun; err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	// A new process: a new connection and Fleet.
+	g := e.open(t, e.connect(t), Config{Namespace: ns, Partitions: 1})
+	col := newCollector()
+	stop = run(g, col.deliver(nil))
+	defer stop()
+	waitFor(t, 20*time.Second, "records 2 and 3 read again", func() bool { return col.count() >= 2 })
+	col.mu.Lock()
+	defer col.mu.Unlock()
+	if got := col.got["d:a"]; len(got) != 2 || got[0] != 2 || got[1] != 3 {
+		t.Fatalf("after the restart read %v, want [2 3]", got)
 	}
 }
 

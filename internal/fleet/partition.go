@@ -145,7 +145,14 @@ func (p *Partition) Next(ctx context.Context) (*Message, error) {
 	stop := context.AfterFunc(p.ctx, cancel)
 	defer stop()
 	for {
+		if p.ctx.Err() != nil {
+			// Fenced: a message already buffered must not be handed out.
+			return nil, ErrLost
+		}
 		m, err := p.it.Next(jetstream.NextContext(ctx))
+		if err == nil && p.ctx.Err() != nil {
+			return nil, ErrLost
+		}
 		if err != nil {
 			if p.ctx.Err() != nil {
 				return nil, ErrLost
