@@ -172,7 +172,8 @@
 // Pause(key, until) puts the key into KV RELAY_PAUSES with a per-message
 // TTL of until-now (nats-server 2.11+); every relay watches the bucket and
 // keeps the live pauses in memory, so PausedUntil is a map lookup. A pause
-// never shortens a longer one this relay knows of. Pacing (usermap's one
+// never shortens a longer one: Pause reads the stored one and replaces it
+// only when it ends earlier, with a compare-and-swap on its revision. Pacing (usermap's one
 // request per organization and interval) uses the same keys ("pace:" +
 // organization) with the time of the next slot.
 //

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -559,6 +560,17 @@ func (e *testEnv) testPauses(t *testing.T) {
 	}
 	if u, _ := a.PausedUntil(key); u.UnixMilli() != until.UnixMilli() {
 		t.Errorf("pause shortened to %v", u)
+	}
+	// Nor does it from a relay that has not seen the longer one yet: the
+	// stored pause is compared, not overwritten.
+	b.pause.mu.Lock()
+	clear(b.pause.until)
+	b.pause.mu.Unlock()
+	if err := b.Pause(ctx, key, time.Now().Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := a.pause.kv.Get(ctx, pauseKey(key)); err != nil || int64(binary.BigEndian.Uint64(e.Value())) != until.UnixMilli() {
+		t.Fatalf("stored pause after a shorter one from a stale relay: %v", err)
 	}
 	// A relay opened later sees the pause at once (Open waits for the
 	// bucket's current values).

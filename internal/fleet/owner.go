@@ -257,7 +257,7 @@ func (f *Fleet) renew(ctx context.Context, s slot, l *lease) {
 		if ctx.Err() == nil {
 			f.log.Warn("renew partition lease", zap.String("partition", s.key()), zap.Error(err))
 		}
-		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyNotFound) {
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyNotFound) {
 			l.cancel() // refused: someone else has it, stop now
 		}
 		return // otherwise the deadline decides

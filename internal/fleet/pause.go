@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,10 +18,11 @@ import (
 // pauses is the fleet-wide pause table: KV RELAY_PAUSES, watched into a
 // map. Its goroutine (watch) is started by startPauses and ended by stop.
 type pauses struct {
-	js  jetstream.JetStream
-	kv  jetstream.KeyValue
-	pre string // the bucket's subject prefix, "$KV.<bucket>."
-	log *zap.Logger
+	js     jetstream.JetStream
+	kv     jetstream.KeyValue
+	stream jetstream.Stream // the bucket's stream
+	pre    string           // the bucket's subject prefix, "$KV.<bucket>."
+	log    *zap.Logger
 
 	mu    sync.Mutex
 	until map[string]time.Time // by KV key
@@ -38,7 +40,12 @@ func startPauses(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyVa
 		cancel()
 		return nil, fmt.Errorf("fleet: watch pauses: %w", unavailable(err))
 	}
-	p := &pauses{js: js, kv: kv, pre: pre, log: log, until: make(map[string]time.Time),
+	stream, err := js.Stream(ctx, "KV_"+strings.TrimSuffix(strings.TrimPrefix(pre, "$KV."), "."))
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("fleet: pause bucket: %w", unavailable(err))
+	}
+	p := &pauses{js: js, kv: kv, stream: stream, pre: pre, log: log, until: make(map[string]time.Time),
 		cancel: cancel, done: make(chan struct{}), readyc: make(chan struct{})}
 	go p.watch(wctx, w)
 	select {
@@ -98,15 +105,13 @@ func pauseKey(key []byte) string { return base64.RawURLEncoding.EncodeToString(k
 // Pause holds key (an order key such as "d:<device>", "u:<user>", or a
 // pacing slot "pace:<organization>") until until, on every relay of the
 // fleet: it is stored with a per-key TTL of until-now, so it disappears by
-// itself. A pause never shortens a longer one known here. It returns once
-// the pause is stored on a quorum.
+// itself. A pause never shortens a longer one: the stored pause is read and
+// replaced only if it ends earlier, by a compare-and-swap on its revision
+// (a concurrent writer makes it read again). It returns once the pause is
+// stored on a quorum.
 func (f *Fleet) Pause(ctx context.Context, key []byte, until time.Time) error {
-	ttl := time.Until(until).Round(time.Second)
-	if ttl < time.Second {
-		if time.Until(until) <= 0 {
-			return nil
-		}
-		ttl = time.Second // the server's smallest TTL
+	if time.Until(until) <= 0 {
+		return nil
 	}
 	k := pauseKey(key)
 	if cur, ok := f.pause.get(k); ok && !cur.Before(until) {
@@ -114,24 +119,53 @@ func (f *Fleet) Pause(ctx context.Context, key []byte, until time.Time) error {
 	}
 	var v [8]byte
 	binary.BigEndian.PutUint64(v[:], uint64(until.UnixMilli()))
-	msg := &nats.Msg{Subject: f.pause.pre + k, Data: v[:]}
+	subj := f.pause.pre + k
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.PublishTimeout)
 	defer cancel()
 	for {
-		_, err := f.js.PublishMsg(ctx, msg, jetstream.WithMsgTTL(ttl))
+		err := f.tryPause(ctx, k, subj, v[:], until)
 		if err == nil {
-			f.pause.set(k, until)
 			return nil
 		}
-		if !retryable(err) || ctx.Err() != nil {
+		var apiErr *jetstream.APIError
+		conflict := errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+		if !conflict && (!retryable(err) || ctx.Err() != nil) {
 			return fmt.Errorf("fleet: pause: %w", unavailable(err))
 		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("fleet: pause: %w", unavailable(errors.Join(err, ctx.Err())))
-		case <-time.After(100 * time.Millisecond):
+		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// tryPause is one read and compare-and-swap of a pause.
+func (f *Fleet) tryPause(ctx context.Context, k, subj string, v []byte, until time.Time) error {
+	var expect uint64
+	last, err := f.pause.stream.GetLastMsgForSubject(ctx, subj)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+	case err != nil:
+		return err
+	default:
+		expect = last.Sequence
+		if len(last.Data) == 8 && last.Header.Get("KV-Operation") == "" {
+			cur := time.UnixMilli(int64(binary.BigEndian.Uint64(last.Data)))
+			if !cur.Before(until) {
+				f.pause.set(k, cur)
+				return nil
+			}
+		}
+	}
+	ttl := max(time.Until(until).Round(time.Second), time.Second) // the server's smallest TTL
+	_, err = f.js.PublishMsg(ctx, &nats.Msg{Subject: subj, Data: v},
+		jetstream.WithMsgTTL(ttl), jetstream.WithExpectLastSequencePerSubject(expect))
+	if err != nil {
+		return err
+	}
+	f.pause.set(k, until)
+	return nil
 }
 
 // PausedUntil returns the end of key's pause as known to this relay (a
