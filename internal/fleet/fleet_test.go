@@ -45,6 +45,7 @@ func TestFleet(t *testing.T) {
 	t.Run("LeaseStolen", env.testLeaseStolen)
 	t.Run("Failover", env.testFailover)
 	t.Run("NodeRestart", env.testNodeRestart)
+	t.Run("NoQuorum", env.testNoQuorum)
 }
 
 type testEnv struct {
@@ -957,5 +958,42 @@ func (e *testEnv) testNodeRestart(t *testing.T) {
 			}
 		}
 		return true
+	})
+}
+
+// testNoQuorum: with two of three nodes down, Append fails with
+// ErrUnavailable within its PublishTimeout (never nil, never ErrFull); once
+// the nodes are back, appends succeed again.
+func (e *testEnv) testNoQuorum(t *testing.T) {
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 2, PublishTimeout: 3 * time.Second})
+	ctx := bg(t)
+	one := []spool.Record{rec("d:a", 1)}
+	var two []spool.Record
+	for k := range 6 {
+		two = append(two, rec("d:"+strconv.Itoa(k), 1))
+	}
+	if err := f.Append(ctx, Request{Lane: lane, Records: one}); err != nil {
+		t.Fatal(err)
+	}
+	down := []int{}
+	for i := 0; i < e.c.Len() && len(down) < 2; i++ {
+		e.c.Kill(i)
+		down = append(down, i)
+	}
+	for _, recs := range [][]spool.Record{one, two} {
+		start := time.Now()
+		err := f.Append(ctx, Request{Lane: lane, Records: recs})
+		if !errors.Is(err, ErrUnavailable) || errors.Is(err, ErrFull) {
+			t.Errorf("append of %d records without a quorum: %v, want ErrUnavailable", len(recs), err)
+		}
+		if d := time.Since(start); d > 10*time.Second {
+			t.Errorf("append without a quorum took %v, PublishTimeout is 3s", d)
+		}
+	}
+	for _, i := range down {
+		e.c.Restart(i)
+	}
+	waitFor(t, 30*time.Second, "appends succeed again", func() bool {
+		return f.Append(ctx, Request{Lane: lane, Records: two}) == nil
 	})
 }
