@@ -41,6 +41,7 @@ func TestFleet(t *testing.T) {
 	t.Run("Pauses", env.testPauses)
 	t.Run("PartitionsFixed", env.testPartitionsFixed)
 	t.Run("KeepAlive", env.testKeepAlive)
+	t.Run("Nak", env.testNak)
 	t.Run("RelayRestart", env.testRelayRestart)
 	t.Run("LeaseStolen", env.testLeaseStolen)
 	t.Run("Failover", env.testFailover)
@@ -658,6 +659,64 @@ func (e *testEnv) testKeepAlive(t *testing.T) {
 		t.Fatal("deliver did not finish")
 	}
 	waitFor(t, 10*time.Second, "the stream empties", func() bool { return streamMsgs(t, f, spool.KindEvents) == 0 })
+}
+
+// testNak: a message given back is read again (after the delay), counted
+// as a second delivery.
+func (e *testEnv) testNak(t *testing.T) {
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1})
+	ctx := bg(t)
+	if err := f.Append(ctx, Request{Lane: lane, Records: []spool.Record{rec("d:a", 1)}}); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		again *Message
+		after time.Duration
+		err   error
+	}
+	res := make(chan result, 1)
+	stop := run(f, func(ctx context.Context, p *Partition) error {
+		if p.Kind() != spool.KindEvents {
+			<-ctx.Done()
+			return nil
+		}
+		var r result
+		defer func() { res <- r }()
+		m, err := p.Next(ctx)
+		if err != nil {
+			r.err = err
+			return err
+		}
+		start := time.Now()
+		if r.err = p.Nak(m, 500*time.Millisecond); r.err != nil {
+			return r.err
+		}
+		if p.Held() != 0 {
+			r.err = fmt.Errorf("%d held after Nak", p.Held())
+			return r.err
+		}
+		r.again, r.err = p.Next(ctx)
+		r.after = time.Since(start)
+		if r.err == nil {
+			r.err = p.Ack(ctx, r.again)
+		}
+		return r.err
+	})
+	defer stop()
+	select {
+	case r := <-res:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if r.again.Delivered != 2 || string(r.again.Records[0].Data) != "d:a/1" {
+			t.Errorf("read again: delivery %d, %s", r.again.Delivered, r.again.Records[0].Data)
+		}
+		if r.after < 400*time.Millisecond {
+			t.Errorf("read again after %v, before its 500ms delay", r.after)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("deliver did not finish")
+	}
 }
 
 // testRelayRestart: a relay stops with a message read and not
