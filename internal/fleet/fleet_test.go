@@ -368,7 +368,7 @@ func (e *testEnv) testMetrics(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("nothing read")
 	}
-	waitFor(t, 10*time.Second, "every partition owned", func() bool { return gauge(t, reg, "relay_fleet_partitions_owned") == 6 })
+	waitFor(t, 30*time.Second, "every partition owned", func() bool { return gauge(t, reg, "relay_fleet_partitions_owned") == 6 })
 	if got := gauge(t, reg, "relay_fleet_messages_held"); got != 1 {
 		t.Errorf("messages_held %v with one message read, want 1", got)
 	}
@@ -603,7 +603,9 @@ func (e *testEnv) testPartitionsFixed(t *testing.T) {
 // past AckWait is not delivered again while its owner holds it, and does
 // not hold back the next message of its partition (another key's).
 func (e *testEnv) testKeepAlive(t *testing.T) {
-	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1, AckWait: time.Second})
+	// AckWait 2s: keep-alives every 667 ms, so a stall of over a second on a
+	// loaded machine does not cause a redelivery.
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1, AckWait: 2 * time.Second})
 	ctx := bg(t)
 	for _, k := range []string{"d:paused", "d:other"} {
 		if err := f.Append(ctx, Request{Lane: lane, Records: []spool.Record{rec(k, 1)}}); err != nil {
@@ -631,8 +633,8 @@ func (e *testEnv) testKeepAlive(t *testing.T) {
 		if r.err = p.Ack(ctx, r.other); r.err != nil {
 			return r.err
 		}
-		// Hold the first for three AckWaits: nothing may come again.
-		wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		// Hold the first for 2.5 AckWaits: nothing may come again.
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		r.again, r.err = p.Next(wctx)
 		cancel()
 		if err := p.Ack(ctx, r.held); err != nil {
