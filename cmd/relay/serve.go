@@ -218,6 +218,10 @@ func memoryLimitField() zap.Field {
 // --drain-timeout, stop the admin listener (no more group identifies or
 // mappings accepted), close the spool, stop the simulator.
 func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap.Logger) (err error) {
+	if cfg.SpoolNATS != nil {
+		// Issue 22: internal/fleet exists, the delivery engine does not use it yet.
+		return errors.New("--spool nats://: fleet delivery is not wired yet (see README, Fleet mode); use --spool local")
+	}
 	lc := &lifecycle{log: log}
 	g := &goroutines{failed: make(chan error, 1)}
 	var stopping atomic.Bool

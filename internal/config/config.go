@@ -97,6 +97,20 @@ type Config struct {
 	// Settings lists every option of the table in its order, with the value
 	// as given (secrets masked) and its Origin.
 	Settings []Setting
+
+	// Fleet mode (issue 22).
+	// SpoolNATS is --spool's NATS servers ("nats://host:port" or
+	// "tls://host:port" each, user info kept: never log them); nil means
+	// --spool local, the WAL + bbolt spool in DataDir.
+	SpoolNATS []string
+	// NATSCreds, NATSTLSCA, NATSTLSCert and NATSTLSKey are files: a NATS
+	// credentials (JWT + nkey seed) file, the CA bundle that verifies the
+	// servers, and a client certificate and key; "" means none. Only
+	// with SpoolNATS.
+	NATSCreds, NATSTLSCA, NATSTLSCert, NATSTLSKey string
+	// SpoolPartitions is --spool-partitions, P of the fleet's streams
+	// (1..256, fixed once the streams exist).
+	SpoolPartitions int
 }
 
 // Sandbox reports whether the relay runs against its built-in simulated
@@ -263,6 +277,30 @@ var options = []option{
 				return fmt.Errorf("invalid boolean %q: want true or false", v)
 			}
 			c.AnonymizeIP = b
+			return nil
+		}},
+	// Fleet mode (issue 22).
+	{name: "spool", def: "local", secret: true, usage: "local: the WAL + bbolt spool in --data-dir; nats://host:port[,host:port...]: a NATS JetStream cluster shared by a fleet of relays",
+		set: func(c *Config, v string) error {
+			urls, err := ParseSpool(v)
+			c.SpoolNATS = urls
+			return err
+		}},
+	{name: "nats-creds", usage: "NATS credentials file (JWT and nkey seed) for --spool nats://",
+		set: str(func(c *Config) *string { return &c.NATSCreds })},
+	{name: "nats-tls-ca", usage: "CA bundle (PEM) that verifies the NATS servers' certificates",
+		set: str(func(c *Config) *string { return &c.NATSTLSCA })},
+	{name: "nats-tls-cert", usage: "client certificate (PEM) for NATS servers that verify clients; with --nats-tls-key",
+		set: str(func(c *Config) *string { return &c.NATSTLSCert })},
+	{name: "nats-tls-key", usage: "client certificate's key (PEM); with --nats-tls-cert",
+		set: str(func(c *Config) *string { return &c.NATSTLSKey })},
+	{name: "spool-partitions", def: "16", usage: "partitions of the fleet's streams (1..256), fixed once the streams exist: per-key order is kept within one",
+		set: func(c *Config, v string) error {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				return fmt.Errorf("invalid number %q", v)
+			}
+			c.SpoolPartitions = n
 			return nil
 		}},
 }
@@ -607,6 +645,9 @@ func (c Config) Validate() error {
 	case c.Credentials != "" && c.AdminToken == "" && c.AdminTokenFile == "" && c.Token == nil:
 		return settingErr("credentials", "needs an admin token (admin-token or admin-token-file): injected credentials must not be open to anyone who reaches the admin listener")
 	}
+	if err := c.validateFleet(); err != nil {
+		return err
+	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:
@@ -632,6 +673,69 @@ func (c Config) Validate() error {
 		case p.certV == "" && p.keyV != "":
 			return fmt.Errorf("--%s is set without --%s", p.key, p.cert)
 		}
+	}
+	return nil
+}
+
+// ParseSpool parses --spool: "local" (nil) or NATS servers,
+// "nats://h1:4222,h2:4222" (the scheme given once applies to the hosts that
+// follow without one) or "nats://h1:4222,tls://h2:4222". Each server needs
+// a host and a port; "nats://" and "tls://" are the schemes.
+func ParseSpool(v string) ([]string, error) {
+	v = strings.TrimSpace(v)
+	if v == "local" {
+		return nil, nil
+	}
+	if !strings.HasPrefix(v, "nats://") && !strings.HasPrefix(v, "tls://") {
+		return nil, errors.New("want local or nats://host:port[,host:port]")
+	}
+	var out []string
+	scheme := ""
+	for f := range strings.SplitSeq(v, ",") {
+		f = strings.TrimSpace(f)
+		if s, rest, ok := strings.Cut(f, "://"); ok {
+			if s != "nats" && s != "tls" {
+				return nil, fmt.Errorf("server %d: scheme %q: want nats:// or tls://", len(out)+1, s)
+			}
+			scheme, f = s, rest
+		}
+		u, err := url.Parse(scheme + "://" + f)
+		if err != nil || u.Host == "" || u.Port() == "" || u.Hostname() == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
+			// Never echo the value: it may hold a password.
+			return nil, fmt.Errorf("server %d: want host:port", len(out)+1)
+		}
+		if _, err := strconv.ParseUint(u.Port(), 10, 16); err != nil {
+			return nil, fmt.Errorf("server %d: bad port", len(out)+1)
+		}
+		out = append(out, scheme+"://"+u.Host)
+		if u.User != nil {
+			out[len(out)-1] = scheme + "://" + u.User.String() + "@" + u.Host
+		}
+	}
+	return out, nil
+}
+
+// validateFleet checks the fleet-mode settings (issue 22).
+func (c Config) validateFleet() error {
+	if c.SpoolPartitions < 1 || c.SpoolPartitions > 256 {
+		return settingErr("spool-partitions", "%d: want 1 to 256", c.SpoolPartitions)
+	}
+	files := []struct{ name, v string }{
+		{"nats-creds", c.NATSCreds}, {"nats-tls-ca", c.NATSTLSCA}, {"nats-tls-cert", c.NATSTLSCert}, {"nats-tls-key", c.NATSTLSKey},
+	}
+	for _, f := range files {
+		if f.v == "" {
+			continue
+		}
+		if c.SpoolNATS == nil {
+			return settingErr(f.name, "is only for --spool nats://host:port")
+		}
+		if _, err := os.Stat(f.v); err != nil {
+			return settingErr(f.name, "%v", err) // the path, never a secret
+		}
+	}
+	if (c.NATSTLSCert == "") != (c.NATSTLSKey == "") {
+		return &SettingError{Names: []string{"nats-tls-cert", "nats-tls-key"}, Msg: "and nats-tls-key go together: set both or neither"}
 	}
 	return nil
 }

@@ -25,7 +25,8 @@ func TestDefaults(t *testing.T) {
 		FlushInterval: 200 * time.Millisecond, SpoolMaxBytes: 8 << 30, SpoolMinFreeBytes: 256 << 20,
 		Sync: "always", MaxRequestBytes: 20_000_000, MaxEventAge: 6 * 24 * time.Hour,
 		DrainTimeout: 10 * time.Second, LogLevel: "info",
-		MaxConnections: 16384, // issues 19 and 23 (ingest listener)
+		MaxConnections:  16384, // issues 19 and 23 (ingest listener)
+		SpoolPartitions: 16,    // issue 22
 	}
 	if !equal(c, want) {
 		t.Fatalf("defaults\n got %+v\nwant %+v", c, want)
@@ -73,6 +74,7 @@ func TestFullFile(t *testing.T) {
 		// Issues 19 and 23 (ingest listener).
 		MaxConnections: 1000, TLSCert: "/etc/relay/tls/cert.pem", TLSKey: "/etc/relay/tls/key.pem",
 		AdminTLSCert: "/etc/relay/tls/admin-cert.pem", AdminTLSKey: "/etc/relay/tls/admin-key.pem",
+		SpoolPartitions: 16, // issue 22
 	}
 	if !equal(c, want) {
 		t.Fatalf("\n got %+v\nwant %+v", c, want)
@@ -135,6 +137,9 @@ func TestEnvNames(t *testing.T) {
 		// Issues 19 and 23 (ingest listener).
 		"RELAY_MAX_CONNECTIONS=7", "RELAY_TLS_CERT=c", "RELAY_TLS_KEY=k",
 		"RELAY_ADMIN_TLS_CERT=ac", "RELAY_ADMIN_TLS_KEY=ak",
+		// Fleet mode (issue 22).
+		"RELAY_SPOOL=nats://h1:4222,h2:4222", "RELAY_NATS_CREDS=testdata/admin.token", "RELAY_NATS_TLS_CA=testdata/admin.token",
+		"RELAY_NATS_TLS_CERT=testdata/credentials.yaml", "RELAY_NATS_TLS_KEY=testdata/empty.yaml", "RELAY_SPOOL_PARTITIONS=8",
 	}
 	c, err := Load(nil, env)
 	if err != nil {
@@ -152,6 +157,9 @@ func TestEnvNames(t *testing.T) {
 		// Issues 19 and 23 (ingest listener).
 		MaxConnections: 7, TLSCert: "c", TLSKey: "k", AdminTLSCert: "ac", AdminTLSKey: "ak",
 		CORSOrigins: []string{"https://a.example"}, AllowedAPIKeys: []string{"k1"}, ClientRateLimit: 3, AnonymizeIP: true,
+		// Fleet mode (issue 22).
+		SpoolNATS: []string{"nats://h1:4222", "nats://h2:4222"}, NATSCreds: "testdata/admin.token", NATSTLSCA: "testdata/admin.token",
+		NATSTLSCert: "testdata/credentials.yaml", NATSTLSKey: "testdata/empty.yaml", SpoolPartitions: 8,
 	}
 	if !equal(c, want) {
 		t.Fatalf("\n got %+v\nwant %+v", c, want)
@@ -299,6 +307,16 @@ func TestRefusals(t *testing.T) {
 		{"tls cert without key", []string{"--tls-cert", "c.pem"}, nil, "--tls-cert is set without --tls-key"},
 		{"tls key without cert", nil, []string{"RELAY_TLS_KEY=k.pem"}, "--tls-key is set without --tls-cert"},
 		{"admin tls cert without key", []string{"--admin-tls-cert", "c.pem"}, nil, "--admin-tls-cert is set without --admin-tls-key"},
+		// Fleet mode (issue 22).
+		{"spool neither local nor nats", []string{"--spool", "kafka://h:9092"}, nil, "--spool (from flag --spool): want local or nats://"},
+		{"spool server without port", []string{"--spool", "nats://h1:4222,h2"}, nil, "server 2: want host:port"},
+		{"spool password not echoed", []string{"--spool", "nats://u:s3cret@h1"}, nil, "server 1: want host:port"},
+		{"spool bad scheme", []string{"--spool", "nats://h1:4222,http://h2:4222"}, nil, `scheme "http"`},
+		{"nats creds with local spool", []string{"--nats-creds", "testdata/admin.token"}, nil, "--nats-creds is only for --spool nats://"},
+		{"nats creds missing", []string{"--spool", "nats://h:4222", "--nats-creds", "testdata/nope.creds"}, nil, "--nats-creds stat testdata/nope.creds"},
+		{"tls cert without key", []string{"--spool", "nats://h:4222", "--nats-tls-cert", "testdata/admin.token"}, nil, "--nats-tls-cert and nats-tls-key go together: set both or neither (from nats-tls-cert from flag --nats-tls-cert"},
+		{"zero partitions", []string{"--spool-partitions", "0"}, nil, "--spool-partitions 0"},
+		{"too many partitions", nil, []string{"RELAY_SPOOL_PARTITIONS=1000"}, "spool-partitions 1000: want 1 to 256 (from variable RELAY_SPOOL_PARTITIONS)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -439,5 +457,36 @@ func TestDeployExample(t *testing.T) {
 		if _, ok := keys[o.name]; !ok && o.name != "config" {
 			t.Errorf("deploy/relay.yaml lacks %s", o.name)
 		}
+	}
+}
+
+// TestSpool: --spool's forms (issue 22).
+func TestSpool(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want []string
+	}{
+		{"local", nil},
+		{"nats://h1:4222", []string{"nats://h1:4222"}},
+		{"nats://h1:4222,h2:4222, h3:4222", []string{"nats://h1:4222", "nats://h2:4222", "nats://h3:4222"}},
+		{"tls://h1:4222,h2:4222", []string{"tls://h1:4222", "tls://h2:4222"}},
+		{"nats://u:p@h1:4222,[::1]:4222", []string{"nats://u:p@h1:4222", "nats://[::1]:4222"}},
+	} {
+		c, err := Load([]string{"--spool", tt.in}, nil)
+		if err != nil {
+			t.Errorf("%s: %v", tt.in, err)
+			continue
+		}
+		if !reflect.DeepEqual(c.SpoolNATS, tt.want) {
+			t.Errorf("%s: %q, want %q", tt.in, c.SpoolNATS, tt.want)
+		}
+	}
+	c, err := Load([]string{"--spool", "nats://h:4222", "--nats-creds", "testdata/admin.token", "--nats-tls-ca", "testdata/admin.token",
+		"--nats-tls-cert", "testdata/admin.token", "--nats-tls-key", "testdata/admin.token", "--spool-partitions", "32"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.NATSCreds == "" || c.NATSTLSCA == "" || c.NATSTLSCert == "" || c.NATSTLSKey == "" || c.SpoolPartitions != 32 {
+		t.Fatalf("%+v", c)
 	}
 }

@@ -1,0 +1,122 @@
+package fleet
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"time"
+
+	"github.com/svcrelay/relay/internal/spool"
+)
+
+// A message's body (version 1):
+//
+//	0x01 kind:u8 apiKey:uvarint-len+bytes options:uvarint-len+bytes
+//	accepted:uvarint (Unix ms) count:uvarint
+//	count x (orderKey, userID, data: each uvarint-len+bytes)
+//	crc32c:4 bytes big-endian over everything before it
+//
+// JetStream checksums its own blocks; the trailer catches a message that
+// was not written by this package or was damaged on the way.
+const codecVersion = 1
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// errCorrupt is returned by decode for a body it cannot read.
+var errCorrupt = errors.New("fleet: corrupt message")
+
+// header is what every message of a request's partition group repeats.
+type header struct {
+	lane     spool.LaneKey
+	accepted time.Time
+}
+
+func (h *header) size() int {
+	return 1 + 1 + 2*binary.MaxVarintLen64 + len(h.lane.APIKey) + len(h.lane.Options) + 2*binary.MaxVarintLen64
+}
+
+func recordSize(r *spool.Record) int {
+	return 3*binary.MaxVarintLen32 + len(r.OrderKey) + len(r.UserID) + len(r.Data)
+}
+
+func appendBytes(b, v []byte) []byte {
+	b = binary.AppendUvarint(b, uint64(len(v)))
+	return append(b, v...)
+}
+
+// encode appends the body of a message of recs to dst.
+func encode(dst []byte, h *header, recs []spool.Record) []byte {
+	start := len(dst)
+	dst = append(dst, codecVersion, byte(h.lane.Kind))
+	dst = appendBytes(dst, []byte(h.lane.APIKey))
+	dst = appendBytes(dst, []byte(h.lane.Options))
+	dst = binary.AppendUvarint(dst, uint64(h.accepted.UnixMilli()))
+	dst = binary.AppendUvarint(dst, uint64(len(recs)))
+	for i := range recs {
+		dst = appendBytes(dst, recs[i].OrderKey)
+		dst = appendBytes(dst, recs[i].UserID)
+		dst = appendBytes(dst, recs[i].Data)
+	}
+	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
+}
+
+// decode reads a body; the records alias b.
+func decode(b []byte) (header, []spool.Record, error) {
+	var h header
+	if len(b) < 4 {
+		return h, nil, errCorrupt
+	}
+	body, sum := b[:len(b)-4], binary.BigEndian.Uint32(b[len(b)-4:])
+	if crc32.Checksum(body, castagnoli) != sum {
+		return h, nil, fmt.Errorf("%w: checksum", errCorrupt)
+	}
+	if len(body) < 2 || body[0] != codecVersion {
+		return h, nil, fmt.Errorf("%w: version", errCorrupt)
+	}
+	h.lane.Kind = spool.Kind(body[1])
+	p := body[2:]
+	next := func() ([]byte, bool) {
+		n, k := binary.Uvarint(p)
+		if k <= 0 || n > uint64(len(p)-k) {
+			return nil, false
+		}
+		v := p[k : k+int(n) : k+int(n)]
+		p = p[k+int(n):]
+		return v, true
+	}
+	uv := func() (uint64, bool) {
+		n, k := binary.Uvarint(p)
+		if k <= 0 {
+			return 0, false
+		}
+		p = p[k:]
+		return n, true
+	}
+	key, ok1 := next()
+	opts, ok2 := next()
+	ms, ok3 := uv()
+	n, ok4 := uv()
+	if !ok1 || !ok2 || !ok3 || !ok4 || n > uint64(len(p)) {
+		return h, nil, fmt.Errorf("%w: header", errCorrupt)
+	}
+	h.lane.APIKey, h.lane.Options = string(key), string(opts)
+	h.accepted = time.UnixMilli(int64(ms))
+	recs := make([]spool.Record, n)
+	for i := range recs {
+		var ok [3]bool
+		recs[i].OrderKey, ok[0] = next()
+		recs[i].UserID, ok[1] = next()
+		recs[i].Data, ok[2] = next()
+		if !ok[0] || !ok[1] || !ok[2] {
+			return h, nil, fmt.Errorf("%w: record %d", errCorrupt, i)
+		}
+		if len(recs[i].UserID) == 0 {
+			recs[i].UserID = nil
+		}
+	}
+	if len(p) != 0 {
+		return h, nil, fmt.Errorf("%w: %d trailing bytes", errCorrupt, len(p))
+	}
+	return h, recs, nil
+}

@@ -1,0 +1,196 @@
+// Package fleet is the relay's spool on a NATS JetStream cluster, shared by
+// every relay of a fleet (--spool nats://h1:4222,h2:4222,h3:4222): any relay,
+// and any one node of the cluster, can die without losing an acknowledged
+// record, and a 429 seen by one relay holds the key on every relay.
+//
+// # The seam
+//
+// The delivery engine and the ingest talk to a spool through a few small
+// interfaces; the local spool (internal/spool) and this package are the two
+// implementations. seam.go writes the fleet's side down (the engine of
+// issue 21 declares the same methods where it uses them; the compiler checks
+// that Fleet and Partition have them):
+//
+//   - Appender: Append(ctx, Request) error: a request's records of one
+//     lane, made durable as a whole before it returns (all or nothing, see
+//     Ingest).
+//   - Owner: Run(ctx, deliver): for every partition this relay owns,
+//     deliver runs with a context that ends when ownership ends.
+//   - Reader (a *Partition): Next returns the partition's messages in
+//     order; Ack once all a message's records were answered 200 by the
+//     upstream or committed as dead letters; Nak to have one read again.
+//   - DeadLetters: PutDead, ListDead, DeleteDead, shared by the fleet (one
+//     relay lists and replays what another dead-lettered).
+//   - Pauser: Pause, PausedUntil: a key (device, user, pacing slot) held
+//     until a time, seen by every relay.
+//
+// Where the local spool has one queue per lane (kind, api_key, options)
+// and a chunk per Append, the fleet has one stream per kind split in P
+// partitions, and a message per request and partition whose lane travels
+// inside it: the engine's unit of work is a partition (in which it keeps
+// its per-key shards), not a lane. Lane-level admin (stop, resume, status)
+// then works on the engine's in-memory state, across the partitions it
+// owns.
+//
+// A message is the unit of storage and of acknowledgement: the records of
+// one request that fall in one partition (split further only when larger
+// than Config.MaxMessageBytes). Records are not acknowledged one by one: the
+// engine counts a message's records (as the batcher counts a chunk's) and
+// acks the message when the last is done. The lane (kind, api_key, options)
+// travels inside each message, so that one partition carries every lane.
+//
+// # Invariants
+//
+//   - Order per key: a record's partition is FNV-1a(order key) mod P, the
+//     same on every relay (P is fixed per stream, kept in the stream's
+//     metadata and checked by Open). Within a partition the stream keeps
+//     publish order; one request's records of a key are in one message or
+//     in consecutive messages of one atomic batch. Exactly one relay reads a
+//     partition at a time and gets its messages in stream order, so the
+//     engine's per-key rules (one request in flight per shard, resends in
+//     front) hold as with the local spool. After a failover the new owner
+//     reads every message not acknowledged, again in stream order, starting
+//     at the oldest: a key's records may be sent again (the upstream dedups
+//     by insert_id), never overtaken by later ones.
+//   - Acknowledgement: Ack only after the upstream's 200 for every record of
+//     the message, or after PutDead returned for those that will not be
+//     delivered. Ack is synchronous (the server confirms it); a message not
+//     acknowledged is delivered again to the partition's next owner.
+//   - One owner per partition: see Ownership.
+//   - Nothing acknowledged is lost while a quorum of the cluster (two of
+//     three nodes) keeps its store: every stream is R3 on file storage and
+//     Append returns only when the stream leader has the write stored on a
+//     quorum.
+//
+// # Streams
+//
+//	RELAY_EVENTS   relay.events.<p>  work-queue retention, R3, file,
+//	                                 discard new at Config.MaxBytes,
+//	                                 dedup window Config.DedupWindow,
+//	                                 atomic batch publish allowed;
+//	                                 metadata relay.partitions = P
+//	RELAY_GROUPIDENTIFY, RELAY_USERMAP  the same for the other lane kinds
+//	RELAY_DEAD     relay.dead.<kind> limits retention, R3, file; a dead
+//	                                 letter's ID is its stream sequence
+//	KV RELAY_FLEET  m.<relay>, p.<kind>.<p>  membership and partition
+//	                                 leases, R3, every revision expires
+//	                                 after Config.LeaseTTL
+//	KV RELAY_PAUSES <base64url key>  pauses and pacing, R3, per-key TTL
+//
+// Work-queue retention: a message is removed as soon as it is
+// acknowledged, so the stream holds exactly the backlog, its size is what
+// Config.MaxBytes bounds and what ingest's 503 reacts to, and a new consumer
+// that starts at the first message starts at the oldest unacknowledged one
+// (what failover relies on, see Ownership). Nothing needs the acknowledged
+// messages again: what could not be delivered is in RELAY_DEAD. Limits
+// retention would keep acknowledged messages until MaxAge or MaxBytes and
+// make "stream full" mean "old delivered data", not backlog.
+//
+// Durability of a write (--sync): the streams use the server's default
+// persist mode, in which a publish is acknowledged once a quorum of nodes
+// has written it to their OS (a quorum stores it). Whether each node also
+// fsyncs before that is the server's `jetstream { sync_interval: always }`
+// setting, which a client cannot set or see: with --sync always the
+// operator must configure the cluster so (the README says how); with
+// --sync none the server's default (fsync every two minutes) is enough,
+// and an acknowledged record survives the crash or power loss of any one
+// node, not of a quorum at once.
+//
+// # Ingest: all or nothing
+//
+// Append groups a request's records by partition, encodes each group as one
+// message (several when larger than MaxMessageBytes) with
+// Nats-Msg-Id = <request id>-<partition>-<part>, and publishes:
+//
+//   - one message: a plain JetStream publish;
+//   - several: one atomic batch (Nats-Batch-Id, nats-server 2.12+): the
+//     server stores all of them or none. So when "publish 2 of 3" fails the
+//     batch is abandoned and nothing of the request is in the stream.
+//
+// A retry after a lost answer (time-out, a node dying) sends the same
+// message ids in a new batch: if the first attempt was committed, the
+// server answers "duplicate" (a single message) or "batch contains
+// duplicate message id" (a batch, all of whose ids were committed together
+// and expire together), and Append counts that as success. Append retries
+// for at most Config.PublishTimeout; then, or at once when the stream is
+// full, it returns an error for which errors.Is(err, ErrFull) or
+// errors.Is(err, ErrUnavailable) holds: the ingest answers 503 with
+// Retry-After, never a partial 200. After ErrUnavailable the request may or
+// may not be stored (the answer was lost): a client that retries with the
+// same body gets the same Request.ID when the ingest derives it from the
+// body (every event with an insert_id; see Request.ID), and the retry is
+// absorbed within the dedup window; otherwise the upstream's insert_id
+// dedup is what remains.
+//
+// # Ownership
+//
+// Each relay puts m.<relay> in KV RELAY_FLEET every LeaseTTL/3 (a
+// heartbeat); the live members are the keys present. Partitions are
+// assigned from that list (see assign), so every relay computes the same
+// assignment from the same list and a membership change moves few
+// partitions. A relay delivers a partition only while it
+// holds its lease p.<kind>.<p>: created with Create (atomic: the key must
+// not exist), renewed with Update at the last revision (compare and swap),
+// deleted when the relay gives the partition up, and gone by itself
+// LeaseTTL after its last renewal when the relay died.
+//
+// Fencing: the owner's deliver context ends at the start of its last
+// successful renewal plus LeaseTTL minus LeaseMargin (measured on the
+// relay's monotonic clock, so a relay that cannot renew stops before the
+// server lets its lease expire), or as soon as a renewal is refused. On
+// taking a lease the new owner deletes the partition's durable consumer and
+// creates it anew at the first message of the partition: every message not
+// acknowledged comes back at once and in order (no wait for AckWait), and
+// acknowledgements from the previous owner, whose consumer no longer
+// exists, are refused. A standby takes a dead owner's partitions within
+// LeaseTTL plus one heartbeat (about 8 s with the defaults).
+//
+// Why not JetStream's pinned-client priority policy: a pinned consumer
+// gives one reader per partition, but when the pin moves the previous
+// reader's unacknowledged messages come back only after AckWait, while the
+// new reader already gets later ones (nats-server 2.15 unpins without
+// touching pending messages), which would break per-key order; and the
+// server, not the fleet, decides which relay is pinned, so partitions are
+// not spread on purpose. The lease plus consumer reset gives order and
+// spread, at the cost of a consumer re-creation per take-over.
+//
+// The ownership loop does one KV operation per held or wanted lease per
+// heartbeat (3 x P at most, e.g. 48 every 2 s with the defaults), each in
+// its own goroutine so that a slow answer does not delay the other
+// renewals. Partitions are assigned by rendezvous hashing with bounded load
+// (each member takes at most ceil(P/n) of each kind).
+//
+// A paused key's message stays unacknowledged: the engine keeps its
+// records and acknowledges other messages of the partition meanwhile
+// (JetStream acknowledges messages one by one, MaxAckPending bounds how
+// many can wait). The partition reader sends InProgress for every message
+// it handed out and that is still unacknowledged every AckWait/3, so the
+// server never redelivers it to its owner.
+//
+// # Pauses
+//
+// Pause(key, until) puts the key into KV RELAY_PAUSES with a per-message
+// TTL of until-now (nats-server 2.11+); every relay watches the bucket and
+// keeps the live pauses in memory, so PausedUntil is a map lookup. A pause
+// never shortens a longer one: Pause reads the stored one and replaces it
+// only when it ends earlier, with a compare-and-swap on its revision. Pacing (usermap's one
+// request per organization and interval) uses the same keys ("pace:" +
+// organization) with the time of the next slot.
+//
+// # Goroutines
+//
+// Open starts the pause watcher (stopped by Close). Run owns the heartbeat
+// loop, the per-tick goroutines of its KV operations (waited for within the
+// tick) and one goroutine per owned partition (opening it, then calling
+// deliver); it returns after every deliver returned and every lease was
+// released. A Partition's keep-alive goroutine lives as long as its
+// deliver call. Locks: Partition.mu (its handed-out messages) and
+// pauses.mu (the pause map), never held together nor across a call into
+// another package; metrics read atomics.
+//
+// # Metrics
+//
+// See metrics.go: relay_fleet_append_seconds,
+// relay_fleet_append_failures_total{reason}, relay_fleet_partitions_owned,
+// relay_fleet_messages_held, relay_fleet_partition_backlog{partition}.
+package fleet

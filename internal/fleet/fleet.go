@@ -1,0 +1,341 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/svcrelay/relay/internal/spool"
+)
+
+// Defaults.
+const (
+	DefaultPartitions      = 16
+	DefaultReplicas        = 3
+	DefaultDedupWindow     = 2 * time.Minute
+	DefaultPublishTimeout  = 10 * time.Second
+	DefaultMaxMessageBytes = 512 << 10
+	DefaultLeaseTTL        = 6 * time.Second
+	DefaultAckWait         = 30 * time.Second
+	DefaultMaxAckPending   = 20000
+)
+
+// MaxPartitions bounds Config.Partitions: an atomic batch holds at most
+// 1000 messages (the server's default), and a request may need one per
+// partition plus its splits.
+const MaxPartitions = 256
+
+// Metadata names.
+const (
+	metaPartitions = "relay.partitions"
+	metaFormat     = "relay.format"
+	formatVersion  = "1"
+)
+
+// kinds are the lane kinds with a stream each.
+var kinds = []spool.Kind{spool.KindEvents, spool.KindGroupIdentify, spool.KindUserMap}
+
+// names are the streams', buckets' and subjects' names of a namespace
+// (Config.Namespace): RELAY_EVENTS and relay.events.<p> for "RELAY".
+type names struct{ ns string }
+
+func (n names) stream(k spool.Kind) string { return n.ns + "_" + strings.ToUpper(k.String()) }
+
+func (n names) subjectPrefix(k spool.Kind) string {
+	return strings.ToLower(n.ns) + "." + k.String() + "."
+}
+
+func (n names) subject(k spool.Kind, p int) string { return n.subjectPrefix(k) + strconv.Itoa(p) }
+
+func (n names) deadStream() string { return n.ns + "_DEAD" }
+
+func (n names) deadSubject(k spool.Kind) string { return strings.ToLower(n.ns) + ".dead." + k.String() }
+
+func (n names) deadAll() string { return strings.ToLower(n.ns) + ".dead.>" }
+
+func (n names) fleetBucket() string { return n.ns + "_FLEET" }
+
+func (n names) pauseBucket() string { return n.ns + "_PAUSES" }
+
+// Config configures a Fleet. Zero values mean the defaults named.
+type Config struct {
+	// Namespace prefixes every stream and bucket name (NS_EVENTS,
+	// NS_DEAD, NS_FLEET, NS_PAUSES; subjects ns.events.<p>), so that
+	// fleets can share a cluster; upper-case letters and digits, empty
+	// means "RELAY". All relays of a fleet use the same.
+	Namespace string
+	// Name identifies this relay among the fleet's members (KV keys, logs);
+	// it must be unique in the fleet. Empty means the host name plus a
+	// random suffix.
+	Name string
+	// Partitions is P, the number of partitions of each stream (1 to
+	// MaxPartitions); zero means DefaultPartitions. It is fixed when a
+	// stream is created: Open fails with ErrPartitions when an existing
+	// stream has another.
+	Partitions int
+	// Replicas of every stream and bucket; zero means DefaultReplicas (3).
+	Replicas int
+	// MaxBytes bounds each lane kind's stream (discard new: Append returns
+	// ErrFull above it); zero means no bound but the server's.
+	MaxBytes int64
+	// DedupWindow is how long a retried publish is absorbed; zero means
+	// DefaultDedupWindow.
+	DedupWindow time.Duration
+	// PublishTimeout bounds Append's attempts and retries (a time-out, a
+	// lost leader); zero means DefaultPublishTimeout.
+	PublishTimeout time.Duration
+	// MaxMessageBytes bounds an encoded message; larger groups are split.
+	// Zero means DefaultMaxMessageBytes; it must stay under the server's
+	// max_payload (Open checks).
+	MaxMessageBytes int
+	// LeaseTTL is how long a partition lease and a membership heartbeat
+	// live without renewal: a dead relay's partitions move after about
+	// LeaseTTL plus LeaseTTL/3. Zero means DefaultLeaseTTL; at least 1s.
+	LeaseTTL time.Duration
+	// LeaseMargin is how much earlier than LeaseTTL an owner that cannot
+	// renew stops delivering; zero means LeaseTTL/4.
+	LeaseMargin time.Duration
+	// AckWait is the consumers' ack wait (the reader keeps handed-out
+	// messages alive at a third of it); zero means DefaultAckWait.
+	AckWait time.Duration
+	// MaxAckPending bounds the unacknowledged messages of a partition
+	// (paused keys' messages included): at it, the partition's reading
+	// stops until some are acknowledged. Zero means DefaultMaxAckPending.
+	MaxAckPending int
+}
+
+func (c Config) withDefaults() Config {
+	if c.Name == "" {
+		h, _ := os.Hostname()
+		c.Name = sanitize(h) + "-" + strings.ToLower(nuid.Next()[16:])
+	}
+	if c.Namespace == "" {
+		c.Namespace = "RELAY"
+	}
+	if c.Partitions == 0 {
+		c.Partitions = DefaultPartitions
+	}
+	if c.Replicas == 0 {
+		c.Replicas = DefaultReplicas
+	}
+	if c.DedupWindow == 0 {
+		c.DedupWindow = DefaultDedupWindow
+	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = DefaultPublishTimeout
+	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = DefaultLeaseTTL
+	}
+	if c.LeaseMargin == 0 {
+		c.LeaseMargin = c.LeaseTTL / 4
+	}
+	if c.AckWait == 0 {
+		c.AckWait = DefaultAckWait
+	}
+	if c.MaxAckPending == 0 {
+		c.MaxAckPending = DefaultMaxAckPending
+	}
+	return c
+}
+
+// sanitize keeps what a KV key takes.
+func sanitize(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			b[i] = '-'
+		}
+	}
+	if len(b) == 0 {
+		return "relay"
+	}
+	return string(b)
+}
+
+func validNamespace(s string) bool {
+	for _, c := range []byte(s) {
+		if !(c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return s != "" && len(s) <= 32
+}
+
+// Validate reports a configuration error.
+func (c Config) Validate() error {
+	d := c.withDefaults()
+	switch {
+	case !validNamespace(d.Namespace):
+		return fmt.Errorf("fleet: namespace %q: upper-case letters and digits only", c.Namespace)
+	case sanitize(d.Name) != d.Name:
+		return fmt.Errorf("fleet: name %q: letters, digits, - and _ only", c.Name)
+	case d.Partitions < 1 || d.Partitions > MaxPartitions:
+		return fmt.Errorf("fleet: partitions %d: want 1 to %d", c.Partitions, MaxPartitions)
+	case d.Replicas != 1 && d.Replicas != 3 && d.Replicas != 5:
+		return fmt.Errorf("fleet: replicas %d: want 1, 3 or 5", c.Replicas)
+	case d.MaxBytes < 0:
+		return errors.New("fleet: max bytes must not be negative")
+	case d.DedupWindow < time.Second, d.PublishTimeout < 100*time.Millisecond, d.AckWait < time.Second:
+		return errors.New("fleet: dedup window and ack wait must be at least 1s, publish timeout 100ms")
+	case d.MaxMessageBytes < 1024:
+		return fmt.Errorf("fleet: max message bytes %d: want at least 1024", c.MaxMessageBytes)
+	case d.LeaseTTL < time.Second:
+		return fmt.Errorf("fleet: lease TTL %v: want at least 1s", c.LeaseTTL)
+	case d.LeaseMargin <= 0 || d.LeaseMargin >= d.LeaseTTL/2:
+		return fmt.Errorf("fleet: lease margin %v: want more than 0 and less than half the lease TTL", c.LeaseMargin)
+	case d.MaxAckPending < 1:
+		return errors.New("fleet: max ack pending must be positive")
+	}
+	return nil
+}
+
+// Fleet is one relay's handle on the shared spool. All methods are safe for
+// concurrent use.
+type Fleet struct {
+	cfg   Config
+	n     names
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	log   *zap.Logger
+	kv    jetstream.KeyValue // RELAY_FLEET
+	dead  jetstream.Stream
+	pause *pauses
+	m     *metrics
+}
+
+// Open creates or checks the streams and buckets on the cluster nc is
+// connected to and starts watching pauses. nc stays the caller's (Close does
+// not close it). log and reg may be nil.
+func Open(ctx context.Context, nc *nats.Conn, cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Fleet, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if mp := nc.MaxPayload(); mp > 0 && int64(cfg.MaxMessageBytes) > mp {
+		return nil, fmt.Errorf("fleet: max message bytes %d above the server's max_payload %d", cfg.MaxMessageBytes, mp)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("fleet: %w", err)
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	f := &Fleet{cfg: cfg, n: names{cfg.Namespace}, nc: nc, js: js, m: m, log: log.With(zap.String("relay", cfg.Name))}
+	for _, k := range kinds {
+		if err := f.ensureStream(ctx, k); err != nil {
+			return nil, err
+		}
+	}
+	f.dead, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:       f.n.deadStream(),
+		Subjects:   []string{f.n.deadAll()},
+		Retention:  jetstream.LimitsPolicy,
+		Storage:    jetstream.FileStorage,
+		Replicas:   cfg.Replicas,
+		Duplicates: cfg.DedupWindow,
+		Discard:    jetstream.DiscardOld,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("fleet: dead-letter stream: %w", unavailable(err))
+	}
+	f.kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:   f.n.fleetBucket(),
+		History:  1,
+		TTL:      cfg.LeaseTTL,
+		Storage:  jetstream.FileStorage,
+		Replicas: cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("fleet: membership bucket: %w", unavailable(err))
+	}
+	pkv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:         f.n.pauseBucket(),
+		History:        1,
+		Storage:        jetstream.FileStorage,
+		Replicas:       cfg.Replicas,
+		LimitMarkerTTL: time.Minute,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("fleet: pause bucket: %w", unavailable(err))
+	}
+	if f.pause, err = startPauses(ctx, js, pkv, "$KV."+f.n.pauseBucket()+".", f.log); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// ensureStream creates the lane kind's stream or checks that the existing
+// one has this configuration's partitions.
+func (f *Fleet) ensureStream(ctx context.Context, k spool.Kind) error {
+	name := f.n.stream(k)
+	want := strconv.Itoa(f.cfg.Partitions)
+	s, err := f.js.Stream(ctx, name)
+	switch {
+	case err == nil:
+		info := s.CachedInfo()
+		if got := info.Config.Metadata[metaPartitions]; got != want {
+			return fmt.Errorf("fleet: stream %s has %q partitions, this relay is configured for %s: %w", name, got, want, ErrPartitions)
+		}
+		if got := info.Config.Metadata[metaFormat]; got != formatVersion {
+			return fmt.Errorf("fleet: stream %s has message format %q, this relay writes %s: %w", name, got, formatVersion, ErrPartitions)
+		}
+		return nil
+	case !errors.Is(err, jetstream.ErrStreamNotFound):
+		return fmt.Errorf("fleet: stream %s: %w", name, unavailable(err))
+	}
+	maxBytes := f.cfg.MaxBytes
+	if maxBytes == 0 {
+		maxBytes = -1
+	}
+	_, err = f.js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:               name,
+		Subjects:           []string{f.n.subjectPrefix(k) + "*"},
+		Retention:          jetstream.WorkQueuePolicy,
+		Storage:            jetstream.FileStorage,
+		Replicas:           f.cfg.Replicas,
+		MaxBytes:           maxBytes,
+		Discard:            jetstream.DiscardNew,
+		Duplicates:         f.cfg.DedupWindow,
+		MaxMsgSize:         int32(f.cfg.MaxMessageBytes) + 1024,
+		AllowAtomicPublish: true,
+		Metadata:           map[string]string{metaPartitions: want, metaFormat: formatVersion},
+	})
+	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return f.ensureStream(ctx, k) // another relay created it meanwhile
+	}
+	if err != nil {
+		return fmt.Errorf("fleet: create stream %s: %w", name, unavailable(err))
+	}
+	return nil
+}
+
+// Close stops the pause watcher. It does not close the connection.
+func (f *Fleet) Close() error {
+	f.pause.stop()
+	return nil
+}
+
+// Name is this relay's member name.
+func (f *Fleet) Name() string { return f.cfg.Name }
+
+// Partitions is P.
+func (f *Fleet) Partitions() int { return f.cfg.Partitions }

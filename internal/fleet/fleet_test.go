@@ -1,0 +1,1060 @@
+package fleet
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/svcrelay/relay/internal/natstest"
+	"github.com/svcrelay/relay/internal/spool"
+)
+
+// TestFleet runs every case against one real 3-node cluster (started once:
+// about 3-5 s); each case has a namespace of its own. The node-restart case
+// runs last.
+func TestFleet(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node NATS cluster")
+	}
+	c := natstest.Start(t, natstest.Config{})
+	env := &testEnv{c: c}
+	t.Run("Dial", env.testDial)
+	t.Run("AppendReadAck", env.testAppendReadAck)
+	t.Run("Metrics", env.testMetrics)
+	t.Run("AllOrNothing", env.testAllOrNothing)
+	t.Run("Dedup", env.testDedup)
+	t.Run("Full", env.testFull)
+	t.Run("DeadLetters", env.testDeadLetters)
+	t.Run("Pauses", env.testPauses)
+	t.Run("PartitionsFixed", env.testPartitionsFixed)
+	t.Run("KeepAlive", env.testKeepAlive)
+	t.Run("Nak", env.testNak)
+	t.Run("RelayRestart", env.testRelayRestart)
+	t.Run("LeaseStolen", env.testLeaseStolen)
+	t.Run("Failover", env.testFailover)
+	t.Run("NodeRestart", env.testNodeRestart)
+	t.Run("NoQuorum", env.testNoQuorum)
+}
+
+type testEnv struct {
+	c  *natstest.Cluster
+	ns int
+}
+
+// namespace returns a fresh namespace for a case.
+func (e *testEnv) namespace() string {
+	e.ns++
+	return "T" + strconv.Itoa(e.ns)
+}
+
+func (e *testEnv) connect(t *testing.T) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(e.c.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+func (e *testEnv) open(t *testing.T, nc *nats.Conn, cfg Config) *Fleet {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var log *zap.Logger
+	if os.Getenv("FLEET_TEST_LOG") != "" {
+		log = zaptest.NewLogger(t)
+	}
+	f, err := Open(ctx, nc, cfg, log, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+func bg(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+var lane = spool.LaneKey{Kind: spool.KindEvents, APIKey: "key-1"}
+
+// rec is record n of key k; its data is "k/n".
+func rec(k string, n int) spool.Record {
+	return spool.Record{OrderKey: []byte(k), Data: []byte(k + "/" + strconv.Itoa(n))}
+}
+
+func parse(r spool.Record) (string, int) {
+	k, n, _ := strings.Cut(string(r.Data), "/")
+	i, _ := strconv.Atoi(n)
+	return k, i
+}
+
+// collector records what a deliver function read, per key in order.
+type collector struct {
+	mu   sync.Mutex
+	got  map[string][]int
+	set  map[string]bool // "key/n" read
+	msgs int
+	own  *owners
+}
+
+// owners counts the deliver calls running at once per partition, across
+// the relays whose collectors share it.
+type owners struct {
+	mu  sync.Mutex
+	now map[slot]int
+	max int
+}
+
+func newCollector() *collector {
+	return &collector{got: make(map[string][]int), set: make(map[string]bool), own: &owners{now: make(map[slot]int)}}
+}
+
+func (c *collector) add(m *Message) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.msgs++
+	for _, r := range m.Records {
+		k, n := parse(r)
+		c.got[k] = append(c.got[k], n)
+		c.set[string(r.Data)] = true
+	}
+}
+
+func (c *collector) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, v := range c.got {
+		n += len(v)
+	}
+	return n
+}
+
+// deliver reads and acks everything (ack(m) false: holds m unacknowledged).
+func (c *collector) deliver(ack func(*Message) bool) DeliverFunc {
+	return func(ctx context.Context, p *Partition) error {
+		s := slot{p.Kind(), p.ID()}
+		o := c.own
+		o.mu.Lock()
+		o.now[s]++
+		o.max = max(o.max, o.now[s])
+		o.mu.Unlock()
+		defer func() {
+			o.mu.Lock()
+			o.now[s]--
+			o.mu.Unlock()
+		}()
+		for {
+			m, err := p.Next(ctx)
+			if err != nil {
+				return err
+			}
+			c.add(m)
+			if ack == nil || ack(m) {
+				if err := p.Ack(ctx, m); err != nil {
+					return err
+				}
+			}
+		}
+	}
+}
+
+// run runs f.Run in the background until the returned stop is called.
+func run(f *Fleet, deliver DeliverFunc) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f.Run(ctx, deliver)
+	}()
+	return func() { cancel(); <-done }
+}
+
+// waitFor polls cond every 20 ms for at most d.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func streamMsgs(t *testing.T, f *Fleet, k spool.Kind) uint64 {
+	t.Helper()
+	s, err := f.js.Stream(bg(t), f.n.stream(k))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.CachedInfo().State.Msgs
+}
+
+// checkOrder fails unless each key's records were read exactly once each,
+// 1..want[key] in order.
+func checkOrder(t *testing.T, got map[string][]int, want map[string]int) {
+	t.Helper()
+	for k, n := range want {
+		vs := got[k]
+		if len(vs) != n {
+			t.Errorf("key %s: read %d records, want %d", k, len(vs), n)
+		}
+		for i, v := range vs {
+			if v != i+1 {
+				t.Errorf("key %s: record %d read as number %d", k, v, i+1)
+				break
+			}
+		}
+	}
+}
+
+func (e *testEnv) testDial(t *testing.T) {
+	nc, err := Dial(ConnConfig{Servers: e.c.URLs()[:1]}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	// The client learned the other servers from the cluster.
+	waitFor(t, 10*time.Second, "the other servers discovered", func() bool { return len(nc.Servers()) >= e.c.Len() })
+	if _, err := Dial(ConnConfig{Servers: e.c.URLs(), CredsFile: t.TempDir() + "/none.creds"}, nil); err == nil {
+		t.Error("dial with a missing credentials file succeeded")
+	}
+	if _, err := Dial(ConnConfig{Servers: e.c.URLs(), TLSCertFile: "x"}, nil); err == nil {
+		t.Error("dial with a certificate but no key succeeded")
+	}
+}
+
+func (e *testEnv) testAppendReadAck(t *testing.T) {
+	nc := e.connect(t)
+	f := e.open(t, nc, Config{Namespace: e.namespace(), Partitions: 4})
+	ctx := bg(t)
+	want := map[string]int{}
+	// 30 requests of 5 keys, 3 records each: each request spans several
+	// partitions (an atomic batch) or one (a single publish).
+	for r := range 30 {
+		var recs []spool.Record
+		for k := range 1 + r%5 {
+			key := "d:" + strconv.Itoa(k)
+			for range 3 {
+				want[key]++
+				recs = append(recs, rec(key, want[key]))
+			}
+		}
+		if err := f.Append(ctx, Request{Lane: lane, Records: recs}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	total := 0
+	for _, n := range want {
+		total += n
+	}
+	col := newCollector()
+	stop := run(f, col.deliver(nil))
+	waitFor(t, 20*time.Second, "every record read", func() bool { return col.count() >= total })
+	waitFor(t, 10*time.Second, "stream empty after acks", func() bool { return streamMsgs(t, f, spool.KindEvents) == 0 })
+	stop()
+	if col.count() != total {
+		t.Errorf("read %d records, want %d", col.count(), total)
+	}
+	checkOrder(t, col.got, want)
+	if col.own.max != 1 {
+		t.Errorf("a partition had %d readers at once", col.own.max)
+	}
+	// The lane and the acceptance time travel with the message.
+	if err := f.Append(ctx, Request{Lane: spool.LaneKey{Kind: spool.KindEvents, APIKey: "k2", Options: `{"min_id_length":1}`}, Accepted: time.UnixMilli(1234567), Records: []spool.Record{{OrderKey: []byte("u:x"), UserID: []byte("x"), Data: []byte("{}")}}}); err != nil {
+		t.Fatal(err)
+	}
+	var got *Message
+	var mu sync.Mutex
+	stop = run(f, func(ctx context.Context, p *Partition) error {
+		m, err := p.Next(ctx)
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		got = m
+		mu.Unlock()
+		return p.Ack(ctx, m)
+	})
+	waitFor(t, 20*time.Second, "the message read", func() bool { mu.Lock(); defer mu.Unlock(); return got != nil })
+	stop()
+	if got.Lane.APIKey != "k2" || got.Lane.Options != `{"min_id_length":1}` || got.Accepted.UnixMilli() != 1234567 ||
+		string(got.Records[0].UserID) != "x" || got.Partition != PartitionOf([]byte("u:x"), 4) {
+		t.Errorf("message %+v", got)
+	}
+}
+
+// gauge returns the value of a metric (summed over its series; a
+// histogram's count), -1 when absent.
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		v := 0.0
+		for _, m := range mf.GetMetric() {
+			switch {
+			case m.Gauge != nil:
+				v += m.GetGauge().GetValue()
+			case m.Counter != nil:
+				v += m.GetCounter().GetValue()
+			case m.Histogram != nil:
+				v += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+		return v
+	}
+	return -1
+}
+
+func (e *testEnv) testMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	ctx := bg(t)
+	f, err := Open(ctx, e.connect(t), Config{Namespace: e.namespace(), Partitions: 2}, nil, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Append(ctx, Request{Lane: lane, Records: []spool.Record{rec("d:a", 1)}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := gauge(t, reg, "relay_fleet_append_seconds"); got != 1 {
+		t.Errorf("append_seconds count %v, want 1", got)
+	}
+	read := make(chan *Message, 1)
+	var held *Partition
+	var mu sync.Mutex
+	stop := run(f, func(ctx context.Context, p *Partition) error {
+		if p.Kind() == spool.KindEvents {
+			m, err := p.Next(ctx)
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			held = p
+			mu.Unlock()
+			read <- m
+		}
+		<-ctx.Done()
+		return nil
+	})
+	defer stop()
+	var m *Message
+	select {
+	case m = <-read:
+	case <-time.After(30 * time.Second):
+		t.Fatal("nothing read")
+	}
+	waitFor(t, 30*time.Second, "every partition owned", func() bool { return gauge(t, reg, "relay_fleet_partitions_owned") == 6 })
+	if got := gauge(t, reg, "relay_fleet_messages_held"); got != 1 {
+		t.Errorf("messages_held %v with one message read, want 1", got)
+	}
+	waitFor(t, 10*time.Second, "the backlog shows the message", func() bool { return gauge(t, reg, "relay_fleet_partition_backlog") == 1 })
+	mu.Lock()
+	p := held
+	mu.Unlock()
+	if err := p.Ack(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if got := gauge(t, reg, "relay_fleet_messages_held"); got != 0 {
+		t.Errorf("messages_held %v after the ack, want 0", got)
+	}
+	waitFor(t, 10*time.Second, "the backlog empties", func() bool { return gauge(t, reg, "relay_fleet_partition_backlog") == 0 })
+	stop()
+	if got := gauge(t, reg, "relay_fleet_partitions_owned"); got != 0 {
+		t.Errorf("partitions_owned %v after Run returned", got)
+	}
+}
+
+func (e *testEnv) testAllOrNothing(t *testing.T) {
+	nc := e.connect(t)
+	// The stream takes messages up to MaxMessageBytes+1024; a record far
+	// larger goes alone into a message the server refuses.
+	f := e.open(t, nc, Config{Namespace: e.namespace(), Partitions: 8, MaxMessageBytes: 4096})
+	ctx := bg(t)
+	var recs []spool.Record
+	for k := range 8 {
+		recs = append(recs, rec("d:"+strconv.Itoa(k), 1))
+	}
+	recs = append(recs, spool.Record{OrderKey: []byte("d:big"), Data: make([]byte, 64<<10)})
+	err := f.Append(ctx, Request{Lane: lane, Records: recs})
+	if err == nil {
+		t.Fatal("append with a message the stream refuses succeeded")
+	}
+	if n := streamMsgs(t, f, spool.KindEvents); n != 0 {
+		t.Fatalf("a refused request left %d messages in the stream", n)
+	}
+	// Without the big record, the same request is stored whole; a record
+	// larger than MaxMessageBytes but within the stream's limit splits.
+	recs = recs[:8]
+	recs = append(recs, spool.Record{OrderKey: []byte("d:0"), Data: make([]byte, 3000)}, spool.Record{OrderKey: []byte("d:0"), Data: make([]byte, 3000)})
+	if err := f.Append(ctx, Request{Lane: lane, Records: recs}); err != nil {
+		t.Fatal(err)
+	}
+	parts := map[int]bool{}
+	for _, r := range recs[:8] {
+		parts[PartitionOf(r.OrderKey, 8)] = true
+	}
+	if n := streamMsgs(t, f, spool.KindEvents); n != uint64(len(parts)+1) {
+		t.Fatalf("stream holds %d messages, want %d (one per partition, one more for d:0's split)", n, len(parts)+1)
+	}
+}
+
+func (e *testEnv) testDedup(t *testing.T) {
+	nc := e.connect(t)
+	f := e.open(t, nc, Config{Namespace: e.namespace(), Partitions: 4})
+	ctx := bg(t)
+	one := Request{ID: "req-1", Lane: lane, Records: []spool.Record{rec("d:a", 1), rec("d:a", 2)}}
+	var many []spool.Record
+	for k := range 6 {
+		many = append(many, rec("d:"+strconv.Itoa(k), 1))
+	}
+	batch := Request{ID: "req-2", Lane: lane, Records: many}
+	for range 3 {
+		for _, r := range []Request{one, batch} {
+			if err := f.Append(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	parts := map[int]bool{}
+	for _, r := range many {
+		parts[PartitionOf(r.OrderKey, 4)] = true
+	}
+	if len(parts) < 2 {
+		t.Fatal("test needs a request over several partitions")
+	}
+	if n := streamMsgs(t, f, spool.KindEvents); n != uint64(1+len(parts)) {
+		t.Fatalf("stream holds %d messages after three tries of each request, want %d", n, 1+len(parts))
+	}
+	if err := f.Append(ctx, Request{ID: "bad id!", Lane: lane, Records: many}); err == nil {
+		t.Error("a request id with spaces was taken")
+	}
+}
+
+func (e *testEnv) testFull(t *testing.T) {
+	nc := e.connect(t)
+	f := e.open(t, nc, Config{Namespace: e.namespace(), Partitions: 2, MaxBytes: 64 << 10})
+	ctx := bg(t)
+	var err error
+	for i := range 100 {
+		err = f.Append(ctx, Request{Lane: lane, Records: []spool.Record{{OrderKey: []byte("d:" + strconv.Itoa(i)), Data: make([]byte, 4000)}}})
+		if err != nil {
+			break
+		}
+	}
+	if !errors.Is(err, ErrFull) {
+		t.Fatalf("append to a full stream: %v, want ErrFull", err)
+	}
+	if errors.Is(err, ErrUnavailable) {
+		t.Error("a full stream also reported as unavailable")
+	}
+}
+
+func (e *testEnv) testDeadLetters(t *testing.T) {
+	nc := e.connect(t)
+	ns := e.namespace()
+	f := e.open(t, nc, Config{Namespace: ns, Partitions: 2})
+	ctx := bg(t)
+	now := time.Now().Truncate(time.Millisecond)
+	gi := spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: "k"}
+	dls := []spool.DeadLetter{
+		{Lane: lane, Reason: "silenced", Answer: []byte(`{"code":400}`), Accepted: now, Died: now, Record: rec("d:a", 1)},
+		{Lane: lane, Reason: "expired", Accepted: now, Died: now, Record: rec("d:a", 2)},
+		{Lane: gi, Reason: "invalid_fields", Accepted: now, Died: now, Record: rec("g:x", 1)},
+	}
+	if err := f.PutDead(ctx, dls); err != nil {
+		t.Fatal(err)
+	}
+	if !(dls[0].ID < dls[1].ID && dls[1].ID < dls[2].ID) {
+		t.Fatalf("ids %d %d %d: want increasing", dls[0].ID, dls[1].ID, dls[2].ID)
+	}
+	// A retried PutDead stores nothing new.
+	again := append([]spool.DeadLetter(nil), dls...)
+	if err := f.PutDead(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	// Another relay lists them.
+	g := e.open(t, e.connect(t), Config{Namespace: ns, Partitions: 2})
+	all, err := g.ListDead(ctx, spool.DeadFilter{}, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 3 || again[0].ID != dls[0].ID {
+		t.Fatalf("listed %d dead letters (retry got id %d, first %d), want 3", len(all), again[0].ID, dls[0].ID)
+	}
+	if d := all[0]; d.Reason != "silenced" || string(d.Answer) != `{"code":400}` || d.Lane != lane || !d.Accepted.Equal(now) ||
+		string(d.Record.Data) != "d:a/1" || string(d.Record.OrderKey) != "d:a" {
+		t.Errorf("dead letter read back as %+v", d)
+	}
+	for _, c := range []struct {
+		f     spool.DeadFilter
+		after uint64
+		limit int
+		want  int
+	}{
+		{spool.DeadFilter{Lane: &gi}, 0, 0, 1},
+		{spool.DeadFilter{Reason: "expired"}, 0, 0, 1},
+		{spool.DeadFilter{}, dls[0].ID, 0, 2},
+		{spool.DeadFilter{}, 0, 2, 2},
+		{spool.DeadFilter{Lane: &lane}, 0, 0, 2},
+	} {
+		got, err := g.ListDead(ctx, c.f, c.after, c.limit)
+		if err != nil || len(got) != c.want {
+			t.Errorf("ListDead(%+v, %d, %d): %d, %v; want %d", c.f, c.after, c.limit, len(got), err, c.want)
+		}
+	}
+	if err := g.DeleteDead(ctx, []uint64{dls[1].ID, 999999}); err != nil {
+		t.Fatal(err)
+	}
+	all, err = f.ListDead(ctx, spool.DeadFilter{}, 0, 0)
+	if err != nil || len(all) != 2 || all[1].ID != dls[2].ID {
+		t.Fatalf("after delete: %v %v", all, err)
+	}
+}
+
+func (e *testEnv) testPauses(t *testing.T) {
+	ns := e.namespace()
+	a := e.open(t, e.connect(t), Config{Namespace: ns, Partitions: 2})
+	b := e.open(t, e.connect(t), Config{Namespace: ns, Partitions: 2})
+	ctx := bg(t)
+	until := time.Now().Add(2 * time.Second)
+	key := []byte("d:device with spaces/and ünïcode")
+	if err := a.Pause(ctx, key, until); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := a.PausedUntil(key); !ok {
+		t.Fatal("the pausing relay does not see its pause")
+	}
+	waitFor(t, 5*time.Second, "the other relay sees the pause", func() bool {
+		u, ok := b.PausedUntil(key)
+		return ok && u.UnixMilli() == until.UnixMilli()
+	})
+	if _, ok := b.PausedUntil([]byte("d:other")); ok {
+		t.Error("an unpaused key is paused")
+	}
+	// A shorter pause does not shorten it.
+	if err := b.Pause(ctx, key, time.Now().Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if u, _ := a.PausedUntil(key); u.UnixMilli() != until.UnixMilli() {
+		t.Errorf("pause shortened to %v", u)
+	}
+	// Nor does it from a relay that has not seen the longer one yet: the
+	// stored pause is compared, not overwritten.
+	b.pause.mu.Lock()
+	clear(b.pause.until)
+	b.pause.mu.Unlock()
+	if err := b.Pause(ctx, key, time.Now().Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := a.pause.kv.Get(ctx, pauseKey(key)); err != nil || int64(binary.BigEndian.Uint64(e.Value())) != until.UnixMilli() {
+		t.Fatalf("stored pause after a shorter one from a stale relay: %v", err)
+	}
+	// A relay opened later sees the pause at once (Open waits for the
+	// bucket's current values).
+	c := e.open(t, e.connect(t), Config{Namespace: ns, Partitions: 2})
+	if _, ok := c.PausedUntil(key); !ok {
+		t.Error("a relay opened during the pause does not see it")
+	}
+	waitFor(t, 10*time.Second, "the pause ends", func() bool { _, ok := b.PausedUntil(key); return !ok })
+	// The key is gone from the bucket (per-key TTL), not just past its time.
+	waitFor(t, 10*time.Second, "the pause's key expires in the bucket", func() bool {
+		_, err := a.pause.kv.Get(ctx, pauseKey(key))
+		return errors.Is(err, jetstream.ErrKeyNotFound)
+	})
+}
+
+func (e *testEnv) testPartitionsFixed(t *testing.T) {
+	nc := e.connect(t)
+	ns := e.namespace()
+	e.open(t, nc, Config{Namespace: ns, Partitions: 4})
+	ctx := bg(t)
+	_, err := Open(ctx, nc, Config{Namespace: ns, Partitions: 8}, nil, nil)
+	if !errors.Is(err, ErrPartitions) {
+		t.Fatalf("open with another partition count: %v, want ErrPartitions", err)
+	}
+}
+
+// testKeepAlive: a message held (not acknowledged, as a paused key's is)
+// past AckWait is not delivered again while its owner holds it, and does
+// not hold back the next message of its partition (another key's).
+func (e *testEnv) testKeepAlive(t *testing.T) {
+	// AckWait 2s: keep-alives every 667 ms, so a stall of over a second on a
+	// loaded machine does not cause a redelivery.
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1, AckWait: 2 * time.Second})
+	ctx := bg(t)
+	for _, k := range []string{"d:paused", "d:other"} {
+		if err := f.Append(ctx, Request{Lane: lane, Records: []spool.Record{rec(k, 1)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type result struct {
+		held, other, again *Message
+		err                error
+	}
+	res := make(chan result, 1)
+	stop := run(f, func(ctx context.Context, p *Partition) error {
+		if p.Kind() != spool.KindEvents {
+			<-ctx.Done()
+			return nil
+		}
+		var r result
+		defer func() { res <- r }()
+		if r.held, r.err = p.Next(ctx); r.err != nil {
+			return r.err
+		}
+		if r.other, r.err = p.Next(ctx); r.err != nil {
+			return r.err
+		}
+		if r.err = p.Ack(ctx, r.other); r.err != nil {
+			return r.err
+		}
+		// Hold the first for 2.5 AckWaits: nothing may come again.
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		r.again, r.err = p.Next(wctx)
+		cancel()
+		if err := p.Ack(ctx, r.held); err != nil {
+			r.err = err
+		}
+		return nil
+	})
+	defer stop()
+	select {
+	case r := <-res:
+		if r.held == nil || r.other == nil {
+			t.Fatalf("read %v %v: %v", r.held, r.other, r.err)
+		}
+		if string(r.held.Records[0].OrderKey) != "d:paused" || string(r.other.Records[0].OrderKey) != "d:other" {
+			t.Fatalf("read %s then %s", r.held.Records[0].OrderKey, r.other.Records[0].OrderKey)
+		}
+		if r.again != nil {
+			t.Fatalf("held message delivered again (seq %d, delivery %d)", r.again.Seq, r.again.Delivered)
+		}
+		if !errors.Is(r.err, context.DeadlineExceeded) {
+			t.Fatalf("waiting for nothing: %v", r.err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("deliver did not finish")
+	}
+	waitFor(t, 10*time.Second, "the stream empties", func() bool { return streamMsgs(t, f, spool.KindEvents) == 0 })
+}
+
+// testNak: a message given back is read again (after the delay), counted
+// as a second delivery.
+func (e *testEnv) testNak(t *testing.T) {
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1})
+	ctx := bg(t)
+	if err := f.Append(ctx, Request{Lane: lane, Records: []spool.Record{rec("d:a", 1)}}); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		again *Message
+		after time.Duration
+		err   error
+	}
+	res := make(chan result, 1)
+	stop := run(f, func(ctx context.Context, p *Partition) error {
+		if p.Kind() != spool.KindEvents {
+			<-ctx.Done()
+			return nil
+		}
+		var r result
+		defer func() { res <- r }()
+		m, err := p.Next(ctx)
+		if err != nil {
+			r.err = err
+			return err
+		}
+		start := time.Now()
+		if r.err = p.Nak(m, 500*time.Millisecond); r.err != nil {
+			return r.err
+		}
+		if p.Held() != 0 {
+			r.err = fmt.Errorf("%d held after Nak", p.Held())
+			return r.err
+		}
+		r.again, r.err = p.Next(ctx)
+		r.after = time.Since(start)
+		if r.err == nil {
+			r.err = p.Ack(ctx, r.again)
+		}
+		return r.err
+	})
+	defer stop()
+	select {
+	case r := <-res:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if r.again.Delivered != 2 || string(r.again.Records[0].Data) != "d:a/1" {
+			t.Errorf("read again: delivery %d, %s", r.again.Delivered, r.again.Records[0].Data)
+		}
+		if r.after < 400*time.Millisecond {
+			t.Errorf("read again after %v, before its 500ms delay", r.after)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("deliver did not finish")
+	}
+}
+
+// testRelayRestart: a relay stops with a message read and not
+// acknowledged; started again, it reads that message first.
+func (e *testEnv) testRelayRestart(t *testing.T) {
+	ns := e.namespace()
+	f := e.open(t, e.connect(t), Config{Namespace: ns, Partitions: 1})
+	ctx := bg(t)
+	for n := 1; n <= 3; n++ {
+		if err := f.Append(ctx, Request{Lane: lane, Records: []spool.Record{rec("d:a", n)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	firstRun := make(chan error, 1)
+	stop := run(f, func(ctx context.Context, p *Partition) error {
+		if p.Kind() != spool.KindEvents {
+			<-ctx.Done()
+			return nil
+		}
+		m, err := p.Next(ctx)
+		if err == nil {
+			err = p.Ack(ctx, m) // record 1 done
+		}
+		if err == nil {
+			_, err = p.Next(ctx) // record 2 read, not acknowledged
+		}
+		firstRun <- err
+		<-ctx.Done()
+		return nil
+	})
+	if err := <-firstRun; err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	// A new process: a new connection and Fleet.
+	g := e.open(t, e.connect(t), Config{Namespace: ns, Partitions: 1})
+	col := newCollector()
+	stop = run(g, col.deliver(nil))
+	defer stop()
+	waitFor(t, 20*time.Second, "records 2 and 3 read again", func() bool { return col.count() >= 2 })
+	col.mu.Lock()
+	defer col.mu.Unlock()
+	if got := col.got["d:a"]; len(got) != 2 || got[0] != 2 || got[1] != 3 {
+		t.Fatalf("after the restart read %v, want [2 3]", got)
+	}
+}
+
+// testLeaseStolen: when the lease is taken from its holder (here: deleted
+// behind its back, as an expiry would), the holder's deliver context ends
+// at its next renewal, and a reader of the reset consumer gets everything
+// not acknowledged.
+func (e *testEnv) testLeaseStolen(t *testing.T) {
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1, LeaseTTL: 3 * time.Second})
+	ctx := bg(t)
+	ended := make(chan time.Time, 4)
+	started := make(chan struct{}, 4)
+	stop := run(f, func(ctx context.Context, p *Partition) error {
+		if p.Kind() != spool.KindEvents {
+			<-ctx.Done()
+			return nil
+		}
+		started <- struct{}{}
+		<-ctx.Done()
+		ended <- time.Now()
+		return nil
+	})
+	defer stop()
+	select {
+	case <-started:
+	case <-time.After(20 * time.Second):
+		t.Fatal("partition never taken")
+	}
+	key := slot{spool.KindEvents, 0}.key()
+	stolen := time.Now()
+	if err := f.kv.Delete(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case at := <-ended:
+		if d := at.Sub(stolen); d > 3*time.Second {
+			t.Errorf("deliver ran %v after its lease was taken", d)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("deliver never stopped after its lease was taken")
+	}
+	// The relay takes the partition again (it is still assigned to it).
+	select {
+	case <-started:
+	case <-time.After(20 * time.Second):
+		t.Fatal("partition not taken again")
+	}
+}
+
+// testFailover: relays A and B share 4 partitions; A holds some messages
+// unacknowledged, then its connection dies. B must take A's partitions
+// within bounded time and read, in order, everything not acknowledged:
+// per key, nothing lost and never a later record before an earlier one.
+func (e *testEnv) testFailover(t *testing.T) {
+	ns := e.namespace()
+	cfg := Config{Namespace: ns, Partitions: 4, LeaseTTL: 2 * time.Second}
+	ncA := e.connect(t)
+	a := e.open(t, ncA, Config{Namespace: ns, Partitions: 4, LeaseTTL: 2 * time.Second, Name: "relay-a"})
+	cfg.Name = "relay-b"
+	b := e.open(t, e.connect(t), cfg)
+	ctx := bg(t)
+
+	colA, colB := newCollector(), newCollector()
+	colB.own = colA.own // one count of readers per partition across both relays
+	// A acknowledges the first half of what it reads and holds the rest.
+	var mu sync.Mutex
+	readA := 0
+	stopA := run(a, colA.deliver(func(*Message) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		readA++
+		return readA <= 20
+	}))
+	defer stopA()
+	stopB := run(b, colB.deliver(nil))
+	defer stopB()
+
+	// Both relays own partitions: wait until each has read something.
+	want := map[string]int{}
+	publish := func(n int) {
+		for range n {
+			var recs []spool.Record
+			for k := range 8 {
+				key := "d:" + strconv.Itoa(k)
+				want[key]++
+				recs = append(recs, rec(key, want[key]))
+			}
+			if err := b.Append(ctx, Request{Lane: lane, Records: recs}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	waitFor(t, 20*time.Second, "both relays own partitions", func() bool {
+		publish(1)
+		return colA.count() > 0 && colB.count() > 0
+	})
+	publish(10)
+	waitFor(t, 20*time.Second, "A holds messages unacknowledged", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return readA > 25
+	})
+	// A dies (its connection, as when its process or network goes).
+	killed := time.Now()
+	ncA.Close()
+	publish(5)
+	total := 0
+	for _, n := range want {
+		total += n
+	}
+	// B reads everything A did not acknowledge, and the rest.
+	waitFor(t, 30*time.Second, "B reads every record", func() bool {
+		colB.mu.Lock()
+		defer colB.mu.Unlock()
+		for k, n := range want {
+			seen := map[int]bool{}
+			for _, v := range colB.got[k] {
+				seen[v] = true
+			}
+			colA.mu.Lock()
+			for _, v := range colA.got[k] {
+				seen[v] = true
+			}
+			colA.mu.Unlock()
+			if len(seen) < n {
+				return false
+			}
+		}
+		return true
+	})
+	took := time.Since(killed)
+	t.Logf("B took over and read everything %v after A died", took)
+	if took > 15*time.Second {
+		t.Errorf("take-over took %v", took)
+	}
+	// Per key, B's reads are in order (the redelivered ones first).
+	colB.mu.Lock()
+	for k, vs := range colB.got {
+		for i := 1; i < len(vs); i++ {
+			if vs[i] <= vs[i-1] {
+				t.Errorf("key %s: B read %d after %d", k, vs[i], vs[i-1])
+			}
+		}
+	}
+	colB.mu.Unlock()
+	// Everything A read but did not ack was read again by B (nothing lost).
+	colA.mu.Lock()
+	colB.mu.Lock()
+	both := 0
+	for k := range colA.set {
+		if colB.set[k] {
+			both++
+		}
+	}
+	if both == 0 {
+		t.Error("B read nothing A had read: the failover redelivered nothing, the test tests nothing")
+	}
+	for k, n := range want {
+		seen := map[int]bool{}
+		for _, v := range colB.got[k] {
+			seen[v] = true
+		}
+		// A's unacknowledged records are those after its last acknowledged
+		// one per partition: check the union covers 1..n and that B's
+		// first record of each key is at most A's last + 1.
+		for _, v := range colA.got[k] {
+			seen[v] = true
+		}
+		for v := 1; v <= n; v++ {
+			if !seen[v] {
+				t.Errorf("key %s: record %d lost", k, v)
+			}
+		}
+	}
+	colA.own.mu.Lock()
+	if colA.own.max > 1 {
+		t.Errorf("a partition had %d readers at once across the relays", colA.own.max)
+	}
+	colA.own.mu.Unlock()
+	colB.mu.Unlock()
+	colA.mu.Unlock()
+	waitFor(t, 10*time.Second, "the stream empties", func() bool { return streamMsgs(t, b, spool.KindEvents) == 0 })
+}
+
+// testNodeRestart appends while the stream's leader is killed and
+// restarted: every Append that returned nil is read back.
+func (e *testEnv) testNodeRestart(t *testing.T) {
+	nc := e.connect(t)
+	f := e.open(t, nc, Config{Namespace: e.namespace(), Partitions: 4, PublishTimeout: 20 * time.Second})
+	ctx := bg(t)
+	var (
+		mu    sync.Mutex
+		acked = map[string]int{} // key -> highest acknowledged record
+		fails int
+	)
+	stopPub := make(chan struct{})
+	pubDone := make(chan struct{})
+	go func() {
+		defer close(pubDone)
+		n := 0
+		for i := 0; i < 2000; i++ {
+			select {
+			case <-stopPub:
+				return
+			default:
+			}
+			n++
+			var recs []spool.Record
+			for k := range 3 {
+				recs = append(recs, rec(fmt.Sprintf("d:%d", (i+k)%10), n))
+			}
+			err := f.Append(ctx, Request{Lane: lane, Records: recs})
+			mu.Lock()
+			if err == nil {
+				for _, r := range recs {
+					k, v := parse(r)
+					acked[k+"/"+strconv.Itoa(v)]++
+				}
+			} else {
+				fails++
+			}
+			mu.Unlock()
+		}
+	}()
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(acked) }
+	waitFor(t, 20*time.Second, "some appends", func() bool { return count() > 30 })
+	l := e.c.StreamLeader(f.n.stream(spool.KindEvents))
+	if l < 0 {
+		t.Fatal("no stream leader")
+	}
+	e.c.Kill(l)
+	before := count()
+	waitFor(t, 30*time.Second, "appends go on with a node down", func() bool { return count() > before+30 })
+	e.c.Restart(l)
+	after := count()
+	waitFor(t, 30*time.Second, "appends go on after the restart", func() bool { return count() > after+30 })
+	close(stopPub)
+	<-pubDone
+	mu.Lock()
+	t.Logf("%d records acknowledged, %d appends failed", len(acked), fails)
+	mu.Unlock()
+
+	col := newCollector()
+	stop := run(f, col.deliver(nil))
+	defer stop()
+	waitFor(t, 30*time.Second, "every acknowledged record read", func() bool {
+		col.mu.Lock()
+		defer col.mu.Unlock()
+		mu.Lock()
+		defer mu.Unlock()
+		for k := range acked {
+			if !col.set[k] {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// testNoQuorum: with two of three nodes down, Append fails with
+// ErrUnavailable within its PublishTimeout (never nil, never ErrFull); once
+// the nodes are back, appends succeed again.
+func (e *testEnv) testNoQuorum(t *testing.T) {
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 2, PublishTimeout: 3 * time.Second})
+	ctx := bg(t)
+	one := []spool.Record{rec("d:a", 1)}
+	var two []spool.Record
+	for k := range 6 {
+		two = append(two, rec("d:"+strconv.Itoa(k), 1))
+	}
+	if err := f.Append(ctx, Request{Lane: lane, Records: one}); err != nil {
+		t.Fatal(err)
+	}
+	down := []int{}
+	for i := 0; i < e.c.Len() && len(down) < 2; i++ {
+		e.c.Kill(i)
+		down = append(down, i)
+	}
+	for _, recs := range [][]spool.Record{one, two} {
+		start := time.Now()
+		err := f.Append(ctx, Request{Lane: lane, Records: recs})
+		if !errors.Is(err, ErrUnavailable) || errors.Is(err, ErrFull) {
+			t.Errorf("append of %d records without a quorum: %v, want ErrUnavailable", len(recs), err)
+		}
+		if d := time.Since(start); d > 10*time.Second {
+			t.Errorf("append without a quorum took %v, PublishTimeout is 3s", d)
+		}
+	}
+	for _, i := range down {
+		e.c.Restart(i)
+	}
+	waitFor(t, 30*time.Second, "appends succeed again", func() bool {
+		return f.Append(ctx, Request{Lane: lane, Records: two}) == nil
+	})
+}

@@ -1,0 +1,317 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/svcrelay/relay/internal/spool"
+)
+
+// DeliverFunc delivers one owned partition: it reads with p.Next until
+// that returns ErrLost (or ctx ends) and acknowledges what is done. ctx ends
+// when ownership ends (lease lost, given up, Run stopping); the function
+// must then stop sending at once and return. Its error is logged.
+type DeliverFunc func(ctx context.Context, p *Partition) error
+
+// slot is one partition of one lane kind's stream.
+type slot struct {
+	kind spool.Kind
+	id   int
+}
+
+func (s slot) key() string { return "p." + s.kind.String() + "." + strconv.Itoa(s.id) }
+
+// label is the slot's metric label, e.g. "events-3".
+func (s slot) label() string { return s.kind.String() + "-" + strconv.Itoa(s.id) }
+
+// lease is a partition this relay holds.
+type lease struct {
+	p      atomic.Pointer[Partition] // set once open
+	rev    uint64
+	cancel context.CancelFunc
+	timer  *time.Timer // cancels at the lease's deadline
+	done   chan struct{}
+}
+
+// Run takes part in the fleet until ctx ends (it returns nil) or the
+// connection is closed (it returns an error): it keeps this relay's
+// membership alive, holds the leases of the partitions assigned to it and
+// runs deliver for each (see the package documentation, Ownership). It
+// returns after every deliver call returned and the leases and membership
+// were given up, so that the other relays take over at once.
+func (f *Fleet) Run(ctx context.Context, deliver DeliverFunc) error {
+	var slots []slot
+	for _, k := range kinds {
+		for i := range f.cfg.Partitions {
+			slots = append(slots, slot{k, i})
+		}
+	}
+	held := make([]*lease, len(slots)) // by slot index; each tick's goroutine i touches held[i] only
+	var members []string
+	tick := time.NewTicker(f.cfg.LeaseTTL / 3)
+	defer tick.Stop()
+	for {
+		f.heartbeat(ctx)
+		if m, err := f.members(ctx); err == nil {
+			members = m
+		} else if ctx.Err() == nil {
+			f.log.Warn("list fleet members; keeping the last list", zap.Error(err))
+		}
+		// One goroutine per slot with something to do, so that a slow
+		// answer for one lease does not delay the renewal of the others.
+		owners := assign(slots, members, f.cfg.Name)
+		var wg sync.WaitGroup
+		for i, s := range slots {
+			want := owners[i] == f.cfg.Name
+			l := held[i]
+			switch {
+			case ctx.Err() != nil:
+			case l != nil && isDone(l.done):
+				// deliver returned (lost, given up, or on its own).
+				held[i] = nil
+				wg.Go(func() { f.release(s, l) })
+			case l != nil && !want:
+				l.cancel() // released once deliver returned
+			case l != nil:
+				wg.Go(func() { f.renew(ctx, s, l) })
+			case want:
+				wg.Go(func() { held[i] = f.acquire(ctx, s, deliver) })
+			}
+		}
+		wg.Wait()
+		if f.nc.IsClosed() {
+			// Closed for good (a connection reconnects otherwise): the
+			// leases are lost with it.
+			f.stopAll(slots, held)
+			return fmt.Errorf("fleet: run: %w", ErrUnavailable)
+		}
+		select {
+		case <-ctx.Done():
+			f.stopAll(slots, held)
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+func isDone(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// opCtx bounds one KV operation of the ownership loop.
+func (f *Fleet) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, f.cfg.LeaseTTL/4)
+}
+
+func (f *Fleet) heartbeat(ctx context.Context) {
+	octx, cancel := f.opCtx(ctx)
+	defer cancel()
+	if _, err := f.kv.Put(octx, "m."+f.cfg.Name, []byte(time.Now().UTC().Format(time.RFC3339))); err != nil && ctx.Err() == nil {
+		f.log.Warn("fleet heartbeat", zap.Error(err))
+	}
+}
+
+// members lists the live members' names, sorted.
+func (f *Fleet) members(ctx context.Context) ([]string, error) {
+	octx, cancel := f.opCtx(ctx)
+	defer cancel()
+	kl, err := f.kv.ListKeysFiltered(octx, "m.*")
+	if err != nil {
+		return nil, err
+	}
+	defer kl.Stop() //nolint:errcheck // nothing to do
+	var ms []string
+	for k := range kl.Keys() {
+		ms = append(ms, strings.TrimPrefix(k, "m."))
+	}
+	slices.Sort(ms)
+	return ms, nil
+}
+
+// assign maps each slot to a member: rendezvous hashing (highest
+// FNV-1a(member, slot) first) with bounded load, so that each member takes
+// at most ceil(P/n) partitions of each kind (spread) and a membership
+// change moves few of them (stable). self is counted as a member even when
+// its heartbeat is not listed yet. Every relay computes the same map from
+// the same list.
+func assign(slots []slot, members []string, self string) []string {
+	if !slices.Contains(members, self) {
+		members = append(slices.Clone(members), self)
+		slices.Sort(members)
+	}
+	perKind := make(map[spool.Kind]int)
+	for _, s := range slots {
+		perKind[s.kind]++
+	}
+	load := make(map[spool.Kind]map[string]int)
+	out := make([]string, len(slots))
+	type cand struct {
+		m     string
+		score uint64
+	}
+	cands := make([]cand, len(members))
+	for i, s := range slots {
+		limit := (perKind[s.kind] + len(members) - 1) / len(members)
+		if load[s.kind] == nil {
+			load[s.kind] = make(map[string]int)
+		}
+		for j, m := range members {
+			h := fnv.New64a()
+			h.Write([]byte(m))
+			h.Write([]byte{0})
+			h.Write([]byte(s.key()))
+			cands[j] = cand{m, h.Sum64()}
+		}
+		slices.SortFunc(cands, func(a, b cand) int {
+			if a.score != b.score {
+				if a.score > b.score {
+					return -1
+				}
+				return 1
+			}
+			return strings.Compare(a.m, b.m)
+		})
+		for _, c := range cands {
+			if load[s.kind][c.m] < limit {
+				load[s.kind][c.m]++
+				out[i] = c.m
+				break
+			}
+		}
+	}
+	return out
+}
+
+// acquire takes a free lease, resets the partition's consumer and starts
+// deliver; nil when the lease is held by another relay or the cluster did
+// not answer.
+func (f *Fleet) acquire(ctx context.Context, s slot, deliver DeliverFunc) *lease {
+	start := time.Now()
+	octx, cancel := f.opCtx(ctx)
+	rev, err := f.kv.Create(octx, s.key(), []byte(f.cfg.Name))
+	cancel()
+	if err != nil {
+		if !errors.Is(err, jetstream.ErrKeyExists) && ctx.Err() == nil {
+			f.log.Warn("take partition lease", zap.String("partition", s.key()), zap.Error(err))
+		}
+		return nil
+	}
+	owned, stop := context.WithCancel(ctx)
+	l := &lease{rev: rev, cancel: stop, done: make(chan struct{})}
+	l.timer = time.AfterFunc(f.deadline(start), stop)
+	// Opening (the consumer's reset) and delivering run beside the loop,
+	// which goes on renewing the lease; when opening fails, done closes
+	// and the next tick releases the lease.
+	go func() {
+		defer close(l.done)
+		p, err := f.openPartition(owned, owned, s.kind, s.id)
+		if err != nil {
+			if owned.Err() == nil {
+				f.log.Warn("open partition", zap.String("partition", s.key()), zap.Error(err))
+			}
+			return
+		}
+		defer p.close()
+		l.p.Store(p)
+		f.m.owned.Add(1)
+		defer f.m.owned.Add(-1)
+		defer f.m.backlog.DeleteLabelValues(s.label())
+		f.log.Info("partition taken", zap.String("partition", s.key()))
+		if err := deliver(owned, p); err != nil && !errors.Is(err, ErrLost) && owned.Err() == nil {
+			f.log.Error("deliver partition", zap.String("partition", s.key()), zap.Error(err))
+		}
+	}()
+	return l
+}
+
+// deadline is how long after now a lease renewed (or created) at start
+// may be used.
+func (f *Fleet) deadline(start time.Time) time.Duration {
+	return f.cfg.LeaseTTL - f.cfg.LeaseMargin - time.Since(start)
+}
+
+// renew extends a held lease; on refusal (another relay holds it, or it
+// expired) or when its deadline already passed, ownership ends at once.
+func (f *Fleet) renew(ctx context.Context, s slot, l *lease) {
+	start := time.Now()
+	octx, cancel := f.opCtx(ctx)
+	rev, err := f.kv.Update(octx, s.key(), []byte(f.cfg.Name), l.rev)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			f.log.Warn("renew partition lease", zap.String("partition", s.key()), zap.Error(err))
+		}
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyNotFound) {
+			l.cancel() // refused: someone else has it, stop now
+		}
+		return // otherwise the deadline decides
+	}
+	l.rev = rev
+	if !l.timer.Reset(f.deadline(start)) {
+		l.cancel() // the deadline passed before this renewal: stay stopped
+		return
+	}
+	if p := l.p.Load(); p != nil {
+		octx, cancel := f.opCtx(ctx)
+		info, err := p.cons.Info(octx)
+		cancel()
+		if err == nil {
+			f.m.backlog.WithLabelValues(s.label()).Set(float64(info.NumPending + uint64(info.NumAckPending)))
+		}
+	}
+}
+
+// release gives a lease up once its deliver returned.
+func (f *Fleet) release(s slot, l *lease) {
+	l.timer.Stop()
+	l.cancel()
+	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.LeaseTTL/4)
+	defer cancel()
+	if err := f.kv.Delete(ctx, s.key(), jetstream.LastRevision(l.rev)); err != nil {
+		// It expires by itself.
+		f.log.Debug("release partition lease", zap.String("partition", s.key()), zap.Error(err))
+		return
+	}
+	f.log.Info("partition released", zap.String("partition", s.key()))
+}
+
+// stopAll ends every deliver, waits for them and gives up the leases and
+// the membership.
+func (f *Fleet) stopAll(slots []slot, held []*lease) {
+	for _, l := range held {
+		if l != nil {
+			l.cancel()
+		}
+	}
+	var wg sync.WaitGroup
+	for i, l := range held {
+		if l != nil {
+			wg.Go(func() {
+				<-l.done
+				f.release(slots[i], l)
+			})
+		}
+	}
+	wg.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.LeaseTTL/4)
+	defer cancel()
+	if err := f.kv.Delete(ctx, "m."+f.cfg.Name); err != nil {
+		f.log.Debug("leave fleet", zap.Error(err))
+	}
+}

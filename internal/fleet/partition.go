@@ -1,0 +1,259 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/svcrelay/relay/internal/spool"
+)
+
+// Message is one stored message as its partition's owner reads it: records
+// of one lane from one request.
+type Message struct {
+	Partition int
+	Seq       uint64 // stream sequence: increasing within a partition
+	Lane      spool.LaneKey
+	Accepted  time.Time
+	// Records alias the message's body; valid until Ack.
+	Records []spool.Record
+	// Delivered counts deliveries, this one included: above 1, an earlier
+	// owner (or this one, after a lost acknowledgement) read it before and
+	// may have sent some of its records.
+	Delivered uint64
+
+	msg jetstream.Msg
+}
+
+// Partition is a partition this relay owns, handed to Run's deliver
+// function. Next has one caller at a time; Ack and Nak may be called from
+// any goroutine.
+type Partition struct {
+	f    *Fleet
+	kind spool.Kind
+	id   int
+	ctx  context.Context // ends when ownership ends
+	it   jetstream.MessagesContext
+	cons jetstream.Consumer
+	log  *zap.Logger
+
+	mu  sync.Mutex
+	out map[uint64]jetstream.Msg // handed out by Next, not yet acked (kept alive)
+
+	stopKeep chan struct{}
+	keepDone chan struct{}
+}
+
+// Kind is the lane kind whose stream the partition belongs to.
+func (p *Partition) Kind() spool.Kind { return p.kind }
+
+// ID is the partition number, 0 to P-1.
+func (p *Partition) ID() int { return p.id }
+
+func consumerName(id int) string { return "p" + strconv.Itoa(id) }
+
+// openPartition makes this relay the partition's reader: it deletes the
+// partition's consumer (fencing the previous owner, whose acknowledgements
+// are refused from now on) and creates it anew at the partition's first
+// message, which in a work-queue stream is the oldest unacknowledged one.
+func (f *Fleet) openPartition(ctx, owned context.Context, k spool.Kind, id int) (*Partition, error) {
+	stream, name := f.n.stream(k), consumerName(id)
+	if err := f.js.DeleteConsumer(ctx, stream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil, fmt.Errorf("fleet: reset consumer %s/%s: %w", stream, name, unavailable(err))
+	}
+	cons, err := f.js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
+		Durable:       name,
+		FilterSubject: f.n.subject(k, id),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       f.cfg.AckWait,
+		MaxAckPending: f.cfg.MaxAckPending,
+		MaxDeliver:    -1,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("fleet: create consumer %s/%s: %w", stream, name, unavailable(err))
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessagesWithBytesLimit(256, 8<<20))
+	if err != nil {
+		return nil, fmt.Errorf("fleet: read %s/%s: %w", stream, name, unavailable(err))
+	}
+	p := &Partition{
+		f: f, kind: k, id: id, ctx: owned, it: it, cons: cons,
+		log:      f.log.With(zap.String("stream", stream), zap.Int("partition", id)),
+		out:      make(map[uint64]jetstream.Msg),
+		stopKeep: make(chan struct{}),
+		keepDone: make(chan struct{}),
+	}
+	go p.keepAlive()
+	return p, nil
+}
+
+// close stops reading and the keep-alive. Unacknowledged messages stay
+// for the next owner.
+func (p *Partition) close() {
+	p.it.Stop()
+	close(p.stopKeep)
+	<-p.keepDone
+	p.mu.Lock()
+	p.f.m.held.Add(-int64(len(p.out)))
+	clear(p.out)
+	p.mu.Unlock()
+}
+
+// keepAlive sends InProgress for every handed-out message every AckWait/3,
+// so that the server never redelivers a message its owner still holds (a
+// paused key's, one in a request that is retried).
+func (p *Partition) keepAlive() {
+	defer close(p.keepDone)
+	t := time.NewTicker(p.f.cfg.AckWait / 3)
+	defer t.Stop()
+	var held []jetstream.Msg
+	for {
+		select {
+		case <-p.stopKeep:
+			return
+		case <-t.C:
+		}
+		p.mu.Lock()
+		for _, m := range p.out {
+			held = append(held, m)
+		}
+		p.mu.Unlock()
+		for _, m := range held {
+			if err := m.InProgress(); err != nil {
+				p.log.Debug("keep message alive", zap.Error(err))
+			}
+		}
+		clear(held)
+		held = held[:0]
+	}
+}
+
+// Next returns the partition's next message, in stream order, blocking
+// until there is one. It returns ErrLost once ownership ended (the deliver
+// function should then return), and ctx.Err() when ctx ends. A message that
+// cannot be decoded is dead-lettered whole (reason "corrupt") and skipped.
+func (p *Partition) Next(ctx context.Context) (*Message, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(p.ctx, cancel)
+	defer stop()
+	for {
+		if p.ctx.Err() != nil {
+			// Fenced: a message already buffered must not be handed out.
+			return nil, ErrLost
+		}
+		m, err := p.it.Next(jetstream.NextContext(ctx))
+		if err == nil && p.ctx.Err() != nil {
+			return nil, ErrLost
+		}
+		if err != nil {
+			if p.ctx.Err() != nil {
+				return nil, ErrLost
+			}
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+				// Another relay took the partition over.
+				return nil, ErrLost
+			}
+			return nil, fmt.Errorf("fleet: read partition %d: %w", p.id, unavailable(err))
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			return nil, fmt.Errorf("fleet: read partition %d: %w", p.id, err)
+		}
+		h, recs, err := decode(m.Data())
+		if err != nil {
+			p.corrupt(ctx, m, md, err)
+			continue
+		}
+		p.mu.Lock()
+		if _, ok := p.out[md.Sequence.Stream]; !ok {
+			p.f.m.held.Add(1)
+		}
+		p.out[md.Sequence.Stream] = m
+		p.mu.Unlock()
+		return &Message{
+			Partition: p.id, Seq: md.Sequence.Stream, Lane: h.lane, Accepted: h.accepted,
+			Records: recs, Delivered: md.NumDelivered, msg: m,
+		}, nil
+	}
+}
+
+// corrupt dead-letters an undecodable message whole and acknowledges it;
+// when that fails the message stays (and is read again by the next owner).
+func (p *Partition) corrupt(ctx context.Context, m jetstream.Msg, md *jetstream.MsgMetadata, cause error) {
+	p.log.Error("undecodable message dead-lettered", zap.Uint64("seq", md.Sequence.Stream), zap.Error(cause))
+	dl := []spool.DeadLetter{{
+		Lane:     spool.LaneKey{Kind: p.kind},
+		Reason:   "corrupt",
+		Answer:   []byte(cause.Error()),
+		Accepted: md.Timestamp,
+		Died:     time.Now(),
+		Record:   spool.Record{Data: m.Data()},
+	}}
+	if err := p.f.PutDead(ctx, dl); err != nil {
+		p.log.Error("dead-letter undecodable message", zap.Error(err))
+		return
+	}
+	if err := m.DoubleAck(ctx); err != nil {
+		p.log.Error("acknowledge undecodable message", zap.Error(err))
+	}
+}
+
+// Ack acknowledges m: every record of it was answered 200 or is a committed
+// dead letter. It returns once the server confirmed (the message is then
+// gone from the stream). Acknowledging after ownership ended is allowed and
+// harmless: it succeeds until the next owner reset the consumer, and then
+// fails, and the message is delivered again by that owner.
+func (p *Partition) Ack(ctx context.Context, m *Message) error {
+	err := m.msg.DoubleAck(ctx)
+	if err != nil {
+		return fmt.Errorf("fleet: ack partition %d seq %d: %w", p.id, m.Seq, unavailable(err))
+	}
+	p.forget(m.Seq)
+	return nil
+}
+
+// forget drops seq from the handed-out messages.
+func (p *Partition) forget(seq uint64) {
+	p.mu.Lock()
+	if _, ok := p.out[seq]; ok {
+		delete(p.out, seq)
+		p.f.m.held.Add(-1)
+	}
+	p.mu.Unlock()
+}
+
+// Nak gives m back to be read again after delay (zero: at once). Next will
+// return it after messages read meanwhile, so use it only for messages
+// whose keys the caller holds back itself (e.g. a lane stopped by a fatal
+// answer); a paused key's message is simply kept (and kept alive) instead.
+func (p *Partition) Nak(m *Message, delay time.Duration) error {
+	p.forget(m.Seq)
+	var err error
+	if delay > 0 {
+		err = m.msg.NakWithDelay(delay)
+	} else {
+		err = m.msg.Nak()
+	}
+	if err != nil {
+		return fmt.Errorf("fleet: nak partition %d seq %d: %w", p.id, m.Seq, unavailable(err))
+	}
+	return nil
+}
+
+// Held is the number of messages handed out and not yet acknowledged.
+func (p *Partition) Held() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.out)
+}

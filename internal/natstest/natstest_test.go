@@ -1,0 +1,66 @@
+package natstest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TestClusterSurvivesNodeRestart starts a cluster, stores R3 messages, kills
+// the stream leader, stores more, restarts it, and reads everything back.
+func TestClusterSurvivesNodeRestart(t *testing.T) {
+	c := Start(t, Config{})
+	nc, err := nats.Connect(c.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "T", Subjects: []string{"t.>"}, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(n int) {
+		t.Helper()
+		for i := range n {
+			for attempt := 0; ; attempt++ {
+				actx, acancel := context.WithTimeout(ctx, 2*time.Second)
+				_, err := js.Publish(actx, "t.x", []byte{byte(i)})
+				acancel()
+				if err == nil {
+					break
+				}
+				if attempt == 50 {
+					t.Fatalf("publish: %v", err)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+	}
+	publish(10)
+	l := c.StreamLeader("T")
+	if l < 0 {
+		t.Fatal("no stream leader")
+	}
+	c.Kill(l)
+	if c.Server(l) != nil {
+		t.Fatal("killed node still listed")
+	}
+	publish(10)
+	c.Restart(l)
+	for range 200 {
+		s, err := js.Stream(ctx, "T")
+		if err == nil && s.CachedInfo().State.Msgs == 20 {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("stream does not hold the 20 messages after the restart")
+}
