@@ -76,6 +76,7 @@ type storeState struct {
 
 	compactFailed time.Time
 	freelistStale bool // the last commit did not write the freelist
+	lastCkptErr   string
 }
 
 // runStore is the store goroutine.
@@ -257,13 +258,22 @@ func (s *Spool) checkpoint(ops []*op, acks []ackOp, end walPos, endTotal int64, 
 	}
 
 	start := time.Now()
-	written, err := s.apply(ops, acks, flush, flushL, lanes, p)
+	written, err := s.apply(ops, acks, flush, flushL, lanes, p, end)
 	if err != nil {
 		err = fmt.Errorf("spool checkpoint: %w", err)
-		s.log.Error("spool checkpoint failed", zap.Error(err))
+		// Once per state change (and when the error changes), not every
+		// checkpointInterval: a full disk fails every checkpoint.
+		if msg := err.Error(); !s.ckptFailed.Load() || msg != s.st.lastCkptErr {
+			s.log.Error("spool checkpoint failed; retrying every checkpoint interval until one succeeds", zap.Error(err))
+			s.st.lastCkptErr = msg
+		}
 		s.rollback(acks, flush, flushL, lanes)
 		s.ckptFailed.Store(true)
 	} else {
+		if s.ckptFailed.Load() {
+			s.log.Info("spool checkpoint succeeded again")
+			s.st.lastCkptErr = ""
+		}
 		s.ckptFailed.Store(false)
 		s.commitPublish(lanes, p, pTotal)
 		s.m.checkpoints.Inc()
@@ -286,7 +296,7 @@ func (s *Spool) checkpoint(ops []*op, acks []ackOp, end walPos, endTotal int64, 
 // apply runs the transaction of a checkpoint. It changes only the store's
 // working state (Lane.w, storeState), which commitPublish or rollback then
 // settle. It returns the bytes of the chunks it put.
-func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane, lanes []*Lane, p walPos) (written int, err error) {
+func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane, lanes []*Lane, p, end walPos) (written int, err error) {
 	if s.db == nil {
 		return 0, errors.New("spool file is not open after a failed compaction")
 	}
@@ -296,7 +306,14 @@ func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane
 	}
 	defer func() {
 		if err != nil {
-			_ = tx.Rollback()
+			_ = guard(tx.Rollback)
+		}
+	}()
+	// bbolt panics on a page it cannot parse (a damaged file): the
+	// checkpoint fails instead, and is logged.
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("%w: %v", ErrDamaged, v)
 		}
 	}()
 	live := s.st.live
@@ -399,11 +416,19 @@ func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane
 			return 0, err
 		}
 	}
+	if end != s.synced && s.synced.less(end) {
+		if err = s.putSynced(tx.Bucket(bucketMeta), end); err != nil {
+			return 0, err
+		}
+	}
 	s.db.NoFreelistSync = !s.keepFreelist(written, freed)
 	if err = tx.Commit(); err != nil {
 		return 0, err
 	}
 	s.st.freelistStale = s.db.NoFreelistSync
+	if s.synced.less(end) {
+		s.synced = end
+	}
 	s.st.live = live
 	s.st.deadN, s.st.deadBytes = deadN, deadBytes
 	return written, nil
@@ -464,10 +489,7 @@ func (s *Spool) txLanes(tx *bolt.Tx) error {
 	lanes := tx.Bucket(bucketLanes)
 	for _, l := range s.st.touched {
 		if l.wOldStale {
-			var err error
-			if l.wOldest, err = firstAccepted(tx.Bucket(l.qname)); err != nil {
-				return err
-			}
+			l.wOldest = firstAccepted(tx.Bucket(l.qname))
 		}
 		if err := lanes.Put(seqKey(l.id), encodeLane(nil, l.key, l.w)); err != nil {
 			return err

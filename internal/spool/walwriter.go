@@ -72,6 +72,11 @@ type walWriter struct {
 	diskWritten int64 // bytes appended since diskChecked
 
 	lastGroup int // appends in the last write
+
+	// The segment written before the current one and where its records
+	// end, for the current one's recStart record.
+	prevNo, prevEnd uint64
+	startBuf        [startLen]byte
 }
 
 // diskCheckEvery is how long a statfs result is trusted (bytes appended
@@ -359,18 +364,29 @@ func (s *Spool) write(ops []*op, acks []ackOp) error {
 			appends = true
 		}
 	}
-	if s.w.f == nil || s.w.off+need > s.w.size {
-		if err := s.rotate(need); err != nil {
+	if s.w.f == nil || s.w.off+need+recHeaderLen+startLen > s.w.size {
+		if err := s.rotate(need + recHeaderLen + startLen); err != nil {
 			return err
 		}
 	}
-	// Where the group's chunk records start (after the ack record), for
-	// publish.
+	// A new segment starts with its recStart record.
+	start := s.w.off == 0
+	if start {
+		need += recHeaderLen + startLen
+	}
+	// Where the group's chunk records start (after the start and ack
+	// records), for publish.
 	s.w.gStart = s.w.off
+	if start {
+		s.w.gStart += recHeaderLen + startLen
+	}
 	if len(acks) > 0 {
 		s.w.gStart += recHeaderLen + int64(len(acks))*ackEntryLen
 	}
 	nrec := 0
+	if start {
+		nrec++
+	}
 	if len(acks) > 0 {
 		nrec++
 	}
@@ -382,6 +398,16 @@ func (s *Spool) write(ops []*op, acks []ackOp) error {
 	hdrs := slices.Grow(s.w.hdrs[:0], nrec*recHeaderLen)[:nrec*recHeaderLen]
 	s.w.hdrs = hdrs
 	iovs := s.w.iovs[:0]
+	if start {
+		sb := s.w.startBuf[:]
+		copy(sb, s.id[:])
+		binary.LittleEndian.PutUint64(sb[16:], s.w.prevNo)
+		binary.LittleEndian.PutUint64(sb[24:], s.w.prevEnd)
+		h := hdrs[:recHeaderLen]
+		hdrs = hdrs[recHeaderLen:]
+		putRecHeader(h, s.w.no, recStart, 0, 0, len(sb), payloadCRC(sb))
+		iovs = append(iovs, h, sb)
+	}
 	if len(acks) > 0 {
 		ab := s.w.ackBuf[:0]
 		for _, a := range acks {
@@ -412,11 +438,12 @@ func (s *Spool) write(ops []*op, acks []ackOp) error {
 		}
 	}
 	if err != nil {
-		s.abandon()
+		s.abandon(need)
 		return err
 	}
 	s.w.off += need
 	s.w.total += need
+	s.w.prevNo, s.w.prevEnd = s.w.no, uint64(s.w.off)
 	return nil
 }
 
@@ -466,17 +493,22 @@ func fdatasync(fd int) error {
 	}
 }
 
-// abandon gives up the current segment after a failed write: it zeroes the
-// header of the first record that may have reached the file, so that a
-// replay stops before the failed records (best effort: the disk just
+// abandon gives up the current segment after a failed write of n bytes:
+// it zeroes them, so that a replay finds the segment's clean end before
+// the failed records and none of them after it (best effort: the disk just
 // failed; should it not work, those records may come back after a restart,
 // which only repeats events), and closes it.
-func (s *Spool) abandon() {
+func (s *Spool) abandon(n int64) {
 	if s.w.f == nil {
 		return
 	}
-	var zero [recHeaderLen]byte
-	if _, err := s.w.f.WriteAt(zero[:], s.w.off); err == nil {
+	zero := make([]byte, min(n, 1<<20))
+	ok := true
+	for at := int64(0); at < n && ok; at += int64(len(zero)) {
+		_, err := s.w.f.WriteAt(zero[:min(int64(len(zero)), n-at)], s.w.off+at)
+		ok = err == nil
+	}
+	if ok {
 		_ = fdatasync(s.w.fd)
 	}
 	s.closeSegment()
