@@ -298,7 +298,7 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	}
 	sp, err := spool.Open(scfg, log.Named("spool"), reg)
 	if err != nil {
-		return fmt.Errorf("open spool in %s: %w", cfg.DataDir, err)
+		return fmt.Errorf("open spool in %s: %w%s", cfg.DataDir, err, spoolHint(cfg.DataDir, err))
 	}
 	var spoolOpen atomic.Bool
 	spoolOpen.Store(true)
@@ -343,6 +343,9 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 				return errors.New("shutting down")
 			case !spoolOpen.Load():
 				return errors.New("spool closed")
+			}
+			if err := sp.Draining(); err != nil {
+				return err
 			}
 			for _, c := range dl.components {
 				if err := c.Ready(); err != nil {

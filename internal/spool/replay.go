@@ -37,6 +37,13 @@ import (
 // that spool.db never assigned, or a position spool.db recorded (applied,
 // synced) that the files do not reach.
 func (s *Spool) replay(applied, synced walPos, lanesSeq uint64) error {
+	return s.replayWAL(applied, synced, lanesSeq, false)
+}
+
+// replayWAL is replay; live is set when the spool is open already (a
+// replay deferred by a full disk, see drain.go): the lanes' readers are
+// running then, and are woken instead of placed.
+func (s *Spool) replayWAL(applied, synced walPos, lanesSeq uint64, live bool) error {
 	segs, spares, err := walFiles(s.walDir)
 	if err != nil {
 		return fmt.Errorf("wal: %w", err)
@@ -71,6 +78,9 @@ func (s *Spool) replay(applied, synced walPos, lanesSeq uint64) error {
 	var todo []uint64
 	for _, no := range segs {
 		last = max(last, no)
+	}
+	s.w.nextNo = last + 1
+	for _, no := range segs {
 		if no < applied.seg {
 			continue
 		}
@@ -149,7 +159,6 @@ func (s *Spool) replay(applied, synced walPos, lanesSeq uint64) error {
 			return err
 		}
 	}
-	s.w.nextNo = last + 1
 	// Everything is in bbolt: the next segment is where the WAL starts.
 	r.final = true
 	if err := r.apply(walPos{s.w.nextNo, 0}); err != nil {
@@ -160,7 +169,9 @@ func (s *Spool) replay(applied, synced walPos, lanesSeq uint64) error {
 			zap.Int("chunks", r.chunks), zap.Int("acks", r.acks), zap.Int("segments", len(segs)))
 	}
 	s.st.oldestSeg = s.st.applied.seg
+	s.mu.Lock()
 	s.walEnd = s.st.applied
+	s.mu.Unlock()
 
 	// Spares first, then the old segments, up to maxSpares; remove the rest.
 	for _, name := range spares {
@@ -177,6 +188,22 @@ func (s *Spool) replay(applied, synced walPos, lanesSeq uint64) error {
 		}
 	}
 
+	if live {
+		for _, l := range s.Lanes() {
+			l.mu.Lock()
+			l.next, l.aNext = max(l.next, l.cold.nextSeq), max(l.aNext, l.cold.nextSeq)
+			close(l.notify)
+			l.notify = make(chan struct{})
+			l.mu.Unlock()
+		}
+		return nil
+	}
+	return s.placeReaders()
+}
+
+// placeReaders puts each lane's read cursor at its oldest chunk in bbolt,
+// and its next seqs after its newest (Open).
+func (s *Spool) placeReaders() error {
 	return s.db.View(func(tx *bolt.Tx) error {
 		for _, l := range s.lanes {
 			l.next, l.aNext, l.readSeq = l.cold.nextSeq, l.cold.nextSeq, l.cold.nextSeq
@@ -196,7 +223,15 @@ const quarantineDir = "quarantine"
 // the bytes (data[d.from:d.to], when data holds them) in a quarantine file.
 func (r *replayer) reportDamage(data []byte, d walDamage, what string) {
 	s := r.s
-	s.damagedAtOpen += int64(d.records)
+	k := walPos{d.seg, d.from}
+	if s.st.reported == nil {
+		s.st.reported = make(map[walPos]bool)
+	}
+	if s.st.reported[k] {
+		return // a replay deferred by a full disk, tried again
+	}
+	s.st.reported[k] = true
+	s.st.damaged += int64(d.records)
 	fields := []zap.Field{
 		zap.String("segment", segName(d.seg)), zap.Int64("from", d.from), zap.Int64("to", d.to),
 		zap.Int64("bytes", d.to-d.from), zap.Int("records", d.records), zap.String("what", what),

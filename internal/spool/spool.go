@@ -294,6 +294,8 @@ type Lane struct {
 	id    uint64
 	label string
 	qname []byte // name of the queue bucket
+	// walRec is the lane's recLane payload (the WAL writer's).
+	walRec []byte
 
 	mu         sync.Mutex
 	cold       laneState // what bbolt holds (committed); written by the store
@@ -740,8 +742,10 @@ type Spool struct {
 	fileBytes atomic.Int64
 	deadN     atomic.Int64
 
-	id            [16]byte // the spool's id (meta key "id"), in every WAL segment
-	damagedAtOpen int64    // damaged records replay skipped, for the counter
+	id [16]byte // the spool's id (meta key "id"), in every WAL segment
+	// draining is set while the WAL's replay waits for disk space (see
+	// drain.go): appends are refused, what bbolt holds is delivered.
+	draining atomic.Bool
 	// synced is the acknowledged WAL end last recorded in spool.db (the
 	// store's).
 	synced walPos
@@ -827,8 +831,12 @@ func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error
 	// ErrDamaged.
 	err = guard(func() error {
 		applied, synced, lanesSeq, err := s.load()
-		if err == nil {
-			err = s.replay(applied, synced, lanesSeq)
+		if err != nil {
+			return err
+		}
+		s.st.lanesSeq = lanesSeq
+		if err = s.replay(applied, synced, lanesSeq); noSpace(err) {
+			return s.startDraining(err)
 		}
 		return err
 	})
@@ -848,7 +856,8 @@ func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error
 		return nil, fmt.Errorf("open spool: metrics: %w", err)
 	}
 	s.m = m
-	m.damagedWAL.Add(float64(s.damagedAtOpen))
+	m.damagedWAL.Add(float64(s.st.damaged))
+	s.st.damagedCounted = s.st.damaged
 	go s.runWAL()
 	go s.runStore()
 	return s, nil
@@ -1091,6 +1100,10 @@ func (s *Spool) Append(ctx context.Context, l *Lane, b *Batch) error {
 	if l.s != s {
 		return errors.New("spool: append to a lane of another spool")
 	}
+	if s.draining.Load() {
+		s.m.rejectedDisk.Inc()
+		return ErrDiskLow
+	}
 	o := s.getOp(opAppend)
 	o.lane, o.batch, o.accepted = l, b, time.Now().UnixMilli()
 	// Right-sized, with its header and its record's checksum: here, in the
@@ -1139,7 +1152,9 @@ func (s *Spool) Ack(l *Lane, seq uint64) {
 		s.mu.Unlock()
 		return
 	}
-	s.acks = append(s.acks, ackOp{l, seq})
+	if !s.draining.Load() { // draining writes nothing to the WAL (drain.go)
+		s.acks = append(s.acks, ackOp{l, seq})
+	}
 	if cold {
 		s.coldAcks = append(s.coldAcks, ackOp{l, seq})
 	}

@@ -77,6 +77,12 @@ type storeState struct {
 	compactFailed time.Time
 	freelistStale bool // the last commit did not write the freelist
 	lastCkptErr   string
+
+	lanesSeq                uint64          // the highest lane id in spool.db, at Open
+	damaged, damagedCounted int64           // damaged WAL records replay skipped; of them counted
+	reported                map[walPos]bool // damage replay reported (once)
+	drainErr                error           // why the replay waits (drain.go)
+	drainTried              time.Time
 }
 
 // runStore is the store goroutine.
@@ -106,6 +112,7 @@ func (s *Spool) runStore() {
 			if s.checkpoint(ops, acks, end, total, force, now) {
 				s.afterCommit()
 			}
+			s.retryReplay(now)
 			s.st.lastCheckpoint = now
 			s.recycle()
 			s.checkIdle(now)
@@ -228,7 +235,9 @@ func (s *Spool) checkpoint(ops []*op, acks []ackOp, end walPos, endTotal int64, 
 			l.mu.Unlock()
 		}
 	}
-	if p.less(s.st.applied) {
+	if p.less(s.st.applied) || s.draining.Load() {
+		// Draining: the WAL from the applied position on waits for its
+		// replay; nothing may move past it.
 		p, pTotal = s.st.applied, s.appliedTotal.Load()
 	}
 	// The chunks to put: every unacknowledged one before P.
@@ -250,7 +259,14 @@ func (s *Spool) checkpoint(ops []*op, acks []ackOp, end walPos, endTotal int64, 
 	}
 	s.st.flush, s.st.flushL = flush, flushL
 	defer func() { clear(flush); clear(flushL) }()
-	if len(ops) == 0 && len(acks) == 0 && len(flush) == 0 && p == s.st.applied {
+	// Under SyncAlways a commit also records the acknowledged WAL end
+	// (replay tells damage from a torn write by it), so a WAL that moved
+	// is reason enough for one.
+	if s.draining.Load() {
+		end = s.synced
+	}
+	syncedMoved := s.cfg.Sync == SyncAlways && s.synced.less(end)
+	if len(ops) == 0 && len(acks) == 0 && len(flush) == 0 && p == s.st.applied && !syncedMoved {
 		for _, l := range lanes {
 			l.w.nextSeq = l.cold.nextSeq
 		}

@@ -24,14 +24,17 @@ import (
 //	[4:8]   CRC-32C of the payload
 //	[8:12]  payload length, uint32 little-endian
 //	[12:20] the segment's number, uint64 little-endian
-//	[20]    type: recChunk, recAcks or recStart
-//	[21:29] lane id (recChunk; 0 otherwise)
+//	[20]    type: recChunk, recAcks, recStart or recLane
+//	[21:29] lane id (recChunk, recLane; 0 otherwise)
 //	[29:37] seq (recChunk; 0 otherwise)
 //	[37:]   payload: the chunk's encoding (encode.go), or for recAcks
 //	        16 bytes per acknowledged chunk: lane id, seq, or for recStart
 //	        the spool's id (16 bytes, meta key "id"), the number and end
 //	        offset of the segment written before this one (uint64
-//	        little-endian each; 0 and 0 when none)
+//	        little-endian each; 0 and 0 when none), or for recLane the
+//	        lane's key (a lane value, encode.go, with zero counters),
+//	        written before the lane's first chunk in each segment, so that
+//	        a log whose spool.db is lost still says whose records it holds
 //
 // The payload's checksum is the chunk's own (encode.go: for a version 2
 // chunk, the CRC-32C of its bytes from 5 on, which the chunk carries at
@@ -70,6 +73,7 @@ const (
 	recChunk     = 1
 	recAcks      = 2
 	recStart     = 3
+	recLane      = 4
 	ackEntryLen  = 16
 	startLen     = 32 // recStart payload
 
@@ -178,6 +182,7 @@ func readRecord(data []byte, seg uint64, off int64) (walRecord, recStatus) {
 	case r.typ == recChunk:
 	case r.typ == recAcks && n%ackEntryLen == 0:
 	case r.typ == recStart && n == startLen:
+	case r.typ == recLane:
 	default:
 		return walRecord{}, recNone
 	}

@@ -77,6 +77,14 @@ type walWriter struct {
 	// end, for the current one's recStart record.
 	prevNo, prevEnd uint64
 	startBuf        [startLen]byte
+	segLanes        map[uint64]struct{} // lanes with a recLane record in the current segment
+	newLanes        []*Lane
+}
+
+// laneRecLen is the length of a lane's recLane payload (encodeLane).
+func laneRecLen(k LaneKey) int64 {
+	return int64(2 + uvarintLen(uint64(len(k.APIKey))) + len(k.APIKey) +
+		uvarintLen(uint64(len(k.Options))) + len(k.Options) + 32 + 4)
 }
 
 // diskCheckEvery is how long a statfs result is trusted (bytes appended
@@ -364,26 +372,53 @@ func (s *Spool) write(ops []*op, acks []ackOp) error {
 			appends = true
 		}
 	}
-	if s.w.f == nil || s.w.off+need+recHeaderLen+startLen > s.w.size {
-		if err := s.rotate(need + recHeaderLen + startLen); err != nil {
+	// Room for the start record and, should a new segment start, every
+	// lane's record.
+	extra := int64(recHeaderLen + startLen)
+	if appends {
+		for _, o := range ops {
+			if o.err == nil {
+				extra += recHeaderLen + laneRecLen(o.lane.key)
+			}
+		}
+	}
+	if s.w.f == nil || s.w.off+need+extra > s.w.size {
+		if err := s.rotate(need + extra); err != nil {
 			return err
 		}
 	}
-	// A new segment starts with its recStart record.
+	// A new segment starts with its recStart record; a lane's first chunk
+	// in a segment follows its recLane record.
 	start := s.w.off == 0
 	if start {
 		need += recHeaderLen + startLen
+		clear(s.w.segLanes)
 	}
-	// Where the group's chunk records start (after the start and ack
-	// records), for publish.
-	s.w.gStart = s.w.off
-	if start {
-		s.w.gStart += recHeaderLen + startLen
+	newLanes := s.w.newLanes[:0]
+	for _, o := range ops {
+		if o.err != nil {
+			continue
+		}
+		if _, ok := s.w.segLanes[o.lane.id]; !ok {
+			if s.w.segLanes == nil {
+				s.w.segLanes = make(map[uint64]struct{})
+			}
+			s.w.segLanes[o.lane.id] = struct{}{}
+			newLanes = append(newLanes, o.lane)
+			need += recHeaderLen + laneRecLen(o.lane.key)
+		}
 	}
-	if len(acks) > 0 {
-		s.w.gStart += recHeaderLen + int64(len(acks))*ackEntryLen
+	s.w.newLanes = newLanes
+	defer clear(newLanes)
+	// Where the group's chunk records start (after the start, ack and
+	// lane records), for publish.
+	s.w.gStart = s.w.off + need
+	for _, o := range ops {
+		if o.err == nil {
+			s.w.gStart -= recHeaderLen + int64(len(o.batch.cb.b))
+		}
 	}
-	nrec := 0
+	nrec := len(newLanes)
 	if start {
 		nrec++
 	}
@@ -419,6 +454,17 @@ func (s *Spool) write(ops []*op, acks []ackOp) error {
 		hdrs = hdrs[recHeaderLen:]
 		putRecHeader(h, s.w.no, recAcks, 0, 0, len(ab), payloadCRC(ab))
 		iovs = append(iovs, h, ab)
+	}
+	for _, l := range newLanes {
+		lb := l.walRec
+		if lb == nil {
+			lb = encodeLane(nil, l.key, laneState{})
+			l.walRec = lb
+		}
+		h := hdrs[:recHeaderLen]
+		hdrs = hdrs[recHeaderLen:]
+		putRecHeader(h, s.w.no, recLane, l.id, 0, len(lb), payloadCRC(lb))
+		iovs = append(iovs, h, lb)
 	}
 	for _, o := range ops {
 		if o.err == nil {
