@@ -1,6 +1,7 @@
 package spool
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"syscall"
@@ -52,7 +53,8 @@ func (s *Spool) Draining() error {
 
 // retryReplay tries a deferred replay again (the store's).
 func (s *Spool) retryReplay(now time.Time) {
-	if !s.draining.Load() || now.Sub(s.st.drainTried) < drainRetry || s.db == nil {
+	every := cmp.Or(s.cfg.drainEvery, drainRetry)
+	if !s.draining.Load() || now.Sub(s.st.drainTried) < every || s.db == nil {
 		return
 	}
 	s.st.drainTried = now

@@ -214,6 +214,7 @@ func scanSpool(dir string, emit func(*SalvageRecord) error) (VerifyReport, error
 		v         []byte
 	}
 	var walChunks []walChunk
+	walLanes := map[uint64]*offLane{}
 	at := map[laneSeq]int{}
 	acked := map[laneSeq]bool{}
 	walDir := walPath(dir)
@@ -273,11 +274,10 @@ func scanSpool(dir string, emit func(*SalvageRecord) error) (VerifyReport, error
 			r := it.rec
 			switch r.typ {
 			case recLane:
-				if l := laneOf(r.lane); !l.known {
-					if key, _, err := decodeLane(r.payload); err == nil {
-						l.key, l.known = key, true
-						l.label = newLane(nil, r.lane, key, laneState{}).label
-					}
+				// The log's own word on whose records it holds beats
+				// spool.db's (which may be another spool's).
+				if key, _, err := decodeLane(r.payload); err == nil {
+					walLanes[r.lane] = &offLane{key: key, known: true, label: newLane(nil, r.lane, key, laneState{}).label}
 				}
 			case recChunk:
 				at[laneSeq{r.lane, r.seq}] = len(walChunks)
@@ -314,6 +314,9 @@ func scanSpool(dir string, emit func(*SalvageRecord) error) (VerifyReport, error
 	// Emit: each lane's chunks in spool.db, then the log's.
 	emitChunk := func(src string, lid, seq uint64, v []byte) {
 		l := laneOf(lid)
+		if wl := walLanes[lid]; src == "wal" && wl != nil {
+			l = wl
+		}
 		var c Chunk
 		damaged := false
 		if err := verifyChunk(v); err != nil {
@@ -376,7 +379,7 @@ func scanSpool(dir string, emit func(*SalvageRecord) error) (VerifyReport, error
 	}
 	for _, c := range walChunks {
 		if c.v != nil {
-			if !laneOf(c.lane).known {
+			if !laneOf(c.lane).known && walLanes[c.lane] == nil {
 				problem("wal: lane %d chunk %d: neither spool.db nor the log names the lane's api_key", c.lane, c.seq)
 			}
 			emitChunk("wal", c.lane, c.seq, c.v)
@@ -399,6 +402,9 @@ func scanSpool(dir string, emit func(*SalvageRecord) error) (VerifyReport, error
 			Dead: &SalvageDead{ID: d.ID, Reason: d.Reason, Answer: string(d.Answer), Died: d.Died.UTC()}}
 		setData(sr, d.Record.Data)
 		out(sr)
+	}
+	for id := range walLanes {
+		laneOf(id)
 	}
 	rep.Lanes = len(lanes)
 	return rep, emitErr

@@ -103,6 +103,7 @@ type Config struct {
 	checkpointEvery time.Duration // defaultCheckpointEvery
 	walMaxBytes     int64         // defaultWALMaxBytes
 	idleAfter       time.Duration // defaultIdleAfter
+	drainEvery      time.Duration // drainRetry
 
 	// maxFileBytes, when positive, makes checkpoints that would grow the
 	// bbolt file past it fail (bbolt's MaxSize): the tests' stand-in for

@@ -1,6 +1,7 @@
 package spool
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -155,6 +156,12 @@ func (s *Spool) wait(timer *time.Timer) {
 			d = idleFreelistDelay
 		case !s.st.idle:
 			d = s.cfg.idle()
+		}
+	}
+	if s.draining.Load() { // the replay's next try (drain.go)
+		r := cmp.Or(s.cfg.drainEvery, drainRetry)
+		if d < 0 || d > r {
+			d = r
 		}
 	}
 	if d >= 0 {
