@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"hash/crc32"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -75,7 +77,7 @@ func segRecords(t *testing.T, dir string, no uint64) (data []byte, recs []walRec
 // lane, waits until spool.db records as acknowledged the WAL end after the
 // first syncedChunks of them (all when negative), and returns a crash
 // image taken then, the segment number and the chunk records' positions.
-func walImage(t *testing.T, chunks, perChunk, syncedChunks int) (img string, seg uint64, recs []walRecord) {
+func walImage(t *testing.T, chunks, perChunk, syncedChunks, pad int) (img string, seg uint64, recs []walRecord) {
 	t.Helper()
 	if syncedChunks < 0 {
 		syncedChunks = chunks
@@ -98,7 +100,7 @@ func walImage(t *testing.T, chunks, perChunk, syncedChunks int) (img string, seg
 		}
 		b.Reset()
 		for j := range perChunk {
-			b.Add(rec(1, i*perChunk+j, 200))
+			b.Add(rec(1, i*perChunk+j, pad))
 		}
 		if err := s.Append(context.Background(), l, &b); err != nil {
 			t.Fatal(err)
@@ -234,7 +236,7 @@ func TestReplaySkipsDamage(t *testing.T) {
 		{"torn last write", 9, func(d []byte, r []walRecord) { clear(d[r[9].pos.off+recHeaderLen+60 : r[9].end]) }, fixed(9), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			img, seg, recs := walImage(t, chunks, 1, tc.synced)
+			img, seg, recs := walImage(t, chunks, 1, tc.synced, 1500)
 			path := filepath.Join(img, walDirName, segName(seg))
 			data, err := os.ReadFile(path)
 			if err != nil {
@@ -320,7 +322,7 @@ func crc32Of(b []byte) uint32 { return crc32.Checksum(b, crcTable) }
 // no damage reported. A removed wal/ is refused too.
 func TestTruncatedWAL(t *testing.T) {
 	const chunks, synced = 8, 5
-	img, seg, recs := walImage(t, chunks, 1, synced)
+	img, seg, recs := walImage(t, chunks, 1, synced, 200)
 	path := filepath.Join(img, walDirName, segName(seg))
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -379,7 +381,7 @@ func TestTruncatedWAL(t *testing.T) {
 // Salvage still writes every record with its api_key (from the WAL's lane
 // records), which Import-like appends can replay into a fresh spool.
 func TestSpoolDBMismatch(t *testing.T) {
-	img, _, _ := walImage(t, 6, 2, -1)
+	img, _, _ := walImage(t, 6, 2, -1, 200)
 	other := t.TempDir()
 	{
 		s := openTest(t, Config{Dir: other, MinFreeBytes: -1})
@@ -834,5 +836,207 @@ func TestPowerCut(t *testing.T) {
 				t.Fatalf("damage reported for a torn write: %v", logs.All())
 			}
 		})
+	}
+}
+
+// TestFullDiskDraining: a spool killed with a backlog in its WAL, reopened
+// on a disk with no space left for the replay, opens draining (never
+// fails): Draining says why, appends get ErrDiskLow, what spool.db holds
+// is delivered; once space is free again the replay goes through, the
+// WAL's chunks are delivered in order and appends are taken again. Run on
+// a real full filesystem (a small tmpfs mounted by the test; skipped where
+// mounting is not allowed) and with bbolt's size limit standing in.
+func TestFullDiskDraining(t *testing.T) {
+	t.Run("size limit", func(t *testing.T) {
+		img := drainImage(t, filepath.Join(t.TempDir(), "a"), filepath.Join(t.TempDir(), "img"))
+		pf, err := openPageFile(filepath.Join(img, "spool.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pf.Close()
+		cfg := integrityCfg(img)
+		// The file may not grow past the pages it uses: the replay fits
+		// only once the delivered chunks' pages are free.
+		cfg.maxFileBytes = int(pf.meta.hwm) * int(pf.ps)
+		cfg.drainEvery = 20 * time.Millisecond
+		checkDraining(t, cfg, func() {})
+	})
+	t.Run("tmpfs", func(t *testing.T) {
+		mnt := t.TempDir()
+		if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", mnt).CombinedOutput(); err != nil {
+			t.Skipf("cannot mount a tmpfs for a full filesystem (%v: %s); the size-limit variant covers the logic", err, bytes.TrimSpace(out))
+		}
+		t.Cleanup(func() {
+			if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+				t.Errorf("umount %s: %v: %s", mnt, err, out)
+			}
+		})
+		img := drainImage(t, filepath.Join(mnt, "a"), filepath.Join(mnt, "img"))
+		// Fill the filesystem.
+		filler := filepath.Join(mnt, "filler")
+		f, err := os.Create(filler)
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 64<<10)
+		for n := 0; n < 1024; n++ {
+			if _, err := f.Write(buf); err != nil {
+				if !errors.Is(err, syscall.ENOSPC) {
+					t.Fatal(err)
+				}
+				break
+			}
+		}
+		for len(buf) > 1 { // the last few blocks
+			buf = buf[:len(buf)/2]
+			_, _ = f.Write(buf)
+		}
+		f.Close()
+		cfg := integrityCfg(img)
+		cfg.drainEvery = 20 * time.Millisecond
+		checkDraining(t, cfg, func() {
+			if err := os.Remove(filler); err != nil {
+				t.Fatal(err)
+			}
+		})
+	})
+}
+
+// drainImage writes a spool in dir whose lane 1 holds 10 chunks of 10
+// records (ids 0..99, 20 KB each) in spool.db and 10 more (ids
+// 100..199, 5 KB each) in the WAL only, and leaves a crash image of it in img (dir
+// itself is removed).
+func drainImage(t *testing.T, dir, img string) string {
+	t.Helper()
+	ctx := context.Background()
+	cfg := integrityCfg(dir)
+	s, err := Open(cfg, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := mustLane(t, s, testKey(1))
+	appendChunks(t, s, l, 1, 10, 10, 20000)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s, err = Open(cfg, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	l = mustLane(t, s, testKey(1))
+	var b Batch
+	for i := range 10 {
+		b.Reset()
+		for j := range 10 {
+			b.Add(rec(1, 100+i*10+j, 5000))
+		}
+		if err := s.Append(ctx, l, &b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	copySparse(t, dir, img)
+	s.Close()
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
+
+// checkDraining opens a drainImage that cannot replay, and checks the
+// draining start; free makes space.
+func checkDraining(t *testing.T, cfg Config, free func()) {
+	t.Helper()
+	ctx := context.Background()
+	core, logs := observer.New(zapcore.InfoLevel)
+	s, err := Open(cfg, zap.New(core), nil)
+	if err != nil {
+		t.Fatalf("Open on a full disk: %v", err)
+	}
+	defer s.Close()
+	if s.Draining() == nil {
+		t.Fatal("not draining")
+	}
+	l := mustLane(t, s, testKey(1))
+	var b Batch
+	b.Add(rec(1, 1000, 10))
+	if err := s.Append(ctx, l, &b); !errors.Is(err, ErrDiskLow) {
+		t.Fatalf("Append while draining: %v, want ErrDiskLow", err)
+	}
+	var ids []int
+	read := func(until int) {
+		t.Helper()
+		for len(ids) < until {
+			for _, c := range nextT(t, l, 1<<20) {
+				for _, r := range c.Records {
+					_, n := recID(r)
+					ids = append(ids, n)
+				}
+				s.Ack(l, c.Seq)
+			}
+		}
+	}
+	read(100)
+	if !slices.Equal(ids, idsExcept(100)) || s.Draining() == nil {
+		t.Fatalf("while draining: read %v (draining: %v)", ids, s.Draining())
+	}
+	free()
+	deadline := time.Now().Add(20 * time.Second)
+	for s.Draining() != nil && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if s.Draining() != nil {
+		t.Fatalf("still draining after space was freed: %v", logs.All())
+	}
+	read(200)
+	if !slices.Equal(ids, idsExcept(200)) {
+		t.Fatalf("read %v, want 0..199", ids)
+	}
+	b.Reset()
+	b.Add(rec(1, 1000, 10))
+	if err := s.Append(ctx, l, &b); err != nil {
+		t.Fatalf("Append after draining: %v", err)
+	}
+	if n := logs.FilterMessageSnippet("draining").FilterLevelExact(zapcore.ErrorLevel).Len(); n != 1 {
+		t.Errorf("%d draining error lines, want 1", n)
+	}
+}
+
+// copySparse copies the files of src into dst leaving holes where src's
+// blocks are zeros, as bbolt's grown files and fresh WAL segments are on
+// disk (a full copy would allocate what a crash leaves unallocated).
+func copySparse(t *testing.T, src, dst string) {
+	t.Helper()
+	err := filepath.Walk(src, func(path string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, path)
+		if fi.IsDir() {
+			return os.MkdirAll(filepath.Join(dst, rel), 0o750)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		f, err := os.Create(filepath.Join(dst, rel))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		const blk = 4096
+		zero := make([]byte, blk)
+		for off := 0; off < len(b); off += blk {
+			p := b[off:min(off+blk, len(b))]
+			if bytes.Equal(p, zero[:len(p)]) {
+				continue
+			}
+			if _, err := f.WriteAt(p, int64(off)); err != nil {
+				return err
+			}
+		}
+		return f.Truncate(int64(len(b)))
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
