@@ -312,6 +312,7 @@ func scanSpool(dir string, emit func(*SalvageRecord) error) (VerifyReport, error
 	}
 
 	// Emit: each lane's chunks in spool.db, then the log's.
+	fileName := map[string]string{"db": "spool.db", "wal": "wal"}
 	emitChunk := func(src string, lid, seq uint64, v []byte) {
 		l := laneOf(lid)
 		if wl := walLanes[lid]; src == "wal" && wl != nil {
@@ -322,12 +323,12 @@ func scanSpool(dir string, emit func(*SalvageRecord) error) (VerifyReport, error
 		if err := verifyChunk(v); err != nil {
 			damaged = true
 			rep.Damaged++
-			problem("%s: lane %s chunk %d: %v", src, l.label, seq, err)
+			problem("%s: lane %s chunk %d: %v", fileName[src], l.label, seq, err)
 		}
 		if err := decodeRecords(seq, v, &c, nil); err != nil {
 			if !damaged {
 				rep.Damaged++
-				problem("%s: lane %s chunk %d: %v", src, l.label, seq, err)
+				problem("%s: lane %s chunk %d: %v", fileName[src], l.label, seq, err)
 			}
 			acc, _, _ := chunkHeader(v)
 			out(&SalvageRecord{Source: src, Kind: l.key.Kind.String(), Lane: l.label, APIKey: l.key.APIKey, Options: l.key.Options,
