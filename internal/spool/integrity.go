@@ -56,7 +56,10 @@ func (s *Spool) checkFiles() error {
 	case err != nil:
 		return err
 	}
-	return checkDBFile(s.path, fi.Size())
+	if err := checkDBFile(s.path, fi.Size()); err != nil {
+		return err
+	}
+	return checkTree(s.path)
 }
 
 // walRecords counts the valid records of the WAL's segments in dir (the

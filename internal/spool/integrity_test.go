@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"hash/fnv"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -1102,4 +1103,82 @@ func overlapsValid(sc segScan, from, to int64) bool {
 		}
 	}
 	return false
+}
+
+// dropFreelist rewrites spool.db's meta pages as a crash before the
+// freelist was written leaves them (no freelist page): bbolt then walks
+// the tree at Open to rebuild it.
+func dropFreelist(t *testing.T, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := int(binary.LittleEndian.Uint32(b[boltPageHeader+8:]))
+	for _, off := range []int{0, ps} {
+		m := b[off+boltPageHeader : off+boltPageHeader+boltMetaLen]
+		binary.LittleEndian.PutUint64(m[32:], ^uint64(0))
+		h := fnv.New64a()
+		h.Write(m[:56])
+		binary.LittleEndian.PutUint64(m[56:], h.Sum64())
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDamagedDBWithoutFreelist: after a crash that left no freelist on
+// disk, bbolt rebuilds it at Open by walking the tree in a goroutine of its
+// own, where a damaged page would crash the process: Open must find the
+// damage first and return ErrDamaged. (Run in a child process would prove
+// it; here the test process itself would die.)
+func TestDamagedDBWithoutFreelist(t *testing.T) {
+	img := dbImage(t, 400, 4, 300)
+	db := filepath.Join(img, "spool.db")
+	dropFreelist(t, db)
+	if s, _, _, err := openObserved(t, img); err != nil {
+		t.Fatalf("Open of a sound file without a freelist: %v", err)
+	} else {
+		s.Close()
+	}
+	dropFreelist(t, db)
+	b, err := os.ReadFile(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ps = 4096
+	for _, tc := range []struct {
+		name   string
+		damage func(b []byte)
+	}{
+		{"page headers zeroed", func(b []byte) {
+			for p := 2; p < len(b)/ps; p++ {
+				clear(b[p*ps : p*ps+16])
+			}
+		}},
+		{"element counts huge", func(b []byte) {
+			for p := 2; p < len(b)/ps; p++ {
+				binary.LittleEndian.PutUint16(b[p*ps+10:], 0xffff)
+			}
+		}},
+		{"a chunk's page garbled", func(b []byte) {
+			p := bytes.Index(b, []byte(`{"lane":1,"n":800,`)) / ps * ps
+			for i := range 64 {
+				b[p+i] = byte(i * 13)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			copyDir(t, img, dir)
+			d := bytes.Clone(b)
+			tc.damage(d)
+			if err := os.WriteFile(filepath.Join(dir, "spool.db"), d, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, _, err := openObserved(t, dir); !errors.Is(err, ErrDamaged) {
+				t.Fatalf("Open: %v, want ErrDamaged", err)
+			}
+		})
+	}
 }

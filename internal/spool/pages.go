@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"syscall"
 )
 
 // pageFile reads a bbolt file page by page with ReadAt, never through a
@@ -18,6 +19,9 @@ type pageFile struct {
 	size int64
 	ps   int64
 	meta boltMeta
+	// mapped, when set, holds the file's used pages (checkTree): pages
+	// are sliced from it instead of read.
+	mapped []byte
 }
 
 // bbolt page flags and leaf element flags.
@@ -72,6 +76,16 @@ func (pf *pageFile) page(id uint64) ([]byte, error) {
 	off := int64(id) * pf.ps
 	if off+pf.ps > pf.size {
 		return nil, fmt.Errorf("page %d: past the end of the file", id)
+	}
+	if pf.mapped != nil {
+		if off+pf.ps > int64(len(pf.mapped)) || binary.LittleEndian.Uint64(pf.mapped[off:]) != id {
+			return nil, fmt.Errorf("page %d: header names another page", id)
+		}
+		end := off + (int64(binary.LittleEndian.Uint32(pf.mapped[off+12:]))+1)*pf.ps
+		if end > int64(len(pf.mapped)) {
+			return nil, fmt.Errorf("page %d: its overflow pages run past the used pages", id)
+		}
+		return pf.mapped[off:end:end], nil
 	}
 	hdr := make([]byte, pf.ps)
 	if _, err := pf.f.ReadAt(hdr, off); err != nil && !errors.Is(err, io.EOF) {
@@ -173,4 +187,61 @@ func (pf *pageFile) walkPage(p []byte, id uint64, visit walkFunc, bad func(error
 // rootHeader is the root bucket's header (from the meta page).
 func (pf *pageFile) rootHeader() []byte {
 	return binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, pf.meta.root), 0)
+}
+
+// checkTree walks every page bbolt can reach from the meta page it would
+// use, checking each one's header and element bounds, and returns the
+// first problem (ErrDamaged). Open calls it when the file has no freelist
+// on disk (a crash before it was written): bbolt then rebuilds it by
+// walking the tree in a goroutine of its own, where a damaged page is a
+// panic no caller can recover. The used pages are mapped read-only (the
+// file holds them: checkDBFile), so the walk costs what bbolt's does.
+func checkTree(path string) (err error) {
+	pf, err := openPageFile(path)
+	if err != nil {
+		return err
+	}
+	defer pf.Close()
+	if pf.meta.freelist != ^uint64(0) {
+		return nil // bbolt reads the freelist; it walks nothing
+	}
+	n := int64(pf.meta.hwm) * pf.ps
+	if n > pf.size {
+		return fmt.Errorf("%w: the file is shorter than its pages", ErrDamaged)
+	}
+	m, err := syscall.Mmap(int(pf.f.Fd()), 0, int(n), syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("map %s: %w", path, err)
+	}
+	defer syscall.Munmap(m)
+	pf.mapped = m
+	var first error
+	bad := func(err error) {
+		if first == nil {
+			first = err
+		}
+	}
+	var walk func(bh []byte, depth int)
+	walk = func(bh []byte, depth int) {
+		if depth > maxDepth {
+			bad(errors.New("buckets nested too deep"))
+			return
+		}
+		pf.walkBucket(bh, func(_, v []byte, bucket bool) {
+			if bucket && first == nil {
+				walk(v, depth+1)
+			}
+		}, bad)
+	}
+	err = guard(func() error {
+		walk(pf.rootHeader(), 0)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if first != nil {
+		return fmt.Errorf("%w: %w", ErrDamaged, first)
+	}
+	return nil
 }
