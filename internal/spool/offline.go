@@ -145,8 +145,9 @@ func scanSpool(dir string, emit func(*SalvageRecord) error) (VerifyReport, error
 	// spool.db: meta, lanes, queues and dead letters.
 	dbPath := filepath.Join(dir, "spool.db")
 	var pf *pageFile
+	dbMissing := false
 	if fi, err := os.Stat(dbPath); errors.Is(err, fs.ErrNotExist) || err == nil && fi.Size() == 0 {
-		problem("spool.db is missing or empty: only the write-ahead log is read")
+		dbMissing = true
 	} else if pf, err = openPageFile(dbPath); err != nil {
 		rep.Damaged++
 		problem("spool.db: %v: only the write-ahead log is read", err)
@@ -308,6 +309,14 @@ func scanSpool(dir string, emit func(*SalvageRecord) error) (VerifyReport, error
 				rep.Damaged += int64(tail.records)
 				problem("wal: segment %s bytes %d-%d: damaged records at the end of the segment", segName(s.no), tail.from, tail.to)
 			}
+		}
+	}
+
+	if dbMissing {
+		if len(walChunks) > 0 || len(walLanes) > 0 {
+			problem("spool.db is missing or empty but the write-ahead log holds records: only the log is read")
+		} else {
+			rep.Notes = append(rep.Notes, "no spool.db and no records in the write-ahead log: an empty spool")
 		}
 	}
 
