@@ -341,6 +341,30 @@ func TestTruncatedWAL(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(dir, walDirName, segName(seg)), data[:cut], 0o600); err != nil {
 				t.Fatal(err)
 			}
+			if cut < recs[synced-1].end {
+				// Refused; verify says why, salvage keeps what is left.
+				rep, err := Verify(dir)
+				if err != nil || rep.Damaged == 0 || !strings.Contains(strings.Join(rep.Problems, "\n"), "does not hold") {
+					t.Errorf("Verify: %+v, %v", rep, err)
+				}
+				var got []int
+				if _, err := Salvage(dir, func(r *SalvageRecord) error {
+					_, n := recID(r.Record())
+					got = append(got, n)
+					return nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+				var want []int
+				for i, r := range recs {
+					if r.end <= cut {
+						want = append(want, i)
+					}
+				}
+				if !slices.Equal(got, want) {
+					t.Errorf("salvaged %v, want %v", got, want)
+				}
+			}
 			s, logs, reg, err := openObserved(t, dir)
 			if cut < recs[synced-1].end {
 				if !errors.Is(err, ErrMismatch) {

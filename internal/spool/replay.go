@@ -27,8 +27,9 @@ import (
 // end spool.db last recorded under SyncAlways (zero when unknown), and
 // every record acknowledged before it was fsynced before that record was
 // committed; a record past it was either never acknowledged (a torn write)
-// or acknowledged within the last checkpoint's lag (about 100 ms to
-// 600 ms), which a bad tail there cannot tell apart. Everything before
+// or acknowledged within the last checkpoint's lag (a checkpoint interval,
+// 100 ms, plus a commit: every checkpoint commits when the WAL's end moved),
+// which a bad tail there cannot tell apart. Everything before
 // synced, and the end of each older segment that the next one's recStart
 // names, must be there: what is missing is reported as damage too.
 //
