@@ -44,13 +44,13 @@ func (s *Spool) checkFiles() error {
 	fi, err := os.Stat(s.path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist) || err == nil && fi.Size() == 0:
-		if n, seg := walRecords(s.walDir); n > 0 {
+		if n, chunks, seg := walRecords(s.walDir); n > 0 {
 			what := "missing"
 			if err == nil {
 				what = "empty"
 			}
-			return fmt.Errorf("%w: spool.db is %s but the write-ahead log holds %d records (segment %s and on)",
-				ErrMismatch, what, n, segName(seg))
+			return fmt.Errorf("%w: spool.db is %s but the write-ahead log holds records (%d chunks, segment %s and on)",
+				ErrMismatch, what, chunks, segName(seg))
 		}
 		return nil
 	case err != nil:
@@ -62,12 +62,12 @@ func (s *Spool) checkFiles() error {
 	return checkTree(s.path)
 }
 
-// walRecords counts the valid records of the WAL's segments in dir (the
-// first segment holding one is seg).
-func walRecords(dir string) (n int, seg uint64) {
+// walRecords counts the valid records of the WAL's segments in dir, and
+// of them the chunks (the first segment holding one is seg).
+func walRecords(dir string) (n, chunks int, seg uint64) {
 	segs, _, err := walFiles(dir)
 	if err != nil {
-		return 0, 0
+		return 0, 0, 0
 	}
 	for _, no := range segs {
 		data, err := os.ReadFile(filepath.Join(dir, segName(no)))
@@ -81,10 +81,13 @@ func walRecords(dir string) (n int, seg uint64) {
 					seg = no
 				}
 				n++
+				if it.rec.typ == recChunk {
+					chunks++
+				}
 			}
 		}
 	}
-	return n, seg
+	return n, chunks, seg
 }
 
 // bbolt's file layout, as far as checkDBFile reads it (little-endian, as
