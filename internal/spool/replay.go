@@ -397,7 +397,9 @@ func (r *replayer) apply(pos walPos) error {
 		return fmt.Errorf("wal replay: %w", err)
 	}
 	for _, l := range s.st.touched {
+		l.mu.Lock() // a deferred replay (drain.go) runs while readers do
 		l.cold, l.coldOldest = l.w, l.wOldest
+		l.mu.Unlock()
 		l.wTouched, l.wOldStale = false, false
 	}
 	clear(s.st.touched)
