@@ -109,3 +109,50 @@ func TestSpoolOpenHint(t *testing.T) {
 		t.Fatalf("hint for a locked spool: %q", h)
 	}
 }
+
+// TestServeRefusesSpoolWithoutDB: `relay` on a data dir whose spool.db is
+// gone while its write-ahead log holds records exits 1 with a line naming
+// the way out, and creates no fresh spool.db.
+func TestServeRefusesSpoolWithoutDB(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	sp, err := spool.Open(spool.Config{Dir: dir, MinFreeBytes: -1}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := sp.Lane(ctx, spool.LaneKey{Kind: spool.KindEvents, APIKey: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b spool.Batch
+	b.Add(spool.Record{OrderKey: []byte("d:dev"), Data: []byte(`{"event_type":"x"}`)})
+	if err := sp.Append(ctx, l, &b); err != nil {
+		t.Fatal(err)
+	}
+	if err := sp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "spool.db")); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	code := run([]string{"--data-dir", dir, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json"}, nil, &out, &errOut)
+	if code != exitFailure {
+		t.Fatalf("exit %d, want %d: %s", code, exitFailure, errOut.String())
+	}
+	var line string
+	for _, l := range strings.Split(errOut.String(), "\n") {
+		if strings.Contains(l, `"level":"error"`) {
+			if line != "" {
+				t.Fatalf("more than one error line:\n%s", errOut.String())
+			}
+			line = l
+		}
+	}
+	if !strings.Contains(line, "spool.db is missing") || !strings.Contains(line, "relay spool salvage --data-dir "+dir) {
+		t.Fatalf("error line %q", line)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "spool.db")); err == nil {
+		t.Fatal("a fresh spool.db was created")
+	}
+}
