@@ -239,11 +239,9 @@ func scanSpool(dir string, emit func(*SalvageRecord) error) (VerifyReport, error
 			problem("wal: %v", err)
 			continue
 		}
-		off := int64(0)
-		if no == applied.seg {
-			off = min(applied.off, int64(len(data)))
-		}
-		sc := scanSegment(data, no, off)
+		// From the start: the lane records before the applied position
+		// name lanes too; the rest before it is in spool.db already.
+		sc := scanSegment(data, no, 0)
 		if len(sc.items) > 0 {
 			newest = no
 		}
@@ -267,6 +265,13 @@ func scanSpool(dir string, emit func(*SalvageRecord) error) (VerifyReport, error
 			problem("wal: segment %s belongs to another spool than spool.db", segName(s.no))
 		}
 		for _, it := range s.sc.items {
+			from := it.rec.pos.off
+			if it.damage != nil {
+				from = it.damage.from
+			}
+			if (walPos{s.no, from}).less(applied) && (it.damage != nil || it.rec.typ != recLane) {
+				continue
+			}
 			if d := it.damage; d != nil {
 				rep.Damaged += int64(d.records)
 				problem("wal: segment %s bytes %d-%d: %d damaged records between valid ones", segName(d.seg), d.from, d.to, d.records)
