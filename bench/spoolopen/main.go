@@ -19,10 +19,21 @@ import (
 func main() {
 	dir := flag.String("data-dir", "", "spool directory")
 	prof := flag.String("cpuprofile", "", "write a CPU profile of Open to this file")
+	verify := flag.Bool("verify", false, "first time spool.Verify (relay spool verify) on the directory")
 	flag.Parse()
 	if *dir == "" {
 		fmt.Fprintln(os.Stderr, "spoolopen: -data-dir is required")
 		os.Exit(2)
+	}
+	if *verify {
+		t0 := time.Now()
+		rep, err := spool.Verify(*dir)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "spoolopen:", err)
+			os.Exit(1)
+		}
+		fmt.Printf("spool.Verify: %.3fs; %d records, %d bytes, %d damaged; %s\n",
+			time.Since(t0).Seconds(), rep.Records, rep.Bytes, rep.Damaged, rss())
 	}
 	if *prof != "" {
 		f, err := os.Create(*prof)

@@ -52,11 +52,7 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 		case "sim":
 			return runSim(ctx, stop, args[1:], stderr)
 		case "spool":
-			if len(args) < 2 || args[1] != "dump" {
-				fmt.Fprintln(stderr, "relay: usage: relay spool dump --data-dir DIR")
-				return exitUsage
-			}
-			return runDump(ctx, args[2:], environ, stdout, stderr)
+			return runSpool(ctx, args[1:], environ, stdout, stderr)
 		case "version", "--version", "-version":
 			fmt.Fprintln(stdout, versionString())
 			return exitOK
@@ -176,6 +172,12 @@ usage:
   relay [serve] [flags]            serve (no --ingest-url: sandbox mode with a built-in simulated upstream)
   relay sim --listen ADDR          serve the simulated upstream alone
   relay spool dump --data-dir DIR  print every live spool record as a JSON line (relay must be stopped)
+  relay spool verify --data-dir DIR
+                                   check every record and checksum of a stopped relay's spool (exit 1 on damage)
+  relay spool salvage --data-dir DIR --out FILE
+                                   write every readable record of a (damaged) spool as JSON lines
+  relay spool import --data-dir DIR FILE
+                                   append the records of a salvage file to a (fresh) spool
   relay version, relay --version   print the build's version
   relay config check [flags]       validate the settings and credentials without serving; print them, secrets masked
   relay export --credentials F --project P --analytics-url U --start YYYYMMDDTHH --end YYYYMMDDTHH --out FILE [--jsonl]

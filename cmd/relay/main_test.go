@@ -34,7 +34,7 @@ func TestRunRefusals(t *testing.T) {
 		{"token with white space", []string{"--admin-token", "t0 ken"}, nil, "--admin-token: "},
 		{"env value", nil, []string{"RELAY_SPOOL_MAX_BYTES=lots"}, "spool-max-bytes (from variable RELAY_SPOOL_MAX_BYTES)"},
 		{"unknown subcommand-like argument", []string{"frobnicate"}, nil, `unexpected argument "frobnicate"`},
-		{"spool without dump", []string{"spool"}, nil, "usage: relay spool dump"},
+		{"spool without a subcommand", []string{"spool"}, nil, "usage: relay spool (dump|verify|salvage|import)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

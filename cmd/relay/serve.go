@@ -309,7 +309,7 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	}
 	sp, err := spool.Open(scfg, log.Named("spool"), reg)
 	if err != nil {
-		return fmt.Errorf("open spool in %s: %w", cfg.DataDir, err)
+		return fmt.Errorf("open spool in %s: %w%s", cfg.DataDir, err, spoolHint(cfg.DataDir, err))
 	}
 	var spoolOpen atomic.Bool
 	spoolOpen.Store(true)
@@ -372,6 +372,9 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 			return errShuttingDown
 		case !spoolOpen.Load():
 			return errors.New("spool closed")
+		}
+		if err := sp.Draining(); err != nil { // issue 20: a full disk at start
+			return err
 		}
 		if err := ingestRefusal(sp.Stats().LiveBytes, cfg.SpoolMaxBytes, cfg.DataDir, cfg.SpoolMinFreeBytes); err != nil {
 			return err

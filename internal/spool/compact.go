@@ -94,7 +94,8 @@ func (s *Spool) compact() error {
 	if err != nil {
 		return fmt.Errorf("compact: %w", err)
 	}
-	err = bolt.Compact(dst, s.db, 64<<20)
+	// A damaged page of the old file fails the compaction, not the process.
+	err = guard(func() error { return bolt.Compact(dst, s.db, 64<<20) })
 	if err == nil {
 		err = dst.Sync()
 	}

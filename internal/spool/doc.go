@@ -13,8 +13,11 @@
 // freelist, where a chunk lives once a checkpoint moved it there (see
 // store.go). Its buckets:
 //
-//	meta    format version; dead-letter count and bytes; the WAL position
-//	        applied to the file (records before it need no replay)
+//	meta    format version; the spool's random id; dead-letter count and
+//	        bytes; the WAL position applied to the file (records before it
+//	        need no replay); the WAL end acknowledged when a checkpoint
+//	        last committed (SyncAlways). Other keys are left alone (later
+//	        features add theirs)
 //	lanes   8-byte big-endian lane id -> LaneKey + next seq and the
 //	        chunks, records and bytes of the lane in this file (updated in
 //	        every transaction that touches the lane, so Open never scans a
@@ -24,7 +27,8 @@
 //	        under key 0x00, so that bbolt writes it once (chunkstore.go)
 //	dead    8-byte big-endian id -> encoded dead letter
 //
-// The value encodings are in encode.go; each starts with a version byte.
+// The value encodings are in encode.go; each starts with a version byte and
+// carries a CRC-32C (format 4).
 // Another process opening the same Dir fails after about half a second with
 // ErrLocked.
 //
@@ -54,8 +58,7 @@
 // fdatasyncs under SyncAlways, none under SyncNone) that also stores the WAL
 // position up to which bbolt is complete. Open replays the WAL from that
 // position into bbolt, so every acknowledged chunk not yet in bbolt comes
-// back after a crash; a segment is read up to its first invalid record (a
-// torn write), which was never acknowledged. A chunk delivered and
+// back after a crash (see Integrity for what a damaged log costs). A chunk delivered and
 // acknowledged while hot is never written to bbolt at all: under load,
 // delivery keeps up and bbolt sees only what waits.
 //
@@ -105,6 +108,26 @@
 // no WAL file. bbolt files never shrink, so when the live data is small next
 // to the file, the store compacts it into a new file and swaps it in (see
 // compact.go).
+//
+// # Integrity
+//
+// Every record is checksummed and every read checks it (encode.go, wal.go).
+// Damage never crashes the spool and never passes silently:
+//
+//   - the WAL's replay skips exactly the damaged records between valid ones
+//     and reports them (a log line with segment and offsets, the
+//     relay_spool_damaged_records_total counter, the bytes in
+//     Dir/quarantine/); only a bad tail of the newest segment past the
+//     acknowledged end spool.db recorded is dropped quietly (replay.go);
+//   - a chunk of bbolt that fails its checksum is moved to dead letters with
+//     reason ReasonDamaged when the reader reaches it, never returned;
+//   - Open refuses (ErrMismatch) a spool.db missing, empty or another
+//     spool's while the log holds records, or one whose positions the log
+//     does not reach, and (ErrDamaged) a spool.db bbolt cannot read: the
+//     file is checked before it is mapped and bbolt's panics and faults are
+//     recovered (integrity.go). Verify and Salvage (offline.go) read what is
+//     left without bbolt;
+//   - a replay that lacks disk space opens the spool draining (drain.go).
 //
 // # Goroutines and locks
 //

@@ -4,44 +4,76 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"time"
 )
 
 // On-disk encodings. Every value starts with a format version byte so that a
-// later version can read (or refuse) an older file.
+// later version can read (or refuse) an older file. Every value written by
+// this version carries a CRC-32C (Castagnoli, crcTable), checked on every
+// read: a value that fails it is damage, never data.
 //
-// Chunk (queue bucket value, key = 8-byte big-endian seq):
+// Chunk (queue bucket value, key = 8-byte big-endian seq; also the payload
+// of a WAL chunk record, whose header's payload checksum is the same CRC):
 //
-//	[0]     chunkVersion (1)
-//	[1:9]   accepted, unix milliseconds, int64 big-endian
-//	[9:13]  record count, uint32 big-endian
+//	[0]      chunkVersion (2)
+//	[1:5]    CRC-32C of bytes [5:], uint32 big-endian
+//	[5:13]   accepted, unix milliseconds, int64 big-endian
+//	[13:17]  record count, uint32 big-endian
+//	[17]     flags: 0, or chunkPatched
 //	then per record: uvarint len(OrderKey), OrderKey,
 //	                 uvarint len(UserID), UserID,
 //	                 uvarint len(Data), Data
+//	and, when flags has chunkPatched, after each record's Data:
+//	                 uvarint patch count, then per patch (ascending,
+//	                 non-overlapping offsets into Data): uvarint offset,
+//	                 uvarint bytes replaced, uvarint len(insert), insert
+//
+// A patched record's Data is the bytes as received (a slice of the request
+// body) and its patches are what the relay rewrote (an insert_id and a time
+// inserted, "$remote" replaced): the record sent upstream is Data with the
+// patches applied. This version writes no patched chunk yet but reads them
+// (decodeChunk), so that a writer that keeps the request body as the
+// chunk's bytes (written once, the rewrites beside it) needs no new format.
+//
+// Version 1 chunks (formats up to 3: [0] 1, [1:9] accepted, [9:13] count,
+// then the records) carry no checksum of their own; they are read as they
+// are (their WAL records were checked by the record's payload CRC) and
+// leave the file as they are delivered.
 //
 // Lane (lanes bucket value, key = 8-byte big-endian lane id):
 //
-//	[0] laneVersion (1), [1] kind,
+//	[0] laneVersion (2), [1] kind,
 //	uvarint len(APIKey), APIKey, uvarint len(Options), Options,
-//	then 4 x uint64 big-endian: next seq, live chunks, live records, live bytes.
+//	then 4 x uint64 big-endian: next seq, live chunks, live records, live bytes,
+//	then CRC-32C of everything before it, uint32 big-endian (not in version 1).
 //
 // Dead letter (dead bucket value, key = 8-byte big-endian id):
 //
-//	[0] deadVersion (1), [1] kind,
+//	[0] deadVersion (2), [1] kind,
 //	uvarint-length-prefixed APIKey, Options, Reason, Answer,
 //	varint accepted unix ms, varint died unix ms,
-//	uvarint-length-prefixed OrderKey, UserID, Data.
+//	uvarint-length-prefixed OrderKey, UserID, Data,
+//	then CRC-32C of everything before it, uint32 big-endian (not in version 1).
 
 const (
-	chunkVersion = 1
-	laneVersion  = 1
-	deadVersion  = 1
+	chunkVersion = 2
+	laneVersion  = 2
+	deadVersion  = 2
 
-	chunkHeaderLen = 13
+	chunkHeaderLen   = 18
+	chunkV1HeaderLen = 13
+
+	// chunkPatched (chunk flags): each record's Data is followed by its
+	// patches (see above).
+	chunkPatched = 1
 )
 
 // errCorrupt is returned when a stored value cannot be decoded.
 var errCorrupt = errors.New("spool: corrupt value")
+
+// errChecksum is returned when a stored value fails its checksum.
+var errChecksum = fmt.Errorf("checksum mismatch: %w", errCorrupt)
 
 func seqKey(seq uint64) []byte {
 	var k [8]byte
@@ -49,23 +81,89 @@ func seqKey(seq uint64) []byte {
 	return k[:]
 }
 
-func putChunkHeader(buf []byte, accepted int64, n int) {
+// putChunkHeader writes the header of a chunk of n records whose records
+// follow in buf, and its checksum over them, which it returns: one pass
+// over the chunk, in Append's caller, while the chunk is in its CPU's
+// cache; the WAL record's payload checksum is the same value.
+func putChunkHeader(buf []byte, accepted int64, n int) uint32 {
 	buf[0] = chunkVersion
-	binary.BigEndian.PutUint64(buf[1:9], uint64(accepted))
-	binary.BigEndian.PutUint32(buf[9:13], uint32(n))
+	binary.BigEndian.PutUint64(buf[5:13], uint64(accepted))
+	binary.BigEndian.PutUint32(buf[13:17], uint32(n))
+	buf[17] = 0
+	crc := crc32.Checksum(buf[5:], crcTable)
+	binary.BigEndian.PutUint32(buf[1:5], crc)
+	return crc
 }
 
-// chunkHeader decodes a chunk's header.
-func chunkHeader(v []byte) (acceptedMs int64, n int, err error) {
-	if len(v) < chunkHeaderLen || v[0] != chunkVersion {
-		return 0, 0, errCorrupt
+// chunkSum is the checksum a chunk carries (v2), or the CRC-32C of a whole
+// v1 chunk; ok is false when v is too short to hold a header.
+func chunkSum(v []byte) (stored, computed uint32, ok bool) {
+	switch {
+	case len(v) >= chunkHeaderLen && v[0] == chunkVersion:
+		return binary.BigEndian.Uint32(v[1:5]), crc32.Checksum(v[5:], crcTable), true
+	case len(v) >= chunkV1HeaderLen && v[0] == 1:
+		c := crc32.Checksum(v, crcTable)
+		return c, c, true
 	}
-	return int64(binary.BigEndian.Uint64(v[1:9])), int(binary.BigEndian.Uint32(v[9:13])), nil
+	return 0, 0, false
 }
 
-// decodeChunk decodes v into c; the records alias v, c.Records is taken
-// from slab (nil: a fresh slice).
+// verifyChunk checks a chunk's checksum (a v1 chunk has none: only its
+// header is checked).
+func verifyChunk(v []byte) error {
+	if len(v) > 0 && v[0] == 1 {
+		_, _, err := chunkHeader(v)
+		return err
+	}
+	st, c, ok := chunkSum(v)
+	if !ok {
+		return errCorrupt
+	}
+	if st != c {
+		return errChecksum
+	}
+	return nil
+}
+
+// chunkHeader decodes a chunk's header (either version; the checksum is
+// not checked).
+func chunkHeader(v []byte) (acceptedMs int64, n int, err error) {
+	switch {
+	case len(v) >= chunkHeaderLen && v[0] == chunkVersion:
+		return int64(binary.BigEndian.Uint64(v[5:13])), int(binary.BigEndian.Uint32(v[13:17])), nil
+	case len(v) >= chunkV1HeaderLen && v[0] == 1:
+		return int64(binary.BigEndian.Uint64(v[1:9])), int(binary.BigEndian.Uint32(v[9:13])), nil
+	}
+	return 0, 0, errCorrupt
+}
+
+// upgradeChunk returns v as a version 2 chunk: v itself when it is one, a
+// new one with its checksum for a version 1 chunk.
+func upgradeChunk(v []byte) []byte {
+	if len(v) < chunkV1HeaderLen || v[0] != 1 {
+		return v
+	}
+	acc, n, _ := chunkHeader(v)
+	out := make([]byte, chunkHeaderLen, chunkHeaderLen+len(v)-chunkV1HeaderLen)
+	out = append(out, v[chunkV1HeaderLen:]...)
+	putChunkHeader(out, acc, n)
+	return out
+}
+
+// decodeChunk checks v's checksum and decodes it into c; the records
+// alias v (a patched record's Data is built anew), c.Records is taken from
+// slab (nil: a fresh slice). A chunk that fails its checksum returns an
+// error wrapping errChecksum and decodes nothing.
 func decodeChunk(seq uint64, v []byte, c *Chunk, slab *recSlab) error {
+	if err := verifyChunk(v); err != nil {
+		return err
+	}
+	return decodeRecords(seq, v, c, slab)
+}
+
+// decodeRecords decodes v into c without checking its checksum (salvage
+// of damaged chunks, whose framing may still hold).
+func decodeRecords(seq uint64, v []byte, c *Chunk, slab *recSlab) error {
 	ms, n, err := chunkHeader(v)
 	if err != nil {
 		return err
@@ -73,11 +171,17 @@ func decodeChunk(seq uint64, v []byte, c *Chunk, slab *recSlab) error {
 	if n > len(v) { // each record takes at least 3 bytes; cheap sanity bound
 		return errCorrupt
 	}
+	p, flags := v[chunkV1HeaderLen:], byte(0)
+	if v[0] == chunkVersion {
+		p, flags = v[chunkHeaderLen:], v[17]
+		if flags&^chunkPatched != 0 {
+			return fmt.Errorf("unknown chunk flags %#x: %w", flags, errCorrupt)
+		}
+	}
 	c.Seq = seq
 	c.Accepted = time.UnixMilli(ms)
 	c.Size = len(v)
 	c.Records = slab.take(n)
-	p := v[chunkHeaderLen:]
 	for i := range c.Records {
 		r := &c.Records[i]
 		if r.OrderKey, p, err = takeBytes(p); err != nil {
@@ -89,11 +193,77 @@ func decodeChunk(seq uint64, v []byte, c *Chunk, slab *recSlab) error {
 		if r.Data, p, err = takeBytes(p); err != nil {
 			return err
 		}
+		if flags&chunkPatched != 0 {
+			if r.Data, p, err = applyPatches(r.Data, p); err != nil {
+				return err
+			}
+		}
 	}
 	if len(p) != 0 {
 		return errCorrupt
 	}
 	return nil
+}
+
+// applyPatches reads the patches of a record whose bytes as received are
+// base from p, and returns the record with them applied (base itself when
+// there are none) and the rest of p.
+func applyPatches(base, p []byte) (data, rest []byte, err error) {
+	np, w := binary.Uvarint(p)
+	if w <= 0 || np > uint64(len(p)) {
+		return nil, nil, errCorrupt
+	}
+	p = p[w:]
+	if np == 0 {
+		return base, p, nil
+	}
+	out := make([]byte, 0, len(base)+64)
+	at := uint64(0)
+	for range np {
+		off, w1 := binary.Uvarint(p)
+		if w1 <= 0 {
+			return nil, nil, errCorrupt
+		}
+		del, w2 := binary.Uvarint(p[w1:])
+		if w2 <= 0 {
+			return nil, nil, errCorrupt
+		}
+		p = p[w1+w2:]
+		var ins []byte
+		if ins, p, err = takeBytes(p); err != nil {
+			return nil, nil, err
+		}
+		if off < at || off > uint64(len(base)) || del > uint64(len(base))-off {
+			return nil, nil, errCorrupt
+		}
+		out = append(out, base[at:off]...)
+		out = append(out, ins...)
+		at = off + del
+	}
+	out = append(out, base[at:]...)
+	return out, p, nil
+}
+
+// appendPatched appends a patched record's encoding (the layout above) to
+// dst: the writer's side of applyPatches, for tests and the future writer.
+func appendPatched(dst []byte, r Record, patches []patch) []byte {
+	dst = appendBytes(dst, r.OrderKey)
+	dst = appendBytes(dst, r.UserID)
+	dst = appendBytes(dst, r.Data)
+	dst = binary.AppendUvarint(dst, uint64(len(patches)))
+	for _, pt := range patches {
+		dst = binary.AppendUvarint(dst, uint64(pt.off))
+		dst = binary.AppendUvarint(dst, uint64(pt.del))
+		dst = appendBytes(dst, pt.ins)
+	}
+	return dst
+}
+
+// patch is one rewrite of a record's bytes as received: del bytes at off
+// replaced by ins.
+type patch struct {
+	off, del int
+	ins      []byte
 }
 
 // takeBytes splits a uvarint-length-prefixed byte string off p. An empty
@@ -121,6 +291,7 @@ type laneState struct {
 }
 
 func encodeLane(dst []byte, k LaneKey, st laneState) []byte {
+	start := len(dst)
 	dst = append(dst, laneVersion, byte(k.Kind))
 	dst = appendBytes(dst, []byte(k.APIKey))
 	dst = appendBytes(dst, []byte(k.Options))
@@ -128,14 +299,40 @@ func encodeLane(dst []byte, k LaneKey, st laneState) []byte {
 	dst = binary.BigEndian.AppendUint64(dst, st.chunks)
 	dst = binary.BigEndian.AppendUint64(dst, st.records)
 	dst = binary.BigEndian.AppendUint64(dst, st.bytes)
-	return dst
+	return sealValue(dst, start)
+}
+
+// sealValue appends the CRC-32C of dst[start:] to dst.
+func sealValue(dst []byte, start int) []byte {
+	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], crcTable))
+}
+
+// openValue checks a lane or dead letter value and returns it without its
+// checksum: a version 2 value must carry a right one, a version 1 value has
+// none.
+func openValue(v []byte) ([]byte, error) {
+	switch {
+	case len(v) >= 1 && v[0] == 1:
+		return v, nil
+	case len(v) < 6 || v[0] != 2:
+		return nil, fmt.Errorf("value version: %w", errCorrupt)
+	}
+	body := v[:len(v)-4]
+	if crc32.Checksum(body, crcTable) != binary.BigEndian.Uint32(v[len(v)-4:]) {
+		return nil, errChecksum
+	}
+	return body, nil
 }
 
 func decodeLane(v []byte) (LaneKey, laneState, error) {
 	var k LaneKey
 	var st laneState
-	if len(v) < 2 || v[0] != laneVersion {
-		return k, st, fmt.Errorf("lane record version: %w", errCorrupt)
+	v, err := openValue(v)
+	if err != nil {
+		return k, st, fmt.Errorf("lane record: %w", err)
+	}
+	if len(v) < 2 {
+		return k, st, fmt.Errorf("lane record: %w", errCorrupt)
 	}
 	k.Kind = Kind(v[1])
 	ak, p, err := takeBytes(v[2:])
@@ -158,6 +355,7 @@ func decodeLane(v []byte) (LaneKey, laneState, error) {
 }
 
 func encodeDead(dst []byte, d *DeadLetter) []byte {
+	start := len(dst)
 	dst = append(dst, deadVersion, byte(d.Lane.Kind))
 	dst = appendBytes(dst, []byte(d.Lane.APIKey))
 	dst = appendBytes(dst, []byte(d.Lane.Options))
@@ -168,7 +366,7 @@ func encodeDead(dst []byte, d *DeadLetter) []byte {
 	dst = appendBytes(dst, d.Record.OrderKey)
 	dst = appendBytes(dst, d.Record.UserID)
 	dst = appendBytes(dst, d.Record.Data)
-	return dst
+	return sealValue(dst, start)
 }
 
 func unixMs(t time.Time) int64 {
@@ -188,13 +386,16 @@ func fromMs(ms int64) time.Time {
 // decodeDead decodes v (which must not be reused: the result aliases it).
 func decodeDead(id uint64, v []byte) (DeadLetter, error) {
 	d := DeadLetter{ID: id}
-	if len(v) < 2 || v[0] != deadVersion {
+	v, err := openValue(v)
+	if err != nil {
+		return d, err
+	}
+	if len(v) < 2 {
 		return d, errCorrupt
 	}
 	d.Lane.Kind = Kind(v[1])
 	var b [4][]byte
 	p := v[2:]
-	var err error
 	for i := range b {
 		if b[i], p, err = takeBytes(p); err != nil {
 			return d, err

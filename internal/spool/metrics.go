@@ -21,6 +21,8 @@ type metrics struct {
 	checkpointBytes   prometheus.Counter
 	rejectedFull      prometheus.Counter
 	rejectedDisk      prometheus.Counter
+	damagedWAL        prometheus.Counter
+	damagedDB         prometheus.Counter
 	collector         *laneCollector
 	registered        []prometheus.Collector
 }
@@ -30,6 +32,10 @@ func newMetrics(s *Spool, reg prometheus.Registerer) (*metrics, error) {
 		Name: "relay_spool_append_rejected_total",
 		Help: "Appends refused, by reason (full: quota; disk_low: free disk under the reserve).",
 	}, []string{"reason"})
+	damaged := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_spool_damaged_records_total",
+		Help: "Records that failed their checksum, by file: wal (skipped by the replay at start, bytes kept in the data dir's quarantine/), db (chunks of spool.db, moved to dead letters with reason damaged).",
+	}, []string{"file"})
 	m := &metrics{
 		reg: reg,
 		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -65,13 +71,15 @@ func newMetrics(s *Spool, reg prometheus.Registerer) (*metrics, error) {
 		}),
 		rejectedFull: rejected.WithLabelValues("full"),
 		rejectedDisk: rejected.WithLabelValues("disk_low"),
+		damagedWAL:   damaged.WithLabelValues("wal"),
+		damagedDB:    damaged.WithLabelValues("db"),
 		collector:    newLaneCollector(s),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.commitSeconds, m.commitRecords, m.commits, m.compactions,
-		m.checkpoints, m.checkpointSeconds, m.checkpointBytes, rejected, m.collector} {
+		m.checkpoints, m.checkpointSeconds, m.checkpointBytes, rejected, damaged, m.collector} {
 		if err := reg.Register(c); err != nil {
 			m.unregister()
 			return nil, err

@@ -1,6 +1,7 @@
 package spool
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"os"
@@ -16,12 +17,53 @@ import (
 // record not acknowledged later in the WAL is put, every acknowledged chunk
 // in bbolt is deleted, in transactions of up to MaxCommitBytes (and one per
 // segment), each storing how far it got. Then every segment is free: it is
-// kept as a spare or removed, and the WAL writer starts a new one. A
-// segment is read up to its first invalid record (see wal.go).
-func (s *Spool) replay(applied walPos) error {
+// kept as a spare or removed, and the WAL writer starts a new one.
+//
+// Segments are read by scanSegment (wal.go): damage between valid records
+// is skipped exactly and reported (reportDamage: an error line, the
+// damaged-records counter, the bytes kept in Dir/quarantine/), and what
+// follows is replayed. A bad tail is dropped with a warning only in the
+// newest segment and only from the acknowledged end on: synced is the WAL
+// end spool.db last recorded under SyncAlways (zero when unknown), and
+// every record acknowledged before it was fsynced before that record was
+// committed; a record past it was either never acknowledged (a torn write)
+// or acknowledged within the last checkpoint's lag (a checkpoint interval,
+// 100 ms, plus a commit: every checkpoint commits when the WAL's end moved),
+// which a bad tail there cannot tell apart. Everything before
+// synced, and the end of each older segment that the next one's recStart
+// names, must be there: what is missing is reported as damage too.
+//
+// Replay refuses (ErrMismatch) a WAL that is not this spool.db's: a
+// segment whose recStart carries another spool's id, a chunk of a lane id
+// that spool.db never assigned, or a position spool.db recorded (applied,
+// synced) that the files do not reach.
+func (s *Spool) replay(applied, synced walPos, lanesSeq uint64) error {
+	return s.replayWAL(applied, synced, lanesSeq, false)
+}
+
+// replayWAL is replay; live is set when the spool is open already (a
+// replay deferred by a full disk, see drain.go): the lanes' readers are
+// running then, and are woken instead of placed.
+func (s *Spool) replayWAL(applied, synced walPos, lanesSeq uint64, live bool) error {
 	segs, spares, err := walFiles(s.walDir)
 	if err != nil {
 		return fmt.Errorf("wal: %w", err)
+	}
+	sizes := make(map[uint64]int64, len(segs))
+	newest := uint64(0) // the newest segment with a valid record
+	for _, no := range segs {
+		if fi, err := os.Stat(filepath.Join(s.walDir, segName(no))); err == nil {
+			sizes[no] = fi.Size()
+		}
+	}
+	for _, p := range []walPos{applied, synced} {
+		if p.off == 0 {
+			continue
+		}
+		if sz, ok := sizes[p.seg]; !ok || sz < p.off {
+			return fmt.Errorf("%w: spool.db says the write-ahead log reaches segment %s offset %d, which %s does not hold",
+				ErrMismatch, segName(p.seg), p.off, s.walDir)
+		}
 	}
 	byID := make(map[uint64]*Lane, len(s.lanes))
 	for _, l := range s.lanes {
@@ -29,9 +71,17 @@ func (s *Spool) replay(applied walPos) error {
 	}
 	s.st.applied = applied
 	last := applied.seg
-	r := replayer{s: s, byID: byID, pos: applied}
+	r := replayer{s: s, byID: byID, pos: applied, lanesSeq: lanesSeq}
+	type segEnd struct{ end, reported int64 }
+	ends := make(map[uint64]segEnd, len(segs))
+	scans := make([]segScan, 0, len(segs))
+	datas := make([][]byte, 0, len(segs))
+	var todo []uint64
 	for _, no := range segs {
 		last = max(last, no)
+	}
+	s.w.nextNo = last + 1
+	for _, no := range segs {
 		if no < applied.seg {
 			continue
 		}
@@ -43,25 +93,75 @@ func (s *Spool) replay(applied walPos) error {
 		if no == applied.seg {
 			off = applied.off
 		}
-		for {
-			rec, ok := nextRecord(data, no, off)
-			if !ok {
-				break
+		sc := scanSegment(data, no, off)
+		if sc.start != nil && !bytes.Equal(sc.start[:16], s.id[:]) {
+			return fmt.Errorf("%w: write-ahead log segment %s belongs to another spool", ErrMismatch, segName(no))
+		}
+		if len(sc.items) > 0 {
+			newest = no
+		}
+		todo = append(todo, no)
+		scans = append(scans, sc)
+		datas = append(datas, data)
+	}
+	for i, no := range todo {
+		sc, data := scans[i], datas[i]
+		scans[i], datas[i] = segScan{}, nil
+		if sc.start != nil {
+			pno := binary.LittleEndian.Uint64(sc.start[16:])
+			pend := int64(binary.LittleEndian.Uint64(sc.start[24:]))
+			if e, ok := ends[pno]; pno >= applied.seg && pno < no && pend > 0 {
+				switch {
+				case !ok:
+					r.reportDamage(nil, walDamage{seg: pno, to: pend, records: 1},
+						"the segment is missing; the next one says it held records")
+				case max(e.end, e.reported) < pend:
+					from := max(e.end, e.reported)
+					r.reportDamage(nil, walDamage{seg: pno, from: from, to: pend, records: 1},
+						"the segment ends before where the next one says its records end")
+				}
 			}
-			r.add(rec)
-			off = rec.end
+		}
+		for _, it := range sc.items {
+			if it.damage != nil {
+				r.reportDamage(data, *it.damage, "damaged records between valid ones")
+				continue
+			}
+			r.add(it.rec)
+			if r.err != nil {
+				return r.err
+			}
 			if r.bytes >= int64(s.cfg.maxCommit()) {
-				if err := r.apply(walPos{no, off}); err != nil {
+				if err := r.apply(walPos{no, it.rec.end}); err != nil {
 					return err
 				}
 			}
 		}
-		if err := r.apply(walPos{no, off}); err != nil {
+		reported := int64(0)
+		tail := sc.tail
+		if synced.seg == no && synced.off > sc.end {
+			// The log ends before what spool.db recorded as acknowledged.
+			if tail.to <= tail.from {
+				tail = walDamage{seg: no, from: sc.end, records: 1}
+			}
+			tail.to = max(tail.to, synced.off)
+		}
+		if tail.to > tail.from {
+			if no == newest && !(walPos{no, tail.from}).less(synced) {
+				s.log.Warn("spool: a write cut short at the end of the write-ahead log (never acknowledged) was dropped",
+					zap.String("segment", segName(no)), zap.Int64("from", tail.from), zap.Int64("to", tail.to))
+			} else {
+				r.reportDamage(data, tail, "damaged records at the end of a segment")
+				reported = tail.to
+			}
+		}
+		ends[no] = segEnd{sc.end, reported}
+		if err := r.apply(walPos{no, sc.end}); err != nil {
 			return err
 		}
 	}
-	s.w.nextNo = last + 1
 	// Everything is in bbolt: the next segment is where the WAL starts.
+	r.final = true
 	if err := r.apply(walPos{s.w.nextNo, 0}); err != nil {
 		return err
 	}
@@ -70,7 +170,9 @@ func (s *Spool) replay(applied walPos) error {
 			zap.Int("chunks", r.chunks), zap.Int("acks", r.acks), zap.Int("segments", len(segs)))
 	}
 	s.st.oldestSeg = s.st.applied.seg
+	s.mu.Lock()
 	s.walEnd = s.st.applied
+	s.mu.Unlock()
 
 	// Spares first, then the old segments, up to maxSpares; remove the rest.
 	for _, name := range spares {
@@ -87,6 +189,22 @@ func (s *Spool) replay(applied walPos) error {
 		}
 	}
 
+	if live {
+		for _, l := range s.Lanes() {
+			l.mu.Lock()
+			l.next, l.aNext = max(l.next, l.cold.nextSeq), max(l.aNext, l.cold.nextSeq)
+			close(l.notify)
+			l.notify = make(chan struct{})
+			l.mu.Unlock()
+		}
+		return nil
+	}
+	return s.placeReaders()
+}
+
+// placeReaders puts each lane's read cursor at its oldest chunk in bbolt,
+// and its next seqs after its newest (Open).
+func (s *Spool) placeReaders() error {
 	return s.db.View(func(tx *bolt.Tx) error {
 		for _, l := range s.lanes {
 			l.next, l.aNext, l.readSeq = l.cold.nextSeq, l.cold.nextSeq, l.cold.nextSeq
@@ -96,6 +214,51 @@ func (s *Spool) replay(applied walPos) error {
 		}
 		return nil
 	})
+}
+
+// quarantineDir is where damaged bytes are kept, under the spool's Dir.
+const quarantineDir = "quarantine"
+
+// reportDamage reports records of the WAL that replay skips: an error line
+// with the segment, offsets and count, the damaged-records counter, and
+// the bytes (data[d.from:d.to], when data holds them) in a quarantine file.
+func (r *replayer) reportDamage(data []byte, d walDamage, what string) {
+	s := r.s
+	k := walPos{d.seg, d.from}
+	if s.st.reported == nil {
+		s.st.reported = make(map[walPos]bool)
+	}
+	if s.st.reported[k] {
+		return // a replay deferred by a full disk, tried again
+	}
+	s.st.reported[k] = true
+	s.st.damaged += int64(d.records)
+	fields := []zap.Field{
+		zap.String("segment", segName(d.seg)), zap.Int64("from", d.from), zap.Int64("to", d.to),
+		zap.Int64("bytes", d.to-d.from), zap.Int("records", d.records), zap.String("what", what),
+	}
+	if from, to := min(d.from, int64(len(data))), min(d.to, int64(len(data))); to > from {
+		name := fmt.Sprintf("wal-%016x-%d-%d.bin", d.seg, d.from, d.to)
+		if path, err := s.quarantine(name, data[from:to]); err != nil {
+			fields = append(fields, zap.NamedError("quarantine_error", err))
+		} else {
+			fields = append(fields, zap.String("quarantine", path))
+		}
+	}
+	s.log.Error("spool: damaged write-ahead log records skipped; acknowledged records in them are lost", fields...)
+}
+
+// quarantine keeps b in a file of that name under Dir/quarantine/.
+func (s *Spool) quarantine(name string, b []byte) (string, error) {
+	dir := filepath.Join(s.cfg.Dir, quarantineDir)
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		return "", err
+	}
+	return path, nil
 }
 
 // keepOrRemove keeps the spare file at path for the WAL writer when there
@@ -121,6 +284,10 @@ type replayer struct {
 	dels  []ackOp
 	bytes int64
 
+	lanesSeq uint64 // the highest lane id spool.db assigned
+	final    bool   // the last apply: also records the acknowledged end
+	err      error  // a chunk that refuses the replay (ErrMismatch)
+
 	chunks, acks int // totals, for the log
 }
 
@@ -139,7 +306,13 @@ func (r *replayer) add(rec walRecord) {
 	case recChunk:
 		l := r.byID[rec.lane]
 		if l == nil {
-			r.s.log.Error("spool: WAL record of an unknown lane; skipped",
+			if rec.lane > r.lanesSeq {
+				r.err = fmt.Errorf("%w: the write-ahead log holds records of lane %d, which spool.db never had",
+					ErrMismatch, rec.lane)
+				return
+			}
+			// A lane spool.db had and removed (empty lanes are retired).
+			r.s.log.Warn("spool: WAL record of a removed lane; skipped",
 				zap.Uint64("lane", rec.lane), zap.Uint64("seq", rec.seq))
 			return
 		}
@@ -149,12 +322,13 @@ func (r *replayer) add(rec walRecord) {
 				zap.String("lane", l.label), zap.Uint64("seq", rec.seq), zap.Error(err))
 			return
 		}
+		v := upgradeChunk(rec.payload)
 		if r.at == nil {
 			r.at = make(map[laneSeq]int)
 		}
 		r.at[laneSeq{rec.lane, rec.seq}] = len(r.puts)
-		r.puts = append(r.puts, replayChunk{l, rec.seq, acc, n, rec.payload})
-		r.bytes += int64(len(rec.payload))
+		r.puts = append(r.puts, replayChunk{l, rec.seq, acc, n, v})
+		r.bytes += int64(len(v))
 		r.chunks++
 	case recAcks:
 		for p := rec.payload; len(p) >= ackEntryLen; p = p[ackEntryLen:] {
@@ -205,7 +379,13 @@ func (r *replayer) apply(pos walPos) error {
 		if err := s.txLanes(tx); err != nil {
 			return err
 		}
-		return tx.Bucket(bucketMeta).Put(keyWAL, pos.encode())
+		meta := tx.Bucket(bucketMeta)
+		if r.final {
+			if err := s.putSynced(meta, pos); err != nil {
+				return err
+			}
+		}
+		return meta.Put(keyWAL, pos.encode())
 	})
 	if err != nil {
 		for _, l := range s.st.touched {
@@ -217,7 +397,9 @@ func (r *replayer) apply(pos walPos) error {
 		return fmt.Errorf("wal replay: %w", err)
 	}
 	for _, l := range s.st.touched {
+		l.mu.Lock() // a deferred replay (drain.go) runs while readers do
 		l.cold, l.coldOldest = l.w, l.wOldest
+		l.mu.Unlock()
 		l.wTouched, l.wOldStale = false, false
 	}
 	clear(s.st.touched)

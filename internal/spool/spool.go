@@ -3,11 +3,13 @@ package spool
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io/fs"
 	"math"
 	"os"
@@ -37,6 +39,18 @@ var ErrLocked = errors.New("spool: locked by another process")
 
 // ErrClosed is returned by operations on a closed spool.
 var ErrClosed = errors.New("spool: closed")
+
+// ErrMismatch is returned by Open when spool.db and the write-ahead log do
+// not belong together: spool.db is missing or empty, or is another spool's,
+// while the log holds records, or spool.db records a log position the log
+// does not reach. Open changes nothing then; Salvage recovers what both
+// hold.
+var ErrMismatch = errors.New("spool: spool.db does not match the write-ahead log")
+
+// ErrDamaged is returned by Open when spool.db cannot be opened or read
+// (damaged pages, a truncated file, a value that fails its checksum where
+// the spool cannot go on without it). Salvage recovers what is readable.
+var ErrDamaged = errors.New("spool: spool.db is damaged")
 
 // SyncMode says when a commit counts as durable.
 type SyncMode int
@@ -89,6 +103,7 @@ type Config struct {
 	checkpointEvery time.Duration // defaultCheckpointEvery
 	walMaxBytes     int64         // defaultWALMaxBytes
 	idleAfter       time.Duration // defaultIdleAfter
+	drainEvery      time.Duration // drainRetry
 
 	// maxFileBytes, when positive, makes checkpoints that would grow the
 	// bbolt file past it fail (bbolt's MaxSize): the tests' stand-in for
@@ -280,6 +295,8 @@ type Lane struct {
 	id    uint64
 	label string
 	qname []byte // name of the queue bucket
+	// walRec is the lane's recLane payload (the WAL writer's).
+	walRec []byte
 
 	mu         sync.Mutex
 	cold       laneState // what bbolt holds (committed); written by the store
@@ -438,13 +455,20 @@ func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]C
 		}
 		l.mu.Unlock()
 		if l.readSeq < firstHot {
-			chunks, err := l.read(maxBytes, firstHot, slab)
+			chunks, dmg, err := l.read(maxBytes, firstHot, slab)
 			if err != nil {
 				return nil, err
 			}
 			if len(chunks) > 0 {
 				l.readSeq = chunks[len(chunks)-1].Seq + 1
-				return chunks, nil
+				return chunks, nil // a damaged chunk after them is read again next time
+			}
+			if dmg != nil {
+				if err := l.deadDamaged(ctx, dmg); err != nil {
+					return nil, err
+				}
+				l.readSeq = dmg.seq + 1
+				continue
 			}
 			l.readSeq = firstHot // everything below was acknowledged already
 			continue
@@ -544,84 +568,131 @@ func (l *Lane) decodeHot(refs []hotRef, slab *recSlab) ([]Chunk, error) {
 
 // read returns the chunks in bbolt in [l.readSeq, end), their Records
 // taken from slab.
-func (l *Lane) read(maxBytes int, end uint64, slab *recSlab) ([]Chunk, error) {
+func (l *Lane) read(maxBytes int, end uint64, slab *recSlab) (_ []Chunk, dmg *damagedChunk, _ error) {
 	s := l.s
 	s.dbMu.RLock()
 	defer s.dbMu.RUnlock()
 	if s.db == nil {
-		return nil, ErrClosed
+		return nil, nil, ErrClosed
 	}
 	var out []Chunk
 	total := 0
-	err := s.db.View(func(tx *bolt.Tx) error {
-		b := tx.Bucket(l.qname)
-		if b == nil {
-			return fmt.Errorf("lane %s: queue bucket missing: %w", l.label, errCorrupt)
-		}
-		raw := l.raw[:0]
-		c := b.Cursor()
-		k, v := c.Seek(seqKey(l.readSeq))
-		for ; k != nil; k, v = c.Next() {
-			seq := binary.BigEndian.Uint64(k)
-			if seq >= end {
-				break
+	err := guard(func() error {
+		return s.db.View(func(tx *bolt.Tx) error {
+			b := tx.Bucket(l.qname)
+			if b == nil {
+				return fmt.Errorf("lane %s: queue bucket missing: %w", l.label, errCorrupt)
 			}
-			v = chunkValue(b, k, v)
-			if len(raw) > 0 && (maxBytes <= 0 || total+len(v) > maxBytes) {
-				break
-			}
-			raw = append(raw, rawChunk{seq, v})
-			total += len(v)
-		}
-		l.raw = raw[:0]
-		defer clear(raw) // no references into the mapping outlive tx
-		if len(raw) == 0 {
-			return nil
-		}
-		// Drop the copied pages from the RSS afterwards (see advise.go; the
-		// data stays in the page cache): chunks are read from bbolt only
-		// when they waited (a backlog, an outage's retries), so one call
-		// per read is cheap. The whole mapping, not the chunks' pages: the
-		// kernel maps the large folios around them, and the store's
-		// commits touch pages meanwhile. A chunk accepted adviseAge ago or
-		// more is likely not in the page cache any more: ask for its pages
-		// and the next call's at once (read from disk while these are
-		// delivered).
-		defer trimTx(s.db, tx)
-		if acc, _, herr := chunkHeader(raw[0].v); herr == nil && time.Since(fromMs(acc)) >= s.cfg.adviseOlder() {
-			m := mapping(s.db, tx)
-			l.adv = l.adv[:0]
-			for _, r := range raw {
-				l.adv.add(m, r.v)
-			}
-			var ahead spans
-			for n := 0; k != nil && n < maxBytes && len(ahead) < 64; k, v = c.Next() {
-				if binary.BigEndian.Uint64(k) >= end {
+			raw := l.raw[:0]
+			c := b.Cursor()
+			k, v := c.Seek(seqKey(l.readSeq))
+			for ; k != nil; k, v = c.Next() {
+				seq := binary.BigEndian.Uint64(k)
+				if seq >= end {
 					break
 				}
 				v = chunkValue(b, k, v)
-				ahead.add(m, v)
-				n += len(v)
+				if len(raw) > 0 && (maxBytes <= 0 || total+len(v) > maxBytes) {
+					break
+				}
+				raw = append(raw, rawChunk{seq, v})
+				total += len(v)
 			}
-			l.adv.advise(m, syscall.MADV_WILLNEED)
-			ahead.advise(m, syscall.MADV_WILLNEED)
-		}
-		out = make([]Chunk, len(raw))
-		for i, r := range raw {
-			cb := getBuf(len(r.v))
-			cb.b = append(cb.b, r.v...)
-			out[i].buf = Buffer{cb}
-			if err := decodeChunk(r.seq, cb.b, &out[i], slab); err != nil {
-				return fmt.Errorf("lane %s chunk %d: %w", l.label, r.seq, err)
+			l.raw = raw[:0]
+			defer clear(raw) // no references into the mapping outlive tx
+			if len(raw) == 0 {
+				return nil
 			}
-		}
-		return nil
+			// Drop the copied pages from the RSS afterwards (see advise.go; the
+			// data stays in the page cache): chunks are read from bbolt only
+			// when they waited (a backlog, an outage's retries), so one call
+			// per read is cheap. The whole mapping, not the chunks' pages: the
+			// kernel maps the large folios around them, and the store's
+			// commits touch pages meanwhile. A chunk accepted adviseAge ago or
+			// more is likely not in the page cache any more: ask for its pages
+			// and the next call's at once (read from disk while these are
+			// delivered).
+			defer trimTx(s.db, tx)
+			if acc, _, herr := chunkHeader(raw[0].v); herr == nil && time.Since(fromMs(acc)) >= s.cfg.adviseOlder() {
+				m := mapping(s.db, tx)
+				l.adv = l.adv[:0]
+				for _, r := range raw {
+					l.adv.add(m, r.v)
+				}
+				var ahead spans
+				for n := 0; k != nil && n < maxBytes && len(ahead) < 64; k, v = c.Next() {
+					if binary.BigEndian.Uint64(k) >= end {
+						break
+					}
+					v = chunkValue(b, k, v)
+					ahead.add(m, v)
+					n += len(v)
+				}
+				l.adv.advise(m, syscall.MADV_WILLNEED)
+				ahead.advise(m, syscall.MADV_WILLNEED)
+			}
+			out = make([]Chunk, 0, len(raw))
+			for _, r := range raw {
+				cb := getBuf(len(r.v))
+				cb.b = append(cb.b, r.v...)
+				c := Chunk{buf: Buffer{cb}}
+				if err := decodeChunk(r.seq, cb.b, &c, slab); err != nil {
+					dmg = &damagedChunk{seq: r.seq, v: cb.b, err: err}
+					break
+				}
+				out = append(out, c)
+			}
+			return nil
+		})
 	})
 	if err != nil {
-		return nil, fmt.Errorf("spool read: %w", err)
+		return nil, nil, fmt.Errorf("spool read: lane %s: %w", l.label, err)
 	}
-	return out, nil
+	return out, dmg, nil
 }
+
+// damagedChunk is a chunk of bbolt that failed its checksum (or does not
+// decode), as read.
+type damagedChunk struct {
+	seq uint64
+	v   []byte // a copy
+	err error
+}
+
+// deadDamaged moves a damaged chunk to dead letters with reason
+// ReasonDamaged, never to be sent upstream: one per record when its framing
+// still decodes (any of them may be the damaged one), else one holding the
+// chunk's bytes; then acknowledges the chunk, logs it and counts it.
+func (l *Lane) deadDamaged(ctx context.Context, d *damagedChunk) error {
+	s := l.s
+	answer := fmt.Appendf(nil, "spool: chunk %d of lane %s failed its checksum in spool.db (%v)", d.seq, l.label, d.err)
+	now := time.Now()
+	var c Chunk
+	var dls []DeadLetter
+	if decodeRecords(d.seq, d.v, &c, nil) == nil {
+		for _, r := range c.Records {
+			dls = append(dls, DeadLetter{Lane: l.key, Reason: ReasonDamaged, Answer: answer, Accepted: c.Accepted, Died: now, Record: r})
+		}
+	}
+	if len(dls) == 0 {
+		acc, _, _ := chunkHeader(d.v)
+		dls = []DeadLetter{{Lane: l.key, Reason: ReasonDamaged, Answer: answer, Accepted: fromMs(acc), Died: now,
+			Record: Record{Data: d.v}}}
+	}
+	if err := s.PutDead(ctx, dls); err != nil {
+		return fmt.Errorf("spool read: lane %s: dead-letter damaged chunk %d: %w", l.label, d.seq, err)
+	}
+	s.Ack(l, d.seq)
+	s.m.damagedDB.Add(float64(len(dls)))
+	s.log.Error("spool: a chunk of spool.db failed its checksum; its records were moved to dead letters (reason damaged), not sent",
+		zap.String("lane", l.label), zap.Uint64("seq", d.seq), zap.Int("records", len(dls)),
+		zap.Int("bytes", len(d.v)), zap.Error(d.err))
+	return nil
+}
+
+// ReasonDamaged is the dead-letter reason of records whose chunk failed its
+// checksum in spool.db.
+const ReasonDamaged = "damaged"
 
 // Spool is the durable queue. See the package documentation.
 type Spool struct {
@@ -672,6 +743,14 @@ type Spool struct {
 	fileBytes atomic.Int64
 	deadN     atomic.Int64
 
+	id [16]byte // the spool's id (meta key "id"), in every WAL segment
+	// draining is set while the WAL's replay waits for disk space (see
+	// drain.go): appends are refused, what bbolt holds is delivered.
+	draining atomic.Bool
+	// synced is the acknowledged WAL end last recorded in spool.db (the
+	// store's).
+	synced walPos
+
 	w  walWriter  // the WAL writer goroutine's own
 	st storeState // the store goroutine's own
 }
@@ -685,13 +764,26 @@ var (
 	keyFormat   = []byte("format")
 	keyDead     = []byte("dead") // in meta: dead letter count and bytes
 	keyWAL      = []byte("wal")  // in meta: the WAL position applied to bbolt
+	// keyID: the spool's random id (16 bytes), written into every WAL
+	// segment's recStart record, so that a log and a spool.db that do not
+	// belong together are told apart.
+	keyID = []byte("id")
+	// keySynced: the WAL end acknowledged (fsynced) when a checkpoint last
+	// committed, 16 bytes as keyWAL plus their CRC-32C; only under
+	// SyncAlways (absent otherwise). See replay.
+	keySynced = []byte("walsync")
 )
 
 // formatVersion 2 adds the WAL; 3 stores large chunks as buckets of their
-// own (see chunkstore.go). Files of versions 1 and 2 are upgraded in place:
-// what they hold reads the same. The version keeps an older relay from
-// opening a file it would misread.
-const formatVersion = 3
+// own (see chunkstore.go); 4 checksums every value (chunks, lanes, dead
+// letters: encode.go) and every WAL segment starts with a record naming
+// its spool. Files of versions 1 to 3 are upgraded in place: what they
+// hold reads the same (their chunks carry no checksum of their own and
+// leave as they are delivered; chunks replayed from their WAL are
+// rewritten with one). The version keeps an older relay from opening a
+// file it would misread. The meta bucket takes new keys freely: a key
+// this version does not know is left alone.
+const formatVersion = 4
 
 // Open opens or creates the spool in cfg.Dir, replays its WAL into bbolt,
 // and starts its goroutines. log and reg may be nil. A spool directory is
@@ -726,17 +818,31 @@ func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error
 	if err := os.Remove(s.path + ".compact"); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("open spool: remove stale compaction file: %w", err)
 	}
+	if err := s.checkFiles(); err != nil {
+		return nil, fmt.Errorf("open spool %s: %w", s.path, err)
+	}
 	db, err := s.openDB()
 	if err != nil {
 		return nil, err
 	}
 	s.db = db
-	applied, err := s.load()
-	if err == nil {
-		err = s.replay(applied)
-	}
+	// bbolt reads its pages through the mapping and panics on pages it
+	// cannot parse; checkFiles made sure the mapping covers every page
+	// the file claims, and a fault is turned into a panic too: both become
+	// ErrDamaged.
+	err = guard(func() error {
+		applied, synced, lanesSeq, err := s.load()
+		if err != nil {
+			return err
+		}
+		s.st.lanesSeq = lanesSeq
+		if err = s.replay(applied, synced, lanesSeq); noSpace(err) {
+			return s.startDraining(err)
+		}
+		return err
+	})
 	if err != nil {
-		db.Close()
+		_ = guard(db.Close)
 		return nil, fmt.Errorf("open spool %s: %w", s.path, err)
 	}
 	// load and replay touched pages all over the file (lane records,
@@ -751,50 +857,62 @@ func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error
 		return nil, fmt.Errorf("open spool: metrics: %w", err)
 	}
 	s.m = m
+	m.damagedWAL.Add(float64(s.st.damaged))
+	s.st.damagedCounted = s.st.damaged
 	go s.runWAL()
 	go s.runStore()
 	return s, nil
 }
 
 func (s *Spool) openDB() (*bolt.DB, error) {
-	db, err := bolt.Open(s.path, 0o600, &bolt.Options{
-		Timeout:         lockTimeout,
-		NoFreelistSync:  true,
-		FreelistType:    bolt.FreelistMapType,
-		InitialMmapSize: 1 << 30,
-		NoSync:          s.cfg.Sync == SyncNone,
-		MaxSize:         s.cfg.maxFileBytes,
+	var db *bolt.DB
+	err := guard(func() (err error) {
+		db, err = bolt.Open(s.path, 0o600, &bolt.Options{
+			Timeout:         lockTimeout,
+			NoFreelistSync:  true,
+			FreelistType:    bolt.FreelistMapType,
+			InitialMmapSize: 1 << 30,
+			NoSync:          s.cfg.Sync == SyncNone,
+			MaxSize:         s.cfg.maxFileBytes,
+		})
+		return err
 	})
 	if errors.Is(err, berrors.ErrTimeout) {
 		return nil, fmt.Errorf("open spool %s: %w", s.path, ErrLocked)
 	}
 	if err != nil {
+		if errors.Is(err, berrors.ErrInvalid) || errors.Is(err, berrors.ErrChecksum) || errors.Is(err, berrors.ErrVersionMismatch) {
+			err = fmt.Errorf("%w: %w", ErrDamaged, err)
+		}
 		return nil, fmt.Errorf("open spool %s: %w", s.path, err)
 	}
 	return db, nil
 }
 
 // load creates the buckets of a new file and reads the lanes of an old one;
-// it returns the WAL position applied to the file.
-func (s *Spool) load() (applied walPos, err error) {
-	// Write only when a bucket or the format is missing: a commit at every
-	// Open would leave the freelist on disk stale (see keepFreelist).
+// it returns the WAL positions applied to the file and acknowledged when
+// it was last written, and the highest lane id the file assigned.
+func (s *Spool) load() (applied, synced walPos, lanesSeq uint64, err error) {
+	// Write only when a bucket, the format or the id is missing: a commit
+	// at every Open would leave the freelist on disk stale (see
+	// keepFreelist).
 	ready := false
 	if err := s.db.View(func(tx *bolt.Tx) error {
 		meta := tx.Bucket(bucketMeta)
 		ready = meta != nil && tx.Bucket(bucketLanes) != nil && tx.Bucket(bucketDead) != nil &&
-			bytes.Equal(meta.Get(keyFormat), seqKey(formatVersion))
+			bytes.Equal(meta.Get(keyFormat), seqKey(formatVersion)) && len(meta.Get(keyID)) == len(s.id)
 		return nil
 	}); err != nil {
-		return walPos{}, err
+		return walPos{}, walPos{}, 0, err
 	}
 	if !ready {
 		if err := s.db.Update(createBuckets); err != nil {
-			return walPos{}, err
+			return walPos{}, walPos{}, 0, err
 		}
 	}
 	err = s.db.View(func(tx *bolt.Tx) error {
 		meta := tx.Bucket(bucketMeta)
+		copy(s.id[:], meta.Get(keyID))
 		if v := meta.Get(keyDead); len(v) == 16 {
 			s.st.deadN = int64(binary.BigEndian.Uint64(v))
 			s.st.deadBytes = int64(binary.BigEndian.Uint64(v[8:]))
@@ -803,22 +921,29 @@ func (s *Spool) load() (applied walPos, err error) {
 		if v := meta.Get(keyWAL); v != nil {
 			var err error
 			if applied, err = decodePos(v); err != nil {
-				return err
+				return fmt.Errorf("%w: %w", ErrDamaged, err)
 			}
 		}
-		return tx.Bucket(bucketLanes).ForEach(func(k, v []byte) error {
+		if v := meta.Get(keySynced); v != nil {
+			var err error
+			if synced, err = decodeSynced(v); err != nil {
+				return fmt.Errorf("%w: %w", ErrDamaged, err)
+			}
+			s.synced = synced
+		}
+		lanesB := tx.Bucket(bucketLanes)
+		lanesSeq = lanesB.Sequence()
+		return lanesB.ForEach(func(k, v []byte) error {
 			key, st, err := decodeLane(v)
 			if err != nil {
-				return err
+				return fmt.Errorf("%w: lane %x: %w", ErrDamaged, k, err)
 			}
 			l := newLane(s, binary.BigEndian.Uint64(k), key, st)
 			q := tx.Bucket(l.qname)
 			if q == nil {
-				return fmt.Errorf("lane %s: queue bucket missing: %w", l.label, errCorrupt)
+				return fmt.Errorf("%w: lane %s: queue bucket missing: %w", ErrDamaged, l.label, errCorrupt)
 			}
-			if l.coldOldest, err = firstAccepted(q); err != nil {
-				return err
-			}
+			l.coldOldest = firstAccepted(q)
 			l.wOldest = l.coldOldest
 			s.lanes = append(s.lanes, l)
 			s.byKey[key] = l
@@ -827,7 +952,26 @@ func (s *Spool) load() (applied walPos, err error) {
 		})
 	})
 	s.coldLive.Store(s.st.live)
-	return applied, err
+	return applied, synced, lanesSeq, err
+}
+
+// decodeSynced decodes a keySynced value.
+func decodeSynced(v []byte) (walPos, error) {
+	if len(v) != 20 || crc32.Checksum(v[:16], crcTable) != binary.BigEndian.Uint32(v[16:]) {
+		return walPos{}, fmt.Errorf("acknowledged WAL position: %w", errChecksum)
+	}
+	return decodePos(v[:16])
+}
+
+// putSynced records p as the acknowledged WAL end under SyncAlways, and
+// removes the record under SyncNone (whose acknowledged records may be
+// lost with the machine, so their end proves nothing).
+func (s *Spool) putSynced(meta *bolt.Bucket, p walPos) error {
+	if s.cfg.Sync != SyncAlways {
+		return meta.Delete(keySynced)
+	}
+	v := p.encode()
+	return meta.Put(keySynced, binary.BigEndian.AppendUint32(v, crc32.Checksum(v, crcTable)))
 }
 
 // createBuckets creates the buckets of a new file, and upgrades the format
@@ -849,7 +993,16 @@ func createBuckets(tx *bolt.Tx) error {
 			return err
 		}
 	case version != formatVersion:
-		return fmt.Errorf("unknown spool format %x", v)
+		return fmt.Errorf("unknown spool format %x: written by a newer relay; run that version (or drain the spool with it) instead", v)
+	}
+	if len(meta.Get(keyID)) != 16 {
+		var id [16]byte
+		if _, err := rand.Read(id[:]); err != nil {
+			return err
+		}
+		if err := meta.Put(keyID, id[:]); err != nil {
+			return err
+		}
 	}
 	if _, err := tx.CreateBucketIfNotExists(bucketLanes); err != nil {
 		return err
@@ -859,14 +1012,15 @@ func createBuckets(tx *bolt.Tx) error {
 }
 
 // firstAccepted is the acceptance time of the first chunk of queue q, 0
-// when it is empty.
-func firstAccepted(q *bolt.Bucket) (int64, error) {
+// when it is empty or its header does not decode (reading it reports the
+// damage).
+func firstAccepted(q *bolt.Bucket) int64 {
 	k, v := q.Cursor().First()
 	if k == nil {
-		return 0, nil
+		return 0
 	}
-	ms, _, err := chunkHeader(chunkValue(q, k, v))
-	return ms, err
+	ms, _, _ := chunkHeader(chunkValue(q, k, v))
+	return ms
 }
 
 // Close writes what is queued to the WAL, moves every unacknowledged chunk
@@ -947,13 +1101,16 @@ func (s *Spool) Append(ctx context.Context, l *Lane, b *Batch) error {
 	if l.s != s {
 		return errors.New("spool: append to a lane of another spool")
 	}
+	if s.draining.Load() {
+		s.m.rejectedDisk.Inc()
+		return ErrDiskLow
+	}
 	o := s.getOp(opAppend)
 	o.lane, o.batch, o.accepted = l, b, time.Now().UnixMilli()
 	// Right-sized, with its header and its record's checksum: here, in the
 	// caller's goroutine (see wal.go).
 	b.fit()
-	putChunkHeader(b.cb.b, o.accepted, b.n)
-	o.crc = payloadCRC(b.cb.b)
+	o.crc = putChunkHeader(b.cb.b, o.accepted, b.n)
 	err := s.do(ctx, o)
 	s.putOp(o)
 	return err
@@ -996,7 +1153,9 @@ func (s *Spool) Ack(l *Lane, seq uint64) {
 		s.mu.Unlock()
 		return
 	}
-	s.acks = append(s.acks, ackOp{l, seq})
+	if !s.draining.Load() { // draining writes nothing to the WAL (drain.go)
+		s.acks = append(s.acks, ackOp{l, seq})
+	}
 	if cold {
 		s.coldAcks = append(s.coldAcks, ackOp{l, seq})
 	}
@@ -1050,24 +1209,26 @@ func (s *Spool) ListDead(f DeadFilter, after uint64, limit int) ([]DeadLetter, e
 		return nil, ErrClosed
 	}
 	var out []DeadLetter
-	err := s.db.View(func(tx *bolt.Tx) error {
-		c := tx.Bucket(bucketDead).Cursor()
-		for k, v := c.Seek(seqKey(after + 1)); k != nil; k, v = c.Next() {
-			if limit > 0 && len(out) >= limit {
-				break
+	err := guard(func() error {
+		return s.db.View(func(tx *bolt.Tx) error {
+			c := tx.Bucket(bucketDead).Cursor()
+			for k, v := c.Seek(seqKey(after + 1)); k != nil; k, v = c.Next() {
+				if limit > 0 && len(out) >= limit {
+					break
+				}
+				buf := make([]byte, len(v))
+				copy(buf, v)
+				d, err := decodeDead(binary.BigEndian.Uint64(k), buf)
+				if err != nil {
+					return fmt.Errorf("dead letter %x: %w", k, err)
+				}
+				if f.Lane != nil && d.Lane != *f.Lane || f.Reason != "" && d.Reason != f.Reason {
+					continue
+				}
+				out = append(out, d)
 			}
-			buf := make([]byte, len(v))
-			copy(buf, v)
-			d, err := decodeDead(binary.BigEndian.Uint64(k), buf)
-			if err != nil {
-				return fmt.Errorf("dead letter %x: %w", k, err)
-			}
-			if f.Lane != nil && d.Lane != *f.Lane || f.Reason != "" && d.Reason != f.Reason {
-				continue
-			}
-			out = append(out, d)
-		}
-		return nil
+			return nil
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)

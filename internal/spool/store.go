@@ -1,6 +1,7 @@
 package spool
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -76,6 +77,13 @@ type storeState struct {
 
 	compactFailed time.Time
 	freelistStale bool // the last commit did not write the freelist
+	lastCkptErr   string
+
+	lanesSeq                uint64          // the highest lane id in spool.db, at Open
+	damaged, damagedCounted int64           // damaged WAL records replay skipped; of them counted
+	reported                map[walPos]bool // damage replay reported (once)
+	drainErr                error           // why the replay waits (drain.go)
+	drainTried              time.Time
 }
 
 // runStore is the store goroutine.
@@ -105,6 +113,7 @@ func (s *Spool) runStore() {
 			if s.checkpoint(ops, acks, end, total, force, now) {
 				s.afterCommit()
 			}
+			s.retryReplay(now)
 			s.st.lastCheckpoint = now
 			s.recycle()
 			s.checkIdle(now)
@@ -147,6 +156,12 @@ func (s *Spool) wait(timer *time.Timer) {
 			d = idleFreelistDelay
 		case !s.st.idle:
 			d = s.cfg.idle()
+		}
+	}
+	if s.draining.Load() { // the replay's next try (drain.go)
+		r := cmp.Or(s.cfg.drainEvery, drainRetry)
+		if d < 0 || d > r {
+			d = r
 		}
 	}
 	if d >= 0 {
@@ -227,7 +242,9 @@ func (s *Spool) checkpoint(ops []*op, acks []ackOp, end walPos, endTotal int64, 
 			l.mu.Unlock()
 		}
 	}
-	if p.less(s.st.applied) {
+	if p.less(s.st.applied) || s.draining.Load() {
+		// Draining: the WAL from the applied position on waits for its
+		// replay; nothing may move past it.
 		p, pTotal = s.st.applied, s.appliedTotal.Load()
 	}
 	// The chunks to put: every unacknowledged one before P.
@@ -249,7 +266,14 @@ func (s *Spool) checkpoint(ops []*op, acks []ackOp, end walPos, endTotal int64, 
 	}
 	s.st.flush, s.st.flushL = flush, flushL
 	defer func() { clear(flush); clear(flushL) }()
-	if len(ops) == 0 && len(acks) == 0 && len(flush) == 0 && p == s.st.applied {
+	// Under SyncAlways a commit also records the acknowledged WAL end
+	// (replay tells damage from a torn write by it), so a WAL that moved
+	// is reason enough for one.
+	if s.draining.Load() {
+		end = s.synced
+	}
+	syncedMoved := s.cfg.Sync == SyncAlways && s.synced.less(end)
+	if len(ops) == 0 && len(acks) == 0 && len(flush) == 0 && p == s.st.applied && !syncedMoved {
 		for _, l := range lanes {
 			l.w.nextSeq = l.cold.nextSeq
 		}
@@ -257,13 +281,22 @@ func (s *Spool) checkpoint(ops []*op, acks []ackOp, end walPos, endTotal int64, 
 	}
 
 	start := time.Now()
-	written, err := s.apply(ops, acks, flush, flushL, lanes, p)
+	written, err := s.apply(ops, acks, flush, flushL, lanes, p, end)
 	if err != nil {
 		err = fmt.Errorf("spool checkpoint: %w", err)
-		s.log.Error("spool checkpoint failed", zap.Error(err))
+		// Once per state change (and when the error changes), not every
+		// checkpointInterval: a full disk fails every checkpoint.
+		if msg := err.Error(); !s.ckptFailed.Load() || msg != s.st.lastCkptErr {
+			s.log.Error("spool checkpoint failed; retrying every checkpoint interval until one succeeds", zap.Error(err))
+			s.st.lastCkptErr = msg
+		}
 		s.rollback(acks, flush, flushL, lanes)
 		s.ckptFailed.Store(true)
 	} else {
+		if s.ckptFailed.Load() {
+			s.log.Info("spool checkpoint succeeded again")
+			s.st.lastCkptErr = ""
+		}
 		s.ckptFailed.Store(false)
 		s.commitPublish(lanes, p, pTotal)
 		s.m.checkpoints.Inc()
@@ -286,7 +319,7 @@ func (s *Spool) checkpoint(ops []*op, acks []ackOp, end walPos, endTotal int64, 
 // apply runs the transaction of a checkpoint. It changes only the store's
 // working state (Lane.w, storeState), which commitPublish or rollback then
 // settle. It returns the bytes of the chunks it put.
-func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane, lanes []*Lane, p walPos) (written int, err error) {
+func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane, lanes []*Lane, p, end walPos) (written int, err error) {
 	if s.db == nil {
 		return 0, errors.New("spool file is not open after a failed compaction")
 	}
@@ -296,7 +329,14 @@ func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane
 	}
 	defer func() {
 		if err != nil {
-			_ = tx.Rollback()
+			_ = guard(tx.Rollback)
+		}
+	}()
+	// bbolt panics on a page it cannot parse (a damaged file): the
+	// checkpoint fails instead, and is logged.
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("%w: %v", ErrDamaged, v)
 		}
 	}()
 	live := s.st.live
@@ -399,11 +439,19 @@ func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane
 			return 0, err
 		}
 	}
+	if end != s.synced && s.synced.less(end) {
+		if err = s.putSynced(tx.Bucket(bucketMeta), end); err != nil {
+			return 0, err
+		}
+	}
 	s.db.NoFreelistSync = !s.keepFreelist(written, freed)
 	if err = tx.Commit(); err != nil {
 		return 0, err
 	}
 	s.st.freelistStale = s.db.NoFreelistSync
+	if s.synced.less(end) {
+		s.synced = end
+	}
 	s.st.live = live
 	s.st.deadN, s.st.deadBytes = deadN, deadBytes
 	return written, nil
@@ -464,10 +512,7 @@ func (s *Spool) txLanes(tx *bolt.Tx) error {
 	lanes := tx.Bucket(bucketLanes)
 	for _, l := range s.st.touched {
 		if l.wOldStale {
-			var err error
-			if l.wOldest, err = firstAccepted(tx.Bucket(l.qname)); err != nil {
-				return err
-			}
+			l.wOldest = firstAccepted(tx.Bucket(l.qname))
 		}
 		if err := lanes.Put(seqKey(l.id), encodeLane(nil, l.key, l.w)); err != nil {
 			return err

@@ -72,6 +72,19 @@ type walWriter struct {
 	diskWritten int64 // bytes appended since diskChecked
 
 	lastGroup int // appends in the last write
+
+	// The segment written before the current one and where its records
+	// end, for the current one's recStart record.
+	prevNo, prevEnd uint64
+	startBuf        [startLen]byte
+	segLanes        map[uint64]struct{} // lanes with a recLane record in the current segment
+	newLanes        []*Lane
+}
+
+// laneRecLen is the length of a lane's recLane payload (encodeLane).
+func laneRecLen(k LaneKey) int64 {
+	return int64(2 + uvarintLen(uint64(len(k.APIKey))) + len(k.APIKey) +
+		uvarintLen(uint64(len(k.Options))) + len(k.Options) + 32 + 4)
 }
 
 // diskCheckEvery is how long a statfs result is trusted (bytes appended
@@ -359,18 +372,56 @@ func (s *Spool) write(ops []*op, acks []ackOp) error {
 			appends = true
 		}
 	}
-	if s.w.f == nil || s.w.off+need > s.w.size {
-		if err := s.rotate(need); err != nil {
+	// Room for the start record and, should a new segment start, every
+	// lane's record.
+	extra := int64(recHeaderLen + startLen)
+	if appends {
+		for _, o := range ops {
+			if o.err == nil {
+				extra += recHeaderLen + laneRecLen(o.lane.key)
+			}
+		}
+	}
+	if s.w.f == nil || s.w.off+need+extra > s.w.size {
+		if err := s.rotate(need + extra); err != nil {
 			return err
 		}
 	}
-	// Where the group's chunk records start (after the ack record), for
-	// publish.
-	s.w.gStart = s.w.off
-	if len(acks) > 0 {
-		s.w.gStart += recHeaderLen + int64(len(acks))*ackEntryLen
+	// A new segment starts with its recStart record; a lane's first chunk
+	// in a segment follows its recLane record.
+	start := s.w.off == 0
+	if start {
+		need += recHeaderLen + startLen
+		clear(s.w.segLanes)
 	}
-	nrec := 0
+	newLanes := s.w.newLanes[:0]
+	for _, o := range ops {
+		if o.err != nil {
+			continue
+		}
+		if _, ok := s.w.segLanes[o.lane.id]; !ok {
+			if s.w.segLanes == nil {
+				s.w.segLanes = make(map[uint64]struct{})
+			}
+			s.w.segLanes[o.lane.id] = struct{}{}
+			newLanes = append(newLanes, o.lane)
+			need += recHeaderLen + laneRecLen(o.lane.key)
+		}
+	}
+	s.w.newLanes = newLanes
+	defer clear(newLanes)
+	// Where the group's chunk records start (after the start, ack and
+	// lane records), for publish.
+	s.w.gStart = s.w.off + need
+	for _, o := range ops {
+		if o.err == nil {
+			s.w.gStart -= recHeaderLen + int64(len(o.batch.cb.b))
+		}
+	}
+	nrec := len(newLanes)
+	if start {
+		nrec++
+	}
 	if len(acks) > 0 {
 		nrec++
 	}
@@ -382,6 +433,16 @@ func (s *Spool) write(ops []*op, acks []ackOp) error {
 	hdrs := slices.Grow(s.w.hdrs[:0], nrec*recHeaderLen)[:nrec*recHeaderLen]
 	s.w.hdrs = hdrs
 	iovs := s.w.iovs[:0]
+	if start {
+		sb := s.w.startBuf[:]
+		copy(sb, s.id[:])
+		binary.LittleEndian.PutUint64(sb[16:], s.w.prevNo)
+		binary.LittleEndian.PutUint64(sb[24:], s.w.prevEnd)
+		h := hdrs[:recHeaderLen]
+		hdrs = hdrs[recHeaderLen:]
+		putRecHeader(h, s.w.no, recStart, 0, 0, len(sb), payloadCRC(sb))
+		iovs = append(iovs, h, sb)
+	}
 	if len(acks) > 0 {
 		ab := s.w.ackBuf[:0]
 		for _, a := range acks {
@@ -393,6 +454,17 @@ func (s *Spool) write(ops []*op, acks []ackOp) error {
 		hdrs = hdrs[recHeaderLen:]
 		putRecHeader(h, s.w.no, recAcks, 0, 0, len(ab), payloadCRC(ab))
 		iovs = append(iovs, h, ab)
+	}
+	for _, l := range newLanes {
+		lb := l.walRec
+		if lb == nil {
+			lb = encodeLane(nil, l.key, laneState{})
+			l.walRec = lb
+		}
+		h := hdrs[:recHeaderLen]
+		hdrs = hdrs[recHeaderLen:]
+		putRecHeader(h, s.w.no, recLane, l.id, 0, len(lb), payloadCRC(lb))
+		iovs = append(iovs, h, lb)
 	}
 	for _, o := range ops {
 		if o.err == nil {
@@ -412,11 +484,12 @@ func (s *Spool) write(ops []*op, acks []ackOp) error {
 		}
 	}
 	if err != nil {
-		s.abandon()
+		s.abandon(need)
 		return err
 	}
 	s.w.off += need
 	s.w.total += need
+	s.w.prevNo, s.w.prevEnd = s.w.no, uint64(s.w.off)
 	return nil
 }
 
@@ -466,17 +539,22 @@ func fdatasync(fd int) error {
 	}
 }
 
-// abandon gives up the current segment after a failed write: it zeroes the
-// header of the first record that may have reached the file, so that a
-// replay stops before the failed records (best effort: the disk just
+// abandon gives up the current segment after a failed write of n bytes:
+// it zeroes them, so that a replay finds the segment's clean end before
+// the failed records and none of them after it (best effort: the disk just
 // failed; should it not work, those records may come back after a restart,
 // which only repeats events), and closes it.
-func (s *Spool) abandon() {
+func (s *Spool) abandon(n int64) {
 	if s.w.f == nil {
 		return
 	}
-	var zero [recHeaderLen]byte
-	if _, err := s.w.f.WriteAt(zero[:], s.w.off); err == nil {
+	zero := make([]byte, min(n, 1<<20))
+	ok := true
+	for at := int64(0); at < n && ok; at += int64(len(zero)) {
+		_, err := s.w.f.WriteAt(zero[:min(int64(len(zero)), n-at)], s.w.off+at)
+		ok = err == nil
+	}
+	if ok {
 		_ = fdatasync(s.w.fd)
 	}
 	s.closeSegment()

@@ -1,0 +1,296 @@
+package main
+
+import (
+	"bufio"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/svcrelay/relay/internal/config"
+	"github.com/svcrelay/relay/internal/spool"
+)
+
+// runSpool dispatches `relay spool SUBCOMMAND`.
+func runSpool(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "dump":
+			return runDump(ctx, args[1:], environ, stdout, stderr)
+		case "verify":
+			return runVerify(args[1:], environ, stdout, stderr)
+		case "salvage":
+			return runSalvage(args[1:], environ, stdout, stderr)
+		case "import":
+			return runImport(ctx, args[1:], environ, stdout, stderr)
+		}
+	}
+	fmt.Fprintln(stderr, "relay: usage: relay spool (dump|verify|salvage|import) --data-dir DIR ...")
+	return exitUsage
+}
+
+// spoolHint is what an operator runs next when the spool does not open.
+func spoolHint(dir string, err error) string {
+	if errors.Is(err, spool.ErrMismatch) || errors.Is(err, spool.ErrDamaged) {
+		return fmt.Sprintf("; the relay does not start on it: run `relay spool verify --data-dir %s` to see the damage and "+
+			"`relay spool salvage --data-dir %s --out FILE` to recover what is readable (README: Operations)", dir, dir)
+	}
+	return ""
+}
+
+// spoolFlags parses --data-dir (and the command's own flags) for a spool
+// subcommand.
+func spoolFlags(name string, args, environ []string, stderr io.Writer, more func(*flag.FlagSet)) (*flag.FlagSet, string, int) {
+	fs := flag.NewFlagSet("relay spool "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	def := cmp.Or(envValue(environ, config.EnvName("data-dir")), "./relay-data")
+	dir := fs.String("data-dir", def, "the relay's data dir (default from RELAY_DATA_DIR)")
+	if more != nil {
+		more(fs)
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, "", exitOK
+		}
+		return nil, "", exitUsage
+	}
+	return fs, *dir, -1
+}
+
+// runVerify prints a summary of the spool's records and checksums; exit 1
+// when anything is damaged.
+func runVerify(args, environ []string, stdout, stderr io.Writer) int {
+	fs, dir, code := spoolFlags("verify", args, environ, stderr, nil)
+	if code >= 0 {
+		return code
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "relay spool verify: unexpected argument %q\n", fs.Arg(0))
+		return exitUsage
+	}
+	if err := checkUnlocked(dir); err != nil {
+		fmt.Fprintf(stderr, "relay spool verify: %v\n", err)
+		return exitFailure
+	}
+	rep, err := spool.Verify(dir)
+	if err != nil {
+		fmt.Fprintf(stderr, "relay spool verify: %v\n", err)
+		return exitFailure
+	}
+	printReport(stdout, dir, rep)
+	if rep.Damaged > 0 || len(rep.Problems) > 0 {
+		fmt.Fprintf(stdout, "DAMAGED: stop here; `relay spool salvage --data-dir %s --out FILE` writes every readable record (README: Operations)\n", dir)
+		return exitFailure
+	}
+	fmt.Fprintln(stdout, "OK")
+	return exitOK
+}
+
+func printReport(w io.Writer, dir string, rep spool.VerifyReport) {
+	fmt.Fprintf(w, "spool %s: %d records (%d bytes) in %d lanes, %d dead letters, %d damaged\n",
+		dir, rep.Records, rep.Bytes, rep.Lanes, rep.DeadLetters, rep.Damaged)
+	for _, p := range rep.Problems {
+		fmt.Fprintf(w, "damage: %s\n", p)
+	}
+	for _, n := range rep.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+}
+
+// runSalvage writes every readable record as JSON lines to --out.
+func runSalvage(args, environ []string, stdout, stderr io.Writer) int {
+	var out *string
+	fs, dir, code := spoolFlags("salvage", args, environ, stderr, func(fs *flag.FlagSet) {
+		out = fs.String("out", "", "the file to write (JSON lines; it holds api_keys: mode 0600); - for stdout")
+	})
+	if code >= 0 {
+		return code
+	}
+	if fs.NArg() > 0 || *out == "" {
+		fmt.Fprintln(stderr, "relay spool salvage: usage: relay spool salvage --data-dir DIR --out FILE")
+		return exitUsage
+	}
+	if err := checkUnlocked(dir); err != nil {
+		fmt.Fprintf(stderr, "relay spool salvage: %v\n", err)
+		return exitFailure
+	}
+	var w io.Writer = stdout
+	var f *os.File
+	if *out != "-" {
+		var err error
+		f, err = os.OpenFile(*out, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			fmt.Fprintf(stderr, "relay spool salvage: %v\n", err)
+			return exitFailure
+		}
+		w = f
+	}
+	bw := bufio.NewWriterSize(w, 1<<20)
+	enc := json.NewEncoder(bw)
+	enc.SetEscapeHTML(false)
+	n := 0
+	rep, err := spool.Salvage(dir, func(r *spool.SalvageRecord) error {
+		n++
+		return enc.Encode(r)
+	})
+	if err == nil {
+		err = bw.Flush()
+	}
+	if f != nil {
+		if err == nil {
+			err = f.Sync()
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "relay spool salvage: %v\n", err)
+		return exitFailure
+	}
+	printReport(stderr, dir, rep)
+	fmt.Fprintf(stderr, "relay spool salvage: wrote %d lines to %s\n", n, *out)
+	return exitOK
+}
+
+// runImport appends the records of salvage files to the spool in
+// --data-dir (a fresh one, or any that no relay holds): live records to
+// the tails of their lanes, dead letters as dead letters. Records flagged
+// damaged are skipped unless --damaged.
+func runImport(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
+	var damaged *bool
+	fs, dir, code := spoolFlags("import", args, environ, stderr, func(fs *flag.FlagSet) {
+		damaged = fs.Bool("damaged", false, "also import records whose checksum failed (they may be altered)")
+	})
+	if code >= 0 {
+		return code
+	}
+	if fs.NArg() == 0 {
+		fmt.Fprintln(stderr, "relay spool import: usage: relay spool import --data-dir DIR FILE...")
+		return exitUsage
+	}
+	if st, err := os.Stat(dir); err == nil && st.IsDir() {
+		if err := checkUnlocked(dir); err != nil {
+			fmt.Fprintf(stderr, "relay spool import: %v\n", err)
+			return exitFailure
+		}
+	}
+	sp, err := spool.Open(spool.Config{Dir: dir, MinFreeBytes: -1}, nil, nil)
+	if err != nil {
+		fmt.Fprintf(stderr, "relay spool import: open spool in %s: %v%s\n", dir, err, spoolHint(dir, err))
+		return exitFailure
+	}
+	st := importStats{}
+	for _, name := range fs.Args() {
+		if err = importFile(ctx, sp, filepath.Clean(name), *damaged, &st); err != nil {
+			break
+		}
+	}
+	if cerr := sp.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	fmt.Fprintf(stdout, "imported %d records into %d lanes and %d dead letters; skipped %d damaged, %d without an api_key\n",
+		st.records, len(st.lanes), st.dead, st.damaged, st.nokey)
+	if err != nil {
+		fmt.Fprintf(stderr, "relay spool import: %v\n", err)
+		return exitFailure
+	}
+	return exitOK
+}
+
+type importStats struct {
+	records, dead, damaged, nokey int
+	lanes                         map[spool.LaneKey]bool
+}
+
+// importBatch bounds the records of one Append.
+const importBatch = 1000
+
+func importFile(ctx context.Context, sp *spool.Spool, name string, withDamaged bool, st *importStats) error {
+	f, err := os.Open(name)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if st.lanes == nil {
+		st.lanes = map[spool.LaneKey]bool{}
+	}
+	var (
+		b    spool.Batch
+		lane *spool.Lane
+		dead []spool.DeadLetter
+	)
+	flush := func() error {
+		if b.Len() > 0 {
+			n := b.Len()
+			if err := sp.Append(ctx, lane, &b); err != nil {
+				return err
+			}
+			st.records += n
+		}
+		if len(dead) > 0 {
+			if err := sp.PutDead(ctx, dead); err != nil {
+				return err
+			}
+			st.dead += len(dead)
+			dead = dead[:0]
+		}
+		return nil
+	}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	line := 0
+	for sc.Scan() {
+		line++
+		if strings.TrimSpace(sc.Text()) == "" {
+			continue
+		}
+		var r spool.SalvageRecord
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			return fmt.Errorf("%s:%d: %w", name, line, err)
+		}
+		if r.Damaged && !withDamaged {
+			st.damaged++
+			continue
+		}
+		if r.APIKey == "" {
+			st.nokey++
+			continue
+		}
+		kind, err := spool.ParseKind(r.Kind)
+		if err != nil {
+			return fmt.Errorf("%s:%d: %w", name, line, err)
+		}
+		key := spool.LaneKey{Kind: kind, APIKey: r.APIKey, Options: r.Options}
+		if r.Dead != nil {
+			dead = append(dead, spool.DeadLetter{Lane: key, Reason: r.Dead.Reason, Answer: []byte(r.Dead.Answer),
+				Accepted: r.Accepted, Died: r.Dead.Died, Record: r.Record()})
+			if len(dead) >= importBatch {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		if lane == nil || lane.Key() != key || b.Len() >= importBatch {
+			if err := flush(); err != nil {
+				return err
+			}
+			if lane, err = sp.Lane(ctx, key); err != nil {
+				return err
+			}
+			st.lanes[key] = true
+		}
+		b.Add(r.Record())
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return flush()
+}

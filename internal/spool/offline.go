@@ -1,0 +1,434 @@
+package spool
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+)
+
+// The offline tools: Verify and Salvage read a spool directory that no
+// process holds, without bbolt and without a mapping (pages.go), so that
+// neither a damaged spool.db nor a damaged log can make them panic or
+// fault. They read everything a replay would (spool.db's queues and dead
+// letters, the WAL from the applied position on, acknowledgements
+// applied) and check every checksum.
+
+// SalvageRecord is one line of Salvage's output, and of Import's input.
+type SalvageRecord struct {
+	// Source is where the record was read: "db" (spool.db) or "wal".
+	Source string `json:"source"`
+	Kind   string `json:"kind"`
+	// Lane is the lane's label; APIKey and Options its key (APIKey is
+	// empty when neither spool.db nor the log says whose the record is).
+	Lane     string    `json:"lane,omitempty"`
+	APIKey   string    `json:"api_key,omitempty"`
+	Options  string    `json:"options,omitempty"`
+	LaneID   uint64    `json:"lane_id,omitempty"`
+	Seq      uint64    `json:"seq,omitempty"`
+	Index    int       `json:"index"`
+	Accepted time.Time `json:"accepted"`
+	OrderKey string    `json:"order_key,omitempty"`
+	UserID   string    `json:"user_id,omitempty"`
+	// Data is the record as it would be sent; DataRaw holds it instead
+	// when it is not JSON.
+	Data    json.RawMessage `json:"data,omitempty"`
+	DataRaw []byte          `json:"data_raw,omitempty"`
+	// Damaged: the record's chunk failed its checksum; it may be altered.
+	Damaged bool `json:"damaged,omitempty"`
+	// Dead is set for a dead letter.
+	Dead *SalvageDead `json:"dead_letter,omitempty"`
+}
+
+// SalvageDead is what a dead letter adds to its record.
+type SalvageDead struct {
+	ID     uint64    `json:"id"`
+	Reason string    `json:"reason"`
+	Answer string    `json:"answer,omitempty"`
+	Died   time.Time `json:"died"`
+}
+
+// Record returns the record's spool form.
+func (r *SalvageRecord) Record() Record {
+	data := []byte(r.Data)
+	if len(data) == 0 {
+		data = r.DataRaw
+	}
+	rec := Record{Data: data}
+	if r.OrderKey != "" {
+		rec.OrderKey = []byte(r.OrderKey)
+	}
+	if r.UserID != "" {
+		rec.UserID = []byte(r.UserID)
+	}
+	return rec
+}
+
+// ParseKind is the Kind named by Kind.String.
+func ParseKind(s string) (Kind, error) {
+	for _, k := range []Kind{KindEvents, KindGroupIdentify, KindUserMap} {
+		if k.String() == s {
+			return k, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown record kind %q", s)
+}
+
+// VerifyReport sums up what Verify (or Salvage) read.
+type VerifyReport struct {
+	Lanes       int   // lanes known (spool.db or the log)
+	Records     int64 // live records readable, spool.db and log
+	Bytes       int64 // their chunks' bytes
+	DeadLetters int64 // dead letters readable
+	// Damaged counts what failed a checksum or could not be read: chunks'
+	// records (or whole chunks, when their framing is lost), log records,
+	// lanes, dead letters, pages.
+	Damaged int64
+	// Problems says what was damaged or does not fit, one line each;
+	// Notes what is normal after a crash (a torn write at the log's end).
+	Problems, Notes []string
+}
+
+// Verify reads every record and checksum of the spool in dir (which no
+// process may hold).
+func Verify(dir string) (VerifyReport, error) {
+	return scanSpool(dir, nil)
+}
+
+// Salvage writes every readable record of the spool in dir to emit, one
+// call per record: live records of spool.db and of the log not
+// acknowledged, damaged ones flagged, and dead letters.
+func Salvage(dir string, emit func(*SalvageRecord) error) (VerifyReport, error) {
+	return scanSpool(dir, emit)
+}
+
+type offLane struct {
+	key   LaneKey
+	label string
+	known bool
+}
+
+func scanSpool(dir string, emit func(*SalvageRecord) error) (VerifyReport, error) {
+	var rep VerifyReport
+	if fi, err := os.Stat(dir); err != nil {
+		return rep, fmt.Errorf("no spool in %s: %w", dir, err)
+	} else if !fi.IsDir() {
+		return rep, fmt.Errorf("%s is not a directory", dir)
+	}
+	problem := func(format string, a ...any) { rep.Problems = append(rep.Problems, fmt.Sprintf(format, a...)) }
+	lanes := map[uint64]*offLane{}
+	laneOf := func(id uint64) *offLane {
+		l := lanes[id]
+		if l == nil {
+			l = &offLane{label: fmt.Sprintf("lane-%d", id)}
+			lanes[id] = l
+		}
+		return l
+	}
+	var applied, synced walPos
+	var id []byte
+	queues := map[uint64][]byte{}
+	var deads [][2][]byte
+	var emitErr error
+	out := func(r *SalvageRecord) {
+		if emit != nil && emitErr == nil {
+			emitErr = emit(r)
+		}
+	}
+
+	// spool.db: meta, lanes, queues and dead letters.
+	dbPath := filepath.Join(dir, "spool.db")
+	var pf *pageFile
+	dbMissing := false
+	if fi, err := os.Stat(dbPath); errors.Is(err, fs.ErrNotExist) || err == nil && fi.Size() == 0 {
+		dbMissing = true
+	} else if pf, err = openPageFile(dbPath); err != nil {
+		rep.Damaged++
+		problem("spool.db: %v: only the write-ahead log is read", err)
+	} else {
+		defer pf.Close()
+		if need := int64(pf.meta.hwm) * pf.ps; need > pf.size {
+			problem("spool.db: the file holds %d bytes but its pages take %d (truncated): the pages past its end are lost", pf.size, need)
+		}
+		bad := func(err error) {
+			rep.Damaged++
+			problem("spool.db: %v", err)
+		}
+		pf.walkBucket(pf.rootHeader(), func(k, v []byte, bucket bool) {
+			if !bucket {
+				return
+			}
+			switch {
+			case string(k) == string(bucketMeta):
+				pf.walkBucket(v, func(k, v []byte, _ bool) {
+					var err error
+					switch string(k) {
+					case string(keyWAL):
+						applied, err = decodePos(v)
+					case string(keySynced):
+						synced, err = decodeSynced(v)
+					case string(keyID):
+						id = bytes.Clone(v)
+					}
+					if err != nil {
+						bad(fmt.Errorf("meta %s: %w", k, err))
+					}
+				}, bad)
+			case string(k) == string(bucketLanes):
+				pf.walkBucket(v, func(k, v []byte, _ bool) {
+					if len(k) != 8 {
+						return
+					}
+					key, _, err := decodeLane(v)
+					if err != nil {
+						bad(fmt.Errorf("lane %x: %w", k, err))
+						return
+					}
+					l := laneOf(binary.BigEndian.Uint64(k))
+					l.key, l.known = key, true
+				}, bad)
+			case string(k) == string(bucketDead):
+				pf.walkBucket(v, func(k, v []byte, _ bool) {
+					deads = append(deads, [2][]byte{bytes.Clone(k), bytes.Clone(v)})
+				}, bad)
+			case len(k) == 9 && k[0] == 'q':
+				queues[binary.BigEndian.Uint64(k[1:])] = bytes.Clone(v)
+			}
+		}, bad)
+	}
+	for lid, l := range lanes {
+		if l.known {
+			l.label = newLane(nil, lid, l.key, laneState{}).label
+		}
+	}
+
+	// The log, from the applied position on: lanes named by recLane
+	// records, acknowledgements, chunks.
+	type walChunk struct {
+		lane, seq uint64
+		v         []byte
+	}
+	var walChunks []walChunk
+	walLanes := map[uint64]*offLane{}
+	at := map[laneSeq]int{}
+	acked := map[laneSeq]bool{}
+	walDir := walPath(dir)
+	segs, _, err := walFiles(walDir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		problem("wal: %v", err)
+	}
+	newest := uint64(0)
+	type seg struct {
+		no   uint64
+		data []byte
+		sc   segScan
+	}
+	var read []seg
+	for _, no := range segs {
+		if no < applied.seg {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(walDir, segName(no)))
+		if err != nil {
+			problem("wal: %v", err)
+			continue
+		}
+		// From the start: the lane records before the applied position
+		// name lanes too; the rest before it is in spool.db already.
+		sc := scanSegment(data, no, 0)
+		if len(sc.items) > 0 {
+			newest = no
+		}
+		read = append(read, seg{no, data, sc})
+	}
+	for _, p := range []walPos{applied, synced} {
+		if p.off == 0 {
+			continue
+		}
+		found := false
+		for _, s := range read {
+			found = found || s.no == p.seg && int64(len(s.data)) >= p.off
+		}
+		if !found {
+			rep.Damaged++
+			problem("spool.db says the write-ahead log reaches segment %s offset %d, which wal/ does not hold: records acknowledged there are lost", segName(p.seg), p.off)
+		}
+	}
+	for _, s := range read {
+		if s.sc.start != nil && id != nil && !bytes.Equal(s.sc.start[:16], id) {
+			problem("wal: segment %s belongs to another spool than spool.db", segName(s.no))
+		}
+		for _, it := range s.sc.items {
+			from := it.rec.pos.off
+			if it.damage != nil {
+				from = it.damage.from
+			}
+			if (walPos{s.no, from}).less(applied) && (it.damage != nil || it.rec.typ != recLane) {
+				continue
+			}
+			if d := it.damage; d != nil {
+				rep.Damaged += int64(d.records)
+				problem("wal: segment %s bytes %d-%d: %d damaged records between valid ones", segName(d.seg), d.from, d.to, d.records)
+				continue
+			}
+			r := it.rec
+			switch r.typ {
+			case recLane:
+				// The log's own word on whose records it holds beats
+				// spool.db's (which may be another spool's).
+				if key, _, err := decodeLane(r.payload); err == nil {
+					walLanes[r.lane] = &offLane{key: key, known: true, label: newLane(nil, r.lane, key, laneState{}).label}
+				}
+			case recChunk:
+				at[laneSeq{r.lane, r.seq}] = len(walChunks)
+				walChunks = append(walChunks, walChunk{r.lane, r.seq, r.payload})
+			case recAcks:
+				for p := r.payload; len(p) >= ackEntryLen; p = p[ackEntryLen:] {
+					k := laneSeq{binary.LittleEndian.Uint64(p), binary.LittleEndian.Uint64(p[8:])}
+					if i, ok := at[k]; ok {
+						walChunks[i].v = nil
+						delete(at, k)
+					} else {
+						acked[k] = true
+					}
+				}
+			}
+		}
+		tail := s.sc.tail
+		if synced.seg == s.no && synced.off > s.sc.end {
+			if tail.to <= tail.from {
+				tail = walDamage{seg: s.no, from: s.sc.end, records: 1}
+			}
+			tail.to = max(tail.to, synced.off)
+		}
+		if tail.to > tail.from {
+			if s.no == newest && !(walPos{s.no, tail.from}).less(synced) {
+				rep.Notes = append(rep.Notes, fmt.Sprintf("wal: segment %s bytes %d-%d: a write cut short at the log's end (never acknowledged)", segName(s.no), tail.from, tail.to))
+			} else {
+				rep.Damaged += int64(tail.records)
+				problem("wal: segment %s bytes %d-%d: damaged records at the end of the segment", segName(s.no), tail.from, tail.to)
+			}
+		}
+	}
+
+	if dbMissing {
+		if len(walChunks) > 0 || len(walLanes) > 0 {
+			problem("spool.db is missing or empty but the write-ahead log holds records: only the log is read")
+		} else {
+			rep.Notes = append(rep.Notes, "no spool.db and no records in the write-ahead log: an empty spool")
+		}
+	}
+
+	// Emit: each lane's chunks in spool.db, then the log's.
+	fileName := map[string]string{"db": "spool.db", "wal": "wal"}
+	emitChunk := func(src string, lid, seq uint64, v []byte) {
+		l := laneOf(lid)
+		if wl := walLanes[lid]; src == "wal" && wl != nil {
+			l = wl
+		}
+		var c Chunk
+		damaged := false
+		if err := verifyChunk(v); err != nil {
+			damaged = true
+			rep.Damaged++
+			problem("%s: lane %s chunk %d: %v", fileName[src], l.label, seq, err)
+		}
+		if err := decodeRecords(seq, v, &c, nil); err != nil {
+			if !damaged {
+				rep.Damaged++
+				problem("%s: lane %s chunk %d: %v", fileName[src], l.label, seq, err)
+			}
+			acc, _, _ := chunkHeader(v)
+			out(&SalvageRecord{Source: src, Kind: l.key.Kind.String(), Lane: l.label, APIKey: l.key.APIKey, Options: l.key.Options,
+				LaneID: lid, Seq: seq, Accepted: fromMs(acc).UTC(), DataRaw: v, Damaged: true})
+			return
+		}
+		if !damaged {
+			rep.Records += int64(len(c.Records))
+			rep.Bytes += int64(len(v))
+		}
+		for i, r := range c.Records {
+			sr := &SalvageRecord{Source: src, Kind: l.key.Kind.String(), Lane: l.label, APIKey: l.key.APIKey, Options: l.key.Options,
+				LaneID: lid, Seq: seq, Index: i, Accepted: c.Accepted.UTC(), OrderKey: string(r.OrderKey), UserID: string(r.UserID), Damaged: damaged}
+			setData(sr, r.Data)
+			out(sr)
+		}
+	}
+	qids := make([]uint64, 0, len(queues))
+	for q := range queues {
+		qids = append(qids, q)
+	}
+	sort.Slice(qids, func(i, j int) bool { return qids[i] < qids[j] })
+	for _, q := range qids {
+		laneOf(q)
+		pf.walkBucket(queues[q], func(k, v []byte, bucket bool) {
+			if len(k) != 8 {
+				return
+			}
+			seq := binary.BigEndian.Uint64(k)
+			if acked[laneSeq{q, seq}] {
+				return
+			}
+			if !bucket {
+				emitChunk("db", q, seq, v)
+				return
+			}
+			pf.walkBucket(v, func(k2, v2 []byte, _ bool) {
+				if len(k2) == 1 && k2[0] == 0 {
+					emitChunk("db", q, seq, v2)
+				}
+			}, func(err error) {
+				rep.Damaged++
+				problem("spool.db: lane %s chunk %d: %v", laneOf(q).label, seq, err)
+			})
+		}, func(err error) {
+			rep.Damaged++
+			problem("spool.db: lane %s: %v", laneOf(q).label, err)
+		})
+	}
+	for _, c := range walChunks {
+		if c.v != nil {
+			if !laneOf(c.lane).known && walLanes[c.lane] == nil {
+				problem("wal: lane %d chunk %d: neither spool.db nor the log names the lane's api_key", c.lane, c.seq)
+			}
+			emitChunk("wal", c.lane, c.seq, c.v)
+		}
+	}
+	for _, kv := range deads {
+		if len(kv[0]) != 8 {
+			continue
+		}
+		d, err := decodeDead(binary.BigEndian.Uint64(kv[0]), kv[1])
+		if err != nil {
+			rep.Damaged++
+			problem("spool.db: dead letter %x: %v", kv[0], err)
+			continue
+		}
+		rep.DeadLetters++
+		l := newLane(nil, 0, d.Lane, laneState{})
+		sr := &SalvageRecord{Source: "db", Kind: d.Lane.Kind.String(), Lane: l.label, APIKey: d.Lane.APIKey, Options: d.Lane.Options,
+			Accepted: d.Accepted.UTC(), OrderKey: string(d.Record.OrderKey), UserID: string(d.Record.UserID),
+			Dead: &SalvageDead{ID: d.ID, Reason: d.Reason, Answer: string(d.Answer), Died: d.Died.UTC()}}
+		setData(sr, d.Record.Data)
+		out(sr)
+	}
+	for id := range walLanes {
+		laneOf(id)
+	}
+	rep.Lanes = len(lanes)
+	return rep, emitErr
+}
+
+func setData(sr *SalvageRecord, data []byte) {
+	if json.Valid(data) {
+		sr.Data = json.RawMessage(data)
+	} else {
+		sr.DataRaw = data
+	}
+}

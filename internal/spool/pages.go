@@ -1,0 +1,247 @@
+package spool
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"syscall"
+)
+
+// pageFile reads a bbolt file page by page with ReadAt, never through a
+// mapping and never trusting a page: every offset and length is checked,
+// so a damaged or truncated file yields errors, not panics or faults. The
+// offline tools (Verify, Salvage) walk the tree with it, from the meta
+// page bbolt would use, and skip the pages they cannot read.
+type pageFile struct {
+	f    *os.File
+	size int64
+	ps   int64
+	meta boltMeta
+	// mapped, when set, holds the file's used pages (checkTree): pages
+	// are sliced from it instead of read.
+	mapped []byte
+}
+
+// bbolt page flags and leaf element flags.
+const (
+	boltBranch      = 0x01
+	boltLeaf        = 0x02
+	boltBucketValue = 0x01 // leaf element: the value is a bucket
+	boltElemLen     = 16
+)
+
+// openPageFile opens the bbolt file at path for reading pages.
+func openPageFile(path string) (*pageFile, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	pf := &pageFile{f: f, size: fi.Size()}
+	var best *boltMeta
+	for _, off := range []int64{0, 1024, 2048, 4096, 8192, 16384, 32768, 65536} {
+		b := make([]byte, boltPageHeader+boltMetaLen)
+		if n, _ := f.ReadAt(b, off); n < len(b) {
+			continue
+		}
+		m, err := parseBoltMeta(b)
+		if err != nil || off != 0 && int64(m.pageSize) != off {
+			continue
+		}
+		if best == nil || m.txid > best.txid {
+			best = &m
+		}
+	}
+	if best == nil {
+		f.Close()
+		return nil, fmt.Errorf("%w: no valid meta page", ErrDamaged)
+	}
+	pf.meta, pf.ps = *best, int64(best.pageSize)
+	return pf, nil
+}
+
+func (pf *pageFile) Close() error { return pf.f.Close() }
+
+// page reads page id with its overflow pages.
+func (pf *pageFile) page(id uint64) ([]byte, error) {
+	if id < 2 || id >= pf.meta.hwm {
+		return nil, fmt.Errorf("page %d: out of range", id)
+	}
+	off := int64(id) * pf.ps
+	if off+pf.ps > pf.size {
+		return nil, fmt.Errorf("page %d: past the end of the file", id)
+	}
+	if pf.mapped != nil {
+		if off+pf.ps > int64(len(pf.mapped)) || binary.LittleEndian.Uint64(pf.mapped[off:]) != id {
+			return nil, fmt.Errorf("page %d: header names another page", id)
+		}
+		end := off + (int64(binary.LittleEndian.Uint32(pf.mapped[off+12:]))+1)*pf.ps
+		if end > int64(len(pf.mapped)) {
+			return nil, fmt.Errorf("page %d: its overflow pages run past the used pages", id)
+		}
+		return pf.mapped[off:end:end], nil
+	}
+	hdr := make([]byte, pf.ps)
+	if _, err := pf.f.ReadAt(hdr, off); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("page %d: %w", id, err)
+	}
+	if binary.LittleEndian.Uint64(hdr) != id {
+		return nil, fmt.Errorf("page %d: header names page %d", id, binary.LittleEndian.Uint64(hdr))
+	}
+	over := int64(binary.LittleEndian.Uint32(hdr[12:]))
+	if over == 0 {
+		return hdr, nil
+	}
+	total := (over + 1) * pf.ps
+	if off+total > pf.size || id+uint64(over) >= pf.meta.hwm {
+		return nil, fmt.Errorf("page %d: its %d overflow pages run past the file", id, over)
+	}
+	p := make([]byte, total)
+	copy(p, hdr)
+	if _, err := pf.f.ReadAt(p[pf.ps:], off+pf.ps); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("page %d: %w", id, err)
+	}
+	return p, nil
+}
+
+// walkFunc sees a bucket's key and value; bucket is set when the value is a
+// nested bucket's header (then v is that header, with its inline page).
+type walkFunc func(k, v []byte, bucket bool)
+
+// walkBucket visits every element of the bucket whose header is bh (16
+// bytes: root page, sequence; an inline bucket's page follows), in key
+// order as far as the pages allow. Pages it cannot read are reported to
+// bad and skipped.
+func (pf *pageFile) walkBucket(bh []byte, visit walkFunc, bad func(error)) {
+	if len(bh) < 16 {
+		bad(errors.New("bucket header too short"))
+		return
+	}
+	root := binary.LittleEndian.Uint64(bh)
+	if root == 0 {
+		pf.walkPage(bh[16:], 0, visit, bad, 0)
+		return
+	}
+	pf.walkID(root, visit, bad, 0)
+}
+
+// maxDepth bounds the tree walk (a damaged branch page may point up).
+const maxDepth = 64
+
+func (pf *pageFile) walkID(id uint64, visit walkFunc, bad func(error), depth int) {
+	if depth > maxDepth {
+		bad(fmt.Errorf("page %d: tree deeper than %d", id, maxDepth))
+		return
+	}
+	p, err := pf.page(id)
+	if err != nil {
+		bad(err)
+		return
+	}
+	pf.walkPage(p, id, visit, bad, depth)
+}
+
+// walkPage visits the elements of page p (id, for messages; 0 inline).
+func (pf *pageFile) walkPage(p []byte, id uint64, visit walkFunc, bad func(error), depth int) {
+	if len(p) < boltPageHeader {
+		bad(fmt.Errorf("page %d: short", id))
+		return
+	}
+	flags := binary.LittleEndian.Uint16(p[8:])
+	count := int(binary.LittleEndian.Uint16(p[10:]))
+	if boltPageHeader+count*boltElemLen > len(p) {
+		bad(fmt.Errorf("page %d: %d elements do not fit", id, count))
+		return
+	}
+	for i := range count {
+		e := boltPageHeader + i*boltElemLen
+		el := p[e : e+boltElemLen]
+		switch flags {
+		case boltBranch:
+			child := binary.LittleEndian.Uint64(el[8:])
+			pf.walkID(child, visit, bad, depth+1)
+		case boltLeaf:
+			fl := binary.LittleEndian.Uint32(el)
+			pos := int64(binary.LittleEndian.Uint32(el[4:]))
+			ks := int64(binary.LittleEndian.Uint32(el[8:]))
+			vs := int64(binary.LittleEndian.Uint32(el[12:]))
+			start := int64(e) + pos
+			if start+ks+vs > int64(len(p)) || start < 0 {
+				bad(fmt.Errorf("page %d: element %d runs past the page", id, i))
+				continue
+			}
+			visit(p[start:start+ks], p[start+ks:start+ks+vs], fl&boltBucketValue != 0)
+		default:
+			bad(fmt.Errorf("page %d: neither a branch nor a leaf (flags %#x)", id, flags))
+			return
+		}
+	}
+}
+
+// rootHeader is the root bucket's header (from the meta page).
+func (pf *pageFile) rootHeader() []byte {
+	return binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, pf.meta.root), 0)
+}
+
+// checkTree walks every page bbolt can reach from the meta page it would
+// use, checking each one's header and element bounds, and returns the
+// first problem (ErrDamaged). Open calls it when the file has no freelist
+// on disk (a crash before it was written): bbolt then rebuilds it by
+// walking the tree in a goroutine of its own, where a damaged page is a
+// panic no caller can recover. The used pages are mapped read-only (the
+// file holds them: checkDBFile), so the walk costs what bbolt's does.
+func checkTree(path string) (err error) {
+	pf, err := openPageFile(path)
+	if err != nil {
+		return err
+	}
+	defer pf.Close()
+	if pf.meta.freelist != ^uint64(0) {
+		return nil // bbolt reads the freelist; it walks nothing
+	}
+	n := int64(pf.meta.hwm) * pf.ps
+	if n > pf.size {
+		return fmt.Errorf("%w: the file is shorter than its pages", ErrDamaged)
+	}
+	m, err := syscall.Mmap(int(pf.f.Fd()), 0, int(n), syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("map %s: %w", path, err)
+	}
+	defer syscall.Munmap(m)
+	pf.mapped = m
+	var first error
+	bad := func(err error) {
+		if first == nil {
+			first = err
+		}
+	}
+	var walk func(bh []byte, depth int)
+	walk = func(bh []byte, depth int) {
+		if depth > maxDepth {
+			bad(errors.New("buckets nested too deep"))
+			return
+		}
+		pf.walkBucket(bh, func(_, v []byte, bucket bool) {
+			if bucket && first == nil {
+				walk(v, depth+1)
+			}
+		}, bad)
+	}
+	err = guard(func() error {
+		walk(pf.rootHeader(), 0)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if first != nil {
+		return fmt.Errorf("%w: %w", ErrDamaged, first)
+	}
+	return nil
+}
