@@ -2,9 +2,10 @@
 # bench/compare.sh: the same load, in one run, against
 #   (a) the relay with --sync always, (b) the relay with --sync none,
 #   (c) nginx from Debian's package as a reverse proxy, two ways:
-#       nginx-debian: the package's own nginx.conf settings and a proxy site
-#       with kept-alive upstream connections (this reproduces the issue's
-#       reference figures); nginx: tuned (bodies in memory, no access log);
+#       nginx: tuned (bodies in memory, kept-alive upstream connections, no
+#       access log), the baseline of issue 25's targets; nginx-debian: the
+#       package's own nginx.conf settings and a proxy site with kept-alive
+#       upstream connections (the earlier performance issue's reference);
 #       the opt-in target nginx-plain has nginx's built-in defaults,
 # all in front of the same counting sink (bench/sink), on 127.0.0.1 only.
 #
@@ -27,10 +28,11 @@
 #
 # usage: bench/compare.sh [--smoke] [--duration 10] [--events 100] [--conns 32]
 #                         [--runs 3] [--tool wrk|loadgen] [--shape sdk|small]
-#                         [--insert-ids]
+#                         [--insert-ids] [--relay-args "--flag value ..."]
 #                         [--targets "always none nginx nginx-debian"]
-#                         (targets: always none nginx-debian nginx nginx-plain
-#                          base-always base-none always-tls none-tls)
+#                         (targets: always none nginx nginx-debian nginx-plain
+#                          base-always base-none always-tls none-tls
+#                          always-gzip none-gzip)
 #                         [--profile DIR] [--out FILE] [--base-bin RELAY]
 # --base-bin adds the targets base-always and base-none: the same load against
 # another relay binary (say, one built from the commit before a change), in the
@@ -38,6 +40,9 @@
 # always-tls and none-tls: the relay serving HTTPS (--tls-cert/--tls-key, a
 # self-signed P-256 certificate made with openssl; clients do not verify it),
 # to set against always and none in the same run for the cost of TLS.
+# always-gzip and none-gzip: the relay with --upstream-gzip (the sink decodes
+# the bodies, as the upstream would, on the same cores) for the cost of gzip.
+# --relay-args: extra flags for every relay target (base ones included).
 # Installs wrk and nginx with apt-get when missing. Cleans up on exit.
 set -euo pipefail
 
@@ -49,6 +54,7 @@ TOOL=wrk
 TARGETS="always none nginx nginx-debian"
 SHAPE=sdk
 IDS=()
+RELAY_ARGS=()
 PROFILE_DIR=""
 OUT=""
 HALF=1
@@ -67,7 +73,8 @@ while [ $# -gt 0 ]; do
 	--base-bin) BASE_BIN="$(realpath "$2")"; shift 2 ;;
 	--shape) SHAPE="$2"; shift 2 ;;
 	--insert-ids) IDS=(-insert-ids); shift ;;
-	-h | --help) sed -n '2,40p' "$0"; exit 0 ;;
+	--relay-args) read -r -a RELAY_ARGS <<<"$2"; shift 2 ;;
+	-h | --help) sed -n '2,/^set -euo/{/^set/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
 	*) echo "compare.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
@@ -220,8 +227,9 @@ start_target() { # name run
 	port=$(free_port)
 	TURL="http://127.0.0.1:$port/2/httpapi"
 	case "$1" in
-	always | none | base-always | base-none | always-tls | none-tls)
-		local aport attempt bin="$TMP/relay" mode="$1" scheme=http tlsargs=()
+	always | none | base-always | base-none | always-tls | none-tls | always-gzip | none-gzip)
+		local aport attempt bin="$TMP/relay" mode="$1" scheme=http extra=()
+		case "$1" in *-gzip) mode="${1%-gzip}" extra=(--upstream-gzip) ;; esac
 		case "$1" in base-*)
 			[ -x "${BASE_BIN:-}" ] || { echo "compare.sh: target $1 needs --base-bin" >&2; exit 2; }
 			bin="$BASE_BIN" mode="${1#base-}" ;;
@@ -233,7 +241,7 @@ start_target() { # name run
 					-subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 \
 					-keyout "$TMP/tls.key" -out "$TMP/tls.pem" 2>/dev/null
 			fi
-			tlsargs=(--tls-cert "$TMP/tls.pem" --tls-key "$TMP/tls.key")
+			extra=(--tls-cert "$TMP/tls.pem" --tls-key "$TMP/tls.key")
 			TURL="https://127.0.0.1:$port/2/httpapi" ;;
 		esac
 		for attempt in 1 2 3; do
@@ -242,7 +250,7 @@ start_target() { # name run
 			ADMIN="http://127.0.0.1:$aport"
 			rm -rf "$TMP/data"
 			"$bin" --sync "$mode" --ingest-url "http://$SINK" --data-dir "$TMP/data" \
-				--listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$aport" --log-level warn "${tlsargs[@]}" \
+				--listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$aport" --log-level warn "${extra[@]}" "${RELAY_ARGS[@]}" \
 				>"$TMP/relay-$1-$2.log" 2>&1 &
 			TPID=$!
 			PIDS+=("$TPID")
@@ -282,7 +290,7 @@ start_target() { # name run
 			# access log; gzip for text/html answers), its 768
 			# connections per worker, and the kept-alive site. On this
 			# box it passes what the issue measured for "a plain reverse proxy"
-			# (bench/RESULTS.md, tenth session): the ratio targets use it.
+			# (bench/RESULTS.md, tenth session): the ratio targets of the earlier performance issue use it.
 			conns=768
 			local mime=""
 			[ -f /etc/nginx/mime.types ] && mime="include /etc/nginx/mime.types;"
@@ -298,8 +306,8 @@ start_target() { # name run
 			;;
 		nginx)
 			# Tuned: the body kept in memory, kept-alive upstream
-			# connections, no access log. A stricter bar than the
-			# issue's: reported beside it.
+			# connections, no access log. The baseline issue 25's
+			# targets name (ratios against it print first).
 			http="access_log off;
   client_max_body_size 20m;
   client_body_buffer_size 1m;
@@ -477,6 +485,7 @@ label() { # target: its name in the table
 	case $1 in
 	always | none) echo "relay --sync $1" ;;
 	always-tls | none-tls) echo "relay --sync ${1%-tls}, TLS" ;;
+	always-gzip | none-gzip) echo "relay --sync ${1%-gzip}, upstream gzip" ;;
 	base-always | base-none) echo "base relay --sync ${1#base-}" ;;
 	*) echo "$1" ;;
 	esac
@@ -509,7 +518,7 @@ median() { # target column
 		n_rss=$(median "$ref" 12)
 		n_rw=$(median "$ref" 16)
 		echo
-		for t in always none base-always base-none; do
+		for t in always none base-always base-none always-gzip none-gzip; do
 			echo " $TARGETS " | grep -q " $t " || continue
 			awk -v t="$(label "$t")" -v r="$ref" -v a="$(median "$t" 3)" -v b="$n_eps" -v c="$(median "$t" 11)" -v d="$n_cpu" \
 				-v e="$(median "$t" 12)" -v f="$n_rss" -v g="$(median "$t" 4)" -v h="$n_rps" -v i="$(median "$t" 16)" -v j="$n_rw" \
