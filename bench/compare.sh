@@ -19,12 +19,13 @@
 # ~490 B, no insert_id or time (bench/loadgen -profile sdk); small, ~100 B
 # events. wrk cycles through several different bodies. --insert-ids gives
 # every event an insert_id and a time, as a server-side sender would.
-# Per event and target, besides CPU: request body MB/s (10^6 bytes), bytes
-# the target allocated (the relay: go_memstats_alloc_bytes_total from its
-# /metrics, before and after the peak run) and bytes it moved through
-# read/write system calls (rchar+wchar of /proc/PID/io, the target and its
-# children: request in, spool files written, upstream body out, answers),
-# both over the peak run and its delivery.
+# Per event and target, besides CPU: request body MB/s (10^6 bytes); for the
+# relay, over the peak run and its delivery, the bytes it allocated
+# (go_memstats_alloc_bytes_total from its /metrics, before and after) and the
+# bytes it moved through read/write system calls (rchar+wchar of
+# /proc/PID/io: request in, spool files written, upstream body out, answers;
+# Go does socket I/O with read and write). Not for nginx: it receives and
+# sends on sockets with recv/send, which rchar/wchar do not count.
 #
 # usage: bench/compare.sh [--smoke] [--duration 10] [--events 100] [--conns 32]
 #                         [--runs 3] [--tool wrk|loadgen] [--shape sdk|small]
@@ -365,12 +366,15 @@ alloc_bytes() {
 	[ -n "$ADMIN" ] || return 0
 	curl -s "$ADMIN/metrics" | awk '$1 == "go_memstats_alloc_bytes_total" {printf "%.0f", $2}'
 }
-# io_bytes PID: rchar+wchar (bytes through read/write system calls, sockets
-# and files alike) of the process and its children; "" when unreadable.
+# io_bytes PID: the relay's rchar+wchar (bytes through read/write system
+# calls, sockets and files alike) and its children's; "" when unreadable,
+# and for nginx, whose recv/send on sockets rchar/wchar do not count (its
+# figure would hold only the upstream writev and the temp files).
 io_bytes() {
 	local total=0 p n
+	[ -n "$ADMIN" ] || return 0
 	for p in "$1" $(ps -o pid= --ppid "$1" 2>/dev/null || true); do
-		n=$(awk '/^(rchar|wchar):/ {s += $2} END {print s + 0}' "/proc/$p/io" 2>/dev/null) || return 0
+		n=$(awk '/^(rchar|wchar):/ {s += $2} END {printf "%.0f", s}' "/proc/$p/io" 2>/dev/null) || return 0
 		total=$((total + n))
 	done
 	echo "$total"
@@ -506,9 +510,10 @@ median() { # target column
 		echo "| $name | $(median "$t" 3) | $(median "$t" 14) | $(median "$t" 4) | $(median "$t" 5) | $(median "$t" 6) | $(median "$t" 8) | $(median "$t" 9) | $(median "$t" 10) | $(median "$t" 11) | $(median "$t" 15) | $(median "$t" 16) | $(median "$t" 12) | $(median "$t" 13) |"
 	done
 	echo
-	echo "allocated: the relay's go_memstats_alloc_bytes_total over the peak run and its delivery, per accepted event (nginx: -)."
-	echo "read+write: rchar+wchar of /proc/PID/io (target and children) over the same span, per accepted event: bytes copied between"
-	echo "the target and the kernel (request in, spool files, upstream body out, answers); copies inside the process are not counted."
+	echo "allocated: the relay's go_memstats_alloc_bytes_total over the peak run and its delivery, per accepted event."
+	echo "read+write: the relay's rchar+wchar of /proc/PID/io over the same span, per accepted event: bytes copied between it and"
+	echo "the kernel (request in, spool files, upstream body out, answers); copies inside the process are not counted. nginx: -"
+	echo "(its socket recv/send are not counted in rchar/wchar)."
 	# The tuned nginx first: the baseline issue 25's targets name.
 	for ref in nginx nginx-debian nginx-plain; do
 		echo " $TARGETS " | grep -q " $ref " || continue
@@ -516,15 +521,24 @@ median() { # target column
 		n_rps=$(median "$ref" 4)
 		n_cpu=$(median "$ref" 11)
 		n_rss=$(median "$ref" 12)
-		n_rw=$(median "$ref" 16)
 		echo
 		for t in always none base-always base-none always-gzip none-gzip; do
 			echo " $TARGETS " | grep -q " $t " || continue
 			awk -v t="$(label "$t")" -v r="$ref" -v a="$(median "$t" 3)" -v b="$n_eps" -v c="$(median "$t" 11)" -v d="$n_cpu" \
-				-v e="$(median "$t" 12)" -v f="$n_rss" -v g="$(median "$t" 4)" -v h="$n_rps" -v i="$(median "$t" 16)" -v j="$n_rw" \
+				-v e="$(median "$t" 12)" -v f="$n_rss" -v g="$(median "$t" 4)" -v h="$n_rps" \
 				'function x(p, q) { return (q + 0 > 0 && p != "-") ? sprintf("%.2fx", p / q) : "-" }
-				BEGIN{printf "%s / %s: events/s %s, requests/s %s, CPU per event %s, read+write per event %s, peak RSS %s\n", t, r, x(a, b), x(g, h), x(c, d), x(i, j), x(e, f)}'
+				BEGIN{printf "%s / %s: events/s %s, requests/s %s, CPU per event %s, peak RSS %s\n", t, r, x(a, b), x(g, h), x(c, d), x(e, f)}'
 		done
+	done
+	# A change against its baseline (--base-bin): the per-event costs too.
+	for m in always none; do
+		echo " $TARGETS " | grep -q " $m " && echo " $TARGETS " | grep -q " base-$m " || continue
+		[ "$m" = always ] && echo
+		awk -v t="$(label "$m")" -v r="$(label "base-$m")" -v a="$(median "$m" 3)" -v b="$(median "base-$m" 3)" \
+			-v c="$(median "$m" 11)" -v d="$(median "base-$m" 11)" -v e="$(median "$m" 15)" -v f="$(median "base-$m" 15)" \
+			-v g="$(median "$m" 16)" -v h="$(median "base-$m" 16)" -v i="$(median "$m" 12)" -v j="$(median "base-$m" 12)" \
+			'function x(p, q) { return (q + 0 > 0 && p != "-") ? sprintf("%.2fx", p / q) : "-" }
+			BEGIN{printf "%s / %s: events/s %s, CPU per event %s, allocated per event %s, read+write per event %s, peak RSS %s\n", t, r, x(a, b), x(c, d), x(e, f), x(g, h), x(i, j)}'
 	done
 	echo
 	echo "raw runs (target run events/s req/s p50 p99 half_p50 half_p99 delivered/s lag_p99 cpu_s_per_M rss_MiB errors MB/s alloc_B/event rw_B/event):"
