@@ -2,22 +2,38 @@
 # bench/compare.sh: the same load, in one run, against
 #   (a) the relay with --sync always, (b) the relay with --sync none,
 #   (c) nginx from Debian's package as a reverse proxy, two ways:
-#       nginx-debian: the package's own nginx.conf settings and a proxy site
-#       with kept-alive upstream connections (this reproduces the issue's
-#       reference figures); nginx: tuned (bodies in memory, no access log);
+#       nginx: tuned (bodies in memory, kept-alive upstream connections, no
+#       access log), the baseline of issue 25's targets; nginx-debian: the
+#       package's own nginx.conf settings and a proxy site with kept-alive
+#       upstream connections (the earlier performance issue's reference);
 #       the opt-in target nginx-plain has nginx's built-in defaults,
 # all in front of the same counting sink (bench/sink), on 127.0.0.1 only.
 #
 # Per target and run: a closed-loop peak run (wrk or bench/loadgen, --tool),
 # then an open-loop bench/loadgen run at half of that peak (accept latency and
 # end-to-end lag: send time stamped in each event, subtracted at the sink).
-# Prints one table (medians over --runs) and the ratios relay/nginx.
+# Prints one table (medians over --runs) and the ratios relay/nginx, against
+# the tuned nginx first (the baseline issue 25's targets name).
+#
+# Bodies (--shape): sdk (default), events as the official SDKs send them,
+# ~490 B, no insert_id or time (bench/loadgen -profile sdk); small, ~100 B
+# events. wrk cycles through several different bodies. --insert-ids gives
+# every event an insert_id and a time, as a server-side sender would.
+# Per event and target, besides CPU: request body MB/s (10^6 bytes); for the
+# relay, over the peak run and its delivery, the bytes it allocated
+# (go_memstats_alloc_bytes_total from its /metrics, before and after) and the
+# bytes it moved through read/write system calls (rchar+wchar of
+# /proc/PID/io: request in, spool files written, upstream body out, answers;
+# Go does socket I/O with read and write). Not for nginx: it receives and
+# sends on sockets with recv/send, which rchar/wchar do not count.
 #
 # usage: bench/compare.sh [--smoke] [--duration 10] [--events 100] [--conns 32]
-#                         [--runs 3] [--tool wrk|loadgen]
-#                         [--targets "always none nginx-debian nginx"]
-#                         (targets: always none nginx-debian nginx nginx-plain
-#                          base-always base-none always-tls none-tls)
+#                         [--runs 3] [--tool wrk|loadgen] [--shape sdk|small]
+#                         [--insert-ids] [--relay-args "--flag value ..."]
+#                         [--targets "always none nginx nginx-debian"]
+#                         (targets: always none nginx nginx-debian nginx-plain
+#                          base-always base-none always-tls none-tls
+#                          always-gzip none-gzip)
 #                         [--profile DIR] [--out FILE] [--base-bin RELAY]
 # --base-bin adds the targets base-always and base-none: the same load against
 # another relay binary (say, one built from the commit before a change), in the
@@ -25,6 +41,9 @@
 # always-tls and none-tls: the relay serving HTTPS (--tls-cert/--tls-key, a
 # self-signed P-256 certificate made with openssl; clients do not verify it),
 # to set against always and none in the same run for the cost of TLS.
+# always-gzip and none-gzip: the relay with --upstream-gzip (the sink decodes
+# the bodies, as the upstream would, on the same cores) for the cost of gzip.
+# --relay-args: extra flags for every relay target (base ones included).
 # Installs wrk and nginx with apt-get when missing. Cleans up on exit.
 set -euo pipefail
 
@@ -33,7 +52,10 @@ EVENTS=100
 CONNS=32
 RUNS=3
 TOOL=wrk
-TARGETS="always none nginx-debian nginx"
+TARGETS="always none nginx nginx-debian"
+SHAPE=sdk
+IDS=()
+RELAY_ARGS=()
 PROFILE_DIR=""
 OUT=""
 HALF=1
@@ -50,11 +72,15 @@ while [ $# -gt 0 ]; do
 	--no-half) HALF=0; shift ;;
 	--out) OUT="$2"; shift 2 ;;
 	--base-bin) BASE_BIN="$(realpath "$2")"; shift 2 ;;
-	-h | --help) sed -n '2,25p' "$0"; exit 0 ;;
+	--shape) SHAPE="$2"; shift 2 ;;
+	--insert-ids) IDS=(-insert-ids); shift ;;
+	--relay-args) read -r -a RELAY_ARGS <<<"$2"; shift 2 ;;
+	-h | --help) sed -n '2,/^set -euo/{/^set/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
 	*) echo "compare.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
 case "$TOOL" in wrk | loadgen) ;; *) echo "compare.sh: --tool wrk|loadgen" >&2; exit 2 ;; esac
+case "$SHAPE" in sdk | small) ;; *) echo "compare.sh: --shape sdk|small" >&2; exit 2 ;; esac
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 TMP="$(mktemp -d /tmp/relay-compare.XXXXXX)"
@@ -153,13 +179,38 @@ for i in $(seq 1 100); do [ -s "$TMP/sink.addr" ] && break; sleep 0.05; done
 SINK="$(cat "$TMP/sink.addr")"
 log "sink on $SINK"
 
-"$TMP/loadgen" -dump-body -events "$EVENTS" >"$TMP/body.json"
+# wrk's bodies: several different ones (events vary between requests as they
+# do in loadgen), sent in turn; fewer of the large ones (memory in wrk).
+NBODIES=$((20000 / EVENTS))
+[ "$NBODIES" -gt 64 ] && NBODIES=64
+[ "$NBODIES" -lt 8 ] && NBODIES=8
+mkdir -p "$TMP/bodies"
+"$TMP/loadgen" -dump-dir "$TMP/bodies" -templates "$NBODIES" -events "$EVENTS" -profile "$SHAPE" "${IDS[@]}"
+BODY_BYTES=$(cat "$TMP"/bodies/body-*.json | wc -c)
+AVG_BODY=$((BODY_BYTES / NBODIES))
 cat >"$TMP/post.lua" <<EOF
-local f = assert(io.open("$TMP/body.json", "rb"))
-wrk.method = "POST"
-wrk.body = f:read("*a")
-f:close()
-wrk.headers["Content-Type"] = "application/json"
+local bodies = {}
+for i = 0, $NBODIES - 1 do
+  local f = assert(io.open(string.format("$TMP/bodies/body-%d.json", i), "rb"))
+  bodies[#bodies + 1] = f:read("*a")
+  f:close()
+end
+local threads = 0
+setup = function(thread)
+  thread:set("tid", threads)
+  threads = threads + 1
+end
+init = function(args)
+  reqs = {}
+  for i, b in ipairs(bodies) do
+    reqs[i] = wrk.format("POST", nil, {["Host"] = "127.0.0.1", ["Content-Type"] = "application/json"}, b)
+  end
+  k = ((tid or 0) * 7) % #reqs
+end
+request = function()
+  k = k % #reqs + 1
+  return reqs[k]
+end
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format("WRK requests=%d duration_us=%d status_err=%d sock_err=%d p50_us=%d p99_us=%d\n",
@@ -177,8 +228,9 @@ start_target() { # name run
 	port=$(free_port)
 	TURL="http://127.0.0.1:$port/2/httpapi"
 	case "$1" in
-	always | none | base-always | base-none | always-tls | none-tls)
-		local aport attempt bin="$TMP/relay" mode="$1" scheme=http tlsargs=()
+	always | none | base-always | base-none | always-tls | none-tls | always-gzip | none-gzip)
+		local aport attempt bin="$TMP/relay" mode="$1" scheme=http extra=()
+		case "$1" in *-gzip) mode="${1%-gzip}" extra=(--upstream-gzip) ;; esac
 		case "$1" in base-*)
 			[ -x "${BASE_BIN:-}" ] || { echo "compare.sh: target $1 needs --base-bin" >&2; exit 2; }
 			bin="$BASE_BIN" mode="${1#base-}" ;;
@@ -190,7 +242,7 @@ start_target() { # name run
 					-subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 \
 					-keyout "$TMP/tls.key" -out "$TMP/tls.pem" 2>/dev/null
 			fi
-			tlsargs=(--tls-cert "$TMP/tls.pem" --tls-key "$TMP/tls.key")
+			extra=(--tls-cert "$TMP/tls.pem" --tls-key "$TMP/tls.key")
 			TURL="https://127.0.0.1:$port/2/httpapi" ;;
 		esac
 		for attempt in 1 2 3; do
@@ -199,7 +251,7 @@ start_target() { # name run
 			ADMIN="http://127.0.0.1:$aport"
 			rm -rf "$TMP/data"
 			"$bin" --sync "$mode" --ingest-url "http://$SINK" --data-dir "$TMP/data" \
-				--listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$aport" --log-level warn "${tlsargs[@]}" \
+				--listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$aport" --log-level warn "${extra[@]}" "${RELAY_ARGS[@]}" \
 				>"$TMP/relay-$1-$2.log" 2>&1 &
 			TPID=$!
 			PIDS+=("$TPID")
@@ -239,7 +291,7 @@ start_target() { # name run
 			# access log; gzip for text/html answers), its 768
 			# connections per worker, and the kept-alive site. On this
 			# box it passes what the issue measured for "a plain reverse proxy"
-			# (bench/RESULTS.md, tenth session): the ratio targets use it.
+			# (bench/RESULTS.md, tenth session): the ratio targets of the earlier performance issue use it.
 			conns=768
 			local mime=""
 			[ -f /etc/nginx/mime.types ] && mime="include /etc/nginx/mime.types;"
@@ -255,8 +307,8 @@ start_target() { # name run
 			;;
 		nginx)
 			# Tuned: the body kept in memory, kept-alive upstream
-			# connections, no access log. A stricter bar than the
-			# issue's: reported beside it.
+			# connections, no access log. The baseline issue 25's
+			# targets name (ratios against it print first).
 			http="access_log off;
   client_max_body_size 20m;
   client_body_buffer_size 1m;
@@ -309,6 +361,27 @@ stop_target() {
 	kill -9 "$TPID" 2>/dev/null || true
 	wait "$TPID" 2>/dev/null || true
 }
+# alloc_bytes: the relay's go_memstats_alloc_bytes_total ("" for nginx).
+alloc_bytes() {
+	[ -n "$ADMIN" ] || return 0
+	curl -s "$ADMIN/metrics" | awk '$1 == "go_memstats_alloc_bytes_total" {printf "%.0f", $2}'
+}
+# io_bytes PID: the relay's rchar+wchar (bytes through read/write system
+# calls, sockets and files alike) and its children's; "" when unreadable,
+# and for nginx, whose recv/send on sockets rchar/wchar do not count (its
+# figure would hold only the upstream writev and the temp files).
+io_bytes() {
+	local total=0 p n
+	[ -n "$ADMIN" ] || return 0
+	for p in "$1" $(ps -o pid= --ppid "$1" 2>/dev/null || true); do
+		n=$(awk '/^(rchar|wchar):/ {s += $2} END {printf "%.0f", s}' "/proc/$p/io" 2>/dev/null) || return 0
+		total=$((total + n))
+	done
+	echo "$total"
+}
+per_event() { # before after events: (after-before)/events, or "-"
+	awk -v a="$1" -v b="$2" -v n="$3" 'BEGIN{if (a == "" || b == "" || n == 0) print "-"; else printf "%.0f", (b - a) / n}'
+}
 sink_stat() { curl -s "http://$SINK/stats" | sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p"; }
 sink_reset() { curl -s -o /dev/null -X POST "http://$SINK/reset"; }
 # sink_lag 0|1: the peak runs want a sink that only counts (searching bodies
@@ -342,6 +415,8 @@ for run in $(seq 1 "$RUNS"); do
 		sink_reset
 		sink_lag 0
 		c0=$(cpu_ticks "$TPID")
+		a0=$(alloc_bytes)
+		io0=$(io_bytes "$TPID")
 		if [ -n "$PROFILE_DIR" ] && [ -n "$ADMIN" ] && [ "$run" = 1 ]; then
 			mkdir -p "$PROFILE_DIR"
 			psecs=$((DURATION > 2 ? DURATION - 1 : 1))
@@ -350,6 +425,7 @@ for run in $(seq 1 "$RUNS"); do
 		fi
 		if [ "$TOOL" = wrk ]; then
 			out=$(wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency -s "$TMP/post.lua" "$TURL" | grep '^WRK')
+			# the bodies are sent in turn: ok requests carried ~AVG_BODY each.
 			reqs=$(kv requests "$out")
 			bad=$(($(kv status_err "$out") + $(kv sock_err "$out")))
 			secs=$(awk -v us="$(kv duration_us "$out")" 'BEGIN{print us/1e6}')
@@ -358,8 +434,10 @@ for run in $(seq 1 "$RUNS"); do
 			rps=$(awk -v n="$ok" -v s="$secs" 'BEGIN{printf "%.0f", n/s}')
 			p50=$(awk -v us="$(kv p50_us "$out")" 'BEGIN{printf "%.2f", us/1000}')
 			p99=$(awk -v us="$(kv p99_us "$out")" 'BEGIN{printf "%.2f", us/1000}')
+			mbs=$(awk -v n="$ok" -v b="$AVG_BODY" -v s="$secs" 'BEGIN{printf "%.1f", n*b/s/1e6}')
 		else
-			out=$("$TMP/loadgen" -url "$TURL" -c "$CONNS" -events "$EVENTS" -duration "${DURATION}s" -warmup 0 | grep '^RESULT')
+			out=$("$TMP/loadgen" -url "$TURL" -c "$CONNS" -events "$EVENTS" -duration "${DURATION}s" -warmup 0 \
+				-profile "$SHAPE" "${IDS[@]}" | grep '^RESULT')
 			ok=$(kv status_200 "$out")
 			ok=${ok:-0}
 			bad=$(kv errors "$out")
@@ -367,10 +445,15 @@ for run in $(seq 1 "$RUNS"); do
 			rps=$(kv req_s "$out")
 			p50=$(kv p50_ms "$out")
 			p99=$(kv p99_ms "$out")
+			mbs=$(kv mb_s "$out")
 		fi
 		accepted=$((ok * EVENTS))
 		wait_delivered "$accepted"
 		c1=$(cpu_ticks "$TPID")
+		a1=$(alloc_bytes)
+		io1=$(io_bytes "$TPID")
+		allocev=$(per_event "$a0" "$a1" "$accepted")
+		ioev=$(per_event "$io0" "$io1" "$accepted")
 		[ -n "${PROF:-}" ] && { wait "$PROF" || true; PROF=""; }
 		counted=$(sink_stat counted)
 		first=$(sink_stat first_ns)
@@ -385,7 +468,7 @@ for run in $(seq 1 "$RUNS"); do
 			hrate=$((rps / 2))
 			[ "$hrate" -lt 1 ] && hrate=1
 			hout=$("$TMP/loadgen" -url "$TURL" -c "$CONNS" -events "$EVENTS" -duration "${DURATION}s" -warmup 1s \
-				-rate "$hrate" -seed 2 | grep '^RESULT')
+				-rate "$hrate" -seed 2 -profile "$SHAPE" "${IDS[@]}" | grep '^RESULT')
 			h50=$(kv p50_ms "$hout")
 			h99=$(kv p99_ms "$hout")
 			hok=$(kv status_200 "$hout")
@@ -395,9 +478,9 @@ for run in $(seq 1 "$RUNS"); do
 		fi
 		rss=$(($(hwm_kb "$TPID") / 1024))
 		stop_target
-		printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$target" "$run" "$eps" "$rps" "$p50" "$p99" \
-			"$h50" "$h99" "$deps" "$lag99" "$cpum" "$rss" "$bad" >>"$RESULTS"
-		log "$target: $eps events/s ($rps req/s), p50 $p50 ms, p99 $p99 ms; half: p99 $h99 ms, lag p99 $lag99 ms; delivered $deps events/s; ${cpum} CPU s/M events; peak RSS ${rss} MiB; errors $bad"
+		printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$target" "$run" "$eps" "$rps" "$p50" "$p99" \
+			"$h50" "$h99" "$deps" "$lag99" "$cpum" "$rss" "$bad" "$mbs" "$allocev" "$ioev" >>"$RESULTS"
+		log "$target: $eps events/s ($rps req/s, $mbs MB/s), p50 $p50 ms, p99 $p99 ms; half: p99 $h99 ms, lag p99 $lag99 ms; delivered $deps events/s; ${cpum} CPU s/M events; allocated $allocev B/event; read+write $ioev B/event; peak RSS ${rss} MiB; errors $bad"
 	done
 done
 
@@ -406,6 +489,7 @@ label() { # target: its name in the table
 	case $1 in
 	always | none) echo "relay --sync $1" ;;
 	always-tls | none-tls) echo "relay --sync ${1%-tls}, TLS" ;;
+	always-gzip | none-gzip) echo "relay --sync ${1%-gzip}, upstream gzip" ;;
 	base-always | base-none) echo "base relay --sync ${1#base-}" ;;
 	*) echo "$1" ;;
 	esac
@@ -417,29 +501,46 @@ median() { # target column
 {
 	echo
 	echo "compare.sh: $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)"
-	echo "load: $TOOL, $CONNS connections, $EVENTS events/request (~$(($(wc -c <"$TMP/body.json") / EVENTS)) B/event), ${DURATION}s per run, median of $RUNS run(s)"
+	echo "load: $TOOL, $CONNS connections, $EVENTS $SHAPE events/request${IDS:+ with insert_ids} (~$((AVG_BODY / EVENTS)) B/event, $NBODIES different bodies), ${DURATION}s per run, median of $RUNS run(s)"
 	echo
-	echo "| target | accepted events/s | requests/s | p50 ms | p99 ms | p99 ms at half peak | delivered events/s | e2e lag p99 ms (half peak) | CPU s / M events | peak RSS MiB | errors |"
-	echo "|---|---|---|---|---|---|---|---|---|---|---|"
+	echo "| target | accepted events/s | body MB/s | requests/s | p50 ms | p99 ms | p99 ms at half peak | delivered events/s | e2e lag p99 ms (half peak) | CPU s / M events | allocated B/event | read+write B/event | peak RSS MiB | errors |"
+	echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 	for t in $TARGETS; do
 		name=$(label "$t")
-		echo "| $name | $(median "$t" 3) | $(median "$t" 4) | $(median "$t" 5) | $(median "$t" 6) | $(median "$t" 8) | $(median "$t" 9) | $(median "$t" 10) | $(median "$t" 11) | $(median "$t" 12) | $(median "$t" 13) |"
+		echo "| $name | $(median "$t" 3) | $(median "$t" 14) | $(median "$t" 4) | $(median "$t" 5) | $(median "$t" 6) | $(median "$t" 8) | $(median "$t" 9) | $(median "$t" 10) | $(median "$t" 11) | $(median "$t" 15) | $(median "$t" 16) | $(median "$t" 12) | $(median "$t" 13) |"
 	done
-	for ref in nginx-debian nginx nginx-plain; do
+	echo
+	echo "allocated: the relay's go_memstats_alloc_bytes_total over the peak run and its delivery, per accepted event."
+	echo "read+write: the relay's rchar+wchar of /proc/PID/io over the same span, per accepted event: bytes copied between it and"
+	echo "the kernel (request in, spool files, upstream body out, answers); copies inside the process are not counted. nginx: -"
+	echo "(its socket recv/send are not counted in rchar/wchar)."
+	# The tuned nginx first: the baseline issue 25's targets name.
+	for ref in nginx nginx-debian nginx-plain; do
 		echo " $TARGETS " | grep -q " $ref " || continue
 		n_eps=$(median "$ref" 3)
 		n_rps=$(median "$ref" 4)
 		n_cpu=$(median "$ref" 11)
 		n_rss=$(median "$ref" 12)
 		echo
-		for t in always none base-always base-none; do
+		for t in always none base-always base-none always-gzip none-gzip; do
 			echo " $TARGETS " | grep -q " $t " || continue
 			awk -v t="$(label "$t")" -v r="$ref" -v a="$(median "$t" 3)" -v b="$n_eps" -v c="$(median "$t" 11)" -v d="$n_cpu" \
 				-v e="$(median "$t" 12)" -v f="$n_rss" -v g="$(median "$t" 4)" -v h="$n_rps" \
-				'BEGIN{printf "%s / %s: events/s %.2fx, requests/s %.2fx, CPU per event %.2fx, peak RSS %.2fx\n", t, r, a/b, g/h, (d>0?c/d:0), (f>0?e/f:0)}'
+				'function x(p, q) { return (q + 0 > 0 && p != "-") ? sprintf("%.2fx", p / q) : "-" }
+				BEGIN{printf "%s / %s: events/s %s, requests/s %s, CPU per event %s, peak RSS %s\n", t, r, x(a, b), x(g, h), x(c, d), x(e, f)}'
 		done
 	done
+	# A change against its baseline (--base-bin): the per-event costs too.
+	for m in always none; do
+		echo " $TARGETS " | grep -q " $m " && echo " $TARGETS " | grep -q " base-$m " || continue
+		[ "$m" = always ] && echo
+		awk -v t="$(label "$m")" -v r="$(label "base-$m")" -v a="$(median "$m" 3)" -v b="$(median "base-$m" 3)" \
+			-v c="$(median "$m" 11)" -v d="$(median "base-$m" 11)" -v e="$(median "$m" 15)" -v f="$(median "base-$m" 15)" \
+			-v g="$(median "$m" 16)" -v h="$(median "base-$m" 16)" -v i="$(median "$m" 12)" -v j="$(median "base-$m" 12)" \
+			'function x(p, q) { return (q + 0 > 0 && p != "-") ? sprintf("%.2fx", p / q) : "-" }
+			BEGIN{printf "%s / %s: events/s %s, CPU per event %s, allocated per event %s, read+write per event %s, peak RSS %s\n", t, r, x(a, b), x(c, d), x(e, f), x(g, h), x(i, j)}'
+	done
 	echo
-	echo "raw runs (target run events/s req/s p50 p99 half_p50 half_p99 delivered/s lag_p99 cpu_s_per_M rss_MiB errors):"
+	echo "raw runs (target run events/s req/s p50 p99 half_p50 half_p99 delivered/s lag_p99 cpu_s_per_M rss_MiB errors MB/s alloc_B/event rw_B/event):"
 	cat "$RESULTS"
 } | tee ${OUT:+"$OUT"}

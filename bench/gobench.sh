@@ -2,6 +2,11 @@
 # bench/gobench.sh: the hot-path Go benchmarks with -benchmem -count N, and
 # the median of every reported metric per benchmark (benchstat-like, no
 # dependency). usage: bench/gobench.sh [count] [benchtime] [packages...]
+# A benchmark whose name carries events=N or records=N also gets per-event
+# figures derived from its medians: ns/event (wall time of an op over N;
+# not CPU time when the benchmark runs in parallel), allocated B/event and
+# allocs/event (B/op and allocs/op over N), the in-process side of the
+# "bytes copied per event" that bench/compare.sh measures end to end.
 set -euo pipefail
 COUNT="${1:-5}"
 BT="${2:-1s}"
@@ -32,7 +37,19 @@ END {
 			for (a=1; a<=c; a++) for (b=a+1; b<=c; b++) if (v[b]+0 < v[a]+0) { t=v[a]; v[a]=v[b]; v[b]=t }
 			med = (c%2) ? v[(c+1)/2] : (v[c/2]+v[c/2+1])/2
 			line = line sprintf("%s%.4g %s", (x>1?", ":""), med, us[x])
+			got[us[x]] = med
 		}
+		if (match(name, /(events|records)=[0-9]+/)) {
+			per = substr(name, RSTART, RLENGTH); sub(/.*=/, "", per); per += 0
+			if (per > 0) {
+				derived = ""
+				if (("ns/op" in got) && !("ns/event" in got)) derived = derived sprintf(", %.4g ns/event", got["ns/op"] / per)
+				if ("B/op" in got) derived = derived sprintf(", %.4g allocated B/event", got["B/op"] / per)
+				if ("allocs/op" in got) derived = derived sprintf(", %.4g allocs/event", got["allocs/op"] / per)
+				line = line " (derived" substr(derived, 2) ")"
+			}
+		}
+		delete got
 		printf "| %s | %s |\n", name, line
 	}
 }' "$RAW"

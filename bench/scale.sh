@@ -13,6 +13,10 @@
 #   bench/scale.sh lanes [--lanes 100] [--duration 10]
 #       The same 100-event load with 1 api_key and then with --lanes api_keys
 #       (one lane each), against relay --sync always in front of the sink.
+#   Both: [--shape sdk|small] [--insert-ids], the bodies of bench/loadgen
+#       (-profile, -insert-ids): SDK-shaped ~490 B events without insert_id
+#       and time by default; the raw bytes the backlog's disk use is set
+#       against are the events as sent, before the relay adds those fields.
 set -euo pipefail
 
 MODE="${1:-}"
@@ -25,6 +29,8 @@ DATA=""
 BUILD_ONLY=0
 STOP=term
 COLD=0
+SHAPE=sdk
+IDS=()
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--events) N="$2"; shift 2 ;;
@@ -34,11 +40,13 @@ while [ $# -gt 0 ]; do
 	--data) DATA="$2"; shift 2 ;;     # keep the spool in DIR (not removed at exit)
 	--build-only) BUILD_ONLY=1; shift ;; # backlog: stop after building it (use with --data)
 	--stop) STOP="$2"; shift 2 ;;
+	--shape) SHAPE="$2"; shift 2 ;;
+	--insert-ids) IDS=(-insert-ids); shift ;;
 	--cold) COLD=1; shift ;;            # backlog: drop the page cache before the restart      # backlog: how the relay is stopped with the backlog: term or kill
 	*) echo "scale.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
-case "$MODE" in backlog | lanes) ;; *) sed -n '2,16p' "$0"; exit 2 ;; esac
+case "$MODE" in backlog | lanes) ;; *) sed -n '2,/^set -euo/{/^set/d;p}' "$0"; exit 2 ;; esac
 case "$STOP" in term | kill) ;; *) echo "scale.sh: --stop term|kill" >&2; exit 2 ;; esac
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -103,7 +111,8 @@ if [ "$MODE" = lanes ]; then
 	for k in 1 "$LANES"; do
 		curl -s -o /dev/null -X POST "http://$SINK/reset"
 		out=$("$TMP/loadgen" -url "http://127.0.0.1:$PORT/2/httpapi" -events 100 -c 32 -api-keys "$k" \
-			-templates $((k > 64 ? 2 * k : 64)) -duration "${DURATION}s" -warmup 1s -seed "$k" | grep '^RESULT')
+			-templates $((k > 64 ? 2 * k : 64)) -duration "${DURATION}s" -warmup 1s -seed "$k" \
+			-profile "$SHAPE" "${IDS[@]}" | grep '^RESULT')
 		want=$(kv events "$out")
 		for i in $(seq 1 300); do [ "$(sink_stat counted)" -ge "$want" ] && break; sleep 0.1; done
 		c=$(sink_stat counted); f=$(sink_stat first_ns); l=$(sink_stat last_ns)
@@ -124,7 +133,7 @@ REQS=$(((N + 999) / 1000))
 log "building a backlog of $((REQS * 1000)) events (upstream down)"
 t0=$(now_ns)
 out=$("$TMP/loadgen" -url "http://127.0.0.1:$PORT/2/httpapi" -events 1000 -c 32 -requests "$REQS" -duration 0 \
-	-warmup 0 -timeout 60s | grep '^RESULT')
+	-warmup 0 -timeout 60s -profile "$SHAPE" "${IDS[@]}" | grep '^RESULT')
 t1=$(now_ns)
 accepted=$(kv events "$out")
 avg=$(kv avg_event_bytes "$out")

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"compress/gzip"
 	"strings"
 	"testing"
 	"time"
@@ -62,4 +64,48 @@ func itoa(v int64) string {
 		v /= 10
 	}
 	return string(b[i:])
+}
+
+// TestSinkGzip: a gzip-encoded body (the relay's --upstream-gzip) is counted
+// decoded, stamps included; one that does not decode is answered 400 and
+// not counted.
+func TestSinkGzip(t *testing.T) {
+	s := &sink{}
+	s.lagOn.Store(true)
+	now := time.Now().UnixMicro()
+	body := `{"api_key":"k","events":[{"event_type":"a","event_properties":{"sent_us":` + itoa(now-2000) +
+		`}},{"event_type":"b"},{"event_type":"c"}]}`
+	var zb bytes.Buffer
+	zw := gzip.NewWriter(&zb)
+	zw.Write([]byte(body))
+	zw.Close()
+	tests := []struct {
+		name       string
+		body       []byte
+		status     int
+		counted    int64
+		lagSamples int
+		gzipped    int64
+		badBodies  int64
+	}{
+		{"gzip", zb.Bytes(), 200, 3, 1, 1, 0},
+		{"not gzip", []byte(body), 400, 3, 1, 1, 1},
+	}
+	for _, tc := range tests {
+		var ctx fasthttp.RequestCtx
+		ctx.Request.SetRequestURI("/2/httpapi")
+		ctx.Request.Header.SetMethod("POST")
+		ctx.Request.Header.Set("Content-Encoding", "gzip")
+		ctx.Request.SetBody(tc.body)
+		s.handle(&ctx)
+		if ctx.Response.StatusCode() != tc.status {
+			t.Fatalf("%s: status %d, want %d (%s)", tc.name, ctx.Response.StatusCode(), tc.status, ctx.Response.Body())
+		}
+		if s.counted.Load() != tc.counted || s.lag.Count() != uint64(tc.lagSamples) ||
+			s.gzipped.Load() != tc.gzipped || s.badBodies.Load() != tc.badBodies {
+			t.Fatalf("%s: counted %d, lag samples %d, gzipped %d, bad %d; want %d, %d, %d, %d", tc.name,
+				s.counted.Load(), s.lag.Count(), s.gzipped.Load(), s.badBodies.Load(),
+				tc.counted, tc.lagSamples, tc.gzipped, tc.badBodies)
+		}
+	}
 }
