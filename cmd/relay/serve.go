@@ -474,6 +474,8 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	if ingTLS != nil {                       // issue 23
 		icfg.TLS = ingTLS.r.TLSConfig()
 	}
+	// Issue 19 follow-up.
+	icfg.MaxConnectionsPerClient = cfg.MaxConnectionsPerClient
 	ing, err := ingest.New(icfg, sp, event.NewIDGen(), log.Named("ingest"), reg)
 	if err != nil {
 		return err
@@ -504,7 +506,7 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		return ing.Shutdown(ictx)
 	})
 	log.Info("ingest listening", zap.String("addr", ingLn.Addr().String()), zap.Bool("tls", ingTLS != nil),
-		zap.Int("max_connections", cfg.MaxConnections))
+		zap.Int("max_connections", cfg.MaxConnections), zap.Int("max_connections_per_client", cfg.MaxConnectionsPerClient))
 	log.Info("relay serving")
 	if err := sd.notify("READY=1\nSTATUS=serving"); err != nil {
 		log.Warn("could not tell systemd the relay is ready", errField(err))

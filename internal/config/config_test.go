@@ -26,6 +26,8 @@ func TestDefaults(t *testing.T) {
 		Sync: "always", MaxRequestBytes: 20_000_000, MaxEventAge: 6 * 24 * time.Hour,
 		DrainTimeout: 10 * time.Second, LogLevel: "info",
 		MaxConnections: 16384, // issues 19 and 23 (ingest listener)
+		// Issue 19 follow-up.
+		MaxConnectionsPerClient: 256,
 	}
 	if !equal(c, want) {
 		t.Fatalf("defaults\n got %+v\nwant %+v", c, want)
@@ -73,6 +75,8 @@ func TestFullFile(t *testing.T) {
 		// Issues 19 and 23 (ingest listener).
 		MaxConnections: 1000, TLSCert: "/etc/relay/tls/cert.pem", TLSKey: "/etc/relay/tls/key.pem",
 		AdminTLSCert: "/etc/relay/tls/admin-cert.pem", AdminTLSKey: "/etc/relay/tls/admin-key.pem",
+		// Issue 19 follow-up.
+		MaxConnectionsPerClient: 64,
 	}
 	if !equal(c, want) {
 		t.Fatalf("\n got %+v\nwant %+v", c, want)
@@ -135,6 +139,8 @@ func TestEnvNames(t *testing.T) {
 		// Issues 19 and 23 (ingest listener).
 		"RELAY_MAX_CONNECTIONS=7", "RELAY_TLS_CERT=c", "RELAY_TLS_KEY=k",
 		"RELAY_ADMIN_TLS_CERT=ac", "RELAY_ADMIN_TLS_KEY=ak",
+		// Issue 19 follow-up.
+		"RELAY_MAX_CONNECTIONS_PER_CLIENT=0",
 	}
 	c, err := Load(nil, env)
 	if err != nil {
@@ -152,6 +158,8 @@ func TestEnvNames(t *testing.T) {
 		// Issues 19 and 23 (ingest listener).
 		MaxConnections: 7, TLSCert: "c", TLSKey: "k", AdminTLSCert: "ac", AdminTLSKey: "ak",
 		CORSOrigins: []string{"https://a.example"}, AllowedAPIKeys: []string{"k1"}, ClientRateLimit: 3, AnonymizeIP: true,
+		// Issue 19 follow-up: 0 turns the bound off.
+		MaxConnectionsPerClient: 0,
 	}
 	if !equal(c, want) {
 		t.Fatalf("\n got %+v\nwant %+v", c, want)
@@ -212,7 +220,7 @@ func TestTokenFile(t *testing.T) {
 	// testdata/credentials.yaml is 0644 too (issue 19).
 	found = false
 	for _, w := range c.Warnings {
-		found = found || strings.Contains(w, "--credentials testdata/credentials.yaml is readable by group or others")
+		found = found || strings.Contains(w, "credentials testdata/credentials.yaml is readable by group or others: chmod 600 it (from testdata/credentials_token_file.yaml line 1)") && !strings.Contains(w, "--")
 	}
 	if !found {
 		t.Fatalf("warnings %q: want one about the readable credentials file", c.Warnings)
@@ -296,9 +304,11 @@ func TestRefusals(t *testing.T) {
 		// Issues 19 and 23 (ingest listener).
 		{"zero connections", []string{"--max-connections", "0"}, nil, "--max-connections 0"},
 		{"connections not a number", []string{"--max-connections", "many"}, nil, "--max-connections (from flag --max-connections): invalid number"},
-		{"tls cert without key", []string{"--tls-cert", "c.pem"}, nil, "--tls-cert is set without --tls-key"},
-		{"tls key without cert", nil, []string{"RELAY_TLS_KEY=k.pem"}, "--tls-key is set without --tls-cert"},
-		{"admin tls cert without key", []string{"--admin-tls-cert", "c.pem"}, nil, "--admin-tls-cert is set without --admin-tls-key"},
+		{"tls cert without key", []string{"--tls-cert", "c.pem"}, nil, "--tls-cert is set without tls-key: set both or neither (from flag --tls-cert)"},
+		{"tls key without cert", nil, []string{"RELAY_TLS_KEY=k.pem"}, "tls-key is set without tls-cert: set both or neither (from variable RELAY_TLS_KEY)"},
+		{"admin tls cert without key", []string{"--admin-tls-cert", "c.pem"}, nil, "--admin-tls-cert is set without admin-tls-key"},
+		// Issue 19 follow-up.
+		{"negative connections per client", []string{"--max-connections-per-client", "-1"}, nil, "--max-connections-per-client -1: want 0 (no bound) or a positive number (from flag --max-connections-per-client)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

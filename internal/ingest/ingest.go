@@ -58,6 +58,15 @@ type Config struct {
 	TLS *tls.Config
 	// Issue 23: browsers and the open internet (see open.go).
 	Open
+
+	// Issue 19 follow-up: connections per client.
+
+	// MaxConnectionsPerClient bounds the connections one client address
+	// (an IPv6 address by its /64) holds open at once; 0 means no bound.
+	// A connection beyond it is closed at accept, before anything is read;
+	// peers in TrustedProxies are not bounded. DefaultMaxConnectionsPerClient
+	// is the relay's default.
+	MaxConnectionsPerClient int
 }
 
 // Defaults of Config.
@@ -68,6 +77,9 @@ const (
 	DefaultWriteTimeout    = 30 * time.Second
 	DefaultIdleTimeout     = 120 * time.Second
 	DefaultMaxConnections  = 16384
+	// DefaultMaxConnectionsPerClient is the relay's --max-connections-per-client
+	// (Config's zero value means no per-client bound).
+	DefaultMaxConnectionsPerClient = 256
 )
 
 // maxMaxRequestBytes keeps the fasthttp body limit (an int, with slack) and
@@ -87,6 +99,8 @@ func (c Config) Validate() error {
 		return errors.New("ingest: negative timeout")
 	case c.MaxConnections < 0:
 		return fmt.Errorf("ingest: MaxConnections %d is negative", c.MaxConnections)
+	case c.MaxConnectionsPerClient < 0:
+		return fmt.Errorf("ingest: MaxConnectionsPerClient %d is negative", c.MaxConnectionsPerClient)
 	case c.TLS != nil && c.TLS.GetCertificate == nil && c.TLS.GetConfigForClient == nil && len(c.TLS.Certificates) == 0:
 		return errors.New("ingest: TLS has no certificate")
 	}
@@ -151,6 +165,7 @@ type Server struct {
 	m          *metrics
 	cm         *connMetrics
 	conns      *connLimiter
+	perClient  *clientConns // nil: no per-client bound
 	srv        *graceful.Server
 
 	// base is the context of spool calls: cancelled only when Shutdown's
@@ -209,10 +224,11 @@ func New(cfg Config, sp *spool.Spool, ids *event.IDGen, log *zap.Logger, reg pro
 			// requests cannot flood the log.
 			return zapcore.NewSamplerWithOptions(c, time.Second, 5, 0)
 		})),
-		m:     m,
-		cm:    cm,
-		conns: conns,
-		lanes: make(map[string]*spool.Lane),
+		m:         m,
+		cm:        cm,
+		conns:     conns,
+		perClient: newClientConns(cfg.MaxConnectionsPerClient, cfg.TrustedProxies),
+		lanes:     make(map[string]*spool.Lane),
 	}
 	// The body limit fasthttp enforces while reading. A gzip body never
 	// exceeds its inflated size by more than its headers and 5 bytes per 64
