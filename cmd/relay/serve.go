@@ -322,11 +322,11 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		zap.Int64("live_bytes", st.LiveBytes), zap.Int64("file_bytes", st.FileBytes), zap.Int64("dead", st.Dead))
 
 	// TLS of both listeners, reloaded on SIGHUP (issue 23).
-	ingTLS, err := loadTLS(log, "ingest", cfg.TLSCert, cfg.TLSKey)
+	ingTLS, err := loadTLS(log, "ingest", cfg.TLSCert, cfg.TLSKey, tlsSources(cfg, "tls-cert", "tls-key"))
 	if err != nil {
 		return err
 	}
-	adminTLS, err := loadTLS(log, "admin", cfg.AdminTLSCert, cfg.AdminTLSKey)
+	adminTLS, err := loadTLS(log, "admin", cfg.AdminTLSCert, cfg.AdminTLSKey, tlsSources(cfg, "admin-tls-cert", "admin-tls-key"))
 	if err != nil {
 		return err
 	}
