@@ -2,17 +2,21 @@ package ingest
 
 import (
 	"bufio"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/tlsreload"
 )
 
 // Issue 19 follow-up: --max-connections-per-client.
@@ -236,5 +240,77 @@ func TestClientConnsKeys(t *testing.T) {
 	cc.release(tcpPeer("192.0.2.99:1")) // never taken: no effect
 	if got := cc.clients(); got != 0 {
 		t.Errorf("%d clients counted after every release, want 0", got)
+	}
+}
+
+// TestMaxConnectionsPerClientTLS: over TLS the bound holds too (a refused
+// connection gets no handshake), and a closed TLS connection gives its
+// share back (fasthttp reports the *tls.Conn, not the TCP connection).
+func TestMaxConnectionsPerClientTLS(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	writeSelfSigned(t, 1, certFile, keyFile)
+	rl, err := tlsreload.New(tlsreload.Config{CertFile: certFile, KeyFile: keyFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pem, err := os.ReadFile(certFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pem)
+	r := startRelay(t, Config{TLS: rl.TLSConfig(), MaxConnectionsPerClient: 2}, spool.Config{Sync: spool.SyncNone})
+
+	// open returns a served TLS connection, or nil when the server closed
+	// it without an answer (at accept: the handshake fails).
+	open := func() *tls.Conn {
+		t.Helper()
+		raw := dialFrom(t, "127.0.0.1", r.addr)
+		if raw == nil {
+			return nil
+		}
+		c := tls.Client(raw, &tls.Config{RootCAs: roots, ServerName: "127.0.0.1"})
+		if err := c.Handshake(); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatal("handshake neither done nor refused")
+			}
+			return nil
+		}
+		if !served(t, c, bufio.NewReader(c)) {
+			return nil
+		}
+		return c
+	}
+	waitCounted := func(want int) {
+		t.Helper()
+		got := r.srv.perClient.clients()
+		for i := 0; i < 200 && got != want; i++ {
+			time.Sleep(50 * time.Millisecond)
+			got = r.srv.perClient.clients()
+		}
+		if got != want {
+			t.Fatalf("%d client addresses counted, want %d", got, want)
+		}
+	}
+
+	a, b := open(), open()
+	if a == nil || b == nil {
+		t.Fatal("first two TLS connections not served")
+	}
+	if open() != nil {
+		t.Fatal("third TLS connection of one client served")
+	}
+	a.Close()
+	b.Close()
+	waitCounted(0)
+	// Shares come back: more connections, one after the other, than the bound.
+	for i := range 5 {
+		c := open()
+		if c == nil {
+			t.Fatalf("TLS connection %d (one at a time) not served", i)
+		}
+		c.Close()
+		waitCounted(0)
 	}
 }
