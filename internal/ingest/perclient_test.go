@@ -15,8 +15,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/tlsreload"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // Issue 19 follow-up: --max-connections-per-client.
@@ -312,5 +316,44 @@ func TestMaxConnectionsPerClientTLS(t *testing.T) {
 		}
 		c.Close()
 		waitCounted(0)
+	}
+}
+
+// TestMaxConnectionsPerClientLog: a refusal is logged with the client's
+// address, anonymized under AnonymizeIP.
+func TestMaxConnectionsPerClientLog(t *testing.T) {
+	for _, tc := range []struct {
+		anon bool
+		want string
+	}{{false, "127.0.0.1"}, {true, "127.0.0.0"}} {
+		core, logs := observer.New(zapcore.DebugLevel)
+		r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone})
+		// A second server on the same spool, with the observed logger.
+		cfg := Config{MaxConnectionsPerClient: 1}
+		cfg.AnonymizeIP = tc.anon
+		srv, err := New(cfg, r.sp, event.NewIDGen(), zap.New(core), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go srv.Serve(ln)
+		held := mustDialFrom(t, "127.0.0.1", ln.Addr().String())
+		if !served(t, held, bufio.NewReader(held)) {
+			t.Fatal("first connection not served")
+		}
+		if servedFrom(t, "127.0.0.1", ln.Addr().String()) {
+			t.Fatal("second connection served")
+		}
+		srv.Shutdown(t.Context())
+		lines := logs.FilterMessage("ingest connection closed: its client holds --max-connections-per-client").All()
+		if len(lines) != 1 {
+			t.Fatalf("anonymize %v: %d refusal log lines, want 1", tc.anon, len(lines))
+		}
+		if got := lines[0].ContextMap()["client"]; got != tc.want {
+			t.Errorf("anonymize %v: client %v in the log, want %s", tc.anon, got, tc.want)
+		}
 	}
 }
