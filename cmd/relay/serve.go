@@ -9,6 +9,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/netip"
 	"runtime"
 	"runtime/debug"
 	"sync"
@@ -474,8 +475,11 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	if ingTLS != nil {                       // issue 23
 		icfg.TLS = ingTLS.r.TLSConfig()
 	}
-	// Issue 19 follow-up.
+	// Issue 19 follow-up. Loopback peers are processes of this host (an app
+	// beside a sidecar relay, a local reverse proxy, a load test): the
+	// per-client bound is against remote clients.
 	icfg.MaxConnectionsPerClient = cfg.MaxConnectionsPerClient
+	icfg.UnboundedPeers = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
 	ing, err := ingest.New(icfg, sp, event.NewIDGen(), log.Named("ingest"), reg)
 	if err != nil {
 		return err

@@ -269,7 +269,7 @@ var options = []option{
 		}},
 
 	// Issue 19 follow-up: connections per client address.
-	{name: "max-connections-per-client", def: strconv.Itoa(ingest.DefaultMaxConnectionsPerClient), usage: "ingest connections one client address (IPv6: its /64) holds open at once; beyond it new ones are closed at accept; --trusted-proxies are not bounded (0: off)",
+	{name: "max-connections-per-client", def: strconv.Itoa(ingest.DefaultMaxConnectionsPerClient), usage: "ingest connections one client address (IPv6: its /64) holds open at once; beyond it new ones are closed at accept; loopback and --trusted-proxies are not bounded (0: off)",
 		set: func(c *Config, v string) error {
 			n, err := strconv.Atoi(strings.TrimSpace(v))
 			if err != nil {

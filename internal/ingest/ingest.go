@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -64,9 +65,13 @@ type Config struct {
 	// MaxConnectionsPerClient bounds the connections one client address
 	// (an IPv6 address by its /64) holds open at once; 0 means no bound.
 	// A connection beyond it is closed at accept, before anything is read;
-	// peers in TrustedProxies are not bounded. DefaultMaxConnectionsPerClient
-	// is the relay's default.
+	// peers in TrustedProxies or UnboundedPeers are not bounded.
+	// DefaultMaxConnectionsPerClient is the relay's default.
 	MaxConnectionsPerClient int
+	// UnboundedPeers are peers, besides TrustedProxies, whose connections
+	// MaxConnectionsPerClient does not bound (the relay gives loopback: its
+	// own host's processes, a local reverse proxy, a load test).
+	UnboundedPeers []netip.Prefix
 }
 
 // Defaults of Config.
@@ -109,6 +114,11 @@ func (c Config) Validate() error {
 			return fmt.Errorf("ingest: invalid trusted proxy prefix %v", p)
 		}
 	}
+	for _, p := range c.UnboundedPeers {
+		if !p.IsValid() {
+			return fmt.Errorf("ingest: invalid unbounded peer prefix %v", p)
+		}
+	}
 	return c.Open.validate()
 }
 
@@ -135,16 +145,22 @@ func (c Config) withDefaults() Config {
 	if c.MaxConnections == 0 {
 		c.MaxConnections = DefaultMaxConnections
 	}
-	trusted := make([]netip.Prefix, len(c.TrustedProxies))
-	for i, p := range c.TrustedProxies {
-		// Addresses are compared unmapped, so a 4-in-6 prefix becomes IPv4.
+	c.TrustedProxies = normalizePrefixes(c.TrustedProxies)
+	c.UnboundedPeers = normalizePrefixes(c.UnboundedPeers)
+	return c
+}
+
+// normalizePrefixes returns ps masked, with 4-in-6 prefixes as IPv4:
+// addresses are compared unmapped.
+func normalizePrefixes(ps []netip.Prefix) []netip.Prefix {
+	out := make([]netip.Prefix, len(ps))
+	for i, p := range ps {
 		if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
 			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
 		}
-		trusted[i] = p.Masked()
+		out[i] = p.Masked()
 	}
-	c.TrustedProxies = trusted
-	return c
+	return out
 }
 
 // maxLaneCache bounds the lane cache; lanes beyond it are looked up in the
@@ -227,7 +243,7 @@ func New(cfg Config, sp *spool.Spool, ids *event.IDGen, log *zap.Logger, reg pro
 		m:         m,
 		cm:        cm,
 		conns:     conns,
-		perClient: newClientConns(cfg.MaxConnectionsPerClient, cfg.TrustedProxies),
+		perClient: newClientConns(cfg.MaxConnectionsPerClient, append(slices.Clip(cfg.TrustedProxies), cfg.UnboundedPeers...)),
 		lanes:     make(map[string]*spool.Lane),
 	}
 	// The body limit fasthttp enforces while reading. A gzip body never

@@ -132,13 +132,14 @@ func (c *connLimiter) release() {
 // clientConns counts the connections each client address holds open, so
 // that one client cannot take every --max-connections slot. The key is the
 // peer's address (an IPv6 address by its /64: see limiterKey); trusted
-// proxies (which carry many clients) are not counted. The map holds only
+// proxies (which carry many clients) and Config.UnboundedPeers are not
+// counted. The map holds only
 // addresses with a connection open, so it never has more entries than the
 // connections a Server holds (Config.MaxConnections). Lock order: mu alone,
 // no call out under it.
 type clientConns struct {
 	max    int
-	exempt []netip.Prefix // unmapped, masked (Config.withDefaults)
+	exempt []netip.Prefix // not counted; unmapped, masked (Config.withDefaults)
 
 	mu sync.Mutex
 	n  map[[16]byte]int

@@ -357,3 +357,25 @@ func TestMaxConnectionsPerClientLog(t *testing.T) {
 		}
 	}
 }
+
+// TestMaxConnectionsPerClientUnboundedPeers: Config.UnboundedPeers are not
+// bounded (the relay gives loopback); other peers are.
+func TestMaxConnectionsPerClientUnboundedPeers(t *testing.T) {
+	r := startRelay(t, Config{
+		MaxConnectionsPerClient: 1,
+		UnboundedPeers:          []netip.Prefix{netip.MustParsePrefix("::ffff:127.0.0.2/128")}, // 4-in-6: compared unmapped
+	}, spool.Config{Sync: spool.SyncNone})
+	for i := range 3 {
+		c := mustDialFrom(t, "127.0.0.2", r.addr)
+		if !served(t, c, bufio.NewReader(c)) {
+			t.Fatalf("unbounded peer's connection %d not served", i)
+		}
+	}
+	c := mustDialFrom(t, "127.0.0.1", r.addr)
+	if !served(t, c, bufio.NewReader(c)) {
+		t.Fatal("first connection of 127.0.0.1 not served")
+	}
+	if servedFrom(t, "127.0.0.1", r.addr) {
+		t.Fatal("second connection of 127.0.0.1 served; want it closed at accept")
+	}
+}
