@@ -9,6 +9,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/netip"
 	"runtime"
 	"runtime/debug"
 	"sync"
@@ -326,11 +327,11 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		zap.Int64("live_bytes", st.LiveBytes), zap.Int64("file_bytes", st.FileBytes), zap.Int64("dead", st.Dead))
 
 	// TLS of both listeners, reloaded on SIGHUP (issue 23).
-	ingTLS, err := loadTLS(log, "ingest", cfg.TLSCert, cfg.TLSKey)
+	ingTLS, err := loadTLS(log, "ingest", cfg.TLSCert, cfg.TLSKey, tlsSources(cfg, "tls-cert", "tls-key"))
 	if err != nil {
 		return err
 	}
-	adminTLS, err := loadTLS(log, "admin", cfg.AdminTLSCert, cfg.AdminTLSKey)
+	adminTLS, err := loadTLS(log, "admin", cfg.AdminTLSCert, cfg.AdminTLSKey, tlsSources(cfg, "admin-tls-cert", "admin-tls-key"))
 	if err != nil {
 		return err
 	}
@@ -481,6 +482,11 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	if ingTLS != nil {                       // issue 23
 		icfg.TLS = ingTLS.r.TLSConfig()
 	}
+	// Issue 19 follow-up. Loopback peers are processes of this host (an app
+	// beside a sidecar relay, a local reverse proxy, a load test): the
+	// per-client bound is against remote clients.
+	icfg.MaxConnectionsPerClient = cfg.MaxConnectionsPerClient
+	icfg.UnboundedPeers = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
 	ing, err := ingest.New(icfg, sp, event.NewIDGen(), log.Named("ingest"), reg)
 	if err != nil {
 		return err
@@ -511,7 +517,7 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		return ing.Shutdown(ictx)
 	})
 	log.Info("ingest listening", zap.String("addr", ingLn.Addr().String()), zap.Bool("tls", ingTLS != nil),
-		zap.Int("max_connections", cfg.MaxConnections))
+		zap.Int("max_connections", cfg.MaxConnections), zap.Int("max_connections_per_client", cfg.MaxConnectionsPerClient))
 	log.Info("relay serving")
 	if err := sd.notify("READY=1\nSTATUS=serving"); err != nil {
 		log.Warn("could not tell systemd the relay is ready", errField(err))

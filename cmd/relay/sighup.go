@@ -92,7 +92,7 @@ func reloadFiles(cfg config.Config, log *zap.Logger, to reloadTargets) {
 		to.setToken(tok)
 		log.Info("SIGHUP: admin token reloaded", zap.String("file", cfg.AdminTokenFile))
 		if tok.ReadableByOthers() {
-			log.Warn("--admin-token-file " + cfg.AdminTokenFile + " is readable by group or others: chmod 600 it")
+			log.Warn("admin-token-file " + cfg.AdminTokenFile + " is readable by group or others: chmod 600 it (from " + cfg.Source("admin-token-file") + ")")
 		}
 	}
 	if cfg.Credentials == "" {

@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/config"
+	"github.com/svcrelay/relay/internal/credentials"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -150,5 +152,28 @@ func TestSIGHUPReloads(t *testing.T) {
 	}
 	if err := r.stop(); err != nil {
 		t.Fatalf("serve: %v", err)
+	}
+}
+
+// TestSIGHUPWarningNamesSource: the reload's warning about a token file
+// others can read says where the setting came from, not a flag not given.
+func TestSIGHUPWarningNamesSource(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte("a-token"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(nil, []string{"RELAY_ADMIN_TOKEN_FILE=" + file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(file, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zapcore.DebugLevel)
+	reloadFiles(cfg, zap.New(core), reloadTargets{setToken: func(*admintoken.Token) {}, setCreds: func(*credentials.Store) {}})
+	w := logs.FilterLevelExact(zapcore.WarnLevel).All()
+	want := "admin-token-file " + file + " is readable by group or others: chmod 600 it (from variable RELAY_ADMIN_TOKEN_FILE)"
+	if len(w) != 1 || w[0].Message != want {
+		t.Fatalf("warnings %v, want one: %q", w, want)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/svcrelay/relay/internal/config"
 	"github.com/svcrelay/relay/internal/tlsreload"
 	"go.uber.org/zap"
 )
@@ -15,18 +16,26 @@ type tlsPair struct {
 }
 
 // loadTLS loads the certificate of a listener; nil when cert and key are
-// unset (config.Validate refuses one without the other).
-func loadTLS(log *zap.Logger, listener, cert, key string) (*tlsPair, error) {
+// unset (config.Validate refuses one without the other). from says where
+// the two settings came from (tlsSources), for the error.
+func loadTLS(log *zap.Logger, listener, cert, key, from string) (*tlsPair, error) {
 	if cert == "" && key == "" {
 		return nil, nil
 	}
 	r, err := tlsreload.New(tlsreload.Config{CertFile: cert, KeyFile: key})
 	if err != nil {
-		return nil, fmt.Errorf("%s listener: %w", listener, err)
+		return nil, fmt.Errorf("%s listener: %w (%s)", listener, err, from)
 	}
 	p := &tlsPair{listener, r}
 	p.logLoaded(log, "tls certificate loaded")
 	return p, nil
+}
+
+// tlsSources names where a listener's certificate and key settings came
+// from, as config's errors do: "tls-cert from flag --tls-cert; tls-key from
+// variable RELAY_TLS_KEY".
+func tlsSources(cfg config.Config, cert, key string) string {
+	return fmt.Sprintf("%s from %s; %s from %s", cert, cfg.Source(cert), key, cfg.Source(key))
 }
 
 func (p *tlsPair) logLoaded(log *zap.Logger, msg string) {

@@ -15,6 +15,7 @@ import (
 	"net/http/httptrace"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -169,5 +170,34 @@ func TestServeTLSReloadOnSIGHUP(t *testing.T) {
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatal("serve did not stop")
+	}
+}
+
+// TestTLSLoadErrorNamesSources: a certificate that does not load at start
+// says where its settings came from, never a flag that was not given.
+func TestTLSLoadErrorNamesSources(t *testing.T) {
+	dir := t.TempDir()
+	cfgFile := filepath.Join(dir, "relay.yaml")
+	if err := os.WriteFile(cfgFile, []byte("admin-tls-key: "+filepath.Join(dir, "nope-key.pem")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load([]string{"--admin-tls-cert", filepath.Join(dir, "nope-admin.pem")},
+		[]string{"RELAY_TLS_CERT=" + filepath.Join(dir, "nope.pem"), "RELAY_TLS_KEY=" + filepath.Join(dir, "nope-key.pem"), "RELAY_CONFIG=" + cfgFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		listener, cert, key, certV, keyV, want string
+	}{
+		{"ingest", "tls-cert", "tls-key", cfg.TLSCert, cfg.TLSKey, "(tls-cert from variable RELAY_TLS_CERT; tls-key from variable RELAY_TLS_KEY)"},
+		{"admin", "admin-tls-cert", "admin-tls-key", cfg.AdminTLSCert, cfg.AdminTLSKey, "(admin-tls-cert from flag --admin-tls-cert; admin-tls-key from " + cfgFile + " line 1)"},
+	} {
+		_, err := loadTLS(zap.NewNop(), tc.listener, tc.certV, tc.keyV, tlsSources(cfg, tc.cert, tc.key))
+		if err == nil {
+			t.Fatalf("%s: missing files loaded", tc.listener)
+		}
+		if !strings.HasPrefix(err.Error(), tc.listener+" listener: ") || !strings.HasSuffix(err.Error(), tc.want) {
+			t.Errorf("%s: error %q\nwant it to end with %q", tc.listener, err, tc.want)
+		}
 	}
 }

@@ -1,6 +1,6 @@
 // Package classifiers forwards the channel classifier API
-// (/api/2/channel-classifiers) of ../shared/api/experiments-scim-classifiers.md
-// on the admin listener, on the upstream's paths.
+// (/api/2/channel-classifiers; summarized in docs/upstream-api.md, "Channel
+// classifiers") on the admin listener, on the upstream's paths.
 //
 // Every endpoint of the document's table is a route of API; other paths
 // under /api/2/channel-classifiers are answered 404 or 405 by the admin listener. The upstream is

@@ -111,6 +111,8 @@ type Config struct {
 	// SpoolPartitions is --spool-partitions, P of the fleet's streams
 	// (1..256, fixed once the streams exist).
 	SpoolPartitions int
+	// Issue 19 follow-up: connections per client address.
+	MaxConnectionsPerClient int // --max-connections-per-client, >= 0; 0: no bound
 }
 
 // Sandbox reports whether the relay runs against its built-in simulated
@@ -301,6 +303,16 @@ var options = []option{
 				return fmt.Errorf("invalid number %q", v)
 			}
 			c.SpoolPartitions = n
+			return nil
+		}},
+	// Issue 19 follow-up: connections per client address.
+	{name: "max-connections-per-client", def: strconv.Itoa(ingest.DefaultMaxConnectionsPerClient), usage: "ingest connections one client address (IPv6: its /64) holds open at once; beyond it new ones are closed at accept; loopback and --trusted-proxies are not bounded (0: off)",
+		set: func(c *Config, v string) error {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				return fmt.Errorf("invalid number %q", v)
+			}
+			c.MaxConnectionsPerClient = n
 			return nil
 		}},
 }
@@ -571,26 +583,34 @@ func (c *Config) finish() error {
 	}
 	c.Token, c.AdminToken = tok, ""
 	if tok.ReadableByOthers() {
-		c.Warnings = append(c.Warnings, fmt.Sprintf("--admin-token-file %s is readable by group or others: chmod 600 it", c.AdminTokenFile))
+		c.warn("admin-token-file", "%s is readable by group or others: chmod 600 it", c.AdminTokenFile)
 	}
 	if c.Credentials != "" {
 		if c.Creds, err = credentials.Load(c.Credentials); err != nil {
 			return settingErr("credentials", ": %v", err)
 		}
 		if c.Creds.ReadableByOthers() { // issue 19
-			c.Warnings = append(c.Warnings, fmt.Sprintf("--credentials %s is readable by group or others: chmod 600 it", c.Credentials))
+			c.warn("credentials", "%s is readable by group or others: chmod 600 it", c.Credentials)
 		}
 	}
 	// Issue 23.
 	switch {
 	case c.AllowedKeysFromCredentials && c.Creds == nil:
-		return errors.New("--allowed-api-keys=credentials needs --credentials (the file whose projects' api_keys are taken)")
+		return settingErr("allowed-api-keys", `"credentials" needs the credentials setting: the file whose projects' api_keys are taken`)
 	case c.AllowedKeysFromCredentials && len(c.Creds.Projects()) == 0:
-		c.Warnings = append(c.Warnings, "--allowed-api-keys=credentials: the credentials file has no project, so the ingest takes no api_key")
+		c.warn("allowed-api-keys", `"credentials": the credentials file has no project, so the ingest takes no api_key`)
 	case len(c.CORSOrigins) > 0 && c.AllowedAPIKeys == nil && !c.AllowedKeysFromCredentials:
-		c.Warnings = append(c.Warnings, "--cors-origins is set but --allowed-api-keys is not: the ingest listener takes any api_key and forwards it to your upstream; set --allowed-api-keys first")
+		c.warn("cors-origins", "is set but allowed-api-keys is not: the ingest listener takes any api_key and forwards it to your upstream; set allowed-api-keys first")
 	}
 	return nil
+}
+
+// warn adds a warning about setting name worded as Load words errors: the
+// setting ("--name" only when it was given as a flag), what is wrong, and
+// where its value came from.
+func (c *Config) warn(name, format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	c.Warnings = append(c.Warnings, fmt.Sprintf("%s%s%s (from %s)", c.label(name), sep(msg), msg, c.Source(name)))
 }
 
 // Validate reports the first invalid setting as one line naming the flag;
@@ -659,9 +679,10 @@ func (c Config) Validate() error {
 		return settingErr("log-format", "%q: want json or console", c.LogFormat)
 	}
 
-	// Issues 19 and 23 (ingest listener).
+	// Issues 19 and 23 (ingest listener). The errors name only the setting
+	// that was set (Load adds where from), never as a flag one not given.
 	if c.MaxConnections < 1 {
-		return fmt.Errorf("--max-connections %d: want a positive number", c.MaxConnections)
+		return settingErr("max-connections", "%d: want a positive number", c.MaxConnections)
 	}
 	for _, p := range []struct{ cert, key, certV, keyV string }{
 		{"tls-cert", "tls-key", c.TLSCert, c.TLSKey},
@@ -669,10 +690,14 @@ func (c Config) Validate() error {
 	} {
 		switch {
 		case p.certV != "" && p.keyV == "":
-			return fmt.Errorf("--%s is set without --%s", p.cert, p.key)
+			return settingErr(p.cert, "is set without %s: set both or neither", p.key)
 		case p.certV == "" && p.keyV != "":
-			return fmt.Errorf("--%s is set without --%s", p.key, p.cert)
+			return settingErr(p.key, "is set without %s: set both or neither", p.cert)
 		}
+	}
+	// Issue 19 follow-up.
+	if c.MaxConnectionsPerClient < 0 {
+		return settingErr("max-connections-per-client", "%d: want 0 (no bound) or a positive number", c.MaxConnectionsPerClient)
 	}
 	return nil
 }

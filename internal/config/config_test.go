@@ -27,6 +27,8 @@ func TestDefaults(t *testing.T) {
 		DrainTimeout: 10 * time.Second, LogLevel: "info",
 		MaxConnections:  16384, // issues 19 and 23 (ingest listener)
 		SpoolPartitions: 16,    // issue 22
+		// Issue 19 follow-up.
+		MaxConnectionsPerClient: 256,
 	}
 	if !equal(c, want) {
 		t.Fatalf("defaults\n got %+v\nwant %+v", c, want)
@@ -75,6 +77,8 @@ func TestFullFile(t *testing.T) {
 		MaxConnections: 1000, TLSCert: "/etc/relay/tls/cert.pem", TLSKey: "/etc/relay/tls/key.pem",
 		AdminTLSCert: "/etc/relay/tls/admin-cert.pem", AdminTLSKey: "/etc/relay/tls/admin-key.pem",
 		SpoolPartitions: 16, // issue 22
+		// Issue 19 follow-up.
+		MaxConnectionsPerClient: 64,
 	}
 	if !equal(c, want) {
 		t.Fatalf("\n got %+v\nwant %+v", c, want)
@@ -140,6 +144,8 @@ func TestEnvNames(t *testing.T) {
 		// Fleet mode (issue 22).
 		"RELAY_SPOOL=nats://h1:4222,h2:4222", "RELAY_NATS_CREDS=testdata/admin.token", "RELAY_NATS_TLS_CA=testdata/admin.token",
 		"RELAY_NATS_TLS_CERT=testdata/credentials.yaml", "RELAY_NATS_TLS_KEY=testdata/empty.yaml", "RELAY_SPOOL_PARTITIONS=8",
+		// Issue 19 follow-up.
+		"RELAY_MAX_CONNECTIONS_PER_CLIENT=0",
 	}
 	c, err := Load(nil, env)
 	if err != nil {
@@ -160,6 +166,8 @@ func TestEnvNames(t *testing.T) {
 		// Fleet mode (issue 22).
 		SpoolNATS: []string{"nats://h1:4222", "nats://h2:4222"}, NATSCreds: "testdata/admin.token", NATSTLSCA: "testdata/admin.token",
 		NATSTLSCert: "testdata/credentials.yaml", NATSTLSKey: "testdata/empty.yaml", SpoolPartitions: 8,
+		// Issue 19 follow-up: 0 turns the bound off.
+		MaxConnectionsPerClient: 0,
 	}
 	if !equal(c, want) {
 		t.Fatalf("\n got %+v\nwant %+v", c, want)
@@ -220,7 +228,7 @@ func TestTokenFile(t *testing.T) {
 	// testdata/credentials.yaml is 0644 too (issue 19).
 	found = false
 	for _, w := range c.Warnings {
-		found = found || strings.Contains(w, "--credentials testdata/credentials.yaml is readable by group or others")
+		found = found || strings.Contains(w, "credentials testdata/credentials.yaml is readable by group or others: chmod 600 it (from testdata/credentials_token_file.yaml line 1)") && !strings.Contains(w, "--")
 	}
 	if !found {
 		t.Fatalf("warnings %q: want one about the readable credentials file", c.Warnings)
@@ -304,9 +312,6 @@ func TestRefusals(t *testing.T) {
 		// Issues 19 and 23 (ingest listener).
 		{"zero connections", []string{"--max-connections", "0"}, nil, "--max-connections 0"},
 		{"connections not a number", []string{"--max-connections", "many"}, nil, "--max-connections (from flag --max-connections): invalid number"},
-		{"tls cert without key", []string{"--tls-cert", "c.pem"}, nil, "--tls-cert is set without --tls-key"},
-		{"tls key without cert", nil, []string{"RELAY_TLS_KEY=k.pem"}, "--tls-key is set without --tls-cert"},
-		{"admin tls cert without key", []string{"--admin-tls-cert", "c.pem"}, nil, "--admin-tls-cert is set without --admin-tls-key"},
 		// Fleet mode (issue 22).
 		{"spool neither local nor nats", []string{"--spool", "kafka://h:9092"}, nil, "--spool (from flag --spool): want local or nats://"},
 		{"spool server without port", []string{"--spool", "nats://h1:4222,h2"}, nil, "server 2: want host:port"},
@@ -314,9 +319,14 @@ func TestRefusals(t *testing.T) {
 		{"spool bad scheme", []string{"--spool", "nats://h1:4222,http://h2:4222"}, nil, `scheme "http"`},
 		{"nats creds with local spool", []string{"--nats-creds", "testdata/admin.token"}, nil, "--nats-creds is only for --spool nats://"},
 		{"nats creds missing", []string{"--spool", "nats://h:4222", "--nats-creds", "testdata/nope.creds"}, nil, "--nats-creds stat testdata/nope.creds"},
-		{"tls cert without key", []string{"--spool", "nats://h:4222", "--nats-tls-cert", "testdata/admin.token"}, nil, "--nats-tls-cert and nats-tls-key go together: set both or neither (from nats-tls-cert from flag --nats-tls-cert"},
+		{"nats tls cert without key", []string{"--spool", "nats://h:4222", "--nats-tls-cert", "testdata/admin.token"}, nil, "--nats-tls-cert and nats-tls-key go together: set both or neither (from nats-tls-cert from flag --nats-tls-cert"},
 		{"zero partitions", []string{"--spool-partitions", "0"}, nil, "--spool-partitions 0"},
 		{"too many partitions", nil, []string{"RELAY_SPOOL_PARTITIONS=1000"}, "spool-partitions 1000: want 1 to 256 (from variable RELAY_SPOOL_PARTITIONS)"},
+		{"tls cert without key", []string{"--tls-cert", "c.pem"}, nil, "--tls-cert is set without tls-key: set both or neither (from flag --tls-cert)"},
+		{"tls key without cert", nil, []string{"RELAY_TLS_KEY=k.pem"}, "tls-key is set without tls-cert: set both or neither (from variable RELAY_TLS_KEY)"},
+		{"admin tls cert without key", []string{"--admin-tls-cert", "c.pem"}, nil, "--admin-tls-cert is set without admin-tls-key"},
+		// Issue 19 follow-up.
+		{"negative connections per client", []string{"--max-connections-per-client", "-1"}, nil, "--max-connections-per-client -1: want 0 (no bound) or a positive number (from flag --max-connections-per-client)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

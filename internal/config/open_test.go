@@ -63,7 +63,7 @@ func TestOpenSettingsWarnsWithoutAllowList(t *testing.T) {
 	}
 	found := false
 	for _, w := range c.Warnings {
-		found = found || strings.Contains(w, "--allowed-api-keys is not")
+		found = found || strings.Contains(w, "--cors-origins is set but allowed-api-keys is not")
 	}
 	if !found {
 		t.Fatalf("no warning about the missing allow-list: %q", c.Warnings)
@@ -81,7 +81,7 @@ func TestOpenSettingsFromCredentials(t *testing.T) {
 	if got := c.IngestAllowedAPIKeys(c.Creds); !reflect.DeepEqual(got, []string{"k"}) {
 		t.Errorf("keys from the credentials file: %q", got)
 	}
-	if _, err := Load([]string{"--allowed-api-keys", "credentials"}, nil); err == nil || !strings.Contains(err.Error(), "needs --credentials") {
+	if _, err := Load([]string{"--allowed-api-keys", "credentials"}, nil); err == nil || !strings.Contains(err.Error(), `--allowed-api-keys "credentials" needs the credentials setting`) {
 		t.Errorf("credentials allow-list without a file: %v", err)
 	}
 }

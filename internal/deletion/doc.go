@@ -1,5 +1,5 @@
-// Package deletion forwards the user deletion API (first version) of
-// ../shared/api/taxonomy-feedback-dsar-deletion.md on the admin listener and
+// Package deletion forwards the user deletion API (first version;
+// docs/upstream-api.md, "User deletion") on the admin listener and
 // holds the rules the `relay delete-users` command shares.
 //
 // # Routes (same paths as upstream, {analytics_url})

@@ -1,5 +1,5 @@
-// Package dsar forwards the data subject access request API of
-// ../shared/api/taxonomy-feedback-dsar-deletion.md on the admin listener
+// Package dsar forwards the data subject access request API (summarized in
+// docs/upstream-api.md, "Data subject access requests") on the admin listener
 // and holds the request rules the `relay dsar` command shares.
 //
 // # Routes (same paths as upstream, {analytics_url})

@@ -1,6 +1,6 @@
 // Package experiments forwards the experiment management API
-// (/api/1/experiments/...) of ../shared/api/experiments-scim-classifiers.md
-// on the admin listener, on the upstream's paths.
+// (/api/1/experiments/...; docs/upstream-api.md, "Experiment management") on
+// the admin listener, on the upstream's paths.
 //
 // Every endpoint of the document's table is a route of API; any other path
 // under /api/1/experiments is answered 404 or 405 by the admin listener and never forwarded. The

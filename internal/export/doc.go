@@ -1,5 +1,5 @@
-// Package export forwards the event export API (GET /api/2/export of
-// ../shared/api/ingestion-groups-usermap-export.md) on the admin listener
+// Package export forwards the event export API (GET /api/2/export;
+// docs/upstream-api.md, "Export") on the admin listener
 // and holds the range rules the `relay export` command shares.
 //
 // # Rules checked locally

@@ -1,6 +1,6 @@
-// Package feedback forwards the feedback ingestion API of
-// ../shared/api/taxonomy-feedback-dsar-deletion.md (POST
-// {feedback_url}/api/1/ai-feedback/ingest) on the admin listener and holds
+// Package feedback forwards the feedback ingestion API (POST
+// {feedback_url}/api/1/ai-feedback/ingest; docs/upstream-api.md,
+// "Feedback") on the admin listener and holds
 // the item rules and chunking the `relay feedback` command shares.
 //
 // # Rules checked locally

@@ -109,7 +109,10 @@
 //     bytes, whatever its compression ratio. At most Config.MaxConnections
 //     connections are open at once (over every listener of a Server); beyond
 //     it Accept waits for one to close, so new connections wait in the
-//     kernel's accept queue.
+//     kernel's accept queue. One client address (an IPv6 address by its /64;
+//     TrustedProxies and UnboundedPeers not counted) holds at most
+//     Config.MaxConnectionsPerClient of them: a connection beyond that is
+//     reset at accept, before anything is read.
 //   - An accept error that ends when resources free up (EMFILE, ENFILE,
 //     ENOBUFS, ENOMEM, ECONNABORTED, time-outs...) never ends Serve: Accept
 //     pauses (5ms doubling up to 1s, as net/http) and retries.

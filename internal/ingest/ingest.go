@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -58,6 +59,19 @@ type Config struct {
 	TLS *tls.Config
 	// Issue 23: browsers and the open internet (see open.go).
 	Open
+
+	// Issue 19 follow-up: connections per client.
+
+	// MaxConnectionsPerClient bounds the connections one client address
+	// (an IPv6 address by its /64) holds open at once; 0 means no bound.
+	// A connection beyond it is closed at accept, before anything is read;
+	// peers in TrustedProxies or UnboundedPeers are not bounded.
+	// DefaultMaxConnectionsPerClient is the relay's default.
+	MaxConnectionsPerClient int
+	// UnboundedPeers are peers, besides TrustedProxies, whose connections
+	// MaxConnectionsPerClient does not bound (the relay gives loopback: its
+	// own host's processes, a local reverse proxy, a load test).
+	UnboundedPeers []netip.Prefix
 }
 
 // Defaults of Config.
@@ -68,6 +82,9 @@ const (
 	DefaultWriteTimeout    = 30 * time.Second
 	DefaultIdleTimeout     = 120 * time.Second
 	DefaultMaxConnections  = 16384
+	// DefaultMaxConnectionsPerClient is the relay's --max-connections-per-client
+	// (Config's zero value means no per-client bound).
+	DefaultMaxConnectionsPerClient = 256
 )
 
 // maxMaxRequestBytes keeps the fasthttp body limit (an int, with slack) and
@@ -87,12 +104,19 @@ func (c Config) Validate() error {
 		return errors.New("ingest: negative timeout")
 	case c.MaxConnections < 0:
 		return fmt.Errorf("ingest: MaxConnections %d is negative", c.MaxConnections)
+	case c.MaxConnectionsPerClient < 0:
+		return fmt.Errorf("ingest: MaxConnectionsPerClient %d is negative", c.MaxConnectionsPerClient)
 	case c.TLS != nil && c.TLS.GetCertificate == nil && c.TLS.GetConfigForClient == nil && len(c.TLS.Certificates) == 0:
 		return errors.New("ingest: TLS has no certificate")
 	}
 	for _, p := range c.TrustedProxies {
 		if !p.IsValid() {
 			return fmt.Errorf("ingest: invalid trusted proxy prefix %v", p)
+		}
+	}
+	for _, p := range c.UnboundedPeers {
+		if !p.IsValid() {
+			return fmt.Errorf("ingest: invalid unbounded peer prefix %v", p)
 		}
 	}
 	return c.Open.validate()
@@ -121,16 +145,22 @@ func (c Config) withDefaults() Config {
 	if c.MaxConnections == 0 {
 		c.MaxConnections = DefaultMaxConnections
 	}
-	trusted := make([]netip.Prefix, len(c.TrustedProxies))
-	for i, p := range c.TrustedProxies {
-		// Addresses are compared unmapped, so a 4-in-6 prefix becomes IPv4.
+	c.TrustedProxies = normalizePrefixes(c.TrustedProxies)
+	c.UnboundedPeers = normalizePrefixes(c.UnboundedPeers)
+	return c
+}
+
+// normalizePrefixes returns ps masked, with 4-in-6 prefixes as IPv4:
+// addresses are compared unmapped.
+func normalizePrefixes(ps []netip.Prefix) []netip.Prefix {
+	out := make([]netip.Prefix, len(ps))
+	for i, p := range ps {
 		if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
 			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
 		}
-		trusted[i] = p.Masked()
+		out[i] = p.Masked()
 	}
-	c.TrustedProxies = trusted
-	return c
+	return out
 }
 
 // maxLaneCache bounds the lane cache; lanes beyond it are looked up in the
@@ -151,6 +181,7 @@ type Server struct {
 	m          *metrics
 	cm         *connMetrics
 	conns      *connLimiter
+	perClient  *clientConns // nil: no per-client bound
 	srv        *graceful.Server
 
 	// base is the context of spool calls: cancelled only when Shutdown's
@@ -209,10 +240,11 @@ func New(cfg Config, sp *spool.Spool, ids *event.IDGen, log *zap.Logger, reg pro
 			// requests cannot flood the log.
 			return zapcore.NewSamplerWithOptions(c, time.Second, 5, 0)
 		})),
-		m:     m,
-		cm:    cm,
-		conns: conns,
-		lanes: make(map[string]*spool.Lane),
+		m:         m,
+		cm:        cm,
+		conns:     conns,
+		perClient: newClientConns(cfg.MaxConnectionsPerClient, append(slices.Clip(cfg.TrustedProxies), cfg.UnboundedPeers...)),
+		lanes:     make(map[string]*spool.Lane),
 	}
 	// The body limit fasthttp enforces while reading. A gzip body never
 	// exceeds its inflated size by more than its headers and 5 bytes per 64

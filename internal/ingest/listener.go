@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"sync"
@@ -128,18 +129,112 @@ func (c *connLimiter) release() {
 	}
 }
 
-// limitListener takes a slot of lim for every connection it returns.
+// clientConns counts the connections each client address holds open, so
+// that one client cannot take every --max-connections slot. The key is the
+// peer's address (an IPv6 address by its /64: see limiterKey); trusted
+// proxies (which carry many clients) and Config.UnboundedPeers are not
+// counted. The map holds only
+// addresses with a connection open, so it never has more entries than the
+// connections a Server holds (Config.MaxConnections). Lock order: mu alone,
+// no call out under it.
+type clientConns struct {
+	max    int
+	exempt []netip.Prefix // not counted; unmapped, masked (Config.withDefaults)
+
+	mu sync.Mutex
+	n  map[[16]byte]int
+}
+
+// newClientConns returns the per-client count, nil when max is 0 (no limit).
+func newClientConns(max int, exempt []netip.Prefix) *clientConns {
+	if max == 0 {
+		return nil
+	}
+	return &clientConns{max: max, exempt: exempt, n: make(map[[16]byte]int)}
+}
+
+// connPeer is the peer address of an accepted connection; ok is false when
+// it has none (not TCP): such a connection is not counted.
+func connPeer(c net.Conn) (netip.Addr, bool) {
+	ta, ok := c.RemoteAddr().(*net.TCPAddr)
+	if !ok {
+		return netip.Addr{}, false
+	}
+	a := ta.AddrPort().Addr().Unmap().WithZone("")
+	return a, a.IsValid()
+}
+
+// key returns the count's key of c's peer; ok is false for a connection not
+// counted (no TCP peer, or a trusted proxy).
+func (cc *clientConns) key(c net.Conn) (k [16]byte, ok bool) {
+	a, ok := connPeer(c)
+	if !ok {
+		return k, false
+	}
+	for _, p := range cc.exempt {
+		if p.Contains(a) {
+			return k, false
+		}
+	}
+	return limiterKey(a), true
+}
+
+// take counts c against its client; false (c not counted) when the client
+// holds max connections already.
+func (cc *clientConns) take(c net.Conn) bool {
+	k, ok := cc.key(c)
+	if !ok {
+		return true
+	}
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	n := cc.n[k]
+	if n >= cc.max {
+		return false
+	}
+	cc.n[k] = n + 1
+	return true
+}
+
+// release uncounts c, a connection take counted, when it is closed.
+func (cc *clientConns) release(c net.Conn) {
+	k, ok := cc.key(c)
+	if !ok {
+		return
+	}
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	switch n := cc.n[k]; {
+	case n > 1:
+		cc.n[k] = n - 1
+	case n == 1:
+		delete(cc.n, k)
+	}
+}
+
+// clients is the number of client addresses counted (tests).
+func (cc *clientConns) clients() int {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return len(cc.n)
+}
+
+// limitListener takes a slot of lim for every connection it returns, and
+// closes at once the connections of a client that holds its share
+// (perClient) already.
 type limitListener struct {
 	net.Listener
-	lim  *connLimiter
-	full func() // called when Accept has to wait for a slot
+	lim       *connLimiter
+	full      func()       // called when Accept has to wait for a slot
+	perClient *clientConns // nil: no per-client limit
+	refused   func(net.Conn)
 
 	closeOnce sync.Once
 	done      chan struct{} // closed by Close: ends a wait for a slot
 }
 
-func newLimitListener(ln net.Listener, lim *connLimiter, full func()) *limitListener {
-	return &limitListener{Listener: ln, lim: lim, full: full, done: make(chan struct{})}
+func newLimitListener(ln net.Listener, lim *connLimiter, full func(), perClient *clientConns, refused func(net.Conn)) *limitListener {
+	return &limitListener{Listener: ln, lim: lim, full: full, perClient: perClient, refused: refused, done: make(chan struct{})}
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
@@ -153,12 +248,25 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			return nil, net.ErrClosed
 		}
 	}
-	c, err := l.Listener.Accept()
-	if err != nil {
-		<-l.lim.slots
-		return nil, err
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			<-l.lim.slots
+			return nil, err
+		}
+		if l.perClient == nil || l.perClient.take(c) {
+			return c, nil
+		}
+		// Over its client's share: closed before any byte is read (and
+		// before a TLS handshake), with a reset rather than a FIN, so that
+		// neither side keeps the socket in TIME_WAIT. The slot is kept
+		// for the next connection.
+		if tc, ok := c.(*net.TCPConn); ok {
+			tc.SetLinger(0)
+		}
+		c.Close()
+		l.refused(c)
 	}
-	return c, nil
 }
 
 func (l *limitListener) Close() error {
@@ -170,7 +278,25 @@ func (l *limitListener) Close() error {
 // (TLS goes over both, and over graceful's lingering: see Serve.)
 func (s *Server) wrapListener(ln net.Listener) net.Listener {
 	var l net.Listener = newRetryListener(ln, s.rejLog, s.cm.acceptRetries.Inc)
-	return newLimitListener(l, s.conns, s.connsFull)
+	return newLimitListener(l, s.conns, s.connsFull, s.perClient, s.clientRefused)
+}
+
+// clientRefused notes a connection closed at accept because its client held
+// Config.MaxConnectionsPerClient already.
+func (s *Server) clientRefused(c net.Conn) {
+	s.cm.clientRefusals.Inc()
+	ce := s.rejLog.Check(zapcore.WarnLevel, "ingest connection closed: its client holds --max-connections-per-client")
+	if ce == nil {
+		return
+	}
+	fields := []zap.Field{zap.Int("max_connections_per_client", s.cfg.MaxConnectionsPerClient)}
+	if a, ok := connPeer(c); ok {
+		if s.anonIP {
+			a = anonymizeAddr(a)
+		}
+		fields = append(fields, zap.String("client", a.String()))
+	}
+	ce.Write(fields...)
 }
 
 // connsFull notes that the connection limit holds new connections back.
@@ -182,9 +308,12 @@ func (s *Server) connsFull() {
 }
 
 // connState gives a connection's slot back when fasthttp is done with it.
-func (s *Server) connState(_ net.Conn, st fasthttp.ConnState) {
+func (s *Server) connState(c net.Conn, st fasthttp.ConnState) {
 	if st == fasthttp.StateClosed || st == fasthttp.StateHijacked {
 		s.conns.release()
+		if s.perClient != nil {
+			s.perClient.release(c)
+		}
 	}
 }
 
@@ -248,8 +377,9 @@ func errorClass(err error) string {
 
 // connMetrics are the listener's metrics.
 type connMetrics struct {
-	acceptRetries prometheus.Counter
-	connsFull     prometheus.Counter
+	acceptRetries  prometheus.Counter
+	connsFull      prometheus.Counter
+	clientRefusals prometheus.Counter
 }
 
 func newConnMetrics(reg prometheus.Registerer, lim *connLimiter) (*connMetrics, error) {
@@ -262,13 +392,17 @@ func newConnMetrics(reg prometheus.Registerer, lim *connLimiter) (*connMetrics, 
 			Name: "relay_ingest_connection_limit_waits_total",
 			Help: "Times the ingest listener held new connections back because --max-connections were open.",
 		}),
+		clientRefusals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "relay_ingest_client_connection_refusals_total",
+			Help: "Ingest connections closed at accept because their client address (IPv6: its /64) held --max-connections-per-client already.",
+		}),
 	}
 	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "relay_ingest_connections",
 		Help: "Ingest connections open (at most --max-connections).",
 	}, func() float64 { return float64(lim.open()) })
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.acceptRetries, m.connsFull, open} {
+		for _, c := range []prometheus.Collector{m.acceptRetries, m.connsFull, m.clientRefusals, open} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

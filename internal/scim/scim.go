@@ -1,6 +1,6 @@
 // Package scim forwards the SCIM 2.0 provisioning API (/scim/1/Users,
-// /scim/1/Groups) of ../shared/api/experiments-scim-classifiers.md on the
-// admin listener, on the upstream's paths, within the upstream's rate limit.
+// /scim/1/Groups; docs/upstream-api.md, "SCIM provisioning") on the admin
+// listener, on the upstream's paths, within the upstream's rate limit.
 //
 // Every endpoint of the document's table is a route of API; other paths
 // under /scim/1/Users and /scim/1/Groups are answered 404 or 405 by the admin listener. The

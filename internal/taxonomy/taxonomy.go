@@ -1,6 +1,6 @@
-// Package taxonomy forwards the taxonomy API (/api/2/taxonomy/...) of
-// ../shared/api/taxonomy-feedback-dsar-deletion.md on the admin listener, on
-// the upstream's paths, within the upstream's cost budget.
+// Package taxonomy forwards the taxonomy API (/api/2/taxonomy/...;
+// docs/upstream-api.md, "Taxonomy") on the admin listener, on the upstream's
+// paths, within the upstream's cost budget.
 //
 // Every endpoint of the document's table is a route of API; other paths
 // under /api/2/taxonomy are answered 404 or 405 by the admin listener. The upstream is
