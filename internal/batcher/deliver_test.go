@@ -508,26 +508,6 @@ func TestStopDrainAndRestart(t *testing.T) {
 	h.check(nil)
 }
 
-// Pacing under the upstream's rate keeps a hot device free of 429s.
-func TestPacingAvoids429(t *testing.T) {
-	h := newHarness(t, sim.Config{EPSThreshold: 30, RateWindow: time.Second},
-		Config{ShardsPerLane: 1}, throttle.Config{PaceEPS: 20, PaceBurst: 5})
-	for i := 0; i < 4; i++ {
-		var evs []ev
-		for j := 0; j < 10; j++ {
-			evs = append(evs, ev{Device: "hot-device"})
-		}
-		h.add("key", evs...)
-	}
-	h.start()
-	h.waitDrained(10*time.Second, 0)
-	h.stop()
-	h.check(nil)
-	if st := h.sim.Stats(); st.Throttled != 0 {
-		t.Fatalf("%d 429s with pacing", st.Throttled)
-	}
-}
-
 // Retry-After is honoured but clamped to RetryMax.
 func TestRetryAfterClamped(t *testing.T) {
 	var mu sync.Mutex
