@@ -605,15 +605,18 @@ func TestReadAheadBackPressure(t *testing.T) {
 // invalid events, 5xx and dropped connections, two lanes, small batches.
 // The invariants must hold all the same.
 // (A requeued batch whose key got held by a later event's user pause
-// once broke order here.) The "paced" run also exercises pacing holds.
+// once broke order here.) Under both readings of the rate rule, and with
+// the 429 and 5xx answers that ingest part of the request.
 func TestChaos(t *testing.T) {
-	t.Run("unpaced", func(t *testing.T) { chaos(t, throttle.Config{}) })
-	t.Run("paced", func(t *testing.T) { chaos(t, throttle.Config{PaceEPS: 40, PaceBurst: 10}) })
+	t.Run("strict", func(t *testing.T) { chaos(t, sim.Config{}) })
+	t.Run("lenient", func(t *testing.T) { chaos(t, sim.Config{LenientRate: true}) })
+	t.Run("partial", func(t *testing.T) { chaos(t, sim.Config{PartialThrottle: true, PartialSilence: true}) })
 }
 
-func chaos(t *testing.T, thr throttle.Config) {
-	h := newHarness(t, sim.Config{EPSThreshold: 15, RateWindow: time.Second, ThrottlePenalty: 200 * time.Millisecond},
-		Config{MaxBatchEvents: 25, MaxBatchBytes: 6000, ThrottlePause: 300 * time.Millisecond, ShardsPerLane: 3}, thr)
+func chaos(t *testing.T, reading sim.Config) {
+	reading.EPSThreshold, reading.RateWindow, reading.ThrottlePenalty = 15, time.Second, 200*time.Millisecond
+	h := newHarness(t, reading,
+		Config{MaxBatchEvents: 25, MaxBatchBytes: 6000, ThrottlePause: 300 * time.Millisecond, ShardsPerLane: 3}, throttle.Config{})
 	h.sim.Silence("silent-device")
 	storm := []sim.Fault{{Status: 500}, {}, {Drop: sim.DropAfterIngest}, {}, {}, {Status: 503}, {Drop: sim.DropNoAnswer}, {}, {}}
 	for i := 0; i < 120; i++ {

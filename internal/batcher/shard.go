@@ -315,7 +315,9 @@ func (s *shard) build(now time.Time) []byte {
 			}
 			ok, at, paced := thr.Take(x.rec.OrderKey, ukey)
 			if !ok {
-				s.hold(maxTime(at, now.Add(cfg.FlushInterval)), x)
+				// Until the key's bucket holds a request's worth (never
+				// now: a refused Take's time is in the future).
+				s.hold(at, x)
 				continue
 			}
 			if paced {

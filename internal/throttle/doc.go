@@ -15,8 +15,8 @@
 // first cap is half the key's share of the refused request (at most
 // eps_threshold, at least 1); each further refusal (one that comes after
 // the pause ended, not one more answer to a request sent before it) halves
-// it again, down to 1, and the cap never grows back to a share that was
-// refused. Each admitted request (Admitted) counts towards growing the cap
+// it again, down to 1, and the cap never grows back to the share a further
+// refusal refused. Each admitted request (Admitted) counts towards growing the cap
 // by one event (after as many admitted requests as the cap). So in any
 // window of W seconds a paced key is sent at most cap + 0.9*eps*W events:
 // under the strict reading (the request's own events count in the average)

@@ -161,8 +161,8 @@ type Share struct {
 // eps_threshold (0: Config.DefaultEPS). A key not paced yet starts with a
 // per-request cap of half its share (at most eps, at least 1); a key
 // already paced and not paused now (a further refusal, not one more answer
-// to a request sent before the first) halves its cap, and its cap never
-// grows back to the refused share.
+// to a request sent before the first) halves its cap, and from then on its
+// cap never grows back to the refused share.
 func (t *Throttle) Refused(keys []Share, until time.Time, eps int) {
 	now := t.now()
 	if eps <= 0 {
@@ -187,10 +187,10 @@ func (t *Throttle) Refused(keys []Share, until time.Time, eps int) {
 			if k.Share > 0 {
 				c = min(c, float64(max(1, k.Share/2)))
 			}
+			// The first refusal says little about the share the upstream
+			// takes (the key may have been over the rate with any share):
+			// the cap may grow back to eps.
 			p = &pace{cap: c, ceil: float64(eps), tokens: c, at: now}
-			if k.Share > 1 {
-				p.ceil = min(p.ceil, float64(k.Share-1))
-			}
 			t.paced[k.Key] = p
 		} else if u, ok := t.paused[k.Key]; !ok || !u.After(now) {
 			refused := p.cap

@@ -169,7 +169,7 @@ func TestAdaptivePacing(t *testing.T) {
 		for i := 0; i < 10_000; i++ {
 			th.Admitted([]string{"d:hot", "d:not-paced"})
 		}
-		if c := th.Cap("d:hot"); c != 29 {
+		if c := th.Cap("d:hot"); c != 29 { // the first refusal (share 1000) set no ceiling
 			t.Fatalf("cap grew to %d, want the ceiling 29 (under the refused share 30)", c)
 		}
 		th.Refused([]Share{{Key: "d:hot", Share: 2}}, time.Now().Add(pause), 30)
