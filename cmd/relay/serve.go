@@ -417,6 +417,7 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	// Ingest listener.
 	ing, err := ingest.New(ingest.Config{
 		MaxRequestBytes: cfg.MaxRequestBytes,
+		MaxBatchBytes:   int(cfg.MaxBatchBytes),
 		TrustedProxies:  cfg.TrustedProxies,
 	}, sp, event.NewIDGen(), log.Named("ingest"), reg)
 	if err != nil {
