@@ -245,6 +245,7 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		}
 	}()
 
+	upstreamID := upstreamIdentity(cfg.IngestURL) // before sandbox mode fills it in
 	var sandbox *sim.Sim
 	if cfg.Sandbox() {
 		sandbox = sim.New(sim.Config{}, log.Named("sim"))
@@ -313,6 +314,10 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	st := sp.Stats()
 	log.Info("spool open", zap.String("dir", cfg.DataDir), zap.Int("lanes", st.Lanes),
 		zap.Int64("live_bytes", st.LiveBytes), zap.Int64("file_bytes", st.FileBytes), zap.Int64("dead", st.Dead))
+
+	if err := guardSpoolUpstream(sp, upstreamID, cfg.SpoolUpstreamChange == "allow", log); err != nil {
+		return err
+	}
 
 	// Delivery is built before the admin listener so that /readyz can ask it
 	// and the listener can serve its routes.

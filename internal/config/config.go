@@ -72,6 +72,12 @@ type Config struct {
 	// Warnings are non-fatal findings (e.g. an unknown RELAY_* variable) for
 	// the caller to log.
 	Warnings []string
+
+	// Issue 18: the sandbox guard.
+	// SpoolUpstreamChange is --spool-upstream-change: "refuse" (a start
+	// whose upstream differs from the one the spool's waiting records were
+	// accepted for, sandbox included, fails) or "allow".
+	SpoolUpstreamChange string
 }
 
 // Sandbox reports whether the relay runs against its built-in simulated
@@ -181,6 +187,9 @@ var options = []option{
 		set: str(func(c *Config) *string { return &c.LogFormat })},
 	{name: "config", usage: "YAML file of settings (keys are the flag names); flags and RELAY_* variables beat it",
 		set: str(func(c *Config) *string { return &c.ConfigFile })},
+	// Issue 18: the sandbox guard.
+	{name: "spool-upstream-change", def: "refuse", usage: "allow: deliver records waiting in the spool to another upstream than they were accepted for (refuse: fail to start)",
+		set: str(func(c *Config) *string { return &c.SpoolUpstreamChange })},
 }
 
 // EnvName returns the environment variable of a flag: RELAY_ plus the flag
@@ -457,6 +466,11 @@ func (c Config) Validate() error {
 	case "", "json", "console":
 	default:
 		return fmt.Errorf("--log-format %q: want json or console", c.LogFormat)
+	}
+	switch c.SpoolUpstreamChange {
+	case "refuse", "allow":
+	default:
+		return fmt.Errorf("--spool-upstream-change %q: want refuse or allow", c.SpoolUpstreamChange)
 	}
 	return nil
 }

@@ -25,6 +25,7 @@ func TestDefaults(t *testing.T) {
 		FlushInterval: 200 * time.Millisecond, SpoolMaxBytes: 8 << 30, SpoolMinFreeBytes: 256 << 20,
 		Sync: "always", MaxRequestBytes: 20_000_000, MaxEventAge: 6 * 24 * time.Hour,
 		DrainTimeout: 10 * time.Second, LogLevel: "info",
+		SpoolUpstreamChange: "refuse", // issue 18
 	}
 	if !equal(c, want) {
 		t.Fatalf("defaults\n got %+v\nwant %+v", c, want)
@@ -66,7 +67,7 @@ func TestFullFile(t *testing.T) {
 		FlushInterval: time.Second, SpoolMaxBytes: 2 << 30, SpoolMinFreeBytes: 1 << 30, Sync: "none",
 		MaxRequestBytes: 10_000_000, MaxEventAge: 5 * 24 * time.Hour, UpstreamGzip: true,
 		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.168.1.1/32")},
-		DrainTimeout:   20 * time.Second, LogLevel: "debug", LogFormat: "console",
+		DrainTimeout:   20 * time.Second, LogLevel: "debug", LogFormat: "console", SpoolUpstreamChange: "refuse",
 		ConfigFile: "testdata/full.yaml",
 	}
 	if !equal(c, want) {
@@ -124,6 +125,7 @@ func TestEnvNames(t *testing.T) {
 		"RELAY_UPSTREAM_GZIP=true", "RELAY_ADMIN_TOKEN=tok", "RELAY_CREDENTIALS=testdata/credentials.yaml",
 		"RELAY_TRUSTED_PROXIES=10.0.0.0/8, ::1/128", "RELAY_DRAIN_TIMEOUT=3s",
 		"RELAY_LOG_LEVEL=warn", "RELAY_LOG_FORMAT=json", "RELAY_CONFIG=testdata/empty.yaml",
+		"RELAY_SPOOL_UPSTREAM_CHANGE=allow", // issue 18
 		"RELAY_NOT_A_SETTING=1", "PATH=/bin",
 	}
 	c, err := Load(nil, env)
@@ -138,7 +140,7 @@ func TestEnvNames(t *testing.T) {
 		Sync: "none", MaxRequestBytes: 1000, MaxEventAge: 36 * time.Hour, UpstreamGzip: true,
 		Token: tokenOf(t, "tok"), Credentials: "testdata/credentials.yaml", Creds: &credentials.Store{},
 		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("::1/128")},
-		DrainTimeout:   3 * time.Second, LogLevel: "warn", LogFormat: "json", ConfigFile: "testdata/empty.yaml",
+		DrainTimeout:   3 * time.Second, LogLevel: "warn", LogFormat: "json", ConfigFile: "testdata/empty.yaml", SpoolUpstreamChange: "allow",
 	}
 	if !equal(c, want) {
 		t.Fatalf("\n got %+v\nwant %+v", c, want)
