@@ -44,6 +44,16 @@ type Record struct {
 	// BodyBytes is the decoded body size; Gzip says it came gzip-encoded.
 	BodyBytes int  `json:"body_bytes"`
 	Gzip      bool `json:"gzip,omitempty"`
+	// Throttled lists, for a 429 or a silenced 400, the devices ("d:"+id)
+	// and users ("u:"+id) it named as throttled, each with its share: the
+	// number of the request's events that were its own.
+	Throttled []KeyShare `json:"throttled,omitempty"`
+}
+
+// KeyShare is a key named in a 429 and its events in the request.
+type KeyShare struct {
+	Key   string `json:"key"`
+	Share int    `json:"share"`
 }
 
 // HasDevice reports whether the request held events of device id.
@@ -381,6 +391,19 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 	}
 	if len(thrEvents) > 0 {
 		s.startPenaltiesLocked(env.apiKey, thrDevs, thrUsers, now)
+		share := map[string]int{}
+		for _, ev := range env.info {
+			if _, ok := thrDevs[ev.deviceID]; ok && ev.deviceID != "" {
+				share["d:"+ev.deviceID]++
+			}
+			if _, ok := thrUsers[ev.userID]; ok && ev.userID != "" {
+				share["u:"+ev.userID]++
+			}
+		}
+		for k, n := range share {
+			rec.Throttled = append(rec.Throttled, KeyShare{Key: k, Share: n})
+		}
+		sort.Slice(rec.Throttled, func(i, j int) bool { return rec.Throttled[i].Key < rec.Throttled[j].Key })
 	}
 
 	if len(silDevs) > 0 || len(quota) > 0 {
