@@ -617,6 +617,7 @@ func chaos(t *testing.T, reading sim.Config) {
 	reading.EPSThreshold, reading.RateWindow, reading.ThrottlePenalty = 15, time.Second, 200*time.Millisecond
 	h := newHarness(t, reading,
 		Config{MaxBatchEvents: 25, MaxBatchBytes: 6000, ThrottlePause: 300 * time.Millisecond, ShardsPerLane: 3}, throttle.Config{})
+	h.upstreamReorders = reading.PartialThrottle || reading.PartialSilence
 	h.sim.Silence("silent-device")
 	storm := []sim.Fault{{Status: 500}, {}, {Drop: sim.DropAfterIngest}, {}, {}, {Status: 503}, {Drop: sim.DropNoAnswer}, {}, {}}
 	for i := 0; i < 120; i++ {
