@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"sort"
 	"strconv"
 	"strings"
@@ -115,13 +116,34 @@ func (c *countingSender) Do(ctx context.Context, r *upstream.Request) upstream.R
 
 func newHarness(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle.Config) *harness {
 	t.Helper()
+	return newHarnessOn(t, simCfg, cfg, thrCfg, false)
+}
+
+// newSyncHarness is newHarness for a synctest bubble: the pipeline sends to
+// the sim's handler in the same process (simSender), with no socket, so
+// that every wait is in fake time. Drop faults (which hijack a connection)
+// do not apply; latency does, in fake time.
+func newSyncHarness(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle.Config) *harness {
+	t.Helper()
+	return newHarnessOn(t, simCfg, cfg, thrCfg, true)
+}
+
+func newHarnessOn(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle.Config, inProcess bool) *harness {
+	t.Helper()
 	h := &harness{t: t, appended: map[string]sentEvent{}, data: map[string]string{}, seq: map[string]int{}, lanes: map[string]*spool.Lane{}, reg: prometheus.NewRegistry()}
 	h.sim = sim.New(simCfg, nil)
-	url, err := h.sim.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	var err error
+	var next Sender
+	if inProcess {
+		h.url = "http://sim"
+		next = &simSender{sim: h.sim, rng: rand.New(rand.NewPCG(1, 1))}
+	} else {
+		url, err := h.sim.Start("127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.url = url
 	}
-	h.url = url
 	t.Cleanup(func() { h.sim.Close() })
 	h.dir = t.TempDir()
 	h.sp, err = spool.Open(spool.Config{Dir: h.dir, Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
@@ -138,12 +160,15 @@ func newHarness(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle.Con
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.cli, err = upstream.New(upstream.Config{Timeout: 5 * time.Second}, nil, h.reg)
-	if err != nil {
-		t.Fatal(err)
+	if next == nil {
+		h.cli, err = upstream.New(upstream.Config{Timeout: 5 * time.Second}, nil, h.reg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		next = h.cli
 	}
-	h.send = &countingSender{next: h.cli}
-	cfg.IngestURL = url
+	h.send = &countingSender{next: next}
+	cfg.IngestURL = h.url
 	if cfg.RetryInitial == 0 {
 		cfg.RetryInitial = 20 * time.Millisecond
 	}

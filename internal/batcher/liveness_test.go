@@ -63,7 +63,7 @@ func (f *simSender) Do(ctx context.Context, r *upstream.Request) upstream.Result
 		f.record(sentReq{at: now, shares: shares, userOnly: userOnly, res: upstream.Retryable})
 		return upstream.Classify(0, nil, "", errors.New("connection refused"))
 	}
-	req := httptest.NewRequest("POST", "/2/httpapi", bytes.NewReader(r.Body))
+	req := httptest.NewRequestWithContext(ctx, "POST", "/2/httpapi", bytes.NewReader(r.Body))
 	req.Header.Set("Content-Type", "application/json")
 	w := httptest.NewRecorder()
 	f.sim.Handler().ServeHTTP(w, req)

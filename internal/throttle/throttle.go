@@ -317,7 +317,10 @@ func (t *Throttle) Take(a, b []byte) (ok bool, at time.Time, paced bool) {
 			// Refused: come back when a whole request's worth (the cap) is
 			// there, so that a paced backlog goes in requests of cap
 			// events, not of one.
-			if w := now.Add(time.Duration((p.cap - p.tokens) / p.rate * float64(time.Second))); w.After(at) {
+			// At least a millisecond: a bucket a rounding error short
+			// of a token must not be retried at the same instant.
+			wait := max(time.Millisecond, time.Duration((p.cap-p.tokens)/p.rate*float64(time.Second)))
+			if w := now.Add(wait); w.After(at) {
 				at = w
 			}
 		}
