@@ -384,12 +384,6 @@ next:
 	}
 }
 
-func maxTime(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
-}
 
 // handle decides what an answer means for the batch (the contract's
 // Delivery section). It returns false when the shard must exit.
