@@ -48,10 +48,31 @@ func TestDeliverBasic(t *testing.T) {
 
 // Hot devices above 30 events/s get 429s; they are paused and resent, the
 // rest flows, nothing is lost or reordered.
+// Under every reading of the rate rule the sim plays.
 func TestHotDevices429(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		reading sim.Config
+	}{
+		{"strict", sim.Config{}},
+		{"lenient", sim.Config{LenientRate: true}},
+		{"across-keys", sim.Config{RateAcrossKeys: true}},
+		{"partial", sim.Config{PartialThrottle: true}},
+		{"penalty-longer-than-pause", sim.Config{ThrottlePenalty: time.Second}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { hotDevices429(t, tc.reading) })
+	}
+}
+
+func hotDevices429(t *testing.T, reading sim.Config) {
+	if reading.ThrottlePenalty == 0 {
+		reading.ThrottlePenalty = 300 * time.Millisecond
+	}
+	reading.RateWindow = time.Second
 	synctest.Test(t, func(t *testing.T) {
-		h := newSyncHarness(t, sim.Config{RateWindow: time.Second, ThrottlePenalty: 300 * time.Millisecond},
+		h := newSyncHarness(t, reading,
 			Config{MaxBatchEvents: 100, ThrottlePause: 400 * time.Millisecond}, throttle.Config{})
+		h.upstreamReorders = reading.PartialThrottle
 		for c := 0; c < 6; c++ {
 			var evs []ev
 			for i := 0; i < 25; i++ {
@@ -606,7 +627,8 @@ func chaos(t *testing.T, reading sim.Config) {
 		Config{MaxBatchEvents: 25, MaxBatchBytes: 6000, ThrottlePause: 300 * time.Millisecond, ShardsPerLane: 3}, throttle.Config{})
 	h.upstreamReorders = reading.PartialThrottle || reading.PartialSilence
 	h.sim.Silence("silent-device")
-	storm := []sim.Fault{{Status: 500}, {}, {Drop: sim.DropAfterIngest}, {}, {}, {Status: 503}, {Drop: sim.DropNoAnswer}, {}, {}}
+	storm := []sim.Fault{{Status: 500}, {}, {Drop: sim.DropAfterIngest}, {}, {}, {Status: 503}, {Drop: sim.DropNoAnswer}, {}, {},
+		{Status: 502, Ingest: sim.IngestHalf}, {}, {Status: 504, Ingest: sim.IngestAll}, {Drop: sim.DropNoAnswer, Ingest: sim.IngestHalf}}
 	for i := 0; i < 120; i++ {
 		h.sim.Inject(storm[i%len(storm)])
 	}

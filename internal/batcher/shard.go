@@ -384,7 +384,6 @@ next:
 	}
 }
 
-
 // handle decides what an answer means for the batch (the contract's
 // Delivery section). It returns false when the shard must exit.
 func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool {
