@@ -254,6 +254,7 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	})
 	lc.onStop("SIGHUP watch", func(context.Context) error { stopWatchHUP(); return nil })
 
+	upstreamID := upstreamIdentity(cfg.IngestURL) // before sandbox mode fills it in
 	var sandbox *sim.Sim
 	if cfg.Sandbox() {
 		sandbox = sim.New(sim.Config{}, log.Named("sim"))
@@ -342,6 +343,9 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		}
 	}
 	onHUP.add(func() { reloadTLS(log, tlsPairs) })
+	if err := guardSpoolUpstream(sp, upstreamID, cfg.SpoolUpstreamChange == "allow", log); err != nil {
+		return err
+	}
 
 	// Delivery is built before the admin listener so that /readyz can ask it
 	// and the listener can serve its routes.
@@ -470,6 +474,7 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	// Ingest listener.
 	icfg := ingest.Config{
 		MaxRequestBytes: cfg.MaxRequestBytes,
+		MaxBatchBytes:   int(cfg.MaxBatchBytes),
 		TrustedProxies:  cfg.TrustedProxies,
 		Open: ingest.Open{ // issue 23
 			CORSOrigins:     cfg.CORSOrigins,

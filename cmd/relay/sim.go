@@ -20,6 +20,11 @@ func runSim(ctx context.Context, resetSignals func(), args []string, stderr io.W
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	format := fs.String("log-format", "", "json or console; empty: console on a terminal")
 	eps := fs.Int("eps-threshold", 0, "per-device and per-user events/s limit before 429; 0 means the upstream's 30")
+	// Readings of the document (internal/sim's doc); the defaults are strict.
+	window := fs.Duration("rate-window", 0, "window the rate is averaged over; 0 means 10s")
+	penalty := fs.Duration("throttle-penalty", 0, "how long a key named in a 429 stays refused; 0 means 30s")
+	lenient := fs.Bool("lenient-rate", false, "count only ingested events in the rate (the request's own events do not count)")
+	partial := fs.Bool("partial-throttle", false, "a 429 or silenced 400 ingests the events it does not name")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
@@ -36,7 +41,8 @@ func runSim(ctx context.Context, resetSignals func(), args []string, stderr io.W
 		return exitUsage
 	}
 	defer log.Sync() //nolint:errcheck
-	scfg := sim.Config{EPSThreshold: *eps}
+	scfg := sim.Config{EPSThreshold: *eps, RateWindow: *window, ThrottlePenalty: *penalty, LenientRate: *lenient,
+		PartialThrottle: *partial, PartialSilence: *partial}
 	if err := scfg.Validate(); err != nil {
 		fmt.Fprintf(stderr, "relay sim: %v\n", err)
 		return exitUsage

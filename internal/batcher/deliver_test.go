@@ -2,12 +2,9 @@ package batcher
 
 import (
 	"context"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/svcrelay/relay/internal/sim"
@@ -51,106 +48,131 @@ func TestDeliverBasic(t *testing.T) {
 
 // Hot devices above 30 events/s get 429s; they are paused and resent, the
 // rest flows, nothing is lost or reordered.
+// Under every reading of the rate rule the sim plays.
 func TestHotDevices429(t *testing.T) {
-	h := newHarness(t, sim.Config{RateWindow: time.Second, ThrottlePenalty: 300 * time.Millisecond},
-		Config{MaxBatchEvents: 100, ThrottlePause: 400 * time.Millisecond}, throttle.Config{})
-	for c := 0; c < 6; c++ {
-		var evs []ev
-		for i := 0; i < 25; i++ {
-			evs = append(evs, ev{Device: "hot-device-1"}, ev{Device: "hot-device-2", User: "hot-user"})
+	for _, tc := range []struct {
+		name    string
+		reading sim.Config
+	}{
+		{"strict", sim.Config{}},
+		{"lenient", sim.Config{LenientRate: true}},
+		{"across-keys", sim.Config{RateAcrossKeys: true}},
+		{"partial", sim.Config{PartialThrottle: true}},
+		{"penalty-longer-than-pause", sim.Config{ThrottlePenalty: time.Second}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { hotDevices429(t, tc.reading) })
+	}
+}
+
+func hotDevices429(t *testing.T, reading sim.Config) {
+	if reading.ThrottlePenalty == 0 {
+		reading.ThrottlePenalty = 300 * time.Millisecond
+	}
+	reading.RateWindow = time.Second
+	synctest.Test(t, func(t *testing.T) {
+		h := newSyncHarness(t, reading,
+			Config{MaxBatchEvents: 100, ThrottlePause: 400 * time.Millisecond}, throttle.Config{})
+		h.upstreamReorders = reading.PartialThrottle
+		for c := 0; c < 6; c++ {
+			var evs []ev
+			for i := 0; i < 25; i++ {
+				evs = append(evs, ev{Device: "hot-device-1"}, ev{Device: "hot-device-2", User: "hot-user"})
+			}
+			for _, d := range devs("cold-", 10) {
+				evs = append(evs, ev{Device: d})
+			}
+			h.add("key", evs...)
 		}
-		for _, d := range devs("cold-", 10) {
-			evs = append(evs, ev{Device: d})
+		h.start()
+		h.waitDrained(20*time.Second, 0)
+		h.stop()
+		if dead := h.check(nil); len(dead) != 0 {
+			t.Fatalf("dead letters: %d", len(dead))
 		}
-		h.add("key", evs...)
-	}
-	h.start()
-	h.waitDrained(20*time.Second, 0)
-	h.stop()
-	if dead := h.check(nil); len(dead) != 0 {
-		t.Fatalf("dead letters: %d", len(dead))
-	}
-	if st := h.sim.Stats(); st.Throttled == 0 {
-		t.Fatalf("no 429 happened: %+v", st)
-	}
-	if h.metric("relay_delivery_events_retried_total") == 0 {
-		t.Fatal("retried metric 0")
-	}
+		if st := h.sim.Stats(); st.Throttled == 0 {
+			t.Fatalf("no 429 happened: %+v", st)
+		}
+		if h.metric("relay_delivery_events_retried_total") == 0 {
+			t.Fatal("retried metric 0")
+		}
+	})
 }
 
 // No request for a paused device or user arrives inside its pause window,
 // while other devices are delivered during it.
 func TestNoRequestDuringPause(t *testing.T) {
-	const pause = 700 * time.Millisecond
-	h := newHarness(t, sim.Config{EPSThreshold: 10, RateWindow: time.Second, ThrottlePenalty: -1},
-		Config{MaxBatchEvents: 40, ThrottlePause: pause, FlushInterval: 10 * time.Millisecond}, throttle.Config{})
-	h.start()
-	deadline := time.Now().Add(1500 * time.Millisecond)
-	for time.Now().Before(deadline) {
-		h.add("key", ev{Device: "hot-device", User: "someone"}, ev{Device: "hot-device", User: "someone"},
-			ev{User: "hot-user"}, ev{User: "hot-user"},
-			ev{Device: "cold-" + time.Now().Format("150405.000")})
-		time.Sleep(20 * time.Millisecond)
-	}
-	h.waitDrained(20*time.Second, 0)
-	h.stop()
-	h.check(nil)
+	synctest.Test(t, func(t *testing.T) {
+		const pause = 700 * time.Millisecond
+		h := newSyncHarness(t, sim.Config{EPSThreshold: 10, RateWindow: time.Second, ThrottlePenalty: -1},
+			Config{MaxBatchEvents: 40, ThrottlePause: pause, FlushInterval: 10 * time.Millisecond}, throttle.Config{})
+		h.start()
+		deadline := time.Now().Add(1500 * time.Millisecond)
+		for time.Now().Before(deadline) {
+			h.add("key", ev{Device: "hot-device", User: "someone"}, ev{Device: "hot-device", User: "someone"},
+				ev{User: "hot-user"}, ev{User: "hot-user"},
+				ev{Device: "cold-" + time.Now().Format("150405.000")})
+			time.Sleep(20 * time.Millisecond)
+		}
+		h.waitDrained(20*time.Second, 0)
+		h.stop()
+		h.check(nil)
 
-	reqs := h.sim.Requests()
-	h.send.mu.Lock()
-	pauses := h.send.pauses
-	h.send.mu.Unlock()
-	// inWindow: a 429 received before at named the device (user) less than
-	// pause ago.
-	inWindow := func(at time.Time, dev, user string) bool {
-		for _, p := range pauses {
-			if !at.After(p.at) || at.Sub(p.at) >= pause {
-				continue
-			}
-			for _, d := range p.devices {
-				if d == dev {
-					return true
+		reqs := h.sim.Requests()
+		h.send.mu.Lock()
+		pauses := h.send.pauses
+		h.send.mu.Unlock()
+		// inWindow: a 429 received before at named the device (user) less than
+		// pause ago.
+		inWindow := func(at time.Time, dev, user string) bool {
+			for _, p := range pauses {
+				if !at.After(p.at) || at.Sub(p.at) >= pause {
+					continue
 				}
+				for _, d := range p.devices {
+					if d == dev {
+						return true
+					}
+				}
+				for _, u := range p.users {
+					if u == user {
+						return true
+					}
+				}
+			}
+			return false
+		}
+		named := map[string]bool{}
+		for _, p := range pauses {
+			for _, d := range p.devices {
+				named["d:"+d] = true
 			}
 			for _, u := range p.users {
-				if u == user {
-					return true
+				named["u:"+u] = true
+			}
+		}
+		if !named["d:hot-device"] || !named["u:hot-user"] {
+			t.Fatalf("429s named %v, want the hot device and the hot user", named)
+		}
+		coldDuring := 0
+		for _, r := range reqs {
+			for _, d := range r.Devices {
+				if inWindow(r.Time, d, "") {
+					t.Errorf("request %d (%v) for device %s inside its pause window", r.Seq, r.Time, d)
 				}
 			}
-		}
-		return false
-	}
-	named := map[string]bool{}
-	for _, p := range pauses {
-		for _, d := range p.devices {
-			named["d:"+d] = true
-		}
-		for _, u := range p.users {
-			named["u:"+u] = true
-		}
-	}
-	if !named["d:hot-device"] || !named["u:hot-user"] {
-		t.Fatalf("429s named %v, want the hot device and the hot user", named)
-	}
-	coldDuring := 0
-	for _, r := range reqs {
-		for _, d := range r.Devices {
-			if inWindow(r.Time, d, "") {
-				t.Errorf("request %d (%v) for device %s inside its pause window", r.Seq, r.Time, d)
+			for _, u := range r.Users {
+				if inWindow(r.Time, "", u) {
+					t.Errorf("request %d (%v) for user %s inside its pause window", r.Seq, r.Time, u)
+				}
+			}
+			if r.Status == 200 && !r.HasDevice("hot-device") && !r.HasUser("hot-user") && inWindow(r.Time, "hot-device", "") {
+				coldDuring++
 			}
 		}
-		for _, u := range r.Users {
-			if inWindow(r.Time, "", u) {
-				t.Errorf("request %d (%v) for user %s inside its pause window", r.Seq, r.Time, u)
-			}
+		if coldDuring == 0 {
+			t.Fatal("no other device was delivered during a pause window")
 		}
-		if r.Status == 200 && !r.HasDevice("hot-device") && !r.HasUser("hot-user") && inWindow(r.Time, "hot-device", "") {
-			coldDuring++
-		}
-	}
-	if coldDuring == 0 {
-		t.Fatal("no other device was delivered during a pause window")
-	}
+	})
 }
 
 // Silenced devices' events become dead letters ("silenced"); devices over
@@ -465,126 +487,92 @@ func TestInvalidAPIKeyStopsLane(t *testing.T) {
 // An event older than MaxEventAge becomes an "expired" dead letter instead
 // of another retry.
 func TestMaxEventAge(t *testing.T) {
-	h := newHarness(t, sim.Config{}, Config{MaxEventAge: 800 * time.Millisecond}, throttle.Config{})
-	h.sim.Inject(sim.Fault{Status: 503, Count: -1})
-	h.add("key", ev{Device: "device-a"}, ev{Device: "device-b"})
-	h.start()
-	h.waitDrained(5*time.Second, 0)
-	h.stop()
-	dead := h.check(nil)
-	if len(dead) != 2 {
-		t.Fatalf("dead %v", dead)
-	}
-	for _, d := range dead {
-		if d.Reason != "expired" {
-			t.Fatalf("reason %q", d.Reason)
+	synctest.Test(t, func(t *testing.T) {
+		h := newSyncHarness(t, sim.Config{}, Config{MaxEventAge: 800 * time.Millisecond}, throttle.Config{})
+		h.sim.Inject(sim.Fault{Status: 503, Count: -1})
+		h.add("key", ev{Device: "device-a"}, ev{Device: "device-b"})
+		h.start()
+		h.waitDrained(5*time.Second, 0)
+		h.stop()
+		dead := h.check(nil)
+		if len(dead) != 2 {
+			t.Fatalf("dead %v", dead)
 		}
-	}
-	if h.metric("relay_delivery_events_dead_lettered_total", "reason", "expired") != 2 {
-		t.Fatal("metric")
-	}
+		for _, d := range dead {
+			if d.Reason != "expired" {
+				t.Fatalf("reason %q", d.Reason)
+			}
+		}
+		if h.metric("relay_delivery_events_dead_lettered_total", "reason", "expired") != 2 {
+			t.Fatal("metric")
+		}
+	})
 }
 
 // Stop: in-flight requests get the drain time-out, then are abandoned;
 // unacked events stay in the spool and go out after a restart.
 func TestStopDrainAndRestart(t *testing.T) {
-	h := newHarness(t, sim.Config{}, Config{DrainTimeout: 200 * time.Millisecond}, throttle.Config{})
-	h.add("key", ev{Device: "device-a"}, ev{Device: "device-b"})
-	h.sim.SetLatency(1500 * time.Millisecond)
-	h.start()
-	time.Sleep(300 * time.Millisecond)
-	start := time.Now()
-	h.stop()
-	if el := time.Since(start); el > time.Second {
-		t.Fatalf("stop took %v", el)
-	}
-	h.waitDrained(time.Second, 2) // still in the spool
-	h.sim.SetLatency(0)
-	time.Sleep(1500 * time.Millisecond) // let the abandoned requests finish at the sim
-	h.restart()
-	h.start()
-	h.waitDrained(5*time.Second, 0)
-	h.stop()
-	h.check(nil)
-}
-
-// Pacing under the upstream's rate keeps a hot device free of 429s.
-func TestPacingAvoids429(t *testing.T) {
-	h := newHarness(t, sim.Config{EPSThreshold: 30, RateWindow: time.Second},
-		Config{ShardsPerLane: 1}, throttle.Config{PaceEPS: 20, PaceBurst: 5})
-	for i := 0; i < 4; i++ {
-		var evs []ev
-		for j := 0; j < 10; j++ {
-			evs = append(evs, ev{Device: "hot-device"})
+	synctest.Test(t, func(t *testing.T) {
+		h := newSyncHarness(t, sim.Config{}, Config{DrainTimeout: 200 * time.Millisecond}, throttle.Config{})
+		h.add("key", ev{Device: "device-a"}, ev{Device: "device-b"})
+		h.sim.SetLatency(1500 * time.Millisecond)
+		h.start()
+		time.Sleep(300 * time.Millisecond)
+		start := time.Now()
+		h.stop()
+		if el := time.Since(start); el > time.Second {
+			t.Fatalf("stop took %v", el)
 		}
-		h.add("key", evs...)
-	}
-	h.start()
-	h.waitDrained(10*time.Second, 0)
-	h.stop()
-	h.check(nil)
-	if st := h.sim.Stats(); st.Throttled != 0 {
-		t.Fatalf("%d 429s with pacing", st.Throttled)
-	}
+		h.waitDrained(time.Second, 2) // still in the spool
+		h.sim.SetLatency(0)
+		time.Sleep(1500 * time.Millisecond) // let the abandoned requests finish at the sim
+		h.restart()
+		h.start()
+		h.waitDrained(5*time.Second, 0)
+		h.stop()
+		h.check(nil)
+	})
 }
 
-// Retry-After is honoured but clamped to RetryMax.
+// Retry-After is honoured but clamped to RetryMax (in fake time: exact).
 func TestRetryAfterClamped(t *testing.T) {
-	var mu sync.Mutex
-	var times []time.Time
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		times = append(times, time.Now())
-		n := len(times)
-		mu.Unlock()
-		switch n {
-		case 1:
-			w.Header().Set("Retry-After", "1")
-			w.WriteHeader(503)
-		case 2:
-			w.Header().Set("Retry-After", "3600")
-			w.WriteHeader(503)
-		default:
-			io.WriteString(w, `{"code":200}`)
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeSender{fn: func(ctx context.Context, n int) upstream.Result {
+			switch n {
+			case 1:
+				return upstream.Classify(503, nil, "1", nil)
+			case 2:
+				return upstream.Classify(503, nil, "3600", nil)
+			}
+			return upstream.Classify(200, []byte(`{"code":200}`), "", nil)
+		}}
+		sp, l := openFilled(t, 1)
+		defer sp.Close()
+		p, err := New(Config{IngestURL: "http://sim", RetryInitial: 10 * time.Millisecond, RetryMax: 1500 * time.Millisecond, FlushInterval: time.Millisecond}, sp, f, nil, nil, nil)
+		if err != nil {
+			t.Fatal(err)
 		}
-	}))
-	defer srv.Close()
-	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sp.Close()
-	l, _ := sp.Lane(context.Background(), spool.LaneKey{Kind: spool.KindEvents, APIKey: "k"})
-	var b spool.Batch
-	b.Add(spool.Record{OrderKey: []byte("d:dev"), Data: []byte(`{"event_type":"e","device_id":"dev"}`)})
-	if err := sp.Append(context.Background(), l, &b); err != nil {
-		t.Fatal(err)
-	}
-	cli, _ := upstream.New(upstream.Config{}, nil, nil)
-	p, err := New(Config{IngestURL: srv.URL, RetryInitial: 10 * time.Millisecond, RetryMax: 1500 * time.Millisecond, FlushInterval: time.Millisecond}, sp, cli, nil, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- p.Run(ctx) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for l.Stats().Records != 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	cancel()
-	<-done
-	mu.Lock()
-	defer mu.Unlock()
-	if len(times) != 3 {
-		t.Fatalf("%d requests", len(times))
-	}
-	if d := times[1].Sub(times[0]); d < time.Second || d > 1600*time.Millisecond {
-		t.Fatalf("Retry-After 1 waited %v", d)
-	}
-	if d := times[2].Sub(times[1]); d < 1400*time.Millisecond || d > 2*time.Second {
-		t.Fatalf("Retry-After 3600 (clamped to 1.5s) waited %v", d)
-	}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() { done <- p.Run(ctx) }()
+		for i := 0; i < 1000 && l.Stats().Records != 0; i++ {
+			time.Sleep(10 * time.Millisecond)
+		}
+		cancel()
+		<-done
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		times := f.calls
+		if len(times) != 3 {
+			t.Fatalf("%d requests", len(times))
+		}
+		if d := times[1].Sub(times[0]); d < time.Second || d > 1600*time.Millisecond {
+			t.Fatalf("Retry-After 1 waited %v", d)
+		}
+		if d := times[2].Sub(times[1]); d != 1500*time.Millisecond {
+			t.Fatalf("Retry-After 3600 (clamped to 1.5s) waited %v", d)
+		}
+	})
 }
 
 // Back-pressure: events held for a device paused until tomorrow fill the
@@ -625,17 +613,22 @@ func TestReadAheadBackPressure(t *testing.T) {
 // invalid events, 5xx and dropped connections, two lanes, small batches.
 // The invariants must hold all the same.
 // (A requeued batch whose key got held by a later event's user pause
-// once broke order here.) The "paced" run also exercises pacing holds.
+// once broke order here.) Under both readings of the rate rule, and with
+// the 429 and 5xx answers that ingest part of the request.
 func TestChaos(t *testing.T) {
-	t.Run("unpaced", func(t *testing.T) { chaos(t, throttle.Config{}) })
-	t.Run("paced", func(t *testing.T) { chaos(t, throttle.Config{PaceEPS: 40, PaceBurst: 10}) })
+	t.Run("strict", func(t *testing.T) { chaos(t, sim.Config{}) })
+	t.Run("lenient", func(t *testing.T) { chaos(t, sim.Config{LenientRate: true}) })
+	t.Run("partial", func(t *testing.T) { chaos(t, sim.Config{PartialThrottle: true, PartialSilence: true}) })
 }
 
-func chaos(t *testing.T, thr throttle.Config) {
-	h := newHarness(t, sim.Config{EPSThreshold: 15, RateWindow: time.Second, ThrottlePenalty: 200 * time.Millisecond},
-		Config{MaxBatchEvents: 25, MaxBatchBytes: 6000, ThrottlePause: 300 * time.Millisecond, ShardsPerLane: 3}, thr)
+func chaos(t *testing.T, reading sim.Config) {
+	reading.EPSThreshold, reading.RateWindow, reading.ThrottlePenalty = 15, time.Second, 200*time.Millisecond
+	h := newHarness(t, reading,
+		Config{MaxBatchEvents: 25, MaxBatchBytes: 6000, ThrottlePause: 300 * time.Millisecond, ShardsPerLane: 3}, throttle.Config{})
+	h.upstreamReorders = reading.PartialThrottle || reading.PartialSilence
 	h.sim.Silence("silent-device")
-	storm := []sim.Fault{{Status: 500}, {}, {Drop: sim.DropAfterIngest}, {}, {}, {Status: 503}, {Drop: sim.DropNoAnswer}, {}, {}}
+	storm := []sim.Fault{{Status: 500}, {}, {Drop: sim.DropAfterIngest}, {}, {}, {Status: 503}, {Drop: sim.DropNoAnswer}, {}, {},
+		{Status: 502, Ingest: sim.IngestHalf}, {}, {Status: 504, Ingest: sim.IngestAll}, {Drop: sim.DropNoAnswer, Ingest: sim.IngestHalf}}
 	for i := 0; i < 120; i++ {
 		h.sim.Inject(storm[i%len(storm)])
 	}

@@ -26,9 +26,14 @@
 //     upstream did not ingest: a non-200 answer ingests nothing).
 //   - Pauses: a key named in a 429 (throttled_devices as "d:"+id,
 //     throttled_users as "u:"+id; event indexes only when no id is named)
-//     is paused in the Throttle for ThrottlePause; devices in
+//     is paused in the Throttle for ThrottlePause (Throttle.Refused, with
+//     its share of the refused request), then paced; devices in
 //     exceeded_daily_quota_devices until the next UTC midnight. An event is
-//     held while its OrderKey or its user is paused. Throttling never adds
+//     held while its OrderKey or its user is paused, or while either is
+//     paced and has no token (until its bucket holds a request's worth:
+//     see internal/throttle). Pauses are checked when a batch is built and,
+//     when the Throttle's generation moved meanwhile (another shard's or
+//     lane's 429), again just before it is sent. Throttling never adds
 //     requests: the held events simply wait.
 //   - Acknowledgement: a chunk is acked (Spool.Ack) only when every one of
 //     its records was answered 200 or is committed to the dead-letter store
@@ -93,7 +98,8 @@
 //
 // relay_delivery_events_delivered_total, relay_delivery_events_retried_total,
 // relay_delivery_events_dead_lettered_total{reason},
-// relay_delivery_paused_devices (keys held now), relay_lane_stopped{lane}
+// relay_delivery_paused_devices (keys held now),
+// relay_delivery_held_events{lane} (events they hold), relay_lane_stopped{lane}
 // (alert on 1) and relay_delivery_read_ahead_bytes (all lanes). The upstream client has relay_upstream_requests_total{status}
 // and relay_upstream_request_seconds; the spool its depth and oldest age.
 //

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"sort"
 	"strconv"
 	"strings"
@@ -44,6 +45,14 @@ type harness struct {
 
 	cancel context.CancelFunc
 	done   chan error
+	// restarts counts restart calls: a restart resends what was delivered
+	// but not yet acknowledged.
+	restarts int
+	// upstreamReorders: the sim's reading ingests part of a refused
+	// request (PartialThrottle/PartialSilence), so a device whose event was
+	// refused for its user may see a later event ingested first: the
+	// upstream reorders what the relay sent in order; order is not checked.
+	upstreamReorders bool
 }
 
 type sentEvent struct {
@@ -52,12 +61,19 @@ type sentEvent struct {
 }
 
 // countingSender counts requests and wraps the real client (it only counts).
+// It also counts, per insert_id, how often an event was sent and how often
+// in a request the relay saw answered 200: the sim dedups by insert_id, so
+// only these counts show an event sent again after its 200.
 type countingSender struct {
 	next  Sender
 	calls atomic.Int64
 
 	mu     sync.Mutex
 	pauses []namedPause
+	sent   map[string]int // insert_id -> requests that carried it
+	okSent map[string]int // insert_id -> requests answered 200 that carried it
+	failed int            // events in requests not answered 200
+	events int            // events in all requests
 }
 
 // namedPause is a 429 answer: when it was received and whom it named.
@@ -69,6 +85,27 @@ type namedPause struct {
 func (c *countingSender) Do(ctx context.Context, r *upstream.Request) upstream.Result {
 	c.calls.Add(1)
 	res := c.next.Do(ctx, r)
+	var env struct {
+		Events []struct {
+			InsertID string `json:"insert_id"`
+		} `json:"events"`
+	}
+	json.Unmarshal(r.Body, &env) // a body the relay built; unreadable ones (a test's raw records) count as none
+	c.mu.Lock()
+	if c.sent == nil {
+		c.sent, c.okSent = map[string]int{}, map[string]int{}
+	}
+	for _, e := range env.Events {
+		c.sent[e.InsertID]++
+		if res.Kind == upstream.OK {
+			c.okSent[e.InsertID]++
+		}
+	}
+	c.events += len(env.Events)
+	if res.Kind != upstream.OK {
+		c.failed += len(env.Events)
+	}
+	c.mu.Unlock()
 	if res.Kind == upstream.Throttled {
 		c.mu.Lock()
 		c.pauses = append(c.pauses, namedPause{at: time.Now(), devices: res.ThrottledDevices, users: res.ThrottledUsers})
@@ -79,13 +116,34 @@ func (c *countingSender) Do(ctx context.Context, r *upstream.Request) upstream.R
 
 func newHarness(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle.Config) *harness {
 	t.Helper()
+	return newHarnessOn(t, simCfg, cfg, thrCfg, false)
+}
+
+// newSyncHarness is newHarness for a synctest bubble: the pipeline sends to
+// the sim's handler in the same process (simSender), with no socket, so
+// that every wait is in fake time. Drop faults (which hijack a connection)
+// do not apply; latency does, in fake time.
+func newSyncHarness(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle.Config) *harness {
+	t.Helper()
+	return newHarnessOn(t, simCfg, cfg, thrCfg, true)
+}
+
+func newHarnessOn(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle.Config, inProcess bool) *harness {
+	t.Helper()
 	h := &harness{t: t, appended: map[string]sentEvent{}, data: map[string]string{}, seq: map[string]int{}, lanes: map[string]*spool.Lane{}, reg: prometheus.NewRegistry()}
 	h.sim = sim.New(simCfg, nil)
-	url, err := h.sim.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	var err error
+	var next Sender
+	if inProcess {
+		h.url = "http://sim"
+		next = &simSender{sim: h.sim, rng: rand.New(rand.NewPCG(1, 1))}
+	} else {
+		url, err := h.sim.Start("127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.url = url
 	}
-	h.url = url
 	t.Cleanup(func() { h.sim.Close() })
 	h.dir = t.TempDir()
 	h.sp, err = spool.Open(spool.Config{Dir: h.dir, Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
@@ -102,12 +160,15 @@ func newHarness(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle.Con
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.cli, err = upstream.New(upstream.Config{Timeout: 5 * time.Second}, nil, h.reg)
-	if err != nil {
-		t.Fatal(err)
+	if next == nil {
+		h.cli, err = upstream.New(upstream.Config{Timeout: 5 * time.Second}, nil, h.reg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		next = h.cli
 	}
-	h.send = &countingSender{next: h.cli}
-	cfg.IngestURL = url
+	h.send = &countingSender{next: next}
+	cfg.IngestURL = h.url
 	if cfg.RetryInitial == 0 {
 		cfg.RetryInitial = 20 * time.Millisecond
 	}
@@ -152,6 +213,7 @@ func (h *harness) stop() {
 // pipeline, as a restart of the relay does.
 func (h *harness) restart() {
 	h.t.Helper()
+	h.restarts++
 	h.stop()
 	if err := h.sp.Close(); err != nil {
 		h.t.Fatal(err)
@@ -312,7 +374,7 @@ func (h *harness) check(pending map[string]bool) map[string]spool.DeadLetter {
 			h.t.Errorf("event %s arrived as %.200q, appended as %.200q", id, e.Raw, want)
 		}
 		k := se.apiKey + se.orderKey
-		if p, seen := last[k]; seen && se.idx <= p {
+		if p, seen := last[k]; seen && se.idx <= p && !h.upstreamReorders {
 			h.t.Errorf("order broken for %s: %d after %d", k, se.idx, p)
 		}
 		last[k] = se.idx
@@ -334,6 +396,20 @@ func (h *harness) check(pending map[string]bool) map[string]spool.DeadLetter {
 	if len(lost) > 0 {
 		h.t.Errorf("%d events lost, e.g. %v", len(lost), lost[:min(5, len(lost))])
 	}
+	// Sent again only after a failure: never after a 200 the relay saw
+	// (but a restart resends what was delivered and not yet acked), and
+	// all the events sent again were in failed requests.
+	h.send.mu.Lock()
+	for id, n := range h.send.okSent {
+		if n > 1+h.restarts && id != "" {
+			h.t.Errorf("%s sent again after a 200: in %d requests answered 200", id, n)
+		}
+	}
+	distinct := len(h.send.sent)
+	if resent := h.send.events - distinct; resent > h.send.failed+h.restarts*distinct {
+		h.t.Errorf("%d events sent again, but only %d were in requests that failed", resent, h.send.failed)
+	}
+	h.send.mu.Unlock()
 	return dead
 }
 

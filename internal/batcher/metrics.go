@@ -52,7 +52,7 @@ func newMetrics(reg prometheus.Registerer, p *Pipeline) (*metrics, error) {
 		m.dead.WithLabelValues(r)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.delivered, m.retried, m.dead, m.laneStopped, m.paused, m.readAhead} {
+		for _, c := range []prometheus.Collector{m.delivered, m.retried, m.dead, m.laneStopped, m.paused, m.readAhead, newHeldCollector(p)} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("batcher: register metrics: %w", err)
 			}

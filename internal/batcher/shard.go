@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
 )
 
@@ -36,6 +37,11 @@ type shard struct {
 	spare     []item
 	lastWarn  time.Time
 	failures  int
+	// pacedKeys are the paced keys (throttle.Take said so) of s.batch,
+	// reported to Throttle.Admitted on a 200.
+	pacedKeys []string
+	// gen is the Throttle's pause generation when s.batch was built.
+	gen uint64
 }
 
 type deadItem struct {
@@ -144,6 +150,7 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 			}
 			continue
 		}
+		s.gen = p.thr.Gen()
 		body := s.build(now)
 		if len(s.dead) > 0 && !s.flushDead(ctx, drainCtx, nil) {
 			s.putBody()
@@ -152,6 +159,17 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 		}
 		if len(s.batch) == 0 {
 			s.putBody()
+			continue
+		}
+		if s.pausedSinceBuild() {
+			// A 429 of another shard or lane paused a key of this batch
+			// after it was built: checked again at send time, so that a
+			// paused key gets nothing whichever shard holds it. Built
+			// again, its events now held.
+			s.putBody()
+			s.requeue(s.batch)
+			clear(s.batch)
+			s.batch = s.batch[:0]
 			continue
 		}
 		res := p.send.Do(drainCtx, &upstream.Request{URL: p.url, Body: body, Gzip: cfg.Gzip, Kind: "events"})
@@ -169,6 +187,8 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 		// (an idle shard's last batch would keep its chunks' buffers).
 		clear(s.batch)
 		s.batch = s.batch[:0]
+		clear(s.pacedKeys)
+		s.pacedKeys = s.pacedKeys[:0]
 		if !ok {
 			return
 		}
@@ -198,6 +218,20 @@ func (s *shard) hold(until time.Time, it item) {
 	heap.Push(&s.heap, h)
 	s.lr.heldKeys.Add(1)
 	s.lr.heldEvents.Add(1)
+}
+
+// pausedSinceBuild reports whether a pause recorded after s.batch was built
+// (the Throttle's generation moved) covers one of its events.
+func (s *shard) pausedSinceBuild() bool {
+	if s.lr.p.thr.Gen() == s.gen {
+		return false
+	}
+	for i := range s.batch {
+		if !s.pausedUntil(&s.batch[i].rec).IsZero() {
+			return true
+		}
+	}
+	return false
 }
 
 // pausedUntil is when the record's device (OrderKey) and user pauses end,
@@ -233,6 +267,8 @@ func (s *shard) build(now time.Time) []byte {
 	fixed := len(s.lr.prefix) + len(s.lr.suffix)
 	size := fixed
 	s.batch = s.batch[:0]
+	clear(s.pacedKeys)
+	s.pacedKeys = s.pacedKeys[:0]
 	if s.body == nil {
 		// Room for what is ready (a body is never larger than
 		// MaxBatchBytes): a shard retrying a few events during an
@@ -271,9 +307,22 @@ func (s *shard) build(now time.Time) []byte {
 			break
 		}
 		x := s.ready.pop()
-		if ok, at := thr.Take(x.rec.OrderKey, 1); !ok {
-			s.hold(maxTime(at, now.Add(cfg.FlushInterval)), x)
-			continue
+		if thr.AnyPaced() {
+			var ukey []byte
+			if len(x.rec.UserID) > 0 {
+				s.keybuf = append(append(s.keybuf[:0], userPrefix...), x.rec.UserID...)
+				ukey = s.keybuf
+			}
+			ok, at, paced := thr.Take(x.rec.OrderKey, ukey)
+			if !ok {
+				// Until the key's bucket holds a request's worth (never
+				// now: a refused Take's time is in the future).
+				s.hold(at, x)
+				continue
+			}
+			if paced {
+				s.notePaced(x.rec.OrderKey, ukey)
+			}
 		}
 		if len(s.batch) > 0 {
 			s.body = append(s.body, ',')
@@ -318,11 +367,21 @@ func (s *shard) putBody() {
 	s.body = nil
 }
 
-func maxTime(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
+// notePaced remembers the keys of a paced event of s.batch (once each) for
+// Throttle.Admitted.
+func (s *shard) notePaced(keys ...[]byte) {
+next:
+	for _, k := range keys {
+		if len(k) == 0 {
+			continue
+		}
+		for _, have := range s.pacedKeys {
+			if have == string(k) {
+				continue next
+			}
+		}
+		s.pacedKeys = append(s.pacedKeys, string(k))
 	}
-	return b
 }
 
 // handle decides what an answer means for the batch (the contract's
@@ -342,6 +401,7 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 		}
 		s.lr.progress()
 		s.capEvents = min(s.capEvents*2, cfg.MaxBatchEvents)
+		p.thr.Admitted(s.pacedKeys)
 		return true
 
 	case upstream.Throttled, upstream.Silenced:
@@ -378,7 +438,11 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 				}
 			}
 		}
-		p.thr.Pause(pause, until)
+		if len(pause) > 0 {
+			// Paused, then paced (the share tells the pacing how many of
+			// the key's events the refused request carried).
+			p.thr.Refused(s.shares(pause), until, res.EPSThreshold)
+		}
 		progress := len(reasons) > 0
 		if !progress {
 			for i := range s.batch {
@@ -568,6 +632,34 @@ func (s *shard) flushDead(ctx, drainCtx context.Context, answer []byte) bool {
 	clear(s.dead)
 	s.dead = s.dead[:0]
 	return true
+}
+
+// shares counts the events of s.batch of each key (an event counts for its
+// OrderKey and its user).
+func (s *shard) shares(keys []string) []throttle.Share {
+	count := make(map[string]int, len(keys))
+	for _, k := range keys {
+		count[k] = 0
+	}
+	for i := range s.batch {
+		r := &s.batch[i].rec
+		if _, ok := count[string(r.OrderKey)]; ok {
+			count[string(r.OrderKey)]++
+		}
+		if len(r.UserID) > 0 {
+			s.keybuf = append(append(s.keybuf[:0], userPrefix...), r.UserID...)
+			if string(s.keybuf) != string(r.OrderKey) {
+				if _, ok := count[string(s.keybuf)]; ok {
+					count[string(s.keybuf)]++
+				}
+			}
+		}
+	}
+	out := make([]throttle.Share, 0, len(count))
+	for k, n := range count {
+		out = append(out, throttle.Share{Key: k, Share: n})
+	}
+	return out
 }
 
 func prefixed(prefix string, ids []string) []string {

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/spool"
 )
 
@@ -86,5 +87,15 @@ func TestEnvelope(t *testing.T) {
 	p, s = envelope(spool.LaneKey{APIKey: "k"})
 	if got := string(p) + string(s); got != `{"api_key":"k","events":[]}` {
 		t.Fatal(got)
+	}
+}
+
+// The ingest's 413 check measures the envelope as the batcher writes it.
+func TestEnvelopeOverheadAgrees(t *testing.T) {
+	for _, k := range []spool.LaneKey{{APIKey: "k"}, {APIKey: `<a&"b>`, Options: `{"min_id_length":3}`}, {APIKey: "ключ"}} {
+		pre, suf := envelope(k)
+		if got, want := event.EnvelopeOverhead(k.APIKey, []byte(k.Options)), len(pre)+len(suf); got != want {
+			t.Errorf("%+v: EnvelopeOverhead %d, envelope %d", k, got, want)
+		}
 	}
 }

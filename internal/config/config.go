@@ -113,6 +113,12 @@ type Config struct {
 	SpoolPartitions int
 	// Issue 19 follow-up: connections per client address.
 	MaxConnectionsPerClient int // --max-connections-per-client, >= 0; 0: no bound
+
+	// Issue 18: the sandbox guard.
+	// SpoolUpstreamChange is --spool-upstream-change: "refuse" (a start
+	// whose upstream differs from the one the spool's waiting records were
+	// accepted for, sandbox included, fails) or "allow".
+	SpoolUpstreamChange string
 }
 
 // Sandbox reports whether the relay runs against its built-in simulated
@@ -315,6 +321,9 @@ var options = []option{
 			c.MaxConnectionsPerClient = n
 			return nil
 		}},
+	// Issue 18: the sandbox guard.
+	{name: "spool-upstream-change", def: "refuse", usage: "allow: deliver records waiting in the spool to another upstream than they were accepted for (refuse: fail to start)",
+		set: str(func(c *Config) *string { return &c.SpoolUpstreamChange })},
 }
 
 // isListOption reports whether a YAML file may give the option as a list
@@ -667,6 +676,11 @@ func (c Config) Validate() error {
 	}
 	if err := c.validateFleet(); err != nil {
 		return err
+	}
+	switch c.SpoolUpstreamChange {
+	case "refuse", "allow":
+	default:
+		return settingErr("spool-upstream-change", "%q: want refuse or allow", c.SpoolUpstreamChange)
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

@@ -29,6 +29,7 @@ func TestDefaults(t *testing.T) {
 		SpoolPartitions: 16,    // issue 22
 		// Issue 19 follow-up.
 		MaxConnectionsPerClient: 256,
+		SpoolUpstreamChange:     "refuse", // issue 18
 	}
 	if !equal(c, want) {
 		t.Fatalf("defaults\n got %+v\nwant %+v", c, want)
@@ -79,6 +80,7 @@ func TestFullFile(t *testing.T) {
 		SpoolPartitions: 16, // issue 22
 		// Issue 19 follow-up.
 		MaxConnectionsPerClient: 64,
+		SpoolUpstreamChange:     "refuse", // issue 18
 	}
 	if !equal(c, want) {
 		t.Fatalf("\n got %+v\nwant %+v", c, want)
@@ -137,6 +139,7 @@ func TestEnvNames(t *testing.T) {
 		"RELAY_LOG_LEVEL=warn", "RELAY_LOG_FORMAT=json", "RELAY_CONFIG=testdata/empty.yaml",
 		"RELAY_CORS_ORIGINS=https://a.example", "RELAY_ALLOWED_API_KEYS=k1", "RELAY_CLIENT_RATE_LIMIT=3",
 		"RELAY_ANONYMIZE_IP=true",
+		"RELAY_SPOOL_UPSTREAM_CHANGE=allow", // issue 18
 		"RELAY_NOT_A_SETTING=1", "PATH=/bin",
 		// Issues 19 and 23 (ingest listener).
 		"RELAY_MAX_CONNECTIONS=7", "RELAY_TLS_CERT=c", "RELAY_TLS_KEY=k",
@@ -167,7 +170,7 @@ func TestEnvNames(t *testing.T) {
 		SpoolNATS: []string{"nats://h1:4222", "nats://h2:4222"}, NATSCreds: "testdata/admin.token", NATSTLSCA: "testdata/admin.token",
 		NATSTLSCert: "testdata/credentials.yaml", NATSTLSKey: "testdata/empty.yaml", SpoolPartitions: 8,
 		// Issue 19 follow-up: 0 turns the bound off.
-		MaxConnectionsPerClient: 0,
+		MaxConnectionsPerClient: 0, SpoolUpstreamChange: "allow",
 	}
 	if !equal(c, want) {
 		t.Fatalf("\n got %+v\nwant %+v", c, want)

@@ -30,6 +30,8 @@ type reqState struct {
 	lk    []byte // lane cache key
 	out   []byte // response body
 	ev    []byte // one rewritten event, for AppendIPsReplaced
+	tmp   []byte // one rewritten event, to measure it
+	big   []int  // indexes of events too large for one upstream request
 }
 
 // Pooled memory above these sizes is dropped rather than kept.
@@ -171,6 +173,13 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 			return
 		}
 	}
+	if s.anonIP {
+		addr = anonymizeAddr(addr)
+	}
+	st.ip = addr.AppendTo(st.ip[:0])
+	if s.tooLarge(ctx, p, st) {
+		return
+	}
 
 	lane, err := s.lane(st)
 	if err != nil {
@@ -180,10 +189,6 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 
 	now := s.cfg.Now()
 	nowMS := now.UnixMilli()
-	if s.anonIP {
-		addr = anonymizeAddr(addr)
-	}
-	st.ip = addr.AppendTo(st.ip[:0])
 	st.batch.Reset()
 	// About what the records take: the events, grown by the rewrites, and
 	// their order keys and user ids.
@@ -222,6 +227,52 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 	ctx.SetContentTypeBytes(jsonContentType)
 	ctx.SetBody(b)
 }
+
+// tooLarge answers 413 and returns true when an event of st.req cannot fit
+// alone in one upstream request under MaxBatchBytes with its envelope, as it
+// would be spooled (rewritten): the batcher could only dead-letter it. The
+// body is the upstream's 413 naming the indexes in events_too_large.
+func (s *Server) tooLarge(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) bool {
+	limit := s.cfg.MaxBatchBytes - event.EnvelopeOverhead(string(st.req.APIKey), st.req.Options)
+	st.big = st.big[:0]
+	for i := range st.req.Events {
+		ev := &st.req.Events[i]
+		if len(ev.Raw)+maxIPText+rewriteSlack < limit {
+			continue // fits whatever the rewrite adds
+		}
+		// Near the limit: measure the rewritten event exactly (the
+		// insert_id drawn here is thrown away; its length is fixed).
+		st.tmp = ev.AppendRewritten(st.tmp[:0], s.ids, s.cfg.Now().UnixMilli(), st.ip)
+		if len(st.tmp) >= limit {
+			st.big = append(st.big, i)
+		}
+	}
+	if cap(st.tmp) > maxPooledBuf {
+		st.tmp = nil
+	}
+	if len(st.big) == 0 {
+		return false
+	}
+	s.m.reject(reasonTooLarge, len(st.req.Events))
+	s.logReject(ctx, p, fasthttp.StatusRequestEntityTooLarge, reasonTooLarge, len(st.req.Events))
+	b := append(st.out[:0], `{"code":413,"error":"Payload too large","events_too_large":[`...)
+	for j, i := range st.big {
+		if j > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(i), 10)
+	}
+	b = append(b, "]}"...)
+	st.out = b
+	ctx.SetStatusCode(fasthttp.StatusRequestEntityTooLarge)
+	ctx.SetContentTypeBytes(jsonContentType)
+	ctx.SetBody(b)
+	return true
+}
+
+// maxIPText bounds the quoted text of a client address AppendRewritten may
+// write.
+const maxIPText = 64
 
 // rewriteSlack bounds what AppendRewritten adds to an event besides the
 // client's address: `"insert_id":"<36>",` and `"time":<ms>,`.

@@ -28,6 +28,12 @@ type Config struct {
 	// MaxRequestBytes bounds a request body after decompression; 0 means
 	// DefaultMaxRequestBytes. Larger bodies are answered 413.
 	MaxRequestBytes int64
+	// MaxBatchBytes is the delivery's upstream body limit (every body is
+	// strictly under it); 0 means DefaultMaxBatchBytes. A request holding
+	// an event that cannot fit alone in one upstream body (with the
+	// envelope, as spooled) is answered 413 naming its index, and nothing
+	// of it is spooled: it could only end as a dead letter.
+	MaxBatchBytes int
 	// TrustedProxies are the peers whose X-Forwarded-For is honoured (see the
 	// package documentation); nil means X-Forwarded-For is never trusted.
 	TrustedProxies []netip.Prefix
@@ -77,6 +83,7 @@ type Config struct {
 // Defaults of Config.
 const (
 	DefaultMaxRequestBytes = 20_000_000
+	DefaultMaxBatchBytes   = 1_000_000
 	DefaultRetryAfter      = time.Second
 	DefaultReadTimeout     = 60 * time.Second
 	DefaultWriteTimeout    = 30 * time.Second
@@ -124,6 +131,9 @@ func (c Config) Validate() error {
 
 // withDefaults returns c with its zero values replaced by the defaults.
 func (c Config) withDefaults() Config {
+	if c.MaxBatchBytes <= 0 {
+		c.MaxBatchBytes = DefaultMaxBatchBytes
+	}
 	if c.MaxRequestBytes == 0 {
 		c.MaxRequestBytes = DefaultMaxRequestBytes
 	}

@@ -19,12 +19,18 @@ type FaultSpec struct {
 	Count       int     `json:"count,omitempty"`
 	Fraction    float64 `json:"fraction,omitempty"`
 	PathPrefix  string  `json:"path_prefix,omitempty"`
+	Ingest      string  `json:"ingest,omitempty"` // "", "all", "half": what a status or no-answer fault ingests
 }
 
 // Fault converts the spec.
 func (f FaultSpec) Fault() (Fault, error) {
 	out := Fault{Status: f.Status, ContentType: f.ContentType, Drop: DropMode(f.Drop),
-		Count: f.Count, Fraction: f.Fraction, PathPrefix: f.PathPrefix}
+		Count: f.Count, Fraction: f.Fraction, PathPrefix: f.PathPrefix, Ingest: IngestMode(f.Ingest)}
+	switch out.Ingest {
+	case IngestNone, IngestAll, IngestHalf:
+	default:
+		return Fault{}, fmt.Errorf("unknown ingest mode %q", f.Ingest)
+	}
 	if f.Body != nil {
 		out.Body = []byte(*f.Body)
 	}

@@ -127,15 +127,43 @@
 //
 // Rates are per device_id and per user_id (an event without device_id counts
 // for its user only, so throttled_devices never names the upstream's hashed
-// id). The rate of a key is the number of its events ingested during the last
-// RateWindow (10s) divided by the window in seconds. Events count only once
-// their request is accepted. A request is answered 429 when any device or
-// user in it is already above EPSThreshold (its own events do not count yet,
-// so one large batch is never refused forever) or is still inside its
-// penalty: once a key has been named in a 429 it stays throttled for
-// ThrottlePenalty (30s, the document's "Pause that user or device for 30
-// seconds"); requests during the penalty do not extend it. The reported rate
-// is the measured rate rounded up to an integer.
+// id), per api_key unless RateAcrossKeys. The rate of a key is the number of
+// its events ingested during the last RateWindow (10s) divided by the window
+// in seconds. By default (the strict reading) the request's own events of
+// the key count too: a request is answered 429 when, for any device or user
+// in it, (ingested in the window + its events in the request) / window is
+// above EPSThreshold, so a request carrying more than EPSThreshold*RateWindow
+// events of one key is refused however long the relay waits; with
+// LenientRate only events already ingested count (one large batch is taken).
+// A key is also refused while inside its penalty: once named in a 429 it
+// stays throttled for ThrottlePenalty (30s, the document's "Pause that user
+// or device for 30 seconds"); requests during the penalty do not extend it.
+// The reported rate is the measured rate rounded up to an integer.
+//
+// # Readings
+//
+// Each ambiguity of /work/shared/AMBIGUITIES.md the Sim can play is a
+// setting; the zero value is the strict reading:
+//
+//	#1  own events count (strict) or not        Config.LenientRate
+//	#1  window 1s, 10s, 30s                     Config.RateWindow
+//	#1  per api_key+key, or across projects     Config.RateAcrossKeys
+//	#2  429 ingests nothing, or the unnamed     Config.PartialThrottle
+//	#2  penalised after falling under the rate  Config.ThrottlePenalty
+//	#3  silenced 400 ingests nothing, or others Config.PartialSilence
+//	#4  5xx / reset accepted fully, half, none  Fault.Ingest (IngestAll, IngestHalf)
+//	    and DropAfterIngest
+//	#5  1 MB = 1,000,000 or 1,048,576           Config.MaxBodyBytes (both the sent
+//	                                            and the gzip-decoded body must be under it)
+//	#6  2000 events refused, or taken           Config.MaxEvents (2000, or 2001)
+//	#9  daily quota to UTC midnight or 24 h     Config.QuotaRolling
+//	#10 invalid API key, permanent or transient Sim.RefuseKey(key, d)
+//
+// Readings found beyond the list: the penalty is counted from the 429 the
+// upstream sends, while a client can only count its pause from the answer
+// it receives (so a client pausing exactly ThrottlePenalty never sends
+// inside the penalty); a request refused by the penalty does not extend it;
+// a user's rate counts the events of every device of that user.
 //
 // # Silenced devices and daily quota
 //

@@ -70,7 +70,26 @@ type Fault struct {
 	Fraction float64
 	// PathPrefix limits the fault to ingest paths with this prefix; "" means all.
 	PathPrefix string
+	// Ingest is what a Status or DropNoAnswer fault lets the request
+	// ingest before it answers the fault: the document's "The request may
+	// not have been accepted" read as accepted in full, in part, or (the
+	// zero value) not at all.
+	Ingest IngestMode
 }
+
+// IngestMode says what of a request a failed answer ingested.
+type IngestMode string
+
+// Ingest modes.
+const (
+	// IngestNone: nothing (a non-200 answer ingests nothing).
+	IngestNone IngestMode = ""
+	// IngestAll: the request is handled (ingested when valid and under the
+	// limits), then the fault is answered instead.
+	IngestAll IngestMode = "all"
+	// IngestHalf: the first half of the request's events are handled so.
+	IngestHalf IngestMode = "half"
+)
 
 type faultState struct {
 	queue   []*Fault

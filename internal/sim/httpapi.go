@@ -36,6 +36,13 @@ func (s *Sim) serveHTTPAPI(w http.ResponseWriter, r *http.Request, in *Incoming)
 		return
 	}
 	fillRecord(in.Rec, env)
+	if in.IngestHalf {
+		skip := map[int]bool{}
+		for i := len(env.raw) / 2; i < len(env.raw); i++ {
+			skip[i] = true
+		}
+		env = env.without(skip)
+	}
 	status, body := s.accept(env, len(in.Body), in.Rec)
 	writeJSON(w, status, body)
 }

@@ -157,7 +157,7 @@ func TestValidation(t *testing.T) {
 }
 
 func TestTooManyEvents(t *testing.T) {
-	s, url := start(t, Config{})
+	s, url := start(t, Config{LenientRate: true})
 	evs := make([]string, 2000)
 	for i := range evs {
 		evs[i] = `{"event_type":"e","user_id":"user1"}`

@@ -19,6 +19,9 @@ type Incoming struct {
 	// BadEncoding: the gzip stream could not be decoded, or another
 	// Content-Encoding was named.
 	BadEncoding bool
+	// IngestHalf: only the first half of the events may be ingested (a
+	// fault with IngestHalf).
+	IngestHalf bool
 	// Rec is this request's log entry; handlers fill Events, Devices, Users,
 	// APIKey, Ingested and Duplicates (the middleware fills the rest).
 	Rec *Record
@@ -71,7 +74,7 @@ func (s *Sim) ingestMiddleware(h routeHandler) http.Handler {
 			writeFault(bw, Fault{Status: http.StatusServiceUnavailable})
 		case hasFault && f.Drop == DropNoAnswer:
 			rec.Fault = "drop-" + string(f.Drop)
-			s.describe(h, in)
+			s.faultIngest(h, r, in, f)
 			drop = true
 		case hasFault && (f.Drop == DropAfterIngest || f.Drop == DropMidResponse):
 			rec.Fault = "drop-" + string(f.Drop)
@@ -80,7 +83,7 @@ func (s *Sim) ingestMiddleware(h routeHandler) http.Handler {
 			drop = true
 		case hasFault && f.Status != 0:
 			rec.Fault = "status"
-			s.describe(h, in)
+			s.faultIngest(h, r, in, f)
 			writeFault(bw, f)
 		default:
 			h.serve(bw, r, in)
@@ -107,6 +110,17 @@ func (s *Sim) ingestMiddleware(h routeHandler) http.Handler {
 			hijackClose(w)
 		}
 	})
+}
+
+// faultIngest lets a failed request ingest what f.Ingest says (its answer
+// is discarded), or only describes it.
+func (s *Sim) faultIngest(h routeHandler, r *http.Request, in *Incoming, f Fault) {
+	if f.Ingest == IngestNone || in.Body == nil {
+		s.describe(h, in)
+		return
+	}
+	in.IngestHalf = f.Ingest == IngestHalf
+	h.serve(&bufferedWriter{h: http.Header{}}, r, in)
 }
 
 func (s *Sim) describe(h routeHandler, in *Incoming) {

@@ -1,5 +1,7 @@
 package sim
 
+import "time"
+
 // registerRoutes registers every route group on the shared mux. Each group
 // lives in its own file and registers its ingest routes with s.route (which
 // adds the request log, faults, latency, down state and body reading) and
@@ -24,5 +26,32 @@ func (s *Sim) registerRoutes() {
 // validKey reports whether apiKey is acceptable: non-empty, and one of
 // Config.APIKeys when those are set.
 func (s *Sim) validKey(apiKey string) bool {
-	return apiKey != "" && (s.keys == nil || s.keys[apiKey])
+	return apiKey != "" && (s.keys == nil || s.keys[apiKey]) && !s.keyRefused(apiKey)
+}
+
+// RefuseKey answers "Invalid API key" to apiKey for d (by Config.Now), as an
+// upstream may while a key is rotated: the reading of ambiguity 10 where an
+// invalid key is transient. d <= 0 ends it.
+func (s *Sim) RefuseKey(apiKey string, d time.Duration) {
+	s.keyMu.Lock()
+	defer s.keyMu.Unlock()
+	if d <= 0 {
+		delete(s.refused, apiKey)
+		return
+	}
+	if s.refused == nil {
+		s.refused = map[string]time.Time{}
+	}
+	s.refused[apiKey] = s.cfg.Now().Add(d)
+}
+
+func (s *Sim) keyRefused(apiKey string) bool {
+	s.keyMu.Lock()
+	defer s.keyMu.Unlock()
+	u, ok := s.refused[apiKey]
+	if ok && !s.cfg.Now().Before(u) {
+		delete(s.refused, apiKey)
+		return false
+	}
+	return ok
 }

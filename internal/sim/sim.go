@@ -28,11 +28,13 @@ type Config struct {
 	// DedupMaxKeys bounds the remembered insert_ids; 0 means 4,194,304. The
 	// oldest are forgotten first (see Stats.DedupEvicted).
 	DedupMaxKeys int
-	// MaxBodyBytes is the 413 limit: a (decoded) body must be strictly
-	// shorter; 0 means 1,000,000 (the relay's reading of "under 1 MB").
+	// MaxBodyBytes is the 413 limit: a body must be strictly shorter, as
+	// sent and (when gzip-encoded) decoded; 0 means 1,000,000 (the relay's
+	// reading of "under 1 MB"; 1<<20 plays the other).
 	MaxBodyBytes int
 	// MaxEvents is the event count limit: a request must hold strictly fewer;
-	// 0 means 2000 ("under 2000 events").
+	// 0 means 2000 ("under 2000 events"; 2001 plays the reading where 2000
+	// is taken).
 	MaxEvents int
 	// APIKeys, when non-empty, are the only valid api_keys; others get 400
 	// "Invalid API key". Empty means every non-empty key is valid.
@@ -53,6 +55,29 @@ type Config struct {
 	// Now is the clock; nil means time.Now. Rate windows, penalties, dedup,
 	// daily quotas and request times use it; injected latency uses real time.
 	Now func() time.Time
+
+	// Readings of the document's ambiguous sentences (issue 18; see
+	// /work/shared/AMBIGUITIES.md and the package doc). The zero value of
+	// each is the strict reading.
+
+	// LenientRate: only events already ingested count toward a key's
+	// average (so one large request of a hot device is taken). False (the
+	// strict reading): the request's own events count too, so a request
+	// carrying more than EPSThreshold*RateWindow events of one key is
+	// refused forever.
+	LenientRate bool
+	// RateAcrossKeys: the rate of a device or user is counted across every
+	// api_key (projects), not per api_key.
+	RateAcrossKeys bool
+	// PartialThrottle: a 429 ingests the events it does not name in
+	// throttled_events (the strict reading: nothing of a 429 is ingested).
+	PartialThrottle bool
+	// PartialSilence: a silenced 400 ingests the events it does not name
+	// (silenced, over quota or throttled).
+	PartialSilence bool
+	// QuotaRolling: a device over its DailyQuota is refused for 24 hours
+	// from its first refusal, not until the next UTC day.
+	QuotaRolling bool
 }
 
 // Defaults of Config's zero values.
@@ -155,6 +180,9 @@ type Sim struct {
 
 	mu    sync.Mutex
 	store store
+
+	keyMu   sync.Mutex
+	refused map[string]time.Time // RefuseKey: api_key -> until (Config.Now)
 
 	resetMu sync.Mutex
 	resets  []func() // route groups' own state resets (onReset), run by Reset

@@ -44,6 +44,16 @@ type Record struct {
 	// BodyBytes is the decoded body size; Gzip says it came gzip-encoded.
 	BodyBytes int  `json:"body_bytes"`
 	Gzip      bool `json:"gzip,omitempty"`
+	// Throttled lists, for a 429 or a silenced 400, the devices ("d:"+id)
+	// and users ("u:"+id) it named as throttled, each with its share: the
+	// number of the request's events that were its own.
+	Throttled []KeyShare `json:"throttled,omitempty"`
+}
+
+// KeyShare is a key named in a 429 and its events in the request.
+type KeyShare struct {
+	Key   string `json:"key"`
+	Share int    `json:"share"`
 }
 
 // HasDevice reports whether the request held events of device id.
@@ -127,8 +137,9 @@ type rateKey struct {
 }
 
 type quotaKey struct {
-	day int64
-	n   int
+	day   int64
+	n     int
+	until int64 // QuotaRolling: refused until then (0: not refused yet)
 }
 
 // store is the Sim's state; guarded by Sim.mu.
@@ -202,6 +213,9 @@ func (s *Sim) logRequest(rec *Record) {
 }
 
 func (st *store) rateKeyOf(apiKey, kind, id string) string {
+	if st.cfg.RateAcrossKeys {
+		apiKey = ""
+	}
 	return apiKey + "\x00" + kind + id
 }
 
@@ -251,7 +265,11 @@ func (st *store) sweep(now int64) {
 	}
 	today := utcDay(time.Unix(0, now))
 	for k, q := range st.quotas {
-		if q.day != today {
+		if st.cfg.QuotaRolling {
+			if q.until != 0 && q.until <= now {
+				delete(st.quotas, k)
+			}
+		} else if q.day != today {
 			delete(st.quotas, k)
 		}
 	}
@@ -315,7 +333,7 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 			silEvents = append(silEvents, i)
 		}
 		if s.cfg.DailyQuota > 0 {
-			if q := st.quotas[env.apiKey+"\x00"+ev.deviceID]; q != nil && q.day == day && q.n >= s.cfg.DailyQuota {
+			if q := st.overQuotaLocked(env.apiKey+"\x00"+ev.deviceID, day, now); q != nil {
 				if quota == nil {
 					quota = make(map[string]int)
 				}
@@ -324,9 +342,23 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 		}
 	}
 
-	// Rate limits (measured on accepted events only).
+	// Rate limits: on ingested events, and (the strict reading, unless
+	// LenientRate) the request's own events of the key.
+	var own map[string]int
+	if !s.cfg.LenientRate {
+		own = map[string]int{}
+		for _, ev := range env.info {
+			if ev.deviceID != "" {
+				own["d"+ev.deviceID]++
+			}
+			if ev.userID != "" {
+				own["u"+ev.userID]++
+			}
+		}
+	}
 	thrDevs, thrUsers := map[string]int{}, map[string]int{}
 	var thrEvents []int
+	checked := map[string]bool{}
 	check := func(kind, id string, out map[string]int) bool {
 		if id == "" {
 			return false
@@ -334,8 +366,15 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 		if _, done := out[id]; done {
 			return true
 		}
+		if checked[kind+id] {
+			return false
+		}
+		checked[kind+id] = true
 		k := st.rateKeyOf(env.apiKey, kind, id)
 		rk, rate := st.rateOf(k, now)
+		if n := own[kind+id]; n > 0 {
+			rate += float64(n) / st.cfg.RateWindow.Seconds()
+		}
 		inPenalty := rk != nil && rk.penaltyUntil > now
 		if rate > float64(s.cfg.EPSThreshold) || inPenalty {
 			out[id] = int(math.Ceil(rate))
@@ -352,9 +391,37 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 	}
 	if len(thrEvents) > 0 {
 		s.startPenaltiesLocked(env.apiKey, thrDevs, thrUsers, now)
+		share := map[string]int{}
+		for _, ev := range env.info {
+			if _, ok := thrDevs[ev.deviceID]; ok && ev.deviceID != "" {
+				share["d:"+ev.deviceID]++
+			}
+			if _, ok := thrUsers[ev.userID]; ok && ev.userID != "" {
+				share["u:"+ev.userID]++
+			}
+		}
+		for k, n := range share {
+			rec.Throttled = append(rec.Throttled, KeyShare{Key: k, Share: n})
+		}
+		sort.Slice(rec.Throttled, func(i, j int) bool { return rec.Throttled[i].Key < rec.Throttled[j].Key })
 	}
 
 	if len(silDevs) > 0 || len(quota) > 0 {
+		if s.cfg.PartialSilence {
+			skip := map[int]bool{}
+			for _, i := range silEvents {
+				skip[i] = true
+			}
+			for _, i := range thrEvents {
+				skip[i] = true
+			}
+			for i, ev := range env.info {
+				if quota[ev.deviceID] > 0 {
+					skip[i] = true
+				}
+			}
+			s.storeLocked(env.without(skip), rec, nowT)
+		}
 		st.stats.Silenced++
 		b := silenceBody{Code: 400, Error: ErrTextSilenced, EPSThreshold: s.cfg.EPSThreshold,
 			ExceededDailyQuotaDevices: quota, SilencedDevices: silDevs, SilencedEvents: silEvents,
@@ -374,12 +441,65 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 		return 400, b
 	}
 	if len(thrEvents) > 0 {
+		if s.cfg.PartialThrottle {
+			skip := map[int]bool{}
+			for _, i := range thrEvents {
+				skip[i] = true
+			}
+			s.storeLocked(env.without(skip), rec, nowT)
+		}
 		st.stats.Throttled++
 		return 429, throttleBody{Code: 429, Error: ErrTextTooManyRequest, EPSThreshold: s.cfg.EPSThreshold,
 			ThrottledDevices: thrDevs, ThrottledUsers: thrUsers, ThrottledEvents: thrEvents}
 	}
 
-	// Accepted: dedup, store, count.
+	s.storeLocked(env, rec, nowT)
+	return 200, successBody{Code: 200, EventsIngested: len(env.raw), PayloadSizeBytes: bodyLen,
+		ServerUploadTime: nowT.UnixMilli()}
+}
+
+// without returns env without the events whose index is in skip.
+func (env *envelope) without(skip map[int]bool) *envelope {
+	out := &envelope{apiKey: env.apiKey, minIDLen: env.minIDLen}
+	for i := range env.raw {
+		if !skip[i] {
+			out.raw = append(out.raw, env.raw[i])
+			out.info = append(out.info, env.info[i])
+		}
+	}
+	return out
+}
+
+// overQuotaLocked returns the quota counter of a device over its daily
+// quota, nil when it is not over.
+func (st *store) overQuotaLocked(qk string, day, now int64) *quotaKey {
+	q := st.quotas[qk]
+	if q == nil || q.n < st.cfg.DailyQuota {
+		return nil
+	}
+	if !st.cfg.QuotaRolling {
+		if q.day != day {
+			return nil
+		}
+		return q
+	}
+	if q.until == 0 {
+		q.until = now + int64(24*time.Hour)
+	}
+	if q.until <= now {
+		delete(st.quotas, qk)
+		return nil
+	}
+	return q
+}
+
+// storeLocked dedups, stores and counts env's events (a request accepted,
+// or the part of one a reading lets in) and adds them to the rates and
+// quotas.
+func (s *Sim) storeLocked(env *envelope, rec *Record, nowT time.Time) {
+	st := &s.store
+	now := nowT.UnixNano()
+	day := utcDay(nowT)
 	label := KeyLabel(env.apiKey)
 	perDev := map[string]int{}
 	perUser := map[string]int{}
@@ -421,7 +541,7 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 		if s.cfg.DailyQuota > 0 {
 			qk := env.apiKey + "\x00" + d
 			q := st.quotas[qk]
-			if q == nil || q.day != day {
+			if q == nil || (!s.cfg.QuotaRolling && q.day != day) {
 				q = &quotaKey{day: day}
 				st.quotas[qk] = q
 			}
@@ -431,8 +551,6 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 	for u, n := range perUser {
 		st.addRate(st.rateKeyOf(env.apiKey, "u", u), now, n)
 	}
-	return 200, successBody{Code: 200, EventsIngested: len(env.raw), PayloadSizeBytes: bodyLen,
-		ServerUploadTime: nowT.UnixMilli()}
 }
 
 func (s *Sim) startPenaltiesLocked(apiKey string, devs, users map[string]int, now int64) {

@@ -72,7 +72,7 @@ func TestKeepBoundsMemory(t *testing.T) {
 
 func TestRateLimit(t *testing.T) {
 	clk := newFakeClock()
-	s, url := start(t, Config{Now: clk.Now}) // 30 eps over 10s, penalty 30s
+	s, url := start(t, Config{Now: clk.Now, LenientRate: true}) // 30 eps over 10s, penalty 30s
 	batch := func(dev string, n int, tag string) []byte {
 		evs := make([]string, n)
 		for i := range evs {
@@ -126,7 +126,7 @@ func TestRateLimit(t *testing.T) {
 
 func TestRateLimitUsers(t *testing.T) {
 	clk := newFakeClock()
-	s, url := start(t, Config{Now: clk.Now, EPSThreshold: 1, RateWindow: 2 * time.Second, ThrottlePenalty: -1})
+	s, url := start(t, Config{Now: clk.Now, EPSThreshold: 1, RateWindow: 2 * time.Second, ThrottlePenalty: -1, LenientRate: true})
 	ue := func(i int) string {
 		return fmt.Sprintf(`{"event_type":"e","user_id":"user-one","insert_id":"%d"}`, i)
 	}

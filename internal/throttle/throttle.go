@@ -13,75 +13,109 @@ import (
 type Config struct {
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
-	// PaceEPS is the events per second each key may be given by Take; zero
-	// disables pacing (Take always allows).
-	PaceEPS float64
-	// PaceBurst is the bucket size of the pacing; zero means PaceEPS*10
-	// (the upstream averages its limit over a window of some seconds).
-	PaceBurst float64
+	// PaceShare is the share of the upstream's eps_threshold a paced key is
+	// given, in (0, 1]; zero means DefaultPaceShare. Under 1 so that a
+	// request's own events, counted in the upstream's average (the strict
+	// reading), do not push a key paced at the limit over it.
+	PaceShare float64
+	// DefaultEPS is the events/s threshold assumed when an answer names no
+	// eps_threshold; zero means 30 (the document's limit).
+	DefaultEPS int
+	// PaceForget is how long a paced key is remembered after its last use
+	// (a send, a 429, an admitted request); zero means 10 minutes.
+	PaceForget time.Duration
 	// MaxKeys caps the entries of each internal map; zero means 4,000,000.
+	// Past it, new keys are not paced (their pauses are still recorded).
 	MaxKeys int
 }
 
+// Defaults of Config's zero values.
+const (
+	DefaultPaceShare  = 0.9
+	DefaultEPS        = 30
+	DefaultPaceForget = 10 * time.Minute
+	DefaultMaxKeys    = 4_000_000
+)
+
 // Validate reports a configuration error.
 func (c Config) Validate() error {
-	if c.PaceEPS < 0 || c.PaceBurst < 0 || c.MaxKeys < 0 {
-		return errors.New("throttle: negative config value")
+	if c.PaceShare < 0 || c.PaceShare > 1 || c.DefaultEPS < 0 || c.PaceForget < 0 || c.MaxKeys < 0 {
+		return errors.New("throttle: config value out of range")
 	}
 	return nil
 }
 
-// Throttle holds per-key pauses and pacing buckets. See the package doc.
+// Throttle holds per-key pauses and pacing. See the package doc.
 type Throttle struct {
-	cfg   Config
-	now   func() time.Time
-	burst float64
+	cfg Config
+	now func() time.Time
 
-	// npaused mirrors len(paused) so that PausedUntil skips the lock when
-	// nothing is paused (the common case).
-	npaused atomic.Int64
+	// npaused and npaced mirror len(paused) and len(paced) so that the hot
+	// paths skip the lock when nothing is paused or paced (the common case).
+	npaused, npaced atomic.Int64
+	// gen counts pauses: a caller that checked pauses at gen g need not
+	// check again while Gen() is still g.
+	gen atomic.Uint64
 
 	mu          sync.Mutex
 	paused      map[string]time.Time
 	pausedSwept int // len(paused) after the last sweep
-	buckets     map[string]*bucket
-	bucketSwept int
+	paced       map[string]*pace
+	pacedSwept  int
 
-	gauge prometheus.GaugeFunc
+	gauges []prometheus.Collector
 }
 
-type bucket struct {
+// pace is the adaptive pacing of one key: a token bucket refilled at rate
+// events/s whose size is the per-request cap.
+type pace struct {
+	rate   float64 // events/s: PaceShare * the answer's eps_threshold
+	eps    float64 // the answer's eps_threshold: the cap never grows past it
+	cap    float64 // most events of the key in one request (>= 1)
+	ceil   float64 // the cap never grows to a share that was refused (>= 1)
+	grow   float64 // admitted requests since the cap last grew
 	tokens float64
-	at     time.Time
+	at     time.Time // of the last refill
+	used   time.Time // last Take, Refused or Admitted
 }
 
 // New returns a Throttle. reg may be nil; it registers
-// relay_throttle_paused_keys (keys with an unexpired pause).
+// relay_throttle_paused_keys and relay_throttle_paced_keys.
 func New(cfg Config, reg prometheus.Registerer) (*Throttle, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if cfg.MaxKeys == 0 {
-		cfg.MaxKeys = 4_000_000
+		cfg.MaxKeys = DefaultMaxKeys
 	}
-	t := &Throttle{cfg: cfg, now: cfg.Now, paused: map[string]time.Time{}, buckets: map[string]*bucket{}}
+	if cfg.PaceShare == 0 {
+		cfg.PaceShare = DefaultPaceShare
+	}
+	if cfg.DefaultEPS == 0 {
+		cfg.DefaultEPS = DefaultEPS
+	}
+	if cfg.PaceForget == 0 {
+		cfg.PaceForget = DefaultPaceForget
+	}
+	t := &Throttle{cfg: cfg, now: cfg.Now, paused: map[string]time.Time{}, paced: map[string]*pace{}}
 	if t.now == nil {
 		t.now = time.Now
 	}
-	t.burst = cfg.PaceBurst
-	if t.burst == 0 {
-		t.burst = cfg.PaceEPS * 10
+	t.gauges = []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "relay_throttle_paused_keys",
+			Help: "Devices and users the upstream asked to pause (429, daily quota) whose pause has not expired.",
+		}, func() float64 { return float64(t.PausedKeys()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "relay_throttle_paced_keys",
+			Help: "Devices and users sent at a paced rate because the upstream refused them with a 429.",
+		}, func() float64 { return float64(t.PacedKeys()) }),
 	}
-	if t.burst < 1 {
-		t.burst = 1
-	}
-	t.gauge = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "relay_throttle_paused_keys",
-		Help: "Devices and users the upstream asked to pause (429, daily quota) whose pause has not expired.",
-	}, func() float64 { return float64(t.PausedKeys()) })
 	if reg != nil {
-		if err := reg.Register(t.gauge); err != nil {
-			return nil, err
+		for _, g := range t.gauges {
+			if err := reg.Register(g); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return t, nil
@@ -95,6 +129,10 @@ func (t *Throttle) Pause(keys []string, until time.Time) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.pauseLocked(keys, until, now)
+}
+
+func (t *Throttle) pauseLocked(keys []string, until, now time.Time) {
 	for _, k := range keys {
 		if old, ok := t.paused[k]; !ok || until.After(old) {
 			t.paused[k] = until
@@ -104,6 +142,72 @@ func (t *Throttle) Pause(keys []string, until time.Time) {
 		t.sweepPausedLocked(now)
 	}
 	t.npaused.Store(int64(len(t.paused)))
+	t.gen.Add(1)
+}
+
+// Gen changes whenever a pause is recorded: a batch whose keys were checked
+// against the pauses at Gen() == g needs no second check while it is still g.
+func (t *Throttle) Gen() uint64 { return t.gen.Load() }
+
+// Share is a key named in a 429 and how many of the refused request's
+// events were its own (0 when unknown).
+type Share struct {
+	Key   string
+	Share int
+}
+
+// Refused records a 429 (or a silenced 400's throttled devices) naming
+// keys: each is paused until until and then paced, eps being the answer's
+// eps_threshold (0: Config.DefaultEPS). A key not paced yet starts with a
+// per-request cap of half its share (at most eps, at least 1); a key
+// already paced and not paused now (a further refusal, not one more answer
+// to a request sent before the first) halves its cap, and from then on its
+// cap never grows back to the refused share.
+func (t *Throttle) Refused(keys []Share, until time.Time, eps int) {
+	now := t.now()
+	if eps <= 0 {
+		eps = t.cfg.DefaultEPS
+	}
+	names := make([]string, len(keys))
+	for i, k := range keys {
+		names[i] = k.Key
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, k := range keys {
+		p := t.paced[k.Key]
+		if p == nil {
+			if len(t.paced) > 2*t.pacedSwept+1024 {
+				t.sweepPacedLocked(now)
+			}
+			if len(t.paced) >= t.cfg.MaxKeys {
+				continue
+			}
+			c := float64(eps)
+			if k.Share > 0 {
+				c = min(c, float64(max(1, k.Share/2)))
+			}
+			// The first refusal says little about the share the upstream
+			// takes (the key may have been over the rate with any share):
+			// the cap may grow back to eps.
+			p = &pace{cap: c, ceil: float64(eps), tokens: c, at: now}
+			t.paced[k.Key] = p
+		} else if u, ok := t.paused[k.Key]; !ok || !u.After(now) {
+			refused := p.cap
+			if k.Share > 0 {
+				refused = min(refused, float64(k.Share))
+			}
+			p.cap = max(1, float64(int(refused)/2))
+			p.ceil = max(1, min(p.ceil, refused-1))
+			p.tokens = min(p.tokens, p.cap)
+			p.grow = 0
+		}
+		p.eps = float64(eps)
+		p.rate = float64(eps) * t.cfg.PaceShare
+		p.used = now
+	}
+	t.npaced.Store(int64(len(t.paced)))
+	t.pauseLocked(names, until, now)
 }
 
 // PauseUntilNextDay pauses keys until the next UTC midnight (devices over
@@ -145,6 +249,10 @@ func (t *Throttle) PausedUntil(key []byte) time.Time {
 // PausedUntil is zero for every key. Lets callers skip building keys.
 func (t *Throttle) AnyPaused() bool { return t.npaused.Load() != 0 }
 
+// AnyPaced reports whether some key may be paced; when it is false, Take
+// always allows.
+func (t *Throttle) AnyPaced() bool { return t.npaced.Load() != 0 }
+
 // PausedKeys is the number of keys with an unexpired pause.
 func (t *Throttle) PausedKeys() int {
 	now := t.now()
@@ -152,6 +260,15 @@ func (t *Throttle) PausedKeys() int {
 	defer t.mu.Unlock()
 	t.sweepPausedLocked(now)
 	return len(t.paused)
+}
+
+// PacedKeys is the number of keys paced now.
+func (t *Throttle) PacedKeys() int {
+	now := t.now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.sweepPacedLocked(now)
+	return len(t.paced)
 }
 
 func (t *Throttle) sweepPausedLocked(now time.Time) {
@@ -164,62 +281,111 @@ func (t *Throttle) sweepPausedLocked(now time.Time) {
 	t.npaused.Store(int64(len(t.paused)))
 }
 
-// Pacing reports whether Take can refuse.
-func (t *Throttle) Pacing() bool { return t.cfg.PaceEPS > 0 }
+func (t *Throttle) sweepPacedLocked(now time.Time) {
+	for k, p := range t.paced {
+		if now.Sub(p.used) >= t.cfg.PaceForget {
+			delete(t.paced, k)
+		}
+	}
+	t.pacedSwept = len(t.paced)
+	t.npaced.Store(int64(len(t.paced)))
+}
 
-// Take takes n tokens (events) of key's pacing bucket. It returns true when
-// they were taken, else false and the time at which n tokens (at most the
-// burst) will be there. Without pacing it always returns true.
-func (t *Throttle) Take(key []byte, n int) (bool, time.Time) {
-	if t.cfg.PaceEPS <= 0 {
-		return true, time.Time{}
+// Take takes one event's token from each paced key among a and b (b may be
+// nil: an event's device and user keys). It returns true when every paced
+// key had a token (then all were taken), else false and the time at which
+// they all will have a full request's worth (their cap). paced says whether a or b is paced (the caller
+// reports admitted requests of paced keys with Admitted). Keys not paced
+// always allow.
+func (t *Throttle) Take(a, b []byte) (ok bool, at time.Time, paced bool) {
+	if t.npaced.Load() == 0 {
+		return true, time.Time{}, false
 	}
 	now := t.now()
-	need := float64(n)
-	if need > t.burst {
-		need = t.burst
-	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	b, ok := t.buckets[string(key)]
-	if !ok {
-		if len(t.buckets) > 2*t.bucketSwept+1024 {
-			t.sweepBucketsLocked(now)
-		}
-		if len(t.buckets) >= t.cfg.MaxKeys {
-			return true, time.Time{} // over the cap: no pacing for new keys
-		}
-		b = &bucket{tokens: t.burst, at: now}
-		t.buckets[string(key)] = b
+	pa := t.pacedLocked(a, now)
+	var pb *pace
+	if len(b) > 0 && string(b) != string(a) {
+		pb = t.pacedLocked(b, now)
 	}
-	if el := now.Sub(b.at); el > 0 {
-		b.tokens += el.Seconds() * t.cfg.PaceEPS
-		if b.tokens > t.burst {
-			b.tokens = t.burst
+	if pa == nil && pb == nil {
+		return true, time.Time{}, false
+	}
+	for _, p := range [2]*pace{pa, pb} {
+		if p != nil && p.tokens < 1 {
+			// Refused: come back when a whole request's worth (the cap) is
+			// there, so that a paced backlog goes in requests of cap
+			// events, not of one.
+			// At least a millisecond: a bucket a rounding error short
+			// of a token must not be retried at the same instant.
+			wait := max(time.Millisecond, time.Duration((p.cap-p.tokens)/p.rate*float64(time.Second)))
+			if w := now.Add(wait); w.After(at) {
+				at = w
+			}
 		}
-		b.at = now
 	}
-	if b.tokens >= need {
-		b.tokens -= need
-		return true, time.Time{}
+	if !at.IsZero() {
+		return false, at, true
 	}
-	wait := time.Duration((need - b.tokens) / t.cfg.PaceEPS * float64(time.Second))
-	return false, now.Add(wait)
+	for _, p := range [2]*pace{pa, pb} {
+		if p != nil {
+			p.tokens--
+		}
+	}
+	return true, time.Time{}, true
 }
 
-func (t *Throttle) sweepBucketsLocked(now time.Time) {
-	full := time.Duration(t.burst / t.cfg.PaceEPS * float64(time.Second))
-	for k, b := range t.buckets {
-		if now.Sub(b.at) >= full {
-			delete(t.buckets, k)
-		}
+// pacedLocked returns key's pace refilled up to now, nil when key is not
+// paced.
+func (t *Throttle) pacedLocked(key []byte, now time.Time) *pace {
+	if len(key) == 0 {
+		return nil
 	}
-	t.bucketSwept = len(t.buckets)
+	p := t.paced[string(key)]
+	if p == nil {
+		return nil
+	}
+	if el := now.Sub(p.at); el > 0 {
+		p.tokens = min(p.cap, p.tokens+el.Seconds()*p.rate)
+		p.at = now
+	}
+	p.used = now
+	return p
 }
 
-// Buckets is the number of pacing buckets held (for tests of the bound).
-func (t *Throttle) Buckets() int {
+// Admitted reports a request the upstream took (200) that carried events of
+// the paced keys: each one's cap grows by one event after as many admitted
+// requests as the cap (slowly: the last refusal showed where the limit is),
+// never past the eps_threshold nor to a share that was refused.
+func (t *Throttle) Admitted(keys []string) {
+	if len(keys) == 0 {
+		return
+	}
+	now := t.now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.buckets)
+	for _, k := range keys {
+		p := t.paced[k]
+		if p == nil {
+			continue
+		}
+		p.used = now
+		p.grow++
+		if p.grow >= p.cap && p.cap < p.ceil && p.cap < p.eps {
+			p.cap++
+			p.grow = 0
+		}
+	}
+}
+
+// Cap is key's per-request cap, 0 when key is not paced (for tests and the
+// admin view).
+func (t *Throttle) Cap(key string) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p := t.paced[key]; p != nil {
+		return int(p.cap)
+	}
+	return 0
 }

@@ -2,7 +2,6 @@ package throttle
 
 import (
 	"fmt"
-	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -77,88 +76,147 @@ func TestPauseUntilNextDay(t *testing.T) {
 	})
 }
 
-// Millions of devices must not leak: expired pauses and refilled buckets go.
+// Millions of devices must not leak: expired pauses and idle paced keys go.
 func TestBoundedMemory(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		th, _ := New(Config{PaceEPS: 30, PaceBurst: 30}, nil)
+		th, _ := New(Config{PaceForget: time.Second}, nil)
 		for round := 0; round < 20; round++ {
-			keys := make([]string, 10_000)
+			keys := make([]Share, 10_000)
 			for i := range keys {
-				keys[i] = fmt.Sprintf("d:%d-%d", round, i)
-				th.Take([]byte(keys[i]), 1)
+				keys[i] = Share{Key: fmt.Sprintf("d:%d-%d", round, i), Share: 10}
 			}
-			th.Pause(keys, time.Now().Add(time.Second))
+			th.Refused(keys, time.Now().Add(time.Second), 30)
 			time.Sleep(2 * time.Second)
 		}
 		th.mu.Lock()
-		np, nb := len(th.paused), len(th.buckets)
+		np, nb := len(th.paused), len(th.paced)
 		th.mu.Unlock()
 		if np > 3*10_000+1024 || nb > 3*10_000+1024 {
-			t.Fatalf("maps grew: %d paused, %d buckets after 200k keys", np, nb)
+			t.Fatalf("maps grew: %d paused, %d paced after 200k keys", np, nb)
 		}
-		if th.PausedKeys() != 0 {
-			t.Fatal("expired pauses counted")
+		if th.PausedKeys() != 0 || th.PacedKeys() != 0 {
+			t.Fatal("expired keys counted")
 		}
 	})
 }
 
-func TestMaxKeysCapsBuckets(t *testing.T) {
+func TestMaxKeysCapsPaced(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		th, _ := New(Config{PaceEPS: 1, MaxKeys: 100}, nil)
+		th, _ := New(Config{MaxKeys: 100}, nil)
 		for i := 0; i < 1000; i++ {
-			if ok, _ := th.Take([]byte(fmt.Sprint(i)), 1); !ok {
-				t.Fatal("first take refused")
-			}
+			th.Refused([]Share{{Key: fmt.Sprint(i), Share: 4}}, time.Now().Add(time.Second), 30)
 		}
-		if th.Buckets() > 100 {
-			t.Fatalf("%d buckets", th.Buckets())
+		if n := th.PacedKeys(); n > 100 {
+			t.Fatalf("%d paced keys", n)
+		}
+		if th.PausedKeys() != 1000 {
+			t.Fatal("pauses past MaxKeys not recorded")
 		}
 	})
 }
 
-func TestPacing(t *testing.T) {
+// A paced key gets at most cap + rate*t events in any t, in requests of at
+// most cap; the cap halves on further refusals (never on a second answer
+// during the pause), never grows back to a refused share, and grows slowly
+// on admitted requests.
+func TestAdaptivePacing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		th, _ := New(Config{PaceEPS: 10, PaceBurst: 5}, nil)
+		reg := prometheus.NewRegistry()
+		th, _ := New(Config{}, reg)
 		k := []byte("d:hot")
-		for i := 0; i < 5; i++ {
-			if ok, _ := th.Take(k, 1); !ok {
-				t.Fatalf("take %d refused within burst", i)
+		if ok, _, paced := th.Take(k, nil); !ok || paced {
+			t.Fatal("unpaced key refused or paced")
+		}
+		pause := 30 * time.Second
+		th.Refused([]Share{{Key: "d:hot", Share: 1000}}, time.Now().Add(pause), 0)
+		if c := th.Cap("d:hot"); c != 30 {
+			t.Fatalf("first cap %d, want eps 30", c)
+		}
+		if n := gauge(t, reg, "relay_throttle_paced_keys"); n != 1 {
+			t.Fatalf("paced gauge %v", n)
+		}
+		// A second 429 for a request sent before the first: no halving.
+		th.Refused([]Share{{Key: "d:hot", Share: 500}}, time.Now().Add(pause), 0)
+		if c := th.Cap("d:hot"); c != 30 {
+			t.Fatalf("cap %d after a 429 inside the pause", c)
+		}
+		time.Sleep(pause)
+		// Over 10s: at most cap + 27/s*10s events, in runs of at most cap.
+		granted, run, maxRun := 0, 0, 0
+		for i := 0; i < 2000 && granted < 400; i++ {
+			ok, at, paced := th.Take(k, []byte("u:someone"))
+			if !paced {
+				t.Fatal("paced key not reported")
 			}
-		}
-		ok, at := th.Take(k, 1)
-		if ok || time.Until(at) != 100*time.Millisecond {
-			t.Fatalf("ok %v at +%v", ok, time.Until(at))
-		}
-		time.Sleep(100 * time.Millisecond)
-		if ok, _ := th.Take(k, 1); !ok {
-			t.Fatal("refused after refill")
-		}
-		// Over 10s, no more than burst + 10/s*10s events are granted.
-		granted := 0
-		for i := 0; i < 1000; i++ {
-			if ok, _ := th.Take(k, 1); ok {
+			if ok {
 				granted++
+				run++
+				maxRun = max(maxRun, run)
+				continue
 			}
-			time.Sleep(10 * time.Millisecond)
+			run = 0
+			time.Sleep(time.Until(at))
 		}
-		if granted > 5+100+1 || granted < 95 {
-			t.Fatalf("granted %d in 10s at 10/s", granted)
+		if maxRun > 30 {
+			t.Fatalf("run of %d events past the cap of 30", maxRun)
 		}
-		off, _ := New(Config{}, nil)
-		if ok, _ := off.Take(k, 1000); !ok || off.Pacing() {
-			t.Fatal("pacing off refused")
+		// Further refusal with a share of 30: cap 15, ceiling 29.
+		th.Refused([]Share{{Key: "d:hot", Share: 30}}, time.Now().Add(pause), 30)
+		if c := th.Cap("d:hot"); c != 15 {
+			t.Fatalf("cap %d after a further 429, want 15", c)
+		}
+		time.Sleep(pause)
+		for i := 0; i < 10_000; i++ {
+			th.Admitted([]string{"d:hot", "d:not-paced"})
+		}
+		if c := th.Cap("d:hot"); c != 29 { // the first refusal (share 1000) set no ceiling
+			t.Fatalf("cap grew to %d, want the ceiling 29 (under the refused share 30)", c)
+		}
+		th.Refused([]Share{{Key: "d:hot", Share: 2}}, time.Now().Add(pause), 30)
+		time.Sleep(pause)
+		th.Refused([]Share{{Key: "d:hot", Share: 1}}, time.Now().Add(pause), 30)
+		if c := th.Cap("d:hot"); c != 1 {
+			t.Fatalf("cap %d, want 1", c)
+		}
+		time.Sleep(pause)
+		th.Admitted([]string{"d:hot"})
+		if c := th.Cap("d:hot"); c != 1 {
+			t.Fatalf("cap %d grew past a refused share of 2", c)
 		}
 	})
 }
 
-func TestValidate(t *testing.T) {
-	for _, c := range []Config{{PaceEPS: -1}, {PaceBurst: -1}, {MaxKeys: -1}} {
-		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "negative") {
-			t.Errorf("%+v: %v", c, err)
+// The rate: over a long run a paced key gets 0.9*eps events/s, and a user
+// and a device paced together both give a token.
+func TestPacingRate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		th, _ := New(Config{}, nil)
+		th.Refused([]Share{{Key: "d:a", Share: 20}, {Key: "u:b", Share: 100}}, time.Now(), 10) // no pause
+		start := time.Now()
+		granted := 0
+		for time.Since(start) < 100*time.Second {
+			ok, at, _ := th.Take([]byte("d:a"), []byte("u:b"))
+			if ok {
+				granted++
+				continue
+			}
+			time.Sleep(time.Until(at))
 		}
-	}
+		// cap 10 (half of 20, at most eps 10); 9/s for 100s plus the cap.
+		if granted > 900+10 || granted < 880 {
+			t.Fatalf("granted %d in 100s at 9/s", granted)
+		}
+		// u:b alone: it gave a token for every event of d:a.
+		for {
+			if ok, _, _ := th.Take([]byte("d:a"), []byte("u:b")); !ok {
+				break
+			}
+		}
+		if ok, _, _ := th.Take([]byte("u:b"), nil); ok {
+			t.Fatal("u:b had tokens left that d:a's events should have taken")
+		}
+	})
 }
-
 func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()

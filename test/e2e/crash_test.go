@@ -202,6 +202,7 @@ func TestCrashDuringDelivery(t *testing.T) {
 			"--throttle-pause", "1s",
 		},
 	}
+	lifeStart := time.Now()
 	r := harness.StartRelay(t, bin, dir, opts)
 	fail := func(format string, args ...any) {
 		t.Helper()
@@ -228,26 +229,40 @@ func TestCrashDuringDelivery(t *testing.T) {
 		wg.Wait()
 	}()
 
-	// Kill at random moments; count the lives in which the relay delivered
-	// something before it was killed (the kill then hit delivery).
+	// Kill each life of the relay while it delivers: wait (15 s at most)
+	// until the sim got a request this life sent (one that arrived after
+	// it started: a request of the previous life still in flight does not
+	// count), then kill at a random moment of the next 300 ms. On a loaded
+	// machine a start can take longer than any fixed sleep; waiting for
+	// the evidence makes every kill hit delivery, however slow the start.
 	bg := context.Background()
 	deliveringKills := 0
+	var seenSeq int64
 	var starts []time.Time // when each restart began
 	for range crashKills {
-		st0, err := sm.Ctl.Stats(bg)
-		if err != nil {
-			t.Fatal(err)
+		delivering := false
+		for deadline := time.Now().Add(15 * time.Second); !delivering && time.Now().Before(deadline); {
+			recs, err := sm.Ctl.Requests(bg, seenSeq)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, rc := range recs {
+				seenSeq = max(seenSeq, rc.Seq)
+				if rc.Time.After(lifeStart) {
+					delivering = true
+				}
+			}
+			if !delivering {
+				time.Sleep(10 * time.Millisecond)
+			}
 		}
-		time.Sleep(time.Duration(80+rng.IntN(420)) * time.Millisecond)
-		st1, err := sm.Ctl.Stats(bg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st1.Requests > st0.Requests {
+		if delivering {
 			deliveringKills++
 		}
+		time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
 		r.Kill(t)
-		starts = append(starts, time.Now())
+		lifeStart = time.Now()
+		starts = append(starts, lifeStart)
 		r = harness.StartRelay(t, bin, dir, opts)
 	}
 	time.Sleep(300 * time.Millisecond)
@@ -438,8 +453,8 @@ func TestCrashDuringDelivery(t *testing.T) {
 	if nAcc < 1000 {
 		t.Errorf("only %d events acknowledged: the test proved little", nAcc)
 	}
-	if deliveringKills < crashKills/2 {
-		t.Errorf("only %d of %d kills hit a relay that was delivering", deliveringKills, crashKills)
+	if deliveringKills < crashKills {
+		t.Errorf("only %d of %d kills hit a relay that was delivering (the others had sent nothing 15s after their start)", deliveringKills, crashKills)
 	}
 	if dupArrivals == 0 {
 		t.Logf("note: no duplicate arrivals this run (kills and lost answers usually cause some)")

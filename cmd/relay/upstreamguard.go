@@ -1,0 +1,70 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/svcrelay/relay/internal/spool"
+)
+
+// sandboxUpstream is the identity the spool stores for sandbox mode (the
+// simulator's address changes at every start).
+const sandboxUpstream = "sandbox"
+
+// upstreamIdentity is what the spool remembers of the upstream its records
+// are accepted for: the ingest URL without a trailing slash, or "sandbox".
+func upstreamIdentity(ingestURL string) string {
+	if ingestURL == "" {
+		return sandboxUpstream
+	}
+	return strings.TrimRight(ingestURL, "/")
+}
+
+// errUpstreamChanged is returned by guardSpoolUpstream when records wait for
+// another upstream and the change is not allowed.
+var errUpstreamChanged = errors.New("spool upstream changed")
+
+// guardSpoolUpstream stops a start whose upstream (id) differs from the one
+// the spool's waiting records were accepted for — a production relay
+// restarted without its --ingest-url would otherwise deliver its backlog to
+// the sandbox simulator and delete it — unless allow. Otherwise (no record
+// waits, or allowed) it stores id as the spool's upstream.
+func guardSpoolUpstream(sp *spool.Spool, id string, allow bool, log *zap.Logger) error {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	prev, err := sp.Upstream()
+	if err != nil {
+		return err
+	}
+	if prev == id {
+		return nil
+	}
+	var waiting int64
+	for _, l := range sp.Lanes() {
+		waiting += l.Stats().Records
+	}
+	switch {
+	case prev == "" || waiting == 0:
+		// A spool from before the guard, or nothing waits: nothing to
+		// protect.
+	case !allow:
+		return fmt.Errorf("%w: the spool holds %d undelivered records accepted for upstream %q, but this start would deliver them to %q; start with --ingest-url %s, or give --spool-upstream-change=allow to send them there",
+			errUpstreamChanged, waiting, prev, id, describeIngestURL(prev))
+	default:
+		log.Warn("delivering records waiting in the spool to another upstream than they were accepted for (--spool-upstream-change=allow)",
+			zap.Int64("records", waiting), zap.String("accepted_for", prev), zap.String("upstream", id))
+	}
+	return sp.SetUpstream(id)
+}
+
+// describeIngestURL is how to ask for upstream id on the command line.
+func describeIngestURL(id string) string {
+	if id == sandboxUpstream {
+		return `"" (sandbox mode)`
+	}
+	return id
+}
