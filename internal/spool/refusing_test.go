@@ -1,0 +1,150 @@
+package spool
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestRefusingWhileCheckpointsFail: while checkpoints fail (the disk is
+// full with the reserve disabled, or bbolt's size limit standing in for it)
+// appends go on into the WAL until the memory bound, then are refused with
+// ErrFull; from then on Refusing says so, naming the checkpoint's error, and
+// it says nothing before. It clears by itself: once delivery frees memory
+// and pages (size limit), or once space returns (a real full filesystem: a
+// small tmpfs mounted by the test; skipped where mounting is not allowed).
+func TestRefusingWhileCheckpointsFail(t *testing.T) {
+	cfg := func(dir string) Config {
+		return Config{Dir: dir, Sync: SyncNone, MinFreeBytes: -1, CompactMinFileBytes: -1,
+			HotMaxBytes: 1 << 20, flushAge: time.Nanosecond, checkpointEvery: time.Millisecond}
+	}
+	t.Run("size limit", func(t *testing.T) {
+		c := cfg(t.TempDir())
+		c.maxFileBytes = 1 << 20
+		s := openTest(t, c)
+		l := mustLane(t, s, testKey(1))
+		checkRefusing(t, s, l, "maximum size", func() {
+			// Delivery: every chunk read and acknowledged frees the
+			// memory of the hot ones and, at the next checkpoint, the
+			// pages of the others.
+			for _, c := range drainAvailable(t, l) {
+				s.Ack(l, c.Seq)
+			}
+		})
+	})
+	t.Run("tmpfs", func(t *testing.T) {
+		mnt := t.TempDir()
+		if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", mnt).CombinedOutput(); err != nil {
+			t.Skipf("cannot mount a tmpfs for a full filesystem (%v: %s); the size-limit variant covers the logic", err, bytes.TrimSpace(out))
+		}
+		t.Cleanup(func() {
+			if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+				t.Errorf("umount %s: %v: %s", mnt, err, out)
+			}
+		})
+		s := openTest(t, cfg(filepath.Join(mnt, "spool")))
+		l := mustLane(t, s, testKey(1))
+		// The first append allocates the WAL segment (16 MiB, enough for
+		// what follows); then the filesystem is filled.
+		appendChunks(t, s, l, 1, 1, 1, 100)
+		waitCheckpointed(t, s)
+		filler := filepath.Join(mnt, "filler")
+		fillFS(t, filler)
+		checkRefusing(t, s, l, syscall.ENOSPC.Error(), func() {
+			if err := os.Remove(filler); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if s.ckptFailed.Load() {
+			t.Fatal("Refusing cleared, but checkpoints still fail")
+		}
+	})
+}
+
+// fillFS writes path until its filesystem has no space left.
+func fillFS(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 64<<10)
+	for range 1024 { // 64 MiB: more than the filesystem
+		if _, err := f.Write(buf); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	for len(buf) > 1 { // the last few blocks
+		buf = buf[:len(buf)/2]
+		_, _ = f.Write(buf)
+	}
+}
+
+// checkRefusing appends 64 KB chunks to l until the spool refuses one,
+// checking before each that Refusing foretells the answer (nil: taken; an
+// error: refused, the chunk being larger than Refusing's margin), and that
+// the refusal comes from failing checkpoints whose error contains cause;
+// then that Refusing stays, and that once free makes room it clears and
+// appends are taken again.
+func checkRefusing(t *testing.T, s *Spool, l *Lane, cause string, free func()) {
+	t.Helper()
+	ctx := context.Background()
+	var b Batch
+	var err error
+	taken := 0
+	for id := 1000; id < 1200 && err == nil; id++ { // the bound (2 MiB) stops it after ~40
+		// Until the store has tried the chunks: then nothing changes the
+		// answer but the next append.
+		deadline := time.Now().Add(10 * time.Second)
+		for !s.checkpointed() && !s.ckptFailed.Load() && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		r := s.Refusing()
+		b.Reset()
+		b.Add(rec(1, id, 64<<10))
+		err = s.Append(ctx, l, &b)
+		switch {
+		case r == nil && err != nil:
+			t.Fatalf("append %d refused (%v) while Refusing said nil", taken+1, err)
+		case r != nil && err == nil:
+			t.Fatalf("append %d taken while Refusing said %q", taken+1, r)
+		case err == nil:
+			taken++
+		}
+	}
+	if !errors.Is(err, ErrFull) || !s.ckptFailed.Load() {
+		t.Fatalf("after %d appends: %v (checkpoints failing: %v), want ErrFull from failing checkpoints", taken, err, s.ckptFailed.Load())
+	}
+	t.Logf("%d appends taken, then %v", taken, err)
+	for range 3 { // ~50 checkpoint intervals: it does not clear by itself
+		r := s.Refusing()
+		if r == nil || !strings.Contains(r.Error(), "checkpoints fail") || !strings.Contains(r.Error(), cause) {
+			t.Fatalf("Refusing %v while appends are refused: want the failing checkpoints, naming %q", r, cause)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	free()
+	deadline := time.Now().Add(10 * time.Second)
+	for s.Refusing() != nil && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if r := s.Refusing(); r != nil {
+		t.Fatalf("Refusing %q 10s after space returned", r)
+	}
+	b.Reset()
+	b.Add(rec(1, 5000, 64<<10))
+	if err := s.Append(ctx, l, &b); err != nil {
+		t.Fatalf("append once Refusing cleared: %v", err)
+	}
+}
