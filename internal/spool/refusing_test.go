@@ -23,7 +23,7 @@ import (
 func TestRefusingWhileCheckpointsFail(t *testing.T) {
 	cfg := func(dir string) Config {
 		return Config{Dir: dir, Sync: SyncNone, MinFreeBytes: -1, CompactMinFileBytes: -1,
-			HotMaxBytes: 1 << 20, flushAge: time.Nanosecond, checkpointEvery: time.Millisecond}
+			HotMaxBytes: 2 << 20, flushAge: time.Nanosecond, checkpointEvery: time.Millisecond}
 	}
 	t.Run("size limit", func(t *testing.T) {
 		c := cfg(t.TempDir())
@@ -91,19 +91,20 @@ func fillFS(t *testing.T, path string) {
 	}
 }
 
-// checkRefusing appends 64 KB chunks to l until the spool refuses one,
-// checking before each that Refusing foretells the answer (nil: taken; an
-// error: refused, the chunk being larger than Refusing's margin), and that
-// the refusal comes from failing checkpoints whose error contains cause;
-// then that Refusing stays, and that once free makes room it clears and
-// appends are taken again.
+// checkRefusing appends chunks of 200 KB (under Refusing's margin) to l
+// until the spool refuses one, checking before each that Refusing is right:
+// while it is nil the chunk is taken, and once it speaks the refusal comes
+// within the margin; the refusal comes from failing checkpoints whose error
+// contains cause. Then it checks that Refusing stays, and that once free
+// makes room it clears and appends are taken again.
 func checkRefusing(t *testing.T, s *Spool, l *Lane, cause string, free func()) {
 	t.Helper()
 	ctx := context.Background()
 	var b Batch
 	var err error
-	taken := 0
-	for id := 1000; id < 1200 && err == nil; id++ { // the bound (2 MiB) stops it after ~40
+	const pad = 200 << 10
+	taken, takenRefusing := 0, 0
+	for id := 1000; id < 1200 && err == nil; id++ { // the bound (4 MiB) stops it after ~25
 		// Until the store has tried the chunks: then nothing changes the
 		// answer but the next append.
 		deadline := time.Now().Add(10 * time.Second)
@@ -112,21 +113,25 @@ func checkRefusing(t *testing.T, s *Spool, l *Lane, cause string, free func()) {
 		}
 		r := s.Refusing()
 		b.Reset()
-		b.Add(rec(1, id, 64<<10))
+		b.Add(rec(1, id, pad))
 		err = s.Append(ctx, l, &b)
 		switch {
 		case r == nil && err != nil:
 			t.Fatalf("append %d refused (%v) while Refusing said nil", taken+1, err)
-		case r != nil && err == nil:
-			t.Fatalf("append %d taken while Refusing said %q", taken+1, r)
-		case err == nil:
+		case err == nil && r != nil:
+			takenRefusing++
+			if takenRefusing*pad > refuseMargin {
+				t.Fatalf("%d appends of %d bytes taken after Refusing said %q", takenRefusing, pad, r)
+			}
+		}
+		if err == nil {
 			taken++
 		}
 	}
 	if !errors.Is(err, ErrFull) || !s.ckptFailed.Load() {
 		t.Fatalf("after %d appends: %v (checkpoints failing: %v), want ErrFull from failing checkpoints", taken, err, s.ckptFailed.Load())
 	}
-	t.Logf("%d appends taken, then %v", taken, err)
+	t.Logf("%d appends taken (%d after Refusing spoke), then %v", taken, takenRefusing, err)
 	for range 3 { // ~50 checkpoint intervals: it does not clear by itself
 		r := s.Refusing()
 		if r == nil || !strings.Contains(r.Error(), "checkpoints fail") || !strings.Contains(r.Error(), cause) {
@@ -143,7 +148,7 @@ func checkRefusing(t *testing.T, s *Spool, l *Lane, cause string, free func()) {
 		t.Fatalf("Refusing %q 10s after space returned", r)
 	}
 	b.Reset()
-	b.Add(rec(1, 5000, 64<<10))
+	b.Add(rec(1, 5000, pad))
 	if err := s.Append(ctx, l, &b); err != nil {
 		t.Fatalf("append once Refusing cleared: %v", err)
 	}
