@@ -153,3 +153,64 @@ func checkRefusing(t *testing.T, s *Spool, l *Lane, cause string, free func()) {
 		t.Fatalf("append once Refusing cleared: %v", err)
 	}
 }
+
+// TestRefusingWhileWALCannotGrow: a disk that fills up in the middle of a
+// WAL segment (the usual case: checkpoints keep the memory of chunks low)
+// refuses appends when the next segment cannot be made, long before the
+// memory bound; Refusing then says so, stays while the space is missing,
+// and clears as soon as a segment's worth is free, without an append. On a
+// real full filesystem (a small tmpfs mounted by the test; skipped where
+// mounting is not allowed).
+func TestRefusingWhileWALCannotGrow(t *testing.T) {
+	mnt := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", mnt).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs for a full filesystem (%v: %s)", err, bytes.TrimSpace(out))
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v: %s", mnt, err, out)
+		}
+	})
+	s := openTest(t, Config{Dir: filepath.Join(mnt, "spool"), Sync: SyncNone, MinFreeBytes: -1, CompactMinFileBytes: -1,
+		segmentBytes: 1 << 20, flushAge: time.Nanosecond, checkpointEvery: time.Millisecond})
+	l := mustLane(t, s, testKey(1))
+	appendChunks(t, s, l, 1, 1, 1, 100)
+	waitCheckpointed(t, s)
+	filler := filepath.Join(mnt, "filler")
+	fillFS(t, filler)
+	ctx := context.Background()
+	var b Batch
+	var err error
+	taken := 0
+	for id := 1000; id < 1100 && err == nil; id++ { // a 1 MiB segment stops it after ~5
+		b.Reset()
+		b.Add(rec(1, id, 200<<10))
+		if err = s.Append(ctx, l, &b); err == nil {
+			taken++
+		}
+	}
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("after %d appends on a full disk: %v, want no space for a new segment", taken, err)
+	}
+	t.Logf("%d appends taken, then %v", taken, err)
+	for range 3 { // it does not clear by itself
+		if r := s.Refusing(); r == nil || !strings.Contains(r.Error(), "write-ahead log segment") {
+			t.Fatalf("Refusing %v while no WAL segment can be made: want it to say so", r)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	if r := s.Refusing(); r != nil {
+		t.Fatalf("Refusing %q once space returned", r)
+	}
+	b.Reset()
+	b.Add(rec(1, 5000, 200<<10))
+	if err := s.Append(ctx, l, &b); err != nil {
+		t.Fatalf("append once space returned: %v", err)
+	}
+	if s.walNoSpace.Load() {
+		t.Fatal("a new segment was made, but walNoSpace is still set")
+	}
+}

@@ -749,6 +749,9 @@ type Spool struct {
 	draining atomic.Bool
 	// ckptErr is the last failed checkpoint's error (Refusing's reason).
 	ckptErr atomic.Pointer[string]
+	// walNoSpace: the last new WAL segment could not be made for want of
+	// space (Refusing).
+	walNoSpace atomic.Bool
 	// synced is the acknowledged WAL end last recorded in spool.db (the
 	// store's).
 	synced walPos
