@@ -378,7 +378,7 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		case !spoolOpen.Load():
 			return errors.New("spool closed")
 		}
-		if err := sp.Draining(); err != nil { // issue 20: a full disk at start
+		if err := sp.Refusing(); err != nil { // issue 20/24: a full disk at start, failing checkpoints
 			return err
 		}
 		if err := ingestRefusal(sp.Stats().LiveBytes, cfg.SpoolMaxBytes, cfg.DataDir, cfg.SpoolMinFreeBytes); err != nil {

@@ -55,6 +55,10 @@ type Pipeline struct {
 	mu      sync.Mutex
 	lanes   map[uint64]*laneRunner
 	running bool
+
+	// afterBuild, when set (tests only), is called on a shard's goroutine
+	// after it built a batch and before the send-time pause check.
+	afterBuild func(*shard)
 }
 
 // New returns a pipeline; nothing runs before Run. log and reg may be nil;

@@ -161,6 +161,9 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 			s.putBody()
 			continue
 		}
+		if p.afterBuild != nil {
+			p.afterBuild(s)
+		}
 		if s.pausedSinceBuild() {
 			// A 429 of another shard or lane paused a key of this batch
 			// after it was built: checked again at send time, so that a

@@ -747,6 +747,11 @@ type Spool struct {
 	// draining is set while the WAL's replay waits for disk space (see
 	// drain.go): appends are refused, what bbolt holds is delivered.
 	draining atomic.Bool
+	// ckptErr is the last failed checkpoint's error (Refusing's reason).
+	ckptErr atomic.Pointer[string]
+	// walNoSpace: the last new WAL segment could not be made for want of
+	// space (Refusing).
+	walNoSpace atomic.Bool
 	// synced is the acknowledged WAL end last recorded in spool.db (the
 	// store's).
 	synced walPos

@@ -291,6 +291,8 @@ func (s *Spool) checkpoint(ops []*op, acks []ackOp, end walPos, endTotal int64, 
 			s.st.lastCkptErr = msg
 		}
 		s.rollback(acks, flush, flushL, lanes)
+		cause := err.Error()
+		s.ckptErr.Store(&cause)
 		s.ckptFailed.Store(true)
 	} else {
 		if s.ckptFailed.Load() {

@@ -383,7 +383,9 @@ func (s *Spool) write(ops []*op, acks []ackOp) error {
 		}
 	}
 	if s.w.f == nil || s.w.off+need+extra > s.w.size {
-		if err := s.rotate(need + extra); err != nil {
+		err := s.rotate(need + extra)
+		s.walNoSpace.Store(noSpace(err)) // for Refusing
+		if err != nil {
 			return err
 		}
 	}
