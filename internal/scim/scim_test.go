@@ -13,6 +13,7 @@ import (
 	"github.com/svcrelay/relay/internal/forward"
 	ft "github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 )
 
 func start(t *testing.T, cfg Config) (*ft.Env, string) {
@@ -244,7 +245,7 @@ func TestLimitRefusesAtOnceAndUpstream429PassesBack(t *testing.T) {
 // TestRegionBase: an organization's scim_url override beats --scim-url.
 func TestRegionBase(t *testing.T) {
 	env := ft.Start(t, forward.Config{})
-	eu := sim.New(sim.Config{}, nil)
+	eu := simtest.New(sim.Config{}, nil)
 	euURL, err := eu.Start("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

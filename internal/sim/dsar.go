@@ -3,7 +3,6 @@ package sim
 import (
 	"bytes"
 	"compress/gzip"
-	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -320,9 +319,4 @@ func (s *Sim) dsarFiles(job *dsarJob) [][]byte {
 		files = append(files, gz.Bytes())
 	}
 	return files
-}
-
-// SetDSAR changes the DSAR routes' configuration (POST /sim/dsar/config).
-func (c *Control) SetDSAR(ctx context.Context, cfg DSARConfig) error {
-	return c.do(ctx, "POST", "/sim/dsar/config", appendJSON(nil, cfg), nil)
 }

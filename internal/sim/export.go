@@ -3,7 +3,6 @@ package sim
 import (
 	"archive/zip"
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -294,18 +293,4 @@ func (c *countWriter) Write(b []byte) (int, error) {
 	n, err := c.w.Write(b)
 	c.n += int64(n)
 	return n, err
-}
-
-// SetExport changes the export route's configuration (POST /sim/export/config).
-func (c *Control) SetExport(ctx context.Context, cfg ExportConfig) error {
-	return c.do(ctx, "POST", "/sim/export/config", appendJSON(nil, cfg), nil)
-}
-
-// ExportLog returns the export requests served so far (GET /sim/export/log).
-func (c *Control) ExportLog(ctx context.Context) ([]ExportServed, error) {
-	var out struct {
-		Served []ExportServed `json:"served"`
-	}
-	err := c.do(ctx, "GET", "/sim/export/log", nil, &out)
-	return out.Served, err
 }

@@ -2,14 +2,12 @@ package sim
 
 import (
 	"compress/gzip"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
 	"net/http"
-	"net/url"
 	"sort"
 	"strings"
 	"sync"
@@ -253,17 +251,6 @@ func upsertPart(it *FeedbackItem, p FeedbackItem) {
 	}
 	p.Updates = 1
 	it.ConversationParts = append(it.ConversationParts, p)
-}
-
-// FeedbackItems returns the stored items of a source of api key apiKey
-// (GET /sim/feedback).
-func (c *Control) FeedbackItems(ctx context.Context, apiKey, sourceID string) ([]FeedbackItem, error) {
-	var out struct {
-		Items []FeedbackItem `json:"items"`
-	}
-	q := url.Values{"api_key": {apiKey}, "source_id": {sourceID}}
-	err := c.do(ctx, "GET", "/sim/feedback?"+q.Encode(), nil, &out)
-	return out.Items, err
 }
 
 // apiHandler serves a data API route; key is the Basic user name (an api key).

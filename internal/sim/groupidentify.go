@@ -2,7 +2,6 @@ package sim
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"net/http"
 	"net/url"
@@ -95,14 +94,6 @@ func (s *Sim) registerGroupIdentify() {
 func (s *Sim) gi() *giState {
 	h, _ := s.ctlMux.Handler(&http.Request{Method: http.MethodGet, URL: &url.URL{Path: giControlPath}})
 	return h.(*giState)
-}
-
-// GroupIdentifies reads the identifications stored for apiKey
-// (GET /sim/groupidentify?api_key=K).
-func (c *Control) GroupIdentifies(ctx context.Context, apiKey string) ([]GroupIdentify, error) {
-	var out []GroupIdentify
-	err := c.do(ctx, "GET", giControlPath+"?"+url.Values{"api_key": {apiKey}}.Encode(), nil, &out)
-	return out, err
 }
 
 // GroupIdentifies returns the identifications stored for apiKey, in arrival order.

@@ -692,10 +692,9 @@ func (s *Sim) Stats() Stats {
 }
 
 // Reset forgets every stored event, counter, request, insert_id, rate and
-// quota, and clears faults, and resets every route group's own state (see
-// onReset). Silenced devices stay silenced; the down state is kept.
+// quota, and resets every route group's own state (see onReset). Silenced
+// devices stay silenced. (simtest's Reset clears its faults too.)
 func (s *Sim) Reset() {
-	s.ClearFaults()
 	s.mu.Lock()
 	s.store.init(&s.cfg, s.seed)
 	s.counted.Store(0)

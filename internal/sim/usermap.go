@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"context"
 	"encoding/json"
 	"hash/fnv"
 	"net/http"
@@ -142,29 +141,6 @@ func (st *umState) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	writeJSON(w, http.StatusOK, UserMapState{Calls: st.calls, Batches: st.batches, Throttled: st.throttled})
-}
-
-// UserMap reads the simulator's mapping calls, batches and 429 count
-// (GET /sim/usermap).
-func (c *Control) UserMap(ctx context.Context) (UserMapState, error) {
-	var out UserMapState
-	err := c.do(ctx, "GET", umControlPath, nil, &out)
-	return out, err
-}
-
-// SetUserMapRate sets the mapping rate limit (POST /sim/usermap?limit=&window=).
-func (c *Control) SetUserMapRate(ctx context.Context, limit int, window time.Duration) error {
-	return c.do(ctx, "POST", umControlPath+"?"+url.Values{"limit": {strconv.Itoa(limit)}, "window": {window.String()}}.Encode(), nil, nil)
-}
-
-// SetUserMapOrg puts apiKey in organization org (POST /sim/usermap?api_key=&org=).
-func (c *Control) SetUserMapOrg(ctx context.Context, apiKey, org string) error {
-	return c.do(ctx, "POST", umControlPath+"?"+url.Values{"api_key": {apiKey}, "org": {org}}.Encode(), nil, nil)
-}
-
-// SetSecretKey makes GET /api/2/usermap require secret for apiKey.
-func (c *Control) SetSecretKey(ctx context.Context, apiKey, secret string) error {
-	return c.do(ctx, "POST", umControlPath+"?"+url.Values{"api_key": {apiKey}, "secret": {secret}}.Encode(), nil, nil)
 }
 
 const umControlPath = "/sim/usermap"
