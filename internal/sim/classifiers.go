@@ -9,7 +9,7 @@ import (
 )
 
 // Channel classifiers (/api/2/channel-classifiers), by
-// ../shared/api/experiments-scim-classifiers.md. HTTP Basic with the
+// docs/upstream-api.md (Channel classifiers). HTTP Basic with the
 // project's key pair (mgmt.go: 401 missing or malformed, 403 invalid);
 // classifiers are per api key. Checks in order: name characters (POST: 400),
 // body (POST, PATCH): a JSON object with csvDefinition an object holding a

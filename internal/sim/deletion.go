@@ -10,8 +10,8 @@ import (
 	"time"
 )
 
-// User deletion route rules (first version, ../shared/api/taxonomy-
-// feedback-dsar-deletion.md). The Basic user name is the project's api key;
+// User deletion route rules (first version; docs/upstream-api.md, User
+// deletion). The Basic user name is the project's api key;
 // the project's users are those of its events ingested through /2/httpapi
 // (svc_id = SvcID(api key, user_id)).
 //

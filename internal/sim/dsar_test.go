@@ -99,8 +99,8 @@ func TestDSARLifecycle(t *testing.T) {
 
 	// A failing job, by svcId.
 	one := 1
-	if a := post(t, url+"/sim/dsar/config", appendJSON(nil, DSARConfig{PollsToDone: 2, FailNext: &one})); a.Status != 200 {
-		t.Fatal(a.Status, string(a.Body))
+	if err := s.SetDSAR(DSARConfig{PollsToDone: 2, FailNext: &one}); err != nil {
+		t.Fatal(err)
 	}
 	a = create(`{"svcId":` + strconv.FormatInt(SvcID("proj", "bobby"), 10) + `,"startDate":"2026-01-01","endDate":"2027-12-31"}`)
 	id = strconv.FormatInt(int64(a.JSON["requestId"].(float64)), 10)

@@ -4,6 +4,7 @@ import (
 	"archive/zip"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -11,8 +12,7 @@ import (
 	"time"
 )
 
-// Export route rules (GET /api/2/export, ../shared/api/ingestion-groups-
-// usermap-export.md):
+// Export route rules (GET /api/2/export; docs/upstream-api.md, Export):
 //
 //   - start and end are YYYYMMDDTHH (UTC), end's hour included; missing or
 //     malformed, end before start, or more than ExportMaxRange: 400.
@@ -29,8 +29,8 @@ import (
 //     4 GiB, the document's "4 GB"): 400. No data in the range: 404.
 //   - The archive is streamed (chunked); nothing of it is buffered.
 //
-// Control routes: POST /sim/export/config (ExportConfig JSON; fields left
-// out keep their value) and GET /sim/export/log (the ranges served, in order).
+// Configuration: Sim.SetExport (simtest's POST /sim/export/config). Read-out:
+// GET /sim/export/log (the ranges served, in order).
 
 // ExportMaxRange is the longest export range.
 const ExportMaxRange = 365 * 24 * time.Hour
@@ -99,8 +99,27 @@ type exportState struct {
 	log       []ExportServed
 }
 
+// SetExport changes the export route's configuration (fields left zero or
+// nil keep their value).
+func (s *Sim) SetExport(c ExportConfig) error {
+	if c.MaxBytes < 0 || (c.SyntheticBytesPerHour != nil && *c.SyntheticBytesPerHour < 0) {
+		return errors.New("sim: export configuration: negative value")
+	}
+	st := s.export
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if c.MaxBytes > 0 {
+		st.maxBytes = c.MaxBytes
+	}
+	if c.SyntheticBytesPerHour != nil {
+		st.synthetic = *c.SyntheticBytesPerHour
+	}
+	return nil
+}
+
 func (s *Sim) registerExport() {
 	st := &exportState{maxBytes: 4 << 30}
+	s.export = st
 	s.apiRoute("GET /api/2/export", func(w http.ResponseWriter, r *http.Request, key string) {
 		q := r.URL.Query()
 		served := ExportServed{Start: q.Get("start"), End: q.Get("end")}
@@ -181,23 +200,6 @@ func (s *Sim) registerExport() {
 		}
 		zw.Close()
 		served.Bytes = cw.n
-	})
-	s.ctlMux.HandleFunc("POST /sim/export/config", func(w http.ResponseWriter, r *http.Request) {
-		var c ExportConfig
-		if err := json.NewDecoder(r.Body).Decode(&c); err != nil || c.MaxBytes < 0 ||
-			(c.SyntheticBytesPerHour != nil && *c.SyntheticBytesPerHour < 0) {
-			apiError(w, http.StatusBadRequest, "want ExportConfig JSON with non-negative values")
-			return
-		}
-		st.mu.Lock()
-		if c.MaxBytes > 0 {
-			st.maxBytes = c.MaxBytes
-		}
-		if c.SyntheticBytesPerHour != nil {
-			st.synthetic = *c.SyntheticBytesPerHour
-		}
-		st.mu.Unlock()
-		writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
 	})
 	s.ctlMux.HandleFunc("GET /sim/export/log", func(w http.ResponseWriter, r *http.Request) {
 		st.mu.Lock()

@@ -12,7 +12,7 @@ import (
 
 func TestExportArchive(t *testing.T) {
 	clock := newFakeClock() // 2026-11-22 12:00 UTC
-	_, url := start(t, Config{Now: clock.Now})
+	s, url := start(t, Config{Now: clock.Now})
 	post(t, url+"/2/httpapi", env("proj", `{"event_type":"e1","user_id":"alice","insert_id":"i1","time":1763812800000}`,
 		`{"event_type":"e2","device_id":"device-1"}`))
 	post(t, url+"/2/httpapi", env("other", `{"event_type":"x","user_id":"carol"}`))
@@ -63,14 +63,16 @@ func TestExportArchive(t *testing.T) {
 		t.Fatalf("entries %v types %v", names, types)
 	}
 	// Over the size limit: 400; synthetic data fills empty hours.
-	if a := post(t, url+"/sim/export/config", appendJSON(nil, ExportConfig{MaxBytes: 500})); a.Status != 200 {
-		t.Fatal(a.Status, string(a.Body))
+	if err := s.SetExport(ExportConfig{MaxBytes: 500}); err != nil {
+		t.Fatal(err)
 	}
 	if a := get("start=20261122T00&end=20261122T23"); a.Status != 400 {
 		t.Errorf("over MaxBytes: %d", a.Status)
 	}
 	syn := int64(3 << 20)
-	post(t, url+"/sim/export/config", appendJSON(nil, ExportConfig{MaxBytes: 1 << 40, SyntheticBytesPerHour: &syn}))
+	if err := s.SetExport(ExportConfig{MaxBytes: 1 << 40, SyntheticBytesPerHour: &syn}); err != nil {
+		t.Fatal(err)
+	}
 	a = get("start=20200101T00&end=20200101T00")
 	zr, err = zip.NewReader(bytes.NewReader(a.Body), int64(len(a.Body)))
 	if err != nil || len(zr.File) != 1 || zr.File[0].UncompressedSize64 < uint64(syn) || zr.File[0].UncompressedSize64 > uint64(syn)+2<<20 {

@@ -16,8 +16,8 @@ import (
 )
 
 // This file holds the feedback ingestion route and the helpers shared by the
-// data-moving API groups of ../shared/api/taxonomy-feedback-dsar-deletion.md
-// and the export API (feedback.go, dsar.go, deletion.go, export.go):
+// data-moving API groups (docs/upstream-api.md: Taxonomy, Feedback, Data
+// subject access requests, User deletion) and the export API (feedback.go, dsar.go, deletion.go, export.go):
 //
 //   - apiRoute registers a route whose answer is written straight to the
 //     client (no buffering: export archives are gigabytes), with the shared

@@ -16,7 +16,7 @@ import (
 )
 
 // This file holds what the management API groups of
-// ../shared/api/experiments-scim-classifiers.md and the taxonomy API share
+// docs/upstream-api.md (experiments, SCIM, classifiers) and the taxonomy API share
 // (experiments.go, scim.go, classifiers.go, taxonomy.go):
 //
 //   - mgmtRoute registers a route with the shared request log, latency,

@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Each reading of /work/shared/AMBIGUITIES.md the Sim plays, against the
+// Each reading the Sim plays (the package doc's Readings), against the
 // strict default.
 func TestReadings(t *testing.T) {
 	batch := func(key, dev string, n int, tag string) []byte {

@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// SCIM provisioning (/scim/1), by ../shared/api/experiments-scim-classifiers.md.
+// SCIM provisioning (/scim/1), by docs/upstream-api.md (SCIM provisioning).
 //
 // State per organization (the SCIM token's): users keyed by lower-cased
 // email (pending or joined, both reported active) and groups with numeric

@@ -57,9 +57,8 @@ type Config struct {
 	// control routes (internal/sim/simtest, tests only); nil in the product.
 	Faults Faults
 
-	// Readings of the document's ambiguous sentences (issue 18; see
-	// /work/shared/AMBIGUITIES.md and the package doc). The zero value of
-	// each is the strict reading.
+	// Readings of the document's ambiguous sentences (issue 18; see the
+	// package doc's Readings). The zero value of each is the strict reading.
 
 	// LenientRate: only events already ingested count toward a key's
 	// average (so one large request of a hot device is taken). False (the
@@ -166,6 +165,8 @@ type Sim struct {
 	ctlMux *http.ServeMux
 	srv    *http.Server
 	seed   maphash.Seed
+	dsar   *dsarState   // registerDSAR's, for SetDSAR
+	export *exportState // registerExport's, for SetExport
 
 	mu    sync.Mutex
 	store store

@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Taxonomy (/api/2/taxonomy), by ../shared/api/taxonomy-feedback-dsar-deletion.md.
+// Taxonomy (/api/2/taxonomy), by docs/upstream-api.md (Taxonomy).
 // HTTP Basic with the project's key pair (mgmt.go); state per api key.
 // Bodies are form encoded; GET parameters come from the query, DELETE
 // parameters from the query or the body. Answers: {"success": true} (with

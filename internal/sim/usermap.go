@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -99,45 +98,10 @@ type UserMapState struct {
 	Throttled int64          `json:"throttled"`
 }
 
-// ServeHTTP serves the control route /sim/usermap. GET answers
-// UserMapState. POST changes settings, by query: limit=N&window=D (as
-// SetUserMapRate), api_key=K&org=O (SetUserMapOrg), api_key=K&secret=S
-// (SetSecretKey), reject_user_id=U (RejectUserID).
+// ServeHTTP serves the read-out GET /sim/usermap: UserMapState. (The
+// settings are changed by SetUserMapRate, SetUserMapOrg, SetSecretKey and
+// RejectUserID, or simtest's POST /sim/usermap.)
 func (st *umState) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method == http.MethodPost {
-		q := r.URL.Query()
-		st.mu.Lock()
-		defer st.mu.Unlock()
-		if v := q.Get("limit"); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil || n <= 0 {
-				http.Error(w, "bad limit", http.StatusBadRequest)
-				return
-			}
-			st.limit = n
-		}
-		if v := q.Get("window"); v != "" {
-			d, err := time.ParseDuration(v)
-			if err != nil || d <= 0 {
-				http.Error(w, "bad window", http.StatusBadRequest)
-				return
-			}
-			st.window = d
-		}
-		if k := q.Get("api_key"); k != "" {
-			if o := q.Get("org"); o != "" {
-				st.orgOfKey[k] = o
-			}
-			if sec := q.Get("secret"); sec != "" {
-				st.secrets[k] = sec
-			}
-		}
-		if u := q.Get("reject_user_id"); u != "" {
-			st.rejected[u] = true
-		}
-		writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
-		return
-	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	writeJSON(w, http.StatusOK, UserMapState{Calls: st.calls, Batches: st.batches, Throttled: st.throttled})
@@ -148,7 +112,7 @@ const umControlPath = "/sim/usermap"
 func (s *Sim) registerUserMap() {
 	st := &umState{limit: DefaultMappingLimit, window: DefaultMappingWindow, orgOfKey: map[string]string{},
 		secrets: map[string]string{}, mapped: map[string]map[string]string{}, rejected: map[string]bool{}}
-	s.ctlMux.Handle(umControlPath, st)
+	s.ctlMux.Handle("GET "+umControlPath, st)
 	s.onReset(func() { // rate limit, key organizations and secrets are configuration: kept
 		st.mu.Lock()
 		defer st.mu.Unlock()

@@ -23,6 +23,11 @@
 //	POST /sim/silence?device_id=D           Sim.Silence
 //	POST /sim/unsilence?device_id=D         Sim.Unsilence
 //	POST /sim/quota?n=N                     Sim.SetDailyQuota
+//	POST /sim/dsar/config                   sim.DSARConfig JSON: Sim.SetDSAR
+//	POST /sim/export/config                 sim.ExportConfig JSON: Sim.SetExport
+//	POST /sim/usermap?limit=N&window=D&api_key=K&org=O&secret=S&reject_user_id=U
+//	                                        SetUserMapRate, SetUserMapOrg, SetSecretKey,
+//	                                        RejectUserID (each when given)
 package simtest
 
 import (
@@ -438,6 +443,64 @@ func (s *Sim) routes(ctl *http.ServeMux) {
 		if mode == sim.DownRefuse {
 			s.setListenersDown(true) //nolint:errcheck // closing listeners; the answer is sent
 		}
+	})
+	ctl.HandleFunc("POST /sim/dsar/config", func(w http.ResponseWriter, r *http.Request) {
+		var c sim.DSARConfig
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&c); err != nil {
+			bad(w, fmt.Errorf("dsar config: %w", err))
+			return
+		}
+		if err := s.SetDSAR(c); err != nil {
+			bad(w, err)
+			return
+		}
+		ok(w)
+	})
+	ctl.HandleFunc("POST /sim/export/config", func(w http.ResponseWriter, r *http.Request) {
+		var c sim.ExportConfig
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&c); err != nil {
+			bad(w, fmt.Errorf("export config: %w", err))
+			return
+		}
+		if err := s.SetExport(c); err != nil {
+			bad(w, err)
+			return
+		}
+		ok(w)
+	})
+	ctl.HandleFunc("POST /sim/usermap", func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		var limit int
+		var window time.Duration
+		if v := q.Get("limit"); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n <= 0 {
+				bad(w, fmt.Errorf("usermap: bad limit %q", v))
+				return
+			}
+			limit = n
+		}
+		if v := q.Get("window"); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				bad(w, fmt.Errorf("usermap: bad window %q", v))
+				return
+			}
+			window = d
+		}
+		s.SetUserMapRate(limit, window)
+		if k := q.Get("api_key"); k != "" {
+			if o := q.Get("org"); o != "" {
+				s.SetUserMapOrg(k, o)
+			}
+			if sec := q.Get("secret"); sec != "" {
+				s.SetSecretKey(k, sec)
+			}
+		}
+		if u := q.Get("reject_user_id"); u != "" {
+			s.RejectUserID(u)
+		}
+		ok(w)
 	})
 	ctl.HandleFunc("GET /sim/faults", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, FaultState{Down: s.IsDown(), PendingFaults: s.PendingFaults()})
