@@ -199,7 +199,7 @@ func TestBurstStaysUnderRate(t *testing.T) {
 	}
 	wg.Wait()
 	calls := env.Sim.MgmtCalls()
-	most := sim.MaxCallsInWindow(calls, "scim", window)
+	most := simtest.MaxCallsInWindow(calls, "scim", window)
 	t.Logf("%d answered by the upstream, %d refused locally, in %v; at most %d calls in any %v at the sim",
 		upstream, local, time.Since(start).Round(time.Millisecond), most, window)
 	if most > 100 {

@@ -36,9 +36,9 @@ type clsState struct {
 	byKey map[string]map[string]*simClassifier
 }
 
-// ValidClassifierName reports whether name has only letters, digits, '_'
+// validClassifierName reports whether name has only letters, digits, '_'
 // and '-' (and is not empty).
-func ValidClassifierName(name string) bool {
+func validClassifierName(name string) bool {
 	if name == "" {
 		return false
 	}
@@ -127,7 +127,7 @@ func (s *Sim) registerClassifiers() {
 	})
 	r("POST /api/2/channel-classifiers/{name}", func(m map[string]*simClassifier, w *mgWriter, q *mgRequest) {
 		name := q.r.PathValue("name")
-		if !ValidClassifierName(name) {
+		if !validClassifierName(name) {
 			fail(w, http.StatusBadRequest, "name may hold letters, digits, underscores and hyphens only")
 			return
 		}

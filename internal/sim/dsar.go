@@ -269,8 +269,8 @@ func (st *dsarState) sign(path, exp string) string {
 	return hex.EncodeToString(m.Sum(nil)[:16])
 }
 
-// DSARLine is one line of a DSAR output file.
-type DSARLine struct {
+// dsarLine is one line of a DSAR output file.
+type dsarLine struct {
 	SvcID            int64           `json:"svc_id"`
 	App              int64           `json:"app"`
 	UserID           string          `json:"user_id,omitempty"`
@@ -303,7 +303,7 @@ func (s *Sim) dsarFiles(job *dsarJob) [][]byte {
 		if raw.Time != nil {
 			et = time.UnixMilli(*raw.Time).UTC().Format(ExportTimeFormat)
 		}
-		line := appendJSON(nil, DSARLine{SvcID: SvcID(ev.APIKey, ev.UserID), App: AppID(ev.APIKey), UserID: ev.UserID,
+		line := appendJSON(nil, dsarLine{SvcID: SvcID(ev.APIKey, ev.UserID), App: appID(ev.APIKey), UserID: ev.UserID,
 			DeviceID: ev.DeviceID, EventType: ev.EventType, EventTime: et, ServerUploadTime: up, EventProperties: raw.EventProperties})
 		m := ev.Time.UTC().Format("2006-01")
 		if months[m] == nil {

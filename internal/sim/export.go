@@ -149,7 +149,7 @@ func (s *Sim) registerExport() {
 		st.mu.Unlock()
 		hours := int64(end.Sub(start)/time.Hour) + 1
 		byHour, size := s.exportRecords(key, start, end.Add(time.Hour))
-		app := AppID(key)
+		app := appID(key)
 		var block []byte
 		var blocksPerHour int64
 		if synthetic > 0 {
@@ -220,7 +220,7 @@ func (s *Sim) exportRecords(key string, from, to time.Time) (map[int64][][]byte,
 		if t.Before(from) || !t.Before(to) {
 			continue
 		}
-		line := append(ExportLine(key, ev), '\n')
+		line := append(exportLine(key, ev), '\n')
 		h := t.Truncate(time.Hour).Unix()
 		out[h] = append(out[h], line)
 		size += int64(len(line))
@@ -228,9 +228,9 @@ func (s *Sim) exportRecords(key string, from, to time.Time) (map[int64][][]byte,
 	return out, size
 }
 
-// ExportLine is the exported record (JSON, no newline) of a stored event of
+// exportLine is the exported record (JSON, no newline) of a stored event of
 // api key apiKey.
-func ExportLine(apiKey string, ev Ingested) []byte {
+func exportLine(apiKey string, ev Ingested) []byte {
 	var in struct {
 		EventID         int64           `json:"event_id"`
 		SessionID       int64           `json:"session_id"`
@@ -259,7 +259,7 @@ func ExportLine(apiKey string, ev Ingested) []byte {
 		return b
 	}
 	rec := ExportRecord{
-		App: AppID(apiKey), SvcID: SvcID(apiKey, ev.UserID+"\x00"+ev.DeviceID), EventID: in.EventID,
+		App: appID(apiKey), SvcID: SvcID(apiKey, ev.UserID+"\x00"+ev.DeviceID), EventID: in.EventID,
 		SessionID: in.SessionID, UUID: fmt.Sprintf("00000000-0000-4000-8000-%012d", ev.Seq%1_000_000_000_000),
 		InsertID: ev.InsertID, EventType: ev.EventType, UserID: ev.UserID, DeviceID: ev.DeviceID,
 		EventTime: evTime, ClientEventTime: evTime, ClientUploadTime: up, ServerReceivedTime: up,

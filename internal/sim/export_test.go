@@ -52,12 +52,12 @@ func TestExportArchive(t *testing.T) {
 			}
 			types = append(types, r.EventType)
 			if r.EventType == "e1" && (r.EventTime != "2025-11-22 12:00:00.000000" || r.ServerUploadTime != "2026-11-22 12:00:00.000000" ||
-				r.InsertID != "i1" || r.SvcID != SvcID("proj", "alice") || r.App != AppID("proj")) {
+				r.InsertID != "i1" || r.SvcID != SvcID("proj", "alice") || r.App != appID("proj")) {
 				t.Errorf("record %s", l)
 			}
 		}
 	}
-	app := itoa(int(AppID("proj")))
+	app := itoa(int(appID("proj")))
 	if strings.Join(names, ",") != app+"/"+app+"_2026-11-22_12#0.json,"+app+"/"+app+"_2026-11-22_14#0.json" ||
 		strings.Join(types, ",") != "e1,e2,e3" {
 		t.Fatalf("entries %v types %v", names, types)

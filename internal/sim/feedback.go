@@ -61,17 +61,17 @@ type FeedbackItem struct {
 	Updates int `json:"updates"`
 }
 
-// FeedbackError is one entry of the ingest answer's errors.
-type FeedbackError struct {
+// feedbackError is one entry of the ingest answer's errors.
+type feedbackError struct {
 	UniqueID string `json:"unique_id"`
 	Error    string `json:"error"`
 }
 
-// FeedbackAnswer is the ingest answer.
-type FeedbackAnswer struct {
+// feedbackAnswer is the ingest answer.
+type feedbackAnswer struct {
 	Ingested int             `json:"ingested"`
 	Failed   int             `json:"failed"`
-	Errors   []FeedbackError `json:"errors"`
+	Errors   []feedbackError `json:"errors"`
 }
 
 type feedbackState struct {
@@ -118,13 +118,13 @@ func (s *Sim) registerFeedback() {
 			apiError(w, http.StatusBadRequest, fmt.Sprintf("items must hold 1 to %d items, not %d", FeedbackMaxItems, len(req.Items)))
 			return
 		}
-		ans := FeedbackAnswer{Errors: []FeedbackError{}}
+		ans := feedbackAnswer{Errors: []feedbackError{}}
 		good := make([]FeedbackItem, 0, len(req.Items))
 		for _, raw := range req.Items {
 			it, err := checkFeedbackItem(raw)
 			if err != nil {
 				ans.Failed++
-				ans.Errors = append(ans.Errors, FeedbackError{UniqueID: it.UniqueID, Error: err.Error()})
+				ans.Errors = append(ans.Errors, feedbackError{UniqueID: it.UniqueID, Error: err.Error()})
 				continue
 			}
 			good = append(good, it)
@@ -374,9 +374,9 @@ func SvcID(apiKey, userID string) int64 {
 	return int64(h.Sum64()%1_000_000_000_000) + 1
 }
 
-// AppID is the simulator's project number (the exported "app") of api key
+// appID is the simulator's project number (the exported "app") of api key
 // apiKey: stable, positive, below 10^7.
-func AppID(apiKey string) int64 {
+func appID(apiKey string) int64 {
 	h := fnv.New64a()
 	h.Write([]byte(apiKey))
 	return int64(h.Sum64()%10_000_000) + 1

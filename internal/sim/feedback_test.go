@@ -75,7 +75,7 @@ func TestFeedbackIngest(t *testing.T) {
 				}
 				return
 			}
-			var ans FeedbackAnswer
+			var ans feedbackAnswer
 			json.Unmarshal(a.Body, &ans)
 			if float64(ans.Ingested) != tc.ingested || ans.Failed != len(tc.failed) || len(ans.Errors) != len(tc.failed) {
 				t.Fatalf("answer %s", a.Body)

@@ -90,8 +90,8 @@ func (s *Sim) SetSCIMRate(limit int, window time.Duration) {
 	}
 }
 
-// SCIMUsers returns the emails of org's users, sorted.
-func (s *Sim) SCIMUsers(org string) []string {
+// scimUsers returns the emails of org's users, sorted.
+func (s *Sim) scimUsers(org string) []string {
 	st := s.mgmt()
 	st.mu.Lock()
 	defer st.mu.Unlock()

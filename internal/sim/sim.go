@@ -261,7 +261,7 @@ func (s *Sim) resetGroups() {
 
 // unknownPath answers the upstream's "Invalid request path".
 func (s *Sim) unknownPath(w http.ResponseWriter, r *http.Request) {
-	s.ingestMiddleware(routeHandler{serve: func(w http.ResponseWriter, r *http.Request, in *Incoming) {
+	s.ingestMiddleware(routeHandler{serve: func(w http.ResponseWriter, r *http.Request, in *incoming) {
 		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidPath})
 	}}).ServeHTTP(w, r)
 }

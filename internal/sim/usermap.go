@@ -121,11 +121,11 @@ func (s *Sim) registerUserMap() {
 		st.throttled, st.seq = 0, 0
 	})
 	s.route("/usermap", routeHandler{
-		serve:    func(w http.ResponseWriter, r *http.Request, in *Incoming) { s.serveUserMap(st, w, r, in) },
-		describe: func(in *Incoming) { describeForm(in, "mapping") },
+		serve:    func(w http.ResponseWriter, r *http.Request, in *incoming) { s.serveUserMap(st, w, r, in) },
+		describe: func(in *incoming) { describeForm(in, "mapping") },
 	})
 	s.route("/api/2/usermap", routeHandler{
-		serve: func(w http.ResponseWriter, r *http.Request, in *Incoming) { s.serveUserMapRead(st, w, r, in) },
+		serve: func(w http.ResponseWriter, r *http.Request, in *incoming) { s.serveUserMapRead(st, w, r, in) },
 	})
 }
 
@@ -223,30 +223,7 @@ func (st *umState) orgLocked(apiKey string) string {
 	return "key:" + KeyLabel(apiKey)
 }
 
-// MaxWindowCount returns the largest number of mapping calls of one
-// organization accepted within any window of length window (the pace).
-func MaxWindowCount(batches []MappingBatch, window time.Duration) int {
-	byOrg := map[string][]MappingBatch{}
-	for _, b := range batches {
-		byOrg[b.Org] = append(byOrg[b.Org], b)
-	}
-	best := 0
-	for _, bs := range byOrg {
-		sort.Slice(bs, func(i, j int) bool { return bs[i].Time.Before(bs[j].Time) })
-		sum, lo := 0, 0
-		for _, b := range bs {
-			sum += b.N
-			for !bs[lo].Time.After(b.Time.Add(-window)) { // drop those at or before b.Time-window
-				sum -= bs[lo].N
-				lo++
-			}
-			best = max(best, sum)
-		}
-	}
-	return best
-}
-
-func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, in *Incoming) {
+func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, in *incoming) {
 	if r.Method != http.MethodPost {
 		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidPath})
 		return
@@ -381,7 +358,7 @@ func svcID(userID string) int64 {
 	return int64(h.Sum64() >> 12) // positive, fits a JSON number exactly
 }
 
-func (s *Sim) serveUserMapRead(st *umState, w http.ResponseWriter, r *http.Request, in *Incoming) {
+func (s *Sim) serveUserMapRead(st *umState, w http.ResponseWriter, r *http.Request, in *incoming) {
 	rd := MappingRead{Time: s.cfg.Now(), Query: r.URL.RawQuery}
 	for k := range r.Header {
 		rd.Headers = append(rd.Headers, http.CanonicalHeaderKey(k))

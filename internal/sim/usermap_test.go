@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -115,6 +116,7 @@ func TestUserMapValidationAndState(t *testing.T) {
 
 func TestUserMapRateLimit(t *testing.T) {
 	clk := newFakeClock()
+	t0 := clk.Now()
 	s, base := start(t, Config{Now: clk.Now})
 	s.SetUserMapOrg("k1", "acme")
 	s.SetUserMapOrg("k2", "acme")
@@ -146,7 +148,11 @@ func TestUserMapRateLimit(t *testing.T) {
 	if s.MappingThrottled() != 1 {
 		t.Fatalf("throttled %d", s.MappingThrottled())
 	}
-	if got := MaxWindowCount(s.MappingBatches(), 30*time.Second); got != 1500 {
-		t.Fatalf("max per window %d, want 1500", got)
+	var got []string
+	for _, b := range s.MappingBatches() {
+		got = append(got, fmt.Sprintf("%s:%d@%s", b.Org, b.N, b.Time.Sub(t0)))
+	}
+	if want := []string{"acme:1000@0s", "acme:500@10s", "key:" + KeyLabel("other") + ":1@10s", "acme:1000@30s"}; !slices.Equal(got, want) {
+		t.Fatalf("batches %v, want %v", got, want)
 	}
 }
