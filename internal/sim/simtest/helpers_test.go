@@ -2,38 +2,14 @@ package simtest
 
 import (
 	"bytes"
-	"compress/gzip"
 	"encoding/json"
 	"io"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/svcrelay/relay/internal/sim"
 )
-
-// fakeClock is an injected clock for rate, penalty, dedup and quota tests.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newFakeClock() *fakeClock {
-	return &fakeClock{t: time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)}
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
 
 // start starts a Sim on 127.0.0.1:0 and returns it with its base URL.
 func start(t testing.TB, cfg sim.Config) (*Sim, string) {
@@ -104,14 +80,6 @@ func getJSON(t testing.TB, url string, v any) {
 	}
 }
 
-func gz(b []byte) []byte {
-	var buf bytes.Buffer
-	w := gzip.NewWriter(&buf)
-	w.Write(b)
-	w.Close()
-	return buf.Bytes()
-}
-
 // env builds an envelope body from raw event objects.
 func env(key string, events ...string) []byte {
 	var b bytes.Buffer
@@ -131,15 +99,4 @@ func env(key string, events ...string) []byte {
 
 func ev(dev, insert string) string {
 	return `{"event_type":"e","device_id":"` + dev + `","insert_id":"` + insert + `"}`
-}
-
-func checkJSON(t testing.TB, a answer, want map[string]any) {
-	t.Helper()
-	for k, v := range want {
-		got, _ := json.Marshal(a.JSON[k])
-		w, _ := json.Marshal(v)
-		if !bytes.Equal(got, w) {
-			t.Errorf("field %s = %s, want %s (body %s)", k, got, w, a.Body)
-		}
-	}
 }
