@@ -16,7 +16,7 @@ import (
 
 // Control drives a running Sim over its /sim/ routes, for black-box tests
 // (a Sim in another process: test/e2e/harness's simserver). Its knob and
-// fault methods need the routes of Register; the read-outs work on any Sim.
+// fault methods need a simtest.Sim; the read-outs work on any sim.Sim.
 type Control struct {
 	// Base is the Sim's base URL, e.g. "http://127.0.0.1:9000".
 	Base string

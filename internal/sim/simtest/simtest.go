@@ -8,7 +8,7 @@
 // _test.go files and test helpers (test/..., forwardtest, formreqtest)
 // import this package, so none of it is compiled into the relay binary.
 //
-// Routes added by Register (JSON answers {"ok":true} or {"error":"..."}):
+// Routes a Sim adds to the model's read-outs (JSON answers {"ok":true} or {"error":"..."}):
 //
 //	POST /sim/reset                         Sim.Reset
 //	POST /sim/fault          FaultSpec JSON: {"status":503,"count":3,"fraction":0.5,
