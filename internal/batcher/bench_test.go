@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
@@ -73,7 +74,7 @@ func BenchmarkDeliverReadAhead(b *testing.B) {
 // deliverCountOnly appends events (in chunks of 1000, padded by pad bytes)
 // to a fresh spool per iteration and times draining them to a CountOnly sim.
 func deliverCountOnly(b *testing.B, cfg Config, events, pad int) {
-	sm := sim.New(sim.Config{CountOnly: true}, nil)
+	sm := simtest.New(sim.Config{CountOnly: true}, nil)
 	url, err := sm.Start("127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)

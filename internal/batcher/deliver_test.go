@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
@@ -345,7 +346,7 @@ func TestFaultStorm(t *testing.T) {
 	h := newHarness(t, sim.Config{}, Config{MaxBatchEvents: 10}, throttle.Config{})
 	// The sim applies queued faults in order: a storm of 80 requests, about
 	// 6 in 10 failing (one-request "passes" in between), mixed kinds.
-	storm := []sim.Fault{{Status: 500}, {Status: 502}, {Status: 503}, {Status: 504},
+	storm := []simtest.Fault{{Status: 500}, {Status: 502}, {Status: 503}, {Status: 504},
 		{Drop: sim.DropNoAnswer}, {Drop: sim.DropAfterIngest}, {Drop: sim.DropMidResponse},
 		{Status: 503, Body: []byte("<html>unavailable</html>")}, {}, {}, {}, {}}
 	for i := 0; i < 80; i++ {
@@ -489,7 +490,7 @@ func TestInvalidAPIKeyStopsLane(t *testing.T) {
 func TestMaxEventAge(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newSyncHarness(t, sim.Config{}, Config{MaxEventAge: 800 * time.Millisecond}, throttle.Config{})
-		h.sim.Inject(sim.Fault{Status: 503, Count: -1})
+		h.sim.Inject(simtest.Fault{Status: 503, Count: -1})
 		h.add("key", ev{Device: "device-a"}, ev{Device: "device-b"})
 		h.start()
 		h.waitDrained(5*time.Second, 0)
@@ -627,7 +628,7 @@ func chaos(t *testing.T, reading sim.Config) {
 		Config{MaxBatchEvents: 25, MaxBatchBytes: 6000, ThrottlePause: 300 * time.Millisecond, ShardsPerLane: 3}, throttle.Config{})
 	h.upstreamReorders = reading.PartialThrottle || reading.PartialSilence
 	h.sim.Silence("silent-device")
-	storm := []sim.Fault{{Status: 500}, {}, {Drop: sim.DropAfterIngest}, {}, {}, {Status: 503}, {Drop: sim.DropNoAnswer}, {}, {},
+	storm := []simtest.Fault{{Status: 500}, {}, {Drop: sim.DropAfterIngest}, {}, {}, {Status: 503}, {Drop: sim.DropNoAnswer}, {}, {},
 		{Status: 502, Ingest: sim.IngestHalf}, {}, {Status: 504, Ingest: sim.IngestAll}, {Drop: sim.DropNoAnswer, Ingest: sim.IngestHalf}}
 	for i := 0; i < 120; i++ {
 		h.sim.Inject(storm[i%len(storm)])

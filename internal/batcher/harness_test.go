@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
@@ -26,7 +27,7 @@ import (
 // Pipeline between them, and remembers every event it appended.
 type harness struct {
 	t    *testing.T
-	sim  *sim.Sim
+	sim  *simtest.Sim
 	url  string
 	sp   *spool.Spool
 	thr  *throttle.Throttle
@@ -131,7 +132,7 @@ func newSyncHarness(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle
 func newHarnessOn(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle.Config, inProcess bool) *harness {
 	t.Helper()
 	h := &harness{t: t, appended: map[string]sentEvent{}, data: map[string]string{}, seq: map[string]int{}, lanes: map[string]*spool.Lane{}, reg: prometheus.NewRegistry()}
-	h.sim = sim.New(simCfg, nil)
+	h.sim = simtest.New(simCfg, nil)
 	var err error
 	var next Sender
 	if inProcess {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
@@ -27,7 +28,7 @@ import (
 // the request reached the sim or after the sim ingested it. It logs every
 // request for the liveness checks.
 type simSender struct {
-	sim *sim.Sim
+	sim *simtest.Sim
 
 	mu       sync.Mutex
 	rng      *rand.Rand
@@ -171,8 +172,8 @@ func liveness(t *testing.T, reading sim.Config) {
 	)
 	reading.EPSThreshold = eps
 	reading.ThrottlePenalty = pause
-	s := sim.New(reading, nil)
-	s.Inject(sim.Fault{Status: 503, Fraction: 0.02, Count: -1, Ingest: sim.IngestHalf})
+	s := simtest.New(reading, nil)
+	s.Inject(simtest.Fault{Status: 503, Fraction: 0.02, Count: -1, Ingest: sim.IngestHalf})
 	start := time.Now()
 	f := &simSender{sim: s, rng: rand.New(rand.NewPCG(7, 8)), resetPct: 0.01,
 		downFrom: start.Add(8 * time.Second), downTo: start.Add(14 * time.Second)}
@@ -430,7 +431,7 @@ func liveness(t *testing.T, reading sim.Config) {
 // ingestedByFailures is the number of events that non-200 answers ingested
 // (the 5xx fault lets half of a request in; the partial readings let the
 // unnamed events of a 429 or silenced 400 in): the relay sends them again.
-func ingestedByFailures(s *sim.Sim) int {
+func ingestedByFailures(s *simtest.Sim) int {
 	n := 0
 	for _, r := range s.Requests() {
 		if r.Status != 200 {

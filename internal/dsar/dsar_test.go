@@ -17,6 +17,7 @@ import (
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 )
 
 func TestParseRequest(t *testing.T) {
@@ -108,7 +109,7 @@ func TestDSARThroughRelay(t *testing.T) {
 func TestDSARFailedJobPassedBack(t *testing.T) {
 	_, up := forwardtest.StartSim(t, sim.Config{})
 	one := 1
-	(&sim.Control{Base: up}).SetDSAR(context.Background(), sim.DSARConfig{PollsToDone: 1, FailNext: &one})
+	(&simtest.Control{Base: up}).SetDSAR(context.Background(), sim.DSARConfig{PollsToDone: 1, FailNext: &one})
 	relay := forwardtest.ServeAdmin(t, newAPI(t, up, Config{}).Routes())
 	inj := []string{"X-Relay-Project: web", "Authorization: Bearer " + forwardtest.AdminToken}
 	a := forwardtest.Call(t, "POST", relay+PathRequests, strings.NewReader(`{"svcId":42,"startDate":"2026-01-01","endDate":"2026-01-31"}`), inj...)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 )
 
 func TestParseRange(t *testing.T) {
@@ -96,7 +97,7 @@ func TestExportRoute(t *testing.T) {
 			}
 		})
 	}
-	log, _ := (&sim.Control{Base: up}).ExportLog(context.Background())
+	log, _ := (&simtest.Control{Base: up}).ExportLog(context.Background())
 	if len(log) != 3 {
 		t.Errorf("upstream served %d exports, want 3 (local refusals send nothing): %+v", len(log), log)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 )
 
 const helperEnv = "RELAY_EXPORT_HELPER_UPSTREAM"
@@ -83,7 +84,7 @@ func TestExportStreamsInFlatMemory(t *testing.T) {
 	}
 	const hours, perHour = 20, 100 << 20 // 2.0 GiB (2.1 GB) of archive
 	_, up := forwardtest.StartSim(t, sim.Config{})
-	ctl := &sim.Control{Base: up}
+	ctl := &simtest.Control{Base: up}
 	syn := int64(perHour)
 	if err := ctl.SetExport(context.Background(), sim.ExportConfig{MaxBytes: 1 << 40, SyntheticBytesPerHour: &syn}); err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 )
 
 // TestSlowCallerOutlivesWriteTimeout: on the real admin listener with a
@@ -24,7 +25,7 @@ func TestSlowCallerOutlivesWriteTimeout(t *testing.T) {
 		t.Skip("reads slowly for 2 s")
 	}
 	_, up := forwardtest.StartSim(t, sim.Config{})
-	ctl := &sim.Control{Base: up}
+	ctl := &simtest.Control{Base: up}
 	syn := int64(24 << 20)
 	if err := ctl.SetExport(context.Background(), sim.ExportConfig{SyntheticBytesPerHour: &syn}); err != nil {
 		t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 	"github.com/svcrelay/relay/internal/feedback"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 )
 
 // TestWiredOnAdminListener registers the four data-moving APIs on the real
@@ -26,7 +27,7 @@ import (
 // or metric clash, the ModeForward token check applies, and each reaches
 // the simulator with the credentials its scheme needs.
 func TestWiredOnAdminListener(t *testing.T) {
-	s := sim.New(sim.Config{}, nil)
+	s := simtest.New(sim.Config{}, nil)
 	up, err := s.Start("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 )
 
 func items(n int) string {
@@ -146,7 +147,7 @@ func TestFeedbackThroughRelay(t *testing.T) {
 	if r := forwardtest.Call(t, "POST", relay+Path, strings.NewReader("not gzip"), append(inj, "Content-Encoding: gzip")...); r.Status != 400 {
 		t.Fatalf("undecodable body: %v", r)
 	}
-	got, err := (&sim.Control{Base: up}).FeedbackItems(context.Background(), "proj", "src")
+	got, err := (&simtest.Control{Base: up}).FeedbackItems(context.Background(), "proj", "src")
 	if err != nil || len(got) != 4 {
 		t.Fatalf("upstream holds %d items (%v), want the 4 good ones", len(got), err)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/svcrelay/relay/internal/formreq/formreqtest"
 	"github.com/svcrelay/relay/internal/groupidentify"
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/upstream"
 )
@@ -396,7 +397,7 @@ func TestOperatorStop(t *testing.T) {
 // TestExpired: records that stay undeliverable past MaxAge are dead letters.
 func TestExpired(t *testing.T) {
 	e := newEnv(t, sim.Config{}, groupidentify.Config{MaxAge: 300 * time.Millisecond})
-	e.Sim.Inject(sim.Fault{Status: 503, Count: -1})
+	e.Sim.Inject(simtest.Fault{Status: 503, Count: -1})
 	if a := postForm(t, e.Base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents("v", 4, 1)}}); a.Status != 200 {
 		t.Fatal(a.Body)
 	}
@@ -458,7 +459,7 @@ func metricValue(reg *prometheus.Registry, name string) float64 {
 // TestProjectKey: X-Relay-Project names the project whose api_key is used,
 // and a project's ingest_url override is where its identifications go.
 func TestProjectKey(t *testing.T) {
-	other := sim.New(sim.Config{}, nil)
+	other := simtest.New(sim.Config{}, nil)
 	otherURL, err := other.Start("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

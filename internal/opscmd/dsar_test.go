@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 )
 
 func dsarArgs(up, creds, out string, extra ...string) []string {
@@ -25,7 +26,7 @@ func TestDSARCommand(t *testing.T) {
 	ingest(t, up, `{"event_type":"feb1","user_id":"alice"}`, `{"event_type":"feb2","user_id":"alice"}`)
 	creds, out := credsFile(t), t.TempDir()
 	// The object store fails once: the download is retried.
-	s.Inject(sim.Fault{Status: 503, PathPrefix: "/objects/"})
+	s.Inject(simtest.Fault{Status: 503, PathPrefix: "/objects/"})
 
 	r := runCmd(context.Background(), DSARMain, dsarArgs(up, creds, out, "--user-id", "alice", "--start", "2026-01-01", "--end", "2026-03-31")...)
 	if r.code != 0 {
@@ -58,7 +59,7 @@ func TestDSARCommand(t *testing.T) {
 func TestDSARCommandFailedJob(t *testing.T) {
 	_, up, _ := startSim(t)
 	one := 1
-	if err := (&sim.Control{Base: up}).SetDSAR(context.Background(), sim.DSARConfig{FailNext: &one}); err != nil {
+	if err := (&simtest.Control{Base: up}).SetDSAR(context.Background(), sim.DSARConfig{FailNext: &one}); err != nil {
 		t.Fatal(err)
 	}
 	out := t.TempDir()
@@ -92,12 +93,12 @@ func TestDSARCreateNotReplayed(t *testing.T) {
 	s, up, _ := startSim(t)
 	creds := credsFile(t)
 	args := dsarArgs(up, creds, t.TempDir(), "--user-id", "nobody", "--start", "2026-01-01", "--end", "2026-01-31")
-	s.Inject(sim.Fault{Drop: sim.DropNoAnswer, PathPrefix: "/api/2/dsar/requests"})
+	s.Inject(simtest.Fault{Drop: sim.DropNoAnswer, PathPrefix: "/api/2/dsar/requests"})
 	r := runCmd(context.Background(), DSARMain, args...)
 	if r.code != 1 || !strings.Contains(r.stderr, "not retried") {
 		t.Fatal(r)
 	}
-	s.Inject(sim.Fault{Status: 503, PathPrefix: "/api/2/dsar/requests"})
+	s.Inject(simtest.Fault{Status: 503, PathPrefix: "/api/2/dsar/requests"})
 	r = runCmd(context.Background(), DSARMain, args...)
 	if r.code != 0 || !strings.Contains(r.stderr, "0 files") {
 		t.Fatal(r)

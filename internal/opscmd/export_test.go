@@ -13,11 +13,12 @@ import (
 
 	"github.com/svcrelay/relay/internal/export"
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 )
 
 // exportFixture ingests events of proj at 2026-03-01 10:xx and 11:xx and
 // 2026-03-03 05:xx (nothing on 03-02).
-func exportFixture(t *testing.T) (*sim.Sim, string) {
+func exportFixture(t *testing.T) (*simtest.Sim, string) {
 	s, up, clk := startSim(t)
 	clk.Set(time.Date(2026, 3, 1, 10, 15, 0, 0, time.UTC))
 	ingest(t, up, `{"event_type":"a","user_id":"alice"}`)
@@ -52,7 +53,7 @@ func eventTypes(t *testing.T, jsonl string) string {
 // archive and into JSON lines.
 func TestExportSplitsAndMerges(t *testing.T) {
 	_, up := exportFixture(t)
-	ctl := &sim.Control{Base: up}
+	ctl := &simtest.Control{Base: up}
 	ctx := context.Background()
 	// One record is about 700 bytes: a range with two events is "too large".
 	if err := ctl.SetExport(ctx, sim.ExportConfig{MaxBytes: 1000}); err != nil {
@@ -109,7 +110,7 @@ func TestExportSplitsAndMerges(t *testing.T) {
 // equals an uninterrupted run's.
 func TestExportResumes(t *testing.T) {
 	s, up := exportFixture(t)
-	ctl := &sim.Control{Base: up}
+	ctl := &simtest.Control{Base: up}
 	creds, dir := credsFile(t), t.TempDir()
 	out := filepath.Join(dir, "out.jsonl")
 	args := exportArgs(up, creds, out, "--jsonl", "--piece-hours", "2")
@@ -194,10 +195,10 @@ func TestExportResumes(t *testing.T) {
 func TestExportRefetchesACutPiece(t *testing.T) {
 	s, up, _ := startSim(t)
 	syn := int64(1 << 20)
-	if err := (&sim.Control{Base: up}).SetExport(context.Background(), sim.ExportConfig{SyntheticBytesPerHour: &syn}); err != nil {
+	if err := (&simtest.Control{Base: up}).SetExport(context.Background(), sim.ExportConfig{SyntheticBytesPerHour: &syn}); err != nil {
 		t.Fatal(err)
 	}
-	s.Inject(sim.Fault{Drop: sim.DropMidResponse, PathPrefix: "/api/2/export"})
+	s.Inject(simtest.Fault{Drop: sim.DropMidResponse, PathPrefix: "/api/2/export"})
 	out := filepath.Join(t.TempDir(), "out.zip")
 	args := append([]string{"--credentials", credsFile(t), "--project", "web", "--analytics-url", up,
 		"--start", "20260101T00", "--end", "20260101T00", "--out", out}, fastRetry...)

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 )
 
 func TestFeedbackCommand(t *testing.T) {
@@ -37,7 +38,7 @@ func TestFeedbackCommand(t *testing.T) {
 	if !strings.Contains(r.stderr, "228 items ingested, 3 failed, in 3 requests") {
 		t.Errorf("summary:\n%s", r.stderr)
 	}
-	items, err := (&sim.Control{Base: up}).FeedbackItems(context.Background(), "proj", "src-1")
+	items, err := (&simtest.Control{Base: up}).FeedbackItems(context.Background(), "proj", "src-1")
 	if err != nil || len(items) != 228 {
 		t.Fatalf("upstream holds %d items (%v)", len(items), err)
 	}
@@ -52,7 +53,7 @@ func TestFeedbackCommand(t *testing.T) {
 	}
 	// Sending again upserts: still 228 items, each updated twice.
 	runCmd(context.Background(), FeedbackMain, args...)
-	items, _ = (&sim.Control{Base: up}).FeedbackItems(context.Background(), "proj", "src-1")
+	items, _ = (&simtest.Control{Base: up}).FeedbackItems(context.Background(), "proj", "src-1")
 	if len(items) != 228 || items[0].Updates != 2 {
 		t.Fatalf("after resend: %d items, updates %d", len(items), items[0].Updates)
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 )
 
 type clock struct {
@@ -38,10 +39,10 @@ func (c *clock) Set(t time.Time) {
 }
 
 // startSim starts a simulator whose clock the test may pin.
-func startSim(t testing.TB) (*sim.Sim, string, *clock) {
+func startSim(t testing.TB) (*simtest.Sim, string, *clock) {
 	t.Helper()
 	c := &clock{}
-	s := sim.New(sim.Config{Now: c.Now}, nil)
+	s := simtest.New(sim.Config{Now: c.Now}, nil)
 	u, err := s.Start("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"github.com/svcrelay/relay/internal/forward"
 	ft "github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 )
 
 func start(t *testing.T, cfg Config) (*ft.Env, string) {
@@ -198,7 +199,7 @@ func TestBurstStaysUnderRate(t *testing.T) {
 	}
 	wg.Wait()
 	calls := env.Sim.MgmtCalls()
-	most := sim.MaxCallsInWindow(calls, "scim", window)
+	most := simtest.MaxCallsInWindow(calls, "scim", window)
 	t.Logf("%d answered by the upstream, %d refused locally, in %v; at most %d calls in any %v at the sim",
 		upstream, local, time.Since(start).Round(time.Millisecond), most, window)
 	if most > 100 {
@@ -244,7 +245,7 @@ func TestLimitRefusesAtOnceAndUpstream429PassesBack(t *testing.T) {
 // TestRegionBase: an organization's scim_url override beats --scim-url.
 func TestRegionBase(t *testing.T) {
 	env := ft.Start(t, forward.Config{})
-	eu := sim.New(sim.Config{}, nil)
+	eu := simtest.New(sim.Config{}, nil)
 	euURL, err := eu.Start("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -9,7 +9,7 @@ import (
 )
 
 // Channel classifiers (/api/2/channel-classifiers), by
-// ../shared/api/experiments-scim-classifiers.md. HTTP Basic with the
+// docs/upstream-api.md (Channel classifiers). HTTP Basic with the
 // project's key pair (mgmt.go: 401 missing or malformed, 403 invalid);
 // classifiers are per api key. Checks in order: name characters (POST: 400),
 // body (POST, PATCH): a JSON object with csvDefinition an object holding a
@@ -36,9 +36,9 @@ type clsState struct {
 	byKey map[string]map[string]*simClassifier
 }
 
-// ValidClassifierName reports whether name has only letters, digits, '_'
+// validClassifierName reports whether name has only letters, digits, '_'
 // and '-' (and is not empty).
-func ValidClassifierName(name string) bool {
+func validClassifierName(name string) bool {
 	if name == "" {
 		return false
 	}
@@ -127,7 +127,7 @@ func (s *Sim) registerClassifiers() {
 	})
 	r("POST /api/2/channel-classifiers/{name}", func(m map[string]*simClassifier, w *mgWriter, q *mgRequest) {
 		name := q.r.PathValue("name")
-		if !ValidClassifierName(name) {
+		if !validClassifierName(name) {
 			fail(w, http.StatusBadRequest, "name may hold letters, digits, underscores and hyphens only")
 			return
 		}

@@ -46,7 +46,8 @@ func FuzzCountEvents(f *testing.F) {
 }
 
 func TestCountOnly(t *testing.T) {
-	s, url := start(t, Config{CountOnly: true})
+	ff := &queueFaults{}
+	s, url := start(t, Config{CountOnly: true, Faults: ff})
 	// No validation: an event without ids is counted too.
 	a := post(t, url+"/2/httpapi", env("k", ev("device1", "a"), `{"event_type":"x"}`, ev("device1", "a")))
 	if a.Status != 200 || a.JSON["events_ingested"] != 3.0 {
@@ -61,7 +62,7 @@ func TestCountOnly(t *testing.T) {
 	if st.Counted != 4 {
 		t.Fatalf("stats %+v", st)
 	}
-	s.FailNext(1, 503) // faults still apply
+	ff.add(Fault{Status: 503}) // faults still apply
 	if a := post(t, url+"/2/httpapi", env("k", ev("device1", "a"))); a.Status != 503 {
 		t.Fatal(a.Status)
 	}

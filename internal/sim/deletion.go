@@ -10,8 +10,8 @@ import (
 	"time"
 )
 
-// User deletion route rules (first version, ../shared/api/taxonomy-
-// feedback-dsar-deletion.md). The Basic user name is the project's api key;
+// User deletion route rules (first version; docs/upstream-api.md, User
+// deletion). The Basic user name is the project's api key;
 // the project's users are those of its events ingested through /2/httpapi
 // (svc_id = SvcID(api key, user_id)).
 //
@@ -42,19 +42,19 @@ const DeletionMaxIDs = 100
 // DeletionLead is how far after the request day a new job is scheduled.
 const DeletionLead = 7 * 24 * time.Hour
 
-// DeletionUser is one entry of a job's svc_ids.
-type DeletionUser struct {
+// deletionUser is one entry of a job's svc_ids.
+type deletionUser struct {
 	SvcID          int64  `json:"svc_id"`
 	Requester      string `json:"requester"`
 	RequestedOnDay string `json:"requested_on_day"`
 	UserID         string `json:"user_id,omitempty"`
 }
 
-// DeletionJob is a deletion job as answered.
-type DeletionJob struct {
+// deletionJob is a deletion job as answered.
+type deletionJob struct {
 	Day                 string         `json:"day"`
 	Status              string         `json:"status"`
-	SvcIDs              []DeletionUser `json:"svc_ids"`
+	SvcIDs              []deletionUser `json:"svc_ids"`
 	App                 int64          `json:"app,omitempty"`
 	InvalidIDs          []string       `json:"invalid_ids,omitempty"`
 	ActiveScrubDoneDate string         `json:"active_scrub_done_date,omitempty"`
@@ -62,11 +62,11 @@ type DeletionJob struct {
 
 type deletionState struct {
 	mu   sync.Mutex
-	jobs map[string]map[string][]DeletionUser // api key -> day -> users
+	jobs map[string]map[string][]deletionUser // api key -> day -> users
 }
 
 func (s *Sim) registerDeletion() {
-	st := &deletionState{jobs: make(map[string]map[string][]DeletionUser)}
+	st := &deletionState{jobs: make(map[string]map[string][]deletionUser)}
 	s.apiRoute("POST /api/2/deletions/users", func(w http.ResponseWriter, r *http.Request, key string) {
 		var req struct {
 			SvcIDs        []int64  `json:"svc_ids"`
@@ -128,14 +128,14 @@ func (s *Sim) registerDeletion() {
 		}
 		dayS := day.Format(time.DateOnly)
 		st.mu.Lock()
-		var job DeletionJob
+		var job deletionJob
 		for _, h := range hits {
 			byDay := st.jobs[h.key]
 			if byDay == nil {
-				byDay = make(map[string][]DeletionUser)
+				byDay = make(map[string][]deletionUser)
 				st.jobs[h.key] = byDay
 			}
-			u := DeletionUser{SvcID: SvcID(h.key, h.user), Requester: req.Requester, RequestedOnDay: today}
+			u := deletionUser{SvcID: SvcID(h.key, h.user), Requester: req.Requester, RequestedOnDay: today}
 			if req.IncludeMapped {
 				u.UserID = h.user
 			}
@@ -153,13 +153,13 @@ func (s *Sim) registerDeletion() {
 		st.mu.Unlock()
 		job.Day, job.Status = dayS, "staging"
 		if job.SvcIDs == nil {
-			job.SvcIDs = []DeletionUser{}
+			job.SvcIDs = []deletionUser{}
 		}
 		if req.IgnoreInvalid {
 			job.InvalidIDs = append([]string{}, invalid...)
 		}
 		if req.DeleteFromOrg {
-			job.App = AppID(key)
+			job.App = appID(key)
 		}
 		writeJSON(w, http.StatusOK, job)
 	})
@@ -179,14 +179,14 @@ func (s *Sim) registerDeletion() {
 			return
 		}
 		now := s.cfg.Now().UTC()
-		out := []DeletionJob{}
+		out := []deletionJob{}
 		st.mu.Lock()
 		for dayS, users := range st.jobs[key] {
 			day, _ := time.Parse(time.DateOnly, dayS)
 			if day.Before(start) || day.After(end) || len(users) == 0 {
 				continue
 			}
-			j := DeletionJob{Day: dayS, Status: deletionStatus(now, day), SvcIDs: append([]DeletionUser{}, users...)}
+			j := deletionJob{Day: dayS, Status: deletionStatus(now, day), SvcIDs: append([]deletionUser{}, users...)}
 			if scrub := day.AddDate(0, 0, 1); !now.Before(scrub) {
 				j.ActiveScrubDoneDate = scrub.Format(time.DateOnly)
 			}

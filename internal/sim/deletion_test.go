@@ -39,7 +39,7 @@ func TestDeletionJobs(t *testing.T) {
 	if a.Status != 200 {
 		t.Fatal(a.Status, string(a.Body))
 	}
-	var job DeletionJob
+	var job deletionJob
 	json.Unmarshal(a.Body, &job)
 	if job.Day != "2026-11-29" || job.Status != "staging" || len(job.SvcIDs) != 2 || job.SvcIDs[0].UserID != "bobby" || job.SvcIDs[1].UserID != "alice" ||
 		job.SvcIDs[0].Requester != "ops" || job.SvcIDs[0].RequestedOnDay != "2026-11-22" ||
@@ -73,7 +73,7 @@ func TestDeletionJobs(t *testing.T) {
 	if a.Status != 200 || job.Day != "2026-12-03" {
 		t.Fatalf("later request: %d %s", a.Status, a.Body)
 	}
-	var jobs []DeletionJob
+	var jobs []deletionJob
 	json.Unmarshal(list("2026-11-22", "2026-12-22").Body, &jobs)
 	if len(jobs) != 2 || jobs[0].Status != "submitted" || len(jobs[0].SvcIDs) != 1 || jobs[1].Status != "staging" {
 		t.Fatalf("jobs %+v", jobs)

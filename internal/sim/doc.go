@@ -1,17 +1,26 @@
 // Package sim is the relay's simulated upstream: a real HTTP server that
-// answers the upstream API's routes by the rules of
-// ../shared/api/ingestion-groups-usermap-export.md, keeps what it ingested in
-// memory for tests to read, and lets tests inject faults.
+// answers the upstream API's routes by the rules summarised in
+// docs/upstream-api.md, and keeps what it ingested in memory to be read back.
 //
-// The relay's sandbox mode, its tests and bench/ all use it. Its validator is
-// written independently of internal/event (with encoding/json) on purpose:
-// the relay's own validator is checked against it.
+// The relay's sandbox mode (`relay` without --ingest-url), `relay sim`, its
+// tests and bench/ use it. Its validator is written independently of
+// internal/event (with encoding/json) on purpose: the relay's own validator
+// is checked against it.
+//
+// This package is the model only. Fault injection (a queue of injected
+// failures, latency, taking the Sim down, listeners that refuse) and the
+// /sim/ routes that change the Sim (reset, faults, silence, quota) are in
+// internal/sim/simtest, which only tests and test helpers import: it plugs
+// in through Config.Faults, which the product leaves nil, so the relay
+// binary never fails a request on purpose and serves only read-outs under
+// /sim/.
 //
 // # Routes
 //
 // Every upstream route is registered with Sim.route (routes.go lists the
-// groups), which wraps it in the shared middleware: request log, global
-// latency, injected faults and the "down" state. The route groups, one file
+// groups), which wraps it in the shared middleware: request log, body
+// reading, and the faults and "down" state Config.Faults decides (none in
+// the product). The route groups, one file
 // each:
 //
 //	/2/httpapi, /batch                          ingestion (httpapi.go; rules below)
@@ -28,30 +37,20 @@
 //
 // The four management APIs (experiments, SCIM, classifiers, taxonomy) share
 // authentication, a call log and a lock in mgmt.go. A group that keeps state
-// of its own registers its reset with Sim.onReset, so Reset and /sim/reset
+// of its own registers its reset with Sim.onReset, so Reset (and simtest's POST /sim/reset)
 // clear it with the store (configuration such as accepted keys and rate
 // limits is kept).
 //
-// Control routes live under /sim/ (see control.go and each group's file) and
-// are never subject to faults (but a listener that is down for "refuse"
-// refuses them too: serve them on a second listener with ServeControl, or
-// give /sim/down a "for" duration).
-//
-// Control routes (JSON; the Control type is a Go client for them):
+// Read-outs live under /sim/ (see control.go and each group's file) and are
+// never subject to faults (JSON; simtest.Control is a Go client for them):
 //
 //	GET  /sim/healthz, /sim/stats
 //	GET  /sim/events?api_key=K&after=SEQ&limit=N   stored events, raw bytes as received
 //	GET  /sim/requests?after=SEQ&limit=N           the request log
-//	POST /sim/reset
-//	POST /sim/fault          FaultSpec JSON: {"status":503,"count":3,"fraction":0.5,
-//	                         "body":"any text","content_type":"text/html",
-//	                         "drop":"no-answer|mid-request|after-ingest|mid-response",
-//	                         "latency":"250ms","path_prefix":"/batch"}
-//	POST /sim/faults/clear, /sim/latency?d=250ms
-//	POST /sim/down?mode=refuse|503|close&for=5s, /sim/up
-//	POST /sim/silence?device_id=D, /sim/unsilence?device_id=D, /sim/quota?n=N
-//	     /sim/groupidentify, /sim/usermap, /sim/mgmt/calls, /sim/feedback,
-//	     /sim/dsar/config, /sim/export/...            per group (see its file)
+//	GET  /sim/groupidentify, /sim/usermap, /sim/mgmt/calls, /sim/feedback,
+//	     /sim/export/log                           per group (see its file)
+//
+// The routes that change the Sim are simtest's (see its package doc).
 //
 // # Order of checks on /2/httpapi
 //
@@ -112,9 +111,9 @@
 // CountOnly mode replaces steps 3-10 by a cheap count of the "events" array
 // (CountEvents) and a 200; nothing is validated or stored, faults still apply.
 //
-// A non-200 answer ingests nothing (the one exception is the injected fault
-// DropAfterIngest, which ingests and then loses the answer, as a real network
-// can).
+// A non-200 answer ingests nothing (the exceptions are the failure readings
+// of a Fault: DropAfterIngest ingests and then loses the answer, as a real
+// network can, and Fault.Ingest lets a 5xx ingest all or half).
 //
 // # Dedup
 //
@@ -142,8 +141,10 @@
 //
 // # Readings
 //
-// Each ambiguity of /work/shared/AMBIGUITIES.md the Sim can play is a
-// setting; the zero value is the strict reading:
+// Where the upstream's documentation (summarised in docs/upstream-api.md)
+// allows more than one reading, the Sim plays each as a setting; the zero
+// value is the strict reading. The numbers label the readings in the
+// repo's tests (readings_test.go):
 //
 //	#1  own events count (strict) or not        Config.LenientRate
 //	#1  window 1s, 10s, 30s                     Config.RateWindow
@@ -186,8 +187,7 @@
 //
 // # Concurrency
 //
-// Lock order: Sim.faultMu, then Sim.mu. Sim.mu guards the store (events,
-// dedup, rates, request log); Sim.faultMu guards faults and the down state.
-// Handlers run on net/http's goroutines; ServeControl and Serve may be called
-// for several listeners.
+// Sim.mu guards the store (events, dedup, rates, request log); each route
+// group has its own lock; Config.Faults is called without them. Handlers run
+// on net/http's goroutines; Serve may be called for several listeners.
 package sim

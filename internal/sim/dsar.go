@@ -3,12 +3,13 @@ package sim
 import (
 	"bytes"
 	"compress/gzip"
-	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
 	"sort"
 	"strconv"
@@ -16,7 +17,7 @@ import (
 	"time"
 )
 
-// DSAR route rules (../shared/api/taxonomy-feedback-dsar-deletion.md):
+// DSAR route rules (docs/upstream-api.md, Data subject access requests):
 //
 //   - POST /api/2/dsar/requests, JSON {"userId" | "svcId", "startDate",
 //     "endDate"} (dates YYYY-MM-DD, start not after end): 202
@@ -38,8 +39,7 @@ import (
 //     YYYY-MM-DD HH:MM:SS.ffffff).
 //   - Jobs are kept per Sim (closures), not cleared by /sim/reset.
 //
-// Control: POST /sim/dsar/config (DSARConfig JSON, absent fields keep their
-// value).
+// Configuration: Sim.SetDSAR (simtest's POST /sim/dsar/config).
 
 // DSARConfig configures the DSAR routes.
 type DSARConfig struct {
@@ -52,6 +52,35 @@ type DSARConfig struct {
 	// URLTTL is how long the urls of a done job stay valid, as a Go
 	// duration; "" keeps the current value (initially 48h).
 	URLTTL string `json:"url_ttl,omitempty"`
+}
+
+// SetDSAR changes the DSAR routes' configuration (fields left zero or nil
+// keep their value).
+func (s *Sim) SetDSAR(c DSARConfig) error {
+	var ttl time.Duration
+	if c.URLTTL != "" {
+		d, err := time.ParseDuration(c.URLTTL)
+		if err != nil {
+			return fmt.Errorf("sim: DSAR url_ttl: %w", err)
+		}
+		ttl = d
+	}
+	if c.PollsToDone < 0 || (c.FailNext != nil && *c.FailNext < 0) || ttl < 0 {
+		return errors.New("sim: DSAR configuration: negative value")
+	}
+	st := s.dsar
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if c.PollsToDone > 0 {
+		st.pollsToDone = c.PollsToDone
+	}
+	if c.FailNext != nil {
+		st.failNext = *c.FailNext
+	}
+	if ttl > 0 {
+		st.urlTTL = ttl
+	}
+	return nil
 }
 
 // DSARRedirectTTL is how long an object storage address of a redirect lasts.
@@ -81,6 +110,7 @@ type dsarState struct {
 
 func (s *Sim) registerDSAR() {
 	st := &dsarState{nextID: 1000, jobs: make(map[int64]*dsarJob), pollsToDone: 3, urlTTL: 48 * time.Hour}
+	s.dsar = st
 	rand.Read(st.sigKey[:])
 	s.apiRoute("POST /api/2/dsar/requests", func(w http.ResponseWriter, r *http.Request, key string) {
 		var req struct {
@@ -222,30 +252,6 @@ func (s *Sim) registerDSAR() {
 		w.Header().Set("Content-Length", strconv.Itoa(len(file)))
 		w.Write(file)
 	})
-	s.ctlMux.HandleFunc("POST /sim/dsar/config", func(w http.ResponseWriter, r *http.Request) {
-		var c DSARConfig
-		err := json.NewDecoder(r.Body).Decode(&c)
-		var ttl time.Duration
-		if err == nil && c.URLTTL != "" {
-			ttl, err = time.ParseDuration(c.URLTTL)
-		}
-		if err != nil || c.PollsToDone < 0 || (c.FailNext != nil && *c.FailNext < 0) {
-			apiError(w, http.StatusBadRequest, "want DSARConfig JSON with non-negative values")
-			return
-		}
-		st.mu.Lock()
-		if c.PollsToDone > 0 {
-			st.pollsToDone = c.PollsToDone
-		}
-		if c.FailNext != nil {
-			st.failNext = *c.FailNext
-		}
-		if ttl > 0 {
-			st.urlTTL = ttl
-		}
-		st.mu.Unlock()
-		writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
-	})
 }
 
 // job returns the job named by the path's {id}; st.mu held.
@@ -263,8 +269,8 @@ func (st *dsarState) sign(path, exp string) string {
 	return hex.EncodeToString(m.Sum(nil)[:16])
 }
 
-// DSARLine is one line of a DSAR output file.
-type DSARLine struct {
+// dsarLine is one line of a DSAR output file.
+type dsarLine struct {
 	SvcID            int64           `json:"svc_id"`
 	App              int64           `json:"app"`
 	UserID           string          `json:"user_id,omitempty"`
@@ -297,7 +303,7 @@ func (s *Sim) dsarFiles(job *dsarJob) [][]byte {
 		if raw.Time != nil {
 			et = time.UnixMilli(*raw.Time).UTC().Format(ExportTimeFormat)
 		}
-		line := appendJSON(nil, DSARLine{SvcID: SvcID(ev.APIKey, ev.UserID), App: AppID(ev.APIKey), UserID: ev.UserID,
+		line := appendJSON(nil, dsarLine{SvcID: SvcID(ev.APIKey, ev.UserID), App: appID(ev.APIKey), UserID: ev.UserID,
 			DeviceID: ev.DeviceID, EventType: ev.EventType, EventTime: et, ServerUploadTime: up, EventProperties: raw.EventProperties})
 		m := ev.Time.UTC().Format("2006-01")
 		if months[m] == nil {
@@ -320,9 +326,4 @@ func (s *Sim) dsarFiles(job *dsarJob) [][]byte {
 		files = append(files, gz.Bytes())
 	}
 	return files
-}
-
-// SetDSAR changes the DSAR routes' configuration (POST /sim/dsar/config).
-func (c *Control) SetDSAR(ctx context.Context, cfg DSARConfig) error {
-	return c.do(ctx, "POST", "/sim/dsar/config", appendJSON(nil, cfg), nil)
 }

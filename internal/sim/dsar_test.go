@@ -3,7 +3,6 @@ package sim
 import (
 	"bytes"
 	"compress/gzip"
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -16,8 +15,6 @@ func TestDSARLifecycle(t *testing.T) {
 	clock := newFakeClock()
 	s, url := start(t, Config{Now: clock.Now})
 	_ = s
-	ctl := &Control{Base: url}
-	ctx := context.Background()
 	// Events of user alice in two months, of bob in one.
 	if a := post(t, url+"/2/httpapi", env("proj", `{"event_type":"a1","user_id":"alice"}`, `{"event_type":"b1","user_id":"bobby"}`)); a.Status != 200 {
 		t.Fatal(a.Status, string(a.Body))
@@ -86,7 +83,7 @@ func TestDSARLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	plain, _ := io.ReadAll(zr)
-	var line DSARLine
+	var line dsarLine
 	if err := json.Unmarshal(bytes.TrimSpace(plain), &line); err != nil || line.EventType != "a2" || line.UserID != "alice" || line.SvcID != SvcID("proj", "alice") {
 		t.Fatalf("file %s: %v", plain, err)
 	}
@@ -102,7 +99,7 @@ func TestDSARLifecycle(t *testing.T) {
 
 	// A failing job, by svcId.
 	one := 1
-	if err := ctl.SetDSAR(ctx, DSARConfig{PollsToDone: 2, FailNext: &one}); err != nil {
+	if err := s.SetDSAR(DSARConfig{PollsToDone: 2, FailNext: &one}); err != nil {
 		t.Fatal(err)
 	}
 	a = create(`{"svcId":` + strconv.FormatInt(SvcID("proj", "bobby"), 10) + `,"startDate":"2026-01-01","endDate":"2027-12-31"}`)

@@ -9,7 +9,7 @@ import (
 )
 
 // Experiment management (/api/1/experiments), by
-// ../shared/api/experiments-scim-classifiers.md. Bearer management key (see
+// docs/upstream-api.md (Experiment management). Bearer management key (see
 // mgmt.go). State: experiments with fields, variants, user/device and cohort
 // inclusions per variant, deployments and versions (one per change, newest
 // first). Answers: JSON for reads, text "OK" for variant, inclusion and

@@ -3,8 +3,8 @@ package sim
 import (
 	"archive/zip"
 	"bytes"
-	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -12,8 +12,7 @@ import (
 	"time"
 )
 
-// Export route rules (GET /api/2/export, ../shared/api/ingestion-groups-
-// usermap-export.md):
+// Export route rules (GET /api/2/export; docs/upstream-api.md, Export):
 //
 //   - start and end are YYYYMMDDTHH (UTC), end's hour included; missing or
 //     malformed, end before start, or more than ExportMaxRange: 400.
@@ -30,8 +29,8 @@ import (
 //     4 GiB, the document's "4 GB"): 400. No data in the range: 404.
 //   - The archive is streamed (chunked); nothing of it is buffered.
 //
-// Control routes: POST /sim/export/config (ExportConfig JSON; fields left
-// out keep their value) and GET /sim/export/log (the ranges served, in order).
+// Configuration: Sim.SetExport (simtest's POST /sim/export/config). Read-out:
+// GET /sim/export/log (the ranges served, in order).
 
 // ExportMaxRange is the longest export range.
 const ExportMaxRange = 365 * 24 * time.Hour
@@ -100,8 +99,27 @@ type exportState struct {
 	log       []ExportServed
 }
 
+// SetExport changes the export route's configuration (fields left zero or
+// nil keep their value).
+func (s *Sim) SetExport(c ExportConfig) error {
+	if c.MaxBytes < 0 || (c.SyntheticBytesPerHour != nil && *c.SyntheticBytesPerHour < 0) {
+		return errors.New("sim: export configuration: negative value")
+	}
+	st := s.export
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if c.MaxBytes > 0 {
+		st.maxBytes = c.MaxBytes
+	}
+	if c.SyntheticBytesPerHour != nil {
+		st.synthetic = *c.SyntheticBytesPerHour
+	}
+	return nil
+}
+
 func (s *Sim) registerExport() {
 	st := &exportState{maxBytes: 4 << 30}
+	s.export = st
 	s.apiRoute("GET /api/2/export", func(w http.ResponseWriter, r *http.Request, key string) {
 		q := r.URL.Query()
 		served := ExportServed{Start: q.Get("start"), End: q.Get("end")}
@@ -131,7 +149,7 @@ func (s *Sim) registerExport() {
 		st.mu.Unlock()
 		hours := int64(end.Sub(start)/time.Hour) + 1
 		byHour, size := s.exportRecords(key, start, end.Add(time.Hour))
-		app := AppID(key)
+		app := appID(key)
 		var block []byte
 		var blocksPerHour int64
 		if synthetic > 0 {
@@ -183,23 +201,6 @@ func (s *Sim) registerExport() {
 		zw.Close()
 		served.Bytes = cw.n
 	})
-	s.ctlMux.HandleFunc("POST /sim/export/config", func(w http.ResponseWriter, r *http.Request) {
-		var c ExportConfig
-		if err := json.NewDecoder(r.Body).Decode(&c); err != nil || c.MaxBytes < 0 ||
-			(c.SyntheticBytesPerHour != nil && *c.SyntheticBytesPerHour < 0) {
-			apiError(w, http.StatusBadRequest, "want ExportConfig JSON with non-negative values")
-			return
-		}
-		st.mu.Lock()
-		if c.MaxBytes > 0 {
-			st.maxBytes = c.MaxBytes
-		}
-		if c.SyntheticBytesPerHour != nil {
-			st.synthetic = *c.SyntheticBytesPerHour
-		}
-		st.mu.Unlock()
-		writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
-	})
 	s.ctlMux.HandleFunc("GET /sim/export/log", func(w http.ResponseWriter, r *http.Request) {
 		st.mu.Lock()
 		out := append([]ExportServed{}, st.log...)
@@ -219,7 +220,7 @@ func (s *Sim) exportRecords(key string, from, to time.Time) (map[int64][][]byte,
 		if t.Before(from) || !t.Before(to) {
 			continue
 		}
-		line := append(ExportLine(key, ev), '\n')
+		line := append(exportLine(key, ev), '\n')
 		h := t.Truncate(time.Hour).Unix()
 		out[h] = append(out[h], line)
 		size += int64(len(line))
@@ -227,9 +228,9 @@ func (s *Sim) exportRecords(key string, from, to time.Time) (map[int64][][]byte,
 	return out, size
 }
 
-// ExportLine is the exported record (JSON, no newline) of a stored event of
+// exportLine is the exported record (JSON, no newline) of a stored event of
 // api key apiKey.
-func ExportLine(apiKey string, ev Ingested) []byte {
+func exportLine(apiKey string, ev Ingested) []byte {
 	var in struct {
 		EventID         int64           `json:"event_id"`
 		SessionID       int64           `json:"session_id"`
@@ -258,7 +259,7 @@ func ExportLine(apiKey string, ev Ingested) []byte {
 		return b
 	}
 	rec := ExportRecord{
-		App: AppID(apiKey), SvcID: SvcID(apiKey, ev.UserID+"\x00"+ev.DeviceID), EventID: in.EventID,
+		App: appID(apiKey), SvcID: SvcID(apiKey, ev.UserID+"\x00"+ev.DeviceID), EventID: in.EventID,
 		SessionID: in.SessionID, UUID: fmt.Sprintf("00000000-0000-4000-8000-%012d", ev.Seq%1_000_000_000_000),
 		InsertID: ev.InsertID, EventType: ev.EventType, UserID: ev.UserID, DeviceID: ev.DeviceID,
 		EventTime: evTime, ClientEventTime: evTime, ClientUploadTime: up, ServerReceivedTime: up,
@@ -294,18 +295,4 @@ func (c *countWriter) Write(b []byte) (int, error) {
 	n, err := c.w.Write(b)
 	c.n += int64(n)
 	return n, err
-}
-
-// SetExport changes the export route's configuration (POST /sim/export/config).
-func (c *Control) SetExport(ctx context.Context, cfg ExportConfig) error {
-	return c.do(ctx, "POST", "/sim/export/config", appendJSON(nil, cfg), nil)
-}
-
-// ExportLog returns the export requests served so far (GET /sim/export/log).
-func (c *Control) ExportLog(ctx context.Context) ([]ExportServed, error) {
-	var out struct {
-		Served []ExportServed `json:"served"`
-	}
-	err := c.do(ctx, "GET", "/sim/export/log", nil, &out)
-	return out.Served, err
 }

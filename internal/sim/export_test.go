@@ -3,7 +3,6 @@ package sim
 import (
 	"archive/zip"
 	"bytes"
-	"context"
 	"encoding/json"
 	"io"
 	"strings"
@@ -13,9 +12,7 @@ import (
 
 func TestExportArchive(t *testing.T) {
 	clock := newFakeClock() // 2026-11-22 12:00 UTC
-	_, url := start(t, Config{Now: clock.Now})
-	ctl := &Control{Base: url}
-	ctx := context.Background()
+	s, url := start(t, Config{Now: clock.Now})
 	post(t, url+"/2/httpapi", env("proj", `{"event_type":"e1","user_id":"alice","insert_id":"i1","time":1763812800000}`,
 		`{"event_type":"e2","device_id":"device-1"}`))
 	post(t, url+"/2/httpapi", env("other", `{"event_type":"x","user_id":"carol"}`))
@@ -55,31 +52,35 @@ func TestExportArchive(t *testing.T) {
 			}
 			types = append(types, r.EventType)
 			if r.EventType == "e1" && (r.EventTime != "2025-11-22 12:00:00.000000" || r.ServerUploadTime != "2026-11-22 12:00:00.000000" ||
-				r.InsertID != "i1" || r.SvcID != SvcID("proj", "alice") || r.App != AppID("proj")) {
+				r.InsertID != "i1" || r.SvcID != SvcID("proj", "alice") || r.App != appID("proj")) {
 				t.Errorf("record %s", l)
 			}
 		}
 	}
-	app := itoa(int(AppID("proj")))
+	app := itoa(int(appID("proj")))
 	if strings.Join(names, ",") != app+"/"+app+"_2026-11-22_12#0.json,"+app+"/"+app+"_2026-11-22_14#0.json" ||
 		strings.Join(types, ",") != "e1,e2,e3" {
 		t.Fatalf("entries %v types %v", names, types)
 	}
 	// Over the size limit: 400; synthetic data fills empty hours.
-	if err := ctl.SetExport(ctx, ExportConfig{MaxBytes: 500}); err != nil {
+	if err := s.SetExport(ExportConfig{MaxBytes: 500}); err != nil {
 		t.Fatal(err)
 	}
 	if a := get("start=20261122T00&end=20261122T23"); a.Status != 400 {
 		t.Errorf("over MaxBytes: %d", a.Status)
 	}
 	syn := int64(3 << 20)
-	ctl.SetExport(ctx, ExportConfig{MaxBytes: 1 << 40, SyntheticBytesPerHour: &syn})
+	if err := s.SetExport(ExportConfig{MaxBytes: 1 << 40, SyntheticBytesPerHour: &syn}); err != nil {
+		t.Fatal(err)
+	}
 	a = get("start=20200101T00&end=20200101T00")
 	zr, err = zip.NewReader(bytes.NewReader(a.Body), int64(len(a.Body)))
 	if err != nil || len(zr.File) != 1 || zr.File[0].UncompressedSize64 < uint64(syn) || zr.File[0].UncompressedSize64 > uint64(syn)+2<<20 {
 		t.Fatalf("synthetic: %v %d", err, len(a.Body))
 	}
-	log, _ := ctl.ExportLog(ctx)
+	var served struct{ Served []ExportServed }
+	getJSON(t, url+"/sim/export/log", &served)
+	log := served.Served
 	if n := len(log); n != 9 || log[n-1].Status != 200 || log[n-1].Bytes != int64(len(a.Body)) || log[n-2].Status != 400 {
 		t.Fatalf("log %+v", log)
 	}

@@ -3,9 +3,7 @@ package sim
 import (
 	"bytes"
 	"context"
-	"math/rand/v2"
 	"net/http"
-	"strings"
 	"time"
 )
 
@@ -31,14 +29,14 @@ const (
 	DropMidResponse DropMode = "mid-response"
 )
 
-// DownMode says how the Sim behaves while down.
+// DownMode says how the Sim behaves while down (Faults.Take).
 type DownMode string
 
 // Down modes.
 const (
-	// DownRefuse closes the Serve listeners (connections are refused) and
-	// cuts open connections. /sim/ routes on those listeners are refused
-	// too; use ServeControl or a "for" duration to come back.
+	// DownRefuse: connections are refused (simtest closes its listeners
+	// and cuts open connections; a request that still arrives is dropped
+	// as with DownClose).
 	DownRefuse DownMode = "refuse"
 	// Down503 answers every ingest request 503 {"code":503,...}.
 	Down503 DownMode = "503"
@@ -47,7 +45,11 @@ const (
 	DownClose DownMode = "close"
 )
 
-// Fault is an injected fault for the next Count ingest requests.
+// Fault is how the upstream fails one ingest request: the answer it sends
+// instead of its own, or how it drops the connection, and what of the
+// request it ingested first (the readings of "the request may not have been
+// accepted"). The product never fails on purpose; internal/sim/simtest
+// queues faults through Config.Faults.
 type Fault struct {
 	// Status is the HTTP status to answer (e.g. 500, 502, 503, 504, or any
 	// other); 0 with Drop set drops instead; 0 without Drop only applies Latency.
@@ -62,19 +64,24 @@ type Fault struct {
 	Drop DropMode
 	// Latency is added (real time) before the request is handled.
 	Latency time.Duration
-	// Count is how many requests it applies to; 0 means 1, negative means
-	// every request until ClearFaults.
-	Count int
-	// Fraction, when in (0,1), is the probability that a request gets the
-	// fault (only requests that got it use up Count); 0 means every request.
-	Fraction float64
-	// PathPrefix limits the fault to ingest paths with this prefix; "" means all.
-	PathPrefix string
 	// Ingest is what a Status or DropNoAnswer fault lets the request
 	// ingest before it answers the fault: the document's "The request may
 	// not have been accepted" read as accepted in full, in part, or (the
 	// zero value) not at all.
 	Ingest IngestMode
+}
+
+// Faults is the seam of test-only fault injection: internal/sim/simtest
+// implements it, the product leaves Config.Faults nil (no request is ever
+// failed on purpose and no route beyond the read-outs is under /sim/).
+type Faults interface {
+	// Take decides what happens to one ingest request of path: latency to
+	// add before it is handled, the fault to apply when ok, and the down
+	// mode when not "" (then f and ok are ignored).
+	Take(path string) (latency time.Duration, f Fault, ok bool, down DownMode)
+	// Routes adds the implementation's routes to the /sim/ control mux of
+	// s (called once, by New).
+	Routes(s *Sim, ctl *http.ServeMux)
 }
 
 // IngestMode says what of a request a failed answer ingested.
@@ -91,145 +98,13 @@ const (
 	IngestHalf IngestMode = "half"
 )
 
-type faultState struct {
-	queue   []*Fault
-	latency time.Duration
-	down    DownMode
-	upTimer *time.Timer
-	rng     *rand.Rand
-	applied int64
-}
-
-func (f *faultState) init(seed uint64) {
-	f.rng = rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-}
-
-// Inject queues a fault. Faults apply in the order injected: a request takes
-// the first queued fault whose PathPrefix matches (a fractional one may let
-// it pass untouched).
-func (s *Sim) Inject(f Fault) {
-	if f.Count == 0 {
-		f.Count = 1
-	}
-	s.faultMu.Lock()
-	defer s.faultMu.Unlock()
-	s.faults.queue = append(s.faults.queue, &f)
-}
-
-// FailNext answers the next n ingest requests with status and the default
-// JSON body.
-func (s *Sim) FailNext(n, status int) { s.Inject(Fault{Status: status, Count: n}) }
-
-// DropNext drops the connection of the next n ingest requests.
-func (s *Sim) DropNext(n int, mode DropMode) { s.Inject(Fault{Drop: mode, Count: n}) }
-
-// SetLatency delays every ingest request by d (real time) until set to 0.
-func (s *Sim) SetLatency(d time.Duration) {
-	s.faultMu.Lock()
-	defer s.faultMu.Unlock()
-	s.faults.latency = d
-}
-
-// ClearFaults removes every queued fault and the latency (not the down state).
-func (s *Sim) ClearFaults() {
-	s.faultMu.Lock()
-	defer s.faultMu.Unlock()
-	s.faults.queue = nil
-	s.faults.latency = 0
-}
-
-// PendingFaults returns how many queued faults remain.
-func (s *Sim) PendingFaults() int {
-	s.faultMu.Lock()
-	defer s.faultMu.Unlock()
-	return len(s.faults.queue)
-}
-
-// Down takes the Sim down in mode until Up. With upAfter > 0 it comes up by
-// itself after that long (real time).
-func (s *Sim) Down(mode DownMode, upAfter time.Duration) error {
-	if err := s.setDown(mode, upAfter); err != nil {
-		return err
-	}
-	if mode == DownRefuse {
-		return s.setListenersDown(true)
-	}
-	return nil
-}
-
-// setDown sets the down state; ingest requests see it at once (while the
-// listeners are still open, DownRefuse acts as DownClose).
-func (s *Sim) setDown(mode DownMode, upAfter time.Duration) error {
-	if err := s.checkDownMode(mode); err != nil {
-		return err
-	}
-	s.faultMu.Lock()
-	defer s.faultMu.Unlock()
-	s.faults.down = mode
-	if s.faults.upTimer != nil {
-		s.faults.upTimer.Stop()
-		s.faults.upTimer = nil
-	}
-	if upAfter > 0 {
-		s.faults.upTimer = time.AfterFunc(upAfter, func() {
-			if err := s.Up(); err != nil {
-				s.log.Sugar().Errorf("sim: coming up: %v", err)
-			}
-		})
-	}
-	return nil
-}
-
-// Up ends a Down.
-func (s *Sim) Up() error {
-	s.faultMu.Lock()
-	was := s.faults.down
-	s.faults.down = ""
-	if s.faults.upTimer != nil {
-		s.faults.upTimer.Stop()
-		s.faults.upTimer = nil
-	}
-	s.faultMu.Unlock()
-	if was == DownRefuse {
-		return s.setListenersDown(false)
-	}
-	return nil
-}
-
-// IsDown reports the current down mode ("" when up).
-func (s *Sim) IsDown() DownMode {
-	s.faultMu.Lock()
-	defer s.faultMu.Unlock()
-	return s.faults.down
-}
-
-// takeFault decides what happens to one ingest request.
+// takeFault asks Config.Faults what happens to one request (nothing
+// without it).
 func (s *Sim) takeFault(path string) (latency time.Duration, f Fault, ok bool, down DownMode) {
-	s.faultMu.Lock()
-	defer s.faultMu.Unlock()
-	latency = s.faults.latency
-	down = s.faults.down
-	if down != "" {
-		return latency, Fault{}, false, down
+	if s.cfg.Faults == nil {
+		return 0, Fault{}, false, ""
 	}
-	for i, q := range s.faults.queue {
-		if !strings.HasPrefix(path, q.PathPrefix) {
-			continue
-		}
-		if q.Fraction > 0 && q.Fraction < 1 && s.faults.rng.Float64() >= q.Fraction {
-			return latency, Fault{}, false, ""
-		}
-		f = *q
-		if q.Count > 0 {
-			q.Count--
-			if q.Count == 0 {
-				s.faults.queue = append(s.faults.queue[:i:i], s.faults.queue[i+1:]...)
-			}
-		}
-		s.faults.applied++
-		return latency, f, true, ""
-	}
-	return latency, Fault{}, false, ""
+	return s.cfg.Faults.Take(path)
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) {

@@ -2,14 +2,12 @@ package sim
 
 import (
 	"compress/gzip"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
 	"net/http"
-	"net/url"
 	"sort"
 	"strings"
 	"sync"
@@ -18,8 +16,8 @@ import (
 )
 
 // This file holds the feedback ingestion route and the helpers shared by the
-// data-moving API groups of ../shared/api/taxonomy-feedback-dsar-deletion.md
-// and the export API (feedback.go, dsar.go, deletion.go, export.go):
+// data-moving API groups (docs/upstream-api.md: Taxonomy, Feedback, Data
+// subject access requests, User deletion) and the export API (feedback.go, dsar.go, deletion.go, export.go):
 //
 //   - apiRoute registers a route whose answer is written straight to the
 //     client (no buffering: export archives are gigabytes), with the shared
@@ -63,17 +61,17 @@ type FeedbackItem struct {
 	Updates int `json:"updates"`
 }
 
-// FeedbackError is one entry of the ingest answer's errors.
-type FeedbackError struct {
+// feedbackError is one entry of the ingest answer's errors.
+type feedbackError struct {
 	UniqueID string `json:"unique_id"`
 	Error    string `json:"error"`
 }
 
-// FeedbackAnswer is the ingest answer.
-type FeedbackAnswer struct {
+// feedbackAnswer is the ingest answer.
+type feedbackAnswer struct {
 	Ingested int             `json:"ingested"`
 	Failed   int             `json:"failed"`
-	Errors   []FeedbackError `json:"errors"`
+	Errors   []feedbackError `json:"errors"`
 }
 
 type feedbackState struct {
@@ -120,13 +118,13 @@ func (s *Sim) registerFeedback() {
 			apiError(w, http.StatusBadRequest, fmt.Sprintf("items must hold 1 to %d items, not %d", FeedbackMaxItems, len(req.Items)))
 			return
 		}
-		ans := FeedbackAnswer{Errors: []FeedbackError{}}
+		ans := feedbackAnswer{Errors: []feedbackError{}}
 		good := make([]FeedbackItem, 0, len(req.Items))
 		for _, raw := range req.Items {
 			it, err := checkFeedbackItem(raw)
 			if err != nil {
 				ans.Failed++
-				ans.Errors = append(ans.Errors, FeedbackError{UniqueID: it.UniqueID, Error: err.Error()})
+				ans.Errors = append(ans.Errors, feedbackError{UniqueID: it.UniqueID, Error: err.Error()})
 				continue
 			}
 			good = append(good, it)
@@ -255,17 +253,6 @@ func upsertPart(it *FeedbackItem, p FeedbackItem) {
 	it.ConversationParts = append(it.ConversationParts, p)
 }
 
-// FeedbackItems returns the stored items of a source of api key apiKey
-// (GET /sim/feedback).
-func (c *Control) FeedbackItems(ctx context.Context, apiKey, sourceID string) ([]FeedbackItem, error) {
-	var out struct {
-		Items []FeedbackItem `json:"items"`
-	}
-	q := url.Values{"api_key": {apiKey}, "source_id": {sourceID}}
-	err := c.do(ctx, "GET", "/sim/feedback?"+q.Encode(), nil, &out)
-	return out.Items, err
-}
-
 // apiHandler serves a data API route; key is the Basic user name (an api key).
 type apiHandler func(w http.ResponseWriter, r *http.Request, key string)
 
@@ -387,9 +374,9 @@ func SvcID(apiKey, userID string) int64 {
 	return int64(h.Sum64()%1_000_000_000_000) + 1
 }
 
-// AppID is the simulator's project number (the exported "app") of api key
+// appID is the simulator's project number (the exported "app") of api key
 // apiKey: stable, positive, below 10^7.
-func AppID(apiKey string) int64 {
+func appID(apiKey string) int64 {
 	h := fnv.New64a()
 	h.Write([]byte(apiKey))
 	return int64(h.Sum64()%10_000_000) + 1

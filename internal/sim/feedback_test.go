@@ -2,7 +2,6 @@ package sim
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -36,7 +35,6 @@ func apiCall(t testing.TB, method, url, key string, body []byte) answer {
 func TestFeedbackIngest(t *testing.T) {
 	s, url := start(t, Config{APIKeys: []string{"key-one"}})
 	_ = s
-	ctl := &Control{Base: url}
 	u := url + "/api/1/ai-feedback/ingest"
 	long := strings.Repeat("x", FeedbackMaxBody+1)
 	items := func(n int) string {
@@ -77,7 +75,7 @@ func TestFeedbackIngest(t *testing.T) {
 				}
 				return
 			}
-			var ans FeedbackAnswer
+			var ans feedbackAnswer
 			json.Unmarshal(a.Body, &ans)
 			if float64(ans.Ingested) != tc.ingested || ans.Failed != len(tc.failed) || len(ans.Errors) != len(tc.failed) {
 				t.Fatalf("answer %s", a.Body)
@@ -97,10 +95,11 @@ func TestFeedbackIngest(t *testing.T) {
 	if a.Status != 200 {
 		t.Fatal(a.Status, string(a.Body))
 	}
-	got, err := ctl.FeedbackItems(context.Background(), "key-one", "src")
-	if err != nil {
-		t.Fatal(err)
+	var stored struct {
+		Items []FeedbackItem `json:"items"`
 	}
+	getJSON(t, url+"/sim/feedback?api_key=key-one&source_id=src", &stored)
+	got := stored.Items
 	var g2 *FeedbackItem
 	for i := range got {
 		if got[i].UniqueID == "g2" {

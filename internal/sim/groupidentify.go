@@ -2,7 +2,6 @@ package sim
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"net/http"
 	"net/url"
@@ -86,8 +85,8 @@ func (s *Sim) registerGroupIdentify() {
 		st.byKey, st.rejected = map[string][]GroupIdentify{}, map[string]bool{}
 	})
 	s.route("/groupidentify", routeHandler{
-		serve:    func(w http.ResponseWriter, r *http.Request, in *Incoming) { s.serveGroupIdentify(st, w, r, in) },
-		describe: func(in *Incoming) { describeForm(in, "identification") },
+		serve:    func(w http.ResponseWriter, r *http.Request, in *incoming) { s.serveGroupIdentify(st, w, r, in) },
+		describe: func(in *incoming) { describeForm(in, "identification") },
 	})
 }
 
@@ -95,14 +94,6 @@ func (s *Sim) registerGroupIdentify() {
 func (s *Sim) gi() *giState {
 	h, _ := s.ctlMux.Handler(&http.Request{Method: http.MethodGet, URL: &url.URL{Path: giControlPath}})
 	return h.(*giState)
-}
-
-// GroupIdentifies reads the identifications stored for apiKey
-// (GET /sim/groupidentify?api_key=K).
-func (c *Control) GroupIdentifies(ctx context.Context, apiKey string) ([]GroupIdentify, error) {
-	var out []GroupIdentify
-	err := c.do(ctx, "GET", giControlPath+"?"+url.Values{"api_key": {apiKey}}.Encode(), nil, &out)
-	return out, err
 }
 
 // GroupIdentifies returns the identifications stored for apiKey, in arrival order.
@@ -126,7 +117,7 @@ func (s *Sim) RejectGroupValue(v string) {
 }
 
 // formParams reads form fields from the (decoded) body, then the query.
-func formParams(r *http.Request, in *Incoming) url.Values {
+func formParams(r *http.Request, in *incoming) url.Values {
 	v, _ := url.ParseQuery(string(in.Body))
 	if v == nil {
 		v = url.Values{}
@@ -140,7 +131,7 @@ func formParams(r *http.Request, in *Incoming) url.Values {
 }
 
 // describeForm fills the log record of a form request (key label, item count).
-func describeForm(in *Incoming, field string) {
+func describeForm(in *incoming, field string) {
 	v, _ := url.ParseQuery(string(in.Body))
 	if k := v.Get("api_key"); k != "" {
 		in.Rec.KeyLabel = KeyLabel(k)
@@ -167,7 +158,7 @@ func jsonObjects(v string) ([]json.RawMessage, bool) {
 	return arr, true
 }
 
-func (s *Sim) serveGroupIdentify(st *giState, w http.ResponseWriter, r *http.Request, in *Incoming) {
+func (s *Sim) serveGroupIdentify(st *giState, w http.ResponseWriter, r *http.Request, in *incoming) {
 	if r.Method != http.MethodPost {
 		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidPath})
 		return

@@ -77,8 +77,9 @@ func TestGroupIdentifyValidation(t *testing.T) {
 }
 
 func TestGroupIdentifyFaultAndReject(t *testing.T) {
-	s, base := start(t, Config{})
-	s.FailNext(1, 503)
+	ff := &queueFaults{}
+	s, base := start(t, Config{Faults: ff})
+	ff.add(Fault{Status: 503})
 	s.RejectGroupValue("bad")
 	body := giForm("k", `[{"group_type":"a","group_value":"ok"}]`)
 	if a := post(t, base+"/groupidentify", body, "Content-Type", formCT); a.Status != 503 {

@@ -16,7 +16,7 @@ func (s *Sim) registerHTTPAPI() {
 	s.route("/batch", h)
 }
 
-func (s *Sim) serveHTTPAPI(w http.ResponseWriter, r *http.Request, in *Incoming) {
+func (s *Sim) serveHTTPAPI(w http.ResponseWriter, r *http.Request, in *incoming) {
 	if r.Method != http.MethodPost {
 		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidPath})
 		return
@@ -49,7 +49,7 @@ func (s *Sim) serveHTTPAPI(w http.ResponseWriter, r *http.Request, in *Incoming)
 
 // describeHTTPAPI fills the record of a request that is not processed (a
 // fault answered it, or it is invalid) as far as the body can be read.
-func (s *Sim) describeHTTPAPI(in *Incoming) {
+func (s *Sim) describeHTTPAPI(in *incoming) {
 	var top struct {
 		APIKey  any               `json:"api_key"`
 		Events  []json.RawMessage `json:"events"`

@@ -182,8 +182,8 @@ func TestAPIKeys(t *testing.T) {
 	if a.Status != 200 {
 		t.Fatalf("good key: %d %s", a.Status, a.Body)
 	}
-	if n := s.CountFor("good-key"); n != 1 {
-		t.Fatalf("CountFor = %d", n)
+	if n := s.countFor("good-key"); n != 1 {
+		t.Fatalf("countFor = %d", n)
 	}
 }
 

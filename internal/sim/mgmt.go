@@ -16,7 +16,7 @@ import (
 )
 
 // This file holds what the management API groups of
-// ../shared/api/experiments-scim-classifiers.md and the taxonomy API share
+// docs/upstream-api.md (experiments, SCIM, classifiers) and the taxonomy API share
 // (experiments.go, scim.go, classifiers.go, taxonomy.go):
 //
 //   - mgmtRoute registers a route with the shared request log, latency,
@@ -161,30 +161,6 @@ func (s *Sim) MgmtCalls() []MgmtCall {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	return append([]MgmtCall(nil), st.calls...)
-}
-
-// MaxCallsInWindow returns the most calls of api for one account whose
-// times fall within any span shorter than window (the test of a
-// client-side rate limit).
-func MaxCallsInWindow(calls []MgmtCall, api string, window time.Duration) int {
-	by := map[string][]time.Time{}
-	for _, c := range calls {
-		if c.API == api && c.Account != "" {
-			by[c.Account] = append(by[c.Account], c.Time)
-		}
-	}
-	most := 0
-	for _, ts := range by {
-		slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
-		j := 0
-		for i := range ts {
-			for ts[i].Sub(ts[j]) >= window {
-				j++
-			}
-			most = max(most, i-j+1)
-		}
-	}
-	return most
 }
 
 // mgWriter records the status of an answer.

@@ -9,8 +9,8 @@ import (
 	"sync"
 )
 
-// Incoming is an ingest request as the shared middleware read it.
-type Incoming struct {
+// incoming is an ingest request as the shared middleware read it.
+type incoming struct {
 	// Body is the request body, gzip-decoded when Content-Encoding: gzip;
 	// nil when TooLarge.
 	Body []byte
@@ -30,14 +30,14 @@ type Incoming struct {
 // routeHandler is an ingest route's handler; describe, when not nil, fills
 // in.Rec from the body for requests a fault answered instead.
 type routeHandler struct {
-	serve    func(w http.ResponseWriter, r *http.Request, in *Incoming)
-	describe func(in *Incoming)
+	serve    func(w http.ResponseWriter, r *http.Request, in *incoming)
+	describe func(in *incoming)
 }
 
 func (s *Sim) ingestMiddleware(h routeHandler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rec := s.newRecord(r)
-		in := &Incoming{Rec: rec}
+		in := &incoming{Rec: rec}
 		latency, f, hasFault, down := s.takeFault(r.URL.Path)
 		sleepCtx(r.Context(), latency+f.Latency)
 		if down == DownRefuse || down == DownClose {
@@ -114,7 +114,7 @@ func (s *Sim) ingestMiddleware(h routeHandler) http.Handler {
 
 // faultIngest lets a failed request ingest what f.Ingest says (its answer
 // is discarded), or only describes it.
-func (s *Sim) faultIngest(h routeHandler, r *http.Request, in *Incoming, f Fault) {
+func (s *Sim) faultIngest(h routeHandler, r *http.Request, in *incoming, f Fault) {
 	if f.Ingest == IngestNone || in.Body == nil {
 		s.describe(h, in)
 		return
@@ -123,7 +123,7 @@ func (s *Sim) faultIngest(h routeHandler, r *http.Request, in *Incoming, f Fault
 	h.serve(&bufferedWriter{h: http.Header{}}, r, in)
 }
 
-func (s *Sim) describe(h routeHandler, in *Incoming) {
+func (s *Sim) describe(h routeHandler, in *incoming) {
 	if h.describe != nil && in.Body != nil {
 		h.describe(in)
 	}
@@ -134,7 +134,7 @@ var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 // readBody reads (and gzip-decodes) the body; it must be strictly shorter
 // than MaxBodyBytes. in.Body lives in pooled buffers that release returns
 // when the request is done (handlers copy what they keep).
-func (s *Sim) readBody(r *http.Request, in *Incoming) (release func()) {
+func (s *Sim) readBody(r *http.Request, in *incoming) (release func()) {
 	max := int64(s.cfg.MaxBodyBytes)
 	var bufs []*bytes.Buffer
 	release = func() {

@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Each reading of /work/shared/AMBIGUITIES.md the Sim plays, against the
+// Each reading the Sim plays (the package doc's Readings), against the
 // strict default.
 func TestReadings(t *testing.T) {
 	batch := func(key, dev string, n int, tag string) []byte {
@@ -90,10 +90,10 @@ func TestReadings(t *testing.T) {
 		}
 	})
 	t.Run("5xx that ingested all or half", func(t *testing.T) {
-		s, url := start(t, Config{})
-		s.Inject(Fault{Status: 503, Ingest: IngestAll})
-		s.Inject(Fault{Status: 500, Ingest: IngestHalf})
-		s.Inject(Fault{Drop: DropNoAnswer, Ingest: IngestHalf})
+		ff := &queueFaults{}
+		s, url := start(t, Config{Faults: ff})
+		ff.add(Fault{Status: 503, Ingest: IngestAll}, Fault{Status: 500, Ingest: IngestHalf},
+			Fault{Drop: DropNoAnswer, Ingest: IngestHalf})
 		if a := post(t, url+"/2/httpapi", batch("k", "dev-5", 4, "a")); a.Status != 503 || s.Count() != 4 {
 			t.Fatalf("%d count %d", a.Status, s.Count())
 		}

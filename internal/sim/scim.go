@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// SCIM provisioning (/scim/1), by ../shared/api/experiments-scim-classifiers.md.
+// SCIM provisioning (/scim/1), by docs/upstream-api.md (SCIM provisioning).
 //
 // State per organization (the SCIM token's): users keyed by lower-cased
 // email (pending or joined, both reported active) and groups with numeric
@@ -90,8 +90,8 @@ func (s *Sim) SetSCIMRate(limit int, window time.Duration) {
 	}
 }
 
-// SCIMUsers returns the emails of org's users, sorted.
-func (s *Sim) SCIMUsers(org string) []string {
+// scimUsers returns the emails of org's users, sorted.
+func (s *Sim) scimUsers(org string) []string {
 	st := s.mgmt()
 	st.mu.Lock()
 	defer st.mu.Unlock()

@@ -50,15 +50,15 @@ type Config struct {
 	// CountOnly makes /2/httpapi answer 200 after counting events, without
 	// validating or storing them (the peak-rate benchmark sink).
 	CountOnly bool
-	// Seed seeds the random choice of fractional faults; 0 means 1.
-	Seed uint64
 	// Now is the clock; nil means time.Now. Rate windows, penalties, dedup,
 	// daily quotas and request times use it; injected latency uses real time.
 	Now func() time.Time
+	// Faults, when set, fails ingest requests on purpose and adds its
+	// control routes (internal/sim/simtest, tests only); nil in the product.
+	Faults Faults
 
-	// Readings of the document's ambiguous sentences (issue 18; see
-	// /work/shared/AMBIGUITIES.md and the package doc). The zero value of
-	// each is the strict reading.
+	// Readings of the document's ambiguous sentences (issue 18; see the
+	// package doc's Readings). The zero value of each is the strict reading.
 
 	// LenientRate: only events already ingested count toward a key's
 	// average (so one large request of a hot device is taken). False (the
@@ -147,9 +147,6 @@ func (c Config) withDefaults() Config {
 	if c.KeepRequests == 0 {
 		c.KeepRequests = DefaultKeepRequests
 	}
-	if c.Seed == 0 {
-		c.Seed = 1
-	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -167,16 +164,9 @@ type Sim struct {
 	mux    *http.ServeMux
 	ctlMux *http.ServeMux
 	srv    *http.Server
-	ctlSrv *http.Server
 	seed   maphash.Seed
-
-	faultMu sync.Mutex
-	faults  faultState
-
-	lnMu      sync.Mutex
-	listeners []*switchListener
-	conns     map[net.Conn]struct{}
-	closed    bool
+	dsar   *dsarState   // registerDSAR's, for SetDSAR
+	export *exportState // registerExport's, for SetExport
 
 	mu    sync.Mutex
 	store store
@@ -208,16 +198,17 @@ func New(cfg Config, log *zap.Logger) *Sim {
 			s.keys[k] = true
 		}
 	}
-	s.faults.init(cfg.Seed)
 	s.store.init(&s.cfg, s.seed)
 	s.mux = http.NewServeMux()
 	s.ctlMux = http.NewServeMux()
 	s.registerRoutes()
+	if cfg.Faults != nil {
+		cfg.Faults.Routes(s, s.ctlMux)
+	}
 	s.mux.Handle("/sim/", s.ctlMux)
 	s.mux.HandleFunc("/", s.unknownPath)
 	s.srv = &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second, ConnState: s.connState,
 		ErrorLog: zap.NewStdLog(log)}
-	s.ctlSrv = &http.Server{Handler: s.ctlMux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: zap.NewStdLog(log)}
 	return s
 }
 
@@ -228,13 +219,13 @@ func (s *Sim) Config() Config {
 	return s.cfg
 }
 
-// Handler returns the simulator's routes, including its control routes
-// under /sim/ (read what was ingested, inject faults) for black-box tests.
-// Faults of kind "drop" need a hijackable ResponseWriter; "down" with
-// DownRefuse needs Serve.
+// Handler returns the simulator's routes, including its read-outs under
+// /sim/ (and Config.Faults' routes when set). Faults of kind "drop" need a
+// hijackable ResponseWriter.
 func (s *Sim) Handler() http.Handler { return s.mux }
 
-// ControlHandler returns only the /sim/ control routes.
+// ControlHandler returns only the /sim/ routes: the read-outs (what was
+// ingested, the request log, counters) and Config.Faults' routes when set.
 func (s *Sim) ControlHandler() http.Handler { return s.ctlMux }
 
 // route registers an ingest route on the shared mux, wrapped in the shared
@@ -270,56 +261,22 @@ func (s *Sim) resetGroups() {
 
 // unknownPath answers the upstream's "Invalid request path".
 func (s *Sim) unknownPath(w http.ResponseWriter, r *http.Request) {
-	s.ingestMiddleware(routeHandler{serve: func(w http.ResponseWriter, r *http.Request, in *Incoming) {
+	s.ingestMiddleware(routeHandler{serve: func(w http.ResponseWriter, r *http.Request, in *incoming) {
 		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidPath})
 	}}).ServeHTTP(w, r)
 }
 
-// Serve serves on ln until Close. The Sim keeps ln's address so that Down
-// with DownRefuse can close it and Up can listen on it again.
+// Serve serves on ln until Close.
 func (s *Sim) Serve(ln net.Listener) error {
-	sl, err := s.addListener(ln)
-	if err != nil {
-		return err
-	}
-	err = s.srv.Serve(sl)
+	err := s.srv.Serve(ln)
 	if errors.Is(err, http.ErrServerClosed) || errors.Is(err, net.ErrClosed) {
 		return ErrClosed
 	}
 	return err
 }
 
-// ServeControl serves only the /sim/ control routes on ln until Close; it
-// is never affected by faults or Down.
-func (s *Sim) ServeControl(ln net.Listener) error {
-	err := s.ctlSrv.Serve(ln)
-	if errors.Is(err, http.ErrServerClosed) {
-		return ErrClosed
-	}
-	return err
-}
-
 // Close stops serving: listeners are closed and connections dropped.
-func (s *Sim) Close() error {
-	s.lnMu.Lock()
-	s.closed = true
-	ls := s.listeners
-	s.listeners = nil
-	s.lnMu.Unlock()
-	var errs []error
-	for _, l := range ls {
-		if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
-			errs = append(errs, err)
-		}
-	}
-	errs = append(errs, s.srv.Close(), s.ctlSrv.Close())
-	s.faultMu.Lock()
-	if s.faults.upTimer != nil {
-		s.faults.upTimer.Stop()
-	}
-	s.faultMu.Unlock()
-	return errors.Join(errs...)
-}
+func (s *Sim) Close() error { return s.srv.Close() }
 
 // Start listens on addr (e.g. "127.0.0.1:0") and serves in a new goroutine.
 // It returns the base URL ("http://127.0.0.1:PORT"). Errors of Serve after

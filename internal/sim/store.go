@@ -47,11 +47,11 @@ type Record struct {
 	// Throttled lists, for a 429 or a silenced 400, the devices ("d:"+id)
 	// and users ("u:"+id) it named as throttled, each with its share: the
 	// number of the request's events that were its own.
-	Throttled []KeyShare `json:"throttled,omitempty"`
+	Throttled []keyShare `json:"throttled,omitempty"`
 }
 
-// KeyShare is a key named in a 429 and its events in the request.
-type KeyShare struct {
+// keyShare is a key named in a 429 and its events in the request.
+type keyShare struct {
 	Key   string `json:"key"`
 	Share int    `json:"share"`
 }
@@ -401,7 +401,7 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 			}
 		}
 		for k, n := range share {
-			rec.Throttled = append(rec.Throttled, KeyShare{Key: k, Share: n})
+			rec.Throttled = append(rec.Throttled, keyShare{Key: k, Share: n})
 		}
 		sort.Slice(rec.Throttled, func(i, j int) bool { return rec.Throttled[i].Key < rec.Throttled[j].Key })
 	}
@@ -647,8 +647,8 @@ func (s *Sim) Count() int64 {
 	return s.store.stats.Ingested
 }
 
-// CountFor returns the number of events ingested for apiKey.
-func (s *Sim) CountFor(apiKey string) int64 {
+// countFor returns the number of events ingested for apiKey.
+func (s *Sim) countFor(apiKey string) int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.store.stats.IngestedByKey[KeyLabel(apiKey)]
@@ -692,10 +692,9 @@ func (s *Sim) Stats() Stats {
 }
 
 // Reset forgets every stored event, counter, request, insert_id, rate and
-// quota, and clears faults, and resets every route group's own state (see
-// onReset). Silenced devices stay silenced; the down state is kept.
+// quota, and resets every route group's own state (see onReset). Silenced
+// devices stay silenced. (simtest's Reset clears its faults too.)
 func (s *Sim) Reset() {
-	s.ClearFaults()
 	s.mu.Lock()
 	s.store.init(&s.cfg, s.seed)
 	s.counted.Store(0)

@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Taxonomy (/api/2/taxonomy), by ../shared/api/taxonomy-feedback-dsar-deletion.md.
+// Taxonomy (/api/2/taxonomy), by docs/upstream-api.md (Taxonomy).
 // HTTP Basic with the project's key pair (mgmt.go); state per api key.
 // Bodies are form encoded; GET parameters come from the query, DELETE
 // parameters from the query or the body. Answers: {"success": true} (with
@@ -44,8 +44,8 @@ const (
 	taxMaxBody          = 1 << 20
 )
 
-// TaxonomyCost is the cost of one taxonomy request of method.
-func TaxonomyCost(method string) int {
+// taxonomyCost is the cost of one taxonomy request of method.
+func taxonomyCost(method string) int {
 	if method == http.MethodGet {
 		return 1
 	}
@@ -184,7 +184,7 @@ func (s *Sim) registerTaxonomy() {
 	x := st.tax
 	r := func(pattern string, f func(w *mgWriter, q *taxReq)) {
 		s.mgmtRoute("taxonomy", pattern, authBasic, taxMaxBody, func(w *mgWriter, q *mgRequest) {
-			cost := TaxonomyCost(q.r.Method)
+			cost := taxonomyCost(q.r.Method)
 			key := q.account
 			now := s.cfg.Now()
 			st.mu.Lock()

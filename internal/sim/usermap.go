@@ -1,13 +1,11 @@
 package sim
 
 import (
-	"context"
 	"encoding/json"
 	"hash/fnv"
 	"net/http"
 	"net/url"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -100,71 +98,13 @@ type UserMapState struct {
 	Throttled int64          `json:"throttled"`
 }
 
-// ServeHTTP serves the control route /sim/usermap. GET answers
-// UserMapState. POST changes settings, by query: limit=N&window=D (as
-// SetUserMapRate), api_key=K&org=O (SetUserMapOrg), api_key=K&secret=S
-// (SetSecretKey), reject_user_id=U (RejectUserID).
+// ServeHTTP serves the read-out GET /sim/usermap: UserMapState. (The
+// settings are changed by SetUserMapRate, SetUserMapOrg, SetSecretKey and
+// RejectUserID, or simtest's POST /sim/usermap.)
 func (st *umState) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method == http.MethodPost {
-		q := r.URL.Query()
-		st.mu.Lock()
-		defer st.mu.Unlock()
-		if v := q.Get("limit"); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil || n <= 0 {
-				http.Error(w, "bad limit", http.StatusBadRequest)
-				return
-			}
-			st.limit = n
-		}
-		if v := q.Get("window"); v != "" {
-			d, err := time.ParseDuration(v)
-			if err != nil || d <= 0 {
-				http.Error(w, "bad window", http.StatusBadRequest)
-				return
-			}
-			st.window = d
-		}
-		if k := q.Get("api_key"); k != "" {
-			if o := q.Get("org"); o != "" {
-				st.orgOfKey[k] = o
-			}
-			if sec := q.Get("secret"); sec != "" {
-				st.secrets[k] = sec
-			}
-		}
-		if u := q.Get("reject_user_id"); u != "" {
-			st.rejected[u] = true
-		}
-		writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
-		return
-	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	writeJSON(w, http.StatusOK, UserMapState{Calls: st.calls, Batches: st.batches, Throttled: st.throttled})
-}
-
-// UserMap reads the simulator's mapping calls, batches and 429 count
-// (GET /sim/usermap).
-func (c *Control) UserMap(ctx context.Context) (UserMapState, error) {
-	var out UserMapState
-	err := c.do(ctx, "GET", umControlPath, nil, &out)
-	return out, err
-}
-
-// SetUserMapRate sets the mapping rate limit (POST /sim/usermap?limit=&window=).
-func (c *Control) SetUserMapRate(ctx context.Context, limit int, window time.Duration) error {
-	return c.do(ctx, "POST", umControlPath+"?"+url.Values{"limit": {strconv.Itoa(limit)}, "window": {window.String()}}.Encode(), nil, nil)
-}
-
-// SetUserMapOrg puts apiKey in organization org (POST /sim/usermap?api_key=&org=).
-func (c *Control) SetUserMapOrg(ctx context.Context, apiKey, org string) error {
-	return c.do(ctx, "POST", umControlPath+"?"+url.Values{"api_key": {apiKey}, "org": {org}}.Encode(), nil, nil)
-}
-
-// SetSecretKey makes GET /api/2/usermap require secret for apiKey.
-func (c *Control) SetSecretKey(ctx context.Context, apiKey, secret string) error {
-	return c.do(ctx, "POST", umControlPath+"?"+url.Values{"api_key": {apiKey}, "secret": {secret}}.Encode(), nil, nil)
 }
 
 const umControlPath = "/sim/usermap"
@@ -172,7 +112,7 @@ const umControlPath = "/sim/usermap"
 func (s *Sim) registerUserMap() {
 	st := &umState{limit: DefaultMappingLimit, window: DefaultMappingWindow, orgOfKey: map[string]string{},
 		secrets: map[string]string{}, mapped: map[string]map[string]string{}, rejected: map[string]bool{}}
-	s.ctlMux.Handle(umControlPath, st)
+	s.ctlMux.Handle("GET "+umControlPath, st)
 	s.onReset(func() { // rate limit, key organizations and secrets are configuration: kept
 		st.mu.Lock()
 		defer st.mu.Unlock()
@@ -181,11 +121,11 @@ func (s *Sim) registerUserMap() {
 		st.throttled, st.seq = 0, 0
 	})
 	s.route("/usermap", routeHandler{
-		serve:    func(w http.ResponseWriter, r *http.Request, in *Incoming) { s.serveUserMap(st, w, r, in) },
-		describe: func(in *Incoming) { describeForm(in, "mapping") },
+		serve:    func(w http.ResponseWriter, r *http.Request, in *incoming) { s.serveUserMap(st, w, r, in) },
+		describe: func(in *incoming) { describeForm(in, "mapping") },
 	})
 	s.route("/api/2/usermap", routeHandler{
-		serve: func(w http.ResponseWriter, r *http.Request, in *Incoming) { s.serveUserMapRead(st, w, r, in) },
+		serve: func(w http.ResponseWriter, r *http.Request, in *incoming) { s.serveUserMapRead(st, w, r, in) },
 	})
 }
 
@@ -283,30 +223,7 @@ func (st *umState) orgLocked(apiKey string) string {
 	return "key:" + KeyLabel(apiKey)
 }
 
-// MaxWindowCount returns the largest number of mapping calls of one
-// organization accepted within any window of length window (the pace).
-func MaxWindowCount(batches []MappingBatch, window time.Duration) int {
-	byOrg := map[string][]MappingBatch{}
-	for _, b := range batches {
-		byOrg[b.Org] = append(byOrg[b.Org], b)
-	}
-	best := 0
-	for _, bs := range byOrg {
-		sort.Slice(bs, func(i, j int) bool { return bs[i].Time.Before(bs[j].Time) })
-		sum, lo := 0, 0
-		for _, b := range bs {
-			sum += b.N
-			for !bs[lo].Time.After(b.Time.Add(-window)) { // drop those at or before b.Time-window
-				sum -= bs[lo].N
-				lo++
-			}
-			best = max(best, sum)
-		}
-	}
-	return best
-}
-
-func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, in *Incoming) {
+func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, in *incoming) {
 	if r.Method != http.MethodPost {
 		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidPath})
 		return
@@ -441,7 +358,7 @@ func svcID(userID string) int64 {
 	return int64(h.Sum64() >> 12) // positive, fits a JSON number exactly
 }
 
-func (s *Sim) serveUserMapRead(st *umState, w http.ResponseWriter, r *http.Request, in *Incoming) {
+func (s *Sim) serveUserMapRead(st *umState, w http.ResponseWriter, r *http.Request, in *incoming) {
 	rd := MappingRead{Time: s.cfg.Now(), Query: r.URL.RawQuery}
 	for k := range r.Header {
 		rd.Headers = append(rd.Headers, http.CanonicalHeaderKey(k))

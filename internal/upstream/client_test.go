@@ -9,11 +9,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 )
 
-func startSim(t *testing.T, cfg sim.Config) (*sim.Sim, string) {
+func startSim(t *testing.T, cfg sim.Config) (*simtest.Sim, string) {
 	t.Helper()
-	s := sim.New(cfg, nil)
+	s := simtest.New(cfg, nil)
 	url, err := s.Start("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

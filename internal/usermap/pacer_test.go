@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 )
 
 // TestPacerWindow: many lanes of two organizations acquire concurrently with
@@ -56,7 +57,7 @@ func TestPacerWindow(t *testing.T) {
 			}
 		}
 		for name, bs := range map[string][]sim.MappingBatch{"admission": early, "release": late, "mixed": mixed} {
-			if got := sim.MaxWindowCount(bs, window); got > limit {
+			if got := simtest.MaxWindowCount(bs, window); got > limit {
 				t.Errorf("arrival at %s: %d calls in one window, limit %d", name, got, limit)
 			}
 		}

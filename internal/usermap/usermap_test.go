@@ -16,6 +16,7 @@ import (
 	"github.com/svcrelay/relay/internal/formreq/formreqtest"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/upstream"
 	"github.com/svcrelay/relay/internal/usermap"
@@ -227,7 +228,7 @@ func TestPace(t *testing.T) {
 	waitFor(t, "delivery", func() bool { return len(e.Sim.MappingCalls()) == total })
 	elapsed := time.Since(start)
 	batches := e.Sim.MappingBatches()
-	if got := sim.MaxWindowCount(batches, window); got > limit {
+	if got := simtest.MaxWindowCount(batches, window); got > limit {
 		t.Fatalf("%d mapping calls within one %v window, limit %d", got, window, limit)
 	}
 	if e.Sim.MappingThrottled() != 0 {

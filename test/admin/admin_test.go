@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 	"github.com/svcrelay/relay/internal/spool"
 )
 
@@ -86,7 +87,7 @@ func TestAdmin(t *testing.T) {
 	t.Run("no secrets", func(t *testing.T) { testNoSecrets(t, r, s) })
 }
 
-func testAuth(t *testing.T, r *relay, s *sim.Sim, rec1, rec2 *headerRecorder) {
+func testAuth(t *testing.T, r *relay, s *simtest.Sim, rec1, rec2 *headerRecorder) {
 	// The open routes.
 	for _, p := range []string{"/healthz", "/readyz", "/metrics"} {
 		if a := call(t, "GET", r.admin+p, ""); a.status != 200 {
@@ -274,7 +275,7 @@ func insertIDs(evs []sim.Ingested) []string {
 	return ids
 }
 
-func testDeadLetters(t *testing.T, r *relay, s *sim.Sim) {
+func testDeadLetters(t *testing.T, r *relay, s *simtest.Sim) {
 	s.Silence("dev-s1")
 	s.Silence("dev-s2")
 	var want1, want2 []string
@@ -451,7 +452,7 @@ func testDeadLetters(t *testing.T, r *relay, s *sim.Sim) {
 // testDeadKinds: group identifies and mappings the upstream refuses become
 // dead letters of their kind; a replay sends them again (the sim refuses
 // them again: new dead letters, the old ones gone, no loop).
-func testDeadKinds(t *testing.T, r *relay, s *sim.Sim) {
+func testDeadKinds(t *testing.T, r *relay, s *simtest.Sim) {
 	s.RejectGroupValue("rej-g")
 	s.RejectUserID("rej-u")
 	if a := r.own("POST", "/groupidentify", form("api_key", keyOther, "identification",
@@ -529,7 +530,7 @@ func newLane(t *testing.T, r *relay, key string, events ...string) string {
 	return ""
 }
 
-func testLanes(t *testing.T, r *relay, s *sim.Sim) {
+func testLanes(t *testing.T, r *relay, s *simtest.Sim) {
 	label := newLane(t, r, keyPaused, event("dev-l", "l-0"))
 	waitFor(t, 10*time.Second, "the first event of the paused lane", func() bool { return len(s.Events(keyPaused)) == 1 })
 
@@ -609,7 +610,7 @@ func testLanes(t *testing.T, r *relay, s *sim.Sim) {
 	}
 }
 
-func testNoSecrets(t *testing.T, r *relay, s *sim.Sim) {
+func testNoSecrets(t *testing.T, r *relay, s *simtest.Sim) {
 	// Answers worth searching besides those of the other subtests.
 	for _, p := range []string{"/metrics", "/readyz", "/nope"} {
 		call(t, "GET", r.admin+p, "")

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
 
@@ -104,9 +105,9 @@ func trackSources(t *testing.T) {
 }
 
 // startSim serves a simulator on 127.0.0.1 and returns it with its URL.
-func startSim(t *testing.T, cfg sim.Config) (*sim.Sim, string) {
+func startSim(t *testing.T, cfg sim.Config) (*simtest.Sim, string) {
 	t.Helper()
-	s := sim.New(cfg, nil)
+	s := simtest.New(cfg, nil)
 	u, err := s.Start("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
 
@@ -339,7 +340,7 @@ func TestBrowserSDKThroughRelay(t *testing.T) {
 }
 
 // simEvents polls the sim (10 s at most) until it holds n events of key.
-func simEvents(t *testing.T, ctl *sim.Control, key string, n int) []sim.Ingested {
+func simEvents(t *testing.T, ctl *simtest.Control, key string, n int) []sim.Ingested {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {

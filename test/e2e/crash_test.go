@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
 
@@ -135,8 +136,8 @@ func crashClient(ctx context.Context, id int, listen string, tr http.RoundTrippe
 // faultInjector queues a small sim fault every 150..450 ms until ctx ends:
 // 5xx answers, cut uploads, lost answers after ingest (which the relay must
 // resend and the upstream dedups), cut answers, and latency.
-func faultInjector(ctx context.Context, t *testing.T, ctl *sim.Control, rng *rand.Rand, n *atomic.Int64) {
-	specs := []sim.FaultSpec{
+func faultInjector(ctx context.Context, t *testing.T, ctl *simtest.Control, rng *rand.Rand, n *atomic.Int64) {
+	specs := []simtest.FaultSpec{
 		{Status: 503, Count: 2},
 		{Status: 500, Count: 1},
 		{Status: 502, Count: 1},
@@ -191,7 +192,7 @@ func TestCrashDuringDelivery(t *testing.T) {
 	dir := t.TempDir()
 	// The rate limit is out of the way here (hot devices go far above 30
 	// events/s); the 429 pause has its own test.
-	sm := harness.StartSim(t, bin, dir, "--eps-threshold", "1000000")
+	sm := harness.StartFaultSim(t, dir, "--eps-threshold", "1000000")
 	opts := &harness.RelayOpts{
 		DataDir:   filepath.Join(dir, "data"),
 		IngestURL: sm.Base,

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
 
@@ -66,9 +67,9 @@ func livenessRun(t *testing.T, bin string, lenient bool) {
 	if lenient {
 		simArgs = append(simArgs, "--lenient-rate")
 	}
-	sm := harness.StartSim(t, bin, dir, simArgs...)
+	sm := harness.StartFaultSim(t, dir, simArgs...)
 	bg := context.Background()
-	if err := sm.Ctl.Inject(bg, sim.FaultSpec{Status: 503, Fraction: 0.03, Count: -1, Ingest: "half"}); err != nil {
+	if err := sm.Ctl.Inject(bg, simtest.FaultSpec{Status: 503, Fraction: 0.03, Count: -1, Ingest: "half"}); err != nil {
 		t.Fatal(err)
 	}
 	opts := &harness.RelayOpts{

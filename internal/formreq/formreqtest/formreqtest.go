@@ -22,6 +22,7 @@ import (
 	"github.com/svcrelay/relay/internal/adminapi"
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/upstream"
 )
@@ -41,7 +42,7 @@ type Build[C Component] func(simURL string, sp *spool.Spool, client *upstream.Cl
 type Env[C Component] struct {
 	T      *testing.T
 	Dir    string // the spool directory, kept across Close and Open
-	Sim    *sim.Sim
+	Sim    *simtest.Sim
 	SimURL string
 	Spool  *spool.Spool
 	C      C                    // the component of the last Open
@@ -61,7 +62,7 @@ type Env[C Component] struct {
 func New[C Component](t *testing.T, simCfg sim.Config, kind spool.Kind, build Build[C]) *Env[C] {
 	t.Helper()
 	e := &Env[C]{T: t, Dir: t.TempDir(), kind: kind, build: build}
-	e.Sim = sim.New(simCfg, nil)
+	e.Sim = simtest.New(simCfg, nil)
 	u, err := e.Sim.Start("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 )
 
 // ServeAdmin is Serve (kept for the tests written against it).
@@ -42,9 +43,9 @@ func ParseCreds(t testing.TB, yaml string) *credentials.Store {
 
 // StartSim starts a simulator (cfg) on 127.0.0.1, closed at cleanup, and
 // returns it with its base URL. Unlike Start it sets no credentials.
-func StartSim(t testing.TB, cfg sim.Config) (*sim.Sim, string) {
+func StartSim(t testing.TB, cfg sim.Config) (*simtest.Sim, string) {
 	t.Helper()
-	s := sim.New(cfg, nil)
+	s := simtest.New(cfg, nil)
 	u, err := s.Start("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 )
 
 // Test credentials; the simulator of Start accepts exactly these.
@@ -57,7 +58,7 @@ organizations:
 
 // Env is a simulator upstream plus the credentials that reach it.
 type Env struct {
-	Sim     *sim.Sim
+	Sim     *simtest.Sim
 	SimURL  string
 	Creds   *credentials.Store
 	Forward *forward.Forwarder
@@ -67,7 +68,7 @@ type Env struct {
 // and a Forwarder (cfg).
 func Start(t testing.TB, cfg forward.Config) *Env {
 	t.Helper()
-	s := sim.New(sim.Config{}, nil)
+	s := simtest.New(sim.Config{}, nil)
 	u, err := s.Start("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

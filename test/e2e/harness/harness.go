@@ -23,7 +23,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
 )
 
 // Build builds the relay binary into a temp dir and returns its path. When
@@ -63,7 +63,7 @@ func trackSources(t testing.TB) {
 			t.Fatal(err)
 		}
 	}
-	for _, dir := range []string{"cmd", "internal"} {
+	for _, dir := range []string{"cmd", "internal", "test/e2e/harness/simserver"} {
 		err := filepath.WalkDir(filepath.Join(root, dir), func(p string, d os.DirEntry, err error) error {
 			if err != nil {
 				return err
@@ -232,23 +232,46 @@ func (p *Proc) waitHealthy(t testing.TB, url string) {
 	t.Fatalf("%s not healthy within 15s\n%s", p.Name, p.LogTail(4000))
 }
 
-// Sim is a `relay sim` process.
+// Sim is a `relay sim` process (StartSim) or a simserver one (StartFaultSim).
 type Sim struct {
 	*Proc
 	Base string // http://127.0.0.1:PORT
-	Ctl  *sim.Control
+	Ctl  *simtest.Control
 }
 
 // StartSim starts `relay sim` on a free port with the extra flags and waits
-// for /sim/healthz.
+// for /sim/healthz. Its /sim/ routes only read (the product has no fault
+// injection); tests that inject faults use StartFaultSim.
 func StartSim(t testing.TB, bin, dir string, extra ...string) *Sim {
 	t.Helper()
+	return startSim(t, bin, dir, append([]string{"sim"}, extra...))
+}
+
+// StartFaultSim builds and starts the simserver test helper (the simulated
+// upstream with internal/sim/simtest's fault routes) on a free port with the
+// extra flags (those of `relay sim`), and waits for /sim/healthz.
+func StartFaultSim(t testing.TB, dir string, extra ...string) *Sim {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = "/usr/local/go/bin/go"
+	}
+	bin := filepath.Join(t.TempDir(), "simserver")
+	cmd := exec.Command(goBin, "build", "-o", bin, "github.com/svcrelay/relay/test/e2e/harness/simserver")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build simserver: %v\n%s", err, out)
+	}
+	return startSim(t, bin, dir, extra)
+}
+
+func startSim(t testing.TB, bin, dir string, args []string) *Sim {
+	t.Helper()
 	addr := FreeAddr(t)
-	args := append([]string{"sim", "--listen", addr, "--log-format", "json", "--log-level", "warn"}, extra...)
+	args = append(args, "--listen", addr, "--log-format", "json", "--log-level", "warn")
 	p := start(t, "sim", bin, filepath.Join(dir, "sim.log"), args...)
 	base := "http://" + addr
 	p.waitHealthy(t, base+"/sim/healthz")
-	return &Sim{Proc: p, Base: base, Ctl: &sim.Control{Base: base, Client: &http.Client{Timeout: 30 * time.Second}}}
+	return &Sim{Proc: p, Base: base, Ctl: &simtest.Control{Base: base, Client: &http.Client{Timeout: 30 * time.Second}}}
 }
 
 // RelayOpts are what a test chooses of a relay's command line.

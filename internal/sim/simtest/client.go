@@ -1,4 +1,4 @@
-package sim
+package simtest
 
 import (
 	"bytes"
@@ -10,10 +10,13 @@ import (
 	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/svcrelay/relay/internal/sim"
 )
 
 // Control drives a running Sim over its /sim/ routes, for black-box tests
-// and the bench (a Sim in another process, e.g. `relay sim --listen`).
+// (a Sim in another process: test/e2e/harness's simserver). Its knob and
+// fault methods need a simtest.Sim; the read-outs work on any sim.Sim.
 type Control struct {
 	// Base is the Sim's base URL, e.g. "http://127.0.0.1:9000".
 	Base string
@@ -71,7 +74,7 @@ func (c *Control) SetLatency(ctx context.Context, d time.Duration) error {
 
 // Down takes the Sim down; upAfter > 0 brings it back by itself (needed for
 // DownRefuse unless the control routes are served on their own listener).
-func (c *Control) Down(ctx context.Context, mode DownMode, upAfter time.Duration) error {
+func (c *Control) Down(ctx context.Context, mode sim.DownMode, upAfter time.Duration) error {
 	q := url.Values{"mode": {string(mode)}}
 	if upAfter > 0 {
 		q.Set("for", upAfter.String())
@@ -101,26 +104,95 @@ func (c *Control) SetDailyQuota(ctx context.Context, n int) error {
 }
 
 // Stats reads the counters.
-func (c *Control) Stats(ctx context.Context) (Stats, error) {
-	var st Stats
+func (c *Control) Stats(ctx context.Context) (sim.Stats, error) {
+	var st sim.Stats
 	err := c.do(ctx, "GET", "/sim/stats", nil, &st)
 	return st, err
 }
 
 // Events reads stored events of apiKey ("" = all keys) with Seq > after.
-func (c *Control) Events(ctx context.Context, apiKey string, after int64) ([]Ingested, error) {
+func (c *Control) Events(ctx context.Context, apiKey string, after int64) ([]sim.Ingested, error) {
 	q := url.Values{"after": {strconv.FormatInt(after, 10)}}
 	if apiKey != "" {
 		q.Set("api_key", apiKey)
 	}
-	var out struct{ Events []Ingested }
+	var out struct{ Events []sim.Ingested }
 	err := c.do(ctx, "GET", "/sim/events?"+q.Encode(), nil, &out)
 	return out.Events, err
 }
 
 // Requests reads the request log entries with Seq > after.
-func (c *Control) Requests(ctx context.Context, after int64) ([]Record, error) {
-	var out struct{ Requests []Record }
+func (c *Control) Requests(ctx context.Context, after int64) ([]sim.Record, error) {
+	var out struct{ Requests []sim.Record }
 	err := c.do(ctx, "GET", "/sim/requests?after="+strconv.FormatInt(after, 10), nil, &out)
 	return out.Requests, err
+}
+
+// SetDSAR changes the DSAR routes' configuration (POST /sim/dsar/config).
+func (c *Control) SetDSAR(ctx context.Context, cfg sim.DSARConfig) error {
+	return c.do(ctx, "POST", "/sim/dsar/config", mustJSON(cfg), nil)
+}
+
+// SetExport changes the export route's configuration (POST /sim/export/config).
+func (c *Control) SetExport(ctx context.Context, cfg sim.ExportConfig) error {
+	return c.do(ctx, "POST", "/sim/export/config", mustJSON(cfg), nil)
+}
+
+// ExportLog returns the export requests served so far (GET /sim/export/log).
+func (c *Control) ExportLog(ctx context.Context) ([]sim.ExportServed, error) {
+	var out struct {
+		Served []sim.ExportServed `json:"served"`
+	}
+	err := c.do(ctx, "GET", "/sim/export/log", nil, &out)
+	return out.Served, err
+}
+
+// FeedbackItems returns the stored items of a source of api key apiKey
+// (GET /sim/feedback).
+func (c *Control) FeedbackItems(ctx context.Context, apiKey, sourceID string) ([]sim.FeedbackItem, error) {
+	var out struct {
+		Items []sim.FeedbackItem `json:"items"`
+	}
+	q := url.Values{"api_key": {apiKey}, "source_id": {sourceID}}
+	err := c.do(ctx, "GET", "/sim/feedback?"+q.Encode(), nil, &out)
+	return out.Items, err
+}
+
+// GroupIdentifies reads the identifications stored for apiKey
+// (GET /sim/groupidentify?api_key=K).
+func (c *Control) GroupIdentifies(ctx context.Context, apiKey string) ([]sim.GroupIdentify, error) {
+	var out []sim.GroupIdentify
+	err := c.do(ctx, "GET", "/sim/groupidentify"+"?"+url.Values{"api_key": {apiKey}}.Encode(), nil, &out)
+	return out, err
+}
+
+// UserMap reads the simulator's mapping calls, batches and 429 count
+// (GET /sim/usermap).
+func (c *Control) UserMap(ctx context.Context) (sim.UserMapState, error) {
+	var out sim.UserMapState
+	err := c.do(ctx, "GET", "/sim/usermap", nil, &out)
+	return out, err
+}
+
+// SetUserMapRate sets the mapping rate limit (POST /sim/usermap?limit=&window=).
+func (c *Control) SetUserMapRate(ctx context.Context, limit int, window time.Duration) error {
+	return c.do(ctx, "POST", "/sim/usermap"+"?"+url.Values{"limit": {strconv.Itoa(limit)}, "window": {window.String()}}.Encode(), nil, nil)
+}
+
+// SetUserMapOrg puts apiKey in organization org (POST /sim/usermap?api_key=&org=).
+func (c *Control) SetUserMapOrg(ctx context.Context, apiKey, org string) error {
+	return c.do(ctx, "POST", "/sim/usermap"+"?"+url.Values{"api_key": {apiKey}, "org": {org}}.Encode(), nil, nil)
+}
+
+// SetSecretKey makes GET /api/2/usermap require secret for apiKey.
+func (c *Control) SetSecretKey(ctx context.Context, apiKey, secret string) error {
+	return c.do(ctx, "POST", "/sim/usermap"+"?"+url.Values{"api_key": {apiKey}, "secret": {secret}}.Encode(), nil, nil)
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
 }

@@ -1,4 +1,4 @@
-package sim
+package simtest
 
 import (
 	"errors"
@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/internal/sim"
 )
 
 func ctl(t *testing.T, url, path, body string) {
@@ -36,12 +38,12 @@ func expectRefused(t *testing.T, url string) {
 }
 
 func TestDownRefuseAndUp(t *testing.T) {
-	s, url := start(t, Config{})
+	s, url := start(t, sim.Config{})
 	// A keep-alive connection is open before going down.
 	if a := post(t, url+"/2/httpapi", env("k", ev("device1", "a"))); a.Status != 200 {
 		t.Fatal(a.Status)
 	}
-	if err := s.Down(DownRefuse, 0); err != nil {
+	if err := s.Down(sim.DownRefuse, 0); err != nil {
 		t.Fatal(err)
 	}
 	expectRefused(t, url)
@@ -57,7 +59,7 @@ func TestDownRefuseAndUp(t *testing.T) {
 }
 
 func TestDownRefuseOverHTTPComesBack(t *testing.T) {
-	s, url := start(t, Config{})
+	s, url := start(t, sim.Config{})
 	ctl(t, url, "/sim/down?mode=refuse&for=300ms", "")
 	expectRefused(t, url)
 	deadline := time.Now().Add(5 * time.Second)
@@ -73,7 +75,7 @@ func TestDownRefuseOverHTTPComesBack(t *testing.T) {
 }
 
 func TestServeControlSurvivesRefuse(t *testing.T) {
-	s, url := start(t, Config{})
+	s, url := start(t, sim.Config{})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +97,7 @@ func TestServeControlSurvivesRefuse(t *testing.T) {
 }
 
 func TestDown503AndClose(t *testing.T) {
-	s, url := start(t, Config{})
+	s, url := start(t, sim.Config{})
 	ctl(t, url, "/sim/down?mode=503", "")
 	for i := 0; i < 3; i++ {
 		a := post(t, url+"/2/httpapi", env("k", ev("device1", "a")))
@@ -103,13 +105,12 @@ func TestDown503AndClose(t *testing.T) {
 			t.Fatalf("%d %s", a.Status, a.Body)
 		}
 	}
-	var st struct {
-		Requests int64
-		Down     string
-	}
+	var st struct{ Requests int64 }
 	getJSON(t, url+"/sim/stats", &st) // control routes still answer
-	if st.Down != "503" || st.Requests != 3 {
-		t.Fatalf("stats %+v", st)
+	var fs FaultState
+	getJSON(t, url+"/sim/faults", &fs)
+	if fs.Down != "503" || st.Requests != 3 {
+		t.Fatalf("stats %+v, faults %+v", st, fs)
 	}
 	ctl(t, url, "/sim/down?mode=close", "")
 	if _, err := tryPost(url+"/2/httpapi", env("k", ev("device1", "a"))); err == nil {
@@ -132,7 +133,7 @@ func TestDown503AndClose(t *testing.T) {
 }
 
 func TestControlRoutes(t *testing.T) {
-	s, url := start(t, Config{})
+	s, url := start(t, sim.Config{})
 	ctl(t, url, "/sim/fault", `{"status":504,"count":2,"body":"upstream timed out","content_type":"text/plain"}`)
 	for i := 0; i < 2; i++ {
 		if a := post(t, url+"/2/httpapi", env("k", ev("device1", "a"))); a.Status != 504 || string(a.Body) != "upstream timed out" {
@@ -153,7 +154,7 @@ func TestControlRoutes(t *testing.T) {
 	}
 	ctl(t, url, "/sim/latency?d=0s", "")
 	ctl(t, url, "/sim/silence?device_id=device1", "")
-	if a := post(t, url+"/2/httpapi", env("k", ev("device1", "a"))); a.Status != 400 || a.JSON["error"] != ErrTextSilenced {
+	if a := post(t, url+"/2/httpapi", env("k", ev("device1", "a"))); a.Status != 400 || a.JSON["error"] != sim.ErrTextSilenced {
 		t.Fatalf("silence over HTTP: %d %s", a.Status, a.Body)
 	}
 	ctl(t, url, "/sim/unsilence?device_id=device1", "")
@@ -165,7 +166,7 @@ func TestControlRoutes(t *testing.T) {
 	ctl(t, url, "/sim/quota?n=0", "")
 	post(t, url+"/2/httpapi", env("other", ev("device2", "c")))
 
-	var evs struct{ Events []Ingested }
+	var evs struct{ Events []sim.Ingested }
 	getJSON(t, url+"/sim/events?api_key=k", &evs)
 	if len(evs.Events) != 1 || evs.Events[0].InsertID != "a" || string(evs.Events[0].Raw) != ev("device1", "a") {
 		t.Fatalf("events %+v", evs)
@@ -174,14 +175,14 @@ func TestControlRoutes(t *testing.T) {
 	if len(evs.Events) != 1 || evs.Events[0].DeviceID != "device2" {
 		t.Fatalf("events after 1 %+v", evs)
 	}
-	var reqs struct{ Requests []Record }
+	var reqs struct{ Requests []sim.Record }
 	getJSON(t, url+"/sim/requests?after=3&limit=2", &reqs)
 	if len(reqs.Requests) != 2 || reqs.Requests[0].Seq != 4 {
 		t.Fatalf("requests %+v", reqs)
 	}
-	var st Stats
+	var st sim.Stats
 	getJSON(t, url+"/sim/stats", &st)
-	if st.Ingested != 2 || st.ByStatus[504] != 2 || st.ByStatus[0] != 1 || st.IngestedByKey[KeyLabel("k")] != 1 {
+	if st.Ingested != 2 || st.ByStatus[504] != 2 || st.ByStatus[0] != 1 || st.IngestedByKey[sim.KeyLabel("k")] != 1 {
 		t.Fatalf("stats %+v", st)
 	}
 	ctl(t, url, "/sim/reset", "")
@@ -198,19 +199,4 @@ func TestControlRoutes(t *testing.T) {
 		t.Fatalf("healthz %v %v", resp, err)
 	}
 	resp.Body.Close()
-}
-
-func TestConfigValidate(t *testing.T) {
-	for _, c := range []Config{{EPSThreshold: -1}, {MaxBodyBytes: -1}, {APIKeys: []string{""}}, {DailyQuota: -2}} {
-		if c.Validate() == nil {
-			t.Errorf("%+v valid", c)
-		}
-	}
-	if (&Config{}).Validate() != nil {
-		t.Error("zero config invalid")
-	}
-	c := New(Config{}, nil).Config()
-	if c.EPSThreshold != 30 || c.RateWindow != 10*time.Second || c.MaxBodyBytes != 1_000_000 || c.ThrottlePenalty != 30*time.Second {
-		t.Errorf("defaults %+v", c)
-	}
 }

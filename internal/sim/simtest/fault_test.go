@@ -1,17 +1,20 @@
-package sim
+package simtest
 
 import (
 	"bytes"
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/internal/sim"
 )
 
 func TestFailNextStatuses(t *testing.T) {
-	s, url := start(t, Config{})
+	s, url := start(t, sim.Config{})
 	for _, st := range []int{500, 502, 503, 504} {
 		s.FailNext(2, st)
 		for i := 0; i < 2; i++ {
@@ -35,7 +38,7 @@ func TestFailNextStatuses(t *testing.T) {
 }
 
 func TestFaultNonJSONBodyAndPathPrefix(t *testing.T) {
-	s, url := start(t, Config{})
+	s, url := start(t, sim.Config{})
 	s.Inject(Fault{Status: 502, Body: []byte("<html>bad gateway</html>"), ContentType: "text/html", PathPrefix: "/batch"})
 	a := post(t, url+"/2/httpapi", env("k", ev("device1", "x")))
 	if a.Status != 200 {
@@ -48,7 +51,12 @@ func TestFaultNonJSONBodyAndPathPrefix(t *testing.T) {
 }
 
 func TestFaultFractionAndUnlimited(t *testing.T) {
-	s, url := start(t, Config{Seed: 7})
+	s := NewSeeded(sim.Config{}, nil, 7)
+	url, err := s.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
 	s.Inject(Fault{Status: 503, Count: -1, Fraction: 0.5})
 	fails := 0
 	for i := 0; i < 40; i++ {
@@ -66,7 +74,7 @@ func TestFaultFractionAndUnlimited(t *testing.T) {
 }
 
 func TestLatency(t *testing.T) {
-	s, url := start(t, Config{})
+	s, url := start(t, sim.Config{})
 	s.SetLatency(150 * time.Millisecond)
 	t0 := time.Now()
 	post(t, url+"/2/httpapi", env("k", ev("device1", "x")))
@@ -95,11 +103,11 @@ func TestLatency(t *testing.T) {
 
 func TestDrops(t *testing.T) {
 	for _, tc := range []struct {
-		mode     DropMode
+		mode     sim.DropMode
 		ingested int64
-	}{{DropNoAnswer, 0}, {DropMidRequest, 0}, {DropAfterIngest, 1}, {DropMidResponse, 1}} {
+	}{{sim.DropNoAnswer, 0}, {sim.DropMidRequest, 0}, {sim.DropAfterIngest, 1}, {sim.DropMidResponse, 1}} {
 		t.Run(string(tc.mode), func(t *testing.T) {
-			s, url := start(t, Config{})
+			s, url := start(t, sim.Config{})
 			s.DropNext(1, tc.mode)
 			_, err := tryPost(url+"/2/httpapi", env("k", ev("device1", "x")))
 			if err == nil {
@@ -122,15 +130,15 @@ func TestDrops(t *testing.T) {
 }
 
 func TestMidResponseSendsPartialBody(t *testing.T) {
-	s, url := start(t, Config{})
-	s.DropNext(1, DropMidResponse)
+	s, url := start(t, sim.Config{})
+	s.DropNext(1, sim.DropMidResponse)
 	c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	body := env("k", ev("device1", "x"))
-	c.Write([]byte("POST /2/httpapi HTTP/1.1\r\nHost: x\r\nContent-Length: " + itoa(len(body)) + "\r\n\r\n"))
+	c.Write([]byte("POST /2/httpapi HTTP/1.1\r\nHost: x\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n"))
 	c.Write(body)
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	var got bytes.Buffer
@@ -149,12 +157,12 @@ func TestMidResponseSendsPartialBody(t *testing.T) {
 }
 
 func TestKeepAlive(t *testing.T) {
-	s, url := start(t, Config{})
+	s, url := start(t, sim.Config{})
 	tr := &http.Transport{MaxIdleConnsPerHost: 1}
 	defer tr.CloseIdleConnections()
 	c := &http.Client{Transport: tr}
 	for i := 0; i < 5; i++ {
-		resp, err := c.Post(url+"/2/httpapi", "application/json", bytes.NewReader(env("k", ev("device1", itoa(i)))))
+		resp, err := c.Post(url+"/2/httpapi", "application/json", bytes.NewReader(env("k", ev("device1", strconv.Itoa(i)))))
 		if err != nil {
 			t.Fatal(err)
 		}

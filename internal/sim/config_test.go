@@ -1,0 +1,21 @@
+package sim
+
+import (
+	"testing"
+	"time"
+)
+
+func TestConfigValidate(t *testing.T) {
+	for _, c := range []Config{{EPSThreshold: -1}, {MaxBodyBytes: -1}, {APIKeys: []string{""}}, {DailyQuota: -2}} {
+		if c.Validate() == nil {
+			t.Errorf("%+v valid", c)
+		}
+	}
+	if (&Config{}).Validate() != nil {
+		t.Error("zero config invalid")
+	}
+	c := New(Config{}, nil).Config()
+	if c.EPSThreshold != 30 || c.RateWindow != 10*time.Second || c.MaxBodyBytes != 1_000_000 || c.ThrottlePenalty != 30*time.Second {
+		t.Errorf("defaults %+v", c)
+	}
+}
