@@ -296,6 +296,14 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	if scfg.MinFreeBytes == 0 {
 		scfg.MinFreeBytes = -1 // --spool-min-free-bytes 0 disables the reserve
 	}
+	// Issue 19: bounded lanes (0 means no bound / never, negative for the spool).
+	scfg.MaxLanes, scfg.RetireIdle = cfg.MaxLanes, cfg.LaneRetireAfter
+	if scfg.MaxLanes == 0 {
+		scfg.MaxLanes = -1
+	}
+	if scfg.RetireIdle == 0 {
+		scfg.RetireIdle = -1
+	}
 	sp, err := spool.Open(scfg, log.Named("spool"), reg)
 	if err != nil {
 		return fmt.Errorf("open spool in %s: %w", cfg.DataDir, err)

@@ -52,8 +52,9 @@ func chunkBytes(c *spool.Chunk) int64 {
 }
 
 // read is the lane's reader: it reads chunks within the read-ahead budget
-// and hands each record to the shard its OrderKey hashes to.
-func (lr *laneRunner) read(ctx context.Context) {
+// and hands each record to the shard its OrderKey hashes to. It returns
+// true when the spool retired the lane.
+func (lr *laneRunner) read(ctx context.Context) bool {
 	limit := int64(lr.p.cfg.MaxReadAheadBytes)
 	step := lr.step()
 	per := make([][]item, len(lr.shards))
@@ -67,13 +68,16 @@ func (lr *laneRunner) read(ctx context.Context) {
 			recs = nil
 		})
 		if !ok {
-			return
+			return false
 		}
 		chunks, more, err := lr.lane.NextInto(ctx, int(min(free, step)), recs)
 		recs = more
 		if err != nil {
+			if errors.Is(err, spool.ErrRetired) {
+				return true
+			}
 			if ctx.Err() != nil || errors.Is(err, spool.ErrClosed) {
-				return
+				return false
 			}
 			// A read error (e.g. a corrupt chunk): log it and try again
 			// later rather than give the lane up silently.
@@ -82,7 +86,7 @@ func (lr *laneRunner) read(ctx context.Context) {
 			case <-time.After(time.Second):
 				continue
 			case <-ctx.Done():
-				return
+				return false
 			}
 		}
 		now := time.Now()

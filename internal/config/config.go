@@ -72,6 +72,10 @@ type Config struct {
 	// Warnings are non-fatal findings (e.g. an unknown RELAY_* variable) for
 	// the caller to log.
 	Warnings []string
+
+	// Issue 19: bounded lanes.
+	MaxLanes        int           // --max-lanes; 0 means no bound
+	LaneRetireAfter time.Duration // --lane-retire-after; 0 never retires
 }
 
 // Sandbox reports whether the relay runs against its built-in simulated
@@ -181,6 +185,18 @@ var options = []option{
 		set: str(func(c *Config) *string { return &c.LogFormat })},
 	{name: "config", usage: "YAML file of settings (keys are the flag names); flags and RELAY_* variables beat it",
 		set: str(func(c *Config) *string { return &c.ConfigFile })},
+	// Issue 19: bounded lanes.
+	{name: "max-lanes", def: "10000", usage: "lanes (kind + api_key + canonical options) held at once; a new one beyond it gets 503 + Retry-After (0: no bound)",
+		set: func(c *Config, v string) error {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil || n < 0 {
+				return fmt.Errorf("invalid number %q: want 0 or more", v)
+			}
+			c.MaxLanes = n
+			return nil
+		}},
+	{name: "lane-retire-after", def: "10m", usage: "an empty lane with nothing accepted for this long is retired (its goroutines, metric series and spool record removed; 0: never)",
+		set: dur(func(c *Config) *time.Duration { return &c.LaneRetireAfter })},
 }
 
 // EnvName returns the environment variable of a flag: RELAY_ plus the flag
@@ -443,6 +459,10 @@ func (c Config) Validate() error {
 		return errors.New("--max-event-age must be positive")
 	case c.DrainTimeout <= 0:
 		return errors.New("--drain-timeout must be positive")
+	case c.MaxLanes < 0:
+		return errors.New("--max-lanes must not be negative")
+	case c.LaneRetireAfter < 0:
+		return errors.New("--lane-retire-after must not be negative")
 	case c.Sync != "always" && c.Sync != "none":
 		return fmt.Errorf("--sync %q: want always or none", c.Sync)
 	case c.Credentials != "" && c.AdminToken == "" && c.AdminTokenFile == "" && c.Token == nil:

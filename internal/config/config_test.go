@@ -25,6 +25,7 @@ func TestDefaults(t *testing.T) {
 		FlushInterval: 200 * time.Millisecond, SpoolMaxBytes: 8 << 30, SpoolMinFreeBytes: 256 << 20,
 		Sync: "always", MaxRequestBytes: 20_000_000, MaxEventAge: 6 * 24 * time.Hour,
 		DrainTimeout: 10 * time.Second, LogLevel: "info",
+		MaxLanes: 10000, LaneRetireAfter: 10 * time.Minute, // issue 19
 	}
 	if !equal(c, want) {
 		t.Fatalf("defaults\n got %+v\nwant %+v", c, want)
@@ -68,6 +69,7 @@ func TestFullFile(t *testing.T) {
 		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.168.1.1/32")},
 		DrainTimeout:   20 * time.Second, LogLevel: "debug", LogFormat: "console",
 		ConfigFile: "testdata/full.yaml",
+		MaxLanes:   500, LaneRetireAfter: time.Hour, // issue 19
 	}
 	if !equal(c, want) {
 		t.Fatalf("\n got %+v\nwant %+v", c, want)
@@ -125,6 +127,7 @@ func TestEnvNames(t *testing.T) {
 		"RELAY_TRUSTED_PROXIES=10.0.0.0/8, ::1/128", "RELAY_DRAIN_TIMEOUT=3s",
 		"RELAY_LOG_LEVEL=warn", "RELAY_LOG_FORMAT=json", "RELAY_CONFIG=testdata/empty.yaml",
 		"RELAY_NOT_A_SETTING=1", "PATH=/bin",
+		"RELAY_MAX_LANES=7", "RELAY_LANE_RETIRE_AFTER=0", // issue 19
 	}
 	c, err := Load(nil, env)
 	if err != nil {
@@ -139,6 +142,7 @@ func TestEnvNames(t *testing.T) {
 		Token: tokenOf(t, "tok"), Credentials: "testdata/credentials.yaml", Creds: &credentials.Store{},
 		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("::1/128")},
 		DrainTimeout:   3 * time.Second, LogLevel: "warn", LogFormat: "json", ConfigFile: "testdata/empty.yaml",
+		MaxLanes: 7, // issue 19
 	}
 	if !equal(c, want) {
 		t.Fatalf("\n got %+v\nwant %+v", c, want)

@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/formreq"
 	"github.com/svcrelay/relay/internal/groupidentify/lanedeliver"
 	"github.com/svcrelay/relay/internal/spool"
@@ -203,6 +204,10 @@ func (g *GroupIdentify) serve(ctx *fasthttp.RequestCtx) {
 	}
 	if len(apiKey) == 0 {
 		g.rej.Reject(ctx, formreq.Bad("missing_field", "api_key: missing or empty"))
+		return
+	}
+	if len(apiKey) > event.MaxAPIKeyBytes { // issue 19: a lane per key; keys are bounded
+		g.rej.Reject(ctx, formreq.Bad("invalid_api_key", "api_key: longer than %d bytes", event.MaxAPIKeyBytes))
 		return
 	}
 	ids, verr := Parse(string(apiKey), formValue(ctx, "identification"), g.cfg.MaxIdentifies, g.cfg.MaxProperties, g.cfg.MaxBodyBytes)

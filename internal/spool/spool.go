@@ -103,6 +103,17 @@ type Config struct {
 	// beforeTrim, when set, is called inside a checkpoint's transaction
 	// before each trim of the pages its deletions mapped (tests).
 	beforeTrim func()
+
+	// Issue 19: bounded lanes (see lanes.go).
+
+	// MaxLanes bounds the lanes (of every kind) that exist at once: a new
+	// one beyond it is refused with ErrTooManyLanes. Zero means
+	// DefaultMaxLanes, negative no bound.
+	MaxLanes int
+	// RetireIdle: a lane that is empty and had no Append for this long is
+	// retired (forgotten, its records deleted from the file). Zero means
+	// DefaultRetireIdle, negative never.
+	RetireIdle time.Duration
 }
 
 // Defaults.
@@ -302,6 +313,12 @@ type Lane struct {
 	adv     spans       // scratch of read
 	refs    []hotRef    // scratch of takeHot
 	idle    *time.Timer // of wait
+
+	// Retirement (lanes.go).
+	retiredC  chan struct{} // closed when retired
+	retired   atomic.Bool
+	appending atomic.Int32 // Appends in progress
+	lastUse   atomic.Int64 // unix ms of creation or the last Append
 }
 
 // hotRef is a reference the reader took on a hot chunk's buffer.
@@ -320,7 +337,7 @@ type rawChunk struct {
 
 func newLane(s *Spool, id uint64, key LaneKey, st laneState) *Lane {
 	h := sha256.Sum256([]byte(key.APIKey + "\x00" + key.Options))
-	return &Lane{
+	l := &Lane{
 		s:      s,
 		key:    key,
 		id:     id,
@@ -331,7 +348,11 @@ func newLane(s *Spool, id uint64, key LaneKey, st laneState) *Lane {
 		aNext:  st.nextSeq,
 		w:      st,
 		notify: make(chan struct{}),
+
+		retiredC: make(chan struct{}),
 	}
+	l.lastUse.Store(time.Now().UnixMilli())
+	return l
 }
 
 func queueName(id uint64) []byte {
@@ -486,6 +507,8 @@ func (l *Lane) wait(ctx context.Context, ch <-chan struct{}, slab *recSlab) erro
 			return ctx.Err()
 		case <-l.s.closing:
 			return ErrClosed
+		case <-l.retiredC:
+			return ErrRetired
 		}
 	}
 }
@@ -908,6 +931,12 @@ func (s *Spool) Lane(ctx context.Context, key LaneKey) (*Lane, error) {
 	if l != nil {
 		return l, nil
 	}
+	s.mu.Lock()
+	full := s.tooManyLanesLocked(0)
+	s.mu.Unlock()
+	if full {
+		return nil, ErrTooManyLanes
+	}
 	o := s.getOp(opLane)
 	o.key = key
 	err := s.do(ctx, o)
@@ -940,6 +969,8 @@ func (s *Spool) LanesChanged() <-chan struct{} {
 // no-op. b must not be used until Append returns. ctx is checked before the
 // chunk is queued; once queued, Append waits for the write (well under a
 // millisecond plus the fsync) so that its answer is always the truth.
+// When l was retired (see Lane.Retired), the chunk goes to the lane of the
+// same key, created again if needed (which may fail with ErrTooManyLanes).
 func (s *Spool) Append(ctx context.Context, l *Lane, b *Batch) error {
 	if b.n == 0 {
 		return nil
@@ -947,14 +978,20 @@ func (s *Spool) Append(ctx context.Context, l *Lane, b *Batch) error {
 	if l.s != s {
 		return errors.New("spool: append to a lane of another spool")
 	}
+	l, err := s.beginAppend(func(k LaneKey) (*Lane, error) { return s.Lane(ctx, k) }, l)
+	if err != nil {
+		return err
+	}
+	defer l.appending.Add(-1)
 	o := s.getOp(opAppend)
 	o.lane, o.batch, o.accepted = l, b, time.Now().UnixMilli()
+	l.lastUse.Store(o.accepted)
 	// Right-sized, with its header and its record's checksum: here, in the
 	// caller's goroutine (see wal.go).
 	b.fit()
 	putChunkHeader(b.cb.b, o.accepted, b.n)
 	o.crc = payloadCRC(b.cb.b)
-	err := s.do(ctx, o)
+	err = s.do(ctx, o)
 	s.putOp(o)
 	return err
 }

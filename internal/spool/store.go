@@ -76,6 +76,8 @@ type storeState struct {
 
 	compactFailed time.Time
 	freelistStale bool // the last commit did not write the freelist
+
+	lastRetire time.Time // the last look for lanes to retire (lanes.go)
 }
 
 // runStore is the store goroutine.
@@ -108,6 +110,7 @@ func (s *Spool) runStore() {
 			s.st.lastCheckpoint = now
 			s.recycle()
 			s.checkIdle(now)
+			s.maybeRetire(now)
 			clear(ops)
 			s.st.ops = ops[:0]
 			if final {
@@ -148,6 +151,9 @@ func (s *Spool) wait(timer *time.Timer) {
 		case !s.st.idle:
 			d = s.cfg.idle()
 		}
+		if r := s.retireWait(); r >= 0 && (d < 0 || r < d) {
+			d = r
+		}
 	}
 	if d >= 0 {
 		timer.Reset(d)
@@ -178,7 +184,9 @@ func (s *Spool) idleTasks() {
 	if s.st.freelistStale {
 		s.idleFreelist()
 	}
-	s.checkIdle(time.Now())
+	now := time.Now()
+	s.checkIdle(now)
+	s.maybeRetire(now)
 }
 
 // afterCommit runs after a checkpoint that committed: compaction, trimming,
@@ -330,6 +338,13 @@ func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane
 		switch o.kind {
 		case opLane:
 			if o.lane = s.findLane(o.key); o.lane != nil {
+				continue
+			}
+			s.mu.Lock()
+			full := s.tooManyLanesLocked(len(s.st.created))
+			s.mu.Unlock()
+			if full {
+				o.err = ErrTooManyLanes
 				continue
 			}
 			id, err := lanesB.NextSequence()

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/formreq"
 	"github.com/svcrelay/relay/internal/groupidentify/lanedeliver"
 	"github.com/svcrelay/relay/internal/spool"
@@ -152,6 +153,10 @@ func (u *UserMap) servePost(ctx *fasthttp.RequestCtx) {
 	}
 	if len(apiKey) == 0 {
 		u.rej.Reject(ctx, formreq.Bad("missing_field", "api_key: missing or empty"))
+		return
+	}
+	if len(apiKey) > event.MaxAPIKeyBytes { // issue 19: a lane per key; keys are bounded
+		u.rej.Reject(ctx, formreq.Bad("invalid_api_key", "api_key: longer than %d bytes", event.MaxAPIKeyBytes))
 		return
 	}
 	ms, verr := ParseMappings(string(apiKey), formValue(ctx, "mapping"), u.cfg.MaxMappings, u.cfg.MaxBodyBytes)

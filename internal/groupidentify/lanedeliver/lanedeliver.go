@@ -330,14 +330,16 @@ func (d *Deliverer) Run(ctx context.Context) error {
 	defer d.running.Store(false)
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	started := map[uint64]bool{}
+	// next is the lowest lane id not seen yet: a wake-up looks only at the
+	// lanes created since (issue 19: O(new lanes), not O(all lanes)).
+	var next uint64
 	for {
 		changed := d.sp.LanesChanged()
-		for _, l := range d.sp.Lanes() {
-			if l.Key().Kind != d.cfg.Kind || started[l.ID()] {
+		for _, l := range d.sp.LanesFrom(next) {
+			next = l.ID() + 1
+			if l.Key().Kind != d.cfg.Kind {
 				continue
 			}
-			started[l.ID()] = true
 			st := &laneState{id: l.ID(), label: l.Label(), resumed: make(chan struct{})}
 			d.mu.Lock()
 			d.lanes[l.ID()] = st
@@ -393,6 +395,15 @@ func (d *Deliverer) runLane(ctx context.Context, l *spool.Lane, st *laneState) {
 		backoff.WithMaxElapsedTime(0), // no count or time limit: MaxAge bounds it
 	)
 	err := lr.loop(ctx)
+	if errors.Is(err, spool.ErrRetired) {
+		// Empty and idle: the spool forgot the lane (issue 19).
+		d.mu.Lock()
+		if d.lanes[st.id] == st {
+			delete(d.lanes, st.id)
+		}
+		d.mu.Unlock()
+		return
+	}
 	if err != nil && ctx.Err() == nil && !errors.Is(err, spool.ErrClosed) {
 		d.log.Error(d.cfg.Name+": lane delivery ended", zap.String("lane", lr.label), zap.Error(err))
 	}

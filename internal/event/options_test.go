@@ -1,0 +1,89 @@
+package event
+
+import (
+	"strings"
+	"testing"
+)
+
+// Issue 19: options that mean the same make one lane (equal Options);
+// options that differ in meaning stay apart.
+func TestOptionsCanonical(t *testing.T) {
+	parse := func(opts string) string {
+		t.Helper()
+		body := `{"api_key":"k","events":[{"event_type":"a","device_id":"device-1"}]`
+		if opts != "-" {
+			body += `,"options":` + opts
+		}
+		var req Request
+		if err := Parse([]byte(body+"}"), &req); err != nil {
+			t.Fatalf("%s: %v", opts, errJSON(err))
+		}
+		if req.Options == nil {
+			return "<nil>"
+		}
+		return string(req.Options)
+	}
+	for _, tc := range []struct {
+		want string
+		in   []string
+	}{
+		{"<nil>", []string{"-", `null`, `{}`, ` { } `, `{"min_id_length":null}`, `{"min_id_length":5}`, `{"min_id_length" : 5 }`, `{"min_id_length":7,"min_id_length":5}`}},
+		{`{"min_id_length":3}`, []string{`{"min_id_length":3}`, `{ "min_id_length":3 }`, `{"min_id_length":5,"min_id_length":3}`, `{"min_\u0069d_length":3}`}},
+		{`{"junk":"1"}`, []string{`{"junk":"1"}`, `{"junk":"1" }`, `{ "junk" : "1"}`, `{"junk":"\u0031"}`, `{"junk":"1","min_id_length":5}`, `{"junk":"0","junk":"1"}`}},
+		{`{"a":{"x":1,"y":[2,{"p":"<"}]},"b":true,"min_id_length":4}`, []string{
+			`{"min_id_length":4,"b":true,"a":{"y":[2,{"p":"<"}],"x":1}}`,
+			`{"b" :true,"a":{"x":1 ,"y":[ 2,{"p":"\u003c"}]},"min_id_length":4}`,
+		}},
+		{`{"n":1.0}`, []string{`{"n":1.0}`, `{ "n":1.0 }`}},
+		{`{"n":1}`, []string{`{"n":1}`}},
+	} {
+		for _, in := range tc.in {
+			if got := parse(in); got != tc.want {
+				t.Errorf("options %s: canonical %s, want %s", in, got, tc.want)
+			}
+		}
+	}
+}
+
+// Issue 19: an api_key longer than MaxAPIKeyBytes is refused as the
+// upstream refuses a bad key, 400 "Invalid API key"; one at the bound is
+// taken. An escaped key counts unescaped.
+func TestAPIKeyBound(t *testing.T) {
+	ev := `,"events":[{"event_type":"a","device_id":"device-1"}]}`
+	for _, tc := range []struct {
+		key string
+		ok  bool
+	}{
+		{strings.Repeat("a", 32), true},
+		{strings.Repeat("a", MaxAPIKeyBytes), true},
+		{strings.Repeat("a", MaxAPIKeyBytes+1), false},
+		{strings.Repeat(`\u0061`, MaxAPIKeyBytes), true},
+		{strings.Repeat(`\u0061`, MaxAPIKeyBytes+1), false},
+		{strings.Repeat("a", 5<<20), false},
+	} {
+		var req Request
+		err := Parse([]byte(`{"api_key":"`+tc.key+`"`+ev), &req)
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("key of %d bytes: %v", len(tc.key), errJSON(err))
+		case !tc.ok && (err == nil || err.Status != 400 || err.Msg != msgInvalidAPIKey):
+			t.Errorf("key of %d bytes: %v, want 400 Invalid API key", len(tc.key), err)
+		}
+	}
+}
+
+func BenchmarkParseWithOptions(b *testing.B) {
+	for _, opts := range []string{`{"min_id_length":3}`, `{"platform":"web","min_id_length":3}`} {
+		body := []byte(`{"api_key":"0123456789abcdef0123456789abcdef","options":` + opts +
+			`,"events":[{"event_type":"a","device_id":"device-1","event_properties":{"x":1}}]}`)
+		b.Run(opts, func(b *testing.B) {
+			b.ReportAllocs()
+			var req Request
+			for b.Loop() {
+				if err := Parse(body, &req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
