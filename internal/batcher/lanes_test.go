@@ -143,7 +143,7 @@ func TestMetricsScrapeWhileLanesChurn(t *testing.T) {
 			fail("creating lanes took over 60s (%d of %d)", i, lanes)
 		}
 	}
-	for h.sim.Count() < lanes {
+	for h.sim.Count() < int64(lanes) {
 		if time.Now().After(deadline) {
 			fail("%d of %d events delivered; %d scrapes", h.sim.Count(), lanes, sc.n.Load())
 		}

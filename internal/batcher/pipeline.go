@@ -267,6 +267,10 @@ type laneRunner struct {
 	shards  []*shard
 	started bool // guarded by p.mu
 
+	// partial is the chunk read in parts whose last part is still to come
+	// (reader goroutine only).
+	partial *ackRef
+
 	// read-ahead budget (bytes read and not done)
 	bmu      sync.Mutex
 	inflight int64

@@ -28,14 +28,15 @@ type item struct {
 // hand-over slices and the shard's queues.
 const itemBytes = int64(unsafe.Sizeof(item{}))
 
-// chunkRef tracks one chunk read from the spool: the records not yet done
-// (the last one acks the chunk) and the records still aliasing its buffer
-// (the last one releases the buffer's bytes from the read-ahead budget).
+// chunkRef tracks one chunk, or one part of a chunk, read from the spool
+// (spool.Lane.NextPart reads a chunk larger than the lane may hold in
+// parts): the records still aliasing its buffer (the last one releases the
+// buffer's bytes from the read-ahead budget), and, in ack, the chunk's
+// records not yet done (the last one acks the chunk).
 type chunkRef struct {
-	seq      uint64
+	ack      *ackRef
 	accepted time.Time
 	bytes    int64        // counted against the read-ahead budget while refs > 0
-	left     atomic.Int32 // records not done
 	refs     atomic.Int32 // records not done and not detached
 	// buf is the chunk's buffer, given back to the spool when refs reaches
 	// zero: then no item aliases it (delivered and dead-lettered records
@@ -43,7 +44,13 @@ type chunkRef struct {
 	buf spool.Buffer
 }
 
-// chunkBytes is the memory a chunk read by Lane.Next holds until its last
+// ackRef counts the records of one chunk (all its parts) not yet done.
+type ackRef struct {
+	seq  uint64
+	left atomic.Int32
+}
+
+// chunkBytes is the memory a chunk (or part) read by Lane.NextPart holds until its last
 // record is done or detached: its buffer (all records alias one allocation
 // of at least Size bytes, rounded up to the spool's buffer class) and an
 // item per record.
@@ -70,7 +77,7 @@ func (lr *laneRunner) read(ctx context.Context) bool {
 		if !ok {
 			return false
 		}
-		chunks, more, err := lr.lane.NextInto(ctx, int(min(free, step)), recs)
+		chunks, more, err := lr.lane.NextPart(ctx, int(min(free, step)), recs)
 		recs = more
 		if err != nil {
 			if errors.Is(err, spool.ErrRetired) {
@@ -96,8 +103,7 @@ func (lr *laneRunner) read(ctx context.Context) bool {
 				lr.p.sp.Ack(lr.lane, c.Seq)
 				continue
 			}
-			ck := &chunkRef{seq: c.Seq, accepted: c.Accepted, bytes: chunkBytes(&c), buf: c.Buffer()}
-			ck.left.Store(int32(len(c.Records)))
+			ck := &chunkRef{ack: lr.ackOf(&c), accepted: c.Accepted, bytes: chunkBytes(&c), buf: c.Buffer()}
 			ck.refs.Store(int32(len(c.Records)))
 			total += ck.bytes
 			for _, r := range c.Records {
@@ -117,6 +123,26 @@ func (lr *laneRunner) read(ctx context.Context) bool {
 			per[i] = its[:0]
 		}
 	}
+}
+
+// ackOf returns the ackRef of the chunk c is (a part of): a new one for a
+// whole chunk or a first part, the one of the earlier parts otherwise.
+// Reader goroutine only.
+func (lr *laneRunner) ackOf(c *spool.Chunk) *ackRef {
+	total := max(c.Total, len(c.Records))
+	if c.First == 0 || lr.partial == nil || lr.partial.seq != c.Seq {
+		// A later part without the first (not expected: the reader
+		// keeps its place across Run calls) counts only its own and
+		// the following records.
+		a := &ackRef{seq: c.Seq}
+		a.left.Store(int32(total - c.First))
+		lr.partial = a
+	}
+	a := lr.partial
+	if c.First+len(c.Records) >= total {
+		lr.partial = nil // the chunk's last part
+	}
+	return a
 }
 
 // step is the most one Lane.Next reads.
@@ -164,12 +190,19 @@ func shardOf(seed maphash.Seed, key []byte, n int) int {
 }
 
 // waitBudget waits until the lane may read and returns how many bytes
-// (at least 1: Lane.Next returns at least one chunk), or false when ctx
-// ends. A lane reads while its read-ahead is under limit and under its
-// window (see progress), and the pipeline's total is under its limit; a
-// lane with nothing read ahead reads one chunk even when the total is
-// reached, so lanes that hold their whole budget (stopped, paused devices)
-// slow the others, never stop them.
+// (at least 1: Lane.NextPart returns at least one record), or false when
+// ctx ends. Every byte read counts against the lane's budget (limit) and
+// the pipeline's (budget.limit), and a chunk larger than what the lane may
+// read now is read in parts (NextPart), so neither is passed by more than
+// one record:
+//
+//   - a lane reads while its read-ahead is under min(limit, its window)
+//     (see progress; a window never closes below minWindow), and the total
+//     is under shareOf(budget.limit);
+//   - a lane with nothing read ahead may also read up to the total's
+//     limit: the last quarter of the total is kept for lanes that hold
+//     nothing, so that lanes holding their whole budget (stopped, paused
+//     devices, an upstream down) slow the others, never stop them.
 //
 // idle is called once before the first wait.
 func (lr *laneRunner) waitBudget(ctx context.Context, limit int64, idle func()) (int64, bool) {
@@ -179,16 +212,16 @@ func (lr *laneRunner) waitBudget(ctx context.Context, limit int64, idle func()) 
 		in := lr.inflight
 		lr.bmu.Unlock()
 		used, freed := total.state()
-		lim := min(limit, lr.window.Load())
+		lim := min(limit, max(lr.window.Load(), minWindow))
 		switch {
 		case in >= lim:
 			freed = nil // only this lane's own releases (or progress) help
-		case used < total.limit:
+		case used < shareOf(total.limit):
 			lr.readerWaits.Store(false)
-			return min(lim-in, total.limit-used), true
-		case in == 0:
+			return min(lim-in, shareOf(total.limit)-used), true
+		case in == 0 && used < total.limit:
 			lr.readerWaits.Store(false)
-			return 1, true
+			return min(lim, total.limit-used), true
 		}
 		// Held by the window, the lane's budget or the pipeline's: the
 		// shards get no more until they send, so they must not wait for
@@ -211,6 +244,15 @@ func (lr *laneRunner) waitBudget(ctx context.Context, limit int64, idle func()) 
 		}
 	}
 }
+
+// minWindow is the least a lane may read ahead: what it reads at the start
+// and while every shard fails (an upstream down), so that such a lane holds
+// a few records, not a chunk (a chunk can be a whole 20 MB request).
+const minWindow = 32 << 10
+
+// shareOf is the part of the total read-ahead any lane may use; the rest is
+// for lanes that hold nothing (see waitBudget).
+func shareOf(total int64) int64 { return total - total/4 }
 
 func (lr *laneRunner) acquire(n int64) {
 	lr.bmu.Lock()
@@ -248,7 +290,7 @@ type budget struct {
 
 	mu    sync.Mutex
 	used  int64
-	freed chan struct{} // closed and replaced when used falls below limit
+	freed chan struct{} // closed and replaced when used falls while at or above the share
 }
 
 func newBudget(limit int64) *budget {
@@ -260,14 +302,16 @@ func (b *budget) add(n int64) {
 	defer b.mu.Unlock()
 	was := b.used
 	b.used += n
-	if was >= b.limit && b.used < b.limit {
+	// Readers wait while the total is at or above its share (see
+	// waitBudget): wake them at every release from there.
+	if n < 0 && was >= shareOf(b.limit) {
 		close(b.freed)
 		b.freed = make(chan struct{})
 	}
 }
 
 // state returns the bytes in use and a channel closed when they next fall
-// below the limit.
+// while at or above the share.
 func (b *budget) state() (int64, <-chan struct{}) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -303,8 +347,8 @@ func (lr *laneRunner) done(its []item) {
 			n += ck.bytes
 			ck.buf.Release()
 		}
-		if ck.left.Add(-left) == 0 {
-			lr.p.sp.Ack(lr.lane, ck.seq)
+		if ck.ack.left.Add(-left) == 0 {
+			lr.p.sp.Ack(lr.lane, ck.ack.seq)
 		}
 	}
 	lr.release(n)

@@ -274,9 +274,13 @@ type Chunk struct {
 	// Records alias memory shared with the spool; valid until the caller
 	// releases the Buffer (or forever, if it never does).
 	Records []Record
-	// Size is the encoded size counted against the quota.
+	// Size is the encoded size counted against the quota (of the part, for
+	// a part: see NextPart).
 	Size int
 	buf  Buffer
+	// First is the index in the chunk of Records[0] and Total the chunk's
+	// record count, set by NextPart (a part has Total > len(Records)).
+	First, Total int
 }
 
 // Buffer is the memory the records alias, for a caller that can tell when
@@ -313,6 +317,7 @@ type Lane struct {
 	adv     spans       // scratch of read
 	refs    []hotRef    // scratch of takeHot
 	idle    *time.Timer // of wait
+	part    partCursor  // of NextPart (parts.go)
 
 	// Retirement (lanes.go).
 	retiredC  chan struct{} // closed when retired
