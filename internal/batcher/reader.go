@@ -65,8 +65,17 @@ func (lr *laneRunner) read(ctx context.Context) bool {
 	limit := int64(lr.p.cfg.MaxReadAheadBytes)
 	step := lr.step()
 	per := make([][]item, len(lr.shards))
-	var recs []spool.Record // reused by NextInto: every record is copied into an item
+	var recs []spool.Record // reused by NextPart: every record is copied into an item
 	for {
+		// Wait for records first, then take the budget: a lane waiting
+		// for records holds none of it.
+		t0 := time.Now()
+		if err := lr.lane.Wait(ctx); err != nil {
+			return errors.Is(err, spool.ErrRetired)
+		}
+		if time.Since(t0) > time.Second {
+			recs = nil // idle: keep no slice of the largest read's size
+		}
 		free, ok := lr.waitBudget(ctx, limit, func() {
 			// About to wait: the hand-over slices and the records
 			// need not keep their capacity meanwhile (with many lanes,
@@ -77,13 +86,18 @@ func (lr *laneRunner) read(ctx context.Context) bool {
 		if !ok {
 			return false
 		}
-		chunks, more, err := lr.lane.NextPart(ctx, int(min(free, step)), recs)
+		want := min(free, step)
+		lr.p.budget.add(want - free) // reserved: free; wanted: want
+		chunks, more, err := lr.lane.NextPart(doneCtx, int(want), recs)
 		recs = more
 		if err != nil {
-			if errors.Is(err, spool.ErrRetired) {
+			lr.p.budget.add(-want)
+			switch {
+			case errors.Is(err, context.Canceled):
+				continue // acknowledged meanwhile: nothing to read
+			case errors.Is(err, spool.ErrRetired):
 				return true
-			}
-			if ctx.Err() != nil || errors.Is(err, spool.ErrClosed) {
+			case ctx.Err() != nil || errors.Is(err, spool.ErrClosed):
 				return false
 			}
 			// A read error (e.g. a corrupt chunk): log it and try again
@@ -113,7 +127,7 @@ func (lr *laneRunner) read(ctx context.Context) bool {
 		}
 		clear(recs) // the items hold the records now: keep no chunk's buffer alive
 		recs = recs[:0]
-		lr.acquire(total)
+		lr.acquireReserved(total, want)
 		for i, its := range per {
 			if len(its) == 0 {
 				continue
@@ -189,9 +203,9 @@ func shardOf(seed maphash.Seed, key []byte, n int) int {
 	return int(maphash.Bytes(seed, key) % uint64(n))
 }
 
-// waitBudget waits until the lane may read and returns how many bytes
-// (at least 1: Lane.NextPart returns at least one record), or false when
-// ctx ends. Every byte read counts against the lane's budget (limit) and
+// waitBudget waits until the lane may read and returns how many bytes,
+// reserved in the pipeline's budget (the caller turns the reservation into
+// what it read: acquireReserved), or false when ctx ends. Every byte read counts against the lane's budget (limit) and
 // the pipeline's (budget.limit), and a chunk larger than what the lane may
 // read now is read in parts (NextPart), so neither is passed by more than
 // one record:
@@ -211,17 +225,14 @@ func (lr *laneRunner) waitBudget(ctx context.Context, limit int64, idle func()) 
 		lr.bmu.Lock()
 		in := lr.inflight
 		lr.bmu.Unlock()
-		used, freed := total.state()
 		lim := min(limit, max(lr.window.Load(), minWindow))
-		switch {
-		case in >= lim:
-			freed = nil // only this lane's own releases (or progress) help
-		case used < shareOf(total.limit):
-			lr.readerWaits.Store(false)
-			return min(lim-in, shareOf(total.limit)-used), true
-		case in == 0 && used < total.limit:
-			lr.readerWaits.Store(false)
-			return min(lim, total.limit-used), true
+		var freed <-chan struct{}
+		if in < lim {
+			var n int64
+			if n, freed = total.reserve(lim-in, in == 0); n > 0 {
+				lr.readerWaits.Store(false)
+				return n, true
+			}
 		}
 		// Held by the window, the lane's budget or the pipeline's: the
 		// shards get no more until they send, so they must not wait for
@@ -253,6 +264,25 @@ const minWindow = 32 << 10
 // shareOf is the part of the total read-ahead any lane may use; the rest is
 // for lanes that hold nothing (see waitBudget).
 func shareOf(total int64) int64 { return total - total/4 }
+
+// doneCtx makes NextPart return at once when the lane has nothing to read
+// (the reader waited in Lane.Wait before it took its budget).
+var doneCtx = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
+// acquireReserved counts n bytes read against the lane's budget and turns
+// the reservation of the pipeline's budget (see waitBudget) into them.
+func (lr *laneRunner) acquireReserved(n, reserved int64) {
+	lr.bmu.Lock()
+	lr.inflight += n
+	v := lr.inflight
+	lr.bmu.Unlock()
+	lr.readAhead.Store(v)
+	lr.p.budget.add(n - reserved)
+}
 
 func (lr *laneRunner) acquire(n int64) {
 	lr.bmu.Lock()
@@ -308,6 +338,23 @@ func (b *budget) add(n int64) {
 		close(b.freed)
 		b.freed = make(chan struct{})
 	}
+}
+
+// reserve takes up to want bytes: while the total is under its share, or,
+// for a lane that holds nothing (empty), under its limit. It returns what
+// it took (0: none) and a channel closed at the next release.
+func (b *budget) reserve(want int64, empty bool) (int64, <-chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var n int64
+	switch share := shareOf(b.limit); {
+	case b.used < share:
+		n = min(want, share-b.used)
+	case empty && b.used < b.limit:
+		n = min(want, b.limit-b.used)
+	}
+	b.used += n
+	return n, b.freed
 }
 
 // state returns the bytes in use and a channel closed when they next fall

@@ -202,3 +202,34 @@ func recordLen(p []byte) (int, error) {
 	}
 	return total, nil
 }
+
+// Wait blocks until the lane may have records after its read cursor, so
+// that a reader can take its memory budget before it reads (with a context
+// that is already done, NextPart then returns what there is at once, or the
+// context's error when every chunk there was acknowledged meanwhile). It
+// returns ctx.Err() when ctx ends, ErrClosed when the spool closes and
+// ErrRetired once the lane is retired. Reader goroutine only.
+func (l *Lane) Wait(ctx context.Context) error {
+	for {
+		l.mu.Lock()
+		has, ch := l.readSeq < l.next, l.notify
+		l.mu.Unlock()
+		select {
+		case <-l.s.closing:
+			return ErrClosed
+		default:
+		}
+		if has {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-l.s.closing:
+			return ErrClosed
+		case <-l.retiredC:
+			return ErrRetired
+		}
+	}
+}
