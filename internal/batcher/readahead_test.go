@@ -295,3 +295,71 @@ func TestSmallBudgetDoesNotWaitForFlush(t *testing.T) {
 	h.stop()
 	h.check(nil)
 }
+
+// Issue 19, item 3: 40 lanes, each with one request far larger than a
+// lane's read-ahead, and the upstream down: the lanes read their chunks in
+// parts, the total stays within its budget (passed by at most a read's
+// rounding per lane), the heap does not hold the chunks, and the same after
+// a restart; once the upstream is back every event is delivered once, in
+// order (a chunk is acknowledged after its last part's records).
+func TestLargeChunksStayInBudget(t *testing.T) {
+	const lanes, perChunk, pad = 40, 1200, 1000 // ~1.3 MB per chunk, ~50 MB in all
+	const laneLimit, total = 256 << 10, 1 << 20
+	h := newHarness(t, sim.Config{}, Config{MaxReadAheadBytes: laneLimit, MaxReadAheadTotalBytes: total, ShardsPerLane: 2,
+		MaxBatchEvents: 200, RetryInitial: 50 * time.Millisecond}, throttle.Config{})
+	if err := h.sim.Down(sim.Down503, 10*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < lanes; i++ {
+		evs := make([]ev, perChunk)
+		for j := range evs {
+			evs[j] = ev{Device: fmt.Sprintf("dev-%d", j%50), Pad: pad}
+		}
+		h.add(fmt.Sprintf("big-%02d", i), evs...)
+	}
+	bound := int64(total + total/4)
+	heap := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapInuse
+	}
+	time.Sleep(time.Second) // the spool moves the chunks from memory to bbolt
+	base := heap()          // the test's own copies of the events are most of it
+	check := func(when string) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for h.send.calls.Load() < 2*lanes && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		for range 20 { // a second of sampling while every lane retries
+			if used := h.p.budget.Used(); used > bound {
+				t.Fatalf("%s: read-ahead %d bytes, budget %d (bound %d)", when, used, total, bound)
+			}
+			for _, st := range h.p.LaneStatus() {
+				if st.ReadAheadBytes > laneLimit+laneLimit/4 {
+					t.Fatalf("%s: lane %s holds %d bytes, its budget %d", when, st.Label, st.ReadAheadBytes, laneLimit)
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		inuse := heap()
+		t.Logf("%s: read-ahead %d bytes, heap in use %d MiB (%d MiB before delivery started)", when, h.p.budget.Used(), inuse>>20, base>>20)
+		// The chunks are ~50 MB; holding one each (as before) would grow
+		// the heap by that much.
+		if inuse > base+16<<20 {
+			t.Errorf("%s: heap in use %d MiB, %d MiB before: the chunks are held", when, inuse>>20, base>>20)
+		}
+	}
+	h.start()
+	check("upstream down")
+	h.restart()
+	h.start()
+	check("after a restart")
+	if err := h.sim.Up(); err != nil {
+		t.Fatal(err)
+	}
+	h.waitDrained(60*time.Second, 0)
+	h.stop()
+	h.check(nil)
+}
