@@ -87,3 +87,33 @@ func BenchmarkParseWithOptions(b *testing.B) {
 		})
 	}
 }
+
+// FuzzOptionsCanonical: the canonical options are a fixed point (parsing a
+// request with them gives them back) and keep min_id_length's meaning.
+func FuzzOptionsCanonical(f *testing.F) {
+	for _, s := range []string{`{}`, `{"min_id_length":3}`, `{"junk":"1" }`, `{"a":{"b":[1,{"c":null}]},"min_id_length":null}`,
+		`{"x":"\u00e9\n","min_id_length":0}`, `{"n":1e3,"m":-0.5}`, `{"k":1,"k":2}`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, opts string) {
+		body := func(o string) []byte {
+			return []byte(`{"api_key":"k","options":` + o + `,"events":[{"event_type":"a","device_id":"device-1"}]}`)
+		}
+		var req Request
+		if Parse(body(opts), &req) != nil {
+			return
+		}
+		canon, minLen := string(req.Options), req.MinIDLength
+		again := canon
+		if again == "" {
+			again = "null"
+		}
+		var req2 Request
+		if err := Parse(body(again), &req2); err != nil {
+			t.Fatalf("canonical options %s of %s refused: %v", canon, opts, errJSON(err))
+		}
+		if string(req2.Options) != canon || req2.MinIDLength != minLen {
+			t.Fatalf("options %s: canonical %s (min %d), then %s (min %d)", opts, canon, minLen, req2.Options, req2.MinIDLength)
+		}
+	})
+}
