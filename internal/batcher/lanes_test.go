@@ -398,8 +398,11 @@ func TestLaneCost(t *testing.T) {
 	r.waitFor("idle", 10*time.Second, func() bool { return r.p.budget.Used() == 0 })
 	time.Sleep(1500 * time.Millisecond) // past the readers' idle drop
 	g, heap, ms := runtime.NumGoroutine(), heapInuse(), r.metricsSize()
+	var mst runtime.MemStats
+	runtime.ReadMemStats(&mst)
 	perG := float64(g-baseG) / float64(n)
-	t.Logf("per idle lane: %.2f goroutines, %.0f bytes of heap, %.0f bytes of /metrics", perG, float64(heap-baseHeap)/float64(n), float64(ms-baseMetrics)/float64(n))
+	t.Logf("per idle lane: %.2f goroutines, %.0f bytes of heap, %.0f bytes of goroutine stacks in all (%d lanes), %.0f bytes of /metrics",
+		perG, float64(heap-baseHeap)/float64(n), float64(mst.StackInuse)/float64(n), n, float64(ms-baseMetrics)/float64(n))
 	if perG > float64(DefaultShardsPerLane+1)+0.1 {
 		t.Errorf("%.2f goroutines per lane", perG)
 	}

@@ -69,12 +69,12 @@ func (lr *laneRunner) read(ctx context.Context) bool {
 	for {
 		// Wait for records first, then take the budget: a lane waiting
 		// for records holds none of it.
-		t0 := time.Now()
-		if err := lr.lane.Wait(ctx); err != nil {
+		if err := lr.lane.Wait(ctx, func() {
+			// Idle: keep no slices of the largest read's size.
+			clear(per)
+			recs = nil
+		}); err != nil {
 			return errors.Is(err, spool.ErrRetired)
-		}
-		if time.Since(t0) > time.Second {
-			recs = nil // idle: keep no slice of the largest read's size
 		}
 		free, ok := lr.waitBudget(ctx, limit, func() {
 			// About to wait: the hand-over slices and the records

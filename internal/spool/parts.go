@@ -208,8 +208,11 @@ func recordLen(p []byte) (int, error) {
 // that is already done, NextPart then returns what there is at once, or the
 // context's error when every chunk there was acknowledged meanwhile). It
 // returns ctx.Err() when ctx ends, ErrClosed when the spool closes and
-// ErrRetired once the lane is retired. Reader goroutine only.
-func (l *Lane) Wait(ctx context.Context) error {
+// ErrRetired once the lane is retired. onIdle, when not nil, is called once
+// the wait has lasted recIdleDrop (the reader then drops what it keeps for
+// reuse: an idle lane keeps nothing). Reader goroutine only.
+func (l *Lane) Wait(ctx context.Context, onIdle func()) error {
+	var idle <-chan time.Time
 	for {
 		l.mu.Lock()
 		has, ch := l.readSeq < l.next, l.notify
@@ -222,8 +225,20 @@ func (l *Lane) Wait(ctx context.Context) error {
 		if has {
 			return nil
 		}
+		if idle == nil && onIdle != nil {
+			if l.idle == nil {
+				l.idle = time.NewTimer(recIdleDrop)
+			} else {
+				l.idle.Reset(recIdleDrop)
+			}
+			defer l.idle.Stop()
+			idle = l.idle.C
+		}
 		select {
 		case <-ch:
+		case <-idle:
+			onIdle()
+			onIdle, idle = nil, make(chan time.Time) // never again
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-l.s.closing:
