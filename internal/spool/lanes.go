@@ -228,3 +228,38 @@ func (s *Spool) deleteLanes(ls []*Lane) error {
 	}
 	return nil
 }
+
+// markDirtyLocked adds the lanes of the published (or skipped) appends to
+// the lanes the next checkpoint looks at: a checkpoint costs the lanes that
+// changed, not every lane (with thousands of lanes, creating each one cost
+// a walk over all of them). Call with s.mu held.
+func (s *Spool) markDirtyLocked(ops []*op) {
+	for _, o := range ops {
+		if o.seq == 0 || o.lane.dirty {
+			continue
+		}
+		o.lane.dirty = true
+		s.dirty = append(s.dirty, o.lane)
+	}
+}
+
+// pruneDirty drops from the dirty lanes those a checkpoint settled: no hot
+// chunk left and everything published recorded in bbolt. Store goroutine
+// only (it alone writes l.cold and pops l.hot).
+func (s *Spool) pruneDirty() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	kept := s.dirty[:0]
+	for _, l := range s.dirty {
+		l.mu.Lock()
+		busy := l.hot.len() > 0 || l.next != l.cold.nextSeq
+		l.mu.Unlock()
+		if busy {
+			kept = append(kept, l)
+		} else {
+			l.dirty = false
+		}
+	}
+	clear(s.dirty[len(kept):])
+	s.dirty = kept
+}

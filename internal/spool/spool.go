@@ -319,7 +319,8 @@ type Lane struct {
 	idle    *time.Timer // of wait
 	part    partCursor  // of NextPart (parts.go)
 
-	// Retirement (lanes.go).
+	// Retirement and checkpoints (lanes.go).
+	dirty     bool          // in Spool.dirty; guarded by Spool.mu
 	retiredC  chan struct{} // closed when retired
 	retired   atomic.Bool
 	appending atomic.Int32 // Appends in progress
@@ -676,6 +677,7 @@ type Spool struct {
 	lanes    []*Lane
 	byKey    map[LaneKey]*Lane
 	lanesCh  chan struct{}
+	dirty    []*Lane // lanes a checkpoint must look at (lanes.go)
 
 	walWake   chan struct{} // capacity 1: the WAL writer has work
 	storeWake chan struct{} // capacity 1: the store has work

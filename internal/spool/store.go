@@ -213,9 +213,14 @@ const trimDeleted = 4 << 20
 // in one transaction, answers the operations, and reports whether it
 // committed anything. all puts every unacknowledged chunk up to end.
 func (s *Spool) checkpoint(ops []*op, acks []ackOp, end walPos, endTotal int64, all bool, now time.Time) bool {
-	s.st.lanes = append(s.st.lanes[:0], s.Lanes()...)
+	// Only the lanes appended to since their last checkpoint (lanes.go):
+	// the others have no hot chunk and nothing new to record.
+	s.mu.Lock()
+	s.st.lanes = append(s.st.lanes[:0], s.dirty...)
+	s.mu.Unlock()
 	lanes := s.st.lanes
 	defer clear(lanes)
+	defer s.pruneDirty()
 
 	// P: the WAL's end, or the first young unacknowledged chunk.
 	p, pTotal := end, endTotal
