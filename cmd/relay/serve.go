@@ -357,6 +357,10 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 					return fmt.Errorf("%s: %w", c.name, err)
 				}
 			}
+			// Issue 19: ingest refuses new lanes (the contract's "lane limit").
+			if cfg.MaxLanes > 0 && sp.LaneCount() >= cfg.MaxLanes {
+				return fmt.Errorf("lane limit reached (--max-lanes %d): new api_keys are refused", cfg.MaxLanes)
+			}
 			return nil
 		},
 	}, log.Named("admin"), reg)
