@@ -359,6 +359,7 @@ func (lr *laneRunner) stop(reason string) {
 	lr.resumeC = make(chan struct{})
 	lr.isStopped.Store(true)
 	lr.smu.Unlock()
+	lr.lane.Pin() // a stopped lane is not retired while empty (its stop would be lost)
 	lr.p.log.Error("lane stopped: nothing is sent until it is resumed (admin API) or the relay restarts",
 		zap.String("lane", lr.label), zap.String("reason", reason))
 }
@@ -374,6 +375,7 @@ func (lr *laneRunner) resume() {
 	close(lr.resumeC)
 	lr.isStopped.Store(false)
 	lr.smu.Unlock()
+	lr.lane.Unpin()
 	lr.p.log.Info("lane resumed", zap.String("lane", lr.label))
 }
 

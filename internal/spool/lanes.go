@@ -72,6 +72,14 @@ func (l *Lane) Retired() <-chan struct{} { return l.retiredC }
 // IsRetired reports whether the lane was retired.
 func (l *Lane) IsRetired() bool { return l.retired.Load() }
 
+// Pin keeps the lane from being retired until as many Unpin calls: a
+// deliverer pins a lane an operator stopped, so that the stop is not lost
+// with the lane while it is empty.
+func (l *Lane) Pin() { l.pins.Add(1) }
+
+// Unpin undoes one Pin.
+func (l *Lane) Unpin() { l.pins.Add(-1) }
+
 // LanesFrom returns the lanes whose ID is at least id, oldest first: a
 // deliverer that remembers the last ID it saw learns of new lanes in time
 // proportional to their number, not to every lane's.
@@ -184,7 +192,7 @@ func (s *Spool) retireLocked(l *Lane) bool {
 	l.mu.Lock()
 	empty := l.cold.chunks == 0 && l.hot.len() == 0 && l.next == l.cold.nextSeq && !l.wTouched
 	l.mu.Unlock()
-	if !empty {
+	if !empty || l.pins.Load() > 0 {
 		return false
 	}
 	l.retired.Store(true)

@@ -163,3 +163,21 @@ func TestAppendToRetiredLane(t *testing.T) {
 		t.Fatalf("read %d of 20 records", got)
 	}
 }
+
+// Issue 19: a pinned lane (an operator stopped it) is not retired while
+// empty; once unpinned it is.
+func TestPinnedLaneNotRetired(t *testing.T) {
+	s := openTest(t, Config{Sync: SyncNone, MinFreeBytes: -1, RetireIdle: time.Millisecond})
+	l, _ := s.Lane(context.Background(), LaneKey{APIKey: "k"})
+	l.Pin()
+	time.Sleep(100 * time.Millisecond)
+	if l.IsRetired() || s.LaneCount() != 1 {
+		t.Fatal("a pinned lane was retired")
+	}
+	l.Unpin()
+	select {
+	case <-l.Retired():
+	case <-time.After(10 * time.Second):
+		t.Fatal("an unpinned empty lane was not retired")
+	}
+}

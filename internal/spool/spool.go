@@ -324,6 +324,7 @@ type Lane struct {
 	retiredC  chan struct{} // closed when retired
 	retired   atomic.Bool
 	appending atomic.Int32 // Appends in progress
+	pins      atomic.Int32 // Pin calls not undone
 	lastUse   atomic.Int64 // unix ms of creation or the last Append
 }
 

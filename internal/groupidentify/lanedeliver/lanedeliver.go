@@ -181,6 +181,7 @@ type metrics struct {
 type laneState struct {
 	id        uint64
 	label     string
+	lane      *spool.Lane // pinned while stopped (issue 19: not retired then)
 	readAhead atomic.Int64
 
 	mu      sync.Mutex
@@ -192,9 +193,12 @@ type laneState struct {
 // stop stops the lane; it reports whether it was running.
 func (st *laneState) stop(reason string) bool {
 	st.mu.Lock()
-	defer st.mu.Unlock()
 	was := !st.stopped
 	st.stopped, st.reason = true, reason
+	st.mu.Unlock()
+	if was && st.lane != nil {
+		st.lane.Pin()
+	}
 	return was
 }
 
@@ -309,11 +313,15 @@ func (d *Deliverer) ResumeLane(laneID uint64) error {
 		return fmt.Errorf("%s: resume lane %d: %w", d.cfg.Name, laneID, batcher.ErrUnknownLane)
 	}
 	st.mu.Lock()
-	defer st.mu.Unlock()
+	was := st.stopped
 	if st.stopped {
 		st.stopped, st.reason = false, ""
 		close(st.resumed)
 		st.resumed = make(chan struct{})
+	}
+	st.mu.Unlock()
+	if was && st.lane != nil {
+		st.lane.Unpin()
 	}
 	return nil
 }
@@ -340,7 +348,7 @@ func (d *Deliverer) Run(ctx context.Context) error {
 			if l.Key().Kind != d.cfg.Kind {
 				continue
 			}
-			st := &laneState{id: l.ID(), label: l.Label(), resumed: make(chan struct{})}
+			st := &laneState{id: l.ID(), label: l.Label(), lane: l, resumed: make(chan struct{})}
 			d.mu.Lock()
 			d.lanes[l.ID()] = st
 			d.mu.Unlock()
