@@ -376,6 +376,7 @@ func (lr *laneRunner) resume() {
 	lr.isStopped.Store(false)
 	lr.smu.Unlock()
 	lr.lane.Unpin()
+	lr.wakeReader()
 	lr.p.log.Info("lane resumed", zap.String("lane", lr.label))
 }
 
