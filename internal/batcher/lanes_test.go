@@ -43,13 +43,19 @@ func startScraper(t *testing.T, h http.Handler) *scraper {
 	srv := httptest.NewServer(h) // 127.0.0.1
 	s := &scraper{t: t, url: srv.URL, stop: make(chan struct{}), done: make(chan struct{})}
 	t.Cleanup(func() {
+		s.mu.Lock()
+		failed := s.err != nil
+		s.mu.Unlock()
 		select {
 		case <-s.done:
-			srv.Close()
+			if !failed {
+				srv.Close()
+				return
+			}
 		default:
-			// A hung scrape: Close would wait for it for ever.
-			srv.CloseClientConnections()
 		}
+		// A hung scrape: Close would wait for its handler for ever.
+		srv.CloseClientConnections()
 	})
 	cli := &http.Client{Timeout: 20 * time.Second}
 	go func() {
