@@ -8,7 +8,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -305,6 +309,23 @@ func (k *sink) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	fmt.Fprintf(w, `{"code":200,"events_ingested":%d,"payload_size_bytes":1,"server_upload_time":1}`, len(env.Events))
 }
 
+// rss is the process's resident set (after the free heap is given back to
+// the OS), 0 where /proc is missing.
+func rss() uint64 {
+	debug.FreeOSMemory()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
 func heapInuse() uint64 {
 	runtime.GC()
 	var ms runtime.MemStats
@@ -323,7 +344,7 @@ func TestTwentyThousandKeys(t *testing.T) {
 		keys, wave = 2000, 500
 	}
 	r := newChurnRelay(t, spool.Config{RetireIdle: 100 * time.Millisecond, MaxLanes: wave})
-	baseG, baseHeap, baseMetrics := runtime.NumGoroutine(), heapInuse(), r.metricsSize()
+	baseG, baseHeap, baseMetrics, baseRSS := runtime.NumGoroutine(), heapInuse(), r.metricsSize(), rss()
 	var peakG, peakLanes, peakMetrics int
 	var peakHeap uint64
 	for w := 0; w < keys/wave; w++ {
@@ -352,9 +373,13 @@ func TestTwentyThousandKeys(t *testing.T) {
 	// What stays: the upstream client's kept-alive connections and the
 	// simulator's goroutines serving them.
 	r.waitFor("goroutines back", 10*time.Second, func() bool { return runtime.NumGoroutine() <= baseG+200 })
-	endHeap, endMetrics := heapInuse(), r.metricsSize()
+	endHeap, endMetrics, endRSS := heapInuse(), r.metricsSize(), rss()
 	t.Logf("%d keys in waves of %d (%d refused for max-lanes, then taken): peak %d lanes, %d goroutines (%d at start), heap %d KiB at peak, %d KiB at the end (%d KiB at start), /metrics %d bytes at peak, %d at the end (%d at start)",
 		keys, wave, r.refused, peakLanes, peakG, baseG, peakHeap>>10, endHeap>>10, baseHeap>>10, peakMetrics, endMetrics, baseMetrics)
+	t.Logf("RSS %d MiB at start, %d MiB after every lane retired", baseRSS>>20, endRSS>>20)
+	if endRSS > baseRSS+32<<20 {
+		t.Errorf("RSS %d MiB after every lane retired, %d MiB at start", endRSS>>20, baseRSS>>20)
+	}
 	// The bounds: the README's per-lane costs times the lanes alive at once.
 	perLaneG := DefaultShardsPerLane + 1
 	if peakLanes > wave {
