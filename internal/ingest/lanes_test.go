@@ -1,8 +1,10 @@
 package ingest
 
 import (
+	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/svcrelay/relay/internal/spool"
 )
@@ -42,5 +44,35 @@ func TestLaneAdmission(t *testing.T) {
 	}
 	if got := r.counter("relay_ingest_rejected_requests_total", "reason", "too_many_lanes"); got != 1 {
 		t.Fatalf("too_many_lanes rejections: %v", got)
+	}
+}
+
+// Issue 19: a lane retired while the ingest's lane cache holds it: the next
+// request of its key goes to a new lane, never to the retired one (the cache
+// drops retired lanes, and the spool reroutes an Append through a retired
+// handle: either keeps this test passing, neither fails it).
+func TestRetiredLaneLeavesCache(t *testing.T) {
+	r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone, RetireIdle: 20 * time.Millisecond})
+	ev := `{"user_id":"user-00001","event_type":"a","insert_id":"x","time":1}`
+	for round := range 3 {
+		if a := r.post("/2/httpapi", envelope("k", "", ev)); a.status != 200 {
+			t.Fatalf("round %d: %d %s", round, a.status, a.body)
+		}
+		l, err := r.sp.Lane(context.Background(), spool.LaneKey{Kind: spool.KindEvents, APIKey: "k"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		cs, err := l.Next(ctx, 1<<20)
+		cancel()
+		if err != nil || len(cs) != 1 || len(cs[0].Records) != 1 {
+			t.Fatalf("round %d: %v %d chunks", round, err, len(cs))
+		}
+		r.sp.Ack(l, cs[0].Seq)
+		select {
+		case <-l.Retired():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("round %d: lane not retired", round)
+		}
 	}
 }
