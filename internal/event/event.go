@@ -1,6 +1,7 @@
 package event
 
 import (
+	"bytes"
 	"encoding/binary"
 	"math/bits"
 	"strconv"
@@ -28,8 +29,10 @@ type Request struct {
 	// dropped are the ids of events dropped while scanning whose
 	// errors depend on min_id_length.
 	dropped []droppedIDs
-	// opts holds Options.
-	opts []byte
+	// opts holds Options; optsOf is the options object opts was made from
+	// when it had keys other than min_id_length (a sender sends the same
+	// options in every request: they are canonicalized once per Request).
+	opts, optsOf []byte
 	// sk lives here rather than in parser so that Parse does not clear its
 	// 1.25 KiB nesting stack each time: skipValue reads only levels it
 	// has written.
@@ -718,7 +721,13 @@ func (p *parser) finalize() *Error {
 		req.APIKey = p.unescape(p.apiKey)
 	}
 	if p.optRaw != nil {
-		req.opts = canonicalOptions(req.opts[:0], p.optRaw, req.MinIDLength, !p.optOther)
+		if !p.optOther || !bytes.Equal(p.optRaw, req.optsOf) {
+			req.opts = canonicalOptions(req.opts[:0], p.optRaw, req.MinIDLength, !p.optOther)
+			req.optsOf = req.optsOf[:0]
+			if p.optOther {
+				req.optsOf = append(req.optsOf, p.optRaw...)
+			}
+		}
 		if len(req.opts) > 0 {
 			req.Options = req.opts
 		}

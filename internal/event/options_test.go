@@ -117,3 +117,31 @@ func FuzzOptionsCanonical(f *testing.F) {
 		}
 	})
 }
+
+// A reused Request canonicalizes a repeated options object once; the result
+// still follows each request's own options.
+func TestOptionsReusedRequest(t *testing.T) {
+	var req Request
+	for i, tc := range []struct{ opts, want string }{
+		{`{"a":1,"b":2}`, `{"a":1,"b":2}`},
+		{`{"a":1,"b":2}`, `{"a":1,"b":2}`},
+		{"", ""},
+		{`{"a":1,"b":2}`, `{"a":1,"b":2}`},
+		{`{"min_id_length":3}`, `{"min_id_length":3}`},
+		{`{"a":1,"b":2}`, `{"a":1,"b":2}`},
+		{`{"b":2, "a":1}`, `{"a":1,"b":2}`},
+		{`{"b":3,"a":1}`, `{"a":1,"b":3}`},
+		{`{"b":3,"a":1,"min_id_length":7}`, `{"a":1,"b":3,"min_id_length":7}`},
+	} {
+		body := `{"api_key":"k","events":[{"event_type":"a","device_id":"device-1"}]`
+		if tc.opts != "" {
+			body += `,"options":` + tc.opts
+		}
+		if err := Parse([]byte(body+"}"), &req); err != nil {
+			t.Fatal(errJSON(err))
+		}
+		if string(req.Options) != tc.want {
+			t.Errorf("%d: options %s: %s, want %s", i, tc.opts, req.Options, tc.want)
+		}
+	}
+}
