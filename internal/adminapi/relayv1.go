@@ -568,7 +568,7 @@ func (a *Relay) replayDead(ctx *fasthttp.RequestCtx) {
 		a.log.Error("replaying dead letters failed part way", append(fields, errField(err))...)
 		out.Error = "replay stopped: " + err.Error()
 		status := fasthttp.StatusInternalServerError
-		if errors.Is(err, spool.ErrFull) || errors.Is(err, spool.ErrDiskLow) {
+		if errors.Is(err, spool.ErrFull) || errors.Is(err, spool.ErrDiskLow) || errors.Is(err, spool.ErrTooManyLanes) {
 			status = fasthttp.StatusServiceUnavailable
 			ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, "30")
 		}
