@@ -1,6 +1,8 @@
 package spool
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sort"
@@ -64,6 +66,14 @@ func (c Config) retireIdle() time.Duration {
 // of the idle time, between 10ms and a minute.
 func (c Config) retireEvery() time.Duration {
 	return min(max(c.retireIdle()/4, 10*time.Millisecond), time.Minute)
+}
+
+// LabelOf is the label of the lane of key k (Lane.Label): the kind and a
+// truncated hash of the api_key and options. A retired lane's dead letters
+// keep it, and a lane made again for the key gets it again.
+func LabelOf(k LaneKey) string {
+	h := sha256.Sum256([]byte(k.APIKey + "\x00" + k.Options))
+	return k.Kind.String() + "-" + hex.EncodeToString(h[:4])
 }
 
 // Retired returns a channel closed when the lane is retired.

@@ -3,9 +3,7 @@ package spool
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -343,12 +341,11 @@ type rawChunk struct {
 }
 
 func newLane(s *Spool, id uint64, key LaneKey, st laneState) *Lane {
-	h := sha256.Sum256([]byte(key.APIKey + "\x00" + key.Options))
 	l := &Lane{
 		s:      s,
 		key:    key,
 		id:     id,
-		label:  key.Kind.String() + "-" + hex.EncodeToString(h[:4]),
+		label:  LabelOf(key),
 		qname:  queueName(id),
 		cold:   st,
 		next:   st.nextSeq,
@@ -1081,6 +1078,9 @@ func (s *Spool) PutDead(ctx context.Context, dls []DeadLetter) error {
 type DeadFilter struct {
 	Lane   *LaneKey
 	Reason string
+	// Label selects the dead letters of the lane with that label (LabelOf),
+	// also once the lane was retired.
+	Label string
 }
 
 // ListDead returns up to limit dead letters with ID > after that match f, by
@@ -1107,7 +1107,7 @@ func (s *Spool) ListDead(f DeadFilter, after uint64, limit int) ([]DeadLetter, e
 			if err != nil {
 				return fmt.Errorf("dead letter %x: %w", k, err)
 			}
-			if f.Lane != nil && d.Lane != *f.Lane || f.Reason != "" && d.Reason != f.Reason {
+			if f.Lane != nil && d.Lane != *f.Lane || f.Reason != "" && d.Reason != f.Reason || f.Label != "" && LabelOf(d.Lane) != f.Label {
 				continue
 			}
 			out = append(out, d)
