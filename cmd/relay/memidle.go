@@ -28,14 +28,20 @@ const (
 	// them (RSS 25 MiB against 15 on an empty spool; now 19-22). A return
 	// costs two GCs of a small heap, at most once per quiet second.
 	idleMinAlloc = 4 << 20
+	// idleGoroutinesGone: this many goroutines ended since the last return
+	// is worth one too (issue 19: retired lanes end 5 goroutines each and
+	// allocate nothing doing it; 3,000 lanes left ~20 MB of stacks and
+	// their garbage in the RSS until the two-minute GC).
+	idleGoroutinesGone = 1000
 )
 
 // returnIdleMemory runs until ctx ends. release is called before collecting:
 // the components' buffers kept for reuse.
 func returnIdleMemory(ctx context.Context, every time.Duration, quiet, minAlloc uint64, release ...func()) {
-	s := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+	s := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}, {Name: "/sched/goroutines:goroutines"}}
 	metrics.Read(s)
 	last, since := s[0].Value.Uint64(), uint64(0)
+	peakG := s[1].Value.Uint64() // the most goroutines since the last return
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -49,7 +55,9 @@ func returnIdleMemory(ctx context.Context, every time.Duration, quiet, minAlloc 
 		d := now - last
 		last = now
 		since += d
-		if d < quiet && since >= minAlloc {
+		g := s[1].Value.Uint64()
+		peakG = max(peakG, g)
+		if d < quiet && (since >= minAlloc || peakG >= g+idleGoroutinesGone) {
 			for _, f := range release {
 				f()
 			}
@@ -58,7 +66,7 @@ func returnIdleMemory(ctx context.Context, every time.Duration, quiet, minAlloc 
 			// FreeOSMemory's own GC frees them, then returns the pages.
 			runtime.GC()
 			debug.FreeOSMemory()
-			since = 0
+			since, peakG = 0, g
 		}
 	}
 }

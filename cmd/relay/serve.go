@@ -309,6 +309,14 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	if scfg.MinFreeBytes == 0 {
 		scfg.MinFreeBytes = -1 // --spool-min-free-bytes 0 disables the reserve
 	}
+	// Issue 19: bounded lanes (0 means no bound / never, negative for the spool).
+	scfg.MaxLanes, scfg.RetireIdle = cfg.MaxLanes, cfg.LaneRetireAfter
+	if scfg.MaxLanes == 0 {
+		scfg.MaxLanes = -1
+	}
+	if scfg.RetireIdle == 0 {
+		scfg.RetireIdle = -1
+	}
 	sp, err := spool.Open(scfg, log.Named("spool"), reg)
 	if err != nil {
 		return fmt.Errorf("open spool in %s: %w%s", cfg.DataDir, err, spoolHint(cfg.DataDir, err))
@@ -388,6 +396,10 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 			if err := c.Ready(); err != nil {
 				return fmt.Errorf("%s: %w", c.name, err)
 			}
+		}
+		// Issue 19: ingest refuses new lanes (the contract's "lane limit").
+		if cfg.MaxLanes > 0 && sp.LaneCount() >= cfg.MaxLanes {
+			return fmt.Errorf("lane limit reached (--max-lanes %d): new api_keys are refused", cfg.MaxLanes)
 		}
 		return nil
 	}

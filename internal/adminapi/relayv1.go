@@ -173,7 +173,7 @@ func (ix laneIndex) label(k spool.LaneKey) string {
 	if l := ix.byKey[k]; l != nil {
 		return l.Label()
 	}
-	return k.Kind.String() + "-unknown"
+	return spool.LabelOf(k) // a retired lane's (issue 19)
 }
 
 // ---- dead letters
@@ -221,13 +221,19 @@ type filterJSON struct {
 }
 
 // spoolFilter turns a label filter into the spool's key filter; ok is false
-// when no lane has the label.
-func (ix laneIndex) spoolFilter(f filterJSON) (spool.DeadFilter, bool) {
+// when no lane has the label, nor any dead letter (the lane may have been
+// retired since: its dead letters keep their label).
+func (ix laneIndex) spoolFilter(sp *spool.Spool, f filterJSON) (spool.DeadFilter, bool) {
 	out := spool.DeadFilter{Reason: f.Reason}
 	if f.Lane != "" {
 		l := ix.byLabel[f.Lane]
 		if l == nil {
-			return out, false
+			byLabel := spool.DeadFilter{Label: f.Lane}
+			if ds, err := sp.ListDead(byLabel, 0, 1); err != nil || len(ds) == 0 {
+				return out, false
+			}
+			out.Label = f.Lane
+			return out, true
 		}
 		k := l.Key()
 		out.Lane = &k
@@ -273,7 +279,7 @@ func (a *Relay) listDead(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ix := a.lanes()
-	f, ok := ix.spoolFilter(filterJSON{Lane: q.Get("lane"), Reason: q.Get("reason")})
+	f, ok := ix.spoolFilter(a.sp, filterJSON{Lane: q.Get("lane"), Reason: q.Get("reason")})
 	if !ok {
 		jsonError(w, http.StatusNotFound, "no lane has that label (GET /relay/v1/lanes lists them)")
 		return
@@ -381,7 +387,7 @@ func (a *Relay) selected(b bulkJSON, ix laneIndex, visit func([]spool.DeadLetter
 	limit := b.Limit
 	if b.Filter != nil {
 		var ok bool
-		if f, ok = ix.spoolFilter(*b.Filter); !ok {
+		if f, ok = ix.spoolFilter(a.sp, *b.Filter); !ok {
 			return nil, false, errUnknownLane
 		}
 		if last, err = a.newestDead(f); err != nil {
@@ -573,7 +579,7 @@ func (a *Relay) replayDead(w http.ResponseWriter, r *http.Request) {
 		a.log.Error("replaying dead letters failed part way", append(fields, errField(err))...)
 		out.Error = "replay stopped: " + err.Error()
 		status := http.StatusInternalServerError
-		if errors.Is(err, spool.ErrFull) || errors.Is(err, spool.ErrDiskLow) {
+		if errors.Is(err, spool.ErrFull) || errors.Is(err, spool.ErrDiskLow) || errors.Is(err, spool.ErrTooManyLanes) {
 			status = http.StatusServiceUnavailable
 			w.Header().Set("Retry-After", "30")
 		}

@@ -6,8 +6,11 @@
 // # Shape
 //
 // Run starts, for every lane of kind spool.KindEvents (those that exist and,
-// through Spool.LanesChanged, those created later), one reader goroutine and
-// Config.ShardsPerLane shard goroutines. The reader calls Lane.Next and hands
+// through Spool.LanesChanged and Spool.LanesFrom, those created later: only
+// the new ones are looked at), one reader goroutine and
+// Config.ShardsPerLane shard goroutines; they end when the spool retires the
+// lane (empty and idle: Lane.Next returns spool.ErrRetired), and the
+// pipeline forgets it. The reader calls Lane.NextPart and hands
 // each record to the shard its OrderKey hashes to (FNV-1a). A shard batches
 // its records (at most MaxBatchEvents, a body strictly under MaxBatchBytes
 // measured on the exact bytes sent, flushed when full or when its oldest
@@ -69,27 +72,30 @@
 // itself, so that one held event does not keep a whole chunk alive for
 // hours. A detached record counts twice (its copy and its chunk) until its
 // chunk's other records are done or detached too, so at worst a budget is
-// met by half the data. A reader stops once its lane is at the bound, so the
-// bound is exceeded by at most one Lane.Next step (an eighth of the lane's
-// budget, or one chunk when that is larger), and the total by that plus one
-// chunk per lane (see below).
+// met by half the data.
 //
-// A lane's reader reads while its read-ahead is under MaxReadAheadBytes and
-// the total under MaxReadAheadTotalBytes; when the total is reached, a lane
-// still reads one chunk whenever it has nothing read ahead. So a lane whose
-// budget is entirely held (devices over their daily quota, a stopped lane,
-// an upstream that is down) keeps at most its own budget and waits until a
-// pause ends; other lanes are slowed by a full total, never stopped. The
-// spool keeps the rest; the ingest side is only limited by the spool's
-// quota. The per-lane budget is what one lane needs to drain at full speed
+// Every byte read counts before it is read: the reader waits for records
+// (Lane.Wait), reserves its grant in the total (budget.reserve), then reads
+// at most that (Lane.NextPart, which returns a chunk larger than the grant
+// in parts: a chunk can be a whole 20 MB request), so the bounds are passed
+// by at most one read's rounding (a buffer size class, the items, a record
+// larger than the grant). A lane reads while its read-ahead is under
+// min(MaxReadAheadBytes, its window) and the total under three quarters of
+// MaxReadAheadTotalBytes; a lane holding nothing may read up to the whole
+// total. So lanes whose budget is entirely held (devices over their daily
+// quota, a stopped lane, an upstream that is down) slow the others, and the
+// last quarter keeps them from stopping the others. The spool keeps the
+// rest; the ingest side is only limited by the spool's quota. The per-lane
+// budget is what one lane needs to drain at full speed
 // (BenchmarkDeliverReadAhead); the total bounds many lanes with backlogs.
 //
-// Within its budget a lane reads only as far as its window: one chunk at
-// the start, one Next step at the first progress (a 200, dead letters,
-// events parked for a paused key), doubling with each further one up to
-// the budget. When every shard of the lane
-// is retrying (the upstream is down) the window closes to one chunk, so an
-// outage holds what was read before it, not the budget.
+// Within its budget a lane reads only as far as its window: minWindow (32
+// KiB) at the start, one Next step at the first progress (a 200, dead
+// letters, events parked for a paused key), doubling with each further one
+// up to the budget. When every shard of the lane is retrying (the upstream
+// is down), or the lane is stopped, the window closes to minWindow, so an
+// outage holds what was read before it, not the budget, and a lane that
+// never delivered holds 32 KiB.
 // Shards that wait (idle, backing off, lane stopped) give their request
 // body buffer back to a pool shared by all lanes and drop the capacity of
 // their empty queues.
@@ -100,7 +106,10 @@
 // relay_delivery_events_dead_lettered_total{reason},
 // relay_delivery_paused_devices (keys held now),
 // relay_delivery_held_events{lane} (events they hold), relay_lane_stopped{lane}
-// (alert on 1) and relay_delivery_read_ahead_bytes (all lanes). The upstream client has relay_upstream_requests_total{status}
+// (alert on 1) and relay_delivery_read_ahead_bytes (all lanes). No lock of
+// the pipeline is held while a metric is updated, and the scrape-time ones
+// (relay_lane_stopped is a collector) read atomics of a snapshot of the
+// runners: a scrape never waits for delivery nor delivery for a scrape. The upstream client has relay_upstream_requests_total{status}
 // and relay_upstream_request_seconds; the spool its depth and oldest age.
 //
 // # Stop
@@ -113,7 +122,7 @@
 // # Goroutines and locks
 //
 // Each shard's queues are owned by its goroutine; the reader hands records
-// over under shard.mu. A chunk's counters (chunkRef.left, refs) are atomic:
+// over under shard.mu. A chunk's counters (ackRef.left, chunkRef.refs) are atomic:
 // its records may be done by several shards. Locks never nest: Pipeline.mu,
 // laneRunner.bmu, laneRunner.smu, budget.mu and shard.mu are each taken
 // alone.

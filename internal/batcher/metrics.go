@@ -6,11 +6,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
+// metrics are the pipeline's. No lock of the relay is held while one is
+// called, and the ones computed at scrape time read atomics of a snapshot
+// of the lanes (Pipeline.runners), so a scrape never waits for delivery and
+// delivery never waits for a scrape.
 type metrics struct {
 	delivered   prometheus.Counter
 	retried     prometheus.Counter
 	dead        *prometheus.CounterVec
-	laneStopped *prometheus.GaugeVec
+	laneStopped *laneStoppedCollector
 	paused      prometheus.GaugeFunc
 	readAhead   prometheus.GaugeFunc
 }
@@ -29,18 +33,17 @@ func newMetrics(reg prometheus.Registerer, p *Pipeline) (*metrics, error) {
 			Name: "relay_delivery_events_dead_lettered_total",
 			Help: "Events moved to the dead-letter store, by reason.",
 		}, []string{"reason"}),
-		laneStopped: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "relay_lane_stopped",
-			Help: "1 while a lane sends nothing (invalid API key, fatal upstream answer, operator stop): alert on it.",
-		}, []string{"lane"}),
+		laneStopped: &laneStoppedCollector{p: p, desc: prometheus.NewDesc("relay_lane_stopped",
+			"1 while a lane sends nothing (invalid API key, fatal upstream answer, operator stop): alert on it.",
+			[]string{"lane"}, nil)},
 	}
 	m.paused = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "relay_delivery_paused_devices",
 		Help: "Devices and users whose events are held now (429 pause, daily quota, pacing).",
 	}, func() float64 {
 		var n int64
-		for _, st := range p.LaneStatus() {
-			n += st.PausedKeys
+		for _, lr := range p.runners() {
+			n += lr.heldKeys.Load()
 		}
 		return float64(n)
 	})
@@ -59,4 +62,24 @@ func newMetrics(reg prometheus.Registerer, p *Pipeline) (*metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// laneStoppedCollector makes relay_lane_stopped{lane} at scrape time from
+// the lanes the pipeline runs: a retired lane's series goes with it, and
+// creating or stopping a lane touches no metric.
+type laneStoppedCollector struct {
+	p    *Pipeline
+	desc *prometheus.Desc
+}
+
+func (c *laneStoppedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *laneStoppedCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, lr := range c.p.runners() {
+		v := 0.0
+		if lr.isStopped.Load() {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, lr.label)
+	}
 }

@@ -113,12 +113,19 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	drainCtx, cancelDrain := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelDrain()
 	var wg sync.WaitGroup
+	// next is the lowest lane id not seen yet: each wake-up looks only at
+	// the lanes created since (Spool.LanesFrom), so that creating n lanes
+	// costs O(n) in all, not O(n) each.
+	var next uint64
 	for {
 		changed := p.sp.LanesChanged()
-		for _, l := range p.sp.Lanes() {
+		for _, l := range p.sp.LanesFrom(next) {
+			next = l.ID() + 1
 			if l.Key().Kind != spool.KindEvents {
 				continue
 			}
+			// No call into another package (metrics included) while
+			// p.mu is held: a scrape calls back into the pipeline.
 			p.mu.Lock()
 			lr := p.lanes[l.ID()]
 			if lr == nil {
@@ -180,10 +187,8 @@ func (p *Pipeline) ResumeLane(laneID uint64) error {
 	if lr == nil {
 		// A lane created after the last LanesChanged wake-up is not known
 		// yet; look it up in the spool so that an admin call never misses.
-		for _, l := range p.sp.Lanes() {
-			if l.ID() == laneID && l.Key().Kind == spool.KindEvents {
-				return nil // not running yet, so not stopped
-			}
+		if ls := p.sp.LanesFrom(laneID); len(ls) > 0 && ls[0].ID() == laneID && ls[0].Key().Kind == spool.KindEvents {
+			return nil // not running yet, so not stopped
 		}
 		return fmt.Errorf("resume lane %d: %w", laneID, ErrUnknownLane)
 	}
@@ -214,15 +219,22 @@ type LaneStatus struct {
 	ReadAheadBytes int64
 }
 
-// LaneStatus returns a snapshot of every lane the pipeline has started,
-// by lane id.
-func (p *Pipeline) LaneStatus() []LaneStatus {
+// runners is a snapshot of the lanes' runners, taken under p.mu (which
+// nothing holds across a call out of the package).
+func (p *Pipeline) runners() []*laneRunner {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	lrs := make([]*laneRunner, 0, len(p.lanes))
 	for _, lr := range p.lanes {
 		lrs = append(lrs, lr)
 	}
-	p.mu.Unlock()
+	return lrs
+}
+
+// LaneStatus returns a snapshot of every lane the pipeline has started,
+// by lane id.
+func (p *Pipeline) LaneStatus() []LaneStatus {
+	lrs := p.runners()
 	out := make([]LaneStatus, 0, len(lrs))
 	for _, lr := range lrs {
 		out = append(out, lr.status())
@@ -259,6 +271,10 @@ type laneRunner struct {
 	shards  []*shard
 	started bool // guarded by p.mu
 
+	// partial is the chunk read in parts whose last part is still to come
+	// (reader goroutine only).
+	partial *ackRef
+
 	// read-ahead budget (bytes read and not done)
 	bmu      sync.Mutex
 	inflight int64
@@ -269,6 +285,11 @@ type laneRunner struct {
 	stopped    bool
 	stopReason string
 	resumeC    chan struct{}
+	// isStopped mirrors stopped for the relay_lane_stopped collector,
+	// which reads no lock of the relay.
+	isStopped atomic.Bool
+	// cancel ends the lane's goroutines when the spool retires the lane.
+	cancel context.CancelFunc
 
 	heldKeys, heldEvents atomic.Int64
 	readAhead            atomic.Int64
@@ -294,48 +315,72 @@ func newLaneRunner(p *Pipeline, l *spool.Lane) *laneRunner {
 	for i := 0; i < p.cfg.ShardsPerLane; i++ {
 		lr.shards = append(lr.shards, newShard(lr, i))
 	}
-	p.m.laneStopped.WithLabelValues(lr.label).Set(0)
 	return lr
 }
 
+// start starts the lane's reader and shards. They end with ctx, or when
+// the spool retires the lane (empty and idle): the reader then cancels the
+// shards (which hold nothing: every record was done) and the runner is
+// forgotten, so that its goroutines, memory and metric series are gone.
 func (lr *laneRunner) start(ctx, drainCtx context.Context, wg *sync.WaitGroup) {
+	lctx, cancel := context.WithCancel(ctx)
+	lr.cancel = cancel
 	wg.Add(1 + len(lr.shards))
 	go func() {
 		defer wg.Done()
-		lr.read(ctx)
+		if lr.read(lctx) {
+			lr.retire()
+		}
 	}()
 	for _, s := range lr.shards {
 		go func() {
 			defer wg.Done()
-			s.run(ctx, drainCtx)
+			s.run(lctx, drainCtx)
 		}()
 	}
 }
 
+// retire ends a lane the spool retired: its shards stop and the pipeline
+// forgets it (a lane of the same key created later is a new lane).
+func (lr *laneRunner) retire() {
+	lr.cancel()
+	p := lr.p
+	p.mu.Lock()
+	if p.lanes[lr.id] == lr {
+		delete(p.lanes, lr.id)
+	}
+	p.mu.Unlock()
+}
+
 func (lr *laneRunner) stop(reason string) {
 	lr.smu.Lock()
-	defer lr.smu.Unlock()
 	if lr.stopped {
+		lr.smu.Unlock()
 		return
 	}
 	lr.stopped = true
 	lr.stopReason = reason
 	lr.resumeC = make(chan struct{})
-	lr.p.m.laneStopped.WithLabelValues(lr.label).Set(1)
+	lr.isStopped.Store(true)
+	lr.smu.Unlock()
+	lr.lane.Pin() // a stopped lane is not retired while empty (its stop would be lost)
 	lr.p.log.Error("lane stopped: nothing is sent until it is resumed (admin API) or the relay restarts",
 		zap.String("lane", lr.label), zap.String("reason", reason))
 }
 
 func (lr *laneRunner) resume() {
 	lr.smu.Lock()
-	defer lr.smu.Unlock()
 	if !lr.stopped {
+		lr.smu.Unlock()
 		return
 	}
 	lr.stopped = false
 	lr.stopReason = ""
 	close(lr.resumeC)
-	lr.p.m.laneStopped.WithLabelValues(lr.label).Set(0)
+	lr.isStopped.Store(false)
+	lr.smu.Unlock()
+	lr.lane.Unpin()
+	lr.wakeReader()
 	lr.p.log.Info("lane resumed", zap.String("lane", lr.label))
 }
 

@@ -28,14 +28,15 @@ type item struct {
 // hand-over slices and the shard's queues.
 const itemBytes = int64(unsafe.Sizeof(item{}))
 
-// chunkRef tracks one chunk read from the spool: the records not yet done
-// (the last one acks the chunk) and the records still aliasing its buffer
-// (the last one releases the buffer's bytes from the read-ahead budget).
+// chunkRef tracks one chunk, or one part of a chunk, read from the spool
+// (spool.Lane.NextPart reads a chunk larger than the lane may hold in
+// parts): the records still aliasing its buffer (the last one releases the
+// buffer's bytes from the read-ahead budget), and, in ack, the chunk's
+// records not yet done (the last one acks the chunk).
 type chunkRef struct {
-	seq      uint64
+	ack      *ackRef
 	accepted time.Time
 	bytes    int64        // counted against the read-ahead budget while refs > 0
-	left     atomic.Int32 // records not done
 	refs     atomic.Int32 // records not done and not detached
 	// buf is the chunk's buffer, given back to the spool when refs reaches
 	// zero: then no item aliases it (delivered and dead-lettered records
@@ -43,7 +44,13 @@ type chunkRef struct {
 	buf spool.Buffer
 }
 
-// chunkBytes is the memory a chunk read by Lane.Next holds until its last
+// ackRef counts the records of one chunk (all its parts) not yet done.
+type ackRef struct {
+	seq  uint64
+	left atomic.Int32
+}
+
+// chunkBytes is the memory a chunk (or part) read by Lane.NextPart holds until its last
 // record is done or detached: its buffer (all records alias one allocation
 // of at least Size bytes, rounded up to the spool's buffer class) and an
 // item per record.
@@ -52,13 +59,23 @@ func chunkBytes(c *spool.Chunk) int64 {
 }
 
 // read is the lane's reader: it reads chunks within the read-ahead budget
-// and hands each record to the shard its OrderKey hashes to.
-func (lr *laneRunner) read(ctx context.Context) {
+// and hands each record to the shard its OrderKey hashes to. It returns
+// true when the spool retired the lane.
+func (lr *laneRunner) read(ctx context.Context) bool {
 	limit := int64(lr.p.cfg.MaxReadAheadBytes)
 	step := lr.step()
 	per := make([][]item, len(lr.shards))
-	var recs []spool.Record // reused by NextInto: every record is copied into an item
+	var recs []spool.Record // reused by NextPart: every record is copied into an item
 	for {
+		// Wait for records first, then take the budget: a lane waiting
+		// for records holds none of it.
+		if err := lr.lane.Wait(ctx, func() {
+			// Idle: keep no slices of the largest read's size.
+			clear(per)
+			recs = nil
+		}); err != nil {
+			return errors.Is(err, spool.ErrRetired)
+		}
 		free, ok := lr.waitBudget(ctx, limit, func() {
 			// About to wait: the hand-over slices and the records
 			// need not keep their capacity meanwhile (with many lanes,
@@ -67,13 +84,21 @@ func (lr *laneRunner) read(ctx context.Context) {
 			recs = nil
 		})
 		if !ok {
-			return
+			return false
 		}
-		chunks, more, err := lr.lane.NextInto(ctx, int(min(free, step)), recs)
+		want := min(free, step)
+		lr.p.budget.add(want - free) // reserved: free; wanted: want
+		chunks, more, err := lr.lane.NextPart(doneCtx, int(want), recs)
 		recs = more
 		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, spool.ErrClosed) {
-				return
+			lr.p.budget.add(-want)
+			switch {
+			case errors.Is(err, context.Canceled):
+				continue // acknowledged meanwhile: nothing to read
+			case errors.Is(err, spool.ErrRetired):
+				return true
+			case ctx.Err() != nil || errors.Is(err, spool.ErrClosed):
+				return false
 			}
 			// A read error (e.g. a corrupt chunk): log it and try again
 			// later rather than give the lane up silently.
@@ -82,7 +107,7 @@ func (lr *laneRunner) read(ctx context.Context) {
 			case <-time.After(time.Second):
 				continue
 			case <-ctx.Done():
-				return
+				return false
 			}
 		}
 		now := time.Now()
@@ -92,8 +117,7 @@ func (lr *laneRunner) read(ctx context.Context) {
 				lr.p.sp.Ack(lr.lane, c.Seq)
 				continue
 			}
-			ck := &chunkRef{seq: c.Seq, accepted: c.Accepted, bytes: chunkBytes(&c), buf: c.Buffer()}
-			ck.left.Store(int32(len(c.Records)))
+			ck := &chunkRef{ack: lr.ackOf(&c), accepted: c.Accepted, bytes: chunkBytes(&c), buf: c.Buffer()}
 			ck.refs.Store(int32(len(c.Records)))
 			total += ck.bytes
 			for _, r := range c.Records {
@@ -103,7 +127,7 @@ func (lr *laneRunner) read(ctx context.Context) {
 		}
 		clear(recs) // the items hold the records now: keep no chunk's buffer alive
 		recs = recs[:0]
-		lr.acquire(total)
+		lr.acquireReserved(total, want)
 		for i, its := range per {
 			if len(its) == 0 {
 				continue
@@ -113,6 +137,26 @@ func (lr *laneRunner) read(ctx context.Context) {
 			per[i] = its[:0]
 		}
 	}
+}
+
+// ackOf returns the ackRef of the chunk c is (a part of): a new one for a
+// whole chunk or a first part, the one of the earlier parts otherwise.
+// Reader goroutine only.
+func (lr *laneRunner) ackOf(c *spool.Chunk) *ackRef {
+	total := max(c.Total, len(c.Records))
+	if c.First == 0 || lr.partial == nil || lr.partial.seq != c.Seq {
+		// A later part without the first (not expected: the reader
+		// keeps its place across Run calls) counts only its own and
+		// the following records.
+		a := &ackRef{seq: c.Seq}
+		a.left.Store(int32(total - c.First))
+		lr.partial = a
+	}
+	a := lr.partial
+	if c.First+len(c.Records) >= total {
+		lr.partial = nil // the chunk's last part
+	}
+	return a
 }
 
 // step is the most one Lane.Next reads.
@@ -159,13 +203,20 @@ func shardOf(seed maphash.Seed, key []byte, n int) int {
 	return int(maphash.Bytes(seed, key) % uint64(n))
 }
 
-// waitBudget waits until the lane may read and returns how many bytes
-// (at least 1: Lane.Next returns at least one chunk), or false when ctx
-// ends. A lane reads while its read-ahead is under limit and under its
-// window (see progress), and the pipeline's total is under its limit; a
-// lane with nothing read ahead reads one chunk even when the total is
-// reached, so lanes that hold their whole budget (stopped, paused devices)
-// slow the others, never stop them.
+// waitBudget waits until the lane may read and returns how many bytes,
+// reserved in the pipeline's budget (the caller turns the reservation into
+// what it read: acquireReserved), or false when ctx ends. Every byte read counts against the lane's budget (limit) and
+// the pipeline's (budget.limit), and a chunk larger than what the lane may
+// read now is read in parts (NextPart), so neither is passed by more than
+// one record:
+//
+//   - a lane reads while its read-ahead is under min(limit, its window)
+//     (see progress; a window never closes below minWindow), and the total
+//     is under shareOf(budget.limit);
+//   - a lane with nothing read ahead may also read up to the total's
+//     limit: the last quarter of the total is kept for lanes that hold
+//     nothing, so that lanes holding their whole budget (stopped, paused
+//     devices, an upstream down) slow the others, never stop them.
 //
 // idle is called once before the first wait.
 func (lr *laneRunner) waitBudget(ctx context.Context, limit int64, idle func()) (int64, bool) {
@@ -174,17 +225,17 @@ func (lr *laneRunner) waitBudget(ctx context.Context, limit int64, idle func()) 
 		lr.bmu.Lock()
 		in := lr.inflight
 		lr.bmu.Unlock()
-		used, freed := total.state()
-		lim := min(limit, lr.window.Load())
-		switch {
-		case in >= lim:
-			freed = nil // only this lane's own releases (or progress) help
-		case used < total.limit:
-			lr.readerWaits.Store(false)
-			return min(lim-in, total.limit-used), true
-		case in == 0:
-			lr.readerWaits.Store(false)
-			return 1, true
+		lim := min(limit, max(lr.window.Load(), minWindow))
+		if lr.isStopped.Load() {
+			lim = min(lim, minWindow) // it sends nothing: read no more than a failing lane
+		}
+		var freed <-chan struct{}
+		if in < lim {
+			var n int64
+			if n, freed = total.reserve(lim-in, in == 0); n > 0 {
+				lr.readerWaits.Store(false)
+				return n, true
+			}
 		}
 		// Held by the window, the lane's budget or the pipeline's: the
 		// shards get no more until they send, so they must not wait for
@@ -206,6 +257,34 @@ func (lr *laneRunner) waitBudget(ctx context.Context, limit int64, idle func()) 
 			return 0, false
 		}
 	}
+}
+
+// minWindow is the least a lane may read ahead: what it reads at the start
+// and while every shard fails (an upstream down), so that such a lane holds
+// a few records, not a chunk (a chunk can be a whole 20 MB request).
+const minWindow = 32 << 10
+
+// shareOf is the part of the total read-ahead any lane may use; the rest is
+// for lanes that hold nothing (see waitBudget).
+func shareOf(total int64) int64 { return total - total/4 }
+
+// doneCtx makes NextPart return at once when the lane has nothing to read
+// (the reader waited in Lane.Wait before it took its budget).
+var doneCtx = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
+// acquireReserved counts n bytes read against the lane's budget and turns
+// the reservation of the pipeline's budget (see waitBudget) into them.
+func (lr *laneRunner) acquireReserved(n, reserved int64) {
+	lr.bmu.Lock()
+	lr.inflight += n
+	v := lr.inflight
+	lr.bmu.Unlock()
+	lr.readAhead.Store(v)
+	lr.p.budget.add(n - reserved)
 }
 
 func (lr *laneRunner) acquire(n int64) {
@@ -244,7 +323,7 @@ type budget struct {
 
 	mu    sync.Mutex
 	used  int64
-	freed chan struct{} // closed and replaced when used falls below limit
+	freed chan struct{} // closed and replaced when used falls while at or above the share
 }
 
 func newBudget(limit int64) *budget {
@@ -256,14 +335,33 @@ func (b *budget) add(n int64) {
 	defer b.mu.Unlock()
 	was := b.used
 	b.used += n
-	if was >= b.limit && b.used < b.limit {
+	// Readers wait while the total is at or above its share (see
+	// waitBudget): wake them at every release from there.
+	if n < 0 && was >= shareOf(b.limit) {
 		close(b.freed)
 		b.freed = make(chan struct{})
 	}
 }
 
+// reserve takes up to want bytes: while the total is under its share, or,
+// for a lane that holds nothing (empty), under its limit. It returns what
+// it took (0: none) and a channel closed at the next release.
+func (b *budget) reserve(want int64, empty bool) (int64, <-chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var n int64
+	switch share := shareOf(b.limit); {
+	case b.used < share:
+		n = min(want, share-b.used)
+	case empty && b.used < b.limit:
+		n = min(want, b.limit-b.used)
+	}
+	b.used += n
+	return n, b.freed
+}
+
 // state returns the bytes in use and a channel closed when they next fall
-// below the limit.
+// while at or above the share.
 func (b *budget) state() (int64, <-chan struct{}) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -299,8 +397,8 @@ func (lr *laneRunner) done(its []item) {
 			n += ck.bytes
 			ck.buf.Release()
 		}
-		if ck.left.Add(-left) == 0 {
-			lr.p.sp.Ack(lr.lane, ck.seq)
+		if ck.ack.left.Add(-left) == 0 {
+			lr.p.sp.Ack(lr.lane, ck.ack.seq)
 		}
 	}
 	lr.release(n)

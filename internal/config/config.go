@@ -119,6 +119,10 @@ type Config struct {
 	// whose upstream differs from the one the spool's waiting records were
 	// accepted for, sandbox included, fails) or "allow".
 	SpoolUpstreamChange string
+
+	// Issue 19: bounded lanes.
+	MaxLanes        int           // --max-lanes; 0 means no bound
+	LaneRetireAfter time.Duration // --lane-retire-after; 0 never retires
 }
 
 // Sandbox reports whether the relay runs against its built-in simulated
@@ -324,6 +328,18 @@ var options = []option{
 	// Issue 18: the sandbox guard.
 	{name: "spool-upstream-change", def: "refuse", usage: "allow: deliver records waiting in the spool to another upstream than they were accepted for (refuse: fail to start)",
 		set: str(func(c *Config) *string { return &c.SpoolUpstreamChange })},
+	// Issue 19: bounded lanes.
+	{name: "max-lanes", def: "10000", usage: "lanes (kind + api_key + canonical options) held at once; a new one beyond it gets 503 + Retry-After (0: no bound)",
+		set: func(c *Config, v string) error {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil || n < 0 {
+				return fmt.Errorf("invalid number %q: want 0 or more", v)
+			}
+			c.MaxLanes = n
+			return nil
+		}},
+	{name: "lane-retire-after", def: "10m", usage: "an empty lane with nothing accepted for this long is retired (its goroutines, metric series and spool record removed; 0: never)",
+		set: dur(func(c *Config) *time.Duration { return &c.LaneRetireAfter })},
 }
 
 // isListOption reports whether a YAML file may give the option as a list
@@ -669,6 +685,10 @@ func (c Config) Validate() error {
 		return settingErr("max-event-age", "must be positive")
 	case c.DrainTimeout <= 0:
 		return settingErr("drain-timeout", "must be positive")
+	case c.MaxLanes < 0:
+		return settingErr("max-lanes", "must not be negative")
+	case c.LaneRetireAfter < 0:
+		return settingErr("lane-retire-after", "must not be negative")
 	case c.Sync != "always" && c.Sync != "none":
 		return settingErr("sync", "%q: want always or none", c.Sync)
 	case c.Credentials != "" && c.AdminToken == "" && c.AdminTokenFile == "" && c.Token == nil:

@@ -29,7 +29,8 @@ func TestDefaults(t *testing.T) {
 		SpoolPartitions: 16,    // issue 22
 		// Issue 19 follow-up.
 		MaxConnectionsPerClient: 256,
-		SpoolUpstreamChange:     "refuse", // issue 18
+		SpoolUpstreamChange:     "refuse",                                 // issue 18
+		MaxLanes:                10000, LaneRetireAfter: 10 * time.Minute, // issue 19
 	}
 	if !equal(c, want) {
 		t.Fatalf("defaults\n got %+v\nwant %+v", c, want)
@@ -80,7 +81,8 @@ func TestFullFile(t *testing.T) {
 		SpoolPartitions: 16, // issue 22
 		// Issue 19 follow-up.
 		MaxConnectionsPerClient: 64,
-		SpoolUpstreamChange:     "refuse", // issue 18
+		SpoolUpstreamChange:     "refuse",                        // issue 18
+		MaxLanes:                500, LaneRetireAfter: time.Hour, // issue 19
 	}
 	if !equal(c, want) {
 		t.Fatalf("\n got %+v\nwant %+v", c, want)
@@ -139,7 +141,8 @@ func TestEnvNames(t *testing.T) {
 		"RELAY_LOG_LEVEL=warn", "RELAY_LOG_FORMAT=json", "RELAY_CONFIG=testdata/empty.yaml",
 		"RELAY_CORS_ORIGINS=https://a.example", "RELAY_ALLOWED_API_KEYS=k1", "RELAY_CLIENT_RATE_LIMIT=3",
 		"RELAY_ANONYMIZE_IP=true",
-		"RELAY_SPOOL_UPSTREAM_CHANGE=allow", // issue 18
+		"RELAY_SPOOL_UPSTREAM_CHANGE=allow",              // issue 18
+		"RELAY_MAX_LANES=7", "RELAY_LANE_RETIRE_AFTER=0", // issue 19
 		"RELAY_NOT_A_SETTING=1", "PATH=/bin",
 		// Issues 19 and 23 (ingest listener).
 		"RELAY_MAX_CONNECTIONS=7", "RELAY_TLS_CERT=c", "RELAY_TLS_KEY=k",
@@ -170,7 +173,7 @@ func TestEnvNames(t *testing.T) {
 		SpoolNATS: []string{"nats://h1:4222", "nats://h2:4222"}, NATSCreds: "testdata/admin.token", NATSTLSCA: "testdata/admin.token",
 		NATSTLSCert: "testdata/credentials.yaml", NATSTLSKey: "testdata/empty.yaml", SpoolPartitions: 8,
 		// Issue 19 follow-up: 0 turns the bound off.
-		MaxConnectionsPerClient: 0, SpoolUpstreamChange: "allow",
+		MaxConnectionsPerClient: 0, SpoolUpstreamChange: "allow", MaxLanes: 7,
 	}
 	if !equal(c, want) {
 		t.Fatalf("\n got %+v\nwant %+v", c, want)

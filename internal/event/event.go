@@ -1,6 +1,7 @@
 package event
 
 import (
+	"bytes"
 	"encoding/binary"
 	"math/bits"
 	"strconv"
@@ -11,8 +12,10 @@ import (
 type Request struct {
 	// APIKey is the envelope's api_key, unescaped.
 	APIKey []byte
-	// Options is the raw bytes of the envelope's "options" object exactly as
-	// sent, or nil when absent. Two requests with equal Options share a lane.
+	// Options is the canonical JSON of the envelope's "options" object (see
+	// canonicalOptions: keys sorted, compact, min_id_length normalized), or
+	// nil when absent or saying nothing. Requests with equal Options share a
+	// lane; it is what delivery sends.
 	Options []byte
 	// MinIDLength is options.min_id_length, or DefaultMinIDLength.
 	MinIDLength int
@@ -26,6 +29,10 @@ type Request struct {
 	// dropped are the ids of events dropped while scanning whose
 	// errors depend on min_id_length.
 	dropped []droppedIDs
+	// opts holds Options; optsOf is the options object opts was made from
+	// when it had keys other than min_id_length (a sender sends the same
+	// options in every request: they are canonicalized once per Request).
+	opts, optsOf []byte
 	// sk lives here rather than in parser so that Parse does not clear its
 	// 1.25 KiB nesting stack each time: skipValue reads only levels it
 	// has written.
@@ -150,7 +157,9 @@ type parser struct {
 	eventsBad  bool // events is neither an array nor null
 	badEvent   bool // an element of events is not an object
 	optionsBad bool
-	n          int // elements of events seen so far
+	optRaw     []byte // the options object as sent, nil when absent or null
+	optOther   bool   // options has a key other than min_id_length
+	n          int    // elements of events seen so far
 
 	// Per-event errors: for each field, 1 + the index of the first event
 	// with an invalid value / with the field missing (0: none).
@@ -228,12 +237,12 @@ func (p *parser) envelope() bool {
 				i, _ = p.sk.skipValue(b, i, 1)
 			}
 		case "options":
-			p.req.Options, p.req.MinIDLength, p.optionsBad = nil, DefaultMinIDLength, false
+			p.optRaw, p.optOther, p.req.MinIDLength, p.optionsBad = nil, false, DefaultMinIDLength, false
 			switch b[i] {
 			case '{':
 				s := i
 				if i = p.options(i); i >= 0 {
-					p.req.Options = b[s:i]
+					p.optRaw = b[s:i]
 				}
 			case 'n':
 				i = scanLiteral(b, i)
@@ -316,6 +325,7 @@ func (p *parser) options(i int) int {
 				i, _ = p.sk.skipValue(b, i, 2)
 			}
 		} else {
+			p.optOther = true
 			i, _ = p.sk.skipValue(b, i, 2)
 		}
 		if i < 0 {
@@ -681,6 +691,8 @@ func (p *parser) finalize() *Error {
 		return newError(msgInvalidAPIKey)
 	case p.apiKey == nil:
 		return newMissingField("api_key")
+	case apiKeyTooLong(p.apiKey, p.apiKeyEsc):
+		return newError(msgInvalidAPIKey)
 	case p.eventsBad:
 		return newError(msgInvalidEvent)
 	case !p.events || p.n == 0:
@@ -710,6 +722,18 @@ func (p *parser) finalize() *Error {
 	req.APIKey = p.apiKey
 	if p.apiKeyEsc {
 		req.APIKey = p.unescape(p.apiKey)
+	}
+	if p.optRaw != nil {
+		if !p.optOther || !bytes.Equal(p.optRaw, req.optsOf) {
+			req.opts = canonicalOptions(req.opts[:0], p.optRaw, req.MinIDLength, !p.optOther)
+			req.optsOf = req.optsOf[:0]
+			if p.optOther {
+				req.optsOf = append(req.optsOf, p.optRaw...)
+			}
+		}
+		if len(req.opts) > 0 {
+			req.Options = req.opts
+		}
 	}
 
 	minLen := req.MinIDLength

@@ -107,6 +107,8 @@ func (r *Rejecter) SpoolFailed(w http.ResponseWriter, err error) {
 		msg, reason = "Spool full, retry later", "spool_full"
 	case errors.Is(err, spool.ErrDiskLow):
 		msg, reason = "Disk space low, retry later", "disk_low"
+	case errors.Is(err, spool.ErrTooManyLanes): // --max-lanes (issue 19)
+		msg, reason = "Too many lanes, retry later", "too_many_lanes"
 	case errors.Is(err, spool.ErrClosed):
 		msg, reason = "Service is shutting down", "shutting_down"
 	default:

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/formreq"
 	"github.com/svcrelay/relay/internal/groupidentify/lanedeliver"
 	"github.com/svcrelay/relay/internal/spool"
@@ -208,6 +209,10 @@ func (g *GroupIdentify) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	if apiKey == "" {
 		g.rej.Reject(w, formreq.Bad("missing_field", "api_key: missing or empty"))
+		return
+	}
+	if len(apiKey) > event.MaxAPIKeyBytes { // issue 19: a lane per key; keys are bounded
+		g.rej.Reject(w, formreq.Bad("invalid_api_key", "api_key: longer than %d bytes", event.MaxAPIKeyBytes))
 		return
 	}
 	ids, verr := Parse(apiKey, []byte(formValue(f, "identification")), g.cfg.MaxIdentifies, g.cfg.MaxProperties, g.cfg.MaxBodyBytes)

@@ -295,8 +295,15 @@ func (s *Server) lane(st *reqState) (*spool.Lane, error) {
 	s.lanesMu.RLock()
 	l := s.lanes[string(st.lk)]
 	s.lanesMu.RUnlock()
-	if l != nil {
+	if l != nil && !l.IsRetired() {
 		return l, nil
+	}
+	if l != nil { // retired (empty and idle): forget it, take the live one
+		s.lanesMu.Lock()
+		if s.lanes[string(st.lk)] == l {
+			delete(s.lanes, string(st.lk))
+		}
+		s.lanesMu.Unlock()
 	}
 	l, err := s.sp.Lane(s.base, spool.LaneKey{
 		Kind:    spool.KindEvents,
@@ -368,6 +375,8 @@ func (s *Server) spoolFailed(ctx *fasthttp.RequestCtx, p pathIdx, err error, n i
 		s.unavailable(ctx, p, "Spool full, retry later", reasonSpoolFull, n)
 	case errors.Is(err, spool.ErrDiskLow):
 		s.unavailable(ctx, p, "Disk space low, retry later", reasonDiskLow, n)
+	case errors.Is(err, spool.ErrTooManyLanes): // --max-lanes (issue 19)
+		s.unavailable(ctx, p, "Too many lanes, retry later", reasonTooManyLanes, n)
 	case errors.Is(err, spool.ErrClosed), errors.Is(err, context.Canceled):
 		s.unavailable(ctx, p, "Service is shutting down", reasonShuttingDown, n)
 	default:

@@ -47,6 +47,7 @@ const (
 	reasonUnsupportedEncoding = "unsupported_encoding"
 	reasonSpoolFull           = "spool_full"
 	reasonDiskLow             = "disk_low"
+	reasonTooManyLanes        = "too_many_lanes" // issue 19: --max-lanes
 	reasonShuttingDown        = "shutting_down"
 	reasonSpoolError          = "spool_error"
 	reasonBadHTTP             = "bad_http"
@@ -114,6 +115,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		reasonTooLarge, reasonBadGzip, reasonUnsupportedEncoding, reasonSpoolFull, reasonDiskLow,
 		reasonShuttingDown, reasonSpoolError, reasonBadHTTP, reasonTimeout, reasonPanic,
 		reasonOriginNotAllowed, reasonAPIKeyNotAllowed, reasonClientRateLimit,
+		reasonTooManyLanes,
 	} {
 		m.reasonCounter[r] = [2]prometheus.Counter{m.rejected.WithLabelValues(r), m.rejectedReqs.WithLabelValues(r)}
 	}

@@ -85,7 +85,18 @@
 // transaction (a copy per chunk) and hot chunks from memory (no copy: the
 // reader shares the buffer); it starts at the lane's oldest live chunk when
 // the spool opens, so chunks that were read but not acknowledged before a
-// crash are read again.
+// crash are read again. Lane.NextPart reads a chunk larger than its
+// reader may hold in parts (copies of the records that fit, parts.go); the
+// chunk is still acknowledged as a whole.
+//
+// # Lane limits and retirement (lanes.go)
+//
+// Config.MaxLanes bounds the lanes (ErrTooManyLanes beyond it). A lane
+// that is empty and had no Append for Config.RetireIdle (and is not
+// pinned) is retired by the store goroutine: forgotten in memory, its
+// lane record and queue bucket deleted, its reader answered ErrRetired. An
+// Append through a retired Lane goes to the live lane of its key. A
+// checkpoint looks only at the lanes appended to since the last one.
 //
 // # Removal
 //

@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -118,6 +116,17 @@ type Config struct {
 	// beforeTrim, when set, is called inside a checkpoint's transaction
 	// before each trim of the pages its deletions mapped (tests).
 	beforeTrim func()
+
+	// Issue 19: bounded lanes (see lanes.go).
+
+	// MaxLanes bounds the lanes (of every kind) that exist at once: a new
+	// one beyond it is refused with ErrTooManyLanes. Zero means
+	// DefaultMaxLanes, negative no bound.
+	MaxLanes int
+	// RetireIdle: a lane that is empty and had no Append for this long is
+	// retired (forgotten, its records deleted from the file). Zero means
+	// DefaultRetireIdle, negative never.
+	RetireIdle time.Duration
 }
 
 // Defaults.
@@ -278,9 +287,13 @@ type Chunk struct {
 	// Records alias memory shared with the spool; valid until the caller
 	// releases the Buffer (or forever, if it never does).
 	Records []Record
-	// Size is the encoded size counted against the quota.
+	// Size is the encoded size counted against the quota (of the part, for
+	// a part: see NextPart).
 	Size int
 	buf  Buffer
+	// First is the index in the chunk of Records[0] and Total the chunk's
+	// record count, set by NextPart (a part has Total > len(Records)).
+	First, Total int
 }
 
 // Buffer is the memory the records alias, for a caller that can tell when
@@ -319,6 +332,15 @@ type Lane struct {
 	adv     spans       // scratch of read
 	refs    []hotRef    // scratch of takeHot
 	idle    *time.Timer // of wait
+	part    partCursor  // of NextPart (parts.go)
+
+	// Retirement and checkpoints (lanes.go).
+	dirty     bool          // in Spool.dirty; guarded by Spool.mu
+	retiredC  chan struct{} // closed when retired
+	retired   atomic.Bool
+	appending atomic.Int32 // Appends in progress
+	pins      atomic.Int32 // Pin calls not undone
+	lastUse   atomic.Int64 // unix ms of creation or the last Append
 }
 
 // hotRef is a reference the reader took on a hot chunk's buffer.
@@ -336,19 +358,22 @@ type rawChunk struct {
 }
 
 func newLane(s *Spool, id uint64, key LaneKey, st laneState) *Lane {
-	h := sha256.Sum256([]byte(key.APIKey + "\x00" + key.Options))
-	return &Lane{
+	l := &Lane{
 		s:      s,
 		key:    key,
 		id:     id,
-		label:  key.Kind.String() + "-" + hex.EncodeToString(h[:4]),
+		label:  LabelOf(key),
 		qname:  queueName(id),
 		cold:   st,
 		next:   st.nextSeq,
 		aNext:  st.nextSeq,
 		w:      st,
 		notify: make(chan struct{}),
+
+		retiredC: make(chan struct{}),
 	}
+	l.lastUse.Store(time.Now().UnixMilli())
+	return l
 }
 
 func queueName(id uint64) []byte {
@@ -510,6 +535,8 @@ func (l *Lane) wait(ctx context.Context, ch <-chan struct{}, slab *recSlab) erro
 			return ctx.Err()
 		case <-l.s.closing:
 			return ErrClosed
+		case <-l.retiredC:
+			return ErrRetired
 		}
 	}
 }
@@ -719,6 +746,7 @@ type Spool struct {
 	lanes    []*Lane
 	byKey    map[LaneKey]*Lane
 	lanesCh  chan struct{}
+	dirty    []*Lane // lanes a checkpoint must look at (lanes.go)
 
 	walWake   chan struct{} // capacity 1: the WAL writer has work
 	storeWake chan struct{} // capacity 1: the store has work
@@ -1067,6 +1095,12 @@ func (s *Spool) Lane(ctx context.Context, key LaneKey) (*Lane, error) {
 	if l != nil {
 		return l, nil
 	}
+	s.mu.Lock()
+	full := s.tooManyLanesLocked(0)
+	s.mu.Unlock()
+	if full {
+		return nil, ErrTooManyLanes
+	}
 	o := s.getOp(opLane)
 	o.key = key
 	err := s.do(ctx, o)
@@ -1099,6 +1133,8 @@ func (s *Spool) LanesChanged() <-chan struct{} {
 // no-op. b must not be used until Append returns. ctx is checked before the
 // chunk is queued; once queued, Append waits for the write (well under a
 // millisecond plus the fsync) so that its answer is always the truth.
+// When l was retired (see Lane.Retired), the chunk goes to the lane of the
+// same key, created again if needed (which may fail with ErrTooManyLanes).
 func (s *Spool) Append(ctx context.Context, l *Lane, b *Batch) error {
 	if b.n == 0 {
 		return nil
@@ -1110,13 +1146,19 @@ func (s *Spool) Append(ctx context.Context, l *Lane, b *Batch) error {
 		s.m.rejectedDisk.Inc()
 		return ErrDiskLow
 	}
+	l, err := s.beginAppend(func(k LaneKey) (*Lane, error) { return s.Lane(ctx, k) }, l)
+	if err != nil {
+		return err
+	}
+	defer l.appending.Add(-1)
 	o := s.getOp(opAppend)
 	o.lane, o.batch, o.accepted = l, b, time.Now().UnixMilli()
+	l.lastUse.Store(o.accepted)
 	// Right-sized, with its header and its record's checksum: here, in the
 	// caller's goroutine (see wal.go).
 	b.fit()
 	o.crc = putChunkHeader(b.cb.b, o.accepted, b.n)
-	err := s.do(ctx, o)
+	err = s.do(ctx, o)
 	s.putOp(o)
 	return err
 }
@@ -1200,6 +1242,9 @@ func (s *Spool) PutDead(ctx context.Context, dls []DeadLetter) error {
 type DeadFilter struct {
 	Lane   *LaneKey
 	Reason string
+	// Label selects the dead letters of the lane with that label (LabelOf),
+	// also once the lane was retired.
+	Label string
 }
 
 // ListDead returns up to limit dead letters with ID > after that match f, by
@@ -1227,7 +1272,7 @@ func (s *Spool) ListDead(f DeadFilter, after uint64, limit int) ([]DeadLetter, e
 				if err != nil {
 					return fmt.Errorf("dead letter %x: %w", k, err)
 				}
-				if f.Lane != nil && d.Lane != *f.Lane || f.Reason != "" && d.Reason != f.Reason {
+				if f.Lane != nil && d.Lane != *f.Lane || f.Reason != "" && d.Reason != f.Reason || f.Label != "" && LabelOf(d.Lane) != f.Label {
 					continue
 				}
 				out = append(out, d)

@@ -84,6 +84,8 @@ type storeState struct {
 	reported                map[walPos]bool // damage replay reported (once)
 	drainErr                error           // why the replay waits (drain.go)
 	drainTried              time.Time
+
+	lastRetire time.Time // the last look for lanes to retire (lanes.go)
 }
 
 // runStore is the store goroutine.
@@ -117,6 +119,7 @@ func (s *Spool) runStore() {
 			s.st.lastCheckpoint = now
 			s.recycle()
 			s.checkIdle(now)
+			s.maybeRetire(now)
 			clear(ops)
 			s.st.ops = ops[:0]
 			if final {
@@ -157,6 +160,9 @@ func (s *Spool) wait(timer *time.Timer) {
 		case !s.st.idle:
 			d = s.cfg.idle()
 		}
+		if r := s.retireWait(); r >= 0 && (d < 0 || r < d) {
+			d = r
+		}
 	}
 	if s.draining.Load() { // the replay's next try (drain.go)
 		r := cmp.Or(s.cfg.drainEvery, drainRetry)
@@ -193,7 +199,9 @@ func (s *Spool) idleTasks() {
 	if s.st.freelistStale {
 		s.idleFreelist()
 	}
-	s.checkIdle(time.Now())
+	now := time.Now()
+	s.checkIdle(now)
+	s.maybeRetire(now)
 }
 
 // afterCommit runs after a checkpoint that committed: compaction, trimming,
@@ -220,9 +228,14 @@ const trimDeleted = 4 << 20
 // in one transaction, answers the operations, and reports whether it
 // committed anything. all puts every unacknowledged chunk up to end.
 func (s *Spool) checkpoint(ops []*op, acks []ackOp, end walPos, endTotal int64, all bool, now time.Time) bool {
-	s.st.lanes = append(s.st.lanes[:0], s.Lanes()...)
+	// Only the lanes appended to since their last checkpoint (lanes.go):
+	// the others have no hot chunk and nothing new to record.
+	s.mu.Lock()
+	s.st.lanes = append(s.st.lanes[:0], s.dirty...)
+	s.mu.Unlock()
 	lanes := s.st.lanes
 	defer clear(lanes)
+	defer s.pruneDirty()
 
 	// P: the WAL's end, or the first young unacknowledged chunk.
 	p, pTotal := end, endTotal
@@ -372,6 +385,13 @@ func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane
 		switch o.kind {
 		case opLane:
 			if o.lane = s.findLane(o.key); o.lane != nil {
+				continue
+			}
+			s.mu.Lock()
+			full := s.tooManyLanesLocked(len(s.st.created))
+			s.mu.Unlock()
+			if full {
+				o.err = ErrTooManyLanes
 				continue
 			}
 			id, err := lanesB.NextSequence()

@@ -651,6 +651,7 @@ func (s *Spool) publish(ops []*op) {
 	s.mu.Lock()
 	s.walEnd = walPos{s.w.no, s.w.off}
 	s.walTotal = s.w.total
+	s.markDirtyLocked(ops)
 	s.mu.Unlock()
 }
 
@@ -667,6 +668,9 @@ func (s *Spool) skip(ops []*op) {
 		l.next = max(l.next, o.seq+1)
 		l.mu.Unlock()
 	}
+	s.mu.Lock()
+	s.markDirtyLocked(ops)
+	s.mu.Unlock()
 }
 
 // diskFree estimates the filesystem's free bytes: a statfs at most every

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/formreq"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/groupidentify/lanedeliver"
@@ -153,6 +154,10 @@ func (u *UserMap) servePost(w http.ResponseWriter, r *http.Request) {
 	}
 	if apiKey == "" {
 		u.rej.Reject(w, formreq.Bad("missing_field", "api_key: missing or empty"))
+		return
+	}
+	if len(apiKey) > event.MaxAPIKeyBytes { // issue 19: a lane per key; keys are bounded
+		u.rej.Reject(w, formreq.Bad("invalid_api_key", "api_key: longer than %d bytes", event.MaxAPIKeyBytes))
 		return
 	}
 	ms, verr := ParseMappings(apiKey, []byte(formValue(f, "mapping")), u.cfg.MaxMappings, u.cfg.MaxBodyBytes)

@@ -181,6 +181,7 @@ type metrics struct {
 type laneState struct {
 	id        uint64
 	label     string
+	lane      *spool.Lane // pinned while stopped (issue 19: not retired then)
 	readAhead atomic.Int64
 
 	mu      sync.Mutex
@@ -192,9 +193,12 @@ type laneState struct {
 // stop stops the lane; it reports whether it was running.
 func (st *laneState) stop(reason string) bool {
 	st.mu.Lock()
-	defer st.mu.Unlock()
 	was := !st.stopped
 	st.stopped, st.reason = true, reason
+	st.mu.Unlock()
+	if was && st.lane != nil {
+		st.lane.Pin()
+	}
 	return was
 }
 
@@ -345,11 +349,15 @@ func (d *Deliverer) ResumeLane(laneID uint64) error {
 		return fmt.Errorf("%s: resume lane %d: %w", d.cfg.Name, laneID, batcher.ErrUnknownLane)
 	}
 	st.mu.Lock()
-	defer st.mu.Unlock()
+	was := st.stopped
 	if st.stopped {
 		st.stopped, st.reason = false, ""
 		close(st.resumed)
 		st.resumed = make(chan struct{})
+	}
+	st.mu.Unlock()
+	if was && st.lane != nil {
+		st.lane.Unpin()
 	}
 	return nil
 }
@@ -366,15 +374,17 @@ func (d *Deliverer) Run(ctx context.Context) error {
 	defer d.running.Store(false)
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	started := map[uint64]bool{}
+	// next is the lowest lane id not seen yet: a wake-up looks only at the
+	// lanes created since (issue 19: O(new lanes), not O(all lanes)).
+	var next uint64
 	for {
 		changed := d.sp.LanesChanged()
-		for _, l := range d.sp.Lanes() {
-			if l.Key().Kind != d.cfg.Kind || started[l.ID()] {
+		for _, l := range d.sp.LanesFrom(next) {
+			next = l.ID() + 1
+			if l.Key().Kind != d.cfg.Kind {
 				continue
 			}
-			started[l.ID()] = true
-			st := &laneState{id: l.ID(), label: l.Label(), resumed: make(chan struct{})}
+			st := &laneState{id: l.ID(), label: l.Label(), lane: l, resumed: make(chan struct{})}
 			d.mu.Lock()
 			d.lanes[l.ID()] = st
 			d.mu.Unlock()
@@ -429,6 +439,15 @@ func (d *Deliverer) runLane(ctx context.Context, l *spool.Lane, st *laneState) {
 		backoff.WithMaxElapsedTime(0), // no count or time limit: MaxAge bounds it
 	)
 	err := lr.loop(ctx)
+	if errors.Is(err, spool.ErrRetired) {
+		// Empty and idle: the spool forgot the lane (issue 19).
+		d.mu.Lock()
+		if d.lanes[st.id] == st {
+			delete(d.lanes, st.id)
+		}
+		d.mu.Unlock()
+		return
+	}
 	if err != nil && ctx.Err() == nil && !errors.Is(err, spool.ErrClosed) {
 		d.log.Error(d.cfg.Name+": lane delivery ended", zap.String("lane", lr.label), zap.Error(err))
 	}

@@ -1,0 +1,460 @@
+package batcher
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/throttle"
+	"github.com/svcrelay/relay/internal/upstream"
+)
+
+// scraper scrapes a /metrics handler on 127.0.0.1 in a loop until stopped:
+// the issue-19 deadlock hung a scrape for good, so every scrape has a
+// deadline and one that misses it fails the test.
+type scraper struct {
+	t       *testing.T
+	url     string
+	n       atomic.Int64
+	maxSize atomic.Int64
+	stop    chan struct{}
+	done    chan struct{}
+	mu      sync.Mutex
+	err     error
+}
+
+func startScraper(t *testing.T, h http.Handler) *scraper {
+	srv := httptest.NewServer(h) // 127.0.0.1
+	s := &scraper{t: t, url: srv.URL, stop: make(chan struct{}), done: make(chan struct{})}
+	t.Cleanup(func() {
+		s.mu.Lock()
+		failed := s.err != nil
+		s.mu.Unlock()
+		select {
+		case <-s.done:
+			if !failed {
+				srv.Close()
+				return
+			}
+		default:
+		}
+		// A hung scrape: Close would wait for its handler for ever.
+		srv.CloseClientConnections()
+	})
+	cli := &http.Client{Timeout: 20 * time.Second}
+	go func() {
+		defer close(s.done)
+		for i := 0; i < 100000; i++ { // bounded; stopped long before
+			select {
+			case <-s.stop:
+				return
+			default:
+			}
+			resp, err := cli.Get(s.url)
+			if err == nil {
+				var b []byte
+				b, err = io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err == nil && resp.StatusCode != 200 {
+					err = fmt.Errorf("status %d", resp.StatusCode)
+				}
+				s.maxSize.Store(max(s.maxSize.Load(), int64(len(b))))
+			}
+			if err != nil {
+				s.mu.Lock()
+				s.err = fmt.Errorf("scrape %d: %w", i, err)
+				s.mu.Unlock()
+				return
+			}
+			s.n.Add(1)
+		}
+	}()
+	return s
+}
+
+// finish stops the loop and returns its error; a scrape that hangs fails.
+func (s *scraper) finish() error {
+	select {
+	case <-s.stop:
+	default:
+		close(s.stop)
+	}
+	select {
+	case <-s.done:
+	case <-time.After(30 * time.Second):
+		return errors.New("a scrape hung")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// Issue 19, item 1: /metrics is scraped in a loop while thousands of lanes
+// are created, stopped, resumed and the pipeline restarted. No scrape may
+// hang, and every lane created during the scrapes must start and deliver.
+// Before the fix, Run held the pipeline's mutex while creating a lane's
+// relay_lane_stopped series, and a scrape's gauge waited for that mutex
+// while holding the series vector's lock: scrapes, the admin API and every
+// lane created afterwards hung for good.
+func TestMetricsScrapeWhileLanesChurn(t *testing.T) {
+	h := newHarness(t, sim.Config{}, Config{ShardsPerLane: 2}, throttle.Config{})
+	sc := startScraper(t, promhttp.HandlerFor(h.reg, promhttpOpts()))
+	fail := func(format string, args ...any) {
+		t.Helper()
+		if err := sc.finish(); err != nil {
+			t.Errorf("after %d scrapes: %v", sc.n.Load(), err)
+		}
+		t.Fatalf(format, args...)
+	}
+	h.start()
+	lanes := 3000
+	if raceEnabled {
+		lanes = 800
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for i := 0; i < lanes; i++ {
+		key := fmt.Sprintf("churn-key-%04d", i)
+		h.add(key, ev{Device: "dev-1"})
+		switch {
+		case i%250 == 100:
+			// Stop and resume a lane the pipeline runs (both touch
+			// relay_lane_stopped), from another goroutine like the
+			// admin API.
+			id := h.lane(fmt.Sprintf("churn-key-%04d", i-50), "").ID()
+			go func() {
+				if err := h.p.StopLane(id); err == nil {
+					_ = h.p.ResumeLane(id)
+				}
+			}()
+		case i == lanes/2:
+			// Restart delivery: every lane's runner starts again.
+			h.cancel()
+			select {
+			case <-h.done:
+			case <-time.After(20 * time.Second):
+				h.cancel = nil // hung: the cleanup must not wait for it again
+				fail("Run did not return within 20s")
+			}
+			h.start()
+		}
+		if time.Now().After(deadline) {
+			fail("creating lanes took over 60s (%d of %d)", i, lanes)
+		}
+	}
+	for h.sim.Count() < int64(lanes) {
+		if time.Now().After(deadline) {
+			fail("%d of %d events delivered; %d scrapes", h.sim.Count(), lanes, sc.n.Load())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := sc.finish(); err != nil {
+		t.Fatalf("after %d scrapes: %v", sc.n.Load(), err)
+	}
+	if sc.n.Load() < 5 {
+		t.Fatalf("only %d scrapes ran", sc.n.Load())
+	}
+	for _, st := range h.p.LaneStatus() {
+		if st.Stopped {
+			t.Errorf("lane %s left stopped: %+v", st.Label, st)
+		}
+	}
+	h.stop()
+	h.check(nil)
+	t.Logf("%d lanes, %d scrapes, largest %d bytes", lanes, sc.n.Load(), sc.maxSize.Load())
+}
+
+func promhttpOpts() promhttp.HandlerOpts {
+	return promhttp.HandlerOpts{Timeout: 0}
+}
+
+// churnRelay is a spool, the simulator and a pipeline with every metric on
+// one registry, for the lane-count tests.
+type churnRelay struct {
+	t      testing.TB
+	dir    string
+	reg    *prometheus.Registry
+	sink   *sink
+	sp     *spool.Spool
+	p      *Pipeline
+	cancel context.CancelFunc
+	done   chan error
+	scfg   spool.Config
+	cfg    Config
+	// refused counts the lanes refused for MaxLanes (and asked again).
+	refused int
+}
+
+func newChurnRelay(t testing.TB, scfg spool.Config) *churnRelay {
+	r := &churnRelay{t: t, dir: t.TempDir(), sink: &sink{}}
+	srv := httptest.NewServer(r.sink) // 127.0.0.1
+	t.Cleanup(srv.Close)
+	url := srv.URL
+	scfg.Dir, scfg.Sync, scfg.MinFreeBytes = r.dir, spool.SyncNone, -1
+	r.scfg = scfg
+	r.cfg = Config{IngestURL: url, FlushInterval: 5 * time.Millisecond, RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond}
+	r.open()
+	t.Cleanup(r.close)
+	return r
+}
+
+func (r *churnRelay) open() {
+	r.t.Helper()
+	r.reg = prometheus.NewRegistry()
+	var err error
+	if r.sp, err = spool.Open(r.scfg, nil, r.reg); err != nil {
+		r.t.Fatal(err)
+	}
+	cli, err := upstream.New(upstream.Config{Timeout: 5 * time.Second}, nil, r.reg)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if r.p, err = New(r.cfg, r.sp, cli, nil, zaptest.NewLogger(r.t, zaptest.Level(zap.WarnLevel)), r.reg); err != nil {
+		r.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel, r.done = cancel, make(chan error, 1)
+	go func() { r.done <- r.p.Run(ctx) }()
+}
+
+func (r *churnRelay) close() {
+	if r.cancel == nil {
+		return
+	}
+	r.cancel()
+	select {
+	case <-r.done:
+	case <-time.After(20 * time.Second):
+		r.t.Error("Run did not return")
+	}
+	r.cancel = nil
+	if err := r.sp.Close(); err != nil {
+		r.t.Error(err)
+	}
+}
+
+func (r *churnRelay) add(key string, n int) {
+	r.t.Helper()
+	ctx := context.Background()
+	l, err := r.sp.Lane(ctx, spool.LaneKey{Kind: spool.KindEvents, APIKey: key})
+	for try := 0; errors.Is(err, spool.ErrTooManyLanes) && try < 1000; try++ {
+		// --max-lanes: the SDK is answered 503 + Retry-After and
+		// sends again later, when idle lanes were retired.
+		r.refused++
+		time.Sleep(10 * time.Millisecond)
+		l, err = r.sp.Lane(ctx, spool.LaneKey{Kind: spool.KindEvents, APIKey: key})
+	}
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	var b spool.Batch
+	for i := range n {
+		b.Add(spool.Record{OrderKey: []byte("d:device-1"), Data: fmt.Appendf(nil, `{"event_type":"e","device_id":"device-1","insert_id":"%s-%d"}`, key, i)})
+	}
+	if err := r.sp.Append(ctx, l, &b); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+func (r *churnRelay) metricsSize() int {
+	r.t.Helper()
+	rec := httptest.NewRecorder()
+	promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	return rec.Body.Len()
+}
+
+func (r *churnRelay) waitFor(what string, d time.Duration, cond func() bool) {
+	r.t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			r.t.Fatalf("%s: not within %v (lanes %d, goroutines %d, delivered %d)", what, d, r.sp.LaneCount(), runtime.NumGoroutine(), r.sink.n.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// sink is an upstream that counts the events it is sent and keeps nothing
+// (the simulator keeps every event: its memory would hide the relay's).
+type sink struct{ n atomic.Int64 }
+
+func (k *sink) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	var env struct {
+		Events []json.RawMessage `json:"events"`
+	}
+	if err := json.NewDecoder(req.Body).Decode(&env); err != nil {
+		http.Error(w, `{"code":400,"error":"Invalid JSON request body"}`, 400)
+		return
+	}
+	k.n.Add(int64(len(env.Events)))
+	fmt.Fprintf(w, `{"code":200,"events_ingested":%d,"payload_size_bytes":1,"server_upload_time":1}`, len(env.Events))
+}
+
+// rss is the process's resident set (after the free heap is given back to
+// the OS), 0 where /proc is missing.
+func rss() uint64 {
+	debug.FreeOSMemory()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+func heapInuse() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapInuse
+}
+
+// Issue 19, done-when: 20,000 distinct api_keys over an hour-equivalent run
+// (keys come in waves; a lane idle for the retire time is retired, here
+// 100ms standing for the default 10 minutes): every event is delivered,
+// lanes, goroutines, heap and /metrics stay within the bounds the README
+// gives, and a restart brings no retired lane back.
+func TestTwentyThousandKeys(t *testing.T) {
+	keys, wave := 20000, 2000
+	if raceEnabled || testing.Short() {
+		keys, wave = 2000, 500
+	}
+	r := newChurnRelay(t, spool.Config{RetireIdle: 100 * time.Millisecond, MaxLanes: wave})
+	baseG, baseHeap, baseMetrics, baseRSS := runtime.NumGoroutine(), heapInuse(), r.metricsSize(), rss()
+	var peakG, peakLanes, peakMetrics int
+	var peakHeap uint64
+	for w := 0; w < keys/wave; w++ {
+		for i := range wave {
+			r.add(fmt.Sprintf("%032x", w*wave+i), 1+i%3)
+		}
+		peakG = max(peakG, runtime.NumGoroutine())
+		peakLanes = max(peakLanes, r.sp.LaneCount())
+		peakMetrics = max(peakMetrics, r.metricsSize())
+		peakHeap = max(peakHeap, heapInuse())
+		delivered := int64(0)
+		for i := range (w + 1) * wave {
+			delivered += int64(1 + i%wave%3)
+		}
+		r.waitFor(fmt.Sprintf("wave %d delivered", w), 60*time.Second, func() bool { return r.sink.n.Load() >= delivered })
+	}
+	t0 := time.Now()
+	r.waitFor("every lane retired", 30*time.Second, func() bool {
+		if st := r.p.LaneStatus(); len(st) > 0 && r.sp.LaneCount() == 0 {
+			if lr := r.p.lane(st[0].ID); lr != nil && time.Since(t0) > 20*time.Second {
+				t.Logf("left: %d, e.g. %+v retired %v stats %+v goroutines %d", len(st), st[0], lr.lane.IsRetired(), lr.lane.Stats(), runtime.NumGoroutine())
+			}
+		}
+		return r.sp.LaneCount() == 0 && len(r.p.LaneStatus()) == 0
+	})
+	// What stays: the upstream client's kept-alive connections and the
+	// simulator's goroutines serving them.
+	r.waitFor("goroutines back", 10*time.Second, func() bool { return runtime.NumGoroutine() <= baseG+200 })
+	endHeap, endMetrics, endRSS := heapInuse(), r.metricsSize(), rss()
+	t.Logf("%d keys in waves of %d (%d refused for max-lanes, then taken): peak %d lanes, %d goroutines (%d at start), heap %d KiB at peak, %d KiB at the end (%d KiB at start), /metrics %d bytes at peak, %d at the end (%d at start)",
+		keys, wave, r.refused, peakLanes, peakG, baseG, peakHeap>>10, endHeap>>10, baseHeap>>10, peakMetrics, endMetrics, baseMetrics)
+	t.Logf("RSS %d MiB at start, %d MiB after every lane retired", baseRSS>>20, endRSS>>20)
+	// (The race detector's shadow memory makes RSS meaningless under -race.)
+	if !raceEnabled && endRSS > baseRSS+32<<20 {
+		t.Errorf("RSS %d MiB after every lane retired, %d MiB at start", endRSS>>20, baseRSS>>20)
+	}
+	// The bounds: the README's per-lane costs times the lanes alive at once.
+	perLaneG := DefaultShardsPerLane + 1
+	if peakLanes > wave {
+		t.Errorf("peak %d lanes, max %d", peakLanes, wave)
+	}
+	// Plus the upstream connections' (client and server) goroutines.
+	if peakG > baseG+perLaneG*wave+200 {
+		t.Errorf("peak goroutines %d, base %d, %d lanes", peakG, baseG, peakLanes)
+	}
+	// What stays is fixed, not per key (4,000 keys left the same as
+	// 20,000): buffer pools, histogram buckets and status labels filled.
+	if endMetrics > baseMetrics+2048 {
+		t.Errorf("/metrics %d bytes after every lane retired, %d at start", endMetrics, baseMetrics)
+	}
+	if endHeap > baseHeap+16<<20 {
+		t.Errorf("heap %d KiB after every lane retired, %d KiB at start", endHeap>>10, baseHeap>>10)
+	}
+	if got := r.sink.n.Load(); got != int64(keys/wave)*int64(func() int {
+		n := 0
+		for i := range wave {
+			n += 1 + i%3
+		}
+		return n
+	}()) {
+		t.Errorf("sim got %d events", got)
+	}
+	// A restart does not bring them back.
+	r.close()
+	r.open()
+	if n := r.sp.LaneCount(); n != 0 {
+		t.Fatalf("%d lanes after a restart", n)
+	}
+}
+
+// Issue 19: what one idle lane costs (goroutines, heap), for the README.
+func TestLaneCost(t *testing.T) {
+	n := 2000
+	if raceEnabled || testing.Short() {
+		n = 300
+	}
+	r := newChurnRelay(t, spool.Config{RetireIdle: -1, MaxLanes: -1})
+	baseG, baseHeap, baseMetrics := runtime.NumGoroutine(), heapInuse(), r.metricsSize()
+	for i := range n {
+		r.add(fmt.Sprintf("%032x", i), 1)
+	}
+	r.waitFor("delivered", 60*time.Second, func() bool { return r.sink.n.Load() >= int64(n) })
+	r.waitFor("idle", 10*time.Second, func() bool { return r.p.budget.Used() == 0 })
+	time.Sleep(1500 * time.Millisecond) // past the readers' idle drop
+	g, heap, ms := runtime.NumGoroutine(), heapInuse(), r.metricsSize()
+	var mst runtime.MemStats
+	runtime.ReadMemStats(&mst)
+	perG := float64(g-baseG) / float64(n)
+	t.Logf("per idle lane: %.2f goroutines, %.0f bytes of heap, %.0f bytes of goroutine stacks in all (%d lanes), %.0f bytes of /metrics",
+		perG, float64(heap-baseHeap)/float64(n), float64(mst.StackInuse)/float64(n), n, float64(ms-baseMetrics)/float64(n))
+	if perG > float64(DefaultShardsPerLane+1)+100/float64(n) { // and the connections'
+		t.Errorf("%.2f goroutines per lane", perG)
+	}
+}
+
+// BenchmarkCreateLane: a new lane (created, one event appended, delivered)
+// with 0 or 5,000 lanes existing costs the same (issue 19: it grew with
+// the lanes, 2,500 new ones took 1.8 s at first and 10.3 s with 7,500).
+func BenchmarkCreateLane(b *testing.B) {
+	for _, existing := range []int{0, 5000} {
+		b.Run(fmt.Sprintf("existing=%d", existing), func(b *testing.B) {
+			r := newChurnRelay(b, spool.Config{RetireIdle: -1, MaxLanes: -1})
+			for i := range existing {
+				r.add(fmt.Sprintf("old-%d", i), 1)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				r.add(fmt.Sprintf("new-%d", i), 1)
+			}
+		})
+	}
+}

@@ -1,0 +1,79 @@
+package lanedeliver
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/upstream"
+)
+
+// Issue 19: group identify (and user mapping) lanes are bounded like event
+// lanes: once delivered and idle they are retired by the spool, and their
+// deliverer goroutine ends and forgets them; a later record of the same key
+// makes a new lane that delivers.
+func TestRetiredLanesForgotten(t *testing.T) {
+	s := sim.New(sim.Config{}, nil)
+	url, err := s.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1, RetireIdle: 50 * time.Millisecond}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := upstream.New(upstream.Config{Timeout: 5 * time.Second}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(Config{Name: "groupidentify", Kind: spool.KindGroupIdentify, URL: func(string) string { return url + "/groupidentify" },
+		Field: "identification", MaxItems: 1024, MaxBodyBytes: 1 << 20, Linger: -1, RetryInitial: 5 * time.Millisecond}, sp, cli, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		sp.Close()
+	})
+	baseG := runtime.NumGoroutine()
+	add := func(key string, i int) {
+		l, err := sp.Lane(ctx, spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b spool.Batch
+		b.Add(spool.Record{OrderKey: []byte("org\x00acme"), Data: fmt.Appendf(nil, `{"group_type":"org","group_value":"acme-%d","group_properties":{"$set":{"n":%d}}}`, i, i)})
+		if err := sp.Append(ctx, l, &b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 10s (lanes %d, status %d, goroutines %d)", what, sp.LaneCount(), len(d.LaneStatus()), runtime.NumGoroutine())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	const keys = 50
+	for i := range keys {
+		add(fmt.Sprintf("key-%d", i), i)
+	}
+	waitFor("delivered", func() bool { return len(s.GroupIdentifies("key-49")) == 1 && len(s.GroupIdentifies("key-0")) == 1 })
+	waitFor("retired and forgotten", func() bool { return sp.LaneCount() == 0 && len(d.LaneStatus()) == 0 })
+	// (The upstream connections' goroutines stay; 50 lanes' would be more.)
+	waitFor("goroutines ended", func() bool { return runtime.NumGoroutine() <= baseG+keys/2 })
+	add("key-0", 100)
+	waitFor("a new lane of a retired key delivers", func() bool { return len(s.GroupIdentifies("key-0")) == 2 })
+}

@@ -1,0 +1,283 @@
+package spool
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+	"go.uber.org/zap"
+)
+
+// Lane limits and retirement (issue 19).
+//
+// Every lane costs the spool a lane record and a queue bucket in bbolt and a
+// Lane in memory, and its deliverer goroutines and metric series. So lanes
+// are bounded: Config.MaxLanes caps how many exist at once (a new one beyond
+// it is refused with ErrTooManyLanes), and a lane that is empty (every chunk
+// acknowledged, none in the WAL since the applied position) and has had no
+// Append for Config.RetireIdle is retired by the store goroutine: it is
+// removed from Lanes, its lane record and queue bucket are deleted in one
+// bbolt transaction (so a restart does not load it again), and its Retired
+// channel is closed so that its reader (Next) returns ErrRetired.
+//
+// A retired Lane handle stays usable for Append: Append sends the records to
+// the lane of the same key, created again if needed (see Spool.Append).
+// Retirement and Append exclude each other through two atomics (the lane's
+// retired flag and its count of Appends in progress), each side setting its
+// own and then reading the other's, so at least one of them sees the other.
+
+// ErrTooManyLanes is returned by Spool.Lane (and by Append when a retired
+// lane must be created again) when Config.MaxLanes lanes exist and the key
+// names none of them.
+var ErrTooManyLanes = errors.New("spool: too many lanes")
+
+// ErrRetired is returned by Lane.Next and Lane.NextInto once the lane was
+// retired (empty and idle): its reader is done with it for good.
+var ErrRetired = errors.New("spool: lane retired")
+
+// Defaults of the lane limits.
+const (
+	// DefaultMaxLanes is Config.MaxLanes's zero value.
+	DefaultMaxLanes = 10000
+	// DefaultRetireIdle is Config.RetireIdle's zero value.
+	DefaultRetireIdle = 10 * time.Minute
+)
+
+func (c Config) maxLanes() int {
+	if c.MaxLanes == 0 {
+		return DefaultMaxLanes
+	}
+	return c.MaxLanes
+}
+
+func (c Config) retireIdle() time.Duration {
+	if c.RetireIdle == 0 {
+		return DefaultRetireIdle
+	}
+	return c.RetireIdle
+}
+
+// retireEvery is how often the store looks for lanes to retire: a quarter
+// of the idle time, between 10ms and a minute.
+func (c Config) retireEvery() time.Duration {
+	return min(max(c.retireIdle()/4, 10*time.Millisecond), time.Minute)
+}
+
+// LabelOf is the label of the lane of key k (Lane.Label): the kind and a
+// truncated hash of the api_key and options. A retired lane's dead letters
+// keep it, and a lane made again for the key gets it again.
+func LabelOf(k LaneKey) string {
+	h := sha256.Sum256([]byte(k.APIKey + "\x00" + k.Options))
+	return k.Kind.String() + "-" + hex.EncodeToString(h[:4])
+}
+
+// Retired returns a channel closed when the lane is retired.
+func (l *Lane) Retired() <-chan struct{} { return l.retiredC }
+
+// IsRetired reports whether the lane was retired.
+func (l *Lane) IsRetired() bool { return l.retired.Load() }
+
+// Pin keeps the lane from being retired until as many Unpin calls: a
+// deliverer pins a lane an operator stopped, so that the stop is not lost
+// with the lane while it is empty.
+func (l *Lane) Pin() { l.pins.Add(1) }
+
+// Unpin undoes one Pin.
+func (l *Lane) Unpin() { l.pins.Add(-1) }
+
+// LanesFrom returns the lanes whose ID is at least id, oldest first: a
+// deliverer that remembers the last ID it saw learns of new lanes in time
+// proportional to their number, not to every lane's.
+func (s *Spool) LanesFrom(id uint64) []*Lane {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i := sort.Search(len(s.lanes), func(i int) bool { return s.lanes[i].id >= id })
+	if i == len(s.lanes) {
+		return nil
+	}
+	return append([]*Lane(nil), s.lanes[i:]...)
+}
+
+// LaneCount is the number of lanes.
+func (s *Spool) LaneCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.lanes)
+}
+
+// tooManyLanesLocked reports whether a new lane would pass MaxLanes, with
+// extra lanes about to be created. Call with s.mu held.
+func (s *Spool) tooManyLanesLocked(extra int) bool {
+	m := s.cfg.maxLanes()
+	return m > 0 && len(s.lanes)+extra >= m
+}
+
+// beginAppend marks an Append to l in progress, following retirements: it
+// returns the lane the records go to (l, or the live lane of l's key),
+// whose endAppend the caller must call.
+func (s *Spool) beginAppend(ctxLane func(LaneKey) (*Lane, error), l *Lane) (*Lane, error) {
+	for {
+		l.appending.Add(1)
+		if !l.retired.Load() {
+			return l, nil
+		}
+		l.appending.Add(-1)
+		nl, err := ctxLane(l.key)
+		if err != nil {
+			return nil, err
+		}
+		if nl == l {
+			// The retirement was called off meanwhile (it saw this
+			// Append): try again; it stays called off while we count.
+			continue
+		}
+		l = nl
+	}
+}
+
+// retireWait is how long an idle store may wait before it looks for lanes
+// to retire, -1 when there is nothing it could retire.
+func (s *Spool) retireWait() time.Duration {
+	if s.cfg.RetireIdle < 0 {
+		return -1
+	}
+	s.mu.Lock()
+	n := len(s.lanes)
+	s.mu.Unlock()
+	if n == 0 {
+		return -1
+	}
+	return max(time.Until(s.st.lastRetire.Add(s.cfg.retireEvery())), 0)
+}
+
+// maybeRetire retires the empty lanes idle for RetireIdle, at most every
+// retireEvery. Store goroutine only.
+func (s *Spool) maybeRetire(now time.Time) {
+	if s.cfg.RetireIdle < 0 || now.Sub(s.st.lastRetire) < s.cfg.retireEvery() {
+		return
+	}
+	s.st.lastRetire = now
+	cutoff := now.Add(-s.cfg.retireIdle()).UnixMilli()
+	var gone []*Lane
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	kept := s.lanes[:0]
+	for _, l := range s.lanes {
+		if l.lastUse.Load() <= cutoff && s.retireLocked(l) {
+			gone = append(gone, l)
+			delete(s.byKey, l.key)
+			continue
+		}
+		kept = append(kept, l)
+	}
+	clear(s.lanes[len(kept):])
+	s.lanes = kept
+	s.mu.Unlock()
+	if len(gone) == 0 {
+		return
+	}
+	for _, l := range gone {
+		close(l.retiredC)
+	}
+	if err := s.deleteLanes(gone); err != nil {
+		// The lanes are gone from memory; their empty records stay in the
+		// file and are loaded (and retired again) at the next Open.
+		s.log.Warn("spool: delete retired lanes", zap.Int("lanes", len(gone)), zap.Error(err))
+	}
+	s.log.Debug("spool: retired idle empty lanes", zap.Int("lanes", len(gone)))
+}
+
+// retireLocked retires l if it is empty and no Append to it is in
+// progress. Call with s.mu held, from the store goroutine (which alone
+// writes l.cold and pops l.hot's acknowledged chunks).
+func (s *Spool) retireLocked(l *Lane) bool {
+	l.mu.Lock()
+	empty := l.cold.chunks == 0 && l.hot.len() == 0 && l.next == l.cold.nextSeq && !l.wTouched
+	l.mu.Unlock()
+	if !empty || l.pins.Load() > 0 {
+		return false
+	}
+	l.retired.Store(true)
+	if l.appending.Load() != 0 {
+		l.retired.Store(false)
+		return false
+	}
+	// No Append is in progress and every later one sees the flag. One
+	// that published meanwhile (between the check above and the flag) was
+	// counted in appending until it returned, after publishing: check the
+	// lane is still empty.
+	l.mu.Lock()
+	empty = l.hot.len() == 0 && l.next == l.cold.nextSeq
+	l.mu.Unlock()
+	if !empty {
+		l.retired.Store(false)
+		return false
+	}
+	return true
+}
+
+// deleteLanes deletes the lane records and queue buckets of retired lanes.
+func (s *Spool) deleteLanes(ls []*Lane) error {
+	if s.db == nil {
+		return errors.New("spool file is not open")
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		lanes := tx.Bucket(bucketLanes)
+		for _, l := range ls {
+			if err := lanes.Delete(seqKey(l.id)); err != nil {
+				return err
+			}
+			if err := tx.DeleteBucket(l.qname); err != nil && !errors.Is(err, berrors.ErrBucketNotFound) {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("delete retired lanes: %w", err)
+	}
+	return nil
+}
+
+// markDirtyLocked adds the lanes of the published (or skipped) appends to
+// the lanes the next checkpoint looks at: a checkpoint costs the lanes that
+// changed, not every lane (with thousands of lanes, creating each one cost
+// a walk over all of them). Call with s.mu held.
+func (s *Spool) markDirtyLocked(ops []*op) {
+	for _, o := range ops {
+		if o.seq == 0 || o.lane.dirty {
+			continue
+		}
+		o.lane.dirty = true
+		s.dirty = append(s.dirty, o.lane)
+	}
+}
+
+// pruneDirty drops from the dirty lanes those a checkpoint settled: no hot
+// chunk left and everything published recorded in bbolt. Store goroutine
+// only (it alone writes l.cold and pops l.hot).
+func (s *Spool) pruneDirty() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	kept := s.dirty[:0]
+	for _, l := range s.dirty {
+		l.mu.Lock()
+		busy := l.hot.len() > 0 || l.next != l.cold.nextSeq
+		l.mu.Unlock()
+		if busy {
+			kept = append(kept, l)
+		} else {
+			l.dirty = false
+		}
+	}
+	clear(s.dirty[len(kept):])
+	s.dirty = kept
+}

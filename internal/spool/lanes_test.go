@@ -1,0 +1,183 @@
+package spool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+func appendOne(t *testing.T, s *Spool, l *Lane, data string) {
+	t.Helper()
+	var b Batch
+	b.Add(Record{OrderKey: []byte("d:x"), Data: []byte(data)})
+	if err := s.Append(context.Background(), l, &b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func drainLane(t *testing.T, s *Spool, l *Lane) int {
+	t.Helper()
+	n := 0
+	for l.Stats().Records > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		cs, err := l.Next(ctx, 1<<20)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range cs {
+			n += len(c.Records)
+			s.Ack(l, c.Seq)
+		}
+	}
+	return n
+}
+
+// Issue 19: MaxLanes bounds the lanes; a key of an existing lane is still
+// served; a retired lane frees its place.
+func TestMaxLanes(t *testing.T) {
+	s := openTest(t, Config{Sync: SyncNone, MinFreeBytes: -1, MaxLanes: 3, RetireIdle: -1})
+	ctx := context.Background()
+	var ls []*Lane
+	for i := range 3 {
+		l, err := s.Lane(ctx, LaneKey{APIKey: fmt.Sprint("k", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+	}
+	if _, err := s.Lane(ctx, LaneKey{APIKey: "k3"}); !errors.Is(err, ErrTooManyLanes) {
+		t.Fatalf("4th lane: %v, want ErrTooManyLanes", err)
+	}
+	if _, err := s.Lane(ctx, LaneKey{APIKey: "k0", Options: `{"x":1}`}); !errors.Is(err, ErrTooManyLanes) {
+		t.Fatalf("4th lane (options): %v, want ErrTooManyLanes", err)
+	}
+	if l, err := s.Lane(ctx, LaneKey{APIKey: "k1"}); err != nil || l != ls[1] {
+		t.Fatalf("existing lane: %v %v", l, err)
+	}
+	// Concurrent creations never pass the bound.
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Go(func() { _, _ = s.Lane(ctx, LaneKey{APIKey: fmt.Sprint("c", i)}) })
+	}
+	wg.Wait()
+	if n := s.LaneCount(); n != 3 {
+		t.Fatalf("%d lanes, bound 3", n)
+	}
+}
+
+// Issue 19: an empty lane idle for RetireIdle is retired: gone from Lanes,
+// its reader gets ErrRetired, the file forgets it (a reopen does not load
+// it), and an Append through the old handle goes to a new lane of the same
+// key. A lane that holds records is never retired.
+func TestRetireIdleLanes(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{Dir: dir, Sync: SyncNone, MinFreeBytes: -1, RetireIdle: 50 * time.Millisecond}
+	s, err := Open(cfg, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	idle, _ := s.Lane(ctx, LaneKey{APIKey: "idle"})
+	full, _ := s.Lane(ctx, LaneKey{APIKey: "full"})
+	appendOne(t, s, idle, `{"a":1}`)
+	appendOne(t, s, full, `{"b":1}`)
+	if n := drainLane(t, s, idle); n != 1 {
+		t.Fatalf("read %d records", n)
+	}
+	readErr := make(chan error, 1)
+	go func() {
+		_, err := idle.Next(ctx, 1<<20)
+		readErr <- err
+	}()
+	select {
+	case err := <-readErr:
+		if !errors.Is(err, ErrRetired) {
+			t.Fatalf("reader of the retired lane: %v, want ErrRetired", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the idle empty lane was not retired")
+	}
+	if !idle.IsRetired() || full.IsRetired() {
+		t.Fatalf("retired: idle %v full %v", idle.IsRetired(), full.IsRetired())
+	}
+	for _, l := range s.Lanes() {
+		if l == idle {
+			t.Fatal("a retired lane is still listed")
+		}
+	}
+	// Append through the retired handle: a new lane of the same key.
+	appendOne(t, s, idle, `{"a":2}`)
+	again, err := s.Lane(ctx, LaneKey{APIKey: "idle"})
+	if err != nil || again == idle || again.Stats().Records != 1 {
+		t.Fatalf("lane after retirement: %v %v", again, err)
+	}
+	if n := drainLane(t, s, again); n != 1 {
+		t.Fatalf("read %d records from the new lane", n)
+	}
+	// Wait until it is retired too, then reopen: neither comes back; the
+	// lane with a record does.
+	select {
+	case <-again.Retired():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the new lane was not retired")
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2 := openTest(t, Config{Dir: dir, Sync: SyncNone, MinFreeBytes: -1, RetireIdle: -1})
+	ls := s2.Lanes()
+	if len(ls) != 1 || ls[0].Key().APIKey != "full" || ls[0].Stats().Records != 1 {
+		t.Fatalf("after reopen: %d lanes", len(ls))
+	}
+}
+
+// Issue 19: an Append through a handle of a retired lane is never lost: it
+// lands in a live lane of its key.
+func TestAppendToRetiredLane(t *testing.T) {
+	s := openTest(t, Config{Sync: SyncNone, MinFreeBytes: -1, RetireIdle: time.Millisecond})
+	ctx := context.Background()
+	old, _ := s.Lane(ctx, LaneKey{APIKey: "k"})
+	got := 0
+	for i := range 20 {
+		appendOne(t, s, old, fmt.Sprintf(`{"i":%d}`, i))
+		cur, err := s.Lane(ctx, LaneKey{APIKey: "k"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i > 0 && cur == old {
+			t.Fatal("appended to a retired lane")
+		}
+		got += drainLane(t, s, cur)
+		select {
+		case <-cur.Retired():
+		case <-time.After(10 * time.Second):
+			t.Fatal("lane not retired")
+		}
+		old = cur
+	}
+	if got != 20 {
+		t.Fatalf("read %d of 20 records", got)
+	}
+}
+
+// Issue 19: a pinned lane (an operator stopped it) is not retired while
+// empty; once unpinned it is.
+func TestPinnedLaneNotRetired(t *testing.T) {
+	s := openTest(t, Config{Sync: SyncNone, MinFreeBytes: -1, RetireIdle: time.Millisecond})
+	l, _ := s.Lane(context.Background(), LaneKey{APIKey: "k"})
+	l.Pin()
+	time.Sleep(100 * time.Millisecond)
+	if l.IsRetired() || s.LaneCount() != 1 {
+		t.Fatal("a pinned lane was retired")
+	}
+	l.Unpin()
+	select {
+	case <-l.Retired():
+	case <-time.After(10 * time.Second):
+		t.Fatal("an unpinned empty lane was not retired")
+	}
+}

@@ -1,0 +1,257 @@
+package spool
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Reading a chunk in parts (issue 19).
+//
+// A chunk is one Append: one ingest request, up to 20 MB of events (43 KB
+// gzipped on the wire). A reader that may hold less than that (the
+// batcher's read-ahead budget) reads it with NextPart, in parts of at most
+// maxBytes (at least one record): each part's records are copied into a
+// buffer of the part's size, so that the reader never holds the whole
+// chunk, whether it is in the WAL's memory or in bbolt. The chunk is
+// acknowledged as a whole (Ack with its Seq) once every record of every
+// part is done.
+
+// NextPart is NextInto for a reader that takes chunks in parts: when the
+// chunk at the read cursor is larger than maxBytes (> 0), it returns one
+// Chunk holding the next records of it that fit in maxBytes (at least one):
+// its First is the index of its first record in the chunk and its Total
+// the chunk's record count; the cursor stays inside the chunk until its
+// last part is returned. Otherwise it returns whole chunks, as NextInto.
+func (l *Lane) NextPart(ctx context.Context, maxBytes int, recs []Record) ([]Chunk, []Record, error) {
+	slab := recSlab{buf: recs[:0]}
+	for {
+		if maxBytes > 0 {
+			chunks, ok, err := l.nextPart(maxBytes, &slab)
+			if err != nil {
+				return nil, slab.buf, err
+			}
+			if ok {
+				return chunks, slab.buf, nil
+			}
+		}
+		chunks, err := l.nextChunks(ctx, maxBytes, &slab)
+		if err != nil || len(chunks) == 0 || chunks[0].Size <= maxBytes || maxBytes <= 0 {
+			for i := range chunks {
+				chunks[i].Total = len(chunks[i].Records)
+			}
+			return chunks, slab.buf, err
+		}
+		// The chunk came in whole because it was published between the
+		// look and the read: give it back and read it in parts.
+		for _, c := range chunks {
+			c.buf.Release()
+		}
+		l.readSeq = chunks[0].Seq
+		clear(slab.buf)
+		slab.buf = slab.buf[:0]
+	}
+}
+
+// partCursor is the reader's place inside a chunk it reads in parts.
+type partCursor struct {
+	seq uint64
+	rec int // records returned so far
+	off int // byte offset of the next record in the chunk's encoding
+}
+
+// nextPart returns the next part of the chunk at the read cursor when that
+// chunk is larger than maxBytes (ok false otherwise, and when there is no
+// chunk to read).
+func (l *Lane) nextPart(maxBytes int, slab *recSlab) ([]Chunk, bool, error) {
+	l.mu.Lock()
+	next, firstHot := l.next, l.hot.firstSeq(l.next)
+	if l.readSeq >= firstHot && l.readSeq < next {
+		// In the WAL's memory: the first unacknowledged chunk from the
+		// cursor on.
+		cs := l.hot.cs
+		for i := l.hot.index(l.readSeq); i < len(cs); i++ {
+			c := cs[i]
+			if c.acked {
+				continue
+			}
+			if c.size <= maxBytes && l.part.off == 0 || c.cb == nil {
+				l.mu.Unlock()
+				return nil, false, nil
+			}
+			cb := c.cb
+			cb.ref()
+			seq, acc, n := c.seq, c.accepted, c.records
+			l.mu.Unlock()
+			defer cb.release()
+			ch, err := l.cut(seq, acc, n, cb.b, maxBytes, slab)
+			if errors.Is(err, errPartDamaged) {
+				return nil, false, nil // read whole, and dead-lettered, by nextChunks
+			}
+			if err != nil {
+				return nil, false, err
+			}
+			return []Chunk{ch}, true, nil
+		}
+		l.mu.Unlock()
+		return nil, false, nil
+	}
+	l.mu.Unlock()
+	if l.readSeq >= firstHot {
+		return nil, false, nil // nothing to read: nextChunks waits
+	}
+	// In bbolt.
+	s := l.s
+	s.dbMu.RLock()
+	defer s.dbMu.RUnlock()
+	if s.db == nil {
+		return nil, false, ErrClosed
+	}
+	var out []Chunk
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(l.qname)
+		if b == nil {
+			return fmt.Errorf("lane %s: queue bucket missing: %w", l.label, errCorrupt)
+		}
+		k, v := b.Cursor().Seek(seqKey(l.readSeq))
+		if k == nil || binary.BigEndian.Uint64(k) >= firstHot {
+			return nil
+		}
+		v = chunkValue(b, k, v)
+		if len(v) <= maxBytes && l.part.off == 0 {
+			return nil
+		}
+		seq := binary.BigEndian.Uint64(k)
+		acc, n, err := chunkHeader(v)
+		if err != nil {
+			return fmt.Errorf("lane %s chunk %d: %w", l.label, seq, err)
+		}
+		ch, err := l.cut(seq, acc, n, v, maxBytes, slab)
+		if errors.Is(err, errPartDamaged) {
+			return nil // read whole, and dead-lettered, by nextChunks
+		}
+		if err != nil {
+			return err
+		}
+		out = []Chunk{ch}
+		return nil
+	})
+	if err != nil {
+		return nil, false, fmt.Errorf("spool read: %w", err)
+	}
+	return out, out != nil, nil
+}
+
+// cut returns the next part of chunk seq (encoded as v, n records) from the
+// cursor: the records that fit in maxBytes (at least one), copied into a
+// buffer of their size; it advances the cursor (past the chunk after its
+// last part). The chunk's checksum is checked when its first part is cut:
+// a chunk that fails it returns errPartDamaged, and is then read whole by
+// nextChunks, which moves it to dead letters (reason damaged). The chunk is
+// decoded whole at each part (patched records rebuilt, see encode.go), so
+// a part costs the decoding of the chunk; a chunk is cut in a few parts.
+func (l *Lane) cut(seq uint64, acc int64, n int, v []byte, maxBytes int, slab *recSlab) (Chunk, error) {
+	if l.part.seq != seq || l.part.off == 0 {
+		if err := verifyChunk(v); err != nil {
+			l.part = partCursor{}
+			return Chunk{}, errPartDamaged
+		}
+		l.part = partCursor{seq: seq, off: 1}
+	}
+	var all Chunk
+	if err := decodeRecords(seq, v, &all, &recSlab{}); err != nil {
+		return Chunk{}, fmt.Errorf("lane %s chunk %d: %w", l.label, seq, err)
+	}
+	if len(all.Records) != n || l.part.rec >= n {
+		return Chunk{}, fmt.Errorf("lane %s chunk %d: %w", l.label, seq, errCorrupt)
+	}
+	rest := all.Records[l.part.rec:]
+	end, k := 0, 0
+	for k < len(rest) {
+		r := &rest[k]
+		m := len(r.OrderKey) + len(r.UserID) + len(r.Data)
+		if k > 0 && end+m > maxBytes {
+			break
+		}
+		end += m
+		k++
+	}
+	cb := getBuf(end)
+	ch := Chunk{Seq: seq, Accepted: time.UnixMilli(acc), Size: end, buf: Buffer{cb}, First: l.part.rec, Total: n}
+	ch.Records = slab.take(k)
+	for i := range ch.Records {
+		src, r := &rest[i], &ch.Records[i]
+		r.OrderKey, cb.b = appendSub(cb.b, src.OrderKey)
+		r.UserID, cb.b = appendSub(cb.b, src.UserID)
+		r.Data, cb.b = appendSub(cb.b, src.Data)
+	}
+	l.part.rec += k
+	if l.part.rec >= n {
+		l.part = partCursor{}
+		l.readSeq = seq + 1
+	} else {
+		l.readSeq = seq
+	}
+	return ch, nil
+}
+
+// errPartDamaged is returned by cut for a chunk that fails its checksum.
+var errPartDamaged = fmt.Errorf("chunk read in parts: %w", errChecksum)
+
+// appendSub appends p to b, which has room for it (no reallocation, so
+// earlier sub-slices stay valid), and returns the appended sub-slice.
+func appendSub(b, p []byte) (sub, out []byte) {
+	at := len(b)
+	b = append(b, p...)
+	return b[at:len(b):len(b)], b
+}
+
+// Wait blocks until the lane may have records after its read cursor, so
+// that a reader can take its memory budget before it reads (with a context
+// that is already done, NextPart then returns what there is at once, or the
+// context's error when every chunk there was acknowledged meanwhile). It
+// returns ctx.Err() when ctx ends, ErrClosed when the spool closes and
+// ErrRetired once the lane is retired. onIdle, when not nil, is called once
+// the wait has lasted recIdleDrop (the reader then drops what it keeps for
+// reuse: an idle lane keeps nothing). Reader goroutine only.
+func (l *Lane) Wait(ctx context.Context, onIdle func()) error {
+	var idle <-chan time.Time
+	for {
+		l.mu.Lock()
+		has, ch := l.readSeq < l.next, l.notify
+		l.mu.Unlock()
+		select {
+		case <-l.s.closing:
+			return ErrClosed
+		default:
+		}
+		if has {
+			return nil
+		}
+		if idle == nil && onIdle != nil {
+			if l.idle == nil {
+				l.idle = time.NewTimer(recIdleDrop)
+			} else {
+				l.idle.Reset(recIdleDrop)
+			}
+			defer l.idle.Stop()
+			idle = l.idle.C
+		}
+		select {
+		case <-ch:
+		case <-idle:
+			onIdle()
+			onIdle, idle = nil, make(chan time.Time) // never again
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-l.s.closing:
+			return ErrClosed
+		case <-l.retiredC:
+			return ErrRetired
+		}
+	}
+}

@@ -1,0 +1,108 @@
+package spool
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// Issue 19: a chunk larger than the reader may hold is read in parts of at
+// most maxBytes (one record at least), in order, each in a buffer of its
+// own size, whether the chunk is in the WAL's memory or in bbolt, and a
+// reopen in the middle of a chunk reads it again from its first record.
+func TestNextPart(t *testing.T) {
+	for _, cold := range []bool{false, true} {
+		t.Run(fmt.Sprintf("cold=%v", cold), func(t *testing.T) {
+			dir := t.TempDir()
+			cfg := Config{Dir: dir, Sync: SyncNone, MinFreeBytes: -1, flushAge: time.Millisecond, checkpointEvery: time.Millisecond}
+			if !cold {
+				cfg.flushAge, cfg.checkpointEvery = time.Hour, time.Hour
+			}
+			s := openTest(t, cfg)
+			ctx := context.Background()
+			l, _ := s.Lane(ctx, LaneKey{APIKey: "k"})
+			const n, size = 500, 1000
+			var b Batch
+			for i := range n {
+				b.Add(Record{OrderKey: []byte("d:x"), Data: fmt.Appendf(nil, `{"i":%d,"p":"%0*d"}`, i, size, 0)})
+			}
+			appendOne(t, s, l, `{"small":1}`)
+			if err := s.Append(ctx, l, &b); err != nil {
+				t.Fatal(err)
+			}
+			appendOne(t, s, l, `{"small":2}`)
+			if cold {
+				deadline := time.Now().Add(10 * time.Second)
+				for s.hotHeld.Load() > 0 {
+					if time.Now().After(deadline) {
+						t.Fatal("chunks not checkpointed")
+					}
+					time.Sleep(time.Millisecond)
+				}
+			}
+			const maxBytes = 64 << 10
+			var recs []Record
+			next := 0
+			var seqs []uint64
+			for parts := 0; next < n+2; parts++ {
+				if parts > 100 {
+					t.Fatal("too many parts")
+				}
+				cs, more, err := l.NextPart(ctx, maxBytes, recs)
+				recs = more
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, c := range cs {
+					if c.Size > maxBytes && len(c.Records) > 1 {
+						t.Fatalf("part of %d bytes, %d records, max %d", c.Size, len(c.Records), maxBytes)
+					}
+					if c.Buffer().Cap() > 2*maxBytes {
+						t.Fatalf("part buffer of %d bytes: the whole chunk was read", c.Buffer().Cap())
+					}
+					for i, r := range c.Records {
+						var want string
+						switch {
+						case next == 0:
+							want = `{"small":1}`
+						case next == n+1:
+							want = `{"small":2}`
+						default:
+							want = fmt.Sprintf(`{"i":%d,"p":"%0*d"}`, next-1, size, 0)
+							if c.First+i != next-1 || c.Total != n {
+								t.Fatalf("record %d: First %d + %d, Total %d", next, c.First, i, c.Total)
+							}
+						}
+						if string(r.Data) != want {
+							t.Fatalf("record %d: %.40q, want %.40q", next, r.Data, want)
+						}
+						next++
+					}
+					if c.First+len(c.Records) == max(c.Total, len(c.Records)) {
+						seqs = append(seqs, c.Seq)
+					}
+					c.Buffer().Release()
+				}
+			}
+			if len(seqs) != 3 {
+				t.Fatalf("chunks completed: %v", seqs)
+			}
+			// Ack only the small first one; the big one is read again
+			// whole from its first record after a reopen.
+			s.Ack(l, seqs[0])
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			s2 := openTest(t, Config{Dir: dir, Sync: SyncNone, MinFreeBytes: -1})
+			l2 := s2.Lanes()[0]
+			cs, _, err := l2.NextPart(ctx, maxBytes, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cs[0].First != 0 || cs[0].Total != n || string(cs[0].Records[0].Data) != fmt.Sprintf(`{"i":0,"p":"%0*d"}`, size, 0) {
+				t.Fatalf("after reopen: first %d total %d %.30q", cs[0].First, cs[0].Total, cs[0].Records[0].Data)
+			}
+		})
+	}
+}

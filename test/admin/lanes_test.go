@@ -1,0 +1,129 @@
+package admin
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/svcrelay/relay/internal/sim"
+)
+
+// TestLaneBounds (issue 19) runs the binary with --max-lanes 300 and
+// --lane-retire-after 1s: /metrics is scraped on the real admin listener in
+// a loop while 300 new api_keys arrive at once (the deadlock hung it after a
+// few dozen scrapes, and lanes created after it never delivered); the
+// 301st key gets 503 + Retry-After and /readyz says why; every event is
+// delivered; the lanes then retire (their series leave /metrics, /readyz is
+// ready again) and a restart loads none of them.
+func TestLaneBounds(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the relay binary")
+	}
+	s, simURL := startSim(t, sim.Config{})
+	dir := t.TempDir()
+	log := &syncBuf{}
+	args := []string{"--ingest-url", simURL, "--max-lanes", "300", "--lane-retire-after", "1s"}
+	r := startRelay(t, dir+"/data", log, args...)
+
+	var scrapes atomic.Int64
+	stop := make(chan struct{})
+	scraped := make(chan error, 1)
+	go func() {
+		hc := &http.Client{Timeout: 20 * time.Second}
+		for i := 0; i < 100000; i++ {
+			select {
+			case <-stop:
+				scraped <- nil
+				return
+			default:
+			}
+			resp, err := hc.Get(r.admin + "/metrics")
+			if err == nil {
+				_, err = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			if err != nil {
+				scraped <- fmt.Errorf("scrape %d: %w", i, err)
+				return
+			}
+			scrapes.Add(1)
+		}
+		scraped <- nil
+	}()
+	finish := func() {
+		t.Helper()
+		close(stop)
+		select {
+		case err := <-scraped:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("a /metrics scrape hung\n%s", log.String())
+		}
+	}
+
+	hc := &http.Client{Timeout: 20 * time.Second}
+	post := func(key string) *http.Response {
+		body := fmt.Sprintf(`{"api_key":%q,"events":[{"event_type":"e","device_id":"device-1"}]}`, key)
+		resp, err := hc.Post(r.ingest+"/2/httpapi", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Error(err)
+			return nil
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	var wg sync.WaitGroup
+	for w := range 10 {
+		wg.Go(func() {
+			for i := w; i < 300; i += 10 {
+				if resp := post(fmt.Sprintf("%032x", i)); resp != nil && resp.StatusCode != 200 {
+					t.Errorf("key %d: %d", i, resp.StatusCode)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if resp := post("one-too-many"); resp == nil || resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("the 301st lane: %+v", resp)
+	}
+	if a := call(t, "GET", r.admin+"/readyz", ""); a.status != 503 || !strings.Contains(string(a.body), "lane limit") {
+		t.Errorf("/readyz at the lane limit: %d %s", a.status, a.body)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for s.Count() < 300 {
+		if time.Now().After(deadline) {
+			finish()
+			t.Fatalf("%d of 300 events delivered\n%s", s.Count(), log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	finish()
+	if scrapes.Load() < 3 {
+		t.Fatalf("only %d scrapes", scrapes.Load())
+	}
+	// Retired: no lane series, ready again.
+	for {
+		a := call(t, "GET", r.admin+"/metrics", "")
+		ready := call(t, "GET", r.admin+"/readyz", "")
+		if !strings.Contains(string(a.body), "relay_spool_bytes{") && !strings.Contains(string(a.body), "relay_lane_stopped{") && ready.status == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lanes not retired: /readyz %d, /metrics lane series left", ready.status)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	r.stopClean()
+	r = startRelay(t, dir+"/data", log, args...)
+	if a := call(t, "GET", r.admin+"/relay/v1/lanes", ""); a.status != 200 || strings.Contains(string(a.body), `"label"`) {
+		t.Fatalf("lanes after a restart: %d %s", a.status, a.body)
+	}
+}
