@@ -1,8 +1,12 @@
 package spool
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 )
@@ -104,5 +108,71 @@ func TestNextPart(t *testing.T) {
 				t.Fatalf("after reopen: first %d total %d %.30q", cs[0].First, cs[0].Total, cs[0].Records[0].Data)
 			}
 		})
+	}
+}
+
+// TestNextPartDamagedChunk: a chunk of spool.db that fails its checksum and
+// is larger than the reader may hold is never cut into parts: it goes to
+// dead letters (reason damaged) whole, and the chunks around it are read
+// in parts, in order.
+func TestNextPartDamagedChunk(t *testing.T) {
+	const chunks, perChunk, pad = 4, 3, 1000
+	dir := dbImage(t, chunks, perChunk, pad)
+	db := filepath.Join(dir, "spool.db")
+	b, err := os.ReadFile(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Record 7 is the second of chunk 2.
+	i := bytes.Index(b, []byte(`{"lane":1,"n":7,`))
+	if i < 0 {
+		t.Fatal("record 7 not found in spool.db")
+	}
+	b[i+20] ^= 0x04
+	if err := os.WriteFile(db, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, _, _, err := openObserved(t, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := mustLane(t, s, testKey(1))
+	const maxBytes = 1500 // a chunk holds about 3 KB: read in parts
+	var ids []int
+	var recs []Record
+	for parts := 0; len(ids) < (chunks-1)*perChunk; parts++ {
+		if parts > 50 {
+			t.Fatalf("too many parts; read %v", ids)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		cs, more, err := l.NextPart(ctx, maxBytes, recs)
+		cancel()
+		recs = more
+		if err != nil {
+			t.Fatalf("NextPart: %v (read %v)", err, ids)
+		}
+		for _, c := range cs {
+			if c.Total == len(c.Records) && c.Size > maxBytes {
+				t.Fatalf("chunk %d read whole (%d bytes), not in parts", c.Seq, c.Size)
+			}
+			for _, r := range c.Records {
+				_, n := recID(r)
+				ids = append(ids, n)
+			}
+			if c.First+len(c.Records) == c.Total {
+				s.Ack(l, c.Seq)
+			}
+			c.Buffer().Release()
+		}
+	}
+	if want := idsExcept(chunks*perChunk, 6, 7, 8); !slices.Equal(ids, want) {
+		t.Fatalf("records %v, want %v", ids, want)
+	}
+	dead, err := s.ListDead(DeadFilter{Reason: ReasonDamaged}, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dead) != perChunk {
+		t.Fatalf("%d damaged dead letters, want %d", len(dead), perChunk)
 	}
 }
