@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"testing"
+	"time"
 
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
@@ -47,13 +48,13 @@ func breakBackend(b storage.Backend, how string) storage.Backend { return &defec
 
 func (d *defective) Append(ctx context.Context, req storage.Request) error {
 	if d.how == "halfappend" && len(req.Records) > 1 {
-		// Stores the first half, then fails.
-		half := req
-		half.Records = req.Records[:len(req.Records)/2]
-		if err := d.Backend.Append(ctx, half); err != nil {
+		// Stores the first record on its own, then the rest (which may fail).
+		first := req
+		first.Records = req.Records[:1]
+		if err := d.Backend.Append(ctx, first); err != nil {
 			return err
 		}
-		return d.Backend.Append(ctx, storage.Request{Lane: req.Lane, Records: req.Records[len(req.Records)/2:]})
+		return d.Backend.Append(ctx, storage.Request{Lane: req.Lane, Records: req.Records[1:]})
 	}
 	return d.Backend.Append(ctx, req)
 }
@@ -74,26 +75,28 @@ func (d *defective) Run(ctx context.Context, deliver storage.DeliverFunc) error 
 type defectiveReader struct {
 	r    storage.Reader
 	how  string
-	held *storage.Message // reorder: a message kept back one read
+	held *storage.Message // reorder: a message given after the next one
 	last *storage.Message // dupread
 }
 
 func (d *defectiveReader) Next(ctx context.Context) (*storage.Message, error) {
 	switch d.how {
 	case "reorder":
-		if d.held == nil {
-			m, err := d.r.Next(ctx)
-			if err != nil {
-				return nil, err
-			}
-			d.held = m
+		// Swaps two messages when a second one is there within 50ms.
+		if d.held != nil {
+			m := d.held
+			d.held = nil
+			return m, nil
 		}
 		m, err := d.r.Next(ctx)
 		if err != nil {
-			// Nothing more yet: give the held one (a real reorder only
-			// shows when two messages wait).
-			m, d.held = d.held, nil
-			return m, nil
+			return nil, err
+		}
+		wctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		defer cancel()
+		if m2, err := d.r.Next(wctx); err == nil {
+			d.held = m
+			return m2, nil
 		}
 		return m, nil
 	case "dupread":
