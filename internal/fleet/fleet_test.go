@@ -47,6 +47,7 @@ func TestFleet(t *testing.T) {
 	t.Run("Failover", env.testFailover)
 	t.Run("NodeRestart", env.testNodeRestart)
 	t.Run("NoQuorum", env.testNoQuorum)
+	t.Run("Conformance", env.testConformance)
 }
 
 type testEnv struct {
