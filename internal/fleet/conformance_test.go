@@ -3,6 +3,7 @@ package fleet
 import (
 	"flag"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -25,7 +26,7 @@ func (e *testEnv) testConformance(t *testing.T) {
 			return func(t *testing.T, o storagetest.Options) storage.Backend {
 				t.Helper()
 				nc := e.connect(t)
-				f := e.open(t, nc, Config{Namespace: ns, Partitions: 4, MaxBytes: o.MaxBytes})
+				f := e.open(t, nc, Config{Namespace: ns, Partitions: 4, MaxBytes: o.MaxBytes, LeaseTTL: 2 * time.Second})
 				var b storage.Backend = &connBackend{f.Backend(), nc}
 				if *broken != "" {
 					b = storagetest.Broken(b, *broken)
@@ -37,7 +38,8 @@ func (e *testEnv) testConformance(t *testing.T) {
 }
 
 // connBackend closes its connection with the backend, as a process's exit
-// would.
+// would; Crash (storagetest.Crasher) closes only the connection, so that
+// the leases are left to expire as a killed relay's.
 type connBackend struct {
 	*Backend
 	nc *nats.Conn
@@ -48,3 +50,5 @@ func (b *connBackend) Close() error {
 	b.nc.Close()
 	return err
 }
+
+func (b *connBackend) Crash() { b.nc.Close() }

@@ -24,7 +24,9 @@ type defective struct {
 //	            separately (the rest may be refused)
 //	dupread     every fifth message is read twice
 //	deaddrop    PutDead stores only the first dead letter
-var Defects = []string{"dropack", "reorder", "halfappend", "dupread", "deaddrop"}
+//	ackonread   Next acknowledges a message before handing it out (at
+//	            most once: what is read and not delivered is lost)
+var Defects = []string{"dropack", "reorder", "halfappend", "dupread", "deaddrop", "ackonread"}
 
 // Broken wraps b in the named defect, for checking that the suite catches
 // it: a backend's test takes a flag naming one and runs Run on Broken(b).
@@ -35,6 +37,9 @@ func Broken(b storage.Backend, defect string) storage.Backend {
 	}
 	return &defective{b, defect}
 }
+
+// Unwrap is the backend with the defect.
+func (d *defective) Unwrap() storage.Backend { return d.Backend }
 
 func (d *defective) Append(ctx context.Context, req storage.Request) error {
 	if d.how == "halfappend" && len(req.Records) > 1 {
@@ -89,6 +94,12 @@ func (d *defectiveReader) Next(ctx context.Context) (*storage.Message, error) {
 			return m2, nil
 		}
 		return m, nil
+	case "ackonread":
+		m, err := d.r.Next(ctx)
+		if err == nil {
+			err = d.r.Ack(ctx, m)
+		}
+		return m, err
 	case "dupread":
 		if d.last != nil {
 			m := d.last
@@ -106,7 +117,7 @@ func (d *defectiveReader) Next(ctx context.Context) (*storage.Message, error) {
 }
 
 func (d *defectiveReader) Ack(ctx context.Context, m *storage.Message) error {
-	if d.how == "dropack" {
+	if d.how == "dropack" || d.how == "ackonread" {
 		return nil
 	}
 	return d.r.Ack(ctx, m)
