@@ -33,6 +33,8 @@ func TestFleet(t *testing.T) {
 	env := &testEnv{c: c}
 	t.Run("Dial", env.testDial)
 	t.Run("AppendReadAck", env.testAppendReadAck)
+	// Before the cases that kill nodes: the suite needs every node up.
+	t.Run("Conformance", env.testConformance)
 	t.Run("Metrics", env.testMetrics)
 	t.Run("AllOrNothing", env.testAllOrNothing)
 	t.Run("Dedup", env.testDedup)
@@ -47,7 +49,6 @@ func TestFleet(t *testing.T) {
 	t.Run("Failover", env.testFailover)
 	t.Run("NodeRestart", env.testNodeRestart)
 	t.Run("NoQuorum", env.testNoQuorum)
-	t.Run("Conformance", env.testConformance)
 }
 
 type testEnv struct {

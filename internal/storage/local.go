@@ -64,7 +64,10 @@ func (l *Local) Append(ctx context.Context, req Request) error {
 }
 
 // Run calls deliver for every lane, and for every lane created later,
-// until ctx ends; it returns after every deliver returned.
+// until ctx ends; it returns after every deliver returned. A deliver that
+// returns before ctx ends (its error logged) leaves its lane unread until
+// the next Run: the engine's loop is to return only when ctx ends or Next
+// fails with ErrLost (the spool closed).
 func (l *Local) Run(ctx context.Context, deliver DeliverFunc) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
