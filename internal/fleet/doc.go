@@ -5,24 +5,32 @@
 //
 // # The seam
 //
-// The delivery engine and the ingest talk to a spool through a few small
-// interfaces; the local spool (internal/spool) and this package are the two
-// implementations. seam.go writes the fleet's side down (the engine of
-// issue 21 declares the same methods where it uses them; the compiler checks
-// that Fleet and Partition have them):
+// The delivery engine and the ingest talk to a spool through the small
+// interfaces of package storage; the local spool (storage.NewLocal) and
+// this package (Fleet.Backend) are the two implementations, and both pass
+// the conformance suite storagetest (conformance_test.go runs it on a
+// 3-node cluster). seam.go holds the adaptation:
 //
-//   - Appender: Append(ctx, Request) error: a request's records of one
-//     lane, made durable as a whole before it returns (all or nothing, see
-//     Ingest).
-//   - Owner: Run(ctx, deliver): for every partition this relay owns,
-//     deliver runs with a context that ends when ownership ends.
-//   - Reader (a *Partition): Next returns the partition's messages in
-//     order; Ack once all a message's records were answered 200 by the
-//     upstream or committed as dead letters; Nak to have one read again.
-//   - DeadLetters: PutDead, ListDead, DeleteDead, shared by the fleet (one
-//     relay lists and replays what another dead-lettered).
-//   - Pauser: Pause, PausedUntil: a key (device, user, pacing slot) held
+//   - storage.Appender: Fleet.Append(ctx, Request) (Request is
+//     storage.Request): a request's records of one lane, made durable as a
+//     whole before it returns (all or nothing, see Ingest).
+//   - storage.Owner: Backend.Run(ctx, deliver): for every partition this
+//     relay owns, deliver runs with a context that ends when ownership
+//     ends, reading through a storage.Reader.
+//   - storage.Reader (over a *Partition): Next returns the partition's
+//     messages in order; Ack once all a message's records were answered
+//     200 by the upstream or committed as dead letters. The fleet's own
+//     Partition also has Nak (read again) and its Message Delivered (a
+//     redelivery count), which the seam leaves out: the local spool has
+//     neither.
+//   - storage.DeadLetters: PutDead, ListDead, DeleteDead, shared by the
+//     fleet (one relay lists and replays what another dead-lettered).
+//   - Pause, PausedUntil (not in the seam: the local spool keeps pauses in
+//     the process's throttle): a key (device, user, pacing slot) held
 //     until a time, seen by every relay.
+//
+// ErrFull, ErrUnavailable and ErrLost match the seam's sentinels of the
+// same names (errors.Is), so a caller of the seam needs no fleet import.
 //
 // Where the local spool has one queue per lane (kind, api_key, options)
 // and a chunk per Append, the fleet has one stream per kind split in P

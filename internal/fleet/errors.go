@@ -7,19 +7,22 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // ErrFull is returned by Append when the lane kind's stream is at its
 // MaxBytes (or the cluster has no room left): nothing of the request was
-// stored. The ingest answers 503 with Retry-After.
-var ErrFull = errors.New("fleet: stream full")
+// stored. The ingest answers 503 with Retry-After. It matches
+// storage.ErrFull.
+var ErrFull error = &seamError{"fleet: stream full", storage.ErrFull}
 
 // ErrUnavailable is returned when the cluster did not answer in time (no
 // quorum, no leader, connection lost) after the retries Append or another
 // operation allows itself. For Append, the request may or may not be stored
 // (see the package documentation, Ingest); the ingest answers 503 with
-// Retry-After.
-var ErrUnavailable = errors.New("fleet: cluster unavailable")
+// Retry-After. It matches storage.ErrUnavailable.
+var ErrUnavailable error = &seamError{"fleet: cluster unavailable", storage.ErrUnavailable}
 
 // ErrPartitions is returned by Open when an existing stream was created
 // with another number of partitions (or message format) than configured:
@@ -27,8 +30,19 @@ var ErrUnavailable = errors.New("fleet: cluster unavailable")
 var ErrPartitions = errors.New("fleet: partition count mismatch")
 
 // ErrLost is returned by a Partition's methods once this relay no longer
-// owns the partition.
-var ErrLost = errors.New("fleet: partition ownership lost")
+// owns the partition. It matches storage.ErrLost.
+var ErrLost error = &seamError{"fleet: partition ownership lost", storage.ErrLost}
+
+// seamError is a sentinel of this package that also matches the storage
+// seam's sentinel of the same meaning (errors.Is).
+type seamError struct {
+	msg  string
+	seam error
+}
+
+func (e *seamError) Error() string { return e.msg }
+
+func (e *seamError) Is(target error) bool { return target == e.seam }
 
 // unavailable wraps the errors that mean "the cluster did not answer" with
 // ErrUnavailable, leaving others as they are.

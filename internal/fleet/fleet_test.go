@@ -33,6 +33,8 @@ func TestFleet(t *testing.T) {
 	env := &testEnv{c: c}
 	t.Run("Dial", env.testDial)
 	t.Run("AppendReadAck", env.testAppendReadAck)
+	// Before the cases that kill nodes: the suite needs every node up.
+	t.Run("Conformance", env.testConformance)
 	t.Run("Metrics", env.testMetrics)
 	t.Run("AllOrNothing", env.testAllOrNothing)
 	t.Run("Dedup", env.testDedup)

@@ -56,6 +56,9 @@ func (p *Partition) Kind() spool.Kind { return p.kind }
 // ID is the partition number, 0 to P-1.
 func (p *Partition) ID() int { return p.id }
 
+// pullExpiry bounds one pull request of a partition reader (see openPartition).
+const pullExpiry = 4 * time.Second
+
 func consumerName(id int) string { return "p" + strconv.Itoa(id) }
 
 // openPartition makes this relay the partition's reader: it deletes the
@@ -79,7 +82,11 @@ func (f *Fleet) openPartition(ctx, owned context.Context, k spool.Kind, id int) 
 	if err != nil {
 		return nil, fmt.Errorf("fleet: create consumer %s/%s: %w", stream, name, unavailable(err))
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessagesWithBytesLimit(256, 8<<20))
+	// A short pull expiry: a pull sent to a consumer just created whose
+	// leader is not elected yet is lost, and the iterator notices only
+	// after two missed heartbeats (expiry/2 each): with the default 30 s
+	// expiry a partition just taken could sit idle for 30 s.
+	it, err := cons.Messages(jetstream.PullMaxMessagesWithBytesLimit(256, 8<<20), jetstream.PullExpiry(pullExpiry))
 	if err != nil {
 		return nil, fmt.Errorf("fleet: read %s/%s: %w", stream, name, unavailable(err))
 	}

@@ -13,22 +13,17 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
-// Request is what one ingest request appends: records of one lane.
-type Request struct {
-	// ID names the request in the stream's deduplication (Nats-Msg-Id is
-	// ID-partition-part), so that a publish retried with the same ID within
-	// Config.DedupWindow is stored once. The ingest should derive it from
-	// the api_key and the body when every event carries an insert_id (a
-	// client's retry of the same body is then absorbed), and leave it empty
-	// otherwise: empty means a fresh random id. At most 64 bytes of
-	// letters, digits, - and _.
-	ID       string
-	Lane     spool.LaneKey
-	Accepted time.Time // zero means now
-	Records  []spool.Record
-}
+// Request is what one ingest request appends: records of one lane. Its
+// ID names the request in the stream's deduplication (Nats-Msg-Id is
+// ID-partition-part), so that a publish retried with the same ID within
+// Config.DedupWindow is stored once. The ingest should derive it from the
+// api_key and the body when every event carries an insert_id (a client's
+// retry of the same body is then absorbed), and leave it empty otherwise:
+// empty means a fresh random id.
+type Request = storage.Request
 
 // PartitionOf is the partition of an order key: FNV-1a mod p, the same on
 // every relay.

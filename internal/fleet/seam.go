@@ -2,55 +2,95 @@ package fleet
 
 import (
 	"context"
-	"time"
+	"fmt"
+	"sync"
 
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
-// The seam between the delivery engine and ingest on one side and a spool
-// on the other, as the fleet backend implements it. By the house rule the
-// engine declares these interfaces where it uses them (issue 21's storage
-// seam); they are written here so that the fleet side of that contract is
-// checked by the compiler and readable in one place.
-
-// Appender is what the ingest needs: a request's records, durable as a
-// whole before Append returns (ErrFull and ErrUnavailable mean 503).
-type Appender interface {
-	Append(ctx context.Context, req Request) error
-}
-
-// Owner is what the delivery engine needs to be handed the partitions this
-// relay delivers: deliver runs once per owned partition, its context ending
-// with ownership.
-type Owner interface {
-	Run(ctx context.Context, deliver DeliverFunc) error
-}
-
-// Reader is one owned partition as the engine's reader uses it: messages in
-// stream order; Ack after the upstream's 200 or committed dead letters.
-type Reader interface {
-	Next(ctx context.Context) (*Message, error)
-	Ack(ctx context.Context, m *Message) error
-	Nak(m *Message, delay time.Duration) error
-}
-
-// DeadLetters is the dead-letter store, shared by the fleet.
-type DeadLetters interface {
-	PutDead(ctx context.Context, dls []spool.DeadLetter) error
-	ListDead(ctx context.Context, f spool.DeadFilter, after uint64, limit int) ([]spool.DeadLetter, error)
-	DeleteDead(ctx context.Context, ids []uint64) error
-}
-
-// Pauser holds keys (devices, users, pacing slots) on every relay.
-type Pauser interface {
-	Pause(ctx context.Context, key []byte, until time.Time) error
-	PausedUntil(key []byte) (time.Time, bool)
-}
+// The fleet behind the storage seam (package storage; issue 21): Fleet is
+// the Appender and the dead-letter store as it is; Backend adapts Run and
+// Partition (whose Message carries the fleet's extras, Partition and
+// Delivered) to storage.Owner and storage.Reader. Pauses are the fleet's
+// own (the local spool has none to share): the engine declares what it
+// needs of them where it uses them.
 
 var (
-	_ Appender    = (*Fleet)(nil)
-	_ Owner       = (*Fleet)(nil)
-	_ DeadLetters = (*Fleet)(nil)
-	_ Pauser      = (*Fleet)(nil)
-	_ Reader      = (*Partition)(nil)
+	_ storage.Appender    = (*Fleet)(nil)
+	_ storage.DeadLetters = (*Fleet)(nil)
+	_ storage.Backend     = (*Backend)(nil)
+	_ storage.Reader      = (*partitionReader)(nil)
 )
+
+// Backend is a Fleet as a storage.Backend: a queue is a partition.
+type Backend struct{ f *Fleet }
+
+// Backend returns f behind the storage seam.
+func (f *Fleet) Backend() *Backend { return &Backend{f: f} }
+
+// Append is Fleet.Append.
+func (b *Backend) Append(ctx context.Context, req storage.Request) error {
+	return b.f.Append(ctx, req)
+}
+
+// Run is Fleet.Run, deliver reading each owned partition through the seam.
+func (b *Backend) Run(ctx context.Context, deliver storage.DeliverFunc) error {
+	return b.f.Run(ctx, func(ctx context.Context, p *Partition) error {
+		return deliver(ctx, &partitionReader{p: p, out: make(map[uint64]*Message)})
+	})
+}
+
+// PutDead is Fleet.PutDead.
+func (b *Backend) PutDead(ctx context.Context, dls []spool.DeadLetter) error {
+	return b.f.PutDead(ctx, dls)
+}
+
+// ListDead is Fleet.ListDead (limit <= 0 means 1000).
+func (b *Backend) ListDead(ctx context.Context, filter spool.DeadFilter, after uint64, limit int) ([]spool.DeadLetter, error) {
+	return b.f.ListDead(ctx, filter, after, limit)
+}
+
+// DeleteDead is Fleet.DeleteDead.
+func (b *Backend) DeleteDead(ctx context.Context, ids []uint64) error {
+	return b.f.DeleteDead(ctx, ids)
+}
+
+// Close is Fleet.Close (the connection stays open).
+func (b *Backend) Close() error { return b.f.Close() }
+
+// partitionReader is a Partition as a storage.Reader: it keeps the
+// fleet's message of every storage.Message handed out until its Ack.
+type partitionReader struct {
+	p *Partition
+
+	mu  sync.Mutex
+	out map[uint64]*Message // by Seq, read and not acknowledged
+}
+
+func (r *partitionReader) Next(ctx context.Context) (*storage.Message, error) {
+	m, err := r.p.Next(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	r.out[m.Seq] = m
+	r.mu.Unlock()
+	return &storage.Message{Seq: m.Seq, Lane: m.Lane, Accepted: m.Accepted, Records: m.Records}, nil
+}
+
+func (r *partitionReader) Ack(ctx context.Context, sm *storage.Message) error {
+	r.mu.Lock()
+	m, ok := r.out[sm.Seq]
+	r.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("fleet: ack partition %d seq %d: not read from this reader", r.p.id, sm.Seq)
+	}
+	if err := r.p.Ack(ctx, m); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	delete(r.out, sm.Seq)
+	r.mu.Unlock()
+	return nil
+}

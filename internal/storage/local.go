@@ -1,0 +1,155 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"go.uber.org/zap"
+
+	"github.com/svcrelay/relay/internal/spool"
+)
+
+// Local is the local spool behind the seam: a queue is a lane.
+type Local struct {
+	sp  *spool.Spool
+	log *zap.Logger
+}
+
+var (
+	_ Backend    = (*Local)(nil)
+	_ DeadWriter = (*spool.Spool)(nil)
+)
+
+// NewLocal adapts sp; log (nil: no-op) gets the errors of deliver
+// functions. Close closes sp.
+func NewLocal(sp *spool.Spool, log *zap.Logger) *Local {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Local{sp: sp, log: log}
+}
+
+// Spool is the adapted spool (for what the seam does not cover: lane
+// statistics, the upstream guard, Refusing).
+func (l *Local) Spool() *spool.Spool { return l.sp }
+
+// Append writes req's records as one chunk of its lane. A refusal for
+// space (spool.ErrFull, spool.ErrDiskLow) also matches ErrFull; a failed
+// write (nothing of it is replayed) also matches ErrUnavailable.
+func (l *Local) Append(ctx context.Context, req Request) error {
+	if len(req.Records) == 0 {
+		return nil
+	}
+	lane, err := l.sp.Lane(ctx, req.Lane)
+	if err != nil {
+		return fmt.Errorf("storage: lane: %w", err)
+	}
+	var b spool.Batch
+	for _, r := range req.Records {
+		b.Add(r)
+	}
+	err = l.sp.Append(ctx, lane, &b)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, spool.ErrFull), errors.Is(err, spool.ErrDiskLow):
+		return fmt.Errorf("%w: %w", ErrFull, err)
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return err
+	default:
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+}
+
+// Run calls deliver for every lane, and for every lane created later,
+// until ctx ends; it returns after every deliver returned. A deliver that
+// returns before ctx ends (its error logged) leaves its lane unread until
+// the next Run: the engine's loop is to return only when ctx ends or Next
+// fails with ErrLost (the spool closed).
+func (l *Local) Run(ctx context.Context, deliver DeliverFunc) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	started := make(map[uint64]bool)
+	for {
+		changed := l.sp.LanesChanged()
+		for _, lane := range l.sp.Lanes() {
+			if started[lane.ID()] {
+				continue
+			}
+			started[lane.ID()] = true
+			r := &laneReader{sp: l.sp, lane: lane, key: lane.Key(), bufs: make(map[uint64]spool.Buffer)}
+			wg.Go(func() {
+				if err := deliver(ctx, r); err != nil && ctx.Err() == nil {
+					l.log.Error("deliver lane", zap.String("lane", lane.Label()), zap.Error(err))
+				}
+			})
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		}
+	}
+}
+
+// laneReader reads one lane a chunk at a time; the chunk's buffer is
+// released on Ack.
+type laneReader struct {
+	sp   *spool.Spool
+	lane *spool.Lane
+	key  spool.LaneKey
+
+	mu   sync.Mutex
+	bufs map[uint64]spool.Buffer // read, not acknowledged
+}
+
+func (r *laneReader) Next(ctx context.Context) (*Message, error) {
+	chunks, err := r.lane.Next(ctx, 0)
+	if err != nil {
+		if errors.Is(err, spool.ErrClosed) {
+			return nil, fmt.Errorf("%w: %w", ErrLost, err)
+		}
+		return nil, err
+	}
+	c := chunks[0]
+	r.mu.Lock()
+	r.bufs[c.Seq] = c.Buffer()
+	r.mu.Unlock()
+	return &Message{Seq: c.Seq, Lane: r.key, Accepted: c.Accepted, Records: c.Records}, nil
+}
+
+func (r *laneReader) Ack(_ context.Context, m *Message) error {
+	r.sp.Ack(r.lane, m.Seq)
+	r.mu.Lock()
+	b, ok := r.bufs[m.Seq]
+	delete(r.bufs, m.Seq)
+	r.mu.Unlock()
+	if ok {
+		b.Release()
+	}
+	return nil
+}
+
+// PutDead commits dead letters (see spool.Spool.PutDead).
+func (l *Local) PutDead(ctx context.Context, dls []spool.DeadLetter) error {
+	return l.sp.PutDead(ctx, dls)
+}
+
+// ListDead lists dead letters (see spool.Spool.ListDead); limit <= 0 means
+// no limit.
+func (l *Local) ListDead(ctx context.Context, f spool.DeadFilter, after uint64, limit int) ([]spool.DeadLetter, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return l.sp.ListDead(f, after, limit)
+}
+
+// DeleteDead removes dead letters (see spool.Spool.DeleteDead).
+func (l *Local) DeleteDead(ctx context.Context, ids []uint64) error {
+	return l.sp.DeleteDead(ctx, ids)
+}
+
+// Close closes the spool.
+func (l *Local) Close() error { return l.sp.Close() }

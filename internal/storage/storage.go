@@ -1,0 +1,110 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/svcrelay/relay/internal/spool"
+)
+
+// ErrFull is returned (wrapped) by Append when the store refuses the
+// request for space (its quota or the disk's reserve): nothing of it was
+// stored. The ingest answers 503 with Retry-After.
+var ErrFull = errors.New("storage: full")
+
+// ErrUnavailable is returned (wrapped) when the store did not answer in
+// time. After Append the request may or may not be stored (whole, if it
+// is); the ingest answers 503 with Retry-After.
+var ErrUnavailable = errors.New("storage: unavailable")
+
+// ErrLost is returned (wrapped) by a Reader once its queue is no longer
+// this process's to read: the local spool closed, or the fleet moved the
+// partition to another relay. The deliver function returns then.
+var ErrLost = errors.New("storage: queue lost")
+
+// Request is what one ingest request appends: records of one lane.
+type Request struct {
+	// ID names the request for a backend that deduplicates retried
+	// appends (the fleet: a request appended again with the same ID within
+	// its dedup window is stored once); empty means a fresh one. The local
+	// spool ignores it. At most 64 bytes of letters, digits, - and _.
+	ID       string
+	Lane     spool.LaneKey
+	Accepted time.Time // zero means now; the local spool always uses now
+	Records  []spool.Record
+}
+
+// Message is the unit of reading and of acknowledgement: records of one
+// lane from one request (the fleet may split a request's records by
+// partition and size; a key's records of one request stay in one message
+// or in consecutive ones of one queue).
+type Message struct {
+	// Seq increases within the queue; it is the backend's (local: the
+	// chunk's sequence in its lane; fleet: the stream sequence).
+	Seq      uint64
+	Lane     spool.LaneKey
+	Accepted time.Time
+	// Records are valid until the message is acknowledged.
+	Records []spool.Record
+}
+
+// Appender is what the ingest needs.
+type Appender interface {
+	// Append stores req's records durably, all or none (see the package
+	// documentation), and returns once they are durable.
+	Append(ctx context.Context, req Request) error
+}
+
+// Reader is one queue, read in order by one delivery loop.
+type Reader interface {
+	// Next returns the queue's next message, blocking until there is one.
+	// It returns ctx.Err() when ctx ends and an error wrapping ErrLost
+	// when the queue is no longer this process's to read.
+	Next(ctx context.Context) (*Message, error)
+	// Ack says every record of m was answered 200 or is a committed dead
+	// letter; m's records are not to be read after it.
+	Ack(ctx context.Context, m *Message) error
+}
+
+// DeliverFunc delivers one queue: it reads with r.Next until that fails
+// (or ctx ends) and acknowledges what is done. ctx ends when the queue is
+// no longer this process's (Run stopping, the fleet moving a partition);
+// the function must then stop sending and return. Its error is logged.
+type DeliverFunc func(ctx context.Context, r Reader) error
+
+// Owner is what the delivery engine needs to be handed its queues.
+type Owner interface {
+	// Run calls deliver once per queue this process reads, each in its own
+	// goroutine, until ctx ends; it returns after every deliver returned.
+	Run(ctx context.Context, deliver DeliverFunc) error
+}
+
+// DeadWriter is what the delivery engine needs to put records aside.
+type DeadWriter interface {
+	// PutDead stores dead letters and returns once they are durable; it
+	// sets their IDs (increasing, never reused).
+	PutDead(ctx context.Context, dls []spool.DeadLetter) error
+}
+
+// DeadLetters is the dead-letter store as the admin API uses it.
+type DeadLetters interface {
+	DeadWriter
+	// ListDead returns up to limit dead letters with ID > after that
+	// match f, by ID.
+	ListDead(ctx context.Context, f spool.DeadFilter, after uint64, limit int) ([]spool.DeadLetter, error)
+	// DeleteDead removes the dead letters with the given ids; unknown ids
+	// are ignored.
+	DeleteDead(ctx context.Context, ids []uint64) error
+}
+
+// Backend is a whole store, as cmd/relay composes it and storagetest
+// checks it.
+type Backend interface {
+	Appender
+	Owner
+	DeadLetters
+	// Close releases the backend; unacknowledged messages stay for the
+	// next Open (or owner).
+	Close() error
+}
