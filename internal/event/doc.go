@@ -23,7 +23,7 @@
 //
 // # Validation
 //
-// Validation follows ../shared/api/ingestion-groups-usermap-export.md (Event,
+// Validation follows the upstream API (docs/upstream-api.md: Event,
 // Request envelope, Errors, Limits): a request the upstream would reject is
 // rejected here with the upstream's status and body (see Error and Parse for
 // the exact rules and which error wins). Where the document is silent, the

@@ -43,7 +43,7 @@ func realisticEvents(n int) []string {
 	return evs
 }
 
-// The document is ../../../shared/api/ingestion-groups-usermap-export.md
+// The document is the upstream API (summarized in docs/upstream-api.md)
 // ("the doc" below). want is the error body, "" for an accepted request.
 var parseCases = []struct {
 	name string
