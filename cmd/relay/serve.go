@@ -24,6 +24,7 @@ import (
 	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/config"
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/groupidentify"
 	"github.com/svcrelay/relay/internal/ingest"
@@ -118,7 +119,7 @@ type deliveries struct {
 	client     *upstream.Client // for /readyz's word on the upstream
 	components []namedComponent
 	routes     []adminroute.Route
-	lanes      map[spool.Kind]adminapi.LaneControl
+	lanes      map[spool.Kind]delivery.LaneControl
 	// release drops buffers kept for reuse, before an idle process collects.
 	release []func()
 }
@@ -150,7 +151,7 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, creds *credentials.Ref, l
 	d := &deliveries{
 		client:     client,
 		components: []namedComponent{{"delivery", p}},
-		lanes:      map[spool.Kind]adminapi.LaneControl{spool.KindEvents: p},
+		lanes:      map[spool.Kind]delivery.LaneControl{spool.KindEvents: p},
 		release:    []func(){p.ReleaseMemory},
 	}
 

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
@@ -24,10 +25,6 @@ import (
 type Sender interface {
 	Do(ctx context.Context, req *upstream.Request) upstream.Result
 }
-
-// ErrUnknownLane is returned by StopLane and ResumeLane for a lane id the
-// pipeline does not deliver (no such lane, or not an events lane).
-var ErrUnknownLane = errors.New("batcher: unknown lane")
 
 // ErrNotRunning is returned by Ready before Run starts and after it returns.
 var ErrNotRunning = errors.New("batcher: delivery not running")
@@ -174,7 +171,7 @@ func (p *Pipeline) Ready() error {
 func (p *Pipeline) StopLane(laneID uint64) error {
 	lr := p.lane(laneID)
 	if lr == nil {
-		return fmt.Errorf("stop lane %d: %w", laneID, ErrUnknownLane)
+		return fmt.Errorf("stop lane %d: %w", laneID, delivery.ErrUnknownLane)
 	}
 	lr.stop("stopped by operator")
 	return nil
@@ -190,7 +187,7 @@ func (p *Pipeline) ResumeLane(laneID uint64) error {
 		if ls := p.sp.LanesFrom(laneID); len(ls) > 0 && ls[0].ID() == laneID && ls[0].Key().Kind == spool.KindEvents {
 			return nil // not running yet, so not stopped
 		}
-		return fmt.Errorf("resume lane %d: %w", laneID, ErrUnknownLane)
+		return fmt.Errorf("resume lane %d: %w", laneID, delivery.ErrUnknownLane)
 	}
 	lr.resume()
 	return nil
@@ -200,23 +197,6 @@ func (p *Pipeline) lane(id uint64) *laneRunner {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.lanes[id]
-}
-
-// LaneStatus is a snapshot of one lane's delivery.
-type LaneStatus struct {
-	ID    uint64
-	Label string
-	// Stopped is true while the lane sends nothing (Invalid API key, a
-	// fatal upstream answer, or StopLane); StopReason says why.
-	Stopped    bool
-	StopReason string
-	// PausedKeys is the number of devices/users whose events are held (429
-	// pause, daily quota, pacing); HeldEvents the events they hold.
-	PausedKeys, HeldEvents int64
-	// ReadAheadBytes is the memory the lane's read-ahead holds: the buffers
-	// of chunks read from the spool with a record not yet delivered or
-	// dead-lettered, and the copies of records held for paused keys.
-	ReadAheadBytes int64
 }
 
 // runners is a snapshot of the lanes' runners, taken under p.mu (which
@@ -233,9 +213,9 @@ func (p *Pipeline) runners() []*laneRunner {
 
 // LaneStatus returns a snapshot of every lane the pipeline has started,
 // by lane id.
-func (p *Pipeline) LaneStatus() []LaneStatus {
+func (p *Pipeline) LaneStatus() []delivery.LaneStatus {
 	lrs := p.runners()
-	out := make([]LaneStatus, 0, len(lrs))
+	out := make([]delivery.LaneStatus, 0, len(lrs))
 	for _, lr := range lrs {
 		out = append(out, lr.status())
 	}
@@ -395,9 +375,9 @@ func (lr *laneRunner) stoppedC() <-chan struct{} {
 	return lr.resumeC
 }
 
-func (lr *laneRunner) status() LaneStatus {
+func (lr *laneRunner) status() delivery.LaneStatus {
 	lr.smu.Lock()
-	st := LaneStatus{ID: lr.id, Label: lr.label, Stopped: lr.stopped, StopReason: lr.stopReason}
+	st := delivery.LaneStatus{ID: lr.id, Label: lr.label, Stopped: lr.stopped, StopReason: lr.stopReason}
 	lr.smu.Unlock()
 	st.PausedKeys = lr.heldKeys.Load()
 	st.HeldEvents = lr.heldEvents.Load()

@@ -14,8 +14,8 @@ import (
 
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
-	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/formreq"
 	"github.com/svcrelay/relay/internal/groupidentify/lanedeliver"
 	"github.com/svcrelay/relay/internal/spool"
@@ -172,11 +172,11 @@ func (g *GroupIdentify) Ready() error {
 }
 
 // LaneStatus returns a snapshot of the group identify lanes being delivered
-// (with StopLane and ResumeLane, an adminapi.LaneControl).
-func (g *GroupIdentify) LaneStatus() []batcher.LaneStatus { return g.d.LaneStatus() }
+// (with StopLane and ResumeLane, a delivery.LaneControl).
+func (g *GroupIdentify) LaneStatus() []delivery.LaneStatus { return g.d.LaneStatus() }
 
 // StopLane stops delivering a lane (records stay in the spool); it wraps
-// batcher.ErrUnknownLane for a lane not running.
+// delivery.ErrUnknownLane for a lane not running.
 func (g *GroupIdentify) StopLane(laneID uint64) error { return g.d.StopLane(laneID) }
 
 // ResumeLane resumes a lane stopped by StopLane or by an invalid api_key.

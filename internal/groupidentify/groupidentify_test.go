@@ -11,8 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/formreq/formreqtest"
 	"github.com/svcrelay/relay/internal/groupidentify"
 	"github.com/svcrelay/relay/internal/sim"
@@ -359,7 +359,7 @@ func TestInvalidAPIKeyStopsLane(t *testing.T) {
 	if n := badReqs(); n != 2 {
 		t.Fatalf("%d requests after one resume, want 2", n)
 	}
-	if err := e.C.StopLane(12345); !errors.Is(err, batcher.ErrUnknownLane) {
+	if err := e.C.StopLane(12345); !errors.Is(err, delivery.ErrUnknownLane) {
 		t.Fatalf("unknown lane: %v", err)
 	}
 }

@@ -14,8 +14,8 @@ import (
 
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
-	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/formreq"
 	"github.com/svcrelay/relay/internal/groupidentify/lanedeliver"
 	"github.com/svcrelay/relay/internal/spool"
@@ -209,11 +209,11 @@ func (u *UserMap) Ready() error {
 }
 
 // LaneStatus returns a snapshot of the user mapping lanes being delivered
-// (with StopLane and ResumeLane, an adminapi.LaneControl).
-func (u *UserMap) LaneStatus() []batcher.LaneStatus { return u.d.LaneStatus() }
+// (with StopLane and ResumeLane, a delivery.LaneControl).
+func (u *UserMap) LaneStatus() []delivery.LaneStatus { return u.d.LaneStatus() }
 
 // StopLane stops delivering a lane (records stay in the spool); it wraps
-// batcher.ErrUnknownLane for a lane not running.
+// delivery.ErrUnknownLane for a lane not running.
 func (u *UserMap) StopLane(laneID uint64) error { return u.d.StopLane(laneID) }
 
 // ResumeLane resumes a lane stopped by StopLane or by an invalid api_key.

@@ -33,7 +33,7 @@
 //     never retried in a loop. ResumeLane (an operator) or a restart tries
 //     again. StopLane stops a lane by hand before its next request (a
 //     request in flight finishes). LaneStatus, StopLane and ResumeLane make
-//     a Deliverer an adminapi.LaneControl.
+//     a Deliverer a delivery.LaneControl.
 //   - When Run's context ends, lane goroutines return; unacknowledged
 //     chunks stay in the spool and are read again after the next Open. A
 //     chunk partly delivered when the process stops is delivered again
@@ -51,12 +51,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	"go.uber.org/zap"
 
-	"github.com/svcrelay/relay/internal/batcher"
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/upstream"
 )
@@ -305,21 +304,21 @@ func (c laneStoppedCollector) Collect(ch chan<- prometheus.Metric) {
 
 // LaneStatus returns a snapshot of every lane Run has started, by lane id.
 // PausedKeys and HeldEvents are always 0 (no per-key pauses here).
-func (d *Deliverer) LaneStatus() []batcher.LaneStatus {
+func (d *Deliverer) LaneStatus() []delivery.LaneStatus {
 	d.mu.Lock()
 	sts := make([]*laneState, 0, len(d.lanes))
 	for _, st := range d.lanes {
 		sts = append(sts, st)
 	}
 	d.mu.Unlock()
-	out := make([]batcher.LaneStatus, 0, len(sts))
+	out := make([]delivery.LaneStatus, 0, len(sts))
 	for _, st := range sts {
 		st.mu.Lock()
-		out = append(out, batcher.LaneStatus{ID: st.id, Label: st.label, Stopped: st.stopped, StopReason: st.reason,
+		out = append(out, delivery.LaneStatus{ID: st.id, Label: st.label, Stopped: st.stopped, StopReason: st.reason,
 			ReadAheadBytes: st.readAhead.Load()})
 		st.mu.Unlock()
 	}
-	slices.SortFunc(out, func(a, b batcher.LaneStatus) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b delivery.LaneStatus) int { return cmp.Compare(a.ID, b.ID) })
 	return out
 }
 
@@ -331,11 +330,11 @@ func (d *Deliverer) lane(id uint64) *laneState {
 
 // StopLane stops sending the lane's records before its next request (an
 // operator's pause); they stay in the spool. It fails, wrapping
-// batcher.ErrUnknownLane, for a lane Run has not started.
+// delivery.ErrUnknownLane, for a lane Run has not started.
 func (d *Deliverer) StopLane(laneID uint64) error {
 	st := d.lane(laneID)
 	if st == nil {
-		return fmt.Errorf("%s: stop lane %d: %w", d.cfg.Name, laneID, batcher.ErrUnknownLane)
+		return fmt.Errorf("%s: stop lane %d: %w", d.cfg.Name, laneID, delivery.ErrUnknownLane)
 	}
 	st.stop("stopped by operator")
 	return nil
@@ -346,7 +345,7 @@ func (d *Deliverer) StopLane(laneID uint64) error {
 func (d *Deliverer) ResumeLane(laneID uint64) error {
 	st := d.lane(laneID)
 	if st == nil {
-		return fmt.Errorf("%s: resume lane %d: %w", d.cfg.Name, laneID, batcher.ErrUnknownLane)
+		return fmt.Errorf("%s: resume lane %d: %w", d.cfg.Name, laneID, delivery.ErrUnknownLane)
 	}
 	st.mu.Lock()
 	was := st.stopped
@@ -419,7 +418,7 @@ type laneRun struct {
 	key    spool.LaneKey
 	label  string
 	prefix []byte // "api_key=...&field="
-	bo     *backoff.ExponentialBackOff
+	bo     *delivery.Retry
 	st     *laneState
 }
 
@@ -431,13 +430,7 @@ func (d *Deliverer) runLane(ctx context.Context, l *spool.Lane, st *laneState) {
 	lr.prefix = append(lr.prefix, '&')
 	lr.prefix = append(lr.prefix, url.QueryEscape(d.cfg.Field)...)
 	lr.prefix = append(lr.prefix, '=')
-	lr.bo = backoff.NewExponentialBackOff(
-		backoff.WithInitialInterval(d.cfg.RetryInitial),
-		backoff.WithMaxInterval(d.cfg.RetryMax),
-		backoff.WithMultiplier(2),
-		backoff.WithRandomizationFactor(0.5),
-		backoff.WithMaxElapsedTime(0), // no count or time limit: MaxAge bounds it
-	)
+	lr.bo = delivery.NewRetry(d.cfg.RetryInitial, d.cfg.RetryMax) // no count or time limit: MaxAge bounds it
 	err := lr.loop(ctx)
 	if errors.Is(err, spool.ErrRetired) {
 		// Empty and idle: the spool forgot the lane (issue 19).
@@ -650,23 +643,16 @@ func (lr *laneRun) send(ctx context.Context, items []item) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			wait := lr.bo.NextBackOff()
-			if res.Kind == upstream.Throttled && cfg.ThrottleWait > 0 {
+			wait := lr.bo.Honour(res.RetryAfter, cfg.MaxRetryAfter)
+			if res.Kind == upstream.Throttled && cfg.ThrottleWait > 0 && res.RetryAfter <= 0 {
 				wait = cfg.ThrottleWait
-			}
-			if res.RetryAfter > 0 {
-				wait = min(res.RetryAfter, cfg.MaxRetryAfter)
 			}
 			m.retries.Inc()
 			lastAnswer = res.Answer
 			lr.d.log.Debug(cfg.Name+": retrying", zap.String("lane", lr.label), zap.Int("status", res.Status),
 				zap.Duration("wait", wait))
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if !delivery.Sleep(ctx, wait) {
 				return ctx.Err()
-			case <-t.C:
 			}
 		}
 	}
@@ -681,7 +667,8 @@ func (lr *laneRun) dead(ctx context.Context, items []item, reason string, answer
 	}
 	// A failed commit (disk trouble) is retried: the records were read from
 	// the lane and must be done before their chunk is acknowledged.
-	for wait, logged := lr.d.cfg.RetryInitial, false; ; wait = min(2*wait, lr.d.cfg.RetryMax) {
+	bo := delivery.NewRetry(lr.d.cfg.RetryInitial, lr.d.cfg.RetryMax)
+	for logged := false; ; {
 		err := lr.d.sp.PutDead(ctx, dls)
 		if err == nil {
 			break
@@ -693,12 +680,8 @@ func (lr *laneRun) dead(ctx context.Context, items []item, reason string, answer
 			lr.d.log.Error(lr.d.cfg.Name+": storing dead letters failed; retrying", zap.String("lane", lr.label), zap.Error(err))
 			logged = true
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !delivery.Sleep(ctx, bo.Next()) {
 			return ctx.Err()
-		case <-t.C:
 		}
 	}
 	lr.d.m.dead.WithLabelValues(reason).Add(float64(len(items)))
