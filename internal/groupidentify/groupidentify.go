@@ -17,7 +17,6 @@ import (
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/formreq"
-	"github.com/svcrelay/relay/internal/groupidentify/lanedeliver"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/upstream"
 )
@@ -52,7 +51,7 @@ type Config struct {
 	// zero means MaxBodyBytes (1,000,000).
 	MaxBodyBytes int
 	// MaxAge, RetryInitial, RetryMax, MaxRetryAfter, Linger: see
-	// lanedeliver.Config (zero means its defaults; MaxAge 6 days).
+	// delivery.FormConfig (zero means its defaults; MaxAge 6 days).
 	MaxAge, RetryInitial, RetryMax, MaxRetryAfter, Linger time.Duration
 	// RetryAfter is sent with 503 when the spool refuses; zero means
 	// DefaultRetryAfter. Rounded up to whole seconds.
@@ -102,7 +101,7 @@ type GroupIdentify struct {
 	sp    *spool.Spool
 	creds *credentials.Ref // read at every use: a reload takes effect at once
 	log   *zap.Logger
-	d     *lanedeliver.Deliverer
+	d     *delivery.FormLanes
 	rej   *formreq.Rejecter
 
 	accepted prometheus.Counter
@@ -119,7 +118,7 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 		log = zap.NewNop()
 	}
 	g := &GroupIdentify{cfg: cfg, sp: sp, creds: creds, log: log}
-	d, err := lanedeliver.New(lanedeliver.Config{
+	d, err := delivery.NewFormLanes(delivery.FormConfig{
 		Name:         "groupidentify",
 		Kind:         spool.KindGroupIdentify,
 		URL:          g.upstreamURL,
@@ -160,7 +159,7 @@ func (g *GroupIdentify) Routes() []adminroute.Route {
 	return []adminroute.Route{{Method: http.MethodPost, Path: "/groupidentify", Mode: admintoken.ModeOwn, Handler: http.HandlerFunc(g.serve)}}
 }
 
-// Run delivers spooled identifications until ctx ends (see lanedeliver).
+// Run delivers spooled identifications until ctx ends (see delivery.FormLanes).
 func (g *GroupIdentify) Run(ctx context.Context) error { return g.d.Run(ctx) }
 
 // Ready reports an error while Run is not running.

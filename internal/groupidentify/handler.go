@@ -10,9 +10,9 @@ import (
 	"strings"
 
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/formreq"
-	"github.com/svcrelay/relay/internal/groupidentify/lanedeliver"
 	"github.com/svcrelay/relay/internal/spool"
 )
 
@@ -60,7 +60,7 @@ func Parse(apiKey string, identification []byte, maxIdentifies, maxProperties, m
 	if len(raws) > maxIdentifies {
 		return nil, formreq.Bad("too_many_identifies", "identification: %d group identifies; at most %d per request", len(raws), maxIdentifies)
 	}
-	overhead := lanedeliver.BodyOverhead(apiKey, "identification")
+	overhead := delivery.BodyOverhead(apiKey, "identification")
 	out := make([]Identification, 0, len(raws))
 	total := 0
 	for i, raw := range raws {
@@ -77,7 +77,7 @@ func Parse(apiKey string, identification []byte, maxIdentifies, maxProperties, m
 		if total > maxProperties {
 			return nil, formreq.Bad("too_many_properties", "identification: more than %d group properties in one request (at identification[%d])", maxProperties, i)
 		}
-		if overhead+lanedeliver.EscapedLen(id.Data) >= maxBodyBytes {
+		if overhead+delivery.EscapedLen(id.Data) >= maxBodyBytes {
 			return nil, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
 				Msg: fmt.Sprintf("identification[%d]: too large for one upstream request (1 MB)", i)}
 		}

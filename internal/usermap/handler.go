@@ -9,10 +9,10 @@ import (
 	"strings"
 
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/formreq"
 	"github.com/svcrelay/relay/internal/forward"
-	"github.com/svcrelay/relay/internal/groupidentify/lanedeliver"
 	"github.com/svcrelay/relay/internal/spool"
 )
 
@@ -56,7 +56,7 @@ func ParseMappings(apiKey string, mapping []byte, maxMappings, maxBodyBytes int)
 	if len(raws) > maxMappings {
 		return nil, formreq.Bad("too_many_mappings", "mapping: %d mappings; at most %d per request", len(raws), maxMappings)
 	}
-	overhead := lanedeliver.BodyOverhead(apiKey, "mapping")
+	overhead := delivery.BodyOverhead(apiKey, "mapping")
 	out := make([]Mapping, 0, len(raws))
 	for i, raw := range raws {
 		m, err := parseOne(raw)
@@ -64,7 +64,7 @@ func ParseMappings(apiKey string, mapping []byte, maxMappings, maxBodyBytes int)
 			err.Msg = fmt.Sprintf("mapping[%d]%s", i, err.Msg)
 			return nil, err
 		}
-		if overhead+lanedeliver.EscapedLen(m.Data) >= maxBodyBytes {
+		if overhead+delivery.EscapedLen(m.Data) >= maxBodyBytes {
 			return nil, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
 				Msg: fmt.Sprintf("mapping[%d]: too large for one upstream request (1 MB)", i)}
 		}

@@ -17,7 +17,6 @@ import (
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/formreq"
-	"github.com/svcrelay/relay/internal/groupidentify/lanedeliver"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/upstream"
 )
@@ -60,7 +59,7 @@ type Config struct {
 	// (30 s). Tests shrink it.
 	RateWindow time.Duration
 	// MaxAge, RetryInitial, RetryMax, MaxRetryAfter, Linger: see
-	// lanedeliver.Config (zero means its defaults; MaxAge 6 days).
+	// delivery.FormConfig (zero means its defaults; MaxAge 6 days).
 	MaxAge, RetryInitial, RetryMax, MaxRetryAfter, Linger time.Duration
 	// RetryAfter is sent with 503 when the spool refuses; zero means
 	// DefaultRetryAfter.
@@ -121,7 +120,7 @@ type UserMap struct {
 	sp    *spool.Spool
 	creds *credentials.Ref // read at every use: a reload takes effect at once
 	log   *zap.Logger
-	d     *lanedeliver.Deliverer
+	d     *delivery.FormLanes
 	pacer *Pacer
 	rej   *formreq.Rejecter
 
@@ -143,7 +142,7 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 	u.pacer = NewPacer(cfg.RateLimit, cfg.RateWindow, u.orgOf, nil)
 	u.pacer.waited = f.NewCounter(prometheus.CounterOpts{Name: "relay_usermap_pace_wait_seconds_total",
 		Help: "Time lanes waited for the per-organization mapping rate (1500 per 30 s)."})
-	d, err := lanedeliver.New(lanedeliver.Config{
+	d, err := delivery.NewFormLanes(delivery.FormConfig{
 		Name:         "usermap",
 		Kind:         spool.KindUserMap,
 		URL:          u.aliasURL,
@@ -197,7 +196,7 @@ func (u *UserMap) Routes() []adminroute.Route {
 	}
 }
 
-// Run delivers spooled mappings until ctx ends (see lanedeliver).
+// Run delivers spooled mappings until ctx ends (see delivery.FormLanes).
 func (u *UserMap) Run(ctx context.Context) error { return u.d.Run(ctx) }
 
 // Ready reports an error while Run is not running.
