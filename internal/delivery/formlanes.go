@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	"go.uber.org/zap"
 
+	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/upstream"
 )
@@ -362,6 +364,30 @@ func (d *FormLanes) ResumeLane(laneID uint64) error {
 
 // Running reports whether Run is running.
 func (d *FormLanes) Running() bool { return d.running.Load() }
+
+// Ready reports an error while Run is not running ("<Name> delivery not
+// running").
+func (d *FormLanes) Ready() error {
+	if !d.Running() {
+		return fmt.Errorf("%s delivery not running", d.cfg.Name)
+	}
+	return nil
+}
+
+// ProjectURL returns a FormConfig.URL: base + path, where a project's own
+// base of kind (credentials.KindIngest, ...) in the credentials file in
+// force (read at every call, so a reload takes effect at once) overrides
+// base for that project's api_key. creds may be nil. base must not end in
+// "/".
+func ProjectURL(creds *credentials.Ref, kind, base, path string) func(apiKey string) string {
+	return func(apiKey string) string {
+		b := base
+		if p, ok := creds.Load().ProjectByAPIKey(apiKey); ok {
+			b = strings.TrimRight(p.URL(kind, base), "/")
+		}
+		return b + path
+	}
+}
 
 // Run delivers every lane of the kind until ctx ends; it then waits for the
 // lane goroutines and returns nil. Unacknowledged work stays in the spool.

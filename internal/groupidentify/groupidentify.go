@@ -1,7 +1,6 @@
 package groupidentify
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -101,8 +100,10 @@ type GroupIdentify struct {
 	sp    *spool.Spool
 	creds *credentials.Ref // read at every use: a reload takes effect at once
 	log   *zap.Logger
-	d     *delivery.FormLanes
 	rej   *formreq.Rejecter
+	// FormLanes delivers (Run, Ready, LaneStatus, StopLane, ResumeLane:
+	// with the last three a delivery.LaneControl).
+	*delivery.FormLanes
 
 	accepted prometheus.Counter
 }
@@ -121,7 +122,7 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 	d, err := delivery.NewFormLanes(delivery.FormConfig{
 		Name:         "groupidentify",
 		Kind:         spool.KindGroupIdentify,
-		URL:          g.upstreamURL,
+		URL:          delivery.ProjectURL(creds, credentials.KindIngest, cfg.URL, "/groupidentify"),
 		Field:        "identification",
 		MaxItems:     cfg.MaxIdentifies,
 		MaxBodyBytes: cfg.MaxBodyBytes,
@@ -135,7 +136,7 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 	if err != nil {
 		return nil, fmt.Errorf("groupidentify: %w", err)
 	}
-	g.d = d
+	g.FormLanes = d
 	f := promauto.With(reg)
 	g.accepted = f.NewCounter(prometheus.CounterOpts{Name: "relay_groupidentify_accepted_total",
 		Help: "Group identifications accepted into the spool."})
@@ -144,39 +145,7 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 	return g, nil
 }
 
-// upstreamURL is the /groupidentify URL for apiKey: the project's ingest_url
-// override, else Config.URL.
-func (g *GroupIdentify) upstreamURL(apiKey string) string {
-	base := g.cfg.URL
-	if p, ok := g.creds.Load().ProjectByAPIKey(apiKey); ok {
-		base = strings.TrimRight(p.URL(credentials.KindIngest, base), "/")
-	}
-	return base + "/groupidentify"
-}
-
 // Routes returns the admin routes: POST /groupidentify.
 func (g *GroupIdentify) Routes() []adminroute.Route {
 	return []adminroute.Route{{Method: http.MethodPost, Path: "/groupidentify", Mode: admintoken.ModeOwn, Handler: http.HandlerFunc(g.serve)}}
 }
-
-// Run delivers spooled identifications until ctx ends (see delivery.FormLanes).
-func (g *GroupIdentify) Run(ctx context.Context) error { return g.d.Run(ctx) }
-
-// Ready reports an error while Run is not running.
-func (g *GroupIdentify) Ready() error {
-	if !g.d.Running() {
-		return errors.New("groupidentify delivery not running")
-	}
-	return nil
-}
-
-// LaneStatus returns a snapshot of the group identify lanes being delivered
-// (with StopLane and ResumeLane, a delivery.LaneControl).
-func (g *GroupIdentify) LaneStatus() []delivery.LaneStatus { return g.d.LaneStatus() }
-
-// StopLane stops delivering a lane (records stay in the spool); it wraps
-// delivery.ErrUnknownLane for a lane not running.
-func (g *GroupIdentify) StopLane(laneID uint64) error { return g.d.StopLane(laneID) }
-
-// ResumeLane resumes a lane stopped by StopLane or by an invalid api_key.
-func (g *GroupIdentify) ResumeLane(laneID uint64) error { return g.d.ResumeLane(laneID) }

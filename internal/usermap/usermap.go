@@ -1,7 +1,6 @@
 package usermap
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -120,9 +119,11 @@ type UserMap struct {
 	sp    *spool.Spool
 	creds *credentials.Ref // read at every use: a reload takes effect at once
 	log   *zap.Logger
-	d     *delivery.FormLanes
 	pacer *Pacer
 	rej   *formreq.Rejecter
+	// FormLanes delivers (Run, Ready, LaneStatus, StopLane, ResumeLane:
+	// with the last three a delivery.LaneControl).
+	*delivery.FormLanes
 
 	accepted prometheus.Counter
 }
@@ -145,7 +146,7 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 	d, err := delivery.NewFormLanes(delivery.FormConfig{
 		Name:         "usermap",
 		Kind:         spool.KindUserMap,
-		URL:          u.aliasURL,
+		URL:          delivery.ProjectURL(creds, credentials.KindAlias, cfg.AliasURL, "/usermap"),
 		Field:        "mapping",
 		MaxItems:     min(cfg.MaxMappings, cfg.RateLimit),
 		MaxBodyBytes: cfg.MaxBodyBytes,
@@ -159,7 +160,7 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 	if err != nil {
 		return nil, fmt.Errorf("usermap: %w", err)
 	}
-	u.d = d
+	u.FormLanes = d
 	u.accepted = f.NewCounter(prometheus.CounterOpts{Name: "relay_usermap_accepted_total",
 		Help: "Mappings accepted into the spool."})
 	u.rej = formreq.NewRejecter("usermap", log, f.NewCounterVec(prometheus.CounterOpts{Name: "relay_usermap_rejected_requests_total",
@@ -180,14 +181,6 @@ func (u *UserMap) orgOf(apiKey string) string {
 	return "key:" + apiKey
 }
 
-func (u *UserMap) aliasURL(apiKey string) string {
-	base := u.cfg.AliasURL
-	if p, ok := u.creds.Load().ProjectByAPIKey(apiKey); ok {
-		base = strings.TrimRight(p.URL(credentials.KindAlias, base), "/")
-	}
-	return base + "/usermap"
-}
-
 // Routes returns POST /usermap (GET /api/2/usermap is ReadAPI, forwarded by
 // internal/forward).
 func (u *UserMap) Routes() []adminroute.Route {
@@ -195,25 +188,3 @@ func (u *UserMap) Routes() []adminroute.Route {
 		{Method: http.MethodPost, Path: "/usermap", Mode: admintoken.ModeOwn, Handler: http.HandlerFunc(u.servePost)},
 	}
 }
-
-// Run delivers spooled mappings until ctx ends (see delivery.FormLanes).
-func (u *UserMap) Run(ctx context.Context) error { return u.d.Run(ctx) }
-
-// Ready reports an error while Run is not running.
-func (u *UserMap) Ready() error {
-	if !u.d.Running() {
-		return errors.New("usermap delivery not running")
-	}
-	return nil
-}
-
-// LaneStatus returns a snapshot of the user mapping lanes being delivered
-// (with StopLane and ResumeLane, a delivery.LaneControl).
-func (u *UserMap) LaneStatus() []delivery.LaneStatus { return u.d.LaneStatus() }
-
-// StopLane stops delivering a lane (records stay in the spool); it wraps
-// delivery.ErrUnknownLane for a lane not running.
-func (u *UserMap) StopLane(laneID uint64) error { return u.d.StopLane(laneID) }
-
-// ResumeLane resumes a lane stopped by StopLane or by an invalid api_key.
-func (u *UserMap) ResumeLane(laneID uint64) error { return u.d.ResumeLane(laneID) }
