@@ -2,16 +2,13 @@ package groupidentify
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 
-	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
-	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/formreq"
 	"github.com/svcrelay/relay/internal/spool"
 )
@@ -198,21 +195,9 @@ func (g *GroupIdentify) serve(w http.ResponseWriter, r *http.Request) {
 			Msg: fmt.Sprintf("Payload too large: body of %d bytes; the limit is under %d bytes (1 MB)", n, g.cfg.MaxBodyBytes)})
 		return
 	}
-	apiKey := formValue(f, "api_key")
-	if name := r.Header.Get("X-Relay-Project"); name != "" {
-		key, verr := projectKey(g.creds.Load(), name, apiKey)
-		if verr != nil {
-			g.rej.Reject(w, verr)
-			return
-		}
-		apiKey = key
-	}
-	if apiKey == "" {
-		g.rej.Reject(w, formreq.Bad("missing_field", "api_key: missing or empty"))
-		return
-	}
-	if len(apiKey) > event.MaxAPIKeyBytes { // issue 19: a lane per key; keys are bounded
-		g.rej.Reject(w, formreq.Bad("invalid_api_key", "api_key: longer than %d bytes", event.MaxAPIKeyBytes))
+	apiKey, verr := formreq.APIKey(g.creds.Load(), r.Header.Get("X-Relay-Project"), formValue(f, "api_key"))
+	if verr != nil {
+		g.rej.Reject(w, verr)
 		return
 	}
 	ids, verr := Parse(apiKey, []byte(formValue(f, "identification")), g.cfg.MaxIdentifies, g.cfg.MaxProperties, g.cfg.MaxBodyBytes)
@@ -226,31 +211,7 @@ func (g *GroupIdentify) serve(w http.ResponseWriter, r *http.Request) {
 		key = append(append(append(key, id.GroupType...), 0), id.GroupValue...)
 		b.Add(spool.Record{OrderKey: key, Data: id.Data})
 	}
-	rctx := context.Background()
-	lane, err := g.sp.Lane(rctx, spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: apiKey})
-	if err == nil {
-		err = g.sp.Append(rctx, lane, &b)
-	}
-	if err != nil {
-		g.rej.SpoolFailed(w, err)
-		return
-	}
-	g.accepted.Add(float64(len(ids)))
-	w.Header().Set("Content-Type", "application/json")
-	fmt.Fprintf(w, `{"code":200,"identifications_accepted":%d}`, len(ids))
-}
-
-// projectKey returns the api_key of the project X-Relay-Project names; the
-// request must not carry an api_key of its own.
-func projectKey(creds *credentials.Store, name, apiKey string) (string, *ValidationError) {
-	if apiKey != "" {
-		return "", formreq.Bad("conflict", "api_key and X-Relay-Project: give one, not both")
-	}
-	p, ok := creds.Project(name)
-	if !ok {
-		return "", formreq.Bad("unknown_project", "X-Relay-Project: no project of that name in the credentials file")
-	}
-	return p.APIKey.Reveal(), nil
+	g.rej.Spool(w, g.sp, spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: apiKey}, &b, g.accepted, "identifications_accepted", len(ids))
 }
 
 // formValue reads a form field of the body, else of the query.

@@ -2,7 +2,6 @@ package usermap
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -10,7 +9,6 @@ import (
 
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
-	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/formreq"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/spool"
@@ -139,25 +137,9 @@ func (u *UserMap) servePost(w http.ResponseWriter, r *http.Request) {
 			Msg: fmt.Sprintf("Payload too large: %d bytes; the limit is under %d bytes (1 MB)", n, u.cfg.MaxBodyBytes)})
 		return
 	}
-	apiKey := formValue(f, "api_key")
-	if name := r.Header.Get("X-Relay-Project"); name != "" {
-		if apiKey != "" {
-			u.rej.Reject(w, formreq.Bad("conflict", "api_key and X-Relay-Project: give one, not both"))
-			return
-		}
-		p, ok := u.creds.Load().Project(name)
-		if !ok {
-			u.rej.Reject(w, formreq.Bad("unknown_project", "X-Relay-Project: no project of that name in the credentials file"))
-			return
-		}
-		apiKey = p.APIKey.Reveal()
-	}
-	if apiKey == "" {
-		u.rej.Reject(w, formreq.Bad("missing_field", "api_key: missing or empty"))
-		return
-	}
-	if len(apiKey) > event.MaxAPIKeyBytes { // issue 19: a lane per key; keys are bounded
-		u.rej.Reject(w, formreq.Bad("invalid_api_key", "api_key: longer than %d bytes", event.MaxAPIKeyBytes))
+	apiKey, verr := formreq.APIKey(u.creds.Load(), r.Header.Get("X-Relay-Project"), formValue(f, "api_key"))
+	if verr != nil {
+		u.rej.Reject(w, verr)
 		return
 	}
 	ms, verr := ParseMappings(apiKey, []byte(formValue(f, "mapping")), u.cfg.MaxMappings, u.cfg.MaxBodyBytes)
@@ -169,18 +151,7 @@ func (u *UserMap) servePost(w http.ResponseWriter, r *http.Request) {
 	for _, m := range ms {
 		b.Add(spool.Record{OrderKey: []byte(m.UserID), UserID: []byte(m.UserID), Data: m.Data})
 	}
-	rctx := context.Background()
-	lane, err := u.sp.Lane(rctx, spool.LaneKey{Kind: spool.KindUserMap, APIKey: apiKey})
-	if err == nil {
-		err = u.sp.Append(rctx, lane, &b)
-	}
-	if err != nil {
-		u.rej.SpoolFailed(w, err)
-		return
-	}
-	u.accepted.Add(float64(len(ms)))
-	w.Header().Set("Content-Type", "application/json")
-	fmt.Fprintf(w, `{"code":200,"mappings_accepted":%d}`, len(ms))
+	u.rej.Spool(w, u.sp, spool.LaneKey{Kind: spool.KindUserMap, APIKey: apiKey}, &b, u.accepted, "mappings_accepted", len(ms))
 }
 
 // ParseUserIDs validates the user_ids parameter of GET /api/2/usermap: a
