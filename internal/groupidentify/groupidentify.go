@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promauto"
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/adminroute"
@@ -96,16 +95,11 @@ func (c Config) withDefaults() Config {
 
 // GroupIdentify is the /groupidentify route and its delivery.
 type GroupIdentify struct {
-	cfg   Config
-	sp    *spool.Spool
-	creds *credentials.Ref // read at every use: a reload takes effect at once
-	log   *zap.Logger
-	rej   *formreq.Rejecter
+	cfg Config
+	in  *formreq.Intake // accepts
 	// FormLanes delivers (Run, Ready, LaneStatus, StopLane, ResumeLane:
 	// with the last three a delivery.LaneControl).
 	*delivery.FormLanes
-
-	accepted prometheus.Counter
 }
 
 // New returns a GroupIdentify. creds (the credentials file in force), log
@@ -118,7 +112,7 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 	if log == nil {
 		log = zap.NewNop()
 	}
-	g := &GroupIdentify{cfg: cfg, sp: sp, creds: creds, log: log}
+	g := &GroupIdentify{cfg: cfg}
 	d, err := delivery.NewFormLanes(delivery.FormConfig{
 		Name:         "groupidentify",
 		Kind:         spool.KindGroupIdentify,
@@ -137,11 +131,12 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 		return nil, fmt.Errorf("groupidentify: %w", err)
 	}
 	g.FormLanes = d
-	f := promauto.With(reg)
-	g.accepted = f.NewCounter(prometheus.CounterOpts{Name: "relay_groupidentify_accepted_total",
-		Help: "Group identifications accepted into the spool."})
-	g.rej = formreq.NewRejecter("groupidentify", log, f.NewCounterVec(prometheus.CounterOpts{Name: "relay_groupidentify_rejected_requests_total",
-		Help: "POST /groupidentify requests refused, by reason."}, []string{"reason"}), cfg.RetryAfter)
+	g.in, err = formreq.NewIntake(formreq.IntakeConfig{Name: "groupidentify", Kind: spool.KindGroupIdentify, Field: "identifications_accepted",
+		AcceptedHelp: "Group identifications accepted into the spool.",
+		RejectedHelp: "POST /groupidentify requests refused, by reason.", RetryAfter: cfg.RetryAfter}, sp, creds, log, reg)
+	if err != nil {
+		return nil, fmt.Errorf("groupidentify: %w", err)
+	}
 	return g, nil
 }
 

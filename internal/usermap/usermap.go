@@ -116,16 +116,12 @@ func (c Config) withDefaults() Config {
 // spooled mappings.
 type UserMap struct {
 	cfg   Config
-	sp    *spool.Spool
 	creds *credentials.Ref // read at every use: a reload takes effect at once
-	log   *zap.Logger
 	pacer *Pacer
-	rej   *formreq.Rejecter
+	in    *formreq.Intake // accepts
 	// FormLanes delivers (Run, Ready, LaneStatus, StopLane, ResumeLane:
 	// with the last three a delivery.LaneControl).
 	*delivery.FormLanes
-
-	accepted prometheus.Counter
 }
 
 // New returns a UserMap. creds (the credentials file in force), log and reg
@@ -139,7 +135,7 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 		log = zap.NewNop()
 	}
 	f := promauto.With(reg)
-	u := &UserMap{cfg: cfg, sp: sp, creds: creds, log: log}
+	u := &UserMap{cfg: cfg, creds: creds}
 	u.pacer = NewPacer(cfg.RateLimit, cfg.RateWindow, u.orgOf, nil)
 	u.pacer.waited = f.NewCounter(prometheus.CounterOpts{Name: "relay_usermap_pace_wait_seconds_total",
 		Help: "Time lanes waited for the per-organization mapping rate (1500 per 30 s)."})
@@ -161,10 +157,12 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 		return nil, fmt.Errorf("usermap: %w", err)
 	}
 	u.FormLanes = d
-	u.accepted = f.NewCounter(prometheus.CounterOpts{Name: "relay_usermap_accepted_total",
-		Help: "Mappings accepted into the spool."})
-	u.rej = formreq.NewRejecter("usermap", log, f.NewCounterVec(prometheus.CounterOpts{Name: "relay_usermap_rejected_requests_total",
-		Help: "POST /usermap requests refused locally, by reason."}, []string{"reason"}), cfg.RetryAfter)
+	u.in, err = formreq.NewIntake(formreq.IntakeConfig{Name: "usermap", Kind: spool.KindUserMap, Field: "mappings_accepted",
+		AcceptedHelp: "Mappings accepted into the spool.",
+		RejectedHelp: "POST /usermap requests refused locally, by reason.", RetryAfter: cfg.RetryAfter}, sp, creds, log, reg)
+	if err != nil {
+		return nil, fmt.Errorf("usermap: %w", err)
+	}
 	return u, nil
 }
 
