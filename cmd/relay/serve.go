@@ -156,9 +156,8 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, creds *credentials.Ref, l
 	}
 
 	gi, err := groupidentify.New(groupidentify.Config{
-		URL:    cfg.IngestURL,
-		MaxAge: cfg.MaxEventAge,
-		Gzip:   cfg.UpstreamGzip,
+		URL:        cfg.IngestURL,
+		FormTiming: delivery.FormTiming{MaxAge: cfg.MaxEventAge, Gzip: cfg.UpstreamGzip},
 	}, sp, client, creds, log.Named("groupidentify"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("group identify: %w", err)
@@ -184,8 +183,7 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, creds *credentials.Ref, l
 	um, err := usermap.New(usermap.Config{
 		AliasURL:     cfg.AliasURL,
 		AnalyticsURL: cfg.AnalyticsURL,
-		MaxAge:       cfg.MaxEventAge,
-		Gzip:         cfg.UpstreamGzip,
+		FormTiming:   delivery.FormTiming{MaxAge: cfg.MaxEventAge, Gzip: cfg.UpstreamGzip},
 	}, sp, client, creds, log.Named("usermap"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("user mapping: %w", err)

@@ -37,6 +37,32 @@ type Pacer interface {
 	Acquire(ctx context.Context, apiKey string, n int) (release func(), err error)
 }
 
+// FormTiming is the part of a FormConfig a form kind's own Config
+// (groupidentify.Config, usermap.Config) embeds and hands over as is.
+type FormTiming struct {
+	// MaxAge: a record still undelivered this long after acceptance goes to
+	// dead letters ("expired"); zero means DefaultMaxAge.
+	MaxAge time.Duration
+	// RetryInitial and RetryMax bound the backoff; zero means the defaults.
+	RetryInitial, RetryMax time.Duration
+	// MaxRetryAfter clamps an upstream Retry-After; zero means DefaultMaxRetryAfter.
+	MaxRetryAfter time.Duration
+	// Linger is how long a lane waits for more records when its request is
+	// not full; zero means DefaultLinger, negative means no wait.
+	Linger time.Duration
+	// Gzip sends bodies gzip-compressed.
+	Gzip bool
+}
+
+// Validate reports a negative duration (Linger excepted: negative means no
+// wait).
+func (t FormTiming) Validate() error {
+	if t.MaxAge < 0 || t.RetryInitial < 0 || t.RetryMax < 0 || t.MaxRetryAfter < 0 {
+		return errors.New("delivery: negative duration")
+	}
+	return nil
+}
+
 // FormConfig configures a FormLanes.
 type FormConfig struct {
 	// Name prefixes metrics (relay_<Name>_...) and log messages. Required.
@@ -55,24 +81,14 @@ type FormConfig struct {
 	MaxWeight int
 	// Weight is a record's weight (e.g. its group properties); nil means 0.
 	Weight func(data []byte) int
-	// MaxAge: a record still undelivered this long after acceptance goes to
-	// dead letters ("expired"); zero means DefaultMaxAge.
-	MaxAge time.Duration
-	// RetryInitial and RetryMax bound the backoff; zero means the defaults.
-	RetryInitial, RetryMax time.Duration
-	// MaxRetryAfter clamps an upstream Retry-After; zero means DefaultMaxRetryAfter.
-	MaxRetryAfter time.Duration
+	// FormTiming: max age, retries, linger, gzip.
+	FormTiming
 	// ThrottleWait is the wait after a 429 without Retry-After; zero means
 	// the backoff's next interval.
 	ThrottleWait time.Duration
-	// Linger is how long a lane waits for more records when its request is
-	// not full; zero means DefaultLinger, negative means no wait.
-	Linger time.Duration
 	// ReadBytes bounds the chunk bytes read from the spool at once; zero
 	// means DefaultReadBytes.
 	ReadBytes int
-	// Gzip sends bodies gzip-compressed.
-	Gzip bool
 	// Pacer, when not nil, paces every request.
 	Pacer Pacer
 	// Now is the clock; nil means time.Now.
@@ -94,11 +110,10 @@ func (c FormConfig) Validate() error {
 		return fmt.Errorf("delivery: MaxItems %d <= 0", c.MaxItems)
 	case c.MaxBodyBytes <= 0:
 		return fmt.Errorf("delivery: MaxBodyBytes %d <= 0", c.MaxBodyBytes)
-	case c.MaxWeight < 0, c.MaxAge < 0, c.RetryInitial < 0, c.RetryMax < 0, c.MaxRetryAfter < 0,
-		c.ThrottleWait < 0, c.ReadBytes < 0:
+	case c.MaxWeight < 0, c.ThrottleWait < 0, c.ReadBytes < 0:
 		return errors.New("delivery: negative limit or duration")
 	}
-	return nil
+	return c.FormTiming.Validate()
 }
 
 func (c FormConfig) withDefaults() FormConfig {

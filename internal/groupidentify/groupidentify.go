@@ -1,6 +1,7 @@
 package groupidentify
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/http"
@@ -48,14 +49,12 @@ type Config struct {
 	// MaxBodyBytes: accepted and upstream form bodies are strictly shorter;
 	// zero means MaxBodyBytes (1,000,000).
 	MaxBodyBytes int
-	// MaxAge, RetryInitial, RetryMax, MaxRetryAfter, Linger: see
-	// delivery.FormConfig (zero means its defaults; MaxAge 6 days).
-	MaxAge, RetryInitial, RetryMax, MaxRetryAfter, Linger time.Duration
+	// FormTiming: max age, retries, linger and gzip of the delivery (zero
+	// means delivery's defaults; MaxAge 6 days).
+	delivery.FormTiming
 	// RetryAfter is sent with 503 when the spool refuses; zero means
 	// DefaultRetryAfter. Rounded up to whole seconds.
 	RetryAfter time.Duration
-	// Gzip sends upstream bodies gzip-compressed.
-	Gzip bool
 }
 
 // Validate reports a configuration error.
@@ -70,25 +69,20 @@ func (c Config) Validate() error {
 		return fmt.Errorf("groupidentify: MaxProperties %d not in 0..%d", c.MaxProperties, MaxProperties)
 	case c.MaxBodyBytes < 0 || c.MaxBodyBytes > MaxBodyBytes:
 		return fmt.Errorf("groupidentify: MaxBodyBytes %d not in 0..%d", c.MaxBodyBytes, MaxBodyBytes)
-	case c.MaxAge < 0, c.RetryInitial < 0, c.RetryMax < 0, c.MaxRetryAfter < 0, c.RetryAfter < 0:
+	case c.RetryAfter < 0:
 		return errors.New("groupidentify: negative duration")
+	}
+	if err := c.FormTiming.Validate(); err != nil {
+		return fmt.Errorf("groupidentify: %w", err)
 	}
 	return nil
 }
 
 func (c Config) withDefaults() Config {
-	if c.MaxIdentifies == 0 {
-		c.MaxIdentifies = MaxIdentifies
-	}
-	if c.MaxProperties == 0 {
-		c.MaxProperties = MaxProperties
-	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = MaxBodyBytes
-	}
-	if c.RetryAfter == 0 {
-		c.RetryAfter = DefaultRetryAfter
-	}
+	c.MaxIdentifies = cmp.Or(c.MaxIdentifies, MaxIdentifies)
+	c.MaxProperties = cmp.Or(c.MaxProperties, MaxProperties)
+	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, MaxBodyBytes)
+	c.RetryAfter = cmp.Or(c.RetryAfter, DefaultRetryAfter)
 	c.URL = strings.TrimRight(c.URL, "/")
 	return c
 }
@@ -109,9 +103,6 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	if log == nil {
-		log = zap.NewNop()
-	}
 	g := &GroupIdentify{cfg: cfg}
 	d, err := delivery.NewFormLanes(delivery.FormConfig{
 		Name:         "groupidentify",
@@ -122,10 +113,7 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 		MaxBodyBytes: cfg.MaxBodyBytes,
 		MaxWeight:    cfg.MaxProperties,
 		Weight:       Properties,
-		MaxAge:       cfg.MaxAge,
-		RetryInitial: cfg.RetryInitial, RetryMax: cfg.RetryMax, MaxRetryAfter: cfg.MaxRetryAfter,
-		Linger: cfg.Linger,
-		Gzip:   cfg.Gzip,
+		FormTiming:   cfg.FormTiming,
 	}, sp, client, log, reg)
 	if err != nil {
 		return nil, fmt.Errorf("groupidentify: %w", err)

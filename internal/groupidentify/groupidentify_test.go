@@ -396,7 +396,7 @@ func TestOperatorStop(t *testing.T) {
 
 // TestExpired: records that stay undeliverable past MaxAge are dead letters.
 func TestExpired(t *testing.T) {
-	e := newEnv(t, sim.Config{}, groupidentify.Config{MaxAge: 300 * time.Millisecond})
+	e := newEnv(t, sim.Config{}, groupidentify.Config{FormTiming: delivery.FormTiming{MaxAge: 300 * time.Millisecond}})
 	e.Sim.Inject(simtest.Fault{Status: 503, Count: -1})
 	if a := postForm(t, e.Base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents("v", 4, 1)}}); a.Status != 200 {
 		t.Fatal(a.Body)

@@ -1,6 +1,7 @@
 package usermap
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/http"
@@ -57,14 +58,12 @@ type Config struct {
 	// RateWindow is the sliding window of RateLimit; zero means RateWindow
 	// (30 s). Tests shrink it.
 	RateWindow time.Duration
-	// MaxAge, RetryInitial, RetryMax, MaxRetryAfter, Linger: see
-	// delivery.FormConfig (zero means its defaults; MaxAge 6 days).
-	MaxAge, RetryInitial, RetryMax, MaxRetryAfter, Linger time.Duration
+	// FormTiming: max age, retries, linger and gzip of the delivery (zero
+	// means delivery's defaults; MaxAge 6 days).
+	delivery.FormTiming
 	// RetryAfter is sent with 503 when the spool refuses; zero means
 	// DefaultRetryAfter.
 	RetryAfter time.Duration
-	// Gzip sends upstream POST bodies gzip-compressed.
-	Gzip bool
 }
 
 func httpBase(u string) bool {
@@ -84,29 +83,21 @@ func (c Config) Validate() error {
 		return fmt.Errorf("usermap: MaxBodyBytes %d not in 0..%d", c.MaxBodyBytes, MaxBodyBytes)
 	case c.RateLimit < 0:
 		return fmt.Errorf("usermap: RateLimit %d < 0", c.RateLimit)
-	case c.RateWindow < 0, c.MaxAge < 0, c.RetryInitial < 0, c.RetryMax < 0, c.MaxRetryAfter < 0,
-		c.RetryAfter < 0:
+	case c.RateWindow < 0, c.RetryAfter < 0:
 		return errors.New("usermap: negative duration")
+	}
+	if err := c.FormTiming.Validate(); err != nil {
+		return fmt.Errorf("usermap: %w", err)
 	}
 	return nil
 }
 
 func (c Config) withDefaults() Config {
-	if c.MaxMappings == 0 {
-		c.MaxMappings = MaxMappings
-	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = MaxBodyBytes
-	}
-	if c.RateLimit == 0 {
-		c.RateLimit = RateLimit
-	}
-	if c.RateWindow == 0 {
-		c.RateWindow = RateWindow
-	}
-	if c.RetryAfter == 0 {
-		c.RetryAfter = DefaultRetryAfter
-	}
+	c.MaxMappings = cmp.Or(c.MaxMappings, MaxMappings)
+	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, MaxBodyBytes)
+	c.RateLimit = cmp.Or(c.RateLimit, RateLimit)
+	c.RateWindow = cmp.Or(c.RateWindow, RateWindow)
+	c.RetryAfter = cmp.Or(c.RetryAfter, DefaultRetryAfter)
 	c.AliasURL = strings.TrimRight(c.AliasURL, "/")
 	c.AnalyticsURL = strings.TrimRight(c.AnalyticsURL, "/")
 	return c
@@ -131,9 +122,6 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	if log == nil {
-		log = zap.NewNop()
-	}
 	f := promauto.With(reg)
 	u := &UserMap{cfg: cfg, creds: creds}
 	u.pacer = NewPacer(cfg.RateLimit, cfg.RateWindow, u.orgOf, nil)
@@ -146,11 +134,8 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 		Field:        "mapping",
 		MaxItems:     min(cfg.MaxMappings, cfg.RateLimit),
 		MaxBodyBytes: cfg.MaxBodyBytes,
-		MaxAge:       cfg.MaxAge,
-		RetryInitial: cfg.RetryInitial, RetryMax: cfg.RetryMax, MaxRetryAfter: cfg.MaxRetryAfter,
+		FormTiming:   cfg.FormTiming,
 		ThrottleWait: cfg.RateWindow,
-		Linger:       cfg.Linger,
-		Gzip:         cfg.Gzip,
 		Pacer:        u.pacer,
 	}, sp, client, log, reg)
 	if err != nil {
