@@ -77,7 +77,7 @@ func (c *laneStoppedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.de
 func (c *laneStoppedCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, lr := range c.p.runners() {
 		v := 0.0
-		if lr.isStopped.Load() {
+		if lr.stop.Stopped() {
 			v = 1
 		}
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, lr.label)

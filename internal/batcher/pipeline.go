@@ -173,7 +173,7 @@ func (p *Pipeline) StopLane(laneID uint64) error {
 	if lr == nil {
 		return fmt.Errorf("stop lane %d: %w", laneID, delivery.ErrUnknownLane)
 	}
-	lr.stop("stopped by operator")
+	lr.stopLane("stopped by operator")
 	return nil
 }
 
@@ -260,14 +260,10 @@ type laneRunner struct {
 	inflight int64
 	bwake    chan struct{}
 
-	// stop state
-	smu        sync.Mutex
-	stopped    bool
-	stopReason string
-	resumeC    chan struct{}
-	// isStopped mirrors stopped for the relay_lane_stopped collector,
-	// which reads no lock of the relay.
-	isStopped atomic.Bool
+	// stop is the lane's stop state; its Stopped (an atomic) serves the
+	// relay_lane_stopped collector, which reads no lock of the relay. It
+	// pins the lane while stopped.
+	stop delivery.StopSwitch
 	// cancel ends the lane's goroutines when the spool retires the lane.
 	cancel context.CancelFunc
 
@@ -290,6 +286,7 @@ type laneRunner struct {
 
 func newLaneRunner(p *Pipeline, l *spool.Lane) *laneRunner {
 	lr := &laneRunner{p: p, lane: l, id: l.ID(), label: l.Label(), key: l.Key(), bwake: make(chan struct{}, 1)}
+	lr.stop.Lane = l // a stopped lane is not retired while empty (its stop would be lost)
 	lr.prefix, lr.suffix = envelope(lr.key)
 	lr.window.Store(1)
 	for i := 0; i < p.cfg.ShardsPerLane; i++ {
@@ -332,53 +329,26 @@ func (lr *laneRunner) retire() {
 	p.mu.Unlock()
 }
 
-func (lr *laneRunner) stop(reason string) {
-	lr.smu.Lock()
-	if lr.stopped {
-		lr.smu.Unlock()
+// stopLane stops the lane (no-op when stopped) and logs it once.
+func (lr *laneRunner) stopLane(reason string) {
+	if !lr.stop.Stop(reason) {
 		return
 	}
-	lr.stopped = true
-	lr.stopReason = reason
-	lr.resumeC = make(chan struct{})
-	lr.isStopped.Store(true)
-	lr.smu.Unlock()
-	lr.lane.Pin() // a stopped lane is not retired while empty (its stop would be lost)
 	lr.p.log.Error("lane stopped: nothing is sent until it is resumed (admin API) or the relay restarts",
 		zap.String("lane", lr.label), zap.String("reason", reason))
 }
 
 func (lr *laneRunner) resume() {
-	lr.smu.Lock()
-	if !lr.stopped {
-		lr.smu.Unlock()
+	if !lr.stop.Resume() {
 		return
 	}
-	lr.stopped = false
-	lr.stopReason = ""
-	close(lr.resumeC)
-	lr.isStopped.Store(false)
-	lr.smu.Unlock()
-	lr.lane.Unpin()
 	lr.wakeReader()
 	lr.p.log.Info("lane resumed", zap.String("lane", lr.label))
 }
 
-// stoppedC returns a channel closed when the lane resumes, or nil when it is
-// not stopped.
-func (lr *laneRunner) stoppedC() <-chan struct{} {
-	lr.smu.Lock()
-	defer lr.smu.Unlock()
-	if !lr.stopped {
-		return nil
-	}
-	return lr.resumeC
-}
-
 func (lr *laneRunner) status() delivery.LaneStatus {
-	lr.smu.Lock()
-	st := delivery.LaneStatus{ID: lr.id, Label: lr.label, Stopped: lr.stopped, StopReason: lr.stopReason}
-	lr.smu.Unlock()
+	st := delivery.LaneStatus{ID: lr.id, Label: lr.label}
+	st.Stopped, st.StopReason = lr.stop.State()
 	st.PausedKeys = lr.heldKeys.Load()
 	st.HeldEvents = lr.heldEvents.Load()
 	st.ReadAheadBytes = lr.readAhead.Load()

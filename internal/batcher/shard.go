@@ -96,7 +96,7 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if c := s.lr.stoppedC(); c != nil {
+		if c := s.lr.stop.Resumed(); c != nil {
 			s.shrink()
 			select {
 			case <-c:
@@ -481,7 +481,7 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 		if res.Kind == upstream.InvalidAPIKey {
 			reason = "invalid API key"
 		}
-		s.lr.stop(reason)
+		s.lr.stopLane(reason)
 		return true
 
 	default: // Retryable

@@ -156,42 +156,9 @@ type metrics struct {
 type laneState struct {
 	id        uint64
 	label     string
-	lane      *spool.Lane // pinned while stopped (issue 19: not retired then)
 	readAhead atomic.Int64
-
-	mu      sync.Mutex
-	stopped bool
-	reason  string
-	resumed chan struct{} // closed and replaced by ResumeLane
-}
-
-// stop stops the lane; it reports whether it was running.
-func (st *laneState) stop(reason string) bool {
-	st.mu.Lock()
-	was := !st.stopped
-	st.stopped, st.reason = true, reason
-	st.mu.Unlock()
-	if was && st.lane != nil {
-		st.lane.Pin()
-	}
-	return was
-}
-
-// waitRunning returns once the lane is not stopped, or ctx's error.
-func (st *laneState) waitRunning(ctx context.Context) error {
-	for {
-		st.mu.Lock()
-		stopped, ch := st.stopped, st.resumed
-		st.mu.Unlock()
-		if !stopped {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-ch:
-		}
-	}
+	// StopSwitch pins the lane while stopped (issue 19: not retired then).
+	StopSwitch
 }
 
 // FormLanes delivers the records of one spool lane kind (group
@@ -329,10 +296,9 @@ func (d *FormLanes) LaneStatus() []LaneStatus {
 	d.mu.Unlock()
 	out := make([]LaneStatus, 0, len(sts))
 	for _, st := range sts {
-		st.mu.Lock()
-		out = append(out, LaneStatus{ID: st.id, Label: st.label, Stopped: st.stopped, StopReason: st.reason,
+		stopped, reason := st.State()
+		out = append(out, LaneStatus{ID: st.id, Label: st.label, Stopped: stopped, StopReason: reason,
 			ReadAheadBytes: st.readAhead.Load()})
-		st.mu.Unlock()
 	}
 	slices.SortFunc(out, func(a, b LaneStatus) int { return cmp.Compare(a.ID, b.ID) })
 	return out
@@ -352,7 +318,7 @@ func (d *FormLanes) StopLane(laneID uint64) error {
 	if st == nil {
 		return fmt.Errorf("%s: stop lane %d: %w", d.cfg.Name, laneID, ErrUnknownLane)
 	}
-	st.stop("stopped by operator")
+	st.Stop("stopped by operator")
 	return nil
 }
 
@@ -363,17 +329,7 @@ func (d *FormLanes) ResumeLane(laneID uint64) error {
 	if st == nil {
 		return fmt.Errorf("%s: resume lane %d: %w", d.cfg.Name, laneID, ErrUnknownLane)
 	}
-	st.mu.Lock()
-	was := st.stopped
-	if st.stopped {
-		st.stopped, st.reason = false, ""
-		close(st.resumed)
-		st.resumed = make(chan struct{})
-	}
-	st.mu.Unlock()
-	if was && st.lane != nil {
-		st.lane.Unpin()
-	}
+	st.Resume()
 	return nil
 }
 
@@ -423,7 +379,7 @@ func (d *FormLanes) Run(ctx context.Context) error {
 			if l.Key().Kind != d.cfg.Kind {
 				continue
 			}
-			st := &laneState{id: l.ID(), label: l.Label(), lane: l, resumed: make(chan struct{})}
+			st := &laneState{id: l.ID(), label: l.Label(), StopSwitch: StopSwitch{Lane: l}}
 			d.mu.Lock()
 			d.lanes[l.ID()] = st
 			d.mu.Unlock()
@@ -630,7 +586,7 @@ func (lr *laneRun) send(ctx context.Context, items []item) error {
 			items = live
 			continue
 		}
-		if err := lr.st.waitRunning(ctx); err != nil {
+		if err := lr.st.Wait(ctx); err != nil {
 			return err
 		}
 		body := lr.body(items)
@@ -674,11 +630,11 @@ func (lr *laneRun) send(ctx context.Context, items []item) error {
 			if res.Kind == upstream.Fatal {
 				reason = fmt.Sprintf("upstream answered %d: wrong URL or credentials", res.Status)
 			}
-			if lr.st.stop(reason) {
+			if lr.st.Stop(reason) {
 				lr.d.log.Error(cfg.Name+": lane stopped until resumed or restarted; its records stay in the spool",
 					zap.String("lane", lr.label), zap.Int("status", res.Status), zap.String("reason", reason))
 			}
-			// The loop waits in waitRunning, then resends.
+			// The loop waits in Wait, then resends.
 		default: // Retryable, Throttled
 			if ctx.Err() != nil {
 				return ctx.Err()
