@@ -24,6 +24,7 @@ import (
 	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/config"
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/groupidentify"
 	"github.com/svcrelay/relay/internal/ingest"
@@ -118,7 +119,7 @@ type deliveries struct {
 	client     *upstream.Client // for /readyz's word on the upstream
 	components []namedComponent
 	routes     []adminroute.Route
-	lanes      map[spool.Kind]adminapi.LaneControl
+	lanes      map[spool.Kind]delivery.LaneControl
 	// release drops buffers kept for reuse, before an idle process collects.
 	release []func()
 }
@@ -150,14 +151,13 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, creds *credentials.Ref, l
 	d := &deliveries{
 		client:     client,
 		components: []namedComponent{{"delivery", p}},
-		lanes:      map[spool.Kind]adminapi.LaneControl{spool.KindEvents: p},
+		lanes:      map[spool.Kind]delivery.LaneControl{spool.KindEvents: p},
 		release:    []func(){p.ReleaseMemory},
 	}
 
 	gi, err := groupidentify.New(groupidentify.Config{
-		URL:    cfg.IngestURL,
-		MaxAge: cfg.MaxEventAge,
-		Gzip:   cfg.UpstreamGzip,
+		URL:        cfg.IngestURL,
+		FormTiming: delivery.FormTiming{MaxAge: cfg.MaxEventAge, Gzip: cfg.UpstreamGzip},
 	}, sp, client, creds, log.Named("groupidentify"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("group identify: %w", err)
@@ -183,8 +183,7 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, creds *credentials.Ref, l
 	um, err := usermap.New(usermap.Config{
 		AliasURL:     cfg.AliasURL,
 		AnalyticsURL: cfg.AnalyticsURL,
-		MaxAge:       cfg.MaxEventAge,
-		Gzip:         cfg.UpstreamGzip,
+		FormTiming:   delivery.FormTiming{MaxAge: cfg.MaxEventAge, Gzip: cfg.UpstreamGzip},
 	}, sp, client, creds, log.Named("usermap"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("user mapping: %w", err)

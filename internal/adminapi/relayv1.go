@@ -19,22 +19,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
-	"github.com/svcrelay/relay/internal/batcher"
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/spool"
 	"go.uber.org/zap"
 )
-
-// LaneControl is what the lane routes need of a deliverer of one lane kind.
-// *batcher.Pipeline has it (events lanes).
-type LaneControl interface {
-	// LaneStatus returns a snapshot of the lanes it delivers.
-	LaneStatus() []batcher.LaneStatus
-	// StopLane stops sending a lane's records (they stay in the spool).
-	StopLane(laneID uint64) error
-	// ResumeLane resumes a lane stopped by StopLane or by an upstream that
-	// refused its api_key.
-	ResumeLane(laneID uint64) error
-}
 
 // Limits of the /relay/v1 routes.
 const (
@@ -60,7 +48,7 @@ type RelayConfig struct {
 	// Lanes are the deliverers that report on and pause/resume lanes, by
 	// the kind they deliver; a kind without one is listed with its spool
 	// depth only, and pausing its lanes answers 409. Nil means none.
-	Lanes map[spool.Kind]LaneControl
+	Lanes map[spool.Kind]delivery.LaneControl
 }
 
 // Relay serves /relay/v1/: dead letters (list, replay, purge) and lanes
@@ -666,8 +654,8 @@ type lanesJSON struct {
 	Lanes []laneJSON `json:"lanes"`
 }
 
-func (a *Relay) statuses() map[uint64]batcher.LaneStatus {
-	out := map[uint64]batcher.LaneStatus{}
+func (a *Relay) statuses() map[uint64]delivery.LaneStatus {
+	out := map[uint64]delivery.LaneStatus{}
 	for _, c := range a.cfg.Lanes {
 		for _, st := range c.LaneStatus() {
 			out[st.ID] = st
@@ -676,7 +664,7 @@ func (a *Relay) statuses() map[uint64]batcher.LaneStatus {
 	return out
 }
 
-func (a *Relay) laneJSON(l *spool.Lane, sts map[uint64]batcher.LaneStatus, now time.Time) laneJSON {
+func (a *Relay) laneJSON(l *spool.Lane, sts map[uint64]delivery.LaneStatus, now time.Time) laneJSON {
 	st := l.Stats()
 	j := laneJSON{Label: l.Label(), Kind: l.Key().Kind.String(), Records: st.Records, Chunks: st.Chunks, Bytes: st.Bytes}
 	if !st.Oldest.IsZero() {

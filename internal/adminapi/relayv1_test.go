@@ -11,20 +11,20 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/batcher"
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/spool"
 )
 
-// fakeControl is a LaneControl with function fields.
+// fakeControl is a delivery.LaneControl with function fields.
 type fakeControl struct {
-	status func() []batcher.LaneStatus
+	status func() []delivery.LaneStatus
 	stop   func(id uint64) error
 	resume func(id uint64) error
 }
 
-func (f fakeControl) LaneStatus() []batcher.LaneStatus { return f.status() }
-func (f fakeControl) StopLane(id uint64) error         { return f.stop(id) }
-func (f fakeControl) ResumeLane(id uint64) error       { return f.resume(id) }
+func (f fakeControl) LaneStatus() []delivery.LaneStatus { return f.status() }
+func (f fakeControl) StopLane(id uint64) error          { return f.stop(id) }
+func (f fakeControl) ResumeLane(id uint64) error        { return f.resume(id) }
 
 // relayFixture is a Relay over a real spool in a temp dir, served on a real
 // port with an admin token.
@@ -34,7 +34,7 @@ type relayFixture struct {
 	base string
 }
 
-func newRelayFixture(t *testing.T, scfg spool.Config, lanes map[spool.Kind]LaneControl) *relayFixture {
+func newRelayFixture(t *testing.T, scfg spool.Config, lanes map[spool.Kind]delivery.LaneControl) *relayFixture {
 	t.Helper()
 	scfg.Dir = t.TempDir()
 	scfg.MinFreeBytes = -1
@@ -242,19 +242,19 @@ func TestReplaySpoolFull(t *testing.T) {
 func TestLaneRoutes(t *testing.T) {
 	var calls []string
 	ctl := fakeControl{
-		status: func() []batcher.LaneStatus {
-			return []batcher.LaneStatus{{ID: 1, Stopped: len(calls)%2 == 1, StopReason: "stopped by operator", PausedKeys: 2, HeldEvents: 7}}
+		status: func() []delivery.LaneStatus {
+			return []delivery.LaneStatus{{ID: 1, Stopped: len(calls)%2 == 1, StopReason: "stopped by operator", PausedKeys: 2, HeldEvents: 7}}
 		},
 		stop: func(id uint64) error {
 			if id != 1 {
-				return batcher.ErrUnknownLane
+				return delivery.ErrUnknownLane
 			}
 			calls = append(calls, fmt.Sprint("stop ", id))
 			return nil
 		},
 		resume: func(id uint64) error { calls = append(calls, fmt.Sprint("resume ", id)); return nil },
 	}
-	f := newRelayFixture(t, spool.Config{}, map[spool.Kind]LaneControl{spool.KindEvents: ctl})
+	f := newRelayFixture(t, spool.Config{}, map[spool.Kind]delivery.LaneControl{spool.KindEvents: ctl})
 	ev := f.lane(spool.LaneKey{Kind: spool.KindEvents, APIKey: "k"})
 	ev2 := f.lane(spool.LaneKey{Kind: spool.KindEvents, APIKey: "k2"})
 	gi := f.lane(spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: "k"})

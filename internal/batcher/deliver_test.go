@@ -7,6 +7,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/sim/simtest"
 	"github.com/svcrelay/relay/internal/spool"
@@ -216,7 +217,7 @@ func TestSilencedAndQuota(t *testing.T) {
 			t.Fatalf("request %d for the over-quota device while it waits for the next day", r.Seq)
 		}
 	}
-	var st LaneStatus
+	var st delivery.LaneStatus
 	for _, s := range h.p.LaneStatus() {
 		st = s
 	}
@@ -588,7 +589,7 @@ func TestReadAheadBackPressure(t *testing.T) {
 	}
 	h.start()
 	time.Sleep(time.Second)
-	var st LaneStatus
+	var st delivery.LaneStatus
 	for _, s := range h.p.LaneStatus() {
 		st = s
 	}

@@ -124,6 +124,6 @@
 // Each shard's queues are owned by its goroutine; the reader hands records
 // over under shard.mu. A chunk's counters (ackRef.left, chunkRef.refs) are atomic:
 // its records may be done by several shards. Locks never nest: Pipeline.mu,
-// laneRunner.bmu, laneRunner.smu, budget.mu and shard.mu are each taken
-// alone.
+// laneRunner.bmu, the lock of laneRunner.stop (delivery.StopSwitch),
+// budget.mu and shard.mu are each taken alone.
 package batcher

@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/svcrelay/relay/internal/delivery"
 )
 
 // metrics are the pipeline's. No lock of the relay is held while one is
@@ -33,9 +35,7 @@ func newMetrics(reg prometheus.Registerer, p *Pipeline) (*metrics, error) {
 			Name: "relay_delivery_events_dead_lettered_total",
 			Help: "Events moved to the dead-letter store, by reason.",
 		}, []string{"reason"}),
-		laneStopped: &laneStoppedCollector{p: p, desc: prometheus.NewDesc("relay_lane_stopped",
-			"1 while a lane sends nothing (invalid API key, fatal upstream answer, operator stop): alert on it.",
-			[]string{"lane"}, nil)},
+		laneStopped: &laneStoppedCollector{p: p, desc: delivery.NewLaneStoppedDesc()},
 	}
 	m.paused = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "relay_delivery_paused_devices",
@@ -77,7 +77,7 @@ func (c *laneStoppedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.de
 func (c *laneStoppedCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, lr := range c.p.runners() {
 		v := 0.0
-		if lr.isStopped.Load() {
+		if lr.stop.Stopped() {
 			v = 1
 		}
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, lr.label)

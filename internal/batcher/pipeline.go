@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
@@ -24,10 +25,6 @@ import (
 type Sender interface {
 	Do(ctx context.Context, req *upstream.Request) upstream.Result
 }
-
-// ErrUnknownLane is returned by StopLane and ResumeLane for a lane id the
-// pipeline does not deliver (no such lane, or not an events lane).
-var ErrUnknownLane = errors.New("batcher: unknown lane")
 
 // ErrNotRunning is returned by Ready before Run starts and after it returns.
 var ErrNotRunning = errors.New("batcher: delivery not running")
@@ -174,9 +171,9 @@ func (p *Pipeline) Ready() error {
 func (p *Pipeline) StopLane(laneID uint64) error {
 	lr := p.lane(laneID)
 	if lr == nil {
-		return fmt.Errorf("stop lane %d: %w", laneID, ErrUnknownLane)
+		return fmt.Errorf("stop lane %d: %w", laneID, delivery.ErrUnknownLane)
 	}
-	lr.stop("stopped by operator")
+	lr.stopLane("stopped by operator")
 	return nil
 }
 
@@ -190,7 +187,7 @@ func (p *Pipeline) ResumeLane(laneID uint64) error {
 		if ls := p.sp.LanesFrom(laneID); len(ls) > 0 && ls[0].ID() == laneID && ls[0].Key().Kind == spool.KindEvents {
 			return nil // not running yet, so not stopped
 		}
-		return fmt.Errorf("resume lane %d: %w", laneID, ErrUnknownLane)
+		return fmt.Errorf("resume lane %d: %w", laneID, delivery.ErrUnknownLane)
 	}
 	lr.resume()
 	return nil
@@ -200,23 +197,6 @@ func (p *Pipeline) lane(id uint64) *laneRunner {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.lanes[id]
-}
-
-// LaneStatus is a snapshot of one lane's delivery.
-type LaneStatus struct {
-	ID    uint64
-	Label string
-	// Stopped is true while the lane sends nothing (Invalid API key, a
-	// fatal upstream answer, or StopLane); StopReason says why.
-	Stopped    bool
-	StopReason string
-	// PausedKeys is the number of devices/users whose events are held (429
-	// pause, daily quota, pacing); HeldEvents the events they hold.
-	PausedKeys, HeldEvents int64
-	// ReadAheadBytes is the memory the lane's read-ahead holds: the buffers
-	// of chunks read from the spool with a record not yet delivered or
-	// dead-lettered, and the copies of records held for paused keys.
-	ReadAheadBytes int64
 }
 
 // runners is a snapshot of the lanes' runners, taken under p.mu (which
@@ -233,9 +213,9 @@ func (p *Pipeline) runners() []*laneRunner {
 
 // LaneStatus returns a snapshot of every lane the pipeline has started,
 // by lane id.
-func (p *Pipeline) LaneStatus() []LaneStatus {
+func (p *Pipeline) LaneStatus() []delivery.LaneStatus {
 	lrs := p.runners()
-	out := make([]LaneStatus, 0, len(lrs))
+	out := make([]delivery.LaneStatus, 0, len(lrs))
 	for _, lr := range lrs {
 		out = append(out, lr.status())
 	}
@@ -280,14 +260,10 @@ type laneRunner struct {
 	inflight int64
 	bwake    chan struct{}
 
-	// stop state
-	smu        sync.Mutex
-	stopped    bool
-	stopReason string
-	resumeC    chan struct{}
-	// isStopped mirrors stopped for the relay_lane_stopped collector,
-	// which reads no lock of the relay.
-	isStopped atomic.Bool
+	// stop is the lane's stop state; its Stopped (an atomic) serves the
+	// relay_lane_stopped collector, which reads no lock of the relay. It
+	// pins the lane while stopped.
+	stop delivery.StopSwitch
 	// cancel ends the lane's goroutines when the spool retires the lane.
 	cancel context.CancelFunc
 
@@ -310,6 +286,7 @@ type laneRunner struct {
 
 func newLaneRunner(p *Pipeline, l *spool.Lane) *laneRunner {
 	lr := &laneRunner{p: p, lane: l, id: l.ID(), label: l.Label(), key: l.Key(), bwake: make(chan struct{}, 1)}
+	lr.stop.Lane = l // a stopped lane is not retired while empty (its stop would be lost)
 	lr.prefix, lr.suffix = envelope(lr.key)
 	lr.window.Store(1)
 	for i := 0; i < p.cfg.ShardsPerLane; i++ {
@@ -352,53 +329,26 @@ func (lr *laneRunner) retire() {
 	p.mu.Unlock()
 }
 
-func (lr *laneRunner) stop(reason string) {
-	lr.smu.Lock()
-	if lr.stopped {
-		lr.smu.Unlock()
+// stopLane stops the lane (no-op when stopped) and logs it once.
+func (lr *laneRunner) stopLane(reason string) {
+	if !lr.stop.Stop(reason) {
 		return
 	}
-	lr.stopped = true
-	lr.stopReason = reason
-	lr.resumeC = make(chan struct{})
-	lr.isStopped.Store(true)
-	lr.smu.Unlock()
-	lr.lane.Pin() // a stopped lane is not retired while empty (its stop would be lost)
 	lr.p.log.Error("lane stopped: nothing is sent until it is resumed (admin API) or the relay restarts",
 		zap.String("lane", lr.label), zap.String("reason", reason))
 }
 
 func (lr *laneRunner) resume() {
-	lr.smu.Lock()
-	if !lr.stopped {
-		lr.smu.Unlock()
+	if !lr.stop.Resume() {
 		return
 	}
-	lr.stopped = false
-	lr.stopReason = ""
-	close(lr.resumeC)
-	lr.isStopped.Store(false)
-	lr.smu.Unlock()
-	lr.lane.Unpin()
 	lr.wakeReader()
 	lr.p.log.Info("lane resumed", zap.String("lane", lr.label))
 }
 
-// stoppedC returns a channel closed when the lane resumes, or nil when it is
-// not stopped.
-func (lr *laneRunner) stoppedC() <-chan struct{} {
-	lr.smu.Lock()
-	defer lr.smu.Unlock()
-	if !lr.stopped {
-		return nil
-	}
-	return lr.resumeC
-}
-
-func (lr *laneRunner) status() LaneStatus {
-	lr.smu.Lock()
-	st := LaneStatus{ID: lr.id, Label: lr.label, Stopped: lr.stopped, StopReason: lr.stopReason}
-	lr.smu.Unlock()
+func (lr *laneRunner) status() delivery.LaneStatus {
+	st := delivery.LaneStatus{ID: lr.id, Label: lr.label}
+	st.Stopped, st.StopReason = lr.stop.State()
 	st.PausedKeys = lr.heldKeys.Load()
 	st.HeldEvents = lr.heldEvents.Load()
 	st.ReadAheadBytes = lr.readAhead.Load()

@@ -226,7 +226,7 @@ func (lr *laneRunner) waitBudget(ctx context.Context, limit int64, idle func()) 
 		in := lr.inflight
 		lr.bmu.Unlock()
 		lim := min(limit, max(lr.window.Load(), minWindow))
-		if lr.isStopped.Load() {
+		if lr.stop.Stopped() {
 			lim = min(lim, minWindow) // it sends nothing: read no more than a failing lane
 		}
 		var freed <-chan struct{}

@@ -6,9 +6,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"go.uber.org/zap"
 
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
@@ -29,7 +29,7 @@ type shard struct {
 	held      map[string]*held
 	heap      heldHeap
 	capEvents int // lowered by 413 and bisection, doubled back on success
-	bo        *backoff.ExponentialBackOff
+	bo        *delivery.Retry
 	body      []byte
 	batch     []item
 	dead      []deadItem
@@ -51,13 +51,8 @@ type deadItem struct {
 
 func newShard(lr *laneRunner, idx int) *shard {
 	cfg := lr.p.cfg
-	bo := backoff.NewExponentialBackOff(
-		backoff.WithInitialInterval(cfg.RetryInitial),
-		backoff.WithMaxInterval(cfg.RetryMax),
-		backoff.WithMultiplier(2),
-		backoff.WithRandomizationFactor(0.5),
-		backoff.WithMaxElapsedTime(0), // retried without a count or time limit; MaxEventAge bounds it
-	)
+	// Retried without a count or time limit; MaxEventAge bounds it.
+	bo := delivery.NewRetry(cfg.RetryInitial, cfg.RetryMax)
 	return &shard{lr: lr, idx: idx, wake: make(chan struct{}, 1), held: map[string]*held{}, capEvents: cfg.MaxBatchEvents, bo: bo}
 }
 
@@ -101,7 +96,7 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if c := s.lr.stoppedC(); c != nil {
+		if c := s.lr.stop.Resumed(); c != nil {
 			s.shrink()
 			select {
 			case <-c:
@@ -486,7 +481,7 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 		if res.Kind == upstream.InvalidAPIKey {
 			reason = "invalid API key"
 		}
-		s.lr.stop(reason)
+		s.lr.stopLane(reason)
 		return true
 
 	default: // Retryable
@@ -557,10 +552,7 @@ func (s *shard) retryLater(ctx, drainCtx context.Context, res upstream.Result) b
 	cfg := p.cfg
 	s.requeue(s.batch)
 	p.m.retried.Add(float64(len(s.batch)))
-	d := min(s.bo.NextBackOff(), cfg.RetryMax)
-	if ra := min(res.RetryAfter, cfg.RetryMax); ra > d {
-		d = ra
-	}
+	d := s.bo.AtLeast(res.RetryAfter, cfg.RetryMax)
 	if s.failures == 0 {
 		s.lr.shardFailing()
 	}
@@ -603,14 +595,14 @@ func (s *shard) flushDead(ctx, drainCtx context.Context, answer []byte) bool {
 		}
 		dls[i] = spool.DeadLetter{Lane: s.lr.key, Reason: d.reason, Answer: ans, Accepted: d.it.ck.accepted, Died: now, Record: d.it.rec}
 	}
-	bo := backoff.NewExponentialBackOff(backoff.WithInitialInterval(100*time.Millisecond), backoff.WithMaxInterval(10*time.Second), backoff.WithMaxElapsedTime(0))
+	bo := delivery.NewRetry(100*time.Millisecond, 10*time.Second)
 	for {
 		err := p.sp.PutDead(drainCtx, dls)
 		if err == nil {
 			break
 		}
 		p.log.Error("store dead letters", zap.String("lane", s.lr.label), zap.Error(err))
-		t := time.NewTimer(bo.NextBackOff())
+		t := time.NewTimer(bo.Next())
 		select {
 		case <-t.C:
 		case <-drainCtx.Done():

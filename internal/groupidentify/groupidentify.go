@@ -1,7 +1,7 @@
 package groupidentify
 
 import (
-	"context"
+	"cmp"
 	"errors"
 	"fmt"
 	"net/http"
@@ -9,15 +9,13 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promauto"
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
-	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/formreq"
-	"github.com/svcrelay/relay/internal/groupidentify/lanedeliver"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/upstream"
 )
@@ -51,14 +49,12 @@ type Config struct {
 	// MaxBodyBytes: accepted and upstream form bodies are strictly shorter;
 	// zero means MaxBodyBytes (1,000,000).
 	MaxBodyBytes int
-	// MaxAge, RetryInitial, RetryMax, MaxRetryAfter, Linger: see
-	// lanedeliver.Config (zero means its defaults; MaxAge 6 days).
-	MaxAge, RetryInitial, RetryMax, MaxRetryAfter, Linger time.Duration
+	// FormTiming: max age, retries, linger and gzip of the delivery (zero
+	// means delivery's defaults; MaxAge 6 days).
+	delivery.FormTiming
 	// RetryAfter is sent with 503 when the spool refuses; zero means
 	// DefaultRetryAfter. Rounded up to whole seconds.
 	RetryAfter time.Duration
-	// Gzip sends upstream bodies gzip-compressed.
-	Gzip bool
 }
 
 // Validate reports a configuration error.
@@ -73,39 +69,31 @@ func (c Config) Validate() error {
 		return fmt.Errorf("groupidentify: MaxProperties %d not in 0..%d", c.MaxProperties, MaxProperties)
 	case c.MaxBodyBytes < 0 || c.MaxBodyBytes > MaxBodyBytes:
 		return fmt.Errorf("groupidentify: MaxBodyBytes %d not in 0..%d", c.MaxBodyBytes, MaxBodyBytes)
-	case c.MaxAge < 0, c.RetryInitial < 0, c.RetryMax < 0, c.MaxRetryAfter < 0, c.RetryAfter < 0:
+	case c.RetryAfter < 0:
 		return errors.New("groupidentify: negative duration")
+	}
+	if err := c.FormTiming.Validate(); err != nil {
+		return fmt.Errorf("groupidentify: %w", err)
 	}
 	return nil
 }
 
 func (c Config) withDefaults() Config {
-	if c.MaxIdentifies == 0 {
-		c.MaxIdentifies = MaxIdentifies
-	}
-	if c.MaxProperties == 0 {
-		c.MaxProperties = MaxProperties
-	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = MaxBodyBytes
-	}
-	if c.RetryAfter == 0 {
-		c.RetryAfter = DefaultRetryAfter
-	}
+	c.MaxIdentifies = cmp.Or(c.MaxIdentifies, MaxIdentifies)
+	c.MaxProperties = cmp.Or(c.MaxProperties, MaxProperties)
+	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, MaxBodyBytes)
+	c.RetryAfter = cmp.Or(c.RetryAfter, DefaultRetryAfter)
 	c.URL = strings.TrimRight(c.URL, "/")
 	return c
 }
 
 // GroupIdentify is the /groupidentify route and its delivery.
 type GroupIdentify struct {
-	cfg   Config
-	sp    *spool.Spool
-	creds *credentials.Ref // read at every use: a reload takes effect at once
-	log   *zap.Logger
-	d     *lanedeliver.Deliverer
-	rej   *formreq.Rejecter
-
-	accepted prometheus.Counter
+	cfg Config
+	in  *formreq.Intake // accepts
+	// FormLanes delivers (Run, Ready, LaneStatus, StopLane, ResumeLane:
+	// with the last three a delivery.LaneControl).
+	*delivery.FormLanes
 }
 
 // New returns a GroupIdentify. creds (the credentials file in force), log
@@ -115,69 +103,32 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	if log == nil {
-		log = zap.NewNop()
-	}
-	g := &GroupIdentify{cfg: cfg, sp: sp, creds: creds, log: log}
-	d, err := lanedeliver.New(lanedeliver.Config{
+	g := &GroupIdentify{cfg: cfg}
+	d, err := delivery.NewFormLanes(delivery.FormConfig{
 		Name:         "groupidentify",
 		Kind:         spool.KindGroupIdentify,
-		URL:          g.upstreamURL,
+		URL:          delivery.ProjectURL(creds, credentials.KindIngest, cfg.URL, "/groupidentify"),
 		Field:        "identification",
 		MaxItems:     cfg.MaxIdentifies,
 		MaxBodyBytes: cfg.MaxBodyBytes,
 		MaxWeight:    cfg.MaxProperties,
 		Weight:       Properties,
-		MaxAge:       cfg.MaxAge,
-		RetryInitial: cfg.RetryInitial, RetryMax: cfg.RetryMax, MaxRetryAfter: cfg.MaxRetryAfter,
-		Linger: cfg.Linger,
-		Gzip:   cfg.Gzip,
+		FormTiming:   cfg.FormTiming,
 	}, sp, client, log, reg)
 	if err != nil {
 		return nil, fmt.Errorf("groupidentify: %w", err)
 	}
-	g.d = d
-	f := promauto.With(reg)
-	g.accepted = f.NewCounter(prometheus.CounterOpts{Name: "relay_groupidentify_accepted_total",
-		Help: "Group identifications accepted into the spool."})
-	g.rej = formreq.NewRejecter("groupidentify", log, f.NewCounterVec(prometheus.CounterOpts{Name: "relay_groupidentify_rejected_requests_total",
-		Help: "POST /groupidentify requests refused, by reason."}, []string{"reason"}), cfg.RetryAfter)
-	return g, nil
-}
-
-// upstreamURL is the /groupidentify URL for apiKey: the project's ingest_url
-// override, else Config.URL.
-func (g *GroupIdentify) upstreamURL(apiKey string) string {
-	base := g.cfg.URL
-	if p, ok := g.creds.Load().ProjectByAPIKey(apiKey); ok {
-		base = strings.TrimRight(p.URL(credentials.KindIngest, base), "/")
+	g.FormLanes = d
+	g.in, err = formreq.NewIntake(formreq.IntakeConfig{Name: "groupidentify", Kind: spool.KindGroupIdentify, Field: "identifications_accepted",
+		AcceptedHelp: "Group identifications accepted into the spool.",
+		RejectedHelp: "POST /groupidentify requests refused, by reason.", RetryAfter: cfg.RetryAfter}, sp, creds, log, reg)
+	if err != nil {
+		return nil, fmt.Errorf("groupidentify: %w", err)
 	}
-	return base + "/groupidentify"
+	return g, nil
 }
 
 // Routes returns the admin routes: POST /groupidentify.
 func (g *GroupIdentify) Routes() []adminroute.Route {
 	return []adminroute.Route{{Method: http.MethodPost, Path: "/groupidentify", Mode: admintoken.ModeOwn, Handler: http.HandlerFunc(g.serve)}}
 }
-
-// Run delivers spooled identifications until ctx ends (see lanedeliver).
-func (g *GroupIdentify) Run(ctx context.Context) error { return g.d.Run(ctx) }
-
-// Ready reports an error while Run is not running.
-func (g *GroupIdentify) Ready() error {
-	if !g.d.Running() {
-		return errors.New("groupidentify delivery not running")
-	}
-	return nil
-}
-
-// LaneStatus returns a snapshot of the group identify lanes being delivered
-// (with StopLane and ResumeLane, an adminapi.LaneControl).
-func (g *GroupIdentify) LaneStatus() []batcher.LaneStatus { return g.d.LaneStatus() }
-
-// StopLane stops delivering a lane (records stay in the spool); it wraps
-// batcher.ErrUnknownLane for a lane not running.
-func (g *GroupIdentify) StopLane(laneID uint64) error { return g.d.StopLane(laneID) }
-
-// ResumeLane resumes a lane stopped by StopLane or by an invalid api_key.
-func (g *GroupIdentify) ResumeLane(laneID uint64) error { return g.d.ResumeLane(laneID) }

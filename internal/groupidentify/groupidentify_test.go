@@ -11,8 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/formreq/formreqtest"
 	"github.com/svcrelay/relay/internal/groupidentify"
 	"github.com/svcrelay/relay/internal/sim"
@@ -359,7 +359,7 @@ func TestInvalidAPIKeyStopsLane(t *testing.T) {
 	if n := badReqs(); n != 2 {
 		t.Fatalf("%d requests after one resume, want 2", n)
 	}
-	if err := e.C.StopLane(12345); !errors.Is(err, batcher.ErrUnknownLane) {
+	if err := e.C.StopLane(12345); !errors.Is(err, delivery.ErrUnknownLane) {
 		t.Fatalf("unknown lane: %v", err)
 	}
 }
@@ -396,7 +396,7 @@ func TestOperatorStop(t *testing.T) {
 
 // TestExpired: records that stay undeliverable past MaxAge are dead letters.
 func TestExpired(t *testing.T) {
-	e := newEnv(t, sim.Config{}, groupidentify.Config{MaxAge: 300 * time.Millisecond})
+	e := newEnv(t, sim.Config{}, groupidentify.Config{FormTiming: delivery.FormTiming{MaxAge: 300 * time.Millisecond}})
 	e.Sim.Inject(simtest.Fault{Status: 503, Count: -1})
 	if a := postForm(t, e.Base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents("v", 4, 1)}}); a.Status != 200 {
 		t.Fatal(a.Body)

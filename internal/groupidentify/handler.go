@@ -2,17 +2,14 @@ package groupidentify
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 
-	"github.com/svcrelay/relay/internal/credentials"
-	"github.com/svcrelay/relay/internal/event"
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/formreq"
-	"github.com/svcrelay/relay/internal/groupidentify/lanedeliver"
 	"github.com/svcrelay/relay/internal/spool"
 )
 
@@ -60,7 +57,7 @@ func Parse(apiKey string, identification []byte, maxIdentifies, maxProperties, m
 	if len(raws) > maxIdentifies {
 		return nil, formreq.Bad("too_many_identifies", "identification: %d group identifies; at most %d per request", len(raws), maxIdentifies)
 	}
-	overhead := lanedeliver.BodyOverhead(apiKey, "identification")
+	overhead := delivery.BodyOverhead(apiKey, "identification")
 	out := make([]Identification, 0, len(raws))
 	total := 0
 	for i, raw := range raws {
@@ -77,7 +74,7 @@ func Parse(apiKey string, identification []byte, maxIdentifies, maxProperties, m
 		if total > maxProperties {
 			return nil, formreq.Bad("too_many_properties", "identification: more than %d group properties in one request (at identification[%d])", maxProperties, i)
 		}
-		if overhead+lanedeliver.EscapedLen(id.Data) >= maxBodyBytes {
+		if overhead+delivery.EscapedLen(id.Data) >= maxBodyBytes {
 			return nil, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
 				Msg: fmt.Sprintf("identification[%d]: too large for one upstream request (1 MB)", i)}
 		}
@@ -189,35 +186,22 @@ func jsonErr(err error) string {
 func (g *GroupIdentify) serve(w http.ResponseWriter, r *http.Request) {
 	f, err := formreq.ReadForm(r)
 	if err != nil {
-		g.rej.Reject(w, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
+		g.in.Reject(w, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
 			Msg: fmt.Sprintf("Payload too large: the limit is under %d bytes (1 MB)", g.cfg.MaxBodyBytes)})
 		return
 	}
 	if n := len(f.Body); n >= g.cfg.MaxBodyBytes {
-		g.rej.Reject(w, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
+		g.in.Reject(w, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
 			Msg: fmt.Sprintf("Payload too large: body of %d bytes; the limit is under %d bytes (1 MB)", n, g.cfg.MaxBodyBytes)})
 		return
 	}
-	apiKey := formValue(f, "api_key")
-	if name := r.Header.Get("X-Relay-Project"); name != "" {
-		key, verr := projectKey(g.creds.Load(), name, apiKey)
-		if verr != nil {
-			g.rej.Reject(w, verr)
-			return
-		}
-		apiKey = key
-	}
-	if apiKey == "" {
-		g.rej.Reject(w, formreq.Bad("missing_field", "api_key: missing or empty"))
-		return
-	}
-	if len(apiKey) > event.MaxAPIKeyBytes { // issue 19: a lane per key; keys are bounded
-		g.rej.Reject(w, formreq.Bad("invalid_api_key", "api_key: longer than %d bytes", event.MaxAPIKeyBytes))
+	apiKey, ok := g.in.APIKey(w, r, formValue(f, "api_key"))
+	if !ok {
 		return
 	}
 	ids, verr := Parse(apiKey, []byte(formValue(f, "identification")), g.cfg.MaxIdentifies, g.cfg.MaxProperties, g.cfg.MaxBodyBytes)
 	if verr != nil {
-		g.rej.Reject(w, verr)
+		g.in.Reject(w, verr)
 		return
 	}
 	var b spool.Batch
@@ -226,31 +210,7 @@ func (g *GroupIdentify) serve(w http.ResponseWriter, r *http.Request) {
 		key = append(append(append(key, id.GroupType...), 0), id.GroupValue...)
 		b.Add(spool.Record{OrderKey: key, Data: id.Data})
 	}
-	rctx := context.Background()
-	lane, err := g.sp.Lane(rctx, spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: apiKey})
-	if err == nil {
-		err = g.sp.Append(rctx, lane, &b)
-	}
-	if err != nil {
-		g.rej.SpoolFailed(w, err)
-		return
-	}
-	g.accepted.Add(float64(len(ids)))
-	w.Header().Set("Content-Type", "application/json")
-	fmt.Fprintf(w, `{"code":200,"identifications_accepted":%d}`, len(ids))
-}
-
-// projectKey returns the api_key of the project X-Relay-Project names; the
-// request must not carry an api_key of its own.
-func projectKey(creds *credentials.Store, name, apiKey string) (string, *ValidationError) {
-	if apiKey != "" {
-		return "", formreq.Bad("conflict", "api_key and X-Relay-Project: give one, not both")
-	}
-	p, ok := creds.Project(name)
-	if !ok {
-		return "", formreq.Bad("unknown_project", "X-Relay-Project: no project of that name in the credentials file")
-	}
-	return p.APIKey.Reveal(), nil
+	g.in.Accept(w, apiKey, &b, len(ids))
 }
 
 // formValue reads a form field of the body, else of the query.

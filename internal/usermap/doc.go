@@ -23,7 +23,7 @@
 //
 // # Delivery
 //
-// lanedeliver sends form bodies api_key=K&mapping=[...] (POST,
+// delivery.FormLanes sends form bodies api_key=K&mapping=[...] (POST,
 // application/x-www-form-urlencoded) of at most min(2000, RateLimit)
 // mappings and under 1,000,000 bytes; one request in flight per lane keeps
 // the order of every user_id (a lane is one api_key; mappings of one user
@@ -49,6 +49,6 @@
 // upstream cannot be reached.
 //
 // Metrics: relay_usermap_accepted_total, relay_usermap_rejected_requests_total{reason}
-// (POST), relay_usermap_pace_wait_seconds_total and lanedeliver's
+// (POST), relay_usermap_pace_wait_seconds_total and delivery.FormLanes's
 // relay_usermap_* delivery metrics; reads are relay_forward_*{api="usermap"}.
 package usermap

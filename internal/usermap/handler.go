@@ -2,17 +2,15 @@ package usermap
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
 
 	"github.com/svcrelay/relay/internal/credentials"
-	"github.com/svcrelay/relay/internal/event"
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/formreq"
 	"github.com/svcrelay/relay/internal/forward"
-	"github.com/svcrelay/relay/internal/groupidentify/lanedeliver"
 	"github.com/svcrelay/relay/internal/spool"
 )
 
@@ -56,7 +54,7 @@ func ParseMappings(apiKey string, mapping []byte, maxMappings, maxBodyBytes int)
 	if len(raws) > maxMappings {
 		return nil, formreq.Bad("too_many_mappings", "mapping: %d mappings; at most %d per request", len(raws), maxMappings)
 	}
-	overhead := lanedeliver.BodyOverhead(apiKey, "mapping")
+	overhead := delivery.BodyOverhead(apiKey, "mapping")
 	out := make([]Mapping, 0, len(raws))
 	for i, raw := range raws {
 		m, err := parseOne(raw)
@@ -64,7 +62,7 @@ func ParseMappings(apiKey string, mapping []byte, maxMappings, maxBodyBytes int)
 			err.Msg = fmt.Sprintf("mapping[%d]%s", i, err.Msg)
 			return nil, err
 		}
-		if overhead+lanedeliver.EscapedLen(m.Data) >= maxBodyBytes {
+		if overhead+delivery.EscapedLen(m.Data) >= maxBodyBytes {
 			return nil, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
 				Msg: fmt.Sprintf("mapping[%d]: too large for one upstream request (1 MB)", i)}
 		}
@@ -135,52 +133,24 @@ func formValue(f formreq.Form, name string) string {
 func (u *UserMap) servePost(w http.ResponseWriter, r *http.Request) {
 	f, err := formreq.ReadForm(r)
 	if n := len(f.Body) + len(r.URL.RawQuery); err != nil || n >= u.cfg.MaxBodyBytes {
-		u.rej.Reject(w, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
+		u.in.Reject(w, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
 			Msg: fmt.Sprintf("Payload too large: %d bytes; the limit is under %d bytes (1 MB)", n, u.cfg.MaxBodyBytes)})
 		return
 	}
-	apiKey := formValue(f, "api_key")
-	if name := r.Header.Get("X-Relay-Project"); name != "" {
-		if apiKey != "" {
-			u.rej.Reject(w, formreq.Bad("conflict", "api_key and X-Relay-Project: give one, not both"))
-			return
-		}
-		p, ok := u.creds.Load().Project(name)
-		if !ok {
-			u.rej.Reject(w, formreq.Bad("unknown_project", "X-Relay-Project: no project of that name in the credentials file"))
-			return
-		}
-		apiKey = p.APIKey.Reveal()
-	}
-	if apiKey == "" {
-		u.rej.Reject(w, formreq.Bad("missing_field", "api_key: missing or empty"))
-		return
-	}
-	if len(apiKey) > event.MaxAPIKeyBytes { // issue 19: a lane per key; keys are bounded
-		u.rej.Reject(w, formreq.Bad("invalid_api_key", "api_key: longer than %d bytes", event.MaxAPIKeyBytes))
+	apiKey, ok := u.in.APIKey(w, r, formValue(f, "api_key"))
+	if !ok {
 		return
 	}
 	ms, verr := ParseMappings(apiKey, []byte(formValue(f, "mapping")), u.cfg.MaxMappings, u.cfg.MaxBodyBytes)
 	if verr != nil {
-		u.rej.Reject(w, verr)
+		u.in.Reject(w, verr)
 		return
 	}
 	var b spool.Batch
 	for _, m := range ms {
 		b.Add(spool.Record{OrderKey: []byte(m.UserID), UserID: []byte(m.UserID), Data: m.Data})
 	}
-	rctx := context.Background()
-	lane, err := u.sp.Lane(rctx, spool.LaneKey{Kind: spool.KindUserMap, APIKey: apiKey})
-	if err == nil {
-		err = u.sp.Append(rctx, lane, &b)
-	}
-	if err != nil {
-		u.rej.SpoolFailed(w, err)
-		return
-	}
-	u.accepted.Add(float64(len(ms)))
-	w.Header().Set("Content-Type", "application/json")
-	fmt.Fprintf(w, `{"code":200,"mappings_accepted":%d}`, len(ms))
+	u.in.Accept(w, apiKey, &b, len(ms))
 }
 
 // ParseUserIDs validates the user_ids parameter of GET /api/2/usermap: a

@@ -1,7 +1,7 @@
 package usermap
 
 import (
-	"context"
+	"cmp"
 	"errors"
 	"fmt"
 	"net/http"
@@ -14,10 +14,9 @@ import (
 
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
-	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/formreq"
-	"github.com/svcrelay/relay/internal/groupidentify/lanedeliver"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/upstream"
 )
@@ -59,14 +58,12 @@ type Config struct {
 	// RateWindow is the sliding window of RateLimit; zero means RateWindow
 	// (30 s). Tests shrink it.
 	RateWindow time.Duration
-	// MaxAge, RetryInitial, RetryMax, MaxRetryAfter, Linger: see
-	// lanedeliver.Config (zero means its defaults; MaxAge 6 days).
-	MaxAge, RetryInitial, RetryMax, MaxRetryAfter, Linger time.Duration
+	// FormTiming: max age, retries, linger and gzip of the delivery (zero
+	// means delivery's defaults; MaxAge 6 days).
+	delivery.FormTiming
 	// RetryAfter is sent with 503 when the spool refuses; zero means
 	// DefaultRetryAfter.
 	RetryAfter time.Duration
-	// Gzip sends upstream POST bodies gzip-compressed.
-	Gzip bool
 }
 
 func httpBase(u string) bool {
@@ -86,29 +83,21 @@ func (c Config) Validate() error {
 		return fmt.Errorf("usermap: MaxBodyBytes %d not in 0..%d", c.MaxBodyBytes, MaxBodyBytes)
 	case c.RateLimit < 0:
 		return fmt.Errorf("usermap: RateLimit %d < 0", c.RateLimit)
-	case c.RateWindow < 0, c.MaxAge < 0, c.RetryInitial < 0, c.RetryMax < 0, c.MaxRetryAfter < 0,
-		c.RetryAfter < 0:
+	case c.RateWindow < 0, c.RetryAfter < 0:
 		return errors.New("usermap: negative duration")
+	}
+	if err := c.FormTiming.Validate(); err != nil {
+		return fmt.Errorf("usermap: %w", err)
 	}
 	return nil
 }
 
 func (c Config) withDefaults() Config {
-	if c.MaxMappings == 0 {
-		c.MaxMappings = MaxMappings
-	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = MaxBodyBytes
-	}
-	if c.RateLimit == 0 {
-		c.RateLimit = RateLimit
-	}
-	if c.RateWindow == 0 {
-		c.RateWindow = RateWindow
-	}
-	if c.RetryAfter == 0 {
-		c.RetryAfter = DefaultRetryAfter
-	}
+	c.MaxMappings = cmp.Or(c.MaxMappings, MaxMappings)
+	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, MaxBodyBytes)
+	c.RateLimit = cmp.Or(c.RateLimit, RateLimit)
+	c.RateWindow = cmp.Or(c.RateWindow, RateWindow)
+	c.RetryAfter = cmp.Or(c.RetryAfter, DefaultRetryAfter)
 	c.AliasURL = strings.TrimRight(c.AliasURL, "/")
 	c.AnalyticsURL = strings.TrimRight(c.AnalyticsURL, "/")
 	return c
@@ -118,14 +107,12 @@ func (c Config) withDefaults() Config {
 // spooled mappings.
 type UserMap struct {
 	cfg   Config
-	sp    *spool.Spool
 	creds *credentials.Ref // read at every use: a reload takes effect at once
-	log   *zap.Logger
-	d     *lanedeliver.Deliverer
 	pacer *Pacer
-	rej   *formreq.Rejecter
-
-	accepted prometheus.Counter
+	in    *formreq.Intake // accepts
+	// FormLanes delivers (Run, Ready, LaneStatus, StopLane, ResumeLane:
+	// with the last three a delivery.LaneControl).
+	*delivery.FormLanes
 }
 
 // New returns a UserMap. creds (the credentials file in force), log and reg
@@ -135,36 +122,32 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	if log == nil {
-		log = zap.NewNop()
-	}
 	f := promauto.With(reg)
-	u := &UserMap{cfg: cfg, sp: sp, creds: creds, log: log}
+	u := &UserMap{cfg: cfg, creds: creds}
 	u.pacer = NewPacer(cfg.RateLimit, cfg.RateWindow, u.orgOf, nil)
 	u.pacer.waited = f.NewCounter(prometheus.CounterOpts{Name: "relay_usermap_pace_wait_seconds_total",
 		Help: "Time lanes waited for the per-organization mapping rate (1500 per 30 s)."})
-	d, err := lanedeliver.New(lanedeliver.Config{
+	d, err := delivery.NewFormLanes(delivery.FormConfig{
 		Name:         "usermap",
 		Kind:         spool.KindUserMap,
-		URL:          u.aliasURL,
+		URL:          delivery.ProjectURL(creds, credentials.KindAlias, cfg.AliasURL, "/usermap"),
 		Field:        "mapping",
 		MaxItems:     min(cfg.MaxMappings, cfg.RateLimit),
 		MaxBodyBytes: cfg.MaxBodyBytes,
-		MaxAge:       cfg.MaxAge,
-		RetryInitial: cfg.RetryInitial, RetryMax: cfg.RetryMax, MaxRetryAfter: cfg.MaxRetryAfter,
+		FormTiming:   cfg.FormTiming,
 		ThrottleWait: cfg.RateWindow,
-		Linger:       cfg.Linger,
-		Gzip:         cfg.Gzip,
 		Pacer:        u.pacer,
 	}, sp, client, log, reg)
 	if err != nil {
 		return nil, fmt.Errorf("usermap: %w", err)
 	}
-	u.d = d
-	u.accepted = f.NewCounter(prometheus.CounterOpts{Name: "relay_usermap_accepted_total",
-		Help: "Mappings accepted into the spool."})
-	u.rej = formreq.NewRejecter("usermap", log, f.NewCounterVec(prometheus.CounterOpts{Name: "relay_usermap_rejected_requests_total",
-		Help: "POST /usermap requests refused locally, by reason."}, []string{"reason"}), cfg.RetryAfter)
+	u.FormLanes = d
+	u.in, err = formreq.NewIntake(formreq.IntakeConfig{Name: "usermap", Kind: spool.KindUserMap, Field: "mappings_accepted",
+		AcceptedHelp: "Mappings accepted into the spool.",
+		RejectedHelp: "POST /usermap requests refused locally, by reason.", RetryAfter: cfg.RetryAfter}, sp, creds, log, reg)
+	if err != nil {
+		return nil, fmt.Errorf("usermap: %w", err)
+	}
 	return u, nil
 }
 
@@ -181,14 +164,6 @@ func (u *UserMap) orgOf(apiKey string) string {
 	return "key:" + apiKey
 }
 
-func (u *UserMap) aliasURL(apiKey string) string {
-	base := u.cfg.AliasURL
-	if p, ok := u.creds.Load().ProjectByAPIKey(apiKey); ok {
-		base = strings.TrimRight(p.URL(credentials.KindAlias, base), "/")
-	}
-	return base + "/usermap"
-}
-
 // Routes returns POST /usermap (GET /api/2/usermap is ReadAPI, forwarded by
 // internal/forward).
 func (u *UserMap) Routes() []adminroute.Route {
@@ -196,25 +171,3 @@ func (u *UserMap) Routes() []adminroute.Route {
 		{Method: http.MethodPost, Path: "/usermap", Mode: admintoken.ModeOwn, Handler: http.HandlerFunc(u.servePost)},
 	}
 }
-
-// Run delivers spooled mappings until ctx ends (see lanedeliver).
-func (u *UserMap) Run(ctx context.Context) error { return u.d.Run(ctx) }
-
-// Ready reports an error while Run is not running.
-func (u *UserMap) Ready() error {
-	if !u.d.Running() {
-		return errors.New("usermap delivery not running")
-	}
-	return nil
-}
-
-// LaneStatus returns a snapshot of the user mapping lanes being delivered
-// (with StopLane and ResumeLane, an adminapi.LaneControl).
-func (u *UserMap) LaneStatus() []batcher.LaneStatus { return u.d.LaneStatus() }
-
-// StopLane stops delivering a lane (records stay in the spool); it wraps
-// batcher.ErrUnknownLane for a lane not running.
-func (u *UserMap) StopLane(laneID uint64) error { return u.d.StopLane(laneID) }
-
-// ResumeLane resumes a lane stopped by StopLane or by an invalid api_key.
-func (u *UserMap) ResumeLane(laneID uint64) error { return u.d.ResumeLane(laneID) }

@@ -1,44 +1,4 @@
-// Package lanedeliver delivers the records of one spool lane kind (group
-// identifies, user mappings) to an upstream form endpoint that takes
-// "api_key=K&<field>=[record,record,...]".
-//
-// It is shared by internal/groupidentify and internal/usermap; they differ
-// only in limits, the form field, the weight of a record (group properties)
-// and pacing (user mappings are paced per organization).
-//
-// Invariants:
-//   - One goroutine per lane of Config.Kind, started for existing lanes and
-//     for lanes created later (Spool.LanesChanged). It has at most one
-//     request in flight, so records reach the upstream in lane order, except
-//     that a 400 or 413 splits a request into halves sent one after the
-//     other (order is still kept).
-//   - Records of many chunks (many callers) are merged into one request, up
-//     to Config.MaxItems records, Config.MaxWeight total weight and a form
-//     body strictly under Config.MaxBodyBytes.
-//   - A chunk is acknowledged only when every record of it is done:
-//     delivered (200) or stored as a dead letter (PutDead returns after the
-//     commit, so the dead letter precedes the ack).
-//   - Retryable answers (5xx, time-outs, broken connections) are retried
-//     with jittered, capped exponential backoff (backoff/v4), without a
-//     count limit, until a record is older than Config.MaxAge: it then goes
-//     to dead letters ("expired"). Retry-After is honoured, clamped to
-//     Config.MaxRetryAfter.
-//   - 429: wait Retry-After (clamped) or Config.ThrottleWait, then resend.
-//   - 400 (any kind): bisect; a single record refused alone is a dead letter
-//     ("bad_request"). 413: split; a single record alone is a dead letter
-//     ("too_large").
-//   - Invalid API key, or an answer that says the URL or credentials are
-//     wrong (upstream.Fatal): the lane stops (logged once, gauge
-//     relay_<name>_lanes_stopped), its records stay in the spool; it is
-//     never retried in a loop. ResumeLane (an operator) or a restart tries
-//     again. StopLane stops a lane by hand before its next request (a
-//     request in flight finishes). LaneStatus, StopLane and ResumeLane make
-//     a Deliverer an adminapi.LaneControl.
-//   - When Run's context ends, lane goroutines return; unacknowledged
-//     chunks stay in the spool and are read again after the next Open. A
-//     chunk partly delivered when the process stops is delivered again
-//     from its first record (at least once).
-package lanedeliver
+package delivery
 
 import (
 	"cmp"
@@ -47,21 +7,21 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	"go.uber.org/zap"
 
-	"github.com/svcrelay/relay/internal/batcher"
+	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/upstream"
 )
 
-// Defaults of Config's zero values.
+// Defaults of FormConfig's zero values.
 const (
 	DefaultMaxAge        = 6 * 24 * time.Hour
 	DefaultRetryInitial  = 500 * time.Millisecond
@@ -77,8 +37,34 @@ type Pacer interface {
 	Acquire(ctx context.Context, apiKey string, n int) (release func(), err error)
 }
 
-// Config configures a Deliverer.
-type Config struct {
+// FormTiming is the part of a FormConfig a form kind's own Config
+// (groupidentify.Config, usermap.Config) embeds and hands over as is.
+type FormTiming struct {
+	// MaxAge: a record still undelivered this long after acceptance goes to
+	// dead letters ("expired"); zero means DefaultMaxAge.
+	MaxAge time.Duration
+	// RetryInitial and RetryMax bound the backoff; zero means the defaults.
+	RetryInitial, RetryMax time.Duration
+	// MaxRetryAfter clamps an upstream Retry-After; zero means DefaultMaxRetryAfter.
+	MaxRetryAfter time.Duration
+	// Linger is how long a lane waits for more records when its request is
+	// not full; zero means DefaultLinger, negative means no wait.
+	Linger time.Duration
+	// Gzip sends bodies gzip-compressed.
+	Gzip bool
+}
+
+// Validate reports a negative duration (Linger excepted: negative means no
+// wait).
+func (t FormTiming) Validate() error {
+	if t.MaxAge < 0 || t.RetryInitial < 0 || t.RetryMax < 0 || t.MaxRetryAfter < 0 {
+		return errors.New("delivery: negative duration")
+	}
+	return nil
+}
+
+// FormConfig configures a FormLanes.
+type FormConfig struct {
 	// Name prefixes metrics (relay_<Name>_...) and log messages. Required.
 	Name string
 	// Kind is the lane kind delivered. Required (KindEvents is refused).
@@ -95,24 +81,14 @@ type Config struct {
 	MaxWeight int
 	// Weight is a record's weight (e.g. its group properties); nil means 0.
 	Weight func(data []byte) int
-	// MaxAge: a record still undelivered this long after acceptance goes to
-	// dead letters ("expired"); zero means DefaultMaxAge.
-	MaxAge time.Duration
-	// RetryInitial and RetryMax bound the backoff; zero means the defaults.
-	RetryInitial, RetryMax time.Duration
-	// MaxRetryAfter clamps an upstream Retry-After; zero means DefaultMaxRetryAfter.
-	MaxRetryAfter time.Duration
+	// FormTiming: max age, retries, linger, gzip.
+	FormTiming
 	// ThrottleWait is the wait after a 429 without Retry-After; zero means
 	// the backoff's next interval.
 	ThrottleWait time.Duration
-	// Linger is how long a lane waits for more records when its request is
-	// not full; zero means DefaultLinger, negative means no wait.
-	Linger time.Duration
 	// ReadBytes bounds the chunk bytes read from the spool at once; zero
 	// means DefaultReadBytes.
 	ReadBytes int
-	// Gzip sends bodies gzip-compressed.
-	Gzip bool
 	// Pacer, when not nil, paces every request.
 	Pacer Pacer
 	// Now is the clock; nil means time.Now.
@@ -120,28 +96,27 @@ type Config struct {
 }
 
 // Validate reports a configuration error.
-func (c Config) Validate() error {
+func (c FormConfig) Validate() error {
 	switch {
 	case c.Name == "":
-		return errors.New("lanedeliver: Name required")
+		return errors.New("delivery: Name required")
 	case c.Kind == spool.KindEvents:
-		return errors.New("lanedeliver: Kind must not be events")
+		return errors.New("delivery: Kind must not be events")
 	case c.URL == nil:
-		return errors.New("lanedeliver: URL required")
+		return errors.New("delivery: URL required")
 	case c.Field == "":
-		return errors.New("lanedeliver: Field required")
+		return errors.New("delivery: Field required")
 	case c.MaxItems <= 0:
-		return fmt.Errorf("lanedeliver: MaxItems %d <= 0", c.MaxItems)
+		return fmt.Errorf("delivery: MaxItems %d <= 0", c.MaxItems)
 	case c.MaxBodyBytes <= 0:
-		return fmt.Errorf("lanedeliver: MaxBodyBytes %d <= 0", c.MaxBodyBytes)
-	case c.MaxWeight < 0, c.MaxAge < 0, c.RetryInitial < 0, c.RetryMax < 0, c.MaxRetryAfter < 0,
-		c.ThrottleWait < 0, c.ReadBytes < 0:
-		return errors.New("lanedeliver: negative limit or duration")
+		return fmt.Errorf("delivery: MaxBodyBytes %d <= 0", c.MaxBodyBytes)
+	case c.MaxWeight < 0, c.ThrottleWait < 0, c.ReadBytes < 0:
+		return errors.New("delivery: negative limit or duration")
 	}
-	return nil
+	return c.FormTiming.Validate()
 }
 
-func (c Config) withDefaults() Config {
+func (c FormConfig) withDefaults() FormConfig {
 	if c.MaxAge == 0 {
 		c.MaxAge = DefaultMaxAge
 	}
@@ -181,47 +156,53 @@ type metrics struct {
 type laneState struct {
 	id        uint64
 	label     string
-	lane      *spool.Lane // pinned while stopped (issue 19: not retired then)
 	readAhead atomic.Int64
-
-	mu      sync.Mutex
-	stopped bool
-	reason  string
-	resumed chan struct{} // closed and replaced by ResumeLane
+	// StopSwitch pins the lane while stopped (issue 19: not retired then).
+	StopSwitch
 }
 
-// stop stops the lane; it reports whether it was running.
-func (st *laneState) stop(reason string) bool {
-	st.mu.Lock()
-	was := !st.stopped
-	st.stopped, st.reason = true, reason
-	st.mu.Unlock()
-	if was && st.lane != nil {
-		st.lane.Pin()
-	}
-	return was
-}
-
-// waitRunning returns once the lane is not stopped, or ctx's error.
-func (st *laneState) waitRunning(ctx context.Context) error {
-	for {
-		st.mu.Lock()
-		stopped, ch := st.stopped, st.resumed
-		st.mu.Unlock()
-		if !stopped {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-ch:
-		}
-	}
-}
-
-// Deliverer runs the lanes of one kind. See the package documentation.
-type Deliverer struct {
-	cfg     Config
+// FormLanes delivers the records of one spool lane kind (group
+// identifies, user mappings) to an upstream form endpoint that takes
+// "api_key=K&<field>=[record,record,...]".
+//
+// internal/groupidentify and internal/usermap are its kinds; they differ
+// only in limits, the form field, the weight of a record (group properties)
+// and pacing (user mappings are paced per organization).
+//
+// Invariants:
+//   - One goroutine per lane of FormConfig.Kind, started for existing lanes and
+//     for lanes created later (Spool.LanesChanged). It has at most one
+//     request in flight, so records reach the upstream in lane order, except
+//     that a 400 or 413 splits a request into halves sent one after the
+//     other (order is still kept).
+//   - Records of many chunks (many callers) are merged into one request, up
+//     to FormConfig.MaxItems records, FormConfig.MaxWeight total weight and a form
+//     body strictly under FormConfig.MaxBodyBytes.
+//   - A chunk is acknowledged only when every record of it is done:
+//     delivered (200) or stored as a dead letter (PutDead returns after the
+//     commit, so the dead letter precedes the ack).
+//   - Retryable answers (5xx, time-outs, broken connections) are retried
+//     with jittered, capped exponential backoff (backoff/v4), without a
+//     count limit, until a record is older than FormConfig.MaxAge: it then goes
+//     to dead letters ("expired"). Retry-After is honoured, clamped to
+//     FormConfig.MaxRetryAfter.
+//   - 429: wait Retry-After (clamped) or FormConfig.ThrottleWait, then resend.
+//   - 400 (any kind): bisect; a single record refused alone is a dead letter
+//     ("bad_request"). 413: split; a single record alone is a dead letter
+//     ("too_large").
+//   - Invalid API key, or an answer that says the URL or credentials are
+//     wrong (upstream.Fatal): the lane stops (logged once, gauge
+//     relay_<name>_lanes_stopped), its records stay in the spool; it is
+//     never retried in a loop. ResumeLane (an operator) or a restart tries
+//     again. StopLane stops a lane by hand before its next request (a
+//     request in flight finishes). LaneStatus, StopLane and ResumeLane make
+//     a FormLanes a LaneControl.
+//   - When Run's context ends, lane goroutines return; unacknowledged
+//     chunks stay in the spool and are read again after the next Open. A
+//     chunk partly delivered when the process stops is delivered again
+//     from its first record (at least once).
+type FormLanes struct {
+	cfg     FormConfig
 	sp      *spool.Spool
 	client  *upstream.Client
 	log     *zap.Logger
@@ -232,20 +213,20 @@ type Deliverer struct {
 	lanes map[uint64]*laneState
 }
 
-// New returns a Deliverer. log and reg may be nil.
-func New(cfg Config, sp *spool.Spool, client *upstream.Client, log *zap.Logger, reg prometheus.Registerer) (*Deliverer, error) {
+// NewFormLanes returns a FormLanes. log and reg may be nil.
+func NewFormLanes(cfg FormConfig, sp *spool.Spool, client *upstream.Client, log *zap.Logger, reg prometheus.Registerer) (*FormLanes, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if sp == nil || client == nil {
-		return nil, errors.New("lanedeliver: spool and client required")
+		return nil, errors.New("delivery: spool and client required")
 	}
 	if log == nil {
 		log = zap.NewNop()
 	}
 	f := promauto.With(reg)
 	p := "relay_" + cfg.Name + "_"
-	d := &Deliverer{cfg: cfg.withDefaults(), sp: sp, client: client, log: log, lanes: map[uint64]*laneState{}}
+	d := &FormLanes{cfg: cfg.withDefaults(), sp: sp, client: client, log: log, lanes: map[uint64]*laneState{}}
 	d.m = metrics{
 		delivered: f.NewCounter(prometheus.CounterOpts{Name: p + "delivered_total", Help: "Records delivered upstream (200)."}),
 		requests:  f.NewCounterVec(prometheus.CounterOpts{Name: p + "requests_total", Help: "Upstream requests by answer class."}, []string{"result"}),
@@ -268,16 +249,17 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, log *zap.Logger, 
 		// relay_lane_stopped{lane} for this kind's lanes, beside the event
 		// pipeline's (issue 24): one series per lane, so one alert covers
 		// every kind.
-		if err := reg.Register(laneStoppedCollector{d, newLaneStoppedDesc()}); err != nil {
+		if err := reg.Register(laneStoppedCollector{d, NewLaneStoppedDesc()}); err != nil {
 			return nil, fmt.Errorf("%s: register relay_lane_stopped: %w", cfg.Name, err)
 		}
 	}
 	return d, nil
 }
 
-// newLaneStoppedDesc must equal internal/batcher's relay_lane_stopped (name,
-// help, labels): the registry merges both collectors' series into one family.
-func newLaneStoppedDesc() *prometheus.Desc {
+// NewLaneStoppedDesc describes relay_lane_stopped{lane}, 1 while a lane
+// sends nothing. Every deliverer's collector uses it: the registry merges
+// their series into one family only if name, help and labels are equal.
+func NewLaneStoppedDesc() *prometheus.Desc {
 	return prometheus.NewDesc("relay_lane_stopped",
 		"1 while a lane sends nothing (invalid API key, fatal upstream answer, operator stop): alert on it.",
 		[]string{"lane"}, nil)
@@ -287,7 +269,7 @@ func newLaneStoppedDesc() *prometheus.Desc {
 // share its family with the event pipeline's gauge; it reads LaneStatus
 // snapshots and holds no lock while sending.
 type laneStoppedCollector struct {
-	d    *Deliverer
+	d    *FormLanes
 	desc *prometheus.Desc
 }
 
@@ -305,25 +287,24 @@ func (c laneStoppedCollector) Collect(ch chan<- prometheus.Metric) {
 
 // LaneStatus returns a snapshot of every lane Run has started, by lane id.
 // PausedKeys and HeldEvents are always 0 (no per-key pauses here).
-func (d *Deliverer) LaneStatus() []batcher.LaneStatus {
+func (d *FormLanes) LaneStatus() []LaneStatus {
 	d.mu.Lock()
 	sts := make([]*laneState, 0, len(d.lanes))
 	for _, st := range d.lanes {
 		sts = append(sts, st)
 	}
 	d.mu.Unlock()
-	out := make([]batcher.LaneStatus, 0, len(sts))
+	out := make([]LaneStatus, 0, len(sts))
 	for _, st := range sts {
-		st.mu.Lock()
-		out = append(out, batcher.LaneStatus{ID: st.id, Label: st.label, Stopped: st.stopped, StopReason: st.reason,
+		stopped, reason := st.State()
+		out = append(out, LaneStatus{ID: st.id, Label: st.label, Stopped: stopped, StopReason: reason,
 			ReadAheadBytes: st.readAhead.Load()})
-		st.mu.Unlock()
 	}
-	slices.SortFunc(out, func(a, b batcher.LaneStatus) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b LaneStatus) int { return cmp.Compare(a.ID, b.ID) })
 	return out
 }
 
-func (d *Deliverer) lane(id uint64) *laneState {
+func (d *FormLanes) lane(id uint64) *laneState {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.lanes[id]
@@ -331,45 +312,59 @@ func (d *Deliverer) lane(id uint64) *laneState {
 
 // StopLane stops sending the lane's records before its next request (an
 // operator's pause); they stay in the spool. It fails, wrapping
-// batcher.ErrUnknownLane, for a lane Run has not started.
-func (d *Deliverer) StopLane(laneID uint64) error {
+// ErrUnknownLane, for a lane Run has not started.
+func (d *FormLanes) StopLane(laneID uint64) error {
 	st := d.lane(laneID)
 	if st == nil {
-		return fmt.Errorf("%s: stop lane %d: %w", d.cfg.Name, laneID, batcher.ErrUnknownLane)
+		return fmt.Errorf("%s: stop lane %d: %w", d.cfg.Name, laneID, ErrUnknownLane)
 	}
-	st.stop("stopped by operator")
+	st.Stop("stopped by operator")
 	return nil
 }
 
 // ResumeLane resumes a lane stopped by StopLane or by the upstream refusing
 // its api_key; the refused request is sent again at once.
-func (d *Deliverer) ResumeLane(laneID uint64) error {
+func (d *FormLanes) ResumeLane(laneID uint64) error {
 	st := d.lane(laneID)
 	if st == nil {
-		return fmt.Errorf("%s: resume lane %d: %w", d.cfg.Name, laneID, batcher.ErrUnknownLane)
+		return fmt.Errorf("%s: resume lane %d: %w", d.cfg.Name, laneID, ErrUnknownLane)
 	}
-	st.mu.Lock()
-	was := st.stopped
-	if st.stopped {
-		st.stopped, st.reason = false, ""
-		close(st.resumed)
-		st.resumed = make(chan struct{})
-	}
-	st.mu.Unlock()
-	if was && st.lane != nil {
-		st.lane.Unpin()
-	}
+	st.Resume()
 	return nil
 }
 
 // Running reports whether Run is running.
-func (d *Deliverer) Running() bool { return d.running.Load() }
+func (d *FormLanes) Running() bool { return d.running.Load() }
+
+// Ready reports an error while Run is not running ("<Name> delivery not
+// running").
+func (d *FormLanes) Ready() error {
+	if !d.Running() {
+		return fmt.Errorf("%s delivery not running", d.cfg.Name)
+	}
+	return nil
+}
+
+// ProjectURL returns a FormConfig.URL: base + path, where a project's own
+// base of kind (credentials.KindIngest, ...) in the credentials file in
+// force (read at every call, so a reload takes effect at once) overrides
+// base for that project's api_key. creds may be nil. base must not end in
+// "/".
+func ProjectURL(creds *credentials.Ref, kind, base, path string) func(apiKey string) string {
+	return func(apiKey string) string {
+		b := base
+		if p, ok := creds.Load().ProjectByAPIKey(apiKey); ok {
+			b = strings.TrimRight(p.URL(kind, base), "/")
+		}
+		return b + path
+	}
+}
 
 // Run delivers every lane of the kind until ctx ends; it then waits for the
 // lane goroutines and returns nil. Unacknowledged work stays in the spool.
-func (d *Deliverer) Run(ctx context.Context) error {
+func (d *FormLanes) Run(ctx context.Context) error {
 	if !d.running.CompareAndSwap(false, true) {
-		return errors.New("lanedeliver: already running")
+		return errors.New("delivery: already running")
 	}
 	defer d.running.Store(false)
 	var wg sync.WaitGroup
@@ -384,7 +379,7 @@ func (d *Deliverer) Run(ctx context.Context) error {
 			if l.Key().Kind != d.cfg.Kind {
 				continue
 			}
-			st := &laneState{id: l.ID(), label: l.Label(), lane: l, resumed: make(chan struct{})}
+			st := &laneState{id: l.ID(), label: l.Label(), StopSwitch: StopSwitch{Lane: l}}
 			d.mu.Lock()
 			d.lanes[l.ID()] = st
 			d.mu.Unlock()
@@ -414,16 +409,16 @@ type item struct {
 }
 
 type laneRun struct {
-	d      *Deliverer
+	d      *FormLanes
 	lane   *spool.Lane
 	key    spool.LaneKey
 	label  string
 	prefix []byte // "api_key=...&field="
-	bo     *backoff.ExponentialBackOff
+	bo     *Retry
 	st     *laneState
 }
 
-func (d *Deliverer) runLane(ctx context.Context, l *spool.Lane, st *laneState) {
+func (d *FormLanes) runLane(ctx context.Context, l *spool.Lane, st *laneState) {
 	key := l.Key()
 	lr := &laneRun{d: d, lane: l, key: key, label: l.Label(), st: st}
 	lr.prefix = append(lr.prefix, "api_key="...)
@@ -431,13 +426,7 @@ func (d *Deliverer) runLane(ctx context.Context, l *spool.Lane, st *laneState) {
 	lr.prefix = append(lr.prefix, '&')
 	lr.prefix = append(lr.prefix, url.QueryEscape(d.cfg.Field)...)
 	lr.prefix = append(lr.prefix, '=')
-	lr.bo = backoff.NewExponentialBackOff(
-		backoff.WithInitialInterval(d.cfg.RetryInitial),
-		backoff.WithMaxInterval(d.cfg.RetryMax),
-		backoff.WithMultiplier(2),
-		backoff.WithRandomizationFactor(0.5),
-		backoff.WithMaxElapsedTime(0), // no count or time limit: MaxAge bounds it
-	)
+	lr.bo = NewRetry(d.cfg.RetryInitial, d.cfg.RetryMax) // no count or time limit: MaxAge bounds it
 	err := lr.loop(ctx)
 	if errors.Is(err, spool.ErrRetired) {
 		// Empty and idle: the spool forgot the lane (issue 19).
@@ -597,7 +586,7 @@ func (lr *laneRun) send(ctx context.Context, items []item) error {
 			items = live
 			continue
 		}
-		if err := lr.st.waitRunning(ctx); err != nil {
+		if err := lr.st.Wait(ctx); err != nil {
 			return err
 		}
 		body := lr.body(items)
@@ -641,32 +630,25 @@ func (lr *laneRun) send(ctx context.Context, items []item) error {
 			if res.Kind == upstream.Fatal {
 				reason = fmt.Sprintf("upstream answered %d: wrong URL or credentials", res.Status)
 			}
-			if lr.st.stop(reason) {
+			if lr.st.Stop(reason) {
 				lr.d.log.Error(cfg.Name+": lane stopped until resumed or restarted; its records stay in the spool",
 					zap.String("lane", lr.label), zap.Int("status", res.Status), zap.String("reason", reason))
 			}
-			// The loop waits in waitRunning, then resends.
+			// The loop waits in Wait, then resends.
 		default: // Retryable, Throttled
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			wait := lr.bo.NextBackOff()
-			if res.Kind == upstream.Throttled && cfg.ThrottleWait > 0 {
+			wait := lr.bo.Honour(res.RetryAfter, cfg.MaxRetryAfter)
+			if res.Kind == upstream.Throttled && cfg.ThrottleWait > 0 && res.RetryAfter <= 0 {
 				wait = cfg.ThrottleWait
-			}
-			if res.RetryAfter > 0 {
-				wait = min(res.RetryAfter, cfg.MaxRetryAfter)
 			}
 			m.retries.Inc()
 			lastAnswer = res.Answer
 			lr.d.log.Debug(cfg.Name+": retrying", zap.String("lane", lr.label), zap.Int("status", res.Status),
 				zap.Duration("wait", wait))
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if !Sleep(ctx, wait) {
 				return ctx.Err()
-			case <-t.C:
 			}
 		}
 	}
@@ -681,7 +663,8 @@ func (lr *laneRun) dead(ctx context.Context, items []item, reason string, answer
 	}
 	// A failed commit (disk trouble) is retried: the records were read from
 	// the lane and must be done before their chunk is acknowledged.
-	for wait, logged := lr.d.cfg.RetryInitial, false; ; wait = min(2*wait, lr.d.cfg.RetryMax) {
+	bo := NewRetry(lr.d.cfg.RetryInitial, lr.d.cfg.RetryMax)
+	for logged := false; ; {
 		err := lr.d.sp.PutDead(ctx, dls)
 		if err == nil {
 			break
@@ -693,12 +676,8 @@ func (lr *laneRun) dead(ctx context.Context, items []item, reason string, answer
 			lr.d.log.Error(lr.d.cfg.Name+": storing dead letters failed; retrying", zap.String("lane", lr.label), zap.Error(err))
 			logged = true
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !Sleep(ctx, bo.Next()) {
 			return ctx.Err()
-		case <-t.C:
 		}
 	}
 	lr.d.m.dead.WithLabelValues(reason).Add(float64(len(items)))

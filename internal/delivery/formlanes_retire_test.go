@@ -1,4 +1,4 @@
-package lanedeliver
+package delivery
 
 import (
 	"context"
@@ -31,8 +31,8 @@ func TestRetiredLanesForgotten(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := New(Config{Name: "groupidentify", Kind: spool.KindGroupIdentify, URL: func(string) string { return url + "/groupidentify" },
-		Field: "identification", MaxItems: 1024, MaxBodyBytes: 1 << 20, Linger: -1, RetryInitial: 5 * time.Millisecond}, sp, cli, nil, nil)
+	d, err := NewFormLanes(FormConfig{Name: "groupidentify", Kind: spool.KindGroupIdentify, URL: func(string) string { return url + "/groupidentify" },
+		Field: "identification", MaxItems: 1024, MaxBodyBytes: 1 << 20, FormTiming: FormTiming{Linger: -1, RetryInitial: 5 * time.Millisecond}}, sp, cli, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package lanedeliver
+package delivery
 
 import (
 	"net/url"
@@ -54,7 +54,7 @@ func TestPack(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			lr := &laneRun{d: &Deliverer{cfg: Config{MaxItems: tc.maxItems, MaxBodyBytes: tc.maxBody, MaxWeight: tc.maxWeigh, Field: "mapping"}},
+			lr := &laneRun{d: &FormLanes{cfg: FormConfig{MaxItems: tc.maxItems, MaxBodyBytes: tc.maxBody, MaxWeight: tc.maxWeigh, Field: "mapping"}},
 				prefix: []byte("api_key=k%20y&mapping=")}
 			for start := 0; start < len(items); {
 				end := lr.pack(items, start)
@@ -103,18 +103,18 @@ func TestBodyOverhead(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
-	ok := Config{Name: "x", Kind: spool.KindUserMap, URL: func(string) string { return "" }, Field: "f", MaxItems: 1, MaxBodyBytes: 1}
+	ok := FormConfig{Name: "x", Kind: spool.KindUserMap, URL: func(string) string { return "" }, Field: "f", MaxItems: 1, MaxBodyBytes: 1}
 	if err := ok.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	for name, mut := range map[string]func(*Config){
-		"name":   func(c *Config) { c.Name = "" },
-		"kind":   func(c *Config) { c.Kind = spool.KindEvents },
-		"url":    func(c *Config) { c.URL = nil },
-		"field":  func(c *Config) { c.Field = "" },
-		"items":  func(c *Config) { c.MaxItems = 0 },
-		"body":   func(c *Config) { c.MaxBodyBytes = 0 },
-		"maxage": func(c *Config) { c.MaxAge = -1 },
+	for name, mut := range map[string]func(*FormConfig){
+		"name":   func(c *FormConfig) { c.Name = "" },
+		"kind":   func(c *FormConfig) { c.Kind = spool.KindEvents },
+		"url":    func(c *FormConfig) { c.URL = nil },
+		"field":  func(c *FormConfig) { c.Field = "" },
+		"items":  func(c *FormConfig) { c.MaxItems = 0 },
+		"body":   func(c *FormConfig) { c.MaxBodyBytes = 0 },
+		"maxage": func(c *FormConfig) { c.MaxAge = -1 },
 	} {
 		c := ok
 		mut(&c)

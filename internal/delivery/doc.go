@@ -1,0 +1,23 @@
+// Package delivery is what every lane kind shares to deliver spooled
+// records upstream: the lane status an operator sees (LaneStatus), the lane
+// control it uses (LaneControl, ErrUnknownLane), the retry policy (Retry)
+// and the engine of the form-encoded kinds (FormLanes: group identify and
+// user mappings). The events pipeline (internal/batcher) is the other
+// deliverer; it shares the status, control and retry policy.
+//
+// Invariants every deliverer keeps:
+//   - Order per key: records of one lane and one order key reach the
+//     upstream in the order they were accepted (form lanes keep the lane's
+//     order; the events pipeline hashes an order key to one shard).
+//   - One request in flight per shard (a form lane is one shard), so a
+//     retry never overtakes a later record.
+//   - A chunk is acknowledged to the spool only after every record of it
+//     was answered 200 by the upstream or is committed as a dead letter
+//     (PutDead returns after the commit, before the ack).
+//   - Nothing is retried in a loop against an upstream that refuses the
+//     api_key or the URL: the lane stops (relay_lane_stopped{lane} is 1)
+//     until ResumeLane or a restart; its records stay in the spool.
+//   - Retryable answers wait per Retry: exponential, jittered, capped,
+//     Retry-After honoured but clamped; a record older than its kind's max
+//     age becomes an "expired" dead letter instead.
+package delivery

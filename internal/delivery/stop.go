@@ -1,0 +1,102 @@
+package delivery
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+)
+
+// Pinner keeps a spool lane from being retired while it is pinned
+// (*spool.Lane): a stopped lane stays known even when empty, so that its
+// stop is not lost.
+type Pinner interface {
+	Pin()
+	Unpin()
+}
+
+// StopSwitch is a lane's stop state, the same for every lane kind: the
+// lane is stopped by an upstream that refuses its api_key or URL, or by an
+// operator (StopLane), and resumed by an operator (ResumeLane) or a
+// restart. The zero value is running; it must not be copied after use.
+// Stopped reads an atomic (for scrape-time metrics that take no lock).
+type StopSwitch struct {
+	// Lane, when not nil, is pinned while stopped.
+	Lane Pinner
+
+	mu        sync.Mutex
+	stopped   bool
+	reason    string
+	resumeC   chan struct{} // closed by Resume
+	isStopped atomic.Bool
+}
+
+// Stop stops the lane with reason; it reports whether it was running (a
+// second Stop keeps the first reason).
+func (s *StopSwitch) Stop(reason string) bool {
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		return false
+	}
+	s.stopped, s.reason = true, reason
+	s.resumeC = make(chan struct{})
+	s.isStopped.Store(true)
+	s.mu.Unlock()
+	if s.Lane != nil {
+		s.Lane.Pin()
+	}
+	return true
+}
+
+// Resume resumes the lane; it reports whether it was stopped.
+func (s *StopSwitch) Resume() bool {
+	s.mu.Lock()
+	if !s.stopped {
+		s.mu.Unlock()
+		return false
+	}
+	s.stopped, s.reason = false, ""
+	close(s.resumeC)
+	s.isStopped.Store(false)
+	s.mu.Unlock()
+	if s.Lane != nil {
+		s.Lane.Unpin()
+	}
+	return true
+}
+
+// Stopped reports whether the lane is stopped (an atomic read).
+func (s *StopSwitch) Stopped() bool { return s.isStopped.Load() }
+
+// State returns whether the lane is stopped, and why.
+func (s *StopSwitch) State() (stopped bool, reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stopped, s.reason
+}
+
+// Resumed returns a channel closed when the lane resumes, or nil while it
+// runs.
+func (s *StopSwitch) Resumed() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.stopped {
+		return nil
+	}
+	return s.resumeC
+}
+
+// Wait returns once the lane runs, or ctx's error.
+func (s *StopSwitch) Wait(ctx context.Context) error {
+	for {
+		c := s.Resumed()
+		if c == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-c:
+		}
+	}
+}

@@ -1,0 +1,46 @@
+package delivery
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+type pins struct{ n int }
+
+func (p *pins) Pin()   { p.n++ }
+func (p *pins) Unpin() { p.n-- }
+
+func TestStopSwitch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &pins{}
+		s := &StopSwitch{Lane: p}
+		if err := s.Wait(t.Context()); err != nil || s.Stopped() {
+			t.Fatalf("zero value: %v, stopped %v", err, s.Stopped())
+		}
+		if !s.Stop("first") || s.Stop("second") {
+			t.Fatal("Stop must report running only the first time")
+		}
+		if st, why := s.State(); !st || why != "first" || !s.Stopped() || p.n != 1 {
+			t.Fatalf("after Stop: %v %q, pins %d", st, why, p.n)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		if err := s.Wait(ctx); err == nil {
+			t.Fatal("Wait returned while stopped")
+		}
+		done := make(chan error, 1)
+		go func() { done <- s.Wait(t.Context()) }()
+		synctest.Wait()
+		if !s.Resume() || s.Resume() {
+			t.Fatal("Resume must report stopped only the first time")
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if st, why := s.State(); st || why != "" || s.Stopped() || p.n != 0 || s.Resumed() != nil {
+			t.Fatalf("after Resume: %v %q, pins %d", st, why, p.n)
+		}
+	})
+}

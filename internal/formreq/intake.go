@@ -1,0 +1,125 @@
+package formreq
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+	"go.uber.org/zap"
+
+	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/event"
+	"github.com/svcrelay/relay/internal/spool"
+)
+
+// APIKey resolves the api_key of a spooling form route (POST /groupidentify,
+// POST /usermap): apiKey as the request gave it, or, when project (the
+// X-Relay-Project header) is not empty, the api_key of that project in
+// creds (the request must then not give its own). The result is not empty
+// and at most event.MaxAPIKeyBytes long (issue 19: a lane per key).
+func APIKey(creds *credentials.Store, project, apiKey string) (string, *ValidationError) {
+	if project != "" {
+		if apiKey != "" {
+			return "", Bad("conflict", "api_key and X-Relay-Project: give one, not both")
+		}
+		p, ok := creds.Project(project)
+		if !ok {
+			return "", Bad("unknown_project", "X-Relay-Project: no project of that name in the credentials file")
+		}
+		apiKey = p.APIKey.Reveal()
+	}
+	if apiKey == "" {
+		return "", Bad("missing_field", "api_key: missing or empty")
+	}
+	if len(apiKey) > event.MaxAPIKeyBytes {
+		return "", Bad("invalid_api_key", "api_key: longer than %d bytes", event.MaxAPIKeyBytes)
+	}
+	return apiKey, nil
+}
+
+// IntakeConfig configures an Intake.
+type IntakeConfig struct {
+	// Name names the route's metrics (relay_<Name>_accepted_total,
+	// relay_<Name>_rejected_requests_total{reason}) and log lines. Required.
+	Name string
+	// Kind is the spool lane kind records go to. Required.
+	Kind spool.Kind
+	// Field is the count's field of the 200 answer, e.g.
+	// "mappings_accepted". Required.
+	Field string
+	// AcceptedHelp and RejectedHelp are the metrics' help texts.
+	AcceptedHelp, RejectedHelp string
+	// RetryAfter is sent with 503 when the spool refuses (rounded up to
+	// whole seconds). Required (> 0).
+	RetryAfter time.Duration
+}
+
+// Validate reports a configuration error.
+func (c IntakeConfig) Validate() error {
+	if c.Name == "" || c.Field == "" || c.Kind == spool.KindEvents || c.RetryAfter <= 0 {
+		return fmt.Errorf("formreq: intake %q: Name, Field, a form lane Kind and RetryAfter > 0 required", c.Name)
+	}
+	return nil
+}
+
+// Intake is the accepting half of a spooling form route (POST
+// /groupidentify, POST /usermap): it resolves the api_key, refuses (and
+// counts) bad requests and appends accepted records to the spool.
+type Intake struct {
+	cfg      IntakeConfig
+	sp       *spool.Spool
+	creds    *credentials.Ref // read at every use: a reload takes effect at once
+	rej      *Rejecter
+	accepted prometheus.Counter
+}
+
+// NewIntake returns an Intake. creds, log and reg may be nil.
+func NewIntake(cfg IntakeConfig, sp *spool.Spool, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*Intake, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	f := promauto.With(reg)
+	in := &Intake{cfg: cfg, sp: sp, creds: creds}
+	in.accepted = f.NewCounter(prometheus.CounterOpts{Name: "relay_" + cfg.Name + "_accepted_total", Help: cfg.AcceptedHelp})
+	in.rej = NewRejecter(cfg.Name, log, f.NewCounterVec(prometheus.CounterOpts{Name: "relay_" + cfg.Name + "_rejected_requests_total",
+		Help: cfg.RejectedHelp}, []string{"reason"}), cfg.RetryAfter)
+	return in, nil
+}
+
+// Reject counts e by its Reason and answers it.
+func (in *Intake) Reject(w http.ResponseWriter, e *ValidationError) { in.rej.Reject(w, e) }
+
+// APIKey resolves the request's api_key (see APIKey, with r's
+// X-Relay-Project header); when it cannot, it answers r and reports false.
+func (in *Intake) APIKey(w http.ResponseWriter, r *http.Request, apiKey string) (string, bool) {
+	key, verr := APIKey(in.creds.Load(), r.Header.Get("X-Relay-Project"), apiKey)
+	if verr != nil {
+		in.rej.Reject(w, verr)
+		return "", false
+	}
+	return key, true
+}
+
+// Accept appends b (n records) to the lane of apiKey and answers the
+// request: once the spool holds b, it counts n accepted and answers 200
+// with {"code":200,"<Field>":<n>}; else (Rejecter.SpoolFailed) 503.
+func (in *Intake) Accept(w http.ResponseWriter, apiKey string, b *spool.Batch, n int) {
+	ctx := context.Background()
+	lane, err := in.sp.Lane(ctx, spool.LaneKey{Kind: in.cfg.Kind, APIKey: apiKey})
+	if err == nil {
+		err = in.sp.Append(ctx, lane, b)
+	}
+	if err != nil {
+		in.rej.SpoolFailed(w, err)
+		return
+	}
+	in.accepted.Add(float64(n))
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, `{"code":200,%q:%d}`, in.cfg.Field, n)
+}
