@@ -18,6 +18,7 @@ import (
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/tlsreload"
+	"github.com/svcrelay/relay/internal/tlsreload/tlstest"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -253,17 +254,13 @@ func TestClientConnsKeys(t *testing.T) {
 func TestMaxConnectionsPerClientTLS(t *testing.T) {
 	dir := t.TempDir()
 	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	writeSelfSigned(t, 1, certFile, keyFile)
+	tlstest.WriteSelfSigned(t, 1, certFile, keyFile)
 	rl, err := tlsreload.New(tlsreload.Config{CertFile: certFile, KeyFile: keyFile})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pem, err := os.ReadFile(certFile)
-	if err != nil {
-		t.Fatal(err)
-	}
 	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pem)
+	tlstest.Trust(t, roots, certFile)
 	r := startRelay(t, Config{TLS: rl.TLSConfig(), MaxConnectionsPerClient: 2}, spool.Config{Sync: spool.SyncNone})
 
 	// open returns a served TLS connection, or nil when the server closed
