@@ -24,13 +24,7 @@ import (
 // TestTLSIngestAndReload: events over HTTPS; after a reload a new connection
 // gets the new certificate while a kept-alive connection goes on serving.
 func TestTLSIngestAndReload(t *testing.T) {
-	dir := t.TempDir()
-	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	tlstest.WriteSelfSigned(t, 1, certFile, keyFile)
-	rl, err := tlsreload.New(tlsreload.Config{CertFile: certFile, KeyFile: keyFile})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl, certFile, keyFile := selfSignedReloader(t)
 	roots := x509.NewCertPool()
 	tlstest.Trust(t, roots, certFile)
 
@@ -94,15 +88,23 @@ func TestTLSIngestAndReload(t *testing.T) {
 // tlsRelay starts a relay serving TLS with a new self-signed certificate.
 func tlsRelay(t *testing.T, cfg Config) *testRelay {
 	t.Helper()
+	rl, _, _ := selfSignedReloader(t)
+	cfg.TLS = rl.TLSConfig()
+	return startRelay(t, cfg, spool.Config{Sync: spool.SyncNone})
+}
+
+// selfSignedReloader writes a self-signed certificate with serial 1 to a new
+// directory and returns a Reloader serving it, and the two files.
+func selfSignedReloader(t *testing.T) (rl *tlsreload.Reloader, certFile, keyFile string) {
+	t.Helper()
 	dir := t.TempDir()
-	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
 	tlstest.WriteSelfSigned(t, 1, certFile, keyFile)
 	rl, err := tlsreload.New(tlsreload.Config{CertFile: certFile, KeyFile: keyFile})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.TLS = rl.TLSConfig()
-	return startRelay(t, cfg, spool.Config{Sync: spool.SyncNone})
+	return rl, certFile, keyFile
 }
 
 // TestTLSOversizedBodyAnswered: a TLS client still sending a body over the
