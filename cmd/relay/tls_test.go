@@ -2,15 +2,8 @@ package main
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"encoding/pem"
 	"io"
-	"math/big"
-	"net"
 	"net/http"
 	"net/http/httptrace"
 	"os"
@@ -21,44 +14,11 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/config"
+	"github.com/svcrelay/relay/internal/tlsreload/tlstest"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 )
-
-// writeSelfSigned writes a new self-signed certificate for 127.0.0.1 with
-// serial to certFile and keyFile.
-func writeSelfSigned(t *testing.T, serial int64, certFile, keyFile string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(serial),
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // TestServeTLSReloadOnSIGHUP runs the relay in-process with TLS on both
 // listeners, sends the process SIGHUP after new certificates were written,
@@ -68,8 +28,8 @@ func TestServeTLSReloadOnSIGHUP(t *testing.T) {
 	dir := t.TempDir()
 	ic, ik := filepath.Join(dir, "ingest.pem"), filepath.Join(dir, "ingest.key")
 	ac, ak := filepath.Join(dir, "admin.pem"), filepath.Join(dir, "admin.key")
-	writeSelfSigned(t, 1, ic, ik)
-	writeSelfSigned(t, 11, ac, ak)
+	tlstest.WriteSelfSigned(t, 1, ic, ik)
+	tlstest.WriteSelfSigned(t, 11, ac, ak)
 	cfg, err := config.Load([]string{
 		"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"),
 		"--spool-min-free-bytes", "0", "--drain-timeout", "2s",
@@ -134,8 +94,8 @@ func TestServeTLSReloadOnSIGHUP(t *testing.T) {
 		}
 	}
 
-	writeSelfSigned(t, 2, ic, ik)
-	writeSelfSigned(t, 12, ac, ak)
+	tlstest.WriteSelfSigned(t, 2, ic, ik)
+	tlstest.WriteSelfSigned(t, 12, ac, ak)
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}

@@ -10,14 +10,13 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/spool"
-	"github.com/svcrelay/relay/internal/tlsreload"
+	"github.com/svcrelay/relay/internal/tlsreload/tlstest"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -251,19 +250,9 @@ func TestClientConnsKeys(t *testing.T) {
 // connection gets no handshake), and a closed TLS connection gives its
 // share back (fasthttp reports the *tls.Conn, not the TCP connection).
 func TestMaxConnectionsPerClientTLS(t *testing.T) {
-	dir := t.TempDir()
-	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	writeSelfSigned(t, 1, certFile, keyFile)
-	rl, err := tlsreload.New(tlsreload.Config{CertFile: certFile, KeyFile: keyFile})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pem, err := os.ReadFile(certFile)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl, certFile, _ := selfSignedReloader(t)
 	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pem)
+	tlstest.Trust(t, roots, certFile)
 	r := startRelay(t, Config{TLS: rl.TLSConfig(), MaxConnectionsPerClient: 2}, spool.Config{Sync: spool.SyncNone})
 
 	// open returns a served TLS connection, or nil when the server closed

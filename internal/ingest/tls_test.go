@@ -4,19 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptrace"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -24,58 +18,15 @@ import (
 
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/tlsreload"
+	"github.com/svcrelay/relay/internal/tlsreload/tlstest"
 )
-
-// writeSelfSigned writes a new self-signed certificate for 127.0.0.1 with
-// serial to certFile and keyFile.
-func writeSelfSigned(t *testing.T, serial int64, certFile, keyFile string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(serial),
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // TestTLSIngestAndReload: events over HTTPS; after a reload a new connection
 // gets the new certificate while a kept-alive connection goes on serving.
 func TestTLSIngestAndReload(t *testing.T) {
-	dir := t.TempDir()
-	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	writeSelfSigned(t, 1, certFile, keyFile)
-	rl, err := tlsreload.New(tlsreload.Config{CertFile: certFile, KeyFile: keyFile})
-	if err != nil {
-		t.Fatal(err)
-	}
-	first, err := os.ReadFile(certFile)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl, certFile, keyFile := selfSignedReloader(t)
 	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(first)
+	tlstest.Trust(t, roots, certFile)
 
 	r := startRelay(t, Config{TLS: rl.TLSConfig()}, spool.Config{Sync: spool.SyncNone})
 	url := "https://" + r.addr + "/2/httpapi"
@@ -116,12 +67,8 @@ func TestTLSIngestAndReload(t *testing.T) {
 		}
 	}
 
-	writeSelfSigned(t, 2, certFile, keyFile)
-	second, err := os.ReadFile(certFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots.AppendCertsFromPEM(second)
+	tlstest.WriteSelfSigned(t, 2, certFile, keyFile)
+	tlstest.Trust(t, roots, certFile)
 	if err := rl.Reload(); err != nil {
 		t.Fatal(err)
 	}
@@ -141,15 +88,23 @@ func TestTLSIngestAndReload(t *testing.T) {
 // tlsRelay starts a relay serving TLS with a new self-signed certificate.
 func tlsRelay(t *testing.T, cfg Config) *testRelay {
 	t.Helper()
+	rl, _, _ := selfSignedReloader(t)
+	cfg.TLS = rl.TLSConfig()
+	return startRelay(t, cfg, spool.Config{Sync: spool.SyncNone})
+}
+
+// selfSignedReloader writes a self-signed certificate with serial 1 to a new
+// directory and returns a Reloader serving it, and the two files.
+func selfSignedReloader(t *testing.T) (rl *tlsreload.Reloader, certFile, keyFile string) {
+	t.Helper()
 	dir := t.TempDir()
-	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	writeSelfSigned(t, 1, certFile, keyFile)
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	tlstest.WriteSelfSigned(t, 1, certFile, keyFile)
 	rl, err := tlsreload.New(tlsreload.Config{CertFile: certFile, KeyFile: keyFile})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.TLS = rl.TLSConfig()
-	return startRelay(t, cfg, spool.Config{Sync: spool.SyncNone})
+	return rl, certFile, keyFile
 }
 
 // TestTLSOversizedBodyAnswered: a TLS client still sending a body over the

@@ -1,53 +1,14 @@
 package tlsreload
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"encoding/pem"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
-)
 
-// writeCert writes a new self-signed certificate for 127.0.0.1 with serial
-// to certFile and keyFile.
-func writeCert(t *testing.T, serial int64, certFile, keyFile string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(serial),
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
+	"github.com/svcrelay/relay/internal/tlsreload/tlstest"
+)
 
 func TestValidate(t *testing.T) {
 	for _, c := range []Config{{}, {CertFile: "c"}, {KeyFile: "k"}} {
@@ -69,7 +30,7 @@ func TestReload(t *testing.T) {
 	if _, err := New(Config{CertFile: cert, KeyFile: key}); err == nil {
 		t.Fatal("New with missing files: no error")
 	}
-	writeCert(t, 1, cert, key)
+	tlstest.WriteSelfSigned(t, 1, cert, key)
 	r, err := New(Config{CertFile: cert, KeyFile: key})
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +50,7 @@ func TestReload(t *testing.T) {
 		t.Fatalf("serial %d", s)
 	}
 
-	writeCert(t, 2, cert, key)
+	tlstest.WriteSelfSigned(t, 2, cert, key)
 	if err := r.Reload(); err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +60,7 @@ func TestReload(t *testing.T) {
 
 	// Bad new files keep the old certificate.
 	other := filepath.Join(dir, "other")
-	writeCert(t, 3, other+".pem", other+".key")
+	tlstest.WriteSelfSigned(t, 3, other+".pem", other+".key")
 	okCert, _ := os.ReadFile(cert)
 	for name, write := range map[string]func(){
 		"garbage certificate": func() { os.WriteFile(cert, []byte("not pem"), 0o644) },
@@ -125,7 +86,7 @@ func TestReload(t *testing.T) {
 func TestHandshake(t *testing.T) {
 	dir := t.TempDir()
 	cert, key := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	writeCert(t, 1, cert, key)
+	tlstest.WriteSelfSigned(t, 1, cert, key)
 	r, err := New(Config{CertFile: cert, KeyFile: key})
 	if err != nil {
 		t.Fatal(err)
@@ -149,7 +110,7 @@ func TestHandshake(t *testing.T) {
 		return tc, ts
 	}
 	old, oldSrv := handshake()
-	writeCert(t, 2, cert, key)
+	tlstest.WriteSelfSigned(t, 2, cert, key)
 	if err := r.Reload(); err != nil {
 		t.Fatal(err)
 	}
