@@ -108,7 +108,7 @@
 // relay_delivery_held_events{lane} (events they hold), relay_lane_stopped{lane}
 // (alert on 1) and relay_delivery_read_ahead_bytes (all lanes). No lock of
 // the pipeline is held while a metric is updated, and the scrape-time ones
-// (relay_lane_stopped is a collector) read atomics of a snapshot of the
+// (relay_lane_stopped is the engine's collector) read a snapshot of the
 // runners: a scrape never waits for delivery nor delivery for a scrape. The upstream client has relay_upstream_requests_total{status}
 // and relay_upstream_request_seconds; the spool its depth and oldest age.
 //
@@ -123,7 +123,9 @@
 //
 // Each shard's queues are owned by its goroutine; the reader hands records
 // over under shard.mu. A chunk's counters (ackRef.left, chunkRef.refs) are atomic:
-// its records may be done by several shards. Locks never nest: Pipeline.mu,
+// its records may be done by several shards. The lanes map and the Run loop
+// that starts a laneRunner per events lane are delivery.Engine's (it forgets
+// a runner whose lane the spool retired). Locks never nest: the engine's,
 // laneRunner.bmu, the lock of laneRunner.stop (delivery.StopSwitch),
 // budget.mu and shard.mu are each taken alone.
 package batcher

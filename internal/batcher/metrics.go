@@ -4,19 +4,17 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/svcrelay/relay/internal/delivery"
 )
 
 // metrics are the pipeline's. No lock of the relay is held while one is
 // called, and the ones computed at scrape time read atomics of a snapshot
-// of the lanes (Pipeline.runners), so a scrape never waits for delivery and
+// of the lanes (Pipeline.runners, the engine's), so a scrape never waits for delivery and
 // delivery never waits for a scrape.
 type metrics struct {
 	delivered   prometheus.Counter
 	retried     prometheus.Counter
 	dead        *prometheus.CounterVec
-	laneStopped *laneStoppedCollector
+	laneStopped prometheus.Collector
 	paused      prometheus.GaugeFunc
 	readAhead   prometheus.GaugeFunc
 }
@@ -35,7 +33,9 @@ func newMetrics(reg prometheus.Registerer, p *Pipeline) (*metrics, error) {
 			Name: "relay_delivery_events_dead_lettered_total",
 			Help: "Events moved to the dead-letter store, by reason.",
 		}, []string{"reason"}),
-		laneStopped: &laneStoppedCollector{p: p, desc: delivery.NewLaneStoppedDesc()},
+		// relay_lane_stopped{lane}, made at scrape time from the lanes
+		// the engine runs: a retired lane's series goes with it.
+		laneStopped: p.eng.StoppedCollector(true),
 	}
 	m.paused = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "relay_delivery_paused_devices",
@@ -62,24 +62,4 @@ func newMetrics(reg prometheus.Registerer, p *Pipeline) (*metrics, error) {
 		}
 	}
 	return m, nil
-}
-
-// laneStoppedCollector makes relay_lane_stopped{lane} at scrape time from
-// the lanes the pipeline runs: a retired lane's series goes with it, and
-// creating or stopping a lane touches no metric.
-type laneStoppedCollector struct {
-	p    *Pipeline
-	desc *prometheus.Desc
-}
-
-func (c *laneStoppedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
-
-func (c *laneStoppedCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, lr := range c.p.runners() {
-		v := 0.0
-		if lr.stop.Stopped() {
-			v = 1
-		}
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, lr.label)
-	}
 }

@@ -4,12 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"hash/maphash"
-	"sort"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -30,7 +27,7 @@ type Sender interface {
 var ErrNotRunning = errors.New("batcher: delivery not running")
 
 // ErrAlreadyRunning is returned by a second concurrent Run.
-var ErrAlreadyRunning = errors.New("batcher: already running")
+var ErrAlreadyRunning = delivery.ErrAlreadyRunning
 
 // Pipeline delivers every events lane of a spool upstream. See the package
 // documentation.
@@ -49,9 +46,8 @@ type Pipeline struct {
 	// seed hashes order keys to shards (shardOf).
 	seed maphash.Seed
 
-	mu      sync.Mutex
-	lanes   map[uint64]*laneRunner
-	running bool
+	// eng runs a laneRunner per events lane and answers the lane control.
+	eng *delivery.Engine[*laneRunner]
 
 	// afterBuild, when set (tests only), is called on a shard's goroutine
 	// after it built a batch and before the send-time pause check.
@@ -77,8 +73,14 @@ func New(cfg Config, sp *spool.Spool, send Sender, thr *throttle.Throttle, log *
 		}
 	}
 	cfg = cfg.withDefaults()
-	p := &Pipeline{cfg: cfg, sp: sp, send: send, thr: thr, log: log, url: cfg.IngestURL + "/2/httpapi", lanes: map[uint64]*laneRunner{}, seed: maphash.MakeSeed(),
+	p := &Pipeline{cfg: cfg, sp: sp, send: send, thr: thr, log: log, url: cfg.IngestURL + "/2/httpapi", seed: maphash.MakeSeed(),
 		budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool()}
+	eng, err := delivery.NewEngine(delivery.EngineConfig[*laneRunner]{Kind: spool.KindEvents, DrainTimeout: cfg.DrainTimeout,
+		NewRunner: func(l *spool.Lane) *laneRunner { return newLaneRunner(p, l) }}, sp)
+	if err != nil {
+		return nil, err
+	}
+	p.eng = eng
 	m, err := newMetrics(reg, p)
 	if err != nil {
 		return nil, err
@@ -93,64 +95,7 @@ func New(cfg Config, sp *spool.Spool, send Sender, thr *throttle.Throttle, log *
 // are still handled: acks, dead letters), then abandons them and returns nil.
 // What was not acknowledged stays in the spool. Run must return before the
 // spool is closed.
-func (p *Pipeline) Run(ctx context.Context) error {
-	p.mu.Lock()
-	if p.running {
-		p.mu.Unlock()
-		return ErrAlreadyRunning
-	}
-	p.running = true
-	p.mu.Unlock()
-	defer func() {
-		p.mu.Lock()
-		p.running = false
-		p.mu.Unlock()
-	}()
-
-	drainCtx, cancelDrain := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelDrain()
-	var wg sync.WaitGroup
-	// next is the lowest lane id not seen yet: each wake-up looks only at
-	// the lanes created since (Spool.LanesFrom), so that creating n lanes
-	// costs O(n) in all, not O(n) each.
-	var next uint64
-	for {
-		changed := p.sp.LanesChanged()
-		for _, l := range p.sp.LanesFrom(next) {
-			next = l.ID() + 1
-			if l.Key().Kind != spool.KindEvents {
-				continue
-			}
-			// No call into another package (metrics included) while
-			// p.mu is held: a scrape calls back into the pipeline.
-			p.mu.Lock()
-			lr := p.lanes[l.ID()]
-			if lr == nil {
-				lr = newLaneRunner(p, l)
-				p.lanes[l.ID()] = lr
-			}
-			start := !lr.started
-			lr.started = true
-			p.mu.Unlock()
-			if start {
-				lr.start(ctx, drainCtx, &wg)
-			}
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			t := time.AfterFunc(p.cfg.DrainTimeout, cancelDrain)
-			wg.Wait()
-			t.Stop()
-			p.mu.Lock()
-			for _, lr := range p.lanes {
-				lr.started = false
-			}
-			p.mu.Unlock()
-			return nil
-		}
-	}
-}
+func (p *Pipeline) Run(ctx context.Context) error { return p.eng.Run(ctx) }
 
 // ReleaseMemory drops the request body buffers kept for reuse (up to ~8 MB),
 // so that the next GC frees them: for a process that has gone idle.
@@ -158,9 +103,7 @@ func (p *Pipeline) ReleaseMemory() { p.bodies.drain() }
 
 // Ready returns nil while Run is delivering.
 func (p *Pipeline) Ready() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.running {
+	if !p.eng.Running() {
 		return ErrNotRunning
 	}
 	return nil
@@ -168,60 +111,25 @@ func (p *Pipeline) Ready() error {
 
 // StopLane stops sending the lane's events (an operator's pause); they stay
 // in the spool. ResumeLane undoes it.
-func (p *Pipeline) StopLane(laneID uint64) error {
-	lr := p.lane(laneID)
-	if lr == nil {
-		return fmt.Errorf("stop lane %d: %w", laneID, delivery.ErrUnknownLane)
-	}
-	lr.stopLane("stopped by operator")
-	return nil
-}
+func (p *Pipeline) StopLane(laneID uint64) error { return p.eng.StopLane(laneID) }
 
 // ResumeLane resumes a lane stopped by StopLane or by the upstream refusing
-// its api_key ("Invalid API key"); its held events are sent at once.
-func (p *Pipeline) ResumeLane(laneID uint64) error {
-	lr := p.lane(laneID)
-	if lr == nil {
-		// A lane created after the last LanesChanged wake-up is not known
-		// yet; look it up in the spool so that an admin call never misses.
-		if ls := p.sp.LanesFrom(laneID); len(ls) > 0 && ls[0].ID() == laneID && ls[0].Key().Kind == spool.KindEvents {
-			return nil // not running yet, so not stopped
-		}
-		return fmt.Errorf("resume lane %d: %w", laneID, delivery.ErrUnknownLane)
-	}
-	lr.resume()
-	return nil
-}
+// its api_key ("Invalid API key"); its held events are sent at once. A lane
+// created after the last LanesChanged wake-up is not stopped: nil.
+func (p *Pipeline) ResumeLane(laneID uint64) error { return p.eng.ResumeLane(laneID) }
 
 func (p *Pipeline) lane(id uint64) *laneRunner {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.lanes[id]
+	lr, _ := p.eng.Lane(id)
+	return lr
 }
 
-// runners is a snapshot of the lanes' runners, taken under p.mu (which
-// nothing holds across a call out of the package).
-func (p *Pipeline) runners() []*laneRunner {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	lrs := make([]*laneRunner, 0, len(p.lanes))
-	for _, lr := range p.lanes {
-		lrs = append(lrs, lr)
-	}
-	return lrs
-}
+// runners is a snapshot of the lanes' runners (the engine holds no lock
+// across a call out of its package).
+func (p *Pipeline) runners() []*laneRunner { return p.eng.Runners() }
 
 // LaneStatus returns a snapshot of every lane the pipeline has started,
 // by lane id.
-func (p *Pipeline) LaneStatus() []delivery.LaneStatus {
-	lrs := p.runners()
-	out := make([]delivery.LaneStatus, 0, len(lrs))
-	for _, lr := range lrs {
-		out = append(out, lr.status())
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	return out
-}
+func (p *Pipeline) LaneStatus() []delivery.LaneStatus { return p.eng.LaneStatus() }
 
 // envelope returns the fixed bytes around a lane's events:
 // `{"api_key":<json string>,"events":[` and `]` + `,"options":<raw>` + `}`.
@@ -241,15 +149,14 @@ func envelope(key spool.LaneKey) (prefix, suffix []byte) {
 // laneRunner delivers one lane: a reader goroutine and ShardsPerLane shard
 // goroutines.
 type laneRunner struct {
-	p       *Pipeline
-	lane    *spool.Lane
-	id      uint64
-	label   string
-	key     spool.LaneKey
-	prefix  []byte
-	suffix  []byte
-	shards  []*shard
-	started bool // guarded by p.mu
+	p      *Pipeline
+	lane   *spool.Lane
+	id     uint64
+	label  string
+	key    spool.LaneKey
+	prefix []byte
+	suffix []byte
+	shards []*shard
 
 	// partial is the chunk read in parts whose last part is still to come
 	// (reader goroutine only).
@@ -263,10 +170,7 @@ type laneRunner struct {
 	// stop is the lane's stop state; its Stopped (an atomic) serves the
 	// relay_lane_stopped collector, which reads no lock of the relay. It
 	// pins the lane while stopped.
-	stop delivery.StopSwitch
-	// cancel ends the lane's goroutines when the spool retires the lane.
-	cancel context.CancelFunc
-
+	stop                 delivery.StopSwitch
 	heldKeys, heldEvents atomic.Int64
 	readAhead            atomic.Int64
 	// failing counts the shards whose last request failed (retryable) and
@@ -295,39 +199,42 @@ func newLaneRunner(p *Pipeline, l *spool.Lane) *laneRunner {
 	return lr
 }
 
-// start starts the lane's reader and shards. They end with ctx, or when
+// Run runs the lane's reader and shards (a Runner of the engine). They
+// end with ctx (shards finish requests in flight until drain ends), or when
 // the spool retires the lane (empty and idle): the reader then cancels the
-// shards (which hold nothing: every record was done) and the runner is
-// forgotten, so that its goroutines, memory and metric series are gone.
-func (lr *laneRunner) start(ctx, drainCtx context.Context, wg *sync.WaitGroup) {
+// shards (which hold nothing: every record was done) and Run returns
+// spool.ErrRetired, so that the engine forgets the runner and its
+// goroutines, memory and metric series are gone.
+func (lr *laneRunner) Run(ctx, drain context.Context) error {
 	lctx, cancel := context.WithCancel(ctx)
-	lr.cancel = cancel
-	wg.Add(1 + len(lr.shards))
-	go func() {
-		defer wg.Done()
-		if lr.read(lctx) {
-			lr.retire()
-		}
-	}()
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(len(lr.shards))
 	for _, s := range lr.shards {
 		go func() {
 			defer wg.Done()
-			s.run(lctx, drainCtx)
+			s.run(lctx, drain)
 		}()
 	}
+	retired := lr.read(lctx)
+	if retired {
+		cancel()
+	}
+	wg.Wait()
+	if retired {
+		return spool.ErrRetired
+	}
+	return nil
 }
 
-// retire ends a lane the spool retired: its shards stop and the pipeline
-// forgets it (a lane of the same key created later is a new lane).
-func (lr *laneRunner) retire() {
-	lr.cancel()
-	p := lr.p
-	p.mu.Lock()
-	if p.lanes[lr.id] == lr {
-		delete(p.lanes, lr.id)
-	}
-	p.mu.Unlock()
-}
+// Stop stops the lane by hand (StopLane).
+func (lr *laneRunner) Stop(reason string) { lr.stopLane(reason) }
+
+// Resume resumes the lane (ResumeLane).
+func (lr *laneRunner) Resume() { lr.resume() }
+
+// Status is the lane's snapshot.
+func (lr *laneRunner) Status() delivery.LaneStatus { return lr.status() }
 
 // stopLane stops the lane (no-op when stopped) and logs it once.
 func (lr *laneRunner) stopLane(reason string) {

@@ -1,9 +1,12 @@
 // Package delivery is what every lane kind shares to deliver spooled
 // records upstream: the lane status an operator sees (LaneStatus), the lane
-// control it uses (LaneControl, ErrUnknownLane), the retry policy (Retry)
-// and the engine of the form-encoded kinds (FormLanes: group identify and
-// user mappings). The events pipeline (internal/batcher) is the other
-// deliverer; it shares the status, control and retry policy.
+// control it uses (LaneControl, ErrUnknownLane), the retry policy (Retry),
+// the supervisor of every kind (Engine: a Runner per lane of a kind,
+// started as lanes appear, forgotten when the spool retires the lane; lane
+// status, stop/resume and relay_lane_stopped) and the runner of the
+// form-encoded kinds (FormLanes: group identify and user mappings). The
+// events pipeline (internal/batcher) is the other kind; its laneRunner is a
+// Runner with N shards per lane.
 //
 // Invariants every deliverer keeps:
 //   - Order per key: records of one lane and one order key reach the

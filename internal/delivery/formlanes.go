@@ -1,14 +1,11 @@
 package delivery
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net/url"
-	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -152,15 +149,6 @@ type metrics struct {
 	lanes     prometheus.Gauge
 }
 
-// laneState is what the admin side sees and changes of a running lane.
-type laneState struct {
-	id        uint64
-	label     string
-	readAhead atomic.Int64
-	// StopSwitch pins the lane while stopped (issue 19: not retired then).
-	StopSwitch
-}
-
 // FormLanes delivers the records of one spool lane kind (group
 // identifies, user mappings) to an upstream form endpoint that takes
 // "api_key=K&<field>=[record,record,...]".
@@ -171,7 +159,7 @@ type laneState struct {
 //
 // Invariants:
 //   - One goroutine per lane of FormConfig.Kind, started for existing lanes and
-//     for lanes created later (Spool.LanesChanged). It has at most one
+//     for lanes created later (the Engine runs a laneRun). It has at most one
 //     request in flight, so records reach the upstream in lane order, except
 //     that a 400 or 413 splits a request into halves sent one after the
 //     other (order is still kept).
@@ -202,15 +190,12 @@ type laneState struct {
 //     chunk partly delivered when the process stops is delivered again
 //     from its first record (at least once).
 type FormLanes struct {
-	cfg     FormConfig
-	sp      *spool.Spool
-	client  *upstream.Client
-	log     *zap.Logger
-	m       metrics
-	running atomic.Bool
-
-	mu    sync.Mutex
-	lanes map[uint64]*laneState
+	cfg    FormConfig
+	sp     *spool.Spool
+	client *upstream.Client
+	log    *zap.Logger
+	m      metrics
+	eng    *Engine[*laneRun]
 }
 
 // NewFormLanes returns a FormLanes. log and reg may be nil.
@@ -226,7 +211,12 @@ func NewFormLanes(cfg FormConfig, sp *spool.Spool, client *upstream.Client, log 
 	}
 	f := promauto.With(reg)
 	p := "relay_" + cfg.Name + "_"
-	d := &FormLanes{cfg: cfg.withDefaults(), sp: sp, client: client, log: log, lanes: map[uint64]*laneState{}}
+	d := &FormLanes{cfg: cfg.withDefaults(), sp: sp, client: client, log: log}
+	eng, err := NewEngine(EngineConfig[*laneRun]{Name: cfg.Name, Kind: cfg.Kind, NewRunner: d.newLane}, sp)
+	if err != nil {
+		return nil, err
+	}
+	d.eng = eng
 	d.m = metrics{
 		delivered: f.NewCounter(prometheus.CounterOpts{Name: p + "delivered_total", Help: "Records delivered upstream (200)."}),
 		requests:  f.NewCounterVec(prometheus.CounterOpts{Name: p + "requests_total", Help: "Upstream requests by answer class."}, []string{"result"}),
@@ -249,92 +239,28 @@ func NewFormLanes(cfg FormConfig, sp *spool.Spool, client *upstream.Client, log 
 		// relay_lane_stopped{lane} for this kind's lanes, beside the event
 		// pipeline's (issue 24): one series per lane, so one alert covers
 		// every kind.
-		if err := reg.Register(laneStoppedCollector{d, NewLaneStoppedDesc()}); err != nil {
+		if err := reg.Register(eng.StoppedCollector(false)); err != nil {
 			return nil, fmt.Errorf("%s: register relay_lane_stopped: %w", cfg.Name, err)
 		}
 	}
 	return d, nil
 }
 
-// NewLaneStoppedDesc describes relay_lane_stopped{lane}, 1 while a lane
-// sends nothing. Every deliverer's collector uses it: the registry merges
-// their series into one family only if name, help and labels are equal.
-func NewLaneStoppedDesc() *prometheus.Desc {
-	return prometheus.NewDesc("relay_lane_stopped",
-		"1 while a lane sends nothing (invalid API key, fatal upstream answer, operator stop): alert on it.",
-		[]string{"lane"}, nil)
-}
-
-// laneStoppedCollector is unchecked (Describe sends nothing) so that it can
-// share its family with the event pipeline's gauge; it reads LaneStatus
-// snapshots and holds no lock while sending.
-type laneStoppedCollector struct {
-	d    *FormLanes
-	desc *prometheus.Desc
-}
-
-func (laneStoppedCollector) Describe(chan<- *prometheus.Desc) {}
-
-func (c laneStoppedCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, s := range c.d.LaneStatus() {
-		v := 0.0
-		if s.Stopped {
-			v = 1
-		}
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, s.Label)
-	}
-}
-
 // LaneStatus returns a snapshot of every lane Run has started, by lane id.
 // PausedKeys and HeldEvents are always 0 (no per-key pauses here).
-func (d *FormLanes) LaneStatus() []LaneStatus {
-	d.mu.Lock()
-	sts := make([]*laneState, 0, len(d.lanes))
-	for _, st := range d.lanes {
-		sts = append(sts, st)
-	}
-	d.mu.Unlock()
-	out := make([]LaneStatus, 0, len(sts))
-	for _, st := range sts {
-		stopped, reason := st.State()
-		out = append(out, LaneStatus{ID: st.id, Label: st.label, Stopped: stopped, StopReason: reason,
-			ReadAheadBytes: st.readAhead.Load()})
-	}
-	slices.SortFunc(out, func(a, b LaneStatus) int { return cmp.Compare(a.ID, b.ID) })
-	return out
-}
-
-func (d *FormLanes) lane(id uint64) *laneState {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.lanes[id]
-}
+func (d *FormLanes) LaneStatus() []LaneStatus { return d.eng.LaneStatus() }
 
 // StopLane stops sending the lane's records before its next request (an
 // operator's pause); they stay in the spool. It fails, wrapping
 // ErrUnknownLane, for a lane Run has not started.
-func (d *FormLanes) StopLane(laneID uint64) error {
-	st := d.lane(laneID)
-	if st == nil {
-		return fmt.Errorf("%s: stop lane %d: %w", d.cfg.Name, laneID, ErrUnknownLane)
-	}
-	st.Stop("stopped by operator")
-	return nil
-}
+func (d *FormLanes) StopLane(laneID uint64) error { return d.eng.StopLane(laneID) }
 
 // ResumeLane resumes a lane stopped by StopLane or by the upstream refusing
 // its api_key; the refused request is sent again at once.
-func (d *FormLanes) ResumeLane(laneID uint64) error {
-	st := d.lane(laneID)
-	if st == nil {
-		return fmt.Errorf("%s: resume lane %d: %w", d.cfg.Name, laneID, ErrUnknownLane)
-	}
-	st.Resume()
-	return nil
-}
+func (d *FormLanes) ResumeLane(laneID uint64) error { return d.eng.ResumeLane(laneID) }
 
 // Running reports whether Run is running.
-func (d *FormLanes) Running() bool { return d.running.Load() }
+func (d *FormLanes) Running() bool { return d.eng.Running() }
 
 // Ready reports an error while Run is not running ("<Name> delivery not
 // running").
@@ -362,42 +288,7 @@ func ProjectURL(creds *credentials.Ref, kind, base, path string) func(apiKey str
 
 // Run delivers every lane of the kind until ctx ends; it then waits for the
 // lane goroutines and returns nil. Unacknowledged work stays in the spool.
-func (d *FormLanes) Run(ctx context.Context) error {
-	if !d.running.CompareAndSwap(false, true) {
-		return errors.New("delivery: already running")
-	}
-	defer d.running.Store(false)
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	// next is the lowest lane id not seen yet: a wake-up looks only at the
-	// lanes created since (issue 19: O(new lanes), not O(all lanes)).
-	var next uint64
-	for {
-		changed := d.sp.LanesChanged()
-		for _, l := range d.sp.LanesFrom(next) {
-			next = l.ID() + 1
-			if l.Key().Kind != d.cfg.Kind {
-				continue
-			}
-			st := &laneState{id: l.ID(), label: l.Label(), StopSwitch: StopSwitch{Lane: l}}
-			d.mu.Lock()
-			d.lanes[l.ID()] = st
-			d.mu.Unlock()
-			d.m.lanes.Inc()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer d.m.lanes.Dec()
-				d.runLane(ctx, l, st)
-			}()
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-changed:
-		}
-	}
-}
+func (d *FormLanes) Run(ctx context.Context) error { return d.eng.Run(ctx) }
 
 // item is one record being delivered, with its chunk's index.
 type item struct {
@@ -408,39 +299,57 @@ type item struct {
 	weight   int
 }
 
+// laneRun is one lane's runner (a Runner of the engine).
 type laneRun struct {
 	d      *FormLanes
 	lane   *spool.Lane
 	key    spool.LaneKey
+	id     uint64
 	label  string
 	prefix []byte // "api_key=...&field="
 	bo     *Retry
-	st     *laneState
+	// readAhead is the bytes of the chunks being delivered.
+	readAhead atomic.Int64
+	// st pins the lane while stopped (issue 19: not retired then).
+	st StopSwitch
 }
 
-func (d *FormLanes) runLane(ctx context.Context, l *spool.Lane, st *laneState) {
+func (d *FormLanes) newLane(l *spool.Lane) *laneRun {
 	key := l.Key()
-	lr := &laneRun{d: d, lane: l, key: key, label: l.Label(), st: st}
+	lr := &laneRun{d: d, lane: l, key: key, id: l.ID(), label: l.Label(), st: StopSwitch{Lane: l}}
 	lr.prefix = append(lr.prefix, "api_key="...)
 	lr.prefix = append(lr.prefix, url.QueryEscape(key.APIKey)...)
 	lr.prefix = append(lr.prefix, '&')
 	lr.prefix = append(lr.prefix, url.QueryEscape(d.cfg.Field)...)
 	lr.prefix = append(lr.prefix, '=')
 	lr.bo = NewRetry(d.cfg.RetryInitial, d.cfg.RetryMax) // no count or time limit: MaxAge bounds it
+	return lr
+}
+
+// Run delivers the lane until ctx ends or the spool retires it (empty and
+// idle, issue 19). drain is not used: a request in flight ends with ctx.
+func (lr *laneRun) Run(ctx, _ context.Context) error {
+	d := lr.d
+	d.m.lanes.Inc()
+	defer d.m.lanes.Dec()
 	err := lr.loop(ctx)
-	if errors.Is(err, spool.ErrRetired) {
-		// Empty and idle: the spool forgot the lane (issue 19).
-		d.mu.Lock()
-		if d.lanes[st.id] == st {
-			delete(d.lanes, st.id)
-		}
-		d.mu.Unlock()
-		return
-	}
-	if err != nil && ctx.Err() == nil && !errors.Is(err, spool.ErrClosed) {
+	if err != nil && !errors.Is(err, spool.ErrRetired) && ctx.Err() == nil && !errors.Is(err, spool.ErrClosed) {
 		d.log.Error(d.cfg.Name+": lane delivery ended", zap.String("lane", lr.label), zap.Error(err))
 	}
+	return err
 }
+
+// Status is the lane's snapshot.
+func (lr *laneRun) Status() LaneStatus {
+	stopped, reason := lr.st.State()
+	return LaneStatus{ID: lr.id, Label: lr.label, Stopped: stopped, StopReason: reason, ReadAheadBytes: lr.readAhead.Load()}
+}
+
+// Stop stops the lane before its next request.
+func (lr *laneRun) Stop(reason string) { lr.st.Stop(reason) }
+
+// Resume resumes the lane; a refused request is sent again at once.
+func (lr *laneRun) Resume() { lr.st.Resume() }
 
 func (lr *laneRun) loop(ctx context.Context) error {
 	cfg := &lr.d.cfg
@@ -499,14 +408,14 @@ func (lr *laneRun) deliverChunks(ctx context.Context, chunks []spool.Chunk) erro
 	for _, c := range chunks {
 		readAhead += int64(c.Size)
 	}
-	lr.st.readAhead.Store(readAhead)
+	lr.readAhead.Store(readAhead)
 	ackUpTo := func(done int) { // items[:done] are done
 		for acked < len(chunks) && last[acked] < done {
 			lr.d.sp.Ack(lr.lane, chunks[acked].Seq)
 			readAhead -= int64(chunks[acked].Size)
 			acked++
 		}
-		lr.st.readAhead.Store(readAhead)
+		lr.readAhead.Store(readAhead)
 	}
 	ackUpTo(0) // empty chunks
 	for start := 0; start < len(items); {

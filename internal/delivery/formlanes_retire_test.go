@@ -45,7 +45,7 @@ func TestRetiredLanesForgotten(t *testing.T) {
 		<-done
 		sp.Close()
 	})
-	// laneGoroutines counts the goroutines running a lane (runLane): the
+	// laneGoroutines counts the goroutines running a lane (laneRun.Run): the
 	// whole process's count also holds the upstream client's connections,
 	// which vary with the machine's speed.
 	laneGoroutines := func() int {
@@ -53,7 +53,7 @@ func TestRetiredLanesForgotten(t *testing.T) {
 		for {
 			n := runtime.Stack(buf, true)
 			if n < len(buf) {
-				return strings.Count(string(buf[:n]), "delivery.(*FormLanes).runLane(")
+				return strings.Count(string(buf[:n]), "delivery.(*laneRun).Run(")
 			}
 			buf = make([]byte, 2*len(buf))
 		}

@@ -1,0 +1,281 @@
+package delivery
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/svcrelay/relay/internal/spool"
+)
+
+// ErrAlreadyRunning is returned by a second concurrent Engine.Run.
+var ErrAlreadyRunning = errors.New("delivery: already running")
+
+// Runner delivers one lane; a kind makes one per lane (EngineConfig.NewRunner).
+type Runner interface {
+	// Run delivers the lane until ctx ends or the spool retires the lane
+	// (it then returns an error wrapping spool.ErrRetired and the engine
+	// forgets the runner). After ctx ends, work in flight may finish until
+	// drain ends. Run is called again on the same runner by a later
+	// Engine.Run.
+	Run(ctx, drain context.Context) error
+	// Status is a snapshot of the lane; it must take no lock held across
+	// a call out of the runner's package (a scrape calls it).
+	Status() LaneStatus
+	// Stop stops the lane (an operator's pause) and Resume resumes it.
+	Stop(reason string)
+	Resume()
+}
+
+// EngineConfig configures an Engine.
+type EngineConfig[R Runner] struct {
+	// Name prefixes the errors of StopLane and ResumeLane; may be empty.
+	Name string
+	// Kind is the lane kind delivered.
+	Kind spool.Kind
+	// NewRunner makes the runner of a lane of Kind. Required.
+	NewRunner func(l *spool.Lane) R
+	// DrainTimeout is how long runners may finish work in flight after
+	// Run's context ended; zero means none.
+	DrainTimeout time.Duration
+}
+
+type engineLane[R Runner] struct {
+	r       R
+	started bool
+}
+
+// Engine is the supervisor every lane kind shares: it starts a runner for
+// every lane of its kind that exists and for each one created later,
+// forgets a runner whose lane the spool retired, and answers the lane
+// control (LaneStatus, StopLane, ResumeLane) and relay_lane_stopped.
+// Its lock is never held across a call out of the package: runners and
+// metrics are called on snapshots (issue 19: a scrape never waits for
+// delivery).
+type Engine[R Runner] struct {
+	cfg EngineConfig[R]
+	sp  *spool.Spool
+
+	mu      sync.Mutex
+	lanes   map[uint64]*engineLane[R]
+	running bool
+}
+
+// NewEngine returns an engine; nothing runs before Run.
+func NewEngine[R Runner](cfg EngineConfig[R], sp *spool.Spool) (*Engine[R], error) {
+	if cfg.NewRunner == nil || sp == nil {
+		return nil, errors.New("delivery: engine needs a spool and NewRunner")
+	}
+	if cfg.DrainTimeout < 0 {
+		return nil, errors.New("delivery: negative drain timeout")
+	}
+	return &Engine[R]{cfg: cfg, sp: sp, lanes: map[uint64]*engineLane[R]{}}, nil
+}
+
+// Run delivers until ctx ends: it runs a runner for every lane of the kind.
+// When ctx ends it gives runners EngineConfig.DrainTimeout to finish, waits
+// for them and returns nil. A runner survives Run (its stop state with it):
+// a later Run starts it again.
+func (e *Engine[R]) Run(ctx context.Context) error {
+	e.mu.Lock()
+	if e.running {
+		e.mu.Unlock()
+		return ErrAlreadyRunning
+	}
+	e.running = true
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		e.running = false
+		e.mu.Unlock()
+	}()
+
+	drainCtx, cancelDrain := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelDrain()
+	var wg sync.WaitGroup
+	// next is the lowest lane id not seen yet: each wake-up looks only at
+	// the lanes created since (Spool.LanesFrom), so that creating n lanes
+	// costs O(n) in all, not O(n) each.
+	var next uint64
+	for {
+		changed := e.sp.LanesChanged()
+		for _, l := range e.sp.LanesFrom(next) {
+			next = l.ID() + 1
+			if l.Key().Kind != e.cfg.Kind {
+				continue
+			}
+			e.mu.Lock()
+			el := e.lanes[l.ID()]
+			fresh := el == nil
+			start := fresh || !el.started
+			if !fresh {
+				el.started = true
+			}
+			e.mu.Unlock()
+			if fresh {
+				// NewRunner is the kind's code: called without e.mu.
+				el = &engineLane[R]{r: e.cfg.NewRunner(l), started: true}
+				e.mu.Lock()
+				e.lanes[l.ID()] = el
+				e.mu.Unlock()
+			}
+			if start {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if err := el.r.Run(ctx, drainCtx); errors.Is(err, spool.ErrRetired) {
+						e.forget(l.ID(), el)
+					}
+				}()
+			}
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			var t *time.Timer
+			if e.cfg.DrainTimeout > 0 {
+				t = time.AfterFunc(e.cfg.DrainTimeout, cancelDrain)
+			} else {
+				cancelDrain()
+			}
+			wg.Wait()
+			if t != nil {
+				t.Stop()
+			}
+			e.mu.Lock()
+			for _, el := range e.lanes {
+				el.started = false
+			}
+			e.mu.Unlock()
+			return nil
+		}
+	}
+}
+
+// forget drops a runner whose lane the spool retired (a lane of the same
+// key created later is a new lane, with a new runner).
+func (e *Engine[R]) forget(id uint64, el *engineLane[R]) {
+	e.mu.Lock()
+	if e.lanes[id] == el {
+		delete(e.lanes, id)
+	}
+	e.mu.Unlock()
+}
+
+// Running reports whether Run is running.
+func (e *Engine[R]) Running() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.running
+}
+
+// Lane returns the runner of a lane, if Run has met the lane.
+func (e *Engine[R]) Lane(id uint64) (R, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	el := e.lanes[id]
+	if el == nil {
+		var zero R
+		return zero, false
+	}
+	return el.r, true
+}
+
+// Runners is a snapshot of the runners, in no order.
+func (e *Engine[R]) Runners() []R {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	rs := make([]R, 0, len(e.lanes))
+	for _, el := range e.lanes {
+		rs = append(rs, el.r)
+	}
+	return rs
+}
+
+// LaneStatus returns a snapshot of every lane, by lane id.
+func (e *Engine[R]) LaneStatus() []LaneStatus {
+	rs := e.Runners()
+	out := make([]LaneStatus, 0, len(rs))
+	for _, r := range rs {
+		out = append(out, r.Status())
+	}
+	slices.SortFunc(out, func(a, b LaneStatus) int { return cmp.Compare(a.ID, b.ID) })
+	return out
+}
+
+func (e *Engine[R]) prefix() string {
+	if e.cfg.Name == "" {
+		return ""
+	}
+	return e.cfg.Name + ": "
+}
+
+// StopLane stops sending a lane's records (they stay in the spool). It
+// wraps ErrUnknownLane for a lane Run has not met.
+func (e *Engine[R]) StopLane(laneID uint64) error {
+	r, ok := e.Lane(laneID)
+	if !ok {
+		return fmt.Errorf("%sstop lane %d: %w", e.prefix(), laneID, ErrUnknownLane)
+	}
+	r.Stop("stopped by operator")
+	return nil
+}
+
+// ResumeLane resumes a stopped lane. A lane of the kind that Run has not
+// met yet (created after its last wake-up) is not stopped: nil.
+func (e *Engine[R]) ResumeLane(laneID uint64) error {
+	r, ok := e.Lane(laneID)
+	if !ok {
+		if ls := e.sp.LanesFrom(laneID); len(ls) > 0 && ls[0].ID() == laneID && ls[0].Key().Kind == e.cfg.Kind {
+			return nil
+		}
+		return fmt.Errorf("%sresume lane %d: %w", e.prefix(), laneID, ErrUnknownLane)
+	}
+	r.Resume()
+	return nil
+}
+
+// StoppedCollector returns the relay_lane_stopped{lane} collector of the
+// engine's lanes, made at scrape time from Status snapshots. Only one
+// deliverer's collector may be checked (describe its descriptor): the
+// others share the family unchecked.
+func (e *Engine[R]) StoppedCollector(checked bool) prometheus.Collector {
+	return &stoppedCollector{status: e.LaneStatus, desc: NewLaneStoppedDesc(), checked: checked}
+}
+
+// NewLaneStoppedDesc describes relay_lane_stopped{lane}, 1 while a lane
+// sends nothing. Every deliverer's collector uses it: the registry merges
+// their series into one family only if name, help and labels are equal.
+func NewLaneStoppedDesc() *prometheus.Desc {
+	return prometheus.NewDesc("relay_lane_stopped",
+		"1 while a lane sends nothing (invalid API key, fatal upstream answer, operator stop): alert on it.",
+		[]string{"lane"}, nil)
+}
+
+type stoppedCollector struct {
+	status  func() []LaneStatus
+	desc    *prometheus.Desc
+	checked bool
+}
+
+func (c *stoppedCollector) Describe(ch chan<- *prometheus.Desc) {
+	if c.checked {
+		ch <- c.desc
+	}
+}
+
+func (c *stoppedCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range c.status() {
+		v := 0.0
+		if s.Stopped {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, s.Label)
+	}
+}

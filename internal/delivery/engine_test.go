@@ -1,0 +1,160 @@
+package delivery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/svcrelay/relay/internal/spool"
+)
+
+// ackRunner is a minimal kind: it acknowledges every chunk it reads.
+type ackRunner struct {
+	l    *spool.Lane
+	sp   *spool.Spool
+	runs *atomic.Int32
+	st   StopSwitch
+}
+
+func (r *ackRunner) Run(ctx, _ context.Context) error {
+	r.runs.Add(1)
+	for {
+		if err := r.st.Wait(ctx); err != nil {
+			return err
+		}
+		cs, err := r.l.Next(ctx, 1<<20)
+		if err != nil {
+			return err
+		}
+		for _, c := range cs {
+			r.sp.Ack(r.l, c.Seq)
+		}
+	}
+}
+
+func (r *ackRunner) Status() LaneStatus {
+	stopped, reason := r.st.State()
+	return LaneStatus{ID: r.l.ID(), Label: r.l.Label(), Stopped: stopped, StopReason: reason}
+}
+func (r *ackRunner) Stop(reason string) { r.st.Stop(reason) }
+func (r *ackRunner) Resume()            { r.st.Resume() }
+
+// The engine runs a runner per lane of its kind only, answers the lane
+// control and relay_lane_stopped from them, keeps a runner (and its stop)
+// across Runs, and forgets it when the spool retires its lane.
+func TestEngine(t *testing.T) {
+	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1, RetireIdle: 50 * time.Millisecond}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sp.Close() })
+	var runs atomic.Int32
+	e, err := NewEngine(EngineConfig[*ackRunner]{Name: "test", Kind: spool.KindGroupIdentify, NewRunner: func(l *spool.Lane) *ackRunner {
+		r := &ackRunner{l: l, sp: sp, runs: &runs}
+		r.st.Lane = l
+		return r
+	}}, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(e.StoppedCollector(true)); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	add := func(kind spool.Kind, key string) *spool.Lane {
+		l, err := sp.Lane(ctx, spool.LaneKey{Kind: kind, APIKey: key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b spool.Batch
+		b.Add(spool.Record{Data: []byte(`{}`)})
+		if err := sp.Append(ctx, l, &b); err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 10s (status %+v, runs %d)", what, e.LaneStatus(), runs.Load())
+			}
+		}
+	}
+	ev := add(spool.KindEvents, "k")
+	gi := add(spool.KindGroupIdentify, "k")
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- e.Run(runCtx) }()
+	waitFor("gi lane running", func() bool { return runs.Load() == 1 })
+	if err := e.Run(runCtx); !errors.Is(err, ErrAlreadyRunning) {
+		t.Fatalf("second Run: %v", err)
+	}
+	if err := e.StopLane(ev.ID()); !errors.Is(err, ErrUnknownLane) {
+		t.Fatalf("StopLane of an events lane: %v", err)
+	}
+	if err := e.StopLane(gi.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if got := stoppedSeries(t, reg); got != gi.Label()+"=1" {
+		t.Fatalf("relay_lane_stopped: %q", got)
+	}
+	// Stop state survives a restart of Run; the runner is started again.
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel = context.WithCancel(ctx)
+	defer func() {
+		cancel()
+		<-done
+	}()
+	go func() { done <- e.Run(runCtx) }()
+	waitFor("gi lane runs again", func() bool { return runs.Load() == 2 })
+	if st := e.LaneStatus(); len(st) != 1 || st[0].ID != gi.ID() || !st[0].Stopped {
+		t.Fatalf("status after restart: %+v", st)
+	}
+	// Resumed, the lane is drained, retired by the spool and forgotten.
+	if err := e.ResumeLane(gi.ID()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("retired lane forgotten", func() bool { return len(e.LaneStatus()) == 0 })
+	if got := stoppedSeries(t, reg); got != "" {
+		t.Fatalf("relay_lane_stopped of a forgotten lane: %q", got)
+	}
+	// A new lane of the same key is a new runner.
+	add(spool.KindGroupIdentify, "k")
+	waitFor("new lane runs", func() bool { return runs.Load() == 3 && len(e.LaneStatus()) == 1 })
+	if err := e.ResumeLane(ev.ID()); !errors.Is(err, ErrUnknownLane) {
+		t.Fatalf("ResumeLane of an events lane: %v", err)
+	}
+}
+
+// stoppedSeries returns relay_lane_stopped's series as "lane=value,...".
+func stoppedSeries(t *testing.T, reg *prometheus.Registry) string {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, mf := range mfs {
+		if mf.GetName() != "relay_lane_stopped" {
+			continue
+		}
+		if !strings.HasPrefix(mf.GetHelp(), "1 while a lane sends nothing") {
+			t.Fatalf("help: %q", mf.GetHelp())
+		}
+		for _, m := range mf.GetMetric() {
+			out = append(out, fmt.Sprintf("%s=%g", m.GetLabel()[0].GetValue(), m.GetGauge().GetValue()))
+		}
+	}
+	return strings.Join(out, ",")
+}
