@@ -2,17 +2,16 @@ package main
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/internal/diskfull"
 )
 
 // TestReadyzCheckpointsFail: with the disk reserve off (--spool-min-free-bytes
@@ -24,15 +23,7 @@ import (
 // returns. On a real full filesystem: a small tmpfs mounted by the test,
 // skipped where mounting is not allowed.
 func TestReadyzCheckpointsFail(t *testing.T) {
-	mnt := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", mnt).CombinedOutput(); err != nil {
-		t.Skipf("cannot mount a tmpfs for a full filesystem (%v: %s); internal/spool's TestRefusingWhileCheckpointsFail covers the spool's side", err, bytes.TrimSpace(out))
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v: %s", mnt, err, out)
-		}
-	})
+	mnt := diskfull.Tmpfs(t, "64m", "internal/spool's TestRefusingWhileCheckpointsFail covers the spool's side")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +55,7 @@ func TestReadyzCheckpointsFail(t *testing.T) {
 		t.Fatalf("/readyz before the disk fills: %d %q", code, body)
 	}
 	filler := filepath.Join(mnt, "filler")
-	fillDisk(t, filler)
+	diskfull.Fill(t, filler)
 
 	// 200 KB requests (100 events of 2 KB) until ingest refuses one: the
 	// write-ahead log's segment has room, spool.db does not; the default
@@ -101,28 +92,5 @@ func TestReadyzCheckpointsFail(t *testing.T) {
 	}
 	if code, body := post(100, 2000); code != 200 {
 		t.Fatalf("ingest %d %s once ready again", code, body)
-	}
-}
-
-// fillDisk writes path until its filesystem has no space left.
-func fillDisk(t *testing.T, path string) {
-	t.Helper()
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	buf := make([]byte, 64<<10)
-	for range 2048 { // 128 MiB: more than the filesystem
-		if _, err := f.Write(buf); err != nil {
-			if !errors.Is(err, syscall.ENOSPC) {
-				t.Fatal(err)
-			}
-			break
-		}
-	}
-	for len(buf) > 1 { // the last few blocks
-		buf = buf[:len(buf)/2]
-		_, _ = f.Write(buf)
 	}
 }

@@ -9,11 +9,9 @@ import (
 	"hash/crc32"
 	"hash/fnv"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,6 +20,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/svcrelay/relay/internal/diskfull"
 )
 
 // Tests that damage the spool's files on purpose, and check exactly what
@@ -887,36 +887,11 @@ func TestFullDiskDraining(t *testing.T) {
 		checkDraining(t, cfg, func() {})
 	})
 	t.Run("tmpfs", func(t *testing.T) {
-		mnt := t.TempDir()
-		if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", mnt).CombinedOutput(); err != nil {
-			t.Skipf("cannot mount a tmpfs for a full filesystem (%v: %s); the size-limit variant covers the logic", err, bytes.TrimSpace(out))
-		}
-		t.Cleanup(func() {
-			if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
-				t.Errorf("umount %s: %v: %s", mnt, err, out)
-			}
-		})
+		mnt := diskfull.Tmpfs(t, "64m", "the size-limit variant covers the logic")
 		img := drainImage(t, filepath.Join(mnt, "a"), filepath.Join(mnt, "img"))
 		// Fill the filesystem.
 		filler := filepath.Join(mnt, "filler")
-		f, err := os.Create(filler)
-		if err != nil {
-			t.Fatal(err)
-		}
-		buf := make([]byte, 64<<10)
-		for n := 0; n < 1024; n++ {
-			if _, err := f.Write(buf); err != nil {
-				if !errors.Is(err, syscall.ENOSPC) {
-					t.Fatal(err)
-				}
-				break
-			}
-		}
-		for len(buf) > 1 { // the last few blocks
-			buf = buf[:len(buf)/2]
-			_, _ = f.Write(buf)
-		}
-		f.Close()
+		diskfull.Fill(t, filler)
 		cfg := integrityCfg(img)
 		cfg.drainEvery = 20 * time.Millisecond
 		checkDraining(t, cfg, func() {

@@ -1,16 +1,16 @@
 package spool
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/internal/diskfull"
 )
 
 // TestRefusingWhileCheckpointsFail: while checkpoints fail (the disk is
@@ -40,15 +40,7 @@ func TestRefusingWhileCheckpointsFail(t *testing.T) {
 		})
 	})
 	t.Run("tmpfs", func(t *testing.T) {
-		mnt := t.TempDir()
-		if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", mnt).CombinedOutput(); err != nil {
-			t.Skipf("cannot mount a tmpfs for a full filesystem (%v: %s); the size-limit variant covers the logic", err, bytes.TrimSpace(out))
-		}
-		t.Cleanup(func() {
-			if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
-				t.Errorf("umount %s: %v: %s", mnt, err, out)
-			}
-		})
+		mnt := diskfull.Tmpfs(t, "48m", "the size-limit variant covers the logic")
 		s := openTest(t, cfg(filepath.Join(mnt, "spool")))
 		l := mustLane(t, s, testKey(1))
 		// The first append allocates the WAL segment (16 MiB, enough for
@@ -56,7 +48,7 @@ func TestRefusingWhileCheckpointsFail(t *testing.T) {
 		appendChunks(t, s, l, 1, 1, 1, 100)
 		waitCheckpointed(t, s)
 		filler := filepath.Join(mnt, "filler")
-		fillFS(t, filler)
+		diskfull.Fill(t, filler)
 		checkRefusing(t, s, l, syscall.ENOSPC.Error(), func() {
 			if err := os.Remove(filler); err != nil {
 				t.Fatal(err)
@@ -66,29 +58,6 @@ func TestRefusingWhileCheckpointsFail(t *testing.T) {
 			t.Fatal("Refusing cleared, but checkpoints still fail")
 		}
 	})
-}
-
-// fillFS writes path until its filesystem has no space left.
-func fillFS(t *testing.T, path string) {
-	t.Helper()
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	buf := make([]byte, 64<<10)
-	for range 1024 { // 64 MiB: more than the filesystem
-		if _, err := f.Write(buf); err != nil {
-			if !errors.Is(err, syscall.ENOSPC) {
-				t.Fatal(err)
-			}
-			break
-		}
-	}
-	for len(buf) > 1 { // the last few blocks
-		buf = buf[:len(buf)/2]
-		_, _ = f.Write(buf)
-	}
 }
 
 // checkRefusing appends chunks of 200 KB (under Refusing's margin) to l
@@ -162,22 +131,14 @@ func checkRefusing(t *testing.T, s *Spool, l *Lane, cause string, free func()) {
 // real full filesystem (a small tmpfs mounted by the test; skipped where
 // mounting is not allowed).
 func TestRefusingWhileWALCannotGrow(t *testing.T) {
-	mnt := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", mnt).CombinedOutput(); err != nil {
-		t.Skipf("cannot mount a tmpfs for a full filesystem (%v: %s)", err, bytes.TrimSpace(out))
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v: %s", mnt, err, out)
-		}
-	})
+	mnt := diskfull.Tmpfs(t, "48m", "")
 	s := openTest(t, Config{Dir: filepath.Join(mnt, "spool"), Sync: SyncNone, MinFreeBytes: -1, CompactMinFileBytes: -1,
 		segmentBytes: 1 << 20, flushAge: time.Nanosecond, checkpointEvery: time.Millisecond})
 	l := mustLane(t, s, testKey(1))
 	appendChunks(t, s, l, 1, 1, 1, 100)
 	waitCheckpointed(t, s)
 	filler := filepath.Join(mnt, "filler")
-	fillFS(t, filler)
+	diskfull.Fill(t, filler)
 	ctx := context.Background()
 	var b Batch
 	var err error
