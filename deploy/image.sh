@@ -77,10 +77,11 @@ mnt="$(b mount "$ctr")"
 [[ "$(stat -c %u "$mnt/data")" == "${user%%:*}" ]] || fail "/data is not owned by the relay's user"
 file_out="$(od -An -c -N4 "$mnt/relay" | tr -d ' ')"
 [[ $file_out == *ELF* ]] || fail "/relay is not an ELF binary"
-if command -v readelf >/dev/null && readelf -l "$mnt/relay" | grep -q INTERP; then
-	fail "/relay is dynamically linked"
+if command -v readelf >/dev/null; then
+	headers="$(readelf -l "$mnt/relay")" || fail "readelf /relay"
+	! grep -q INTERP <<<"$headers" || fail "/relay is dynamically linked"
 fi
-"$mnt/relay" --version | grep -q "^relay " || fail "relay --version"
+[[ "$("$mnt/relay" --version)" == "relay "* ]] || fail "relay --version"
 "$mnt/relay" version
 
 # A short serve on loopback (the image's 0.0.0.0 is overridden: this is the
@@ -97,10 +98,15 @@ for _ in $(seq 1 100); do
 	sleep 0.1
 done
 [[ $ok == 1 ]] || { cat "$work/relay.log" >&2; fail "/readyz did not answer 200 within 10s"; }
-curl -fsS "http://$adm/healthz" | grep -q ok || fail "/healthz"
-curl -fsS "http://$adm/metrics" | grep -q '^relay_build_info{' || fail "relay_build_info missing from /metrics"
-curl -fsS -X POST "http://$ing/2/httpapi" -H 'Content-Type: application/json' \
-	-d '{"api_key":"smoke-key","events":[{"event_type":"smoke","device_id":"device-smoke"}]}' | grep -q '"code":200' || fail "ingest"
+# Each answer is read whole before it is matched: `curl | grep -q` fails
+# under pipefail when grep stops reading early (curl: (23)).
+body="$(curl -fsS "http://$adm/healthz")" || fail "/healthz"
+grep -q ok <<<"$body" || fail "/healthz"
+body="$(curl -fsS "http://$adm/metrics")" || fail "/metrics"
+grep -q '^relay_build_info{' <<<"$body" || fail "relay_build_info missing from /metrics"
+body="$(curl -fsS -X POST "http://$ing/2/httpapi" -H 'Content-Type: application/json' \
+	-d '{"api_key":"smoke-key","events":[{"event_type":"smoke","device_id":"device-smoke"}]}')" || fail "ingest"
+grep -q '"code":200' <<<"$body" || fail "ingest"
 kill -TERM "$pid"
 wait "$pid" || fail "relay exited $? on SIGTERM, want 0"
 pid=""
