@@ -32,8 +32,8 @@ func TestRetiredLanesForgotten(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := NewFormLanes(FormConfig{Name: "groupidentify", Kind: spool.KindGroupIdentify, URL: func(string) string { return url + "/groupidentify" },
-		Field: "identification", MaxItems: 1024, MaxBodyBytes: 1 << 20, FormTiming: FormTiming{Linger: -1, RetryInitial: 5 * time.Millisecond}}, sp, cli, nil, nil)
+	d, err := NewFormLanes(FormConfig{Name: "groupidentify", Lanes: spool.KindGroupIdentify, URL: func(string) string { return url + "/groupidentify" },
+		Kind: &Form{Field: "identification", MaxItems: 1024, MaxBodyBytes: 1 << 20}, FormTiming: FormTiming{Linger: -1, RetryInitial: 5 * time.Millisecond}}, sp, cli, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

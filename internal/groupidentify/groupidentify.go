@@ -87,13 +87,12 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// GroupIdentify is the /groupidentify route and its delivery.
+// GroupIdentify is the /groupidentify route (Spooled.In accepts) and its
+// delivery (Spooled's FormLanes: Run, Ready, LaneStatus, StopLane,
+// ResumeLane).
 type GroupIdentify struct {
 	cfg Config
-	in  *formreq.Intake // accepts
-	// FormLanes delivers (Run, Ready, LaneStatus, StopLane, ResumeLane:
-	// with the last three a delivery.LaneControl).
-	*delivery.FormLanes
+	formreq.Spooled
 }
 
 // New returns a GroupIdentify. creds (the credentials file in force), log
@@ -103,29 +102,19 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	g := &GroupIdentify{cfg: cfg}
-	d, err := delivery.NewFormLanes(delivery.FormConfig{
-		Name:         "groupidentify",
-		Kind:         spool.KindGroupIdentify,
-		URL:          delivery.ProjectURL(creds, credentials.KindIngest, cfg.URL, "/groupidentify"),
-		Field:        "identification",
-		MaxItems:     cfg.MaxIdentifies,
-		MaxBodyBytes: cfg.MaxBodyBytes,
-		MaxWeight:    cfg.MaxProperties,
-		Weight:       Properties,
-		FormTiming:   cfg.FormTiming,
-	}, sp, client, log, reg)
+	s, err := formreq.NewSpooled(delivery.FormConfig{
+		Name:  "groupidentify",
+		Lanes: spool.KindGroupIdentify,
+		Kind: &delivery.Form{Field: "identification", MaxItems: cfg.MaxIdentifies, MaxBodyBytes: cfg.MaxBodyBytes,
+			MaxWeight: cfg.MaxProperties, Weight: Properties},
+		URL:        delivery.ProjectURL(creds, credentials.KindIngest, cfg.URL, "/groupidentify"),
+		FormTiming: cfg.FormTiming,
+	}, formreq.IntakeConfig{Field: "identifications_accepted", AcceptedHelp: "Group identifications accepted into the spool.",
+		RejectedHelp: "POST /groupidentify requests refused, by reason.", RetryAfter: cfg.RetryAfter}, sp, client, creds, log, reg)
 	if err != nil {
-		return nil, fmt.Errorf("groupidentify: %w", err)
+		return nil, err
 	}
-	g.FormLanes = d
-	g.in, err = formreq.NewIntake(formreq.IntakeConfig{Name: "groupidentify", Kind: spool.KindGroupIdentify, Field: "identifications_accepted",
-		AcceptedHelp: "Group identifications accepted into the spool.",
-		RejectedHelp: "POST /groupidentify requests refused, by reason.", RetryAfter: cfg.RetryAfter}, sp, creds, log, reg)
-	if err != nil {
-		return nil, fmt.Errorf("groupidentify: %w", err)
-	}
-	return g, nil
+	return &GroupIdentify{cfg: cfg, Spooled: s}, nil
 }
 
 // Routes returns the admin routes: POST /groupidentify.

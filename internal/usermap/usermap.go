@@ -103,16 +103,14 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// UserMap is the /usermap and /api/2/usermap routes and the delivery of
-// spooled mappings.
+// UserMap is the /usermap route (Spooled.In accepts) and the delivery of
+// spooled mappings (Spooled's FormLanes: Run, Ready, LaneStatus, StopLane,
+// ResumeLane); GET /api/2/usermap is ReadAPI.
 type UserMap struct {
 	cfg   Config
 	creds *credentials.Ref // read at every use: a reload takes effect at once
 	pacer *Pacer
-	in    *formreq.Intake // accepts
-	// FormLanes delivers (Run, Ready, LaneStatus, StopLane, ResumeLane:
-	// with the last three a delivery.LaneControl).
-	*delivery.FormLanes
+	formreq.Spooled
 }
 
 // New returns a UserMap. creds (the credentials file in force), log and reg
@@ -122,31 +120,23 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	f := promauto.With(reg)
 	u := &UserMap{cfg: cfg, creds: creds}
 	u.pacer = NewPacer(cfg.RateLimit, cfg.RateWindow, u.orgOf, nil)
-	u.pacer.waited = f.NewCounter(prometheus.CounterOpts{Name: "relay_usermap_pace_wait_seconds_total",
+	u.pacer.waited = promauto.With(reg).NewCounter(prometheus.CounterOpts{Name: "relay_usermap_pace_wait_seconds_total",
 		Help: "Time lanes waited for the per-organization mapping rate (1500 per 30 s)."})
-	d, err := delivery.NewFormLanes(delivery.FormConfig{
+	var err error
+	u.Spooled, err = formreq.NewSpooled(delivery.FormConfig{
 		Name:         "usermap",
-		Kind:         spool.KindUserMap,
+		Lanes:        spool.KindUserMap,
+		Kind:         &delivery.Form{Field: "mapping", MaxItems: min(cfg.MaxMappings, cfg.RateLimit), MaxBodyBytes: cfg.MaxBodyBytes},
 		URL:          delivery.ProjectURL(creds, credentials.KindAlias, cfg.AliasURL, "/usermap"),
-		Field:        "mapping",
-		MaxItems:     min(cfg.MaxMappings, cfg.RateLimit),
-		MaxBodyBytes: cfg.MaxBodyBytes,
 		FormTiming:   cfg.FormTiming,
 		ThrottleWait: cfg.RateWindow,
 		Pacer:        u.pacer,
-	}, sp, client, log, reg)
+	}, formreq.IntakeConfig{Field: "mappings_accepted", AcceptedHelp: "Mappings accepted into the spool.",
+		RejectedHelp: "POST /usermap requests refused locally, by reason.", RetryAfter: cfg.RetryAfter}, sp, client, creds, log, reg)
 	if err != nil {
-		return nil, fmt.Errorf("usermap: %w", err)
-	}
-	u.FormLanes = d
-	u.in, err = formreq.NewIntake(formreq.IntakeConfig{Name: "usermap", Kind: spool.KindUserMap, Field: "mappings_accepted",
-		AcceptedHelp: "Mappings accepted into the spool.",
-		RejectedHelp: "POST /usermap requests refused locally, by reason.", RetryAfter: cfg.RetryAfter}, sp, creds, log, reg)
-	if err != nil {
-		return nil, fmt.Errorf("usermap: %w", err)
+		return nil, err
 	}
 	return u, nil
 }
