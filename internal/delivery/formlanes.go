@@ -144,36 +144,39 @@ type metrics struct {
 }
 
 // FormLanes delivers the records of one spool lane kind (group
-// identifies, user mappings) to an upstream form endpoint that takes
-// "api_key=K&<field>=[record,record,...]".
+// identifies, user mappings): one runner per lane, which packs records into
+// requests and reads the answers through its Kind (FormConfig.Kind; a *Form,
+// "api_key=K&<field>=[record,record,...]", for both kinds today).
 //
-// internal/groupidentify and internal/usermap are its kinds; they differ
-// only in limits, the form field, the weight of a record (group properties)
-// and pacing (user mappings are paced per organization).
+// internal/groupidentify and internal/usermap give only their Form (field,
+// limits, the weight of a record: group properties) and, for user
+// mappings, a Pacer (paced per organization).
 //
 // Invariants:
-//   - One goroutine per lane of FormConfig.Kind, started for existing lanes and
-//     for lanes created later (the Engine runs a laneRun). It has at most one
-//     request in flight, so records reach the upstream in lane order, except
-//     that a 400 or 413 splits a request into halves sent one after the
-//     other (order is still kept).
-//   - Records of many chunks (many callers) are merged into one request, up
-//     to FormConfig.MaxItems records, FormConfig.MaxWeight total weight and a form
-//     body strictly under FormConfig.MaxBodyBytes.
+//   - One goroutine per lane of FormConfig.Lanes, started for existing lanes
+//     and for lanes created later (the Engine runs a laneRun). It has at most
+//     one request in flight, so records reach the upstream in lane order,
+//     except that a Split answer (400, 413) sends a request again in halves
+//     one after the other, and a DeadSome answer sends the records it did not
+//     name again (order is still kept).
+//   - Records of many chunks (many callers) are merged into one request, as
+//     many as the Kind's Pack takes (Form: MaxItems records, MaxWeight total
+//     weight, a form body strictly under MaxBodyBytes).
 //   - A chunk is acknowledged only when every record of it is done:
-//     delivered (200) or stored as a dead letter (PutDead returns after the
+//     delivered (200) or stored as a dead letter (FlushDead returns after the
 //     commit, so the dead letter precedes the ack).
-//   - Retryable answers (5xx, time-outs, broken connections) are retried
-//     with jittered, capped exponential backoff (backoff/v4), without a
-//     count limit, until a record is older than FormConfig.MaxAge: it then goes
-//     to dead letters ("expired"). Retry-After is honoured, clamped to
-//     FormConfig.MaxRetryAfter.
-//   - 429: wait Retry-After (clamped) or FormConfig.ThrottleWait, then resend.
-//   - 400 (any kind): bisect; a single record refused alone is a dead letter
-//     ("bad_request"). 413: split; a single record alone is a dead letter
-//     ("too_large").
-//   - Invalid API key, or an answer that says the URL or credentials are
-//     wrong (upstream.Fatal): the lane stops (logged once, gauge
+//   - Answers are classified by the Kind (Form: Classify, with a silenced
+//     answer as a 400). Wait answers (5xx, time-outs, broken connections)
+//     are retried with jittered, capped exponential backoff (Retry), without
+//     a count limit, until a record is Expired (FormConfig.MaxAge): it then
+//     goes to dead letters ("expired", with the last answer). Retry-After is
+//     honoured, clamped to FormConfig.MaxRetryAfter.
+//   - Throttled (429): wait Retry-After (clamped) or FormConfig.ThrottleWait,
+//     then resend.
+//   - Split: a single record refused alone is a dead letter ("bad_request",
+//     "too_large").
+//   - Stop (invalid API key, or an answer that says the URL or credentials
+//     are wrong): the lane stops (logged once, gauge
 //     relay_<name>_lanes_stopped), its records stay in the spool; it is
 //     never retried in a loop. ResumeLane (an operator) or a restart tries
 //     again. StopLane stops a lane by hand before its next request (a
