@@ -53,9 +53,17 @@ type FormTiming struct {
 
 // Validate reports a negative duration (Linger excepted: negative means no
 // wait).
-func (t FormTiming) Validate() error {
-	if t.MaxAge < 0 || t.RetryInitial < 0 || t.RetryMax < 0 || t.MaxRetryAfter < 0 {
-		return errors.New("delivery: negative duration")
+func (t FormTiming) Validate() error { return t.ValidateAs("delivery") }
+
+// ValidateAs reports a negative duration of t (Linger excepted) or among
+// more (the form kind's own), as "<name>: negative duration".
+func (t FormTiming) ValidateAs(name string, more ...time.Duration) error {
+	neg := t.MaxAge < 0 || t.RetryInitial < 0 || t.RetryMax < 0 || t.MaxRetryAfter < 0
+	for _, d := range more {
+		neg = neg || d < 0
+	}
+	if neg {
+		return errors.New(name + ": negative duration")
 	}
 	return nil
 }

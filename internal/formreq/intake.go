@@ -1,6 +1,7 @@
 package formreq
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
@@ -55,14 +56,17 @@ type IntakeConfig struct {
 	// AcceptedHelp and RejectedHelp are the metrics' help texts.
 	AcceptedHelp, RejectedHelp string
 	// RetryAfter is sent with 503 when the spool refuses (rounded up to
-	// whole seconds). Required (> 0).
+	// whole seconds); zero means DefaultRetryAfter.
 	RetryAfter time.Duration
 }
 
+// DefaultRetryAfter is IntakeConfig.RetryAfter's default.
+const DefaultRetryAfter = 5 * time.Second
+
 // Validate reports a configuration error.
 func (c IntakeConfig) Validate() error {
-	if c.Name == "" || c.Field == "" || c.Kind == spool.KindEvents || c.RetryAfter <= 0 {
-		return fmt.Errorf("formreq: intake %q: Name, Field, a form lane Kind and RetryAfter > 0 required", c.Name)
+	if c.Name == "" || c.Field == "" || c.Kind == spool.KindEvents || c.RetryAfter < 0 {
+		return fmt.Errorf("formreq: intake %q: Name, Field, a form lane Kind and RetryAfter >= 0 required", c.Name)
 	}
 	return nil
 }
@@ -86,6 +90,7 @@ func NewIntake(cfg IntakeConfig, sp *spool.Spool, creds *credentials.Ref, log *z
 	if log == nil {
 		log = zap.NewNop()
 	}
+	cfg.RetryAfter = cmp.Or(cfg.RetryAfter, DefaultRetryAfter)
 	f := promauto.With(reg)
 	in := &Intake{cfg: cfg, sp: sp, creds: creds}
 	in.accepted = f.NewCounter(prometheus.CounterOpts{Name: "relay_" + cfg.Name + "_accepted_total", Help: cfg.AcceptedHelp})

@@ -2,7 +2,6 @@ package groupidentify
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -28,11 +27,6 @@ const (
 	MaxBodyBytes  = 1_000_000
 )
 
-// Defaults of Config's zero values.
-const (
-	DefaultRetryAfter = 5 * time.Second
-)
-
 // Config configures a GroupIdentify.
 type Config struct {
 	// URL is the upstream base (--ingest-url); requests go to URL +
@@ -53,7 +47,7 @@ type Config struct {
 	// means delivery's defaults; MaxAge 6 days).
 	delivery.FormTiming
 	// RetryAfter is sent with 503 when the spool refuses; zero means
-	// DefaultRetryAfter. Rounded up to whole seconds.
+	// formreq.DefaultRetryAfter (5 s). Rounded up to whole seconds.
 	RetryAfter time.Duration
 }
 
@@ -69,20 +63,14 @@ func (c Config) Validate() error {
 		return fmt.Errorf("groupidentify: MaxProperties %d not in 0..%d", c.MaxProperties, MaxProperties)
 	case c.MaxBodyBytes < 0 || c.MaxBodyBytes > MaxBodyBytes:
 		return fmt.Errorf("groupidentify: MaxBodyBytes %d not in 0..%d", c.MaxBodyBytes, MaxBodyBytes)
-	case c.RetryAfter < 0:
-		return errors.New("groupidentify: negative duration")
 	}
-	if err := c.FormTiming.Validate(); err != nil {
-		return fmt.Errorf("groupidentify: %w", err)
-	}
-	return nil
+	return c.FormTiming.ValidateAs("groupidentify", c.RetryAfter)
 }
 
 func (c Config) withDefaults() Config {
 	c.MaxIdentifies = cmp.Or(c.MaxIdentifies, MaxIdentifies)
 	c.MaxProperties = cmp.Or(c.MaxProperties, MaxProperties)
 	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, MaxBodyBytes)
-	c.RetryAfter = cmp.Or(c.RetryAfter, DefaultRetryAfter)
 	c.URL = strings.TrimRight(c.URL, "/")
 	return c
 }

@@ -2,7 +2,6 @@ package usermap
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -32,11 +31,6 @@ const (
 	MaxUserIDs   = 100
 )
 
-// Defaults of Config's zero values.
-const (
-	DefaultRetryAfter = 5 * time.Second
-)
-
 // Config configures a UserMap.
 type Config struct {
 	// AliasURL is the upstream base for POST /usermap (--alias-url); a
@@ -62,7 +56,7 @@ type Config struct {
 	// means delivery's defaults; MaxAge 6 days).
 	delivery.FormTiming
 	// RetryAfter is sent with 503 when the spool refuses; zero means
-	// DefaultRetryAfter.
+	// formreq.DefaultRetryAfter (5 s).
 	RetryAfter time.Duration
 }
 
@@ -83,13 +77,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("usermap: MaxBodyBytes %d not in 0..%d", c.MaxBodyBytes, MaxBodyBytes)
 	case c.RateLimit < 0:
 		return fmt.Errorf("usermap: RateLimit %d < 0", c.RateLimit)
-	case c.RateWindow < 0, c.RetryAfter < 0:
-		return errors.New("usermap: negative duration")
 	}
-	if err := c.FormTiming.Validate(); err != nil {
-		return fmt.Errorf("usermap: %w", err)
-	}
-	return nil
+	return c.FormTiming.ValidateAs("usermap", c.RateWindow, c.RetryAfter)
 }
 
 func (c Config) withDefaults() Config {
@@ -97,7 +86,6 @@ func (c Config) withDefaults() Config {
 	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, MaxBodyBytes)
 	c.RateLimit = cmp.Or(c.RateLimit, RateLimit)
 	c.RateWindow = cmp.Or(c.RateWindow, RateWindow)
-	c.RetryAfter = cmp.Or(c.RetryAfter, DefaultRetryAfter)
 	c.AliasURL = strings.TrimRight(c.AliasURL, "/")
 	c.AnalyticsURL = strings.TrimRight(c.AnalyticsURL, "/")
 	return c
