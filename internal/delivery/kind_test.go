@@ -13,6 +13,23 @@ import (
 	"github.com/svcrelay/relay/internal/upstream"
 )
 
+// startUpstream starts the simulator on 127.0.0.1 (closed at cleanup) and
+// returns it, its base URL and a client.
+func startUpstream(t *testing.T) (*sim.Sim, string, *upstream.Client) {
+	t.Helper()
+	s := sim.New(sim.Config{}, nil)
+	url, err := s.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	cli, err := upstream.New(upstream.Config{Timeout: 5 * time.Second}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, url, cli
+}
+
 // namingKind is a Form whose first answer names record 1 of the request
 // dead (as an upstream naming invalid records by index would).
 type namingKind struct {
@@ -31,17 +48,8 @@ func (k *namingKind) Classify(res *upstream.Result, n int) Verdict {
 // dead letters, the others are sent again at once, in order, and the chunk
 // is acknowledged after both.
 func TestKindVerdict(t *testing.T) {
-	s := sim.New(sim.Config{}, nil)
-	url, err := s.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s, url, cli := startUpstream(t)
 	sp := openSpool(t)
-	cli, err := upstream.New(upstream.Config{Timeout: 5 * time.Second}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	k := &namingKind{Form: Form{Field: "identification", MaxItems: 1024, MaxBodyBytes: 1 << 20}}
 	d, err := NewFormLanes(FormConfig{Name: "groupidentify", Lanes: spool.KindGroupIdentify, Kind: k,
 		URL: func(string) string { return url + "/groupidentify" }, FormTiming: FormTiming{Linger: -1}}, sp, cli, nil, nil)
