@@ -232,6 +232,9 @@ func (l *Lane) Wait(ctx context.Context, onIdle func()) error {
 	for {
 		l.mu.Lock()
 		has, ch := l.readSeq < l.next, l.notify
+		if !has {
+			l.watched = true // about to wait on ch
+		}
 		l.mu.Unlock()
 		select {
 		case <-l.s.closing:

@@ -317,6 +317,10 @@ type Lane struct {
 	hot        hotList   // chunks in the WAL only
 	next       uint64    // every chunk below it is published (cold or hot)
 	notify     chan struct{}
+	// watched: the reader found nothing to read and may wait on notify;
+	// a publish closes and replaces notify only then (a channel per
+	// chunk was ~100 B for every 1-event request).
+	watched bool
 
 	// The WAL writer's own: the next seq it assigns.
 	aNext uint64
@@ -470,6 +474,9 @@ func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]C
 		}
 		l.mu.Lock()
 		next, firstHot, ch := l.next, l.hot.firstSeq(l.next), l.notify
+		if l.readSeq >= next {
+			l.watched = true // about to wait on ch
+		}
 		if l.readSeq >= firstHot && l.readSeq < next {
 			refs := l.takeHot(maxBytes)
 			l.mu.Unlock()
