@@ -2,12 +2,12 @@ package spool
 
 import (
 	"bytes"
-	"runtime"
-	"syscall"
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+	"runtime"
 	"strconv"
+	"syscall"
 	"testing"
 )
 
@@ -50,7 +50,7 @@ func BenchmarkWrittenOnce(b *testing.B) {
 		size += len(raws[i])
 	}
 	body := bytes.Join(raws, []byte(",")) // the request body the events alias
-	ipAts := make([]int, per) // the parser gives these offsets
+	ipAts := make([]int, per)             // the parser gives these offsets
 	for i, raw := range raws {
 		ipAts[i] = bytes.Index(raw, []byte(`"$remote"`))
 	}
