@@ -1207,7 +1207,7 @@ func TestPatchedChunkInSpoolDB(t *testing.T) {
 				return errors.New("no queue bucket for lane 1")
 			}
 			c := q.Cursor()
-			k, _ := c.First()
+			c.First()
 			k, v := c.Next()
 			if k == nil {
 				return errors.New("no second chunk")
