@@ -256,6 +256,7 @@ func (l *Lane) Wait(ctx context.Context, onIdle func()) error {
 		select {
 		case <-ch:
 		case <-idle:
+			l.chunks = nil // dropped, not cleared: the caller may still read them
 			onIdle()
 			onIdle, idle = nil, make(chan time.Time) // never again
 		case <-ctx.Done():
