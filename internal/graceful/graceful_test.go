@@ -13,9 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/valyala/fasthttp"
-
 	"github.com/svcrelay/relay/internal/graceful/gracefultest"
+	"github.com/valyala/fasthttp"
 )
 
 // start serves h on 127.0.0.1 with minute-long timeouts (so only Shutdown's
