@@ -331,18 +331,6 @@ func decode(t *testing.T, a answer, v any) {
 	}
 }
 
-// waitFor polls cond every 20 ms until it holds or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // postEvents sends events to the relay's ingest listener and wants 200.
 func (r *relay) postEvents(apiKey string, events ...string) {
 	r.t.Helper()
