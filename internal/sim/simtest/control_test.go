@@ -7,8 +7,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/sim/wiretest"
 )
@@ -63,13 +63,7 @@ func TestDownRefuseOverHTTPComesBack(t *testing.T) {
 	s, url := start(t, sim.Config{})
 	ctl(t, url, "/sim/down?mode=refuse&for=300ms", "")
 	expectRefused(t, url)
-	deadline := time.Now().Add(5 * time.Second)
-	for s.IsDown() != "" {
-		if time.Now().After(deadline) {
-			t.Fatal("did not come back")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Until(t, "the sim to come back up after 300 ms", func() bool { return s.IsDown() == "" })
 	if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "b"))); a.Status != 200 {
 		t.Fatalf("after coming back: %d", a.Status)
 	}
