@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim/simtest"
 )
 
@@ -210,11 +211,12 @@ func (p *Proc) LogTail(n int) string {
 	return string(b)
 }
 
-// waitHealthy polls url until it answers 200, the process exits, or 15 s.
+// waitHealthy polls url until it answers 200, the process exits, or
+// poll.Max passes (a restart on a full spool under load may take seconds).
 func (p *Proc) waitHealthy(t testing.TB, url string) {
 	t.Helper()
 	hc := &http.Client{Timeout: time.Second}
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(poll.Max)
 	for time.Now().Before(deadline) {
 		if p.Exited() {
 			t.Fatalf("%s exited during start: %v\n%s", p.Name, p.err, p.LogTail(4000))
@@ -229,7 +231,7 @@ func (p *Proc) waitHealthy(t testing.TB, url string) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	p.Cmd.Process.Kill()
-	t.Fatalf("%s not healthy within 15s\n%s", p.Name, p.LogTail(4000))
+	t.Fatalf("%s not healthy within %v\n%s", p.Name, poll.Max, p.LogTail(4000))
 }
 
 // Sim is a `relay sim` process (StartSim) or a simserver one (StartFaultSim).
@@ -366,4 +368,15 @@ func (r *Relay) Post(hc *http.Client, path string, body []byte) (int, []byte, er
 	var buf bytes.Buffer
 	_, err = buf.ReadFrom(resp.Body)
 	return resp.StatusCode, buf.Bytes(), err
+}
+
+// SeqEvent is what the end-to-end tests read back of an event they sent:
+// its device, its insert_id and the sequence number they put in its
+// event_properties.
+type SeqEvent struct {
+	DeviceID        string `json:"device_id"`
+	InsertID        string `json:"insert_id"`
+	EventProperties struct {
+		Seq int `json:"seq"`
+	} `json:"event_properties"`
 }
