@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/sim/simtest"
@@ -66,7 +67,7 @@ func TestAdmin(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the relay binary")
 	}
-	s, simURL := startSim(t, sim.Config{
+	s, simURL := forwardtest.StartSim(t, sim.Config{
 		APIKeys:         []string{projAPIKey, proj2APIKey, keySilenced, keyOther, keyPaused},
 		ThrottlePenalty: -1,
 	})

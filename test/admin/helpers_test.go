@@ -21,8 +21,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/sim"
-	"github.com/svcrelay/relay/internal/sim/simtest"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
 
@@ -102,18 +100,6 @@ func trackSources(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-}
-
-// startSim serves a simulator on 127.0.0.1 and returns it with its URL.
-func startSim(t *testing.T, cfg sim.Config) (*simtest.Sim, string) {
-	t.Helper()
-	s := simtest.New(cfg, nil)
-	u, err := s.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s, u
 }
 
 // writeFiles writes the credentials file and the admin token file (0600)

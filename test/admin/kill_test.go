@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/test/e2e/harness"
@@ -60,7 +61,7 @@ func TestKillBeforeDelivery(t *testing.T) {
 	}
 	r.kill()
 
-	s, simURL := startSim(t, sim.Config{})
+	s, simURL := forwardtest.StartSim(t, sim.Config{})
 	// The records were accepted for the dead address: the sandbox guard
 	// (issue 18) needs the change allowed.
 	r = startRelay(t, data, log, "--ingest-url", simURL, "--alias-url", simURL, "--analytics-url", simURL, "--spool-upstream-change", "allow")

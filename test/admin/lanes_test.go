@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
 )
 
@@ -24,7 +25,7 @@ func TestLaneBounds(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the relay binary")
 	}
-	s, simURL := startSim(t, sim.Config{})
+	s, simURL := forwardtest.StartSim(t, sim.Config{})
 	dir := t.TempDir()
 	log := &syncBuf{}
 	args := []string{"--ingest-url", simURL, "--max-lanes", "300", "--lane-retire-after", "1s"}
