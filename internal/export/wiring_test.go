@@ -15,7 +15,6 @@ import (
 	"github.com/svcrelay/relay/internal/feedback"
 	ft "github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
-	"github.com/svcrelay/relay/internal/sim/simtest"
 )
 
 // TestWiredOnAdminListener registers the four data-moving APIs on the real
@@ -23,12 +22,7 @@ import (
 // or metric clash, the ModeForward token check applies, and each reaches
 // the simulator with the credentials its scheme needs.
 func TestWiredOnAdminListener(t *testing.T) {
-	s := simtest.New(sim.Config{}, nil)
-	up, err := s.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s, up := ft.StartSim(t, sim.Config{})
 	creds, err := credentials.Parse([]byte(`
 projects:
   - name: web
