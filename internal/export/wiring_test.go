@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/deletion"
 	"github.com/svcrelay/relay/internal/dsar"
 	"github.com/svcrelay/relay/internal/export"
@@ -23,20 +22,7 @@ import (
 // the simulator with the credentials its scheme needs.
 func TestWiredOnAdminListener(t *testing.T) {
 	s, up := ft.StartSim(t, sim.Config{})
-	creds, err := credentials.Parse([]byte(`
-projects:
-  - name: web
-    api_key: "proj"
-    secret_key: "proj-secret"
-organizations:
-  - name: acme
-    api_key: "org"
-    secret_key: "org-secret"
-    projects: [web]
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	creds := ft.ParseCreds(t, ft.WebOrgCredsYAML)
 	ds, err := dsar.API(dsar.Config{URL: up})
 	if err != nil {
 		t.Fatal(err)
