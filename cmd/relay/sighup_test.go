@@ -61,11 +61,11 @@ func startServe(t *testing.T, args ...string) *servedRelay {
 // stop cancels serve and returns its result; once stopped, nil.
 func (r *servedRelay) stop(t *testing.T) error {
 	t.Helper()
+	r.cancel()
 	if r.stopped {
 		return nil
 	}
 	r.stopped = true
-	r.cancel()
 	select {
 	case err := <-r.done:
 		return err
