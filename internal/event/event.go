@@ -859,6 +859,14 @@ func shorter(id []byte, n int) bool {
 // takes the last of duplicate keys, sees the new value. remoteIP is written
 // as a JSON string; when it is empty, "$remote" is left as it is.
 func (e *Event) AppendRewritten(dst []byte, ids *IDGen, nowMS int64, remoteIP []byte) []byte {
+	var buf [20]byte
+	return e.AppendRewrittenMS(dst, ids, strconv.AppendInt(buf[:0], nowMS, 10), remoteIP)
+}
+
+// AppendRewrittenMS is AppendRewritten with the time given as its decimal
+// text (what strconv.AppendInt(nil, nowMS, 10) makes), so that a request's
+// events share one formatting of it.
+func (e *Event) AppendRewrittenMS(dst []byte, ids *IDGen, nowMS, remoteIP []byte) []byte {
 	raw := e.Raw
 	if len(raw) < 2 {
 		return append(dst, raw...)
@@ -876,7 +884,7 @@ func (e *Event) AppendRewritten(dst []byte, ids *IDGen, nowMS int64, remoteIP []
 	}
 	if addTime {
 		dst = append(dst, `"time":`...)
-		dst = strconv.AppendInt(dst, nowMS, 10)
+		dst = append(dst, nowMS...)
 	}
 	if (addID || addTime) && e.flags&evNonEmpty != 0 {
 		dst = append(dst, ',')
@@ -912,7 +920,7 @@ func (e *Event) AppendRewritten(dst []byte, ids *IDGen, nowMS int64, remoteIP []
 			dst = ids.Append(dst)
 			dst = append(dst, '"')
 		case fTime:
-			dst = strconv.AppendInt(dst, nowMS, 10)
+			dst = append(dst, nowMS...)
 		case fIP:
 			dst = appendJSONString(dst, remoteIP)
 		}

@@ -189,6 +189,8 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 
 	now := s.cfg.Now()
 	nowMS := now.UnixMilli()
+	var nowBuf [20]byte
+	nowText := strconv.AppendInt(nowBuf[:0], nowMS, 10) // formatted once for all events
 	st.batch.Reset()
 	// About what the records take: the events, grown by the rewrites, and
 	// their order keys and user ids.
@@ -201,10 +203,10 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 		st.batch.AddFunc(st.okey, ev.UserID, len(ev.Raw)+len(st.ip)+rewriteSlack, func(dst []byte) []byte {
 			if s.anonIP && ev.HasGivenIP() {
 				// The ips the client gave, anonymized too.
-				st.ev = ev.AppendRewritten(st.ev[:0], s.ids, nowMS, st.ip)
+				st.ev = ev.AppendRewrittenMS(st.ev[:0], s.ids, nowText, st.ip)
 				return event.AppendIPsReplaced(dst, st.ev, appendAnonymizedIP)
 			}
-			return ev.AppendRewritten(dst, s.ids, nowMS, st.ip)
+			return ev.AppendRewrittenMS(dst, s.ids, nowText, st.ip)
 		})
 	}
 	if s.testHook != nil {

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -465,6 +466,10 @@ func TestAnonymizeIP(t *testing.T) {
 				f := fields(t, rec.data)
 				if got := string(f["ip"]); got != tc.want[i] {
 					t.Errorf("event %d: ip %s, want %s (%s)", i, got, tc.want[i], rec.data)
+				}
+				// The anonymizing rewrite fills the time in as the plain one does.
+				if got, want := string(f["time"]), strconv.FormatInt(fixedNow.UnixMilli(), 10); got != want {
+					t.Errorf("event %d: time %s, want %s (%s)", i, got, want, rec.data)
 				}
 				if tc.anon && strings.Contains(string(rec.data), "192.0.2.77") {
 					t.Errorf("event %d: the full address is still in %s", i, rec.data)
