@@ -29,6 +29,12 @@ type servedRelay struct {
 // dir) until the test ends.
 func startServe(t *testing.T, args ...string) *servedRelay {
 	t.Helper()
+	return startServeWith(t, serveHooks{}, args...)
+}
+
+// startServeWith is startServe with test hooks.
+func startServeWith(t *testing.T, hooks serveHooks, args ...string) *servedRelay {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "data")
 	cfg, err := config.Load(append([]string{
 		"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data-dir", dir,
@@ -40,7 +46,7 @@ func startServe(t *testing.T, args ...string) *servedRelay {
 	core, logs := observer.New(zapcore.DebugLevel)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- serve(ctx, func() {}, cfg, zap.New(core)) }()
+	go func() { done <- serveWith(ctx, func() {}, cfg, zap.New(core), hooks) }()
 	stopped := false
 	r := &servedRelay{logs: logs, stop: func() error {
 		if stopped {

@@ -68,6 +68,9 @@ type partitionReader struct {
 	out map[uint64]*Message // by Seq, read and not acknowledged
 }
 
+// Name is the partition's name, e.g. "events-3" (labels and logs).
+func (r *partitionReader) Name() string { return slot{r.p.kind, r.p.id}.label() }
+
 func (r *partitionReader) Next(ctx context.Context) (*storage.Message, error) {
 	m, err := r.p.Next(ctx)
 	if err != nil {
