@@ -160,10 +160,15 @@ func runScenario(t *testing.T, e env, sc scenario) {
 	defer stop()
 
 	r.waitLoad(300, 0, 60*time.Second, "before the failure")
+	r.waitSpread(30 * time.Second)
 	victim, node := -1, -1
 	if sc.killRelay {
 		victim = 0
+		// Mid-delivery: the victim holds messages read and not yet
+		// acknowledged (polled; killed anyway after the bound).
+		held := r.waitHeld(r.relays[victim], 20*time.Second)
 		r.relays[victim].p.kill(t)
+		t.Logf("relay %d held %v messages when killed", victim, held)
 		t.Logf("killed relay %d (SIGKILL) at %v, %d accepted", victim, time.Since(start).Round(time.Millisecond), r.accepted.Load())
 	}
 	if sc.killNode {
@@ -191,6 +196,7 @@ func runScenario(t *testing.T, e env, sc scenario) {
 	// And after it: partitions move back to the restarted relay while the
 	// load flows.
 	r.waitLoad(300, 3*time.Second, 60*time.Second, "after the recovery")
+	r.waitSpread(30 * time.Second)
 	stop()
 	t.Logf("load stopped at %v: %d requests, %d events sent, %d accepted; statuses %s",
 		time.Since(start).Round(time.Millisecond), r.reqs.Load(), len(r.events), r.accepted.Load(), r.statusText())
@@ -222,7 +228,9 @@ func (r *fleetRun) startRelay(rp *relayProc) {
 		"--drain-timeout", "2s"}, spool...)
 	rp.p = startProc(t, fmt.Sprintf("relay %d", rp.idx), r.e.relayBin, rp.log, args...)
 	hc := &http.Client{Timeout: time.Second}
-	deadline := time.Now().Add(30 * time.Second)
+	// The relay connects and creates or checks its streams first (30 s at
+	// most, more on a loaded machine).
+	deadline := time.Now().Add(60 * time.Second)
 	for get(hc, "http://"+rp.listen+"/healthz") != 200 {
 		if !rp.p.running() {
 			if log := rp.p.tail(4000); strings.Contains(log, "fleet delivery is not wired yet") {
@@ -231,7 +239,7 @@ func (r *fleetRun) startRelay(rp *relayProc) {
 			t.Fatalf("relay %d exited during start: %v\n%s", rp.idx, rp.p.err, rp.p.tail(4000))
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("relay %d not healthy within 30s\n%s", rp.idx, rp.p.tail(4000))
+			t.Fatalf("relay %d not healthy within 60s\n%s", rp.idx, rp.p.tail(4000))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -248,6 +256,58 @@ func (r *fleetRun) waitLoad(n int64, min, within time.Duration, phase string) {
 			r.t.Fatalf("%s: %d of %d more events accepted in %v (statuses %s)", phase, r.accepted.Load()-target+n, n, within, r.statusText())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// metric reads the sum of a relay's samples of name (-1 when unreadable).
+func (rp *relayProc) metric(name string) float64 {
+	v, err := (&harness.Relay{AdminListen: rp.adminListen}).Metric(name)
+	if err != nil {
+		return -1
+	}
+	return v
+}
+
+// waitSpread waits until the relays own every partition of the events
+// stream between them, each relay some, and fails the test after within.
+func (r *fleetRun) waitSpread(within time.Duration) {
+	r.t.Helper()
+	if *localSpool {
+		return
+	}
+	deadline := time.Now().Add(within)
+	for {
+		var owned []float64
+		sum, each := 0.0, true
+		for _, rp := range r.relays {
+			v := rp.metric("relay_fleet_partitions_owned")
+			owned = append(owned, v)
+			sum += v
+			each = each && v >= 1
+		}
+		if sum == 3*partitions && each { // events, group identify, usermap
+			return
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("partitions owned per relay %v after %v, want 3 x %d (a stream per kind) spread over all", owned, within, partitions)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// waitHeld polls rp's relay_fleet_messages_held until it is above zero
+// (within the bound) and returns the last value read.
+func (r *fleetRun) waitHeld(rp *relayProc, within time.Duration) float64 {
+	if *localSpool {
+		return 0
+	}
+	deadline := time.Now().Add(within)
+	for {
+		v := rp.metric("relay_fleet_messages_held")
+		if v > 0 || time.Now().After(deadline) {
+			return v
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
