@@ -211,8 +211,7 @@ func runScenario(t *testing.T, e env, sc scenario) {
 	r.check(stored)
 }
 
-// startRelay starts (or restarts) a relay and waits for its /healthz. A
-// relay that refuses fleet mode ("not wired yet") skips the test.
+// startRelay starts (or restarts) a relay and waits for its /healthz.
 func (r *fleetRun) startRelay(rp *relayProc) {
 	t := r.t
 	t.Helper()
@@ -233,9 +232,6 @@ func (r *fleetRun) startRelay(rp *relayProc) {
 	deadline := time.Now().Add(60 * time.Second)
 	for get(hc, "http://"+rp.listen+"/healthz") != 200 {
 		if !rp.p.running() {
-			if log := rp.p.tail(4000); strings.Contains(log, "fleet delivery is not wired yet") {
-				t.Skipf("the relay refuses --spool nats:// (fleet delivery not wired yet):\n%s", log)
-			}
 			t.Fatalf("relay %d exited during start: %v\n%s", rp.idx, rp.p.err, rp.p.tail(4000))
 		}
 		if time.Now().After(deadline) {
