@@ -47,6 +47,9 @@ const (
 // still started, and killed by NodeKilled's turn (the relays do not use them).
 var localSpool = flag.Bool("local-spool", false, "run the relays on local spools (the suite must then fail)")
 
+// knownBugs runs the tests of bugs found and not fixed yet (they fail).
+var knownBugs = flag.Bool("known-bugs", false, "run the tests of known, unfixed bugs (TestFleetConcurrentStart)")
+
 // outcome of one event, as its client saw it.
 type outcome uint8
 
@@ -213,29 +216,43 @@ func runScenario(t *testing.T, e env, sc scenario) {
 
 // startRelay starts (or restarts) a relay and waits for its /healthz.
 func (r *fleetRun) startRelay(rp *relayProc) {
-	t := r.t
-	t.Helper()
+	r.t.Helper()
+	rp.p = startProc(r.t, fmt.Sprintf("relay %d", rp.idx), r.e.relayBin, rp.log, r.relayArgs(rp)...)
+	r.waitHealthy(rp)
+	if r.t.Failed() {
+		r.t.FailNow()
+	}
+}
+
+// relayArgs is rp's command line.
+func (r *fleetRun) relayArgs(rp *relayProc) []string {
 	spool := []string{"--spool", r.cluster.URL(), "--spool-partitions", fmt.Sprint(partitions)}
 	if *localSpool {
 		spool = []string{"--spool", "local"}
 	}
-	args := append([]string{
+	return append([]string{
 		"--listen", rp.listen, "--admin-listen", rp.adminListen,
 		"--data-dir", rp.dataDir, "--spool-min-free-bytes", "0", "--log-format", "json",
 		"--ingest-url", r.sim.Base,
 		"--throttle-pause", pause.String(), "--flush-interval", "20ms", "--max-batch-events", "200",
 		"--drain-timeout", "2s"}, spool...)
-	rp.p = startProc(t, fmt.Sprintf("relay %d", rp.idx), r.e.relayBin, rp.log, args...)
+}
+
+// waitHealthy waits for rp's /healthz; it fails the test (from any
+// goroutine: Errorf, then the caller's wait) when rp exits or after 60 s.
+func (r *fleetRun) waitHealthy(rp *relayProc) {
 	hc := &http.Client{Timeout: time.Second}
 	// The relay connects and creates or checks its streams first (30 s at
 	// most, more on a loaded machine).
 	deadline := time.Now().Add(60 * time.Second)
 	for get(hc, "http://"+rp.listen+"/healthz") != 200 {
 		if !rp.p.running() {
-			t.Fatalf("relay %d exited during start: %v\n%s", rp.idx, rp.p.err, rp.p.tail(4000))
+			r.t.Errorf("relay %d exited during start: %v\n%s", rp.idx, rp.p.err, rp.p.tail(4000))
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("relay %d not healthy within 60s\n%s", rp.idx, rp.p.tail(4000))
+			r.t.Errorf("relay %d not healthy within 60s\n%s", rp.idx, rp.p.tail(4000))
+			return
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -607,4 +624,40 @@ func (r *fleetRun) check(stored []storedEvent) {
 	if nAcc < 900 {
 		t.Errorf("only %d events accepted: the test proved little", nAcc)
 	}
+}
+
+// TestFleetConcurrentStart starts two relays at the same moment on a
+// fresh cluster, as a Deployment's first rollout does: both must serve
+// (both create the streams and buckets, racing).
+//
+// Known bug (found 2026-11-26, reported in notes/issue-22.md): both relays
+// time out creating the dead-letter stream (fleet.Open, "cluster
+// unavailable: context deadline exceeded" after 30 s) and exit, every run
+// here. Skipped unless -known-bugs until internal/fleet's Open is fixed.
+func TestFleetConcurrentStart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts nats-server, sim and relay processes; skipped under -short")
+	}
+	if !*knownBugs {
+		t.Skip("known bug: relays started at once on a fresh cluster time out in fleet.Open; run with -known-bugs")
+	}
+	e := env{relayBin: harness.Build(t), natsBin: buildNATSServer(t)}
+	dir := t.TempDir()
+	r := &fleetRun{t: t, e: e, dir: dir, events: map[string]*sentEvent{}}
+	r.cluster = startCluster(t, e.natsBin, dir)
+	r.sim = harness.StartSim(t, e.relayBin, dir)
+	for i := range 2 {
+		r.relays = append(r.relays, &relayProc{
+			idx: i, listen: harness.FreeAddr(t), adminListen: harness.FreeAddr(t),
+			dataDir: filepath.Join(dir, fmt.Sprintf("relay%d", i)), log: filepath.Join(dir, fmt.Sprintf("relay%d.log", i)),
+		})
+	}
+	var wg sync.WaitGroup
+	for _, rp := range r.relays {
+		rp.p = startProc(t, fmt.Sprintf("relay %d", rp.idx), e.relayBin, rp.log, r.relayArgs(rp)...)
+	}
+	for _, rp := range r.relays {
+		wg.Go(func() { r.waitHealthy(rp) })
+	}
+	wg.Wait()
 }
