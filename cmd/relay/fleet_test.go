@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,8 +14,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
+	"github.com/svcrelay/relay/internal/fleet"
 	"github.com/svcrelay/relay/internal/natstest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/sim/simtest"
@@ -193,4 +196,117 @@ func distinct(evs []sim.Ingested) int {
 		m[e.InsertID] = true
 	}
 	return len(m)
+}
+
+// partitionOwner returns the member name holding the lease of an events
+// partition (the fleet's KV bucket), "" when none does.
+func partitionOwner(t *testing.T, cl *natstest.Cluster, p int) string {
+	t.Helper()
+	nc, err := nats.Connect(cl.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	kv, err := js.KeyValue(ctx, "RELAY_FLEET")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(ctx, "p.events."+strconv.Itoa(p))
+	if err != nil {
+		return ""
+	}
+	return string(e.Value())
+}
+
+// memberName is the relay's fleet member name, from its log.
+func (r *fleetRelay) memberName(t *testing.T) string {
+	t.Helper()
+	r.waitLog(t, "fleet mode: events are spooled on the NATS JetStream cluster", 1)
+	return r.logs.FilterMessage("fleet mode: events are spooled on the NATS JetStream cluster").All()[0].ContextMap()["member"].(string)
+}
+
+// TestFleetPauseSurvivesFailover: a device paused by a 429 on the relay
+// that owns its partition is not sent by the relay that takes the
+// partition over when the first dies, until the pause ends.
+func TestFleetPauseSurvivesFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node NATS cluster")
+	}
+	const pause = 20 * time.Second
+	cl := natstest.Start(t, natstest.Config{})
+	up := simtest.New(sim.Config{}, zap.NewNop())
+	upURL, err := up.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { up.Close() })
+	a := startFleetRelay(t, cl, upURL, "--throttle-pause", pause.String())
+	b := startFleetRelay(t, cl, upURL, "--throttle-pause", pause.String())
+	names := map[string]*fleetRelay{a.memberName(t): a, b.memberName(t): b}
+
+	const apiKey, dev = "fleet-key-2", 7
+	part := fleet.PartitionOf([]byte(fmt.Sprintf("d:device-%02d", dev)), 4)
+	var owner, other *fleetRelay
+	for range 300 { // 30 s: both relays hold partitions
+		owner = names[partitionOwner(t, cl, part)]
+		if owner != nil && len(owner.logs.FilterMessage("partition taken").All()) > 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if owner == nil {
+		t.Fatal("no relay owns the device's partition")
+	}
+	other = a
+	if owner == a {
+		other = b
+	}
+	up.Inject(simtest.Fault{Status: 429, Count: 1, PathPrefix: "/2/httpapi",
+		Body: []byte(fmt.Sprintf(`{"code":429,"error":"Too many requests for some devices and users","eps_threshold":10,"throttled_devices":{"device-%02d":40}}`, dev))})
+	if st := postEvents(http.DefaultClient, other.ingest, deviceEvents(apiKey, dev, 0, 3)); st != http.StatusOK {
+		t.Fatalf("ingest answered %d", st)
+	}
+	// The owner sends, gets the 429, pauses the device (here and in the
+	// fleet's bucket); then it dies.
+	var t429 time.Time
+	for range 200 { // 20 s
+		for _, r := range up.Requests() {
+			if r.Status == 429 {
+				t429 = r.Time
+			}
+		}
+		if !t429.IsZero() {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if t429.IsZero() {
+		t.Fatal("the upstream never answered the 429")
+	}
+	time.Sleep(500 * time.Millisecond) // the pause is written right after the answer
+	owner.kill()
+	// The other relay takes the partition over (about 8 s) and must hold
+	// the device's events until the pause ends.
+	for time.Since(t429) < pause-2*time.Second {
+		if n := len(up.Events(apiKey)); n > 0 {
+			t.Fatalf("%d events of the paused device sent %v after the 429 (pause %v)", n, time.Since(t429).Round(time.Millisecond), pause)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if owner := partitionOwner(t, cl, part); owner == "" || names[owner] != other {
+		t.Fatalf("partition %d owned by %q, not by the surviving relay", part, owner)
+	}
+	for range 300 { // then they are delivered
+		if len(up.Events(apiKey)) >= 3 {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("the device's events were not delivered after its pause; upstream has %d", len(up.Events(apiKey)))
 }
