@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -309,4 +310,93 @@ func TestFleetPauseSurvivesFailover(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Fatalf("the device's events were not delivered after its pause; upstream has %d", len(up.Events(apiKey)))
+}
+
+// TestFleetAdmin: a dead letter made by one relay is listed, replayed and
+// gone through another relay's /relay/v1; lanes and /readyz in fleet mode.
+func TestFleetAdmin(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node NATS cluster")
+	}
+	cl := natstest.Start(t, natstest.Config{})
+	up := simtest.New(sim.Config{}, zap.NewNop())
+	upURL, err := up.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { up.Close() })
+	a := startFleetRelay(t, cl, upURL)
+	b := startFleetRelay(t, cl, upURL)
+	for _, r := range []*fleetRelay{a, b} {
+		for i := 0; ; i++ {
+			if st, _ := getBody(t, r.admin+"/readyz"); st == http.StatusOK {
+				break
+			} else if i == 100 {
+				t.Fatalf("/readyz answered %d", st)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+
+	const apiKey, dev = "fleet-key-3", 4
+	up.Silence(fmt.Sprintf("device-%02d", dev))
+	if st := postEvents(http.DefaultClient, a.ingest, deviceEvents(apiKey, dev, 0, 3)); st != http.StatusOK {
+		t.Fatalf("ingest answered %d", st)
+	}
+	var list struct {
+		DeadLetters []struct {
+			ID     uint64 `json:"id"`
+			Lane   string `json:"lane"`
+			Reason string `json:"reason"`
+		} `json:"dead_letters"`
+		Total int64 `json:"total"`
+	}
+	for i := 0; ; i++ { // listed by B, whichever relay made them
+		_, body := getBody(t, b.admin+"/relay/v1/deadletters")
+		if err := json.Unmarshal([]byte(body), &list); err != nil {
+			t.Fatalf("%v: %s", err, body)
+		}
+		if len(list.DeadLetters) == 3 {
+			break
+		}
+		if i == 200 {
+			t.Fatalf("dead letters listed by the other relay: %s", body)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if list.Total != 3 || list.DeadLetters[0].Reason != "silenced" {
+		t.Fatalf("list: %+v", list)
+	}
+	// The lane of the dead letters, by its label, filters.
+	_, body := getBody(t, b.admin+"/relay/v1/deadletters?lane="+list.DeadLetters[0].Lane)
+	if !strings.Contains(body, `"total":3`) || strings.Count(body, `"reason":"silenced"`) != 3 {
+		t.Fatalf("by lane: %s", body)
+	}
+	// Lanes: the relays' runners of the lane (one of them delivered it).
+	_, la := getBody(t, a.admin+"/relay/v1/lanes")
+	_, lb := getBody(t, b.admin+"/relay/v1/lanes")
+	if !strings.Contains(la+lb, list.DeadLetters[0].Lane+"-events-") {
+		t.Fatalf("no runner of lane %s listed:\n%s\n%s", list.DeadLetters[0].Lane, la, lb)
+	}
+
+	up.Unsilence(fmt.Sprintf("device-%02d", dev))
+	resp, err := http.Post(b.admin+"/relay/v1/deadletters/replay", "application/json", strings.NewReader(`{"filter":{}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(rb), `"replayed":3`) {
+		t.Fatalf("replay: %d %s", resp.StatusCode, rb)
+	}
+	for i := 0; len(up.Events(apiKey)) < 3; i++ {
+		if i == 200 {
+			t.Fatalf("replayed events not delivered: upstream has %d", len(up.Events(apiKey)))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	_, body = getBody(t, a.admin+"/relay/v1/deadletters")
+	if !strings.Contains(body, `"dead_letters":[]`) {
+		t.Fatalf("after the replay: %s", body)
+	}
 }
