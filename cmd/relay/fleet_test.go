@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -95,6 +96,7 @@ func TestFleetFailover(t *testing.T) {
 	b := startFleetRelay(t, cl, upURL)
 	relays := []*fleetRelay{a, b}
 	var aDead atomic.Bool
+	aName := a.memberName(t)
 
 	const (
 		apiKey   = "fleet-key-1"
@@ -137,6 +139,10 @@ func TestFleetFailover(t *testing.T) {
 	// Kill A a third of the way in, while both deliver.
 	for accepted.Load() < devices*requests*perReq/3 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
+	}
+	// A holds events partitions (it took its share when B joined).
+	if !slices.Contains(eventsOwners(t, cl), aName) {
+		t.Fatalf("relay A holds no events partition: %q", eventsOwners(t, cl))
 	}
 	aDead.Store(true)
 	a.kill()
@@ -399,4 +405,67 @@ func TestFleetAdmin(t *testing.T) {
 	if !strings.Contains(body, `"dead_letters":[]`) {
 		t.Fatalf("after the replay: %s", body)
 	}
+}
+
+// TestFleetGracefulStop: a relay stopped (SIGTERM) mid-load finishes its
+// requests in flight, then gives its leases up at once (another relay takes
+// over without waiting for them to expire); nothing acknowledged is lost.
+func TestFleetGracefulStop(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node NATS cluster")
+	}
+	cl := natstest.Start(t, natstest.Config{})
+	up := simtest.New(sim.Config{}, zap.NewNop())
+	upURL, err := up.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { up.Close() })
+	up.SetLatency(200 * time.Millisecond)
+	a := startFleetRelay(t, cl, upURL)
+	b := startFleetRelay(t, cl, upURL)
+	aName := a.memberName(t)
+	for i := 0; ; i++ { // A holds some events partitions
+		if slices.Contains(eventsOwners(t, cl), aName) {
+			break
+		}
+		if i == 300 {
+			t.Fatal("relay A holds no events partition")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	const apiKey = "fleet-key-4"
+	want := 0
+	for dev := range 8 {
+		for k := range 5 {
+			if st := postEvents(http.DefaultClient, a.ingest, deviceEvents(apiKey, dev, k*5, 5)); st != http.StatusOK {
+				t.Fatalf("ingest answered %d", st)
+			}
+			want += 5
+		}
+	}
+	if err := a.stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	if owners := eventsOwners(t, cl); slices.Contains(owners, aName) {
+		t.Fatalf("relay A stopped but still holds leases: %q", owners)
+	}
+	for i := 0; distinct(up.Events(apiKey)) < want; i++ {
+		if i == 300 {
+			t.Fatalf("upstream has %d of %d events", distinct(up.Events(apiKey)), want)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	st := up.Stats()
+	t.Logf("upstream: %d events, %d duplicates; relay B took %d partitions", st.Ingested, st.Duplicates,
+		b.logs.FilterMessage("partition taken").Len())
+}
+
+// eventsOwners returns the lease holders of the 4 events partitions.
+func eventsOwners(t *testing.T, cl *natstest.Cluster) []string {
+	var out []string
+	for p := range 4 {
+		out = append(out, partitionOwner(t, cl, p))
+	}
+	return out
 }
