@@ -2,9 +2,12 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,8 +16,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
+	"github.com/svcrelay/relay/internal/fleet"
 	"github.com/svcrelay/relay/internal/natstest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/sim/simtest"
@@ -91,6 +96,7 @@ func TestFleetFailover(t *testing.T) {
 	b := startFleetRelay(t, cl, upURL)
 	relays := []*fleetRelay{a, b}
 	var aDead atomic.Bool
+	aName := a.memberName(t)
 
 	const (
 		apiKey   = "fleet-key-1"
@@ -133,6 +139,10 @@ func TestFleetFailover(t *testing.T) {
 	// Kill A a third of the way in, while both deliver.
 	for accepted.Load() < devices*requests*perReq/3 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
+	}
+	// A holds events partitions (it took its share when B joined).
+	if !slices.Contains(eventsOwners(t, cl), aName) {
+		t.Fatalf("relay A holds no events partition: %q", eventsOwners(t, cl))
 	}
 	aDead.Store(true)
 	a.kill()
@@ -193,4 +203,269 @@ func distinct(evs []sim.Ingested) int {
 		m[e.InsertID] = true
 	}
 	return len(m)
+}
+
+// partitionOwner returns the member name holding the lease of an events
+// partition (the fleet's KV bucket), "" when none does.
+func partitionOwner(t *testing.T, cl *natstest.Cluster, p int) string {
+	t.Helper()
+	nc, err := nats.Connect(cl.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	kv, err := js.KeyValue(ctx, "RELAY_FLEET")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(ctx, "p.events."+strconv.Itoa(p))
+	if err != nil {
+		return ""
+	}
+	return string(e.Value())
+}
+
+// memberName is the relay's fleet member name, from its log.
+func (r *fleetRelay) memberName(t *testing.T) string {
+	t.Helper()
+	r.waitLog(t, "fleet mode: events are spooled on the NATS JetStream cluster", 1)
+	return r.logs.FilterMessage("fleet mode: events are spooled on the NATS JetStream cluster").All()[0].ContextMap()["member"].(string)
+}
+
+// TestFleetPauseSurvivesFailover: a device paused by a 429 on the relay
+// that owns its partition is not sent by the relay that takes the
+// partition over when the first dies, until the pause ends.
+func TestFleetPauseSurvivesFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node NATS cluster")
+	}
+	const pause = 20 * time.Second
+	cl := natstest.Start(t, natstest.Config{})
+	up := simtest.New(sim.Config{}, zap.NewNop())
+	upURL, err := up.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { up.Close() })
+	a := startFleetRelay(t, cl, upURL, "--throttle-pause", pause.String())
+	b := startFleetRelay(t, cl, upURL, "--throttle-pause", pause.String())
+	names := map[string]*fleetRelay{a.memberName(t): a, b.memberName(t): b}
+
+	const apiKey, dev = "fleet-key-2", 7
+	part := fleet.PartitionOf([]byte(fmt.Sprintf("d:device-%02d", dev)), 4)
+	var owner, other *fleetRelay
+	for range 300 { // 30 s: both relays hold partitions
+		owner = names[partitionOwner(t, cl, part)]
+		if owner != nil && len(owner.logs.FilterMessage("partition taken").All()) > 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if owner == nil {
+		t.Fatal("no relay owns the device's partition")
+	}
+	other = a
+	if owner == a {
+		other = b
+	}
+	up.Inject(simtest.Fault{Status: 429, Count: 1, PathPrefix: "/2/httpapi",
+		Body: []byte(fmt.Sprintf(`{"code":429,"error":"Too many requests for some devices and users","eps_threshold":10,"throttled_devices":{"device-%02d":40}}`, dev))})
+	if st := postEvents(http.DefaultClient, other.ingest, deviceEvents(apiKey, dev, 0, 3)); st != http.StatusOK {
+		t.Fatalf("ingest answered %d", st)
+	}
+	// The owner sends, gets the 429, pauses the device (here and in the
+	// fleet's bucket); then it dies.
+	var t429 time.Time
+	for range 200 { // 20 s
+		for _, r := range up.Requests() {
+			if r.Status == 429 {
+				t429 = r.Time
+			}
+		}
+		if !t429.IsZero() {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if t429.IsZero() {
+		t.Fatal("the upstream never answered the 429")
+	}
+	time.Sleep(500 * time.Millisecond) // the pause is written right after the answer
+	owner.kill()
+	// The other relay takes the partition over (about 8 s) and must hold
+	// the device's events until the pause ends.
+	for time.Since(t429) < pause-2*time.Second {
+		if n := len(up.Events(apiKey)); n > 0 {
+			t.Fatalf("%d events of the paused device sent %v after the 429 (pause %v)", n, time.Since(t429).Round(time.Millisecond), pause)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if owner := partitionOwner(t, cl, part); owner == "" || names[owner] != other {
+		t.Fatalf("partition %d owned by %q, not by the surviving relay", part, owner)
+	}
+	for range 300 { // then they are delivered
+		if len(up.Events(apiKey)) >= 3 {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("the device's events were not delivered after its pause; upstream has %d", len(up.Events(apiKey)))
+}
+
+// TestFleetAdmin: a dead letter made by one relay is listed, replayed and
+// gone through another relay's /relay/v1; lanes and /readyz in fleet mode.
+func TestFleetAdmin(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node NATS cluster")
+	}
+	cl := natstest.Start(t, natstest.Config{})
+	up := simtest.New(sim.Config{}, zap.NewNop())
+	upURL, err := up.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { up.Close() })
+	a := startFleetRelay(t, cl, upURL)
+	b := startFleetRelay(t, cl, upURL)
+	for _, r := range []*fleetRelay{a, b} {
+		for i := 0; ; i++ {
+			if st, _ := getBody(t, r.admin+"/readyz"); st == http.StatusOK {
+				break
+			} else if i == 100 {
+				t.Fatalf("/readyz answered %d", st)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+
+	const apiKey, dev = "fleet-key-3", 4
+	up.Silence(fmt.Sprintf("device-%02d", dev))
+	if st := postEvents(http.DefaultClient, a.ingest, deviceEvents(apiKey, dev, 0, 3)); st != http.StatusOK {
+		t.Fatalf("ingest answered %d", st)
+	}
+	var list struct {
+		DeadLetters []struct {
+			ID     uint64 `json:"id"`
+			Lane   string `json:"lane"`
+			Reason string `json:"reason"`
+		} `json:"dead_letters"`
+		Total int64 `json:"total"`
+	}
+	for i := 0; ; i++ { // listed by B, whichever relay made them
+		_, body := getBody(t, b.admin+"/relay/v1/deadletters")
+		if err := json.Unmarshal([]byte(body), &list); err != nil {
+			t.Fatalf("%v: %s", err, body)
+		}
+		if len(list.DeadLetters) == 3 {
+			break
+		}
+		if i == 200 {
+			t.Fatalf("dead letters listed by the other relay: %s", body)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if list.Total != 3 || list.DeadLetters[0].Reason != "silenced" {
+		t.Fatalf("list: %+v", list)
+	}
+	// The lane of the dead letters, by its label, filters.
+	_, body := getBody(t, b.admin+"/relay/v1/deadletters?lane="+list.DeadLetters[0].Lane)
+	if !strings.Contains(body, `"total":3`) || strings.Count(body, `"reason":"silenced"`) != 3 {
+		t.Fatalf("by lane: %s", body)
+	}
+	// Lanes: the relays' runners of the lane (one of them delivered it).
+	_, la := getBody(t, a.admin+"/relay/v1/lanes")
+	_, lb := getBody(t, b.admin+"/relay/v1/lanes")
+	if !strings.Contains(la+lb, list.DeadLetters[0].Lane+"-events-") {
+		t.Fatalf("no runner of lane %s listed:\n%s\n%s", list.DeadLetters[0].Lane, la, lb)
+	}
+
+	up.Unsilence(fmt.Sprintf("device-%02d", dev))
+	resp, err := http.Post(b.admin+"/relay/v1/deadletters/replay", "application/json", strings.NewReader(`{"filter":{}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(rb), `"replayed":3`) {
+		t.Fatalf("replay: %d %s", resp.StatusCode, rb)
+	}
+	for i := 0; len(up.Events(apiKey)) < 3; i++ {
+		if i == 200 {
+			t.Fatalf("replayed events not delivered: upstream has %d", len(up.Events(apiKey)))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	_, body = getBody(t, a.admin+"/relay/v1/deadletters")
+	if !strings.Contains(body, `"dead_letters":[]`) {
+		t.Fatalf("after the replay: %s", body)
+	}
+}
+
+// TestFleetGracefulStop: a relay stopped (SIGTERM) mid-load finishes its
+// requests in flight, then gives its leases up at once (another relay takes
+// over without waiting for them to expire); nothing acknowledged is lost.
+func TestFleetGracefulStop(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node NATS cluster")
+	}
+	cl := natstest.Start(t, natstest.Config{})
+	up := simtest.New(sim.Config{}, zap.NewNop())
+	upURL, err := up.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { up.Close() })
+	up.SetLatency(200 * time.Millisecond)
+	a := startFleetRelay(t, cl, upURL)
+	b := startFleetRelay(t, cl, upURL)
+	aName := a.memberName(t)
+	for i := 0; ; i++ { // A holds some events partitions
+		if slices.Contains(eventsOwners(t, cl), aName) {
+			break
+		}
+		if i == 300 {
+			t.Fatal("relay A holds no events partition")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	const apiKey = "fleet-key-4"
+	want := 0
+	for dev := range 8 {
+		for k := range 5 {
+			if st := postEvents(http.DefaultClient, a.ingest, deviceEvents(apiKey, dev, k*5, 5)); st != http.StatusOK {
+				t.Fatalf("ingest answered %d", st)
+			}
+			want += 5
+		}
+	}
+	if err := a.stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	if owners := eventsOwners(t, cl); slices.Contains(owners, aName) {
+		t.Fatalf("relay A stopped but still holds leases: %q", owners)
+	}
+	for i := 0; distinct(up.Events(apiKey)) < want; i++ {
+		if i == 300 {
+			t.Fatalf("upstream has %d of %d events", distinct(up.Events(apiKey)), want)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	st := up.Stats()
+	t.Logf("upstream: %d events, %d duplicates; relay B took %d partitions", st.Ingested, st.Duplicates,
+		b.logs.FilterMessage("partition taken").Len())
+}
+
+// eventsOwners returns the lease holders of the 4 events partitions.
+func eventsOwners(t *testing.T, cl *natstest.Cluster) []string {
+	var out []string
+	for p := range 4 {
+		out = append(out, partitionOwner(t, cl, p))
+	}
+	return out
 }

@@ -398,7 +398,11 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 		returnIdleMemory(idleCtx, idleCheckEvery, idleQuietBytes, idleMinAlloc, dl.release...)
 		return nil
 	})
-	relayAPI, err := adminapi.NewRelay(adminapi.RelayConfig{Lanes: dl.lanes}, sp, log.Named("admin"), reg)
+	rcfg := adminapi.RelayConfig{Lanes: dl.lanes}
+	if fs != nil { // issue 22: the fleet's dead letters
+		rcfg.Fleet = fs.b
+	}
+	relayAPI, err := adminapi.NewRelay(rcfg, sp, log.Named("admin"), reg)
 	if err != nil {
 		return err
 	}

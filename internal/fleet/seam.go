@@ -56,6 +56,9 @@ func (b *Backend) DeleteDead(ctx context.Context, ids []uint64) error {
 	return b.f.DeleteDead(ctx, ids)
 }
 
+// DeadCount is Fleet.DeadCount.
+func (b *Backend) DeadCount(ctx context.Context) (int64, error) { return b.f.DeadCount(ctx) }
+
 // Close is Fleet.Close (the connection stays open).
 func (b *Backend) Close() error { return b.f.Close() }
 
