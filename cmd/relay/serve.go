@@ -356,6 +356,12 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 		if hooks.fleetOpened != nil {
 			hooks.fleetOpened(fs.nc)
 		}
+		for _, l := range sp.Lanes() {
+			if l.Key().Kind == spool.KindEvents && l.Stats().Records > 0 {
+				log.Warn("events spooled in --data-dir by an earlier run without --spool nats:// are not delivered in fleet mode: run the relay once with --spool local to deliver them",
+					zap.String("lane", l.Label()), zap.Int64("records", l.Stats().Records))
+			}
+		}
 	}
 	st := sp.Stats()
 	log.Info("spool open", zap.String("dir", cfg.DataDir), zap.Int("lanes", st.Lanes),
