@@ -551,9 +551,16 @@ func (f *feed) Ack(seq uint64) {
 	f.mu.Lock()
 	m := f.out[seq]
 	delete(f.out, seq)
+	idle := len(f.out) == 0 && len(f.q) == 0
 	f.mu.Unlock()
 	if m != nil {
 		f.pt.ack(m)
+	}
+	if idle { // Wait starts its idle clock
+		select {
+		case f.wake <- struct{}{}:
+		default:
+		}
 	}
 }
 
