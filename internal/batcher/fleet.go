@@ -248,7 +248,8 @@ type partition struct {
 	queued atomic.Int64
 	room   chan struct{}
 
-	feeds map[spool.LaneKey]*feed // reader goroutine only
+	fmu   sync.Mutex
+	feeds map[spool.LaneKey]*feed // written by the reader goroutine, and by a runner that retires
 	wg    sync.WaitGroup          // the runners
 
 	amu   sync.Mutex
@@ -305,7 +306,7 @@ func (p *Pipeline) deliverPartition(stop, owned context.Context, r storage.Reade
 	}
 	cancel()
 	pt.wg.Wait() // runners: requests in flight finished (or abandoned with the lease)
-	for _, f := range pt.feeds {
+	for _, f := range pt.feeds { // the runners are done: no lock needed
 		p.fl.remove(f.lr)
 		f.lr.abandon()
 	}
@@ -353,19 +354,30 @@ func (pt *partition) route(ctx, owned context.Context, m *storage.Message) {
 	}
 	n := messageBytes(m)
 	pt.queued.Add(n)
-	if f := pt.feeds[m.Lane]; f != nil && f.push(m, n) {
+	pt.fmu.Lock()
+	f := pt.feeds[m.Lane]
+	pt.fmu.Unlock()
+	if f != nil && f.push(m, n) {
 		return
 	}
 	p := pt.p
-	f := &feed{pt: pt, wake: make(chan struct{}, 1), out: map[uint64]*storage.Message{}}
+	f = &feed{pt: pt, wake: make(chan struct{}, 1), out: map[uint64]*storage.Message{}}
 	id := p.fl.nextID.Add(1)
 	f.lr = newRunner(p, f, id, spool.LabelOf(m.Lane)+"-"+pt.name, m.Lane)
 	f.push(m, n)
-	pt.feeds[m.Lane] = f
+	key := m.Lane // not m: the goroutine must not keep the message alive
+	pt.fmu.Lock()
+	pt.feeds[key] = f
+	pt.fmu.Unlock()
 	p.fl.add(f.lr)
 	pt.wg.Go(func() {
 		if err := f.lr.Run(ctx, owned); errors.Is(err, spool.ErrRetired) {
 			p.fl.remove(f.lr)
+			pt.fmu.Lock()
+			if pt.feeds[key] == f {
+				delete(pt.feeds, key)
+			}
+			pt.fmu.Unlock()
 		}
 	})
 }
@@ -551,9 +563,16 @@ func (f *feed) Ack(seq uint64) {
 	f.mu.Lock()
 	m := f.out[seq]
 	delete(f.out, seq)
+	idle := len(f.out) == 0 && len(f.q) == 0
 	f.mu.Unlock()
 	if m != nil {
 		f.pt.ack(m)
+	}
+	if idle { // Wait starts its idle clock
+		select {
+		case f.wake <- struct{}{}:
+		default:
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package batcher
 
 import (
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -113,5 +114,40 @@ func TestFleetModeOverSeam(t *testing.T) {
 		}
 		h.check(pending)
 		h.waitDrained(time.Second, 200)
+	})
+}
+
+// TestFleetRunnersRetire: a fleet-mode lane runner with nothing queued or
+// unacknowledged for feedIdle ends and is forgotten (its goroutines and
+// status go); the lane's next message makes a new one. Fake time.
+func TestFleetRunnersRetire(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newSyncHarness(t, sim.Config{}, Config{}, throttle.Config{})
+		h.reg = prometheus.NewRegistry()
+		var err error
+		h.p, err = NewFleet(h.cfg, storage.NewLocal(h.sp, nil), nil, h.send, h.thr, nil, h.reg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.add("key", ev{Device: "device-1"}, ev{Device: "device-2"})
+		h.start()
+		h.waitDrained(10*time.Second, 0)
+		if n := len(h.p.LaneStatus()); n != 1 {
+			t.Fatalf("%d runners while delivering, want 1", n)
+		}
+		time.Sleep(feedIdle + time.Second)
+		synctest.Wait()
+		if st := h.p.LaneStatus(); len(st) != 0 {
+			t.Fatalf("runners left after %v idle: %+v", feedIdle, st)
+		}
+		h.add("key", ev{Device: "device-1"})
+		h.waitDrained(10*time.Second, 0)
+		if n := len(h.p.LaneStatus()); n != 1 {
+			t.Fatalf("%d runners after new events, want 1", n)
+		}
+		h.stop()
+		if dead := h.check(nil); len(dead) != 0 {
+			t.Fatalf("dead letters: %v", dead)
+		}
 	})
 }
