@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -231,6 +232,28 @@ func partitionOwner(t *testing.T, cl *natstest.Cluster, p int) string {
 	return string(e.Value())
 }
 
+// kvHas reports whether the bucket holds key.
+func kvHas(t *testing.T, cl *natstest.Cluster, bucket, key string) bool {
+	t.Helper()
+	nc, err := nats.Connect(cl.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	kv, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = kv.Get(ctx, key)
+	return err == nil
+}
+
 // memberName is the relay's fleet member name, from its log.
 func (r *fleetRelay) memberName(t *testing.T) string {
 	t.Helper()
@@ -296,7 +319,14 @@ func TestFleetPauseSurvivesFailover(t *testing.T) {
 	if t429.IsZero() {
 		t.Fatal("the upstream never answered the 429")
 	}
-	time.Sleep(500 * time.Millisecond) // the pause is written right after the answer
+	// The pause is written to the fleet's bucket right after the answer.
+	pauseKey := base64.RawURLEncoding.EncodeToString([]byte(fmt.Sprintf("d:device-%02d", dev)))
+	for i := 0; !kvHas(t, cl, "RELAY_PAUSES", pauseKey); i++ {
+		if i == 100 {
+			t.Fatal("the pause never reached the fleet's bucket")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	owner.kill()
 	// The other relay takes the partition over (about 8 s) and must hold
 	// the device's events until the pause ends.

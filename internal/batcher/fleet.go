@@ -305,8 +305,10 @@ func (p *Pipeline) deliverPartition(stop, owned context.Context, r storage.Reade
 		}
 	}
 	cancel()
-	pt.wg.Wait() // runners: requests in flight finished (or abandoned with the lease)
-	for _, f := range pt.feeds { // the runners are done: no lock needed
+	// The runners' requests in flight finished (or were abandoned with
+	// the lease); with the runners done, feeds needs no lock.
+	pt.wg.Wait()
+	for _, f := range pt.feeds {
 		p.fl.remove(f.lr)
 		f.lr.abandon()
 	}
