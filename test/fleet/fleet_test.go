@@ -47,9 +47,6 @@ const (
 // still started, and killed by NodeKilled's turn (the relays do not use them).
 var localSpool = flag.Bool("local-spool", false, "run the relays on local spools (the suite must then fail)")
 
-// knownBugs runs the tests of bugs found and not fixed yet (they fail).
-var knownBugs = flag.Bool("known-bugs", false, "run the tests of known, unfixed bugs (TestFleetConcurrentStart)")
-
 // outcome of one event, as its client saw it.
 type outcome uint8
 
@@ -638,16 +635,11 @@ func (r *fleetRun) check(stored []storedEvent) {
 // fresh cluster, as a Deployment's first rollout does: both must serve
 // (both create the streams and buckets, racing).
 //
-// Known bug (found 2026-11-26, reported in notes/issue-22.md): both relays
-// time out creating the dead-letter stream (fleet.Open, "cluster
-// unavailable: context deadline exceeded" after 30 s) and exit, every run
-// here. Skipped unless -known-bugs until internal/fleet's Open is fixed.
+// Before fc3842e (fleet.Open: each create bounded and retried) both relays
+// timed out creating the dead-letter stream after 30 s and exited, every run.
 func TestFleetConcurrentStart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts nats-server, sim and relay processes; skipped under -short")
-	}
-	if !*knownBugs {
-		t.Skip("known bug: relays started at once on a fresh cluster time out in fleet.Open; run with -known-bugs")
 	}
 	e := env{relayBin: harness.Build(t), natsBin: buildNATSServer(t)}
 	dir := t.TempDir()
