@@ -28,6 +28,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
 
@@ -62,6 +63,10 @@ type sentEvent struct {
 	seq      int    // per device, from 1
 	insertID string // "" when the client sent none (the relay fills one)
 	out      outcome
+	// For the report of a violation: the relays tried (in order) and
+	// when the last answer came.
+	tried []int
+	at    time.Time
 }
 
 // evKey names an event by device and seq (what event_properties carry).
@@ -359,10 +364,12 @@ func (r *fleetRun) post(hc *http.Client, i int, body []byte) outcome {
 }
 
 // record notes the events of one request with their outcome.
-func (r *fleetRun) record(evs []*sentEvent, out outcome) {
+func (r *fleetRun) record(evs []*sentEvent, out outcome, tried ...int) {
+	now := time.Now()
 	r.mu.Lock()
 	for _, ev := range evs {
 		ev.out = out
+		ev.tried, ev.at = tried, now
 		r.events[evKey(ev.device, ev.seq)] = ev
 	}
 	r.mu.Unlock()
@@ -413,14 +420,16 @@ func (r *fleetRun) coldClient(ctx context.Context, c int) {
 		}
 		b := body(evs)
 		out := unknown
+		var tried []int
 		for try := 0; try < 3 && ctx.Err() == nil; try++ {
 			next = (next + 1) % len(r.relays)
+			tried = append(tried, next)
 			out = r.post(hc, next, b)
 			if out != unknown || !withIDs {
 				break
 			}
 		}
-		r.record(evs, out)
+		r.record(evs, out, tried...)
 		pace(ctx, 20*time.Millisecond)
 	}
 }
@@ -439,7 +448,7 @@ func (r *fleetRun) hotClient(ctx context.Context) {
 			evs[i] = &sentEvent{device: hotDevice, seq: seq, insertID: fmt.Sprintf("hot-%06d", seq)}
 		}
 		out := r.post(hc, next, body(evs))
-		r.record(evs, out)
+		r.record(evs, out, next)
 		pace(ctx, 200*time.Millisecond)
 	}
 }
@@ -455,6 +464,7 @@ func pace(ctx context.Context, d time.Duration) {
 // storedEvent is one event the sim stored, read back.
 type storedEvent struct {
 	seq      int64 // the sim's arrival order
+	request  int64 // the sim's request that brought it
 	device   string
 	evSeq    int
 	insertID string
@@ -485,7 +495,7 @@ func (r *fleetRun) waitDelivered(within time.Duration) []storedEvent {
 			if err := json.Unmarshal(e.Raw, &raw); err != nil {
 				r.t.Fatalf("sim event %d: %v: %s", e.Seq, err, e.Raw)
 			}
-			stored = append(stored, storedEvent{seq: e.Seq, device: e.DeviceID, evSeq: raw.EventProperties.Seq, insertID: e.InsertID})
+			stored = append(stored, storedEvent{seq: e.Seq, request: e.Request, device: e.DeviceID, evSeq: raw.EventProperties.Seq, insertID: e.InsertID})
 			have[evKey(e.DeviceID, raw.EventProperties.Seq)] = true
 		}
 		missing := 0
@@ -574,10 +584,14 @@ func (r *fleetRun) check(stored []storedEvent) {
 	// its relay died during the publish, while its client went on.)
 	last := map[string]int{}
 	reordered := 0
+	var orderDev string
 	for _, s := range stored {
 		if prev, ok := last[s.device]; ok && s.evSeq < prev {
 			if r.events[evKey(s.device, s.evSeq)].out == accepted {
 				bad("order", "%s: seq %d delivered after seq %d (order broken)", s.device, s.evSeq, prev)
+				if orderDev == "" {
+					orderDev = s.device
+				}
 			} else {
 				reordered++
 			}
@@ -590,6 +604,9 @@ func (r *fleetRun) check(stored []storedEvent) {
 	recs, err := r.sim.Ctl.Requests(context.Background(), 0)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if orderDev != "" {
+		r.explain(orderDev, stored, recs)
 	}
 	const slack = 2 * time.Millisecond // the sim's clock read in one process, on one machine
 	windows := 0
@@ -660,4 +677,28 @@ func TestFleetConcurrentStart(t *testing.T) {
 		wg.Go(func() { r.waitHealthy(rp) })
 	}
 	wg.Wait()
+}
+
+// explain logs what the clients and the sim saw of one device: each event
+// as sent (outcome, relays tried, time of the answer) and as stored (the
+// sim's request), and every sim request that held the device.
+func (r *fleetRun) explain(dev string, stored []storedEvent, recs []sim.Record) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "device %s, in the order the sim stored its events:\n", dev)
+	for _, s := range stored {
+		if s.device != dev {
+			continue
+		}
+		ev := r.events[evKey(s.device, s.evSeq)]
+		fmt.Fprintf(&b, "  seq %d: sim event %d of request %d; client: outcome %d via relays %v, answered %s\n",
+			s.evSeq, s.seq, s.request, ev.out, ev.tried, ev.at.Format("15:04:05.000"))
+	}
+	fmt.Fprintf(&b, "sim requests holding %s:\n", dev)
+	for _, rc := range recs {
+		if rc.HasDevice(dev) {
+			fmt.Fprintf(&b, "  request %d at %s: %d, %d events, ingested %d, duplicates %d, throttled %v\n",
+				rc.Seq, rc.Time.Format("15:04:05.000"), rc.Status, rc.Events, rc.Ingested, rc.Duplicates, rc.Throttled)
+		}
+	}
+	r.t.Log(b.String())
 }
