@@ -556,8 +556,8 @@ func TestKubernetesManifests(t *testing.T) {
 			}
 		}
 	}
-	if relays < 2 {
-		t.Fatalf("%d relay containers found, want the sidecar's and the central one", relays)
+	if relays < 3 {
+		t.Fatalf("%d relay containers found, want the sidecar's, the central one and the fleet's", relays)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/svcrelay/relay/internal/adminapi"
@@ -126,7 +127,7 @@ type deliveries struct {
 
 // newDeliveries builds the delivery side from cfg; creds is the credentials
 // file in force.
-func newDeliveries(cfg config.Config, sp *spool.Spool, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*deliveries, error) {
+func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*deliveries, error) {
 	client, err := upstream.New(upstream.Config{}, log.Named("upstream"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("upstream client: %w", err)
@@ -135,7 +136,7 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, creds *credentials.Ref, l
 	if err != nil {
 		return nil, fmt.Errorf("throttle: %w", err)
 	}
-	p, err := batcher.New(batcher.Config{
+	bcfg := batcher.Config{
 		IngestURL:      cfg.IngestURL,
 		MaxBatchEvents: cfg.MaxBatchEvents,
 		MaxBatchBytes:  int(cfg.MaxBatchBytes),
@@ -144,7 +145,13 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, creds *credentials.Ref, l
 		MaxEventAge:    cfg.MaxEventAge,
 		Gzip:           cfg.UpstreamGzip,
 		DrainTimeout:   cfg.DrainTimeout,
-	}, sp, client, thr, log.Named("delivery"), reg)
+	}
+	var p *batcher.Pipeline
+	if fs != nil { // issue 22: the events partitions this relay owns
+		p, err = batcher.NewFleet(bcfg, fs.b, fs.f, client, thr, log.Named("delivery"), reg)
+	} else {
+		p, err = batcher.New(bcfg, sp, client, thr, log.Named("delivery"), reg)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("delivery: %w", err)
 	}
@@ -217,11 +224,19 @@ func memoryLimitField() zap.Field {
 // the reverse: stop accepting events, drain the deliveries within
 // --drain-timeout, stop the admin listener (no more group identifies or
 // mappings accepted), close the spool, stop the simulator.
-func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap.Logger) (err error) {
-	if cfg.SpoolNATS != nil {
-		// Issue 22: internal/fleet exists, the delivery engine does not use it yet.
-		return errors.New("--spool nats://: fleet delivery is not wired yet (see README, Fleet mode); use --spool local")
-	}
+func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap.Logger) error {
+	return serveWith(ctx, resetSignals, cfg, log, serveHooks{})
+}
+
+// serveHooks let a test reach into a serve it runs in its own process.
+type serveHooks struct {
+	// fleetOpened, when set, is given the NATS connection of fleet mode
+	// (a test closes it to play a relay's sudden death).
+	fleetOpened func(nc *nats.Conn)
+}
+
+// serveWith is serve with test hooks.
+func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log *zap.Logger, hooks serveHooks) (err error) {
 	lc := &lifecycle{log: log}
 	g := &goroutines{failed: make(chan error, 1)}
 	var stopping atomic.Bool
@@ -330,6 +345,24 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	// give that memory back before serving, or a relay restarted on a
 	// backlog keeps it as RSS until its first collection.
 	debug.FreeOSMemory()
+	// Issue 22: fleet mode's store, stopped after delivery gave its
+	// partitions up (stops run in reverse).
+	var fs *fleetStore
+	if cfg.SpoolNATS != nil {
+		if fs, err = openFleet(cfg, log, reg); err != nil {
+			return err
+		}
+		lc.onStop("fleet", fs.close)
+		if hooks.fleetOpened != nil {
+			hooks.fleetOpened(fs.nc)
+		}
+		for _, l := range sp.Lanes() {
+			if l.Key().Kind == spool.KindEvents && l.Stats().Records > 0 {
+				log.Warn("events spooled in --data-dir by an earlier run without --spool nats:// are not delivered in fleet mode: run the relay once with --spool local to deliver them",
+					zap.String("lane", l.Label()), zap.Int64("records", l.Stats().Records))
+			}
+		}
+	}
 	st := sp.Stats()
 	log.Info("spool open", zap.String("dir", cfg.DataDir), zap.Int("lanes", st.Lanes),
 		zap.Int64("live_bytes", st.LiveBytes), zap.Int64("file_bytes", st.FileBytes), zap.Int64("dead", st.Dead))
@@ -359,7 +392,7 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	// The credentials file in force: every reader loads it at each use, so
 	// a reload can swap it (creds.Swap) without a restart.
 	creds := credentials.NewRef(cfg.Creds)
-	dl, err := newDeliveries(cfg, sp, creds, log, reg)
+	dl, err := newDeliveries(cfg, sp, fs, creds, log, reg)
 	if err != nil {
 		return err
 	}
@@ -371,7 +404,11 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		returnIdleMemory(idleCtx, idleCheckEvery, idleQuietBytes, idleMinAlloc, dl.release...)
 		return nil
 	})
-	relayAPI, err := adminapi.NewRelay(adminapi.RelayConfig{Lanes: dl.lanes}, sp, log.Named("admin"), reg)
+	rcfg := adminapi.RelayConfig{Lanes: dl.lanes}
+	if fs != nil { // issue 22: the fleet's dead letters
+		rcfg.Fleet = fs.b
+	}
+	relayAPI, err := adminapi.NewRelay(rcfg, sp, log.Named("admin"), reg)
 	if err != nil {
 		return err
 	}
@@ -387,6 +424,11 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 		}
 		if err := sp.Refusing(); err != nil { // issue 20/24: a full disk at start, failing checkpoints
 			return err
+		}
+		if fs != nil { // issue 22
+			if err := fs.ready(); err != nil {
+				return err
+			}
 		}
 		if err := ingestRefusal(sp.Stats().LiveBytes, cfg.SpoolMaxBytes, cfg.DataDir, cfg.SpoolMinFreeBytes); err != nil {
 			return err
@@ -502,6 +544,9 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	// beside a sidecar relay, a local reverse proxy, a load test): the
 	// per-client bound is against remote clients.
 	icfg.MaxConnectionsPerClient = cfg.MaxConnectionsPerClient
+	if fs != nil { // issue 22: events go to the fleet's streams
+		icfg.Store = fs.b
+	}
 	icfg.UnboundedPeers = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
 	ing, err := ingest.New(icfg, sp, event.NewIDGen(), log.Named("ingest"), reg)
 	if err != nil {

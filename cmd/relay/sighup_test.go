@@ -38,6 +38,12 @@ type servedRelay struct {
 // logged "relay serving" (every listener open, every SIGHUP reloader in).
 func startServe(t *testing.T, args ...string) *servedRelay {
 	t.Helper()
+	return startServeWith(t, serveHooks{}, args...)
+}
+
+// startServeWith is startServe with test hooks.
+func startServeWith(t *testing.T, hooks serveHooks, args ...string) *servedRelay {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "data")
 	cfg, err := config.Load(append([]string{
 		"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data-dir", dir,
@@ -49,7 +55,7 @@ func startServe(t *testing.T, args ...string) *servedRelay {
 	core, logs := observer.New(zapcore.DebugLevel)
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &servedRelay{dir: cfg.DataDir, logs: logs, cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- serve(ctx, func() {}, cfg, zap.New(core)) }()
+	go func() { r.done <- serveWith(ctx, func() {}, cfg, zap.New(core), hooks) }()
 	t.Cleanup(func() { _ = r.stop(t) })
 	r.waitLog(t, "relay serving", 1)
 	addr := func(msg string) string { return logs.FilterMessage(msg).All()[0].ContextMap()["addr"].(string) }

@@ -21,6 +21,7 @@ import (
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"go.uber.org/zap"
 )
 
@@ -49,6 +50,20 @@ type RelayConfig struct {
 	// the kind they deliver; a kind without one is listed with its spool
 	// depth only, and pausing its lanes answers 409. Nil means none.
 	Lanes map[spool.Kind]delivery.LaneControl
+
+	// Issue 22: fleet mode.
+
+	// Fleet, when not nil, is the fleet's store: the dead-letter routes
+	// list, purge and replay its dead letters (every relay's events),
+	// and replayed events are appended to it. Nil: the local spool's.
+	Fleet FleetStore
+}
+
+// FleetStore is the fleet's store as the dead-letter routes use it
+// (fleet.Backend).
+type FleetStore interface {
+	storage.DeadLetters
+	storage.Appender
 }
 
 // Relay serves /relay/v1/: dead letters (list, replay, purge) and lanes
@@ -211,13 +226,13 @@ type filterJSON struct {
 // spoolFilter turns a label filter into the spool's key filter; ok is false
 // when no lane has the label, nor any dead letter (the lane may have been
 // retired since: its dead letters keep their label).
-func (ix laneIndex) spoolFilter(sp *spool.Spool, f filterJSON) (spool.DeadFilter, bool) {
+func (ix laneIndex) spoolFilter(a *Relay, f filterJSON) (spool.DeadFilter, bool) {
 	out := spool.DeadFilter{Reason: f.Reason}
 	if f.Lane != "" {
 		l := ix.byLabel[f.Lane]
 		if l == nil {
 			byLabel := spool.DeadFilter{Label: f.Lane}
-			if ds, err := sp.ListDead(byLabel, 0, 1); err != nil || len(ds) == 0 {
+			if ds, err := a.deadPage(byLabel, 0, 1); err != nil || len(ds) == 0 {
 				return out, false
 			}
 			out.Label = f.Lane
@@ -267,18 +282,18 @@ func (a *Relay) listDead(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ix := a.lanes()
-	f, ok := ix.spoolFilter(a.sp, filterJSON{Lane: q.Get("lane"), Reason: q.Get("reason")})
+	f, ok := ix.spoolFilter(a, filterJSON{Lane: q.Get("lane"), Reason: q.Get("reason")})
 	if !ok {
 		jsonError(w, http.StatusNotFound, "no lane has that label (GET /relay/v1/lanes lists them)")
 		return
 	}
-	dls, err := a.sp.ListDead(f, after, int(limit)+1)
+	dls, err := a.deadPage(f, after, int(limit)+1)
 	if err != nil {
 		a.log.Error("list dead letters", errField(err))
 		jsonError(w, http.StatusInternalServerError, "listing dead letters failed: %v", err)
 		return
 	}
-	out := deadListJSON{DeadLetters: []deadLetterJSON{}, NextAfter: after, Total: a.sp.Stats().Dead}
+	out := deadListJSON{DeadLetters: []deadLetterJSON{}, NextAfter: after, Total: a.deadTotal()}
 	if len(dls) > int(limit) {
 		dls, out.More = dls[:limit], true
 	}
@@ -375,7 +390,7 @@ func (a *Relay) selected(b bulkJSON, ix laneIndex, visit func([]spool.DeadLetter
 	limit := b.Limit
 	if b.Filter != nil {
 		var ok bool
-		if f, ok = ix.spoolFilter(a.sp, *b.Filter); !ok {
+		if f, ok = ix.spoolFilter(a, *b.Filter); !ok {
 			return nil, false, errUnknownLane
 		}
 		if last, err = a.newestDead(f); err != nil {
@@ -393,7 +408,7 @@ func (a *Relay) selected(b bulkJSON, ix laneIndex, visit func([]spool.DeadLetter
 	}
 	done := 0
 	for after < last {
-		page, err := a.sp.ListDead(f, after, bulkPage)
+		page, err := a.deadPage(f, after, bulkPage)
 		if err != nil {
 			return nil, false, fmt.Errorf("list dead letters: %w", err)
 		}
@@ -441,7 +456,7 @@ func (a *Relay) selected(b bulkJSON, ix laneIndex, visit func([]spool.DeadLetter
 func (a *Relay) newestDead(f spool.DeadFilter) (uint64, error) {
 	var newest uint64
 	for {
-		page, err := a.sp.ListDead(f, newest, bulkPage)
+		page, err := a.deadPage(f, newest, bulkPage)
 		if err != nil {
 			return 0, fmt.Errorf("list dead letters: %w", err)
 		}
@@ -503,6 +518,12 @@ func (a *Relay) replayDead(w http.ResponseWriter, r *http.Request) {
 			byKey[k] = append(byKey[k], d)
 		}
 		for _, k := range keys {
+			if a.cfg.Fleet != nil { // issue 22
+				if err := a.replayFleet(cctx, k, byKey[k], counts, &out); err != nil {
+					return err
+				}
+				continue
+			}
 			lane, err := a.sp.Lane(cctx, k)
 			if err != nil {
 				return fmt.Errorf("lane %s: %w", k.Kind, err)
@@ -529,7 +550,7 @@ func (a *Relay) replayDead(w http.ResponseWriter, r *http.Request) {
 				// (a later replay would send the record twice; the upstream
 				// dedups events by insert_id).
 				dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Second)
-				err := a.sp.DeleteDead(dctx, ids)
+				err := a.deleteDead(dctx, ids)
 				dcancel()
 				if err != nil {
 					return fmt.Errorf("delete replayed dead letters: %w", err)
@@ -567,7 +588,8 @@ func (a *Relay) replayDead(w http.ResponseWriter, r *http.Request) {
 		a.log.Error("replaying dead letters failed part way", append(fields, errField(err))...)
 		out.Error = "replay stopped: " + err.Error()
 		status := http.StatusInternalServerError
-		if errors.Is(err, spool.ErrFull) || errors.Is(err, spool.ErrDiskLow) || errors.Is(err, spool.ErrTooManyLanes) {
+		if errors.Is(err, spool.ErrFull) || errors.Is(err, spool.ErrDiskLow) || errors.Is(err, spool.ErrTooManyLanes) ||
+			errors.Is(err, storage.ErrFull) || errors.Is(err, storage.ErrUnavailable) {
 			status = http.StatusServiceUnavailable
 			w.Header().Set("Retry-After", "30")
 		}
@@ -602,7 +624,7 @@ func (a *Relay) purgeDead(w http.ResponseWriter, r *http.Request) {
 		for i, d := range page {
 			ids[i] = d.ID
 		}
-		if err := a.sp.DeleteDead(cctx, ids); err != nil {
+		if err := a.deleteDead(cctx, ids); err != nil {
 			return fmt.Errorf("delete dead letters: %w", err)
 		}
 		out.Purged += len(ids)
@@ -656,7 +678,10 @@ type lanesJSON struct {
 
 func (a *Relay) statuses() map[uint64]delivery.LaneStatus {
 	out := map[uint64]delivery.LaneStatus{}
-	for _, c := range a.cfg.Lanes {
+	for k, c := range a.cfg.Lanes {
+		if a.cfg.Fleet != nil && k == spool.KindEvents {
+			continue // the fleet's runners are not spool lanes: fleetLanes
+		}
 		for _, st := range c.LaneStatus() {
 			out[st.ID] = st
 		}
@@ -689,6 +714,9 @@ func (a *Relay) listLanes(w http.ResponseWriter, r *http.Request) {
 	for _, l := range a.sp.Lanes() {
 		out.Lanes = append(out.Lanes, a.laneJSON(l, sts, now))
 	}
+	for _, st := range a.fleetLanes() {
+		out.Lanes = append(out.Lanes, fleetLaneJSON(st))
+	}
 	writeJSON(w, http.StatusOK, out)
 }
 
@@ -696,6 +724,10 @@ func (a *Relay) listLanes(w http.ResponseWriter, r *http.Request) {
 func (a *Relay) getLane(w http.ResponseWriter, r *http.Request) {
 	l := a.lanes().byLabel[r.PathValue("label")]
 	if l == nil {
+		if st, ok := a.fleetLane(r.PathValue("label")); ok {
+			writeJSON(w, http.StatusOK, fleetLaneJSON(st))
+			return
+		}
 		jsonError(w, http.StatusNotFound, "no lane has that label (GET /relay/v1/lanes lists them)")
 		return
 	}
@@ -711,6 +743,10 @@ func (a *Relay) laneAction(w http.ResponseWriter, r *http.Request) {
 	}
 	l := a.lanes().byLabel[label]
 	if l == nil {
+		if st, ok := a.fleetLane(label); ok {
+			a.fleetLaneAction(w, action, st)
+			return
+		}
 		jsonError(w, http.StatusNotFound, "no lane has that label (GET /relay/v1/lanes lists them)")
 		return
 	}

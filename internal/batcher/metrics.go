@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/svcrelay/relay/internal/delivery"
 )
 
 // metrics are the pipeline's. No lock of the relay is held while one is
@@ -35,7 +37,11 @@ func newMetrics(reg prometheus.Registerer, p *Pipeline) (*metrics, error) {
 		}, []string{"reason"}),
 		// relay_lane_stopped{lane}, made at scrape time from the lanes
 		// the engine runs: a retired lane's series goes with it.
-		laneStopped: p.eng.StoppedCollector(true),
+	}
+	if p.eng != nil {
+		m.laneStopped = p.eng.StoppedCollector(true)
+	} else {
+		m.laneStopped = delivery.NewStoppedCollector(p.LaneStatus, true)
 	}
 	m.paused = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "relay_delivery_paused_devices",

@@ -1,10 +1,12 @@
 package batcher
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"hash/maphash"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -46,8 +48,13 @@ type Pipeline struct {
 	// seed hashes order keys to shards (shardOf).
 	seed maphash.Seed
 
-	// eng runs a laneRunner per events lane and answers the lane control.
+	// eng runs a laneRunner per events lane and answers the lane control
+	// (local mode; nil in fleet mode).
 	eng *delivery.Engine[*laneRunner]
+	// dead stores dead letters: the spool, or the fleet's store.
+	dead DeadWriter
+	// fl is the fleet mode's state (NewFleet); nil in local mode.
+	fl *fleetState
 
 	// afterBuild, when set (tests only), is called on a shard's goroutine
 	// after it built a batch and before the send-time pause check.
@@ -63,18 +70,11 @@ func New(cfg Config, sp *spool.Spool, send Sender, thr *throttle.Throttle, log *
 	if sp == nil || send == nil {
 		return nil, errors.New("batcher: spool and sender are required")
 	}
-	if log == nil {
-		log = zap.NewNop()
+	p, err := newPipeline(cfg, send, thr, log)
+	if err != nil {
+		return nil, err
 	}
-	if thr == nil {
-		var err error
-		if thr, err = throttle.New(throttle.Config{}, nil); err != nil {
-			return nil, err
-		}
-	}
-	cfg = cfg.withDefaults()
-	p := &Pipeline{cfg: cfg, sp: sp, send: send, thr: thr, log: log, url: cfg.IngestURL + "/2/httpapi", seed: maphash.MakeSeed(),
-		budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool()}
+	p.sp, p.dead = sp, sp
 	eng, err := delivery.NewEngine(delivery.EngineConfig[*laneRunner]{Kind: spool.KindEvents, DrainTimeout: cfg.DrainTimeout,
 		NewRunner: func(l *spool.Lane) *laneRunner { return newLaneRunner(p, l) }}, sp)
 	if err != nil {
@@ -89,13 +89,34 @@ func New(cfg Config, sp *spool.Spool, send Sender, thr *throttle.Throttle, log *
 	return p, nil
 }
 
+// newPipeline is what both modes share; cfg is valid.
+func newPipeline(cfg Config, send Sender, thr *throttle.Throttle, log *zap.Logger) (*Pipeline, error) {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if thr == nil {
+		var err error
+		if thr, err = throttle.New(throttle.Config{}, nil); err != nil {
+			return nil, err
+		}
+	}
+	cfg = cfg.withDefaults()
+	return &Pipeline{cfg: cfg, send: send, thr: thr, log: log, url: cfg.IngestURL + "/2/httpapi", seed: maphash.MakeSeed(),
+		budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool()}, nil
+}
+
 // Run delivers until ctx ends: it starts a runner for every events lane that
 // exists and for every one created later. When ctx ends it stops taking new
 // work, gives requests in flight Config.DrainTimeout to finish (their answers
 // are still handled: acks, dead letters), then abandons them and returns nil.
 // What was not acknowledged stays in the spool. Run must return before the
 // spool is closed.
-func (p *Pipeline) Run(ctx context.Context) error { return p.eng.Run(ctx) }
+func (p *Pipeline) Run(ctx context.Context) error {
+	if p.fl != nil {
+		return p.runFleet(ctx)
+	}
+	return p.eng.Run(ctx)
+}
 
 // ReleaseMemory drops the request body buffers kept for reuse (up to ~8 MB),
 // so that the next GC frees them: for a process that has gone idle.
@@ -103,6 +124,9 @@ func (p *Pipeline) ReleaseMemory() { p.bodies.drain() }
 
 // Ready returns nil while Run is delivering.
 func (p *Pipeline) Ready() error {
+	if p.fl != nil {
+		return p.fl.ready()
+	}
 	if !p.eng.Running() {
 		return ErrNotRunning
 	}
@@ -111,25 +135,51 @@ func (p *Pipeline) Ready() error {
 
 // StopLane stops sending the lane's events (an operator's pause); they stay
 // in the spool. ResumeLane undoes it.
-func (p *Pipeline) StopLane(laneID uint64) error { return p.eng.StopLane(laneID) }
+func (p *Pipeline) StopLane(laneID uint64) error {
+	if p.fl != nil {
+		return p.fl.control(laneID, func(lr *laneRunner) { lr.Stop("stopped by operator") })
+	}
+	return p.eng.StopLane(laneID)
+}
 
 // ResumeLane resumes a lane stopped by StopLane or by the upstream refusing
 // its api_key ("Invalid API key"); its held events are sent at once. A lane
 // created after the last LanesChanged wake-up is not stopped: nil.
-func (p *Pipeline) ResumeLane(laneID uint64) error { return p.eng.ResumeLane(laneID) }
+func (p *Pipeline) ResumeLane(laneID uint64) error {
+	if p.fl != nil {
+		return p.fl.control(laneID, (*laneRunner).Resume)
+	}
+	return p.eng.ResumeLane(laneID)
+}
 
 func (p *Pipeline) lane(id uint64) *laneRunner {
+	if p.fl != nil {
+		return p.fl.lane(id)
+	}
 	lr, _ := p.eng.Lane(id)
 	return lr
 }
 
 // runners is a snapshot of the lanes' runners (the engine holds no lock
 // across a call out of its package).
-func (p *Pipeline) runners() []*laneRunner { return p.eng.Runners() }
+func (p *Pipeline) runners() []*laneRunner {
+	if p.fl != nil {
+		return p.fl.runners()
+	}
+	return p.eng.Runners()
+}
 
 // LaneStatus returns a snapshot of every lane the pipeline has started,
 // by lane id.
-func (p *Pipeline) LaneStatus() []delivery.LaneStatus { return p.eng.LaneStatus() }
+func (p *Pipeline) LaneStatus() []delivery.LaneStatus {
+	rs := p.runners()
+	out := make([]delivery.LaneStatus, 0, len(rs))
+	for _, lr := range rs {
+		out = append(out, lr.Status())
+	}
+	slices.SortFunc(out, func(a, b delivery.LaneStatus) int { return cmp.Compare(a.ID, b.ID) })
+	return out
+}
 
 // envelope returns the fixed bytes around a lane's events:
 // `{"api_key":<json string>,"events":[` and `]` + `,"options":<raw>` + `}`.
@@ -149,7 +199,11 @@ func envelope(key spool.LaneKey) (prefix, suffix []byte) {
 // laneRunner delivers one lane: a reader goroutine and ShardsPerLane shard
 // goroutines.
 type laneRunner struct {
-	p      *Pipeline
+	p *Pipeline
+	// src is what the reader reads: the spool lane (local), or the lane's
+	// messages of one fleet partition.
+	src source
+	// lane is the spool lane (local mode); nil in fleet mode.
 	lane   *spool.Lane
 	id     uint64
 	label  string
@@ -189,8 +243,15 @@ type laneRunner struct {
 }
 
 func newLaneRunner(p *Pipeline, l *spool.Lane) *laneRunner {
-	lr := &laneRunner{p: p, lane: l, id: l.ID(), label: l.Label(), key: l.Key(), bwake: make(chan struct{}, 1)}
+	lr := newRunner(p, localSource{sp: p.sp, l: l}, l.ID(), l.Label(), l.Key())
+	lr.lane = l
 	lr.stop.Lane = l // a stopped lane is not retired while empty (its stop would be lost)
+	return lr
+}
+
+// newRunner returns the runner of one lane reading src.
+func newRunner(p *Pipeline, src source, id uint64, label string, key spool.LaneKey) *laneRunner {
+	lr := &laneRunner{p: p, src: src, id: id, label: label, key: key, bwake: make(chan struct{}, 1)}
 	lr.prefix, lr.suffix = envelope(lr.key)
 	lr.window.Store(1)
 	for i := 0; i < p.cfg.ShardsPerLane; i++ {

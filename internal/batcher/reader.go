@@ -69,7 +69,7 @@ func (lr *laneRunner) read(ctx context.Context) bool {
 	for {
 		// Wait for records first, then take the budget: a lane waiting
 		// for records holds none of it.
-		if err := lr.lane.Wait(ctx, func() {
+		if err := lr.src.Wait(ctx, func() {
 			// Idle: keep no slices of the largest read's size.
 			clear(per)
 			recs = nil
@@ -88,7 +88,7 @@ func (lr *laneRunner) read(ctx context.Context) bool {
 		}
 		want := min(free, step)
 		lr.p.budget.add(want - free) // reserved: free; wanted: want
-		chunks, more, err := lr.lane.NextPart(doneCtx, int(want), recs)
+		chunks, more, err := lr.src.NextPart(doneCtx, int(want), recs)
 		recs = more
 		if err != nil {
 			lr.p.budget.add(-want)
@@ -114,7 +114,7 @@ func (lr *laneRunner) read(ctx context.Context) bool {
 		var total int64
 		for _, c := range chunks {
 			if len(c.Records) == 0 {
-				lr.p.sp.Ack(lr.lane, c.Seq)
+				lr.src.Ack(c.Seq)
 				continue
 			}
 			ck := &chunkRef{ack: lr.ackOf(&c), accepted: c.Accepted, bytes: chunkBytes(&c), buf: c.Buffer()}
@@ -398,7 +398,7 @@ func (lr *laneRunner) done(its []item) {
 			ck.buf.Release()
 		}
 		if ck.ack.left.Add(-left) == 0 {
-			lr.p.sp.Ack(lr.lane, ck.ack.seq)
+			lr.src.Ack(ck.ack.seq)
 		}
 	}
 	lr.release(n)

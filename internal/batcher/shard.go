@@ -235,7 +235,11 @@ func (s *shard) pausedSinceBuild() bool {
 // pausedUntil is when the record's device (OrderKey) and user pauses end,
 // zero when neither is paused.
 func (s *shard) pausedUntil(r *spool.Record) time.Time {
-	thr := s.lr.p.thr
+	p := s.lr.p
+	thr := p.thr
+	if p.fl != nil && p.fl.pauses != nil && p.fl.pauses.AnyPaused() {
+		return s.pausedUntilFleet(r) // fleet mode: this relay's pauses and the fleet's
+	}
 	if !thr.AnyPaused() { // the common case: no key to build, no lookups
 		return time.Time{}
 	}
@@ -245,6 +249,29 @@ func (s *shard) pausedUntil(r *spool.Record) time.Time {
 		if uu := thr.PausedUntil(s.keybuf); uu.After(u) {
 			u = uu
 		}
+	}
+	return u
+}
+
+// pausedUntilFleet is pausedUntil with the pauses shared by the fleet's
+// relays (issue 22): a 429 seen by the partition's previous owner holds.
+func (s *shard) pausedUntilFleet(r *spool.Record) time.Time {
+	p := s.lr.p
+	u := p.thr.PausedUntil(r.OrderKey)
+	if uu := p.pausedShared(r.OrderKey); uu.After(u) {
+		u = uu
+	}
+	if len(r.UserID) > 0 {
+		s.keybuf = append(append(s.keybuf[:0], userPrefix...), r.UserID...)
+		if uu := p.thr.PausedUntil(s.keybuf); uu.After(u) {
+			u = uu
+		}
+		if uu := p.pausedShared(s.keybuf); uu.After(u) {
+			u = uu
+		}
+	}
+	if !u.After(time.Now()) {
+		return time.Time{}
 	}
 	return u
 }
@@ -421,7 +448,8 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 				}
 			}
 			if len(res.QuotaDevices) > 0 {
-				p.thr.PauseUntilNextDay(prefixed(devicePrefix, res.QuotaDevices))
+				keys := prefixed(devicePrefix, res.QuotaDevices)
+				p.sharePauses(ctx, keys, p.thr.PauseUntilNextDay(keys))
 			}
 		}
 		until := now.Add(cfg.ThrottlePause)
@@ -441,6 +469,7 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 			// Paused, then paced (the share tells the pacing how many of
 			// the key's events the refused request carried).
 			p.thr.Refused(s.shares(pause), until, res.EPSThreshold)
+			p.sharePauses(ctx, pause, until)
 		}
 		progress := len(reasons) > 0
 		if !progress {
@@ -581,7 +610,7 @@ func (s *shard) flushDead(ctx, drainCtx context.Context, answer []byte) bool {
 		}
 		dls[i] = spool.DeadLetter{Lane: s.lr.key, Reason: d.reason, Answer: ans, Accepted: d.it.ck.accepted, Died: now, Record: d.it.rec}
 	}
-	err := delivery.FlushDead(drainCtx, p.sp, dls, func(err error) {
+	err := delivery.FlushDead(drainCtx, p.dead, dls, func(err error) {
 		p.log.Error("store dead letters failed; retrying", zap.String("lane", s.lr.label), zap.Error(err))
 	})
 	if err != nil {

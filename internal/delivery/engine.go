@@ -246,7 +246,15 @@ func (e *Engine[R]) ResumeLane(laneID uint64) error {
 // deliverer's collector may be checked (describe its descriptor): the
 // others share the family unchecked.
 func (e *Engine[R]) StoppedCollector(checked bool) prometheus.Collector {
-	return &stoppedCollector{status: e.LaneStatus, desc: NewLaneStoppedDesc(), checked: checked}
+	return NewStoppedCollector(e.LaneStatus, checked)
+}
+
+// NewStoppedCollector returns a relay_lane_stopped{lane} collector made at
+// scrape time from status (for a deliverer without an Engine: the fleet's
+// partitions; issue 22). status must take no lock held across a call out
+// of its package, and its labels must be unique.
+func NewStoppedCollector(status func() []LaneStatus, checked bool) prometheus.Collector {
+	return &stoppedCollector{status: status, desc: NewLaneStoppedDesc(), checked: checked}
 }
 
 // NewLaneStoppedDesc describes relay_lane_stopped{lane}, 1 while a lane

@@ -98,7 +98,8 @@ func (f *Fleet) ListDead(ctx context.Context, filter spool.DeadFilter, after uin
 			Reason: d.Reason, Answer: d.Answer, Accepted: d.Accepted, Died: d.Died,
 			Record: spool.Record{OrderKey: d.OrderKey, UserID: d.UserID, Data: d.Data},
 		}
-		if (filter.Lane != nil && dl.Lane != *filter.Lane) || (filter.Reason != "" && dl.Reason != filter.Reason) {
+		if (filter.Lane != nil && dl.Lane != *filter.Lane) || (filter.Reason != "" && dl.Reason != filter.Reason) ||
+			(filter.Label != "" && spool.LabelOf(dl.Lane) != filter.Label) {
 			continue
 		}
 		out = append(out, dl)
@@ -122,4 +123,13 @@ func (f *Fleet) DeleteDead(ctx context.Context, ids []uint64) error {
 		return fmt.Errorf("fleet: delete dead letter %d: %w", id, unavailable(err))
 	}
 	return nil
+}
+
+// DeadCount is the number of dead letters stored (every relay's).
+func (f *Fleet) DeadCount(ctx context.Context) (int64, error) {
+	info, err := f.dead.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("fleet: count dead letters: %w", unavailable(err))
+	}
+	return int64(info.State.Msgs), nil
 }

@@ -241,11 +241,13 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config, log *zap.Logger, reg p
 	}
 	f := &Fleet{cfg: cfg, n: names{cfg.Namespace}, nc: nc, js: js, m: m, log: log.With(zap.String("relay", cfg.Name))}
 	for _, k := range kinds {
-		if err := f.ensureStream(ctx, k); err != nil {
+		if _, err := retrySetup(ctx, f.log, func(ctx context.Context) (struct{}, error) {
+			return struct{}{}, f.ensureStream(ctx, k)
+		}); err != nil {
 			return nil, err
 		}
 	}
-	f.dead, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	deadCfg := jetstream.StreamConfig{
 		Name:       f.n.deadStream(),
 		Subjects:   []string{f.n.deadAll()},
 		Retention:  jetstream.LimitsPolicy,
@@ -253,26 +255,44 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config, log *zap.Logger, reg p
 		Replicas:   cfg.Replicas,
 		Duplicates: cfg.DedupWindow,
 		Discard:    jetstream.DiscardOld,
+	}
+	f.dead, err = retrySetup(ctx, f.log, func(ctx context.Context) (jetstream.Stream, error) {
+		if _, err := js.Stream(ctx, deadCfg.Name); errors.Is(err, jetstream.ErrStreamNotFound) {
+			return js.CreateStream(ctx, deadCfg)
+		}
+		return js.UpdateStream(ctx, deadCfg)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("fleet: dead-letter stream: %w", unavailable(err))
 	}
-	f.kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	fleetKV := jetstream.KeyValueConfig{
 		Bucket:   f.n.fleetBucket(),
 		History:  1,
 		TTL:      cfg.LeaseTTL,
 		Storage:  jetstream.FileStorage,
 		Replicas: cfg.Replicas,
+	}
+	f.kv, err = retrySetup(ctx, f.log, func(ctx context.Context) (jetstream.KeyValue, error) {
+		if _, err := js.KeyValue(ctx, fleetKV.Bucket); errors.Is(err, jetstream.ErrBucketNotFound) {
+			return js.CreateKeyValue(ctx, fleetKV)
+		}
+		return js.UpdateKeyValue(ctx, fleetKV)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("fleet: membership bucket: %w", unavailable(err))
 	}
-	pkv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	pauseKV := jetstream.KeyValueConfig{
 		Bucket:         f.n.pauseBucket(),
 		History:        1,
 		Storage:        jetstream.FileStorage,
 		Replicas:       cfg.Replicas,
 		LimitMarkerTTL: time.Minute,
+	}
+	pkv, err := retrySetup(ctx, f.log, func(ctx context.Context) (jetstream.KeyValue, error) {
+		if _, err := js.KeyValue(ctx, pauseKV.Bucket); errors.Is(err, jetstream.ErrBucketNotFound) {
+			return js.CreateKeyValue(ctx, pauseKV)
+		}
+		return js.UpdateKeyValue(ctx, pauseKV)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("fleet: pause bucket: %w", unavailable(err))
@@ -281,6 +301,43 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config, log *zap.Logger, reg p
 		return nil, err
 	}
 	return f, nil
+}
+
+// setupAttempt bounds one create-or-update of Open. Two relays creating the
+// same stream or bucket at once on a fresh cluster (a Deployment's first
+// rollout) left the client's CreateOrUpdate (an update, then a create)
+// unanswered on both: they waited out Open's whole context on the
+// dead-letter stream. Open now looks the stream or bucket up first and
+// creates it only when missing (as ensureStream does), and each attempt is
+// bounded and retried (the next one finds what the other relay created).
+// The first attempt gets setupAttempt, each retry twice the last, up to
+// 4×setupAttempt.
+const setupAttempt = 2 * time.Second
+
+// retrySetup calls create with a bounded context (see setupAttempt) until it
+// succeeds, fails otherwise than by a time-out or a name taken meanwhile, or
+// ctx ends.
+func retrySetup[T any](ctx context.Context, log *zap.Logger, create func(context.Context) (T, error)) (T, error) {
+	for attempt := setupAttempt; ; attempt = min(2*attempt, 4*setupAttempt) {
+		actx, cancel := context.WithTimeout(ctx, attempt)
+		v, err := create(actx)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return v, err
+		}
+		var apiErr *jetstream.APIError
+		taken := errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) || errors.Is(err, jetstream.ErrBucketExists) ||
+			(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamNameInUse)
+		if !taken && !errors.Is(err, context.DeadlineExceeded) && !retryable(err) {
+			return v, err
+		}
+		log.Info("creating the fleet's streams: retrying", zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return v, err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // ensureStream creates the lane kind's stream or checks that the existing

@@ -35,6 +35,7 @@ func TestFleet(t *testing.T) {
 	t.Run("AppendReadAck", env.testAppendReadAck)
 	// Before the cases that kill nodes: the suite needs every node up.
 	t.Run("Conformance", env.testConformance)
+	t.Run("ConcurrentOpen", env.testConcurrentOpen)
 	t.Run("Metrics", env.testMetrics)
 	t.Run("AllOrNothing", env.testAllOrNothing)
 	t.Run("Dedup", env.testDedup)
@@ -1059,4 +1060,28 @@ func (e *testEnv) testNoQuorum(t *testing.T) {
 	waitFor(t, 30*time.Second, "appends succeed again", func() bool {
 		return f.Append(ctx, Request{Lane: lane, Records: two}) == nil
 	})
+}
+
+// testConcurrentOpen: two relays opening a fresh namespace at the same
+// moment (a Deployment's first rollout) both create the streams and
+// buckets, racing, and both open. Before retrySetup, both waited out
+// their whole context on the dead-letter stream, every time.
+func (e *testEnv) testConcurrentOpen(t *testing.T) {
+	ns := e.namespace()
+	var wg sync.WaitGroup
+	for i := range 2 {
+		nc := e.connect(t)
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			t0 := time.Now()
+			f, err := Open(ctx, nc, Config{Namespace: ns, Partitions: 4}, nil, nil)
+			if err != nil {
+				t.Errorf("relay %d: Open after %v: %v", i, time.Since(t0).Round(time.Millisecond), err)
+				return
+			}
+			f.Close()
+		})
+	}
+	wg.Wait()
 }

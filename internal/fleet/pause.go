@@ -197,3 +197,12 @@ func (p *pauses) set(k string, t time.Time) {
 		p.until[k] = t
 	}
 }
+
+// AnyPaused reports whether some key may be paused (a pause is known to
+// this relay, expired or not): when false, PausedUntil is zero for every
+// key, and the caller may skip building keys.
+func (f *Fleet) AnyPaused() bool {
+	f.pause.mu.Lock()
+	defer f.pause.mu.Unlock()
+	return len(f.pause.until) > 0
+}

@@ -56,6 +56,9 @@ func (b *Backend) DeleteDead(ctx context.Context, ids []uint64) error {
 	return b.f.DeleteDead(ctx, ids)
 }
 
+// DeadCount is Fleet.DeadCount.
+func (b *Backend) DeadCount(ctx context.Context) (int64, error) { return b.f.DeadCount(ctx) }
+
 // Close is Fleet.Close (the connection stays open).
 func (b *Backend) Close() error { return b.f.Close() }
 
@@ -67,6 +70,9 @@ type partitionReader struct {
 	mu  sync.Mutex
 	out map[uint64]*Message // by Seq, read and not acknowledged
 }
+
+// Name is the partition's name, e.g. "events-3" (labels and logs).
+func (r *partitionReader) Name() string { return slot{r.p.kind, r.p.id}.label() }
 
 func (r *partitionReader) Next(ctx context.Context) (*storage.Message, error) {
 	m, err := r.p.Next(ctx)

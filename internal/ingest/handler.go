@@ -181,6 +181,10 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 		return
 	}
 
+	if s.store != nil { // fleet mode (issue 22)
+		s.appendStore(ctx, p, st, len(raw), len(body))
+		return
+	}
 	lane, err := s.lane(st)
 	if err != nil {
 		s.spoolFailed(ctx, p, err, n, nil)

@@ -18,6 +18,7 @@ import (
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/graceful"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -78,6 +79,13 @@ type Config struct {
 	// MaxConnectionsPerClient does not bound (the relay gives loopback: its
 	// own host's processes, a local reverse proxy, a load test).
 	UnboundedPeers []netip.Prefix
+
+	// Issue 22: fleet mode.
+
+	// Store, when not nil, is where accepted events go instead of the
+	// spool (fleet mode: the NATS JetStream streams): each request is one
+	// Append with a fresh id, answered 200 only once Append returned nil.
+	Store storage.Appender
 }
 
 // Defaults of Config.
@@ -210,6 +218,8 @@ type Server struct {
 
 	testHook func(*fasthttp.RequestCtx) // tests only: called before the spool append
 
+	store *storeIDs // fleet mode (Config.Store): request ids
+
 	open // issue 23: CORS, api_key allow-list, client rate limit
 }
 
@@ -255,6 +265,11 @@ func New(cfg Config, sp *spool.Spool, ids *event.IDGen, log *zap.Logger, reg pro
 		conns:     conns,
 		perClient: newClientConns(cfg.MaxConnectionsPerClient, append(slices.Clip(cfg.TrustedProxies), cfg.UnboundedPeers...)),
 		lanes:     make(map[string]*spool.Lane),
+	}
+	if cfg.Store != nil {
+		if s.store, err = newStoreIDs(); err != nil {
+			return nil, err
+		}
 	}
 	// The body limit fasthttp enforces while reading. A gzip body never
 	// exceeds its inflated size by more than its headers and 5 bytes per 64

@@ -1,0 +1,425 @@
+package main
+
+// Relay mode (-relays 1,2,3): the whole path, process by process. For each
+// relay count N and each spool (-spools fleet,local) it starts N relay
+// processes (built from ./cmd/relay) delivering to a counting sink
+// (bench/sink); for the fleet, a fresh 3-node cluster of nats-server
+// processes (built at go.mod's version, sync_interval always with
+// -sync-always) that the relays share with --spool nats://...; for local,
+// each relay its own --data-dir spool. A closed-loop load of -conns
+// connections, spread round-robin over the relays, posts -events events of
+// about -event-bytes each (device ids from -devices) for -warmup, then
+// -duration measured. It reports, per run: accepted events/s and request
+// body MB/s (10^6 bytes), accept latency (p50, p99: the time to a 200),
+// and CPU seconds per million accepted events of the relays and of the
+// NATS servers (utime+stime from /proc/PID/stat over the measured window,
+// delivery included). Everything binds 127.0.0.1.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/svcrelay/relay/bench/hist"
+)
+
+type relayOpts struct {
+	relays     []int
+	spools     []string
+	conns      int
+	warmup     time.Duration
+	duration   time.Duration
+	events     int
+	eventBytes int
+	devices    int
+	keys       int
+	partitions int
+	syncAlways bool
+	keep       bool
+}
+
+// tool is a built binary.
+type tools struct{ relay, nats, sink, dir string }
+
+func build(dir string) (tools, error) {
+	t := tools{relay: filepath.Join(dir, "relay"), nats: filepath.Join(dir, "nats-server"), sink: filepath.Join(dir, "sink"), dir: dir}
+	for _, b := range [][2]string{
+		{t.relay, "github.com/svcrelay/relay/cmd/relay"},
+		{t.nats, "github.com/nats-io/nats-server/v2"},
+		{t.sink, "github.com/svcrelay/relay/bench/sink"},
+	} {
+		if out, err := exec.Command("go", "build", "-o", b[0], b[1]).CombinedOutput(); err != nil {
+			return t, fmt.Errorf("go build %s: %v\n%s", b[1], err, out)
+		}
+	}
+	return t, nil
+}
+
+// proc is a started process, killed by stop.
+type proc struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func startProc(bin, logPath string, args ...string) (*proc, error) {
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, err
+	}
+	p := &proc{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		cmd.Wait()
+		logf.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+func (p *proc) stop() {
+	p.cmd.Process.Kill()
+	<-p.done
+}
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// cpuTicks is the process's utime+stime in clock ticks (USER_HZ, 100 on
+// Linux).
+func (p *proc) cpuTicks() int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the command name (which may hold spaces) in parentheses.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	s, _ := strconv.ParseInt(f[12], 10, 64)
+	return u + s
+}
+
+const userHZ = 100
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// waitOK polls url until 200 or the deadline.
+func waitOK(url string, within time.Duration, p *proc) error {
+	hc := &http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		if p != nil && p.exited() {
+			return fmt.Errorf("%s: the process exited", url)
+		}
+		if resp, err := hc.Get(url); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("%s: not 200 within %v", url, within)
+}
+
+// startNATS starts a 3-node cluster under dir and returns its processes and
+// the --spool URL.
+func startNATS(t tools, dir string, syncAlways bool) ([]*proc, string, error) {
+	var ports [9]int
+	for i := range ports {
+		p, err := freePort()
+		if err != nil {
+			return nil, "", err
+		}
+		ports[i] = p
+	}
+	var routes, hosts []string
+	for i := range 3 {
+		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", ports[3*i+1]))
+		hosts = append(hosts, fmt.Sprintf("127.0.0.1:%d", ports[3*i]))
+	}
+	sync := ""
+	if syncAlways {
+		sync = "sync_interval: always"
+	}
+	var procs []*proc
+	for i := range 3 {
+		conf := fmt.Sprintf("server_name: n%d\nlisten: 127.0.0.1:%d\nhttp: 127.0.0.1:%d\njetstream { store_dir: %q\n%s }\ncluster { name: bench, listen: 127.0.0.1:%d, routes: [%s] }\n",
+			i+1, ports[3*i], ports[3*i+2], filepath.Join(dir, fmt.Sprintf("n%d", i+1)), sync, ports[3*i+1], strings.Join(routes, ", "))
+		path := filepath.Join(dir, fmt.Sprintf("n%d.conf", i+1))
+		if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+			return procs, "", err
+		}
+		p, err := startProc(t.nats, filepath.Join(dir, fmt.Sprintf("n%d.log", i+1)), "-c", path)
+		if err != nil {
+			return procs, "", err
+		}
+		procs = append(procs, p)
+	}
+	for i, p := range procs {
+		if err := waitOK(fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[3*i+2]), 60*time.Second, p); err != nil {
+			return procs, "", err
+		}
+	}
+	return procs, "nats://" + strings.Join(hosts, ","), nil
+}
+
+// runRelays runs every (spool, relay count) of o and prints a table.
+func runRelays(o relayOpts) error {
+	dir, err := os.MkdirTemp("", "bench-fleet-relays-")
+	if err != nil {
+		return err
+	}
+	if !o.keep {
+		defer os.RemoveAll(dir)
+	} else {
+		fmt.Println("logs and stores kept in", dir)
+	}
+	t, err := build(dir)
+	if err != nil {
+		return err
+	}
+	sinkAddrFile := filepath.Join(dir, "sink.addr")
+	sink, err := startProc(t.sink, filepath.Join(dir, "sink.log"), "-lag=false", "-addr-file", sinkAddrFile)
+	if err != nil {
+		return err
+	}
+	defer sink.stop()
+	var sinkAddr []byte
+	for range 200 {
+		if sinkAddr, err = os.ReadFile(sinkAddrFile); err == nil && len(sinkAddr) > 0 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(sinkAddr) == 0 {
+		return errors.New("sink did not start")
+	}
+	fmt.Printf("load: %d connections, %d events of ~%d B per request, %d device(s) per request out of %d, warm-up %v, measured %v; NATS sync_interval always=%v, P=%d\n\n",
+		o.conns, o.events, o.eventBytes, o.keys, o.devices, o.warmup, o.duration, o.syncAlways, o.partitions)
+	fmt.Println("| spool | relays | events/s | MB/s | accept p50 | accept p99 | relay CPU s/M events | NATS CPU s/M events | errors |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|")
+	for _, spool := range o.spools {
+		for _, n := range o.relays {
+			row, err := runOne(o, t, filepath.Join(dir, fmt.Sprintf("%s-%d", spool, n)), "http://"+string(sinkAddr), spool, n)
+			if err != nil {
+				return fmt.Errorf("%s x %d: %w", spool, n, err)
+			}
+			fmt.Println(row)
+		}
+	}
+	return nil
+}
+
+func runOne(o relayOpts, t tools, dir, sinkURL, spool string, n int) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	var natsProcs []*proc
+	spoolArgs := []string{"--spool", "local"}
+	if spool == "fleet" {
+		procs, url, err := startNATS(t, dir, o.syncAlways)
+		natsProcs = procs
+		defer func() {
+			for _, p := range natsProcs {
+				p.stop()
+			}
+		}()
+		if err != nil {
+			return "", err
+		}
+		spoolArgs = []string{"--spool", url, "--spool-partitions", strconv.Itoa(o.partitions)}
+	}
+	var relays []*proc
+	var listens, admins []string
+	defer func() {
+		for _, p := range relays {
+			p.stop()
+		}
+	}()
+	for i := range n {
+		lp, err := freePort()
+		if err != nil {
+			return "", err
+		}
+		ap, err := freePort()
+		if err != nil {
+			return "", err
+		}
+		listen, admin := fmt.Sprintf("127.0.0.1:%d", lp), fmt.Sprintf("127.0.0.1:%d", ap)
+		args := append([]string{"--listen", listen, "--admin-listen", admin, "--ingest-url", sinkURL,
+			"--data-dir", filepath.Join(dir, fmt.Sprintf("relay%d", i)), "--spool-min-free-bytes", "0",
+			"--log-format", "json", "--log-level", "warn"}, spoolArgs...)
+		p, err := startProc(t.relay, filepath.Join(dir, fmt.Sprintf("relay%d.log", i)), args...)
+		if err != nil {
+			return "", err
+		}
+		relays = append(relays, p)
+		// One at a time: the first creates the fleet's streams.
+		if err := waitOK("http://"+listen+"/healthz", 90*time.Second, p); err != nil {
+			return "", err
+		}
+		listens, admins = append(listens, listen), append(admins, admin)
+	}
+	if spool == "fleet" {
+		if err := waitSpread(admins, 3*o.partitions, 60*time.Second); err != nil {
+			return "", err
+		}
+	}
+
+	var (
+		measuring atomic.Bool
+		accepted  atomic.Int64
+		bodyBytes atomic.Int64
+		errs      atomic.Int64
+		mu        sync.Mutex
+		lat       hist.Hist
+	)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for c := range o.conns {
+		wg.Go(func() {
+			hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
+			target := "http://" + listens[c%len(listens)] + "/2/httpapi"
+			var h hist.Hist
+			for k := 0; ctx.Err() == nil; k++ {
+				body := requestBody(o, c, k)
+				t0 := time.Now()
+				resp, err := hc.Post(target, "application/json", bytes.NewReader(body))
+				ok := false
+				if err == nil {
+					var b bytes.Buffer
+					b.ReadFrom(resp.Body)
+					resp.Body.Close()
+					ok = resp.StatusCode == 200 && bytes.Contains(b.Bytes(), []byte(`"code":200`))
+				}
+				if !measuring.Load() {
+					continue
+				}
+				if !ok {
+					errs.Add(1)
+					continue
+				}
+				h.Record(uint64(time.Since(t0).Microseconds()))
+				accepted.Add(int64(o.events))
+				bodyBytes.Add(int64(len(body)))
+			}
+			mu.Lock()
+			lat.Merge(&h)
+			mu.Unlock()
+		})
+	}
+	time.Sleep(o.warmup) // load before the measured window, not synchronisation
+	ticks := func(ps []*proc) (s int64) {
+		for _, p := range ps {
+			s += p.cpuTicks()
+		}
+		return s
+	}
+	r0, n0 := ticks(relays), ticks(natsProcs)
+	measuring.Store(true)
+	t0 := time.Now()
+	time.Sleep(o.duration)
+	measuring.Store(false)
+	el := time.Since(t0).Seconds()
+	r1, n1 := ticks(relays), ticks(natsProcs)
+	cancel()
+	wg.Wait()
+
+	evs := float64(accepted.Load())
+	perM := func(d int64) string {
+		if evs == 0 || d == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.2f", float64(d)/userHZ/(evs/1e6))
+	}
+	return fmt.Sprintf("| %s | %d | %.0f | %.1f | %s | %s | %s | %s | %d |", spool, n, evs/el, float64(bodyBytes.Load())/el/1e6,
+		us(lat.Quantile(0.5)), us(lat.Quantile(0.99)), perM(r1-r0), perM(n1-n0), errs.Load()), nil
+}
+
+// requestBody is connection c's k-th request: o.events events of o.keys
+// devices (1: an SDK's request) out of o.devices, padded to about
+// o.eventBytes.
+func requestBody(o relayOpts, c, k int) []byte {
+	var b bytes.Buffer
+	pad := strings.Repeat("x", max(o.eventBytes-110, 0))
+	b.WriteString(`{"api_key":"bench-fleet","events":[`)
+	for i := range o.events {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		dev := (c*7919 + k*o.keys + i%o.keys) % o.devices
+		fmt.Fprintf(&b, `{"event_type":"bench","device_id":"device-%06d","event_properties":{"n":%d,"p":"%s"}}`, dev, k, pad)
+	}
+	b.WriteString("]}")
+	return b.Bytes()
+}
+
+// waitSpread waits until the relays own want partitions between them, each
+// some.
+func waitSpread(admins []string, want int, within time.Duration) error {
+	hc := &http.Client{Timeout: 2 * time.Second}
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		sum, each := 0, true
+		for _, a := range admins {
+			v := scrape(hc, "http://"+a+"/metrics", "relay_fleet_partitions_owned")
+			sum += v
+			each = each && v > 0
+		}
+		if sum == want && each {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("partitions not spread over %d relays within %v", len(admins), within)
+}
+
+// scrape reads an unlabelled gauge's value (0 when absent).
+func scrape(hc *http.Client, url, name string) int {
+	resp, err := hc.Get(url)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	b.ReadFrom(resp.Body)
+	for line := range strings.SplitSeq(b.String(), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return int(f)
+		}
+	}
+	return 0
+}

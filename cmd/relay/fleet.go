@@ -1,0 +1,71 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/svcrelay/relay/internal/config"
+	"github.com/svcrelay/relay/internal/fleet"
+)
+
+// fleetStore is fleet mode's store (--spool nats://..., issue 22): the
+// connection to the NATS JetStream cluster and the fleet on it. Events go
+// through it (ingest appends, the batcher delivers the partitions this relay
+// owns, dead letters and pauses are the fleet's); group identifies and user
+// mappings stay on the local spool in --data-dir.
+type fleetStore struct {
+	nc *nats.Conn
+	f  *fleet.Fleet
+	b  *fleet.Backend
+}
+
+// openFleetTimeout bounds connecting and creating or checking the streams.
+const openFleetTimeout = 30 * time.Second
+
+// openFleet connects to cfg's cluster and opens the fleet. Server URLs are
+// never logged (they may hold a password).
+func openFleet(cfg config.Config, log *zap.Logger, reg prometheus.Registerer) (*fleetStore, error) {
+	nc, err := fleet.Dial(fleet.ConnConfig{
+		Servers:     cfg.SpoolNATS,
+		Name:        "relay",
+		CredsFile:   cfg.NATSCreds,
+		TLSCAFile:   cfg.NATSTLSCA,
+		TLSCertFile: cfg.NATSTLSCert,
+		TLSKeyFile:  cfg.NATSTLSKey,
+	}, log.Named("nats"))
+	if err != nil {
+		return nil, fmt.Errorf("--spool nats://: connect: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), openFleetTimeout)
+	defer cancel()
+	f, err := fleet.Open(ctx, nc, fleet.Config{Partitions: cfg.SpoolPartitions}, log.Named("fleet"), reg)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("--spool nats://: open the fleet's streams: %w", err)
+	}
+	log.Info("fleet mode: events are spooled on the NATS JetStream cluster",
+		zap.String("member", f.Name()), zap.Int("partitions", f.Partitions()))
+	return &fleetStore{nc: nc, f: f, b: f.Backend()}, nil
+}
+
+// ready is nil while the connection is up.
+func (fs *fleetStore) ready() error {
+	if !fs.nc.IsConnected() {
+		return errors.New("not connected to the NATS cluster (--spool)")
+	}
+	return nil
+}
+
+// close stops the fleet and closes the connection (after delivery stopped
+// and gave its leases up).
+func (fs *fleetStore) close(context.Context) error {
+	err := fs.f.Close()
+	fs.nc.Close()
+	return err
+}

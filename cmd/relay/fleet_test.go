@@ -1,0 +1,501 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/svcrelay/relay/internal/fleet"
+	"github.com/svcrelay/relay/internal/natstest"
+	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
+)
+
+// Fleet mode end to end (issue 22): a real 3-node JetStream cluster, the
+// simulator as the upstream, and two relays (two serve compositions in this
+// process) sharing the cluster.
+
+// fleetRelay is one relay of the fleet and its NATS connection.
+type fleetRelay struct {
+	*servedRelay
+	nc atomic.Pointer[nats.Conn]
+}
+
+func startFleetRelay(t *testing.T, cl *natstest.Cluster, upstream string, args ...string) *fleetRelay {
+	t.Helper()
+	r := &fleetRelay{}
+	hooks := serveHooks{fleetOpened: func(nc *nats.Conn) { r.nc.Store(nc) }}
+	r.servedRelay = startServeWith(t, hooks, append([]string{
+		"--ingest-url", upstream, "--spool", cl.URL(), "--spool-partitions", "4",
+		"--flush-interval", "20ms", "--max-batch-events", "10",
+	}, args...)...)
+	return r
+}
+
+// kill plays the relay's sudden death: its connection to the cluster is
+// closed, its leases are left to expire, nothing it holds is acknowledged.
+func (r *fleetRelay) kill() { r.nc.Load().Close() }
+
+// postEvents sends events to a relay; it returns the status (0: no answer).
+func postEvents(client *http.Client, url string, body []byte) int {
+	resp, err := client.Post(url+"/2/httpapi", "application/json", bytes.NewReader(body))
+	if err != nil {
+		return 0
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func deviceEvents(apiKey string, dev, from, n int) []byte {
+	var b strings.Builder
+	fmt.Fprintf(&b, `{"api_key":%q,"events":[`, apiKey)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"device_id":"device-%02d","event_type":"t","insert_id":"ins-%02d-%06d"}`, dev, dev, from+i)
+	}
+	b.WriteString("]}")
+	return []byte(b.String())
+}
+
+// TestFleetFailover: load through two relays; one dies abruptly mid-load.
+// Every event answered 200 reaches the upstream, each device's events in
+// order (of first arrival), and nothing but what was sent.
+func TestFleetFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node NATS cluster")
+	}
+	cl := natstest.Start(t, natstest.Config{})
+	up := simtest.New(sim.Config{}, zap.NewNop())
+	upURL, err := up.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { up.Close() })
+	// Requests take a while: each relay has requests in flight and
+	// events read and not yet acknowledged when one dies.
+	up.SetLatency(200 * time.Millisecond)
+
+	a := startFleetRelay(t, cl, upURL)
+	b := startFleetRelay(t, cl, upURL)
+	relays := []*fleetRelay{a, b}
+	var aDead atomic.Bool
+	aName := a.memberName(t)
+
+	const (
+		apiKey   = "fleet-key-1"
+		devices  = 12
+		requests = 30
+		perReq   = 5
+	)
+	client := &http.Client{Timeout: 20 * time.Second}
+	var acked sync.Map // insert_id -> true: answered 200
+	var accepted atomic.Int64
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(90 * time.Second)
+	for dev := range devices {
+		wg.Go(func() {
+			for k := range requests {
+				body := deviceEvents(apiKey, dev, k*perReq, perReq)
+				ok := false
+				for try := 0; try < 60 && time.Now().Before(deadline); try++ {
+					r := relays[(dev+k+try)%2]
+					if r == a && aDead.Load() {
+						r = b
+					}
+					if postEvents(client, r.ingest, body) == http.StatusOK {
+						ok = true
+						break
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+				if !ok {
+					t.Errorf("device %d request %d: no relay accepted it", dev, k)
+					return
+				}
+				for i := range perReq {
+					acked.Store(fmt.Sprintf("ins-%02d-%06d", dev, k*perReq+i), true)
+				}
+				accepted.Add(perReq)
+			}
+		})
+	}
+	// Kill A a third of the way in, while both deliver.
+	for accepted.Load() < devices*requests*perReq/3 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	// A holds events partitions (it took its share when B joined).
+	if !slices.Contains(eventsOwners(t, cl), aName) {
+		t.Fatalf("relay A holds no events partition: %q", eventsOwners(t, cl))
+	}
+	aDead.Store(true)
+	a.kill()
+	t.Logf("relay A killed after %d events accepted", accepted.Load())
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+
+	// Everything acknowledged arrives (B takes A's partitions over after
+	// the lease time-out, about 8 s).
+	var got []sim.Ingested
+	want := 0
+	acked.Range(func(any, any) bool { want++; return true })
+	for range 600 { // 60 s
+		got = up.Events(apiKey)
+		if distinct(got) >= want {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	seen := map[string]bool{}
+	last := map[string]int{}
+	for _, e := range got {
+		if _, ok := acked.Load(e.InsertID); !ok {
+			t.Errorf("upstream got %q, never answered 200 (or never sent)", e.InsertID)
+			continue
+		}
+		if seen[e.InsertID] {
+			continue // a re-send of the same insert_id
+		}
+		seen[e.InsertID] = true
+		n, _ := strconv.Atoi(e.InsertID[len("ins-00-"):])
+		if p, ok := last[e.DeviceID]; ok && n < p {
+			t.Errorf("device %s: event %d arrived after %d", e.DeviceID, n, p)
+		}
+		last[e.DeviceID] = n
+	}
+	lost := 0
+	acked.Range(func(k, _ any) bool {
+		if !seen[k.(string)] {
+			lost++
+			if lost <= 5 {
+				t.Errorf("acknowledged event %s never reached the upstream", k)
+			}
+		}
+		return true
+	})
+	t.Logf("accepted %d events, upstream got %d (%d distinct), lost %d", want, len(got), len(seen), lost)
+	if lost > 0 {
+		t.Fatalf("%d acknowledged events lost", lost)
+	}
+}
+
+func distinct(evs []sim.Ingested) int {
+	m := make(map[string]bool, len(evs))
+	for _, e := range evs {
+		m[e.InsertID] = true
+	}
+	return len(m)
+}
+
+// partitionOwner returns the member name holding the lease of an events
+// partition (the fleet's KV bucket), "" when none does.
+func partitionOwner(t *testing.T, cl *natstest.Cluster, p int) string {
+	t.Helper()
+	nc, err := nats.Connect(cl.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	kv, err := js.KeyValue(ctx, "RELAY_FLEET")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(ctx, "p.events."+strconv.Itoa(p))
+	if err != nil {
+		return ""
+	}
+	return string(e.Value())
+}
+
+// kvHas reports whether the bucket holds key.
+func kvHas(t *testing.T, cl *natstest.Cluster, bucket, key string) bool {
+	t.Helper()
+	nc, err := nats.Connect(cl.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	kv, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = kv.Get(ctx, key)
+	return err == nil
+}
+
+// memberName is the relay's fleet member name, from its log.
+func (r *fleetRelay) memberName(t *testing.T) string {
+	t.Helper()
+	r.waitLog(t, "fleet mode: events are spooled on the NATS JetStream cluster", 1)
+	return r.logs.FilterMessage("fleet mode: events are spooled on the NATS JetStream cluster").All()[0].ContextMap()["member"].(string)
+}
+
+// TestFleetPauseSurvivesFailover: a device paused by a 429 on the relay
+// that owns its partition is not sent by the relay that takes the
+// partition over when the first dies, until the pause ends.
+func TestFleetPauseSurvivesFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node NATS cluster")
+	}
+	const pause = 20 * time.Second
+	cl := natstest.Start(t, natstest.Config{})
+	up := simtest.New(sim.Config{}, zap.NewNop())
+	upURL, err := up.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { up.Close() })
+	a := startFleetRelay(t, cl, upURL, "--throttle-pause", pause.String())
+	b := startFleetRelay(t, cl, upURL, "--throttle-pause", pause.String())
+	names := map[string]*fleetRelay{a.memberName(t): a, b.memberName(t): b}
+
+	const apiKey, dev = "fleet-key-2", 7
+	part := fleet.PartitionOf([]byte(fmt.Sprintf("d:device-%02d", dev)), 4)
+	var owner, other *fleetRelay
+	for range 300 { // 30 s: both relays hold partitions
+		owner = names[partitionOwner(t, cl, part)]
+		if owner != nil && len(owner.logs.FilterMessage("partition taken").All()) > 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if owner == nil {
+		t.Fatal("no relay owns the device's partition")
+	}
+	other = a
+	if owner == a {
+		other = b
+	}
+	up.Inject(simtest.Fault{Status: 429, Count: 1, PathPrefix: "/2/httpapi",
+		Body: []byte(fmt.Sprintf(`{"code":429,"error":"Too many requests for some devices and users","eps_threshold":10,"throttled_devices":{"device-%02d":40}}`, dev))})
+	if st := postEvents(http.DefaultClient, other.ingest, deviceEvents(apiKey, dev, 0, 3)); st != http.StatusOK {
+		t.Fatalf("ingest answered %d", st)
+	}
+	// The owner sends, gets the 429, pauses the device (here and in the
+	// fleet's bucket); then it dies.
+	var t429 time.Time
+	for range 200 { // 20 s
+		for _, r := range up.Requests() {
+			if r.Status == 429 {
+				t429 = r.Time
+			}
+		}
+		if !t429.IsZero() {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if t429.IsZero() {
+		t.Fatal("the upstream never answered the 429")
+	}
+	// The pause is written to the fleet's bucket right after the answer.
+	pauseKey := base64.RawURLEncoding.EncodeToString([]byte(fmt.Sprintf("d:device-%02d", dev)))
+	for i := 0; !kvHas(t, cl, "RELAY_PAUSES", pauseKey); i++ {
+		if i == 100 {
+			t.Fatal("the pause never reached the fleet's bucket")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	owner.kill()
+	// The other relay takes the partition over (about 8 s) and must hold
+	// the device's events until the pause ends.
+	for time.Since(t429) < pause-2*time.Second {
+		if n := len(up.Events(apiKey)); n > 0 {
+			t.Fatalf("%d events of the paused device sent %v after the 429 (pause %v)", n, time.Since(t429).Round(time.Millisecond), pause)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if owner := partitionOwner(t, cl, part); owner == "" || names[owner] != other {
+		t.Fatalf("partition %d owned by %q, not by the surviving relay", part, owner)
+	}
+	for range 300 { // then they are delivered
+		if len(up.Events(apiKey)) >= 3 {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("the device's events were not delivered after its pause; upstream has %d", len(up.Events(apiKey)))
+}
+
+// TestFleetAdmin: a dead letter made by one relay is listed, replayed and
+// gone through another relay's /relay/v1; lanes and /readyz in fleet mode.
+func TestFleetAdmin(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node NATS cluster")
+	}
+	cl := natstest.Start(t, natstest.Config{})
+	up := simtest.New(sim.Config{}, zap.NewNop())
+	upURL, err := up.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { up.Close() })
+	a := startFleetRelay(t, cl, upURL)
+	b := startFleetRelay(t, cl, upURL)
+	for _, r := range []*fleetRelay{a, b} {
+		for i := 0; ; i++ {
+			if st, _ := getBody(t, r.admin+"/readyz"); st == http.StatusOK {
+				break
+			} else if i == 100 {
+				t.Fatalf("/readyz answered %d", st)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+
+	const apiKey, dev = "fleet-key-3", 4
+	up.Silence(fmt.Sprintf("device-%02d", dev))
+	if st := postEvents(http.DefaultClient, a.ingest, deviceEvents(apiKey, dev, 0, 3)); st != http.StatusOK {
+		t.Fatalf("ingest answered %d", st)
+	}
+	var list struct {
+		DeadLetters []struct {
+			ID     uint64 `json:"id"`
+			Lane   string `json:"lane"`
+			Reason string `json:"reason"`
+		} `json:"dead_letters"`
+		Total int64 `json:"total"`
+	}
+	for i := 0; ; i++ { // listed by B, whichever relay made them
+		_, body := getBody(t, b.admin+"/relay/v1/deadletters")
+		if err := json.Unmarshal([]byte(body), &list); err != nil {
+			t.Fatalf("%v: %s", err, body)
+		}
+		if len(list.DeadLetters) == 3 {
+			break
+		}
+		if i == 200 {
+			t.Fatalf("dead letters listed by the other relay: %s", body)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if list.Total != 3 || list.DeadLetters[0].Reason != "silenced" {
+		t.Fatalf("list: %+v", list)
+	}
+	// The lane of the dead letters, by its label, filters.
+	_, body := getBody(t, b.admin+"/relay/v1/deadletters?lane="+list.DeadLetters[0].Lane)
+	if !strings.Contains(body, `"total":3`) || strings.Count(body, `"reason":"silenced"`) != 3 {
+		t.Fatalf("by lane: %s", body)
+	}
+	// Lanes: the relays' runners of the lane (one of them delivered it).
+	_, la := getBody(t, a.admin+"/relay/v1/lanes")
+	_, lb := getBody(t, b.admin+"/relay/v1/lanes")
+	if !strings.Contains(la+lb, list.DeadLetters[0].Lane+"-events-") {
+		t.Fatalf("no runner of lane %s listed:\n%s\n%s", list.DeadLetters[0].Lane, la, lb)
+	}
+
+	up.Unsilence(fmt.Sprintf("device-%02d", dev))
+	resp, err := http.Post(b.admin+"/relay/v1/deadletters/replay", "application/json", strings.NewReader(`{"filter":{}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(rb), `"replayed":3`) {
+		t.Fatalf("replay: %d %s", resp.StatusCode, rb)
+	}
+	for i := 0; len(up.Events(apiKey)) < 3; i++ {
+		if i == 200 {
+			t.Fatalf("replayed events not delivered: upstream has %d", len(up.Events(apiKey)))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	_, body = getBody(t, a.admin+"/relay/v1/deadletters")
+	if !strings.Contains(body, `"dead_letters":[]`) {
+		t.Fatalf("after the replay: %s", body)
+	}
+}
+
+// TestFleetGracefulStop: a relay stopped (SIGTERM) mid-load finishes its
+// requests in flight, then gives its leases up at once (another relay takes
+// over without waiting for them to expire); nothing acknowledged is lost.
+func TestFleetGracefulStop(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node NATS cluster")
+	}
+	cl := natstest.Start(t, natstest.Config{})
+	up := simtest.New(sim.Config{}, zap.NewNop())
+	upURL, err := up.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { up.Close() })
+	up.SetLatency(200 * time.Millisecond)
+	a := startFleetRelay(t, cl, upURL)
+	b := startFleetRelay(t, cl, upURL)
+	aName := a.memberName(t)
+	for i := 0; ; i++ { // A holds some events partitions
+		if slices.Contains(eventsOwners(t, cl), aName) {
+			break
+		}
+		if i == 300 {
+			t.Fatal("relay A holds no events partition")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	const apiKey = "fleet-key-4"
+	want := 0
+	for dev := range 8 {
+		for k := range 5 {
+			if st := postEvents(http.DefaultClient, a.ingest, deviceEvents(apiKey, dev, k*5, 5)); st != http.StatusOK {
+				t.Fatalf("ingest answered %d", st)
+			}
+			want += 5
+		}
+	}
+	if err := a.stop(t); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	if owners := eventsOwners(t, cl); slices.Contains(owners, aName) {
+		t.Fatalf("relay A stopped but still holds leases: %q", owners)
+	}
+	for i := 0; distinct(up.Events(apiKey)) < want; i++ {
+		if i == 300 {
+			t.Fatalf("upstream has %d of %d events", distinct(up.Events(apiKey)), want)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	st := up.Stats()
+	t.Logf("upstream: %d events, %d duplicates; relay B took %d partitions", st.Ingested, st.Duplicates,
+		b.logs.FilterMessage("partition taken").Len())
+}
+
+// eventsOwners returns the lease holders of the 4 events partitions.
+func eventsOwners(t *testing.T, cl *natstest.Cluster) []string {
+	var out []string
+	for p := range 4 {
+		out = append(out, partitionOwner(t, cl, p))
+	}
+	return out
+}

@@ -1,0 +1,153 @@
+package batcher
+
+import (
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/svcrelay/relay/internal/delivery"
+	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
+	"github.com/svcrelay/relay/internal/storage"
+	"github.com/svcrelay/relay/internal/throttle"
+)
+
+// Fleet mode's delivery (NewFleet: partitions handed by a storage.Owner,
+// demultiplexed by lane into feeds) over the local spool behind the seam
+// (storage.Local hands each lane as a queue): the harness's checks (every
+// record delivered or dead-lettered, in order per key, acknowledged) hold
+// as in local mode. The fleet itself is tested in cmd/relay (fleet_test.go).
+
+func newSeamHarness(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle.Config) *harness {
+	t.Helper()
+	h := newHarness(t, simCfg, cfg, thrCfg)
+	h.reg = prometheus.NewRegistry()
+	var err error
+	h.p, err = NewFleet(h.cfg, storage.NewLocal(h.sp, nil), nil, h.send, h.thr, zaptest.NewLogger(t), h.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func TestFleetModeOverSeam(t *testing.T) {
+	t.Run("basic", func(t *testing.T) {
+		h := newSeamHarness(t, sim.Config{}, Config{MaxBatchEvents: 50, MaxBatchBytes: 8000, ShardsPerLane: 3}, throttle.Config{})
+		for range 10 {
+			var evs []ev
+			for _, d := range devs("device-", 20) {
+				evs = append(evs, ev{Device: d, User: "user-" + d})
+			}
+			h.add("key-one", evs...)
+		}
+		h.start()
+		for i := 0; h.p.Ready() != nil; i++ {
+			if i == 500 {
+				t.Fatalf("Ready: %v", h.p.Ready())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		for range 5 { // a queue handed over at run time
+			h.add("key-two", ev{User: "only-user-1"}, ev{Device: "device-x"})
+		}
+		h.waitDrained(20*time.Second, 0)
+		if n := len(h.p.LaneStatus()); n != 2 {
+			t.Errorf("%d runners, want 2: %+v", n, h.p.LaneStatus())
+		}
+		h.stop()
+		if dead := h.check(nil); len(dead) != 0 {
+			t.Fatalf("dead letters: %v", dead)
+		}
+		if got := h.metric("relay_delivery_events_delivered_total"); got != 210 {
+			t.Fatalf("delivered metric %v", got)
+		}
+		if used := h.p.budget.Used(); used != 0 {
+			t.Fatalf("read-ahead %d after the stop", used)
+		}
+	})
+	t.Run("silenced-and-faults", func(t *testing.T) {
+		h := newSeamHarness(t, sim.Config{}, Config{MaxBatchEvents: 10}, throttle.Config{})
+		h.sim.Silence("silent-device")
+		for i := range 40 {
+			h.sim.Inject([]simtest.Fault{{Status: 503}, {}, {Status: 500}, {}}[i%4])
+		}
+		h.start()
+		for range 10 {
+			var evs []ev
+			for _, d := range devs("device-", 10) {
+				evs = append(evs, ev{Device: d}, ev{Device: "silent-device"})
+			}
+			h.add("key", evs...)
+		}
+		h.waitDrained(30*time.Second, 0)
+		h.stop()
+		if dead := h.check(nil); len(dead) != 100 {
+			t.Fatalf("%d dead letters, want the 100 silenced", len(dead))
+		}
+	})
+	t.Run("read-ahead-bounded", func(t *testing.T) {
+		const max = 20_000
+		h := newSeamHarness(t, sim.Config{}, Config{MaxReadAheadBytes: max, ShardsPerLane: 2}, throttle.Config{})
+		h.thr.PauseUntilNextDay([]string{"d:quota-device"})
+		for range 100 {
+			h.add("key", ev{Device: "quota-device", Pad: 200}, ev{Device: "quota-device", Pad: 200})
+		}
+		h.start()
+		time.Sleep(time.Second)
+		var st delivery.LaneStatus
+		for _, s := range h.p.LaneStatus() {
+			st = s
+		}
+		if st.ReadAheadBytes < max || st.ReadAheadBytes > max*5/4 {
+			t.Fatalf("read-ahead %d, want about %d: %+v", st.ReadAheadBytes, max, st)
+		}
+		if st.HeldEvents == 0 || st.HeldEvents >= 200 || len(h.sim.Requests()) != 0 {
+			t.Fatalf("held %d of 200, %d requests", st.HeldEvents, len(h.sim.Requests()))
+		}
+		h.stop()
+		pending := map[string]bool{}
+		for id := range h.appended {
+			pending[id] = true
+		}
+		h.check(pending)
+		h.waitDrained(time.Second, 200)
+	})
+}
+
+// TestFleetRunnersRetire: a fleet-mode lane runner with nothing queued or
+// unacknowledged for feedIdle ends and is forgotten (its goroutines and
+// status go); the lane's next message makes a new one. Fake time.
+func TestFleetRunnersRetire(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newSyncHarness(t, sim.Config{}, Config{}, throttle.Config{})
+		h.reg = prometheus.NewRegistry()
+		var err error
+		h.p, err = NewFleet(h.cfg, storage.NewLocal(h.sp, nil), nil, h.send, h.thr, nil, h.reg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.add("key", ev{Device: "device-1"}, ev{Device: "device-2"})
+		h.start()
+		h.waitDrained(10*time.Second, 0)
+		if n := len(h.p.LaneStatus()); n != 1 {
+			t.Fatalf("%d runners while delivering, want 1", n)
+		}
+		time.Sleep(feedIdle + time.Second)
+		synctest.Wait()
+		if st := h.p.LaneStatus(); len(st) != 0 {
+			t.Fatalf("runners left after %v idle: %+v", feedIdle, st)
+		}
+		h.add("key", ev{Device: "device-1"})
+		h.waitDrained(10*time.Second, 0)
+		if n := len(h.p.LaneStatus()); n != 1 {
+			t.Fatalf("%d runners after new events, want 1", n)
+		}
+		h.stop()
+		if dead := h.check(nil); len(dead) != 0 {
+			t.Fatalf("dead letters: %v", dead)
+		}
+	})
+}

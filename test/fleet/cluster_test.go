@@ -1,0 +1,361 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/svcrelay/relay/test/e2e/harness"
+)
+
+// buildNATSServer builds the real nats-server binary, at the version go.mod
+// pins, into a temp dir: the same binary the README's commands build.
+func buildNATSServer(t *testing.T) string {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = "/usr/local/go/bin/go"
+	}
+	bin := filepath.Join(t.TempDir(), "nats-server")
+	cmd := exec.Command(goBin, "build", "-o", bin, "github.com/nats-io/nats-server/v2")
+	cmd.Dir = harness.ModuleRoot(t)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build nats-server: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// natsCluster is a JetStream cluster of nats-server processes on 127.0.0.1:
+// each node can be killed with SIGKILL and restarted on the same ports
+// with the same store, as a crashed server would be.
+type natsCluster struct {
+	t     *testing.T
+	bin   string
+	nodes []*natsNode
+}
+
+type natsNode struct {
+	name                 string
+	port, route, monitor int
+	conf, log            string
+	p                    *proc // nil before the first start
+}
+
+// freePorts returns n distinct free ports of 127.0.0.1 (bound and closed:
+// another process could take one in the instant after; a node then fails
+// to start and the test says so).
+func freePorts(t *testing.T, n int) []int {
+	t.Helper()
+	ls := make([]net.Listener, 0, n)
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports
+}
+
+// startCluster starts three nodes and waits until the cluster serves
+// JetStream with every node healthy. Cleanup kills every node.
+func startCluster(t *testing.T, bin, dir string) *natsCluster {
+	t.Helper()
+	const n = 3
+	ports := freePorts(t, 3*n)
+	c := &natsCluster{t: t, bin: bin}
+	for i := range n {
+		c.nodes = append(c.nodes, &natsNode{
+			name: fmt.Sprintf("n%d", i+1), port: ports[3*i], route: ports[3*i+1], monitor: ports[3*i+2],
+		})
+	}
+	for i, nd := range c.nodes {
+		var routes []string
+		for j, o := range c.nodes {
+			if j != i {
+				routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", o.route))
+			}
+		}
+		store := filepath.Join(dir, nd.name)
+		nd.conf = filepath.Join(dir, nd.name+".conf")
+		nd.log = filepath.Join(dir, nd.name+".log")
+		conf := fmt.Sprintf(`server_name: %s
+listen: 127.0.0.1:%d
+http: 127.0.0.1:%d
+jetstream {
+  store_dir: %q
+  max_memory_store: 64MB
+  max_file_store: 1GB
+}
+cluster {
+  name: fleettest
+  listen: 127.0.0.1:%d
+  routes: [%s]
+}
+`, nd.name, nd.port, nd.monitor, store, nd.route, strings.Join(routes, ", "))
+		if err := os.WriteFile(nd.conf, []byte(conf), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range c.nodes {
+		c.start(i)
+	}
+	c.WaitReady(60 * time.Second)
+	return c
+}
+
+func (c *natsCluster) start(i int) {
+	c.t.Helper()
+	nd := c.nodes[i]
+	if nd.p.running() {
+		c.t.Fatalf("nats %s: already running", nd.name)
+	}
+	nd.p = startProc(c.t, "nats "+nd.name, c.bin, nd.log, "-c", nd.conf)
+}
+
+// Kill sends SIGKILL to node i and waits (10 s at most) for it to end.
+func (c *natsCluster) Kill(i int) {
+	c.t.Helper()
+	nd := c.nodes[i]
+	if !nd.p.running() {
+		c.t.Fatalf("nats %s: not running", nd.name)
+	}
+	nd.p.kill(c.t)
+}
+
+// Restart starts node i again (same ports, same store) and waits until
+// every running node is healthy.
+func (c *natsCluster) Restart(i int, within time.Duration) {
+	c.t.Helper()
+	c.start(i)
+	c.WaitReady(within)
+}
+
+// URL is the client URL list as --spool takes it.
+func (c *natsCluster) URL() string {
+	hosts := make([]string, len(c.nodes))
+	for i, nd := range c.nodes {
+		hosts[i] = fmt.Sprintf("127.0.0.1:%d", nd.port)
+	}
+	return "nats://" + strings.Join(hosts, ",")
+}
+
+func (c *natsCluster) clientURLs() string {
+	us := make([]string, len(c.nodes))
+	for i, nd := range c.nodes {
+		us[i] = fmt.Sprintf("nats://127.0.0.1:%d", nd.port)
+	}
+	return strings.Join(us, ",")
+}
+
+// WaitReady waits until every running node answers its /healthz 200
+// (nats-server's health check: JetStream enabled, the meta group, its
+// streams and consumers current) and JetStream answers a client (a meta
+// leader exists). It fails the test after within.
+func (c *natsCluster) WaitReady(within time.Duration) {
+	c.t.Helper()
+	deadline := time.Now().Add(within)
+	hc := &http.Client{Timeout: 2 * time.Second}
+	var last string
+	for {
+		last = c.notReady(hc)
+		if last == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("nats cluster not ready within %v: %s\n%s", within, last, c.logTails(3000))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// notReady says why the cluster is not ready; "" when it is.
+func (c *natsCluster) notReady(hc *http.Client) string {
+	for _, nd := range c.nodes {
+		if nd.p == nil {
+			continue
+		}
+		if !nd.p.running() {
+			return fmt.Sprintf("%s exited: %v", nd.name, nd.p.err)
+		}
+		if code := get(hc, fmt.Sprintf("http://127.0.0.1:%d/healthz", nd.monitor)); code != 200 {
+			return fmt.Sprintf("%s: /healthz %d", nd.name, code)
+		}
+	}
+	nc, err := nats.Connect(c.clientURLs(), nats.Timeout(2*time.Second), nats.MaxReconnects(0))
+	if err != nil {
+		return fmt.Sprintf("connect: %v", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err.Error()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := js.AccountInfo(ctx); err != nil {
+		return fmt.Sprintf("jetstream account info: %v", err)
+	}
+	return ""
+}
+
+// StreamLeader returns the index of the node leading stream, -1 when the
+// stream does not exist or has no leader.
+func (c *natsCluster) StreamLeader(stream string) int {
+	c.t.Helper()
+	nc, err := nats.Connect(c.clientURLs(), nats.Timeout(2*time.Second), nats.MaxReconnects(0))
+	if err != nil {
+		return -1
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return -1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return -1
+	}
+	info := s.CachedInfo()
+	if info.Cluster == nil {
+		return -1
+	}
+	for i, nd := range c.nodes {
+		if nd.name == info.Cluster.Leader {
+			return i
+		}
+	}
+	return -1
+}
+
+func (c *natsCluster) logTails(n int) string {
+	var b strings.Builder
+	for _, nd := range c.nodes {
+		data, _ := os.ReadFile(nd.log)
+		if len(data) > n {
+			data = data[len(data)-n:]
+		}
+		fmt.Fprintf(&b, "--- nats %s log tail:\n%s\n", nd.name, data)
+	}
+	return b.String()
+}
+
+// TestNATSClusterKillRestart checks the harness itself: an R3 stream keeps
+// every acknowledged message through a SIGKILL of its leader, takes
+// publishes while that node is down, and the restarted node comes back
+// healthy (caught up) on the same ports and store.
+func TestNATSClusterKillRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts nats-server processes; skipped under -short")
+	}
+	c := startCluster(t, buildNATSServer(t), t.TempDir())
+	nc, err := nats.Connect(c.clientURLs(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "T", Subjects: []string{"t.>"}, Replicas: 3, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
+	acked := 0
+	publish := func(n int) {
+		t.Helper()
+		for i := 0; i < n; {
+			// Retried while the cluster elects a new leader (bounded by ctx).
+			pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+			_, err := js.Publish(pctx, "t.x", fmt.Appendf(nil, "%d", acked), jetstream.WithMsgID(fmt.Sprint(acked)))
+			pcancel()
+			if err != nil {
+				if ctx.Err() != nil {
+					t.Fatalf("publish %d: %v", acked, err)
+				}
+				continue
+			}
+			acked++
+			i++
+		}
+	}
+	publish(50)
+	leader := c.StreamLeader("T")
+	if leader < 0 {
+		t.Fatal("stream T has no leader")
+	}
+	c.Kill(leader)
+	publish(50) // two of three nodes: still a quorum
+	c.Restart(leader, 60*time.Second)
+	publish(10)
+	s, err := js.Stream(ctx, "T")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != uint64(acked) {
+		t.Fatalf("stream holds %d messages, %d were acknowledged", info.State.Msgs, acked)
+	}
+	// The restarted node serves the stream's data: read it through that node alone.
+	nc2, err := nats.Connect(fmt.Sprintf("nats://127.0.0.1:%d", c.nodes[leader].port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc2.Close()
+	js2, _ := jetstream.New(nc2)
+	s2, err := js2.Stream(ctx, "T")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		info2, err := s2.Info(ctx)
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatal(err)
+		}
+		if info2 != nil && info2.Cluster != nil && allCurrent(info2.Cluster) {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("replicas never current after restart: %+v", info2)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("killed and restarted %s (stream leader); %d messages kept", c.nodes[leader].name, acked)
+}
+
+func allCurrent(ci *jetstream.ClusterInfo) bool {
+	if ci.Leader == "" || len(ci.Replicas) != 2 {
+		return false
+	}
+	for _, r := range ci.Replicas {
+		if !r.Current || r.Offline {
+			return false
+		}
+	}
+	return true
+}
