@@ -1,0 +1,102 @@
+package spool
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+	"testing"
+)
+
+// BenchmarkCommit measures the append/commit path as the ingest drives it:
+// appenders (1, or 32 goroutines as 32 connections' handlers) build a chunk
+// of 100 ~490-byte records with AddFunc (as the handler does) and Append
+// it, while a reader goroutine drains the lane and acknowledges every
+// chunk (as the batcher does once delivered). An op is one Append.
+// cpu-ns/op is the process's CPU time (user+system, every goroutine, the
+// kernel's copy and fdatasync work included) per op: on a shared machine it
+// moves far less than ns/op. syscalls are not counted here: see
+// bench/RESULTS.md ("Twelfth session, spool commit path") for strace -c.
+func BenchmarkCommit(b *testing.B) {
+	for _, mode := range []struct {
+		name string
+		sync SyncMode
+	}{{"always", SyncAlways}, {"none", SyncNone}} {
+		for _, par := range []int{1, 32} {
+			b.Run(fmt.Sprintf("sync=%s/records=100/appenders=%d", mode.name, par), func(b *testing.B) {
+				benchCommit(b, mode.sync, 100, par)
+			})
+		}
+	}
+}
+
+func benchCommit(b *testing.B, mode SyncMode, per, par int) {
+	s, err := Open(Config{Dir: b.TempDir(), Sync: mode, MinFreeBytes: -1, CompactMinFileBytes: -1}, nil, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	l, err := s.Lane(context.Background(), testKey(1))
+	if err != nil {
+		b.Fatal(err)
+	}
+	recs := make([]Record, per)
+	for i := range recs {
+		recs[i] = benchRecord(i)
+	}
+	size := 0
+	for _, r := range recs {
+		size += len(r.OrderKey) + len(r.UserID) + len(r.Data) + 96
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	drained := make(chan struct{})
+	go func() { // the lane's reader: read, release, acknowledge
+		defer close(drained)
+		var rs []Record
+		for {
+			cs, more, err := l.NextInto(ctx, 1<<20, rs)
+			if err != nil {
+				return
+			}
+			rs = more
+			for _, c := range cs {
+				c.Buffer().Release()
+				s.Ack(l, c.Seq)
+			}
+		}
+	}()
+	defer func() { cancel(); <-drained }()
+	run := func(pb func() bool) {
+		var batch Batch
+		for pb() {
+			batch.Reserve(size) // as the handler does
+			for _, r := range recs {
+				batch.AddFunc(r.OrderKey, r.UserID, len(r.Data)+64, func(dst []byte) []byte { return append(dst, r.Data...) })
+			}
+			if err := s.Append(context.Background(), l, &batch); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	}
+	b.ReportAllocs()
+	cpu0 := processCPU()
+	b.ResetTimer()
+	if par == 1 {
+		n := 0
+		run(func() bool { n++; return n <= b.N })
+	} else {
+		b.SetParallelism((par + 1) / 2) // GOMAXPROCS 2 on the reference machine
+		b.RunParallel(func(pb *testing.PB) { run(pb.Next) })
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op")
+}
+
+// processCPU is the process's CPU time in ns (user+system).
+func processCPU() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Utime.Nano() + ru.Stime.Nano()
+}
