@@ -75,7 +75,7 @@ func New(cfg Config, sp *spool.Spool, send Sender, thr *throttle.Throttle, log *
 		return nil, err
 	}
 	p.sp, p.dead = sp, sp
-	eng, err := delivery.NewEngine(delivery.EngineConfig[*laneRunner]{Kind: spool.KindEvents, DrainTimeout: cfg.DrainTimeout,
+	eng, err := delivery.NewEngine(delivery.EngineConfig[*laneRunner]{Kind: spool.KindEvents, DrainTimeout: p.cfg.DrainTimeout,
 		NewRunner: func(l *spool.Lane) *laneRunner { return newLaneRunner(p, l) }}, sp)
 	if err != nil {
 		return nil, err
