@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/test/e2e/harness"
 	"go.yaml.in/yaml/v3"
 )
@@ -69,12 +70,10 @@ func startRelay(t *testing.T) *relayFixture {
 	if resp.StatusCode != 200 {
 		t.Fatalf("groupidentify: %d", resp.StatusCode)
 	}
-	for range 1500 { // 30s for the event to be delivered (a loaded CI machine)
-		if n, _ := r.Metric("relay_delivery_events_delivered_total"); n >= 1 {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Until(t, "the event delivered", func() bool {
+		n, _ := r.Metric("relay_delivery_events_delivered_total")
+		return n >= 1
+	})
 	f := &relayFixture{bin: bin, relay: r, metrics: map[string]bool{}}
 	resp, err = http.Get("http://" + r.AdminListen + "/metrics")
 	if err != nil {

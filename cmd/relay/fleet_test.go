@@ -474,7 +474,7 @@ func TestFleetGracefulStop(t *testing.T) {
 			want += 5
 		}
 	}
-	if err := a.stop(); err != nil {
+	if err := a.stop(t); err != nil {
 		t.Fatalf("stop: %v", err)
 	}
 	if owners := eventsOwners(t, cl); slices.Contains(owners, aName) {

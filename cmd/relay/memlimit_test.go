@@ -111,7 +111,12 @@ func TestRelayProcessMaxProcs(t *testing.T) {
 	if os.Getenv("GOMAXPROCS") != "" {
 		t.Skip("GOMAXPROCS is set for the test: the child's default is unknown")
 	}
-	want := runtime.GOMAXPROCS(0) // the default, as the child's runtime sets it
+	// The default, as the child's runtime sets it: not this process's
+	// GOMAXPROCS, which go test's -cpu flag sets (with -cpu 1 the test
+	// wanted 1 and failed).
+	prev := runtime.GOMAXPROCS(0)
+	runtime.SetDefaultGOMAXPROCS()
+	want := runtime.GOMAXPROCS(prev)
 	if want == runtime.NumCPU() {
 		want++
 	}

@@ -7,7 +7,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/svcrelay/relay/internal/poll"
 )
 
 func getBody(t *testing.T, url string) (int, string) {
@@ -70,13 +71,10 @@ func TestReadyzQuota(t *testing.T) {
 	}
 	var code int
 	var body string
-	for range 500 { // up to 10s for a delivery attempt to fail
+	poll.Until(t, "a delivery attempt to fail", func() bool {
 		code, body = getBody(t, r.admin+"/readyz")
-		if strings.Contains(body, "upstream: unreachable") {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return strings.Contains(body, "upstream: unreachable")
+	})
 	if code != 503 || !strings.Contains(body, "spool quota reached") || !strings.Contains(body, "upstream: unreachable") {
 		t.Fatalf("/readyz %d %q: want 503 naming the quota, and the upstream unreachable", code, body)
 	}

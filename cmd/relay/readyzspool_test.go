@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/diskfull"
+	"github.com/svcrelay/relay/internal/poll"
 )
 
 // TestReadyzCheckpointsFail: with the disk reserve off (--spool-min-free-bytes
@@ -81,15 +82,10 @@ func TestReadyzCheckpointsFail(t *testing.T) {
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}
-	for range 500 { // up to 10s for a checkpoint to succeed
-		if code, body = getBody(t, r.admin+"/readyz"); code == 200 {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if code != 200 {
-		t.Fatalf("/readyz %d %q 10s after space returned", code, body)
-	}
+	poll.Until(t, "/readyz 200 once space returned", func() bool {
+		code, body = getBody(t, r.admin+"/readyz")
+		return code == 200
+	})
 	if code, body := post(100, 2000); code != 200 {
 		t.Fatalf("ingest %d %s once ready again", code, body)
 	}

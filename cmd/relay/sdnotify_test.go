@@ -38,7 +38,7 @@ func TestSDNotify(t *testing.T) {
 	if code, _ := getBody(t, r.admin+"/readyz"); code != 200 {
 		t.Fatalf("/readyz %d after READY=1", code)
 	}
-	if err := r.stop(); err != nil {
+	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
 	if got := read(); got != "STOPPING=1" {

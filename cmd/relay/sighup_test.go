@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/config"
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/poll"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -19,14 +21,21 @@ import (
 
 // servedRelay is serve running in this process on 127.0.0.1 ports.
 type servedRelay struct {
-	admin  string // http://host:port
-	ingest string
-	logs   *observer.ObservedLogs
-	stop   func() error
+	admin      string // http://host:port
+	ingest     string
+	adminAddr  string // host:port
+	ingestAddr string
+	dir        string // the data directory
+	logs       *observer.ObservedLogs
+
+	cancel  context.CancelFunc
+	done    chan error // serve's result
+	stopped bool       // done was read
 }
 
 // startServe runs serve with args (plus free ports and a temporary data
-// dir) until the test ends.
+// dir, which args may override) until the test ends, and returns once it
+// logged "relay serving" (every listener open, every SIGHUP reloader in).
 func startServe(t *testing.T, args ...string) *servedRelay {
 	t.Helper()
 	return startServeWith(t, serveHooks{}, args...)
@@ -45,52 +54,46 @@ func startServeWith(t *testing.T, hooks serveHooks, args ...string) *servedRelay
 	}
 	core, logs := observer.New(zapcore.DebugLevel)
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- serveWith(ctx, func() {}, cfg, zap.New(core), hooks) }()
-	stopped := false
-	r := &servedRelay{logs: logs, stop: func() error {
-		if stopped {
-			return nil
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			return err
-		case <-time.After(30 * time.Second):
-			t.Fatal("serve did not stop within 30s")
-			return nil
-		}
-	}}
-	t.Cleanup(func() { _ = r.stop() })
-	addr := func(msg string) string {
-		for range 2000 { // 10s
-			for _, e := range logs.FilterMessage(msg).All() {
-				return "http://" + e.ContextMap()["addr"].(string)
-			}
-			select {
-			case err := <-done:
-				t.Fatalf("serve returned early: %v", err)
-			case <-time.After(5 * time.Millisecond):
-			}
-		}
-		t.Fatalf("no %q log line", msg)
-		return ""
-	}
-	r.admin, r.ingest = addr("admin listening"), addr("ingest listening")
+	r := &servedRelay{dir: cfg.DataDir, logs: logs, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- serveWith(ctx, func() {}, cfg, zap.New(core), hooks) }()
+	t.Cleanup(func() { _ = r.stop(t) })
+	r.waitLog(t, "relay serving", 1)
+	addr := func(msg string) string { return logs.FilterMessage(msg).All()[0].ContextMap()["addr"].(string) }
+	r.adminAddr, r.ingestAddr = addr("admin listening"), addr("ingest listening")
+	r.admin, r.ingest = "http://"+r.adminAddr, "http://"+r.ingestAddr
 	return r
 }
 
-// waitLog waits up to 10s for n log lines with message msg.
+// stop cancels serve and returns its result; once stopped, nil.
+func (r *servedRelay) stop(t *testing.T) error {
+	t.Helper()
+	r.cancel()
+	if r.stopped {
+		return nil
+	}
+	r.stopped = true
+	select {
+	case err := <-r.done:
+		return err
+	case <-time.After(poll.Max):
+		t.Fatalf("serve did not stop within %v", poll.Max)
+		return nil
+	}
+}
+
+// waitLog waits for n log lines with message msg; it fails at once if
+// serve returns, and after poll.Max.
 func (r *servedRelay) waitLog(t *testing.T, msg string, n int) {
 	t.Helper()
-	for range 1000 {
-		if r.logs.FilterMessage(msg).Len() >= n {
-			return
+	poll.Until(t, fmt.Sprintf("%d %q log lines", n, msg), func() bool {
+		select {
+		case err := <-r.done:
+			r.stopped = true
+			t.Fatalf("serve returned while waiting for %q: %v", msg, err)
+		default:
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("no %d %q log lines; have %d", n, msg, r.logs.FilterMessage(msg).Len())
+		return r.logs.FilterMessage(msg).Len() >= n
+	})
 }
 
 func getWithToken(t *testing.T, url, token string) int {
@@ -156,7 +159,7 @@ func TestSIGHUPReloads(t *testing.T) {
 	if code := getWithToken(t, lanes, "token-two"); code != 200 {
 		t.Fatalf("token after a bad reload: %d, want the one in force", code)
 	}
-	if err := r.stop(); err != nil {
+	if err := r.stop(t); err != nil {
 		t.Fatalf("serve: %v", err)
 	}
 }

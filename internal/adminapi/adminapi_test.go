@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
+	"github.com/svcrelay/relay/internal/poll"
 )
 
 // start serves s on a real 127.0.0.1 port and returns its base URL.
@@ -333,8 +334,9 @@ func TestShutdownWithSilentConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	release := make(chan struct{})
+	entered, release := make(chan struct{}), make(chan struct{})
 	s.Handle("GET", "/slow", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		close(entered)
 		<-release
 		io.WriteString(w, "done")
 	}))
@@ -344,11 +346,6 @@ func TestShutdownWithSilentConnection(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ln) }()
-	silent, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer silent.Close()
 	base := "http://" + ln.Addr().String()
 	if code, _, _ := get(t, "GET", base+"/healthz"); code != 200 { // leaves an idle keep-alive connection
 		t.Fatal(code)
@@ -364,16 +361,39 @@ func TestShutdownWithSilentConnection(t *testing.T) {
 		resp.Body.Close()
 		slow <- string(b)
 	}()
-	time.Sleep(100 * time.Millisecond) // the slow request is in its handler
-	go func() { time.Sleep(200 * time.Millisecond); close(release) }()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	select {
+	case <-entered:
+	case got := <-slow:
+		t.Fatalf("slow request answered %q before its handler ran", got)
+	case <-time.After(30 * time.Second):
+		t.Fatal("slow request not in its handler after 30 s")
+	}
+	// The silent connection, dialled last so that a slow machine cannot
+	// age it: net/http alone holds Shutdown until a connection that sent
+	// nothing is 5 s old, and Shutdown must end well before that.
+	silent, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	silentHeld := time.Now().Add(5 * time.Second)
+	poll.Until(t, "the silent connection accepted", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.fresh) == 1
+	})
+	// The request is in progress when Shutdown begins, and ends after.
+	go func() {
+		for stop := time.Now().Add(poll.Max); !s.stopping.Load() && time.Now().Before(stop); {
+			time.Sleep(time.Millisecond)
+		}
+		close(release)
+	}()
+	ctx, cancel := context.WithDeadline(context.Background(), silentHeld.Add(-time.Second))
 	defer cancel()
 	t0 := time.Now()
 	if err := s.Shutdown(ctx); err != nil {
-		t.Fatalf("shutdown: %v after %v", err, time.Since(t0))
-	}
-	if d := time.Since(t0); d > 2*time.Second {
-		t.Fatalf("shutdown took %v", d)
+		t.Fatalf("shutdown: %v after %v (a silent connection held it?)", err, time.Since(t0))
 	}
 	if got := <-slow; got != "done" {
 		t.Fatalf("request in progress: %q", got)

@@ -347,8 +347,10 @@ func TestLargeChunksStayInBudget(t *testing.T) {
 		inuse := heap()
 		t.Logf("%s: read-ahead %d bytes, heap in use %d MiB (%d MiB before delivery started)", when, h.p.budget.Used(), inuse>>20, base>>20)
 		// The chunks are ~50 MB; holding one each (as before) would grow
-		// the heap by that much.
-		if inuse > base+16<<20 {
+		// the heap by that much. The bound is half of it: a GC sample on a
+		// loaded machine (the spool's buffers, the sim's, the pools) moved
+		// by more than 16 MiB once in four runs under load.
+		if inuse > base+25<<20 {
 			t.Errorf("%s: heap in use %d MiB, %d MiB before: the chunks are held", when, inuse>>20, base>>20)
 		}
 	}

@@ -303,8 +303,8 @@ func (s *shard) build(now time.Time) []byte {
 	s.body = append(s.body[:0], s.lr.prefix...)
 	for s.ready.len() > 0 && len(s.batch) < capE {
 		it := s.ready.peek() // valid until the next pop
-		if now.Sub(it.ck.accepted) >= cfg.MaxEventAge {
-			s.dead = append(s.dead, deadItem{s.ready.pop(), "expired"})
+		if delivery.Expired(now, it.ck.accepted, cfg.MaxEventAge) {
+			s.dead = append(s.dead, deadItem{s.ready.pop(), delivery.ReasonExpired})
 			continue
 		}
 		if h := s.held[string(it.rec.OrderKey)]; h != nil {
@@ -409,14 +409,15 @@ next:
 	}
 }
 
-// handle decides what an answer means for the batch (the contract's
-// Delivery section). It returns false when the shard must exit.
+// handle acts on what an answer means for the batch (delivery.Classify: the
+// contract's Delivery section; 429 and silenced answers pause and pace keys
+// here). It returns false when the shard must exit.
 func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool {
 	p := s.lr.p
 	cfg := p.cfg
 	n := len(s.batch)
-	switch res.Kind {
-	case upstream.OK:
+	switch v := delivery.Classify(&res, n); v.Outcome {
+	case delivery.Delivered:
 		s.lr.done(s.batch)
 		p.m.delivered.Add(float64(n))
 		s.bo.Reset()
@@ -429,7 +430,7 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 		p.thr.Admitted(s.pacedKeys)
 		return true
 
-	case upstream.Throttled, upstream.Silenced:
+	case delivery.Throttled:
 		now := time.Now()
 		reasons := map[int]string{}
 		if res.Kind == upstream.Silenced {
@@ -486,34 +487,18 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 		}
 		return s.dropAndResend(ctx, drainCtx, reasons, res)
 
-	case upstream.Invalid:
-		reasons := map[int]string{}
-		for i, r := range res.InvalidEvents {
-			if i >= 0 && i < n {
-				reasons[i] = r
-			}
-		}
-		if len(reasons) > 0 {
-			return s.dropAndResend(ctx, drainCtx, reasons, res)
-		}
-		return s.split(ctx, drainCtx, res, "bad_request")
+	case delivery.DeadSome:
+		return s.dropAndResend(ctx, drainCtx, v.Dead, res)
 
-	case upstream.BadRequest:
-		return s.split(ctx, drainCtx, res, "bad_request")
+	case delivery.Split:
+		return s.split(ctx, drainCtx, res, v.Reason)
 
-	case upstream.TooLarge:
-		return s.split(ctx, drainCtx, res, "too_large")
-
-	case upstream.InvalidAPIKey, upstream.Fatal:
+	case delivery.Stop:
 		s.requeue(s.batch)
-		reason := "upstream answered " + string(res.Answer)
-		if res.Kind == upstream.InvalidAPIKey {
-			reason = "invalid API key"
-		}
-		s.lr.stopLane(reason)
+		s.lr.stopLane(v.Reason)
 		return true
 
-	default: // Retryable
+	default: // Wait
 		return s.retryLater(ctx, drainCtx, res)
 	}
 }
@@ -605,9 +590,10 @@ func (s *shard) retryLater(ctx, drainCtx context.Context, res upstream.Result) b
 	}
 }
 
-// flushDead commits s.dead to the dead-letter store, then marks them done
-// (so their chunks may be acked). A failing PutDead is retried with backoff
-// until it works or drainCtx ends (false: the shard exits, nothing acked).
+// flushDead commits s.dead to the dead-letter store (delivery.FlushDead),
+// then marks them done (so their chunks may be acked). A failing PutDead is
+// retried with backoff until it works, drainCtx ends or the spool closes
+// (false: the shard exits, nothing acked).
 func (s *shard) flushDead(ctx, drainCtx context.Context, answer []byte) bool {
 	p := s.lr.p
 	now := time.Now()
@@ -624,27 +610,19 @@ func (s *shard) flushDead(ctx, drainCtx context.Context, answer []byte) bool {
 		}
 		dls[i] = spool.DeadLetter{Lane: s.lr.key, Reason: d.reason, Answer: ans, Accepted: d.it.ck.accepted, Died: now, Record: d.it.rec}
 	}
-	bo := delivery.NewRetry(100*time.Millisecond, 10*time.Second)
-	for {
-		err := p.dead.PutDead(drainCtx, dls)
-		if err == nil {
-			break
+	err := delivery.FlushDead(drainCtx, p.dead, dls, func(err error) {
+		p.log.Error("store dead letters failed; retrying", zap.String("lane", s.lr.label), zap.Error(err))
+	})
+	if err != nil {
+		p.log.Error("dead letters not stored; the events stay in the spool", zap.String("lane", s.lr.label), zap.Error(err))
+		its := make([]item, len(s.dead))
+		for i, d := range s.dead {
+			its[i] = d.it
 		}
-		p.log.Error("store dead letters", zap.String("lane", s.lr.label), zap.Error(err))
-		t := time.NewTimer(bo.Next())
-		select {
-		case <-t.C:
-		case <-drainCtx.Done():
-			t.Stop()
-			its := make([]item, len(s.dead))
-			for i, d := range s.dead {
-				its[i] = d.it
-			}
-			s.requeue(its)
-			clear(s.dead)
-			s.dead = s.dead[:0]
-			return false
-		}
+		s.requeue(its)
+		clear(s.dead)
+		s.dead = s.dead[:0]
+		return false
 	}
 	its := make([]item, len(s.dead))
 	for i, d := range s.dead {

@@ -1,12 +1,17 @@
 // Package delivery is what every lane kind shares to deliver spooled
 // records upstream: the lane status an operator sees (LaneStatus), the lane
 // control it uses (LaneControl, ErrUnknownLane), the retry policy (Retry),
+// the answer rule (Classify: what an answer means for a request's records,
+// as a Verdict: delivered, some dead, split, throttled, wait, stop), the
+// max-age rule (Expired), the dead-letter flush (FlushDead), the Kind a
+// lane runner packs and classifies with (Form for the form-encoded kinds),
 // the supervisor of every kind (Engine: a Runner per lane of a kind,
 // started as lanes appear, forgotten when the spool retires the lane; lane
 // status, stop/resume and relay_lane_stopped) and the runner of the
 // form-encoded kinds (FormLanes: group identify and user mappings). The
 // events pipeline (internal/batcher) is the other kind; its laneRunner is a
-// Runner with N shards per lane.
+// Runner with N shards per lane, which packs its own batches (pauses,
+// pacing and read-ahead live there) and classifies answers with Classify.
 //
 // Invariants every deliverer keeps:
 //   - Order per key: records of one lane and one order key reach the

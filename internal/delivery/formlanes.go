@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -53,9 +53,17 @@ type FormTiming struct {
 
 // Validate reports a negative duration (Linger excepted: negative means no
 // wait).
-func (t FormTiming) Validate() error {
-	if t.MaxAge < 0 || t.RetryInitial < 0 || t.RetryMax < 0 || t.MaxRetryAfter < 0 {
-		return errors.New("delivery: negative duration")
+func (t FormTiming) Validate() error { return t.ValidateAs("delivery") }
+
+// ValidateAs reports a negative duration of t (Linger excepted) or among
+// more (the form kind's own), as "<name>: negative duration".
+func (t FormTiming) ValidateAs(name string, more ...time.Duration) error {
+	neg := t.MaxAge < 0 || t.RetryInitial < 0 || t.RetryMax < 0 || t.MaxRetryAfter < 0
+	for _, d := range more {
+		neg = neg || d < 0
+	}
+	if neg {
+		return errors.New(name + ": negative duration")
 	}
 	return nil
 }
@@ -64,20 +72,13 @@ func (t FormTiming) Validate() error {
 type FormConfig struct {
 	// Name prefixes metrics (relay_<Name>_...) and log messages. Required.
 	Name string
-	// Kind is the lane kind delivered. Required (KindEvents is refused).
-	Kind spool.Kind
+	// Lanes is the lane kind delivered. Required (KindEvents is refused).
+	Lanes spool.Kind
+	// Kind packs records into requests and classifies the answers; a
+	// *Form for group identify and user mappings. Required.
+	Kind Kind
 	// URL returns the full upstream URL for an api_key. Required.
 	URL func(apiKey string) string
-	// Field is the form field holding the JSON array of records. Required.
-	Field string
-	// MaxItems bounds the records of one request. Required (> 0).
-	MaxItems int
-	// MaxBodyBytes: a form body is strictly shorter. Required (> 0).
-	MaxBodyBytes int
-	// MaxWeight bounds the summed Weight of one request; zero means no bound.
-	MaxWeight int
-	// Weight is a record's weight (e.g. its group properties); nil means 0.
-	Weight func(data []byte) int
 	// FormTiming: max age, retries, linger, gzip.
 	FormTiming
 	// ThrottleWait is the wait after a 429 without Retry-After; zero means
@@ -97,18 +98,19 @@ func (c FormConfig) Validate() error {
 	switch {
 	case c.Name == "":
 		return errors.New("delivery: Name required")
-	case c.Kind == spool.KindEvents:
-		return errors.New("delivery: Kind must not be events")
+	case c.Lanes == spool.KindEvents:
+		return errors.New("delivery: Lanes must not be events")
+	case c.Kind == nil:
+		return errors.New("delivery: Kind required")
 	case c.URL == nil:
 		return errors.New("delivery: URL required")
-	case c.Field == "":
-		return errors.New("delivery: Field required")
-	case c.MaxItems <= 0:
-		return fmt.Errorf("delivery: MaxItems %d <= 0", c.MaxItems)
-	case c.MaxBodyBytes <= 0:
-		return fmt.Errorf("delivery: MaxBodyBytes %d <= 0", c.MaxBodyBytes)
-	case c.MaxWeight < 0, c.ThrottleWait < 0, c.ReadBytes < 0:
+	case c.ThrottleWait < 0, c.ReadBytes < 0:
 		return errors.New("delivery: negative limit or duration")
+	}
+	if f, ok := c.Kind.(*Form); ok {
+		if err := f.Validate(); err != nil {
+			return err
+		}
 	}
 	return c.FormTiming.Validate()
 }
@@ -150,36 +152,39 @@ type metrics struct {
 }
 
 // FormLanes delivers the records of one spool lane kind (group
-// identifies, user mappings) to an upstream form endpoint that takes
-// "api_key=K&<field>=[record,record,...]".
+// identifies, user mappings): one runner per lane, which packs records into
+// requests and reads the answers through its Kind (FormConfig.Kind; a *Form,
+// "api_key=K&<field>=[record,record,...]", for both kinds today).
 //
-// internal/groupidentify and internal/usermap are its kinds; they differ
-// only in limits, the form field, the weight of a record (group properties)
-// and pacing (user mappings are paced per organization).
+// internal/groupidentify and internal/usermap give only their Form (field,
+// limits, the weight of a record: group properties) and, for user
+// mappings, a Pacer (paced per organization).
 //
 // Invariants:
-//   - One goroutine per lane of FormConfig.Kind, started for existing lanes and
-//     for lanes created later (the Engine runs a laneRun). It has at most one
-//     request in flight, so records reach the upstream in lane order, except
-//     that a 400 or 413 splits a request into halves sent one after the
-//     other (order is still kept).
-//   - Records of many chunks (many callers) are merged into one request, up
-//     to FormConfig.MaxItems records, FormConfig.MaxWeight total weight and a form
-//     body strictly under FormConfig.MaxBodyBytes.
+//   - One goroutine per lane of FormConfig.Lanes, started for existing lanes
+//     and for lanes created later (the Engine runs a laneRun). It has at most
+//     one request in flight, so records reach the upstream in lane order,
+//     except that a Split answer (400, 413) sends a request again in halves
+//     one after the other, and a DeadSome answer sends the records it did not
+//     name again (order is still kept).
+//   - Records of many chunks (many callers) are merged into one request, as
+//     many as the Kind's Pack takes (Form: MaxItems records, MaxWeight total
+//     weight, a form body strictly under MaxBodyBytes).
 //   - A chunk is acknowledged only when every record of it is done:
-//     delivered (200) or stored as a dead letter (PutDead returns after the
+//     delivered (200) or stored as a dead letter (FlushDead returns after the
 //     commit, so the dead letter precedes the ack).
-//   - Retryable answers (5xx, time-outs, broken connections) are retried
-//     with jittered, capped exponential backoff (backoff/v4), without a
-//     count limit, until a record is older than FormConfig.MaxAge: it then goes
-//     to dead letters ("expired"). Retry-After is honoured, clamped to
-//     FormConfig.MaxRetryAfter.
-//   - 429: wait Retry-After (clamped) or FormConfig.ThrottleWait, then resend.
-//   - 400 (any kind): bisect; a single record refused alone is a dead letter
-//     ("bad_request"). 413: split; a single record alone is a dead letter
-//     ("too_large").
-//   - Invalid API key, or an answer that says the URL or credentials are
-//     wrong (upstream.Fatal): the lane stops (logged once, gauge
+//   - Answers are classified by the Kind (Form: Classify, with a silenced
+//     answer as a 400). Wait answers (5xx, time-outs, broken connections)
+//     are retried with jittered, capped exponential backoff (Retry), without
+//     a count limit, until a record is Expired (FormConfig.MaxAge): it then
+//     goes to dead letters ("expired", with the last answer). Retry-After is
+//     honoured, clamped to FormConfig.MaxRetryAfter.
+//   - Throttled (429): wait Retry-After (clamped) or FormConfig.ThrottleWait,
+//     then resend.
+//   - Split: a single record refused alone is a dead letter ("bad_request",
+//     "too_large").
+//   - Stop (invalid API key, or an answer that says the URL or credentials
+//     are wrong): the lane stops (logged once, gauge
 //     relay_<name>_lanes_stopped), its records stay in the spool; it is
 //     never retried in a loop. ResumeLane (an operator) or a restart tries
 //     again. StopLane stops a lane by hand before its next request (a
@@ -212,7 +217,7 @@ func NewFormLanes(cfg FormConfig, sp *spool.Spool, client *upstream.Client, log 
 	f := promauto.With(reg)
 	p := "relay_" + cfg.Name + "_"
 	d := &FormLanes{cfg: cfg.withDefaults(), sp: sp, client: client, log: log}
-	eng, err := NewEngine(EngineConfig[*laneRun]{Name: cfg.Name, Kind: cfg.Kind, NewRunner: d.newLane}, sp)
+	eng, err := NewEngine(EngineConfig[*laneRun]{Name: cfg.Name, Kind: cfg.Lanes, NewRunner: d.newLane}, sp)
 	if err != nil {
 		return nil, err
 	}
@@ -290,24 +295,14 @@ func ProjectURL(creds *credentials.Ref, kind, base, path string) func(apiKey str
 // lane goroutines and returns nil. Unacknowledged work stays in the spool.
 func (d *FormLanes) Run(ctx context.Context) error { return d.eng.Run(ctx) }
 
-// item is one record being delivered, with its chunk's index.
-type item struct {
-	rec      spool.Record
-	chunk    int
-	accepted time.Time
-	esc      int // escaped length in the form body
-	weight   int
-}
-
 // laneRun is one lane's runner (a Runner of the engine).
 type laneRun struct {
-	d      *FormLanes
-	lane   *spool.Lane
-	key    spool.LaneKey
-	id     uint64
-	label  string
-	prefix []byte // "api_key=...&field="
-	bo     *Retry
+	d     *FormLanes
+	lane  *spool.Lane
+	key   spool.LaneKey
+	id    uint64
+	label string
+	bo    *Retry
 	// readAhead is the bytes of the chunks being delivered.
 	readAhead atomic.Int64
 	// st pins the lane while stopped (issue 19: not retired then).
@@ -315,15 +310,8 @@ type laneRun struct {
 }
 
 func (d *FormLanes) newLane(l *spool.Lane) *laneRun {
-	key := l.Key()
-	lr := &laneRun{d: d, lane: l, key: key, id: l.ID(), label: l.Label(), st: StopSwitch{Lane: l}}
-	lr.prefix = append(lr.prefix, "api_key="...)
-	lr.prefix = append(lr.prefix, url.QueryEscape(key.APIKey)...)
-	lr.prefix = append(lr.prefix, '&')
-	lr.prefix = append(lr.prefix, url.QueryEscape(d.cfg.Field)...)
-	lr.prefix = append(lr.prefix, '=')
-	lr.bo = NewRetry(d.cfg.RetryInitial, d.cfg.RetryMax) // no count or time limit: MaxAge bounds it
-	return lr
+	return &laneRun{d: d, lane: l, key: l.Key(), id: l.ID(), label: l.Label(), st: StopSwitch{Lane: l},
+		bo: NewRetry(d.cfg.RetryInitial, d.cfg.RetryMax)} // no count or time limit: MaxAge bounds it
 }
 
 // Run delivers the lane until ctx ends or the spool retires it (empty and
@@ -351,6 +339,31 @@ func (lr *laneRun) Stop(reason string) { lr.st.Stop(reason) }
 // Resume resumes the lane; a refused request is sent again at once.
 func (lr *laneRun) Resume() { lr.st.Resume() }
 
+// batch is the records of chunks read together, flattened, with each
+// record's acceptance time and each chunk's last record.
+type batch struct {
+	chunks   []spool.Chunk
+	recs     []spool.Record
+	accepted []time.Time
+	last     []int // index in recs of each chunk's last record
+}
+
+func (b *batch) add(cs []spool.Chunk) {
+	for _, c := range cs {
+		for _, r := range c.Records {
+			b.recs = append(b.recs, r)
+			b.accepted = append(b.accepted, c.Accepted)
+		}
+		b.last = append(b.last, len(b.recs)-1)
+	}
+	b.chunks = append(b.chunks, cs...)
+}
+
+// full reports whether the records read fill a request.
+func (lr *laneRun) full(b *batch) bool {
+	return len(b.recs) > 0 && lr.d.cfg.Kind.Pack(lr.key, b.recs) < len(b.recs)
+}
+
 func (lr *laneRun) loop(ctx context.Context) error {
 	cfg := &lr.d.cfg
 	for {
@@ -358,150 +371,88 @@ func (lr *laneRun) loop(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		// Linger for more records while the read is smaller than a request.
-		if cfg.Linger > 0 && countRecords(chunks) < cfg.MaxItems {
+		var b batch
+		b.add(chunks)
+		// Linger for more records while what was read fits one request.
+		if cfg.Linger > 0 && !lr.full(&b) {
 			lctx, cancel := context.WithTimeout(ctx, cfg.Linger)
-			for countRecords(chunks) < cfg.MaxItems {
+			for !lr.full(&b) {
 				more, err := lr.lane.Next(lctx, cfg.ReadBytes)
 				if err != nil {
 					break
 				}
-				chunks = append(chunks, more...)
+				b.add(more)
 			}
 			cancel()
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
 		}
-		if err := lr.deliverChunks(ctx, chunks); err != nil {
+		if err := lr.deliver(ctx, &b); err != nil {
 			return err
 		}
 	}
 }
 
-func countRecords(cs []spool.Chunk) int {
-	n := 0
-	for _, c := range cs {
-		n += len(c.Records)
-	}
-	return n
-}
-
-// deliverChunks sends the records of chunks in order, packed into requests,
-// and acknowledges each chunk once all its records are done.
-func (lr *laneRun) deliverChunks(ctx context.Context, chunks []spool.Chunk) error {
-	cfg := &lr.d.cfg
-	var items []item
-	last := make([]int, len(chunks)) // index of each chunk's last item
-	for ci, c := range chunks {
-		for _, r := range c.Records {
-			it := item{rec: r, chunk: ci, accepted: c.Accepted, esc: escLen(r.Data)}
-			if cfg.Weight != nil {
-				it.weight = cfg.Weight(r.Data)
-			}
-			items = append(items, it)
-		}
-		last[ci] = len(items) - 1
-	}
+// deliver sends the records of b in order, packed into requests by the
+// kind, and acknowledges each chunk once all its records are done.
+func (lr *laneRun) deliver(ctx context.Context, b *batch) error {
 	acked := 0
 	readAhead := int64(0)
-	for _, c := range chunks {
+	for _, c := range b.chunks {
 		readAhead += int64(c.Size)
 	}
 	lr.readAhead.Store(readAhead)
-	ackUpTo := func(done int) { // items[:done] are done
-		for acked < len(chunks) && last[acked] < done {
-			lr.d.sp.Ack(lr.lane, chunks[acked].Seq)
-			readAhead -= int64(chunks[acked].Size)
+	ackUpTo := func(done int) { // recs[:done] are done
+		for acked < len(b.chunks) && b.last[acked] < done {
+			lr.d.sp.Ack(lr.lane, b.chunks[acked].Seq)
+			readAhead -= int64(b.chunks[acked].Size)
 			acked++
 		}
 		lr.readAhead.Store(readAhead)
 	}
 	ackUpTo(0) // empty chunks
-	for start := 0; start < len(items); {
-		end := lr.pack(items, start)
-		if err := lr.send(ctx, items[start:end]); err != nil {
+	for start := 0; start < len(b.recs); {
+		end := start + max(1, lr.d.cfg.Kind.Pack(lr.key, b.recs[start:]))
+		if err := lr.send(ctx, b.recs[start:end], b.accepted[start:end]); err != nil {
 			return err
 		}
 		start = end
 		ackUpTo(start)
 	}
-	ackUpTo(len(items))
+	ackUpTo(len(b.recs))
 	return nil
 }
 
-// pack returns the end of the request starting at items[start]: as many
-// records as fit the limits (at least one).
-func (lr *laneRun) pack(items []item, start int) int {
-	cfg := &lr.d.cfg
-	size := len(lr.prefix) + 6 // %5B ... %5D
-	weight := 0
-	i := start
-	for ; i < len(items) && i-start < cfg.MaxItems; i++ {
-		add := items[i].esc
-		if i > start {
-			add += 3 // %2C
-		}
-		if i > start && (size+add >= cfg.MaxBodyBytes || (cfg.MaxWeight > 0 && weight+items[i].weight > cfg.MaxWeight)) {
-			break
-		}
-		size += add
-		weight += items[i].weight
-	}
-	return i
-}
-
-// body builds the form body of items.
-func (lr *laneRun) body(items []item) []byte {
-	n := len(lr.prefix) + 6
-	for _, it := range items {
-		n += it.esc + 3
-	}
-	b := make([]byte, 0, n)
-	b = append(b, lr.prefix...)
-	b = append(b, "%5B"...)
-	for i, it := range items {
-		if i > 0 {
-			b = append(b, "%2C"...)
-		}
-		b = appendEscaped(b, it.rec.Data)
-	}
-	return append(b, "%5D"...)
-}
-
-// send delivers items (one request, split on 400/413) until each is
-// delivered or dead. It returns an error only when ctx ends, the spool
-// closes or the lane stops.
-func (lr *laneRun) send(ctx context.Context, items []item) error {
+// send delivers recs (accepted at accepted: one request, split or thinned
+// as the kind classifies the answers) until each is delivered or dead. It
+// returns an error only when ctx ends, the spool closes or the lane stops.
+func (lr *laneRun) send(ctx context.Context, recs []spool.Record, accepted []time.Time) error {
 	cfg := &lr.d.cfg
 	m := &lr.d.m
 	var lastAnswer []byte // of the last retryable answer, for expired dead letters
-	for len(items) > 0 {
+	for len(recs) > 0 {
 		// Dead-letter records that are too old to keep trying.
 		now := cfg.Now()
-		var live []item
-		var old []item
-		for _, it := range items {
-			if now.Sub(it.accepted) > cfg.MaxAge {
-				old = append(old, it)
-			} else {
-				live = append(live, it)
+		if slices.ContainsFunc(accepted, func(a time.Time) bool { return Expired(now, a, cfg.MaxAge) }) {
+			reasons := make(map[int]string)
+			for i, a := range accepted {
+				if Expired(now, a, cfg.MaxAge) {
+					reasons[i] = ReasonExpired
+				}
 			}
-		}
-		if len(old) > 0 {
-			if err := lr.dead(ctx, old, "expired", lastAnswer); err != nil {
+			var err error
+			if recs, accepted, err = lr.dropDead(ctx, recs, accepted, reasons, lastAnswer); err != nil {
 				return err
 			}
-			items = live
 			continue
 		}
 		if err := lr.st.Wait(ctx); err != nil {
 			return err
 		}
-		body := lr.body(items)
 		release := func() {}
 		if cfg.Pacer != nil {
-			r, err := cfg.Pacer.Acquire(ctx, lr.key.APIKey, len(items))
+			r, err := cfg.Pacer.Acquire(ctx, lr.key.APIKey, len(recs))
 			if err != nil {
 				return err
 			}
@@ -509,47 +460,45 @@ func (lr *laneRun) send(ctx context.Context, items []item) error {
 		}
 		res := lr.d.client.Do(ctx, &upstream.Request{
 			URL:         cfg.URL(lr.key.APIKey),
-			ContentType: "application/x-www-form-urlencoded",
-			Body:        body,
+			ContentType: cfg.Kind.ContentType(),
+			Body:        cfg.Kind.Body(nil, lr.key, recs),
 			Gzip:        cfg.Gzip,
 			Kind:        cfg.Name,
 		})
 		release()
 		m.requests.WithLabelValues(res.Kind.String()).Inc()
-		switch res.Kind {
-		case upstream.OK:
+		switch v := cfg.Kind.Classify(&res, len(recs)); v.Outcome {
+		case Delivered:
 			lr.bo.Reset()
-			m.delivered.Add(float64(len(items)))
+			m.delivered.Add(float64(len(recs)))
 			return nil
-		case upstream.TooLarge, upstream.BadRequest, upstream.Invalid, upstream.Silenced:
-			reason := "bad_request"
-			if res.Kind == upstream.TooLarge {
-				reason = "too_large"
-			}
-			if len(items) == 1 {
-				return lr.dead(ctx, items, reason, res.Answer)
-			}
-			h := len(items) / 2
-			if err := lr.send(ctx, items[:h]); err != nil {
+		case DeadSome:
+			var err error
+			if recs, accepted, err = lr.dropDead(ctx, recs, accepted, v.Dead, res.Answer); err != nil {
 				return err
 			}
-			items = items[h:]
-		case upstream.InvalidAPIKey, upstream.Fatal:
-			reason := "upstream refused the api_key (Invalid API key)"
-			if res.Kind == upstream.Fatal {
-				reason = fmt.Sprintf("upstream answered %d: wrong URL or credentials", res.Status)
+		case Split:
+			if len(recs) == 1 {
+				_, _, err := lr.dropDead(ctx, recs, accepted, map[int]string{0: v.Reason}, res.Answer)
+				return err
 			}
-			if lr.st.Stop(reason) {
+			h := len(recs) / 2
+			if err := lr.send(ctx, recs[:h], accepted[:h]); err != nil {
+				return err
+			}
+			recs, accepted = recs[h:], accepted[h:]
+		case Stop:
+			if lr.st.Stop(v.Reason) {
 				lr.d.log.Error(cfg.Name+": lane stopped until resumed or restarted; its records stay in the spool",
-					zap.String("lane", lr.label), zap.Int("status", res.Status), zap.String("reason", reason))
+					zap.String("lane", lr.label), zap.Int("status", res.Status), zap.String("reason", v.Reason))
 			}
 			// The loop waits in Wait, then resends.
-		default: // Retryable, Throttled
+		default: // Wait, Throttled
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
 			wait := lr.bo.Honour(res.RetryAfter, cfg.MaxRetryAfter)
-			if res.Kind == upstream.Throttled && cfg.ThrottleWait > 0 && res.RetryAfter <= 0 {
+			if v.Outcome == Throttled && cfg.ThrottleWait > 0 && res.RetryAfter <= 0 {
 				wait = cfg.ThrottleWait
 			}
 			m.retries.Inc()
@@ -564,80 +513,30 @@ func (lr *laneRun) send(ctx context.Context, items []item) error {
 	return nil
 }
 
-func (lr *laneRun) dead(ctx context.Context, items []item, reason string, answer []byte) error {
+// dropDead commits the records named in reasons (by index) as dead letters
+// with answer (FlushDead) and returns the others, in order.
+func (lr *laneRun) dropDead(ctx context.Context, recs []spool.Record, accepted []time.Time, reasons map[int]string, answer []byte) ([]spool.Record, []time.Time, error) {
 	now := lr.d.cfg.Now()
-	dls := make([]spool.DeadLetter, len(items))
-	for i, it := range items {
-		dls[i] = spool.DeadLetter{Lane: lr.key, Reason: reason, Answer: answer, Accepted: it.accepted, Died: now, Record: it.rec}
-	}
-	// A failed commit (disk trouble) is retried: the records were read from
-	// the lane and must be done before their chunk is acknowledged.
-	bo := NewRetry(lr.d.cfg.RetryInitial, lr.d.cfg.RetryMax)
-	for logged := false; ; {
-		err := lr.d.sp.PutDead(ctx, dls)
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil || errors.Is(err, spool.ErrClosed) {
-			return fmt.Errorf("%s: store dead letters: %w", lr.d.cfg.Name, err)
-		}
-		if !logged {
-			lr.d.log.Error(lr.d.cfg.Name+": storing dead letters failed; retrying", zap.String("lane", lr.label), zap.Error(err))
-			logged = true
-		}
-		if !Sleep(ctx, bo.Next()) {
-			return ctx.Err()
-		}
-	}
-	lr.d.m.dead.WithLabelValues(reason).Add(float64(len(items)))
-	lr.d.log.Warn(lr.d.cfg.Name+": records dead-lettered", zap.String("lane", lr.label),
-		zap.String("reason", reason), zap.Int("records", len(items)))
-	return nil
-}
-
-// shouldEscape reports whether c is escaped by url.QueryEscape.
-func shouldEscape(c byte) bool {
-	switch {
-	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		return false
-	case c == '-' || c == '_' || c == '.' || c == '~':
-		return false
-	}
-	return true
-}
-
-// EscapedLen is the length of url.QueryEscape(string(b)).
-func EscapedLen(b []byte) int { return escLen(b) }
-
-func escLen(b []byte) int {
-	n := 0
-	for _, c := range b {
-		if shouldEscape(c) && c != ' ' {
-			n += 3
+	dls := make([]spool.DeadLetter, 0, len(reasons))
+	var liveRecs []spool.Record
+	var liveAcc []time.Time
+	for i := range recs {
+		if r, ok := reasons[i]; ok {
+			dls = append(dls, spool.DeadLetter{Lane: lr.key, Reason: r, Answer: answer, Accepted: accepted[i], Died: now, Record: recs[i]})
 		} else {
-			n++
+			liveRecs, liveAcc = append(liveRecs, recs[i]), append(liveAcc, accepted[i])
 		}
 	}
-	return n
-}
-
-func appendEscaped(dst, b []byte) []byte {
-	const hex = "0123456789ABCDEF"
-	for _, c := range b {
-		switch {
-		case c == ' ':
-			dst = append(dst, '+')
-		case shouldEscape(c):
-			dst = append(dst, '%', hex[c>>4], hex[c&15])
-		default:
-			dst = append(dst, c)
-		}
+	err := FlushDead(ctx, lr.d.sp, dls, func(err error) {
+		lr.d.log.Error(lr.d.cfg.Name+": storing dead letters failed; retrying", zap.String("lane", lr.label), zap.Error(err))
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", lr.d.cfg.Name, err)
 	}
-	return dst
-}
-
-// BodyOverhead is the size of a form body holding one record besides the
-// record's escaped bytes: "api_key=<escaped key>&<field>=%5B...%5D".
-func BodyOverhead(apiKey, field string) int {
-	return len("api_key=") + len(url.QueryEscape(apiKey)) + 1 + len(url.QueryEscape(field)) + 1 + 6
+	for _, dl := range dls {
+		lr.d.m.dead.WithLabelValues(dl.Reason).Inc()
+	}
+	lr.d.log.Warn(lr.d.cfg.Name+": records dead-lettered", zap.String("lane", lr.label),
+		zap.String("reason", dls[0].Reason), zap.Int("records", len(dls)))
+	return liveRecs, liveAcc, nil
 }

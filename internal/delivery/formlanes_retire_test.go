@@ -8,9 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/spool"
-	"github.com/svcrelay/relay/internal/upstream"
 )
 
 // Issue 19: group identify (and user mapping) lanes are bounded like event
@@ -18,22 +16,13 @@ import (
 // deliverer goroutine ends and forgets them; a later record of the same key
 // makes a new lane that delivers.
 func TestRetiredLanesForgotten(t *testing.T) {
-	s := sim.New(sim.Config{}, nil)
-	url, err := s.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s, url, cli := startUpstream(t)
 	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1, RetireIdle: 50 * time.Millisecond}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cli, err := upstream.New(upstream.Config{Timeout: 5 * time.Second}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := NewFormLanes(FormConfig{Name: "groupidentify", Kind: spool.KindGroupIdentify, URL: func(string) string { return url + "/groupidentify" },
-		Field: "identification", MaxItems: 1024, MaxBodyBytes: 1 << 20, FormTiming: FormTiming{Linger: -1, RetryInitial: 5 * time.Millisecond}}, sp, cli, nil, nil)
+	d, err := NewFormLanes(FormConfig{Name: "groupidentify", Lanes: spool.KindGroupIdentify, URL: func(string) string { return url + "/groupidentify" },
+		Kind: &Form{Field: "identification", MaxItems: 1024, MaxBodyBytes: 1 << 20}, FormTiming: FormTiming{Linger: -1, RetryInitial: 5 * time.Millisecond}}, sp, cli, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

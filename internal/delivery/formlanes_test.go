@@ -33,15 +33,14 @@ func FuzzEscape(f *testing.F) {
 }
 
 // TestPack: requests fill up to each limit and never pass it; the body
-// built is exactly what pack counted, and it decodes to the records.
+// built is exactly what Pack counted, and it decodes to the records.
 func TestPack(t *testing.T) {
-	rec := func(s string, w int) item {
-		return item{rec: spool.Record{Data: []byte(s)}, esc: escLen([]byte(s)), weight: w}
-	}
-	var items []item
+	weight := func(b []byte) int { return len(b) % 7 }
+	var recs []spool.Record
 	for i := range 50 {
-		items = append(items, rec(`{"user_id":"u`+strings.Repeat("x", i)+`"}`, i%7))
+		recs = append(recs, spool.Record{Data: []byte(`{"user_id":"u` + strings.Repeat("x", i) + `"}`)})
 	}
+	key := spool.LaneKey{APIKey: "k y"}
 	tests := []struct {
 		name                        string
 		maxItems, maxBody, maxWeigh int
@@ -54,26 +53,25 @@ func TestPack(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			lr := &laneRun{d: &FormLanes{cfg: FormConfig{MaxItems: tc.maxItems, MaxBodyBytes: tc.maxBody, MaxWeight: tc.maxWeigh, Field: "mapping"}},
-				prefix: []byte("api_key=k%20y&mapping=")}
-			for start := 0; start < len(items); {
-				end := lr.pack(items, start)
-				if end <= start {
+			f := &Form{MaxItems: tc.maxItems, MaxBodyBytes: tc.maxBody, MaxWeight: tc.maxWeigh, Weight: weight, Field: "mapping"}
+			for start := 0; start < len(recs); {
+				n := f.Pack(key, recs[start:])
+				if n <= 0 {
 					t.Fatalf("no progress at %d", start)
 				}
-				body := lr.body(items[start:end])
-				n := end - start
+				end := start + n
+				body := f.Body(nil, key, recs[start:end])
 				w := 0
-				for _, it := range items[start:end] {
-					w += it.weight
+				for _, r := range recs[start:end] {
+					w += weight(r.Data)
 				}
 				if n > 1 && (n > tc.maxItems || len(body) >= tc.maxBody || (tc.maxWeigh > 0 && w > tc.maxWeigh)) {
 					t.Fatalf("request [%d,%d): %d items, %d bytes, weight %d", start, end, n, len(body), w)
 				}
-				if end < len(items) && n < tc.maxItems {
+				if end < len(recs) && n < tc.maxItems {
 					// the next record must not have fitted
-					more := lr.body(items[start : end+1])
-					if len(more) < tc.maxBody && (tc.maxWeigh == 0 || w+items[end].weight <= tc.maxWeigh) {
+					more := f.Body(nil, key, recs[start:end+1])
+					if len(more) < tc.maxBody && (tc.maxWeigh == 0 || w+weight(recs[end].Data) <= tc.maxWeigh) {
 						t.Fatalf("request [%d,%d) stopped early (%d bytes with the next)", start, end, len(more))
 					}
 				}
@@ -82,8 +80,8 @@ func TestPack(t *testing.T) {
 					t.Fatalf("body %q: %v", body, err)
 				}
 				var parts []string
-				for _, it := range items[start:end] {
-					parts = append(parts, string(it.rec.Data))
+				for _, r := range recs[start:end] {
+					parts = append(parts, string(r.Data))
 				}
 				if v.Get("mapping") != "["+strings.Join(parts, ",")+"]" {
 					t.Fatalf("mapping %q", v.Get("mapping"))
@@ -95,25 +93,26 @@ func TestPack(t *testing.T) {
 }
 
 func TestBodyOverhead(t *testing.T) {
-	lr := &laneRun{prefix: []byte("api_key=" + url.QueryEscape("k&=y") + "&identification=")}
-	body := lr.body([]item{{rec: spool.Record{Data: []byte("{}")}, esc: 6}})
+	f := &Form{Field: "identification"}
+	body := f.Body(nil, spool.LaneKey{APIKey: "k&=y"}, []spool.Record{{Data: []byte("{}")}})
 	if got := BodyOverhead("k&=y", "identification") + 6; got != len(body) {
 		t.Fatalf("BodyOverhead+record = %d, body %d", got, len(body))
 	}
 }
 
 func TestConfigValidate(t *testing.T) {
-	ok := FormConfig{Name: "x", Kind: spool.KindUserMap, URL: func(string) string { return "" }, Field: "f", MaxItems: 1, MaxBodyBytes: 1}
+	ok := FormConfig{Name: "x", Lanes: spool.KindUserMap, URL: func(string) string { return "" }, Kind: &Form{Field: "f", MaxItems: 1, MaxBodyBytes: 1}}
 	if err := ok.Validate(); err != nil {
 		t.Fatal(err)
 	}
 	for name, mut := range map[string]func(*FormConfig){
 		"name":   func(c *FormConfig) { c.Name = "" },
-		"kind":   func(c *FormConfig) { c.Kind = spool.KindEvents },
+		"lanes":  func(c *FormConfig) { c.Lanes = spool.KindEvents },
+		"kind":   func(c *FormConfig) { c.Kind = nil },
 		"url":    func(c *FormConfig) { c.URL = nil },
-		"field":  func(c *FormConfig) { c.Field = "" },
-		"items":  func(c *FormConfig) { c.MaxItems = 0 },
-		"body":   func(c *FormConfig) { c.MaxBodyBytes = 0 },
+		"field":  func(c *FormConfig) { c.Kind = &Form{MaxItems: 1, MaxBodyBytes: 1} },
+		"items":  func(c *FormConfig) { c.Kind = &Form{Field: "f", MaxBodyBytes: 1} },
+		"body":   func(c *FormConfig) { c.Kind = &Form{Field: "f", MaxItems: 1} },
 		"maxage": func(c *FormConfig) { c.MaxAge = -1 },
 	} {
 		c := ok

@@ -10,16 +10,6 @@ import (
 // The admin listener, simulator and client helpers are forwardtest's
 // (ServeAdmin, StartSim, Call); these are the package's own.
 
-const credsYAML = `
-projects:
-  - name: web
-    api_key: "proj"
-    secret_key: "proj-secret"
-organizations:
-  - name: acme
-    api_key: "org"
-    secret_key: "org-secret"
-    projects: [web]
-`
-
-func testCreds(t testing.TB) *credentials.Store { return forwardtest.ParseCreds(t, credsYAML) }
+func testCreds(t testing.TB) *credentials.Store {
+	return forwardtest.ParseCreds(t, forwardtest.WebOrgCredsYAML)
+}

@@ -10,7 +10,20 @@ import "encoding/json"
 // EnvelopeOverhead + n < maxBytes.
 func EnvelopeOverhead(apiKey string, options []byte) int {
 	q, _ := json.Marshal(apiKey) // a string always marshals
-	n := len(`{"api_key":`) + len(q) + len(`,"events":[`) + len(`]`) + len(`}`)
+	return envelopeFixed(options) + len(q)
+}
+
+// MaxEnvelopeOverhead bounds EnvelopeOverhead from above for an api_key of
+// apiKeyLen bytes, without marshalling it: encoding/json writes no byte of
+// a string as more than 6 (`\u00XX`, and `\ufffd` for an invalid byte),
+// plus the quotes. An event that fits with it fits with the exact figure.
+func MaxEnvelopeOverhead(apiKeyLen int, options []byte) int {
+	return envelopeFixed(options) + 6*apiKeyLen + 2
+}
+
+// envelopeFixed is the envelope's bytes besides the quoted api_key.
+func envelopeFixed(options []byte) int {
+	n := len(`{"api_key":`) + len(`,"events":[`) + len(`]`) + len(`}`)
 	if len(options) > 0 {
 		n += len(`,"options":`) + len(options)
 	}

@@ -1,25 +1,19 @@
 package export_test
 
 import (
-	"context"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/svcrelay/relay/internal/adminapi"
-	"github.com/svcrelay/relay/internal/admintoken"
-	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/deletion"
 	"github.com/svcrelay/relay/internal/dsar"
 	"github.com/svcrelay/relay/internal/export"
 	"github.com/svcrelay/relay/internal/feedback"
-	"github.com/svcrelay/relay/internal/forward"
+	ft "github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
-	"github.com/svcrelay/relay/internal/sim/simtest"
 )
 
 // TestWiredOnAdminListener registers the four data-moving APIs on the real
@@ -27,58 +21,14 @@ import (
 // or metric clash, the ModeForward token check applies, and each reaches
 // the simulator with the credentials its scheme needs.
 func TestWiredOnAdminListener(t *testing.T) {
-	s := simtest.New(sim.Config{}, nil)
-	up, err := s.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	creds, err := credentials.Parse([]byte(`
-projects:
-  - name: web
-    api_key: "proj"
-    secret_key: "proj-secret"
-organizations:
-  - name: acme
-    api_key: "org"
-    secret_key: "org-secret"
-    projects: [web]
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	const token = "wiring-token"
-	tok, _ := admintoken.New(token)
-	reg := prometheus.NewRegistry()
-	admin, err := adminapi.New(adminapi.Config{Gatherer: reg, Token: tok}, nil, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fwd, err := forward.New(forward.Config{}, credentials.NewRef(creds), nil, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, up := ft.StartSim(t, sim.Config{})
+	creds := ft.ParseCreds(t, ft.WebOrgCredsYAML)
 	ds, err := dsar.API(dsar.Config{URL: up})
 	if err != nil {
 		t.Fatal(err)
 	}
-	routes, err := fwd.Routes(feedback.API(up), ds, deletion.API(deletion.Config{URL: up}), export.API(up))
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin.Register(routes...)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go admin.Serve(ln)
-	t.Cleanup(func() {
-		http.DefaultClient.CloseIdleConnections()
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		admin.Shutdown(ctx)
-	})
-	base := "http://" + ln.Addr().String()
+	reg := prometheus.NewRegistry()
+	base := ft.ServeWired(t, reg, creds, feedback.API(up), ds, deletion.API(deletion.Config{URL: up}), export.API(up))
 	http.Post(up+"/2/httpapi", "application/json", strings.NewReader(`{"api_key":"proj","events":[{"event_type":"e","user_id":"alice"}]}`))
 	hour := time.Now().UTC().Format(export.HourFormat)
 	day := time.Now().UTC().Format(time.DateOnly)
@@ -107,7 +57,7 @@ organizations:
 			resp.Body.Close()
 			return resp.StatusCode, string(b)
 		}
-		if st, b := do("X-Relay-Project", "web", "Authorization", "Bearer "+token); st != c.want {
+		if st, b := do("X-Relay-Project", "web", "Authorization", "Bearer "+ft.AdminToken); st != c.want {
 			t.Errorf("%s %s: %d %s", c.method, c.path, st, b)
 		}
 		if st, _ := do(); st != 401 {

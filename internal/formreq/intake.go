@@ -1,6 +1,7 @@
 package formreq
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
@@ -11,8 +12,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/upstream"
 )
 
 // APIKey resolves the api_key of a spooling form route (POST /groupidentify,
@@ -53,14 +56,17 @@ type IntakeConfig struct {
 	// AcceptedHelp and RejectedHelp are the metrics' help texts.
 	AcceptedHelp, RejectedHelp string
 	// RetryAfter is sent with 503 when the spool refuses (rounded up to
-	// whole seconds). Required (> 0).
+	// whole seconds); zero means DefaultRetryAfter.
 	RetryAfter time.Duration
 }
 
+// DefaultRetryAfter is IntakeConfig.RetryAfter's default.
+const DefaultRetryAfter = 5 * time.Second
+
 // Validate reports a configuration error.
 func (c IntakeConfig) Validate() error {
-	if c.Name == "" || c.Field == "" || c.Kind == spool.KindEvents || c.RetryAfter <= 0 {
-		return fmt.Errorf("formreq: intake %q: Name, Field, a form lane Kind and RetryAfter > 0 required", c.Name)
+	if c.Name == "" || c.Field == "" || c.Kind == spool.KindEvents || c.RetryAfter < 0 {
+		return fmt.Errorf("formreq: intake %q: Name, Field, a form lane Kind and RetryAfter >= 0 required", c.Name)
 	}
 	return nil
 }
@@ -84,6 +90,7 @@ func NewIntake(cfg IntakeConfig, sp *spool.Spool, creds *credentials.Ref, log *z
 	if log == nil {
 		log = zap.NewNop()
 	}
+	cfg.RetryAfter = cmp.Or(cfg.RetryAfter, DefaultRetryAfter)
 	f := promauto.With(reg)
 	in := &Intake{cfg: cfg, sp: sp, creds: creds}
 	in.accepted = f.NewCounter(prometheus.CounterOpts{Name: "relay_" + cfg.Name + "_accepted_total", Help: cfg.AcceptedHelp})
@@ -122,4 +129,30 @@ func (in *Intake) Accept(w http.ResponseWriter, apiKey string, b *spool.Batch, n
 	in.accepted.Add(float64(n))
 	w.Header().Set("Content-Type", "application/json")
 	fmt.Fprintf(w, `{"code":200,%q:%d}`, in.cfg.Field, n)
+}
+
+// Spooled is the two halves of a spooling form route (POST /groupidentify,
+// POST /usermap): the Intake that accepts records into the lanes of one
+// kind and the delivery.FormLanes that delivers them.
+type Spooled struct {
+	// FormLanes delivers (Run, Ready, LaneStatus, StopLane, ResumeLane:
+	// with the last three a delivery.LaneControl).
+	*delivery.FormLanes
+	// In accepts.
+	In *Intake
+}
+
+// NewSpooled returns the halves of the route of kind out.Lanes; in's Name
+// and Kind are out's. creds, log and reg may be nil.
+func NewSpooled(out delivery.FormConfig, in IntakeConfig, sp *spool.Spool, client *upstream.Client, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (Spooled, error) {
+	d, err := delivery.NewFormLanes(out, sp, client, log, reg)
+	if err != nil {
+		return Spooled{}, fmt.Errorf("%s: %w", out.Name, err)
+	}
+	in.Name, in.Kind = out.Name, out.Lanes
+	i, err := NewIntake(in, sp, creds, log, reg)
+	if err != nil {
+		return Spooled{}, fmt.Errorf("%s: %w", out.Name, err)
+	}
+	return Spooled{FormLanes: d, In: i}, nil
 }

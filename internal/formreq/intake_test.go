@@ -1,11 +1,15 @@
 package formreq
 
 import (
+	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/event"
+	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/upstream"
 )
 
 func TestAPIKey(t *testing.T) {
@@ -41,5 +45,54 @@ projects:
 	// Without a credentials file every project is unknown.
 	if _, verr := APIKey(nil, "web", ""); verr == nil || verr.Reason != "unknown_project" {
 		t.Errorf("nil creds: %v", verr)
+	}
+}
+
+// NewSpooled makes both halves of one kind: the intake appends to the
+// lanes of the kind the delivery runs, answers 503 with the default
+// Retry-After when the spool refuses, and configuration errors name the
+// route.
+func TestSpooled(t *testing.T) {
+	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.Close()
+	cli, err := upstream.New(upstream.Config{}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := delivery.FormConfig{Name: "usermap", Lanes: spool.KindUserMap, URL: func(string) string { return "http://127.0.0.1:1/usermap" },
+		Kind: &delivery.Form{Field: "mapping", MaxItems: 10, MaxBodyBytes: 1000}}
+	s, err := NewSpooled(out, IntakeConfig{Field: "mappings_accepted"}, sp, cli, nil, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.FormLanes == nil || s.In == nil {
+		t.Fatal("a half is missing")
+	}
+	var b spool.Batch
+	b.Add(spool.Record{OrderKey: []byte("u"), Data: []byte(`{"user_id":"u","global_user_id":"g"}`)})
+	w := httptest.NewRecorder()
+	s.In.Accept(w, "key-1", &b, 1)
+	if w.Code != 200 || w.Body.String() != `{"code":200,"mappings_accepted":1}` {
+		t.Fatalf("accept: %d %s", w.Code, w.Body)
+	}
+	lanes := sp.Lanes()
+	if len(lanes) != 1 || lanes[0].Key() != (spool.LaneKey{Kind: spool.KindUserMap, APIKey: "key-1"}) {
+		t.Fatalf("lanes %v: want one user mapping lane of key-1", lanes)
+	}
+	sp.Close()
+	b = spool.Batch{}
+	b.Add(spool.Record{OrderKey: []byte("u"), Data: []byte(`{"user_id":"u","global_user_id":"g"}`)})
+	w = httptest.NewRecorder()
+	s.In.Accept(w, "key-1", &b, 1)
+	if w.Code != 503 || w.Header().Get("Retry-After") != "5" {
+		t.Fatalf("closed spool: %d, Retry-After %q; want 503 and 5", w.Code, w.Header().Get("Retry-After"))
+	}
+
+	out.Kind = nil
+	if _, err := NewSpooled(out, IntakeConfig{Field: "f"}, sp, cli, nil, nil, nil); err == nil || !strings.HasPrefix(err.Error(), "usermap: ") {
+		t.Fatalf("bad delivery config: %v", err)
 	}
 }

@@ -1,18 +1,11 @@
 package forward_test
 
 import (
-	"context"
-	"net"
-	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/svcrelay/relay/internal/adminapi"
-	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/classifiers"
-	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/experiments"
 	"github.com/svcrelay/relay/internal/forward"
 	ft "github.com/svcrelay/relay/internal/forward/forwardtest"
@@ -26,19 +19,6 @@ import (
 // the simulator with the right scheme.
 func TestWiredOnAdminListener(t *testing.T) {
 	env := ft.Start(t, forward.Config{})
-	reg := prometheus.NewRegistry()
-	tok, err := admintoken.New(ft.AdminToken)
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin, err := adminapi.New(adminapi.Config{Gatherer: reg, Token: tok}, nil, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fwd, err := forward.New(forward.Config{}, credentials.NewRef(env.Creds), nil, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
 	sc, err := scim.API(scim.Config{URL: env.SimURL})
 	if err != nil {
 		t.Fatal(err)
@@ -47,23 +27,8 @@ func TestWiredOnAdminListener(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	routes, err := fwd.Routes(experiments.API(env.SimURL), sc, classifiers.API(env.SimURL), tx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin.Register(routes...)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go admin.Serve(ln)
-	t.Cleanup(func() {
-		http.DefaultClient.CloseIdleConnections()
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		admin.Shutdown(ctx)
-	})
-	base := "http://" + ln.Addr().String()
+	reg := prometheus.NewRegistry()
+	base := ft.ServeWired(t, reg, env.Creds, experiments.API(env.SimURL), sc, classifiers.API(env.SimURL), tx)
 
 	for _, c := range []struct{ method, path, auth string }{
 		{"GET", "/api/1/experiments", "bearer"},

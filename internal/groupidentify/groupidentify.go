@@ -2,7 +2,6 @@ package groupidentify
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -28,11 +27,6 @@ const (
 	MaxBodyBytes  = 1_000_000
 )
 
-// Defaults of Config's zero values.
-const (
-	DefaultRetryAfter = 5 * time.Second
-)
-
 // Config configures a GroupIdentify.
 type Config struct {
 	// URL is the upstream base (--ingest-url); requests go to URL +
@@ -53,7 +47,7 @@ type Config struct {
 	// means delivery's defaults; MaxAge 6 days).
 	delivery.FormTiming
 	// RetryAfter is sent with 503 when the spool refuses; zero means
-	// DefaultRetryAfter. Rounded up to whole seconds.
+	// formreq.DefaultRetryAfter (5 s). Rounded up to whole seconds.
 	RetryAfter time.Duration
 }
 
@@ -69,31 +63,24 @@ func (c Config) Validate() error {
 		return fmt.Errorf("groupidentify: MaxProperties %d not in 0..%d", c.MaxProperties, MaxProperties)
 	case c.MaxBodyBytes < 0 || c.MaxBodyBytes > MaxBodyBytes:
 		return fmt.Errorf("groupidentify: MaxBodyBytes %d not in 0..%d", c.MaxBodyBytes, MaxBodyBytes)
-	case c.RetryAfter < 0:
-		return errors.New("groupidentify: negative duration")
 	}
-	if err := c.FormTiming.Validate(); err != nil {
-		return fmt.Errorf("groupidentify: %w", err)
-	}
-	return nil
+	return c.FormTiming.ValidateAs("groupidentify", c.RetryAfter)
 }
 
 func (c Config) withDefaults() Config {
 	c.MaxIdentifies = cmp.Or(c.MaxIdentifies, MaxIdentifies)
 	c.MaxProperties = cmp.Or(c.MaxProperties, MaxProperties)
 	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, MaxBodyBytes)
-	c.RetryAfter = cmp.Or(c.RetryAfter, DefaultRetryAfter)
 	c.URL = strings.TrimRight(c.URL, "/")
 	return c
 }
 
-// GroupIdentify is the /groupidentify route and its delivery.
+// GroupIdentify is the /groupidentify route (Spooled.In accepts) and its
+// delivery (Spooled's FormLanes: Run, Ready, LaneStatus, StopLane,
+// ResumeLane).
 type GroupIdentify struct {
 	cfg Config
-	in  *formreq.Intake // accepts
-	// FormLanes delivers (Run, Ready, LaneStatus, StopLane, ResumeLane:
-	// with the last three a delivery.LaneControl).
-	*delivery.FormLanes
+	formreq.Spooled
 }
 
 // New returns a GroupIdentify. creds (the credentials file in force), log
@@ -103,29 +90,19 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	g := &GroupIdentify{cfg: cfg}
-	d, err := delivery.NewFormLanes(delivery.FormConfig{
-		Name:         "groupidentify",
-		Kind:         spool.KindGroupIdentify,
-		URL:          delivery.ProjectURL(creds, credentials.KindIngest, cfg.URL, "/groupidentify"),
-		Field:        "identification",
-		MaxItems:     cfg.MaxIdentifies,
-		MaxBodyBytes: cfg.MaxBodyBytes,
-		MaxWeight:    cfg.MaxProperties,
-		Weight:       Properties,
-		FormTiming:   cfg.FormTiming,
-	}, sp, client, log, reg)
+	s, err := formreq.NewSpooled(delivery.FormConfig{
+		Name:  "groupidentify",
+		Lanes: spool.KindGroupIdentify,
+		Kind: &delivery.Form{Field: "identification", MaxItems: cfg.MaxIdentifies, MaxBodyBytes: cfg.MaxBodyBytes,
+			MaxWeight: cfg.MaxProperties, Weight: Properties},
+		URL:        delivery.ProjectURL(creds, credentials.KindIngest, cfg.URL, "/groupidentify"),
+		FormTiming: cfg.FormTiming,
+	}, formreq.IntakeConfig{Field: "identifications_accepted", AcceptedHelp: "Group identifications accepted into the spool.",
+		RejectedHelp: "POST /groupidentify requests refused, by reason.", RetryAfter: cfg.RetryAfter}, sp, client, creds, log, reg)
 	if err != nil {
-		return nil, fmt.Errorf("groupidentify: %w", err)
+		return nil, err
 	}
-	g.FormLanes = d
-	g.in, err = formreq.NewIntake(formreq.IntakeConfig{Name: "groupidentify", Kind: spool.KindGroupIdentify, Field: "identifications_accepted",
-		AcceptedHelp: "Group identifications accepted into the spool.",
-		RejectedHelp: "POST /groupidentify requests refused, by reason.", RetryAfter: cfg.RetryAfter}, sp, creds, log, reg)
-	if err != nil {
-		return nil, fmt.Errorf("groupidentify: %w", err)
-	}
-	return g, nil
+	return &GroupIdentify{cfg: cfg, Spooled: s}, nil
 }
 
 // Routes returns the admin routes: POST /groupidentify.

@@ -345,7 +345,7 @@ func TestInvalidAPIKeyStopsLane(t *testing.T) {
 	for _, st := range e.C.LaneStatus() {
 		if st.Stopped {
 			badLane = st.ID
-			if !strings.Contains(st.StopReason, "Invalid API key") {
+			if st.StopReason != "invalid API key" {
 				t.Fatalf("stop reason %q", st.StopReason)
 			}
 		}

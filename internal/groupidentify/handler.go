@@ -186,22 +186,22 @@ func jsonErr(err error) string {
 func (g *GroupIdentify) serve(w http.ResponseWriter, r *http.Request) {
 	f, err := formreq.ReadForm(r)
 	if err != nil {
-		g.in.Reject(w, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
+		g.In.Reject(w, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
 			Msg: fmt.Sprintf("Payload too large: the limit is under %d bytes (1 MB)", g.cfg.MaxBodyBytes)})
 		return
 	}
 	if n := len(f.Body); n >= g.cfg.MaxBodyBytes {
-		g.in.Reject(w, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
+		g.In.Reject(w, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
 			Msg: fmt.Sprintf("Payload too large: body of %d bytes; the limit is under %d bytes (1 MB)", n, g.cfg.MaxBodyBytes)})
 		return
 	}
-	apiKey, ok := g.in.APIKey(w, r, formValue(f, "api_key"))
+	apiKey, ok := g.In.APIKey(w, r, formValue(f, "api_key"))
 	if !ok {
 		return
 	}
 	ids, verr := Parse(apiKey, []byte(formValue(f, "identification")), g.cfg.MaxIdentifies, g.cfg.MaxProperties, g.cfg.MaxBodyBytes)
 	if verr != nil {
-		g.in.Reject(w, verr)
+		g.In.Reject(w, verr)
 		return
 	}
 	var b spool.Batch
@@ -210,7 +210,7 @@ func (g *GroupIdentify) serve(w http.ResponseWriter, r *http.Request) {
 		key = append(append(append(key, id.GroupType...), 0), id.GroupValue...)
 		b.Add(spool.Record{OrderKey: key, Data: id.Data})
 	}
-	g.in.Accept(w, apiKey, &b, len(ids))
+	g.In.Accept(w, apiKey, &b, len(ids))
 }
 
 // formValue reads a form field of the body, else of the query.

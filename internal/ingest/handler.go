@@ -237,12 +237,23 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 // would be spooled (rewritten): the batcher could only dead-letter it. The
 // body is the upstream's 413 naming the indexes in events_too_large.
 func (s *Server) tooLarge(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) bool {
-	limit := s.cfg.MaxBatchBytes - event.EnvelopeOverhead(string(st.req.APIKey), st.req.Options)
+	// A bound of the envelope first: marshalling the api_key (what the
+	// exact figure takes) costs allocations on every request, and is only
+	// needed when an event is near the limit.
+	limit := s.cfg.MaxBatchBytes - event.MaxEnvelopeOverhead(len(st.req.APIKey), st.req.Options)
+	exact := false
 	st.big = st.big[:0]
 	for i := range st.req.Events {
 		ev := &st.req.Events[i]
 		if len(ev.Raw)+maxIPText+rewriteSlack < limit {
 			continue // fits whatever the rewrite adds
+		}
+		if !exact {
+			limit = s.cfg.MaxBatchBytes - event.EnvelopeOverhead(string(st.req.APIKey), st.req.Options)
+			exact = true
+			if len(ev.Raw)+maxIPText+rewriteSlack < limit {
+				continue
+			}
 		}
 		// Near the limit: measure the rewritten event exactly (the
 		// insert_id drawn here is thrown away; its length is fixed).

@@ -598,20 +598,35 @@ func TestPanicIsRecovered(t *testing.T) {
 	}
 }
 
-// TestShutdownWaitsForInFlight: a request inside the handler when Shutdown
-// starts completes with 200; new connections are refused.
-func TestShutdownWaitsForInFlight(t *testing.T) {
-	r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone})
+// holdRequest posts one event and holds it in the handler: it returns once
+// the request is there, with the channel of its answer and the channel
+// whose close lets it go on.
+func holdRequest(r *testRelay) (got <-chan answer, release chan struct{}) {
+	r.t.Helper()
 	entered, release := make(chan struct{}), make(chan struct{})
 	r.srv.testHook = func(*fasthttp.RequestCtx) {
 		close(entered)
 		<-release
 	}
-	got := make(chan answer, 1)
+	answers := make(chan answer, 1)
 	go func() {
-		got <- r.post("/2/httpapi", envelope("k", "", `{"user_id":"user-00001","event_type":"a"}`))
+		answers <- r.post("/2/httpapi", envelope("k", "", `{"user_id":"user-00001","event_type":"a"}`))
 	}()
-	<-entered
+	select {
+	case <-entered:
+	case a := <-answers:
+		r.t.Fatalf("answered %d %s without reaching the handler", a.status, a.body)
+	case <-time.After(30 * time.Second):
+		r.t.Fatal("the request did not reach the handler in 30 s")
+	}
+	return answers, release
+}
+
+// TestShutdownWaitsForInFlight: a request inside the handler when Shutdown
+// starts completes with 200; new connections are refused.
+func TestShutdownWaitsForInFlight(t *testing.T) {
+	r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone})
+	got, release := holdRequest(r)
 	shut := make(chan error, 1)
 	go func() { shut <- r.srv.Shutdown(context.Background()) }()
 	select {
@@ -644,16 +659,7 @@ func TestShutdownWaitsForInFlight(t *testing.T) {
 // request is stuck.
 func TestShutdownDeadline(t *testing.T) {
 	r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone})
-	entered, release := make(chan struct{}), make(chan struct{})
-	r.srv.testHook = func(*fasthttp.RequestCtx) {
-		close(entered)
-		<-release
-	}
-	got := make(chan answer, 1)
-	go func() {
-		got <- r.post("/2/httpapi", envelope("k", "", `{"user_id":"user-00001","event_type":"a"}`))
-	}()
-	<-entered
+	got, release := holdRequest(r)
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -661,7 +667,7 @@ func TestShutdownDeadline(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), context.DeadlineExceeded.Error()) {
 		t.Fatalf("Shutdown = %v, want deadline exceeded", err)
 	}
-	if d := time.Since(start); d > 2*time.Second {
+	if d := time.Since(start); d > 10*time.Second { // a wrong one waits for ever
 		t.Fatalf("Shutdown took %v", d)
 	}
 	close(release)
@@ -738,11 +744,6 @@ func TestMetricsRegistered(t *testing.T) {
 // 200 and is spooled.
 func TestShutdownClosesWaitingConnections(t *testing.T) {
 	r := startRelay(t, Config{ReadTimeout: time.Minute, IdleTimeout: time.Minute}, spool.Config{Sync: spool.SyncNone})
-	entered, release := make(chan struct{}), make(chan struct{})
-	r.srv.testHook = func(*fasthttp.RequestCtx) {
-		close(entered)
-		<-release
-	}
 	dialWait := func() net.Conn {
 		c, err := net.DialTimeout("tcp", r.addr, time.Second)
 		if err != nil {
@@ -758,31 +759,27 @@ func TestShutdownClosesWaitingConnections(t *testing.T) {
 	if resp, err := http.ReadResponse(bufio.NewReader(idle), nil); err != nil || resp.StatusCode != 200 || resp.Close {
 		t.Fatalf("keep-alive /healthz: %v %v", resp, err)
 	}
-	got := make(chan answer, 1)
-	go func() {
-		got <- r.post("/2/httpapi", envelope("k", "", `{"user_id":"user-00001","event_type":"a"}`))
-	}()
-	<-entered
+	got, release := holdRequest(r)
 
+	// The bounds are 10 s: a wrong Shutdown that left the waiting
+	// connections to the read and idle timeouts, or waited for them, takes
+	// a minute; a loaded CI machine may take a second or two where a quiet
+	// one takes 100 ms (fasthttp polls its count of open connections every
+	// 100 ms).
 	shut := make(chan error, 1)
-	begin := time.Now()
 	go func() { shut <- r.srv.Shutdown(context.Background()) }()
 	for name, c := range map[string]net.Conn{"silent": silent, "idle keep-alive": idle} {
-		c.SetReadDeadline(time.Now().Add(time.Second))
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
 		if n, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Fatalf("%s connection still open after Shutdown began: read %d, %v", name, n, err)
+			t.Fatalf("%s connection still open 10 s after Shutdown began: read %d, %v", name, n, err)
 		}
-	}
-	if d := time.Since(begin); d > 100*time.Millisecond {
-		t.Errorf("waiting connections closed %v after Shutdown began, want < 100ms", d)
 	}
 	select {
 	case err := <-shut:
 		t.Fatalf("Shutdown returned %v with a request in flight", err)
-	case <-time.After(50 * time.Millisecond):
+	case <-time.After(50 * time.Millisecond): // can only miss a wrong return, never fail a right one
 	}
 	close(release)
-	released := time.Now()
 	if a := <-got; a.status != 200 {
 		t.Fatalf("in-flight request: %d %s", a.status, a.body)
 	}
@@ -791,12 +788,8 @@ func TestShutdownClosesWaitingConnections(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Shutdown: %v", err)
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Shutdown did not return after the request finished")
-	}
-	// fasthttp polls its count of open connections every 100 ms.
-	if d := time.Since(released); d > 250*time.Millisecond {
-		t.Errorf("Shutdown returned %v after the in-flight request ended, want about 100ms", d)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Shutdown did not return within 10 s after the request finished")
 	}
 	if got := len(r.drain("k", "")); got != 1 {
 		t.Fatalf("%d records, want 1", got)

@@ -6,16 +6,14 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptrace"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/graceful/gracefultest"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/tlsreload"
 	"github.com/svcrelay/relay/internal/tlsreload/tlstest"
@@ -117,69 +115,21 @@ func TestTLSOversizedBodyAnswered(t *testing.T) {
 		conns = 30
 	)
 	r := tlsRelay(t, Config{MaxRequestBytes: limit})
-	var failed int
-	var first error
-	stop := time.Now().Add(30 * time.Second)
-	tried := 0
-	for ; tried < conns && time.Now().Before(stop); tried++ {
-		if err := postOversizedTLS(r.addr, size); err != nil {
-			if failed++; first == nil {
-				first = err
-			}
-		}
-	}
-	if failed > 0 {
-		t.Fatalf("%d of %d TLS clients did not get the 413; first: %v", failed, tried, first)
-	}
+	gracefultest.Repeat(t, conns, func() error { return postOversizedTLS(r.addr, size) })
 }
 
-// postOversizedTLS posts size bytes over a new TLS connection with a small
-// send buffer, writing while it reads the answer; nil when the answer is the
-// whole 413.
+// postOversizedTLS is gracefultest.PostOversized over a new TLS connection.
 func postOversizedTLS(addr string, size int) error {
-	raw, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	raw, err := gracefultest.Dial(addr, 10*time.Second)
 	if err != nil {
 		return err
 	}
 	defer raw.Close()
-	raw.(*net.TCPConn).SetWriteBuffer(32 << 10)
-	raw.SetDeadline(time.Now().Add(10 * time.Second))
 	c := tls.Client(raw, &tls.Config{InsecureSkipVerify: true})
 	if err := c.Handshake(); err != nil {
 		return err
 	}
-	wrote := make(chan error, 1)
-	go func() {
-		if _, err := fmt.Fprintf(c, "POST /2/httpapi HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", size); err != nil {
-			wrote <- err
-			return
-		}
-		chunk := make([]byte, 16<<10)
-		for sent := 0; sent < size; sent += len(chunk) {
-			if _, err := c.Write(chunk); err != nil {
-				wrote <- err
-				return
-			}
-		}
-		wrote <- nil
-	}()
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	var body []byte
-	if err == nil {
-		body, err = io.ReadAll(resp.Body)
-	}
-	werr := <-wrote // the deadline bounds the wait
-	switch {
-	case err != nil:
-		return fmt.Errorf("read answer: %w (body write: %v)", err, werr)
-	case resp.StatusCode != 413 || !strings.Contains(string(body), "Payload too large"):
-		return fmt.Errorf("answer %d %q", resp.StatusCode, body)
-	case werr != nil:
-		// A client that writes its whole body before reading sees only
-		// this: the reset, not the 413.
-		return fmt.Errorf("answer read, but the body write failed: %w", werr)
-	}
-	return nil
+	return gracefultest.PostOversized(c, "/2/httpapi", size, 413, "Payload too large")
 }
 
 // TestTLSShutdownClosesIdle: Shutdown closes an idle kept-alive TLS

@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/svcrelay/relay/internal/poll"
 )
 
 // TestClusterSurvivesNodeRestart starts a cluster, stores R3 messages, kills
@@ -55,12 +56,8 @@ func TestClusterSurvivesNodeRestart(t *testing.T) {
 	}
 	publish(10)
 	c.Restart(l)
-	for range 200 {
+	poll.Until(t, "the stream to hold the 20 messages after the restart", func() bool {
 		s, err := js.Stream(ctx, "T")
-		if err == nil && s.CachedInfo().State.Msgs == 20 {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatal("stream does not hold the 20 messages after the restart")
+		return err == nil && s.CachedInfo().State.Msgs == 20
+	})
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/export"
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/sim/simtest"
 )
@@ -118,9 +119,9 @@ func TestExportResumes(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	stop := make(chan struct{})
-	go func() { // cancel once the state file records 5 finished pieces
+	go func() { // cancel once the state file records 5 finished pieces (or after poll.Max: the checks below fail then)
 		defer cancel()
-		for i := 0; i < 2000; i++ {
+		for deadline := time.Now().Add(poll.Max); time.Now().Before(deadline); {
 			select {
 			case <-stop:
 				return

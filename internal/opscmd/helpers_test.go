@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/sim/simtest"
 )
@@ -42,12 +43,7 @@ func (c *clock) Set(t time.Time) {
 func startSim(t testing.TB) (*simtest.Sim, string, *clock) {
 	t.Helper()
 	c := &clock{}
-	s := simtest.New(sim.Config{Now: c.Now}, nil)
-	u, err := s.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s, u := forwardtest.StartSim(t, sim.Config{Now: c.Now})
 	return s, u, c
 }
 
@@ -56,17 +52,7 @@ func startSim(t testing.TB) (*simtest.Sim, string, *clock) {
 func credsFile(t testing.TB) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "creds.yaml")
-	err := os.WriteFile(p, []byte(`
-projects:
-  - name: web
-    api_key: "proj"
-    secret_key: "proj-secret"
-organizations:
-  - name: acme
-    api_key: "org"
-    secret_key: "org-secret"
-    projects: [web]
-`), 0o600)
+	err := os.WriteFile(p, []byte(forwardtest.WebOrgCredsYAML), 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/svcrelay/relay/internal/sim/wiretest"
 )
 
 func TestCountEvents(t *testing.T) {
@@ -49,25 +51,25 @@ func TestCountOnly(t *testing.T) {
 	ff := &queueFaults{}
 	s, url := start(t, Config{CountOnly: true, Faults: ff})
 	// No validation: an event without ids is counted too.
-	a := post(t, url+"/2/httpapi", env("k", ev("device1", "a"), `{"event_type":"x"}`, ev("device1", "a")))
+	a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "a"), `{"event_type":"x"}`, wiretest.Event("device1", "a")))
 	if a.Status != 200 || a.JSON["events_ingested"] != 3.0 {
 		t.Fatalf("%d %s", a.Status, a.Body)
 	}
-	a = post(t, url+"/batch", gz(env("k", ev("device1", "a"))), "Content-Encoding", "gzip")
+	a = wiretest.Post(t, url+"/batch", gz(wiretest.Envelope("k", wiretest.Event("device1", "a"))), "Content-Encoding", "gzip")
 	if a.Status != 200 || s.Counted() != 4 || s.Count() != 0 || len(s.AllEvents()) != 0 {
 		t.Fatalf("%d counted %d count %d", a.Status, s.Counted(), s.Count())
 	}
 	var st Stats
-	getJSON(t, url+"/sim/stats", &st)
+	wiretest.GetJSON(t, url+"/sim/stats", &st)
 	if st.Counted != 4 {
 		t.Fatalf("stats %+v", st)
 	}
 	ff.add(Fault{Status: 503}) // faults still apply
-	if a := post(t, url+"/2/httpapi", env("k", ev("device1", "a"))); a.Status != 503 {
+	if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "a"))); a.Status != 503 {
 		t.Fatal(a.Status)
 	}
 	big := `{"api_key":"k","events":[{"p":"` + strings.Repeat("x", 1_000_000) + `"}]}`
-	if a := post(t, url+"/2/httpapi", []byte(big)); a.Status != 413 {
+	if a := wiretest.Post(t, url+"/2/httpapi", []byte(big)); a.Status != 413 {
 		t.Fatal(a.Status)
 	}
 }
@@ -77,7 +79,7 @@ func benchBody(n int) []byte {
 	for i := range evs {
 		evs[i] = fmt.Sprintf(`{"event_type":"purchase","device_id":"device-%04d","user_id":"user-%04d","insert_id":"ins-%08d","time":1700000000000,"event_properties":{"price":9.99,"sku":"abc-123","tags":["a","b"]}}`, i%100, i%100, i)
 	}
-	return env("bench-key", evs...)
+	return wiretest.Envelope("bench-key", evs...)
 }
 
 func BenchmarkCountEvents(b *testing.B) {

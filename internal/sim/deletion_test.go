@@ -5,13 +5,15 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/internal/sim/wiretest"
 )
 
 func TestDeletionJobs(t *testing.T) {
 	clock := newFakeClock() // 2026-11-22 12:00 UTC
 	_, url := start(t, Config{Now: clock.Now})
-	post(t, url+"/2/httpapi", env("proj", `{"event_type":"e","user_id":"alice"}`, `{"event_type":"e","user_id":"bobby"}`))
-	post(t, url+"/2/httpapi", env("other", `{"event_type":"e","user_id":"carol"}`))
+	wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("proj", `{"event_type":"e","user_id":"alice"}`, `{"event_type":"e","user_id":"bobby"}`))
+	wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("other", `{"event_type":"e","user_id":"carol"}`))
 	del := func(body string) answer {
 		return apiCall(t, "POST", url+"/api/2/deletions/users", "proj", []byte(body))
 	}

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/internal/sim/wiretest"
 )
 
 func TestDSARLifecycle(t *testing.T) {
@@ -16,11 +18,11 @@ func TestDSARLifecycle(t *testing.T) {
 	s, url := start(t, Config{Now: clock.Now})
 	_ = s
 	// Events of user alice in two months, of bob in one.
-	if a := post(t, url+"/2/httpapi", env("proj", `{"event_type":"a1","user_id":"alice"}`, `{"event_type":"b1","user_id":"bobby"}`)); a.Status != 200 {
+	if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("proj", `{"event_type":"a1","user_id":"alice"}`, `{"event_type":"b1","user_id":"bobby"}`)); a.Status != 200 {
 		t.Fatal(a.Status, string(a.Body))
 	}
 	clock.Advance(30 * 24 * time.Hour)
-	post(t, url+"/2/httpapi", env("proj", `{"event_type":"a2","user_id":"alice"}`))
+	wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("proj", `{"event_type":"a2","user_id":"alice"}`))
 
 	create := func(body string) answer { return apiCall(t, "POST", url+"/api/2/dsar/requests", "org", []byte(body)) }
 	for _, bad := range []string{`{`, `{"startDate":"2026-01-01","endDate":"2026-12-31"}`,

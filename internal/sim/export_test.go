@@ -8,16 +8,18 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/internal/sim/wiretest"
 )
 
 func TestExportArchive(t *testing.T) {
 	clock := newFakeClock() // 2026-11-22 12:00 UTC
 	s, url := start(t, Config{Now: clock.Now})
-	post(t, url+"/2/httpapi", env("proj", `{"event_type":"e1","user_id":"alice","insert_id":"i1","time":1763812800000}`,
+	wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("proj", `{"event_type":"e1","user_id":"alice","insert_id":"i1","time":1763812800000}`,
 		`{"event_type":"e2","device_id":"device-1"}`))
-	post(t, url+"/2/httpapi", env("other", `{"event_type":"x","user_id":"carol"}`))
+	wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("other", `{"event_type":"x","user_id":"carol"}`))
 	clock.Advance(2 * time.Hour)
-	post(t, url+"/2/httpapi", env("proj", `{"event_type":"e3","user_id":"alice"}`))
+	wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("proj", `{"event_type":"e3","user_id":"alice"}`))
 
 	get := func(q string) answer { return apiCall(t, "GET", url+"/api/2/export?"+q, "proj", nil) }
 	for _, q := range []string{"start=20261122T12", "start=2026112212&end=20261122T13", "start=20261122T13&end=20261122T12",
@@ -79,7 +81,7 @@ func TestExportArchive(t *testing.T) {
 		t.Fatalf("synthetic: %v %d", err, len(a.Body))
 	}
 	var served struct{ Served []ExportServed }
-	getJSON(t, url+"/sim/export/log", &served)
+	wiretest.GetJSON(t, url+"/sim/export/log", &served)
 	log := served.Served
 	if n := len(log); n != 9 || log[n-1].Status != 200 || log[n-1].Bytes != int64(len(a.Body)) || log[n-2].Status != 400 {
 		t.Fatalf("log %+v", log)

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/svcrelay/relay/internal/sim/wiretest"
 )
 
 // apiCall sends method url with Basic key:secret (key "" sends none).
@@ -98,7 +100,7 @@ func TestFeedbackIngest(t *testing.T) {
 	var stored struct {
 		Items []FeedbackItem `json:"items"`
 	}
-	getJSON(t, url+"/sim/feedback?api_key=key-one&source_id=src", &stored)
+	wiretest.GetJSON(t, url+"/sim/feedback?api_key=key-one&source_id=src", &stored)
 	got := stored.Items
 	var g2 *FeedbackItem
 	for i := range got {

@@ -5,6 +5,8 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+
+	"github.com/svcrelay/relay/internal/sim/wiretest"
 )
 
 func giForm(key, ident string) []byte {
@@ -53,7 +55,7 @@ func TestGroupIdentifyValidation(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			a := post(t, base+"/groupidentify", tc.body, "Content-Type", formCT)
+			a := wiretest.Post(t, base+"/groupidentify", tc.body, "Content-Type", formCT)
 			if a.Status != tc.status {
 				t.Fatalf("status %d, want %d: %s", a.Status, tc.status, a.Body)
 			}
@@ -70,7 +72,7 @@ func TestGroupIdentifyValidation(t *testing.T) {
 		t.Fatalf("requests %d", s.GroupIdentifyRequests())
 	}
 	var ctl []GroupIdentify
-	getJSON(t, base+"/sim/groupidentify?api_key=k1", &ctl)
+	wiretest.GetJSON(t, base+"/sim/groupidentify?api_key=k1", &ctl)
 	if len(ctl) != len(got) {
 		t.Fatalf("control route %d, want %d", len(ctl), len(got))
 	}
@@ -82,13 +84,13 @@ func TestGroupIdentifyFaultAndReject(t *testing.T) {
 	ff.add(Fault{Status: 503})
 	s.RejectGroupValue("bad")
 	body := giForm("k", `[{"group_type":"a","group_value":"ok"}]`)
-	if a := post(t, base+"/groupidentify", body, "Content-Type", formCT); a.Status != 503 {
+	if a := wiretest.Post(t, base+"/groupidentify", body, "Content-Type", formCT); a.Status != 503 {
 		t.Fatalf("fault: %d", a.Status)
 	}
-	if a := post(t, base+"/groupidentify", giForm("k", `[{"group_type":"a","group_value":"ok"},{"group_type":"a","group_value":"bad"}]`), "Content-Type", formCT); a.Status != 400 {
+	if a := wiretest.Post(t, base+"/groupidentify", giForm("k", `[{"group_type":"a","group_value":"ok"},{"group_type":"a","group_value":"bad"}]`), "Content-Type", formCT); a.Status != 400 {
 		t.Fatalf("rejected value: %d", a.Status)
 	}
-	if a := post(t, base+"/groupidentify", body, "Content-Type", formCT); a.Status != 200 {
+	if a := wiretest.Post(t, base+"/groupidentify", body, "Content-Type", formCT); a.Status != 200 {
 		t.Fatalf("after fault: %d", a.Status)
 	}
 	if n := len(s.GroupIdentifies("k")); n != 1 {

@@ -3,6 +3,8 @@ package sim
 import (
 	"strings"
 	"testing"
+
+	"github.com/svcrelay/relay/internal/sim/wiretest"
 )
 
 var (
@@ -137,7 +139,7 @@ func TestValidation(t *testing.T) {
 	for _, tc := range validationCases {
 		t.Run(tc.name, func(t *testing.T) {
 			before := s.Count()
-			a := post(t, url+"/2/httpapi", []byte(tc.body))
+			a := wiretest.Post(t, url+"/2/httpapi", []byte(tc.body))
 			if a.Status != tc.status {
 				t.Fatalf("%s: status %d, want %d; body %s", tc.doc, a.Status, tc.status, a.Body)
 			}
@@ -162,11 +164,11 @@ func TestTooManyEvents(t *testing.T) {
 	for i := range evs {
 		evs[i] = `{"event_type":"e","user_id":"user1"}`
 	}
-	a := post(t, url+"/2/httpapi", env("k", evs...))
+	a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", evs...))
 	if a.Status != 400 || a.JSON["error"] != ErrTextInvalidEvent {
 		t.Fatalf("2000 events: %d %s", a.Status, a.Body)
 	}
-	a = post(t, url+"/2/httpapi", env("k", evs[:1999]...))
+	a = wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", evs[:1999]...))
 	if a.Status != 200 || s.Count() != 1999 {
 		t.Fatalf("1999 events: %d %s, count %d", a.Status, a.Body, s.Count())
 	}
@@ -174,11 +176,11 @@ func TestTooManyEvents(t *testing.T) {
 
 func TestAPIKeys(t *testing.T) {
 	s, url := start(t, Config{APIKeys: []string{"good-key"}})
-	a := post(t, url+"/2/httpapi", env("bad-key", ev("device1", "i1")))
+	a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("bad-key", wiretest.Event("device1", "i1")))
 	if a.Status != 400 || string(a.Body) != `{"code":400,"error":"Invalid API key"}` {
 		t.Fatalf("bad key: %d %s", a.Status, a.Body)
 	}
-	a = post(t, url+"/batch", env("good-key", ev("device1", "i1")))
+	a = wiretest.Post(t, url+"/batch", wiretest.Envelope("good-key", wiretest.Event("device1", "i1")))
 	if a.Status != 200 {
 		t.Fatalf("good key: %d %s", a.Status, a.Body)
 	}
@@ -207,7 +209,7 @@ func TestPayloadTooLarge(t *testing.T) {
 			hdr = []string{"Content-Encoding", "gzip"}
 		}
 		before := s.Count()
-		a := post(t, url+"/2/httpapi", body, hdr...)
+		a := wiretest.Post(t, url+"/2/httpapi", body, hdr...)
 		if a.Status != tc.status {
 			t.Fatalf("size %d gzip %v: %d %s", tc.size, tc.gzip, a.Status, a.Body)
 		}
@@ -226,7 +228,7 @@ func TestGzipAndRawPreserved(t *testing.T) {
 	s, url := start(t, Config{})
 	e1 := `{ "event_type" : "e\u00e9", "device_id":"device1","insert_id":"a1", "event_properties":{"z":1.50,"a":[1, 2],"h":"<b>&"} }`
 	e2 := `{"user_id":"user-42","event_type":"e2"}`
-	a := post(t, url+"/2/httpapi", gz(env("k1", e1, e2)), "Content-Encoding", "gzip")
+	a := wiretest.Post(t, url+"/2/httpapi", gz(wiretest.Envelope("k1", e1, e2)), "Content-Encoding", "gzip")
 	if a.Status != 200 {
 		t.Fatalf("%d %s", a.Status, a.Body)
 	}
@@ -238,7 +240,7 @@ func TestGzipAndRawPreserved(t *testing.T) {
 	if got[0].DeviceID != "device1" || got[0].InsertID != "a1" || got[1].UserID != "user-42" || got[0].EventType != "eé" {
 		t.Fatalf("fields: %+v", got)
 	}
-	if a := post(t, url+"/2/httpapi", []byte("not gzip"), "Content-Encoding", "gzip"); a.Status != 400 {
+	if a := wiretest.Post(t, url+"/2/httpapi", []byte("not gzip"), "Content-Encoding", "gzip"); a.Status != 400 {
 		t.Fatalf("bad gzip: %d", a.Status)
 	}
 	reqs := s.Requests()
@@ -247,7 +249,7 @@ func TestGzipAndRawPreserved(t *testing.T) {
 	}
 	// Read-out over HTTP gives the same raw bytes.
 	var out struct{ Events []Ingested }
-	getJSON(t, url+"/sim/events?api_key=k1", &out)
+	wiretest.GetJSON(t, url+"/sim/events?api_key=k1", &out)
 	if len(out.Events) != 2 || string(out.Events[0].Raw) != e1 || string(out.Events[1].Raw) != e2 || out.Events[0].InsertID != "a1" {
 		t.Fatalf("/sim/events: %+v", out)
 	}
@@ -255,7 +257,7 @@ func TestGzipAndRawPreserved(t *testing.T) {
 
 func TestInvalidPath(t *testing.T) {
 	_, url := start(t, Config{})
-	a := post(t, url+"/2/nope", env("k", ev("device1", "a")))
+	a := wiretest.Post(t, url+"/2/nope", wiretest.Envelope("k", wiretest.Event("device1", "a")))
 	if a.Status != 400 || a.JSON["error"] != ErrTextInvalidPath {
 		t.Fatalf("%d %s", a.Status, a.Body)
 	}

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/internal/sim/wiretest"
 )
 
 // Each reading the Sim plays (the package doc's Readings), against the
@@ -14,61 +16,61 @@ func TestReadings(t *testing.T) {
 	batch := func(key, dev string, n int, tag string) []byte {
 		evs := make([]string, n)
 		for i := range evs {
-			evs[i] = ev(dev, fmt.Sprintf("%s-%d", tag, i))
+			evs[i] = wiretest.Event(dev, fmt.Sprintf("%s-%d", tag, i))
 		}
-		return env(key, evs...)
+		return wiretest.Envelope(key, evs...)
 	}
 	t.Run("strict rate counts the request's own events", func(t *testing.T) {
 		clk := newFakeClock()
 		s, url := start(t, Config{Now: clk.Now}) // 30 eps over 10s
-		if a := post(t, url+"/2/httpapi", batch("k", "hot-device", 301, "a")); a.Status != 429 {
+		if a := wiretest.Post(t, url+"/2/httpapi", batch("k", "hot-device", 301, "a")); a.Status != 429 {
 			t.Fatalf("301 events of one device in one request: %d %s", a.Status, a.Body)
 		}
 		clk.Advance(31 * time.Second) // the penalty
-		if a := post(t, url+"/2/httpapi", batch("k", "hot-device", 300, "b")); a.Status != 200 {
+		if a := wiretest.Post(t, url+"/2/httpapi", batch("k", "hot-device", 300, "b")); a.Status != 200 {
 			t.Fatalf("300 events: %d %s", a.Status, a.Body)
 		}
-		if a := post(t, url+"/2/httpapi", batch("k", "hot-device", 1, "c")); a.Status != 429 {
+		if a := wiretest.Post(t, url+"/2/httpapi", batch("k", "hot-device", 1, "c")); a.Status != 429 {
 			t.Fatalf("the 301st event in the window: %d %s", a.Status, a.Body)
 		}
 		if s.Count() != 300 {
 			t.Fatalf("count %d", s.Count())
 		}
 		lenient, lurl := start(t, Config{Now: clk.Now, LenientRate: true})
-		if a := post(t, lurl+"/2/httpapi", batch("k", "hot-device", 1000, "a")); a.Status != 200 || lenient.Count() != 1000 {
+		if a := wiretest.Post(t, lurl+"/2/httpapi", batch("k", "hot-device", 1000, "a")); a.Status != 200 || lenient.Count() != 1000 {
 			t.Fatalf("lenient: %d", a.Status)
 		}
 	})
 	t.Run("rate across api keys", func(t *testing.T) {
 		clk := newFakeClock()
 		_, url := start(t, Config{Now: clk.Now, RateAcrossKeys: true})
-		post(t, url+"/2/httpapi", batch("k1", "dev-1", 200, "a"))
-		if a := post(t, url+"/2/httpapi", batch("k2", "dev-1", 200, "b")); a.Status != 429 {
+		wiretest.Post(t, url+"/2/httpapi", batch("k1", "dev-1", 200, "a"))
+		if a := wiretest.Post(t, url+"/2/httpapi", batch("k2", "dev-1", 200, "b")); a.Status != 429 {
 			t.Fatalf("400 events of one device over two projects: %d", a.Status)
 		}
 		_, url2 := start(t, Config{Now: clk.Now})
-		post(t, url2+"/2/httpapi", batch("k1", "dev-1", 200, "a"))
-		if a := post(t, url2+"/2/httpapi", batch("k2", "dev-1", 200, "b")); a.Status != 200 {
+		wiretest.Post(t, url2+"/2/httpapi", batch("k1", "dev-1", 200, "a"))
+		if a := wiretest.Post(t, url2+"/2/httpapi", batch("k2", "dev-1", 200, "b")); a.Status != 200 {
 			t.Fatalf("per api_key: %d", a.Status)
 		}
 	})
 	t.Run("partial 429", func(t *testing.T) {
 		clk := newFakeClock()
 		s, url := start(t, Config{Now: clk.Now, PartialThrottle: true})
-		body := env("k", append([]string{ev("cold-device", "c1")}, batchEvents("hot-device", 301)...)...)
-		if a := post(t, url+"/2/httpapi", body); a.Status != 429 || s.Count() != 1 {
+		body := wiretest.Envelope("k", append([]string{wiretest.Event("cold-device", "c1")}, batchEvents("hot-device", 301)...)...)
+		if a := wiretest.Post(t, url+"/2/httpapi", body); a.Status != 429 || s.Count() != 1 {
 			t.Fatalf("%d, count %d (want the cold event ingested)", a.Status, s.Count())
 		}
 	})
 	t.Run("partial silenced 400", func(t *testing.T) {
 		s, url := start(t, Config{PartialSilence: true})
 		s.Silence("quiet-device")
-		if a := post(t, url+"/2/httpapi", env("k", ev("quiet-device", "q"), ev("other-device", "o"))); a.Status != 400 || s.Count() != 1 {
+		if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("quiet-device", "q"), wiretest.Event("other-device", "o"))); a.Status != 400 || s.Count() != 1 {
 			t.Fatalf("%d, count %d", a.Status, s.Count())
 		}
 		strict, surl := start(t, Config{})
 		strict.Silence("quiet-device")
-		if a := post(t, surl+"/2/httpapi", env("k", ev("quiet-device", "q"), ev("other-device", "o"))); a.Status != 400 || strict.Count() != 0 {
+		if a := wiretest.Post(t, surl+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("quiet-device", "q"), wiretest.Event("other-device", "o"))); a.Status != 400 || strict.Count() != 0 {
 			t.Fatalf("strict: %d, count %d", a.Status, strict.Count())
 		}
 	})
@@ -76,16 +78,16 @@ func TestReadings(t *testing.T) {
 		clk := newFakeClock() // a UTC midnight
 		clk.Advance(23 * time.Hour)
 		_, url := start(t, Config{Now: clk.Now, DailyQuota: 2, QuotaRolling: true, LenientRate: true})
-		post(t, url+"/2/httpapi", batch("k", "dev-q", 2, "a"))
-		if a := post(t, url+"/2/httpapi", batch("k", "dev-q", 1, "b")); a.Status != 400 {
+		wiretest.Post(t, url+"/2/httpapi", batch("k", "dev-q", 2, "a"))
+		if a := wiretest.Post(t, url+"/2/httpapi", batch("k", "dev-q", 1, "b")); a.Status != 400 {
 			t.Fatalf("over quota: %d", a.Status)
 		}
 		clk.Advance(2 * time.Hour) // past UTC midnight
-		if a := post(t, url+"/2/httpapi", batch("k", "dev-q", 1, "c")); a.Status != 400 {
+		if a := wiretest.Post(t, url+"/2/httpapi", batch("k", "dev-q", 1, "c")); a.Status != 400 {
 			t.Fatalf("rolling quota reset at midnight: %d", a.Status)
 		}
 		clk.Advance(23 * time.Hour)
-		if a := post(t, url+"/2/httpapi", batch("k", "dev-q", 1, "d")); a.Status != 200 {
+		if a := wiretest.Post(t, url+"/2/httpapi", batch("k", "dev-q", 1, "d")); a.Status != 200 {
 			t.Fatalf("24h after the refusal: %d %s", a.Status, a.Body)
 		}
 	})
@@ -94,10 +96,10 @@ func TestReadings(t *testing.T) {
 		s, url := start(t, Config{Faults: ff})
 		ff.add(Fault{Status: 503, Ingest: IngestAll}, Fault{Status: 500, Ingest: IngestHalf},
 			Fault{Drop: DropNoAnswer, Ingest: IngestHalf})
-		if a := post(t, url+"/2/httpapi", batch("k", "dev-5", 4, "a")); a.Status != 503 || s.Count() != 4 {
+		if a := wiretest.Post(t, url+"/2/httpapi", batch("k", "dev-5", 4, "a")); a.Status != 503 || s.Count() != 4 {
 			t.Fatalf("%d count %d", a.Status, s.Count())
 		}
-		if a := post(t, url+"/2/httpapi", batch("k", "dev-5", 4, "b")); a.Status != 500 || s.Count() != 6 {
+		if a := wiretest.Post(t, url+"/2/httpapi", batch("k", "dev-5", 4, "b")); a.Status != 500 || s.Count() != 6 {
 			t.Fatalf("%d count %d", a.Status, s.Count())
 		}
 		resp, err := http.Post(url+"/2/httpapi", "application/json", bytes.NewReader(batch("k", "dev-5", 4, "c")))
@@ -113,11 +115,11 @@ func TestReadings(t *testing.T) {
 		clk := newFakeClock()
 		s, url := start(t, Config{Now: clk.Now})
 		s.RefuseKey("k", time.Minute)
-		if a := post(t, url+"/2/httpapi", batch("k", "dev-r", 1, "a")); a.Status != 400 || a.JSON["error"] != "Invalid API key" {
+		if a := wiretest.Post(t, url+"/2/httpapi", batch("k", "dev-r", 1, "a")); a.Status != 400 || a.JSON["error"] != "Invalid API key" {
 			t.Fatalf("%d %s", a.Status, a.Body)
 		}
 		clk.Advance(time.Minute)
-		if a := post(t, url+"/2/httpapi", batch("k", "dev-r", 1, "b")); a.Status != 200 {
+		if a := wiretest.Post(t, url+"/2/httpapi", batch("k", "dev-r", 1, "b")); a.Status != 200 {
 			t.Fatalf("after the rotation: %d %s", a.Status, a.Body)
 		}
 	})
@@ -128,7 +130,7 @@ func TestReadings(t *testing.T) {
 			pad[i] = 'p'
 		}
 		e := fmt.Sprintf(`{"event_type":"e","device_id":"dev-big","event_properties":{"p":%q}}`, pad)
-		if a := post(t, url+"/2/httpapi", env("k", e)); a.Status != 200 {
+		if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", e)); a.Status != 200 {
 			t.Fatalf("1,010,000 bytes under 2^20: %d", a.Status)
 		}
 	})
@@ -137,7 +139,7 @@ func TestReadings(t *testing.T) {
 func batchEvents(dev string, n int) []string {
 	evs := make([]string, n)
 	for i := range evs {
-		evs[i] = ev(dev, fmt.Sprintf("%s-%d", dev, i))
+		evs[i] = wiretest.Event(dev, fmt.Sprintf("%s-%d", dev, i))
 	}
 	return evs
 }

@@ -3,6 +3,8 @@ package sim
 import (
 	"net/http"
 	"testing"
+
+	"github.com/svcrelay/relay/internal/sim/wiretest"
 )
 
 // TestProductRoutesOnlyRead: without Config.Faults (the product: sandbox
@@ -10,7 +12,7 @@ import (
 // routes of simtest are absent (404, or 405 beside a read-out).
 func TestProductRoutesOnlyRead(t *testing.T) {
 	s, url := start(t, Config{})
-	if a := post(t, url+"/2/httpapi", env("k", ev("device1", "a"))); a.Status != 200 {
+	if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "a"))); a.Status != 200 {
 		t.Fatal(a.Status)
 	}
 	for _, p := range []string{"/sim/reset", "/sim/fault", "/sim/faults/clear", "/sim/latency?d=1s",
@@ -18,17 +20,17 @@ func TestProductRoutesOnlyRead(t *testing.T) {
 		"/sim/quota?n=1", "/sim/dsar/config", "/sim/export/config", "/sim/usermap?limit=1",
 		"/sim/usermap?reject_user_id=u", "/sim/events", "/sim/stats"} {
 		body := []byte(`{"status":503,"polls_to_done":1,"max_bytes":1}`)
-		if a := post(t, url+p, body); a.Status != http.StatusNotFound && a.Status != http.StatusMethodNotAllowed {
+		if a := wiretest.Post(t, url+p, body); a.Status != http.StatusNotFound && a.Status != http.StatusMethodNotAllowed {
 			t.Errorf("POST %s: %d %s", p, a.Status, a.Body)
 		}
 	}
 	if s.Count() != 1 || len(s.SilencedDevices()) != 0 {
 		t.Fatalf("state changed: count %d, silenced %v", s.Count(), s.SilencedDevices())
 	}
-	if a := post(t, url+"/2/httpapi", env("k", ev("device1", "b"))); a.Status != 200 {
+	if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "b"))); a.Status != 200 {
 		t.Fatalf("after the POSTs: %d %s", a.Status, a.Body)
 	}
-	if a := post(t, url+"/2/httpapi", env("k", ev("device1", "c"))); a.Status != 200 {
+	if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "c"))); a.Status != 200 {
 		t.Fatalf("quota: %d %s", a.Status, a.Body)
 	}
 }

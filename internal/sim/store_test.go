@@ -4,36 +4,38 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/internal/sim/wiretest"
 )
 
 func TestDedup(t *testing.T) {
 	clk := newFakeClock()
 	s, url := start(t, Config{Now: clk.Now, DedupWindow: time.Hour})
-	post(t, url+"/2/httpapi", env("k", ev("device1", "a"), ev("device1", "a"), ev("device2", "a")))
+	wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "a"), wiretest.Event("device1", "a"), wiretest.Event("device2", "a")))
 	if s.Count() != 2 || s.Duplicates() != 1 {
 		t.Fatalf("same request: count %d dups %d", s.Count(), s.Duplicates())
 	}
 	// Same insert_id, other api_key: not a duplicate ("in the same app").
-	post(t, url+"/2/httpapi", env("k2", ev("device1", "a")))
+	wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k2", wiretest.Event("device1", "a")))
 	// No device_id: deduped per user (the upstream's hashed user_id device).
 	u := `{"event_type":"e","user_id":"user1","insert_id":"b"}`
-	post(t, url+"/2/httpapi", env("k", u, u))
+	wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", u, u))
 	if s.Count() != 4 || s.Duplicates() != 2 {
 		t.Fatalf("count %d dups %d", s.Count(), s.Duplicates())
 	}
 	// Events without insert_id are never duplicates.
 	noID := `{"event_type":"e","device_id":"device1"}`
-	post(t, url+"/2/httpapi", env("k", noID, noID))
+	wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", noID, noID))
 	if s.Count() != 6 {
 		t.Fatalf("count %d", s.Count())
 	}
 	clk.Advance(59 * time.Minute)
-	post(t, url+"/2/httpapi", env("k", ev("device1", "a")))
+	wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "a")))
 	if s.Duplicates() != 3 {
 		t.Fatalf("inside window: dups %d", s.Duplicates())
 	}
 	clk.Advance(2 * time.Minute)
-	a := post(t, url+"/2/httpapi", env("k", ev("device1", "a")))
+	a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "a")))
 	if a.JSON["events_ingested"] != 1.0 || s.Count() != 7 || s.Duplicates() != 3 {
 		t.Fatalf("after window: count %d dups %d", s.Count(), s.Duplicates())
 	}
@@ -45,8 +47,8 @@ func TestDedup(t *testing.T) {
 
 func TestDedupMaxKeys(t *testing.T) {
 	s, url := start(t, Config{DedupMaxKeys: 2})
-	post(t, url+"/2/httpapi", env("k", ev("device1", "a"), ev("device1", "b"), ev("device1", "c")))
-	post(t, url+"/2/httpapi", env("k", ev("device1", "a"), ev("device1", "c")))
+	wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "a"), wiretest.Event("device1", "b"), wiretest.Event("device1", "c")))
+	wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "a"), wiretest.Event("device1", "c")))
 	st := s.Stats()
 	if st.DedupEvicted == 0 || st.Duplicates != 1 || st.Ingested != 4 {
 		t.Fatalf("stats %+v", st)
@@ -56,7 +58,7 @@ func TestDedupMaxKeys(t *testing.T) {
 func TestKeepBoundsMemory(t *testing.T) {
 	s, url := start(t, Config{Keep: 3, KeepRequests: 2})
 	for i := 0; i < 5; i++ {
-		post(t, url+"/2/httpapi", env("k", ev("device1", fmt.Sprint(i))))
+		wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", fmt.Sprint(i))))
 	}
 	evs := s.Events("k")
 	if len(evs) != 3 || evs[0].InsertID != "2" || evs[2].InsertID != "4" || s.Count() != 5 {
@@ -76,25 +78,25 @@ func TestRateLimit(t *testing.T) {
 	batch := func(dev string, n int, tag string) []byte {
 		evs := make([]string, n)
 		for i := range evs {
-			evs[i] = ev(dev, fmt.Sprintf("%s-%d", tag, i))
+			evs[i] = wiretest.Event(dev, fmt.Sprintf("%s-%d", tag, i))
 		}
-		return env("k", evs...)
+		return wiretest.Envelope("k", evs...)
 	}
 	// 300 events in the window: exactly 30/s, not above.
-	if a := post(t, url+"/2/httpapi", batch("hot-device", 300, "a")); a.Status != 200 {
+	if a := wiretest.Post(t, url+"/2/httpapi", batch("hot-device", 300, "a")); a.Status != 200 {
 		t.Fatalf("%d %s", a.Status, a.Body)
 	}
 	clk.Advance(time.Second)
-	if a := post(t, url+"/2/httpapi", batch("hot-device", 1, "b")); a.Status != 200 {
+	if a := wiretest.Post(t, url+"/2/httpapi", batch("hot-device", 1, "b")); a.Status != 200 {
 		t.Fatalf("at the threshold: %d %s", a.Status, a.Body)
 	}
 	clk.Advance(time.Second)
 	// 301 events in the window: 30.1/s > 30. A mixed request: the cold
 	// device's events are named nowhere, but nothing is ingested.
 	u := `{"event_type":"e","user_id":"user-hot","device_id":"hot-device","insert_id":"c"}`
-	body := env("k", ev("cold-device", "c1"), u, ev("cold-device", "c2"))
+	body := wiretest.Envelope("k", wiretest.Event("cold-device", "c1"), u, wiretest.Event("cold-device", "c2"))
 	before := s.Count()
-	a := post(t, url+"/2/httpapi", body)
+	a := wiretest.Post(t, url+"/2/httpapi", body)
 	if a.Status != 429 {
 		t.Fatalf("want 429, got %d %s", a.Status, a.Body)
 	}
@@ -106,17 +108,17 @@ func TestRateLimit(t *testing.T) {
 	}
 	// Penalty: even after the window empties, 30s from the first 429.
 	clk.Advance(15 * time.Second)
-	a = post(t, url+"/2/httpapi", batch("hot-device", 1, "d"))
+	a = wiretest.Post(t, url+"/2/httpapi", batch("hot-device", 1, "d"))
 	if a.Status != 429 {
 		t.Fatalf("inside penalty: %d %s", a.Status, a.Body)
 	}
 	mustJSON(t, a, map[string]any{"throttled_devices": map[string]int{"hot-device": 0}})
 	// Others flow meanwhile.
-	if a := post(t, url+"/2/httpapi", batch("cold-device", 5, "e")); a.Status != 200 {
+	if a := wiretest.Post(t, url+"/2/httpapi", batch("cold-device", 5, "e")); a.Status != 200 {
 		t.Fatalf("cold device: %d", a.Status)
 	}
 	clk.Advance(15 * time.Second) // 30s after the first 429: penalty over, not extended
-	if a := post(t, url+"/2/httpapi", batch("hot-device", 1, "f")); a.Status != 200 {
+	if a := wiretest.Post(t, url+"/2/httpapi", batch("hot-device", 1, "f")); a.Status != 200 {
 		t.Fatalf("after penalty: %d %s", a.Status, a.Body)
 	}
 	if st := s.Stats(); st.Throttled != 2 {
@@ -130,18 +132,18 @@ func TestRateLimitUsers(t *testing.T) {
 	ue := func(i int) string {
 		return fmt.Sprintf(`{"event_type":"e","user_id":"user-one","insert_id":"%d"}`, i)
 	}
-	post(t, url+"/2/httpapi", env("k", ue(1), ue(2), ue(3)))
-	a := post(t, url+"/2/httpapi", env("k", ev("device9", "z"), ue(4)))
+	wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", ue(1), ue(2), ue(3)))
+	a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device9", "z"), ue(4)))
 	if a.Status != 429 {
 		t.Fatalf("%d %s", a.Status, a.Body)
 	}
 	mustJSON(t, a, map[string]any{"throttled_users": map[string]int{"user-one": 2}, "throttled_devices": map[string]int{}, "throttled_events": []int{1}})
 	// Per api_key: another project's user of the same name is not throttled.
-	if a := post(t, url+"/2/httpapi", env("k2", ue(4))); a.Status != 200 {
+	if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k2", ue(4))); a.Status != 200 {
 		t.Fatalf("other key: %d", a.Status)
 	}
 	clk.Advance(2 * time.Second) // window passed, no penalty configured
-	if a := post(t, url+"/2/httpapi", env("k", ue(4))); a.Status != 200 {
+	if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", ue(4))); a.Status != 200 {
 		t.Fatalf("after window: %d %s", a.Status, a.Body)
 	}
 	if s.Count() != 5 {
@@ -153,7 +155,7 @@ func TestSilencedAndQuota(t *testing.T) {
 	clk := newFakeClock()
 	s, url := start(t, Config{Now: clk.Now, DailyQuota: 3})
 	s.Silence("quiet-device")
-	a := post(t, url+"/2/httpapi", env("k", ev("device1", "a"), ev("quiet-device", "b"), ev("quiet-device", "c")))
+	a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "a"), wiretest.Event("quiet-device", "b"), wiretest.Event("quiet-device", "c")))
 	if a.Status != 400 {
 		t.Fatalf("%d %s", a.Status, a.Body)
 	}
@@ -165,13 +167,13 @@ func TestSilencedAndQuota(t *testing.T) {
 	}
 	s.Unsilence("quiet-device")
 	// Quota: 3 per device per UTC day; a request is refused once the count reached it.
-	if a := post(t, url+"/2/httpapi", env("k", ev("device1", "a"), ev("device1", "b"))); a.Status != 200 {
+	if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "a"), wiretest.Event("device1", "b"))); a.Status != 200 {
 		t.Fatal(a.Status)
 	}
-	if a := post(t, url+"/2/httpapi", env("k", ev("device1", "c"))); a.Status != 200 {
+	if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "c"))); a.Status != 200 {
 		t.Fatal(a.Status)
 	}
-	a = post(t, url+"/2/httpapi", env("k", ev("device2", "x"), ev("device1", "d")))
+	a = wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device2", "x"), wiretest.Event("device1", "d")))
 	if a.Status != 400 {
 		t.Fatalf("over quota: %d %s", a.Status, a.Body)
 	}
@@ -181,7 +183,7 @@ func TestSilencedAndQuota(t *testing.T) {
 		t.Fatalf("count %d", s.Count())
 	}
 	clk.Advance(12 * time.Hour) // next UTC day (clock starts at noon)
-	if a := post(t, url+"/2/httpapi", env("k", ev("device1", "d"))); a.Status != 200 {
+	if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "d"))); a.Status != 200 {
 		t.Fatalf("next day: %d %s", a.Status, a.Body)
 	}
 	if st := s.Stats(); st.Silenced != 2 {

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/internal/sim/wiretest"
 )
 
 func umForm(key, mapping string) []byte {
@@ -45,7 +47,7 @@ func TestUserMapValidationAndState(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			a := post(t, base+"/usermap", tc.body, "Content-Type", formCT)
+			a := wiretest.Post(t, base+"/usermap", tc.body, "Content-Type", formCT)
 			if a.Status != tc.status {
 				t.Fatalf("status %d, want %d: %s", a.Status, tc.status, a.Body)
 			}
@@ -59,7 +61,7 @@ func TestUserMapValidationAndState(t *testing.T) {
 	}
 	// Query parameters work as well as the form body.
 	q := url.Values{"api_key": {"k"}, "mapping": {`{"user_id":"e","global_user_id":"g1"}`}}.Encode()
-	if a := post(t, base+"/usermap?"+q, nil, "Content-Type", formCT); a.Status != 200 {
+	if a := wiretest.Post(t, base+"/usermap?"+q, nil, "Content-Type", formCT); a.Status != 200 {
 		t.Fatalf("query: %d %s", a.Status, a.Body)
 	}
 
@@ -128,21 +130,21 @@ func TestUserMapRateLimit(t *testing.T) {
 		return "[" + strings.Join(parts, ",") + "]"
 	}
 	// 1500 alias calls per 30 s per organization; above it everything is throttled.
-	if a := post(t, base+"/usermap", umForm("k1", batch(1000, "a")), "Content-Type", formCT); a.Status != 200 {
+	if a := wiretest.Post(t, base+"/usermap", umForm("k1", batch(1000, "a")), "Content-Type", formCT); a.Status != 200 {
 		t.Fatal(a.Status)
 	}
 	clk.Advance(10 * time.Second)
-	if a := post(t, base+"/usermap", umForm("k2", batch(500, "b")), "Content-Type", formCT); a.Status != 200 {
+	if a := wiretest.Post(t, base+"/usermap", umForm("k2", batch(500, "b")), "Content-Type", formCT); a.Status != 200 {
 		t.Fatal(a.Status)
 	}
-	if a := post(t, base+"/usermap", umForm("k1", batch(1, "c")), "Content-Type", formCT); a.Status != 429 {
+	if a := wiretest.Post(t, base+"/usermap", umForm("k1", batch(1, "c")), "Content-Type", formCT); a.Status != 429 {
 		t.Fatalf("over the limit: %d", a.Status)
 	}
-	if a := post(t, base+"/usermap", umForm("other", batch(1, "c")), "Content-Type", formCT); a.Status != 200 {
+	if a := wiretest.Post(t, base+"/usermap", umForm("other", batch(1, "c")), "Content-Type", formCT); a.Status != 200 {
 		t.Fatalf("another org: %d", a.Status)
 	}
 	clk.Advance(20 * time.Second) // the first 1000 leave the window
-	if a := post(t, base+"/usermap", umForm("k1", batch(1000, "d")), "Content-Type", formCT); a.Status != 200 {
+	if a := wiretest.Post(t, base+"/usermap", umForm("k1", batch(1000, "d")), "Content-Type", formCT); a.Status != 200 {
 		t.Fatalf("after the window: %d", a.Status)
 	}
 	if s.MappingThrottled() != 1 {

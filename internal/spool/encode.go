@@ -32,9 +32,13 @@ import (
 // A patched record's Data is the bytes as received (a slice of the request
 // body) and its patches are what the relay rewrote (an insert_id and a time
 // inserted, "$remote" replaced): the record sent upstream is Data with the
-// patches applied. This version writes no patched chunk yet but reads them
+// patches applied. This version writes no patched chunk but reads them
 // (decodeChunk), so that a writer that keeps the request body as the
 // chunk's bytes (written once, the rewrites beside it) needs no new format.
+// Such a writer was measured (issue 25, BenchmarkWrittenOnce and
+// BenchmarkPatchedRead; bench/RESULTS.md, twelfth session) and not kept:
+// it saves ~17 ns of CPU per event at ingest at best, while every reader
+// of Record.Data would have to apply the patches.
 //
 // Version 1 chunks (formats up to 3: [0] 1, [1:9] accepted, [9:13] count,
 // then the records) carry no checksum of their own; they are read as they
@@ -207,7 +211,9 @@ func decodeRecords(seq uint64, v []byte, c *Chunk, slab *recSlab) error {
 
 // applyPatches reads the patches of a record whose bytes as received are
 // base from p, and returns the record with them applied (base itself when
-// there are none) and the rest of p.
+// there are none) and the rest of p. The record is built in one allocation
+// of its exact size (the patches are read twice: to check them and size it,
+// then to apply them).
 func applyPatches(base, p []byte) (data, rest []byte, err error) {
 	np, w := binary.Uvarint(p)
 	if w <= 0 || np > uint64(len(p)) {
@@ -217,31 +223,45 @@ func applyPatches(base, p []byte) (data, rest []byte, err error) {
 	if np == 0 {
 		return base, p, nil
 	}
-	out := make([]byte, 0, len(base)+64)
-	at := uint64(0)
+	size, at := uint64(len(base)), uint64(0)
+	q := p
 	for range np {
-		off, w1 := binary.Uvarint(p)
-		if w1 <= 0 {
-			return nil, nil, errCorrupt
-		}
-		del, w2 := binary.Uvarint(p[w1:])
-		if w2 <= 0 {
-			return nil, nil, errCorrupt
-		}
-		p = p[w1+w2:]
+		var off, del uint64
 		var ins []byte
-		if ins, p, err = takeBytes(p); err != nil {
+		if off, del, ins, q, err = takePatch(q); err != nil {
 			return nil, nil, err
 		}
 		if off < at || off > uint64(len(base)) || del > uint64(len(base))-off {
 			return nil, nil, errCorrupt
 		}
+		size += uint64(len(ins)) - del // len(ins) <= len(p): no overflow past the result
+		at = off + del
+	}
+	out := make([]byte, 0, size)
+	at = 0
+	for range np {
+		off, del, ins, rest, _ := takePatch(p)
+		p = rest
 		out = append(out, base[at:off]...)
 		out = append(out, ins...)
 		at = off + del
 	}
 	out = append(out, base[at:]...)
 	return out, p, nil
+}
+
+// takePatch splits one patch (offset, bytes replaced, insert) off p.
+func takePatch(p []byte) (off, del uint64, ins, rest []byte, err error) {
+	off, w1 := binary.Uvarint(p)
+	if w1 <= 0 {
+		return 0, 0, nil, nil, errCorrupt
+	}
+	del, w2 := binary.Uvarint(p[w1:])
+	if w2 <= 0 {
+		return 0, 0, nil, nil, errCorrupt
+	}
+	ins, rest, err = takeBytes(p[w1+w2:])
+	return off, del, ins, rest, err
 }
 
 // appendPatched appends a patched record's encoding (the layout above) to

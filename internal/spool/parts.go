@@ -220,9 +220,21 @@ func appendSub(b, p []byte) (sub, out []byte) {
 // reuse: an idle lane keeps nothing). Reader goroutine only.
 func (l *Lane) Wait(ctx context.Context, onIdle func()) error {
 	var idle <-chan time.Time
+	// One deferred call outside the loop: a defer in a loop is allocated
+	// on the heap, once per Wait, which the 1-event requests' lanes call
+	// for every chunk.
+	armed := false
+	defer func() {
+		if armed {
+			l.idle.Stop()
+		}
+	}()
 	for {
 		l.mu.Lock()
 		has, ch := l.readSeq < l.next, l.notify
+		if !has {
+			l.watched = true // about to wait on ch
+		}
 		l.mu.Unlock()
 		select {
 		case <-l.s.closing:
@@ -238,12 +250,13 @@ func (l *Lane) Wait(ctx context.Context, onIdle func()) error {
 			} else {
 				l.idle.Reset(recIdleDrop)
 			}
-			defer l.idle.Stop()
+			armed = true
 			idle = l.idle.C
 		}
 		select {
 		case <-ch:
 		case <-idle:
+			l.chunks = nil // dropped, not cleared: the caller may still read them
 			onIdle()
 			onIdle, idle = nil, make(chan time.Time) // never again
 		case <-ctx.Done():

@@ -176,3 +176,47 @@ func TestNextPartDamagedChunk(t *testing.T) {
 		t.Fatalf("%d damaged dead letters, want %d", len(dead), perChunk)
 	}
 }
+
+// TestWaitWakesOnAppend checks that a reader waiting in Lane.Wait on an
+// empty lane is woken by each Append (the lane's notify channel is
+// replaced only when a reader waits: Lane.watched), several times over,
+// and that appends with no reader waiting leave Wait returning at once.
+func TestWaitWakesOnAppend(t *testing.T) {
+	s := openTest(t, Config{})
+	l := mustLane(t, s, testKey(1))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := range 5 {
+		woke := make(chan error, 1)
+		go func() { woke <- l.Wait(ctx, nil) }()
+		// The reader is (probably) waiting by now; either way Wait
+		// must return once the chunk is published.
+		time.Sleep(5 * time.Millisecond)
+		var b Batch
+		b.Add(rec(1, i, 10))
+		if err := s.Append(ctx, l, &b); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-woke; err != nil {
+			t.Fatalf("append %d: Wait: %v", i, err)
+		}
+		// One read of what is there (a read that finds nothing would
+		// itself mark the lane watched, hiding a Wait that does not).
+		cs := nextT(t, l, 1<<20)
+		if len(cs) != 1 {
+			t.Fatalf("append %d: read %d chunks, want 1", i, len(cs))
+		}
+		for _, c := range cs {
+			s.Ack(l, c.Seq)
+		}
+	}
+	// Published with nobody waiting: Wait sees it without a wake-up.
+	var b Batch
+	b.Add(rec(1, 9, 10))
+	if err := s.Append(ctx, l, &b); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Wait(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+}

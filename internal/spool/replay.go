@@ -193,8 +193,8 @@ func (s *Spool) replayWAL(applied, synced walPos, lanesSeq uint64, live bool) er
 		for _, l := range s.Lanes() {
 			l.mu.Lock()
 			l.next, l.aNext = max(l.next, l.cold.nextSeq), max(l.aNext, l.cold.nextSeq)
-			close(l.notify)
-			l.notify = make(chan struct{})
+			l.watched = true // wake whoever may wait
+			l.wakeLocked()
 			l.mu.Unlock()
 		}
 		return nil

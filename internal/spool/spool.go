@@ -12,6 +12,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -317,6 +318,13 @@ type Lane struct {
 	hot        hotList   // chunks in the WAL only
 	next       uint64    // every chunk below it is published (cold or hot)
 	notify     chan struct{}
+	// chunks is the reader's []Chunk, reused by NextInto and NextPart (see
+	// NextInto); nil after an idle wait. Reader goroutine only.
+	chunks []Chunk
+	// watched: the reader found nothing to read and may wait on notify;
+	// a publish closes and replaces notify only then (a channel per
+	// chunk was ~100 B for every 1-event request).
+	watched bool
 
 	// The WAL writer's own: the next seq it assigns.
 	aNext uint64
@@ -433,7 +441,9 @@ func (l *Lane) Next(ctx context.Context, maxBytes int) ([]Chunk, error) {
 // recIdleDrop), and NextInto returns it for the next call. The
 // batcher's reader copies every record out at once; at 100-event requests
 // a fresh slice per chunk was more than half of the bytes the relay
-// allocated (72 per record).
+// allocated (72 per record). The returned []Chunk is reused the same way
+// (valid until the next NextInto or NextPart): at 1-event requests a fresh
+// one per read was ~96 bytes per request.
 func (l *Lane) NextInto(ctx context.Context, maxBytes int, recs []Record) ([]Chunk, []Record, error) {
 	slab := recSlab{buf: recs[:0]}
 	chunks, err := l.nextChunks(ctx, maxBytes, &slab)
@@ -470,6 +480,9 @@ func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]C
 		}
 		l.mu.Lock()
 		next, firstHot, ch := l.next, l.hot.firstSeq(l.next), l.notify
+		if l.readSeq >= next {
+			l.watched = true // about to wait on ch
+		}
 		if l.readSeq >= firstHot && l.readSeq < next {
 			refs := l.takeHot(maxBytes)
 			l.mu.Unlock()
@@ -516,7 +529,7 @@ var recIdleDrop = time.Second
 // takes longer than recIdleDrop.
 func (l *Lane) wait(ctx context.Context, ch <-chan struct{}, slab *recSlab) error {
 	var idle <-chan time.Time
-	if slab != nil && slab.buf != nil {
+	if slab != nil && (slab.buf != nil || l.chunks != nil) {
 		if l.idle == nil {
 			l.idle = time.NewTimer(recIdleDrop)
 		} else {
@@ -530,7 +543,7 @@ func (l *Lane) wait(ctx context.Context, ch <-chan struct{}, slab *recSlab) erro
 		case <-ch:
 			return nil
 		case <-idle:
-			slab.buf, idle = nil, nil
+			slab.buf, l.chunks, idle = nil, nil, nil // an idle reader keeps neither
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-l.s.closing:
@@ -573,7 +586,14 @@ func (l *Lane) takeHot(maxBytes int) []hotRef {
 // decodeHot turns the referenced hot chunks into Chunks, their Records
 // taken from slab.
 func (l *Lane) decodeHot(refs []hotRef, slab *recSlab) ([]Chunk, error) {
-	out := make([]Chunk, len(refs))
+	var out []Chunk
+	if slab != nil { // NextInto, NextPart: the caller is done with the last ones
+		clear(l.chunks)
+		out = slices.Grow(l.chunks[:0], len(refs))[:len(refs)]
+		l.chunks = out
+	} else {
+		out = make([]Chunk, len(refs))
+	}
 	var err error
 	for i, c := range refs {
 		out[i].buf = Buffer{c.cb}

@@ -597,8 +597,9 @@ func TestNextInto(t *testing.T) {
 	}
 }
 
-// TestNextIntoIdle checks that NextInto keeps reusing the slice across a
-// short wait for chunks and drops it when the wait passes recIdleDrop.
+// TestNextIntoIdle checks that NextInto keeps reusing the slice (and its
+// []Chunk) across a short wait for chunks and drops them when the wait
+// passes recIdleDrop.
 func TestNextIntoIdle(t *testing.T) {
 	old := recIdleDrop
 	t.Cleanup(func() { recIdleDrop = old })
@@ -619,8 +620,8 @@ func TestNextIntoIdle(t *testing.T) {
 	if err := <-appendAfter(0); err != nil {
 		t.Fatal(err)
 	}
-	_, recs := nextIntoT(t, l, nil)
-	first := &recs[0]
+	cs0, recs := nextIntoT(t, l, nil)
+	first, firstChunk := &recs[0], &cs0[0]
 
 	recIdleDrop = 10 * time.Second // the append's fsync may be slow on a busy machine
 	done := appendAfter(10 * time.Millisecond)
@@ -630,6 +631,9 @@ func TestNextIntoIdle(t *testing.T) {
 	}
 	if &cs[0].Records[0] != first {
 		t.Fatal("NextInto dropped the slice after a short wait")
+	}
+	if &cs[0] != firstChunk {
+		t.Fatal("NextInto did not reuse its []Chunk after a short wait")
 	}
 	if _, id := recID(cs[0].Records[0]); id != 1 {
 		t.Fatalf("read record %d, want 1", id)
@@ -643,6 +647,9 @@ func TestNextIntoIdle(t *testing.T) {
 	}
 	if &cs[0].Records[0] == first {
 		t.Fatal("NextInto kept the slice through a wait longer than recIdleDrop")
+	}
+	if &cs[0] == firstChunk {
+		t.Fatal("NextInto kept its []Chunk through a wait longer than recIdleDrop")
 	}
 	if _, id := recID(cs[0].Records[0]); id != 2 {
 		t.Fatalf("read record %d, want 2", id)

@@ -644,8 +644,7 @@ func (s *Spool) publish(ops []*op) {
 		l.mu.Lock()
 		l.hot.push(c)
 		l.next = c.seq + 1
-		close(l.notify)
-		l.notify = make(chan struct{})
+		l.wakeLocked()
 		l.mu.Unlock()
 	}
 	s.mu.Lock()
@@ -653,6 +652,16 @@ func (s *Spool) publish(ops []*op) {
 	s.walTotal = s.w.total
 	s.markDirtyLocked(ops)
 	s.mu.Unlock()
+}
+
+// wakeLocked wakes the lane's reader when it may wait on l.notify (see
+// Lane.watched). l.mu held.
+func (l *Lane) wakeLocked() {
+	if l.watched {
+		close(l.notify)
+		l.notify = make(chan struct{})
+		l.watched = false
+	}
 }
 
 // skip publishes, after a failed write, that the seqs given to its chunks

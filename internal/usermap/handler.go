@@ -133,24 +133,24 @@ func formValue(f formreq.Form, name string) string {
 func (u *UserMap) servePost(w http.ResponseWriter, r *http.Request) {
 	f, err := formreq.ReadForm(r)
 	if n := len(f.Body) + len(r.URL.RawQuery); err != nil || n >= u.cfg.MaxBodyBytes {
-		u.in.Reject(w, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
+		u.In.Reject(w, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
 			Msg: fmt.Sprintf("Payload too large: %d bytes; the limit is under %d bytes (1 MB)", n, u.cfg.MaxBodyBytes)})
 		return
 	}
-	apiKey, ok := u.in.APIKey(w, r, formValue(f, "api_key"))
+	apiKey, ok := u.In.APIKey(w, r, formValue(f, "api_key"))
 	if !ok {
 		return
 	}
 	ms, verr := ParseMappings(apiKey, []byte(formValue(f, "mapping")), u.cfg.MaxMappings, u.cfg.MaxBodyBytes)
 	if verr != nil {
-		u.in.Reject(w, verr)
+		u.In.Reject(w, verr)
 		return
 	}
 	var b spool.Batch
 	for _, m := range ms {
 		b.Add(spool.Record{OrderKey: []byte(m.UserID), UserID: []byte(m.UserID), Data: m.Data})
 	}
-	u.in.Accept(w, apiKey, &b, len(ms))
+	u.In.Accept(w, apiKey, &b, len(ms))
 }
 
 // ParseUserIDs validates the user_ids parameter of GET /api/2/usermap: a

@@ -2,7 +2,6 @@ package usermap
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -32,11 +31,6 @@ const (
 	MaxUserIDs   = 100
 )
 
-// Defaults of Config's zero values.
-const (
-	DefaultRetryAfter = 5 * time.Second
-)
-
 // Config configures a UserMap.
 type Config struct {
 	// AliasURL is the upstream base for POST /usermap (--alias-url); a
@@ -62,7 +56,7 @@ type Config struct {
 	// means delivery's defaults; MaxAge 6 days).
 	delivery.FormTiming
 	// RetryAfter is sent with 503 when the spool refuses; zero means
-	// DefaultRetryAfter.
+	// formreq.DefaultRetryAfter (5 s).
 	RetryAfter time.Duration
 }
 
@@ -83,13 +77,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("usermap: MaxBodyBytes %d not in 0..%d", c.MaxBodyBytes, MaxBodyBytes)
 	case c.RateLimit < 0:
 		return fmt.Errorf("usermap: RateLimit %d < 0", c.RateLimit)
-	case c.RateWindow < 0, c.RetryAfter < 0:
-		return errors.New("usermap: negative duration")
 	}
-	if err := c.FormTiming.Validate(); err != nil {
-		return fmt.Errorf("usermap: %w", err)
-	}
-	return nil
+	return c.FormTiming.ValidateAs("usermap", c.RateWindow, c.RetryAfter)
 }
 
 func (c Config) withDefaults() Config {
@@ -97,22 +86,19 @@ func (c Config) withDefaults() Config {
 	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, MaxBodyBytes)
 	c.RateLimit = cmp.Or(c.RateLimit, RateLimit)
 	c.RateWindow = cmp.Or(c.RateWindow, RateWindow)
-	c.RetryAfter = cmp.Or(c.RetryAfter, DefaultRetryAfter)
 	c.AliasURL = strings.TrimRight(c.AliasURL, "/")
 	c.AnalyticsURL = strings.TrimRight(c.AnalyticsURL, "/")
 	return c
 }
 
-// UserMap is the /usermap and /api/2/usermap routes and the delivery of
-// spooled mappings.
+// UserMap is the /usermap route (Spooled.In accepts) and the delivery of
+// spooled mappings (Spooled's FormLanes: Run, Ready, LaneStatus, StopLane,
+// ResumeLane); GET /api/2/usermap is ReadAPI.
 type UserMap struct {
 	cfg   Config
 	creds *credentials.Ref // read at every use: a reload takes effect at once
 	pacer *Pacer
-	in    *formreq.Intake // accepts
-	// FormLanes delivers (Run, Ready, LaneStatus, StopLane, ResumeLane:
-	// with the last three a delivery.LaneControl).
-	*delivery.FormLanes
+	formreq.Spooled
 }
 
 // New returns a UserMap. creds (the credentials file in force), log and reg
@@ -122,31 +108,23 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	f := promauto.With(reg)
 	u := &UserMap{cfg: cfg, creds: creds}
 	u.pacer = NewPacer(cfg.RateLimit, cfg.RateWindow, u.orgOf, nil)
-	u.pacer.waited = f.NewCounter(prometheus.CounterOpts{Name: "relay_usermap_pace_wait_seconds_total",
+	u.pacer.waited = promauto.With(reg).NewCounter(prometheus.CounterOpts{Name: "relay_usermap_pace_wait_seconds_total",
 		Help: "Time lanes waited for the per-organization mapping rate (1500 per 30 s)."})
-	d, err := delivery.NewFormLanes(delivery.FormConfig{
+	var err error
+	u.Spooled, err = formreq.NewSpooled(delivery.FormConfig{
 		Name:         "usermap",
-		Kind:         spool.KindUserMap,
+		Lanes:        spool.KindUserMap,
+		Kind:         &delivery.Form{Field: "mapping", MaxItems: min(cfg.MaxMappings, cfg.RateLimit), MaxBodyBytes: cfg.MaxBodyBytes},
 		URL:          delivery.ProjectURL(creds, credentials.KindAlias, cfg.AliasURL, "/usermap"),
-		Field:        "mapping",
-		MaxItems:     min(cfg.MaxMappings, cfg.RateLimit),
-		MaxBodyBytes: cfg.MaxBodyBytes,
 		FormTiming:   cfg.FormTiming,
 		ThrottleWait: cfg.RateWindow,
 		Pacer:        u.pacer,
-	}, sp, client, log, reg)
+	}, formreq.IntakeConfig{Field: "mappings_accepted", AcceptedHelp: "Mappings accepted into the spool.",
+		RejectedHelp: "POST /usermap requests refused locally, by reason.", RetryAfter: cfg.RetryAfter}, sp, client, creds, log, reg)
 	if err != nil {
-		return nil, fmt.Errorf("usermap: %w", err)
-	}
-	u.FormLanes = d
-	u.in, err = formreq.NewIntake(formreq.IntakeConfig{Name: "usermap", Kind: spool.KindUserMap, Field: "mappings_accepted",
-		AcceptedHelp: "Mappings accepted into the spool.",
-		RejectedHelp: "POST /usermap requests refused locally, by reason.", RetryAfter: cfg.RetryAfter}, sp, creds, log, reg)
-	if err != nil {
-		return nil, fmt.Errorf("usermap: %w", err)
+		return nil, err
 	}
 	return u, nil
 }

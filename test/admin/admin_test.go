@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/forward/forwardtest"
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/sim/simtest"
 	"github.com/svcrelay/relay/internal/spool"
@@ -65,7 +67,7 @@ func TestAdmin(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the relay binary")
 	}
-	s, simURL := startSim(t, sim.Config{
+	s, simURL := forwardtest.StartSim(t, sim.Config{
 		APIKeys:         []string{projAPIKey, proj2APIKey, keySilenced, keyOther, keyPaused},
 		ThrottlePenalty: -1,
 	})
@@ -138,7 +140,7 @@ func testAuth(t *testing.T, r *relay, s *simtest.Sim, rec1, rec2 *headerRecorder
 
 	// The forwarding route: GET /api/2/usermap against the sim, which checks
 	// Basic auth.
-	waitFor(t, 10*time.Second, "the mapping of auth-u1 at the sim", func() bool {
+	poll.Until(t, "the mapping of auth-u1 at the sim", func() bool {
 		g, ok := s.MappedTo(projAPIKey, "auth-u1")
 		return ok && g == "auth-g1"
 	})
@@ -290,12 +292,12 @@ func testDeadLetters(t *testing.T, r *relay, s *simtest.Sim) {
 	}
 	r.postEvents(keySilenced, append(evs1, event("dev-ok", "ok-1"))...)
 	r.postEvents(keyOther, evs2...)
-	waitFor(t, 15*time.Second, "8 silenced dead letters", func() bool {
+	poll.Until(t, "8 silenced dead letters", func() bool {
 		return len(listDead(t, r, "reason=silenced").DeadLetters) == 8
 	})
 	// ok-1 is resent after the silenced ones are committed as dead letters
 	// (batcher dropAndResend): wait for it rather than race it.
-	waitFor(t, 15*time.Second, "ok-1 delivered", func() bool { return len(s.Events(keySilenced)) > 0 })
+	poll.Until(t, "ok-1 delivered", func() bool { return len(s.Events(keySilenced)) > 0 })
 	if got := s.Events(keySilenced); len(got) != 1 || got[0].InsertID != "ok-1" {
 		t.Fatalf("the sim got %d events of %s, want only ok-1", len(got), keySilenced)
 	}
@@ -391,7 +393,7 @@ func testDeadLetters(t *testing.T, r *relay, s *simtest.Sim) {
 	if a.status != 200 || rp.Replayed != 5 || len(rp.Lanes) != 1 || rp.Lanes[0].Records != 5 || rp.Lanes[0].Kind != "events" || rp.Lanes[0].Lane == lane1 || rp.More {
 		t.Fatalf("replay lane 1: %d %s", a.status, a.body)
 	}
-	waitFor(t, 10*time.Second, "the replayed events under the corrected key", func() bool {
+	poll.Until(t, "the replayed events under the corrected key", func() bool {
 		return len(s.Events(projAPIKey)) >= 5
 	})
 	if got := insertIDs(s.Events(projAPIKey)); !slices.Equal(got, want1) {
@@ -413,7 +415,7 @@ func testDeadLetters(t *testing.T, r *relay, s *simtest.Sim) {
 	if a.status != 200 || rp.Replayed != 3 || !slices.Equal(rp.NotFound, []uint64{999999}) || len(rp.Lanes) != 1 || rp.Lanes[0].Lane != lane2 {
 		t.Fatalf("replay by ids: %d %s", a.status, a.body)
 	}
-	waitFor(t, 10*time.Second, "the replayed events of lane 2", func() bool { return len(s.Events(keyOther)) >= 3 })
+	poll.Until(t, "the replayed events of lane 2", func() bool { return len(s.Events(keyOther)) >= 3 })
 	if got := insertIDs(s.Events(keyOther)); !slices.Equal(got, want2) {
 		t.Fatalf("sim got %v, want %v", got, want2)
 	}
@@ -428,7 +430,7 @@ func testDeadLetters(t *testing.T, r *relay, s *simtest.Sim) {
 	s.Silence("dev-p")
 	r.postEvents(keyOther, event("dev-p", "p-1"), event("dev-p", "p-2"))
 	var dead []deadLetter
-	waitFor(t, 15*time.Second, "2 dead letters to purge", func() bool {
+	poll.Until(t, "2 dead letters to purge", func() bool {
 		dead = listDead(t, r, "reason=silenced").DeadLetters
 		return len(dead) == 2
 	})
@@ -467,7 +469,7 @@ func testDeadKinds(t *testing.T, r *relay, s *simtest.Sim) {
 		t.Fatalf("usermap: %d %s", a.status, a.body)
 	}
 	var dead []deadLetter
-	waitFor(t, 15*time.Second, "a dead letter of each kind", func() bool {
+	poll.Until(t, "a dead letter of each kind", func() bool {
 		dead = listDead(t, r, "").DeadLetters
 		return len(dead) == 2
 	})
@@ -492,7 +494,7 @@ func testDeadKinds(t *testing.T, r *relay, s *simtest.Sim) {
 	if decode(t, a, &rp); a.status != 200 || rp.Replayed != 2 {
 		t.Fatalf("replay: %d %s", a.status, a.body)
 	}
-	waitFor(t, 15*time.Second, "both to die again", func() bool {
+	poll.Until(t, "both to die again", func() bool {
 		dead = listDead(t, r, "").DeadLetters
 		return len(dead) == 2 && dead[0].ID > max(gi.ID, um.ID)
 	})
@@ -535,7 +537,7 @@ func newLane(t *testing.T, r *relay, key string, events ...string) string {
 
 func testLanes(t *testing.T, r *relay, s *simtest.Sim) {
 	label := newLane(t, r, keyPaused, event("dev-l", "l-0"))
-	waitFor(t, 10*time.Second, "the first event of the paused lane", func() bool { return len(s.Events(keyPaused)) == 1 })
+	poll.Until(t, "the first event of the paused lane", func() bool { return len(s.Events(keyPaused)) == 1 })
 
 	a := r.own("POST", "/relay/v1/lanes/"+label+"/pause", "")
 	var l lane
@@ -556,13 +558,13 @@ func testLanes(t *testing.T, r *relay, s *simtest.Sim) {
 	if a.status != 200 || l.Stopped {
 		t.Fatalf("resume: %d %s", a.status, a.body)
 	}
-	waitFor(t, 10*time.Second, "the held events after resume", func() bool { return len(s.Events(keyPaused)) == 4 })
-	waitFor(t, 5*time.Second, "the lane to drain", func() bool { return lanes(t, r)[label].Records == 0 })
+	poll.Until(t, "the held events after resume", func() bool { return len(s.Events(keyPaused)) == 4 })
+	poll.Until(t, "the lane to drain", func() bool { return lanes(t, r)[label].Records == 0 })
 
 	// An api_key the upstream refuses stops its lane; it is listed with the
 	// reason (and its label, never the key), its records kept.
 	bad := newLane(t, r, keyInvalid, event("dev-i", "i-0"))
-	waitFor(t, 10*time.Second, "the invalid-key lane to stop", func() bool { return lanes(t, r)[bad].Stopped })
+	poll.Until(t, "the invalid-key lane to stop", func() bool { return lanes(t, r)[bad].Stopped })
 	if l := lanes(t, r)[bad]; l.StopReason != "invalid API key" || l.Records != 1 {
 		t.Fatalf("invalid-key lane %+v", l)
 	}
@@ -570,7 +572,7 @@ func testLanes(t *testing.T, r *relay, s *simtest.Sim) {
 		t.Fatalf("resume invalid-key lane: %d %s", a.status, a.body)
 	}
 	// The sim still refuses the key: it stops again, nothing is lost.
-	waitFor(t, 10*time.Second, "the invalid-key lane to stop again", func() bool { return lanes(t, r)[bad].Stopped })
+	poll.Until(t, "the invalid-key lane to stop again", func() bool { return lanes(t, r)[bad].Stopped })
 	if l := lanes(t, r)[bad]; l.Records != 1 {
 		t.Fatalf("invalid-key lane lost its record: %+v", l)
 	}
@@ -580,7 +582,7 @@ func testLanes(t *testing.T, r *relay, s *simtest.Sim) {
 	if _, ok := lanes(t, r)[giLane]; !ok {
 		t.Fatalf("groupidentify lane %s not listed", giLane)
 	}
-	waitFor(t, 10*time.Second, "the auth test's group identifies", func() bool { return len(s.GroupIdentifies(projAPIKey)) == 2 })
+	poll.Until(t, "the auth test's group identifies", func() bool { return len(s.GroupIdentifies(projAPIKey)) == 2 })
 	a = r.own("POST", "/relay/v1/lanes/"+giLane+"/pause", "")
 	if decode(t, a, &l); a.status != 200 || !l.Stopped || !l.Controllable {
 		t.Fatalf("pause groupidentify lane: %d %s", a.status, a.body)
@@ -600,7 +602,7 @@ func testLanes(t *testing.T, r *relay, s *simtest.Sim) {
 	if a := r.own("POST", "/relay/v1/lanes/"+giLane+"/resume", ""); a.status != 200 {
 		t.Fatalf("resume groupidentify lane: %d %s", a.status, a.body)
 	}
-	waitFor(t, 10*time.Second, "the held group identify", func() bool { return len(s.GroupIdentifies(projAPIKey)) == 3 })
+	poll.Until(t, "the held group identify", func() bool { return len(s.GroupIdentifies(projAPIKey)) == 3 })
 
 	// Unknown lanes and actions: 404.
 	for _, p := range []string{"/relay/v1/lanes/" + label + "/frobnicate", "/relay/v1/lanes/events-00000000/pause"} {
@@ -631,7 +633,7 @@ func testNoSecrets(t *testing.T, r *relay, s *simtest.Sim) {
 		"Authorization", bearer(adminToken), "X-Relay-Project", projectName); a.status != 200 {
 		t.Errorf("usermap with X-Relay-Project: %d %s", a.status, a.body)
 	}
-	waitFor(t, 10*time.Second, "the injected mapping at the sim", func() bool {
+	poll.Until(t, "the injected mapping at the sim", func() bool {
 		g, ok := s.MappedTo(projAPIKey, "inj-u")
 		return ok && g == "inj-g"
 	})

@@ -21,8 +21,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/sim"
-	"github.com/svcrelay/relay/internal/sim/simtest"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
 
@@ -102,18 +100,6 @@ func trackSources(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-}
-
-// startSim serves a simulator on 127.0.0.1 and returns it with its URL.
-func startSim(t *testing.T, cfg sim.Config) (*simtest.Sim, string) {
-	t.Helper()
-	s := simtest.New(cfg, nil)
-	u, err := s.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s, u
 }
 
 // writeFiles writes the credentials file and the admin token file (0600)
@@ -328,18 +314,6 @@ func decode(t *testing.T, a answer, v any) {
 	t.Helper()
 	if err := json.Unmarshal(a.body, v); err != nil {
 		t.Fatalf("answer %d %q: %v", a.status, a.body, err)
-	}
-}
-
-// waitFor polls cond every 20 ms until it holds or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/forward/forwardtest"
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
@@ -59,12 +61,12 @@ func TestKillBeforeDelivery(t *testing.T) {
 	}
 	r.kill()
 
-	s, simURL := startSim(t, sim.Config{})
+	s, simURL := forwardtest.StartSim(t, sim.Config{})
 	// The records were accepted for the dead address: the sandbox guard
 	// (issue 18) needs the change allowed.
 	r = startRelay(t, data, log, "--ingest-url", simURL, "--alias-url", simURL, "--analytics-url", simURL, "--spool-upstream-change", "allow")
 	total := requests * perReq
-	waitFor(t, 30*time.Second, "every group identify and mapping at the sim", func() bool {
+	poll.Until(t, "every group identify and mapping at the sim", func() bool {
 		return len(s.GroupIdentifies(key)) >= total && len(s.MappingCalls()) >= total+requests
 	})
 	time.Sleep(500 * time.Millisecond) // a duplicate would arrive by now

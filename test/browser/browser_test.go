@@ -26,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/sim/simtest"
 	"github.com/svcrelay/relay/test/e2e/harness"
@@ -339,23 +340,21 @@ func TestBrowserSDKThroughRelay(t *testing.T) {
 	t.Logf("total %v", time.Since(t0).Round(time.Millisecond))
 }
 
-// simEvents polls the sim (10 s at most) until it holds n events of key.
+// simEvents polls the sim until it holds n events of key (poll.Max at most).
 func simEvents(t *testing.T, ctl *simtest.Control, key string, n int) []sim.Ingested {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		got, err := ctl.Events(context.Background(), key, 0)
-		if err != nil {
+	var got []sim.Ingested
+	poll.Until(t, fmt.Sprintf("%d events of %s at the sim", n, key), func() bool {
+		var err error
+		if got, err = ctl.Events(context.Background(), key, 0); err != nil {
 			t.Fatal(err)
 		}
-		if len(got) >= n || time.Now().After(deadline) {
-			if len(got) != n {
-				t.Errorf("sim ingested %d events of %s, want %d", len(got), key, n)
-			}
-			return got
-		}
-		time.Sleep(20 * time.Millisecond)
+		return len(got) >= n
+	})
+	if len(got) != n {
+		t.Errorf("sim ingested %d events of %s, want %d", len(got), key, n)
 	}
+	return got
 }
 
 func contains(s []string, v string) bool {

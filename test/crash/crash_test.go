@@ -101,14 +101,6 @@ type dumpRecord struct {
 	Data json.RawMessage `json:"data"`
 }
 
-type eventData struct {
-	DeviceID        string `json:"device_id"`
-	InsertID        string `json:"insert_id"`
-	EventProperties struct {
-		Seq int `json:"seq"`
-	} `json:"event_properties"`
-}
-
 func TestKill9KeepsAcceptedEvents(t *testing.T) {
 	if testing.Short() {
 		t.Skip("crash test builds and kills the real binary; skipped under -short")
@@ -196,7 +188,7 @@ func TestKill9KeepsAcceptedEvents(t *testing.T) {
 		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
 			t.Fatalf("dump line %d: %v: %s", lines, err, sc.Bytes())
 		}
-		var ev eventData
+		var ev harness.SeqEvent
 		if err := json.Unmarshal(rec.Data, &ev); err != nil {
 			t.Fatalf("dump line %d data: %v", lines, err)
 		}

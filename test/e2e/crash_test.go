@@ -164,14 +164,6 @@ func faultInjector(ctx context.Context, t *testing.T, ctl *simtest.Control, rng 
 	}
 }
 
-type simEvent struct {
-	DeviceID        string `json:"device_id"`
-	InsertID        string `json:"insert_id"`
-	EventProperties struct {
-		Seq int `json:"seq"`
-	} `json:"event_properties"`
-}
-
 // TestCrashDuringDelivery SIGKILLs the relay during delivery, under load and
 // upstream faults, restarts it on the same data dir, and then requires from
 // the simulator's read-out: every event answered 200 was ingested (zero
@@ -349,7 +341,7 @@ func TestCrashDuringDelivery(t *testing.T) {
 	lastSeq := map[string]int{}
 	for _, e := range stored {
 		storedBy[e.InsertID]++
-		var ev simEvent
+		var ev harness.SeqEvent
 		if err := json.Unmarshal(e.Raw, &ev); err != nil {
 			t.Fatalf("stored event %d: %v: %s", e.Seq, err, e.Raw)
 		}

@@ -158,7 +158,7 @@ func TestThrottlePauseAtBinaryLevel(t *testing.T) {
 			coldStored++
 			continue
 		}
-		var ev simEvent
+		var ev harness.SeqEvent
 		if err := json.Unmarshal(e.Raw, &ev); err != nil {
 			t.Fatal(err)
 		}

@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
@@ -189,15 +190,13 @@ func TestNodeSDKThroughRelay(t *testing.T) {
 			// the upstream's would have made it retry (or report a failure
 			// above). The counter may lag the answer a little: poll.
 			var reqs1 float64
-			for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			poll.Until(t, fmt.Sprintf("%d requests on %s counted", tc.uploads, tc.path), func() bool {
 				if reqs1, err = r.Metric("relay_ingest_requests_total", `path="`+tc.path+`"`); err != nil {
 					t.Fatal(err)
 				}
-				if reqs1-reqs0 >= float64(tc.uploads) || time.Now().After(deadline) {
-					break
-				}
-			}
-			time.Sleep(50 * time.Millisecond) // a late extra request would show too
+				return reqs1-reqs0 >= float64(tc.uploads)
+			})
+			time.Sleep(50 * time.Millisecond) // a late extra request would show too (can only miss one, never fail a right run)
 			if reqs1, err = r.Metric("relay_ingest_requests_total", `path="`+tc.path+`"`); err != nil {
 				t.Fatal(err)
 			}
@@ -205,19 +204,14 @@ func TestNodeSDKThroughRelay(t *testing.T) {
 				t.Errorf("relay saw %v requests on %s from the SDK, want %d", reqs1-reqs0, tc.path, tc.uploads)
 			}
 
-			// Delivered: poll the sim (10 s at most).
+			// Delivered: poll the sim.
 			var got []sim.Ingested
-			deadline := time.Now().Add(10 * time.Second)
-			for {
-				got, err = sm.Ctl.Events(bg, apiKey, 0)
-				if err != nil {
+			poll.Until(t, fmt.Sprintf("%d events of key %s at the sim", len(sent), apiKey), func() bool {
+				if got, err = sm.Ctl.Events(bg, apiKey, 0); err != nil {
 					t.Fatal(err)
 				}
-				if len(got) >= len(sent) || time.Now().After(deadline) {
-					break
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
+				return len(got) >= len(sent)
+			})
 			if len(got) != len(sent) {
 				t.Fatalf("sim ingested %d events of key %s, want %d", len(got), apiKey, len(sent))
 			}

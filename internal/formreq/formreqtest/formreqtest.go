@@ -21,6 +21,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/adminapi"
 	"github.com/svcrelay/relay/internal/adminroute"
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/sim/simtest"
 	"github.com/svcrelay/relay/internal/spool"
@@ -114,7 +115,7 @@ func (e *Env[C]) Run() {
 	e.cancel = cancel
 	e.runDone = make(chan error, 1)
 	go func() { e.runDone <- e.C.Run(ctx) }()
-	WaitFor(e.T, 15*time.Second, "Ready", func() bool { return e.C.Ready() == nil })
+	poll.Until(e.T, "Ready", func() bool { return e.C.Ready() == nil })
 }
 
 // Close stops delivery, the server and the spool (idempotent). Run
@@ -150,17 +151,13 @@ func (e *Env[C]) LaneRecords(apiKey string) int64 {
 	return 0
 }
 
-// WaitFor polls cond every 5 ms until it holds, failing the test after
-// timeout.
+// WaitFor polls cond until it holds, failing the test after timeout or
+// poll.Max, whichever is longer: the bound only decides how long a failing
+// test takes, and the 10 or 15 s its callers name could be reached on a
+// loaded CI machine under -race.
 func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	poll.Within(t, max(timeout, poll.Max), what, cond)
 }
 
 // Answer is an HTTP answer read in full; JSON is its body decoded when it

@@ -100,6 +100,16 @@ projects:
     secret_key: "proj-secret"
 `
 
+// WebOrgCredsYAML is WebCredsYAML plus an organization, "acme" (api_key
+// "org", secret_key "org-secret"), that holds web: for the APIs that use
+// an organization's key.
+const WebOrgCredsYAML = WebCredsYAML + `organizations:
+  - name: acme
+    api_key: "org"
+    secret_key: "org-secret"
+    projects: [web]
+`
+
 // WebCreds parses WebCredsYAML.
 func WebCreds(t testing.TB) *credentials.Store {
 	t.Helper()

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/svcrelay/relay/internal/adminapi"
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
@@ -102,6 +103,39 @@ func Serve(t testing.TB, routes []adminroute.Route) string {
 		t.Fatal(err)
 	}
 	srv.Register(routes...)
+	return serve(t, srv)
+}
+
+// ServeWired registers apis on the real admin listener as cmd/relay does:
+// one Forwarder (creds) and one registry reg for both, so that a route or a
+// metric registered twice fails the test; behind the admin token
+// AdminToken, with /metrics gathering reg. It returns the base URL; the
+// listener is shut down at cleanup.
+func ServeWired(t testing.TB, reg *prometheus.Registry, creds *credentials.Store, apis ...forward.API) string {
+	t.Helper()
+	tok, err := admintoken.New(AdminToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := adminapi.New(adminapi.Config{Gatherer: reg, Token: tok}, nil, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fwd, err := forward.New(forward.Config{}, credentials.NewRef(creds), nil, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	routes, err := fwd.Routes(apis...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Register(routes...)
+	return serve(t, srv)
+}
+
+// serve serves srv on 127.0.0.1 until the test ends and returns its base URL.
+func serve(t testing.TB, srv *adminapi.Server) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -109,7 +143,7 @@ func Serve(t testing.TB, routes []adminroute.Route) string {
 	go srv.Serve(ln)
 	t.Cleanup(func() {
 		http.DefaultClient.CloseIdleConnections()
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		srv.Shutdown(ctx)
 	})

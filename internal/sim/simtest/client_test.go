@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/wiretest"
 )
 
 func TestControlClient(t *testing.T) {
@@ -17,15 +18,15 @@ func TestControlClient(t *testing.T) {
 	if err := c.Inject(ctx, FaultSpec{Status: 500, Body: &body}); err != nil {
 		t.Fatal(err)
 	}
-	if a := post(t, url+"/2/httpapi", env("k", ev("device1", "a"))); a.Status != 500 || string(a.Body) != "oops" {
+	if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "a"))); a.Status != 500 || string(a.Body) != "oops" {
 		t.Fatalf("%d %s", a.Status, a.Body)
 	}
 	if err := c.Inject(ctx, FaultSpec{Drop: "sideways"}); err == nil {
 		t.Fatal("bad spec accepted")
 	}
-	post(t, url+"/2/httpapi", env("k", ev("device1", "a")))
+	wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "a")))
 	evs, err := c.Events(ctx, "k", 0)
-	if err != nil || len(evs) != 1 || string(evs[0].Raw) != ev("device1", "a") {
+	if err != nil || len(evs) != 1 || string(evs[0].Raw) != wiretest.Event("device1", "a") {
 		t.Fatalf("events %+v %v", evs, err)
 	}
 	reqs, err := c.Requests(ctx, 1)
@@ -93,15 +94,15 @@ func TestUserMapControl(t *testing.T) {
 	if err := c.SetSecretKey(ctx, "k1", "s"); err != nil {
 		t.Fatal(err)
 	}
-	post(t, base+"/usermap", umForm("k1", `[{"user_id":"a","global_user_id":"g"},{"user_id":"b","global_user_id":"g"}]`), "Content-Type", formCT)
-	if a := post(t, base+"/usermap", umForm("k2", `[{"user_id":"c","global_user_id":"g"},{"user_id":"d","global_user_id":"g"}]`), "Content-Type", formCT); a.Status != 429 {
+	wiretest.Post(t, base+"/usermap", umForm("k1", `[{"user_id":"a","global_user_id":"g"},{"user_id":"b","global_user_id":"g"}]`), "Content-Type", formCT)
+	if a := wiretest.Post(t, base+"/usermap", umForm("k2", `[{"user_id":"c","global_user_id":"g"},{"user_id":"d","global_user_id":"g"}]`), "Content-Type", formCT); a.Status != 429 {
 		t.Fatalf("shared org limit 3: %d", a.Status)
 	}
 	st, err := c.UserMap(ctx)
 	if err != nil || len(st.Calls) != 2 || len(st.Batches) != 1 || st.Throttled != 1 || st.Batches[0].Org != "o" {
 		t.Fatalf("%+v %v", st, err)
 	}
-	post(t, base+"/groupidentify", giForm("k1", `[{"group_type":"a","group_value":"b"}]`), "Content-Type", formCT)
+	wiretest.Post(t, base+"/groupidentify", giForm("k1", `[{"group_type":"a","group_value":"b"}]`), "Content-Type", formCT)
 	gis, err := c.GroupIdentifies(ctx, "k1")
 	if err != nil || len(gis) != 1 || gis[0].GroupValue != "b" {
 		t.Fatalf("%+v %v", gis, err)

@@ -7,14 +7,15 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/wiretest"
 )
 
 func ctl(t *testing.T, url, path, body string) {
 	t.Helper()
-	a := post(t, url+path, []byte(body))
+	a := wiretest.Post(t, url+path, []byte(body))
 	if a.Status != 200 {
 		t.Fatalf("POST %s: %d %s", path, a.Status, a.Body)
 	}
@@ -26,7 +27,7 @@ func expectRefused(t *testing.T, url string) {
 	t.Helper()
 	var err error
 	for i := 0; i < 2; i++ {
-		_, err = tryPost(url+"/2/httpapi", env("k", ev("device1", "b")))
+		_, err = wiretest.TryPost(url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "b")))
 		if err == nil {
 			t.Fatal("answered while down")
 		}
@@ -40,7 +41,7 @@ func expectRefused(t *testing.T, url string) {
 func TestDownRefuseAndUp(t *testing.T) {
 	s, url := start(t, sim.Config{})
 	// A keep-alive connection is open before going down.
-	if a := post(t, url+"/2/httpapi", env("k", ev("device1", "a"))); a.Status != 200 {
+	if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "a"))); a.Status != 200 {
 		t.Fatal(a.Status)
 	}
 	if err := s.Down(sim.DownRefuse, 0); err != nil {
@@ -50,7 +51,7 @@ func TestDownRefuseAndUp(t *testing.T) {
 	if err := s.Up(); err != nil {
 		t.Fatal(err)
 	}
-	if a := post(t, url+"/2/httpapi", env("k", ev("device1", "b"))); a.Status != 200 {
+	if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "b"))); a.Status != 200 {
 		t.Fatalf("after up: %d", a.Status)
 	}
 	if s.Count() != 2 {
@@ -62,14 +63,8 @@ func TestDownRefuseOverHTTPComesBack(t *testing.T) {
 	s, url := start(t, sim.Config{})
 	ctl(t, url, "/sim/down?mode=refuse&for=300ms", "")
 	expectRefused(t, url)
-	deadline := time.Now().Add(5 * time.Second)
-	for s.IsDown() != "" {
-		if time.Now().After(deadline) {
-			t.Fatal("did not come back")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if a := post(t, url+"/2/httpapi", env("k", ev("device1", "b"))); a.Status != 200 {
+	poll.Until(t, "the sim to come back up after 300 ms", func() bool { return s.IsDown() == "" })
+	if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "b"))); a.Status != 200 {
 		t.Fatalf("after coming back: %d", a.Status)
 	}
 }
@@ -83,15 +78,15 @@ func TestServeControlSurvivesRefuse(t *testing.T) {
 	go s.ServeControl(ln)
 	curl := "http://" + ln.Addr().String()
 	ctl(t, curl, "/sim/down?mode=refuse", "")
-	if _, err := tryPost(url+"/2/httpapi", env("k", ev("device1", "b"))); err == nil {
+	if _, err := wiretest.TryPost(url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "b"))); err == nil {
 		t.Fatal("ingest answered while down")
 	}
 	ctl(t, curl, "/sim/up", "")
-	if a := post(t, url+"/2/httpapi", env("k", ev("device1", "b"))); a.Status != 200 {
+	if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "b"))); a.Status != 200 {
 		t.Fatalf("after up: %d", a.Status)
 	}
 	// The control listener has only /sim/ routes.
-	if a := post(t, curl+"/2/httpapi", env("k", ev("device1", "c"))); a.Status != 404 {
+	if a := wiretest.Post(t, curl+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "c"))); a.Status != 404 {
 		t.Fatalf("ingest on control listener: %d", a.Status)
 	}
 }
@@ -100,24 +95,24 @@ func TestDown503AndClose(t *testing.T) {
 	s, url := start(t, sim.Config{})
 	ctl(t, url, "/sim/down?mode=503", "")
 	for i := 0; i < 3; i++ {
-		a := post(t, url+"/2/httpapi", env("k", ev("device1", "a")))
+		a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "a")))
 		if a.Status != 503 || a.JSON["code"] != 503.0 {
 			t.Fatalf("%d %s", a.Status, a.Body)
 		}
 	}
 	var st struct{ Requests int64 }
-	getJSON(t, url+"/sim/stats", &st) // control routes still answer
+	wiretest.GetJSON(t, url+"/sim/stats", &st) // control routes still answer
 	var fs FaultState
-	getJSON(t, url+"/sim/faults", &fs)
+	wiretest.GetJSON(t, url+"/sim/faults", &fs)
 	if fs.Down != "503" || st.Requests != 3 {
 		t.Fatalf("stats %+v, faults %+v", st, fs)
 	}
 	ctl(t, url, "/sim/down?mode=close", "")
-	if _, err := tryPost(url+"/2/httpapi", env("k", ev("device1", "a"))); err == nil {
+	if _, err := wiretest.TryPost(url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "a"))); err == nil {
 		t.Fatal("answer while down=close")
 	}
 	ctl(t, url, "/sim/up", "")
-	if a := post(t, url+"/2/httpapi", env("k", ev("device1", "a"))); a.Status != 200 {
+	if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "a"))); a.Status != 200 {
 		t.Fatal(a.Status)
 	}
 	// The outage is countable in the request log.
@@ -136,52 +131,52 @@ func TestControlRoutes(t *testing.T) {
 	s, url := start(t, sim.Config{})
 	ctl(t, url, "/sim/fault", `{"status":504,"count":2,"body":"upstream timed out","content_type":"text/plain"}`)
 	for i := 0; i < 2; i++ {
-		if a := post(t, url+"/2/httpapi", env("k", ev("device1", "a"))); a.Status != 504 || string(a.Body) != "upstream timed out" {
+		if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "a"))); a.Status != 504 || string(a.Body) != "upstream timed out" {
 			t.Fatalf("%d %q", a.Status, a.Body)
 		}
 	}
 	ctl(t, url, "/sim/fault", `{"drop":"no-answer"}`)
-	if _, err := tryPost(url+"/2/httpapi", env("k", ev("device1", "a"))); err == nil {
+	if _, err := wiretest.TryPost(url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "a"))); err == nil {
 		t.Fatal("drop fault answered")
 	}
 	ctl(t, url, "/sim/fault", `{"status":500,"count":-1}`)
 	ctl(t, url, "/sim/faults/clear", "")
-	if a := post(t, url+"/sim/fault", []byte(`{"drop":"sideways"}`)); a.Status != 400 {
+	if a := wiretest.Post(t, url+"/sim/fault", []byte(`{"drop":"sideways"}`)); a.Status != 400 {
 		t.Fatalf("bad drop mode accepted: %d", a.Status)
 	}
-	if a := post(t, url+"/sim/fault", []byte(`{"stauts":500}`)); a.Status != 400 {
+	if a := wiretest.Post(t, url+"/sim/fault", []byte(`{"stauts":500}`)); a.Status != 400 {
 		t.Fatalf("unknown field accepted: %d", a.Status)
 	}
 	ctl(t, url, "/sim/latency?d=0s", "")
 	ctl(t, url, "/sim/silence?device_id=device1", "")
-	if a := post(t, url+"/2/httpapi", env("k", ev("device1", "a"))); a.Status != 400 || a.JSON["error"] != sim.ErrTextSilenced {
+	if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "a"))); a.Status != 400 || a.JSON["error"] != sim.ErrTextSilenced {
 		t.Fatalf("silence over HTTP: %d %s", a.Status, a.Body)
 	}
 	ctl(t, url, "/sim/unsilence?device_id=device1", "")
 	ctl(t, url, "/sim/quota?n=1", "")
-	post(t, url+"/2/httpapi", env("k", ev("device1", "a")))
-	if a := post(t, url+"/2/httpapi", env("k", ev("device1", "b"))); a.Status != 400 {
+	wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "a")))
+	if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "b"))); a.Status != 400 {
 		t.Fatalf("quota over HTTP: %d", a.Status)
 	}
 	ctl(t, url, "/sim/quota?n=0", "")
-	post(t, url+"/2/httpapi", env("other", ev("device2", "c")))
+	wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("other", wiretest.Event("device2", "c")))
 
 	var evs struct{ Events []sim.Ingested }
-	getJSON(t, url+"/sim/events?api_key=k", &evs)
-	if len(evs.Events) != 1 || evs.Events[0].InsertID != "a" || string(evs.Events[0].Raw) != ev("device1", "a") {
+	wiretest.GetJSON(t, url+"/sim/events?api_key=k", &evs)
+	if len(evs.Events) != 1 || evs.Events[0].InsertID != "a" || string(evs.Events[0].Raw) != wiretest.Event("device1", "a") {
 		t.Fatalf("events %+v", evs)
 	}
-	getJSON(t, url+"/sim/events?after=1", &evs)
+	wiretest.GetJSON(t, url+"/sim/events?after=1", &evs)
 	if len(evs.Events) != 1 || evs.Events[0].DeviceID != "device2" {
 		t.Fatalf("events after 1 %+v", evs)
 	}
 	var reqs struct{ Requests []sim.Record }
-	getJSON(t, url+"/sim/requests?after=3&limit=2", &reqs)
+	wiretest.GetJSON(t, url+"/sim/requests?after=3&limit=2", &reqs)
 	if len(reqs.Requests) != 2 || reqs.Requests[0].Seq != 4 {
 		t.Fatalf("requests %+v", reqs)
 	}
 	var st sim.Stats
-	getJSON(t, url+"/sim/stats", &st)
+	wiretest.GetJSON(t, url+"/sim/stats", &st)
 	if st.Ingested != 2 || st.ByStatus[504] != 2 || st.ByStatus[0] != 1 || st.IngestedByKey[sim.KeyLabel("k")] != 1 {
 		t.Fatalf("stats %+v", st)
 	}
@@ -190,7 +185,7 @@ func TestControlRoutes(t *testing.T) {
 		t.Fatal("reset kept state")
 	}
 	// After reset the insert_id is new again.
-	post(t, url+"/2/httpapi", env("k", ev("device1", "a")))
+	wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "a")))
 	if s.Count() != 1 || s.Duplicates() != 0 {
 		t.Fatalf("after reset count %d dups %d", s.Count(), s.Duplicates())
 	}

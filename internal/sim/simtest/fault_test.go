@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/wiretest"
 )
 
 func TestFailNextStatuses(t *testing.T) {
@@ -18,7 +19,7 @@ func TestFailNextStatuses(t *testing.T) {
 	for _, st := range []int{500, 502, 503, 504} {
 		s.FailNext(2, st)
 		for i := 0; i < 2; i++ {
-			a := post(t, url+"/2/httpapi", env("k", ev("device1", "x")))
+			a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "x")))
 			if a.Status != st || a.JSON["code"] != float64(st) {
 				t.Fatalf("want %d, got %d %s", st, a.Status, a.Body)
 			}
@@ -27,7 +28,7 @@ func TestFailNextStatuses(t *testing.T) {
 	if s.Count() != 0 {
 		t.Fatalf("faulted requests ingested %d", s.Count())
 	}
-	a := post(t, url+"/2/httpapi", env("k", ev("device1", "x")))
+	a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "x")))
 	if a.Status != 200 || s.Count() != 1 {
 		t.Fatalf("after faults: %d count %d", a.Status, s.Count())
 	}
@@ -40,11 +41,11 @@ func TestFailNextStatuses(t *testing.T) {
 func TestFaultNonJSONBodyAndPathPrefix(t *testing.T) {
 	s, url := start(t, sim.Config{})
 	s.Inject(Fault{Status: 502, Body: []byte("<html>bad gateway</html>"), ContentType: "text/html", PathPrefix: "/batch"})
-	a := post(t, url+"/2/httpapi", env("k", ev("device1", "x")))
+	a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "x")))
 	if a.Status != 200 {
 		t.Fatalf("prefix not honoured: %d", a.Status)
 	}
-	a = post(t, url+"/batch", env("k", ev("device1", "y")))
+	a = wiretest.Post(t, url+"/batch", wiretest.Envelope("k", wiretest.Event("device1", "y")))
 	if a.Status != 502 || string(a.Body) != "<html>bad gateway</html>" {
 		t.Fatalf("%d %q", a.Status, a.Body)
 	}
@@ -60,7 +61,7 @@ func TestFaultFractionAndUnlimited(t *testing.T) {
 	s.Inject(Fault{Status: 503, Count: -1, Fraction: 0.5})
 	fails := 0
 	for i := 0; i < 40; i++ {
-		if post(t, url+"/2/httpapi", env("k", ev("device1", "x"))).Status == 503 {
+		if wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "x"))).Status == 503 {
 			fails++
 		}
 	}
@@ -68,7 +69,7 @@ func TestFaultFractionAndUnlimited(t *testing.T) {
 		t.Fatalf("fraction 0.5 failed %d of 40", fails)
 	}
 	s.ClearFaults()
-	if a := post(t, url+"/2/httpapi", env("k", ev("device1", "x"))); a.Status != 200 {
+	if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "x"))); a.Status != 200 {
 		t.Fatalf("after clear: %d", a.Status)
 	}
 }
@@ -77,25 +78,25 @@ func TestLatency(t *testing.T) {
 	s, url := start(t, sim.Config{})
 	s.SetLatency(150 * time.Millisecond)
 	t0 := time.Now()
-	post(t, url+"/2/httpapi", env("k", ev("device1", "x")))
+	wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "x")))
 	if d := time.Since(t0); d < 150*time.Millisecond {
 		t.Fatalf("latency %v", d)
 	}
 	s.SetLatency(0)
 	s.Inject(Fault{Latency: 100 * time.Millisecond})
 	t0 = time.Now()
-	if a := post(t, url+"/2/httpapi", env("k", ev("device1", "y"))); a.Status != 200 {
+	if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "y"))); a.Status != 200 {
 		t.Fatalf("latency-only fault changed status: %d", a.Status)
 	}
 	if d := time.Since(t0); d < 100*time.Millisecond {
 		t.Fatalf("fault latency %v", d)
 	}
-	// Control routes are never delayed.
-	s.SetLatency(2 * time.Second)
+	// Control routes are never delayed (a delayed one would take 30 s).
+	s.SetLatency(30 * time.Second)
 	t0 = time.Now()
 	var st map[string]any
-	getJSON(t, url+"/sim/stats", &st)
-	if d := time.Since(t0); d > time.Second {
+	wiretest.GetJSON(t, url+"/sim/stats", &st)
+	if d := time.Since(t0); d > 10*time.Second {
 		t.Fatalf("control route delayed %v", d)
 	}
 	s.SetLatency(0)
@@ -109,7 +110,7 @@ func TestDrops(t *testing.T) {
 		t.Run(string(tc.mode), func(t *testing.T) {
 			s, url := start(t, sim.Config{})
 			s.DropNext(1, tc.mode)
-			_, err := tryPost(url+"/2/httpapi", env("k", ev("device1", "x")))
+			_, err := wiretest.TryPost(url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "x")))
 			if err == nil {
 				t.Fatalf("no error from a dropped connection")
 			}
@@ -117,7 +118,7 @@ func TestDrops(t *testing.T) {
 				t.Fatalf("ingested %d, want %d", s.Count(), tc.ingested)
 			}
 			// The retry: the same insert_id is a duplicate when it was ingested.
-			a := post(t, url+"/2/httpapi", env("k", ev("device1", "x")))
+			a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "x")))
 			if a.Status != 200 || s.Count() != 1 || s.Duplicates() != tc.ingested {
 				t.Fatalf("retry: %d count %d dups %d", a.Status, s.Count(), s.Duplicates())
 			}
@@ -137,7 +138,7 @@ func TestMidResponseSendsPartialBody(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	body := env("k", ev("device1", "x"))
+	body := wiretest.Envelope("k", wiretest.Event("device1", "x"))
 	c.Write([]byte("POST /2/httpapi HTTP/1.1\r\nHost: x\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n"))
 	c.Write(body)
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -162,7 +163,7 @@ func TestKeepAlive(t *testing.T) {
 	defer tr.CloseIdleConnections()
 	c := &http.Client{Transport: tr}
 	for i := 0; i < 5; i++ {
-		resp, err := c.Post(url+"/2/httpapi", "application/json", bytes.NewReader(env("k", ev("device1", strconv.Itoa(i)))))
+		resp, err := c.Post(url+"/2/httpapi", "application/json", bytes.NewReader(wiretest.Envelope("k", wiretest.Event("device1", strconv.Itoa(i)))))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,9 +1,6 @@
 package simtest
 
 import (
-	"bytes"
-	"encoding/json"
-	"io"
 	"net/http"
 	"testing"
 	"time"
@@ -23,80 +20,4 @@ func start(t testing.TB, cfg sim.Config) (*Sim, string) {
 	return s, url
 }
 
-// answer is a decoded upstream answer.
-type answer struct {
-	Status int
-	Body   []byte
-	JSON   map[string]any
-}
-
-var client = &http.Client{Timeout: 5 * time.Second}
-
-func post(t testing.TB, url string, body []byte, hdr ...string) answer {
-	t.Helper()
-	a, err := tryPost(url, body, hdr...)
-	if err != nil {
-		t.Fatalf("POST %s: %v", url, err)
-	}
-	return a
-}
-
-func tryPost(url string, body []byte, hdr ...string) (answer, error) {
-	req, err := http.NewRequest("POST", url, bytes.NewReader(body))
-	if err != nil {
-		return answer{}, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return answer{}, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return answer{Status: resp.StatusCode}, err
-	}
-	a := answer{Status: resp.StatusCode, Body: b}
-	json.Unmarshal(b, &a.JSON)
-	return a, nil
-}
-
-func getJSON(t testing.TB, url string, v any) {
-	t.Helper()
-	resp, err := client.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != 200 {
-		b, _ := io.ReadAll(resp.Body)
-		t.Fatalf("GET %s: %d %s", url, resp.StatusCode, b)
-	}
-	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// env builds an envelope body from raw event objects.
-func env(key string, events ...string) []byte {
-	var b bytes.Buffer
-	b.WriteString(`{"api_key":`)
-	k, _ := json.Marshal(key)
-	b.Write(k)
-	b.WriteString(`,"events":[`)
-	for i, e := range events {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(e)
-	}
-	b.WriteString("]}")
-	return b.Bytes()
-}
-
-func ev(dev, insert string) string {
-	return `{"event_type":"e","device_id":"` + dev + `","insert_id":"` + insert + `"}`
-}
+var client = &http.Client{Timeout: 30 * time.Second}

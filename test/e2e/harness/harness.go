@@ -5,7 +5,7 @@
 // routes (internal/sim's Control).
 //
 // Invariants: every process a test starts is killed by t.Cleanup; every
-// address is 127.0.0.1 with a port picked free by the kernel; every wait is
+// address is 127.0.0.1 with a free port (see FreeAddr); every wait is
 // bounded in time.
 package harness
 
@@ -13,6 +13,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -23,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim/simtest"
 )
 
@@ -99,9 +101,29 @@ func moduleRoot(t testing.TB) string {
 // ModuleRoot is the checkout's root directory (where go.mod is).
 func ModuleRoot(t testing.TB) string { return moduleRoot(t) }
 
-// FreeAddr returns a 127.0.0.1 address nothing listens on (just freed).
+// FreeAddr returns a 127.0.0.1 address nothing listens on (just freed),
+// for a process started later (which may restart on it).
+//
+// The port is below the kernel's ephemeral range (32768-60999 by default): a
+// port the kernel picked for 127.0.0.1:0 could be handed out again, to
+// another test's listener or outgoing connection, between its release here
+// and the relay's bind (go test runs packages in parallel), and the relay
+// would fail to start, or a test wanting "nothing listens" would reach
+// something. Ports below that range are never handed out by the kernel;
+// where the range leaves too little room below it, the kernel picks.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
+	high := ephemeralLow()
+	for try := 0; try < 200 && high > freePortLow+1000; try++ {
+		port := freePortLow + rand.IntN(high-freePortLow)
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue // in use: another
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		return addr
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -109,6 +131,23 @@ func FreeAddr(t testing.TB) string {
 	addr := ln.Addr().String()
 	ln.Close()
 	return addr
+}
+
+// freePortLow is the lowest port FreeAddr picks.
+const freePortLow = 10000
+
+// ephemeralLow is the first port of the kernel's ephemeral range
+// (net.ipv4.ip_local_port_range), 32768 when it cannot be read.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	var low, high int
+	if _, err := fmt.Sscan(string(b), &low, &high); err != nil || low <= 0 {
+		return 32768
+	}
+	return low
 }
 
 // CleanEnv is the environment without RELAY_* variables.
@@ -210,11 +249,12 @@ func (p *Proc) LogTail(n int) string {
 	return string(b)
 }
 
-// waitHealthy polls url until it answers 200, the process exits, or 15 s.
+// waitHealthy polls url until it answers 200, the process exits, or
+// poll.Max passes (a restart on a full spool under load may take seconds).
 func (p *Proc) waitHealthy(t testing.TB, url string) {
 	t.Helper()
 	hc := &http.Client{Timeout: time.Second}
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(poll.Max)
 	for time.Now().Before(deadline) {
 		if p.Exited() {
 			t.Fatalf("%s exited during start: %v\n%s", p.Name, p.err, p.LogTail(4000))
@@ -229,7 +269,7 @@ func (p *Proc) waitHealthy(t testing.TB, url string) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	p.Cmd.Process.Kill()
-	t.Fatalf("%s not healthy within 15s\n%s", p.Name, p.LogTail(4000))
+	t.Fatalf("%s not healthy within %v\n%s", p.Name, poll.Max, p.LogTail(4000))
 }
 
 // Sim is a `relay sim` process (StartSim) or a simserver one (StartFaultSim).
@@ -353,8 +393,10 @@ func (r *Relay) Metric(name string, labels ...string) (float64, error) {
 	return sum, sc.Err()
 }
 
-// NewClient is an HTTP client for posting to the relay (5 s time-out).
-func NewClient() *http.Client { return &http.Client{Timeout: 5 * time.Second} }
+// NewClient is an HTTP client for posting to the relay, for tests that fail
+// on an error: its time-out is poll.Max, not the 5 s a relay committing to
+// a busy disk on a loaded machine could reach.
+func NewClient() *http.Client { return &http.Client{Timeout: poll.Max} }
 
 // Post sends body to the relay's ingest path and returns status and body.
 func (r *Relay) Post(hc *http.Client, path string, body []byte) (int, []byte, error) {
@@ -366,4 +408,15 @@ func (r *Relay) Post(hc *http.Client, path string, body []byte) (int, []byte, er
 	var buf bytes.Buffer
 	_, err = buf.ReadFrom(resp.Body)
 	return resp.StatusCode, buf.Bytes(), err
+}
+
+// SeqEvent is what the end-to-end tests read back of an event they sent:
+// its device, its insert_id and the sequence number they put in its
+// event_properties.
+type SeqEvent struct {
+	DeviceID        string `json:"device_id"`
+	InsertID        string `json:"insert_id"`
+	EventProperties struct {
+		Seq int `json:"seq"`
+	} `json:"event_properties"`
 }

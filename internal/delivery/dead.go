@@ -1,0 +1,58 @@
+package delivery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
+)
+
+// ReasonExpired is the dead-letter reason of a record past its kind's max
+// age (Expired).
+const ReasonExpired = "expired"
+
+// Expired is the max-age rule of every kind: a record accepted at accepted
+// and still not delivered at now is done trying once maxAge has passed; it
+// becomes a dead letter with ReasonExpired.
+func Expired(now, accepted time.Time, maxAge time.Duration) bool {
+	return now.Sub(accepted) >= maxAge
+}
+
+// The waits between attempts of FlushDead.
+const (
+	DeadRetryInitial = 100 * time.Millisecond
+	DeadRetryMax     = 10 * time.Second
+)
+
+// FlushDead is the dead-letter flush of every kind: it commits dls to w,
+// retrying a failed commit (disk trouble) with backoff (Retry, from
+// DeadRetryInitial to DeadRetryMax) until it succeeds, so that the records
+// are done before their chunk is acknowledged. failed, when not nil, is
+// called with the first error only (to log it once). It returns nil once
+// the dead letters are durable; else, when ctx ends or the store is closed
+// (spool.ErrClosed, storage.ErrLost), an error: then nothing may be
+// acknowledged and the records must be delivered again later.
+func FlushDead(ctx context.Context, w storage.DeadWriter, dls []spool.DeadLetter, failed func(error)) error {
+	var bo *Retry // made on the first failure: the common case allocates nothing
+	for {
+		err := w.PutDead(ctx, dls)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil || errors.Is(err, spool.ErrClosed) || errors.Is(err, storage.ErrLost) {
+			return fmt.Errorf("store dead letters: %w", err)
+		}
+		if bo == nil {
+			bo = NewRetry(DeadRetryInitial, DeadRetryMax)
+			if failed != nil {
+				failed(err)
+			}
+		}
+		if !Sleep(ctx, bo.Next()) {
+			return fmt.Errorf("store dead letters: %w (then %w)", err, ctx.Err())
+		}
+	}
+}

@@ -1,0 +1,163 @@
+package delivery
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/upstream"
+)
+
+// failingDead fails the first fail calls of PutDead (a disk in trouble),
+// then stores into the real spool.
+type failingDead struct {
+	t     *testing.T
+	sp    *spool.Spool
+	fail  int
+	calls int
+}
+
+func (f *failingDead) PutDead(ctx context.Context, dls []spool.DeadLetter) error {
+	f.calls++
+	if f.calls > 1000 { // bounded: a flush that does not wait must fail, not hang
+		f.t.Errorf("PutDead called %d times: retried without waiting", f.calls)
+		return spool.ErrClosed
+	}
+	if f.calls <= f.fail {
+		return errors.New("write dead.db: input/output error")
+	}
+	return f.sp.PutDead(ctx, dls)
+}
+
+func openSpool(t *testing.T) *spool.Spool {
+	t.Helper()
+	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sp
+}
+
+func letters(n int) []spool.DeadLetter {
+	dls := make([]spool.DeadLetter, n)
+	for i := range dls {
+		dls[i] = spool.DeadLetter{Lane: spool.LaneKey{Kind: spool.KindUserMap, APIKey: "k"}, Reason: ReasonExpired,
+			Record: spool.Record{Data: []byte(`{"user_id":"u"}`)}}
+	}
+	return dls
+}
+
+// FlushDead retries a failing commit with backoff until it is stored (once,
+// the first error reported once), gives up when ctx ends and at once when
+// the store is closed.
+func TestFlushDead(t *testing.T) {
+	t.Run("retried until stored", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			sp := openSpool(t)
+			defer sp.Close()
+			w := &failingDead{t: t, sp: sp, fail: 3}
+			failed := 0
+			start := time.Now()
+			if err := FlushDead(t.Context(), w, letters(2), func(error) { failed++ }); err != nil {
+				t.Fatal(err)
+			}
+			if w.calls != 4 || failed != 1 {
+				t.Fatalf("%d PutDead calls, failed reported %d times; want 4 and 1", w.calls, failed)
+			}
+			// Three waits of the backoff (100, 200, 400 ms, jittered ±50%).
+			if d := time.Since(start); d < 3*DeadRetryInitial/2 {
+				t.Fatalf("retried after %v in all: no backoff", d)
+			}
+			dead, err := sp.ListDead(spool.DeadFilter{}, 0, 0)
+			if err != nil || len(dead) != 2 {
+				t.Fatalf("%d dead letters stored (%v), want 2", len(dead), err)
+			}
+		})
+	})
+	t.Run("context ends", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			sp := openSpool(t)
+			defer sp.Close()
+			w := &failingDead{t: t, sp: sp, fail: 1 << 30}
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			err := FlushDead(ctx, w, letters(1), nil)
+			if !errors.Is(err, context.DeadlineExceeded) || w.calls < 2 {
+				t.Fatalf("err %v after %d calls; want the deadline after retries", err, w.calls)
+			}
+			if dead, _ := sp.ListDead(spool.DeadFilter{}, 0, 0); len(dead) != 0 {
+				t.Fatalf("%d dead letters stored", len(dead))
+			}
+		})
+	})
+	t.Run("closed store", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			sp := openSpool(t)
+			sp.Close()
+			w := &failingDead{t: t, sp: sp}
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			failed := 0
+			err := FlushDead(ctx, w, letters(1), func(error) { failed++ })
+			if !errors.Is(err, spool.ErrClosed) || w.calls != 1 || failed != 0 {
+				t.Fatalf("err %v after %d calls (%d reported); want ErrClosed at once", err, w.calls, failed)
+			}
+		})
+	})
+}
+
+// A record is expired from exactly max age on, for every kind.
+func TestExpired(t *testing.T) {
+	acc := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	age := 6 * 24 * time.Hour
+	if Expired(acc.Add(age-time.Nanosecond), acc, age) {
+		t.Fatal("expired before max age")
+	}
+	if !Expired(acc.Add(age), acc, age) {
+		t.Fatal("not expired at max age")
+	}
+}
+
+func TestClassify(t *testing.T) {
+	tests := []struct {
+		res  upstream.Result
+		want Verdict
+		form Verdict // Form.Classify, when it differs
+	}{
+		{res: upstream.Result{Kind: upstream.OK}, want: Verdict{Outcome: Delivered}},
+		{res: upstream.Result{Kind: upstream.Throttled}, want: Verdict{Outcome: Throttled}},
+		{res: upstream.Result{Kind: upstream.Silenced}, want: Verdict{Outcome: Throttled},
+			form: Verdict{Outcome: Split, Reason: ReasonBadRequest}},
+		{res: upstream.Result{Kind: upstream.Invalid, InvalidEvents: map[int]string{0: "invalid_fields", 2: "missing_fields", 3: "x", -1: "y"}},
+			want: Verdict{Outcome: DeadSome, Dead: map[int]string{0: "invalid_fields", 2: "missing_fields"}}},
+		{res: upstream.Result{Kind: upstream.Invalid, InvalidEvents: map[int]string{7: "x"}}, want: Verdict{Outcome: Split, Reason: ReasonBadRequest}},
+		{res: upstream.Result{Kind: upstream.BadRequest}, want: Verdict{Outcome: Split, Reason: ReasonBadRequest}},
+		{res: upstream.Result{Kind: upstream.TooLarge}, want: Verdict{Outcome: Split, Reason: ReasonTooLarge}},
+		{res: upstream.Result{Kind: upstream.InvalidAPIKey}, want: Verdict{Outcome: Stop, Reason: "invalid API key"}},
+		{res: upstream.Result{Kind: upstream.Fatal, Answer: []byte("HTTP 404: no such path")},
+			want: Verdict{Outcome: Stop, Reason: "upstream answered HTTP 404: no such path"}},
+		{res: upstream.Result{Kind: upstream.Retryable}, want: Verdict{Outcome: Wait}},
+	}
+	f := &Form{Field: "f", MaxItems: 1, MaxBodyBytes: 1}
+	for _, tc := range tests {
+		if got := Classify(&tc.res, 3); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%v: %+v, want %+v", tc.res.Kind, got, tc.want)
+		}
+		want := tc.want
+		if tc.form.Outcome != Delivered {
+			want = tc.form
+		}
+		if got := f.Classify(&tc.res, 3); !reflect.DeepEqual(got, want) {
+			t.Errorf("Form %v: %+v, want %+v", tc.res.Kind, got, want)
+		}
+	}
+	// The events hot path classifies every 200: it must not allocate.
+	ok := upstream.Result{Kind: upstream.OK}
+	if n := testing.AllocsPerRun(100, func() { Classify(&ok, 1000) }); n != 0 {
+		t.Fatalf("Classify of a 200 allocates %v times", n)
+	}
+}

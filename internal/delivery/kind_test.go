@@ -1,0 +1,96 @@
+package delivery
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/upstream"
+)
+
+// startUpstream starts the simulator on 127.0.0.1 (closed at cleanup) and
+// returns it, its base URL and a client.
+func startUpstream(t *testing.T) (*sim.Sim, string, *upstream.Client) {
+	t.Helper()
+	s := sim.New(sim.Config{}, nil)
+	url, err := s.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	cli, err := upstream.New(upstream.Config{Timeout: 5 * time.Second}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, url, cli
+}
+
+// namingKind is a Form whose first answer names record 1 of the request
+// dead (as an upstream naming invalid records by index would).
+type namingKind struct {
+	Form
+	answered atomic.Int32
+}
+
+func (k *namingKind) Classify(res *upstream.Result, n int) Verdict {
+	if k.answered.Add(1) == 1 {
+		return Verdict{Outcome: DeadSome, Dead: map[int]string{1: "named"}}
+	}
+	return k.Form.Classify(res, n)
+}
+
+// The runner acts on its kind's verdict: the records a DeadSome names are
+// dead letters, the others are sent again at once, in order, and the chunk
+// is acknowledged after both.
+func TestKindVerdict(t *testing.T) {
+	s, url, cli := startUpstream(t)
+	sp := openSpool(t)
+	k := &namingKind{Form: Form{Field: "identification", MaxItems: 1024, MaxBodyBytes: 1 << 20}}
+	d, err := NewFormLanes(FormConfig{Name: "groupidentify", Lanes: spool.KindGroupIdentify, Kind: k,
+		URL: func(string) string { return url + "/groupidentify" }, FormTiming: FormTiming{Linger: -1}}, sp, cli, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	l, err := sp.Lane(ctx, spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b spool.Batch
+	for i := range 3 {
+		b.Add(spool.Record{OrderKey: []byte("org"), Data: fmt.Appendf(nil, `{"group_type":"org","group_value":"v%d"}`, i)})
+	}
+	if err := sp.Append(ctx, l, &b); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		sp.Close()
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for l.Stats().Records != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("not acknowledged within 10s (%d records left)", l.Stats().Records)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	var got []string
+	for _, g := range s.GroupIdentifies("k") {
+		got = append(got, g.GroupValue)
+	}
+	if want := []string{"v0", "v1", "v2", "v0", "v2"}; !slices.Equal(got, want) {
+		t.Fatalf("upstream got %v, want %v (the request, then the two not named, in order)", got, want)
+	}
+	dead, err := sp.ListDead(spool.DeadFilter{}, 0, 0)
+	if err != nil || len(dead) != 1 || dead[0].Reason != "named" || string(dead[0].Record.Data) != `{"group_type":"org","group_value":"v1"}` {
+		t.Fatalf("dead letters %+v (%v), want v1 alone, reason named", dead, err)
+	}
+}
