@@ -51,8 +51,15 @@ type lease struct {
 // returns after every deliver call returned and the leases and membership
 // were given up, so that the other relays take over at once.
 func (f *Fleet) Run(ctx context.Context, deliver DeliverFunc) error {
+	return f.run(ctx, kinds, deliver)
+}
+
+// run is Run over the partitions of ks only. Several may run at once (one
+// per lane kind's delivery): the assignment is per kind, so each computes
+// the same spread as one over every kind would.
+func (f *Fleet) run(ctx context.Context, ks []spool.Kind, deliver DeliverFunc) error {
 	var slots []slot
-	for _, k := range kinds {
+	for _, k := range ks {
 		for i := range f.cfg.Partitions {
 			slots = append(slots, slot{k, i})
 		}
