@@ -32,6 +32,23 @@ import (
 // simulator as the upstream, and two relays (two serve compositions in this
 // process) sharing the cluster.
 
+// startFleetCluster starts the 3-node cluster and the simulator (skipped
+// with -short).
+func startFleetCluster(t *testing.T) (*natstest.Cluster, *simtest.Sim, string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a 3-node NATS cluster")
+	}
+	cl := natstest.Start(t, natstest.Config{})
+	up := simtest.New(sim.Config{}, zap.NewNop())
+	upURL, err := up.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { up.Close() })
+	return cl, up, upURL
+}
+
 // fleetRelay is one relay of the fleet and its NATS connection.
 type fleetRelay struct {
 	*servedRelay
@@ -81,16 +98,7 @@ func deviceEvents(apiKey string, dev, from, n int) []byte {
 // Every event answered 200 reaches the upstream, each device's events in
 // order (of first arrival), and nothing but what was sent.
 func TestFleetFailover(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a 3-node NATS cluster")
-	}
-	cl := natstest.Start(t, natstest.Config{})
-	up := simtest.New(sim.Config{}, zap.NewNop())
-	upURL, err := up.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { up.Close() })
+	cl, up, upURL := startFleetCluster(t)
 	// Requests take a while: each relay has requests in flight and
 	// events read and not yet acknowledged when one dies.
 	up.SetLatency(200 * time.Millisecond)
@@ -274,17 +282,8 @@ func (r *fleetRelay) memberName(t *testing.T) string {
 // that owns its partition is not sent by the relay that takes the
 // partition over when the first dies, until the pause ends.
 func TestFleetPauseSurvivesFailover(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a 3-node NATS cluster")
-	}
 	const pause = 20 * time.Second
-	cl := natstest.Start(t, natstest.Config{})
-	up := simtest.New(sim.Config{}, zap.NewNop())
-	upURL, err := up.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { up.Close() })
+	cl, up, upURL := startFleetCluster(t)
 	a := startFleetRelay(t, cl, upURL, "--throttle-pause", pause.String())
 	b := startFleetRelay(t, cl, upURL, "--throttle-pause", pause.String())
 	names := map[string]*fleetRelay{a.memberName(t): a, b.memberName(t): b}
@@ -360,16 +359,7 @@ func TestFleetPauseSurvivesFailover(t *testing.T) {
 // TestFleetAdmin: a dead letter made by one relay is listed, replayed and
 // gone through another relay's /relay/v1; lanes and /readyz in fleet mode.
 func TestFleetAdmin(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a 3-node NATS cluster")
-	}
-	cl := natstest.Start(t, natstest.Config{})
-	up := simtest.New(sim.Config{}, zap.NewNop())
-	upURL, err := up.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { up.Close() })
+	cl, up, upURL := startFleetCluster(t)
 	a := startFleetRelay(t, cl, upURL)
 	b := startFleetRelay(t, cl, upURL)
 	for _, r := range []*fleetRelay{a, b} {
@@ -450,16 +440,7 @@ func TestFleetAdmin(t *testing.T) {
 // requests in flight, then gives its leases up at once (another relay takes
 // over without waiting for them to expire); nothing acknowledged is lost.
 func TestFleetGracefulStop(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a 3-node NATS cluster")
-	}
-	cl := natstest.Start(t, natstest.Config{})
-	up := simtest.New(sim.Config{}, zap.NewNop())
-	upURL, err := up.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { up.Close() })
+	cl, up, upURL := startFleetCluster(t)
 	up.SetLatency(200 * time.Millisecond)
 	a := startFleetRelay(t, cl, upURL)
 	b := startFleetRelay(t, cl, upURL)
@@ -515,16 +496,7 @@ func eventsOwners(t *testing.T, cl *natstest.Cluster) []string {
 // A's data dir is read again). Before issue 22's forms on the fleet they
 // stayed in A's local spool and this failed.
 func TestFleetForms(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a 3-node NATS cluster")
-	}
-	cl := natstest.Start(t, natstest.Config{})
-	up := simtest.New(sim.Config{}, zap.NewNop())
-	upURL, err := up.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { up.Close() })
+	cl, up, upURL := startFleetCluster(t)
 	if err := up.Down(sim.DownRefuse, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -547,6 +519,9 @@ func TestFleetForms(t *testing.T) {
 			t.Fatalf("POST %s: %d %s", path, resp.StatusCode, body)
 		}
 	}
+	up.RejectGroupValue("bad") // a 400: a dead letter, the fleet's
+	post("/groupidentify", "api_key="+apiKey+"&identification="+
+		url.QueryEscape(`[{"group_type":"org","group_value":"bad","group_properties":{"plan":"p"}}]`))
 	for i := range n { // distinct groups and users: spread over the partitions
 		post("/groupidentify", "api_key="+apiKey+"&identification="+
 			url.QueryEscape(fmt.Sprintf(`[{"group_type":"org","group_value":"g-%02d","group_properties":{"plan":"p"}}]`, i)))
@@ -590,4 +565,31 @@ func TestFleetForms(t *testing.T) {
 			t.Errorf("record %d: group %v, mapping %v", i, groups[fmt.Sprintf("g-%02d", i)], users[fmt.Sprintf("u-%02d", i)])
 		}
 	}
+	// The refused one is a dead letter of the fleet: listed by B, replayed
+	// through B into the stream (refused again: a dead letter again).
+	deadBody := func() string {
+		for i := 0; ; i++ {
+			_, body := getBody(t, b.admin+"/relay/v1/deadletters")
+			if strings.Contains(body, `"total":1`) {
+				return body
+			}
+			if i == 300 {
+				t.Fatalf("group identify dead letter not listed: %s", body)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if body := deadBody(); !strings.Contains(body, `"reason":"bad_request"`) {
+		t.Fatalf("dead letters: %s", body)
+	}
+	resp, err := http.Post(b.admin+"/relay/v1/deadletters/replay", "application/json", strings.NewReader(`{"filter":{}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(rb), `"replayed":1`) {
+		t.Fatalf("replay: %d %s", resp.StatusCode, rb)
+	}
+	deadBody()
 }

@@ -3,7 +3,6 @@ package batcher
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -76,7 +75,7 @@ func NewFleet(cfg Config, st FleetStore, pauses SharedPauses, send Sender, thr *
 		return nil, err
 	}
 	p.dead = st
-	p.fl = &fleetState{st: st, pauses: pauses, lanes: map[uint64]*laneRunner{}}
+	p.fl = &fleetState{st: st, pauses: pauses}
 	m, err := newMetrics(reg, p)
 	if err != nil {
 		return nil, err
@@ -92,8 +91,8 @@ type fleetState struct {
 	pauses SharedPauses
 	nextID atomic.Uint64
 
+	runs    delivery.Runners[*laneRunner]
 	mu      sync.Mutex
-	lanes   map[uint64]*laneRunner
 	running bool
 }
 
@@ -104,45 +103,6 @@ func (fl *fleetState) ready() error {
 		return ErrNotRunning
 	}
 	return nil
-}
-
-func (fl *fleetState) lane(id uint64) *laneRunner {
-	fl.mu.Lock()
-	defer fl.mu.Unlock()
-	return fl.lanes[id]
-}
-
-func (fl *fleetState) runners() []*laneRunner {
-	fl.mu.Lock()
-	defer fl.mu.Unlock()
-	rs := make([]*laneRunner, 0, len(fl.lanes))
-	for _, lr := range fl.lanes {
-		rs = append(rs, lr)
-	}
-	return rs
-}
-
-func (fl *fleetState) control(id uint64, f func(*laneRunner)) error {
-	lr := fl.lane(id)
-	if lr == nil {
-		return fmt.Errorf("batcher: lane %d: %w", id, delivery.ErrUnknownLane)
-	}
-	f(lr)
-	return nil
-}
-
-func (fl *fleetState) add(lr *laneRunner) {
-	fl.mu.Lock()
-	fl.lanes[lr.id] = lr
-	fl.mu.Unlock()
-}
-
-func (fl *fleetState) remove(lr *laneRunner) {
-	fl.mu.Lock()
-	if fl.lanes[lr.id] == lr {
-		delete(fl.lanes, lr.id)
-	}
-	fl.mu.Unlock()
 }
 
 // drainTracker counts the partitions that have not finished draining.
@@ -256,10 +216,10 @@ func (p *Pipeline) deliverPartition(stop, owned context.Context, r storage.Reade
 		Log:       p.log,
 		Start: func(f *delivery.Feed) delivery.FeedRunner {
 			lr := newRunner(p, f, p.fl.nextID.Add(1), spool.LabelOf(f.Lane())+"-"+name, f.Lane())
-			p.fl.add(lr)
+			p.fl.runs.Add(lr.id, lr)
 			return delivery.FeedRunner{Label: lr.label, Run: lr.Run, Pinned: lr.stop.Stopped,
-				Retired:   func() { p.fl.remove(lr) },
-				Abandoned: func() { p.fl.remove(lr); lr.abandon() }}
+				Retired:   func() { p.fl.runs.Remove(lr.id, lr) },
+				Abandoned: func() { p.fl.runs.Remove(lr.id, lr); lr.abandon() }}
 		},
 	})
 }

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -237,7 +236,7 @@ func NewFormLanes(cfg FormConfig, sp *spool.Spool, client *upstream.Client, log 
 	d := &FormLanes{cfg: cfg.withDefaults(), sp: sp, dead: sp, client: client, log: log}
 	if cfg.Fleet != nil {
 		d.dead = cfg.Fleet
-		d.fl = &formFleet{runs: map[uint64]*laneRun{}}
+		d.fl = &formFleet{}
 	}
 	eng, err := NewEngine(EngineConfig[*laneRun]{Name: cfg.Name, Kind: cfg.Lanes, NewRunner: d.newLane}, sp)
 	if err != nil {
@@ -281,7 +280,12 @@ func NewFormLanes(cfg FormConfig, sp *spool.Spool, client *upstream.Client, log 
 // PausedKeys and HeldEvents are always 0 (no per-key pauses here).
 func (d *FormLanes) LaneStatus() []LaneStatus {
 	if d.fl != nil {
-		return d.fl.status()
+		rs := d.fl.runs.All()
+		out := make([]LaneStatus, 0, len(rs))
+		for _, lr := range rs {
+			out = append(out, lr.Status())
+		}
+		return out
 	}
 	return d.eng.LaneStatus()
 }
@@ -291,7 +295,7 @@ func (d *FormLanes) LaneStatus() []LaneStatus {
 // ErrUnknownLane, for a lane Run has not started.
 func (d *FormLanes) StopLane(laneID uint64) error {
 	if d.fl != nil {
-		return d.fl.control(laneID, func(lr *laneRun) { lr.Stop("stopped by operator") })
+		return d.fl.runs.Control(laneID, func(lr *laneRun) { lr.Stop("stopped by operator") })
 	}
 	return d.eng.StopLane(laneID)
 }
@@ -300,7 +304,7 @@ func (d *FormLanes) StopLane(laneID uint64) error {
 // its api_key; the refused request is sent again at once.
 func (d *FormLanes) ResumeLane(laneID uint64) error {
 	if d.fl != nil {
-		return d.fl.control(laneID, (*laneRun).Resume)
+		return d.fl.runs.Control(laneID, (*laneRun).Resume)
 	}
 	return d.eng.ResumeLane(laneID)
 }
@@ -615,48 +619,11 @@ func (lr *laneRun) dropDead(ctx context.Context, recs []spool.Record, accepted [
 // lives (as the batcher's).
 const formIdle = time.Minute
 
-// formFleet is a fleet-mode FormLanes' runners by id, for the lane control.
+// formFleet is a fleet-mode FormLanes' runners, for the lane control.
 type formFleet struct {
 	nextID  atomic.Uint64
 	running atomic.Bool
-
-	mu   sync.Mutex
-	runs map[uint64]*laneRun
-}
-
-func (fl *formFleet) status() []LaneStatus {
-	fl.mu.Lock()
-	rs := make([]*laneRun, 0, len(fl.runs))
-	for _, lr := range fl.runs {
-		rs = append(rs, lr)
-	}
-	fl.mu.Unlock()
-	out := make([]LaneStatus, 0, len(rs))
-	for _, lr := range rs {
-		out = append(out, lr.Status())
-	}
-	return out
-}
-
-func (fl *formFleet) control(id uint64, f func(*laneRun)) error {
-	fl.mu.Lock()
-	lr := fl.runs[id]
-	fl.mu.Unlock()
-	if lr == nil {
-		return fmt.Errorf("delivery: lane %d: %w", id, ErrUnknownLane)
-	}
-	f(lr)
-	return nil
-}
-
-func (fl *formFleet) set(lr *laneRun, on bool) {
-	fl.mu.Lock()
-	if on {
-		fl.runs[lr.id] = lr
-	} else if fl.runs[lr.id] == lr {
-		delete(fl.runs, lr.id)
-	}
-	fl.mu.Unlock()
+	runs    Runners[*laneRun]
 }
 
 // runFleet is Run in fleet mode: the store hands this relay the kind's
@@ -684,8 +651,8 @@ func (d *FormLanes) runFleet(ctx context.Context) error {
 			Start: func(f *Feed) FeedRunner {
 				lr := &laneRun{d: d, src: f, key: f.Lane(), id: fl.nextID.Add(1),
 					label: spool.LabelOf(f.Lane()) + "-" + name, bo: NewRetry(d.cfg.RetryInitial, d.cfg.RetryMax)}
-				fl.set(lr, true)
-				forget := func() { fl.set(lr, false) }
+				fl.runs.Add(lr.id, lr)
+				forget := func() { fl.runs.Remove(lr.id, lr) }
 				return FeedRunner{Label: lr.label, Run: lr.Run, Pinned: lr.st.Stopped, Retired: forget, Abandoned: forget}
 			},
 		})
