@@ -12,13 +12,16 @@ import (
 
 	"github.com/svcrelay/relay/internal/config"
 	"github.com/svcrelay/relay/internal/fleet"
+	"github.com/svcrelay/relay/internal/formreq"
+	"github.com/svcrelay/relay/internal/spool"
 )
 
 // fleetStore is fleet mode's store (--spool nats://..., issue 22): the
-// connection to the NATS JetStream cluster and the fleet on it. Events go
-// through it (ingest appends, the batcher delivers the partitions this relay
-// owns, dead letters and pauses are the fleet's); group identifies and user
-// mappings stay on the local spool in --data-dir.
+// connection to the NATS JetStream cluster and the fleet on it. Every lane
+// kind goes through it: events (ingest appends, the batcher delivers the
+// events partitions this relay owns, dead letters and pauses are the
+// fleet's), group identifies and user mappings (their intake appends, their
+// FormLanes deliver their kinds' partitions, dead letters are the fleet's).
 type fleetStore struct {
 	nc *nats.Conn
 	f  *fleet.Fleet
@@ -49,7 +52,7 @@ func openFleet(cfg config.Config, log *zap.Logger, reg prometheus.Registerer) (*
 		nc.Close()
 		return nil, fmt.Errorf("--spool nats://: open the fleet's streams: %w", err)
 	}
-	log.Info("fleet mode: events are spooled on the NATS JetStream cluster",
+	log.Info("fleet mode: events, group identifies and user mappings are spooled on the NATS JetStream cluster",
 		zap.String("member", f.Name()), zap.Int("partitions", f.Partitions()))
 	return &fleetStore{nc: nc, f: f, b: f.Backend()}, nil
 }
@@ -68,4 +71,14 @@ func (fs *fleetStore) close(context.Context) error {
 	err := fs.f.Close()
 	fs.nc.Close()
 	return err
+}
+
+// kind is the fleet's store restricted to one lane kind's partitions (each
+// kind's delivery runs its own ownership loop); nil when fs is (local
+// spool), so that the kinds' Config.Fleet stays a nil interface.
+func (fs *fleetStore) kind(k spool.Kind) formreq.Store {
+	if fs == nil {
+		return nil
+	}
+	return fs.b.Only(k)
 }

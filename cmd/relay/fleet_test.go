@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/fleet"
 	"github.com/svcrelay/relay/internal/natstest"
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/sim/simtest"
 )
@@ -29,6 +31,23 @@ import (
 // Fleet mode end to end (issue 22): a real 3-node JetStream cluster, the
 // simulator as the upstream, and two relays (two serve compositions in this
 // process) sharing the cluster.
+
+// startFleetCluster starts the 3-node cluster and the simulator (skipped
+// with -short).
+func startFleetCluster(t *testing.T) (*natstest.Cluster, *simtest.Sim, string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a 3-node NATS cluster")
+	}
+	cl := natstest.Start(t, natstest.Config{})
+	up := simtest.New(sim.Config{}, zap.NewNop())
+	upURL, err := up.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { up.Close() })
+	return cl, up, upURL
+}
 
 // fleetRelay is one relay of the fleet and its NATS connection.
 type fleetRelay struct {
@@ -79,16 +98,7 @@ func deviceEvents(apiKey string, dev, from, n int) []byte {
 // Every event answered 200 reaches the upstream, each device's events in
 // order (of first arrival), and nothing but what was sent.
 func TestFleetFailover(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a 3-node NATS cluster")
-	}
-	cl := natstest.Start(t, natstest.Config{})
-	up := simtest.New(sim.Config{}, zap.NewNop())
-	upURL, err := up.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { up.Close() })
+	cl, up, upURL := startFleetCluster(t)
 	// Requests take a while: each relay has requests in flight and
 	// events read and not yet acknowledged when one dies.
 	up.SetLatency(200 * time.Millisecond)
@@ -210,6 +220,13 @@ func distinct(evs []sim.Ingested) int {
 // partition (the fleet's KV bucket), "" when none does.
 func partitionOwner(t *testing.T, cl *natstest.Cluster, p int) string {
 	t.Helper()
+	return leaseOwner(t, cl, "events", p)
+}
+
+// leaseOwner returns the member name holding the lease of partition p of
+// kind's stream, "" when none does.
+func leaseOwner(t *testing.T, cl *natstest.Cluster, kind string, p int) string {
+	t.Helper()
 	nc, err := nats.Connect(cl.URL())
 	if err != nil {
 		t.Fatal(err)
@@ -225,7 +242,7 @@ func partitionOwner(t *testing.T, cl *natstest.Cluster, p int) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := kv.Get(ctx, "p.events."+strconv.Itoa(p))
+	e, err := kv.Get(ctx, "p."+kind+"."+strconv.Itoa(p))
 	if err != nil {
 		return ""
 	}
@@ -257,25 +274,16 @@ func kvHas(t *testing.T, cl *natstest.Cluster, bucket, key string) bool {
 // memberName is the relay's fleet member name, from its log.
 func (r *fleetRelay) memberName(t *testing.T) string {
 	t.Helper()
-	r.waitLog(t, "fleet mode: events are spooled on the NATS JetStream cluster", 1)
-	return r.logs.FilterMessage("fleet mode: events are spooled on the NATS JetStream cluster").All()[0].ContextMap()["member"].(string)
+	r.waitLog(t, "fleet mode: events, group identifies and user mappings are spooled on the NATS JetStream cluster", 1)
+	return r.logs.FilterMessage("fleet mode: events, group identifies and user mappings are spooled on the NATS JetStream cluster").All()[0].ContextMap()["member"].(string)
 }
 
 // TestFleetPauseSurvivesFailover: a device paused by a 429 on the relay
 // that owns its partition is not sent by the relay that takes the
 // partition over when the first dies, until the pause ends.
 func TestFleetPauseSurvivesFailover(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a 3-node NATS cluster")
-	}
 	const pause = 20 * time.Second
-	cl := natstest.Start(t, natstest.Config{})
-	up := simtest.New(sim.Config{}, zap.NewNop())
-	upURL, err := up.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { up.Close() })
+	cl, up, upURL := startFleetCluster(t)
 	a := startFleetRelay(t, cl, upURL, "--throttle-pause", pause.String())
 	b := startFleetRelay(t, cl, upURL, "--throttle-pause", pause.String())
 	names := map[string]*fleetRelay{a.memberName(t): a, b.memberName(t): b}
@@ -351,16 +359,7 @@ func TestFleetPauseSurvivesFailover(t *testing.T) {
 // TestFleetAdmin: a dead letter made by one relay is listed, replayed and
 // gone through another relay's /relay/v1; lanes and /readyz in fleet mode.
 func TestFleetAdmin(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a 3-node NATS cluster")
-	}
-	cl := natstest.Start(t, natstest.Config{})
-	up := simtest.New(sim.Config{}, zap.NewNop())
-	upURL, err := up.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { up.Close() })
+	cl, up, upURL := startFleetCluster(t)
 	a := startFleetRelay(t, cl, upURL)
 	b := startFleetRelay(t, cl, upURL)
 	for _, r := range []*fleetRelay{a, b} {
@@ -441,16 +440,7 @@ func TestFleetAdmin(t *testing.T) {
 // requests in flight, then gives its leases up at once (another relay takes
 // over without waiting for them to expire); nothing acknowledged is lost.
 func TestFleetGracefulStop(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a 3-node NATS cluster")
-	}
-	cl := natstest.Start(t, natstest.Config{})
-	up := simtest.New(sim.Config{}, zap.NewNop())
-	upURL, err := up.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { up.Close() })
+	cl, up, upURL := startFleetCluster(t)
 	up.SetLatency(200 * time.Millisecond)
 	a := startFleetRelay(t, cl, upURL)
 	b := startFleetRelay(t, cl, upURL)
@@ -498,4 +488,108 @@ func eventsOwners(t *testing.T, cl *natstest.Cluster) []string {
 		out = append(out, partitionOwner(t, cl, p))
 	}
 	return out
+}
+
+// TestFleetForms: group identifies and user mappings accepted by relay A
+// while the upstream is down are delivered by relay B once A is killed
+// (connection closed, leases left to expire, then A stopped: nothing of
+// A's data dir is read again). Before issue 22's forms on the fleet they
+// stayed in A's local spool and this failed.
+func TestFleetForms(t *testing.T) {
+	cl, up, upURL := startFleetCluster(t)
+	if err := up.Down(sim.DownRefuse, 0); err != nil {
+		t.Fatal(err)
+	}
+	forms := []string{"--alias-url", upURL, "--analytics-url", upURL}
+	a := startFleetRelay(t, cl, upURL, forms...)
+	aName := a.memberName(t)
+	b := startFleetRelay(t, cl, upURL, forms...)
+	b.memberName(t)
+
+	const apiKey, n = "fleet-key-5", 24
+	post := func(path, form string) {
+		t.Helper()
+		resp, err := http.Post(a.admin+path, "application/x-www-form-urlencoded", strings.NewReader(form))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("POST %s: %d %s", path, resp.StatusCode, body)
+		}
+	}
+	up.RejectGroupValue("bad") // a 400: a dead letter, the fleet's
+	post("/groupidentify", "api_key="+apiKey+"&identification="+
+		url.QueryEscape(`[{"group_type":"org","group_value":"bad","group_properties":{"plan":"p"}}]`))
+	for i := range n { // distinct groups and users: spread over the partitions
+		post("/groupidentify", "api_key="+apiKey+"&identification="+
+			url.QueryEscape(fmt.Sprintf(`[{"group_type":"org","group_value":"g-%02d","group_properties":{"plan":"p"}}]`, i)))
+		post("/usermap", "api_key="+apiKey+"&mapping="+
+			url.QueryEscape(fmt.Sprintf(`[{"user_id":"u-%02d","global_user_id":"g-%02d"}]`, i, i)))
+	}
+	// A holds partitions of both kinds (its share once B joined).
+	poll.Until(t, "relay A holds group identify and user mapping partitions", func() bool {
+		var gi, um bool
+		for p := range 4 {
+			gi = gi || leaseOwner(t, cl, "groupidentify", p) == aName
+			um = um || leaseOwner(t, cl, "usermap", p) == aName
+		}
+		return gi && um
+	})
+	a.kill()
+	a.stop(t) //nolint:errcheck // its fleet is gone; only its data dir is left
+	if err := up.Up(); err != nil {
+		t.Fatal(err)
+	}
+
+	var groups, users map[string]bool
+	for i := 0; ; i++ { // B takes A's partitions after the lease time-out (~8 s), then its retry
+		groups, users = map[string]bool{}, map[string]bool{}
+		for _, g := range up.GroupIdentifies(apiKey) {
+			groups[g.GroupValue] = true
+		}
+		for _, c := range up.MappingCalls() {
+			users[c.UserID] = true
+		}
+		if len(groups) >= n && len(users) >= n {
+			break
+		}
+		if i == 900 { // 90 s
+			t.Fatalf("after A died, B delivered %d of %d group identifies and %d of %d mappings", len(groups), n, len(users), n)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for i := range n {
+		if !groups[fmt.Sprintf("g-%02d", i)] || !users[fmt.Sprintf("u-%02d", i)] {
+			t.Errorf("record %d: group %v, mapping %v", i, groups[fmt.Sprintf("g-%02d", i)], users[fmt.Sprintf("u-%02d", i)])
+		}
+	}
+	// The refused one is a dead letter of the fleet: listed by B, replayed
+	// through B into the stream (refused again: a dead letter again).
+	deadBody := func() string {
+		for i := 0; ; i++ {
+			_, body := getBody(t, b.admin+"/relay/v1/deadletters")
+			if strings.Contains(body, `"total":1`) {
+				return body
+			}
+			if i == 300 {
+				t.Fatalf("group identify dead letter not listed: %s", body)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if body := deadBody(); !strings.Contains(body, `"reason":"bad_request"`) {
+		t.Fatalf("dead letters: %s", body)
+	}
+	resp, err := http.Post(b.admin+"/relay/v1/deadletters/replay", "application/json", strings.NewReader(`{"filter":{}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(rb), `"replayed":1`) {
+		t.Fatalf("replay: %d %s", resp.StatusCode, rb)
+	}
+	deadBody()
 }

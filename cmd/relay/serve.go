@@ -148,7 +148,7 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, creds *cr
 	}
 	var p *batcher.Pipeline
 	if fs != nil { // issue 22: the events partitions this relay owns
-		p, err = batcher.NewFleet(bcfg, fs.b, fs.f, client, thr, log.Named("delivery"), reg)
+		p, err = batcher.NewFleet(bcfg, fs.b.Only(spool.KindEvents), fs.f, client, thr, log.Named("delivery"), reg)
 	} else {
 		p, err = batcher.New(bcfg, sp, client, thr, log.Named("delivery"), reg)
 	}
@@ -165,6 +165,7 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, creds *cr
 	gi, err := groupidentify.New(groupidentify.Config{
 		URL:        cfg.IngestURL,
 		FormTiming: delivery.FormTiming{MaxAge: cfg.MaxEventAge, Gzip: cfg.UpstreamGzip},
+		Fleet:      fs.kind(spool.KindGroupIdentify), // issue 22
 	}, sp, client, creds, log.Named("groupidentify"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("group identify: %w", err)
@@ -191,6 +192,7 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, creds *cr
 		AliasURL:     cfg.AliasURL,
 		AnalyticsURL: cfg.AnalyticsURL,
 		FormTiming:   delivery.FormTiming{MaxAge: cfg.MaxEventAge, Gzip: cfg.UpstreamGzip},
+		Fleet:        fs.kind(spool.KindUserMap), // issue 22
 	}, sp, client, creds, log.Named("usermap"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("user mapping: %w", err)
@@ -357,8 +359,8 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 			hooks.fleetOpened(fs.nc)
 		}
 		for _, l := range sp.Lanes() {
-			if l.Key().Kind == spool.KindEvents && l.Stats().Records > 0 {
-				log.Warn("events spooled in --data-dir by an earlier run without --spool nats:// are not delivered in fleet mode: run the relay once with --spool local to deliver them",
+			if l.Stats().Records > 0 { // every kind is the fleet's (issue 22)
+				log.Warn("records spooled in --data-dir by an earlier run without --spool nats:// are not delivered in fleet mode: run the relay once with --spool local to deliver them",
 					zap.String("lane", l.Label()), zap.Int64("records", l.Stats().Records))
 			}
 		}

@@ -68,9 +68,6 @@ func (a *Relay) deadTotal() int64 {
 // replay retried (or run by two relays at once) within the fleet's
 // deduplication window is stored once.
 func (a *Relay) replayFleet(ctx context.Context, k spool.LaneKey, dls []spool.DeadLetter, counts map[string]*laneCount, out *replayJSON) error {
-	if k.Kind != spool.KindEvents {
-		return fmt.Errorf("lane kind %s: only events are replayed in fleet mode", k.Kind)
-	}
 	label := spool.LabelOf(k)
 	for len(dls) > 0 {
 		n, size := 0, 0

@@ -54,7 +54,7 @@ type RelayConfig struct {
 	// Issue 22: fleet mode.
 
 	// Fleet, when not nil, is the fleet's store: the dead-letter routes
-	// list, purge and replay its dead letters (every relay's events),
+	// list, purge and replay its dead letters (every relay's, every kind),
 	// and replayed events are appended to it. Nil: the local spool's.
 	Fleet FleetStore
 }

@@ -122,14 +122,17 @@
 // # Fleet mode
 //
 // NewFleet (issue 22) delivers the partitions a storage.Owner hands this
-// relay (the fleet's NATS JetStream streams) instead of spool lanes: a
-// reader goroutine per owned partition demultiplexes its messages by lane
-// into feeds, each read by a laneRunner as above (its source is the feed,
-// not a spool lane), and an acker goroutine per partition acknowledges a
-// message once all its records are done. Dead letters go to the store,
-// pauses are shared with the fleet's other relays (SharedPauses). See
-// fleet.go for the ownership, stop and memory rules. The fleet's locks
-// (fleetState.mu, partition.fmu and amu, feed.mu) are each taken alone too.
+// relay (the fleet's NATS JetStream streams) instead of spool lanes, through
+// delivery.DeliverPartition (shared with the form kinds): a reader goroutine
+// per owned partition demultiplexes its messages by lane into feeds
+// (delivery.Feed), each read by a laneRunner as above (its source is the
+// feed, not a spool lane), and an acker goroutine per partition
+// acknowledges a message once all its records are done. Dead letters go to
+// the store, pauses are shared with the fleet's other relays
+// (SharedPauses). See fleet.go and delivery/partition.go for the
+// ownership, stop and memory rules. The fleet's locks (fleetState.mu,
+// delivery.Runners', the partition's and the feed's) are each taken alone
+// too.
 //
 // # Goroutines and locks
 //

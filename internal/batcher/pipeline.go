@@ -137,7 +137,7 @@ func (p *Pipeline) Ready() error {
 // in the spool. ResumeLane undoes it.
 func (p *Pipeline) StopLane(laneID uint64) error {
 	if p.fl != nil {
-		return p.fl.control(laneID, func(lr *laneRunner) { lr.Stop("stopped by operator") })
+		return p.fl.runs.Control(laneID, func(lr *laneRunner) { lr.Stop("stopped by operator") })
 	}
 	return p.eng.StopLane(laneID)
 }
@@ -147,14 +147,14 @@ func (p *Pipeline) StopLane(laneID uint64) error {
 // created after the last LanesChanged wake-up is not stopped: nil.
 func (p *Pipeline) ResumeLane(laneID uint64) error {
 	if p.fl != nil {
-		return p.fl.control(laneID, (*laneRunner).Resume)
+		return p.fl.runs.Control(laneID, (*laneRunner).Resume)
 	}
 	return p.eng.ResumeLane(laneID)
 }
 
 func (p *Pipeline) lane(id uint64) *laneRunner {
 	if p.fl != nil {
-		return p.fl.lane(id)
+		return p.fl.runs.Get(id)
 	}
 	lr, _ := p.eng.Lane(id)
 	return lr
@@ -164,7 +164,7 @@ func (p *Pipeline) lane(id uint64) *laneRunner {
 // across a call out of its package).
 func (p *Pipeline) runners() []*laneRunner {
 	if p.fl != nil {
-		return p.fl.runners()
+		return p.fl.runs.All()
 	}
 	return p.eng.Runners()
 }

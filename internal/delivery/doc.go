@@ -8,7 +8,10 @@
 // the supervisor of every kind (Engine: a Runner per lane of a kind,
 // started as lanes appear, forgotten when the spool retires the lane; lane
 // status, stop/resume and relay_lane_stopped) and the runner of the
-// form-encoded kinds (FormLanes: group identify and user mappings). The
+// form-encoded kinds (FormLanes: group identify and user mappings), and in
+// fleet mode (issue 22) the partition demultiplexer every kind's runners
+// read (DeliverPartition: a Feed per lane of a partition, one acker per
+// partition; Runners, the runners by id). The
 // events pipeline (internal/batcher) is the other kind; its laneRunner is a
 // Runner with N shards per lane, which packs its own batches (pauses,
 // pacing and read-ahead live there) and classifies answers with Classify.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
 )
 
@@ -91,6 +93,19 @@ type FormConfig struct {
 	Pacer Pacer
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+
+	// Issue 22: Fleet, when not nil, is fleet mode's store: Run delivers
+	// the partitions of the kind Lanes it hands this relay (their lanes'
+	// runners read feeds, DeliverPartition) instead of the spool's lanes,
+	// and dead letters go to it.
+	Fleet FleetStore
+}
+
+// FleetStore is fleet mode's store as a form kind's delivery uses it
+// (fleet.Backend restricted to the kind: Backend.Only).
+type FleetStore interface {
+	storage.Owner
+	storage.DeadWriter
 }
 
 // Validate reports a configuration error.
@@ -197,6 +212,8 @@ type metrics struct {
 type FormLanes struct {
 	cfg    FormConfig
 	sp     *spool.Spool
+	dead   storage.DeadWriter // sp, or the fleet's
+	fl     *formFleet         // fleet mode's runners; nil with the spool
 	client *upstream.Client
 	log    *zap.Logger
 	m      metrics
@@ -216,7 +233,11 @@ func NewFormLanes(cfg FormConfig, sp *spool.Spool, client *upstream.Client, log 
 	}
 	f := promauto.With(reg)
 	p := "relay_" + cfg.Name + "_"
-	d := &FormLanes{cfg: cfg.withDefaults(), sp: sp, client: client, log: log}
+	d := &FormLanes{cfg: cfg.withDefaults(), sp: sp, dead: sp, client: client, log: log}
+	if cfg.Fleet != nil {
+		d.dead = cfg.Fleet
+		d.fl = &formFleet{}
+	}
 	eng, err := NewEngine(EngineConfig[*laneRun]{Name: cfg.Name, Kind: cfg.Lanes, NewRunner: d.newLane}, sp)
 	if err != nil {
 		return nil, err
@@ -244,7 +265,11 @@ func NewFormLanes(cfg FormConfig, sp *spool.Spool, client *upstream.Client, log 
 		// relay_lane_stopped{lane} for this kind's lanes, beside the event
 		// pipeline's (issue 24): one series per lane, so one alert covers
 		// every kind.
-		if err := reg.Register(eng.StoppedCollector(false)); err != nil {
+		c := eng.StoppedCollector(false)
+		if d.fl != nil {
+			c = NewStoppedCollector(d.LaneStatus, false)
+		}
+		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("%s: register relay_lane_stopped: %w", cfg.Name, err)
 		}
 	}
@@ -253,19 +278,44 @@ func NewFormLanes(cfg FormConfig, sp *spool.Spool, client *upstream.Client, log 
 
 // LaneStatus returns a snapshot of every lane Run has started, by lane id.
 // PausedKeys and HeldEvents are always 0 (no per-key pauses here).
-func (d *FormLanes) LaneStatus() []LaneStatus { return d.eng.LaneStatus() }
+func (d *FormLanes) LaneStatus() []LaneStatus {
+	if d.fl != nil {
+		rs := d.fl.runs.All()
+		out := make([]LaneStatus, 0, len(rs))
+		for _, lr := range rs {
+			out = append(out, lr.Status())
+		}
+		return out
+	}
+	return d.eng.LaneStatus()
+}
 
 // StopLane stops sending the lane's records before its next request (an
 // operator's pause); they stay in the spool. It fails, wrapping
 // ErrUnknownLane, for a lane Run has not started.
-func (d *FormLanes) StopLane(laneID uint64) error { return d.eng.StopLane(laneID) }
+func (d *FormLanes) StopLane(laneID uint64) error {
+	if d.fl != nil {
+		return d.fl.runs.Control(laneID, func(lr *laneRun) { lr.Stop("stopped by operator") })
+	}
+	return d.eng.StopLane(laneID)
+}
 
 // ResumeLane resumes a lane stopped by StopLane or by the upstream refusing
 // its api_key; the refused request is sent again at once.
-func (d *FormLanes) ResumeLane(laneID uint64) error { return d.eng.ResumeLane(laneID) }
+func (d *FormLanes) ResumeLane(laneID uint64) error {
+	if d.fl != nil {
+		return d.fl.runs.Control(laneID, (*laneRun).Resume)
+	}
+	return d.eng.ResumeLane(laneID)
+}
 
 // Running reports whether Run is running.
-func (d *FormLanes) Running() bool { return d.eng.Running() }
+func (d *FormLanes) Running() bool {
+	if d.fl != nil {
+		return d.fl.running.Load()
+	}
+	return d.eng.Running()
+}
 
 // Ready reports an error while Run is not running ("<Name> delivery not
 // running").
@@ -293,12 +343,36 @@ func ProjectURL(creds *credentials.Ref, kind, base, path string) func(apiKey str
 
 // Run delivers every lane of the kind until ctx ends; it then waits for the
 // lane goroutines and returns nil. Unacknowledged work stays in the spool.
-func (d *FormLanes) Run(ctx context.Context) error { return d.eng.Run(ctx) }
+func (d *FormLanes) Run(ctx context.Context) error {
+	if d.fl != nil {
+		return d.runFleet(ctx)
+	}
+	return d.eng.Run(ctx)
+}
+
+// formSource is what a lane's runner reads: a spool lane, or its Feed in
+// a fleet partition.
+type formSource interface {
+	Next(ctx context.Context, maxBytes int) ([]spool.Chunk, error)
+	Ack(seq uint64)
+}
+
+// spoolLane is a spool lane as a formSource.
+type spoolLane struct {
+	sp *spool.Spool
+	l  *spool.Lane
+}
+
+func (s spoolLane) Next(ctx context.Context, maxBytes int) ([]spool.Chunk, error) {
+	return s.l.Next(ctx, maxBytes)
+}
+
+func (s spoolLane) Ack(seq uint64) { s.sp.Ack(s.l, seq) }
 
 // laneRun is one lane's runner (a Runner of the engine).
 type laneRun struct {
 	d     *FormLanes
-	lane  *spool.Lane
+	src   formSource
 	key   spool.LaneKey
 	id    uint64
 	label string
@@ -310,7 +384,7 @@ type laneRun struct {
 }
 
 func (d *FormLanes) newLane(l *spool.Lane) *laneRun {
-	return &laneRun{d: d, lane: l, key: l.Key(), id: l.ID(), label: l.Label(), st: StopSwitch{Lane: l},
+	return &laneRun{d: d, src: spoolLane{d.sp, l}, key: l.Key(), id: l.ID(), label: l.Label(), st: StopSwitch{Lane: l},
 		bo: NewRetry(d.cfg.RetryInitial, d.cfg.RetryMax)} // no count or time limit: MaxAge bounds it
 }
 
@@ -367,7 +441,7 @@ func (lr *laneRun) full(b *batch) bool {
 func (lr *laneRun) loop(ctx context.Context) error {
 	cfg := &lr.d.cfg
 	for {
-		chunks, err := lr.lane.Next(ctx, cfg.ReadBytes)
+		chunks, err := lr.src.Next(ctx, cfg.ReadBytes)
 		if err != nil {
 			return err
 		}
@@ -377,7 +451,7 @@ func (lr *laneRun) loop(ctx context.Context) error {
 		if cfg.Linger > 0 && !lr.full(&b) {
 			lctx, cancel := context.WithTimeout(ctx, cfg.Linger)
 			for !lr.full(&b) {
-				more, err := lr.lane.Next(lctx, cfg.ReadBytes)
+				more, err := lr.src.Next(lctx, cfg.ReadBytes)
 				if err != nil {
 					break
 				}
@@ -405,7 +479,7 @@ func (lr *laneRun) deliver(ctx context.Context, b *batch) error {
 	lr.readAhead.Store(readAhead)
 	ackUpTo := func(done int) { // recs[:done] are done
 		for acked < len(b.chunks) && b.last[acked] < done {
-			lr.d.sp.Ack(lr.lane, b.chunks[acked].Seq)
+			lr.src.Ack(b.chunks[acked].Seq)
 			readAhead -= int64(b.chunks[acked].Size)
 			acked++
 		}
@@ -527,7 +601,7 @@ func (lr *laneRun) dropDead(ctx context.Context, recs []spool.Record, accepted [
 			liveRecs, liveAcc = append(liveRecs, recs[i]), append(liveAcc, accepted[i])
 		}
 	}
-	err := FlushDead(ctx, lr.d.sp, dls, func(err error) {
+	err := FlushDead(ctx, lr.d.dead, dls, func(err error) {
 		lr.d.log.Error(lr.d.cfg.Name+": storing dead letters failed; retrying", zap.String("lane", lr.label), zap.Error(err))
 	})
 	if err != nil {
@@ -539,4 +613,52 @@ func (lr *laneRun) dropDead(ctx context.Context, recs []spool.Record, accepted [
 	lr.d.log.Warn(lr.d.cfg.Name+": records dead-lettered", zap.String("lane", lr.label),
 		zap.String("reason", dls[0].Reason), zap.Int("records", len(dls)))
 	return liveRecs, liveAcc, nil
+}
+
+// formIdle is how long a fleet-mode form lane runner with nothing to send
+// lives (as the batcher's).
+const formIdle = time.Minute
+
+// formFleet is a fleet-mode FormLanes' runners, for the lane control.
+type formFleet struct {
+	nextID  atomic.Uint64
+	running atomic.Bool
+	runs    Runners[*laneRun]
+}
+
+// runFleet is Run in fleet mode: the store hands this relay the kind's
+// partitions it owns; each is delivered by DeliverPartition with a laneRun
+// per lane reading its Feed. When ctx ends, requests in flight end with it
+// (as with the spool) and what was not acknowledged is read again by the
+// partition's next owner.
+func (d *FormLanes) runFleet(ctx context.Context) error {
+	fl := d.fl
+	if !fl.running.CompareAndSwap(false, true) {
+		return ErrAlreadyRunning
+	}
+	defer fl.running.Store(false)
+	err := d.cfg.Fleet.Run(ctx, func(owned context.Context, r storage.Reader) error {
+		name := d.cfg.Name + "-q" + strconv.FormatUint(fl.nextID.Add(1), 10)
+		if n, ok := r.(interface{ Name() string }); ok {
+			name = n.Name()
+		}
+		return DeliverPartition(ctx, owned, r, func() {}, PartitionConfig{
+			Name:      name,
+			Kind:      d.cfg.Lanes,
+			MaxQueued: int64(d.cfg.ReadBytes),
+			Idle:      formIdle,
+			Log:       d.log,
+			Start: func(f *Feed) FeedRunner {
+				lr := &laneRun{d: d, src: f, key: f.Lane(), id: fl.nextID.Add(1),
+					label: spool.LabelOf(f.Lane()) + "-" + name, bo: NewRetry(d.cfg.RetryInitial, d.cfg.RetryMax)}
+				fl.runs.Add(lr.id, lr)
+				forget := func() { fl.runs.Remove(lr.id, lr) }
+				return FeedRunner{Label: lr.label, Run: lr.Run, Pinned: lr.st.Stopped, Retired: forget, Abandoned: forget}
+			},
+		})
+	})
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
 }

@@ -80,7 +80,7 @@
 //	RELAY_GROUPIDENTIFY, RELAY_USERMAP  the same for the other lane kinds
 //	RELAY_DEAD     relay.dead.<kind> limits retention, R3, file; a dead
 //	                                 letter's ID is its stream sequence
-//	KV RELAY_FLEET  m.<relay>, p.<kind>.<p>  membership and partition
+//	KV RELAY_FLEET  m.<kind>.<relay>, p.<kind>.<p>  membership and partition
 //	                                 leases, R3, every revision expires
 //	                                 after Config.LeaseTTL
 //	KV RELAY_PAUSES <base64url key>  pauses and pacing, R3, per-key TTL
@@ -132,9 +132,12 @@
 //
 // # Ownership
 //
-// Each relay puts m.<relay> in KV RELAY_FLEET every LeaseTTL/3 (a
-// heartbeat); the live members are the keys present. Partitions are
-// assigned from that list (see assign), so every relay computes the same
+// Each relay puts m.<kind>.<relay> in KV RELAY_FLEET every LeaseTTL/3 (a
+// heartbeat) for each lane kind it delivers (each kind's delivery runs its
+// own Run over Backend.Only(kind)); the live members of a kind are the keys
+// present. A kind's partitions are assigned from its list (see assign), so
+// a relay that delivers some kinds only (or stops one kind's delivery
+// first) is given no partition of the others, so every relay computes the same
 // assignment from the same list and a membership change moves few
 // partitions. A relay delivers a partition only while it
 // holds its lease p.<kind>.<p>: created with Create (atomic: the key must

@@ -20,6 +20,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/natstest"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // TestFleet runs every case against one real 3-node cluster (started once:
@@ -47,6 +48,7 @@ func TestFleet(t *testing.T) {
 	t.Run("Nak", env.testNak)
 	t.Run("RelayRestart", env.testRelayRestart)
 	t.Run("LeaseStolen", env.testLeaseStolen)
+	t.Run("KindMembers", env.testKindMembers)
 	t.Run("Failover", env.testFailover)
 	t.Run("NodeRestart", env.testNodeRestart)
 	t.Run("NoQuorum", env.testNoQuorum)
@@ -1084,4 +1086,53 @@ func (e *testEnv) testConcurrentOpen(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// testKindMembers (issue 22): a relay that delivers some lane kinds only is
+// given no partition of the others. Relay A runs events only, B every kind:
+// B holds every group identify and user mapping partition, and the events
+// partitions are spread over both.
+func (e *testEnv) testKindMembers(t *testing.T) {
+	ns := e.namespace()
+	a := e.open(t, e.connect(t), Config{Namespace: ns, Partitions: 4, LeaseTTL: 2 * time.Second, Name: "relay-a"})
+	b := e.open(t, e.connect(t), Config{Namespace: ns, Partitions: 4, LeaseTTL: 2 * time.Second, Name: "relay-b"})
+	hold := func(ctx context.Context, _ storage.Reader) error { <-ctx.Done(); return nil }
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Go(func() { a.Backend().Only(spool.KindEvents).Run(ctx, hold) }) //nolint:errcheck // ends with ctx
+	wg.Go(func() { b.Backend().Run(ctx, hold) })                        //nolint:errcheck // ends with ctx
+	owner := func(k spool.Kind, p int) string {
+		octx, ocancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer ocancel()
+		e, err := a.kv.Get(octx, slot{k, p}.key())
+		if err != nil {
+			return ""
+		}
+		return string(e.Value())
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var evA, evB, formsB int
+		for p := range 4 {
+			switch owner(spool.KindEvents, p) {
+			case "relay-a":
+				evA++
+			case "relay-b":
+				evB++
+			}
+			for _, k := range []spool.Kind{spool.KindGroupIdentify, spool.KindUserMap} {
+				if owner(k, p) == "relay-b" {
+					formsB++
+				}
+			}
+		}
+		if evA == 2 && evB == 2 && formsB == 8 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("events: A holds %d, B %d (want 2 each); B holds %d of 8 form partitions", evA, evB, formsB)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

@@ -51,26 +51,47 @@ type lease struct {
 // returns after every deliver call returned and the leases and membership
 // were given up, so that the other relays take over at once.
 func (f *Fleet) Run(ctx context.Context, deliver DeliverFunc) error {
+	return f.run(ctx, kinds, deliver)
+}
+
+// run is Run over the partitions of ks only. Several may run at once (one
+// per lane kind's delivery): the assignment is per kind, so each computes
+// the same spread as one over every kind would.
+func (f *Fleet) run(ctx context.Context, ks []spool.Kind, deliver DeliverFunc) error {
 	var slots []slot
-	for _, k := range kinds {
+	for _, k := range ks {
 		for i := range f.cfg.Partitions {
 			slots = append(slots, slot{k, i})
 		}
 	}
 	held := make([]*lease, len(slots)) // by slot index; each tick's goroutine i touches held[i] only
-	var members []string
+	var members map[spool.Kind][]string
 	tick := time.NewTicker(f.cfg.LeaseTTL / 3)
 	defer tick.Stop()
 	for {
-		f.heartbeat(ctx)
+		f.heartbeat(ctx, ks)
 		if m, err := f.members(ctx); err == nil {
 			members = m
 		} else if ctx.Err() == nil {
 			f.log.Warn("list fleet members; keeping the last list", zap.Error(err))
 		}
+		// Each kind is spread over the relays that deliver it (a relay
+		// may run some kinds only, or stop one kind's delivery first).
+		owners := make([]string, len(slots))
+		for _, k := range ks {
+			var idx []int
+			var kslots []slot
+			for i, s := range slots {
+				if s.kind == k {
+					idx, kslots = append(idx, i), append(kslots, s)
+				}
+			}
+			for j, o := range assign(kslots, members[k], f.cfg.Name) {
+				owners[idx[j]] = o
+			}
+		}
 		// One goroutine per slot with something to do, so that a slow
 		// answer for one lease does not delay the renewal of the others.
-		owners := assign(slots, members, f.cfg.Name)
 		var wg sync.WaitGroup
 		for i, s := range slots {
 			want := owners[i] == f.cfg.Name
@@ -119,28 +140,46 @@ func (f *Fleet) opCtx(ctx context.Context) (context.Context, context.CancelFunc)
 	return context.WithTimeout(ctx, f.cfg.LeaseTTL/4)
 }
 
-func (f *Fleet) heartbeat(ctx context.Context) {
+// memberKey is this relay's membership key for kind k: a relay is a member
+// of each kind it delivers (issue 22: each kind's delivery runs its own
+// Run).
+func (f *Fleet) memberKey(k spool.Kind) string { return "m." + k.String() + "." + f.cfg.Name }
+
+func (f *Fleet) heartbeat(ctx context.Context, ks []spool.Kind) {
 	octx, cancel := f.opCtx(ctx)
 	defer cancel()
-	if _, err := f.kv.Put(octx, "m."+f.cfg.Name, []byte(time.Now().UTC().Format(time.RFC3339))); err != nil && ctx.Err() == nil {
-		f.log.Warn("fleet heartbeat", zap.Error(err))
+	for _, k := range ks {
+		if _, err := f.kv.Put(octx, f.memberKey(k), []byte(time.Now().UTC().Format(time.RFC3339))); err != nil && ctx.Err() == nil {
+			f.log.Warn("fleet heartbeat", zap.Error(err))
+			return
+		}
 	}
 }
 
-// members lists the live members' names, sorted.
-func (f *Fleet) members(ctx context.Context) ([]string, error) {
+// members lists the live members' names of each kind, sorted.
+func (f *Fleet) members(ctx context.Context) (map[spool.Kind][]string, error) {
 	octx, cancel := f.opCtx(ctx)
 	defer cancel()
-	kl, err := f.kv.ListKeysFiltered(octx, "m.*")
+	kl, err := f.kv.ListKeysFiltered(octx, "m.*.*")
 	if err != nil {
 		return nil, err
 	}
 	defer kl.Stop() //nolint:errcheck // nothing to do
-	var ms []string
-	for k := range kl.Keys() {
-		ms = append(ms, strings.TrimPrefix(k, "m."))
+	ms := make(map[spool.Kind][]string)
+	for key := range kl.Keys() {
+		kind, name, ok := strings.Cut(strings.TrimPrefix(key, "m."), ".")
+		if !ok {
+			continue
+		}
+		for _, k := range kinds {
+			if k.String() == kind {
+				ms[k] = append(ms[k], name)
+			}
+		}
 	}
-	slices.Sort(ms)
+	for _, names := range ms {
+		slices.Sort(names)
+	}
 	return ms, nil
 }
 
@@ -311,7 +350,11 @@ func (f *Fleet) stopAll(slots []slot, held []*lease) {
 	wg.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.LeaseTTL/4)
 	defer cancel()
-	if err := f.kv.Delete(ctx, "m."+f.cfg.Name); err != nil {
-		f.log.Debug("leave fleet", zap.Error(err))
+	for _, s := range slots {
+		if s.id == 0 { // once per kind
+			if err := f.kv.Delete(ctx, f.memberKey(s.kind)); err != nil {
+				f.log.Debug("leave fleet", zap.Error(err))
+			}
+		}
 	}
 }

@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/svcrelay/relay/internal/spool"
@@ -24,10 +25,19 @@ var (
 )
 
 // Backend is a Fleet as a storage.Backend: a queue is a partition.
-type Backend struct{ f *Fleet }
+type Backend struct {
+	f     *Fleet
+	kinds []spool.Kind // Run's; every kind's when nil
+}
 
 // Backend returns f behind the storage seam.
 func (f *Fleet) Backend() *Backend { return &Backend{f: f} }
+
+// Only returns b whose Run hands out the partitions of ks only (issue 22:
+// each lane kind's delivery runs its own). The other methods are b's.
+func (b *Backend) Only(ks ...spool.Kind) *Backend {
+	return &Backend{f: b.f, kinds: slices.Clone(ks)}
+}
 
 // Append is Fleet.Append.
 func (b *Backend) Append(ctx context.Context, req storage.Request) error {
@@ -36,7 +46,11 @@ func (b *Backend) Append(ctx context.Context, req storage.Request) error {
 
 // Run is Fleet.Run, deliver reading each owned partition through the seam.
 func (b *Backend) Run(ctx context.Context, deliver storage.DeliverFunc) error {
-	return b.f.Run(ctx, func(ctx context.Context, p *Partition) error {
+	ks := b.kinds
+	if ks == nil {
+		ks = kinds
+	}
+	return b.f.run(ctx, ks, func(ctx context.Context, p *Partition) error {
 		return deliver(ctx, &partitionReader{p: p, out: make(map[uint64]*Message)})
 	})
 }

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Form is a form request read in full: its body, the body's fields (for
@@ -109,6 +110,10 @@ func (r *Rejecter) SpoolFailed(w http.ResponseWriter, err error) {
 		msg, reason = "Disk space low, retry later", "disk_low"
 	case errors.Is(err, spool.ErrTooManyLanes): // --max-lanes (issue 19)
 		msg, reason = "Too many lanes, retry later", "too_many_lanes"
+	case errors.Is(err, storage.ErrFull): // fleet mode (issue 22)
+		msg, reason = "Spool full, retry later", "spool_full"
+	case errors.Is(err, storage.ErrUnavailable):
+		msg, reason = "Spool unavailable, retry later", "spool_unavailable"
 	case errors.Is(err, spool.ErrClosed):
 		msg, reason = "Service is shutting down", "shutting_down"
 	default:

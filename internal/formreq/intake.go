@@ -15,6 +15,7 @@ import (
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
 )
 
@@ -58,6 +59,19 @@ type IntakeConfig struct {
 	// RetryAfter is sent with 503 when the spool refuses (rounded up to
 	// whole seconds); zero means DefaultRetryAfter.
 	RetryAfter time.Duration
+
+	// Issue 22: Store, when not nil, is fleet mode's store: accepted
+	// records are appended to it (a fresh request id each) instead of the
+	// spool; storage.ErrFull and ErrUnavailable answer 503 + Retry-After.
+	Store storage.Appender
+}
+
+// Store is fleet mode's store as a spooling form route uses it: the intake
+// appends, the delivery reads the kind's partitions and stores dead
+// letters (fleet.Backend restricted to the kind with Only).
+type Store interface {
+	storage.Appender
+	delivery.FleetStore
 }
 
 // DefaultRetryAfter is IntakeConfig.RetryAfter's default.
@@ -80,6 +94,7 @@ type Intake struct {
 	creds    *credentials.Ref // read at every use: a reload takes effect at once
 	rej      *Rejecter
 	accepted prometheus.Counter
+	ids      *storage.IDs // fleet mode's request ids
 }
 
 // NewIntake returns an Intake. creds, log and reg may be nil.
@@ -93,6 +108,13 @@ func NewIntake(cfg IntakeConfig, sp *spool.Spool, creds *credentials.Ref, log *z
 	cfg.RetryAfter = cmp.Or(cfg.RetryAfter, DefaultRetryAfter)
 	f := promauto.With(reg)
 	in := &Intake{cfg: cfg, sp: sp, creds: creds}
+	if cfg.Store != nil {
+		ids, err := storage.NewIDs()
+		if err != nil {
+			return nil, err
+		}
+		in.ids = ids
+	}
 	in.accepted = f.NewCounter(prometheus.CounterOpts{Name: "relay_" + cfg.Name + "_accepted_total", Help: cfg.AcceptedHelp})
 	in.rej = NewRejecter(cfg.Name, log, f.NewCounterVec(prometheus.CounterOpts{Name: "relay_" + cfg.Name + "_rejected_requests_total",
 		Help: cfg.RejectedHelp}, []string{"reason"}), cfg.RetryAfter)
@@ -118,9 +140,17 @@ func (in *Intake) APIKey(w http.ResponseWriter, r *http.Request, apiKey string) 
 // with {"code":200,"<Field>":<n>}; else (Rejecter.SpoolFailed) 503.
 func (in *Intake) Accept(w http.ResponseWriter, apiKey string, b *spool.Batch, n int) {
 	ctx := context.Background()
-	lane, err := in.sp.Lane(ctx, spool.LaneKey{Kind: in.cfg.Kind, APIKey: apiKey})
-	if err == nil {
-		err = in.sp.Append(ctx, lane, b)
+	key := spool.LaneKey{Kind: in.cfg.Kind, APIKey: apiKey}
+	var err error
+	if in.cfg.Store != nil {
+		err = in.cfg.Store.Append(ctx, storage.Request{ID: in.ids.Next(), Lane: key, Records: b.Records()})
+		b.Reset()
+	} else {
+		var lane *spool.Lane
+		lane, err = in.sp.Lane(ctx, key)
+		if err == nil {
+			err = in.sp.Append(ctx, lane, b)
+		}
 	}
 	if err != nil {
 		in.rej.SpoolFailed(w, err)
@@ -150,6 +180,9 @@ func NewSpooled(out delivery.FormConfig, in IntakeConfig, sp *spool.Spool, clien
 		return Spooled{}, fmt.Errorf("%s: %w", out.Name, err)
 	}
 	in.Name, in.Kind = out.Name, out.Lanes
+	if st, ok := out.Fleet.(storage.Appender); ok && in.Store == nil {
+		in.Store = st // fleet mode: the intake appends to the delivery's store
+	}
 	i, err := NewIntake(in, sp, creds, log, reg)
 	if err != nil {
 		return Spooled{}, fmt.Errorf("%s: %w", out.Name, err)

@@ -1,14 +1,17 @@
 package formreq
 
 import (
+	"context"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
 )
 
@@ -94,5 +97,77 @@ func TestSpooled(t *testing.T) {
 	out.Kind = nil
 	if _, err := NewSpooled(out, IntakeConfig{Field: "f"}, sp, cli, nil, nil, nil); err == nil || !strings.HasPrefix(err.Error(), "usermap: ") {
 		t.Fatalf("bad delivery config: %v", err)
+	}
+}
+
+// idStore is a storage.Local that records the request ids appended.
+type idStore struct {
+	*storage.Local
+	mu  sync.Mutex
+	ids []string
+}
+
+func (s *idStore) Append(ctx context.Context, req storage.Request) error {
+	s.mu.Lock()
+	s.ids = append(s.ids, req.ID)
+	s.mu.Unlock()
+	return s.Local.Append(ctx, req)
+}
+
+// Fleet mode (issue 22): with FormConfig.Fleet, the intake appends to that
+// store (a fresh request id each, the records as given), not to the spool;
+// a full store answers 503 with Retry-After and stores nothing.
+func TestSpooledStore(t *testing.T) {
+	open := func(cfg spool.Config) *spool.Spool {
+		cfg.Dir, cfg.Sync, cfg.MinFreeBytes = t.TempDir(), spool.SyncNone, -1
+		sp, err := spool.Open(cfg, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sp.Close() })
+		return sp
+	}
+	cli, err := upstream.New(upstream.Config{}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	local, stored := open(spool.Config{}), open(spool.Config{})
+	st := &idStore{Local: storage.NewLocal(stored, nil)}
+	out := delivery.FormConfig{Name: "usermap", Lanes: spool.KindUserMap, URL: func(string) string { return "http://127.0.0.1:1/usermap" },
+		Kind: &delivery.Form{Field: "mapping", MaxItems: 10, MaxBodyBytes: 1000}, Fleet: st}
+	s, err := NewSpooled(out, IntakeConfig{Field: "mappings_accepted"}, local, cli, nil, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	accept := func() *httptest.ResponseRecorder {
+		var b spool.Batch
+		b.Add(spool.Record{OrderKey: []byte("u"), UserID: []byte("u"), Data: []byte(`{"user_id":"u","global_user_id":"g"}`)})
+		w := httptest.NewRecorder()
+		s.In.Accept(w, "key-1", &b, 1)
+		return w
+	}
+	for range 2 {
+		if w := accept(); w.Code != 200 || w.Body.String() != `{"code":200,"mappings_accepted":1}` {
+			t.Fatalf("accept: %d %s", w.Code, w.Body)
+		}
+	}
+	if n := len(local.Lanes()); n != 0 {
+		t.Fatalf("the local spool got %d lanes", n)
+	}
+	lanes := stored.Lanes()
+	if len(lanes) != 1 || lanes[0].Key() != (spool.LaneKey{Kind: spool.KindUserMap, APIKey: "key-1"}) || lanes[0].Stats().Records != 2 {
+		t.Fatalf("store lanes %v: want one user mapping lane of key-1 with 2 records", lanes)
+	}
+	if len(st.ids) != 2 || st.ids[0] == st.ids[1] || st.ids[0] == "" || len(st.ids[0]) > 64 {
+		t.Fatalf("request ids %q: want two distinct, non-empty, at most 64 bytes", st.ids)
+	}
+
+	full := open(spool.Config{MaxBytes: 16}) // under one record
+	st.Local = storage.NewLocal(full, nil)
+	if w := accept(); w.Code != 503 || w.Header().Get("Retry-After") != "5" {
+		t.Fatalf("full store: %d, Retry-After %q; want 503 and 5", w.Code, w.Header().Get("Retry-After"))
+	}
+	if n := full.Stats().LiveBytes; n != 0 {
+		t.Fatalf("full store holds %d bytes", n)
 	}
 }

@@ -49,6 +49,11 @@ type Config struct {
 	// RetryAfter is sent with 503 when the spool refuses; zero means
 	// formreq.DefaultRetryAfter (5 s). Rounded up to whole seconds.
 	RetryAfter time.Duration
+
+	// Issue 22: Fleet, when not nil, is fleet mode's store (the fleet's
+	// backend restricted to this kind): requests are appended to it and
+	// delivered from its partitions; dead letters go to it.
+	Fleet formreq.Store
 }
 
 // Validate reports a configuration error.
@@ -97,6 +102,7 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 			MaxWeight: cfg.MaxProperties, Weight: Properties},
 		URL:        delivery.ProjectURL(creds, credentials.KindIngest, cfg.URL, "/groupidentify"),
 		FormTiming: cfg.FormTiming,
+		Fleet:      cfg.Fleet,
 	}, formreq.IntakeConfig{Field: "identifications_accepted", AcceptedHelp: "Group identifications accepted into the spool.",
 		RejectedHelp: "POST /groupidentify requests refused, by reason.", RetryAfter: cfg.RetryAfter}, sp, client, creds, log, reg)
 	if err != nil {

@@ -218,7 +218,7 @@ type Server struct {
 
 	testHook func(*fasthttp.RequestCtx) // tests only: called before the spool append
 
-	store *storeIDs // fleet mode (Config.Store): request ids
+	store *storage.IDs // fleet mode (Config.Store): request ids
 
 	open // issue 23: CORS, api_key allow-list, client rate limit
 }
@@ -267,7 +267,7 @@ func New(cfg Config, sp *spool.Spool, ids *event.IDGen, log *zap.Logger, reg pro
 		lanes:     make(map[string]*spool.Lane),
 	}
 	if cfg.Store != nil {
-		if s.store, err = newStoreIDs(); err != nil {
+		if s.store, err = storage.NewIDs(); err != nil {
 			return nil, err
 		}
 	}

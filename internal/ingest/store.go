@@ -2,12 +2,8 @@ package ingest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
-	"fmt"
 	"strconv"
-	"sync/atomic"
 
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
@@ -20,26 +16,6 @@ import (
 // Fleet mode (issue 22): a request's records go through Config.Store
 // (storage.Appender) instead of a spool lane. The local path (handler.go)
 // is untouched but for the branch that comes here.
-
-// storeIDs makes request ids unique across relays and restarts within the
-// store's deduplication window: a random prefix per Server and a counter.
-// The id is what lets the store absorb its own retried publishes.
-type storeIDs struct {
-	prefix string
-	n      atomic.Uint64
-}
-
-func newStoreIDs() (*storeIDs, error) {
-	var b [9]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return nil, fmt.Errorf("ingest: request id prefix: %w", err)
-	}
-	return &storeIDs{prefix: hex.EncodeToString(b[:]) + "-"}, nil
-}
-
-func (ids *storeIDs) next() string {
-	return ids.prefix + strconv.FormatUint(ids.n.Add(1), 36)
-}
 
 // appendStore builds st.req's records (as the spool path does: the event
 // rewritten with its insert_id, time and client address) and appends them
@@ -82,7 +58,7 @@ func (s *Server) appendStore(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState, 
 		s.testHook(ctx)
 	}
 	req := storage.Request{
-		ID:       s.store.next(),
+		ID:       s.store.Next(),
 		Lane:     spool.LaneKey{Kind: spool.KindEvents, APIKey: string(st.req.APIKey), Options: string(st.req.Options)},
 		Accepted: now,
 		Records:  recs,

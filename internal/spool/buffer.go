@@ -251,6 +251,15 @@ func (b *Batch) take() *chunkBuf {
 	return cb
 }
 
+// Records returns b's records, aliasing its buffer (valid until b is
+// reset or appended): for a store that copies them (fleet mode's Append).
+func (b *Batch) Records() []Record {
+	if b.n == 0 {
+		return nil
+	}
+	return b.cb.records(b.n, nil)
+}
+
 // Len is the number of records added.
 func (b *Batch) Len() int { return b.n }
 

@@ -58,6 +58,11 @@ type Config struct {
 	// RetryAfter is sent with 503 when the spool refuses; zero means
 	// formreq.DefaultRetryAfter (5 s).
 	RetryAfter time.Duration
+
+	// Issue 22: Fleet, when not nil, is fleet mode's store (the fleet's
+	// backend restricted to this kind): requests are appended to it and
+	// delivered from its partitions; dead letters go to it.
+	Fleet formreq.Store
 }
 
 func httpBase(u string) bool {
@@ -119,6 +124,7 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 		Kind:         &delivery.Form{Field: "mapping", MaxItems: min(cfg.MaxMappings, cfg.RateLimit), MaxBodyBytes: cfg.MaxBodyBytes},
 		URL:          delivery.ProjectURL(creds, credentials.KindAlias, cfg.AliasURL, "/usermap"),
 		FormTiming:   cfg.FormTiming,
+		Fleet:        cfg.Fleet,
 		ThrottleWait: cfg.RateWindow,
 		Pacer:        u.pacer,
 	}, formreq.IntakeConfig{Field: "mappings_accepted", AcceptedHelp: "Mappings accepted into the spool.",

@@ -1,0 +1,424 @@
+package delivery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
+)
+
+// Fleet mode (issue 22), for every lane kind. The store hands this relay
+// the partitions it owns (storage.Owner.Run), one storage.Reader each; a
+// partition carries the records of many lanes, each Message those of one
+// lane. DeliverPartition reads a partition's messages in order and hands
+// each to the Feed of its lane in that partition, whose runner (made by
+// PartitionConfig.Start on first sight: the batcher's laneRunner, a form
+// lane's laneRun) reads it as it would a spool lane; a runner is forgotten
+// when idle or when the partition goes. A key lives in one partition, so
+// its records go, in order, to one runner: per-key order holds as with the
+// local spool. A message is acknowledged (by an acker goroutine of the
+// partition, so that no runner waits for the round trip) once the runner
+// said every record of it was answered 200 or is a committed dead letter
+// (Feed.Ack). When the partition goes (the lease moved), its runners stop at
+// once, abandoning requests in flight; what was not acknowledged comes back,
+// in order, to the next owner (who may send some records again). When stop
+// ends (the relay stops), the partition takes no new work, its runners
+// finish as their Run allows, their acknowledgements are sent, drained is
+// called, and the lease is held until the store's Run ends it.
+
+// PartitionConfig configures DeliverPartition.
+type PartitionConfig struct {
+	// Name is the partition's (e.g. "events-3"), for labels and logs.
+	Name string
+	// Kind is the lane kind delivered; a message of another kind is
+	// logged and left in the stream.
+	Kind spool.Kind
+	// MaxQueued bounds the bytes of messages read and not yet taken by a
+	// lane's runner: the partition's reader waits at it. At least 1.
+	MaxQueued int64
+	// Idle is how long a feed with nothing queued or unacknowledged lives
+	// (its runner then ends with spool.ErrRetired).
+	Idle time.Duration
+	// Start makes the runner of a new feed (called by the reader
+	// goroutine, before the feed's first message is pushed).
+	Start func(f *Feed) FeedRunner
+	// Log is required.
+	Log *zap.Logger
+}
+
+// FeedRunner is what DeliverPartition needs of a feed's runner.
+type FeedRunner struct {
+	// Label names the runner in logs and errors.
+	Label string
+	// Run runs it (in its own goroutine) until ctx (no new work: the
+	// partition lost or the relay stopping) or owned (ownership) ends, or
+	// it retires (an error wrapping spool.ErrRetired, from Feed.Wait).
+	Run func(ctx, owned context.Context) error
+	// Pinned, when not nil, keeps an idle feed from retiring while it
+	// reports true (a stopped lane keeps its stop).
+	Pinned func() bool
+	// Retired is called when Run returned spool.ErrRetired; Abandoned when
+	// the partition ended with the runner still known (its read-ahead is
+	// read again by the next owner). One of them is called, once.
+	Retired, Abandoned func()
+}
+
+// DeliverPartition delivers one owned partition until ownership ends
+// (owned) or the relay stops (stop): see the fleet mode above. drained is
+// called once its runners returned and their acknowledgements were sent.
+func DeliverPartition(stop, owned context.Context, r storage.Reader, drained func(), cfg PartitionConfig) error {
+	pt := &partition{cfg: cfg, r: r, owned: owned, room: make(chan struct{}, 1),
+		feeds: map[spool.LaneKey]*Feed{}, awake: make(chan struct{}, 1)}
+	// lctx ends with ownership or the relay's stop: no new work.
+	lctx, cancel := context.WithCancel(owned)
+	defer cancel()
+	defer context.AfterFunc(stop, cancel)()
+	ackCtx, stopAcks := context.WithCancel(context.WithoutCancel(owned))
+	ackDone := make(chan struct{})
+	go func() {
+		defer close(ackDone)
+		pt.ackLoop(ackCtx)
+	}()
+
+	var err error
+	for err == nil {
+		if !pt.waitRoom(lctx, max(cfg.MaxQueued, 1)) {
+			break
+		}
+		var m *storage.Message
+		m, err = r.Next(lctx)
+		switch {
+		case err == nil:
+			pt.route(lctx, owned, m)
+		case lctx.Err() != nil || errors.Is(err, storage.ErrLost):
+		default:
+			cfg.Log.Warn("read partition; retrying in 1s", zap.String("partition", cfg.Name), zap.Error(err))
+			err = nil
+			select {
+			case <-time.After(time.Second):
+			case <-lctx.Done():
+				err = lctx.Err()
+			}
+		}
+	}
+	cancel()
+	// The runners' requests in flight finished (or were abandoned with
+	// the lease); with the runners done, feeds needs no lock.
+	pt.wg.Wait()
+	for _, f := range pt.feeds {
+		f.run.Abandoned()
+	}
+	// Send what is acknowledged, then stop the acker: after ownership
+	// ended an ack is harmless (refused once the next owner took over).
+	pt.flushAcks()
+	stopAcks()
+	<-ackDone
+	drained()
+	if stop.Err() != nil {
+		// Hold the lease until the store's Run ends (after every
+		// partition drained), or it would be taken again here.
+		<-owned.Done()
+	}
+	return nil
+}
+
+// partition is one owned partition's delivery.
+type partition struct {
+	cfg   PartitionConfig
+	r     storage.Reader
+	owned context.Context
+
+	// queued is the size of the messages read and not yet taken by a
+	// lane's runner; the partition's reader waits while it is at
+	// MaxQueued (the runners' own budgets bound what they took).
+	queued atomic.Int64
+	room   chan struct{}
+
+	fmu   sync.Mutex
+	feeds map[spool.LaneKey]*Feed // written by the reader goroutine, and by a runner that retires
+	wg    sync.WaitGroup          // the runners
+
+	amu   sync.Mutex
+	acks  []*storage.Message
+	awake chan struct{}
+}
+
+// waitRoom waits until the messages queued for the lanes are under max.
+func (pt *partition) waitRoom(ctx context.Context, max int64) bool {
+	for pt.queued.Load() >= max {
+		select {
+		case <-pt.room:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return ctx.Err() == nil
+}
+
+// took is called by a feed when its runner took n bytes of messages.
+func (pt *partition) took(n int64) {
+	pt.queued.Add(-n)
+	select {
+	case pt.room <- struct{}{}:
+	default:
+	}
+}
+
+// route hands m to its lane's feed, starting a runner if there is none.
+func (pt *partition) route(ctx, owned context.Context, m *storage.Message) {
+	if m.Lane.Kind != pt.cfg.Kind {
+		pt.cfg.Log.Error("message of another kind in a partition: left in the stream",
+			zap.String("partition", pt.cfg.Name), zap.Stringer("kind", m.Lane.Kind))
+		return
+	}
+	n := MessageBytes(m)
+	pt.queued.Add(n)
+	pt.fmu.Lock()
+	f := pt.feeds[m.Lane]
+	pt.fmu.Unlock()
+	if f != nil && f.push(m, n) {
+		return
+	}
+	key := m.Lane // not m: the goroutine must not keep the message alive
+	f = &Feed{pt: pt, key: key, wake: make(chan struct{}, 1), out: map[uint64]*storage.Message{}}
+	f.run = pt.cfg.Start(f)
+	f.push(m, n)
+	pt.fmu.Lock()
+	pt.feeds[key] = f
+	pt.fmu.Unlock()
+	pt.wg.Go(func() {
+		if err := f.run.Run(ctx, owned); errors.Is(err, spool.ErrRetired) {
+			f.run.Retired()
+			pt.fmu.Lock()
+			if pt.feeds[key] == f {
+				delete(pt.feeds, key)
+			}
+			pt.fmu.Unlock()
+		}
+	})
+}
+
+// MessageBytes is what a message's records take.
+func MessageBytes(m *storage.Message) int64 {
+	n := int64(0)
+	for i := range m.Records {
+		r := &m.Records[i]
+		n += int64(len(r.OrderKey) + len(r.UserID) + len(r.Data))
+	}
+	return n
+}
+
+// ack queues m's acknowledgement for the acker.
+func (pt *partition) ack(m *storage.Message) {
+	pt.amu.Lock()
+	pt.acks = append(pt.acks, m)
+	pt.amu.Unlock()
+	select {
+	case pt.awake <- struct{}{}:
+	default:
+	}
+}
+
+// ackLoop acknowledges what the runners finished until ctx ends.
+func (pt *partition) ackLoop(ctx context.Context) {
+	for {
+		select {
+		case <-pt.awake:
+		case <-ctx.Done():
+			return
+		}
+		pt.sendAcks(ctx)
+	}
+}
+
+// flushAcks sends the acknowledgements still queued, bounded in time.
+func (pt *partition) flushAcks() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	pt.sendAcks(ctx)
+}
+
+// sendAcks acknowledges the queued messages; a failed ack is retried a few
+// times (while the partition is owned), then given up: the message is read
+// again by the next owner.
+func (pt *partition) sendAcks(ctx context.Context) {
+	pt.amu.Lock()
+	ms := pt.acks
+	pt.acks = nil
+	pt.amu.Unlock()
+	for _, m := range ms {
+		for try := 0; ; try++ {
+			actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := pt.r.Ack(actx, m)
+			cancel()
+			if err == nil {
+				break
+			}
+			if try >= 4 || ctx.Err() != nil || pt.owned.Err() != nil {
+				pt.cfg.Log.Warn("acknowledge message: it will be read again", zap.String("partition", pt.cfg.Name),
+					zap.Uint64("seq", m.Seq), zap.Error(err))
+				break
+			}
+			select {
+			case <-time.After(time.Duration(100<<try) * time.Millisecond):
+			case <-ctx.Done():
+			}
+		}
+	}
+}
+
+// Feed is a lane's messages of one partition, as its runner reads them
+// (instead of a spool lane): Wait and NextPart (or Next) by the runner's
+// reader, Ack from any of its goroutines.
+type Feed struct {
+	pt  *partition
+	key spool.LaneKey
+	run FeedRunner
+
+	mu      sync.Mutex
+	q       []*storage.Message          // read, not taken by the runner
+	out     map[uint64]*storage.Message // taken, not acknowledged
+	retired bool
+	wake    chan struct{}
+}
+
+// Lane is the feed's lane.
+func (f *Feed) Lane() spool.LaneKey { return f.key }
+
+// push queues m (n bytes); false when the feed retired (a new runner is
+// needed).
+func (f *Feed) push(m *storage.Message, n int64) bool {
+	f.mu.Lock()
+	if f.retired {
+		f.mu.Unlock()
+		return false
+	}
+	f.q = append(f.q, m)
+	f.mu.Unlock()
+	select {
+	case f.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// Wait returns nil when there is something to read, ctx.Err() when ctx
+// ends, and an error wrapping spool.ErrRetired when the feed had nothing
+// queued or unacknowledged for PartitionConfig.Idle (and is not pinned).
+// onIdle (may be nil) is called once before waiting.
+func (f *Feed) Wait(ctx context.Context, onIdle func()) error {
+	var idle *time.Timer
+	defer func() {
+		if idle != nil {
+			idle.Stop()
+		}
+	}()
+	for {
+		f.mu.Lock()
+		if len(f.q) > 0 {
+			f.mu.Unlock()
+			return nil
+		}
+		empty := len(f.out) == 0
+		f.mu.Unlock()
+		if onIdle != nil {
+			onIdle()
+			onIdle = nil
+		}
+		var tc <-chan time.Time
+		if empty && (f.run.Pinned == nil || !f.run.Pinned()) {
+			if idle == nil {
+				idle = time.NewTimer(f.pt.cfg.Idle)
+			}
+			tc = idle.C
+		}
+		select {
+		case <-f.wake:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tc:
+			f.mu.Lock()
+			if len(f.q) == 0 && len(f.out) == 0 {
+				f.retired = true
+				f.mu.Unlock()
+				return fmt.Errorf("lane %s: %w", f.run.Label, spool.ErrRetired)
+			}
+			f.mu.Unlock()
+			idle = nil
+		}
+	}
+}
+
+// NextPart takes whole messages, at least one, up to maxBytes, as chunks
+// (Seq: the message's); recs is returned as is (the spool lane's
+// signature). With nothing queued it returns ctx.Err(), or
+// context.Canceled when ctx is live.
+func (f *Feed) NextPart(ctx context.Context, maxBytes int, recs []spool.Record) ([]spool.Chunk, []spool.Record, error) {
+	var chunks []spool.Chunk
+	var total int64
+	f.mu.Lock()
+	for len(f.q) > 0 {
+		m := f.q[0]
+		n := MessageBytes(m)
+		if len(chunks) > 0 && total+n > int64(maxBytes) {
+			break
+		}
+		f.q[0] = nil
+		f.q = f.q[1:]
+		f.out[m.Seq] = m
+		total += n
+		chunks = append(chunks, spool.Chunk{Seq: m.Seq, Accepted: m.Accepted, Records: m.Records, Size: int(n), Total: len(m.Records)})
+	}
+	if len(f.q) == 0 {
+		f.q = nil
+	}
+	f.mu.Unlock()
+	if len(chunks) == 0 {
+		if ctx.Err() != nil {
+			return nil, recs, ctx.Err()
+		}
+		return nil, recs, context.Canceled
+	}
+	f.pt.took(total)
+	return chunks, recs, nil
+}
+
+// Next waits for messages and takes them (NextPart), as spool.Lane.Next.
+func (f *Feed) Next(ctx context.Context, maxBytes int) ([]spool.Chunk, error) {
+	for {
+		if err := f.Wait(ctx, nil); err != nil {
+			return nil, err
+		}
+		if cs, _, err := f.NextPart(ctx, maxBytes, nil); err == nil {
+			return cs, nil
+		} else if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// Ack says every record of the message seq is delivered or a committed
+// dead letter: it goes to the partition's acker.
+func (f *Feed) Ack(seq uint64) {
+	f.mu.Lock()
+	m := f.out[seq]
+	delete(f.out, seq)
+	idle := len(f.out) == 0 && len(f.q) == 0
+	f.mu.Unlock()
+	if m != nil {
+		f.pt.ack(m)
+	}
+	if idle { // Wait starts its idle clock
+		select {
+		case f.wake <- struct{}{}:
+		default:
+		}
+	}
+}
