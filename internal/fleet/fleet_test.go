@@ -952,9 +952,38 @@ func (e *testEnv) testFailover(t *testing.T) {
 	waitFor(t, 10*time.Second, "the stream empties", func() bool { return streamMsgs(t, b, spool.KindEvents) == 0 })
 }
 
+// dropStreams deletes every stream (KV buckets included) the earlier cases
+// left: a case that kills nodes then waits for the re-election of its own
+// streams only, not of a hundred others' (on a loaded 2-core machine the
+// re-election of every earlier namespace's raft groups took longer than the
+// case's 30 s bound, every run, once the suite had grown).
+func (e *testEnv) dropStreams(t *testing.T) {
+	t.Helper()
+	js, err := jetstream.New(e.connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	names := js.StreamNames(ctx)
+	var all []string
+	for n := range names.Name() {
+		all = append(all, n)
+	}
+	if err := names.Err(); err != nil {
+		t.Fatalf("list streams: %v", err)
+	}
+	for _, n := range all {
+		if err := js.DeleteStream(ctx, n); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			t.Fatalf("delete stream %s: %v", n, err)
+		}
+	}
+}
+
 // testNodeRestart appends while the stream's leader is killed and
 // restarted: every Append that returned nil is read back.
 func (e *testEnv) testNodeRestart(t *testing.T) {
+	e.dropStreams(t)
 	nc := e.connect(t)
 	f := e.open(t, nc, Config{Namespace: e.namespace(), Partitions: 4, PublishTimeout: 20 * time.Second})
 	ctx := bg(t)
@@ -1031,6 +1060,7 @@ func (e *testEnv) testNodeRestart(t *testing.T) {
 // ErrUnavailable within its PublishTimeout (never nil, never ErrFull); once
 // the nodes are back, appends succeed again.
 func (e *testEnv) testNoQuorum(t *testing.T) {
+	e.dropStreams(t)
 	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 2, PublishTimeout: 3 * time.Second})
 	ctx := bg(t)
 	one := []spool.Record{rec("d:a", 1)}
