@@ -20,6 +20,7 @@ func TestFleetDelivery(t *testing.T) {
 	}
 	env := &testEnv{c: natstest.Start(t, natstest.Config{})}
 	t.Run("MissedDelivery", env.testMissedDelivery)
+	t.Run("Writable", env.testWritable) // kills nodes: last
 }
 
 // testMissedDelivery: a message the partition's consumer delivered into
@@ -104,4 +105,48 @@ func (e *testEnv) testMissedDelivery(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// testWritable: Writable is nil while the events stream has a quorum,
+// ErrUnavailable (within its context's bound) once two of the three nodes
+// are down, and nil again after they are back.
+func (e *testEnv) testWritable(t *testing.T) {
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1})
+	ctx := bg(t)
+	check := func() error {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		return f.Writable(cctx)
+	}
+	if err := check(); err != nil {
+		t.Fatalf("writable with every node up: %v", err)
+	}
+	down := []int{0, 1}
+	for _, i := range down {
+		e.c.Kill(i)
+	}
+	// Killed nodes show as offline (or stop answering) within seconds.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		start := time.Now()
+		err := check()
+		if d := time.Since(start); d > 3*time.Second {
+			t.Fatalf("Writable took %v with a 1s context", d)
+		}
+		if err != nil {
+			t.Logf("without a quorum after %v: %v", time.Since(deadline.Add(-30*time.Second)).Round(time.Millisecond), err)
+			if !errors.Is(err, ErrUnavailable) {
+				t.Fatalf("without a quorum: %v, want ErrUnavailable", err)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("still writable 30s after two of three nodes died")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for _, i := range down {
+		e.c.Restart(i)
+	}
+	waitFor(t, 30*time.Second, "writable again", func() bool { return check() == nil })
 }
