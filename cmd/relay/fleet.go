@@ -57,10 +57,20 @@ func openFleet(cfg config.Config, log *zap.Logger, reg prometheus.Registerer) (*
 	return &fleetStore{nc: nc, f: f, b: f.Backend()}, nil
 }
 
-// ready is nil while the connection is up.
+// readyTimeout bounds /readyz's question to the cluster.
+const readyTimeout = 800 * time.Millisecond
+
+// ready is nil while the connection is up and the events stream has a
+// quorum: without one every append would wait its publish time-out for a
+// 503, so the relay must not say it is ready.
 func (fs *fleetStore) ready() error {
 	if !fs.nc.IsConnected() {
 		return errors.New("not connected to the NATS cluster (--spool)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	if err := fs.f.Writable(ctx); err != nil {
+		return fmt.Errorf("NATS cluster (--spool) cannot take appends: %w", err)
 	}
 	return nil
 }

@@ -43,6 +43,12 @@ type Partition struct {
 	cons jetstream.Consumer
 	log  *zap.Logger
 
+	// delivery is the consumer sequence Next expects next (see
+	// openPartition, Deliveries); broken is set once one did not match.
+	// Next's alone (one caller at a time).
+	delivery uint64
+	broken   bool
+
 	mu  sync.Mutex
 	out map[uint64]jetstream.Msg // handed out by Next, not yet acked (kept alive)
 
@@ -65,11 +71,47 @@ func consumerName(id int) string { return "p" + strconv.Itoa(id) }
 // partition's consumer (fencing the previous owner, whose acknowledgements
 // are refused from now on) and creates it anew at the partition's first
 // message, which in a work-queue stream is the oldest unacknowledged one.
+//
+// Deliveries: the reader must see every message the consumer delivers, in
+// order, or a later message of a key overtakes an earlier one. A pull
+// consumer's delivery can be lost: the server hands a message to a pull
+// request whose reply dies on the way (the reader's NATS server killed,
+// its connection moving to another) and then waits AckWait before giving
+// it again, while it goes on delivering the partition's later messages.
+// And a create can answer with a consumer that outlived the delete (a
+// consumer name is reused): its earlier deliveries went to the previous
+// owner. Both show in the consumer sequence, which the server increments
+// on every delivery (redeliveries included) from 1 for a new consumer:
+// openPartition refuses a consumer that delivered before (see
+// createConsumer), and Next expects 1, 2, 3...; on any other, it hands
+// nothing more out and returns ErrLost, so the deliver function finishes
+// what it sent and returns, the lease is given up, and the partition is
+// opened again (by this relay, or the one now assigned): the reset
+// consumer delivers every unacknowledged message again, in stream order.
 func (f *Fleet) openPartition(ctx, owned context.Context, k spool.Kind, id int) (*Partition, error) {
 	stream, name := f.n.stream(k), consumerName(id)
 	if err := f.js.DeleteConsumer(ctx, stream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return nil, fmt.Errorf("fleet: reset consumer %s/%s: %w", stream, name, unavailable(err))
 	}
+	cons, err := f.createConsumer(ctx, k, id)
+	if err != nil {
+		return nil, err
+	}
+	return f.readPartition(owned, k, id, cons)
+}
+
+// errStaleConsumer: a create answered with a consumer that delivered
+// before (see openPartition, Deliveries).
+var errStaleConsumer = errors.New("consumer not reset (it delivered before)")
+
+// createConsumer creates the partition's consumer, reading from the
+// partition's first message; it fails (unavailable) when the server
+// answers with an existing consumer that delivered before: a create of an
+// existing durable with the same configuration returns it, and the
+// previous owner's unacknowledged messages would then wait for AckWait.
+// The caller retries, delete included.
+func (f *Fleet) createConsumer(ctx context.Context, k spool.Kind, id int) (jetstream.Consumer, error) {
+	stream, name := f.n.stream(k), consumerName(id)
 	cons, err := f.js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
 		Durable:       name,
 		FilterSubject: f.n.subject(k, id),
@@ -82,6 +124,21 @@ func (f *Fleet) openPartition(ctx, owned context.Context, k spool.Kind, id int) 
 	if err != nil {
 		return nil, fmt.Errorf("fleet: create consumer %s/%s: %w", stream, name, unavailable(err))
 	}
+	if ci := cons.CachedInfo(); ci == nil || ci.Delivered.Consumer != 0 || ci.NumAckPending != 0 {
+		var d uint64
+		if ci != nil {
+			d = ci.Delivered.Consumer
+		}
+		f.log.Warn("partition consumer not reset; retrying", zap.String("stream", stream), zap.String("consumer", name), zap.Uint64("delivered", d))
+		return nil, fmt.Errorf("fleet: create consumer %s/%s: %w (%d deliveries): %w", stream, name, errStaleConsumer, d, ErrUnavailable)
+	}
+	return cons, nil
+}
+
+// readPartition starts reading cons, a consumer just created (see
+// openPartition, Deliveries).
+func (f *Fleet) readPartition(owned context.Context, k spool.Kind, id int, cons jetstream.Consumer) (*Partition, error) {
+	stream, name := f.n.stream(k), consumerName(id)
 	// A short pull expiry: a pull sent to a consumer just created whose
 	// leader is not elected yet is lost, and the iterator notices only
 	// after two missed heartbeats (expiry/2 each): with the default 30 s
@@ -93,6 +150,7 @@ func (f *Fleet) openPartition(ctx, owned context.Context, k spool.Kind, id int) 
 	p := &Partition{
 		f: f, kind: k, id: id, ctx: owned, it: it, cons: cons,
 		log:      f.log.With(zap.String("stream", stream), zap.Int("partition", id)),
+		delivery: 1,
 		out:      make(map[uint64]jetstream.Msg),
 		stopKeep: make(chan struct{}),
 		keepDone: make(chan struct{}),
@@ -144,7 +202,8 @@ func (p *Partition) keepAlive() {
 
 // Next returns the partition's next message, in stream order, blocking
 // until there is one. It returns ErrLost once ownership ended (the deliver
-// function should then return), and ctx.Err() when ctx ends. A message that
+// function should then return) or a delivery was missed (see
+// openPartition, Deliveries; the partition is then opened again), and ctx.Err() when ctx ends. A message that
 // cannot be decoded is dead-lettered whole (reason "corrupt") and skipped.
 func (p *Partition) Next(ctx context.Context) (*Message, error) {
 	ctx, cancel := context.WithCancel(ctx)
@@ -152,7 +211,7 @@ func (p *Partition) Next(ctx context.Context) (*Message, error) {
 	stop := context.AfterFunc(p.ctx, cancel)
 	defer stop()
 	for {
-		if p.ctx.Err() != nil {
+		if p.ctx.Err() != nil || p.broken {
 			// Fenced: a message already buffered must not be handed out.
 			return nil, ErrLost
 		}
@@ -177,6 +236,14 @@ func (p *Partition) Next(ctx context.Context) (*Message, error) {
 		if err != nil {
 			return nil, fmt.Errorf("fleet: read partition %d: %w", p.id, err)
 		}
+		if md.Sequence.Consumer != p.delivery {
+			// A delivery missed (or repeated): see openPartition.
+			p.broken = true
+			p.log.Warn("partition delivery missed; reopening the partition",
+				zap.Uint64("want_delivery", p.delivery), zap.Uint64("delivery", md.Sequence.Consumer), zap.Uint64("seq", md.Sequence.Stream))
+			return nil, ErrLost
+		}
+		p.delivery++
 		h, recs, err := decode(m.Data())
 		if err != nil {
 			p.corrupt(ctx, m, md, err)
