@@ -57,6 +57,14 @@ func newMuxStore(sp *spool.Spool, maxSpilled int) *muxStore {
 		ready: map[spool.LaneKey][]muxHeld{}, out: map[uint64]muxHeld{}, changed: make(chan struct{}), spilled: map[uint64]bool{}}
 }
 
+func (s *muxStore) readyLens() map[string]int {
+	m := map[string]int{}
+	for k, q := range s.ready {
+		m[k.APIKey] = len(q)
+	}
+	return m
+}
+
 func (s *muxStore) wakeLocked() {
 	close(s.changed)
 	s.changed = make(chan struct{})
@@ -317,7 +325,20 @@ func testLaneHeadOfLine(t *testing.T, maxSpilled int) {
 	if err := h.p.ResumeLane(badLane); err != nil {
 		t.Fatal(err)
 	}
-	h.waitDrained(quotaFor+30*time.Second, 0)
+	for deadline := time.Now().Add(quotaFor + 30*time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var left int64
+		for _, l := range h.sp.Lanes() {
+			left += l.Stats().Records
+		}
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			st.mu.Lock()
+			t.Fatalf("spool still holds %d records; store: %d of %d read, %d unacknowledged, %d spilled, ready %v; lanes %+v",
+				left, st.next, len(st.order), len(st.out), len(st.spilled), st.readyLens(), h.p.LaneStatus())
+		}
+	}
 	h.stop()
 	if dead := h.check(nil); len(dead) != 0 {
 		t.Fatalf("%d dead letters", len(dead))

@@ -400,11 +400,12 @@ func (f *Feed) push(m *storage.Message, n int64) bool {
 		pt.queued.Add(-n)
 		pt.spilled.Add(1)
 		pt.spill.Spill(m.Seq)
-		return true
+	} else {
+		f.q = append(f.q, fentry{m: m, seq: m.Seq, n: n, counted: true})
+		f.loaded += n
+		f.mu.Unlock()
 	}
-	f.q = append(f.q, fentry{m: m, seq: m.Seq, n: n, counted: true})
-	f.loaded += n
-	f.mu.Unlock()
+	// Wake the runner: also for a spilled message (it reads it again).
 	select {
 	case f.wake <- struct{}{}:
 	default:
