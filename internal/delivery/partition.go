@@ -76,6 +76,9 @@ type FeedRunner struct {
 func DeliverPartition(stop, owned context.Context, r storage.Reader, drained func(), cfg PartitionConfig) error {
 	pt := &partition{cfg: cfg, r: r, owned: owned, room: make(chan struct{}, 1),
 		feeds: map[spool.LaneKey]*Feed{}, awake: make(chan struct{}, 1)}
+	if s, ok := r.(spiller); ok {
+		pt.spill, pt.maxSpilled = s, int64(max(s.MaxSpilled(), 1))
+	}
 	// lctx ends with ownership or the relay's stop: no new work.
 	lctx, cancel := context.WithCancel(owned)
 	defer cancel()
@@ -141,6 +144,13 @@ type partition struct {
 	queued atomic.Int64
 	room   chan struct{}
 
+	// spill is the reader's spilling (nil when the store cannot: a lane
+	// that takes nothing then makes the partition wait); spilled counts
+	// the messages spilled and not read again, at most about maxSpilled.
+	spill      spiller
+	spilled    atomic.Int64
+	maxSpilled int64
+
 	fmu   sync.Mutex
 	feeds map[spool.LaneKey]*Feed // written by the reader goroutine, and by a runner that retires
 	wg    sync.WaitGroup          // the runners
@@ -150,16 +160,73 @@ type partition struct {
 	awake chan struct{}
 }
 
-// waitRoom waits until the messages queued for the lanes are under max.
+// waitRoom waits until the messages queued for the lanes are under max
+// (and, with spilling, fewer than maxSpilled are spilled). When the queue
+// stays full for spillAfter (its lanes take nothing: stopped, or their
+// read-ahead full of paused keys' events), the largest lanes' queued
+// messages are spilled (see spiller) rather than waited on.
 func (pt *partition) waitRoom(ctx context.Context, max int64) bool {
-	for pt.queued.Load() >= max {
+	var grace *time.Timer
+	defer func() {
+		if grace != nil {
+			grace.Stop()
+		}
+	}()
+	for {
+		full := pt.queued.Load() >= max
+		over := pt.spill != nil && pt.spilled.Load() >= pt.maxSpilled
+		if !full && !over {
+			return ctx.Err() == nil
+		}
+		var tc <-chan time.Time
+		if full && !over && pt.spill != nil {
+			if grace == nil {
+				grace = time.NewTimer(spillAfter)
+			}
+			tc = grace.C
+		}
 		select {
 		case <-pt.room:
+		case <-tc:
+			pt.evict(max)
+			grace = nil
 		case <-ctx.Done():
 			return false
 		}
 	}
-	return ctx.Err() == nil
+}
+
+// spillAfter is how long a partition's full queue waits for its lanes
+// before it spills (a healthy lane takes its messages within a request's
+// time; spilled ones cost a read each again).
+const spillAfter = 2 * time.Second
+
+// evict spills the queued messages of the lanes queuing the most until the
+// queue is under max or maxSpilled are spilled (then exceeded by at most
+// one lane's queued messages).
+func (pt *partition) evict(max int64) {
+	pt.fmu.Lock()
+	fs := make([]*Feed, 0, len(pt.feeds))
+	for _, f := range pt.feeds {
+		fs = append(fs, f)
+	}
+	pt.fmu.Unlock()
+	for pt.queued.Load() >= max && pt.spilled.Load() < pt.maxSpilled {
+		var big *Feed
+		var most int64
+		for _, f := range fs {
+			f.mu.Lock()
+			n := f.loaded
+			f.mu.Unlock()
+			if n > most {
+				big, most = f, n
+			}
+		}
+		if big == nil {
+			return
+		}
+		big.spillQueued()
+	}
 }
 
 // took is called by a feed when its runner took n bytes of messages.
@@ -282,31 +349,136 @@ type Feed struct {
 	key spool.LaneKey
 	run FeedRunner
 
-	mu      sync.Mutex
-	q       []*storage.Message          // read, not taken by the runner
-	out     map[uint64]*storage.Message // taken, not acknowledged
-	retired bool
-	wake    chan struct{}
+	mu       sync.Mutex
+	q        []fentry                    // read, not taken by the runner, in stream order
+	loaded   int64                       // bytes of q counted in pt.queued
+	nspilled int                         // entries of q spilled
+	out      map[uint64]*storage.Message // taken, not acknowledged
+	retired  bool
+	wake     chan struct{}
+}
+
+// fentry is a message queued for a feed's runner: whole (m), or spilled
+// (m nil: only its sequence is kept; the runner reads it again).
+type fentry struct {
+	m       *storage.Message
+	seq     uint64
+	n       int64 // m's bytes
+	counted bool  // n is counted in pt.queued (false: read again by the runner)
+}
+
+// spiller is what a partition's reader may also do (the fleet's): drop the
+// body of a message read and not acknowledged and read it again by
+// sequence. A spilled message stays read: unacknowledged, kept alive, in
+// the store's count of unacknowledged messages. With it, a lane that takes
+// nothing does not stop its partition's other lanes (issue 22).
+type spiller interface {
+	Spill(seq uint64)
+	Reread(ctx context.Context, seq uint64) (*storage.Message, error)
+	// MaxSpilled bounds the messages spilled at once in the partition.
+	MaxSpilled() int
 }
 
 // Lane is the feed's lane.
 func (f *Feed) Lane() spool.LaneKey { return f.key }
 
 // push queues m (n bytes); false when the feed retired (a new runner is
-// needed).
+// needed). With spilling, m is spilled at once when the feed has spilled
+// messages queued (to be read before m) or its runner is pinned (stopped).
 func (f *Feed) push(m *storage.Message, n int64) bool {
+	pt := f.pt
+	stopped := pt.spill != nil && f.run.Pinned != nil && f.run.Pinned()
 	f.mu.Lock()
 	if f.retired {
 		f.mu.Unlock()
 		return false
 	}
-	f.q = append(f.q, m)
-	f.mu.Unlock()
+	if pt.spill != nil && (f.nspilled > 0 || stopped) {
+		f.q = append(f.q, fentry{seq: m.Seq})
+		f.nspilled++
+		f.mu.Unlock()
+		pt.queued.Add(-n)
+		pt.spilled.Add(1)
+		pt.spill.Spill(m.Seq)
+	} else {
+		f.q = append(f.q, fentry{m: m, seq: m.Seq, n: n, counted: true})
+		f.loaded += n
+		f.mu.Unlock()
+	}
+	// Wake the runner: also for a spilled message (it reads it again).
 	select {
 	case f.wake <- struct{}{}:
 	default:
 	}
 	return true
+}
+
+// spillQueued spills the feed's queued whole messages (not one its runner
+// read again).
+func (f *Feed) spillQueued() {
+	pt := f.pt
+	var seqs []uint64
+	var n int64
+	f.mu.Lock()
+	for i := range f.q {
+		e := &f.q[i]
+		if e.m == nil || !e.counted {
+			continue
+		}
+		seqs = append(seqs, e.seq)
+		n += e.n
+		*e = fentry{seq: e.seq}
+		f.nspilled++
+	}
+	f.loaded -= n
+	f.mu.Unlock()
+	pt.spilled.Add(int64(len(seqs)))
+	pt.took(n)
+	for _, s := range seqs {
+		pt.spill.Spill(s)
+	}
+	if len(seqs) > 0 {
+		pt.cfg.Log.Info("lane takes nothing: its queued messages spilled (read again when it can take them)",
+			zap.String("lane", f.run.Label), zap.Int("messages", len(seqs)))
+	}
+}
+
+// reread reads the spilled message at the head of the queue again; false
+// when ctx ended or the partition went.
+func (f *Feed) reread(ctx context.Context, seq uint64) bool {
+	pt := f.pt
+	for {
+		m, err := pt.spill.Reread(ctx, seq)
+		if err == nil {
+			f.mu.Lock()
+			if len(f.q) > 0 && f.q[0].seq == seq && f.q[0].m == nil {
+				f.q[0] = fentry{m: m, seq: seq, n: MessageBytes(m)}
+				f.nspilled--
+			}
+			f.mu.Unlock()
+			pt.spilled.Add(-1)
+			select {
+			case pt.room <- struct{}{}:
+			default:
+			}
+			return true
+		}
+		if ctx.Err() != nil || errors.Is(err, storage.ErrLost) {
+			// The partition goes: its runners stop.
+			select {
+			case <-ctx.Done():
+			case <-pt.owned.Done():
+			}
+			return false
+		}
+		pt.cfg.Log.Warn("read a spilled message again; retrying in 1s", zap.String("partition", pt.cfg.Name),
+			zap.Uint64("seq", seq), zap.Error(err))
+		select {
+		case <-time.After(time.Second):
+		case <-ctx.Done():
+			return false
+		}
+	}
 }
 
 // Wait returns nil when there is something to read, ctx.Err() when ctx
@@ -323,7 +495,14 @@ func (f *Feed) Wait(ctx context.Context, onIdle func()) error {
 	for {
 		f.mu.Lock()
 		if len(f.q) > 0 {
+			head := f.q[0]
 			f.mu.Unlock()
+			if head.m == nil && !f.reread(ctx, head.seq) { // spilled: read it again first
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				return context.Canceled
+			}
 			return nil
 		}
 		empty := len(f.out) == 0
@@ -362,23 +541,27 @@ func (f *Feed) Wait(ctx context.Context, onIdle func()) error {
 // context.Canceled when ctx is live.
 func (f *Feed) NextPart(ctx context.Context, maxBytes int, recs []spool.Record) ([]spool.Chunk, []spool.Record, error) {
 	var chunks []spool.Chunk
-	var total int64
+	var total, counted int64
 	f.mu.Lock()
-	for len(f.q) > 0 {
-		m := f.q[0]
-		n := MessageBytes(m)
+	for len(f.q) > 0 && f.q[0].m != nil { // up to a spilled one (Wait reads it again)
+		e := f.q[0]
+		m, n := e.m, e.n
 		if len(chunks) > 0 && total+n > int64(maxBytes) {
 			break
 		}
-		f.q[0] = nil
+		f.q[0] = fentry{}
 		f.q = f.q[1:]
 		f.out[m.Seq] = m
 		total += n
+		if e.counted {
+			counted += n
+		}
 		chunks = append(chunks, spool.Chunk{Seq: m.Seq, Accepted: m.Accepted, Records: m.Records, Size: int(n), Total: len(m.Records)})
 	}
 	if len(f.q) == 0 {
 		f.q = nil
 	}
+	f.loaded -= counted
 	f.mu.Unlock()
 	if len(chunks) == 0 {
 		if ctx.Err() != nil {
@@ -386,7 +569,7 @@ func (f *Feed) NextPart(ctx context.Context, maxBytes int, recs []spool.Record) 
 		}
 		return nil, recs, context.Canceled
 	}
-	f.pt.took(total)
+	f.pt.took(counted)
 	return chunks, recs, nil
 }
 

@@ -46,6 +46,7 @@ func TestFleet(t *testing.T) {
 	t.Run("PartitionsFixed", env.testPartitionsFixed)
 	t.Run("KeepAlive", env.testKeepAlive)
 	t.Run("Nak", env.testNak)
+	t.Run("Spill", env.testSpill)
 	t.Run("RelayRestart", env.testRelayRestart)
 	t.Run("LeaseStolen", env.testLeaseStolen)
 	t.Run("KindMembers", env.testKindMembers)

@@ -51,6 +51,9 @@ type Partition struct {
 
 	mu  sync.Mutex
 	out map[uint64]jetstream.Msg // handed out by Next, not yet acked (kept alive)
+	// spilled are handed out, not yet acked, whose bodies were dropped
+	// (spill.go): their reply subjects, kept alive as out's.
+	spilled map[uint64]string
 
 	stopKeep chan struct{}
 	keepDone chan struct{}
@@ -166,8 +169,9 @@ func (p *Partition) close() {
 	close(p.stopKeep)
 	<-p.keepDone
 	p.mu.Lock()
-	p.f.m.held.Add(-int64(len(p.out)))
+	p.f.m.held.Add(-int64(len(p.out) + len(p.spilled)))
 	clear(p.out)
+	clear(p.spilled)
 	p.mu.Unlock()
 }
 
@@ -179,6 +183,7 @@ func (p *Partition) keepAlive() {
 	t := time.NewTicker(p.f.cfg.AckWait / 3)
 	defer t.Stop()
 	var held []jetstream.Msg
+	var replies []string
 	for {
 		select {
 		case <-p.stopKeep:
@@ -189,14 +194,24 @@ func (p *Partition) keepAlive() {
 		for _, m := range p.out {
 			held = append(held, m)
 		}
+		for _, r := range p.spilled {
+			replies = append(replies, r)
+		}
 		p.mu.Unlock()
 		for _, m := range held {
 			if err := m.InProgress(); err != nil {
 				p.log.Debug("keep message alive", zap.Error(err))
 			}
 		}
+		for _, r := range replies {
+			if err := p.f.nc.Publish(r, ackProgress); err != nil {
+				p.log.Debug("keep spilled message alive", zap.Error(err))
+			}
+		}
 		clear(held)
 		held = held[:0]
+		clear(replies)
+		replies = replies[:0]
 	}
 }
 
@@ -289,6 +304,9 @@ func (p *Partition) corrupt(ctx context.Context, m jetstream.Msg, md *jetstream.
 // harmless: it succeeds until the next owner reset the consumer, and then
 // fails, and the message is delivered again by that owner.
 func (p *Partition) Ack(ctx context.Context, m *Message) error {
+	if m.msg == nil { // spilled
+		return p.ackSpilled(ctx, m.Seq)
+	}
 	err := m.msg.DoubleAck(ctx)
 	if err != nil {
 		return fmt.Errorf("fleet: ack partition %d seq %d: %w", p.id, m.Seq, unavailable(err))
@@ -303,6 +321,9 @@ func (p *Partition) forget(seq uint64) {
 	if _, ok := p.out[seq]; ok {
 		delete(p.out, seq)
 		p.f.m.held.Add(-1)
+	} else if _, ok := p.spilled[seq]; ok {
+		delete(p.spilled, seq)
+		p.f.m.held.Add(-1)
 	}
 	p.mu.Unlock()
 }
@@ -312,6 +333,9 @@ func (p *Partition) forget(seq uint64) {
 // whose keys the caller holds back itself (e.g. a lane stopped by a fatal
 // answer); a paused key's message is simply kept (and kept alive) instead.
 func (p *Partition) Nak(m *Message, delay time.Duration) error {
+	if m.msg == nil {
+		return fmt.Errorf("fleet: nak partition %d seq %d: spilled", p.id, m.Seq)
+	}
 	p.forget(m.Seq)
 	var err error
 	if delay > 0 {
@@ -329,5 +353,5 @@ func (p *Partition) Nak(m *Message, delay time.Duration) error {
 func (p *Partition) Held() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.out)
+	return len(p.out) + len(p.spilled)
 }

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 )
@@ -81,8 +83,9 @@ func (b *Backend) Close() error { return b.f.Close() }
 type partitionReader struct {
 	p *Partition
 
-	mu  sync.Mutex
-	out map[uint64]*Message // by Seq, read and not acknowledged
+	mu     sync.Mutex
+	out    map[uint64]*Message // by Seq, read and not acknowledged (spilled ones without body)
+	stream jetstream.Stream    // for Reread, looked up on first use
 }
 
 // Name is the partition's name, e.g. "events-3" (labels and logs).

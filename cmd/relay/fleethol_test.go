@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/svcrelay/relay/internal/natstest"
+	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/sim/simtest"
+)
+
+// TestFleetInvalidKeyDoesNotStopPartition: with one partition, an api_key
+// the upstream refuses ("Invalid API key") and a backlog of it larger than
+// the partition's queue (1 MiB) sent before a valid key's events: the valid
+// key's events are all delivered, and the refused key's messages stay in
+// the stream (spilled: unacknowledged, none lost). Before the spilling the
+// partition stopped behind the stopped lane.
+func TestFleetInvalidKeyDoesNotStopPartition(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node NATS cluster")
+	}
+	cl := natstest.Start(t, natstest.Config{})
+	up := simtest.New(sim.Config{APIKeys: []string{"good-key"}}, zap.NewNop())
+	upURL, err := up.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { up.Close() })
+	r := startFleetRelay(t, cl, upURL, "--spool-partitions", "1")
+	const (
+		badRequests = 150 // 150 x 50 events x ~230 bytes: about 1.7 MB
+		perReq      = 50
+		goodReqs    = 40
+	)
+	pad := strings.Repeat("p", 150)
+	body := func(key string, dev, from int) []byte {
+		var b strings.Builder
+		fmt.Fprintf(&b, `{"api_key":%q,"events":[`, key)
+		for i := range perReq {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, `{"device_id":"device-%02d","event_type":"t","insert_id":"%s-%02d-%06d","event_properties":{"pad":%q}}`,
+				dev, key, dev, from+i, pad)
+		}
+		b.WriteString("]}")
+		return []byte(b.String())
+	}
+	client := &http.Client{Timeout: 20 * time.Second}
+	post := func(b []byte) {
+		t.Helper()
+		for try := 0; ; try++ {
+			if postEvents(client, r.ingest, b) == http.StatusOK {
+				return
+			}
+			if try == 50 {
+				t.Fatal("the relay did not accept a request")
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	for k := range badRequests {
+		post(body("bad-key", k%3, k*perReq))
+	}
+	for k := range goodReqs {
+		post(body("good-key", k%4, k*perReq))
+	}
+	want := goodReqs * perReq
+	for i := 0; distinct(up.Events("good-key")) < want; i++ {
+		if i == 600 { // 60 s
+			_, lanes := getBody(t, r.admin+"/relay/v1/lanes")
+			t.Fatalf("good key: %d of %d events delivered behind the refused key's backlog; lanes %s",
+				distinct(up.Events("good-key")), want, lanes)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	_, lanes := getBody(t, r.admin+"/relay/v1/lanes")
+	if !strings.Contains(lanes, "invalid API key") {
+		t.Fatalf("the refused key's lane is not stopped: %s", lanes)
+	}
+	// The refused key's messages are all still in the stream.
+	nc, err := nats.Connect(cl.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var msgs uint64
+	for i := 0; ; i++ {
+		s, err := js.Stream(ctx, "RELAY_EVENTS")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if msgs = s.CachedInfo().State.Msgs; msgs == badRequests || i == 50 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if msgs != badRequests {
+		t.Fatalf("the events stream holds %d messages, want the refused key's %d", msgs, badRequests)
+	}
+}

@@ -1,0 +1,111 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"testing"
+
+	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
+)
+
+// testSpill: messages read through the seam and spilled (the batcher's
+// head-of-line guard) stay held: not delivered again past AckWait (kept
+// alive by their reply subjects), their client handles dropped; Reread
+// reads each again whole by sequence, and its Ack removes it from the
+// stream. A message read after them (another key's) is acknowledged
+// meanwhile.
+func (e *testEnv) testSpill(t *testing.T) {
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1, AckWait: 2 * time.Second})
+	ctx := bg(t)
+	for _, r := range []spool.Record{rec("d:held", 1), rec("d:held", 2), rec("d:other", 1)} {
+		if err := f.Append(ctx, Request{Lane: lane, Records: []spool.Record{r}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res := make(chan error, 1)
+	stop := run(f, func(ctx context.Context, p *Partition) error {
+		if p.Kind() != spool.KindEvents {
+			<-ctx.Done()
+			return nil
+		}
+		r := &partitionReader{p: p, out: make(map[uint64]*Message)}
+		err := spillCase(ctx, r)
+		res <- err
+		return err
+	})
+	defer stop()
+	select {
+	case err := <-res:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(40 * time.Second):
+		t.Fatal("deliver did not finish")
+	}
+	waitFor(t, 10*time.Second, "the stream empties", func() bool { return streamMsgs(t, f, spool.KindEvents) == 0 })
+}
+
+func spillCase(ctx context.Context, r *partitionReader) error {
+	var ms []*storage.Message
+	for range 3 {
+		m, err := r.Next(ctx)
+		if err != nil {
+			return err
+		}
+		ms = append(ms, m)
+	}
+	for _, m := range ms[:2] {
+		r.Spill(m.Seq)
+	}
+	r.mu.Lock()
+	for _, m := range ms[:2] {
+		if fm := r.out[m.Seq]; fm == nil || fm.msg != nil || fm.Records != nil {
+			r.mu.Unlock()
+			return fmt.Errorf("seq %d still holds its body after Spill", m.Seq)
+		}
+	}
+	r.mu.Unlock()
+	r.p.mu.Lock()
+	nout, nspilled := len(r.p.out), len(r.p.spilled)
+	r.p.mu.Unlock()
+	if nout != 1 || nspilled != 2 || r.p.Held() != 3 {
+		return fmt.Errorf("after spilling 2 of 3: %d handles, %d spilled, %d held", nout, nspilled, r.p.Held())
+	}
+	if err := r.Ack(ctx, ms[2]); err != nil {
+		return err
+	}
+	// 2.5 AckWaits: nothing may be delivered again.
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	again, err := r.Next(wctx)
+	cancel()
+	if again != nil {
+		return fmt.Errorf("spilled message delivered again: seq %d", again.Seq)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("waiting for nothing: %w", err)
+	}
+	for i, m := range ms[:2] {
+		got, err := r.Reread(ctx, m.Seq)
+		if err != nil {
+			return err
+		}
+		if len(got.Records) != 1 || string(got.Records[0].Data) != fmt.Sprintf("d:held/%d", i+1) || got.Lane != lane || got.Seq != m.Seq {
+			return fmt.Errorf("reread seq %d: %+v", m.Seq, got)
+		}
+		if err := r.Ack(ctx, got); err != nil {
+			return err
+		}
+	}
+	if r.p.Held() != 0 {
+		return fmt.Errorf("%d held after the acks", r.p.Held())
+	}
+	if _, err := r.Reread(ctx, ms[0].Seq); err == nil || !strings.Contains(err.Error(), "not read") {
+		return fmt.Errorf("reread after ack: %v", err)
+	}
+	return nil
+}
