@@ -25,7 +25,7 @@ import (
 	"github.com/svcrelay/relay/internal/natstest"
 	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
-	"github.com/svcrelay/relay/internal/sim/simtest"
+	"github.com/svcrelay/relay/internal/simtest"
 )
 
 // Fleet mode end to end (issue 22): a real 3-node JetStream cluster, the

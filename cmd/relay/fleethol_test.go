@@ -14,7 +14,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/natstest"
 	"github.com/svcrelay/relay/internal/sim"
-	"github.com/svcrelay/relay/internal/sim/simtest"
+	"github.com/svcrelay/relay/internal/simtest"
 )
 
 // TestFleetInvalidKeyDoesNotStopPartition: with one partition, an api_key

@@ -7,7 +7,7 @@ import (
 )
 
 // TestBinaryHasNoFaultInjection: the simulator's fault injection and test
-// knobs (internal/sim/simtest) are not compiled into the relay binary.
+// knobs (internal/simtest) are not compiled into the relay binary.
 func TestBinaryHasNoFaultInjection(t *testing.T) {
 	goBin, err := exec.LookPath("go")
 	if err != nil {

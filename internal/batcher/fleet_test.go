@@ -10,7 +10,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/sim"
-	"github.com/svcrelay/relay/internal/sim/simtest"
+	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/throttle"
 )

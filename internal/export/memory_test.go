@@ -19,7 +19,7 @@ import (
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
-	"github.com/svcrelay/relay/internal/sim/simtest"
+	"github.com/svcrelay/relay/internal/simtest"
 )
 
 const helperEnv = "RELAY_EXPORT_HELPER_UPSTREAM"

@@ -14,7 +14,7 @@ import (
 	"github.com/svcrelay/relay/internal/export"
 	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
-	"github.com/svcrelay/relay/internal/sim/simtest"
+	"github.com/svcrelay/relay/internal/simtest"
 )
 
 // exportFixture ingests events of proj at 2026-03-01 10:xx and 11:xx and

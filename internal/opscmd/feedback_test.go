@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/svcrelay/relay/internal/sim"
-	"github.com/svcrelay/relay/internal/sim/simtest"
+	"github.com/svcrelay/relay/internal/simtest"
 )
 
 func TestFeedbackCommand(t *testing.T) {

@@ -16,7 +16,7 @@ import (
 //	GET  /sim/requests?after=SEQ&limit=N    {"requests":[Record...]}
 //
 // Routes that change the Sim (reset, faults, silence, quota) are
-// internal/sim/simtest's (Config.Faults).
+// internal/simtest's (Config.Faults).
 func (s *Sim) registerControl() {
 	m := s.ctlMux
 	ok := func(w http.ResponseWriter) { writeJSON(w, 200, map[string]bool{"ok": true}) }

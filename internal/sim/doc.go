@@ -10,7 +10,7 @@
 // This package is the model only. Fault injection (a queue of injected
 // failures, latency, taking the Sim down, listeners that refuse) and the
 // /sim/ routes that change the Sim (reset, faults, silence, quota) are in
-// internal/sim/simtest, which only tests and test helpers import: it plugs
+// internal/simtest, which only tests and test helpers import: it plugs
 // in through Config.Faults, which the product leaves nil, so the relay
 // binary never fails a request on purpose and serves only read-outs under
 // /sim/.

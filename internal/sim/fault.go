@@ -48,7 +48,7 @@ const (
 // Fault is how the upstream fails one ingest request: the answer it sends
 // instead of its own, or how it drops the connection, and what of the
 // request it ingested first (the readings of "the request may not have been
-// accepted"). The product never fails on purpose; internal/sim/simtest
+// accepted"). The product never fails on purpose; internal/simtest
 // queues faults through Config.Faults.
 type Fault struct {
 	// Status is the HTTP status to answer (e.g. 500, 502, 503, 504, or any
@@ -71,7 +71,7 @@ type Fault struct {
 	Ingest IngestMode
 }
 
-// Faults is the seam of test-only fault injection: internal/sim/simtest
+// Faults is the seam of test-only fault injection: internal/simtest
 // implements it, the product leaves Config.Faults nil (no request is ever
 // failed on purpose and no route beyond the read-outs is under /sim/).
 type Faults interface {

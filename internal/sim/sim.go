@@ -54,7 +54,7 @@ type Config struct {
 	// daily quotas and request times use it; injected latency uses real time.
 	Now func() time.Time
 	// Faults, when set, fails ingest requests on purpose and adds its
-	// control routes (internal/sim/simtest, tests only); nil in the product.
+	// control routes (internal/simtest, tests only); nil in the product.
 	Faults Faults
 
 	// Readings of the document's ambiguous sentences (issue 18; see the

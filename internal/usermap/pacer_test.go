@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/sim"
-	"github.com/svcrelay/relay/internal/sim/simtest"
+	"github.com/svcrelay/relay/internal/simtest"
 )
 
 // TestPacerWindow: many lanes of two organizations acquire concurrently with

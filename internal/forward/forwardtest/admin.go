@@ -11,7 +11,7 @@ import (
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/sim"
-	"github.com/svcrelay/relay/internal/sim/simtest"
+	"github.com/svcrelay/relay/internal/simtest"
 )
 
 // ServeAdmin is Serve (kept for the tests written against it).

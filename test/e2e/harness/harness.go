@@ -25,7 +25,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/poll"
-	"github.com/svcrelay/relay/internal/sim/simtest"
+	"github.com/svcrelay/relay/internal/simtest"
 )
 
 // Build builds the relay binary into a temp dir and returns its path. When
@@ -288,7 +288,7 @@ func StartSim(t testing.TB, bin, dir string, extra ...string) *Sim {
 }
 
 // StartFaultSim builds and starts the simserver test helper (the simulated
-// upstream with internal/sim/simtest's fault routes) on a free port with the
+// upstream with internal/simtest's fault routes) on a free port with the
 // extra flags (those of `relay sim`), and waits for /sim/healthz.
 func StartFaultSim(t testing.TB, dir string, extra ...string) *Sim {
 	t.Helper()

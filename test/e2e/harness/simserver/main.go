@@ -1,5 +1,5 @@
 // Command simserver is a test helper: the simulated upstream with fault
-// injection (internal/sim/simtest) in its own process, for the binary-level
+// injection (internal/simtest) in its own process, for the binary-level
 // tests that inject faults over /sim/ (harness.StartFaultSim). It takes the
 // flags of `relay sim` that those tests use. It is not part of the relay.
 package main
@@ -15,7 +15,7 @@ import (
 	"syscall"
 
 	"github.com/svcrelay/relay/internal/sim"
-	"github.com/svcrelay/relay/internal/sim/simtest"
+	"github.com/svcrelay/relay/internal/simtest"
 )
 
 func main() {
