@@ -6,6 +6,7 @@ import (
 	"net"
 	"testing"
 
+	"github.com/svcrelay/relay/internal/benchtest"
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/valyala/fasthttp"
@@ -37,7 +38,7 @@ func benchHandleSync(b *testing.B, n, par int) {
 	}
 	events := make([]string, n)
 	for i := range events {
-		events[i] = sdkEvent(i)
+		events[i] = benchtest.SDKEvent(i)
 	}
 	body := envelope("bench-api-key-0123456789abcdef", "", events...)
 	lane, err := sp.Lane(context.Background(), spool.LaneKey{Kind: spool.KindEvents, APIKey: "bench-api-key-0123456789abcdef"})
@@ -82,7 +83,7 @@ func benchHandleSync(b *testing.B, n, par int) {
 	}
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
-	cpu0 := processCPU()
+	cpu0 := benchtest.ProcessCPU()
 	b.ResetTimer()
 	if par == 1 {
 		i := 0
@@ -92,5 +93,5 @@ func benchHandleSync(b *testing.B, n, par int) {
 		b.RunParallel(func(pb *testing.PB) { run(pb.Next) })
 	}
 	b.StopTimer()
-	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op")
+	b.ReportMetric(float64(benchtest.ProcessCPU()-cpu0)/float64(b.N), "cpu-ns/op")
 }

@@ -3,8 +3,9 @@ package spool
 import (
 	"context"
 	"fmt"
-	"syscall"
 	"testing"
+
+	"github.com/svcrelay/relay/internal/benchtest"
 )
 
 // BenchmarkCommit measures the append/commit path as the ingest drives it:
@@ -79,7 +80,7 @@ func benchCommit(b *testing.B, mode SyncMode, per, par int) {
 		}
 	}
 	b.ReportAllocs()
-	cpu0 := processCPU()
+	cpu0 := benchtest.ProcessCPU()
 	b.ResetTimer()
 	if par == 1 {
 		n := 0
@@ -89,14 +90,5 @@ func benchCommit(b *testing.B, mode SyncMode, per, par int) {
 		b.RunParallel(func(pb *testing.PB) { run(pb.Next) })
 	}
 	b.StopTimer()
-	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op")
-}
-
-// processCPU is the process's CPU time in ns (user+system).
-func processCPU() int64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return ru.Utime.Nano() + ru.Stime.Nano()
+	b.ReportMetric(float64(benchtest.ProcessCPU()-cpu0)/float64(b.N), "cpu-ns/op")
 }

@@ -5,6 +5,7 @@ import (
 	"math/rand"
 	"testing"
 
+	"github.com/svcrelay/relay/internal/benchtest"
 	"github.com/valyala/fasthttp"
 )
 
@@ -39,13 +40,13 @@ func BenchmarkGzipBody(b *testing.B) {
 				var out []byte
 				b.SetBytes(int64(len(body)))
 				b.ReportAllocs()
-				cpu0 := processCPU()
+				cpu0 := benchtest.ProcessCPU()
 				b.ResetTimer()
 				for range b.N {
 					out = fasthttp.AppendGzipBytesLevel(nil, body, lv.level)
 				}
 				b.StopTimer()
-				b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op")
+				b.ReportMetric(float64(benchtest.ProcessCPU()-cpu0)/float64(b.N), "cpu-ns/op")
 				b.ReportMetric(float64(len(out))/float64(len(body)), "ratio")
 			})
 		}

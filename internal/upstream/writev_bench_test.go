@@ -4,8 +4,9 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"syscall"
 	"testing"
+
+	"github.com/svcrelay/relay/internal/benchtest"
 )
 
 // BenchmarkBodyWrite measures, alone, issue 25's "upstream body from the
@@ -64,7 +65,7 @@ func BenchmarkBodyWrite(b *testing.B) {
 				}
 				b.SetBytes(int64(size))
 				b.ReportAllocs()
-				cpu0 := processCPU()
+				cpu0 := benchtest.ProcessCPU()
 				b.ResetTimer()
 				for op := range b.N {
 					recs := sets[op%len(sets)]
@@ -97,17 +98,8 @@ func BenchmarkBodyWrite(b *testing.B) {
 					}
 				}
 				b.StopTimer()
-				b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op")
+				b.ReportMetric(float64(benchtest.ProcessCPU()-cpu0)/float64(b.N), "cpu-ns/op")
 			})
 		}
 	}
-}
-
-// processCPU is the process's CPU time in ns (user+system).
-func processCPU() int64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return ru.Utime.Nano() + ru.Stime.Nano()
 }
