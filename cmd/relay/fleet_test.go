@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/fleet"
@@ -227,15 +226,7 @@ func partitionOwner(t *testing.T, cl *natstest.Cluster, p int) string {
 // kind's stream, "" when none does.
 func leaseOwner(t *testing.T, cl *natstest.Cluster, kind string, p int) string {
 	t.Helper()
-	nc, err := nats.Connect(cl.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := cl.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	kv, err := js.KeyValue(ctx, "RELAY_FLEET")
@@ -252,15 +243,7 @@ func leaseOwner(t *testing.T, cl *natstest.Cluster, kind string, p int) string {
 // kvHas reports whether the bucket holds key.
 func kvHas(t *testing.T, cl *natstest.Cluster, bucket, key string) bool {
 	t.Helper()
-	nc, err := nats.Connect(cl.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := cl.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	kv, err := js.KeyValue(ctx, bucket)

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/natstest"
@@ -87,15 +85,7 @@ func TestFleetInvalidKeyDoesNotStopPartition(t *testing.T) {
 		t.Fatalf("the refused key's lane is not stopped: %s", lanes)
 	}
 	// The refused key's messages are all still in the stream.
-	nc, err := nats.Connect(cl.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := cl.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var msgs uint64

@@ -25,6 +25,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Config configures a Cluster. The zero value is three nodes, fsync on
@@ -210,6 +212,22 @@ func (c *Cluster) URLs() []string {
 		us[i] = fmt.Sprintf("nats://127.0.0.1:%d", n.port)
 	}
 	return us
+}
+
+// JetStream is a JetStream client on the cluster for a test's checks, on
+// its own connection, closed when the test ends.
+func (c *Cluster) JetStream(t testing.TB) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(c.URL())
+	if err != nil {
+		t.Fatalf("natstest: connect: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("natstest: jetstream: %v", err)
+	}
+	return js
 }
 
 // URL is URLs joined by commas, as nats.Connect and --spool take them.
