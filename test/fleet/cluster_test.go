@@ -280,8 +280,21 @@ func TestNATSClusterKillRestart(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "T", Subjects: []string{"t.>"}, Replicas: 3, Storage: jetstream.FileStorage}); err != nil {
-		t.Fatal(err)
+	// Retried, each try bounded (as fleet.Open does): a JetStream API
+	// request sent while a just-started cluster settles its meta leader can
+	// go unanswered, and one unbounded try then waited out the whole 90 s
+	// (once in four -race runs on a loaded machine).
+	for {
+		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := js.CreateStream(cctx, jetstream.StreamConfig{Name: "T", Subjects: []string{"t.>"}, Replicas: 3, Storage: jetstream.FileStorage})
+		ccancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("create stream: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	acked := 0
 	publish := func(n int) {
