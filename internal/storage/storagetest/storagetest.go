@@ -237,6 +237,17 @@ func (r *running) stop(t *testing.T) {
 }
 
 // waitCount waits until c read at least n records.
+// readN runs b with a new collector until it has read n records, stops it
+// and returns the collector.
+func (s *suite) readN(t *testing.T, b storage.Backend, n int) *collector {
+	t.Helper()
+	c := newCollector(nil)
+	run := start(b, c)
+	s.waitCount(t, c, n)
+	run.stop(t)
+	return c
+}
+
 func (s *suite) waitCount(t *testing.T, c *collector, n int) {
 	t.Helper()
 	deadline := time.Now().Add(s.cfg.Wait)
@@ -322,10 +333,7 @@ func (s *suite) testAppendReadOrder(t *testing.T) {
 		keys := []string{"d:0", "d:1", "d:2", "d:3"}[:1+r%4]
 		appendN(t, b, want, lanes[r%len(lanes)], 2, keys...)
 	}
-	c := newCollector(nil)
-	run := start(b, c)
-	s.waitCount(t, c, want.total())
-	run.stop(t)
+	c := s.readN(t, b, want.total())
 	s.check(t, c, counter{}, want)
 	closeB(t, b)
 }
@@ -338,10 +346,7 @@ func (s *suite) testAckRemoves(t *testing.T) {
 	for r := range 9 {
 		appendN(t, b, want, lanes[r%len(lanes)], 3, "d:a", "d:b")
 	}
-	c := newCollector(nil)
-	run := start(b, c)
-	s.waitCount(t, c, want.total())
-	run.stop(t)
+	c := s.readN(t, b, want.total())
 	s.check(t, c, counter{}, want)
 	closeB(t, b)
 
@@ -352,10 +357,7 @@ func (s *suite) testAckRemoves(t *testing.T) {
 	for _, l := range lanes {
 		appendN(t, b, want, l, 1, "d:a")
 	}
-	c = newCollector(nil)
-	run = start(b, c)
-	s.waitCount(t, c, len(lanes))
-	run.stop(t)
+	c = s.readN(t, b, len(lanes))
 	for k := range from {
 		if !strings.HasSuffix(k, "|d:a") {
 			delete(want, k)
@@ -403,10 +405,7 @@ func (s *suite) testUnackedReturn(t *testing.T) {
 			appendN(t, b, want, l, 1, "d:a", "d:b")
 		}
 	}
-	c = newCollector(nil)
-	run = start(b, c)
-	s.waitCount(t, c, want.total()-from.total())
-	run.stop(t)
+	c = s.readN(t, b, want.total()-from.total())
 	s.check(t, c, from, want)
 	closeB(t, b)
 }
@@ -567,10 +566,7 @@ func (s *suite) testAllOrNothing(t *testing.T) {
 		keys = append(keys, string(r.OrderKey))
 	}
 	appendN(t, b, want, lanes[0], 1, keys...)
-	c := newCollector(nil)
-	run := start(b, c)
-	s.waitCount(t, c, want.total())
-	run.stop(t)
+	c := s.readN(t, b, want.total())
 	s.check(t, c, counter{}, want)
 	closeB(t, b)
 }
