@@ -22,42 +22,7 @@ import (
 func BenchmarkHandle(b *testing.B) {
 	for _, n := range []int{1, 100} {
 		b.Run(fmt.Sprintf("shape=sdk/events=%d", n), func(b *testing.B) {
-			sp, err := spool.Open(spool.Config{Dir: b.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer sp.Close()
-			s, err := New(Config{}, sp, event.NewIDGen(), nil, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			events := make([]string, n)
-			for i := range events {
-				events[i] = benchtest.SDKEvent(i)
-			}
-			body := envelope("bench-api-key-0123456789abcdef", "", events...)
-			lane, err := sp.Lane(context.Background(), spool.LaneKey{Kind: spool.KindEvents, APIKey: "bench-api-key-0123456789abcdef"})
-			if err != nil {
-				b.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			drained := make(chan struct{})
-			go func() { // the lane's reader: read, release, acknowledge
-				defer close(drained)
-				var recs []spool.Record
-				for {
-					cs, more, err := lane.NextInto(ctx, 1<<20, recs)
-					if err != nil {
-						return
-					}
-					recs = more
-					for _, c := range cs {
-						c.Buffer().Release()
-						sp.Ack(lane, c.Seq)
-					}
-				}
-			}()
-			defer func() { cancel(); <-drained }()
+			h, body := benchHandler(b, spool.SyncNone, n)
 
 			remote := &net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 1234}
 			var req fasthttp.Request
@@ -66,7 +31,6 @@ func BenchmarkHandle(b *testing.B) {
 			req.Header.SetContentType("application/json")
 			req.SetBody(body)
 			var rc fasthttp.RequestCtx
-			h := s.Handler()
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
 			cpu0 := benchtest.ProcessCPU()
@@ -85,4 +49,48 @@ func BenchmarkHandle(b *testing.B) {
 			b.ReportMetric(float64(benchtest.ProcessCPU()-cpu0)/float64(b.N), "cpu-ns/op")
 		})
 	}
+}
+
+// benchHandler is the handler of a server on a real spool (sync) in a
+// temporary directory, whose lane a goroutine drains and acknowledges
+// until the benchmark ends, and a request body of n SDK-shaped events.
+func benchHandler(b *testing.B, sync spool.SyncMode, n int) (fasthttp.RequestHandler, []byte) {
+	b.Helper()
+	sp, err := spool.Open(spool.Config{Dir: b.TempDir(), Sync: sync, MinFreeBytes: -1}, nil, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { sp.Close() })
+	s, err := New(Config{}, sp, event.NewIDGen(), nil, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	events := make([]string, n)
+	for i := range events {
+		events[i] = benchtest.SDKEvent(i)
+	}
+	body := envelope("bench-api-key-0123456789abcdef", "", events...)
+	lane, err := sp.Lane(context.Background(), spool.LaneKey{Kind: spool.KindEvents, APIKey: "bench-api-key-0123456789abcdef"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	drained := make(chan struct{})
+	go func() { // the lane's reader: read, release, acknowledge
+		defer close(drained)
+		var recs []spool.Record
+		for {
+			cs, more, err := lane.NextInto(ctx, 1<<20, recs)
+			if err != nil {
+				return
+			}
+			recs = more
+			for _, c := range cs {
+				c.Buffer().Release()
+				sp.Ack(lane, c.Seq)
+			}
+		}
+	}()
+	b.Cleanup(func() { cancel(); <-drained })
+	return s.Handler(), body
 }

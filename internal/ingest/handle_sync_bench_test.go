@@ -1,13 +1,11 @@
 package ingest
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"testing"
 
 	"github.com/svcrelay/relay/internal/benchtest"
-	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/valyala/fasthttp"
 )
@@ -27,43 +25,7 @@ func BenchmarkHandleSync(b *testing.B) {
 }
 
 func benchHandleSync(b *testing.B, n, par int) {
-	sp, err := spool.Open(spool.Config{Dir: b.TempDir(), Sync: spool.SyncAlways, MinFreeBytes: -1}, nil, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer sp.Close()
-	s, err := New(Config{}, sp, event.NewIDGen(), nil, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	events := make([]string, n)
-	for i := range events {
-		events[i] = benchtest.SDKEvent(i)
-	}
-	body := envelope("bench-api-key-0123456789abcdef", "", events...)
-	lane, err := sp.Lane(context.Background(), spool.LaneKey{Kind: spool.KindEvents, APIKey: "bench-api-key-0123456789abcdef"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	drained := make(chan struct{})
-	go func() { // the lane's reader: read, release, acknowledge
-		defer close(drained)
-		var recs []spool.Record
-		for {
-			cs, more, err := lane.NextInto(ctx, 1<<20, recs)
-			if err != nil {
-				return
-			}
-			recs = more
-			for _, c := range cs {
-				c.Buffer().Release()
-				sp.Ack(lane, c.Seq)
-			}
-		}
-	}()
-	defer func() { cancel(); <-drained }()
-	h := s.Handler()
+	h, body := benchHandler(b, spool.SyncAlways, n)
 	run := func(pb func() bool) {
 		remote := &net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 1234}
 		var req fasthttp.Request
