@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/bench/hist"
+	"github.com/svcrelay/relay/internal/natstest"
 )
 
 type relayOpts struct {
@@ -156,43 +157,32 @@ func waitOK(url string, within time.Duration, p *proc) error {
 // startNATS starts a 3-node cluster under dir and returns its processes and
 // the --spool URL.
 func startNATS(t tools, dir string, syncAlways bool) ([]*proc, string, error) {
-	var ports [9]int
-	for i := range ports {
-		p, err := freePort()
-		if err != nil {
-			return nil, "", err
-		}
-		ports[i] = p
+	lay, err := natstest.NewLayout(3)
+	if err != nil {
+		return nil, "", err
 	}
-	var routes, hosts []string
-	for i := range 3 {
-		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", ports[3*i+1]))
-		hosts = append(hosts, fmt.Sprintf("127.0.0.1:%d", ports[3*i]))
-	}
-	sync := ""
+	var sync []string
 	if syncAlways {
-		sync = "sync_interval: always"
+		sync = []string{"sync_interval: always"}
 	}
 	var procs []*proc
-	for i := range 3 {
-		conf := fmt.Sprintf("server_name: n%d\nlisten: 127.0.0.1:%d\nhttp: 127.0.0.1:%d\njetstream { store_dir: %q\n%s }\ncluster { name: bench, listen: 127.0.0.1:%d, routes: [%s] }\n",
-			i+1, ports[3*i], ports[3*i+2], filepath.Join(dir, fmt.Sprintf("n%d", i+1)), sync, ports[3*i+1], strings.Join(routes, ", "))
-		path := filepath.Join(dir, fmt.Sprintf("n%d.conf", i+1))
-		if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+	for i, n := range lay.Nodes {
+		path := filepath.Join(dir, n.Name+".conf")
+		if err := os.WriteFile(path, []byte(lay.Conf(i, "bench", filepath.Join(dir, n.Name), sync...)), 0o644); err != nil {
 			return procs, "", err
 		}
-		p, err := startProc(t.nats, filepath.Join(dir, fmt.Sprintf("n%d.log", i+1)), "-c", path)
+		p, err := startProc(t.nats, filepath.Join(dir, n.Name+".log"), "-c", path)
 		if err != nil {
 			return procs, "", err
 		}
 		procs = append(procs, p)
 	}
 	for i, p := range procs {
-		if err := waitOK(fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[3*i+2]), 60*time.Second, p); err != nil {
+		if err := waitOK(fmt.Sprintf("http://127.0.0.1:%d/healthz", lay.Nodes[i].Monitor), 60*time.Second, p); err != nil {
 			return procs, "", err
 		}
 	}
-	return procs, "nats://" + strings.Join(hosts, ","), nil
+	return procs, lay.SpoolURL(), nil
 }
 
 // runRelays runs every (spool, relay count) of o and prints a table.

@@ -35,11 +35,17 @@ import (
 // with -short).
 func startFleetCluster(t *testing.T) (*natstest.Cluster, *simtest.Sim, string) {
 	t.Helper()
+	return startFleetClusterWith(t, sim.Config{})
+}
+
+// startFleetClusterWith is startFleetCluster with the simulator's config.
+func startFleetClusterWith(t *testing.T, simCfg sim.Config) (*natstest.Cluster, *simtest.Sim, string) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("starts a 3-node NATS cluster")
 	}
 	cl := natstest.Start(t, natstest.Config{})
-	up := simtest.New(sim.Config{}, zap.NewNop())
+	up := simtest.New(simCfg, zap.NewNop())
 	upURL, err := up.Start("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -398,15 +404,7 @@ func TestFleetAdmin(t *testing.T) {
 	}
 
 	up.Unsilence(fmt.Sprintf("device-%02d", dev))
-	resp, err := http.Post(b.admin+"/relay/v1/deadletters/replay", "application/json", strings.NewReader(`{"filter":{}}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rb, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(rb), `"replayed":3`) {
-		t.Fatalf("replay: %d %s", resp.StatusCode, rb)
-	}
+	replayAll(t, b.admin, 3)
 	for i := 0; len(up.Events(apiKey)) < 3; i++ {
 		if i == 200 {
 			t.Fatalf("replayed events not delivered: upstream has %d", len(up.Events(apiKey)))
@@ -565,14 +563,21 @@ func TestFleetForms(t *testing.T) {
 	if body := deadBody(); !strings.Contains(body, `"reason":"bad_request"`) {
 		t.Fatalf("dead letters: %s", body)
 	}
-	resp, err := http.Post(b.admin+"/relay/v1/deadletters/replay", "application/json", strings.NewReader(`{"filter":{}}`))
+	replayAll(t, b.admin, 1)
+	deadBody()
+}
+
+// replayAll asks the relay at admin to replay every dead letter and
+// checks that it answers 200, n replayed.
+func replayAll(t *testing.T, admin string, n int) {
+	t.Helper()
+	resp, err := http.Post(admin+"/relay/v1/deadletters/replay", "application/json", strings.NewReader(`{"filter":{}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	rb, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(rb), `"replayed":1`) {
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(rb), fmt.Sprintf(`"replayed":%d`, n)) {
 		t.Fatalf("replay: %d %s", resp.StatusCode, rb)
 	}
-	deadBody()
 }

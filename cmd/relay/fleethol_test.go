@@ -8,11 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-
-	"github.com/svcrelay/relay/internal/natstest"
 	"github.com/svcrelay/relay/internal/sim"
-	"github.com/svcrelay/relay/internal/simtest"
 )
 
 // TestFleetInvalidKeyDoesNotStopPartition: with one partition, an api_key
@@ -22,16 +18,7 @@ import (
 // the stream (spilled: unacknowledged, none lost). Before the spilling the
 // partition stopped behind the stopped lane.
 func TestFleetInvalidKeyDoesNotStopPartition(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a 3-node NATS cluster")
-	}
-	cl := natstest.Start(t, natstest.Config{})
-	up := simtest.New(sim.Config{APIKeys: []string{"good-key"}}, zap.NewNop())
-	upURL, err := up.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { up.Close() })
+	cl, up, upURL := startFleetClusterWith(t, sim.Config{APIKeys: []string{"good-key"}})
 	r := startFleetRelay(t, cl, upURL, "--spool-partitions", "1")
 	const (
 		badRequests = 150 // 150 x 50 events x ~230 bytes: about 1.7 MB

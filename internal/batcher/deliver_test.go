@@ -583,32 +583,7 @@ func TestRetryAfterClamped(t *testing.T) {
 func TestReadAheadBackPressure(t *testing.T) {
 	const max = 20_000
 	h := newHarness(t, sim.Config{}, Config{MaxReadAheadBytes: max, ShardsPerLane: 2}, throttle.Config{})
-	h.thr.PauseUntilNextDay([]string{"d:quota-device"})
-	for c := 0; c < 100; c++ {
-		h.add("key", ev{Device: "quota-device", Pad: 200}, ev{Device: "quota-device", Pad: 200})
-	}
-	h.start()
-	time.Sleep(time.Second)
-	var st delivery.LaneStatus
-	for _, s := range h.p.LaneStatus() {
-		st = s
-	}
-	if st.ReadAheadBytes < max || st.ReadAheadBytes > max*5/4 {
-		t.Fatalf("read-ahead %d, want about %d: %+v", st.ReadAheadBytes, max, st)
-	}
-	if st.HeldEvents == 0 || st.HeldEvents >= 200 {
-		t.Fatalf("held %d of 200", st.HeldEvents)
-	}
-	if len(h.sim.Requests()) != 0 {
-		t.Fatal("paused device sent")
-	}
-	h.stop()
-	pending := map[string]bool{}
-	for id := range h.appended {
-		pending[id] = true
-	}
-	h.check(pending)
-	h.waitDrained(time.Second, 200)
+	h.checkReadAheadBackPressure(max)
 }
 
 // Everything at once: hot devices and users (429s), a silenced device,

@@ -8,7 +8,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/storage"
@@ -91,29 +90,7 @@ func TestFleetModeOverSeam(t *testing.T) {
 	t.Run("read-ahead-bounded", func(t *testing.T) {
 		const max = 20_000
 		h := newSeamHarness(t, sim.Config{}, Config{MaxReadAheadBytes: max, ShardsPerLane: 2}, throttle.Config{})
-		h.thr.PauseUntilNextDay([]string{"d:quota-device"})
-		for range 100 {
-			h.add("key", ev{Device: "quota-device", Pad: 200}, ev{Device: "quota-device", Pad: 200})
-		}
-		h.start()
-		time.Sleep(time.Second)
-		var st delivery.LaneStatus
-		for _, s := range h.p.LaneStatus() {
-			st = s
-		}
-		if st.ReadAheadBytes < max || st.ReadAheadBytes > max*5/4 {
-			t.Fatalf("read-ahead %d, want about %d: %+v", st.ReadAheadBytes, max, st)
-		}
-		if st.HeldEvents == 0 || st.HeldEvents >= 200 || len(h.sim.Requests()) != 0 {
-			t.Fatalf("held %d of 200, %d requests", st.HeldEvents, len(h.sim.Requests()))
-		}
-		h.stop()
-		pending := map[string]bool{}
-		for id := range h.appended {
-			pending[id] = true
-		}
-		h.check(pending)
-		h.waitDrained(time.Second, 200)
+		h.checkReadAheadBackPressure(max)
 	})
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/spool"
@@ -455,4 +456,40 @@ func devs(prefix string, n int) []string {
 		out[i] = prefix + strconv.Itoa(i)
 	}
 	return out
+}
+
+// checkReadAheadBackPressure: events (200) held for a device paused until
+// tomorrow fill the read-ahead (h's MaxReadAheadBytes, max); the reader
+// then waits (the rest stays in the spool), the read-ahead stays bounded,
+// the paused device sends nothing; after the stop the harness's checks
+// hold with every event still in the spool.
+func (h *harness) checkReadAheadBackPressure(max int64) {
+	t := h.t
+	t.Helper()
+	h.thr.PauseUntilNextDay([]string{"d:quota-device"})
+	for range 100 {
+		h.add("key", ev{Device: "quota-device", Pad: 200}, ev{Device: "quota-device", Pad: 200})
+	}
+	h.start()
+	time.Sleep(time.Second)
+	var st delivery.LaneStatus
+	for _, s := range h.p.LaneStatus() {
+		st = s
+	}
+	if st.ReadAheadBytes < max || st.ReadAheadBytes > max*5/4 {
+		t.Fatalf("read-ahead %d, want about %d: %+v", st.ReadAheadBytes, max, st)
+	}
+	if st.HeldEvents == 0 || st.HeldEvents >= 200 {
+		t.Fatalf("held %d of 200", st.HeldEvents)
+	}
+	if len(h.sim.Requests()) != 0 {
+		t.Fatal("paused device sent")
+	}
+	h.stop()
+	pending := map[string]bool{}
+	for id := range h.appended {
+		pending[id] = true
+	}
+	h.check(pending)
+	h.waitDrained(time.Second, 200)
 }

@@ -193,6 +193,18 @@ func run(f *Fleet, deliver DeliverFunc) (stop func()) {
 	return func() { cancel(); <-done }
 }
 
+// runEvents is run with deliver called for the events stream's partitions
+// only; the other kinds' partitions are held, untouched, until stop.
+func runEvents(f *Fleet, deliver DeliverFunc) (stop func()) {
+	return run(f, func(ctx context.Context, p *Partition) error {
+		if p.Kind() != spool.KindEvents {
+			<-ctx.Done()
+			return nil
+		}
+		return deliver(ctx, p)
+	})
+}
+
 // waitFor polls cond every 20 ms for at most d.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
@@ -623,11 +635,7 @@ func (e *testEnv) testKeepAlive(t *testing.T) {
 		err                error
 	}
 	res := make(chan result, 1)
-	stop := run(f, func(ctx context.Context, p *Partition) error {
-		if p.Kind() != spool.KindEvents {
-			<-ctx.Done()
-			return nil
-		}
+	stop := runEvents(f, func(ctx context.Context, p *Partition) error {
 		var r result
 		defer func() { res <- r }()
 		if r.held, r.err = p.Next(ctx); r.err != nil {
@@ -683,11 +691,7 @@ func (e *testEnv) testNak(t *testing.T) {
 		err   error
 	}
 	res := make(chan result, 1)
-	stop := run(f, func(ctx context.Context, p *Partition) error {
-		if p.Kind() != spool.KindEvents {
-			<-ctx.Done()
-			return nil
-		}
+	stop := runEvents(f, func(ctx context.Context, p *Partition) error {
 		var r result
 		defer func() { res <- r }()
 		m, err := p.Next(ctx)
@@ -739,11 +743,7 @@ func (e *testEnv) testRelayRestart(t *testing.T) {
 		}
 	}
 	firstRun := make(chan error, 1)
-	stop := run(f, func(ctx context.Context, p *Partition) error {
-		if p.Kind() != spool.KindEvents {
-			<-ctx.Done()
-			return nil
-		}
+	stop := runEvents(f, func(ctx context.Context, p *Partition) error {
 		m, err := p.Next(ctx)
 		if err == nil {
 			err = p.Ack(ctx, m) // record 1 done
@@ -781,11 +781,7 @@ func (e *testEnv) testLeaseStolen(t *testing.T) {
 	ctx := bg(t)
 	ended := make(chan time.Time, 4)
 	started := make(chan struct{}, 4)
-	stop := run(f, func(ctx context.Context, p *Partition) error {
-		if p.Kind() != spool.KindEvents {
-			<-ctx.Done()
-			return nil
-		}
+	stop := runEvents(f, func(ctx context.Context, p *Partition) error {
 		started <- struct{}{}
 		<-ctx.Done()
 		ended <- time.Now()

@@ -28,11 +28,7 @@ func (e *testEnv) testSpill(t *testing.T) {
 		}
 	}
 	res := make(chan error, 1)
-	stop := run(f, func(ctx context.Context, p *Partition) error {
-		if p.Kind() != spool.KindEvents {
-			<-ctx.Done()
-			return nil
-		}
+	stop := runEvents(f, func(ctx context.Context, p *Partition) error {
 		r := &partitionReader{p: p, out: make(map[uint64]*Message)}
 		err := spillCase(ctx, r)
 		res <- err

@@ -2,12 +2,9 @@ package ingest
 
 import (
 	"fmt"
-	"runtime"
 	"testing"
-	"time"
 
 	"github.com/svcrelay/relay/internal/spool"
-	"github.com/valyala/fasthttp"
 )
 
 // benchClients is the number of concurrent HTTP clients of BenchmarkAccept.
@@ -40,35 +37,9 @@ func benchAccept(b *testing.B, mode spool.SyncMode, n int) {
 		size += len(events[i])
 	}
 	body := envelope("bench-api-key-0123456789abcdef", "", events...)
-	hc := &fasthttp.HostClient{Addr: r.addr, MaxConns: 2 * benchClients, ReadTimeout: 30 * time.Second}
-	defer hc.CloseIdleConnections()
-
-	b.SetParallelism(max(1, benchClients/runtime.GOMAXPROCS(0)))
-	b.SetBytes(int64(len(body)))
-	b.ReportAllocs()
 	recs0, commits0 := r.histogram("relay_spool_commit_records")
 	secs0, _ := r.histogram("relay_spool_commit_seconds")
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-		defer fasthttp.ReleaseRequest(req)
-		defer fasthttp.ReleaseResponse(resp)
-		req.SetRequestURI("http://" + r.addr + "/2/httpapi")
-		req.Header.SetMethod("POST")
-		req.Header.SetContentType("application/json")
-		req.SetBodyRaw(body)
-		for pb.Next() {
-			if err := hc.Do(req, resp); err != nil {
-				b.Error(err)
-				return
-			}
-			if resp.StatusCode() != 200 {
-				b.Errorf("answer %d %s", resp.StatusCode(), resp.Body())
-				return
-			}
-		}
-	})
-	b.StopTimer()
+	postParallel(b, r.addr, body)
 	b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "events/s")
 	b.ReportMetric(float64(size/n), "B/event")
 	// The spool's view: records per commit (group commit at work) and the

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/spool"
 )
 
@@ -95,15 +94,7 @@ func (c *memConn) SetWriteDeadline(time.Time) error { return nil }
 // that closes it (a request behind a refused one is never served). Seeds in
 // testdata/fuzz/FuzzIngestConn.
 func FuzzIngestConn(f *testing.F) {
-	sp, err := spool.Open(spool.Config{Dir: f.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { sp.Close() })
-	s, err := New(Config{MaxRequestBytes: 4 << 10, MaxConnections: 64}, sp, event.NewIDGen(), nil, nil)
-	if err != nil {
-		f.Fatal(err)
-	}
+	s, _ := newServer(f, Config{MaxRequestBytes: 4 << 10, MaxConnections: 64}, spool.SyncNone, nil)
 	ln := newMemListener()
 	served := make(chan error, 1)
 	go func() { served <- s.Serve(ln) }()

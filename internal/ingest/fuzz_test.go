@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -84,28 +83,15 @@ func FuzzHandler(f *testing.F) {
 	f.Add([]byte("\x1f\x8b\x08\x00garbage"), true)
 	f.Add([]byte(``), false)
 
-	sp, err := spool.Open(spool.Config{Dir: f.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { sp.Close() })
-	s, err := New(Config{MaxRequestBytes: 1 << 16}, sp, event.NewIDGen(), nil, nil)
-	if err != nil {
-		f.Fatal(err)
-	}
-	remote := &net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 1234}
+	s, _ := newServer(f, Config{MaxRequestBytes: 1 << 16}, spool.SyncNone, nil)
 	f.Fuzz(func(t *testing.T, body []byte, zip bool) {
-		var req fasthttp.Request
-		req.Header.SetMethod("POST")
-		req.SetRequestURI("/2/httpapi")
+		var header []string
 		if zip {
-			req.Header.SetContentEncoding("gzip")
+			header = []string{"Content-Encoding", "gzip"}
 			body = gz(t, body)
 		}
-		req.SetBody(body)
 		var ctx fasthttp.RequestCtx
-		ctx.Init(&req, remote, nil)
-		s.Handler()(&ctx)
+		callInProcess(s.Handler(), inProcessRequest("/2/httpapi", body, header...), &ctx)
 
 		status := ctx.Response.StatusCode()
 		var ans struct {

@@ -3,11 +3,9 @@ package ingest
 import (
 	"context"
 	"fmt"
-	"net"
 	"testing"
 
 	"github.com/svcrelay/relay/internal/benchtest"
-	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/valyala/fasthttp"
 )
@@ -22,33 +20,42 @@ import (
 func BenchmarkHandle(b *testing.B) {
 	for _, n := range []int{1, 100} {
 		b.Run(fmt.Sprintf("shape=sdk/events=%d", n), func(b *testing.B) {
-			h, body := benchHandler(b, spool.SyncNone, n)
-
-			remote := &net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 1234}
-			var req fasthttp.Request
-			req.Header.SetMethod("POST")
-			req.SetRequestURI("/2/httpapi")
-			req.Header.SetContentType("application/json")
-			req.SetBody(body)
-			var rc fasthttp.RequestCtx
-			b.SetBytes(int64(len(body)))
-			b.ReportAllocs()
-			cpu0 := benchtest.ProcessCPU()
-			b.ResetTimer()
-			for range b.N {
-				rc.Init(&req, remote, nil)
-				h(&rc)
-				if rc.Response.StatusCode() != 200 {
-					b.Fatalf("answer %d %s", rc.Response.StatusCode(), rc.Response.Body())
-				}
-			}
-			b.StopTimer()
-			// The process's CPU (the handler, the WAL writer, the reader,
-			// the GC) per request: what a loaded machine moves less than
-			// the wall time of ns/op.
-			b.ReportMetric(float64(benchtest.ProcessCPU()-cpu0)/float64(b.N), "cpu-ns/op")
+			benchHandle(b, spool.SyncNone, n, 1)
 		})
 	}
+}
+
+// benchHandle calls the handler of benchHandler(b, sync, n) in process,
+// b.N times in all from par goroutines (1: in the benchmark's own),
+// each request to be answered 200, and reports the process's CPU per
+// request (cpu-ns/op: the handler, the WAL writer, the reader, the GC;
+// what a loaded machine moves less than the wall time of ns/op).
+func benchHandle(b *testing.B, sync spool.SyncMode, n, par int) {
+	h, body := benchHandler(b, sync, n)
+	run := func(pb func() bool) {
+		req := inProcessRequest("/2/httpapi", body, "Content-Type", "application/json")
+		var rc fasthttp.RequestCtx
+		for pb() {
+			callInProcess(h, req, &rc)
+			if rc.Response.StatusCode() != 200 {
+				b.Errorf("answer %d %s", rc.Response.StatusCode(), rc.Response.Body())
+				return
+			}
+		}
+	}
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	cpu0 := benchtest.ProcessCPU()
+	b.ResetTimer()
+	if par == 1 {
+		i := 0
+		run(func() bool { i++; return i <= b.N })
+	} else {
+		b.SetParallelism((par + 1) / 2) // GOMAXPROCS 2 on the reference machine
+		b.RunParallel(func(pb *testing.PB) { run(pb.Next) })
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(benchtest.ProcessCPU()-cpu0)/float64(b.N), "cpu-ns/op")
 }
 
 // benchHandler is the handler of a server on a real spool (sync) in a
@@ -56,15 +63,7 @@ func BenchmarkHandle(b *testing.B) {
 // until the benchmark ends, and a request body of n SDK-shaped events.
 func benchHandler(b *testing.B, sync spool.SyncMode, n int) (fasthttp.RequestHandler, []byte) {
 	b.Helper()
-	sp, err := spool.Open(spool.Config{Dir: b.TempDir(), Sync: sync, MinFreeBytes: -1}, nil, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { sp.Close() })
-	s, err := New(Config{}, sp, event.NewIDGen(), nil, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
+	s, sp := newServer(b, Config{}, sync, nil)
 	events := make([]string, n)
 	for i := range events {
 		events[i] = benchtest.SDKEvent(i)

@@ -12,12 +12,17 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // testRelay is a Server on 127.0.0.1 over a real spool in a temp dir.
@@ -93,6 +98,113 @@ func (r *testRelay) stop() {
 		r.t.Errorf("close spool: %v", err)
 	}
 	r.sp = nil
+}
+
+// openSpool opens a real spool (sync) in a temporary directory, closed
+// when the test ends.
+func openSpool(t testing.TB, sync spool.SyncMode) *spool.Spool {
+	t.Helper()
+	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), Sync: sync, MinFreeBytes: -1}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sp.Close() })
+	return sp
+}
+
+// newServer is a Server (cfg, logging to log; nil: no logs) on a real
+// spool (openSpool), not serving: for calls of its handler in process or
+// a listener of the test's own.
+func newServer(t testing.TB, cfg Config, sync spool.SyncMode, log *zap.Logger) (*Server, *spool.Spool) {
+	t.Helper()
+	sp := openSpool(t, sync)
+	s, err := New(cfg, sp, event.NewIDGen(), log, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, sp
+}
+
+// serveObserved serves a Server (cfg) on sp, on a listener of its own on
+// 127.0.0.1, logging to the observer it returns; it is shut down when the
+// test ends (Shutdown may be called before).
+func serveObserved(t testing.TB, cfg Config, sp *spool.Spool) (srv *Server, addr string, logs *observer.ObservedLogs) {
+	t.Helper()
+	core, logs := observer.New(zapcore.DebugLevel)
+	srv, err := New(cfg, sp, event.NewIDGen(), zap.New(core), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	})
+	return srv, ln.Addr().String(), logs
+}
+
+// inProcessRemote is the client address of the requests a test hands to a
+// handler in process (one value: a benchmark's loop allocates none).
+var inProcessRemote = &net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 1234}
+
+// inProcessRequest is a POST of body to path for a handler called in
+// process (callInProcess); header holds name, value pairs.
+func inProcessRequest(path string, body []byte, header ...string) *fasthttp.Request {
+	req := new(fasthttp.Request)
+	req.Header.SetMethod("POST")
+	req.SetRequestURI(path)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	req.SetBody(body)
+	return req
+}
+
+// callInProcess has h answer req (from inProcessRemote) into rc.
+func callInProcess(h fasthttp.RequestHandler, req *fasthttp.Request, rc *fasthttp.RequestCtx) {
+	rc.Init(req, inProcessRemote, nil)
+	h(rc)
+}
+
+// postParallel posts body to addr's /2/httpapi over real HTTP from
+// benchClients concurrent clients, b.N requests in all, each to be
+// answered 200 (header holds name, value pairs); the timer runs around the
+// posts only.
+func postParallel(b *testing.B, addr string, body []byte, header ...string) {
+	hc := &fasthttp.HostClient{Addr: addr, MaxConns: 2 * benchClients, ReadTimeout: 30 * time.Second}
+	defer hc.CloseIdleConnections()
+	b.SetParallelism(max(1, benchClients/runtime.GOMAXPROCS(0)))
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseRequest(req)
+		defer fasthttp.ReleaseResponse(resp)
+		req.SetRequestURI("http://" + addr + "/2/httpapi")
+		req.Header.SetMethod("POST")
+		req.Header.SetContentType("application/json")
+		for i := 0; i+1 < len(header); i += 2 {
+			req.Header.Set(header[i], header[i+1])
+		}
+		req.SetBodyRaw(body)
+		for pb.Next() {
+			if err := hc.Do(req, resp); err != nil {
+				b.Error(err)
+				return
+			}
+			if resp.StatusCode() != 200 {
+				b.Errorf("answer %d %s", resp.StatusCode(), resp.Body())
+				return
+			}
+		}
+	})
+	b.StopTimer()
 }
 
 type answer struct {

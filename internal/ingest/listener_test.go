@@ -22,29 +22,13 @@ import (
 	"github.com/svcrelay/relay/internal/spool"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
 )
 
 // TestMalformedRequestLogsNoContent: fasthttp's messages about requests it
 // cannot parse quote their heads; the ingest log gets none of it.
 func TestMalformedRequestLogsNoContent(t *testing.T) {
 	const secret = "s3cr3t-4f1d"
-	core, logs := observer.New(zapcore.DebugLevel)
-	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sp.Close() })
-	srv, err := New(Config{}, sp, event.NewIDGen(), zap.New(core), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+	_, addr, logs := serveObserved(t, Config{}, openSpool(t, spool.SyncNone))
 
 	for _, req := range []string{
 		// A control byte in a header value.
@@ -58,7 +42,7 @@ func TestMalformedRequestLogsNoContent(t *testing.T) {
 		// Two Transfer-Encodings.
 		"POST /2/httpapi?api_key=" + secret + " HTTP/1.1\r\nHost: relay\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: " + secret + "\r\n\r\n",
 	} {
-		rc := dialRaw(t, ln.Addr().String())
+		rc := dialRaw(t, addr)
 		rc.write(req)
 		if a := rc.answer(); a == nil || a.StatusCode != 400 {
 			t.Fatalf("%q: answer %v, want 400", req, a)

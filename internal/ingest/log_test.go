@@ -2,35 +2,20 @@ package ingest
 
 import (
 	"fmt"
-	"net"
 	"strings"
 	"testing"
 
-	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/spool"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
 )
 
 // TestRejectLogsSampledAndKeyless: a flood of bad requests yields a handful of
 // log lines, and no log line ever holds the api_key.
 func TestRejectLogsSampledAndKeyless(t *testing.T) {
 	const secret = "secret-api-key-4242"
-	core, logs := observer.New(zapcore.DebugLevel)
 	r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone, MaxBytes: 4 << 10})
 	// A second server on the same spool, with the observed logger.
-	srv, err := New(Config{}, r.sp, event.NewIDGen(), zap.New(core), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Shutdown(t.Context()) })
-	r.url = "http://" + ln.Addr().String()
+	_, addr, logs := serveObserved(t, Config{}, r.sp)
+	r.url = "http://" + addr
 
 	for i := range 100 {
 		r.post("/2/httpapi", []byte(fmt.Sprintf(`{"api_key":%q,"events":[{"user_id":"u%d"}]}`, secret, i)))

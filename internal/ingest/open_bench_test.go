@@ -2,12 +2,9 @@ package ingest
 
 import (
 	"fmt"
-	"runtime"
 	"testing"
-	"time"
 
 	"github.com/svcrelay/relay/internal/spool"
-	"github.com/valyala/fasthttp"
 )
 
 // BenchmarkAcceptOpen is BenchmarkAccept (sync=none, 1 and 100 events) with
@@ -37,35 +34,11 @@ func BenchmarkAcceptOpen(b *testing.B) {
 					}
 				}
 				body := envelope(key, "", events...)
-				hc := &fasthttp.HostClient{Addr: r.addr, MaxConns: 2 * benchClients, ReadTimeout: 30 * time.Second}
-				defer hc.CloseIdleConnections()
-				b.SetParallelism(max(1, benchClients/runtime.GOMAXPROCS(0)))
-				b.SetBytes(int64(len(body)))
-				b.ReportAllocs()
-				b.ResetTimer()
-				b.RunParallel(func(pb *testing.PB) {
-					req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-					defer fasthttp.ReleaseRequest(req)
-					defer fasthttp.ReleaseResponse(resp)
-					req.SetRequestURI("http://" + r.addr + "/2/httpapi")
-					req.Header.SetMethod("POST")
-					req.Header.SetContentType("application/json")
-					if set.origin != "" {
-						req.Header.Set("Origin", set.origin)
-					}
-					req.SetBodyRaw(body)
-					for pb.Next() {
-						if err := hc.Do(req, resp); err != nil {
-							b.Error(err)
-							return
-						}
-						if resp.StatusCode() != 200 {
-							b.Errorf("answer %d %s", resp.StatusCode(), resp.Body())
-							return
-						}
-					}
-				})
-				b.StopTimer()
+				var header []string
+				if set.origin != "" {
+					header = []string{"Origin", set.origin}
+				}
+				postParallel(b, r.addr, body, header...)
 				b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "events/s")
 			})
 		}

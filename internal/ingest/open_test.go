@@ -2,7 +2,6 @@ package ingest
 
 import (
 	"encoding/json"
-	"net"
 	"net/http"
 	"net/netip"
 	"strconv"
@@ -12,7 +11,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/valyala/fasthttp"
 )
@@ -508,33 +506,20 @@ func FuzzHandlerOpen(f *testing.F) {
 	f.Add([]byte(`{"api_key":"other","events":[{"user_id":"user-00001","event_type":"a","i\u0070":"::1"}]}`), "", true)
 	f.Add([]byte(``), "null", false)
 
-	sp, err := spool.Open(spool.Config{Dir: f.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { sp.Close() })
-	s, err := New(Config{MaxRequestBytes: 1 << 16, Open: Open{
+	s, _ := newServer(f, Config{MaxRequestBytes: 1 << 16, Open: Open{
 		CORSOrigins: []string{shopOrigin}, AllowedAPIKeys: []string{"k"}, ClientRateLimit: 1e6, AnonymizeIP: true,
-	}}, sp, event.NewIDGen(), nil, nil)
-	if err != nil {
-		f.Fatal(err)
-	}
-	remote := &net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 1234}
+	}}, spool.SyncNone, nil)
 	f.Fuzz(func(t *testing.T, body []byte, origin string, zip bool) {
-		var req fasthttp.Request
-		req.Header.SetMethod("POST")
-		req.SetRequestURI("/batch")
+		var header []string
 		if origin != "" {
-			req.Header.Set("Origin", origin)
+			header = append(header, "Origin", origin)
 		}
 		if zip {
-			req.Header.SetContentEncoding("gzip")
+			header = append(header, "Content-Encoding", "gzip")
 			body = gz(t, body)
 		}
-		req.SetBody(body)
 		var ctx fasthttp.RequestCtx
-		ctx.Init(&req, remote, nil)
-		s.Handler()(&ctx)
+		callInProcess(s.Handler(), inProcessRequest("/batch", body, header...), &ctx)
 
 		status := ctx.Response.StatusCode()
 		var ans struct{ Code int }

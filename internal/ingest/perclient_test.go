@@ -14,12 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/tlsreload/tlstest"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
 )
 
 // Issue 19 follow-up: --max-connections-per-client.
@@ -154,18 +150,27 @@ func TestMaxConnectionsPerClientTrustedProxy(t *testing.T) {
 		MaxConnectionsPerClient: 1,
 		TrustedProxies:          []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
 	}, spool.Config{Sync: spool.SyncNone})
+	checkUnbounded(t, r.addr, "trusted proxy", "127.0.0.1", "127.0.0.2")
+}
+
+// checkUnbounded checks a relay at addr bounded to one connection per
+// client: three connections from the exempt peer (what) are all served;
+// of the bounded peer's, the first is served and the second closed at
+// accept.
+func checkUnbounded(t *testing.T, addr, what, exempt, bounded string) {
+	t.Helper()
 	for i := range 3 {
-		c := mustDialFrom(t, "127.0.0.1", r.addr)
+		c := mustDialFrom(t, exempt, addr)
 		if !served(t, c, bufio.NewReader(c)) {
-			t.Fatalf("trusted proxy's connection %d not served", i)
+			t.Fatalf("%s's connection %d not served", what, i)
 		}
 	}
-	c := mustDialFrom(t, "127.0.0.2", r.addr)
+	c := mustDialFrom(t, bounded, addr)
 	if !served(t, c, bufio.NewReader(c)) {
-		t.Fatal("first connection of 127.0.0.2 not served")
+		t.Fatalf("first connection of %s not served", bounded)
 	}
-	if servedFrom(t, "127.0.0.2", r.addr) {
-		t.Fatal("second connection of 127.0.0.2 served; want it closed at accept")
+	if servedFrom(t, bounded, addr) {
+		t.Fatalf("second connection of %s served; want it closed at accept", bounded)
 	}
 }
 
@@ -315,25 +320,16 @@ func TestMaxConnectionsPerClientLog(t *testing.T) {
 		anon bool
 		want string
 	}{{false, "127.0.0.1"}, {true, "127.0.0.0"}} {
-		core, logs := observer.New(zapcore.DebugLevel)
 		r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone})
 		// A second server on the same spool, with the observed logger.
 		cfg := Config{MaxConnectionsPerClient: 1}
 		cfg.AnonymizeIP = tc.anon
-		srv, err := New(cfg, r.sp, event.NewIDGen(), zap.New(core), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		go srv.Serve(ln)
-		held := mustDialFrom(t, "127.0.0.1", ln.Addr().String())
+		srv, addr, logs := serveObserved(t, cfg, r.sp)
+		held := mustDialFrom(t, "127.0.0.1", addr)
 		if !served(t, held, bufio.NewReader(held)) {
 			t.Fatal("first connection not served")
 		}
-		if servedFrom(t, "127.0.0.1", ln.Addr().String()) {
+		if servedFrom(t, "127.0.0.1", addr) {
 			t.Fatal("second connection served")
 		}
 		srv.Shutdown(t.Context())
@@ -354,17 +350,5 @@ func TestMaxConnectionsPerClientUnboundedPeers(t *testing.T) {
 		MaxConnectionsPerClient: 1,
 		UnboundedPeers:          []netip.Prefix{netip.MustParsePrefix("::ffff:127.0.0.2/128")}, // 4-in-6: compared unmapped
 	}, spool.Config{Sync: spool.SyncNone})
-	for i := range 3 {
-		c := mustDialFrom(t, "127.0.0.2", r.addr)
-		if !served(t, c, bufio.NewReader(c)) {
-			t.Fatalf("unbounded peer's connection %d not served", i)
-		}
-	}
-	c := mustDialFrom(t, "127.0.0.1", r.addr)
-	if !served(t, c, bufio.NewReader(c)) {
-		t.Fatal("first connection of 127.0.0.1 not served")
-	}
-	if servedFrom(t, "127.0.0.1", r.addr) {
-		t.Fatal("second connection of 127.0.0.1 served; want it closed at accept")
-	}
+	checkUnbounded(t, r.addr, "unbounded peer", "127.0.0.2", "127.0.0.1")
 }

@@ -12,11 +12,14 @@
 //
 // Every wait is bounded (Config.ReadyTimeout) and polls: nothing here sleeps
 // for a fixed time hoping the cluster is ready.
+//
+// Layout (the nodes' ports, routes, and a node's nats-server configuration
+// file) also serves the clusters of nats-server processes that test/fleet
+// kills with SIGKILL and bench/fleet measures.
 package natstest
 
 import (
 	"fmt"
-	"net"
 	"net/url"
 	"path/filepath"
 	"strings"
@@ -25,7 +28,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -50,15 +52,15 @@ type Cluster struct {
 	fatalf func(format string, args ...any)
 	helper func()
 	cfg    Config
+	lay    Layout
 	mu     sync.Mutex // guards nodes[i].srv
 	nodes  []*node
 }
 
 type node struct {
-	name        string
-	port, route int
-	dir         string
-	srv         *server.Server // nil while killed
+	name string
+	dir  string
+	srv  *server.Server // nil while killed
 }
 
 // Start starts the cluster and waits until it has a JetStream meta leader and
@@ -95,18 +97,13 @@ func start(cfg Config, dir func(int) string, fatalf func(string, ...any), helper
 	if cfg.ReadyTimeout == 0 {
 		cfg.ReadyTimeout = 45 * time.Second
 	}
-	c := &Cluster{cfg: cfg, fatalf: fatalf, helper: helper}
-	ports, err := freePorts(2 * cfg.Nodes)
+	lay, err := NewLayout(cfg.Nodes)
 	if err != nil {
 		return nil, err
 	}
-	for i := range cfg.Nodes {
-		c.nodes = append(c.nodes, &node{
-			name:  fmt.Sprintf("n%d", i+1),
-			port:  ports[2*i],
-			route: ports[2*i+1],
-			dir:   dir(i),
-		})
+	c := &Cluster{cfg: cfg, lay: lay, fatalf: fatalf, helper: helper}
+	for i, n := range lay.Nodes {
+		c.nodes = append(c.nodes, &node{name: n.Name, dir: dir(i)})
 	}
 	for i := range c.nodes {
 		if err := c.start(i); err != nil {
@@ -122,38 +119,17 @@ func start(cfg Config, dir func(int) string, fatalf func(string, ...any), helper
 // Close stops every node.
 func (c *Cluster) Close() { c.stopAll() }
 
-// freePorts returns n distinct free TCP ports of 127.0.0.1.
-func freePorts(n int) ([]int, error) {
-	ls := make([]net.Listener, 0, n)
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("free port: %w", err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
-
 func (c *Cluster) options(i int) *server.Options {
-	n := c.nodes[i]
+	n, addr := c.nodes[i], c.lay.Nodes[i]
 	var routes []*url.URL
-	for j, o := range c.nodes {
-		if j != i {
-			routes = append(routes, &url.URL{Scheme: "nats-route", Host: fmt.Sprintf("127.0.0.1:%d", o.route)})
-		}
+	for _, r := range c.lay.Routes(i) {
+		u, _ := url.Parse(r) // nats-route://127.0.0.1:port
+		routes = append(routes, u)
 	}
 	return &server.Options{
 		ServerName:             n.name,
 		Host:                   "127.0.0.1",
-		Port:                   n.port,
+		Port:                   addr.Port,
 		NoLog:                  true,
 		NoSigs:                 true,
 		JetStream:              true,
@@ -165,7 +141,7 @@ func (c *Cluster) options(i int) *server.Options {
 		Cluster: server.ClusterOpts{
 			Name: "relaytest",
 			Host: "127.0.0.1",
-			Port: n.route,
+			Port: addr.Route,
 		},
 		Routes: routes,
 	}
@@ -206,28 +182,13 @@ func (c *Cluster) stop(i int) {
 
 // URLs returns the client URLs of all nodes (killed ones included: clients
 // are expected to be given the whole list).
-func (c *Cluster) URLs() []string {
-	us := make([]string, len(c.nodes))
-	for i, n := range c.nodes {
-		us[i] = fmt.Sprintf("nats://127.0.0.1:%d", n.port)
-	}
-	return us
-}
+func (c *Cluster) URLs() []string { return c.lay.ClientURLs() }
 
 // JetStream is a JetStream client on the cluster for a test's checks, on
 // its own connection, closed when the test ends.
 func (c *Cluster) JetStream(t testing.TB) jetstream.JetStream {
 	t.Helper()
-	nc, err := nats.Connect(c.URL())
-	if err != nil {
-		t.Fatalf("natstest: connect: %v", err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatalf("natstest: jetstream: %v", err)
-	}
-	return js
+	return Connect(t, c.URL())
 }
 
 // URL is URLs joined by commas, as nats.Connect and --spool take them.

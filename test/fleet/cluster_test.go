@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -16,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/svcrelay/relay/internal/natstest"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
 
@@ -42,78 +42,32 @@ func buildNATSServer(t *testing.T) string {
 type natsCluster struct {
 	t     *testing.T
 	bin   string
+	lay   natstest.Layout
 	nodes []*natsNode
 }
 
 type natsNode struct {
-	name                 string
-	port, route, monitor int
-	conf, log            string
-	p                    *proc // nil before the first start
-}
-
-// freePorts returns n distinct free ports of 127.0.0.1 (bound and closed:
-// another process could take one in the instant after; a node then fails
-// to start and the test says so).
-func freePorts(t *testing.T, n int) []int {
-	t.Helper()
-	ls := make([]net.Listener, 0, n)
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports
+	natstest.NodeAddr
+	conf, log string
+	p         *proc // nil before the first start
 }
 
 // startCluster starts three nodes and waits until the cluster serves
 // JetStream with every node healthy. Cleanup kills every node.
 func startCluster(t *testing.T, bin, dir string) *natsCluster {
 	t.Helper()
-	const n = 3
-	ports := freePorts(t, 3*n)
-	c := &natsCluster{t: t, bin: bin}
-	for i := range n {
-		c.nodes = append(c.nodes, &natsNode{
-			name: fmt.Sprintf("n%d", i+1), port: ports[3*i], route: ports[3*i+1], monitor: ports[3*i+2],
-		})
+	lay, err := natstest.NewLayout(3)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for i, nd := range c.nodes {
-		var routes []string
-		for j, o := range c.nodes {
-			if j != i {
-				routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", o.route))
-			}
-		}
-		store := filepath.Join(dir, nd.name)
-		nd.conf = filepath.Join(dir, nd.name+".conf")
-		nd.log = filepath.Join(dir, nd.name+".log")
-		conf := fmt.Sprintf(`server_name: %s
-listen: 127.0.0.1:%d
-http: 127.0.0.1:%d
-jetstream {
-  store_dir: %q
-  max_memory_store: 64MB
-  max_file_store: 1GB
-}
-cluster {
-  name: fleettest
-  listen: 127.0.0.1:%d
-  routes: [%s]
-}
-`, nd.name, nd.port, nd.monitor, store, nd.route, strings.Join(routes, ", "))
+	c := &natsCluster{t: t, bin: bin, lay: lay}
+	for i, a := range lay.Nodes {
+		nd := &natsNode{NodeAddr: a, conf: filepath.Join(dir, a.Name+".conf"), log: filepath.Join(dir, a.Name+".log")}
+		conf := lay.Conf(i, "fleettest", filepath.Join(dir, a.Name), "max_memory_store: 64MB", "max_file_store: 1GB")
 		if err := os.WriteFile(nd.conf, []byte(conf), 0o644); err != nil {
 			t.Fatal(err)
 		}
+		c.nodes = append(c.nodes, nd)
 	}
 	for i := range c.nodes {
 		c.start(i)
@@ -126,9 +80,9 @@ func (c *natsCluster) start(i int) {
 	c.t.Helper()
 	nd := c.nodes[i]
 	if nd.p.running() {
-		c.t.Fatalf("nats %s: already running", nd.name)
+		c.t.Fatalf("nats %s: already running", nd.Name)
 	}
-	nd.p = startProc(c.t, "nats "+nd.name, c.bin, nd.log, "-c", nd.conf)
+	nd.p = startProc(c.t, "nats "+nd.Name, c.bin, nd.log, "-c", nd.conf)
 }
 
 // Kill sends SIGKILL to node i and waits (10 s at most) for it to end.
@@ -136,7 +90,7 @@ func (c *natsCluster) Kill(i int) {
 	c.t.Helper()
 	nd := c.nodes[i]
 	if !nd.p.running() {
-		c.t.Fatalf("nats %s: not running", nd.name)
+		c.t.Fatalf("nats %s: not running", nd.Name)
 	}
 	nd.p.kill(c.t)
 }
@@ -150,21 +104,9 @@ func (c *natsCluster) Restart(i int, within time.Duration) {
 }
 
 // URL is the client URL list as --spool takes it.
-func (c *natsCluster) URL() string {
-	hosts := make([]string, len(c.nodes))
-	for i, nd := range c.nodes {
-		hosts[i] = fmt.Sprintf("127.0.0.1:%d", nd.port)
-	}
-	return "nats://" + strings.Join(hosts, ",")
-}
+func (c *natsCluster) URL() string { return c.lay.SpoolURL() }
 
-func (c *natsCluster) clientURLs() string {
-	us := make([]string, len(c.nodes))
-	for i, nd := range c.nodes {
-		us[i] = fmt.Sprintf("nats://127.0.0.1:%d", nd.port)
-	}
-	return strings.Join(us, ",")
-}
+func (c *natsCluster) clientURLs() string { return strings.Join(c.lay.ClientURLs(), ",") }
 
 // WaitReady waits until every running node answers its /healthz 200
 // (nats-server's health check: JetStream enabled, the meta group, its
@@ -194,10 +136,10 @@ func (c *natsCluster) notReady(hc *http.Client) string {
 			continue
 		}
 		if !nd.p.running() {
-			return fmt.Sprintf("%s exited: %v", nd.name, nd.p.err)
+			return fmt.Sprintf("%s exited: %v", nd.Name, nd.p.err)
 		}
-		if code := get(hc, fmt.Sprintf("http://127.0.0.1:%d/healthz", nd.monitor)); code != 200 {
-			return fmt.Sprintf("%s: /healthz %d", nd.name, code)
+		if code := get(hc, fmt.Sprintf("http://127.0.0.1:%d/healthz", nd.Monitor)); code != 200 {
+			return fmt.Sprintf("%s: /healthz %d", nd.Name, code)
 		}
 	}
 	nc, err := nats.Connect(c.clientURLs(), nats.Timeout(2*time.Second), nats.MaxReconnects(0))
@@ -241,7 +183,7 @@ func (c *natsCluster) StreamLeader(stream string) int {
 		return -1
 	}
 	for i, nd := range c.nodes {
-		if nd.name == info.Cluster.Leader {
+		if nd.Name == info.Cluster.Leader {
 			return i
 		}
 	}
@@ -255,7 +197,7 @@ func (c *natsCluster) logTails(n int) string {
 		if len(data) > n {
 			data = data[len(data)-n:]
 		}
-		fmt.Fprintf(&b, "--- nats %s log tail:\n%s\n", nd.name, data)
+		fmt.Fprintf(&b, "--- nats %s log tail:\n%s\n", nd.Name, data)
 	}
 	return b.String()
 }
@@ -269,15 +211,7 @@ func TestNATSClusterKillRestart(t *testing.T) {
 		t.Skip("starts nats-server processes; skipped under -short")
 	}
 	c := startCluster(t, buildNATSServer(t), t.TempDir())
-	nc, err := nats.Connect(c.clientURLs(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := natstest.Connect(t, c.clientURLs(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	// Retried, each try bounded (as fleet.Open does): a JetStream API
@@ -335,12 +269,7 @@ func TestNATSClusterKillRestart(t *testing.T) {
 		t.Fatalf("stream holds %d messages, %d were acknowledged", info.State.Msgs, acked)
 	}
 	// The restarted node serves the stream's data: read it through that node alone.
-	nc2, err := nats.Connect(fmt.Sprintf("nats://127.0.0.1:%d", c.nodes[leader].port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc2.Close()
-	js2, _ := jetstream.New(nc2)
+	js2 := natstest.Connect(t, c.lay.ClientURLs()[leader])
 	s2, err := js2.Stream(ctx, "T")
 	if err != nil {
 		t.Fatal(err)
@@ -358,7 +287,7 @@ func TestNATSClusterKillRestart(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Logf("killed and restarted %s (stream leader); %d messages kept", c.nodes[leader].name, acked)
+	t.Logf("killed and restarted %s (stream leader); %d messages kept", c.nodes[leader].Name, acked)
 }
 
 func allCurrent(ci *jetstream.ClusterInfo) bool {

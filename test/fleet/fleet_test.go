@@ -185,14 +185,14 @@ func runScenario(t *testing.T, e env, sc scenario) {
 			t.Fatal("no leader of RELAY_EVENTS: is the relay publishing to the fleet?")
 		}
 		r.cluster.Kill(node)
-		t.Logf("killed nats %s (leader of RELAY_EVENTS, SIGKILL) at %v", r.cluster.nodes[node].name, time.Since(start).Round(time.Millisecond))
+		t.Logf("killed nats %s (leader of RELAY_EVENTS, SIGKILL) at %v", r.cluster.nodes[node].Name, time.Since(start).Round(time.Millisecond))
 	}
 	// The load goes on through the failure: the surviving relays accept
 	// (clients move to another relay), the cluster keeps a quorum.
 	r.waitLoad(300, 3*time.Second, 60*time.Second, "during the failure")
 	if node >= 0 {
 		r.cluster.Restart(node, 60*time.Second)
-		t.Logf("restarted nats %s at %v", r.cluster.nodes[node].name, time.Since(start).Round(time.Millisecond))
+		t.Logf("restarted nats %s at %v", r.cluster.nodes[node].Name, time.Since(start).Round(time.Millisecond))
 	}
 	if victim >= 0 {
 		r.startRelay(r.relays[victim])
