@@ -31,6 +31,7 @@ import (
 	"github.com/svcrelay/relay/internal/ingest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
 	"github.com/svcrelay/relay/internal/usermap"
@@ -406,9 +407,9 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 		returnIdleMemory(idleCtx, idleCheckEvery, idleQuietBytes, idleMinAlloc, dl.release...)
 		return nil
 	})
-	rcfg := adminapi.RelayConfig{Lanes: dl.lanes}
+	rcfg := adminapi.RelayConfig{Lanes: dl.lanes, Store: storage.NewLocal(sp, log.Named("spool"))}
 	if fs != nil { // issue 22: the fleet's dead letters
-		rcfg.Fleet = fs.b
+		rcfg.Store, rcfg.Fleet = fs.b, true
 	}
 	relayAPI, err := adminapi.NewRelay(rcfg, sp, log.Named("admin"), reg)
 	if err != nil {
