@@ -14,6 +14,7 @@ import (
 	"github.com/svcrelay/relay/internal/fleet"
 	"github.com/svcrelay/relay/internal/formreq"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // fleetStore is fleet mode's store (--spool nats://..., issue 22): the
@@ -83,12 +84,12 @@ func (fs *fleetStore) close(context.Context) error {
 	return err
 }
 
-// kind is the fleet's store restricted to one lane kind's partitions (each
-// kind's delivery runs its own ownership loop); nil when fs is (local
-// spool), so that the kinds' Config.Fleet stays a nil interface.
-func (fs *fleetStore) kind(k spool.Kind) formreq.Store {
+// kind is the store of a form kind: the fleet's restricted to the kind's
+// partitions (each kind's delivery runs its own ownership loop), or local
+// when fs is nil (local mode).
+func (fs *fleetStore) kind(k spool.Kind, local *storage.Local) formreq.Store {
 	if fs == nil {
-		return nil
+		return local
 	}
 	return fs.b.Only(k)
 }

@@ -94,19 +94,20 @@ type FormConfig struct {
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 
-	// Issue 22: Fleet, when not nil, is fleet mode's store: Run delivers
-	// the partitions of the kind Lanes it hands this relay (their lanes'
-	// runners read feeds, DeliverPartition) instead of the spool's lanes,
-	// and dead letters go to it.
-	Fleet FleetStore
+	// Store holds the records and takes the dead letters: storage.Local
+	// (the local spool), or in fleet mode the fleet's store restricted to
+	// the kind Lanes (fleet.Backend.Only). Required. See FormLanes.Run.
+	Store Store
 }
 
-// FleetStore is fleet mode's store as a form kind's delivery uses it
-// (fleet.Backend restricted to the kind: Backend.Only).
-type FleetStore interface {
+// Store is the store as a form kind's delivery uses it.
+type Store interface {
 	storage.Owner
 	storage.DeadWriter
 }
+
+// localStore is a Store that is the local spool (storage.Local).
+type localStore interface{ Spool() *spool.Spool }
 
 // Validate reports a configuration error.
 func (c FormConfig) Validate() error {
@@ -119,6 +120,8 @@ func (c FormConfig) Validate() error {
 		return errors.New("delivery: Kind required")
 	case c.URL == nil:
 		return errors.New("delivery: URL required")
+	case c.Store == nil:
+		return errors.New("delivery: Store required")
 	case c.ThrottleWait < 0, c.ReadBytes < 0:
 		return errors.New("delivery: negative limit or duration")
 	}
@@ -211,9 +214,8 @@ type metrics struct {
 //     from its first record (at least once).
 type FormLanes struct {
 	cfg    FormConfig
-	sp     *spool.Spool
-	dead   storage.DeadWriter // sp, or the fleet's
-	fl     *formFleet         // fleet mode's runners; nil with the spool
+	sp     *spool.Spool // the local spool's lanes; nil in fleet mode
+	fl     *formFleet   // fleet mode's runners; nil with the local spool
 	client *upstream.Client
 	log    *zap.Logger
 	m      metrics
@@ -221,28 +223,29 @@ type FormLanes struct {
 }
 
 // NewFormLanes returns a FormLanes. log and reg may be nil.
-func NewFormLanes(cfg FormConfig, sp *spool.Spool, client *upstream.Client, log *zap.Logger, reg prometheus.Registerer) (*FormLanes, error) {
+func NewFormLanes(cfg FormConfig, client *upstream.Client, log *zap.Logger, reg prometheus.Registerer) (*FormLanes, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if sp == nil || client == nil {
-		return nil, errors.New("delivery: spool and client required")
+	if client == nil {
+		return nil, errors.New("delivery: client required")
 	}
 	if log == nil {
 		log = zap.NewNop()
 	}
 	f := promauto.With(reg)
 	p := "relay_" + cfg.Name + "_"
-	d := &FormLanes{cfg: cfg.withDefaults(), sp: sp, dead: sp, client: client, log: log}
-	if cfg.Fleet != nil {
-		d.dead = cfg.Fleet
+	d := &FormLanes{cfg: cfg.withDefaults(), client: client, log: log}
+	if l, ok := cfg.Store.(localStore); ok {
+		d.sp = l.Spool()
+		eng, err := NewEngine(EngineConfig[*laneRun]{Name: cfg.Name, Kind: cfg.Lanes, NewRunner: d.newLane}, d.sp)
+		if err != nil {
+			return nil, err
+		}
+		d.eng = eng
+	} else {
 		d.fl = &formFleet{}
 	}
-	eng, err := NewEngine(EngineConfig[*laneRun]{Name: cfg.Name, Kind: cfg.Lanes, NewRunner: d.newLane}, sp)
-	if err != nil {
-		return nil, err
-	}
-	d.eng = eng
 	d.m = metrics{
 		delivered: f.NewCounter(prometheus.CounterOpts{Name: p + "delivered_total", Help: "Records delivered upstream (200)."}),
 		requests:  f.NewCounterVec(prometheus.CounterOpts{Name: p + "requests_total", Help: "Upstream requests by answer class."}, []string{"result"}),
@@ -265,11 +268,7 @@ func NewFormLanes(cfg FormConfig, sp *spool.Spool, client *upstream.Client, log 
 		// relay_lane_stopped{lane} for this kind's lanes, beside the event
 		// pipeline's (issue 24): one series per lane, so one alert covers
 		// every kind.
-		c := eng.StoppedCollector(false)
-		if d.fl != nil {
-			c = NewStoppedCollector(d.LaneStatus, false)
-		}
-		if err := reg.Register(c); err != nil {
+		if err := reg.Register(NewStoppedCollector(d.LaneStatus, false)); err != nil {
 			return nil, fmt.Errorf("%s: register relay_lane_stopped: %w", cfg.Name, err)
 		}
 	}
@@ -342,7 +341,15 @@ func ProjectURL(creds *credentials.Ref, kind, base, path string) func(apiKey str
 }
 
 // Run delivers every lane of the kind until ctx ends; it then waits for the
-// lane goroutines and returns nil. Unacknowledged work stays in the spool.
+// lane goroutines and returns nil. Unacknowledged work stays in the store.
+//
+// With the local spool (a Store with Spool(), storage.Local) a lane's
+// runner reads the spool lane itself, supervised by the Engine: its status
+// and pause are the lane's (by spool lane id, as /relay/v1/lanes names
+// them), a stopped lane is pinned, and a lane the spool retires ends its
+// runner. Otherwise (the fleet) the store hands this relay partitions,
+// delivered by DeliverPartition with a runner per lane and partition, whose
+// ids are FormLanes' own, retired when idle.
 func (d *FormLanes) Run(ctx context.Context) error {
 	if d.fl != nil {
 		return d.runFleet(ctx)
@@ -601,7 +608,7 @@ func (lr *laneRun) dropDead(ctx context.Context, recs []spool.Record, accepted [
 			liveRecs, liveAcc = append(liveRecs, recs[i]), append(liveAcc, accepted[i])
 		}
 	}
-	err := FlushDead(ctx, lr.d.dead, dls, func(err error) {
+	err := FlushDead(ctx, lr.d.cfg.Store, dls, func(err error) {
 		lr.d.log.Error(lr.d.cfg.Name+": storing dead letters failed; retrying", zap.String("lane", lr.label), zap.Error(err))
 	})
 	if err != nil {
@@ -637,7 +644,7 @@ func (d *FormLanes) runFleet(ctx context.Context) error {
 		return ErrAlreadyRunning
 	}
 	defer fl.running.Store(false)
-	err := d.cfg.Fleet.Run(ctx, func(owned context.Context, r storage.Reader) error {
+	err := d.cfg.Store.Run(ctx, func(owned context.Context, r storage.Reader) error {
 		name := d.cfg.Name + "-q" + strconv.FormatUint(fl.nextID.Add(1), 10)
 		if n, ok := r.(interface{ Name() string }); ok {
 			name = n.Name()

@@ -50,10 +50,9 @@ type Config struct {
 	// formreq.DefaultRetryAfter (5 s). Rounded up to whole seconds.
 	RetryAfter time.Duration
 
-	// Issue 22: Fleet, when not nil, is fleet mode's store (the fleet's
-	// backend restricted to this kind): requests are appended to it and
-	// delivered from its partitions; dead letters go to it.
-	Fleet formreq.Store
+	// Store holds the records: storage.NewLocal(sp), or in fleet mode the
+	// fleet's backend restricted to this kind. Required.
+	Store formreq.Store
 }
 
 // Validate reports a configuration error.
@@ -90,7 +89,7 @@ type GroupIdentify struct {
 
 // New returns a GroupIdentify. creds (the credentials file in force), log
 // and reg may be nil.
-func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*GroupIdentify, error) {
+func New(cfg Config, client *upstream.Client, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*GroupIdentify, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -102,9 +101,8 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 			MaxWeight: cfg.MaxProperties, Weight: Properties},
 		URL:        delivery.ProjectURL(creds, credentials.KindIngest, cfg.URL, "/groupidentify"),
 		FormTiming: cfg.FormTiming,
-		Fleet:      cfg.Fleet,
 	}, formreq.IntakeConfig{Field: "identifications_accepted", AcceptedHelp: "Group identifications accepted into the spool.",
-		RejectedHelp: "POST /groupidentify requests refused, by reason.", RetryAfter: cfg.RetryAfter}, sp, client, creds, log, reg)
+		RejectedHelp: "POST /groupidentify requests refused, by reason.", RetryAfter: cfg.RetryAfter}, cfg.Store, client, creds, log, reg)
 	if err != nil {
 		return nil, err
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
 )
 
@@ -42,7 +43,8 @@ func newEnvCreds(t *testing.T, simCfg sim.Config, cfg groupidentify.Config, cred
 				cfg.RetryInitial = 5 * time.Millisecond
 				cfg.RetryMax = 50 * time.Millisecond
 			}
-			return groupidentify.New(cfg, sp, client, credentials.NewRef(creds), nil, reg)
+			cfg.Store = storage.NewLocal(sp, nil)
+			return groupidentify.New(cfg, client, credentials.NewRef(creds), nil, reg)
 		})
 }
 

@@ -59,10 +59,9 @@ type Config struct {
 	// formreq.DefaultRetryAfter (5 s).
 	RetryAfter time.Duration
 
-	// Issue 22: Fleet, when not nil, is fleet mode's store (the fleet's
-	// backend restricted to this kind): requests are appended to it and
-	// delivered from its partitions; dead letters go to it.
-	Fleet formreq.Store
+	// Store holds the records: storage.NewLocal(sp), or in fleet mode the
+	// fleet's backend restricted to this kind. Required.
+	Store formreq.Store
 }
 
 func httpBase(u string) bool {
@@ -108,7 +107,7 @@ type UserMap struct {
 
 // New returns a UserMap. creds (the credentials file in force), log and reg
 // may be nil.
-func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*UserMap, error) {
+func New(cfg Config, client *upstream.Client, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*UserMap, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -124,11 +123,10 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 		Kind:         &delivery.Form{Field: "mapping", MaxItems: min(cfg.MaxMappings, cfg.RateLimit), MaxBodyBytes: cfg.MaxBodyBytes},
 		URL:          delivery.ProjectURL(creds, credentials.KindAlias, cfg.AliasURL, "/usermap"),
 		FormTiming:   cfg.FormTiming,
-		Fleet:        cfg.Fleet,
 		ThrottleWait: cfg.RateWindow,
 		Pacer:        u.pacer,
 	}, formreq.IntakeConfig{Field: "mappings_accepted", AcceptedHelp: "Mappings accepted into the spool.",
-		RejectedHelp: "POST /usermap requests refused locally, by reason.", RetryAfter: cfg.RetryAfter}, sp, client, creds, log, reg)
+		RejectedHelp: "POST /usermap requests refused locally, by reason.", RetryAfter: cfg.RetryAfter}, cfg.Store, client, creds, log, reg)
 	if err != nil {
 		return nil, err
 	}

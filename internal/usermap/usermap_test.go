@@ -19,6 +19,7 @@ import (
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
 	"github.com/svcrelay/relay/internal/usermap"
 )
@@ -49,7 +50,8 @@ func newEnv(t *testing.T, simCfg sim.Config, cfg usermap.Config, creds *credenti
 				cfg.RetryInitial = 5 * time.Millisecond
 				cfg.RetryMax = 50 * time.Millisecond
 			}
-			um, err := usermap.New(cfg, sp, client, credentials.NewRef(creds), nil, reg)
+			cfg.Store = storage.NewLocal(sp, nil)
+			um, err := usermap.New(cfg, client, credentials.NewRef(creds), nil, reg)
 			if err != nil {
 				return component{}, err
 			}
