@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/config"
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/fleet"
 	"github.com/svcrelay/relay/internal/formreq"
 	"github.com/svcrelay/relay/internal/spool"
@@ -84,12 +85,14 @@ func (fs *fleetStore) close(context.Context) error {
 	return err
 }
 
-// kind is the store of a form kind: the fleet's restricted to the kind's
+// spooling is what a form kind (group identify, user mappings) is given:
+// cfg's timing and its store, the fleet's restricted to the kind's
 // partitions (each kind's delivery runs its own ownership loop), or local
 // when fs is nil (local mode).
-func (fs *fleetStore) kind(k spool.Kind, local *storage.Local) formreq.Store {
-	if fs == nil {
-		return local
+func (fs *fleetStore) spooling(cfg config.Config, k spool.Kind, local *storage.Local) formreq.Spooling {
+	sc := formreq.Spooling{FormTiming: delivery.FormTiming{MaxAge: cfg.MaxEventAge, Gzip: cfg.UpstreamGzip}, Store: local}
+	if fs != nil {
+		sc.Store = fs.b.Only(k)
 	}
-	return fs.b.Only(k)
+	return sc
 }

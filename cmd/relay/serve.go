@@ -164,9 +164,8 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *st
 	}
 
 	gi, err := groupidentify.New(groupidentify.Config{
-		URL:        cfg.IngestURL,
-		FormTiming: delivery.FormTiming{MaxAge: cfg.MaxEventAge, Gzip: cfg.UpstreamGzip},
-		Store:      fs.kind(spool.KindGroupIdentify, local),
+		URL:      cfg.IngestURL,
+		Spooling: fs.spooling(cfg, spool.KindGroupIdentify, local),
 	}, client, creds, log.Named("groupidentify"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("group identify: %w", err)
@@ -192,8 +191,7 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *st
 	um, err := usermap.New(usermap.Config{
 		AliasURL:     cfg.AliasURL,
 		AnalyticsURL: cfg.AnalyticsURL,
-		FormTiming:   delivery.FormTiming{MaxAge: cfg.MaxEventAge, Gzip: cfg.UpstreamGzip},
-		Store:        fs.kind(spool.KindUserMap, local),
+		Spooling:     fs.spooling(cfg, spool.KindUserMap, local),
 	}, client, creds, log.Named("usermap"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("user mapping: %w", err)

@@ -148,6 +148,26 @@ func (in *Intake) Accept(w http.ResponseWriter, apiKey string, b *spool.Batch, n
 	fmt.Fprintf(w, `{"code":200,%q:%d}`, in.cfg.Field, n)
 }
 
+// Spooling is the part of a spooling form route's Config (groupidentify,
+// usermap) handed to NewSpooled as is.
+type Spooling struct {
+	// FormTiming: max age, retries, linger and gzip of the delivery (zero
+	// means delivery's defaults; MaxAge 6 days).
+	delivery.FormTiming
+	// RetryAfter is sent with 503 when the store refuses; zero means
+	// DefaultRetryAfter (5 s). Rounded up to whole seconds.
+	RetryAfter time.Duration
+	// Store holds the records: storage.NewLocal(sp), or in fleet mode the
+	// fleet's backend restricted to the route's kind. Required.
+	Store Store
+}
+
+// ValidateAs reports a negative duration, of s or among more, as
+// "<name>: negative duration".
+func (s Spooling) ValidateAs(name string, more ...time.Duration) error {
+	return s.FormTiming.ValidateAs(name, append(more, s.RetryAfter)...)
+}
+
 // Spooled is the two halves of a spooling form route (POST /groupidentify,
 // POST /usermap): the Intake that accepts records into the lanes of one
 // kind and the delivery.FormLanes that delivers them.
@@ -159,17 +179,17 @@ type Spooled struct {
 	In *Intake
 }
 
-// NewSpooled returns the halves of the route of kind out.Lanes over st
-// (which is also out.Store); in's Name and Kind are out's. creds, log and
-// reg may be nil.
-func NewSpooled(out delivery.FormConfig, in IntakeConfig, st Store, client *upstream.Client, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (Spooled, error) {
-	out.Store = st
+// NewSpooled returns the halves of the route of kind out.Lanes over
+// sc.Store, with sc's timing (out's) and RetryAfter (in's); in's Name and
+// Kind are out's. creds, log and reg may be nil.
+func NewSpooled(out delivery.FormConfig, in IntakeConfig, sc Spooling, client *upstream.Client, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (Spooled, error) {
+	out.Store, out.FormTiming, in.RetryAfter = sc.Store, sc.FormTiming, sc.RetryAfter
 	d, err := delivery.NewFormLanes(out, client, log, reg)
 	if err != nil {
 		return Spooled{}, fmt.Errorf("%s: %w", out.Name, err)
 	}
 	in.Name, in.Kind = out.Name, out.Lanes
-	i, err := NewIntake(in, st, creds, log, reg)
+	i, err := NewIntake(in, sc.Store, creds, log, reg)
 	if err != nil {
 		return Spooled{}, fmt.Errorf("%s: %w", out.Name, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
@@ -67,7 +68,7 @@ func TestSpooled(t *testing.T) {
 	}
 	out := delivery.FormConfig{Name: "usermap", Lanes: spool.KindUserMap, URL: func(string) string { return "http://127.0.0.1:1/usermap" },
 		Kind: &delivery.Form{Field: "mapping", MaxItems: 10, MaxBodyBytes: 1000}}
-	s, err := NewSpooled(out, IntakeConfig{Field: "mappings_accepted"}, storage.NewLocal(sp, nil), cli, nil, nil, nil)
+	s, err := NewSpooled(out, IntakeConfig{Field: "mappings_accepted"}, Spooling{Store: storage.NewLocal(sp, nil)}, cli, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +96,7 @@ func TestSpooled(t *testing.T) {
 	}
 
 	out.Kind = nil
-	if _, err := NewSpooled(out, IntakeConfig{Field: "f"}, storage.NewLocal(sp, nil), cli, nil, nil, nil); err == nil || !strings.HasPrefix(err.Error(), "usermap: ") {
+	if _, err := NewSpooled(out, IntakeConfig{Field: "f"}, Spooling{Store: storage.NewLocal(sp, nil)}, cli, nil, nil, nil); err == nil || !strings.HasPrefix(err.Error(), "usermap: ") {
 		t.Fatalf("bad delivery config: %v", err)
 	}
 }
@@ -135,7 +136,7 @@ func TestSpooledStore(t *testing.T) {
 	st := &idStore{Local: storage.NewLocal(stored, nil)}
 	out := delivery.FormConfig{Name: "usermap", Lanes: spool.KindUserMap, URL: func(string) string { return "http://127.0.0.1:1/usermap" },
 		Kind: &delivery.Form{Field: "mapping", MaxItems: 10, MaxBodyBytes: 1000}}
-	s, err := NewSpooled(out, IntakeConfig{Field: "mappings_accepted"}, st, cli, nil, nil, nil)
+	s, err := NewSpooled(out, IntakeConfig{Field: "mappings_accepted"}, Spooling{Store: st}, cli, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,5 +167,25 @@ func TestSpooledStore(t *testing.T) {
 	}
 	if n := full.Stats().LiveBytes; n != 0 {
 		t.Fatalf("full store holds %d bytes", n)
+	}
+}
+
+// Spooling's check covers its own RetryAfter, the timing's durations and
+// the kind's own.
+func TestSpoolingValidate(t *testing.T) {
+	for _, tc := range []struct {
+		s    Spooling
+		more []time.Duration
+		ok   bool
+	}{
+		{Spooling{}, nil, true},
+		{Spooling{RetryAfter: -1}, nil, false},
+		{Spooling{FormTiming: delivery.FormTiming{MaxAge: -1}}, nil, false},
+		{Spooling{}, []time.Duration{time.Second, -1}, false},
+	} {
+		err := tc.s.ValidateAs("usermap", tc.more...)
+		if (err == nil) != tc.ok || (err != nil && err.Error() != "usermap: negative duration") {
+			t.Errorf("%+v, %v: %v", tc.s, tc.more, err)
+		}
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -43,16 +42,8 @@ type Config struct {
 	// MaxBodyBytes: accepted and upstream form bodies are strictly shorter;
 	// zero means MaxBodyBytes (1,000,000).
 	MaxBodyBytes int
-	// FormTiming: max age, retries, linger and gzip of the delivery (zero
-	// means delivery's defaults; MaxAge 6 days).
-	delivery.FormTiming
-	// RetryAfter is sent with 503 when the spool refuses; zero means
-	// formreq.DefaultRetryAfter (5 s). Rounded up to whole seconds.
-	RetryAfter time.Duration
-
-	// Store holds the records: storage.NewLocal(sp), or in fleet mode the
-	// fleet's backend restricted to this kind. Required.
-	Store formreq.Store
+	// Spooling: the delivery's timing, the 503's Retry-After, the store.
+	formreq.Spooling
 }
 
 // Validate reports a configuration error.
@@ -68,7 +59,7 @@ func (c Config) Validate() error {
 	case c.MaxBodyBytes < 0 || c.MaxBodyBytes > MaxBodyBytes:
 		return fmt.Errorf("groupidentify: MaxBodyBytes %d not in 0..%d", c.MaxBodyBytes, MaxBodyBytes)
 	}
-	return c.FormTiming.ValidateAs("groupidentify", c.RetryAfter)
+	return c.Spooling.ValidateAs("groupidentify")
 }
 
 func (c Config) withDefaults() Config {
@@ -99,10 +90,9 @@ func New(cfg Config, client *upstream.Client, creds *credentials.Ref, log *zap.L
 		Lanes: spool.KindGroupIdentify,
 		Kind: &delivery.Form{Field: "identification", MaxItems: cfg.MaxIdentifies, MaxBodyBytes: cfg.MaxBodyBytes,
 			MaxWeight: cfg.MaxProperties, Weight: Properties},
-		URL:        delivery.ProjectURL(creds, credentials.KindIngest, cfg.URL, "/groupidentify"),
-		FormTiming: cfg.FormTiming,
+		URL: delivery.ProjectURL(creds, credentials.KindIngest, cfg.URL, "/groupidentify"),
 	}, formreq.IntakeConfig{Field: "identifications_accepted", AcceptedHelp: "Group identifications accepted into the spool.",
-		RejectedHelp: "POST /groupidentify requests refused, by reason.", RetryAfter: cfg.RetryAfter}, cfg.Store, client, creds, log, reg)
+		RejectedHelp: "POST /groupidentify requests refused, by reason."}, cfg.Spooling, client, creds, log, reg)
 	if err != nil {
 		return nil, err
 	}

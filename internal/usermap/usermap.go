@@ -52,16 +52,8 @@ type Config struct {
 	// RateWindow is the sliding window of RateLimit; zero means RateWindow
 	// (30 s). Tests shrink it.
 	RateWindow time.Duration
-	// FormTiming: max age, retries, linger and gzip of the delivery (zero
-	// means delivery's defaults; MaxAge 6 days).
-	delivery.FormTiming
-	// RetryAfter is sent with 503 when the spool refuses; zero means
-	// formreq.DefaultRetryAfter (5 s).
-	RetryAfter time.Duration
-
-	// Store holds the records: storage.NewLocal(sp), or in fleet mode the
-	// fleet's backend restricted to this kind. Required.
-	Store formreq.Store
+	// Spooling: the delivery's timing, the 503's Retry-After, the store.
+	formreq.Spooling
 }
 
 func httpBase(u string) bool {
@@ -82,7 +74,7 @@ func (c Config) Validate() error {
 	case c.RateLimit < 0:
 		return fmt.Errorf("usermap: RateLimit %d < 0", c.RateLimit)
 	}
-	return c.FormTiming.ValidateAs("usermap", c.RateWindow, c.RetryAfter)
+	return c.Spooling.ValidateAs("usermap", c.RateWindow)
 }
 
 func (c Config) withDefaults() Config {
@@ -122,11 +114,10 @@ func New(cfg Config, client *upstream.Client, creds *credentials.Ref, log *zap.L
 		Lanes:        spool.KindUserMap,
 		Kind:         &delivery.Form{Field: "mapping", MaxItems: min(cfg.MaxMappings, cfg.RateLimit), MaxBodyBytes: cfg.MaxBodyBytes},
 		URL:          delivery.ProjectURL(creds, credentials.KindAlias, cfg.AliasURL, "/usermap"),
-		FormTiming:   cfg.FormTiming,
 		ThrottleWait: cfg.RateWindow,
 		Pacer:        u.pacer,
 	}, formreq.IntakeConfig{Field: "mappings_accepted", AcceptedHelp: "Mappings accepted into the spool.",
-		RejectedHelp: "POST /usermap requests refused locally, by reason.", RetryAfter: cfg.RetryAfter}, cfg.Store, client, creds, log, reg)
+		RejectedHelp: "POST /usermap requests refused locally, by reason."}, cfg.Spooling, client, creds, log, reg)
 	if err != nil {
 		return nil, err
 	}

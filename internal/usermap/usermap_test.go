@@ -14,6 +14,7 @@ import (
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
+	"github.com/svcrelay/relay/internal/formreq"
 	"github.com/svcrelay/relay/internal/formreq/formreqtest"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/sim"
@@ -253,7 +254,7 @@ func TestPace(t *testing.T) {
 // wait and resend; everything arrives once, in order.
 func TestThrottled429(t *testing.T) {
 	const window = 300 * time.Millisecond
-	e := newEnv(t, sim.Config{}, usermap.Config{RateLimit: 40, RateWindow: window, FormTiming: delivery.FormTiming{MaxRetryAfter: time.Second}}, nil)
+	e := newEnv(t, sim.Config{}, usermap.Config{RateLimit: 40, RateWindow: window, Spooling: formreq.Spooling{FormTiming: delivery.FormTiming{MaxRetryAfter: time.Second}}}, nil)
 	e.Sim.SetUserMapRate(40, window)
 	for j := range 3 {
 		if a := formreqtest.Do(t, "POST", e.Base+"/usermap", url.Values{"api_key": {"k"}, "mapping": {mappings(fmt.Sprintf("r%d-", j), 20, "g")}}); a.Status != 200 {
