@@ -213,13 +213,40 @@ type metrics struct {
 //     chunk partly delivered when the process stops is delivered again
 //     from its first record (at least once).
 type FormLanes struct {
+	// formRun runs the lanes: Run, Running, LaneStatus, StopLane,
+	// ResumeLane.
+	formRun
 	cfg    FormConfig
 	sp     *spool.Spool // the local spool's lanes; nil in fleet mode
-	fl     *formFleet   // fleet mode's runners; nil with the local spool
 	client *upstream.Client
 	log    *zap.Logger
 	m      metrics
-	eng    *Engine[*laneRun]
+}
+
+// formRun is how a FormLanes runs its lanes, by its Store. With the local
+// spool (a Store with Spool(): storage.Local), an Engine of spool-lane
+// runners: a lane's status and pause are the spool lane's (by its id, as
+// /relay/v1/lanes names lanes), a stopped lane is pinned, and a lane the
+// spool retires ends its runner. Otherwise (the fleet) a formFleet: the
+// store hands this relay partitions, delivered by DeliverPartition with a
+// runner per lane and partition, with ids of its own, retired when idle.
+type formRun interface {
+	// Run delivers every lane of the kind until ctx ends; it then waits
+	// for the lane goroutines and returns nil. Unacknowledged work stays
+	// in the store.
+	Run(ctx context.Context) error
+	// Running reports whether Run is running.
+	Running() bool
+	// LaneStatus returns a snapshot of every lane Run has started, by lane
+	// id. PausedKeys and HeldEvents are always 0 (no per-key pauses here).
+	LaneStatus() []LaneStatus
+	// StopLane stops sending the lane's records before its next request
+	// (an operator's pause); they stay in the store. It fails, wrapping
+	// ErrUnknownLane, for a lane Run has not started.
+	StopLane(laneID uint64) error
+	// ResumeLane resumes a lane stopped by StopLane or by the upstream
+	// refusing its api_key; the refused request is sent again at once.
+	ResumeLane(laneID uint64) error
 }
 
 // NewFormLanes returns a FormLanes. log and reg may be nil.
@@ -242,9 +269,9 @@ func NewFormLanes(cfg FormConfig, client *upstream.Client, log *zap.Logger, reg 
 		if err != nil {
 			return nil, err
 		}
-		d.eng = eng
+		d.formRun = eng
 	} else {
-		d.fl = &formFleet{}
+		d.formRun = &formFleet{d: d}
 	}
 	d.m = metrics{
 		delivered: f.NewCounter(prometheus.CounterOpts{Name: p + "delivered_total", Help: "Records delivered upstream (200)."}),
@@ -275,47 +302,6 @@ func NewFormLanes(cfg FormConfig, client *upstream.Client, log *zap.Logger, reg 
 	return d, nil
 }
 
-// LaneStatus returns a snapshot of every lane Run has started, by lane id.
-// PausedKeys and HeldEvents are always 0 (no per-key pauses here).
-func (d *FormLanes) LaneStatus() []LaneStatus {
-	if d.fl != nil {
-		rs := d.fl.runs.All()
-		out := make([]LaneStatus, 0, len(rs))
-		for _, lr := range rs {
-			out = append(out, lr.Status())
-		}
-		return out
-	}
-	return d.eng.LaneStatus()
-}
-
-// StopLane stops sending the lane's records before its next request (an
-// operator's pause); they stay in the spool. It fails, wrapping
-// ErrUnknownLane, for a lane Run has not started.
-func (d *FormLanes) StopLane(laneID uint64) error {
-	if d.fl != nil {
-		return d.fl.runs.Control(laneID, func(lr *laneRun) { lr.Stop("stopped by operator") })
-	}
-	return d.eng.StopLane(laneID)
-}
-
-// ResumeLane resumes a lane stopped by StopLane or by the upstream refusing
-// its api_key; the refused request is sent again at once.
-func (d *FormLanes) ResumeLane(laneID uint64) error {
-	if d.fl != nil {
-		return d.fl.runs.Control(laneID, (*laneRun).Resume)
-	}
-	return d.eng.ResumeLane(laneID)
-}
-
-// Running reports whether Run is running.
-func (d *FormLanes) Running() bool {
-	if d.fl != nil {
-		return d.fl.running.Load()
-	}
-	return d.eng.Running()
-}
-
 // Ready reports an error while Run is not running ("<Name> delivery not
 // running").
 func (d *FormLanes) Ready() error {
@@ -338,23 +324,6 @@ func ProjectURL(creds *credentials.Ref, kind, base, path string) func(apiKey str
 		}
 		return b + path
 	}
-}
-
-// Run delivers every lane of the kind until ctx ends; it then waits for the
-// lane goroutines and returns nil. Unacknowledged work stays in the store.
-//
-// With the local spool (a Store with Spool(), storage.Local) a lane's
-// runner reads the spool lane itself, supervised by the Engine: its status
-// and pause are the lane's (by spool lane id, as /relay/v1/lanes names
-// them), a stopped lane is pinned, and a lane the spool retires ends its
-// runner. Otherwise (the fleet) the store hands this relay partitions,
-// delivered by DeliverPartition with a runner per lane and partition, whose
-// ids are FormLanes' own, retired when idle.
-func (d *FormLanes) Run(ctx context.Context) error {
-	if d.fl != nil {
-		return d.runFleet(ctx)
-	}
-	return d.eng.Run(ctx)
 }
 
 // formSource is what a lane's runner reads: a spool lane, or its Feed in
@@ -626,20 +595,39 @@ func (lr *laneRun) dropDead(ctx context.Context, recs []spool.Record, accepted [
 // lives (as the batcher's).
 const formIdle = time.Minute
 
-// formFleet is a fleet-mode FormLanes' runners, for the lane control.
+// formFleet runs a FormLanes' lanes in fleet mode (formRun).
 type formFleet struct {
+	d       *FormLanes
 	nextID  atomic.Uint64
 	running atomic.Bool
 	runs    Runners[*laneRun]
 }
 
-// runFleet is Run in fleet mode: the store hands this relay the kind's
-// partitions it owns; each is delivered by DeliverPartition with a laneRun
-// per lane reading its Feed. When ctx ends, requests in flight end with it
-// (as with the spool) and what was not acknowledged is read again by the
-// partition's next owner.
-func (d *FormLanes) runFleet(ctx context.Context) error {
-	fl := d.fl
+func (fl *formFleet) Running() bool { return fl.running.Load() }
+
+func (fl *formFleet) LaneStatus() []LaneStatus {
+	rs := fl.runs.All()
+	out := make([]LaneStatus, 0, len(rs))
+	for _, lr := range rs {
+		out = append(out, lr.Status())
+	}
+	return out
+}
+
+func (fl *formFleet) StopLane(laneID uint64) error {
+	return fl.runs.Control(laneID, func(lr *laneRun) { lr.Stop("stopped by operator") })
+}
+
+func (fl *formFleet) ResumeLane(laneID uint64) error {
+	return fl.runs.Control(laneID, (*laneRun).Resume)
+}
+
+// Run: the store hands this relay the kind's partitions it owns; each is
+// delivered by DeliverPartition with a laneRun per lane reading its Feed.
+// When ctx ends, requests in flight end with it (as with the spool) and
+// what was not acknowledged is read again by the partition's next owner.
+func (fl *formFleet) Run(ctx context.Context) error {
+	d := fl.d
 	if !fl.running.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
 	}
