@@ -88,8 +88,9 @@ type Relay struct {
 	bulk sync.Mutex
 }
 
-// NewRelay returns the /relay/v1 API over sp. log and reg may be nil. It
-// registers relay_admin_dead_letters_replayed_total and
+// NewRelay returns the /relay/v1 API: dead letters in cfg.Store, lanes of
+// the local spool sp (the seam does not list lanes). log and reg may be
+// nil. It registers relay_admin_dead_letters_replayed_total and
 // relay_admin_dead_letters_purged_total.
 func NewRelay(cfg RelayConfig, sp *spool.Spool, log *zap.Logger, reg prometheus.Registerer) (*Relay, error) {
 	if sp == nil || cfg.Store == nil {
@@ -202,7 +203,8 @@ type deadListJSON struct {
 	NextAfter uint64 `json:"next_after"`
 	// More says whether dead letters after NextAfter match the filter.
 	More bool `json:"more"`
-	// Total is the number of dead letters in the spool, filter or not.
+	// Total is the number of dead letters in the store, filter or not (-1
+	// when it cannot say).
 	Total int64 `json:"total"`
 }
 
