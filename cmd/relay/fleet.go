@@ -11,9 +11,11 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/config"
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/fleet"
 	"github.com/svcrelay/relay/internal/formreq"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // fleetStore is fleet mode's store (--spool nats://..., issue 22): the
@@ -83,12 +85,14 @@ func (fs *fleetStore) close(context.Context) error {
 	return err
 }
 
-// kind is the fleet's store restricted to one lane kind's partitions (each
-// kind's delivery runs its own ownership loop); nil when fs is (local
-// spool), so that the kinds' Config.Fleet stays a nil interface.
-func (fs *fleetStore) kind(k spool.Kind) formreq.Store {
-	if fs == nil {
-		return nil
+// spooling is what a form kind (group identify, user mappings) is given:
+// cfg's timing and its store, the fleet's restricted to the kind's
+// partitions (each kind's delivery runs its own ownership loop), or local
+// when fs is nil (local mode).
+func (fs *fleetStore) spooling(cfg config.Config, k spool.Kind, local *storage.Local) formreq.Spooling {
+	sc := formreq.Spooling{FormTiming: delivery.FormTiming{MaxAge: cfg.MaxEventAge, Gzip: cfg.UpstreamGzip}, Store: local}
+	if fs != nil {
+		sc.Store = fs.b.Only(k)
 	}
-	return fs.b.Only(k)
+	return sc
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/svcrelay/relay/internal/ingest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
 	"github.com/svcrelay/relay/internal/usermap"
@@ -127,7 +128,7 @@ type deliveries struct {
 
 // newDeliveries builds the delivery side from cfg; creds is the credentials
 // file in force.
-func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*deliveries, error) {
+func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *storage.Local, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*deliveries, error) {
 	client, err := upstream.New(upstream.Config{}, log.Named("upstream"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("upstream client: %w", err)
@@ -163,10 +164,9 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, creds *cr
 	}
 
 	gi, err := groupidentify.New(groupidentify.Config{
-		URL:        cfg.IngestURL,
-		FormTiming: delivery.FormTiming{MaxAge: cfg.MaxEventAge, Gzip: cfg.UpstreamGzip},
-		Fleet:      fs.kind(spool.KindGroupIdentify), // issue 22
-	}, sp, client, creds, log.Named("groupidentify"), reg)
+		URL:      cfg.IngestURL,
+		Spooling: fs.spooling(cfg, spool.KindGroupIdentify, local),
+	}, client, creds, log.Named("groupidentify"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("group identify: %w", err)
 	}
@@ -191,9 +191,8 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, creds *cr
 	um, err := usermap.New(usermap.Config{
 		AliasURL:     cfg.AliasURL,
 		AnalyticsURL: cfg.AnalyticsURL,
-		FormTiming:   delivery.FormTiming{MaxAge: cfg.MaxEventAge, Gzip: cfg.UpstreamGzip},
-		Fleet:        fs.kind(spool.KindUserMap), // issue 22
-	}, sp, client, creds, log.Named("usermap"), reg)
+		Spooling:     fs.spooling(cfg, spool.KindUserMap, local),
+	}, client, creds, log.Named("usermap"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("user mapping: %w", err)
 	}
@@ -394,7 +393,11 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	// The credentials file in force: every reader loads it at each use, so
 	// a reload can swap it (creds.Swap) without a restart.
 	creds := credentials.NewRef(cfg.Creds)
-	dl, err := newDeliveries(cfg, sp, fs, creds, log, reg)
+	// The store behind the seam (internal/storage) for everything but the
+	// events' hot path (ingest's append, the batcher's reading, which use
+	// the spool directly locally): the local spool, or the fleet's.
+	local := storage.NewLocal(sp, log.Named("spool"))
+	dl, err := newDeliveries(cfg, sp, fs, local, creds, log, reg)
 	if err != nil {
 		return err
 	}
@@ -406,9 +409,9 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 		returnIdleMemory(idleCtx, idleCheckEvery, idleQuietBytes, idleMinAlloc, dl.release...)
 		return nil
 	})
-	rcfg := adminapi.RelayConfig{Lanes: dl.lanes}
+	rcfg := adminapi.RelayConfig{Lanes: dl.lanes, Store: local}
 	if fs != nil { // issue 22: the fleet's dead letters
-		rcfg.Fleet = fs.b
+		rcfg.Store, rcfg.Fleet = fs.b, true
 	}
 	relayAPI, err := adminapi.NewRelay(rcfg, sp, log.Named("admin"), reg)
 	if err != nil {

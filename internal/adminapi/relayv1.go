@@ -51,17 +51,20 @@ type RelayConfig struct {
 	// depth only, and pausing its lanes answers 409. Nil means none.
 	Lanes map[spool.Kind]delivery.LaneControl
 
-	// Issue 22: fleet mode.
+	// Store holds the dead letters the routes list, purge and replay, and
+	// takes the replayed records: the local spool (storage.NewLocal) or, in
+	// fleet mode, the fleet's store (every relay's dead letters, every
+	// kind). Required.
+	Store Store
 
-	// Fleet, when not nil, is the fleet's store: the dead-letter routes
-	// list, purge and replay its dead letters (every relay's, every kind),
-	// and replayed events are appended to it. Nil: the local spool's.
-	Fleet FleetStore
+	// Issue 22: Fleet says fleet mode: the events deliverer's lanes are its
+	// runners (one per lane and owned partition), not the spool's lanes.
+	Fleet bool
 }
 
-// FleetStore is the fleet's store as the dead-letter routes use it
-// (fleet.Backend).
-type FleetStore interface {
+// Store is the store as the dead-letter routes use it. A store that also
+// has DeadCount(ctx) (int64, error) gives the lists' total.
+type Store interface {
 	storage.DeadLetters
 	storage.Appender
 }
@@ -85,12 +88,13 @@ type Relay struct {
 	bulk sync.Mutex
 }
 
-// NewRelay returns the /relay/v1 API over sp. log and reg may be nil. It
-// registers relay_admin_dead_letters_replayed_total and
+// NewRelay returns the /relay/v1 API: dead letters in cfg.Store, lanes of
+// the local spool sp (the seam does not list lanes). log and reg may be
+// nil. It registers relay_admin_dead_letters_replayed_total and
 // relay_admin_dead_letters_purged_total.
 func NewRelay(cfg RelayConfig, sp *spool.Spool, log *zap.Logger, reg prometheus.Registerer) (*Relay, error) {
-	if sp == nil {
-		return nil, errors.New("adminapi: relay API needs a spool")
+	if sp == nil || cfg.Store == nil {
+		return nil, errors.New("adminapi: relay API needs a spool and a store")
 	}
 	if log == nil {
 		log = zap.NewNop()
@@ -199,7 +203,8 @@ type deadListJSON struct {
 	NextAfter uint64 `json:"next_after"`
 	// More says whether dead letters after NextAfter match the filter.
 	More bool `json:"more"`
-	// Total is the number of dead letters in the spool, filter or not.
+	// Total is the number of dead letters in the store, filter or not (-1
+	// when it cannot say).
 	Total int64 `json:"total"`
 }
 
@@ -475,12 +480,43 @@ type laneCount struct {
 	Records int    `json:"records"`
 }
 
+// bulkAnswer is what replay and purge answer beside their counts.
+type bulkAnswer struct {
+	NotFound []uint64 `json:"not_found"`
+	More     bool     `json:"more"`
+	Error    string   `json:"error,omitempty"`
+}
+
+// bulkCall decodes a replay's (replay) or a purge's body and, one bulk call
+// at a time, hands visit the pages of dead letters it selects (selected),
+// within bulkCallTimeout and until Close; it fills ans's not_found and
+// more. It answers a bad body and an unknown filter lane itself (answered);
+// otherwise the caller answers, with visit's error.
+func (a *Relay) bulkCall(w http.ResponseWriter, r *http.Request, replay bool, ans *bulkAnswer,
+	visit func(ctx context.Context, b bulkJSON, page []spool.DeadLetter) error) (b bulkJSON, answered bool, err error) {
+	if b, err = decodeBulk(r, replay); err != nil {
+		jsonError(w, http.StatusBadRequest, "%v", err)
+		return b, true, nil
+	}
+	a.bulk.Lock()
+	defer a.bulk.Unlock()
+	ctx, cancel := context.WithTimeout(a.stopCtx, bulkCallTimeout)
+	defer cancel()
+	ans.NotFound, ans.More, err = a.selected(b, a.lanes(), func(page []spool.DeadLetter) error { return visit(ctx, b, page) })
+	if ans.NotFound == nil {
+		ans.NotFound = []uint64{}
+	}
+	if errors.Is(err, errUnknownLane) {
+		jsonError(w, http.StatusNotFound, "filter.lane: no lane has that label (GET /relay/v1/lanes lists them)")
+		return b, true, nil
+	}
+	return b, false, err
+}
+
 type replayJSON struct {
 	Replayed int         `json:"replayed"`
 	Lanes    []laneCount `json:"lanes"`
-	NotFound []uint64    `json:"not_found"`
-	More     bool        `json:"more"`
-	Error    string      `json:"error,omitempty"`
+	bulkAnswer
 }
 
 // replayDead: POST /relay/v1/deadletters/replay
@@ -489,21 +525,9 @@ type replayJSON struct {
 // the lane of its kind and options, under its own api_key or the request's
 // api_key, and only then is the dead letter deleted.
 func (a *Relay) replayDead(w http.ResponseWriter, r *http.Request) {
-	b, err := decodeBulk(r, true)
-	if err != nil {
-		jsonError(w, http.StatusBadRequest, "%v", err)
-		return
-	}
-	a.bulk.Lock()
-	defer a.bulk.Unlock()
-	cctx, cancel := context.WithTimeout(a.stopCtx, bulkCallTimeout)
-	defer cancel()
-
-	ix := a.lanes()
-	out := replayJSON{Lanes: []laneCount{}, NotFound: []uint64{}}
+	out := replayJSON{Lanes: []laneCount{}}
 	counts := map[string]*laneCount{}
-	var batch spool.Batch
-	notFound, more, err := a.selected(b, ix, func(page []spool.DeadLetter) error {
+	b, answered, err := a.bulkCall(w, r, true, &out.bulkAnswer, func(ctx context.Context, b bulkJSON, page []spool.DeadLetter) error {
 		// Group the page by target lane, keeping id order within a lane.
 		byKey := map[spool.LaneKey][]spool.DeadLetter{}
 		var keys []spool.LaneKey
@@ -518,73 +542,24 @@ func (a *Relay) replayDead(w http.ResponseWriter, r *http.Request) {
 			byKey[k] = append(byKey[k], d)
 		}
 		for _, k := range keys {
-			if a.cfg.Fleet != nil { // issue 22
-				if err := a.replayFleet(cctx, k, byKey[k], counts, &out); err != nil {
-					return err
-				}
-				continue
-			}
-			lane, err := a.sp.Lane(cctx, k)
-			if err != nil {
-				return fmt.Errorf("lane %s: %w", k.Kind, err)
-			}
-			dls := byKey[k]
-			for len(dls) > 0 {
-				batch.Reset()
-				n := 0
-				for n < len(dls) && n < replayChunkCount && (n == 0 || batch.Bytes() < replayChunkBytes) {
-					r := dls[n].Record
-					batch.Add(spool.Record{OrderKey: r.OrderKey, UserID: r.UserID, Data: r.Data})
-					n++
-				}
-				if err := a.sp.Append(cctx, lane, &batch); err != nil {
-					return fmt.Errorf("append to lane %s: %w", lane.Label(), err)
-				}
-				ids := make([]uint64, n)
-				for i := range n {
-					ids[i] = dls[i].ID
-				}
-				// The records are committed in the lane: now the dead
-				// letters must go, even if the call is being stopped (a
-				// context of its own). A crash between the two leaves both
-				// (a later replay would send the record twice; the upstream
-				// dedups events by insert_id).
-				dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Second)
-				err := a.deleteDead(dctx, ids)
-				dcancel()
-				if err != nil {
-					return fmt.Errorf("delete replayed dead letters: %w", err)
-				}
-				c := counts[lane.Label()]
-				if c == nil {
-					c = &laneCount{Lane: lane.Label(), Kind: k.Kind.String()}
-					counts[lane.Label()] = c
-				}
-				c.Records += n
-				out.Replayed += n
-				a.replayed.Add(float64(n))
-				dls = dls[n:]
+			if err := a.replayLane(ctx, k, byKey[k], counts, &out); err != nil {
+				return err
 			}
 		}
 		return nil
 	})
+	if answered {
+		return
+	}
 	for _, c := range counts {
 		out.Lanes = append(out.Lanes, *c)
 	}
 	slices.SortFunc(out.Lanes, func(x, y laneCount) int { return strings.Compare(x.Lane, y.Lane) })
-	if notFound != nil {
-		out.NotFound = notFound
-	}
-	out.More = more
 	fields := []zap.Field{zap.Int("replayed", out.Replayed), zap.Bool("corrected_api_key", b.APIKey != "")}
 	for _, c := range out.Lanes {
 		fields = append(fields, zap.Int("lane "+c.Lane, c.Records))
 	}
-	switch {
-	case errors.Is(err, errUnknownLane):
-		jsonError(w, http.StatusNotFound, "filter.lane: no lane has that label (GET /relay/v1/lanes lists them)")
-		return
-	case err != nil:
+	if err != nil {
 		a.log.Error("replaying dead letters failed part way", append(fields, errField(err))...)
 		out.Error = "replay stopped: " + err.Error()
 		status := http.StatusInternalServerError
@@ -601,52 +576,35 @@ func (a *Relay) replayDead(w http.ResponseWriter, r *http.Request) {
 }
 
 type purgeJSON struct {
-	Purged   int      `json:"purged"`
-	NotFound []uint64 `json:"not_found"`
-	More     bool     `json:"more"`
-	Error    string   `json:"error,omitempty"`
+	Purged int `json:"purged"`
+	bulkAnswer
 }
 
 // purgeDead: POST /relay/v1/deadletters/purge
 func (a *Relay) purgeDead(w http.ResponseWriter, r *http.Request) {
-	b, err := decodeBulk(r, false)
-	if err != nil {
-		jsonError(w, http.StatusBadRequest, "%v", err)
-		return
-	}
-	a.bulk.Lock()
-	defer a.bulk.Unlock()
-	cctx, cancel := context.WithTimeout(a.stopCtx, bulkCallTimeout)
-	defer cancel()
-	out := purgeJSON{NotFound: []uint64{}}
-	notFound, more, err := a.selected(b, a.lanes(), func(page []spool.DeadLetter) error {
+	var out purgeJSON
+	_, answered, err := a.bulkCall(w, r, false, &out.bulkAnswer, func(ctx context.Context, _ bulkJSON, page []spool.DeadLetter) error {
 		ids := make([]uint64, len(page))
 		for i, d := range page {
 			ids[i] = d.ID
 		}
-		if err := a.deleteDead(cctx, ids); err != nil {
+		if err := a.cfg.Store.DeleteDead(ctx, ids); err != nil {
 			return fmt.Errorf("delete dead letters: %w", err)
 		}
 		out.Purged += len(ids)
 		a.purged.Add(float64(len(ids)))
 		return nil
 	})
-	if notFound != nil {
-		out.NotFound = notFound
-	}
-	out.More = more
 	switch {
-	case errors.Is(err, errUnknownLane):
-		jsonError(w, http.StatusNotFound, "filter.lane: no lane has that label (GET /relay/v1/lanes lists them)")
-		return
+	case answered:
 	case err != nil:
 		a.log.Error("purging dead letters failed part way", zap.Int("purged", out.Purged), errField(err))
 		out.Error = "purge stopped: " + err.Error()
 		writeJSON(w, http.StatusInternalServerError, out)
-		return
+	default:
+		a.log.Info("dead letters purged", zap.Int("purged", out.Purged))
+		writeJSON(w, http.StatusOK, out)
 	}
-	a.log.Info("dead letters purged", zap.Int("purged", out.Purged))
-	writeJSON(w, http.StatusOK, out)
 }
 
 // ---- lanes
@@ -679,7 +637,7 @@ type lanesJSON struct {
 func (a *Relay) statuses() map[uint64]delivery.LaneStatus {
 	out := map[uint64]delivery.LaneStatus{}
 	for k, c := range a.cfg.Lanes {
-		if a.cfg.Fleet != nil && k == spool.KindEvents {
+		if a.cfg.Fleet && k == spool.KindEvents {
 			continue // the fleet's runners are not spool lanes: fleetLanes
 		}
 		for _, st := range c.LaneStatus() {

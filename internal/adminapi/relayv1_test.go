@@ -13,6 +13,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // fakeControl is a delivery.LaneControl with function fields.
@@ -47,7 +48,7 @@ func newRelayFixture(t *testing.T, scfg spool.Config, lanes map[spool.Kind]deliv
 			t.Errorf("close spool: %v", err)
 		}
 	})
-	api, err := NewRelay(RelayConfig{Lanes: lanes}, sp, nil, nil)
+	api, err := NewRelay(RelayConfig{Lanes: lanes, Store: storage.NewLocal(sp, nil)}, sp, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -314,7 +315,7 @@ func TestRelayClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sp.Close()
-	api, err := NewRelay(RelayConfig{}, sp, nil, nil)
+	api, err := NewRelay(RelayConfig{Store: storage.NewLocal(sp, nil)}, sp, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,6 +347,14 @@ func TestRelayClose(t *testing.T) {
 func TestNewRelayNeedsSpool(t *testing.T) {
 	if _, err := NewRelay(RelayConfig{}, nil, nil, nil); err == nil {
 		t.Fatal("nil spool accepted")
+	}
+	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), MinFreeBytes: -1}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.Close()
+	if _, err := NewRelay(RelayConfig{}, sp, nil, nil); err == nil {
+		t.Fatal("nil store accepted")
 	}
 }
 

@@ -94,19 +94,20 @@ type FormConfig struct {
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 
-	// Issue 22: Fleet, when not nil, is fleet mode's store: Run delivers
-	// the partitions of the kind Lanes it hands this relay (their lanes'
-	// runners read feeds, DeliverPartition) instead of the spool's lanes,
-	// and dead letters go to it.
-	Fleet FleetStore
+	// Store holds the records and takes the dead letters: storage.Local
+	// (the local spool), or in fleet mode the fleet's store restricted to
+	// the kind Lanes (fleet.Backend.Only). Required. See FormLanes.Run.
+	Store Store
 }
 
-// FleetStore is fleet mode's store as a form kind's delivery uses it
-// (fleet.Backend restricted to the kind: Backend.Only).
-type FleetStore interface {
+// Store is the store as a form kind's delivery uses it.
+type Store interface {
 	storage.Owner
 	storage.DeadWriter
 }
+
+// localStore is a Store that is the local spool (storage.Local).
+type localStore interface{ Spool() *spool.Spool }
 
 // Validate reports a configuration error.
 func (c FormConfig) Validate() error {
@@ -119,6 +120,8 @@ func (c FormConfig) Validate() error {
 		return errors.New("delivery: Kind required")
 	case c.URL == nil:
 		return errors.New("delivery: URL required")
+	case c.Store == nil:
+		return errors.New("delivery: Store required")
 	case c.ThrottleWait < 0, c.ReadBytes < 0:
 		return errors.New("delivery: negative limit or duration")
 	}
@@ -210,39 +213,66 @@ type metrics struct {
 //     chunk partly delivered when the process stops is delivered again
 //     from its first record (at least once).
 type FormLanes struct {
+	// formRun runs the lanes: Run, Running, LaneStatus, StopLane,
+	// ResumeLane.
+	formRun
 	cfg    FormConfig
-	sp     *spool.Spool
-	dead   storage.DeadWriter // sp, or the fleet's
-	fl     *formFleet         // fleet mode's runners; nil with the spool
+	sp     *spool.Spool // the local spool's lanes; nil in fleet mode
 	client *upstream.Client
 	log    *zap.Logger
 	m      metrics
-	eng    *Engine[*laneRun]
+}
+
+// formRun is how a FormLanes runs its lanes, by its Store. With the local
+// spool (a Store with Spool(): storage.Local), an Engine of spool-lane
+// runners: a lane's status and pause are the spool lane's (by its id, as
+// /relay/v1/lanes names lanes), a stopped lane is pinned, and a lane the
+// spool retires ends its runner. Otherwise (the fleet) a formFleet: the
+// store hands this relay partitions, delivered by DeliverPartition with a
+// runner per lane and partition, with ids of its own, retired when idle.
+type formRun interface {
+	// Run delivers every lane of the kind until ctx ends; it then waits
+	// for the lane goroutines and returns nil. Unacknowledged work stays
+	// in the store.
+	Run(ctx context.Context) error
+	// Running reports whether Run is running.
+	Running() bool
+	// LaneStatus returns a snapshot of every lane Run has started, by lane
+	// id. PausedKeys and HeldEvents are always 0 (no per-key pauses here).
+	LaneStatus() []LaneStatus
+	// StopLane stops sending the lane's records before its next request
+	// (an operator's pause); they stay in the store. It fails, wrapping
+	// ErrUnknownLane, for a lane Run has not started.
+	StopLane(laneID uint64) error
+	// ResumeLane resumes a lane stopped by StopLane or by the upstream
+	// refusing its api_key; the refused request is sent again at once.
+	ResumeLane(laneID uint64) error
 }
 
 // NewFormLanes returns a FormLanes. log and reg may be nil.
-func NewFormLanes(cfg FormConfig, sp *spool.Spool, client *upstream.Client, log *zap.Logger, reg prometheus.Registerer) (*FormLanes, error) {
+func NewFormLanes(cfg FormConfig, client *upstream.Client, log *zap.Logger, reg prometheus.Registerer) (*FormLanes, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if sp == nil || client == nil {
-		return nil, errors.New("delivery: spool and client required")
+	if client == nil {
+		return nil, errors.New("delivery: client required")
 	}
 	if log == nil {
 		log = zap.NewNop()
 	}
 	f := promauto.With(reg)
 	p := "relay_" + cfg.Name + "_"
-	d := &FormLanes{cfg: cfg.withDefaults(), sp: sp, dead: sp, client: client, log: log}
-	if cfg.Fleet != nil {
-		d.dead = cfg.Fleet
-		d.fl = &formFleet{}
+	d := &FormLanes{cfg: cfg.withDefaults(), client: client, log: log}
+	if l, ok := cfg.Store.(localStore); ok {
+		d.sp = l.Spool()
+		eng, err := NewEngine(EngineConfig[*laneRun]{Name: cfg.Name, Kind: cfg.Lanes, NewRunner: d.newLane}, d.sp)
+		if err != nil {
+			return nil, err
+		}
+		d.formRun = eng
+	} else {
+		d.formRun = &formFleet{d: d}
 	}
-	eng, err := NewEngine(EngineConfig[*laneRun]{Name: cfg.Name, Kind: cfg.Lanes, NewRunner: d.newLane}, sp)
-	if err != nil {
-		return nil, err
-	}
-	d.eng = eng
 	d.m = metrics{
 		delivered: f.NewCounter(prometheus.CounterOpts{Name: p + "delivered_total", Help: "Records delivered upstream (200)."}),
 		requests:  f.NewCounterVec(prometheus.CounterOpts{Name: p + "requests_total", Help: "Upstream requests by answer class."}, []string{"result"}),
@@ -265,56 +295,11 @@ func NewFormLanes(cfg FormConfig, sp *spool.Spool, client *upstream.Client, log 
 		// relay_lane_stopped{lane} for this kind's lanes, beside the event
 		// pipeline's (issue 24): one series per lane, so one alert covers
 		// every kind.
-		c := eng.StoppedCollector(false)
-		if d.fl != nil {
-			c = NewStoppedCollector(d.LaneStatus, false)
-		}
-		if err := reg.Register(c); err != nil {
+		if err := reg.Register(NewStoppedCollector(d.LaneStatus, false)); err != nil {
 			return nil, fmt.Errorf("%s: register relay_lane_stopped: %w", cfg.Name, err)
 		}
 	}
 	return d, nil
-}
-
-// LaneStatus returns a snapshot of every lane Run has started, by lane id.
-// PausedKeys and HeldEvents are always 0 (no per-key pauses here).
-func (d *FormLanes) LaneStatus() []LaneStatus {
-	if d.fl != nil {
-		rs := d.fl.runs.All()
-		out := make([]LaneStatus, 0, len(rs))
-		for _, lr := range rs {
-			out = append(out, lr.Status())
-		}
-		return out
-	}
-	return d.eng.LaneStatus()
-}
-
-// StopLane stops sending the lane's records before its next request (an
-// operator's pause); they stay in the spool. It fails, wrapping
-// ErrUnknownLane, for a lane Run has not started.
-func (d *FormLanes) StopLane(laneID uint64) error {
-	if d.fl != nil {
-		return d.fl.runs.Control(laneID, func(lr *laneRun) { lr.Stop("stopped by operator") })
-	}
-	return d.eng.StopLane(laneID)
-}
-
-// ResumeLane resumes a lane stopped by StopLane or by the upstream refusing
-// its api_key; the refused request is sent again at once.
-func (d *FormLanes) ResumeLane(laneID uint64) error {
-	if d.fl != nil {
-		return d.fl.runs.Control(laneID, (*laneRun).Resume)
-	}
-	return d.eng.ResumeLane(laneID)
-}
-
-// Running reports whether Run is running.
-func (d *FormLanes) Running() bool {
-	if d.fl != nil {
-		return d.fl.running.Load()
-	}
-	return d.eng.Running()
 }
 
 // Ready reports an error while Run is not running ("<Name> delivery not
@@ -339,15 +324,6 @@ func ProjectURL(creds *credentials.Ref, kind, base, path string) func(apiKey str
 		}
 		return b + path
 	}
-}
-
-// Run delivers every lane of the kind until ctx ends; it then waits for the
-// lane goroutines and returns nil. Unacknowledged work stays in the spool.
-func (d *FormLanes) Run(ctx context.Context) error {
-	if d.fl != nil {
-		return d.runFleet(ctx)
-	}
-	return d.eng.Run(ctx)
 }
 
 // formSource is what a lane's runner reads: a spool lane, or its Feed in
@@ -601,7 +577,7 @@ func (lr *laneRun) dropDead(ctx context.Context, recs []spool.Record, accepted [
 			liveRecs, liveAcc = append(liveRecs, recs[i]), append(liveAcc, accepted[i])
 		}
 	}
-	err := FlushDead(ctx, lr.d.dead, dls, func(err error) {
+	err := FlushDead(ctx, lr.d.cfg.Store, dls, func(err error) {
 		lr.d.log.Error(lr.d.cfg.Name+": storing dead letters failed; retrying", zap.String("lane", lr.label), zap.Error(err))
 	})
 	if err != nil {
@@ -619,25 +595,44 @@ func (lr *laneRun) dropDead(ctx context.Context, recs []spool.Record, accepted [
 // lives (as the batcher's).
 const formIdle = time.Minute
 
-// formFleet is a fleet-mode FormLanes' runners, for the lane control.
+// formFleet runs a FormLanes' lanes in fleet mode (formRun).
 type formFleet struct {
+	d       *FormLanes
 	nextID  atomic.Uint64
 	running atomic.Bool
 	runs    Runners[*laneRun]
 }
 
-// runFleet is Run in fleet mode: the store hands this relay the kind's
-// partitions it owns; each is delivered by DeliverPartition with a laneRun
-// per lane reading its Feed. When ctx ends, requests in flight end with it
-// (as with the spool) and what was not acknowledged is read again by the
-// partition's next owner.
-func (d *FormLanes) runFleet(ctx context.Context) error {
-	fl := d.fl
+func (fl *formFleet) Running() bool { return fl.running.Load() }
+
+func (fl *formFleet) LaneStatus() []LaneStatus {
+	rs := fl.runs.All()
+	out := make([]LaneStatus, 0, len(rs))
+	for _, lr := range rs {
+		out = append(out, lr.Status())
+	}
+	return out
+}
+
+func (fl *formFleet) StopLane(laneID uint64) error {
+	return fl.runs.Control(laneID, func(lr *laneRun) { lr.Stop("stopped by operator") })
+}
+
+func (fl *formFleet) ResumeLane(laneID uint64) error {
+	return fl.runs.Control(laneID, (*laneRun).Resume)
+}
+
+// Run: the store hands this relay the kind's partitions it owns; each is
+// delivered by DeliverPartition with a laneRun per lane reading its Feed.
+// When ctx ends, requests in flight end with it (as with the spool) and
+// what was not acknowledged is read again by the partition's next owner.
+func (fl *formFleet) Run(ctx context.Context) error {
+	d := fl.d
 	if !fl.running.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
 	}
 	defer fl.running.Store(false)
-	err := d.cfg.Fleet.Run(ctx, func(owned context.Context, r storage.Reader) error {
+	err := d.cfg.Store.Run(ctx, func(owned context.Context, r storage.Reader) error {
 		name := d.cfg.Name + "-q" + strconv.FormatUint(fl.nextID.Add(1), 10)
 		if n, ok := r.(interface{ Name() string }); ok {
 			name = n.Name()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Issue 19: group identify (and user mapping) lanes are bounded like event
@@ -22,7 +23,7 @@ func TestRetiredLanesForgotten(t *testing.T) {
 		t.Fatal(err)
 	}
 	d, err := NewFormLanes(FormConfig{Name: "groupidentify", Lanes: spool.KindGroupIdentify, URL: func(string) string { return url + "/groupidentify" },
-		Kind: &Form{Field: "identification", MaxItems: 1024, MaxBodyBytes: 1 << 20}, FormTiming: FormTiming{Linger: -1, RetryInitial: 5 * time.Millisecond}}, sp, cli, nil, nil)
+		Kind: &Form{Field: "identification", MaxItems: 1024, MaxBodyBytes: 1 << 20}, FormTiming: FormTiming{Linger: -1, RetryInitial: 5 * time.Millisecond}, Store: storage.NewLocal(sp, nil)}, cli, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 func TestEscape(t *testing.T) {
@@ -101,7 +102,8 @@ func TestBodyOverhead(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
-	ok := FormConfig{Name: "x", Lanes: spool.KindUserMap, URL: func(string) string { return "" }, Kind: &Form{Field: "f", MaxItems: 1, MaxBodyBytes: 1}}
+	ok := FormConfig{Name: "x", Lanes: spool.KindUserMap, URL: func(string) string { return "" }, Kind: &Form{Field: "f", MaxItems: 1, MaxBodyBytes: 1},
+		Store: storage.NewLocal(nil, nil)}
 	if err := ok.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -110,6 +112,7 @@ func TestConfigValidate(t *testing.T) {
 		"lanes":  func(c *FormConfig) { c.Lanes = spool.KindEvents },
 		"kind":   func(c *FormConfig) { c.Kind = nil },
 		"url":    func(c *FormConfig) { c.URL = nil },
+		"store":  func(c *FormConfig) { c.Store = nil },
 		"field":  func(c *FormConfig) { c.Kind = &Form{MaxItems: 1, MaxBodyBytes: 1} },
 		"items":  func(c *FormConfig) { c.Kind = &Form{Field: "f", MaxBodyBytes: 1} },
 		"body":   func(c *FormConfig) { c.Kind = &Form{Field: "f", MaxItems: 1} },

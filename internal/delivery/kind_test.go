@@ -10,6 +10,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
 )
 
@@ -52,7 +53,7 @@ func TestKindVerdict(t *testing.T) {
 	sp := openSpool(t)
 	k := &namingKind{Form: Form{Field: "identification", MaxItems: 1024, MaxBodyBytes: 1 << 20}}
 	d, err := NewFormLanes(FormConfig{Name: "groupidentify", Lanes: spool.KindGroupIdentify, Kind: k,
-		URL: func(string) string { return url + "/groupidentify" }, FormTiming: FormTiming{Linger: -1}}, sp, cli, nil, nil)
+		URL: func(string) string { return url + "/groupidentify" }, FormTiming: FormTiming{Linger: -1}, Store: storage.NewLocal(sp, nil)}, cli, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

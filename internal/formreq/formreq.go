@@ -112,10 +112,10 @@ func (r *Rejecter) SpoolFailed(w http.ResponseWriter, err error) {
 		msg, reason = "Too many lanes, retry later", "too_many_lanes"
 	case errors.Is(err, storage.ErrFull): // fleet mode (issue 22)
 		msg, reason = "Spool full, retry later", "spool_full"
+	case errors.Is(err, spool.ErrClosed): // before: the local store's is also unavailable
+		msg, reason = "Service is shutting down", "shutting_down"
 	case errors.Is(err, storage.ErrUnavailable):
 		msg, reason = "Spool unavailable, retry later", "spool_unavailable"
-	case errors.Is(err, spool.ErrClosed):
-		msg, reason = "Service is shutting down", "shutting_down"
 	default:
 		r.log.Error(r.name+": spool append failed", zap.Error(err))
 	}

@@ -3,6 +3,7 @@ package formreq
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -56,22 +57,17 @@ type IntakeConfig struct {
 	Field string
 	// AcceptedHelp and RejectedHelp are the metrics' help texts.
 	AcceptedHelp, RejectedHelp string
-	// RetryAfter is sent with 503 when the spool refuses (rounded up to
+	// RetryAfter is sent with 503 when the store refuses (rounded up to
 	// whole seconds); zero means DefaultRetryAfter.
 	RetryAfter time.Duration
-
-	// Issue 22: Store, when not nil, is fleet mode's store: accepted
-	// records are appended to it (a fresh request id each) instead of the
-	// spool; storage.ErrFull and ErrUnavailable answer 503 + Retry-After.
-	Store storage.Appender
 }
 
-// Store is fleet mode's store as a spooling form route uses it: the intake
-// appends, the delivery reads the kind's partitions and stores dead
-// letters (fleet.Backend restricted to the kind with Only).
+// Store is the store of a spooling form route: the intake appends, the
+// delivery reads and stores dead letters. storage.NewLocal(sp) locally; in
+// fleet mode the fleet's backend restricted to the kind (Backend.Only).
 type Store interface {
 	storage.Appender
-	delivery.FleetStore
+	delivery.Store
 }
 
 // DefaultRetryAfter is IntakeConfig.RetryAfter's default.
@@ -87,34 +83,35 @@ func (c IntakeConfig) Validate() error {
 
 // Intake is the accepting half of a spooling form route (POST
 // /groupidentify, POST /usermap): it resolves the api_key, refuses (and
-// counts) bad requests and appends accepted records to the spool.
+// counts) bad requests and appends accepted records to the store.
 type Intake struct {
 	cfg      IntakeConfig
-	sp       *spool.Spool
+	st       storage.Appender
 	creds    *credentials.Ref // read at every use: a reload takes effect at once
 	rej      *Rejecter
 	accepted prometheus.Counter
-	ids      *storage.IDs // fleet mode's request ids
+	ids      *storage.IDs // request ids (the fleet deduplicates by them)
 }
 
-// NewIntake returns an Intake. creds, log and reg may be nil.
-func NewIntake(cfg IntakeConfig, sp *spool.Spool, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*Intake, error) {
+// NewIntake returns an Intake appending to st. creds, log and reg may be
+// nil.
+func NewIntake(cfg IntakeConfig, st storage.Appender, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*Intake, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if st == nil {
+		return nil, errors.New("formreq: intake needs a store")
 	}
 	if log == nil {
 		log = zap.NewNop()
 	}
 	cfg.RetryAfter = cmp.Or(cfg.RetryAfter, DefaultRetryAfter)
 	f := promauto.With(reg)
-	in := &Intake{cfg: cfg, sp: sp, creds: creds}
-	if cfg.Store != nil {
-		ids, err := storage.NewIDs()
-		if err != nil {
-			return nil, err
-		}
-		in.ids = ids
+	ids, err := storage.NewIDs()
+	if err != nil {
+		return nil, err
 	}
+	in := &Intake{cfg: cfg, st: st, creds: creds, ids: ids}
 	in.accepted = f.NewCounter(prometheus.CounterOpts{Name: "relay_" + cfg.Name + "_accepted_total", Help: cfg.AcceptedHelp})
 	in.rej = NewRejecter(cfg.Name, log, f.NewCounterVec(prometheus.CounterOpts{Name: "relay_" + cfg.Name + "_rejected_requests_total",
 		Help: cfg.RejectedHelp}, []string{"reason"}), cfg.RetryAfter)
@@ -136,22 +133,12 @@ func (in *Intake) APIKey(w http.ResponseWriter, r *http.Request, apiKey string) 
 }
 
 // Accept appends b (n records) to the lane of apiKey and answers the
-// request: once the spool holds b, it counts n accepted and answers 200
+// request: once the store holds b, it counts n accepted and answers 200
 // with {"code":200,"<Field>":<n>}; else (Rejecter.SpoolFailed) 503.
 func (in *Intake) Accept(w http.ResponseWriter, apiKey string, b *spool.Batch, n int) {
-	ctx := context.Background()
 	key := spool.LaneKey{Kind: in.cfg.Kind, APIKey: apiKey}
-	var err error
-	if in.cfg.Store != nil {
-		err = in.cfg.Store.Append(ctx, storage.Request{ID: in.ids.Next(), Lane: key, Records: b.Records()})
-		b.Reset()
-	} else {
-		var lane *spool.Lane
-		lane, err = in.sp.Lane(ctx, key)
-		if err == nil {
-			err = in.sp.Append(ctx, lane, b)
-		}
-	}
+	err := in.st.Append(context.Background(), storage.Request{ID: in.ids.Next(), Lane: key, Records: b.Records()})
+	b.Reset()
 	if err != nil {
 		in.rej.SpoolFailed(w, err)
 		return
@@ -159,6 +146,26 @@ func (in *Intake) Accept(w http.ResponseWriter, apiKey string, b *spool.Batch, n
 	in.accepted.Add(float64(n))
 	w.Header().Set("Content-Type", "application/json")
 	fmt.Fprintf(w, `{"code":200,%q:%d}`, in.cfg.Field, n)
+}
+
+// Spooling is the part of a spooling form route's Config (groupidentify,
+// usermap) handed to NewSpooled as is.
+type Spooling struct {
+	// FormTiming: max age, retries, linger and gzip of the delivery (zero
+	// means delivery's defaults; MaxAge 6 days).
+	delivery.FormTiming
+	// RetryAfter is sent with 503 when the store refuses; zero means
+	// DefaultRetryAfter (5 s). Rounded up to whole seconds.
+	RetryAfter time.Duration
+	// Store holds the records: storage.NewLocal(sp), or in fleet mode the
+	// fleet's backend restricted to the route's kind. Required.
+	Store Store
+}
+
+// ValidateAs reports a negative duration, of s or among more, as
+// "<name>: negative duration".
+func (s Spooling) ValidateAs(name string, more ...time.Duration) error {
+	return s.FormTiming.ValidateAs(name, append(more, s.RetryAfter)...)
 }
 
 // Spooled is the two halves of a spooling form route (POST /groupidentify,
@@ -172,18 +179,17 @@ type Spooled struct {
 	In *Intake
 }
 
-// NewSpooled returns the halves of the route of kind out.Lanes; in's Name
-// and Kind are out's. creds, log and reg may be nil.
-func NewSpooled(out delivery.FormConfig, in IntakeConfig, sp *spool.Spool, client *upstream.Client, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (Spooled, error) {
-	d, err := delivery.NewFormLanes(out, sp, client, log, reg)
+// NewSpooled returns the halves of the route of kind out.Lanes over
+// sc.Store, with sc's timing (out's) and RetryAfter (in's); in's Name and
+// Kind are out's. creds, log and reg may be nil.
+func NewSpooled(out delivery.FormConfig, in IntakeConfig, sc Spooling, client *upstream.Client, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (Spooled, error) {
+	out.Store, out.FormTiming, in.RetryAfter = sc.Store, sc.FormTiming, sc.RetryAfter
+	d, err := delivery.NewFormLanes(out, client, log, reg)
 	if err != nil {
 		return Spooled{}, fmt.Errorf("%s: %w", out.Name, err)
 	}
 	in.Name, in.Kind = out.Name, out.Lanes
-	if st, ok := out.Fleet.(storage.Appender); ok && in.Store == nil {
-		in.Store = st // fleet mode: the intake appends to the delivery's store
-	}
-	i, err := NewIntake(in, sp, creds, log, reg)
+	i, err := NewIntake(in, sc.Store, creds, log, reg)
 	if err != nil {
 		return Spooled{}, fmt.Errorf("%s: %w", out.Name, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
@@ -67,7 +68,7 @@ func TestSpooled(t *testing.T) {
 	}
 	out := delivery.FormConfig{Name: "usermap", Lanes: spool.KindUserMap, URL: func(string) string { return "http://127.0.0.1:1/usermap" },
 		Kind: &delivery.Form{Field: "mapping", MaxItems: 10, MaxBodyBytes: 1000}}
-	s, err := NewSpooled(out, IntakeConfig{Field: "mappings_accepted"}, sp, cli, nil, nil, nil)
+	s, err := NewSpooled(out, IntakeConfig{Field: "mappings_accepted"}, Spooling{Store: storage.NewLocal(sp, nil)}, cli, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +96,7 @@ func TestSpooled(t *testing.T) {
 	}
 
 	out.Kind = nil
-	if _, err := NewSpooled(out, IntakeConfig{Field: "f"}, sp, cli, nil, nil, nil); err == nil || !strings.HasPrefix(err.Error(), "usermap: ") {
+	if _, err := NewSpooled(out, IntakeConfig{Field: "f"}, Spooling{Store: storage.NewLocal(sp, nil)}, cli, nil, nil, nil); err == nil || !strings.HasPrefix(err.Error(), "usermap: ") {
 		t.Fatalf("bad delivery config: %v", err)
 	}
 }
@@ -114,9 +115,9 @@ func (s *idStore) Append(ctx context.Context, req storage.Request) error {
 	return s.Local.Append(ctx, req)
 }
 
-// Fleet mode (issue 22): with FormConfig.Fleet, the intake appends to that
-// store (a fresh request id each, the records as given), not to the spool;
-// a full store answers 503 with Retry-After and stores nothing.
+// The intake appends to the store it is given (a fresh request id each,
+// for the fleet's deduplication; the records as given); a full store
+// answers 503 with Retry-After and stores nothing.
 func TestSpooledStore(t *testing.T) {
 	open := func(cfg spool.Config) *spool.Spool {
 		cfg.Dir, cfg.Sync, cfg.MinFreeBytes = t.TempDir(), spool.SyncNone, -1
@@ -131,11 +132,11 @@ func TestSpooledStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	local, stored := open(spool.Config{}), open(spool.Config{})
+	stored := open(spool.Config{})
 	st := &idStore{Local: storage.NewLocal(stored, nil)}
 	out := delivery.FormConfig{Name: "usermap", Lanes: spool.KindUserMap, URL: func(string) string { return "http://127.0.0.1:1/usermap" },
-		Kind: &delivery.Form{Field: "mapping", MaxItems: 10, MaxBodyBytes: 1000}, Fleet: st}
-	s, err := NewSpooled(out, IntakeConfig{Field: "mappings_accepted"}, local, cli, nil, nil, nil)
+		Kind: &delivery.Form{Field: "mapping", MaxItems: 10, MaxBodyBytes: 1000}}
+	s, err := NewSpooled(out, IntakeConfig{Field: "mappings_accepted"}, Spooling{Store: st}, cli, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,9 +151,6 @@ func TestSpooledStore(t *testing.T) {
 		if w := accept(); w.Code != 200 || w.Body.String() != `{"code":200,"mappings_accepted":1}` {
 			t.Fatalf("accept: %d %s", w.Code, w.Body)
 		}
-	}
-	if n := len(local.Lanes()); n != 0 {
-		t.Fatalf("the local spool got %d lanes", n)
 	}
 	lanes := stored.Lanes()
 	if len(lanes) != 1 || lanes[0].Key() != (spool.LaneKey{Kind: spool.KindUserMap, APIKey: "key-1"}) || lanes[0].Stats().Records != 2 {
@@ -169,5 +167,25 @@ func TestSpooledStore(t *testing.T) {
 	}
 	if n := full.Stats().LiveBytes; n != 0 {
 		t.Fatalf("full store holds %d bytes", n)
+	}
+}
+
+// Spooling's check covers its own RetryAfter, the timing's durations and
+// the kind's own.
+func TestSpoolingValidate(t *testing.T) {
+	for _, tc := range []struct {
+		s    Spooling
+		more []time.Duration
+		ok   bool
+	}{
+		{Spooling{}, nil, true},
+		{Spooling{RetryAfter: -1}, nil, false},
+		{Spooling{FormTiming: delivery.FormTiming{MaxAge: -1}}, nil, false},
+		{Spooling{}, []time.Duration{time.Second, -1}, false},
+	} {
+		err := tc.s.ValidateAs("usermap", tc.more...)
+		if (err == nil) != tc.ok || (err != nil && err.Error() != "usermap: negative duration") {
+			t.Errorf("%+v, %v: %v", tc.s, tc.more, err)
+		}
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -43,17 +42,8 @@ type Config struct {
 	// MaxBodyBytes: accepted and upstream form bodies are strictly shorter;
 	// zero means MaxBodyBytes (1,000,000).
 	MaxBodyBytes int
-	// FormTiming: max age, retries, linger and gzip of the delivery (zero
-	// means delivery's defaults; MaxAge 6 days).
-	delivery.FormTiming
-	// RetryAfter is sent with 503 when the spool refuses; zero means
-	// formreq.DefaultRetryAfter (5 s). Rounded up to whole seconds.
-	RetryAfter time.Duration
-
-	// Issue 22: Fleet, when not nil, is fleet mode's store (the fleet's
-	// backend restricted to this kind): requests are appended to it and
-	// delivered from its partitions; dead letters go to it.
-	Fleet formreq.Store
+	// Spooling: the delivery's timing, the 503's Retry-After, the store.
+	formreq.Spooling
 }
 
 // Validate reports a configuration error.
@@ -69,7 +59,7 @@ func (c Config) Validate() error {
 	case c.MaxBodyBytes < 0 || c.MaxBodyBytes > MaxBodyBytes:
 		return fmt.Errorf("groupidentify: MaxBodyBytes %d not in 0..%d", c.MaxBodyBytes, MaxBodyBytes)
 	}
-	return c.FormTiming.ValidateAs("groupidentify", c.RetryAfter)
+	return c.Spooling.ValidateAs("groupidentify")
 }
 
 func (c Config) withDefaults() Config {
@@ -90,7 +80,7 @@ type GroupIdentify struct {
 
 // New returns a GroupIdentify. creds (the credentials file in force), log
 // and reg may be nil.
-func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*GroupIdentify, error) {
+func New(cfg Config, client *upstream.Client, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*GroupIdentify, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -100,11 +90,9 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 		Lanes: spool.KindGroupIdentify,
 		Kind: &delivery.Form{Field: "identification", MaxItems: cfg.MaxIdentifies, MaxBodyBytes: cfg.MaxBodyBytes,
 			MaxWeight: cfg.MaxProperties, Weight: Properties},
-		URL:        delivery.ProjectURL(creds, credentials.KindIngest, cfg.URL, "/groupidentify"),
-		FormTiming: cfg.FormTiming,
-		Fleet:      cfg.Fleet,
+		URL: delivery.ProjectURL(creds, credentials.KindIngest, cfg.URL, "/groupidentify"),
 	}, formreq.IntakeConfig{Field: "identifications_accepted", AcceptedHelp: "Group identifications accepted into the spool.",
-		RejectedHelp: "POST /groupidentify requests refused, by reason.", RetryAfter: cfg.RetryAfter}, sp, client, creds, log, reg)
+		RejectedHelp: "POST /groupidentify requests refused, by reason."}, cfg.Spooling, client, creds, log, reg)
 	if err != nil {
 		return nil, err
 	}

@@ -13,11 +13,13 @@ import (
 
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
+	"github.com/svcrelay/relay/internal/formreq"
 	"github.com/svcrelay/relay/internal/formreq/formreqtest"
 	"github.com/svcrelay/relay/internal/groupidentify"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
 )
 
@@ -42,7 +44,8 @@ func newEnvCreds(t *testing.T, simCfg sim.Config, cfg groupidentify.Config, cred
 				cfg.RetryInitial = 5 * time.Millisecond
 				cfg.RetryMax = 50 * time.Millisecond
 			}
-			return groupidentify.New(cfg, sp, client, credentials.NewRef(creds), nil, reg)
+			cfg.Store = storage.NewLocal(sp, nil)
+			return groupidentify.New(cfg, client, credentials.NewRef(creds), nil, reg)
 		})
 }
 
@@ -396,7 +399,7 @@ func TestOperatorStop(t *testing.T) {
 
 // TestExpired: records that stay undeliverable past MaxAge are dead letters.
 func TestExpired(t *testing.T) {
-	e := newEnv(t, sim.Config{}, groupidentify.Config{FormTiming: delivery.FormTiming{MaxAge: 300 * time.Millisecond}})
+	e := newEnv(t, sim.Config{}, groupidentify.Config{Spooling: formreq.Spooling{FormTiming: delivery.FormTiming{MaxAge: 300 * time.Millisecond}}})
 	e.Sim.Inject(simtest.Fault{Status: 503, Count: -1})
 	if a := postForm(t, e.Base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents("v", 4, 1)}}); a.Status != 200 {
 		t.Fatal(a.Body)

@@ -153,3 +153,8 @@ func (l *Local) DeleteDead(ctx context.Context, ids []uint64) error {
 
 // Close closes the spool.
 func (l *Local) Close() error { return l.sp.Close() }
+
+// DeadCount is the number of dead letters (the spool's Stats().Dead).
+func (l *Local) DeadCount(ctx context.Context) (int64, error) {
+	return l.sp.Stats().Dead, ctx.Err()
+}

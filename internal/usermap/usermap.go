@@ -52,17 +52,8 @@ type Config struct {
 	// RateWindow is the sliding window of RateLimit; zero means RateWindow
 	// (30 s). Tests shrink it.
 	RateWindow time.Duration
-	// FormTiming: max age, retries, linger and gzip of the delivery (zero
-	// means delivery's defaults; MaxAge 6 days).
-	delivery.FormTiming
-	// RetryAfter is sent with 503 when the spool refuses; zero means
-	// formreq.DefaultRetryAfter (5 s).
-	RetryAfter time.Duration
-
-	// Issue 22: Fleet, when not nil, is fleet mode's store (the fleet's
-	// backend restricted to this kind): requests are appended to it and
-	// delivered from its partitions; dead letters go to it.
-	Fleet formreq.Store
+	// Spooling: the delivery's timing, the 503's Retry-After, the store.
+	formreq.Spooling
 }
 
 func httpBase(u string) bool {
@@ -83,7 +74,7 @@ func (c Config) Validate() error {
 	case c.RateLimit < 0:
 		return fmt.Errorf("usermap: RateLimit %d < 0", c.RateLimit)
 	}
-	return c.FormTiming.ValidateAs("usermap", c.RateWindow, c.RetryAfter)
+	return c.Spooling.ValidateAs("usermap", c.RateWindow)
 }
 
 func (c Config) withDefaults() Config {
@@ -108,7 +99,7 @@ type UserMap struct {
 
 // New returns a UserMap. creds (the credentials file in force), log and reg
 // may be nil.
-func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*UserMap, error) {
+func New(cfg Config, client *upstream.Client, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*UserMap, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -123,12 +114,10 @@ func New(cfg Config, sp *spool.Spool, client *upstream.Client, creds *credential
 		Lanes:        spool.KindUserMap,
 		Kind:         &delivery.Form{Field: "mapping", MaxItems: min(cfg.MaxMappings, cfg.RateLimit), MaxBodyBytes: cfg.MaxBodyBytes},
 		URL:          delivery.ProjectURL(creds, credentials.KindAlias, cfg.AliasURL, "/usermap"),
-		FormTiming:   cfg.FormTiming,
-		Fleet:        cfg.Fleet,
 		ThrottleWait: cfg.RateWindow,
 		Pacer:        u.pacer,
 	}, formreq.IntakeConfig{Field: "mappings_accepted", AcceptedHelp: "Mappings accepted into the spool.",
-		RejectedHelp: "POST /usermap requests refused locally, by reason.", RetryAfter: cfg.RetryAfter}, sp, client, creds, log, reg)
+		RejectedHelp: "POST /usermap requests refused locally, by reason."}, cfg.Spooling, client, creds, log, reg)
 	if err != nil {
 		return nil, err
 	}

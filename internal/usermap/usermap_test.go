@@ -14,11 +14,13 @@ import (
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
+	"github.com/svcrelay/relay/internal/formreq"
 	"github.com/svcrelay/relay/internal/formreq/formreqtest"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
 	"github.com/svcrelay/relay/internal/usermap"
 )
@@ -49,7 +51,8 @@ func newEnv(t *testing.T, simCfg sim.Config, cfg usermap.Config, creds *credenti
 				cfg.RetryInitial = 5 * time.Millisecond
 				cfg.RetryMax = 50 * time.Millisecond
 			}
-			um, err := usermap.New(cfg, sp, client, credentials.NewRef(creds), nil, reg)
+			cfg.Store = storage.NewLocal(sp, nil)
+			um, err := usermap.New(cfg, client, credentials.NewRef(creds), nil, reg)
 			if err != nil {
 				return component{}, err
 			}
@@ -251,7 +254,7 @@ func TestPace(t *testing.T) {
 // wait and resend; everything arrives once, in order.
 func TestThrottled429(t *testing.T) {
 	const window = 300 * time.Millisecond
-	e := newEnv(t, sim.Config{}, usermap.Config{RateLimit: 40, RateWindow: window, FormTiming: delivery.FormTiming{MaxRetryAfter: time.Second}}, nil)
+	e := newEnv(t, sim.Config{}, usermap.Config{RateLimit: 40, RateWindow: window, Spooling: formreq.Spooling{FormTiming: delivery.FormTiming{MaxRetryAfter: time.Second}}}, nil)
 	e.Sim.SetUserMapRate(40, window)
 	for j := range 3 {
 		if a := formreqtest.Do(t, "POST", e.Base+"/usermap", url.Values{"api_key": {"k"}, "mapping": {mappings(fmt.Sprintf("r%d-", j), 20, "g")}}); a.Status != 200 {

@@ -1,0 +1,59 @@
+package adminapi
+
+import (
+	"net/http"
+
+	"go.uber.org/zap"
+
+	"github.com/svcrelay/relay/internal/delivery"
+	"github.com/svcrelay/relay/internal/spool"
+)
+
+// Lanes in fleet mode: the events lanes this relay delivers are its lane
+// runners, one per lane and owned partition (label "<lane label>-events-<n>"),
+// reported by the events deliverer; their backlog is the partition's (the
+// relay_fleet_partition_backlog metric), so records/chunks/bytes are 0.
+
+// fleetLanes returns the events runners' statuses in fleet mode.
+func (a *Relay) fleetLanes() []delivery.LaneStatus {
+	if !a.cfg.Fleet || a.cfg.Lanes[spool.KindEvents] == nil {
+		return nil
+	}
+	return a.cfg.Lanes[spool.KindEvents].LaneStatus()
+}
+
+func (a *Relay) fleetLane(label string) (delivery.LaneStatus, bool) {
+	for _, st := range a.fleetLanes() {
+		if st.Label == label {
+			return st, true
+		}
+	}
+	return delivery.LaneStatus{}, false
+}
+
+func fleetLaneJSON(st delivery.LaneStatus) laneJSON {
+	return laneJSON{Label: st.Label, Kind: spool.KindEvents.String(), Controllable: true, Running: true,
+		Stopped: st.Stopped, StopReason: st.StopReason, PausedKeys: st.PausedKeys, HeldEvents: st.HeldEvents,
+		ReadAheadBytes: st.ReadAheadBytes}
+}
+
+// fleetLaneAction pauses or resumes one runner of this relay.
+func (a *Relay) fleetLaneAction(w http.ResponseWriter, action string, st delivery.LaneStatus) {
+	c := a.cfg.Lanes[spool.KindEvents]
+	var err error
+	if action == "pause" {
+		err = c.StopLane(st.ID)
+	} else {
+		err = c.ResumeLane(st.ID)
+	}
+	if err != nil {
+		jsonError(w, http.StatusConflict, "%s: the lane is no longer delivered by this relay", action)
+		return
+	}
+	a.log.Info("lane "+action+"d by operator", zap.String("lane", st.Label))
+	if st, ok := a.fleetLane(st.Label); ok {
+		writeJSON(w, http.StatusOK, fleetLaneJSON(st))
+		return
+	}
+	writeJSON(w, http.StatusOK, fleetLaneJSON(st))
+}
