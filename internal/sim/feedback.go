@@ -320,8 +320,9 @@ func (s *Sim) serveAPI(w *statusWriter, r *http.Request, rec *Record, h apiHandl
 	h(w, r, key)
 }
 
-// statusWriter records the status; with cutAfter > 0 it closes the
-// connection once that many body bytes were written (DropMidResponse).
+// statusWriter records an answer's status (management APIs, feedback);
+// with cutAfter > 0 it closes the connection once that many body bytes
+// were written (DropMidResponse).
 type statusWriter struct {
 	http.ResponseWriter
 	status   int

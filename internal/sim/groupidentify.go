@@ -159,16 +159,7 @@ func jsonObjects(v string) ([]json.RawMessage, bool) {
 }
 
 func (s *Sim) serveGroupIdentify(st *giState, w http.ResponseWriter, r *http.Request, in *incoming) {
-	if r.Method != http.MethodPost {
-		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidPath})
-		return
-	}
-	if in.TooLarge {
-		writeJSON(w, http.StatusRequestEntityTooLarge, errBody{Code: 413, Error: ErrTextTooLarge})
-		return
-	}
-	if in.BadEncoding {
-		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidJSON})
+	if refuseIngest(w, r, in) {
 		return
 	}
 	form := formParams(r, in)

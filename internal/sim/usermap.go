@@ -224,16 +224,7 @@ func (st *umState) orgLocked(apiKey string) string {
 }
 
 func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, in *incoming) {
-	if r.Method != http.MethodPost {
-		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidPath})
-		return
-	}
-	if in.TooLarge {
-		writeJSON(w, http.StatusRequestEntityTooLarge, errBody{Code: 413, Error: ErrTextTooLarge})
-		return
-	}
-	if in.BadEncoding {
-		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidJSON})
+	if refuseIngest(w, r, in) {
 		return
 	}
 	q := r.URL.Query()
