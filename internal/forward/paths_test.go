@@ -60,10 +60,8 @@ func startAttackRelay(t *testing.T) (string, *recorder) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sc, _ := scim.API(scim.Config{URL: up.URL})
-	tx, _ := taxonomy.API(taxonomy.Config{URL: up.URL})
-	ds, _ := dsar.API(dsar.Config{URL: up.URL})
-	routes, err := fwd.Routes(sc, tx, ds, experiments.API(up.URL), deletion.API(deletion.Config{URL: up.URL}), export.API(up.URL))
+	c := forward.APIConfig{URL: up.URL}
+	routes, err := fwd.Routes(scim.API(c), taxonomy.API(c), dsar.API(c), experiments.API(up.URL), deletion.API(c), export.API(up.URL))
 	if err != nil {
 		t.Fatal(err)
 	}

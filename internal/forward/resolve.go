@@ -106,6 +106,14 @@ func Bad(format string, args ...any) *Problem {
 	return &Problem{Status: http.StatusBadRequest, Msg: fmt.Sprintf(format, args...)}
 }
 
+// BadIf returns err as a 400 Problem; nil when err is nil.
+func BadIf(err error) *Problem {
+	if err == nil {
+		return nil
+	}
+	return Bad("%v", err)
+}
+
 // Resolve finds the Target of a request for u. With X-Relay-Project: NAME
 // it injects NAME's credentials in u.Scheme (the admin listener has already
 // removed the admin token from Authorization); without, the caller's
