@@ -183,23 +183,8 @@ func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgH
 			call.Headers = append(call.Headers, k)
 		}
 		slices.Sort(call.Headers)
-		latency, f, hasFault, down := s.takeFault(r.URL.Path)
-		sleepCtx(r.Context(), latency+f.Latency)
 		mw := &statusWriter{ResponseWriter: w}
-		switch {
-		case down == DownRefuse || down == DownClose:
-			rec.Fault = "down-" + string(down)
-			hijackClose(w)
-		case down == Down503:
-			rec.Fault = "down-503"
-			writeFault(mw, Fault{Status: http.StatusServiceUnavailable})
-		case hasFault && f.Drop != DropNone:
-			rec.Fault = "drop-" + string(f.Drop)
-			hijackClose(w)
-		case hasFault && f.Status != 0:
-			rec.Fault = "status"
-			writeFault(mw, f)
-		default:
+		if !s.faulted(w, r, mw, rec, false) {
 			s.serveMgmt(st, mw, r, call, auth, maxBody, h)
 		}
 		rec.Status = mw.status
