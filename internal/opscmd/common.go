@@ -28,10 +28,10 @@ const (
 // common are the flags every command shares.
 type common struct {
 	kind         string // credentials.KindAnalytics or KindFeedback: the base the command talks to
+	baseFlag     string // "analytics-url" or "feedback-url"
+	baseURL      string // its value
 	credsPath    string
 	project      string
-	analyticsURL string
-	feedbackURL  string
 	retryInitial time.Duration
 	retryMax     time.Duration
 	retryTime    time.Duration
@@ -97,14 +97,14 @@ func Main(ctx context.Context, name string, args []string, stdout, stderr io.Wri
 // newCommon registers the common flags on fs (--feedback-url for the
 // feedback kind, else --analytics-url).
 func newCommon(fs *flag.FlagSet, kind string) *common {
-	c := &common{kind: kind}
+	c := &common{kind: kind, baseFlag: "analytics-url"}
+	usage := "upstream base of the analytics APIs (a project's analytics_url overrides it)"
+	if kind == credentials.KindFeedback {
+		c.baseFlag, usage = "feedback-url", "upstream base of the feedback API (a project's feedback_url overrides it)"
+	}
+	fs.StringVar(&c.baseURL, c.baseFlag, "", usage)
 	fs.StringVar(&c.credsPath, "credentials", "", "YAML file of upstream credentials (the relay's --credentials format); required")
 	fs.StringVar(&c.project, "project", "", "project of the credentials file to act for")
-	if kind == credentials.KindFeedback {
-		fs.StringVar(&c.feedbackURL, "feedback-url", "", "upstream base of the feedback API (a project's feedback_url overrides it)")
-	} else {
-		fs.StringVar(&c.analyticsURL, "analytics-url", "", "upstream base of the analytics APIs (a project's analytics_url overrides it)")
-	}
 	fs.DurationVar(&c.retryInitial, "retry-initial", time.Second, "first wait before retrying a 429, 5xx or transport error")
 	fs.DurationVar(&c.retryMax, "retry-max", time.Minute, "longest wait between retries (also caps Retry-After)")
 	fs.DurationVar(&c.retryTime, "retry-time", 10*time.Minute, "give up retrying one request after this long")
@@ -160,18 +160,14 @@ func (c *common) load(needProject bool) error {
 // base returns the upstream base of the command's kind for the project (or
 // org). Its error is a usage error.
 func (c *common) base(org *credentials.Organization) (string, error) {
-	fallback, flagName := c.analyticsURL, "--analytics-url"
-	if c.kind == credentials.KindFeedback {
-		fallback, flagName = c.feedbackURL, "--feedback-url"
-	}
 	var b string
 	if c.proj != nil {
-		b = c.proj.URL(c.kind, fallback)
+		b = c.proj.URL(c.kind, c.baseURL)
 	} else {
-		b = org.URL(c.kind, fallback)
+		b = org.URL(c.kind, c.baseURL)
 	}
 	if b == "" {
-		return "", usagef("no upstream base: give %s or set it in the credentials file", flagName)
+		return "", usagef("no upstream base: give --%s or set it in the credentials file", c.baseFlag)
 	}
 	return strings.TrimRight(b, "/"), nil
 }
