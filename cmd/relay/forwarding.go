@@ -32,26 +32,15 @@ func forwardingRoutes(cfg config.Config, creds *credentials.Ref, log *zap.Logger
 	if err != nil {
 		return nil, nil, fmt.Errorf("forwarder: %w", err)
 	}
-	sc, err := scim.API(scim.Config{URL: cfg.ScimURL})
-	if err != nil {
-		return nil, nil, err
-	}
-	tx, err := taxonomy.API(taxonomy.Config{URL: cfg.AnalyticsURL})
-	if err != nil {
-		return nil, nil, err
-	}
-	ds, err := dsar.API(dsar.Config{URL: cfg.AnalyticsURL})
-	if err != nil {
-		return nil, nil, err
-	}
+	analytics := forward.APIConfig{URL: cfg.AnalyticsURL}
 	routes, err := fwd.Routes(
 		experiments.API(cfg.ExperimentURL),
-		sc,
+		scim.API(forward.APIConfig{URL: cfg.ScimURL}),
 		classifiers.API(cfg.AnalyticsURL),
-		tx,
+		taxonomy.API(analytics),
 		feedback.API(cfg.FeedbackURL),
-		ds,
-		deletion.API(deletion.Config{URL: cfg.AnalyticsURL}),
+		dsar.API(analytics),
+		deletion.API(analytics),
 		export.API(cfg.AnalyticsURL),
 		usermap.ReadAPI(cfg.AnalyticsURL),
 	)

@@ -58,14 +58,8 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 			return exitOK
 		case "config":
 			return runConfig(args[1:], environ, stdout, stderr)
-		case "export":
-			return opscmd.ExportMain(ctx, args[1:], stdout, stderr)
-		case "dsar":
-			return opscmd.DSARMain(ctx, args[1:], stdout, stderr)
-		case "delete-users":
-			return opscmd.DeleteUsersMain(ctx, args[1:], stdout, stderr)
-		case "feedback":
-			return opscmd.FeedbackMain(ctx, args[1:], stdout, stderr)
+		case "export", "dsar", "delete-users", "feedback":
+			return opscmd.Main(ctx, args[0], args[1:], stdout, stderr)
 		case "help":
 			usage(stderr)
 			return exitOK

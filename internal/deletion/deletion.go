@@ -118,29 +118,17 @@ type Job struct {
 	ActiveScrubDoneDate string            `json:"active_scrub_done_date,omitempty"`
 }
 
-// Config configures the deletion routes.
-type Config struct {
-	// URL is --analytics-url, the upstream base; "" means none (only
-	// projects with an analytics_url can be served).
-	URL string
-	// MaxWait is how long a call waits for its turn before a local 429; 0
-	// means ratelimit.DefaultMaxWait, negative never waits.
-	MaxWait time.Duration
-}
-
-// Validate reports a configuration that cannot work.
-func (c Config) Validate() error { return nil }
-
-// API returns the deletion API as forward data: base cfg.URL, the
-// project's key pair as Basic, the routes with their checks, and the
-// limits per project: 1 POST per PostInterval, MaxParallel calls in flight.
-func API(cfg Config) forward.API {
+// API returns the deletion API as forward data: base cfg.URL
+// (--analytics-url), the project's key pair as Basic, the routes with
+// their checks, and the limits per project: 1 POST per PostInterval,
+// MaxParallel calls in flight (each as cfg changes it).
+func API(cfg forward.APIConfig) forward.API {
 	return forward.API{
 		Upstream: forward.Upstream{API: "deletion", Kind: credentials.KindAnalytics, Fallback: cfg.URL,
 			Flag: "--analytics-url", Scheme: forward.SchemeProjectBasic},
 		Limits: []forward.Limit{
 			{
-				Config: ratelimit.Config{Name: "deletion_post", Limit: 1, Window: PostInterval, MaxWait: cfg.MaxWait},
+				Config: cfg.Over(ratelimit.Config{Name: "deletion_post", Limit: 1, Window: PostInterval}),
 				Cost: func(method string) int {
 					if method == http.MethodPost {
 						return 1
@@ -150,7 +138,7 @@ func API(cfg Config) forward.API {
 				Says: "1 POST per second per project",
 			},
 			{
-				Config: ratelimit.Config{Name: "deletion", MaxInFlight: MaxParallel, MaxWait: cfg.MaxWait},
+				Config: cfg.Over(ratelimit.Config{Name: "deletion", MaxInFlight: MaxParallel}),
 				Says:   strconv.Itoa(MaxParallel) + " requests in parallel per project",
 			},
 		},
@@ -162,19 +150,11 @@ func API(cfg Config) forward.API {
 	}
 }
 
-func checkPost(_ *http.Request, body []byte) *forward.Problem {
-	if err := CheckBody(body); err != nil {
-		return forward.Bad("%v", err)
-	}
-	return nil
-}
+func checkPost(_ *http.Request, body []byte) *forward.Problem { return forward.BadIf(CheckBody(body)) }
 
 func checkList(r *http.Request, _ []byte) *forward.Problem {
 	q := r.URL.Query()
-	if err := CheckDays(q.Get("start_day"), q.Get("end_day")); err != nil {
-		return forward.Bad("%v", err)
-	}
-	return nil
+	return forward.BadIf(CheckDays(q.Get("start_day"), q.Get("end_day")))
 }
 
 func checkRemove(r *http.Request, _ []byte) *forward.Problem {

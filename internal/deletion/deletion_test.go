@@ -12,6 +12,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/forward/forwardtest"
+	"github.com/svcrelay/relay/internal/ratelimit"
 	"github.com/svcrelay/relay/internal/sim"
 )
 
@@ -58,7 +59,7 @@ func TestCheckBodyAndDays(t *testing.T) {
 
 func newAPI(t testing.TB, upstream string, maxWait time.Duration) forwardtest.Built {
 	t.Helper()
-	return forwardtest.Build(t, forward.Config{}, forwardtest.WebCreds(t), API(Config{URL: upstream, MaxWait: maxWait}))
+	return forwardtest.Build(t, forward.Config{}, forwardtest.WebCreds(t), API(forward.APIConfig{URL: upstream, Limit: ratelimit.Config{MaxWait: maxWait}}))
 }
 
 var inj = []string{"X-Relay-Project: web", "Authorization: Bearer " + forwardtest.AdminToken}

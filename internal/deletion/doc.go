@@ -19,6 +19,7 @@
 //   - Limits per project (the project named by X-Relay-Project or found by
 //     the caller's api key; else per Authorization): at most 1 POST per
 //     second and MaxParallel (8) requests of this API in flight
-//     (internal/ratelimit). A call waits up to Config.MaxWait for its turn,
-//     else is answered 429 locally with Retry-After.
+//     (internal/ratelimit). A call waits up to
+//     forward.APIConfig.Limit.MaxWait (10 s) for its turn, else is answered
+//     429 locally with Retry-After.
 package deletion

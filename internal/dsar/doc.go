@@ -20,8 +20,8 @@
 //   - Cost budget: all DSAR calls of one organization (or, for
 //     pass-through, of one Authorization) share Budget (14400) per hour, POST
 //     costing 8 and GET 1 (internal/ratelimit). A call that would exceed it
-//     waits up to Config.MaxWait for its turn, else is answered 429 locally
-//     with Retry-After.
+//     waits up to forward.APIConfig.Limit.MaxWait (10 s) for its turn,
+//     else is answered 429 locally with Retry-After.
 //
 // # Outputs
 //

@@ -104,63 +104,36 @@ type Status struct {
 	URLs   []string `json:"urls"`
 }
 
-// Config configures the DSAR routes.
-type Config struct {
-	// URL is --analytics-url, the upstream base; "" means none (only
-	// organizations or projects with an analytics_url can be served).
-	URL string
-	// MaxWait is the longest a call waits for the cost budget (see
-	// ratelimit.Config.MaxWait); 0 means ratelimit.DefaultMaxWait.
-	MaxWait time.Duration
-	// Budget is the cost allowed per BudgetWindow per organization; 0
-	// means Budget (the constant).
-	Budget int
-}
-
-// Validate reports a configuration that cannot work.
-func (c Config) Validate() error {
-	if c.Budget < 0 {
-		return fmt.Errorf("dsar: negative Budget")
-	}
-	return nil
-}
-
-// API returns the DSAR API as forward data: base cfg.URL, the
-// organization's key pair as Basic, the cost budget (POST CostPost, GET
-// CostGet) per organization, the creation checked by ParseRequest, and
-// outputs whose redirects (to the files) the relay follows itself, up to
+// API returns the DSAR API as forward data: base cfg.URL
+// (--analytics-url), the organization's key pair as Basic, the cost budget
+// (Budget per BudgetWindow, as cfg changes it; POST CostPost, GET CostGet)
+// per organization, the creation checked by ParseRequest, and outputs
+// whose redirects (to the files) the relay follows itself, up to
 // MaxRedirects.
-func API(cfg Config) (forward.API, error) {
-	if err := cfg.Validate(); err != nil {
-		return forward.API{}, err
-	}
-	if cfg.Budget == 0 {
-		cfg.Budget = Budget
-	}
+func API(cfg forward.APIConfig) forward.API {
+	lim := cfg.Over(ratelimit.Config{Name: "dsar", Limit: Budget, Window: BudgetWindow})
 	return forward.API{
 		Upstream: forward.Upstream{API: "dsar", Kind: credentials.KindAnalytics, Fallback: cfg.URL,
 			Flag: "--analytics-url", Scheme: forward.SchemeOrgBasic},
 		Limits: []forward.Limit{{
-			Config: ratelimit.Config{Name: "dsar", Limit: cfg.Budget, Window: BudgetWindow, MaxWait: cfg.MaxWait},
+			Config: lim,
 			Cost: func(method string) int {
 				if method == http.MethodPost {
 					return CostPost
 				}
 				return CostGet
 			},
-			Says: fmt.Sprintf("the DSAR cost budget of %d per hour per organization", cfg.Budget),
+			Says: fmt.Sprintf("the DSAR cost budget of %d per hour per organization", lim.Limit),
 		}},
 		Routes: []forward.Route{
 			{Method: http.MethodPost, Path: PathRequests, BodyLimit: 1 << 20, Check: checkCreate},
 			{Method: http.MethodGet, Path: PathRequests + "/{id}"},
 			{Method: http.MethodGet, Path: PathRequests + "/{id}/outputs/{output}", Follow: MaxRedirects},
 		},
-	}, nil
+	}
 }
 
 func checkCreate(_ *http.Request, body []byte) *forward.Problem {
-	if _, err := ParseRequest(body); err != nil {
-		return forward.Bad("%v", err)
-	}
-	return nil
+	_, err := ParseRequest(body)
+	return forward.BadIf(err)
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/forward/forwardtest"
+	"github.com/svcrelay/relay/internal/ratelimit"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 )
@@ -41,14 +42,9 @@ func TestParseRequest(t *testing.T) {
 	}
 }
 
-func newAPI(t testing.TB, upstream string, cfg Config) forwardtest.Built {
+func newAPI(t testing.TB, upstream string, lim ratelimit.Config) forwardtest.Built {
 	t.Helper()
-	cfg.URL = upstream
-	a, err := API(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return forwardtest.Build(t, forward.Config{}, testCreds(t), a)
+	return forwardtest.Build(t, forward.Config{}, testCreds(t), API(forward.APIConfig{URL: upstream, Limit: lim}))
 }
 
 // TestDSARThroughRelay creates, polls and downloads a DSAR through the
@@ -57,7 +53,7 @@ func newAPI(t testing.TB, upstream string, cfg Config) forwardtest.Built {
 func TestDSARThroughRelay(t *testing.T) {
 	_, up := forwardtest.StartSim(t, sim.Config{})
 	forwardtest.Call(t, "POST", up+"/2/httpapi", strings.NewReader(`{"api_key":"proj","events":[{"event_type":"e1","user_id":"alice"},{"event_type":"e2","user_id":"alice"}]}`))
-	relay := forwardtest.ServeAdmin(t, newAPI(t, up, Config{}).Routes())
+	relay := forwardtest.ServeAdmin(t, newAPI(t, up, ratelimit.Config{}).Routes())
 	inj := []string{"X-Relay-Project: web", "Authorization: Bearer " + forwardtest.AdminToken}
 	day := time.Now().UTC().Format(time.DateOnly)
 
@@ -110,7 +106,7 @@ func TestDSARFailedJobPassedBack(t *testing.T) {
 	_, up := forwardtest.StartSim(t, sim.Config{})
 	one := 1
 	(&simtest.Control{Base: up}).SetDSAR(context.Background(), sim.DSARConfig{PollsToDone: 1, FailNext: &one})
-	relay := forwardtest.ServeAdmin(t, newAPI(t, up, Config{}).Routes())
+	relay := forwardtest.ServeAdmin(t, newAPI(t, up, ratelimit.Config{}).Routes())
 	inj := []string{"X-Relay-Project: web", "Authorization: Bearer " + forwardtest.AdminToken}
 	a := forwardtest.Call(t, "POST", relay+PathRequests, strings.NewReader(`{"svcId":42,"startDate":"2026-01-01","endDate":"2026-01-31"}`), inj...)
 	var c Created
@@ -126,7 +122,7 @@ func TestDSARFailedJobPassedBack(t *testing.T) {
 // budget; over it the relay answers 429 with Retry-After and sends nothing.
 func TestDSARBudget(t *testing.T) {
 	_, up := forwardtest.StartSim(t, sim.Config{})
-	relay := forwardtest.ServeAdmin(t, newAPI(t, up, Config{Budget: 10, MaxWait: -1}).Routes())
+	relay := forwardtest.ServeAdmin(t, newAPI(t, up, ratelimit.Config{Limit: 10, MaxWait: -1}).Routes())
 	inj := []string{"X-Relay-Project: web", "Authorization: Bearer " + forwardtest.AdminToken}
 	body := `{"userId":"u","startDate":"2026-01-01","endDate":"2026-01-31"}`
 	if a := forwardtest.Call(t, "POST", relay+PathRequests, strings.NewReader(body), inj...); a.Status != 202 {

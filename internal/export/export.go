@@ -109,8 +109,6 @@ func checkRange(r *http.Request, _ []byte) *forward.Problem {
 	if start == "" || end == "" {
 		return forward.Bad("start and end are required, each of the form YYYYMMDDTHH")
 	}
-	if _, err := ParseRange(start, end); err != nil {
-		return forward.Bad("%v", err)
-	}
-	return nil
+	_, err := ParseRange(start, end)
+	return forward.BadIf(err)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/svcrelay/relay/internal/dsar"
 	"github.com/svcrelay/relay/internal/export"
 	"github.com/svcrelay/relay/internal/feedback"
+	"github.com/svcrelay/relay/internal/forward"
 	ft "github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
 )
@@ -23,12 +24,9 @@ import (
 func TestWiredOnAdminListener(t *testing.T) {
 	s, up := ft.StartSim(t, sim.Config{})
 	creds := ft.ParseCreds(t, ft.WebOrgCredsYAML)
-	ds, err := dsar.API(dsar.Config{URL: up})
-	if err != nil {
-		t.Fatal(err)
-	}
 	reg := prometheus.NewRegistry()
-	base := ft.ServeWired(t, reg, creds, feedback.API(up), ds, deletion.API(deletion.Config{URL: up}), export.API(up))
+	c := forward.APIConfig{URL: up}
+	base := ft.ServeWired(t, reg, creds, feedback.API(up), dsar.API(c), deletion.API(c), export.API(up))
 	http.Post(up+"/2/httpapi", "application/json", strings.NewReader(`{"api_key":"proj","events":[{"event_type":"e","user_id":"alice"}]}`))
 	hour := time.Now().UTC().Format(export.HourFormat)
 	day := time.Now().UTC().Format(time.DateOnly)

@@ -183,13 +183,11 @@ func check(_ *http.Request, body []byte) *forward.Problem {
 	err := CheckRequest(body)
 	var re *RequestError
 	switch {
-	case err == nil:
-		return nil
 	case errors.Is(err, ErrTooLarge):
 		return &forward.Problem{Status: http.StatusRequestEntityTooLarge, Msg: err.Error()}
 	case errors.As(err, &re):
 		return &forward.Problem{Status: http.StatusBadRequest, Msg: err.Error() + "; nothing was sent",
 			Extra: Answer{Failed: len(re.Items), Errors: re.Items}}
 	}
-	return forward.Bad("%v", err)
+	return forward.BadIf(err)
 }

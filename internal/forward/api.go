@@ -64,6 +64,14 @@ type Limit struct {
 	Says string
 }
 
+// cost is the cost of a call of method (see Cost).
+func (l Limit) cost(method string) int {
+	if l.Cost == nil {
+		return 1
+	}
+	return l.Cost(method)
+}
+
 // JSONErrors writes p as {"error": msg, "source": "relay"} plus p.Extra's
 // fields.
 func JSONErrors(w http.ResponseWriter, p *Problem) {
@@ -92,6 +100,12 @@ func (f *Forwarder) Routes(apis ...API) ([]adminroute.Route, error) {
 		}
 		lims := make([]*ratelimit.Limiter, len(a.Limits))
 		for i, l := range a.Limits {
+			for _, rt := range a.Routes {
+				if c := l.cost(rt.Method); (l.Limit > 0 && c > l.Limit) || (l.MaxInFlight > 0 && c > l.MaxInFlight) {
+					return nil, fmt.Errorf("forward %s: %s %s costs %d, above a bound of limit %s: every such call would be refused",
+						a.API, rt.Method, rt.Path, c, l.Name)
+				}
+			}
 			lim, err := ratelimit.New(l.Config, f.reg)
 			if err != nil {
 				return nil, fmt.Errorf("forward %s: %w", a.API, err)
@@ -146,10 +160,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	for i, lim := range h.lims {
 		l := a.Limits[i]
-		cost := 1
-		if l.Cost != nil {
-			cost = l.Cost(r.Method)
-		}
+		cost := l.cost(r.Method)
 		if cost == 0 {
 			continue
 		}

@@ -171,6 +171,53 @@ func TestAPILimits(t *testing.T) {
 	}
 }
 
+// TestAPIConfig: APIConfig.Over changes what is set of a documented limit,
+// never its Name; Routes refuses a limit whose bound is below the cost of
+// one of the API's routes (every such call would be refused).
+func TestAPIConfig(t *testing.T) {
+	doc := ratelimit.Config{Name: "doc", Limit: 10, Window: time.Hour, MaxInFlight: 4}
+	for _, c := range []struct {
+		change, want ratelimit.Config
+	}{
+		{ratelimit.Config{}, doc},
+		{ratelimit.Config{Name: "x", Limit: 3}, ratelimit.Config{Name: "doc", Limit: 3, Window: time.Hour, MaxInFlight: 4}},
+		{ratelimit.Config{Window: time.Second, MaxWait: -1, MaxWaiting: 2},
+			ratelimit.Config{Name: "doc", Limit: 10, Window: time.Second, MaxInFlight: 4, MaxWait: -1, MaxWaiting: 2}},
+		{ratelimit.Config{MaxInFlight: 1}, ratelimit.Config{Name: "doc", Limit: 10, Window: time.Hour, MaxInFlight: 1}},
+	} {
+		if got := (APIConfig{Limit: c.change}).Over(doc); got != c.want {
+			t.Errorf("Over(%+v) = %+v, want %+v", c.change, got, c.want)
+		}
+	}
+	if (APIConfig{Limit: ratelimit.Config{MaxInFlight: -1}}).Validate() == nil {
+		t.Error("negative MaxInFlight accepted")
+	}
+	postCosts2 := func(m string) int {
+		if m == "POST" {
+			return 2
+		}
+		return 1
+	}
+	f := newForwarder(t, Config{})
+	for _, c := range []struct {
+		lim    ratelimit.Config
+		cost   func(string) int
+		routes []Route
+		ok     bool
+	}{
+		{ratelimit.Config{Name: "a", MaxInFlight: 1}, postCosts2, []Route{{Method: "GET", Path: "/a"}}, true},
+		{ratelimit.Config{Name: "b", MaxInFlight: 1}, postCosts2, []Route{{Method: "GET", Path: "/b"}, {Method: "POST", Path: "/b"}}, false},
+		{ratelimit.Config{Name: "c", Limit: 1}, postCosts2, []Route{{Method: "POST", Path: "/c"}}, false},
+		{ratelimit.Config{Name: "d", Limit: 2, MaxInFlight: 2}, postCosts2, []Route{{Method: "POST", Path: "/d"}}, true},
+		{ratelimit.Config{Name: "e", MaxInFlight: 1}, nil, []Route{{Method: "POST", Path: "/e"}}, true},
+	} {
+		api := API{Upstream: Upstream{API: c.lim.Name}, Limits: []Limit{{Config: c.lim, Cost: c.cost}}, Routes: c.routes}
+		if _, err := f.Routes(api); (err == nil) != c.ok {
+			t.Errorf("%+v: %v", c.lim, err)
+		}
+	}
+}
+
 // TestFollow: a route with Follow follows the upstream's redirects (up to
 // its count); others pass the redirect back.
 func TestFollow(t *testing.T) {

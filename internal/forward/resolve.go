@@ -106,6 +106,14 @@ func Bad(format string, args ...any) *Problem {
 	return &Problem{Status: http.StatusBadRequest, Msg: fmt.Sprintf(format, args...)}
 }
 
+// BadIf returns err as a 400 Problem; nil when err is nil.
+func BadIf(err error) *Problem {
+	if err == nil {
+		return nil
+	}
+	return Bad("%v", err)
+}
+
 // Resolve finds the Target of a request for u. With X-Relay-Project: NAME
 // it injects NAME's credentials in u.Scheme (the admin listener has already
 // removed the admin token from Authorization); without, the caller's
@@ -148,25 +156,23 @@ func Resolve(req *http.Request, creds *credentials.Store, u Upstream) (Resolved,
 			}
 			r.Authorization = credentials.BasicAuth(org.APIKey, org.SecretKey)
 			r.Key = "org:" + org.Name
-		case SchemeManagementBearer:
-			if e := needOrg("management_api_key"); e != nil {
+		case SchemeManagementBearer, SchemeSCIMBearer:
+			what := "management_api_key"
+			if u.Scheme == SchemeSCIMBearer {
+				what = "scim_token"
+			}
+			if e := needOrg(what); e != nil {
 				return r, e
 			}
-			if org.ManagementAPIKey.IsZero() {
+			tok := org.ManagementAPIKey
+			if u.Scheme == SchemeSCIMBearer {
+				tok = org.SCIMToken
+			}
+			if tok.IsZero() {
 				return r, &Problem{Status: http.StatusBadRequest, Msg: fmt.Sprintf(
-					"organization %q of project %q has no management_api_key in the credentials file", org.Name, p.Name)}
+					"organization %q of project %q has no %s in the credentials file", org.Name, p.Name, what)}
 			}
-			r.Authorization = credentials.Bearer(org.ManagementAPIKey)
-			r.Key = "org:" + org.Name
-		case SchemeSCIMBearer:
-			if e := needOrg("scim_token"); e != nil {
-				return r, e
-			}
-			if org.SCIMToken.IsZero() {
-				return r, &Problem{Status: http.StatusBadRequest, Msg: fmt.Sprintf(
-					"organization %q of project %q has no scim_token in the credentials file", org.Name, p.Name)}
-			}
-			r.Authorization = credentials.Bearer(org.SCIMToken)
+			r.Authorization = credentials.Bearer(tok)
 			r.Key = "org:" + org.Name
 		default:
 			return r, &Problem{Status: http.StatusInternalServerError, Msg: "relay: route has no authentication scheme"}

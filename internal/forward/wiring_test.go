@@ -19,16 +19,9 @@ import (
 // the simulator with the right scheme.
 func TestWiredOnAdminListener(t *testing.T) {
 	env := ft.Start(t, forward.Config{})
-	sc, err := scim.API(scim.Config{URL: env.SimURL})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, err := taxonomy.API(taxonomy.Config{URL: env.SimURL})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := forward.APIConfig{URL: env.SimURL}
 	reg := prometheus.NewRegistry()
-	base := ft.ServeWired(t, reg, env.Creds, experiments.API(env.SimURL), sc, classifiers.API(env.SimURL), tx)
+	base := ft.ServeWired(t, reg, env.Creds, experiments.API(env.SimURL), scim.API(c), classifiers.API(env.SimURL), taxonomy.API(c))
 
 	for _, c := range []struct{ method, path, auth string }{
 		{"GET", "/api/1/experiments", "bearer"},

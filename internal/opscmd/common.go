@@ -27,10 +27,11 @@ const (
 
 // common are the flags every command shares.
 type common struct {
+	kind         string // credentials.KindAnalytics or KindFeedback: the base the command talks to
+	baseFlag     string // "analytics-url" or "feedback-url"
+	baseURL      string // its value
 	credsPath    string
 	project      string
-	analyticsURL string
-	feedbackURL  string
 	retryInitial time.Duration
 	retryMax     time.Duration
 	retryTime    time.Duration
@@ -40,80 +41,145 @@ type common struct {
 	proj  *credentials.Project
 }
 
-// newFlagSet returns the flag set of cmd with the common flags registered
-// (--feedback-url when feedback, else --analytics-url).
-func newFlagSet(cmd string, feedback bool) (*flag.FlagSet, *common) {
-	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	c := &common{}
-	c.register(fs, feedback)
-	return fs, c
+// work is a command's work once its flags are parsed (see Main).
+type work func(ctx context.Context, p *progress) error
+
+// Main runs the operator command name (export, dsar, delete-users,
+// feedback) with args and returns its exit code: the flow every command
+// shares. The work's error decides the code: nil 0; a usageError 2;
+// errFailed 1 (the failures are reported already); any other 1, printed
+// as "relay NAME: ERR" (as a usageError is) after the progress line.
+func Main(ctx context.Context, name string, args []string, stdout, stderr io.Writer) int {
+	kind := credentials.KindAnalytics
+	var define func(*flag.FlagSet, *common, io.Writer) work
+	switch name {
+	case "export":
+		define = exportCmd
+	case "dsar":
+		define = dsarCmd
+	case "delete-users":
+		define = deleteUsersCmd
+	case "feedback":
+		define, kind = feedbackCmd, credentials.KindFeedback
+	default:
+		fmt.Fprintf(stderr, "relay: no operator command %q\n", name)
+		return exitUsage
+	}
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	c := newCommon(fs, kind)
+	w := define(fs, c, stdout)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "relay %s: unexpected argument %q\n", name, fs.Arg(0))
+		return exitUsage
+	}
+	p := newProgress(stderr)
+	err := w(ctx, p)
+	p.done()
+	if err == nil {
+		return exitOK
+	}
+	if !errors.Is(err, errFailed) {
+		fmt.Fprintf(stderr, "relay %s: %v\n", name, err)
+	}
+	if errors.As(err, new(usageError)) {
+		return exitUsage
+	}
+	return exitFailure
 }
 
-func (c *common) register(fs *flag.FlagSet, feedback bool) {
+// newCommon registers the common flags on fs (--feedback-url for the
+// feedback kind, else --analytics-url).
+func newCommon(fs *flag.FlagSet, kind string) *common {
+	c := &common{kind: kind, baseFlag: "analytics-url"}
+	usage := "upstream base of the analytics APIs (a project's analytics_url overrides it)"
+	if kind == credentials.KindFeedback {
+		c.baseFlag, usage = "feedback-url", "upstream base of the feedback API (a project's feedback_url overrides it)"
+	}
+	fs.StringVar(&c.baseURL, c.baseFlag, "", usage)
 	fs.StringVar(&c.credsPath, "credentials", "", "YAML file of upstream credentials (the relay's --credentials format); required")
 	fs.StringVar(&c.project, "project", "", "project of the credentials file to act for")
-	if feedback {
-		fs.StringVar(&c.feedbackURL, "feedback-url", "", "upstream base of the feedback API (a project's feedback_url overrides it)")
-	} else {
-		fs.StringVar(&c.analyticsURL, "analytics-url", "", "upstream base of the analytics APIs (a project's analytics_url overrides it)")
-	}
 	fs.DurationVar(&c.retryInitial, "retry-initial", time.Second, "first wait before retrying a 429, 5xx or transport error")
 	fs.DurationVar(&c.retryMax, "retry-max", time.Minute, "longest wait between retries (also caps Retry-After)")
 	fs.DurationVar(&c.retryTime, "retry-time", 10*time.Minute, "give up retrying one request after this long")
 	fs.DurationVar(&c.timeout, "timeout", 5*time.Minute, "longest wait for an answer's head (an export may take a while to start; its body may stream for longer)")
+	return c
+}
+
+// usageError is a command called wrongly: exit 2.
+type usageError struct{ error }
+
+func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
+
+// errFailed says the command went through but some of its items failed,
+// each already reported: exit 1 with nothing more printed.
+var errFailed = errors.New("some items failed")
+
+// required returns a usage error for the first of the string flags names
+// left empty.
+func required(fs *flag.FlagSet, names ...string) error {
+	for _, n := range names {
+		if fs.Lookup(n).Value.String() == "" {
+			return usagef("--%s is required", n)
+		}
+	}
+	return nil
 }
 
 // load reads the credentials file and finds the project (required when
-// needProject).
+// needProject). Its errors are usage errors.
 func (c *common) load(needProject bool) error {
 	if c.credsPath == "" {
-		return errors.New("--credentials is required")
+		return usagef("--credentials is required")
 	}
 	s, err := credentials.Load(c.credsPath)
 	if err != nil {
-		return err
+		return usageError{err}
 	}
 	c.store = s
 	if c.project == "" {
 		if needProject {
-			return errors.New("--project is required")
+			return usagef("--project is required")
 		}
 		return nil
 	}
 	p, ok := s.Project(c.project)
 	if !ok {
-		return fmt.Errorf("--project %q is not in %s", c.project, c.credsPath)
+		return usagef("--project %q is not in %s", c.project, c.credsPath)
 	}
 	c.proj = p
 	return nil
 }
 
-// base returns the upstream base of kind for the project (or org).
-func (c *common) base(kind string, org *credentials.Organization) (string, error) {
-	fallback, flagName := c.analyticsURL, "--analytics-url"
-	if kind == credentials.KindFeedback {
-		fallback, flagName = c.feedbackURL, "--feedback-url"
-	}
+// base returns the upstream base of the command's kind for the project (or
+// org). Its error is a usage error.
+func (c *common) base(org *credentials.Organization) (string, error) {
 	var b string
 	if c.proj != nil {
-		b = c.proj.URL(kind, fallback)
+		b = c.proj.URL(c.kind, c.baseURL)
 	} else {
-		b = org.URL(kind, fallback)
+		b = org.URL(c.kind, c.baseURL)
 	}
 	if b == "" {
-		return "", fmt.Errorf("no upstream base: give %s or set it in the credentials file", flagName)
+		return "", usagef("no upstream base: give --%s or set it in the credentials file", c.baseFlag)
 	}
 	return strings.TrimRight(b, "/"), nil
 }
 
 // projectClient loads the credentials file (--project required) and
 // returns a client with the project's key pair and the project's upstream
-// base of kind. Its errors are usage errors.
-func (c *common) projectClient(kind string) (*client, string, error) {
+// base. Its errors are usage errors.
+func (c *common) projectClient() (*client, string, error) {
 	if err := c.load(true); err != nil {
 		return nil, "", err
 	}
-	base, err := c.base(kind, nil)
+	base, err := c.base(nil)
 	if err != nil {
 		return nil, "", err
 	}
@@ -169,11 +235,7 @@ func (cl *client) doNoReplay(ctx context.Context, method, url string, body []byt
 }
 
 func (cl *client) retry(ctx context.Context, method, url string, body []byte, replay bool, accept []int) (*http.Response, error) {
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval = cl.c.retryInitial
-	bo.MaxInterval = cl.c.retryMax
-	bo.MaxElapsedTime = cl.c.retryTime
-	bo.Reset()
+	bo := cl.c.backOff(cl.c.retryTime)
 	for {
 		resp, retryAfter, err := cl.once(ctx, method, url, body, accept)
 		if err == nil {
@@ -191,14 +253,28 @@ func (cl *client) retry(ctx context.Context, method, url string, body []byte, re
 		if wait == backoff.Stop {
 			return nil, fmt.Errorf("%s %s: still failing after %v: %w", method, redactURL(url), cl.c.retryTime, err)
 		}
-		wait = max(wait, min(retryAfter, cl.c.retryMax))
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, fmt.Errorf("%s %s: %w", method, redactURL(url), ctx.Err())
-		case <-t.C:
+		if err := sleep(ctx, max(wait, min(retryAfter, cl.c.retryMax))); err != nil {
+			return nil, fmt.Errorf("%s %s: %w", method, redactURL(url), err)
 		}
+	}
+}
+
+// backOff is the retries' backoff: --retry-initial growing to --retry-max,
+// for maxElapsed (0: without end).
+func (c *common) backOff(maxElapsed time.Duration) *backoff.ExponentialBackOff {
+	return backoff.NewExponentialBackOff(backoff.WithInitialInterval(c.retryInitial),
+		backoff.WithMaxInterval(c.retryMax), backoff.WithMaxElapsedTime(maxElapsed))
+}
+
+// sleep waits d, or returns ctx's error when ctx ends first.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }
 
@@ -321,32 +397,6 @@ func (c *countingReader) Read(b []byte) (int, error) {
 		c.on(c.n)
 	}
 	return n, err
-}
-
-// parseFlags parses args; on error it prints usage and returns false.
-func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) (int, bool) {
-	fs.SetOutput(stderr)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK, false
-		}
-		return exitUsage, false
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "relay %s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
-		return exitUsage, false
-	}
-	return 0, true
-}
-
-func usageErr(stderr io.Writer, cmd string, err error) int {
-	fmt.Fprintf(stderr, "relay %s: %v\n", cmd, err)
-	return exitUsage
-}
-
-func fail(stderr io.Writer, cmd string, err error) int {
-	fmt.Fprintf(stderr, "relay %s: %v\n", cmd, err)
-	return exitFailure
 }
 
 func humanBytes(n int64) string {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,11 +16,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/deletion"
 )
 
-// DeleteUsersMain is `relay delete-users`: it schedules the deletion of the
+// deleteUsersCmd is `relay delete-users`: it schedules the deletion of the
 // users listed in --ids-file (one id a line; blank lines and lines starting
 // with '#' are skipped; "svc_id:N" and "user_id:U" name the kind, other
 // lines are of --ids-kind), in requests of at most 100 ids, at most one
@@ -29,9 +29,7 @@ import (
 // scheduled jobs over the days concerned (GET from today to the latest job
 // day, at least today + 30 days, at most six months). --dry-run prints the
 // requests without sending anything. Exit 1 when any request failed.
-func DeleteUsersMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	const cmd = "delete-users"
-	fs, c := newFlagSet(cmd, false)
+func deleteUsersCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 	idsFile := fs.String("ids-file", "", "file of ids to delete, one a line; required")
 	kind := fs.String("ids-kind", "user", "kind of the lines without a prefix: user (user_id) or svc (svc_id)")
 	requester := fs.String("requester", "", "who asks, for the audit trail; required")
@@ -39,103 +37,97 @@ func DeleteUsersMain(ctx context.Context, args []string, stdout, stderr io.Write
 	ignoreInvalid := fs.Bool("ignore-invalid-id", false, "schedule the users found even when others of a request are not")
 	fromOrg := fs.Bool("delete-from-org", false, "delete from every project of the organization that has data of the users")
 	mapped := fs.Bool("include-mapped-user-ids", false, "ask the answers to name the user_id of each svc_id")
-	if code, ok := parseFlags(fs, args, stderr); !ok {
-		return code
-	}
-	switch {
-	case *idsFile == "":
-		return usageErr(stderr, cmd, errors.New("--ids-file is required"))
-	case *requester == "":
-		return usageErr(stderr, cmd, errors.New("--requester is required"))
-	case *kind != "user" && *kind != "svc":
-		return usageErr(stderr, cmd, errors.New("--ids-kind is user or svc"))
-	}
-	ids, bad, err := readIDs(*idsFile, *kind)
-	if err != nil {
-		return usageErr(stderr, cmd, err)
-	}
-	p := newProgress(stderr)
-	for _, b := range bad {
-		p.logf("invalid id (not sent): %s", b)
-	}
-	if len(ids) == 0 {
-		return fail(stderr, cmd, errors.New("no valid id in --ids-file"))
-	}
-	chunks := chunkIDs(ids, *requester, *ignoreInvalid, *fromOrg, *mapped)
-	if *dryRun {
-		for i, ch := range chunks {
-			b, _ := json.Marshal(ch)
-			fmt.Fprintf(stdout, "request %d of %d: %d svc_ids, %d user_ids: POST %s %s\n", i+1, len(chunks),
-				len(ch.SvcIDs), len(ch.UserIDs), deletion.PathUsers, b)
+	return func(ctx context.Context, p *progress) error {
+		if err := required(fs, "ids-file", "requester"); err != nil {
+			return err
 		}
-		p.logf("dry run: %d ids in %d requests, nothing sent", len(ids), len(chunks))
-		return exitOK
-	}
-	cl, base, err := c.projectClient(credentials.KindAnalytics)
-	if err != nil {
-		return usageErr(stderr, cmd, err)
-	}
-	var last time.Time
-	failed, scheduled := 0, 0
-	var invalid []string
-	latest := ""
-	for i, ch := range chunks {
-		if wait := time.Until(last.Add(deletion.PostInterval)); wait > 0 {
-			p.update("request %d of %d: waiting %v (1 request per second)", i+1, len(chunks), wait.Round(time.Millisecond))
-			select {
-			case <-ctx.Done():
-				return fail(stderr, cmd, fmt.Errorf("interrupted after %d of %d requests: %w", i, len(chunks), ctx.Err()))
-			case <-time.After(wait):
-			}
+		if *kind != "user" && *kind != "svc" {
+			return usagef("--ids-kind is user or svc")
 		}
-		body, _ := json.Marshal(ch)
-		resp, err := cl.do(ctx, http.MethodPost, base+deletion.PathUsers, body, http.StatusBadRequest)
-		last = time.Now()
+		ids, bad, err := readIDs(*idsFile, *kind)
 		if err != nil {
-			return fail(stderr, cmd, fmt.Errorf("request %d of %d: %w", i+1, len(chunks), err))
+			return usageError{err}
 		}
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		resp.Body.Close()
-		if resp.StatusCode == http.StatusBadRequest {
-			failed++
-			var e struct {
-				Error      string            `json:"error"`
-				InvalidIDs []json.RawMessage `json:"invalid_ids"`
+		for _, b := range bad {
+			p.logf("invalid id (not sent): %s", b)
+		}
+		if len(ids) == 0 {
+			return errors.New("no valid id in --ids-file")
+		}
+		chunks := chunkIDs(ids, *requester, *ignoreInvalid, *fromOrg, *mapped)
+		if *dryRun {
+			for i, ch := range chunks {
+				b, _ := json.Marshal(ch)
+				fmt.Fprintf(stdout, "request %d of %d: %d svc_ids, %d user_ids: POST %s %s\n", i+1, len(chunks),
+					len(ch.SvcIDs), len(ch.UserIDs), deletion.PathUsers, b)
 			}
-			json.Unmarshal(b, &e)
-			p.logf("request %d of %d refused (400, nothing of it scheduled): %s", i+1, len(chunks), strings.TrimSpace(string(b)))
-			for _, id := range e.InvalidIDs {
+			p.logf("dry run: %d ids in %d requests, nothing sent", len(ids), len(chunks))
+			return nil
+		}
+		cl, base, err := c.projectClient()
+		if err != nil {
+			return err
+		}
+		var last time.Time
+		failed, scheduled := 0, 0
+		var invalid []string
+		latest := ""
+		for i, ch := range chunks {
+			if wait := time.Until(last.Add(deletion.PostInterval)); wait > 0 {
+				p.update("request %d of %d: waiting %v (1 request per second)", i+1, len(chunks), wait.Round(time.Millisecond))
+				if err := sleep(ctx, wait); err != nil {
+					return fmt.Errorf("interrupted after %d of %d requests: %w", i, len(chunks), err)
+				}
+			}
+			body, _ := json.Marshal(ch)
+			resp, err := cl.do(ctx, http.MethodPost, base+deletion.PathUsers, body, http.StatusBadRequest)
+			last = time.Now()
+			if err != nil {
+				return fmt.Errorf("request %d of %d: %w", i+1, len(chunks), err)
+			}
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusBadRequest {
+				failed++
+				var e struct {
+					Error      string            `json:"error"`
+					InvalidIDs []json.RawMessage `json:"invalid_ids"`
+				}
+				json.Unmarshal(b, &e)
+				p.logf("request %d of %d refused (400, nothing of it scheduled): %s", i+1, len(chunks), strings.TrimSpace(string(b)))
+				for _, id := range e.InvalidIDs {
+					invalid = append(invalid, idText(id))
+				}
+				continue
+			}
+			var job deletion.Job
+			if err := json.Unmarshal(b, &job); err != nil {
+				return fmt.Errorf("request %d of %d: answer is not a deletion job: %v", i+1, len(chunks), err)
+			}
+			scheduled += len(job.SvcIDs)
+			for _, id := range job.InvalidIDs {
 				invalid = append(invalid, idText(id))
 			}
-			continue
+			latest = max(latest, job.Day)
+			p.logf("request %d of %d: %d users scheduled in the job of %s (%s), %d invalid ids", i+1, len(chunks),
+				len(job.SvcIDs), job.Day, job.Status, len(job.InvalidIDs))
 		}
-		var job deletion.Job
-		if err := json.Unmarshal(b, &job); err != nil {
-			return fail(stderr, cmd, fmt.Errorf("request %d of %d: answer is not a deletion job: %v", i+1, len(chunks), err))
+		p.done()
+		for _, id := range invalid {
+			fmt.Fprintf(stdout, "invalid\t%s\n", id)
 		}
-		scheduled += len(job.SvcIDs)
-		for _, id := range job.InvalidIDs {
-			invalid = append(invalid, idText(id))
+		if len(invalid) > 0 && !*ignoreInvalid && !*fromOrg {
+			p.logf("%d ids have no data in the project; their requests were refused as a whole: remove them or use --ignore-invalid-id", len(invalid))
 		}
-		latest = max(latest, job.Day)
-		p.logf("request %d of %d: %d users scheduled in the job of %s (%s), %d invalid ids", i+1, len(chunks),
-			len(job.SvcIDs), job.Day, job.Status, len(job.InvalidIDs))
+		if err := listJobs(ctx, cl, base, latest, stdout); err != nil {
+			return err
+		}
+		p.logf("%d ids sent in %d requests: %d users scheduled, %d invalid, %d requests refused", len(ids), len(chunks), scheduled, len(invalid), failed)
+		if failed > 0 {
+			return errFailed
+		}
+		return nil
 	}
-	p.done()
-	for _, id := range invalid {
-		fmt.Fprintf(stdout, "invalid\t%s\n", id)
-	}
-	if len(invalid) > 0 && !*ignoreInvalid && !*fromOrg {
-		p.logf("%d ids have no data in the project; their requests were refused as a whole: remove them or use --ignore-invalid-id", len(invalid))
-	}
-	if err := listJobs(ctx, cl, base, latest, stdout); err != nil {
-		return fail(stderr, cmd, err)
-	}
-	p.logf("%d ids sent in %d requests: %d users scheduled, %d invalid, %d requests refused", len(ids), len(chunks), scheduled, len(invalid), failed)
-	if failed > 0 {
-		return exitFailure
-	}
-	return exitOK
 }
 
 // delID is one id of the file.

@@ -34,13 +34,13 @@ func TestDeleteUsersInvalidIDs(t *testing.T) {
 
 	// Without --ignore-invalid-id: the request is refused as a whole, the
 	// invalid id reported, nothing scheduled, exit 1.
-	r := runCmd(context.Background(), DeleteUsersMain, delArgs(up, creds, ids)...)
+	r := runCmd(context.Background(), "delete-users", delArgs(up, creds, ids)...)
 	if r.code != 1 || !strings.Contains(r.stdout, "invalid\tghost-user") || !strings.Contains(r.stderr, `svc_id "abc" is not a positive integer`) ||
 		!strings.Contains(r.stdout, "no deletion job scheduled") || !strings.Contains(r.stderr, "--ignore-invalid-id") {
 		t.Fatal(r)
 	}
 	// With it: the two found users are scheduled and the job is listed.
-	r = runCmd(context.Background(), DeleteUsersMain, delArgs(up, creds, ids, "--ignore-invalid-id")...)
+	r = runCmd(context.Background(), "delete-users", delArgs(up, creds, ids, "--ignore-invalid-id")...)
 	day := time.Now().UTC().Add(sim.DeletionLead).Format(time.DateOnly)
 	if r.code != 0 || !strings.Contains(r.stdout, "invalid\tghost-user") || !strings.Contains(r.stdout, "job\t"+day+"\tstaging\t2 users") {
 		t.Fatal(r)
@@ -68,14 +68,14 @@ func TestDeleteUsersChunksAndPaces(t *testing.T) {
 	ingest(t, up, events...)
 	creds, ids := credsFile(t), idsFile(t, lines...)
 
-	r := runCmd(context.Background(), DeleteUsersMain, delArgs(up, creds, ids, "--dry-run")...)
+	r := runCmd(context.Background(), "delete-users", delArgs(up, creds, ids, "--dry-run")...)
 	if r.code != 0 || !strings.Contains(r.stdout, "request 1 of 2: 0 svc_ids, 100 user_ids") || !strings.Contains(r.stdout, "request 2 of 2: 0 svc_ids, 50 user_ids") {
 		t.Fatal(r)
 	}
 	if n := len(s.Requests()); n != 1 { // the ingest only
 		t.Fatalf("dry run sent %d requests", n-1)
 	}
-	r = runCmd(context.Background(), DeleteUsersMain, delArgs(up, creds, ids)...)
+	r = runCmd(context.Background(), "delete-users", delArgs(up, creds, ids)...)
 	if r.code != 0 || !strings.Contains(r.stdout, "\tstaging\t150 users") {
 		t.Fatal(r)
 	}

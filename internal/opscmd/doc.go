@@ -1,12 +1,15 @@
 // Package opscmd holds the operator commands of `relay` that move data
 // through the upstream's management APIs by hand: export, dsar,
-// delete-users and feedback. Each is a function
+// delete-users and feedback, all run by
 //
-//	XMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
+//	Main(ctx context.Context, name string, args []string, stdout, stderr io.Writer) int
 //
-// that parses its own flags (args excludes the subcommand name) and
+// which parses the command's flags (args excludes the subcommand name) and
 // returns the exit code: 0 done, 1 failed (the reason on stderr; export and
 // dsar can be run again to resume), 2 usage. cmd/relay only dispatches.
+// Each command is a function that registers its own flags and returns its
+// work (exportCmd, dsarCmd, deleteUsersCmd, feedbackCmd); the flow around
+// the work (parsing, credentials, exit codes, progress) is Main's.
 //
 // # Upstream and credentials
 //

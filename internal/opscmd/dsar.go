@@ -5,7 +5,7 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/json"
-	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -19,7 +19,7 @@ import (
 	"github.com/svcrelay/relay/internal/dsar"
 )
 
-// DSARMain is `relay dsar`: it creates a data subject access request for
+// dsarCmd is `relay dsar`: it creates a data subject access request for
 // one user (--user-id or --svc-id) and date range, polls its status
 // (backing off from --poll-initial to --poll-max) until it is done (or
 // failed: exit 1), and downloads every output into --out as
@@ -29,9 +29,7 @@ import (
 // Files already in --out that verify are not downloaded again, so a run
 // given --request-id resumes an earlier one. Addresses are used within
 // their 2-day lifetime: past it the status is fetched again for fresh ones.
-func DSARMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	const cmd = "dsar"
-	fs, c := newFlagSet(cmd, false)
+func dsarCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 	org := fs.String("org", "", "organization of the credentials file (default: the organization of --project)")
 	userID := fs.String("user-id", "", "the user's user_id (or give --svc-id)")
 	svcID := fs.Int64("svc-id", 0, "the user's internal svc_id (or give --user-id)")
@@ -42,51 +40,46 @@ func DSARMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	pollInitial := fs.Duration("poll-initial", 30*time.Second, "first wait between status polls")
 	pollMax := fs.Duration("poll-max", 15*time.Minute, "longest wait between status polls")
 	pollTime := fs.Duration("poll-time", 96*time.Hour, "give up polling after this long (jobs finish within 3 days)")
-	if code, ok := parseFlags(fs, args, stderr); !ok {
-		return code
-	}
-	req := dsar.Request{UserID: *userID, SvcID: *svcID, StartDate: *start, EndDate: *end}
-	if *userID != "" && *svcID != 0 {
-		return usageErr(stderr, cmd, errors.New("give --user-id or --svc-id, not both"))
-	}
-	if err := req.Validate(); err != nil && *requestID == 0 {
-		return usageErr(stderr, cmd, fmt.Errorf("%v (flags --user-id/--svc-id, --start, --end)", err))
-	}
-	if *out == "" {
-		return usageErr(stderr, cmd, errors.New("--out is required"))
-	}
-	if *pollInitial <= 0 || *pollMax < *pollInitial {
-		return usageErr(stderr, cmd, errors.New("want 0 < --poll-initial <= --poll-max"))
-	}
-	if err := c.load(false); err != nil {
-		return usageErr(stderr, cmd, err)
-	}
-	var o *credentials.Organization
-	switch {
-	case *org != "":
-		var ok bool
-		if o, ok = c.store.Organization(*org); !ok {
-			return usageErr(stderr, cmd, fmt.Errorf("--org %q is not in %s", *org, c.credsPath))
+	return func(ctx context.Context, p *progress) error {
+		req := dsar.Request{UserID: *userID, SvcID: *svcID, StartDate: *start, EndDate: *end}
+		if *userID != "" && *svcID != 0 {
+			return usagef("give --user-id or --svc-id, not both")
 		}
-	case c.proj != nil && c.proj.Org() != nil:
-		o = c.proj.Org()
-	default:
-		return usageErr(stderr, cmd, errors.New("give --org, or a --project that an organization of the credentials file lists (DSAR needs the organization's key pair)"))
+		if err := req.Validate(); err != nil && *requestID == 0 {
+			return usagef("%v (flags --user-id/--svc-id, --start, --end)", err)
+		}
+		if err := required(fs, "out"); err != nil {
+			return err
+		}
+		if *pollInitial <= 0 || *pollMax < *pollInitial {
+			return usagef("want 0 < --poll-initial <= --poll-max")
+		}
+		if err := c.load(false); err != nil {
+			return err
+		}
+		var o *credentials.Organization
+		switch {
+		case *org != "":
+			var ok bool
+			if o, ok = c.store.Organization(*org); !ok {
+				return usagef("--org %q is not in %s", *org, c.credsPath)
+			}
+		case c.proj != nil && c.proj.Org() != nil:
+			o = c.proj.Org()
+		default:
+			return usagef("give --org, or a --project that an organization of the credentials file lists (DSAR needs the organization's key pair)")
+		}
+		base, err := c.base(o)
+		if err != nil {
+			return err
+		}
+		if err := os.MkdirAll(*out, 0o755); err != nil {
+			return err
+		}
+		d := &dsarRun{cl: c.newClient(credentials.BasicAuth(o.APIKey, o.SecretKey)), base: base, out: *out,
+			p: p, stdout: stdout, pollInitial: *pollInitial, pollMax: *pollMax, pollTime: *pollTime}
+		return d.run(ctx, req, *requestID)
 	}
-	base, err := c.base(credentials.KindAnalytics, o)
-	if err != nil {
-		return usageErr(stderr, cmd, err)
-	}
-	if err := os.MkdirAll(*out, 0o755); err != nil {
-		return fail(stderr, cmd, err)
-	}
-	d := &dsarRun{cl: c.newClient(credentials.BasicAuth(o.APIKey, o.SecretKey)), base: base, out: *out,
-		p: newProgress(stderr), stdout: stdout, pollInitial: *pollInitial, pollMax: *pollMax, pollTime: *pollTime}
-	if err := d.run(ctx, req, *requestID); err != nil {
-		d.p.done()
-		return fail(stderr, cmd, err)
-	}
-	return exitOK
 }
 
 type dsarRun struct {
@@ -149,10 +142,8 @@ func (d *dsarRun) run(ctx context.Context, req dsar.Request, id int64) error {
 
 // poll polls the status until done (failed is an error), backing off.
 func (d *dsarRun) poll(ctx context.Context, id int64) (dsar.Status, time.Time, error) {
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = d.pollInitial, d.pollMax, d.pollTime
-	bo.Multiplier = 1.5
-	bo.Reset()
+	bo := backoff.NewExponentialBackOff(backoff.WithInitialInterval(d.pollInitial), backoff.WithMaxInterval(d.pollMax),
+		backoff.WithMaxElapsedTime(d.pollTime), backoff.WithMultiplier(1.5))
 	url := d.base + dsar.PathRequests + "/" + strconv.FormatInt(id, 10)
 	for polls := 1; ; polls++ {
 		resp, err := d.cl.do(ctx, http.MethodGet, url, nil)
@@ -176,10 +167,8 @@ func (d *dsarRun) poll(ctx context.Context, id int64) (dsar.Status, time.Time, e
 			return st, time.Time{}, fmt.Errorf("request %d still %q after %v: run again with --request-id %d", id, st.Status, d.pollTime, id)
 		}
 		d.p.logf("request %d: %s (poll %d); next poll in %v", id, st.Status, polls, wait.Round(time.Millisecond))
-		select {
-		case <-ctx.Done():
-			return st, time.Time{}, fmt.Errorf("interrupted: run again with --request-id %d: %w", id, ctx.Err())
-		case <-time.After(wait):
+		if err := sleep(ctx, wait); err != nil {
+			return st, time.Time{}, fmt.Errorf("interrupted: run again with --request-id %d: %w", id, err)
 		}
 	}
 }

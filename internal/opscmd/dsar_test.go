@@ -28,7 +28,7 @@ func TestDSARCommand(t *testing.T) {
 	// The object store fails once: the download is retried.
 	s.Inject(simtest.Fault{Status: 503, PathPrefix: "/objects/"})
 
-	r := runCmd(context.Background(), DSARMain, dsarArgs(up, creds, out, "--user-id", "alice", "--start", "2026-01-01", "--end", "2026-03-31")...)
+	r := runCmd(context.Background(), "dsar", dsarArgs(up, creds, out, "--user-id", "alice", "--start", "2026-01-01", "--end", "2026-03-31")...)
 	if r.code != 0 {
 		t.Fatal(r)
 	}
@@ -44,13 +44,13 @@ func TestDSARCommand(t *testing.T) {
 	}
 	// Resume: the files verify and are not downloaded again.
 	id := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(files[0]), "dsar-"), "-0.json.gz")
-	r = runCmd(context.Background(), DSARMain, dsarArgs(up, creds, out, "--request-id", id)...)
+	r = runCmd(context.Background(), "dsar", dsarArgs(up, creds, out, "--request-id", id)...)
 	if r.code != 0 || strings.Count(r.stderr, "already downloaded") != 2 {
 		t.Fatal(r)
 	}
 	// A damaged file is downloaded again.
 	os.WriteFile(files[1], []byte("not gzip"), 0o644)
-	r = runCmd(context.Background(), DSARMain, dsarArgs(up, creds, out, "--request-id", id)...)
+	r = runCmd(context.Background(), "dsar", dsarArgs(up, creds, out, "--request-id", id)...)
 	if r.code != 0 || strings.Count(r.stderr, "already downloaded") != 1 || strings.Count(r.stderr, "verified") != 1 {
 		t.Fatal(r)
 	}
@@ -63,7 +63,7 @@ func TestDSARCommandFailedJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := t.TempDir()
-	r := runCmd(context.Background(), DSARMain, dsarArgs(up, credsFile(t), out, "--svc-id", "42", "--start", "2026-01-01", "--end", "2026-01-31")...)
+	r := runCmd(context.Background(), "dsar", dsarArgs(up, credsFile(t), out, "--svc-id", "42", "--start", "2026-01-01", "--end", "2026-01-31")...)
 	if r.code != 1 || !strings.Contains(r.stderr, "failed upstream") {
 		t.Fatal(r)
 	}
@@ -81,7 +81,7 @@ func TestDSARCommandUsage(t *testing.T) {
 		{"--credentials", creds, "--org", "nope", "--out", "x", "--user-id", "u", "--start", "2026-01-01", "--end", "2026-01-31"},
 		{"--credentials", creds, "--project", "web", "--user-id", "u", "--start", "2026-01-01", "--end", "2026-01-31"},
 	} {
-		if r := runCmd(context.Background(), DSARMain, args...); r.code != 2 {
+		if r := runCmd(context.Background(), "dsar", args...); r.code != 2 {
 			t.Errorf("%v: %v", args, r)
 		}
 	}
@@ -94,12 +94,12 @@ func TestDSARCreateNotReplayed(t *testing.T) {
 	creds := credsFile(t)
 	args := dsarArgs(up, creds, t.TempDir(), "--user-id", "nobody", "--start", "2026-01-01", "--end", "2026-01-31")
 	s.Inject(simtest.Fault{Drop: sim.DropNoAnswer, PathPrefix: "/api/2/dsar/requests"})
-	r := runCmd(context.Background(), DSARMain, args...)
+	r := runCmd(context.Background(), "dsar", args...)
 	if r.code != 1 || !strings.Contains(r.stderr, "not retried") {
 		t.Fatal(r)
 	}
 	s.Inject(simtest.Fault{Status: 503, PathPrefix: "/api/2/dsar/requests"})
-	r = runCmd(context.Background(), DSARMain, args...)
+	r = runCmd(context.Background(), "dsar", args...)
 	if r.code != 0 || !strings.Contains(r.stderr, "0 files") {
 		t.Fatal(r)
 	}

@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,12 +19,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
-	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/export"
 )
 
-// ExportMain is `relay export`: it exports a project's events for a range
+// exportCmd is `relay export`: it exports a project's events for a range
 // of hours of any length into one zip archive (or JSON lines with --jsonl).
 //
 // The range is cut into pieces of --piece-hours (at most 365 days, the
@@ -35,48 +34,41 @@ import (
 // arguments: finished pieces are never fetched again. At the end the pieces
 // are merged into OUT (zip entries copied without recompressing, or
 // unpacked to one JSON object per line) and the state is removed.
-func ExportMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	const cmd = "export"
-	fs, c := newFlagSet(cmd, false)
+func exportCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 	start := fs.String("start", "", "first hour, YYYYMMDDTHH (UTC); required")
 	end := fs.String("end", "", "last hour included, YYYYMMDDTHH (UTC); required")
 	out := fs.String("out", "", "output file; required (OUT.state.json and OUT.parts/ hold an unfinished run)")
 	jsonl := fs.Bool("jsonl", false, "write JSON lines (one event per line) instead of a zip archive")
 	pieceHours := fs.Int("piece-hours", 24, "hours per request (1 to 8760); smaller pieces resume at a finer grain")
-	if code, ok := parseFlags(fs, args, stderr); !ok {
-		return code
-	}
-	s, err1 := time.Parse(export.HourFormat, *start)
-	e, err2 := time.Parse(export.HourFormat, *end)
-	switch {
-	case err1 != nil || err2 != nil:
-		return usageErr(stderr, cmd, errors.New("--start and --end are required, as YYYYMMDDTHH (UTC)"))
-	case e.Before(s):
-		return usageErr(stderr, cmd, errors.New("--end is before --start"))
-	case *out == "":
-		return usageErr(stderr, cmd, errors.New("--out is required"))
-	case *pieceHours < 1 || *pieceHours > int(export.MaxRange/time.Hour):
-		return usageErr(stderr, cmd, fmt.Errorf("--piece-hours must be 1 to %d", int(export.MaxRange/time.Hour)))
-	}
-	cl, base, err := c.projectClient(credentials.KindAnalytics)
-	if err != nil {
-		return usageErr(stderr, cmd, err)
-	}
-	x := &exporter{
-		cl: cl, base: base, out: *out,
-		whole: export.Range{Start: s, End: e}, pieceHours: *pieceHours, jsonl: *jsonl,
-		p: newProgress(stderr), stdout: stdout,
-	}
-	x.state = exportState{Version: 1, Project: c.project, Start: *start, End: *end, JSONL: *jsonl}
-	if err := x.run(ctx); err != nil {
-		x.p.done()
-		if ctx.Err() != nil {
-			fmt.Fprintf(stderr, "relay export: interrupted; %d pieces are done: run the same command again to resume\n", len(x.state.Pieces))
-			return exitFailure
+	return func(ctx context.Context, p *progress) error {
+		s, err1 := time.Parse(export.HourFormat, *start)
+		e, err2 := time.Parse(export.HourFormat, *end)
+		switch {
+		case err1 != nil || err2 != nil:
+			return usagef("--start and --end are required, as YYYYMMDDTHH (UTC)")
+		case e.Before(s):
+			return usagef("--end is before --start")
+		case *out == "":
+			return usagef("--out is required")
+		case *pieceHours < 1 || *pieceHours > int(export.MaxRange/time.Hour):
+			return usagef("--piece-hours must be 1 to %d", int(export.MaxRange/time.Hour))
 		}
-		return fail(stderr, cmd, err)
+		cl, base, err := c.projectClient()
+		if err != nil {
+			return err
+		}
+		x := &exporter{
+			cl: cl, base: base, out: *out,
+			whole: export.Range{Start: s, End: e}, pieceHours: *pieceHours, jsonl: *jsonl,
+			p: p, stdout: stdout,
+		}
+		x.state = exportState{Version: 1, Project: c.project, Start: *start, End: *end, JSONL: *jsonl}
+		err = x.run(ctx)
+		if err != nil && ctx.Err() != nil {
+			return fmt.Errorf("interrupted; %d pieces are done: run the same command again to resume", len(x.state.Pieces))
+		}
+		return err
 	}
-	return exitOK
 }
 
 // exportState is OUT.state.json.
@@ -249,9 +241,7 @@ func (x *exporter) todo() []export.Range {
 // fetchRetrying is fetch, tried again (up to 5 times, backing off) when the
 // archive's body was cut or arrived damaged.
 func (x *exporter) fetchRetrying(ctx context.Context, r export.Range) (donePiece, int, error) {
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = x.cl.c.retryInitial, x.cl.c.retryMax, 0
-	bo.Reset()
+	bo := x.cl.c.backOff(0)
 	for attempt := 1; ; attempt++ {
 		d, status, err := x.fetch(ctx, r)
 		var be *bodyError
@@ -260,10 +250,8 @@ func (x *exporter) fetchRetrying(ctx context.Context, r export.Range) (donePiece
 		}
 		wait := bo.NextBackOff()
 		x.p.logf("piece %s: %v; fetching it again in %v", r, err, wait.Round(time.Millisecond))
-		select {
-		case <-ctx.Done():
-			return d, 0, ctx.Err()
-		case <-time.After(wait):
+		if err := sleep(ctx, wait); err != nil {
+			return d, 0, err
 		}
 	}
 }

@@ -62,7 +62,7 @@ func TestExportSplitsAndMerges(t *testing.T) {
 	}
 	creds, dir := credsFile(t), t.TempDir()
 	zipOut := filepath.Join(dir, "out.zip")
-	r := runCmd(ctx, ExportMain, exportArgs(up, creds, zipOut)...)
+	r := runCmd(ctx, "export", exportArgs(up, creds, zipOut)...)
 	if r.code != 0 || !strings.Contains(r.stderr, "refused with 400") || !strings.Contains(r.stderr, "no data (404)") {
 		t.Fatal(r)
 	}
@@ -86,7 +86,7 @@ func TestExportSplitsAndMerges(t *testing.T) {
 	t.Logf("requests: %d, statuses %v", len(log), statuses)
 
 	jsonOut := filepath.Join(dir, "out.jsonl")
-	r = runCmd(ctx, ExportMain, exportArgs(up, creds, jsonOut, "--jsonl")...)
+	r = runCmd(ctx, "export", exportArgs(up, creds, jsonOut, "--jsonl")...)
 	b, _ := os.ReadFile(jsonOut)
 	if r.code != 0 || eventTypes(t, string(b)) != "a,b,c" {
 		t.Fatalf("%v\n%s", r, b)
@@ -96,12 +96,12 @@ func TestExportSplitsAndMerges(t *testing.T) {
 	}
 	// A single hour still refused cannot be split: a clear failure.
 	ctl.SetExport(ctx, sim.ExportConfig{MaxBytes: 10})
-	r = runCmd(ctx, ExportMain, exportArgs(up, creds, filepath.Join(dir, "x.zip"))...)
+	r = runCmd(ctx, "export", exportArgs(up, creds, filepath.Join(dir, "x.zip"))...)
 	if r.code != 1 || !strings.Contains(r.stderr, "object-storage export") {
 		t.Fatal(r)
 	}
 	// Usage errors.
-	if r := runCmd(ctx, ExportMain, "--credentials", creds, "--project", "web", "--start", "20260301T00", "--end", "20260201T00", "--out", "x"); r.code != 2 {
+	if r := runCmd(ctx, "export", "--credentials", creds, "--project", "web", "--start", "20260301T00", "--end", "20260201T00", "--out", "x"); r.code != 2 {
 		t.Fatal(r)
 	}
 }
@@ -133,7 +133,7 @@ func TestExportResumes(t *testing.T) {
 			}
 		}
 	}()
-	r := runCmd(ctx, ExportMain, args...)
+	r := runCmd(ctx, "export", args...)
 	close(stop)
 	if r.code != 1 || !strings.Contains(r.stderr, "interrupted") {
 		t.Fatalf("first run: %v", r)
@@ -160,7 +160,7 @@ func TestExportResumes(t *testing.T) {
 	}
 
 	s.SetLatency(0)
-	r = runCmd(context.Background(), ExportMain, args...)
+	r = runCmd(context.Background(), "export", args...)
 	if r.code != 0 || !strings.Contains(r.stderr, "resuming") {
 		t.Fatalf("second run: %v", r)
 	}
@@ -176,7 +176,7 @@ func TestExportResumes(t *testing.T) {
 	}
 	got, _ := os.ReadFile(out)
 	full := filepath.Join(dir, "full.jsonl")
-	if r := runCmd(context.Background(), ExportMain, exportArgs(up, creds, full, "--jsonl", "--piece-hours", "2")...); r.code != 0 {
+	if r := runCmd(context.Background(), "export", exportArgs(up, creds, full, "--jsonl", "--piece-hours", "2")...); r.code != 0 {
 		t.Fatal(r)
 	}
 	want, _ := os.ReadFile(full)
@@ -185,7 +185,7 @@ func TestExportResumes(t *testing.T) {
 	}
 	// A state file of other arguments is refused.
 	os.WriteFile(out+".state.json", []byte(`{"version":1,"project":"web","start":"20200101T00","end":"20200101T01"}`), 0o644)
-	if r := runCmd(context.Background(), ExportMain, args...); r.code != 1 || !strings.Contains(r.stderr, "another run") {
+	if r := runCmd(context.Background(), "export", args...); r.code != 1 || !strings.Contains(r.stderr, "another run") {
 		t.Fatal(r)
 	}
 	_ = io.Discard
@@ -203,7 +203,7 @@ func TestExportRefetchesACutPiece(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "out.zip")
 	args := append([]string{"--credentials", credsFile(t), "--project", "web", "--analytics-url", up,
 		"--start", "20260101T00", "--end", "20260101T00", "--out", out}, fastRetry...)
-	r := runCmd(context.Background(), ExportMain, args...)
+	r := runCmd(context.Background(), "export", args...)
 	if r.code != 0 || !strings.Contains(r.stderr, "was cut after") || !strings.Contains(r.stderr, "fetching it again") {
 		t.Fatal(r)
 	}
@@ -253,11 +253,11 @@ func TestCommandsUseProjectOverride(t *testing.T) {
 	os.WriteFile(creds, []byte("projects:\n  - name: eu\n    api_key: \"proj\"\n    secret_key: \"s\"\n    feedback_url: \""+up+"\"\n"), 0o600)
 	items := filepath.Join(t.TempDir(), "items.jsonl")
 	os.WriteFile(items, []byte(`{"unique_id":"a","body":"b"}`+"\n"), 0o644)
-	r := runCmd(context.Background(), FeedbackMain, "--credentials", creds, "--project", "eu", "--source", "s", "--file", items)
+	r := runCmd(context.Background(), "feedback", "--credentials", creds, "--project", "eu", "--source", "s", "--file", items)
 	if r.code != 0 || !strings.Contains(r.stderr, "1 items ingested") {
 		t.Fatal(r)
 	}
-	r = runCmd(context.Background(), ExportMain, "--credentials", creds, "--project", "eu", "--start", "20260101T00", "--end", "20260101T00", "--out", filepath.Join(t.TempDir(), "x"))
+	r = runCmd(context.Background(), "export", "--credentials", creds, "--project", "eu", "--start", "20260101T00", "--end", "20260101T00", "--out", filepath.Join(t.TempDir(), "x"))
 	if r.code != 2 || !strings.Contains(r.stderr, "--analytics-url") {
 		t.Fatal(r)
 	}

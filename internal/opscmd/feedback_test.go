@@ -26,7 +26,7 @@ func TestFeedbackCommand(t *testing.T) {
 	os.WriteFile(file, []byte(strings.Join(lines, "\n")), 0o644)
 	args := append([]string{"--credentials", credsFile(t), "--project", "web", "--feedback-url", up, "--source", "src-1", "--file", file}, fastRetry...)
 
-	r := runCmd(context.Background(), FeedbackMain, args...)
+	r := runCmd(context.Background(), "feedback", args...)
 	if r.code != 1 {
 		t.Fatal(r)
 	}
@@ -52,7 +52,7 @@ func TestFeedbackCommand(t *testing.T) {
 		t.Errorf("%d requests, want 3 (100 + 100 + 29 items)", posts)
 	}
 	// Sending again upserts: still 228 items, each updated twice.
-	runCmd(context.Background(), FeedbackMain, args...)
+	runCmd(context.Background(), "feedback", args...)
 	items, _ = (&simtest.Control{Base: up}).FeedbackItems(context.Background(), "proj", "src-1")
 	if len(items) != 228 || items[0].Updates != 2 {
 		t.Fatalf("after resend: %d items, updates %d", len(items), items[0].Updates)
@@ -68,7 +68,7 @@ func TestFeedbackCommandChunksBySize(t *testing.T) {
 	}
 	file := filepath.Join(t.TempDir(), "items.jsonl")
 	os.WriteFile(file, []byte(strings.Join(lines, "\n")+"\n"), 0o644)
-	r := runCmd(context.Background(), FeedbackMain, append([]string{"--credentials", credsFile(t), "--project", "web",
+	r := runCmd(context.Background(), "feedback", append([]string{"--credentials", credsFile(t), "--project", "web",
 		"--feedback-url", up, "--source", "s", "--file", file}, fastRetry...)...)
 	// The sim refuses bodies over 10,000 characters item by item; what
 	// matters here is that no request went over 5 MB (413).

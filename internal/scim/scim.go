@@ -19,12 +19,13 @@
 // PatchOp schema or whose Operations are not add/remove on "members" with
 // values [{value: email}] (400).
 //
-// Client-side limit: at most Config.RateLimit requests per Config.Window per
-// organization (the injected organization, or for pass-through calls the
-// caller's bearer token, kept as a hash), counted from each call's answer
-// (see internal/ratelimit). A call whose turn is further than Config.MaxWait
-// gets a local 429 with Retry-After; an upstream 429 is passed back with its
-// Retry-After, and holds that organization's further calls back for it
+// Client-side limit: at most Rate requests per Window per organization
+// (the injected organization, or for pass-through calls the caller's
+// bearer token, kept as a hash), counted from each call's answer (see
+// internal/ratelimit; forward.APIConfig.Limit changes the figures: its
+// Limit is the rate). A call whose turn is further than MaxWait (10 s)
+// gets a local 429 with Retry-After; an upstream 429 is passed back with
+// its Retry-After, and holds that organization's further calls back for it
 // (clamped to 1 s .. Window): they wait, or get a local 429 when that is
 // further than MaxWait.
 package scim
@@ -45,56 +46,20 @@ import (
 // Limits of the document.
 const (
 	MaxItemsPerPage = 100
-	DefaultRate     = 100
-	DefaultWindow   = time.Minute
-	DefaultMaxWait  = 10 * time.Second
+	Rate            = 100
+	Window          = time.Minute
 	PatchOpSchema   = "urn:ietf:params:scim:api:messages:2.0:PatchOp"
 	ErrorSchema     = "urn:ietf:params:scim:api:messages:2.0:Error"
 	rootUsers       = "/scim/1/Users"
 	rootGroups      = "/scim/1/Groups"
 )
 
-// Config configures the SCIM routes.
-type Config struct {
-	// URL is --scim-url, the upstream base; "" means none (only projects or
-	// organizations with a scim_url can be served).
-	URL string
-	// RateLimit is the requests allowed per Window per organization; 0
-	// means DefaultRate (the document's 100 per minute).
-	RateLimit int
-	// Window is the rate window; 0 means DefaultWindow.
-	Window time.Duration
-	// MaxWait is the longest a call waits for its turn before it is
-	// answered 429 locally; 0 means DefaultMaxWait, negative means never
-	// wait.
-	MaxWait time.Duration
-}
-
-// Validate reports a configuration that cannot work.
-func (c Config) Validate() error {
-	if c.RateLimit < 0 || c.Window < 0 {
-		return fmt.Errorf("scim: negative RateLimit or Window")
-	}
-	return nil
-}
-
-// API returns the SCIM API as forward data: base cfg.URL, the
-// organization's scim_token as Bearer, the SCIM error format, the
-// client-side limit of cfg and the routes of the document's table with
-// their checks.
-func API(cfg Config) (forward.API, error) {
-	if err := cfg.Validate(); err != nil {
-		return forward.API{}, err
-	}
-	if cfg.RateLimit == 0 {
-		cfg.RateLimit = DefaultRate
-	}
-	if cfg.Window == 0 {
-		cfg.Window = DefaultWindow
-	}
-	if cfg.MaxWait == 0 {
-		cfg.MaxWait = DefaultMaxWait
-	}
+// API returns the SCIM API as forward data: base cfg.URL (--scim-url),
+// the organization's scim_token as Bearer, the SCIM error format, the
+// client-side limit (Rate per Window, as cfg changes it) and the routes of
+// the document's table with their checks.
+func API(cfg forward.APIConfig) forward.API {
+	lim := cfg.Over(ratelimit.Config{Name: "scim", Limit: Rate, Window: Window})
 	const get, post, put, patch, del = http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete
 	r := func(method, path string, c check, body bool) forward.Route {
 		rt := forward.Route{Method: method, Path: path, Check: c}
@@ -108,8 +73,8 @@ func API(cfg Config) (forward.API, error) {
 			Scheme: forward.SchemeSCIMBearer},
 		Errors: WriteError,
 		Limits: []forward.Limit{{
-			Config: ratelimit.Config{Name: "scim", Limit: cfg.RateLimit, Window: cfg.Window, MaxWait: cfg.MaxWait},
-			Says:   fmt.Sprintf("%d requests per %v per organization", cfg.RateLimit, cfg.Window),
+			Config: lim,
+			Says:   fmt.Sprintf("%d requests per %v per organization", lim.Limit, lim.Window),
 		}},
 		Routes: []forward.Route{
 			r(get, rootUsers, checkPage, false),
@@ -124,7 +89,7 @@ func API(cfg Config) (forward.API, error) {
 			r(patch, rootGroups+"/{id}", checkPatch, true),
 			r(del, rootGroups+"/{id}", checkGroupID, false),
 		},
-	}, nil
+	}
 }
 
 // WriteError writes a local answer in the SCIM error format, with

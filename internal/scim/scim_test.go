@@ -12,21 +12,16 @@ import (
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/forward"
 	ft "github.com/svcrelay/relay/internal/forward/forwardtest"
+	"github.com/svcrelay/relay/internal/ratelimit"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 )
 
-func start(t *testing.T, cfg Config) (*ft.Env, string) {
+// start serves the API with its limit changed by lim, on a simulator.
+func start(t *testing.T, lim ratelimit.Config) (*ft.Env, string) {
 	t.Helper()
 	env := ft.Start(t, forward.Config{})
-	if cfg.URL == "" {
-		cfg.URL = env.SimURL
-	}
-	a, err := API(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return env, ft.Serve(t, env.Routes(t, a))
+	return env, ft.Serve(t, env.Routes(t, API(forward.APIConfig{URL: env.SimURL, Limit: lim})))
 }
 
 func userBody(email string) string {
@@ -41,7 +36,7 @@ func patchBody(op, email string) string {
 // TestEveryEndpoint walks every endpoint of the document's table through
 // the relay to the simulator and back, with injected credentials.
 func TestEveryEndpoint(t *testing.T) {
-	env, relay := start(t, Config{})
+	env, relay := start(t, ratelimit.Config{})
 	steps := []struct {
 		method, path, body string
 		status             int
@@ -76,7 +71,7 @@ func TestEveryEndpoint(t *testing.T) {
 
 // TestLocalValidation: each refused locally with 400 and the sim sees nothing.
 func TestLocalValidation(t *testing.T) {
-	env, relay := start(t, Config{})
+	env, relay := start(t, ratelimit.Config{})
 	for _, c := range []struct{ name, method, path, body string }{
 		{"itemsPerPage above 100", "GET", "/scim/1/Users?itemsPerPage=101", ""},
 		{"itemsPerPage not a number", "GET", "/scim/1/Users?itemsPerPage=ten", ""},
@@ -125,7 +120,7 @@ func TestLocalValidation(t *testing.T) {
 }
 
 func TestPassThroughAndInjected(t *testing.T) {
-	env, relay := start(t, Config{})
+	env, relay := start(t, ratelimit.Config{})
 	// Pass-through: the caller's own token reaches the sim untouched, the
 	// admin token does not.
 	r := ft.Do(t, "GET", relay+"/scim/1/Users", "", ft.PassThrough("Bearer "+ft.SCIMToken)...)
@@ -172,7 +167,7 @@ func TestPassThroughAndInjected(t *testing.T) {
 // caller gets the upstream's answer or a local 429 with Retry-After.
 func TestBurstStaysUnderRate(t *testing.T) {
 	const window = time.Second
-	env, relay := start(t, Config{RateLimit: 100, Window: window, MaxWait: 1500 * time.Millisecond})
+	env, relay := start(t, ratelimit.Config{Limit: 100, Window: window, MaxWait: 1500 * time.Millisecond})
 	env.Sim.SetSCIMRate(100, window)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -217,13 +212,13 @@ func TestBurstStaysUnderRate(t *testing.T) {
 }
 
 func TestLimitRefusesAtOnceAndUpstream429PassesBack(t *testing.T) {
-	env, relay := start(t, Config{RateLimit: 3, Window: time.Hour})
+	env, relay := start(t, ratelimit.Config{Limit: 3, Window: time.Hour})
 	env.Sim.SetSCIMRate(2, time.Hour)
 	var got []int
 	for range 4 {
 		t0 := time.Now()
 		r := ft.Do(t, "GET", relay+"/scim/1/Groups", "", ft.Injected()...)
-		if time.Since(t0) > DefaultMaxWait/2 { // a call that waited for its turn would take MaxWait
+		if time.Since(t0) > ratelimit.DefaultMaxWait/2 { // a call that waited for its turn would take MaxWait
 			t.Errorf("call waited %v", time.Since(t0))
 		}
 		got = append(got, r.Status)
@@ -251,12 +246,8 @@ func TestRegionBase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := API(Config{URL: env.SimURL})
-	if err != nil {
-		t.Fatal(err)
-	}
 	fwd := ft.Forwarder(t, forward.Config{}, creds)
-	rs, err := fwd.Routes(a)
+	rs, err := fwd.Routes(API(forward.APIConfig{URL: env.SimURL}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,11 +261,12 @@ func TestRegionBase(t *testing.T) {
 }
 
 func TestConfig(t *testing.T) {
-	if (Config{RateLimit: -1}).Validate() == nil || (Config{Window: -1}).Validate() == nil {
+	bad := forward.APIConfig{Limit: ratelimit.Config{Window: -1}}
+	if bad.Validate() == nil {
 		t.Error("negative accepted")
 	}
-	if _, err := API(Config{Window: -1}); err == nil {
-		t.Error("API accepted a bad Config")
+	if _, err := ft.Forwarder(t, forward.Config{}, nil).Routes(API(bad)); err == nil {
+		t.Error("Routes accepted a bad Config")
 	}
 	for e, ok := range map[string]bool{"a@b.co": true, "A.B+c@x.y.z": true, "a@b": false, "@b.co": false,
 		"a b@c.de": false, "a@@b.co": false, "a@b..co": false, "": false, "<a@b.co>": false} {

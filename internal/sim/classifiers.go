@@ -59,8 +59,8 @@ func (c *simClassifier) view() map[string]any {
 func (s *Sim) registerClassifiers() {
 	st := s.mgmt()
 	st.cls = &clsState{byKey: map[string]map[string]*simClassifier{}}
-	r := func(pattern string, f func(m map[string]*simClassifier, w *mgWriter, q *mgRequest)) {
-		s.mgmtRoute("classifier", pattern, authBasic, clsMaxBody, func(w *mgWriter, q *mgRequest) {
+	r := func(pattern string, f func(m map[string]*simClassifier, w *statusWriter, q *mgRequest)) {
+		s.mgmtRoute("classifier", pattern, authBasic, clsMaxBody, func(w *statusWriter, q *mgRequest) {
 			st.mu.Lock()
 			defer st.mu.Unlock()
 			m := st.cls.byKey[q.account]
@@ -71,13 +71,13 @@ func (s *Sim) registerClassifiers() {
 			f(m, w, q)
 		})
 	}
-	fail := func(w *mgWriter, status int, msg string) { writeJSON(w, status, map[string]any{"error": msg}) }
+	fail := func(w *statusWriter, status int, msg string) { writeJSON(w, status, map[string]any{"error": msg}) }
 	type body struct {
 		DisplayName *string         `json:"displayName"`
 		Description *string         `json:"description"`
 		Def         json.RawMessage `json:"csvDefinition"`
 	}
-	parse := func(w *mgWriter, q *mgRequest) (*body, map[string]any) {
+	parse := func(w *statusWriter, q *mgRequest) (*body, map[string]any) {
 		var b body
 		if err := json.Unmarshal(q.body, &b); err != nil {
 			fail(w, http.StatusBadRequest, "body is not a JSON object")
@@ -105,7 +105,7 @@ func (s *Sim) registerClassifiers() {
 		}
 		return &b, def
 	}
-	r("GET /api/2/channel-classifiers", func(m map[string]*simClassifier, w *mgWriter, q *mgRequest) {
+	r("GET /api/2/channel-classifiers", func(m map[string]*simClassifier, w *statusWriter, q *mgRequest) {
 		names := make([]string, 0, len(m))
 		for n := range m {
 			names = append(names, n)
@@ -117,7 +117,7 @@ func (s *Sim) registerClassifiers() {
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"channelClassifiers": out})
 	})
-	r("GET /api/2/channel-classifiers/{name}", func(m map[string]*simClassifier, w *mgWriter, q *mgRequest) {
+	r("GET /api/2/channel-classifiers/{name}", func(m map[string]*simClassifier, w *statusWriter, q *mgRequest) {
 		c := m[q.r.PathValue("name")]
 		if c == nil {
 			fail(w, http.StatusNotFound, "classifier not found")
@@ -125,7 +125,7 @@ func (s *Sim) registerClassifiers() {
 		}
 		writeJSON(w, http.StatusOK, c.view())
 	})
-	r("POST /api/2/channel-classifiers/{name}", func(m map[string]*simClassifier, w *mgWriter, q *mgRequest) {
+	r("POST /api/2/channel-classifiers/{name}", func(m map[string]*simClassifier, w *statusWriter, q *mgRequest) {
 		name := q.r.PathValue("name")
 		if !validClassifierName(name) {
 			fail(w, http.StatusBadRequest, "name may hold letters, digits, underscores and hyphens only")
@@ -149,7 +149,7 @@ func (s *Sim) registerClassifiers() {
 		m[name] = c
 		writeJSON(w, http.StatusOK, map[string]any{"status": "created", "name": name})
 	})
-	r("PATCH /api/2/channel-classifiers/{name}", func(m map[string]*simClassifier, w *mgWriter, q *mgRequest) {
+	r("PATCH /api/2/channel-classifiers/{name}", func(m map[string]*simClassifier, w *statusWriter, q *mgRequest) {
 		name := q.r.PathValue("name")
 		b, def := parse(w, q)
 		if b == nil {

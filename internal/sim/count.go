@@ -36,37 +36,21 @@ func (s *Sim) Counted() int64 { return s.counted.Load() }
 // count, never a panic).
 func CountEvents(body []byte) int {
 	depth := 0
-	inStr := false
-	keyStart := -1
 	lastKey := ""
 	inEvents := false
 	n := 0
 	sawValue := false
 	for i := 0; i < len(body); i++ {
-		c := body[i]
-		if inStr {
-			switch c {
-			case '\\':
-				i++
-			case '"':
-				inStr = false
-				if depth == 1 && keyStart >= 0 {
-					lastKey = string(body[keyStart:i])
-				}
-			}
-			continue
-		}
-		switch c {
+		switch c := body[i]; c {
 		case '"':
-			inStr = true
-			if depth == 1 && !inEvents {
-				keyStart = i + 1
-			} else {
-				keyStart = -1
+			end := stringEnd(body, i)
+			if depth == 1 && !inEvents && end < len(body) {
+				lastKey = string(body[i+1 : end])
 			}
 			if inEvents && depth == 2 {
 				sawValue = true
 			}
+			i = end
 		case '{', '[':
 			if depth == 1 && c == '[' && lastKey == "events" {
 				inEvents = true
@@ -98,4 +82,18 @@ func CountEvents(body []byte) int {
 		}
 	}
 	return n
+}
+
+// stringEnd returns the index of the quote that closes the JSON string
+// opening at b[i], or len(b) when it is not closed.
+func stringEnd(b []byte, i int) int {
+	for i++; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			i++
+		case '"':
+			return i
+		}
+	}
+	return len(b)
 }

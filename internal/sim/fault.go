@@ -107,6 +107,37 @@ func (s *Sim) takeFault(path string) (latency time.Duration, f Fault, ok bool, d
 	return s.cfg.Faults.Take(path)
 }
 
+// faulted applies what the Faults seam gives r's path (after its latency):
+// a down state or a fault is answered (through sw, or by closing w's
+// connection) and faulted is true; else the route serves r through sw.
+// With cutMid, a DropMidResponse fault is served and cut after 64 KiB by
+// sw; without, it is a drop like the others.
+func (s *Sim) faulted(w http.ResponseWriter, r *http.Request, sw *statusWriter, rec *Record, cutMid bool) bool {
+	latency, f, hasFault, down := s.takeFault(r.URL.Path)
+	sleepCtx(r.Context(), latency+f.Latency)
+	switch {
+	case down == DownRefuse || down == DownClose:
+		rec.Fault = "down-" + string(down)
+		hijackClose(w)
+	case down == Down503:
+		rec.Fault = "down-503"
+		writeFault(sw, Fault{Status: http.StatusServiceUnavailable})
+	case hasFault && f.Drop == DropMidResponse && cutMid:
+		rec.Fault = "drop-" + string(f.Drop)
+		sw.cutAfter = 64 << 10
+		return false
+	case hasFault && f.Drop != DropNone:
+		rec.Fault = "drop-" + string(f.Drop)
+		hijackClose(w)
+	case hasFault && f.Status != 0:
+		rec.Fault = "status"
+		writeFault(sw, f)
+	default:
+		return false
+	}
+	return true
+}
+
 func sleepCtx(ctx context.Context, d time.Duration) {
 	if d <= 0 {
 		return

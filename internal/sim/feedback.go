@@ -262,27 +262,8 @@ type apiHandler func(w http.ResponseWriter, r *http.Request, key string)
 func (s *Sim) apiRoute(pattern string, h apiHandler) {
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		rec := s.newRecord(r)
-		latency, f, hasFault, down := s.takeFault(r.URL.Path)
-		sleepCtx(r.Context(), latency+f.Latency)
 		sw := &statusWriter{ResponseWriter: w}
-		switch {
-		case down == DownRefuse || down == DownClose:
-			rec.Fault = "down-" + string(down)
-			hijackClose(w)
-		case down == Down503:
-			rec.Fault = "down-503"
-			writeFault(sw, Fault{Status: http.StatusServiceUnavailable})
-		case hasFault && f.Drop != DropNone && f.Drop != DropMidResponse:
-			rec.Fault = "drop-" + string(f.Drop)
-			hijackClose(w)
-		case hasFault && f.Drop == DropMidResponse:
-			rec.Fault = "drop-" + string(f.Drop)
-			sw.cutAfter = 64 << 10
-			s.serveAPI(sw, r, rec, h)
-		case hasFault && f.Status != 0:
-			rec.Fault = "status"
-			writeFault(sw, f)
-		default:
+		if !s.faulted(w, r, sw, rec, true) {
 			s.serveAPI(sw, r, rec, h)
 		}
 		rec.Status = sw.status
@@ -320,8 +301,9 @@ func (s *Sim) serveAPI(w *statusWriter, r *http.Request, rec *Record, h apiHandl
 	h(w, r, key)
 }
 
-// statusWriter records the status; with cutAfter > 0 it closes the
-// connection once that many body bytes were written (DropMidResponse).
+// statusWriter records an answer's status (management APIs, feedback);
+// with cutAfter > 0 it closes the connection once that many body bytes
+// were written (DropMidResponse).
 type statusWriter struct {
 	http.ResponseWriter
 	status   int

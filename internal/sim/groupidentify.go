@@ -130,6 +130,37 @@ func formParams(r *http.Request, in *incoming) url.Values {
 	return v
 }
 
+// formItems checks what the two form endpoints share: apiKey (given and
+// valid) and the field name holding value, a JSON array of 1 to most
+// objects. On the first failure it answers 400 with the upstream's text
+// (tooMany for more than most objects) and returns false.
+func (s *Sim) formItems(w http.ResponseWriter, in *incoming, apiKey, name, value string, most int, tooMany string) ([]json.RawMessage, bool) {
+	fail := func(b errBody) ([]json.RawMessage, bool) {
+		b.Code = 400
+		writeJSON(w, http.StatusBadRequest, b)
+		return nil, false
+	}
+	if apiKey == "" {
+		return fail(errBody{Error: ErrTextMissingField, MissingField: "api_key"})
+	}
+	in.Rec.KeyLabel = KeyLabel(apiKey)
+	if !s.validKey(apiKey) {
+		return fail(errBody{Error: ErrTextInvalidAPIKey})
+	}
+	if value == "" {
+		return fail(errBody{Error: ErrTextMissingField, MissingField: name})
+	}
+	raws, ok := jsonObjects(value)
+	in.Rec.Events = len(raws)
+	switch {
+	case !ok || len(raws) == 0:
+		return fail(errBody{Error: ErrTextInvalidJSON})
+	case len(raws) > most:
+		return fail(errBody{Error: tooMany})
+	}
+	return raws, true
+}
+
 // describeForm fills the log record of a form request (key label, item count).
 func describeForm(in *incoming, field string) {
 	v, _ := url.ParseQuery(string(in.Body))
@@ -159,44 +190,16 @@ func jsonObjects(v string) ([]json.RawMessage, bool) {
 }
 
 func (s *Sim) serveGroupIdentify(st *giState, w http.ResponseWriter, r *http.Request, in *incoming) {
-	if r.Method != http.MethodPost {
-		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidPath})
-		return
-	}
-	if in.TooLarge {
-		writeJSON(w, http.StatusRequestEntityTooLarge, errBody{Code: 413, Error: ErrTextTooLarge})
-		return
-	}
-	if in.BadEncoding {
-		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidJSON})
+	if refuseIngest(w, r, in) {
 		return
 	}
 	form := formParams(r, in)
 	apiKey := form.Get("api_key")
-	if apiKey == "" {
-		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextMissingField, MissingField: "api_key"})
-		return
-	}
-	in.Rec.KeyLabel = KeyLabel(apiKey)
-	if !s.validKey(apiKey) {
-		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidAPIKey})
-		return
-	}
-	if form.Get("identification") == "" {
-		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextMissingField, MissingField: "identification"})
-		return
-	}
-	raws, ok := jsonObjects(form.Get("identification"))
-	in.Rec.Events = len(raws)
-	if !ok || len(raws) == 0 {
-		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidJSON})
+	raws, ok := s.formItems(w, in, apiKey, "identification", form.Get("identification"), MaxGroupIdentifies, ErrTextInvalidGroupIdentify)
+	if !ok {
 		return
 	}
 	invalid := func() { writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidGroupIdentify}) }
-	if len(raws) > MaxGroupIdentifies {
-		invalid()
-		return
-	}
 	type parsed struct {
 		GroupType       any                        `json:"group_type"`
 		GroupValue      any                        `json:"group_value"`

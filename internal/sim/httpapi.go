@@ -16,17 +16,25 @@ func (s *Sim) registerHTTPAPI() {
 	s.route("/batch", h)
 }
 
-func (s *Sim) serveHTTPAPI(w http.ResponseWriter, r *http.Request, in *incoming) {
-	if r.Method != http.MethodPost {
+// refuseIngest answers what every ingest endpoint refuses before reading
+// the body (not a POST, too large, a body that does not decode) and
+// reports whether it did.
+func refuseIngest(w http.ResponseWriter, r *http.Request, in *incoming) bool {
+	switch {
+	case r.Method != http.MethodPost:
 		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidPath})
-		return
-	}
-	if in.TooLarge {
+	case in.TooLarge:
 		writeJSON(w, http.StatusRequestEntityTooLarge, errBody{Code: 413, Error: ErrTextTooLarge})
-		return
-	}
-	if in.BadEncoding {
+	case in.BadEncoding:
 		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidJSON})
+	default:
+		return false
+	}
+	return true
+}
+
+func (s *Sim) serveHTTPAPI(w http.ResponseWriter, r *http.Request, in *incoming) {
+	if refuseIngest(w, r, in) {
 		return
 	}
 	env, verr := validate(in.Body, s.validKey, s.cfg.MaxEvents)

@@ -163,26 +163,6 @@ func (s *Sim) MgmtCalls() []MgmtCall {
 	return append([]MgmtCall(nil), st.calls...)
 }
 
-// mgWriter records the status of an answer.
-type mgWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (w *mgWriter) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *mgWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
 // mgRequest is what a management handler gets.
 type mgRequest struct {
 	r       *http.Request
@@ -191,7 +171,7 @@ type mgRequest struct {
 	call    *MgmtCall
 }
 
-type mgHandler func(w *mgWriter, q *mgRequest)
+type mgHandler func(w *statusWriter, q *mgRequest)
 
 // mgmtRoute registers pattern ("METHOD /path/{x}") for api.
 func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgHandler) {
@@ -203,23 +183,8 @@ func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgH
 			call.Headers = append(call.Headers, k)
 		}
 		slices.Sort(call.Headers)
-		latency, f, hasFault, down := s.takeFault(r.URL.Path)
-		sleepCtx(r.Context(), latency+f.Latency)
-		mw := &mgWriter{ResponseWriter: w}
-		switch {
-		case down == DownRefuse || down == DownClose:
-			rec.Fault = "down-" + string(down)
-			hijackClose(w)
-		case down == Down503:
-			rec.Fault = "down-503"
-			writeFault(mw, Fault{Status: http.StatusServiceUnavailable})
-		case hasFault && f.Drop != DropNone:
-			rec.Fault = "drop-" + string(f.Drop)
-			hijackClose(w)
-		case hasFault && f.Status != 0:
-			rec.Fault = "status"
-			writeFault(mw, f)
-		default:
+		mw := &statusWriter{ResponseWriter: w}
+		if !s.faulted(w, r, mw, rec, false) {
 			s.serveMgmt(st, mw, r, call, auth, maxBody, h)
 		}
 		rec.Status = mw.status
@@ -236,7 +201,7 @@ func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgH
 	})
 }
 
-func (s *Sim) serveMgmt(st *mgmtState, w *mgWriter, r *http.Request, call *MgmtCall, auth mgmtAuth, maxBody int64, h mgHandler) {
+func (s *Sim) serveMgmt(st *mgmtState, w *statusWriter, r *http.Request, call *MgmtCall, auth mgmtAuth, maxBody int64, h mgHandler) {
 	av := r.Header.Get("Authorization")
 	scheme, cred, _ := strings.Cut(av, " ")
 	cred = strings.TrimSpace(cred)

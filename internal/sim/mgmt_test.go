@@ -188,6 +188,12 @@ func TestSimTaxonomyLifecycle(t *testing.T) {
 		{"DELETE", p + "/event/tr_ev", a, "", 400, "transformed"},
 		{"DELETE", p + "/event/nope", a, "", 409, ""},
 		{"POST", p + "/event/nope/restore", a, "", 409, ""},
+		{"POST", p + "/event", a, "event_type=live_ev", 409, "event type exists"},
+		{"PUT", p + "/event/live_ev", a, "new_event_type=unexp_ev", 409, "event type exists"}, // deleted, still there
+		{"PUT", p + "/event/nope", a, "description=d", 409, "event type not found"},
+		{"PUT", p + "/event/live_ev", a, "new_event_type=renamed&description=d", 200, ""},
+		{"GET", p + "/event/renamed", a, "", 200, `"description":"d"`},
+		{"GET", p + "/event/live_ev", a, "", 400, "not found"},
 		{"POST", p + "/event-property", a, "event_property=plan", 200, ""},
 		{"POST", p + "/event-property", a, "event_property=plan", 409, ""},
 		{"POST", p + "/event-property", a, "event_property=plan&event_type=live_ev", 200, ""}, // override
@@ -203,8 +209,16 @@ func TestSimTaxonomyLifecycle(t *testing.T) {
 		{"GET", p + "/user-property/none", a, "", 404, ""},
 		{"DELETE", p + "/user-property/plan", a, "", 200, ""},
 		{"POST", p + "/user-property/plan/restore", a, "", 200, ""},
+		{"POST", p + "/user-property", a, "user_property=gp:plan", 409, "user property exists"},
+		{"PUT", p + "/user-property/gp:plan", a, "new_user_property_value=gp:tier&description=v", 200, ""},
+		{"GET", p + "/user-property/tier", a, "", 200, `"description":"v"`},
+		{"PUT", p + "/user-property/plan", a, "description=w", 409, "user property not found"},
+		{"DELETE", p + "/user-property/tier", a, "", 200, ""},
+		{"GET", p + "/user-property", a, "", 200, `"data":[]`},
+		{"GET", p + "/user-property?showDeleted=true", a, "", 200, `"deleted":true`},
 		{"POST", p + "/group-property", a, "group_type=org", 400, "group_property"},
 		{"POST", p + "/group-property", a, "group_type=org&group_property=size", 200, ""},
+		{"POST", p + "/group-property", a, "group_type=org&group_property=size", 409, "group property exists"},
 		{"GET", p + "/group-property?group_type=org", a, "", 200, `"group_property":"size"`},
 	})
 }

@@ -108,8 +108,8 @@ func (s *Sim) scimUsers(org string) []string {
 func (s *Sim) registerSCIM() {
 	st := s.mgmt()
 	st.scim = &scimState{orgs: map[string]*scimOrg{}, hits: windowHits{}, limit: SCIMRateLimit, window: SCIMRateWindow}
-	h := func(f func(st *mgmtState, o *scimOrg, w *mgWriter, q *mgRequest)) mgHandler {
-		return func(w *mgWriter, q *mgRequest) {
+	h := func(f func(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest)) mgHandler {
+		return func(w *statusWriter, q *mgRequest) {
 			st.mu.Lock()
 			defer st.mu.Unlock()
 			if ok, wait := st.scim.hits.take(q.account, q.call.Time, st.scim.limit, st.scim.window); !ok {
@@ -125,7 +125,7 @@ func (s *Sim) registerSCIM() {
 			f(st, o, w, q)
 		}
 	}
-	r := func(pattern string, f func(st *mgmtState, o *scimOrg, w *mgWriter, q *mgRequest)) {
+	r := func(pattern string, f func(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest)) {
 		s.mgmtRoute("scim", pattern, authSCIMBearer, scimMaxBody, h(f))
 	}
 	r("GET /scim/1/Users", s.scimListUsers)
@@ -248,7 +248,7 @@ func (o *scimOrg) sortedGroups() []*scimGroup {
 	return gs
 }
 
-func (s *Sim) scimListUsers(st *mgmtState, o *scimOrg, w *mgWriter, q *mgRequest) {
+func (s *Sim) scimListUsers(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
 	start, count, ok := scimPage(w, q.r)
 	if !ok {
 		return
@@ -276,7 +276,7 @@ func (s *Sim) scimListUsers(st *mgmtState, o *scimOrg, w *mgWriter, q *mgRequest
 	scimJSON(w, http.StatusOK, listResponse(start, len(all), res))
 }
 
-func (s *Sim) scimGetUser(st *mgmtState, o *scimOrg, w *mgWriter, q *mgRequest) {
+func (s *Sim) scimGetUser(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
 	u := o.users[strings.ToLower(q.r.PathValue("id"))]
 	if u == nil {
 		scimError(w, http.StatusNotFound, "", "user not found")
@@ -296,7 +296,7 @@ func decodeObject(b []byte) (map[string]any, error) {
 	return m, nil
 }
 
-func (s *Sim) scimCreateUser(st *mgmtState, o *scimOrg, w *mgWriter, q *mgRequest) {
+func (s *Sim) scimCreateUser(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
 	m, err := decodeObject(q.body)
 	if err != nil {
 		scimError(w, http.StatusBadRequest, "invalidSyntax", "body is not a JSON object")
@@ -344,7 +344,7 @@ func removeString(v []string, s string) []string {
 	return out
 }
 
-func (s *Sim) scimUpdateUser(st *mgmtState, o *scimOrg, w *mgWriter, q *mgRequest) {
+func (s *Sim) scimUpdateUser(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
 	id := q.r.PathValue("id")
 	if !ValidEmail(id) {
 		scimError(w, http.StatusBadRequest, "invalidValue", "id must be a valid email")
@@ -377,7 +377,7 @@ func (s *Sim) scimUpdateUser(st *mgmtState, o *scimOrg, w *mgWriter, q *mgReques
 	w.Write(q.body)
 }
 
-func (s *Sim) scimDeleteUser(st *mgmtState, o *scimOrg, w *mgWriter, q *mgRequest) {
+func (s *Sim) scimDeleteUser(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
 	id := q.r.PathValue("id")
 	if !ValidEmail(id) {
 		scimError(w, http.StatusBadRequest, "invalidValue", "id must be a valid email")
@@ -418,7 +418,7 @@ func (o *scimOrg) groupView(g *scimGroup, idAsString bool) map[string]any {
 			"created": g.created.UTC().Format(ts), "lastModified": g.modified.UTC().Format(ts)}}
 }
 
-func (s *Sim) scimListGroups(st *mgmtState, o *scimOrg, w *mgWriter, q *mgRequest) {
+func (s *Sim) scimListGroups(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
 	start, count, ok := scimPage(w, q.r)
 	if !ok {
 		return
@@ -431,7 +431,7 @@ func (s *Sim) scimListGroups(st *mgmtState, o *scimOrg, w *mgWriter, q *mgReques
 	scimJSON(w, http.StatusOK, listResponse(start, len(gs), res))
 }
 
-func (s *Sim) scimGroupByID(o *scimOrg, w *mgWriter, q *mgRequest) *scimGroup {
+func (s *Sim) scimGroupByID(o *scimOrg, w *statusWriter, q *mgRequest) *scimGroup {
 	id, err := strconv.Atoi(q.r.PathValue("id"))
 	if err != nil {
 		scimError(w, http.StatusBadRequest, "invalidValue", "group id must be an integer")
@@ -444,7 +444,7 @@ func (s *Sim) scimGroupByID(o *scimOrg, w *mgWriter, q *mgRequest) *scimGroup {
 	return g
 }
 
-func (s *Sim) scimGetGroup(st *mgmtState, o *scimOrg, w *mgWriter, q *mgRequest) {
+func (s *Sim) scimGetGroup(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
 	if g := s.scimGroupByID(o, w, q); g != nil {
 		scimJSON(w, http.StatusOK, o.groupView(g, true))
 	}
@@ -485,7 +485,7 @@ func (o *scimOrg) addMember(g *scimGroup, email string) {
 	g.members = append(g.members, key)
 }
 
-func (s *Sim) scimCreateGroup(st *mgmtState, o *scimOrg, w *mgWriter, q *mgRequest) {
+func (s *Sim) scimCreateGroup(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
 	m, err := decodeObject(q.body)
 	if err != nil {
 		scimError(w, http.StatusBadRequest, "invalidSyntax", "body is not a JSON object")
@@ -513,7 +513,7 @@ func (s *Sim) scimCreateGroup(st *mgmtState, o *scimOrg, w *mgWriter, q *mgReque
 	scimJSON(w, http.StatusOK, o.groupView(g, false))
 }
 
-func (s *Sim) scimPatchGroup(st *mgmtState, o *scimOrg, w *mgWriter, q *mgRequest) {
+func (s *Sim) scimPatchGroup(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
 	g := s.scimGroupByID(o, w, q)
 	if g == nil {
 		return
@@ -578,7 +578,7 @@ func (s *Sim) scimPatchGroup(st *mgmtState, o *scimOrg, w *mgWriter, q *mgReques
 	scimJSON(w, http.StatusOK, o.groupView(g, true))
 }
 
-func (s *Sim) scimDeleteGroup(st *mgmtState, o *scimOrg, w *mgWriter, q *mgRequest) {
+func (s *Sim) scimDeleteGroup(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
 	if g := s.scimGroupByID(o, w, q); g != nil {
 		delete(o.groups, g.id)
 		w.WriteHeader(http.StatusNoContent)

@@ -177,13 +177,73 @@ func (q *taxReq) need(w http.ResponseWriter, field string) (string, bool) {
 	return v, true
 }
 
+// set copies the form's values of fields onto e.
+func (q *taxReq) set(e *taxEntity, fields []string) {
+	for _, f := range fields {
+		if v, ok := q.form[f]; ok && len(v) > 0 {
+			e.fields[f] = v[0]
+		}
+	}
+}
+
+// entity is a new planned entity with the form's values of fields.
+func (q *taxReq) entity(fields []string) *taxEntity {
+	e := &taxEntity{state: "planned", fields: map[string]string{}}
+	q.set(e, fields)
+	return e
+}
+
+// create adds m[name] as q.entity(fields), or answers 409 "WHAT exists".
+func (q *taxReq) create(w http.ResponseWriter, m map[string]*taxEntity, name, what string, fields []string) {
+	if m[name] != nil {
+		taxFail(w, http.StatusConflict, what+" exists")
+		return
+	}
+	m[name] = q.entity(fields)
+	taxOK(w, http.StatusOK, nil)
+}
+
+// update sets the form's values of fields on m[name], renamed to newName
+// when that is given; 409 when m[name] is missing or deleted, or newName
+// exists.
+func (q *taxReq) update(w http.ResponseWriter, m map[string]*taxEntity, name, newName, what string, fields []string) {
+	e := m[name]
+	if e == nil || e.state == "deleted" {
+		taxFail(w, http.StatusConflict, what+" not found")
+		return
+	}
+	if newName != "" && newName != name {
+		if m[newName] != nil {
+			taxFail(w, http.StatusConflict, what+" exists")
+			return
+		}
+		delete(m, name)
+		m[newName] = e
+	}
+	q.set(e, fields)
+	taxOK(w, http.StatusOK, nil)
+}
+
+// list answers m's entities by name as view shows them, deleted ones only
+// with showDeleted=true.
+func (q *taxReq) list(w http.ResponseWriter, m map[string]*taxEntity, view func(string, *taxEntity) map[string]any) {
+	deleted := q.form.Get("showDeleted") == "true"
+	out := []any{}
+	for _, n := range sortedKeys(m) {
+		if e := m[n]; e.state != "deleted" || deleted {
+			out = append(out, view(n, e))
+		}
+	}
+	taxOK(w, http.StatusOK, out)
+}
+
 func (s *Sim) registerTaxonomy() {
 	st := s.mgmt()
 	st.tax = &taxState{projects: map[string]*taxProject{}, inFlight: map[string]int{}, peak: map[string]int{},
 		spent: map[string][]taxCost{}, maxInFlight: TaxonomyMaxInFlight, periodCost: TaxonomyPeriodCost, period: TaxonomyPeriod}
 	x := st.tax
-	r := func(pattern string, f func(w *mgWriter, q *taxReq)) {
-		s.mgmtRoute("taxonomy", pattern, authBasic, taxMaxBody, func(w *mgWriter, q *mgRequest) {
+	r := func(pattern string, f func(w *statusWriter, q *taxReq)) {
+		s.mgmtRoute("taxonomy", pattern, authBasic, taxMaxBody, func(w *statusWriter, q *mgRequest) {
 			cost := taxonomyCost(q.r.Method)
 			key := q.account
 			now := s.cfg.Now()
@@ -242,7 +302,7 @@ func (s *Sim) registerTaxonomy() {
 	}
 
 	// Categories.
-	r("POST /api/2/taxonomy/category", func(w *mgWriter, q *taxReq) {
+	r("POST /api/2/taxonomy/category", func(w *statusWriter, q *taxReq) {
 		name, ok := q.need(w, "category_name")
 		if !ok {
 			return
@@ -257,7 +317,7 @@ func (s *Sim) registerTaxonomy() {
 		q.p.nextCat++
 		taxOK(w, http.StatusOK, nil)
 	})
-	r("GET /api/2/taxonomy/category", func(w *mgWriter, q *taxReq) {
+	r("GET /api/2/taxonomy/category", func(w *statusWriter, q *taxReq) {
 		ids := make([]int, 0, len(q.p.categories))
 		for id := range q.p.categories {
 			ids = append(ids, id)
@@ -269,7 +329,7 @@ func (s *Sim) registerTaxonomy() {
 		}
 		taxOK(w, http.StatusOK, out)
 	})
-	r("GET /api/2/taxonomy/category/{category_name}", func(w *mgWriter, q *taxReq) {
+	r("GET /api/2/taxonomy/category/{category_name}", func(w *statusWriter, q *taxReq) {
 		name := q.r.PathValue("category_name")
 		for id, n := range q.p.categories {
 			if n == name {
@@ -279,7 +339,7 @@ func (s *Sim) registerTaxonomy() {
 		}
 		taxFail(w, http.StatusBadRequest, "category not found")
 	})
-	catID := func(w *mgWriter, q *taxReq) (int, bool) {
+	catID := func(w *statusWriter, q *taxReq) (int, bool) {
 		id, err := strconv.Atoi(q.r.PathValue("category_id"))
 		if _, ok := q.p.categories[id]; err != nil || !ok {
 			taxFail(w, http.StatusConflict, "category not found")
@@ -287,7 +347,7 @@ func (s *Sim) registerTaxonomy() {
 		}
 		return id, true
 	}
-	r("PUT /api/2/taxonomy/category/{category_id}", func(w *mgWriter, q *taxReq) {
+	r("PUT /api/2/taxonomy/category/{category_id}", func(w *statusWriter, q *taxReq) {
 		name, ok := q.need(w, "category_name")
 		if !ok {
 			return
@@ -297,7 +357,7 @@ func (s *Sim) registerTaxonomy() {
 			taxOK(w, http.StatusOK, nil)
 		}
 	})
-	r("DELETE /api/2/taxonomy/category/{category_id}", func(w *mgWriter, q *taxReq) {
+	r("DELETE /api/2/taxonomy/category/{category_id}", func(w *statusWriter, q *taxReq) {
 		if id, ok := catID(w, q); ok {
 			delete(q.p.categories, id)
 			taxOK(w, http.StatusOK, nil)
@@ -307,13 +367,6 @@ func (s *Sim) registerTaxonomy() {
 	// Event types.
 	eventFields := []string{"category", "description", "display_name", "is_active", "is_hidden_from_dropdowns",
 		"is_hidden_from_persona_results", "is_hidden_from_pathfinder", "is_hidden_from_timeline", "tags", "owner"}
-	setFields := func(e *taxEntity, form url.Values, fields []string) {
-		for _, f := range fields {
-			if v, ok := form[f]; ok && len(v) > 0 {
-				e.fields[f] = v[0]
-			}
-		}
-	}
 	eventView := func(name string, e *taxEntity) map[string]any {
 		tags := []string{}
 		if t := e.fields["tags"]; t != "" {
@@ -327,33 +380,15 @@ func (s *Sim) registerTaxonomy() {
 		}
 		return v
 	}
-	r("POST /api/2/taxonomy/event", func(w *mgWriter, q *taxReq) {
-		name, ok := q.need(w, "event_type")
-		if !ok {
-			return
+	r("POST /api/2/taxonomy/event", func(w *statusWriter, q *taxReq) {
+		if name, ok := q.need(w, "event_type"); ok {
+			q.create(w, q.p.events, name, "event type", eventFields)
 		}
-		if q.p.events[name] != nil {
-			taxFail(w, http.StatusConflict, "event type exists")
-			return
-		}
-		e := &taxEntity{state: "planned", fields: map[string]string{}}
-		setFields(e, q.form, eventFields)
-		q.p.events[name] = e
-		taxOK(w, http.StatusOK, nil)
 	})
-	r("GET /api/2/taxonomy/event", func(w *mgWriter, q *taxReq) {
-		deleted := q.form.Get("showDeleted") == "true"
-		out := []any{}
-		for _, n := range sortedKeys(q.p.events) {
-			e := q.p.events[n]
-			if e.state == "deleted" && !deleted {
-				continue
-			}
-			out = append(out, eventView(n, e))
-		}
-		taxOK(w, http.StatusOK, out)
+	r("GET /api/2/taxonomy/event", func(w *statusWriter, q *taxReq) {
+		q.list(w, q.p.events, eventView)
 	})
-	r("GET /api/2/taxonomy/event/{event_type}", func(w *mgWriter, q *taxReq) {
+	r("GET /api/2/taxonomy/event/{event_type}", func(w *statusWriter, q *taxReq) {
 		n := q.r.PathValue("event_type")
 		e := q.p.events[n]
 		if e == nil || e.state == "deleted" {
@@ -362,28 +397,13 @@ func (s *Sim) registerTaxonomy() {
 		}
 		taxOK(w, http.StatusOK, eventView(n, e))
 	})
-	r("PUT /api/2/taxonomy/event/{event_type}", func(w *mgWriter, q *taxReq) {
-		n := q.r.PathValue("event_type")
-		e := q.p.events[n]
-		if e == nil || e.state == "deleted" {
-			taxFail(w, http.StatusConflict, "event type not found")
-			return
-		}
-		if nn := q.form.Get("new_event_type"); nn != "" && nn != n {
-			if q.p.events[nn] != nil {
-				taxFail(w, http.StatusConflict, "event type exists")
-				return
-			}
-			delete(q.p.events, n)
-			q.p.events[nn] = e
-		}
-		setFields(e, q.form, eventFields)
-		taxOK(w, http.StatusOK, nil)
+	r("PUT /api/2/taxonomy/event/{event_type}", func(w *statusWriter, q *taxReq) {
+		q.update(w, q.p.events, q.r.PathValue("event_type"), q.form.Get("new_event_type"), "event type", eventFields)
 	})
-	r("DELETE /api/2/taxonomy/event/{event_type}", func(w *mgWriter, q *taxReq) {
+	r("DELETE /api/2/taxonomy/event/{event_type}", func(w *statusWriter, q *taxReq) {
 		lifecycleDelete(w, q.p.events, q.r.PathValue("event_type"))
 	})
-	r("POST /api/2/taxonomy/event/{event_type}/restore", func(w *mgWriter, q *taxReq) {
+	r("POST /api/2/taxonomy/event/{event_type}/restore", func(w *statusWriter, q *taxReq) {
 		lifecycleRestore(w, q.p.events, q.r.PathValue("event_type"), http.StatusOK)
 	})
 
@@ -407,7 +427,7 @@ func (s *Sim) registerTaxonomy() {
 		}
 		return v
 	}
-	r("POST /api/2/taxonomy/event-property", func(w *mgWriter, q *taxReq) {
+	r("POST /api/2/taxonomy/event-property", func(w *statusWriter, q *taxReq) {
 		name, ok := q.need(w, "event_property")
 		if !ok {
 			return
@@ -418,23 +438,16 @@ func (s *Sim) registerTaxonomy() {
 		case et != "" && q.p.overrides[et][name] != nil:
 			taxFail(w, http.StatusConflict, "event property exists on that event type")
 		case et != "" && shared != nil:
-			o := &taxEntity{state: "planned", fields: map[string]string{}}
-			setFields(o, q.form, propFields)
 			if q.p.overrides[et] == nil {
 				q.p.overrides[et] = map[string]*taxEntity{}
 			}
-			q.p.overrides[et][name] = o
+			q.p.overrides[et][name] = q.entity(propFields)
 			taxOK(w, http.StatusOK, nil)
-		case shared != nil:
-			taxFail(w, http.StatusConflict, "event property exists")
 		default:
-			e := &taxEntity{state: "planned", fields: map[string]string{}}
-			setFields(e, q.form, propFields)
-			q.p.props[name] = e
-			taxOK(w, http.StatusOK, nil)
+			q.create(w, q.p.props, name, "event property", propFields)
 		}
 	})
-	r("GET /api/2/taxonomy/event-property", func(w *mgWriter, q *taxReq) {
+	r("GET /api/2/taxonomy/event-property", func(w *statusWriter, q *taxReq) {
 		et := q.form.Get("event_type")
 		if name := q.form.Get("event_property"); name != "" {
 			e := q.p.props[name]
@@ -460,7 +473,7 @@ func (s *Sim) registerTaxonomy() {
 		}
 		taxOK(w, http.StatusOK, out)
 	})
-	r("PUT /api/2/taxonomy/event-property/{event_property}", func(w *mgWriter, q *taxReq) {
+	r("PUT /api/2/taxonomy/event-property/{event_property}", func(w *statusWriter, q *taxReq) {
 		name := q.r.PathValue("event_property")
 		et := q.form.Get("event_type")
 		shared := q.p.props[name]
@@ -511,10 +524,10 @@ func (s *Sim) registerTaxonomy() {
 			delete(q.p.props, name)
 			q.p.props[nn] = shared
 		}
-		setFields(target, q.form, propFields)
+		q.set(target, propFields)
 		taxOK(w, http.StatusOK, nil)
 	})
-	r("DELETE /api/2/taxonomy/event-property/{event_property}", func(w *mgWriter, q *taxReq) {
+	r("DELETE /api/2/taxonomy/event-property/{event_property}", func(w *statusWriter, q *taxReq) {
 		name := q.r.PathValue("event_property")
 		if et := q.form.Get("event_type"); et != "" {
 			o := q.p.overrides[et][name]
@@ -528,7 +541,7 @@ func (s *Sim) registerTaxonomy() {
 		}
 		lifecycleDelete(w, q.p.props, name)
 	})
-	r("POST /api/2/taxonomy/event-property/{event_property}/restore", func(w *mgWriter, q *taxReq) {
+	r("POST /api/2/taxonomy/event-property/{event_property}/restore", func(w *statusWriter, q *taxReq) {
 		name := q.r.PathValue("event_property")
 		if et := q.form.Get("event_type"); et != "" {
 			lifecycleRestore(w, q.p.overrides[et], name, http.StatusCreated)
@@ -550,32 +563,15 @@ func (s *Sim) registerTaxonomy() {
 			"is_array_type": e.fields["is_array_type"] == "true", "is_hidden": e.fields["is_hidden"] == "true",
 			"classifications": cls, "deleted": e.state == "deleted"}
 	}
-	r("POST /api/2/taxonomy/user-property", func(w *mgWriter, q *taxReq) {
-		name, ok := q.need(w, "user_property")
-		if !ok {
-			return
+	r("POST /api/2/taxonomy/user-property", func(w *statusWriter, q *taxReq) {
+		if name, ok := q.need(w, "user_property"); ok {
+			q.create(w, q.p.users, userName(name), "user property", userFields)
 		}
-		name = userName(name)
-		if q.p.users[name] != nil {
-			taxFail(w, http.StatusConflict, "user property exists")
-			return
-		}
-		e := &taxEntity{state: "planned", fields: map[string]string{}}
-		setFields(e, q.form, userFields)
-		q.p.users[name] = e
-		taxOK(w, http.StatusOK, nil)
 	})
-	r("GET /api/2/taxonomy/user-property", func(w *mgWriter, q *taxReq) {
-		deleted := q.form.Get("showDeleted") == "true"
-		out := []any{}
-		for _, n := range sortedKeys(q.p.users) {
-			if e := q.p.users[n]; e.state != "deleted" || deleted {
-				out = append(out, userView(n, e))
-			}
-		}
-		taxOK(w, http.StatusOK, out)
+	r("GET /api/2/taxonomy/user-property", func(w *statusWriter, q *taxReq) {
+		q.list(w, q.p.users, userView)
 	})
-	r("GET /api/2/taxonomy/user-property/{user_property}", func(w *mgWriter, q *taxReq) {
+	r("GET /api/2/taxonomy/user-property/{user_property}", func(w *statusWriter, q *taxReq) {
 		n := userName(q.r.PathValue("user_property"))
 		e := q.p.users[n]
 		if e == nil || (e.state == "deleted" && q.form.Get("showDeleted") != "true") {
@@ -584,33 +580,19 @@ func (s *Sim) registerTaxonomy() {
 		}
 		taxOK(w, http.StatusOK, userView(n, e))
 	})
-	r("PUT /api/2/taxonomy/user-property/{user_property}", func(w *mgWriter, q *taxReq) {
-		n := userName(q.r.PathValue("user_property"))
-		e := q.p.users[n]
-		if e == nil || e.state == "deleted" {
-			taxFail(w, http.StatusConflict, "user property not found")
-			return
-		}
-		if nn := userName(q.form.Get("new_user_property_value")); nn != "" && nn != n {
-			if q.p.users[nn] != nil {
-				taxFail(w, http.StatusConflict, "user property exists")
-				return
-			}
-			delete(q.p.users, n)
-			q.p.users[nn] = e
-		}
-		setFields(e, q.form, userFields)
-		taxOK(w, http.StatusOK, nil)
+	r("PUT /api/2/taxonomy/user-property/{user_property}", func(w *statusWriter, q *taxReq) {
+		q.update(w, q.p.users, userName(q.r.PathValue("user_property")), userName(q.form.Get("new_user_property_value")),
+			"user property", userFields)
 	})
-	r("DELETE /api/2/taxonomy/user-property/{user_property}", func(w *mgWriter, q *taxReq) {
+	r("DELETE /api/2/taxonomy/user-property/{user_property}", func(w *statusWriter, q *taxReq) {
 		lifecycleDelete(w, q.p.users, userName(q.r.PathValue("user_property")))
 	})
-	r("POST /api/2/taxonomy/user-property/{user_property}/restore", func(w *mgWriter, q *taxReq) {
+	r("POST /api/2/taxonomy/user-property/{user_property}/restore", func(w *statusWriter, q *taxReq) {
 		lifecycleRestore(w, q.p.users, userName(q.r.PathValue("user_property")), http.StatusOK)
 	})
 
 	// Group properties.
-	r("POST /api/2/taxonomy/group-property", func(w *mgWriter, q *taxReq) {
+	r("POST /api/2/taxonomy/group-property", func(w *statusWriter, q *taxReq) {
 		gt, ok := q.need(w, "group_type")
 		if !ok {
 			return
@@ -622,16 +604,9 @@ func (s *Sim) registerTaxonomy() {
 		if q.p.groups[gt] == nil {
 			q.p.groups[gt] = map[string]*taxEntity{}
 		}
-		if q.p.groups[gt][name] != nil {
-			taxFail(w, http.StatusConflict, "group property exists")
-			return
-		}
-		e := &taxEntity{state: "planned", fields: map[string]string{}}
-		setFields(e, q.form, propFields)
-		q.p.groups[gt][name] = e
-		taxOK(w, http.StatusOK, nil)
+		q.create(w, q.p.groups[gt], name, "group property", propFields)
 	})
-	r("GET /api/2/taxonomy/group-property", func(w *mgWriter, q *taxReq) {
+	r("GET /api/2/taxonomy/group-property", func(w *statusWriter, q *taxReq) {
 		out := []any{}
 		for _, gt := range sortedKeys(q.p.groups) {
 			if want := q.form.Get("group_type"); want != "" && want != gt {

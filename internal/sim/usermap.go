@@ -224,16 +224,7 @@ func (st *umState) orgLocked(apiKey string) string {
 }
 
 func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, in *incoming) {
-	if r.Method != http.MethodPost {
-		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidPath})
-		return
-	}
-	if in.TooLarge {
-		writeJSON(w, http.StatusRequestEntityTooLarge, errBody{Code: 413, Error: ErrTextTooLarge})
-		return
-	}
-	if in.BadEncoding {
-		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidJSON})
+	if refuseIngest(w, r, in) {
 		return
 	}
 	q := r.URL.Query()
@@ -245,30 +236,11 @@ func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, 
 		return form.Get(k)
 	}
 	apiKey := get("api_key")
-	if apiKey == "" {
-		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextMissingField, MissingField: "api_key"})
-		return
-	}
-	in.Rec.KeyLabel = KeyLabel(apiKey)
-	if !s.validKey(apiKey) {
-		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidAPIKey})
-		return
-	}
-	if get("mapping") == "" {
-		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextMissingField, MissingField: "mapping"})
-		return
-	}
-	raws, ok := jsonObjects(get("mapping"))
-	in.Rec.Events = len(raws)
-	if !ok || len(raws) == 0 {
-		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidJSON})
+	raws, ok := s.formItems(w, in, apiKey, "mapping", get("mapping"), MaxMappingsPerRequest, ErrTextInvalidMapping)
+	if !ok {
 		return
 	}
 	invalid := func() { writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidMapping}) }
-	if len(raws) > MaxMappingsPerRequest {
-		invalid()
-		return
-	}
 	var ms []MappingCall
 	st.mu.Lock()
 	defer st.mu.Unlock()

@@ -32,24 +32,31 @@ func TestUserMapValidationAndState(t *testing.T) {
 		name   string
 		body   []byte
 		status int
+		err    string // and missing_field after a '/'
 	}{
-		{"map", umForm("k", `[{"user_id":"a","global_user_id":"g1"},{"user_id":"b","global_user_id":"g1"}]`), 200},
-		{"one object", umForm("k", `{"user_id":"c","global_user_id":"g2"}`), 200},
-		{"unmap", umForm("k", `{"user_id":"c","unmap":true}`), 200},
-		{"missing global", umForm("k", `{"user_id":"d"}`), 400},
-		{"missing user", umForm("k", `{"global_user_id":"d"}`), 400},
-		{"unmap not bool", umForm("k", `{"user_id":"d","unmap":"yes"}`), 400},
-		{"missing api_key", umForm("", `{"user_id":"d","unmap":true}`), 400},
+		{"map", umForm("k", `[{"user_id":"a","global_user_id":"g1"},{"user_id":"b","global_user_id":"g1"}]`), 200, ""},
+		{"one object", umForm("k", `{"user_id":"c","global_user_id":"g2"}`), 200, ""},
+		{"unmap", umForm("k", `{"user_id":"c","unmap":true}`), 200, ""},
+		{"missing global", umForm("k", `{"user_id":"d"}`), 400, ""},
+		{"missing user", umForm("k", `{"global_user_id":"d"}`), 400, ""},
+		{"unmap not bool", umForm("k", `{"user_id":"d","unmap":"yes"}`), 400, ""},
+		{"missing api_key", umForm("", `{"user_id":"d","unmap":true}`), 400, ErrTextMissingField + "/api_key"},
+		{"missing mapping", umForm("k", ""), 400, ErrTextMissingField + "/mapping"},
+		{"bad json", umForm("k", `[{`), 400, ErrTextInvalidJSON},
+		{"empty array", umForm("k", `[]`), 400, ErrTextInvalidJSON},
 		// "at most 2000 requests/events per batch and 1 MB"
-		{"2000", umForm("k2", many(2000)), 200},
-		{"2001", umForm("k2", many(2001)), 400},
-		{"1 MB", umForm("k", `{"user_id":"`+strings.Repeat("x", 1_000_000)+`","unmap":true}`), 413},
+		{"2000", umForm("k2", many(2000)), 200, ""},
+		{"2001", umForm("k2", many(2001)), 400, ErrTextInvalidMapping},
+		{"1 MB", umForm("k", `{"user_id":"`+strings.Repeat("x", 1_000_000)+`","unmap":true}`), 413, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			a := wiretest.Post(t, base+"/usermap", tc.body, "Content-Type", formCT)
 			if a.Status != tc.status {
 				t.Fatalf("status %d, want %d: %s", a.Status, tc.status, a.Body)
+			}
+			if errText, missing, _ := strings.Cut(tc.err, "/"); tc.err != "" && (a.JSON["error"] != errText || missing != "" && a.JSON["missing_field"] != missing) {
+				t.Fatalf("answer %s, want %q", a.Body, tc.err)
 			}
 		})
 	}

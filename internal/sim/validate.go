@@ -281,21 +281,10 @@ func allZero(s string) bool {
 // count; a scalar is 0, {} is 1).
 func depth(v []byte) int {
 	d, max := 0, 0
-	inStr := false
 	for i := 0; i < len(v); i++ {
-		c := v[i]
-		if inStr {
-			switch c {
-			case '\\':
-				i++
-			case '"':
-				inStr = false
-			}
-			continue
-		}
-		switch c {
+		switch v[i] {
 		case '"':
-			inStr = true
+			i = stringEnd(v, i)
 		case '{', '[':
 			d++
 			if d > max {

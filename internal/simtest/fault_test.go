@@ -177,3 +177,64 @@ func TestKeepAlive(t *testing.T) {
 		t.Fatalf("5 requests over %d connections", n)
 	}
 }
+
+// TestFaultsOnAPIRoutes: the management routes (taxonomy here) and the
+// data API routes (export) apply the same faults, but for a
+// mid-response drop: the management routes drop the connection, the data
+// API routes serve and cut the answer after 64 KiB (a short answer stays
+// whole).
+func TestFaultsOnAPIRoutes(t *testing.T) {
+	s, url := start(t, sim.Config{})
+	get := func(path string) (int, error) {
+		req, _ := http.NewRequest("GET", url+path, nil)
+		req.SetBasicAuth("k1", "s1")
+		// A new connection each time: net/http sends a GET again when a
+		// reused connection closes without an answer.
+		resp, err := (&http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}).Do(req)
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		_, err = io.ReadAll(resp.Body)
+		return resp.StatusCode, err
+	}
+	const mgmt, data = "/api/2/taxonomy/category", "/api/2/export?start=20260101T00&end=20260101T00"
+	for _, c := range []struct {
+		path  string
+		fault Fault
+		down  sim.DownMode
+		fails bool // the client sees no answer
+		code  int  // else the answer's status; 0: any
+		rec   string
+	}{
+		{mgmt, Fault{Status: 502}, "", false, 502, "status"},
+		{data, Fault{Status: 502}, "", false, 502, "status"},
+		{mgmt, Fault{Drop: sim.DropNoAnswer}, "", true, 0, "drop-no-answer"},
+		{data, Fault{Drop: sim.DropNoAnswer}, "", true, 0, "drop-no-answer"},
+		{mgmt, Fault{Drop: sim.DropMidResponse}, "", true, 0, "drop-mid-response"},
+		{data, Fault{Drop: sim.DropMidResponse}, "", false, 0, "drop-mid-response"},
+		{mgmt, Fault{}, sim.Down503, false, 503, "down-503"},
+		{data, Fault{}, sim.Down503, false, 503, "down-503"},
+	} {
+		n := len(s.Requests()) + 1
+		if c.down != "" {
+			if err := s.Down(c.down, 0); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			s.Inject(c.fault)
+		}
+		code, err := get(c.path)
+		if c.down != "" {
+			s.Up()
+		}
+		// A dropped request is logged after its connection is closed.
+		reqs := s.Requests()
+		for deadline := time.Now().Add(5 * time.Second); len(reqs) < n && time.Now().Before(deadline); reqs = s.Requests() {
+			time.Sleep(time.Millisecond)
+		}
+		if (err != nil) != c.fails || (c.code != 0 && code != c.code) || len(reqs) == 0 || reqs[len(reqs)-1].Fault != c.rec {
+			t.Errorf("%s %+v %s: %d %v, logged %+v", c.path, c.fault, c.down, code, err, reqs[len(reqs)-1])
+		}
+	}
+}

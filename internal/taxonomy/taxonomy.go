@@ -20,16 +20,17 @@
 // Client-side limits, per project (the injected project; for pass-through
 // the project of the Basic api_key when the credentials file knows it, else
 // a hash of the caller's Authorization): cost GET 1, PUT/POST/DELETE 2; at
-// most Config.MaxInFlight cost in flight and Config.PeriodCost cost per
-// Config.Period, counted from each call's answer (internal/ratelimit). A
-// call whose turn is further than Config.MaxWait gets a local 429 with
-// Retry-After; an upstream 429 is passed back with its Retry-After, and
-// holds that project's further calls back for it (clamped to 1 s .. Period).
+// most MaxInFlight cost in flight and PeriodCost cost per Period, counted
+// from each call's answer (internal/ratelimit; forward.APIConfig.Limit
+// changes the figures: its Limit is the period's cost, its Window the
+// period). A call whose turn is further than MaxWait (10 s) gets a local
+// 429 with Retry-After; an upstream 429 is passed back with its
+// Retry-After, and holds that project's further calls back for it (clamped
+// to 1 s .. Period).
 package taxonomy
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -40,12 +41,11 @@ import (
 	"github.com/svcrelay/relay/internal/ratelimit"
 )
 
-// Limits of the document, and the defaults of Config's zero values.
+// Limits of the document.
 const (
-	DefaultMaxInFlight = 4
-	DefaultPeriodCost  = 7200
-	DefaultPeriod      = time.Hour
-	DefaultMaxWait     = 10 * time.Second
+	MaxInFlight = 4
+	PeriodCost  = 7200
+	Period      = time.Hour
 	// Root is the path every route is under.
 	Root = "/api/2/taxonomy"
 )
@@ -58,58 +58,12 @@ func Cost(method string) int {
 	return 2
 }
 
-// Config configures the taxonomy routes.
-type Config struct {
-	// URL is --analytics-url, the upstream base; "" means none (only
-	// projects with an analytics_url can be served).
-	URL string
-	// MaxInFlight is the cost in flight allowed per project; 0 means
-	// DefaultMaxInFlight.
-	MaxInFlight int
-	// PeriodCost is the cost allowed per Period per project; 0 means
-	// DefaultPeriodCost.
-	PeriodCost int
-	// Period is the window of PeriodCost; 0 means DefaultPeriod.
-	Period time.Duration
-	// MaxWait is the longest a call waits for its turn before it is
-	// answered 429 locally; 0 means DefaultMaxWait, negative means never
-	// wait.
-	MaxWait time.Duration
-}
-
-// Validate reports a configuration that cannot work.
-func (c Config) Validate() error {
-	switch {
-	case c.MaxInFlight < 0, c.PeriodCost < 0, c.Period < 0:
-		return errors.New("taxonomy: negative MaxInFlight, PeriodCost or Period")
-	case c.MaxInFlight == 1:
-		return errors.New("taxonomy: MaxInFlight 1 would refuse every PUT, POST and DELETE (cost 2)")
-	case c.PeriodCost == 1:
-		return errors.New("taxonomy: PeriodCost 1 would refuse every PUT, POST and DELETE (cost 2)")
-	}
-	return nil
-}
-
-// API returns the taxonomy API as forward data: base cfg.URL, the
-// project's key pair as Basic, the taxonomy error format, the cost budget
-// of cfg and the routes of the document's table, with the required field of
-// each create.
-func API(cfg Config) (forward.API, error) {
-	if err := cfg.Validate(); err != nil {
-		return forward.API{}, err
-	}
-	if cfg.MaxInFlight == 0 {
-		cfg.MaxInFlight = DefaultMaxInFlight
-	}
-	if cfg.PeriodCost == 0 {
-		cfg.PeriodCost = DefaultPeriodCost
-	}
-	if cfg.Period == 0 {
-		cfg.Period = DefaultPeriod
-	}
-	if cfg.MaxWait == 0 {
-		cfg.MaxWait = DefaultMaxWait
-	}
+// API returns the taxonomy API as forward data: base cfg.URL
+// (--analytics-url), the project's key pair as Basic, the taxonomy error
+// format, the cost budget (as cfg changes it) and the routes of the
+// document's table, with the required field of each create.
+func API(cfg forward.APIConfig) forward.API {
+	lim := cfg.Over(ratelimit.Config{Name: "taxonomy", Limit: PeriodCost, Window: Period, MaxInFlight: MaxInFlight})
 	const get, post, put, del = http.MethodGet, http.MethodPost, http.MethodPut, http.MethodDelete
 	const c, e, ep, up, gp = Root + "/category", Root + "/event", Root + "/event-property", Root + "/user-property", Root + "/group-property"
 	r := func(method, path string, required ...string) forward.Route {
@@ -125,10 +79,9 @@ func API(cfg Config) (forward.API, error) {
 			Flag: "--analytics-url", Scheme: forward.SchemeProjectBasic},
 		Errors: WriteError,
 		Limits: []forward.Limit{{
-			Config: ratelimit.Config{Name: "taxonomy", Limit: cfg.PeriodCost, Window: cfg.Period,
-				MaxInFlight: cfg.MaxInFlight, MaxWait: cfg.MaxWait},
-			Cost: Cost,
-			Says: fmt.Sprintf("a cost of %d in flight and %d per %v per project", cfg.MaxInFlight, cfg.PeriodCost, cfg.Period),
+			Config: lim,
+			Cost:   Cost,
+			Says:   fmt.Sprintf("a cost of %d in flight and %d per %v per project", lim.MaxInFlight, lim.Limit, lim.Window),
 		}},
 		Routes: []forward.Route{
 			r(post, c, "category_name"),
@@ -156,7 +109,7 @@ func API(cfg Config) (forward.API, error) {
 			r(post, gp, "group_type", "group_property"),
 			r(get, gp),
 		},
-	}, nil
+	}
 }
 
 // WriteError writes a local answer in the taxonomy error format:

@@ -8,18 +8,15 @@ import (
 
 	"github.com/svcrelay/relay/internal/forward"
 	ft "github.com/svcrelay/relay/internal/forward/forwardtest"
+	"github.com/svcrelay/relay/internal/ratelimit"
 	"github.com/svcrelay/relay/internal/sim"
 )
 
-func start(t *testing.T, cfg Config) (*ft.Env, string) {
+// start serves the API with its limit changed by lim, on a simulator.
+func start(t *testing.T, lim ratelimit.Config) (*ft.Env, string) {
 	t.Helper()
 	env := ft.Start(t, forward.Config{})
-	cfg.URL = env.SimURL
-	a, err := API(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return env, ft.Serve(t, env.Routes(t, a))
+	return env, ft.Serve(t, env.Routes(t, API(forward.APIConfig{URL: env.SimURL, Limit: lim})))
 }
 
 const form = "application/x-www-form-urlencoded"
@@ -27,7 +24,7 @@ const form = "application/x-www-form-urlencoded"
 // TestEveryEndpoint walks every endpoint of the document's table (and the
 // lifecycle table) through the relay to the simulator and back.
 func TestEveryEndpoint(t *testing.T) {
-	env, relay := start(t, Config{})
+	env, relay := start(t, ratelimit.Config{})
 	env.Sim.SeedTaxonomy(ft.ProjectKey, "event", "Live Event", "live")
 	env.Sim.SeedTaxonomy(ft.ProjectKey, "event", "tr", "transformed")
 	const p = "/api/2/taxonomy"
@@ -79,7 +76,7 @@ func TestEveryEndpoint(t *testing.T) {
 }
 
 func TestLocalValidation(t *testing.T) {
-	env, relay := start(t, Config{})
+	env, relay := start(t, ratelimit.Config{})
 	const p = "/api/2/taxonomy"
 	for _, c := range []struct{ method, path, body, field string }{
 		{"POST", p + "/category", "", "category_name"},
@@ -114,7 +111,7 @@ func TestLocalValidation(t *testing.T) {
 // TestInFlightCost: many concurrent calls never put more than 4 cost in
 // flight at the sim, and all are served (none refused by the sim).
 func TestInFlightCost(t *testing.T) {
-	env, relay := start(t, Config{MaxWait: 10 * time.Second})
+	env, relay := start(t, ratelimit.Config{MaxWait: 10 * time.Second})
 	env.Sim.SetTaxonomyDelay(50 * time.Millisecond)
 	var wg sync.WaitGroup
 	for i := range 16 {
@@ -141,7 +138,7 @@ func TestInFlightCost(t *testing.T) {
 // TestPeriodBudget: above the period budget the relay answers 429 with
 // Retry-After itself; the sim never refuses.
 func TestPeriodBudget(t *testing.T) {
-	env, relay := start(t, Config{PeriodCost: 5, Period: time.Hour, MaxWait: -1})
+	env, relay := start(t, ratelimit.Config{Limit: 5, Window: time.Hour, MaxWait: -1})
 	var got []int
 	for _, m := range []string{"POST", "GET", "GET", "GET", "POST", "GET"} { // costs 2, 1, 1, 1, 2, 1
 		r := ft.Do(t, m, relay+"/api/2/taxonomy/category", "category_name=x", ft.Injected("Content-Type", form)...)
@@ -163,7 +160,7 @@ func TestPeriodBudget(t *testing.T) {
 }
 
 func TestUpstream429PassedBack(t *testing.T) {
-	env, relay := start(t, Config{})
+	env, relay := start(t, ratelimit.Config{})
 	env.Sim.SetTaxonomyLimits(0, 2, time.Hour)
 	ft.Do(t, "GET", relay+"/api/2/taxonomy/event", "", ft.Injected()...)
 	ft.Do(t, "GET", relay+"/api/2/taxonomy/event", "", ft.Injected()...)
@@ -179,10 +176,14 @@ func TestUpstream429PassedBack(t *testing.T) {
 }
 
 func TestConfig(t *testing.T) {
-	for _, c := range []Config{{MaxInFlight: -1}, {MaxInFlight: 1}, {PeriodCost: 1}, {Period: -1}} {
-		if c.Validate() == nil {
+	// Negative, or a bound below the cost of 2 of PUT, POST and DELETE.
+	for _, c := range []ratelimit.Config{{MaxInFlight: -1}, {MaxInFlight: 1}, {Limit: 1}, {Window: -1}} {
+		if _, err := ft.Forwarder(t, forward.Config{}, nil).Routes(API(forward.APIConfig{Limit: c})); err == nil {
 			t.Errorf("%+v accepted", c)
 		}
+	}
+	if _, err := ft.Forwarder(t, forward.Config{}, nil).Routes(API(forward.APIConfig{Limit: ratelimit.Config{MaxInFlight: 2, Limit: 2}})); err != nil {
+		t.Error(err)
 	}
 	if Cost("GET") != 1 || Cost("PUT") != 2 || Cost("POST") != 2 || Cost("DELETE") != 2 {
 		t.Error("costs")
