@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -105,7 +106,7 @@ func TestSpoolOpenHint(t *testing.T) {
 	if h := spoolHint("/d", err); !strings.Contains(h, "relay spool salvage --data-dir /d") {
 		t.Fatalf("hint %q", h)
 	}
-	if h := spoolHint("/d", spool.ErrLocked); h != "" {
+	if h := spoolHint("/d", errors.New("spool: locked by another process")); h != "" {
 		t.Fatalf("hint for a locked spool: %q", h)
 	}
 }

@@ -86,7 +86,7 @@ func TestOpenDropsPages(t *testing.T) {
 	dir := t.TempDir()
 	// Nothing reaches bbolt before the image is taken (no checkpoint may
 	// run while it is copied): every chunk is replayed from the WAL.
-	s := openTest(t, Config{Dir: dir, Sync: SyncNone, CompactMinFileBytes: -1, HotMaxBytes: 128 << 20, flushAge: time.Hour})
+	s := openTest(t, Config{Dir: dir, Sync: SyncNone, CompactMinFileBytes: -1, hotMaxBytes: 128 << 20, flushAge: time.Hour})
 	const lanes, chunks, perChunk, pad = 4, 24, 100, 5000 // ~48 MiB
 	for ln := range lanes {
 		appendChunks(t, s, mustLane(t, s, testKey(ln)), ln, chunks, perChunk, pad)

@@ -287,8 +287,8 @@ func TestCompactionUnderLoad(t *testing.T) {
 	dir := t.TempDir()
 	// Little memory for hot chunks and frequent checkpoints: most chunks go
 	// through bbolt before they are read, whatever the reader's pace.
-	s, err := Open(Config{Dir: dir, Sync: SyncNone, CompactMinFileBytes: 64 << 10, CompactUsedPercent: 90, // compacts often
-		HotMaxBytes: 16 << 10, flushAge: time.Nanosecond, checkpointEvery: 2 * time.Millisecond}, nil, reg)
+	s, err := Open(Config{Dir: dir, Sync: SyncNone, CompactMinFileBytes: 64 << 10, compactPercent: 90, // compacts often
+		hotMaxBytes: 16 << 10, flushAge: time.Nanosecond, checkpointEvery: 2 * time.Millisecond}, nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}

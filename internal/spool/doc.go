@@ -29,8 +29,8 @@
 //
 // The value encodings are in encode.go; each starts with a version byte and
 // carries a CRC-32C (format 4).
-// Another process opening the same Dir fails after about half a second with
-// ErrLocked.
+// Another process opening the same Dir fails after about half a second
+// ("locked by another process").
 //
 // The freelist is written by every transaction while it is small next to
 // what the transaction writes (keepFreelist), when the spool goes idle, and
@@ -53,7 +53,7 @@
 //
 // Checkpoints (store.go) move hot chunks into bbolt: every ~100 ms, the
 // chunks not acknowledged within flushAge (500 ms), and all of them when
-// the hot chunks' memory passes Config.HotMaxBytes or the WAL since the last
+// the hot chunks' memory passes the hot bound (8 MiB) or the WAL since the last
 // checkpoint passes 64 MiB. A checkpoint is one bbolt transaction (two
 // fdatasyncs under SyncAlways, none under SyncNone) that also stores the WAL
 // position up to which bbolt is complete. Open replays the WAL from that
@@ -68,7 +68,7 @@
 // the failed records' first header, so that a replay stops before them) and
 // continues in a new one. A failed checkpoint keeps its chunks hot and its
 // deletions queued for the next one; appends go on into the WAL until the
-// hot chunks' memory reaches twice HotMaxBytes, then fail with ErrFull.
+// hot chunks' memory reaches twice that bound, then fail with ErrFull.
 // While checkpoints make progress but lag, appends wait for them instead
 // (at most 5 s), as they would wait for bbolt without the WAL.
 // Refusing says why appends are refused while that lasts (failing
@@ -134,7 +134,7 @@
 //     Dir/quarantine/); only a bad tail of the newest segment past the
 //     acknowledged end spool.db recorded is dropped quietly (replay.go);
 //   - a chunk of bbolt that fails its checksum is moved to dead letters with
-//     reason ReasonDamaged when the reader reaches it, never returned;
+//     reason "damaged" when the reader reaches it, never returned;
 //   - Open refuses (ErrMismatch) a spool.db missing, empty or another
 //     spool's while the log holds records, or one whose positions the log
 //     does not reach, and (ErrDamaged) a spool.db bbolt cannot read: the

@@ -149,7 +149,7 @@ func TestDiskReserveOK(t *testing.T) {
 func TestCheckpointFailure(t *testing.T) {
 	dir := t.TempDir()
 	cfg := Config{Dir: dir, Sync: SyncNone, maxFileBytes: 24 << 20, CompactMinFileBytes: -1,
-		HotMaxBytes: 4 << 20, flushAge: time.Nanosecond, checkpointEvery: time.Millisecond}
+		hotMaxBytes: 4 << 20, flushAge: time.Nanosecond, checkpointEvery: time.Millisecond}
 	s, err := Open(cfg, nil, nil)
 	if err != nil {
 		t.Fatal(err)

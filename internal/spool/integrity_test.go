@@ -43,7 +43,7 @@ func offlineState(t *testing.T, dir string) (applied, synced walPos) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pf.Close()
+	defer pf.close()
 	pf.walkBucket(pf.rootHeader(), func(k, v []byte, bucket bool) {
 		if bucket && string(k) == "meta" {
 			pf.walkBucket(v, func(k, v []byte, _ bool) {
@@ -511,7 +511,7 @@ func TestDamagedChunkDeadLettered(t *testing.T) {
 	if got, want := readAll(t, s), idsExcept(chunks*perChunk, 12, 13, 14); !slices.Equal(got, want) {
 		t.Fatalf("records %v, want %v", got, want)
 	}
-	dead, err := s.ListDead(DeadFilter{Reason: ReasonDamaged}, 0, 0)
+	dead, err := s.ListDead(DeadFilter{Reason: reasonDamaged}, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -554,7 +554,7 @@ func TestDamagedDBNeverCrashes(t *testing.T) {
 		t.Fatal(err)
 	}
 	used := int(pf.meta.hwm) * ps
-	pf.Close()
+	pf.close()
 	for _, tc := range []struct {
 		name     string
 		damage   func(b []byte) []byte
@@ -878,7 +878,7 @@ func TestFullDiskDraining(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pf.Close()
+		pf.close()
 		cfg := integrityCfg(img)
 		// The file may not grow past the pages it uses: the replay fits
 		// only once the delivered chunks' pages are free.
@@ -953,7 +953,7 @@ func checkDraining(t *testing.T, cfg Config, free func()) {
 		t.Fatalf("Open on a full disk: %v", err)
 	}
 	defer s.Close()
-	if s.Draining() == nil {
+	if s.drainingErr() == nil {
 		t.Fatal("not draining")
 	}
 	l := mustLane(t, s, testKey(1))
@@ -976,15 +976,15 @@ func checkDraining(t *testing.T, cfg Config, free func()) {
 		}
 	}
 	read(100)
-	if !slices.Equal(ids, idsExcept(100)) || s.Draining() == nil {
-		t.Fatalf("while draining: read %v (draining: %v)", ids, s.Draining())
+	if !slices.Equal(ids, idsExcept(100)) || s.drainingErr() == nil {
+		t.Fatalf("while draining: read %v (draining: %v)", ids, s.drainingErr())
 	}
 	free()
 	deadline := time.Now().Add(20 * time.Second)
-	for s.Draining() != nil && time.Now().Before(deadline) {
+	for s.drainingErr() != nil && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if s.Draining() != nil {
+	if s.drainingErr() != nil {
 		t.Fatalf("still draining after space was freed: %v", logs.All())
 	}
 	read(200)
@@ -1277,7 +1277,7 @@ func TestPatchedChunkInSpoolDB(t *testing.T) {
 	if got, want := readAll(t, s), idsExcept(chunks*perChunk, 2, 3); !slices.Equal(got, want) {
 		t.Fatalf("records %v, want %v", got, want)
 	}
-	dead, err := s.ListDead(DeadFilter{Reason: ReasonDamaged}, 0, 0)
+	dead, err := s.ListDead(DeadFilter{Reason: reasonDamaged}, 0, 0)
 	if err != nil || len(dead) != perChunk {
 		t.Fatalf("%d damaged dead letters (%v), want %d", len(dead), err, perChunk)
 	}

@@ -42,22 +42,22 @@ var ErrRetired = errors.New("spool: lane retired")
 
 // Defaults of the lane limits.
 const (
-	// DefaultMaxLanes is Config.MaxLanes's zero value.
-	DefaultMaxLanes = 10000
-	// DefaultRetireIdle is Config.RetireIdle's zero value.
-	DefaultRetireIdle = 10 * time.Minute
+	// defaultMaxLanes is Config.MaxLanes's zero value.
+	defaultMaxLanes = 10000
+	// defaultRetireIdle is Config.RetireIdle's zero value.
+	defaultRetireIdle = 10 * time.Minute
 )
 
 func (c Config) maxLanes() int {
 	if c.MaxLanes == 0 {
-		return DefaultMaxLanes
+		return defaultMaxLanes
 	}
 	return c.MaxLanes
 }
 
 func (c Config) retireIdle() time.Duration {
 	if c.RetireIdle == 0 {
-		return DefaultRetireIdle
+		return defaultRetireIdle
 	}
 	return c.RetireIdle
 }

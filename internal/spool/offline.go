@@ -152,7 +152,7 @@ func scanSpool(dir string, emit func(*SalvageRecord) error) (VerifyReport, error
 		rep.Damaged++
 		problem("spool.db: %v: only the write-ahead log is read", err)
 	} else {
-		defer pf.Close()
+		defer pf.close()
 		if need := int64(pf.meta.hwm) * pf.ps; need > pf.size {
 			problem("spool.db: the file holds %d bytes but its pages take %d (truncated): the pages past its end are lost", pf.size, need)
 		}

@@ -66,7 +66,7 @@ func openPageFile(path string) (*pageFile, error) {
 	return pf, nil
 }
 
-func (pf *pageFile) Close() error { return pf.f.Close() }
+func (pf *pageFile) close() error { return pf.f.Close() }
 
 // page reads page id with its overflow pages.
 func (pf *pageFile) page(id uint64) ([]byte, error) {
@@ -201,7 +201,7 @@ func checkTree(path string) (err error) {
 	if err != nil {
 		return err
 	}
-	defer pf.Close()
+	defer pf.close()
 	if pf.meta.freelist != ^uint64(0) {
 		return nil // bbolt reads the freelist; it walks nothing
 	}

@@ -6,7 +6,7 @@ import (
 )
 
 // refuseMargin is the room under the hot memory's hard bound (twice
-// HotMaxBytes) below which Refusing says appends are refused while
+// hotMaxBytes) below which Refusing says appends are refused while
 // checkpoints fail: Append refuses a chunk that does not fit, so with less
 // than this left it refuses most requests (1 MiB: about the largest body
 // the upstream takes). A bound under 4 MiB (tests) keeps a quarter of it.
@@ -14,7 +14,7 @@ const refuseMargin = 1 << 20
 
 // Refusing returns why Append refuses chunks now, nil when it takes them.
 // The reasons:
-//   - the spool is draining (see Draining; ErrDiskLow);
+//   - the spool is draining (see drainingErr; ErrDiskLow);
 //   - checkpoints fail (a full disk, an I/O error on spool.db) and the
 //     memory of the chunks they could not move into bbolt is within
 //     refuseMargin of its hard bound (ErrFull). While Refusing is nil a
@@ -33,7 +33,7 @@ const refuseMargin = 1 << 20
 // filesystem's free space) and takes no lock: cheap, from any goroutine (a
 // readiness probe, a metrics collector).
 func (s *Spool) Refusing() error {
-	if err := s.Draining(); err != nil {
+	if err := s.drainingErr(); err != nil {
 		return err
 	}
 	if err := s.walRefusing(); err != nil {

@@ -23,7 +23,7 @@ import (
 func TestRefusingWhileCheckpointsFail(t *testing.T) {
 	cfg := func(dir string) Config {
 		return Config{Dir: dir, Sync: SyncNone, MinFreeBytes: -1, CompactMinFileBytes: -1,
-			HotMaxBytes: 2 << 20, flushAge: time.Nanosecond, checkpointEvery: time.Millisecond}
+			hotMaxBytes: 2 << 20, flushAge: time.Nanosecond, checkpointEvery: time.Millisecond}
 	}
 	t.Run("size limit", func(t *testing.T) {
 		c := cfg(t.TempDir())

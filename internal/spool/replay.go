@@ -15,7 +15,7 @@ import (
 
 // replay applies the WAL from applied on into bbolt, at Open: every chunk
 // record not acknowledged later in the WAL is put, every acknowledged chunk
-// in bbolt is deleted, in transactions of up to MaxCommitBytes (and one per
+// in bbolt is deleted, in transactions of up to maxCommitBytes (and one per
 // segment), each storing how far it got. Then every segment is free: it is
 // kept as a spare or removed, and the WAL writer starts a new one.
 //

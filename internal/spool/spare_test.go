@@ -90,7 +90,7 @@ func TestSparesReused(t *testing.T) {
 
 	// As many segments as a busy WAL holds at its bound (the checkpoint
 	// that the bound forces frees them together), plus the current one.
-	const freed = int(defaultWALMaxBytes/DefaultSegmentBytes) + 1
+	const freed = int(defaultWALMaxBytes/defaultSegmentBytes) + 1
 	appendSegments(freed)
 	ackAll()
 	// The writer's current segment stays; the ones before it are spares

@@ -32,9 +32,9 @@ var ErrFull = errors.New("spool: quota reached")
 // less than Config.MinFreeBytes free. Nothing was written.
 var ErrDiskLow = errors.New("spool: free disk space below reserve")
 
-// ErrLocked is returned by Open when another process (or another open Spool)
+// errLocked is returned by Open when another process (or another open Spool)
 // holds the spool's file; Open gives up after about half a second.
-var ErrLocked = errors.New("spool: locked by another process")
+var errLocked = errors.New("spool: locked by another process")
 
 // ErrClosed is returned by operations on a closed spool.
 var ErrClosed = errors.New("spool: closed")
@@ -70,39 +70,37 @@ type Config struct {
 	// MaxBytes bounds the live record bytes; zero means no quota.
 	MaxBytes int64
 	// MinFreeBytes is the free space kept on the filesystem so that deletes
-	// and compaction still work; zero means DefaultMinFreeBytes, negative
-	// disables the check.
+	// and compaction still work; zero means 256 MiB, negative disables the
+	// check.
 	MinFreeBytes int64
-	// MaxCommitBytes bounds the bytes gathered into one WAL write (group
-	// commit) and into one bbolt transaction at Open; zero means
-	// DefaultMaxCommitBytes.
-	MaxCommitBytes int
-	// HotMaxBytes bounds the memory of chunks kept between the WAL and
-	// bbolt (see hot.go): past it a checkpoint moves every unacknowledged one
-	// into bbolt, and past twice it appends wait for that checkpoint (or
-	// fail with ErrFull when checkpoints fail). Zero means
-	// DefaultHotMaxBytes.
-	HotMaxBytes int64
 	// CompactMinFileBytes is the file size under which the spool never
-	// compacts (see compact.go); zero means DefaultCompactMinFileBytes,
-	// negative disables compaction.
+	// compacts (see compact.go); zero means 4 MiB, negative disables
+	// compaction.
 	CompactMinFileBytes int64
-	// CompactUsedPercent: the spool compacts when the pages in use are at most
-	// this percentage of the file; zero means DefaultCompactUsedPercent.
-	CompactUsedPercent int
-	// CompactMaxUsedBytes bounds the data a compaction copies (checkpoints
-	// wait while it runs, about 20 ms per MiB here); zero means
-	// DefaultCompactMaxUsedBytes, negative means no bound.
-	CompactMaxUsedBytes int64
 
 	// Tests' knobs; zero means the default.
 	adviseAge       time.Duration // see advise.go
-	segmentBytes    int64         // DefaultSegmentBytes
+	segmentBytes    int64         // defaultSegmentBytes
 	flushAge        time.Duration // defaultFlushAge
 	checkpointEvery time.Duration // defaultCheckpointEvery
 	walMaxBytes     int64         // defaultWALMaxBytes
 	idleAfter       time.Duration // defaultIdleAfter
 	drainEvery      time.Duration // drainRetry
+	// maxCommitBytes bounds the bytes gathered into one WAL write (group
+	// commit) and into one bbolt transaction at Open (defaultMaxCommitBytes).
+	maxCommitBytes int
+	// hotMaxBytes bounds the memory of chunks kept between the WAL and bbolt
+	// (see hot.go; defaultHotMaxBytes): past it a checkpoint moves every
+	// unacknowledged one into bbolt, and past twice it appends wait for that
+	// checkpoint (or fail with ErrFull when checkpoints fail).
+	hotMaxBytes int64
+	// compactPercent: the spool compacts when the pages in use are at most
+	// this percentage of the file (defaultCompactUsedPercent).
+	compactPercent int
+	// compactMaxUsedBytes bounds the data a compaction copies (checkpoints
+	// wait while it runs, about 20 ms per MiB here;
+	// defaultCompactMaxUsedBytes); negative means no bound.
+	compactMaxUsedBytes int64
 
 	// maxFileBytes, when positive, makes checkpoints that would grow the
 	// bbolt file past it fail (bbolt's MaxSize): the tests' stand-in for
@@ -121,24 +119,24 @@ type Config struct {
 	// Issue 19: bounded lanes (see lanes.go).
 
 	// MaxLanes bounds the lanes (of every kind) that exist at once: a new
-	// one beyond it is refused with ErrTooManyLanes. Zero means
-	// DefaultMaxLanes, negative no bound.
+	// one beyond it is refused with ErrTooManyLanes. Zero means 10,000,
+	// negative no bound.
 	MaxLanes int
 	// RetireIdle: a lane that is empty and had no Append for this long is
 	// retired (forgotten, its records deleted from the file). Zero means
-	// DefaultRetireIdle, negative never.
+	// 10 minutes, negative never.
 	RetireIdle time.Duration
 }
 
-// Defaults.
+// Defaults of the Config fields whose zero value means a default.
 const (
-	DefaultMinFreeBytes   = 256 << 20
-	DefaultMaxCommitBytes = 32 << 20
-	DefaultHotMaxBytes    = 8 << 20
+	defaultMinFreeBytes   = 256 << 20
+	defaultMaxCommitBytes = 32 << 20
+	defaultHotMaxBytes    = 8 << 20
 
-	DefaultCompactMinFileBytes = 4 << 20
-	DefaultCompactUsedPercent  = 25
-	DefaultCompactMaxUsedBytes = 16 << 20
+	defaultCompactMinFileBytes = 4 << 20
+	defaultCompactUsedPercent  = 25
+	defaultCompactMaxUsedBytes = 16 << 20
 )
 
 // Validate reports a configuration error.
@@ -150,42 +148,42 @@ func (c Config) Validate() error {
 		return fmt.Errorf("spool config: unknown Sync mode %d", c.Sync)
 	case c.MaxBytes < 0:
 		return errors.New("spool config: MaxBytes must not be negative")
-	case c.MaxCommitBytes < 0:
-		return errors.New("spool config: MaxCommitBytes must not be negative")
-	case c.HotMaxBytes < 0:
-		return errors.New("spool config: HotMaxBytes must not be negative")
-	case c.CompactUsedPercent < 0 || c.CompactUsedPercent > 100:
-		return errors.New("spool config: CompactUsedPercent must be within 0..100")
+	case c.maxCommitBytes < 0:
+		return errors.New("spool config: maxCommitBytes must not be negative")
+	case c.hotMaxBytes < 0:
+		return errors.New("spool config: hotMaxBytes must not be negative")
+	case c.compactPercent < 0 || c.compactPercent > 100:
+		return errors.New("spool config: compactPercent must be within 0..100")
 	}
 	return nil
 }
 
 func (c Config) minFree() int64 {
 	if c.MinFreeBytes == 0 {
-		return DefaultMinFreeBytes
+		return defaultMinFreeBytes
 	}
 	return c.MinFreeBytes
 }
 
 func (c Config) maxCommit() int {
-	if c.MaxCommitBytes == 0 {
-		return DefaultMaxCommitBytes
+	if c.maxCommitBytes == 0 {
+		return defaultMaxCommitBytes
 	}
-	return c.MaxCommitBytes
+	return c.maxCommitBytes
 }
 
 func (c Config) hotMax() int64 {
-	if c.HotMaxBytes == 0 {
-		return DefaultHotMaxBytes
+	if c.hotMaxBytes == 0 {
+		return defaultHotMaxBytes
 	}
-	return c.HotMaxBytes
+	return c.hotMaxBytes
 }
 
 func (c Config) segBytes() int64 {
 	if c.segmentBytes > 0 {
 		return c.segmentBytes
 	}
-	return DefaultSegmentBytes
+	return defaultSegmentBytes
 }
 
 func (c Config) flushAfter() time.Duration {
@@ -218,26 +216,26 @@ func (c Config) walMax() int64 {
 
 func (c Config) compactMinFile() int64 {
 	if c.CompactMinFileBytes == 0 {
-		return DefaultCompactMinFileBytes
+		return defaultCompactMinFileBytes
 	}
 	return c.CompactMinFileBytes
 }
 
 func (c Config) compactMaxUsed() int64 {
 	switch {
-	case c.CompactMaxUsedBytes == 0:
-		return DefaultCompactMaxUsedBytes
-	case c.CompactMaxUsedBytes < 0:
+	case c.compactMaxUsedBytes == 0:
+		return defaultCompactMaxUsedBytes
+	case c.compactMaxUsedBytes < 0:
 		return math.MaxInt64
 	}
-	return c.CompactMaxUsedBytes
+	return c.compactMaxUsedBytes
 }
 
 func (c Config) compactUsedPercent() int64 {
-	if c.CompactUsedPercent == 0 {
-		return DefaultCompactUsedPercent
+	if c.compactPercent == 0 {
+		return defaultCompactUsedPercent
 	}
-	return int64(c.CompactUsedPercent)
+	return int64(c.compactPercent)
 }
 
 // Kind is what a lane carries.
@@ -707,7 +705,7 @@ type damagedChunk struct {
 }
 
 // deadDamaged moves a damaged chunk to dead letters with reason
-// ReasonDamaged, never to be sent upstream: one per record when its framing
+// reasonDamaged, never to be sent upstream: one per record when its framing
 // still decodes (any of them may be the damaged one), else one holding the
 // chunk's bytes; then acknowledges the chunk, logs it and counts it.
 func (l *Lane) deadDamaged(ctx context.Context, d *damagedChunk) error {
@@ -718,12 +716,12 @@ func (l *Lane) deadDamaged(ctx context.Context, d *damagedChunk) error {
 	var dls []DeadLetter
 	if decodeRecords(d.seq, d.v, &c, nil) == nil {
 		for _, r := range c.Records {
-			dls = append(dls, DeadLetter{Lane: l.key, Reason: ReasonDamaged, Answer: answer, Accepted: c.Accepted, Died: now, Record: r})
+			dls = append(dls, DeadLetter{Lane: l.key, Reason: reasonDamaged, Answer: answer, Accepted: c.Accepted, Died: now, Record: r})
 		}
 	}
 	if len(dls) == 0 {
 		acc, _, _ := chunkHeader(d.v)
-		dls = []DeadLetter{{Lane: l.key, Reason: ReasonDamaged, Answer: answer, Accepted: fromMs(acc), Died: now,
+		dls = []DeadLetter{{Lane: l.key, Reason: reasonDamaged, Answer: answer, Accepted: fromMs(acc), Died: now,
 			Record: Record{Data: d.v}}}
 	}
 	if err := s.PutDead(ctx, dls); err != nil {
@@ -737,9 +735,9 @@ func (l *Lane) deadDamaged(ctx context.Context, d *damagedChunk) error {
 	return nil
 }
 
-// ReasonDamaged is the dead-letter reason of records whose chunk failed its
+// reasonDamaged is the dead-letter reason of records whose chunk failed its
 // checksum in spool.db.
-const ReasonDamaged = "damaged"
+const reasonDamaged = "damaged"
 
 // Spool is the durable queue. See the package documentation.
 type Spool struct {
@@ -840,8 +838,8 @@ const formatVersion = 4
 
 // Open opens or creates the spool in cfg.Dir, replays its WAL into bbolt,
 // and starts its goroutines. log and reg may be nil. A spool directory is
-// used by one process at a time: Open fails with ErrLocked after about half
-// a second when another holds the file.
+// used by one process at a time: Open fails ("locked by another process")
+// after about half a second when another holds the file.
 func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -931,7 +929,7 @@ func (s *Spool) openDB() (*bolt.DB, error) {
 		return err
 	})
 	if errors.Is(err, berrors.ErrTimeout) {
-		return nil, fmt.Errorf("open spool %s: %w", s.path, ErrLocked)
+		return nil, fmt.Errorf("open spool %s: %w", s.path, errLocked)
 	}
 	if err != nil {
 		if errors.Is(err, berrors.ErrInvalid) || errors.Is(err, berrors.ErrChecksum) || errors.Is(err, berrors.ErrVersionMismatch) {

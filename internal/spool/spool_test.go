@@ -23,9 +23,9 @@ func TestConfigValidate(t *testing.T) {
 		{"no dir", Config{}, false},
 		{"bad sync", Config{Dir: "x", Sync: 7}, false},
 		{"negative quota", Config{Dir: "x", MaxBytes: -1}, false},
-		{"negative commit bytes", Config{Dir: "x", MaxCommitBytes: -1}, false},
-		{"compact percent over 100", Config{Dir: "x", CompactUsedPercent: 101}, false},
-		{"everything", Config{Dir: "x", Sync: SyncNone, MaxBytes: 1, MinFreeBytes: -1, MaxCommitBytes: 1, CompactMinFileBytes: -1, CompactUsedPercent: 50}, true},
+		{"negative commit bytes", Config{Dir: "x", maxCommitBytes: -1}, false},
+		{"compact percent over 100", Config{Dir: "x", compactPercent: 101}, false},
+		{"everything", Config{Dir: "x", Sync: SyncNone, MaxBytes: 1, MinFreeBytes: -1, maxCommitBytes: 1, CompactMinFileBytes: -1, compactPercent: 50}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -410,7 +410,7 @@ func TestSecondOpenFails(t *testing.T) {
 	s := openTest(t, Config{Sync: SyncNone})
 	start := time.Now()
 	_, err := Open(s.cfg, nil, nil)
-	if !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), "locked") {
+	if !errors.Is(err, errLocked) || !strings.Contains(err.Error(), "locked") {
 		t.Fatalf("second Open: %v", err)
 	}
 	if time.Since(start) > 3*time.Second {

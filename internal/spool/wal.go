@@ -78,10 +78,10 @@ const (
 	ackEntryLen  = 16
 	startLen     = 32 // recStart payload
 
-	// DefaultSegmentBytes is the size of a WAL segment file. A write
+	// defaultSegmentBytes is the size of a WAL segment file. A write
 	// (group commit) never spans two, and holds at most a quarter of one
 	// unless a single chunk is larger (that chunk gets a segment of its own).
-	DefaultSegmentBytes = 16 << 20
+	defaultSegmentBytes = 16 << 20
 
 	walDirName = "wal"
 )

@@ -291,7 +291,7 @@ func (s *Spool) writeGroup(ops []*op, acks []ackOp) {
 const hotWaitMax = 5 * time.Second
 
 // waitMemory holds the group back while the hot chunks' memory and the
-// group's would pass the hard bound (twice HotMaxBytes) and
+// group's would pass the hard bound (twice hotMaxBytes) and
 // checkpoints are making progress: appends then wait for bbolt, as they
 // would without the WAL, instead of being refused. It asks for a checkpoint
 // of everything and waits at most hotWaitMax; admit refuses what still does
