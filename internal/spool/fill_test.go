@@ -322,8 +322,8 @@ func TestReplayTornTail(t *testing.T) {
 	}
 	var last walRecord
 	for off := int64(0); ; {
-		r, ok := nextRecord(data, segs[0], off)
-		if !ok {
+		r, st := readRecord(data, segs[0], off)
+		if st != recOK {
 			break
 		}
 		if r.typ == recChunk {

@@ -199,13 +199,6 @@ func readRecord(data []byte, seg uint64, off int64) (walRecord, recStatus) {
 	return r, recOK
 }
 
-// nextRecord decodes the record of segment seg at data[off:], or returns
-// false when there is no valid one.
-func nextRecord(data []byte, seg uint64, off int64) (walRecord, bool) {
-	r, st := readRecord(data, seg, off)
-	return r, st == recOK
-}
-
 // findRecord returns the offset of the first valid record of segment seg
 // at or after from, -1 when there is none.
 func findRecord(data []byte, seg uint64, from int64) int64 {
