@@ -80,7 +80,7 @@ func benchHandler(b *testing.B, sync spool.SyncMode, n int) (fasthttp.RequestHan
 		defer close(drained)
 		var recs []spool.Record
 		for {
-			cs, more, err := lane.NextInto(ctx, 1<<20, recs)
+			cs, more, err := lane.NextPart(ctx, 1<<20, recs)
 			if err != nil {
 				return
 			}

@@ -88,7 +88,7 @@ func benchAppend(b *testing.B, mode SyncMode, per, par int) {
 // bbolt (appended, then the spool reopened).
 func BenchmarkDrain(b *testing.B) { benchDrain(b, false) }
 
-// BenchmarkDrainInto is BenchmarkDrain with NextInto, as the batcher reads.
+// BenchmarkDrainInto is BenchmarkDrain with NextPart, as the batcher reads.
 func BenchmarkDrainInto(b *testing.B) { benchDrain(b, true) }
 
 func benchDrain(b *testing.B, into bool) {
@@ -130,7 +130,7 @@ func benchDrain(b *testing.B, into bool) {
 	for n := 0; n < b.N; {
 		var cs []Chunk
 		if into {
-			cs, reuse, err = l.NextInto(ctx, 4<<20, reuse)
+			cs, reuse, err = l.NextPart(ctx, 4<<20, reuse)
 		} else {
 			cs, err = l.Next(ctx, 4<<20)
 		}

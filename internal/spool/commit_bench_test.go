@@ -54,7 +54,7 @@ func benchCommit(b *testing.B, mode SyncMode, per, par int) {
 		defer close(drained)
 		var rs []Record
 		for {
-			cs, more, err := l.NextInto(ctx, 1<<20, rs)
+			cs, more, err := l.NextPart(ctx, 1<<20, rs)
 			if err != nil {
 				return
 			}

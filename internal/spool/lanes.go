@@ -36,7 +36,7 @@ import (
 // names none of them.
 var ErrTooManyLanes = errors.New("spool: too many lanes")
 
-// ErrRetired is returned by Lane.Next and Lane.NextInto once the lane was
+// ErrRetired is returned by Lane.Next and Lane.NextPart once the lane was
 // retired (empty and idle): its reader is done with it for good.
 var ErrRetired = errors.New("spool: lane retired")
 

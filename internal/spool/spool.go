@@ -316,8 +316,8 @@ type Lane struct {
 	hot        hotList   // chunks in the WAL only
 	next       uint64    // every chunk below it is published (cold or hot)
 	notify     chan struct{}
-	// chunks is the reader's []Chunk, reused by NextInto and NextPart (see
-	// NextInto); nil after an idle wait. Reader goroutine only.
+	// chunks is the reader's []Chunk, reused by NextPart (see there); nil
+	// after an idle wait. Reader goroutine only.
 	chunks []Chunk
 	// watched: the reader found nothing to read and may wait on notify;
 	// a publish closes and replaces notify only then (a channel per
@@ -432,23 +432,7 @@ func (l *Lane) Next(ctx context.Context, maxBytes int) ([]Chunk, error) {
 	return l.nextChunks(ctx, maxBytes, nil)
 }
 
-// NextInto is Next for a reader that is done with the chunks' Records
-// slices (not with the bytes they alias, which stay valid as with Next)
-// before it calls NextInto again: their Records are carved from recs,
-// grown when too small and dropped when the call waits long (see
-// recIdleDrop), and NextInto returns it for the next call. The
-// batcher's reader copies every record out at once; at 100-event requests
-// a fresh slice per chunk was more than half of the bytes the relay
-// allocated (72 per record). The returned []Chunk is reused the same way
-// (valid until the next NextInto or NextPart): at 1-event requests a fresh
-// one per read was ~96 bytes per request.
-func (l *Lane) NextInto(ctx context.Context, maxBytes int, recs []Record) ([]Chunk, []Record, error) {
-	slab := recSlab{buf: recs[:0]}
-	chunks, err := l.nextChunks(ctx, maxBytes, &slab)
-	return chunks, slab.buf, err
-}
-
-// recSlab hands out the Records slices of one NextInto call, each the next
+// recSlab hands out the Records slices of one NextPart call, each the next
 // part of buf (a nil *recSlab, Next's, hands out fresh ones). A slice that
 // does not fit gets a new, larger buf; those handed out before keep the
 // old one.
@@ -515,7 +499,7 @@ func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]C
 	}
 }
 
-// recIdleDrop is how long a reader waits for chunks before NextInto drops
+// recIdleDrop is how long a reader waits for chunks before NextPart drops
 // the records slice it was given: an idle lane's reader keeps nothing (a
 // fleet relay's idle lanes would otherwise each keep their largest read's,
 // up to ~150 KB), while a busy one keeps reusing it (at the 100-event peak
@@ -585,7 +569,7 @@ func (l *Lane) takeHot(maxBytes int) []hotRef {
 // taken from slab.
 func (l *Lane) decodeHot(refs []hotRef, slab *recSlab) ([]Chunk, error) {
 	var out []Chunk
-	if slab != nil { // NextInto, NextPart: the caller is done with the last ones
+	if slab != nil { // NextPart: the caller is done with the last ones
 		clear(l.chunks)
 		out = slices.Grow(l.chunks[:0], len(refs))[:len(refs)]
 		l.chunks = out

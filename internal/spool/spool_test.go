@@ -513,10 +513,10 @@ func TestBatchAddFunc(t *testing.T) {
 	}
 }
 
-// TestNextInto checks that NextInto returns what Next would, carves the
+// TestNextPartReuse checks that NextPart returns what Next would, carves the
 // Records of every chunk from the slice it is given (growing it when one
 // call needs more), and does so for chunks in the WAL and in bbolt.
-func TestNextInto(t *testing.T) {
+func TestNextPartReuse(t *testing.T) {
 	dir := t.TempDir()
 	ctx := context.Background()
 	s := openTest(t, Config{Dir: dir})
@@ -537,9 +537,9 @@ func TestNextInto(t *testing.T) {
 		}
 	}
 	read := 0
-	nextInto := func(l *Lane, recs []Record) ([]Chunk, []Record) {
+	readReuse := func(l *Lane, recs []Record) ([]Chunk, []Record) {
 		t.Helper()
-		cs, recs := nextIntoT(t, l, recs)
+		cs, recs := nextPartT(t, l, recs)
 		total := 0
 		for _, c := range cs {
 			for _, r := range c.Records {
@@ -554,7 +554,7 @@ func TestNextInto(t *testing.T) {
 			}
 		}
 		if len(recs) == 0 || len(recs) > total {
-			t.Fatalf("NextInto returned %d records to reuse for %d read", len(recs), total)
+			t.Fatalf("NextPart returned %d records to reuse for %d read", len(recs), total)
 		}
 		return cs, recs
 	}
@@ -562,14 +562,14 @@ func TestNextInto(t *testing.T) {
 	// More records than the first slice holds (256): it grows within the
 	// call, and the records carved before stay intact.
 	appendChunks(s, l, 6, 100)
-	_, recs := nextInto(l, nil)
+	_, recs := readReuse(l, nil)
 	first := &recs[0]
 
 	// The next call carves from the same slice.
 	appendChunks(s, l, 2, 50)
-	cs, recs := nextInto(l, recs)
+	cs, recs := readReuse(l, recs)
 	if &cs[0].Records[0] != first || &recs[0] != first {
-		t.Fatal("NextInto did not reuse the slice it was given")
+		t.Fatal("NextPart did not reuse the slice it was given")
 	}
 
 	// From bbolt: unacknowledged chunks are there after a reopen.
@@ -587,9 +587,9 @@ func TestNextInto(t *testing.T) {
 	}
 	read = 0
 	for read < n {
-		cs, recs = nextInto(l, recs)
+		cs, recs = readReuse(l, recs)
 		if &cs[0].Records[0] != first {
-			t.Fatal("NextInto did not reuse the slice for chunks read from bbolt")
+			t.Fatal("NextPart did not reuse the slice for chunks read from bbolt")
 		}
 	}
 	if read != n {
@@ -597,10 +597,10 @@ func TestNextInto(t *testing.T) {
 	}
 }
 
-// TestNextIntoIdle checks that NextInto keeps reusing the slice (and its
+// TestNextPartIdle checks that NextPart keeps reusing the slice (and its
 // []Chunk) across a short wait for chunks and drops them when the wait
 // passes recIdleDrop.
-func TestNextIntoIdle(t *testing.T) {
+func TestNextPartIdle(t *testing.T) {
 	old := recIdleDrop
 	t.Cleanup(func() { recIdleDrop = old })
 	s := openTest(t, Config{})
@@ -620,20 +620,20 @@ func TestNextIntoIdle(t *testing.T) {
 	if err := <-appendAfter(0); err != nil {
 		t.Fatal(err)
 	}
-	cs0, recs := nextIntoT(t, l, nil)
+	cs0, recs := nextPartT(t, l, nil)
 	first, firstChunk := &recs[0], &cs0[0]
 
 	recIdleDrop = 10 * time.Second // the append's fsync may be slow on a busy machine
 	done := appendAfter(10 * time.Millisecond)
-	cs, recs := nextIntoT(t, l, recs)
+	cs, recs := nextPartT(t, l, recs)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
 	if &cs[0].Records[0] != first {
-		t.Fatal("NextInto dropped the slice after a short wait")
+		t.Fatal("NextPart dropped the slice after a short wait")
 	}
 	if &cs[0] != firstChunk {
-		t.Fatal("NextInto did not reuse its []Chunk after a short wait")
+		t.Fatal("NextPart did not reuse its []Chunk after a short wait")
 	}
 	if _, id := recID(cs[0].Records[0]); id != 1 {
 		t.Fatalf("read record %d, want 1", id)
@@ -641,15 +641,15 @@ func TestNextIntoIdle(t *testing.T) {
 
 	recIdleDrop = 20 * time.Millisecond
 	done = appendAfter(200 * time.Millisecond)
-	cs, _ = nextIntoT(t, l, recs)
+	cs, _ = nextPartT(t, l, recs)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
 	if &cs[0].Records[0] == first {
-		t.Fatal("NextInto kept the slice through a wait longer than recIdleDrop")
+		t.Fatal("NextPart kept the slice through a wait longer than recIdleDrop")
 	}
 	if &cs[0] == firstChunk {
-		t.Fatal("NextInto kept its []Chunk through a wait longer than recIdleDrop")
+		t.Fatal("NextPart kept its []Chunk through a wait longer than recIdleDrop")
 	}
 	if _, id := recID(cs[0].Records[0]); id != 2 {
 		t.Fatalf("read record %d, want 2", id)
