@@ -441,7 +441,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 			}
 		}
 		// Issue 19: ingest refuses new lanes (the contract's "lane limit").
-		if cfg.MaxLanes > 0 && sp.LaneCount() >= cfg.MaxLanes {
+		if cfg.MaxLanes > 0 && sp.Stats().Lanes >= cfg.MaxLanes {
 			return fmt.Errorf("lane limit reached (--max-lanes %d): new api_keys are refused", cfg.MaxLanes)
 		}
 		return nil

@@ -63,7 +63,7 @@ func TestRetiredLanesForgotten(t *testing.T) {
 		deadline := time.Now().Add(10 * time.Second)
 		for !cond() {
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 10s (lanes %d, status %d, lane goroutines %d)", what, sp.LaneCount(), len(d.LaneStatus()), laneGoroutines())
+				t.Fatalf("%s: not within 10s (lanes %d, status %d, lane goroutines %d)", what, sp.Stats().Lanes, len(d.LaneStatus()), laneGoroutines())
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
@@ -74,7 +74,7 @@ func TestRetiredLanesForgotten(t *testing.T) {
 	}
 	waitFor("delivered", func() bool { return len(s.GroupIdentifies("key-49")) == 1 && len(s.GroupIdentifies("key-0")) == 1 })
 
-	waitFor("retired and forgotten", func() bool { return sp.LaneCount() == 0 && len(d.LaneStatus()) == 0 })
+	waitFor("retired and forgotten", func() bool { return sp.Stats().Lanes == 0 && len(d.LaneStatus()) == 0 })
 	waitFor("lane goroutines ended", func() bool { return laneGoroutines() == 0 })
 	add("key-0", 100)
 	waitFor("a new lane of a retired key delivers", func() bool { return len(s.GroupIdentifies("key-0")) == 2 })

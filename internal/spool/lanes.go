@@ -103,13 +103,6 @@ func (s *Spool) LanesFrom(id uint64) []*Lane {
 	return append([]*Lane(nil), s.lanes[i:]...)
 }
 
-// LaneCount is the number of lanes.
-func (s *Spool) LaneCount() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.lanes)
-}
-
 // tooManyLanesLocked reports whether a new lane would pass MaxLanes, with
 // extra lanes about to be created. Call with s.mu held.
 func (s *Spool) tooManyLanesLocked(extra int) bool {

@@ -64,7 +64,7 @@ func TestMaxLanes(t *testing.T) {
 		wg.Go(func() { _, _ = s.Lane(ctx, LaneKey{APIKey: fmt.Sprint("c", i)}) })
 	}
 	wg.Wait()
-	if n := s.LaneCount(); n != 3 {
+	if n := s.Stats().Lanes; n != 3 {
 		t.Fatalf("%d lanes, bound 3", n)
 	}
 }
@@ -171,7 +171,7 @@ func TestPinnedLaneNotRetired(t *testing.T) {
 	l, _ := s.Lane(context.Background(), LaneKey{APIKey: "k"})
 	l.Pin()
 	time.Sleep(100 * time.Millisecond)
-	if l.IsRetired() || s.LaneCount() != 1 {
+	if l.IsRetired() || s.Stats().Lanes != 1 {
 		t.Fatal("a pinned lane was retired")
 	}
 	l.Unpin()
