@@ -78,7 +78,7 @@ func runVerify(args, environ []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "relay spool verify: %v\n", err)
 		return exitFailure
 	}
-	rep, err := spool.Verify(dir)
+	rep, err := spool.Verify(dir, nil)
 	if err != nil {
 		fmt.Fprintf(stderr, "relay spool verify: %v\n", err)
 		return exitFailure
@@ -135,7 +135,7 @@ func runSalvage(args, environ []string, stdout, stderr io.Writer) int {
 	enc := json.NewEncoder(bw)
 	enc.SetEscapeHTML(false)
 	n := 0
-	rep, err := spool.Salvage(dir, func(r *spool.SalvageRecord) error {
+	rep, err := spool.Verify(dir, func(r *spool.SalvageRecord) error {
 		n++
 		return enc.Encode(r)
 	})
@@ -263,14 +263,13 @@ func importFile(ctx context.Context, sp *spool.Spool, name string, withDamaged b
 			st.nokey++
 			continue
 		}
-		kind, err := spool.ParseKind(r.Kind)
+		key, rec, err := r.Record()
 		if err != nil {
 			return fmt.Errorf("%s:%d: %w", name, line, err)
 		}
-		key := spool.LaneKey{Kind: kind, APIKey: r.APIKey, Options: r.Options}
 		if r.Dead != nil {
 			dead = append(dead, spool.DeadLetter{Lane: key, Reason: r.Dead.Reason, Answer: []byte(r.Dead.Answer),
-				Accepted: r.Accepted, Died: r.Dead.Died, Record: r.Record()})
+				Accepted: r.Accepted, Died: r.Dead.Died, Record: rec})
 			if len(dead) >= importBatch {
 				if err := flush(); err != nil {
 					return err
@@ -287,7 +286,7 @@ func importFile(ctx context.Context, sp *spool.Spool, name string, withDamaged b
 			}
 			st.lanes[key] = true
 		}
-		b.Add(r.Record())
+		b.Add(rec)
 	}
 	if err := sc.Err(); err != nil {
 		return fmt.Errorf("%s: %w", name, err)

@@ -139,7 +139,7 @@
 //     spool's while the log holds records, or one whose positions the log
 //     does not reach, and (ErrDamaged) a spool.db bbolt cannot read: the
 //     file is checked before it is mapped and bbolt's panics and faults are
-//     recovered (integrity.go). Verify and Salvage (offline.go) read what is
+//     recovered (integrity.go). Verify (offline.go) reads and salvages what is
 //     left without bbolt;
 //   - a replay that lacks disk space opens the spool draining (drain.go).
 //

@@ -248,7 +248,7 @@ func TestReplaySkipsDamage(t *testing.T) {
 			if err := os.WriteFile(path, data, 0o600); err != nil {
 				t.Fatal(err)
 			}
-			rep, err := Verify(img)
+			rep, err := Verify(img, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -343,13 +343,14 @@ func TestTruncatedWAL(t *testing.T) {
 			}
 			if cut < recs[synced-1].end {
 				// Refused; verify says why, salvage keeps what is left.
-				rep, err := Verify(dir)
+				rep, err := Verify(dir, nil)
 				if err != nil || rep.Damaged == 0 || !strings.Contains(strings.Join(rep.Problems, "\n"), "does not hold") {
 					t.Errorf("Verify: %+v, %v", rep, err)
 				}
 				var got []int
-				if _, err := Salvage(dir, func(r *SalvageRecord) error {
-					_, n := recID(r.Record())
+				if _, err := Verify(dir, func(r *SalvageRecord) error {
+					_, rec, _ := r.Record()
+					_, n := recID(rec)
 					got = append(got, n)
 					return nil
 				}); err != nil {
@@ -442,11 +443,12 @@ func TestSpoolDBMismatch(t *testing.T) {
 				t.Fatalf("Open changed spool.db (%v -> %v)", before, after)
 			}
 			var got []int
-			rep, err := Salvage(dir, func(r *SalvageRecord) error {
+			rep, err := Verify(dir, func(r *SalvageRecord) error {
 				if r.Source != "wal" || r.APIKey != testKey(1).APIKey || r.Damaged {
 					return fmt.Errorf("salvaged %+v", r)
 				}
-				_, n := recID(r.Record())
+				_, rec, _ := r.Record()
+				_, n := recID(rec)
 				got = append(got, n)
 				return nil
 			})
@@ -500,7 +502,7 @@ func TestDamagedChunkDeadLettered(t *testing.T) {
 	if err := os.WriteFile(db, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := Verify(dir)
+	rep, err := Verify(dir, nil)
 	if err != nil || rep.Damaged != 1 || rep.Records != (chunks-1)*perChunk {
 		t.Fatalf("Verify: %+v, %v; want 1 damaged, %d records", rep, err, (chunks-1)*perChunk)
 	}
@@ -594,7 +596,7 @@ func TestDamagedDBNeverCrashes(t *testing.T) {
 			if err := os.WriteFile(db, tc.damage(b), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			rep, err := Verify(dir)
+			rep, err := Verify(dir, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -602,7 +604,7 @@ func TestDamagedDBNeverCrashes(t *testing.T) {
 				t.Errorf("Verify found no damage: %+v", rep)
 			}
 			salvaged := 0
-			if _, err := Salvage(dir, func(*SalvageRecord) error { salvaged++; return nil }); err != nil {
+			if _, err := Verify(dir, func(*SalvageRecord) error { salvaged++; return nil }); err != nil {
 				t.Fatal(err)
 			}
 			t.Logf("verify: %d records, %d damaged; salvage: %d lines", rep.Records, rep.Damaged, salvaged)
@@ -1238,14 +1240,14 @@ func TestPatchedChunkInSpoolDB(t *testing.T) {
 		binary.BigEndian.PutUint32(out[1:5], crc32Of(out[5:]))
 		return out
 	})
-	rep, err := Verify(dir)
+	rep, err := Verify(dir, nil)
 	if err != nil || rep.Damaged != 0 || rep.Records != chunks*perChunk {
 		t.Fatalf("Verify of a patched chunk: %+v, %v", rep, err)
 	}
 	salvaged := func() map[int]bool { // record n -> damaged
 		t.Helper()
 		got := map[int]bool{}
-		if _, err := Salvage(dir, func(r *SalvageRecord) error {
+		if _, err := Verify(dir, func(r *SalvageRecord) error {
 			if r.Dead == nil {
 				_, n := recID(Record{Data: append(r.Data, r.DataRaw...)})
 				got[n] = r.Damaged
@@ -1264,7 +1266,7 @@ func TestPatchedChunkInSpoolDB(t *testing.T) {
 	}
 
 	rewrite(func(v []byte) []byte { v[patchAt] ^= 0x02; return v })
-	if rep, err := Verify(dir); err != nil || rep.Damaged != 1 || rep.Records != (chunks-1)*perChunk {
+	if rep, err := Verify(dir, nil); err != nil || rep.Damaged != 1 || rep.Records != (chunks-1)*perChunk {
 		t.Fatalf("Verify of a damaged patch: %+v, %v; want 1 damaged", rep, err)
 	}
 	if got := salvaged(); !got[2] || !got[3] || got[1] || got[4] {

@@ -12,7 +12,7 @@ import (
 // pageFile reads a bbolt file page by page with ReadAt, never through a
 // mapping and never trusting a page: every offset and length is checked,
 // so a damaged or truncated file yields errors, not panics or faults. The
-// offline tools (Verify, Salvage) walk the tree with it, from the meta
+// offline tool (Verify) walks the tree with it, from the meta
 // page bbolt would use, and skip the pages they cannot read.
 type pageFile struct {
 	f    *os.File

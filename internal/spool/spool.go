@@ -42,13 +42,13 @@ var ErrClosed = errors.New("spool: closed")
 // ErrMismatch is returned by Open when spool.db and the write-ahead log do
 // not belong together: spool.db is missing or empty, or is another spool's,
 // while the log holds records, or spool.db records a log position the log
-// does not reach. Open changes nothing then; Salvage recovers what both
+// does not reach. Open changes nothing then; Verify salvages what both
 // hold.
 var ErrMismatch = errors.New("spool: spool.db does not match the write-ahead log")
 
 // ErrDamaged is returned by Open when spool.db cannot be opened or read
 // (damaged pages, a truncated file, a value that fails its checksum where
-// the spool cannot go on without it). Salvage recovers what is readable.
+// the spool cannot go on without it). Verify salvages what is readable.
 var ErrDamaged = errors.New("spool: spool.db is damaged")
 
 // SyncMode says when a commit counts as durable.

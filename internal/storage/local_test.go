@@ -22,7 +22,7 @@ func TestLocalConformance(t *testing.T) {
 			// Runs after every open's Close (cleanups run last first): the
 			// files the test leaves are whole.
 			t.Cleanup(func() {
-				rep, err := spool.Verify(dir)
+				rep, err := spool.Verify(dir, nil)
 				if err != nil || rep.Damaged != 0 || len(rep.Problems) != 0 {
 					t.Errorf("spool left damaged: %v, %+v", err, rep)
 				}
