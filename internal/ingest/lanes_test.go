@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -69,10 +70,11 @@ func TestRetiredLaneLeavesCache(t *testing.T) {
 			t.Fatalf("round %d: %v %d chunks", round, err, len(cs))
 		}
 		r.sp.Ack(l, cs[0].Seq)
-		select {
-		case <-l.Retired():
-		case <-time.After(10 * time.Second):
-			t.Fatalf("round %d: lane not retired", round)
+		ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+		_, err = l.Next(ctx, 1<<20) // returns once the empty lane is retired
+		cancel()
+		if !errors.Is(err, spool.ErrRetired) {
+			t.Fatalf("round %d: lane not retired: %v", round, err)
 		}
 	}
 }

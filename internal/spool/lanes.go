@@ -22,7 +22,7 @@ import (
 // acknowledged, none in the WAL since the applied position) and has had no
 // Append for Config.RetireIdle is retired by the store goroutine: it is
 // removed from Lanes, its lane record and queue bucket are deleted in one
-// bbolt transaction (so a restart does not load it again), and its Retired
+// bbolt transaction (so a restart does not load it again), and its retiredC
 // channel is closed so that its reader (Next) returns ErrRetired.
 //
 // A retired Lane handle stays usable for Append: Append sends the records to
@@ -75,9 +75,6 @@ func LabelOf(k LaneKey) string {
 	h := sha256.Sum256([]byte(k.APIKey + "\x00" + k.Options))
 	return k.Kind.String() + "-" + hex.EncodeToString(h[:4])
 }
-
-// Retired returns a channel closed when the lane is retired.
-func (l *Lane) Retired() <-chan struct{} { return l.retiredC }
 
 // IsRetired reports whether the lane was retired.
 func (l *Lane) IsRetired() bool { return l.retired.Load() }

@@ -121,7 +121,7 @@ func TestRetireIdleLanes(t *testing.T) {
 	// Wait until it is retired too, then reopen: neither comes back; the
 	// lane with a record does.
 	select {
-	case <-again.Retired():
+	case <-again.retiredC:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the new lane was not retired")
 	}
@@ -153,7 +153,7 @@ func TestAppendToRetiredLane(t *testing.T) {
 		}
 		got += drainLane(t, s, cur)
 		select {
-		case <-cur.Retired():
+		case <-cur.retiredC:
 		case <-time.After(10 * time.Second):
 			t.Fatal("lane not retired")
 		}
@@ -176,7 +176,7 @@ func TestPinnedLaneNotRetired(t *testing.T) {
 	}
 	l.Unpin()
 	select {
-	case <-l.Retired():
+	case <-l.retiredC:
 	case <-time.After(10 * time.Second):
 		t.Fatal("an unpinned empty lane was not retired")
 	}

@@ -1135,7 +1135,7 @@ func (s *Spool) LanesChanged() <-chan struct{} {
 // no-op. b must not be used until Append returns. ctx is checked before the
 // chunk is queued; once queued, Append waits for the write (well under a
 // millisecond plus the fsync) so that its answer is always the truth.
-// When l was retired (see Lane.Retired), the chunk goes to the lane of the
+// When l was retired (see Lane.IsRetired), the chunk goes to the lane of the
 // same key, created again if needed (which may fail with ErrTooManyLanes).
 func (s *Spool) Append(ctx context.Context, l *Lane, b *Batch) error {
 	if b.n == 0 {
