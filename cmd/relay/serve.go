@@ -320,7 +320,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	// Spool.
 	scfg := spool.Config{Dir: cfg.DataDir, MaxBytes: cfg.SpoolMaxBytes, MinFreeBytes: cfg.SpoolMinFreeBytes}
 	if cfg.Sync == "none" {
-		scfg.Sync = spool.SyncNone
+		scfg.NoSync = true
 	}
 	if scfg.MinFreeBytes == 0 {
 		scfg.MinFreeBytes = -1 // --spool-min-free-bytes 0 disables the reserve

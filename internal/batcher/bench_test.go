@@ -92,7 +92,7 @@ func deliverCountOnly(b *testing.B, cfg Config, events, pad int) {
 	var peak int64
 	for range b.N {
 		b.StopTimer()
-		sp, err := spool.Open(spool.Config{Dir: b.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
+		sp, err := spool.Open(spool.Config{Dir: b.TempDir(), NoSync: true, MinFreeBytes: -1}, nil, nil)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -209,7 +209,7 @@ func newChurnRelay(t testing.TB, scfg spool.Config) *churnRelay {
 	srv := httptest.NewServer(r.sink) // 127.0.0.1
 	t.Cleanup(srv.Close)
 	url := srv.URL
-	scfg.Dir, scfg.Sync, scfg.MinFreeBytes = r.dir, spool.SyncNone, -1
+	scfg.Dir, scfg.NoSync, scfg.MinFreeBytes = r.dir, true, -1
 	r.scfg = scfg
 	r.cfg = Config{IngestURL: url, FlushInterval: 5 * time.Millisecond, RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond}
 	r.open()

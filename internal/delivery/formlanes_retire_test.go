@@ -17,7 +17,7 @@ import (
 // makes a new lane that delivers.
 func TestRetiredLanesForgotten(t *testing.T) {
 	s, url, cli := startUpstream(t)
-	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1, RetireIdle: 50 * time.Millisecond}, nil, nil)
+	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), NoSync: true, MinFreeBytes: -1, RetireIdle: 50 * time.Millisecond}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -95,7 +95,7 @@ func (c *memConn) SetWriteDeadline(time.Time) error { return nil }
 // that closes it (a request behind a refused one is never served). Seeds in
 // testdata/fuzz/FuzzIngestConn.
 func FuzzIngestConn(f *testing.F) {
-	sp, err := spool.Open(spool.Config{Dir: f.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
+	sp, err := spool.Open(spool.Config{Dir: f.TempDir(), NoSync: true, MinFreeBytes: -1}, nil, nil)
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -84,7 +84,7 @@ func FuzzHandler(f *testing.F) {
 	f.Add([]byte("\x1f\x8b\x08\x00garbage"), true)
 	f.Add([]byte(``), false)
 
-	sp, err := spool.Open(spool.Config{Dir: f.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
+	sp, err := spool.Open(spool.Config{Dir: f.TempDir(), NoSync: true, MinFreeBytes: -1}, nil, nil)
 	if err != nil {
 		f.Fatal(err)
 	}

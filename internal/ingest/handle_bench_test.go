@@ -14,7 +14,7 @@ import (
 
 // BenchmarkHandle measures the handler alone, in process (no HTTP, no
 // client: every allocation counted is the relay's), on SDK-shaped events
-// (benchtest.SDKEvent), 1 and 100 per request, into a real spool under SyncNone whose
+// (benchtest.SDKEvent), 1 and 100 per request, into a real spool under NoSync whose
 // lane a reader goroutine drains and acknowledges (its reads are counted
 // too: the spool's hand-over is part of the accept path's cost). An op is
 // one request answered 200; events=N gives per-event figures in
@@ -22,7 +22,7 @@ import (
 func BenchmarkHandle(b *testing.B) {
 	for _, n := range []int{1, 100} {
 		b.Run(fmt.Sprintf("shape=sdk/events=%d", n), func(b *testing.B) {
-			h, body := benchHandler(b, spool.SyncNone, n)
+			h, body := benchHandler(b, true, n)
 
 			remote := &net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 1234}
 			var req fasthttp.Request
@@ -54,9 +54,9 @@ func BenchmarkHandle(b *testing.B) {
 // benchHandler is the handler of a server on a real spool (sync) in a
 // temporary directory, whose lane a goroutine drains and acknowledges
 // until the benchmark ends, and a request body of n SDK-shaped events.
-func benchHandler(b *testing.B, sync spool.SyncMode, n int) (fasthttp.RequestHandler, []byte) {
+func benchHandler(b *testing.B, noSync bool, n int) (fasthttp.RequestHandler, []byte) {
 	b.Helper()
-	sp, err := spool.Open(spool.Config{Dir: b.TempDir(), Sync: sync, MinFreeBytes: -1}, nil, nil)
+	sp, err := spool.Open(spool.Config{Dir: b.TempDir(), NoSync: noSync, MinFreeBytes: -1}, nil, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

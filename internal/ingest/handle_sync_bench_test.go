@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/svcrelay/relay/internal/benchtest"
-	"github.com/svcrelay/relay/internal/spool"
 	"github.com/valyala/fasthttp"
 )
 
@@ -25,7 +24,7 @@ func BenchmarkHandleSync(b *testing.B) {
 }
 
 func benchHandleSync(b *testing.B, n, par int) {
-	h, body := benchHandler(b, spool.SyncAlways, n)
+	h, body := benchHandler(b, false, n)
 	run := func(pb func() bool) {
 		remote := &net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 1234}
 		var req fasthttp.Request

@@ -15,7 +15,7 @@ import (
 // beyond the spool's MaxLanes gets 503 with Retry-After while the lanes
 // that exist keep taking events.
 func TestLaneAdmission(t *testing.T) {
-	r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone, MaxLanes: 3, RetireIdle: -1})
+	r := startRelay(t, Config{}, spool.Config{NoSync: true, MaxLanes: 3, RetireIdle: -1})
 	ev := `{"user_id":"user-00001","event_type":"a","insert_id":"x","time":1}`
 	for _, opts := range []string{`{"junk":"1"}`, `{"junk":"1" }`, `{ "junk" : "\u0031"}`, `{"junk":"1","min_id_length":5}`} {
 		if a := r.post("/2/httpapi", envelope("k1", opts, ev)); a.status != 200 {
@@ -53,7 +53,7 @@ func TestLaneAdmission(t *testing.T) {
 // drops retired lanes, and the spool reroutes an Append through a retired
 // handle: either keeps this test passing, neither fails it).
 func TestRetiredLaneLeavesCache(t *testing.T) {
-	r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone, RetireIdle: 20 * time.Millisecond})
+	r := startRelay(t, Config{}, spool.Config{NoSync: true, RetireIdle: 20 * time.Millisecond})
 	ev := `{"user_id":"user-00001","event_type":"a","insert_id":"x","time":1}`
 	for round := range 3 {
 		if a := r.post("/2/httpapi", envelope("k", "", ev)); a.status != 200 {

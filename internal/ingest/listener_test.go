@@ -30,7 +30,7 @@ import (
 func TestMalformedRequestLogsNoContent(t *testing.T) {
 	const secret = "s3cr3t-4f1d"
 	core, logs := observer.New(zapcore.DebugLevel)
-	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
+	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), NoSync: true, MinFreeBytes: -1}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func TestMalformedRequestLogsNoContent(t *testing.T) {
 // TestMaxConnections: beyond the limit a new connection waits (it is
 // accepted by the kernel but not served), and is served once another closes.
 func TestMaxConnections(t *testing.T) {
-	r := startRelay(t, Config{MaxConnections: 2}, spool.Config{Sync: spool.SyncNone})
+	r := startRelay(t, Config{MaxConnections: 2}, spool.Config{NoSync: true})
 	healthz := "GET /healthz HTTP/1.1\r\nHost: relay\r\n\r\n"
 	var held [2]*rawConn
 	for i := range held {
@@ -257,7 +257,7 @@ func TestFileDescriptorChild(t *testing.T) {
 	if dir == "" {
 		t.Skip("only as the child of TestFileDescriptorExhaustion")
 	}
-	sp, err := spool.Open(spool.Config{Dir: dir, Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
+	sp, err := spool.Open(spool.Config{Dir: dir, NoSync: true, MinFreeBytes: -1}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

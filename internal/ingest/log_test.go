@@ -18,7 +18,7 @@ import (
 func TestRejectLogsSampledAndKeyless(t *testing.T) {
 	const secret = "secret-api-key-4242"
 	core, logs := observer.New(zapcore.DebugLevel)
-	r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone, MaxBytes: 4 << 10})
+	r := startRelay(t, Config{}, spool.Config{NoSync: true, MaxBytes: 4 << 10})
 	// A second server on the same spool, with the observed logger.
 	srv, err := New(Config{}, r.sp, event.NewIDGen(), zap.New(core), nil)
 	if err != nil {

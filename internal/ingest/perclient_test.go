@@ -88,7 +88,7 @@ func served(t *testing.T, c net.Conn, br *bufio.Reader) bool {
 // connections closed at accept, without an answer, while another client is
 // served; a closed connection gives its share back.
 func TestMaxConnectionsPerClient(t *testing.T) {
-	r := startRelay(t, Config{MaxConnectionsPerClient: 2}, spool.Config{Sync: spool.SyncNone})
+	r := startRelay(t, Config{MaxConnectionsPerClient: 2}, spool.Config{NoSync: true})
 	var held [2]net.Conn
 	for i := range held {
 		held[i] = mustDialFrom(t, "127.0.0.1", r.addr)
@@ -153,7 +153,7 @@ func TestMaxConnectionsPerClientTrustedProxy(t *testing.T) {
 	r := startRelay(t, Config{
 		MaxConnectionsPerClient: 1,
 		TrustedProxies:          []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
-	}, spool.Config{Sync: spool.SyncNone})
+	}, spool.Config{NoSync: true})
 	for i := range 3 {
 		c := mustDialFrom(t, "127.0.0.1", r.addr)
 		if !served(t, c, bufio.NewReader(c)) {
@@ -171,7 +171,7 @@ func TestMaxConnectionsPerClientTrustedProxy(t *testing.T) {
 
 // TestMaxConnectionsPerClientOff: 0 bounds nothing.
 func TestMaxConnectionsPerClientOff(t *testing.T) {
-	r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone})
+	r := startRelay(t, Config{}, spool.Config{NoSync: true})
 	if r.srv.perClient != nil {
 		t.Fatal("per-client count kept with the bound off")
 	}
@@ -253,7 +253,7 @@ func TestMaxConnectionsPerClientTLS(t *testing.T) {
 	rl, certFile, _ := selfSignedReloader(t)
 	roots := x509.NewCertPool()
 	tlstest.Trust(t, roots, certFile)
-	r := startRelay(t, Config{TLS: rl.TLSConfig(), MaxConnectionsPerClient: 2}, spool.Config{Sync: spool.SyncNone})
+	r := startRelay(t, Config{TLS: rl.TLSConfig(), MaxConnectionsPerClient: 2}, spool.Config{NoSync: true})
 
 	// open returns a served TLS connection, or nil when the server closed
 	// it without an answer (at accept: the handshake fails).
@@ -316,7 +316,7 @@ func TestMaxConnectionsPerClientLog(t *testing.T) {
 		want string
 	}{{false, "127.0.0.1"}, {true, "127.0.0.0"}} {
 		core, logs := observer.New(zapcore.DebugLevel)
-		r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone})
+		r := startRelay(t, Config{}, spool.Config{NoSync: true})
 		// A second server on the same spool, with the observed logger.
 		cfg := Config{MaxConnectionsPerClient: 1}
 		cfg.AnonymizeIP = tc.anon
@@ -353,7 +353,7 @@ func TestMaxConnectionsPerClientUnboundedPeers(t *testing.T) {
 	r := startRelay(t, Config{
 		MaxConnectionsPerClient: 1,
 		UnboundedPeers:          []netip.Prefix{netip.MustParsePrefix("::ffff:127.0.0.2/128")}, // 4-in-6: compared unmapped
-	}, spool.Config{Sync: spool.SyncNone})
+	}, spool.Config{NoSync: true})
 	for i := range 3 {
 		c := mustDialFrom(t, "127.0.0.2", r.addr)
 		if !served(t, c, bufio.NewReader(c)) {

@@ -38,7 +38,7 @@ func TestBufClass(t *testing.T) {
 func TestChunkBufferRecycled(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	s := openTest(t, Config{Dir: dir, Sync: SyncNone, CompactMinFileBytes: -1})
+	s := openTest(t, Config{Dir: dir, NoSync: true, CompactMinFileBytes: -1})
 	l := mustLane(t, s, testKey(1))
 	const chunks = 10
 	var b Batch
@@ -51,7 +51,7 @@ func TestChunkBufferRecycled(t *testing.T) {
 		}
 	}
 	s.Close()
-	s = openTest(t, Config{Dir: dir, Sync: SyncNone, CompactMinFileBytes: -1})
+	s = openTest(t, Config{Dir: dir, NoSync: true, CompactMinFileBytes: -1})
 	l = mustLane(t, s, testKey(1))
 	first := nextT(t, l, 0)[0] // one chunk per call
 	kept := bytes.Clone(first.Records[0].Data)
@@ -90,7 +90,7 @@ func TestChunkBufferRecycled(t *testing.T) {
 // Batch once both let it go.
 func TestHotChunkSharedBuffer(t *testing.T) {
 	ctx := context.Background()
-	s := openTest(t, Config{Sync: SyncNone, CompactMinFileBytes: -1, flushAge: time.Hour})
+	s := openTest(t, Config{NoSync: true, CompactMinFileBytes: -1, flushAge: time.Hour})
 	l := mustLane(t, s, testKey(1))
 	var b Batch
 	for j := range 10 {

@@ -16,7 +16,7 @@
 //	meta    format version; the spool's random id; dead-letter count and
 //	        bytes; the WAL position applied to the file (records before it
 //	        need no replay); the WAL end acknowledged when a checkpoint
-//	        last committed (SyncAlways). Other keys are left alone (later
+//	        last committed (unless NoSync). Other keys are left alone (later
 //	        features add theirs)
 //	lanes   8-byte big-endian lane id -> LaneKey + next seq and the
 //	        chunks, records and bytes of the lane in this file (updated in
@@ -40,12 +40,12 @@
 //
 // # Durability
 //
-// Append returns only after its chunk's record is in the WAL: under
-// SyncAlways the segment is fdatasync'ed (one fdatasync per write, for
+// Append returns only after its chunk's record is in the WAL: unless
+// NoSync, the segment is fdatasync'ed (one fdatasync per write, for
 // every Append queued while the previous write ran: group commit; when the
 // last write carried several appends and fewer are queued, the writer first
 // yields up to 50 µs for as many, see takeWAL);
-// under SyncNone the record has reached the OS (it survives a crash of the
+// under NoSync the record has reached the OS (it survives a crash of the
 // process, not of the machine). A segment's name is made durable (directory
 // fsync) before anything in it is acknowledged. A chunk is written from its
 // Batch's buffer without a copy, and the spool keeps that buffer: the chunk
@@ -55,7 +55,7 @@
 // chunks not acknowledged within flushAge (500 ms), and all of them when
 // the hot chunks' memory passes the hot bound (8 MiB) or the WAL since the last
 // checkpoint passes 64 MiB. A checkpoint is one bbolt transaction (two
-// fdatasyncs under SyncAlways, none under SyncNone) that also stores the WAL
+// fdatasyncs, none under NoSync) that also stores the WAL
 // position up to which bbolt is complete. Open replays the WAL from that
 // position into bbolt, so every acknowledged chunk not yet in bbolt comes
 // back after a crash (see Integrity for what a damaged log costs). A chunk delivered and

@@ -31,7 +31,7 @@ import (
 // often, so that spool.db records the acknowledged end soon; small
 // segments keep the images small.
 func integrityCfg(dir string) Config {
-	return Config{Dir: dir, Sync: SyncAlways, MinFreeBytes: -1, CompactMinFileBytes: -1,
+	return Config{Dir: dir, MinFreeBytes: -1, CompactMinFileBytes: -1,
 		flushAge: time.Hour, checkpointEvery: time.Millisecond, segmentBytes: 256 << 10}
 }
 

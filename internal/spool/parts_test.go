@@ -19,7 +19,7 @@ func TestNextPart(t *testing.T) {
 	for _, cold := range []bool{false, true} {
 		t.Run(fmt.Sprintf("cold=%v", cold), func(t *testing.T) {
 			dir := t.TempDir()
-			cfg := Config{Dir: dir, Sync: SyncNone, MinFreeBytes: -1, flushAge: time.Millisecond, checkpointEvery: time.Millisecond}
+			cfg := Config{Dir: dir, NoSync: true, MinFreeBytes: -1, flushAge: time.Millisecond, checkpointEvery: time.Millisecond}
 			if !cold {
 				cfg.flushAge, cfg.checkpointEvery = time.Hour, time.Hour
 			}
@@ -98,7 +98,7 @@ func TestNextPart(t *testing.T) {
 			if err := s.Close(); err != nil {
 				t.Fatal(err)
 			}
-			s2 := openTest(t, Config{Dir: dir, Sync: SyncNone, MinFreeBytes: -1})
+			s2 := openTest(t, Config{Dir: dir, NoSync: true, MinFreeBytes: -1})
 			l2 := s2.Lanes()[0]
 			cs, _, err := l2.NextPart(ctx, maxBytes, nil)
 			if err != nil {

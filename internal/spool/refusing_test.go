@@ -22,7 +22,7 @@ import (
 // small tmpfs mounted by the test; skipped where mounting is not allowed).
 func TestRefusingWhileCheckpointsFail(t *testing.T) {
 	cfg := func(dir string) Config {
-		return Config{Dir: dir, Sync: SyncNone, MinFreeBytes: -1, CompactMinFileBytes: -1,
+		return Config{Dir: dir, NoSync: true, MinFreeBytes: -1, CompactMinFileBytes: -1,
 			hotMaxBytes: 2 << 20, flushAge: time.Nanosecond, checkpointEvery: time.Millisecond}
 	}
 	t.Run("size limit", func(t *testing.T) {
@@ -132,7 +132,7 @@ func checkRefusing(t *testing.T, s *Spool, l *Lane, cause string, free func()) {
 // mounting is not allowed).
 func TestRefusingWhileWALCannotGrow(t *testing.T) {
 	mnt := diskfull.Tmpfs(t, "48m", "")
-	s := openTest(t, Config{Dir: filepath.Join(mnt, "spool"), Sync: SyncNone, MinFreeBytes: -1, CompactMinFileBytes: -1,
+	s := openTest(t, Config{Dir: filepath.Join(mnt, "spool"), NoSync: true, MinFreeBytes: -1, CompactMinFileBytes: -1,
 		segmentBytes: 1 << 20, flushAge: time.Nanosecond, checkpointEvery: time.Millisecond})
 	l := mustLane(t, s, testKey(1))
 	appendChunks(t, s, l, 1, 1, 1, 100)

@@ -24,7 +24,7 @@ import (
 // damaged-records counter, the bytes kept in Dir/quarantine/), and what
 // follows is replayed. A bad tail is dropped with a warning only in the
 // newest segment and only from the acknowledged end on: synced is the WAL
-// end spool.db last recorded under SyncAlways (zero when unknown), and
+// end spool.db last recorded (unless NoSync; zero when unknown), and
 // every record acknowledged before it was fsynced before that record was
 // committed; a record past it was either never acknowledged (a torn write)
 // or acknowledged within the last checkpoint's lag (a checkpoint interval,

@@ -17,7 +17,7 @@ func TestSparesReused(t *testing.T) {
 	const seg = 64 << 10
 	// Nothing is checkpointed by age or WAL size: the segments are freed
 	// by acknowledging their chunks, all at one checkpoint.
-	s := openTest(t, Config{Dir: t.TempDir(), Sync: SyncNone, segmentBytes: seg,
+	s := openTest(t, Config{Dir: t.TempDir(), NoSync: true, segmentBytes: seg,
 		flushAge: time.Hour, walMaxBytes: 1 << 30, idleAfter: time.Hour})
 	ctx := context.Background()
 	l := mustLane(t, s, testKey(1))

@@ -51,22 +51,14 @@ var ErrMismatch = errors.New("spool: spool.db does not match the write-ahead log
 // the spool cannot go on without it). Verify salvages what is readable.
 var ErrDamaged = errors.New("spool: spool.db is damaged")
 
-// SyncMode says when a commit counts as durable.
-type SyncMode int
-
-const (
-	// SyncAlways fdatasyncs every commit before Append returns.
-	SyncAlways SyncMode = iota
-	// SyncNone returns once the commit reached the OS.
-	SyncNone
-)
-
 // Config configures a Spool.
 type Config struct {
 	// Dir is the directory of the spool files; created if missing. Required.
 	Dir string
-	// Sync is the durability of an Append; the zero value is SyncAlways.
-	Sync SyncMode
+	// NoSync: an Append returns once its commit reached the OS (it survives
+	// a crash of the process, not of the machine). False fdatasyncs every
+	// commit before Append returns.
+	NoSync bool
 	// MaxBytes bounds the live record bytes; zero means no quota.
 	MaxBytes int64
 	// MinFreeBytes is the free space kept on the filesystem so that deletes
@@ -144,8 +136,6 @@ func (c Config) Validate() error {
 	switch {
 	case c.Dir == "":
 		return errors.New("spool config: Dir is required")
-	case c.Sync != SyncAlways && c.Sync != SyncNone:
-		return fmt.Errorf("spool config: unknown Sync mode %d", c.Sync)
 	case c.MaxBytes < 0:
 		return errors.New("spool config: MaxBytes must not be negative")
 	case c.maxCommitBytes < 0:
@@ -804,8 +794,8 @@ var (
 	// belong together are told apart.
 	keyID = []byte("id")
 	// keySynced: the WAL end acknowledged (fsynced) when a checkpoint last
-	// committed, 16 bytes as keyWAL plus their CRC-32C; only under
-	// SyncAlways (absent otherwise). See replay.
+	// committed, 16 bytes as keyWAL plus their CRC-32C; absent under
+	// NoSync. See replay.
 	keySynced = []byte("walsync")
 )
 
@@ -907,7 +897,7 @@ func (s *Spool) openDB() (*bolt.DB, error) {
 			NoFreelistSync:  true,
 			FreelistType:    bolt.FreelistMapType,
 			InitialMmapSize: 1 << 30,
-			NoSync:          s.cfg.Sync == SyncNone,
+			NoSync:          s.cfg.NoSync,
 			MaxSize:         s.cfg.maxFileBytes,
 		})
 		return err
@@ -998,11 +988,11 @@ func decodeSynced(v []byte) (walPos, error) {
 	return decodePos(v[:16])
 }
 
-// putSynced records p as the acknowledged WAL end under SyncAlways, and
-// removes the record under SyncNone (whose acknowledged records may be
+// putSynced records p as the acknowledged WAL end, and
+// removes the record under NoSync (whose acknowledged records may be
 // lost with the machine, so their end proves nothing).
 func (s *Spool) putSynced(meta *bolt.Bucket, p walPos) error {
-	if s.cfg.Sync != SyncAlways {
+	if s.cfg.NoSync {
 		return meta.Delete(keySynced)
 	}
 	v := p.encode()
@@ -1130,7 +1120,7 @@ func (s *Spool) LanesChanged() <-chan struct{} {
 }
 
 // Append writes b as one chunk at the tail of lane l and returns once it is
-// durable (see SyncMode). On success it takes b's records over and leaves b
+// durable (see Config.NoSync). On success it takes b's records over and leaves b
 // empty (ready for reuse); on error b is unchanged. An empty batch is a
 // no-op. b must not be used until Append returns. ctx is checked before the
 // chunk is queued; once queued, Append waits for the write (well under a

@@ -21,11 +21,10 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		{"minimal", Config{Dir: "x"}, true},
 		{"no dir", Config{}, false},
-		{"bad sync", Config{Dir: "x", Sync: 7}, false},
 		{"negative quota", Config{Dir: "x", MaxBytes: -1}, false},
 		{"negative commit bytes", Config{Dir: "x", maxCommitBytes: -1}, false},
 		{"compact percent over 100", Config{Dir: "x", compactPercent: 101}, false},
-		{"everything", Config{Dir: "x", Sync: SyncNone, MaxBytes: 1, MinFreeBytes: -1, maxCommitBytes: 1, CompactMinFileBytes: -1, compactPercent: 50}, true},
+		{"everything", Config{Dir: "x", NoSync: true, MaxBytes: 1, MinFreeBytes: -1, maxCommitBytes: 1, CompactMinFileBytes: -1, compactPercent: 50}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -111,7 +110,7 @@ func TestBatch(t *testing.T) {
 }
 
 func TestLaneLabel(t *testing.T) {
-	s := openTest(t, Config{Sync: SyncNone})
+	s := openTest(t, Config{NoSync: true})
 	secret := "0123456789abcdef-secret"
 	l := mustLane(t, s, LaneKey{Kind: KindGroupIdentify, APIKey: secret, Options: `{"min_id_length":3}`})
 	if strings.Contains(l.Label(), secret) || !strings.HasPrefix(l.Label(), "groupidentify-") || len(l.Label()) != len("groupidentify-")+8 {
@@ -223,7 +222,7 @@ func TestAppendNextAckReopen(t *testing.T) {
 // TestNextBlocks checks that Next waits for an Append, and returns on ctx
 // end and on Close.
 func TestNextBlocks(t *testing.T) {
-	s := openTest(t, Config{Sync: SyncNone})
+	s := openTest(t, Config{NoSync: true})
 	l := mustLane(t, s, testKey(1))
 	got := make(chan []Chunk, 1)
 	go func() {
@@ -407,7 +406,7 @@ func gatherLabel(t testing.TB, reg *prometheus.Registry, name, label, value stri
 }
 
 func TestSecondOpenFails(t *testing.T) {
-	s := openTest(t, Config{Sync: SyncNone})
+	s := openTest(t, Config{NoSync: true})
 	start := time.Now()
 	_, err := Open(s.cfg, nil, nil)
 	if !errors.Is(err, errLocked) || !strings.Contains(err.Error(), "locked") {
@@ -423,7 +422,7 @@ func TestSecondOpenFails(t *testing.T) {
 func TestOldestAndRejectMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	dir := t.TempDir()
-	s, err := Open(Config{Dir: dir, Sync: SyncNone, MaxBytes: 2000}, nil, reg)
+	s, err := Open(Config{Dir: dir, NoSync: true, MaxBytes: 2000}, nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -502,7 +501,7 @@ func TestBatchAddFunc(t *testing.T) {
 			}
 		}
 	}
-	s := openTest(t, Config{Sync: SyncNone})
+	s := openTest(t, Config{NoSync: true})
 	l := mustLane(t, s, testKey(1))
 	if err := s.Append(context.Background(), l, &b); err != nil {
 		t.Fatal(err)

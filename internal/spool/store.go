@@ -279,13 +279,13 @@ func (s *Spool) checkpoint(ops []*op, acks []ackOp, end walPos, endTotal int64, 
 	}
 	s.st.flush, s.st.flushL = flush, flushL
 	defer func() { clear(flush); clear(flushL) }()
-	// Under SyncAlways a commit also records the acknowledged WAL end
+	// Unless NoSync, a commit also records the acknowledged WAL end
 	// (replay tells damage from a torn write by it), so a WAL that moved
 	// is reason enough for one.
 	if s.draining.Load() {
 		end = s.synced
 	}
-	syncedMoved := s.cfg.Sync == SyncAlways && s.synced.less(end)
+	syncedMoved := !s.cfg.NoSync && s.synced.less(end)
 	if len(ops) == 0 && len(acks) == 0 && len(flush) == 0 && p == s.st.applied && !syncedMoved {
 		for _, l := range lanes {
 			l.w.nextSeq = l.cold.nextSeq

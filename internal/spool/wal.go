@@ -57,7 +57,7 @@ import (
 //     segment (old bytes of a reused file): the segment's clean end;
 //   - there is none, and the bytes there are anything else: a bad tail. In
 //     the newest segment, at or past the end that spool.db last recorded as
-//     acknowledged (meta key "walsync", under SyncAlways), it is a write cut
+//     acknowledged (meta key "walsync", unless NoSync), it is a write cut
 //     by a crash, which was never acknowledged (see replay.go); anywhere
 //     else it is damage.
 //

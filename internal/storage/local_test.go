@@ -29,7 +29,7 @@ func TestLocalConformance(t *testing.T) {
 			})
 			return func(t *testing.T, o storagetest.Options) storage.Backend {
 				t.Helper()
-				sp, err := spool.Open(spool.Config{Dir: dir, Sync: spool.SyncNone, MinFreeBytes: -1, MaxBytes: o.MaxBytes}, nil, nil)
+				sp, err := spool.Open(spool.Config{Dir: dir, NoSync: true, MinFreeBytes: -1, MaxBytes: o.MaxBytes}, nil, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
