@@ -131,7 +131,7 @@ func TestCheckpointDeletesDropPages(t *testing.T) {
 	for n := 0; n < chunks; {
 		for _, c := range nextT(t, l, 8<<20) {
 			seqs = append(seqs, c.Seq)
-			c.Buffer().Release()
+			c.Buffer.Release()
 			n++
 		}
 	}

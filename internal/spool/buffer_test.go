@@ -59,7 +59,7 @@ func TestChunkBufferRecycled(t *testing.T) {
 	prev := nextT(t, l, 0)[0]
 	for i := 2; i < chunks; i++ {
 		addr := unsafe.SliceData(prev.Records[0].Data)
-		prev.Buffer().Release()
+		prev.Buffer.Release()
 		c := nextT(t, l, 0)[0]
 		if unsafe.SliceData(c.Records[0].Data) == addr {
 			reused++
@@ -127,7 +127,7 @@ func TestHotChunkSharedBuffer(t *testing.T) {
 	s.Ack(l, c.Seq) // the spool lets go; the reader still holds it
 	fill()
 	check("after Ack")
-	c.Buffer().Release()
+	c.Buffer.Release()
 	if st := l.Stats(); st.Chunks != 0 || s.hotHeld.Load() != 0 {
 		t.Fatalf("after Ack and Release: %+v, hot %d bytes", st, s.hotHeld.Load())
 	}

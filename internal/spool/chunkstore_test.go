@@ -36,7 +36,7 @@ func TestLargeChunksWrittenOnce(t *testing.T) {
 		if _, n := recID(c.Records[0]); n != 0 || len(c.Records) != perChunk || len(c.Records[0].Data) != len(rec(1, 0, pad+i).Data) {
 			t.Fatalf("chunk %d: %d records, first %q...", i, len(c.Records), c.Records[0].Data[:20])
 		}
-		c.Buffer().Release()
+		c.Buffer.Release()
 		s.Ack(l, c.Seq) // one at a time: each delete its own commit
 		deadline := time.Now().Add(5 * time.Second)
 		for l.Stats().Chunks != int64(chunks-i-1) {

@@ -97,7 +97,7 @@ func crashChild(dir string) {
 					fmt.Fprintf(os.Stdout, "ack %d\n", id)
 					out.Unlock()
 					s.Ack(l, c.Seq)
-					c.Buffer().Release()
+					c.Buffer.Release()
 				}
 			}
 		}()

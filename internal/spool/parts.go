@@ -61,7 +61,7 @@ func (l *Lane) NextPart(ctx context.Context, maxBytes int, recs []Record) ([]Chu
 		// The chunk came in whole because it was published between the
 		// look and the read: give it back and read it in parts.
 		for _, c := range chunks {
-			c.buf.Release()
+			c.Buffer.Release()
 		}
 		l.readSeq = chunks[0].Seq
 		clear(slab.buf)
@@ -193,7 +193,7 @@ func (l *Lane) cut(seq uint64, acc int64, n int, v []byte, maxBytes int, slab *r
 		k++
 	}
 	cb := getBuf(end)
-	ch := Chunk{Seq: seq, Accepted: time.UnixMilli(acc), Size: end, buf: Buffer{cb}, First: l.part.rec, Total: n}
+	ch := Chunk{Seq: seq, Accepted: time.UnixMilli(acc), Size: end, Buffer: Buffer{cb}, First: l.part.rec, Total: n}
 	ch.Records = slab.take(k)
 	for i := range ch.Records {
 		src, r := &rest[i], &ch.Records[i]

@@ -62,8 +62,8 @@ func TestNextPart(t *testing.T) {
 					if c.Size > maxBytes && len(c.Records) > 1 {
 						t.Fatalf("part of %d bytes, %d records, max %d", c.Size, len(c.Records), maxBytes)
 					}
-					if c.Buffer().Cap() > 2*maxBytes {
-						t.Fatalf("part buffer of %d bytes: the whole chunk was read", c.Buffer().Cap())
+					if c.Buffer.Cap() > 2*maxBytes {
+						t.Fatalf("part buffer of %d bytes: the whole chunk was read", c.Buffer.Cap())
 					}
 					for i, r := range c.Records {
 						var want string
@@ -86,7 +86,7 @@ func TestNextPart(t *testing.T) {
 					if c.First+len(c.Records) == max(c.Total, len(c.Records)) {
 						seqs = append(seqs, c.Seq)
 					}
-					c.Buffer().Release()
+					c.Buffer.Release()
 				}
 			}
 			if len(seqs) != 3 {
@@ -162,7 +162,7 @@ func TestNextPartDamagedChunk(t *testing.T) {
 			if c.First+len(c.Records) == c.Total {
 				s.Ack(l, c.Seq)
 			}
-			c.Buffer().Release()
+			c.Buffer.Release()
 		}
 	}
 	if want := idsExcept(chunks*perChunk, 6, 7, 8); !slices.Equal(ids, want) {

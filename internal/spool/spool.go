@@ -279,15 +279,13 @@ type Chunk struct {
 	// Size is the encoded size counted against the quota (of the part, for
 	// a part: see NextPart).
 	Size int
-	buf  Buffer
+	// Buffer is the memory the records alias, for a caller that can tell
+	// when they are no longer read (see Buffer.Release).
+	Buffer Buffer
 	// First is the index in the chunk of Records[0] and Total the chunk's
 	// record count, set by NextPart (a part has Total > len(Records)).
 	First, Total int
 }
-
-// Buffer is the memory the records alias, for a caller that can tell when
-// they are no longer read (see Buffer.Release).
-func (c *Chunk) Buffer() Buffer { return c.buf }
 
 // Lane is a handle on one lane. Lanes are never closed or freed while the
 // spool is open.
@@ -568,7 +566,7 @@ func (l *Lane) decodeHot(refs []hotRef, slab *recSlab) ([]Chunk, error) {
 	}
 	var err error
 	for i, c := range refs {
-		out[i].buf = Buffer{c.cb}
+		out[i].Buffer = Buffer{c.cb}
 		if rs := c.cb.records(c.records, slab); rs != nil {
 			out[i].Seq, out[i].Accepted, out[i].Size, out[i].Records = c.seq, time.UnixMilli(c.accepted), len(c.cb.b), rs
 		} else if derr := decodeChunk(c.seq, c.cb.b, &out[i], slab); derr != nil && err == nil {
@@ -578,7 +576,7 @@ func (l *Lane) decodeHot(refs []hotRef, slab *recSlab) ([]Chunk, error) {
 	clear(refs)
 	if err != nil {
 		for _, c := range out {
-			c.buf.Release()
+			c.Buffer.Release()
 		}
 		return nil, err
 	}
@@ -654,7 +652,7 @@ func (l *Lane) read(maxBytes int, end uint64, slab *recSlab) (_ []Chunk, dmg *da
 			for _, r := range raw {
 				cb := getBuf(len(r.v))
 				cb.b = append(cb.b, r.v...)
-				c := Chunk{buf: Buffer{cb}}
+				c := Chunk{Buffer: Buffer{cb}}
 				if err := decodeChunk(r.seq, cb.b, &c, slab); err != nil {
 					dmg = &damagedChunk{seq: r.seq, v: cb.b, err: err}
 					break

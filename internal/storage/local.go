@@ -115,7 +115,7 @@ func (r *laneReader) Next(ctx context.Context) (*Message, error) {
 	}
 	c := chunks[0]
 	r.mu.Lock()
-	r.bufs[c.Seq] = c.Buffer()
+	r.bufs[c.Seq] = c.Buffer
 	r.mu.Unlock()
 	return &Message{Seq: c.Seq, Lane: r.key, Accepted: c.Accepted, Records: c.Records}, nil
 }
