@@ -87,17 +87,18 @@ func (l *Lane) Pin() { l.pins.Add(1) }
 // Unpin undoes one Pin.
 func (l *Lane) Unpin() { l.pins.Add(-1) }
 
-// LanesFrom returns the lanes whose ID is at least id, oldest first: a
-// deliverer that remembers the last ID it saw learns of new lanes in time
+// LanesFrom returns the lanes whose ID is at least id, oldest first, and a
+// channel closed when the next lane is created (call LanesFrom again then):
+// a deliverer that remembers the last ID it saw learns of new lanes in time
 // proportional to their number, not to every lane's.
-func (s *Spool) LanesFrom(id uint64) []*Lane {
+func (s *Spool) LanesFrom(id uint64) ([]*Lane, <-chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	i := sort.Search(len(s.lanes), func(i int) bool { return s.lanes[i].id >= id })
 	if i == len(s.lanes) {
-		return nil
+		return nil, s.lanesCh
 	}
-	return append([]*Lane(nil), s.lanes[i:]...)
+	return append([]*Lane(nil), s.lanes[i:]...), s.lanesCh
 }
 
 // tooManyLanesLocked reports whether a new lane would pass MaxLanes, with

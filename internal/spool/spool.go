@@ -1109,14 +1109,6 @@ func (s *Spool) Lanes() []*Lane {
 	return append([]*Lane(nil), s.lanes...)
 }
 
-// LanesChanged returns a channel that is closed when the next lane is
-// created (call Lanes again, then LanesChanged again).
-func (s *Spool) LanesChanged() <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.lanesCh
-}
-
 // Append writes b as one chunk at the tail of lane l and returns once it is
 // durable (see Config.NoSync). On success it takes b's records over and leaves b
 // empty (ready for reuse); on error b is unchanged. An empty batch is a

@@ -132,12 +132,12 @@ func TestAppendNextAckReopen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	changed := s.LanesChanged()
+	_, changed := s.LanesFrom(0)
 	l := mustLane(t, s, testKey(1))
 	select {
 	case <-changed:
 	default:
-		t.Fatal("LanesChanged not closed after a lane was created")
+		t.Fatal("LanesFrom's channel not closed after a lane was created")
 	}
 	var b Batch
 	for i := range 10 {

@@ -73,8 +73,8 @@ func (l *Local) Run(ctx context.Context, deliver DeliverFunc) error {
 	defer wg.Wait()
 	started := make(map[uint64]bool)
 	for {
-		changed := l.sp.LanesChanged()
-		for _, lane := range l.sp.Lanes() {
+		lanes, changed := l.sp.LanesFrom(0)
+		for _, lane := range lanes {
 			if started[lane.ID()] {
 				continue
 			}
