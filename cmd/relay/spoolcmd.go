@@ -223,16 +223,17 @@ func importFile(ctx context.Context, sp *spool.Spool, name string, withDamaged b
 	}
 	var (
 		b    spool.Batch
+		n    int // records in b
 		lane *spool.Lane
 		dead []spool.DeadLetter
 	)
 	flush := func() error {
-		if b.Len() > 0 {
-			n := b.Len()
+		if n > 0 {
 			if err := sp.Append(ctx, lane, &b); err != nil {
 				return err
 			}
 			st.records += n
+			n = 0
 		}
 		if len(dead) > 0 {
 			if err := sp.PutDead(ctx, dead); err != nil {
@@ -277,7 +278,7 @@ func importFile(ctx context.Context, sp *spool.Spool, name string, withDamaged b
 			}
 			continue
 		}
-		if lane == nil || lane.Key() != key || b.Len() >= importBatch {
+		if lane == nil || lane.Key() != key || n >= importBatch {
 			if err := flush(); err != nil {
 				return err
 			}
@@ -287,6 +288,7 @@ func importFile(ctx context.Context, sp *spool.Spool, name string, withDamaged b
 			st.lanes[key] = true
 		}
 		b.Add(rec)
+		n++
 	}
 	if err := sc.Err(); err != nil {
 		return fmt.Errorf("%s: %w", name, err)

@@ -260,9 +260,6 @@ func (b *Batch) Records() []Record {
 	return b.cb.records(b.n, nil)
 }
 
-// Len is the number of records added.
-func (b *Batch) Len() int { return b.n }
-
 // Bytes is the encoded size of b (0 when empty): what Append counts against
 // the quota and what Chunk.Size reports.
 func (b *Batch) Bytes() int {

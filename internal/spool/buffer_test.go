@@ -100,8 +100,8 @@ func TestHotChunkSharedBuffer(t *testing.T) {
 	if err := s.Append(ctx, l, &b); err != nil {
 		t.Fatal(err)
 	}
-	if b.Len() != 0 || b.Bytes() != 0 {
-		t.Fatalf("batch after Append: %d records, %d bytes", b.Len(), b.Bytes())
+	if b.n != 0 || b.Bytes() != 0 {
+		t.Fatalf("batch after Append: %d records, %d bytes", b.n, b.Bytes())
 	}
 	c := nextT(t, l, 0)[0]
 	if p := uintptr(unsafe.Pointer(unsafe.SliceData(c.Records[0].Data))); p < built || p >= built+size {

@@ -37,8 +37,8 @@ func TestConfigValidate(t *testing.T) {
 
 func TestBatch(t *testing.T) {
 	var b Batch
-	if b.Len() != 0 || b.Bytes() != 0 {
-		t.Fatalf("empty batch: len %d bytes %d", b.Len(), b.Bytes())
+	if b.n != 0 || b.Bytes() != 0 {
+		t.Fatalf("empty batch: len %d bytes %d", b.n, b.Bytes())
 	}
 	in := []Record{
 		{OrderKey: []byte("d1"), UserID: []byte("u1"), Data: []byte(`{"a":1}`)},
@@ -50,8 +50,8 @@ func TestBatch(t *testing.T) {
 		for _, r := range in {
 			b.Add(r)
 		}
-		if b.Len() != len(in) {
-			t.Fatalf("round %d: Len %d", round, b.Len())
+		if b.n != len(in) {
+			t.Fatalf("round %d: Len %d", round, b.n)
 		}
 		putChunkHeader(b.cb.b, 1234, b.n)
 		var c Chunk
@@ -185,14 +185,14 @@ func TestAppendNextAckReopen(t *testing.T) {
 	if _, err := l.Next(ctx, 100); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Next after Close: %v", err)
 	}
-	if b.Len() != 0 {
-		t.Fatalf("batch holds %d records after a successful Append", b.Len())
+	if b.n != 0 {
+		t.Fatalf("batch holds %d records after a successful Append", b.n)
 	}
 	b.Add(rec(1, 99, 1))
 	if err := s.Append(ctx, l, &b); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Append after Close: %v", err)
 	}
-	if b.Len() != 1 {
+	if b.n != 1 {
 		t.Fatalf("a refused Append emptied the batch")
 	}
 
