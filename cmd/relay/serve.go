@@ -424,7 +424,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 		case !spoolOpen.Load():
 			return errors.New("spool closed")
 		}
-		if err := sp.Refusing(); err != nil { // issue 20/24: a full disk at start, failing checkpoints
+		if err := sp.Stats().Refusing; err != nil { // issue 20/24: a full disk at start, failing checkpoints
 			return err
 		}
 		if fs != nil { // issue 22

@@ -55,7 +55,7 @@ func TestGuardSpoolUpstream(t *testing.T) {
 	if err := guardSpoolUpstream(sp, "https://other.example.test", true, nil); err != nil {
 		t.Fatalf("allowed: %v", err)
 	}
-	if id, _ := sp.Upstream(); id != "https://other.example.test" {
+	if id := sp.Stats().Upstream; id != "https://other.example.test" {
 		t.Fatalf("stored %q after an allowed change", id)
 	}
 }

@@ -71,7 +71,7 @@
 // hot chunks' memory reaches twice that bound, then fail with ErrFull.
 // While checkpoints make progress but lag, appends wait for them instead
 // (at most 5 s), as they would wait for bbolt without the WAL.
-// Refusing says why appends are refused while that lasts (failing
+// Stats().Refusing says why appends are refused while that lasts (failing
 // checkpoints at the memory bound, no space for a new WAL segment,
 // draining), for a readiness probe.
 //

@@ -759,6 +759,7 @@ type Spool struct {
 	appliedTotal atomic.Int64
 
 	fileBytes atomic.Int64
+	upstream  atomic.Pointer[string] // SetUpstream's (Stats)
 	deadN     atomic.Int64
 
 	id [16]byte // the spool's id (meta key "id"), in every WAL segment
@@ -936,6 +937,10 @@ func (s *Spool) load() (applied, synced walPos, lanesSeq uint64, err error) {
 	err = s.db.View(func(tx *bolt.Tx) error {
 		meta := tx.Bucket(bucketMeta)
 		copy(s.id[:], meta.Get(keyID))
+		if v := meta.Get(keyUpstream); v != nil {
+			id := string(v)
+			s.upstream.Store(&id)
+		}
 		if v := meta.Get(keyDead); len(v) == 16 {
 			s.st.deadN = int64(binary.BigEndian.Uint64(v))
 			s.st.deadBytes = int64(binary.BigEndian.Uint64(v[8:]))
@@ -1287,19 +1292,37 @@ type Stats struct {
 	FileBytes int64 // disk space of the bbolt file and the WAL (allocated blocks)
 	Lanes     int
 	Dead      int64
+	// Upstream is the identity SetUpstream stored, "" when none was (a
+	// spool made before the guard, or never started).
+	Upstream string
+	// Refusing says why Append refuses chunks now, nil when it takes them,
+	// for a readiness probe: the spool is draining (ErrDiskLow, drain.go);
+	// checkpoints fail and the memory of the chunks they could not move
+	// into bbolt is near its bound (ErrFull); no new WAL segment could be
+	// made for want of space. It clears by itself (see refusing.go). The
+	// quota and the disk reserve are the caller's to compare (LiveBytes,
+	// the filesystem's free space).
+	Refusing error
 }
 
-// Stats returns a snapshot of the spool.
+// Stats returns a snapshot of the spool. It takes Spool.mu briefly and
+// reads atomics (and, only after a WAL segment failed for want of space,
+// the filesystem's free space): cheap, from any goroutine.
 func (s *Spool) Stats() Stats {
 	s.mu.Lock()
 	n := len(s.lanes)
 	s.mu.Unlock()
-	return Stats{
+	st := Stats{
 		LiveBytes: s.liveBytes(),
 		FileBytes: s.fileBytes.Load(),
 		Lanes:     n,
 		Dead:      s.deadN.Load(),
+		Refusing:  s.refusing(),
 	}
+	if p := s.upstream.Load(); p != nil {
+		st.Upstream = *p
+	}
+	return st
 }
 
 // liveBytes is what counts against MaxBytes: the unacknowledged hot chunks
