@@ -131,8 +131,8 @@ const (
 	defaultCompactMaxUsedBytes = 16 << 20
 )
 
-// Validate reports a configuration error.
-func (c Config) Validate() error {
+// validate reports a configuration error (Open calls it).
+func (c Config) validate() error {
 	switch {
 	case c.Dir == "":
 		return errors.New("spool config: Dir is required")
@@ -814,7 +814,7 @@ const formatVersion = 4
 // used by one process at a time: Open fails ("locked by another process")
 // after about half a second when another holds the file.
 func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error) {
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	if log == nil {

@@ -28,8 +28,8 @@ func TestConfigValidate(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if err := tt.cfg.Validate(); (err == nil) != tt.ok {
-				t.Fatalf("Validate() = %v, want ok=%v", err, tt.ok)
+			if err := tt.cfg.validate(); (err == nil) != tt.ok {
+				t.Fatalf("validate() = %v, want ok=%v", err, tt.ok)
 			}
 		})
 	}
