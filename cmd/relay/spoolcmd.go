@@ -37,7 +37,7 @@ func runSpool(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 
 // spoolHint is what an operator runs next when the spool does not open.
 func spoolHint(dir string, err error) string {
-	if errors.Is(err, spool.ErrMismatch) || errors.Is(err, spool.ErrDamaged) {
+	if errors.Is(err, spool.ErrDamaged) {
 		return fmt.Sprintf("; the relay does not start on it: run `relay spool verify --data-dir %s` to see the damage and "+
 			"`relay spool salvage --data-dir %s --out FILE` to recover what is readable (README: Operations)", dir, dir)
 	}

@@ -102,7 +102,7 @@ func TestSpoolVerifySalvageImport(t *testing.T) {
 // TestSpoolOpenHint: a relay whose spool.db is gone while its log holds
 // records refuses to start with one line naming the way out.
 func TestSpoolOpenHint(t *testing.T) {
-	err := fmt.Errorf("open spool: %w", spool.ErrMismatch)
+	err := fmt.Errorf("open spool: %w", spool.ErrDamaged)
 	if h := spoolHint("/d", err); !strings.Contains(h, "relay spool salvage --data-dir /d") {
 		t.Fatalf("hint %q", h)
 	}

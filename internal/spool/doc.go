@@ -135,9 +135,9 @@
 //     acknowledged end spool.db recorded is dropped quietly (replay.go);
 //   - a chunk of bbolt that fails its checksum is moved to dead letters with
 //     reason "damaged" when the reader reaches it, never returned;
-//   - Open refuses (ErrMismatch) a spool.db missing, empty or another
+//   - Open refuses (ErrDamaged) a spool.db missing, empty or another
 //     spool's while the log holds records, or one whose positions the log
-//     does not reach, and (ErrDamaged) a spool.db bbolt cannot read: the
+//     does not reach, and a spool.db bbolt cannot read: the
 //     file is checked before it is mapped and bbolt's panics and faults are
 //     recovered (integrity.go). Verify (offline.go) reads and salvages what is
 //     left without bbolt;

@@ -318,7 +318,7 @@ func crc32Of(b []byte) uint32 { return crc32.Checksum(b, crcTable) }
 
 // TestTruncatedWAL truncates the WAL's segment at every record boundary
 // and in the middle of every record: a cut before the end spool.db
-// recorded as acknowledged refuses to start (ErrMismatch: acknowledged
+// recorded as acknowledged refuses to start (errMismatch: acknowledged
 // records are gone), one after it keeps every chunk before the cut, with
 // no damage reported. A removed wal/ is refused too.
 func TestTruncatedWAL(t *testing.T) {
@@ -368,8 +368,8 @@ func TestTruncatedWAL(t *testing.T) {
 			}
 			s, logs, reg, err := openObserved(t, dir)
 			if cut < recs[synced-1].end {
-				if !errors.Is(err, ErrMismatch) {
-					t.Fatalf("Open after a cut at %d, before the acknowledged end %d: %v, want ErrMismatch", cut, recs[synced-1].end, err)
+				if !errors.Is(err, errMismatch) {
+					t.Fatalf("Open after a cut at %d, before the acknowledged end %d: %v, want errMismatch", cut, recs[synced-1].end, err)
 				}
 				return
 			}
@@ -396,8 +396,8 @@ func TestTruncatedWAL(t *testing.T) {
 		if err := os.RemoveAll(filepath.Join(dir, walDirName)); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, _, err := openObserved(t, dir); !errors.Is(err, ErrMismatch) {
-			t.Fatalf("Open without wal/: %v, want ErrMismatch", err)
+		if _, _, _, err := openObserved(t, dir); !errors.Is(err, errMismatch) {
+			t.Fatalf("Open without wal/: %v, want errMismatch", err)
 		}
 	})
 }
@@ -435,8 +435,8 @@ func TestSpoolDBMismatch(t *testing.T) {
 				t.Fatal(err)
 			}
 			before, _ := os.Stat(filepath.Join(dir, "spool.db"))
-			if _, _, _, err := openObserved(t, dir); !errors.Is(err, ErrMismatch) {
-				t.Fatalf("Open: %v, want ErrMismatch", err)
+			if _, _, _, err := openObserved(t, dir); !errors.Is(err, errMismatch) {
+				t.Fatalf("Open: %v, want errMismatch", err)
 			}
 			after, _ := os.Stat(filepath.Join(dir, "spool.db"))
 			if (before == nil) != (after == nil) || before != nil && before.Size() != after.Size() {

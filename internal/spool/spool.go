@@ -39,17 +39,18 @@ var errLocked = errors.New("spool: locked by another process")
 // ErrClosed is returned by operations on a closed spool.
 var ErrClosed = errors.New("spool: closed")
 
-// ErrMismatch is returned by Open when spool.db and the write-ahead log do
-// not belong together: spool.db is missing or empty, or is another spool's,
-// while the log holds records, or spool.db records a log position the log
-// does not reach. Open changes nothing then; Verify salvages what both
-// hold.
-var ErrMismatch = errors.New("spool: spool.db does not match the write-ahead log")
-
 // ErrDamaged is returned by Open when spool.db cannot be opened or read
 // (damaged pages, a truncated file, a value that fails its checksum where
-// the spool cannot go on without it). Verify salvages what is readable.
+// the spool cannot go on without it), and when spool.db and the write-ahead
+// log do not belong together (errMismatch: spool.db is missing or empty, or
+// is another spool's, while the log holds records, or spool.db records a
+// log position the log does not reach). Open changes nothing then; Verify
+// salvages what is readable.
 var ErrDamaged = errors.New("spool: spool.db is damaged")
+
+// errMismatch is the ErrDamaged of a spool.db that does not belong with the
+// write-ahead log.
+var errMismatch = fmt.Errorf("%w (it does not match the write-ahead log)", ErrDamaged)
 
 // Config configures a Spool.
 type Config struct {
