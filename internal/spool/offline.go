@@ -45,16 +45,13 @@ type SalvageRecord struct {
 	DataRaw []byte          `json:"data_raw,omitempty"`
 	// Damaged: the record's chunk failed its checksum; it may be altered.
 	Damaged bool `json:"damaged,omitempty"`
-	// Dead is set for a dead letter.
-	Dead *SalvageDead `json:"dead_letter,omitempty"`
-}
-
-// SalvageDead is what a dead letter adds to its record.
-type SalvageDead struct {
-	ID     uint64    `json:"id"`
-	Reason string    `json:"reason"`
-	Answer string    `json:"answer,omitempty"`
-	Died   time.Time `json:"died"`
+	// Dead is set for a dead letter: what it adds to its record.
+	Dead *struct {
+		ID     uint64    `json:"id"`
+		Reason string    `json:"reason"`
+		Answer string    `json:"answer,omitempty"`
+		Died   time.Time `json:"died"`
+	} `json:"dead_letter,omitempty"`
 }
 
 // Record returns the record's spool form and its lane's key; an error when
@@ -94,6 +91,10 @@ type VerifyReport struct {
 	// Notes what is normal after a crash (a torn write at the log's end).
 	Problems, Notes []string
 }
+
+// newOf allocates what a pointer of p's type points to (SalvageRecord.Dead's
+// struct has no name).
+func newOf[T any](_ *T) *T { return new(T) }
 
 type offLane struct {
 	key   LaneKey
@@ -405,8 +406,9 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 		rep.DeadLetters++
 		l := newLane(nil, 0, d.Lane, laneState{})
 		sr := &SalvageRecord{Source: "db", Kind: d.Lane.Kind.String(), Lane: l.label, APIKey: d.Lane.APIKey, Options: d.Lane.Options,
-			Accepted: d.Accepted.UTC(), OrderKey: string(d.Record.OrderKey), UserID: string(d.Record.UserID),
-			Dead: &SalvageDead{ID: d.ID, Reason: d.Reason, Answer: string(d.Answer), Died: d.Died.UTC()}}
+			Accepted: d.Accepted.UTC(), OrderKey: string(d.Record.OrderKey), UserID: string(d.Record.UserID)}
+		sr.Dead = newOf(sr.Dead)
+		sr.Dead.ID, sr.Dead.Reason, sr.Dead.Answer, sr.Dead.Died = d.ID, d.Reason, string(d.Answer), d.Died.UTC()
 		setData(sr, d.Record.Data)
 		out(sr)
 	}
