@@ -193,7 +193,7 @@ func (l *Lane) cut(seq uint64, acc int64, n int, v []byte, maxBytes int, slab *r
 		k++
 	}
 	cb := getBuf(end)
-	ch := Chunk{Seq: seq, Accepted: time.UnixMilli(acc), Size: end, Buffer: Buffer{cb}, First: l.part.rec, Total: n}
+	ch := Chunk{Seq: seq, Accepted: time.UnixMilli(acc), Size: end, Buffer: bufferOf(cb), First: l.part.rec, Total: n}
 	ch.Records = slab.take(k)
 	for i := range ch.Records {
 		src, r := &rest[i], &ch.Records[i]

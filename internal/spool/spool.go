@@ -567,7 +567,7 @@ func (l *Lane) decodeHot(refs []hotRef, slab *recSlab) ([]Chunk, error) {
 	}
 	var err error
 	for i, c := range refs {
-		out[i].Buffer = Buffer{c.cb}
+		out[i].Buffer = bufferOf(c.cb)
 		if rs := c.cb.records(c.records, slab); rs != nil {
 			out[i].Seq, out[i].Accepted, out[i].Size, out[i].Records = c.seq, time.UnixMilli(c.accepted), len(c.cb.b), rs
 		} else if derr := decodeChunk(c.seq, c.cb.b, &out[i], slab); derr != nil && err == nil {
@@ -653,7 +653,7 @@ func (l *Lane) read(maxBytes int, end uint64, slab *recSlab) (_ []Chunk, dmg *da
 			for _, r := range raw {
 				cb := getBuf(len(r.v))
 				cb.b = append(cb.b, r.v...)
-				c := Chunk{Buffer: Buffer{cb}}
+				c := Chunk{Buffer: bufferOf(cb)}
 				if err := decodeChunk(r.seq, cb.b, &c, slab); err != nil {
 					dmg = &damagedChunk{seq: r.seq, v: cb.b, err: err}
 					break
