@@ -53,8 +53,8 @@
 //
 // Checkpoints (store.go) move hot chunks into bbolt: every ~100 ms, the
 // chunks not acknowledged within flushAge (500 ms), and all of them when
-// the hot chunks' memory passes the hot bound (8 MiB) or the WAL since the last
-// checkpoint passes 64 MiB. A checkpoint is one bbolt transaction (two
+// the hot chunks' memory passes the hot bound (8 MiB) or the WAL since the
+// last checkpoint passes 64 MiB. A checkpoint is one bbolt transaction (two
 // fdatasyncs, none under NoSync) that also stores the WAL
 // position up to which bbolt is complete. Open replays the WAL from that
 // position into bbolt, so every acknowledged chunk not yet in bbolt comes

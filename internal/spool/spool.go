@@ -42,10 +42,11 @@ var ErrClosed = errors.New("spool: closed")
 // ErrDamaged is returned by Open when spool.db cannot be opened or read
 // (damaged pages, a truncated file, a value that fails its checksum where
 // the spool cannot go on without it), and when spool.db and the write-ahead
-// log do not belong together (errMismatch: spool.db is missing or empty, or
-// is another spool's, while the log holds records, or spool.db records a
-// log position the log does not reach). Open changes nothing then; Verify
-// salvages what is readable.
+// log do not belong together (the message says "it does not match the
+// write-ahead log": spool.db is missing or empty, or is another spool's,
+// while the log holds records, or spool.db records a log position the log
+// does not reach). Open changes nothing then; Verify salvages what is
+// readable.
 var ErrDamaged = errors.New("spool: spool.db is damaged")
 
 // errMismatch is the ErrDamaged of a spool.db that does not belong with the
