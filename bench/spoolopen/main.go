@@ -27,7 +27,7 @@ func main() {
 	}
 	if *verify {
 		t0 := time.Now()
-		rep, err := spool.Verify(*dir)
+		rep, err := spool.Verify(*dir, nil)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "spoolopen:", err)
 			os.Exit(1)

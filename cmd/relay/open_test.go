@@ -33,7 +33,7 @@ func TestReloadAllowedKeys(t *testing.T) {
 		}
 		return st
 	}
-	sp, err := spool.Open(spool.Config{Dir: filepath.Join(t.TempDir(), "spool"), Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
+	sp, err := spool.Open(spool.Config{Dir: filepath.Join(t.TempDir(), "spool"), NoSync: true, MinFreeBytes: -1}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

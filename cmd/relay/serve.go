@@ -319,7 +319,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	// Spool.
 	scfg := spool.Config{Dir: cfg.DataDir, MaxBytes: cfg.SpoolMaxBytes, MinFreeBytes: cfg.SpoolMinFreeBytes}
 	if cfg.Sync == "none" {
-		scfg.Sync = spool.SyncNone
+		scfg.NoSync = true
 	}
 	if scfg.MinFreeBytes == 0 {
 		scfg.MinFreeBytes = -1 // --spool-min-free-bytes 0 disables the reserve
@@ -427,7 +427,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 		case !spoolOpen.Load():
 			return errors.New("spool closed")
 		}
-		if err := sp.Refusing(); err != nil { // issue 20/24: a full disk at start, failing checkpoints
+		if err := sp.Stats().Refusing; err != nil { // issue 20/24: a full disk at start, failing checkpoints
 			return err
 		}
 		if fs != nil { // issue 22
@@ -444,7 +444,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 			}
 		}
 		// Issue 19: ingest refuses new lanes (the contract's "lane limit").
-		if cfg.MaxLanes > 0 && sp.LaneCount() >= cfg.MaxLanes {
+		if cfg.MaxLanes > 0 && sp.Stats().Lanes >= cfg.MaxLanes {
 			return fmt.Errorf("lane limit reached (--max-lanes %d): new api_keys are refused", cfg.MaxLanes)
 		}
 		return nil

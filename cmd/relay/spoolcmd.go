@@ -37,7 +37,7 @@ func runSpool(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 
 // spoolHint is what an operator runs next when the spool does not open.
 func spoolHint(dir string, err error) string {
-	if errors.Is(err, spool.ErrMismatch) || errors.Is(err, spool.ErrDamaged) {
+	if errors.Is(err, spool.ErrDamaged) {
 		return fmt.Sprintf("; the relay does not start on it: run `relay spool verify --data-dir %s` to see the damage and "+
 			"`relay spool salvage --data-dir %s --out FILE` to recover what is readable (README: Operations)", dir, dir)
 	}
@@ -78,7 +78,7 @@ func runVerify(args, environ []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "relay spool verify: %v\n", err)
 		return exitFailure
 	}
-	rep, err := spool.Verify(dir)
+	rep, err := spool.Verify(dir, nil)
 	if err != nil {
 		fmt.Fprintf(stderr, "relay spool verify: %v\n", err)
 		return exitFailure
@@ -135,7 +135,7 @@ func runSalvage(args, environ []string, stdout, stderr io.Writer) int {
 	enc := json.NewEncoder(bw)
 	enc.SetEscapeHTML(false)
 	n := 0
-	rep, err := spool.Salvage(dir, func(r *spool.SalvageRecord) error {
+	rep, err := spool.Verify(dir, func(r *spool.SalvageRecord) error {
 		n++
 		return enc.Encode(r)
 	})
@@ -223,16 +223,17 @@ func importFile(ctx context.Context, sp *spool.Spool, name string, withDamaged b
 	}
 	var (
 		b    spool.Batch
+		n    int // records in b
 		lane *spool.Lane
 		dead []spool.DeadLetter
 	)
 	flush := func() error {
-		if b.Len() > 0 {
-			n := b.Len()
+		if n > 0 {
 			if err := sp.Append(ctx, lane, &b); err != nil {
 				return err
 			}
 			st.records += n
+			n = 0
 		}
 		if len(dead) > 0 {
 			if err := sp.PutDead(ctx, dead); err != nil {
@@ -263,14 +264,13 @@ func importFile(ctx context.Context, sp *spool.Spool, name string, withDamaged b
 			st.nokey++
 			continue
 		}
-		kind, err := spool.ParseKind(r.Kind)
+		key, rec, err := r.Record()
 		if err != nil {
 			return fmt.Errorf("%s:%d: %w", name, line, err)
 		}
-		key := spool.LaneKey{Kind: kind, APIKey: r.APIKey, Options: r.Options}
 		if r.Dead != nil {
 			dead = append(dead, spool.DeadLetter{Lane: key, Reason: r.Dead.Reason, Answer: []byte(r.Dead.Answer),
-				Accepted: r.Accepted, Died: r.Dead.Died, Record: r.Record()})
+				Accepted: r.Accepted, Died: r.Dead.Died, Record: rec})
 			if len(dead) >= importBatch {
 				if err := flush(); err != nil {
 					return err
@@ -278,7 +278,7 @@ func importFile(ctx context.Context, sp *spool.Spool, name string, withDamaged b
 			}
 			continue
 		}
-		if lane == nil || lane.Key() != key || b.Len() >= importBatch {
+		if lane == nil || lane.Key() != key || n >= importBatch {
 			if err := flush(); err != nil {
 				return err
 			}
@@ -287,7 +287,8 @@ func importFile(ctx context.Context, sp *spool.Spool, name string, withDamaged b
 			}
 			st.lanes[key] = true
 		}
-		b.Add(r.Record())
+		b.Add(rec)
+		n++
 	}
 	if err := sc.Err(); err != nil {
 		return fmt.Errorf("%s: %w", name, err)

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -101,11 +102,11 @@ func TestSpoolVerifySalvageImport(t *testing.T) {
 // TestSpoolOpenHint: a relay whose spool.db is gone while its log holds
 // records refuses to start with one line naming the way out.
 func TestSpoolOpenHint(t *testing.T) {
-	err := fmt.Errorf("open spool: %w", spool.ErrMismatch)
+	err := fmt.Errorf("open spool: %w", spool.ErrDamaged)
 	if h := spoolHint("/d", err); !strings.Contains(h, "relay spool salvage --data-dir /d") {
 		t.Fatalf("hint %q", h)
 	}
-	if h := spoolHint("/d", spool.ErrLocked); h != "" {
+	if h := spoolHint("/d", errors.New("spool: locked by another process")); h != "" {
 		t.Fatalf("hint for a locked spool: %q", h)
 	}
 }

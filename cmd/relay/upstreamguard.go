@@ -36,10 +36,7 @@ func guardSpoolUpstream(sp *spool.Spool, id string, allow bool, log *zap.Logger)
 	if log == nil {
 		log = zap.NewNop()
 	}
-	prev, err := sp.Upstream()
-	if err != nil {
-		return err
-	}
+	prev := sp.Stats().Upstream
 	if prev == id {
 		return nil
 	}

@@ -15,7 +15,7 @@ import (
 func TestGuardSpoolUpstream(t *testing.T) {
 	dir := t.TempDir()
 	open := func() *spool.Spool {
-		sp, err := spool.Open(spool.Config{Dir: dir, Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
+		sp, err := spool.Open(spool.Config{Dir: dir, NoSync: true, MinFreeBytes: -1}, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -55,14 +55,14 @@ func TestGuardSpoolUpstream(t *testing.T) {
 	if err := guardSpoolUpstream(sp, "https://other.example.test", true, nil); err != nil {
 		t.Fatalf("allowed: %v", err)
 	}
-	if id, _ := sp.Upstream(); id != "https://other.example.test" {
+	if id := sp.Stats().Upstream; id != "https://other.example.test" {
 		t.Fatalf("stored %q after an allowed change", id)
 	}
 }
 
 // An empty spool takes any upstream.
 func TestGuardEmptySpool(t *testing.T) {
-	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
+	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), NoSync: true, MinFreeBytes: -1}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

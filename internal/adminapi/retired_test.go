@@ -1,6 +1,8 @@
 package adminapi
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -16,10 +18,11 @@ func TestDeadLettersOfRetiredLane(t *testing.T) {
 	l := f.lane(key)
 	label := l.Label()
 	f.dead(key, "silenced", `{"event_type":"a"}`, `{"event_type":"b"}`)
-	select {
-	case <-l.Retired():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the empty lane was not retired")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	_, err := l.Next(ctx, 0) // returns once the empty lane is retired
+	cancel()
+	if !errors.Is(err, spool.ErrRetired) {
+		t.Fatalf("the empty lane was not retired: %v", err)
 	}
 	var out struct {
 		DeadLetters []struct {

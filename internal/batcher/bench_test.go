@@ -92,7 +92,7 @@ func deliverCountOnly(b *testing.B, cfg Config, events, pad int) {
 	var peak int64
 	for range b.N {
 		b.StopTimer()
-		sp, err := spool.Open(spool.Config{Dir: b.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
+		sp, err := spool.Open(spool.Config{Dir: b.TempDir(), NoSync: true, MinFreeBytes: -1}, nil, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -105,7 +105,7 @@ func deliverCountOnly(b *testing.B, cfg Config, events, pad int) {
 			dev := fmt.Sprintf("device-%05d", i%10000)
 			bt.Add(spool.Record{OrderKey: []byte("d:" + dev), Data: fmt.Appendf(nil,
 				`{"event_type":"page_view","device_id":%q,"insert_id":"ins-%012d","time":1700000000000,"event_properties":{"path":"/p/%d","pad":"%s"}}`, dev, i, i, padding)})
-			if bt.Len() == 1000 {
+			if (i+1)%1000 == 0 {
 				if err := sp.Append(context.Background(), l, &bt); err != nil {
 					b.Fatal(err)
 				}

@@ -27,7 +27,7 @@ func TestDeliverBasic(t *testing.T) {
 		h.add("key-one", evs...)
 	}
 	h.start()
-	for c := 0; c < 5; c++ { // a lane created at run time (LanesChanged)
+	for c := 0; c < 5; c++ { // a lane created at run time (LanesFrom)
 		h.add("key-two", ev{User: "only-user-1"}, ev{User: "only-user-2"}, ev{Device: "device-x"})
 	}
 	h.waitDrained(10*time.Second, 0)

@@ -6,7 +6,7 @@
 // # Shape
 //
 // Run starts, for every lane of kind spool.KindEvents (those that exist and,
-// through Spool.LanesChanged and Spool.LanesFrom, those created later: only
+// through Spool.LanesFrom, those created later: only
 // the new ones are looked at), one reader goroutine and
 // Config.ShardsPerLane shard goroutines; they end when the spool retires the
 // lane (empty and idle: Lane.Next returns spool.ErrRetired), and the

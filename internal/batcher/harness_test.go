@@ -148,7 +148,7 @@ func newHarnessOn(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle.C
 	}
 	t.Cleanup(func() { h.sim.Close() })
 	h.dir = t.TempDir()
-	h.sp, err = spool.Open(spool.Config{Dir: h.dir, Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
+	h.sp, err = spool.Open(spool.Config{Dir: h.dir, NoSync: true, MinFreeBytes: -1}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +221,7 @@ func (h *harness) restart() {
 		h.t.Fatal(err)
 	}
 	var err error
-	h.sp, err = spool.Open(spool.Config{Dir: h.dir, Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
+	h.sp, err = spool.Open(spool.Config{Dir: h.dir, NoSync: true, MinFreeBytes: -1}, nil, nil)
 	if err != nil {
 		h.t.Fatal(err)
 	}

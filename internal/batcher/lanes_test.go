@@ -209,7 +209,7 @@ func newChurnRelay(t testing.TB, scfg spool.Config) *churnRelay {
 	srv := httptest.NewServer(r.sink) // 127.0.0.1
 	t.Cleanup(srv.Close)
 	url := srv.URL
-	scfg.Dir, scfg.Sync, scfg.MinFreeBytes = r.dir, spool.SyncNone, -1
+	scfg.Dir, scfg.NoSync, scfg.MinFreeBytes = r.dir, true, -1
 	r.scfg = scfg
 	r.cfg = Config{IngestURL: url, FlushInterval: 5 * time.Millisecond, RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond}
 	r.open()
@@ -287,7 +287,7 @@ func (r *churnRelay) waitFor(what string, d time.Duration, cond func() bool) {
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
-			r.t.Fatalf("%s: not within %v (lanes %d, goroutines %d, delivered %d)", what, d, r.sp.LaneCount(), runtime.NumGoroutine(), r.sink.n.Load())
+			r.t.Fatalf("%s: not within %v (lanes %d, goroutines %d, delivered %d)", what, d, r.sp.Stats().Lanes, runtime.NumGoroutine(), r.sink.n.Load())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -352,7 +352,7 @@ func TestTwentyThousandKeys(t *testing.T) {
 			r.add(fmt.Sprintf("%032x", w*wave+i), 1+i%3)
 		}
 		peakG = max(peakG, runtime.NumGoroutine())
-		peakLanes = max(peakLanes, r.sp.LaneCount())
+		peakLanes = max(peakLanes, r.sp.Stats().Lanes)
 		peakMetrics = max(peakMetrics, r.metricsSize())
 		peakHeap = max(peakHeap, heapInuse())
 		delivered := int64(0)
@@ -363,12 +363,12 @@ func TestTwentyThousandKeys(t *testing.T) {
 	}
 	t0 := time.Now()
 	r.waitFor("every lane retired", 30*time.Second, func() bool {
-		if st := r.p.LaneStatus(); len(st) > 0 && r.sp.LaneCount() == 0 {
+		if st := r.p.LaneStatus(); len(st) > 0 && r.sp.Stats().Lanes == 0 {
 			if lr := r.p.lane(st[0].ID); lr != nil && time.Since(t0) > 20*time.Second {
 				t.Logf("left: %d, e.g. %+v retired %v stats %+v goroutines %d", len(st), st[0], lr.lane.IsRetired(), lr.lane.Stats(), runtime.NumGoroutine())
 			}
 		}
-		return r.sp.LaneCount() == 0 && len(r.p.LaneStatus()) == 0
+		return r.sp.Stats().Lanes == 0 && len(r.p.LaneStatus()) == 0
 	})
 	// What stays: the upstream client's kept-alive connections and the
 	// simulator's goroutines serving them.
@@ -410,7 +410,7 @@ func TestTwentyThousandKeys(t *testing.T) {
 	// A restart does not bring them back.
 	r.close()
 	r.open()
-	if n := r.sp.LaneCount(); n != 0 {
+	if n := r.sp.Stats().Lanes; n != 0 {
 		t.Fatalf("%d lanes after a restart", n)
 	}
 }

@@ -178,7 +178,7 @@ func liveness(t *testing.T, reading sim.Config) {
 	f := &simSender{sim: s, rng: rand.New(rand.NewPCG(7, 8)), resetPct: 0.01,
 		downFrom: start.Add(8 * time.Second), downTo: start.Add(14 * time.Second)}
 
-	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
+	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), NoSync: true, MinFreeBytes: -1}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -144,7 +144,7 @@ func (p *Pipeline) StopLane(laneID uint64) error {
 
 // ResumeLane resumes a lane stopped by StopLane or by the upstream refusing
 // its api_key ("Invalid API key"); its held events are sent at once. A lane
-// created after the last LanesChanged wake-up is not stopped: nil.
+// created after the last LanesFrom wake-up is not stopped: nil.
 func (p *Pipeline) ResumeLane(laneID uint64) error {
 	if p.fl != nil {
 		return p.fl.runs.Control(laneID, (*laneRunner).Resume)

@@ -55,7 +55,7 @@ type ackRef struct {
 // of at least Size bytes, rounded up to the spool's buffer class) and an
 // item per record.
 func chunkBytes(c *spool.Chunk) int64 {
-	return int64(max(c.Size, c.Buffer().Cap())) + int64(len(c.Records))*itemBytes
+	return int64(max(c.Size, c.Buffer.Cap)) + int64(len(c.Records))*itemBytes
 }
 
 // read is the lane's reader: it reads chunks within the read-ahead budget
@@ -117,7 +117,7 @@ func (lr *laneRunner) read(ctx context.Context) bool {
 				lr.src.Ack(c.Seq)
 				continue
 			}
-			ck := &chunkRef{ack: lr.ackOf(&c), accepted: c.Accepted, bytes: chunkBytes(&c), buf: c.Buffer()}
+			ck := &chunkRef{ack: lr.ackOf(&c), accepted: c.Accepted, bytes: chunkBytes(&c), buf: c.Buffer}
 			ck.refs.Store(int32(len(c.Records)))
 			total += ck.bytes
 			for _, r := range c.Records {

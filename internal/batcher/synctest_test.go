@@ -37,7 +37,7 @@ func (f *fakeSender) count() int {
 // openFilled opens a spool in dir with one lane holding n one-record chunks
 // over 8 devices.
 func openFilled(t *testing.T, n int) (*spool.Spool, *spool.Lane) {
-	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
+	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), NoSync: true, MinFreeBytes: -1}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,7 @@ func (f *failingDead) PutDead(ctx context.Context, dls []spool.DeadLetter) error
 
 func openSpool(t *testing.T) *spool.Spool {
 	t.Helper()
-	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
+	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), NoSync: true, MinFreeBytes: -1}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -104,8 +104,8 @@ func (e *Engine[R]) Run(ctx context.Context) error {
 	// costs O(n) in all, not O(n) each.
 	var next uint64
 	for {
-		changed := e.sp.LanesChanged()
-		for _, l := range e.sp.LanesFrom(next) {
+		lanes, changed := e.sp.LanesFrom(next)
+		for _, l := range lanes {
 			next = l.ID() + 1
 			if l.Key().Kind != e.cfg.Kind {
 				continue
@@ -232,7 +232,7 @@ func (e *Engine[R]) StopLane(laneID uint64) error {
 func (e *Engine[R]) ResumeLane(laneID uint64) error {
 	r, ok := e.Lane(laneID)
 	if !ok {
-		if ls := e.sp.LanesFrom(laneID); len(ls) > 0 && ls[0].ID() == laneID && ls[0].Key().Kind == e.cfg.Kind {
+		if ls, _ := e.sp.LanesFrom(laneID); len(ls) > 0 && ls[0].ID() == laneID && ls[0].Key().Kind == e.cfg.Kind {
 			return nil
 		}
 		return fmt.Errorf("%sresume lane %d: %w", e.prefix(), laneID, ErrUnknownLane)

@@ -49,7 +49,7 @@ func (r *ackRunner) Resume()            { r.st.Resume() }
 // control and relay_lane_stopped from them, keeps a runner (and its stop)
 // across Runs, and forgets it when the spool retires its lane.
 func TestEngine(t *testing.T) {
-	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1, RetireIdle: 50 * time.Millisecond}, nil, nil)
+	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), NoSync: true, MinFreeBytes: -1, RetireIdle: 50 * time.Millisecond}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

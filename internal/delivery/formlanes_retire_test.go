@@ -18,7 +18,7 @@ import (
 // makes a new lane that delivers.
 func TestRetiredLanesForgotten(t *testing.T) {
 	s, url, cli := startUpstream(t)
-	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1, RetireIdle: 50 * time.Millisecond}, nil, nil)
+	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), NoSync: true, MinFreeBytes: -1, RetireIdle: 50 * time.Millisecond}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func TestRetiredLanesForgotten(t *testing.T) {
 		deadline := time.Now().Add(10 * time.Second)
 		for !cond() {
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 10s (lanes %d, status %d, lane goroutines %d)", what, sp.LaneCount(), len(d.LaneStatus()), laneGoroutines())
+				t.Fatalf("%s: not within 10s (lanes %d, status %d, lane goroutines %d)", what, sp.Stats().Lanes, len(d.LaneStatus()), laneGoroutines())
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
@@ -75,7 +75,7 @@ func TestRetiredLanesForgotten(t *testing.T) {
 	}
 	waitFor("delivered", func() bool { return len(s.GroupIdentifies("key-49")) == 1 && len(s.GroupIdentifies("key-0")) == 1 })
 
-	waitFor("retired and forgotten", func() bool { return sp.LaneCount() == 0 && len(d.LaneStatus()) == 0 })
+	waitFor("retired and forgotten", func() bool { return sp.Stats().Lanes == 0 && len(d.LaneStatus()) == 0 })
 	waitFor("lane goroutines ended", func() bool { return laneGoroutines() == 0 })
 	add("key-0", 100)
 	waitFor("a new lane of a retired key delivers", func() bool { return len(s.GroupIdentifies("key-0")) == 2 })

@@ -57,7 +57,7 @@ projects:
 // Retry-After when the spool refuses, and configuration errors name the
 // route.
 func TestSpooled(t *testing.T) {
-	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
+	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), NoSync: true, MinFreeBytes: -1}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func (s *idStore) Append(ctx context.Context, req storage.Request) error {
 // answers 503 with Retry-After and stores nothing.
 func TestSpooledStore(t *testing.T) {
 	open := func(cfg spool.Config) *spool.Spool {
-		cfg.Dir, cfg.Sync, cfg.MinFreeBytes = t.TempDir(), spool.SyncNone, -1
+		cfg.Dir, cfg.NoSync, cfg.MinFreeBytes = t.TempDir(), true, -1
 		sp, err := spool.Open(cfg, nil, nil)
 		if err != nil {
 			t.Fatal(err)

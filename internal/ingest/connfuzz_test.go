@@ -11,8 +11,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/svcrelay/relay/internal/spool"
 )
 
 // memListener is a net.Listener of in-memory connections that, unlike
@@ -94,7 +92,7 @@ func (c *memConn) SetWriteDeadline(time.Time) error { return nil }
 // that closes it (a request behind a refused one is never served). Seeds in
 // testdata/fuzz/FuzzIngestConn.
 func FuzzIngestConn(f *testing.F) {
-	s, _ := newServer(f, Config{MaxRequestBytes: 4 << 10, MaxConnections: 64}, spool.SyncNone, nil)
+	s, _ := newServer(f, Config{MaxRequestBytes: 4 << 10, MaxConnections: 64}, true, nil)
 	ln := newMemListener()
 	served := make(chan error, 1)
 	go func() { served <- s.Serve(ln) }()

@@ -7,7 +7,7 @@
 //
 //   - 200 {"code":200,"events_ingested":N,"payload_size_bytes":B,"server_upload_time":MS}
 //     once spool.Append returned nil: the events are durable as the spool's
-//     SyncMode defines. B is the body size as received (compressed, when the
+//     Config.NoSync defines. B is the body size as received (compressed, when the
 //     body was gzip), MS the acceptance time in ms.
 //   - A request event.Parse rejects gets the upstream's status and body
 //     (event.Error.AppendJSON); nothing of it is spooled.

@@ -11,7 +11,6 @@ import (
 	"testing/iotest"
 
 	"github.com/svcrelay/relay/internal/event"
-	"github.com/svcrelay/relay/internal/spool"
 	"github.com/valyala/fasthttp"
 )
 
@@ -83,7 +82,7 @@ func FuzzHandler(f *testing.F) {
 	f.Add([]byte("\x1f\x8b\x08\x00garbage"), true)
 	f.Add([]byte(``), false)
 
-	s, _ := newServer(f, Config{MaxRequestBytes: 1 << 16}, spool.SyncNone, nil)
+	s, _ := newServer(f, Config{MaxRequestBytes: 1 << 16}, true, nil)
 	f.Fuzz(func(t *testing.T, body []byte, zip bool) {
 		var header []string
 		if zip {

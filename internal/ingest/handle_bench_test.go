@@ -12,7 +12,7 @@ import (
 
 // BenchmarkHandle measures the handler alone, in process (no HTTP, no
 // client: every allocation counted is the relay's), on SDK-shaped events
-// (benchtest.SDKEvent), 1 and 100 per request, into a real spool under SyncNone whose
+// (benchtest.SDKEvent), 1 and 100 per request, into a real spool under NoSync whose
 // lane a reader goroutine drains and acknowledges (its reads are counted
 // too: the spool's hand-over is part of the accept path's cost). An op is
 // one request answered 200; events=N gives per-event figures in
@@ -20,18 +20,18 @@ import (
 func BenchmarkHandle(b *testing.B) {
 	for _, n := range []int{1, 100} {
 		b.Run(fmt.Sprintf("shape=sdk/events=%d", n), func(b *testing.B) {
-			benchHandle(b, spool.SyncNone, n, 1)
+			benchHandle(b, true, n, 1)
 		})
 	}
 }
 
-// benchHandle calls the handler of benchHandler(b, sync, n) in process,
+// benchHandle calls the handler of benchHandler(b, noSync, n) in process,
 // b.N times in all from par goroutines (1: in the benchmark's own),
 // each request to be answered 200, and reports the process's CPU per
 // request (cpu-ns/op: the handler, the WAL writer, the reader, the GC;
 // what a loaded machine moves less than the wall time of ns/op).
-func benchHandle(b *testing.B, sync spool.SyncMode, n, par int) {
-	h, body := benchHandler(b, sync, n)
+func benchHandle(b *testing.B, noSync bool, n, par int) {
+	h, body := benchHandler(b, noSync, n)
 	run := func(pb func() bool) {
 		req := inProcessRequest("/2/httpapi", body, "Content-Type", "application/json")
 		var rc fasthttp.RequestCtx
@@ -58,12 +58,12 @@ func benchHandle(b *testing.B, sync spool.SyncMode, n, par int) {
 	b.ReportMetric(float64(benchtest.ProcessCPU()-cpu0)/float64(b.N), "cpu-ns/op")
 }
 
-// benchHandler is the handler of a server on a real spool (sync) in a
+// benchHandler is the handler of a server on a real spool (noSync) in a
 // temporary directory, whose lane a goroutine drains and acknowledges
 // until the benchmark ends, and a request body of n SDK-shaped events.
-func benchHandler(b *testing.B, sync spool.SyncMode, n int) (fasthttp.RequestHandler, []byte) {
+func benchHandler(b *testing.B, noSync bool, n int) (fasthttp.RequestHandler, []byte) {
 	b.Helper()
-	s, sp := newServer(b, Config{}, sync, nil)
+	s, sp := newServer(b, Config{}, noSync, nil)
 	events := make([]string, n)
 	for i := range events {
 		events[i] = benchtest.SDKEvent(i)
@@ -79,13 +79,13 @@ func benchHandler(b *testing.B, sync spool.SyncMode, n int) (fasthttp.RequestHan
 		defer close(drained)
 		var recs []spool.Record
 		for {
-			cs, more, err := lane.NextInto(ctx, 1<<20, recs)
+			cs, more, err := lane.NextPart(ctx, 1<<20, recs)
 			if err != nil {
 				return
 			}
 			recs = more
 			for _, c := range cs {
-				c.Buffer().Release()
+				c.Buffer.Release()
 				sp.Ack(lane, c.Seq)
 			}
 		}

@@ -3,8 +3,6 @@ package ingest
 import (
 	"fmt"
 	"testing"
-
-	"github.com/svcrelay/relay/internal/spool"
 )
 
 // BenchmarkHandleSync is BenchmarkHandle under the setting, a
@@ -15,7 +13,7 @@ func BenchmarkHandleSync(b *testing.B) {
 	for _, par := range []int{1, 32} {
 		for _, n := range []int{1, 100} {
 			b.Run(fmt.Sprintf("sync=always/events=%d/handlers=%d", n, par), func(b *testing.B) {
-				benchHandle(b, spool.SyncAlways, n, par)
+				benchHandle(b, false, n, par)
 			})
 		}
 	}

@@ -100,11 +100,11 @@ func (r *testRelay) stop() {
 	r.sp = nil
 }
 
-// openSpool opens a real spool (sync) in a temporary directory, closed
+// openSpool opens a real spool (noSync) in a temporary directory, closed
 // when the test ends.
-func openSpool(t testing.TB, sync spool.SyncMode) *spool.Spool {
+func openSpool(t testing.TB, noSync bool) *spool.Spool {
 	t.Helper()
-	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), Sync: sync, MinFreeBytes: -1}, nil, nil)
+	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), NoSync: noSync, MinFreeBytes: -1}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,9 +115,9 @@ func openSpool(t testing.TB, sync spool.SyncMode) *spool.Spool {
 // newServer is a Server (cfg, logging to log; nil: no logs) on a real
 // spool (openSpool), not serving: for calls of its handler in process or
 // a listener of the test's own.
-func newServer(t testing.TB, cfg Config, sync spool.SyncMode, log *zap.Logger) (*Server, *spool.Spool) {
+func newServer(t testing.TB, cfg Config, noSync bool, log *zap.Logger) (*Server, *spool.Spool) {
 	t.Helper()
-	sp := openSpool(t, sync)
+	sp := openSpool(t, noSync)
 	s, err := New(cfg, sp, event.NewIDGen(), log, nil)
 	if err != nil {
 		t.Fatal(err)

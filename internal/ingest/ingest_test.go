@@ -67,7 +67,7 @@ func fields(t *testing.T, data []byte) map[string]json.RawMessage {
 func TestAcceptRewritesAndSpools(t *testing.T) {
 	for _, path := range []string{"/2/httpapi", "/batch"} {
 		t.Run(path, func(t *testing.T) {
-			r := startRelay(t, Config{Now: fixedClock}, spool.Config{Sync: spool.SyncNone})
+			r := startRelay(t, Config{Now: fixedClock}, spool.Config{NoSync: true})
 			events := []string{
 				// complete: spooled byte for byte
 				`{"user_id":"user-00001","device_id":"device-0001","event_type":"a","time":1700000000000,"insert_id":"keep-me","ip":"1.2.3.4", "x" : {"deep":[1, 2.50, "\u00e9"]}}`,
@@ -158,7 +158,7 @@ func TestAcceptRewritesAndSpools(t *testing.T) {
 // TestLanes: requests with different api_key or options go to different
 // lanes; equal ones share a lane (through the lane cache).
 func TestLanes(t *testing.T) {
-	r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone})
+	r := startRelay(t, Config{}, spool.Config{NoSync: true})
 	ev := `{"user_id":"user-00001","event_type":"a","insert_id":"x","time":1}`
 	for _, c := range []struct{ key, opts string }{
 		{"k1", ""}, {"k1", ""}, {"k2", ""}, {"k1", `{"min_id_length":3}`}, {"k1", `{"min_id_length":3}`},
@@ -202,7 +202,7 @@ func TestXForwardedForOverHTTP(t *testing.T) {
 			for _, p := range tc.trusted {
 				cfg.TrustedProxies = append(cfg.TrustedProxies, netip.MustParsePrefix(p))
 			}
-			r := startRelay(t, cfg, spool.Config{Sync: spool.SyncNone})
+			r := startRelay(t, cfg, spool.Config{NoSync: true})
 			var hdr []string
 			for _, v := range tc.xff {
 				hdr = append(hdr, "X-Forwarded-For", v)
@@ -263,7 +263,7 @@ func TestClientAddr(t *testing.T) {
 // TestRejections: representative validation classes pass through with the
 // upstream's status and body, and nothing of a rejected request is spooled.
 func TestRejections(t *testing.T) {
-	r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone})
+	r := startRelay(t, Config{}, spool.Config{NoSync: true})
 	good := `{"user_id":"user-00001","event_type":"a"}`
 	for _, tc := range []struct {
 		name   string
@@ -312,7 +312,7 @@ func TestRejections(t *testing.T) {
 }
 
 func TestPathsAndMethods(t *testing.T) {
-	r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone})
+	r := startRelay(t, Config{}, spool.Config{NoSync: true})
 	for _, tc := range []struct {
 		method, path string
 		status       int
@@ -336,7 +336,7 @@ func TestPathsAndMethods(t *testing.T) {
 }
 
 func TestGzipAccepted(t *testing.T) {
-	r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone})
+	r := startRelay(t, Config{}, spool.Config{NoSync: true})
 	events := make([]string, 50)
 	for i := range events {
 		events[i] = realisticEvent(i)
@@ -368,7 +368,7 @@ func TestGzipAccepted(t *testing.T) {
 }
 
 func TestEncodingErrors(t *testing.T) {
-	r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone})
+	r := startRelay(t, Config{}, spool.Config{NoSync: true})
 	body := envelope("k", "", `{"user_id":"user-00001","event_type":"a"}`)
 	zipped := gz(t, body)
 	for _, tc := range []struct {
@@ -410,7 +410,7 @@ func TestGzipBombConstruction(t *testing.T) {
 // TestGzipBomb: a 1 GiB-of-zeros gzip body of about 1 MB is refused with 413
 // after inflating no more than the limit.
 func TestGzipBomb(t *testing.T) {
-	r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone}) // 20 MB limit
+	r := startRelay(t, Config{}, spool.Config{NoSync: true}) // 20 MB limit
 	bomb := gzipBomb(t, 1024)
 	t.Logf("bomb: %d bytes compressed, 1 GiB inflated", len(bomb))
 	if len(bomb) > 4<<20 {
@@ -440,7 +440,7 @@ func TestGzipBomb(t *testing.T) {
 // TestSizeLimits checks the limit at its boundary, plain and gzip.
 func TestSizeLimits(t *testing.T) {
 	const limit = 1000
-	r := startRelay(t, Config{MaxRequestBytes: limit}, spool.Config{Sync: spool.SyncNone})
+	r := startRelay(t, Config{MaxRequestBytes: limit}, spool.Config{NoSync: true})
 	base := envelope("k", "", `{"user_id":"user-00001","event_type":"a"}`)
 	pad := func(n int) []byte { // a valid envelope of exactly n bytes
 		return append(bytes.Clone(base), bytes.Repeat([]byte(" "), n-len(base))...)
@@ -481,7 +481,7 @@ func TestSizeLimits(t *testing.T) {
 // TestSpoolFull fills a small spool: 503 with Retry-After, and exactly the
 // requests answered 200 are in the spool, each whole.
 func TestSpoolFull(t *testing.T) {
-	r := startRelay(t, Config{RetryAfter: 1500 * time.Millisecond}, spool.Config{Sync: spool.SyncNone, MaxBytes: 64 << 10})
+	r := startRelay(t, Config{RetryAfter: 1500 * time.Millisecond}, spool.Config{NoSync: true, MaxBytes: 64 << 10})
 	const perReq = 5
 	var ok []int
 	full := false
@@ -535,7 +535,7 @@ func TestSpoolFull(t *testing.T) {
 // TestConcurrentClients: 32 clients at once, every event present exactly once
 // and in order per device.
 func TestConcurrentClients(t *testing.T) {
-	r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncAlways})
+	r := startRelay(t, Config{}, spool.Config{})
 	const clients, reqs, perReq = 32, 8, 5
 	var wg sync.WaitGroup
 	errs := make(chan string, clients*reqs)
@@ -583,7 +583,7 @@ func TestConcurrentClients(t *testing.T) {
 }
 
 func TestPanicIsRecovered(t *testing.T) {
-	r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone})
+	r := startRelay(t, Config{}, spool.Config{NoSync: true})
 	var once sync.Once
 	r.srv.testHook = func(*fasthttp.RequestCtx) { once.Do(func() { panic("boom") }) }
 	body := envelope("k", "", `{"user_id":"user-00001","event_type":"a","insert_id":"x","time":1}`)
@@ -625,7 +625,7 @@ func holdRequest(r *testRelay) (got <-chan answer, release chan struct{}) {
 // TestShutdownWaitsForInFlight: a request inside the handler when Shutdown
 // starts completes with 200; new connections are refused.
 func TestShutdownWaitsForInFlight(t *testing.T) {
-	r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone})
+	r := startRelay(t, Config{}, spool.Config{NoSync: true})
 	got, release := holdRequest(r)
 	shut := make(chan error, 1)
 	go func() { shut <- r.srv.Shutdown(context.Background()) }()
@@ -658,7 +658,7 @@ func TestShutdownWaitsForInFlight(t *testing.T) {
 // TestShutdownDeadline: Shutdown returns when its context ends even though a
 // request is stuck.
 func TestShutdownDeadline(t *testing.T) {
-	r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone})
+	r := startRelay(t, Config{}, spool.Config{NoSync: true})
 	got, release := holdRequest(r)
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
 	defer cancel()
@@ -684,7 +684,7 @@ func TestShutdownDeadline(t *testing.T) {
 // TestSlowAndMalformedClients: a client that stalls mid-request is cut off by
 // ReadTimeout, garbage gets 400, and neither stalls other clients.
 func TestSlowAndMalformedClients(t *testing.T) {
-	r := startRelay(t, Config{ReadTimeout: 300 * time.Millisecond}, spool.Config{Sync: spool.SyncNone})
+	r := startRelay(t, Config{ReadTimeout: 300 * time.Millisecond}, spool.Config{NoSync: true})
 
 	slow, err := net.Dial("tcp", r.addr)
 	if err != nil {
@@ -715,7 +715,7 @@ func TestSlowAndMalformedClients(t *testing.T) {
 
 // TestMetricsRegistered checks the metric names the contract promises.
 func TestMetricsRegistered(t *testing.T) {
-	r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone})
+	r := startRelay(t, Config{}, spool.Config{NoSync: true})
 	r.post("/2/httpapi", envelope("k", "", `{"user_id":"user-00001","event_type":"a"}`))
 	mfs, err := r.reg.Gather()
 	if err != nil {
@@ -743,7 +743,7 @@ func TestMetricsRegistered(t *testing.T) {
 // long) do not delay Shutdown, while a request in the handler still gets its
 // 200 and is spooled.
 func TestShutdownClosesWaitingConnections(t *testing.T) {
-	r := startRelay(t, Config{ReadTimeout: time.Minute, IdleTimeout: time.Minute}, spool.Config{Sync: spool.SyncNone})
+	r := startRelay(t, Config{ReadTimeout: time.Minute, IdleTimeout: time.Minute}, spool.Config{NoSync: true})
 	dialWait := func() net.Conn {
 		c, err := net.DialTimeout("tcp", r.addr, time.Second)
 		if err != nil {

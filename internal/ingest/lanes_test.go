@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +15,7 @@ import (
 // beyond the spool's MaxLanes gets 503 with Retry-After while the lanes
 // that exist keep taking events.
 func TestLaneAdmission(t *testing.T) {
-	r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone, MaxLanes: 3, RetireIdle: -1})
+	r := startRelay(t, Config{}, spool.Config{NoSync: true, MaxLanes: 3, RetireIdle: -1})
 	ev := `{"user_id":"user-00001","event_type":"a","insert_id":"x","time":1}`
 	for _, opts := range []string{`{"junk":"1"}`, `{"junk":"1" }`, `{ "junk" : "\u0031"}`, `{"junk":"1","min_id_length":5}`} {
 		if a := r.post("/2/httpapi", envelope("k1", opts, ev)); a.status != 200 {
@@ -52,7 +53,7 @@ func TestLaneAdmission(t *testing.T) {
 // drops retired lanes, and the spool reroutes an Append through a retired
 // handle: either keeps this test passing, neither fails it).
 func TestRetiredLaneLeavesCache(t *testing.T) {
-	r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone, RetireIdle: 20 * time.Millisecond})
+	r := startRelay(t, Config{}, spool.Config{NoSync: true, RetireIdle: 20 * time.Millisecond})
 	ev := `{"user_id":"user-00001","event_type":"a","insert_id":"x","time":1}`
 	for round := range 3 {
 		if a := r.post("/2/httpapi", envelope("k", "", ev)); a.status != 200 {
@@ -69,10 +70,11 @@ func TestRetiredLaneLeavesCache(t *testing.T) {
 			t.Fatalf("round %d: %v %d chunks", round, err, len(cs))
 		}
 		r.sp.Ack(l, cs[0].Seq)
-		select {
-		case <-l.Retired():
-		case <-time.After(10 * time.Second):
-			t.Fatalf("round %d: lane not retired", round)
+		ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+		_, err = l.Next(ctx, 1<<20) // returns once the empty lane is retired
+		cancel()
+		if !errors.Is(err, spool.ErrRetired) {
+			t.Fatalf("round %d: lane not retired: %v", round, err)
 		}
 	}
 }

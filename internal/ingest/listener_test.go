@@ -28,7 +28,7 @@ import (
 // cannot parse quote their heads; the ingest log gets none of it.
 func TestMalformedRequestLogsNoContent(t *testing.T) {
 	const secret = "s3cr3t-4f1d"
-	_, addr, logs := serveObserved(t, Config{}, openSpool(t, spool.SyncNone))
+	_, addr, logs := serveObserved(t, Config{}, openSpool(t, true))
 
 	for _, req := range []string{
 		// A control byte in a header value.
@@ -71,7 +71,7 @@ func TestMalformedRequestLogsNoContent(t *testing.T) {
 // TestMaxConnections: beyond the limit a new connection waits (it is
 // accepted by the kernel but not served), and is served once another closes.
 func TestMaxConnections(t *testing.T) {
-	r := startRelay(t, Config{MaxConnections: 2}, spool.Config{Sync: spool.SyncNone})
+	r := startRelay(t, Config{MaxConnections: 2}, spool.Config{NoSync: true})
 	healthz := "GET /healthz HTTP/1.1\r\nHost: relay\r\n\r\n"
 	var held [2]*rawConn
 	for i := range held {
@@ -241,7 +241,7 @@ func TestFileDescriptorChild(t *testing.T) {
 	if dir == "" {
 		t.Skip("only as the child of TestFileDescriptorExhaustion")
 	}
-	sp, err := spool.Open(spool.Config{Dir: dir, Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
+	sp, err := spool.Open(spool.Config{Dir: dir, NoSync: true, MinFreeBytes: -1}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 // log lines, and no log line ever holds the api_key.
 func TestRejectLogsSampledAndKeyless(t *testing.T) {
 	const secret = "secret-api-key-4242"
-	r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone, MaxBytes: 4 << 10})
+	r := startRelay(t, Config{}, spool.Config{NoSync: true, MaxBytes: 4 << 10})
 	// A second server on the same spool, with the observed logger.
 	_, addr, logs := serveObserved(t, Config{}, r.sp)
 	r.url = "http://" + addr

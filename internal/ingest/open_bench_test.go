@@ -25,7 +25,7 @@ func BenchmarkAcceptOpen(b *testing.B) {
 	} {
 		for _, n := range []int{1, 100} {
 			b.Run(fmt.Sprintf("%s/events=%d", set.name, n), func(b *testing.B) {
-				r := startRelay(b, Config{Open: set.open}, spool.Config{Sync: spool.SyncNone})
+				r := startRelay(b, Config{Open: set.open}, spool.Config{NoSync: true})
 				events := make([]string, n)
 				for i := range events {
 					events[i] = realisticEvent(i)

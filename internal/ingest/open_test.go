@@ -111,7 +111,7 @@ func TestCORS(t *testing.T) {
 		{"off: post with origin", nil, http.MethodPost, []string{"Origin", evilOrigin}, want{200, "", false, true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := startRelay(t, Config{Now: fixedClock, Open: Open{CORSOrigins: tc.origins}}, spool.Config{Sync: spool.SyncNone})
+			r := startRelay(t, Config{Now: fixedClock, Open: Open{CORSOrigins: tc.origins}}, spool.Config{NoSync: true})
 			var b []byte
 			if tc.method == http.MethodPost {
 				b = body
@@ -164,7 +164,7 @@ func TestCORS(t *testing.T) {
 // allowed origin, errors included, or the SDK cannot act on them.
 func TestCORSOnErrors(t *testing.T) {
 	r := startRelay(t, Config{Now: fixedClock, Open: Open{CORSOrigins: []string{shopOrigin}, AllowedAPIKeys: []string{"good"}}},
-		spool.Config{Sync: spool.SyncNone})
+		spool.Config{NoSync: true})
 	for _, tc := range []struct {
 		body   []byte
 		status int
@@ -184,7 +184,7 @@ func TestCORSOnErrors(t *testing.T) {
 // TestTextPlainBody: what navigator.sendBeacon sends is the same envelope
 // under another Content-Type, taken and validated alike.
 func TestTextPlainBody(t *testing.T) {
-	r := startRelay(t, Config{Now: fixedClock}, spool.Config{Sync: spool.SyncNone})
+	r := startRelay(t, Config{Now: fixedClock}, spool.Config{NoSync: true})
 	for _, ct := range []string{"text/plain;charset=UTF-8", "text/plain"} {
 		a := r.post("/2/httpapi", envelope("beacon", "", oneEvent(0), oneEvent(1)), "Content-Type", ct)
 		if a.status != 200 || !strings.Contains(string(a.body), `"events_ingested":2`) {
@@ -202,7 +202,7 @@ func TestTextPlainBody(t *testing.T) {
 }
 
 func TestAllowedAPIKeys(t *testing.T) {
-	r := startRelay(t, Config{Now: fixedClock, Open: Open{AllowedAPIKeys: []string{"key-a", "key-b"}}}, spool.Config{Sync: spool.SyncNone})
+	r := startRelay(t, Config{Now: fixedClock, Open: Open{AllowedAPIKeys: []string{"key-a", "key-b"}}}, spool.Config{NoSync: true})
 	lanes0 := r.sp.Stats().Lanes
 	if a := r.post("/2/httpapi", envelope("key-a", "", oneEvent(0))); a.status != 200 {
 		t.Fatalf("allowed key: %d %s", a.status, a.body)
@@ -391,7 +391,7 @@ func TestClientRateLimitOverHTTP(t *testing.T) {
 		Now:            clock,
 		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
 		Open:           Open{ClientRateLimit: 1},
-	}, spool.Config{Sync: spool.SyncNone})
+	}, spool.Config{NoSync: true})
 	xff := func(ip string) []string { return []string{"X-Forwarded-For", ip} }
 	for i := range 2 {
 		if a := r.post("/2/httpapi", envelope("rl", "", oneEvent(i)), xff("203.0.113.5")...); a.status != 200 {
@@ -452,7 +452,7 @@ func TestAnonymizeIP(t *testing.T) {
 				Now:            fixedClock,
 				TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
 				Open:           Open{AnonymizeIP: tc.anon},
-			}, spool.Config{Sync: spool.SyncNone})
+			}, spool.Config{NoSync: true})
 			if a := r.post("/2/httpapi", envelope("anon", "", events...), "X-Forwarded-For", tc.xff); a.status != 200 {
 				t.Fatalf("%d %s", a.status, a.body)
 			}
@@ -508,7 +508,7 @@ func FuzzHandlerOpen(f *testing.F) {
 
 	s, _ := newServer(f, Config{MaxRequestBytes: 1 << 16, Open: Open{
 		CORSOrigins: []string{shopOrigin}, AllowedAPIKeys: []string{"k"}, ClientRateLimit: 1e6, AnonymizeIP: true,
-	}}, spool.SyncNone, nil)
+	}}, true, nil)
 	f.Fuzz(func(t *testing.T, body []byte, origin string, zip bool) {
 		var header []string
 		if origin != "" {

@@ -84,7 +84,7 @@ func served(t *testing.T, c net.Conn, br *bufio.Reader) bool {
 // connections closed at accept, without an answer, while another client is
 // served; a closed connection gives its share back.
 func TestMaxConnectionsPerClient(t *testing.T) {
-	r := startRelay(t, Config{MaxConnectionsPerClient: 2}, spool.Config{Sync: spool.SyncNone})
+	r := startRelay(t, Config{MaxConnectionsPerClient: 2}, spool.Config{NoSync: true})
 	var held [2]net.Conn
 	for i := range held {
 		held[i] = mustDialFrom(t, "127.0.0.1", r.addr)
@@ -149,7 +149,7 @@ func TestMaxConnectionsPerClientTrustedProxy(t *testing.T) {
 	r := startRelay(t, Config{
 		MaxConnectionsPerClient: 1,
 		TrustedProxies:          []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
-	}, spool.Config{Sync: spool.SyncNone})
+	}, spool.Config{NoSync: true})
 	checkUnbounded(t, r.addr, "trusted proxy", "127.0.0.1", "127.0.0.2")
 }
 
@@ -176,7 +176,7 @@ func checkUnbounded(t *testing.T, addr, what, exempt, bounded string) {
 
 // TestMaxConnectionsPerClientOff: 0 bounds nothing.
 func TestMaxConnectionsPerClientOff(t *testing.T) {
-	r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone})
+	r := startRelay(t, Config{}, spool.Config{NoSync: true})
 	if r.srv.perClient != nil {
 		t.Fatal("per-client count kept with the bound off")
 	}
@@ -258,7 +258,7 @@ func TestMaxConnectionsPerClientTLS(t *testing.T) {
 	rl, certFile, _ := selfSignedReloader(t)
 	roots := x509.NewCertPool()
 	tlstest.Trust(t, roots, certFile)
-	r := startRelay(t, Config{TLS: rl.TLSConfig(), MaxConnectionsPerClient: 2}, spool.Config{Sync: spool.SyncNone})
+	r := startRelay(t, Config{TLS: rl.TLSConfig(), MaxConnectionsPerClient: 2}, spool.Config{NoSync: true})
 
 	// open returns a served TLS connection, or nil when the server closed
 	// it without an answer (at accept: the handshake fails).
@@ -320,7 +320,7 @@ func TestMaxConnectionsPerClientLog(t *testing.T) {
 		anon bool
 		want string
 	}{{false, "127.0.0.1"}, {true, "127.0.0.0"}} {
-		r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone})
+		r := startRelay(t, Config{}, spool.Config{NoSync: true})
 		// A second server on the same spool, with the observed logger.
 		cfg := Config{MaxConnectionsPerClient: 1}
 		cfg.AnonymizeIP = tc.anon
@@ -349,6 +349,6 @@ func TestMaxConnectionsPerClientUnboundedPeers(t *testing.T) {
 	r := startRelay(t, Config{
 		MaxConnectionsPerClient: 1,
 		UnboundedPeers:          []netip.Prefix{netip.MustParsePrefix("::ffff:127.0.0.2/128")}, // 4-in-6: compared unmapped
-	}, spool.Config{Sync: spool.SyncNone})
+	}, spool.Config{NoSync: true})
 	checkUnbounded(t, r.addr, "unbounded peer", "127.0.0.2", "127.0.0.1")
 }

@@ -102,7 +102,7 @@ func TestStrictFraming(t *testing.T) {
 		{"repeated content-encoding", rawPost("Content-Encoding: gzip\r\ncontent-encoding: gzip\r\n", good) + next, "Repeated Content-Encoding"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone})
+			r := startRelay(t, Config{}, spool.Config{NoSync: true})
 			rc := dialRaw(t, r.addr)
 			rc.write(tc.req)
 			a := rc.answer()
@@ -127,7 +127,7 @@ func TestStrictFraming(t *testing.T) {
 	// The control: the same bytes without the fault are two requests, both
 	// answered on one connection, and their events are spooled.
 	t.Run("control", func(t *testing.T) {
-		r := startRelay(t, Config{}, spool.Config{Sync: spool.SyncNone})
+		r := startRelay(t, Config{}, spool.Config{NoSync: true})
 		rc := dialRaw(t, r.addr)
 		rc.write(fmt.Sprintf("POST /2/httpapi HTTP/1.1\r\nHost: relay\r\nTransfer-Encoding: chunked\r\nContent-Encoding: gzip\r\nX-Note: a b\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", len(gz(t, []byte(good))), gz(t, []byte(good))) + next)
 		for i := range 2 {
@@ -146,7 +146,7 @@ func TestStrictFraming(t *testing.T) {
 // Continue and is served.
 func TestExpectContinue(t *testing.T) {
 	const limit = 1000
-	r := startRelay(t, Config{MaxRequestBytes: limit}, spool.Config{Sync: spool.SyncNone})
+	r := startRelay(t, Config{MaxRequestBytes: limit}, spool.Config{NoSync: true})
 	good := string(envelope("good-key", "", `{"user_id":"user-00001","event_type":"a"}`))
 
 	for _, tc := range []struct {

@@ -26,7 +26,7 @@ func TestTLSIngestAndReload(t *testing.T) {
 	roots := x509.NewCertPool()
 	tlstest.Trust(t, roots, certFile)
 
-	r := startRelay(t, Config{TLS: rl.TLSConfig()}, spool.Config{Sync: spool.SyncNone})
+	r := startRelay(t, Config{TLS: rl.TLSConfig()}, spool.Config{NoSync: true})
 	url := "https://" + r.addr + "/2/httpapi"
 	body := envelope("tls-key", "", `{"user_id":"user-00001","event_type":"a"}`)
 
@@ -88,7 +88,7 @@ func tlsRelay(t *testing.T, cfg Config) *testRelay {
 	t.Helper()
 	rl, _, _ := selfSignedReloader(t)
 	cfg.TLS = rl.TLSConfig()
-	return startRelay(t, cfg, spool.Config{Sync: spool.SyncNone})
+	return startRelay(t, cfg, spool.Config{NoSync: true})
 }
 
 // selfSignedReloader writes a self-signed certificate with serial 1 to a new

@@ -55,7 +55,7 @@ func appendChunks(t *testing.T, s *Spool, l *Lane, lane, chunks, perChunk, pad i
 // than adviseAge) read through the mapping, and the file-backed RSS grows
 // by a small fraction of it.
 func TestReadDropsPages(t *testing.T) {
-	s := openTest(t, Config{Dir: t.TempDir(), Sync: SyncNone, CompactMinFileBytes: -1, adviseAge: time.Nanosecond})
+	s := openTest(t, Config{Dir: t.TempDir(), NoSync: true, CompactMinFileBytes: -1, adviseAge: time.Nanosecond})
 	l := mustLane(t, s, testKey(1))
 	const chunks, perChunk, pad = 128, 100, 5000 // ~64 MiB
 	appendChunks(t, s, l, 1, chunks, perChunk, pad)
@@ -86,7 +86,7 @@ func TestOpenDropsPages(t *testing.T) {
 	dir := t.TempDir()
 	// Nothing reaches bbolt before the image is taken (no checkpoint may
 	// run while it is copied): every chunk is replayed from the WAL.
-	s := openTest(t, Config{Dir: dir, Sync: SyncNone, CompactMinFileBytes: -1, HotMaxBytes: 128 << 20, flushAge: time.Hour})
+	s := openTest(t, Config{Dir: dir, NoSync: true, CompactMinFileBytes: -1, hotMaxBytes: 128 << 20, flushAge: time.Hour})
 	const lanes, chunks, perChunk, pad = 4, 24, 100, 5000 // ~48 MiB
 	for ln := range lanes {
 		appendChunks(t, s, mustLane(t, s, testKey(ln)), ln, chunks, perChunk, pad)
@@ -98,7 +98,7 @@ func TestOpenDropsPages(t *testing.T) {
 	s.Close()
 
 	before := rssFileKiB(t)
-	s = openTest(t, Config{Dir: img, Sync: SyncNone, CompactMinFileBytes: -1})
+	s = openTest(t, Config{Dir: img, NoSync: true, CompactMinFileBytes: -1})
 	grew := rssFileKiB(t) - before
 	t.Logf("opened %d MiB of WAL; file-backed RSS grew %d KiB", lanes*chunks*perChunk*pad>>20, grew)
 	if grew > 2<<10 {
@@ -120,7 +120,7 @@ func TestOpenDropsPages(t *testing.T) {
 // the mapping every few megabytes of deletions (see apply).
 func TestCheckpointDeletesDropPages(t *testing.T) {
 	var peak atomic.Int64
-	s := openTest(t, Config{Dir: t.TempDir(), Sync: SyncNone, CompactMinFileBytes: -1,
+	s := openTest(t, Config{Dir: t.TempDir(), NoSync: true, CompactMinFileBytes: -1,
 		flushAge: time.Nanosecond, checkpointEvery: 300 * time.Millisecond,
 		beforeTrim: func() { peak.Store(max(peak.Load(), procRssFileKiB())) }})
 	l := mustLane(t, s, testKey(1))
@@ -131,7 +131,7 @@ func TestCheckpointDeletesDropPages(t *testing.T) {
 	for n := 0; n < chunks; {
 		for _, c := range nextT(t, l, 8<<20) {
 			seqs = append(seqs, c.Seq)
-			c.Buffer().Release()
+			c.Buffer.Release()
 			n++
 		}
 	}

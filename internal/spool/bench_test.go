@@ -25,21 +25,21 @@ func benchRecord(n int) Record {
 // bbolt, as while the upstream is down. Figures: bench/RESULTS.md.
 func BenchmarkAppend(b *testing.B) {
 	for _, mode := range []struct {
-		name string
-		sync SyncMode
-	}{{"always", SyncAlways}, {"none", SyncNone}} {
+		name   string
+		noSync bool
+	}{{"always", false}, {"none", true}} {
 		for _, per := range []int{1, 10, 100} {
 			for _, par := range []int{1, 32} {
 				b.Run(fmt.Sprintf("sync=%s/records=%d/appenders=%d", mode.name, per, par), func(b *testing.B) {
-					benchAppend(b, mode.sync, per, par)
+					benchAppend(b, mode.noSync, per, par)
 				})
 			}
 		}
 	}
 }
 
-func benchAppend(b *testing.B, mode SyncMode, per, par int) {
-	s, err := Open(Config{Dir: b.TempDir(), Sync: mode, CompactMinFileBytes: -1}, nil, nil)
+func benchAppend(b *testing.B, noSync bool, per, par int) {
+	s, err := Open(Config{Dir: b.TempDir(), NoSync: noSync, CompactMinFileBytes: -1}, nil, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -88,12 +88,12 @@ func benchAppend(b *testing.B, mode SyncMode, per, par int) {
 // bbolt (appended, then the spool reopened).
 func BenchmarkDrain(b *testing.B) { benchDrain(b, false) }
 
-// BenchmarkDrainInto is BenchmarkDrain with NextInto, as the batcher reads.
+// BenchmarkDrainInto is BenchmarkDrain with NextPart, as the batcher reads.
 func BenchmarkDrainInto(b *testing.B) { benchDrain(b, true) }
 
 func benchDrain(b *testing.B, into bool) {
 	dir := b.TempDir()
-	s, err := Open(Config{Dir: dir, Sync: SyncNone, CompactMinFileBytes: -1}, nil, nil)
+	s, err := Open(Config{Dir: dir, NoSync: true, CompactMinFileBytes: -1}, nil, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -118,7 +118,7 @@ func benchDrain(b *testing.B, into bool) {
 	if err := s.Close(); err != nil {
 		b.Fatal(err)
 	}
-	if s, err = Open(Config{Dir: dir, Sync: SyncNone, CompactMinFileBytes: -1}, nil, nil); err != nil {
+	if s, err = Open(Config{Dir: dir, NoSync: true, CompactMinFileBytes: -1}, nil, nil); err != nil {
 		b.Fatal(err)
 	}
 	defer s.Close()
@@ -130,7 +130,7 @@ func benchDrain(b *testing.B, into bool) {
 	for n := 0; n < b.N; {
 		var cs []Chunk
 		if into {
-			cs, reuse, err = l.NextInto(ctx, 4<<20, reuse)
+			cs, reuse, err = l.NextPart(ctx, 4<<20, reuse)
 		} else {
 			cs, err = l.Next(ctx, 4<<20)
 		}

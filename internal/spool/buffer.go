@@ -94,16 +94,15 @@ func (cb *chunkBuf) release() {
 }
 
 // Buffer is the memory a Chunk's records alias.
-type Buffer struct{ p *chunkBuf }
-
-// Cap is the memory the buffer holds (a chunk rounded up to its class), 0
-// for the zero Buffer.
-func (b Buffer) Cap() int {
-	if b.p == nil {
-		return 0
-	}
-	return cap(b.p.b)
+type Buffer struct {
+	p *chunkBuf
+	// Cap is the memory the buffer holds (a chunk rounded up to its class)
+	// when the chunk was read, 0 for the zero Buffer.
+	Cap int
 }
+
+// bufferOf is the Buffer of cb.
+func bufferOf(cb *chunkBuf) Buffer { return Buffer{p: cb, Cap: cap(cb.b)} }
 
 // Release says the caller no longer reads the chunk's records (or slices of
 // them): once every holder released it, the memory is reused for other
@@ -259,9 +258,6 @@ func (b *Batch) Records() []Record {
 	}
 	return b.cb.records(b.n, nil)
 }
-
-// Len is the number of records added.
-func (b *Batch) Len() int { return b.n }
 
 // Bytes is the encoded size of b (0 when empty): what Append counts against
 // the quota and what Chunk.Size reports.

@@ -38,7 +38,7 @@ func TestBufClass(t *testing.T) {
 func TestChunkBufferRecycled(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	s := openTest(t, Config{Dir: dir, Sync: SyncNone, CompactMinFileBytes: -1})
+	s := openTest(t, Config{Dir: dir, NoSync: true, CompactMinFileBytes: -1})
 	l := mustLane(t, s, testKey(1))
 	const chunks = 10
 	var b Batch
@@ -51,7 +51,7 @@ func TestChunkBufferRecycled(t *testing.T) {
 		}
 	}
 	s.Close()
-	s = openTest(t, Config{Dir: dir, Sync: SyncNone, CompactMinFileBytes: -1})
+	s = openTest(t, Config{Dir: dir, NoSync: true, CompactMinFileBytes: -1})
 	l = mustLane(t, s, testKey(1))
 	first := nextT(t, l, 0)[0] // one chunk per call
 	kept := bytes.Clone(first.Records[0].Data)
@@ -59,7 +59,7 @@ func TestChunkBufferRecycled(t *testing.T) {
 	prev := nextT(t, l, 0)[0]
 	for i := 2; i < chunks; i++ {
 		addr := unsafe.SliceData(prev.Records[0].Data)
-		prev.Buffer().Release()
+		prev.Buffer.Release()
 		c := nextT(t, l, 0)[0]
 		if unsafe.SliceData(c.Records[0].Data) == addr {
 			reused++
@@ -90,7 +90,7 @@ func TestChunkBufferRecycled(t *testing.T) {
 // Batch once both let it go.
 func TestHotChunkSharedBuffer(t *testing.T) {
 	ctx := context.Background()
-	s := openTest(t, Config{Sync: SyncNone, CompactMinFileBytes: -1, flushAge: time.Hour})
+	s := openTest(t, Config{NoSync: true, CompactMinFileBytes: -1, flushAge: time.Hour})
 	l := mustLane(t, s, testKey(1))
 	var b Batch
 	for j := range 10 {
@@ -100,8 +100,8 @@ func TestHotChunkSharedBuffer(t *testing.T) {
 	if err := s.Append(ctx, l, &b); err != nil {
 		t.Fatal(err)
 	}
-	if b.Len() != 0 || b.Bytes() != 0 {
-		t.Fatalf("batch after Append: %d records, %d bytes", b.Len(), b.Bytes())
+	if b.n != 0 || b.Bytes() != 0 {
+		t.Fatalf("batch after Append: %d records, %d bytes", b.n, b.Bytes())
 	}
 	c := nextT(t, l, 0)[0]
 	if p := uintptr(unsafe.Pointer(unsafe.SliceData(c.Records[0].Data))); p < built || p >= built+size {
@@ -127,7 +127,7 @@ func TestHotChunkSharedBuffer(t *testing.T) {
 	s.Ack(l, c.Seq) // the spool lets go; the reader still holds it
 	fill()
 	check("after Ack")
-	c.Buffer().Release()
+	c.Buffer.Release()
 	if st := l.Stats(); st.Chunks != 0 || s.hotHeld.Load() != 0 {
 		t.Fatalf("after Ack and Release: %+v, hot %d bytes", st, s.hotHeld.Load())
 	}

@@ -17,7 +17,7 @@ import (
 // each commit also copies a few small pages). As plain values, two to a
 // leaf, they were 6.9 times the chunk bytes.
 func TestLargeChunksWrittenOnce(t *testing.T) {
-	s := openTest(t, Config{Dir: t.TempDir(), Sync: SyncNone, CompactMinFileBytes: -1,
+	s := openTest(t, Config{Dir: t.TempDir(), NoSync: true, CompactMinFileBytes: -1,
 		flushAge: time.Nanosecond, checkpointEvery: time.Millisecond})
 	l := mustLane(t, s, testKey(1))
 	const chunks, perChunk, pad = 40, 20, 25000 // ~500 KB chunks, as of 1000-event requests
@@ -36,7 +36,7 @@ func TestLargeChunksWrittenOnce(t *testing.T) {
 		if _, n := recID(c.Records[0]); n != 0 || len(c.Records) != perChunk || len(c.Records[0].Data) != len(rec(1, 0, pad+i).Data) {
 			t.Fatalf("chunk %d: %d records, first %q...", i, len(c.Records), c.Records[0].Data[:20])
 		}
-		c.Buffer().Release()
+		c.Buffer.Release()
 		s.Ack(l, c.Seq) // one at a time: each delete its own commit
 		deadline := time.Now().Add(5 * time.Second)
 		for l.Stats().Chunks != int64(chunks-i-1) {
@@ -58,7 +58,7 @@ func TestLargeChunksWrittenOnce(t *testing.T) {
 // marked format 3 once opened.
 func TestReadsPlainChunks(t *testing.T) {
 	dir := t.TempDir()
-	cfg := Config{Dir: dir, Sync: SyncNone, CompactMinFileBytes: -1}
+	cfg := Config{Dir: dir, NoSync: true, CompactMinFileBytes: -1}
 	s, err := Open(cfg, nil, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -19,19 +19,19 @@ import (
 // bench/RESULTS.md ("Twelfth session, spool commit path") for strace -c.
 func BenchmarkCommit(b *testing.B) {
 	for _, mode := range []struct {
-		name string
-		sync SyncMode
-	}{{"always", SyncAlways}, {"none", SyncNone}} {
+		name   string
+		noSync bool
+	}{{"always", false}, {"none", true}} {
 		for _, par := range []int{1, 32} {
 			b.Run(fmt.Sprintf("sync=%s/records=100/appenders=%d", mode.name, par), func(b *testing.B) {
-				benchCommit(b, mode.sync, 100, par)
+				benchCommit(b, mode.noSync, 100, par)
 			})
 		}
 	}
 }
 
-func benchCommit(b *testing.B, mode SyncMode, per, par int) {
-	s, err := Open(Config{Dir: b.TempDir(), Sync: mode, MinFreeBytes: -1, CompactMinFileBytes: -1}, nil, nil)
+func benchCommit(b *testing.B, noSync bool, per, par int) {
+	s, err := Open(Config{Dir: b.TempDir(), NoSync: noSync, MinFreeBytes: -1, CompactMinFileBytes: -1}, nil, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -54,13 +54,13 @@ func benchCommit(b *testing.B, mode SyncMode, per, par int) {
 		defer close(drained)
 		var rs []Record
 		for {
-			cs, more, err := l.NextInto(ctx, 1<<20, rs)
+			cs, more, err := l.NextPart(ctx, 1<<20, rs)
 			if err != nil {
 				return
 			}
 			rs = more
 			for _, c := range cs {
-				c.Buffer().Release()
+				c.Buffer.Release()
 				s.Ack(l, c.Seq)
 			}
 		}

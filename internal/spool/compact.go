@@ -7,15 +7,15 @@ package spool
 // largest backlog. So, after a checkpoint, the store compacts when
 //
 //	high-water mark >= Config.CompactMinFileBytes (default 4 MiB), and
-//	pages in use <= Config.CompactUsedPercent (default 25) % of the high-water mark, and
-//	pages in use <= Config.CompactMaxUsedBytes (default 16 MiB).
+//	pages in use <= Config.compactPercent (default 25) % of the high-water mark, and
+//	pages in use <= Config.compactMaxUsedBytes (default 16 MiB).
 //
 // The last bound is there because a compaction runs on the store goroutine,
 // so checkpoints wait for it (measured here: ~57 ms for 1.3 MB live, 2.6 s
 // for 120 MB; appends go on into the WAL, and wait only once the hot
 // chunks' memory bound is reached), and a backlog
 // being drained is cheaper to compact once it is small. The price: a file
-// keeps its peak size while more than CompactMaxUsedBytes stay live.
+// keeps its peak size while more than compactMaxUsedBytes stay live.
 //
 // The high-water mark is the end of the last page bbolt ever used
 // (the file itself may be up to 16 MiB longer: bbolt grows it in steps, and

@@ -44,12 +44,9 @@ func crashAppend(n int) (records, pad int) {
 // the default.
 func crashChild(dir string) {
 	round, _ := strconv.Atoi(os.Getenv("SPOOL_CRASH_ROUND"))
-	mode := SyncNone
-	if round%2 == 1 {
-		mode = SyncAlways
-	}
+	noSync := round%2 == 0
 	flush := []time.Duration{time.Nanosecond, 20 * time.Millisecond, 0}[round%3]
-	s, err := Open(Config{Dir: dir, Sync: mode, segmentBytes: 256 << 10, checkpointEvery: 5 * time.Millisecond, flushAge: flush}, nil, nil)
+	s, err := Open(Config{Dir: dir, NoSync: noSync, segmentBytes: 256 << 10, checkpointEvery: 5 * time.Millisecond, flushAge: flush}, nil, nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child open:", err)
 		os.Exit(2)
@@ -100,7 +97,7 @@ func crashChild(dir string) {
 					fmt.Fprintf(os.Stdout, "ack %d\n", id)
 					out.Unlock()
 					s.Ack(l, c.Seq)
-					c.Buffer().Release()
+					c.Buffer.Release()
 				}
 			}
 		}()
@@ -173,7 +170,7 @@ func TestCrash(t *testing.T) {
 			t.Fatalf("round %d: child confirmed only %d appends", round, len(confirmed))
 		}
 
-		s, err := Open(Config{Dir: dir, Sync: SyncNone}, nil, nil)
+		s, err := Open(Config{Dir: dir, NoSync: true}, nil, nil)
 		if err != nil {
 			t.Fatalf("round %d: reopen: %v", round, err)
 		}

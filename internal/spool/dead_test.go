@@ -10,7 +10,7 @@ import (
 func TestDeadLetters(t *testing.T) {
 	dir := t.TempDir()
 	ctx := context.Background()
-	s, err := Open(Config{Dir: dir, Sync: SyncNone}, nil, nil)
+	s, err := Open(Config{Dir: dir, NoSync: true}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func TestDeadLetters(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	s = openTest(t, Config{Dir: dir, Sync: SyncNone})
+	s = openTest(t, Config{Dir: dir, NoSync: true})
 	if s.Stats().Dead != 8 {
 		t.Fatalf("after reopen Stats().Dead = %d", s.Stats().Dead)
 	}

@@ -46,7 +46,7 @@ func TestDiskGivenBack(t *testing.T) {
 		t.Skip("writes ~450 MB")
 	}
 	dir := t.TempDir()
-	s, err := Open(Config{Dir: dir, Sync: SyncNone}, zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)), nil)
+	s, err := Open(Config{Dir: dir, NoSync: true}, zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func TestDiskGivenBack(t *testing.T) {
 	}
 	start = time.Now()
 	// Idle after 300 ms (30 s by default): the WAL's files go too.
-	s, err = Open(Config{Dir: dir, Sync: SyncNone, idleAfter: 300 * time.Millisecond}, zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)), nil)
+	s, err = Open(Config{Dir: dir, NoSync: true, idleAfter: 300 * time.Millisecond}, zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ func TestCompactionKeepsData(t *testing.T) {
 	// The log line "spool compacted" says how long the compaction took.
 	// Every chunk goes to bbolt at the next checkpoint (5 ms), as a
 	// backlog's would.
-	s, err := Open(Config{Dir: dir, Sync: SyncNone, CompactMinFileBytes: 1 << 20, flushAge: time.Nanosecond, checkpointEvery: 5 * time.Millisecond}, zaptest.NewLogger(t), reg)
+	s, err := Open(Config{Dir: dir, NoSync: true, CompactMinFileBytes: 1 << 20, flushAge: time.Nanosecond, checkpointEvery: 5 * time.Millisecond}, zaptest.NewLogger(t), reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +243,7 @@ func TestCompactionKeepsData(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "spool.db.compact")); !os.IsNotExist(err) {
 		t.Fatalf("compaction file left behind: %v", err)
 	}
-	s = openTest(t, Config{Dir: dir, Sync: SyncNone})
+	s = openTest(t, Config{Dir: dir, NoSync: true})
 	more := []DeadLetter{{Lane: l.Key(), Reason: "y"}}
 	if err := s.PutDead(ctx, more); err != nil || more[0].ID != 2 {
 		t.Fatalf("dead letter after compaction and reopen: id %d, %v", more[0].ID, err)
@@ -258,7 +258,7 @@ func TestCompactionKeepsData(t *testing.T) {
 // a compaction is removed by Open and the spool's data is untouched.
 func TestStaleCompactionFileRemoved(t *testing.T) {
 	dir := t.TempDir()
-	s := openTest(t, Config{Dir: dir, Sync: SyncNone})
+	s := openTest(t, Config{Dir: dir, NoSync: true})
 	l := mustLane(t, s, testKey(1))
 	var b Batch
 	b.Add(rec(1, 1, 1))
@@ -270,7 +270,7 @@ func TestStaleCompactionFileRemoved(t *testing.T) {
 	if err := os.WriteFile(junk, []byte("half a file"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s = openTest(t, Config{Dir: dir, Sync: SyncNone})
+	s = openTest(t, Config{Dir: dir, NoSync: true})
 	if _, err := os.Stat(junk); !os.IsNotExist(err) {
 		t.Fatalf("stale compaction file: %v", err)
 	}
@@ -287,8 +287,8 @@ func TestCompactionUnderLoad(t *testing.T) {
 	dir := t.TempDir()
 	// Little memory for hot chunks and frequent checkpoints: most chunks go
 	// through bbolt before they are read, whatever the reader's pace.
-	s, err := Open(Config{Dir: dir, Sync: SyncNone, CompactMinFileBytes: 64 << 10, CompactUsedPercent: 90, // compacts often
-		HotMaxBytes: 16 << 10, flushAge: time.Nanosecond, checkpointEvery: 2 * time.Millisecond}, nil, reg)
+	s, err := Open(Config{Dir: dir, NoSync: true, CompactMinFileBytes: 64 << 10, compactPercent: 90, // compacts often
+		hotMaxBytes: 16 << 10, flushAge: time.Nanosecond, checkpointEvery: 2 * time.Millisecond}, nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}

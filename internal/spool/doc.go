@@ -16,7 +16,7 @@
 //	meta    format version; the spool's random id; dead-letter count and
 //	        bytes; the WAL position applied to the file (records before it
 //	        need no replay); the WAL end acknowledged when a checkpoint
-//	        last committed (SyncAlways). Other keys are left alone (later
+//	        last committed (unless NoSync). Other keys are left alone (later
 //	        features add theirs)
 //	lanes   8-byte big-endian lane id -> LaneKey + next seq and the
 //	        chunks, records and bytes of the lane in this file (updated in
@@ -29,8 +29,8 @@
 //
 // The value encodings are in encode.go; each starts with a version byte and
 // carries a CRC-32C (format 4).
-// Another process opening the same Dir fails after about half a second with
-// ErrLocked.
+// Another process opening the same Dir fails after about half a second
+// ("locked by another process").
 //
 // The freelist is written by every transaction while it is small next to
 // what the transaction writes (keepFreelist), when the spool goes idle, and
@@ -40,12 +40,12 @@
 //
 // # Durability
 //
-// Append returns only after its chunk's record is in the WAL: under
-// SyncAlways the segment is fdatasync'ed (one fdatasync per write, for
+// Append returns only after its chunk's record is in the WAL: unless
+// NoSync, the segment is fdatasync'ed (one fdatasync per write, for
 // every Append queued while the previous write ran: group commit; when the
 // last write carried several appends and fewer are queued, the writer first
 // yields up to 50 µs for as many, see takeWAL);
-// under SyncNone the record has reached the OS (it survives a crash of the
+// under NoSync the record has reached the OS (it survives a crash of the
 // process, not of the machine). A segment's name is made durable (directory
 // fsync) before anything in it is acknowledged. A chunk is written from its
 // Batch's buffer without a copy, and the spool keeps that buffer: the chunk
@@ -53,9 +53,9 @@
 //
 // Checkpoints (store.go) move hot chunks into bbolt: every ~100 ms, the
 // chunks not acknowledged within flushAge (500 ms), and all of them when
-// the hot chunks' memory passes Config.HotMaxBytes or the WAL since the last
-// checkpoint passes 64 MiB. A checkpoint is one bbolt transaction (two
-// fdatasyncs under SyncAlways, none under SyncNone) that also stores the WAL
+// the hot chunks' memory passes the hot bound (8 MiB) or the WAL since the
+// last checkpoint passes 64 MiB. A checkpoint is one bbolt transaction (two
+// fdatasyncs, none under NoSync) that also stores the WAL
 // position up to which bbolt is complete. Open replays the WAL from that
 // position into bbolt, so every acknowledged chunk not yet in bbolt comes
 // back after a crash (see Integrity for what a damaged log costs). A chunk delivered and
@@ -68,10 +68,10 @@
 // the failed records' first header, so that a replay stops before them) and
 // continues in a new one. A failed checkpoint keeps its chunks hot and its
 // deletions queued for the next one; appends go on into the WAL until the
-// hot chunks' memory reaches twice HotMaxBytes, then fail with ErrFull.
+// hot chunks' memory reaches twice that bound, then fail with ErrFull.
 // While checkpoints make progress but lag, appends wait for them instead
 // (at most 5 s), as they would wait for bbolt without the WAL.
-// Refusing says why appends are refused while that lasts (failing
+// Stats().Refusing says why appends are refused while that lasts (failing
 // checkpoints at the memory bound, no space for a new WAL segment,
 // draining), for a readiness probe.
 //
@@ -134,12 +134,12 @@
 //     Dir/quarantine/); only a bad tail of the newest segment past the
 //     acknowledged end spool.db recorded is dropped quietly (replay.go);
 //   - a chunk of bbolt that fails its checksum is moved to dead letters with
-//     reason ReasonDamaged when the reader reaches it, never returned;
-//   - Open refuses (ErrMismatch) a spool.db missing, empty or another
+//     reason "damaged" when the reader reaches it, never returned;
+//   - Open refuses (ErrDamaged) a spool.db missing, empty or another
 //     spool's while the log holds records, or one whose positions the log
-//     does not reach, and (ErrDamaged) a spool.db bbolt cannot read: the
+//     does not reach, and a spool.db bbolt cannot read: the
 //     file is checked before it is mapped and bbolt's panics and faults are
-//     recovered (integrity.go). Verify and Salvage (offline.go) read what is
+//     recovered (integrity.go). Verify (offline.go) reads and salvages what is
 //     left without bbolt;
 //   - a replay that lacks disk space opens the spool draining (drain.go).
 //

@@ -15,7 +15,7 @@ import (
 // When Open cannot replay the WAL into bbolt for want of space, it opens the
 // spool anyway, draining: what bbolt holds is delivered and deleted (which
 // frees pages inside the file), Append fails with ErrDiskLow (ingest answers
-// 503 with Retry-After), Draining reports why (for /readyz), and nothing is
+// 503 with Retry-After), Stats().Refusing reports why (for /readyz), and nothing is
 // written to the WAL, whose segments from the applied position on are kept
 // as they are. The store tries the replay again every drainRetry; once it
 // succeeds, the replayed chunks are delivered and appends are taken again.
@@ -42,9 +42,9 @@ func (s *Spool) startDraining(err error) error {
 	return s.placeReaders()
 }
 
-// Draining returns why the spool refuses appends while it waits for disk
+// drainingErr returns why the spool refuses appends while it waits for disk
 // space to replay its WAL, nil when it does not.
-func (s *Spool) Draining() error {
+func (s *Spool) drainingErr() error {
 	if !s.draining.Load() {
 		return nil
 	}

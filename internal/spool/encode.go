@@ -264,21 +264,6 @@ func takePatch(p []byte) (off, del uint64, ins, rest []byte, err error) {
 	return off, del, ins, rest, err
 }
 
-// appendPatched appends a patched record's encoding (the layout above) to
-// dst: the writer's side of applyPatches, for tests and the future writer.
-func appendPatched(dst []byte, r Record, patches []patch) []byte {
-	dst = appendBytes(dst, r.OrderKey)
-	dst = appendBytes(dst, r.UserID)
-	dst = appendBytes(dst, r.Data)
-	dst = binary.AppendUvarint(dst, uint64(len(patches)))
-	for _, pt := range patches {
-		dst = binary.AppendUvarint(dst, uint64(pt.off))
-		dst = binary.AppendUvarint(dst, uint64(pt.del))
-		dst = appendBytes(dst, pt.ins)
-	}
-	return dst
-}
-
 // patch is one rewrite of a record's bytes as received: del bytes at off
 // replaced by ins.
 type patch struct {

@@ -154,3 +154,19 @@ func referencePatches(base, enc []byte) ([]byte, bool) {
 	}
 	return append(out, base[at:]...), true
 }
+
+// appendPatched appends a patched record's encoding (the layout in encode.go) to
+// dst: the writer's side of applyPatches (the tests write patched records
+// with it; the product does not write them yet).
+func appendPatched(dst []byte, r Record, patches []patch) []byte {
+	dst = appendBytes(dst, r.OrderKey)
+	dst = appendBytes(dst, r.UserID)
+	dst = appendBytes(dst, r.Data)
+	dst = binary.AppendUvarint(dst, uint64(len(patches)))
+	for _, pt := range patches {
+		dst = binary.AppendUvarint(dst, uint64(pt.off))
+		dst = binary.AppendUvarint(dst, uint64(pt.del))
+		dst = appendBytes(dst, pt.ins)
+	}
+	return dst
+}

@@ -20,7 +20,7 @@ import (
 // appends are accepted again.
 func TestFill(t *testing.T) {
 	const quota = 64 << 10
-	s := openTest(t, Config{Sync: SyncNone, MaxBytes: quota})
+	s := openTest(t, Config{NoSync: true, MaxBytes: quota})
 	ctx := context.Background()
 	l := mustLane(t, s, testKey(1))
 	var (
@@ -105,7 +105,7 @@ func b2(t testing.TB) int64 {
 // TestDiskLow: a reserve larger than the filesystem's free space refuses
 // appends, writes nothing, and still lets lanes, dead letters and acks work.
 func TestDiskLow(t *testing.T) {
-	s := openTest(t, Config{Sync: SyncNone, MinFreeBytes: 1 << 62})
+	s := openTest(t, Config{NoSync: true, MinFreeBytes: 1 << 62})
 	ctx := context.Background()
 	l := mustLane(t, s, testKey(1))
 	var b Batch
@@ -130,7 +130,7 @@ func TestDiskLow(t *testing.T) {
 // filesystem with room, and a disabled check (negative) too.
 func TestDiskReserveOK(t *testing.T) {
 	for _, min := range []int64{0, -1} {
-		s := openTest(t, Config{Sync: SyncNone, MinFreeBytes: min})
+		s := openTest(t, Config{NoSync: true, MinFreeBytes: min})
 		l := mustLane(t, s, testKey(1))
 		var b Batch
 		b.Add(rec(1, 1, 10))
@@ -148,8 +148,8 @@ func TestDiskReserveOK(t *testing.T) {
 // work again.
 func TestCheckpointFailure(t *testing.T) {
 	dir := t.TempDir()
-	cfg := Config{Dir: dir, Sync: SyncNone, maxFileBytes: 24 << 20, CompactMinFileBytes: -1,
-		HotMaxBytes: 4 << 20, flushAge: time.Nanosecond, checkpointEvery: time.Millisecond}
+	cfg := Config{Dir: dir, NoSync: true, maxFileBytes: 24 << 20, CompactMinFileBytes: -1,
+		hotMaxBytes: 4 << 20, flushAge: time.Nanosecond, checkpointEvery: time.Millisecond}
 	s, err := Open(cfg, nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -240,7 +240,7 @@ func TestWALWriteFailure(t *testing.T) {
 			var fail atomic.Bool
 			// No checkpoint after the lane's: a crash image replays every
 			// segment, the failed writes' too.
-			cfg := Config{Dir: dir, Sync: SyncAlways, checkpointEvery: time.Hour, walFault: func(s bool) error {
+			cfg := Config{Dir: dir, checkpointEvery: time.Hour, walFault: func(s bool) error {
 				if s == synced && fail.Load() {
 					return errors.New("injected I/O error")
 				}
@@ -322,8 +322,8 @@ func TestReplayTornTail(t *testing.T) {
 	}
 	var last walRecord
 	for off := int64(0); ; {
-		r, ok := nextRecord(data, segs[0], off)
-		if !ok {
+		r, st := readRecord(data, segs[0], off)
+		if st != recOK {
 			break
 		}
 		if r.typ == recChunk {
@@ -386,7 +386,7 @@ func copyDir(t *testing.T, src, dst string) {
 	}
 }
 
-// TestCommitGather: under SyncAlways, after a write of several appends, a
+// TestCommitGather: unless NoSync, after a write of several appends, a
 // lone queued append waits (up to the gather time) for another to share its
 // write and fsync; once a write carried one append, a lone client's appends
 // do not wait at all.
@@ -394,7 +394,7 @@ func TestCommitGather(t *testing.T) {
 	const gather = time.Second
 	var blocking atomic.Bool
 	entered, release := make(chan struct{}), make(chan struct{})
-	cfg := Config{Sync: SyncAlways, gather: gather, walFault: func(synced bool) error {
+	cfg := Config{gather: gather, walFault: func(synced bool) error {
 		if !synced && blocking.Load() {
 			entered <- struct{}{}
 			<-release

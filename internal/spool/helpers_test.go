@@ -146,14 +146,14 @@ func nextT(t testing.TB, l *Lane, maxBytes int) []Chunk {
 	return cs
 }
 
-// nextIntoT calls NextInto with a deadline.
-func nextIntoT(t testing.TB, l *Lane, recs []Record) ([]Chunk, []Record) {
+// nextPartT calls NextPart with a deadline.
+func nextPartT(t testing.TB, l *Lane, recs []Record) ([]Chunk, []Record) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	cs, recs, err := l.NextInto(ctx, 1<<20, recs)
+	cs, recs, err := l.NextPart(ctx, 1<<20, recs)
 	if err != nil {
-		t.Fatalf("NextInto: %v", err)
+		t.Fatalf("NextPart: %v", err)
 	}
 	return cs, recs
 }

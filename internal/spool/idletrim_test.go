@@ -10,7 +10,7 @@ import (
 // writer has been idle for a moment, even when the last trim was recent.
 func TestIdleTrim(t *testing.T) {
 	ctx := context.Background()
-	s := openTest(t, Config{Dir: t.TempDir(), Sync: SyncNone, CompactMinFileBytes: -1})
+	s := openTest(t, Config{Dir: t.TempDir(), NoSync: true, CompactMinFileBytes: -1})
 	l := mustLane(t, s, testKey(1))
 	time.Sleep(3 * idleFreelistDelay)
 	base := rssFileKiB(t)

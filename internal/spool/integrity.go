@@ -38,7 +38,7 @@ func guard(f func() error) (err error) {
 }
 
 // checkFiles refuses what Open must not go on with: spool.db missing or
-// empty while the WAL holds records (ErrMismatch), and a spool.db whose
+// empty while the WAL holds records (errMismatch), and a spool.db whose
 // meta pages are invalid or which is shorter than its pages (ErrDamaged).
 func (s *Spool) checkFiles() error {
 	fi, err := os.Stat(s.path)
@@ -50,7 +50,7 @@ func (s *Spool) checkFiles() error {
 				what = "empty"
 			}
 			return fmt.Errorf("%w: spool.db is %s but the write-ahead log holds records (%d chunks, segment %s and on)",
-				ErrMismatch, what, chunks, segName(seg))
+				errMismatch, what, chunks, segName(seg))
 		}
 		return nil
 	case err != nil:

@@ -31,7 +31,7 @@ import (
 // often, so that spool.db records the acknowledged end soon; small
 // segments keep the images small.
 func integrityCfg(dir string) Config {
-	return Config{Dir: dir, Sync: SyncAlways, MinFreeBytes: -1, CompactMinFileBytes: -1,
+	return Config{Dir: dir, MinFreeBytes: -1, CompactMinFileBytes: -1,
 		flushAge: time.Hour, checkpointEvery: time.Millisecond, segmentBytes: 256 << 10}
 }
 
@@ -43,7 +43,7 @@ func offlineState(t *testing.T, dir string) (applied, synced walPos) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pf.Close()
+	defer pf.close()
 	pf.walkBucket(pf.rootHeader(), func(k, v []byte, bucket bool) {
 		if bucket && string(k) == "meta" {
 			pf.walkBucket(v, func(k, v []byte, _ bool) {
@@ -248,7 +248,7 @@ func TestReplaySkipsDamage(t *testing.T) {
 			if err := os.WriteFile(path, data, 0o600); err != nil {
 				t.Fatal(err)
 			}
-			rep, err := Verify(img)
+			rep, err := Verify(img, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -318,7 +318,7 @@ func crc32Of(b []byte) uint32 { return crc32.Checksum(b, crcTable) }
 
 // TestTruncatedWAL truncates the WAL's segment at every record boundary
 // and in the middle of every record: a cut before the end spool.db
-// recorded as acknowledged refuses to start (ErrMismatch: acknowledged
+// recorded as acknowledged refuses to start (errMismatch: acknowledged
 // records are gone), one after it keeps every chunk before the cut, with
 // no damage reported. A removed wal/ is refused too.
 func TestTruncatedWAL(t *testing.T) {
@@ -343,13 +343,14 @@ func TestTruncatedWAL(t *testing.T) {
 			}
 			if cut < recs[synced-1].end {
 				// Refused; verify says why, salvage keeps what is left.
-				rep, err := Verify(dir)
+				rep, err := Verify(dir, nil)
 				if err != nil || rep.Damaged == 0 || !strings.Contains(strings.Join(rep.Problems, "\n"), "does not hold") {
 					t.Errorf("Verify: %+v, %v", rep, err)
 				}
 				var got []int
-				if _, err := Salvage(dir, func(r *SalvageRecord) error {
-					_, n := recID(r.Record())
+				if _, err := Verify(dir, func(r *SalvageRecord) error {
+					_, rec, _ := r.Record()
+					_, n := recID(rec)
 					got = append(got, n)
 					return nil
 				}); err != nil {
@@ -367,8 +368,8 @@ func TestTruncatedWAL(t *testing.T) {
 			}
 			s, logs, reg, err := openObserved(t, dir)
 			if cut < recs[synced-1].end {
-				if !errors.Is(err, ErrMismatch) {
-					t.Fatalf("Open after a cut at %d, before the acknowledged end %d: %v, want ErrMismatch", cut, recs[synced-1].end, err)
+				if !errors.Is(err, errMismatch) {
+					t.Fatalf("Open after a cut at %d, before the acknowledged end %d: %v, want errMismatch", cut, recs[synced-1].end, err)
 				}
 				return
 			}
@@ -395,8 +396,8 @@ func TestTruncatedWAL(t *testing.T) {
 		if err := os.RemoveAll(filepath.Join(dir, walDirName)); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, _, err := openObserved(t, dir); !errors.Is(err, ErrMismatch) {
-			t.Fatalf("Open without wal/: %v, want ErrMismatch", err)
+		if _, _, _, err := openObserved(t, dir); !errors.Is(err, errMismatch) {
+			t.Fatalf("Open without wal/: %v, want errMismatch", err)
 		}
 	})
 }
@@ -434,19 +435,20 @@ func TestSpoolDBMismatch(t *testing.T) {
 				t.Fatal(err)
 			}
 			before, _ := os.Stat(filepath.Join(dir, "spool.db"))
-			if _, _, _, err := openObserved(t, dir); !errors.Is(err, ErrMismatch) {
-				t.Fatalf("Open: %v, want ErrMismatch", err)
+			if _, _, _, err := openObserved(t, dir); !errors.Is(err, errMismatch) {
+				t.Fatalf("Open: %v, want errMismatch", err)
 			}
 			after, _ := os.Stat(filepath.Join(dir, "spool.db"))
 			if (before == nil) != (after == nil) || before != nil && before.Size() != after.Size() {
 				t.Fatalf("Open changed spool.db (%v -> %v)", before, after)
 			}
 			var got []int
-			rep, err := Salvage(dir, func(r *SalvageRecord) error {
+			rep, err := Verify(dir, func(r *SalvageRecord) error {
 				if r.Source != "wal" || r.APIKey != testKey(1).APIKey || r.Damaged {
 					return fmt.Errorf("salvaged %+v", r)
 				}
-				_, n := recID(r.Record())
+				_, rec, _ := r.Record()
+				_, n := recID(rec)
 				got = append(got, n)
 				return nil
 			})
@@ -500,7 +502,7 @@ func TestDamagedChunkDeadLettered(t *testing.T) {
 	if err := os.WriteFile(db, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := Verify(dir)
+	rep, err := Verify(dir, nil)
 	if err != nil || rep.Damaged != 1 || rep.Records != (chunks-1)*perChunk {
 		t.Fatalf("Verify: %+v, %v; want 1 damaged, %d records", rep, err, (chunks-1)*perChunk)
 	}
@@ -511,7 +513,7 @@ func TestDamagedChunkDeadLettered(t *testing.T) {
 	if got, want := readAll(t, s), idsExcept(chunks*perChunk, 12, 13, 14); !slices.Equal(got, want) {
 		t.Fatalf("records %v, want %v", got, want)
 	}
-	dead, err := s.ListDead(DeadFilter{Reason: ReasonDamaged}, 0, 0)
+	dead, err := s.ListDead(DeadFilter{Reason: reasonDamaged}, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -554,7 +556,7 @@ func TestDamagedDBNeverCrashes(t *testing.T) {
 		t.Fatal(err)
 	}
 	used := int(pf.meta.hwm) * ps
-	pf.Close()
+	pf.close()
 	for _, tc := range []struct {
 		name     string
 		damage   func(b []byte) []byte
@@ -594,7 +596,7 @@ func TestDamagedDBNeverCrashes(t *testing.T) {
 			if err := os.WriteFile(db, tc.damage(b), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			rep, err := Verify(dir)
+			rep, err := Verify(dir, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -602,7 +604,7 @@ func TestDamagedDBNeverCrashes(t *testing.T) {
 				t.Errorf("Verify found no damage: %+v", rep)
 			}
 			salvaged := 0
-			if _, err := Salvage(dir, func(*SalvageRecord) error { salvaged++; return nil }); err != nil {
+			if _, err := Verify(dir, func(*SalvageRecord) error { salvaged++; return nil }); err != nil {
 				t.Fatal(err)
 			}
 			t.Logf("verify: %d records, %d damaged; salvage: %d lines", rep.Records, rep.Damaged, salvaged)
@@ -878,7 +880,7 @@ func TestFullDiskDraining(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pf.Close()
+		pf.close()
 		cfg := integrityCfg(img)
 		// The file may not grow past the pages it uses: the replay fits
 		// only once the delivered chunks' pages are free.
@@ -953,7 +955,7 @@ func checkDraining(t *testing.T, cfg Config, free func()) {
 		t.Fatalf("Open on a full disk: %v", err)
 	}
 	defer s.Close()
-	if s.Draining() == nil {
+	if s.drainingErr() == nil {
 		t.Fatal("not draining")
 	}
 	l := mustLane(t, s, testKey(1))
@@ -976,15 +978,15 @@ func checkDraining(t *testing.T, cfg Config, free func()) {
 		}
 	}
 	read(100)
-	if !slices.Equal(ids, idsExcept(100)) || s.Draining() == nil {
-		t.Fatalf("while draining: read %v (draining: %v)", ids, s.Draining())
+	if !slices.Equal(ids, idsExcept(100)) || s.drainingErr() == nil {
+		t.Fatalf("while draining: read %v (draining: %v)", ids, s.drainingErr())
 	}
 	free()
 	deadline := time.Now().Add(20 * time.Second)
-	for s.Draining() != nil && time.Now().Before(deadline) {
+	for s.drainingErr() != nil && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if s.Draining() != nil {
+	if s.drainingErr() != nil {
 		t.Fatalf("still draining after space was freed: %v", logs.All())
 	}
 	read(200)
@@ -1238,14 +1240,14 @@ func TestPatchedChunkInSpoolDB(t *testing.T) {
 		binary.BigEndian.PutUint32(out[1:5], crc32Of(out[5:]))
 		return out
 	})
-	rep, err := Verify(dir)
+	rep, err := Verify(dir, nil)
 	if err != nil || rep.Damaged != 0 || rep.Records != chunks*perChunk {
 		t.Fatalf("Verify of a patched chunk: %+v, %v", rep, err)
 	}
 	salvaged := func() map[int]bool { // record n -> damaged
 		t.Helper()
 		got := map[int]bool{}
-		if _, err := Salvage(dir, func(r *SalvageRecord) error {
+		if _, err := Verify(dir, func(r *SalvageRecord) error {
 			if r.Dead == nil {
 				_, n := recID(Record{Data: append(r.Data, r.DataRaw...)})
 				got[n] = r.Damaged
@@ -1264,7 +1266,7 @@ func TestPatchedChunkInSpoolDB(t *testing.T) {
 	}
 
 	rewrite(func(v []byte) []byte { v[patchAt] ^= 0x02; return v })
-	if rep, err := Verify(dir); err != nil || rep.Damaged != 1 || rep.Records != (chunks-1)*perChunk {
+	if rep, err := Verify(dir, nil); err != nil || rep.Damaged != 1 || rep.Records != (chunks-1)*perChunk {
 		t.Fatalf("Verify of a damaged patch: %+v, %v; want 1 damaged", rep, err)
 	}
 	if got := salvaged(); !got[2] || !got[3] || got[1] || got[4] {
@@ -1277,7 +1279,7 @@ func TestPatchedChunkInSpoolDB(t *testing.T) {
 	if got, want := readAll(t, s), idsExcept(chunks*perChunk, 2, 3); !slices.Equal(got, want) {
 		t.Fatalf("records %v, want %v", got, want)
 	}
-	dead, err := s.ListDead(DeadFilter{Reason: ReasonDamaged}, 0, 0)
+	dead, err := s.ListDead(DeadFilter{Reason: reasonDamaged}, 0, 0)
 	if err != nil || len(dead) != perChunk {
 		t.Fatalf("%d damaged dead letters (%v), want %d", len(dead), err, perChunk)
 	}

@@ -22,7 +22,7 @@ import (
 // acknowledged, none in the WAL since the applied position) and has had no
 // Append for Config.RetireIdle is retired by the store goroutine: it is
 // removed from Lanes, its lane record and queue bucket are deleted in one
-// bbolt transaction (so a restart does not load it again), and its Retired
+// bbolt transaction (so a restart does not load it again), and its retiredC
 // channel is closed so that its reader (Next) returns ErrRetired.
 //
 // A retired Lane handle stays usable for Append: Append sends the records to
@@ -36,28 +36,28 @@ import (
 // names none of them.
 var ErrTooManyLanes = errors.New("spool: too many lanes")
 
-// ErrRetired is returned by Lane.Next and Lane.NextInto once the lane was
+// ErrRetired is returned by Lane.Next and Lane.NextPart once the lane was
 // retired (empty and idle): its reader is done with it for good.
 var ErrRetired = errors.New("spool: lane retired")
 
 // Defaults of the lane limits.
 const (
-	// DefaultMaxLanes is Config.MaxLanes's zero value.
-	DefaultMaxLanes = 10000
-	// DefaultRetireIdle is Config.RetireIdle's zero value.
-	DefaultRetireIdle = 10 * time.Minute
+	// defaultMaxLanes is Config.MaxLanes's zero value.
+	defaultMaxLanes = 10000
+	// defaultRetireIdle is Config.RetireIdle's zero value.
+	defaultRetireIdle = 10 * time.Minute
 )
 
 func (c Config) maxLanes() int {
 	if c.MaxLanes == 0 {
-		return DefaultMaxLanes
+		return defaultMaxLanes
 	}
 	return c.MaxLanes
 }
 
 func (c Config) retireIdle() time.Duration {
 	if c.RetireIdle == 0 {
-		return DefaultRetireIdle
+		return defaultRetireIdle
 	}
 	return c.RetireIdle
 }
@@ -76,9 +76,6 @@ func LabelOf(k LaneKey) string {
 	return k.Kind.String() + "-" + hex.EncodeToString(h[:4])
 }
 
-// Retired returns a channel closed when the lane is retired.
-func (l *Lane) Retired() <-chan struct{} { return l.retiredC }
-
 // IsRetired reports whether the lane was retired.
 func (l *Lane) IsRetired() bool { return l.retired.Load() }
 
@@ -90,24 +87,18 @@ func (l *Lane) Pin() { l.pins.Add(1) }
 // Unpin undoes one Pin.
 func (l *Lane) Unpin() { l.pins.Add(-1) }
 
-// LanesFrom returns the lanes whose ID is at least id, oldest first: a
-// deliverer that remembers the last ID it saw learns of new lanes in time
+// LanesFrom returns the lanes whose ID is at least id, oldest first, and a
+// channel closed when the next lane is created (call LanesFrom again then):
+// a deliverer that remembers the last ID it saw learns of new lanes in time
 // proportional to their number, not to every lane's.
-func (s *Spool) LanesFrom(id uint64) []*Lane {
+func (s *Spool) LanesFrom(id uint64) ([]*Lane, <-chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	i := sort.Search(len(s.lanes), func(i int) bool { return s.lanes[i].id >= id })
 	if i == len(s.lanes) {
-		return nil
+		return nil, s.lanesCh
 	}
-	return append([]*Lane(nil), s.lanes[i:]...)
-}
-
-// LaneCount is the number of lanes.
-func (s *Spool) LaneCount() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.lanes)
+	return append([]*Lane(nil), s.lanes[i:]...), s.lanesCh
 }
 
 // tooManyLanesLocked reports whether a new lane would pass MaxLanes, with

@@ -39,7 +39,7 @@ func drainLane(t *testing.T, s *Spool, l *Lane) int {
 // Issue 19: MaxLanes bounds the lanes; a key of an existing lane is still
 // served; a retired lane frees its place.
 func TestMaxLanes(t *testing.T) {
-	s := openTest(t, Config{Sync: SyncNone, MinFreeBytes: -1, MaxLanes: 3, RetireIdle: -1})
+	s := openTest(t, Config{NoSync: true, MinFreeBytes: -1, MaxLanes: 3, RetireIdle: -1})
 	ctx := context.Background()
 	var ls []*Lane
 	for i := range 3 {
@@ -64,7 +64,7 @@ func TestMaxLanes(t *testing.T) {
 		wg.Go(func() { _, _ = s.Lane(ctx, LaneKey{APIKey: fmt.Sprint("c", i)}) })
 	}
 	wg.Wait()
-	if n := s.LaneCount(); n != 3 {
+	if n := s.Stats().Lanes; n != 3 {
 		t.Fatalf("%d lanes, bound 3", n)
 	}
 }
@@ -75,7 +75,7 @@ func TestMaxLanes(t *testing.T) {
 // key. A lane that holds records is never retired.
 func TestRetireIdleLanes(t *testing.T) {
 	dir := t.TempDir()
-	cfg := Config{Dir: dir, Sync: SyncNone, MinFreeBytes: -1, RetireIdle: 50 * time.Millisecond}
+	cfg := Config{Dir: dir, NoSync: true, MinFreeBytes: -1, RetireIdle: 50 * time.Millisecond}
 	s, err := Open(cfg, nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -121,14 +121,14 @@ func TestRetireIdleLanes(t *testing.T) {
 	// Wait until it is retired too, then reopen: neither comes back; the
 	// lane with a record does.
 	select {
-	case <-again.Retired():
+	case <-again.retiredC:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the new lane was not retired")
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	s2 := openTest(t, Config{Dir: dir, Sync: SyncNone, MinFreeBytes: -1, RetireIdle: -1})
+	s2 := openTest(t, Config{Dir: dir, NoSync: true, MinFreeBytes: -1, RetireIdle: -1})
 	ls := s2.Lanes()
 	if len(ls) != 1 || ls[0].Key().APIKey != "full" || ls[0].Stats().Records != 1 {
 		t.Fatalf("after reopen: %d lanes", len(ls))
@@ -138,7 +138,7 @@ func TestRetireIdleLanes(t *testing.T) {
 // Issue 19: an Append through a handle of a retired lane is never lost: it
 // lands in a live lane of its key.
 func TestAppendToRetiredLane(t *testing.T) {
-	s := openTest(t, Config{Sync: SyncNone, MinFreeBytes: -1, RetireIdle: time.Millisecond})
+	s := openTest(t, Config{NoSync: true, MinFreeBytes: -1, RetireIdle: time.Millisecond})
 	ctx := context.Background()
 	old, _ := s.Lane(ctx, LaneKey{APIKey: "k"})
 	got := 0
@@ -153,7 +153,7 @@ func TestAppendToRetiredLane(t *testing.T) {
 		}
 		got += drainLane(t, s, cur)
 		select {
-		case <-cur.Retired():
+		case <-cur.retiredC:
 		case <-time.After(10 * time.Second):
 			t.Fatal("lane not retired")
 		}
@@ -167,16 +167,16 @@ func TestAppendToRetiredLane(t *testing.T) {
 // Issue 19: a pinned lane (an operator stopped it) is not retired while
 // empty; once unpinned it is.
 func TestPinnedLaneNotRetired(t *testing.T) {
-	s := openTest(t, Config{Sync: SyncNone, MinFreeBytes: -1, RetireIdle: time.Millisecond})
+	s := openTest(t, Config{NoSync: true, MinFreeBytes: -1, RetireIdle: time.Millisecond})
 	l, _ := s.Lane(context.Background(), LaneKey{APIKey: "k"})
 	l.Pin()
 	time.Sleep(100 * time.Millisecond)
-	if l.IsRetired() || s.LaneCount() != 1 {
+	if l.IsRetired() || s.Stats().Lanes != 1 {
 		t.Fatal("a pinned lane was retired")
 	}
 	l.Unpin()
 	select {
-	case <-l.Retired():
+	case <-l.retiredC:
 	case <-time.After(10 * time.Second):
 		t.Fatal("an unpinned empty lane was not retired")
 	}

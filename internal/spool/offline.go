@@ -9,18 +9,21 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"time"
 )
 
-// The offline tools: Verify and Salvage read a spool directory that no
-// process holds, without bbolt and without a mapping (pages.go), so that
+// The offline tool: Verify (relay spool verify, and with a salvage
+// function relay spool salvage) reads a spool directory that no process
+// holds, without bbolt and without a mapping (pages.go), so that
 // neither a damaged spool.db nor a damaged log can make them panic or
 // fault. They read everything a replay would (spool.db's queues and dead
 // letters, the WAL from the applied position on, acknowledgements
 // applied) and check every checksum.
 
-// SalvageRecord is one line of Salvage's output, and of Import's input.
+// SalvageRecord is one record Verify salvaged: one line of relay spool
+// salvage's output, and of relay spool import's input.
 type SalvageRecord struct {
 	// Source is where the record was read: "db" (spool.db) or "wal".
 	Source string `json:"source"`
@@ -42,20 +45,24 @@ type SalvageRecord struct {
 	DataRaw []byte          `json:"data_raw,omitempty"`
 	// Damaged: the record's chunk failed its checksum; it may be altered.
 	Damaged bool `json:"damaged,omitempty"`
-	// Dead is set for a dead letter.
-	Dead *SalvageDead `json:"dead_letter,omitempty"`
+	// Dead is set for a dead letter: what it adds to its record.
+	Dead *struct {
+		ID     uint64    `json:"id"`
+		Reason string    `json:"reason"`
+		Answer string    `json:"answer,omitempty"`
+		Died   time.Time `json:"died"`
+	} `json:"dead_letter,omitempty"`
 }
 
-// SalvageDead is what a dead letter adds to its record.
-type SalvageDead struct {
-	ID     uint64    `json:"id"`
-	Reason string    `json:"reason"`
-	Answer string    `json:"answer,omitempty"`
-	Died   time.Time `json:"died"`
-}
-
-// Record returns the record's spool form.
-func (r *SalvageRecord) Record() Record {
+// Record returns the record's spool form and its lane's key; an error when
+// Kind names no kind (Kind.String).
+func (r *SalvageRecord) Record() (LaneKey, Record, error) {
+	kinds := []Kind{KindEvents, KindGroupIdentify, KindUserMap}
+	i := slices.IndexFunc(kinds, func(k Kind) bool { return k.String() == r.Kind })
+	if i < 0 {
+		return LaneKey{}, Record{}, fmt.Errorf("unknown record kind %q", r.Kind)
+	}
+	key := LaneKey{Kind: kinds[i], APIKey: r.APIKey, Options: r.Options}
 	data := []byte(r.Data)
 	if len(data) == 0 {
 		data = r.DataRaw
@@ -67,20 +74,10 @@ func (r *SalvageRecord) Record() Record {
 	if r.UserID != "" {
 		rec.UserID = []byte(r.UserID)
 	}
-	return rec
+	return key, rec, nil
 }
 
-// ParseKind is the Kind named by Kind.String.
-func ParseKind(s string) (Kind, error) {
-	for _, k := range []Kind{KindEvents, KindGroupIdentify, KindUserMap} {
-		if k.String() == s {
-			return k, nil
-		}
-	}
-	return 0, fmt.Errorf("unknown record kind %q", s)
-}
-
-// VerifyReport sums up what Verify (or Salvage) read.
+// VerifyReport sums up what Verify read.
 type VerifyReport struct {
 	Lanes       int   // lanes known (spool.db or the log)
 	Records     int64 // live records readable, spool.db and log
@@ -95,18 +92,9 @@ type VerifyReport struct {
 	Problems, Notes []string
 }
 
-// Verify reads every record and checksum of the spool in dir (which no
-// process may hold).
-func Verify(dir string) (VerifyReport, error) {
-	return scanSpool(dir, nil)
-}
-
-// Salvage writes every readable record of the spool in dir to emit, one
-// call per record: live records of spool.db and of the log not
-// acknowledged, damaged ones flagged, and dead letters.
-func Salvage(dir string, emit func(*SalvageRecord) error) (VerifyReport, error) {
-	return scanSpool(dir, emit)
-}
+// newOf allocates what a pointer of p's type points to (SalvageRecord.Dead's
+// struct has no name).
+func newOf[T any](_ *T) *T { return new(T) }
 
 type offLane struct {
 	key   LaneKey
@@ -114,7 +102,12 @@ type offLane struct {
 	known bool
 }
 
-func scanSpool(dir string, emit func(*SalvageRecord) error) (VerifyReport, error) {
+// Verify reads every record and checksum of the spool in dir (which no
+// process may hold). When salvage is not nil, every readable record is
+// handed to it, one call per record: live records of spool.db and of the
+// log not acknowledged, damaged ones flagged, and dead letters; after an
+// error it is not called again, and Verify returns that error.
+func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error) {
 	var rep VerifyReport
 	if fi, err := os.Stat(dir); err != nil {
 		return rep, fmt.Errorf("no spool in %s: %w", dir, err)
@@ -137,8 +130,8 @@ func scanSpool(dir string, emit func(*SalvageRecord) error) (VerifyReport, error
 	var deads [][2][]byte
 	var emitErr error
 	out := func(r *SalvageRecord) {
-		if emit != nil && emitErr == nil {
-			emitErr = emit(r)
+		if salvage != nil && emitErr == nil {
+			emitErr = salvage(r)
 		}
 	}
 
@@ -152,7 +145,7 @@ func scanSpool(dir string, emit func(*SalvageRecord) error) (VerifyReport, error
 		rep.Damaged++
 		problem("spool.db: %v: only the write-ahead log is read", err)
 	} else {
-		defer pf.Close()
+		defer pf.close()
 		if need := int64(pf.meta.hwm) * pf.ps; need > pf.size {
 			problem("spool.db: the file holds %d bytes but its pages take %d (truncated): the pages past its end are lost", pf.size, need)
 		}
@@ -413,8 +406,9 @@ func scanSpool(dir string, emit func(*SalvageRecord) error) (VerifyReport, error
 		rep.DeadLetters++
 		l := newLane(nil, 0, d.Lane, laneState{})
 		sr := &SalvageRecord{Source: "db", Kind: d.Lane.Kind.String(), Lane: l.label, APIKey: d.Lane.APIKey, Options: d.Lane.Options,
-			Accepted: d.Accepted.UTC(), OrderKey: string(d.Record.OrderKey), UserID: string(d.Record.UserID),
-			Dead: &SalvageDead{ID: d.ID, Reason: d.Reason, Answer: string(d.Answer), Died: d.Died.UTC()}}
+			Accepted: d.Accepted.UTC(), OrderKey: string(d.Record.OrderKey), UserID: string(d.Record.UserID)}
+		sr.Dead = newOf(sr.Dead)
+		sr.Dead.ID, sr.Dead.Reason, sr.Dead.Answer, sr.Dead.Died = d.ID, d.Reason, string(d.Answer), d.Died.UTC()
 		setData(sr, d.Record.Data)
 		out(sr)
 	}

@@ -12,7 +12,7 @@ import (
 // pageFile reads a bbolt file page by page with ReadAt, never through a
 // mapping and never trusting a page: every offset and length is checked,
 // so a damaged or truncated file yields errors, not panics or faults. The
-// offline tools (Verify, Salvage) walk the tree with it, from the meta
+// offline tool (Verify) walks the tree with it, from the meta
 // page bbolt would use, and skip the pages they cannot read.
 type pageFile struct {
 	f    *os.File
@@ -66,7 +66,7 @@ func openPageFile(path string) (*pageFile, error) {
 	return pf, nil
 }
 
-func (pf *pageFile) Close() error { return pf.f.Close() }
+func (pf *pageFile) close() error { return pf.f.Close() }
 
 // page reads page id with its overflow pages.
 func (pf *pageFile) page(id uint64) ([]byte, error) {
@@ -201,7 +201,7 @@ func checkTree(path string) (err error) {
 	if err != nil {
 		return err
 	}
-	defer pf.Close()
+	defer pf.close()
 	if pf.meta.freelist != ^uint64(0) {
 		return nil // bbolt reads the freelist; it walks nothing
 	}

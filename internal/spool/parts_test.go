@@ -19,7 +19,7 @@ func TestNextPart(t *testing.T) {
 	for _, cold := range []bool{false, true} {
 		t.Run(fmt.Sprintf("cold=%v", cold), func(t *testing.T) {
 			dir := t.TempDir()
-			cfg := Config{Dir: dir, Sync: SyncNone, MinFreeBytes: -1, flushAge: time.Millisecond, checkpointEvery: time.Millisecond}
+			cfg := Config{Dir: dir, NoSync: true, MinFreeBytes: -1, flushAge: time.Millisecond, checkpointEvery: time.Millisecond}
 			if !cold {
 				cfg.flushAge, cfg.checkpointEvery = time.Hour, time.Hour
 			}
@@ -62,8 +62,8 @@ func TestNextPart(t *testing.T) {
 					if c.Size > maxBytes && len(c.Records) > 1 {
 						t.Fatalf("part of %d bytes, %d records, max %d", c.Size, len(c.Records), maxBytes)
 					}
-					if c.Buffer().Cap() > 2*maxBytes {
-						t.Fatalf("part buffer of %d bytes: the whole chunk was read", c.Buffer().Cap())
+					if c.Buffer.Cap > 2*maxBytes {
+						t.Fatalf("part buffer of %d bytes: the whole chunk was read", c.Buffer.Cap)
 					}
 					for i, r := range c.Records {
 						var want string
@@ -86,7 +86,7 @@ func TestNextPart(t *testing.T) {
 					if c.First+len(c.Records) == max(c.Total, len(c.Records)) {
 						seqs = append(seqs, c.Seq)
 					}
-					c.Buffer().Release()
+					c.Buffer.Release()
 				}
 			}
 			if len(seqs) != 3 {
@@ -98,7 +98,7 @@ func TestNextPart(t *testing.T) {
 			if err := s.Close(); err != nil {
 				t.Fatal(err)
 			}
-			s2 := openTest(t, Config{Dir: dir, Sync: SyncNone, MinFreeBytes: -1})
+			s2 := openTest(t, Config{Dir: dir, NoSync: true, MinFreeBytes: -1})
 			l2 := s2.Lanes()[0]
 			cs, _, err := l2.NextPart(ctx, maxBytes, nil)
 			if err != nil {
@@ -162,13 +162,13 @@ func TestNextPartDamagedChunk(t *testing.T) {
 			if c.First+len(c.Records) == c.Total {
 				s.Ack(l, c.Seq)
 			}
-			c.Buffer().Release()
+			c.Buffer.Release()
 		}
 	}
 	if want := idsExcept(chunks*perChunk, 6, 7, 8); !slices.Equal(ids, want) {
 		t.Fatalf("records %v, want %v", ids, want)
 	}
-	dead, err := s.ListDead(DeadFilter{Reason: ReasonDamaged}, 0, 0)
+	dead, err := s.ListDead(DeadFilter{Reason: reasonDamaged}, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,18 +6,19 @@ import (
 )
 
 // refuseMargin is the room under the hot memory's hard bound (twice
-// HotMaxBytes) below which Refusing says appends are refused while
+// hotMaxBytes) below which refusing says appends are refused while
 // checkpoints fail: Append refuses a chunk that does not fit, so with less
 // than this left it refuses most requests (1 MiB: about the largest body
 // the upstream takes). A bound under 4 MiB (tests) keeps a quarter of it.
 const refuseMargin = 1 << 20
 
-// Refusing returns why Append refuses chunks now, nil when it takes them.
+// refusing returns why Append refuses chunks now, nil when it takes them
+// (Stats().Refusing).
 // The reasons:
-//   - the spool is draining (see Draining; ErrDiskLow);
+//   - the spool is draining (see drainingErr; ErrDiskLow);
 //   - checkpoints fail (a full disk, an I/O error on spool.db) and the
 //     memory of the chunks they could not move into bbolt is within
-//     refuseMargin of its hard bound (ErrFull). While Refusing is nil a
+//     refuseMargin of its hard bound (ErrFull). While it is nil a
 //     chunk of up to refuseMargin is taken; larger ones may be refused a
 //     little before it says so;
 //   - the WAL's last new segment could not be made for want of space, and
@@ -32,8 +33,8 @@ const refuseMargin = 1 << 20
 // reads atomics (and, after a segment failed for want of space, the
 // filesystem's free space) and takes no lock: cheap, from any goroutine (a
 // readiness probe, a metrics collector).
-func (s *Spool) Refusing() error {
-	if err := s.Draining(); err != nil {
+func (s *Spool) refusing() error {
+	if err := s.drainingErr(); err != nil {
 		return err
 	}
 	if err := s.walRefusing(); err != nil {
@@ -54,7 +55,7 @@ func (s *Spool) Refusing() error {
 	return fmt.Errorf("spool checkpoints fail (%s) and the write-ahead log's chunks not yet in spool.db hold %d of the %d bytes of memory allowed: appends are refused until a checkpoint succeeds or delivery frees memory", cause, held, hard)
 }
 
-// walRefusing is Refusing's word on the WAL: non-nil while its last new
+// walRefusing is refusing's word on the WAL: non-nil while its last new
 // segment could not be made for want of space and the next one would not
 // fit either. Once a segment's worth is free (or a spare file waits), the
 // next append makes one and clears walNoSpace.

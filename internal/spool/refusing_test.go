@@ -22,8 +22,8 @@ import (
 // small tmpfs mounted by the test; skipped where mounting is not allowed).
 func TestRefusingWhileCheckpointsFail(t *testing.T) {
 	cfg := func(dir string) Config {
-		return Config{Dir: dir, Sync: SyncNone, MinFreeBytes: -1, CompactMinFileBytes: -1,
-			HotMaxBytes: 2 << 20, flushAge: time.Nanosecond, checkpointEvery: time.Millisecond}
+		return Config{Dir: dir, NoSync: true, MinFreeBytes: -1, CompactMinFileBytes: -1,
+			hotMaxBytes: 2 << 20, flushAge: time.Nanosecond, checkpointEvery: time.Millisecond}
 	}
 	t.Run("size limit", func(t *testing.T) {
 		c := cfg(t.TempDir())
@@ -80,7 +80,7 @@ func checkRefusing(t *testing.T, s *Spool, l *Lane, cause string, free func()) {
 		for !s.checkpointed() && !s.ckptFailed.Load() && time.Now().Before(deadline) {
 			time.Sleep(time.Millisecond)
 		}
-		r := s.Refusing()
+		r := s.refusing()
 		b.Reset()
 		b.Add(rec(1, id, pad))
 		err = s.Append(ctx, l, &b)
@@ -102,7 +102,7 @@ func checkRefusing(t *testing.T, s *Spool, l *Lane, cause string, free func()) {
 	}
 	t.Logf("%d appends taken (%d after Refusing spoke), then %v", taken, takenRefusing, err)
 	for range 3 { // ~50 checkpoint intervals: it does not clear by itself
-		r := s.Refusing()
+		r := s.refusing()
 		if r == nil || !strings.Contains(r.Error(), "checkpoints fail") || !strings.Contains(r.Error(), cause) {
 			t.Fatalf("Refusing %v while appends are refused: want the failing checkpoints, naming %q", r, cause)
 		}
@@ -110,10 +110,10 @@ func checkRefusing(t *testing.T, s *Spool, l *Lane, cause string, free func()) {
 	}
 	free()
 	deadline := time.Now().Add(10 * time.Second)
-	for s.Refusing() != nil && time.Now().Before(deadline) {
+	for s.refusing() != nil && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
-	if r := s.Refusing(); r != nil {
+	if r := s.refusing(); r != nil {
 		t.Fatalf("Refusing %q 10s after space returned", r)
 	}
 	b.Reset()
@@ -132,7 +132,7 @@ func checkRefusing(t *testing.T, s *Spool, l *Lane, cause string, free func()) {
 // mounting is not allowed).
 func TestRefusingWhileWALCannotGrow(t *testing.T) {
 	mnt := diskfull.Tmpfs(t, "48m", "")
-	s := openTest(t, Config{Dir: filepath.Join(mnt, "spool"), Sync: SyncNone, MinFreeBytes: -1, CompactMinFileBytes: -1,
+	s := openTest(t, Config{Dir: filepath.Join(mnt, "spool"), NoSync: true, MinFreeBytes: -1, CompactMinFileBytes: -1,
 		segmentBytes: 1 << 20, flushAge: time.Nanosecond, checkpointEvery: time.Millisecond})
 	l := mustLane(t, s, testKey(1))
 	appendChunks(t, s, l, 1, 1, 1, 100)
@@ -155,7 +155,7 @@ func TestRefusingWhileWALCannotGrow(t *testing.T) {
 	}
 	t.Logf("%d appends taken, then %v", taken, err)
 	for range 3 { // it does not clear by itself
-		if r := s.Refusing(); r == nil || !strings.Contains(r.Error(), "write-ahead log segment") {
+		if r := s.refusing(); r == nil || !strings.Contains(r.Error(), "write-ahead log segment") {
 			t.Fatalf("Refusing %v while no WAL segment can be made: want it to say so", r)
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -163,7 +163,7 @@ func TestRefusingWhileWALCannotGrow(t *testing.T) {
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}
-	if r := s.Refusing(); r != nil {
+	if r := s.refusing(); r != nil {
 		t.Fatalf("Refusing %q once space returned", r)
 	}
 	b.Reset()

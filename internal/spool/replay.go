@@ -15,7 +15,7 @@ import (
 
 // replay applies the WAL from applied on into bbolt, at Open: every chunk
 // record not acknowledged later in the WAL is put, every acknowledged chunk
-// in bbolt is deleted, in transactions of up to MaxCommitBytes (and one per
+// in bbolt is deleted, in transactions of up to maxCommitBytes (and one per
 // segment), each storing how far it got. Then every segment is free: it is
 // kept as a spare or removed, and the WAL writer starts a new one.
 //
@@ -24,7 +24,7 @@ import (
 // damaged-records counter, the bytes kept in Dir/quarantine/), and what
 // follows is replayed. A bad tail is dropped with a warning only in the
 // newest segment and only from the acknowledged end on: synced is the WAL
-// end spool.db last recorded under SyncAlways (zero when unknown), and
+// end spool.db last recorded (unless NoSync; zero when unknown), and
 // every record acknowledged before it was fsynced before that record was
 // committed; a record past it was either never acknowledged (a torn write)
 // or acknowledged within the last checkpoint's lag (a checkpoint interval,
@@ -33,7 +33,7 @@ import (
 // synced, and the end of each older segment that the next one's recStart
 // names, must be there: what is missing is reported as damage too.
 //
-// Replay refuses (ErrMismatch) a WAL that is not this spool.db's: a
+// Replay refuses (errMismatch) a WAL that is not this spool.db's: a
 // segment whose recStart carries another spool's id, a chunk of a lane id
 // that spool.db never assigned, or a position spool.db recorded (applied,
 // synced) that the files do not reach.
@@ -62,7 +62,7 @@ func (s *Spool) replayWAL(applied, synced walPos, lanesSeq uint64, live bool) er
 		}
 		if sz, ok := sizes[p.seg]; !ok || sz < p.off {
 			return fmt.Errorf("%w: spool.db says the write-ahead log reaches segment %s offset %d, which %s does not hold",
-				ErrMismatch, segName(p.seg), p.off, s.walDir)
+				errMismatch, segName(p.seg), p.off, s.walDir)
 		}
 	}
 	byID := make(map[uint64]*Lane, len(s.lanes))
@@ -95,7 +95,7 @@ func (s *Spool) replayWAL(applied, synced walPos, lanesSeq uint64, live bool) er
 		}
 		sc := scanSegment(data, no, off)
 		if sc.start != nil && !bytes.Equal(sc.start[:16], s.id[:]) {
-			return fmt.Errorf("%w: write-ahead log segment %s belongs to another spool", ErrMismatch, segName(no))
+			return fmt.Errorf("%w: write-ahead log segment %s belongs to another spool", errMismatch, segName(no))
 		}
 		if len(sc.items) > 0 {
 			newest = no
@@ -286,7 +286,7 @@ type replayer struct {
 
 	lanesSeq uint64 // the highest lane id spool.db assigned
 	final    bool   // the last apply: also records the acknowledged end
-	err      error  // a chunk that refuses the replay (ErrMismatch)
+	err      error  // a chunk that refuses the replay (errMismatch)
 
 	chunks, acks int // totals, for the log
 }
@@ -308,7 +308,7 @@ func (r *replayer) add(rec walRecord) {
 		if l == nil {
 			if rec.lane > r.lanesSeq {
 				r.err = fmt.Errorf("%w: the write-ahead log holds records of lane %d, which spool.db never had",
-					ErrMismatch, rec.lane)
+					errMismatch, rec.lane)
 				return
 			}
 			// A lane spool.db had and removed (empty lanes are retired).

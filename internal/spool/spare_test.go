@@ -17,7 +17,7 @@ func TestSparesReused(t *testing.T) {
 	const seg = 64 << 10
 	// Nothing is checkpointed by age or WAL size: the segments are freed
 	// by acknowledging their chunks, all at one checkpoint.
-	s := openTest(t, Config{Dir: t.TempDir(), Sync: SyncNone, segmentBytes: seg,
+	s := openTest(t, Config{Dir: t.TempDir(), NoSync: true, segmentBytes: seg,
 		flushAge: time.Hour, walMaxBytes: 1 << 30, idleAfter: time.Hour})
 	ctx := context.Background()
 	l := mustLane(t, s, testKey(1))
@@ -90,7 +90,7 @@ func TestSparesReused(t *testing.T) {
 
 	// As many segments as a busy WAL holds at its bound (the checkpoint
 	// that the bound forces frees them together), plus the current one.
-	const freed = int(defaultWALMaxBytes/DefaultSegmentBytes) + 1
+	const freed = int(defaultWALMaxBytes/defaultSegmentBytes) + 1
 	appendSegments(freed)
 	ackAll()
 	// The writer's current segment stays; the ones before it are spares

@@ -32,77 +32,69 @@ var ErrFull = errors.New("spool: quota reached")
 // less than Config.MinFreeBytes free. Nothing was written.
 var ErrDiskLow = errors.New("spool: free disk space below reserve")
 
-// ErrLocked is returned by Open when another process (or another open Spool)
+// errLocked is returned by Open when another process (or another open Spool)
 // holds the spool's file; Open gives up after about half a second.
-var ErrLocked = errors.New("spool: locked by another process")
+var errLocked = errors.New("spool: locked by another process")
 
 // ErrClosed is returned by operations on a closed spool.
 var ErrClosed = errors.New("spool: closed")
 
-// ErrMismatch is returned by Open when spool.db and the write-ahead log do
-// not belong together: spool.db is missing or empty, or is another spool's,
-// while the log holds records, or spool.db records a log position the log
-// does not reach. Open changes nothing then; Salvage recovers what both
-// hold.
-var ErrMismatch = errors.New("spool: spool.db does not match the write-ahead log")
-
 // ErrDamaged is returned by Open when spool.db cannot be opened or read
 // (damaged pages, a truncated file, a value that fails its checksum where
-// the spool cannot go on without it). Salvage recovers what is readable.
+// the spool cannot go on without it), and when spool.db and the write-ahead
+// log do not belong together (the message says "it does not match the
+// write-ahead log": spool.db is missing or empty, or is another spool's,
+// while the log holds records, or spool.db records a log position the log
+// does not reach). Open changes nothing then; Verify salvages what is
+// readable.
 var ErrDamaged = errors.New("spool: spool.db is damaged")
 
-// SyncMode says when a commit counts as durable.
-type SyncMode int
-
-const (
-	// SyncAlways fdatasyncs every commit before Append returns.
-	SyncAlways SyncMode = iota
-	// SyncNone returns once the commit reached the OS.
-	SyncNone
-)
+// errMismatch is the ErrDamaged of a spool.db that does not belong with the
+// write-ahead log.
+var errMismatch = fmt.Errorf("%w (it does not match the write-ahead log)", ErrDamaged)
 
 // Config configures a Spool.
 type Config struct {
 	// Dir is the directory of the spool files; created if missing. Required.
 	Dir string
-	// Sync is the durability of an Append; the zero value is SyncAlways.
-	Sync SyncMode
+	// NoSync: an Append returns once its commit reached the OS (it survives
+	// a crash of the process, not of the machine). False fdatasyncs every
+	// commit before Append returns.
+	NoSync bool
 	// MaxBytes bounds the live record bytes; zero means no quota.
 	MaxBytes int64
 	// MinFreeBytes is the free space kept on the filesystem so that deletes
-	// and compaction still work; zero means DefaultMinFreeBytes, negative
-	// disables the check.
+	// and compaction still work; zero means 256 MiB, negative disables the
+	// check.
 	MinFreeBytes int64
-	// MaxCommitBytes bounds the bytes gathered into one WAL write (group
-	// commit) and into one bbolt transaction at Open; zero means
-	// DefaultMaxCommitBytes.
-	MaxCommitBytes int
-	// HotMaxBytes bounds the memory of chunks kept between the WAL and
-	// bbolt (see hot.go): past it a checkpoint moves every unacknowledged one
-	// into bbolt, and past twice it appends wait for that checkpoint (or
-	// fail with ErrFull when checkpoints fail). Zero means
-	// DefaultHotMaxBytes.
-	HotMaxBytes int64
 	// CompactMinFileBytes is the file size under which the spool never
-	// compacts (see compact.go); zero means DefaultCompactMinFileBytes,
-	// negative disables compaction.
+	// compacts (see compact.go); zero means 4 MiB, negative disables
+	// compaction.
 	CompactMinFileBytes int64
-	// CompactUsedPercent: the spool compacts when the pages in use are at most
-	// this percentage of the file; zero means DefaultCompactUsedPercent.
-	CompactUsedPercent int
-	// CompactMaxUsedBytes bounds the data a compaction copies (checkpoints
-	// wait while it runs, about 20 ms per MiB here); zero means
-	// DefaultCompactMaxUsedBytes, negative means no bound.
-	CompactMaxUsedBytes int64
 
 	// Tests' knobs; zero means the default.
 	adviseAge       time.Duration // see advise.go
-	segmentBytes    int64         // DefaultSegmentBytes
+	segmentBytes    int64         // defaultSegmentBytes
 	flushAge        time.Duration // defaultFlushAge
 	checkpointEvery time.Duration // defaultCheckpointEvery
 	walMaxBytes     int64         // defaultWALMaxBytes
 	idleAfter       time.Duration // defaultIdleAfter
 	drainEvery      time.Duration // drainRetry
+	// maxCommitBytes bounds the bytes gathered into one WAL write (group
+	// commit) and into one bbolt transaction at Open (defaultMaxCommitBytes).
+	maxCommitBytes int
+	// hotMaxBytes bounds the memory of chunks kept between the WAL and bbolt
+	// (see hot.go; defaultHotMaxBytes): past it a checkpoint moves every
+	// unacknowledged one into bbolt, and past twice it appends wait for that
+	// checkpoint (or fail with ErrFull when checkpoints fail).
+	hotMaxBytes int64
+	// compactPercent: the spool compacts when the pages in use are at most
+	// this percentage of the file (defaultCompactUsedPercent).
+	compactPercent int
+	// compactMaxUsedBytes bounds the data a compaction copies (checkpoints
+	// wait while it runs, about 20 ms per MiB here;
+	// defaultCompactMaxUsedBytes); negative means no bound.
+	compactMaxUsedBytes int64
 
 	// maxFileBytes, when positive, makes checkpoints that would grow the
 	// bbolt file past it fail (bbolt's MaxSize): the tests' stand-in for
@@ -121,71 +113,69 @@ type Config struct {
 	// Issue 19: bounded lanes (see lanes.go).
 
 	// MaxLanes bounds the lanes (of every kind) that exist at once: a new
-	// one beyond it is refused with ErrTooManyLanes. Zero means
-	// DefaultMaxLanes, negative no bound.
+	// one beyond it is refused with ErrTooManyLanes. Zero means 10,000,
+	// negative no bound.
 	MaxLanes int
 	// RetireIdle: a lane that is empty and had no Append for this long is
 	// retired (forgotten, its records deleted from the file). Zero means
-	// DefaultRetireIdle, negative never.
+	// 10 minutes, negative never.
 	RetireIdle time.Duration
 }
 
-// Defaults.
+// Defaults of the Config fields whose zero value means a default.
 const (
-	DefaultMinFreeBytes   = 256 << 20
-	DefaultMaxCommitBytes = 32 << 20
-	DefaultHotMaxBytes    = 8 << 20
+	defaultMinFreeBytes   = 256 << 20
+	defaultMaxCommitBytes = 32 << 20
+	defaultHotMaxBytes    = 8 << 20
 
-	DefaultCompactMinFileBytes = 4 << 20
-	DefaultCompactUsedPercent  = 25
-	DefaultCompactMaxUsedBytes = 16 << 20
+	defaultCompactMinFileBytes = 4 << 20
+	defaultCompactUsedPercent  = 25
+	defaultCompactMaxUsedBytes = 16 << 20
 )
 
-// Validate reports a configuration error.
-func (c Config) Validate() error {
+// validate reports a configuration error (Open calls it).
+func (c Config) validate() error {
 	switch {
 	case c.Dir == "":
 		return errors.New("spool config: Dir is required")
-	case c.Sync != SyncAlways && c.Sync != SyncNone:
-		return fmt.Errorf("spool config: unknown Sync mode %d", c.Sync)
 	case c.MaxBytes < 0:
 		return errors.New("spool config: MaxBytes must not be negative")
-	case c.MaxCommitBytes < 0:
-		return errors.New("spool config: MaxCommitBytes must not be negative")
-	case c.HotMaxBytes < 0:
-		return errors.New("spool config: HotMaxBytes must not be negative")
-	case c.CompactUsedPercent < 0 || c.CompactUsedPercent > 100:
-		return errors.New("spool config: CompactUsedPercent must be within 0..100")
+	case c.maxCommitBytes < 0:
+		return errors.New("spool config: maxCommitBytes must not be negative")
+	case c.hotMaxBytes < 0:
+		return errors.New("spool config: hotMaxBytes must not be negative")
+	case c.compactPercent < 0 || c.compactPercent > 100:
+		return errors.New("spool config: compactPercent must be within 0..100")
 	}
 	return nil
 }
 
 func (c Config) minFree() int64 {
 	if c.MinFreeBytes == 0 {
-		return DefaultMinFreeBytes
+		return defaultMinFreeBytes
 	}
 	return c.MinFreeBytes
 }
 
 func (c Config) maxCommit() int {
-	if c.MaxCommitBytes == 0 {
-		return DefaultMaxCommitBytes
+	if c.maxCommitBytes == 0 {
+		return defaultMaxCommitBytes
 	}
-	return c.MaxCommitBytes
+	return c.maxCommitBytes
 }
 
 func (c Config) hotMax() int64 {
-	if c.HotMaxBytes == 0 {
-		return DefaultHotMaxBytes
+	if c.hotMaxBytes == 0 {
+		return defaultHotMaxBytes
 	}
-	return c.HotMaxBytes
+	return c.hotMaxBytes
 }
 
 func (c Config) segBytes() int64 {
 	if c.segmentBytes > 0 {
 		return c.segmentBytes
 	}
-	return DefaultSegmentBytes
+	return defaultSegmentBytes
 }
 
 func (c Config) flushAfter() time.Duration {
@@ -218,26 +208,26 @@ func (c Config) walMax() int64 {
 
 func (c Config) compactMinFile() int64 {
 	if c.CompactMinFileBytes == 0 {
-		return DefaultCompactMinFileBytes
+		return defaultCompactMinFileBytes
 	}
 	return c.CompactMinFileBytes
 }
 
 func (c Config) compactMaxUsed() int64 {
 	switch {
-	case c.CompactMaxUsedBytes == 0:
-		return DefaultCompactMaxUsedBytes
-	case c.CompactMaxUsedBytes < 0:
+	case c.compactMaxUsedBytes == 0:
+		return defaultCompactMaxUsedBytes
+	case c.compactMaxUsedBytes < 0:
 		return math.MaxInt64
 	}
-	return c.CompactMaxUsedBytes
+	return c.compactMaxUsedBytes
 }
 
 func (c Config) compactUsedPercent() int64 {
-	if c.CompactUsedPercent == 0 {
-		return DefaultCompactUsedPercent
+	if c.compactPercent == 0 {
+		return defaultCompactUsedPercent
 	}
-	return int64(c.CompactUsedPercent)
+	return int64(c.compactPercent)
 }
 
 // Kind is what a lane carries.
@@ -291,15 +281,13 @@ type Chunk struct {
 	// Size is the encoded size counted against the quota (of the part, for
 	// a part: see NextPart).
 	Size int
-	buf  Buffer
+	// Buffer is the memory the records alias, for a caller that can tell
+	// when they are no longer read (see Buffer.Release).
+	Buffer Buffer
 	// First is the index in the chunk of Records[0] and Total the chunk's
 	// record count, set by NextPart (a part has Total > len(Records)).
 	First, Total int
 }
-
-// Buffer is the memory the records alias, for a caller that can tell when
-// they are no longer read (see Buffer.Release).
-func (c *Chunk) Buffer() Buffer { return c.buf }
 
 // Lane is a handle on one lane. Lanes are never closed or freed while the
 // spool is open.
@@ -318,8 +306,8 @@ type Lane struct {
 	hot        hotList   // chunks in the WAL only
 	next       uint64    // every chunk below it is published (cold or hot)
 	notify     chan struct{}
-	// chunks is the reader's []Chunk, reused by NextInto and NextPart (see
-	// NextInto); nil after an idle wait. Reader goroutine only.
+	// chunks is the reader's []Chunk, reused by NextPart (see there); nil
+	// after an idle wait. Reader goroutine only.
 	chunks []Chunk
 	// watched: the reader found nothing to read and may wait on notify;
 	// a publish closes and replaces notify only then (a channel per
@@ -434,23 +422,7 @@ func (l *Lane) Next(ctx context.Context, maxBytes int) ([]Chunk, error) {
 	return l.nextChunks(ctx, maxBytes, nil)
 }
 
-// NextInto is Next for a reader that is done with the chunks' Records
-// slices (not with the bytes they alias, which stay valid as with Next)
-// before it calls NextInto again: their Records are carved from recs,
-// grown when too small and dropped when the call waits long (see
-// recIdleDrop), and NextInto returns it for the next call. The
-// batcher's reader copies every record out at once; at 100-event requests
-// a fresh slice per chunk was more than half of the bytes the relay
-// allocated (72 per record). The returned []Chunk is reused the same way
-// (valid until the next NextInto or NextPart): at 1-event requests a fresh
-// one per read was ~96 bytes per request.
-func (l *Lane) NextInto(ctx context.Context, maxBytes int, recs []Record) ([]Chunk, []Record, error) {
-	slab := recSlab{buf: recs[:0]}
-	chunks, err := l.nextChunks(ctx, maxBytes, &slab)
-	return chunks, slab.buf, err
-}
-
-// recSlab hands out the Records slices of one NextInto call, each the next
+// recSlab hands out the Records slices of one NextPart call, each the next
 // part of buf (a nil *recSlab, Next's, hands out fresh ones). A slice that
 // does not fit gets a new, larger buf; those handed out before keep the
 // old one.
@@ -517,7 +489,7 @@ func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]C
 	}
 }
 
-// recIdleDrop is how long a reader waits for chunks before NextInto drops
+// recIdleDrop is how long a reader waits for chunks before NextPart drops
 // the records slice it was given: an idle lane's reader keeps nothing (a
 // fleet relay's idle lanes would otherwise each keep their largest read's,
 // up to ~150 KB), while a busy one keeps reusing it (at the 100-event peak
@@ -587,7 +559,7 @@ func (l *Lane) takeHot(maxBytes int) []hotRef {
 // taken from slab.
 func (l *Lane) decodeHot(refs []hotRef, slab *recSlab) ([]Chunk, error) {
 	var out []Chunk
-	if slab != nil { // NextInto, NextPart: the caller is done with the last ones
+	if slab != nil { // NextPart: the caller is done with the last ones
 		clear(l.chunks)
 		out = slices.Grow(l.chunks[:0], len(refs))[:len(refs)]
 		l.chunks = out
@@ -596,7 +568,7 @@ func (l *Lane) decodeHot(refs []hotRef, slab *recSlab) ([]Chunk, error) {
 	}
 	var err error
 	for i, c := range refs {
-		out[i].buf = Buffer{c.cb}
+		out[i].Buffer = bufferOf(c.cb)
 		if rs := c.cb.records(c.records, slab); rs != nil {
 			out[i].Seq, out[i].Accepted, out[i].Size, out[i].Records = c.seq, time.UnixMilli(c.accepted), len(c.cb.b), rs
 		} else if derr := decodeChunk(c.seq, c.cb.b, &out[i], slab); derr != nil && err == nil {
@@ -606,7 +578,7 @@ func (l *Lane) decodeHot(refs []hotRef, slab *recSlab) ([]Chunk, error) {
 	clear(refs)
 	if err != nil {
 		for _, c := range out {
-			c.buf.Release()
+			c.Buffer.Release()
 		}
 		return nil, err
 	}
@@ -682,7 +654,7 @@ func (l *Lane) read(maxBytes int, end uint64, slab *recSlab) (_ []Chunk, dmg *da
 			for _, r := range raw {
 				cb := getBuf(len(r.v))
 				cb.b = append(cb.b, r.v...)
-				c := Chunk{buf: Buffer{cb}}
+				c := Chunk{Buffer: bufferOf(cb)}
 				if err := decodeChunk(r.seq, cb.b, &c, slab); err != nil {
 					dmg = &damagedChunk{seq: r.seq, v: cb.b, err: err}
 					break
@@ -707,7 +679,7 @@ type damagedChunk struct {
 }
 
 // deadDamaged moves a damaged chunk to dead letters with reason
-// ReasonDamaged, never to be sent upstream: one per record when its framing
+// reasonDamaged, never to be sent upstream: one per record when its framing
 // still decodes (any of them may be the damaged one), else one holding the
 // chunk's bytes; then acknowledges the chunk, logs it and counts it.
 func (l *Lane) deadDamaged(ctx context.Context, d *damagedChunk) error {
@@ -718,12 +690,12 @@ func (l *Lane) deadDamaged(ctx context.Context, d *damagedChunk) error {
 	var dls []DeadLetter
 	if decodeRecords(d.seq, d.v, &c, nil) == nil {
 		for _, r := range c.Records {
-			dls = append(dls, DeadLetter{Lane: l.key, Reason: ReasonDamaged, Answer: answer, Accepted: c.Accepted, Died: now, Record: r})
+			dls = append(dls, DeadLetter{Lane: l.key, Reason: reasonDamaged, Answer: answer, Accepted: c.Accepted, Died: now, Record: r})
 		}
 	}
 	if len(dls) == 0 {
 		acc, _, _ := chunkHeader(d.v)
-		dls = []DeadLetter{{Lane: l.key, Reason: ReasonDamaged, Answer: answer, Accepted: fromMs(acc), Died: now,
+		dls = []DeadLetter{{Lane: l.key, Reason: reasonDamaged, Answer: answer, Accepted: fromMs(acc), Died: now,
 			Record: Record{Data: d.v}}}
 	}
 	if err := s.PutDead(ctx, dls); err != nil {
@@ -737,9 +709,9 @@ func (l *Lane) deadDamaged(ctx context.Context, d *damagedChunk) error {
 	return nil
 }
 
-// ReasonDamaged is the dead-letter reason of records whose chunk failed its
+// reasonDamaged is the dead-letter reason of records whose chunk failed its
 // checksum in spool.db.
-const ReasonDamaged = "damaged"
+const reasonDamaged = "damaged"
 
 // Spool is the durable queue. See the package documentation.
 type Spool struct {
@@ -789,6 +761,7 @@ type Spool struct {
 	appliedTotal atomic.Int64
 
 	fileBytes atomic.Int64
+	upstream  atomic.Pointer[string] // SetUpstream's (Stats)
 	deadN     atomic.Int64
 
 	id [16]byte // the spool's id (meta key "id"), in every WAL segment
@@ -822,8 +795,8 @@ var (
 	// belong together are told apart.
 	keyID = []byte("id")
 	// keySynced: the WAL end acknowledged (fsynced) when a checkpoint last
-	// committed, 16 bytes as keyWAL plus their CRC-32C; only under
-	// SyncAlways (absent otherwise). See replay.
+	// committed, 16 bytes as keyWAL plus their CRC-32C; absent under
+	// NoSync. See replay.
 	keySynced = []byte("walsync")
 )
 
@@ -840,10 +813,10 @@ const formatVersion = 4
 
 // Open opens or creates the spool in cfg.Dir, replays its WAL into bbolt,
 // and starts its goroutines. log and reg may be nil. A spool directory is
-// used by one process at a time: Open fails with ErrLocked after about half
-// a second when another holds the file.
+// used by one process at a time: Open fails ("locked by another process")
+// after about half a second when another holds the file.
 func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error) {
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	if log == nil {
@@ -925,13 +898,13 @@ func (s *Spool) openDB() (*bolt.DB, error) {
 			NoFreelistSync:  true,
 			FreelistType:    bolt.FreelistMapType,
 			InitialMmapSize: 1 << 30,
-			NoSync:          s.cfg.Sync == SyncNone,
+			NoSync:          s.cfg.NoSync,
 			MaxSize:         s.cfg.maxFileBytes,
 		})
 		return err
 	})
 	if errors.Is(err, berrors.ErrTimeout) {
-		return nil, fmt.Errorf("open spool %s: %w", s.path, ErrLocked)
+		return nil, fmt.Errorf("open spool %s: %w", s.path, errLocked)
 	}
 	if err != nil {
 		if errors.Is(err, berrors.ErrInvalid) || errors.Is(err, berrors.ErrChecksum) || errors.Is(err, berrors.ErrVersionMismatch) {
@@ -966,6 +939,10 @@ func (s *Spool) load() (applied, synced walPos, lanesSeq uint64, err error) {
 	err = s.db.View(func(tx *bolt.Tx) error {
 		meta := tx.Bucket(bucketMeta)
 		copy(s.id[:], meta.Get(keyID))
+		if v := meta.Get(keyUpstream); v != nil {
+			id := string(v)
+			s.upstream.Store(&id)
+		}
 		if v := meta.Get(keyDead); len(v) == 16 {
 			s.st.deadN = int64(binary.BigEndian.Uint64(v))
 			s.st.deadBytes = int64(binary.BigEndian.Uint64(v[8:]))
@@ -1016,11 +993,11 @@ func decodeSynced(v []byte) (walPos, error) {
 	return decodePos(v[:16])
 }
 
-// putSynced records p as the acknowledged WAL end under SyncAlways, and
-// removes the record under SyncNone (whose acknowledged records may be
+// putSynced records p as the acknowledged WAL end, and
+// removes the record under NoSync (whose acknowledged records may be
 // lost with the machine, so their end proves nothing).
 func (s *Spool) putSynced(meta *bolt.Bucket, p walPos) error {
-	if s.cfg.Sync != SyncAlways {
+	if s.cfg.NoSync {
 		return meta.Delete(keySynced)
 	}
 	v := p.encode()
@@ -1139,21 +1116,13 @@ func (s *Spool) Lanes() []*Lane {
 	return append([]*Lane(nil), s.lanes...)
 }
 
-// LanesChanged returns a channel that is closed when the next lane is
-// created (call Lanes again, then LanesChanged again).
-func (s *Spool) LanesChanged() <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.lanesCh
-}
-
 // Append writes b as one chunk at the tail of lane l and returns once it is
-// durable (see SyncMode). On success it takes b's records over and leaves b
+// durable (see Config.NoSync). On success it takes b's records over and leaves b
 // empty (ready for reuse); on error b is unchanged. An empty batch is a
 // no-op. b must not be used until Append returns. ctx is checked before the
 // chunk is queued; once queued, Append waits for the write (well under a
 // millisecond plus the fsync) so that its answer is always the truth.
-// When l was retired (see Lane.Retired), the chunk goes to the lane of the
+// When l was retired (see Lane.IsRetired), the chunk goes to the lane of the
 // same key, created again if needed (which may fail with ErrTooManyLanes).
 func (s *Spool) Append(ctx context.Context, l *Lane, b *Batch) error {
 	if b.n == 0 {
@@ -1325,19 +1294,37 @@ type Stats struct {
 	FileBytes int64 // disk space of the bbolt file and the WAL (allocated blocks)
 	Lanes     int
 	Dead      int64
+	// Upstream is the identity SetUpstream stored, "" when none was (a
+	// spool made before the guard, or never started).
+	Upstream string
+	// Refusing says why Append refuses chunks now, nil when it takes them,
+	// for a readiness probe: the spool is draining (ErrDiskLow, drain.go);
+	// checkpoints fail and the memory of the chunks they could not move
+	// into bbolt is near its bound (ErrFull); no new WAL segment could be
+	// made for want of space. It clears by itself (see refusing.go). The
+	// quota and the disk reserve are the caller's to compare (LiveBytes,
+	// the filesystem's free space).
+	Refusing error
 }
 
-// Stats returns a snapshot of the spool.
+// Stats returns a snapshot of the spool. It takes Spool.mu briefly and
+// reads atomics (and, only after a WAL segment failed for want of space,
+// the filesystem's free space): cheap, from any goroutine.
 func (s *Spool) Stats() Stats {
 	s.mu.Lock()
 	n := len(s.lanes)
 	s.mu.Unlock()
-	return Stats{
+	st := Stats{
 		LiveBytes: s.liveBytes(),
 		FileBytes: s.fileBytes.Load(),
 		Lanes:     n,
 		Dead:      s.deadN.Load(),
+		Refusing:  s.refusing(),
 	}
+	if p := s.upstream.Load(); p != nil {
+		st.Upstream = *p
+	}
+	return st
 }
 
 // liveBytes is what counts against MaxBytes: the unacknowledged hot chunks

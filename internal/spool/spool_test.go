@@ -21,16 +21,15 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		{"minimal", Config{Dir: "x"}, true},
 		{"no dir", Config{}, false},
-		{"bad sync", Config{Dir: "x", Sync: 7}, false},
 		{"negative quota", Config{Dir: "x", MaxBytes: -1}, false},
-		{"negative commit bytes", Config{Dir: "x", MaxCommitBytes: -1}, false},
-		{"compact percent over 100", Config{Dir: "x", CompactUsedPercent: 101}, false},
-		{"everything", Config{Dir: "x", Sync: SyncNone, MaxBytes: 1, MinFreeBytes: -1, MaxCommitBytes: 1, CompactMinFileBytes: -1, CompactUsedPercent: 50}, true},
+		{"negative commit bytes", Config{Dir: "x", maxCommitBytes: -1}, false},
+		{"compact percent over 100", Config{Dir: "x", compactPercent: 101}, false},
+		{"everything", Config{Dir: "x", NoSync: true, MaxBytes: 1, MinFreeBytes: -1, maxCommitBytes: 1, CompactMinFileBytes: -1, compactPercent: 50}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if err := tt.cfg.Validate(); (err == nil) != tt.ok {
-				t.Fatalf("Validate() = %v, want ok=%v", err, tt.ok)
+			if err := tt.cfg.validate(); (err == nil) != tt.ok {
+				t.Fatalf("validate() = %v, want ok=%v", err, tt.ok)
 			}
 		})
 	}
@@ -38,8 +37,8 @@ func TestConfigValidate(t *testing.T) {
 
 func TestBatch(t *testing.T) {
 	var b Batch
-	if b.Len() != 0 || b.Bytes() != 0 {
-		t.Fatalf("empty batch: len %d bytes %d", b.Len(), b.Bytes())
+	if b.n != 0 || b.Bytes() != 0 {
+		t.Fatalf("empty batch: len %d bytes %d", b.n, b.Bytes())
 	}
 	in := []Record{
 		{OrderKey: []byte("d1"), UserID: []byte("u1"), Data: []byte(`{"a":1}`)},
@@ -51,8 +50,8 @@ func TestBatch(t *testing.T) {
 		for _, r := range in {
 			b.Add(r)
 		}
-		if b.Len() != len(in) {
-			t.Fatalf("round %d: Len %d", round, b.Len())
+		if b.n != len(in) {
+			t.Fatalf("round %d: Len %d", round, b.n)
 		}
 		putChunkHeader(b.cb.b, 1234, b.n)
 		var c Chunk
@@ -111,7 +110,7 @@ func TestBatch(t *testing.T) {
 }
 
 func TestLaneLabel(t *testing.T) {
-	s := openTest(t, Config{Sync: SyncNone})
+	s := openTest(t, Config{NoSync: true})
 	secret := "0123456789abcdef-secret"
 	l := mustLane(t, s, LaneKey{Kind: KindGroupIdentify, APIKey: secret, Options: `{"min_id_length":3}`})
 	if strings.Contains(l.Label(), secret) || !strings.HasPrefix(l.Label(), "groupidentify-") || len(l.Label()) != len("groupidentify-")+8 {
@@ -133,12 +132,12 @@ func TestAppendNextAckReopen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	changed := s.LanesChanged()
+	_, changed := s.LanesFrom(0)
 	l := mustLane(t, s, testKey(1))
 	select {
 	case <-changed:
 	default:
-		t.Fatal("LanesChanged not closed after a lane was created")
+		t.Fatal("LanesFrom's channel not closed after a lane was created")
 	}
 	var b Batch
 	for i := range 10 {
@@ -186,14 +185,14 @@ func TestAppendNextAckReopen(t *testing.T) {
 	if _, err := l.Next(ctx, 100); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Next after Close: %v", err)
 	}
-	if b.Len() != 0 {
-		t.Fatalf("batch holds %d records after a successful Append", b.Len())
+	if b.n != 0 {
+		t.Fatalf("batch holds %d records after a successful Append", b.n)
 	}
 	b.Add(rec(1, 99, 1))
 	if err := s.Append(ctx, l, &b); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Append after Close: %v", err)
 	}
-	if b.Len() != 1 {
+	if b.n != 1 {
 		t.Fatalf("a refused Append emptied the batch")
 	}
 
@@ -223,7 +222,7 @@ func TestAppendNextAckReopen(t *testing.T) {
 // TestNextBlocks checks that Next waits for an Append, and returns on ctx
 // end and on Close.
 func TestNextBlocks(t *testing.T) {
-	s := openTest(t, Config{Sync: SyncNone})
+	s := openTest(t, Config{NoSync: true})
 	l := mustLane(t, s, testKey(1))
 	got := make(chan []Chunk, 1)
 	go func() {
@@ -407,10 +406,10 @@ func gatherLabel(t testing.TB, reg *prometheus.Registry, name, label, value stri
 }
 
 func TestSecondOpenFails(t *testing.T) {
-	s := openTest(t, Config{Sync: SyncNone})
+	s := openTest(t, Config{NoSync: true})
 	start := time.Now()
 	_, err := Open(s.cfg, nil, nil)
-	if !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), "locked") {
+	if !errors.Is(err, errLocked) || !strings.Contains(err.Error(), "locked") {
 		t.Fatalf("second Open: %v", err)
 	}
 	if time.Since(start) > 3*time.Second {
@@ -423,7 +422,7 @@ func TestSecondOpenFails(t *testing.T) {
 func TestOldestAndRejectMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	dir := t.TempDir()
-	s, err := Open(Config{Dir: dir, Sync: SyncNone, MaxBytes: 2000}, nil, reg)
+	s, err := Open(Config{Dir: dir, NoSync: true, MaxBytes: 2000}, nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -502,7 +501,7 @@ func TestBatchAddFunc(t *testing.T) {
 			}
 		}
 	}
-	s := openTest(t, Config{Sync: SyncNone})
+	s := openTest(t, Config{NoSync: true})
 	l := mustLane(t, s, testKey(1))
 	if err := s.Append(context.Background(), l, &b); err != nil {
 		t.Fatal(err)
@@ -513,10 +512,10 @@ func TestBatchAddFunc(t *testing.T) {
 	}
 }
 
-// TestNextInto checks that NextInto returns what Next would, carves the
+// TestNextPartReuse checks that NextPart returns what Next would, carves the
 // Records of every chunk from the slice it is given (growing it when one
 // call needs more), and does so for chunks in the WAL and in bbolt.
-func TestNextInto(t *testing.T) {
+func TestNextPartReuse(t *testing.T) {
 	dir := t.TempDir()
 	ctx := context.Background()
 	s := openTest(t, Config{Dir: dir})
@@ -537,9 +536,9 @@ func TestNextInto(t *testing.T) {
 		}
 	}
 	read := 0
-	nextInto := func(l *Lane, recs []Record) ([]Chunk, []Record) {
+	readReuse := func(l *Lane, recs []Record) ([]Chunk, []Record) {
 		t.Helper()
-		cs, recs := nextIntoT(t, l, recs)
+		cs, recs := nextPartT(t, l, recs)
 		total := 0
 		for _, c := range cs {
 			for _, r := range c.Records {
@@ -554,7 +553,7 @@ func TestNextInto(t *testing.T) {
 			}
 		}
 		if len(recs) == 0 || len(recs) > total {
-			t.Fatalf("NextInto returned %d records to reuse for %d read", len(recs), total)
+			t.Fatalf("NextPart returned %d records to reuse for %d read", len(recs), total)
 		}
 		return cs, recs
 	}
@@ -562,14 +561,14 @@ func TestNextInto(t *testing.T) {
 	// More records than the first slice holds (256): it grows within the
 	// call, and the records carved before stay intact.
 	appendChunks(s, l, 6, 100)
-	_, recs := nextInto(l, nil)
+	_, recs := readReuse(l, nil)
 	first := &recs[0]
 
 	// The next call carves from the same slice.
 	appendChunks(s, l, 2, 50)
-	cs, recs := nextInto(l, recs)
+	cs, recs := readReuse(l, recs)
 	if &cs[0].Records[0] != first || &recs[0] != first {
-		t.Fatal("NextInto did not reuse the slice it was given")
+		t.Fatal("NextPart did not reuse the slice it was given")
 	}
 
 	// From bbolt: unacknowledged chunks are there after a reopen.
@@ -587,9 +586,9 @@ func TestNextInto(t *testing.T) {
 	}
 	read = 0
 	for read < n {
-		cs, recs = nextInto(l, recs)
+		cs, recs = readReuse(l, recs)
 		if &cs[0].Records[0] != first {
-			t.Fatal("NextInto did not reuse the slice for chunks read from bbolt")
+			t.Fatal("NextPart did not reuse the slice for chunks read from bbolt")
 		}
 	}
 	if read != n {
@@ -597,10 +596,10 @@ func TestNextInto(t *testing.T) {
 	}
 }
 
-// TestNextIntoIdle checks that NextInto keeps reusing the slice (and its
+// TestNextPartIdle checks that NextPart keeps reusing the slice (and its
 // []Chunk) across a short wait for chunks and drops them when the wait
 // passes recIdleDrop.
-func TestNextIntoIdle(t *testing.T) {
+func TestNextPartIdle(t *testing.T) {
 	old := recIdleDrop
 	t.Cleanup(func() { recIdleDrop = old })
 	s := openTest(t, Config{})
@@ -620,20 +619,20 @@ func TestNextIntoIdle(t *testing.T) {
 	if err := <-appendAfter(0); err != nil {
 		t.Fatal(err)
 	}
-	cs0, recs := nextIntoT(t, l, nil)
+	cs0, recs := nextPartT(t, l, nil)
 	first, firstChunk := &recs[0], &cs0[0]
 
 	recIdleDrop = 10 * time.Second // the append's fsync may be slow on a busy machine
 	done := appendAfter(10 * time.Millisecond)
-	cs, recs := nextIntoT(t, l, recs)
+	cs, recs := nextPartT(t, l, recs)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
 	if &cs[0].Records[0] != first {
-		t.Fatal("NextInto dropped the slice after a short wait")
+		t.Fatal("NextPart dropped the slice after a short wait")
 	}
 	if &cs[0] != firstChunk {
-		t.Fatal("NextInto did not reuse its []Chunk after a short wait")
+		t.Fatal("NextPart did not reuse its []Chunk after a short wait")
 	}
 	if _, id := recID(cs[0].Records[0]); id != 1 {
 		t.Fatalf("read record %d, want 1", id)
@@ -641,15 +640,15 @@ func TestNextIntoIdle(t *testing.T) {
 
 	recIdleDrop = 20 * time.Millisecond
 	done = appendAfter(200 * time.Millisecond)
-	cs, _ = nextIntoT(t, l, recs)
+	cs, _ = nextPartT(t, l, recs)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
 	if &cs[0].Records[0] == first {
-		t.Fatal("NextInto kept the slice through a wait longer than recIdleDrop")
+		t.Fatal("NextPart kept the slice through a wait longer than recIdleDrop")
 	}
 	if &cs[0] == firstChunk {
-		t.Fatal("NextInto kept its []Chunk through a wait longer than recIdleDrop")
+		t.Fatal("NextPart kept its []Chunk through a wait longer than recIdleDrop")
 	}
 	if _, id := recID(cs[0].Records[0]); id != 2 {
 		t.Fatalf("read record %d, want 2", id)

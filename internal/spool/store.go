@@ -24,7 +24,7 @@ import (
 // replays the WAL from P only. P is the WAL's published end, except that it
 // stops at the first unacknowledged chunk accepted less than flushAge ago,
 // so that chunks about to be delivered are never written twice. When the
-// memory of hot chunks passes HotMaxBytes, or the WAL since P passes
+// memory of hot chunks passes hotMaxBytes, or the WAL since P passes
 // walMaxBytes, the WAL writer asks for a checkpoint of everything (force).
 
 const (
@@ -39,7 +39,7 @@ const (
 	// with it what a restart replays.
 	defaultWALMaxBytes = 64 << 20
 	// maxSpares bounds the WAL files kept for reuse. It covers what a
-	// busy WAL holds (defaultWALMaxBytes of DefaultSegmentBytes segments,
+	// busy WAL holds (defaultWALMaxBytes of defaultSegmentBytes segments,
 	// plus the current one) and the several segments one checkpoint
 	// frees at once, so that under load the writer reuses a file instead
 	// of allocating a new one, whose fdatasyncs also write the extents'
@@ -279,13 +279,13 @@ func (s *Spool) checkpoint(ops []*op, acks []ackOp, end walPos, endTotal int64, 
 	}
 	s.st.flush, s.st.flushL = flush, flushL
 	defer func() { clear(flush); clear(flushL) }()
-	// Under SyncAlways a commit also records the acknowledged WAL end
+	// Unless NoSync, a commit also records the acknowledged WAL end
 	// (replay tells damage from a torn write by it), so a WAL that moved
 	// is reason enough for one.
 	if s.draining.Load() {
 		end = s.synced
 	}
-	syncedMoved := s.cfg.Sync == SyncAlways && s.synced.less(end)
+	syncedMoved := !s.cfg.NoSync && s.synced.less(end)
 	if len(ops) == 0 && len(acks) == 0 && len(flush) == 0 && p == s.st.applied && !syncedMoved {
 		for _, l := range lanes {
 			l.w.nextSeq = l.cold.nextSeq

@@ -11,29 +11,9 @@ import (
 // against another one while records wait, unless told to.
 var keyUpstream = []byte("upstream")
 
-// Upstream returns the upstream identity stored by SetUpstream, "" when
-// none was (a spool made before the guard, or never started).
-func (s *Spool) Upstream() (string, error) {
-	s.dbMu.RLock()
-	defer s.dbMu.RUnlock()
-	if s.db == nil {
-		return "", ErrClosed
-	}
-	var id string
-	err := s.db.View(func(tx *bolt.Tx) error {
-		if b := tx.Bucket(bucketMeta); b != nil {
-			id = string(b.Get(keyUpstream))
-		}
-		return nil
-	})
-	if err != nil {
-		return "", fmt.Errorf("read spool upstream: %w", err)
-	}
-	return id, nil
-}
-
 // SetUpstream stores the identity of the upstream the spool's records are
-// accepted for (durably: it is committed before it returns).
+// accepted for (durably: it is committed before it returns); Stats().Upstream
+// reads it, also after a restart (Open loads it).
 func (s *Spool) SetUpstream(id string) error {
 	s.dbMu.RLock()
 	defer s.dbMu.RUnlock()
@@ -50,5 +30,6 @@ func (s *Spool) SetUpstream(id string) error {
 	if err != nil {
 		return fmt.Errorf("store spool upstream: %w", err)
 	}
+	s.upstream.Store(&id)
 	return nil
 }

@@ -57,7 +57,7 @@ import (
 //     segment (old bytes of a reused file): the segment's clean end;
 //   - there is none, and the bytes there are anything else: a bad tail. In
 //     the newest segment, at or past the end that spool.db last recorded as
-//     acknowledged (meta key "walsync", under SyncAlways), it is a write cut
+//     acknowledged (meta key "walsync", unless NoSync), it is a write cut
 //     by a crash, which was never acknowledged (see replay.go); anywhere
 //     else it is damage.
 //
@@ -78,10 +78,10 @@ const (
 	ackEntryLen  = 16
 	startLen     = 32 // recStart payload
 
-	// DefaultSegmentBytes is the size of a WAL segment file. A write
+	// defaultSegmentBytes is the size of a WAL segment file. A write
 	// (group commit) never spans two, and holds at most a quarter of one
 	// unless a single chunk is larger (that chunk gets a segment of its own).
-	DefaultSegmentBytes = 16 << 20
+	defaultSegmentBytes = 16 << 20
 
 	walDirName = "wal"
 )
@@ -197,13 +197,6 @@ func readRecord(data []byte, seg uint64, off int64) (walRecord, recStatus) {
 		return r, recBadPayload
 	}
 	return r, recOK
-}
-
-// nextRecord decodes the record of segment seg at data[off:], or returns
-// false when there is no valid one.
-func nextRecord(data []byte, seg uint64, off int64) (walRecord, bool) {
-	r, st := readRecord(data, seg, off)
-	return r, st == recOK
 }
 
 // findRecord returns the offset of the first valid record of segment seg

@@ -149,7 +149,7 @@ func (s *Spool) runWAL() {
 	}
 }
 
-// commitGather bounds how long, under SyncAlways, the WAL writer waits for
+// commitGather bounds how long, unless NoSync, the WAL writer waits for
 // a group to fill (see takeWAL). An fsync costs about the same for one
 // append as for eight: at 32 connections of 1-event requests, waiting up to
 // 50 µs took 8-10% more requests a second (groups grew, fsyncs fell); a
@@ -157,7 +157,7 @@ func (s *Spool) runWAL() {
 const commitGather = 50 * time.Microsecond
 
 // takeWAL waits for queued appends or acks and takes them: every ack, and
-// the appends that fit in one write (at least one). Under SyncAlways, when
+// the appends that fit in one write (at least one). Unless NoSync, when
 // the last write carried several appends (clients append concurrently) and
 // fewer are queued now, it first waits up to commitGather for as many: the
 // others are most likely in flight, and each would otherwise wait for a
@@ -167,7 +167,7 @@ func (s *Spool) takeWAL() (ops []*op, acks []ackOp, closed bool) {
 	var gatherUntil time.Time
 	for {
 		s.mu.Lock()
-		if q := len(s.appends); q > 0 && q < s.w.lastGroup && !s.closed && s.cfg.Sync == SyncAlways {
+		if q := len(s.appends); q > 0 && q < s.w.lastGroup && !s.closed && !s.cfg.NoSync {
 			now := time.Now()
 			if gatherUntil.IsZero() {
 				gatherUntil = now.Add(cmp.Or(s.cfg.gather, commitGather))
@@ -242,7 +242,7 @@ func (s *Spool) retireSegment() {
 }
 
 // writeGroup writes the acks and the admitted appends as records of the
-// current segment in one write (and one fdatasync under SyncAlways), then
+// current segment in one write (and one fdatasync unless NoSync), then
 // publishes the chunks to their lanes and answers every waiter.
 func (s *Spool) writeGroup(ops []*op, acks []ackOp) {
 	start := time.Now()
@@ -291,7 +291,7 @@ func (s *Spool) writeGroup(ops []*op, acks []ackOp) {
 const hotWaitMax = 5 * time.Second
 
 // waitMemory holds the group back while the hot chunks' memory and the
-// group's would pass the hard bound (twice HotMaxBytes) and
+// group's would pass the hard bound (twice hotMaxBytes) and
 // checkpoints are making progress: appends then wait for bbolt, as they
 // would without the WAL, instead of being refused. It asks for a checkpoint
 // of everything and waits at most hotWaitMax; admit refuses what still does
@@ -357,8 +357,8 @@ func (s *Spool) admit(ops []*op, now time.Time) (n int, bytes int64, records int
 }
 
 // write writes the records of acks and of the admitted appends at the end of
-// the current segment (a new one when they do not fit) and, under
-// SyncAlways when there are appends, fdatasyncs it. On error the segment is
+// the current segment (a new one when they do not fit) and, unless
+// NoSync, when there are appends, fdatasyncs it. On error the segment is
 // given up: the next write starts a new one.
 func (s *Spool) write(ops []*op, acks []ackOp) error {
 	need := int64(0)
@@ -479,7 +479,7 @@ func (s *Spool) write(ops []*op, acks []ackOp) error {
 	err := s.pwrite(iovs, s.w.off)
 	clear(iovs)
 	s.w.iovs = iovs[:0]
-	if err == nil && appends && s.cfg.Sync == SyncAlways {
+	if err == nil && appends && !s.cfg.NoSync {
 		err = fdatasync(s.w.fd)
 		if s.cfg.walFault != nil && err == nil {
 			err = s.cfg.walFault(true)
@@ -571,7 +571,7 @@ func (s *Spool) closeSegment() {
 
 // rotate starts the next segment, of the standard size or, for a record
 // larger than that, of need bytes: a spare file renamed to its number when
-// there is one, else a new file with its blocks allocated. Under SyncAlways
+// there is one, else a new file with its blocks allocated. Unless NoSync,
 // the directory is synced before the segment is used, so that its name is
 // durable before anything in it is acknowledged.
 func (s *Spool) rotate(need int64) error {
@@ -610,7 +610,7 @@ func (s *Spool) rotate(need int64) error {
 			return fmt.Errorf("new WAL segment: %w", err)
 		}
 	}
-	if s.cfg.Sync == SyncAlways {
+	if !s.cfg.NoSync {
 		if err := syncDir(s.walDir); err != nil {
 			f.Close()
 			return fmt.Errorf("new WAL segment: %w", err)

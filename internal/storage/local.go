@@ -73,8 +73,8 @@ func (l *Local) Run(ctx context.Context, deliver DeliverFunc) error {
 	defer wg.Wait()
 	started := make(map[uint64]bool)
 	for {
-		changed := l.sp.LanesChanged()
-		for _, lane := range l.sp.Lanes() {
+		lanes, changed := l.sp.LanesFrom(0)
+		for _, lane := range lanes {
 			if started[lane.ID()] {
 				continue
 			}
@@ -115,7 +115,7 @@ func (r *laneReader) Next(ctx context.Context) (*Message, error) {
 	}
 	c := chunks[0]
 	r.mu.Lock()
-	r.bufs[c.Seq] = c.Buffer()
+	r.bufs[c.Seq] = c.Buffer
 	r.mu.Unlock()
 	return &Message{Seq: c.Seq, Lane: r.key, Accepted: c.Accepted, Records: c.Records}, nil
 }

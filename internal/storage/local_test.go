@@ -22,14 +22,14 @@ func TestLocalConformance(t *testing.T) {
 			// Runs after every open's Close (cleanups run last first): the
 			// files the test leaves are whole.
 			t.Cleanup(func() {
-				rep, err := spool.Verify(dir)
+				rep, err := spool.Verify(dir, nil)
 				if err != nil || rep.Damaged != 0 || len(rep.Problems) != 0 {
 					t.Errorf("spool left damaged: %v, %+v", err, rep)
 				}
 			})
 			return func(t *testing.T, o storagetest.Options) storage.Backend {
 				t.Helper()
-				sp, err := spool.Open(spool.Config{Dir: dir, Sync: spool.SyncNone, MinFreeBytes: -1, MaxBytes: o.MaxBytes}, nil, nil)
+				sp, err := spool.Open(spool.Config{Dir: dir, NoSync: true, MinFreeBytes: -1, MaxBytes: o.MaxBytes}, nil, nil)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -79,7 +79,7 @@ func New[C Component](t *testing.T, simCfg sim.Config, kind spool.Kind, build Bu
 // delivery.
 func (e *Env[C]) Open() {
 	t := e.T
-	sp, err := spool.Open(spool.Config{Dir: e.Dir, Sync: spool.SyncNone, MinFreeBytes: -1}, nil, nil)
+	sp, err := spool.Open(spool.Config{Dir: e.Dir, NoSync: true, MinFreeBytes: -1}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
