@@ -116,6 +116,7 @@ func dump(ctx context.Context, dir string, out io.Writer) error {
 	for _, l := range sp.Lanes() {
 		want := l.Stats().Chunks
 		key := l.Key()
+		label := key.Label()
 		for got := int64(0); got < want; {
 			// Next blocks when the lane is empty; the count above says how
 			// many chunks there are, and the bound guards against a miscount.
@@ -123,13 +124,13 @@ func dump(ctx context.Context, dir string, out io.Writer) error {
 			chunks, err := l.Next(nctx, 4<<20)
 			cancel()
 			if err != nil {
-				return fmt.Errorf("lane %s: read chunk %d of %d: %w", l.Label(), got+1, want, err)
+				return fmt.Errorf("lane %s: read chunk %d of %d: %w", label, got+1, want, err)
 			}
 			for _, c := range chunks {
 				got++
 				for i, r := range c.Records {
 					line := dumpLine{
-						Lane: l.Label(), Kind: kindName(key.Kind), Seq: c.Seq, Index: i,
+						Lane: label, Kind: kindName(key.Kind), Seq: c.Seq, Index: i,
 						Accepted: c.Accepted.UTC(), OrderKey: string(r.OrderKey), UserID: string(r.UserID),
 					}
 					if json.Valid(r.Data) {

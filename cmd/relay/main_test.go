@@ -263,7 +263,7 @@ func TestDumpContent(t *testing.T) {
 	if err := sp.Append(context.Background(), l, &b); err != nil {
 		t.Fatal(err)
 	}
-	label := l.Label()
+	label := l.Key().Label()
 	if err := sp.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -360,7 +360,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 		for _, l := range sp.Lanes() {
 			if l.Stats().Records > 0 { // every kind is the fleet's (issue 22)
 				log.Warn("records spooled in --data-dir by an earlier run without --spool nats:// are not delivered in fleet mode: run the relay once with --spool local to deliver them",
-					zap.String("lane", l.Label()), zap.Int64("records", l.Stats().Records))
+					zap.String("lane", l.Key().Label()), zap.Int64("records", l.Stats().Records))
 			}
 		}
 	}

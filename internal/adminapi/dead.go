@@ -47,7 +47,7 @@ func (a *Relay) deadTotal() int64 {
 // dead letters' ids, so a replay retried (or run by two relays at once)
 // within the fleet's deduplication window is stored once.
 func (a *Relay) replayLane(ctx context.Context, k spool.LaneKey, dls []spool.DeadLetter, counts map[string]*laneCount, out *replayJSON) error {
-	label := spool.LabelOf(k)
+	label := k.Label()
 	for len(dls) > 0 {
 		n, size := 0, 0
 		for n < len(dls) && n < replayChunkCount && (n == 0 || size < replayChunkBytes) {

@@ -170,7 +170,7 @@ func (a *Relay) lanes() laneIndex {
 	ls := a.sp.Lanes()
 	ix := laneIndex{byLabel: make(map[string]*spool.Lane, len(ls)), byKey: make(map[spool.LaneKey]*spool.Lane, len(ls))}
 	for _, l := range ls {
-		ix.byLabel[l.Label()] = l
+		ix.byLabel[l.Key().Label()] = l
 		ix.byKey[l.Key()] = l
 	}
 	return ix
@@ -178,9 +178,9 @@ func (a *Relay) lanes() laneIndex {
 
 func (ix laneIndex) label(k spool.LaneKey) string {
 	if l := ix.byKey[k]; l != nil {
-		return l.Label()
+		return l.Key().Label()
 	}
-	return spool.LabelOf(k) // a retired lane's (issue 19)
+	return k.Label() // a retired lane's (issue 19)
 }
 
 // ---- dead letters
@@ -649,7 +649,7 @@ func (a *Relay) statuses() map[uint64]delivery.LaneStatus {
 
 func (a *Relay) laneJSON(l *spool.Lane, sts map[uint64]delivery.LaneStatus, now time.Time) laneJSON {
 	st := l.Stats()
-	j := laneJSON{Label: l.Label(), Kind: l.Key().Kind.String(), Records: st.Records, Chunks: st.Chunks, Bytes: st.Bytes}
+	j := laneJSON{Label: l.Key().Label(), Kind: l.Key().Kind.String(), Records: st.Records, Chunks: st.Chunks, Bytes: st.Bytes}
 	if !st.Oldest.IsZero() {
 		t := st.Oldest.UTC()
 		j.Oldest = &t

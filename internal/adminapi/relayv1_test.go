@@ -273,7 +273,7 @@ func TestLaneRoutes(t *testing.T) {
 		t.Fatalf("lanes: %d %+v", code, list)
 	}
 	got := list.Lanes[0]
-	if got.Label != ev.Label() || got.Kind != "events" || got.Records != 1 || got.Chunks != 1 || got.Bytes <= 0 ||
+	if got.Label != ev.Key().Label() || got.Kind != "events" || got.Records != 1 || got.Chunks != 1 || got.Bytes <= 0 ||
 		got.Oldest == nil || !got.Controllable || !got.Running || got.PausedKeys != 2 || got.HeldEvents != 7 {
 		t.Fatalf("events lane %+v", got)
 	}
@@ -285,13 +285,13 @@ func TestLaneRoutes(t *testing.T) {
 		path string
 		code int
 	}{
-		{"/relay/v1/lanes/" + ev.Label() + "/pause", 200},
-		{"/relay/v1/lanes/" + ev.Label() + "/resume", 200},
-		{"/relay/v1/lanes/" + gi.Label() + "/pause", 409},
-		{"/relay/v1/lanes/" + ev2.Label() + "/pause", 409}, // not running in the deliverer
+		{"/relay/v1/lanes/" + ev.Key().Label() + "/pause", 200},
+		{"/relay/v1/lanes/" + ev.Key().Label() + "/resume", 200},
+		{"/relay/v1/lanes/" + gi.Key().Label() + "/pause", 409},
+		{"/relay/v1/lanes/" + ev2.Key().Label() + "/pause", 409}, // not running in the deliverer
 		{"/relay/v1/lanes/nope/pause", 404},
-		{"/relay/v1/lanes/" + ev.Label() + "/stop", 404},
-		{"/relay/v1/lanes/" + ev.Label(), 405},
+		{"/relay/v1/lanes/" + ev.Key().Label() + "/stop", 404},
+		{"/relay/v1/lanes/" + ev.Key().Label(), 405},
 	}
 	for _, tt := range tests {
 		if code := f.do("POST", tt.path, "", nil); code != tt.code {
@@ -302,7 +302,7 @@ func TestLaneRoutes(t *testing.T) {
 		t.Fatalf("calls %q", calls)
 	}
 	var one laneJSON
-	if code := f.do("GET", "/relay/v1/lanes/"+ev.Label(), "", &one); code != 200 || one.Label != ev.Label() {
+	if code := f.do("GET", "/relay/v1/lanes/"+ev.Key().Label(), "", &one); code != 200 || one.Label != ev.Key().Label() {
 		t.Fatalf("one lane: %d %+v", code, one)
 	}
 }

@@ -16,7 +16,7 @@ func TestDeadLettersOfRetiredLane(t *testing.T) {
 	f := newRelayFixture(t, spool.Config{RetireIdle: 10 * time.Millisecond}, nil)
 	key := spool.LaneKey{Kind: spool.KindEvents, APIKey: "gone"}
 	l := f.lane(key)
-	label := l.Label()
+	label := l.Key().Label()
 	f.dead(key, "silenced", `{"event_type":"a"}`, `{"event_type":"b"}`)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	_, err := l.Next(ctx, 0) // returns once the empty lane is retired

@@ -215,7 +215,7 @@ func (p *Pipeline) deliverPartition(stop, owned context.Context, r storage.Reade
 		Idle:      feedIdle,
 		Log:       p.log,
 		Start: func(f *delivery.Feed) delivery.FeedRunner {
-			lr := newRunner(p, f, p.fl.nextID.Add(1), spool.LabelOf(f.Lane())+"-"+name, f.Lane())
+			lr := newRunner(p, f, p.fl.nextID.Add(1), f.Lane().Label()+"-"+name, f.Lane())
 			p.fl.runs.Add(lr.id, lr)
 			return delivery.FeedRunner{Label: lr.label, Run: lr.Run, Pinned: lr.stop.Stopped,
 				Retired:   func() { p.fl.runs.Remove(lr.id, lr) },

@@ -243,7 +243,7 @@ type laneRunner struct {
 }
 
 func newLaneRunner(p *Pipeline, l *spool.Lane) *laneRunner {
-	lr := newRunner(p, localSource{sp: p.sp, l: l}, l.ID(), l.Label(), l.Key())
+	lr := newRunner(p, localSource{sp: p.sp, l: l}, l.ID(), l.Key().Label(), l.Key())
 	lr.lane = l
 	lr.stop.Lane = l // a stopped lane is not retired while empty (its stop would be lost)
 	return lr

@@ -40,7 +40,7 @@ func (r *ackRunner) Run(ctx, _ context.Context) error {
 
 func (r *ackRunner) Status() LaneStatus {
 	stopped, reason := r.st.State()
-	return LaneStatus{ID: r.l.ID(), Label: r.l.Label(), Stopped: stopped, StopReason: reason}
+	return LaneStatus{ID: r.l.ID(), Label: r.l.Key().Label(), Stopped: stopped, StopReason: reason}
 }
 func (r *ackRunner) Stop(reason string) { r.st.Stop(reason) }
 func (r *ackRunner) Resume()            { r.st.Resume() }
@@ -103,7 +103,7 @@ func TestEngine(t *testing.T) {
 	if err := e.StopLane(gi.ID()); err != nil {
 		t.Fatal(err)
 	}
-	if got := stoppedSeries(t, reg); got != gi.Label()+"=1" {
+	if got := stoppedSeries(t, reg); got != gi.Key().Label()+"=1" {
 		t.Fatalf("relay_lane_stopped: %q", got)
 	}
 	// Stop state survives a restart of Run; the runner is started again.

@@ -360,7 +360,7 @@ type laneRun struct {
 }
 
 func (d *FormLanes) newLane(l *spool.Lane) *laneRun {
-	return &laneRun{d: d, src: spoolLane{d.sp, l}, key: l.Key(), id: l.ID(), label: l.Label(), st: StopSwitch{Lane: l},
+	return &laneRun{d: d, src: spoolLane{d.sp, l}, key: l.Key(), id: l.ID(), label: l.Key().Label(), st: StopSwitch{Lane: l},
 		bo: NewRetry(d.cfg.RetryInitial, d.cfg.RetryMax)} // no count or time limit: MaxAge bounds it
 }
 
@@ -645,7 +645,7 @@ func (fl *formFleet) Run(ctx context.Context) error {
 			Log:       d.log,
 			Start: func(f *Feed) FeedRunner {
 				lr := &laneRun{d: d, src: f, key: f.Lane(), id: fl.nextID.Add(1),
-					label: spool.LabelOf(f.Lane()) + "-" + name, bo: NewRetry(d.cfg.RetryInitial, d.cfg.RetryMax)}
+					label: f.Lane().Label() + "-" + name, bo: NewRetry(d.cfg.RetryInitial, d.cfg.RetryMax)}
 				fl.runs.Add(lr.id, lr)
 				forget := func() { fl.runs.Remove(lr.id, lr) }
 				return FeedRunner{Label: lr.label, Run: lr.Run, Pinned: lr.st.Stopped, Retired: forget, Abandoned: forget}

@@ -99,7 +99,7 @@ func (f *Fleet) ListDead(ctx context.Context, filter spool.DeadFilter, after uin
 			Record: spool.Record{OrderKey: d.OrderKey, UserID: d.UserID, Data: d.Data},
 		}
 		if (filter.Lane != nil && dl.Lane != *filter.Lane) || (filter.Reason != "" && dl.Reason != filter.Reason) ||
-			(filter.Label != "" && spool.LabelOf(dl.Lane) != filter.Label) {
+			(filter.Label != "" && dl.Lane.Label() != filter.Label) {
 			continue
 		}
 		out = append(out, dl)

@@ -101,7 +101,7 @@
 //
 //   - A 200 is written only after spool.Append returned nil for the whole
 //     request; a request is one Append, so it is spooled entirely or not at all.
-//   - The api_key is never logged; lanes appear in logs by spool.Lane.Label.
+//   - The api_key is never logged; lanes appear in logs by spool.LaneKey.Label.
 //   - A request's memory is bounded by a small multiple of
 //     Config.MaxRequestBytes (raw body, inflated body, the batch of rewritten
 //     events, which is larger than the body by the filled insert_id and time

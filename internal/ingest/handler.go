@@ -401,7 +401,7 @@ func (s *Server) spoolFailed(ctx *fasthttp.RequestCtx, p pathIdx, err error, n i
 		s.unavailable(ctx, p, "Service unavailable", reasonSpoolError, n)
 		var label string
 		if lane != nil {
-			label = lane.Label()
+			label = lane.Key().Label()
 		}
 		s.log.Error("spool append failed", zap.String("lane", label), zap.Int("events", n), zap.Error(err))
 	}

@@ -68,10 +68,11 @@ func (c Config) retireEvery() time.Duration {
 	return min(max(c.retireIdle()/4, 10*time.Millisecond), time.Minute)
 }
 
-// LabelOf is the label of the lane of key k (Lane.Label): the kind and a
-// truncated hash of the api_key and options. A retired lane's dead letters
-// keep it, and a lane made again for the key gets it again.
-func LabelOf(k LaneKey) string {
+// Label is a short, non-secret name of the lane of key k for metrics, logs
+// and the admin API: the kind and a truncated hash of the api_key and
+// options (never the key itself), e.g. "events-1a2b3c4d". A retired lane's
+// dead letters keep it, and a lane made again for the key gets it again.
+func (k LaneKey) Label() string {
 	h := sha256.Sum256([]byte(k.APIKey + "\x00" + k.Options))
 	return k.Kind.String() + "-" + hex.EncodeToString(h[:4])
 }

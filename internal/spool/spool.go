@@ -133,8 +133,8 @@ const (
 	defaultCompactMaxUsedBytes = 16 << 20
 )
 
-// validate reports a configuration error (Open calls it).
-func (c Config) validate() error {
+// Validate reports a configuration error; Open calls it.
+func (c Config) Validate() error {
 	switch {
 	case c.Dir == "":
 		return errors.New("spool config: Dir is required")
@@ -358,7 +358,7 @@ func newLane(s *Spool, id uint64, key LaneKey, st laneState) *Lane {
 		s:      s,
 		key:    key,
 		id:     id,
-		label:  LabelOf(key),
+		label:  key.Label(),
 		qname:  queueName(id),
 		cold:   st,
 		next:   st.nextSeq,
@@ -381,11 +381,6 @@ func (l *Lane) Key() LaneKey { return l.key }
 
 // ID is the lane's small stable number inside this spool.
 func (l *Lane) ID() uint64 { return l.id }
-
-// Label is a short, non-secret name for metrics and logs: the kind and a
-// truncated hash of the api_key and options (never the key itself), e.g.
-// "events-1a2b3c4d".
-func (l *Lane) Label() string { return l.label }
 
 // LaneStats is a snapshot of a lane's queue.
 type LaneStats struct {
@@ -816,7 +811,7 @@ const formatVersion = 4
 // used by one process at a time: Open fails ("locked by another process")
 // after about half a second when another holds the file.
 func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error) {
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if log == nil {
@@ -1231,7 +1226,7 @@ func (s *Spool) PutDead(ctx context.Context, dls []DeadLetter) error {
 type DeadFilter struct {
 	Lane   *LaneKey
 	Reason string
-	// Label selects the dead letters of the lane with that label (LabelOf),
+	// Label selects the dead letters of the lane with that label (LaneKey.Label),
 	// also once the lane was retired.
 	Label string
 }
@@ -1261,7 +1256,7 @@ func (s *Spool) ListDead(f DeadFilter, after uint64, limit int) ([]DeadLetter, e
 				if err != nil {
 					return fmt.Errorf("dead letter %x: %w", k, err)
 				}
-				if f.Lane != nil && d.Lane != *f.Lane || f.Reason != "" && d.Reason != f.Reason || f.Label != "" && LabelOf(d.Lane) != f.Label {
+				if f.Lane != nil && d.Lane != *f.Lane || f.Reason != "" && d.Reason != f.Reason || f.Label != "" && d.Lane.Label() != f.Label {
 					continue
 				}
 				out = append(out, d)

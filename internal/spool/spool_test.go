@@ -28,8 +28,8 @@ func TestConfigValidate(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if err := tt.cfg.validate(); (err == nil) != tt.ok {
-				t.Fatalf("validate() = %v, want ok=%v", err, tt.ok)
+			if err := tt.cfg.Validate(); (err == nil) != tt.ok {
+				t.Fatalf("Validate() = %v, want ok=%v", err, tt.ok)
 			}
 		})
 	}
@@ -113,12 +113,12 @@ func TestLaneLabel(t *testing.T) {
 	s := openTest(t, Config{NoSync: true})
 	secret := "0123456789abcdef-secret"
 	l := mustLane(t, s, LaneKey{Kind: KindGroupIdentify, APIKey: secret, Options: `{"min_id_length":3}`})
-	if strings.Contains(l.Label(), secret) || !strings.HasPrefix(l.Label(), "groupidentify-") || len(l.Label()) != len("groupidentify-")+8 {
-		t.Fatalf("label %q", l.Label())
+	if strings.Contains(l.Key().Label(), secret) || !strings.HasPrefix(l.Key().Label(), "groupidentify-") || len(l.Key().Label()) != len("groupidentify-")+8 {
+		t.Fatalf("label %q", l.Key().Label())
 	}
 	l2 := mustLane(t, s, LaneKey{Kind: KindGroupIdentify, APIKey: secret})
-	if l2.Label() == l.Label() || l2.ID() == l.ID() {
-		t.Fatalf("lanes with different options share label %q / id %d", l.Label(), l.ID())
+	if l2.Key().Label() == l.Key().Label() || l2.ID() == l.ID() {
+		t.Fatalf("lanes with different options share label %q / id %d", l.Key().Label(), l.ID())
 	}
 	if again := mustLane(t, s, l.Key()); again != l {
 		t.Fatal("Lane returned a new handle for an existing key")
@@ -354,8 +354,8 @@ func TestConcurrentLanes(t *testing.T) {
 		t.Fatalf("live bytes after acking all: %d", st.LiveBytes)
 	}
 	for _, l := range ls {
-		if v := gatherValue(t, reg, "relay_spool_records", l.Label()); v != 0 {
-			t.Fatalf("relay_spool_records{lane=%s} = %v", l.Label(), v)
+		if v := gatherValue(t, reg, "relay_spool_records", l.Key().Label()); v != 0 {
+			t.Fatalf("relay_spool_records{lane=%s} = %v", l.Key().Label(), v)
 		}
 	}
 	if v := gatherValue(t, reg, "relay_spool_commit_records", ""); v != appends*2 {
@@ -454,7 +454,7 @@ func TestOldestAndRejectMetrics(t *testing.T) {
 		if got := l.Stats().Oldest; !got.Equal(c.Accepted) {
 			t.Fatalf("before ack %d: Oldest %v, want %v", i, got, c.Accepted)
 		}
-		if age := gatherValue(t, reg, "relay_spool_oldest_record_age_seconds", l.Label()); age <= 0 {
+		if age := gatherValue(t, reg, "relay_spool_oldest_record_age_seconds", l.Key().Label()); age <= 0 {
 			t.Fatalf("oldest age %v", age)
 		}
 		s.Ack(l, c.Seq)
@@ -466,7 +466,7 @@ func TestOldestAndRejectMetrics(t *testing.T) {
 	if st := l.Stats(); !st.Oldest.IsZero() || st.Chunks != 0 || st.Bytes != 0 {
 		t.Fatalf("empty lane stats %+v", st)
 	}
-	if age := gatherValue(t, reg, "relay_spool_oldest_record_age_seconds", l.Label()); age != 0 {
+	if age := gatherValue(t, reg, "relay_spool_oldest_record_age_seconds", l.Key().Label()); age != 0 {
 		t.Fatalf("empty lane oldest age %v", age)
 	}
 }

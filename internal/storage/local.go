@@ -82,7 +82,7 @@ func (l *Local) Run(ctx context.Context, deliver DeliverFunc) error {
 			r := &laneReader{sp: l.sp, lane: lane, key: lane.Key(), bufs: make(map[uint64]spool.Buffer)}
 			wg.Go(func() {
 				if err := deliver(ctx, r); err != nil && ctx.Err() == nil {
-					l.log.Error("deliver lane", zap.String("lane", lane.Label()), zap.Error(err))
+					l.log.Error("deliver lane", zap.String("lane", lane.Key().Label()), zap.Error(err))
 				}
 			})
 		}

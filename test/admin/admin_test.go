@@ -705,5 +705,5 @@ func labelOf(t *testing.T, key spool.LaneKey) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return l.Label()
+	return l.Key().Label()
 }
