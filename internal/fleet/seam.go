@@ -43,6 +43,9 @@ func (b *Backend) Only(ks ...spool.Kind) *Backend {
 // Append is Fleet.Append of req's records (copied into the messages: the
 // batch stays the caller's).
 func (b *Backend) Append(ctx context.Context, req storage.Request) error {
+	if req.Batch == nil {
+		return nil
+	}
 	return b.f.Append(ctx, Request{ID: req.ID, Lane: req.Lane(), Accepted: req.Accepted, Records: req.Batch.Records()})
 }
 

@@ -37,9 +37,10 @@ type Request struct {
 	Kind            spool.Kind
 	APIKey, Options []byte
 	Accepted        time.Time // zero means now; the local spool always uses now
-	// Batch holds the records. Append may take its memory over (the
-	// local spool does, and leaves it empty); it is not to be used until
-	// Append returns, and is Reset before it is built again.
+	// Batch holds the records (nil or empty: nothing to store). Append
+	// may take its memory over (the local spool does, and leaves it
+	// empty); it is not to be used until Append returns, and is Reset
+	// before it is built again.
 	Batch *spool.Batch
 }
 
