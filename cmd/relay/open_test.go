@@ -14,6 +14,7 @@ import (
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/ingest"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"go.uber.org/zap"
 )
 
@@ -40,7 +41,7 @@ func TestReloadAllowedKeys(t *testing.T) {
 	defer sp.Close()
 	v1 := creds("key-one")
 	cfg := config.Config{AllowedKeysFromCredentials: true}
-	ing, err := ingest.New(ingest.Config{Open: ingest.Open{AllowedAPIKeys: cfg.IngestAllowedAPIKeys(v1)}}, sp, event.NewIDGen(), nil, nil)
+	ing, err := ingest.New(ingest.Config{Open: ingest.Open{AllowedAPIKeys: cfg.IngestAllowedAPIKeys(v1)}}, storage.NewLocal(sp, nil), event.NewIDGen(), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -549,11 +549,12 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	// beside a sidecar relay, a local reverse proxy, a load test): the
 	// per-client bound is against remote clients.
 	icfg.MaxConnectionsPerClient = cfg.MaxConnectionsPerClient
-	if fs != nil { // issue 22: events go to the fleet's streams
-		icfg.Store = fs.b
-	}
 	icfg.UnboundedPeers = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
-	ing, err := ingest.New(icfg, sp, event.NewIDGen(), log.Named("ingest"), reg)
+	var events storage.Appender = local
+	if fs != nil { // issue 22: events go to the fleet's streams
+		events = fs.b
+	}
+	ing, err := ingest.New(icfg, events, event.NewIDGen(), log.Named("ingest"), reg)
 	if err != nil {
 		return err
 	}

@@ -54,16 +54,15 @@ func (a *Relay) replayLane(ctx context.Context, k spool.LaneKey, dls []spool.Dea
 			size += len(dls[n].Record.Data)
 			n++
 		}
-		recs := make([]spool.Record, n)
+		var b spool.Batch
 		ids := make([]uint64, n)
 		for i := range n {
-			r := dls[i].Record
-			recs[i] = spool.Record{OrderKey: r.OrderKey, UserID: r.UserID, Data: r.Data}
+			b.Add(dls[i].Record)
 			ids[i] = dls[i].ID
 		}
 		req := storage.Request{
 			ID:   "replay-" + strconv.FormatUint(ids[0], 10) + "-" + strconv.FormatUint(ids[n-1], 10) + "-" + strconv.Itoa(n),
-			Lane: k, Records: recs,
+			Kind: k.Kind, APIKey: []byte(k.APIKey), Options: []byte(k.Options), Batch: &b,
 		}
 		if err := a.cfg.Store.Append(ctx, req); err != nil {
 			return fmt.Errorf("append to lane %s: %w", label, err)

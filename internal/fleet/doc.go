@@ -11,9 +11,10 @@
 // the conformance suite storagetest (conformance_test.go runs it on a
 // 3-node cluster). seam.go holds the adaptation:
 //
-//   - storage.Appender: Fleet.Append(ctx, Request) (Request is
-//     storage.Request): a request's records of one lane, made durable as a
-//     whole before it returns (all or nothing, see Ingest).
+//   - storage.Appender: Backend.Append, which is Fleet.Append(ctx, Request)
+//     of the storage.Request's batch: a request's records of one lane,
+//     made durable as a whole before it returns (all or nothing, see
+//     Ingest).
 //   - storage.Owner: Backend.Run(ctx, deliver): for every partition this
 //     relay owns, deliver runs with a context that ends when ownership
 //     ends, reading through a storage.Reader.

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Defaults.
@@ -215,6 +216,7 @@ type Fleet struct {
 	dead  jetstream.Stream
 	pause *pauses
 	m     *metrics
+	ids   *storage.IDs // a request's id when it has none
 }
 
 // Open creates or checks the streams and buckets on the cluster nc is
@@ -239,7 +241,11 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config, log *zap.Logger, reg p
 	if err != nil {
 		return nil, err
 	}
-	f := &Fleet{cfg: cfg, n: names{cfg.Namespace}, nc: nc, js: js, m: m, log: log.With(zap.String("relay", cfg.Name))}
+	ids, err := storage.NewIDs()
+	if err != nil {
+		return nil, err
+	}
+	f := &Fleet{cfg: cfg, n: names{cfg.Namespace}, nc: nc, js: js, m: m, ids: ids, log: log.With(zap.String("relay", cfg.Name))}
 	for _, k := range kinds {
 		if _, err := retrySetup(ctx, f.log, func(ctx context.Context) (struct{}, error) {
 			return struct{}{}, f.ensureStream(ctx, k)

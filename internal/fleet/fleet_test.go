@@ -471,6 +471,16 @@ func (e *testEnv) testDedup(t *testing.T) {
 	if err := f.Append(ctx, Request{ID: "bad id!", Lane: lane, Records: many}); err == nil {
 		t.Error("a request id with spaces was taken")
 	}
+	// No id (what the ingest and the form intakes send): a fresh one for
+	// each Append, so both are stored.
+	for range 2 {
+		if err := f.Append(ctx, Request{Lane: lane, Records: one.Records}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := streamMsgs(t, f, spool.KindEvents); n != uint64(3+len(parts)) {
+		t.Fatalf("stream holds %d messages after two requests without id, want %d", n, 3+len(parts))
+	}
 }
 
 func (e *testEnv) testFull(t *testing.T) {

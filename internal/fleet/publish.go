@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/svcrelay/relay/internal/spool"
-	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Request is what one ingest request appends: records of one lane. Its
@@ -22,8 +21,13 @@ import (
 // Config.DedupWindow is stored once. The ingest should derive it from the
 // api_key and the body when every event carries an insert_id (a client's
 // retry of the same body is then absorbed), and leave it empty otherwise:
-// empty means a fresh random id.
-type Request = storage.Request
+// empty means a fresh id (storage.IDs: unique across relays and restarts).
+type Request struct {
+	ID       string
+	Lane     spool.LaneKey
+	Accepted time.Time // zero means now
+	Records  []spool.Record
+}
 
 // PartitionOf is the partition of an order key: FNV-1a mod p, the same on
 // every relay.
@@ -52,7 +56,7 @@ func (f *Fleet) Append(ctx context.Context, req Request) error {
 		return nil
 	}
 	if req.ID == "" {
-		req.ID = nuid.Next()
+		req.ID = f.ids.Next()
 	} else if len(req.ID) > 64 || sanitize(req.ID) != req.ID {
 		return fmt.Errorf("fleet: request id %q: at most 64 letters, digits, - and _", req.ID)
 	}

@@ -13,14 +13,13 @@ import (
 )
 
 // The fleet behind the storage seam (package storage; issue 21): Fleet is
-// the Appender and the dead-letter store as it is; Backend adapts Run and
+// the dead-letter store as it is; Backend adapts Append, Run and
 // Partition (whose Message carries the fleet's extras, Partition and
 // Delivered) to storage.Owner and storage.Reader. Pauses are the fleet's
 // own (the local spool has none to share): the engine declares what it
 // needs of them where it uses them.
 
 var (
-	_ storage.Appender    = (*Fleet)(nil)
 	_ storage.DeadLetters = (*Fleet)(nil)
 	_ storage.Backend     = (*Backend)(nil)
 	_ storage.Reader      = (*partitionReader)(nil)
@@ -41,9 +40,13 @@ func (b *Backend) Only(ks ...spool.Kind) *Backend {
 	return &Backend{f: b.f, kinds: slices.Clone(ks)}
 }
 
-// Append is Fleet.Append.
+// Append is Fleet.Append of req's records (copied into the messages: the
+// batch stays the caller's).
 func (b *Backend) Append(ctx context.Context, req storage.Request) error {
-	return b.f.Append(ctx, req)
+	if req.Batch == nil {
+		return nil
+	}
+	return b.f.Append(ctx, Request{ID: req.ID, Lane: req.Lane(), Accepted: req.Accepted, Records: req.Batch.Records()})
 }
 
 // Run is Fleet.Run, deliver reading each owned partition through the seam.

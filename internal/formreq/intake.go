@@ -90,7 +90,6 @@ type Intake struct {
 	creds    *credentials.Ref // read at every use: a reload takes effect at once
 	rej      *Rejecter
 	accepted prometheus.Counter
-	ids      *storage.IDs // request ids (the fleet deduplicates by them)
 }
 
 // NewIntake returns an Intake appending to st. creds, log and reg may be
@@ -107,11 +106,7 @@ func NewIntake(cfg IntakeConfig, st storage.Appender, creds *credentials.Ref, lo
 	}
 	cfg.RetryAfter = cmp.Or(cfg.RetryAfter, DefaultRetryAfter)
 	f := promauto.With(reg)
-	ids, err := storage.NewIDs()
-	if err != nil {
-		return nil, err
-	}
-	in := &Intake{cfg: cfg, st: st, creds: creds, ids: ids}
+	in := &Intake{cfg: cfg, st: st, creds: creds}
 	in.accepted = f.NewCounter(prometheus.CounterOpts{Name: "relay_" + cfg.Name + "_accepted_total", Help: cfg.AcceptedHelp})
 	in.rej = NewRejecter(cfg.Name, log, f.NewCounterVec(prometheus.CounterOpts{Name: "relay_" + cfg.Name + "_rejected_requests_total",
 		Help: cfg.RejectedHelp}, []string{"reason"}), cfg.RetryAfter)
@@ -136,8 +131,9 @@ func (in *Intake) APIKey(w http.ResponseWriter, r *http.Request, apiKey string) 
 // request: once the store holds b, it counts n accepted and answers 200
 // with {"code":200,"<Field>":<n>}; else (Rejecter.SpoolFailed) 503.
 func (in *Intake) Accept(w http.ResponseWriter, apiKey string, b *spool.Batch, n int) {
-	key := spool.LaneKey{Kind: in.cfg.Kind, APIKey: apiKey}
-	err := in.st.Append(context.Background(), storage.Request{ID: in.ids.Next(), Lane: key, Records: b.Records()})
+	// No request id: the fleet makes a fresh one (the local spool has no
+	// retries to absorb).
+	err := in.st.Append(context.Background(), storage.Request{Kind: in.cfg.Kind, APIKey: []byte(apiKey), Batch: b})
 	b.Reset()
 	if err != nil {
 		in.rej.SpoolFailed(w, err)

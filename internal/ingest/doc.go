@@ -1,14 +1,26 @@
 // Package ingest is the relay's ingest listener: the fasthttp server that
 // takes the upstream's HTTP V2 envelope on POST /2/httpapi and POST /batch,
-// validates it with package event, rewrites each event and commits the
-// request to the spool as one chunk before it answers.
+// validates it with package event, rewrites each event and appends the
+// request to the store as one storage.Request before it answers.
+//
+// # The store
+//
+// The Server is given a storage.Appender (cmd/relay chooses it once: the
+// local spool behind storage.NewLocal, or the fleet's backend); there is
+// one path for both. The handler rewrites the events straight into a
+// pooled spool.Batch (the chunk's encoding, no copy of the records) and
+// appends it with the lane named by the request's bytes (kind events,
+// api_key, canonical options): the local spool finds the lane in its own
+// cache without allocating and takes the batch's memory over; the fleet
+// copies the records into its messages and gives the request a fresh id.
 //
 // # Answers
 //
 //   - 200 {"code":200,"events_ingested":N,"payload_size_bytes":B,"server_upload_time":MS}
-//     once spool.Append returned nil: the events are durable as the spool's
-//     Config.NoSync defines. B is the body size as received (compressed, when the
-//     body was gzip), MS the acceptance time in ms.
+//     once the store's Append returned nil: the events are durable (the local
+//     spool: as its Config.NoSync defines; the fleet: on a quorum). B is the
+//     body size as received (compressed, when the body was gzip), MS the
+//     acceptance time in ms.
 //   - A request event.Parse rejects gets the upstream's status and body
 //     (event.Error.AppendJSON); nothing of it is spooled.
 //   - 413 {"code":413,"error":"Payload too large"}: the body, after
@@ -18,10 +30,13 @@
 //   - 400 {"code":400,"error":"Invalid gzip request body"}: a gzip body that
 //     does not decompress (corrupt, truncated, trailing garbage).
 //   - 503 {"code":503,"error":"..."} with Retry-After (Config.RetryAfter,
-//     rounded up to whole seconds): the spool is full (spool.ErrFull), its disk
-//     is low (spool.ErrDiskLow), it is closed, it failed the commit, or the
-//     server is shutting down. Nothing of the request was spooled, so a retry
-//     cannot duplicate events.
+//     rounded up to whole seconds): the store is full (storage.ErrFull;
+//     reason spool_full), its disk is low (spool.ErrDiskLow; disk_low), the
+//     lane would be one too many (spool.ErrTooManyLanes; too_many_lanes), it
+//     is closed or the server is shutting down (shutting_down), or it failed
+//     the append (spool_error, logged). Nothing of the request was stored
+//     (after the fleet's storage.ErrUnavailable: perhaps all of it), so a
+//     retry cannot duplicate events the upstream does not deduplicate.
 //   - 400 {"code":400,"error":"Invalid request path"} for a POST to any other
 //     path (as the upstream answers); 404 for other methods on unknown paths;
 //     405 with Allow for a wrong method on a known path.
@@ -99,8 +114,9 @@
 //
 // # Invariants
 //
-//   - A 200 is written only after spool.Append returned nil for the whole
-//     request; a request is one Append, so it is spooled entirely or not at all.
+//   - A 200 is written only after the store's Append returned nil for the
+//     whole request; a request is one Append, so it is stored entirely or
+//     not at all.
 //   - The api_key is never logged; lanes appear in logs by spool.LaneKey.Label.
 //   - A request's memory is bounded by a small multiple of
 //     Config.MaxRequestBytes (raw body, inflated body, the batch of rewritten
@@ -123,7 +139,7 @@
 //   - Rejections are logged through a sampler (at most a few lines a second),
 //     and counted in relay_ingest_requests_total and
 //     relay_ingest_rejected_requests_total.
-//   - Spool appends run under the server's own context, not the request's:
+//   - Appends run under the server's own context, not the request's:
 //     Shutdown lets them finish until its ctx ends, then cancels them.
 //   - Shutdown closes at once the connections on which no request is in the
 //     handler (silent new ones, idle keep-alive ones; package graceful), so

@@ -13,6 +13,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -27,7 +28,6 @@ type reqState struct {
 	br    bytes.Reader
 	okey  []byte // one order key
 	ip    []byte // client address, text
-	lk    []byte // lane cache key
 	out   []byte // response body
 	ev    []byte // one rewritten event, for AppendIPsReplaced
 	tmp   []byte // one rewritten event, to measure it
@@ -181,16 +181,6 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 		return
 	}
 
-	if s.store != nil { // fleet mode (issue 22)
-		s.appendStore(ctx, p, st, len(raw), len(body))
-		return
-	}
-	lane, err := s.lane(st)
-	if err != nil {
-		s.spoolFailed(ctx, p, err, n, nil)
-		return
-	}
-
 	now := s.cfg.Now()
 	nowMS := now.UnixMilli()
 	var nowBuf [20]byte
@@ -216,8 +206,10 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 	if s.testHook != nil {
 		s.testHook(ctx)
 	}
-	if err := s.sp.Append(s.base, lane, &st.batch); err != nil {
-		s.spoolFailed(ctx, p, err, n, lane)
+	// No request id: the fleet makes a fresh one, the local spool needs none.
+	req := storage.Request{Kind: spool.KindEvents, APIKey: st.req.APIKey, Options: st.req.Options, Accepted: now, Batch: &st.batch}
+	if err := s.store.Append(s.base, req); err != nil {
+		s.spoolFailed(ctx, p, err, &req, n)
 		return
 	}
 	s.m.accepted.Add(float64(n))
@@ -300,44 +292,6 @@ const rewriteSlack = 96
 // length prefixes.
 const recordSlack = 128
 
-// lane returns the spool lane of st.req, from the cache when it can.
-func (s *Server) lane(st *reqState) (*spool.Lane, error) {
-	// The key is length-prefixed, so that no api_key/options split of one
-	// byte string can collide with another.
-	st.lk = strconv.AppendInt(st.lk[:0], int64(len(st.req.APIKey)), 10)
-	st.lk = append(st.lk, ':')
-	st.lk = append(st.lk, st.req.APIKey...)
-	st.lk = append(st.lk, st.req.Options...)
-
-	s.lanesMu.RLock()
-	l := s.lanes[string(st.lk)]
-	s.lanesMu.RUnlock()
-	if l != nil && !l.IsRetired() {
-		return l, nil
-	}
-	if l != nil { // retired (empty and idle): forget it, take the live one
-		s.lanesMu.Lock()
-		if s.lanes[string(st.lk)] == l {
-			delete(s.lanes, string(st.lk))
-		}
-		s.lanesMu.Unlock()
-	}
-	l, err := s.sp.Lane(s.base, spool.LaneKey{
-		Kind:    spool.KindEvents,
-		APIKey:  string(st.req.APIKey),
-		Options: string(st.req.Options),
-	})
-	if err != nil {
-		return nil, err
-	}
-	s.lanesMu.Lock()
-	if len(s.lanes) < maxLaneCache {
-		s.lanes[string(st.lk)] = l
-	}
-	s.lanesMu.Unlock()
-	return l, nil
-}
-
 // requestClient returns the request's client address (see the package
 // documentation), without a zone.
 func (s *Server) requestClient(ctx *fasthttp.RequestCtx) netip.Addr {
@@ -385,25 +339,23 @@ func (s *Server) rateLimited(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState, 
 	ctx.SetBody(b)
 }
 
-// spoolFailed answers a request whose events could not be spooled.
-func (s *Server) spoolFailed(ctx *fasthttp.RequestCtx, p pathIdx, err error, n int, lane *spool.Lane) {
+// spoolFailed answers a request the store did not take: 503 with
+// Retry-After in every case (the client retries; nothing of the request was
+// stored, or, after storage.ErrUnavailable, possibly all of it, which the
+// upstream deduplicates by insert_id).
+func (s *Server) spoolFailed(ctx *fasthttp.RequestCtx, p pathIdx, err error, req *storage.Request, n int) {
 	switch {
-	case errors.Is(err, spool.ErrFull):
-		s.unavailable(ctx, p, "Spool full, retry later", reasonSpoolFull, n)
-	case errors.Is(err, spool.ErrDiskLow):
+	case errors.Is(err, spool.ErrDiskLow): // before ErrFull, which the store wraps it in
 		s.unavailable(ctx, p, "Disk space low, retry later", reasonDiskLow, n)
+	case errors.Is(err, storage.ErrFull), errors.Is(err, spool.ErrFull):
+		s.unavailable(ctx, p, "Spool full, retry later", reasonSpoolFull, n)
 	case errors.Is(err, spool.ErrTooManyLanes): // --max-lanes (issue 19)
 		s.unavailable(ctx, p, "Too many lanes, retry later", reasonTooManyLanes, n)
-	case errors.Is(err, spool.ErrClosed), errors.Is(err, context.Canceled):
+	case errors.Is(err, spool.ErrClosed), errors.Is(err, context.Canceled), errors.Is(err, storage.ErrLost), s.closing.Load():
 		s.unavailable(ctx, p, "Service is shutting down", reasonShuttingDown, n)
 	default:
-		// A failed commit wrote nothing: 503, so that the client retries.
 		s.unavailable(ctx, p, "Service unavailable", reasonSpoolError, n)
-		var label string
-		if lane != nil {
-			label = lane.Key().Label()
-		}
-		s.log.Error("spool append failed", zap.String("lane", label), zap.Int("events", n), zap.Error(err))
+		s.log.Error("spool append failed", zap.String("lane", req.Lane().Label()), zap.Int("events", n), zap.Error(err))
 	}
 }
 

@@ -17,7 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/graceful"
-	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
@@ -79,13 +78,6 @@ type Config struct {
 	// MaxConnectionsPerClient does not bound (the relay gives loopback: its
 	// own host's processes, a local reverse proxy, a load test).
 	UnboundedPeers []netip.Prefix
-
-	// Issue 22: fleet mode.
-
-	// Store, when not nil, is where accepted events go instead of the
-	// spool (fleet mode: the NATS JetStream streams): each request is one
-	// Append with a fresh id, answered 200 only once Append returned nil.
-	Store storage.Appender
 }
 
 // Defaults of Config.
@@ -181,18 +173,13 @@ func normalizePrefixes(ps []netip.Prefix) []netip.Prefix {
 	return out
 }
 
-// maxLaneCache bounds the lane cache; lanes beyond it are looked up in the
-// spool on every request (a flood of distinct api_keys must not grow memory
-// here without bound).
-const maxLaneCache = 1 << 16
-
 // Server is the ingest listener. Create it with New.
 type Server struct {
 	cfg        Config
 	maxBody    int // MaxRequestBytes as an int
 	readLimit  int // the body limit fasthttp enforces while reading (see New)
 	retryAfter string
-	sp         *spool.Spool
+	store      storage.Appender
 	ids        *event.IDGen
 	log        *zap.Logger // errors worth seeing every time
 	rejLog     *zap.Logger // sampled: rejections and HTTP-level errors
@@ -202,7 +189,7 @@ type Server struct {
 	perClient  *clientConns // nil: no per-client bound
 	srv        *graceful.Server
 
-	// base is the context of spool calls: cancelled only when Shutdown's
+	// base is the context of appends: cancelled only when Shutdown's
 	// context ends before the in-flight requests did.
 	base       context.Context
 	cancelBase context.CancelFunc
@@ -211,26 +198,23 @@ type Server struct {
 	lnMu sync.Mutex
 	lns  []net.Listener // every listener given to Serve, closed by Shutdown
 
-	lanesMu sync.RWMutex
-	lanes   map[string]*spool.Lane // by laneCacheKey
-
 	states sync.Pool // of *reqState
 
-	testHook func(*fasthttp.RequestCtx) // tests only: called before the spool append
-
-	store *storage.IDs // fleet mode (Config.Store): request ids
+	testHook func(*fasthttp.RequestCtx) // tests only: called before the append
 
 	open // issue 23: CORS, api_key allow-list, client rate limit
 }
 
-// New returns a Server that spools accepted events into sp, filling absent
-// insert_ids from ids. log and reg may be nil.
-func New(cfg Config, sp *spool.Spool, ids *event.IDGen, log *zap.Logger, reg prometheus.Registerer) (*Server, error) {
+// New returns a Server that appends each request's accepted events to
+// store (storage.NewLocal of the spool, or the fleet's backend) as one
+// storage.Request, filling absent insert_ids from ids. log and reg may be
+// nil.
+func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, reg prometheus.Registerer) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if sp == nil {
-		return nil, errors.New("ingest: nil spool")
+	if store == nil {
+		return nil, errors.New("ingest: nil store")
 	}
 	if ids == nil {
 		return nil, errors.New("ingest: nil IDGen")
@@ -252,7 +236,7 @@ func New(cfg Config, sp *spool.Spool, ids *event.IDGen, log *zap.Logger, reg pro
 		cfg:        cfg,
 		maxBody:    int(cfg.MaxRequestBytes),
 		retryAfter: strconv.FormatInt(int64(math.Ceil(cfg.RetryAfter.Seconds())), 10),
-		sp:         sp,
+		store:      store,
 		ids:        ids,
 		log:        log,
 		rejLog: log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
@@ -264,12 +248,6 @@ func New(cfg Config, sp *spool.Spool, ids *event.IDGen, log *zap.Logger, reg pro
 		cm:        cm,
 		conns:     conns,
 		perClient: newClientConns(cfg.MaxConnectionsPerClient, append(slices.Clip(cfg.TrustedProxies), cfg.UnboundedPeers...)),
-		lanes:     make(map[string]*spool.Lane),
-	}
-	if cfg.Store != nil {
-		if s.store, err = storage.NewIDs(); err != nil {
-			return nil, err
-		}
 	}
 	// The body limit fasthttp enforces while reading. A gzip body never
 	// exceeds its inflated size by more than its headers and 5 bytes per 64

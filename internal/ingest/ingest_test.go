@@ -22,6 +22,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/valyala/fasthttp"
 )
 
@@ -733,7 +734,7 @@ func TestMetricsRegistered(t *testing.T) {
 		}
 	}
 	// A second Server on the same registry is a configuration error.
-	if _, err := New(Config{}, r.sp, event.NewIDGen(), nil, r.reg); err == nil {
+	if _, err := New(Config{}, storage.NewLocal(r.sp, nil), event.NewIDGen(), nil, r.reg); err == nil {
 		t.Error("New registered the same metrics twice")
 	}
 }

@@ -48,9 +48,9 @@ func TestLaneAdmission(t *testing.T) {
 	}
 }
 
-// Issue 19: a lane retired while the ingest's lane cache holds it: the next
+// Issue 19: a lane retired while the store's lane cache holds it: the next
 // request of its key goes to a new lane, never to the retired one (the cache
-// drops retired lanes, and the spool reroutes an Append through a retired
+// replaces retired lanes, and the spool reroutes an Append through a retired
 // handle: either keeps this test passing, neither fails it).
 func TestRetiredLaneLeavesCache(t *testing.T) {
 	r := startRelay(t, Config{}, spool.Config{NoSync: true, RetireIdle: 20 * time.Millisecond})

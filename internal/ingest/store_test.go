@@ -1,101 +1,115 @@
 package ingest
 
 import (
-	"bytes"
 	"context"
-	"sync"
+	"errors"
+	"fmt"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+
+	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// idRecorder is a storage.Appender (a real one, the local spool behind the
-// seam) that remembers the request ids it was given.
-type idRecorder struct {
-	storage.Appender
-	mu  sync.Mutex
-	ids []string
+// appender is a storage.Appender that keeps what it was asked (the lane,
+// id, time and records of each request, copied) and answers err.
+type appender struct {
+	err  error
+	reqs []storage.Request // Batch nil; recs holds the records
+	recs [][]spool.Record
 }
 
-func (r *idRecorder) Append(ctx context.Context, req storage.Request) error {
-	r.mu.Lock()
-	r.ids = append(r.ids, req.ID)
-	r.mu.Unlock()
-	return r.Appender.Append(ctx, req)
-}
-
-func openStoreSpool(t *testing.T, cfg spool.Config) *spool.Spool {
-	t.Helper()
-	cfg.Dir = t.TempDir()
-	cfg.MinFreeBytes = -1
-	sp, err := spool.Open(cfg, nil, nil)
-	if err != nil {
-		t.Fatal(err)
+func (a *appender) Append(_ context.Context, req storage.Request) error {
+	var recs []spool.Record
+	for _, r := range req.Batch.Records() {
+		recs = append(recs, spool.Record{OrderKey: clone(r.OrderKey), UserID: clone(r.UserID), Data: clone(r.Data)})
 	}
-	t.Cleanup(func() { sp.Close() })
-	return sp
+	req.APIKey, req.Options, req.Batch = clone(req.APIKey), clone(req.Options), nil
+	a.reqs, a.recs = append(a.reqs, req), append(a.recs, recs)
+	return a.err
 }
 
-// TestStore (fleet mode, issue 22): with Config.Store, a request is appended
-// through it, with the records the spool path stores byte for byte, one
-// fresh id per request, and 200 only once Append returned nil; a refusal
-// is a 503 with Retry-After and nothing stored.
+func clone(b []byte) []byte { return append([]byte(nil), b...) }
+
+// TestStore: a request is one storage.Request to the Server's store (any
+// backend: here one that answers as told), of lane (events, api_key,
+// canonical options), accepted at Config.Now, no id (the fleet makes one),
+// the records the local spool gets; 200 only when Append returned nil. The
+// store's errors, the local spool's and the fleet's kinds alike, are
+// answered 503 with Retry-After and counted under their reasons.
 func TestStore(t *testing.T) {
-	body := []byte(`{"api_key":"k-store","options":{"min_id_length":1},"events":[` +
+	now := time.UnixMilli(1_700_000_000_123)
+	body := []byte(`{"api_key":"k-store","options":{ "min_id_length" : 1 },"events":[` +
 		`{"device_id":"dev-1","user_id":"user-1","event_type":"a","insert_id":"i1","time":1700000000000},` +
-		`{"device_id":"dev-2","event_type":"b","insert_id":"i2","time":1700000000001,"ip":"10.1.2.3"},` +
-		`{"user_id":"user-3","event_type":"c","insert_id":"i3","time":1700000000002}]}`)
-	for _, anon := range []bool{false, true} {
-		local := startRelay(t, Config{Open: Open{AnonymizeIP: anon}}, spool.Config{})
-		if a := local.post("/2/httpapi", body); a.status != 200 {
-			t.Fatalf("local: %d %s", a.status, a.body)
+		`{"device_id":"dev-2","event_type":"b","insert_id":"i2","time":1700000000001,"ip":"10.1.2.3"}]}`)
+	call := func(t *testing.T, st storage.Appender) (*fasthttp.RequestCtx, *testRelay) {
+		t.Helper()
+		reg := prometheus.NewRegistry()
+		s, err := New(Config{Now: func() time.Time { return now }}, st, event.NewIDGen(), nil, reg)
+		if err != nil {
+			t.Fatal(err)
 		}
-		want := local.drain("k-store", `{"min_id_length":1}`)
-
-		ssp := openStoreSpool(t, spool.Config{})
-		rec := &idRecorder{Appender: storage.NewLocal(ssp, nil)}
-		r := startRelay(t, Config{Store: rec, Open: Open{AnonymizeIP: anon}}, spool.Config{})
-		for range 2 {
-			if a := r.post("/2/httpapi", body); a.status != 200 {
-				t.Fatalf("store: %d %s", a.status, a.body)
-			}
-		}
-		// Nothing in the relay's own spool: it went to the store.
-		if got := r.drain("k-store", `{"min_id_length":1}`); len(got) != 0 {
-			t.Fatalf("%d records in the relay's spool", len(got))
-		}
-		own := r.sp
-		r.sp = ssp // drain the store's spool
-		got := r.drain("k-store", `{"min_id_length":1}`)
-		r.sp = own
-		if len(got) != 2*len(want) {
-			t.Fatalf("store holds %d records, want %d", len(got), 2*len(want))
-		}
-		for i, g := range got {
-			w := want[i%len(want)]
-			if g.orderKey != w.orderKey || g.userID != w.userID || !bytes.Equal(g.data, w.data) {
-				t.Errorf("anon %v record %d:\n got %q %q %s\nwant %q %q %s", anon, i, g.orderKey, g.userID, g.data, w.orderKey, w.userID, w.data)
-			}
-		}
-		if len(rec.ids) != 2 || rec.ids[0] == rec.ids[1] || rec.ids[0] == "" || len(rec.ids[0]) > 64 {
-			t.Errorf("request ids %q: want two distinct, non-empty, at most 64 bytes", rec.ids)
-		}
+		var rc fasthttp.RequestCtx
+		callInProcess(s.Handler(), inProcessRequest("/2/httpapi", body, "Content-Type", "application/json"), &rc)
+		return &rc, &testRelay{t: t, reg: reg}
 	}
 
-	// Full: 503 with Retry-After, nothing stored.
-	full := openStoreSpool(t, spool.Config{MaxBytes: 64})
-	r := startRelay(t, Config{Store: storage.NewLocal(full, nil)}, spool.Config{})
-	a := r.post("/2/httpapi", body)
-	if a.status != 503 || a.header.Get("Retry-After") == "" {
-		t.Fatalf("full store: %d %q %s", a.status, a.header.Get("Retry-After"), a.body)
+	ok := &appender{}
+	rc, _ := call(t, ok)
+	if rc.Response.StatusCode() != 200 || len(ok.reqs) != 1 {
+		t.Fatalf("%d %s, %d appends", rc.Response.StatusCode(), rc.Response.Body(), len(ok.reqs))
 	}
-	if n := full.Stats().LiveBytes; n != 0 {
-		t.Fatalf("full store holds %d bytes", n)
+	req := ok.reqs[0]
+	if req.Lane() != (spool.LaneKey{Kind: spool.KindEvents, APIKey: "k-store", Options: `{"min_id_length":1}`}) ||
+		req.ID != "" || !req.Accepted.Equal(now) {
+		t.Errorf("request %+v (lane %+v)", req, req.Lane())
 	}
-	// A closed store: 503 with Retry-After.
-	full.Close()
-	if a := r.post("/2/httpapi", body); a.status != 503 || a.header.Get("Retry-After") == "" {
-		t.Fatalf("closed store: %d %s", a.status, a.body)
+	// The same records as the local spool holds.
+	r := startRelay(t, Config{Now: func() time.Time { return now }}, spool.Config{NoSync: true})
+	if a := r.post("/2/httpapi", body); a.status != 200 {
+		t.Fatalf("local: %d %s", a.status, a.body)
+	}
+	want := r.drain("k-store", `{"min_id_length":1}`)
+	if len(ok.recs[0]) != len(want) {
+		t.Fatalf("%d records, the spool holds %d", len(ok.recs[0]), len(want))
+	}
+	for i, g := range ok.recs[0] {
+		w := want[i]
+		if string(g.OrderKey) != w.orderKey || string(g.UserID) != w.userID || string(g.Data) != string(w.data) {
+			t.Errorf("record %d:\n got %q %q %s\nwant %q %q %s", i, g.OrderKey, g.UserID, g.Data, w.orderKey, w.userID, w.data)
+		}
+	}
+
+	for _, c := range []struct {
+		err         error
+		msg, reason string
+	}{
+		{fmt.Errorf("%w: %w", storage.ErrFull, spool.ErrFull), "Spool full, retry later", reasonSpoolFull},
+		{fmt.Errorf("%w: %w", storage.ErrFull, spool.ErrDiskLow), "Disk space low, retry later", reasonDiskLow},
+		{fmt.Errorf("storage: lane: %w", spool.ErrTooManyLanes), "Too many lanes, retry later", reasonTooManyLanes},
+		{fmt.Errorf("storage: lane: %w", spool.ErrClosed), "Service is shutting down", reasonShuttingDown},
+		{fmt.Errorf("%w: write: disk on fire", storage.ErrUnavailable), "Service unavailable", reasonSpoolError},
+		// The fleet's kinds: no spool error in the chain.
+		{fmt.Errorf("fleet: %w: insufficient resources", storage.ErrFull), "Spool full, retry later", reasonSpoolFull},
+		{fmt.Errorf("fleet: %w", storage.ErrLost), "Service is shutting down", reasonShuttingDown},
+		{context.Canceled, "Service is shutting down", reasonShuttingDown},
+		{errors.New("nats: connection closed"), "Service unavailable", reasonSpoolError},
+	} {
+		rc, r := call(t, &appender{err: c.err})
+		if rc.Response.StatusCode() != 503 || string(rc.Response.Header.Peek("Retry-After")) == "" ||
+			!strings.Contains(string(rc.Response.Body()), c.msg) {
+			t.Errorf("%v: %d %q %s, want 503 %q", c.err, rc.Response.StatusCode(), rc.Response.Header.Peek("Retry-After"), rc.Response.Body(), c.msg)
+		}
+		if got := r.counter("relay_ingest_rejected_requests_total", "reason", c.reason); got != 1 {
+			t.Errorf("%v: %v rejections of reason %s", c.err, got, c.reason)
+		}
+		if got := r.counter("relay_ingest_events_rejected_total", "reason", c.reason); got != 2 {
+			t.Errorf("%v: %v events rejected for %s", c.err, got, c.reason)
+		}
 	}
 }

@@ -15,7 +15,29 @@ import (
 type Local struct {
 	sp  *spool.Spool
 	log *zap.Logger
+
+	// The lanes appended to, by api_key, so that an Append finds its
+	// lane from the request's bytes (a map index by string(b) does not
+	// allocate, a LaneKey does) and without the spool's own lock.
+	mu     sync.RWMutex
+	lanes  map[string][]cachedLane
+	cached int
 }
+
+// cachedLane is a lane of the cache, under its api_key.
+type cachedLane struct {
+	kind    spool.Kind
+	options string
+	lane    *spool.Lane
+}
+
+// Bounds of the lane cache: lanes beyond them are looked up in the spool on
+// every Append (a flood of distinct api_keys or options must not grow
+// memory, or one api_key's list, without bound).
+const (
+	maxCachedLanes = 1 << 16
+	maxLanesPerKey = 16
+)
 
 var (
 	_ Backend    = (*Local)(nil)
@@ -28,29 +50,27 @@ func NewLocal(sp *spool.Spool, log *zap.Logger) *Local {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Local{sp: sp, log: log}
+	return &Local{sp: sp, log: log, lanes: make(map[string][]cachedLane)}
 }
 
 // Spool is the adapted spool (for what the seam does not cover: lane
 // statistics, the upstream guard, Refusing).
 func (l *Local) Spool() *spool.Spool { return l.sp }
 
-// Append writes req's records as one chunk of its lane. A refusal for
-// space (spool.ErrFull, spool.ErrDiskLow) also matches ErrFull; a failed
-// write (nothing of it is replayed) also matches ErrUnavailable.
+// Append writes req's batch as one chunk of its lane, taking the batch's
+// memory over (no copy). A refusal for space (spool.ErrFull,
+// spool.ErrDiskLow) also matches ErrFull; a failed write (nothing of it is
+// replayed) also matches ErrUnavailable; the spool's error stays in the
+// chain (errors.Is(err, spool.ErrTooManyLanes) holds).
 func (l *Local) Append(ctx context.Context, req Request) error {
-	if len(req.Records) == 0 {
+	if req.Batch == nil || req.Batch.Bytes() == 0 {
 		return nil
 	}
-	lane, err := l.sp.Lane(ctx, req.Lane)
+	lane, err := l.lane(ctx, &req)
 	if err != nil {
 		return fmt.Errorf("storage: lane: %w", err)
 	}
-	var b spool.Batch
-	for _, r := range req.Records {
-		b.Add(r)
-	}
-	err = l.sp.Append(ctx, lane, &b)
+	err = l.sp.Append(ctx, lane, req.Batch)
 	switch {
 	case err == nil:
 		return nil
@@ -61,6 +81,43 @@ func (l *Local) Append(ctx context.Context, req Request) error {
 	default:
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
+}
+
+// lane returns req's lane, from the cache when it holds it and it is not
+// retired (a retired lane is replaced by the live one of its key).
+func (l *Local) lane(ctx context.Context, req *Request) (*spool.Lane, error) {
+	l.mu.RLock()
+	_, lane := cacheIndex(l.lanes[string(req.APIKey)], req)
+	l.mu.RUnlock()
+	if lane != nil && !lane.IsRetired() {
+		return lane, nil
+	}
+	k := req.Lane()
+	lane, err := l.sp.Lane(ctx, k)
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	cs := l.lanes[k.APIKey]
+	if i, _ := cacheIndex(cs, req); i >= 0 {
+		cs[i].lane = lane
+	} else if l.cached < maxCachedLanes && len(cs) < maxLanesPerKey {
+		l.lanes[k.APIKey] = append(cs, cachedLane{kind: k.Kind, options: k.Options, lane: lane})
+		l.cached++
+	}
+	l.mu.Unlock()
+	return lane, nil
+}
+
+// cacheIndex is the index and lane of req's lane in cs, -1 and nil when
+// cs does not hold it.
+func cacheIndex(cs []cachedLane, req *Request) (int, *spool.Lane) {
+	for i := range cs {
+		if cs[i].kind == req.Kind && cs[i].options == string(req.Options) {
+			return i, cs[i].lane
+		}
+	}
+	return -1, nil
 }
 
 // Run calls deliver for every lane, and for every lane created later,

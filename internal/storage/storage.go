@@ -23,16 +23,30 @@ var ErrUnavailable = errors.New("storage: unavailable")
 // partition to another relay. The deliver function returns then.
 var ErrLost = errors.New("storage: queue lost")
 
-// Request is what one ingest request appends: records of one lane.
+// Request is what one request appends: records of one lane.
 type Request struct {
 	// ID names the request for a backend that deduplicates retried
 	// appends (the fleet: a request appended again with the same ID within
-	// its dedup window is stored once); empty means a fresh one. The local
-	// spool ignores it. At most 64 bytes of letters, digits, - and _.
-	ID       string
-	Lane     spool.LaneKey
-	Accepted time.Time // zero means now; the local spool always uses now
-	Records  []spool.Record
+	// its dedup window is stored once); empty means a fresh one, which the
+	// fleet makes. The local spool ignores it. At most 64 bytes of letters,
+	// digits, - and _.
+	ID string
+	// Kind, APIKey and Options name the lane (spool.LaneKey, see Lane),
+	// as bytes: the ingest names it with slices of the request, and the
+	// local spool finds a lane it appended to before without allocating.
+	Kind            spool.Kind
+	APIKey, Options []byte
+	Accepted        time.Time // zero means now; the local spool always uses now
+	// Batch holds the records (nil or empty: nothing to store). Append
+	// may take its memory over (the local spool does, and leaves it
+	// empty); it is not to be used until Append returns, and is Reset
+	// before it is built again.
+	Batch *spool.Batch
+}
+
+// Lane is the key of req's lane.
+func (req *Request) Lane() spool.LaneKey {
+	return spool.LaneKey{Kind: req.Kind, APIKey: string(req.APIKey), Options: string(req.Options)}
 }
 
 // Message is the unit of reading and of acknowledgement: records of one
@@ -49,7 +63,8 @@ type Message struct {
 	Records []spool.Record
 }
 
-// Appender is what the ingest needs.
+// Appender is what the ingest, the form intakes and the dead-letter
+// replay need.
 type Appender interface {
 	// Append stores req's records durably, all or none (see the package
 	// documentation), and returns once they are durable.

@@ -42,14 +42,13 @@ func Broken(b storage.Backend, defect string) storage.Backend {
 func (d *defective) Unwrap() storage.Backend { return d.Backend }
 
 func (d *defective) Append(ctx context.Context, req storage.Request) error {
-	if d.how == "halfappend" && len(req.Records) > 1 {
+	if recs := req.Batch.Records(); d.how == "halfappend" && len(recs) > 1 {
 		// Stores the first record on its own, then the rest (which may fail).
-		first := req
-		first.Records = req.Records[:1]
-		if err := d.Backend.Append(ctx, first); err != nil {
+		l := req.Lane()
+		if err := d.Backend.Append(ctx, request(l, recs[:1])); err != nil {
 			return err
 		}
-		return d.Backend.Append(ctx, storage.Request{Lane: req.Lane, Records: req.Records[1:]})
+		return d.Backend.Append(ctx, request(l, recs[1:]))
 	}
 	return d.Backend.Append(ctx, req)
 }

@@ -137,9 +137,18 @@ func appendN(t *testing.T, b storage.Appender, want counter, l spool.LaneKey, n 
 			recs = append(recs, rec(k, want[id(l, k)]))
 		}
 	}
-	if err := b.Append(bg(t), storage.Request{Lane: l, Records: recs}); err != nil {
+	if err := b.Append(bg(t), request(l, recs)); err != nil {
 		t.Fatalf("append: %v", err)
 	}
+}
+
+// request is a request of recs to lane l.
+func request(l spool.LaneKey, recs []spool.Record) storage.Request {
+	var b spool.Batch
+	for _, r := range recs {
+		b.Add(r)
+	}
+	return storage.Request{Kind: l.Kind, APIKey: []byte(l.APIKey), Options: []byte(l.Options), Batch: &b}
 }
 
 // collector is a deliver function that records what it read.
@@ -431,7 +440,7 @@ func (s *suite) testConcurrentAppends(t *testing.T) {
 						recs = append(recs, rec(k, wants[w][id(l, k)]))
 					}
 				}
-				if err := b.Append(bg(t), storage.Request{Lane: l, Records: recs}); err != nil {
+				if err := b.Append(bg(t), request(l, recs)); err != nil {
 					errs <- err
 					return
 				}
@@ -547,7 +556,7 @@ func (s *suite) testAllOrNothing(t *testing.T) {
 		r.Data = append(r.Data, make([]byte, quota/8)...)
 		recs = append(recs, r)
 	}
-	err := b.Append(bg(t), storage.Request{Lane: lanes[0], Records: recs})
+	err := b.Append(bg(t), request(lanes[0], recs))
 	if err == nil {
 		t.Fatal("append over the quota succeeded")
 	}
