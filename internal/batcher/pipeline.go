@@ -185,14 +185,14 @@ func (p *Pipeline) LaneStatus() []delivery.LaneStatus {
 
 // events is the delivery.Kind of event lanes: /2/httpapi's JSON body
 // {"api_key":<json string>,"events":[e,e,...],"options":<raw>} ("options"
-// only when the lane has them), at most MaxBatchEvents events and strictly
-// under MaxBatchBytes; answers are classified by delivery.Classify (the
-// shards act on a Throttled answer's pauses themselves). The pipeline holds
-// it as this type, so build's calls are direct.
+// when the lane has them), at most maxEvents events and strictly under
+// maxBytes; answers by delivery.Classify (a Throttled answer's pauses are
+// the shard's). The pipeline holds it as this type: build's calls inline.
 type events struct{ maxEvents, maxBytes int }
 
 var _ delivery.Kind = events{}
 
+// Frame is the lane's envelope and limits; events are written as they are.
 func (k events) Frame(key spool.LaneKey) delivery.Frame {
 	q, _ := json.Marshal(key.APIKey) // a string always marshals
 	suffix := "]"
@@ -203,6 +203,7 @@ func (k events) Frame(key spool.LaneKey) delivery.Frame {
 		MaxRecords: k.maxEvents, MaxBytes: k.maxBytes}
 }
 
+// Classify is delivery.Classify.
 func (events) Classify(res *upstream.Result, n int) delivery.Verdict {
 	return delivery.Classify(res, n)
 }

@@ -186,8 +186,9 @@ type metrics struct {
 //     one after the other, and a DeadSome answer sends the records it did not
 //     name again (order is still kept).
 //   - Records of many chunks (many callers) are merged into one request, as
-//     many as the Kind's Pack takes (Form: MaxItems records, MaxWeight total
-//     weight, a form body strictly under MaxBodyBytes).
+//     many as the lane's Frame lets one request carry (Form: MaxItems
+//     records, MaxWeight total weight, a form body strictly under
+//     MaxBodyBytes; a record too large alone is sent alone).
 //   - A chunk is acknowledged only when every record of it is done:
 //     delivered (200) or stored as a dead letter (FlushDead returns after the
 //     commit, so the dead letter precedes the ack).
