@@ -15,6 +15,11 @@
 // its records (at most MaxBatchEvents, a body strictly under MaxBatchBytes
 // measured on the exact bytes sent, flushed when full or when its oldest
 // event has waited FlushInterval) and has at most ONE request in flight.
+// Events are a delivery.Kind like the form kinds: the pipeline's events
+// kind gives each lane its delivery.Frame (the {"api_key","events",
+// "options"} envelope and those limits), with whose methods a shard packs
+// the events it takes from its queues, and classifies answers with
+// delivery.Classify; what a Throttled answer pauses is the shard's own.
 //
 // # Invariants
 //

@@ -47,6 +47,8 @@ type Pipeline struct {
 	bodies bodyPool
 	// seed hashes order keys to shards (shardOf).
 	seed maphash.Seed
+	// kind packs requests and classifies answers.
+	kind events
 
 	// eng runs a laneRunner per events lane and answers the lane control
 	// (local mode; nil in fleet mode).
@@ -102,7 +104,7 @@ func newPipeline(cfg Config, send Sender, thr *throttle.Throttle, log *zap.Logge
 	}
 	cfg = cfg.withDefaults()
 	return &Pipeline{cfg: cfg, send: send, thr: thr, log: log, url: cfg.IngestURL + "/2/httpapi", seed: maphash.MakeSeed(),
-		budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool()}, nil
+		kind: events{cfg.MaxBatchEvents, cfg.MaxBatchBytes}, budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool()}, nil
 }
 
 // Run delivers until ctx ends: it starts a runner for every events lane that
@@ -181,19 +183,29 @@ func (p *Pipeline) LaneStatus() []delivery.LaneStatus {
 	return out
 }
 
-// envelope returns the fixed bytes around a lane's events:
-// `{"api_key":<json string>,"events":[` and `]` + `,"options":<raw>` + `}`.
-func envelope(key spool.LaneKey) (prefix, suffix []byte) {
+// events is the delivery.Kind of event lanes: /2/httpapi's JSON body
+// {"api_key":<json string>,"events":[e,e,...],"options":<raw>} ("options"
+// when the lane has them), at most maxEvents events and strictly under
+// maxBytes; answers by delivery.Classify (a Throttled answer's pauses are
+// the shard's). The pipeline holds it as this type: build's calls inline.
+type events struct{ maxEvents, maxBytes int }
+
+var _ delivery.Kind = events{}
+
+// Frame is the lane's envelope and limits; events are written as they are.
+func (k events) Frame(key spool.LaneKey) delivery.Frame {
 	q, _ := json.Marshal(key.APIKey) // a string always marshals
-	prefix = append([]byte(`{"api_key":`), q...)
-	prefix = append(prefix, `,"events":[`...)
-	suffix = []byte(`]`)
+	suffix := "]"
 	if key.Options != "" {
-		suffix = append(suffix, `,"options":`...)
-		suffix = append(suffix, key.Options...)
+		suffix += `,"options":` + key.Options
 	}
-	suffix = append(suffix, '}')
-	return prefix, suffix
+	return delivery.Frame{Prefix: `{"api_key":` + string(q) + `,"events":[`, Suffix: suffix + "}", Sep: ",",
+		MaxRecords: k.maxEvents, MaxBytes: k.maxBytes}
+}
+
+// Classify is delivery.Classify.
+func (events) Classify(res *upstream.Result, n int) delivery.Verdict {
+	return delivery.Classify(res, n)
 }
 
 // laneRunner delivers one lane: a reader goroutine and ShardsPerLane shard
@@ -204,12 +216,12 @@ type laneRunner struct {
 	// messages of one fleet partition.
 	src source
 	// lane is the spool lane (local mode); nil in fleet mode.
-	lane   *spool.Lane
-	id     uint64
-	label  string
-	key    spool.LaneKey
-	prefix []byte
-	suffix []byte
+	lane  *spool.Lane
+	id    uint64
+	label string
+	key   spool.LaneKey
+	// frame packs the lane's requests (Pipeline.kind's Frame).
+	frame  delivery.Frame
 	shards []*shard
 
 	// partial is the chunk read in parts whose last part is still to come
@@ -252,7 +264,7 @@ func newLaneRunner(p *Pipeline, l *spool.Lane) *laneRunner {
 // newRunner returns the runner of one lane reading src.
 func newRunner(p *Pipeline, src source, id uint64, label string, key spool.LaneKey) *laneRunner {
 	lr := &laneRunner{p: p, src: src, id: id, label: label, key: key, bwake: make(chan struct{}, 1)}
-	lr.prefix, lr.suffix = envelope(lr.key)
+	lr.frame = p.kind.Frame(key)
 	lr.window.Store(1)
 	for i := 0; i < p.cfg.ShardsPerLane; i++ {
 		lr.shards = append(lr.shards, newShard(lr, i))

@@ -288,9 +288,8 @@ const (
 func (s *shard) build(now time.Time) []byte {
 	cfg := s.lr.p.cfg
 	thr := s.lr.p.thr
+	f := &s.lr.frame
 	capE := min(s.capEvents, cfg.MaxBatchEvents)
-	fixed := len(s.lr.prefix) + len(s.lr.suffix)
-	size := fixed
 	s.batch = s.batch[:0]
 	clear(s.pacedKeys)
 	s.pacedKeys = s.pacedKeys[:0]
@@ -298,9 +297,9 @@ func (s *shard) build(now time.Time) []byte {
 		// Room for what is ready (a body is never larger than
 		// MaxBatchBytes): a shard retrying a few events during an
 		// outage then holds a small buffer, not MaxBatchBytes.
-		s.body = s.lr.p.bodies.get(min(fixed+s.ready.bytes+s.ready.len(), cfg.MaxBatchBytes))
+		s.body = s.lr.p.bodies.get(min(len(f.Prefix)+len(f.Suffix)+s.ready.bytes+s.ready.len(), cfg.MaxBatchBytes))
 	}
-	s.body = append(s.body[:0], s.lr.prefix...)
+	pk := f.Open(s.body)
 	for s.ready.len() > 0 && len(s.batch) < capE {
 		it := s.ready.peek() // valid until the next pop
 		if delivery.Expired(now, it.ck.accepted, cfg.MaxEventAge) {
@@ -320,15 +319,12 @@ func (s *shard) build(now time.Time) []byte {
 			s.hold(u, x)
 			continue
 		}
-		if fixed+len(it.rec.Data) >= cfg.MaxBatchBytes {
+		rec, w := f.Record(nil, it.rec.Data) // the events kind writes data as it is
+		if f.TooLarge(rec) {
 			s.dead = append(s.dead, deadItem{s.ready.pop(), "too_large"})
 			continue
 		}
-		add := len(it.rec.Data)
-		if len(s.batch) > 0 {
-			add++
-		}
-		if size+add >= cfg.MaxBatchBytes {
+		if !f.Fits(&pk, rec, w) {
 			break
 		}
 		x := s.ready.pop()
@@ -349,14 +345,10 @@ func (s *shard) build(now time.Time) []byte {
 				s.notePaced(x.rec.OrderKey, ukey)
 			}
 		}
-		if len(s.batch) > 0 {
-			s.body = append(s.body, ',')
-		}
-		s.body = append(s.body, x.rec.Data...)
+		f.Add(&pk, rec, w)
 		s.batch = append(s.batch, x)
-		size += add
 	}
-	s.body = append(s.body, s.lr.suffix...)
+	s.body = f.Close(&pk)
 	return s.body
 }
 
@@ -409,14 +401,14 @@ next:
 	}
 }
 
-// handle acts on what an answer means for the batch (delivery.Classify: the
-// contract's Delivery section; 429 and silenced answers pause and pace keys
-// here). It returns false when the shard must exit.
+// handle acts on what an answer means for the batch (the kind's Classify:
+// the contract's Delivery section; 429 and silenced answers pause and pace
+// keys here). It returns false when the shard must exit.
 func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool {
 	p := s.lr.p
 	cfg := p.cfg
 	n := len(s.batch)
-	switch v := delivery.Classify(&res, n); v.Outcome {
+	switch v := p.kind.Classify(&res, n); v.Outcome {
 	case delivery.Delivered:
 		s.lr.done(s.batch)
 		p.m.delivered.Add(float64(n))

@@ -80,12 +80,12 @@ func TestQueue(t *testing.T) {
 }
 
 func TestEnvelope(t *testing.T) {
-	p, s := envelope(spool.LaneKey{APIKey: `k"ey`, Options: `{"min_id_length":2}`})
-	if got := string(p) + `{}` + string(s); got != `{"api_key":"k\"ey","events":[{}],"options":{"min_id_length":2}}` {
+	f := events{}.Frame(spool.LaneKey{APIKey: `k"ey`, Options: `{"min_id_length":2}`})
+	if got := f.Prefix + `{}` + f.Suffix; got != `{"api_key":"k\"ey","events":[{}],"options":{"min_id_length":2}}` {
 		t.Fatal(got)
 	}
-	p, s = envelope(spool.LaneKey{APIKey: "k"})
-	if got := string(p) + string(s); got != `{"api_key":"k","events":[]}` {
+	f = events{}.Frame(spool.LaneKey{APIKey: "k"})
+	if got := f.Prefix + f.Suffix; got != `{"api_key":"k","events":[]}` {
 		t.Fatal(got)
 	}
 }
@@ -93,8 +93,8 @@ func TestEnvelope(t *testing.T) {
 // The ingest's 413 check measures the envelope as the batcher writes it.
 func TestEnvelopeOverheadAgrees(t *testing.T) {
 	for _, k := range []spool.LaneKey{{APIKey: "k"}, {APIKey: `<a&"b>`, Options: `{"min_id_length":3}`}, {APIKey: "ключ"}} {
-		pre, suf := envelope(k)
-		if got, want := event.EnvelopeOverhead(k.APIKey, []byte(k.Options)), len(pre)+len(suf); got != want {
+		f := events{}.Frame(k)
+		if got, want := event.EnvelopeOverhead(k.APIKey, []byte(k.Options)), len(f.Prefix)+len(f.Suffix); got != want {
 			t.Errorf("%+v: EnvelopeOverhead %d, envelope %d", k, got, want)
 		}
 	}

@@ -3,18 +3,21 @@
 // control it uses (LaneControl, ErrUnknownLane), the retry policy (Retry),
 // the answer rule (Classify: what an answer means for a request's records,
 // as a Verdict: delivered, some dead, split, throttled, wait, stop), the
-// max-age rule (Expired), the dead-letter flush (FlushDead), the Kind a
-// lane runner packs and classifies with (Form for the form-encoded kinds),
+// max-age rule (Expired), the dead-letter flush (FlushDead), the Kind every
+// lane runner packs and classifies with (a lane's Frame: its envelope, a
+// record's encoding and a request's limits, packed one record at a time),
 // the supervisor of every kind (Engine: a Runner per lane of a kind,
 // started as lanes appear, forgotten when the spool retires the lane; lane
 // status, stop/resume and relay_lane_stopped) and the runner of the
-// form-encoded kinds (FormLanes: group identify and user mappings), and in
-// fleet mode (issue 22) the partition demultiplexer every kind's runners
-// read (DeliverPartition: a Feed per lane of a partition, one acker per
-// partition; Runners, the runners by id). The
-// events pipeline (internal/batcher) is the other kind; its laneRunner is a
-// Runner with N shards per lane, which packs its own batches (pauses,
-// pacing and read-ahead live there) and classifies answers with Classify.
+// form-encoded kinds (FormLanes: group identify and user mappings, whose
+// Kind is a Form), and in fleet mode (issue 22) the partition
+// demultiplexer every kind's runners read (DeliverPartition: a Feed per
+// lane of a partition, one acker per partition; Runners, the runners by
+// id). The events pipeline (internal/batcher) is the other kind: its Kind
+// is the /2/httpapi JSON envelope; its laneRunner is a Runner with N shards
+// per lane, each packing a batch with the lane's Frame as it takes records
+// from its own queues (pauses, pacing and the read-ahead budget live
+// there).
 //
 // Invariants every deliverer keeps:
 //   - Order per key: records of one lane and one order key reach the

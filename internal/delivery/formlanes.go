@@ -186,8 +186,9 @@ type metrics struct {
 //     one after the other, and a DeadSome answer sends the records it did not
 //     name again (order is still kept).
 //   - Records of many chunks (many callers) are merged into one request, as
-//     many as the Kind's Pack takes (Form: MaxItems records, MaxWeight total
-//     weight, a form body strictly under MaxBodyBytes).
+//     many as the lane's Frame lets one request carry (Form: MaxItems
+//     records, MaxWeight total weight, a form body strictly under
+//     MaxBodyBytes; a record too large alone is sent alone).
 //   - A chunk is acknowledged only when every record of it is done:
 //     delivered (200) or stored as a dead letter (FlushDead returns after the
 //     commit, so the dead letter precedes the ack).
@@ -352,6 +353,7 @@ type laneRun struct {
 	key   spool.LaneKey
 	id    uint64
 	label string
+	frame Frame // the Kind's, for key
 	bo    *Retry
 	// readAhead is the bytes of the chunks being delivered.
 	readAhead atomic.Int64
@@ -360,7 +362,7 @@ type laneRun struct {
 }
 
 func (d *FormLanes) newLane(l *spool.Lane) *laneRun {
-	return &laneRun{d: d, src: spoolLane{d.sp, l}, key: l.Key(), id: l.ID(), label: l.Key().Label(), st: StopSwitch{Lane: l},
+	return &laneRun{d: d, src: spoolLane{d.sp, l}, key: l.Key(), id: l.ID(), label: l.Key().Label(), frame: d.cfg.Kind.Frame(l.Key()), st: StopSwitch{Lane: l},
 		bo: NewRetry(d.cfg.RetryInitial, d.cfg.RetryMax)} // no count or time limit: MaxAge bounds it
 }
 
@@ -409,13 +411,32 @@ func (b *batch) add(cs []spool.Chunk) {
 	b.chunks = append(b.chunks, cs...)
 }
 
-// full reports whether the records read fill a request.
-func (lr *laneRun) full(b *batch) bool {
-	return len(b.recs) > 0 && lr.d.cfg.Kind.Pack(lr.key, b.recs) < len(b.recs)
+// pack packs recs, from the first, into a body in dst's memory: all of
+// them, or as many as one request may carry (at least one). It returns the
+// body and how many records it holds.
+func (lr *laneRun) pack(dst []byte, recs []spool.Record, all bool) ([]byte, int) {
+	f := &lr.frame
+	p := f.Open(dst)
+	var buf []byte
+	for _, r := range recs {
+		rec, w := f.Record(buf, r.Data)
+		if !all && !f.Fits(&p, rec, w) {
+			break
+		}
+		f.Add(&p, rec, w)
+		buf = rec
+	}
+	return f.Close(&p), p.N
 }
 
 func (lr *laneRun) loop(ctx context.Context) error {
 	cfg := &lr.d.cfg
+	var scratch []byte            // the bodies full packs, never sent
+	full := func(b *batch) bool { // the records read fill a request
+		var n int
+		scratch, n = lr.pack(scratch, b.recs, false)
+		return n < len(b.recs)
+	}
 	for {
 		chunks, err := lr.src.Next(ctx, cfg.ReadBytes)
 		if err != nil {
@@ -424,9 +445,9 @@ func (lr *laneRun) loop(ctx context.Context) error {
 		var b batch
 		b.add(chunks)
 		// Linger for more records while what was read fits one request.
-		if cfg.Linger > 0 && !lr.full(&b) {
+		if cfg.Linger > 0 && !full(&b) {
 			lctx, cancel := context.WithTimeout(ctx, cfg.Linger)
-			for !lr.full(&b) {
+			for !full(&b) {
 				more, err := lr.src.Next(lctx, cfg.ReadBytes)
 				if err != nil {
 					break
@@ -434,6 +455,7 @@ func (lr *laneRun) loop(ctx context.Context) error {
 				b.add(more)
 			}
 			cancel()
+			scratch = nil // not kept while delivering or idle
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
@@ -463,8 +485,9 @@ func (lr *laneRun) deliver(ctx context.Context, b *batch) error {
 	}
 	ackUpTo(0) // empty chunks
 	for start := 0; start < len(b.recs); {
-		end := start + max(1, lr.d.cfg.Kind.Pack(lr.key, b.recs[start:]))
-		if err := lr.send(ctx, b.recs[start:end], b.accepted[start:end]); err != nil {
+		body, n := lr.pack(nil, b.recs[start:], false)
+		end := start + max(1, n)
+		if err := lr.send(ctx, b.recs[start:end], b.accepted[start:end], body); err != nil {
 			return err
 		}
 		start = end
@@ -474,10 +497,11 @@ func (lr *laneRun) deliver(ctx context.Context, b *batch) error {
 	return nil
 }
 
-// send delivers recs (accepted at accepted: one request, split or thinned
-// as the kind classifies the answers) until each is delivered or dead. It
-// returns an error only when ctx ends, the spool closes or the lane stops.
-func (lr *laneRun) send(ctx context.Context, recs []spool.Record, accepted []time.Time) error {
+// send delivers recs (accepted at accepted: one request, its body packed
+// or nil, split or thinned as the kind classifies the answers) until each
+// is delivered or dead. It returns an error only when ctx ends, the spool
+// closes or the lane stops.
+func (lr *laneRun) send(ctx context.Context, recs []spool.Record, accepted []time.Time, body []byte) error {
 	cfg := &lr.d.cfg
 	m := &lr.d.m
 	var lastAnswer []byte // of the last retryable answer, for expired dead letters
@@ -495,6 +519,7 @@ func (lr *laneRun) send(ctx context.Context, recs []spool.Record, accepted []tim
 			if recs, accepted, err = lr.dropDead(ctx, recs, accepted, reasons, lastAnswer); err != nil {
 				return err
 			}
+			body = nil
 			continue
 		}
 		if err := lr.st.Wait(ctx); err != nil {
@@ -508,10 +533,13 @@ func (lr *laneRun) send(ctx context.Context, recs []spool.Record, accepted []tim
 			}
 			release = r
 		}
+		if body == nil {
+			body, _ = lr.pack(nil, recs, true)
+		}
 		res := lr.d.client.Do(ctx, &upstream.Request{
 			URL:         cfg.URL(lr.key.APIKey),
-			ContentType: cfg.Kind.ContentType(),
-			Body:        cfg.Kind.Body(nil, lr.key, recs),
+			ContentType: lr.frame.ContentType,
+			Body:        body,
 			Gzip:        cfg.Gzip,
 			Kind:        cfg.Name,
 		})
@@ -527,16 +555,17 @@ func (lr *laneRun) send(ctx context.Context, recs []spool.Record, accepted []tim
 			if recs, accepted, err = lr.dropDead(ctx, recs, accepted, v.Dead, res.Answer); err != nil {
 				return err
 			}
+			body = nil
 		case Split:
 			if len(recs) == 1 {
 				_, _, err := lr.dropDead(ctx, recs, accepted, map[int]string{0: v.Reason}, res.Answer)
 				return err
 			}
 			h := len(recs) / 2
-			if err := lr.send(ctx, recs[:h], accepted[:h]); err != nil {
+			if err := lr.send(ctx, recs[:h], accepted[:h], nil); err != nil {
 				return err
 			}
-			recs, accepted = recs[h:], accepted[h:]
+			recs, accepted, body = recs[h:], accepted[h:], nil
 		case Stop:
 			if lr.st.Stop(v.Reason) {
 				lr.d.log.Error(cfg.Name+": lane stopped until resumed or restarted; its records stay in the spool",
@@ -644,7 +673,7 @@ func (fl *formFleet) Run(ctx context.Context) error {
 			Idle:      formIdle,
 			Log:       d.log,
 			Start: func(f *Feed) FeedRunner {
-				lr := &laneRun{d: d, src: f, key: f.Lane(), id: fl.nextID.Add(1),
+				lr := &laneRun{d: d, src: f, key: f.Lane(), frame: d.cfg.Kind.Frame(f.Lane()), id: fl.nextID.Add(1),
 					label: f.Lane().Label() + "-" + name, bo: NewRetry(d.cfg.RetryInitial, d.cfg.RetryMax)}
 				fl.runs.Add(lr.id, lr)
 				forget := func() { fl.runs.Remove(lr.id, lr) }

@@ -11,9 +11,6 @@ import (
 
 func TestEscape(t *testing.T) {
 	for _, s := range []string{"", "abc", `{"a":"b c"}`, "ü€\x00\xff", "-_.~+%&=", strings.Repeat("[,]", 10)} {
-		if got, want := escLen([]byte(s)), len(url.QueryEscape(s)); got != want {
-			t.Errorf("escLen(%q) = %d, want %d", s, got, want)
-		}
 		if got, want := string(appendEscaped(nil, []byte(s))), url.QueryEscape(s); got != want {
 			t.Errorf("appendEscaped(%q) = %q, want %q", s, got, want)
 		}
@@ -27,14 +24,23 @@ func FuzzEscape(f *testing.F) {
 		if got := string(appendEscaped(nil, b)); got != want {
 			t.Fatalf("appendEscaped = %q, want %q", got, want)
 		}
-		if escLen(b) != len(want) {
-			t.Fatalf("escLen = %d, want %d", escLen(b), len(want))
-		}
 	})
 }
 
-// TestPack: requests fill up to each limit and never pass it; the body
-// built is exactly what Pack counted, and it decodes to the records.
+// packAll packs recs as a form lane's runner does (laneRun.pack): each
+// request as full as the frame lets it be.
+func packAll(f *Frame, recs []spool.Record) (bodies []string, counts []int) {
+	lr := &laneRun{frame: *f}
+	for start := 0; start < len(recs); {
+		body, n := lr.pack(nil, recs[start:], false)
+		bodies, counts = append(bodies, string(body)), append(counts, n)
+		start += n
+	}
+	return bodies, counts
+}
+
+// TestPack: a Form's requests fill up to each limit and never pass it, and
+// each body decodes to its records.
 func TestPack(t *testing.T) {
 	weight := func(b []byte) int { return len(b) % 7 }
 	var recs []spool.Record
@@ -54,29 +60,26 @@ func TestPack(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			f := &Form{MaxItems: tc.maxItems, MaxBodyBytes: tc.maxBody, MaxWeight: tc.maxWeigh, Weight: weight, Field: "mapping"}
-			for start := 0; start < len(recs); {
-				n := f.Pack(key, recs[start:])
-				if n <= 0 {
-					t.Fatalf("no progress at %d", start)
-				}
-				end := start + n
-				body := f.Body(nil, key, recs[start:end])
+			f := (&Form{MaxItems: tc.maxItems, MaxBodyBytes: tc.maxBody, MaxWeight: tc.maxWeigh, Weight: weight, Field: "mapping"}).Frame(key)
+			bodies, counts := packAll(&f, recs)
+			start := 0
+			for i, body := range bodies {
+				n, end := counts[i], start+counts[i]
 				w := 0
 				for _, r := range recs[start:end] {
 					w += weight(r.Data)
 				}
-				if n > 1 && (n > tc.maxItems || len(body) >= tc.maxBody || (tc.maxWeigh > 0 && w > tc.maxWeigh)) {
+				if n < 1 || (n > 1 && (n > tc.maxItems || len(body) >= tc.maxBody || (tc.maxWeigh > 0 && w > tc.maxWeigh))) {
 					t.Fatalf("request [%d,%d): %d items, %d bytes, weight %d", start, end, n, len(body), w)
 				}
 				if end < len(recs) && n < tc.maxItems {
 					// the next record must not have fitted
-					more := f.Body(nil, key, recs[start:end+1])
-					if len(more) < tc.maxBody && (tc.maxWeigh == 0 || w+weight(recs[end].Data) <= tc.maxWeigh) {
-						t.Fatalf("request [%d,%d) stopped early (%d bytes with the next)", start, end, len(more))
+					more, _ := packAll(&f, recs[start:end+1])
+					if len(more) == 1 {
+						t.Fatalf("request [%d,%d) stopped early (%q with the next)", start, end, more[0])
 					}
 				}
-				v, err := url.ParseQuery(string(body))
+				v, err := url.ParseQuery(body)
 				if err != nil || v.Get("api_key") != "k y" {
 					t.Fatalf("body %q: %v", body, err)
 				}
@@ -89,15 +92,35 @@ func TestPack(t *testing.T) {
 				}
 				start = end
 			}
+			if start != len(recs) {
+				t.Fatalf("packed %d of %d", start, len(recs))
+			}
 		})
 	}
 }
 
-func TestBodyOverhead(t *testing.T) {
-	f := &Form{Field: "identification"}
-	body := f.Body(nil, spool.LaneKey{APIKey: "k&=y"}, []spool.Record{{Data: []byte("{}")}})
-	if got := BodyOverhead("k&=y", "identification") + 6; got != len(body) {
-		t.Fatalf("BodyOverhead+record = %d, body %d", got, len(body))
+// A Form's bodies byte for byte (what Form.Pack and Form.Body produced
+// before the Frame, issue 21), and TooLarge at its boundary.
+func TestFormFrame(t *testing.T) {
+	f := (&Form{Field: "mapping", MaxItems: 2, MaxBodyBytes: 1 << 20}).Frame(spool.LaneKey{APIKey: "k y&=é"})
+	recs := []spool.Record{{Data: []byte(`{"user_id":"a b","global_user_id":"ü~-_.*"}`)}, {Data: []byte(`{"x":[1,2],"y":"%2C+"}`)}, {Data: []byte(`{}`)}}
+	bodies, _ := packAll(&f, recs)
+	want := []string{
+		"api_key=k+y%26%3D%C3%A9&mapping=%5B%7B%22user_id%22%3A%22a+b%22%2C%22global_user_id%22%3A%22%C3%BC~-_.%2A%22%7D%2C%7B%22x%22%3A%5B1%2C2%5D%2C%22y%22%3A%22%252C%2B%22%7D%5D",
+		"api_key=k+y%26%3D%C3%A9&mapping=%5B%7B%7D%5D",
+	}
+	if strings.Join(bodies, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("bodies\n%s\nwant\n%s", strings.Join(bodies, "\n"), strings.Join(want, "\n"))
+	}
+	if f.ContentType != "application/x-www-form-urlencoded" {
+		t.Fatal(f.ContentType)
+	}
+	// "api_key=k&mapping=%5B%7B%7D%5D" is 30 bytes: too large at 30, not at 31.
+	for max, want := range map[int]bool{30: true, 31: false} {
+		f := (&Form{Field: "mapping", MaxItems: 1, MaxBodyBytes: max}).Frame(spool.LaneKey{APIKey: "k"})
+		if rec, _ := f.Record(nil, []byte("{}")); f.TooLarge(rec) != want {
+			t.Errorf("MaxBodyBytes %d: TooLarge %v", max, !want)
+		}
 	}
 }
 

@@ -93,23 +93,91 @@ func Classify(res *upstream.Result, n int) Verdict {
 	}
 }
 
-// Kind is what a lane kind plugs into a lane runner (FormLanes): how records
-// are packed into a request, and what an answer means for them. The runner
-// owns the rest: reading, lingering, pacing, retries, max age, dead
-// letters, stop/resume and acknowledgements.
+// Kind is what a lane kind plugs into a lane runner: how its records are
+// packed into a request (the lane's Frame) and what an answer means for
+// them. The runner owns the rest: reading, batching, pacing, retries, max
+// age, dead letters, stop/resume and acknowledgements. Form (group
+// identify, user mappings: run by FormLanes) and internal/batcher's events
+// kind (run by its shards) implement it.
 type Kind interface {
-	// Pack returns how many of recs, from the first and at least one, go
-	// into the next request of the lane with key.
-	Pack(key spool.LaneKey, recs []spool.Record) int
-	// Body appends to dst the body of the request carrying recs (as Pack
-	// counted them) and returns it.
-	Body(dst []byte, key spool.LaneKey, recs []spool.Record) []byte
-	// ContentType is the Content-Type of the bodies.
-	ContentType() string
+	// Frame returns how the requests of the lane with key are packed; a
+	// runner asks once per lane.
+	Frame(key spool.LaneKey) Frame
 	// Classify says what res, the answer to a request of n records, means
 	// for them.
 	Classify(res *upstream.Result, n int) Verdict
 }
+
+// Frame is how one lane's requests are packed: the bytes around and
+// between the records, how a record is written, and the limits of one
+// request. Runners pack with its methods, one record at a time (Open; per
+// record Record, Fits, Add; Close), so a runner that takes records from
+// its own queues (pauses, pacing) copies nothing; it is a plain value and
+// its methods inline, so the events' loop calls no interface.
+type Frame struct {
+	// ContentType of the bodies; "" means application/json.
+	ContentType string
+	// Prefix and Suffix enclose the records; Sep goes between two.
+	Prefix, Suffix, Sep string
+	// Encode appends data as a request carries it to dst and returns it
+	// with its weight; nil means as it is, weight 0.
+	Encode func(dst, data []byte) ([]byte, int)
+	// MaxRecords bounds the records of a request.
+	MaxRecords int
+	// MaxBytes: a body is strictly shorter (uncompressed).
+	MaxBytes int
+	// MaxWeight bounds the summed weight of a request; zero means no bound.
+	MaxWeight int
+}
+
+// Packing is a request body being packed by a Frame.
+type Packing struct {
+	// Body is the Prefix and the records added so far.
+	Body []byte
+	// N is the number of records added.
+	N      int
+	weight int
+}
+
+// Open starts a body in dst's memory.
+func (f *Frame) Open(dst []byte) Packing { return Packing{Body: append(dst[:0], f.Prefix...)} }
+
+// Record returns data as a request carries it (Encode's, in dst's memory)
+// and its weight: what Fits, Add and TooLarge take.
+func (f *Frame) Record(dst, data []byte) ([]byte, int) {
+	if f.Encode == nil {
+		return data, 0
+	}
+	return f.Encode(dst, data)
+}
+
+// Fits reports whether the record rec of weight w may be added to p within
+// the limits. The first record always fits (a request carries at least
+// one; see TooLarge).
+func (f *Frame) Fits(p *Packing, rec []byte, w int) bool {
+	return p.N == 0 || p.N < f.MaxRecords && len(p.Body)+len(f.Sep)+len(rec)+len(f.Suffix) < f.MaxBytes &&
+		(f.MaxWeight == 0 || p.weight+w <= f.MaxWeight)
+}
+
+// Add appends the record rec of weight w to p (after Sep unless it is the
+// first).
+func (f *Frame) Add(p *Packing, rec []byte, w int) {
+	if p.N > 0 && len(f.Sep) == 1 {
+		p.Body = append(p.Body, f.Sep[0]) // JSON's ',' without a copy call
+	} else if p.N > 0 {
+		p.Body = append(p.Body, f.Sep...)
+	}
+	p.Body = append(p.Body, rec...)
+	p.weight += w
+	p.N++
+}
+
+// Close appends the Suffix and returns the body.
+func (f *Frame) Close(p *Packing) []byte { return append(p.Body, f.Suffix...) }
+
+// TooLarge reports whether a body of the record rec alone would reach
+// MaxBytes.
+func (f *Frame) TooLarge(rec []byte) bool { return len(f.Prefix)+len(rec)+len(f.Suffix) >= f.MaxBytes }
 
 // Form is the Kind of an upstream form endpoint that takes
 // "api_key=K&<Field>=[record,record,...]": group identify and user
@@ -145,47 +213,20 @@ func (f *Form) Validate() error {
 	return nil
 }
 
-// Pack fills a request up to each limit (at least one record).
-func (f *Form) Pack(key spool.LaneKey, recs []spool.Record) int {
-	size := BodyOverhead(key.APIKey, f.Field) // with %5B ... %5D
-	weight := 0
-	i := 0
-	for ; i < len(recs) && i < f.MaxItems; i++ {
-		add := escLen(recs[i].Data)
-		if i > 0 {
-			add += 3 // %2C
-		}
-		w := 0
-		if f.Weight != nil {
-			w = f.Weight(recs[i].Data)
-		}
-		if i > 0 && (size+add >= f.MaxBodyBytes || (f.MaxWeight > 0 && weight+w > f.MaxWeight)) {
-			break
-		}
-		size += add
-		weight += w
-	}
-	return i
+// Frame: "api_key=K&<Field>=%5B" records escaped and separated by "%2C"
+// "%5D", form-encoded; the limits and a record's weight are the Form's.
+func (f *Form) Frame(key spool.LaneKey) Frame {
+	return Frame{ContentType: "application/x-www-form-urlencoded",
+		Prefix: "api_key=" + url.QueryEscape(key.APIKey) + "&" + url.QueryEscape(f.Field) + "=%5B", Suffix: "%5D", Sep: "%2C",
+		Encode: func(dst, data []byte) ([]byte, int) {
+			w := 0
+			if f.Weight != nil {
+				w = f.Weight(data)
+			}
+			return appendEscaped(dst[:0], data), w
+		},
+		MaxRecords: f.MaxItems, MaxBytes: f.MaxBodyBytes, MaxWeight: f.MaxWeight}
 }
-
-// Body appends "api_key=K&<Field>=[recs...]", form-encoded.
-func (f *Form) Body(dst []byte, key spool.LaneKey, recs []spool.Record) []byte {
-	dst = append(dst, "api_key="...)
-	dst = appendEscaped(dst, []byte(key.APIKey))
-	dst = append(dst, '&')
-	dst = appendEscaped(dst, []byte(f.Field))
-	dst = append(dst, "=%5B"...)
-	for i := range recs {
-		if i > 0 {
-			dst = append(dst, "%2C"...)
-		}
-		dst = appendEscaped(dst, recs[i].Data)
-	}
-	return append(dst, "%5D"...)
-}
-
-// ContentType is application/x-www-form-urlencoded.
-func (f *Form) ContentType() string { return "application/x-www-form-urlencoded" }
 
 // Classify is the shared Classify, except that a form endpoint's silenced
 // answer is a 400 like any other (Split) and a 429 waits (no per-key
@@ -209,21 +250,6 @@ func shouldEscape(c byte) bool {
 	return true
 }
 
-// EscapedLen is the length of url.QueryEscape(string(b)).
-func EscapedLen(b []byte) int { return escLen(b) }
-
-func escLen(b []byte) int {
-	n := 0
-	for _, c := range b {
-		if shouldEscape(c) && c != ' ' {
-			n += 3
-		} else {
-			n++
-		}
-	}
-	return n
-}
-
 func appendEscaped(dst, b []byte) []byte {
 	const hex = "0123456789ABCDEF"
 	for _, c := range b {
@@ -237,10 +263,4 @@ func appendEscaped(dst, b []byte) []byte {
 		}
 	}
 	return dst
-}
-
-// BodyOverhead is the size of a form body holding one record besides the
-// record's escaped bytes: "api_key=<escaped key>&<field>=%5B...%5D".
-func BodyOverhead(apiKey, field string) int {
-	return len("api_key=") + len(url.QueryEscape(apiKey)) + 1 + len(url.QueryEscape(field)) + 1 + 6
 }

@@ -95,3 +95,90 @@ func TestKindVerdict(t *testing.T) {
 		t.Fatalf("dead letters %+v (%v), want v1 alone, reason named", dead, err)
 	}
 }
+
+// firstKind is a Form whose first answer is replaced by first's verdict.
+type firstKind struct {
+	Form
+	first    func(n int) Verdict
+	answered atomic.Int32
+}
+
+func (k *firstKind) Classify(res *upstream.Result, n int) Verdict {
+	if k.answered.Add(1) == 1 {
+		return k.first(n)
+	}
+	return k.Form.Classify(res, n)
+}
+
+// A request sent again after a wait leaves out the records that expired
+// meanwhile (their body is packed again): the older chunk's record is a
+// dead letter, the younger one is resent alone.
+func TestResendWithoutExpired(t *testing.T) {
+	s, url, cli := startUpstream(t)
+	sp := openSpool(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	l, err := sp.Lane(ctx, spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var appended [2]time.Time // after each append
+	for i := range 2 {
+		var b spool.Batch
+		b.Add(spool.Record{OrderKey: []byte("org"), Data: fmt.Appendf(nil, `{"group_type":"org","group_value":"v%d"}`, i)})
+		if err := sp.Append(ctx, l, &b); err != nil {
+			t.Fatal(err)
+		}
+		appended[i] = time.Now()
+		time.Sleep(5 * time.Millisecond) // the second chunk is accepted later
+	}
+	const maxAge = time.Hour
+	var clock atomic.Int64 // unix nanos; 0: the real time
+	firstN := make(chan int, 1)
+	k := &firstKind{Form: Form{Field: "identification", MaxItems: 1024, MaxBodyBytes: 1 << 20}, first: func(n int) Verdict {
+		firstN <- n
+		clock.Store(appended[0].Add(maxAge).UnixNano()) // v0 has expired, v1 not
+		return Verdict{Outcome: Wait}
+	}}
+	d, err := NewFormLanes(FormConfig{Name: "groupidentify", Lanes: spool.KindGroupIdentify, Kind: k,
+		URL: func(string) string { return url + "/groupidentify" }, Store: storage.NewLocal(sp, nil),
+		FormTiming: FormTiming{Linger: -1, MaxAge: maxAge, RetryInitial: time.Millisecond, RetryMax: time.Millisecond},
+		Now: func() time.Time {
+			if c := clock.Load(); c != 0 {
+				return time.Unix(0, c)
+			}
+			return time.Now()
+		}}, cli, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		sp.Close()
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for l.Stats().Records != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("not acknowledged within 10s (%d records left)", l.Stats().Records)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := <-firstN; n != 2 {
+		t.Fatalf("first request of %d records, want both chunks'", n)
+	}
+	var got []string
+	for _, g := range s.GroupIdentifies("k") {
+		got = append(got, g.GroupValue)
+	}
+	// The first request reached the upstream (its answer was taken for a
+	// wait), then v1 alone.
+	if want := []string{"v0", "v1", "v1"}; !slices.Equal(got, want) {
+		t.Fatalf("upstream got %v, want %v", got, want)
+	}
+	dead, err := sp.ListDead(spool.DeadFilter{}, 0, 0)
+	if err != nil || len(dead) != 1 || dead[0].Reason != ReasonExpired || string(dead[0].Record.Data) != `{"group_type":"org","group_value":"v0"}` {
+		t.Fatalf("dead letters %+v (%v), want v0 alone, expired", dead, err)
+	}
+}

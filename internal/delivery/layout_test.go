@@ -2,8 +2,12 @@ package delivery
 
 import (
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"maps"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -15,6 +19,40 @@ const module = "github.com/svcrelay/relay/"
 type listed struct {
 	Path, Name string
 	Imports    []string
+	// Kind: its non-test files declare a delivery.Kind (var _ delivery.Kind
+	// = ..., which the compiler checks) or build a delivery.Form.
+	Kind bool
+}
+
+// declaresKind reports whether the files in dir declare a delivery.Kind or
+// build a delivery.Form (listed.Kind).
+func declaresKind(t *testing.T, dir string, files []string) bool {
+	t.Helper()
+	is := func(e ast.Expr, name string) bool {
+		sel, ok := e.(*ast.SelectorExpr)
+		if !ok {
+			return false
+		}
+		x, ok := sel.X.(*ast.Ident)
+		return ok && x.Name == "delivery" && sel.Sel.Name == name
+	}
+	found := false
+	for _, name := range files {
+		f, err := parser.ParseFile(token.NewFileSet(), filepath.Join(dir, name), nil, parser.SkipObjectResolution)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.ValueSpec:
+				found = found || is(n.Type, "Kind")
+			case *ast.CompositeLit:
+				found = found || is(n.Type, "Form")
+			}
+			return !found
+		})
+	}
+	return found
 }
 
 // testKit reports whether p is a test kit: a package x/xtest (simtest,
@@ -32,7 +70,8 @@ func (p listed) testKit() bool {
 //   - the relay binary depends on no test kit;
 //   - one delivery engine: internal/delivery is the only package named for
 //     delivering; every lane kind (batcher, groupidentify, usermap) imports
-//     it and none imports another kind.
+//     it, plugs a delivery.Kind into it (listed.Kind) and none imports
+//     another kind.
 func layoutProblems(pkgs, binary []listed) []string {
 	var out []string
 	top := func(path string) (string, bool) { // "internal/a/b" -> "a", nested
@@ -79,6 +118,9 @@ func layoutProblems(pkgs, binary []listed) []string {
 		if !slices.Contains(p.Imports, engine) {
 			out = append(out, fmt.Sprintf("lane kind %s does not use internal/delivery", k))
 		}
+		if !p.Kind {
+			out = append(out, fmt.Sprintf("lane kind %s declares no delivery.Kind", k))
+		}
 		for _, other := range kinds {
 			for _, imp := range p.Imports {
 				if other != k && (imp == other || strings.HasPrefix(imp, other+"/")) {
@@ -96,16 +138,17 @@ func goList(t *testing.T, args ...string) []listed {
 	if err != nil {
 		t.Skip("no go command")
 	}
-	args = append([]string{"list", "-f", `{{.ImportPath}} {{.Name}} {{join .Imports " "}}`}, args...)
+	args = append([]string{"list", "-f", "{{.ImportPath}}\t{{.Name}}\t{{.Dir}}\t{{join .GoFiles \" \"}}\t{{join .Imports \" \"}}"}, args...)
 	out, err := exec.Command(goBin, args...).Output()
 	if err != nil {
 		t.Fatalf("go %s: %v", strings.Join(args, " "), err)
 	}
 	var pkgs []listed
 	for line := range strings.Lines(string(out)) {
-		f := strings.Fields(line)
-		if len(f) >= 2 {
-			pkgs = append(pkgs, listed{Path: f[0], Name: f[1], Imports: f[2:]})
+		f := strings.Split(strings.TrimSuffix(line, "\n"), "\t")
+		if len(f) == 5 {
+			pkgs = append(pkgs, listed{Path: f[0], Name: f[1], Imports: strings.Fields(f[4]),
+				Kind: declaresKind(t, f[2], strings.Fields(f[3]))})
 		}
 	}
 	return pkgs
@@ -135,7 +178,7 @@ func TestLayoutProblems(t *testing.T) {
 		for i := range imports {
 			imports[i] = module + imports[i]
 		}
-		return listed{Path: module + path, Name: path[strings.LastIndex(path, "/")+1:], Imports: imports}
+		return listed{Path: module + path, Name: path[strings.LastIndex(path, "/")+1:], Imports: imports, Kind: true}
 	}
 	good := []listed{
 		pkg("internal/delivery", "internal/spool"),
@@ -163,6 +206,7 @@ func TestLayoutProblems(t *testing.T) {
 		// A product package on a test kit, and a kind on another kind.
 		pkg("internal/ingest", "internal/formreq/formreqtest"),
 		pkg("internal/batcher", "internal/delivery", "internal/usermap"),
+		{Path: module + "internal/groupidentify", Name: "groupidentify", Imports: []string{module + "internal/delivery"}},
 	} {
 		bad[p.Path] = p
 	}
@@ -173,6 +217,7 @@ func TestLayoutProblems(t *testing.T) {
 		"internal/groupidentify/lanedeliver: a second delivery package",
 		"lane kind " + module + "internal/usermap does not use internal/delivery",
 		"lane kind " + module + "internal/batcher imports the lane kind " + module + "internal/usermap",
+		"lane kind " + module + "internal/groupidentify declares no delivery.Kind",
 		"the relay binary depends on the test kit " + module + "internal/simtest",
 	} {
 		if !strings.Contains(got, want) {

@@ -57,7 +57,7 @@ func Parse(apiKey string, identification []byte, maxIdentifies, maxProperties, m
 	if len(raws) > maxIdentifies {
 		return nil, formreq.Bad("too_many_identifies", "identification: %d group identifies; at most %d per request", len(raws), maxIdentifies)
 	}
-	overhead := delivery.BodyOverhead(apiKey, "identification")
+	frame := (&delivery.Form{Field: "identification", MaxBodyBytes: maxBodyBytes}).Frame(spool.LaneKey{APIKey: apiKey})
 	out := make([]Identification, 0, len(raws))
 	total := 0
 	for i, raw := range raws {
@@ -74,7 +74,7 @@ func Parse(apiKey string, identification []byte, maxIdentifies, maxProperties, m
 		if total > maxProperties {
 			return nil, formreq.Bad("too_many_properties", "identification: more than %d group properties in one request (at identification[%d])", maxProperties, i)
 		}
-		if overhead+delivery.EscapedLen(id.Data) >= maxBodyBytes {
+		if rec, _ := frame.Record(nil, id.Data); frame.TooLarge(rec) { // escaped, as sent
 			return nil, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
 				Msg: fmt.Sprintf("identification[%d]: too large for one upstream request (1 MB)", i)}
 		}

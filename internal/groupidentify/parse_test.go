@@ -3,6 +3,7 @@ package groupidentify
 import (
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -92,6 +93,23 @@ func BenchmarkParse100(b *testing.B) {
 	for b.Loop() {
 		if _, err := Parse("key", in, MaxIdentifies, MaxProperties, MaxBodyBytes); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// An identification is refused as too large exactly when the form body
+// carrying it alone would reach MaxBodyBytes, measured escaped as it is
+// sent.
+func TestParseTooLarge(t *testing.T) {
+	const key = "k y"
+	for _, n := range []int{0, 1, 7, 40} {
+		in := `{"group_type":"t","group_value":"` + strings.Repeat(`\"`, n) + `v","group_properties":{"a":1}}`
+		body := "api_key=" + url.QueryEscape(key) + "&identification=" + url.QueryEscape("["+in+"]")
+		for _, max := range []int{len(body), len(body) + 1} {
+			_, err := Parse(key, []byte(in), MaxIdentifies, MaxProperties, max)
+			if tooLarge := err != nil && err.Reason == "too_large"; tooLarge != (len(body) >= max) || (err != nil && !tooLarge) {
+				t.Errorf("%d quotes, body %d bytes, MaxBodyBytes %d: %v", n, len(body), max, err)
+			}
 		}
 	}
 }

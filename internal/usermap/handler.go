@@ -54,7 +54,7 @@ func ParseMappings(apiKey string, mapping []byte, maxMappings, maxBodyBytes int)
 	if len(raws) > maxMappings {
 		return nil, formreq.Bad("too_many_mappings", "mapping: %d mappings; at most %d per request", len(raws), maxMappings)
 	}
-	overhead := delivery.BodyOverhead(apiKey, "mapping")
+	frame := (&delivery.Form{Field: "mapping", MaxBodyBytes: maxBodyBytes}).Frame(spool.LaneKey{APIKey: apiKey})
 	out := make([]Mapping, 0, len(raws))
 	for i, raw := range raws {
 		m, err := parseOne(raw)
@@ -62,7 +62,7 @@ func ParseMappings(apiKey string, mapping []byte, maxMappings, maxBodyBytes int)
 			err.Msg = fmt.Sprintf("mapping[%d]%s", i, err.Msg)
 			return nil, err
 		}
-		if overhead+delivery.EscapedLen(m.Data) >= maxBodyBytes {
+		if rec, _ := frame.Record(nil, m.Data); frame.TooLarge(rec) { // escaped, as sent
 			return nil, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
 				Msg: fmt.Sprintf("mapping[%d]: too large for one upstream request (1 MB)", i)}
 		}

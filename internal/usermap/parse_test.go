@@ -3,6 +3,7 @@ package usermap
 import (
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"strings"
 	"testing"
 )
@@ -89,6 +90,22 @@ func BenchmarkParseMappings2000(b *testing.B) {
 	for b.Loop() {
 		if _, err := ParseMappings("key", in, MaxMappings, MaxBodyBytes); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// A mapping is refused as too large exactly when the form body carrying it
+// alone would reach MaxBodyBytes, measured escaped as it is sent.
+func TestParseMappingsTooLarge(t *testing.T) {
+	const key = "k y"
+	for _, n := range []int{0, 1, 7, 40} {
+		in := `{"user_id":"` + strings.Repeat(`\"`, n) + `u","global_user_id":"g"}`
+		body := "api_key=" + url.QueryEscape(key) + "&mapping=" + url.QueryEscape("["+in+"]")
+		for _, max := range []int{len(body), len(body) + 1} {
+			_, err := ParseMappings(key, []byte(in), MaxMappings, max)
+			if tooLarge := err != nil && err.Reason == "too_large"; tooLarge != (len(body) >= max) || (err != nil && !tooLarge) {
+				t.Errorf("%d quotes, body %d bytes, MaxBodyBytes %d: %v", n, len(body), max, err)
+			}
 		}
 	}
 }
