@@ -28,13 +28,7 @@ func TestRetiredLanesForgotten(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		sp.Close()
-	})
+	runForms(t, ctx, cancel, d, sp)
 	// laneGoroutines counts the goroutines running a lane (laneRun.Run): the
 	// whole process's count also holds the upstream client's connections,
 	// which vary with the machine's speed.

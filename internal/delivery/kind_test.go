@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
@@ -58,7 +59,6 @@ func TestKindVerdict(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
 	l, err := sp.Lane(ctx, spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: "k"})
 	if err != nil {
 		t.Fatal(err)
@@ -70,19 +70,8 @@ func TestKindVerdict(t *testing.T) {
 	if err := sp.Append(ctx, l, &b); err != nil {
 		t.Fatal(err)
 	}
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		sp.Close()
-	})
-	deadline := time.Now().Add(10 * time.Second)
-	for l.Stats().Records != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("not acknowledged within 10s (%d records left)", l.Stats().Records)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	runForms(t, ctx, cancel, d, sp)
+	poll.Until(t, "the lane acknowledged", func() bool { return l.Stats().Records == 0 })
 	var got []string
 	for _, g := range s.GroupIdentifies("k") {
 		got = append(got, g.GroupValue)
@@ -151,20 +140,8 @@ func TestResendWithoutExpired(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		sp.Close()
-	})
-	deadline := time.Now().Add(10 * time.Second)
-	for l.Stats().Records != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("not acknowledged within 10s (%d records left)", l.Stats().Records)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	runForms(t, ctx, cancel, d, sp)
+	poll.Until(t, "the lane acknowledged", func() bool { return l.Stats().Records == 0 })
 	if n := <-firstN; n != 2 {
 		t.Fatalf("first request of %d records, want both chunks'", n)
 	}
@@ -181,4 +158,17 @@ func TestResendWithoutExpired(t *testing.T) {
 	if err != nil || len(dead) != 1 || dead[0].Reason != ReasonExpired || string(dead[0].Record.Data) != `{"group_type":"org","group_value":"v0"}` {
 		t.Fatalf("dead letters %+v (%v), want v0 alone, expired", dead, err)
 	}
+}
+
+// runForms runs d until the test ends, then cancels ctx, waits for Run to
+// return and closes sp.
+func runForms(t *testing.T, ctx context.Context, cancel context.CancelFunc, d *FormLanes, sp *spool.Spool) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		sp.Close()
+	})
 }
