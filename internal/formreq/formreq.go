@@ -1,6 +1,7 @@
 package formreq
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -62,6 +63,52 @@ func (e *ValidationError) Error() string { return e.Msg }
 // Bad returns a 400 ValidationError with reason and a formatted message.
 func Bad(reason, format string, args ...any) *ValidationError {
 	return &ValidationError{Status: http.StatusBadRequest, Msg: fmt.Sprintf(format, args...), Reason: reason}
+}
+
+// Items parses the form field name holding one JSON object or a JSON array
+// of objects (group identify's identification, usermap's mapping) and
+// returns its items: at least one, at most max. A refusal is a 400 naming
+// the field: missing_field (missing, empty, an empty array), invalid_json,
+// or tooMany (the count of noun and the bound).
+func Items(name string, v []byte, max int, tooMany, noun string) ([]json.RawMessage, *ValidationError) {
+	v = bytes.TrimSpace(v)
+	if len(v) == 0 {
+		return nil, Bad("missing_field", "%s: missing or empty", name)
+	}
+	var raws []json.RawMessage
+	switch v[0] {
+	case '[':
+		if err := json.Unmarshal(v, &raws); err != nil {
+			return nil, Bad("invalid_json", "%s: invalid JSON array of objects: %s", name, jsonErr(err))
+		}
+	case '{':
+		if !json.Valid(v) {
+			return nil, Bad("invalid_json", "%s: invalid JSON object", name)
+		}
+		raws = []json.RawMessage{v}
+	default:
+		return nil, Bad("invalid_json", "%s: must be a JSON array of objects (or one object)", name)
+	}
+	if len(raws) == 0 {
+		return nil, Bad("missing_field", "%s: empty array", name)
+	}
+	if len(raws) > max {
+		return nil, Bad(tooMany, "%s: %d %s; at most %d per request", name, len(raws), noun, max)
+	}
+	return raws, nil
+}
+
+// jsonErr says where a JSON array did not parse, without echoing it.
+func jsonErr(err error) string {
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return fmt.Sprintf("syntax error at byte %d", se.Offset)
+	}
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		return fmt.Sprintf("an element is %s, not an object", te.Value)
+	}
+	return "malformed"
 }
 
 // WriteError answers {"code":status,"error":msg}.

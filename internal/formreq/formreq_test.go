@@ -91,3 +91,34 @@ func TestReadForm(t *testing.T) {
 		t.Errorf("a JSON body parsed as a form: %v", f.Post)
 	}
 }
+
+func TestItems(t *testing.T) {
+	tests := []struct {
+		in      string
+		n       int    // items, when accepted
+		reason  string // when refused
+		message string
+	}{
+		{` {"a":1} `, 1, "", ""},
+		{`[{"a":1},{"b":2}]`, 2, "", ""},
+		{"  ", 0, "missing_field", "mapping: missing or empty"},
+		{"[]", 0, "missing_field", "mapping: empty array"},
+		{"[1]", 1, "", ""}, // an item that is no object is the kind's to refuse (parseOne)
+		{"[{]", 0, "invalid_json", "mapping: invalid JSON array of objects: syntax error at byte 3"},
+		{"{", 0, "invalid_json", "mapping: invalid JSON object"},
+		{`"x"`, 0, "invalid_json", "mapping: must be a JSON array of objects (or one object)"},
+		{`[{},{},{}]`, 0, "too_many", "mapping: 3 mappings; at most 2 per request"},
+	}
+	for _, tt := range tests {
+		raws, err := Items("mapping", []byte(tt.in), 2, "too_many", "mappings")
+		if tt.reason == "" {
+			if err != nil || len(raws) != tt.n {
+				t.Errorf("Items(%q) = %d items, %v; want %d", tt.in, len(raws), err, tt.n)
+			}
+			continue
+		}
+		if err == nil || err.Status != 400 || err.Reason != tt.reason || err.Msg != tt.message {
+			t.Errorf("Items(%q) = %+v, want 400 %s %q", tt.in, err, tt.reason, tt.message)
+		}
+	}
+}

@@ -3,7 +3,6 @@ package groupidentify
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -33,29 +32,9 @@ type ValidationError = formreq.ValidationError
 // one object) against the limits and returns the identifications. apiKey
 // is only used to check that each identification fits an upstream request.
 func Parse(apiKey string, identification []byte, maxIdentifies, maxProperties, maxBodyBytes int) ([]Identification, *ValidationError) {
-	v := bytes.TrimSpace(identification)
-	if len(v) == 0 {
-		return nil, formreq.Bad("missing_field", "identification: missing or empty")
-	}
-	var raws []json.RawMessage
-	switch v[0] {
-	case '[':
-		if err := json.Unmarshal(v, &raws); err != nil {
-			return nil, formreq.Bad("invalid_json", "identification: invalid JSON array of objects: %s", jsonErr(err))
-		}
-	case '{':
-		if !json.Valid(v) {
-			return nil, formreq.Bad("invalid_json", "identification: invalid JSON object")
-		}
-		raws = []json.RawMessage{v}
-	default:
-		return nil, formreq.Bad("invalid_json", "identification: must be a JSON array of objects (or one object)")
-	}
-	if len(raws) == 0 {
-		return nil, formreq.Bad("missing_field", "identification: empty array")
-	}
-	if len(raws) > maxIdentifies {
-		return nil, formreq.Bad("too_many_identifies", "identification: %d group identifies; at most %d per request", len(raws), maxIdentifies)
+	raws, verr := formreq.Items("identification", identification, maxIdentifies, "too_many_identifies", "group identifies")
+	if verr != nil {
+		return nil, verr
 	}
 	frame := (&delivery.Form{Field: "identification", MaxBodyBytes: maxBodyBytes}).Frame(spool.LaneKey{APIKey: apiKey})
 	out := make([]Identification, 0, len(raws))
@@ -170,18 +149,6 @@ func Properties(data []byte) int {
 }
 
 func isNull(v json.RawMessage) bool { return string(v) == "null" }
-
-func jsonErr(err error) string {
-	var se *json.SyntaxError
-	if errors.As(err, &se) {
-		return fmt.Sprintf("syntax error at byte %d", se.Offset)
-	}
-	var te *json.UnmarshalTypeError
-	if errors.As(err, &te) {
-		return fmt.Sprintf("an element is %s, not an object", te.Value)
-	}
-	return "malformed"
-}
 
 func (g *GroupIdentify) serve(w http.ResponseWriter, r *http.Request) {
 	f, err := formreq.ReadForm(r)

@@ -30,29 +30,9 @@ type ValidationError = formreq.ValidationError
 // array of them) and returns the mappings. apiKey is used to check that each
 // mapping fits one upstream request.
 func ParseMappings(apiKey string, mapping []byte, maxMappings, maxBodyBytes int) ([]Mapping, *ValidationError) {
-	v := bytes.TrimSpace(mapping)
-	if len(v) == 0 {
-		return nil, formreq.Bad("missing_field", "mapping: missing or empty")
-	}
-	var raws []json.RawMessage
-	switch v[0] {
-	case '[':
-		if json.Unmarshal(v, &raws) != nil {
-			return nil, formreq.Bad("invalid_json", "mapping: invalid JSON array")
-		}
-	case '{':
-		if !json.Valid(v) {
-			return nil, formreq.Bad("invalid_json", "mapping: invalid JSON object")
-		}
-		raws = []json.RawMessage{v}
-	default:
-		return nil, formreq.Bad("invalid_json", "mapping: must be a JSON object or an array of objects")
-	}
-	if len(raws) == 0 {
-		return nil, formreq.Bad("missing_field", "mapping: empty array")
-	}
-	if len(raws) > maxMappings {
-		return nil, formreq.Bad("too_many_mappings", "mapping: %d mappings; at most %d per request", len(raws), maxMappings)
+	raws, verr := formreq.Items("mapping", mapping, maxMappings, "too_many_mappings", "mappings")
+	if verr != nil {
+		return nil, verr
 	}
 	frame := (&delivery.Form{Field: "mapping", MaxBodyBytes: maxBodyBytes}).Frame(spool.LaneKey{APIKey: apiKey})
 	out := make([]Mapping, 0, len(raws))
