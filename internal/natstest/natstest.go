@@ -63,8 +63,7 @@ type node struct {
 	srv  *server.Server // nil while killed
 }
 
-// Start starts the cluster and waits until it has a JetStream meta leader and
-// every node is current. It stops the cluster when the test ends.
+// Start starts the cluster and waits until it is ready (WaitReady). It stops the cluster when the test ends.
 func Start(t testing.TB, cfg Config) *Cluster {
 	t.Helper()
 	c, err := start(cfg, func(int) string { return t.TempDir() }, t.Fatalf, t.Helper)
@@ -231,9 +230,10 @@ func (c *Cluster) StreamLeader(stream string) int {
 	return -1
 }
 
-// WaitReady waits until some running node is the JetStream meta leader and
-// every running node is current with it; it fails the test after
-// Config.ReadyTimeout.
+// WaitReady waits until some running node is the JetStream meta leader,
+// every running node is current with it, and the leader has seen every
+// running node online (it places a stream's replicas only on those); it
+// fails the test after Config.ReadyTimeout.
 func (c *Cluster) WaitReady() {
 	c.helper()
 	if err := c.waitReady(); err != nil {
@@ -253,17 +253,27 @@ func (c *Cluster) waitReady() error {
 }
 
 func (c *Cluster) ready() bool {
-	leader, running := false, 0
+	var up []*server.Server
 	for i := range c.nodes {
-		s := c.Server(i)
-		if s == nil {
-			continue
+		if s := c.Server(i); s != nil {
+			up = append(up, s)
 		}
-		running++
+	}
+	leader := false
+	for _, s := range up {
 		if !s.JetStreamIsCurrent() {
 			return false
 		}
-		leader = leader || s.JetStreamIsLeader()
+		if s.JetStreamIsLeader() {
+			// The leader places replicas only on the peers it has seen
+			// online with their stats; until it saw every running node,
+			// creating an R3 stream fails with "no suitable peers for
+			// placement, peer offline".
+			if len(s.JetStreamClusterPeers()) < len(up) {
+				return false
+			}
+			leader = true
+		}
 	}
-	return leader && running > 0
+	return leader
 }
