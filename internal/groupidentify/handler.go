@@ -39,6 +39,7 @@ func Parse(apiKey string, identification []byte, maxIdentifies, maxProperties, m
 	frame := (&delivery.Form{Field: "identification", MaxBodyBytes: maxBodyBytes}).Frame(spool.LaneKey{APIKey: apiKey})
 	out := make([]Identification, 0, len(raws))
 	total := 0
+	var esc []byte // one record escaped, reused
 	for i, raw := range raws {
 		id, err := parseOne(raw)
 		if err != nil {
@@ -53,7 +54,7 @@ func Parse(apiKey string, identification []byte, maxIdentifies, maxProperties, m
 		if total > maxProperties {
 			return nil, formreq.Bad("too_many_properties", "identification: more than %d group properties in one request (at identification[%d])", maxProperties, i)
 		}
-		if rec, _ := frame.Record(nil, id.Data); frame.TooLarge(rec) { // escaped, as sent
+		if esc, _ = frame.Record(esc, id.Data); frame.TooLarge(esc) { // escaped, as sent
 			return nil, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
 				Msg: fmt.Sprintf("identification[%d]: too large for one upstream request (1 MB)", i)}
 		}

@@ -36,13 +36,14 @@ func ParseMappings(apiKey string, mapping []byte, maxMappings, maxBodyBytes int)
 	}
 	frame := (&delivery.Form{Field: "mapping", MaxBodyBytes: maxBodyBytes}).Frame(spool.LaneKey{APIKey: apiKey})
 	out := make([]Mapping, 0, len(raws))
+	var esc []byte // one record escaped, reused
 	for i, raw := range raws {
 		m, err := parseOne(raw)
 		if err != nil {
 			err.Msg = fmt.Sprintf("mapping[%d]%s", i, err.Msg)
 			return nil, err
 		}
-		if rec, _ := frame.Record(nil, m.Data); frame.TooLarge(rec) { // escaped, as sent
+		if esc, _ = frame.Record(esc, m.Data); frame.TooLarge(esc) { // escaped, as sent
 			return nil, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
 				Msg: fmt.Sprintf("mapping[%d]: too large for one upstream request (1 MB)", i)}
 		}
