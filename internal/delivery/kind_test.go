@@ -172,3 +172,43 @@ func runForms(t *testing.T, ctx context.Context, cancel context.CancelFunc, d *F
 		sp.Close()
 	})
 }
+
+// A lane lingers for more records while what it read fits one request, and
+// sends as soon as a read fills it: records read one chunk at a time merge
+// into requests of MaxItems (never a lone first record, never a wait for
+// the linger's end once a read overflows the request; the overflow goes in
+// the next request at once).
+func TestLingerUntilFull(t *testing.T) {
+	s, url, cli := startUpstream(t)
+	sp := openSpool(t)
+	d, err := NewFormLanes(FormConfig{Name: "groupidentify", Lanes: spool.KindGroupIdentify,
+		Kind: &Form{Field: "identification", MaxItems: 2, MaxBodyBytes: 1 << 20},
+		URL:  func(string) string { return url + "/groupidentify" }, Store: storage.NewLocal(sp, nil),
+		ReadBytes:  1,                                     // one chunk per read
+		FormTiming: FormTiming{Linger: 10 * time.Minute}}, // longer than poll.Until waits
+		cli, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l, err := sp.Lane(ctx, spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 { // three chunks of one record
+		var b spool.Batch
+		b.Add(spool.Record{OrderKey: []byte("org"), Data: fmt.Appendf(nil, `{"group_type":"org","group_value":"v%d"}`, i)})
+		if err := sp.Append(ctx, l, &b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runForms(t, ctx, cancel, d, sp)
+	poll.Until(t, "the lane acknowledged", func() bool { return l.Stats().Records == 0 })
+	var got []string
+	for _, g := range s.GroupIdentifies("k") {
+		got = append(got, fmt.Sprintf("%s@%d", g.GroupValue, g.Request))
+	}
+	if want := []string{"v0@1", "v1@1", "v2@2"}; !slices.Equal(got, want) {
+		t.Fatalf("identifications@request %v, want %v", got, want)
+	}
+}
