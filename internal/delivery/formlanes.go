@@ -431,11 +431,25 @@ func (lr *laneRun) pack(dst []byte, recs []spool.Record, all bool) ([]byte, int)
 
 func (lr *laneRun) loop(ctx context.Context) error {
 	cfg := &lr.d.cfg
-	var scratch []byte            // the bodies full packs, never sent
-	full := func(b *batch) bool { // the records read fill a request
-		var n int
-		scratch, n = lr.pack(scratch, b.recs, false)
-		return n < len(b.recs)
+	// full reports whether the records read fill a request. It packs them
+	// into a scratch body that is never sent, adding only the records read
+	// since its last call: a linger's reads are packed once each.
+	f := &lr.frame
+	var (
+		p       Packing
+		packed  int
+		scratch []byte // an escaped record
+	)
+	full := func(b *batch) bool {
+		for ; packed < len(b.recs); packed++ {
+			rec, w := f.Record(scratch, b.recs[packed].Data)
+			if !f.Fits(&p, rec, w) {
+				return true
+			}
+			f.Add(&p, rec, w)
+			scratch = rec
+		}
+		return false
 	}
 	for {
 		chunks, err := lr.src.Next(ctx, cfg.ReadBytes)
@@ -444,6 +458,7 @@ func (lr *laneRun) loop(ctx context.Context) error {
 		}
 		var b batch
 		b.add(chunks)
+		p, packed = f.Open(p.Body), 0
 		// Linger for more records while what was read fits one request.
 		if cfg.Linger > 0 && !full(&b) {
 			lctx, cancel := context.WithTimeout(ctx, cfg.Linger)
@@ -455,7 +470,7 @@ func (lr *laneRun) loop(ctx context.Context) error {
 				b.add(more)
 			}
 			cancel()
-			scratch = nil // not kept while delivering or idle
+			p.Body, scratch = nil, nil // not kept while delivering or idle
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
