@@ -38,12 +38,16 @@ func BenchmarkAppend(b *testing.B) {
 	}
 }
 
-func benchAppend(b *testing.B, noSync bool, per, par int) {
-	s, err := Open(Config{Dir: b.TempDir(), NoSync: noSync, CompactMinFileBytes: -1}, nil, nil)
+// benchLane opens a spool of cfg in a temp dir (closed when b ends), its
+// lane of testKey(1) and per benchmark records.
+func benchLane(b *testing.B, cfg Config, per int) (*Spool, *Lane, []Record) {
+	b.Helper()
+	cfg.Dir = b.TempDir()
+	s, err := Open(cfg, nil, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer s.Close()
+	b.Cleanup(func() { s.Close() })
 	l, err := s.Lane(context.Background(), testKey(1))
 	if err != nil {
 		b.Fatal(err)
@@ -52,6 +56,11 @@ func benchAppend(b *testing.B, noSync bool, per, par int) {
 	for i := range recs {
 		recs[i] = benchRecord(i)
 	}
+	return s, l, recs
+}
+
+func benchAppend(b *testing.B, noSync bool, per, par int) {
+	s, l, recs := benchLane(b, Config{NoSync: noSync, CompactMinFileBytes: -1}, per)
 	var bytes atomic.Int64
 	b.ReportAllocs()
 	b.ResetTimer()

@@ -31,19 +31,7 @@ func BenchmarkCommit(b *testing.B) {
 }
 
 func benchCommit(b *testing.B, noSync bool, per, par int) {
-	s, err := Open(Config{Dir: b.TempDir(), NoSync: noSync, MinFreeBytes: -1, CompactMinFileBytes: -1}, nil, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
-	l, err := s.Lane(context.Background(), testKey(1))
-	if err != nil {
-		b.Fatal(err)
-	}
-	recs := make([]Record, per)
-	for i := range recs {
-		recs[i] = benchRecord(i)
-	}
+	s, l, recs := benchLane(b, Config{NoSync: noSync, MinFreeBytes: -1, CompactMinFileBytes: -1}, per)
 	size := 0
 	for _, r := range recs {
 		size += len(r.OrderKey) + len(r.UserID) + len(r.Data) + 96
