@@ -107,15 +107,16 @@ func raw(t *testing.T, addr, method, target string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// TestPathAttacksNeverForwarded: the paths of issue 19 item 6 and the
-// classic path-confusion list are answered 400 by the relay, and the
+// TestPathAttacksNeverForwarded: encoded traversals that once reached
+// the export through a SCIM or deletion route, and the classic
+// path-confusion list, are answered 400 by the relay, and the
 // upstream sees nothing; a clean path is forwarded on exactly the path
 // that was routed.
 func TestPathAttacksNeverForwarded(t *testing.T) {
 	addr, rec := startAttackRelay(t)
 	const q = "?start=20260101T00&end=20260101T01"
 	for _, target := range []string{
-		// Issue 19 item 6: a SCIM or deletion route that reached the export.
+		// A SCIM or deletion route that reached the export.
 		"/scim/1/Users/..%2F..%2F..%2Fapi%2F2%2Fexport" + q,
 		"/api/2/deletions/users%2F..%2F..%2F..%2Fapi%2F2%2Fexport" + q,
 		"/api/2/deletions/users/1%2F..%2F..%2F..%2F..%2Fapi%2F2%2Fexport" + q,
