@@ -39,9 +39,7 @@ const (
 	ClassifierMaxTextChars = 1000
 )
 
-// Classifiers returns the channel classifier API: base c.URL
-// (--analytics-url), the project's key pair as Basic, and the routes of the
-// document's table with their checks.
+// Classifiers returns the channel classifier API described above.
 func Classifiers(c APIConfig) API {
 	body := func(_ *http.Request, b []byte) *Problem {
 		if status, msg := CheckClassifier(b); status != 0 {

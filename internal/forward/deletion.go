@@ -146,10 +146,8 @@ type DeletionJob struct {
 	ActiveScrubDoneDate string            `json:"active_scrub_done_date,omitempty"`
 }
 
-// Deletion returns the user deletion API: base cfg.URL (--analytics-url),
-// the project's key pair as Basic, the routes with their checks, and the
-// limits per project: 1 POST per DeletionPostInterval, DeletionMaxParallel
-// calls in flight (each as cfg changes it).
+// Deletion returns the user deletion API described above; cfg changes its
+// base and limits.
 func Deletion(cfg APIConfig) API {
 	return API{
 		Upstream: Upstream{API: "deletion", Kind: credentials.KindAnalytics, Fallback: cfg.URL,

@@ -145,12 +145,8 @@ type DSARStatus struct {
 	URLs   []string `json:"urls"`
 }
 
-// DSAR returns the DSAR API: base cfg.URL (--analytics-url), the
-// organization's key pair as Basic, the cost budget (DSARBudget per
-// DSARBudgetWindow, as cfg changes it; POST DSARCostPost, GET DSARCostGet)
-// per organization, the creation checked by ParseDSAR, and outputs whose
-// redirects (to the files) the relay follows itself, up to
-// DSARMaxRedirects.
+// DSAR returns the DSAR API described above; cfg changes its base and
+// cost budget.
 func DSAR(cfg APIConfig) API {
 	lim := cfg.Over(ratelimit.Config{Name: "dsar", Limit: DSARBudget, Window: DSARBudgetWindow})
 	return API{

@@ -33,9 +33,7 @@ import (
 // ExperimentBulkMax is the most ids a bulk delete may carry.
 const ExperimentBulkMax = 100
 
-// Experiments returns the experiment management API: base c.URL
-// (--experiment-url), the organization's management_api_key as Bearer, and
-// the routes of the document's table with their checks.
+// Experiments returns the experiment management API described above.
 func Experiments(c APIConfig) API {
 	const (
 		get, post, patch, del = http.MethodGet, http.MethodPost, http.MethodPatch, http.MethodDelete

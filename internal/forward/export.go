@@ -120,9 +120,8 @@ func (r ExportRange) Halves() (ExportRange, ExportRange, bool) {
 	return ExportRange{r.Start, mid.Add(-time.Hour)}, ExportRange{mid, r.End}, true
 }
 
-// Export returns the export API: base c.URL (--analytics-url), the
-// project's key pair as Basic, and GET ExportPath with start and end
-// checked (ParseExportRange). The answer, a zip of up to 4 GB, is streamed.
+// Export returns the export API described above. The answer, a zip of up
+// to 4 GB, is streamed.
 func Export(c APIConfig) API {
 	return API{
 		Upstream: Upstream{API: "export", Kind: credentials.KindAnalytics,

@@ -202,10 +202,7 @@ func ChunkFeedback(sourceID string, items []json.RawMessage, maxBytes int) (bodi
 	return bodies, members, tooLarge
 }
 
-// Feedback returns the feedback ingestion API: base c.URL
-// (--feedback-url), the project's key pair as Basic, and POST FeedbackPath
-// checked by CheckFeedback (a request breaking the rules is answered
-// locally, with the per-item errors, and nothing is sent).
+// Feedback returns the feedback ingestion API described above.
 func Feedback(c APIConfig) API {
 	return API{
 		Upstream: Upstream{API: "feedback", Kind: credentials.KindFeedback,

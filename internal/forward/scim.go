@@ -57,10 +57,8 @@ const (
 	scimGroups          = "/scim/1/Groups"
 )
 
-// SCIM returns the SCIM API: base c.URL (--scim-url), the organization's
-// scim_token as Bearer, the SCIM error format, the client-side limit
-// (SCIMRate per SCIMWindow, as c changes it) and the routes of the
-// document's table with their checks.
+// SCIM returns the SCIM API described above; c changes its base and
+// limit.
 func SCIM(c APIConfig) API {
 	lim := c.Over(ratelimit.Config{Name: "scim", Limit: SCIMRate, Window: SCIMWindow})
 	const get, post, put, patch, del = http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete

@@ -61,10 +61,8 @@ func TaxonomyCost(method string) int {
 	return 2
 }
 
-// Taxonomy returns the taxonomy API: base cfg.URL (--analytics-url), the
-// project's key pair as Basic, the taxonomy error format, the cost budget
-// (as cfg changes it) and the routes of the document's table, with the
-// required field of each create.
+// Taxonomy returns the taxonomy API described above; cfg changes its base
+// and cost budget.
 func Taxonomy(cfg APIConfig) API {
 	lim := cfg.Over(ratelimit.Config{Name: "taxonomy", Limit: TaxonomyPeriodCost, Window: TaxonomyPeriod, MaxInFlight: TaxonomyMaxInFlight})
 	const get, post, put, del = http.MethodGet, http.MethodPost, http.MethodPut, http.MethodDelete
