@@ -2,14 +2,8 @@
 // (/api/2/channel-classifiers; summarized in docs/upstream-api.md, "Channel
 // classifiers") on the admin listener, on the upstream's paths.
 //
-// Every endpoint of the document's table is a route of Classifiers; other
-// paths under /api/2/channel-classifiers are answered 404 or 405 by the
-// admin listener. The upstream is
-// --analytics-url, or the analytics_url of the project named by
-// X-Relay-Project (or of the project whose api_key a pass-through Basic
-// header carries), else of its organization. Credentials: the caller's
-// Authorization passes through; with X-Relay-Project the project's
-// "Basic api_key:secret_key" is injected.
+// Base --analytics-url (or an analytics_url override); injected
+// credentials: the project's key pair as Basic.
 //
 // Local validation, with the upstream's statuses (Errors table), body
 // {"error": "...", "source": "relay"}: POST with a name other than letters,

@@ -12,6 +12,10 @@
 // http.ServeMux path pattern, the upstream's), whose Handler is the route's
 // Endpoint (local Check, body limit, redirects followed): the route and the
 // path it forwards are one value. Forwarder.Routes serves the Endpoints.
+// Only the documented routes are forwarded: the admin listener answers any
+// other path 404 or 405. Each API's file names its base flag and the
+// credentials Resolve injects for X-Relay-Project; without it the caller's
+// Authorization passes through.
 //
 // A request on a route goes: decoded body (when the route checks it) →
 // Check → Resolve (base and credentials from configuration) → Limits →

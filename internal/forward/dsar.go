@@ -8,9 +8,6 @@
 //	GET  /api/2/dsar/requests/{id}                   status (cost 1)
 //	GET  /api/2/dsar/requests/{id}/outputs/{output}  a gzipped file (cost 1)
 //
-// Other methods and paths under /api/2/dsar/requests are answered 404 or
-// 405 locally by the admin listener. The routes are data: DSAR.
-//
 // # Rules checked locally
 //
 //   - The create body must be a JSON object with a non-empty string userId

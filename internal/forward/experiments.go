@@ -2,14 +2,9 @@
 // (/api/1/experiments/...; docs/upstream-api.md, "Experiment management") on
 // the admin listener, on the upstream's paths.
 //
-// Every endpoint of the document's table is a route of Experiments; any
-// other path under /api/1/experiments is answered 404 or 405 by the admin
-// listener and never forwarded. The
-// upstream is --experiment-url, or the experiment_url of the project named by
-// X-Relay-Project (or of its organization). Credentials: the caller's
-// Authorization passes through; with X-Relay-Project the organization's
-// management_api_key is injected as "Bearer <key>". A request without
-// Accept gets "Accept: application/json" (the document asks for it).
+// Base --experiment-url (or an experiment_url override); injected
+// credentials: the organization's management_api_key as Bearer. A request
+// without Accept gets "Accept: application/json" (the document asks for it).
 //
 // Local validation (answered 400 at once, {"error": "...", "source":
 // "relay"}): bulk-delete-users and bulk-delete-cohorts bodies must be a JSON

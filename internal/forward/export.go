@@ -19,12 +19,8 @@
 // a total one (Config.IdleTimeout): a slow caller is not cut while it
 // reads, a stalled one is.
 //
-// # Credentials
-//
-// The caller's Authorization passes through, or X-Relay-Project names a
-// project whose api_key:secret_key the relay injects (HTTP Basic). The
-// upstream base is the project's analytics_url override, else
-// --analytics-url; never taken from the request.
+// Base --analytics-url (or an analytics_url override); injected
+// credentials: the project's key pair as Basic.
 
 package forward
 

@@ -25,12 +25,8 @@
 // fields are required) are left to the upstream, whose per-item errors
 // pass back untouched.
 //
-// # Credentials
-//
-// Project HTTP Basic: the caller's Authorization passes through, or
-// X-Relay-Project names a project whose key pair the relay injects. The base
-// is the project's feedback_url override, else APIConfig.URL
-// (--feedback-url).
+// Base --feedback-url (or a feedback_url override); injected credentials:
+// the project's key pair as Basic.
 
 package forward
 

@@ -2,13 +2,8 @@
 // /scim/1/Groups; docs/upstream-api.md, "SCIM provisioning") on the admin
 // listener, on the upstream's paths, within the upstream's rate limit.
 //
-// Every endpoint of the document's table is a route of SCIM; other paths
-// under /scim/1/Users and /scim/1/Groups are answered 404 or 405 by the
-// admin listener. The
-// upstream is --scim-url, or the scim_url of the project named by
-// X-Relay-Project or of its organization. Credentials: the caller's
-// Authorization passes through; with X-Relay-Project the organization's
-// scim_token is injected as "Bearer <token>".
+// Base --scim-url (or a scim_url override); injected credentials: the
+// organization's scim_token as Bearer.
 //
 // Local validation (answered at once in the SCIM error format with
 // "detail" starting "relay: "): GET /Users itemsPerPage above 100 or not an

@@ -2,14 +2,8 @@
 // docs/upstream-api.md, "Taxonomy") on the admin listener, on the upstream's
 // paths, within the upstream's cost budget.
 //
-// Every endpoint of the document's table is a route of Taxonomy; other
-// paths under /api/2/taxonomy are answered 404 or 405 by the admin
-// listener. The upstream is
-// --analytics-url, or the analytics_url of the project named by
-// X-Relay-Project (or of the project whose api_key a pass-through Basic
-// header carries), else of its organization. Credentials: the caller's
-// Authorization passes through; with X-Relay-Project the project's
-// "Basic api_key:secret_key" is injected.
+// Base --analytics-url (or an analytics_url override); injected
+// credentials: the project's key pair as Basic.
 //
 // Local validation: a create or update whose form body (or query) lacks its
 // required field is answered 400 {"success": false, "errors": [{"message"}],
