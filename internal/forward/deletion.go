@@ -19,7 +19,7 @@
 //   - DELETE: svc_id is a positive integer and day is YYYY-MM-DD.
 //   - Limits per project (the project named by X-Relay-Project or found by
 //     the caller's api key; else per Authorization): at most 1 POST per
-//     second and DeletionMaxParallel (8) requests of this API in flight
+//     second and deletionMaxParallel (8) requests of this API in flight
 //     (internal/ratelimit). A call waits up to
 //     APIConfig.Limit.MaxWait (10 s) for its turn, else is answered
 //     429 locally with Retry-After.
@@ -47,8 +47,8 @@ const (
 	DeletionMaxIDs = 100
 	// DeletionPostInterval is the least time between two POSTs of a project.
 	DeletionPostInterval = time.Second
-	// DeletionMaxParallel is the most requests of a project in flight.
-	DeletionMaxParallel = 8
+	// deletionMaxParallel is the most requests of a project in flight.
+	deletionMaxParallel = 8
 	// DeletionMaxQueryMonths is the longest GET range.
 	DeletionMaxQueryMonths = 6
 	// DeletionQueryDays is the range the document suggests for finding the
@@ -164,8 +164,8 @@ func Deletion(cfg APIConfig) API {
 				Says: "1 POST per second per project",
 			},
 			{
-				Config: cfg.Over(ratelimit.Config{Name: "deletion", MaxInFlight: DeletionMaxParallel}),
-				Says:   strconv.Itoa(DeletionMaxParallel) + " requests in parallel per project",
+				Config: cfg.Over(ratelimit.Config{Name: "deletion", MaxInFlight: deletionMaxParallel}),
+				Says:   strconv.Itoa(deletionMaxParallel) + " requests in parallel per project",
 			},
 		},
 		Routes: []adminroute.Route{

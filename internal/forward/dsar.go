@@ -15,7 +15,7 @@
 //     YYYY-MM-DD with startDate not after endDate; else 400 {"error",
 //     "source": "relay"} and nothing is sent.
 //   - Cost budget: all DSAR calls of one organization (or, for
-//     pass-through, of one Authorization) share DSARBudget (14400) per hour, POST
+//     pass-through, of one Authorization) share dsarBudget (14400) per hour, POST
 //     costing 8 and GET 1 (internal/ratelimit). A call that would exceed it
 //     waits up to APIConfig.Limit.MaxWait (10 s) for its turn,
 //     else is answered 429 locally with Retry-After.
@@ -23,7 +23,7 @@
 // # Outputs
 //
 // An output answered with a redirect (301, 302, 303, 307, 308 with a
-// Location) is followed by the relay, at most DSARMaxRedirects times, with the
+// Location) is followed by the relay, at most dsarMaxRedirects times, with the
 // same credentials (the caller's Authorization, or the injected organization
 // key pair) on the same host and none on another (http.Client's rule), as
 // the document requires of a client that does not follow the redirect
@@ -54,17 +54,17 @@ import (
 const (
 	// DSARPath is the root of the DSAR routes.
 	DSARPath = "/api/2/dsar/requests"
-	// DSARBudget is the cost allowed per DSARBudgetWindow for all DSAR
+	// dsarBudget is the cost allowed per dsarBudgetWindow for all DSAR
 	// endpoints.
-	DSARBudget       = 14400
-	DSARBudgetWindow = time.Hour
-	// DSARCostPost and DSARCostGet are the costs of one call.
-	DSARCostPost = 8
-	DSARCostGet  = 1
+	dsarBudget       = 14400
+	dsarBudgetWindow = time.Hour
+	// dsarCostPost and dsarCostGet are the costs of one call.
+	dsarCostPost = 8
+	dsarCostGet  = 1
 	// DSARURLLifetime is how long the urls of a done request stay valid.
 	DSARURLLifetime = 48 * time.Hour
-	// DSARMaxRedirects bounds the redirects followed for one output.
-	DSARMaxRedirects = 3
+	// dsarMaxRedirects bounds the redirects followed for one output.
+	dsarMaxRedirects = 3
 )
 
 // DSAR job states named by the document (others exist, unnamed).
@@ -145,7 +145,7 @@ type DSARStatus struct {
 // DSAR returns the DSAR API described above; cfg changes its base and
 // cost budget.
 func DSAR(cfg APIConfig) API {
-	lim := cfg.Over(ratelimit.Config{Name: "dsar", Limit: DSARBudget, Window: DSARBudgetWindow})
+	lim := cfg.Over(ratelimit.Config{Name: "dsar", Limit: dsarBudget, Window: dsarBudgetWindow})
 	return API{
 		Upstream: Upstream{API: "dsar", Kind: credentials.KindAnalytics, Fallback: cfg.URL,
 			Flag: "--analytics-url", Scheme: SchemeOrgBasic},
@@ -153,16 +153,16 @@ func DSAR(cfg APIConfig) API {
 			Config: lim,
 			Cost: func(method string) int {
 				if method == http.MethodPost {
-					return DSARCostPost
+					return dsarCostPost
 				}
-				return DSARCostGet
+				return dsarCostGet
 			},
 			Says: fmt.Sprintf("the DSAR cost budget of %d per hour per organization", lim.Limit),
 		}},
 		Routes: []adminroute.Route{
 			{Method: http.MethodPost, Path: DSARPath, Handler: Endpoint{BodyLimit: 1 << 20, Check: dsarCreate}},
 			{Method: http.MethodGet, Path: DSARPath + "/{id}"},
-			{Method: http.MethodGet, Path: DSARPath + "/{id}/outputs/{output}", Handler: Endpoint{Follow: DSARMaxRedirects}},
+			{Method: http.MethodGet, Path: DSARPath + "/{id}/outputs/{output}", Handler: Endpoint{Follow: dsarMaxRedirects}},
 		},
 	}
 }

@@ -8,7 +8,7 @@
 //
 // Local validation (answered 400 at once, {"error": "...", "source":
 // "relay"}): bulk-delete-users and bulk-delete-cohorts bodies must be a JSON
-// object whose "users" is an array of at most ExperimentBulkMax strings; variant
+// object whose "users" is an array of at most experimentBulkMax strings; variant
 // creation needs a non-empty "key" (also in each variant of an experiment
 // creation); inclusion bodies need "inclusions", deployment bodies
 // "deployments", as arrays of strings. The upstream has no documented rate
@@ -25,8 +25,8 @@ import (
 	"github.com/svcrelay/relay/internal/credentials"
 )
 
-// ExperimentBulkMax is the most ids a bulk delete may carry.
-const ExperimentBulkMax = 100
+// experimentBulkMax is the most ids a bulk delete may carry.
+const experimentBulkMax = 100
 
 // Experiments returns the experiment management API described above.
 func Experiments(c APIConfig) API {
@@ -70,8 +70,8 @@ func Experiments(c APIConfig) API {
 			r(post, v+"/cohorts", experimentStrings("inclusions", 0)),
 			r(del, v+"/users/{userIndex}", nil),
 			r(del, v+"/users", nil),
-			r(del, v+"/bulk-delete-users", experimentStrings("users", ExperimentBulkMax)),
-			r(del, v+"/bulk-delete-cohorts", experimentStrings("users", ExperimentBulkMax)),
+			r(del, v+"/bulk-delete-users", experimentStrings("users", experimentBulkMax)),
+			r(del, v+"/bulk-delete-cohorts", experimentStrings("users", experimentBulkMax)),
 			r(get, e+"/deployments", nil),
 			r(post, e+"/deployments", experimentStrings("deployments", 0)),
 			r(del, e+"/deployments/{deploymentId}", nil),

@@ -44,7 +44,7 @@ const ExportHourFormat = "20060102T15"
 const ExportMaxRange = 365 * 24 * time.Hour
 
 // ErrBadExportRange is returned (wrapped) by ParseExportRange and
-// NewExportRange for a range the upstream does not take.
+// newExportRange for a range the upstream does not take.
 var ErrBadExportRange = errors.New("bad export range")
 
 // ExportRange is an export range of whole hours: Start to End, End's hour
@@ -54,7 +54,7 @@ type ExportRange struct {
 }
 
 // ParseExportRange parses start and end in ExportHourFormat and checks the range (see
-// NewExportRange).
+// newExportRange).
 func ParseExportRange(start, end string) (ExportRange, error) {
 	s, err := time.Parse(ExportHourFormat, start)
 	if err != nil {
@@ -64,12 +64,12 @@ func ParseExportRange(start, end string) (ExportRange, error) {
 	if err != nil {
 		return ExportRange{}, fmt.Errorf("%w: end %q is not of the form YYYYMMDDTHH", ErrBadExportRange, end)
 	}
-	return NewExportRange(s, e)
+	return newExportRange(s, e)
 }
 
-// NewExportRange returns the range of hours start to end (truncated to the hour,
+// newExportRange returns the range of hours start to end (truncated to the hour,
 // UTC); end before start or a range longer than ExportMaxRange is ErrBadExportRange.
-func NewExportRange(start, end time.Time) (ExportRange, error) {
+func newExportRange(start, end time.Time) (ExportRange, error) {
 	r := ExportRange{start.UTC().Truncate(time.Hour), end.UTC().Truncate(time.Hour)}
 	switch {
 	case r.End.Before(r.Start):

@@ -15,7 +15,7 @@
 // PatchOp schema or whose Operations are not add/remove on "members" with
 // values [{value: email}] (400).
 //
-// Client-side limit: at most SCIMRate requests per SCIMWindow per
+// Client-side limit: at most scimRate requests per scimWindow per
 // organization
 // (the injected organization, or for pass-through calls the caller's
 // bearer token, kept as a hash), counted from each call's answer (see
@@ -23,7 +23,7 @@
 // Limit is the rate). A call whose turn is further than MaxWait (10 s)
 // gets a local 429 with Retry-After; an upstream 429 is passed back with
 // its Retry-After, and holds that organization's further calls back for it
-// (clamped to 1 s .. SCIMWindow): they wait, or get a local 429 when that is
+// (clamped to 1 s .. scimWindow): they wait, or get a local 429 when that is
 // further than MaxWait.
 
 package forward
@@ -43,9 +43,9 @@ import (
 
 // Limits and schemas of the SCIM document.
 const (
-	SCIMMaxItemsPerPage = 100
-	SCIMRate            = 100
-	SCIMWindow          = time.Minute
+	scimMaxItemsPerPage = 100
+	scimRate            = 100
+	scimWindow          = time.Minute
 	SCIMPatchOpSchema   = "urn:ietf:params:scim:api:messages:2.0:PatchOp"
 	SCIMErrorSchema     = "urn:ietf:params:scim:api:messages:2.0:Error"
 	scimUsers           = "/scim/1/Users"
@@ -55,7 +55,7 @@ const (
 // SCIM returns the SCIM API described above; c changes its base and
 // limit.
 func SCIM(c APIConfig) API {
-	lim := c.Over(ratelimit.Config{Name: "scim", Limit: SCIMRate, Window: SCIMWindow})
+	lim := c.Over(ratelimit.Config{Name: "scim", Limit: scimRate, Window: scimWindow})
 	const get, post, put, patch, del = http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete
 	const body = DefaultMaxRequestBodyBytes
 	return API{
@@ -136,8 +136,8 @@ func scimPage(r *http.Request, _ []byte) *Problem {
 		if err != nil || n < 0 {
 			return scimProblem("invalidValue", "itemsPerPage must be a non-negative integer")
 		}
-		if n > SCIMMaxItemsPerPage {
-			return scimProblem("invalidValue", fmt.Sprintf("itemsPerPage %d is above the maximum of %d", n, SCIMMaxItemsPerPage))
+		if n > scimMaxItemsPerPage {
+			return scimProblem("invalidValue", fmt.Sprintf("itemsPerPage %d is above the maximum of %d", n, scimMaxItemsPerPage))
 		}
 	}
 	return nil

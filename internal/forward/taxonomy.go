@@ -15,14 +15,14 @@
 // Client-side limits, per project (the injected project; for pass-through
 // the project of the Basic api_key when the credentials file knows it, else
 // a hash of the caller's Authorization): cost GET 1, PUT/POST/DELETE 2; at
-// most TaxonomyMaxInFlight cost in flight and TaxonomyPeriodCost cost per
-// TaxonomyPeriod, counted from each call's answer (internal/ratelimit;
+// most taxonomyMaxInFlight cost in flight and taxonomyPeriodCost cost per
+// taxonomyPeriod, counted from each call's answer (internal/ratelimit;
 // APIConfig.Limit
 // changes the figures: its Limit is the period's cost, its Window the
 // period). A call whose turn is further than MaxWait (10 s) gets a local
 // 429 with Retry-After; an upstream 429 is passed back with its
 // Retry-After, and holds that project's further calls back for it (clamped
-// to 1 s .. TaxonomyPeriod).
+// to 1 s .. taxonomyPeriod).
 
 package forward
 
@@ -40,9 +40,9 @@ import (
 
 // Limits of the taxonomy document.
 const (
-	TaxonomyMaxInFlight = 4
-	TaxonomyPeriodCost  = 7200
-	TaxonomyPeriod      = time.Hour
+	taxonomyMaxInFlight = 4
+	taxonomyPeriodCost  = 7200
+	taxonomyPeriod      = time.Hour
 	// taxonomyRoot is the path every route is under.
 	taxonomyRoot = "/api/2/taxonomy"
 )
@@ -58,7 +58,7 @@ func TaxonomyCost(method string) int {
 // Taxonomy returns the taxonomy API described above; cfg changes its base
 // and cost budget.
 func Taxonomy(cfg APIConfig) API {
-	lim := cfg.Over(ratelimit.Config{Name: "taxonomy", Limit: TaxonomyPeriodCost, Window: TaxonomyPeriod, MaxInFlight: TaxonomyMaxInFlight})
+	lim := cfg.Over(ratelimit.Config{Name: "taxonomy", Limit: taxonomyPeriodCost, Window: taxonomyPeriod, MaxInFlight: taxonomyMaxInFlight})
 	const get, post, put, del = http.MethodGet, http.MethodPost, http.MethodPut, http.MethodDelete
 	const c, e, ep, up, gp = taxonomyRoot + "/category", taxonomyRoot + "/event", taxonomyRoot + "/event-property",
 		taxonomyRoot + "/user-property", taxonomyRoot + "/group-property"
