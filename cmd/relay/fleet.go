@@ -18,7 +18,7 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// fleetStore is fleet mode's store (--spool nats://..., issue 22): the
+// fleetStore is fleet mode's store (--spool nats://...): the
 // connection to the NATS JetStream cluster and the fleet on it. Every lane
 // kind goes through it: events (ingest appends, the batcher delivers the
 // events partitions this relay owns, dead letters and pauses are the

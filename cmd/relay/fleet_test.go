@@ -27,7 +27,7 @@ import (
 	"github.com/svcrelay/relay/internal/simtest"
 )
 
-// Fleet mode end to end (issue 22): a real 3-node JetStream cluster, the
+// Fleet mode end to end: a real 3-node JetStream cluster, the
 // simulator as the upstream, and two relays (two serve compositions in this
 // process) sharing the cluster.
 
@@ -474,8 +474,8 @@ func eventsOwners(t *testing.T, cl *natstest.Cluster) []string {
 // TestFleetForms: group identifies and user mappings accepted by relay A
 // while the upstream is down are delivered by relay B once A is killed
 // (connection closed, leases left to expire, then A stopped: nothing of
-// A's data dir is read again). Before issue 22's forms on the fleet they
-// stayed in A's local spool and this failed.
+// A's data dir is read again). Were the forms kept in A's local spool, they
+// would wait there for A and this would fail.
 func TestFleetForms(t *testing.T) {
 	cl, up, upURL := startFleetCluster(t)
 	if err := up.Down(sim.DownRefuse, 0); err != nil {

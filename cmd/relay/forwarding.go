@@ -7,17 +7,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/adminroute"
-	"github.com/svcrelay/relay/internal/classifiers"
 	"github.com/svcrelay/relay/internal/config"
 	"github.com/svcrelay/relay/internal/credentials"
-	"github.com/svcrelay/relay/internal/deletion"
-	"github.com/svcrelay/relay/internal/dsar"
-	"github.com/svcrelay/relay/internal/experiments"
-	"github.com/svcrelay/relay/internal/export"
-	"github.com/svcrelay/relay/internal/feedback"
 	"github.com/svcrelay/relay/internal/forward"
-	"github.com/svcrelay/relay/internal/scim"
-	"github.com/svcrelay/relay/internal/taxonomy"
 	"github.com/svcrelay/relay/internal/usermap"
 )
 
@@ -34,15 +26,15 @@ func forwardingRoutes(cfg config.Config, creds *credentials.Ref, log *zap.Logger
 	}
 	analytics := forward.APIConfig{URL: cfg.AnalyticsURL}
 	routes, err := fwd.Routes(
-		experiments.API(cfg.ExperimentURL),
-		scim.API(forward.APIConfig{URL: cfg.ScimURL}),
-		classifiers.API(cfg.AnalyticsURL),
-		taxonomy.API(analytics),
-		feedback.API(cfg.FeedbackURL),
-		dsar.API(analytics),
-		deletion.API(analytics),
-		export.API(cfg.AnalyticsURL),
-		usermap.ReadAPI(cfg.AnalyticsURL),
+		forward.Experiments(forward.APIConfig{URL: cfg.ExperimentURL}),
+		forward.SCIM(forward.APIConfig{URL: cfg.ScimURL}),
+		forward.Classifiers(analytics),
+		forward.Taxonomy(analytics),
+		forward.Feedback(forward.APIConfig{URL: cfg.FeedbackURL}),
+		forward.DSAR(analytics),
+		forward.Deletion(analytics),
+		forward.Export(analytics),
+		usermap.ReadAPI(analytics),
 	)
 	if err != nil {
 		return nil, nil, err

@@ -29,7 +29,7 @@ const (
 	// costs two GCs of a small heap, at most once per quiet second.
 	idleMinAlloc = 4 << 20
 	// idleGoroutinesGone: this many goroutines ended since the last return
-	// is worth one too (issue 19: retired lanes end 5 goroutines each and
+	// is worth one too (retired lanes end 5 goroutines each and
 	// allocate nothing doing it; 3,000 lanes left ~20 MB of stacks and
 	// their garbage in the RSS until the two-minute GC).
 	idleGoroutinesGone = 1000

@@ -9,8 +9,8 @@ import (
 	"go.uber.org/zap"
 )
 
-// logOpen logs the ingest listener's settings for browsers and the internet
-// (issue 23); api_keys are counted, never shown.
+// logOpen logs the ingest listener's settings for browsers and the
+// internet; api_keys are counted, never shown.
 func logOpen(log *zap.Logger, cfg config.Config) {
 	allowed := "all"
 	if keys := cfg.IngestAllowedAPIKeys(cfg.Creds); keys != nil {

@@ -148,7 +148,7 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *st
 		DrainTimeout:   cfg.DrainTimeout,
 	}
 	var p *batcher.Pipeline
-	if fs != nil { // issue 22: the events partitions this relay owns
+	if fs != nil { // the events partitions this relay owns
 		p, err = batcher.NewFleet(bcfg, fs.b.Only(spool.KindEvents), fs.f, client, thr, log.Named("delivery"), reg)
 	} else {
 		p, err = batcher.New(bcfg, sp, client, thr, log.Named("delivery"), reg)
@@ -324,7 +324,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	if scfg.MinFreeBytes == 0 {
 		scfg.MinFreeBytes = -1 // --spool-min-free-bytes 0 disables the reserve
 	}
-	// Issue 19: bounded lanes (0 means no bound / never, negative for the spool).
+	// Bounded lanes (0 means no bound / never, negative for the spool).
 	scfg.MaxLanes, scfg.RetireIdle = cfg.MaxLanes, cfg.LaneRetireAfter
 	if scfg.MaxLanes == 0 {
 		scfg.MaxLanes = -1
@@ -346,7 +346,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	// give that memory back before serving, or a relay restarted on a
 	// backlog keeps it as RSS until its first collection.
 	debug.FreeOSMemory()
-	// Issue 22: fleet mode's store, stopped after delivery gave its
+	// Fleet mode's store, stopped after delivery gave its
 	// partitions up (stops run in reverse).
 	var fs *fleetStore
 	if cfg.SpoolNATS != nil {
@@ -358,7 +358,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 			hooks.fleetOpened(fs.nc)
 		}
 		for _, l := range sp.Lanes() {
-			if l.Stats().Records > 0 { // every kind is the fleet's (issue 22)
+			if l.Stats().Records > 0 { // every kind is the fleet's
 				log.Warn("records spooled in --data-dir by an earlier run without --spool nats:// are not delivered in fleet mode: run the relay once with --spool local to deliver them",
 					zap.String("lane", l.Key().Label()), zap.Int64("records", l.Stats().Records))
 			}
@@ -368,7 +368,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	log.Info("spool open", zap.String("dir", cfg.DataDir), zap.Int("lanes", st.Lanes),
 		zap.Int64("live_bytes", st.LiveBytes), zap.Int64("file_bytes", st.FileBytes), zap.Int64("dead", st.Dead))
 
-	// TLS of both listeners, reloaded on SIGHUP (issue 23).
+	// TLS of both listeners, reloaded on SIGHUP.
 	ingTLS, err := loadTLS(log, "ingest", cfg.TLSCert, cfg.TLSKey, tlsSources(cfg, "tls-cert", "tls-key"))
 	if err != nil {
 		return err
@@ -410,7 +410,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 		return nil
 	})
 	rcfg := adminapi.RelayConfig{Lanes: dl.lanes, Store: local}
-	if fs != nil { // issue 22: the fleet's dead letters
+	if fs != nil { // the fleet's dead letters
 		rcfg.Store, rcfg.Fleet = fs.b, true
 	}
 	relayAPI, err := adminapi.NewRelay(rcfg, sp, log.Named("admin"), reg)
@@ -427,10 +427,10 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 		case !spoolOpen.Load():
 			return errors.New("spool closed")
 		}
-		if err := sp.Stats().Refusing; err != nil { // issue 20/24: a full disk at start, failing checkpoints
+		if err := sp.Stats().Refusing; err != nil { // a full disk at start, failing checkpoints
 			return err
 		}
-		if fs != nil { // issue 22
+		if fs != nil {
 			if err := fs.ready(); err != nil {
 				return err
 			}
@@ -443,7 +443,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 				return fmt.Errorf("%s: %w", c.name, err)
 			}
 		}
-		// Issue 19: ingest refuses new lanes (the contract's "lane limit").
+		// Ingest refuses new lanes (the contract's "lane limit").
 		if cfg.MaxLanes > 0 && sp.Stats().Lanes >= cfg.MaxLanes {
 			return fmt.Errorf("lane limit reached (--max-lanes %d): new api_keys are refused", cfg.MaxLanes)
 		}
@@ -534,24 +534,24 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 		MaxRequestBytes: cfg.MaxRequestBytes,
 		MaxBatchBytes:   int(cfg.MaxBatchBytes),
 		TrustedProxies:  cfg.TrustedProxies,
-		Open: ingest.Open{ // issue 23
+		Open: ingest.Open{
 			CORSOrigins:     cfg.CORSOrigins,
 			AllowedAPIKeys:  cfg.IngestAllowedAPIKeys(cfg.Creds),
 			ClientRateLimit: cfg.ClientRateLimit,
 			AnonymizeIP:     cfg.AnonymizeIP,
 		},
 	}
-	icfg.MaxConnections = cfg.MaxConnections // issue 19
-	if ingTLS != nil {                       // issue 23
+	icfg.MaxConnections = cfg.MaxConnections
+	if ingTLS != nil {
 		icfg.TLS = ingTLS.r.TLSConfig()
 	}
-	// Issue 19 follow-up. Loopback peers are processes of this host (an app
+	// Loopback peers are processes of this host (an app
 	// beside a sidecar relay, a local reverse proxy, a load test): the
 	// per-client bound is against remote clients.
 	icfg.MaxConnectionsPerClient = cfg.MaxConnectionsPerClient
 	icfg.UnboundedPeers = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
 	var events storage.Appender = local
-	if fs != nil { // issue 22: events go to the fleet's streams
+	if fs != nil { // events go to the fleet's streams
 		events = fs.b
 	}
 	ing, err := ingest.New(icfg, events, event.NewIDGen(), log.Named("ingest"), reg)

@@ -57,7 +57,7 @@ type RelayConfig struct {
 	// kind). Required.
 	Store Store
 
-	// Issue 22: Fleet says fleet mode: the events deliverer's lanes are its
+	// Fleet says fleet mode: the events deliverer's lanes are its
 	// runners (one per lane and owned partition), not the spool's lanes.
 	Fleet bool
 }
@@ -180,7 +180,7 @@ func (ix laneIndex) label(k spool.LaneKey) string {
 	if l := ix.byKey[k]; l != nil {
 		return l.Key().Label()
 	}
-	return k.Label() // a retired lane's (issue 19)
+	return k.Label() // a retired lane's
 }
 
 // ---- dead letters

@@ -9,7 +9,7 @@ import (
 	"github.com/svcrelay/relay/internal/spool"
 )
 
-// Issue 19: the dead letters of a lane keep its label after the lane was
+// The dead letters of a lane keep its label after the lane was
 // retired (empty and idle): they list under it and a filter by it selects
 // them; a label that names no lane nor dead letter is still 404.
 func TestDeadLettersOfRetiredLane(t *testing.T) {

@@ -126,7 +126,7 @@ func TestCheckOverHTTP(t *testing.T) {
 		{"fwd: admin token in Authorization too is stripped", fwd, [][2]string{proxy("Bearer " + right), auth("Bearer " + right)}, 200, "", false, false},
 		{"fwd: Basic only", fwd, [][2]string{auth(basic)}, 401, "", false, true},
 		// The admin token is stripped from Authorization whatever scheme it
-		// rides in (issue 19): never forwarded upstream.
+		// rides in: never forwarded upstream.
 		{"fwd: token in Token scheme stripped", fwd, [][2]string{proxy("Bearer " + right), auth("Token " + right)}, 200, "", false, false},
 		{"fwd: bare token stripped", fwd, [][2]string{proxy("Bearer " + right), auth(right)}, 200, "", false, false},
 		{"fwd: Basic user=token stripped", fwd, [][2]string{proxy("Bearer " + right), auth(b64basic(right + ":x"))}, 200, "", false, false},

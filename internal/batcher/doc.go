@@ -126,7 +126,7 @@
 //
 // # Fleet mode
 //
-// NewFleet (issue 22) delivers the partitions a storage.Owner hands this
+// NewFleet delivers the partitions a storage.Owner hands this
 // relay (the fleet's NATS JetStream streams) instead of spool lanes, through
 // delivery.DeliverPartition (shared with the form kinds): a reader goroutine
 // per owned partition demultiplexes its messages by lane into feeds

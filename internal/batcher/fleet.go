@@ -18,7 +18,7 @@ import (
 	"github.com/svcrelay/relay/internal/throttle"
 )
 
-// Fleet mode (issue 22). The store hands this relay the partitions it owns
+// Fleet mode. The store hands this relay the partitions it owns
 // (storage.Owner.Run), one storage.Reader each; a partition carries the
 // records of many lanes, each Message those of one lane. For each partition
 // a reader goroutine (deliverPartition) reads messages in order and hands

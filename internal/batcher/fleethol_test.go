@@ -19,7 +19,7 @@ import (
 	"github.com/svcrelay/relay/internal/upstream"
 )
 
-// Head-of-line inside a fleet partition (issue 22): a partition carries
+// Head-of-line inside a fleet partition: a partition carries
 // many lanes; a lane that takes nothing must not stop the others.
 
 // muxStore is a fleet partition as the engine sees it, over the local

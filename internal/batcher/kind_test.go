@@ -13,7 +13,7 @@ import (
 // batches: the envelope (api_key, options), the separators, the event and
 // byte limits (a body stays strictly under MaxBatchBytes), an event too
 // large alone dead-lettered, the order kept. The expected bodies are what
-// build produced before the events kind packed them (issue 21).
+// build produced before the events kind packed them.
 func TestBuildBodies(t *testing.T) {
 	ev := func(n int, c string) spool.Record {
 		return spool.Record{OrderKey: []byte("d:" + c), Data: []byte(`"` + strings.Repeat(c, n-2) + `"`)}

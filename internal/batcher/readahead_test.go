@@ -297,7 +297,7 @@ func TestSmallBudgetDoesNotWaitForFlush(t *testing.T) {
 	h.check(nil)
 }
 
-// Issue 19, item 3: 40 lanes, each with one request far larger than a
+// 40 lanes, each with one request far larger than a
 // lane's read-ahead, and the upstream down: the lanes read their chunks in
 // parts, the total stays within its budget (passed by at most a read's
 // rounding per lane), the heap does not hold the chunks, and the same after

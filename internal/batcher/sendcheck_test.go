@@ -32,7 +32,7 @@ func (g *gateSender) Do(ctx context.Context, r *upstream.Request) upstream.Resul
 }
 
 // TestSendTimePauseCheck: a 429 of another lane pauses a user of a batch
-// after the batch was built and before it is sent (issue 18's send-time
+// after the batch was built and before it is sent (the send-time
 // check, pausedSinceBuild); the batch is built again with the user's events
 // held, so the user gets nothing until its pause ends, while the batch's
 // other events go during the pause. Deterministic, in fake time: lane B's

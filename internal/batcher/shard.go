@@ -254,7 +254,7 @@ func (s *shard) pausedUntil(r *spool.Record) time.Time {
 }
 
 // pausedUntilFleet is pausedUntil with the pauses shared by the fleet's
-// relays (issue 22): a 429 seen by the partition's previous owner holds.
+// relays: a 429 seen by the partition's previous owner holds.
 func (s *shard) pausedUntilFleet(r *spool.Record) time.Time {
 	p := s.lr.p
 	u := p.thr.PausedUntil(r.OrderKey)

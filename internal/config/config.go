@@ -75,14 +75,14 @@ type Config struct {
 	// the caller to log.
 	Warnings []string
 
-	// Issues 19 and 23 (ingest listener): connections and TLS.
+	// The ingest listener: connections and TLS.
 	MaxConnections int // --max-connections, > 0
 	// TLSCert and TLSKey are --tls-cert and --tls-key (both or neither):
 	// the ingest listener serves TLS with them. AdminTLSCert and
 	// AdminTLSKey are the same for the admin listener. SIGHUP reloads them.
 	TLSCert, TLSKey           string
 	AdminTLSCert, AdminTLSKey string
-	// Issue 23: browsers and the open internet.
+	// Browsers and the open internet.
 	CORSOrigins []string // --cors-origins, normalized (ingest.NormalizeOrigin), or ["*"]; nil: none
 	// AllowedAPIKeys is --allowed-api-keys; nil: every api_key. When
 	// AllowedKeysFromCredentials (--allowed-api-keys=credentials) it is nil
@@ -93,12 +93,12 @@ type Config struct {
 	ClientRateLimit            float64 // --client-rate-limit, requests/s per client address; 0: off
 	AnonymizeIP                bool    // --anonymize-ip
 
-	// Issue 24: where each setting came from, for `relay config check`.
+	// Where each setting came from, for `relay config check`.
 	// Settings lists every option of the table in its order, with the value
 	// as given (secrets masked) and its Origin.
 	Settings []Setting
 
-	// Fleet mode (issue 22).
+	// Fleet mode.
 	// SpoolNATS is --spool's NATS servers ("nats://host:port" or
 	// "tls://host:port" each, user info kept: never log them); nil means
 	// --spool local, the WAL + bbolt spool in DataDir.
@@ -111,16 +111,16 @@ type Config struct {
 	// SpoolPartitions is --spool-partitions, P of the fleet's streams
 	// (1..256, fixed once the streams exist).
 	SpoolPartitions int
-	// Issue 19 follow-up: connections per client address.
+	// Connections per client address.
 	MaxConnectionsPerClient int // --max-connections-per-client, >= 0; 0: no bound
 
-	// Issue 18: the sandbox guard.
+	// The sandbox guard.
 	// SpoolUpstreamChange is --spool-upstream-change: "refuse" (a start
 	// whose upstream differs from the one the spool's waiting records were
 	// accepted for, sandbox included, fails) or "allow".
 	SpoolUpstreamChange string
 
-	// Issue 19: bounded lanes.
+	// Bounded lanes.
 	MaxLanes        int           // --max-lanes; 0 means no bound
 	LaneRetireAfter time.Duration // --lane-retire-after; 0 never retires
 }
@@ -135,7 +135,7 @@ type option struct {
 	def    string
 	usage  string
 	isBool bool
-	secret bool // masked by `relay config check` (issue 24)
+	secret bool // masked by `relay config check`
 	set    func(c *Config, v string) error
 }
 
@@ -234,7 +234,7 @@ var options = []option{
 	{name: "config", usage: "YAML file of settings (keys are the flag names); flags and RELAY_* variables beat it",
 		set: str(func(c *Config) *string { return &c.ConfigFile })},
 
-	// Issues 19 and 23 (ingest listener): connections and TLS.
+	// The ingest listener: connections and TLS.
 	{name: "max-connections", def: "16384", usage: "ingest connections held open at once; beyond it new ones wait in the accept queue",
 		set: func(c *Config, v string) error {
 			n, err := strconv.Atoi(strings.TrimSpace(v))
@@ -252,7 +252,7 @@ var options = []option{
 		set: str(func(c *Config) *string { return &c.AdminTLSCert })},
 	{name: "admin-tls-key", usage: "PEM private key of --admin-tls-cert",
 		set: str(func(c *Config) *string { return &c.AdminTLSKey })},
-	// Issue 23: browsers and the open internet.
+	// Browsers and the open internet.
 	{name: "cors-origins", usage: "comma-separated origins (https://www.example.com) whose browser pages may POST to the ingest listener, or *; others are refused",
 		set: func(c *Config, v string) error {
 			origins, err := parseOrigins(v)
@@ -291,7 +291,7 @@ var options = []option{
 			c.AnonymizeIP = b
 			return nil
 		}},
-	// Fleet mode (issue 22).
+	// Fleet mode.
 	{name: "spool", def: "local", secret: true, usage: "local: the WAL + bbolt spool in --data-dir; nats://host:port[,host:port...]: a NATS JetStream cluster shared by a fleet of relays",
 		set: func(c *Config, v string) error {
 			urls, err := ParseSpool(v)
@@ -315,7 +315,7 @@ var options = []option{
 			c.SpoolPartitions = n
 			return nil
 		}},
-	// Issue 19 follow-up: connections per client address.
+	// Connections per client address.
 	{name: "max-connections-per-client", def: strconv.Itoa(ingest.DefaultMaxConnectionsPerClient), usage: "ingest connections one client address (IPv6: its /64) holds open at once; beyond it new ones are closed at accept; loopback and --trusted-proxies are not bounded (0: off)",
 		set: func(c *Config, v string) error {
 			n, err := strconv.Atoi(strings.TrimSpace(v))
@@ -325,10 +325,10 @@ var options = []option{
 			c.MaxConnectionsPerClient = n
 			return nil
 		}},
-	// Issue 18: the sandbox guard.
+	// The sandbox guard.
 	{name: "spool-upstream-change", def: "refuse", usage: "allow: deliver records waiting in the spool to another upstream than they were accepted for (refuse: fail to start)",
 		set: str(func(c *Config) *string { return &c.SpoolUpstreamChange })},
-	// Issue 19: bounded lanes.
+	// Bounded lanes.
 	{name: "max-lanes", def: "10000", usage: "lanes (kind + api_key + canonical options) held at once; a new one beyond it gets 503 + Retry-After (0: no bound)",
 		set: func(c *Config, v string) error {
 			n, err := strconv.Atoi(strings.TrimSpace(v))
@@ -481,7 +481,7 @@ func Load(args []string, environ []string) (Config, error) {
 		cfgFile = v
 	}
 	var file map[string]string
-	var lines map[string]int // issue 24: the line of each key, for sources
+	var lines map[string]int // the line of each key, for sources
 	if cfgFile != "" {
 		var err error
 		if file, err = readFile(cfgFile); err != nil {
@@ -614,11 +614,10 @@ func (c *Config) finish() error {
 		if c.Creds, err = credentials.Load(c.Credentials); err != nil {
 			return settingErr("credentials", ": %v", err)
 		}
-		if c.Creds.ReadableByOthers() { // issue 19
+		if c.Creds.ReadableByOthers() {
 			c.warn("credentials", "%s is readable by group or others: chmod 600 it", c.Credentials)
 		}
 	}
-	// Issue 23.
 	switch {
 	case c.AllowedKeysFromCredentials && c.Creds == nil:
 		return settingErr("allowed-api-keys", `"credentials" needs the credentials setting: the file whose projects' api_keys are taken`)
@@ -713,7 +712,7 @@ func (c Config) Validate() error {
 		return settingErr("log-format", "%q: want json or console", c.LogFormat)
 	}
 
-	// Issues 19 and 23 (ingest listener). The errors name only the setting
+	// The ingest listener. The errors name only the setting
 	// that was set (Load adds where from), never as a flag one not given.
 	if c.MaxConnections < 1 {
 		return settingErr("max-connections", "%d: want a positive number", c.MaxConnections)
@@ -729,7 +728,6 @@ func (c Config) Validate() error {
 			return settingErr(p.key, "is set without %s: set both or neither", p.cert)
 		}
 	}
-	// Issue 19 follow-up.
 	if c.MaxConnectionsPerClient < 0 {
 		return settingErr("max-connections-per-client", "%d: want 0 (no bound) or a positive number", c.MaxConnectionsPerClient)
 	}
@@ -774,7 +772,7 @@ func ParseSpool(v string) ([]string, error) {
 	return out, nil
 }
 
-// validateFleet checks the fleet-mode settings (issue 22).
+// validateFleet checks the fleet-mode settings.
 func (c Config) validateFleet() error {
 	if c.SpoolPartitions < 1 || c.SpoolPartitions > 256 {
 		return settingErr("spool-partitions", "%d: want 1 to 256", c.SpoolPartitions)

@@ -25,12 +25,11 @@ func TestDefaults(t *testing.T) {
 		FlushInterval: 200 * time.Millisecond, SpoolMaxBytes: 8 << 30, SpoolMinFreeBytes: 256 << 20,
 		Sync: "always", MaxRequestBytes: 20_000_000, MaxEventAge: 6 * 24 * time.Hour,
 		DrainTimeout: 10 * time.Second, LogLevel: "info",
-		MaxConnections:  16384, // issues 19 and 23 (ingest listener)
-		SpoolPartitions: 16,    // issue 22
-		// Issue 19 follow-up.
+		MaxConnections:          16384, // the ingest listener's
+		SpoolPartitions:         16,
 		MaxConnectionsPerClient: 256,
-		SpoolUpstreamChange:     "refuse",                                 // issue 18
-		MaxLanes:                10000, LaneRetireAfter: 10 * time.Minute, // issue 19
+		SpoolUpstreamChange:     "refuse",
+		MaxLanes:                10000, LaneRetireAfter: 10 * time.Minute,
 	}
 	if !equal(c, want) {
 		t.Fatalf("defaults\n got %+v\nwant %+v", c, want)
@@ -75,14 +74,13 @@ func TestFullFile(t *testing.T) {
 		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.168.1.1/32")},
 		DrainTimeout:   20 * time.Second, LogLevel: "debug", LogFormat: "console",
 		ConfigFile: "testdata/full.yaml",
-		// Issues 19 and 23 (ingest listener).
+		// The ingest listener.
 		MaxConnections: 1000, TLSCert: "/etc/relay/tls/cert.pem", TLSKey: "/etc/relay/tls/key.pem",
 		AdminTLSCert: "/etc/relay/tls/admin-cert.pem", AdminTLSKey: "/etc/relay/tls/admin-key.pem",
-		SpoolPartitions: 16, // issue 22
-		// Issue 19 follow-up.
+		SpoolPartitions:         16,
 		MaxConnectionsPerClient: 64,
-		SpoolUpstreamChange:     "refuse",                        // issue 18
-		MaxLanes:                500, LaneRetireAfter: time.Hour, // issue 19
+		SpoolUpstreamChange:     "refuse",
+		MaxLanes:                500, LaneRetireAfter: time.Hour,
 	}
 	if !equal(c, want) {
 		t.Fatalf("\n got %+v\nwant %+v", c, want)
@@ -141,16 +139,15 @@ func TestEnvNames(t *testing.T) {
 		"RELAY_LOG_LEVEL=warn", "RELAY_LOG_FORMAT=json", "RELAY_CONFIG=testdata/empty.yaml",
 		"RELAY_CORS_ORIGINS=https://a.example", "RELAY_ALLOWED_API_KEYS=k1", "RELAY_CLIENT_RATE_LIMIT=3",
 		"RELAY_ANONYMIZE_IP=true",
-		"RELAY_SPOOL_UPSTREAM_CHANGE=allow",              // issue 18
-		"RELAY_MAX_LANES=7", "RELAY_LANE_RETIRE_AFTER=0", // issue 19
+		"RELAY_SPOOL_UPSTREAM_CHANGE=allow",
+		"RELAY_MAX_LANES=7", "RELAY_LANE_RETIRE_AFTER=0",
 		"RELAY_NOT_A_SETTING=1", "PATH=/bin",
-		// Issues 19 and 23 (ingest listener).
+		// The ingest listener.
 		"RELAY_MAX_CONNECTIONS=7", "RELAY_TLS_CERT=c", "RELAY_TLS_KEY=k",
 		"RELAY_ADMIN_TLS_CERT=ac", "RELAY_ADMIN_TLS_KEY=ak",
-		// Fleet mode (issue 22).
+		// Fleet mode.
 		"RELAY_SPOOL=nats://h1:4222,h2:4222", "RELAY_NATS_CREDS=testdata/admin.token", "RELAY_NATS_TLS_CA=testdata/admin.token",
 		"RELAY_NATS_TLS_CERT=testdata/credentials.yaml", "RELAY_NATS_TLS_KEY=testdata/empty.yaml", "RELAY_SPOOL_PARTITIONS=8",
-		// Issue 19 follow-up.
 		"RELAY_MAX_CONNECTIONS_PER_CLIENT=0",
 	}
 	c, err := Load(nil, env)
@@ -166,13 +163,13 @@ func TestEnvNames(t *testing.T) {
 		Token: tokenOf(t, "tok"), Credentials: "testdata/credentials.yaml", Creds: &credentials.Store{},
 		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("::1/128")},
 		DrainTimeout:   3 * time.Second, LogLevel: "warn", LogFormat: "json", ConfigFile: "testdata/empty.yaml",
-		// Issues 19 and 23 (ingest listener).
+		// The ingest listener.
 		MaxConnections: 7, TLSCert: "c", TLSKey: "k", AdminTLSCert: "ac", AdminTLSKey: "ak",
 		CORSOrigins: []string{"https://a.example"}, AllowedAPIKeys: []string{"k1"}, ClientRateLimit: 3, AnonymizeIP: true,
-		// Fleet mode (issue 22).
+		// Fleet mode.
 		SpoolNATS: []string{"nats://h1:4222", "nats://h2:4222"}, NATSCreds: "testdata/admin.token", NATSTLSCA: "testdata/admin.token",
 		NATSTLSCert: "testdata/credentials.yaml", NATSTLSKey: "testdata/empty.yaml", SpoolPartitions: 8,
-		// Issue 19 follow-up: 0 turns the bound off.
+		// 0 turns the bound off.
 		MaxConnectionsPerClient: 0, SpoolUpstreamChange: "allow", MaxLanes: 7,
 	}
 	if !equal(c, want) {
@@ -231,7 +228,7 @@ func TestTokenFile(t *testing.T) {
 	if !found {
 		t.Fatalf("warnings %q: want one about the readable token file", c.Warnings)
 	}
-	// testdata/credentials.yaml is 0644 too (issue 19).
+	// testdata/credentials.yaml is 0644 too.
 	found = false
 	for _, w := range c.Warnings {
 		found = found || strings.Contains(w, "credentials testdata/credentials.yaml is readable by group or others: chmod 600 it (from testdata/credentials_token_file.yaml line 1)") && !strings.Contains(w, "--")
@@ -315,10 +312,10 @@ func TestRefusals(t *testing.T) {
 		{"unknown flag", []string{"--ingest_url", "http://x"}, nil, "flag provided but not defined"},
 		{"stray argument", []string{"serve"}, nil, `unexpected argument "serve"`},
 		{"zero request bytes", []string{"--max-request-bytes", "0"}, nil, "--max-request-bytes 0"},
-		// Issues 19 and 23 (ingest listener).
+		// The ingest listener.
 		{"zero connections", []string{"--max-connections", "0"}, nil, "--max-connections 0"},
 		{"connections not a number", []string{"--max-connections", "many"}, nil, "--max-connections (from flag --max-connections): invalid number"},
-		// Fleet mode (issue 22).
+		// Fleet mode.
 		{"spool neither local nor nats", []string{"--spool", "kafka://h:9092"}, nil, "--spool (from flag --spool): want local or nats://"},
 		{"spool server without port", []string{"--spool", "nats://h1:4222,h2"}, nil, "server 2: want host:port"},
 		{"spool password not echoed", []string{"--spool", "nats://u:s3cret@h1"}, nil, "server 1: want host:port"},
@@ -331,7 +328,6 @@ func TestRefusals(t *testing.T) {
 		{"tls cert without key", []string{"--tls-cert", "c.pem"}, nil, "--tls-cert is set without tls-key: set both or neither (from flag --tls-cert)"},
 		{"tls key without cert", nil, []string{"RELAY_TLS_KEY=k.pem"}, "tls-key is set without tls-cert: set both or neither (from variable RELAY_TLS_KEY)"},
 		{"admin tls cert without key", []string{"--admin-tls-cert", "c.pem"}, nil, "--admin-tls-cert is set without admin-tls-key"},
-		// Issue 19 follow-up.
 		{"negative connections per client", []string{"--max-connections-per-client", "-1"}, nil, "--max-connections-per-client -1: want 0 (no bound) or a positive number (from flag --max-connections-per-client)"},
 	}
 	for _, tt := range tests {
@@ -476,7 +472,7 @@ func TestDeployExample(t *testing.T) {
 	}
 }
 
-// TestSpool: --spool's forms (issue 22).
+// TestSpool: --spool's forms.
 func TestSpool(t *testing.T) {
 	for _, tt := range []struct {
 		in   string

@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// Issue 23's settings: --cors-origins, --allowed-api-keys,
+// The settings for browsers and the open internet: --cors-origins, --allowed-api-keys,
 // --client-rate-limit, --anonymize-ip.
 
 func TestOpenSettingsDefaults(t *testing.T) {

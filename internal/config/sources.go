@@ -10,7 +10,7 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// Where each setting came from (issue 24): Load records a Setting per
+// Where each setting came from: Load records a Setting per
 // option, validation errors name the source of the bad value.
 
 // Setting is one option's effective value and where it came from.

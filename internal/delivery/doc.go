@@ -10,7 +10,7 @@
 // started as lanes appear, forgotten when the spool retires the lane; lane
 // status, stop/resume and relay_lane_stopped) and the runner of the
 // form-encoded kinds (FormLanes: group identify and user mappings, whose
-// Kind is a Form), and in fleet mode (issue 22) the partition
+// Kind is a Form), and in fleet mode the partition
 // demultiplexer every kind's runners read (DeliverPartition: a Feed per
 // lane of a partition, one acker per partition; Runners, the runners by
 // id). The events pipeline (internal/batcher) is the other kind: its Kind

@@ -56,7 +56,7 @@ type engineLane[R Runner] struct {
 // forgets a runner whose lane the spool retired, and answers the lane
 // control (LaneStatus, StopLane, ResumeLane) and relay_lane_stopped.
 // Its lock is never held across a call out of the package: runners and
-// metrics are called on snapshots (issue 19: a scrape never waits for
+// metrics are called on snapshots (a scrape never waits for
 // delivery).
 type Engine[R Runner] struct {
 	cfg EngineConfig[R]
@@ -251,7 +251,7 @@ func (e *Engine[R]) StoppedCollector(checked bool) prometheus.Collector {
 
 // NewStoppedCollector returns a relay_lane_stopped{lane} collector made at
 // scrape time from status (for a deliverer without an Engine: the fleet's
-// partitions; issue 22). status must take no lock held across a call out
+// partitions). status must take no lock held across a call out
 // of its package, and its labels must be unique.
 func NewStoppedCollector(status func() []LaneStatus, checked bool) prometheus.Collector {
 	return &stoppedCollector{status: status, desc: NewLaneStoppedDesc(), checked: checked}

@@ -294,7 +294,7 @@ func NewFormLanes(cfg FormConfig, client *upstream.Client, log *zap.Logger, reg 
 		})
 	if reg != nil {
 		// relay_lane_stopped{lane} for this kind's lanes, beside the event
-		// pipeline's (issue 24): one series per lane, so one alert covers
+		// pipeline's: one series per lane, so one alert covers
 		// every kind.
 		if err := reg.Register(NewStoppedCollector(d.LaneStatus, false)); err != nil {
 			return nil, fmt.Errorf("%s: register relay_lane_stopped: %w", cfg.Name, err)
@@ -357,7 +357,7 @@ type laneRun struct {
 	bo    *Retry
 	// readAhead is the bytes of the chunks being delivered.
 	readAhead atomic.Int64
-	// st pins the lane while stopped (issue 19: not retired then).
+	// st pins the lane while stopped (not retired then).
 	st StopSwitch
 }
 
@@ -367,7 +367,7 @@ func (d *FormLanes) newLane(l *spool.Lane) *laneRun {
 }
 
 // Run delivers the lane until ctx ends or the spool retires it (empty and
-// idle, issue 19). drain is not used: a request in flight ends with ctx.
+// idle). drain is not used: a request in flight ends with ctx.
 func (lr *laneRun) Run(ctx, _ context.Context) error {
 	d := lr.d
 	d.m.lanes.Inc()

@@ -12,7 +12,7 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// Issue 19: group identify (and user mapping) lanes are bounded like event
+// Group identify (and user mapping) lanes are bounded like event
 // lanes: once delivered and idle they are retired by the spool, and their
 // deliverer goroutine ends and forgets them; a later record of the same key
 // makes a new lane that delivers.

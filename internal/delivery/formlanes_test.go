@@ -100,7 +100,7 @@ func TestPack(t *testing.T) {
 }
 
 // A Form's bodies byte for byte (what Form.Pack and Form.Body produced
-// before the Frame, issue 21), and TooLarge at its boundary.
+// before the Frame), and TooLarge at its boundary.
 func TestFormFrame(t *testing.T) {
 	f := (&Form{Field: "mapping", MaxItems: 2, MaxBodyBytes: 1 << 20}).Frame(spool.LaneKey{APIKey: "k y&=é"})
 	recs := []spool.Record{{Data: []byte(`{"user_id":"a b","global_user_id":"ü~-_.*"}`)}, {Data: []byte(`{"x":[1,2],"y":"%2C+"}`)}, {Data: []byte(`{}`)}}

@@ -61,7 +61,7 @@ func (p listed) testKit() bool {
 	return strings.HasSuffix(p.Name, "test") && strings.HasSuffix(p.Path, "/"+p.Name)
 }
 
-// layoutProblems is issue 21's structure rule over the packages of
+// layoutProblems is the structure rule over the packages of
 // internal/... (with their non-test imports) and the dependencies of the
 // relay binary:
 //   - no package imports a sibling's subpackage (internal/a importing
@@ -154,7 +154,7 @@ func goList(t *testing.T, args ...string) []listed {
 	return pkgs
 }
 
-// TestLayout is the check of issue 21's done-when, on the tree as it is:
+// TestLayout checks the layout on the tree as it is:
 // `go list ./internal/...` shows one delivery engine and no package that
 // imports a sibling's subpackage.
 func TestLayout(t *testing.T) {
@@ -171,8 +171,8 @@ func TestLayout(t *testing.T) {
 	}
 }
 
-// The rule finds what issue 21 found in the tree (and a test kit in the
-// binary), and passes the layout it asked for.
+// The rule finds the layouts it forbids (a kind on another kind's
+// subpackage, a test kit in the binary), and passes the layout it asks for.
 func TestLayoutProblems(t *testing.T) {
 	pkg := func(path string, imports ...string) listed {
 		for i := range imports {
@@ -200,7 +200,7 @@ func TestLayoutProblems(t *testing.T) {
 		bad[p.Path] = p
 	}
 	for _, p := range []listed{
-		// What issue 21 saw.
+		// A kind on another kind's subpackage, which reaches into the batcher.
 		pkg("internal/groupidentify/lanedeliver", "internal/batcher", "internal/spool"),
 		pkg("internal/usermap", "internal/groupidentify/lanedeliver", "internal/formreq"),
 		// A product package on a test kit, and a kind on another kind.

@@ -14,7 +14,7 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// Fleet mode (issue 22), for every lane kind. The store hands this relay
+// Fleet mode, for every lane kind. The store hands this relay
 // the partitions it owns (storage.Owner.Run), one storage.Reader each; a
 // partition carries the records of many lanes, each Message those of one
 // lane. DeliverPartition reads a partition's messages in order and hands
@@ -371,7 +371,7 @@ type fentry struct {
 // body of a message read and not acknowledged and read it again by
 // sequence. A spilled message stays read: unacknowledged, kept alive, in
 // the store's count of unacknowledged messages. With it, a lane that takes
-// nothing does not stop its partition's other lanes (issue 22).
+// nothing does not stop its partition's other lanes.
 type spiller interface {
 	Spill(seq uint64)
 	Reread(ctx context.Context, seq uint64) (*storage.Message, error)

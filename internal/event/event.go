@@ -76,7 +76,7 @@ const (
 	evDevEsc                // DeviceID is still the escaped string content
 	evUserShort             // user_id was removed for min_id_length
 	evDevShort              // device_id was removed for min_id_length
-	evIPGiven               // some ip member is a string other than "$remote" (issue 23)
+	evIPGiven               // some ip member is a string other than "$remote"
 )
 
 // Prefixes of OrderKey: the device id and user id spaces are kept apart.

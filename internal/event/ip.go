@@ -1,6 +1,6 @@
 package event
 
-// This file serves IP anonymization (issue 23): finding the ip values a
+// This file serves IP anonymization: finding the ip values a
 // client gave, so that the relay can rewrite them before they are spooled.
 
 // HasGivenIP reports whether the event has a top-level ip member (any of

@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// Issue 19: options that mean the same make one lane (equal Options);
+// Options that mean the same make one lane (equal Options);
 // options that differ in meaning stay apart.
 func TestOptionsCanonical(t *testing.T) {
 	parse := func(opts string) string {
@@ -45,7 +45,7 @@ func TestOptionsCanonical(t *testing.T) {
 	}
 }
 
-// Issue 19: an api_key longer than MaxAPIKeyBytes is refused as the
+// An api_key longer than MaxAPIKeyBytes is refused as the
 // upstream refuses a bad key, 400 "Invalid API key"; one at the bound is
 // taken. An escaped key counts unescaped.
 func TestAPIKeyBound(t *testing.T) {

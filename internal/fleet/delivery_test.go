@@ -28,8 +28,8 @@ func TestFleetDelivery(t *testing.T) {
 // delivery to the previous owner by a consumer that outlived its reset)
 // must not be overtaken by the partition's later messages. Made here with
 // the real server: a second reader pulls the first message and drops it
-// without acknowledging, as a dead connection would. Issue 22, fleetfix:
-// test/fleet's Both scenario saw it (a message acknowledged to its client
+// without acknowledging, as a dead connection would. test/fleet's
+// Both scenario saw it (a message acknowledged to its client
 // at the instant of the kills came ~14 s after later ones of its device).
 func (e *testEnv) testMissedDelivery(t *testing.T) {
 	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1})

@@ -1125,7 +1125,7 @@ func (e *testEnv) testConcurrentOpen(t *testing.T) {
 	wg.Wait()
 }
 
-// testKindMembers (issue 22): a relay that delivers some lane kinds only is
+// testKindMembers: a relay that delivers some lane kinds only is
 // given no partition of the others. Relay A runs events only, B every kind:
 // B holds every group identify and user mapping partition, and the events
 // partitions are spread over both.

@@ -141,7 +141,7 @@ func (f *Fleet) opCtx(ctx context.Context) (context.Context, context.CancelFunc)
 }
 
 // memberKey is this relay's membership key for kind k: a relay is a member
-// of each kind it delivers (issue 22: each kind's delivery runs its own
+// of each kind it delivers (each kind's delivery runs its own
 // Run).
 func (f *Fleet) memberKey(k spool.Kind) string { return "m." + k.String() + "." + f.cfg.Name }
 

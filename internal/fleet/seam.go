@@ -12,7 +12,7 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// The fleet behind the storage seam (package storage; issue 21): Fleet is
+// The fleet behind the storage seam (package storage): Fleet is
 // the dead-letter store as it is; Backend adapts Append, Run and
 // Partition (whose Message carries the fleet's extras, Partition and
 // Delivered) to storage.Owner and storage.Reader. Pauses are the fleet's
@@ -34,8 +34,8 @@ type Backend struct {
 // Backend returns f behind the storage seam.
 func (f *Fleet) Backend() *Backend { return &Backend{f: f} }
 
-// Only returns b whose Run hands out the partitions of ks only (issue 22:
-// each lane kind's delivery runs its own). The other methods are b's.
+// Only returns b whose Run hands out the partitions of ks only (each
+// lane kind's delivery runs its own). The other methods are b's.
 func (b *Backend) Only(ks ...spool.Kind) *Backend {
 	return &Backend{f: b.f, kinds: slices.Clone(ks)}
 }

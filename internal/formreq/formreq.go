@@ -155,9 +155,9 @@ func (r *Rejecter) SpoolFailed(w http.ResponseWriter, err error) {
 		msg, reason = "Spool full, retry later", "spool_full"
 	case errors.Is(err, spool.ErrDiskLow):
 		msg, reason = "Disk space low, retry later", "disk_low"
-	case errors.Is(err, spool.ErrTooManyLanes): // --max-lanes (issue 19)
+	case errors.Is(err, spool.ErrTooManyLanes): // --max-lanes
 		msg, reason = "Too many lanes, retry later", "too_many_lanes"
-	case errors.Is(err, storage.ErrFull): // fleet mode (issue 22)
+	case errors.Is(err, storage.ErrFull): // fleet mode
 		msg, reason = "Spool full, retry later", "spool_full"
 	case errors.Is(err, spool.ErrClosed): // before: the local store's is also unavailable
 		msg, reason = "Service is shutting down", "shutting_down"

@@ -24,7 +24,7 @@ import (
 // POST /usermap): apiKey as the request gave it, or, when project (the
 // X-Relay-Project header) is not empty, the api_key of that project in
 // creds (the request must then not give its own). The result is not empty
-// and at most event.MaxAPIKeyBytes long (issue 19: a lane per key).
+// and at most event.MaxAPIKeyBytes long (a lane per key).
 func APIKey(creds *credentials.Store, project, apiKey string) (string, *ValidationError) {
 	if project != "" {
 		if apiKey != "" {

@@ -1,6 +1,7 @@
 package forward
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/http"
@@ -15,7 +16,9 @@ import (
 
 // API is one forwarded upstream API as data: where it lives, how it
 // authenticates, how its local answers look, its client-side limits and its
-// documented routes. Forwarder.Routes turns it into admin-listener routes.
+// documented routes. Every API of the package is made by a function of one
+// signature, func(APIConfig) API (SCIM, Taxonomy, ...); Forwarder.Routes
+// serves them.
 type API struct {
 	Upstream
 	// Errors writes the API's local answers in its own error format; nil
@@ -33,14 +36,18 @@ type API struct {
 	// its Retry-After (1 s at least).
 	Limits []Limit
 	// Routes are the documented endpoints; other paths are not forwarded.
-	Routes []Route
+	// Each is the admin listener's route as it is registered: Method and
+	// Path (an http.ServeMux pattern with {name} wildcards, read in Check
+	// with r.PathValue) are the upstream's, the path forwarded is the path
+	// routed, and Handler is the route's Endpoint (nil: Endpoint{}).
+	// Forwarder.Routes sets Mode and serves the Endpoint.
+	Routes []adminroute.Route
 }
 
-// Route is one documented endpoint of an API.
-type Route struct {
-	// Method and Path (an http.ServeMux pattern with {name} wildcards,
-	// read in Check with r.PathValue) of the endpoint, the upstream's.
-	Method, Path string
+// Endpoint is what the relay does on a route of an API before forwarding
+// it: the Handler of the route in the API's table. It is data; only
+// Forwarder.Routes serves it (on its own it answers 500).
+type Endpoint struct {
 	// Check validates what the upstream documents, before anything is
 	// sent; nil: nothing to check. body is the decoded request body when
 	// BodyLimit > 0, else nil.
@@ -51,6 +58,35 @@ type Route struct {
 	// Follow is how many redirects of the upstream's answer the relay
 	// follows itself (DSAR outputs); 0: the redirect is passed back.
 	Follow int
+}
+
+// ServeHTTP answers 500: an Endpoint is served by Forwarder.Routes.
+func (Endpoint) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	WriteError(w, http.StatusInternalServerError, "relay: route not served by a forwarder")
+}
+
+// APIConfig configures a forwarded API: its upstream base and changes to
+// its documented limits, which stay each API's own data.
+type APIConfig struct {
+	// URL is the upstream base (--analytics-url, --scim-url); "" means
+	// none: only projects or organizations with their own base are served.
+	URL string
+	// Limit's fields that are not zero (Name aside) replace those of each
+	// documented limit (MaxWait negative: never wait); zero keeps them. An
+	// API without documented limits has nothing for it to change.
+	// Forwarder.Routes checks the result.
+	Limit ratelimit.Config
+}
+
+// Validate reports a configuration that cannot work.
+func (c APIConfig) Validate() error { return c.Limit.Validate() }
+
+// Over returns doc, a documented limit, with the changes of c.Limit.
+func (c APIConfig) Over(doc ratelimit.Config) ratelimit.Config {
+	o := c.Limit
+	doc.Limit, doc.Window, doc.MaxInFlight = cmp.Or(o.Limit, doc.Limit), cmp.Or(o.Window, doc.Window), cmp.Or(o.MaxInFlight, doc.MaxInFlight)
+	doc.MaxWait, doc.MaxWaiting = cmp.Or(o.MaxWait, doc.MaxWait), cmp.Or(o.MaxWaiting, doc.MaxWaiting)
+	return doc
 }
 
 // Limit is one client-side limit of an API.
@@ -90,8 +126,8 @@ func JSONErrors(w http.ResponseWriter, p *Problem) {
 }
 
 // Routes returns the admin-listener routes (admintoken.ModeForward) of the
-// APIs: every Route, resolved, checked, limited and forwarded. Limits'
-// metrics are registered on the Forwarder's registry.
+// APIs: every route of their tables, resolved, checked, limited and
+// forwarded. Limits' metrics are registered on the Forwarder's registry.
 func (f *Forwarder) Routes(apis ...API) ([]adminroute.Route, error) {
 	var out []adminroute.Route
 	for _, a := range apis {
@@ -113,23 +149,27 @@ func (f *Forwarder) Routes(apis ...API) ([]adminroute.Route, error) {
 			lims[i] = lim
 		}
 		for _, rt := range a.Routes {
-			proxy := f.proxy
-			if rt.Follow > 0 {
-				proxy = f.newProxy(follower(f.transport, rt.Follow))
+			e, ok := rt.Handler.(Endpoint)
+			if !ok && rt.Handler != nil {
+				return nil, fmt.Errorf("forward %s: %s %s: the handler of a route is its Endpoint", a.API, rt.Method, rt.Path)
 			}
-			h := &handler{f: f, api: a, lims: lims, route: rt, proxy: proxy}
-			out = append(out, adminroute.Route{Method: rt.Method, Path: rt.Path, Mode: admintoken.ModeForward, Handler: h})
+			proxy := f.proxy
+			if e.Follow > 0 {
+				proxy = f.newProxy(follower(f.transport, e.Follow))
+			}
+			rt.Mode, rt.Handler = admintoken.ModeForward, &handler{f: f, api: a, lims: lims, route: e, proxy: proxy}
+			out = append(out, rt)
 		}
 	}
 	return out, nil
 }
 
-// handler serves one Route of one API.
+// handler serves one route of one API.
 type handler struct {
 	f     *Forwarder
 	api   API
 	lims  []*ratelimit.Limiter
-	route Route
+	route Endpoint
 	proxy *httputil.ReverseProxy
 }
 

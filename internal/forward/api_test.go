@@ -16,6 +16,8 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 
+	"github.com/svcrelay/relay/internal/adminroute"
+	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/ratelimit"
 )
@@ -70,7 +72,7 @@ func TestAPITable(t *testing.T) {
 		Upstream: Upstream{API: "t", Kind: credentials.KindAnalytics, Fallback: up.URL, Flag: "--t-url", Scheme: SchemeProjectBasic},
 		Accept:   "application/json",
 		Headers:  []string{"Accept", "X-Keep"},
-		Routes: []Route{{Method: "POST", Path: "/t/{name}", BodyLimit: 64, Check: func(r *http.Request, body []byte) *Problem {
+		Routes: []adminroute.Route{{Method: "POST", Path: "/t/{name}", Handler: Endpoint{BodyLimit: 64, Check: func(r *http.Request, body []byte) *Problem {
 			checked.Add(1)
 			if r.PathValue("name") != "ok" {
 				return Bad("name %q refused", r.PathValue("name"))
@@ -79,7 +81,7 @@ func TestAPITable(t *testing.T) {
 				return &Problem{Status: 422, Msg: "body", Extra: map[string]int{"failed": 1}}
 			}
 			return nil
-		}}},
+		}}}},
 	})
 	// Refused by Check: 400 or the Problem's status, with Extra's fields.
 	if resp, body := send(t, "POST", base+"/t/no", `{"a":1}`); resp.StatusCode != 400 || !strings.Contains(body, `"source":"relay"`) {
@@ -140,7 +142,7 @@ func TestAPILimits(t *testing.T) {
 			},
 			Says: "2 per hour",
 		}},
-		Routes: []Route{{Method: "GET", Path: "/l"}, {Method: "POST", Path: "/l"}},
+		Routes: []adminroute.Route{{Method: "GET", Path: "/l"}, {Method: "POST", Path: "/l"}},
 	}
 	base := serveAPIs(t, f, api)
 	auth := []string{"Authorization", "Basic YTpi"}
@@ -202,14 +204,14 @@ func TestAPIConfig(t *testing.T) {
 	for _, c := range []struct {
 		lim    ratelimit.Config
 		cost   func(string) int
-		routes []Route
+		routes []adminroute.Route
 		ok     bool
 	}{
-		{ratelimit.Config{Name: "a", MaxInFlight: 1}, postCosts2, []Route{{Method: "GET", Path: "/a"}}, true},
-		{ratelimit.Config{Name: "b", MaxInFlight: 1}, postCosts2, []Route{{Method: "GET", Path: "/b"}, {Method: "POST", Path: "/b"}}, false},
-		{ratelimit.Config{Name: "c", Limit: 1}, postCosts2, []Route{{Method: "POST", Path: "/c"}}, false},
-		{ratelimit.Config{Name: "d", Limit: 2, MaxInFlight: 2}, postCosts2, []Route{{Method: "POST", Path: "/d"}}, true},
-		{ratelimit.Config{Name: "e", MaxInFlight: 1}, nil, []Route{{Method: "POST", Path: "/e"}}, true},
+		{ratelimit.Config{Name: "a", MaxInFlight: 1}, postCosts2, []adminroute.Route{{Method: "GET", Path: "/a"}}, true},
+		{ratelimit.Config{Name: "b", MaxInFlight: 1}, postCosts2, []adminroute.Route{{Method: "GET", Path: "/b"}, {Method: "POST", Path: "/b"}}, false},
+		{ratelimit.Config{Name: "c", Limit: 1}, postCosts2, []adminroute.Route{{Method: "POST", Path: "/c"}}, false},
+		{ratelimit.Config{Name: "d", Limit: 2, MaxInFlight: 2}, postCosts2, []adminroute.Route{{Method: "POST", Path: "/d"}}, true},
+		{ratelimit.Config{Name: "e", MaxInFlight: 1}, nil, []adminroute.Route{{Method: "POST", Path: "/e"}}, true},
 	} {
 		api := API{Upstream: Upstream{API: c.lim.Name}, Limits: []Limit{{Config: c.lim, Cost: c.cost}}, Routes: c.routes}
 		if _, err := f.Routes(api); (err == nil) != c.ok {
@@ -234,7 +236,7 @@ func TestFollow(t *testing.T) {
 	f := newForwarder(t, Config{})
 	base := serveAPIs(t, f, API{
 		Upstream: Upstream{API: "f", Fallback: up.URL, Scheme: SchemeProjectBasic},
-		Routes:   []Route{{Method: "GET", Path: "/f", Follow: 3}, {Method: "GET", Path: "/p"}},
+		Routes:   []adminroute.Route{{Method: "GET", Path: "/f", Handler: Endpoint{Follow: 3}}, {Method: "GET", Path: "/p"}},
 	})
 	if resp, body := send(t, "GET", base+"/f", "", "Authorization", "Basic YTpi"); resp.StatusCode != 200 || body != "the file" {
 		t.Fatalf("followed: %d %q", resp.StatusCode, body)
@@ -310,7 +312,7 @@ func TestCredentialsSwap(t *testing.T) {
 	}
 	base := serveAPIs(t, f, API{
 		Upstream: Upstream{API: "s", Kind: credentials.KindAnalytics, Fallback: up.URL, Scheme: SchemeProjectBasic},
-		Routes:   []Route{{Method: "GET", Path: "/s"}},
+		Routes:   []adminroute.Route{{Method: "GET", Path: "/s"}},
 	})
 	if resp, _ := send(t, "GET", base+"/s", "", "X-Relay-Project", "fresh"); resp.StatusCode != 400 {
 		t.Fatalf("unknown project before the swap: %d", resp.StatusCode)
@@ -325,5 +327,39 @@ func TestCredentialsSwap(t *testing.T) {
 	}
 	if resp, _ := send(t, "GET", base+"/s", "", "X-Relay-Project", "web-prod"); resp.StatusCode != 400 {
 		t.Fatalf("a project of the old file after the swap: %d", resp.StatusCode)
+	}
+}
+
+// TestRoutesServeEndpoints: a table's route is the admin listener's route
+// as registered (same method and path, ModeForward) whose handler forwards;
+// a route whose handler is not its Endpoint is refused at start, and an
+// Endpoint served on its own answers 500 without forwarding.
+func TestRoutesServeEndpoints(t *testing.T) {
+	up := startUpstream(t, nil)
+	f := newForwarder(t, Config{})
+	api := API{
+		Upstream: Upstream{API: "r", Fallback: up.URL, Scheme: SchemeProjectBasic},
+		Routes:   []adminroute.Route{{Method: "GET", Path: "/r/{id}"}, {Method: "POST", Path: "/r", Handler: Endpoint{BodyLimit: 8}}},
+	}
+	rs, err := f.Routes(api)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range rs {
+		if r.Method != api.Routes[i].Method || r.Path != api.Routes[i].Path || r.Mode != admintoken.ModeForward {
+			t.Errorf("route %d: %s %s mode %v", i, r.Method, r.Path, r.Mode)
+		}
+		if _, ok := r.Handler.(Endpoint); ok {
+			t.Errorf("route %d: the Endpoint itself is served", i)
+		}
+	}
+	api.Routes = append(api.Routes, adminroute.Route{Method: "GET", Path: "/other", Handler: http.NotFoundHandler()})
+	if _, err := f.Routes(api); err == nil {
+		t.Error("a route whose handler is not an Endpoint was accepted")
+	}
+	w := httptest.NewRecorder()
+	Endpoint{}.ServeHTTP(w, httptest.NewRequest("GET", "/r/1", nil))
+	if w.Code != 500 || up.count() != 0 {
+		t.Errorf("unserved Endpoint: %d, upstream saw %d", w.Code, up.count())
 	}
 }

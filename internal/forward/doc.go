@@ -2,11 +2,20 @@
 // management APIs (experiments, SCIM, classifiers, taxonomy, DSAR, deletion,
 // feedback, export, user mapping reads) on the same paths as upstream.
 //
-// Each API is data (API): its Upstream (base flag, credentials kind, auth
-// Scheme), its error format, its client-side Limits and its Routes (method,
-// http.ServeMux path pattern, local Check, body limit, redirects followed).
-// Forwarder.Routes turns the tables into admin-listener routes; the packages
-// that own an API keep only its validators and table.
+// Each API is data (API), in a file of its own (scim.go, taxonomy.go, ...)
+// with its validators and the rules the operator commands share
+// (internal/opscmd: the export ranges, the DSAR and deletion requests, the
+// feedback items and chunks): its Upstream (base flag, credentials kind,
+// auth Scheme), its error format, its client-side Limits and its Routes.
+// Every API is made by a function of one signature, func(APIConfig) API.
+// A route is the admin listener's own adminroute.Route (method and
+// http.ServeMux path pattern, the upstream's), whose Handler is the route's
+// Endpoint (local Check, body limit, redirects followed): the route and the
+// path it forwards are one value. Forwarder.Routes serves the Endpoints.
+// Only the documented routes are forwarded: the admin listener answers any
+// other path 404 or 405. Each API's file names its base flag and the
+// credentials Resolve injects for X-Relay-Project; without it the caller's
+// Authorization passes through.
 //
 // A request on a route goes: decoded body (when the route checks it) →
 // Check → Resolve (base and credentials from configuration) → Limits →

@@ -16,15 +16,9 @@ import (
 	"github.com/svcrelay/relay/internal/adminapi"
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/credentials"
-	"github.com/svcrelay/relay/internal/deletion"
-	"github.com/svcrelay/relay/internal/dsar"
-	"github.com/svcrelay/relay/internal/experiments"
-	"github.com/svcrelay/relay/internal/export"
 	"github.com/svcrelay/relay/internal/forward"
 	ft "github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/ratelimit"
-	"github.com/svcrelay/relay/internal/scim"
-	"github.com/svcrelay/relay/internal/taxonomy"
 )
 
 // recorder is a real upstream on 127.0.0.1 that records the request lines
@@ -63,7 +57,7 @@ func startAttackRelay(t *testing.T) (string, *recorder) {
 		t.Fatal(err)
 	}
 	c := forward.APIConfig{URL: up.URL}
-	routes, err := fwd.Routes(scim.API(c), taxonomy.API(c), dsar.API(c), experiments.API(up.URL), deletion.API(c), export.API(up.URL))
+	routes, err := fwd.Routes(forward.SCIM(c), forward.Taxonomy(c), forward.DSAR(c), forward.Experiments(forward.APIConfig{URL: up.URL}), forward.Deletion(c), forward.Export(forward.APIConfig{URL: up.URL}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,15 +101,16 @@ func raw(t *testing.T, addr, method, target string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// TestPathAttacksNeverForwarded: the paths of issue 19 item 6 and the
-// classic path-confusion list are answered 400 by the relay, and the
+// TestPathAttacksNeverForwarded: encoded traversals that once reached
+// the export through a SCIM or deletion route, and the classic
+// path-confusion list, are answered 400 by the relay, and the
 // upstream sees nothing; a clean path is forwarded on exactly the path
 // that was routed.
 func TestPathAttacksNeverForwarded(t *testing.T) {
 	addr, rec := startAttackRelay(t)
 	const q = "?start=20260101T00&end=20260101T01"
 	for _, target := range []string{
-		// Issue 19 item 6: a SCIM or deletion route that reached the export.
+		// A SCIM or deletion route that reached the export.
 		"/scim/1/Users/..%2F..%2F..%2Fapi%2F2%2Fexport" + q,
 		"/api/2/deletions/users%2F..%2F..%2F..%2Fapi%2F2%2Fexport" + q,
 		"/api/2/deletions/users/1%2F..%2F..%2F..%2F..%2Fapi%2F2%2Fexport" + q,
@@ -185,10 +180,10 @@ func TestDocumentedLimits(t *testing.T) {
 		api  func(forward.APIConfig) forward.API
 		want []ratelimit.Config
 	}{
-		{scim.API, []ratelimit.Config{{Name: "scim", Limit: 100, Window: time.Minute}}},
-		{taxonomy.API, []ratelimit.Config{{Name: "taxonomy", Limit: 7200, Window: time.Hour, MaxInFlight: 4}}},
-		{dsar.API, []ratelimit.Config{{Name: "dsar", Limit: 14400, Window: time.Hour}}},
-		{deletion.API, []ratelimit.Config{{Name: "deletion_post", Limit: 1, Window: time.Second}, {Name: "deletion", MaxInFlight: 8}}},
+		{forward.SCIM, []ratelimit.Config{{Name: "scim", Limit: 100, Window: time.Minute}}},
+		{forward.Taxonomy, []ratelimit.Config{{Name: "taxonomy", Limit: 7200, Window: time.Hour, MaxInFlight: 4}}},
+		{forward.DSAR, []ratelimit.Config{{Name: "dsar", Limit: 14400, Window: time.Hour}}},
+		{forward.Deletion, []ratelimit.Config{{Name: "deletion_post", Limit: 1, Window: time.Second}, {Name: "deletion", MaxInFlight: 8}}},
 	} {
 		for _, change := range []ratelimit.Config{{}, {MaxWait: -1, Limit: 9}} {
 			a := c.api(forward.APIConfig{URL: "http://up", Limit: change})

@@ -5,12 +5,8 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/svcrelay/relay/internal/classifiers"
-	"github.com/svcrelay/relay/internal/experiments"
 	"github.com/svcrelay/relay/internal/forward"
 	ft "github.com/svcrelay/relay/internal/forward/forwardtest"
-	"github.com/svcrelay/relay/internal/scim"
-	"github.com/svcrelay/relay/internal/taxonomy"
 )
 
 // TestWiredOnAdminListener registers the four APIs on the real admin
@@ -21,7 +17,7 @@ func TestWiredOnAdminListener(t *testing.T) {
 	env := ft.Start(t, forward.Config{})
 	c := forward.APIConfig{URL: env.SimURL}
 	reg := prometheus.NewRegistry()
-	base := ft.ServeWired(t, reg, env.Creds, experiments.API(env.SimURL), scim.API(c), classifiers.API(env.SimURL), taxonomy.API(c))
+	base := ft.ServeWired(t, reg, env.Creds, forward.Experiments(forward.APIConfig{URL: env.SimURL}), forward.SCIM(c), forward.Classifiers(forward.APIConfig{URL: env.SimURL}), forward.Taxonomy(c))
 
 	for _, c := range []struct{ method, path, auth string }{
 		{"GET", "/api/1/experiments", "bearer"},

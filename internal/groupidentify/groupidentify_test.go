@@ -320,7 +320,7 @@ func TestInvalidAPIKeyStopsLane(t *testing.T) {
 		t.Fatal(a.Body)
 	}
 	waitFor(t, "stopped gauge", func() bool { return metricValue(e.Reg, "relay_groupidentify_lanes_stopped") == 1 })
-	// relay_lane_stopped{lane} covers this kind too (issue 24).
+	// relay_lane_stopped{lane} covers this kind too.
 	if v := metricValue(e.Reg, "relay_lane_stopped"); v != 1 {
 		t.Fatalf("relay_lane_stopped sums to %v, want 1", v)
 	}

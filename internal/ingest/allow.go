@@ -1,6 +1,6 @@
 package ingest
 
-// The api_key allow-list (issue 23).
+// The api_key allow-list.
 
 // keySet is an immutable set of api_keys.
 type keySet struct{ keys map[string]struct{} }

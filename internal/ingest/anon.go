@@ -9,7 +9,7 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// IP anonymization (issue 23).
+// IP anonymization.
 
 // anonymizeAddr drops the host part of a: the last octet of an IPv4 address
 // (a /24 is kept), the last 80 bits of an IPv6 address (a /48 is kept). An

@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Per-client rate limits (issue 23).
+// Per-client rate limits.
 //
 // A token bucket per client, kept as GCRA's theoretical arrival time (one
 // int64): a client may send while its tat is at most burst intervals ahead

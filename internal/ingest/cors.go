@@ -9,7 +9,7 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// CORS (issue 23): which browser pages may send to the ingest paths.
+// CORS: which browser pages may send to the ingest paths.
 
 // corsAllowHeaders are the request headers a preflight may ask for: what
 // the official browser SDK's transports set (fetch and XHR send

@@ -349,7 +349,7 @@ func (s *Server) spoolFailed(ctx *fasthttp.RequestCtx, p pathIdx, err error, req
 		s.unavailable(ctx, p, "Disk space low, retry later", reasonDiskLow, n)
 	case errors.Is(err, storage.ErrFull), errors.Is(err, spool.ErrFull):
 		s.unavailable(ctx, p, "Spool full, retry later", reasonSpoolFull, n)
-	case errors.Is(err, spool.ErrTooManyLanes): // --max-lanes (issue 19)
+	case errors.Is(err, spool.ErrTooManyLanes): // --max-lanes
 		s.unavailable(ctx, p, "Too many lanes, retry later", reasonTooManyLanes, n)
 	case errors.Is(err, spool.ErrClosed), errors.Is(err, context.Canceled), errors.Is(err, storage.ErrLost), s.closing.Load():
 		s.unavailable(ctx, p, "Service is shutting down", reasonShuttingDown, n)

@@ -52,7 +52,7 @@ type Config struct {
 	// connection; 0 means DefaultIdleTimeout.
 	IdleTimeout time.Duration
 
-	// Issue 19 (connections) and 23 (TLS).
+	// Connections and TLS.
 
 	// MaxConnections bounds the connections held open at once, over every
 	// listener given to Serve; 0 means DefaultMaxConnections. Beyond it a
@@ -63,10 +63,10 @@ type Config struct {
 	// this configuration (its GetCertificate may change the certificate at
 	// run time, see package tlsreload); nil means plain HTTP.
 	TLS *tls.Config
-	// Issue 23: browsers and the open internet (see open.go).
+	// Browsers and the open internet (see open.go).
 	Open
 
-	// Issue 19 follow-up: connections per client.
+	// Connections per client.
 
 	// MaxConnectionsPerClient bounds the connections one client address
 	// (an IPv6 address by its /64) holds open at once; 0 means no bound.
@@ -202,7 +202,7 @@ type Server struct {
 
 	testHook func(*fasthttp.RequestCtx) // tests only: called before the append
 
-	open // issue 23: CORS, api_key allow-list, client rate limit
+	open // CORS, api_key allow-list, client rate limit
 }
 
 // New returns a Server that appends each request's accepted events to
@@ -285,7 +285,7 @@ func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, 
 		// SetKeepAlive fails would end its Serve. net.Listen's connections
 		// have TCP keep-alive on already (15s).
 		SecureErrorLogMessage: true,
-		Logger:                s.fasthttpLog(), // issue 23: anonymized under AnonymizeIP
+		Logger:                s.fasthttpLog(), // anonymized under AnonymizeIP
 	})
 	return s, nil
 }

@@ -90,7 +90,7 @@ func TestAcceptRewritesAndSpools(t *testing.T) {
 			}
 
 			// min_id_length 5 is the upstream's default: the canonical
-			// options are none (issue 19).
+			// options are none.
 			recs := r.drain("key-accept", "")
 			if len(recs) != 4 {
 				t.Fatalf("spooled %d records, want 4", len(recs))

@@ -10,7 +10,7 @@ import (
 	"github.com/svcrelay/relay/internal/spool"
 )
 
-// Issue 19: lanes are bounded at ingest. Options that mean the same share
+// Lanes are bounded at ingest. Options that mean the same share
 // a lane; an api_key above 128 bytes is refused like a bad key; a new lane
 // beyond the spool's MaxLanes gets 503 with Retry-After while the lanes
 // that exist keep taking events.
@@ -48,7 +48,7 @@ func TestLaneAdmission(t *testing.T) {
 	}
 }
 
-// Issue 19: a lane retired while the store's lane cache holds it: the next
+// A lane retired while the store's lane cache holds it: the next
 // request of its key goes to a new lane, never to the retired one (the cache
 // replaces retired lanes, and the spool reroutes an Append through a retired
 // handle: either keeps this test passing, neither fails it).

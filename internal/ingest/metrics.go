@@ -47,16 +47,15 @@ const (
 	reasonUnsupportedEncoding = "unsupported_encoding"
 	reasonSpoolFull           = "spool_full"
 	reasonDiskLow             = "disk_low"
-	reasonTooManyLanes        = "too_many_lanes" // issue 19: --max-lanes
+	reasonTooManyLanes        = "too_many_lanes" // --max-lanes
 	reasonShuttingDown        = "shutting_down"
 	reasonSpoolError          = "spool_error"
 	reasonBadHTTP             = "bad_http"
 	reasonTimeout             = "timeout"
 	reasonPanic               = "panic"
-	// issue 23
-	reasonOriginNotAllowed = "origin_not_allowed"
-	reasonAPIKeyNotAllowed = "api_key_not_allowed"
-	reasonClientRateLimit  = "client_rate_limited"
+	reasonOriginNotAllowed    = "origin_not_allowed"
+	reasonAPIKeyNotAllowed    = "api_key_not_allowed"
+	reasonClientRateLimit     = "client_rate_limited"
 )
 
 // codes that get a pre-resolved counter (others are resolved per request).

@@ -8,7 +8,7 @@ import (
 )
 
 // Open configures what an ingest listener reachable from browsers and the
-// internet needs (issue 23). The zero value changes nothing: no CORS, every
+// internet needs. The zero value changes nothing: no CORS, every
 // api_key, no rate limit, addresses forwarded as they are.
 type Open struct {
 	// CORSOrigins are the origins (scheme://host[:port], see

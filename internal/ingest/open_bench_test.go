@@ -8,7 +8,7 @@ import (
 )
 
 // BenchmarkAcceptOpen is BenchmarkAccept (sync=none, 1 and 100 events) with
-// the issue 23 settings: off (the baseline), CORS (every request from an
+// the settings for browsers and the open internet: off (the baseline), CORS (every request from an
 // allowed Origin), and all of them (CORS, an allow-list, a client rate limit
 // too high to refuse, anonymization of $remote and of a given ip in every
 // event). The differences are their cost; measure on a quiet machine.

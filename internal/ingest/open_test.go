@@ -15,7 +15,7 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// Tests of issue 23: CORS, text/plain bodies, the api_key allow-list,
+// Tests of the settings for browsers and the open internet: CORS, text/plain bodies, the api_key allow-list,
 // per-client rate limits, IP anonymization.
 
 const (
@@ -496,7 +496,7 @@ func TestAnonymizeAddr(t *testing.T) {
 	}
 }
 
-// FuzzHandlerOpen is FuzzHandler with every issue 23 setting on (CORS,
+// FuzzHandlerOpen is FuzzHandler with every Open setting on (CORS,
 // allow-list, rate limit, anonymization) and a fuzzed Origin: no panic,
 // every answer documented, JSON where it has a body, and CORS headers only
 // for the allowed origin.

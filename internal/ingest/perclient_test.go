@@ -18,7 +18,7 @@ import (
 	"github.com/svcrelay/relay/internal/tlsreload/tlstest"
 )
 
-// Issue 19 follow-up: --max-connections-per-client.
+// --max-connections-per-client.
 
 const healthzReq = "GET /healthz HTTP/1.1\r\nHost: relay\r\n\r\n"
 

@@ -16,7 +16,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/svcrelay/relay/internal/deletion"
+	"github.com/svcrelay/relay/internal/forward"
 )
 
 // deleteUsersCmd is `relay delete-users`: it schedules the deletion of the
@@ -59,7 +59,7 @@ func deleteUsersCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 			for i, ch := range chunks {
 				b, _ := json.Marshal(ch)
 				fmt.Fprintf(stdout, "request %d of %d: %d svc_ids, %d user_ids: POST %s %s\n", i+1, len(chunks),
-					len(ch.SvcIDs), len(ch.UserIDs), deletion.PathUsers, b)
+					len(ch.SvcIDs), len(ch.UserIDs), forward.DeletionPath, b)
 			}
 			p.logf("dry run: %d ids in %d requests, nothing sent", len(ids), len(chunks))
 			return nil
@@ -73,14 +73,14 @@ func deleteUsersCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 		var invalid []string
 		latest := ""
 		for i, ch := range chunks {
-			if wait := time.Until(last.Add(deletion.PostInterval)); wait > 0 {
+			if wait := time.Until(last.Add(forward.DeletionPostInterval)); wait > 0 {
 				p.update("request %d of %d: waiting %v (1 request per second)", i+1, len(chunks), wait.Round(time.Millisecond))
 				if err := sleep(ctx, wait); err != nil {
 					return fmt.Errorf("interrupted after %d of %d requests: %w", i, len(chunks), err)
 				}
 			}
 			body, _ := json.Marshal(ch)
-			resp, err := cl.do(ctx, http.MethodPost, base+deletion.PathUsers, body, http.StatusBadRequest)
+			resp, err := cl.do(ctx, http.MethodPost, base+forward.DeletionPath, body, http.StatusBadRequest)
 			last = time.Now()
 			if err != nil {
 				return fmt.Errorf("request %d of %d: %w", i+1, len(chunks), err)
@@ -100,7 +100,7 @@ func deleteUsersCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 				}
 				continue
 			}
-			var job deletion.Job
+			var job forward.DeletionJob
 			if err := json.Unmarshal(b, &job); err != nil {
 				return fmt.Errorf("request %d of %d: answer is not a deletion job: %v", i+1, len(chunks), err)
 			}
@@ -180,12 +180,12 @@ func readIDs(path, kind string) (ids []delID, bad []string, err error) {
 	return ids, bad, sc.Err()
 }
 
-// chunkIDs cuts ids into requests of at most deletion.MaxIDs ids.
-func chunkIDs(ids []delID, requester string, ignore, fromOrg, mapped bool) []deletion.Request {
-	var out []deletion.Request
+// chunkIDs cuts ids into requests of at most forward.DeletionMaxIDs ids.
+func chunkIDs(ids []delID, requester string, ignore, fromOrg, mapped bool) []forward.DeletionRequest {
+	var out []forward.DeletionRequest
 	for len(ids) > 0 {
-		n := min(len(ids), deletion.MaxIDs)
-		r := deletion.Request{Requester: requester, IgnoreInvalidID: ignore, DeleteFromOrg: fromOrg, IncludeMappedUserIDs: mapped}
+		n := min(len(ids), forward.DeletionMaxIDs)
+		r := forward.DeletionRequest{Requester: requester, IgnoreInvalidID: ignore, DeleteFromOrg: fromOrg, IncludeMappedUserIDs: mapped}
 		for _, id := range ids[:n] {
 			if id.user != "" {
 				r.UserIDs = append(r.UserIDs, id.user)
@@ -200,23 +200,23 @@ func chunkIDs(ids []delID, requester string, ignore, fromOrg, mapped bool) []del
 }
 
 // listJobs prints the jobs scheduled from today to latest (at least today +
-// deletion.QueryDays, at most six months).
+// forward.DeletionQueryDays, at most six months).
 func listJobs(ctx context.Context, cl *client, base, latest string, stdout io.Writer) error {
 	today := time.Now().UTC().Truncate(24 * time.Hour)
-	end := today.AddDate(0, 0, deletion.QueryDays)
+	end := today.AddDate(0, 0, forward.DeletionQueryDays)
 	if l, err := time.Parse(time.DateOnly, latest); err == nil && l.After(end) {
 		end = l
 	}
-	if lim := today.AddDate(0, deletion.MaxQueryMonths, 0); end.After(lim) {
+	if lim := today.AddDate(0, forward.DeletionMaxQueryMonths, 0); end.After(lim) {
 		end = lim
 	}
 	q := url.Values{"start_day": {today.Format(time.DateOnly)}, "end_day": {end.Format(time.DateOnly)}}
-	resp, err := cl.do(ctx, http.MethodGet, base+deletion.PathUsers+"?"+q.Encode(), nil)
+	resp, err := cl.do(ctx, http.MethodGet, base+forward.DeletionPath+"?"+q.Encode(), nil)
 	if err != nil {
 		return fmt.Errorf("list jobs: %w", err)
 	}
 	defer resp.Body.Close()
-	var jobs []deletion.Job
+	var jobs []forward.DeletionJob
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&jobs); err != nil {
 		return fmt.Errorf("list jobs: %w", err)
 	}

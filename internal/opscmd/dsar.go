@@ -16,7 +16,7 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/svcrelay/relay/internal/credentials"
-	"github.com/svcrelay/relay/internal/dsar"
+	"github.com/svcrelay/relay/internal/forward"
 )
 
 // dsarCmd is `relay dsar`: it creates a data subject access request for
@@ -41,7 +41,7 @@ func dsarCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 	pollMax := fs.Duration("poll-max", 15*time.Minute, "longest wait between status polls")
 	pollTime := fs.Duration("poll-time", 96*time.Hour, "give up polling after this long (jobs finish within 3 days)")
 	return func(ctx context.Context, p *progress) error {
-		req := dsar.Request{UserID: *userID, SvcID: *svcID, StartDate: *start, EndDate: *end}
+		req := forward.DSARRequest{UserID: *userID, SvcID: *svcID, StartDate: *start, EndDate: *end}
 		if *userID != "" && *svcID != 0 {
 			return usagef("give --user-id or --svc-id, not both")
 		}
@@ -90,14 +90,14 @@ type dsarRun struct {
 	pollInitial, pollMax, pollTime time.Duration
 }
 
-func (d *dsarRun) run(ctx context.Context, req dsar.Request, id int64) error {
+func (d *dsarRun) run(ctx context.Context, req forward.DSARRequest, id int64) error {
 	if id == 0 {
 		body, _ := json.Marshal(req)
-		resp, err := d.cl.doNoReplay(ctx, http.MethodPost, d.base+dsar.PathRequests, body)
+		resp, err := d.cl.doNoReplay(ctx, http.MethodPost, d.base+forward.DSARPath, body)
 		if err != nil {
 			return fmt.Errorf("create: %w", err)
 		}
-		var c dsar.Created
+		var c forward.DSARCreated
 		err = json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&c)
 		resp.Body.Close()
 		if err != nil || c.RequestID == 0 {
@@ -114,7 +114,7 @@ func (d *dsarRun) run(ctx context.Context, req dsar.Request, id int64) error {
 	var total int64
 	for n := range st.URLs {
 		// Fetch fresh addresses when the ones we hold are about to expire.
-		if time.Since(doneAt) > dsar.URLLifetime-time.Hour {
+		if time.Since(doneAt) > forward.DSARURLLifetime-time.Hour {
 			if st, doneAt, err = d.poll(ctx, id); err != nil {
 				return err
 			}
@@ -141,25 +141,25 @@ func (d *dsarRun) run(ctx context.Context, req dsar.Request, id int64) error {
 }
 
 // poll polls the status until done (failed is an error), backing off.
-func (d *dsarRun) poll(ctx context.Context, id int64) (dsar.Status, time.Time, error) {
+func (d *dsarRun) poll(ctx context.Context, id int64) (forward.DSARStatus, time.Time, error) {
 	bo := backoff.NewExponentialBackOff(backoff.WithInitialInterval(d.pollInitial), backoff.WithMaxInterval(d.pollMax),
 		backoff.WithMaxElapsedTime(d.pollTime), backoff.WithMultiplier(1.5))
-	url := d.base + dsar.PathRequests + "/" + strconv.FormatInt(id, 10)
+	url := d.base + forward.DSARPath + "/" + strconv.FormatInt(id, 10)
 	for polls := 1; ; polls++ {
 		resp, err := d.cl.do(ctx, http.MethodGet, url, nil)
 		if err != nil {
-			return dsar.Status{}, time.Time{}, fmt.Errorf("status of request %d: %w", id, err)
+			return forward.DSARStatus{}, time.Time{}, fmt.Errorf("status of request %d: %w", id, err)
 		}
-		var st dsar.Status
+		var st forward.DSARStatus
 		err = json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&st)
 		resp.Body.Close()
 		if err != nil {
 			return st, time.Time{}, fmt.Errorf("status of request %d: %w", id, err)
 		}
 		switch st.Status {
-		case dsar.StatusDone:
+		case forward.DSARDone:
 			return st, time.Now(), nil
-		case dsar.StatusFailed:
+		case forward.DSARFailed:
 			return st, time.Time{}, fmt.Errorf("request %d failed upstream (status %q): create a new one", id, st.Status)
 		}
 		wait := bo.NextBackOff()

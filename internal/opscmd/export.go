@@ -19,7 +19,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/svcrelay/relay/internal/export"
+	"github.com/svcrelay/relay/internal/forward"
 )
 
 // exportCmd is `relay export`: it exports a project's events for a range
@@ -41,8 +41,8 @@ func exportCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 	jsonl := fs.Bool("jsonl", false, "write JSON lines (one event per line) instead of a zip archive")
 	pieceHours := fs.Int("piece-hours", 24, "hours per request (1 to 8760); smaller pieces resume at a finer grain")
 	return func(ctx context.Context, p *progress) error {
-		s, err1 := time.Parse(export.HourFormat, *start)
-		e, err2 := time.Parse(export.HourFormat, *end)
+		s, err1 := time.Parse(forward.ExportHourFormat, *start)
+		e, err2 := time.Parse(forward.ExportHourFormat, *end)
 		switch {
 		case err1 != nil || err2 != nil:
 			return usagef("--start and --end are required, as YYYYMMDDTHH (UTC)")
@@ -50,8 +50,8 @@ func exportCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 			return usagef("--end is before --start")
 		case *out == "":
 			return usagef("--out is required")
-		case *pieceHours < 1 || *pieceHours > int(export.MaxRange/time.Hour):
-			return usagef("--piece-hours must be 1 to %d", int(export.MaxRange/time.Hour))
+		case *pieceHours < 1 || *pieceHours > int(forward.ExportMaxRange/time.Hour):
+			return usagef("--piece-hours must be 1 to %d", int(forward.ExportMaxRange/time.Hour))
 		}
 		cl, base, err := c.projectClient()
 		if err != nil {
@@ -59,7 +59,7 @@ func exportCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 		}
 		x := &exporter{
 			cl: cl, base: base, out: *out,
-			whole: export.Range{Start: s, End: e}, pieceHours: *pieceHours, jsonl: *jsonl,
+			whole: forward.ExportRange{Start: s, End: e}, pieceHours: *pieceHours, jsonl: *jsonl,
 			p: p, stdout: stdout,
 		}
 		x.state = exportState{Version: 1, Project: c.project, Start: *start, End: *end, JSONL: *jsonl}
@@ -90,17 +90,17 @@ type donePiece struct {
 	Bytes int64  `json:"bytes"`
 }
 
-func (d donePiece) rng() export.Range {
-	s, _ := time.Parse(export.HourFormat, d.Start)
-	e, _ := time.Parse(export.HourFormat, d.End)
-	return export.Range{Start: s, End: e}
+func (d donePiece) rng() forward.ExportRange {
+	s, _ := time.Parse(forward.ExportHourFormat, d.Start)
+	e, _ := time.Parse(forward.ExportHourFormat, d.End)
+	return forward.ExportRange{Start: s, End: e}
 }
 
 type exporter struct {
 	cl         *client
 	base       string
 	out        string
-	whole      export.Range
+	whole      forward.ExportRange
 	pieceHours int
 	jsonl      bool
 	p          *progress
@@ -137,7 +137,7 @@ func (x *exporter) run(ctx context.Context) error {
 				return fmt.Errorf("hour %s is refused (400: over 4 GB for a single hour): use the upstream's object-storage export for it", r.StartParam())
 			}
 			x.p.logf("piece %s refused with 400 (over 4 GB?): splitting into %s and %s", r, a, b)
-			queue = append([]export.Range{a, b}, queue...)
+			queue = append([]forward.ExportRange{a, b}, queue...)
 			continue
 		}
 		x.state.Pieces = append(x.state.Pieces, d)
@@ -213,13 +213,13 @@ func (x *exporter) saveState() error {
 
 // todo returns the ranges still to fetch: the plan's pieces minus the hours
 // of finished pieces.
-func (x *exporter) todo() []export.Range {
-	done := make([]export.Range, 0, len(x.state.Pieces))
+func (x *exporter) todo() []forward.ExportRange {
+	done := make([]forward.ExportRange, 0, len(x.state.Pieces))
 	for _, d := range x.state.Pieces {
 		done = append(done, d.rng())
 	}
 	sort.Slice(done, func(i, j int) bool { return done[i].Start.Before(done[j].Start) })
-	var out []export.Range
+	var out []forward.ExportRange
 	for _, r := range x.whole.Split(x.pieceHours) {
 		cur := r.Start
 		for _, d := range done {
@@ -227,12 +227,12 @@ func (x *exporter) todo() []export.Range {
 				continue
 			}
 			if d.Start.After(cur) {
-				out = append(out, export.Range{Start: cur, End: d.Start.Add(-time.Hour)})
+				out = append(out, forward.ExportRange{Start: cur, End: d.Start.Add(-time.Hour)})
 			}
 			cur = d.End.Add(time.Hour)
 		}
 		if !cur.After(r.End) {
-			out = append(out, export.Range{Start: cur, End: r.End})
+			out = append(out, forward.ExportRange{Start: cur, End: r.End})
 		}
 	}
 	return out
@@ -240,7 +240,7 @@ func (x *exporter) todo() []export.Range {
 
 // fetchRetrying is fetch, tried again (up to 5 times, backing off) when the
 // archive's body was cut or arrived damaged.
-func (x *exporter) fetchRetrying(ctx context.Context, r export.Range) (donePiece, int, error) {
+func (x *exporter) fetchRetrying(ctx context.Context, r forward.ExportRange) (donePiece, int, error) {
 	bo := x.cl.c.backOff(0)
 	for attempt := 1; ; attempt++ {
 		d, status, err := x.fetch(ctx, r)
@@ -264,10 +264,10 @@ func (e *bodyError) Unwrap() error { return e.err }
 
 // fetch downloads one piece into the parts directory. It returns the
 // finished piece, or status 400 (to split).
-func (x *exporter) fetch(ctx context.Context, r export.Range) (donePiece, int, error) {
+func (x *exporter) fetch(ctx context.Context, r forward.ExportRange) (donePiece, int, error) {
 	d := donePiece{Start: r.StartParam(), End: r.EndParam()}
 	q := url.Values{"start": {d.Start}, "end": {d.End}}
-	resp, err := x.cl.do(ctx, http.MethodGet, x.base+export.Path+"?"+q.Encode(), nil, http.StatusBadRequest, http.StatusNotFound)
+	resp, err := x.cl.do(ctx, http.MethodGet, x.base+forward.ExportPath+"?"+q.Encode(), nil, http.StatusBadRequest, http.StatusNotFound)
 	if err != nil {
 		return d, 0, err
 	}

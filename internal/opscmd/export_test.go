@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/export"
+	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
@@ -243,7 +243,7 @@ func TestExportTodo(t *testing.T) {
 	}
 }
 
-func exportRange(s, e string) (export.Range, error) { return export.ParseRange(s, e) }
+func exportRange(s, e string) (forward.ExportRange, error) { return forward.ParseExportRange(s, e) }
 
 // TestCommandsUseProjectOverride: a project's feedback_url in the
 // credentials file is used without --feedback-url.

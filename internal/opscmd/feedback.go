@@ -10,7 +10,7 @@ import (
 	"net/http"
 	"os"
 
-	"github.com/svcrelay/relay/internal/feedback"
+	"github.com/svcrelay/relay/internal/forward"
 )
 
 // feedbackCmd is `relay feedback`: it sends the items of a JSON-lines file
@@ -35,21 +35,21 @@ func feedbackCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 		if err != nil {
 			return err
 		}
-		bodies, members, tooLarge := feedback.Chunk(*source, items, 0)
+		bodies, members, tooLarge := forward.ChunkFeedback(*source, items, 0)
 		for _, i := range tooLarge {
-			id, _ := feedback.CheckItem(items[i])
+			id, _ := forward.CheckFeedbackItem(items[i])
 			fmt.Fprintf(stdout, "error\t%d\t%s\t%s\n", lineOf[i], id, "item larger than a whole request (5 MB): not sent")
 			failed++
 		}
 		ingested := 0
 		for n, body := range bodies {
 			p.update("request %d of %d (%d items)", n+1, len(bodies), len(members[n]))
-			resp, err := cl.do(ctx, http.MethodPost, base+feedback.Path, body)
+			resp, err := cl.do(ctx, http.MethodPost, base+forward.FeedbackPath, body)
 			if err != nil {
 				return fmt.Errorf("request %d of %d (lines %d to %d): %w (earlier requests were sent; items are upserted by unique_id, so running again is safe)",
 					n+1, len(bodies), lineOf[members[n][0]], lineOf[members[n][len(members[n])-1]], err)
 			}
-			var ans feedback.Answer
+			var ans forward.FeedbackAnswer
 			err = json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&ans)
 			resp.Body.Close()
 			if err != nil {
@@ -60,7 +60,7 @@ func feedbackCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 			// Map unique_ids back to lines for the report.
 			lines := make(map[string]int, len(members[n]))
 			for _, i := range members[n] {
-				if id, _ := feedback.CheckItem(items[i]); id != "" {
+				if id, _ := forward.CheckFeedbackItem(items[i]); id != "" {
 					lines[id] = lineOf[i]
 				}
 			}
@@ -91,7 +91,7 @@ func readFeedbackItems(path string, stdout io.Writer) (items []json.RawMessage, 
 		if len(line) > 0 {
 			trimmed := json.RawMessage(trimSpace(line))
 			if len(trimmed) > 0 {
-				id, cerr := feedback.CheckItem(trimmed)
+				id, cerr := forward.CheckFeedbackItem(trimmed)
 				switch {
 				case cerr != nil:
 					fmt.Fprintf(stdout, "error\t%d\t%s\t%s (not sent)\n", n, id, cerr)

@@ -57,7 +57,7 @@ type Config struct {
 	// control routes (internal/simtest, tests only); nil in the product.
 	Faults Faults
 
-	// Readings of the document's ambiguous sentences (issue 18; see the
+	// Readings of the document's ambiguous sentences (see the
 	// package doc's Readings). The zero value of each is the strict reading.
 
 	// LenientRate: only events already ingested count toward a key's

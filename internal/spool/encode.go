@@ -35,7 +35,7 @@ import (
 // patches applied. This version writes no patched chunk but reads them
 // (decodeChunk), so that a writer that keeps the request body as the
 // chunk's bytes (written once, the rewrites beside it) needs no new format.
-// Such a writer was measured (issue 25, BenchmarkWrittenOnce and
+// Such a writer was measured (BenchmarkWrittenOnce and
 // BenchmarkPatchedRead; bench/RESULTS.md, twelfth session) and not kept:
 // it saves ~17 ns of CPU per event at ingest at best, while every reader
 // of Record.Data would have to apply the patches.

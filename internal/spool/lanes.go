@@ -13,7 +13,7 @@ import (
 	"go.uber.org/zap"
 )
 
-// Lane limits and retirement (issue 19).
+// Lane limits and retirement.
 //
 // Every lane costs the spool a lane record and a queue bucket in bbolt and a
 // Lane in memory, and its deliverer goroutines and metric series. So lanes

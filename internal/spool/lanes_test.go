@@ -36,7 +36,7 @@ func drainLane(t *testing.T, s *Spool, l *Lane) int {
 	return n
 }
 
-// Issue 19: MaxLanes bounds the lanes; a key of an existing lane is still
+// MaxLanes bounds the lanes; a key of an existing lane is still
 // served; a retired lane frees its place.
 func TestMaxLanes(t *testing.T) {
 	s := openTest(t, Config{NoSync: true, MinFreeBytes: -1, MaxLanes: 3, RetireIdle: -1})
@@ -69,7 +69,7 @@ func TestMaxLanes(t *testing.T) {
 	}
 }
 
-// Issue 19: an empty lane idle for RetireIdle is retired: gone from Lanes,
+// An empty lane idle for RetireIdle is retired: gone from Lanes,
 // its reader gets ErrRetired, the file forgets it (a reopen does not load
 // it), and an Append through the old handle goes to a new lane of the same
 // key. A lane that holds records is never retired.
@@ -135,7 +135,7 @@ func TestRetireIdleLanes(t *testing.T) {
 	}
 }
 
-// Issue 19: an Append through a handle of a retired lane is never lost: it
+// An Append through a handle of a retired lane is never lost: it
 // lands in a live lane of its key.
 func TestAppendToRetiredLane(t *testing.T) {
 	s := openTest(t, Config{NoSync: true, MinFreeBytes: -1, RetireIdle: time.Millisecond})
@@ -164,7 +164,7 @@ func TestAppendToRetiredLane(t *testing.T) {
 	}
 }
 
-// Issue 19: a pinned lane (an operator stopped it) is not retired while
+// A pinned lane (an operator stopped it) is not retired while
 // empty; once unpinned it is.
 func TestPinnedLaneNotRetired(t *testing.T) {
 	s := openTest(t, Config{NoSync: true, MinFreeBytes: -1, RetireIdle: time.Millisecond})

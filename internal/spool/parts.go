@@ -10,7 +10,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// Reading a chunk in parts (issue 19).
+// Reading a chunk in parts.
 //
 // A chunk is one Append: one ingest request, up to 20 MB of events (43 KB
 // gzipped on the wire). A reader that may hold less than that (the

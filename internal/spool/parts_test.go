@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// Issue 19: a chunk larger than the reader may hold is read in parts of at
+// A chunk larger than the reader may hold is read in parts of at
 // most maxBytes (one record at least), in order, each in a buffer of its
 // own size, whether the chunk is in the WAL's memory or in bbolt, and a
 // reopen in the middle of a chunk reads it again from its first record.

@@ -110,7 +110,7 @@ type Config struct {
 	// before each trim of the pages its deletions mapped (tests).
 	beforeTrim func()
 
-	// Issue 19: bounded lanes (see lanes.go).
+	// Bounded lanes (see lanes.go).
 
 	// MaxLanes bounds the lanes (of every kind) that exist at once: a new
 	// one beyond it is refused with ErrTooManyLanes. Zero means 10,000,

@@ -7,7 +7,7 @@ import (
 )
 
 // keyUpstream (in meta) is the identity of the upstream the spool's records
-// were accepted for (issue 18's sandbox guard): the relay refuses to start
+// were accepted for (the sandbox guard): the relay refuses to start
 // against another one while records wait, unless told to.
 var keyUpstream = []byte("upstream")
 

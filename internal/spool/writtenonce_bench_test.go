@@ -19,7 +19,7 @@ func sdkRaw(n int) []byte {
 	return d
 }
 
-// BenchmarkWrittenOnce measures, alone, the ingest side of issue 25's
+// BenchmarkWrittenOnce measures, alone, the ingest side of the
 // "event bytes written once" lever, on 100 SDK-shaped events (no insert_id
 // or time: both filled in, "$remote" replaced) per chunk, with the chunk's
 // checksum (format 4) in every variant:

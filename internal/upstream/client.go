@@ -99,12 +99,11 @@ type Client struct {
 	log      *zap.Logger
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
-	// last is the outcome of the latest request to end (issue 24), for
+	// last is the outcome of the latest request to end, for
 	// /readyz's word on the upstream; nil before the first.
 	last atomic.Pointer[Outcome]
 	// gzBufs holds compressed bodies' buffers (*[]byte) for reuse: a
-	// fresh one per gzipped request was ~40-400 KB of garbage each
-	// (issue 25).
+	// fresh one per gzipped request was ~40-400 KB of garbage each.
 	gzBufs sync.Pool
 }
 
@@ -199,8 +198,8 @@ func (c *Client) Do(ctx context.Context, req *Request) Result {
 	if req.Gzip {
 		freq.Header.Set(fasthttp.HeaderContentEncoding, "gzip")
 		// The fastest level: half the CPU of the default (6) for ~20% more
-		// compressed bytes, still ~6x fewer than the body's (issue 25,
-		// BenchmarkGzipBody; bench/RESULTS.md, twelfth session).
+		// compressed bytes, still ~6x fewer than the body's
+		// (BenchmarkGzipBody; bench/RESULTS.md, twelfth session).
 		zb, _ = c.gzBufs.Get().(*[]byte)
 		if zb == nil {
 			zb = new([]byte)

@@ -10,7 +10,7 @@ import (
 )
 
 // BenchmarkGzipBody measures what --upstream-gzip costs per request body
-// (issue 25's gzip goal) at fasthttp's levels, as Client.Do runs it
+// (the gzip goal) at fasthttp's levels, as Client.Do runs it
 // (AppendGzipBytesLevel into a fresh slice; it used level 6, now level 1),
 // on 100 and 1000 varied SDK-shaped events. cpu-ns/op is the
 // process's CPU time per body; ratio is compressed/raw bytes.

@@ -9,7 +9,7 @@ import (
 	"github.com/svcrelay/relay/internal/benchtest"
 )
 
-// BenchmarkBodyWrite measures, alone, issue 25's "upstream body from the
+// BenchmarkBodyWrite measures, alone, the "upstream body from the
 // chunk's slices with vectored writes" lever: a batch of N ~500-byte
 // events written to a 127.0.0.1 TCP connection (a goroutine reads and
 // discards) either as today (copied into one body buffer, then one write)

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/formreq"
@@ -164,14 +165,14 @@ func ParseUserIDs(v []byte) ([]string, *ValidationError) {
 	return ids, nil
 }
 
-// ReadAPI is GET /api/2/usermap as a forwarded API: base analyticsURL
+// ReadAPI is GET /api/2/usermap as a forwarded API: base c.URL
 // (--analytics-url; a project's analytics_url overrides it), the project's
 // key pair as Basic, user_ids checked by ParseUserIDs, and only Accept
 // forwarded beside Authorization. Local answers are {"code":N,"error":"...",
 // "source":"relay"}.
-func ReadAPI(analyticsURL string) forward.API {
+func ReadAPI(c forward.APIConfig) forward.API {
 	return forward.API{
-		Upstream: forward.Upstream{API: "usermap", Kind: credentials.KindAnalytics, Fallback: analyticsURL,
+		Upstream: forward.Upstream{API: "usermap", Kind: credentials.KindAnalytics, Fallback: c.URL,
 			Flag: "--analytics-url", Scheme: forward.SchemeProjectBasic},
 		Headers: []string{"Accept"},
 		Errors: func(w http.ResponseWriter, p *forward.Problem) {
@@ -184,11 +185,11 @@ func ReadAPI(analyticsURL string) forward.API {
 			w.WriteHeader(p.Status)
 			w.Write(b)
 		},
-		Routes: []forward.Route{{Method: http.MethodGet, Path: "/api/2/usermap", Check: func(r *http.Request, _ []byte) *forward.Problem {
+		Routes: []adminroute.Route{{Method: http.MethodGet, Path: "/api/2/usermap", Handler: forward.Endpoint{Check: func(r *http.Request, _ []byte) *forward.Problem {
 			if _, verr := ParseUserIDs([]byte(r.URL.Query().Get("user_ids"))); verr != nil {
 				return &forward.Problem{Status: verr.Status, Msg: verr.Msg}
 			}
 			return nil
-		}}},
+		}}}},
 	}
 }

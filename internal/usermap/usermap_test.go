@@ -60,7 +60,7 @@ func newEnv(t *testing.T, simCfg sim.Config, cfg usermap.Config, creds *credenti
 			if err != nil {
 				return component{}, err
 			}
-			read, err := fwd.Routes(usermap.ReadAPI(cfg.AnalyticsURL))
+			read, err := fwd.Routes(usermap.ReadAPI(forward.APIConfig{URL: cfg.AnalyticsURL}))
 			return component{um, read}, err
 		})
 }

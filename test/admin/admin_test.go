@@ -213,7 +213,7 @@ func testAuth(t *testing.T, r *relay, s *simtest.Sim, rec1, rec2 *headerRecorder
 		}
 	}
 
-	// Issue 19: the admin token, whatever scheme carries it in
+	// The admin token, whatever scheme carries it in
 	// Authorization, never reaches the upstream.
 	for _, v := range []string{"Token " + adminToken, basic(adminToken, "x"), basic("user", adminToken), adminToken} {
 		n := rec1.count()
@@ -225,7 +225,7 @@ func testAuth(t *testing.T, r *relay, s *simtest.Sim, rec1, rec2 *headerRecorder
 			t.Errorf("the admin token in Authorization (%s) reached the upstream", strings.Fields(redactHdr([]string{"", v})[1])[0])
 		}
 	}
-	// Issue 19: routing and forwarding see one path; an encoded traversal
+	// Routing and forwarding see one path; an encoded traversal
 	// is refused locally and reaches no upstream.
 	n1 = rec1.count()
 	for _, p := range []string{

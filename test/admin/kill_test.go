@@ -63,7 +63,7 @@ func TestKillBeforeDelivery(t *testing.T) {
 
 	s, simURL := forwardtest.StartSim(t, sim.Config{})
 	// The records were accepted for the dead address: the sandbox guard
-	// (issue 18) needs the change allowed.
+	// needs the change allowed.
 	r = startRelay(t, data, log, "--ingest-url", simURL, "--alias-url", simURL, "--analytics-url", simURL, "--spool-upstream-change", "allow")
 	total := requests * perReq
 	poll.Until(t, "every group identify and mapping at the sim", func() bool {

@@ -14,7 +14,7 @@ import (
 	"github.com/svcrelay/relay/internal/sim"
 )
 
-// TestLaneBounds (issue 19) runs the binary with --max-lanes 300 and
+// TestLaneBounds runs the binary with --max-lanes 300 and
 // --lane-retire-after 1s: /metrics is scraped on the real admin listener in
 // a loop while 300 new api_keys arrive at once (the deadlock hung it after a
 // few dozen scrapes, and lanes created after it never delivered); the

@@ -1,4 +1,4 @@
-// Package fleet holds the process-level tests of fleet mode (issue 22): a
+// Package fleet holds the process-level tests of fleet mode: a
 // 3-node NATS JetStream cluster of real nats-server processes, the
 // simulated upstream (`relay sim`) and two or three relay processes with
 // --spool nats://..., all on 127.0.0.1. Under load, a relay is killed with
@@ -86,7 +86,7 @@ type env struct {
 	relayBin, natsBin string
 }
 
-// TestFleet runs the scenarios of issue 22, each on a fresh cluster.
+// TestFleet runs the fleet scenarios, each on a fresh cluster.
 func TestFleet(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts nats-server, sim and relay processes; skipped under -short")

@@ -1,4 +1,4 @@
-package export
+package forward_test
 
 import (
 	"archive/zip"
@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"github.com/svcrelay/relay/internal/forward"
 	"strings"
 	"testing"
 	"time"
@@ -15,7 +16,7 @@ import (
 	"github.com/svcrelay/relay/internal/simtest"
 )
 
-func TestParseRange(t *testing.T) {
+func TestExportParseRange(t *testing.T) {
 	for _, tc := range []struct {
 		start, end string
 		hours      int
@@ -30,15 +31,15 @@ func TestParseRange(t *testing.T) {
 		{"20261122T24", "20261123T05", 0, true},
 		{"", "20261122T05", 0, true},
 	} {
-		r, err := ParseRange(tc.start, tc.end)
-		if (err != nil) != tc.err || (err == nil && r.Hours() != tc.hours) || (err != nil && !errors.Is(err, ErrBadRange)) {
+		r, err := forward.ParseExportRange(tc.start, tc.end)
+		if (err != nil) != tc.err || (err == nil && r.Hours() != tc.hours) || (err != nil && !errors.Is(err, forward.ErrBadExportRange)) {
 			t.Errorf("%s..%s: %v hours %d, err %v", tc.start, tc.end, r, r.Hours(), err)
 		}
 	}
 }
 
-func TestRangeSplitHalves(t *testing.T) {
-	r, _ := ParseRange("20261122T00", "20261124T05")
+func TestExportRangeSplitHalves(t *testing.T) {
+	r, _ := forward.ParseExportRange("20261122T00", "20261124T05")
 	parts := r.Split(24)
 	if len(parts) != 3 || parts[0].String() != "20261122T00-20261122T23" || parts[2].String() != "20261124T00-20261124T05" {
 		t.Fatalf("split %v", parts)
@@ -47,7 +48,7 @@ func TestRangeSplitHalves(t *testing.T) {
 	if !ok || a.String() != "20261124T00-20261124T02" || b.String() != "20261124T03-20261124T05" {
 		t.Fatalf("halves %v %v", a, b)
 	}
-	one, _ := ParseRange("20261124T00", "20261124T00")
+	one, _ := forward.ParseExportRange("20261124T00", "20261124T00")
 	if _, _, ok := one.Halves(); ok {
 		t.Fatal("a single hour was halved")
 	}
@@ -59,7 +60,7 @@ func TestExportRoute(t *testing.T) {
 	_ = s
 	ingest := `{"api_key":"proj","events":[{"event_type":"e1","user_id":"alice"}]}`
 	forwardtest.Call(t, "POST", up+"/2/httpapi", strings.NewReader(ingest))
-	relay := forwardtest.ServeAdmin(t, newAPI(t, up).Routes())
+	relay := forwardtest.ServeAdmin(t, exportNewAPI(t, up).Routes())
 	basic := "Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte("proj:proj-secret"))
 	proxyTok := "Proxy-Authorization: Bearer " + forwardtest.AdminToken
 	for _, tc := range []struct {
@@ -79,7 +80,7 @@ func TestExportRoute(t *testing.T) {
 		{"upstream 401 passed back", "start=20261122T00&end=20261122T23", []string{proxyTok}, 401, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a := forwardtest.Call(t, "GET", relay+Path+"?"+tc.query, nil, tc.hdr...)
+			a := forwardtest.Call(t, "GET", relay+forward.ExportPath+"?"+tc.query, nil, tc.hdr...)
 			if a.Status != tc.want {
 				t.Fatalf("got %v, want %d", a, tc.want)
 			}
@@ -103,19 +104,19 @@ func TestExportRoute(t *testing.T) {
 	}
 }
 
-func FuzzParseRange(f *testing.F) {
+func FuzzExportParseRange(f *testing.F) {
 	f.Add("20261122T00", "20261122T23")
 	f.Add("20251122T00", "20261122T00")
 	f.Add("2026112200", "x")
 	f.Fuzz(func(t *testing.T, start, end string) {
-		r, err := ParseRange(start, end)
+		r, err := forward.ParseExportRange(start, end)
 		if err != nil {
-			if !errors.Is(err, ErrBadRange) {
+			if !errors.Is(err, forward.ErrBadExportRange) {
 				t.Fatalf("error %v is not ErrBadRange", err)
 			}
 			return
 		}
-		if r.Hours() < 1 || r.Hours() > int(MaxRange/time.Hour) {
+		if r.Hours() < 1 || r.Hours() > int(forward.ExportMaxRange/time.Hour) {
 			t.Fatalf("accepted %d hours", r.Hours())
 		}
 		// Pieces cover the range exactly.

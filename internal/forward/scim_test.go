@@ -1,4 +1,4 @@
-package scim
+package forward_test
 
 import (
 	"encoding/json"
@@ -17,40 +17,40 @@ import (
 	"github.com/svcrelay/relay/internal/simtest"
 )
 
-// start serves the API with its limit changed by lim, on a simulator.
-func start(t *testing.T, lim ratelimit.Config) (*ft.Env, string) {
+// scimStart serves the API with its limit changed by lim, on a simulator.
+func scimStart(t *testing.T, lim ratelimit.Config) (*ft.Env, string) {
 	t.Helper()
 	env := ft.Start(t, forward.Config{})
-	return env, ft.Serve(t, env.Routes(t, API(forward.APIConfig{URL: env.SimURL, Limit: lim})))
+	return env, ft.Serve(t, env.Routes(t, forward.SCIM(forward.APIConfig{URL: env.SimURL, Limit: lim})))
 }
 
-func userBody(email string) string {
+func scimUserBody(email string) string {
 	return `{"schemas":["urn:ietf:params:scim:schemas:core:2.0:User"],"id":"` + email + `","userName":"` + email +
 		`","name":{"givenName":"A","familyName":"B"},"emails":[{"value":"` + email + `","primary":true}]}`
 }
 
-func patchBody(op, email string) string {
-	return `{"schemas":["` + PatchOpSchema + `"],"Operations":[{"op":"` + op + `","path":"members","value":[{"value":"` + email + `"}]}]}`
+func scimPatchBody(op, email string) string {
+	return `{"schemas":["` + forward.SCIMPatchOpSchema + `"],"Operations":[{"op":"` + op + `","path":"members","value":[{"value":"` + email + `"}]}]}`
 }
 
-// TestEveryEndpoint walks every endpoint of the document's table through
+// TestSCIMEveryEndpoint walks every endpoint of the document's table through
 // the relay to the simulator and back, with injected credentials.
-func TestEveryEndpoint(t *testing.T) {
-	env, relay := start(t, ratelimit.Config{})
+func TestSCIMEveryEndpoint(t *testing.T) {
+	env, relay := scimStart(t, ratelimit.Config{})
 	steps := []struct {
 		method, path, body string
 		status             int
 	}{
-		{"POST", "/scim/1/Users", userBody("ann@x.io"), 201},
+		{"POST", "/scim/1/Users", scimUserBody("ann@x.io"), 201},
 		{"GET", "/scim/1/Users?startIndex=1&itemsPerPage=100&filter=userName%20eq%20%22ann@x.io%22", "", 200},
 		{"GET", "/scim/1/Users/ANN@x.io", "", 200},
-		{"PUT", "/scim/1/Users/ann@x.io", userBody("ann@x.io"), 200},
+		{"PUT", "/scim/1/Users/ann@x.io", scimUserBody("ann@x.io"), 200},
 		{"PATCH", "/scim/1/Users/ann@x.io", `{"active":true}`, 200},
 		{"POST", "/scim/1/Groups", `{"schemas":["urn:ietf:params:scim:schemas:core:2.0:Group"],"displayName":"g","members":[]}`, 200},
 		{"GET", "/scim/1/Groups", "", 200},
 		{"GET", "/scim/1/Groups/1001", "", 200},
-		{"PATCH", "/scim/1/Groups/1001", patchBody("add", "ann@x.io"), 200},
-		{"PATCH", "/scim/1/Groups/1001", patchBody("remove", "ann@x.io"), 200},
+		{"PATCH", "/scim/1/Groups/1001", scimPatchBody("add", "ann@x.io"), 200},
+		{"PATCH", "/scim/1/Groups/1001", scimPatchBody("remove", "ann@x.io"), 200},
 		{"DELETE", "/scim/1/Groups/1001", "", 204},
 		{"DELETE", "/scim/1/Users/ann@x.io", "", 204},
 		{"GET", "/scim/1/Users/ann@x.io", "", 404},
@@ -69,29 +69,29 @@ func TestEveryEndpoint(t *testing.T) {
 	}
 }
 
-// TestLocalValidation: each refused locally with 400 and the sim sees nothing.
-func TestLocalValidation(t *testing.T) {
-	env, relay := start(t, ratelimit.Config{})
+// TestSCIMLocalValidation: each refused locally with 400 and the sim sees nothing.
+func TestSCIMLocalValidation(t *testing.T) {
+	env, relay := scimStart(t, ratelimit.Config{})
 	for _, c := range []struct{ name, method, path, body string }{
 		{"itemsPerPage above 100", "GET", "/scim/1/Users?itemsPerPage=101", ""},
 		{"itemsPerPage not a number", "GET", "/scim/1/Users?itemsPerPage=ten", ""},
 		{"startIndex 0", "GET", "/scim/1/Users?startIndex=0", ""},
 		{"groups itemsPerPage above 100", "GET", "/scim/1/Groups?itemsPerPage=500", ""},
-		{"create with invalid email", "POST", "/scim/1/Users", userBody("not-an-email")},
+		{"create with invalid email", "POST", "/scim/1/Users", scimUserBody("not-an-email")},
 		{"create without id", "POST", "/scim/1/Users", `{"userName":"a@x.io"}`},
 		{"create not JSON", "POST", "/scim/1/Users", `{`},
-		{"put non-email id", "PUT", "/scim/1/Users/bob", userBody("bob@x.io")},
+		{"put non-email id", "PUT", "/scim/1/Users/bob", scimUserBody("bob@x.io")},
 		{"patch non-email id", "PATCH", "/scim/1/Users/bob%40", `{}`},
 		{"delete non-email id", "DELETE", "/scim/1/Users/bob", ""},
 		{"group id not integer", "GET", "/scim/1/Groups/abc", ""},
 		{"delete group id not integer", "DELETE", "/scim/1/Groups/1x", ""},
 		{"group without displayName", "POST", "/scim/1/Groups", `{"members":[]}`},
 		{"group member not email", "POST", "/scim/1/Groups", `{"displayName":"g","members":[{"value":"x"}]}`},
-		{"patch wrong schema", "PATCH", "/scim/1/Groups/1", strings.Replace(patchBody("add", "a@x.io"), "PatchOp", "Patch", 1)},
-		{"patch no operations", "PATCH", "/scim/1/Groups/1", `{"schemas":["` + PatchOpSchema + `"],"Operations":[]}`},
-		{"patch op replace", "PATCH", "/scim/1/Groups/1", patchBody("replace", "a@x.io")},
-		{"patch path not members", "PATCH", "/scim/1/Groups/1", strings.Replace(patchBody("add", "a@x.io"), `"members"`, `"displayName"`, 1)},
-		{"patch member not email", "PATCH", "/scim/1/Groups/1", patchBody("add", "nope")},
+		{"patch wrong schema", "PATCH", "/scim/1/Groups/1", strings.Replace(scimPatchBody("add", "a@x.io"), "PatchOp", "Patch", 1)},
+		{"patch no operations", "PATCH", "/scim/1/Groups/1", `{"schemas":["` + forward.SCIMPatchOpSchema + `"],"Operations":[]}`},
+		{"patch op replace", "PATCH", "/scim/1/Groups/1", scimPatchBody("replace", "a@x.io")},
+		{"patch path not members", "PATCH", "/scim/1/Groups/1", strings.Replace(scimPatchBody("add", "a@x.io"), `"members"`, `"displayName"`, 1)},
+		{"patch member not email", "PATCH", "/scim/1/Groups/1", scimPatchBody("add", "nope")},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := ft.Do(t, c.method, relay+c.path, c.body, ft.Injected()...)
@@ -100,7 +100,7 @@ func TestLocalValidation(t *testing.T) {
 				Status, Detail, Source string
 			}
 			if r.Status != 400 || json.Unmarshal([]byte(r.Body), &e) != nil || e.Status != "400" || e.Source != "relay" ||
-				len(e.Schemas) != 1 || e.Schemas[0] != ErrorSchema {
+				len(e.Schemas) != 1 || e.Schemas[0] != forward.SCIMErrorSchema {
 				t.Errorf("got %v", r)
 			}
 		})
@@ -119,8 +119,8 @@ func TestLocalValidation(t *testing.T) {
 	}
 }
 
-func TestPassThroughAndInjected(t *testing.T) {
-	env, relay := start(t, ratelimit.Config{})
+func TestSCIMPassThroughAndInjected(t *testing.T) {
+	env, relay := scimStart(t, ratelimit.Config{})
 	// Pass-through: the caller's own token reaches the sim untouched, the
 	// admin token does not.
 	r := ft.Do(t, "GET", relay+"/scim/1/Users", "", ft.PassThrough("Bearer "+ft.SCIMToken)...)
@@ -162,12 +162,12 @@ func TestPassThroughAndInjected(t *testing.T) {
 	}
 }
 
-// TestBurstStaysUnderRate fires 300 SCIM calls at once; the sim must never
+// TestSCIMBurstStaysUnderRate fires 300 SCIM calls at once; the sim must never
 // see more than 100 in any window (shrunk to 1 s, same ratio), and every
 // caller gets the upstream's answer or a local 429 with Retry-After.
-func TestBurstStaysUnderRate(t *testing.T) {
+func TestSCIMBurstStaysUnderRate(t *testing.T) {
 	const window = time.Second
-	env, relay := start(t, ratelimit.Config{Limit: 100, Window: window, MaxWait: 1500 * time.Millisecond})
+	env, relay := scimStart(t, ratelimit.Config{Limit: 100, Window: window, MaxWait: 1500 * time.Millisecond})
 	env.Sim.SetSCIMRate(100, window)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -211,8 +211,8 @@ func TestBurstStaysUnderRate(t *testing.T) {
 	}
 }
 
-func TestLimitRefusesAtOnceAndUpstream429PassesBack(t *testing.T) {
-	env, relay := start(t, ratelimit.Config{Limit: 3, Window: time.Hour})
+func TestSCIMLimitRefusesAtOnceAndUpstream429PassesBack(t *testing.T) {
+	env, relay := scimStart(t, ratelimit.Config{Limit: 3, Window: time.Hour})
 	env.Sim.SetSCIMRate(2, time.Hour)
 	var got []int
 	for range 4 {
@@ -237,8 +237,8 @@ func TestLimitRefusesAtOnceAndUpstream429PassesBack(t *testing.T) {
 	}
 }
 
-// TestRegionBase: an organization's scim_url override beats --scim-url.
-func TestRegionBase(t *testing.T) {
+// TestSCIMRegionBase: an organization's scim_url override beats --scim-url.
+func TestSCIMRegionBase(t *testing.T) {
 	env := ft.Start(t, forward.Config{})
 	eu, euURL := ft.StartSim(t, sim.Config{})
 	creds, err := credentials.Parse([]byte(strings.Replace(ft.CredentialsYAML, `    projects: [web-prod]`,
@@ -247,7 +247,7 @@ func TestRegionBase(t *testing.T) {
 		t.Fatal(err)
 	}
 	fwd := ft.Forwarder(t, forward.Config{}, creds)
-	rs, err := fwd.Routes(API(forward.APIConfig{URL: env.SimURL}))
+	rs, err := fwd.Routes(forward.SCIM(forward.APIConfig{URL: env.SimURL}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,17 +260,17 @@ func TestRegionBase(t *testing.T) {
 	}
 }
 
-func TestConfig(t *testing.T) {
+func TestSCIMConfig(t *testing.T) {
 	bad := forward.APIConfig{Limit: ratelimit.Config{Window: -1}}
 	if bad.Validate() == nil {
 		t.Error("negative accepted")
 	}
-	if _, err := ft.Forwarder(t, forward.Config{}, nil).Routes(API(bad)); err == nil {
+	if _, err := ft.Forwarder(t, forward.Config{}, nil).Routes(forward.SCIM(bad)); err == nil {
 		t.Error("Routes accepted a bad Config")
 	}
 	for e, ok := range map[string]bool{"a@b.co": true, "A.B+c@x.y.z": true, "a@b": false, "@b.co": false,
 		"a b@c.de": false, "a@@b.co": false, "a@b..co": false, "": false, "<a@b.co>": false} {
-		if ValidEmail(e) != ok {
+		if forward.ValidEmail(e) != ok {
 			t.Errorf("ValidEmail(%q) != %v", e, ok)
 		}
 	}

@@ -1,4 +1,4 @@
-package classifiers
+package forward_test
 
 import (
 	"compress/gzip"
@@ -11,31 +11,33 @@ import (
 	"github.com/svcrelay/relay/internal/sim"
 )
 
-func start(t *testing.T) (*ft.Env, string) {
+func classifierStart(t *testing.T) (*ft.Env, string) {
 	t.Helper()
 	env := ft.Start(t, forward.Config{})
-	return env, ft.Serve(t, env.Routes(t, API(env.SimURL)))
+	return env, ft.Serve(t, env.Routes(t, forward.Classifiers(forward.APIConfig{URL: env.SimURL})))
 }
 
-func basic(k, s string) string { return "Basic " + base64.StdEncoding.EncodeToString([]byte(k+":"+s)) }
+func classifierBasic(k, s string) string {
+	return "Basic " + base64.StdEncoding.EncodeToString([]byte(k+":"+s))
+}
 
-const def = `{"displayName":"Paid","description":"d","csvDefinition":{"csvText":"channel,utm_source\nPaid,google|bing","operatorsMap":{},"columnMetadata":{"utm_source":"event_property"},"anyKeyword":"ANY","separator":"|","propertyMetadata":{},"useWaterfallLogic":true}}`
+const classifierDef = `{"displayName":"Paid","description":"d","csvDefinition":{"csvText":"channel,utm_source\nPaid,google|bing","operatorsMap":{},"columnMetadata":{"utm_source":"event_property"},"anyKeyword":"ANY","separator":"|","propertyMetadata":{},"useWaterfallLogic":true}}`
 
-func TestEveryEndpoint(t *testing.T) {
-	env, relay := start(t)
+func TestClassifierEveryEndpoint(t *testing.T) {
+	env, relay := classifierStart(t)
 	steps := []struct {
 		method, path, body string
 		status             int
 		want               string
 	}{
-		{"POST", "/api/2/channel-classifiers/paid_1", def, 200, `"created"`},
+		{"POST", "/api/2/channel-classifiers/paid_1", classifierDef, 200, `"created"`},
 		{"GET", "/api/2/channel-classifiers", "", 200, `"channelClassifiers":[`},
 		{"GET", "/api/2/channel-classifiers/paid_1", "", 200, `"separator":"|"`},
-		{"PATCH", "/api/2/channel-classifiers/paid_1", def, 200, `"updated"`},
+		{"PATCH", "/api/2/channel-classifiers/paid_1", classifierDef, 200, `"updated"`},
 		// The Errors table, answered by the upstream and passed back.
 		{"GET", "/api/2/channel-classifiers/none", "", 404, ""},
-		{"PATCH", "/api/2/channel-classifiers/none", def, 404, ""},
-		{"POST", "/api/2/channel-classifiers/paid_1", def, 409, ""},
+		{"PATCH", "/api/2/channel-classifiers/none", classifierDef, 404, ""},
+		{"POST", "/api/2/channel-classifiers/paid_1", classifierDef, 409, ""},
 	}
 	for i, s := range steps {
 		r := ft.Do(t, s.method, relay+s.path, s.body, ft.Injected("Content-Type", "application/json")...)
@@ -49,7 +51,7 @@ func TestEveryEndpoint(t *testing.T) {
 		}
 	}
 	// Pass-through: 401 without Authorization, 403 with a wrong secret, 200 right.
-	for auth, want := range map[string]int{"": 401, basic(ft.ProjectKey, "wrong"): 403, basic(ft.ProjectKey, ft.ProjectSecret): 200} {
+	for auth, want := range map[string]int{"": 401, classifierBasic(ft.ProjectKey, "wrong"): 403, classifierBasic(ft.ProjectKey, ft.ProjectSecret): 200} {
 		h := []string{"Proxy-Authorization", "Bearer " + ft.AdminToken}
 		if auth != "" {
 			h = append(h, "Authorization", auth)
@@ -60,18 +62,18 @@ func TestEveryEndpoint(t *testing.T) {
 	}
 }
 
-func TestLocalValidation(t *testing.T) {
-	env, relay := start(t)
+func TestClassifierLocalValidation(t *testing.T) {
+	env, relay := classifierStart(t)
 	const p = "/api/2/channel-classifiers/"
-	big := `{"csvDefinition":{"csvText":"` + strings.Repeat("a", MaxCSVBytes+1) + `"}}`
-	long := strings.Repeat("é", MaxTextChars+1)
+	big := `{"csvDefinition":{"csvText":"` + strings.Repeat("a", forward.ClassifierMaxCSVBytes+1) + `"}}`
+	long := strings.Repeat("é", forward.ClassifierMaxTextChars+1)
 	for _, c := range []struct {
 		name, method, path, body string
 		status                   int
 	}{
-		{"name with a dot", "POST", p + "bad.name", def, 400},
-		{"name with a space", "POST", p + "bad%20name", def, 400},
-		{"name with a slash", "POST", p + "bad%2Fname", def, 400},
+		{"name with a dot", "POST", p + "bad.name", classifierDef, 400},
+		{"name with a space", "POST", p + "bad%20name", classifierDef, 400},
+		{"name with a slash", "POST", p + "bad%2Fname", classifierDef, 400},
 		{"no csvDefinition", "POST", p + "ok", `{"displayName":"x"}`, 400},
 		{"csvDefinition null", "PATCH", p + "ok", `{"csvDefinition":null}`, 400},
 		{"no csvText", "POST", p + "ok", `{"csvDefinition":{"separator":null}}`, 400},
@@ -96,16 +98,16 @@ func TestLocalValidation(t *testing.T) {
 		t.Fatalf("the simulator saw %d calls", n)
 	}
 	// At the limits exactly: forwarded and accepted.
-	edge := `{"displayName":"` + strings.Repeat("é", MaxTextChars) + `","csvDefinition":{"csvText":"` + strings.Repeat("a", MaxCSVBytes) + `"}}`
+	edge := `{"displayName":"` + strings.Repeat("é", forward.ClassifierMaxTextChars) + `","csvDefinition":{"csvText":"` + strings.Repeat("a", forward.ClassifierMaxCSVBytes) + `"}}`
 	if r := ft.Do(t, "POST", relay+p+"edge-1_A", edge, ft.Injected()...); r.Status != 200 {
 		t.Errorf("at the limits: %v", r)
 	}
 }
 
-// TestGzipBody: validation looks at the decoded body; the body forwarded is
+// TestClassifierGzipBody: validation looks at the decoded body; the body forwarded is
 // the caller's, still compressed.
-func TestGzipBody(t *testing.T) {
-	env, relay := start(t)
+func TestClassifierGzipBody(t *testing.T) {
+	env, relay := classifierStart(t)
 	gz := func(s string) string {
 		var b strings.Builder
 		zw := gzip.NewWriter(&b)
@@ -113,7 +115,7 @@ func TestGzipBody(t *testing.T) {
 		zw.Close()
 		return b.String()
 	}
-	big := `{"csvDefinition":{"csvText":"` + strings.Repeat("a", MaxCSVBytes+1) + `"}}`
+	big := `{"csvDefinition":{"csvText":"` + strings.Repeat("a", forward.ClassifierMaxCSVBytes+1) + `"}}`
 	if r := ft.Do(t, "POST", relay+"/api/2/channel-classifiers/big", gz(big), ft.Injected("Content-Encoding", "gzip")...); r.Status != 413 {
 		t.Errorf("gzip over 1 MB: %v", r)
 	}
@@ -123,12 +125,12 @@ func TestGzipBody(t *testing.T) {
 	if env.Calls() != 0 {
 		t.Fatalf("sim saw %d calls", env.Calls())
 	}
-	body := gz(def)
+	body := gz(classifierDef)
 	if r := ft.Do(t, "POST", relay+"/api/2/channel-classifiers/z", body, ft.Injected("Content-Encoding", "gzip")...); r.Status != 200 {
 		t.Errorf("gzip body: %v", r)
 	}
 	// The sim decoded what it got: the caller's gzip bytes, with their header.
-	if c := env.LastCall(t, 1); c.Body != def || !strings.Contains(strings.Join(c.Headers, ","), "Content-Encoding") {
+	if c := env.LastCall(t, 1); c.Body != classifierDef || !strings.Contains(strings.Join(c.Headers, ","), "Content-Encoding") {
 		t.Errorf("forwarded body or Content-Encoding changed: %+v", c)
 	}
 }

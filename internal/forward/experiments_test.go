@@ -1,4 +1,4 @@
-package experiments
+package forward_test
 
 import (
 	"encoding/json"
@@ -10,16 +10,16 @@ import (
 	"github.com/svcrelay/relay/internal/sim"
 )
 
-func start(t *testing.T) (*ft.Env, string) {
+func experimentStart(t *testing.T) (*ft.Env, string) {
 	t.Helper()
 	env := ft.Start(t, forward.Config{})
-	return env, ft.Serve(t, env.Routes(t, API(env.SimURL)))
+	return env, ft.Serve(t, env.Routes(t, forward.Experiments(forward.APIConfig{URL: env.SimURL})))
 }
 
-// TestEveryEndpoint walks every endpoint of the document's table through
+// TestExperimentEveryEndpoint walks every endpoint of the document's table through
 // the relay to the simulator and back.
-func TestEveryEndpoint(t *testing.T) {
-	env, relay := start(t)
+func TestExperimentEveryEndpoint(t *testing.T) {
+	env, relay := experimentStart(t)
 	r := ft.Do(t, "POST", relay+"/api/1/experiments", `{"projectId":"1","name":"e","key":"e","variants":[{"key":"on"}]}`,
 		ft.Injected("Content-Type", "application/json")...)
 	var created struct{ ID string }
@@ -85,8 +85,8 @@ func TestEveryEndpoint(t *testing.T) {
 	}
 }
 
-func TestLocalValidation(t *testing.T) {
-	env, relay := start(t)
+func TestExperimentLocalValidation(t *testing.T) {
+	env, relay := experimentStart(t)
 	many := `{"users":[` + strings.Repeat(`"u",`, 100) + `"u"]}`
 	v := "/api/1/experiments/1/variants/on"
 	for _, c := range []struct{ name, method, path, body string }{
@@ -126,8 +126,8 @@ func TestLocalValidation(t *testing.T) {
 	}
 }
 
-func TestMissingManagementKey(t *testing.T) {
-	env, relay := start(t)
+func TestExperimentMissingManagementKey(t *testing.T) {
+	env, relay := experimentStart(t)
 	r := ft.Do(t, "GET", relay+"/api/1/experiments", "", "Authorization", "Bearer "+ft.AdminToken, "X-Relay-Project", ft.NoOrgProject)
 	if r.Status != 400 || !strings.Contains(r.Body, "management_api_key") || env.Calls() != 0 {
 		t.Fatalf("%v", r)

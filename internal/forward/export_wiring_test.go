@@ -1,4 +1,4 @@
-package export_test
+package forward_test
 
 import (
 	"io"
@@ -8,39 +8,35 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/svcrelay/relay/internal/deletion"
-	"github.com/svcrelay/relay/internal/dsar"
-	"github.com/svcrelay/relay/internal/export"
-	"github.com/svcrelay/relay/internal/feedback"
 	"github.com/svcrelay/relay/internal/forward"
 	ft "github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
 )
 
-// TestWiredOnAdminListener registers the four data-moving APIs on the real
+// TestExportWiredOnAdminListener registers the four data-moving APIs on the real
 // admin listener as cmd/relay does (one forwarder, one registry): no route
 // or metric clash, the ModeForward token check applies, and each reaches
 // the simulator with the credentials its scheme needs.
-func TestWiredOnAdminListener(t *testing.T) {
+func TestExportWiredOnAdminListener(t *testing.T) {
 	s, up := ft.StartSim(t, sim.Config{})
 	creds := ft.ParseCreds(t, ft.WebOrgCredsYAML)
 	reg := prometheus.NewRegistry()
 	c := forward.APIConfig{URL: up}
-	base := ft.ServeWired(t, reg, creds, feedback.API(up), dsar.API(c), deletion.API(c), export.API(up))
+	base := ft.ServeWired(t, reg, creds, forward.Feedback(forward.APIConfig{URL: up}), forward.DSAR(c), forward.Deletion(c), forward.Export(forward.APIConfig{URL: up}))
 	http.Post(up+"/2/httpapi", "application/json", strings.NewReader(`{"api_key":"proj","events":[{"event_type":"e","user_id":"alice"}]}`))
-	hour := time.Now().UTC().Format(export.HourFormat)
+	hour := time.Now().UTC().Format(forward.ExportHourFormat)
 	day := time.Now().UTC().Format(time.DateOnly)
 
 	for _, c := range []struct {
 		method, path, body string
 		want               int
 	}{
-		{"POST", feedback.Path, `{"source_id":"s","items":[{"unique_id":"a","body":"b"}]}`, 200},
-		{"POST", dsar.PathRequests, `{"userId":"alice","startDate":"` + day + `","endDate":"` + day + `"}`, 202},
-		{"GET", dsar.PathRequests + "/1000", "", 200},
-		{"POST", deletion.PathUsers, `{"user_ids":["alice"],"requester":"ops"}`, 200},
-		{"GET", deletion.PathUsers + "?start_day=" + day + "&end_day=" + day, "", 200},
-		{"GET", export.Path + "?start=" + hour + "&end=" + hour, "", 200},
+		{"POST", forward.FeedbackPath, `{"source_id":"s","items":[{"unique_id":"a","body":"b"}]}`, 200},
+		{"POST", forward.DSARPath, `{"userId":"alice","startDate":"` + day + `","endDate":"` + day + `"}`, 202},
+		{"GET", forward.DSARPath + "/1000", "", 200},
+		{"POST", forward.DeletionPath, `{"user_ids":["alice"],"requester":"ops"}`, 200},
+		{"GET", forward.DeletionPath + "?start_day=" + day + "&end_day=" + day, "", 200},
+		{"GET", forward.ExportPath + "?start=" + hour + "&end=" + hour, "", 200},
 	} {
 		do := func(hdr ...string) (int, string) {
 			req, _ := http.NewRequest(c.method, base+c.path, strings.NewReader(c.body))
@@ -71,8 +67,8 @@ func TestWiredOnAdminListener(t *testing.T) {
 	for _, r := range s.Requests() {
 		labels[r.Method+" "+r.Path] = r.KeyLabel
 	}
-	for path, key := range map[string]string{"POST " + feedback.Path: "proj", "POST " + dsar.PathRequests: "org",
-		"POST " + deletion.PathUsers: "proj", "GET " + export.Path: "proj"} {
+	for path, key := range map[string]string{"POST " + forward.FeedbackPath: "proj", "POST " + forward.DSARPath: "org",
+		"POST " + forward.DeletionPath: "proj", "GET " + forward.ExportPath: "proj"} {
 		if labels[path] != sim.KeyLabel(key) {
 			t.Errorf("%s reached the sim with key %q, want %s's", path, labels[path], key)
 		}

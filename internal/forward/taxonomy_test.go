@@ -1,4 +1,4 @@
-package taxonomy
+package forward_test
 
 import (
 	"strings"
@@ -12,19 +12,19 @@ import (
 	"github.com/svcrelay/relay/internal/sim"
 )
 
-// start serves the API with its limit changed by lim, on a simulator.
-func start(t *testing.T, lim ratelimit.Config) (*ft.Env, string) {
+// taxonomyStart serves the API with its limit changed by lim, on a simulator.
+func taxonomyStart(t *testing.T, lim ratelimit.Config) (*ft.Env, string) {
 	t.Helper()
 	env := ft.Start(t, forward.Config{})
-	return env, ft.Serve(t, env.Routes(t, API(forward.APIConfig{URL: env.SimURL, Limit: lim})))
+	return env, ft.Serve(t, env.Routes(t, forward.Taxonomy(forward.APIConfig{URL: env.SimURL, Limit: lim})))
 }
 
-const form = "application/x-www-form-urlencoded"
+const taxonomyForm = "application/x-www-form-urlencoded"
 
-// TestEveryEndpoint walks every endpoint of the document's table (and the
+// TestTaxonomyEveryEndpoint walks every endpoint of the document's table (and the
 // lifecycle table) through the relay to the simulator and back.
-func TestEveryEndpoint(t *testing.T) {
-	env, relay := start(t, ratelimit.Config{})
+func TestTaxonomyEveryEndpoint(t *testing.T) {
+	env, relay := taxonomyStart(t, ratelimit.Config{})
 	env.Sim.SeedTaxonomy(ft.ProjectKey, "event", "Live Event", "live")
 	env.Sim.SeedTaxonomy(ft.ProjectKey, "event", "tr", "transformed")
 	const p = "/api/2/taxonomy"
@@ -65,7 +65,7 @@ func TestEveryEndpoint(t *testing.T) {
 		{"GET", p + "/category/None", "", 400, ""},
 	}
 	for i, s := range steps {
-		r := ft.Do(t, s.method, relay+s.path, s.body, ft.Injected("Content-Type", form)...)
+		r := ft.Do(t, s.method, relay+s.path, s.body, ft.Injected("Content-Type", taxonomyForm)...)
 		c := env.LastCall(t, i+1)
 		wantPath, wantQuery, _ := strings.Cut(s.path, "?")
 		if r.Status != s.status || !strings.Contains(r.Body, s.want) || c.Status != s.status || c.Method != s.method ||
@@ -75,8 +75,8 @@ func TestEveryEndpoint(t *testing.T) {
 	}
 }
 
-func TestLocalValidation(t *testing.T) {
-	env, relay := start(t, ratelimit.Config{})
+func TestTaxonomyLocalValidation(t *testing.T) {
+	env, relay := taxonomyStart(t, ratelimit.Config{})
 	const p = "/api/2/taxonomy"
 	for _, c := range []struct{ method, path, body, field string }{
 		{"POST", p + "/category", "", "category_name"},
@@ -89,7 +89,7 @@ func TestLocalValidation(t *testing.T) {
 		{"POST", p + "/group-property", "group_type=x", "group_property"},
 		{"POST", p + "/event", "event_type=%zz", "form encoded"},
 	} {
-		r := ft.Do(t, c.method, relay+c.path, c.body, ft.Injected("Content-Type", form)...)
+		r := ft.Do(t, c.method, relay+c.path, c.body, ft.Injected("Content-Type", taxonomyForm)...)
 		if r.Status != 400 || !strings.Contains(r.Body, c.field) || !strings.Contains(r.Body, `"success":false`) {
 			t.Errorf("%s %s %q: %v", c.method, c.path, c.body, r)
 		}
@@ -108,10 +108,10 @@ func TestLocalValidation(t *testing.T) {
 	}
 }
 
-// TestInFlightCost: many concurrent calls never put more than 4 cost in
+// TestTaxonomyInFlightCost: many concurrent calls never put more than 4 cost in
 // flight at the sim, and all are served (none refused by the sim).
-func TestInFlightCost(t *testing.T) {
-	env, relay := start(t, ratelimit.Config{MaxWait: 10 * time.Second})
+func TestTaxonomyInFlightCost(t *testing.T) {
+	env, relay := taxonomyStart(t, ratelimit.Config{MaxWait: 10 * time.Second})
 	env.Sim.SetTaxonomyDelay(50 * time.Millisecond)
 	var wg sync.WaitGroup
 	for i := range 16 {
@@ -120,7 +120,7 @@ func TestInFlightCost(t *testing.T) {
 			if i%2 == 0 {
 				r = ft.Do(t, "GET", relay+"/api/2/taxonomy/category", "", ft.Injected()...)
 			} else {
-				r = ft.Do(t, "POST", relay+"/api/2/taxonomy/category", "category_name=c"+string(rune('a'+i)), ft.Injected("Content-Type", form)...)
+				r = ft.Do(t, "POST", relay+"/api/2/taxonomy/category", "category_name=c"+string(rune('a'+i)), ft.Injected("Content-Type", taxonomyForm)...)
 			}
 			if r.Status != 200 {
 				t.Errorf("call %d: %v", i, r)
@@ -135,13 +135,13 @@ func TestInFlightCost(t *testing.T) {
 	}
 }
 
-// TestPeriodBudget: above the period budget the relay answers 429 with
+// TestTaxonomyPeriodBudget: above the period budget the relay answers 429 with
 // Retry-After itself; the sim never refuses.
-func TestPeriodBudget(t *testing.T) {
-	env, relay := start(t, ratelimit.Config{Limit: 5, Window: time.Hour, MaxWait: -1})
+func TestTaxonomyPeriodBudget(t *testing.T) {
+	env, relay := taxonomyStart(t, ratelimit.Config{Limit: 5, Window: time.Hour, MaxWait: -1})
 	var got []int
 	for _, m := range []string{"POST", "GET", "GET", "GET", "POST", "GET"} { // costs 2, 1, 1, 1, 2, 1
-		r := ft.Do(t, m, relay+"/api/2/taxonomy/category", "category_name=x", ft.Injected("Content-Type", form)...)
+		r := ft.Do(t, m, relay+"/api/2/taxonomy/category", "category_name=x", ft.Injected("Content-Type", taxonomyForm)...)
 		got = append(got, r.Status)
 		if r.Status == 429 && (r.Header.Get("Retry-After") == "" || !strings.Contains(r.Body, `"source":"relay"`)) {
 			t.Errorf("local 429 without Retry-After: %v", r)
@@ -159,8 +159,8 @@ func TestPeriodBudget(t *testing.T) {
 	}
 }
 
-func TestUpstream429PassedBack(t *testing.T) {
-	env, relay := start(t, ratelimit.Config{})
+func TestTaxonomyUpstream429PassedBack(t *testing.T) {
+	env, relay := taxonomyStart(t, ratelimit.Config{})
 	env.Sim.SetTaxonomyLimits(0, 2, time.Hour)
 	ft.Do(t, "GET", relay+"/api/2/taxonomy/event", "", ft.Injected()...)
 	ft.Do(t, "GET", relay+"/api/2/taxonomy/event", "", ft.Injected()...)
@@ -175,17 +175,17 @@ func TestUpstream429PassedBack(t *testing.T) {
 	}
 }
 
-func TestConfig(t *testing.T) {
+func TestTaxonomyConfig(t *testing.T) {
 	// Negative, or a bound below the cost of 2 of PUT, POST and DELETE.
 	for _, c := range []ratelimit.Config{{MaxInFlight: -1}, {MaxInFlight: 1}, {Limit: 1}, {Window: -1}} {
-		if _, err := ft.Forwarder(t, forward.Config{}, nil).Routes(API(forward.APIConfig{Limit: c})); err == nil {
+		if _, err := ft.Forwarder(t, forward.Config{}, nil).Routes(forward.Taxonomy(forward.APIConfig{Limit: c})); err == nil {
 			t.Errorf("%+v accepted", c)
 		}
 	}
-	if _, err := ft.Forwarder(t, forward.Config{}, nil).Routes(API(forward.APIConfig{Limit: ratelimit.Config{MaxInFlight: 2, Limit: 2}})); err != nil {
+	if _, err := ft.Forwarder(t, forward.Config{}, nil).Routes(forward.Taxonomy(forward.APIConfig{Limit: ratelimit.Config{MaxInFlight: 2, Limit: 2}})); err != nil {
 		t.Error(err)
 	}
-	if Cost("GET") != 1 || Cost("PUT") != 2 || Cost("POST") != 2 || Cost("DELETE") != 2 {
+	if forward.TaxonomyCost("GET") != 1 || forward.TaxonomyCost("PUT") != 2 || forward.TaxonomyCost("POST") != 2 || forward.TaxonomyCost("DELETE") != 2 {
 		t.Error("costs")
 	}
 }

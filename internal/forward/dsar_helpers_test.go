@@ -1,4 +1,4 @@
-package dsar
+package forward_test
 
 import (
 	"testing"
@@ -10,6 +10,6 @@ import (
 // The admin listener, simulator and client helpers are forwardtest's
 // (ServeAdmin, StartSim, Call); these are the package's own.
 
-func testCreds(t testing.TB) *credentials.Store {
+func dsarTestCreds(t testing.TB) *credentials.Store {
 	return forwardtest.ParseCreds(t, forwardtest.WebOrgCredsYAML)
 }

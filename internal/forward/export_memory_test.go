@@ -1,4 +1,4 @@
-package export
+package forward_test
 
 import (
 	"bufio"
@@ -22,7 +22,7 @@ import (
 	"github.com/svcrelay/relay/internal/simtest"
 )
 
-const helperEnv = "RELAY_EXPORT_HELPER_UPSTREAM"
+const exportHelperEnv = "RELAY_EXPORT_HELPER_UPSTREAM"
 
 // TestHelperRelayProcess is the relay side of TestExportStreamsInFlatMemory,
 // run in a subprocess so that its peak RSS (VmHWM) is the relay's alone. It
@@ -30,7 +30,7 @@ const helperEnv = "RELAY_EXPORT_HELPER_UPSTREAM"
 // 127.0.0.1, prints its address, and answers GET /test/vmhwm with its VmHWM
 // in KiB.
 func TestHelperRelayProcess(t *testing.T) {
-	up := os.Getenv(helperEnv)
+	up := os.Getenv(exportHelperEnv)
 	if up == "" {
 		t.Skip("helper process of TestExportStreamsInFlatMemory")
 	}
@@ -38,9 +38,9 @@ func TestHelperRelayProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin.Register(forwardtest.Build(t, forward.Config{}, forwardtest.WebCreds(t), API(up))...)
+	admin.Register(forwardtest.Build(t, forward.Config{}, forwardtest.WebCreds(t), forward.Export(forward.APIConfig{URL: up}))...)
 	admin.Handle(http.MethodGet, "/test/vmhwm", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		kb, err := vmHWM()
+		kb, err := exportVmHWM()
 		if err != nil {
 			http.Error(w, err.Error(), 500)
 			return
@@ -56,8 +56,8 @@ func TestHelperRelayProcess(t *testing.T) {
 	admin.Serve(ln)
 }
 
-// vmHWM returns this process's peak resident set size in KiB.
-func vmHWM() (int64, error) {
+// exportVmHWM returns this process's peak resident set size in KiB.
+func exportVmHWM() (int64, error) {
 	f, err := os.Open("/proc/self/status")
 	if err != nil {
 		return 0, err
@@ -90,7 +90,7 @@ func TestExportStreamsInFlatMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperRelayProcess$")
-	cmd.Env = append(os.Environ(), helperEnv+"="+up)
+	cmd.Env = append(os.Environ(), exportHelperEnv+"="+up)
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	cmd.Stderr = os.Stderr
@@ -105,9 +105,9 @@ func TestExportStreamsInFlatMemory(t *testing.T) {
 	}
 	go io.Copy(io.Discard, stdout)
 	relay := "http://" + addr
-	before := hwm(t, relay)
+	before := exportHwm(t, relay)
 
-	req, _ := http.NewRequest("GET", relay+Path+"?start=20260101T00&end=20260101T19", nil)
+	req, _ := http.NewRequest("GET", relay+forward.ExportPath+"?start=20260101T00&end=20260101T19", nil)
 	req.Header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte("proj:proj-secret")))
 	t0 := time.Now()
 	resp, err := http.DefaultClient.Do(req)
@@ -127,7 +127,7 @@ func TestExportStreamsInFlatMemory(t *testing.T) {
 	if err != nil || len(log) != 1 || log[0].Bytes != n || n < hours*perHour {
 		t.Fatalf("relay passed %d bytes, sim log %+v (%v)", n, log, err)
 	}
-	peak := hwm(t, relay)
+	peak := exportHwm(t, relay)
 	t.Logf("moved %.2f GB in %v (%.0f MB/s); relay VmHWM %d KiB before, %d KiB after (%.1f MB)",
 		float64(n)/1e9, took.Round(time.Millisecond), float64(n)/1e6/took.Seconds(), before, peak, float64(peak)*1024/1e6)
 	if peak*1024 >= 100e6 {
@@ -135,7 +135,7 @@ func TestExportStreamsInFlatMemory(t *testing.T) {
 	}
 }
 
-func hwm(t *testing.T, relay string) int64 {
+func exportHwm(t *testing.T, relay string) int64 {
 	t.Helper()
 	resp, err := http.Get(relay + "/test/vmhwm")
 	if err != nil {

@@ -1,4 +1,4 @@
-package export
+package forward_test
 
 import (
 	"context"
@@ -16,11 +16,11 @@ import (
 	"github.com/svcrelay/relay/internal/simtest"
 )
 
-// TestSlowCallerOutlivesWriteTimeout: on the real admin listener with a
+// TestExportSlowCallerOutlivesWriteTimeout: on the real admin listener with a
 // 1 s write time-out, a caller reading an archive slowly for longer than
 // that gets all of it; a caller that stops reading for longer than
 // the forwarder's IdleTimeout is cut.
-func TestSlowCallerOutlivesWriteTimeout(t *testing.T) {
+func TestExportSlowCallerOutlivesWriteTimeout(t *testing.T) {
 	if testing.Short() {
 		t.Skip("reads slowly for 2 s")
 	}
@@ -34,7 +34,7 @@ func TestSlowCallerOutlivesWriteTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin.Register(forwardtest.Build(t, forward.Config{IdleTimeout: time.Second}, forwardtest.WebCreds(t), API(up))...)
+	admin.Register(forwardtest.Build(t, forward.Config{IdleTimeout: time.Second}, forwardtest.WebCreds(t), forward.Export(forward.APIConfig{URL: up}))...)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -42,7 +42,7 @@ func TestSlowCallerOutlivesWriteTimeout(t *testing.T) {
 	go admin.Serve(ln)
 	t.Cleanup(func() { admin.Shutdown(context.Background()) })
 	get := func() *http.Response {
-		req, _ := http.NewRequest("GET", "http://"+ln.Addr().String()+Path+"?start=20260101T00&end=20260101T00", nil)
+		req, _ := http.NewRequest("GET", "http://"+ln.Addr().String()+forward.ExportPath+"?start=20260101T00&end=20260101T00", nil)
 		req.Header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte("proj:proj-secret")))
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil || resp.StatusCode != 200 {

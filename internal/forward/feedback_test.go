@@ -1,4 +1,4 @@
-package feedback
+package forward_test
 
 import (
 	"bytes"
@@ -16,7 +16,7 @@ import (
 	"github.com/svcrelay/relay/internal/simtest"
 )
 
-func items(n int) string {
+func feedbackItems(n int) string {
 	var l []string
 	for i := range n {
 		l = append(l, fmt.Sprintf(`{"unique_id":"i%d","body":"text %d"}`, i, i))
@@ -24,30 +24,30 @@ func items(n int) string {
 	return strings.Join(l, ",")
 }
 
-func TestCheckRequest(t *testing.T) {
+func TestFeedbackCheckRequest(t *testing.T) {
 	for _, tc := range []struct {
 		name, body string
 		want       error
-		bad        []string // unique_ids of bad items
+		bad        []string // unique_ids of bad feedbackItems
 	}{
-		{"ok", `{"source_id":"s","items":[` + items(100) + `]}`, nil, nil},
-		{"101 items", `{"source_id":"s","items":[` + items(101) + `]}`, ErrBadRequest, nil},
-		{"no items", `{"source_id":"s","items":[]}`, ErrBadRequest, nil},
-		{"items missing", `{"source_id":"s"}`, ErrBadRequest, nil},
-		{"no source", `{"items":[` + items(1) + `]}`, ErrBadRequest, nil},
-		{"not an object", `[1]`, ErrBadRequest, nil},
+		{"ok", `{"source_id":"s","items":[` + feedbackItems(100) + `]}`, nil, nil},
+		{"101 items", `{"source_id":"s","items":[` + feedbackItems(101) + `]}`, forward.ErrBadFeedback, nil},
+		{"no items", `{"source_id":"s","items":[]}`, forward.ErrBadFeedback, nil},
+		{"items missing", `{"source_id":"s"}`, forward.ErrBadFeedback, nil},
+		{"no source", `{"items":[` + feedbackItems(1) + `]}`, forward.ErrBadFeedback, nil},
+		{"not an object", `[1]`, forward.ErrBadFeedback, nil},
 		{"transcript: parts only", `{"source_id":"s","items":[{"unique_id":"c","conversation_parts":[{"unique_id":"p","body":"hi"}]}]}`, nil, nil},
-		{"part without body", `{"source_id":"s","items":[` + items(2) + `,{"unique_id":"x","conversation_parts":[{"unique_id":"p"}]}]}`, ErrBadItem, []string{"x"}},
-		{"part with empty body", `{"source_id":"s","items":[{"unique_id":"y","conversation_parts":[{"body":""}]}]}`, ErrBadItem, []string{"y"}},
-		{"nested parts", `{"source_id":"s","items":[{"unique_id":"z","conversation_parts":[{"body":"a","conversation_parts":[{"body":"b"}]}]},{"unique_id":"w","conversation_parts":"no"}]}`, ErrBadItem, []string{"z", "w"}},
-		{"too large", `{"source_id":"s","items":[{"unique_id":"big","body":"` + strings.Repeat("x", MaxBytes) + `"}]}`, ErrTooLarge, nil},
+		{"part without body", `{"source_id":"s","items":[` + feedbackItems(2) + `,{"unique_id":"x","conversation_parts":[{"unique_id":"p"}]}]}`, forward.ErrBadFeedbackItem, []string{"x"}},
+		{"part with empty body", `{"source_id":"s","items":[{"unique_id":"y","conversation_parts":[{"body":""}]}]}`, forward.ErrBadFeedbackItem, []string{"y"}},
+		{"nested parts", `{"source_id":"s","items":[{"unique_id":"z","conversation_parts":[{"body":"a","conversation_parts":[{"body":"b"}]}]},{"unique_id":"w","conversation_parts":"no"}]}`, forward.ErrBadFeedbackItem, []string{"z", "w"}},
+		{"too large", `{"source_id":"s","items":[{"unique_id":"big","body":"` + strings.Repeat("x", forward.FeedbackMaxBytes) + `"}]}`, forward.ErrFeedbackTooLarge, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := CheckRequest([]byte(tc.body))
+			err := forward.CheckFeedback([]byte(tc.body))
 			if !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
 				t.Fatalf("err %v, want %v", err, tc.want)
 			}
-			var re *RequestError
+			var re *forward.FeedbackError
 			if errors.As(err, &re) {
 				var got []string
 				for _, it := range re.Items {
@@ -61,38 +61,38 @@ func TestCheckRequest(t *testing.T) {
 	}
 }
 
-func TestChunk(t *testing.T) {
+func TestFeedbackChunk(t *testing.T) {
 	var its []json.RawMessage
 	for i := range 250 {
 		its = append(its, json.RawMessage(fmt.Sprintf(`{"unique_id":"i%03d","body":"%s"}`, i, strings.Repeat("x", 100))))
 	}
 	its = append(its, json.RawMessage(`{"unique_id":"huge","body":"`+strings.Repeat("y", 3000)+`"}`))
-	bodies, members, tooLarge := Chunk("src", its, 2000)
+	bodies, members, tooLarge := forward.ChunkFeedback("src", its, 2000)
 	if len(tooLarge) != 1 || tooLarge[0] != 250 {
 		t.Fatalf("tooLarge %v", tooLarge)
 	}
 	n := 0
 	for i, b := range bodies {
-		if len(b) > 2000 || CheckRequest(b) != nil || len(members[i]) > MaxItems {
-			t.Fatalf("body %d: %d bytes, %v", i, len(b), CheckRequest(b))
+		if len(b) > 2000 || forward.CheckFeedback(b) != nil || len(members[i]) > forward.FeedbackMaxItems {
+			t.Fatalf("body %d: %d bytes, %v", i, len(b), forward.CheckFeedback(b))
 		}
 		n += len(members[i])
 	}
 	if n != 250 {
 		t.Fatalf("%d items chunked", n)
 	}
-	bodies, members, _ = Chunk("src", its[:250], 0)
+	bodies, members, _ = forward.ChunkFeedback("src", its[:250], 0)
 	if len(bodies) != 3 || len(members[0]) != 100 || len(members[2]) != 50 {
 		t.Fatalf("by count: %d bodies", len(bodies))
 	}
 }
 
-func FuzzCheckRequest(f *testing.F) {
+func FuzzFeedbackCheckRequest(f *testing.F) {
 	f.Add([]byte(`{"source_id":"s","items":[{"unique_id":"z","conversation_parts":[{"body":"a"}]}]}`))
 	f.Add([]byte(`{"source_id":"s","items":[{"conversation_parts":[{"body":1}]}]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		err := CheckRequest(b)
-		var re *RequestError
+		err := forward.CheckFeedback(b)
+		var re *forward.FeedbackError
 		if errors.As(err, &re) && len(re.Items) == 0 {
 			t.Fatal("RequestError without items")
 		}
@@ -101,30 +101,30 @@ func FuzzCheckRequest(f *testing.F) {
 
 func TestFeedbackThroughRelay(t *testing.T) {
 	_, up := forwardtest.StartSim(t, sim.Config{})
-	relay := forwardtest.ServeAdmin(t, forwardtest.Build(t, forward.Config{}, forwardtest.WebCreds(t), API(up)))
+	relay := forwardtest.ServeAdmin(t, forwardtest.Build(t, forward.Config{}, forwardtest.WebCreds(t), forward.Feedback(forward.APIConfig{URL: up})))
 	inj := []string{"X-Relay-Project: web", "Authorization: Bearer " + forwardtest.AdminToken}
 	send := func(body string) forwardtest.Answer {
-		return forwardtest.Call(t, "POST", relay+Path, strings.NewReader(body), inj...)
+		return forwardtest.Call(t, "POST", relay+forward.FeedbackPath, strings.NewReader(body), inj...)
 	}
 
 	// One item the upstream refuses among good ones: its per-item error passes back.
 	long := strings.Repeat("x", sim.FeedbackMaxBody+1)
-	r := send(`{"source_id":"src","items":[` + items(3) + `,{"unique_id":"long","body":"` + long + `"}]}`)
-	var ans Answer
+	r := send(`{"source_id":"src","items":[` + feedbackItems(3) + `,{"unique_id":"long","body":"` + long + `"}]}`)
+	var ans forward.FeedbackAnswer
 	if json.Unmarshal(r.Body, &ans); r.Status != 200 || ans.Ingested != 3 || ans.Failed != 1 || ans.Errors[0].UniqueID != "long" {
 		t.Fatalf("upstream per-item error: %v", r)
 	}
 	// One item breaking the documented part rules: refused locally, naming it.
-	r = send(`{"source_id":"src","items":[` + items(2) + `,{"unique_id":"nested","conversation_parts":[{"body":"a","conversation_parts":[]}]}]}`)
-	ans = Answer{}
+	r = send(`{"source_id":"src","items":[` + feedbackItems(2) + `,{"unique_id":"nested","conversation_parts":[{"body":"a","conversation_parts":[]}]}]}`)
+	ans = forward.FeedbackAnswer{}
 	if json.Unmarshal(r.Body, &ans); r.Status != 400 || ans.Failed != 1 || ans.Errors[0].UniqueID != "nested" ||
 		!bytes.Contains(r.Body, []byte(`"source":"relay"`)) {
 		t.Fatalf("local per-item refusal: %v", r)
 	}
-	if r := send(`{"source_id":"src","items":[` + items(101) + `]}`); r.Status != 400 {
+	if r := send(`{"source_id":"src","items":[` + feedbackItems(101) + `]}`); r.Status != 400 {
 		t.Fatalf("101 items: %v", r)
 	}
-	if r := send(`{"source_id":"src","items":[{"unique_id":"b","body":"` + strings.Repeat("x", MaxBytes) + `"}]}`); r.Status != 413 {
+	if r := send(`{"source_id":"src","items":[{"unique_id":"b","body":"` + strings.Repeat("x", forward.FeedbackMaxBytes) + `"}]}`); r.Status != 413 {
 		t.Fatalf("over 5 MB: %v", r)
 	}
 	// gzip-encoded bodies are checked decoded and forwarded as sent.
@@ -135,16 +135,16 @@ func TestFeedbackThroughRelay(t *testing.T) {
 		w.Close()
 		return bytes.NewReader(b.Bytes())
 	}
-	r = forwardtest.Call(t, "POST", relay+Path, gz(`{"source_id":"src","items":[{"unique_id":"z1","conversation_parts":[{"unique_id":"p"}]}]}`),
+	r = forwardtest.Call(t, "POST", relay+forward.FeedbackPath, gz(`{"source_id":"src","items":[{"unique_id":"z1","conversation_parts":[{"unique_id":"p"}]}]}`),
 		append(inj, "Content-Encoding: gzip")...)
 	if r.Status != 400 || !bytes.Contains(r.Body, []byte(`"unique_id":"z1"`)) {
 		t.Fatalf("gzip body with a bad part: %v", r)
 	}
-	r = forwardtest.Call(t, "POST", relay+Path, gz(`{"source_id":"src","items":[{"unique_id":"z2","body":"zipped"}]}`), append(inj, "Content-Encoding: gzip")...)
+	r = forwardtest.Call(t, "POST", relay+forward.FeedbackPath, gz(`{"source_id":"src","items":[{"unique_id":"z2","body":"zipped"}]}`), append(inj, "Content-Encoding: gzip")...)
 	if r.Status != 200 || !bytes.Contains(r.Body, []byte(`"ingested":1`)) {
 		t.Fatalf("gzip body: %v", r)
 	}
-	if r := forwardtest.Call(t, "POST", relay+Path, strings.NewReader("not gzip"), append(inj, "Content-Encoding: gzip")...); r.Status != 400 {
+	if r := forwardtest.Call(t, "POST", relay+forward.FeedbackPath, strings.NewReader("not gzip"), append(inj, "Content-Encoding: gzip")...); r.Status != 400 {
 		t.Fatalf("undecodable body: %v", r)
 	}
 	got, err := (&simtest.Control{Base: up}).FeedbackItems(context.Background(), "proj", "src")

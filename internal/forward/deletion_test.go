@@ -1,4 +1,4 @@
-package deletion
+package forward_test
 
 import (
 	"bytes"
@@ -16,7 +16,7 @@ import (
 	"github.com/svcrelay/relay/internal/sim"
 )
 
-func TestCheckBodyAndDays(t *testing.T) {
+func TestDeletionCheckBodyAndDays(t *testing.T) {
 	ids := func(n int) string {
 		var l []string
 		for i := range n {
@@ -36,7 +36,7 @@ func TestCheckBodyAndDays(t *testing.T) {
 		{`{"svc_ids":"1"}`, false},
 		{`[1]`, false},
 	} {
-		if err := CheckBody([]byte(tc.body)); (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrBadRequest)) {
+		if err := forward.CheckDeletion([]byte(tc.body)); (err == nil) != tc.ok || (err != nil && !errors.Is(err, forward.ErrBadDeletion)) {
 			t.Errorf("%.60s: %v", tc.body, err)
 		}
 	}
@@ -51,25 +51,25 @@ func TestCheckBodyAndDays(t *testing.T) {
 		{"", "2026-01-01", false},
 		{"2026-01-01", "2026-1-2", false},
 	} {
-		if err := CheckDays(tc.start, tc.end); (err == nil) != tc.ok {
+		if err := forward.CheckDeletionDays(tc.start, tc.end); (err == nil) != tc.ok {
 			t.Errorf("%s..%s: %v", tc.start, tc.end, err)
 		}
 	}
 }
 
-func newAPI(t testing.TB, upstream string, maxWait time.Duration) forwardtest.Built {
+func deletionNewAPI(t testing.TB, upstream string, maxWait time.Duration) forwardtest.Built {
 	t.Helper()
-	return forwardtest.Build(t, forward.Config{}, forwardtest.WebCreds(t), API(forward.APIConfig{URL: upstream, Limit: ratelimit.Config{MaxWait: maxWait}}))
+	return forwardtest.Build(t, forward.Config{}, forwardtest.WebCreds(t), forward.Deletion(forward.APIConfig{URL: upstream, Limit: ratelimit.Config{MaxWait: maxWait}}))
 }
 
-var inj = []string{"X-Relay-Project: web", "Authorization: Bearer " + forwardtest.AdminToken}
+var deletionInj = []string{"X-Relay-Project: web", "Authorization: Bearer " + forwardtest.AdminToken}
 
 func TestDeletionThroughRelay(t *testing.T) {
 	_, up := forwardtest.StartSim(t, sim.Config{})
 	forwardtest.Call(t, "POST", up+"/2/httpapi", strings.NewReader(`{"api_key":"proj","events":[{"event_type":"e","user_id":"alice"},{"event_type":"e","user_id":"bobby"}]}`))
-	relay := forwardtest.ServeAdmin(t, newAPI(t, up, 0).Routes())
+	relay := forwardtest.ServeAdmin(t, deletionNewAPI(t, up, 0).Routes())
 	post := func(body string) forwardtest.Answer {
-		return forwardtest.Call(t, "POST", relay+PathUsers, strings.NewReader(body), inj...)
+		return forwardtest.Call(t, "POST", relay+forward.DeletionPath, strings.NewReader(body), deletionInj...)
 	}
 	// Local refusal: nothing sent.
 	if a := post(`{"user_ids":[]}`); a.Status != 400 || !bytes.Contains(a.Body, []byte(`"source":"relay"`)) {
@@ -82,25 +82,25 @@ func TestDeletionThroughRelay(t *testing.T) {
 	}
 	// With it: 200, the found users scheduled, the invalid ones listed.
 	a = post(`{"user_ids":["alice","ghost"],"svc_ids":[` + fmt.Sprint(sim.SvcID("proj", "bobby")) + `],"requester":"ops","ignore_invalid_id":true}`)
-	var job Job
-	if json.Unmarshal(a.Body, &job); a.Status != 200 || len(job.SvcIDs) != 2 || len(job.InvalidIDs) != 1 || job.Status != StatusStaging {
+	var job forward.DeletionJob
+	if json.Unmarshal(a.Body, &job); a.Status != 200 || len(job.SvcIDs) != 2 || len(job.InvalidIDs) != 1 || job.Status != forward.DeletionStaging {
 		t.Fatalf("invalid with ignore: %v", a)
 	}
 	today := time.Now().UTC()
-	q := "?start_day=" + today.Format(time.DateOnly) + "&end_day=" + today.AddDate(0, 0, QueryDays).Format(time.DateOnly)
-	a = forwardtest.Call(t, "GET", relay+PathUsers+q, nil, inj...)
-	var jobs []Job
+	q := "?start_day=" + today.Format(time.DateOnly) + "&end_day=" + today.AddDate(0, 0, forward.DeletionQueryDays).Format(time.DateOnly)
+	a = forwardtest.Call(t, "GET", relay+forward.DeletionPath+q, nil, deletionInj...)
+	var jobs []forward.DeletionJob
 	if json.Unmarshal(a.Body, &jobs); a.Status != 200 || len(jobs) != 1 || jobs[0].Day != job.Day {
 		t.Fatalf("list: %v", a)
 	}
-	if a := forwardtest.Call(t, "GET", relay+PathUsers+"?start_day=2026-01-01&end_day=2026-08-01", nil, inj...); a.Status != 400 ||
+	if a := forwardtest.Call(t, "GET", relay+forward.DeletionPath+"?start_day=2026-01-01&end_day=2026-08-01", nil, deletionInj...); a.Status != 400 ||
 		!bytes.Contains(a.Body, []byte("six months")) {
 		t.Fatalf("7 months: %v", a)
 	}
-	if a := forwardtest.Call(t, "DELETE", relay+PathUsers+"/x/"+job.Day, nil, inj...); a.Status != 400 {
+	if a := forwardtest.Call(t, "DELETE", relay+forward.DeletionPath+"/x/"+job.Day, nil, deletionInj...); a.Status != 400 {
 		t.Fatalf("bad svc_id: %v", a)
 	}
-	a = forwardtest.Call(t, "DELETE", relay+PathUsers+fmt.Sprintf("/%d/%s", job.SvcIDs[0].SvcID, job.Day), nil, inj...)
+	a = forwardtest.Call(t, "DELETE", relay+forward.DeletionPath+fmt.Sprintf("/%d/%s", job.SvcIDs[0].SvcID, job.Day), nil, deletionInj...)
 	if a.Status != 200 {
 		t.Fatalf("cancel: %v", a)
 	}
@@ -114,20 +114,20 @@ func TestDeletionPacing(t *testing.T) {
 	forwardtest.Call(t, "POST", up+"/2/httpapi", strings.NewReader(`{"api_key":"proj","events":[{"event_type":"e","user_id":"alice"}]}`))
 	body := `{"user_ids":["alice"],"requester":"ops"}`
 
-	relay := forwardtest.ServeAdmin(t, newAPI(t, up, 5*time.Second).Routes())
+	relay := forwardtest.ServeAdmin(t, deletionNewAPI(t, up, 5*time.Second).Routes())
 	t0 := time.Now()
 	for range 2 {
-		if a := forwardtest.Call(t, "POST", relay+PathUsers, strings.NewReader(body), inj...); a.Status != 200 {
+		if a := forwardtest.Call(t, "POST", relay+forward.DeletionPath, strings.NewReader(body), deletionInj...); a.Status != 200 {
 			t.Fatalf("POST: %v", a)
 		}
 	}
-	if d := time.Since(t0); d < PostInterval {
-		t.Fatalf("two POSTs took %v, want at least %v", d, PostInterval)
+	if d := time.Since(t0); d < forward.DeletionPostInterval {
+		t.Fatalf("two POSTs took %v, want at least %v", d, forward.DeletionPostInterval)
 	}
 
-	noWait := forwardtest.ServeAdmin(t, newAPI(t, up, -1).Routes())
-	forwardtest.Call(t, "POST", noWait+PathUsers, strings.NewReader(body), inj...)
-	a := forwardtest.Call(t, "POST", noWait+PathUsers, strings.NewReader(body), inj...)
+	noWait := forwardtest.ServeAdmin(t, deletionNewAPI(t, up, -1).Routes())
+	forwardtest.Call(t, "POST", noWait+forward.DeletionPath, strings.NewReader(body), deletionInj...)
+	a := forwardtest.Call(t, "POST", noWait+forward.DeletionPath, strings.NewReader(body), deletionInj...)
 	if a.Status != 429 || a.Header.Get("Retry-After") != "1" || !bytes.Contains(a.Body, []byte(`"source":"relay"`)) {
 		t.Fatalf("second POST without waiting: %v %v", a, a.Header)
 	}
@@ -143,7 +143,7 @@ func TestDeletionPacing(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if a := forwardtest.Call(t, "GET", relay+PathUsers+q, nil, inj...); a.Status != 200 {
+			if a := forwardtest.Call(t, "GET", relay+forward.DeletionPath+q, nil, deletionInj...); a.Status != 200 {
 				t.Errorf("GET: %v", a)
 			}
 			mu.Lock()
@@ -155,7 +155,7 @@ func TestDeletionPacing(t *testing.T) {
 	reqs := s.Requests()
 	var gets []sim.Record
 	for _, r := range reqs {
-		if r.Method == "GET" && r.Path == PathUsers {
+		if r.Method == "GET" && r.Path == forward.DeletionPath {
 			gets = append(gets, r)
 		}
 	}
@@ -170,12 +170,12 @@ func TestDeletionPacing(t *testing.T) {
 	}
 }
 
-func FuzzCheckBody(f *testing.F) {
+func FuzzDeletionCheckBody(f *testing.F) {
 	f.Add([]byte(`{"svc_ids":[1,2],"user_ids":["a"]}`))
 	f.Add([]byte(`{"svc_ids":null,"user_ids":[]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		err := CheckBody(b)
-		if err != nil && !errors.Is(err, ErrBadRequest) {
+		err := forward.CheckDeletion(b)
+		if err != nil && !errors.Is(err, forward.ErrBadDeletion) {
 			t.Fatalf("error %v is not ErrBadRequest", err)
 		}
 		var r struct {
@@ -183,7 +183,7 @@ func FuzzCheckBody(f *testing.F) {
 			UserIDs []json.RawMessage `json:"user_ids"`
 		}
 		if err == nil && json.Unmarshal(b, &r) == nil {
-			if n := len(r.SvcIDs) + len(r.UserIDs); n < 1 || n > MaxIDs {
+			if n := len(r.SvcIDs) + len(r.UserIDs); n < 1 || n > forward.DeletionMaxIDs {
 				t.Fatalf("accepted %d ids", n)
 			}
 		}

@@ -1,0 +1,112 @@
+// The channel classifier API
+// (/api/2/channel-classifiers; summarized in docs/upstream-api.md, "Channel
+// classifiers") on the admin listener, on the upstream's paths.
+//
+// Base --analytics-url (or an analytics_url override); injected
+// credentials: the project's key pair as Basic.
+//
+// Local validation, with the upstream's statuses (Errors table), body
+// {"error": "...", "source": "relay"}: POST with a name other than letters,
+// digits, '_' and '-' (400); POST and PATCH bodies that are not a JSON
+// object, lack csvDefinition or csvDefinition.csvText (400), have a csvText
+// above ClassifierMaxCSVBytes (413) or a displayName or description above
+// ClassifierMaxTextChars characters (400). The document's "1 MB" is read as 1 MiB (1,048,576
+// bytes of the decoded string): the relay never refuses what the upstream
+// may take; between 1,000,000 bytes and 1 MiB the upstream decides. The
+// upstream has no documented rate limit here.
+
+package forward
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"unicode/utf8"
+
+	"github.com/svcrelay/relay/internal/adminroute"
+	"github.com/svcrelay/relay/internal/credentials"
+)
+
+// Limits of the channel classifier document.
+const (
+	ClassifierMaxCSVBytes  = 1 << 20
+	ClassifierMaxTextChars = 1000
+)
+
+// Classifiers returns the channel classifier API described above.
+func Classifiers(c APIConfig) API {
+	body := func(_ *http.Request, b []byte) *Problem {
+		if status, msg := CheckClassifier(b); status != 0 {
+			return &Problem{Status: status, Msg: msg}
+		}
+		return nil
+	}
+	named := func(r *http.Request, b []byte) *Problem {
+		if !ValidClassifierName(r.PathValue("name")) {
+			return Bad("classifier name may hold letters, digits, underscores and hyphens only")
+		}
+		return body(r, b)
+	}
+	const root, limit = "/api/2/channel-classifiers", DefaultMaxRequestBodyBytes
+	return API{
+		Upstream: Upstream{API: "classifier", Kind: credentials.KindAnalytics, Fallback: c.URL,
+			Flag: "--analytics-url", Scheme: SchemeProjectBasic},
+		Routes: []adminroute.Route{
+			{Method: http.MethodGet, Path: root},
+			{Method: http.MethodGet, Path: root + "/{name}"},
+			{Method: http.MethodPost, Path: root + "/{name}", Handler: Endpoint{Check: named, BodyLimit: limit}},
+			{Method: http.MethodPatch, Path: root + "/{name}", Handler: Endpoint{Check: body, BodyLimit: limit}},
+		},
+	}
+}
+
+// ValidClassifierName reports whether name has only letters, digits, '_' and '-'
+// (and is not empty).
+func ValidClassifierName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for _, c := range []byte(name) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// CheckClassifier validates a POST or PATCH body; it returns 0 when it is
+// acceptable, else the upstream's status and a message.
+func CheckClassifier(body []byte) (int, string) {
+	var b struct {
+		DisplayName *string         `json:"displayName"`
+		Description *string         `json:"description"`
+		Def         json.RawMessage `json:"csvDefinition"`
+	}
+	if err := json.Unmarshal(body, &b); err != nil || len(body) == 0 {
+		return http.StatusBadRequest, "body must be a JSON object"
+	}
+	var def struct {
+		CSV *string `json:"csvText"`
+	}
+	if len(b.Def) == 0 || string(b.Def) == "null" {
+		return http.StatusBadRequest, "csvDefinition is required"
+	}
+	if err := json.Unmarshal(b.Def, &def); err != nil || b.Def[0] != '{' {
+		return http.StatusBadRequest, "csvDefinition must be an object"
+	}
+	if def.CSV == nil {
+		return http.StatusBadRequest, "csvDefinition.csvText is required"
+	}
+	if n := len(*def.CSV); n > ClassifierMaxCSVBytes {
+		return http.StatusRequestEntityTooLarge, fmt.Sprintf("csvDefinition.csvText is %d bytes; at most 1 MB (%d bytes)", n, ClassifierMaxCSVBytes)
+	}
+	for _, f := range []struct {
+		name string
+		v    *string
+	}{{"displayName", b.DisplayName}, {"description", b.Description}} {
+		if f.v != nil && utf8.RuneCountInString(*f.v) > ClassifierMaxTextChars {
+			return http.StatusBadRequest, fmt.Sprintf("%s is longer than %d characters", f.name, ClassifierMaxTextChars)
+		}
+	}
+	return 0, ""
+}

@@ -1,0 +1,131 @@
+// The taxonomy API (/api/2/taxonomy/...;
+// docs/upstream-api.md, "Taxonomy") on the admin listener, on the upstream's
+// paths, within the upstream's cost budget.
+//
+// Base --analytics-url (or an analytics_url override); injected
+// credentials: the project's key pair as Basic.
+//
+// Local validation: a create or update whose form body (or query) lacks its
+// required field is answered 400 {"success": false, "errors": [{"message"}],
+// "source": "relay"} at once: POST category and PUT category/{id}
+// (category_name), POST event (event_type), POST event-property
+// (event_property), POST user-property (user_property), POST group-property
+// (group_type and group_property). A body that is not form encoded is 400.
+//
+// Client-side limits, per project (the injected project; for pass-through
+// the project of the Basic api_key when the credentials file knows it, else
+// a hash of the caller's Authorization): cost GET 1, PUT/POST/DELETE 2; at
+// most taxonomyMaxInFlight cost in flight and taxonomyPeriodCost cost per
+// taxonomyPeriod, counted from each call's answer (internal/ratelimit;
+// APIConfig.Limit
+// changes the figures: its Limit is the period's cost, its Window the
+// period). A call whose turn is further than MaxWait (10 s) gets a local
+// 429 with Retry-After; an upstream 429 is passed back with its
+// Retry-After, and holds that project's further calls back for it (clamped
+// to 1 s .. taxonomyPeriod).
+
+package forward
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/svcrelay/relay/internal/adminroute"
+	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/ratelimit"
+)
+
+// Limits of the taxonomy document.
+const (
+	taxonomyMaxInFlight = 4
+	taxonomyPeriodCost  = 7200
+	taxonomyPeriod      = time.Hour
+	// taxonomyRoot is the path every route is under.
+	taxonomyRoot = "/api/2/taxonomy"
+)
+
+// TaxonomyCost is the document's cost of a request of method.
+func TaxonomyCost(method string) int {
+	if method == http.MethodGet {
+		return 1
+	}
+	return 2
+}
+
+// Taxonomy returns the taxonomy API described above; cfg changes its base
+// and cost budget.
+func Taxonomy(cfg APIConfig) API {
+	lim := cfg.Over(ratelimit.Config{Name: "taxonomy", Limit: taxonomyPeriodCost, Window: taxonomyPeriod, MaxInFlight: taxonomyMaxInFlight})
+	const get, post, put, del = http.MethodGet, http.MethodPost, http.MethodPut, http.MethodDelete
+	const c, e, ep, up, gp = taxonomyRoot + "/category", taxonomyRoot + "/event", taxonomyRoot + "/event-property",
+		taxonomyRoot + "/user-property", taxonomyRoot + "/group-property"
+	// requires: the form body (or the query) must hold every field.
+	requires := func(fields ...string) Endpoint {
+		return Endpoint{Check: taxonomyRequires(fields), BodyLimit: DefaultMaxRequestBodyBytes}
+	}
+	return API{
+		Upstream: Upstream{API: "taxonomy", Kind: credentials.KindAnalytics, Fallback: cfg.URL,
+			Flag: "--analytics-url", Scheme: SchemeProjectBasic},
+		Errors: taxonomyError,
+		Limits: []Limit{{
+			Config: lim,
+			Cost:   TaxonomyCost,
+			Says:   fmt.Sprintf("a cost of %d in flight and %d per %v per project", lim.MaxInFlight, lim.Limit, lim.Window),
+		}},
+		Routes: []adminroute.Route{
+			{Method: post, Path: c, Handler: requires("category_name")},
+			{Method: get, Path: c},
+			{Method: get, Path: c + "/{category_name}"},
+			{Method: put, Path: c + "/{category_id}", Handler: requires("category_name")},
+			{Method: del, Path: c + "/{category_id}"},
+			{Method: post, Path: e, Handler: requires("event_type")},
+			{Method: get, Path: e},
+			{Method: get, Path: e + "/{event_type}"},
+			{Method: put, Path: e + "/{event_type}"},
+			{Method: del, Path: e + "/{event_type}"},
+			{Method: post, Path: e + "/{event_type}/restore"},
+			{Method: post, Path: ep, Handler: requires("event_property")},
+			{Method: get, Path: ep},
+			{Method: put, Path: ep + "/{event_property}"},
+			{Method: del, Path: ep + "/{event_property}"},
+			{Method: post, Path: ep + "/{event_property}/restore"},
+			{Method: post, Path: up, Handler: requires("user_property")},
+			{Method: get, Path: up},
+			{Method: get, Path: up + "/{user_property}"},
+			{Method: put, Path: up + "/{user_property}"},
+			{Method: del, Path: up + "/{user_property}"},
+			{Method: post, Path: up + "/{user_property}/restore"},
+			{Method: post, Path: gp, Handler: requires("group_type", "group_property")},
+			{Method: get, Path: gp},
+		},
+	}
+}
+
+// taxonomyError writes a local answer in the taxonomy error format:
+// {"success":false,"errors":[{"message":"relay: ..."}],"source":"relay"}.
+func taxonomyError(w http.ResponseWriter, p *Problem) {
+	body, _ := json.Marshal(map[string]any{"success": false, "errors": []any{map[string]string{"message": "relay: " + p.Msg}}, "source": "relay"})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(p.Status)
+	w.Write(body)
+}
+
+// taxonomyRequires checks that a form body (or the query) holds every field.
+func taxonomyRequires(fields []string) func(r *http.Request, body []byte) *Problem {
+	return func(r *http.Request, body []byte) *Problem {
+		form, err := url.ParseQuery(string(body))
+		if err != nil {
+			return Bad("body is not form encoded (application/x-www-form-urlencoded)")
+		}
+		q := r.URL.Query()
+		for _, f := range fields {
+			if form.Get(f) == "" && q.Get(f) == "" {
+				return Bad("missing required field: %s", f)
+			}
+		}
+		return nil
+	}
+}
