@@ -458,7 +458,6 @@ func readLog(walDir string, id []byte, applied, synced walPos) (*logRead, error)
 			cands = append(cands, walDamage{seg: pno, to: pend, what: "the segment is missing; the next one says it held records"})
 		}
 	}
-	delivered := map[laneSeq]bool{}
 	for i, r := range segs {
 		from := int64(0)
 		if r.no == applied.seg {
@@ -491,11 +490,6 @@ func readLog(walDir string, id []byte, applied, synced walPos) (*logRead, error)
 			}
 			ls.recs = append(ls.recs, it.rec)
 			ls.end = to
-			if it.rec.typ == recAcks {
-				for p := it.rec.payload; len(p) >= ackEntryLen; p = p[ackEntryLen:] {
-					delivered[laneSeq{binary.LittleEndian.Uint64(p), binary.LittleEndian.Uint64(p[8:])}] = true
-				}
-			}
 		}
 		lr.segs = append(lr.segs, ls)
 		tail := r.sc.tail
@@ -521,6 +515,16 @@ func readLog(walDir string, id []byte, applied, synced walPos) (*logRead, error)
 			}
 		case tail.to > tail.from:
 			cands = append(cands, walDamage{seg: r.no, from: tail.from, to: tail.to, what: "damaged records at the end of a segment"})
+		}
+	}
+	// The chunks the log acknowledges (only when there is damage: it is
+	// rare, and a log under load holds many acknowledgements).
+	delivered := map[laneSeq]bool{}
+	for _, sg := range lr.segs {
+		for _, rec := range sg.recs {
+			for p := rec.payload; rec.typ == recAcks && len(p) >= ackEntryLen && len(cands) > 0; p = p[ackEntryLen:] {
+				delivered[laneSeq{binary.LittleEndian.Uint64(p), binary.LittleEndian.Uint64(p[8:])}] = true
+			}
 		}
 	}
 	for _, d := range cands {
