@@ -240,7 +240,7 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 		problem("wal: %s", d.summary(lr.laneLabels(d, keyOf)))
 	}
 	for _, d := range lr.harmless {
-		rep.Notes = append(rep.Notes, fmt.Sprintf("wal: segment %s bytes %d-%d: %d damaged records; nothing was lost (their chunks were acknowledged later)", segName(d.seg), d.from, d.to, d.records))
+		rep.Notes = append(rep.Notes, fmt.Sprintf("wal: segment %s bytes %d-%d: %d %s", segName(d.seg), d.from, d.to, d.records, d.what))
 	}
 	for _, d := range lr.torn {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("wal: segment %s bytes %d-%d: %s", segName(d.seg), d.from, d.to, d.what))

@@ -72,8 +72,9 @@ func (s *Spool) replayWAL(applied, synced walPos, lanesSeq uint64, live bool) er
 	}
 	for _, d := range lr.harmless {
 		if s.firstReport(d) {
-			s.log.Warn("spool: damaged write-ahead log records skipped; nothing was lost (their chunks were acknowledged later)",
-				zap.String("segment", segName(d.seg)), zap.Int64("from", d.from), zap.Int64("to", d.to), zap.Int("records", d.records))
+			s.log.Warn("spool: write-ahead log records failed their checksum but held nothing still needed; skipped",
+				zap.String("segment", segName(d.seg)), zap.Int64("from", d.from), zap.Int64("to", d.to), zap.Int("records", d.records),
+				zap.String("what", d.what))
 		}
 	}
 	for _, d := range lr.torn {

@@ -536,6 +536,7 @@ func readLog(walDir string, id []byte, applied, synced walPos) (*logRead, error)
 		if d.lost() > 0 {
 			lr.damage = append(lr.damage, d)
 		} else {
+			d.what += "; nothing in them was lost (chunks delivered before the stop, acknowledgements, lane records)"
 			lr.harmless = append(lr.harmless, d)
 		}
 	}
