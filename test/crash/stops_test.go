@@ -33,7 +33,8 @@ const damageLine = "damaged write-ahead log records skipped"
 const stopsEnv = "RELAY_TEST_STOPS"
 
 // load posts requests of perRequest events with conns connections until
-// ctx ends; it returns how many were answered 200.
+// ctx ends (which the test must end: its cleanup waits for them); it
+// returns how many were answered 200.
 func load(ctx context.Context, t *testing.T, listen, apiKey string, conns, perRequest int) *atomic.Int64 {
 	t.Helper()
 	var ok atomic.Int64
@@ -172,6 +173,7 @@ func TestDamageReportedExactly(t *testing.T) {
 		IngestURL: "http://" + harness.FreeAddr(t), Extra: []string{"--drain-timeout", "2s"}}
 	r := harness.StartRelay(t, bin, tmp, opts)
 	ctx, stopLoad := context.WithCancel(context.Background())
+	defer stopLoad()
 	accepted := load(ctx, t, opts.Listen, "damage-test-key", 4, 50)
 	poll.Until(t, "40 requests accepted", func() bool { return accepted.Load() >= 40 })
 	r.Kill(t) // under load: the last requests' chunks are only in the log
