@@ -128,11 +128,15 @@
 // Every record is checksummed and every read checks it (encode.go, wal.go).
 // Damage never crashes the spool and never passes silently:
 //
-//   - the WAL's replay skips exactly the damaged records between valid ones
-//     and reports them (a log line with segment and offsets, the
-//     relay_spool_damaged_records_total counter, the bytes in
-//     Dir/quarantine/); only a bad tail of the newest segment past the
-//     acknowledged end spool.db recorded is dropped quietly (replay.go);
+//   - the WAL is judged by one reader (readLog, wal.go) for the replay and
+//     for Verify alike: the replay skips exactly the damaged records and
+//     reports what they lost (a log line with segment, offsets, lanes,
+//     records and events, the relay_spool_damaged_records_total counter
+//     by events, the bytes in Dir/quarantine/); a bad tail of the log's
+//     last segment past the acknowledged end spool.db recorded (a write
+//     cut short), the bytes past a segment's end that the next segment
+//     names (a reused file's old bytes), and a damaged chunk that the log
+//     acknowledges later lost nothing and raise no alarm (replay.go);
 //   - a chunk of bbolt that fails its checksum is moved to dead letters with
 //     reason "damaged" when the reader reaches it, never returned;
 //   - Open refuses (ErrDamaged) a spool.db missing, empty or another

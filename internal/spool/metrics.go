@@ -34,7 +34,7 @@ func newMetrics(s *Spool, reg prometheus.Registerer) (*metrics, error) {
 	}, []string{"reason"})
 	damaged := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "relay_spool_damaged_records_total",
-		Help: "Records that failed their checksum, by file: wal (skipped by the replay at start, bytes kept in the data dir's quarantine/), db (chunks of spool.db, moved to dead letters with reason damaged).",
+		Help: "Records (events) lost to a failed checksum, by file: wal (skipped by the replay at start, bytes kept in the data dir's quarantine/; 1 for a damaged log record whose events are unknown), db (chunks of spool.db, moved to dead letters with reason damaged).",
 	}, []string{"file"})
 	m := &metrics{
 		reg: reg,

@@ -201,8 +201,8 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 		}
 	}
 
-	// The log, from the applied position on: lanes named by recLane
-	// records, acknowledgements, chunks.
+	// The log, from the applied position on, with the replay's verdict
+	// (readLog): lanes named by recLane records, acknowledgements, chunks.
 	type walChunk struct {
 		lane, seq uint64
 		v         []byte
@@ -211,73 +211,43 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 	walLanes := map[uint64]*offLane{}
 	at := map[laneSeq]int{}
 	acked := map[laneSeq]bool{}
-	walDir := walPath(dir)
-	segs, _, err := walFiles(walDir)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+	lr, err := readLog(walPath(dir), id, applied, synced)
+	if err != nil {
 		problem("wal: %v", err)
+		lr = &logRead{}
 	}
-	newest := uint64(0)
-	type seg struct {
-		no   uint64
-		data []byte
-		sc   segScan
+	for _, m := range lr.unreached {
+		rep.Damaged++
+		problem("%s: records acknowledged there are lost", m)
 	}
-	var read []seg
-	for _, no := range segs {
-		if no < applied.seg {
-			continue
-		}
-		data, err := os.ReadFile(filepath.Join(walDir, segName(no)))
-		if err != nil {
-			problem("wal: %v", err)
-			continue
-		}
-		// From the start: the lane records before the applied position
-		// name lanes too; the rest before it is in spool.db already.
-		sc := scanSegment(data, no, 0)
-		if len(sc.items) > 0 {
-			newest = no
-		}
-		read = append(read, seg{no, data, sc})
+	for _, m := range lr.foreign {
+		problem("wal: %s than spool.db", m)
 	}
-	for _, p := range []walPos{applied, synced} {
-		if p.off == 0 {
-			continue
-		}
-		found := false
-		for _, s := range read {
-			found = found || s.no == p.seg && int64(len(s.data)) >= p.off
-		}
-		if !found {
-			rep.Damaged++
-			problem("spool.db says the write-ahead log reaches segment %s offset %d, which wal/ does not hold: records acknowledged there are lost", segName(p.seg), p.off)
-		}
+	// The log's own word on whose records it holds beats spool.db's
+	// (which may be another spool's).
+	for lid, key := range lr.lanes {
+		walLanes[lid] = &offLane{key: key, known: true, label: key.Label()}
 	}
-	for _, s := range read {
-		if s.sc.start != nil && id != nil && !bytes.Equal(s.sc.start[:16], id) {
-			problem("wal: segment %s belongs to another spool than spool.db", segName(s.no))
+	keyOf := func(lid uint64) (LaneKey, bool) {
+		l := lanes[lid]
+		if l == nil || !l.known {
+			return LaneKey{}, false
 		}
-		for _, it := range s.sc.items {
-			from := it.rec.pos.off
-			if it.damage != nil {
-				from = it.damage.from
-			}
-			if (walPos{s.no, from}).less(applied) && (it.damage != nil || it.rec.typ != recLane) {
-				continue
-			}
-			if d := it.damage; d != nil {
-				rep.Damaged += int64(d.records)
-				problem("wal: segment %s bytes %d-%d: %d damaged records between valid ones", segName(d.seg), d.from, d.to, d.records)
-				continue
-			}
-			r := it.rec
+		return l.key, true
+	}
+	for _, d := range lr.damage {
+		rep.Damaged += int64(d.lost())
+		problem("wal: %s", d.summary(lr.laneLabels(d, keyOf)))
+	}
+	for _, d := range lr.harmless {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("wal: segment %s bytes %d-%d: %d %s", segName(d.seg), d.from, d.to, d.records, d.what))
+	}
+	for _, d := range lr.torn {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("wal: segment %s bytes %d-%d: %s", segName(d.seg), d.from, d.to, d.what))
+	}
+	for _, sg := range lr.segs {
+		for _, r := range sg.recs {
 			switch r.typ {
-			case recLane:
-				// The log's own word on whose records it holds beats
-				// spool.db's (which may be another spool's).
-				if key, _, err := decodeLane(r.payload); err == nil {
-					walLanes[r.lane] = &offLane{key: key, known: true, label: newLane(nil, r.lane, key, laneState{}).label}
-				}
 			case recChunk:
 				at[laneSeq{r.lane, r.seq}] = len(walChunks)
 				walChunks = append(walChunks, walChunk{r.lane, r.seq, r.payload})
@@ -291,21 +261,6 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 						acked[k] = true
 					}
 				}
-			}
-		}
-		tail := s.sc.tail
-		if synced.seg == s.no && synced.off > s.sc.end {
-			if tail.to <= tail.from {
-				tail = walDamage{seg: s.no, from: s.sc.end, records: 1}
-			}
-			tail.to = max(tail.to, synced.off)
-		}
-		if tail.to > tail.from {
-			if s.no == newest && !(walPos{s.no, tail.from}).less(synced) {
-				rep.Notes = append(rep.Notes, fmt.Sprintf("wal: segment %s bytes %d-%d: a write cut short at the log's end (never acknowledged)", segName(s.no), tail.from, tail.to))
-			} else {
-				rep.Damaged += int64(tail.records)
-				problem("wal: segment %s bytes %d-%d: damaged records at the end of the segment", segName(s.no), tail.from, tail.to)
 			}
 		}
 	}

@@ -1,11 +1,11 @@
 package spool
 
 import (
-	"bytes"
 	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -19,19 +19,17 @@ import (
 // segment), each storing how far it got. Then every segment is free: it is
 // kept as a spare or removed, and the WAL writer starts a new one.
 //
-// Segments are read by scanSegment (wal.go): damage between valid records
-// is skipped exactly and reported (reportDamage: an error line, the
-// damaged-records counter, the bytes kept in Dir/quarantine/), and what
-// follows is replayed. A bad tail is dropped with a warning only in the
-// newest segment and only from the acknowledged end on: synced is the WAL
-// end spool.db last recorded (unless NoSync; zero when unknown), and
-// every record acknowledged before it was fsynced before that record was
-// committed; a record past it was either never acknowledged (a torn write)
-// or acknowledged within the last checkpoint's lag (a checkpoint interval,
-// 100 ms, plus a commit: every checkpoint commits when the WAL's end moved),
-// which a bad tail there cannot tell apart. Everything before
-// synced, and the end of each older segment that the next one's recStart
-// names, must be there: what is missing is reported as damage too.
+// The log is read by readLog (wal.go), whose verdict Verify shares:
+// damage is skipped exactly and reported (reportDamage: an error line with
+// the lanes, records and events lost, the damaged-records counter, the
+// bytes kept in Dir/quarantine/), and what follows is replayed; a write
+// cut short at the log's end (never acknowledged: synced is the WAL end
+// spool.db last recorded, unless NoSync, and every record acknowledged
+// before it was fsynced before that record was committed) is dropped with
+// a warning. A record past synced was either never acknowledged or
+// acknowledged within the last checkpoint's lag (a checkpoint interval,
+// 100 ms, plus a commit: every checkpoint commits when the WAL's end
+// moved), which a bad tail there cannot tell apart.
 //
 // Replay refuses (errMismatch) a WAL that is not this spool.db's: a
 // segment whose recStart carries another spool's id, a chunk of a lane id
@@ -45,25 +43,12 @@ func (s *Spool) replay(applied, synced walPos, lanesSeq uint64) error {
 // replay deferred by a full disk, see drain.go): the lanes' readers are
 // running then, and are woken instead of placed.
 func (s *Spool) replayWAL(applied, synced walPos, lanesSeq uint64, live bool) error {
-	segs, spares, err := walFiles(s.walDir)
+	lr, err := readLog(s.walDir, s.id[:], applied, synced)
 	if err != nil {
 		return fmt.Errorf("wal: %w", err)
 	}
-	sizes := make(map[uint64]int64, len(segs))
-	newest := uint64(0) // the newest segment with a valid record
-	for _, no := range segs {
-		if fi, err := os.Stat(filepath.Join(s.walDir, segName(no))); err == nil {
-			sizes[no] = fi.Size()
-		}
-	}
-	for _, p := range []walPos{applied, synced} {
-		if p.off == 0 {
-			continue
-		}
-		if sz, ok := sizes[p.seg]; !ok || sz < p.off {
-			return fmt.Errorf("%w: spool.db says the write-ahead log reaches segment %s offset %d, which %s does not hold",
-				errMismatch, segName(p.seg), p.off, s.walDir)
-		}
+	if m := lr.mismatch(); m != "" {
+		return fmt.Errorf("%w: %s", errMismatch, m)
 	}
 	byID := make(map[uint64]*Lane, len(s.lanes))
 	for _, l := range s.lanes {
@@ -71,92 +56,46 @@ func (s *Spool) replayWAL(applied, synced walPos, lanesSeq uint64, live bool) er
 	}
 	s.st.applied = applied
 	last := applied.seg
-	r := replayer{s: s, byID: byID, pos: applied, lanesSeq: lanesSeq}
-	type segEnd struct{ end, reported int64 }
-	ends := make(map[uint64]segEnd, len(segs))
-	scans := make([]segScan, 0, len(segs))
-	datas := make([][]byte, 0, len(segs))
-	var todo []uint64
-	for _, no := range segs {
+	for _, no := range lr.files {
 		last = max(last, no)
 	}
 	s.w.nextNo = last + 1
-	for _, no := range segs {
-		if no < applied.seg {
-			continue
+	r := replayer{s: s, byID: byID, pos: applied, lanesSeq: lanesSeq}
+	keyOf := func(id uint64) (LaneKey, bool) {
+		if l := byID[id]; l != nil {
+			return l.key, true
 		}
-		data, err := os.ReadFile(filepath.Join(s.walDir, segName(no)))
-		if err != nil {
-			return fmt.Errorf("wal: %w", err)
-		}
-		off := int64(0)
-		if no == applied.seg {
-			off = applied.off
-		}
-		sc := scanSegment(data, no, off)
-		if sc.start != nil && !bytes.Equal(sc.start[:16], s.id[:]) {
-			return fmt.Errorf("%w: write-ahead log segment %s belongs to another spool", errMismatch, segName(no))
-		}
-		if len(sc.items) > 0 {
-			newest = no
-		}
-		todo = append(todo, no)
-		scans = append(scans, sc)
-		datas = append(datas, data)
+		return LaneKey{}, false
 	}
-	for i, no := range todo {
-		sc, data := scans[i], datas[i]
-		scans[i], datas[i] = segScan{}, nil
-		if sc.start != nil {
-			pno := binary.LittleEndian.Uint64(sc.start[16:])
-			pend := int64(binary.LittleEndian.Uint64(sc.start[24:]))
-			if e, ok := ends[pno]; pno >= applied.seg && pno < no && pend > 0 {
-				switch {
-				case !ok:
-					r.reportDamage(nil, walDamage{seg: pno, to: pend, records: 1},
-						"the segment is missing; the next one says it held records")
-				case max(e.end, e.reported) < pend:
-					from := max(e.end, e.reported)
-					r.reportDamage(nil, walDamage{seg: pno, from: from, to: pend, records: 1},
-						"the segment ends before where the next one says its records end")
-				}
-			}
+	for _, d := range lr.damage {
+		s.reportDamage(lr, d, keyOf)
+	}
+	for _, d := range lr.harmless {
+		if s.firstReport(d) {
+			s.log.Warn("spool: write-ahead log records failed their checksum but held nothing still needed; skipped",
+				zap.String("segment", segName(d.seg)), zap.Int64("from", d.from), zap.Int64("to", d.to), zap.Int("records", d.records),
+				zap.String("what", d.what))
 		}
-		for _, it := range sc.items {
-			if it.damage != nil {
-				r.reportDamage(data, *it.damage, "damaged records between valid ones")
-				continue
-			}
-			r.add(it.rec)
+	}
+	for _, d := range lr.torn {
+		if s.firstReport(d) {
+			s.log.Warn("spool: a write cut short at the end of the write-ahead log (never acknowledged) was dropped",
+				zap.String("segment", segName(d.seg)), zap.Int64("from", d.from), zap.Int64("to", d.to))
+		}
+	}
+	for _, sg := range lr.segs {
+		for _, rec := range sg.recs {
+			r.add(rec)
 			if r.err != nil {
 				return r.err
 			}
 			if r.bytes >= int64(s.cfg.maxCommit()) {
-				if err := r.apply(walPos{no, it.rec.end}); err != nil {
+				if err := r.apply(walPos{sg.no, rec.end}); err != nil {
 					return err
 				}
 			}
 		}
-		reported := int64(0)
-		tail := sc.tail
-		if synced.seg == no && synced.off > sc.end {
-			// The log ends before what spool.db recorded as acknowledged.
-			if tail.to <= tail.from {
-				tail = walDamage{seg: no, from: sc.end, records: 1}
-			}
-			tail.to = max(tail.to, synced.off)
-		}
-		if tail.to > tail.from {
-			if no == newest && !(walPos{no, tail.from}).less(synced) {
-				s.log.Warn("spool: a write cut short at the end of the write-ahead log (never acknowledged) was dropped",
-					zap.String("segment", segName(no)), zap.Int64("from", tail.from), zap.Int64("to", tail.to))
-			} else {
-				r.reportDamage(data, tail, "damaged records at the end of a segment")
-				reported = tail.to
-			}
-		}
-		ends[no] = segEnd{sc.end, reported}
-		if err := r.apply(walPos{no, sc.end}); err != nil {
+		if err := r.apply(walPos{sg.no, sg.end}); err != nil {
 			return err
 		}
 	}
@@ -167,7 +106,7 @@ func (s *Spool) replayWAL(applied, synced walPos, lanesSeq uint64, live bool) er
 	}
 	if r.chunks > 0 || r.acks > 0 {
 		s.log.Info("spool: replayed the write-ahead log",
-			zap.Int("chunks", r.chunks), zap.Int("acks", r.acks), zap.Int("segments", len(segs)))
+			zap.Int("chunks", r.chunks), zap.Int("acks", r.acks), zap.Int("segments", len(lr.files)))
 	}
 	s.st.oldestSeg = s.st.applied.seg
 	s.mu.Lock()
@@ -175,15 +114,15 @@ func (s *Spool) replayWAL(applied, synced walPos, lanesSeq uint64, live bool) er
 	s.mu.Unlock()
 
 	// Spares first, then the old segments, up to maxSpares; remove the rest.
-	for _, name := range spares {
+	for _, name := range lr.spares {
 		if n, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(name, sparePrefix), ".wal"), 16, 64); err == nil {
 			s.st.spareSeq = max(s.st.spareSeq, n)
 		}
 	}
-	for _, name := range spares {
+	for _, name := range lr.spares {
 		s.keepOrRemove(filepath.Join(s.walDir, name))
 	}
-	for _, no := range segs {
+	for _, no := range lr.files {
 		if err := s.freeSegment(filepath.Join(s.walDir, segName(no))); err != nil {
 			return fmt.Errorf("wal: %w", err)
 		}
@@ -219,23 +158,40 @@ func (s *Spool) placeReaders() error {
 // quarantineDir is where damaged bytes are kept, under the spool's Dir.
 const quarantineDir = "quarantine"
 
-// reportDamage reports records of the WAL that replay skips: an error line
-// with the segment, offsets and count, the damaged-records counter, and
-// the bytes (data[d.from:d.to], when data holds them) in a quarantine file.
-func (r *replayer) reportDamage(data []byte, d walDamage, what string) {
-	s := r.s
+// firstReport reports whether d is seen for the first time (a replay
+// deferred by a full disk is tried again, and reports once).
+func (s *Spool) firstReport(d walDamage) bool {
 	k := walPos{d.seg, d.from}
 	if s.st.reported == nil {
 		s.st.reported = make(map[walPos]bool)
 	}
 	if s.st.reported[k] {
-		return // a replay deferred by a full disk, tried again
+		return false
 	}
 	s.st.reported[k] = true
-	s.st.damaged += int64(d.records)
+	return true
+}
+
+// reportDamage reports WAL records that replay skips and that held
+// acknowledged records: an error line with the segment, offsets, lanes,
+// damaged log records and the events lost, the damaged-records counter (by
+// events), and the bytes in a quarantine file.
+func (s *Spool) reportDamage(lr *logRead, d walDamage, keyOf func(uint64) (LaneKey, bool)) {
+	if !s.firstReport(d) {
+		return
+	}
+	s.st.damaged += int64(d.lost())
 	fields := []zap.Field{
 		zap.String("segment", segName(d.seg)), zap.Int64("from", d.from), zap.Int64("to", d.to),
-		zap.Int64("bytes", d.to-d.from), zap.Int("records", d.records), zap.String("what", what),
+		zap.Int64("bytes", d.to-d.from), zap.String("lane", lr.laneLabels(d, keyOf)),
+		zap.Int("records", d.records), zap.Int("events", d.events), zap.String("what", d.what),
+	}
+	if d.unreadable > 0 {
+		fields = append(fields, zap.Int("events_unknown_records", d.unreadable))
+	}
+	var data []byte
+	if i := slices.IndexFunc(lr.segs, func(sg logSeg) bool { return sg.no == d.seg }); i >= 0 {
+		data = lr.segs[i].data
 	}
 	if from, to := min(d.from, int64(len(data))), min(d.to, int64(len(data))); to > from {
 		name := fmt.Sprintf("wal-%016x-%d-%d.bin", d.seg, d.from, d.to)

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -44,27 +45,35 @@ import (
 // WAL writer, which every append waits for.
 //
 // Every segment written by this version starts with a recStart record (a
-// segment of an older version has none). Records are written at increasing
-// offsets and never span segments. A reader (scanSegment) takes a
-// segment's records in order; at a record that is not valid (short, wrong
-// number, wrong checksum, unknown type) it looks for the next valid record
-// of the same segment further on:
+// segment of an older version has none), and every write ends with an end
+// mark: zeros where the next record's header would go (unless the segment
+// ends there), overwritten by the next write. Records are written at
+// increasing offsets and never span segments. A reader (scanSegment) takes
+// a segment's records in order; at a record that is not valid (short,
+// wrong number, wrong checksum, unknown type) it looks for the next valid
+// record of the same segment further on:
 //
 //   - there is one: the bytes between are damage, skipped exactly (a record
 //     whose header is intact but whose payload is not is skipped by its
 //     length), and the reading goes on after them;
-//   - there is none, and the bytes there are zeros or a record of another
-//     segment (old bytes of a reused file): the segment's clean end;
-//   - there is none, and the bytes there are anything else: a bad tail. In
-//     the newest segment, at or past the end that spool.db last recorded as
-//     acknowledged (meta key "walsync", unless NoSync), it is a write cut
-//     by a crash, which was never acknowledged (see replay.go); anywhere
-//     else it is damage.
+//   - there is none, and the bytes there are zeros (the end mark, a fresh
+//     file) or a record of another segment: the segment's clean end;
+//   - there is none, and the bytes there are anything else: a bad tail.
+//
+// One function judges what scanSegment found, for Open's replay and for
+// Verify alike (readLog): bytes past the end that the next segment's
+// recStart names for its predecessor are not the log's (a reused file's
+// old bytes, a failed write's records); a bad tail of the log's last
+// segment at or past the end spool.db last recorded as acknowledged (meta
+// key "walsync", unless NoSync) is a write cut short by a crash, which was
+// never acknowledged (see replay.go); anything else is damage, and is
+// counted by what it lost: the lanes, records and events of the chunk
+// records in it that the log does not acknowledge later.
 //
 // A valid record can not start inside another's payload by chance: it needs
 // a header checksum and the segment's number, and record payloads are JSON
-// text (no zero bytes) except for the chunk headers. Files are reused: a segment whose records are all in bbolt (or
-// acknowledged) becomes a spare, which the writer renames to its next
+// text (no zero bytes) except for the chunk headers. Files are reused: a
+// segment whose records are all in bbolt (or acknowledged) becomes a spare, which the writer renames to its next
 // segment number; a reused file's blocks are allocated and written, so
 // fdatasync has no metadata to write (about half the time of a fresh file's
 // here).
@@ -200,8 +209,9 @@ func readRecord(data []byte, seg uint64, off int64) (walRecord, recStatus) {
 }
 
 // findRecord returns the offset of the first valid record of segment seg
-// at or after from, -1 when there is none.
-func findRecord(data []byte, seg uint64, from int64) int64 {
+// at or after from, -1 when there is none; with header, of the first
+// record whose header is valid (its payload may fail its checksum).
+func findRecord(data []byte, seg uint64, from int64, header bool) int64 {
 	// Candidates are where the segment's number sits at its header
 	// offset: bytes.Index finds them at memory speed (a replay calls
 	// this at every segment's end).
@@ -216,7 +226,7 @@ func findRecord(data []byte, seg uint64, from int64) int64 {
 		if o+recHeaderLen > int64(len(data)) {
 			return -1
 		}
-		if _, st := readRecord(data, seg, o); st == recOK {
+		if _, st := readRecord(data, seg, o); st == recOK || header && st == recBadPayload {
 			return o
 		}
 	}
@@ -250,8 +260,23 @@ func cleanEnd(data []byte, seg uint64, off int64) bool {
 type walDamage struct {
 	seg      uint64
 	from, to int64
-	records  int // damaged records in it: at least 1
+	records  int // damaged log records in it: at least 1
+	what     string
+
+	// What the damage cost (attribute): the chunk records in it that the
+	// log does not acknowledge later, their lanes and events. headless
+	// counts the stretches whose headers are gone (each held at least one
+	// record, of a lane unknown); unreadable those and the chunks whose
+	// framing is lost too: the records whose events are unknown (at least
+	// one each).
+	chunks, events       int
+	headless, unreadable int
+	lanes                []uint64
 }
+
+// lost is what the damage lost, in events: those of its chunk records,
+// and at least one for each unreadable stretch.
+func (d *walDamage) lost() int { return d.events + d.unreadable }
 
 // segScan is what scanSegment read of a segment.
 type segScan struct {
@@ -294,7 +319,7 @@ func scanSegment(data []byte, seg uint64, off int64) segScan {
 			sc.end = off
 			continue
 		}
-		if st == recNone && cleanEnd(data, seg, off) && findRecord(data, seg, off+1) < 0 {
+		if st == recNone && cleanEnd(data, seg, off) && findRecord(data, seg, off+1, false) < 0 {
 			break // the end
 		}
 		if cur == nil {
@@ -306,7 +331,7 @@ func scanSegment(data []byte, seg uint64, off int64) segScan {
 			cur.to = off
 			continue
 		}
-		nx := findRecord(data, seg, off+1)
+		nx := findRecord(data, seg, off+1, false)
 		if nx < 0 {
 			cur.to = max(cur.to, min(off+recHeaderLen, size))
 			break
@@ -320,6 +345,268 @@ func scanSegment(data []byte, seg uint64, off int64) segScan {
 		sc.tail = *cur
 	}
 	return sc
+}
+
+// logRead is what readLog read of a spool's log, and its one verdict on
+// it: Open's replay and Verify both go by it, so that a start and relay
+// spool verify never disagree on what was lost.
+type logRead struct {
+	files  []uint64 // every segment's number, ascending
+	spares []string // spare files' names
+	segs   []logSeg // the segments from the applied one on
+	// lanes are the keys that the log's recLane records name (read from
+	// each segment's start: those before the applied position too).
+	lanes map[uint64]LaneKey
+	// damage: runs that lost acknowledged records (attributed: lanes,
+	// chunks, events). harmless: damaged records that lost nothing (chunks
+	// acknowledged later in the log, acknowledgements, lane records). torn:
+	// a write cut short at the log's end, never acknowledged.
+	damage, harmless, torn []walDamage
+	// foreign and unreached say why the log does not belong with
+	// spool.db: segments of another spool; positions spool.db recorded
+	// that the log does not reach (acknowledged records there are lost).
+	foreign, unreached []string
+}
+
+// mismatch is the first reason the log does not belong with spool.db, ""
+// when it does.
+func (lr *logRead) mismatch() string {
+	if m := append(lr.unreached, lr.foreign...); len(m) > 0 {
+		return m[0]
+	}
+	return ""
+}
+
+// logSeg is one segment as readLog read it.
+type logSeg struct {
+	no   uint64
+	data []byte
+	recs []walRecord // the valid records from the applied position on
+	end  int64       // where they end (the applied offset when none)
+}
+
+// readLog reads the segments of walDir from applied on and judges every
+// byte that is not a valid record (id: spool.db's id, nil when unknown;
+// synced: the end spool.db recorded as acknowledged, see replay.go).
+//
+// Where a segment ends is known from the next one's recStart record (the
+// end of the last write the writer completed in it): bytes past that end
+// are not part of the log (a reused file's old bytes, a failed write's),
+// and records missing before it are damage. Only the log's last segment
+// has no such word: there, a bad tail at or past synced is a write cut
+// short, anything missing before synced is damage. A segment of an older
+// version (no recStart in the next) keeps the rule that a bad tail is
+// damage unless it is the log's end.
+func readLog(walDir string, id []byte, applied, synced walPos) (*logRead, error) {
+	lr := &logRead{lanes: map[uint64]LaneKey{}}
+	var err error
+	if lr.files, lr.spares, err = walFiles(walDir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	type read struct {
+		no   uint64
+		data []byte
+		sc   segScan
+	}
+	var segs []read
+	last := -1 // the last segment with a valid record
+	for _, no := range lr.files {
+		if no < applied.seg {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(walDir, segName(no)))
+		if err != nil {
+			return nil, err
+		}
+		sc := scanSegment(data, no, 0)
+		// A start record before the applied position is spool.db's past
+		// (an upgrade gave the spool its id after it was written).
+		if sc.start != nil && id != nil && !(walPos{no, 0}).less(applied) && !bytes.Equal(sc.start[:16], id) {
+			lr.foreign = append(lr.foreign, fmt.Sprintf("write-ahead log segment %s belongs to another spool", segName(no)))
+		}
+		for _, it := range sc.items {
+			if it.damage == nil {
+				last = len(segs)
+				break
+			}
+		}
+		segs = append(segs, read{no, data, sc})
+	}
+	for _, p := range []walPos{applied, synced} {
+		if p.off == 0 || p.less(applied) {
+			continue
+		}
+		i := slices.IndexFunc(segs, func(r read) bool { return r.no == p.seg })
+		if i < 0 || int64(len(segs[i].data)) < p.off {
+			lr.unreached = append(lr.unreached, fmt.Sprintf("spool.db says the write-ahead log reaches segment %s offset %d, which wal/ does not hold", segName(p.seg), p.off))
+		}
+	}
+
+	// Each segment's end, as the next one's recStart names it.
+	ends := map[uint64]int64{}
+	var cands []walDamage
+	for _, r := range segs {
+		if r.sc.start == nil {
+			continue
+		}
+		pno, pend := binary.LittleEndian.Uint64(r.sc.start[16:]), int64(binary.LittleEndian.Uint64(r.sc.start[24:]))
+		if pno < applied.seg || pno >= r.no || pend <= 0 {
+			continue
+		}
+		ends[pno] = pend
+		if !slices.ContainsFunc(segs, func(r read) bool { return r.no == pno }) {
+			cands = append(cands, walDamage{seg: pno, to: pend, what: "the segment is missing; the next one says it held records"})
+		}
+	}
+	for i, r := range segs {
+		from := int64(0)
+		if r.no == applied.seg {
+			from = applied.off
+		}
+		end, hasEnd := ends[r.no]
+		ls := logSeg{no: r.no, data: r.data, end: from}
+		for _, it := range r.sc.items {
+			at, to := it.rec.pos.off, it.rec.end
+			if it.damage != nil {
+				at, to = it.damage.from, it.damage.to
+			}
+			if hasEnd && at >= end {
+				break // past the segment's end: not the log's
+			}
+			if it.damage == nil && it.rec.typ == recLane {
+				if key, _, err := decodeLane(it.rec.payload); err == nil {
+					lr.lanes[it.rec.lane] = key
+				}
+			}
+			if at < from {
+				continue // in spool.db already
+			}
+			if it.damage != nil {
+				if hasEnd {
+					to = min(to, end)
+				}
+				cands = append(cands, walDamage{seg: r.no, from: at, to: to, what: "damaged records between valid ones"})
+				continue
+			}
+			ls.recs = append(ls.recs, it.rec)
+			ls.end = to
+		}
+		lr.segs = append(lr.segs, ls)
+		tail := r.sc.tail
+		tail.from = max(tail.from, ls.end)
+		switch {
+		case hasEnd:
+			if ls.end < end {
+				cands = append(cands, walDamage{seg: r.no, from: ls.end, to: end, what: "the segment ends before where the next one says its records end"})
+			}
+		case i >= last:
+			// The log's end.
+			if synced.seg == r.no && synced.off > ls.end {
+				cands = append(cands, walDamage{seg: r.no, from: ls.end, to: synced.off, what: "the log ends before the end spool.db recorded as acknowledged"})
+				tail.from = max(tail.from, synced.off)
+			}
+			if tail.to > tail.from {
+				if (walPos{r.no, tail.from}).less(synced) {
+					cands = append(cands, walDamage{seg: r.no, from: tail.from, to: tail.to, what: "damaged records at the end of a segment"})
+				} else {
+					tail.what = "a write cut short at the log's end (never acknowledged)"
+					lr.torn = append(lr.torn, tail)
+				}
+			}
+		case tail.to > tail.from:
+			cands = append(cands, walDamage{seg: r.no, from: tail.from, to: tail.to, what: "damaged records at the end of a segment"})
+		}
+	}
+	// The chunks the log acknowledges (only when there is damage: it is
+	// rare, and a log under load holds many acknowledgements).
+	delivered := map[laneSeq]bool{}
+	for _, sg := range lr.segs {
+		for _, rec := range sg.recs {
+			for p := rec.payload; rec.typ == recAcks && len(p) >= ackEntryLen && len(cands) > 0; p = p[ackEntryLen:] {
+				delivered[laneSeq{binary.LittleEndian.Uint64(p), binary.LittleEndian.Uint64(p[8:])}] = true
+			}
+		}
+	}
+	for _, d := range cands {
+		var data []byte
+		if i := slices.IndexFunc(segs, func(r read) bool { return r.no == d.seg }); i >= 0 {
+			data = segs[i].data
+		}
+		d.attribute(data, delivered)
+		if d.lost() > 0 {
+			lr.damage = append(lr.damage, d)
+		} else {
+			d.what += "; nothing in them was lost (chunks delivered before the stop, acknowledgements, lane records)"
+			lr.harmless = append(lr.harmless, d)
+		}
+	}
+	return lr, nil
+}
+
+// attribute counts what d cost: the records whose headers still hold in
+// it (their payloads fail their checksums) and the stretches that no
+// header describes. A chunk record the log acknowledges later (delivered)
+// lost nothing.
+func (d *walDamage) attribute(data []byte, delivered map[laneSeq]bool) {
+	data = data[:min(d.to, int64(len(data)))]
+	d.records, d.chunks, d.events, d.unreadable, d.headless, d.lanes = 0, 0, 0, 0, 0, nil
+	for off := d.from; off < d.to; {
+		d.records++
+		r, st := readRecord(data, d.seg, off)
+		if st == recNone {
+			d.unreadable++
+			d.headless++
+			if off = findRecord(data, d.seg, off+1, true); off < 0 {
+				break
+			}
+			continue
+		}
+		off = r.end
+		if r.typ != recChunk || delivered[laneSeq{r.lane, r.seq}] {
+			continue
+		}
+		d.chunks++
+		if !slices.Contains(d.lanes, r.lane) {
+			d.lanes = append(d.lanes, r.lane)
+		}
+		var c Chunk
+		if decodeRecords(r.seq, r.payload, &c, nil) == nil {
+			d.events += len(c.Records)
+		} else {
+			d.unreadable++ // its framing is lost too: how many events is unknown
+		}
+	}
+}
+
+// laneLabels names d's lanes: by the log's own recLane records, else by
+// keyOf (spool.db's lanes); "unknown" for records whose headers are lost.
+func (lr *logRead) laneLabels(d walDamage, keyOf func(uint64) (LaneKey, bool)) string {
+	var ls []string
+	for _, id := range d.lanes {
+		key, ok := lr.lanes[id]
+		if !ok {
+			key, ok = keyOf(id)
+		}
+		if ok {
+			ls = append(ls, key.Label())
+		} else {
+			ls = append(ls, fmt.Sprintf("lane-%d", id))
+		}
+	}
+	if d.headless > 0 {
+		ls = append(ls, "unknown")
+	}
+	return strings.Join(ls, ",")
+}
+
+// summary says what d lost, as both a start's log line and relay spool
+// verify print it.
+func (d walDamage) summary(lanes string) string {
+	s := fmt.Sprintf("segment %s bytes %d-%d: %s: lane %s: %d damaged records, %d events lost", segName(d.seg), d.from, d.to, d.what, lanes, d.records, d.events)
+	if d.unreadable > 0 {
+		s += fmt.Sprintf(" and %d records whose events are unknown", d.unreadable)
+	}
+	return s
 }
 
 // walFiles lists the WAL directory: segment numbers (ascending) and spare

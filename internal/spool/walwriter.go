@@ -372,9 +372,9 @@ func (s *Spool) write(ops []*op, acks []ackOp) error {
 			appends = true
 		}
 	}
-	// Room for the start record and, should a new segment start, every
-	// lane's record.
-	extra := int64(recHeaderLen + startLen)
+	// Room for the start record, the end mark and, should a new segment
+	// start, every lane's record.
+	extra := int64(recHeaderLen + startLen + recHeaderLen)
 	if appends {
 		for _, o := range ops {
 			if o.err == nil {
@@ -476,6 +476,13 @@ func (s *Spool) write(ops []*op, acks []ackOp) error {
 			iovs = append(iovs, h, o.batch.cb.b)
 		}
 	}
+	if s.w.off+need+recHeaderLen <= s.w.size {
+		// The end mark: zeros where the next record's header goes, so
+		// that a reader finds the clean end of what this write completed,
+		// not the old bytes of a reused file (which it would take for a
+		// write cut short). The next write overwrites it.
+		iovs = append(iovs, endMark[:])
+	}
 	err := s.pwrite(iovs, s.w.off)
 	clear(iovs)
 	s.w.iovs = iovs[:0]
@@ -494,6 +501,9 @@ func (s *Spool) write(ops []*op, acks []ackOp) error {
 	s.w.prevNo, s.w.prevEnd = s.w.no, uint64(s.w.off)
 	return nil
 }
+
+// endMark follows every write (see write).
+var endMark [recHeaderLen]byte
 
 // pwrite writes iovs at off in the current segment, all of them.
 func (s *Spool) pwrite(iovs [][]byte, off int64) error {

@@ -166,6 +166,10 @@ func TestKill9KeepsAcceptedEvents(t *testing.T) {
 	}
 	stopClients()
 	wg.Wait()
+	// Nothing was damaged: no start may have said otherwise.
+	if log := r.LogTail(1 << 30); strings.Contains(log, damageLine) {
+		t.Errorf("a start after SIGKILL reported damage, nothing was damaged:\n%s", grepLines(log, damageLine))
+	}
 
 	out, err := exec.Command(bin, "spool", "dump", "--data-dir", dataDir).Output()
 	if err != nil {
