@@ -61,6 +61,10 @@ func Main(ctx context.Context, name string, args []string, stdout, stderr io.Wri
 		define = deleteUsersCmd
 	case "feedback":
 		define, kind = feedbackCmd, credentials.KindFeedback
+	case "backfill":
+		define = backfillCmd
+	case "migrate":
+		define = migrateCmd
 	default:
 		fmt.Fprintf(stderr, "relay: no operator command %q\n", name)
 		return exitUsage
@@ -75,7 +79,7 @@ func Main(ctx context.Context, name string, args []string, stdout, stderr io.Wri
 		}
 		return exitUsage
 	}
-	if fs.NArg() > 0 {
+	if fs.NArg() > 0 && name != "backfill" { // its arguments are its input files
 		fmt.Fprintf(stderr, "relay %s: unexpected argument %q\n", name, fs.Arg(0))
 		return exitUsage
 	}
