@@ -491,7 +491,7 @@ type sender struct {
 	lim *limiter
 	url string // "" or the /batch URL
 
-	reqs                                   sync.Pool // *event.Request, to count a body's events
+	reqs                                 sync.Pool // *event.Request, to count a body's events
 	sent, delivered, requests, throttled atomic.Int64
 }
 

@@ -178,4 +178,3 @@ func writeReport(sp *spool.Spool, path string) error {
 	}
 	return os.Rename(tmp, path)
 }
-
