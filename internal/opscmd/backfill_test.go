@@ -1,0 +1,112 @@
+package opscmd
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/svcrelay/relay/internal/forward/forwardtest"
+)
+
+// migrateFields are the fields of an ingested event that the export
+// carries and ingestion takes: a migration must keep each one.
+var migrateFields = []string{"event_type", "user_id", "device_id", "time", "event_id", "session_id",
+	"event_properties", "user_properties", "groups", "group_properties",
+	"platform", "os_name", "os_version", "country", "language", "ip"}
+
+// TestMigrate: `relay migrate` exports a project from the simulator and
+// backfills it into a second project; every field ingestion takes is the
+// same in both (an object field absent in the source is {} in the export),
+// insert_ids are kept, and one is derived for events that had none. Run
+// again, it sends nothing.
+func TestMigrate(t *testing.T) {
+	s, up, clk := startSim(t)
+	clk.Set(time.Date(2026, 3, 1, 10, 15, 0, 0, time.UTC))
+	var evs []string
+	for i := range 40 {
+		ev := fmt.Sprintf(`{"event_type":"t%d","device_id":"device-%d","time":%d,"event_id":%d,"session_id":%d,`+
+			`"event_properties":{"i":%d,"deep":{"a":[1,"x",null]}},"platform":"iOS","os_name":"ios","os_version":"17.1",`+
+			`"country":"France","language":"fr","ip":"192.0.2.%d"`, i, i%7, 1772359200000+int64(i)*1000, i, 1772359000000+int64(i%3), i, i)
+		if i%2 == 0 {
+			ev += fmt.Sprintf(`,"user_id":"user-%d","user_properties":{"$set":{"plan":"pro"}},"groups":{"org":"acme"},"group_properties":{"size":%d}`, i%5, i)
+		}
+		if i%3 != 0 {
+			ev += fmt.Sprintf(`,"insert_id":"orig-%d"`, i)
+		}
+		evs = append(evs, ev+"}")
+	}
+	ingest(t, up, evs...)
+	clk.Set(time.Time{}) // the real clock again, for the rate windows of the import
+
+	creds := filepath.Join(t.TempDir(), "creds.yaml")
+	os.WriteFile(creds, []byte(forwardtest.WebCredsYAML+`  - name: copy
+    api_key: "copy-key"
+    secret_key: "copy-secret"
+`), 0o600)
+	dir := t.TempDir()
+	args := append([]string{"--credentials", creds, "--from-project", "web", "--to-project", "copy",
+		"--analytics-url", up, "--ingest-url", up, "--start", "20260301T00", "--end", "20260301T23",
+		"--data-dir", dir, "--max-eps", "5000"}, fastRetry...)
+	r := runCmd(context.Background(), "migrate", args...)
+	if r.code != 0 || !strings.Contains(r.stdout, "40 events read, 0 waiting, 0 dead letters") ||
+		!strings.Contains(r.stdout, "uuid 40") {
+		t.Fatal(r)
+	}
+	src, dst := s.Events("proj"), s.Events("copy-key")
+	if len(src) != 40 || len(dst) != 40 {
+		t.Fatalf("%d events in the source, %d in the copy", len(src), len(dst))
+	}
+	// Order is kept per device only: match by event_id.
+	byID := map[any]int{}
+	for j := range dst {
+		byID[fields(t, dst[j].Raw)["event_id"]] = j
+	}
+	for i := range src {
+		a := fields(t, src[i].Raw)
+		j, ok := byID[a["event_id"]]
+		if !ok {
+			t.Fatalf("event %d is not in the copy", i)
+		}
+		b := fields(t, dst[j].Raw)
+		for _, f := range migrateFields {
+			if !reflect.DeepEqual(a[f], b[f]) {
+				t.Errorf("event %d: %s %v became %v", i, f, a[f], b[f])
+			}
+		}
+		got, want := dst[j].InsertID, src[i].InsertID
+		if want == "" && (!strings.HasPrefix(got, "bf-") || len(got) != 35) || want != "" && got != want {
+			t.Errorf("event %d: insert_id %q became %q", i, src[i].InsertID, dst[j].InsertID)
+		}
+	}
+
+	requests := s.Stats().Requests
+	r = runCmd(context.Background(), "migrate", args...)
+	if r.code != 0 || !strings.Contains(r.stderr, "export done already") {
+		t.Fatal(r)
+	}
+	if n := s.Stats().Requests; n != requests {
+		t.Fatalf("a second migrate sent %d requests", n-requests)
+	}
+}
+
+// fields decodes an event, with the object fields an export always carries
+// as {} when absent.
+func fields(t *testing.T, raw []byte) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"event_properties", "user_properties", "groups", "group_properties"} {
+		if m[f] == nil {
+			m[f] = map[string]any{}
+		}
+	}
+	return m
+}
