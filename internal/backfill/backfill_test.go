@@ -1,0 +1,257 @@
+package backfill
+
+import (
+	"archive/zip"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/svcrelay/relay/internal/sim"
+)
+
+func TestEvents(t *testing.T) {
+	for _, tt := range []struct {
+		name, line string
+		want       []string // events, as JSON; "ID" stands for the derived insert_id
+		dropped    string
+		err        string
+	}{
+		{"event", `{"event_type":"a","device_id":"device-1","insert_id":"x1"}`,
+			[]string{`{"device_id":"device-1","event_type":"a","insert_id":"x1"}`}, "", ""},
+		{"event without insert_id", `{"event_type":"a","user_id":"user-1","ip":"$remote"}`,
+			[]string{`{"event_type":"a","insert_id":"ID0","user_id":"user-1"}`}, "", ""},
+		{"envelope", `{"api_key":"other","events":[{"event_type":"a","device_id":"device-1"},{"event_type":"b","device_id":"device-1","insert_id":"x"}]}`,
+			[]string{`{"device_id":"device-1","event_type":"a","insert_id":"ID0"}`, `{"device_id":"device-1","event_type":"b","insert_id":"x"}`}, "", ""},
+		{"export record", `{"app":1,"svc_id":7,"uuid":"u","$insert_id":"i1","event_type":"a","device_id":"device-1","user_id":null,` +
+			`"event_time":"2026-03-01 10:15:00.123000","client_event_time":"2026-03-01 10:15:00.100000","server_upload_time":"2026-03-01 10:16:00.000000",` +
+			`"ip_address":"192.0.2.1","version_name":"1.2","device_carrier":"c","event_properties":{"k":1},"data":{},"sample_rate":null,"paying":true}`,
+			[]string{`{"app_version":"1.2","carrier":"c","device_id":"device-1","event_properties":{"k":1},"event_type":"a","insert_id":"i1","ip":"192.0.2.1","time":1772360100123}`},
+			"app 1, client_event_time 1, data 1, paying 1, server_upload_time 1, svc_id 1, uuid 1", ""},
+		{"export record without event_time", `{"uuid":"u","event_type":"a","device_id":"device-1","client_event_time":"2026-03-01T10:15:00Z"}`,
+			[]string{`{"device_id":"device-1","event_type":"a","insert_id":"ID0","time":1772360100000}`}, "uuid 1", ""},
+		{"not JSON", `{"event_type":`, nil, "", "not a JSON object"},
+		{"envelope with a bad event", `{"events":[1]}`, nil, "", "event 0 is not an object"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			l := line{at: pos{Entry: 2, Offset: 100}, text: []byte(tt.line + "\n")}
+			dropped := map[string]int64{}
+			evs, err := events(l, dropped)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("error %v, want %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, e := range evs {
+				got = append(got, string(e))
+			}
+			var want []string
+			for i, w := range tt.want {
+				want = append(want, strings.ReplaceAll(w, fmt.Sprintf("ID%d", i), derivedID(l, i)))
+			}
+			if strings.Join(got, "\n") != strings.Join(want, "\n") {
+				t.Fatalf("events\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+			}
+			if s := droppedSummary(dropped); s != tt.dropped {
+				t.Fatalf("dropped %q, want %q", s, tt.dropped)
+			}
+		})
+	}
+	// The derived id depends on the line and its place, nothing else.
+	a := line{at: pos{0, 10}, text: []byte(`{"event_type":"a"}`)}
+	b := line{at: pos{0, 10}, text: []byte(`{"event_type":"a"}` + "\n")}
+	c := line{at: pos{0, 11}, text: []byte(`{"event_type":"a"}`)}
+	if derivedID(a, 0) != derivedID(b, 0) || derivedID(a, 0) == derivedID(c, 0) || derivedID(a, 0) == derivedID(a, 1) {
+		t.Fatal("derived ids: not stable, or equal for different places")
+	}
+}
+
+// TestInputResume: every input form read from each line's recorded
+// position gives the rest of the lines, as read in one go.
+func TestInputResume(t *testing.T) {
+	dir := t.TempDir()
+	lines := func(from, n int) string {
+		var b strings.Builder
+		for i := from; i < from+n; i++ {
+			fmt.Fprintf(&b, `{"event_type":"e%d"}`+"\n", i)
+			if i%4 == 0 {
+				b.WriteString("\n") // blank lines are skipped
+			}
+		}
+		return b.String()
+	}
+	gz := func(s string) []byte {
+		var b bytes.Buffer
+		w := gzip.NewWriter(&b)
+		w.Write([]byte(s))
+		w.Close()
+		return b.Bytes()
+	}
+	plain := filepath.Join(dir, "plain.jsonl")
+	os.WriteFile(plain, []byte(lines(0, 10)), 0o644)
+	gzipped := filepath.Join(dir, "events.jsonl.gz")
+	os.WriteFile(gzipped, gz(lines(0, 10)), 0o644)
+	archive := filepath.Join(dir, "export.zip")
+	var zb bytes.Buffer
+	zw := zip.NewWriter(&zb)
+	for i, body := range [][]byte{[]byte(lines(0, 5)), gz(lines(5, 5)), nil, []byte(strings.TrimSuffix(lines(10, 3), "\n"))} {
+		w, _ := zw.Create(fmt.Sprintf("1/1_2026-03-01_%d#0.json", i))
+		w.Write(body)
+	}
+	zw.Close()
+	os.WriteFile(archive, zb.Bytes(), 0o644)
+
+	for _, path := range []string{plain, gzipped, archive} {
+		var all []line
+		in, err := openInput(path, pos{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			l, err := in.next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.text = append([]byte(nil), l.text...)
+			all = append(all, l)
+		}
+		in.close()
+		if path != archive && len(all) != 10 || path == archive && len(all) != 13 {
+			t.Fatalf("%s: %d lines", path, len(all))
+		}
+		for i := range all {
+			in, err := openInput(path, all[i].at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for j := i; j < len(all); j++ {
+				l, err := in.next()
+				if err != nil || string(l.text) != string(all[j].text) || l.at != all[j].at {
+					t.Fatalf("%s from line %d: line %d is %q at %v (%v), want %q at %v", path, i, j, l.text, l.at, err, all[j].text, all[j].at)
+				}
+			}
+			if _, err := in.next(); !errors.Is(err, io.EOF) {
+				t.Fatalf("%s: no end after the last line: %v", path, err)
+			}
+			in.close()
+		}
+	}
+}
+
+func startSim(t *testing.T, cfg sim.Config) (*sim.Sim, string) {
+	t.Helper()
+	s := sim.New(cfg, nil)
+	u, err := s.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, u
+}
+
+// TestRunDeadLettersAndReport: lines that are not JSON and events the
+// ingest would refuse are dead letters at once, listed in the report; the
+// rest is delivered; Run returns nil (all delivered or dead).
+func TestRunDeadLettersAndReport(t *testing.T) {
+	s, up := startSim(t, sim.Config{})
+	dir := t.TempDir()
+	in := filepath.Join(dir, "in.jsonl")
+	os.WriteFile(in, []byte(`{"event_type":"ok","device_id":"device-1"}
+not json
+{"event_type":"no ids"}
+{"event_type":"bad time","device_id":"device-1","time":"2026-01-01"}
+{"event_type":"ok2","device_id":"device-1"}
+`), 0o644)
+	c, err := Run(context.Background(), Config{IngestURL: up, APIKey: "k", Dir: filepath.Join(dir, "data"), Files: []string{in}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Read != 4 || c.Dead != 3 || c.Delivered != 2 || c.Waiting != 0 {
+		t.Fatalf("counts %+v", c)
+	}
+	if n := len(s.Events("k")); n != 2 {
+		t.Fatalf("%d events delivered", n)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "data", "backfill-report.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reasons []string
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var r reportLine
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatal(err)
+		}
+		reasons = append(reasons, r.Reason)
+	}
+	sort.Strings(reasons)
+	if strings.Join(reasons, ",") != "invalid_fields,missing_fields,unreadable" {
+		t.Fatalf("report reasons %v:\n%s", reasons, b)
+	}
+}
+
+// TestRunStopsOnInvalidKey: an api_key the upstream refuses stops the run
+// with an error and drops nothing; a run with another key into the same
+// data dir is refused.
+func TestRunStopsOnInvalidKey(t *testing.T) {
+	_, up := startSim(t, sim.Config{APIKeys: []string{"good"}})
+	dir := t.TempDir()
+	in := filepath.Join(dir, "in.jsonl")
+	os.WriteFile(in, []byte(`{"event_type":"a","device_id":"device-1"}`+"\n"), 0o644)
+	cfg := Config{IngestURL: up, APIKey: "bad", Dir: filepath.Join(dir, "data"), Files: []string{in}}
+	c, err := Run(context.Background(), cfg, nil)
+	if err == nil || !strings.Contains(err.Error(), "delivery stopped") || c.Waiting != 1 || c.Dead != 0 {
+		t.Fatalf("err %v, counts %+v", err, c)
+	}
+	cfg.APIKey = "good"
+	if _, err := Run(context.Background(), cfg, nil); err == nil || !strings.Contains(err.Error(), "another project") {
+		t.Fatalf("a run of another key into the data dir: %v", err)
+	}
+}
+
+// TestMaxEPS: the project's pace holds in every window (at most MaxEPS
+// events a second plus one request's worth), measured at the upstream.
+func TestMaxEPS(t *testing.T) {
+	s, up := startSim(t, sim.Config{})
+	dir := t.TempDir()
+	in := filepath.Join(dir, "in.jsonl")
+	var b strings.Builder
+	const n, maxEPS = 3000, 1000
+	for i := range n {
+		fmt.Fprintf(&b, `{"event_type":"e","device_id":"device-%04d"}`+"\n", i) // one event per device
+	}
+	os.WriteFile(in, []byte(b.String()), 0o644)
+	c, err := Run(context.Background(), Config{IngestURL: up, APIKey: "k", Dir: filepath.Join(dir, "data"), Files: []string{in}, MaxEPS: maxEPS}, nil)
+	if err != nil || c.Delivered != n {
+		t.Fatalf("%v %+v", err, c)
+	}
+	reqs := s.Requests()
+	lo, sum := 0, 0
+	for hi := range reqs {
+		sum += reqs[hi].Events
+		for reqs[hi].Time.Sub(reqs[lo].Time) >= time.Second {
+			sum -= reqs[lo].Events
+			lo++
+		}
+		if most := maxEPS + maxEPS/10; sum > most {
+			t.Fatalf("%d events within a second (at most %d)", sum, most)
+		}
+	}
+}
