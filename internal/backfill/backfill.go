@@ -349,17 +349,17 @@ func (r *reader) file(ctx context.Context, f *fileState, before int64) error {
 		fileSize = fi.Size()
 	}
 	var dead []spool.DeadLetter
-	var events_ int64
+	var read int64
 	at := f.Pos
 	flush := func() error {
 		if err := r.append(ctx, &dead); err != nil {
 			return err
 		}
 		r.mu.Lock()
-		f.Pos, f.Events = at, f.Events+events_
+		f.Pos, f.Events = at, f.Events+read
 		err := r.st.save(r.cfg)
 		r.mu.Unlock()
-		events_ = 0
+		read = 0
 		return err
 	}
 	for {
@@ -380,7 +380,7 @@ func (r *reader) file(ctx context.Context, f *fileState, before int64) error {
 			r.pending = append(r.pending, ev)
 			r.size += len(ev)
 		}
-		events_ += int64(len(evs))
+		read += int64(len(evs))
 		at = l.next
 		if len(r.pending) >= chunkEvents || r.size >= chunkBytes || len(dead) >= chunkEvents {
 			if err := flush(); err != nil {

@@ -112,18 +112,18 @@ func runBackfill(ctx context.Context, cfg backfill.Config, p *progress, stdout i
 
 // progressLine is the one line of a backfill's progress.
 func progressLine(c backfill.Counts) string {
-	secs := max(c.Elapsed.Seconds(), 0.001)
-	eps := float64(c.Delivered) / secs
+	eps := float64(c.Delivered) / max(c.Elapsed.Seconds(), 0.001)
 	eta := "?"
-	if done := c.Read - c.Waiting; eps > 0 {
+	switch {
+	case c.ReadDone && c.Waiting == 0:
+		eta = "0s"
+	case eps > 0:
 		left := float64(c.Waiting)
 		if !c.ReadDone && c.BytesRead > 0 && c.BytesTotal > c.BytesRead {
+			// What is still unread, at the events per byte read so far.
 			left += float64(c.Read) * float64(c.BytesTotal-c.BytesRead) / float64(c.BytesRead)
 		}
-		_ = done
 		eta = (time.Duration(left/eps) * time.Second).String()
-	} else if c.ReadDone && c.Waiting == 0 {
-		eta = "0s"
 	}
 	return fmt.Sprintf("read %d (%.0f%%), sent %d, acknowledged %d, dead %d, %.0f events/s, 429s %d, ETA %s",
 		c.Read, 100*float64(c.BytesRead)/float64(max(c.BytesTotal, 1)), c.Sent, c.Delivered, c.Dead, eps, c.Throttled, eta)
