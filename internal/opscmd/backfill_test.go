@@ -110,3 +110,38 @@ func fields(t *testing.T, raw []byte) map[string]any {
 	}
 	return m
 }
+
+// TestBackfillCommand: usage errors exit 2; --api-key may name a project of
+// --credentials; a finished run exits 0 with its summary on stdout and,
+// off a terminal, plain progress lines on stderr.
+func TestBackfillCommand(t *testing.T) {
+	s, up, _ := startSim(t)
+	dir := t.TempDir()
+	in := filepath.Join(dir, "in.jsonl")
+	os.WriteFile(in, []byte(`{"event_type":"a","device_id":"device-1"}`+"\n"+`{"events":[{"event_type":"b","device_id":"device-1"}]}`+"\n"), 0o644)
+	creds := credsFile(t)
+	data := filepath.Join(dir, "data")
+	for _, c := range []struct {
+		args   []string
+		stderr string
+	}{
+		{[]string{"--ingest-url", up, "--data-dir", data, in}, "--api-key is required"},
+		{[]string{"--ingest-url", up, "--api-key", "k", "--data-dir", data}, "no input file"},
+		{[]string{"--ingest-url", up, "--api-key", "k", in}, "--data-dir is required"},
+		{[]string{"--api-key", "k", "--data-dir", data, in}, "--ingest-url is required"},
+		{[]string{"--ingest-url", up, "--api-key", "k", "--data-dir", data, "--max-eps", "0", in}, "--max-eps and --device-eps must be at least 1"},
+		{[]string{"--ingest-url", up, "--api-key", "k", "--data-dir", data, "--sync", "sometimes", in}, "--sync must be always or none"},
+	} {
+		if r := runCmd(context.Background(), "backfill", c.args...); r.code != 2 || !strings.Contains(r.stderr, c.stderr) {
+			t.Errorf("%q: %v", c.args, r)
+		}
+	}
+	r := runCmd(context.Background(), "backfill", "--credentials", creds, "--api-key", "web", "--ingest-url", up, "--data-dir", data, in)
+	if r.code != 0 || !strings.Contains(r.stdout, "backfill: 2 events read, 0 waiting, 0 dead letters") ||
+		!strings.HasPrefix(r.stderr, "read ") {
+		t.Fatal(r)
+	}
+	if n := len(s.Events("proj")); n != 2 { // web's api_key
+		t.Fatalf("%d events in the project named by --api-key", n)
+	}
+}
