@@ -53,9 +53,23 @@ func TestMigrate(t *testing.T) {
 	args := append([]string{"--credentials", creds, "--from-project", "web", "--to-project", "copy",
 		"--analytics-url", up, "--ingest-url", up, "--start", "20260301T00", "--end", "20260301T23",
 		"--data-dir", dir, "--max-eps", "5000"}, fastRetry...)
-	r := runCmd(context.Background(), "migrate", args...)
-	if r.code != 0 || !strings.Contains(r.stdout, "40 events read, 0 waiting, 0 dead letters") ||
-		!strings.Contains(r.stdout, "uuid 40") {
+	// Interrupted during the backfill (paced at 20 events/s: 2 s), then
+	// run again: it resumes at the backfill.
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		defer cancel()
+		for i := 0; i < 3000 && len(s.Events("copy-key")) < 10; i++ {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	slow := append(append([]string(nil), args...), "--max-eps", "20")
+	r := runCmd(ctx, "migrate", slow...)
+	if r.code != 1 || !strings.Contains(r.stderr, "run the same command again to resume") {
+		t.Fatal(r)
+	}
+	r = runCmd(context.Background(), "migrate", args...)
+	if r.code != 0 || !strings.Contains(r.stderr, "export done already") ||
+		!strings.Contains(r.stdout, "40 events read, 0 waiting, 0 dead letters") {
 		t.Fatal(r)
 	}
 	src, dst := s.Events("proj"), s.Events("copy-key")
