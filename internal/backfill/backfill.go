@@ -68,6 +68,11 @@ type Config struct {
 	// NoSync: the spool and the state file are not fsynced (they survive a
 	// crash of the process, not of the machine).
 	NoSync bool
+	// Live, when set, is the events/s the project's live traffic is sent
+	// at now (a running relay's own lanes, when the backfill runs inside
+	// it): the backfill takes only what MaxEPS leaves, so live traffic goes
+	// first when the project's rate is the limit. nil: no live traffic.
+	Live func() float64
 	// Progress, when set, is called with the counts about every
 	// ProgressEvery (zero: 500ms) and once at the end, from Run's goroutine.
 	Progress      func(Counts)
@@ -181,7 +186,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 		return Counts{}, err
 	}
 	perRequest := min(1000, max(1, cfg.MaxEPS/10))
-	snd := &sender{next: client, lim: newLimiter(float64(cfg.MaxEPS), float64(perRequest))}
+	snd := &sender{next: client, lim: newLimiter(float64(cfg.MaxEPS), float64(perRequest), cfg.Live)}
 	if cfg.Batch {
 		snd.url = cfg.IngestURL + "/batch"
 	}
@@ -528,41 +533,60 @@ func (s *sender) count(body []byte) int {
 	return max(1, len(r.Events))
 }
 
-// limiter is a token bucket: rate events/s, at most burst at once. A caller
-// takes its tokens at once (the bucket may go below zero) and waits until
-// they were due, so callers are served in the order they came.
+// limiter is a token bucket: rate events/s (less the live rate), at most
+// burst at once. A caller takes its tokens at once (the bucket may go below
+// zero) and waits until they were due, so callers are served in the order
+// they came.
 type limiter struct {
 	mu     sync.Mutex
 	rate   float64
 	burst  float64
+	live   func() float64 // nil: none
 	tokens float64
 	at     time.Time
 }
 
-func newLimiter(rate, burst float64) *limiter {
-	return &limiter{rate: rate, burst: burst, tokens: burst, at: time.Now()}
+func newLimiter(rate, burst float64, live func() float64) *limiter {
+	return &limiter{rate: rate, burst: burst, live: live, tokens: burst, at: time.Now()}
 }
 
+// yieldWait is how long a caller waits before looking again while live
+// traffic takes the whole rate.
+const yieldWait = 100 * time.Millisecond
+
 func (l *limiter) wait(ctx context.Context, n int) error {
-	l.mu.Lock()
-	now := time.Now()
-	l.tokens = min(l.burst, l.tokens+now.Sub(l.at).Seconds()*l.rate)
-	l.at = now
-	l.tokens -= float64(n)
-	var d time.Duration
-	if l.tokens < 0 {
-		d = time.Duration(-l.tokens / l.rate * float64(time.Second))
-	}
-	l.mu.Unlock()
-	if d == 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
+	for {
+		rate := l.rate
+		if l.live != nil {
+			rate -= l.live()
+		}
+		l.mu.Lock()
+		now := time.Now()
+		if rate > 0 {
+			l.tokens = min(l.burst, l.tokens+now.Sub(l.at).Seconds()*rate)
+		}
+		l.at = now
+		d := yieldWait
+		if rate > 0 {
+			l.tokens -= float64(n)
+			d = 0
+			if l.tokens < 0 {
+				d = time.Duration(-l.tokens / rate * float64(time.Second))
+			}
+		}
+		l.mu.Unlock()
+		if d == 0 {
+			return nil
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		if rate > 0 {
+			return nil
+		}
 	}
 }

@@ -13,7 +13,9 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/svcrelay/relay/internal/sim"
@@ -349,4 +351,46 @@ func TestRunInterruptedResumes(t *testing.T) {
 	if len(evs) != 2000 {
 		t.Fatalf("%d events stored, want 2000", len(evs))
 	}
+}
+
+// TestLimiterYields: the project's pace less the live traffic's; nothing
+// while live traffic takes the whole rate.
+func TestLimiterYields(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var live atomic.Int64
+		l := newLimiter(100, 10, func() float64 { return float64(live.Load()) })
+		ctx := context.Background()
+		took := func(d time.Duration) int { // events taken in d, 10 at a time
+			n := 0
+			for end := time.Now().Add(d); time.Now().Before(end); n += 10 {
+				if err := l.wait(ctx, 10); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return n
+		}
+		if n := took(10 * time.Second); n < 1000 || n > 1020 {
+			t.Fatalf("%d events in 10 s at 100/s", n)
+		}
+		live.Store(75)
+		if n := took(10 * time.Second); n < 250 || n > 270 {
+			t.Fatalf("%d events in 10 s at 100/s less 75 live", n)
+		}
+		live.Store(150)
+		done := make(chan struct{})
+		go func() {
+			l.wait(ctx, 10)
+			l.wait(ctx, 10)
+			close(done)
+		}()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		select {
+		case <-done:
+			t.Fatal("sent while live traffic took the whole rate")
+		default:
+		}
+		live.Store(0)
+		<-done
+	})
 }
