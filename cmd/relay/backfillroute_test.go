@@ -97,3 +97,40 @@ func TestBackfillRouteYields(t *testing.T) {
 		t.Fatalf("listed %+v", list.Backfills)
 	}
 }
+
+// TestBackfillRouteResumes: a backfill the relay's stop interrupted goes on
+// at the next start on the same data dir, every event stored once.
+func TestBackfillRouteResumes(t *testing.T) {
+	s := sim.New(sim.Config{}, nil)
+	up, err := s.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	dir := t.TempDir()
+	r := startServe(t, "--ingest-url", up, "--data-dir", dir)
+	var body bytes.Buffer
+	for i := range 300 {
+		fmt.Fprintf(&body, `{"event_type":"history","device_id":"old-device-%d"}`+"\n", i)
+	}
+	resp, err := http.Post(r.admin+"/relay/v1/backfill?api_key=k&max_eps=100", "application/x-ndjson", &body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	poll.Until(t, "the backfill to begin", func() bool { return s.Count() >= 50 })
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.Count(); n == 300 {
+		t.Fatal("the backfill finished before the stop: nothing to resume")
+	}
+	r = startServe(t, "--ingest-url", up, "--data-dir", dir)
+	poll.Until(t, "the backfill to finish after the restart", func() bool {
+		_, b := getBody(t, r.admin+"/relay/v1/backfill")
+		return strings.Contains(b, `"status":"done"`)
+	})
+	if n := len(s.Events("k")); n != 300 {
+		t.Fatalf("%d events stored, want 300", n)
+	}
+}
