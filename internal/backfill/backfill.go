@@ -403,8 +403,8 @@ func (r *reader) file(ctx context.Context, f *fileState, before int64) error {
 
 // append validates the pending events as the ingest would, spools those
 // the upstream can take as one chunk, and makes the others dead letters
-// (with the unreadable lines in dead) before it returns; then waits while
-// the backlog is over maxBacklog.
+// (with the unreadable lines in dead); then waits while the backlog is
+// over maxBacklog.
 func (r *reader) append(ctx context.Context, dead *[]spool.DeadLetter) error {
 	now := time.Now()
 	var nowBuf [20]byte
@@ -434,15 +434,17 @@ func (r *reader) append(ctx context.Context, dead *[]spool.DeadLetter) error {
 			}
 		}
 	}
-	if len(*dead) > 0 {
-		// Before the state moves past them.
-		if err := r.sp.PutDead(context.WithoutCancel(ctx), *dead); err != nil {
-			return fmt.Errorf("dead letters: %w", err)
-		}
-	}
+	// Both before the state moves past them; the chunk first, so that a
+	// crash between the two costs a chunk spooled twice (the same
+	// insert_ids, which the upstream dedups), not dead letters listed twice.
 	if len(r.batch.Records()) > 0 {
 		if err := r.sp.Append(ctx, r.lane, &r.batch); err != nil {
 			return fmt.Errorf("spool: %w", err)
+		}
+	}
+	if len(*dead) > 0 {
+		if err := r.sp.PutDead(context.WithoutCancel(ctx), *dead); err != nil {
+			return fmt.Errorf("dead letters: %w", err)
 		}
 	}
 	*dead = (*dead)[:0]
