@@ -46,7 +46,10 @@
 // given: each request waits for its events' tokens of a bucket refilled at
 // MaxEPS per second holding one request's worth (requests of at most
 // MaxEPS/10 events, at most 1000), so in any window of W seconds at most
-// MaxEPS x W events plus one request's are sent.
+// MaxEPS x W events plus one request's are sent. With Config.Live (a
+// backfill inside a running relay) the bucket is refilled at MaxEPS less
+// the project's live events/s, and not at all while live traffic takes the
+// whole rate: live lanes go first.
 //
 // # End
 //
