@@ -400,3 +400,18 @@ func TestLimiterYields(t *testing.T) {
 		<-done
 	})
 }
+
+// TestRunBatchEndpoint: Config.Batch sends to /batch.
+func TestRunBatchEndpoint(t *testing.T) {
+	s, up := startSim(t, sim.Config{})
+	dir := t.TempDir()
+	in := filepath.Join(dir, "in.jsonl")
+	os.WriteFile(in, []byte(`{"event_type":"a","device_id":"device-1"}`+"\n"), 0o644)
+	if _, err := Run(context.Background(), Config{IngestURL: up, APIKey: "k", Dir: filepath.Join(dir, "data"), Files: []string{in}, Batch: true}, nil); err != nil {
+		t.Fatal(err)
+	}
+	reqs := s.Requests()
+	if len(reqs) != 1 || reqs[0].Path != "/batch" || len(s.Events("k")) != 1 {
+		t.Fatalf("requests %+v", reqs)
+	}
+}
