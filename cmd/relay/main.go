@@ -9,7 +9,7 @@
 //	relay spool dump --data-dir DIR  print every live spool record as a JSON line
 //	relay version, relay --version   print the build's version
 //	relay config check [flags]       validate the settings without serving
-//	relay export|dsar|delete-users|feedback ...
+//	relay export|dsar|delete-users|feedback|backfill|migrate ...
 //	                                 operator commands that talk to the upstream directly
 package main
 
@@ -58,7 +58,7 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 			return exitOK
 		case "config":
 			return runConfig(args[1:], environ, stdout, stderr)
-		case "export", "dsar", "delete-users", "feedback":
+		case "export", "dsar", "delete-users", "feedback", "backfill", "migrate":
 			return opscmd.Main(ctx, args[0], args[1:], stdout, stderr)
 		case "help":
 			usage(stderr)
@@ -178,6 +178,8 @@ usage:
   relay dsar --credentials F --project P (--user-id U | --svc-id N) --start YYYY-MM-DD --end YYYY-MM-DD --out DIR
   relay delete-users --credentials F --project P --ids-file F --requester R [--dry-run] [--ignore-invalid-id]
   relay feedback --credentials F --project P --feedback-url U --source S --file items.jsonl
+  relay backfill --ingest-url URL --api-key KEY --data-dir DIR [--max-eps N] [--batch] FILE...
+  relay migrate --credentials F --from-project A --to-project B --start YYYYMMDDTHH --end YYYYMMDDTHH --data-dir DIR
                                    operator commands: talk to the upstream directly (relay CMD --help)
 
 Every flag can be set as RELAY_<NAME> in the environment or as <name>: in the

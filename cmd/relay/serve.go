@@ -119,6 +119,7 @@ type namedComponent struct {
 // admin routes), and the lane controls of the /relay/v1 API.
 type deliveries struct {
 	client     *upstream.Client // for /readyz's word on the upstream
+	live       *liveMeter       // the events lanes' sender: the backfills yield to it
 	components []namedComponent
 	routes     []adminroute.Route
 	lanes      map[spool.Kind]delivery.LaneControl
@@ -148,16 +149,18 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *st
 		DrainTimeout:   cfg.DrainTimeout,
 	}
 	var p *batcher.Pipeline
+	live := &liveMeter{next: client, windows: map[string]*rateWindow{}}
 	if fs != nil { // the events partitions this relay owns
-		p, err = batcher.NewFleet(bcfg, fs.b.Only(spool.KindEvents), fs.f, client, thr, log.Named("delivery"), reg)
+		p, err = batcher.NewFleet(bcfg, fs.b.Only(spool.KindEvents), fs.f, live, thr, log.Named("delivery"), reg)
 	} else {
-		p, err = batcher.New(bcfg, sp, client, thr, log.Named("delivery"), reg)
+		p, err = batcher.New(bcfg, sp, live, thr, log.Named("delivery"), reg)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("delivery: %w", err)
 	}
 	d := &deliveries{
 		client:     client,
+		live:       live,
 		components: []namedComponent{{"delivery", p}},
 		lanes:      map[spool.Kind]delivery.LaneControl{spool.KindEvents: p},
 		release:    []func(){p.ReleaseMemory},
@@ -476,6 +479,12 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	// forwarded API is a table in cmd/relay/forwarding.go.
 	admin.Register(relayAPI.Routes()...)
 	admin.Register(dl.routes...)
+	bf, err := newBackfills(cfg.DataDir, cfg.IngestURL, dl.live, log.Named("backfill"))
+	if err != nil {
+		return fmt.Errorf("backfills: %w", err)
+	}
+	lc.onStop("backfills", bf.stop)
+	admin.Register(bf.routes()...)
 	fwdRoutes, fwd, err := forwardingRoutes(cfg, creds, log, reg)
 	if err != nil {
 		return err

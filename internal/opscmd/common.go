@@ -61,13 +61,17 @@ func Main(ctx context.Context, name string, args []string, stdout, stderr io.Wri
 		define = deleteUsersCmd
 	case "feedback":
 		define, kind = feedbackCmd, credentials.KindFeedback
+	case "backfill":
+		define = backfillCmd
+	case "migrate":
+		define = migrateCmd
 	default:
 		fmt.Fprintf(stderr, "relay: no operator command %q\n", name)
 		return exitUsage
 	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	c := newCommon(fs, kind)
+	c := newCommon(fs, kind, name != "backfill") // it talks to the ingest API only
 	w := define(fs, c, stdout)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -75,7 +79,7 @@ func Main(ctx context.Context, name string, args []string, stdout, stderr io.Wri
 		}
 		return exitUsage
 	}
-	if fs.NArg() > 0 {
+	if fs.NArg() > 0 && name != "backfill" { // its arguments are its input files
 		fmt.Fprintf(stderr, "relay %s: unexpected argument %q\n", name, fs.Arg(0))
 		return exitUsage
 	}
@@ -95,15 +99,20 @@ func Main(ctx context.Context, name string, args []string, stdout, stderr io.Wri
 }
 
 // newCommon registers the common flags on fs (--feedback-url for the
-// feedback kind, else --analytics-url).
-func newCommon(fs *flag.FlagSet, kind string) *common {
+// feedback kind, else --analytics-url); with management false only
+// --credentials (a command that does not call the management APIs).
+func newCommon(fs *flag.FlagSet, kind string, management bool) *common {
 	c := &common{kind: kind, baseFlag: "analytics-url"}
+	if !management {
+		fs.StringVar(&c.credsPath, "credentials", "", "YAML file of upstream credentials (the relay's --credentials format), whose projects --api-key may name")
+		return c
+	}
+	fs.StringVar(&c.credsPath, "credentials", "", "YAML file of upstream credentials (the relay's --credentials format); required")
 	usage := "upstream base of the analytics APIs (a project's analytics_url overrides it)"
 	if kind == credentials.KindFeedback {
 		c.baseFlag, usage = "feedback-url", "upstream base of the feedback API (a project's feedback_url overrides it)"
 	}
 	fs.StringVar(&c.baseURL, c.baseFlag, "", usage)
-	fs.StringVar(&c.credsPath, "credentials", "", "YAML file of upstream credentials (the relay's --credentials format); required")
 	fs.StringVar(&c.project, "project", "", "project of the credentials file to act for")
 	fs.DurationVar(&c.retryInitial, "retry-initial", time.Second, "first wait before retrying a 429, 5xx or transport error")
 	fs.DurationVar(&c.retryMax, "retry-max", time.Minute, "longest wait between retries (also caps Retry-After)")

@@ -1,6 +1,7 @@
 // Package opscmd holds the operator commands of `relay` that move data
-// through the upstream's management APIs by hand: export, dsar,
-// delete-users and feedback, all run by
+// through the upstream's APIs by hand: export, dsar, delete-users,
+// feedback, backfill and migrate (the last two are internal/backfill's
+// flags and progress: backfill.go), all run by
 //
 //	Main(ctx context.Context, name string, args []string, stdout, stderr io.Writer) int
 //

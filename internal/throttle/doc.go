@@ -24,7 +24,8 @@
 // few refusals, each with a smaller share than the one before. A paced key
 // always gets its cap's worth per refill: its backlog drains at 0.9*eps
 // whenever the upstream admits anything. A key is forgotten PaceForget after
-// its last use.
+// its last use. With Config.PaceAll (a backfill) every key is paced from its
+// first Take, with a cap of DefaultEPS that never grows, as if refused once.
 //
 // Invariants:
 //   - PausedUntil(k) never returns a time earlier than one given to Pause(k)

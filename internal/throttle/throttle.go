@@ -27,6 +27,12 @@ type Config struct {
 	// MaxKeys caps the entries of each internal map; zero means 4,000,000.
 	// Past it, new keys are not paced (their pauses are still recorded).
 	MaxKeys int
+	// PaceAll paces every key from its first Take, not only after a 429:
+	// it starts with a full bucket of DefaultEPS events (its cap, which
+	// never grows past it) refilled at PaceShare*DefaultEPS. For a
+	// backfill, whose keys carry long histories that would otherwise each
+	// meet a 429 first. False: only refused keys are paced.
+	PaceAll bool
 }
 
 // Defaults of Config's zero values.
@@ -251,7 +257,7 @@ func (t *Throttle) AnyPaused() bool { return t.npaused.Load() != 0 }
 
 // AnyPaced reports whether some key may be paced; when it is false, Take
 // always allows.
-func (t *Throttle) AnyPaced() bool { return t.npaced.Load() != 0 }
+func (t *Throttle) AnyPaced() bool { return t.cfg.PaceAll || t.npaced.Load() != 0 }
 
 // PausedKeys is the number of keys with an unexpired pause.
 func (t *Throttle) PausedKeys() int {
@@ -298,7 +304,7 @@ func (t *Throttle) sweepPacedLocked(now time.Time) {
 // reports admitted requests of paced keys with Admitted). Keys not paced
 // always allow.
 func (t *Throttle) Take(a, b []byte) (ok bool, at time.Time, paced bool) {
-	if t.npaced.Load() == 0 {
+	if !t.AnyPaced() {
 		return true, time.Time{}, false
 	}
 	now := t.now()
@@ -344,7 +350,19 @@ func (t *Throttle) pacedLocked(key []byte, now time.Time) *pace {
 	}
 	p := t.paced[string(key)]
 	if p == nil {
-		return nil
+		if !t.cfg.PaceAll {
+			return nil
+		}
+		if len(t.paced) > 2*t.pacedSwept+1024 {
+			t.sweepPacedLocked(now)
+		}
+		if len(t.paced) >= t.cfg.MaxKeys {
+			return nil
+		}
+		eps := float64(t.cfg.DefaultEPS)
+		p = &pace{rate: eps * t.cfg.PaceShare, eps: eps, cap: eps, ceil: eps, tokens: eps, at: now}
+		t.paced[string(key)] = p
+		t.npaced.Store(int64(len(t.paced)))
 	}
 	if el := now.Sub(p.at); el > 0 {
 		p.tokens = min(p.cap, p.tokens+el.Seconds()*p.rate)

@@ -251,3 +251,52 @@ func TestAnyPaused(t *testing.T) {
 		t.Fatal("a pause in the future not reported")
 	}
 }
+
+// TestPaceAll: with PaceAll a key never refused is paced from its first
+// event: a full cap of DefaultEPS, then PaceShare*DefaultEPS a second, so in
+// any window of W seconds at most cap + rate*W of its events go out.
+func TestPaceAll(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		th, err := New(Config{PaceAll: true, DefaultEPS: 10, PaceShare: 0.5}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !th.AnyPaced() {
+			t.Fatal("AnyPaced is false under PaceAll")
+		}
+		taken := 0
+		for range 100 {
+			ok, at, paced := th.Take([]byte("d:a"), []byte("u:b"))
+			if !paced {
+				t.Fatal("a key of PaceAll not paced")
+			}
+			if !ok {
+				if want := time.Now().Add(2 * time.Second); !at.Equal(want) { // 10 tokens at 5/s
+					t.Fatalf("refused until %v, want %v", at, want)
+				}
+				break
+			}
+			taken++
+		}
+		if taken != 10 {
+			t.Fatalf("first burst %d events, want the cap of 10", taken)
+		}
+		time.Sleep(time.Second)
+		for range 5 {
+			if ok, _, _ := th.Take([]byte("d:a"), nil); !ok {
+				t.Fatal("refused after a second's refill")
+			}
+		}
+		if ok, _, _ := th.Take([]byte("d:a"), nil); ok {
+			t.Fatal("more than the rate's worth after a second")
+		}
+		th.Admitted([]string{"d:a", "d:a", "d:a"})
+		if c := th.Cap("d:a"); c != 10 {
+			t.Fatalf("cap grew to %d past DefaultEPS", c)
+		}
+		off, _ := New(Config{}, nil)
+		if ok, _, paced := off.Take([]byte("d:a"), nil); !ok || paced || off.AnyPaced() {
+			t.Fatal("a key paced without PaceAll and without a 429")
+		}
+	})
+}
