@@ -93,12 +93,12 @@ func (lr *laneRunner) read(ctx context.Context) bool {
 		if err != nil {
 			lr.p.budget.add(-want)
 			switch {
-			case errors.Is(err, context.Canceled):
-				continue // acknowledged meanwhile: nothing to read
 			case errors.Is(err, spool.ErrRetired):
 				return true
 			case ctx.Err() != nil || errors.Is(err, spool.ErrClosed):
 				return false
+			case errors.Is(err, context.Canceled):
+				continue // doneCtx: acknowledged meanwhile, nothing to read
 			}
 			// A read error (e.g. a corrupt chunk): log it and try again
 			// later rather than give the lane up silently.
