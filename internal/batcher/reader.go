@@ -66,6 +66,7 @@ func (lr *laneRunner) read(ctx context.Context) bool {
 	step := lr.step()
 	per := make([][]item, len(lr.shards))
 	var recs []spool.Record // reused by NextPart: every record is copied into an item
+	failing := false        // the last read failed (logged once, until one succeeds)
 	for {
 		// Wait for records first, then take the budget: a lane waiting
 		// for records holds none of it.
@@ -93,22 +94,30 @@ func (lr *laneRunner) read(ctx context.Context) bool {
 		if err != nil {
 			lr.p.budget.add(-want)
 			switch {
-			case errors.Is(err, context.Canceled):
-				continue // acknowledged meanwhile: nothing to read
 			case errors.Is(err, spool.ErrRetired):
 				return true
 			case ctx.Err() != nil || errors.Is(err, spool.ErrClosed):
 				return false
+			case errors.Is(err, context.Canceled):
+				continue // doneCtx: acknowledged meanwhile, nothing to read
 			}
-			// A read error (e.g. a corrupt chunk): log it and try again
-			// later rather than give the lane up silently.
-			lr.p.log.Error("read lane; retrying in 1s", zap.String("lane", lr.label), zap.Error(err))
+			// A read error (e.g. a damaged chunk's dead letters not
+			// written): log it once and try again every second rather
+			// than give the lane up silently.
+			if !failing {
+				lr.p.log.Error("read lane; retrying every 1s", zap.String("lane", lr.label), zap.Error(err))
+				failing = true
+			}
 			select {
 			case <-time.After(time.Second):
 				continue
 			case <-ctx.Done():
 				return false
 			}
+		}
+		if failing {
+			lr.p.log.Info("read lane: reading again", zap.String("lane", lr.label))
+			failing = false
 		}
 		now := time.Now()
 		var total int64

@@ -219,7 +219,7 @@ func (p *Partition) keepAlive() {
 // until there is one. It returns ErrLost once ownership ended (the deliver
 // function should then return) or a delivery was missed (see
 // openPartition, Deliveries; the partition is then opened again), and ctx.Err() when ctx ends. A message that
-// cannot be decoded is dead-lettered whole (reason "corrupt") and skipped.
+// cannot be decoded is dead-lettered whole (reason "damaged") and skipped.
 func (p *Partition) Next(ctx context.Context) (*Message, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -277,13 +277,19 @@ func (p *Partition) Next(ctx context.Context) (*Message, error) {
 	}
 }
 
-// corrupt dead-letters an undecodable message whole and acknowledges it;
-// when that fails the message stays (and is read again by the next owner).
+// corrupt dead-letters an undecodable message (its checksum fails, or it
+// was not written by this package) whole, with reason damaged as the local
+// spool's damaged chunks, and acknowledges it; when that fails the message
+// stays (and is read again by the next owner). Both run on a context of
+// their own: Next's may have ended (the partition moving, the relay
+// stopping), and the message would then come back for ever.
 func (p *Partition) corrupt(ctx context.Context, m jetstream.Msg, md *jetstream.MsgMetadata, cause error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
 	p.log.Error("undecodable message dead-lettered", zap.Uint64("seq", md.Sequence.Stream), zap.Error(cause))
 	dl := []spool.DeadLetter{{
 		Lane:     spool.LaneKey{Kind: p.kind},
-		Reason:   "corrupt",
+		Reason:   "damaged",
 		Answer:   []byte(cause.Error()),
 		Accepted: md.Timestamp,
 		Died:     time.Now(),

@@ -138,14 +138,19 @@
 //     names (a reused file's old bytes), and a damaged chunk that the log
 //     acknowledges later lost nothing and raise no alarm (replay.go);
 //   - a chunk of bbolt that fails its checksum is moved to dead letters with
-//     reason "damaged" when the reader reaches it, never returned;
+//     reason "damaged" when the reader reaches it, never returned; that
+//     write has a context of its own (the reader's may be done), and a
+//     failed one leaves the chunk to be read again;
 //   - Open refuses (ErrDamaged) a spool.db missing, empty or another
 //     spool's while the log holds records, or one whose positions the log
 //     does not reach, and a spool.db bbolt cannot read: the
 //     file is checked before it is mapped and bbolt's panics and faults are
 //     recovered (integrity.go). Verify (offline.go) reads and salvages what is
 //     left without bbolt;
-//   - a replay that lacks disk space opens the spool draining (drain.go).
+//   - a replay that lacks disk space opens the spool draining (drain.go):
+//     each lane's readers stop at its last chunk in bbolt, below the seqs
+//     of its chunks in the log, so that they read those once the deferred
+//     replay brings them in; no lane retires meanwhile.
 //
 // # Goroutines and locks
 //

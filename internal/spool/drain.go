@@ -19,6 +19,9 @@ import (
 // written to the WAL, whose segments from the applied position on are kept
 // as they are. The store tries the replay again every drainRetry; once it
 // succeeds, the replayed chunks are delivered and appends are taken again.
+// Meanwhile a lane's published end is its last chunk in bbolt (see
+// placeReaders: the seq spool.db recorded counts chunks of the log), and no
+// lane retires (one whose chunks are all in the log looks empty).
 
 // drainRetry is how often a draining spool tries its replay again.
 const drainRetry = 5 * time.Second

@@ -150,7 +150,9 @@ func (s *Spool) retireWait() time.Duration {
 // maybeRetire retires the empty lanes idle for RetireIdle, at most every
 // retireEvery. Store goroutine only.
 func (s *Spool) maybeRetire(now time.Time) {
-	if s.cfg.RetireIdle < 0 || now.Sub(s.st.lastRetire) < s.cfg.retireEvery() {
+	// Draining, a lane whose chunks are all in the WAL looks empty: retired,
+	// its chunks would be skipped by the deferred replay.
+	if s.cfg.RetireIdle < 0 || now.Sub(s.st.lastRetire) < s.cfg.retireEvery() || s.draining.Load() {
 		return
 	}
 	s.st.lastRetire = now

@@ -143,12 +143,29 @@ func (s *Spool) replayWAL(applied, synced walPos, lanesSeq uint64, live bool) er
 
 // placeReaders puts each lane's read cursor at its oldest chunk in bbolt,
 // and its next seqs after its newest (Open).
+//
+// Draining (the WAL not replayed yet), a lane's published end is put just
+// past its last chunk in bbolt instead (0 when it has none), below every
+// chunk the WAL still holds: the seq spool.db recorded for the lane also
+// counts chunks that were in the WAL only (a checkpoint records the lane's
+// next seq, young chunks included), and a reader that reached it would
+// have moved its cursor past those chunks once the deferred replay put
+// them into bbolt, never to read them, while later appends were read.
 func (s *Spool) placeReaders() error {
+	draining := s.draining.Load()
 	return s.db.View(func(tx *bolt.Tx) error {
 		for _, l := range s.lanes {
 			l.next, l.aNext, l.readSeq = l.cold.nextSeq, l.cold.nextSeq, l.cold.nextSeq
-			if k, _ := tx.Bucket(l.qname).Cursor().First(); k != nil {
+			c := tx.Bucket(l.qname).Cursor()
+			if k, _ := c.First(); k != nil {
 				l.readSeq = binary.BigEndian.Uint64(k)
+			}
+			if draining {
+				l.next = 0
+				if k, _ := c.Last(); k != nil {
+					l.next = binary.BigEndian.Uint64(k) + 1
+				}
+				l.readSeq = min(l.readSeq, l.next)
 			}
 		}
 		return nil

@@ -677,7 +677,14 @@ type damagedChunk struct {
 // reasonDamaged, never to be sent upstream: one per record when its framing
 // still decodes (any of them may be the damaged one), else one holding the
 // chunk's bytes; then acknowledges the chunk, logs it and counts it.
+//
+// The dead letters are written with a context of their own: the reader's
+// may be done already (the batcher reads with one, to return at once when
+// there is nothing to read), and a write refused for it would leave the
+// chunk unread and unacknowledged for ever, its lane wedged behind it.
 func (l *Lane) deadDamaged(ctx context.Context, d *damagedChunk) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deadDamagedTimeout)
+	defer cancel()
 	s := l.s
 	answer := fmt.Appendf(nil, "spool: chunk %d of lane %s failed its checksum in spool.db (%v)", d.seq, l.label, d.err)
 	now := time.Now()
@@ -703,6 +710,10 @@ func (l *Lane) deadDamaged(ctx context.Context, d *damagedChunk) error {
 		zap.Int("bytes", len(d.v)), zap.Error(d.err))
 	return nil
 }
+
+// deadDamagedTimeout bounds the dead-letter write of a damaged chunk; when
+// it fails the reader gets the error and reads the chunk again later.
+const deadDamagedTimeout = 30 * time.Second
 
 // reasonDamaged is the dead-letter reason of records whose chunk failed its
 // checksum in spool.db.

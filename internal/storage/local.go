@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"syscall"
 
 	"go.uber.org/zap"
 
@@ -59,9 +60,10 @@ func (l *Local) Spool() *spool.Spool { return l.sp }
 
 // Append writes req's batch as one chunk of its lane, taking the batch's
 // memory over (no copy). A refusal for space (spool.ErrFull,
-// spool.ErrDiskLow) also matches ErrFull; a failed write (nothing of it is
-// replayed) also matches ErrUnavailable; the spool's error stays in the
-// chain (errors.Is(err, spool.ErrTooManyLanes) holds).
+// spool.ErrDiskLow, a write that found the filesystem full: nothing of it
+// is replayed) also matches ErrFull; another failed write also matches
+// ErrUnavailable; the spool's error stays in the chain (errors.Is(err,
+// spool.ErrTooManyLanes) holds).
 func (l *Local) Append(ctx context.Context, req Request) error {
 	if req.Batch == nil || req.Batch.Bytes() == 0 {
 		return nil
@@ -74,7 +76,8 @@ func (l *Local) Append(ctx context.Context, req Request) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, spool.ErrFull), errors.Is(err, spool.ErrDiskLow):
+	case errors.Is(err, spool.ErrFull), errors.Is(err, spool.ErrDiskLow),
+		errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
 		return fmt.Errorf("%w: %w", ErrFull, err)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return err

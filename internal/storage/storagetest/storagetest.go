@@ -40,6 +40,18 @@ type Config struct {
 	LaneQueues bool
 	// Wait bounds each wait for records to be read; zero means 30s.
 	Wait time.Duration
+	// Damage makes the record whose data holds marker, appended to b
+	// and not yet read, fail its checksum when it is read, as damage on
+	// the store's medium would. It returns the store to go on with: b,
+	// or another one opened with open once b is closed (the local spool
+	// flips bytes of the closed spool.db). Nil skips the Damaged case.
+	Damage func(t *testing.T, open OpenFunc, b storage.Backend, marker []byte) storage.Backend
+	// NoSpace opens a fresh store, as New and its OpenFunc do, whose
+	// space a test can take away: after fill an Append fails for want of
+	// space (the local spool: its filesystem full; the fleet: its streams
+	// at their byte limit), after free it succeeds again. Nil skips the
+	// NoSpace case.
+	NoSpace func(t *testing.T) (open OpenFunc, fill, free func())
 }
 
 // Run runs the suite.
@@ -55,7 +67,13 @@ func Run(t *testing.T, cfg Config) {
 	t.Run("ConcurrentAppends", s.testConcurrentAppends)
 	t.Run("AllOrNothing", s.testAllOrNothing)
 	t.Run("Crash", s.testCrash)
+	t.Run("Damaged", s.testDamaged)
+	t.Run("NoSpace", s.testNoSpace)
 }
+
+// ReasonDamaged is the dead-letter reason of records that failed their
+// checksum when read.
+const ReasonDamaged = "damaged"
 
 // Crasher is a Backend that can stop as a crash of its process would:
 // nothing flushed, nothing released (the fleet: its connection dropped,
@@ -175,6 +193,7 @@ func first(m *storage.Message) int {
 
 func parse(r spool.Record) (string, int) {
 	k, v, _ := strings.Cut(string(r.Data), "/")
+	v, _, _ = strings.Cut(v, "/") // padding, a marker
 	n, _ := strconv.Atoi(v)
 	return k, n
 }
@@ -636,5 +655,119 @@ func (s *suite) testCrash(t *testing.T) {
 		}
 	}
 	c.mu.Unlock()
+	closeB(t, b)
+}
+
+// testDamaged: a record that fails its checksum when read becomes a dead
+// letter with reason damaged (never handed to deliver), and the records of
+// its lane after it are read, in order.
+func (s *suite) testDamaged(t *testing.T) {
+	if s.cfg.Damage == nil {
+		t.Skip("the backend has no way to damage a record (Config.Damage)")
+	}
+	open, b := s.open(t, Options{})
+	want := counter{}
+	appendN(t, b, want, lanes[0], 1, "d:a", "d:b")
+	appendN(t, b, want, lanes[1], 1, "d:a")
+	// The damaged request holds one record of key d:a (a backend may split
+	// a request by key), marked.
+	marker := []byte("damage-me-0123456789")
+	r := rec("d:a", 0)
+	r.Data = append(append(r.Data, '/'), marker...)
+	if err := b.Append(bg(t), request(lanes[0], []spool.Record{r})); err != nil {
+		t.Fatal(err)
+	}
+	b = s.cfg.Damage(t, open, b, marker)
+	appendN(t, b, want, lanes[0], 1, "d:a", "d:b")
+	appendN(t, b, want, lanes[1], 1, "d:a")
+	c := newCollector(nil)
+	run := start(b, c)
+	s.waitLast(t, c, want)
+	run.stop(t)
+	s.check(t, c, counter{}, want)
+	// Its dead letter is durable before its message is acknowledged.
+	deadline := time.Now().Add(s.cfg.Wait)
+	for {
+		dls, err := b.ListDead(bg(t), spool.DeadFilter{Reason: ReasonDamaged}, 0, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(dls) == 1 && dls[0].Lane.Kind == lanes[0].Kind {
+			break
+		}
+		if len(dls) > 1 || time.Now().After(deadline) {
+			t.Fatalf("dead letters with reason %s: %+v, want the damaged record's", ReasonDamaged, dls)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	closeB(t, b)
+}
+
+// testNoSpace: an Append refused for want of space fails with ErrFull and
+// stores nothing; once space is back, appends succeed and every record
+// stored, before and after, is read in order.
+func (s *suite) testNoSpace(t *testing.T) {
+	if s.cfg.NoSpace == nil {
+		t.Skip("the backend has no way to take its space away (Config.NoSpace)")
+	}
+	open, fill, free := s.cfg.NoSpace(t)
+	b := open(t, Options{})
+	want := counter{}
+	for range 3 {
+		for _, l := range lanes {
+			appendN(t, b, want, l, 2, "d:a", "d:b")
+		}
+	}
+	fill()
+	// The next record of each key, padded (a store may have room set
+	// aside, e.g. a log segment's unused end, that it fills first): stored
+	// only when Append says so.
+	pad := "/" + strings.Repeat("p", 8<<10)
+	next := func(l spool.LaneKey) error {
+		recs := []spool.Record{rec("d:a", want[id(l, "d:a")]+1), rec("d:b", want[id(l, "d:b")]+1)}
+		for i := range recs {
+			recs[i].Data = append(recs[i].Data, pad...)
+		}
+		err := b.Append(bg(t), request(l, recs))
+		if err == nil {
+			want[id(l, "d:a")]++
+			want[id(l, "d:b")]++
+		}
+		return err
+	}
+	// Append until it refuses, a bounded number of times.
+	var err error
+	for i := 0; err == nil; i++ {
+		if i == 10_000 {
+			t.Fatal("10,000 appends taken on a full store")
+		}
+		err = next(lanes[i%len(lanes)])
+	}
+	if !errors.Is(err, storage.ErrFull) {
+		t.Fatalf("append without space: %v, want one matching storage.ErrFull", err)
+	}
+	free()
+	// The store may need a moment to see the space (the local spool's
+	// checkpoints move what its log held meanwhile).
+	deadline := time.Now().Add(s.cfg.Wait)
+	for range 3 {
+		for _, l := range lanes {
+			for {
+				err := next(l)
+				if err == nil {
+					break
+				}
+				if !errors.Is(err, storage.ErrFull) || time.Now().After(deadline) {
+					t.Fatalf("append after space came back: %v", err)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+	}
+	c := newCollector(nil)
+	run := start(b, c)
+	s.waitLast(t, c, want)
+	run.stop(t)
+	s.check(t, c, counter{}, want)
 	closeB(t, b)
 }
