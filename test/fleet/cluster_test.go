@@ -49,7 +49,7 @@ type natsCluster struct {
 type natsNode struct {
 	natstest.NodeAddr
 	conf, log, store string
-	p         *proc // nil before the first start
+	p                *proc // nil before the first start
 }
 
 // startCluster starts three nodes and waits until the cluster serves
