@@ -10,6 +10,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
 )
@@ -169,6 +170,13 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 			clear(s.batch)
 			s.batch = s.batch[:0]
 			continue
+		}
+		if !storage.Leased(drainCtx) {
+			// The partition's lease ran out (its cancellation not yet
+			// run): nothing more is sent; the next owner reads the batch.
+			s.putBody()
+			s.requeue(s.batch)
+			return
 		}
 		res := p.send.Do(drainCtx, &upstream.Request{URL: p.url, Body: body, Gzip: cfg.Gzip, Kind: "events"})
 		if drainCtx.Err() != nil {

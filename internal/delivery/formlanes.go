@@ -551,6 +551,12 @@ func (lr *laneRun) send(ctx context.Context, recs []spool.Record, accepted []tim
 		if body == nil {
 			body, _ = lr.pack(nil, recs, true)
 		}
+		if !storage.Leased(ctx) {
+			// The partition's lease ran out (its cancellation not yet
+			// run): nothing more is sent; the next owner reads these.
+			release()
+			return storage.ErrLost
+		}
 		res := lr.d.client.Do(ctx, &upstream.Request{
 			URL:         cfg.URL(lr.key.APIKey),
 			ContentType: lr.frame.ContentType,
