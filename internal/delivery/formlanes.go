@@ -373,7 +373,8 @@ func (lr *laneRun) Run(ctx, _ context.Context) error {
 	d.m.lanes.Inc()
 	defer d.m.lanes.Dec()
 	err := lr.loop(ctx)
-	if err != nil && !errors.Is(err, spool.ErrRetired) && ctx.Err() == nil && !errors.Is(err, spool.ErrClosed) {
+	if err != nil && !errors.Is(err, spool.ErrRetired) && ctx.Err() == nil && !errors.Is(err, spool.ErrClosed) &&
+		!errors.Is(err, storage.ErrLost) { // the lease ran out: its cancellation follows
 		d.log.Error(d.cfg.Name+": lane delivery ended", zap.String("lane", lr.label), zap.Error(err))
 	}
 	return err
