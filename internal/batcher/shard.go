@@ -172,11 +172,19 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 			continue
 		}
 		if !storage.Leased(drainCtx) {
-			// The partition's lease ran out (its cancellation not yet
-			// run): nothing more is sent; the next owner reads the batch.
+			// The partition's lease ran out: nothing is sent. Its
+			// cancellation follows, unless a renewal in flight extends
+			// it: then the batch is built again.
 			s.putBody()
 			s.requeue(s.batch)
-			return
+			clear(s.batch)
+			s.batch = s.batch[:0]
+			select {
+			case <-drainCtx.Done():
+				return
+			case <-time.After(storage.LeaseRecheck):
+			}
+			continue
 		}
 		res := p.send.Do(drainCtx, &upstream.Request{URL: p.url, Body: body, Gzip: cfg.Gzip, Kind: "events"})
 		if drainCtx.Err() != nil {

@@ -373,8 +373,7 @@ func (lr *laneRun) Run(ctx, _ context.Context) error {
 	d.m.lanes.Inc()
 	defer d.m.lanes.Dec()
 	err := lr.loop(ctx)
-	if err != nil && !errors.Is(err, spool.ErrRetired) && ctx.Err() == nil && !errors.Is(err, spool.ErrClosed) &&
-		!errors.Is(err, storage.ErrLost) { // the lease ran out: its cancellation follows
+	if err != nil && !errors.Is(err, spool.ErrRetired) && ctx.Err() == nil && !errors.Is(err, spool.ErrClosed) {
 		d.log.Error(d.cfg.Name+": lane delivery ended", zap.String("lane", lr.label), zap.Error(err))
 	}
 	return err
@@ -552,11 +551,15 @@ func (lr *laneRun) send(ctx context.Context, recs []spool.Record, accepted []tim
 		if body == nil {
 			body, _ = lr.pack(nil, recs, true)
 		}
-		if !storage.Leased(ctx) {
-			// The partition's lease ran out (its cancellation not yet
-			// run): nothing more is sent; the next owner reads these.
-			release()
-			return storage.ErrLost
+		for !storage.Leased(ctx) {
+			// The partition's lease ran out: nothing is sent. Its
+			// cancellation follows, unless a renewal in flight extends it.
+			select {
+			case <-ctx.Done():
+				release()
+				return ctx.Err()
+			case <-time.After(storage.LeaseRecheck):
+			}
 		}
 		res := lr.d.client.Do(ctx, &upstream.Request{
 			URL:         cfg.URL(lr.key.APIKey),

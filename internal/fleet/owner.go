@@ -312,12 +312,14 @@ func (f *Fleet) renew(ctx context.Context, s slot, l *lease) {
 		return // otherwise the deadline decides
 	}
 	l.rev = rev
+	// The deadline before the timer: a sender must never see the lease
+	// run out while the timer, extended, will not end it.
+	until := start.Add(f.cfg.LeaseTTL - f.cfg.LeaseMargin)
+	l.until.Store(&until)
 	if !l.timer.Reset(f.deadline(start)) {
 		l.cancel() // the deadline passed before this renewal: stay stopped
 		return
 	}
-	until := start.Add(f.cfg.LeaseTTL - f.cfg.LeaseMargin)
-	l.until.Store(&until)
 	if p := l.p.Load(); p != nil {
 		octx, cancel := f.opCtx(ctx)
 		info, err := p.cons.Info(octx)

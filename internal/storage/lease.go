@@ -1,6 +1,9 @@
 package storage
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 type leaseKey struct{}
 
@@ -14,6 +17,11 @@ type leaseKey struct{}
 func WithLease(ctx context.Context, held func() bool) context.Context {
 	return context.WithValue(ctx, leaseKey{}, held)
 }
+
+// LeaseRecheck is how long a sender that found its lease run out waits
+// before it looks again, when its context was not cancelled meanwhile (a
+// renewal in flight extended the lease).
+const LeaseRecheck = 10 * time.Millisecond
 
 // Leased reports whether ctx's lease, if it carries one, is still held.
 func Leased(ctx context.Context) bool {
