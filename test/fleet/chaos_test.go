@@ -53,7 +53,7 @@ import (
 // before.
 //
 // CHAOS_RUNS=n runs it n times in a row on the same binaries (stopping at
-// the first failure); CI runs it 5 times.
+// the first failure).
 
 // chaosRuns is how many runs TestFleetChaos makes.
 func chaosRuns(t *testing.T) int {
