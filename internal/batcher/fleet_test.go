@@ -1,6 +1,8 @@
 package batcher
 
 import (
+	"context"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -8,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/storage"
@@ -127,4 +130,64 @@ func TestFleetRunnersRetire(t *testing.T) {
 			t.Fatalf("dead letters: %v", dead)
 		}
 	})
+}
+
+// leasedStore hands out the local spool's queues with a lease the test
+// runs out and renews (as the fleet's partitions: storage.WithLease).
+type leasedStore struct {
+	*storage.Local
+	held atomic.Bool
+}
+
+func (s *leasedStore) Run(ctx context.Context, deliver storage.DeliverFunc) error {
+	return s.Local.Run(ctx, func(owned context.Context, r storage.Reader) error {
+		return deliver(storage.WithLease(owned, s.held.Load), r)
+	})
+}
+
+// TestFleetLeaseRunOut: while a queue's lease has run out by the clock,
+// its context not cancelled (a relay resumed after a stop, its timers not
+// yet run), the pipeline sends nothing of it; when a renewal extends the
+// lease instead, everything is delivered (the shards waited, they did not
+// end).
+func TestFleetLeaseRunOut(t *testing.T) {
+	h := newHarness(t, sim.Config{}, Config{MaxBatchEvents: 10, ShardsPerLane: 2}, throttle.Config{})
+	st := &leasedStore{Local: storage.NewLocal(h.sp, nil)}
+	h.reg = prometheus.NewRegistry()
+	var err error
+	h.p, err = NewFleet(h.cfg, st, nil, h.send, h.thr, zaptest.NewLogger(t), h.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		h.add("key", devEvents(10)...)
+	}
+	h.start()
+	poll.Until(t, "the lane's runner to read the queue", func() bool {
+		for _, ls := range h.p.LaneStatus() {
+			if ls.ReadAheadBytes > 0 {
+				return true
+			}
+		}
+		return false
+	})
+	// The shards had their flush interval several times over to send.
+	time.Sleep(20 * h.cfg.FlushInterval)
+	if n := h.send.calls.Load(); n != 0 {
+		t.Fatalf("%d requests sent while the lease had run out", n)
+	}
+	st.held.Store(true)
+	h.waitDrained(poll.Max, 0)
+	h.stop()
+	if dead := h.check(nil); len(dead) != 0 {
+		t.Fatalf("dead letters: %v", dead)
+	}
+}
+
+func devEvents(n int) []ev {
+	var evs []ev
+	for _, d := range devs("device-", n) {
+		evs = append(evs, ev{Device: d})
+	}
+	return evs
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
 )
@@ -168,6 +169,21 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 			s.requeue(s.batch)
 			clear(s.batch)
 			s.batch = s.batch[:0]
+			continue
+		}
+		if !storage.Leased(drainCtx) {
+			// The partition's lease ran out: nothing is sent. Its
+			// cancellation follows, unless a renewal in flight extends
+			// it: then the batch is built again.
+			s.putBody()
+			s.requeue(s.batch)
+			clear(s.batch)
+			s.batch = s.batch[:0]
+			select {
+			case <-drainCtx.Done():
+				return
+			case <-time.After(storage.LeaseRecheck):
+			}
 			continue
 		}
 		res := p.send.Do(drainCtx, &upstream.Request{URL: p.url, Body: body, Gzip: cfg.Gzip, Kind: "events"})

@@ -551,6 +551,16 @@ func (lr *laneRun) send(ctx context.Context, recs []spool.Record, accepted []tim
 		if body == nil {
 			body, _ = lr.pack(nil, recs, true)
 		}
+		for !storage.Leased(ctx) {
+			// The partition's lease ran out: nothing is sent. Its
+			// cancellation follows, unless a renewal in flight extends it.
+			select {
+			case <-ctx.Done():
+				release()
+				return ctx.Err()
+			case <-time.After(storage.LeaseRecheck):
+			}
+		}
 		res := lr.d.client.Do(ctx, &upstream.Request{
 			URL:         cfg.URL(lr.key.APIKey),
 			ContentType: lr.frame.ContentType,

@@ -149,7 +149,12 @@
 // Fencing: the owner's deliver context ends at the start of its last
 // successful renewal plus LeaseTTL minus LeaseMargin (measured on the
 // relay's monotonic clock, so a relay that cannot renew stops before the
-// server lets its lease expire), or as soon as a renewal is refused. On
+// server lets its lease expire), or as soon as a renewal is refused. The
+// context also carries that deadline for storage.Leased, which the senders
+// ask, by the clock, right before each request: a timer's cancellation is
+// not enough, because a relay stopped (SIGSTOP, a paused VM) past its lease
+// and resumed first runs the goroutines its expired timers woke (a shard's
+// flush, which sends at once) and only then the cancellation. On
 // taking a lease the new owner deletes the partition's durable consumer and
 // creates it anew at the first message of the partition: every message not
 // acknowledged comes back at once and in order (no wait for AckWait), and

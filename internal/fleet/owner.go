@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // DeliverFunc delivers one owned partition: it reads with p.Next until
@@ -41,8 +42,14 @@ type lease struct {
 	rev    uint64
 	cancel context.CancelFunc
 	timer  *time.Timer // cancels at the lease's deadline
-	done   chan struct{}
+	// until is the lease's deadline, read by the clock before each send
+	// (storage.Leased): the timer's cancellation may come after a resumed
+	// process already sent.
+	until atomic.Pointer[time.Time]
+	done  chan struct{}
 }
+
+func (l *lease) held() bool { return time.Now().Before(*l.until.Load()) }
 
 // Run takes part in the fleet until ctx ends (it returns nil) or the
 // connection is closed (it returns an error): it keeps this relay's
@@ -253,6 +260,9 @@ func (f *Fleet) acquire(ctx context.Context, s slot, deliver DeliverFunc) *lease
 	}
 	owned, stop := context.WithCancel(ctx)
 	l := &lease{rev: rev, cancel: stop, done: make(chan struct{})}
+	until := start.Add(f.cfg.LeaseTTL - f.cfg.LeaseMargin)
+	l.until.Store(&until)
+	owned = storage.WithLease(owned, l.held)
 	l.timer = time.AfterFunc(f.deadline(start), stop)
 	// Opening (the consumer's reset) and delivering run beside the loop,
 	// which goes on renewing the lease; when opening fails, done closes
@@ -302,6 +312,10 @@ func (f *Fleet) renew(ctx context.Context, s slot, l *lease) {
 		return // otherwise the deadline decides
 	}
 	l.rev = rev
+	// The deadline before the timer: a sender must never see the lease
+	// run out while the timer, extended, will not end it.
+	until := start.Add(f.cfg.LeaseTTL - f.cfg.LeaseMargin)
+	l.until.Store(&until)
 	if !l.timer.Reset(f.deadline(start)) {
 		l.cancel() // the deadline passed before this renewal: stay stopped
 		return

@@ -44,6 +44,15 @@ type Config struct {
 	// leader with every running node current; zero means 45 s (the
 	// cluster is ready in about 5 s on a loaded 2-core machine).
 	ReadyTimeout time.Duration
+	// TLS makes the nodes serve clients over TLS only, with a certificate
+	// of a CA made for the cluster (Cluster.Certs), and require a client
+	// certificate of that CA. Routes between the nodes stay plain.
+	TLS bool
+	// Operator runs the nodes in operator mode (JWT and nkey
+	// authentication, accounts preloaded in a memory resolver): a client
+	// needs the credentials file Cluster.Creds, and the streams live in
+	// that user's account, not the global one.
+	Operator bool
 }
 
 // Cluster is a running in-process JetStream cluster.
@@ -53,6 +62,8 @@ type Cluster struct {
 	helper func()
 	cfg    Config
 	lay    Layout
+	certs  Certs      // cfg.TLS
+	op     Operator   // cfg.Operator
 	mu     sync.Mutex // guards nodes[i].srv
 	nodes  []*node
 }
@@ -66,7 +77,7 @@ type node struct {
 // Start starts the cluster and waits until it is ready (WaitReady). It stops the cluster when the test ends.
 func Start(t testing.TB, cfg Config) *Cluster {
 	t.Helper()
-	c, err := start(cfg, func(int) string { return t.TempDir() }, t.Fatalf, t.Helper)
+	c, err := start(cfg, func(int) string { return t.TempDir() }, t.TempDir(), t.Fatalf, t.Helper)
 	if c != nil {
 		t.Cleanup(c.Close)
 	}
@@ -77,10 +88,11 @@ func Start(t testing.TB, cfg Config) *Cluster {
 }
 
 // New starts a cluster outside a test (a benchmark program), its stores in
-// dir/n1, dir/n2, ...; the caller stops it with Close. Kill, Restart and
-// WaitReady panic where Start's cluster would fail the test.
+// dir/n1, dir/n2, ... (its TLS and credentials files in dir); the caller
+// stops it with Close. Kill, Restart and WaitReady panic where Start's
+// cluster would fail the test.
 func New(cfg Config, dir string) (*Cluster, error) {
-	c, err := start(cfg, func(i int) string { return filepath.Join(dir, fmt.Sprintf("n%d", i+1)) },
+	c, err := start(cfg, func(i int) string { return filepath.Join(dir, fmt.Sprintf("n%d", i+1)) }, dir,
 		func(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }, func() {})
 	if err != nil && c != nil {
 		c.Close()
@@ -89,7 +101,7 @@ func New(cfg Config, dir string) (*Cluster, error) {
 	return c, err
 }
 
-func start(cfg Config, dir func(int) string, fatalf func(string, ...any), helper func()) (*Cluster, error) {
+func start(cfg Config, dir func(int) string, secrets string, fatalf func(string, ...any), helper func()) (*Cluster, error) {
 	if cfg.Nodes == 0 {
 		cfg.Nodes = 3
 	}
@@ -101,6 +113,16 @@ func start(cfg Config, dir func(int) string, fatalf func(string, ...any), helper
 		return nil, err
 	}
 	c := &Cluster{cfg: cfg, lay: lay, fatalf: fatalf, helper: helper}
+	if cfg.TLS {
+		if c.certs, err = WriteCerts(secrets); err != nil {
+			return nil, fmt.Errorf("certificates: %w", err)
+		}
+	}
+	if cfg.Operator {
+		if c.op, err = WriteOperator(secrets); err != nil {
+			return nil, fmt.Errorf("operator: %w", err)
+		}
+	}
 	for i, n := range lay.Nodes {
 		c.nodes = append(c.nodes, &node{name: n.Name, dir: dir(i)})
 	}
@@ -118,14 +140,14 @@ func start(cfg Config, dir func(int) string, fatalf func(string, ...any), helper
 // Close stops every node.
 func (c *Cluster) Close() { c.stopAll() }
 
-func (c *Cluster) options(i int) *server.Options {
+func (c *Cluster) options(i int) (*server.Options, error) {
 	n, addr := c.nodes[i], c.lay.Nodes[i]
 	var routes []*url.URL
 	for _, r := range c.lay.Routes(i) {
 		u, _ := url.Parse(r) // nats-route://127.0.0.1:port
 		routes = append(routes, u)
 	}
-	return &server.Options{
+	opts := &server.Options{
 		ServerName:             n.name,
 		Host:                   "127.0.0.1",
 		Port:                   addr.Port,
@@ -144,10 +166,27 @@ func (c *Cluster) options(i int) *server.Options {
 		},
 		Routes: routes,
 	}
+	if c.cfg.TLS {
+		tc, err := c.certs.serverTLS()
+		if err != nil {
+			return nil, err
+		}
+		opts.TLSConfig, opts.TLS, opts.TLSVerify = tc, true, true
+	}
+	if c.cfg.Operator {
+		if err := c.op.configure(opts); err != nil {
+			return nil, err
+		}
+	}
+	return opts, nil
 }
 
 func (c *Cluster) start(i int) error {
-	s, err := server.NewServer(c.options(i))
+	opts, err := c.options(i)
+	if err != nil {
+		return err
+	}
+	s, err := server.NewServer(opts)
 	if err != nil {
 		return err
 	}
@@ -180,14 +219,22 @@ func (c *Cluster) stop(i int) {
 }
 
 // URLs returns the client URLs of all nodes (killed ones included: clients
-// are expected to be given the whole list).
-func (c *Cluster) URLs() []string { return c.lay.ClientURLs() }
+// are expected to be given the whole list); tls://host:port with Config.TLS.
+func (c *Cluster) URLs() []string {
+	us := c.lay.ClientURLs()
+	if c.cfg.TLS {
+		for i, u := range us {
+			us[i] = "tls://" + strings.TrimPrefix(u, "nats://")
+		}
+	}
+	return us
+}
 
 // JetStream is a JetStream client on the cluster for a test's checks, on
-// its own connection, closed when the test ends.
+// its own connection (with ClientOptions), closed when the test ends.
 func (c *Cluster) JetStream(t testing.TB) jetstream.JetStream {
 	t.Helper()
-	return Connect(t, c.URL())
+	return Connect(t, c.URL(), c.ClientOptions()...)
 }
 
 // URL is URLs joined by commas, as nats.Connect and --spool take them.
@@ -219,11 +266,15 @@ func (c *Cluster) Restart(i int) {
 	c.WaitReady()
 }
 
-// StreamLeader returns the index of the node leading stream (in the global
-// account), -1 when none does.
+// StreamLeader returns the index of the node leading stream (in the
+// global account, or the user's with Config.Operator), -1 when none does.
 func (c *Cluster) StreamLeader(stream string) int {
+	account := server.DEFAULT_GLOBAL_ACCOUNT
+	if c.cfg.Operator {
+		account = c.op.Account
+	}
 	for i := range c.nodes {
-		if s := c.Server(i); s != nil && s.JetStreamIsStreamLeader(server.DEFAULT_GLOBAL_ACCOUNT, stream) {
+		if s := c.Server(i); s != nil && s.JetStreamIsStreamLeader(account, stream) {
 			return i
 		}
 	}

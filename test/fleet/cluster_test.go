@@ -48,8 +48,8 @@ type natsCluster struct {
 
 type natsNode struct {
 	natstest.NodeAddr
-	conf, log string
-	p         *proc // nil before the first start
+	conf, log, store string
+	p                *proc // nil before the first start
 }
 
 // startCluster starts three nodes and waits until the cluster serves
@@ -62,8 +62,8 @@ func startCluster(t *testing.T, bin, dir string) *natsCluster {
 	}
 	c := &natsCluster{t: t, bin: bin, lay: lay}
 	for i, a := range lay.Nodes {
-		nd := &natsNode{NodeAddr: a, conf: filepath.Join(dir, a.Name+".conf"), log: filepath.Join(dir, a.Name+".log")}
-		conf := lay.Conf(i, "fleettest", filepath.Join(dir, a.Name), "max_memory_store: 64MB", "max_file_store: 1GB")
+		nd := &natsNode{NodeAddr: a, conf: filepath.Join(dir, a.Name+".conf"), log: filepath.Join(dir, a.Name+".log"), store: filepath.Join(dir, a.Name)}
+		conf := lay.Conf(i, "fleettest", nd.store, "max_memory_store: 64MB", "max_file_store: 1GB")
 		if err := os.WriteFile(nd.conf, []byte(conf), 0o644); err != nil {
 			t.Fatal(err)
 		}

@@ -15,6 +15,7 @@ package fleet
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -79,6 +80,12 @@ type relayProc struct {
 	listen, adminListen string
 	dataDir, log        string
 	p                   *proc
+	// upstream is the relay's --ingest-url: the sim, or a proxy in
+	// front of it that records what this relay sent (chaos_test.go).
+	upstream string
+	// down takes the relay out of the clients' rotation (as a load
+	// balancer does with a relay that fails its health check).
+	down atomic.Bool
 }
 
 // env is what every scenario shares: the binaries.
@@ -116,6 +123,15 @@ type fleetRun struct {
 	accepted atomic.Int64
 	reqs     atomic.Int64
 	statuses sync.Map // status code -> *atomic.Int64
+	// hotBurst, when set, makes the hot client send in bursts of that
+	// long, each followed by as long a rest (a long run's hot backlog
+	// then drains as it goes).
+	hotBurst time.Duration
+
+	// What the sim stored so far (waitDelivered's, read on from after).
+	stored []storedEvent
+	have   map[string]bool
+	after  int64
 }
 
 func runScenario(t *testing.T, e env, sc scenario) {
@@ -235,7 +251,7 @@ func (r *fleetRun) relayArgs(rp *relayProc) []string {
 	return append([]string{
 		"--listen", rp.listen, "--admin-listen", rp.adminListen,
 		"--data-dir", rp.dataDir, "--spool-min-free-bytes", "0", "--log-format", "json",
-		"--ingest-url", r.sim.Base,
+		"--ingest-url", cmp.Or(rp.upstream, r.sim.Base),
 		"--throttle-pause", pause.String(), "--flush-interval", "20ms", "--max-batch-events", "200",
 		"--drain-timeout", "2s"}, spool...)
 }
@@ -425,7 +441,7 @@ func (r *fleetRun) coldClient(ctx context.Context, c int) {
 		out := unknown
 		var tried []int
 		for try := 0; try < 3 && ctx.Err() == nil; try++ {
-			next = (next + 1) % len(r.relays)
+			next = r.nextUp(next)
 			tried = append(tried, next)
 			out = r.post(hc, next, b)
 			if out != unknown || !withIDs {
@@ -444,7 +460,12 @@ func (r *fleetRun) coldClient(ctx context.Context, c int) {
 func (r *fleetRun) hotClient(ctx context.Context) {
 	hc := &http.Client{Timeout: 20 * time.Second}
 	seq := 0
-	for next := 0; ctx.Err() == nil; next = (next + 1) % len(r.relays) {
+	burst := time.Now()
+	for next := 0; ctx.Err() == nil; next = r.nextUp(next) {
+		if r.hotBurst > 0 && time.Since(burst) > r.hotBurst {
+			pace(ctx, r.hotBurst)
+			burst = time.Now()
+		}
 		evs := make([]*sentEvent, 5)
 		for i := range evs {
 			seq++
@@ -454,6 +475,17 @@ func (r *fleetRun) hotClient(ctx context.Context) {
 		r.record(evs, out, next)
 		pace(ctx, 200*time.Millisecond)
 	}
+}
+
+// nextUp is the next relay after i not taken out of the rotation (i+1
+// when every relay is out).
+func (r *fleetRun) nextUp(i int) int {
+	for j := 1; j <= len(r.relays); j++ {
+		if k := (i + j) % len(r.relays); !r.relays[k].down.Load() {
+			return k
+		}
+	}
+	return (i + 1) % len(r.relays)
 }
 
 // pace waits d or until ctx ends (load pacing, not synchronisation).
@@ -473,23 +505,32 @@ type storedEvent struct {
 	insertID string
 }
 
-// waitDelivered reads the sim's store until every accepted event is in it,
-// and returns the store; it fails the test after within.
+// waitDelivered reads the sim's store until every event accepted so far is
+// in it (the load may go on), and returns the store; it fails the test
+// after within.
 func (r *fleetRun) waitDelivered(within time.Duration) []storedEvent {
 	r.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), within)
 	defer cancel()
-	var stored []storedEvent
-	have := map[string]bool{}
-	var after int64
+	want := map[string]*sentEvent{}
+	r.mu.Lock()
+	for k, ev := range r.events {
+		if ev.out == accepted {
+			want[k] = ev
+		}
+	}
+	r.mu.Unlock()
+	if r.have == nil {
+		r.have = map[string]bool{}
+	}
 	lastLog := time.Now()
 	for {
-		evs, err := r.sim.Ctl.Events(ctx, apiKey, after)
+		evs, err := r.sim.Ctl.Events(ctx, apiKey, r.after)
 		if err != nil && ctx.Err() == nil {
 			r.t.Fatalf("sim events: %v", err)
 		}
 		for _, e := range evs {
-			after = max(after, e.Seq)
+			r.after = max(r.after, e.Seq)
 			var raw struct {
 				EventProperties struct {
 					Seq int `json:"seq"`
@@ -498,21 +539,21 @@ func (r *fleetRun) waitDelivered(within time.Duration) []storedEvent {
 			if err := json.Unmarshal(e.Raw, &raw); err != nil {
 				r.t.Fatalf("sim event %d: %v: %s", e.Seq, err, e.Raw)
 			}
-			stored = append(stored, storedEvent{seq: e.Seq, request: e.Request, device: e.DeviceID, evSeq: raw.EventProperties.Seq, insertID: e.InsertID})
-			have[evKey(e.DeviceID, raw.EventProperties.Seq)] = true
+			r.stored = append(r.stored, storedEvent{seq: e.Seq, request: e.Request, device: e.DeviceID, evSeq: raw.EventProperties.Seq, insertID: e.InsertID})
+			r.have[evKey(e.DeviceID, raw.EventProperties.Seq)] = true
 		}
 		missing := 0
 		var example string
 		devs := map[string]int{}
-		for k, ev := range r.events {
-			if ev.out == accepted && !have[k] {
+		for k, ev := range want {
+			if !r.have[k] {
 				missing++
 				example = k
 				devs[ev.device]++
 			}
 		}
 		if missing == 0 {
-			return stored
+			return r.stored
 		}
 		if time.Since(lastLog) > 5*time.Second {
 			lastLog = time.Now()
