@@ -289,6 +289,13 @@ func (s *Spool) maybeRetire(now time.Time) {
 	}
 	for _, l := range gone {
 		close(l.retiredC)
+		l.mu.Lock()
+		f := l.onWork
+		l.onWork = nil
+		l.mu.Unlock()
+		if f != nil {
+			go f() // its reader sees ErrRetired
+		}
 	}
 	if err := s.deleteLanes(gone); err != nil {
 		// The lanes are gone from memory; their empty records stay in the

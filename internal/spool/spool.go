@@ -317,6 +317,8 @@ type Lane struct {
 	// a publish closes and replaces notify only then (a channel per
 	// chunk was ~100 B for every 1-event request).
 	watched bool
+	// onWork starts the lane's reader again (OnWork).
+	onWork func()
 
 	// The WAL writer's own: the next seq it assigns.
 	aNext uint64

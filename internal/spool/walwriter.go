@@ -655,12 +655,16 @@ func (s *Spool) publish(ops []*op) {
 }
 
 // wakeLocked wakes the lane's reader when it may wait on l.notify (see
-// Lane.watched). l.mu held.
+// Lane.watched), or starts it (OnWork). l.mu held.
 func (l *Lane) wakeLocked() {
 	if l.watched {
 		close(l.notify)
 		l.notify = make(chan struct{})
 		l.watched = false
+	}
+	if f := l.onWork; f != nil {
+		l.onWork = nil
+		go f()
 	}
 }
 
