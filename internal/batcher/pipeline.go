@@ -208,8 +208,8 @@ func (events) Classify(res *upstream.Result, n int) delivery.Verdict {
 	return delivery.Classify(res, n)
 }
 
-// laneRunner delivers one lane: a reader goroutine and ShardsPerLane shard
-// goroutines.
+// laneRunner delivers one lane: a reader goroutine and ShardsPerLane
+// shards, each with a goroutine while it has records.
 type laneRunner struct {
 	p *Pipeline
 	// src is what the reader reads: the spool lane (local), or the lane's
@@ -227,6 +227,11 @@ type laneRunner struct {
 	// partial is the chunk read in parts whose last part is still to come
 	// (reader goroutine only).
 	partial *ackRef
+
+	// The shards' goroutines: started by the reader's hand-over (give)
+	// with Run's contexts, ended when idle or with Run.
+	sctx, sdrain context.Context
+	swg          sync.WaitGroup
 
 	// read-ahead budget (bytes read and not done)
 	bmu      sync.Mutex
@@ -272,30 +277,31 @@ func newRunner(p *Pipeline, src source, id uint64, label string, key spool.LaneK
 	return lr
 }
 
-// Run runs the lane's reader and shards (a Runner of the engine). They
-// end with ctx (shards finish requests in flight until drain ends), or when
-// the spool retires the lane (empty and idle): the reader then cancels the
-// shards (which hold nothing: every record was done) and Run returns
-// spool.ErrRetired, so that the engine forgets the runner and its
-// goroutines, memory and metric series are gone.
+// Run runs the lane's reader and, as the reader hands them records, its
+// shards (a Runner of the engine). They end with ctx (shards finish
+// requests in flight until drain ends); when the spool retires the lane
+// (empty and idle): Run returns spool.ErrRetired, so that the engine
+// forgets the runner and its goroutines, memory and metric series are
+// gone; or when the lane is idle, every record read done: Run returns
+// spool.ErrIdle and the engine runs it again when the lane has work, so
+// that an idle lane holds no goroutine.
 func (lr *laneRunner) Run(ctx, drain context.Context) error {
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var wg sync.WaitGroup
-	wg.Add(len(lr.shards))
+	lr.sctx, lr.sdrain = lctx, drain
 	for _, s := range lr.shards {
-		go func() {
-			defer wg.Done()
-			s.run(lctx, drain)
-		}()
+		s.resume() // what an earlier Run left queued
 	}
-	retired := lr.read(lctx)
-	if retired {
-		cancel()
+	end := lr.read(lctx)
+	if end != endStop {
+		cancel() // the shards hold nothing: every record was done
 	}
-	wg.Wait()
-	if retired {
+	lr.swg.Wait()
+	switch end {
+	case endRetired:
 		return spool.ErrRetired
+	case endIdle:
+		return spool.ErrIdle
 	}
 	return nil
 }
