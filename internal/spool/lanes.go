@@ -283,6 +283,11 @@ func (s *Spool) maybeRetire(now time.Time) {
 	}
 	clear(s.lanes[len(kept):])
 	s.lanes = kept
+	if len(gone) > 0 {
+		// A retired lane is settled: the next checkpoint has nothing to
+		// look at in it, and it must not stay reachable until then.
+		s.dirty = slices.DeleteFunc(s.dirty, (*Lane).IsRetired)
+	}
 	s.mu.Unlock()
 	if len(gone) == 0 {
 		return

@@ -199,6 +199,7 @@ func (s *Spool) takeWAL() (ops []*op, acks []ackOp, closed bool) {
 			s.w.ops = ops
 			if len(s.w.retry) > 0 {
 				acks = append(acks, s.w.retry...)
+				clear(s.w.retry)
 				s.w.retry = s.w.retry[:0]
 			}
 			return ops, acks, closed
@@ -281,6 +282,7 @@ func (s *Spool) writeGroup(ops []*op, acks []ackOp) {
 		}
 		o.done <- struct{}{}
 	}
+	clear(acks) // an ack names its lane: a retired one must not stay reachable
 	s.w.acks = acks[:0]
 	clear(s.w.ops)
 	s.w.ops = s.w.ops[:0]
