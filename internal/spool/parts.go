@@ -252,6 +252,10 @@ func (l *Lane) Wait(ctx context.Context, onIdle func() bool) error {
 		select {
 		case <-l.s.closing:
 			return ErrClosed
+		case <-l.retiredC:
+			// Empty for good (a lane retired before its reader first
+			// read has its cursor before next, and no queue bucket).
+			return ErrRetired
 		default:
 		}
 		if has {

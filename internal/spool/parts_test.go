@@ -290,3 +290,23 @@ func TestOnWork(t *testing.T) {
 		t.Fatalf("Wait after retirement: %v", err)
 	}
 }
+
+// TestRetiredBeforeFirstRead: a lane retired before its reader first read
+// (its cursor is before the lane's next seq, its queue bucket is gone):
+// Wait answers ErrRetired, not "something to read" (the reader then failed
+// every read on the missing bucket, for ever).
+func TestRetiredBeforeFirstRead(t *testing.T) {
+	s := openTest(t, Config{RetireIdle: 20 * time.Millisecond})
+	l := mustLane(t, s, testKey(1))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for !l.IsRetired() {
+		if ctx.Err() != nil {
+			t.Fatal("not retired")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := l.Wait(ctx, nil); !errors.Is(err, ErrRetired) {
+		t.Fatalf("Wait: %v, want ErrRetired", err)
+	}
+}
