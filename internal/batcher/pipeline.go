@@ -221,7 +221,9 @@ type laneRunner struct {
 	label string
 	key   spool.LaneKey
 	// frame packs the lane's requests (Pipeline.kind's Frame).
-	frame  delivery.Frame
+	frame delivery.Frame
+	// shards has Config.ShardsPerLane entries, each nil until the shard
+	// has a record (laneRunner.shard).
 	shards []*shard
 
 	// partial is the chunk read in parts whose last part is still to come
@@ -271,10 +273,17 @@ func newRunner(p *Pipeline, src source, id uint64, label string, key spool.LaneK
 	lr := &laneRunner{p: p, src: src, id: id, label: label, key: key, bwake: make(chan struct{}, 1)}
 	lr.frame = p.kind.Frame(key)
 	lr.window.Store(1)
-	for i := 0; i < p.cfg.ShardsPerLane; i++ {
-		lr.shards = append(lr.shards, newShard(lr, i))
-	}
+	lr.shards = make([]*shard, p.cfg.ShardsPerLane)
 	return lr
+}
+
+// shard returns shard i, made at its first record (an idle lane drops its
+// shards: see Run). Reader goroutine only (Run's).
+func (lr *laneRunner) shard(i int) *shard {
+	if lr.shards[i] == nil {
+		lr.shards[i] = newShard(lr, i)
+	}
+	return lr.shards[i]
 }
 
 // Run runs the lane's reader and, as the reader hands them records, its
@@ -290,13 +299,22 @@ func (lr *laneRunner) Run(ctx, drain context.Context) error {
 	defer cancel()
 	lr.sctx, lr.sdrain = lctx, drain
 	for _, s := range lr.shards {
-		s.resume() // what an earlier Run left queued
+		if s != nil {
+			s.resume() // what an earlier Run left queued
+		}
 	}
 	end := lr.read(lctx)
 	if end != endStop {
 		cancel() // the shards hold nothing: every record was done
 	}
 	lr.swg.Wait()
+	lr.sctx, lr.sdrain = nil, nil
+	if end == endIdle {
+		// Settled: the shards hold nothing (their batch limits and
+		// backoff start again); an idle lane keeps a few hundred bytes.
+		clear(lr.shards)
+		lr.failing.Store(0)
+	}
 	switch end {
 	case endRetired:
 		return spool.ErrRetired

@@ -148,7 +148,7 @@ func (lr *laneRunner) read(ctx context.Context) readEnd {
 			if len(its) == 0 {
 				continue
 			}
-			lr.shards[i].give(its)
+			lr.shard(i).give(its)
 			clear(its)
 			per[i] = its[:0]
 		}
@@ -268,7 +268,9 @@ func (lr *laneRunner) waitBudget(ctx context.Context, limit int64, idle func()) 
 		// otherwise deliver one flush interval at a time).
 		if !lr.readerWaits.Swap(true) {
 			for _, s := range lr.shards {
-				s.poke()
+				if s != nil {
+					s.poke()
+				}
 			}
 		}
 		if idle != nil {
