@@ -31,6 +31,7 @@ func TestDefaults(t *testing.T) {
 		MaxConnectionsPerClient: 256,
 		SpoolUpstreamChange:     "refuse",                                 // issue 18
 		MaxLanes:                10000, LaneRetireAfter: 10 * time.Minute, // issue 19
+		MaxLanesPerKey: 16,
 	}
 	if !equal(c, want) {
 		t.Fatalf("defaults\n got %+v\nwant %+v", c, want)
@@ -83,6 +84,7 @@ func TestFullFile(t *testing.T) {
 		MaxConnectionsPerClient: 64,
 		SpoolUpstreamChange:     "refuse",                        // issue 18
 		MaxLanes:                500, LaneRetireAfter: time.Hour, // issue 19
+		MaxLanesPerKey: 16,
 	}
 	if !equal(c, want) {
 		t.Fatalf("\n got %+v\nwant %+v", c, want)
@@ -143,6 +145,7 @@ func TestEnvNames(t *testing.T) {
 		"RELAY_ANONYMIZE_IP=true",
 		"RELAY_SPOOL_UPSTREAM_CHANGE=allow",              // issue 18
 		"RELAY_MAX_LANES=7", "RELAY_LANE_RETIRE_AFTER=0", // issue 19
+		"RELAY_MAX_LANES_PER_KEY=3",
 		"RELAY_NOT_A_SETTING=1", "PATH=/bin",
 		// Issues 19 and 23 (ingest listener).
 		"RELAY_MAX_CONNECTIONS=7", "RELAY_TLS_CERT=c", "RELAY_TLS_KEY=k",
@@ -173,7 +176,7 @@ func TestEnvNames(t *testing.T) {
 		SpoolNATS: []string{"nats://h1:4222", "nats://h2:4222"}, NATSCreds: "testdata/admin.token", NATSTLSCA: "testdata/admin.token",
 		NATSTLSCert: "testdata/credentials.yaml", NATSTLSKey: "testdata/empty.yaml", SpoolPartitions: 8,
 		// Issue 19 follow-up: 0 turns the bound off.
-		MaxConnectionsPerClient: 0, SpoolUpstreamChange: "allow", MaxLanes: 7,
+		MaxConnectionsPerClient: 0, SpoolUpstreamChange: "allow", MaxLanes: 7, MaxLanesPerKey: 3,
 	}
 	if !equal(c, want) {
 		t.Fatalf("\n got %+v\nwant %+v", c, want)
