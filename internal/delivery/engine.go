@@ -70,6 +70,7 @@ type Engine[R Runner] struct {
 
 	mu      sync.Mutex
 	lanes   map[uint64]*engineLane[R]
+	peak    int // len(lanes) at its largest since it was made (forget)
 	running bool
 	// The current Run's (guarded by mu): its contexts, its runners'
 	// goroutines, and gen, which tells an OnWork of an earlier Run (whose
@@ -135,6 +136,7 @@ func (e *Engine[R]) Run(ctx context.Context) error {
 				el = &engineLane[R]{r: e.cfg.NewRunner(l), l: l}
 				e.mu.Lock()
 				e.lanes[l.ID()] = el
+				e.peak = max(e.peak, len(e.lanes))
 				e.mu.Unlock()
 			}
 			e.start(el, gen)
@@ -199,6 +201,15 @@ func (e *Engine[R]) forget(id uint64, el *engineLane[R]) {
 	e.mu.Lock()
 	if e.lanes[id] == el {
 		delete(e.lanes, id)
+		// A map keeps the room of its largest size: once most of a wave
+		// of lanes retired, a smaller one.
+		if e.peak >= 1024 && len(e.lanes) < e.peak/4 {
+			n := make(map[uint64]*engineLane[R], len(e.lanes)) // (maps.Clone keeps the room)
+			for id, el := range e.lanes {
+				n[id] = el
+			}
+			e.lanes, e.peak = n, len(e.lanes)
+		}
 	}
 	e.mu.Unlock()
 }

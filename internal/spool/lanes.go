@@ -155,6 +155,10 @@ func (s *Spool) refuseLaneLocked(apiKey string, created []*Lane) error {
 type laneIndex struct {
 	mu sync.RWMutex
 	m  map[string][]*Lane
+	// peak is len(m) at its largest since m was made: a map keeps the
+	// room of its largest size, so remove makes a smaller one when most
+	// of it is gone (a wave of keys retired must not keep its memory).
+	peak int
 }
 
 func (x *laneIndex) add(l *Lane) {
@@ -163,7 +167,18 @@ func (x *laneIndex) add(l *Lane) {
 		x.m = make(map[string][]*Lane)
 	}
 	x.m[l.key.APIKey] = append(x.m[l.key.APIKey], l)
+	x.peak = max(x.peak, len(x.m))
 	x.mu.Unlock()
+}
+
+// shrunk is a copy of m in a map of its size (maps.Clone keeps the
+// room).
+func shrunk[K comparable, V any](m map[K]V) map[K]V {
+	n := make(map[K]V, len(m))
+	for k, v := range m {
+		n[k] = v
+	}
+	return n
 }
 
 func (x *laneIndex) remove(l *Lane) {
@@ -174,6 +189,9 @@ func (x *laneIndex) remove(l *Lane) {
 	}
 	if len(ls) == 0 {
 		delete(x.m, l.key.APIKey)
+		if x.peak >= 1024 && len(x.m) < x.peak/4 {
+			x.m, x.peak = shrunk(x.m), len(x.m)
+		}
 	} else {
 		x.m[l.key.APIKey] = ls
 	}
