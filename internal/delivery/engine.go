@@ -59,7 +59,8 @@ type engineLane[R Runner] struct {
 
 // Engine is the supervisor every lane kind shares: it starts a runner for
 // every lane of its kind that exists and for each one created later,
-// forgets a runner whose lane the spool retired, and answers the lane
+// starts an idle runner again when its lane has work (spool.ErrIdle,
+// Lane.OnWork), forgets a runner whose lane the spool retired, and answers the lane
 // control (LaneStatus, StopLane, ResumeLane) and relay_lane_stopped.
 // Its lock is never held across a call out of the package: runners and
 // metrics are called on snapshots (issue 19: a scrape never waits for

@@ -293,8 +293,8 @@ type Chunk struct {
 	First, Total int
 }
 
-// Lane is a handle on one lane. Lanes are never closed or freed while the
-// spool is open.
+// Lane is a handle on one lane. A retired lane (lanes.go) is forgotten by
+// the spool; its handle stays usable for Append (see Spool.Append).
 type Lane struct {
 	s     *Spool
 	key   LaneKey
