@@ -97,10 +97,11 @@ func (s *shard) resume() {
 // was set by the caller.
 func (s *shard) start() {
 	lr := s.lr
+	ctx, drain := lr.sctx, lr.sdrain
 	lr.swg.Add(1)
 	go func() {
 		defer lr.swg.Done()
-		if !s.run(lr.sctx, lr.sdrain) {
+		if !s.run(ctx, drain) {
 			s.mu.Lock()
 			s.running = false
 			s.mu.Unlock()
