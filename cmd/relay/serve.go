@@ -328,9 +328,12 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 		scfg.MinFreeBytes = -1 // --spool-min-free-bytes 0 disables the reserve
 	}
 	// Bounded lanes (0 means no bound / never, negative for the spool).
-	scfg.MaxLanes, scfg.RetireIdle = cfg.MaxLanes, cfg.LaneRetireAfter
+	scfg.MaxLanes, scfg.RetireIdle, scfg.MaxLanesPerKey = cfg.MaxLanes, cfg.LaneRetireAfter, cfg.MaxLanesPerKey
 	if scfg.MaxLanes == 0 {
 		scfg.MaxLanes = -1
+	}
+	if scfg.MaxLanesPerKey == 0 {
+		scfg.MaxLanesPerKey = -1
 	}
 	if scfg.RetireIdle == 0 {
 		scfg.RetireIdle = -1

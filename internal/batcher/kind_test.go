@@ -63,7 +63,7 @@ func TestBuildBodies(t *testing.T) {
 				t.Fatal(err)
 			}
 			lr := newRunner(p, nil, 1, "lane", tc.key)
-			s := lr.shards[0]
+			s := lr.shard(0)
 			now := time.Now()
 			ck := &chunkRef{accepted: now}
 			for _, r := range tc.recs {

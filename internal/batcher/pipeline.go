@@ -208,8 +208,8 @@ func (events) Classify(res *upstream.Result, n int) delivery.Verdict {
 	return delivery.Classify(res, n)
 }
 
-// laneRunner delivers one lane: a reader goroutine and ShardsPerLane shard
-// goroutines.
+// laneRunner delivers one lane: a reader goroutine and ShardsPerLane
+// shards, each with a goroutine while it has records.
 type laneRunner struct {
 	p *Pipeline
 	// src is what the reader reads: the spool lane (local), or the lane's
@@ -221,12 +221,19 @@ type laneRunner struct {
 	label string
 	key   spool.LaneKey
 	// frame packs the lane's requests (Pipeline.kind's Frame).
-	frame  delivery.Frame
+	frame delivery.Frame
+	// shards has Config.ShardsPerLane entries, each nil until the shard
+	// has a record (laneRunner.shard).
 	shards []*shard
 
 	// partial is the chunk read in parts whose last part is still to come
 	// (reader goroutine only).
 	partial *ackRef
+
+	// The shards' goroutines: started by the reader's hand-over (give)
+	// with Run's contexts, ended when idle or with Run.
+	sctx, sdrain context.Context
+	swg          sync.WaitGroup
 
 	// read-ahead budget (bytes read and not done)
 	bmu      sync.Mutex
@@ -266,36 +273,53 @@ func newRunner(p *Pipeline, src source, id uint64, label string, key spool.LaneK
 	lr := &laneRunner{p: p, src: src, id: id, label: label, key: key, bwake: make(chan struct{}, 1)}
 	lr.frame = p.kind.Frame(key)
 	lr.window.Store(1)
-	for i := 0; i < p.cfg.ShardsPerLane; i++ {
-		lr.shards = append(lr.shards, newShard(lr, i))
-	}
+	lr.shards = make([]*shard, p.cfg.ShardsPerLane)
 	return lr
 }
 
-// Run runs the lane's reader and shards (a Runner of the engine). They
-// end with ctx (shards finish requests in flight until drain ends), or when
-// the spool retires the lane (empty and idle): the reader then cancels the
-// shards (which hold nothing: every record was done) and Run returns
-// spool.ErrRetired, so that the engine forgets the runner and its
-// goroutines, memory and metric series are gone.
+// shard returns shard i, made at its first record (an idle lane drops its
+// shards: see Run). Reader goroutine only (Run's).
+func (lr *laneRunner) shard(i int) *shard {
+	if lr.shards[i] == nil {
+		lr.shards[i] = newShard(lr, i)
+	}
+	return lr.shards[i]
+}
+
+// Run runs the lane's reader and, as the reader hands them records, its
+// shards (a Runner of the engine). They end with ctx (shards finish
+// requests in flight until drain ends); when the spool retires the lane
+// (empty and idle): Run returns spool.ErrRetired, so that the engine
+// forgets the runner and its goroutines, memory and metric series are
+// gone; or when the lane is idle, every record read done: Run returns
+// spool.ErrIdle and the engine runs it again when the lane has work, so
+// that an idle lane holds no goroutine.
 func (lr *laneRunner) Run(ctx, drain context.Context) error {
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var wg sync.WaitGroup
-	wg.Add(len(lr.shards))
+	lr.sctx, lr.sdrain = lctx, drain
 	for _, s := range lr.shards {
-		go func() {
-			defer wg.Done()
-			s.run(lctx, drain)
-		}()
+		if s != nil {
+			s.resume() // what an earlier Run left queued
+		}
 	}
-	retired := lr.read(lctx)
-	if retired {
-		cancel()
+	end := lr.read(lctx)
+	if end != endStop {
+		cancel() // the shards hold nothing: every record was done
 	}
-	wg.Wait()
-	if retired {
+	lr.swg.Wait()
+	lr.sctx, lr.sdrain = nil, nil
+	if end == endIdle {
+		// Settled: the shards hold nothing (their batch limits and
+		// backoff start again); an idle lane keeps a few hundred bytes.
+		clear(lr.shards)
+		lr.failing.Store(0)
+	}
+	switch end {
+	case endRetired:
 		return spool.ErrRetired
+	case endIdle:
+		return spool.ErrIdle
 	}
 	return nil
 }

@@ -58,10 +58,18 @@ func chunkBytes(c *spool.Chunk) int64 {
 	return int64(max(c.Size, c.Buffer.Cap)) + int64(len(c.Records))*itemBytes
 }
 
+// readEnd is why the reader ended.
+type readEnd int
+
+const (
+	endStop    readEnd = iota // ctx ended, or the spool closed
+	endRetired                // the spool retired the lane
+	endIdle                   // nothing to read and every record read is done
+)
+
 // read is the lane's reader: it reads chunks within the read-ahead budget
-// and hands each record to the shard its OrderKey hashes to. It returns
-// true when the spool retired the lane.
-func (lr *laneRunner) read(ctx context.Context) bool {
+// and hands each record to the shard its OrderKey hashes to.
+func (lr *laneRunner) read(ctx context.Context) readEnd {
 	limit := int64(lr.p.cfg.MaxReadAheadBytes)
 	step := lr.step()
 	per := make([][]item, len(lr.shards))
@@ -70,12 +78,20 @@ func (lr *laneRunner) read(ctx context.Context) bool {
 	for {
 		// Wait for records first, then take the budget: a lane waiting
 		// for records holds none of it.
-		if err := lr.src.Wait(ctx, func() {
-			// Idle: keep no slices of the largest read's size.
+		if err := lr.src.Wait(ctx, func() bool {
+			// Idle: keep no slices of the largest read's size, and
+			// end when the shards are done too.
 			clear(per)
 			recs = nil
+			return lr.settled()
 		}); err != nil {
-			return errors.Is(err, spool.ErrRetired)
+			switch {
+			case errors.Is(err, spool.ErrRetired):
+				return endRetired
+			case errors.Is(err, spool.ErrIdle):
+				return endIdle
+			}
+			return endStop
 		}
 		free, ok := lr.waitBudget(ctx, limit, func() {
 			// About to wait: the hand-over slices and the records
@@ -85,7 +101,7 @@ func (lr *laneRunner) read(ctx context.Context) bool {
 			recs = nil
 		})
 		if !ok {
-			return false
+			return endStop
 		}
 		want := min(free, step)
 		lr.p.budget.add(want - free) // reserved: free; wanted: want
@@ -95,9 +111,9 @@ func (lr *laneRunner) read(ctx context.Context) bool {
 			lr.p.budget.add(-want)
 			switch {
 			case errors.Is(err, spool.ErrRetired):
-				return true
+				return endRetired
 			case ctx.Err() != nil || errors.Is(err, spool.ErrClosed):
-				return false
+				return endStop
 			case errors.Is(err, context.Canceled):
 				continue // doneCtx: acknowledged meanwhile, nothing to read
 			}
@@ -112,7 +128,7 @@ func (lr *laneRunner) read(ctx context.Context) bool {
 			case <-time.After(time.Second):
 				continue
 			case <-ctx.Done():
-				return false
+				return endStop
 			}
 		}
 		if failing {
@@ -141,11 +157,20 @@ func (lr *laneRunner) read(ctx context.Context) bool {
 			if len(its) == 0 {
 				continue
 			}
-			lr.shards[i].give(its)
+			lr.shard(i).give(its)
 			clear(its)
 			per[i] = its[:0]
 		}
 	}
+}
+
+// settled reports whether every record read is done (none queued, held,
+// in flight or being dead-lettered: each counts in inflight until done)
+// and no chunk is half read: the lane's goroutines may end.
+func (lr *laneRunner) settled() bool {
+	lr.bmu.Lock()
+	defer lr.bmu.Unlock()
+	return lr.inflight == 0 && lr.partial == nil
 }
 
 // ackOf returns the ackRef of the chunk c is (a part of): a new one for a
@@ -252,7 +277,9 @@ func (lr *laneRunner) waitBudget(ctx context.Context, limit int64, idle func()) 
 		// otherwise deliver one flush interval at a time).
 		if !lr.readerWaits.Swap(true) {
 			for _, s := range lr.shards {
-				s.poke()
+				if s != nil {
+					s.poke()
+				}
 			}
 		}
 		if idle != nil {

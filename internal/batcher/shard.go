@@ -24,10 +24,13 @@ type shard struct {
 	mu   sync.Mutex
 	in   []item // handed over by the reader
 	wake chan struct{}
+	// running: the shard's goroutine runs; it ends when the shard has
+	// been idle for shardLinger, or with its lane's Run.
+	running bool
 
 	// owned by the shard goroutine
 	ready     queue
-	held      map[string]*held
+	held      map[string]*held // nil until a key is held
 	heap      heldHeap
 	capEvents int // lowered by 413 and bisection, doubled back on success
 	bo        *delivery.Retry
@@ -54,15 +57,72 @@ func newShard(lr *laneRunner, idx int) *shard {
 	cfg := lr.p.cfg
 	// Retried without a count or time limit; MaxEventAge bounds it.
 	bo := delivery.NewRetry(cfg.RetryInitial, cfg.RetryMax)
-	return &shard{lr: lr, idx: idx, wake: make(chan struct{}, 1), held: map[string]*held{}, capEvents: cfg.MaxBatchEvents, bo: bo}
+	return &shard{lr: lr, idx: idx, wake: make(chan struct{}, 1), capEvents: cfg.MaxBatchEvents, bo: bo}
 }
 
-// give hands items over from the reader; it never blocks on the shard.
+// shardLinger is how long a shard's goroutine waits for records once it
+// has nothing queued or held before it ends (the next hand-over starts it
+// again): an idle lane keeps no goroutine, a busy one does not start one
+// per request.
+const shardLinger = time.Second
+
+// give hands items over from the reader (of a running laneRunner.Run),
+// starting the shard's goroutine if it is not running; it never blocks on
+// the shard.
 func (s *shard) give(its []item) {
 	s.mu.Lock()
 	s.in = append(s.in, its...)
+	start := !s.running
+	s.running = true
 	s.mu.Unlock()
-	s.poke()
+	if start {
+		s.start()
+	} else {
+		s.poke()
+	}
+}
+
+// resume starts the shard's goroutine if an earlier Run left it records
+// (Run, before its reader starts: the shard's goroutine is not running).
+func (s *shard) resume() {
+	s.mu.Lock()
+	start := !s.running && (len(s.in) > 0 || s.ready.len() > 0 || len(s.heap) > 0)
+	s.running = s.running || start
+	s.mu.Unlock()
+	if start {
+		s.start()
+	}
+}
+
+// start runs the shard's goroutine with its lane's Run contexts; s.running
+// was set by the caller.
+func (s *shard) start() {
+	lr := s.lr
+	ctx, drain := lr.sctx, lr.sdrain
+	lr.swg.Add(1)
+	go func() {
+		defer lr.swg.Done()
+		if !s.run(ctx, drain) {
+			s.mu.Lock()
+			s.running = false
+			s.mu.Unlock()
+		}
+	}()
+}
+
+// exitIfIdle ends the shard's goroutine (running false) if it has nothing
+// queued, held or handed over; the caller then returns.
+func (s *shard) exitIfIdle() bool {
+	if s.ready.len() > 0 || len(s.heap) > 0 {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.in) > 0 {
+		return false
+	}
+	s.running = false
+	return true
 }
 
 // poke wakes the shard goroutine if it waits.
@@ -86,8 +146,11 @@ func (s *shard) takeIn() {
 }
 
 // run is the shard's loop: wait for a full batch, the flush interval or a
-// pause's end; build a batch; send it; handle the answer.
-func (s *shard) run(ctx, drainCtx context.Context) {
+// pause's end; build a batch; send it; handle the answer. It returns when
+// ctx ends (false), or true when the shard has been idle for shardLinger
+// (s.running is then false already: a hand-over may have started the
+// next goroutine).
+func (s *shard) run(ctx, drainCtx context.Context) bool {
 	p := s.lr.p
 	cfg := p.cfg
 	timer := time.NewTimer(time.Hour)
@@ -95,14 +158,17 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 	for {
 		s.takeIn()
 		if ctx.Err() != nil {
-			return
+			return false
 		}
 		if c := s.lr.stop.Resumed(); c != nil {
 			s.shrink()
+			if s.exitIfIdle() {
+				return true // the lane is stopped and this shard holds nothing
+			}
 			select {
 			case <-c:
 			case <-ctx.Done():
-				return
+				return false
 			}
 			continue
 		}
@@ -125,25 +191,22 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 			}
 		}
 		if wait != 0 {
-			var tc <-chan time.Time
-			if wait > 0 {
-				timer.Reset(wait)
-				tc = timer.C
-			} else {
+			idle := wait < 0
+			if idle {
 				s.shrink() // nothing queued or held: idle until the reader gives more
+				wait = shardLinger
 			}
+			timer.Reset(wait)
 			select {
 			case <-s.wake:
-			case <-tc:
-			case <-ctx.Done():
-				return
-			}
-			if wait > 0 && !timer.Stop() {
-				select {
-				case <-timer.C:
-				default:
+			case <-timer.C:
+				if idle && s.exitIfIdle() {
+					return true
 				}
+			case <-ctx.Done():
+				return false
 			}
+			timer.Stop() // (Go 1.23 timers: no stale tick after Stop)
 			continue
 		}
 		s.gen = p.thr.Gen()
@@ -151,7 +214,7 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 		if len(s.dead) > 0 && !s.flushDead(ctx, drainCtx, nil) {
 			s.putBody()
 			s.requeue(s.batch)
-			return
+			return false
 		}
 		if len(s.batch) == 0 {
 			s.putBody()
@@ -181,7 +244,7 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 			s.batch = s.batch[:0]
 			select {
 			case <-drainCtx.Done():
-				return
+				return false
 			case <-time.After(storage.LeaseRecheck):
 			}
 			continue
@@ -193,7 +256,7 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 			// sending the body, which Do did not copy: drop it, never reuse.
 			s.body = nil
 			s.requeue(s.batch)
-			return
+			return false
 		}
 		s.putBody() // sent
 		ok := s.handle(ctx, drainCtx, res)
@@ -204,7 +267,7 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 		clear(s.pacedKeys)
 		s.pacedKeys = s.pacedKeys[:0]
 		if !ok {
-			return
+			return false
 		}
 	}
 }
@@ -228,6 +291,9 @@ func (s *shard) hold(until time.Time, it item) {
 	s.lr.detach(&it)
 	s.lr.progress()
 	h := &held{key: string(it.rec.OrderKey), until: until, items: []item{it}}
+	if s.held == nil {
+		s.held = make(map[string]*held)
+	}
 	s.held[h.key] = h
 	heap.Push(&s.heap, h)
 	s.lr.heldKeys.Add(1)

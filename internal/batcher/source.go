@@ -14,8 +14,10 @@ type source interface {
 	// Wait returns nil when there may be something to read, ctx.Err()
 	// when ctx ends, and an error wrapping spool.ErrRetired when the
 	// source is gone for good (empty and idle): the runner then ends and
-	// is forgotten. onIdle is called once before a long wait.
-	Wait(ctx context.Context, onIdle func()) error
+	// is forgotten. onIdle is called before a long wait; a spool lane
+	// calls it every second of waiting and, when it returns true, returns
+	// spool.ErrIdle (the runner ends until the lane has work: OnWork).
+	Wait(ctx context.Context, onIdle func() bool) error
 	// NextPart reads up to maxBytes (at least one record), as
 	// spool.Lane.NextPart; with a done ctx it returns at once when there is
 	// nothing to read.
@@ -37,7 +39,9 @@ type localSource struct {
 	l  *spool.Lane
 }
 
-func (s localSource) Wait(ctx context.Context, onIdle func()) error { return s.l.Wait(ctx, onIdle) }
+func (s localSource) Wait(ctx context.Context, onIdle func() bool) error {
+	return s.l.Wait(ctx, onIdle)
+}
 
 func (s localSource) NextPart(ctx context.Context, maxBytes int, recs []spool.Record) ([]spool.Chunk, []spool.Record, error) {
 	return s.l.NextPart(ctx, maxBytes, recs)

@@ -123,6 +123,7 @@ type Config struct {
 	// Bounded lanes.
 	MaxLanes        int           // --max-lanes; 0 means no bound
 	LaneRetireAfter time.Duration // --lane-retire-after; 0 never retires
+	MaxLanesPerKey  int           // --max-lanes-per-key; 0 means no bound
 }
 
 // Sandbox reports whether the relay runs against its built-in simulated
@@ -340,6 +341,15 @@ var options = []option{
 		}},
 	{name: "lane-retire-after", def: "10m", usage: "an empty lane with nothing accepted for this long is retired (its goroutines, metric series and spool record removed; 0: never)",
 		set: dur(func(c *Config) *time.Duration { return &c.LaneRetireAfter })},
+	{name: "max-lanes-per-key", def: "16", usage: "lanes of one api_key (its kinds and options variants) held at once; a new one beyond it gets 503 + Retry-After (0: no bound)",
+		set: func(c *Config, v string) error {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil || n < 0 {
+				return fmt.Errorf("invalid number %q: want 0 or more", v)
+			}
+			c.MaxLanesPerKey = n
+			return nil
+		}},
 }
 
 // isListOption reports whether a YAML file may give the option as a list
@@ -688,6 +698,8 @@ func (c Config) Validate() error {
 		return settingErr("max-lanes", "must not be negative")
 	case c.LaneRetireAfter < 0:
 		return settingErr("lane-retire-after", "must not be negative")
+	case c.MaxLanesPerKey < 0:
+		return settingErr("max-lanes-per-key", "must not be negative")
 	case c.Sync != "always" && c.Sync != "none":
 		return settingErr("sync", "%q: want always or none", c.Sync)
 	case c.Credentials != "" && c.AdminToken == "" && c.AdminTokenFile == "" && c.Token == nil:

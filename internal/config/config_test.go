@@ -30,6 +30,7 @@ func TestDefaults(t *testing.T) {
 		MaxConnectionsPerClient: 256,
 		SpoolUpstreamChange:     "refuse",
 		MaxLanes:                10000, LaneRetireAfter: 10 * time.Minute,
+		MaxLanesPerKey: 16,
 	}
 	if !equal(c, want) {
 		t.Fatalf("defaults\n got %+v\nwant %+v", c, want)
@@ -81,6 +82,7 @@ func TestFullFile(t *testing.T) {
 		MaxConnectionsPerClient: 64,
 		SpoolUpstreamChange:     "refuse",
 		MaxLanes:                500, LaneRetireAfter: time.Hour,
+		MaxLanesPerKey: 16,
 	}
 	if !equal(c, want) {
 		t.Fatalf("\n got %+v\nwant %+v", c, want)
@@ -141,6 +143,7 @@ func TestEnvNames(t *testing.T) {
 		"RELAY_ANONYMIZE_IP=true",
 		"RELAY_SPOOL_UPSTREAM_CHANGE=allow",
 		"RELAY_MAX_LANES=7", "RELAY_LANE_RETIRE_AFTER=0",
+		"RELAY_MAX_LANES_PER_KEY=3",
 		"RELAY_NOT_A_SETTING=1", "PATH=/bin",
 		// The ingest listener.
 		"RELAY_MAX_CONNECTIONS=7", "RELAY_TLS_CERT=c", "RELAY_TLS_KEY=k",
@@ -170,7 +173,7 @@ func TestEnvNames(t *testing.T) {
 		SpoolNATS: []string{"nats://h1:4222", "nats://h2:4222"}, NATSCreds: "testdata/admin.token", NATSTLSCA: "testdata/admin.token",
 		NATSTLSCert: "testdata/credentials.yaml", NATSTLSKey: "testdata/empty.yaml", SpoolPartitions: 8,
 		// 0 turns the bound off.
-		MaxConnectionsPerClient: 0, SpoolUpstreamChange: "allow", MaxLanes: 7,
+		MaxConnectionsPerClient: 0, SpoolUpstreamChange: "allow", MaxLanes: 7, MaxLanesPerKey: 3,
 	}
 	if !equal(c, want) {
 		t.Fatalf("\n got %+v\nwant %+v", c, want)

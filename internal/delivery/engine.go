@@ -21,9 +21,12 @@ var ErrAlreadyRunning = errors.New("delivery: already running")
 type Runner interface {
 	// Run delivers the lane until ctx ends or the spool retires the lane
 	// (it then returns an error wrapping spool.ErrRetired and the engine
-	// forgets the runner). After ctx ends, work in flight may finish until
-	// drain ends. Run is called again on the same runner by a later
-	// Engine.Run.
+	// forgets the runner). It may also return an error wrapping
+	// spool.ErrIdle once the lane is idle, holding nothing: the engine
+	// then calls Run again when the lane has work (spool.Lane.OnWork),
+	// so that an idle lane holds no goroutine. After ctx ends, work in
+	// flight may finish until drain ends. Run is called again on the same
+	// runner by a later Engine.Run.
 	Run(ctx, drain context.Context) error
 	// Status is a snapshot of the lane; it must take no lock held across
 	// a call out of the runner's package (a scrape calls it).
@@ -47,13 +50,17 @@ type EngineConfig[R Runner] struct {
 }
 
 type engineLane[R Runner] struct {
-	r       R
+	r R
+	l *spool.Lane
+	// started: Run met the lane (its runner runs, or waits for work in
+	// OnWork); guarded by Engine.mu.
 	started bool
 }
 
 // Engine is the supervisor every lane kind shares: it starts a runner for
 // every lane of its kind that exists and for each one created later,
-// forgets a runner whose lane the spool retired, and answers the lane
+// starts an idle runner again when its lane has work (spool.ErrIdle,
+// Lane.OnWork), forgets a runner whose lane the spool retired, and answers the lane
 // control (LaneStatus, StopLane, ResumeLane) and relay_lane_stopped.
 // Its lock is never held across a call out of the package: runners and
 // metrics are called on snapshots (a scrape never waits for
@@ -64,7 +71,15 @@ type Engine[R Runner] struct {
 
 	mu      sync.Mutex
 	lanes   map[uint64]*engineLane[R]
+	peak    int // len(lanes) at its largest since it was made (forget)
 	running bool
+	// The current Run's (guarded by mu): its contexts, its runners'
+	// goroutines, and gen, which tells an OnWork of an earlier Run (whose
+	// end marked every lane not started) from its own.
+	ctx, drain context.Context
+	wg         sync.WaitGroup
+	gen        uint64
+	stopping   bool
 }
 
 // NewEngine returns an engine; nothing runs before Run.
@@ -98,7 +113,11 @@ func (e *Engine[R]) Run(ctx context.Context) error {
 
 	drainCtx, cancelDrain := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelDrain()
-	var wg sync.WaitGroup
+	e.mu.Lock()
+	e.ctx, e.drain, e.stopping = ctx, drainCtx, false
+	e.gen++
+	gen := e.gen
+	e.mu.Unlock()
 	// next is the lowest lane id not seen yet: each wake-up looks only at
 	// the lanes created since (Spool.LanesFrom), so that creating n lanes
 	// costs O(n) in all, not O(n) each.
@@ -112,28 +131,16 @@ func (e *Engine[R]) Run(ctx context.Context) error {
 			}
 			e.mu.Lock()
 			el := e.lanes[l.ID()]
-			fresh := el == nil
-			start := fresh || !el.started
-			if !fresh {
-				el.started = true
-			}
 			e.mu.Unlock()
-			if fresh {
+			if el == nil {
 				// NewRunner is the kind's code: called without e.mu.
-				el = &engineLane[R]{r: e.cfg.NewRunner(l), started: true}
+				el = &engineLane[R]{r: e.cfg.NewRunner(l), l: l}
 				e.mu.Lock()
 				e.lanes[l.ID()] = el
+				e.peak = max(e.peak, len(e.lanes))
 				e.mu.Unlock()
 			}
-			if start {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					if err := el.r.Run(ctx, drainCtx); errors.Is(err, spool.ErrRetired) {
-						e.forget(l.ID(), el)
-					}
-				}()
-			}
+			e.start(el, gen)
 		}
 		select {
 		case <-changed:
@@ -144,7 +151,10 @@ func (e *Engine[R]) Run(ctx context.Context) error {
 			} else {
 				cancelDrain()
 			}
-			wg.Wait()
+			e.mu.Lock()
+			e.stopping = true // no runner starts from now on (OnWork)
+			e.mu.Unlock()
+			e.wg.Wait()
 			if t != nil {
 				t.Stop()
 			}
@@ -158,12 +168,49 @@ func (e *Engine[R]) Run(ctx context.Context) error {
 	}
 }
 
+// start runs el's runner in a goroutine unless it runs (or waits for work)
+// already, or the Run of gen is over. When the runner ends idle, it starts
+// again when its lane has work.
+func (e *Engine[R]) start(el *engineLane[R], gen uint64) {
+	e.mu.Lock()
+	if el.started || e.stopping || e.gen != gen {
+		e.mu.Unlock()
+		return
+	}
+	el.started = true
+	e.wg.Add(1)
+	ctx, drain := e.ctx, e.drain
+	e.mu.Unlock()
+	go func() {
+		defer e.wg.Done()
+		err := el.r.Run(ctx, drain)
+		switch {
+		case errors.Is(err, spool.ErrRetired):
+			e.forget(el.l.ID(), el)
+		case errors.Is(err, spool.ErrIdle):
+			e.mu.Lock()
+			el.started = false
+			e.mu.Unlock()
+			el.l.OnWork(func() { e.start(el, gen) })
+		}
+	}()
+}
+
 // forget drops a runner whose lane the spool retired (a lane of the same
 // key created later is a new lane, with a new runner).
 func (e *Engine[R]) forget(id uint64, el *engineLane[R]) {
 	e.mu.Lock()
 	if e.lanes[id] == el {
 		delete(e.lanes, id)
+		// A map keeps the room of its largest size: once most of a wave
+		// of lanes retired, a smaller one.
+		if e.peak >= 1024 && len(e.lanes) < e.peak/4 {
+			n := make(map[uint64]*engineLane[R], len(e.lanes)) // (maps.Clone keeps the room)
+			for id, el := range e.lanes {
+				n[id] = el
+			}
+			e.lanes, e.peak = n, len(e.lanes)
+		}
 	}
 	e.mu.Unlock()
 }

@@ -158,3 +158,88 @@ func stoppedSeries(t *testing.T, reg *prometheus.Registry) string {
 	}
 	return strings.Join(out, ",")
 }
+
+// idleRunner acknowledges every chunk and ends (spool.ErrIdle) as soon as
+// its lane has nothing to read.
+type idleRunner struct {
+	ackRunner
+	running *atomic.Int32
+}
+
+func (r *idleRunner) Run(ctx, _ context.Context) error {
+	r.runs.Add(1)
+	r.running.Add(1)
+	defer r.running.Add(-1)
+	for {
+		if err := r.l.Wait(ctx, func() bool { return true }); err != nil {
+			return err
+		}
+		cs, err := r.l.Next(ctx, 1<<20)
+		if err != nil {
+			return err
+		}
+		for _, c := range cs {
+			r.sp.Ack(r.l, c.Seq)
+		}
+	}
+}
+
+// A runner that ends idle (spool.ErrIdle) holds no goroutine; the engine
+// runs it again at its lane's next record (each record is read), and
+// forgets it when the lane retires; a Run that ended does not start it.
+func TestEngineIdleRunner(t *testing.T) {
+	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), NoSync: true, MinFreeBytes: -1, RetireIdle: time.Hour}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sp.Close() })
+	var runs, running atomic.Int32
+	e, err := NewEngine(EngineConfig[*idleRunner]{Kind: spool.KindUserMap, NewRunner: func(l *spool.Lane) *idleRunner {
+		return &idleRunner{ackRunner: ackRunner{l: l, sp: sp, runs: &runs}, running: &running}
+	}}, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	l, err := sp.Lane(ctx, spool.LaneKey{Kind: spool.KindUserMap, APIKey: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(2 * time.Minute); !cond(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 2 minutes (runs %d, running %d, lane %+v)", what, runs.Load(), running.Load(), l.Stats())
+			}
+		}
+	}
+	for i := range 3 {
+		var b spool.Batch
+		b.Add(spool.Record{Data: []byte(`{}`)})
+		if err := sp.Append(ctx, l, &b); err != nil {
+			t.Fatal(err)
+		}
+		wait(fmt.Sprintf("record %d read and the runner ended", i), func() bool {
+			return l.Stats().Records == 0 && running.Load() == 0 && runs.Load() >= int32(i+1)
+		})
+	}
+	if _, ok := e.Lane(l.ID()); !ok {
+		t.Fatal("an idle lane's runner is forgotten")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	n := runs.Load()
+	var b spool.Batch
+	b.Add(spool.Record{Data: []byte(`{}`)})
+	if err := sp.Append(context.Background(), l, &b); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if runs.Load() != n || running.Load() != 0 {
+		t.Fatalf("a runner started after Run returned: runs %d -> %d", n, runs.Load())
+	}
+}

@@ -340,7 +340,14 @@ type spoolLane struct {
 	l  *spool.Lane
 }
 
+// Next returns spool.ErrIdle once the lane has had nothing to read for a
+// second (Lane.Wait): the runner then ends, holding no goroutine, until the
+// lane has work (Engine, Lane.OnWork). The runner acknowledges what it read
+// before it reads again, so it holds nothing then.
 func (s spoolLane) Next(ctx context.Context, maxBytes int) ([]spool.Chunk, error) {
+	if err := s.l.Wait(ctx, func() bool { return true }); err != nil {
+		return nil, err
+	}
 	return s.l.Next(ctx, maxBytes)
 }
 
@@ -366,14 +373,16 @@ func (d *FormLanes) newLane(l *spool.Lane) *laneRun {
 		bo: NewRetry(d.cfg.RetryInitial, d.cfg.RetryMax)} // no count or time limit: MaxAge bounds it
 }
 
-// Run delivers the lane until ctx ends or the spool retires it (empty and
-// idle). drain is not used: a request in flight ends with ctx.
+// Run delivers the lane until ctx ends, the spool retires it (empty and
+// idle: spool.ErrRetired) or it is idle (spool.ErrIdle: the
+// engine runs it again at its next record). drain is not used: a request
+// in flight ends with ctx.
 func (lr *laneRun) Run(ctx, _ context.Context) error {
 	d := lr.d
 	d.m.lanes.Inc()
 	defer d.m.lanes.Dec()
 	err := lr.loop(ctx)
-	if err != nil && !errors.Is(err, spool.ErrRetired) && ctx.Err() == nil && !errors.Is(err, spool.ErrClosed) {
+	if err != nil && !errors.Is(err, spool.ErrRetired) && !errors.Is(err, spool.ErrIdle) && ctx.Err() == nil && !errors.Is(err, spool.ErrClosed) {
 		d.log.Error(d.cfg.Name+": lane delivery ended", zap.String("lane", lr.label), zap.Error(err))
 	}
 	return err

@@ -484,8 +484,9 @@ func (f *Feed) reread(ctx context.Context, seq uint64) bool {
 // Wait returns nil when there is something to read, ctx.Err() when ctx
 // ends, and an error wrapping spool.ErrRetired when the feed had nothing
 // queued or unacknowledged for PartitionConfig.Idle (and is not pinned).
-// onIdle (may be nil) is called once before waiting.
-func (f *Feed) Wait(ctx context.Context, onIdle func()) error {
+// onIdle (may be nil) is called once before waiting; what it returns is
+// not used (a feed ends by its own idle rule: ErrRetired).
+func (f *Feed) Wait(ctx context.Context, onIdle func() bool) error {
 	var idle *time.Timer
 	defer func() {
 		if idle != nil {

@@ -155,6 +155,8 @@ func (r *Rejecter) SpoolFailed(w http.ResponseWriter, err error) {
 		msg, reason = "Spool full, retry later", "spool_full"
 	case errors.Is(err, spool.ErrDiskLow):
 		msg, reason = "Disk space low, retry later", "disk_low"
+	case errors.Is(err, spool.ErrTooManyKeyLanes): // --max-lanes-per-key, before ErrTooManyLanes, which it wraps
+		msg, reason = "Too many lanes for this api_key, retry later", "too_many_key_lanes"
 	case errors.Is(err, spool.ErrTooManyLanes): // --max-lanes
 		msg, reason = "Too many lanes, retry later", "too_many_lanes"
 	case errors.Is(err, storage.ErrFull): // fleet mode

@@ -32,7 +32,9 @@
 //   - 503 {"code":503,"error":"..."} with Retry-After (Config.RetryAfter,
 //     rounded up to whole seconds): the store is full (storage.ErrFull;
 //     reason spool_full), its disk is low (spool.ErrDiskLow; disk_low), the
-//     lane would be one too many (spool.ErrTooManyLanes; too_many_lanes), it
+//     lane would be one too many (spool.ErrTooManyLanes; too_many_lanes), or
+//     one too many of its api_key (spool.ErrTooManyKeyLanes;
+//     too_many_key_lanes: options variants count), it
 //     is closed or the server is shutting down (shutting_down), or it failed
 //     the append (spool_error, logged). Nothing of the request was stored
 //     (after the fleet's storage.ErrUnavailable: perhaps all of it), so a

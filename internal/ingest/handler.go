@@ -349,6 +349,8 @@ func (s *Server) spoolFailed(ctx *fasthttp.RequestCtx, p pathIdx, err error, req
 		s.unavailable(ctx, p, "Disk space low, retry later", reasonDiskLow, n)
 	case errors.Is(err, storage.ErrFull), errors.Is(err, spool.ErrFull):
 		s.unavailable(ctx, p, "Spool full, retry later", reasonSpoolFull, n)
+	case errors.Is(err, spool.ErrTooManyKeyLanes): // --max-lanes-per-key, before ErrTooManyLanes, which it wraps
+		s.unavailable(ctx, p, "Too many lanes for this api_key (options variants), retry later", reasonTooManyKeyLanes, n)
 	case errors.Is(err, spool.ErrTooManyLanes): // --max-lanes
 		s.unavailable(ctx, p, "Too many lanes, retry later", reasonTooManyLanes, n)
 	case errors.Is(err, spool.ErrClosed), errors.Is(err, context.Canceled), errors.Is(err, storage.ErrLost), s.closing.Load():

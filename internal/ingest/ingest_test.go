@@ -157,7 +157,7 @@ func TestAcceptRewritesAndSpools(t *testing.T) {
 }
 
 // TestLanes: requests with different api_key or options go to different
-// lanes; equal ones share a lane (through the lane cache).
+// lanes; equal ones share a lane (found by the spool's index of live lanes).
 func TestLanes(t *testing.T) {
 	r := startRelay(t, Config{}, spool.Config{NoSync: true})
 	ev := `{"user_id":"user-00001","event_type":"a","insert_id":"x","time":1}`

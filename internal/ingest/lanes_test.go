@@ -3,6 +3,7 @@ package ingest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -48,9 +49,39 @@ func TestLaneAdmission(t *testing.T) {
 	}
 }
 
-// A lane retired while the store's lane cache holds it: the next
-// request of its key goes to a new lane, never to the retired one (the cache
-// replaces retired lanes, and the spool reroutes an Append through a retired
+// One api_key makes at most MaxLanesPerKey lanes: options variants beyond
+// it get 503 with Retry-After and their own reason, while its lanes that
+// exist, and other api_keys, keep taking events.
+func TestLaneAdmissionPerKey(t *testing.T) {
+	r := startRelay(t, Config{}, spool.Config{NoSync: true, MaxLanesPerKey: 3, RetireIdle: -1})
+	ev := `{"user_id":"user-00001","event_type":"a","insert_id":"x","time":1}`
+	for i := range 3 {
+		if a := r.post("/2/httpapi", envelope("k1", fmt.Sprintf(`{"junk":%d}`, i), ev)); a.status != 200 {
+			t.Fatalf("variant %d: %d %s", i, a.status, a.body)
+		}
+	}
+	for i := 3; i < 6; i++ {
+		a := r.post("/2/httpapi", envelope("k1", fmt.Sprintf(`{"junk":%d}`, i), ev))
+		if a.status != 503 || a.header.Get("Retry-After") == "" || !strings.Contains(string(a.body), "Too many lanes for this api_key") {
+			t.Fatalf("variant %d beyond 3 lanes of the key: %d %q %s", i, a.status, a.header.Get("Retry-After"), a.body)
+		}
+	}
+	for _, k := range []struct{ key, opts string }{{"k1", `{"junk":0}`}, {"k1", `{"junk":2}`}, {"k2", ""}, {"k2", `{"junk":9}`}} {
+		if a := r.post("/2/httpapi", envelope(k.key, k.opts, ev)); a.status != 200 {
+			t.Fatalf("%s %s: %d %s", k.key, k.opts, a.status, a.body)
+		}
+	}
+	if n := len(r.sp.Lanes()); n != 5 {
+		t.Fatalf("%d lanes, want 5", n)
+	}
+	if got := r.counter("relay_ingest_rejected_requests_total", "reason", "too_many_key_lanes"); got != 3 {
+		t.Fatalf("too_many_key_lanes rejections: %v", got)
+	}
+}
+
+// A lane retired between two requests of its key: the next
+// request goes to a new lane, never to the retired one (the spool's index
+// holds live lanes only, and it reroutes an Append through a retired
 // handle: either keeps this test passing, neither fails it).
 func TestRetiredLaneLeavesCache(t *testing.T) {
 	r := startRelay(t, Config{}, spool.Config{NoSync: true, RetireIdle: 20 * time.Millisecond})

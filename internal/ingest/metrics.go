@@ -47,7 +47,8 @@ const (
 	reasonUnsupportedEncoding = "unsupported_encoding"
 	reasonSpoolFull           = "spool_full"
 	reasonDiskLow             = "disk_low"
-	reasonTooManyLanes        = "too_many_lanes" // --max-lanes
+	reasonTooManyLanes        = "too_many_lanes"     // --max-lanes
+	reasonTooManyKeyLanes     = "too_many_key_lanes" // --max-lanes-per-key
 	reasonShuttingDown        = "shutting_down"
 	reasonSpoolError          = "spool_error"
 	reasonBadHTTP             = "bad_http"
@@ -114,7 +115,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		reasonTooLarge, reasonBadGzip, reasonUnsupportedEncoding, reasonSpoolFull, reasonDiskLow,
 		reasonShuttingDown, reasonSpoolError, reasonBadHTTP, reasonTimeout, reasonPanic,
 		reasonOriginNotAllowed, reasonAPIKeyNotAllowed, reasonClientRateLimit,
-		reasonTooManyLanes,
+		reasonTooManyLanes, reasonTooManyKeyLanes,
 	} {
 		m.reasonCounter[r] = [2]prometheus.Counter{m.rejected.WithLabelValues(r), m.rejectedReqs.WithLabelValues(r)}
 	}

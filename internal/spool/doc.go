@@ -91,12 +91,18 @@
 //
 // # Lane limits and retirement (lanes.go)
 //
-// Config.MaxLanes bounds the lanes (ErrTooManyLanes beyond it). A lane
-// that is empty and had no Append for Config.RetireIdle (and is not
-// pinned) is retired by the store goroutine: forgotten in memory, its
-// lane record and queue bucket deleted, its reader answered ErrRetired. An
-// Append through a retired Lane goes to the live lane of its key. A
-// checkpoint looks only at the lanes appended to since the last one.
+// Config.MaxLanes bounds the lanes (ErrTooManyLanes beyond it) and
+// Config.MaxLanesPerKey those of one api_key (ErrTooManyKeyLanes, which
+// wraps it). The live lanes are indexed by api_key (LaneBytes finds one
+// from a request's bytes without allocating). A lane that is empty and had
+// no Append for Config.RetireIdle (and is not pinned) is retired by the
+// store goroutine: forgotten in memory (the index, the dirty list, every
+// slice that named it), its lane record and queue bucket deleted, its
+// reader answered ErrRetired. An Append through a retired Lane goes to the
+// live lane of its key. A checkpoint looks only at the lanes appended to
+// since the last one. A reader may end while its lane is idle (Wait's
+// onIdle: ErrIdle) and ask to be started again at the lane's next record
+// or retirement (OnWork), so that an idle lane needs no goroutine.
 //
 // # Removal
 //

@@ -1,11 +1,14 @@
 package spool
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -36,6 +39,16 @@ import (
 // names none of them.
 var ErrTooManyLanes = errors.New("spool: too many lanes")
 
+// ErrTooManyKeyLanes is returned where ErrTooManyLanes is when
+// Config.MaxLanesPerKey lanes of the key's api_key exist (a client that
+// varies its options must not make a lane per request). It wraps
+// ErrTooManyLanes.
+var ErrTooManyKeyLanes = fmt.Errorf("%w of one api_key", ErrTooManyLanes)
+
+// ErrIdle is returned by Lane.Wait when its onIdle says the reader may end
+// (see Lane.OnWork).
+var ErrIdle = errors.New("spool: lane idle")
+
 // ErrRetired is returned by Lane.Next and Lane.NextPart once the lane was
 // retired (empty and idle): its reader is done with it for good.
 var ErrRetired = errors.New("spool: lane retired")
@@ -46,7 +59,17 @@ const (
 	defaultMaxLanes = 10000
 	// defaultRetireIdle is Config.RetireIdle's zero value.
 	defaultRetireIdle = 10 * time.Minute
+	// defaultMaxLanesPerKey is Config.MaxLanesPerKey's zero value: an
+	// api_key's three kinds and a few options variants.
+	defaultMaxLanesPerKey = 16
 )
+
+func (c Config) maxLanesPerKey() int {
+	if c.MaxLanesPerKey == 0 {
+		return defaultMaxLanesPerKey
+	}
+	return c.MaxLanesPerKey
+}
 
 func (c Config) maxLanes() int {
 	if c.MaxLanes == 0 {
@@ -102,11 +125,117 @@ func (s *Spool) LanesFrom(id uint64) ([]*Lane, <-chan struct{}) {
 	return append([]*Lane(nil), s.lanes[i:]...), s.lanesCh
 }
 
-// tooManyLanesLocked reports whether a new lane would pass MaxLanes, with
-// extra lanes about to be created. Call with s.mu held.
-func (s *Spool) tooManyLanesLocked(extra int) bool {
-	m := s.cfg.maxLanes()
-	return m > 0 && len(s.lanes)+extra >= m
+// refuseLaneLocked returns why a new lane of apiKey may not be created
+// (MaxLanes, MaxLanesPerKey), with the lanes of created about to be, or
+// nil. Call with s.mu held.
+func (s *Spool) refuseLaneLocked(apiKey string, created []*Lane) error {
+	if m := s.cfg.maxLanes(); m > 0 && len(s.lanes)+len(created) >= m {
+		return ErrTooManyLanes
+	}
+	if m := s.cfg.maxLanesPerKey(); m > 0 {
+		n := s.byKey.count(apiKey)
+		for _, l := range created {
+			if l.key.APIKey == apiKey {
+				n++
+			}
+		}
+		if n >= m {
+			return ErrTooManyKeyLanes
+		}
+	}
+	return nil
+}
+
+// laneIndex finds the live lanes by key: by api_key, then kind and
+// options, so that a lane is found from a request's bytes without an
+// allocation (LaneBytes) and an api_key's lanes are counted
+// (MaxLanesPerKey). It holds exactly the lanes of Spool.lanes: a retired
+// lane leaves it with them. Its lock is taken alone or last (under
+// Spool.mu).
+type laneIndex struct {
+	mu sync.RWMutex
+	m  map[string][]*Lane
+	// peak is len(m) at its largest since m was made: a map keeps the
+	// room of its largest size, so remove makes a smaller one when most
+	// of it is gone (a wave of keys retired must not keep its memory).
+	peak int
+}
+
+func (x *laneIndex) add(l *Lane) {
+	x.mu.Lock()
+	if x.m == nil {
+		x.m = make(map[string][]*Lane)
+	}
+	x.m[l.key.APIKey] = append(x.m[l.key.APIKey], l)
+	x.peak = max(x.peak, len(x.m))
+	x.mu.Unlock()
+}
+
+// shrunk is a copy of m in a map of its size (maps.Clone keeps the
+// room).
+func shrunk[K comparable, V any](m map[K]V) map[K]V {
+	n := make(map[K]V, len(m))
+	for k, v := range m {
+		n[k] = v
+	}
+	return n
+}
+
+func (x *laneIndex) remove(l *Lane) {
+	x.mu.Lock()
+	ls := x.m[l.key.APIKey]
+	if i := slices.Index(ls, l); i >= 0 {
+		ls = slices.Delete(ls, i, i+1)
+	}
+	if len(ls) == 0 {
+		delete(x.m, l.key.APIKey)
+		if x.peak >= 1024 && len(x.m) < x.peak/4 {
+			x.m, x.peak = shrunk(x.m), len(x.m)
+		}
+	} else {
+		x.m[l.key.APIKey] = ls
+	}
+	x.mu.Unlock()
+}
+
+// get is the live lane of k, nil when none.
+func (x *laneIndex) get(k LaneKey) *Lane {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	for _, l := range x.m[k.APIKey] {
+		if l.key == k {
+			return l
+		}
+	}
+	return nil
+}
+
+// find is get from a key's bytes, without allocating.
+func (x *laneIndex) find(kind Kind, apiKey, options []byte) *Lane {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	for _, l := range x.m[string(apiKey)] {
+		if l.key.Kind == kind && l.key.Options == string(options) {
+			return l
+		}
+	}
+	return nil
+}
+
+func (x *laneIndex) count(apiKey string) int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return len(x.m[apiKey])
+}
+
+// LaneBytes returns the live lane of kind, apiKey and options (raw
+// canonical JSON, empty for none), creating it (durably) if needed, as
+// Lane does; finding a live lane allocates nothing.
+func (s *Spool) LaneBytes(ctx context.Context, kind Kind, apiKey, options []byte) (*Lane, error) {
+	if l := s.byKey.find(kind, apiKey, options); l != nil {
+		return l, nil
+	}
+	return s.Lane(ctx, LaneKey{Kind: kind, APIKey: string(apiKey), Options: string(options)})
 }
 
 // beginAppend marks an Append to l in progress, following retirements: it
@@ -167,19 +296,31 @@ func (s *Spool) maybeRetire(now time.Time) {
 	for _, l := range s.lanes {
 		if l.lastUse.Load() <= cutoff && s.retireLocked(l) {
 			gone = append(gone, l)
-			delete(s.byKey, l.key)
+			s.byKey.remove(l)
 			continue
 		}
 		kept = append(kept, l)
 	}
 	clear(s.lanes[len(kept):])
 	s.lanes = kept
+	if len(gone) > 0 {
+		// A retired lane is settled: the next checkpoint has nothing to
+		// look at in it, and it must not stay reachable until then.
+		s.dirty = slices.DeleteFunc(s.dirty, (*Lane).IsRetired)
+	}
 	s.mu.Unlock()
 	if len(gone) == 0 {
 		return
 	}
 	for _, l := range gone {
 		close(l.retiredC)
+		l.mu.Lock()
+		f := l.onWork
+		l.onWork = nil
+		l.mu.Unlock()
+		if f != nil {
+			go f() // its reader sees ErrRetired
+		}
 	}
 	if err := s.deleteLanes(gone); err != nil {
 		// The lanes are gone from memory; their empty records stay in the

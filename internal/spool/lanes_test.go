@@ -181,3 +181,30 @@ func TestPinnedLaneNotRetired(t *testing.T) {
 		t.Fatal("an unpinned empty lane was not retired")
 	}
 }
+
+// TestLaneIndexShrinks: once most of the lanes of a wave left the index, it
+// holds them in a map of the remaining size (a Go map keeps the room of its
+// largest size), and still finds the rest.
+func TestLaneIndexShrinks(t *testing.T) {
+	var x laneIndex
+	var ls []*Lane
+	for i := range 4000 {
+		l := &Lane{key: LaneKey{Kind: KindEvents, APIKey: fmt.Sprintf("k%d", i)}}
+		ls = append(ls, l)
+		x.add(l)
+	}
+	for _, l := range ls[:3500] {
+		x.remove(l)
+	}
+	if x.peak >= 1000 || len(x.m) != 500 {
+		t.Fatalf("after 3500 of 4000 removed: %d entries, peak %d: the map was not made again", len(x.m), x.peak)
+	}
+	for _, l := range ls[3500:] {
+		if x.get(l.key) != l || x.find(KindEvents, []byte(l.key.APIKey), nil) != l {
+			t.Fatalf("lane %s lost", l.key.APIKey)
+		}
+	}
+	if x.get(ls[0].key) != nil {
+		t.Fatal("a removed lane is found")
+	}
+}

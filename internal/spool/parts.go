@@ -227,10 +227,11 @@ func appendSub(b, p []byte) (sub, out []byte) {
 // that is already done, NextPart then returns what there is at once, or the
 // context's error when every chunk there was acknowledged meanwhile). It
 // returns ctx.Err() when ctx ends, ErrClosed when the spool closes and
-// ErrRetired once the lane is retired. onIdle, when not nil, is called once
-// the wait has lasted recIdleDrop (the reader then drops what it keeps for
-// reuse: an idle lane keeps nothing). Reader goroutine only.
-func (l *Lane) Wait(ctx context.Context, onIdle func()) error {
+// ErrRetired once the lane is retired. onIdle, when not nil, is called each
+// time the wait has lasted recIdleDrop more (the reader then drops what it
+// keeps for reuse: an idle lane keeps nothing); when it returns true, Wait
+// returns ErrIdle (the reader may end: see OnWork). Reader goroutine only.
+func (l *Lane) Wait(ctx context.Context, onIdle func() bool) error {
 	var idle <-chan time.Time
 	// One deferred call outside the loop: a defer in a loop is allocated
 	// on the heap, once per Wait, which the 1-event requests' lanes call
@@ -251,6 +252,10 @@ func (l *Lane) Wait(ctx context.Context, onIdle func()) error {
 		select {
 		case <-l.s.closing:
 			return ErrClosed
+		case <-l.retiredC:
+			// Empty for good (a lane retired before its reader first
+			// read has its cursor before next, and no queue bucket).
+			return ErrRetired
 		default:
 		}
 		if has {
@@ -269,8 +274,12 @@ func (l *Lane) Wait(ctx context.Context, onIdle func()) error {
 		case <-ch:
 		case <-idle:
 			l.chunks = nil // dropped, not cleared: the caller may still read them
-			onIdle()
-			onIdle, idle = nil, make(chan time.Time) // never again
+			idle = nil     // armed again above
+			if onIdle() {
+				l.idle = nil // an ended reader keeps no timer
+				armed = false
+				return ErrIdle
+			}
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-l.s.closing:
@@ -279,4 +288,21 @@ func (l *Lane) Wait(ctx context.Context, onIdle func()) error {
 			return ErrRetired
 		}
 	}
+}
+
+// OnWork calls f once, in a goroutine of its own, when the lane may have
+// records after its read cursor or is retired: at once if it does or is
+// already. A reader that ended on ErrIdle so holds no goroutine while the
+// lane is idle; the next reader goes on from the same cursor. A later
+// OnWork replaces an f not called yet. f is not called after the spool
+// closes.
+func (l *Lane) OnWork(f func()) {
+	l.mu.Lock()
+	if l.readSeq < l.next || l.retired.Load() {
+		l.mu.Unlock()
+		go f()
+		return
+	}
+	l.onWork = f
+	l.mu.Unlock()
 }

@@ -3,6 +3,7 @@ package spool
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -218,5 +219,94 @@ func TestWaitWakesOnAppend(t *testing.T) {
 	}
 	if err := l.Wait(ctx, nil); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestOnWork: a reader that ended on an idle lane (Wait's onIdle said so:
+// ErrIdle) is started again by OnWork at the next Append, at once when the
+// lane has records already, and when the lane is retired; an idle lane
+// keeps no timer.
+func TestOnWork(t *testing.T) {
+	defer func(d time.Duration) { recIdleDrop = d }(recIdleDrop)
+	recIdleDrop = time.Millisecond
+	s := openTest(t, Config{RetireIdle: 50 * time.Millisecond})
+	l := mustLane(t, s, testKey(1))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	read := func() {
+		t.Helper()
+		var b Batch
+		b.Add(rec(1, 0, 10))
+		if err := s.Append(ctx, l, &b); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range nextT(t, l, 1<<20) {
+			s.Ack(l, c.Seq)
+		}
+	}
+	read() // the reader's cursor after the lane's records
+	if err := l.Wait(ctx, func() bool { return true }); !errors.Is(err, ErrIdle) {
+		t.Fatalf("Wait: %v, want ErrIdle", err)
+	}
+	if l.idle != nil {
+		t.Error("an idle lane keeps its timer")
+	}
+	fired := make(chan struct{}, 1)
+	onWork := func() { fired <- struct{}{} }
+	l.OnWork(onWork)
+	select {
+	case <-fired:
+		t.Fatal("OnWork called on an empty lane")
+	case <-time.After(10 * time.Millisecond):
+	}
+	var b Batch
+	b.Add(rec(1, 0, 10))
+	if err := s.Append(ctx, l, &b); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-fired:
+	case <-ctx.Done():
+		t.Fatal("OnWork not called after an Append")
+	}
+	// Records there already: at once.
+	l.OnWork(onWork)
+	select {
+	case <-fired:
+	case <-ctx.Done():
+		t.Fatal("OnWork not called on a lane with records")
+	}
+	for _, c := range nextT(t, l, 1<<20) {
+		s.Ack(l, c.Seq)
+	}
+	// Retired while the reader is gone: called, and the reader sees it.
+	l.OnWork(onWork)
+	select {
+	case <-fired:
+	case <-ctx.Done():
+		t.Fatal("OnWork not called when the lane retired")
+	}
+	if err := l.Wait(ctx, nil); !errors.Is(err, ErrRetired) {
+		t.Fatalf("Wait after retirement: %v", err)
+	}
+}
+
+// TestRetiredBeforeFirstRead: a lane retired before its reader first read
+// (its cursor is before the lane's next seq, its queue bucket is gone):
+// Wait answers ErrRetired, not "something to read" (the reader then failed
+// every read on the missing bucket, for ever).
+func TestRetiredBeforeFirstRead(t *testing.T) {
+	s := openTest(t, Config{RetireIdle: 20 * time.Millisecond})
+	l := mustLane(t, s, testKey(1))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for !l.IsRetired() {
+		if ctx.Err() != nil {
+			t.Fatal("not retired")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := l.Wait(ctx, nil); !errors.Is(err, ErrRetired) {
+		t.Fatalf("Wait: %v, want ErrRetired", err)
 	}
 }

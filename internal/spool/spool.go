@@ -120,6 +120,10 @@ type Config struct {
 	// retired (forgotten, its records deleted from the file). Zero means
 	// 10 minutes, negative never.
 	RetireIdle time.Duration
+	// MaxLanesPerKey bounds the lanes of one api_key (its kinds and
+	// options variants together): a new one beyond it is refused with
+	// ErrTooManyKeyLanes. Zero means 16, negative no bound.
+	MaxLanesPerKey int
 }
 
 // Defaults of the Config fields whose zero value means a default.
@@ -289,8 +293,8 @@ type Chunk struct {
 	First, Total int
 }
 
-// Lane is a handle on one lane. Lanes are never closed or freed while the
-// spool is open.
+// Lane is a handle on one lane. A retired lane (lanes.go) is forgotten by
+// the spool; its handle stays usable for Append (see Spool.Append).
 type Lane struct {
 	s     *Spool
 	key   LaneKey
@@ -313,6 +317,8 @@ type Lane struct {
 	// a publish closes and replaces notify only then (a channel per
 	// chunk was ~100 B for every 1-event request).
 	watched bool
+	// onWork starts the lane's reader again (OnWork).
+	onWork func()
 
 	// The WAL writer's own: the next seq it assigns.
 	aNext uint64
@@ -742,7 +748,7 @@ type Spool struct {
 	walEnd   walPos  // just past the last published WAL record
 	walTotal int64   // WAL bytes written up to walEnd since Open
 	lanes    []*Lane
-	byKey    map[LaneKey]*Lane
+	byKey    laneIndex
 	lanesCh  chan struct{}
 	dirty    []*Lane // lanes a checkpoint must look at (lanes.go)
 
@@ -833,7 +839,6 @@ func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error
 		log:       log,
 		path:      filepath.Join(cfg.Dir, "spool.db"),
 		walDir:    walPath(cfg.Dir),
-		byKey:     make(map[LaneKey]*Lane),
 		lanesCh:   make(chan struct{}),
 		walWake:   make(chan struct{}, 1),
 		storeWake: make(chan struct{}, 1),
@@ -982,7 +987,7 @@ func (s *Spool) load() (applied, synced walPos, lanesSeq uint64, err error) {
 			l.coldOldest = firstAccepted(q)
 			l.wOldest = l.coldOldest
 			s.lanes = append(s.lanes, l)
-			s.byKey[key] = l
+			s.byKey.add(l)
 			s.st.live += int64(st.bytes)
 			return nil
 		})
@@ -1092,22 +1097,19 @@ func (s *Spool) Close() error {
 
 // Lane returns the lane for key, creating it (durably) if needed.
 func (s *Spool) Lane(ctx context.Context, key LaneKey) (*Lane, error) {
-	s.mu.Lock()
-	l := s.byKey[key]
-	s.mu.Unlock()
-	if l != nil {
+	if l := s.byKey.get(key); l != nil {
 		return l, nil
 	}
 	s.mu.Lock()
-	full := s.tooManyLanesLocked(0)
+	err := s.refuseLaneLocked(key.APIKey, nil)
 	s.mu.Unlock()
-	if full {
-		return nil, ErrTooManyLanes
+	if err != nil {
+		return nil, err
 	}
 	o := s.getOp(opLane)
 	o.key = key
-	err := s.do(ctx, o)
-	l = o.lane
+	err = s.do(ctx, o)
+	l := o.lane
 	s.putOp(o)
 	if err != nil {
 		return nil, err

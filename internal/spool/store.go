@@ -388,10 +388,9 @@ func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane
 				continue
 			}
 			s.mu.Lock()
-			full := s.tooManyLanesLocked(len(s.st.created))
+			o.err = s.refuseLaneLocked(o.key.APIKey, s.st.created)
 			s.mu.Unlock()
-			if full {
-				o.err = ErrTooManyLanes
+			if o.err != nil {
 				continue
 			}
 			id, err := lanesB.NextSequence()
@@ -552,10 +551,7 @@ func (s *Spool) touch(l *Lane) {
 
 // findLane returns the lane of key, committed or created in this commit.
 func (s *Spool) findLane(key LaneKey) *Lane {
-	s.mu.Lock()
-	l := s.byKey[key]
-	s.mu.Unlock()
-	if l != nil {
+	if l := s.byKey.get(key); l != nil {
 		return l
 	}
 	for _, l := range s.st.created {
@@ -612,7 +608,7 @@ func (s *Spool) commitPublish(lanes []*Lane, p walPos, pTotal int64) {
 	if len(s.st.created) > 0 {
 		for _, l := range s.st.created {
 			s.lanes = append(s.lanes, l)
-			s.byKey[l.key] = l
+			s.byKey.add(l)
 		}
 		close(s.lanesCh)
 		s.lanesCh = make(chan struct{})

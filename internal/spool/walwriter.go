@@ -199,6 +199,7 @@ func (s *Spool) takeWAL() (ops []*op, acks []ackOp, closed bool) {
 			s.w.ops = ops
 			if len(s.w.retry) > 0 {
 				acks = append(acks, s.w.retry...)
+				clear(s.w.retry)
 				s.w.retry = s.w.retry[:0]
 			}
 			return ops, acks, closed
@@ -281,6 +282,7 @@ func (s *Spool) writeGroup(ops []*op, acks []ackOp) {
 		}
 		o.done <- struct{}{}
 	}
+	clear(acks) // an ack names its lane: a retired one must not stay reachable
 	s.w.acks = acks[:0]
 	clear(s.w.ops)
 	s.w.ops = s.w.ops[:0]
@@ -665,12 +667,16 @@ func (s *Spool) publish(ops []*op) {
 }
 
 // wakeLocked wakes the lane's reader when it may wait on l.notify (see
-// Lane.watched). l.mu held.
+// Lane.watched), or starts it (OnWork). l.mu held.
 func (l *Lane) wakeLocked() {
 	if l.watched {
 		close(l.notify)
 		l.notify = make(chan struct{})
 		l.watched = false
+	}
+	if f := l.onWork; f != nil {
+		l.onWork = nil
+		go f()
 	}
 }
 

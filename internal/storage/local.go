@@ -16,29 +16,7 @@ import (
 type Local struct {
 	sp  *spool.Spool
 	log *zap.Logger
-
-	// The lanes appended to, by api_key, so that an Append finds its
-	// lane from the request's bytes (a map index by string(b) does not
-	// allocate, a LaneKey does) and without the spool's own lock.
-	mu     sync.RWMutex
-	lanes  map[string][]cachedLane
-	cached int
 }
-
-// cachedLane is a lane of the cache, under its api_key.
-type cachedLane struct {
-	kind    spool.Kind
-	options string
-	lane    *spool.Lane
-}
-
-// Bounds of the lane cache: lanes beyond them are looked up in the spool on
-// every Append (a flood of distinct api_keys or options must not grow
-// memory, or one api_key's list, without bound).
-const (
-	maxCachedLanes = 1 << 16
-	maxLanesPerKey = 16
-)
 
 var (
 	_ Backend    = (*Local)(nil)
@@ -51,7 +29,7 @@ func NewLocal(sp *spool.Spool, log *zap.Logger) *Local {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Local{sp: sp, log: log, lanes: make(map[string][]cachedLane)}
+	return &Local{sp: sp, log: log}
 }
 
 // Spool is the adapted spool (for what the seam does not cover: lane
@@ -86,41 +64,11 @@ func (l *Local) Append(ctx context.Context, req Request) error {
 	}
 }
 
-// lane returns req's lane, from the cache when it holds it and it is not
-// retired (a retired lane is replaced by the live one of its key).
+// lane returns req's lane: the spool finds a live one from the request's
+// bytes without allocating (and without a cache here, which would keep
+// retired lanes).
 func (l *Local) lane(ctx context.Context, req *Request) (*spool.Lane, error) {
-	l.mu.RLock()
-	_, lane := cacheIndex(l.lanes[string(req.APIKey)], req)
-	l.mu.RUnlock()
-	if lane != nil && !lane.IsRetired() {
-		return lane, nil
-	}
-	k := req.Lane()
-	lane, err := l.sp.Lane(ctx, k)
-	if err != nil {
-		return nil, err
-	}
-	l.mu.Lock()
-	cs := l.lanes[k.APIKey]
-	if i, _ := cacheIndex(cs, req); i >= 0 {
-		cs[i].lane = lane
-	} else if l.cached < maxCachedLanes && len(cs) < maxLanesPerKey {
-		l.lanes[k.APIKey] = append(cs, cachedLane{kind: k.Kind, options: k.Options, lane: lane})
-		l.cached++
-	}
-	l.mu.Unlock()
-	return lane, nil
-}
-
-// cacheIndex is the index and lane of req's lane in cs, -1 and nil when
-// cs does not hold it.
-func cacheIndex(cs []cachedLane, req *Request) (int, *spool.Lane) {
-	for i := range cs {
-		if cs[i].kind == req.Kind && cs[i].options == string(req.Options) {
-			return i, cs[i].lane
-		}
-	}
-	return -1, nil
+	return l.sp.LaneBytes(ctx, req.Kind, req.APIKey, req.Options)
 }
 
 // Run calls deliver for every lane, and for every lane created later,

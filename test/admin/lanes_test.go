@@ -138,3 +138,49 @@ func TestLaneBounds(t *testing.T) {
 		t.Fatalf("lanes after a restart: %d %s", a.status, a.body)
 	}
 }
+
+// TestLanesPerKey: the binary with --allowed-api-keys and
+// --max-lanes-per-key 4: one allowed api_key sending ever new options
+// makes at most 4 lanes; the next variants get 503 + Retry-After naming the
+// api_key's bound, while the key's lanes keep taking events.
+func TestLanesPerKey(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the relay binary")
+	}
+	_, simURL := forwardtest.StartSim(t, sim.Config{})
+	r := startRelay(t, t.TempDir()+"/data", &syncBuf{}, "--ingest-url", simURL, "--allowed-api-keys", "allowed-key", "--max-lanes-per-key", "4")
+	hc := &http.Client{Timeout: 20 * time.Second}
+	post := func(opts string) (int, string, string) {
+		body := `{"api_key":"allowed-key","events":[{"event_type":"e","device_id":"device-1"}],"options":` + opts + `}`
+		resp, err := hc.Post(r.ingest+"/2/httpapi", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get("Retry-After"), string(b)
+	}
+	refused := 0
+	for i := range 20 {
+		status, retry, body := post(fmt.Sprintf(`{"junk":%d}`, i))
+		switch {
+		case i < 4 && status != 200:
+			t.Fatalf("variant %d: %d %s", i, status, body)
+		case i >= 4 && (status != 503 || retry == "" || !strings.Contains(body, "api_key")):
+			t.Fatalf("variant %d: %d %q %s", i, status, retry, body)
+		case i >= 4:
+			refused++
+		}
+	}
+	if status, _, body := post(`{"junk":1}`); status != 200 {
+		t.Fatalf("a lane of the key at its bound: %d %s", status, body)
+	}
+	a := call(t, "GET", r.admin+"/relay/v1/lanes", "")
+	if n := strings.Count(string(a.body), `"label"`); a.status != 200 || n != 4 {
+		t.Fatalf("%d lanes (%d), want 4: %s", n, a.status, a.body)
+	}
+	m := call(t, "GET", r.admin+"/metrics", "")
+	if !strings.Contains(string(m.body), `relay_ingest_rejected_requests_total{reason="too_many_key_lanes"} 16`) {
+		t.Errorf("/metrics lacks 16 too_many_key_lanes rejections")
+	}
+}

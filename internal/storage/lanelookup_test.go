@@ -1,0 +1,90 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/svcrelay/relay/internal/spool"
+)
+
+// Local finds a request's lane from its bytes: a live lane without an
+// allocation; a lane the spool retired is replaced by a new live one of its
+// key; one api_key makes at most spool.Config.MaxLanesPerKey lanes, its
+// options variants included (the next is refused with
+// spool.ErrTooManyKeyLanes, which is a spool.ErrTooManyLanes).
+func TestLaneLookup(t *testing.T) {
+	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), NoSync: true, MinFreeBytes: -1, RetireIdle: 20 * time.Millisecond, MaxLanesPerKey: 4}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sp.Close() })
+	l := NewLocal(sp, nil)
+	ctx := context.Background()
+	req := func(opts string) *Request {
+		var b spool.Batch
+		b.Add(spool.Record{OrderKey: []byte("d:a"), Data: []byte("{}")})
+		return &Request{Kind: spool.KindEvents, APIKey: []byte("key-1"), Options: []byte(opts), Batch: &b}
+	}
+
+	r := req(`{"min_id_length":1}`)
+	if err := l.Append(ctx, *r); err != nil {
+		t.Fatal(err)
+	}
+	first, err := l.lane(ctx, r)
+	if err != nil || first.Key() != r.Lane() {
+		t.Fatalf("lane %v, %v: want %+v", first, err, r.Lane())
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		if got, err := l.lane(ctx, r); got != first || err != nil {
+			t.Fatalf("lane %p %v, want %p", got, err, first)
+		}
+	}); n != 0 {
+		t.Errorf("finding a live lane costs %v allocations, want 0", n)
+	}
+
+	// Retired (read, acknowledged, idle): the next Append makes a live
+	// lane of the key.
+	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	cs, err := first.Next(tctx, 1<<20)
+	if err != nil || len(cs) != 1 {
+		t.Fatalf("read: %v, %d chunks", err, len(cs))
+	}
+	sp.Ack(first, cs[0].Seq)
+	if _, err := first.Next(tctx, 1<<20); !errors.Is(err, spool.ErrRetired) {
+		t.Fatalf("lane not retired: %v", err)
+	}
+	if err := l.Append(ctx, *req(`{"min_id_length":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	live, err := l.lane(ctx, r)
+	if err != nil || live == first || live.IsRetired() || live.Key() != r.Lane() {
+		t.Fatalf("lane %p %v (retired %p)", live, err, first)
+	}
+	if got := live.Stats().Records; got != 1 {
+		t.Fatalf("live lane holds %d records, want 1", got)
+	}
+
+	// One api_key, many options: 4 lanes at most (the live one and 3
+	// variants); another api_key is not limited by them.
+	for i := range 4 {
+		err := l.Append(ctx, *req(`{"o":` + strconv.Itoa(i) + `}`))
+		switch {
+		case i < 3 && err != nil:
+			t.Fatalf("variant %d: %v", i, err)
+		case i == 3 && (!errors.Is(err, spool.ErrTooManyKeyLanes) || !errors.Is(err, spool.ErrTooManyLanes)):
+			t.Fatalf("variant %d: %v, want ErrTooManyKeyLanes", i, err)
+		}
+	}
+	other := req("")
+	other.APIKey = []byte("key-2")
+	if err := l.Append(ctx, *other); err != nil {
+		t.Fatalf("another api_key: %v", err)
+	}
+	if n := sp.Stats().Lanes; n != 5 {
+		t.Errorf("%d lanes in the spool, want 5", n)
+	}
+}
