@@ -149,7 +149,7 @@ func TestEnvNames(t *testing.T) {
 		"RELAY_ADMIN_TLS_CERT=ac", "RELAY_ADMIN_TLS_KEY=ak",
 		// Fleet mode (issue 22).
 		"RELAY_SPOOL=nats://h1:4222,h2:4222", "RELAY_NATS_CREDS=testdata/admin.token", "RELAY_NATS_TLS_CA=testdata/admin.token",
-		"RELAY_NATS_TLS_CERT=testdata/credentials.yaml", "RELAY_NATS_TLS_KEY=testdata/empty.yaml", "RELAY_SPOOL_PARTITIONS=8",
+		"RELAY_NATS_TLS_CERT=testdata/credentials.yaml", "RELAY_NATS_TLS_KEY=testdata/empty.yaml", "RELAY_SPOOL_PARTITIONS=8", "RELAY_SPOOL_STREAMS=2",
 		// Issue 19 follow-up.
 		"RELAY_MAX_CONNECTIONS_PER_CLIENT=0",
 	}
@@ -171,7 +171,7 @@ func TestEnvNames(t *testing.T) {
 		CORSOrigins: []string{"https://a.example"}, AllowedAPIKeys: []string{"k1"}, ClientRateLimit: 3, AnonymizeIP: true,
 		// Fleet mode (issue 22).
 		SpoolNATS: []string{"nats://h1:4222", "nats://h2:4222"}, NATSCreds: "testdata/admin.token", NATSTLSCA: "testdata/admin.token",
-		NATSTLSCert: "testdata/credentials.yaml", NATSTLSKey: "testdata/empty.yaml", SpoolPartitions: 8,
+		NATSTLSCert: "testdata/credentials.yaml", NATSTLSKey: "testdata/empty.yaml", SpoolPartitions: 8, SpoolStreams: 2,
 		// Issue 19 follow-up: 0 turns the bound off.
 		MaxConnectionsPerClient: 0, SpoolUpstreamChange: "allow", MaxLanes: 7,
 	}
@@ -328,6 +328,7 @@ func TestRefusals(t *testing.T) {
 		{"nats tls cert without key", []string{"--spool", "nats://h:4222", "--nats-tls-cert", "testdata/admin.token"}, nil, "--nats-tls-cert and nats-tls-key go together: set both or neither (from nats-tls-cert from flag --nats-tls-cert"},
 		{"zero partitions", []string{"--spool-partitions", "0"}, nil, "--spool-partitions 0"},
 		{"too many partitions", nil, []string{"RELAY_SPOOL_PARTITIONS=1000"}, "spool-partitions 1000: want 1 to 256 (from variable RELAY_SPOOL_PARTITIONS)"},
+		{"more streams than partitions", []string{"--spool-partitions", "2", "--spool-streams", "3"}, nil, "spool-streams 3: want 0 (the default) to --spool-partitions (2)"},
 		{"tls cert without key", []string{"--tls-cert", "c.pem"}, nil, "--tls-cert is set without tls-key: set both or neither (from flag --tls-cert)"},
 		{"tls key without cert", nil, []string{"RELAY_TLS_KEY=k.pem"}, "tls-key is set without tls-cert: set both or neither (from variable RELAY_TLS_KEY)"},
 		{"admin tls cert without key", []string{"--admin-tls-cert", "c.pem"}, nil, "--admin-tls-cert is set without admin-tls-key"},

@@ -485,3 +485,6 @@ func (f *Fleet) Name() string { return f.cfg.Name }
 
 // Partitions is P.
 func (f *Fleet) Partitions() int { return f.cfg.Partitions }
+
+// Streams is how many streams each lane kind's partitions are spread over.
+func (f *Fleet) Streams() int { return f.cfg.Streams }
