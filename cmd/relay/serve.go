@@ -149,7 +149,7 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *st
 	}
 	var p *batcher.Pipeline
 	if fs != nil { // issue 22: the events partitions this relay owns
-		p, err = batcher.NewFleet(bcfg, fs.b.Only(spool.KindEvents), fs.f, client, thr, log.Named("delivery"), reg)
+		p, err = batcher.NewFleet(bcfg, fs.b.Only(spool.KindEvents), fs.f, fs.f, client, thr, log.Named("delivery"), reg)
 	} else {
 		p, err = batcher.New(bcfg, sp, client, thr, log.Named("delivery"), reg)
 	}

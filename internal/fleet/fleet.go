@@ -88,6 +88,8 @@ func (n names) fleetBucket() string { return n.ns + "_FLEET" }
 
 func (n names) pauseBucket() string { return n.ns + "_PAUSES" }
 
+func (n names) laneBucket() string { return n.ns + "_LANES" }
+
 // Config configures a Fleet. Zero values mean the defaults named.
 type Config struct {
 	// Namespace prefixes every stream and bucket name (NS_EVENTS,
@@ -269,6 +271,7 @@ type Fleet struct {
 	m     *metrics
 	ids   *storage.IDs // a request's id when it has none
 
+	lanes  *laneStops
 	commit map[spool.Kind][]*committer // by kind, then stream
 	usage  map[spool.Kind]*usage       // for MaxBytes
 }
@@ -360,6 +363,10 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config, log *zap.Logger, reg p
 		return nil, fmt.Errorf("fleet: pause bucket: %w", unavailable(err))
 	}
 	if f.pause, err = startPauses(ctx, js, pkv, "$KV."+f.n.pauseBucket()+".", f.log); err != nil {
+		return nil, err
+	}
+	if err := f.startLaneStops(ctx); err != nil {
+		f.pause.stop()
 		return nil, err
 	}
 	f.balance(ctx)
@@ -476,6 +483,7 @@ func (f *Fleet) Close() error {
 			c.stop()
 		}
 	}
+	f.lanes.stop()
 	f.pause.stop()
 	return nil
 }
