@@ -69,7 +69,7 @@ func main() {
 	flag.IntVar(&o.events, "events", 50, "events per request")
 	flag.IntVar(&o.eventBytes, "event-bytes", 400, "bytes per event")
 	flag.IntVar(&o.keys, "keys", 1, "distinct devices per request (1: one partition, one message)")
-	flag.IntVar(&o.partitions, "partitions", fleet.DefaultPartitions, "partitions per stream")
+	flag.IntVar(&o.partitions, "partitions", fleet.DefaultPartitions, "partitions per lane kind")
 	flag.BoolVar(&o.syncAlways, "sync-always", true, "the cluster started here: fsync every write (sync_interval: always)")
 	relays := flag.String("relays", "", "relay mode: relay counts to run, e.g. 1,2,3 (empty: measure Append alone)")
 	spools := flag.String("spools", "fleet,local", "relay mode: spools to run each count on (fleet, local)")

@@ -310,7 +310,7 @@ var options = []option{
 		set: str(func(c *Config) *string { return &c.NATSTLSCert })},
 	{name: "nats-tls-key", usage: "client certificate's key (PEM); with --nats-tls-cert",
 		set: str(func(c *Config) *string { return &c.NATSTLSKey })},
-	{name: "spool-partitions", def: "16", usage: "partitions of the fleet's streams (1..256), fixed once the streams exist: per-key order is kept within one",
+	{name: "spool-partitions", def: "3", usage: "partitions of the fleet's streams (1..256), fixed once the streams exist: per-key order is kept within one",
 		set: func(c *Config, v string) error {
 			n, err := strconv.Atoi(strings.TrimSpace(v))
 			if err != nil {

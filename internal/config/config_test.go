@@ -26,7 +26,7 @@ func TestDefaults(t *testing.T) {
 		Sync: "always", MaxRequestBytes: 20_000_000, MaxEventAge: 6 * 24 * time.Hour,
 		DrainTimeout: 10 * time.Second, LogLevel: "info",
 		MaxConnections:  16384, // issues 19 and 23 (ingest listener)
-		SpoolPartitions: 16,    // issue 22
+		SpoolPartitions: 3,     // issue 22
 		// Issue 19 follow-up.
 		MaxConnectionsPerClient: 256,
 		SpoolUpstreamChange:     "refuse",                                 // issue 18
@@ -78,7 +78,7 @@ func TestFullFile(t *testing.T) {
 		// Issues 19 and 23 (ingest listener).
 		MaxConnections: 1000, TLSCert: "/etc/relay/tls/cert.pem", TLSKey: "/etc/relay/tls/key.pem",
 		AdminTLSCert: "/etc/relay/tls/admin-cert.pem", AdminTLSKey: "/etc/relay/tls/admin-key.pem",
-		SpoolPartitions: 16, // issue 22
+		SpoolPartitions: 3, // issue 22
 		// Issue 19 follow-up.
 		MaxConnectionsPerClient: 64,
 		SpoolUpstreamChange:     "refuse",                        // issue 18

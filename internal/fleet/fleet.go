@@ -21,7 +21,7 @@ import (
 
 // Defaults.
 const (
-	DefaultPartitions      = 16
+	DefaultPartitions      = 3
 	DefaultReplicas        = 3
 	DefaultDedupWindow     = 2 * time.Minute
 	DefaultPublishTimeout  = 10 * time.Second
@@ -31,7 +31,7 @@ const (
 	DefaultMaxAckPending   = 20000
 	DefaultStreams         = 3
 	DefaultLinger          = time.Millisecond
-	DefaultMaxInflight     = 4
+	DefaultMaxInflight     = 2
 )
 
 // MaxPartitions bounds Config.Partitions: an atomic batch holds at most
