@@ -204,7 +204,7 @@
 // spread, at the cost of a consumer re-creation per take-over.
 //
 // The ownership loop does one KV operation per held or wanted lease per
-// heartbeat (3 x P at most, e.g. 48 every 2 s with the defaults), each in
+// heartbeat (3 x P at most, e.g. 9 every 2 s with the defaults), each in
 // its own goroutine so that a slow answer does not delay the other
 // renewals. Partitions are assigned by rendezvous hashing with bounded load
 // (each member takes at most ceil(P/n) of each kind).
