@@ -406,7 +406,11 @@ func retrySetup[T any](ctx context.Context, log *zap.Logger, create func(context
 		var apiErr *jetstream.APIError
 		taken := errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) || errors.Is(err, jetstream.ErrBucketExists) ||
 			(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamNameInUse)
-		if !taken && !errors.Is(err, context.DeadlineExceeded) && !retryable(err) {
+		// "No suitable peers for placement, peer offline": a node of a
+		// loaded cluster missed its heartbeats to the meta leader for a
+		// moment (seen at the first relay's start on a fresh cluster).
+		noPeers := errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeClusterNoPeers
+		if !taken && !noPeers && !errors.Is(err, context.DeadlineExceeded) && !retryable(err) {
 			return v, err
 		}
 		log.Info("creating the fleet's streams: retrying", zap.Error(err))
