@@ -23,6 +23,10 @@
 // and of the NATS servers:
 //
 //	go run ./bench/fleet -relays 1,2,3 -spools fleet,local -duration 10s
+//
+// -rounds N runs every configuration N times, interleaved, and prints the
+// medians (a shared machine's noise); the fleet rows also show where the
+// events streams' Raft leaders are and how many requests a batch carried.
 package main
 
 import (
