@@ -16,7 +16,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/spool"
-	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Defaults.
@@ -269,7 +268,6 @@ type Fleet struct {
 	dead  jetstream.Stream
 	pause *pauses
 	m     *metrics
-	ids   *storage.IDs // a request's id when it has none
 
 	lanes  *laneStops
 	commit map[spool.Kind][]*committer // by kind, then stream
@@ -298,11 +296,7 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config, log *zap.Logger, reg p
 	if err != nil {
 		return nil, err
 	}
-	ids, err := storage.NewIDs()
-	if err != nil {
-		return nil, err
-	}
-	f := &Fleet{cfg: cfg, n: names{cfg.Namespace, cfg.Streams}, nc: nc, js: js, m: m, ids: ids, log: log.With(zap.String("relay", cfg.Name))}
+	f := &Fleet{cfg: cfg, n: names{cfg.Namespace, cfg.Streams}, nc: nc, js: js, m: m, log: log.With(zap.String("relay", cfg.Name))}
 	for _, k := range kinds {
 		for g := range cfg.Streams {
 			if _, err := retrySetup(ctx, f.log, func(ctx context.Context) (struct{}, error) {
