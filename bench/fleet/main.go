@@ -23,6 +23,10 @@
 // and of the NATS servers:
 //
 //	go run ./bench/fleet -relays 1,2,3 -spools fleet,local -duration 10s
+//
+// -rounds N runs every configuration N times, interleaved, and prints the
+// medians (a shared machine's noise); the fleet rows also show where the
+// events streams' Raft leaders are and how many requests a batch carried.
 package main
 
 import (
@@ -69,18 +73,19 @@ func main() {
 	flag.IntVar(&o.events, "events", 50, "events per request")
 	flag.IntVar(&o.eventBytes, "event-bytes", 400, "bytes per event")
 	flag.IntVar(&o.keys, "keys", 1, "distinct devices per request (1: one partition, one message)")
-	flag.IntVar(&o.partitions, "partitions", fleet.DefaultPartitions, "partitions per stream")
+	flag.IntVar(&o.partitions, "partitions", fleet.DefaultPartitions, "partitions per lane kind")
 	flag.BoolVar(&o.syncAlways, "sync-always", true, "the cluster started here: fsync every write (sync_interval: always)")
 	relays := flag.String("relays", "", "relay mode: relay counts to run, e.g. 1,2,3 (empty: measure Append alone)")
 	spools := flag.String("spools", "fleet,local", "relay mode: spools to run each count on (fleet, local)")
 	conns := flag.Int("conns", 32, "relay mode: HTTP connections in total, spread over the relays")
 	warmup := flag.Duration("warmup", 2*time.Second, "relay mode: load before the measured -duration")
 	devices := flag.Int("devices", 10000, "relay mode: distinct device_ids")
+	rounds := flag.Int("rounds", 1, "relay mode: times to run every configuration, interleaved; medians printed when more than 1")
 	keep := flag.Bool("keep", false, "relay mode: keep the logs and stores (the temp dir is printed)")
 	flag.Parse()
 	if *relays != "" {
 		ro := relayOpts{conns: *conns, warmup: *warmup, duration: o.duration, events: o.events, eventBytes: o.eventBytes,
-			devices: *devices, keys: o.keys, partitions: o.partitions, syncAlways: o.syncAlways, keep: *keep}
+			devices: *devices, keys: o.keys, partitions: o.partitions, syncAlways: o.syncAlways, keep: *keep, rounds: max(*rounds, 1)}
 		for _, f := range strings.Split(*relays, ",") {
 			n, err := strconv.Atoi(strings.TrimSpace(f))
 			if err != nil || n < 1 || n > 8 {

@@ -25,6 +25,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,6 +49,7 @@ type relayOpts struct {
 	partitions int
 	syncAlways bool
 	keep       bool
+	rounds     int
 }
 
 // tool is a built binary.
@@ -216,25 +218,95 @@ func runRelays(o relayOpts) error {
 	if len(sinkAddr) == 0 {
 		return errors.New("sink did not start")
 	}
-	fmt.Printf("load: %d connections, %d events of ~%d B per request, %d device(s) per request out of %d, warm-up %v, measured %v; NATS sync_interval always=%v, P=%d\n\n",
-		o.conns, o.events, o.eventBytes, o.keys, o.devices, o.warmup, o.duration, o.syncAlways, o.partitions)
-	fmt.Println("| spool | relays | events/s | MB/s | accept p50 | accept p99 | relay CPU s/M events | NATS CPU s/M events | errors |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|")
-	for _, spool := range o.spools {
+	fmt.Printf("load: %d connections, %d events of ~%d B per request, %d device(s) per request out of %d, warm-up %v, measured %v; NATS sync_interval always=%v, P=%d; %d round(s), interleaved\n\n",
+		o.conns, o.events, o.eventBytes, o.keys, o.devices, o.warmup, o.duration, o.syncAlways, o.partitions, o.rounds)
+	fmt.Println("| round | spool | relays | events/s | MB/s | accept p50 | accept p99 | relay CPU s/M events | NATS CPU s/M events | errors | events stream leaders per node | requests per batch |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|")
+	type key struct {
+		spool string
+		n     int
+	}
+	all := make(map[key][]result)
+	var keys []key
+	for round := 1; round <= o.rounds; round++ {
+		// Interleaved: every configuration once per round, so that a load
+		// from elsewhere on the machine touches all of them alike.
 		for _, n := range o.relays {
-			row, err := runOne(o, t, filepath.Join(dir, fmt.Sprintf("%s-%d", spool, n)), "http://"+string(sinkAddr), spool, n)
-			if err != nil {
-				return fmt.Errorf("%s x %d: %w", spool, n, err)
+			for _, spool := range o.spools {
+				r, err := runOne(o, t, filepath.Join(dir, fmt.Sprintf("%s-%d-r%d", spool, n, round)), "http://"+string(sinkAddr), spool, n)
+				if err != nil {
+					return fmt.Errorf("%s x %d: %w", spool, n, err)
+				}
+				k := key{spool, n}
+				if all[k] == nil {
+					keys = append(keys, k)
+				}
+				all[k] = append(all[k], r)
+				fmt.Printf("| %d %s\n", round, r.row())
 			}
-			fmt.Println(row)
+		}
+	}
+	if o.rounds > 1 {
+		fmt.Printf("\nmedians of %d rounds:\n\n", o.rounds)
+		fmt.Println("| spool | relays | events/s | MB/s | accept p50 | accept p99 | relay CPU s/M events | NATS CPU s/M events | errors | events stream leaders per node (last round) | requests per batch |")
+		fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|")
+		for _, k := range keys {
+			fmt.Println(median(all[k]).row())
 		}
 	}
 	return nil
 }
 
-func runOne(o relayOpts, t tools, dir, sinkURL, spool string, n int) (string, error) {
+// result is one run's figures.
+type result struct {
+	spool             string
+	relays            int
+	eps, mbps         float64
+	p50, p99          uint64  // µs
+	relayCPU, natsCPU float64 // s per million events (0: none)
+	errs              int64
+	leaders           string
+	perBatch          float64 // requests' parts per published batch (fleet)
+}
+
+func (r result) row() string {
+	cpu := func(v float64) string {
+		if v == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.2f", v)
+	}
+	return fmt.Sprintf("| %s | %d | %.0f | %.1f | %s | %s | %s | %s | %d | %s | %s |", r.spool, r.relays, r.eps, r.mbps,
+		us(r.p50), us(r.p99), cpu(r.relayCPU), cpu(r.natsCPU), r.errs, r.leaders, cpu(r.perBatch))
+}
+
+// median is the field-by-field median of rs (the upper one of an even
+// count); leaders are the last run's.
+func median(rs []result) result {
+	m := rs[len(rs)-1]
+	med := func(get func(result) float64) float64 {
+		v := make([]float64, len(rs))
+		for i, r := range rs {
+			v[i] = get(r)
+		}
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	m.eps = med(func(r result) float64 { return r.eps })
+	m.mbps = med(func(r result) float64 { return r.mbps })
+	m.p50 = uint64(med(func(r result) float64 { return float64(r.p50) }))
+	m.p99 = uint64(med(func(r result) float64 { return float64(r.p99) }))
+	m.relayCPU = med(func(r result) float64 { return r.relayCPU })
+	m.natsCPU = med(func(r result) float64 { return r.natsCPU })
+	m.errs = int64(med(func(r result) float64 { return float64(r.errs) }))
+	m.perBatch = med(func(r result) float64 { return r.perBatch })
+	return m
+}
+
+func runOne(o relayOpts, t tools, dir, sinkURL, spool string, n int) (result, error) {
+	res := result{spool: spool, relays: n, leaders: "-"}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
+		return res, err
 	}
 	var natsProcs []*proc
 	spoolArgs := []string{"--spool", "local"}
@@ -247,7 +319,7 @@ func runOne(o relayOpts, t tools, dir, sinkURL, spool string, n int) (string, er
 			}
 		}()
 		if err != nil {
-			return "", err
+			return res, err
 		}
 		spoolArgs = []string{"--spool", url, "--spool-partitions", strconv.Itoa(o.partitions)}
 	}
@@ -261,11 +333,11 @@ func runOne(o relayOpts, t tools, dir, sinkURL, spool string, n int) (string, er
 	for i := range n {
 		lp, err := freePort()
 		if err != nil {
-			return "", err
+			return res, err
 		}
 		ap, err := freePort()
 		if err != nil {
-			return "", err
+			return res, err
 		}
 		listen, admin := fmt.Sprintf("127.0.0.1:%d", lp), fmt.Sprintf("127.0.0.1:%d", ap)
 		args := append([]string{"--listen", listen, "--admin-listen", admin, "--ingest-url", sinkURL,
@@ -273,12 +345,12 @@ func runOne(o relayOpts, t tools, dir, sinkURL, spool string, n int) (string, er
 			"--log-format", "json", "--log-level", "warn"}, spoolArgs...)
 		p, err := startProc(t.relay, filepath.Join(dir, fmt.Sprintf("relay%d.log", i)), args...)
 		if err != nil {
-			return "", err
+			return res, err
 		}
 		relays = append(relays, p)
 		// One at a time: the first creates the fleet's streams.
 		if err := waitOK("http://"+listen+"/healthz", 90*time.Second, p); err != nil {
-			return "", err
+			return res, err
 		}
 		listens, admins = append(listens, listen), append(admins, admin)
 	}
@@ -286,8 +358,9 @@ func runOne(o relayOpts, t tools, dir, sinkURL, spool string, n int) (string, er
 		// events and group identify: these relays have no usermap upstream,
 		// so they take none of its partitions (fleet membership is per kind).
 		if err := waitSpread(admins, 2*o.partitions, 60*time.Second); err != nil {
-			return "", err
+			return res, err
 		}
+		res.leaders = leaders(admins[0])
 	}
 
 	var (
@@ -348,16 +421,29 @@ func runOne(o relayOpts, t tools, dir, sinkURL, spool string, n int) (string, er
 	r1, n1 := ticks(relays), ticks(natsProcs)
 	cancel()
 	wg.Wait()
+	if spool == "fleet" {
+		hc := &http.Client{Timeout: 2 * time.Second}
+		var parts, batches int
+		for _, a := range admins {
+			parts += scrape(hc, "http://"+a+"/metrics", "relay_fleet_batch_requests_sum")
+			batches += scrape(hc, "http://"+a+"/metrics", "relay_fleet_batch_requests_count")
+		}
+		if batches > 0 {
+			res.perBatch = float64(parts) / float64(batches)
+		}
+	}
 
 	evs := float64(accepted.Load())
-	perM := func(d int64) string {
-		if evs == 0 || d == 0 {
-			return "-"
+	perM := func(d int64) float64 {
+		if evs == 0 {
+			return 0
 		}
-		return fmt.Sprintf("%.2f", float64(d)/userHZ/(evs/1e6))
+		return float64(d) / userHZ / (evs / 1e6)
 	}
-	return fmt.Sprintf("| %s | %d | %.0f | %.1f | %s | %s | %s | %s | %d |", spool, n, evs/el, float64(bodyBytes.Load())/el/1e6,
-		us(lat.Quantile(0.5)), us(lat.Quantile(0.99)), perM(r1-r0), perM(n1-n0), errs.Load()), nil
+	res.eps, res.mbps = evs/el, float64(bodyBytes.Load())/el/1e6
+	res.p50, res.p99 = lat.Quantile(0.5), lat.Quantile(0.99)
+	res.relayCPU, res.natsCPU, res.errs = perM(r1-r0), perM(n1-n0), errs.Load()
+	return res, nil
 }
 
 // requestBody is connection c's k-th request: o.events events of o.keys
@@ -414,4 +500,29 @@ func scrape(hc *http.Client, url, name string) int {
 		}
 	}
 	return 0
+}
+
+// leaders asks a relay's /readyz (which reads the events streams' leaders)
+// and returns its relay_fleet_stream_leaders series as "n1:1 n2:1 n3:1".
+func leaders(admin string) string {
+	hc := &http.Client{Timeout: 2 * time.Second}
+	if resp, err := hc.Get("http://" + admin + "/readyz"); err == nil {
+		resp.Body.Close()
+	}
+	resp, err := hc.Get("http://" + admin + "/metrics")
+	if err != nil {
+		return "?"
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	b.ReadFrom(resp.Body)
+	var out []string
+	for line := range strings.SplitSeq(b.String(), "\n") {
+		if v, ok := strings.CutPrefix(line, `relay_fleet_stream_leaders{node="`); ok {
+			node, val, _ := strings.Cut(v, `"} `)
+			out = append(out, node+":"+strings.TrimSpace(val))
+		}
+	}
+	slices.Sort(out)
+	return strings.Join(out, " ")
 }

@@ -49,13 +49,13 @@ func openFleet(cfg config.Config, log *zap.Logger, reg prometheus.Registerer) (*
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), openFleetTimeout)
 	defer cancel()
-	f, err := fleet.Open(ctx, nc, fleet.Config{Partitions: cfg.SpoolPartitions}, log.Named("fleet"), reg)
+	f, err := fleet.Open(ctx, nc, fleet.Config{Partitions: cfg.SpoolPartitions, Streams: cfg.SpoolStreams}, log.Named("fleet"), reg)
 	if err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("--spool nats://: open the fleet's streams: %w", err)
 	}
 	log.Info("fleet mode: events, group identifies and user mappings are spooled on the NATS JetStream cluster",
-		zap.String("member", f.Name()), zap.Int("partitions", f.Partitions()))
+		zap.String("member", f.Name()), zap.Int("partitions", f.Partitions()), zap.Int("streams", f.Streams()))
 	return &fleetStore{nc: nc, f: f, b: f.Backend()}, nil
 }
 

@@ -151,7 +151,7 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *st
 	var p *batcher.Pipeline
 	live := &liveMeter{next: client, windows: map[string]*rateWindow{}}
 	if fs != nil { // the events partitions this relay owns
-		p, err = batcher.NewFleet(bcfg, fs.b.Only(spool.KindEvents), fs.f, live, thr, log.Named("delivery"), reg)
+		p, err = batcher.NewFleet(bcfg, fs.b.Only(spool.KindEvents), fs.f, fs.f, live, thr, log.Named("delivery"), reg)
 	} else {
 		p, err = batcher.New(bcfg, sp, live, thr, log.Named("delivery"), reg)
 	}

@@ -3,6 +3,7 @@ package batcher
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -56,14 +57,29 @@ type SharedPauses interface {
 	AnyPaused() bool
 }
 
+// SharedLanes are the lane stops every relay of the fleet sees
+// (fleet.Fleet): an operator's StopLane holds the lane in every partition
+// on every relay, also after its partitions move, until a ResumeLane on
+// any relay.
+type SharedLanes interface {
+	// StopLane stops lane on every relay; it returns once stored.
+	StopLane(ctx context.Context, lane spool.LaneKey, reason string) error
+	// ResumeLane ends lane's stop on every relay.
+	ResumeLane(ctx context.Context, lane spool.LaneKey) error
+	// WatchLanes calls fn for every lane stopped now, then for every
+	// change, in order; fn must not block.
+	WatchLanes(fn func(lane spool.LaneKey, stopped bool, reason string))
+}
+
 // feedIdle is how long a fleet lane runner with nothing to send lives.
 const feedIdle = time.Minute
 
 // NewFleet returns a pipeline for fleet mode: it delivers the events
 // partitions st hands it (other kinds' partitions are left alone), stores
-// dead letters in st and shares pauses through pauses (may be nil). log
-// and reg may be nil; thr may be nil.
-func NewFleet(cfg Config, st FleetStore, pauses SharedPauses, send Sender, thr *throttle.Throttle, log *zap.Logger, reg prometheus.Registerer) (*Pipeline, error) {
+// dead letters in st, shares pauses through pauses and operators' lane
+// stops through lanes (either may be nil: this relay's own then). log and
+// reg may be nil; thr may be nil.
+func NewFleet(cfg Config, st FleetStore, pauses SharedPauses, lanes SharedLanes, send Sender, thr *throttle.Throttle, log *zap.Logger, reg prometheus.Registerer) (*Pipeline, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -75,12 +91,15 @@ func NewFleet(cfg Config, st FleetStore, pauses SharedPauses, send Sender, thr *
 		return nil, err
 	}
 	p.dead = st
-	p.fl = &fleetState{st: st, pauses: pauses}
+	p.fl = &fleetState{st: st, pauses: pauses, lanes: lanes, stops: make(map[spool.LaneKey]string)}
 	m, err := newMetrics(reg, p)
 	if err != nil {
 		return nil, err
 	}
 	p.m = m
+	if lanes != nil {
+		lanes.WatchLanes(p.laneStopChanged)
+	}
 	return p, nil
 }
 
@@ -89,7 +108,11 @@ func NewFleet(cfg Config, st FleetStore, pauses SharedPauses, send Sender, thr *
 type fleetState struct {
 	st     FleetStore
 	pauses SharedPauses
+	lanes  SharedLanes
 	nextID atomic.Uint64
+
+	smu   sync.Mutex
+	stops map[spool.LaneKey]string // lanes stopped fleet-wide, by reason
 
 	runs    delivery.Runners[*laneRunner]
 	mu      sync.Mutex
@@ -217,6 +240,10 @@ func (p *Pipeline) deliverPartition(stop, owned context.Context, r storage.Reade
 		Start: func(f *delivery.Feed) delivery.FeedRunner {
 			lr := newRunner(p, f, p.fl.nextID.Add(1), f.Lane().Label()+"-"+name, f.Lane())
 			p.fl.runs.Add(lr.id, lr)
+			// After Add: a stop arriving meanwhile finds the runner.
+			if reason, ok := p.fl.stopped(f.Lane()); ok {
+				lr.stop.Stop(reason)
+			}
 			return delivery.FeedRunner{Label: lr.label, Run: lr.Run, Pinned: lr.stop.Stopped,
 				Retired:   func() { p.fl.runs.Remove(lr.id, lr) },
 				Abandoned: func() { p.fl.runs.Remove(lr.id, lr); lr.abandon() }}
@@ -259,4 +286,73 @@ func (p *Pipeline) sharePauses(ctx context.Context, keys []string, until time.Ti
 			return
 		}
 	}
+}
+
+// stopped reports whether lane is stopped fleet-wide, and why.
+func (fl *fleetState) stopped(lane spool.LaneKey) (string, bool) {
+	fl.smu.Lock()
+	defer fl.smu.Unlock()
+	r, ok := fl.stops[lane]
+	return r, ok
+}
+
+// laneStopChanged applies a fleet-wide stop or resume of lane to this
+// relay's runners of it (every partition) and to those started later.
+func (p *Pipeline) laneStopChanged(lane spool.LaneKey, stopped bool, reason string) {
+	fl := p.fl
+	fl.smu.Lock()
+	if stopped {
+		fl.stops[lane] = reason
+	} else {
+		delete(fl.stops, lane)
+	}
+	fl.smu.Unlock()
+	for _, lr := range fl.runs.All() {
+		if lr.key != lane {
+			continue
+		}
+		if stopped {
+			lr.Stop(reason)
+		} else {
+			lr.Resume()
+		}
+	}
+}
+
+// sharedLaneTimeout bounds an operator's stop or resume in the cluster.
+const sharedLaneTimeout = 5 * time.Second
+
+// controlShared is StopLane (stop) or ResumeLane in fleet mode: the lane
+// of runner laneID is stopped or resumed in the cluster, for every relay,
+// and here at once. When the cluster does not answer, it holds on this
+// relay only (logged).
+func (p *Pipeline) controlShared(laneID uint64, stop bool) error {
+	fl := p.fl
+	lr := fl.runs.Get(laneID)
+	if lr == nil {
+		return fmt.Errorf("batcher: lane %d: %w", laneID, delivery.ErrUnknownLane)
+	}
+	const reason = "stopped by operator"
+	if fl.lanes != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), sharedLaneTimeout)
+		var err error
+		if stop {
+			err = fl.lanes.StopLane(ctx, lr.key, reason)
+		} else {
+			err = fl.lanes.ResumeLane(ctx, lr.key)
+		}
+		cancel()
+		if err == nil {
+			p.laneStopChanged(lr.key, stop, reason)
+			return nil
+		}
+		p.log.Warn("lane stop or resume not shared with the fleet: it holds on this relay only, until its partitions move",
+			zap.String("lane", lr.label), zap.Error(err))
+	}
+	if stop {
+		lr.Stop(reason)
+	} else {
+		lr.Resume()
+	}
+	return nil
 }

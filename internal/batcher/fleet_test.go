@@ -28,7 +28,7 @@ func newSeamHarness(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle
 	h := newHarness(t, simCfg, cfg, thrCfg)
 	h.reg = prometheus.NewRegistry()
 	var err error
-	h.p, err = NewFleet(h.cfg, storage.NewLocal(h.sp, nil), nil, h.send, h.thr, zaptest.NewLogger(t), h.reg)
+	h.p, err = NewFleet(h.cfg, storage.NewLocal(h.sp, nil), nil, nil, h.send, h.thr, zaptest.NewLogger(t), h.reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func TestFleetRunnersRetire(t *testing.T) {
 		h := newSyncHarness(t, sim.Config{}, Config{}, throttle.Config{})
 		h.reg = prometheus.NewRegistry()
 		var err error
-		h.p, err = NewFleet(h.cfg, storage.NewLocal(h.sp, nil), nil, h.send, h.thr, nil, h.reg)
+		h.p, err = NewFleet(h.cfg, storage.NewLocal(h.sp, nil), nil, nil, h.send, h.thr, nil, h.reg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -155,7 +155,7 @@ func TestFleetLeaseRunOut(t *testing.T) {
 	st := &leasedStore{Local: storage.NewLocal(h.sp, nil)}
 	h.reg = prometheus.NewRegistry()
 	var err error
-	h.p, err = NewFleet(h.cfg, st, nil, h.send, h.thr, zaptest.NewLogger(t), h.reg)
+	h.p, err = NewFleet(h.cfg, st, nil, nil, h.send, h.thr, zaptest.NewLogger(t), h.reg)
 	if err != nil {
 		t.Fatal(err)
 	}

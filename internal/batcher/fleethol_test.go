@@ -247,7 +247,7 @@ func testLaneHeadOfLine(t *testing.T, maxSpilled int) {
 	h.send.next = rev
 	st := newMuxStore(h.sp, maxSpilled)
 	h.reg = prometheus.NewRegistry()
-	h.p, err = NewFleet(h.cfg, st, nil, h.send, h.thr, zaptest.NewLogger(t), h.reg)
+	h.p, err = NewFleet(h.cfg, st, nil, nil, h.send, h.thr, zaptest.NewLogger(t), h.reg)
 	if err != nil {
 		t.Fatal(err)
 	}

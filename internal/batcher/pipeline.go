@@ -139,7 +139,7 @@ func (p *Pipeline) Ready() error {
 // in the spool. ResumeLane undoes it.
 func (p *Pipeline) StopLane(laneID uint64) error {
 	if p.fl != nil {
-		return p.fl.runs.Control(laneID, func(lr *laneRunner) { lr.Stop("stopped by operator") })
+		return p.controlShared(laneID, true)
 	}
 	return p.eng.StopLane(laneID)
 }
@@ -149,7 +149,7 @@ func (p *Pipeline) StopLane(laneID uint64) error {
 // created after the last LanesFrom wake-up is not stopped: nil.
 func (p *Pipeline) ResumeLane(laneID uint64) error {
 	if p.fl != nil {
-		return p.fl.runs.Control(laneID, (*laneRunner).Resume)
+		return p.controlShared(laneID, false)
 	}
 	return p.eng.ResumeLane(laneID)
 }

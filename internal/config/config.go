@@ -111,6 +111,10 @@ type Config struct {
 	// SpoolPartitions is --spool-partitions, P of the fleet's streams
 	// (1..256, fixed once the streams exist).
 	SpoolPartitions int
+	// SpoolStreams is --spool-streams, how many streams each lane kind's
+	// partitions are spread over (0..SpoolPartitions, fixed once the
+	// streams exist); 0 means the fleet's default (3, or P when fewer).
+	SpoolStreams int
 	// Connections per client address.
 	MaxConnectionsPerClient int // --max-connections-per-client, >= 0; 0: no bound
 
@@ -307,13 +311,22 @@ var options = []option{
 		set: str(func(c *Config) *string { return &c.NATSTLSCert })},
 	{name: "nats-tls-key", usage: "client certificate's key (PEM); with --nats-tls-cert",
 		set: str(func(c *Config) *string { return &c.NATSTLSKey })},
-	{name: "spool-partitions", def: "16", usage: "partitions of the fleet's streams (1..256), fixed once the streams exist: per-key order is kept within one",
+	{name: "spool-partitions", def: "3", usage: "partitions of the fleet's streams (1..256), fixed once the streams exist: per-key order is kept within one",
 		set: func(c *Config, v string) error {
 			n, err := strconv.Atoi(strings.TrimSpace(v))
 			if err != nil {
 				return fmt.Errorf("invalid number %q", v)
 			}
 			c.SpoolPartitions = n
+			return nil
+		}},
+	{name: "spool-streams", def: "0", usage: "streams each lane kind's partitions are spread over, each with a Raft leader of its own (0: 3, or the partitions when fewer), fixed once the streams exist",
+		set: func(c *Config, v string) error {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				return fmt.Errorf("invalid number %q", v)
+			}
+			c.SpoolStreams = n
 			return nil
 		}},
 	// Connections per client address.
@@ -788,6 +801,9 @@ func ParseSpool(v string) ([]string, error) {
 func (c Config) validateFleet() error {
 	if c.SpoolPartitions < 1 || c.SpoolPartitions > 256 {
 		return settingErr("spool-partitions", "%d: want 1 to 256", c.SpoolPartitions)
+	}
+	if c.SpoolStreams < 0 || c.SpoolStreams > c.SpoolPartitions {
+		return settingErr("spool-streams", "%d: want 0 (the default) to --spool-partitions (%d)", c.SpoolStreams, c.SpoolPartitions)
 	}
 	files := []struct{ name, v string }{
 		{"nats-creds", c.NATSCreds}, {"nats-tls-ca", c.NATSTLSCA}, {"nats-tls-cert", c.NATSTLSCert}, {"nats-tls-key", c.NATSTLSKey},

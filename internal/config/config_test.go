@@ -26,7 +26,7 @@ func TestDefaults(t *testing.T) {
 		Sync: "always", MaxRequestBytes: 20_000_000, MaxEventAge: 6 * 24 * time.Hour,
 		DrainTimeout: 10 * time.Second, LogLevel: "info",
 		MaxConnections:          16384, // the ingest listener's
-		SpoolPartitions:         16,
+		SpoolPartitions:         3,
 		MaxConnectionsPerClient: 256,
 		SpoolUpstreamChange:     "refuse",
 		MaxLanes:                10000, LaneRetireAfter: 10 * time.Minute,
@@ -78,7 +78,7 @@ func TestFullFile(t *testing.T) {
 		// The ingest listener.
 		MaxConnections: 1000, TLSCert: "/etc/relay/tls/cert.pem", TLSKey: "/etc/relay/tls/key.pem",
 		AdminTLSCert: "/etc/relay/tls/admin-cert.pem", AdminTLSKey: "/etc/relay/tls/admin-key.pem",
-		SpoolPartitions:         16,
+		SpoolPartitions:         3,
 		MaxConnectionsPerClient: 64,
 		SpoolUpstreamChange:     "refuse",
 		MaxLanes:                500, LaneRetireAfter: time.Hour,
@@ -150,7 +150,7 @@ func TestEnvNames(t *testing.T) {
 		"RELAY_ADMIN_TLS_CERT=ac", "RELAY_ADMIN_TLS_KEY=ak",
 		// Fleet mode.
 		"RELAY_SPOOL=nats://h1:4222,h2:4222", "RELAY_NATS_CREDS=testdata/admin.token", "RELAY_NATS_TLS_CA=testdata/admin.token",
-		"RELAY_NATS_TLS_CERT=testdata/credentials.yaml", "RELAY_NATS_TLS_KEY=testdata/empty.yaml", "RELAY_SPOOL_PARTITIONS=8",
+		"RELAY_NATS_TLS_CERT=testdata/credentials.yaml", "RELAY_NATS_TLS_KEY=testdata/empty.yaml", "RELAY_SPOOL_PARTITIONS=8", "RELAY_SPOOL_STREAMS=2",
 		"RELAY_MAX_CONNECTIONS_PER_CLIENT=0",
 	}
 	c, err := Load(nil, env)
@@ -171,7 +171,7 @@ func TestEnvNames(t *testing.T) {
 		CORSOrigins: []string{"https://a.example"}, AllowedAPIKeys: []string{"k1"}, ClientRateLimit: 3, AnonymizeIP: true,
 		// Fleet mode.
 		SpoolNATS: []string{"nats://h1:4222", "nats://h2:4222"}, NATSCreds: "testdata/admin.token", NATSTLSCA: "testdata/admin.token",
-		NATSTLSCert: "testdata/credentials.yaml", NATSTLSKey: "testdata/empty.yaml", SpoolPartitions: 8,
+		NATSTLSCert: "testdata/credentials.yaml", NATSTLSKey: "testdata/empty.yaml", SpoolPartitions: 8, SpoolStreams: 2,
 		// 0 turns the bound off.
 		MaxConnectionsPerClient: 0, SpoolUpstreamChange: "allow", MaxLanes: 7, MaxLanesPerKey: 3,
 	}
@@ -328,6 +328,7 @@ func TestRefusals(t *testing.T) {
 		{"nats tls cert without key", []string{"--spool", "nats://h:4222", "--nats-tls-cert", "testdata/admin.token"}, nil, "--nats-tls-cert and nats-tls-key go together: set both or neither (from nats-tls-cert from flag --nats-tls-cert"},
 		{"zero partitions", []string{"--spool-partitions", "0"}, nil, "--spool-partitions 0"},
 		{"too many partitions", nil, []string{"RELAY_SPOOL_PARTITIONS=1000"}, "spool-partitions 1000: want 1 to 256 (from variable RELAY_SPOOL_PARTITIONS)"},
+		{"more streams than partitions", []string{"--spool-partitions", "2", "--spool-streams", "3"}, nil, "spool-streams 3: want 0 (the default) to --spool-partitions (2)"},
 		{"tls cert without key", []string{"--tls-cert", "c.pem"}, nil, "--tls-cert is set without tls-key: set both or neither (from flag --tls-cert)"},
 		{"tls key without cert", nil, []string{"RELAY_TLS_KEY=k.pem"}, "tls-key is set without tls-cert: set both or neither (from variable RELAY_TLS_KEY)"},
 		{"admin tls cert without key", []string{"--admin-tls-cert", "c.pem"}, nil, "--admin-tls-cert is set without admin-tls-key"},

@@ -17,6 +17,11 @@ import (
 //	count x (orderKey, userID, data: each uvarint-len+bytes)
 //	crc32c:4 bytes big-endian over everything before it
 //
+// A message holds the records of one lane in one partition from one or
+// more requests of one batch (group commit), each request's in its order
+// and the requests one after the other; accepted is the earliest of their
+// acceptance times.
+//
 // JetStream checksums its own blocks; the trailer catches a message that
 // was not written by this package or was damaged on the way.
 const codecVersion = 1
@@ -45,20 +50,34 @@ func appendBytes(b, v []byte) []byte {
 	return append(b, v...)
 }
 
-// encode appends the body of a message of recs to dst.
-func encode(dst []byte, h *header, recs []spool.Record) []byte {
-	start := len(dst)
-	dst = append(dst, codecVersion, byte(h.lane.Kind))
-	dst = appendBytes(dst, []byte(h.lane.APIKey))
-	dst = appendBytes(dst, []byte(h.lane.Options))
-	dst = binary.AppendUvarint(dst, uint64(h.accepted.UnixMilli()))
-	dst = binary.AppendUvarint(dst, uint64(len(recs)))
+// encodeRecords appends recs' part of a message body to dst.
+func encodeRecords(dst []byte, recs []spool.Record) []byte {
 	for i := range recs {
 		dst = appendBytes(dst, recs[i].OrderKey)
 		dst = appendBytes(dst, recs[i].UserID)
 		dst = appendBytes(dst, recs[i].Data)
 	}
+	return dst
+}
+
+// encodeMessage appends to dst the body of a message of n records, whose
+// encodings (encodeRecords) are the concatenation of parts.
+func encodeMessage(dst []byte, h *header, n int, parts [][]byte) []byte {
+	start := len(dst)
+	dst = append(dst, codecVersion, byte(h.lane.Kind))
+	dst = appendBytes(dst, []byte(h.lane.APIKey))
+	dst = appendBytes(dst, []byte(h.lane.Options))
+	dst = binary.AppendUvarint(dst, uint64(h.accepted.UnixMilli()))
+	dst = binary.AppendUvarint(dst, uint64(n))
+	for _, p := range parts {
+		dst = append(dst, p...)
+	}
 	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
+}
+
+// encode appends the body of a message of recs to dst.
+func encode(dst []byte, h *header, recs []spool.Record) []byte {
+	return encodeMessage(dst, h, len(recs), [][]byte{encodeRecords(nil, recs)})
 }
 
 // decode reads a body; the records alias b.

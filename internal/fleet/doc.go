@@ -27,26 +27,26 @@
 //   - storage.DeadLetters: PutDead, ListDead, DeleteDead, shared by the
 //     fleet (one relay lists and replays what another dead-lettered).
 //   - Pause, PausedUntil (not in the seam: the local spool keeps pauses in
-//     the process's throttle): a key (device, user, pacing slot) held
-//     until a time, seen by every relay.
+//     the process's throttle): a key (device, user) held until a time,
+//     seen by every relay.
 //
 // ErrFull, ErrUnavailable and ErrLost match the seam's sentinels of the
 // same names (errors.Is), so a caller of the seam needs no fleet import.
 //
 // Where the local spool has one queue per lane (kind, api_key, options)
-// and a chunk per Append, the fleet has one stream per kind split in P
-// partitions, and a message per request and partition whose lane travels
-// inside it: the engine's unit of work is a partition (in which it keeps
-// its per-key shards), not a lane. Lane-level admin (stop, resume, status)
-// then works on the engine's in-memory state, across the partitions it
-// owns.
+// and a chunk per Append, the fleet has, per lane kind, P partitions
+// spread over S streams (partition p in stream p mod S), and a message per
+// lane and partition of each published batch, whose lane travels inside
+// it: the engine's unit of work is a partition (in which it keeps its
+// per-key shards), not a lane. Lane-level admin (stop, resume, status)
+// then works on the engine's in-memory state, across the partitions this
+// relay owns.
 //
 // A message is the unit of storage and of acknowledgement: the records of
-// one request that fall in one partition (split further only when larger
-// than Config.MaxMessageBytes). Records are not acknowledged one by one: the
-// engine counts a message's records (as the batcher counts a chunk's) and
-// acks the message when the last is done. The lane (kind, api_key, options)
-// travels inside each message, so that one partition carries every lane.
+// one lane in one partition from the requests of one batch (split further
+// only when larger than Config.MaxMessageBytes). Records are not
+// acknowledged one by one: the engine counts a message's records (as the
+// batcher counts a chunk's) and acks the message when the last is done.
 //
 // # Invariants
 //
@@ -54,7 +54,9 @@
 //     same on every relay (P is fixed per stream, kept in the stream's
 //     metadata and checked by Open). Within a partition the stream keeps
 //     publish order; one request's records of a key are in one message or
-//     in consecutive messages of one atomic batch. Exactly one relay reads a
+//     in consecutive messages of one atomic batch, and a request answered
+//     before another was accepted is stored before it (its batch was
+//     committed first). Exactly one relay reads a
 //     partition at a time and gets its messages in stream order, so the
 //     engine's per-key rules (one request in flight per shard, resends in
 //     front) hold as with the local spool. After a failover the new owner
@@ -73,18 +75,21 @@
 //
 // # Streams
 //
-//	RELAY_EVENTS   relay.events.<p>  work-queue retention, R3, file,
+//	RELAY_EVENTS, RELAY_EVENTS_1 ... RELAY_EVENTS_<S-1>
+//	               relay.events.<p>, p mod S = the stream's number
+//	                                 work-queue retention, R3, file,
 //	                                 discard new at Config.MaxBytes,
 //	                                 dedup window Config.DedupWindow,
 //	                                 atomic batch publish allowed;
-//	                                 metadata relay.partitions = P
-//	RELAY_GROUPIDENTIFY, RELAY_USERMAP  the same for the other lane kinds
+//	                                 metadata relay.partitions = P,
+//	                                 relay.streams = S
+//	RELAY_GROUPIDENTIFY..., RELAY_USERMAP...  the same for the other kinds
 //	RELAY_DEAD     relay.dead.<kind> limits retention, R3, file; a dead
 //	                                 letter's ID is its stream sequence
 //	KV RELAY_FLEET  m.<kind>.<relay>, p.<kind>.<p>  membership and partition
 //	                                 leases, R3, every revision expires
 //	                                 after Config.LeaseTTL
-//	KV RELAY_PAUSES <base64url key>  pauses and pacing, R3, per-key TTL
+//	KV RELAY_PAUSES <base64url key>  pauses (not pacing), R3, per-key TTL
 //
 // Work-queue retention: a message is removed as soon as it is
 // acknowledged, so the stream holds exactly the backlog, its size is what
@@ -94,6 +99,20 @@
 // messages again: what could not be delivered is in RELAY_DEAD. Limits
 // retention would keep acknowledged messages until MaxAge or MaxBytes and
 // make "stream full" mean "old delivered data", not backlog.
+//
+// Why several streams per kind: a stream is one Raft group, and its leader
+// takes every write of it; with one stream per kind, every append of every
+// relay went through one node however large the cluster. S streams (3 by
+// default) have S leaders. JetStream places them as it likes, so at Open a
+// relay reads each kind's placement and, when one node leads more than
+// ceil(S/nodes) of a kind's streams, asks the extra ones to step down in
+// favour of a node that leads fewer (a step-down with a preferred server;
+// see balance). The placement is logged (a warning when one node leads
+// every stream of a kind) and the events streams' leaders per node are the
+// gauge relay_fleet_stream_leaders, read again by every /readyz. Leaders
+// move afterwards when nodes die or restart: the relay does not move them
+// back until a relay starts (an operator can with "nats stream cluster
+// step-down").
 //
 // Durability of a write (--sync): the streams use the server's default
 // persist mode, in which a publish is acknowledged once a quorum of nodes
@@ -105,31 +124,49 @@
 // and an acknowledged record survives the crash or power loss of any one
 // node, not of a quorum at once.
 //
-// # Ingest: all or nothing
+// # Ingest: group commit, all or nothing
 //
-// Append groups a request's records by partition, encodes each group as one
-// message (several when larger than MaxMessageBytes) with
-// Nats-Msg-Id = <request id>-<partition>-<part>, and publishes:
+// Append groups a request's records by partition and encodes them (frags
+// of at most MaxMessageBytes; a single record larger than that is refused
+// before anything is published), then hands its part in each stream to
+// that stream's committer (committer.go) and waits for the answers. A
+// committer publishes the parts it holds as one batch: when a batch slot
+// is free (at most Config.MaxInflight batches in flight per stream) it
+// takes what waits, and what arrives within Config.Linger (1 ms), up to
+// 900 messages and 4 MiB; one message per lane and partition, holding each
+// request's records of that partition in arrival order. Many requests then
+// share one quorum round (and, with sync_interval always, one fsync per
+// node), as the local spool's requests share one WAL fsync. A batch of one
+// message is a plain JetStream publish; of several, one atomic batch
+// (Nats-Batch-Id, nats-server 2.12+): the server stores all of them or
+// none. Every request of the batch gets the batch's outcome.
 //
-//   - one message: a plain JetStream publish;
-//   - several: one atomic batch (Nats-Batch-Id, nats-server 2.12+): the
-//     server stores all of them or none. So when "publish 2 of 3" fails the
-//     batch is abandoned and nothing of the request is in the stream.
+// Message ids are the batch's (a fresh id plus the message's index), so a
+// retry of the batch after a lost answer (time-out, a node dying) is
+// absorbed: the server answers "duplicate" (a single message) or "batch
+// contains duplicate message id" (a batch, all of whose ids were committed
+// together), and the committer counts that as success. It retries for at
+// most Config.PublishTimeout; then, or at once when the stream is full, it
+// answers an error for which errors.Is(err, ErrFull) or errors.Is(err,
+// ErrUnavailable) holds: the ingest answers 503 with Retry-After, never a
+// partial 200. A request with Request.ID (the admin API's dead-letter
+// replay) is published in a batch of its own with message ids
+// ID-partition-part, so that the same request appended again within
+// DedupWindow is stored once. The ingest sets no ID: a client that retries
+// a request that was stored after all (after ErrUnavailable) stores it
+// again, and the upstream's insert_id dedup is what absorbs it.
 //
-// A retry after a lost answer (time-out, a node dying) sends the same
-// message ids in a new batch: if the first attempt was committed, the
-// server answers "duplicate" (a single message) or "batch contains
-// duplicate message id" (a batch, all of whose ids were committed together
-// and expire together), and Append counts that as success. Append retries
-// for at most Config.PublishTimeout; then, or at once when the stream is
-// full, it returns an error for which errors.Is(err, ErrFull) or
-// errors.Is(err, ErrUnavailable) holds: the ingest answers 503 with
-// Retry-After, never a partial 200. After ErrUnavailable the request may or
-// may not be stored (the answer was lost): a client that retries with the
-// same body gets the same Request.ID when the ingest derives it from the
-// body (every event with an insert_id; see Request.ID), and the retry is
-// absorbed within the dedup window; otherwise the upstream's insert_id
-// dedup is what remains.
+// All or nothing holds per stream: a request whose records lie in one
+// stream (every request of one device) is stored whole or not at all. A
+// request over several streams (several devices) is one batch per stream:
+// it is answered 200 only once every one is stored; a refusal for space is
+// decided before anything is published (MaxBytes, from the streams' bytes
+// as last read), and a record too large is refused before too; but when
+// one stream's batch fails otherwise (no quorum for that stream until the
+// time-out, the servers' own disk limit) while another's was stored, the
+// stored part stays and is delivered, and the client's retry sends the
+// rest again (its stored part too: the upstream drops the copies by
+// insert_id). relay_fleet_multi_stream_appends_total counts such requests.
 //
 // # Ownership
 //
@@ -172,7 +209,7 @@
 // spread, at the cost of a consumer re-creation per take-over.
 //
 // The ownership loop does one KV operation per held or wanted lease per
-// heartbeat (3 x P at most, e.g. 48 every 2 s with the defaults), each in
+// heartbeat (3 x P at most, e.g. 9 every 2 s with the defaults), each in
 // its own goroutine so that a slow answer does not delay the other
 // renewals. Partitions are assigned by rendezvous hashing with bounded load
 // (each member takes at most ceil(P/n) of each kind).
@@ -190,24 +227,35 @@
 // TTL of until-now (nats-server 2.11+); every relay watches the bucket and
 // keeps the live pauses in memory, so PausedUntil is a map lookup. A pause
 // never shortens a longer one: Pause reads the stored one and replaces it
-// only when it ends earlier, with a compare-and-swap on its revision. Pacing (usermap's one
-// request per organization and interval) uses the same keys ("pace:" +
-// organization) with the time of the next slot.
+// only when it ends earlier, with a compare-and-swap on its revision.
+//
+// Pacing (the token bucket a key is sent through after its pause, package
+// throttle) is not in the bucket: no code writes "pace:" keys. It is each
+// relay's own, in its process's throttle. After a failover the new owner
+// has no pacing state for the partition's keys: a key's pause (in the
+// bucket) still holds, but once it ends the key is sent unpaced until the
+// upstream refuses it again (a 429, which pauses and paces it anew on the
+// relay that got it). So a failover may cost a paced key one more 429.
 //
 // # Goroutines
 //
-// Open starts the pause watcher (stopped by Close). Run owns the heartbeat
+// Open starts the pause watcher and one committer per stream (stopped by
+// Close, which waits for the committers' batches in flight, each bounded
+// by PublishTimeout). Run owns the heartbeat
 // loop, the per-tick goroutines of its KV operations (waited for within the
 // tick) and one goroutine per owned partition (opening it, then calling
 // deliver); it returns after every deliver returned and every lease was
 // released. A Partition's keep-alive goroutine lives as long as its
-// deliver call. Locks: Partition.mu (its handed-out messages) and
-// pauses.mu (the pause map), never held together nor across a call into
-// another package; metrics read atomics.
+// deliver call. Locks: Partition.mu (its handed-out messages),
+// pauses.mu (the pause map) and metrics.mu (the leader gauge's label set),
+// never held together nor across a call into another package; gauges read
+// atomics.
 //
 // # Metrics
 //
 // See metrics.go: relay_fleet_append_seconds,
 // relay_fleet_append_failures_total{reason}, relay_fleet_partitions_owned,
-// relay_fleet_messages_held, relay_fleet_partition_backlog{partition}.
+// relay_fleet_messages_held, relay_fleet_partition_backlog{partition},
+// relay_fleet_batch_requests, relay_fleet_multi_stream_appends_total,
+// relay_fleet_stream_leaders{node}.
 package fleet

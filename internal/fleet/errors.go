@@ -75,6 +75,7 @@ func retryable(err error) bool {
 // JetStream API error codes this package reacts to (nats-server's
 // server/errors.json).
 const (
+	errCodeClusterNoPeers        = 10005 // no suitable peers for placement
 	errCodeInsufficientResources = 10023
 	errCodeStoreFailed           = 10077 // "maximum bytes exceeded" among others
 	errCodeBatchIncomplete       = 10176

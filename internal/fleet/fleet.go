@@ -16,12 +16,11 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/spool"
-	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Defaults.
 const (
-	DefaultPartitions      = 16
+	DefaultPartitions      = 3
 	DefaultReplicas        = 3
 	DefaultDedupWindow     = 2 * time.Minute
 	DefaultPublishTimeout  = 10 * time.Second
@@ -29,6 +28,9 @@ const (
 	DefaultLeaseTTL        = 6 * time.Second
 	DefaultAckWait         = 30 * time.Second
 	DefaultMaxAckPending   = 20000
+	DefaultStreams         = 3
+	DefaultLinger          = time.Millisecond
+	DefaultMaxInflight     = 2
 )
 
 // MaxPartitions bounds Config.Partitions: an atomic batch holds at most
@@ -39,6 +41,7 @@ const MaxPartitions = 256
 // Metadata names.
 const (
 	metaPartitions = "relay.partitions"
+	metaStreams    = "relay.streams"
 	metaFormat     = "relay.format"
 	formatVersion  = "1"
 )
@@ -47,10 +50,26 @@ const (
 var kinds = []spool.Kind{spool.KindEvents, spool.KindGroupIdentify, spool.KindUserMap}
 
 // names are the streams', buckets' and subjects' names of a namespace
-// (Config.Namespace): RELAY_EVENTS and relay.events.<p> for "RELAY".
-type names struct{ ns string }
+// (Config.Namespace) with s streams per kind: RELAY_EVENTS,
+// RELAY_EVENTS_1 ... and relay.events.<p> for "RELAY". Partition p is in
+// the kind's stream p mod s; the first stream keeps the name a fleet of one
+// stream per kind had.
+type names struct {
+	ns string
+	s  int
+}
 
-func (n names) stream(k spool.Kind) string { return n.ns + "_" + strings.ToUpper(k.String()) }
+// stream is the name of the kind's stream g (0 to s-1).
+func (n names) stream(k spool.Kind, g int) string {
+	name := n.ns + "_" + strings.ToUpper(k.String())
+	if g > 0 {
+		name += "_" + strconv.Itoa(g)
+	}
+	return name
+}
+
+// streamOf is the name of the stream holding partition p of kind k.
+func (n names) streamOf(k spool.Kind, p int) string { return n.stream(k, p%n.s) }
 
 func (n names) subjectPrefix(k spool.Kind) string {
 	return strings.ToLower(n.ns) + "." + k.String() + "."
@@ -68,6 +87,8 @@ func (n names) fleetBucket() string { return n.ns + "_FLEET" }
 
 func (n names) pauseBucket() string { return n.ns + "_PAUSES" }
 
+func (n names) laneBucket() string { return n.ns + "_LANES" }
+
 // Config configures a Fleet. Zero values mean the defaults named.
 type Config struct {
 	// Namespace prefixes every stream and bucket name (NS_EVENTS,
@@ -84,10 +105,28 @@ type Config struct {
 	// stream is created: Open fails with ErrPartitions when an existing
 	// stream has another.
 	Partitions int
+	// Streams is how many streams each lane kind's partitions are spread
+	// over (partition p in stream p mod Streams): each stream is a Raft
+	// group with a leader of its own, so more streams spread the writes
+	// over more nodes. 1 to Partitions; zero means DefaultStreams, or
+	// Partitions when fewer. Fixed when the streams are created, like
+	// Partitions (ErrPartitions).
+	Streams int
+	// Linger is how long a publish waits for other requests to the same
+	// stream to share its atomic batch (group commit); zero means
+	// DefaultLinger, negative none.
+	Linger time.Duration
+	// MaxInflight bounds the batches in flight at once per stream; zero
+	// means DefaultMaxInflight.
+	MaxInflight int
 	// Replicas of every stream and bucket; zero means DefaultReplicas (3).
 	Replicas int
-	// MaxBytes bounds each lane kind's stream (discard new: Append returns
-	// ErrFull above it); zero means no bound but the server's.
+	// MaxBytes bounds each lane kind's backlog, all its streams together:
+	// Append returns ErrFull when the kind's stored bytes (as last read
+	// from the cluster, at most a quarter second ago, plus this relay's
+	// appends since) and the request's would pass it. Each stream also has
+	// it as its own server-side bound (discard new). Zero means no bound
+	// but the server's.
 	MaxBytes int64
 	// DedupWindow is how long a retried publish is absorbed; zero means
 	// DefaultDedupWindow.
@@ -125,6 +164,15 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Partitions == 0 {
 		c.Partitions = DefaultPartitions
+	}
+	if c.Streams == 0 {
+		c.Streams = min(DefaultStreams, c.Partitions)
+	}
+	if c.Linger == 0 {
+		c.Linger = DefaultLinger
+	}
+	if c.MaxInflight == 0 {
+		c.MaxInflight = DefaultMaxInflight
 	}
 	if c.Replicas == 0 {
 		c.Replicas = DefaultReplicas
@@ -186,6 +234,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("fleet: name %q: letters, digits, - and _ only", c.Name)
 	case d.Partitions < 1 || d.Partitions > MaxPartitions:
 		return fmt.Errorf("fleet: partitions %d: want 1 to %d", c.Partitions, MaxPartitions)
+	case d.Streams < 1 || d.Streams > d.Partitions:
+		return fmt.Errorf("fleet: streams %d: want 1 to the partitions (%d)", c.Streams, d.Partitions)
+	case d.MaxInflight < 1:
+		return errors.New("fleet: max in-flight batches must be positive")
 	case d.Replicas != 1 && d.Replicas != 3 && d.Replicas != 5:
 		return fmt.Errorf("fleet: replicas %d: want 1, 3 or 5", c.Replicas)
 	case d.MaxBytes < 0:
@@ -216,7 +268,10 @@ type Fleet struct {
 	dead  jetstream.Stream
 	pause *pauses
 	m     *metrics
-	ids   *storage.IDs // a request's id when it has none
+
+	lanes  *laneStops
+	commit map[spool.Kind][]*committer // by kind, then stream
+	usage  map[spool.Kind]*usage       // for MaxBytes
 }
 
 // Open creates or checks the streams and buckets on the cluster nc is
@@ -241,16 +296,14 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config, log *zap.Logger, reg p
 	if err != nil {
 		return nil, err
 	}
-	ids, err := storage.NewIDs()
-	if err != nil {
-		return nil, err
-	}
-	f := &Fleet{cfg: cfg, n: names{cfg.Namespace}, nc: nc, js: js, m: m, ids: ids, log: log.With(zap.String("relay", cfg.Name))}
+	f := &Fleet{cfg: cfg, n: names{cfg.Namespace, cfg.Streams}, nc: nc, js: js, m: m, log: log.With(zap.String("relay", cfg.Name))}
 	for _, k := range kinds {
-		if _, err := retrySetup(ctx, f.log, func(ctx context.Context) (struct{}, error) {
-			return struct{}{}, f.ensureStream(ctx, k)
-		}); err != nil {
-			return nil, err
+		for g := range cfg.Streams {
+			if _, err := retrySetup(ctx, f.log, func(ctx context.Context) (struct{}, error) {
+				return struct{}{}, f.ensureStream(ctx, k, g)
+			}); err != nil {
+				return nil, err
+			}
 		}
 	}
 	deadCfg := jetstream.StreamConfig{
@@ -306,6 +359,19 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config, log *zap.Logger, reg p
 	if f.pause, err = startPauses(ctx, js, pkv, "$KV."+f.n.pauseBucket()+".", f.log); err != nil {
 		return nil, err
 	}
+	if err := f.startLaneStops(ctx); err != nil {
+		f.pause.stop()
+		return nil, err
+	}
+	f.balance(ctx)
+	f.commit = make(map[spool.Kind][]*committer, len(kinds))
+	f.usage = make(map[spool.Kind]*usage, len(kinds))
+	for _, k := range kinds {
+		f.usage[k] = &usage{}
+		for g := range cfg.Streams {
+			f.commit[k] = append(f.commit[k], f.startCommitter(f.n.stream(k, g)))
+		}
+	}
 	return f, nil
 }
 
@@ -334,7 +400,11 @@ func retrySetup[T any](ctx context.Context, log *zap.Logger, create func(context
 		var apiErr *jetstream.APIError
 		taken := errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) || errors.Is(err, jetstream.ErrBucketExists) ||
 			(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamNameInUse)
-		if !taken && !errors.Is(err, context.DeadlineExceeded) && !retryable(err) {
+		// "No suitable peers for placement, peer offline": a node of a
+		// loaded cluster missed its heartbeats to the meta leader for a
+		// moment (seen at the first relay's start on a fresh cluster).
+		noPeers := errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeClusterNoPeers
+		if !taken && !noPeers && !errors.Is(err, context.DeadlineExceeded) && !retryable(err) {
 			return v, err
 		}
 		log.Info("creating the fleet's streams: retrying", zap.Error(err))
@@ -346,17 +416,24 @@ func retrySetup[T any](ctx context.Context, log *zap.Logger, create func(context
 	}
 }
 
-// ensureStream creates the lane kind's stream or checks that the existing
-// one has this configuration's partitions.
-func (f *Fleet) ensureStream(ctx context.Context, k spool.Kind) error {
-	name := f.n.stream(k)
-	want := strconv.Itoa(f.cfg.Partitions)
+// ensureStream creates the lane kind's stream g or checks that the
+// existing one has this configuration's partitions and streams.
+func (f *Fleet) ensureStream(ctx context.Context, k spool.Kind, g int) error {
+	name := f.n.stream(k, g)
+	want, wantStreams := strconv.Itoa(f.cfg.Partitions), strconv.Itoa(f.cfg.Streams)
 	s, err := f.js.Stream(ctx, name)
 	switch {
 	case err == nil:
 		info := s.CachedInfo()
 		if got := info.Config.Metadata[metaPartitions]; got != want {
 			return fmt.Errorf("fleet: stream %s has %q partitions, this relay is configured for %s: %w", name, got, want, ErrPartitions)
+		}
+		got := info.Config.Metadata[metaStreams]
+		if got == "" {
+			got = "1" // made before streams were counted
+		}
+		if got != wantStreams {
+			return fmt.Errorf("fleet: stream %s is one of %s streams per kind, this relay is configured for %s: %w", name, got, wantStreams, ErrPartitions)
 		}
 		if got := info.Config.Metadata[metaFormat]; got != formatVersion {
 			return fmt.Errorf("fleet: stream %s has message format %q, this relay writes %s: %w", name, got, formatVersion, ErrPartitions)
@@ -369,9 +446,13 @@ func (f *Fleet) ensureStream(ctx context.Context, k spool.Kind) error {
 	if maxBytes == 0 {
 		maxBytes = -1
 	}
+	var subjects []string
+	for p := g; p < f.cfg.Partitions; p += f.cfg.Streams {
+		subjects = append(subjects, f.n.subject(k, p))
+	}
 	_, err = f.js.CreateStream(ctx, jetstream.StreamConfig{
 		Name:               name,
-		Subjects:           []string{f.n.subjectPrefix(k) + "*"},
+		Subjects:           subjects,
 		Retention:          jetstream.WorkQueuePolicy,
 		Storage:            jetstream.FileStorage,
 		Replicas:           f.cfg.Replicas,
@@ -380,10 +461,10 @@ func (f *Fleet) ensureStream(ctx context.Context, k spool.Kind) error {
 		Duplicates:         f.cfg.DedupWindow,
 		MaxMsgSize:         int32(f.cfg.MaxMessageBytes) + 1024,
 		AllowAtomicPublish: true,
-		Metadata:           map[string]string{metaPartitions: want, metaFormat: formatVersion},
+		Metadata:           map[string]string{metaPartitions: want, metaStreams: wantStreams, metaFormat: formatVersion},
 	})
 	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		return f.ensureStream(ctx, k) // another relay created it meanwhile
+		return f.ensureStream(ctx, k, g) // another relay created it meanwhile
 	}
 	if err != nil {
 		return fmt.Errorf("fleet: create stream %s: %w", name, unavailable(err))
@@ -391,8 +472,16 @@ func (f *Fleet) ensureStream(ctx context.Context, k spool.Kind) error {
 	return nil
 }
 
-// Close stops the pause watcher. It does not close the connection.
+// Close stops the publishers (an Append after it fails with
+// ErrUnavailable; batches in flight finish first) and the pause watcher.
+// It does not close the connection.
 func (f *Fleet) Close() error {
+	for _, cs := range f.commit {
+		for _, c := range cs {
+			c.stop()
+		}
+	}
+	f.lanes.stop()
 	f.pause.stop()
 	return nil
 }
@@ -402,3 +491,6 @@ func (f *Fleet) Name() string { return f.cfg.Name }
 
 // Partitions is P.
 func (f *Fleet) Partitions() int { return f.cfg.Partitions }
+
+// Streams is how many streams each lane kind's partitions are spread over.
+func (f *Fleet) Streams() int { return f.cfg.Streams }

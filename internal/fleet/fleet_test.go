@@ -38,6 +38,8 @@ func TestFleet(t *testing.T) {
 	t.Run("Conformance", env.testConformance)
 	t.Run("ConcurrentOpen", env.testConcurrentOpen)
 	t.Run("Metrics", env.testMetrics)
+	t.Run("LeadersSpread", env.testLeadersSpread)
+	t.Run("GroupCommit", env.testGroupCommit)
 	t.Run("AllOrNothing", env.testAllOrNothing)
 	t.Run("Dedup", env.testDedup)
 	t.Run("Full", env.testFull)
@@ -217,13 +219,18 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	}
 }
 
+// streamMsgs is the messages held by kind k's streams.
 func streamMsgs(t *testing.T, f *Fleet, k spool.Kind) uint64 {
 	t.Helper()
-	s, err := f.js.Stream(bg(t), f.n.stream(k))
-	if err != nil {
-		t.Fatal(err)
+	var n uint64
+	for g := range f.cfg.Streams {
+		s, err := f.js.Stream(bg(t), f.n.stream(k, g))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += s.CachedInfo().State.Msgs
 	}
-	return s.CachedInfo().State.Msgs
+	return n
 }
 
 // checkOrder fails unless each key's records were read exactly once each,
@@ -1030,7 +1037,7 @@ func (e *testEnv) testNodeRestart(t *testing.T) {
 	}()
 	count := func() int { mu.Lock(); defer mu.Unlock(); return len(acked) }
 	waitFor(t, 20*time.Second, "some appends", func() bool { return count() > 30 })
-	l := e.c.StreamLeader(f.n.stream(spool.KindEvents))
+	l := e.c.StreamLeader(f.n.stream(spool.KindEvents, 0))
 	if l < 0 {
 		t.Fatal("no stream leader")
 	}
@@ -1172,4 +1179,139 @@ func (e *testEnv) testKindMembers(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// testLeadersSpread: the events streams' leaders all on one node (moved
+// there on purpose), a relay that opens the fleet spreads them over at
+// least two nodes, and the leaders-per-node gauge shows it.
+func (e *testEnv) testLeadersSpread(t *testing.T) {
+	ns := e.namespace()
+	cfg := Config{Namespace: ns, Partitions: 6}
+	f := e.open(t, e.connect(t), cfg)
+	ctx := bg(t)
+	target := e.c.Server(0).Name()
+	for g := range f.cfg.Streams {
+		name := f.n.stream(spool.KindEvents, g)
+		waitFor(t, time.Minute, name+" led by "+target, func() bool {
+			pl, err := f.Placement(ctx, spool.KindEvents)
+			if err != nil || pl.Leaders[name] == "" {
+				return false
+			}
+			if pl.Leaders[name] == target {
+				return true
+			}
+			if err := f.stepDown(ctx, name, target); err != nil {
+				t.Logf("step %s down to %s: %v", name, target, err)
+			}
+			time.Sleep(200 * time.Millisecond)
+			return false
+		})
+	}
+	if pl, _ := f.Placement(ctx, spool.KindEvents); pl.PerNode[target] != f.cfg.Streams {
+		t.Fatalf("setup: leaders %v, want all %d on %s", pl.PerNode, f.cfg.Streams, target)
+	}
+
+	reg := prometheus.NewRegistry()
+	f2, err := Open(ctx, e.connect(t), cfg, nil, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f2.Close()
+	spread := func() map[string]int {
+		pl, err := f2.Placement(ctx, spool.KindEvents)
+		if err != nil {
+			return nil
+		}
+		return pl.PerNode
+	}
+	waitFor(t, time.Minute, "events stream leaders on two nodes or more", func() bool {
+		leading := 0
+		for _, n := range spread() {
+			if n > 0 {
+				leading++
+			}
+		}
+		return leading >= 2
+	})
+	t.Logf("leaders per node: %v", spread())
+	waitFor(t, time.Minute, "the stream leaders gauge", func() bool {
+		if f2.Writable(ctx) != nil {
+			return false
+		}
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sum, nodes float64
+		for _, mf := range mfs {
+			if mf.GetName() == "relay_fleet_stream_leaders" {
+				for _, m := range mf.GetMetric() {
+					sum += m.GetGauge().GetValue()
+					nodes++
+				}
+			}
+		}
+		return sum == float64(f2.cfg.Streams) && nodes == 3
+	})
+}
+
+// testGroupCommit: requests appended at once share batches (far fewer
+// messages than requests), and every record is read once, each device's in
+// order, its requests one after the other.
+func (e *testEnv) testGroupCommit(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	ctx := bg(t)
+	f, err := Open(ctx, e.connect(t), Config{Namespace: e.namespace(), Partitions: 4, Streams: 1, MaxInflight: 1, Linger: 50 * time.Millisecond}, nil, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	const devices, perDevice = 40, 5
+	var wg sync.WaitGroup
+	errs := make(chan error, devices*perDevice)
+	for d := range devices {
+		wg.Go(func() {
+			key := "d:" + strconv.Itoa(d)
+			for n := range perDevice {
+				// Two records a request: 2n+1 and 2n+2.
+				recs := []spool.Record{rec(key, 2*n+1), rec(key, 2*n+2)}
+				if err := f.Append(ctx, Request{Lane: lane, Records: recs}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	msgs := streamMsgs(t, f, spool.KindEvents)
+	t.Logf("%d requests stored in %d messages", devices*perDevice, msgs)
+	if msgs > devices*perDevice/4 {
+		t.Errorf("%d requests stored in %d messages: not grouped", devices*perDevice, msgs)
+	}
+	var batches, parts float64
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == "relay_fleet_batch_requests" {
+			h := mf.GetMetric()[0].GetHistogram()
+			batches, parts = float64(h.GetSampleCount()), h.GetSampleSum()
+		}
+	}
+	if batches == 0 || parts/batches < 4 {
+		t.Errorf("batch_requests: %v parts in %v batches, want 4 or more a batch", parts, batches)
+	}
+	want := map[string]int{}
+	for d := range devices {
+		want["d:"+strconv.Itoa(d)] = 2 * perDevice
+	}
+	col := newCollector()
+	stop := runEvents(f, col.deliver(nil))
+	waitFor(t, 30*time.Second, "every record read", func() bool { return col.count() >= devices*perDevice*2 })
+	stop()
+	col.mu.Lock()
+	defer col.mu.Unlock()
+	checkOrder(t, col.got, want)
 }

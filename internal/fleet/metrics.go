@@ -3,6 +3,7 @@ package fleet
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +27,12 @@ type metrics struct {
 	owned         atomic.Int64
 	held          atomic.Int64
 	backlog       *prometheus.GaugeVec
+	batchRequests prometheus.Histogram
+	multiStream   prometheus.Counter
+	leaders       *prometheus.GaugeVec
+
+	mu        sync.Mutex // leaderSet; never held across a call into prometheus
+	leaderSet map[string]bool
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -43,12 +50,25 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "relay_fleet_partition_backlog",
 			Help: "Messages of a partition this relay owns that are not yet acknowledged (pending plus being delivered).",
 		}, []string{"partition"}),
+		batchRequests: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "relay_fleet_batch_requests",
+			Help:    "Requests' parts per atomic batch published to a stream (group commit).",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 10),
+		}),
+		multiStream: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "relay_fleet_multi_stream_appends_total",
+			Help: "Appends whose records went to more than one stream (all or nothing per stream only, see the README).",
+		}),
+		leaders: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "relay_fleet_stream_leaders",
+			Help: "Events streams whose Raft leader each NATS server is, as last read (at start and by every /readyz).",
+		}, []string{"node"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{
-		m.appendSeconds, m.appendFails, m.backlog,
+		m.appendSeconds, m.appendFails, m.backlog, m.batchRequests, m.multiStream, m.leaders,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "relay_fleet_partitions_owned",
 			Help: "Partitions (of every lane kind) this relay delivers now.",
@@ -63,6 +83,31 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// setLeaders replaces the leaders-per-node series with perNode's.
+func (m *metrics) setLeaders(perNode map[string]int) {
+	m.mu.Lock()
+	var gone []string
+	for n := range m.leaderSet {
+		if _, ok := perNode[n]; !ok {
+			gone = append(gone, n)
+			delete(m.leaderSet, n)
+		}
+	}
+	if m.leaderSet == nil {
+		m.leaderSet = make(map[string]bool)
+	}
+	for n := range perNode {
+		m.leaderSet[n] = true
+	}
+	m.mu.Unlock()
+	for _, n := range gone {
+		m.leaders.DeleteLabelValues(n)
+	}
+	for n, c := range perNode {
+		m.leaders.WithLabelValues(n).Set(float64(c))
+	}
 }
 
 func (m *metrics) appendFailed(err error) {

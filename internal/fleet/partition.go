@@ -92,7 +92,7 @@ func consumerName(id int) string { return "p" + strconv.Itoa(id) }
 // opened again (by this relay, or the one now assigned): the reset
 // consumer delivers every unacknowledged message again, in stream order.
 func (f *Fleet) openPartition(ctx, owned context.Context, k spool.Kind, id int) (*Partition, error) {
-	stream, name := f.n.stream(k), consumerName(id)
+	stream, name := f.n.streamOf(k, id), consumerName(id)
 	if err := f.js.DeleteConsumer(ctx, stream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return nil, fmt.Errorf("fleet: reset consumer %s/%s: %w", stream, name, unavailable(err))
 	}
@@ -114,7 +114,7 @@ var errStaleConsumer = errors.New("consumer not reset (it delivered before)")
 // previous owner's unacknowledged messages would then wait for AckWait.
 // The caller retries, delete included.
 func (f *Fleet) createConsumer(ctx context.Context, k spool.Kind, id int) (jetstream.Consumer, error) {
-	stream, name := f.n.stream(k), consumerName(id)
+	stream, name := f.n.streamOf(k, id), consumerName(id)
 	cons, err := f.js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
 		Durable:       name,
 		FilterSubject: f.n.subject(k, id),
@@ -141,7 +141,7 @@ func (f *Fleet) createConsumer(ctx context.Context, k spool.Kind, id int) (jetst
 // readPartition starts reading cons, a consumer just created (see
 // openPartition, Deliveries).
 func (f *Fleet) readPartition(owned context.Context, k spool.Kind, id int, cons jetstream.Consumer) (*Partition, error) {
-	stream, name := f.n.stream(k), consumerName(id)
+	stream, name := f.n.streamOf(k, id), consumerName(id)
 	// A short pull expiry: a pull sent to a consumer just created whose
 	// leader is not elected yet is lost, and the iterator notices only
 	// after two missed heartbeats (expiry/2 each): with the default 30 s

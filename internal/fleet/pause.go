@@ -102,9 +102,8 @@ func (p *pauses) watch(ctx context.Context, w jetstream.KeyWatcher) {
 
 func pauseKey(key []byte) string { return base64.RawURLEncoding.EncodeToString(key) }
 
-// Pause holds key (an order key such as "d:<device>", "u:<user>", or a
-// pacing slot "pace:<organization>") until until, on every relay of the
-// fleet: it is stored with a per-key TTL of until-now, so it disappears by
+// Pause holds key (an order key such as "d:<device>" or "u:<user>") until
+// until, on every relay of the fleet: it is stored with a per-key TTL of until-now, so it disappears by
 // itself. A pause never shortens a longer one: the stored pause is read and
 // replaced only if it ends earlier, by a compare-and-swap on its revision
 // (a concurrent writer makes it read again). It returns once the pause is

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -15,13 +16,13 @@ import (
 	"github.com/svcrelay/relay/internal/spool"
 )
 
-// Request is what one ingest request appends: records of one lane. Its
-// ID names the request in the stream's deduplication (Nats-Msg-Id is
-// ID-partition-part), so that a publish retried with the same ID within
-// Config.DedupWindow is stored once. The ingest should derive it from the
-// api_key and the body when every event carries an insert_id (a client's
-// retry of the same body is then absorbed), and leave it empty otherwise:
-// empty means a fresh id (storage.IDs: unique across relays and restarts).
+// Request is what one ingest request appends: records of one lane. ID,
+// when set, names the request in the stream's deduplication: its records
+// are published apart from other requests' (Nats-Msg-Id is
+// ID-partition-part), so that an Append retried with the same ID within
+// Config.DedupWindow is stored once (the admin API's dead-letter replay
+// sets it). Empty (the ingest, the form intakes) means the request shares
+// its batch with others in flight (group commit).
 type Request struct {
 	ID       string
 	Lane     spool.LaneKey
@@ -37,101 +38,200 @@ func PartitionOf(orderKey []byte, p int) int {
 	return int(h.Sum32() % uint32(p))
 }
 
-// outMsg is one message of an Append.
-type outMsg struct {
-	stream  string
-	subject string
-	id      string
-	body    []byte
+// frag is the encoded records of one request in one partition, at most a
+// message's worth: a message's body is its header, then the frags of one
+// lane and partition, each request's in order, then its checksum.
+type frag struct {
+	partition int
+	n         int    // records
+	b         []byte // encodeRecords
 }
 
-// Append stores req's records, grouped by partition, as one message per
-// partition (split at Config.MaxMessageBytes), all or none: it returns nil
-// only once every message is stored on a quorum. On failure nothing of the
-// request is stored, except after ErrUnavailable, when it is unknown (see
-// the package documentation, Ingest). ctx bounds the whole call, as does
-// Config.PublishTimeout.
+// pending is one request's part in one stream, waiting for its batch.
+type pending struct {
+	id       string // Request.ID; "" shares a batch
+	lane     spool.LaneKey
+	accepted time.Time
+	frags    []frag
+	size     int
+	done     chan error // buffered: the committer never blocks on it
+}
+
+// Append stores req's records, grouped by partition, all or none: it
+// returns nil only once every record is stored on a quorum. Each record
+// goes to its partition's stream; the request's part in a stream is
+// published by that stream's committer (committer.go) in one atomic batch
+// with the parts of other requests in flight. On failure nothing of the
+// request is stored when it lies in one stream; see the package
+// documentation (Ingest) for a request over several and for
+// ErrUnavailable. ctx bounds the wait, as does Config.PublishTimeout.
 func (f *Fleet) Append(ctx context.Context, req Request) error {
 	if len(req.Records) == 0 {
 		return nil
 	}
-	if req.ID == "" {
-		req.ID = f.ids.Next()
-	} else if len(req.ID) > 64 || sanitize(req.ID) != req.ID {
+	if req.ID != "" && (len(req.ID) > 64 || sanitize(req.ID) != req.ID) {
 		return fmt.Errorf("fleet: request id %q: at most 64 letters, digits, - and _", req.ID)
 	}
 	if req.Accepted.IsZero() {
 		req.Accepted = time.Now()
 	}
-	msgs := f.messages(&req)
-	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, f.cfg.PublishTimeout)
-	defer cancel()
-	var err error
-	for attempt := 0; ; attempt++ {
-		if len(msgs) == 1 {
-			err = f.publishOne(ctx, msgs[0])
-		} else {
-			// A retry asks for an answer to every message of the batch,
-			// so that a message the stream refuses (the batch is then
-			// abandoned, and the commit only says "incomplete") is
-			// reported for what it is instead of retried until the
-			// time-out.
-			err = f.publishBatch(ctx, msgs, attempt > 0)
-		}
-		if err == nil || errors.Is(err, ErrFull) || !(errors.Is(err, ErrUnavailable) || retryable(err)) {
-			break
-		}
-		// Wait a little (a leader election takes about a second), then
-		// send the same ids again: what was stored is absorbed.
-		wait := min(time.Duration(50<<min(attempt, 4))*time.Millisecond, 500*time.Millisecond)
-		select {
-		case <-ctx.Done():
-		case <-time.After(wait):
-			continue
-		}
-		break
-	}
+	parts, size, err := f.parts(&req)
 	if err != nil {
-		err = fmt.Errorf("append %d records to %s: %w", len(req.Records), f.n.stream(req.Lane.Kind), unavailable(err))
 		f.m.appendFailed(err)
 		return err
 	}
+	u := f.usage[req.Lane.Kind]
+	if f.cfg.MaxBytes > 0 {
+		if used := u.get(f); used+int64(size) > f.cfg.MaxBytes {
+			err := fmt.Errorf("append %d records (%d bytes) to %s, holding %d bytes of %d: %w",
+				len(req.Records), size, req.Lane.Kind, used, f.cfg.MaxBytes, ErrFull)
+			f.m.appendFailed(err)
+			return err
+		}
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, f.cfg.PublishTimeout)
+	defer cancel()
+	var sent []*pending
+	for g, p := range parts {
+		if p == nil {
+			continue
+		}
+		c := f.commit[req.Lane.Kind][g]
+		select {
+		case c.in <- p:
+			sent = append(sent, p)
+			continue
+		case <-c.stopc:
+			err = fmt.Errorf("fleet: closed: %w", ErrUnavailable)
+		case <-ctx.Done():
+			err = fmt.Errorf("%w: %w", ErrUnavailable, ctx.Err())
+		}
+		break
+	}
+	for _, p := range sent {
+		var perr error
+		select {
+		case perr = <-p.done:
+		case <-ctx.Done():
+			// The batch is bounded by PublishTimeout too and may still be
+			// stored: unknown, as after a lost answer.
+			perr = fmt.Errorf("%w: %w", ErrUnavailable, ctx.Err())
+		}
+		// ErrFull wins: a stream refused the request for space.
+		if perr != nil && (err == nil || errors.Is(perr, ErrFull)) {
+			err = perr
+		}
+	}
+	if err != nil {
+		err = fmt.Errorf("append %d records to %s: %w", len(req.Records), req.Lane.Kind, unavailable(err))
+		f.m.appendFailed(err)
+		return err
+	}
+	if len(sent) > 1 {
+		f.m.multiStream.Add(1)
+	}
+	u.add(int64(size))
 	f.m.appendSeconds.Observe(time.Since(start).Seconds())
 	return nil
 }
 
-// messages groups req's records by partition, keeping their order within
-// each partition, and encodes them.
-func (f *Fleet) messages(req *Request) []outMsg {
+// errTooLarge: a record larger than a message may be.
+var errTooLarge = errors.New("fleet: record larger than a message may be")
+
+// parts groups req's records by stream and partition, keeping their order
+// within each partition, and encodes them (copies: the records stay the
+// caller's), in frags of at most a message's worth.
+func (f *Fleet) parts(req *Request) ([]*pending, int, error) {
 	p := f.cfg.Partitions
-	parts := make([][]spool.Record, p)
+	byPart := make([][]spool.Record, p)
 	for _, r := range req.Records {
 		i := PartitionOf(r.OrderKey, p)
-		parts[i] = append(parts[i], r)
+		byPart[i] = append(byPart[i], r)
 	}
 	h := header{lane: req.Lane, accepted: req.Accepted}
 	limit := f.cfg.MaxMessageBytes - h.size() - 4
-	var msgs []outMsg
-	for i, recs := range parts {
-		for n := 0; len(recs) > 0; n++ {
-			// Take records while they fit (at least one: a single record
-			// larger than the limit goes alone and the server decides).
-			size, k := recordSize(&recs[0]), 1
+	out := make([]*pending, f.cfg.Streams)
+	total := 0
+	for i, recs := range byPart {
+		if len(recs) == 0 {
+			continue
+		}
+		g := i % f.cfg.Streams
+		pd := out[g]
+		if pd == nil {
+			pd = &pending{id: req.ID, lane: req.Lane, accepted: req.Accepted, done: make(chan error, 1)}
+			out[g] = pd
+		}
+		for len(recs) > 0 {
+			// Take records while they fit.
+			size, k := 0, 0
 			for k < len(recs) && size+recordSize(&recs[k]) <= limit {
 				size += recordSize(&recs[k])
 				k++
 			}
-			msgs = append(msgs, outMsg{
-				stream:  f.n.stream(req.Lane.Kind),
-				subject: f.n.subject(req.Lane.Kind, i),
-				id:      req.ID + "-" + strconv.Itoa(i) + "-" + strconv.Itoa(n),
-				body:    encode(make([]byte, 0, h.size()+size+4), &h, recs[:k]),
-			})
+			if k == 0 {
+				return nil, 0, fmt.Errorf("%w: %d bytes, at most %d (MaxMessageBytes)", errTooLarge, recordSize(&recs[0]), limit)
+			}
+			b := encodeRecords(make([]byte, 0, size), recs[:k])
+			pd.frags = append(pd.frags, frag{partition: i, n: k, b: b})
+			pd.size += len(b)
+			total += len(b)
 			recs = recs[k:]
 		}
 	}
-	return msgs
+	return out, total, nil
+}
+
+// usage is a lane kind's stored bytes as this relay knows them, for
+// Config.MaxBytes: read from the kind's streams at most every
+// usageRefresh, plus what this relay appended since.
+type usage struct {
+	bytes      atomic.Int64
+	at         atomic.Int64 // when read, UnixNano; 0: never
+	refreshing atomic.Bool
+}
+
+const usageRefresh = 250 * time.Millisecond
+
+// get returns the kind's bytes, reading them from the cluster first when
+// the last reading is older than usageRefresh (one caller at a time; the
+// others take the last reading).
+func (u *usage) get(f *Fleet) int64 {
+	if time.Since(time.Unix(0, u.at.Load())) > usageRefresh && u.refreshing.CompareAndSwap(false, true) {
+		defer u.refreshing.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), min(f.cfg.PublishTimeout, 2*time.Second))
+		defer cancel()
+		var sum int64
+		ok := true
+		for k, cs := range f.commit {
+			if f.usage[k] != u {
+				continue
+			}
+			for _, c := range cs {
+				s, err := f.js.Stream(ctx, c.stream)
+				if err != nil {
+					ok = false // keep the last reading; the server's bound still holds
+					break
+				}
+				sum += int64(s.CachedInfo().State.Bytes)
+			}
+		}
+		if ok {
+			u.bytes.Store(sum)
+			u.at.Store(time.Now().UnixNano())
+		}
+	}
+	return u.bytes.Load()
+}
+
+func (u *usage) add(n int64) { u.bytes.Add(n) }
+
+// outMsg is one message of a batch.
+type outMsg struct {
+	subject string
+	id      string
+	body    []byte
 }
 
 // pubAnswer is a JetStream publish acknowledgement or error.
@@ -201,9 +301,38 @@ func (f *Fleet) attemptCtx(ctx context.Context) (context.Context, context.Cancel
 	return context.WithTimeout(ctx, min(f.cfg.PublishTimeout, 2*time.Second))
 }
 
+// publish stores msgs in stream, all or none, retrying what may succeed
+// (a time-out, a lost leader) with the same message ids until ctx ends:
+// what an earlier attempt stored is absorbed by the stream's dedup.
+func (f *Fleet) publish(ctx context.Context, stream string, msgs []outMsg) error {
+	var err error
+	for attempt := 0; ; attempt++ {
+		if len(msgs) == 1 {
+			err = f.publishOne(ctx, stream, msgs[0])
+		} else {
+			// A retry asks for an answer to every message of the batch,
+			// so that a message the stream refuses (the batch is then
+			// abandoned, and the commit only says "incomplete") is
+			// reported for what it is instead of retried until the
+			// time-out.
+			err = f.publishBatch(ctx, stream, msgs, attempt > 0)
+		}
+		if err == nil || errors.Is(err, ErrFull) || !(errors.Is(err, ErrUnavailable) || retryable(err)) {
+			return err
+		}
+		// Wait a little (a leader election takes about a second), then
+		// send the same ids again: what was stored is absorbed.
+		wait := min(time.Duration(50<<min(attempt, 4))*time.Millisecond, 500*time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return unavailable(err)
+		case <-time.After(wait):
+		}
+	}
+}
+
 // publishOne publishes a single message with its dedup id.
-func (f *Fleet) publishOne(ctx context.Context, m outMsg) error {
-	stream := m.stream
+func (f *Fleet) publishOne(ctx context.Context, stream string, m outMsg) error {
 	msg := &nats.Msg{Subject: m.subject, Data: m.body, Header: nats.Header{}}
 	msg.Header.Set(nats.MsgIdHdr, m.id)
 	msg.Header.Set(nats.ExpectedStreamHdr, stream)
@@ -223,8 +352,7 @@ func (f *Fleet) publishOne(ctx context.Context, m outMsg) error {
 // publishBatch publishes msgs as one atomic batch: every message but the
 // last without a reply (with one when ackEach), the last with the commit
 // header and a reply. The server stores all or none.
-func (f *Fleet) publishBatch(ctx context.Context, msgs []outMsg, ackEach bool) error {
-	stream := msgs[0].stream
+func (f *Fleet) publishBatch(ctx context.Context, stream string, msgs []outMsg, ackEach bool) error {
 	batch := nuid.Next()
 	for i, m := range msgs {
 		msg := &nats.Msg{Subject: m.subject, Data: m.body, Header: nats.Header{}}

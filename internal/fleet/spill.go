@@ -114,7 +114,7 @@ func (r *partitionReader) Reread(ctx context.Context, seq uint64) (*storage.Mess
 	}
 	if st == nil {
 		var err error
-		if st, err = r.p.f.js.Stream(ctx, r.p.f.n.stream(r.p.kind)); err != nil {
+		if st, err = r.p.f.js.Stream(ctx, r.p.f.n.streamOf(r.p.kind, r.p.id)); err != nil {
 			if r.p.ctx.Err() != nil {
 				return nil, ErrLost
 			}

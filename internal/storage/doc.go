@@ -49,7 +49,8 @@
 // The local spool ignores Request.ID (it has no retries to absorb) and
 // Request.Accepted (Message.Accepted is when Append was called), and takes
 // the request's Batch over (no copy); the fleet deduplicates by Request.ID
-// within its window (an empty one is made fresh) and copies the records. ListDead with limit <= 0
+// within its window (empty: no deduplication, the request shares a batch
+// with others) and copies the records. ListDead with limit <= 0
 // means no limit locally and 1000 in the fleet. Run hands the local spool's
 // every lane, and lanes created later, to deliver; the fleet hands only the
 // partitions this relay holds the lease of, and ends a deliver's context

@@ -27,9 +27,10 @@ var ErrLost = errors.New("storage: queue lost")
 type Request struct {
 	// ID names the request for a backend that deduplicates retried
 	// appends (the fleet: a request appended again with the same ID within
-	// its dedup window is stored once); empty means a fresh one, which the
-	// fleet makes. The local spool ignores it. At most 64 bytes of letters,
-	// digits, - and _.
+	// its dedup window is stored once; it is then published apart from
+	// other requests); empty means none (the fleet group-commits it with
+	// other requests). The local spool ignores it. At most 64 bytes of
+	// letters, digits, - and _.
 	ID string
 	// Kind, APIKey and Options name the lane (spool.LaneKey, see Lane),
 	// as bytes: the ingest names it with slices of the request, and the

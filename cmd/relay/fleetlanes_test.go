@@ -1,0 +1,132 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// laneRunners are a relay's runners (/relay/v1/lanes) of the lanes whose
+// label starts with prefix.
+func laneRunners(t *testing.T, admin, prefix string) []struct {
+	Label      string `json:"label"`
+	Stopped    bool   `json:"stopped"`
+	StopReason string `json:"stop_reason"`
+} {
+	t.Helper()
+	_, body := getBody(t, admin+"/relay/v1/lanes")
+	var out struct {
+		Lanes []struct {
+			Label      string `json:"label"`
+			Stopped    bool   `json:"stopped"`
+			StopReason string `json:"stop_reason"`
+		} `json:"lanes"`
+	}
+	if err := json.Unmarshal([]byte(body), &out); err != nil {
+		t.Fatalf("%v: %s", err, body)
+	}
+	rs := out.Lanes[:0]
+	for _, l := range out.Lanes {
+		if strings.HasPrefix(l.Label, prefix) {
+			rs = append(rs, l)
+		}
+	}
+	return rs
+}
+
+// TestFleetLaneStopHoldsOnEveryRelay: an operator's pause of a lane on one
+// relay stops that lane's runners on the other relay too (every partition),
+// nothing more of it is delivered while stopped, and a resume on the other
+// relay delivers everything.
+func TestFleetLaneStopHoldsOnEveryRelay(t *testing.T) {
+	cl, up, upURL := startFleetCluster(t)
+	a := startFleetRelay(t, cl, upURL)
+	b := startFleetRelay(t, cl, upURL)
+	const apiKey, devices, perReq = "fleet-key-5", 12, 3
+	send := func(r *fleetRelay, round int) {
+		t.Helper()
+		for dev := range devices {
+			for try := 0; postEvents(http.DefaultClient, r.ingest, deviceEvents(apiKey, dev, round*perReq, perReq)) != http.StatusOK; try++ {
+				if try == 100 {
+					t.Fatal("the relay does not accept events")
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+	}
+	waitEvents := func(n int, what string) {
+		t.Helper()
+		for i := 0; distinct(up.Events(apiKey)) < n; i++ {
+			if i == 1200 { // 2 minutes
+				t.Fatalf("%s: %d of %d events delivered", what, distinct(up.Events(apiKey)), n)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	// Both relays deliver some of the lane's partitions: runners on each.
+	var prefix string
+	for i := 0; ; i++ {
+		send(a, i)
+		waitEvents((i+1)*devices*perReq, "before the stop")
+		ra, rb := laneRunners(t, a.admin, ""), laneRunners(t, b.admin, "")
+		if len(ra) > 0 && len(rb) > 0 {
+			prefix, _, _ = strings.Cut(ra[0].Label, "-events-")
+			break
+		}
+		if i == 20 {
+			t.Fatalf("runners of the lane on both relays: a %v, b %v", ra, rb)
+		}
+	}
+	delivered := distinct(up.Events(apiKey))
+
+	// Stop on A, by one of A's runners.
+	label := laneRunners(t, a.admin, prefix)[0].Label
+	if st, body := postBody(t, a.admin+"/relay/v1/lanes/"+label+"/pause"); st != http.StatusOK {
+		t.Fatalf("pause on a: %d %s", st, body)
+	}
+	allStopped := func(admin string) bool {
+		rs := laneRunners(t, admin, prefix)
+		for _, r := range rs {
+			if !r.Stopped || r.StopReason != "stopped by operator" {
+				return false
+			}
+		}
+		return len(rs) > 0
+	}
+	for i := 0; !allStopped(a.admin) || !allStopped(b.admin); i++ {
+		if i == 600 {
+			t.Fatalf("the lane is not stopped on every runner: a %v, b %v", laneRunners(t, a.admin, prefix), laneRunners(t, b.admin, prefix))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Sent through B while stopped: stored, not delivered.
+	send(b, 100)
+	time.Sleep(2 * time.Second) // a delivery would have happened by now; none may
+	if got := distinct(up.Events(apiKey)); got != delivered {
+		t.Fatalf("%d events delivered while the lane was stopped", got-delivered)
+	}
+	// Resume on B, by one of B's runners: everything goes.
+	label = laneRunners(t, b.admin, prefix)[0].Label
+	if st, body := postBody(t, b.admin+"/relay/v1/lanes/"+label+"/resume"); st != http.StatusOK {
+		t.Fatalf("resume on b: %d %s", st, body)
+	}
+	waitEvents(delivered+devices*perReq, "after the resume")
+}
+
+// postBody posts an empty body and returns the status and the answer.
+func postBody(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
+}
