@@ -60,6 +60,7 @@ type options struct {
 	eventBytes int
 	keys       int
 	partitions int
+	streams    int
 	syncAlways bool
 }
 
@@ -74,6 +75,7 @@ func main() {
 	flag.IntVar(&o.eventBytes, "event-bytes", 400, "bytes per event")
 	flag.IntVar(&o.keys, "keys", 1, "distinct devices per request (1: one partition, one message)")
 	flag.IntVar(&o.partitions, "partitions", fleet.DefaultPartitions, "partitions per lane kind")
+	flag.IntVar(&o.streams, "streams", 3, "streams per lane kind (leaders spread over the nodes; the relay's default is 1)")
 	flag.BoolVar(&o.syncAlways, "sync-always", true, "the cluster started here: fsync every write (sync_interval: always)")
 	relays := flag.String("relays", "", "relay mode: relay counts to run, e.g. 1,2,3 (empty: measure Append alone)")
 	spools := flag.String("spools", "fleet,local", "relay mode: spools to run each count on (fleet, local)")
@@ -85,7 +87,7 @@ func main() {
 	flag.Parse()
 	if *relays != "" {
 		ro := relayOpts{conns: *conns, warmup: *warmup, duration: o.duration, events: o.events, eventBytes: o.eventBytes,
-			devices: *devices, keys: o.keys, partitions: o.partitions, syncAlways: o.syncAlways, keep: *keep, rounds: max(*rounds, 1)}
+			devices: *devices, keys: o.keys, partitions: o.partitions, streams: o.streams, syncAlways: o.syncAlways, keep: *keep, rounds: max(*rounds, 1)}
 		for _, f := range strings.Split(*relays, ",") {
 			n, err := strconv.Atoi(strings.TrimSpace(f))
 			if err != nil || n < 1 || n > 8 {
@@ -142,7 +144,7 @@ func run(o options) error {
 	if err := reset(ctx, url, o.namespace); err != nil {
 		return err
 	}
-	cfg := fleet.Config{Namespace: o.namespace, Partitions: o.partitions}
+	cfg := fleet.Config{Namespace: o.namespace, Partitions: o.partitions, Streams: o.streams}
 	fleets := make([]*fleet.Fleet, o.publishers)
 	for i := range fleets {
 		nc, err := fleet.Dial(fleet.ConnConfig{Servers: strings.Split(url, ","), Name: "bench-" + strconv.Itoa(i)}, nil)

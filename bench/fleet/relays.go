@@ -47,6 +47,7 @@ type relayOpts struct {
 	devices    int
 	keys       int
 	partitions int
+	streams    int
 	syncAlways bool
 	keep       bool
 	rounds     int
@@ -321,7 +322,7 @@ func runOne(o relayOpts, t tools, dir, sinkURL, spool string, n int) (result, er
 		if err != nil {
 			return res, err
 		}
-		spoolArgs = []string{"--spool", url, "--spool-partitions", strconv.Itoa(o.partitions)}
+		spoolArgs = []string{"--spool", url, "--spool-partitions", strconv.Itoa(o.partitions), "--spool-streams", strconv.Itoa(o.streams)}
 	}
 	var relays []*proc
 	var listens, admins []string

@@ -113,7 +113,7 @@ type Config struct {
 	SpoolPartitions int
 	// SpoolStreams is --spool-streams, how many streams each lane kind's
 	// partitions are spread over (0..SpoolPartitions, fixed once the
-	// streams exist); 0 means the fleet's default (3, or P when fewer).
+	// streams exist); 0 means the fleet's default (1).
 	SpoolStreams int
 	// Connections per client address.
 	MaxConnectionsPerClient int // --max-connections-per-client, >= 0; 0: no bound
@@ -320,7 +320,7 @@ var options = []option{
 			c.SpoolPartitions = n
 			return nil
 		}},
-	{name: "spool-streams", def: "0", usage: "streams each lane kind's partitions are spread over, each with a Raft leader of its own (0: 3, or the partitions when fewer), fixed once the streams exist",
+	{name: "spool-streams", def: "0", usage: "streams each lane kind's partitions are spread over, each with a Raft leader of its own (0: 1; above 1, all or nothing per stream, not per request), fixed once the streams exist; with partitions and streams at 0 the layout found is taken",
 		set: func(c *Config, v string) error {
 			n, err := strconv.Atoi(strings.TrimSpace(v))
 			if err != nil {

@@ -102,8 +102,13 @@
 //
 // Why several streams per kind: a stream is one Raft group, and its leader
 // takes every write of it; with one stream per kind, every append of every
-// relay went through one node however large the cluster. S streams (3 by
-// default) have S leaders. JetStream places them as it likes, so at Open a
+// relay went through one node however large the cluster. S streams have S
+// leaders. S is 1 by default because all or nothing holds per stream (see
+// below): spreading the writes is the operator's choice, made knowing that
+// a multi-device request can then be stored in part. A relay whose
+// Partitions and Streams are both zero takes the layout of the streams it
+// finds (existingLayout), so a fleet keeps working across a change of the
+// defaults. JetStream places them as it likes, so at Open a
 // relay reads each kind's placement and, when one node leads more than
 // ceil(S/nodes) of a kind's streams, asks the extra ones to step down in
 // favour of a node that leads fewer (a step-down with a preferred server;

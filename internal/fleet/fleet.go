@@ -28,7 +28,7 @@ const (
 	DefaultLeaseTTL        = 6 * time.Second
 	DefaultAckWait         = 30 * time.Second
 	DefaultMaxAckPending   = 20000
-	DefaultStreams         = 3
+	DefaultStreams         = 1
 	DefaultLinger          = time.Millisecond
 	DefaultMaxInflight     = 2
 )
@@ -110,7 +110,12 @@ type Config struct {
 	// group with a leader of its own, so more streams spread the writes
 	// over more nodes. 1 to Partitions; zero means DefaultStreams, or
 	// Partitions when fewer. Fixed when the streams are created, like
-	// Partitions (ErrPartitions).
+	// Partitions (ErrPartitions). With more than one, all or nothing holds
+	// per stream, not per request (see doc.go), hence the default of one.
+	//
+	// When Partitions and Streams are both zero and the streams exist,
+	// Open takes their layout: a relay started with defaults joins the
+	// fleet it finds, whatever the defaults were when it was made.
 	Streams int
 	// Linger is how long a publish waits for other requests to the same
 	// stream to share its atomic batch (group commit); zero means
@@ -281,6 +286,7 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config, log *zap.Logger, reg p
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	given := cfg
 	cfg = cfg.withDefaults()
 	if log == nil {
 		log = zap.NewNop()
@@ -291,6 +297,9 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config, log *zap.Logger, reg p
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
+	}
+	if p, g, ok := existingLayout(ctx, js, given); ok {
+		cfg.Partitions, cfg.Streams = p, g
 	}
 	m, err := newMetrics(reg)
 	if err != nil {
@@ -414,6 +423,32 @@ func retrySetup[T any](ctx context.Context, log *zap.Logger, create func(context
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// existingLayout reads the partitions and streams of the events kind's first
+// stream when the configuration left both to their defaults (zero) and that
+// stream exists; ok is false otherwise (Open then creates or checks the
+// streams as configured).
+func existingLayout(ctx context.Context, js jetstream.JetStream, cfg Config) (partitions, streams int, ok bool) {
+	if cfg.Partitions != 0 || cfg.Streams != 0 {
+		return 0, 0, false
+	}
+	s, err := js.Stream(ctx, names{cfg.withDefaults().Namespace, 1}.stream(spool.KindEvents, 0))
+	if err != nil {
+		return 0, 0, false
+	}
+	md := s.CachedInfo().Config.Metadata
+	p, err := strconv.Atoi(md[metaPartitions])
+	if err != nil || p < 1 || p > MaxPartitions {
+		return 0, 0, false
+	}
+	g := 1 // made before streams were counted
+	if v := md[metaStreams]; v != "" {
+		if g, err = strconv.Atoi(v); err != nil || g < 1 || g > p {
+			return 0, 0, false
+		}
+	}
+	return p, g, true
 }
 
 // ensureStream creates the lane kind's stream g or checks that the

@@ -40,6 +40,7 @@ func TestFleet(t *testing.T) {
 	t.Run("Metrics", env.testMetrics)
 	t.Run("LeadersSpread", env.testLeadersSpread)
 	t.Run("GroupCommit", env.testGroupCommit)
+	t.Run("LayoutFound", env.testLayoutFound)
 	t.Run("AllOrNothing", env.testAllOrNothing)
 	t.Run("Dedup", env.testDedup)
 	t.Run("Full", env.testFull)
@@ -1186,7 +1187,7 @@ func (e *testEnv) testKindMembers(t *testing.T) {
 // least two nodes, and the leaders-per-node gauge shows it.
 func (e *testEnv) testLeadersSpread(t *testing.T) {
 	ns := e.namespace()
-	cfg := Config{Namespace: ns, Partitions: 6}
+	cfg := Config{Namespace: ns, Partitions: 6, Streams: 3}
 	f := e.open(t, e.connect(t), cfg)
 	ctx := bg(t)
 	target := e.c.Server(0).Name()
@@ -1314,4 +1315,21 @@ func (e *testEnv) testGroupCommit(t *testing.T) {
 	col.mu.Lock()
 	defer col.mu.Unlock()
 	checkOrder(t, col.got, want)
+}
+
+// testLayoutFound: a relay left at the default layout joins the streams it
+// finds (here made with 16 partitions over 2 streams), while one configured
+// otherwise than they are still refuses to start.
+func (e *testEnv) testLayoutFound(t *testing.T) {
+	ns := e.namespace()
+	e.open(t, e.connect(t), Config{Namespace: ns, Partitions: 16, Streams: 2})
+	f := e.open(t, e.connect(t), Config{Namespace: ns})
+	if f.cfg.Partitions != 16 || f.cfg.Streams != 2 {
+		t.Fatalf("layout taken: %d partitions, %d streams; want 16, 2", f.cfg.Partitions, f.cfg.Streams)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := Open(ctx, e.connect(t), Config{Namespace: ns, Partitions: 3}, nil, nil); !errors.Is(err, ErrPartitions) {
+		t.Fatalf("a relay configured for 3 partitions: %v, want ErrPartitions", err)
+	}
 }
