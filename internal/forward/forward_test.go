@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/credentials"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // seen is what the test upstream saw of one request.
@@ -487,5 +489,38 @@ func TestRetryAfter(t *testing.T) {
 		if _, ok := RetryAfter(h, now); ok {
 			t.Errorf("%q accepted", v)
 		}
+	}
+}
+
+// TestUpstreamErrorsLogSampled: a caller that keeps calling while the
+// upstream is down is answered 502 each time, counted each time, and
+// logged a few times, not once per call.
+func TestUpstreamErrorsLogSampled(t *testing.T) {
+	core, logs := observer.New(zap.DebugLevel)
+	f, err := New(Config{}, nil, zap.New(core), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := "http://" + ln.Addr().String()
+	ln.Close() // connections are refused
+	addr := startRelay(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.Forward(w, r, Target{API: "x", Base: down})
+	}))
+	for range 30 {
+		resp, err := http.Get("http://" + addr + "/api/2/x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadGateway {
+			t.Fatalf("status %d, want 502", resp.StatusCode)
+		}
+	}
+	if n := logs.Len(); n == 0 || n > 5 {
+		t.Errorf("%d log lines for 30 failed calls, want 1 to 5", n)
 	}
 }
