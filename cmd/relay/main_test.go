@@ -29,6 +29,7 @@ func TestRunRefusals(t *testing.T) {
 	}{
 		{"max-batch-events", []string{"--max-batch-events", "2000"}, nil, "--max-batch-events 2000 is above 1999"},
 		{"credentials without token", []string{"--credentials", "x.yaml"}, nil, "--credentials needs an admin token"},
+		{"admin listener open to the network", []string{"--admin-listen", "0.0.0.0:0"}, nil, `--admin-listen "0.0.0.0:0" is not a loopback address and no admin-token (or admin-token-file) is set`},
 		{"credentials file invalid", []string{"--credentials", "../../internal/credentials/testdata/unknown_key.yaml", "--admin-token", "t0ken"}, nil, "--credentials: "},
 		{"token with white space", []string{"--admin-token", "t0 ken"}, nil, "--admin-token: "},
 		{"env value", nil, []string{"RELAY_SPOOL_MAX_BYTES=lots"}, "spool-max-bytes (from variable RELAY_SPOOL_MAX_BYTES)"},
