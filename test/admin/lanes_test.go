@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/forward/forwardtest"
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 )
 
@@ -64,7 +65,7 @@ func TestLaneBounds(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-		case <-time.After(30 * time.Second):
+		case <-time.After(poll.Max):
 			t.Fatalf("a /metrics scrape hung\n%s", log.String())
 		}
 	}
