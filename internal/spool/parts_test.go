@@ -9,6 +9,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/internal/poll"
 )
 
 // Issue 19: a chunk larger than the reader may hold is read in parts of at
@@ -144,7 +146,7 @@ func TestNextPartDamagedChunk(t *testing.T) {
 		if parts > 50 {
 			t.Fatalf("too many parts; read %v", ids)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 		cs, more, err := l.NextPart(ctx, maxBytes, recs)
 		cancel()
 		recs = more
