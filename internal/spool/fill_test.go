@@ -85,7 +85,7 @@ func TestFill(t *testing.T) {
 		}
 	}
 	// Drained: accepted again.
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(poll.Max)
 	for s.Stats().LiveBytes != 0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
@@ -215,7 +215,7 @@ func TestCheckpointFailure(t *testing.T) {
 	for _, c := range cs {
 		s.Ack(l, c.Seq)
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(poll.Max)
 	for s.Stats().LiveBytes != 0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}

@@ -39,7 +39,7 @@ func TestNextPart(t *testing.T) {
 			}
 			appendOne(t, s, l, `{"small":2}`)
 			if cold {
-				deadline := time.Now().Add(10 * time.Second)
+				deadline := time.Now().Add(poll.Max)
 				for s.hotHeld.Load() > 0 {
 					if time.Now().After(deadline) {
 						t.Fatal("chunks not checkpointed")

@@ -348,7 +348,7 @@ func TestConcurrentLanes(t *testing.T) {
 		t.Fatalf("group commit did not group: %v commits for %v appends", commits, appends)
 	}
 	// Acks ride in commits of their own when nothing else is queued.
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(poll.Max)
 	for s.Stats().LiveBytes != 0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
@@ -461,7 +461,7 @@ func TestOldestAndRejectMetrics(t *testing.T) {
 			t.Fatalf("oldest age %v", age)
 		}
 		s.Ack(l, c.Seq)
-		deadline := time.Now().Add(5 * time.Second)
+		deadline := time.Now().Add(poll.Max)
 		for l.Stats().Chunks != int64(2-i) && time.Now().Before(deadline) {
 			time.Sleep(time.Millisecond)
 		}

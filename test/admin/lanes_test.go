@@ -109,7 +109,7 @@ func TestLaneBounds(t *testing.T) {
 	if err := s.Up(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(poll.Max)
 	for s.Count() < 300 {
 		if time.Now().After(deadline) {
 			finish()
