@@ -49,7 +49,7 @@ func get(t *testing.T, method, url string, hdr ...string) (int, http.Header, str
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
-	c := &http.Client{Timeout: 10 * time.Second}
+	c := &http.Client{Timeout: poll.Max}
 	resp, err := c.Do(req)
 	if err != nil {
 		t.Fatal(err)

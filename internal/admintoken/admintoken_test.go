@@ -14,7 +14,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/svcrelay/relay/internal/poll"
 )
 
 func b64basic(userPass string) string {
@@ -62,7 +63,7 @@ func do(t *testing.T, addr, path string, headers [][2]string) result {
 	for _, h := range headers {
 		req.Header.Add(h[0], h[1])
 	}
-	c := &http.Client{Timeout: 5 * time.Second}
+	c := &http.Client{Timeout: poll.Max}
 	resp, err := c.Do(req)
 	if err != nil {
 		t.Fatal(err)

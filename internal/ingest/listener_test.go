@@ -189,7 +189,7 @@ func TestFileDescriptorExhaustion(t *testing.T) {
 	}
 
 	get := func() (*http.Response, error) {
-		c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+		c := &http.Client{Timeout: poll.Max, Transport: &http.Transport{DisableKeepAlives: true}}
 		resp, err := c.Get("http://" + addr + "/healthz")
 		if err == nil {
 			io.Copy(io.Discard, resp.Body)
