@@ -79,6 +79,12 @@ func (e *testEnv) connect(t *testing.T) *nats.Conn {
 
 func (e *testEnv) open(t *testing.T, nc *nats.Conn, cfg Config) *Fleet {
 	t.Helper()
+	if cfg.PublishTimeout == 0 {
+		// Not the default 10 s: a loaded machine's cluster can take longer
+		// to acknowledge a publish, and a test that does not test the
+		// time-out must not fail on it.
+		cfg.PublishTimeout = poll.Max
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 	defer cancel()
 	var log *zap.Logger
@@ -997,7 +1003,7 @@ func (e *testEnv) dropStreams(t *testing.T) {
 func (e *testEnv) testNodeRestart(t *testing.T) {
 	e.dropStreams(t)
 	nc := e.connect(t)
-	f := e.open(t, nc, Config{Namespace: e.namespace(), Partitions: 4, PublishTimeout: 20 * time.Second})
+	f := e.open(t, nc, Config{Namespace: e.namespace(), Partitions: 4, PublishTimeout: poll.Max})
 	ctx := bg(t)
 	var (
 		mu    sync.Mutex
