@@ -143,7 +143,7 @@ func TestMidResponseSendsPartialBody(t *testing.T) {
 	body := wiretest.Envelope("k", wiretest.Event("device1", "x"))
 	c.Write([]byte("POST /2/httpapi HTTP/1.1\r\nHost: x\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n"))
 	c.Write(body)
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	c.SetReadDeadline(time.Now().Add(poll.Max))
 	var got bytes.Buffer
 	buf := make([]byte, 4096)
 	for {
