@@ -339,11 +339,38 @@ func TestContainerfiles(t *testing.T) {
 	if !slices.Contains(env, "RELAY_LISTEN=0.0.0.0:8080") || !slices.Contains(env, "RELAY_ADMIN_LISTEN=0.0.0.0:8081") {
 		t.Errorf("the image's listeners are not on 0.0.0.0: %q", env)
 	}
+	const tokenFile = "RELAY_ADMIN_TOKEN_FILE=/run/secrets/relay-admin-token"
+	if !slices.Contains(env, tokenFile) {
+		t.Fatalf("the image reads no admin token file (want %s): %q", tokenFile, env)
+	}
 	if testing.Short() {
 		return
 	}
 	bin := harness.Build(t)
-	configCheck(t, bin, env)
+	// The image's settings with its secret file mounted (here: a file
+	// elsewhere) are accepted; without the file, or without the setting,
+	// the relay refuses its admin listener on 0.0.0.0.
+	token := filepath.Join(t.TempDir(), "relay-admin-token")
+	if err := os.WriteFile(token, []byte("image-test-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mounted := slices.Clone(env)
+	mounted[slices.Index(mounted, tokenFile)] = "RELAY_ADMIN_TOKEN_FILE=" + token
+	configCheck(t, bin, mounted)
+	refused := func(env []string, want string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, bin, "config", "check")
+		cmd.Env = append(harness.CleanEnv(), env...)
+		out, err := cmd.CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), want) {
+			t.Errorf("relay config check with %q: %v, want exit 2 and %q:\n%s", env, err, want, out)
+		}
+	}
+	refused(env, "/run/secrets/relay-admin-token")
+	refused(slices.DeleteFunc(slices.Clone(env), func(s string) bool { return s == tokenFile }),
+		`admin-listen "0.0.0.0:8081" is not a loopback address and no admin-token (or admin-token-file) is set`)
 	// And the example settings file of the systemd unit.
 	configCheck(t, bin, nil, "--config", "relay.yaml")
 }

@@ -59,8 +59,11 @@ func printConfig(w io.Writer, cfg config.Config) {
 			src = cfg.Source("admin-token-file")
 		}
 		fmt.Fprintf(w, "admin token: set (from %s); every admin route but /healthz, /readyz and /metrics needs it\n", src)
+	} else if cfg.AdminInsecureOpen && !config.LoopbackAddr(cfg.AdminListen) {
+		fmt.Fprintf(w, "admin token: none, and admin-listen %s is not loopback: every admin route is open to the network (admin-insecure-open, from %s)\n",
+			cfg.AdminListen, cfg.Source("admin-insecure-open"))
 	} else {
-		fmt.Fprintln(w, "admin token: none; every admin route is open: bind admin-listen to a trusted interface")
+		fmt.Fprintln(w, "admin token: none; every admin route is open to local processes (admin-listen is loopback)")
 	}
 	if cfg.Creds != nil {
 		var ps, os []string

@@ -68,6 +68,25 @@ func TestConfigCheck(t *testing.T) {
 	}
 }
 
+// TestConfigCheckAdminOpen: config check refuses a non-loopback admin
+// listener without a token as serving does (exit 2, one line naming
+// admin-listen and admin-token), and says so when the operator opted out.
+func TestConfigCheckAdminOpen(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"config", "check"}, []string{"RELAY_ADMIN_LISTEN=0.0.0.0:8081"}, &stdout, &stderr)
+	if code != exitUsage || strings.Count(stderr.String(), "\n") != 1 ||
+		!strings.Contains(stderr.String(), `admin-listen "0.0.0.0:8081" is not a loopback address and no admin-token (or admin-token-file) is set`) ||
+		!strings.Contains(stderr.String(), "admin-insecure-open") {
+		t.Fatalf("exit %d, stderr %q", code, stderr.String())
+	}
+	stdout.Reset()
+	stderr.Reset()
+	code = run([]string{"config", "check", "--admin-insecure-open"}, []string{"RELAY_ADMIN_LISTEN=0.0.0.0:8081"}, &stdout, &stderr)
+	if code != exitOK || !strings.Contains(stdout.String(), "every admin route is open to the network (admin-insecure-open, from flag --admin-insecure-open)") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
+	}
+}
+
 func TestVersionFlag(t *testing.T) {
 	for _, arg := range []string{"--version", "-version", "version"} {
 		var stdout, stderr bytes.Buffer

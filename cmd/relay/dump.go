@@ -63,26 +63,37 @@ func runDump(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 		fmt.Fprintf(stderr, "relay spool dump: unexpected argument %q\n", fs.Arg(0))
 		return exitUsage
 	}
-	if err := dump(ctx, *dir, stdout); err != nil {
+	n, err := dump(ctx, *dir, stdout)
+	if err != nil {
 		fmt.Fprintf(stderr, "relay spool dump: %v\n", err)
 		return exitFailure
 	}
+	// On stderr: stdout stays JSON lines only, and an empty spool says so.
+	fmt.Fprintf(stderr, "relay spool dump: %d %s\n", n, plural(n, "record", "records"))
 	return exitOK
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 // errLocked is returned by dump when another process holds the spool.
 var errLocked = errors.New("the spool is in use by a running relay; stop it first")
 
-func dump(ctx context.Context, dir string, out io.Writer) error {
+// dump writes the spool's records to out and returns how many it wrote.
+func dump(ctx context.Context, dir string, out io.Writer) (int, error) {
 	st, err := os.Stat(dir)
 	if err != nil {
-		return fmt.Errorf("no spool in %s: %w", dir, err)
+		return 0, fmt.Errorf("no spool in %s: %w", dir, err)
 	}
 	if !st.IsDir() {
-		return fmt.Errorf("%s is not a directory", dir)
+		return 0, fmt.Errorf("%s is not a directory", dir)
 	}
 	if err := checkUnlocked(dir); err != nil {
-		return err
+		return 0, err
 	}
 
 	// Open with a bound: should the lock check miss a lock (the spool's
@@ -100,19 +111,20 @@ func dump(ctx context.Context, dir string, out io.Writer) error {
 	select {
 	case o := <-ch:
 		if o.err != nil {
-			return fmt.Errorf("open spool in %s: %w", dir, o.err)
+			return 0, fmt.Errorf("open spool in %s: %w", dir, o.err)
 		}
 		sp = o.sp
 	case <-time.After(10 * time.Second):
-		return fmt.Errorf("%s: %w", dir, errLocked)
+		return 0, fmt.Errorf("%s: %w", dir, errLocked)
 	case <-ctx.Done():
-		return ctx.Err()
+		return 0, ctx.Err()
 	}
 	defer sp.Close()
 
 	w := bufio.NewWriterSize(out, 1<<20)
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
+	n := 0
 	for _, l := range sp.Lanes() {
 		want := l.Stats().Chunks
 		key := l.Key()
@@ -124,7 +136,7 @@ func dump(ctx context.Context, dir string, out io.Writer) error {
 			chunks, err := l.Next(nctx, 4<<20)
 			cancel()
 			if err != nil {
-				return fmt.Errorf("lane %s: read chunk %d of %d: %w", label, got+1, want, err)
+				return n, fmt.Errorf("lane %s: read chunk %d of %d: %w", label, got+1, want, err)
 			}
 			for _, c := range chunks {
 				got++
@@ -139,16 +151,17 @@ func dump(ctx context.Context, dir string, out io.Writer) error {
 						line.DataRaw = string(r.Data)
 					}
 					if err := enc.Encode(&line); err != nil {
-						return err
+						return n, err
 					}
+					n++
 				}
 			}
 		}
 	}
 	if err := w.Flush(); err != nil {
-		return err
+		return n, err
 	}
-	return sp.Close()
+	return n, sp.Close()
 }
 
 // checkUnlocked returns errLocked when a file in dir is locked by another

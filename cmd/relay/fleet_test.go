@@ -124,7 +124,7 @@ func TestFleetFailover(t *testing.T) {
 	var acked sync.Map // insert_id -> true: answered 200
 	var accepted atomic.Int64
 	var wg sync.WaitGroup
-	deadline := time.Now().Add(90 * time.Second)
+	deadline := time.Now().Add(poll.Max)
 	for dev := range devices {
 		wg.Go(func() {
 			for k := range requests {
@@ -233,7 +233,7 @@ func partitionOwner(t *testing.T, cl *natstest.Cluster, p int) string {
 func leaseOwner(t *testing.T, cl *natstest.Cluster, kind string, p int) string {
 	t.Helper()
 	js := cl.JetStream(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 	defer cancel()
 	kv, err := js.KeyValue(ctx, "RELAY_FLEET")
 	if err != nil {
@@ -250,7 +250,7 @@ func leaseOwner(t *testing.T, cl *natstest.Cluster, kind string, p int) string {
 func kvHas(t *testing.T, cl *natstest.Cluster, bucket, key string) bool {
 	t.Helper()
 	js := cl.JetStream(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 	defer cancel()
 	kv, err := js.KeyValue(ctx, bucket)
 	if err != nil {

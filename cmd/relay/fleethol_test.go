@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 )
 
@@ -73,7 +74,7 @@ func TestFleetInvalidKeyDoesNotStopPartition(t *testing.T) {
 	}
 	// The refused key's messages are all still in the stream.
 	js := cl.JetStream(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 	defer cancel()
 	var msgs uint64
 	for i := 0; ; i++ {

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/internal/poll"
 )
 
 func TestDefaultMemoryLimit(t *testing.T) {
@@ -186,9 +188,9 @@ func childConfig(t *testing.T, env string) configLine {
 	case got = <-found:
 	case err := <-exited:
 		t.Fatalf("relay exited before its configuration line: %v", err)
-	case <-time.After(20 * time.Second):
+	case <-time.After(poll.Max):
 		cmd.Process.Kill()
-		t.Fatal("no configuration line within 20s")
+		t.Fatalf("no configuration line within %v", poll.Max)
 	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -198,9 +200,9 @@ func childConfig(t *testing.T, env string) configLine {
 		if err != nil {
 			t.Errorf("relay stopped with %v", err)
 		}
-	case <-time.After(20 * time.Second):
+	case <-time.After(poll.Max):
 		cmd.Process.Kill()
-		t.Fatal("relay did not stop within 20s of SIGTERM")
+		t.Fatalf("relay did not stop within %v of SIGTERM", poll.Max)
 	}
 	return got
 }

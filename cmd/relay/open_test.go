@@ -7,12 +7,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/svcrelay/relay/internal/config"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/ingest"
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 	"go.uber.org/zap"
@@ -51,11 +51,11 @@ func TestReloadAllowedKeys(t *testing.T) {
 	}
 	go ing.Serve(ln)
 	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 		defer cancel()
 		ing.Shutdown(ctx)
 	}()
-	hc := &http.Client{Timeout: 5 * time.Second}
+	hc := &http.Client{Timeout: poll.Max}
 	post := func(key string) int {
 		t.Helper()
 		body := `{"api_key":"` + key + `","events":[{"event_type":"e","device_id":"device-1"}]}`

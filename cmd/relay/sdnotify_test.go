@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/internal/poll"
 )
 
 // TestSDNotify: under systemd (NOTIFY_SOCKET set) the relay says READY=1
@@ -22,7 +24,7 @@ func TestSDNotify(t *testing.T) {
 	read := func() string {
 		t.Helper()
 		buf := make([]byte, 4096)
-		if err := conn.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		if err := conn.SetReadDeadline(time.Now().Add(poll.Max)); err != nil {
 			t.Fatal(err)
 		}
 		n, err := conn.Read(buf)

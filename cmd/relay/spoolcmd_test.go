@@ -86,7 +86,7 @@ func TestSpoolVerifySalvageImport(t *testing.T) {
 		t.Fatalf("import: %d: %s%s", code, out.String(), errOut.String())
 	}
 	out.Reset()
-	if err := dump(ctx, fresh, &out); err != nil {
+	if _, err := dump(ctx, fresh, &out); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"iid-0-0", "iid-0-1", "iid-2-0", "iid-2-1"} {

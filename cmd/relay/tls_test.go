@@ -9,8 +9,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
-	"time"
 
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/tlsreload/tlstest"
 )
 
@@ -36,7 +36,7 @@ func TestServeTLSReloadOnSIGHUP(t *testing.T) {
 		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
 			GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused },
 		}))
-		resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Do(req)
+		resp, err := (&http.Client{Transport: tr, Timeout: poll.Max}).Do(req)
 		if err != nil {
 			t.Fatalf("%s: %v", url, err)
 		}

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
@@ -80,7 +81,9 @@ type Server struct {
 	mux   *http.ServeMux
 	token atomic.Pointer[admintoken.Token]
 
-	requests *prometheus.CounterVec // relay_admin_requests_total{route,code}
+	requests          *prometheus.CounterVec // relay_admin_requests_total{route,code}
+	scrapeWriteErrors prometheus.Counter     // relay_admin_metrics_write_errors_total
+	scrapeLog         *zap.Logger            // sampled: a line a minute
 
 	mu       sync.Mutex            // guards fresh
 	fresh    map[net.Conn]struct{} // connections that have sent nothing yet
@@ -117,11 +120,27 @@ func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Server, error
 		Name: "relay_admin_requests_total",
 		Help: "Admin listener requests by registered route and status code (401/403: token refused).",
 	}, []string{"route", "code"})
+	s.scrapeWriteErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "relay_admin_metrics_write_errors_total",
+		Help: "Scrapes of /metrics whose answer could not be written in full (the scraper went away).",
+	})
 	if reg != nil {
-		if err := reg.Register(s.requests); err != nil {
-			return nil, fmt.Errorf("adminapi metrics: %w", err)
+		for _, c := range []prometheus.Collector{s.requests, s.scrapeWriteErrors} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("adminapi metrics: %w", err)
+			}
 		}
 	}
+	// Lines a client can cause (a scraper that goes away, a failed TLS
+	// handshake, a panic a request provokes) are sampled per message: a
+	// flood of them costs a few lines a minute, and the counters say how
+	// many there were.
+	sampled := func(first int) *zap.Logger {
+		return log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+			return zapcore.NewSamplerWithOptions(c, time.Minute, first, 0)
+		}))
+	}
+	s.scrapeLog = sampled(1)
 	s.srv = &http.Server{
 		Handler:           http.HandlerFunc(s.serve),
 		ReadHeaderTimeout: min(cfg.ReadTimeout, 10*time.Second),
@@ -133,15 +152,12 @@ func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Server, error
 		ConnState:         s.connState,
 		// net/http's own lines (TLS handshake errors, panics) go to the log
 		// with quoted fragments and query strings redacted.
-		ErrorLog: stdlog.New(serverLog{log}, "", 0),
+		ErrorLog: stdlog.New(serverLog{sampled(5)}, "", 0),
 	}
 
 	s.Handle(http.MethodGet, "/healthz", http.HandlerFunc(s.healthz))
 	s.Handle(http.MethodGet, "/readyz", http.HandlerFunc(s.readyz))
-	s.Handle(http.MethodGet, "/metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{
-		ErrorLog:      zap.NewStdLog(log),
-		ErrorHandling: promhttp.ContinueOnError,
-	}))
+	s.Handle(http.MethodGet, "/metrics", s.metrics(cfg.Gatherer))
 	own := func(method, path string, h http.HandlerFunc) adminroute.Route {
 		return adminroute.Route{Method: method, Path: path, Mode: admintoken.ModeOwn, Handler: h}
 	}
@@ -312,6 +328,53 @@ func (w *statusWriter) code() int {
 
 // Unwrap lets http.ResponseController reach the server's writer.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// metrics serves g in the Prometheus text format. A scraper that goes away
+// mid-answer makes every later write fail, and promhttp would log each
+// metric family's failure (70 lines a scrape): the writes fail quietly
+// instead, and the scrape is counted once and logged sampled. promhttp's
+// own lines (a collector that fails to gather) go to the sampled log under
+// one message.
+func (s *Server) metrics(g prometheus.Gatherer) http.Handler {
+	h := promhttp.HandlerFor(g, promhttp.HandlerOpts{
+		ErrorLog:      promLog{s.scrapeLog},
+		ErrorHandling: promhttp.ContinueOnError,
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		qw := &quietWriter{ResponseWriter: w}
+		h.ServeHTTP(qw, r)
+		if qw.err != nil {
+			s.scrapeWriteErrors.Inc()
+			s.scrapeLog.Info("metrics scrape: the answer could not be written (the scraper went away); "+
+				"counted in relay_admin_metrics_write_errors_total, logged at most once a minute", zap.Error(qw.err))
+		}
+	})
+}
+
+// quietWriter keeps the first write error and reports every write as done,
+// writing nothing more after an error.
+type quietWriter struct {
+	http.ResponseWriter
+	err error
+}
+
+func (w *quietWriter) Write(p []byte) (int, error) {
+	if w.err == nil {
+		_, w.err = w.ResponseWriter.Write(p)
+	}
+	return len(p), nil
+}
+
+// Unwrap lets http.ResponseController reach the server's writer.
+func (w *quietWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// promLog takes promhttp's error lines under one message, so that the
+// sampler bounds them.
+type promLog struct{ log *zap.Logger }
+
+func (p promLog) Println(v ...any) {
+	p.log.Warn("metrics scrape: promhttp error", zap.String("detail", strings.TrimSpace(fmt.Sprintln(v...))))
+}
 
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")

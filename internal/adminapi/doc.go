@@ -30,6 +30,11 @@
 //   - Neither the token nor request content reaches the log: net/http's
 //     error log goes to zap with quoted fragments and query strings
 //     redacted; /debug/pprof/cmdline redacts secret-looking flag values.
+//   - No client can flood the log: net/http's lines (failed TLS handshakes,
+//     panics) are sampled per message, a few a minute; a /metrics scrape
+//     whose scraper went away is counted once in
+//     relay_admin_metrics_write_errors_total and logged at most once a
+//     minute (promhttp would log every metric family's failed write).
 //   - Patterns are http.ServeMux's: the most specific wins; a known path
 //     with another method is answered 405 with Allow; an unknown path 404
 //     (before any token check: a 404 reveals no secret).

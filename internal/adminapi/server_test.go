@@ -33,7 +33,7 @@ func TestServerLogRedacted(t *testing.T) {
 		panic(`bad header "Authorization: Bearer s3cret-tok" on /usermap?api_key=KEY123`)
 	}))
 	base := start(t, s)
-	c := &http.Client{Timeout: 5 * time.Second}
+	c := &http.Client{Timeout: poll.Max}
 	if resp, err := c.Get(base + "/boom"); err == nil {
 		resp.Body.Close()
 	}
@@ -77,7 +77,7 @@ func TestTLS(t *testing.T) {
 	base := strings.Replace(start(t, s), "http://", "https://", 1)
 	pool := x509.NewCertPool()
 	pool.AddCert(cert)
-	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	c := &http.Client{Timeout: poll.Max, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 	resp, err := c.Get(base + "/healthz")
 	if err != nil {
 		t.Fatal(err)

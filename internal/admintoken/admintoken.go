@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 )
@@ -43,6 +44,7 @@ const MaxFileBytes = 4096
 type Token struct {
 	key              [32]byte // random HMAC key
 	sum              [sha256.Size]byte
+	n                int // the token's length, for Strip's search
 	readableByOthers bool
 }
 
@@ -78,6 +80,7 @@ func New(token string) (*Token, error) {
 		return nil, fmt.Errorf("admin token: %w", err)
 	}
 	t.sum = t.mac(tok)
+	t.n = len(tok)
 	return t, nil
 }
 
@@ -168,35 +171,52 @@ func (t *Token) scan(h http.Header, header string) (presented, ok bool) {
 	return presented, ok
 }
 
-// carries reports whether an Authorization value carries the admin token in
-// any scheme: Bearer, Token or any other "<scheme> <credentials>", the bare
-// value, or HTTP Basic (base64 of "user:password") with the token as the
-// user, the password or the whole pair. Every candidate is compared in
-// constant time.
+// carries reports whether a header value carries the admin token in any
+// form: as a word of the value itself (Bearer, Token, Digest's
+// username="<token>", a cookie's value, the bare value), of its
+// percent-decoded form, or of any base64 word decoded (HTTP Basic with the
+// token as the user, the password or the whole pair). Candidates are
+// compared as Check compares (HMAC sums), though only a caller that
+// presented the token reaches Strip.
 func (t *Token) carries(v string) bool {
-	found := false
-	check := func(s string) {
-		if s != "" && t.equal(s) {
-			found = true
-		}
+	if t.holds(v) {
+		return true
 	}
-	v = strings.TrimSpace(v)
-	check(v)
-	for _, f := range strings.Fields(v) {
-		check(f)
-		for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
-			dec, err := enc.DecodeString(f)
-			if err != nil {
-				continue
+	if u, err := url.PathUnescape(v); err == nil && u != v && t.holds(u) {
+		return true
+	}
+	// '=' splits too: base64 padding, and the "name=" of a cookie or an
+	// auth-param before its value.
+	for _, f := range strings.FieldsFunc(v, func(c rune) bool { return !isWord(c) && c != '+' && c != '/' && c != '-' && c != '_' }) {
+		for _, enc := range []*base64.Encoding{base64.RawStdEncoding, base64.RawURLEncoding} {
+			if dec, err := enc.DecodeString(f); err == nil && t.holds(string(dec)) {
+				return true
 			}
-			d := string(dec)
-			check(d)
-			user, pass, _ := strings.Cut(d, ":")
-			check(user)
-			check(pass)
 		}
 	}
-	return found
+	return false
+}
+
+// holds reports whether s has the token as a word: a substring of the
+// token's length with a word boundary (start or end of s, or a letter or
+// digit next to anything else) at both ends. Only the substrings between
+// boundaries are compared, so a value costs an HMAC per separator byte,
+// not per byte.
+func (t *Token) holds(s string) bool {
+	n := t.n
+	boundary := func(i int) bool {
+		return i == 0 || i == len(s) || !isWord(rune(s[i-1])) || !isWord(rune(s[i]))
+	}
+	for i := 0; i+n <= len(s); i++ {
+		if boundary(i) && boundary(i+n) && t.equal(s[i:i+n]) {
+			return true
+		}
+	}
+	return false
+}
+
+func isWord(c rune) bool {
+	return c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
 }
 
 func readsAuthorization(r *http.Request, mode Mode) bool {
@@ -235,31 +255,32 @@ func (t *Token) Check(w http.ResponseWriter, r *http.Request, mode Mode) (status
 // Strip removes the admin token from r's headers before a handler (and an
 // upstream) sees them: Proxy-Authorization always; Authorization when the
 // mode reads the admin token there (ModeOwn; ModeForward with
-// X-Relay-Project); and, on any route, every Authorization value that
-// carries the admin token in whatever scheme (see carries). A caller's own
-// upstream Authorization that does not carry the token is kept.
+// X-Relay-Project); and every value of every header that carries the admin
+// token in whatever form (see carries: Digest, cookies,
+// X-Forwarded-Authorization, custom headers). A caller's own upstream
+// Authorization that does not carry the token is kept.
 func (t *Token) Strip(r *http.Request, mode Mode) {
 	r.Header.Del("Proxy-Authorization")
 	if readsAuthorization(r, mode) {
 		r.Header.Del("Authorization")
-		return
 	}
 	if t == nil {
 		return
 	}
-	vals := r.Header.Values("Authorization")
-	keep := vals[:0:0]
-	for _, v := range vals {
-		if !t.carries(v) {
-			keep = append(keep, v)
+	for name, vals := range r.Header {
+		keep := vals[:0:0]
+		for _, v := range vals {
+			if !t.carries(v) {
+				keep = append(keep, v)
+			}
 		}
-	}
-	if len(keep) == len(vals) {
-		return
-	}
-	r.Header.Del("Authorization")
-	for _, v := range keep {
-		r.Header.Add("Authorization", v)
+		switch {
+		case len(keep) == len(vals):
+		case len(keep) == 0:
+			delete(r.Header, name)
+		default:
+			r.Header[name] = keep
+		}
 	}
 }
 

@@ -11,9 +11,11 @@ import (
 	"net/http/httputil"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/svcrelay/relay/internal/poll"
 )
 
 func b64basic(userPass string) string {
@@ -61,7 +63,7 @@ func do(t *testing.T, addr, path string, headers [][2]string) result {
 	for _, h := range headers {
 		req.Header.Add(h[0], h[1])
 	}
-	c := &http.Client{Timeout: 5 * time.Second}
+	c := &http.Client{Timeout: poll.Max}
 	resp, err := c.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -236,6 +238,57 @@ func TestCheckAndStripDirect(t *testing.T) {
 	}
 	if got := fmt.Sprint(ModeOwn, ModeForward, Mode(7)); got != "own forward Mode(7)" {
 		t.Errorf("Mode strings %q", got)
+	}
+}
+
+// TestStripEveryHeader: the admin token is removed from every header it
+// rides in, whatever the scheme or encoding, on every mode; values that do
+// not carry it (the caller's own credentials, a value that merely contains
+// the token inside a longer word) are kept.
+func TestStripEveryHeader(t *testing.T) {
+	tok, err := New(right)
+	if err != nil {
+		t.Fatal(err)
+	}
+	carrying := [][2]string{
+		{"Authorization", `Digest username="` + right + `", realm="r", nonce="n", uri="/", response="0f"`},
+		{"Authorization", `Digest realm="r", username=` + right},
+		{"Authorization", "Token token=" + right},
+		{"Authorization", "AWS4-HMAC-SHA256 Credential=" + right + "/20261128/x"},
+		{"Authorization", b64basic("user:" + right)},
+		{"Cookie", "session=" + right + "; theme=dark"},
+		{"Cookie", "session=" + strings.ReplaceAll(right, "~", "%7E")},
+		{"Cookie", "s=" + base64.RawURLEncoding.EncodeToString([]byte(right))},
+		{"X-Forwarded-Authorization", "Bearer " + right},
+		{"X-Api-Key", right},
+		{"X-Custom", b64basic(right)},
+	}
+	kept := [][2]string{
+		{"Authorization", b64basic("caller:own")},
+		{"Cookie", "theme=dark"},
+		{"X-Api-Key", "x" + right + "x"}, // a longer word, not the token
+		{"X-Keep", "k"},
+	}
+	for _, mode := range []Mode{ModeOwn, ModeForward} {
+		for _, c := range carrying {
+			r := httptest.NewRequest("GET", "/", nil)
+			for _, h := range kept {
+				r.Header.Add(h[0], h[1])
+			}
+			r.Header.Add(c[0], c[1])
+			tok.Strip(r, mode)
+			if slices.Contains(r.Header.Values(c[0]), c[1]) {
+				t.Errorf("%v, %s: %q left in %s", mode, c[0], c[1], r.Header)
+			}
+			for _, h := range kept {
+				if mode == ModeOwn && h[0] == "Authorization" {
+					continue // ModeOwn reads Authorization as the token slot
+				}
+				if !slices.Contains(r.Header.Values(h[0]), h[1]) {
+					t.Errorf("%v, %s: %s %q dropped", mode, c[1], h[0], h[1])
+				}
+			}
+		}
 	}
 }
 

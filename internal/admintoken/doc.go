@@ -28,10 +28,13 @@
 //   - Nothing of this package logs; errors never contain the token; a Token
 //     formats as a redacted placeholder.
 //   - Strip removes, before a request is forwarded, Proxy-Authorization
-//     always, and Authorization when the mode reads it as the admin token
-//     slot (ModeOwn; ModeForward with X-Relay-Project) or when it carries the
-//     admin token. A caller's own upstream Authorization on a forwarding
-//     route without X-Relay-Project is never touched.
+//     always, Authorization when the mode reads it as the admin token slot
+//     (ModeOwn; ModeForward with X-Relay-Project), and every value of any
+//     header that carries the admin token in any form: as a word of the
+//     value (any auth scheme, Digest's username="...", a cookie, a custom
+//     header), percent-encoded, or inside a base64 word (HTTP Basic). A
+//     caller's own upstream Authorization on a forwarding route without
+//     X-Relay-Project is kept unless it carries the token.
 //   - A nil *Token means no admin token is configured: Check lets every
 //     request through; Strip still removes the headers above.
 package admintoken

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/spool"
@@ -285,7 +286,7 @@ func testLaneHeadOfLine(t *testing.T, maxSpilled int) {
 	}
 	if limited {
 		// Wait until the partition holds its limit.
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		for deadline := time.Now().Add(poll.Max); ; time.Sleep(50 * time.Millisecond) {
 			st.mu.Lock()
 			k := len(st.spilled)
 			st.mu.Unlock()

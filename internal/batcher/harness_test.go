@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/svcrelay/relay/internal/delivery"
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/spool"
@@ -27,7 +28,11 @@ import (
 // harness runs a real spool in t.TempDir(), the simulator on 127.0.0.1 and a
 // Pipeline between them, and remembers every event it appended.
 type harness struct {
-	t    *testing.T
+	t *testing.T
+	// real: not in a synctest bubble, so waits are real time and a
+	// loaded machine stretches them (waitDrained's bound is then at
+	// least poll.Max); in a bubble they are exact fake time.
+	real bool
 	sim  *simtest.Sim
 	url  string
 	sp   *spool.Spool
@@ -136,6 +141,7 @@ func newHarnessOn(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle.C
 	h.sim = simtest.New(simCfg, nil)
 	var err error
 	var next Sender
+	h.real = !inProcess
 	if inProcess {
 		h.url = "http://sim"
 		next = &simSender{sim: h.sim, rng: rand.New(rand.NewPCG(1, 1))}
@@ -205,7 +211,7 @@ func (h *harness) stop() {
 		if err != nil {
 			h.t.Errorf("Run: %v", err)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(poll.Max):
 		h.t.Fatal("Run did not return")
 	}
 	h.cancel = nil
@@ -308,6 +314,9 @@ func (h *harness) add(apiKey string, evs ...ev) []string {
 // spool holds exactly keep records in total).
 func (h *harness) waitDrained(timeout time.Duration, keep int64) {
 	h.t.Helper()
+	if h.real {
+		timeout = max(timeout, poll.Max)
+	}
 	deadline := time.Now().Add(timeout)
 	for {
 		var n int64

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/delivery"
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/throttle"
 )
@@ -41,7 +42,7 @@ func TestHeldEventsDoNotPinChunks(t *testing.T) {
 
 	h.start()
 	want := int64(chunks * (perChunk - 1))
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(poll.Max)
 	for h.sim.Counted() < want {
 		if time.Now().After(deadline) {
 			t.Fatalf("delivered %d of %d; lanes %+v", h.sim.Counted(), want, h.p.LaneStatus())
@@ -115,7 +116,7 @@ func TestHeldEventsDeliveredIntactAfterPause(t *testing.T) {
 
 	// During the pause: the others are delivered, the paused device's
 	// events are held, in their own copies only.
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(poll.Max)
 	for h.sim.Count() < 20*20 {
 		if time.Now().After(deadline) {
 			t.Fatalf("others not delivered: %d", h.sim.Count())
@@ -168,7 +169,7 @@ func TestTotalReadAheadNoStarvation(t *testing.T) {
 		h.add("stuck-key", ev{Device: "quota-device", Pad: 500}, ev{Device: "quota-device", Pad: 500})
 	}
 	h.start()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(poll.Max)
 	for h.p.budget.Used() < shareOf(limit) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the stuck lane did not fill its share of the total: %d; %+v", h.p.budget.Used(), h.p.LaneStatus())
@@ -247,7 +248,7 @@ func TestOutageStopsReadAhead(t *testing.T) {
 		if i == 0 {
 			h.start()
 		}
-		deadline := time.Now().Add(10 * time.Second)
+		deadline := time.Now().Add(poll.Max)
 		for lr := h.p.lane(h.lane("key", "").ID()); lr == nil || lr.failing.Load() < 2; lr = h.p.lane(h.lane("key", "").ID()) {
 			if time.Now().After(deadline) {
 				t.Fatalf("%s: the shards did not start retrying", mode)
@@ -275,11 +276,11 @@ func TestOutageStopsReadAhead(t *testing.T) {
 
 // A read-ahead budget smaller than the shards' batches: the reader waits
 // for the budget while every shard waits for a full batch. The shards must
-// send what they have then, not once per flush interval (1 s here: the
-// ~1 MB below would take 16 s that way).
+// send what they have then, not once per flush interval (5 s here: the
+// ~1 MB below would take 80 s that way, against a few seconds).
 func TestSmallBudgetDoesNotWaitForFlush(t *testing.T) {
 	h := newHarness(t, sim.Config{}, Config{MaxReadAheadBytes: 64 << 10, ShardsPerLane: 4,
-		MaxBatchEvents: 1000, FlushInterval: time.Second}, throttle.Config{})
+		MaxBatchEvents: 1000, FlushInterval: 5 * time.Second}, throttle.Config{})
 	for c := 0; c < 100; c++ {
 		var evs []ev
 		for _, d := range devs(fmt.Sprintf("dev-%d-", c), 20) {
@@ -289,8 +290,8 @@ func TestSmallBudgetDoesNotWaitForFlush(t *testing.T) {
 	}
 	start := time.Now()
 	h.start()
-	h.waitDrained(15*time.Second, 0)
-	if d := time.Since(start); d > 3*time.Second {
+	h.waitDrained(poll.Max, 0)
+	if d := time.Since(start); d > 40*time.Second {
 		t.Fatalf("delivered in %v: the shards waited for their flush interval", d)
 	}
 	h.stop()
@@ -329,7 +330,7 @@ func TestLargeChunksStayInBudget(t *testing.T) {
 	base := heap()          // the test's own copies of the events are most of it
 	check := func(when string) {
 		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
+		deadline := time.Now().Add(poll.Max)
 		for h.send.calls.Load() < 2*lanes && time.Now().Before(deadline) {
 			time.Sleep(10 * time.Millisecond)
 		}
@@ -362,7 +363,10 @@ func TestLargeChunksStayInBudget(t *testing.T) {
 	if err := h.sim.Up(); err != nil {
 		t.Fatal(err)
 	}
-	h.waitDrained(60*time.Second, 0)
+	// ~50 MB through a 1 MB read-ahead: 15 s on a quiet machine, over
+	// 2 minutes at a load average of 30 under the race detector; a lane
+	// that stalls never drains.
+	h.waitDrained(2*poll.Max, 0)
 	h.stop()
 	h.check(nil)
 }

@@ -62,6 +62,9 @@ type Config struct {
 	// Token is the admin token from --admin-token or --admin-token-file
 	// (admintoken.Load); nil means no admin token: admin routes are open.
 	Token *admintoken.Token
+	// AdminInsecureOpen is --admin-insecure-open: serve a non-loopback
+	// AdminListen without an admin token (false: such a start is refused).
+	AdminInsecureOpen bool
 	// Credentials is --credentials, the path of the credentials YAML; Creds
 	// is that file loaded (credentials.Load), nil when none is given.
 	Credentials string
@@ -222,6 +225,15 @@ var options = []option{
 		set: str(func(c *Config) *string { return &c.AdminToken })},
 	{name: "admin-token-file", usage: "file holding the admin token",
 		set: str(func(c *Config) *string { return &c.AdminTokenFile })},
+	{name: "admin-insecure-open", def: "false", isBool: true, usage: "serve an admin-listen that is not loopback without an admin token (otherwise that start is refused)",
+		set: func(c *Config, v string) error {
+			b, err := strconv.ParseBool(strings.TrimSpace(v))
+			if err != nil {
+				return fmt.Errorf("invalid boolean %q: want true or false", v)
+			}
+			c.AdminInsecureOpen = b
+			return nil
+		}},
 	{name: "credentials", usage: "YAML file of upstream credentials; needs an admin token",
 		set: str(func(c *Config) *string { return &c.Credentials })},
 	{name: "trusted-proxies", usage: "comma-separated CIDRs whose X-Forwarded-For is trusted",
@@ -630,6 +642,9 @@ func (c *Config) finish() error {
 		return settingErr("admin-token", ": %v", err)
 	}
 	c.Token, c.AdminToken = tok, ""
+	if tok == nil && c.AdminInsecureOpen && !LoopbackAddr(c.AdminListen) {
+		c.warn("admin-insecure-open", "is set: admin-listen %s serves every admin route (dead letters, lanes, forwarded APIs) with no token to anyone who reaches it", c.AdminListen)
+	}
 	if tok.ReadableByOthers() {
 		c.warn("admin-token-file", "%s is readable by group or others: chmod 600 it", c.AdminTokenFile)
 	}
@@ -717,6 +732,10 @@ func (c Config) Validate() error {
 		return settingErr("sync", "%q: want always or none", c.Sync)
 	case c.Credentials != "" && c.AdminToken == "" && c.AdminTokenFile == "" && c.Token == nil:
 		return settingErr("credentials", "needs an admin token (admin-token or admin-token-file): injected credentials must not be open to anyone who reaches the admin listener")
+	case !LoopbackAddr(c.AdminListen) && c.AdminToken == "" && c.AdminTokenFile == "" && c.Token == nil && !c.AdminInsecureOpen:
+		return &SettingError{Names: []string{"admin-listen", "admin-token"}, Msg: strconv.Quote(c.AdminListen) +
+			" is not a loopback address and no admin-token (or admin-token-file) is set: anyone who reaches it could read and replay dead letters, stop lanes and call the forwarded APIs; " +
+			"set admin-token-file, listen on 127.0.0.1, or set admin-insecure-open to serve it open"}
 	}
 	if err := c.validateFleet(); err != nil {
 		return err
@@ -757,6 +776,21 @@ func (c Config) Validate() error {
 		return settingErr("max-connections-per-client", "%d: want 0 (no bound) or a positive number", c.MaxConnectionsPerClient)
 	}
 	return nil
+}
+
+// LoopbackAddr reports whether a listen address host:port binds loopback
+// only: localhost, 127.0.0.0/8 or ::1. An empty host (every interface), any
+// other address and any other name (which may resolve anywhere) are not.
+func LoopbackAddr(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.IsLoopback()
 }
 
 // ParseSpool parses --spool: "local" (nil) or NATS servers,

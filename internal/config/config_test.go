@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -152,6 +153,7 @@ func TestEnvNames(t *testing.T) {
 		"RELAY_SPOOL=nats://h1:4222,h2:4222", "RELAY_NATS_CREDS=testdata/admin.token", "RELAY_NATS_TLS_CA=testdata/admin.token",
 		"RELAY_NATS_TLS_CERT=testdata/credentials.yaml", "RELAY_NATS_TLS_KEY=testdata/empty.yaml", "RELAY_SPOOL_PARTITIONS=8", "RELAY_SPOOL_STREAMS=2",
 		"RELAY_MAX_CONNECTIONS_PER_CLIENT=0",
+		"RELAY_ADMIN_INSECURE_OPEN=true",
 	}
 	c, err := Load(nil, env)
 	if err != nil {
@@ -174,6 +176,7 @@ func TestEnvNames(t *testing.T) {
 		NATSTLSCert: "testdata/credentials.yaml", NATSTLSKey: "testdata/empty.yaml", SpoolPartitions: 8, SpoolStreams: 2,
 		// 0 turns the bound off.
 		MaxConnectionsPerClient: 0, SpoolUpstreamChange: "allow", MaxLanes: 7, MaxLanesPerKey: 3,
+		AdminInsecureOpen: true,
 	}
 	if !equal(c, want) {
 		t.Fatalf("\n got %+v\nwant %+v", c, want)
@@ -297,6 +300,10 @@ func TestRefusals(t *testing.T) {
 		{"max-batch-events zero", []string{"--max-batch-events", "0"}, nil, "want 1 to 1999"},
 		{"max-batch-events not a number", nil, []string{"RELAY_MAX_BATCH_EVENTS=lots"}, "max-batch-events (from variable RELAY_MAX_BATCH_EVENTS): invalid number"},
 		{"credentials without token", []string{"--config", "testdata/credentials_no_token.yaml"}, nil, "credentials needs an admin token (admin-token or admin-token-file): injected credentials must not be open to anyone who reaches the admin listener (from testdata/credentials_no_token.yaml line 1)"},
+		{"admin listener open to the network", []string{"--admin-listen", "0.0.0.0:8081"}, nil, "--admin-listen \"0.0.0.0:8081\" is not a loopback address and no admin-token (or admin-token-file) is set: anyone who reaches it could read and replay dead letters, stop lanes and call the forwarded APIs; set admin-token-file, listen on 127.0.0.1, or set admin-insecure-open to serve it open (from admin-listen from flag --admin-listen; admin-token from default)"},
+		{"admin listener on every interface", nil, []string{"RELAY_ADMIN_LISTEN=:8081"}, "admin-listen \":8081\" is not a loopback address"},
+		{"admin listener on a name", []string{"--admin-listen", "relay.internal:8081"}, nil, "--admin-listen \"relay.internal:8081\" is not a loopback address"},
+		{"admin listener on IPv6", []string{"--admin-listen", "[::]:8081", "--admin-insecure-open=false"}, nil, "is not a loopback address"},
 		{"credentials file missing", []string{"--credentials", "testdata/nope.yaml", "--admin-token", "x"}, nil, "--credentials"},
 		{"both token and token file", []string{"--admin-token", "a", "--admin-token-file", "testdata/admin.token"}, nil, "both set"},
 		{"empty token file", []string{"--admin-token-file", "testdata/empty.yaml"}, nil, "is empty"},
@@ -504,5 +511,38 @@ func TestSpool(t *testing.T) {
 	}
 	if c.NATSCreds == "" || c.NATSTLSCA == "" || c.NATSTLSCert == "" || c.NATSTLSKey == "" || c.SpoolPartitions != 32 {
 		t.Fatalf("%+v", c)
+	}
+}
+
+// TestAdminListenClosedByDefault: a non-loopback admin listener starts
+// only with an admin token or the explicit opt-out; loopback ones need
+// neither.
+func TestAdminListenClosedByDefault(t *testing.T) {
+	for _, args := range [][]string{
+		{"--admin-listen", "127.0.0.1:8081"},
+		{"--admin-listen", "127.3.2.1:0"},
+		{"--admin-listen", "localhost:8081"},
+		{"--admin-listen", "[::1]:8081"},
+		{"--admin-listen", "0.0.0.0:8081", "--admin-token", "tok"},
+		{"--admin-listen", "0.0.0.0:8081", "--admin-token-file", "testdata/admin.token"},
+		{"--admin-listen", "0.0.0.0:8081", "--admin-insecure-open"},
+		{"--admin-listen", "10.1.2.3:8081", "--admin-insecure-open=true"},
+	} {
+		c, err := Load(args, nil)
+		if err != nil {
+			t.Errorf("%q: %v", args, err)
+			continue
+		}
+		if got := slices.Contains(args, "--admin-insecure-open") || slices.Contains(args, "--admin-insecure-open=true"); c.AdminInsecureOpen != got {
+			t.Errorf("%q: AdminInsecureOpen %v", args, c.AdminInsecureOpen)
+		}
+	}
+	for addr, want := range map[string]bool{
+		"127.0.0.1:1": true, "localhost:1": true, "LOCALHOST:1": true, "[::1]:1": true, "127.255.0.1:1": true,
+		"0.0.0.0:1": false, ":1": false, "[::]:1": false, "10.0.0.1:1": false, "example.test:1": false, "8081": false,
+	} {
+		if got := LoopbackAddr(addr); got != want {
+			t.Errorf("LoopbackAddr(%q) = %v, want %v", addr, got, want)
+		}
 	}
 }

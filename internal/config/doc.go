@@ -16,8 +16,9 @@
 // through admintoken.Load, which warns via Config.Warnings when the file is
 // readable by group or others) into Config.Token and drops the raw value, and
 // loads --credentials with credentials.Load into Config.Creds. Validate is the
-// one place that refuses a credentials file without an admin token. No error
-// of Load holds a token or a credential value.
+// one place that refuses a credentials file without an admin token, and an
+// --admin-listen that is not loopback (LoopbackAddr) without one unless
+// --admin-insecure-open. No error of Load holds a token or a credential value.
 //
 // Sources: Config.Settings lists every option with the value as given
 // (secrets and URL passwords masked) and its Origin (default, flag,

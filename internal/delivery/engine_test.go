@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/spool"
 )
 
@@ -82,9 +83,9 @@ func TestEngine(t *testing.T) {
 	}
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		for deadline := time.Now().Add(poll.Max); !cond(); time.Sleep(5 * time.Millisecond) {
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 10s (status %+v, runs %d)", what, e.LaneStatus(), runs.Load())
+				t.Fatalf("%s: not within %v (status %+v, runs %d)", what, poll.Max, e.LaneStatus(), runs.Load())
 			}
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 )
@@ -55,10 +56,10 @@ func TestRetiredLanesForgotten(t *testing.T) {
 	}
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
+		deadline := time.Now().Add(poll.Max)
 		for !cond() {
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 10s (lanes %d, status %d, lane goroutines %d)", what, sp.Stats().Lanes, len(d.LaneStatus()), laneGoroutines())
+				t.Fatalf("%s: not within %v (lanes %d, status %d, lane goroutines %d)", what, poll.Max, sp.Stats().Lanes, len(d.LaneStatus()), laneGoroutines())
 			}
 			time.Sleep(5 * time.Millisecond)
 		}

@@ -9,6 +9,7 @@ import (
 
 	"testing"
 
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 )
@@ -20,7 +21,7 @@ import (
 // stream. A message read after them (another key's) is acknowledged
 // meanwhile.
 func (e *testEnv) testSpill(t *testing.T) {
-	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1, AckWait: 2 * time.Second})
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1, AckWait: 4 * time.Second})
 	ctx := bg(t)
 	for _, r := range []spool.Record{rec("d:held", 1), rec("d:held", 2), rec("d:other", 1)} {
 		if err := f.Append(ctx, Request{Lane: lane, Records: []spool.Record{r}}); err != nil {
@@ -40,7 +41,7 @@ func (e *testEnv) testSpill(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-	case <-time.After(40 * time.Second):
+	case <-time.After(poll.Max):
 		t.Fatal("deliver did not finish")
 	}
 	waitFor(t, 10*time.Second, "the stream empties", func() bool { return streamMsgs(t, f, spool.KindEvents) == 0 })
@@ -75,8 +76,9 @@ func spillCase(ctx context.Context, r *partitionReader) error {
 	if err := r.Ack(ctx, ms[2]); err != nil {
 		return err
 	}
-	// 2.5 AckWaits: nothing may be delivered again.
-	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	// 2.5 AckWaits: nothing may be delivered again. (AckWait 4s: only a
+	// stall of over 2.6 s on a loaded machine could miss a keep-alive.)
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	again, err := r.Next(wctx)
 	cancel()
 	if again != nil {

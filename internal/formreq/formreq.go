@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
@@ -133,9 +134,14 @@ type Rejecter struct {
 
 // NewRejecter returns a Rejecter that counts refusals in rejected (label
 // "reason"), logs as name (e.g. "groupidentify") to log, and answers spool
-// failures with Retry-After retryAfter rounded up to whole seconds. log and
-// rejected must not be nil.
+// failures with Retry-After retryAfter rounded up to whole seconds; its log
+// lines are sampled (a few a second). log and rejected must not be nil.
 func NewRejecter(name string, log *zap.Logger, rejected *prometheus.CounterVec, retryAfter time.Duration) *Rejecter {
+	// Every request can fail the same way while the spool does: a few
+	// lines a second, the counter has them all.
+	log = log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		return zapcore.NewSamplerWithOptions(c, time.Second, 5, 0)
+	}))
 	return &Rejecter{name: name, log: log, rejected: rejected,
 		retryAfter: strconv.Itoa(int((retryAfter + time.Second - 1) / time.Second))}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/ratelimit"
 )
 
@@ -48,7 +49,7 @@ func send(t *testing.T, method, url, body string, hdr ...string) (*http.Response
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
-	c := &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	c := &http.Client{Timeout: poll.Max, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	resp, err := c.Do(req)
 	if err != nil {
 		t.Fatal(err)

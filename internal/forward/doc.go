@@ -34,8 +34,9 @@
 //   - The method, path, query string and body are sent untouched.
 //     Hop-by-hop headers (and those listed in Connection), X-Forwarded-*,
 //     Proxy-Authorization, X-Relay-Project and Expect are never forwarded.
-//     Authorization is the caller's (the admin listener has removed the
-//     admin token from it, whatever its scheme), unless X-Relay-Project
+//     Authorization is the caller's (the admin listener has removed every
+//     header value carrying the admin token, whatever the header or its
+//     scheme: admintoken.Token.Strip), unless X-Relay-Project
 //     names a project: then Resolve injects that project's or its
 //     organization's credentials in the API's Scheme.
 //   - Answers are passed back with their status, end-to-end headers and
@@ -46,6 +47,9 @@
 //     (Config.IdleTimeout, renewed on every read and write), not total ones.
 //     Transport errors are answered 502; nothing is retried (a retry would
 //     count twice against the upstream's rate limits).
+//   - Log lines a caller can cause (an unreachable upstream, a caller gone
+//     mid-answer) are sampled per message, a few a minute;
+//     relay_forward_errors_total counts every one.
 //   - Local answers carry "source":"relay" (JSONErrors, or the API's own
 //     format). Neither logs, metrics nor local answers ever hold an
 //     Authorization value, a token or a key: logs name the API, method and

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	stdlog "log"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
@@ -141,6 +143,12 @@ func New(cfg Config, creds *credentials.Ref, log *zap.Logger, reg prometheus.Reg
 	if log == nil {
 		log = zap.NewNop()
 	}
+	// Every line here is one a caller can cause (an upstream that is down
+	// for everyone's calls, a caller that goes away mid-answer): sampled per
+	// message, a few a minute; relay_forward_errors_total counts them all.
+	log = log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		return zapcore.NewSamplerWithOptions(c, time.Minute, 5, 0)
+	}))
 	f := &Forwarder{cfg: cfg, creds: creds, log: log, reg: reg}
 	f.m = metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -213,6 +221,15 @@ func (c *idleConn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
+// proxyLog takes ReverseProxy's own lines (a caller gone mid-answer, a
+// body copy cut short) under one message, so that the sampler bounds them.
+type proxyLog struct{ log *zap.Logger }
+
+func (p proxyLog) Write(b []byte) (int, error) {
+	p.log.Warn("forward: proxy error", zap.String("detail", strings.TrimSpace(string(b))))
+	return len(b), nil
+}
+
 // targetKey carries a request's *Target from Forward to the proxy's Rewrite.
 type targetKey struct{}
 
@@ -227,7 +244,7 @@ func (f *Forwarder) newProxy(rt http.RoundTripper) *httputil.ReverseProxy {
 			return nil
 		},
 		ErrorHandler: f.proxyError,
-		ErrorLog:     zap.NewStdLog(f.log),
+		ErrorLog:     stdlog.New(proxyLog{f.log}, "", 0),
 	}
 }
 

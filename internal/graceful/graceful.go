@@ -97,6 +97,7 @@ type Server struct {
 	lingerLimit int64
 
 	mu         sync.Mutex
+	lingerFor  time.Duration            // a linger's bound: lingerTimeout (tests lengthen it)
 	conns      map[net.Conn]bool        // open connections: true from the handler's start to StateIdle
 	stopping   bool                     // Shutdown was called
 	lingering  map[*lingerConn]struct{} // connections in their linger goroutine
@@ -114,6 +115,7 @@ func New(srv *fasthttp.Server) *Server {
 		handler:     srv.Handler,
 		state:       srv.ConnState,
 		lingerLimit: int64(max(srv.MaxRequestBodySize, fasthttp.DefaultMaxRequestBodySize)),
+		lingerFor:   lingerTimeout,
 		conns:       make(map[net.Conn]bool),
 		lingering:   make(map[*lingerConn]struct{}),
 	}
@@ -340,7 +342,7 @@ func (s *Server) startLinger(c *lingerConn) bool {
 	}
 	// The answer is written (fasthttp flushes before it closes): CloseWrite
 	// sends the FIN after it.
-	if c.tcp.CloseWrite() != nil || c.tcp.SetReadDeadline(time.Now().Add(lingerTimeout)) != nil {
+	if c.tcp.CloseWrite() != nil || c.tcp.SetReadDeadline(time.Now().Add(s.lingerFor)) != nil {
 		return false
 	}
 	s.lingering[c] = struct{}{}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/graceful/gracefultest"
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/valyala/fasthttp"
 )
 
@@ -24,8 +25,8 @@ func start(t *testing.T, h fasthttp.RequestHandler, state func(net.Conn, fasthtt
 	return serve(t, &fasthttp.Server{
 		Handler:     h,
 		ConnState:   state,
-		ReadTimeout: time.Minute,
-		IdleTimeout: time.Minute,
+		ReadTimeout: 10 * time.Minute,
+		IdleTimeout: 10 * time.Minute,
 	})
 }
 
@@ -92,7 +93,7 @@ func get(t *testing.T, c net.Conn, br *bufio.Reader, path string) *http.Response
 // waitClosed fails unless the server closes c within d.
 func waitClosed(t *testing.T, name string, c net.Conn, d time.Duration) {
 	t.Helper()
-	c.SetReadDeadline(time.Now().Add(d))
+	c.SetReadDeadline(time.Now().Add(max(d, poll.Max)))
 	var b [1]byte
 	if _, err := c.Read(b[:]); !errors.Is(err, io.EOF) && !isReset(err) {
 		t.Fatalf("%s connection: read %v, want EOF (closed by Shutdown)", name, err)
@@ -162,8 +163,8 @@ func TestShutdownClosesWaitingConnections(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Shutdown: %v", err)
 		}
-	case <-time.After(10 * time.Second): // about 100 ms on a quiet machine (fasthttp's poll)
-		t.Fatal("Shutdown still waiting 10 s after the last request ended (the idle timeout is a minute)")
+	case <-time.After(poll.Max): // about 100 ms on a quiet machine (fasthttp's poll)
+		t.Fatalf("Shutdown still waiting %v after the last request ended (the idle timeout is 10 minutes)", poll.Max)
 	}
 	if err := <-served; err != nil {
 		t.Fatalf("Serve after Shutdown: %v", err)
@@ -308,6 +309,7 @@ func lingeringCount(s *Server) int {
 // waitLingeringCount fails unless the lingering count on s becomes n within d.
 func waitLingeringCount(t *testing.T, s *Server, n int, d time.Duration) {
 	t.Helper()
+	d = max(d, poll.Max)
 	for stop := time.Now().Add(d); lingeringCount(s) != n; time.Sleep(time.Millisecond) {
 		if time.Now().After(stop) {
 			t.Fatalf("%d connections lingering after %v, want %d", lingeringCount(s), d, n)
@@ -324,7 +326,7 @@ func TestLingerEnds(t *testing.T) {
 	t.Run("peer closed first", func(t *testing.T) {
 		c, client := tcpPair(t, s)
 		client.Close()
-		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		c.SetReadDeadline(time.Now().Add(poll.Max))
 		if _, err := c.Read(make([]byte, 1)); err != io.EOF {
 			t.Fatalf("read after the peer closed: %v, want EOF", err)
 		}
@@ -396,10 +398,13 @@ func TestLingerEnds(t *testing.T) {
 func TestLingerByteLimit(t *testing.T) {
 	s := New(&fasthttp.Server{})
 	s.lingerLimit = 64 << 10
+	// A linger far longer than the test may take, so that only the byte
+	// limit can end it in time, however loaded the machine.
+	s.lingerFor = 10 * time.Minute
 	c, client := tcpPair(t, s)
-	begin := time.Now() // the linger's deadline is lingerTimeout after this
+	begin := time.Now() // the linger's deadline is s.lingerFor after this
 	c.Close()
-	client.SetDeadline(time.Now().Add(10 * time.Second))
+	client.SetDeadline(time.Now().Add(poll.Max))
 	chunk := make([]byte, 16<<10)
 	var err error
 	for sent := 0; sent < 256<<20 && err == nil; sent += len(chunk) {
@@ -409,9 +414,9 @@ func TestLingerByteLimit(t *testing.T) {
 		t.Fatalf("peer sent 256 MiB to a lingering connection (%v), want it closed after 64 KiB", err)
 	}
 	// Without the byte limit the write fails only when the deadline ends
-	// the linger: lingerTimeout after begin, never sooner.
-	if d := time.Since(begin); d >= lingerTimeout {
-		t.Errorf("peer's write failed after %v, want before lingerTimeout (%v)", d, lingerTimeout)
+	// the linger: s.lingerFor after begin, never sooner.
+	if d := time.Since(begin); d >= s.lingerFor {
+		t.Errorf("peer's write failed after %v, want before the linger's end (%v)", d, s.lingerFor)
 	}
 	waitLingeringCount(t, s, 0, 10*time.Second)
 }
@@ -422,18 +427,19 @@ func TestLingerByteLimit(t *testing.T) {
 func TestShutdownWithLingering(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
+		linger  time.Duration
 		timeout time.Duration
 		want    error
 		within  time.Duration
 	}{
-		// A Shutdown that waited forever fails on the 10 s ctx; one that
-		// did not wait at all leaves the connection lingering (checked
+		// A Shutdown that waited forever fails on its ctx; one that did
+		// not wait at all leaves the connection lingering (checked
 		// below).
-		{"linger ends", 10 * time.Second, nil, 9 * time.Second},
+		{"linger ends", lingerTimeout, poll.Max, nil, poll.Max},
 		// A Shutdown that waited for the linger past its ctx would
-		// return lingerTimeout after the linger began, before begin:
-		// the bound is as far from that as it can be.
-		{"ctx ends first", 50 * time.Millisecond, context.DeadlineExceeded, lingerTimeout - 50*time.Millisecond},
+		// return the linger's 10 minutes after it began, far past the
+		// bound.
+		{"ctx ends first", 10 * time.Minute, 50 * time.Millisecond, context.DeadlineExceeded, poll.Max},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, addr, served := serve(t, &fasthttp.Server{
@@ -442,10 +448,13 @@ func TestShutdownWithLingering(t *testing.T) {
 				ReadTimeout:        time.Minute,
 				IdleTimeout:        time.Minute,
 			}, fasthttp.ErrBodyTooLarge.Error())
+			s.mu.Lock() // startLinger reads it under s.mu
+			s.lingerFor = tc.linger
+			s.mu.Unlock()
 			// A client that sent part of an oversized body, read the
 			// 413 and stays silent: its connection lingers.
 			c := dial(t, addr)
-			c.SetDeadline(time.Now().Add(5 * time.Second))
+			c.SetDeadline(time.Now().Add(poll.Max))
 			if _, err := fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", 1<<20, make([]byte, 8<<10)); err != nil {
 				t.Fatal(err)
 			}

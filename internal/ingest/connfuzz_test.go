@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/internal/poll"
 )
 
 // memListener is a net.Listener of in-memory connections that, unlike
@@ -104,7 +106,7 @@ func FuzzIngestConn(f *testing.F) {
 	})
 
 	f.Fuzz(func(t *testing.T, in []byte) {
-		c, err := ln.dial(20 * time.Second)
+		c, err := ln.dial(poll.Max)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -121,7 +123,7 @@ func FuzzIngestConn(f *testing.F) {
 		var out []byte
 		select {
 		case out = <-outc:
-		case <-time.After(20 * time.Second):
+		case <-time.After(poll.Max):
 			t.Fatalf("no end of the answers to %q", in)
 		}
 		checkAnswers(t, in, out)

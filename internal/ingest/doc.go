@@ -138,8 +138,9 @@
 //     out as "ingest connection error" with the peer's address and a fixed
 //     class of the error only: fasthttp quotes request heads (header values,
 //     query strings holding an api_key) in its messages.
-//   - Rejections are logged through a sampler (at most a few lines a second),
-//     and counted in relay_ingest_requests_total and
+//   - Every line a request can cause (rejections, a spool append that
+//     failed, a handler panic) is logged through a sampler (at most a few
+//     lines a second per message), and rejections are counted in relay_ingest_requests_total and
 //     relay_ingest_rejected_requests_total.
 //   - Appends run under the server's own context, not the request's:
 //     Shutdown lets them finish until its ctx ends, then cancels them.

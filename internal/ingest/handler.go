@@ -70,7 +70,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	answered := false // the answer is final: a later panic must not replace it
 	defer func() {
 		if r := recover(); r != nil {
-			s.log.Error("ingest handler panic", zap.String("path", pathLabels[p]), zap.Bool("answered", answered),
+			s.rejLog.Error("ingest handler panic", zap.String("path", pathLabels[p]), zap.Bool("answered", answered),
 				zap.Any("panic", r), zap.Stack("stack"))
 			if !answered {
 				ctx.Response.Reset()
@@ -357,7 +357,7 @@ func (s *Server) spoolFailed(ctx *fasthttp.RequestCtx, p pathIdx, err error, req
 		s.unavailable(ctx, p, "Service is shutting down", reasonShuttingDown, n)
 	default:
 		s.unavailable(ctx, p, "Service unavailable", reasonSpoolError, n)
-		s.log.Error("spool append failed", zap.String("lane", req.Lane().Label()), zap.Int("events", n), zap.Error(err))
+		s.rejLog.Error("spool append failed", zap.String("lane", req.Lane().Label()), zap.Int("events", n), zap.Error(err))
 	}
 }
 

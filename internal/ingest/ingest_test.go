@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/event"
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/valyala/fasthttp"
@@ -617,8 +618,8 @@ func holdRequest(r *testRelay) (got <-chan answer, release chan struct{}) {
 	case <-entered:
 	case a := <-answers:
 		r.t.Fatalf("answered %d %s without reaching the handler", a.status, a.body)
-	case <-time.After(30 * time.Second):
-		r.t.Fatal("the request did not reach the handler in 30 s")
+	case <-time.After(poll.Max):
+		r.t.Fatalf("the request did not reach the handler in %v", poll.Max)
 	}
 	return answers, release
 }
@@ -644,7 +645,7 @@ func TestShutdownWaitsForInFlight(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Shutdown: %v", err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(poll.Max):
 		t.Fatal("Shutdown did not return after the request finished")
 	}
 	if c, err := net.DialTimeout("tcp", r.addr, time.Second); err == nil {
@@ -668,7 +669,7 @@ func TestShutdownDeadline(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), context.DeadlineExceeded.Error()) {
 		t.Fatalf("Shutdown = %v, want deadline exceeded", err)
 	}
-	if d := time.Since(start); d > 10*time.Second { // a wrong one waits for ever
+	if d := time.Since(start); d > poll.Max { // a wrong one waits for ever
 		t.Fatalf("Shutdown took %v", d)
 	}
 	close(release)
@@ -706,7 +707,7 @@ func TestSlowAndMalformedClients(t *testing.T) {
 		t.Fatalf("good client: %d %s", a.status, a.body)
 	}
 	for name, c := range map[string]net.Conn{"slow": slow, "garbage": bad} {
-		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		c.SetReadDeadline(time.Now().Add(poll.Max))
 		b, _ := io.ReadAll(c) // until the server closes the connection
 		if !bytes.HasPrefix(b, []byte("HTTP/1.1 4")) {
 			t.Errorf("%s client got %q", name, b)
@@ -740,11 +741,11 @@ func TestMetricsRegistered(t *testing.T) {
 }
 
 // TestShutdownClosesWaitingConnections: a client connected without sending
-// anything and an idle keep-alive client (the server's timeouts a minute
+// anything and an idle keep-alive client (the server's timeouts 10 minutes
 // long) do not delay Shutdown, while a request in the handler still gets its
 // 200 and is spooled.
 func TestShutdownClosesWaitingConnections(t *testing.T) {
-	r := startRelay(t, Config{ReadTimeout: time.Minute, IdleTimeout: time.Minute}, spool.Config{NoSync: true})
+	r := startRelay(t, Config{ReadTimeout: 10 * time.Minute, IdleTimeout: 10 * time.Minute}, spool.Config{NoSync: true})
 	dialWait := func() net.Conn {
 		c, err := net.DialTimeout("tcp", r.addr, time.Second)
 		if err != nil {
@@ -755,24 +756,24 @@ func TestShutdownClosesWaitingConnections(t *testing.T) {
 	}
 	silent := dialWait()
 	idle := dialWait()
-	idle.SetDeadline(time.Now().Add(5 * time.Second))
+	idle.SetDeadline(time.Now().Add(poll.Max))
 	io.WriteString(idle, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
 	if resp, err := http.ReadResponse(bufio.NewReader(idle), nil); err != nil || resp.StatusCode != 200 || resp.Close {
 		t.Fatalf("keep-alive /healthz: %v %v", resp, err)
 	}
 	got, release := holdRequest(r)
 
-	// The bounds are 10 s: a wrong Shutdown that left the waiting
+	// The bounds are poll.Max: a wrong Shutdown that left the waiting
 	// connections to the read and idle timeouts, or waited for them, takes
-	// a minute; a loaded CI machine may take a second or two where a quiet
-	// one takes 100 ms (fasthttp polls its count of open connections every
+	// 10 minutes; a loaded CI machine may take seconds where a quiet one
+	// takes 100 ms (fasthttp polls its count of open connections every
 	// 100 ms).
 	shut := make(chan error, 1)
 	go func() { shut <- r.srv.Shutdown(context.Background()) }()
 	for name, c := range map[string]net.Conn{"silent": silent, "idle keep-alive": idle} {
-		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		c.SetReadDeadline(time.Now().Add(poll.Max))
 		if n, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Fatalf("%s connection still open 10 s after Shutdown began: read %d, %v", name, n, err)
+			t.Fatalf("%s connection still open %v after Shutdown began: read %d, %v", name, poll.Max, n, err)
 		}
 	}
 	select {
@@ -789,8 +790,8 @@ func TestShutdownClosesWaitingConnections(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Shutdown: %v", err)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Shutdown did not return within 10 s after the request finished")
+	case <-time.After(poll.Max):
+		t.Fatalf("Shutdown did not return within %v after the request finished", poll.Max)
 	}
 	if got := len(r.drain("k", "")); got != 1 {
 		t.Fatalf("%d records, want 1", got)

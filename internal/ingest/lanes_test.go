@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/spool"
 )
 
@@ -94,14 +95,14 @@ func TestRetiredLaneLeavesCache(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 		cs, err := l.Next(ctx, 1<<20)
 		cancel()
 		if err != nil || len(cs) != 1 || len(cs[0].Records) != 1 {
 			t.Fatalf("round %d: %v %d chunks", round, err, len(cs))
 		}
 		r.sp.Ack(l, cs[0].Seq)
-		ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel = context.WithTimeout(context.Background(), poll.Max)
 		_, err = l.Next(ctx, 1<<20) // returns once the empty lane is retired
 		cancel()
 		if !errors.Is(err, spool.ErrRetired) {

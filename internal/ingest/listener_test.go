@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/event"
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 	"go.uber.org/zap"
@@ -51,7 +52,7 @@ func TestMalformedRequestLogsNoContent(t *testing.T) {
 		io.Copy(io.Discard, rc.br) // until the server closed the connection
 	}
 	// fasthttp logs after it closed the connection: wait for its lines.
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(poll.Max)
 	for logs.FilterMessage("ingest connection error").Len() == 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -188,7 +189,7 @@ func TestFileDescriptorExhaustion(t *testing.T) {
 	}
 
 	get := func() (*http.Response, error) {
-		c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+		c := &http.Client{Timeout: poll.Max, Transport: &http.Transport{DisableKeepAlives: true}}
 		resp, err := c.Get("http://" + addr + "/healthz")
 		if err == nil {
 			io.Copy(io.Discard, resp.Body)
@@ -212,7 +213,7 @@ func TestFileDescriptorExhaustion(t *testing.T) {
 		conns = append(conns, c)
 	}
 	// Wait until the child reports retried accept errors, or exited.
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(poll.Max)
 	for !strings.Contains(stderr.String(), "ingest accept failed; retrying") && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/graceful/gracefultest"
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/tlsreload"
 	"github.com/svcrelay/relay/internal/tlsreload/tlstest"
@@ -151,7 +152,9 @@ func TestTLSShutdownClosesIdle(t *testing.T) {
 	io.Copy(io.Discard, resp.Body)
 	done := make(chan error, 1)
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		// Half the idle timeout (120 s): a Shutdown that waited for it
+		// fails on this ctx, a right one takes milliseconds.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		done <- r.srv.Shutdown(ctx)
 	}()
@@ -160,7 +163,7 @@ func TestTLSShutdownClosesIdle(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Shutdown: %v", err)
 		}
-	case <-time.After(15 * time.Second):
+	case <-time.After(poll.Max):
 		t.Fatal("Shutdown hangs with an idle TLS connection open")
 	}
 	if _, err := br.ReadByte(); err == nil {

@@ -17,7 +17,7 @@ import (
 
 // Max is the bound of Until: long enough that a loaded machine running the
 // race detector never reaches it where a quiet one takes milliseconds.
-const Max = 30 * time.Second
+const Max = 2 * time.Minute
 
 // interval is the time between two looks at the condition.
 const interval = 10 * time.Millisecond

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/sim/wiretest"
 )
@@ -91,12 +92,13 @@ func TestLatency(t *testing.T) {
 	if d := time.Since(t0); d < 100*time.Millisecond {
 		t.Fatalf("fault latency %v", d)
 	}
-	// Control routes are never delayed (a delayed one would take 30 s).
-	s.SetLatency(30 * time.Second)
+	// Control routes are never delayed (a delayed one would take 10
+	// minutes).
+	s.SetLatency(10 * time.Minute)
 	t0 = time.Now()
 	var st map[string]any
 	wiretest.GetJSON(t, url+"/sim/stats", &st)
-	if d := time.Since(t0); d > 10*time.Second {
+	if d := time.Since(t0); d > poll.Max {
 		t.Fatalf("control route delayed %v", d)
 	}
 	s.SetLatency(0)
@@ -141,7 +143,7 @@ func TestMidResponseSendsPartialBody(t *testing.T) {
 	body := wiretest.Envelope("k", wiretest.Event("device1", "x"))
 	c.Write([]byte("POST /2/httpapi HTTP/1.1\r\nHost: x\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n"))
 	c.Write(body)
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	c.SetReadDeadline(time.Now().Add(poll.Max))
 	var got bytes.Buffer
 	buf := make([]byte, 4096)
 	for {
@@ -230,7 +232,7 @@ func TestFaultsOnAPIRoutes(t *testing.T) {
 		}
 		// A dropped request is logged after its connection is closed.
 		reqs := s.Requests()
-		for deadline := time.Now().Add(5 * time.Second); len(reqs) < n && time.Now().Before(deadline); reqs = s.Requests() {
+		for deadline := time.Now().Add(poll.Max); len(reqs) < n && time.Now().Before(deadline); reqs = s.Requests() {
 			time.Sleep(time.Millisecond)
 		}
 		if (err != nil) != c.fails || (c.code != 0 && code != c.code) || len(reqs) == 0 || reqs[len(reqs)-1].Fault != c.rec {

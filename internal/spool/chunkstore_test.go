@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/poll"
+
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -38,7 +40,7 @@ func TestLargeChunksWrittenOnce(t *testing.T) {
 		}
 		c.Buffer.Release()
 		s.Ack(l, c.Seq) // one at a time: each delete its own commit
-		deadline := time.Now().Add(5 * time.Second)
+		deadline := time.Now().Add(poll.Max)
 		for l.Stats().Chunks != int64(chunks-i-1) {
 			if time.Now().After(deadline) {
 				t.Fatalf("ack of chunk %d not applied: %+v", i, l.Stats())

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/internal/poll"
 )
 
 const crashChildEnv = "SPOOL_CRASH_CHILD"
@@ -150,7 +152,7 @@ func TestCrash(t *testing.T) {
 			return true
 		}
 		sc := bufio.NewScanner(stdout)
-		deadline := time.Now().Add(10 * time.Second)
+		deadline := time.Now().Add(poll.Max)
 		for len(confirmed) < killAfter && time.Now().Before(deadline) && sc.Scan() {
 			if !note(sc.Text()) {
 				t.Fatalf("child said %q", sc.Text())

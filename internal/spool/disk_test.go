@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/poll"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
@@ -139,7 +141,7 @@ func TestDiskGivenBack(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(poll.Max)
 	for s.Stats().LiveBytes != 0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
@@ -201,7 +203,7 @@ func TestCompactionKeepsData(t *testing.T) {
 	for _, c := range read[:340] {
 		s.Ack(l, c.Seq)
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(poll.Max)
 	for gatherValue(t, reg, "relay_spool_compactions_total", "") == 0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}

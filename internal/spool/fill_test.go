@@ -13,6 +13,8 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/svcrelay/relay/internal/poll"
 )
 
 // TestFill fills a small quota from concurrent appenders until every one is
@@ -83,7 +85,7 @@ func TestFill(t *testing.T) {
 		}
 	}
 	// Drained: accepted again.
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(poll.Max)
 	for s.Stats().LiveBytes != 0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
@@ -165,10 +167,11 @@ func TestCheckpointFailure(t *testing.T) {
 	}
 	var ok []int
 	var failErr error
-	start := time.Now()
+	var failTook time.Duration
 	for id := range 200 {
+		start := time.Now()
 		if err := s.Append(ctx, l, big(id)); err != nil {
-			failErr = err
+			failErr, failTook = err, time.Since(start)
 			break
 		}
 		ok = append(ok, id)
@@ -177,8 +180,10 @@ func TestCheckpointFailure(t *testing.T) {
 	if !errors.Is(failErr, ErrFull) || !s.ckptFailed.Load() {
 		t.Fatalf("after %d appends: %v (checkpoint failing: %v), want ErrFull from failing checkpoints", len(ok), failErr, s.ckptFailed.Load())
 	}
-	if d := time.Since(start); d > hotWaitMax {
-		t.Fatalf("refused after %v: the writer waited for a failing store", d)
+	// Only the refused append is timed: one that waited for the failing
+	// store took hotWaitMax at least, a refusal at once milliseconds.
+	if failTook >= hotWaitMax {
+		t.Fatalf("refused after %v: the writer waited for a failing store", failTook)
 	}
 	t.Logf("%d appends taken, then: %v", len(ok), failErr)
 	if st := l.Stats(); st.Chunks != int64(len(ok)) {
@@ -210,7 +215,7 @@ func TestCheckpointFailure(t *testing.T) {
 	for _, c := range cs {
 		s.Ack(l, c.Seq)
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(poll.Max)
 	for s.Stats().LiveBytes != 0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
@@ -422,7 +427,7 @@ func TestCommitGather(t *testing.T) {
 	}
 	queued := func(n int) {
 		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		for deadline := time.Now().Add(poll.Max); ; time.Sleep(time.Millisecond) {
 			s.mu.Lock()
 			q := len(s.appends)
 			s.mu.Unlock()
@@ -482,7 +487,9 @@ func TestCommitGather(t *testing.T) {
 	for id := 6; id < 16; id++ {
 		wait(fmt.Sprint(id), start(id))
 	}
-	if el := time.Since(t0); el >= gather {
+	// Had each waited its gather time they would take 10 s; half that
+	// leaves a loaded machine seconds for ten small writes.
+	if el := time.Since(t0); el >= 5*gather {
 		t.Fatalf("10 appends of a lone client took %v: they waited for company", el)
 	}
 	if n := len(drainAvailable(t, l)); n != 16 {

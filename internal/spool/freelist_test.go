@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/internal/poll"
 )
 
 // noFreelist is bbolt's meta value for "freelist not written".
@@ -137,7 +139,7 @@ func TestFreelistWritten(t *testing.T) {
 // every ack is applied (nothing held in memory, nothing queued).
 func waitCheckpointed(t testing.TB, s *Spool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(poll.Max)
 	for !s.checkpointed() {
 		if time.Now().After(deadline) {
 			t.Fatalf("not checkpointed: %d bytes held", s.hotHeld.Load())

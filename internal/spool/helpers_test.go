@@ -11,6 +11,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/svcrelay/relay/internal/poll"
 )
 
 // openTest opens a spool in a new temporary directory (or cfg.Dir when set)
@@ -137,7 +139,7 @@ func recID(r Record) (lane, n int) {
 // nextT calls Next with a deadline.
 func nextT(t testing.TB, l *Lane, maxBytes int) []Chunk {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 	defer cancel()
 	cs, err := l.Next(ctx, maxBytes)
 	if err != nil {
@@ -149,7 +151,7 @@ func nextT(t testing.TB, l *Lane, maxBytes int) []Chunk {
 // nextPartT calls NextPart with a deadline.
 func nextPartT(t testing.TB, l *Lane, recs []Record) ([]Chunk, []Record) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 	defer cancel()
 	cs, recs, err := l.NextPart(ctx, 1<<20, recs)
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/svcrelay/relay/internal/diskfull"
+	"github.com/svcrelay/relay/internal/poll"
 )
 
 // Tests that damage the spool's files on purpose, and check exactly what
@@ -791,7 +792,7 @@ func TestCheckpointFailureLoggedOnce(t *testing.T) {
 	defer s.Close()
 	l := mustLane(t, s, testKey(1))
 	appendChunks(t, s, l, 1, 4, 10, 40000) // ~1.6 MB: more than the file may hold
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(poll.Max)
 	for !s.ckptFailed.Load() && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -1020,7 +1021,7 @@ func checkDraining(t *testing.T, cfg Config, free func()) {
 		t.Fatalf("read while draining, after spool.db's records: %d chunks, %v", len(cs), err)
 	}
 	free()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(poll.Max)
 	for s.drainingErr() != nil && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}

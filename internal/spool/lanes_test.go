@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/internal/poll"
 )
 
 func appendOne(t *testing.T, s *Spool, l *Lane, data string) {
@@ -22,7 +24,7 @@ func drainLane(t *testing.T, s *Spool, l *Lane) int {
 	t.Helper()
 	n := 0
 	for l.Stats().Records > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 		cs, err := l.Next(ctx, 1<<20)
 		cancel()
 		if err != nil {
@@ -98,7 +100,7 @@ func TestRetireIdleLanes(t *testing.T) {
 		if !errors.Is(err, ErrRetired) {
 			t.Fatalf("reader of the retired lane: %v, want ErrRetired", err)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(poll.Max):
 		t.Fatal("the idle empty lane was not retired")
 	}
 	if !idle.IsRetired() || full.IsRetired() {
@@ -122,7 +124,7 @@ func TestRetireIdleLanes(t *testing.T) {
 	// lane with a record does.
 	select {
 	case <-again.retiredC:
-	case <-time.After(10 * time.Second):
+	case <-time.After(poll.Max):
 		t.Fatal("the new lane was not retired")
 	}
 	if err := s.Close(); err != nil {
@@ -154,7 +156,7 @@ func TestAppendToRetiredLane(t *testing.T) {
 		got += drainLane(t, s, cur)
 		select {
 		case <-cur.retiredC:
-		case <-time.After(10 * time.Second):
+		case <-time.After(poll.Max):
 			t.Fatal("lane not retired")
 		}
 		old = cur
@@ -177,7 +179,7 @@ func TestPinnedLaneNotRetired(t *testing.T) {
 	l.Unpin()
 	select {
 	case <-l.retiredC:
-	case <-time.After(10 * time.Second):
+	case <-time.After(poll.Max):
 		t.Fatal("an unpinned empty lane was not retired")
 	}
 }

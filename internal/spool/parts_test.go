@@ -10,6 +10,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/internal/poll"
 )
 
 // A chunk larger than the reader may hold is read in parts of at
@@ -38,7 +40,7 @@ func TestNextPart(t *testing.T) {
 			}
 			appendOne(t, s, l, `{"small":2}`)
 			if cold {
-				deadline := time.Now().Add(10 * time.Second)
+				deadline := time.Now().Add(poll.Max)
 				for s.hotHeld.Load() > 0 {
 					if time.Now().After(deadline) {
 						t.Fatal("chunks not checkpointed")
@@ -145,7 +147,7 @@ func TestNextPartDamagedChunk(t *testing.T) {
 		if parts > 50 {
 			t.Fatalf("too many parts; read %v", ids)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 		cs, more, err := l.NextPart(ctx, maxBytes, recs)
 		cancel()
 		recs = more

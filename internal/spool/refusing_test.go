@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/diskfull"
+	"github.com/svcrelay/relay/internal/poll"
 )
 
 // TestRefusingWhileCheckpointsFail: while checkpoints fail (the disk is
@@ -76,7 +77,7 @@ func checkRefusing(t *testing.T, s *Spool, l *Lane, cause string, free func()) {
 	for id := 1000; id < 1200 && err == nil; id++ { // the bound (4 MiB) stops it after ~25
 		// Until the store has tried the chunks: then nothing changes the
 		// answer but the next append.
-		deadline := time.Now().Add(10 * time.Second)
+		deadline := time.Now().Add(poll.Max)
 		for !s.checkpointed() && !s.ckptFailed.Load() && time.Now().Before(deadline) {
 			time.Sleep(time.Millisecond)
 		}
@@ -109,12 +110,12 @@ func checkRefusing(t *testing.T, s *Spool, l *Lane, cause string, free func()) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	free()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(poll.Max)
 	for s.refusing() != nil && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	if r := s.refusing(); r != nil {
-		t.Fatalf("Refusing %q 10s after space returned", r)
+		t.Fatalf("Refusing %q %v after space returned", r, poll.Max)
 	}
 	b.Reset()
 	b.Add(rec(1, 5000, pad))

@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/internal/poll"
 )
 
 // TestSparesReused: when one checkpoint frees as many WAL segments as a
@@ -79,10 +81,10 @@ func TestSparesReused(t *testing.T) {
 		for _, c := range drainAvailable(t, l) {
 			s.Ack(l, c.Seq)
 		}
-		deadline := time.Now().Add(5 * time.Second)
+		deadline := time.Now().Add(poll.Max)
 		for !s.checkpointed() {
 			if time.Now().After(deadline) {
-				t.Fatal("no checkpoint applied the acks within 5 s")
+				t.Fatalf("no checkpoint applied the acks within %v", poll.Max)
 			}
 			time.Sleep(time.Millisecond)
 		}
@@ -96,7 +98,7 @@ func TestSparesReused(t *testing.T) {
 	// The writer's current segment stays; the ones before it are spares
 	// once the checkpoint that applied the acks has run.
 	var segs, spares map[uint64]string
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(poll.Max)
 	for segs, spares = files(); len(spares) < freed && time.Now().Before(deadline); segs, spares = files() {
 		time.Sleep(time.Millisecond)
 	}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/svcrelay/relay/internal/poll"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -243,7 +245,7 @@ func TestNextBlocks(t *testing.T) {
 		if len(cs) != 1 {
 			t.Fatalf("%d chunks", len(cs))
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(poll.Max):
 		t.Fatal("Next did not wake")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
@@ -346,7 +348,7 @@ func TestConcurrentLanes(t *testing.T) {
 		t.Fatalf("group commit did not group: %v commits for %v appends", commits, appends)
 	}
 	// Acks ride in commits of their own when nothing else is queued.
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(poll.Max)
 	for s.Stats().LiveBytes != 0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
@@ -412,7 +414,8 @@ func TestSecondOpenFails(t *testing.T) {
 	if !errors.Is(err, errLocked) || !strings.Contains(err.Error(), "locked") {
 		t.Fatalf("second Open: %v", err)
 	}
-	if time.Since(start) > 3*time.Second {
+	// One that waited for the lock would never return.
+	if time.Since(start) > poll.Max {
 		t.Fatalf("second Open took %v", time.Since(start))
 	}
 }
@@ -458,7 +461,7 @@ func TestOldestAndRejectMetrics(t *testing.T) {
 			t.Fatalf("oldest age %v", age)
 		}
 		s.Ack(l, c.Seq)
-		deadline := time.Now().Add(5 * time.Second)
+		deadline := time.Now().Add(poll.Max)
 		for l.Stats().Chunks != int64(2-i) && time.Now().Before(deadline) {
 			time.Sleep(time.Millisecond)
 		}

@@ -650,7 +650,7 @@ func testNoSecrets(t *testing.T, r *relay, s *simtest.Sim) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.SetDeadline(time.Now().Add(5 * time.Second))
+		c.SetDeadline(time.Now().Add(poll.Max))
 		c.Write([]byte(raw))
 		line, _ := bufio.NewReader(c).ReadString('\n')
 		c.Close()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/forward/forwardtest"
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 )
 
@@ -64,7 +65,7 @@ func TestLaneBounds(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-		case <-time.After(30 * time.Second):
+		case <-time.After(poll.Max):
 			t.Fatalf("a /metrics scrape hung\n%s", log.String())
 		}
 	}
@@ -108,7 +109,7 @@ func TestLaneBounds(t *testing.T) {
 	if err := s.Up(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(poll.Max)
 	for s.Count() < 300 {
 		if time.Now().After(deadline) {
 			finish()

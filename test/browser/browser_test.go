@@ -7,8 +7,9 @@
 // port plays a site the relay does not allow.
 //
 // It needs node, Debian's chromium and `npm ci --prefix test/browser`
-// (.ci/run installs all three). When one is missing the test is skipped,
-// saying so loudly, except under CI=true, where it fails.
+// (.ci/run installs all three). When one is missing the package is skipped
+// loudly (a SKIPPED banner, and "[no tests to run]" on go test's ok line),
+// except under CI=true, where the test fails with the reason.
 package browser
 
 import (
@@ -42,39 +43,67 @@ var pinned = map[string]string{
 // window.amplitude.
 const sdkScript = "node_modules/@amplitude/analytics-browser/lib/scripts/amplitude-min.js"
 
-// missing skips the test, or fails it under CI=true.
-func missing(t *testing.T, msg string) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatal(msg)
+// toolsMissing says why the test cannot run here ("" when it can): no node
+// or chromium in PATH, or a pinned package not installed under
+// node_modules.
+func toolsMissing() string {
+	if _, err := exec.LookPath("node"); err != nil {
+		return "node not found in PATH: the browser SDK end-to-end test needs Node.js, `apt-get install chromium` and `npm ci --prefix test/browser`"
 	}
-	t.Log("SKIPPED: " + msg)
-	fmt.Fprintf(os.Stderr, "\n*** test/browser SKIPPED: %s ***\n\n", msg)
-	t.Skip(msg)
-}
-
-// needTools returns node and chromium, or skips (fails under CI=true).
-func needTools(t *testing.T) (node, chromium string) {
-	t.Helper()
-	node, err := exec.LookPath("node")
-	if err != nil {
-		missing(t, "node not found in PATH: the browser SDK end-to-end test needs Node.js, `apt-get install chromium` and `npm ci --prefix test/browser`")
+	if findChromium() == "" {
+		return "chromium not found in PATH (or $CHROMIUM): `apt-get install chromium`"
 	}
-	chromium = os.Getenv("CHROMIUM")
-	if chromium == "" {
-		for _, name := range []string{"chromium", "chromium-browser"} {
-			if chromium, err = exec.LookPath(name); err == nil {
-				break
-			}
+	for pkg := range pinned {
+		if _, err := os.Stat(filepath.Join("node_modules", filepath.FromSlash(pkg), "package.json")); err != nil {
+			return fmt.Sprintf("%s is not installed (%v): run `npm ci --prefix test/browser`", pkg, err)
 		}
 	}
-	if chromium == "" {
-		missing(t, "chromium not found in PATH (or $CHROMIUM): `apt-get install chromium`")
+	return ""
+}
+
+func findChromium() string {
+	if c := os.Getenv("CHROMIUM"); c != "" {
+		return c
 	}
+	for _, name := range []string{"chromium", "chromium-browser"} {
+		if c, err := exec.LookPath(name); err == nil {
+			return c
+		}
+	}
+	return ""
+}
+
+// TestMain skips the package loudly when the test cannot run and CI is not
+// "true": a banner, and go test's "[no tests to run]" mark on the package's
+// ok line (a t.Skip shows only under -v, so a plain `go test ./...` would
+// print a bare "ok" for a test that did not run). Under CI=true the test
+// runs and fails with the reason instead.
+func TestMain(m *testing.M) {
+	if why := toolsMissing(); why != "" && os.Getenv("CI") != "true" {
+		fmt.Printf("SKIPPED: the browser SDK end-to-end test did not run: %s\n", why)
+		fmt.Println("testing: warning: no tests to run")
+		fmt.Println("PASS")
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// needTools returns node and chromium; under CI=true it fails the test
+// when one is missing (TestMain skipped the package otherwise).
+func needTools(t *testing.T) (node, chromium string) {
+	t.Helper()
+	if why := toolsMissing(); why != "" {
+		t.Fatalf("%s (CI=true: the browser test must run in CI)", why)
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	chromium = findChromium()
 	for pkg, want := range pinned {
 		b, err := os.ReadFile(filepath.Join("node_modules", filepath.FromSlash(pkg), "package.json"))
 		if err != nil {
-			missing(t, fmt.Sprintf("%s is not installed (%v): run `npm ci --prefix test/browser`", pkg, err))
+			t.Fatal(err)
 		}
 		var meta struct{ Version string }
 		if err := json.Unmarshal(b, &meta); err != nil {

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/test/e2e/harness"
@@ -234,7 +235,7 @@ func TestCrashDuringDelivery(t *testing.T) {
 	var starts []time.Time // when each restart began
 	for range crashKills {
 		delivering := false
-		for deadline := time.Now().Add(15 * time.Second); !delivering && time.Now().Before(deadline); {
+		for deadline := time.Now().Add(poll.Max); !delivering && time.Now().Before(deadline); {
 			recs, err := sm.Ctl.Requests(bg, seenSeq)
 			if err != nil {
 				t.Fatal(err)
@@ -266,7 +267,7 @@ func TestCrashDuringDelivery(t *testing.T) {
 	}
 	loadDone := time.Now()
 
-	// Drain: poll until every acknowledged event is stored, 30 s at most.
+	// Drain: poll until every acknowledged event is stored, poll.Max at most.
 	l.mu.Lock()
 	want := map[string]*sentEvent{}
 	var nAcc, nUnans, nRej int
@@ -283,7 +284,7 @@ func TestCrashDuringDelivery(t *testing.T) {
 	}
 	l.mu.Unlock()
 	var stored []sim.Ingested
-	drainDeadline := time.Now().Add(30 * time.Second)
+	drainDeadline := time.Now().Add(poll.Max)
 	for {
 		var err error
 		stored, err = sm.Ctl.Events(bg, crashAPIKey, 0)
@@ -304,7 +305,7 @@ func TestCrashDuringDelivery(t *testing.T) {
 			break
 		}
 		if time.Now().After(drainDeadline) {
-			fail("%d of %d acknowledged events not ingested 30s after the load stopped", missing, len(want))
+			fail("%d of %d acknowledged events not ingested %v after the load stopped", missing, len(want), poll.Max)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -447,7 +448,7 @@ func TestCrashDuringDelivery(t *testing.T) {
 		t.Errorf("only %d events acknowledged: the test proved little", nAcc)
 	}
 	if deliveringKills < crashKills {
-		t.Errorf("only %d of %d kills hit a relay that was delivering (the others had sent nothing 15s after their start)", deliveringKills, crashKills)
+		t.Errorf("only %d of %d kills hit a relay that was delivering (the others had sent nothing %v after their start)", deliveringKills, crashKills, poll.Max)
 	}
 	if dupArrivals == 0 {
 		t.Logf("note: no duplicate arrivals this run (kills and lost answers usually cause some)")

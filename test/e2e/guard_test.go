@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
 
@@ -44,10 +45,10 @@ func TestSandboxGuard(t *testing.T) {
 		select {
 		case <-done:
 			return string(out), err
-		case <-time.After(20 * time.Second):
+		case <-time.After(poll.Max):
 			cmd.Process.Kill()
 			<-done
-			return string(out), fmt.Errorf("still running after 20s")
+			return string(out), fmt.Errorf("still running after %v", poll.Max)
 		}
 	}
 	for _, tc := range []struct {

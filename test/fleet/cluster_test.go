@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/svcrelay/relay/internal/natstest"
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
 
@@ -72,7 +73,7 @@ func startCluster(t *testing.T, bin, dir string) *natsCluster {
 	for i := range c.nodes {
 		c.start(i)
 	}
-	c.WaitReady(60 * time.Second)
+	c.WaitReady(poll.Max)
 	return c
 }
 
@@ -172,7 +173,7 @@ func (c *natsCluster) StreamLeader(stream string) int {
 	if err != nil {
 		return -1
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
@@ -255,7 +256,7 @@ func TestNATSClusterKillRestart(t *testing.T) {
 	}
 	c.Kill(leader)
 	publish(50) // two of three nodes: still a quorum
-	c.Restart(leader, 60*time.Second)
+	c.Restart(leader, poll.Max)
 	publish(10)
 	s, err := js.Stream(ctx, "T")
 	if err != nil {

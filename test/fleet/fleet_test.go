@@ -29,6 +29,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
@@ -180,8 +181,8 @@ func runScenario(t *testing.T, e env, sc scenario) {
 	}
 	defer stop()
 
-	r.waitLoad(300, 0, 60*time.Second, "before the failure")
-	r.waitSpread(30 * time.Second)
+	r.waitLoad(300, 0, poll.Max, "before the failure")
+	r.waitSpread(poll.Max)
 	victim, node := -1, -1
 	if sc.killRelay {
 		victim = 0
@@ -205,9 +206,9 @@ func runScenario(t *testing.T, e env, sc scenario) {
 	}
 	// The load goes on through the failure: the surviving relays accept
 	// (clients move to another relay), the cluster keeps a quorum.
-	r.waitLoad(300, 3*time.Second, 60*time.Second, "during the failure")
+	r.waitLoad(300, 3*time.Second, poll.Max, "during the failure")
 	if node >= 0 {
-		r.cluster.Restart(node, 60*time.Second)
+		r.cluster.Restart(node, poll.Max)
 		t.Logf("restarted nats %s at %v", r.cluster.nodes[node].Name, time.Since(start).Round(time.Millisecond))
 	}
 	if victim >= 0 {
@@ -216,13 +217,13 @@ func runScenario(t *testing.T, e env, sc scenario) {
 	}
 	// And after it: partitions move back to the restarted relay while the
 	// load flows.
-	r.waitLoad(300, 3*time.Second, 60*time.Second, "after the recovery")
-	r.waitSpread(30 * time.Second)
+	r.waitLoad(300, 3*time.Second, poll.Max, "after the recovery")
+	r.waitSpread(poll.Max)
 	stop()
 	t.Logf("load stopped at %v: %d requests, %d events sent, %d accepted; statuses %s",
 		time.Since(start).Round(time.Millisecond), r.reqs.Load(), len(r.events), r.accepted.Load(), r.statusText())
 
-	stored := r.waitDelivered(90 * time.Second)
+	stored := r.waitDelivered(poll.Max)
 	t.Logf("delivered at %v", time.Since(start).Round(time.Millisecond))
 	for _, rp := range r.relays {
 		if !rp.p.running() {
@@ -257,19 +258,19 @@ func (r *fleetRun) relayArgs(rp *relayProc) []string {
 }
 
 // waitHealthy waits for rp's /healthz; it fails the test (from any
-// goroutine: Errorf, then the caller's wait) when rp exits or after 60 s.
+// goroutine: Errorf, then the caller's wait) when rp exits or after poll.Max.
 func (r *fleetRun) waitHealthy(rp *relayProc) {
 	hc := &http.Client{Timeout: time.Second}
 	// The relay connects and creates or checks its streams first (30 s at
 	// most, more on a loaded machine).
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(poll.Max)
 	for get(hc, "http://"+rp.listen+"/healthz") != 200 {
 		if !rp.p.running() {
 			r.t.Errorf("relay %d exited during start: %v\n%s", rp.idx, rp.p.err, rp.p.tail(4000))
 			return
 		}
 		if time.Now().After(deadline) {
-			r.t.Errorf("relay %d not healthy within 60s\n%s", rp.idx, rp.p.tail(4000))
+			r.t.Errorf("relay %d not healthy within %v\n%s", rp.idx, poll.Max, rp.p.tail(4000))
 			return
 		}
 		time.Sleep(20 * time.Millisecond)

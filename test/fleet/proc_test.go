@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
 
@@ -62,7 +63,7 @@ func (p *proc) running() bool {
 	}
 }
 
-// kill sends SIGKILL and waits (10 s at most) for the process to end.
+// kill sends SIGKILL and waits (poll.Max at most) for the process to end.
 func (p *proc) kill(t *testing.T) {
 	t.Helper()
 	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil && p.running() {
@@ -70,8 +71,8 @@ func (p *proc) kill(t *testing.T) {
 	}
 	select {
 	case <-p.done:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("%s: alive 10 s after SIGKILL", p.name)
+	case <-time.After(poll.Max):
+		t.Fatalf("%s: alive %v after SIGKILL", p.name, poll.Max)
 	}
 }
 

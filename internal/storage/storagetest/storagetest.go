@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 )
@@ -38,7 +39,8 @@ type Config struct {
 	// LaneQueues says each queue holds one lane (the local spool); false:
 	// a queue carries several lanes (the fleet's partitions).
 	LaneQueues bool
-	// Wait bounds each wait for records to be read; zero means 30s.
+	// Wait bounds each wait for records to be read; zero means poll.Max
+	// (a loaded machine's backend may take far longer than a quiet one's).
 	Wait time.Duration
 	// Damage makes the record whose data holds marker, appended to b
 	// and not yet read, fail its checksum when it is read, as damage on
@@ -57,7 +59,7 @@ type Config struct {
 // Run runs the suite.
 func Run(t *testing.T, cfg Config) {
 	if cfg.Wait == 0 {
-		cfg.Wait = 30 * time.Second
+		cfg.Wait = poll.Max
 	}
 	s := &suite{cfg: cfg}
 	t.Run("AppendReadOrder", s.testAppendReadOrder)
@@ -123,7 +125,7 @@ func rec(k string, n int) spool.Record {
 }
 
 func bg(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*poll.Max)
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -259,8 +261,8 @@ func (r *running) stop(t *testing.T) {
 	r.cancel()
 	select {
 	case <-r.done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("Run did not return within 30s of its context's end")
+	case <-time.After(poll.Max):
+		t.Fatalf("Run did not return within %v of its context's end", poll.Max)
 	}
 }
 

@@ -209,7 +209,7 @@ func (p *Proc) Exited() bool {
 	}
 }
 
-// Kill sends SIGKILL and waits (10 s at most) for the process to end.
+// Kill sends SIGKILL and waits (poll.Max at most) for the process to end.
 func (p *Proc) Kill(t testing.TB) {
 	t.Helper()
 	if err := p.Cmd.Process.Signal(syscall.SIGKILL); err != nil && !p.Exited() {
@@ -217,15 +217,18 @@ func (p *Proc) Kill(t testing.TB) {
 	}
 	select {
 	case <-p.done:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("%s: did not exit 10s after SIGKILL", p.Name)
+	case <-time.After(poll.Max):
+		t.Fatalf("%s: did not exit %v after SIGKILL", p.Name, poll.Max)
 	}
 }
 
 // Stop sends SIGTERM and returns the exit error (nil for status 0); after
-// wait it kills the process and fails the test.
+// wait (at least poll.Max: wait is what a quiet machine needs, and a
+// shutdown that hangs is caught all the same) it kills the process and
+// fails the test.
 func (p *Proc) Stop(t testing.TB, wait time.Duration) error {
 	t.Helper()
+	wait = max(wait, poll.Max)
 	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil && !p.Exited() {
 		t.Fatal(err)
 	}
@@ -357,7 +360,7 @@ func StartRelay(t testing.TB, bin, dir string, o *RelayOpts) *Relay {
 // Metric reads the sum of the samples of the relay's metric name whose
 // label text contains every one of labels (e.g. `code="200"`); 0 when none.
 func (r *Relay) Metric(name string, labels ...string) (float64, error) {
-	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://" + r.AdminListen + "/metrics")
+	resp, err := (&http.Client{Timeout: poll.Max}).Get("http://" + r.AdminListen + "/metrics")
 	if err != nil {
 		return 0, err
 	}
