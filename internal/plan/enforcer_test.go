@@ -23,9 +23,9 @@ const testCreds = "projects:\n  - name: web\n    api_key: key-web\n    secret_ke
 // handlerDoer sends requests to h in process (no sockets: usable in a
 // synctest bubble) and counts them.
 type handlerDoer struct {
-	h  http.Handler
-	mu sync.Mutex
-	n  map[string]int // by method
+	h        http.Handler
+	mu       sync.Mutex
+	n        map[string]int // by method
 	in, peak int
 }
 
