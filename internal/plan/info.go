@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
@@ -142,4 +143,71 @@ func (c ageCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(ageDesc, prometheus.GaugeValue, now.Sub(cur.fetched).Seconds(), st.name)
 		}
 	}
+}
+
+// Routes returns the admin listener's plan routes: GET
+// /relay/v1/plan?project=NAME (the plan in force, its age, counts, last
+// error and samples of violating events) and POST
+// /relay/v1/plan/refresh?project=NAME (read it now; every project in a
+// mode other than off without project).
+func (e *Enforcer) Routes() []adminroute.Route {
+	return []adminroute.Route{
+		{Method: http.MethodGet, Path: "/relay/v1/plan", Mode: admintoken.ModeOwn, Handler: http.HandlerFunc(e.serveInfo)},
+		{Method: http.MethodPost, Path: "/relay/v1/plan/refresh", Mode: admintoken.ModeOwn, Handler: http.HandlerFunc(e.serveRefresh)},
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, _ := json.Marshal(v)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
+
+func (e *Enforcer) serveInfo(w http.ResponseWriter, r *http.Request) {
+	name := r.URL.Query().Get("project")
+	if name == "" {
+		var out []Info
+		for _, p := range e.creds.Load().Projects() {
+			in, _ := e.Info(p.Name)
+			in.Plan = nil
+			out = append(out, in)
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"projects": out})
+		return
+	}
+	in, ok := e.Info(name)
+	if !ok {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no project of that name in the credentials file"})
+		return
+	}
+	writeJSON(w, http.StatusOK, in)
+}
+
+func (e *Enforcer) serveRefresh(w http.ResponseWriter, r *http.Request) {
+	names := []string{r.URL.Query().Get("project")}
+	if names[0] == "" {
+		names = names[:0]
+		for _, p := range e.creds.Load().Projects() {
+			if e.mode(p) != Off {
+				names = append(names, p.Name)
+			}
+		}
+	}
+	out := make([]Info, 0, len(names))
+	status := http.StatusOK
+	for _, n := range names {
+		in, err := e.Refresh(r.Context(), n)
+		if err != nil {
+			if in.Project == "" {
+				writeJSON(w, http.StatusNotFound, map[string]string{"error": err.Error()})
+				return
+			}
+			status = http.StatusBadGateway
+		}
+		in.Plan = nil
+		out = append(out, in)
+	}
+	writeJSON(w, status, map[string]any{"projects": out})
 }
