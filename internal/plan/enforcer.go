@@ -74,15 +74,14 @@ type Enforcer struct {
 	states map[string]*state // by project name, never removed (bounded by the credentials files' projects)
 
 	violations  *prometheus.CounterVec
-	quarantined *prometheus.CounterVec
+	quarantined prometheus.Counter
 }
 
 // state is one project's.
 type state struct {
 	name        string
 	cur         atomic.Pointer[cached]
-	violations  []prometheus.Counter // by index in Kinds
-	quarantined prometheus.Counter
+	violations []prometheus.Counter // by index in Kinds
 	refresh     atomic.Bool // a change went through the forwarded API
 
 	fetchMu sync.Mutex // held across a fetch: one fetch per project at a time
@@ -132,8 +131,8 @@ func New(cfg Config, creds *credentials.Ref, lim *ratelimit.Limiter, hc Doer, lo
 		fetch: &fetcher{lim: lim, hc: hc},
 		violations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "relay_plan_violations_total",
 			Help: "Tracking-plan violations found at delivery, by project and kind (a resent event is checked and counted again)."}, []string{"project", "kind"}),
-		quarantined: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "relay_plan_quarantined_total",
-			Help: "Events quarantined by the tracking plan (dead letters with reason plan), by project."}, []string{"project"}),
+		quarantined: prometheus.NewCounter(prometheus.CounterOpts{Name: "relay_plan_quarantined_total",
+			Help: "Events quarantined by the tracking plan (dead letters with reason plan; by project: GET /relay/v1/deadletters?reason=plan&project=)."}),
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{e.violations, e.quarantined, ageCollector{e}} {
@@ -154,7 +153,7 @@ func (e *Enforcer) state(name string) *state {
 	if st != nil {
 		return st
 	}
-	st = &state{name: name, quarantined: e.quarantined.WithLabelValues(name)}
+	st = &state{name: name}
 	for _, k := range Kinds {
 		st.violations = append(st.violations, e.violations.WithLabelValues(name, k))
 	}
@@ -211,7 +210,7 @@ func (e *Enforcer) Check(apiKey string) func(data []byte) ([]byte, string, []byt
 		}
 		st.sample(m, v.eventType, vs, data)
 		if v.quarantine {
-			st.quarantined.Inc()
+			e.quarantined.Inc()
 			ans, _ := json.Marshal(Quarantine{Project: p.Name, Mode: m.String(), EventType: v.eventType, Violations: vs})
 			return data, ReasonPlan, ans
 		}
