@@ -79,10 +79,10 @@ type Enforcer struct {
 
 // state is one project's.
 type state struct {
-	name        string
-	cur         atomic.Pointer[cached]
+	name       string
+	cur        atomic.Pointer[cached]
 	violations []prometheus.Counter // by index in Kinds
-	refresh     atomic.Bool // a change went through the forwarded API
+	refresh    atomic.Bool          // a change went through the forwarded API
 
 	fetchMu sync.Mutex // held across a fetch: one fetch per project at a time
 
