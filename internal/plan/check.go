@@ -1,9 +1,9 @@
 package plan
 
 import (
+	"bytes"
 	"encoding/json"
 	"slices"
-	"strings"
 )
 
 // This file checks one event (a spool record: a JSON object the ingest
@@ -21,6 +21,8 @@ type verdict struct {
 	out []byte
 	// quarantine: the event must not be sent.
 	quarantine bool
+	// keybuf holds an escaped key or value's unescaped bytes.
+	keybuf []byte
 }
 
 // check checks data in mode (Observe, Filter or Block), appending its
@@ -28,132 +30,167 @@ type verdict struct {
 func (c *compiled) check(data []byte, mode Mode, vs []Violation) (verdict, []Violation) {
 	var v verdict
 	et, ep, up := topFields(data)
-	v.eventType = et.str(data)
 	var rules *eventRules
-	if strings.HasPrefix(v.eventType, "$") {
+	if raw := et.raw(data); len(raw) > 0 && raw[0] == '$' {
 		// The SDKs' own events ($identify, $groupidentify) are no
 		// planned event types; their user properties are checked.
-		rules = &eventRules{}
-	} else if rules = c.events[v.eventType]; rules == nil {
+		rules = &noRules
+	} else if rules = c.events[string(et.key(data, &v.keybuf))]; rules == nil {
 		vs = append(vs, Violation{Kind: UnplannedEventType})
 	}
-	var dropE, dropU []span
+	var drop []span
 	if rules != nil {
 		var seen int
-		dropE, vs, seen = c.props(data, ep, rules, vs)
+		drop, vs, seen = c.props(data, ep, rules, vs, drop, &v)
 		if seen < len(rules.required) {
-			vs = missing(data, ep, rules, vs)
+			vs = missing(data, ep, rules, vs, &v)
 		}
 	}
-	dropU, vs = c.userProps(data, up, vs)
+	drop, vs = c.userProps(data, up, vs, drop, &v)
 	switch {
 	case len(vs) == 0:
 	case mode == Block:
 		v.quarantine = true
 	case mode == Filter && rules == nil:
 		v.quarantine = true
-	case mode == Filter && len(dropE)+len(dropU) > 0:
-		drop := append(dropE, dropU...)
+	case mode == Filter && len(drop) > 0:
 		slices.SortFunc(drop, func(a, b span) int { return a.from - b.from })
 		v.out = without(data, drop)
 	}
+	if len(vs) > 0 {
+		v.eventType = et.str(data)
+	}
 	return v, vs
 }
+
+var noRules eventRules
 
 // span is a byte range of data; for a member to drop, it covers the member
 // and one comma next to it.
 type span struct{ from, to int }
 
-// str is the string value at s (unescaped), "" when it is not a string.
-func (s span) str(b []byte) string {
-	if s.to <= s.from || b[s.from] != '"' {
-		return ""
+// raw is the content of the string at s (escapes as they are), nil when it
+// is not a string.
+func (s span) raw(b []byte) []byte {
+	if s.to-s.from < 2 || b[s.from] != '"' {
+		return nil
 	}
-	raw := b[s.from+1 : s.to-1]
-	if strings.IndexByte(string(raw), '\\') < 0 {
-		return string(raw)
+	return b[s.from+1 : s.to-1]
+}
+
+// key is the value of the string at s: its content when it has no escape,
+// else its unescaped value in *buf.
+func (s span) key(b []byte, buf *[]byte) []byte {
+	raw := s.raw(b)
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return raw
 	}
 	var out string
 	json.Unmarshal(b[s.from:s.to], &out)
-	return out
+	*buf = append((*buf)[:0], out...)
+	return *buf
+}
+
+// str is the string value at s (unescaped), "" when it is not a string.
+func (s span) str(b []byte) string {
+	var buf []byte
+	return string(s.key(b, &buf))
+}
+
+// members iterates over the members of a JSON object.
+type members struct {
+	b      []byte
+	i, end int
+	key    span // the key's string token
+	member span // from the key to the value's end
+	val    span
+}
+
+func newMembers(b []byte, obj span) members {
+	if obj.to <= obj.from || b[obj.from] != '{' {
+		return members{b: b, i: obj.to, end: obj.to}
+	}
+	return members{b: b, i: skipWS(b, obj.from+1), end: obj.to}
+}
+
+// next moves to the next member; false at the end (or on bytes that are
+// not JSON).
+func (m *members) next() bool {
+	b, i := m.b, m.i
+	if i >= m.end || b[i] != '"' {
+		return false
+	}
+	ke := stringEnd(b, i)
+	if ke < 0 {
+		return false
+	}
+	vi := skipWS(b, ke)
+	if vi >= len(b) || b[vi] != ':' {
+		return false
+	}
+	vi = skipWS(b, vi+1)
+	ve := valueEnd(b, vi)
+	if ve < 0 {
+		return false
+	}
+	m.key, m.member, m.val = span{i, ke}, span{i, ve}, span{vi, ve}
+	i = skipWS(b, ve)
+	if i < len(b) && b[i] == ',' {
+		i = skipWS(b, i+1)
+	}
+	m.i = i
+	return true
 }
 
 // topFields finds the values of the record's event_type,
 // event_properties and user_properties (zero spans when absent).
 func topFields(b []byte) (et, ep, up span) {
-	eachMember(b, span{0, len(b)}, func(key string, k, v span) {
-		switch key {
+	m := newMembers(b, span{0, len(b)})
+	for m.next() {
+		switch string(m.key.raw(b)) {
 		case "event_type":
-			et = v
+			et = m.val
 		case "event_properties":
-			ep = v
+			ep = m.val
 		case "user_properties":
-			up = v
+			up = m.val
 		}
-	})
+	}
 	return
 }
 
-// eachMember calls f for each member of the object at obj (key, the span of
-// the member from its key to its value's end, the value's span).
-func eachMember(b []byte, obj span, f func(key string, member, val span)) {
-	if obj.to <= obj.from || b[obj.from] != '{' {
-		return
-	}
-	i := skipWS(b, obj.from+1)
-	for i < obj.to && b[i] == '"' {
-		ke := stringEnd(b, i)
-		if ke < 0 {
-			return
-		}
-		key := span{i, ke}.str(b)
-		vi := skipWS(b, ke)
-		if vi >= len(b) || b[vi] != ':' {
-			return
-		}
-		vi = skipWS(b, vi+1)
-		ve := valueEnd(b, vi)
-		if ve < 0 {
-			return
-		}
-		f(key, span{i, ve}, span{vi, ve})
-		i = skipWS(b, ve)
-		if i < len(b) && b[i] == ',' {
-			i = skipWS(b, i+1)
-		}
-	}
-}
-
-// props checks the event properties at ep against rules; it returns the
-// unplanned members (to drop) and how many required ones it saw.
-func (c *compiled) props(b []byte, ep span, rules *eventRules, vs []Violation) ([]span, []Violation, int) {
-	var drop []span
+// props checks the event properties at ep against rules; it appends the
+// unplanned members to drop and returns how many required ones it saw.
+func (c *compiled) props(b []byte, ep span, rules *eventRules, vs []Violation, drop []span, v *verdict) ([]span, []Violation, int) {
 	seen := 0
-	eachMember(b, ep, func(key string, m, v span) {
-		r := rules.props[key]
+	m := newMembers(b, ep)
+	for m.next() {
+		key := m.key.key(b, &v.keybuf)
+		r := rules.props[string(key)]
 		if r == nil {
-			vs = append(vs, Violation{Kind: UnplannedEventProperty, Property: key})
-			drop = append(drop, m)
-			return
+			vs = append(vs, Violation{Kind: UnplannedEventProperty, Property: string(key)})
+			drop = append(drop, m.member)
+			continue
 		}
-		if r.required && !isNull(b, v) {
+		if r.required && !isNull(b, m.val) {
 			seen++
 		}
-		vs = r.check(b, v, key, vs)
-	})
+		vs = r.check(b, m.val, false, vs, v)
+	}
 	return drop, vs, seen
 }
 
 // missing appends a RequiredMissing for each required property of rules
 // absent (or null) at ep.
-func missing(b []byte, ep span, rules *eventRules, vs []Violation) []Violation {
+func missing(b []byte, ep span, rules *eventRules, vs []Violation, v *verdict) []Violation {
 	for _, r := range rules.required {
 		found := false
-		eachMember(b, ep, func(key string, _, v span) {
-			if key == r.name && !isNull(b, v) {
+		m := newMembers(b, ep)
+		for m.next() {
+			if string(m.key.key(b, &v.keybuf)) == r.name && !isNull(b, m.val) {
 				found = true
 			}
-		})
+		}
 		if !found {
 			vs = append(vs, Violation{Kind: RequiredMissing, Property: r.name})
 		}
@@ -164,48 +201,60 @@ func missing(b []byte, ep span, rules *eventRules, vs []Violation) []Violation {
 // userProps checks the user properties at up: plain members, or the
 // members of the operations ($set, $setOnce, $add, $append, $unset, ...);
 // values are checked for plain members and $set/$setOnce only.
-func (c *compiled) userProps(b []byte, up span, vs []Violation) ([]span, []Violation) {
-	var drop []span
-	one := func(key string, m, v span, values bool) {
-		r := c.users[key]
+func (c *compiled) userProps(b []byte, up span, vs []Violation, drop []span, v *verdict) ([]span, []Violation) {
+	one := func(m *members, values bool) {
+		key := m.key.key(b, &v.keybuf)
+		r := c.users[string(key)]
 		if r == nil {
-			vs = append(vs, Violation{Kind: UnplannedUserProperty, Property: "user:" + key})
-			drop = append(drop, m)
+			vs = append(vs, Violation{Kind: UnplannedUserProperty, Property: "user:" + string(key)})
+			drop = append(drop, m.member)
 			return
 		}
 		if values {
-			vs = r.check(b, v, "user:"+key, vs)
+			vs = r.check(b, m.val, true, vs, v)
 		}
 	}
-	eachMember(b, up, func(key string, m, v span) {
-		if !strings.HasPrefix(key, "$") {
-			one(key, m, v, true)
-			return
+	m := newMembers(b, up)
+	for m.next() {
+		op := m.key.raw(b)
+		if len(op) == 0 || op[0] != '$' {
+			one(&m, true)
+			continue
 		}
-		values := key == "$set" || key == "$setOnce"
-		eachMember(b, v, func(key string, m, v span) { one(key, m, v, values) })
-	})
+		values := string(op) == "$set" || string(op) == "$setOnce"
+		in := newMembers(b, m.val)
+		for in.next() {
+			one(&in, values)
+		}
+	}
 	return drop, vs
 }
 
 func isNull(b []byte, v span) bool { return v.to > v.from && b[v.from] == 'n' }
 
-// check appends the violations of the value at v.
-func (r *rule) check(b []byte, v span, name string, vs []Violation) []Violation {
+// check appends the violations of the value at v (of a user property when
+// user).
+func (r *rule) check(b []byte, v span, user bool, vs []Violation, vd *verdict) []Violation {
 	if isNull(b, v) {
 		return vs
 	}
+	name := func() string {
+		if user {
+			return "user:" + r.name
+		}
+		return r.name
+	}
 	if b[v.from] != '[' {
 		if r.array {
-			return append(vs, Violation{Kind: ArrayMismatch, Property: name})
+			return append(vs, Violation{Kind: ArrayMismatch, Property: name()})
 		}
-		if k := r.scalar(b, v); k != "" {
-			vs = append(vs, Violation{Kind: k, Property: name})
+		if k := r.scalar(b, v, vd); k != "" {
+			vs = append(vs, Violation{Kind: k, Property: name()})
 		}
 		return vs
 	}
 	if !r.array {
-		return append(vs, Violation{Kind: ArrayMismatch, Property: name})
+		return append(vs, Violation{Kind: ArrayMismatch, Property: name()})
 	}
 	// Each kind once per property, however many elements break it.
 	var kinds [3]string
@@ -216,10 +265,10 @@ func (r *rule) check(b []byte, v span, name string, vs []Violation) []Violation 
 		if e < 0 {
 			break
 		}
-		if k := r.scalar(b, span{i, e}); k != "" && k != kinds[0] && k != kinds[1] && n < len(kinds) {
+		if k := r.scalar(b, span{i, e}, vd); k != "" && k != kinds[0] && k != kinds[1] && n < len(kinds) {
 			kinds[n] = k
 			n++
-			vs = append(vs, Violation{Kind: k, Property: name})
+			vs = append(vs, Violation{Kind: k, Property: name()})
 		}
 		i = skipWS(b, e)
 		if i < len(b) && b[i] == ',' {
@@ -230,7 +279,7 @@ func (r *rule) check(b []byte, v span, name string, vs []Violation) []Violation 
 }
 
 // scalar is the violation kind of one (element) value, "" when it passes.
-func (r *rule) scalar(b []byte, v span) string {
+func (r *rule) scalar(b []byte, v span, vd *verdict) string {
 	c := b[v.from]
 	switch {
 	case c == 'n':
@@ -247,13 +296,13 @@ func (r *rule) scalar(b []byte, v span) string {
 		if r.enum == nil && r.re == nil {
 			return ""
 		}
-		s := v.str(b)
+		s := v.key(b, &vd.keybuf)
 		if r.enum != nil {
-			if _, ok := r.enum[s]; !ok {
+			if _, ok := r.enum[string(s)]; !ok {
 				return NotInEnum
 			}
 		}
-		if r.re != nil && !r.re.MatchString(s) {
+		if r.re != nil && !r.re.Match(s) {
 			return RegexMismatch
 		}
 		return ""

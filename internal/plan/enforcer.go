@@ -186,18 +186,33 @@ func (e *Enforcer) mode(p *credentials.Project) Mode {
 // up at every call, and its plan loaded: a reload or a new plan takes
 // effect at once, on the backlog too.
 func (e *Enforcer) Check(apiKey string) func(data []byte) ([]byte, string, []byte) {
+	// The lane's project, looked up again only when the credentials file
+	// in force changed (a lookup hashes the key); the lane's shards call
+	// this at once.
+	type lookup struct {
+		store *credentials.Store
+		p     *credentials.Project
+		m     Mode
+		st    *state
+	}
+	var last atomic.Pointer[lookup]
 	return func(data []byte) ([]byte, string, []byte) {
-		p, ok := e.creds.Load().ProjectByAPIKey(apiKey)
-		if !ok {
+		store := e.creds.Load()
+		l := last.Load()
+		if l == nil || l.store != store {
+			l = &lookup{store: store}
+			if p, ok := store.ProjectByAPIKey(apiKey); ok {
+				l.p, l.m, l.st = p, e.mode(p), e.state(p.Name)
+			}
+			last.Store(l)
+		}
+		m := l.m
+		if l.p == nil || m == Off {
 			return data, "", nil
 		}
-		m := e.mode(p)
-		if m == Off {
-			return data, "", nil
-		}
-		st := e.state(p.Name)
+		st := l.st
 		cur := st.cur.Load()
-		if cur == nil { // never fetched: observing, with nothing to observe against
+		if cur == nil { // never read: observing, with nothing to observe against
 			return data, "", nil
 		}
 		var buf [8]Violation
@@ -211,7 +226,7 @@ func (e *Enforcer) Check(apiKey string) func(data []byte) ([]byte, string, []byt
 		st.sample(m, v.eventType, vs, data)
 		if v.quarantine {
 			e.quarantined.Inc()
-			ans, _ := json.Marshal(Quarantine{Project: p.Name, Mode: m.String(), EventType: v.eventType, Violations: vs})
+			ans, _ := json.Marshal(Quarantine{Project: l.p.Name, Mode: m.String(), EventType: v.eventType, Violations: vs})
 			return data, ReasonPlan, ans
 		}
 		if v.out != nil {
