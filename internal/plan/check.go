@@ -361,18 +361,30 @@ func skipWS(b []byte, i int) int {
 	return i
 }
 
-// stringEnd is the index past the string at b[i] == '"', -1 if unterminated.
+// stringEnd is the index past the string at b[i] == '"', -1 if
+// unterminated: the next '"' not escaped (an odd run of backslashes before
+// it), found with IndexByte rather than byte by byte.
 func stringEnd(b []byte, i int) int {
-	for i++; i < len(b); i++ {
-		switch b[i] {
-		case '\\':
-			i++
-		case '"':
-			return i + 1
+	i++
+	for {
+		j := bytes.IndexByte(b[i:], '"')
+		if j < 0 {
+			return -1
 		}
+		q := i + j
+		n := 0
+		for k := q - 1; k >= i && b[k] == '\\'; k-- {
+			n++
+		}
+		if n%2 == 0 {
+			return q + 1
+		}
+		i = q + 1
 	}
-	return -1
 }
+
+// structural marks the bytes valueEnd stops at inside a container.
+var structural = [256]bool{'"': true, '{': true, '[': true, '}': true, ']': true}
 
 // valueEnd is the index past the JSON value at b[i], -1 when it does not
 // end.
@@ -386,6 +398,9 @@ func valueEnd(b []byte, i int) int {
 	case '{', '[':
 		depth := 0
 		for ; i < len(b); i++ {
+			if !structural[b[i]] {
+				continue
+			}
 			switch b[i] {
 			case '"':
 				e := stringEnd(b, i)
@@ -395,7 +410,7 @@ func valueEnd(b []byte, i int) int {
 				i = e - 1
 			case '{', '[':
 				depth++
-			case '}', ']':
+			default: // '}', ']'
 				depth--
 				if depth == 0 {
 					return i + 1
