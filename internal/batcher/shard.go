@@ -321,20 +321,20 @@ func (s *shard) build(now time.Time) []byte {
 			continue
 		}
 		rec, w := f.Record(nil, it.rec.Data) // the events kind writes data as it is
-		if f.Check != nil {
-			var reason string
-			var ans []byte
-			if rec, reason, ans = f.Check(rec); reason != "" {
-				s.dead = append(s.dead, deadItem{s.ready.pop(), reason, ans})
-				continue
-			}
-		}
 		if f.TooLarge(rec) {
 			s.dead = append(s.dead, deadItem{s.ready.pop(), "too_large", nil})
 			continue
 		}
 		if !f.Fits(&pk, rec, w) {
 			break
+		}
+		if f.Check != nil { // after Fits: a record left for the next batch is checked once (a rewrite only shrinks it)
+			var reason string
+			var ans []byte
+			if rec, reason, ans = f.Check(rec); reason != "" {
+				s.dead = append(s.dead, deadItem{s.ready.pop(), reason, ans})
+				continue
+			}
 		}
 		x := s.ready.pop()
 		if thr.AnyPaced() {
