@@ -265,6 +265,12 @@ start_target() { # name run
 			port=$(free_port)
 			TURL="$scheme://127.0.0.1:$port/2/httpapi"
 		done
+		# A relay enforcing a tracking plan (bench/plan.sh): the load
+		# starts once every plan is read (/readyz names those not yet).
+		for attempt in $(seq 1 600); do
+			curl -sf "$ADMIN/readyz" | grep -q "tracking plan: not read yet" || break
+			sleep 0.05
+		done
 		;;
 	nginx | nginx-debian | nginx-plain)
 		ADMIN=""

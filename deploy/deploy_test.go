@@ -50,11 +50,29 @@ func startRelay(t *testing.T) *relayFixture {
 	bin := harness.Build(t)
 	dir := t.TempDir()
 	sm := harness.StartSim(t, bin, dir)
+	// A project observing its tracking plan (the simulator's empty
+	// taxonomy: every event type is unplanned), so the plan's series exist.
+	creds, token := filepath.Join(dir, "creds.yaml"), filepath.Join(dir, "token")
+	if err := os.WriteFile(creds, []byte("projects:\n  - name: deploy\n    api_key: deploy-key\n    secret_key: deploy-secret\n    tracking_plan: observe\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(token, []byte("deploy-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	r := harness.StartRelay(t, bin, dir, &harness.RelayOpts{
 		DataDir: filepath.Join(dir, "data"), IngestURL: sm.Base,
-		Extra: []string{"--alias-url", sm.Base, "--analytics-url", sm.Base},
+		Extra: []string{"--alias-url", sm.Base, "--analytics-url", sm.Base, "--credentials", creds, "--admin-token-file", token},
 	})
 	hc := harness.NewClient()
+	poll.Until(t, "the tracking plan read", func() bool {
+		resp, err := hc.Get("http://" + r.AdminListen + "/readyz")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode == 200 && !strings.Contains(string(b), "tracking plan")
+	})
 	if code, body, err := r.Post(hc, "/2/httpapi", []byte(`{"api_key":"deploy-key","events":[{"event_type":"e","device_id":"device-deploy"}]}`)); err != nil || code != 200 {
 		t.Fatalf("ingest: %d %s %v", code, body, err)
 	}
@@ -62,7 +80,10 @@ func startRelay(t *testing.T) *relayFixture {
 		t.Fatalf("invalid ingest: %d %v", code, err)
 	}
 	form := "api_key=deploy-key&identification=" + `[{"group_type":"org","group_value":"acme","group_properties":{"$set":{"plan":"gold"}}}]`
-	resp, err := hc.Post("http://"+r.AdminListen+"/groupidentify", "application/x-www-form-urlencoded", strings.NewReader(strings.ReplaceAll(form, "$", "%24")))
+	req, _ := http.NewRequest("POST", "http://"+r.AdminListen+"/groupidentify", strings.NewReader(strings.ReplaceAll(form, "$", "%24")))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Authorization", "Bearer deploy-token")
+	resp, err := hc.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +93,8 @@ func startRelay(t *testing.T) *relayFixture {
 	}
 	poll.Until(t, "the event delivered", func() bool {
 		n, _ := r.Metric("relay_delivery_events_delivered_total")
-		return n >= 1
+		v, _ := r.Metric("relay_plan_violations_total")
+		return n >= 1 && v >= 1
 	})
 	f := &relayFixture{bin: bin, relay: r, metrics: map[string]bool{}}
 	resp, err = http.Get("http://" + r.AdminListen + "/metrics")

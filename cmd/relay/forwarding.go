@@ -10,6 +10,7 @@ import (
 	"github.com/svcrelay/relay/internal/config"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/forward"
+	"github.com/svcrelay/relay/internal/ratelimit"
 	"github.com/svcrelay/relay/internal/usermap"
 )
 
@@ -19,7 +20,8 @@ import (
 // and metrics exist once per process. Every upstream base comes from the
 // flags or the credentials file (read through creds at every request),
 // never from a request.
-func forwardingRoutes(cfg config.Config, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) ([]adminroute.Route, *forward.Forwarder, error) {
+// taxLim is the taxonomy API's limiter, shared with the tracking plan's reads.
+func forwardingRoutes(cfg config.Config, creds *credentials.Ref, taxLim *ratelimit.Limiter, log *zap.Logger, reg prometheus.Registerer) ([]adminroute.Route, *forward.Forwarder, error) {
 	fwd, err := forward.New(forward.Config{}, creds, log.Named("forward"), reg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("forwarder: %w", err)
@@ -29,7 +31,7 @@ func forwardingRoutes(cfg config.Config, creds *credentials.Ref, log *zap.Logger
 		forward.Experiments(forward.APIConfig{URL: cfg.ExperimentURL}),
 		forward.SCIM(forward.APIConfig{URL: cfg.ScimURL}),
 		forward.Classifiers(analytics),
-		forward.Taxonomy(analytics),
+		forward.Taxonomy(forward.APIConfig{URL: cfg.AnalyticsURL, Limiter: taxLim}),
 		forward.Feedback(forward.APIConfig{URL: cfg.FeedbackURL}),
 		forward.DSAR(analytics),
 		forward.Deletion(analytics),

@@ -27,8 +27,11 @@ import (
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/event"
+	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/groupidentify"
 	"github.com/svcrelay/relay/internal/ingest"
+	"github.com/svcrelay/relay/internal/plan"
+	"github.com/svcrelay/relay/internal/ratelimit"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
@@ -129,7 +132,7 @@ type deliveries struct {
 
 // newDeliveries builds the delivery side from cfg; creds is the credentials
 // file in force.
-func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *storage.Local, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*deliveries, error) {
+func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *storage.Local, creds *credentials.Ref, tp *plan.Enforcer, log *zap.Logger, reg prometheus.Registerer) (*deliveries, error) {
 	client, err := upstream.New(upstream.Config{}, log.Named("upstream"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("upstream client: %w", err)
@@ -147,6 +150,7 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *st
 		MaxEventAge:    cfg.MaxEventAge,
 		Gzip:           cfg.UpstreamGzip,
 		DrainTimeout:   cfg.DrainTimeout,
+		Check:          tp.Check, // the tracking plan, checked as events are packed
 	}
 	var p *batcher.Pipeline
 	live := &liveMeter{next: client, windows: map[string]*rateWindow{}}
@@ -403,7 +407,21 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	// events' hot path (ingest's append, the batcher's reading, which use
 	// the spool directly locally): the local spool, or the fleet's.
 	local := storage.NewLocal(sp, log.Named("spool"))
-	dl, err := newDeliveries(cfg, sp, fs, local, creds, log, reg)
+	// The tracking plan (internal/plan): its reads of the taxonomy API and
+	// the forwarded taxonomy calls count on one limiter.
+	taxLim, err := ratelimit.New(forward.TaxonomyLimit(forward.APIConfig{URL: cfg.AnalyticsURL}), reg)
+	if err != nil {
+		return err
+	}
+	tp, err := plan.New(plan.Config{Default: cfg.TrackingPlan, Refresh: cfg.TrackingPlanRefresh, Dir: cfg.DataDir, AnalyticsURL: cfg.AnalyticsURL},
+		creds, taxLim, &http.Client{Timeout: time.Minute}, log.Named("plan"), reg)
+	if err != nil {
+		return err
+	}
+	planCtx, stopPlan := context.WithCancel(context.Background())
+	lc.onStop("tracking plan", func(context.Context) error { stopPlan(); return nil })
+	g.run("tracking plan", func() error { return tp.Run(planCtx) })
+	dl, err := newDeliveries(cfg, sp, fs, local, creds, tp, log, reg)
 	if err != nil {
 		return err
 	}
@@ -464,7 +482,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	admin, err := adminapi.New(adminapi.Config{
 		Gatherer:  reg,
 		Token:     cfg.Token,
-		ReadyInfo: func() string { return upstreamInfo(dl.client, time.Now()) },
+		ReadyInfo: func() string { return upstreamInfo(dl.client, time.Now()) + tp.ReadyInfo() },
 		Ready:     ready,
 	}, log.Named("admin"), reg)
 	if err != nil {
@@ -488,11 +506,13 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	}
 	lc.onStop("backfills", bf.stop)
 	admin.Register(bf.routes()...)
-	fwdRoutes, fwd, err := forwardingRoutes(cfg, creds, log, reg)
+	admin.Register(tp.Routes()...)
+	fwdRoutes, fwd, err := forwardingRoutes(cfg, creds, taxLim, log, reg)
 	if err != nil {
 		return err
 	}
-	admin.Register(fwdRoutes...)
+	// A change of a project's taxonomy made through the relay is read at once.
+	admin.Register(tp.Watch(fwdRoutes)...)
 	adminLn, err := net.Listen("tcp", cfg.AdminListen)
 	if err != nil {
 		return fmt.Errorf("admin listener: %w", err)

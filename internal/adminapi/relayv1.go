@@ -20,6 +20,7 @@ import (
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/delivery"
+	"github.com/svcrelay/relay/internal/plan"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 	"go.uber.org/zap"
@@ -261,19 +262,47 @@ func uintArg(q url.Values, name string, def, lo, hi uint64) (uint64, error) {
 	return n, nil
 }
 
-// listDead: GET /relay/v1/deadletters?lane=&reason=&after=&limit=
+// planFilter selects tracking-plan dead letters (reason plan) by the
+// project, event type and violation kind of their answer (a
+// plan.Quarantine); zero fields match everything.
+type planFilter struct{ project, eventType, violation string }
+
+func (pf planFilter) zero() bool { return pf == planFilter{} }
+
+func (pf planFilter) match(d spool.DeadLetter) bool {
+	if pf.zero() {
+		return true
+	}
+	var q plan.Quarantine
+	if d.Reason != plan.ReasonPlan || json.Unmarshal(d.Answer, &q) != nil ||
+		pf.project != "" && q.Project != pf.project || pf.eventType != "" && q.EventType != pf.eventType {
+		return false
+	}
+	if pf.violation == "" {
+		return true
+	}
+	for _, v := range q.Violations {
+		if v.Kind == pf.violation {
+			return true
+		}
+	}
+	return false
+}
+
+// listDead: GET /relay/v1/deadletters?lane=&reason=&after=&limit=, and
+// for the tracking plan's quarantine &project=&event_type=&violation=.
 func (a *Relay) listDead(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	var badArg string
 	for k := range q {
 		switch k {
-		case "lane", "reason", "after", "limit":
+		case "lane", "reason", "after", "limit", "project", "event_type", "violation":
 		default:
 			badArg = k
 		}
 	}
 	if badArg != "" {
-		jsonError(w, http.StatusBadRequest, "unknown query parameter %q (lane, reason, after, limit)", badArg)
+		jsonError(w, http.StatusBadRequest, "unknown query parameter %q (lane, reason, after, limit, project, event_type, violation)", badArg)
 		return
 	}
 	after, err := uintArg(q, "after", 0, 0, math.MaxUint64)
@@ -292,11 +321,25 @@ func (a *Relay) listDead(w http.ResponseWriter, r *http.Request) {
 		jsonError(w, http.StatusNotFound, "no lane has that label (GET /relay/v1/lanes lists them)")
 		return
 	}
-	dls, err := a.deadPage(f, after, int(limit)+1)
-	if err != nil {
-		a.log.Error("list dead letters", errField(err))
-		jsonError(w, http.StatusInternalServerError, "listing dead letters failed: %v", err)
-		return
+	pf := planFilter{q.Get("project"), q.Get("event_type"), q.Get("violation")}
+	var dls []spool.DeadLetter
+	// Pages until limit+1 match or the store ends (one page without a plan
+	// filter).
+	for cursor := after; len(dls) <= int(limit); {
+		page, err := a.deadPage(f, cursor, int(limit)+1)
+		if err != nil {
+			a.log.Error("list dead letters", errField(err))
+			jsonError(w, http.StatusInternalServerError, "listing dead letters failed: %v", err)
+			return
+		}
+		for _, d := range page {
+			if cursor = d.ID; pf.match(d) && len(dls) <= int(limit) {
+				dls = append(dls, d)
+			}
+		}
+		if len(page) <= int(limit) || pf.zero() {
+			break
+		}
 	}
 	out := deadListJSON{DeadLetters: []deadLetterJSON{}, NextAfter: after, Total: a.deadTotal()}
 	if len(dls) > int(limit) {

@@ -52,6 +52,10 @@ type Config struct {
 	// DrainTimeout is how long in-flight requests may finish after Run's
 	// context ends before they are abandoned; zero means 5s.
 	DrainTimeout time.Duration
+	// Check, when not nil, gives the delivery.Frame.Check of the lanes of
+	// an api_key (nil: their events are not checked): the tracking plan
+	// (internal/plan).
+	Check func(apiKey string) func(data []byte) (rec []byte, reason string, answer []byte)
 }
 
 // Defaults.

@@ -56,7 +56,9 @@
 //   - Loss: nothing is ever dropped silently. Dropped events are dead
 //     letters with a reason ("silenced", "invalid_fields",
 //     "missing_fields", "bad_request", "too_large", "expired") and the
-//     upstream's answer.
+//     upstream's answer, or "plan" and the tracking plan's violations: a
+//     lane's Frame.Check (Config.Check, internal/plan) is asked about each
+//     record that fits the batch being built, every time it is built.
 //   - Retries: 5xx, time-outs and connection failures are retried with
 //     exponential, jittered, capped backoff (cenkalti/backoff), Retry-After
 //     honoured up to RetryMax, without a count limit; an event older than

@@ -57,7 +57,7 @@ func TestBuildBodies(t *testing.T) {
 			thr, _ := throttle.New(throttle.Config{}, nil)
 			cfg := Config{IngestURL: "http://x", MaxBatchEvents: tc.maxEvents, MaxBatchBytes: tc.maxBytes}.withDefaults()
 			p := &Pipeline{cfg: cfg, thr: thr, budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)),
-				kind: events{cfg.MaxBatchEvents, cfg.MaxBatchBytes}}
+				kind: events{maxEvents: cfg.MaxBatchEvents, maxBytes: cfg.MaxBatchBytes}}
 			var err error
 			if p.m, err = newMetrics(nil, p); err != nil {
 				t.Fatal(err)

@@ -104,7 +104,7 @@ func newPipeline(cfg Config, send Sender, thr *throttle.Throttle, log *zap.Logge
 	}
 	cfg = cfg.withDefaults()
 	return &Pipeline{cfg: cfg, send: send, thr: thr, log: log, url: cfg.IngestURL + "/2/httpapi", seed: maphash.MakeSeed(),
-		kind: events{cfg.MaxBatchEvents, cfg.MaxBatchBytes}, budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool()}, nil
+		kind: events{cfg.MaxBatchEvents, cfg.MaxBatchBytes, cfg.Check}, budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool()}, nil
 }
 
 // Run delivers until ctx ends: it starts a runner for every events lane that
@@ -188,7 +188,10 @@ func (p *Pipeline) LaneStatus() []delivery.LaneStatus {
 // when the lane has them), at most maxEvents events and strictly under
 // maxBytes; answers by delivery.Classify (a Throttled answer's pauses are
 // the shard's). The pipeline holds it as this type: build's calls inline.
-type events struct{ maxEvents, maxBytes int }
+type events struct {
+	maxEvents, maxBytes int
+	check               func(apiKey string) func(data []byte) ([]byte, string, []byte)
+}
 
 var _ delivery.Kind = events{}
 
@@ -199,8 +202,12 @@ func (k events) Frame(key spool.LaneKey) delivery.Frame {
 	if key.Options != "" {
 		suffix += `,"options":` + key.Options
 	}
-	return delivery.Frame{Prefix: `{"api_key":` + string(q) + `,"events":[`, Suffix: suffix + "}", Sep: ",",
+	f := delivery.Frame{Prefix: `{"api_key":` + string(q) + `,"events":[`, Suffix: suffix + "}", Sep: ",",
 		MaxRecords: k.maxEvents, MaxBytes: k.maxBytes}
+	if k.check != nil {
+		f.Check = k.check(key.APIKey)
+	}
+	return f
 }
 
 // Classify is delivery.Classify.

@@ -51,6 +51,7 @@ type shard struct {
 type deadItem struct {
 	it     item
 	reason string
+	answer []byte // nil: the request's answer
 }
 
 func newShard(lr *laneRunner, idx int) *shard {
@@ -385,7 +386,7 @@ func (s *shard) build(now time.Time) []byte {
 	for s.ready.len() > 0 && len(s.batch) < capE {
 		it := s.ready.peek() // valid until the next pop
 		if delivery.Expired(now, it.ck.accepted, cfg.MaxEventAge) {
-			s.dead = append(s.dead, deadItem{s.ready.pop(), delivery.ReasonExpired})
+			s.dead = append(s.dead, deadItem{s.ready.pop(), delivery.ReasonExpired, nil})
 			continue
 		}
 		if h := s.held[string(it.rec.OrderKey)]; h != nil {
@@ -403,11 +404,19 @@ func (s *shard) build(now time.Time) []byte {
 		}
 		rec, w := f.Record(nil, it.rec.Data) // the events kind writes data as it is
 		if f.TooLarge(rec) {
-			s.dead = append(s.dead, deadItem{s.ready.pop(), "too_large"})
+			s.dead = append(s.dead, deadItem{s.ready.pop(), "too_large", nil})
 			continue
 		}
 		if !f.Fits(&pk, rec, w) {
 			break
+		}
+		if f.Check != nil { // after Fits: a record left for the next batch is checked once (a rewrite only shrinks it)
+			var reason string
+			var ans []byte
+			if rec, reason, ans = f.Check(rec); reason != "" {
+				s.dead = append(s.dead, deadItem{s.ready.pop(), reason, ans})
+				continue
+			}
 		}
 		x := s.ready.pop()
 		if thr.AnyPaced() {
@@ -582,7 +591,7 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 // halves; the next batches bisect further while the answer repeats).
 func (s *shard) split(ctx, drainCtx context.Context, res upstream.Result, reason string) bool {
 	if len(s.batch) == 1 {
-		s.dead = append(s.dead, deadItem{s.batch[0], reason})
+		s.dead = append(s.dead, deadItem{s.batch[0], reason, nil})
 		return s.flushDead(ctx, drainCtx, res.Answer)
 	}
 	s.capEvents = max(1, len(s.batch)/2)
@@ -598,7 +607,7 @@ func (s *shard) dropAndResend(ctx, drainCtx context.Context, reasons map[int]str
 	rest := make([]item, 0, len(s.batch)-len(reasons))
 	for i := range s.batch {
 		if r, ok := reasons[i]; ok {
-			s.dead = append(s.dead, deadItem{s.batch[i], r})
+			s.dead = append(s.dead, deadItem{s.batch[i], r, nil})
 		} else {
 			rest = append(rest, s.batch[i])
 		}
@@ -674,6 +683,9 @@ func (s *shard) flushDead(ctx, drainCtx context.Context, answer []byte) bool {
 	dls := make([]spool.DeadLetter, len(s.dead))
 	for i, d := range s.dead {
 		ans := answer
+		if d.answer != nil {
+			ans = d.answer
+		}
 		switch d.reason {
 		case "expired":
 			ans = []byte("relay: not delivered within max-event-age")

@@ -19,6 +19,7 @@ import (
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/ingest"
+	"github.com/svcrelay/relay/internal/plan"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -95,6 +96,10 @@ type Config struct {
 	AllowedKeysFromCredentials bool
 	ClientRateLimit            float64 // --client-rate-limit, requests/s per client address; 0: off
 	AnonymizeIP                bool    // --anonymize-ip
+
+	// The tracking plan (internal/plan).
+	TrackingPlan        plan.Mode     // --tracking-plan; a project's tracking_plan overrides it
+	TrackingPlanRefresh time.Duration // --tracking-plan-refresh, > 0
 
 	// Where each setting came from, for `relay config check`.
 	// Settings lists every option of the table in its order, with the value
@@ -308,6 +313,13 @@ var options = []option{
 			c.AnonymizeIP = b
 			return nil
 		}},
+	{name: "tracking-plan", def: "off", usage: "off, observe, filter or block: how events are checked at delivery against the project's taxonomy (a project's tracking_plan in the credentials file overrides it)",
+		set: func(c *Config, v string) (err error) {
+			c.TrackingPlan, err = plan.ParseMode(strings.TrimSpace(v))
+			return err
+		}},
+	{name: "tracking-plan-refresh", def: "5m", usage: "how often each project's tracking plan is read again from the taxonomy API",
+		set: dur(func(c *Config) *time.Duration { return &c.TrackingPlanRefresh })},
 	// Fleet mode.
 	{name: "spool", def: "local", secret: true, usage: "local: the WAL + bbolt spool in --data-dir; nats://host:port[,host:port...]: a NATS JetStream cluster shared by a fleet of relays",
 		set: func(c *Config, v string) error {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/plan"
 )
 
 func TestDefaults(t *testing.T) {
@@ -30,7 +31,7 @@ func TestDefaults(t *testing.T) {
 		SpoolPartitions:         3,
 		MaxConnectionsPerClient: 256,
 		SpoolUpstreamChange:     "refuse",
-		MaxLanes:                10000, LaneRetireAfter: 10 * time.Minute,
+		MaxLanes:                10000, LaneRetireAfter: 10 * time.Minute, TrackingPlanRefresh: 5 * time.Minute,
 		MaxLanesPerKey: 16,
 	}
 	if !equal(c, want) {
@@ -82,7 +83,7 @@ func TestFullFile(t *testing.T) {
 		SpoolPartitions:         3,
 		MaxConnectionsPerClient: 64,
 		SpoolUpstreamChange:     "refuse",
-		MaxLanes:                500, LaneRetireAfter: time.Hour,
+		MaxLanes:                500, LaneRetireAfter: time.Hour, TrackingPlanRefresh: 5 * time.Minute,
 		MaxLanesPerKey: 16,
 	}
 	if !equal(c, want) {
@@ -141,7 +142,7 @@ func TestEnvNames(t *testing.T) {
 		"RELAY_TRUSTED_PROXIES=10.0.0.0/8, ::1/128", "RELAY_DRAIN_TIMEOUT=3s",
 		"RELAY_LOG_LEVEL=warn", "RELAY_LOG_FORMAT=json", "RELAY_CONFIG=testdata/empty.yaml",
 		"RELAY_CORS_ORIGINS=https://a.example", "RELAY_ALLOWED_API_KEYS=k1", "RELAY_CLIENT_RATE_LIMIT=3",
-		"RELAY_ANONYMIZE_IP=true",
+		"RELAY_ANONYMIZE_IP=true", "RELAY_TRACKING_PLAN=block", "RELAY_TRACKING_PLAN_REFRESH=1m",
 		"RELAY_SPOOL_UPSTREAM_CHANGE=allow",
 		"RELAY_MAX_LANES=7", "RELAY_LANE_RETIRE_AFTER=0",
 		"RELAY_MAX_LANES_PER_KEY=3",
@@ -176,7 +177,7 @@ func TestEnvNames(t *testing.T) {
 		NATSTLSCert: "testdata/credentials.yaml", NATSTLSKey: "testdata/empty.yaml", SpoolPartitions: 8, SpoolStreams: 2,
 		// 0 turns the bound off.
 		MaxConnectionsPerClient: 0, SpoolUpstreamChange: "allow", MaxLanes: 7, MaxLanesPerKey: 3,
-		AdminInsecureOpen: true,
+		AdminInsecureOpen: true, TrackingPlan: plan.Block, TrackingPlanRefresh: time.Minute,
 	}
 	if !equal(c, want) {
 		t.Fatalf("\n got %+v\nwant %+v", c, want)

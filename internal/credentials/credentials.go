@@ -79,6 +79,9 @@ type Project struct {
 	APIKey    Secret // never empty
 	SecretKey Secret // never empty
 	URLs      URLs   // per-project upstream bases; zero fields mean none
+	// TrackingPlan is the project's tracking-plan mode (off, observe,
+	// filter, block); "" means the --tracking-plan default.
+	TrackingPlan string
 
 	org *Organization // nil when no organization lists the project
 }
@@ -228,7 +231,9 @@ type fileProject struct {
 	Name      string `yaml:"name"`
 	APIKey    string `yaml:"api_key"`
 	SecretKey string `yaml:"secret_key"`
-	URLs      `yaml:",inline"`
+	// TrackingPlan: see Project.TrackingPlan.
+	TrackingPlan string `yaml:"tracking_plan"`
+	URLs         `yaml:",inline"`
 }
 
 type fileOrg struct {
@@ -333,7 +338,13 @@ func parse(data []byte, path string) (*Store, error) {
 		if err := checkURLs(what, fp.URLs); err != nil {
 			return nil, fail(line, "%v", err)
 		}
-		p := &Project{Name: fp.Name, APIKey: NewSecret(fp.APIKey), SecretKey: NewSecret(fp.SecretKey), URLs: fp.URLs}
+		switch fp.TrackingPlan {
+		case "", "off", "observe", "filter", "block":
+		default:
+			return nil, fail(line, "%s: tracking_plan %q: want off, observe, filter or block", what, fp.TrackingPlan)
+		}
+		p := &Project{Name: fp.Name, APIKey: NewSecret(fp.APIKey), SecretKey: NewSecret(fp.SecretKey), URLs: fp.URLs,
+			TrackingPlan: fp.TrackingPlan}
 		s.projects = append(s.projects, p)
 		s.byName[p.Name] = p
 		s.byKey[keySum] = p

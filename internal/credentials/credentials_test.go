@@ -93,6 +93,7 @@ func TestParseErrors(t *testing.T) {
 		{"url with query", "projects:\n  - name: a\n    api_key: k1\n    secret_key: s\n    scim_url: 'https://x.test/?token=q'\n", "scim_url: want"},
 		{"ftp url", "projects:\n  - name: a\n    api_key: k1\n    secret_key: s\n    feedback_url: 'ftp://x.test/'\n", "feedback_url: want"},
 		{"syntax", "projects:\n  - name: a\n   api_key: [\n", "line"},
+		{"tracking plan", p[:len(p)-1] + "\n    tracking_plan: enforce\n", `tracking_plan "enforce": want off, observe, filter or block`},
 		{"scalar secret as list item", "projects:\n  - sk-123456\n", "(value hidden)"},
 		{"short scalar secret", "projects: sk-1\n", "(value hidden)"},
 		{"secret-looking key", "projects:\n  - name: a\n    api_key: k1\n    secret_key: s\n    'sk live~MARK~': 1\n", "unknown key (not shown)"},
@@ -485,5 +486,17 @@ func TestRef(t *testing.T) {
 	}
 	if _, ok := r.Load().Project("b"); !ok {
 		t.Fatal("Load after Swap: not the new store")
+	}
+}
+
+func TestParseTrackingPlan(t *testing.T) {
+	s, err := Parse([]byte("projects:\n  - name: a\n    api_key: k1\n    secret_key: s1\n    tracking_plan: block\n  - name: b\n    api_key: k2\n    secret_key: s2\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := s.Project("a")
+	b, _ := s.Project("b")
+	if a.TrackingPlan != "block" || b.TrackingPlan != "" {
+		t.Errorf("tracking plans %q, %q; want block and none", a.TrackingPlan, b.TrackingPlan)
 	}
 }

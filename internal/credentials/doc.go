@@ -11,6 +11,8 @@
 //	    secret_key: "..."
 //	    analytics_url: "..."    # optional: ingest_url, alias_url, analytics_url,
 //	                            # experiment_url, scim_url, feedback_url
+//	    tracking_plan: block    # optional: off, observe, filter or block
+//	                            # (internal/plan); default --tracking-plan
 //	organizations:
 //	  - name: acme
 //	    api_key: "..."          # organization key pair (DSAR)

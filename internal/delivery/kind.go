@@ -128,6 +128,12 @@ type Frame struct {
 	MaxBytes int
 	// MaxWeight bounds the summed weight of a request; zero means no bound.
 	MaxWeight int
+	// Check, when not nil, is asked about each record when it is packed
+	// (every time: a resend is checked again): it returns the record to
+	// send (data itself, or a rewritten copy), or a non-empty dead-letter
+	// reason and answer when the record must not be sent (the tracking
+	// plan's quarantine; internal/plan).
+	Check func(data []byte) (rec []byte, reason string, answer []byte)
 }
 
 // Packing is a request body being packed by a Frame.

@@ -76,6 +76,11 @@ type APIConfig struct {
 	// API without documented limits has nothing for it to change.
 	// Forwarder.Routes checks the result.
 	Limit ratelimit.Config
+	// Limiter, when not nil, is the limiter of the API's documented limit
+	// (its Config made by Over), shared with the relay's own calls to the
+	// API (the tracking plan's reads of the taxonomy API), so that both
+	// count against one budget per account.
+	Limiter *ratelimit.Limiter
 }
 
 // Validate reports a configuration that cannot work.
@@ -98,6 +103,9 @@ type Limit struct {
 	// Says names the limit in the local 429's message ("100 requests per
 	// minute per organization").
 	Says string
+	// Shared, when not nil, is the limiter to count on (APIConfig.Limiter)
+	// instead of one of the limit's own.
+	Shared *ratelimit.Limiter
 }
 
 // cost is the cost of a call of method (see Cost).
@@ -141,6 +149,9 @@ func (f *Forwarder) Routes(apis ...API) ([]adminroute.Route, error) {
 					return nil, fmt.Errorf("forward %s: %s %s costs %d, above a bound of limit %s: every such call would be refused",
 						a.API, rt.Method, rt.Path, c, l.Name)
 				}
+			}
+			if lims[i] = l.Shared; lims[i] != nil {
+				continue
 			}
 			lim, err := ratelimit.New(l.Config, f.reg)
 			if err != nil {

@@ -55,10 +55,16 @@ func TaxonomyCost(method string) int {
 	return 2
 }
 
+// TaxonomyLimit is the taxonomy API's documented limit with cfg's changes:
+// the Config of a limiter to share (APIConfig.Limiter).
+func TaxonomyLimit(cfg APIConfig) ratelimit.Config {
+	return cfg.Over(ratelimit.Config{Name: "taxonomy", Limit: taxonomyPeriodCost, Window: taxonomyPeriod, MaxInFlight: taxonomyMaxInFlight})
+}
+
 // Taxonomy returns the taxonomy API described above; cfg changes its base
 // and cost budget.
 func Taxonomy(cfg APIConfig) API {
-	lim := cfg.Over(ratelimit.Config{Name: "taxonomy", Limit: taxonomyPeriodCost, Window: taxonomyPeriod, MaxInFlight: taxonomyMaxInFlight})
+	lim := TaxonomyLimit(cfg)
 	const get, post, put, del = http.MethodGet, http.MethodPost, http.MethodPut, http.MethodDelete
 	const c, e, ep, up, gp = taxonomyRoot + "/category", taxonomyRoot + "/event", taxonomyRoot + "/event-property",
 		taxonomyRoot + "/user-property", taxonomyRoot + "/group-property"
@@ -72,6 +78,7 @@ func Taxonomy(cfg APIConfig) API {
 		Errors: taxonomyError,
 		Limits: []Limit{{
 			Config: lim,
+			Shared: cfg.Limiter,
 			Cost:   TaxonomyCost,
 			Says:   fmt.Sprintf("a cost of %d in flight and %d per %v per project", lim.MaxInFlight, lim.Limit, lim.Window),
 		}},

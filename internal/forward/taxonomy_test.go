@@ -1,6 +1,7 @@
 package forward_test
 
 import (
+	"context"
 	"strings"
 	"sync"
 	"testing"
@@ -187,5 +188,35 @@ func TestTaxonomyConfig(t *testing.T) {
 	}
 	if forward.TaxonomyCost("GET") != 1 || forward.TaxonomyCost("PUT") != 2 || forward.TaxonomyCost("POST") != 2 || forward.TaxonomyCost("DELETE") != 2 {
 		t.Error("costs")
+	}
+}
+
+// TestTaxonomySharedLimiter: with APIConfig.Limiter, forwarded calls count
+// on the limiter given (the tracking plan's reads use it too): what another
+// user of it spent for the project is no longer the operators'.
+func TestTaxonomySharedLimiter(t *testing.T) {
+	env := ft.Start(t, forward.Config{})
+	cfg := forward.APIConfig{URL: env.SimURL, Limit: ratelimit.Config{Limit: 5, Window: time.Hour, MaxWait: -1}}
+	lim, err := ratelimit.New(forward.TaxonomyLimit(cfg), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Limiter = lim
+	relay := ft.Serve(t, env.Routes(t, forward.Taxonomy(cfg)))
+	for range 4 { // another user of the limiter spends 4 of the project's 5
+		release, err := lim.Acquire(context.Background(), "project:"+ft.Project, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		release()
+	}
+	if r := ft.Do(t, "GET", relay+"/api/2/taxonomy/event", "", ft.Injected()...); r.Status != 200 {
+		t.Fatalf("the fifth: %v", r)
+	}
+	if r := ft.Do(t, "GET", relay+"/api/2/taxonomy/event", "", ft.Injected()...); r.Status != 429 || !strings.Contains(r.Body, `"source":"relay"`) {
+		t.Fatalf("the sixth: %v", r)
+	}
+	if n := env.Calls(); n != 1 {
+		t.Fatalf("sim saw %d calls, want 1", n)
 	}
 }

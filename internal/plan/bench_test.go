@@ -1,0 +1,86 @@
+package plan
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/svcrelay/relay/internal/benchtest"
+)
+
+// benchPlan is a 200-event-type plan that benchtest.SDKEvent's events
+// follow: its four event types with their properties, 196 others.
+func benchPlan() *Plan {
+	p := &Plan{
+		EventTypes: []string{"Product Viewed", "Page Viewed", "Search", "Button Clicked"},
+		Shared:     []Property{{Name: "note", Type: "string"}, {Name: "sent_us", Type: "number"}},
+		Overrides: map[string][]Property{
+			"Product Viewed": {{Name: "product_id", Type: "string", Regex: `SKU-[0-9]{6}`, Required: true},
+				{Name: "category", Type: "enum", Enum: []string{"garden", "shoes", "books"}}, {Name: "price", Type: "number"},
+				{Name: "quantity", Type: "number"}, {Name: "tags", Type: "string", Array: true}},
+			"Page Viewed": {{Name: "page_path", Type: "string", Regex: `/.*`}, {Name: "page_title", Type: "string"}, {Name: "referrer", Type: "string"}},
+			"Search":      {{Name: "query", Type: "string"}, {Name: "results", Type: "number"}, {Name: "filters"}},
+			"Button Clicked": {{Name: "screen", Type: "string"}, {Name: "element_id", Type: "string", Regex: `btn-.*`},
+				{Name: "position", Type: "number"}},
+		},
+		UserProperties: []Property{{Name: "plan", Type: "enum", Enum: []string{"free", "growth", "enterprise"}},
+			{Name: "signup_cohort", Type: "string", Regex: `2026-W[0-9]{2}`}, {Name: "beta", Type: "boolean"}},
+	}
+	for i := len(p.EventTypes); i < 200; i++ {
+		et := fmt.Sprintf("Filler Event %d", i)
+		p.EventTypes = append(p.EventTypes, et)
+		for j := range 5 {
+			p.Overrides[et] = append(p.Overrides[et], Property{Name: fmt.Sprintf("prop_%d", j), Type: "string"})
+		}
+	}
+	return p
+}
+
+// BenchmarkCheck checks 100 SDK-shaped events (one request's worth) in
+// block mode against a 200-event-type plan they follow.
+func BenchmarkCheck(b *testing.B) {
+	c, err := compile(benchPlan())
+	if err != nil {
+		b.Fatal(err)
+	}
+	evs := make([][]byte, 100)
+	for i := range evs {
+		evs[i] = []byte(benchtest.SDKEvent(i))
+		if _, vs := c.check(evs[i], Block, nil); len(vs) > 0 {
+			b.Fatalf("event %d: %v\n%s", i, vs, evs[i])
+		}
+	}
+	b.ReportAllocs()
+	cpu0 := benchtest.ProcessCPU()
+	for b.Loop() {
+		for _, e := range evs {
+			c.check(e, Block, nil)
+		}
+	}
+	b.ReportMetric(float64(benchtest.ProcessCPU()-cpu0)/float64(b.N*len(evs)), "cpu-ns/event")
+}
+
+// BenchmarkEnforcerCheck is BenchmarkCheck through the Enforcer's
+// delivery.Frame.Check (the project looked up, the plan loaded).
+func BenchmarkEnforcerCheck(b *testing.B) {
+	e, _, _ := newEnforcer(&testing.T{}, Config{}, nil)
+	c, err := compile(benchPlan())
+	if err != nil {
+		b.Fatal(err)
+	}
+	e.state("web").cur.Store(&cached{plan: benchPlan(), c: c})
+	check := e.Check("key-web")
+	evs := make([][]byte, 100)
+	for i := range evs {
+		evs[i] = []byte(benchtest.SDKEvent(i))
+	}
+	b.ReportAllocs()
+	cpu0 := benchtest.ProcessCPU()
+	for b.Loop() {
+		for _, ev := range evs {
+			if _, reason, _ := check(ev); reason != "" {
+				b.Fatal(reason)
+			}
+		}
+	}
+	b.ReportMetric(float64(benchtest.ProcessCPU()-cpu0)/float64(b.N*len(evs)), "cpu-ns/event")
+}

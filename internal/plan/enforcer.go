@@ -1,0 +1,255 @@
+package plan
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/ratelimit"
+)
+
+// ReasonPlan is the dead-letter reason of a quarantined event.
+const ReasonPlan = "plan"
+
+// Defaults of Config's zero values.
+const (
+	DefaultRefresh = 5 * time.Minute
+	// DefaultShare is the part of the taxonomy API's period cost that the
+	// plan's reads may take per project: the rest stays the operators'.
+	DefaultShare = 0.5
+	// sampleCount is how many violating events a project keeps to show.
+	sampleCount = 10
+)
+
+// Config configures an Enforcer. Only cmd/relay fills it from flags.
+type Config struct {
+	// Default is the mode of the projects whose tracking_plan is empty.
+	Default Mode
+	// Refresh is how often each project's plan is read again; zero means
+	// DefaultRefresh.
+	Refresh time.Duration
+	// Dir is where plans are kept between runs (the data dir); "" means
+	// nowhere (tests).
+	Dir string
+	// AnalyticsURL is the taxonomy API's base (--analytics-url) of the
+	// projects without their own.
+	AnalyticsURL string
+	// Share is the part of the limiter's Limit (per Window) the plan's
+	// reads may spend per project; zero means DefaultShare.
+	Share float64
+}
+
+// Validate reports a configuration that cannot work.
+func (c Config) Validate() error {
+	switch {
+	case c.Default > Block:
+		return fmt.Errorf("plan: mode %v", c.Default)
+	case c.Refresh < 0:
+		return fmt.Errorf("plan: refresh %v < 0", c.Refresh)
+	case c.Share < 0 || c.Share > 1:
+		return fmt.Errorf("plan: share %v: want 0 to 1", c.Share)
+	}
+	return nil
+}
+
+// Enforcer keeps each project's plan (fetched, cached, persisted) and
+// checks the events of its lanes. Its methods are safe for concurrent use.
+type Enforcer struct {
+	cfg   Config
+	creds *credentials.Ref
+	fetch *fetcher
+	log   *zap.Logger
+	wake  chan struct{}
+
+	// mu guards states; a state's own fields are atomics or under its mu.
+	mu     sync.Mutex
+	states map[string]*state // by project name, never removed (bounded by the credentials files' projects)
+
+	violations  *prometheus.CounterVec
+	quarantined prometheus.Counter
+}
+
+// state is one project's.
+type state struct {
+	name       string
+	cur        atomic.Pointer[cached]
+	violations []prometheus.Counter // by index in Kinds
+	refresh    atomic.Bool          // a change went through the forwarded API
+
+	fetchMu sync.Mutex // held across a fetch: one fetch per project at a time
+
+	mu      sync.Mutex // guards below; never held across a call out
+	lastErr string
+	samples []Sample
+	spent   []spend // the plan's taxonomy calls within the limiter's Window
+}
+
+type spend struct {
+	at   time.Time
+	cost int
+}
+
+type cached struct {
+	plan    *Plan
+	c       *compiled
+	fetched time.Time
+}
+
+// Sample is a violating event kept to show.
+type Sample struct {
+	At         time.Time       `json:"at"`
+	Mode       string          `json:"mode"`
+	EventType  string          `json:"event_type"`
+	Violations []Violation     `json:"violations"`
+	Event      json.RawMessage `json:"event"`
+}
+
+// New returns an Enforcer reading plans with lim (the forwarded taxonomy
+// API's limiter: the cost is shared) through hc.
+func New(cfg Config, creds *credentials.Ref, lim *ratelimit.Limiter, hc Doer, log *zap.Logger, reg prometheus.Registerer) (*Enforcer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Refresh == 0 {
+		cfg.Refresh = DefaultRefresh
+	}
+	if cfg.Share == 0 {
+		cfg.Share = DefaultShare
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	e := &Enforcer{cfg: cfg, creds: creds, log: log, wake: make(chan struct{}, 1), states: map[string]*state{},
+		fetch: &fetcher{lim: lim, hc: hc},
+		violations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "relay_plan_violations_total",
+			Help: "Tracking-plan violations found at delivery, by project and kind (a resent event is checked and counted again)."}, []string{"project", "kind"}),
+		quarantined: prometheus.NewCounter(prometheus.CounterOpts{Name: "relay_plan_quarantined_total",
+			Help: "Events quarantined by the tracking plan (dead letters with reason plan; by project: GET /relay/v1/deadletters?reason=plan&project=)."}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{e.violations, e.quarantined, ageCollector{e}} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("plan metrics: %w", err)
+			}
+		}
+	}
+	return e, nil
+}
+
+// state returns the project's state, made on first use (with its plan
+// from Dir when one was kept).
+func (e *Enforcer) state(name string) *state {
+	e.mu.Lock()
+	st := e.states[name]
+	e.mu.Unlock()
+	if st != nil {
+		return st
+	}
+	st = &state{name: name}
+	for _, k := range Kinds {
+		st.violations = append(st.violations, e.violations.WithLabelValues(name, k))
+	}
+	if p, at, err := load(e.cfg.Dir, name); err == nil {
+		if c, err := compile(p); err == nil {
+			st.cur.Store(&cached{plan: p, c: c, fetched: at})
+		}
+	} else if !errors.Is(err, errNone) {
+		e.log.Error("kept tracking plan unreadable; observing until it is read again", zap.String("project", name), zap.Error(err))
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if have := e.states[name]; have != nil {
+		return have
+	}
+	e.states[name] = st
+	return st
+}
+
+// mode is the project's mode in force: its own, else the default.
+func (e *Enforcer) mode(p *credentials.Project) Mode {
+	if m, err := ParseMode(p.TrackingPlan); err == nil && p.TrackingPlan != "" {
+		return m
+	}
+	return e.cfg.Default
+}
+
+// Check returns the check of the events of api key's lanes, for
+// delivery.Frame.Check. The project (by the key) and its mode are looked
+// up at every call, and its plan loaded: a reload or a new plan takes
+// effect at once, on the backlog too.
+func (e *Enforcer) Check(apiKey string) func(data []byte) ([]byte, string, []byte) {
+	// The lane's project, looked up again only when the credentials file
+	// in force changed (a lookup hashes the key); the lane's shards call
+	// this at once.
+	type lookup struct {
+		store *credentials.Store
+		p     *credentials.Project
+		m     Mode
+		st    *state
+	}
+	var last atomic.Pointer[lookup]
+	return func(data []byte) ([]byte, string, []byte) {
+		store := e.creds.Load()
+		l := last.Load()
+		if l == nil || l.store != store {
+			l = &lookup{store: store}
+			if p, ok := store.ProjectByAPIKey(apiKey); ok {
+				l.p, l.m, l.st = p, e.mode(p), e.state(p.Name)
+			}
+			last.Store(l)
+		}
+		m := l.m
+		if l.p == nil || m == Off {
+			return data, "", nil
+		}
+		st := l.st
+		cur := st.cur.Load()
+		if cur == nil { // never read: observing, with nothing to observe against
+			return data, "", nil
+		}
+		v, vs := cur.c.check(data, m, nil) // allocates only for a violation
+		if len(vs) == 0 {
+			return data, "", nil
+		}
+		for _, x := range vs {
+			st.violations[slices.Index(Kinds, x.Kind)].Inc()
+		}
+		st.sample(m, v.eventType, vs, data)
+		if v.quarantine {
+			e.quarantined.Inc()
+			ans, _ := json.Marshal(Quarantine{Project: l.p.Name, Mode: m.String(), EventType: v.eventType, Violations: vs})
+			return data, ReasonPlan, ans
+		}
+		if v.out != nil {
+			return v.out, "", nil
+		}
+		return data, "", nil
+	}
+}
+
+// Quarantine is the answer of a dead letter with reason plan.
+type Quarantine struct {
+	Project    string      `json:"project"`
+	Mode       string      `json:"mode"`
+	EventType  string      `json:"event_type"`
+	Violations []Violation `json:"violations"`
+}
+
+func (st *state) sample(m Mode, et string, vs []Violation, data []byte) {
+	s := Sample{At: time.Now().UTC(), Mode: m.String(), EventType: et, Violations: slices.Clone(vs),
+		Event: json.RawMessage(slices.Clone(data))}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.samples) >= sampleCount {
+		st.samples = append(st.samples[:0], st.samples[1:]...)
+	}
+	st.samples = append(st.samples, s)
+}

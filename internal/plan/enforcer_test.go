@@ -1,0 +1,200 @@
+package plan
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/ratelimit"
+	"github.com/svcrelay/relay/internal/sim"
+)
+
+const testCreds = "projects:\n  - name: web\n    api_key: key-web\n    secret_key: sec-web\n    tracking_plan: block\n"
+
+// handlerDoer sends requests to h in process (no sockets: usable in a
+// synctest bubble) and counts them.
+type handlerDoer struct {
+	h        http.Handler
+	mu       sync.Mutex
+	n        map[string]int // by method
+	in, peak int
+}
+
+func (d *handlerDoer) Do(r *http.Request) (*http.Response, error) {
+	d.mu.Lock()
+	if d.n == nil {
+		d.n = map[string]int{}
+	}
+	d.n[r.Method]++
+	d.in++
+	d.peak = max(d.peak, d.in)
+	d.mu.Unlock()
+	if r.Body == nil { // as a server gives it
+		r.Body = http.NoBody
+	}
+	w := httptest.NewRecorder()
+	d.h.ServeHTTP(w, r)
+	d.mu.Lock()
+	d.in--
+	d.mu.Unlock()
+	return w.Result(), nil
+}
+
+func (d *handlerDoer) count(m string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.n[m]
+}
+
+// taxonomy makes a call of the taxonomy API on h as project web.
+func taxonomy(t *testing.T, h http.Handler, method, path string, form url.Values) {
+	t.Helper()
+	r := httptest.NewRequest(method, path, strings.NewReader(form.Encode()))
+	r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	r.SetBasicAuth("key-web", "sec-web")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code/100 != 2 {
+		t.Fatalf("%s %s: %d %s", method, path, w.Code, w.Body)
+	}
+}
+
+func seed(t *testing.T, h http.Handler, events int) {
+	taxonomy(t, h, "POST", "/api/2/taxonomy/event-property", url.Values{"event_property": {"price"}, "type": {"number"}})
+	taxonomy(t, h, "POST", "/api/2/taxonomy/user-property", url.Values{"user_property": {"plan"}, "type": {"enum"}, "enum_values": {"free,pro"}})
+	for i := range events {
+		et := fmt.Sprintf("Event %d", i)
+		taxonomy(t, h, "POST", "/api/2/taxonomy/event", url.Values{"event_type": {et}})
+		taxonomy(t, h, "POST", "/api/2/taxonomy/event-property", url.Values{"event_type": {et}, "event_property": {"price"}, "type": {"number"}, "is_required": {"true"}})
+	}
+}
+
+func newEnforcer(t *testing.T, cfg Config, h http.Handler) (*Enforcer, *handlerDoer, *ratelimit.Limiter) {
+	t.Helper()
+	store, err := credentials.Parse([]byte(testCreds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := ratelimit.New(ratelimit.Config{Name: "taxonomy", Limit: 7200, Window: time.Hour, MaxInFlight: 4}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &handlerDoer{h: h}
+	if cfg.AnalyticsURL == "" {
+		cfg.AnalyticsURL = "http://upstream.test"
+	}
+	e, err := New(cfg, credentials.NewRef(store), lim, d, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, d, lim
+}
+
+func TestRefreshAndCheck(t *testing.T) {
+	s := sim.New(sim.Config{}, nil)
+	h := s.Handler()
+	seed(t, h, 3)
+	dir := t.TempDir()
+	e, d, _ := newEnforcer(t, Config{Dir: dir}, h)
+	info, err := e.Refresh(context.Background(), "web")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Counts != (Counts{EventTypes: 3, SharedProperties: 1, EventProperties: 3, UserProperties: 1}) || !info.Enforcing {
+		t.Fatalf("info %+v", info)
+	}
+	if got := d.count("GET"); got != 3+3 {
+		t.Errorf("%d GETs for a plan of 3 event types, want 6", got)
+	}
+	check := e.Check("key-web")
+	good := []byte(`{"event_type":"Event 1","event_properties":{"price":3}}`)
+	if rec, reason, _ := check(good); reason != "" || string(rec) != string(good) {
+		t.Errorf("planned event: %s %q", rec, reason)
+	}
+	bad := []byte(`{"event_type":"Event 1","event_properties":{"price":"3","x":1}}`)
+	rec, reason, ans := check(bad)
+	if reason != ReasonPlan || string(rec) != string(bad) {
+		t.Fatalf("violating event: reason %q", reason)
+	}
+	var q Quarantine
+	if err := json.Unmarshal(ans, &q); err != nil {
+		t.Fatal(err)
+	}
+	if q.Project != "web" || q.EventType != "Event 1" || len(q.Violations) != 2 {
+		t.Errorf("quarantine answer %s", ans)
+	}
+	if rec, reason, _ := e.Check("other-key")(bad); reason != "" || string(rec) != string(bad) {
+		t.Errorf("a key of no project was checked")
+	}
+
+	// A restart with the upstream unreachable enforces the kept plan.
+	down := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusBadGateway) })
+	e2, _, _ := newEnforcer(t, Config{Dir: dir}, down)
+	if _, err := e2.Refresh(context.Background(), "web"); err == nil {
+		t.Fatal("refresh from an unreachable upstream: no error")
+	}
+	if _, reason, _ := e2.Check("key-web")(bad); reason != ReasonPlan {
+		t.Error("after a restart without the upstream, the kept plan is not enforced")
+	}
+	if in, _ := e2.Info("web"); !in.Enforcing || in.LastError == "" {
+		t.Errorf("info after restart %+v", in)
+	}
+	// Without a kept plan: observing, and /readyz says so.
+	e3, _, _ := newEnforcer(t, Config{}, down)
+	if _, reason, _ := e3.Check("key-web")(bad); reason != "" {
+		t.Error("a project never read quarantined")
+	}
+	if !strings.Contains(e3.ReadyInfo(), "web (block)") {
+		t.Errorf("ReadyInfo %q", e3.ReadyInfo())
+	}
+}
+
+// TestCostOverAnHour runs an hour of refreshes of a 200-event-type plan and
+// counts the taxonomy calls: within the document's limits (4 in flight,
+// 7200 per hour), the plan's reads never above 1 in flight nor their share
+// of the hour, and the upstream never answered 429.
+func TestCostOverAnHour(t *testing.T) {
+	for _, refresh := range []time.Duration{5 * time.Minute, 10 * time.Second} {
+		t.Run(refresh.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				s := sim.New(sim.Config{}, nil)
+				seed(t, s.Handler(), 200)
+				e, d, _ := newEnforcer(t, Config{Refresh: refresh}, s.Handler())
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan error)
+				go func() { done <- e.Run(ctx) }()
+				time.Sleep(time.Hour - time.Second)
+				cancel()
+				<-done
+				gets := d.count("GET")
+				perRead := 200 + 3
+				reads := gets / perRead
+				t.Logf("refresh %v: %d GETs (cost %d) in an hour, %d whole reads, peak in flight %d", refresh, gets, gets, reads, d.peak)
+				if gets > 7200/2 {
+					t.Errorf("plan reads cost %d in an hour, above half the 7200 budget", gets)
+				}
+				if d.peak > 1 {
+					t.Errorf("plan reads had %d in flight", d.peak)
+				}
+				if refresh == 5*time.Minute && reads != 12 {
+					t.Errorf("%d reads in an hour every 5m, want 12", reads)
+				}
+				if refresh == 10*time.Second && reads < 17 {
+					t.Errorf("%d reads in an hour every 10s: the budget stopped more than it must", reads)
+				}
+				if s.TaxonomyPeakInFlight("key-web") > 4 {
+					t.Errorf("upstream saw %d in flight", s.TaxonomyPeakInFlight("key-web"))
+				}
+			})
+		})
+	}
+}
