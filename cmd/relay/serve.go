@@ -32,6 +32,7 @@ import (
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
+	"github.com/svcrelay/relay/internal/tap"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
 	"github.com/svcrelay/relay/internal/usermap"
@@ -129,7 +130,7 @@ type deliveries struct {
 
 // newDeliveries builds the delivery side from cfg; creds is the credentials
 // file in force.
-func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *storage.Local, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*deliveries, error) {
+func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *storage.Local, creds *credentials.Ref, taps *tap.Hub, log *zap.Logger, reg prometheus.Registerer) (*deliveries, error) {
 	client, err := upstream.New(upstream.Config{}, log.Named("upstream"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("upstream client: %w", err)
@@ -147,9 +148,10 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *st
 		MaxEventAge:    cfg.MaxEventAge,
 		Gzip:           cfg.UpstreamGzip,
 		DrainTimeout:   cfg.DrainTimeout,
+		OnDead:         taps.PublishDead,
 	}
 	var p *batcher.Pipeline
-	live := &liveMeter{next: client, windows: map[string]*rateWindow{}}
+	live := &liveMeter{next: tappedSender{client, taps}, windows: map[string]*rateWindow{}}
 	if fs != nil { // the events partitions this relay owns
 		p, err = batcher.NewFleet(bcfg, fs.b.Only(spool.KindEvents), fs.f, live, thr, log.Named("delivery"), reg)
 	} else {
@@ -400,7 +402,13 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	// events' hot path (ingest's append, the batcher's reading, which use
 	// the spool directly locally): the local spool, or the fleet's.
 	local := storage.NewLocal(sp, log.Named("spool"))
-	dl, err := newDeliveries(cfg, sp, fs, local, creds, log, reg)
+	// Live taps (relay tap): offered what ingest accepts, what the
+	// upstream takes and the dead letters (tap.go).
+	taps, err := tap.New(tap.Config{}, reg)
+	if err != nil {
+		return err
+	}
+	dl, err := newDeliveries(cfg, sp, fs, local, creds, taps, log, reg)
 	if err != nil {
 		return err
 	}
@@ -490,6 +498,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 		return err
 	}
 	admin.Register(fwdRoutes...)
+	admin.Register(tapRoute(taps, creds))
 	adminLn, err := net.Listen("tcp", cfg.AdminListen)
 	if err != nil {
 		return fmt.Errorf("admin listener: %w", err)
@@ -500,6 +509,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	g.run("admin listener", func() error { return admin.Serve(adminLn) })
 	lc.onStop("admin listener", func(ctx context.Context) error {
 		relayAPI.Close() // a long replay or purge stops after its current step
+		taps.Close()     // a tap streams until its end: end it now
 		err := admin.Shutdown(ctx)
 		fwd.Close()
 		return err
@@ -563,6 +573,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	if fs != nil { // events go to the fleet's streams
 		events = fs.b
 	}
+	events = tappedAppender{events, taps}
 	ing, err := ingest.New(icfg, events, event.NewIDGen(), log.Named("ingest"), reg)
 	if err != nil {
 		return err

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/svcrelay/relay/internal/spool"
 )
 
 // Config configures a Pipeline. Only cmd/relay fills it from flags.
@@ -52,6 +54,9 @@ type Config struct {
 	// DrainTimeout is how long in-flight requests may finish after Run's
 	// context ends before they are abandoned; zero means 5s.
 	DrainTimeout time.Duration
+	// OnDead, when set, is given the dead letters of each flush once they
+	// are durable (the live tap); it must not block. nil: nothing is told.
+	OnDead func([]spool.DeadLetter)
 }
 
 // Defaults.

@@ -616,6 +616,9 @@ func (s *shard) flushDead(ctx, drainCtx context.Context, answer []byte) bool {
 		s.dead = s.dead[:0]
 		return false
 	}
+	if p.cfg.OnDead != nil {
+		p.cfg.OnDead(dls)
+	}
 	its := make([]item, len(s.dead))
 	for i, d := range s.dead {
 		its[i] = d.it
