@@ -78,7 +78,7 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "relay: %v\n", err)
 		return exitUsage
 	}
-	log, err := newLogger(cfg.LogLevel, cfg.LogFormat, stderr)
+	log, level, err := newLeveledLogger(cfg.LogLevel, cfg.LogFormat, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "relay: %v\n", err)
 		return exitUsage
@@ -91,7 +91,10 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 	if n, ok := defaultMaxProcs(environ, runtime.GOMAXPROCS(0), runtime.NumCPU()); ok {
 		runtime.GOMAXPROCS(n)
 	}
-	if err := serve(ctx, stop, cfg, log); err != nil {
+	// A reload (SIGHUP, POST /relay/v1/reload) reads the same flags and
+	// the environment again.
+	load := func() (config.Config, error) { return config.Load(args, os.Environ()) }
+	if err := serveWith(ctx, stop, cfg, log, serveHooks{load: load, level: &level}); err != nil {
 		log.Error("relay stopped with an error", errField(err))
 		return exitFailure
 	}

@@ -234,8 +234,15 @@ func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap
 	return serveWith(ctx, resetSignals, cfg, log, serveHooks{})
 }
 
-// serveHooks let a test reach into a serve it runs in its own process.
+// serveHooks let a test reach into a serve it runs in its own process, and
+// give serve what a reload needs.
 type serveHooks struct {
+	// load reads the configuration again for a reload (the same flags,
+	// the environment, the files); nil: every reload is refused.
+	load func() (config.Config, error)
+	// level is the logger's level, which a reload sets; nil: kept.
+	level *zap.AtomicLevel
+
 	// fleetOpened, when set, is given the NATS connection of fleet mode
 	// (a test closes it to play a relay's sudden death).
 	fleetOpened func(nc *nats.Conn)
@@ -261,15 +268,26 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 		}
 	}()
 
-	// SIGHUP (sighup.go) runs every reloader, and no longer kills; its
-	// watch is stopped last. Each component that reloads something (the
-	// TLS files, the token and credentials files) adds its own with
-	// onHUP.add once it is built.
+	// SIGHUP (sighup.go) and POST /relay/v1/reload (reload.go) read the
+	// configuration again and run every reloader with it; SIGHUP no longer
+	// kills, and its watch is stopped last. Each component that reloads
+	// something (the TLS files, the token and credentials files, the
+	// ingest access settings, the log level) adds its own with onHUP.add
+	// once it is built.
 	onHUP := &reloaders{}
+	cfgReload := newConfigReloader(cfg, hooks.load, onHUP, log)
+	if hooks.level != nil {
+		onHUP.add(func(c config.Config) {
+			if lvl, err := zap.ParseAtomicLevel(c.LogLevel); err == nil && lvl.Level() != hooks.level.Level() {
+				hooks.level.SetLevel(lvl.Level())
+				log.Info("reload: log level set", zap.String("log_level", c.LogLevel))
+			}
+		})
+	}
 	stopWatchHUP := watchSIGHUP(func() {
 		log.Info("SIGHUP received: reloading")
 		_ = sd.notify("RELOADING=1")
-		onHUP.run()
+		cfgReload.reload("SIGHUP")
 		_ = sd.notify("READY=1")
 	})
 	lc.onStop("SIGHUP watch", func(context.Context) error { stopWatchHUP(); return nil })
@@ -318,6 +336,9 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	if err := registerBuildInfo(reg); err != nil {
+		return err
+	}
+	if err := cfgReload.register(reg); err != nil {
 		return err
 	}
 
@@ -388,7 +409,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 			tlsPairs = append(tlsPairs, p)
 		}
 	}
-	onHUP.add(func() { reloadTLS(log, tlsPairs) })
+	onHUP.add(func(config.Config) { reloadTLS(log, tlsPairs) })
 	if err := guardSpoolUpstream(sp, upstreamID, cfg.SpoolUpstreamChange == "allow", log); err != nil {
 		return err
 	}
@@ -498,7 +519,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 		return err
 	}
 	admin.Register(fwdRoutes...)
-	admin.Register(tapRoute(taps, creds))
+	admin.Register(tapRoute(taps, creds), cfgReload.route())
 	adminLn, err := net.Listen("tcp", cfg.AdminListen)
 	if err != nil {
 		return fmt.Errorf("admin listener: %w", err)
@@ -553,12 +574,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 		MaxRequestBytes: cfg.MaxRequestBytes,
 		MaxBatchBytes:   int(cfg.MaxBatchBytes),
 		TrustedProxies:  cfg.TrustedProxies,
-		Open: ingest.Open{
-			CORSOrigins:     cfg.CORSOrigins,
-			AllowedAPIKeys:  cfg.IngestAllowedAPIKeys(cfg.Creds),
-			ClientRateLimit: cfg.ClientRateLimit,
-			AnonymizeIP:     cfg.AnonymizeIP,
-		},
+		Open:            ingestOpen(cfg, cfg.Creds),
 	}
 	icfg.MaxConnections = cfg.MaxConnections
 	if ingTLS != nil {
@@ -579,17 +595,12 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 		return err
 	}
 	logOpen(log, cfg)
-	// SIGHUP: the token and credentials files, once everything that holds
-	// them is built (the admin listener, the credentials Ref, the ingest
-	// allow-list).
-	onHUP.add(func() {
-		reloadFiles(cfg, log, reloadTargets{
-			setToken: admin.SetToken,
-			setCreds: func(n *credentials.Store) {
-				creds.Swap(n)
-				reloadAllowedKeys(ing, cfg, n, log)
-			},
-		})
+	// A reload: the token and credentials files, once everything that
+	// holds them is built (the admin listener, the credentials Ref), then
+	// the ingest access settings (the allow-list may be the credentials').
+	onHUP.add(func(c config.Config) {
+		reloadFiles(c, log, reloadTargets{setToken: admin.SetToken, setCreds: func(n *credentials.Store) { creds.Swap(n) }})
+		reloadOpen(ing, c, creds.Load(), log)
 	})
 	ingLn, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
