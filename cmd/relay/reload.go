@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -44,13 +45,25 @@ func diffSettings(old, new config.Config) []settingChange {
 		oldVals[s.Name] = s.Value
 	}
 	for _, s := range new.Settings {
-		if o, ok := oldVals[s.Name]; ok && o == s.Value {
+		if o, ok := oldVals[s.Name]; ok && o == s.Value && secretOf(old, s.Name) == secretOf(new, s.Name) {
 			continue
 		}
 		out = append(out, settingChange{Name: s.Name, Old: oldVals[s.Name], New: s.Value,
 			Source: new.Source(s.Name), Live: slices.Contains(liveSettings, s.Name)})
 	}
 	return out
+}
+
+// secretOf is what a masked setting holds, compared (never shown) to see
+// whether it changed.
+func secretOf(c config.Config, name string) string {
+	switch name {
+	case "allowed-api-keys":
+		return strings.Join(c.AllowedAPIKeys, "\x00")
+	case "admin-token":
+		return c.AdminToken
+	}
+	return ""
 }
 
 // configReloader is what SIGHUP and POST /relay/v1/reload run: the

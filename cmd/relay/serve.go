@@ -220,7 +220,7 @@ func memoryLimitField() zap.Field {
 	}
 }
 
-// serve runs the relay until ctx ends (SIGTERM/SIGINT) or a component fails,
+// serveWith runs the relay until ctx ends (SIGTERM/SIGINT) or a component fails,
 // then stops everything in reverse order of start. resetSignals restores the
 // default signal handling once the stop begins, so a second signal kills.
 //
@@ -230,9 +230,6 @@ func memoryLimitField() zap.Field {
 // the reverse: stop accepting events, drain the deliveries within
 // --drain-timeout, stop the admin listener (no more group identifies or
 // mappings accepted), close the spool, stop the simulator.
-func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap.Logger) error {
-	return serveWith(ctx, resetSignals, cfg, log, serveHooks{})
-}
 
 // serveHooks let a test reach into a serve it runs in its own process, and
 // give serve what a reload needs.
@@ -248,7 +245,6 @@ type serveHooks struct {
 	fleetOpened func(nc *nats.Conn)
 }
 
-// serveWith is serve with test hooks.
 func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log *zap.Logger, hooks serveHooks) (err error) {
 	lc := &lifecycle{log: log}
 	g := &goroutines{failed: make(chan error, 1)}

@@ -44,9 +44,16 @@ func startServe(t *testing.T, args ...string) *servedRelay {
 // startServeWith is startServe with test hooks.
 func startServeWith(t *testing.T, hooks serveHooks, args ...string) *servedRelay {
 	t.Helper()
+	return startServeArgs(t, hooks, append([]string{"--listen", "127.0.0.1:0"}, args...)...)
+}
+
+// startServeArgs is startServeWith without a default --listen (a test
+// gives it in its --config file).
+func startServeArgs(t *testing.T, hooks serveHooks, args ...string) *servedRelay {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "data")
 	args = append([]string{
-		"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data-dir", dir,
+		"--admin-listen", "127.0.0.1:0", "--data-dir", dir,
 		"--spool-min-free-bytes", "0", "--drain-timeout", "2s",
 	}, args...)
 	cfg, err := config.Load(args, nil)
@@ -56,7 +63,11 @@ func startServeWith(t *testing.T, hooks serveHooks, args ...string) *servedRelay
 	if hooks.load == nil { // a reload reads the same flags again, as run's
 		hooks.load = func() (config.Config, error) { return config.Load(args, nil) }
 	}
-	core, logs := observer.New(zapcore.DebugLevel)
+	var enab zapcore.LevelEnabler = zapcore.DebugLevel
+	if hooks.level != nil {
+		enab = hooks.level
+	}
+	core, logs := observer.New(enab)
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &servedRelay{dir: cfg.DataDir, logs: logs, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- serveWith(ctx, func() {}, cfg, zap.New(core), hooks) }()

@@ -1,0 +1,298 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/svcrelay/relay/internal/poll"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+// liveState is one value of every live setting, as a --config file, and
+// how to check the relay behaves by it.
+type liveState struct {
+	logLevel  string
+	cors      string // an allowed origin
+	allowed   string // the allow-list: keyLoad and this key
+	rateLimit string
+	anonIP    bool
+}
+
+func (s liveState) file(listen string) string {
+	return fmt.Sprintf("listen: %q\nlog-level: %s\ncors-origins: %q\nallowed-api-keys: \"key-load,%s\"\nclient-rate-limit: %s\nanonymize-ip: %v\ntrusted-proxies: \"127.0.0.1/32\"\n",
+		listen, s.logLevel, s.cors, s.allowed, s.rateLimit, s.anonIP)
+}
+
+// TestReloadLiveSettings: every live setting (log level, CORS origins, the
+// allow-list, the client rate limit, IP anonymization) is changed by SIGHUP,
+// then changed again by POST /relay/v1/reload, while a client keeps
+// posting; after each the new behaviour is checked. No request of the load
+// fails and every event it got answered 200 for reaches the upstream. A bad
+// file changes nothing and sets relay_config_last_reload_successful 0; a
+// changed listen address is kept and named.
+func TestReloadLiveSettings(t *testing.T) {
+	dir := t.TempDir()
+	tokenFile, cfgFile := filepath.Join(dir, "token"), filepath.Join(dir, "relay.yaml")
+	const token = "reload-test-admin-token"
+	if err := os.WriteFile(tokenFile, []byte(token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	write := func(body string) {
+		t.Helper()
+		if err := os.WriteFile(cfgFile, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := liveState{logLevel: "info", cors: "https://a.example", allowed: "key-a", rateLimit: "0", anonIP: false}
+	b := liveState{logLevel: "warn", cors: "https://b.example", allowed: "key-b", rateLimit: "1", anonIP: true}
+	write(a.file("127.0.0.1:0"))
+	level := zap.NewAtomicLevelAt(zapcore.InfoLevel)
+	r := startServeLeveled(t, level, "--config", cfgFile, "--admin-token-file", tokenFile, "--drain-timeout", "10s")
+
+	hc := &http.Client{Timeout: poll.Max}
+	do := func(method, url, body string, hdr map[string]string) (int, http.Header, []byte) {
+		t.Helper()
+		req, err := http.NewRequest(method, url, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header, b
+	}
+	auth := map[string]string{"Authorization": "Bearer " + token}
+	post := func(key, xff, origin, ev string) int {
+		hdr := map[string]string{"Content-Type": "application/json", "X-Forwarded-For": xff}
+		if origin != "" {
+			hdr["Origin"] = origin
+		}
+		code, _, _ := do(http.MethodPost, r.ingest+"/2/httpapi", `{"api_key":"`+key+`","events":[`+ev+`]}`, hdr)
+		return code
+	}
+
+	// The load: 3 clients, each address used by one client and rotating
+	// over 3000 (the rate limit of state b is per address), key-load
+	// (allowed in every state), no Origin, until stopped.
+	ctx, stopLoad := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	var mu sync.Mutex
+	var acceptedIDs []string // read after wg.Wait
+	for c := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lc := &http.Client{Timeout: poll.Max}
+			for i := 0; ctx.Err() == nil; i++ {
+				id := fmt.Sprintf("load-%d-%d", c, i)
+				body := fmt.Sprintf(`{"api_key":"key-load","events":[{"event_type":"load","device_id":"load-%d","insert_id":%q}]}`, i%7, id)
+				req, _ := http.NewRequest(http.MethodPost, r.ingest+"/2/httpapi", strings.NewReader(body))
+				req.Header.Set("X-Forwarded-For", fmt.Sprintf("10.%d.%d.%d", c+1, i/250%4, i%250+1))
+				resp, err := lc.Do(req)
+				if err != nil {
+					failed.Add(1)
+					t.Errorf("load request: %v", err)
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					failed.Add(1)
+					t.Errorf("load request: %d", resp.StatusCode)
+					continue
+				}
+				mu.Lock()
+				acceptedIDs = append(acceptedIDs, id)
+				mu.Unlock()
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	defer func() { stopLoad(); wg.Wait() }()
+
+	probe := 0
+	check := func(s liveState, by string) {
+		t.Helper()
+		probe++
+		if got := level.Level().String(); got != s.logLevel {
+			t.Fatalf("%s: log level %s, want %s", by, got, s.logLevel)
+		}
+		// CORS: a preflight from the allowed origin passes, from the other
+		// origin it does not.
+		pre := map[string]string{"Origin": s.cors, "Access-Control-Request-Method": "POST"}
+		if code, h, _ := do(http.MethodOptions, r.ingest+"/2/httpapi", "", pre); code != 204 || h.Get("Access-Control-Allow-Origin") != s.cors {
+			t.Fatalf("%s: preflight from %s: %d %q, want 204 allowed", by, s.cors, code, h.Get("Access-Control-Allow-Origin"))
+		}
+		other := map[bool]string{true: "https://a.example", false: "https://b.example"}[s.cors == "https://b.example"]
+		if code := post(s.allowed, "10.9.0.1", other, `{"event_type":"p","device_id":"probe"}`); code != 403 {
+			t.Fatalf("%s: a post from origin %s: %d, want 403", by, other, code)
+		}
+		// The allow-list: this state's key is taken, the other state's not.
+		otherKey := map[bool]string{true: "key-a", false: "key-b"}[s.allowed == "key-b"]
+		if code := post(s.allowed, fmt.Sprintf("10.8.%d.1", probe), "", `{"event_type":"p","device_id":"probe"}`); code != 200 {
+			t.Fatalf("%s: %s: %d, want 200", by, s.allowed, code)
+		}
+		if code := post(otherKey, fmt.Sprintf("10.8.%d.2", probe), "", `{"event_type":"p","device_id":"probe"}`); code != 403 {
+			t.Fatalf("%s: %s: %d, want 403", by, otherKey, code)
+		}
+		// The rate limit: a burst of 5 from one address meets a 429 at 1/s.
+		got429 := false
+		xff := fmt.Sprintf("10.7.%d.1", probe)
+		for range 5 {
+			got429 = got429 || post(s.allowed, xff, "", `{"event_type":"p","device_id":"probe"}`) == 429
+		}
+		if want := s.rateLimit != "0"; got429 != want {
+			t.Fatalf("%s: a burst of 5 answered 429: %v, want %v", by, got429, want)
+		}
+		// IP anonymization: the event's ip as the upstream receives it.
+		dev := fmt.Sprintf("anon-%d", probe)
+		if code := post(s.allowed, fmt.Sprintf("10.6.%d.1", probe), "", `{"event_type":"p","device_id":"`+dev+`","ip":"1.2.3.4"}`); code != 200 {
+			t.Fatalf("%s: anon probe: %d", by, code)
+		}
+		want := map[bool]string{true: "1.2.3.0", false: "1.2.3.4"}[s.anonIP]
+		poll.Until(t, by+": the anon probe delivered", func() bool {
+			_, _, body := do(http.MethodGet, r.admin+"/sim/events?api_key="+s.allowed+"&limit=100000", "", auth)
+			var evs struct {
+				Events []struct {
+					Raw struct {
+						DeviceID string `json:"device_id"`
+						IP       string `json:"ip"`
+					} `json:"raw"`
+				} `json:"events"`
+			}
+			if json.Unmarshal(body, &evs) != nil {
+				return false
+			}
+			for _, e := range evs.Events {
+				if e.Raw.DeviceID == dev {
+					if e.Raw.IP != want {
+						t.Fatalf("%s: ip delivered %q, want %q", by, e.Raw.IP, want)
+					}
+					return true
+				}
+			}
+			return false
+		})
+	}
+	reloadByPost := func(wantCode int) reloadResult {
+		t.Helper()
+		code, _, body := do(http.MethodPost, r.admin+"/relay/v1/reload", "", auth)
+		var res reloadResult
+		if err := json.Unmarshal(body, &res); err != nil || code != wantCode {
+			t.Fatalf("POST /relay/v1/reload: %d %s, want %d", code, body, wantCode)
+		}
+		return res
+	}
+	metric := func(name string) string {
+		_, _, body := do(http.MethodGet, r.admin+"/metrics", "", nil)
+		for l := range strings.SplitSeq(string(body), "\n") {
+			if v, ok := strings.CutPrefix(l, name+" "); ok {
+				return v
+			}
+		}
+		return ""
+	}
+
+	check(a, "at start")
+	// By SIGHUP to b; the success time-stamp is set once all is in force.
+	t0 := metric("relay_config_last_reload_success_timestamp_seconds")
+	write(b.file("127.0.0.1:0"))
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, "the SIGHUP reload", func() bool { return metric("relay_config_last_reload_success_timestamp_seconds") != t0 })
+	check(b, "after SIGHUP")
+	// By the endpoint back to a; the unauthenticated call is refused.
+	if code, _, _ := do(http.MethodPost, r.admin+"/relay/v1/reload", "", nil); code != 401 {
+		t.Fatalf("reload without the token: %d, want 401", code)
+	}
+	write(a.file("127.0.0.1:0"))
+	res := reloadByPost(200)
+	if len(res.NeedsRestart) != 0 || len(res.Changed) != 5 {
+		t.Fatalf("reload result %+v: want 5 live changes, none needing a restart", res)
+	}
+	check(a, "after POST /relay/v1/reload")
+
+	// A bad file: refused whole, named with its source, metric 0, nothing
+	// changed (b's CORS origin is not taken).
+	write(b.file("127.0.0.1:0") + "max-batch-events: 5000\n")
+	res = reloadByPost(422)
+	if !strings.Contains(res.Error, "max-batch-events") || !strings.Contains(res.Error, cfgFile) {
+		t.Fatalf("refused reload error %q: want the setting and its file named", res.Error)
+	}
+	if v := metric("relay_config_last_reload_successful"); v != "0" {
+		t.Fatalf("relay_config_last_reload_successful %q after a bad file, want 0", v)
+	}
+	check(a, "after a bad file")
+
+	// A new listen address: kept, named; the rest applied.
+	write(b.file("127.0.0.1:1"))
+	res = reloadByPost(200)
+	if len(res.NeedsRestart) != 1 || res.NeedsRestart[0] != "listen" {
+		t.Fatalf("reload with a new listen address: %+v, want listen named as needing a restart", res)
+	}
+	if v := metric("relay_config_last_reload_successful"); v != "1" {
+		t.Fatalf("relay_config_last_reload_successful %q after a good reload, want 1", v)
+	}
+	check(b, "after a reload naming listen")
+	if len(r.logs.FilterMessageSnippet("setting listen changed").All()) == 0 {
+		t.Fatal("no log line names the listen address as needing a restart")
+	}
+
+	// Zero failed, zero lost: every event answered 200 reaches the upstream.
+	stopLoad()
+	wg.Wait()
+	if failed.Load() != 0 || len(acceptedIDs) == 0 {
+		t.Fatalf("load: %d accepted, %d failed", len(acceptedIDs), failed.Load())
+	}
+	poll.Until(t, "every load event delivered", func() bool {
+		_, _, body := do(http.MethodGet, r.admin+"/sim/events?api_key=key-load&limit=10000000", "", auth)
+		var evs struct {
+			Events []struct {
+				Raw struct {
+					InsertID string `json:"insert_id"`
+				} `json:"raw"`
+			} `json:"events"`
+		}
+		if json.Unmarshal(body, &evs) != nil {
+			return false
+		}
+		got := map[string]bool{}
+		for _, e := range evs.Events {
+			got[e.Raw.InsertID] = true
+		}
+		for _, id := range acceptedIDs {
+			if !got[id] {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("%d load requests answered 200 during the reloads, none failed, all delivered", len(acceptedIDs))
+}
+
+// startServeLeveled is startServe with a log level a reload sets, and
+// without a --listen flag (the --config file gives it).
+func startServeLeveled(t *testing.T, level zap.AtomicLevel, args ...string) *servedRelay {
+	t.Helper()
+	return startServeArgs(t, serveHooks{level: &level}, args...)
+}
