@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -188,9 +190,47 @@ func keepRestartSettings(cur, next config.Config) config.Config {
 	return eff
 }
 
-// route is POST /relay/v1/reload: 200 with the result when the
-// configuration was put in force, 422 with the error when it was refused.
-func (r *configReloader) route() adminroute.Route {
+// inForce is a setting in force as GET /relay/v1/config shows it: the
+// value as `config check` prints it (secrets masked), and for a masked one
+// a digest to see whether it changed, never the secret.
+type inForce struct {
+	Name   string `json:"name"`
+	Value  string `json:"value"`
+	Source string `json:"source"`
+	Digest string `json:"digest,omitempty"`
+}
+
+func settingsInForce(c config.Config) []inForce {
+	out := make([]inForce, 0, len(c.Settings))
+	for _, s := range c.Settings {
+		f := inForce{Name: s.Name, Value: s.Value, Source: c.Source(s.Name)}
+		if v := secretOf(c, s.Name); v != "" {
+			h := sha256.Sum256([]byte(v))
+			f.Digest = hex.EncodeToString(h[:8])
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+// routes are POST /relay/v1/reload (200 with the result when the
+// configuration was put in force, 422 with the error when it was refused)
+// and GET /relay/v1/config (the settings in force, for `relay config check
+// --diff`).
+func (r *configReloader) routes() []adminroute.Route {
+	get := adminroute.Route{Method: http.MethodGet, Path: "/relay/v1/config", Mode: admintoken.ModeOwn,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			r.mu.Lock()
+			cur := r.cur
+			r.mu.Unlock()
+			w.Header().Set("Content-Type", "application/json")
+			b, _ := json.Marshal(map[string]any{"settings": settingsInForce(cur)})
+			w.Write(append(b, '\n'))
+		})}
+	return []adminroute.Route{get, r.reloadRoute()}
+}
+
+func (r *configReloader) reloadRoute() adminroute.Route {
 	return adminroute.Route{Method: http.MethodPost, Path: "/relay/v1/reload", Mode: admintoken.ModeOwn,
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			res := r.reload("POST /relay/v1/reload")

@@ -244,8 +244,20 @@ func TestReloadLiveSettings(t *testing.T) {
 	}
 	check(a, "after a bad file")
 
-	// A new listen address: kept, named; the rest applied.
+	// A new listen address: `config check --diff` shows it needs a
+	// restart; a reload keeps it, names it, and applies the rest.
 	write(b.file("127.0.0.1:1"))
+	var out, errOut strings.Builder
+	if code := runConfig([]string{"check", "--diff", "--admin", r.admin, "--token-file", tokenFile,
+		"--admin-listen", "127.0.0.1:0", "--data-dir", r.dir, "--spool-min-free-bytes", "0", "--drain-timeout", "2s",
+		"--config", cfgFile, "--admin-token-file", tokenFile, "--drain-timeout", "10s"}, nil, &out, &errOut); code != exitOK {
+		t.Fatalf("config check --diff: exit %d: %s", code, errOut.String())
+	}
+	for _, want := range []string{"listen  ", "needs a restart", "cors-origins", "https://a.example  https://b.example", "client-rate-limit", "6 setting(s) would change"} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("config check --diff output lacks %q:\n%s", want, out.String())
+		}
+	}
 	res = reloadByPost(200)
 	if len(res.NeedsRestart) != 1 || res.NeedsRestart[0] != "listen" {
 		t.Fatalf("reload with a new listen address: %+v, want listen named as needing a restart", res)

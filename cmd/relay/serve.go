@@ -515,7 +515,8 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 		return err
 	}
 	admin.Register(fwdRoutes...)
-	admin.Register(tapRoute(taps, creds), cfgReload.route())
+	admin.Register(tapRoute(taps, creds))
+	admin.Register(cfgReload.routes()...)
 	adminLn, err := net.Listen("tcp", cfg.AdminListen)
 	if err != nil {
 		return fmt.Errorf("admin listener: %w", err)
