@@ -3,8 +3,8 @@
 # attached (`relay tap --device D`, D the loadgen's device of rank --rank:
 # 50 by default, a device sending ~0.1% of the events (the load has 64
 # distinct bodies, so a rarer rank may not be in them at all); rank 0,
-# the zipf distribution's hottest, sends ~10% of all events), interleaved off/on/off/on over --runs
-# pairs, against the counting sink (bench/sink), on 127.0.0.1. Prints each
+# the zipf distribution's hottest, sends ~10% of all events), interleaved over --runs
+# pairs (off/on, then on/off), against the counting sink (bench/sink), on 127.0.0.1. Prints each
 # run and the medians. The same relay process serves every run: only the
 # tap differs.
 #
@@ -56,9 +56,7 @@ run() {
 	"$TMP/loadgen" -url "http://127.0.0.1:$P/2/httpapi" -c "$CONNS" -events "$EVENTS" -duration "${DURATION}s" \
 		-warmup 1s | grep '^RESULT' | tr ' ' '\n' | sed -n 's/^events_s=//p'
 }
-OFF=(); ON=()
-for i in $(seq 1 "$RUNS"); do
-	off=$(run); OFF+=("$off"); log "run $i off: $off events/s"
+tapped() {
 	"$TMP/relay" tap --admin "http://127.0.0.1:$A" --device "$DEVICE" --duration 10m >"$TMP/tap.out" 2>"$TMP/tap.err" &
 	TAP=$!
 	sleep 0.5
@@ -66,9 +64,18 @@ for i in $(seq 1 "$RUNS"); do
 	lines=$(wc -l <"$TMP/tap.out")
 	kill "$TAP"; wait "$TAP" 2>/dev/null || true
 	log "run $i on:  $on events/s (tap printed $lines events of device $DEVICE)"
+}
+untapped() { off=$(run); OFF+=("$off"); log "run $i off: $off events/s"; }
+# Off/on, then on/off: a drift of the machine's load over the runs does not
+# favour either side.
+OFF=(); ON=(); RATIOS=()
+for i in $(seq 1 "$RUNS"); do
+	if [ $((i % 2)) = 1 ]; then untapped; tapped; else tapped; untapped; fi
+	RATIOS+=("$(awk -v a="$off" -v b="$on" 'BEGIN{printf "%.3f", b/a}')")
 done
 med() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END{if (NR%2) print a[(NR+1)/2]; else printf "%.0f\n", (a[NR/2]+a[NR/2+1])/2}'; }
 m0=$(med "${OFF[@]}"); m1=$(med "${ON[@]}")
 echo "off (no tap): ${OFF[*]} -> median $m0 events/s"
 echo "on (tap --device): ${ON[*]} -> median $m1 events/s"
-awk -v a="$m0" -v b="$m1" 'BEGIN{printf "on/off: %.3f\n", b/a}'
+awk -v a="$m0" -v b="$m1" 'BEGIN{printf "on/off of the medians: %.3f\n", b/a}'
+echo "on/off per pair: ${RATIOS[*]} -> median $(med "${RATIOS[@]}")"

@@ -25,6 +25,7 @@ var liveSettings = []string{
 	"log-level",
 	"cors-origins", "allowed-api-keys", "client-rate-limit", "anonymize-ip",
 	"admin-token", "admin-token-file", "credentials",
+	"upstream-gzip",
 }
 
 // settingChange is one setting a reload changes (or would, for `config
@@ -172,6 +173,7 @@ func keepRestartSettings(cur, next config.Config) config.Config {
 	eff.AllowedAPIKeys, eff.AllowedKeysFromCredentials = next.AllowedAPIKeys, next.AllowedKeysFromCredentials
 	eff.ClientRateLimit = next.ClientRateLimit
 	eff.AnonymizeIP = next.AnonymizeIP
+	eff.UpstreamGzip = next.UpstreamGzip
 	eff.AdminToken, eff.AdminTokenFile, eff.Token = next.AdminToken, next.AdminTokenFile, next.Token
 	eff.Credentials, eff.Creds = next.Credentials, next.Creds
 	eff.Warnings = next.Warnings

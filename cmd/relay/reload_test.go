@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -28,11 +29,12 @@ type liveState struct {
 	allowed   string // the allow-list: keyLoad and this key
 	rateLimit string
 	anonIP    bool
+	gzip      bool // upstream-gzip
 }
 
 func (s liveState) file(listen string) string {
-	return fmt.Sprintf("listen: %q\nlog-level: %s\ncors-origins: %q\nallowed-api-keys: \"key-load,%s\"\nclient-rate-limit: %s\nanonymize-ip: %v\ntrusted-proxies: \"127.0.0.1/32\"\n",
-		listen, s.logLevel, s.cors, s.allowed, s.rateLimit, s.anonIP)
+	return fmt.Sprintf("listen: %q\nlog-level: %s\ncors-origins: %q\nallowed-api-keys: \"key-load,%s\"\nclient-rate-limit: %s\nanonymize-ip: %v\nupstream-gzip: %v\ntrusted-proxies: \"127.0.0.1/32\"\n",
+		listen, s.logLevel, s.cors, s.allowed, s.rateLimit, s.anonIP, s.gzip)
 }
 
 // TestReloadLiveSettings: every live setting (log level, CORS origins, the
@@ -56,7 +58,7 @@ func TestReloadLiveSettings(t *testing.T) {
 		}
 	}
 	a := liveState{logLevel: "info", cors: "https://a.example", allowed: "key-a", rateLimit: "0", anonIP: false}
-	b := liveState{logLevel: "warn", cors: "https://b.example", allowed: "key-b", rateLimit: "1", anonIP: true}
+	b := liveState{logLevel: "warn", cors: "https://b.example", allowed: "key-b", rateLimit: "1", anonIP: true, gzip: true}
 	write(a.file("127.0.0.1:0"))
 	level := zap.NewAtomicLevelAt(zapcore.InfoLevel)
 	r := startServeLeveled(t, level, "--config", cfgFile, "--admin-token-file", tokenFile, "--drain-timeout", "10s")
@@ -129,6 +131,30 @@ func TestReloadLiveSettings(t *testing.T) {
 	}
 	defer func() { stopLoad(); wg.Wait() }()
 
+	// upstream-gzip: the request that delivered the probe device dev.
+	checkGzip := func(by, dev string, want bool) {
+		t.Helper()
+		_, _, body := do(http.MethodGet, r.admin+"/sim/requests", "", auth)
+		var reqs struct {
+			Requests []struct {
+				Status  int      `json:"status"`
+				Devices []string `json:"devices"`
+				Gzip    bool     `json:"gzip"`
+			} `json:"requests"`
+		}
+		if err := json.Unmarshal(body, &reqs); err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range reqs.Requests {
+			if q.Status == 200 && slices.Contains(q.Devices, dev) {
+				if q.Gzip != want {
+					t.Fatalf("%s: the request delivering %s was gzip %v, want %v", by, dev, q.Gzip, want)
+				}
+				return
+			}
+		}
+		t.Fatalf("%s: no request delivered %s", by, dev)
+	}
 	probe := 0
 	check := func(s liveState, by string) {
 		t.Helper()
@@ -192,6 +218,7 @@ func TestReloadLiveSettings(t *testing.T) {
 			}
 			return false
 		})
+		checkGzip(by, dev, s.gzip)
 	}
 	reloadByPost := func(wantCode int) reloadResult {
 		t.Helper()
@@ -227,8 +254,8 @@ func TestReloadLiveSettings(t *testing.T) {
 	}
 	write(a.file("127.0.0.1:0"))
 	res := reloadByPost(200)
-	if len(res.NeedsRestart) != 0 || len(res.Changed) != 5 {
-		t.Fatalf("reload result %+v: want 5 live changes, none needing a restart", res)
+	if len(res.NeedsRestart) != 0 || len(res.Changed) != 6 {
+		t.Fatalf("reload result %+v: want 6 live changes, none needing a restart", res)
 	}
 	check(a, "after POST /relay/v1/reload")
 
@@ -253,7 +280,7 @@ func TestReloadLiveSettings(t *testing.T) {
 		"--config", cfgFile, "--admin-token-file", tokenFile, "--drain-timeout", "10s"}, nil, &out, &errOut); code != exitOK {
 		t.Fatalf("config check --diff: exit %d: %s", code, errOut.String())
 	}
-	for _, want := range []string{"listen  ", "needs a restart", "cors-origins", "https://a.example  https://b.example", "client-rate-limit", "6 setting(s) would change"} {
+	for _, want := range []string{"listen  ", "needs a restart", "cors-origins", "https://a.example  https://b.example", "client-rate-limit", "7 setting(s) would change"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("config check --diff output lacks %q:\n%s", want, out.String())
 		}

@@ -126,6 +126,8 @@ type deliveries struct {
 	lanes      map[spool.Kind]delivery.LaneControl
 	// release drops buffers kept for reuse, before an idle process collects.
 	release []func()
+	// events is the events pipeline (for a reload's settings).
+	events *batcher.Pipeline
 }
 
 // newDeliveries builds the delivery side from cfg; creds is the credentials
@@ -166,6 +168,7 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *st
 		components: []namedComponent{{"delivery", p}},
 		lanes:      map[spool.Kind]delivery.LaneControl{spool.KindEvents: p},
 		release:    []func(){p.ReleaseMemory},
+		events:     p,
 	}
 
 	gi, err := groupidentify.New(groupidentify.Config{
@@ -429,6 +432,8 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	if err != nil {
 		return err
 	}
+
+	onHUP.add(func(c config.Config) { dl.events.SetGzip(c.UpstreamGzip) })
 
 	// Give the heap's free pages back once the relay goes quiet after a burst.
 	idleCtx, stopIdle := context.WithCancel(context.Background())

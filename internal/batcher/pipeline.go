@@ -58,6 +58,9 @@ type Pipeline struct {
 	// fl is the fleet mode's state (NewFleet); nil in local mode.
 	fl *fleetState
 
+	// gzip is Config.Gzip, which SetGzip changes while running.
+	gzip atomic.Bool
+
 	// afterBuild, when set (tests only), is called on a shard's goroutine
 	// after it built a batch and before the send-time pause check.
 	afterBuild func(*shard)
@@ -91,6 +94,9 @@ func New(cfg Config, sp *spool.Spool, send Sender, thr *throttle.Throttle, log *
 	return p, nil
 }
 
+// SetGzip sets Config.Gzip for every request built after it (a reload).
+func (p *Pipeline) SetGzip(on bool) { p.gzip.Store(on) }
+
 // newPipeline is what both modes share; cfg is valid.
 func newPipeline(cfg Config, send Sender, thr *throttle.Throttle, log *zap.Logger) (*Pipeline, error) {
 	if log == nil {
@@ -103,8 +109,10 @@ func newPipeline(cfg Config, send Sender, thr *throttle.Throttle, log *zap.Logge
 		}
 	}
 	cfg = cfg.withDefaults()
-	return &Pipeline{cfg: cfg, send: send, thr: thr, log: log, url: cfg.IngestURL + "/2/httpapi", seed: maphash.MakeSeed(),
-		kind: events{cfg.MaxBatchEvents, cfg.MaxBatchBytes}, budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool()}, nil
+	p := &Pipeline{cfg: cfg, send: send, thr: thr, log: log, url: cfg.IngestURL + "/2/httpapi", seed: maphash.MakeSeed(),
+		kind: events{cfg.MaxBatchEvents, cfg.MaxBatchBytes}, budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool()}
+	p.gzip.Store(cfg.Gzip)
+	return p, nil
 }
 
 // Run delivers until ctx ends: it starts a runner for every events lane that

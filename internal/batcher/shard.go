@@ -170,7 +170,7 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 			s.batch = s.batch[:0]
 			continue
 		}
-		res := p.send.Do(drainCtx, &upstream.Request{URL: p.url, Body: body, Gzip: cfg.Gzip, Kind: "events"})
+		res := p.send.Do(drainCtx, &upstream.Request{URL: p.url, Body: body, Gzip: p.gzip.Load(), Kind: "events"})
 		if drainCtx.Err() != nil {
 			// Abandoned: the batch stays in the spool (and in this shard's
 			// queue, should Run be called again). The request may still be
