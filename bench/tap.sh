@@ -73,7 +73,7 @@ for i in $(seq 1 "$RUNS"); do
 	if [ $((i % 2)) = 1 ]; then untapped; tapped; else tapped; untapped; fi
 	RATIOS+=("$(awk -v a="$off" -v b="$on" 'BEGIN{printf "%.3f", b/a}')")
 done
-med() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END{if (NR%2) print a[(NR+1)/2]; else printf "%.0f\n", (a[NR/2]+a[NR/2+1])/2}'; }
+med() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END{if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 m0=$(med "${OFF[@]}"); m1=$(med "${ON[@]}")
 echo "off (no tap): ${OFF[*]} -> median $m0 events/s"
 echo "on (tap --device): ${ON[*]} -> median $m1 events/s"

@@ -31,7 +31,7 @@ type tappedAppender struct {
 }
 
 func (a tappedAppender) Append(ctx context.Context, req storage.Request) error {
-	if !a.hub.Active() {
+	if !a.hub.Active(tap.Ingest) {
 		return a.next.Append(ctx, req)
 	}
 	// Copied before: Append takes the batch's memory over.
@@ -54,7 +54,7 @@ type tappedSender struct {
 
 func (s tappedSender) Do(ctx context.Context, req *upstream.Request) upstream.Result {
 	res := s.next.Do(ctx, req)
-	if res.Status == http.StatusOK && s.hub.Active() {
+	if res.Status == http.StatusOK && s.hub.Active(tap.Delivered) {
 		s.hub.PublishBody(tap.Delivered, req.Body)
 	}
 	return res

@@ -6,10 +6,12 @@
 //
 // # Cost
 //
-// Without a tap attached, the hook on a hot path is one atomic load
-// (Hub.Active). With taps attached, an offered event is matched against each
+// Without a tap attached at its point, the hook on a hot path is one atomic
+// load (Hub.Active): a tap of ingest costs delivery nothing, and the other
+// way round. With taps attached, an offered event is matched against each
 // tap's filter (api_key hash, device, a byte search for the event type,
-// sampling) and copied only when it matches.
+// sampling) and copied only when it matches; the delivered point parses the
+// request body sent again to find its events.
 //
 // # Never in the way
 //

@@ -119,7 +119,8 @@ func (t *Tap) Dropped() uint64 { return t.dropped.Load() }
 // New. A nil *Hub has no taps.
 type Hub struct {
 	cfg  Config
-	n    atomic.Int32           // taps attached: all a hot path reads when 0
+	n    atomic.Int32           // taps attached
+	nAt  [numWhere]atomic.Int32 // taps attached per Where: all a hot path reads when 0
 	taps atomic.Pointer[[]*Tap] // snapshot for Publish
 	mu   sync.Mutex             // guards attaching, detaching, closed
 	done chan struct{}
@@ -166,9 +167,21 @@ func New(cfg Config, reg prometheus.Registerer) (*Hub, error) {
 	return h, nil
 }
 
-// Active reports whether a tap is attached: the one atomic load a hot path
-// pays before calling Publish.
-func (h *Hub) Active() bool { return h != nil && h.n.Load() > 0 }
+// Active reports whether a tap watching w is attached: the one atomic load
+// a hot path pays before calling Publish.
+func (h *Hub) Active(w Where) bool { return h != nil && h.nAt[w].Load() > 0 }
+
+// countLocked sets the counts from taps; h.mu is held.
+func (h *Hub) countLocked(taps []*Tap) {
+	var at [numWhere]int32
+	for _, t := range taps {
+		at[t.f.Where]++
+	}
+	for w := range at {
+		h.nAt[w].Store(at[w])
+	}
+	h.n.Store(int32(len(taps)))
+}
 
 // Attach attaches a tap with filter f.
 func (h *Hub) Attach(f Filter) (*Tap, error) {
@@ -193,7 +206,7 @@ func (h *Hub) Attach(f Filter) (*Tap, error) {
 	}
 	taps := append(append(make([]*Tap, 0, len(old)+1), old...), t)
 	h.taps.Store(&taps)
-	h.n.Store(int32(len(taps)))
+	h.countLocked(taps)
 	return t, nil
 }
 
@@ -210,7 +223,7 @@ func (t *Tap) Detach() {
 		}
 	}
 	h.taps.Store(&taps)
-	h.n.Store(int32(len(taps)))
+	h.countLocked(taps)
 }
 
 func (h *Hub) snapshot() []*Tap {
@@ -250,7 +263,7 @@ type picked struct {
 // Pick returns copies of the records of recs the attached taps want (nil
 // when none), to be handed over by Send.
 func (h *Hub) Pick(where Where, apiKey []byte, reason string, recs []spool.Record) Picked {
-	if !h.Active() {
+	if !h.Active(where) {
 		return nil
 	}
 	var out Picked
@@ -310,7 +323,7 @@ func (p Picked) Send() {
 
 // PublishDead offers dead letters (of any lanes).
 func (h *Hub) PublishDead(dls []spool.DeadLetter) {
-	if !h.Active() {
+	if !h.Active(Dead) {
 		return
 	}
 	for i := range dls {
@@ -322,19 +335,25 @@ func (h *Hub) PublishDead(dls []spool.DeadLetter) {
 // PublishBody offers the events of an upstream request body (the
 // envelope {"api_key", "events"}), at where.
 func (h *Hub) PublishBody(where Where, body []byte) {
-	if !h.Active() {
+	if !h.Active(where) {
 		return
 	}
 	var req event.Request
 	if e := event.Parse(body, &req); e != nil {
 		return
 	}
+	// Every order key in one buffer, sized first: no slice is moved.
+	n := 0
+	for i := range req.Events {
+		n += len(event.DeviceKeyPrefix) + max(len(req.Events[i].DeviceID), len(req.Events[i].UserID))
+	}
+	keys := make([]byte, 0, n)
 	recs := make([]spool.Record, len(req.Events))
-	var key []byte
 	for i := range req.Events {
 		ev := &req.Events[i]
-		key = ev.OrderKey(key[:0])
-		recs[i] = spool.Record{OrderKey: bytes.Clone(key), Data: ev.Raw}
+		start := len(keys)
+		keys = ev.OrderKey(keys)
+		recs[i] = spool.Record{OrderKey: keys[start:len(keys):len(keys)], Data: ev.Raw}
 	}
 	h.Publish(where, req.APIKey, "", recs)
 }

@@ -22,7 +22,7 @@ func TestHub(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h.Active() {
+	if h.Active(Ingest) {
 		t.Fatal("active without taps")
 	}
 	key := []byte("the-key")
@@ -36,6 +36,9 @@ func TestHub(t *testing.T) {
 	}
 	if _, err := h.Attach(Filter{}); !errors.Is(err, ErrTooMany) {
 		t.Fatalf("a third tap: %v, want ErrTooMany", err)
+	}
+	if h.Active(Delivered) {
+		t.Fatal("active at delivered with no tap there")
 	}
 	recs := []spool.Record{rec("d1", "buy"), rec("d2", "buy"), rec("d1", "view")}
 	h.Publish(Ingest, []byte("other-key"), "", recs)
@@ -62,7 +65,7 @@ func TestHub(t *testing.T) {
 	}
 	dev.Detach()
 	dead.Detach()
-	if h.Active() {
+	if h.Active(Ingest) || h.Active(Dead) {
 		t.Fatal("active after every tap detached")
 	}
 }
