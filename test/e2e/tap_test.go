@@ -181,3 +181,74 @@ func TestTapWhileLoadFlows(t *testing.T) {
 	}
 	t.Logf("%d events posted during the taps, none failed", posted.Load())
 }
+
+// TestTapDeadLetters: `relay tap --where dead` shows dead letters as they
+// are written, with their reason (here every event expires: --max-event-age
+// 1ms).
+func TestTapDeadLetters(t *testing.T) {
+	if testing.Short() {
+		t.Skip("binary-level test; skipped under -short")
+	}
+	bin := harness.Build(t)
+	dir := t.TempDir()
+	sim := harness.StartSim(t, bin, dir)
+	r := harness.StartRelay(t, bin, dir, &harness.RelayOpts{DataDir: filepath.Join(dir, "data"), IngestURL: sim.Base,
+		Extra: []string{"--sync", "none", "--max-event-age", "1ms", "--flush-interval", "50ms"}})
+	defer r.Stop(t, 30*time.Second)
+
+	cctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(cctx, bin, "tap", "--admin", "http://"+r.AdminListen, "--where", "dead", "--device", "dev-1", "--limit", "3")
+	cmd.Env = harness.CleanEnv()
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	deadline := time.Now().Add(2 * time.Minute)
+	for n, _ := r.Metric("relay_tap_attached"); n != 1; n, _ = r.Metric("relay_tap_attached") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the tap did not attach: %s", e.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	hc := harness.NewClient()
+	var err error
+	for {
+		select {
+		case err = <-done:
+		default:
+			if time.Now().After(deadline) {
+				t.Fatalf("the tap saw no 3 dead letters: %s %s", o.String(), e.String())
+			}
+			body := `{"api_key":"dead-key","events":[{"event_type":"e","device_id":"dev-1"},{"event_type":"e","device_id":"dev-2"}]}`
+			if code, b, perr := r.Post(hc, "/2/httpapi", []byte(body)); perr != nil || code != 200 {
+				t.Fatalf("post: %d %s %v", code, b, perr)
+			}
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		break
+	}
+	if err != nil {
+		t.Fatalf("relay tap: %v: %s", err, e.String())
+	}
+	lines := strings.Split(strings.TrimSpace(o.String()), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("%d lines, want 3:\n%s", len(lines), o.String())
+	}
+	for _, l := range lines {
+		var x struct {
+			Where  string `json:"where"`
+			Reason string `json:"reason"`
+			Event  struct {
+				DeviceID string `json:"device_id"`
+			} `json:"event"`
+		}
+		if err := json.Unmarshal([]byte(l), &x); err != nil || x.Where != "dead" || x.Reason != "expired" || x.Event.DeviceID != "dev-1" {
+			t.Fatalf("line %s: want a dead letter of dev-1, reason expired", l)
+		}
+	}
+}
