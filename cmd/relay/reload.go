@@ -25,7 +25,7 @@ var liveSettings = []string{
 	"log-level",
 	"cors-origins", "allowed-api-keys", "client-rate-limit", "anonymize-ip",
 	"admin-token", "admin-token-file", "credentials",
-	"upstream-gzip",
+	"upstream-gzip", "max-event-age",
 }
 
 // settingChange is one setting a reload changes (or would, for `config
@@ -173,7 +173,7 @@ func keepRestartSettings(cur, next config.Config) config.Config {
 	eff.AllowedAPIKeys, eff.AllowedKeysFromCredentials = next.AllowedAPIKeys, next.AllowedKeysFromCredentials
 	eff.ClientRateLimit = next.ClientRateLimit
 	eff.AnonymizeIP = next.AnonymizeIP
-	eff.UpstreamGzip = next.UpstreamGzip
+	eff.UpstreamGzip, eff.MaxEventAge = next.UpstreamGzip, next.MaxEventAge
 	eff.AdminToken, eff.AdminTokenFile, eff.Token = next.AdminToken, next.AdminTokenFile, next.Token
 	eff.Credentials, eff.Creds = next.Credentials, next.Creds
 	eff.Warnings = next.Warnings

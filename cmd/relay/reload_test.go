@@ -335,3 +335,80 @@ func startServeLeveled(t *testing.T, level zap.AtomicLevel, args ...string) *ser
 	t.Helper()
 	return startServeArgs(t, serveHooks{level: &level}, args...)
 }
+
+// TestReloadMaxEventAge: max-event-age applies to the batches built after a
+// reload, by SIGHUP (to 1ms: an event then becomes an "expired" dead
+// letter) and by the endpoint (back to 6d: delivered again).
+func TestReloadMaxEventAge(t *testing.T) {
+	cfgFile := filepath.Join(t.TempDir(), "relay.yaml")
+	write := func(age string) {
+		t.Helper()
+		if err := os.WriteFile(cfgFile, []byte("listen: \"127.0.0.1:0\"\nmax-event-age: "+age+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("6d")
+	r := startServeArgs(t, serveHooks{}, "--config", cfgFile)
+	hc := &http.Client{Timeout: poll.Max}
+	get := func(path string) []byte {
+		t.Helper()
+		resp, err := hc.Get(r.admin + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return b
+	}
+	post := func(dev string) {
+		t.Helper()
+		resp, err := hc.Post(r.ingest+"/2/httpapi", "application/json",
+			strings.NewReader(`{"api_key":"age-key","events":[{"event_type":"e","device_id":"`+dev+`"}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("post %s: %d", dev, resp.StatusCode)
+		}
+	}
+	delivered := func(dev string) {
+		t.Helper()
+		poll.Until(t, dev+" delivered", func() bool {
+			return strings.Contains(string(get("/sim/events?api_key=age-key")), `"device_id":"`+dev+`"`)
+		})
+	}
+	stamp := func() string {
+		for l := range strings.SplitSeq(string(get("/metrics")), "\n") {
+			if v, ok := strings.CutPrefix(l, "relay_config_last_reload_success_timestamp_seconds "); ok {
+				return v
+			}
+		}
+		return ""
+	}
+
+	post("before")
+	delivered("before")
+	t0 := stamp()
+	write("1ms")
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, "the SIGHUP reload", func() bool { return stamp() != t0 })
+	post("too-old")
+	poll.Until(t, "too-old an expired dead letter", func() bool {
+		b := string(get("/relay/v1/deadletters"))
+		return strings.Contains(b, `"reason":"expired"`) && strings.Contains(b, "too-old")
+	})
+	write("6d")
+	resp, err := hc.Post(r.admin+"/relay/v1/reload", "", nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("POST /relay/v1/reload: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	post("after")
+	delivered("after")
+	if b := string(get("/relay/v1/deadletters")); strings.Contains(b, `"after"`) || strings.Contains(b, `"before"`) {
+		t.Fatalf("dead letters besides too-old: %s", b)
+	}
+}

@@ -433,7 +433,9 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 		return err
 	}
 
-	onHUP.add(func(c config.Config) { dl.events.SetGzip(c.UpstreamGzip) })
+	onHUP.add(func(c config.Config) {
+		dl.events.SetLive(batcher.Live{Gzip: c.UpstreamGzip, MaxEventAge: c.MaxEventAge})
+	})
 
 	// Give the heap's free pages back once the relay goes quiet after a burst.
 	idleCtx, stopIdle := context.WithCancel(context.Background())

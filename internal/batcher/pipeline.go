@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -58,8 +59,9 @@ type Pipeline struct {
 	// fl is the fleet mode's state (NewFleet); nil in local mode.
 	fl *fleetState
 
-	// gzip is Config.Gzip, which SetGzip changes while running.
-	gzip atomic.Bool
+	// live holds the settings SetLive changes while running; shards read
+	// it at each use.
+	live atomic.Pointer[Live]
 
 	// afterBuild, when set (tests only), is called on a shard's goroutine
 	// after it built a batch and before the send-time pause check.
@@ -94,8 +96,20 @@ func New(cfg Config, sp *spool.Spool, send Sender, thr *throttle.Throttle, log *
 	return p, nil
 }
 
-// SetGzip sets Config.Gzip for every request built after it (a reload).
-func (p *Pipeline) SetGzip(on bool) { p.gzip.Store(on) }
+// Live are the settings of Config a running Pipeline can change (a
+// configuration reload); their zero values mean what Config's do.
+type Live struct {
+	Gzip        bool          // Config.Gzip
+	MaxEventAge time.Duration // Config.MaxEventAge
+}
+
+// SetLive puts l in force for every batch built after it.
+func (p *Pipeline) SetLive(l Live) {
+	if l.MaxEventAge <= 0 {
+		l.MaxEventAge = DefaultMaxEventAge
+	}
+	p.live.Store(&l)
+}
 
 // newPipeline is what both modes share; cfg is valid.
 func newPipeline(cfg Config, send Sender, thr *throttle.Throttle, log *zap.Logger) (*Pipeline, error) {
@@ -111,7 +125,7 @@ func newPipeline(cfg Config, send Sender, thr *throttle.Throttle, log *zap.Logge
 	cfg = cfg.withDefaults()
 	p := &Pipeline{cfg: cfg, send: send, thr: thr, log: log, url: cfg.IngestURL + "/2/httpapi", seed: maphash.MakeSeed(),
 		kind: events{cfg.MaxBatchEvents, cfg.MaxBatchBytes}, budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool()}
-	p.gzip.Store(cfg.Gzip)
+	p.live.Store(&Live{Gzip: cfg.Gzip, MaxEventAge: cfg.MaxEventAge})
 	return p, nil
 }
 

@@ -170,7 +170,7 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 			s.batch = s.batch[:0]
 			continue
 		}
-		res := p.send.Do(drainCtx, &upstream.Request{URL: p.url, Body: body, Gzip: p.gzip.Load(), Kind: "events"})
+		res := p.send.Do(drainCtx, &upstream.Request{URL: p.url, Body: body, Gzip: p.live.Load().Gzip, Kind: "events"})
 		if drainCtx.Err() != nil {
 			// Abandoned: the batch stays in the spool (and in this shard's
 			// queue, should Run be called again). The request may still be
@@ -290,6 +290,7 @@ func (s *shard) build(now time.Time) []byte {
 	thr := s.lr.p.thr
 	f := &s.lr.frame
 	capE := min(s.capEvents, cfg.MaxBatchEvents)
+	maxAge := s.lr.p.live.Load().MaxEventAge
 	s.batch = s.batch[:0]
 	clear(s.pacedKeys)
 	s.pacedKeys = s.pacedKeys[:0]
@@ -302,7 +303,7 @@ func (s *shard) build(now time.Time) []byte {
 	pk := f.Open(s.body)
 	for s.ready.len() > 0 && len(s.batch) < capE {
 		it := s.ready.peek() // valid until the next pop
-		if delivery.Expired(now, it.ck.accepted, cfg.MaxEventAge) {
+		if delivery.Expired(now, it.ck.accepted, maxAge) {
 			s.dead = append(s.dead, deadItem{s.ready.pop(), delivery.ReasonExpired})
 			continue
 		}
