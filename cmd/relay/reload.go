@@ -24,7 +24,7 @@ import (
 var liveSettings = []string{
 	"log-level",
 	"cors-origins", "allowed-api-keys", "client-rate-limit", "anonymize-ip",
-	"admin-token", "admin-token-file", "credentials",
+	"admin-token-file", "credentials",
 	"upstream-gzip", "max-event-age",
 }
 
@@ -79,14 +79,18 @@ type configReloader struct {
 	hup  *reloaders
 	log  *zap.Logger
 
-	mu  sync.Mutex    // one reload at a time; guards cur
-	cur config.Config // in force
+	// Lock order: serial, then mu. serial makes reloads one at a time and
+	// is held while the reloaders run (they never reload); mu guards cur
+	// only, and no call is made while it is held.
+	serial chan struct{} // buffered 1: the token of the reload running
+	mu     sync.Mutex
+	cur    config.Config // in force
 
 	ok, at prometheus.Gauge
 }
 
 func newConfigReloader(cfg config.Config, load func() (config.Config, error), hup *reloaders, log *zap.Logger) *configReloader {
-	r := &configReloader{load: load, hup: hup, log: log, cur: cfg}
+	r := &configReloader{load: load, hup: hup, log: log, cur: cfg, serial: make(chan struct{}, 1)}
 	r.ok = prometheus.NewGauge(prometheus.GaugeOpts{Name: "relay_config_last_reload_successful",
 		Help: "1 when the last configuration reload (SIGHUP, POST /relay/v1/reload) succeeded or none was tried, 0 when it was refused."})
 	r.at = prometheus.NewGauge(prometheus.GaugeOpts{Name: "relay_config_last_reload_success_timestamp_seconds",
@@ -121,8 +125,11 @@ var errNoReload = errors.New("this relay cannot read its configuration again")
 // reload reads the configuration again and puts it in force; by names what
 // asked (SIGHUP, the endpoint), for the log.
 func (r *configReloader) reload(by string) reloadResult {
+	r.serial <- struct{}{}
+	defer func() { <-r.serial }()
 	r.mu.Lock()
-	defer r.mu.Unlock()
+	cur := r.cur
+	r.mu.Unlock()
 	res := reloadResult{Changed: []settingChange{}, NeedsRestart: []string{}}
 	var next config.Config
 	err := errNoReload
@@ -137,8 +144,8 @@ func (r *configReloader) reload(by string) reloadResult {
 		r.log.Error("configuration not reloaded; the settings in force stay", zap.String("by", by), errField(err))
 		return res
 	}
-	res.Changed = diffSettings(r.cur, next)
-	eff := keepRestartSettings(r.cur, next)
+	res.Changed = diffSettings(cur, next)
+	eff := keepRestartSettings(cur, next)
 	for _, c := range res.Changed {
 		if !c.Live {
 			res.NeedsRestart = append(res.NeedsRestart, c.Name)
@@ -150,7 +157,9 @@ func (r *configReloader) reload(by string) reloadResult {
 		r.log.Warn(w)
 	}
 	r.hup.run(eff)
+	r.mu.Lock()
 	r.cur = eff
+	r.mu.Unlock()
 	r.ok.Set(1)
 	r.at.SetToCurrentTime()
 	res.Reloaded = true
@@ -174,7 +183,11 @@ func keepRestartSettings(cur, next config.Config) config.Config {
 	eff.ClientRateLimit = next.ClientRateLimit
 	eff.AnonymizeIP = next.AnonymizeIP
 	eff.UpstreamGzip, eff.MaxEventAge = next.UpstreamGzip, next.MaxEventAge
-	eff.AdminToken, eff.AdminTokenFile, eff.Token = next.AdminToken, next.AdminTokenFile, next.Token
+	// A token given directly needs a restart; one cannot be added to a
+	// relay started without one (reloadFiles says so).
+	if cur.Token != nil && next.AdminTokenFile != "" {
+		eff.AdminTokenFile, eff.Token = next.AdminTokenFile, next.Token
+	}
 	eff.Credentials, eff.Creds = next.Credentials, next.Creds
 	eff.Warnings = next.Warnings
 	// Settings as in force: the live ones' new values, the others' old.
