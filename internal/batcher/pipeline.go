@@ -103,6 +103,15 @@ type Live struct {
 	MaxEventAge time.Duration // Config.MaxEventAge
 }
 
+// lived is the Live in force: cfg's until SetLive (a Pipeline a test built
+// by hand has none stored).
+func (p *Pipeline) lived() Live {
+	if l := p.live.Load(); l != nil {
+		return *l
+	}
+	return Live{Gzip: p.cfg.Gzip, MaxEventAge: p.cfg.MaxEventAge}
+}
+
 // SetLive puts l in force for every batch built after it.
 func (p *Pipeline) SetLive(l Live) {
 	if l.MaxEventAge <= 0 {

@@ -170,7 +170,7 @@ func (s *shard) run(ctx, drainCtx context.Context) {
 			s.batch = s.batch[:0]
 			continue
 		}
-		res := p.send.Do(drainCtx, &upstream.Request{URL: p.url, Body: body, Gzip: p.live.Load().Gzip, Kind: "events"})
+		res := p.send.Do(drainCtx, &upstream.Request{URL: p.url, Body: body, Gzip: p.lived().Gzip, Kind: "events"})
 		if drainCtx.Err() != nil {
 			// Abandoned: the batch stays in the spool (and in this shard's
 			// queue, should Run be called again). The request may still be
@@ -290,7 +290,7 @@ func (s *shard) build(now time.Time) []byte {
 	thr := s.lr.p.thr
 	f := &s.lr.frame
 	capE := min(s.capEvents, cfg.MaxBatchEvents)
-	maxAge := s.lr.p.live.Load().MaxEventAge
+	maxAge := s.lr.p.lived().MaxEventAge
 	s.batch = s.batch[:0]
 	clear(s.pacedKeys)
 	s.pacedKeys = s.pacedKeys[:0]
