@@ -22,13 +22,14 @@ import (
 // came from. Exit 0 when valid, 2 when not (the error names the source of the
 // bad value).
 //
-// With --diff --admin URL [--token-file F], it prints instead what a reload
-// of the relay serving there (SIGHUP, POST /relay/v1/reload) would change:
+// With --diff [--admin URL] [--token-file F], it prints instead what a
+// reload of the relay serving there (by default the admin-listen the
+// settings name) (SIGHUP, POST /relay/v1/reload) would change:
 // each setting whose value differs from the one in force, and whether it
 // applies live or needs a restart.
 func runConfig(args, environ []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] != "check" {
-		fmt.Fprintln(stderr, "relay: usage: relay config check [--diff --admin URL [--token-file F]] [--config FILE] [flags]")
+		fmt.Fprintln(stderr, "relay: usage: relay config check [--diff [--admin URL] [--token-file F]] [--config FILE] [flags]")
 		return exitUsage
 	}
 	rest, diff, err := diffFlags(args[1:])
@@ -90,16 +91,25 @@ func diffFlags(args []string) ([]string, *diffTarget, error) {
 		return nil, nil, errors.New("--admin and --token-file go with --diff")
 	case !on:
 		return rest, nil, nil
-	case d.admin == "":
-		return nil, nil, errors.New("--diff needs --admin URL (the running relay's admin listener)")
 	}
 	return rest, &d, nil
 }
 
 // printDiff prints what a reload of the relay at d would change to cfg.
+// Without --admin, the relay is the one cfg describes: its admin-listen,
+// and its admin token unless --token-file or RELAY_ADMIN_TOKEN gives one.
 func printDiff(d *diffTarget, cfg config.Config, environ []string, stdout, stderr io.Writer) int {
+	if d.admin == "" {
+		d.admin = "http://" + cfg.AdminListen
+		if cfg.AdminTLSCert != "" {
+			d.admin = "https://" + cfg.AdminListen
+		}
+	}
 	token := envValue(environ, "RELAY_ADMIN_TOKEN")
-	if d.tokenFile != "" {
+	if token == "" && d.tokenFile == "" {
+		token, d.tokenFile = cfg.AdminToken, cfg.AdminTokenFile
+	}
+	if token == "" && d.tokenFile != "" {
 		b, err := os.ReadFile(d.tokenFile)
 		if err != nil {
 			fmt.Fprintf(stderr, "relay: config check --diff: %v\n", err)

@@ -285,6 +285,17 @@ func TestReloadLiveSettings(t *testing.T) {
 			t.Fatalf("config check --diff output lacks %q:\n%s", want, out.String())
 		}
 	}
+	// Without --admin: the relay the settings name (admin-listen, here
+	// given as the port it got, which differs from the "127.0.0.1:0" in
+	// force) and its token file.
+	out.Reset()
+	if code := runConfig([]string{"check", "--diff", "--admin-listen", r.adminAddr, "--data-dir", r.dir,
+		"--spool-min-free-bytes", "0", "--config", cfgFile, "--admin-token-file", tokenFile, "--drain-timeout", "10s"}, nil, &out, &errOut); code != exitOK {
+		t.Fatalf("config check --diff without --admin: exit %d: %s", code, errOut.String())
+	}
+	if !strings.Contains(out.String(), "admin-listen") || !strings.Contains(out.String(), "8 setting(s) would change") {
+		t.Fatalf("config check --diff without --admin:\n%s", out.String())
+	}
 	res = reloadByPost(200)
 	if len(res.NeedsRestart) != 1 || res.NeedsRestart[0] != "listen" {
 		t.Fatalf("reload with a new listen address: %+v, want listen named as needing a restart", res)
