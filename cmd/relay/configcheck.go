@@ -1,11 +1,16 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/svcrelay/relay/internal/config"
 )
@@ -16,12 +21,23 @@ import (
 // listener; print the effective settings, secrets masked, each with where it
 // came from. Exit 0 when valid, 2 when not (the error names the source of the
 // bad value).
+//
+// With --diff [--admin URL] [--token-file F], it prints instead what a
+// reload of the relay serving there (by default the admin-listen the
+// settings name) (SIGHUP, POST /relay/v1/reload) would change:
+// each setting whose value differs from the one in force, and whether it
+// applies live or needs a restart.
 func runConfig(args, environ []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] != "check" {
-		fmt.Fprintln(stderr, "relay: usage: relay config check [--config FILE] [flags]")
+		fmt.Fprintln(stderr, "relay: usage: relay config check [--diff [--admin URL] [--token-file F]] [--config FILE] [flags]")
 		return exitUsage
 	}
-	cfg, err := config.Load(args[1:], environ)
+	rest, diff, err := diffFlags(args[1:])
+	if err != nil {
+		fmt.Fprintf(stderr, "relay: config check: %v\n", err)
+		return exitUsage
+	}
+	cfg, err := config.Load(rest, environ)
 	if errors.Is(err, config.ErrHelp) {
 		fmt.Fprintln(stderr, "usage: relay config check [--config FILE] [flags]: validate the settings as `relay` would, print them and where each came from")
 		config.Usage(stderr)
@@ -31,7 +47,123 @@ func runConfig(args, environ []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "relay: config check: %v\n", err)
 		return exitUsage
 	}
+	if diff != nil {
+		return printDiff(diff, cfg, environ, stdout, stderr)
+	}
 	printConfig(stdout, cfg)
+	return exitOK
+}
+
+// diffTarget is the running relay --diff compares with.
+type diffTarget struct{ admin, tokenFile string }
+
+// diffFlags takes --diff, --admin and --token-file out of args (the rest
+// are the relay's settings); nil when --diff is not given.
+func diffFlags(args []string) ([]string, *diffTarget, error) {
+	var rest []string
+	var d diffTarget
+	on := false
+	for i := 0; i < len(args); i++ {
+		name, val, hasVal := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
+		if !strings.HasPrefix(args[i], "-") || (name != "diff" && name != "admin" && name != "token-file") {
+			rest = append(rest, args[i])
+			continue
+		}
+		if name == "diff" {
+			on = true
+			continue
+		}
+		if !hasVal {
+			if i+1 >= len(args) {
+				return nil, nil, fmt.Errorf("--%s needs a value", name)
+			}
+			i++
+			val = args[i]
+		}
+		if name == "admin" {
+			d.admin = val
+		} else {
+			d.tokenFile = val
+		}
+	}
+	switch {
+	case !on && (d.admin != "" || d.tokenFile != ""):
+		return nil, nil, errors.New("--admin and --token-file go with --diff")
+	case !on:
+		return rest, nil, nil
+	}
+	return rest, &d, nil
+}
+
+// printDiff prints what a reload of the relay at d would change to cfg.
+// Without --admin, the relay is the one cfg describes: its admin-listen,
+// and its admin token unless --token-file or RELAY_ADMIN_TOKEN gives one.
+func printDiff(d *diffTarget, cfg config.Config, environ []string, stdout, stderr io.Writer) int {
+	if d.admin == "" {
+		d.admin = "http://" + cfg.AdminListen
+		if cfg.AdminTLSCert != "" {
+			d.admin = "https://" + cfg.AdminListen
+		}
+	}
+	token := envValue(environ, "RELAY_ADMIN_TOKEN")
+	if token == "" && d.tokenFile == "" {
+		token, d.tokenFile = cfg.AdminToken, cfg.AdminTokenFile
+	}
+	if token == "" && d.tokenFile != "" {
+		b, err := os.ReadFile(d.tokenFile)
+		if err != nil {
+			fmt.Fprintf(stderr, "relay: config check --diff: %v\n", err)
+			return exitUsage
+		}
+		token = strings.TrimSpace(string(b))
+	}
+	req, err := http.NewRequest(http.MethodGet, strings.TrimRight(d.admin, "/")+"/relay/v1/config", nil)
+	if err != nil {
+		fmt.Fprintf(stderr, "relay: config check --diff: %v\n", err)
+		return exitUsage
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		fmt.Fprintf(stderr, "relay: config check --diff: %v\n", err)
+		return exitFailure
+	}
+	defer resp.Body.Close()
+	var cur struct {
+		Settings []inForce `json:"settings"`
+	}
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		fmt.Fprintf(stderr, "relay: config check --diff: %s: %s\n", resp.Status, strings.TrimSpace(string(b)))
+		return exitFailure
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&cur); err != nil {
+		fmt.Fprintf(stderr, "relay: config check --diff: %v\n", err)
+		return exitFailure
+	}
+	old := map[string]inForce{}
+	for _, s := range cur.Settings {
+		old[s.Name] = s
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "setting\tin force\tafter reload\tsource\tapplies")
+	n := 0
+	for _, s := range settingsInForce(cfg) {
+		o := old[s.Name]
+		if o.Value == s.Value && o.Digest == s.Digest {
+			continue
+		}
+		n++
+		applies := "needs a restart (kept)"
+		if slices.Contains(liveSettings, s.Name) {
+			applies = "live"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Name, o.Value, s.Value, s.Source, applies)
+	}
+	tw.Flush()
+	fmt.Fprintf(stdout, "%d setting(s) would change; the credentials and token files are read again by every reload\n", n)
 	return exitOK
 }
 

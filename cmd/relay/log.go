@@ -12,9 +12,16 @@ import (
 // newLogger builds the process logger writing to w. format "" means console
 // when w is a terminal and JSON otherwise.
 func newLogger(level, format string, w io.Writer) (*zap.Logger, error) {
-	lvl, err := zapcore.ParseLevel(level)
+	l, _, err := newLeveledLogger(level, format, w)
+	return l, err
+}
+
+// newLeveledLogger is newLogger, with the level it set: a reload changes
+// it (SetLevel) for every logger derived from this one.
+func newLeveledLogger(level, format string, w io.Writer) (*zap.Logger, zap.AtomicLevel, error) {
+	lvl, err := zap.ParseAtomicLevel(level)
 	if err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
+		return nil, lvl, fmt.Errorf("--log-level: %w", err)
 	}
 	if format == "" {
 		format = "json"
@@ -35,10 +42,10 @@ func newLogger(level, format string, w io.Writer) (*zap.Logger, error) {
 		ec.EncodeDuration = zapcore.StringDurationEncoder
 		enc = zapcore.NewConsoleEncoder(ec)
 	default:
-		return nil, fmt.Errorf("--log-format %q: want json or console", format)
+		return nil, lvl, fmt.Errorf("--log-format %q: want json or console", format)
 	}
 	core := zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), lvl)
-	return zap.New(core, zap.ErrorOutput(zapcore.Lock(zapcore.AddSync(w)))), nil
+	return zap.New(core, zap.ErrorOutput(zapcore.Lock(zapcore.AddSync(w)))), lvl, nil
 }
 
 // isTerminal reports whether w is a character device (a terminal).

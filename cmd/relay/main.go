@@ -9,6 +9,7 @@
 //	relay spool dump --data-dir DIR  print every live spool record as a JSON line
 //	relay version, relay --version   print the build's version
 //	relay config check [flags]       validate the settings without serving
+//	relay tap --admin URL ...        print live events of a running relay
 //	relay export|dsar|delete-users|feedback|backfill|migrate ...
 //	                                 operator commands that talk to the upstream directly
 package main
@@ -58,6 +59,8 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 			return exitOK
 		case "config":
 			return runConfig(args[1:], environ, stdout, stderr)
+		case "tap":
+			return runTap(ctx, args[1:], environ, stdout, stderr)
 		case "export", "dsar", "delete-users", "feedback", "backfill", "migrate":
 			return opscmd.Main(ctx, args[0], args[1:], stdout, stderr)
 		case "help":
@@ -75,7 +78,7 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "relay: %v\n", err)
 		return exitUsage
 	}
-	log, err := newLogger(cfg.LogLevel, cfg.LogFormat, stderr)
+	log, level, err := newLeveledLogger(cfg.LogLevel, cfg.LogFormat, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "relay: %v\n", err)
 		return exitUsage
@@ -88,7 +91,10 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 	if n, ok := defaultMaxProcs(environ, runtime.GOMAXPROCS(0), runtime.NumCPU()); ok {
 		runtime.GOMAXPROCS(n)
 	}
-	if err := serve(ctx, stop, cfg, log); err != nil {
+	// A reload (SIGHUP, POST /relay/v1/reload) reads the same flags and
+	// the environment again.
+	load := func() (config.Config, error) { return config.Load(args, os.Environ()) }
+	if err := serveWith(ctx, stop, cfg, log, serveHooks{load: load, level: &level}); err != nil {
 		log.Error("relay stopped with an error", errField(err))
 		return exitFailure
 	}
@@ -174,6 +180,9 @@ usage:
                                    append the records of a salvage file to a (fresh) spool
   relay version, relay --version   print the build's version
   relay config check [flags]       validate the settings and credentials without serving; print them, secrets masked
+  relay tap --admin URL [--token-file F] [--project P | --api-key-hash H] [--event-type T] [--device D]
+            [--sample N] [--limit N] [--duration D] [--where ingest|delivered|dead] [--mask]
+                                   print live events of a running relay as JSON lines
   relay export --credentials F --project P --analytics-url U --start YYYYMMDDTHH --end YYYYMMDDTHH --out FILE [--jsonl]
   relay dsar --credentials F --project P (--user-id U | --svc-id N) --start YYYY-MM-DD --end YYYY-MM-DD --out DIR
   relay delete-users --credentials F --project P --ids-file F --requester R [--dry-run] [--ignore-invalid-id]

@@ -23,15 +23,27 @@ func logOpen(log *zap.Logger, cfg config.Config) {
 		zap.Float64("client_rate_limit", cfg.ClientRateLimit), zap.Bool("anonymize_ip", cfg.AnonymizeIP))
 }
 
-// reloadAllowedKeys refreshes the ingest allow-list after the credentials
-// file was reloaded (SIGHUP), when it comes from that file
-// (--allowed-api-keys=credentials); otherwise the list is the flag's and
-// stays. creds is the store in force after the reload.
-func reloadAllowedKeys(ing *ingest.Server, cfg config.Config, creds *credentials.Store, log *zap.Logger) {
-	if !cfg.AllowedKeysFromCredentials {
+// ingestOpen is the ingest listener's Open of cfg; creds is the
+// credentials file in force (the allow-list may come from it).
+func ingestOpen(cfg config.Config, creds *credentials.Store) ingest.Open {
+	return ingest.Open{
+		CORSOrigins:     cfg.CORSOrigins,
+		AllowedAPIKeys:  cfg.IngestAllowedAPIKeys(creds),
+		ClientRateLimit: cfg.ClientRateLimit,
+		AnonymizeIP:     cfg.AnonymizeIP,
+	}
+}
+
+// reloadOpen puts the Open settings of cfg in force on ing (a reload:
+// CORS origins, the allow-list, from the credentials file in force when it
+// comes from there, the client rate limit, IP anonymization).
+func reloadOpen(ing *ingest.Server, cfg config.Config, creds *credentials.Store, log *zap.Logger) {
+	if err := ing.SetOpen(ingestOpen(cfg, creds)); err != nil {
+		// config.Load validated them as ingest does: not expected.
+		log.Error("reload: ingest access settings not reloaded; those in force stay", errField(err))
 		return
 	}
-	keys := cfg.IngestAllowedAPIKeys(creds)
-	ing.SetAllowedAPIKeys(keys)
-	log.Info("ingest allow-list reloaded from the credentials file", zap.Int("allowed_api_keys", len(keys)))
+	c := cfg
+	c.Creds = creds
+	logOpen(log, c)
 }

@@ -69,13 +69,13 @@ func TestReloadAllowedKeys(t *testing.T) {
 	if s1, s2 := post("key-one"), post("key-two"); s1 != 200 || s2 != 403 {
 		t.Fatalf("before the reload: key-one %d, key-two %d; want 200, 403", s1, s2)
 	}
-	reloadAllowedKeys(ing, cfg, creds("key-two"), zap.NewNop())
+	reloadOpen(ing, cfg, creds("key-two"), zap.NewNop())
 	if s1, s2 := post("key-one"), post("key-two"); s1 != 403 || s2 != 200 {
 		t.Fatalf("after the reload: key-one %d, key-two %d; want 403, 200", s1, s2)
 	}
-	// A list from the flag is not the credentials file's: kept.
-	reloadAllowedKeys(ing, config.Config{AllowedAPIKeys: []string{"key-three"}}, creds("key-one"), zap.NewNop())
-	if s := post("key-two"); s != 200 {
-		t.Fatalf("after a reload with the flag's list: key-two %d, want 200 (unchanged)", s)
+	// A list from the flag is the flag's, whatever the credentials file holds.
+	reloadOpen(ing, config.Config{AllowedAPIKeys: []string{"key-three"}}, creds("key-one"), zap.NewNop())
+	if s1, s3 := post("key-one"), post("key-three"); s1 != 403 || s3 != 200 {
+		t.Fatalf("after a reload with the flag's list: key-one %d, key-three %d, want 403, 200", s1, s3)
 	}
 }

@@ -35,6 +35,7 @@ import (
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
+	"github.com/svcrelay/relay/internal/tap"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
 	"github.com/svcrelay/relay/internal/usermap"
@@ -128,11 +129,13 @@ type deliveries struct {
 	lanes      map[spool.Kind]delivery.LaneControl
 	// release drops buffers kept for reuse, before an idle process collects.
 	release []func()
+	// events is the events pipeline (for a reload's settings).
+	events *batcher.Pipeline
 }
 
 // newDeliveries builds the delivery side from cfg; creds is the credentials
 // file in force.
-func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *storage.Local, creds *credentials.Ref, tp *plan.Enforcer, log *zap.Logger, reg prometheus.Registerer) (*deliveries, error) {
+func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *storage.Local, creds *credentials.Ref, tp *plan.Enforcer, taps *tap.Hub, log *zap.Logger, reg prometheus.Registerer) (*deliveries, error) {
 	client, err := upstream.New(upstream.Config{}, log.Named("upstream"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("upstream client: %w", err)
@@ -151,9 +154,10 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *st
 		Gzip:           cfg.UpstreamGzip,
 		DrainTimeout:   cfg.DrainTimeout,
 		Check:          tp.Check, // the tracking plan, checked as events are packed
+		OnDead:         taps.PublishDead,
 	}
 	var p *batcher.Pipeline
-	live := &liveMeter{next: client, windows: map[string]*rateWindow{}}
+	live := &liveMeter{next: tappedSender{client, taps}, windows: map[string]*rateWindow{}}
 	if fs != nil { // the events partitions this relay owns
 		p, err = batcher.NewFleet(bcfg, fs.b.Only(spool.KindEvents), fs.f, fs.f, live, thr, log.Named("delivery"), reg)
 	} else {
@@ -168,6 +172,7 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *st
 		components: []namedComponent{{"delivery", p}},
 		lanes:      map[spool.Kind]delivery.LaneControl{spool.KindEvents: p},
 		release:    []func(){p.ReleaseMemory},
+		events:     p,
 	}
 
 	gi, err := groupidentify.New(groupidentify.Config{
@@ -222,7 +227,7 @@ func memoryLimitField() zap.Field {
 	}
 }
 
-// serve runs the relay until ctx ends (SIGTERM/SIGINT) or a component fails,
+// serveWith runs the relay until ctx ends (SIGTERM/SIGINT) or a component fails,
 // then stops everything in reverse order of start. resetSignals restores the
 // default signal handling once the stop begins, so a second signal kills.
 //
@@ -232,18 +237,21 @@ func memoryLimitField() zap.Field {
 // the reverse: stop accepting events, drain the deliveries within
 // --drain-timeout, stop the admin listener (no more group identifies or
 // mappings accepted), close the spool, stop the simulator.
-func serve(ctx context.Context, resetSignals func(), cfg config.Config, log *zap.Logger) error {
-	return serveWith(ctx, resetSignals, cfg, log, serveHooks{})
-}
 
-// serveHooks let a test reach into a serve it runs in its own process.
+// serveHooks let a test reach into a serve it runs in its own process, and
+// give serve what a reload needs.
 type serveHooks struct {
+	// load reads the configuration again for a reload (the same flags,
+	// the environment, the files); nil: every reload is refused.
+	load func() (config.Config, error)
+	// level is the logger's level, which a reload sets; nil: kept.
+	level *zap.AtomicLevel
+
 	// fleetOpened, when set, is given the NATS connection of fleet mode
 	// (a test closes it to play a relay's sudden death).
 	fleetOpened func(nc *nats.Conn)
 }
 
-// serveWith is serve with test hooks.
 func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log *zap.Logger, hooks serveHooks) (err error) {
 	lc := &lifecycle{log: log}
 	g := &goroutines{failed: make(chan error, 1)}
@@ -263,15 +271,26 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 		}
 	}()
 
-	// SIGHUP (sighup.go) runs every reloader, and no longer kills; its
-	// watch is stopped last. Each component that reloads something (the
-	// TLS files, the token and credentials files) adds its own with
-	// onHUP.add once it is built.
+	// SIGHUP (sighup.go) and POST /relay/v1/reload (reload.go) read the
+	// configuration again and run every reloader with it; SIGHUP no longer
+	// kills, and its watch is stopped last. Each component that reloads
+	// something (the TLS files, the token and credentials files, the
+	// ingest access settings, the log level) adds its own with onHUP.add
+	// once it is built.
 	onHUP := &reloaders{}
+	cfgReload := newConfigReloader(cfg, hooks.load, onHUP, log)
+	if hooks.level != nil {
+		onHUP.add(func(c config.Config) {
+			if lvl, err := zap.ParseAtomicLevel(c.LogLevel); err == nil && lvl.Level() != hooks.level.Level() {
+				hooks.level.SetLevel(lvl.Level())
+				log.Info("reload: log level set", zap.String("log_level", c.LogLevel))
+			}
+		})
+	}
 	stopWatchHUP := watchSIGHUP(func() {
 		log.Info("SIGHUP received: reloading")
 		_ = sd.notify("RELOADING=1")
-		onHUP.run()
+		cfgReload.reload("SIGHUP")
 		_ = sd.notify("READY=1")
 	})
 	lc.onStop("SIGHUP watch", func(context.Context) error { stopWatchHUP(); return nil })
@@ -320,6 +339,9 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	if err := registerBuildInfo(reg); err != nil {
+		return err
+	}
+	if err := cfgReload.register(reg); err != nil {
 		return err
 	}
 
@@ -393,7 +415,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 			tlsPairs = append(tlsPairs, p)
 		}
 	}
-	onHUP.add(func() { reloadTLS(log, tlsPairs) })
+	onHUP.add(func(config.Config) { reloadTLS(log, tlsPairs) })
 	if err := guardSpoolUpstream(sp, upstreamID, cfg.SpoolUpstreamChange == "allow", log); err != nil {
 		return err
 	}
@@ -421,10 +443,20 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	planCtx, stopPlan := context.WithCancel(context.Background())
 	lc.onStop("tracking plan", func(context.Context) error { stopPlan(); return nil })
 	g.run("tracking plan", func() error { return tp.Run(planCtx) })
-	dl, err := newDeliveries(cfg, sp, fs, local, creds, tp, log, reg)
+	// Live taps (relay tap): offered what ingest accepts, what the
+	// upstream takes and the dead letters (tap.go).
+	taps, err := tap.New(tap.Config{}, reg)
 	if err != nil {
 		return err
 	}
+	dl, err := newDeliveries(cfg, sp, fs, local, creds, tp, taps, log, reg)
+	if err != nil {
+		return err
+	}
+
+	onHUP.add(func(c config.Config) {
+		dl.events.SetLive(batcher.Live{Gzip: c.UpstreamGzip, MaxEventAge: c.MaxEventAge})
+	})
 
 	// Give the heap's free pages back once the relay goes quiet after a burst.
 	idleCtx, stopIdle := context.WithCancel(context.Background())
@@ -513,6 +545,8 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	}
 	// A change of a project's taxonomy made through the relay is read at once.
 	admin.Register(tp.Watch(fwdRoutes)...)
+	admin.Register(tapRoute(taps, creds))
+	admin.Register(cfgReload.routes()...)
 	adminLn, err := net.Listen("tcp", cfg.AdminListen)
 	if err != nil {
 		return fmt.Errorf("admin listener: %w", err)
@@ -523,6 +557,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	g.run("admin listener", func() error { return admin.Serve(adminLn) })
 	lc.onStop("admin listener", func(ctx context.Context) error {
 		relayAPI.Close() // a long replay or purge stops after its current step
+		taps.Close()     // a tap streams until its end: end it now
 		err := admin.Shutdown(ctx)
 		fwd.Close()
 		return err
@@ -566,12 +601,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 		MaxRequestBytes: cfg.MaxRequestBytes,
 		MaxBatchBytes:   int(cfg.MaxBatchBytes),
 		TrustedProxies:  cfg.TrustedProxies,
-		Open: ingest.Open{
-			CORSOrigins:     cfg.CORSOrigins,
-			AllowedAPIKeys:  cfg.IngestAllowedAPIKeys(cfg.Creds),
-			ClientRateLimit: cfg.ClientRateLimit,
-			AnonymizeIP:     cfg.AnonymizeIP,
-		},
+		Open:            ingestOpen(cfg, cfg.Creds),
 	}
 	icfg.MaxConnections = cfg.MaxConnections
 	if ingTLS != nil {
@@ -586,22 +616,18 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	if fs != nil { // events go to the fleet's streams
 		events = fs.b
 	}
+	events = tappedAppender{events, taps}
 	ing, err := ingest.New(icfg, events, event.NewIDGen(), log.Named("ingest"), reg)
 	if err != nil {
 		return err
 	}
 	logOpen(log, cfg)
-	// SIGHUP: the token and credentials files, once everything that holds
-	// them is built (the admin listener, the credentials Ref, the ingest
-	// allow-list).
-	onHUP.add(func() {
-		reloadFiles(cfg, log, reloadTargets{
-			setToken: admin.SetToken,
-			setCreds: func(n *credentials.Store) {
-				creds.Swap(n)
-				reloadAllowedKeys(ing, cfg, n, log)
-			},
-		})
+	// A reload: the token and credentials files, once everything that
+	// holds them is built (the admin listener, the credentials Ref), then
+	// the ingest access settings (the allow-list may be the credentials').
+	onHUP.add(func(c config.Config) {
+		reloadFiles(c, log, reloadTargets{setToken: admin.SetToken, setCreds: func(n *credentials.Store) { creds.Swap(n) }})
+		reloadOpen(ing, c, creds.Load(), log)
 	})
 	ingLn, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {

@@ -41,25 +41,27 @@ func watchSIGHUP(reload func()) (stop func()) {
 	}
 }
 
-// reloaders is what SIGHUP reloads: each component that reloads something
-// adds its function once it is built; run calls them in the order added.
+// reloaders is what a reload (SIGHUP, POST /relay/v1/reload: see
+// configReloader) runs: each component that reloads something adds its
+// function once it is built; run calls them in the order added with the
+// configuration to put in force.
 type reloaders struct {
 	mu sync.Mutex
-	fs []func()
+	fs []func(config.Config)
 }
 
-func (r *reloaders) add(f func()) {
+func (r *reloaders) add(f func(config.Config)) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.fs = append(r.fs, f)
 }
 
-func (r *reloaders) run() {
+func (r *reloaders) run(cfg config.Config) {
 	r.mu.Lock()
-	fs := append([]func(){}, r.fs...)
+	fs := append([]func(config.Config){}, r.fs...)
 	r.mu.Unlock()
 	for _, f := range fs {
-		f()
+		f(cfg)
 	}
 }
 
@@ -72,38 +74,38 @@ type reloadTargets struct {
 	setCreds func(*credentials.Store)
 }
 
-// reloadFiles re-reads what SIGHUP reloads: the admin token file and the
-// credentials file. Each is put in force only when its new content is
+// reloadFiles re-reads the admin token file and the credentials file of
+// cfg (the configuration a reload puts in force). Each is put in force only when its new content is
 // valid; a bad new file keeps the one in force and the log says why. The
 // log shows the new state (project and organization names, never a
 // secret).
 func reloadFiles(cfg config.Config, log *zap.Logger, to reloadTargets) {
 	switch {
 	case cfg.Token == nil:
-		log.Info("SIGHUP: no admin token configured: nothing to reload (a token cannot be added while serving)")
+		log.Info("reload: no admin token configured: nothing to reload (a token cannot be added while serving)")
 	case cfg.AdminTokenFile == "":
-		log.Info("SIGHUP: the admin token was given directly (" + cfg.Source("admin-token") + "), not in a file: kept")
+		log.Info("reload: the admin token was given directly (" + cfg.Source("admin-token") + "), not in a file: kept")
 	default:
 		tok, err := admintoken.Load("", cfg.AdminTokenFile)
 		if err != nil {
-			log.Error("SIGHUP: admin token file not reloaded; the token in force stays", zap.String("file", cfg.AdminTokenFile), errField(err))
+			log.Error("reload: admin token file not reloaded; the token in force stays", zap.String("file", cfg.AdminTokenFile), errField(err))
 			break
 		}
 		to.setToken(tok)
-		log.Info("SIGHUP: admin token reloaded", zap.String("file", cfg.AdminTokenFile))
+		log.Info("reload: admin token reloaded", zap.String("file", cfg.AdminTokenFile))
 		if tok.ReadableByOthers() {
 			log.Warn("admin-token-file " + cfg.AdminTokenFile + " is readable by group or others: chmod 600 it (from " + cfg.Source("admin-token-file") + ")")
 		}
 	}
 	if cfg.Credentials == "" {
-		log.Info("SIGHUP: no credentials file configured: nothing to reload")
+		log.Info("reload: no credentials file configured: nothing to reload")
 		return
 	}
 	n, err := credentials.Load(cfg.Credentials)
 	if err != nil {
-		log.Error("SIGHUP: credentials file not reloaded; the credentials in force stay", zap.String("file", cfg.Credentials), errField(err))
+		log.Error("reload: credentials file not reloaded; the credentials in force stay", zap.String("file", cfg.Credentials), errField(err))
 		return
 	}
 	to.setCreds(n)
-	log.Info("SIGHUP: credentials reloaded", zap.String("file", cfg.Credentials), zap.Object("credentials", n))
+	log.Info("reload: credentials reloaded", zap.String("file", cfg.Credentials), zap.Object("credentials", n))
 }

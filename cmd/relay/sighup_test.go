@@ -44,15 +44,30 @@ func startServe(t *testing.T, args ...string) *servedRelay {
 // startServeWith is startServe with test hooks.
 func startServeWith(t *testing.T, hooks serveHooks, args ...string) *servedRelay {
 	t.Helper()
+	return startServeArgs(t, hooks, append([]string{"--listen", "127.0.0.1:0"}, args...)...)
+}
+
+// startServeArgs is startServeWith without a default --listen (a test
+// gives it in its --config file).
+func startServeArgs(t *testing.T, hooks serveHooks, args ...string) *servedRelay {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "data")
-	cfg, err := config.Load(append([]string{
-		"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data-dir", dir,
+	args = append([]string{
+		"--admin-listen", "127.0.0.1:0", "--data-dir", dir,
 		"--spool-min-free-bytes", "0", "--drain-timeout", "2s",
-	}, args...), nil)
+	}, args...)
+	cfg, err := config.Load(args, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	core, logs := observer.New(zapcore.DebugLevel)
+	if hooks.load == nil { // a reload reads the same flags again, as run's
+		hooks.load = func() (config.Config, error) { return config.Load(args, nil) }
+	}
+	var enab zapcore.LevelEnabler = zapcore.DebugLevel
+	if hooks.level != nil {
+		enab = hooks.level
+	}
+	core, logs := observer.New(enab)
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &servedRelay{dir: cfg.DataDir, logs: logs, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- serveWith(ctx, func() {}, cfg, zap.New(core), hooks) }()
@@ -136,26 +151,26 @@ func TestSIGHUPReloads(t *testing.T) {
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	r.waitLog(t, "SIGHUP: credentials reloaded", 1)
+	r.waitLog(t, "reload: credentials reloaded", 1)
 	if code := getWithToken(t, lanes, "token-two"); code != 200 {
 		t.Fatalf("new token after SIGHUP: %d", code)
 	}
 	if code := getWithToken(t, lanes, "token-one"); code != 403 {
 		t.Fatalf("old token after SIGHUP: %d, want 403", code)
 	}
-	e := r.logs.FilterMessage("SIGHUP: credentials reloaded").All()[0]
+	e := r.logs.FilterMessage("reload: credentials reloaded").All()[0]
 	if got := e.ContextMap()["credentials"]; got == nil {
 		t.Fatal("the reload log does not show the new credentials' names")
 	}
 
-	// Bad new files: the ones in force stay, and the log says why.
+	// Bad new files: the configuration is refused whole, what is in force
+	// stays, and the log says why.
 	write(tokenFile, "two words\n")
 	write(credsFile, "projects: [oops\n")
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	r.waitLog(t, "SIGHUP: credentials file not reloaded; the credentials in force stay", 1)
-	r.waitLog(t, "SIGHUP: admin token file not reloaded; the token in force stays", 1)
+	r.waitLog(t, "configuration not reloaded; the settings in force stay", 1)
 	if code := getWithToken(t, lanes, "token-two"); code != 200 {
 		t.Fatalf("token after a bad reload: %d, want the one in force", code)
 	}

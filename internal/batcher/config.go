@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/svcrelay/relay/internal/spool"
 )
 
 // Config configures a Pipeline. Only cmd/relay fills it from flags.
@@ -56,6 +58,9 @@ type Config struct {
 	// an api_key (nil: their events are not checked): the tracking plan
 	// (internal/plan).
 	Check func(apiKey string) func(data []byte) (rec []byte, reason string, answer []byte)
+	// OnDead, when set, is given the dead letters of each flush once they
+	// are durable (the live tap); it must not block. nil: nothing is told.
+	OnDead func([]spool.DeadLetter)
 }
 
 // Defaults.

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -58,6 +59,10 @@ type Pipeline struct {
 	// fl is the fleet mode's state (NewFleet); nil in local mode.
 	fl *fleetState
 
+	// live holds the settings SetLive changes while running; shards read
+	// it at each use.
+	live atomic.Pointer[Live]
+
 	// afterBuild, when set (tests only), is called on a shard's goroutine
 	// after it built a batch and before the send-time pause check.
 	afterBuild func(*shard)
@@ -91,6 +96,30 @@ func New(cfg Config, sp *spool.Spool, send Sender, thr *throttle.Throttle, log *
 	return p, nil
 }
 
+// Live are the settings of Config a running Pipeline can change (a
+// configuration reload); their zero values mean what Config's do.
+type Live struct {
+	Gzip        bool          // Config.Gzip
+	MaxEventAge time.Duration // Config.MaxEventAge
+}
+
+// lived is the Live in force: cfg's until SetLive (a Pipeline a test built
+// by hand has none stored).
+func (p *Pipeline) lived() Live {
+	if l := p.live.Load(); l != nil {
+		return *l
+	}
+	return Live{Gzip: p.cfg.Gzip, MaxEventAge: p.cfg.MaxEventAge}
+}
+
+// SetLive puts l in force for every batch built after it.
+func (p *Pipeline) SetLive(l Live) {
+	if l.MaxEventAge <= 0 {
+		l.MaxEventAge = DefaultMaxEventAge
+	}
+	p.live.Store(&l)
+}
+
 // newPipeline is what both modes share; cfg is valid.
 func newPipeline(cfg Config, send Sender, thr *throttle.Throttle, log *zap.Logger) (*Pipeline, error) {
 	if log == nil {
@@ -103,8 +132,10 @@ func newPipeline(cfg Config, send Sender, thr *throttle.Throttle, log *zap.Logge
 		}
 	}
 	cfg = cfg.withDefaults()
-	return &Pipeline{cfg: cfg, send: send, thr: thr, log: log, url: cfg.IngestURL + "/2/httpapi", seed: maphash.MakeSeed(),
-		kind: events{cfg.MaxBatchEvents, cfg.MaxBatchBytes, cfg.Check}, budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool()}, nil
+	p := &Pipeline{cfg: cfg, send: send, thr: thr, log: log, url: cfg.IngestURL + "/2/httpapi", seed: maphash.MakeSeed(),
+		kind: events{cfg.MaxBatchEvents, cfg.MaxBatchBytes, cfg.Check}, budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool()}
+	p.live.Store(&Live{Gzip: cfg.Gzip, MaxEventAge: cfg.MaxEventAge})
+	return p, nil
 }
 
 // Run delivers until ctx ends: it starts a runner for every events lane that

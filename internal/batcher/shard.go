@@ -250,7 +250,7 @@ func (s *shard) run(ctx, drainCtx context.Context) bool {
 			}
 			continue
 		}
-		res := p.send.Do(drainCtx, &upstream.Request{URL: p.url, Body: body, Gzip: cfg.Gzip, Kind: "events"})
+		res := p.send.Do(drainCtx, &upstream.Request{URL: p.url, Body: body, Gzip: p.lived().Gzip, Kind: "events"})
 		if drainCtx.Err() != nil {
 			// Abandoned: the batch stays in the spool (and in this shard's
 			// queue, should Run be called again). The request may still be
@@ -373,6 +373,7 @@ func (s *shard) build(now time.Time) []byte {
 	thr := s.lr.p.thr
 	f := &s.lr.frame
 	capE := min(s.capEvents, cfg.MaxBatchEvents)
+	maxAge := s.lr.p.lived().MaxEventAge
 	s.batch = s.batch[:0]
 	clear(s.pacedKeys)
 	s.pacedKeys = s.pacedKeys[:0]
@@ -385,7 +386,7 @@ func (s *shard) build(now time.Time) []byte {
 	pk := f.Open(s.body)
 	for s.ready.len() > 0 && len(s.batch) < capE {
 		it := s.ready.peek() // valid until the next pop
-		if delivery.Expired(now, it.ck.accepted, cfg.MaxEventAge) {
+		if delivery.Expired(now, it.ck.accepted, maxAge) {
 			s.dead = append(s.dead, deadItem{s.ready.pop(), delivery.ReasonExpired, nil})
 			continue
 		}
@@ -709,6 +710,9 @@ func (s *shard) flushDead(ctx, drainCtx context.Context, answer []byte) bool {
 		clear(s.dead)
 		s.dead = s.dead[:0]
 		return false
+	}
+	if p.cfg.OnDead != nil {
+		p.cfg.OnDead(dls)
 	}
 	its := make([]item, len(s.dead))
 	for i, d := range s.dead {

@@ -69,20 +69,25 @@ func anonymizeText(s string) string {
 }
 
 // anonLogger anonymizes the addresses in the lines of a fasthttp.Logger
-// (fasthttp names the peer in its connection errors).
-type anonLogger struct{ l fasthttp.Logger }
+// (fasthttp names the peer in its connection errors) while AnonymizeIP is
+// in force.
+type anonLogger struct {
+	l fasthttp.Logger
+	s *Server
+}
 
 func (a anonLogger) Printf(format string, args ...any) {
+	if !a.s.st().anonIP {
+		a.l.Printf(format, args...)
+		return
+	}
 	a.l.Printf("%s", anonymizeText(fmt.Sprintf(format, args...)))
 }
 
 // fasthttpLog is the fasthttp.Server's Logger: fasthttpLogger, through
-// anonLogger under AnonymizeIP.
+// anonLogger (AnonymizeIP can be switched on while serving).
 func (s *Server) fasthttpLog() fasthttp.Logger {
-	if s.anonIP {
-		return anonLogger{fasthttpLogger{s.rejLog}}
-	}
-	return fasthttpLogger{s.rejLog}
+	return anonLogger{fasthttpLogger{s.rejLog}, s}
 }
 
 // parseIPv4 parses a dotted-quad IPv4 address as netip.ParseAddr does (four

@@ -123,11 +123,11 @@ func (c *corsPolicy) setHeaders(h *fasthttp.ResponseHeader, origin []byte, allow
 // origin the policy does not allow, since the browser would send a simple
 // request (text/plain, navigator.sendBeacon) without asking. It returns
 // true when the request is answered.
-func (s *Server) cors(ctx *fasthttp.RequestCtx, p pathIdx) bool {
+func (s *Server) cors(ctx *fasthttp.RequestCtx, p pathIdx, pol *corsPolicy) bool {
 	origin := ctx.Request.Header.PeekBytes(headerOrigin)
-	allowed := len(origin) > 0 && s.corsPol.allows(origin)
+	allowed := len(origin) > 0 && pol.allows(origin)
 	h := &ctx.Response.Header
-	s.corsPol.setHeaders(h, origin, allowed)
+	pol.setHeaders(h, origin, allowed)
 	switch {
 	case ctx.IsOptions():
 		if len(origin) == 0 || len(ctx.Request.Header.PeekBytes(headerReqMethod)) == 0 {

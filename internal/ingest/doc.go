@@ -64,7 +64,10 @@
 //
 // # Browsers and the internet (Config.Open)
 //
-// Each check is off by default and costs a nil test when off.
+// Each check is off by default and costs a nil test when off. Server.SetOpen
+// replaces them all while serving (a configuration reload): they are one
+// immutable snapshot behind an atomic pointer, so a request sees the old
+// settings or the new, never a mix, and no lock is taken.
 //
 //   - CORS (Open.CORSOrigins): on the ingest paths, OPTIONS with Origin and
 //     Access-Control-Request-Method is a preflight: 204 with

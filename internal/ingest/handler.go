@@ -74,9 +74,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 				zap.Any("panic", r), zap.Stack("stack"))
 			if !answered {
 				ctx.Response.Reset()
-				if s.corsPol != nil && p <= pathBatch {
+				if pol := s.st().corsPol; pol != nil && p <= pathBatch {
 					origin := ctx.Request.Header.PeekBytes(headerOrigin)
-					s.corsPol.setHeaders(&ctx.Response.Header, origin, len(origin) > 0 && s.corsPol.allows(origin))
+					pol.setHeaders(&ctx.Response.Header, origin, len(origin) > 0 && pol.allows(origin))
 				}
 				s.m.reject(reasonPanic, 0)
 				s.writeError(ctx, fasthttp.StatusInternalServerError, "Internal server error")
@@ -101,7 +101,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 		s.writeError(ctx, fasthttp.StatusNotFound, "Not found")
 	default:
-		if s.corsPol != nil && s.cors(ctx, p) {
+		if pol := s.st().corsPol; pol != nil && s.cors(ctx, p, pol) {
 			answered = true
 			return
 		}
@@ -167,13 +167,14 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 		return
 	}
 	addr := s.requestClient(ctx)
-	if s.limiter != nil {
-		if ok, wait := s.limiter.allow(addr); !ok {
+	op := s.st()
+	if op.limiter != nil {
+		if ok, wait := op.limiter.allow(addr); !ok {
 			s.rateLimited(ctx, p, st, n, wait)
 			return
 		}
 	}
-	if s.anonIP {
+	if op.anonIP {
 		addr = anonymizeAddr(addr)
 	}
 	st.ip = addr.AppendTo(st.ip[:0])
@@ -195,7 +196,7 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 		// Rewritten straight into the batch: an insert_id, a time and the
 		// client's address are what AppendRewritten may add.
 		st.batch.AddFunc(st.okey, ev.UserID, len(ev.Raw)+len(st.ip)+rewriteSlack, func(dst []byte) []byte {
-			if s.anonIP && ev.HasGivenIP() {
+			if op.anonIP && ev.HasGivenIP() {
 				// The ips the client gave, anonymized too.
 				st.ev = ev.AppendRewrittenMS(st.ev[:0], s.ids, nowText, st.ip)
 				return event.AppendIPsReplaced(dst, st.ev, appendAnonymizedIP)
@@ -453,7 +454,7 @@ func rejectReason(e *event.Error) string {
 // remoteField is the log field of the request's peer; anonymized under
 // AnonymizeIP (the port is dropped then too).
 func (s *Server) remoteField(ctx *fasthttp.RequestCtx) zap.Field {
-	if s.anonIP {
+	if s.st().anonIP {
 		return zap.Stringer("remote", anonymizeAddr(peerAddr(ctx)))
 	}
 	return zap.Stringer("remote", ctx.RemoteAddr())

@@ -291,7 +291,7 @@ func (s *Server) clientRefused(c net.Conn) {
 	}
 	fields := []zap.Field{zap.Int("max_connections_per_client", s.cfg.MaxConnectionsPerClient)}
 	if a, ok := connPeer(c); ok {
-		if s.anonIP {
+		if s.st().anonIP {
 			a = anonymizeAddr(a)
 		}
 		fields = append(fields, zap.String("client", a.String()))

@@ -62,25 +62,49 @@ func (o Open) validate() error {
 	return nil
 }
 
-// open is a Server's state of Open.
+// open is a Server's state of Open. What requests read of it is one
+// immutable snapshot, swapped whole by SetOpen (a reload), so a request
+// sees the old settings or the new, never a mix.
 type open struct {
-	corsPol *corsPolicy            // nil: CORS off
-	allowed atomic.Pointer[keySet] // nil: every api_key
-	limiter *clientLimiter         // nil: no rate limit
+	allowed atomic.Pointer[keySet]    // nil: every api_key
+	opened  atomic.Pointer[openState] // never nil once initOpen ran
+}
+
+// openState is a snapshot of what Open sets but the allow-list.
+type openState struct {
+	corsPol *corsPolicy    // nil: CORS off
+	limiter *clientLimiter // nil: no rate limit
+	rate    float64        // limiter's rate
 	anonIP  bool
 }
 
+// st is the Open state in force: load it once per use.
+func (s *Server) st() *openState { return s.opened.Load() }
+
 // initOpen sets up s.open from o; s.cfg.Now must be set.
 func (s *Server) initOpen(o Open) error {
+	return s.SetOpen(o)
+}
+
+// SetOpen puts o in force for every later request while the server runs
+// (a configuration reload), or changes nothing and returns an error when o
+// is invalid. A client rate limit kept at the same rate keeps its clients'
+// state.
+func (s *Server) SetOpen(o Open) error {
+	if err := o.validate(); err != nil {
+		return err
+	}
 	cors, err := newCORS(o.CORSOrigins)
 	if err != nil {
 		return err
 	}
-	s.corsPol = cors
-	s.allowed.Store(newKeySet(o.AllowedAPIKeys))
-	if o.ClientRateLimit > 0 {
-		s.limiter = newClientLimiter(o.ClientRateLimit, limiterMaxClients, s.cfg.Now)
+	n := &openState{corsPol: cors, rate: o.ClientRateLimit, anonIP: o.AnonymizeIP}
+	if old := s.st(); old != nil && old.rate == o.ClientRateLimit {
+		n.limiter = old.limiter
+	} else if o.ClientRateLimit > 0 {
+		n.limiter = newClientLimiter(o.ClientRateLimit, limiterMaxClients, s.cfg.Now)
 	}
-	s.anonIP = o.AnonymizeIP
+	s.allowed.Store(newKeySet(o.AllowedAPIKeys))
+	s.opened.Store(n)
 	return nil
 }
