@@ -159,7 +159,8 @@
 // ID-partition-part, so that the same request appended again within
 // DedupWindow is stored once. The ingest sets no ID: a client that retries
 // a request that was stored after all (after ErrUnavailable) stores it
-// again, and the upstream's insert_id dedup is what absorbs it.
+// again, and the upstream's insert_id dedup absorbs it only for the
+// insert_ids the client set.
 //
 // All or nothing holds per stream: a request whose records lie in one
 // stream (every request of one device) is stored whole or not at all. A
@@ -170,8 +171,11 @@
 // one stream's batch fails otherwise (no quorum for that stream until the
 // time-out, the servers' own disk limit) while another's was stored, the
 // stored part stays and is delivered, and the client's retry sends the
-// rest again (its stored part too: the upstream drops the copies by
-// insert_id). relay_fleet_multi_stream_appends_total counts such requests.
+// rest again (its stored part too: the upstream drops those copies only
+// when the client set their insert_ids; one the relay filled in is new on
+// each try). relay_fleet_multi_stream_appends_total counts requests stored
+// over several streams. With one stream per kind (the default) every
+// request is stored whole or not at all.
 //
 // # Ownership
 //

@@ -1283,6 +1283,31 @@ func (s *Spool) ListDead(f DeadFilter, after uint64, limit int) ([]DeadLetter, e
 	return out, nil
 }
 
+// DeadCount is the number of dead letters as the store holds them now: read
+// in a transaction of its own, so that it counts every dead letter a
+// ListDead before it returned (Stats().Dead follows the store a moment
+// later, once a checkpoint is applied).
+func (s *Spool) DeadCount() (int64, error) {
+	s.dbMu.RLock()
+	defer s.dbMu.RUnlock()
+	if s.db == nil {
+		return 0, ErrClosed
+	}
+	var n int64
+	err := guard(func() error {
+		return s.db.View(func(tx *bolt.Tx) error {
+			if v := tx.Bucket(bucketMeta).Get(keyDead); len(v) == 16 {
+				n = int64(binary.BigEndian.Uint64(v))
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return 0, fmt.Errorf("count dead letters: %w", err)
+	}
+	return n, nil
+}
+
 // DeleteDead removes the dead letters with the given ids (durably). Unknown
 // ids are ignored.
 func (s *Spool) DeleteDead(ctx context.Context, ids []uint64) error {

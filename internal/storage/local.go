@@ -162,7 +162,11 @@ func (l *Local) DeleteDead(ctx context.Context, ids []uint64) error {
 // Close closes the spool.
 func (l *Local) Close() error { return l.sp.Close() }
 
-// DeadCount is the number of dead letters (the spool's Stats().Dead).
+// DeadCount is the number of dead letters (spool.Spool.DeadCount: counted
+// as the store holds them, so never fewer than a list read before it).
 func (l *Local) DeadCount(ctx context.Context) (int64, error) {
-	return l.sp.Stats().Dead, ctx.Err()
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	return l.sp.DeadCount()
 }
