@@ -1013,12 +1013,25 @@ func checkDraining(t *testing.T, cfg Config, free func()) {
 	}
 	wantIDs := func(n int) []int { return idsExcept(n)[10:] } // the first chunk was acknowledged
 	read(90)
-	if !slices.Equal(ids, wantIDs(100)) || s.drainingErr() == nil {
-		t.Fatalf("while draining: read %v (draining: %v)", ids, s.drainingErr())
+	if !slices.Equal(ids, wantIDs(100)) {
+		t.Fatalf("while draining: read %v", ids)
 	}
-	// A reader goes on reading (the batcher's does): nothing more, for now.
-	if cs, _, err := l.NextPart(done, 1<<20, nil); len(cs) != 0 || !errors.Is(err, context.Canceled) {
-		t.Fatalf("read while draining, after spool.db's records: %d chunks, %v", len(cs), err)
+	// A reader goes on reading (the batcher's does): nothing more while the
+	// spool drains. The replay may already fit in the pages the chunks just
+	// acknowledged freed (bbolt reuses them), so draining can end on its
+	// own here: then what is read is the replayed backlog, which read(190)
+	// checks in order.
+	cs, more, err := l.NextPart(done, 1<<20, recs)
+	recs = more
+	if len(cs) != 0 && s.drainingErr() != nil || len(cs) == 0 && !errors.Is(err, context.Canceled) {
+		t.Fatalf("read while draining, after spool.db's records: %d chunks, %v (draining: %v)", len(cs), err, s.drainingErr())
+	}
+	for _, c := range cs {
+		for _, r := range c.Records {
+			_, n := recID(r)
+			ids = append(ids, n)
+		}
+		s.Ack(l, c.Seq)
 	}
 	free()
 	deadline := time.Now().Add(poll.Max)
