@@ -97,34 +97,8 @@ func runChaos(t *testing.T, e env) {
 			upstream: sent.proxy(t, i, r.sim.Base),
 		})
 	}
-	for _, rp := range r.relays {
-		r.startRelay(rp)
-	}
+	stop := r.serveUnderLoad()
 	t.Logf("cluster and %d relays serving at %v", len(r.relays), since())
-	defer func() {
-		if t.Failed() {
-			for _, rp := range r.relays {
-				t.Logf("relay %d log tail:\n%s", rp.idx, rp.p.tail(4000))
-			}
-			t.Log(r.cluster.logTails(2000))
-		}
-	}()
-
-	ctx, stopLoad := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for i := range coldClients {
-		wg.Go(func() { r.coldClient(ctx, i) })
-	}
-	wg.Go(func() { r.hotClient(ctx) })
-	stopped := false
-	stop := func() {
-		if !stopped {
-			stopped = true
-			stopLoad()
-			wg.Wait()
-		}
-	}
-	defer stop()
 
 	const within = 2 * time.Minute // any one wait; a quiet machine takes seconds
 	r.waitLoad(300, 0, within, "before the chaos")

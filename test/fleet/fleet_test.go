@@ -152,34 +152,8 @@ func runScenario(t *testing.T, e env, sc scenario) {
 			dataDir: filepath.Join(dir, fmt.Sprintf("relay%d", i)), log: filepath.Join(dir, fmt.Sprintf("relay%d.log", i)),
 		})
 	}
-	for _, rp := range r.relays {
-		r.startRelay(rp)
-	}
+	stop := r.serveUnderLoad()
 	t.Logf("%d relays serving at %v", sc.relays, time.Since(start).Round(time.Millisecond))
-	defer func() {
-		if t.Failed() {
-			for _, rp := range r.relays {
-				t.Logf("relay %d log tail:\n%s", rp.idx, rp.p.tail(4000))
-			}
-			t.Log(r.cluster.logTails(2000))
-		}
-	}()
-
-	ctx, stopLoad := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for i := range coldClients {
-		wg.Go(func() { r.coldClient(ctx, i) })
-	}
-	wg.Go(func() { r.hotClient(ctx) })
-	stopped := false
-	stop := func() {
-		if !stopped {
-			stopped = true
-			stopLoad()
-			wg.Wait()
-		}
-	}
-	defer stop()
 
 	r.waitLoad(300, 0, poll.Max, "before the failure")
 	r.waitSpread(poll.Max)
@@ -746,4 +720,33 @@ func (r *fleetRun) explain(dev string, stored []storedEvent, recs []sim.Record) 
 		}
 	}
 	r.t.Log(b.String())
+}
+
+// serveUnderLoad starts every relay and the cold and hot clients. The
+// returned stop ends the load and waits for the clients (calling it again
+// does nothing); it also runs when the test ends, after the relays' and the
+// cluster's log tails are printed if the test failed.
+func (r *fleetRun) serveUnderLoad() (stop func()) {
+	t := r.t
+	for _, rp := range r.relays {
+		r.startRelay(rp)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, rp := range r.relays {
+				t.Logf("relay %d log tail:\n%s", rp.idx, rp.p.tail(4000))
+			}
+			t.Log(r.cluster.logTails(2000))
+		}
+	})
+	ctx, stopLoad := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for i := range coldClients {
+		wg.Go(func() { r.coldClient(ctx, i) })
+	}
+	wg.Go(func() { r.hotClient(ctx) })
+	var once sync.Once
+	stop = func() { once.Do(func() { stopLoad(); wg.Wait() }) }
+	t.Cleanup(stop)
+	return stop
 }
