@@ -127,7 +127,7 @@ func (l *Lane) nextPart(maxBytes int, slab *recSlab) ([]Chunk, bool, error) {
 	err := s.db.View(func(tx *bolt.Tx) error {
 		b := tx.Bucket(l.qname)
 		if b == nil {
-			return fmt.Errorf("lane %s: queue bucket missing: %w", l.label, errCorrupt)
+			return l.missingQueue()
 		}
 		k, v := b.Cursor().Seek(seqKey(l.readSeq))
 		if k == nil || binary.BigEndian.Uint64(k) >= firstHot {
@@ -305,4 +305,15 @@ func (l *Lane) OnWork(f func()) {
 	}
 	l.onWork = f
 	l.mu.Unlock()
+}
+
+// missingQueue is the error of a read that found no queue bucket: the lane
+// was retired under its reader (empty and idle, its bucket deleted since
+// the reader looked), which is ErrRetired and no damage; only a live
+// lane's missing bucket is.
+func (l *Lane) missingQueue() error {
+	if l.retired.Load() {
+		return fmt.Errorf("lane %s: %w", l.label, ErrRetired)
+	}
+	return fmt.Errorf("lane %s: queue bucket missing: %w", l.label, errCorrupt)
 }

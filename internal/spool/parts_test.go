@@ -233,6 +233,8 @@ func TestOnWork(t *testing.T) {
 	recIdleDrop = time.Millisecond
 	s := openTest(t, Config{RetireIdle: 50 * time.Millisecond})
 	l := mustLane(t, s, testKey(1))
+	// Not retired before the test says so, however slow the machine.
+	l.Pin()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	read := func() {
@@ -282,6 +284,7 @@ func TestOnWork(t *testing.T) {
 		s.Ack(l, c.Seq)
 	}
 	// Retired while the reader is gone: called, and the reader sees it.
+	l.Unpin()
 	l.OnWork(onWork)
 	select {
 	case <-fired:
@@ -310,5 +313,16 @@ func TestRetiredBeforeFirstRead(t *testing.T) {
 	}
 	if err := l.Wait(ctx, nil); !errors.Is(err, ErrRetired) {
 		t.Fatalf("Wait: %v, want ErrRetired", err)
+	}
+	// An Append through the retired handle goes to the key's new lane; a
+	// read of the old handle finds its queue bucket gone: retired, never
+	// damage.
+	var b Batch
+	b.Add(rec(1, 0, 10))
+	if err := s.Append(ctx, l, &b); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Next(ctx, 1<<20); !errors.Is(err, ErrRetired) || errors.Is(err, errCorrupt) {
+		t.Fatalf("Next: %v, want ErrRetired", err)
 	}
 }

@@ -601,7 +601,7 @@ func (l *Lane) read(maxBytes int, end uint64, slab *recSlab) (_ []Chunk, dmg *da
 		return s.db.View(func(tx *bolt.Tx) error {
 			b := tx.Bucket(l.qname)
 			if b == nil {
-				return fmt.Errorf("lane %s: queue bucket missing: %w", l.label, errCorrupt)
+				return l.missingQueue()
 			}
 			raw := l.raw[:0]
 			c := b.Cursor()
