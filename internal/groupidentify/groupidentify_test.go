@@ -175,10 +175,14 @@ func TestMergedDeliveredOnce(t *testing.T) {
 		}
 	}
 	// 10800 properties at most 1024 per request: 113 identifies (1017
-	// properties) per request, so 11 requests; the requests are full.
+	// properties) per request, so 11 requests when one read takes the
+	// lane's records. A read ends where the spool's memory ends and its
+	// file begins, and a read's last request goes out partial: while a
+	// checkpoint moves chunks to the file (a slow machine) there are one
+	// or two more. Unmerged, the 40 callers' requests would be 40 or more.
 	reqs := e.Sim.GroupIdentifyRequests()
-	if reqs != 11 {
-		t.Fatalf("%d upstream requests, want 11 (1200 identifies of 9 properties, 1024 properties each)", reqs)
+	if reqs < 11 || reqs > 13 {
+		t.Fatalf("%d upstream requests, want 11-13 (1200 identifies of 9 properties, 1024 properties each)", reqs)
 	}
 	// Every caller's identifications arrive in its order.
 	last := map[string]int{}
