@@ -102,18 +102,14 @@ func (s *Sim) GroupIdentifies(apiKey string) []GroupIdentify { return s.gi().lis
 // GroupIdentifyRequests returns the number of /groupidentify requests answered 200.
 func (s *Sim) GroupIdentifyRequests() int64 {
 	st := s.gi()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return st.requests
+	return locked(&st.mu, func() int64 { return st.requests })
 }
 
 // RejectGroupValue makes every request holding an identification with this
 // group_value fail with 400 "Invalid group identification" (no index named).
 func (s *Sim) RejectGroupValue(v string) {
 	st := s.gi()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.rejected[v] = true
+	withLock(&st.mu, func() { st.rejected[v] = true })
 }
 
 // formParams reads form fields from the (decoded) body, then the query.

@@ -132,35 +132,27 @@ func (s *Sim) mgmt() *mgmtState {
 // one is set, others are answered 403).
 func (s *Sim) SetManagementKey(key string) {
 	st := s.mgmt()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.mgmtKeys[key] = true
+	withLock(&st.mu, func() { st.mgmtKeys[key] = true })
 }
 
 // SetSCIMToken makes token an accepted SCIM token of organization org (once
 // one is set, others are answered 403).
 func (s *Sim) SetSCIMToken(token, org string) {
 	st := s.mgmt()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.scimTokens[token] = org
+	withLock(&st.mu, func() { st.scimTokens[token] = org })
 }
 
 // SetProjectSecret makes secret the only accepted secret key of apiKey on
 // the classifier and taxonomy routes.
 func (s *Sim) SetProjectSecret(apiKey, secret string) {
 	st := s.mgmt()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.secrets[apiKey] = secret
+	withLock(&st.mu, func() { st.secrets[apiKey] = secret })
 }
 
 // MgmtCalls returns the management calls logged so far, oldest first.
 func (s *Sim) MgmtCalls() []MgmtCall {
 	st := s.mgmt()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return append([]MgmtCall(nil), st.calls...)
+	return locked(&st.mu, func() []MgmtCall { return append([]MgmtCall(nil), st.calls...) })
 }
 
 // mgRequest is what a management handler gets.

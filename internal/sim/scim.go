@@ -3,6 +3,7 @@ package sim
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -335,13 +336,7 @@ func (o *scimOrg) removeUser(key string) {
 }
 
 func removeString(v []string, s string) []string {
-	out := v[:0]
-	for _, x := range v {
-		if x != s {
-			out = append(out, x)
-		}
-	}
-	return out
+	return slices.DeleteFunc(v, func(x string) bool { return x == s })
 }
 
 func (s *Sim) scimUpdateUser(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -120,33 +121,10 @@ func (c *Config) Validate() error {
 }
 
 func (c Config) withDefaults() Config {
-	if c.EPSThreshold == 0 {
-		c.EPSThreshold = DefaultEPSThreshold
-	}
-	if c.RateWindow == 0 {
-		c.RateWindow = DefaultRateWindow
-	}
-	if c.ThrottlePenalty == 0 {
-		c.ThrottlePenalty = DefaultThrottlePenalty
-	}
-	if c.DedupWindow == 0 {
-		c.DedupWindow = DefaultDedupWindow
-	}
-	if c.DedupMaxKeys == 0 {
-		c.DedupMaxKeys = DefaultDedupMaxKeys
-	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if c.MaxEvents == 0 {
-		c.MaxEvents = DefaultMaxEvents
-	}
-	if c.Keep == 0 {
-		c.Keep = DefaultKeep
-	}
-	if c.KeepRequests == 0 {
-		c.KeepRequests = DefaultKeepRequests
-	}
+	c.EPSThreshold, c.RateWindow = cmp.Or(c.EPSThreshold, DefaultEPSThreshold), cmp.Or(c.RateWindow, DefaultRateWindow)
+	c.ThrottlePenalty, c.DedupWindow = cmp.Or(c.ThrottlePenalty, DefaultThrottlePenalty), cmp.Or(c.DedupWindow, DefaultDedupWindow)
+	c.DedupMaxKeys, c.MaxBodyBytes = cmp.Or(c.DedupMaxKeys, DefaultDedupMaxKeys), cmp.Or(c.MaxBodyBytes, DefaultMaxBodyBytes)
+	c.MaxEvents, c.Keep, c.KeepRequests = cmp.Or(c.MaxEvents, DefaultMaxEvents), cmp.Or(c.Keep, DefaultKeep), cmp.Or(c.KeepRequests, DefaultKeepRequests)
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -214,9 +192,7 @@ func New(cfg Config, log *zap.Logger) *Sim {
 
 // Config returns the configuration in effect (zero values replaced by defaults).
 func (s *Sim) Config() Config {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cfg
+	return locked(&s.mu, func() Config { return s.cfg })
 }
 
 // Handler returns the simulator's routes, including its read-outs under
@@ -293,3 +269,13 @@ func (s *Sim) Start(addr string) (string, error) {
 	}()
 	return "http://" + ln.Addr().String(), nil
 }
+
+// locked returns f's result, run with mu held.
+func locked[T any](mu *sync.Mutex, f func() T) T {
+	mu.Lock()
+	defer mu.Unlock()
+	return f()
+}
+
+// withLock runs f with mu held.
+func withLock(mu *sync.Mutex, f func()) { locked(mu, func() struct{} { f(); return struct{}{} }) }

@@ -7,6 +7,7 @@ import (
 	"hash/maphash"
 	"math"
 	"net/http"
+	"slices"
 	"sort"
 	"time"
 
@@ -57,19 +58,10 @@ type keyShare struct {
 }
 
 // HasDevice reports whether the request held events of device id.
-func (r *Record) HasDevice(id string) bool { return contains(r.Devices, id) }
+func (r *Record) HasDevice(id string) bool { return slices.Contains(r.Devices, id) }
 
 // HasUser reports whether the request held events of user id.
-func (r *Record) HasUser(id string) bool { return contains(r.Users, id) }
-
-func contains(l []string, s string) bool {
-	for _, x := range l {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
+func (r *Record) HasUser(id string) bool { return slices.Contains(r.Users, id) }
 
 // KeyLabel is a short, non-secret label of an api_key (a hash prefix), as
 // used in Record.KeyLabel.
@@ -327,7 +319,7 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 			continue
 		}
 		if st.silenced[ev.deviceID] {
-			if !contains(silDevs, ev.deviceID) {
+			if !slices.Contains(silDevs, ev.deviceID) {
 				silDevs = append(silDevs, ev.deviceID)
 			}
 			silEvents = append(silEvents, i)
@@ -634,31 +626,23 @@ func (s *Sim) Events(apiKey string) []Ingested {
 
 // AllEvents returns every stored event in arrival order.
 func (s *Sim) AllEvents() []Ingested {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]Ingested(nil), s.store.events[s.store.evStart:]...)
+	return locked(&s.mu, func() []Ingested { return append([]Ingested(nil), s.store.events[s.store.evStart:]...) })
 }
 
 // Count returns the number of events ingested (duplicates excluded), also
 // those Config.Keep no longer keeps.
 func (s *Sim) Count() int64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.store.stats.Ingested
+	return locked(&s.mu, func() int64 { return s.store.stats.Ingested })
 }
 
 // countFor returns the number of events ingested for apiKey.
 func (s *Sim) countFor(apiKey string) int64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.store.stats.IngestedByKey[KeyLabel(apiKey)]
+	return locked(&s.mu, func() int64 { return s.store.stats.IngestedByKey[KeyLabel(apiKey)] })
 }
 
 // Duplicates returns how many events were recognised as duplicates.
 func (s *Sim) Duplicates() int64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.store.stats.Duplicates
+	return locked(&s.mu, func() int64 { return s.store.stats.Duplicates })
 }
 
 // Requests returns the request log in arrival order (see Config.KeepRequests).
@@ -705,16 +689,12 @@ func (s *Sim) Reset() {
 
 // Silence silences a device (every api_key) until Unsilence.
 func (s *Sim) Silence(deviceID string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.store.silenced[deviceID] = true
+	withLock(&s.mu, func() { s.store.silenced[deviceID] = true })
 }
 
 // Unsilence ends Silence.
 func (s *Sim) Unsilence(deviceID string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.store.silenced, deviceID)
+	withLock(&s.mu, func() { delete(s.store.silenced, deviceID) })
 }
 
 // SilencedDevices returns the silenced devices, sorted.
@@ -731,7 +711,5 @@ func (s *Sim) SilencedDevices() []string {
 
 // SetDailyQuota changes Config.DailyQuota at run time (0 = none).
 func (s *Sim) SetDailyQuota(n int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.cfg.DailyQuota = n
+	withLock(&s.mu, func() { s.cfg.DailyQuota = n })
 }

@@ -103,17 +103,13 @@ func (s *Sim) SetTaxonomyLimits(maxInFlight, periodCost int, period time.Duratio
 // SetTaxonomyDelay makes every taxonomy request take at least d.
 func (s *Sim) SetTaxonomyDelay(d time.Duration) {
 	st := s.mgmt()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.tax.delay = d
+	withLock(&st.mu, func() { st.tax.delay = d })
 }
 
 // TaxonomyPeakInFlight returns the highest cost in flight seen for apiKey.
 func (s *Sim) TaxonomyPeakInFlight(apiKey string) int {
 	st := s.mgmt()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return st.tax.peak[apiKey]
+	return locked(&st.mu, func() int { return st.tax.peak[apiKey] })
 }
 
 // SeedTaxonomy puts an entity of apiKey's taxonomy in state: kind is

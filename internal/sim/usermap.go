@@ -152,59 +152,45 @@ func (s *Sim) SetUserMapRate(limit int, window time.Duration) {
 // share the mapping rate and the mapping state.
 func (s *Sim) SetUserMapOrg(apiKey, org string) {
 	st := s.um()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.orgOfKey[apiKey] = org
+	withLock(&st.mu, func() { st.orgOfKey[apiKey] = org })
 }
 
 // SetSecretKey makes GET /api/2/usermap require secret for apiKey.
 func (s *Sim) SetSecretKey(apiKey, secret string) {
 	st := s.um()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.secrets[apiKey] = secret
+	withLock(&st.mu, func() { st.secrets[apiKey] = secret })
 }
 
 // RejectUserID makes every POST /usermap holding this user_id fail with 400
 // "Invalid mapping" (no index named).
 func (s *Sim) RejectUserID(id string) {
 	st := s.um()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.rejected[id] = true
+	withLock(&st.mu, func() { st.rejected[id] = true })
 }
 
 // MappingCalls returns every applied mapping, in order.
 func (s *Sim) MappingCalls() []MappingCall {
 	st := s.um()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return append([]MappingCall{}, st.calls...)
+	return locked(&st.mu, func() []MappingCall { return append([]MappingCall{}, st.calls...) })
 }
 
 // MappingBatches returns the accepted POST /usermap requests with their
 // arrival time, organization and mapping count (for pace assertions).
 func (s *Sim) MappingBatches() []MappingBatch {
 	st := s.um()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return append([]MappingBatch{}, st.batches...)
+	return locked(&st.mu, func() []MappingBatch { return append([]MappingBatch{}, st.batches...) })
 }
 
 // MappingThrottled returns the number of POST /usermap answered 429.
 func (s *Sim) MappingThrottled() int64 {
 	st := s.um()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return st.throttled
+	return locked(&st.mu, func() int64 { return st.throttled })
 }
 
 // MappingReads returns the GET /api/2/usermap requests seen.
 func (s *Sim) MappingReads() []MappingRead {
 	st := s.um()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return append([]MappingRead{}, st.reads...)
+	return locked(&st.mu, func() []MappingRead { return append([]MappingRead{}, st.reads...) })
 }
 
 // MappedTo returns the global user id apiKey's organization maps userID to.
