@@ -3,7 +3,6 @@ package sim
 import (
 	"encoding/json"
 	"net/http"
-	"sort"
 	"time"
 	"unicode/utf8"
 )
@@ -106,13 +105,8 @@ func (s *Sim) registerClassifiers() {
 		return &b, def
 	}
 	r("GET /api/2/channel-classifiers", func(m map[string]*simClassifier, w *statusWriter, q *mgRequest) {
-		names := make([]string, 0, len(m))
-		for n := range m {
-			names = append(names, n)
-		}
-		sort.Strings(names)
 		out := []any{}
-		for _, n := range names {
+		for _, n := range sortedKeys(m) {
 			out = append(out, m[n].view())
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"channelClassifiers": out})

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -312,13 +311,8 @@ func (s *Sim) dsarFiles(job *dsarJob) [][]byte {
 		months[m].Write(line)
 		months[m].WriteByte('\n')
 	}
-	keys := make([]string, 0, len(months))
-	for m := range months {
-		keys = append(keys, m)
-	}
-	sort.Strings(keys)
 	files := [][]byte{}
-	for _, m := range keys {
+	for _, m := range sortedKeys(months) {
 		var gz bytes.Buffer
 		zw := gzip.NewWriter(&gz)
 		zw.Write(months[m].Bytes())

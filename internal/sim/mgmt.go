@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -171,10 +170,7 @@ func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgH
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		rec := s.newRecord(r)
 		call := &MgmtCall{Time: s.cfg.Now(), API: api, Method: r.Method, Path: r.URL.EscapedPath(), Query: r.URL.RawQuery}
-		for k := range r.Header {
-			call.Headers = append(call.Headers, k)
-		}
-		slices.Sort(call.Headers)
+		call.Headers = sortedKeys(r.Header)
 		mw := &statusWriter{ResponseWriter: w}
 		if !s.faulted(w, r, mw, rec, false) {
 			s.serveMgmt(st, mw, r, call, auth, maxBody, h)

@@ -96,14 +96,10 @@ func (s *Sim) scimUsers(org string) []string {
 	st := s.mgmt()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	var out []string
 	if o := st.scim.orgs[org]; o != nil {
-		for k := range o.users {
-			out = append(out, k)
-		}
+		return sortedKeys(o.users)
 	}
-	sort.Strings(out)
-	return out
+	return nil
 }
 
 func (s *Sim) registerSCIM() {

@@ -699,14 +699,7 @@ func (s *Sim) Unsilence(deviceID string) {
 
 // SilencedDevices returns the silenced devices, sorted.
 func (s *Sim) SilencedDevices() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]string, 0, len(s.store.silenced))
-	for d := range s.store.silenced {
-		out = append(out, d)
-	}
-	sort.Strings(out)
-	return out
+	return locked(&s.mu, func() []string { return sortedKeys(s.store.silenced) })
 }
 
 // SetDailyQuota changes Config.DailyQuota at run time (0 = none).

@@ -1,9 +1,10 @@
 package sim
 
 import (
+	"maps"
 	"net/http"
 	"net/url"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -314,13 +315,8 @@ func (s *Sim) registerTaxonomy() {
 		taxOK(w, http.StatusOK, nil)
 	})
 	r("GET /api/2/taxonomy/category", func(w *statusWriter, q *taxReq) {
-		ids := make([]int, 0, len(q.p.categories))
-		for id := range q.p.categories {
-			ids = append(ids, id)
-		}
-		sort.Ints(ids)
 		out := []any{}
-		for _, id := range ids {
+		for _, id := range slices.Sorted(maps.Keys(q.p.categories)) {
 			out = append(out, map[string]any{"id": id, "name": q.p.categories[id]})
 		}
 		taxOK(w, http.StatusOK, out)
@@ -657,11 +653,4 @@ func nullable(s string) any {
 	return s
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}
+func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
