@@ -77,6 +77,7 @@ const giControlPath = "/sim/groupidentify"
 
 func (s *Sim) registerGroupIdentify() {
 	st := &giState{byKey: map[string][]GroupIdentify{}, rejected: map[string]bool{}}
+	s.giState = st
 	s.ctlMux.Handle(giControlPath, st)
 	s.onReset(func() {
 		st.mu.Lock()
@@ -90,11 +91,7 @@ func (s *Sim) registerGroupIdentify() {
 	})
 }
 
-// gi finds the group identify store through its control route.
-func (s *Sim) gi() *giState {
-	h, _ := s.ctlMux.Handler(&http.Request{Method: http.MethodGet, URL: &url.URL{Path: giControlPath}})
-	return h.(*giState)
-}
+func (s *Sim) gi() *giState { return s.giState }
 
 // GroupIdentifies returns the identifications stored for apiKey, in arrival order.
 func (s *Sim) GroupIdentifies(apiKey string) []GroupIdentify { return s.gi().list(apiKey) }

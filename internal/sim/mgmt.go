@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -115,17 +114,13 @@ func (st *mgmtState) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"calls": calls})
 }
 
-// mgmt returns the shared state, creating it on first use (at New).
-func (s *Sim) mgmt() *mgmtState {
-	h, pattern := s.ctlMux.Handler(&http.Request{Method: http.MethodGet, URL: &url.URL{Path: mgmtControlPath + "calls"}})
-	if st, ok := h.(*mgmtState); ok && pattern != "" {
-		return st
-	}
-	st := &mgmtState{mgmtKeys: map[string]bool{}, scimTokens: map[string]string{}, secrets: map[string]string{}}
-	s.ctlMux.Handle(mgmtControlPath+"calls", st)
-	s.onReset(st.reset)
-	return st
+func (s *Sim) registerMgmt() {
+	s.mgmtState = &mgmtState{mgmtKeys: map[string]bool{}, scimTokens: map[string]string{}, secrets: map[string]string{}}
+	s.ctlMux.Handle(mgmtControlPath+"calls", s.mgmtState)
+	s.onReset(s.mgmtState.reset)
 }
+
+func (s *Sim) mgmt() *mgmtState { return s.mgmtState }
 
 // SetManagementKey makes key an accepted experiment management key (once
 // one is set, others are answered 403).

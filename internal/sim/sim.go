@@ -143,8 +143,12 @@ type Sim struct {
 	ctlMux *http.ServeMux
 	srv    *http.Server
 	seed   maphash.Seed
-	dsar   *dsarState   // registerDSAR's, for SetDSAR
-	export *exportState // registerExport's, for SetExport
+	// The route groups' states, for the methods that read and set them.
+	dsar      *dsarState
+	export    *exportState
+	mgmtState *mgmtState
+	umState   *umState
+	giState   *giState
 
 	mu    sync.Mutex
 	store store
@@ -204,21 +208,16 @@ func (s *Sim) Handler() http.Handler { return s.mux }
 // ingested, the request log, counters) and Config.Faults' routes when set.
 func (s *Sim) ControlHandler() http.Handler { return s.ctlMux }
 
-// route registers an ingest route on the shared mux, wrapped in the shared
-// middleware (request log, latency, faults, down state, body reading and
-// gzip decoding). Route groups in other files of this package register
-// through it; h.serve fills what it did into in.Rec (the middleware fills
-// the status, time and fault).
+// route registers an ingest route wrapped in the shared middleware; h.serve
+// fills what it did into in.Rec (the middleware the status, time and fault).
 func (s *Sim) route(pattern string, h routeHandler) {
 	s.mux.Handle(pattern, s.ingestMiddleware(h))
 }
 
-// onReset registers f to run on every Reset (and POST /sim/reset). A route
-// group that keeps state of its own (outside the store) registers, when it
-// registers its routes, the function that forgets it: stored data, call
-// logs, counters and injected refusals. Configuration (accepted keys,
-// secrets, rate limits) is kept, as Reset keeps the store's silenced devices.
-// f runs without Sim's locks held and takes its group's own lock.
+// onReset registers f to run on every Reset: a route group's function that
+// forgets its data, call logs, counters and injected refusals, and keeps its
+// configuration (accepted keys, secrets, rate limits), as Reset keeps the
+// store's silenced devices. f runs without Sim's locks and takes its own.
 func (s *Sim) onReset(f func()) {
 	s.resetMu.Lock()
 	defer s.resetMu.Unlock()

@@ -415,22 +415,12 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 			s.storeLocked(env.without(skip), rec, nowT)
 		}
 		st.stats.Silenced++
-		b := silenceBody{Code: 400, Error: ErrTextSilenced, EPSThreshold: s.cfg.EPSThreshold,
-			ExceededDailyQuotaDevices: quota, SilencedDevices: silDevs, SilencedEvents: silEvents,
-			ThrottledDevices: thrDevs, ThrottledEvents: thrEvents}
-		if b.ExceededDailyQuotaDevices == nil {
-			b.ExceededDailyQuotaDevices = map[string]int{}
+		if quota == nil {
+			quota = map[string]int{}
 		}
-		if b.SilencedDevices == nil {
-			b.SilencedDevices = []string{}
-		}
-		if b.SilencedEvents == nil {
-			b.SilencedEvents = []int{}
-		}
-		if b.ThrottledEvents == nil {
-			b.ThrottledEvents = []int{}
-		}
-		return 400, b
+		return 400, silenceBody{Code: 400, Error: ErrTextSilenced, EPSThreshold: s.cfg.EPSThreshold,
+			ExceededDailyQuotaDevices: quota, SilencedDevices: nonNil(silDevs), SilencedEvents: nonNil(silEvents),
+			ThrottledDevices: thrDevs, ThrottledEvents: nonNil(thrEvents)}
 	}
 	if len(thrEvents) > 0 {
 		if s.cfg.PartialThrottle {
@@ -448,6 +438,14 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 	s.storeLocked(env, rec, nowT)
 	return 200, successBody{Code: 200, EventsIngested: len(env.raw), PayloadSizeBytes: bodyLen,
 		ServerUploadTime: nowT.UnixMilli()}
+}
+
+// nonNil returns s, or an empty slice for nil (an answer's [] that is never null).
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
 }
 
 // without returns env without the events whose index is in skip.

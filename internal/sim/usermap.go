@@ -112,6 +112,7 @@ const umControlPath = "/sim/usermap"
 func (s *Sim) registerUserMap() {
 	st := &umState{limit: DefaultMappingLimit, window: DefaultMappingWindow, orgOfKey: map[string]string{},
 		secrets: map[string]string{}, mapped: map[string]map[string]string{}, rejected: map[string]bool{}}
+	s.umState = st
 	s.ctlMux.Handle("GET "+umControlPath, st)
 	s.onReset(func() { // rate limit, key organizations and secrets are configuration: kept
 		st.mu.Lock()
@@ -129,10 +130,7 @@ func (s *Sim) registerUserMap() {
 	})
 }
 
-func (s *Sim) um() *umState {
-	h, _ := s.ctlMux.Handler(&http.Request{Method: http.MethodGet, URL: &url.URL{Path: umControlPath}})
-	return h.(*umState)
-}
+func (s *Sim) um() *umState { return s.umState }
 
 // SetUserMapRate sets the mapping rate limit: limit calls per window
 // (defaults 1500 per 30 s); zero values keep the current setting.
