@@ -101,7 +101,7 @@ func (st *mgmtState) reset() {
 		st.cls.byKey = map[string]map[string]*simClassifier{}
 	}
 	if st.tax != nil {
-		st.tax.projects, st.tax.spent = map[string]*taxProject{}, map[string][]taxCost{}
+		st.tax.projects, st.tax.spent = map[string]*taxProject{}, windowHits{}
 		st.tax.peak = map[string]int{}
 	}
 }
@@ -300,24 +300,35 @@ func (s *Sim) serveMgmt(st *mgmtState, w *statusWriter, r *http.Request, call *M
 	h(w, q)
 }
 
-// windowHits keeps the times of counted calls per account for a sliding
+// windowHits keeps the counted calls (time, cost) per account for a sliding
 // window limit.
-type windowHits map[string][]time.Time
+type windowHits map[string][]hit
 
-// take counts a call of account at now unless limit calls already fall in
-// (now-window, now]; when refused it returns how long until one leaves.
-func (h windowHits) take(account string, now time.Time, limit int, window time.Duration) (bool, time.Duration) {
+type hit struct {
+	t    time.Time
+	cost int
+}
+
+// take counts a call of account costing cost at now unless the costs in
+// (now-window, now] and cost pass limit; when refused it returns how long
+// until the oldest leaves.
+func (h windowHits) take(account string, now time.Time, cost, limit int, window time.Duration) (bool, time.Duration) {
 	ts := h[account]
-	i := 0
-	for i < len(ts) && !ts[i].After(now.Add(-window)) {
-		i++
+	for len(ts) > 0 && !ts[0].t.After(now.Add(-window)) {
+		ts = ts[1:]
 	}
-	ts = ts[i:]
-	if len(ts) >= limit {
-		h[account] = ts
-		return false, ts[0].Add(window).Sub(now)
+	h[account] = ts
+	total := cost
+	for _, x := range ts {
+		total += x.cost
 	}
-	h[account] = append(ts, now)
+	switch {
+	case total > limit && len(ts) == 0:
+		return false, window
+	case total > limit:
+		return false, ts[0].t.Add(window).Sub(now)
+	}
+	h[account] = append(ts, hit{now, cost})
 	return true, 0
 }
 

@@ -109,7 +109,7 @@ func (s *Sim) registerSCIM() {
 		return func(w *statusWriter, q *mgRequest) {
 			st.mu.Lock()
 			defer st.mu.Unlock()
-			if ok, wait := st.scim.hits.take(q.account, q.call.Time, st.scim.limit, st.scim.window); !ok {
+			if ok, wait := st.scim.hits.take(q.account, q.call.Time, 1, st.scim.limit, st.scim.window); !ok {
 				retryAfter(w, wait)
 				scimError(w, http.StatusTooManyRequests, "", "Too many requests: 100 per minute per organization")
 				return
@@ -143,10 +143,7 @@ func scimError(w http.ResponseWriter, status int, scimType, detail string) {
 	if scimType != "" {
 		b["scimType"] = scimType
 	}
-	w.Header().Set("Content-Type", "application/scim+json")
-	body := appendJSON(nil, b)
-	w.WriteHeader(status)
-	w.Write(body)
+	scimJSON(w, status, b)
 }
 
 func scimJSON(w http.ResponseWriter, status int, v any) {

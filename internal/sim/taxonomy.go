@@ -68,16 +68,11 @@ type taxProject struct {
 	groups     map[string]map[string]*taxEntity // group type -> property
 }
 
-type taxCost struct {
-	t    time.Time
-	cost int
-}
-
 type taxState struct {
 	projects    map[string]*taxProject
 	inFlight    map[string]int
 	peak        map[string]int
-	spent       map[string][]taxCost
+	spent       windowHits
 	maxInFlight int
 	periodCost  int
 	period      time.Duration
@@ -237,7 +232,7 @@ func (q *taxReq) list(w http.ResponseWriter, m map[string]*taxEntity, view func(
 func (s *Sim) registerTaxonomy() {
 	st := s.mgmt()
 	st.tax = &taxState{projects: map[string]*taxProject{}, inFlight: map[string]int{}, peak: map[string]int{},
-		spent: map[string][]taxCost{}, maxInFlight: TaxonomyMaxInFlight, periodCost: TaxonomyPeriodCost, period: TaxonomyPeriod}
+		spent: windowHits{}, maxInFlight: TaxonomyMaxInFlight, periodCost: TaxonomyPeriodCost, period: TaxonomyPeriod}
 	x := st.tax
 	r := func(pattern string, f func(w *statusWriter, q *taxReq)) {
 		s.mgmtRoute("taxonomy", pattern, authBasic, taxMaxBody, func(w *statusWriter, q *mgRequest) {
@@ -251,26 +246,12 @@ func (s *Sim) registerTaxonomy() {
 				taxFail(w, http.StatusTooManyRequests, "Too many concurrent requests")
 				return
 			}
-			spent := x.spent[key]
-			for len(spent) > 0 && !spent[0].t.After(now.Add(-x.period)) {
-				spent = spent[1:]
-			}
-			total := 0
-			for _, c := range spent {
-				total += c.cost
-			}
-			if total+cost > x.periodCost {
-				x.spent[key] = spent
+			if ok, wait := x.spent.take(key, now, cost, x.periodCost, x.period); !ok {
 				st.mu.Unlock()
-				wait := x.period
-				if len(spent) > 0 {
-					wait = spent[0].t.Add(x.period).Sub(now)
-				}
 				retryAfter(w, wait)
 				taxFail(w, http.StatusTooManyRequests, "Too many requests: cost budget exceeded")
 				return
 			}
-			x.spent[key] = append(spent, taxCost{now, cost})
 			x.inFlight[key] += cost
 			x.peak[key] = max(x.peak[key], x.inFlight[key])
 			delay := x.delay
