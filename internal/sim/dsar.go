@@ -70,15 +70,11 @@ func (s *Sim) SetDSAR(c DSARConfig) error {
 	st := s.dsar
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if c.PollsToDone > 0 {
-		st.pollsToDone = c.PollsToDone
-	}
+	setPositive(&st.pollsToDone, c.PollsToDone)
 	if c.FailNext != nil {
 		st.failNext = *c.FailNext
 	}
-	if ttl > 0 {
-		st.urlTTL = ttl
-	}
+	setPositive(&st.urlTTL, ttl)
 	return nil
 }
 

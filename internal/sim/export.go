@@ -108,9 +108,7 @@ func (s *Sim) SetExport(c ExportConfig) error {
 	st := s.export
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if c.MaxBytes > 0 {
-		st.maxBytes = c.MaxBytes
-	}
+	setPositive(&st.maxBytes, c.MaxBytes)
 	if c.SyntheticBytesPerHour != nil {
 		st.synthetic = *c.SyntheticBytesPerHour
 	}

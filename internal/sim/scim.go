@@ -83,12 +83,8 @@ func (s *Sim) SetSCIMRate(limit int, window time.Duration) {
 	st := s.mgmt()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if limit > 0 {
-		st.scim.limit = limit
-	}
-	if window > 0 {
-		st.scim.window = window
-	}
+	setPositive(&st.scim.limit, limit)
+	setPositive(&st.scim.window, window)
 }
 
 // scimUsers returns the emails of org's users, sorted.

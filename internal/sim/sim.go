@@ -276,5 +276,12 @@ func locked[T any](mu *sync.Mutex, f func() T) T {
 	return f()
 }
 
+// setPositive sets *dst to v when v > 0: a setting's zero keeps the value.
+func setPositive[T int | int64 | time.Duration](dst *T, v T) {
+	if v > 0 {
+		*dst = v
+	}
+}
+
 // withLock runs f with mu held.
 func withLock(mu *sync.Mutex, f func()) { locked(mu, func() struct{} { f(); return struct{}{} }) }

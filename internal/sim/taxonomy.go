@@ -85,15 +85,9 @@ func (s *Sim) SetTaxonomyLimits(maxInFlight, periodCost int, period time.Duratio
 	st := s.mgmt()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if maxInFlight > 0 {
-		st.tax.maxInFlight = maxInFlight
-	}
-	if periodCost > 0 {
-		st.tax.periodCost = periodCost
-	}
-	if period > 0 {
-		st.tax.period = period
-	}
+	setPositive(&st.tax.maxInFlight, maxInFlight)
+	setPositive(&st.tax.periodCost, periodCost)
+	setPositive(&st.tax.period, period)
 }
 
 // SetTaxonomyDelay makes every taxonomy request take at least d.

@@ -138,12 +138,8 @@ func (s *Sim) SetUserMapRate(limit int, window time.Duration) {
 	st := s.um()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if limit > 0 {
-		st.limit = limit
-	}
-	if window > 0 {
-		st.window = window
-	}
+	setPositive(&st.limit, limit)
+	setPositive(&st.window, window)
 }
 
 // SetUserMapOrg puts apiKey in organization org: keys of one organization
