@@ -62,11 +62,7 @@ func (s *Sim) registerClassifiers() {
 		s.mgmtRoute("classifier", pattern, authBasic, clsMaxBody, func(w *statusWriter, q *mgRequest) {
 			st.mu.Lock()
 			defer st.mu.Unlock()
-			m := st.cls.byKey[q.account]
-			if m == nil {
-				m = map[string]*simClassifier{}
-				st.cls.byKey[q.account] = m
-			}
+			m := entry(st.cls.byKey, q.account, func() map[string]*simClassifier { return map[string]*simClassifier{} })
 			f(m, w, q)
 		})
 	}

@@ -124,11 +124,7 @@ func (s *Sim) registerDeletion() {
 		st.mu.Lock()
 		var job deletionJob
 		for _, h := range hits {
-			byDay := st.jobs[h.key]
-			if byDay == nil {
-				byDay = make(map[string][]deletionUser)
-				st.jobs[h.key] = byDay
-			}
+			byDay := entry(st.jobs, h.key, func() map[string][]deletionUser { return map[string][]deletionUser{} })
 			u := deletionUser{SvcID: SvcID(h.key, h.user), Requester: req.Requester, RequestedOnDay: today}
 			if req.IncludeMapped {
 				u.UserID = h.user

@@ -110,11 +110,9 @@ func (s *Sim) registerSCIM() {
 				scimError(w, http.StatusTooManyRequests, "", "Too many requests: 100 per minute per organization")
 				return
 			}
-			o := st.scim.orgs[q.account]
-			if o == nil {
-				o = &scimOrg{users: map[string]*scimUser{}, groups: map[int]*scimGroup{}, nextID: 1001}
-				st.scim.orgs[q.account] = o
-			}
+			o := entry(st.scim.orgs, q.account, func() *scimOrg {
+				return &scimOrg{users: map[string]*scimUser{}, groups: map[int]*scimGroup{}, nextID: 1001}
+			})
 			f(st, o, w, q)
 		}
 	}

@@ -283,5 +283,15 @@ func setPositive[T int | int64 | time.Duration](dst *T, v T) {
 	}
 }
 
+// entry returns m[k], adding mk() first when there is none.
+func entry[K comparable, V any](m map[K]V, k K, mk func() V) V {
+	v, ok := m[k]
+	if !ok {
+		v = mk()
+		m[k] = v
+	}
+	return v
+}
+
 // withLock runs f with mu held.
 func withLock(mu *sync.Mutex, f func()) { locked(mu, func() struct{} { f(); return struct{}{} }) }

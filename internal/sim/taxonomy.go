@@ -123,6 +123,8 @@ func (s *Sim) SeedTaxonomy(apiKey, kind, name, state string) {
 	m[name] = &taxEntity{state: state, fields: map[string]string{}}
 }
 
+func newTaxEntities() map[string]*taxEntity { return map[string]*taxEntity{} }
+
 func (x *taxState) project(key string) *taxProject {
 	p := x.projects[key]
 	if p == nil {
@@ -405,10 +407,7 @@ func (s *Sim) registerTaxonomy() {
 		case et != "" && q.p.overrides[et][name] != nil:
 			taxFail(w, http.StatusConflict, "event property exists on that event type")
 		case et != "" && shared != nil:
-			if q.p.overrides[et] == nil {
-				q.p.overrides[et] = map[string]*taxEntity{}
-			}
-			q.p.overrides[et][name] = q.entity(propFields)
+			entry(q.p.overrides, et, newTaxEntities)[name] = q.entity(propFields)
 			taxOK(w, http.StatusOK, nil)
 		default:
 			q.create(w, q.p.props, name, "event property", propFields)
@@ -466,10 +465,7 @@ func (s *Sim) registerTaxonomy() {
 					for k, v := range shared.fields {
 						o.fields[k] = v
 					}
-					if q.p.overrides[et] == nil {
-						q.p.overrides[et] = map[string]*taxEntity{}
-					}
-					q.p.overrides[et][name] = o
+					entry(q.p.overrides, et, newTaxEntities)[name] = o
 				}
 				target = o
 			case "shared":
@@ -568,10 +564,7 @@ func (s *Sim) registerTaxonomy() {
 		if !ok {
 			return
 		}
-		if q.p.groups[gt] == nil {
-			q.p.groups[gt] = map[string]*taxEntity{}
-		}
-		q.create(w, q.p.groups[gt], name, "group property", propFields)
+		q.create(w, entry(q.p.groups, gt, newTaxEntities), name, "group property", propFields)
 	})
 	r("GET /api/2/taxonomy/group-property", func(w *statusWriter, q *taxReq) {
 		out := []any{}

@@ -275,11 +275,7 @@ func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, 
 		return
 	}
 	st.batches = append(st.batches, MappingBatch{Time: now, Org: org, N: len(ms)})
-	users := st.mapped[org]
-	if users == nil {
-		users = map[string]string{}
-		st.mapped[org] = users
-	}
+	users := entry(st.mapped, org, func() map[string]string { return map[string]string{} })
 	for _, m := range ms {
 		st.seq++
 		m.Seq, m.Request, m.Time, m.KeyLabel = st.seq, in.Rec.Seq, now, in.Rec.KeyLabel
