@@ -192,7 +192,10 @@ func (s *Sim) serveGroupIdentify(st *giState, w http.ResponseWriter, r *http.Req
 	if !ok {
 		return
 	}
-	invalid := func() { writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidGroupIdentify}) }
+	fail := func() { // st.mu held
+		st.mu.Unlock()
+		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidGroupIdentify})
+	}
 	type parsed struct {
 		GroupType       any                        `json:"group_type"`
 		GroupValue      any                        `json:"group_value"`
@@ -205,23 +208,20 @@ func (s *Sim) serveGroupIdentify(st *giState, w http.ResponseWriter, r *http.Req
 	for _, raw := range raws {
 		var p parsed
 		if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &p) != nil {
-			st.mu.Unlock()
-			invalid()
+			fail()
 			return
 		}
 		gt, ok1 := p.GroupType.(string)
 		gv, ok2 := p.GroupValue.(string)
 		if !ok1 || !ok2 || gt == "" || gv == "" || rejected[gv] {
-			st.mu.Unlock()
-			invalid()
+			fail()
 			return
 		}
 		for k, v := range p.GroupProperties {
 			if len(k) > 0 && k[0] == '$' {
 				var op map[string]json.RawMessage
 				if !groupOps[k] || json.Unmarshal(v, &op) != nil || op == nil {
-					st.mu.Unlock()
-					invalid()
+					fail()
 					return
 				}
 				props += len(op)
@@ -232,8 +232,7 @@ func (s *Sim) serveGroupIdentify(st *giState, w http.ResponseWriter, r *http.Req
 		out = append(out, GroupIdentify{GroupType: gt, GroupValue: gv, Raw: append(json.RawMessage{}, raw...)})
 	}
 	if props > MaxGroupProperties {
-		st.mu.Unlock()
-		invalid()
+		fail()
 		return
 	}
 	now := s.cfg.Now()

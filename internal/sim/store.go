@@ -128,6 +128,8 @@ type rateKey struct {
 	penaltyUntil int64
 }
 
+func newRateKey() *rateKey { return &rateKey{} }
+
 type quotaKey struct {
 	day   int64
 	n     int
@@ -229,11 +231,7 @@ func (st *store) rateOf(k string, now int64) (*rateKey, float64) {
 }
 
 func (st *store) addRate(k string, now int64, n int) {
-	rk := st.rates[k]
-	if rk == nil {
-		rk = &rateKey{}
-		st.rates[k] = rk
-	}
+	rk := entry(st.rates, k, newRateKey)
 	if l := len(rk.stamps); l > 0 && rk.stamps[l-1].t == now {
 		rk.stamps[l-1].n += n
 	} else {
@@ -550,12 +548,7 @@ func (s *Sim) startPenaltiesLocked(apiKey string, devs, users map[string]int, no
 	st := &s.store
 	for kind, m := range map[string]map[string]int{"d": devs, "u": users} {
 		for id := range m {
-			k := st.rateKeyOf(apiKey, kind, id)
-			rk := st.rates[k]
-			if rk == nil {
-				rk = &rateKey{}
-				st.rates[k] = rk
-			}
+			rk := entry(st.rates, st.rateKeyOf(apiKey, kind, id), newRateKey)
 			if rk.penaltyUntil <= now {
 				rk.penaltyUntil = now + int64(s.cfg.ThrottlePenalty)
 			}

@@ -126,14 +126,11 @@ func (s *Sim) SeedTaxonomy(apiKey, kind, name, state string) {
 func newTaxEntities() map[string]*taxEntity { return map[string]*taxEntity{} }
 
 func (x *taxState) project(key string) *taxProject {
-	p := x.projects[key]
-	if p == nil {
-		p = &taxProject{categories: map[int]string{}, nextCat: 1, events: map[string]*taxEntity{},
+	return entry(x.projects, key, func() *taxProject {
+		return &taxProject{categories: map[int]string{}, nextCat: 1, events: map[string]*taxEntity{},
 			props: map[string]*taxEntity{}, overrides: map[string]map[string]*taxEntity{},
 			users: map[string]*taxEntity{}, groups: map[string]map[string]*taxEntity{}}
-		x.projects[key] = p
-	}
-	return p
+	})
 }
 
 // taxReq is one taxonomy request: its form values and project.

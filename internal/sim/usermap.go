@@ -247,10 +247,6 @@ func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, 
 			}
 		}
 		gid, _ := m.GlobalUserID.(string)
-		if m.GlobalUserID != nil && gid == "" && !unmap {
-			invalid()
-			return
-		}
 		if gid == "" && !unmap {
 			invalid()
 			return
