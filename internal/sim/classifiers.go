@@ -100,6 +100,15 @@ func (s *Sim) registerClassifiers() {
 		}
 		return &b, def
 	}
+	set := func(c *simClassifier, b *body, def map[string]any) {
+		c.def, c.modified = def, s.cfg.Now()
+		if b.DisplayName != nil {
+			c.displayName = *b.DisplayName
+		}
+		if b.Description != nil {
+			c.description = *b.Description
+		}
+	}
 	r("GET /api/2/channel-classifiers", func(m map[string]*simClassifier, w *statusWriter, q *mgRequest) {
 		out := []any{}
 		for _, n := range sortedKeys(m) {
@@ -129,14 +138,8 @@ func (s *Sim) registerClassifiers() {
 			fail(w, http.StatusConflict, "classifier exists")
 			return
 		}
-		c := &simClassifier{name: name, def: def, modified: s.cfg.Now()}
-		if b.DisplayName != nil {
-			c.displayName = *b.DisplayName
-		}
-		if b.Description != nil {
-			c.description = *b.Description
-		}
-		m[name] = c
+		m[name] = &simClassifier{name: name}
+		set(m[name], b, def)
 		writeJSON(w, http.StatusOK, map[string]any{"status": "created", "name": name})
 	})
 	r("PATCH /api/2/channel-classifiers/{name}", func(m map[string]*simClassifier, w *statusWriter, q *mgRequest) {
@@ -150,13 +153,7 @@ func (s *Sim) registerClassifiers() {
 			fail(w, http.StatusNotFound, "classifier not found")
 			return
 		}
-		c.def, c.modified = def, s.cfg.Now()
-		if b.DisplayName != nil {
-			c.displayName = *b.DisplayName
-		}
-		if b.Description != nil {
-			c.description = *b.Description
-		}
+		set(c, b, def)
 		writeJSON(w, http.StatusOK, map[string]any{"status": "updated", "name": name})
 	})
 }
