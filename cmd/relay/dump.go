@@ -2,11 +2,9 @@ package main
 
 import (
 	"bufio"
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -14,7 +12,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/svcrelay/relay/internal/config"
 	"github.com/svcrelay/relay/internal/spool"
 )
 
@@ -49,21 +46,15 @@ func kindName(k spool.Kind) string {
 // (oldest lane first), in delivery order, one JSON object per line. It
 // refuses when a running relay holds the spool.
 func runDump(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("relay spool dump", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	def := cmp.Or(envValue(environ, config.EnvName("data-dir")), "./relay-data")
-	dir := fs.String("data-dir", def, "the relay's data dir (default from RELAY_DATA_DIR)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		return exitUsage
+	fs, dir, code := spoolFlags("dump", args, environ, stderr, nil)
+	if code >= 0 {
+		return code
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "relay spool dump: unexpected argument %q\n", fs.Arg(0))
 		return exitUsage
 	}
-	n, err := dump(ctx, *dir, stdout)
+	n, err := dump(ctx, dir, stdout)
 	if err != nil {
 		fmt.Fprintf(stderr, "relay spool dump: %v\n", err)
 		return exitFailure

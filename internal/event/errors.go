@@ -1,6 +1,7 @@
 package event
 
 import (
+	"maps"
 	"slices"
 	"strconv"
 	"unicode/utf8"
@@ -79,13 +80,8 @@ func (e *Error) AppendJSON(dst []byte) []byte {
 }
 
 func appendIndexMap(dst []byte, m map[string][]int) []byte {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
 	dst = append(dst, '{')
-	for n, k := range keys {
+	for n, k := range slices.Sorted(maps.Keys(m)) {
 		if n > 0 {
 			dst = append(dst, ',')
 		}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -305,7 +306,7 @@ func (cl *client) once(ctx context.Context, method, url string, body []byte, acc
 		}
 		return nil, 0, err
 	}
-	if r.StatusCode/100 == 2 || contains(accept, r.StatusCode) {
+	if r.StatusCode/100 == 2 || slices.Contains(accept, r.StatusCode) {
 		return r, 0, nil
 	}
 	b, _ := io.ReadAll(io.LimitReader(r.Body, 4096))
@@ -327,15 +328,6 @@ func redactURL(u string) string {
 		return u[:i] + "?..."
 	}
 	return u
-}
-
-func contains(l []int, v int) bool {
-	for _, x := range l {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 // progress shows progress on stderr: one updating line on a terminal,

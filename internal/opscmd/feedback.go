@@ -2,6 +2,7 @@ package opscmd
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
@@ -89,7 +90,7 @@ func readFeedbackItems(path string, stdout io.Writer) (items []json.RawMessage, 
 	for n := 1; ; n++ {
 		line, rerr := br.ReadBytes('\n')
 		if len(line) > 0 {
-			trimmed := json.RawMessage(trimSpace(line))
+			trimmed := json.RawMessage(bytes.Trim(line, " \t\r\n"))
 			if len(trimmed) > 0 {
 				id, cerr := forward.CheckFeedbackItem(trimmed)
 				switch {
@@ -112,14 +113,4 @@ func readFeedbackItems(path string, stdout io.Writer) (items []json.RawMessage, 
 			return nil, nil, 0, rerr
 		}
 	}
-}
-
-func trimSpace(b []byte) []byte {
-	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t' || b[0] == '\r' || b[0] == '\n') {
-		b = b[1:]
-	}
-	for len(b) > 0 && (b[len(b)-1] == ' ' || b[len(b)-1] == '\t' || b[len(b)-1] == '\r' || b[len(b)-1] == '\n') {
-		b = b[:len(b)-1]
-	}
-	return b
 }

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -56,15 +57,9 @@ func (c Config) Validate() error {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Window == 0 {
-		c.Window = DefaultWindow
-	}
-	if c.MaxWait == 0 {
-		c.MaxWait = DefaultMaxWait
-	}
-	if c.MaxWaiting == 0 {
-		c.MaxWaiting = DefaultMaxWaiting
-	}
+	c.Window = cmp.Or(c.Window, DefaultWindow)
+	c.MaxWait = cmp.Or(c.MaxWait, DefaultMaxWait)
+	c.MaxWaiting = cmp.Or(c.MaxWaiting, DefaultMaxWaiting)
 	return c
 }
 

@@ -3,7 +3,6 @@ package sim
 import (
 	"encoding/json"
 	"net/http"
-	"sort"
 	"time"
 	"unicode/utf8"
 )
@@ -63,11 +62,7 @@ func (s *Sim) registerClassifiers() {
 		s.mgmtRoute("classifier", pattern, authBasic, clsMaxBody, func(w *statusWriter, q *mgRequest) {
 			st.mu.Lock()
 			defer st.mu.Unlock()
-			m := st.cls.byKey[q.account]
-			if m == nil {
-				m = map[string]*simClassifier{}
-				st.cls.byKey[q.account] = m
-			}
+			m := entry(st.cls.byKey, q.account, func() map[string]*simClassifier { return map[string]*simClassifier{} })
 			f(m, w, q)
 		})
 	}
@@ -105,14 +100,18 @@ func (s *Sim) registerClassifiers() {
 		}
 		return &b, def
 	}
-	r("GET /api/2/channel-classifiers", func(m map[string]*simClassifier, w *statusWriter, q *mgRequest) {
-		names := make([]string, 0, len(m))
-		for n := range m {
-			names = append(names, n)
+	set := func(c *simClassifier, b *body, def map[string]any) {
+		c.def, c.modified = def, s.cfg.Now()
+		if b.DisplayName != nil {
+			c.displayName = *b.DisplayName
 		}
-		sort.Strings(names)
+		if b.Description != nil {
+			c.description = *b.Description
+		}
+	}
+	r("GET /api/2/channel-classifiers", func(m map[string]*simClassifier, w *statusWriter, q *mgRequest) {
 		out := []any{}
-		for _, n := range names {
+		for _, n := range sortedKeys(m) {
 			out = append(out, m[n].view())
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"channelClassifiers": out})
@@ -139,14 +138,8 @@ func (s *Sim) registerClassifiers() {
 			fail(w, http.StatusConflict, "classifier exists")
 			return
 		}
-		c := &simClassifier{name: name, def: def, modified: s.cfg.Now()}
-		if b.DisplayName != nil {
-			c.displayName = *b.DisplayName
-		}
-		if b.Description != nil {
-			c.description = *b.Description
-		}
-		m[name] = c
+		m[name] = &simClassifier{name: name}
+		set(m[name], b, def)
 		writeJSON(w, http.StatusOK, map[string]any{"status": "created", "name": name})
 	})
 	r("PATCH /api/2/channel-classifiers/{name}", func(m map[string]*simClassifier, w *statusWriter, q *mgRequest) {
@@ -160,13 +153,7 @@ func (s *Sim) registerClassifiers() {
 			fail(w, http.StatusNotFound, "classifier not found")
 			return
 		}
-		c.def, c.modified = def, s.cfg.Now()
-		if b.DisplayName != nil {
-			c.displayName = *b.DisplayName
-		}
-		if b.Description != nil {
-			c.description = *b.Description
-		}
+		set(c, b, def)
 		writeJSON(w, http.StatusOK, map[string]any{"status": "updated", "name": name})
 	})
 }

@@ -89,31 +89,25 @@ func (s *Sim) registerDeletion() {
 			req.IgnoreInvalid = true
 			keys = s.apiKeysSeen(key)
 		}
-		type found struct{ key, user string }
-		var hits []found
+		var hits []keyUser
 		var invalid []string
 		users := s.usersOf(keys)
-		for _, id := range req.SvcIDs {
-			hit := false
+		match := func(id string, is func(u keyUser) bool) { // hits, or id is invalid
+			n := len(hits)
 			for _, u := range users {
-				if SvcID(u.key, u.user) == id {
-					hits, hit = append(hits, found(u)), true
+				if is(u) {
+					hits = append(hits, u)
 				}
 			}
-			if !hit {
-				invalid = append(invalid, strconv.FormatInt(id, 10))
-			}
-		}
-		for _, id := range req.UserIDs {
-			hit := false
-			for _, u := range users {
-				if u.user == id {
-					hits, hit = append(hits, found(u)), true
-				}
-			}
-			if !hit {
+			if len(hits) == n {
 				invalid = append(invalid, id)
 			}
+		}
+		for _, id := range req.SvcIDs {
+			match(strconv.FormatInt(id, 10), func(u keyUser) bool { return SvcID(u.key, u.user) == id })
+		}
+		for _, id := range req.UserIDs {
+			match(id, func(u keyUser) bool { return u.user == id })
 		}
 		if len(invalid) > 0 && !req.IgnoreInvalid {
 			writeJSON(w, http.StatusBadRequest, map[string]any{
@@ -130,11 +124,7 @@ func (s *Sim) registerDeletion() {
 		st.mu.Lock()
 		var job deletionJob
 		for _, h := range hits {
-			byDay := st.jobs[h.key]
-			if byDay == nil {
-				byDay = make(map[string][]deletionUser)
-				st.jobs[h.key] = byDay
-			}
+			byDay := entry(st.jobs, h.key, func() map[string][]deletionUser { return map[string][]deletionUser{} })
 			u := deletionUser{SvcID: SvcID(h.key, h.user), Requester: req.Requester, RequestedOnDay: today}
 			if req.IncludeMapped {
 				u.UserID = h.user

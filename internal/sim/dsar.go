@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -71,15 +70,11 @@ func (s *Sim) SetDSAR(c DSARConfig) error {
 	st := s.dsar
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if c.PollsToDone > 0 {
-		st.pollsToDone = c.PollsToDone
-	}
+	setPositive(&st.pollsToDone, c.PollsToDone)
 	if c.FailNext != nil {
 		st.failNext = *c.FailNext
 	}
-	if ttl > 0 {
-		st.urlTTL = ttl
-	}
+	setPositive(&st.urlTTL, ttl)
 	return nil
 }
 
@@ -312,13 +307,8 @@ func (s *Sim) dsarFiles(job *dsarJob) [][]byte {
 		months[m].Write(line)
 		months[m].WriteByte('\n')
 	}
-	keys := make([]string, 0, len(months))
-	for m := range months {
-		keys = append(keys, m)
-	}
-	sort.Strings(keys)
 	files := [][]byte{}
-	for _, m := range keys {
+	for _, m := range sortedKeys(months) {
 		var gz bytes.Buffer
 		zw := gzip.NewWriter(&gz)
 		zw.Write(months[m].Bytes())

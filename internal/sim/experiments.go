@@ -100,26 +100,28 @@ func (s *Sim) registerExperiments() {
 	st := s.mgmt()
 	st.exp = &expState{exps: map[string]*simExperiment{}}
 	x := st.exp
-	r := func(pattern string, f func(e *simExperiment, w *statusWriter, q *mgRequest)) {
+	// r registers an experiment route; f gets the experiment and variant its
+	// path names ({id}, {variantKey}), after a 404 for either that is unknown.
+	r := func(pattern string, f func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest)) {
 		s.mgmtRoute("experiment", pattern, authMgmtBearer, expMaxBody, func(w *statusWriter, q *mgRequest) {
 			st.mu.Lock()
 			defer st.mu.Unlock()
 			var e *simExperiment
 			if id := q.r.PathValue("id"); id != "" {
 				if e = x.exps[id]; e == nil {
-					writeJSON(w, http.StatusNotFound, map[string]any{"error": "experiment not found"})
+					apiError(w, http.StatusNotFound, "experiment not found")
 					return
 				}
 			}
-			f(e, w, q)
+			var v *simVariant
+			if k := q.r.PathValue("variantKey"); k != "" {
+				if v = e.byKey[k]; v == nil {
+					apiError(w, http.StatusNotFound, "variant not found")
+					return
+				}
+			}
+			f(e, v, w, q)
 		})
-	}
-	variant := func(e *simExperiment, w *statusWriter, q *mgRequest) *simVariant {
-		v := e.byKey[q.r.PathValue("variantKey")]
-		if v == nil {
-			writeJSON(w, http.StatusNotFound, map[string]any{"error": "variant not found"})
-		}
-		return v
 	}
 	ok := func(w *statusWriter) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -131,7 +133,7 @@ func (s *Sim) registerExperiments() {
 	}
 	now := func() time.Time { return s.cfg.Now() }
 
-	r("GET /api/1/experiments", func(_ *simExperiment, w *statusWriter, q *mgRequest) {
+	r("GET /api/1/experiments", func(_ *simExperiment, _ *simVariant, w *statusWriter, q *mgRequest) {
 		limit := -1
 		if v := q.r.URL.Query().Get("limit"); v != "" {
 			n, err := strconv.Atoi(v)
@@ -159,7 +161,7 @@ func (s *Sim) registerExperiments() {
 		}
 		writeJSON(w, http.StatusOK, out)
 	})
-	r("POST /api/1/experiments", func(_ *simExperiment, w *statusWriter, q *mgRequest) {
+	r("POST /api/1/experiments", func(_ *simExperiment, _ *simVariant, w *statusWriter, q *mgRequest) {
 		m, err := decodeObject(q.body)
 		if err != nil {
 			bad(w, "body is not a JSON object")
@@ -202,10 +204,10 @@ func (s *Sim) registerExperiments() {
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"id": e.id, "url": "https://app.example/experiments/" + e.id})
 	})
-	r("GET /api/1/experiments/{id}", func(e *simExperiment, w *statusWriter, q *mgRequest) {
+	r("GET /api/1/experiments/{id}", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
 		writeJSON(w, http.StatusOK, e.view())
 	})
-	r("PATCH /api/1/experiments/{id}", func(e *simExperiment, w *statusWriter, q *mgRequest) {
+	r("PATCH /api/1/experiments/{id}", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
 		if e.delivery != "feature" {
 			writeJSON(w, http.StatusMethodNotAllowed, map[string]any{"error": "experiments of this type cannot be edited here"})
 			return
@@ -227,14 +229,14 @@ func (s *Sim) registerExperiments() {
 		e.version(now(), "edited")
 		writeJSON(w, http.StatusOK, e.view())
 	})
-	r("GET /api/1/experiments/{id}/versions", func(e *simExperiment, w *statusWriter, q *mgRequest) {
+	r("GET /api/1/experiments/{id}/versions", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
 		out := []any{}
 		for i := len(e.versions) - 1; i >= 0; i-- {
 			out = append(out, e.versions[i])
 		}
 		writeJSON(w, http.StatusOK, out)
 	})
-	r("GET /api/1/experiments/{id}/versions/{versionId}", func(e *simExperiment, w *statusWriter, q *mgRequest) {
+	r("GET /api/1/experiments/{id}/versions/{versionId}", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
 		for _, v := range e.versions {
 			if v["versionId"] == q.r.PathValue("versionId") {
 				writeJSON(w, http.StatusOK, v)
@@ -243,7 +245,7 @@ func (s *Sim) registerExperiments() {
 		}
 		writeJSON(w, http.StatusNotFound, map[string]any{"error": "version not found"})
 	})
-	r("GET /api/1/experiments/{id}/variants", func(e *simExperiment, w *statusWriter, q *mgRequest) {
+	r("GET /api/1/experiments/{id}/variants", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
 		out := []any{}
 		for _, k := range e.variants {
 			out = append(out, e.byKey[k].fields)
@@ -266,7 +268,7 @@ func (s *Sim) registerExperiments() {
 		}
 		return m
 	}
-	r("POST /api/1/experiments/{id}/variants", func(e *simExperiment, w *statusWriter, q *mgRequest) {
+	r("POST /api/1/experiments/{id}/variants", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
 		m := variantBody(w, q)
 		if m == nil {
 			return
@@ -285,16 +287,10 @@ func (s *Sim) registerExperiments() {
 		e.version(now(), "variant added")
 		ok(w)
 	})
-	r("GET /api/1/experiments/{id}/variants/{variantKey}", func(e *simExperiment, w *statusWriter, q *mgRequest) {
-		if v := variant(e, w, q); v != nil {
-			writeJSON(w, http.StatusOK, v.fields)
-		}
+	r("GET /api/1/experiments/{id}/variants/{variantKey}", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
+		writeJSON(w, http.StatusOK, v.fields)
 	})
-	r("PATCH /api/1/experiments/{id}/variants/{variantKey}", func(e *simExperiment, w *statusWriter, q *mgRequest) {
-		v := variant(e, w, q)
-		if v == nil {
-			return
-		}
+	r("PATCH /api/1/experiments/{id}/variants/{variantKey}", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
 		m := variantBody(w, q)
 		if m == nil {
 			return
@@ -319,25 +315,18 @@ func (s *Sim) registerExperiments() {
 		e.version(now(), "variant edited")
 		ok(w)
 	})
-	r("DELETE /api/1/experiments/{id}/variants/{variantKey}", func(e *simExperiment, w *statusWriter, q *mgRequest) {
-		if v := variant(e, w, q); v == nil {
-			return
-		}
+	r("DELETE /api/1/experiments/{id}/variants/{variantKey}", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
 		k := q.r.PathValue("variantKey")
 		delete(e.byKey, k)
 		e.variants = removeString(e.variants, k)
 		e.version(now(), "variant deleted")
 		ok(w)
 	})
-	r("GET /api/1/experiments/{id}/variants/{variantKey}/users", func(e *simExperiment, w *statusWriter, q *mgRequest) {
-		if v := variant(e, w, q); v != nil {
-			writeJSON(w, http.StatusOK, append([]string{}, v.users...))
-		}
+	r("GET /api/1/experiments/{id}/variants/{variantKey}/users", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
+		writeJSON(w, http.StatusOK, append([]string{}, v.users...))
 	})
-	r("GET /api/1/experiments/{id}/variants/{variantKey}/cohorts", func(e *simExperiment, w *statusWriter, q *mgRequest) {
-		if v := variant(e, w, q); v != nil {
-			writeJSON(w, http.StatusOK, append([]string{}, v.cohorts...))
-		}
+	r("GET /api/1/experiments/{id}/variants/{variantKey}/cohorts", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
+		writeJSON(w, http.StatusOK, append([]string{}, v.cohorts...))
 	})
 	// strings reads body[field] as an array of strings.
 	stringsField := func(w *statusWriter, q *mgRequest, field string, most int) ([]string, bool) {
@@ -357,51 +346,33 @@ func (s *Sim) registerExperiments() {
 		}
 		return v, true
 	}
-	r("POST /api/1/experiments/{id}/variants/{variantKey}/users", func(e *simExperiment, w *statusWriter, q *mgRequest) {
-		v := variant(e, w, q)
-		if v == nil {
-			return
-		}
+	r("POST /api/1/experiments/{id}/variants/{variantKey}/users", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
 		if ids, good := stringsField(w, q, "inclusions", 0); good {
 			v.users = append(v.users, ids...)
 			ok(w)
 		}
 	})
-	r("POST /api/1/experiments/{id}/variants/{variantKey}/cohorts", func(e *simExperiment, w *statusWriter, q *mgRequest) {
-		v := variant(e, w, q)
-		if v == nil {
-			return
-		}
+	r("POST /api/1/experiments/{id}/variants/{variantKey}/cohorts", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
 		if ids, good := stringsField(w, q, "inclusions", 0); good {
 			v.cohorts = append(v.cohorts, ids...)
 			ok(w)
 		}
 	})
-	r("DELETE /api/1/experiments/{id}/variants/{variantKey}/users/{userIndex}", func(e *simExperiment, w *statusWriter, q *mgRequest) {
-		v := variant(e, w, q)
-		if v == nil {
-			return
-		}
+	r("DELETE /api/1/experiments/{id}/variants/{variantKey}/users/{userIndex}", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
 		i, err := strconv.Atoi(q.r.PathValue("userIndex"))
 		if err != nil || i < 0 || i >= len(v.users) {
-			writeJSON(w, http.StatusNotFound, map[string]any{"error": "inclusion not found"})
+			apiError(w, http.StatusNotFound, "inclusion not found")
 			return
 		}
 		v.users = append(v.users[:i], v.users[i+1:]...)
 		ok(w)
 	})
-	r("DELETE /api/1/experiments/{id}/variants/{variantKey}/users", func(e *simExperiment, w *statusWriter, q *mgRequest) {
-		if v := variant(e, w, q); v != nil {
-			v.users = nil
-			ok(w)
-		}
+	r("DELETE /api/1/experiments/{id}/variants/{variantKey}/users", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
+		v.users = nil
+		ok(w)
 	})
-	bulk := func(cohorts bool) func(e *simExperiment, w *statusWriter, q *mgRequest) {
-		return func(e *simExperiment, w *statusWriter, q *mgRequest) {
-			v := variant(e, w, q)
-			if v == nil {
-				return
-			}
+	bulk := func(cohorts bool) func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
+		return func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
 			ids, good := stringsField(w, q, "users", ExperimentBulkMax)
 			if !good {
 				return
@@ -418,14 +389,14 @@ func (s *Sim) registerExperiments() {
 	}
 	r("DELETE /api/1/experiments/{id}/variants/{variantKey}/bulk-delete-users", bulk(false))
 	r("DELETE /api/1/experiments/{id}/variants/{variantKey}/bulk-delete-cohorts", bulk(true))
-	r("GET /api/1/experiments/{id}/deployments", func(e *simExperiment, w *statusWriter, q *mgRequest) {
+	r("GET /api/1/experiments/{id}/deployments", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
 		out := []any{}
 		for _, d := range e.deployments {
 			out = append(out, map[string]any{"id": d})
 		}
 		writeJSON(w, http.StatusOK, out)
 	})
-	r("POST /api/1/experiments/{id}/deployments", func(e *simExperiment, w *statusWriter, q *mgRequest) {
+	r("POST /api/1/experiments/{id}/deployments", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
 		if ids, good := stringsField(w, q, "deployments", 0); good {
 			for _, id := range ids {
 				e.deployments = append(removeString(e.deployments, id), id)
@@ -434,7 +405,7 @@ func (s *Sim) registerExperiments() {
 			ok(w)
 		}
 	})
-	r("DELETE /api/1/experiments/{id}/deployments/{deploymentId}", func(e *simExperiment, w *statusWriter, q *mgRequest) {
+	r("DELETE /api/1/experiments/{id}/deployments/{deploymentId}", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
 		d := q.r.PathValue("deploymentId")
 		n := len(e.deployments)
 		e.deployments = removeString(e.deployments, d)

@@ -108,9 +108,7 @@ func (s *Sim) SetExport(c ExportConfig) error {
 	st := s.export
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if c.MaxBytes > 0 {
-		st.maxBytes = c.MaxBytes
-	}
+	setPositive(&st.maxBytes, c.MaxBytes)
 	if c.SyntheticBytesPerHour != nil {
 		st.synthetic = *c.SyntheticBytesPerHour
 	}
@@ -128,20 +126,21 @@ func (s *Sim) registerExport() {
 			st.log = append(st.log, served)
 			st.mu.Unlock()
 		}()
+		fail := func(status int, msg string) {
+			served.Status = status
+			apiError(w, status, msg)
+		}
 		start, err1 := time.Parse(ExportHourFormat, served.Start)
 		end, err2 := time.Parse(ExportHourFormat, served.End)
 		switch {
 		case err1 != nil || err2 != nil:
-			served.Status = http.StatusBadRequest
-			apiError(w, served.Status, "start and end must be of the form YYYYMMDDTHH")
+			fail(http.StatusBadRequest, "start and end must be of the form YYYYMMDDTHH")
 			return
 		case end.Before(start):
-			served.Status = http.StatusBadRequest
-			apiError(w, served.Status, "end is before start")
+			fail(http.StatusBadRequest, "end is before start")
 			return
 		case end.Add(time.Hour).Sub(start) > ExportMaxRange:
-			served.Status = http.StatusBadRequest
-			apiError(w, served.Status, "the range is longer than 365 days")
+			fail(http.StatusBadRequest, "the range is longer than 365 days")
 			return
 		}
 		st.mu.Lock()
@@ -159,12 +158,10 @@ func (s *Sim) registerExport() {
 		size += blocksPerHour * int64(len(block)) * hours
 		switch {
 		case size > maxBytes:
-			served.Status = http.StatusBadRequest
-			apiError(w, served.Status, fmt.Sprintf("the result would exceed %d bytes: choose a smaller range", maxBytes))
+			fail(http.StatusBadRequest, fmt.Sprintf("the result would exceed %d bytes: choose a smaller range", maxBytes))
 			return
 		case size == 0:
-			served.Status = http.StatusNotFound
-			apiError(w, served.Status, "no data for the range")
+			fail(http.StatusNotFound, "no data for the range")
 			return
 		}
 		served.Status = http.StatusOK

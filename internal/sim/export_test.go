@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -59,7 +60,7 @@ func TestExportArchive(t *testing.T) {
 			}
 		}
 	}
-	app := itoa(int(appID("proj")))
+	app := strconv.Itoa(int(appID("proj")))
 	if strings.Join(names, ",") != app+"/"+app+"_2026-11-22_12#0.json,"+app+"/"+app+"_2026-11-22_14#0.json" ||
 		strings.Join(types, ",") != "e1,e2,e3" {
 		t.Fatalf("entries %v types %v", names, types)

@@ -130,11 +130,7 @@ func (s *Sim) registerFeedback() {
 			good = append(good, it)
 		}
 		st.mu.Lock()
-		src := st.sources[key+"\x00"+*req.SourceID]
-		if src == nil {
-			src = make(map[string]*FeedbackItem)
-			st.sources[key+"\x00"+*req.SourceID] = src
-		}
+		src := entry(st.sources, key+"\x00"+*req.SourceID, func() map[string]*FeedbackItem { return map[string]*FeedbackItem{} })
 		for _, it := range good {
 			upsertFeedback(src, it)
 			ans.Ingested++

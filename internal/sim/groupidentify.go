@@ -77,6 +77,7 @@ const giControlPath = "/sim/groupidentify"
 
 func (s *Sim) registerGroupIdentify() {
 	st := &giState{byKey: map[string][]GroupIdentify{}, rejected: map[string]bool{}}
+	s.giState = st
 	s.ctlMux.Handle(giControlPath, st)
 	s.onReset(func() {
 		st.mu.Lock()
@@ -90,11 +91,7 @@ func (s *Sim) registerGroupIdentify() {
 	})
 }
 
-// gi finds the group identify store through its control route.
-func (s *Sim) gi() *giState {
-	h, _ := s.ctlMux.Handler(&http.Request{Method: http.MethodGet, URL: &url.URL{Path: giControlPath}})
-	return h.(*giState)
-}
+func (s *Sim) gi() *giState { return s.giState }
 
 // GroupIdentifies returns the identifications stored for apiKey, in arrival order.
 func (s *Sim) GroupIdentifies(apiKey string) []GroupIdentify { return s.gi().list(apiKey) }
@@ -102,18 +99,14 @@ func (s *Sim) GroupIdentifies(apiKey string) []GroupIdentify { return s.gi().lis
 // GroupIdentifyRequests returns the number of /groupidentify requests answered 200.
 func (s *Sim) GroupIdentifyRequests() int64 {
 	st := s.gi()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return st.requests
+	return locked(&st.mu, func() int64 { return st.requests })
 }
 
 // RejectGroupValue makes every request holding an identification with this
 // group_value fail with 400 "Invalid group identification" (no index named).
 func (s *Sim) RejectGroupValue(v string) {
 	st := s.gi()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.rejected[v] = true
+	withLock(&st.mu, func() { st.rejected[v] = true })
 }
 
 // formParams reads form fields from the (decoded) body, then the query.
@@ -199,7 +192,10 @@ func (s *Sim) serveGroupIdentify(st *giState, w http.ResponseWriter, r *http.Req
 	if !ok {
 		return
 	}
-	invalid := func() { writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidGroupIdentify}) }
+	fail := func() { // st.mu held
+		st.mu.Unlock()
+		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidGroupIdentify})
+	}
 	type parsed struct {
 		GroupType       any                        `json:"group_type"`
 		GroupValue      any                        `json:"group_value"`
@@ -212,23 +208,20 @@ func (s *Sim) serveGroupIdentify(st *giState, w http.ResponseWriter, r *http.Req
 	for _, raw := range raws {
 		var p parsed
 		if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &p) != nil {
-			st.mu.Unlock()
-			invalid()
+			fail()
 			return
 		}
 		gt, ok1 := p.GroupType.(string)
 		gv, ok2 := p.GroupValue.(string)
 		if !ok1 || !ok2 || gt == "" || gv == "" || rejected[gv] {
-			st.mu.Unlock()
-			invalid()
+			fail()
 			return
 		}
 		for k, v := range p.GroupProperties {
 			if len(k) > 0 && k[0] == '$' {
 				var op map[string]json.RawMessage
 				if !groupOps[k] || json.Unmarshal(v, &op) != nil || op == nil {
-					st.mu.Unlock()
-					invalid()
+					fail()
 					return
 				}
 				props += len(op)
@@ -239,8 +232,7 @@ func (s *Sim) serveGroupIdentify(st *giState, w http.ResponseWriter, r *http.Req
 		out = append(out, GroupIdentify{GroupType: gt, GroupValue: gv, Raw: append(json.RawMessage{}, raw...)})
 	}
 	if props > MaxGroupProperties {
-		st.mu.Unlock()
-		invalid()
+		fail()
 		return
 	}
 	now := s.cfg.Now()

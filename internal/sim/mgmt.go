@@ -7,8 +7,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -103,7 +101,7 @@ func (st *mgmtState) reset() {
 		st.cls.byKey = map[string]map[string]*simClassifier{}
 	}
 	if st.tax != nil {
-		st.tax.projects, st.tax.spent = map[string]*taxProject{}, map[string][]taxCost{}
+		st.tax.projects, st.tax.spent = map[string]*taxProject{}, windowHits{}
 		st.tax.peak = map[string]int{}
 	}
 }
@@ -116,51 +114,39 @@ func (st *mgmtState) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"calls": calls})
 }
 
-// mgmt returns the shared state, creating it on first use (at New).
-func (s *Sim) mgmt() *mgmtState {
-	h, pattern := s.ctlMux.Handler(&http.Request{Method: http.MethodGet, URL: &url.URL{Path: mgmtControlPath + "calls"}})
-	if st, ok := h.(*mgmtState); ok && pattern != "" {
-		return st
-	}
-	st := &mgmtState{mgmtKeys: map[string]bool{}, scimTokens: map[string]string{}, secrets: map[string]string{}}
-	s.ctlMux.Handle(mgmtControlPath+"calls", st)
-	s.onReset(st.reset)
-	return st
+func (s *Sim) registerMgmt() {
+	s.mgmtState = &mgmtState{mgmtKeys: map[string]bool{}, scimTokens: map[string]string{}, secrets: map[string]string{}}
+	s.ctlMux.Handle(mgmtControlPath+"calls", s.mgmtState)
+	s.onReset(s.mgmtState.reset)
 }
+
+func (s *Sim) mgmt() *mgmtState { return s.mgmtState }
 
 // SetManagementKey makes key an accepted experiment management key (once
 // one is set, others are answered 403).
 func (s *Sim) SetManagementKey(key string) {
 	st := s.mgmt()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.mgmtKeys[key] = true
+	withLock(&st.mu, func() { st.mgmtKeys[key] = true })
 }
 
 // SetSCIMToken makes token an accepted SCIM token of organization org (once
 // one is set, others are answered 403).
 func (s *Sim) SetSCIMToken(token, org string) {
 	st := s.mgmt()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.scimTokens[token] = org
+	withLock(&st.mu, func() { st.scimTokens[token] = org })
 }
 
 // SetProjectSecret makes secret the only accepted secret key of apiKey on
 // the classifier and taxonomy routes.
 func (s *Sim) SetProjectSecret(apiKey, secret string) {
 	st := s.mgmt()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.secrets[apiKey] = secret
+	withLock(&st.mu, func() { st.secrets[apiKey] = secret })
 }
 
 // MgmtCalls returns the management calls logged so far, oldest first.
 func (s *Sim) MgmtCalls() []MgmtCall {
 	st := s.mgmt()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return append([]MgmtCall(nil), st.calls...)
+	return locked(&st.mu, func() []MgmtCall { return append([]MgmtCall(nil), st.calls...) })
 }
 
 // mgRequest is what a management handler gets.
@@ -179,10 +165,7 @@ func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgH
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		rec := s.newRecord(r)
 		call := &MgmtCall{Time: s.cfg.Now(), API: api, Method: r.Method, Path: r.URL.EscapedPath(), Query: r.URL.RawQuery}
-		for k := range r.Header {
-			call.Headers = append(call.Headers, k)
-		}
-		slices.Sort(call.Headers)
+		call.Headers = sortedKeys(r.Header)
 		mw := &statusWriter{ResponseWriter: w}
 		if !s.faulted(w, r, mw, rec, false) {
 			s.serveMgmt(st, mw, r, call, auth, maxBody, h)
@@ -317,24 +300,35 @@ func (s *Sim) serveMgmt(st *mgmtState, w *statusWriter, r *http.Request, call *M
 	h(w, q)
 }
 
-// windowHits keeps the times of counted calls per account for a sliding
+// windowHits keeps the counted calls (time, cost) per account for a sliding
 // window limit.
-type windowHits map[string][]time.Time
+type windowHits map[string][]hit
 
-// take counts a call of account at now unless limit calls already fall in
-// (now-window, now]; when refused it returns how long until one leaves.
-func (h windowHits) take(account string, now time.Time, limit int, window time.Duration) (bool, time.Duration) {
+type hit struct {
+	t    time.Time
+	cost int
+}
+
+// take counts a call of account costing cost at now unless the costs in
+// (now-window, now] and cost pass limit; when refused it returns how long
+// until the oldest leaves.
+func (h windowHits) take(account string, now time.Time, cost, limit int, window time.Duration) (bool, time.Duration) {
 	ts := h[account]
-	i := 0
-	for i < len(ts) && !ts[i].After(now.Add(-window)) {
-		i++
+	for len(ts) > 0 && !ts[0].t.After(now.Add(-window)) {
+		ts = ts[1:]
 	}
-	ts = ts[i:]
-	if len(ts) >= limit {
-		h[account] = ts
-		return false, ts[0].Add(window).Sub(now)
+	h[account] = ts
+	total := cost
+	for _, x := range ts {
+		total += x.cost
 	}
-	h[account] = append(ts, now)
+	switch {
+	case total > limit && len(ts) == 0:
+		return false, window
+	case total > limit:
+		return false, ts[0].t.Add(window).Sub(now)
+	}
+	h[account] = append(ts, hit{now, cost})
 	return true, 0
 }
 

@@ -153,6 +153,10 @@ func TestSimClassifiers(t *testing.T) {
 		{"PATCH", "/api/2/channel-classifiers/none", a, def, 404, ""},
 		{"PATCH", "/api/2/channel-classifiers/ch_1", a, def, 200, `"updated"`},
 		{"GET", "/api/2/channel-classifiers/ch_1", a, "", 200, `"separator":null`},
+		{"POST", "/api/2/channel-classifiers/ch_2", a, `{"description":"d1","csvDefinition":{"csvText":"x"}}`, 200, `"created"`},
+		{"GET", "/api/2/channel-classifiers/ch_2", a, "", 200, `"description":"d1"`},
+		{"PATCH", "/api/2/channel-classifiers/ch_2", a, `{"description":"d2","csvDefinition":{"csvText":"y"}}`, 200, `"updated"`},
+		{"GET", "/api/2/channel-classifiers/ch_2", a, "", 200, `"description":"d2"`},
 		{"GET", "/api/2/channel-classifiers", basicAuth("k2", "x"), "", 200, `"channelClassifiers":[]`},
 	})
 }

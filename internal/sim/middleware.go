@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -101,7 +102,7 @@ func (s *Sim) ingestMiddleware(h routeHandler) http.Handler {
 			w.Write(bw.buf.Bytes())
 		case f.Drop == DropMidResponse:
 			b := bw.buf.Bytes()
-			w.Header().Set("Content-Length", itoa(len(b)))
+			w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 			w.WriteHeader(bw.status)
 			w.Write(b[:len(b)/2])
 			http.NewResponseController(w).Flush()
@@ -183,18 +184,4 @@ func (s *Sim) readBody(r *http.Request, in *incoming) (release func()) {
 		in.BadEncoding = true
 	}
 	return release
-}
-
-func itoa(n int) string {
-	var b [20]byte
-	i := len(b)
-	if n == 0 {
-		return "0"
-	}
-	for n > 0 {
-		i--
-		b[i] = byte('0' + n%10)
-		n /= 10
-	}
-	return string(b[i:])
 }

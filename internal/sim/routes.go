@@ -2,15 +2,12 @@ package sim
 
 import "time"
 
-// registerRoutes registers every route group on the shared mux. Each group
-// lives in its own file and registers its ingest routes with s.route (which
-// adds the request log, faults, latency, down state and body reading) and
-// uses the shared helpers: s.validKey for api keys, writeJSON for answers,
-// s.cfg.Now for time. Add new groups (groupidentify, usermap, management
-// APIs) here.
+// registerRoutes registers every route group (doc.go, Routes), each in a
+// file of its own.
 func (s *Sim) registerRoutes() {
 	s.registerHTTPAPI()       // /2/httpapi, /batch (httpapi.go)
 	s.registerControl()       // /sim/... (control.go), never faulted
+	s.registerMgmt()          // the management APIs' shared state (mgmt.go)
 	s.registerGroupIdentify() // /groupidentify, /sim/groupidentify (groupidentify.go)
 	s.registerUserMap()       // /usermap, /api/2/usermap, /sim/usermap (usermap.go)
 	s.registerExperiments()   // /api/1/experiments... (experiments.go; shared parts in mgmt.go)

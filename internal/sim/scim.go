@@ -3,6 +3,7 @@ package sim
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -82,12 +83,8 @@ func (s *Sim) SetSCIMRate(limit int, window time.Duration) {
 	st := s.mgmt()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if limit > 0 {
-		st.scim.limit = limit
-	}
-	if window > 0 {
-		st.scim.window = window
-	}
+	setPositive(&st.scim.limit, limit)
+	setPositive(&st.scim.window, window)
 }
 
 // scimUsers returns the emails of org's users, sorted.
@@ -95,14 +92,10 @@ func (s *Sim) scimUsers(org string) []string {
 	st := s.mgmt()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	var out []string
 	if o := st.scim.orgs[org]; o != nil {
-		for k := range o.users {
-			out = append(out, k)
-		}
+		return sortedKeys(o.users)
 	}
-	sort.Strings(out)
-	return out
+	return nil
 }
 
 func (s *Sim) registerSCIM() {
@@ -112,16 +105,14 @@ func (s *Sim) registerSCIM() {
 		return func(w *statusWriter, q *mgRequest) {
 			st.mu.Lock()
 			defer st.mu.Unlock()
-			if ok, wait := st.scim.hits.take(q.account, q.call.Time, st.scim.limit, st.scim.window); !ok {
+			if ok, wait := st.scim.hits.take(q.account, q.call.Time, 1, st.scim.limit, st.scim.window); !ok {
 				retryAfter(w, wait)
 				scimError(w, http.StatusTooManyRequests, "", "Too many requests: 100 per minute per organization")
 				return
 			}
-			o := st.scim.orgs[q.account]
-			if o == nil {
-				o = &scimOrg{users: map[string]*scimUser{}, groups: map[int]*scimGroup{}, nextID: 1001}
-				st.scim.orgs[q.account] = o
-			}
+			o := entry(st.scim.orgs, q.account, func() *scimOrg {
+				return &scimOrg{users: map[string]*scimUser{}, groups: map[int]*scimGroup{}, nextID: 1001}
+			})
 			f(st, o, w, q)
 		}
 	}
@@ -146,10 +137,7 @@ func scimError(w http.ResponseWriter, status int, scimType, detail string) {
 	if scimType != "" {
 		b["scimType"] = scimType
 	}
-	w.Header().Set("Content-Type", "application/scim+json")
-	body := appendJSON(nil, b)
-	w.WriteHeader(status)
-	w.Write(body)
+	scimJSON(w, status, b)
 }
 
 func scimJSON(w http.ResponseWriter, status int, v any) {
@@ -335,13 +323,7 @@ func (o *scimOrg) removeUser(key string) {
 }
 
 func removeString(v []string, s string) []string {
-	out := v[:0]
-	for _, x := range v {
-		if x != s {
-			out = append(out, x)
-		}
-	}
-	return out
+	return slices.DeleteFunc(v, func(x string) bool { return x == s })
 }
 
 func (s *Sim) scimUpdateUser(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -120,33 +121,10 @@ func (c *Config) Validate() error {
 }
 
 func (c Config) withDefaults() Config {
-	if c.EPSThreshold == 0 {
-		c.EPSThreshold = DefaultEPSThreshold
-	}
-	if c.RateWindow == 0 {
-		c.RateWindow = DefaultRateWindow
-	}
-	if c.ThrottlePenalty == 0 {
-		c.ThrottlePenalty = DefaultThrottlePenalty
-	}
-	if c.DedupWindow == 0 {
-		c.DedupWindow = DefaultDedupWindow
-	}
-	if c.DedupMaxKeys == 0 {
-		c.DedupMaxKeys = DefaultDedupMaxKeys
-	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if c.MaxEvents == 0 {
-		c.MaxEvents = DefaultMaxEvents
-	}
-	if c.Keep == 0 {
-		c.Keep = DefaultKeep
-	}
-	if c.KeepRequests == 0 {
-		c.KeepRequests = DefaultKeepRequests
-	}
+	c.EPSThreshold, c.RateWindow = cmp.Or(c.EPSThreshold, DefaultEPSThreshold), cmp.Or(c.RateWindow, DefaultRateWindow)
+	c.ThrottlePenalty, c.DedupWindow = cmp.Or(c.ThrottlePenalty, DefaultThrottlePenalty), cmp.Or(c.DedupWindow, DefaultDedupWindow)
+	c.DedupMaxKeys, c.MaxBodyBytes = cmp.Or(c.DedupMaxKeys, DefaultDedupMaxKeys), cmp.Or(c.MaxBodyBytes, DefaultMaxBodyBytes)
+	c.MaxEvents, c.Keep, c.KeepRequests = cmp.Or(c.MaxEvents, DefaultMaxEvents), cmp.Or(c.Keep, DefaultKeep), cmp.Or(c.KeepRequests, DefaultKeepRequests)
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -165,8 +143,12 @@ type Sim struct {
 	ctlMux *http.ServeMux
 	srv    *http.Server
 	seed   maphash.Seed
-	dsar   *dsarState   // registerDSAR's, for SetDSAR
-	export *exportState // registerExport's, for SetExport
+	// The route groups' states, for the methods that read and set them.
+	dsar      *dsarState
+	export    *exportState
+	mgmtState *mgmtState
+	umState   *umState
+	giState   *giState
 
 	mu    sync.Mutex
 	store store
@@ -214,9 +196,7 @@ func New(cfg Config, log *zap.Logger) *Sim {
 
 // Config returns the configuration in effect (zero values replaced by defaults).
 func (s *Sim) Config() Config {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cfg
+	return locked(&s.mu, func() Config { return s.cfg })
 }
 
 // Handler returns the simulator's routes, including its read-outs under
@@ -228,21 +208,16 @@ func (s *Sim) Handler() http.Handler { return s.mux }
 // ingested, the request log, counters) and Config.Faults' routes when set.
 func (s *Sim) ControlHandler() http.Handler { return s.ctlMux }
 
-// route registers an ingest route on the shared mux, wrapped in the shared
-// middleware (request log, latency, faults, down state, body reading and
-// gzip decoding). Route groups in other files of this package register
-// through it; h.serve fills what it did into in.Rec (the middleware fills
-// the status, time and fault).
+// route registers an ingest route wrapped in the shared middleware; h.serve
+// fills what it did into in.Rec (the middleware the status, time and fault).
 func (s *Sim) route(pattern string, h routeHandler) {
 	s.mux.Handle(pattern, s.ingestMiddleware(h))
 }
 
-// onReset registers f to run on every Reset (and POST /sim/reset). A route
-// group that keeps state of its own (outside the store) registers, when it
-// registers its routes, the function that forgets it: stored data, call
-// logs, counters and injected refusals. Configuration (accepted keys,
-// secrets, rate limits) is kept, as Reset keeps the store's silenced devices.
-// f runs without Sim's locks held and takes its group's own lock.
+// onReset registers f to run on every Reset: a route group's function that
+// forgets its data, call logs, counters and injected refusals, and keeps its
+// configuration (accepted keys, secrets, rate limits), as Reset keeps the
+// store's silenced devices. f runs without Sim's locks and takes its own.
 func (s *Sim) onReset(f func()) {
 	s.resetMu.Lock()
 	defer s.resetMu.Unlock()
@@ -293,3 +268,30 @@ func (s *Sim) Start(addr string) (string, error) {
 	}()
 	return "http://" + ln.Addr().String(), nil
 }
+
+// locked returns f's result, run with mu held.
+func locked[T any](mu *sync.Mutex, f func() T) T {
+	mu.Lock()
+	defer mu.Unlock()
+	return f()
+}
+
+// setPositive sets *dst to v when v > 0: a setting's zero keeps the value.
+func setPositive[T int | int64 | time.Duration](dst *T, v T) {
+	if v > 0 {
+		*dst = v
+	}
+}
+
+// entry returns m[k], adding mk() first when there is none.
+func entry[K comparable, V any](m map[K]V, k K, mk func() V) V {
+	v, ok := m[k]
+	if !ok {
+		v = mk()
+		m[k] = v
+	}
+	return v
+}
+
+// withLock runs f with mu held.
+func withLock(mu *sync.Mutex, f func()) { locked(mu, func() struct{} { f(); return struct{}{} }) }

@@ -7,6 +7,7 @@ import (
 	"hash/maphash"
 	"math"
 	"net/http"
+	"slices"
 	"sort"
 	"time"
 
@@ -57,19 +58,10 @@ type keyShare struct {
 }
 
 // HasDevice reports whether the request held events of device id.
-func (r *Record) HasDevice(id string) bool { return contains(r.Devices, id) }
+func (r *Record) HasDevice(id string) bool { return slices.Contains(r.Devices, id) }
 
 // HasUser reports whether the request held events of user id.
-func (r *Record) HasUser(id string) bool { return contains(r.Users, id) }
-
-func contains(l []string, s string) bool {
-	for _, x := range l {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
+func (r *Record) HasUser(id string) bool { return slices.Contains(r.Users, id) }
 
 // KeyLabel is a short, non-secret label of an api_key (a hash prefix), as
 // used in Record.KeyLabel.
@@ -135,6 +127,8 @@ type rateKey struct {
 	sum          int
 	penaltyUntil int64
 }
+
+func newRateKey() *rateKey { return &rateKey{} }
 
 type quotaKey struct {
 	day   int64
@@ -237,11 +231,7 @@ func (st *store) rateOf(k string, now int64) (*rateKey, float64) {
 }
 
 func (st *store) addRate(k string, now int64, n int) {
-	rk := st.rates[k]
-	if rk == nil {
-		rk = &rateKey{}
-		st.rates[k] = rk
-	}
+	rk := entry(st.rates, k, newRateKey)
 	if l := len(rk.stamps); l > 0 && rk.stamps[l-1].t == now {
 		rk.stamps[l-1].n += n
 	} else {
@@ -327,7 +317,7 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 			continue
 		}
 		if st.silenced[ev.deviceID] {
-			if !contains(silDevs, ev.deviceID) {
+			if !slices.Contains(silDevs, ev.deviceID) {
 				silDevs = append(silDevs, ev.deviceID)
 			}
 			silEvents = append(silEvents, i)
@@ -423,22 +413,12 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 			s.storeLocked(env.without(skip), rec, nowT)
 		}
 		st.stats.Silenced++
-		b := silenceBody{Code: 400, Error: ErrTextSilenced, EPSThreshold: s.cfg.EPSThreshold,
-			ExceededDailyQuotaDevices: quota, SilencedDevices: silDevs, SilencedEvents: silEvents,
-			ThrottledDevices: thrDevs, ThrottledEvents: thrEvents}
-		if b.ExceededDailyQuotaDevices == nil {
-			b.ExceededDailyQuotaDevices = map[string]int{}
+		if quota == nil {
+			quota = map[string]int{}
 		}
-		if b.SilencedDevices == nil {
-			b.SilencedDevices = []string{}
-		}
-		if b.SilencedEvents == nil {
-			b.SilencedEvents = []int{}
-		}
-		if b.ThrottledEvents == nil {
-			b.ThrottledEvents = []int{}
-		}
-		return 400, b
+		return 400, silenceBody{Code: 400, Error: ErrTextSilenced, EPSThreshold: s.cfg.EPSThreshold,
+			ExceededDailyQuotaDevices: quota, SilencedDevices: nonNil(silDevs), SilencedEvents: nonNil(silEvents),
+			ThrottledDevices: thrDevs, ThrottledEvents: nonNil(thrEvents)}
 	}
 	if len(thrEvents) > 0 {
 		if s.cfg.PartialThrottle {
@@ -456,6 +436,14 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 	s.storeLocked(env, rec, nowT)
 	return 200, successBody{Code: 200, EventsIngested: len(env.raw), PayloadSizeBytes: bodyLen,
 		ServerUploadTime: nowT.UnixMilli()}
+}
+
+// nonNil returns s, or an empty slice for nil (an answer's [] that is never null).
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
 }
 
 // without returns env without the events whose index is in skip.
@@ -560,12 +548,7 @@ func (s *Sim) startPenaltiesLocked(apiKey string, devs, users map[string]int, no
 	st := &s.store
 	for kind, m := range map[string]map[string]int{"d": devs, "u": users} {
 		for id := range m {
-			k := st.rateKeyOf(apiKey, kind, id)
-			rk := st.rates[k]
-			if rk == nil {
-				rk = &rateKey{}
-				st.rates[k] = rk
-			}
+			rk := entry(st.rates, st.rateKeyOf(apiKey, kind, id), newRateKey)
 			if rk.penaltyUntil <= now {
 				rk.penaltyUntil = now + int64(s.cfg.ThrottlePenalty)
 			}
@@ -634,31 +617,23 @@ func (s *Sim) Events(apiKey string) []Ingested {
 
 // AllEvents returns every stored event in arrival order.
 func (s *Sim) AllEvents() []Ingested {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]Ingested(nil), s.store.events[s.store.evStart:]...)
+	return locked(&s.mu, func() []Ingested { return append([]Ingested(nil), s.store.events[s.store.evStart:]...) })
 }
 
 // Count returns the number of events ingested (duplicates excluded), also
 // those Config.Keep no longer keeps.
 func (s *Sim) Count() int64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.store.stats.Ingested
+	return locked(&s.mu, func() int64 { return s.store.stats.Ingested })
 }
 
 // countFor returns the number of events ingested for apiKey.
 func (s *Sim) countFor(apiKey string) int64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.store.stats.IngestedByKey[KeyLabel(apiKey)]
+	return locked(&s.mu, func() int64 { return s.store.stats.IngestedByKey[KeyLabel(apiKey)] })
 }
 
 // Duplicates returns how many events were recognised as duplicates.
 func (s *Sim) Duplicates() int64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.store.stats.Duplicates
+	return locked(&s.mu, func() int64 { return s.store.stats.Duplicates })
 }
 
 // Requests returns the request log in arrival order (see Config.KeepRequests).
@@ -705,33 +680,20 @@ func (s *Sim) Reset() {
 
 // Silence silences a device (every api_key) until Unsilence.
 func (s *Sim) Silence(deviceID string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.store.silenced[deviceID] = true
+	withLock(&s.mu, func() { s.store.silenced[deviceID] = true })
 }
 
 // Unsilence ends Silence.
 func (s *Sim) Unsilence(deviceID string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.store.silenced, deviceID)
+	withLock(&s.mu, func() { delete(s.store.silenced, deviceID) })
 }
 
 // SilencedDevices returns the silenced devices, sorted.
 func (s *Sim) SilencedDevices() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]string, 0, len(s.store.silenced))
-	for d := range s.store.silenced {
-		out = append(out, d)
-	}
-	sort.Strings(out)
-	return out
+	return locked(&s.mu, func() []string { return sortedKeys(s.store.silenced) })
 }
 
 // SetDailyQuota changes Config.DailyQuota at run time (0 = none).
 func (s *Sim) SetDailyQuota(n int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.cfg.DailyQuota = n
+	withLock(&s.mu, func() { s.cfg.DailyQuota = n })
 }

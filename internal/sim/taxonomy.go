@@ -1,9 +1,10 @@
 package sim
 
 import (
+	"maps"
 	"net/http"
 	"net/url"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -67,16 +68,11 @@ type taxProject struct {
 	groups     map[string]map[string]*taxEntity // group type -> property
 }
 
-type taxCost struct {
-	t    time.Time
-	cost int
-}
-
 type taxState struct {
 	projects    map[string]*taxProject
 	inFlight    map[string]int
 	peak        map[string]int
-	spent       map[string][]taxCost
+	spent       windowHits
 	maxInFlight int
 	periodCost  int
 	period      time.Duration
@@ -89,31 +85,21 @@ func (s *Sim) SetTaxonomyLimits(maxInFlight, periodCost int, period time.Duratio
 	st := s.mgmt()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if maxInFlight > 0 {
-		st.tax.maxInFlight = maxInFlight
-	}
-	if periodCost > 0 {
-		st.tax.periodCost = periodCost
-	}
-	if period > 0 {
-		st.tax.period = period
-	}
+	setPositive(&st.tax.maxInFlight, maxInFlight)
+	setPositive(&st.tax.periodCost, periodCost)
+	setPositive(&st.tax.period, period)
 }
 
 // SetTaxonomyDelay makes every taxonomy request take at least d.
 func (s *Sim) SetTaxonomyDelay(d time.Duration) {
 	st := s.mgmt()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.tax.delay = d
+	withLock(&st.mu, func() { st.tax.delay = d })
 }
 
 // TaxonomyPeakInFlight returns the highest cost in flight seen for apiKey.
 func (s *Sim) TaxonomyPeakInFlight(apiKey string) int {
 	st := s.mgmt()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return st.tax.peak[apiKey]
+	return locked(&st.mu, func() int { return st.tax.peak[apiKey] })
 }
 
 // SeedTaxonomy puts an entity of apiKey's taxonomy in state: kind is
@@ -137,15 +123,14 @@ func (s *Sim) SeedTaxonomy(apiKey, kind, name, state string) {
 	m[name] = &taxEntity{state: state, fields: map[string]string{}}
 }
 
+func newTaxEntities() map[string]*taxEntity { return map[string]*taxEntity{} }
+
 func (x *taxState) project(key string) *taxProject {
-	p := x.projects[key]
-	if p == nil {
-		p = &taxProject{categories: map[int]string{}, nextCat: 1, events: map[string]*taxEntity{},
+	return entry(x.projects, key, func() *taxProject {
+		return &taxProject{categories: map[int]string{}, nextCat: 1, events: map[string]*taxEntity{},
 			props: map[string]*taxEntity{}, overrides: map[string]map[string]*taxEntity{},
 			users: map[string]*taxEntity{}, groups: map[string]map[string]*taxEntity{}}
-		x.projects[key] = p
-	}
-	return p
+	})
 }
 
 // taxReq is one taxonomy request: its form values and project.
@@ -240,7 +225,7 @@ func (q *taxReq) list(w http.ResponseWriter, m map[string]*taxEntity, view func(
 func (s *Sim) registerTaxonomy() {
 	st := s.mgmt()
 	st.tax = &taxState{projects: map[string]*taxProject{}, inFlight: map[string]int{}, peak: map[string]int{},
-		spent: map[string][]taxCost{}, maxInFlight: TaxonomyMaxInFlight, periodCost: TaxonomyPeriodCost, period: TaxonomyPeriod}
+		spent: windowHits{}, maxInFlight: TaxonomyMaxInFlight, periodCost: TaxonomyPeriodCost, period: TaxonomyPeriod}
 	x := st.tax
 	r := func(pattern string, f func(w *statusWriter, q *taxReq)) {
 		s.mgmtRoute("taxonomy", pattern, authBasic, taxMaxBody, func(w *statusWriter, q *mgRequest) {
@@ -254,26 +239,12 @@ func (s *Sim) registerTaxonomy() {
 				taxFail(w, http.StatusTooManyRequests, "Too many concurrent requests")
 				return
 			}
-			spent := x.spent[key]
-			for len(spent) > 0 && !spent[0].t.After(now.Add(-x.period)) {
-				spent = spent[1:]
-			}
-			total := 0
-			for _, c := range spent {
-				total += c.cost
-			}
-			if total+cost > x.periodCost {
-				x.spent[key] = spent
+			if ok, wait := x.spent.take(key, now, cost, x.periodCost, x.period); !ok {
 				st.mu.Unlock()
-				wait := x.period
-				if len(spent) > 0 {
-					wait = spent[0].t.Add(x.period).Sub(now)
-				}
 				retryAfter(w, wait)
 				taxFail(w, http.StatusTooManyRequests, "Too many requests: cost budget exceeded")
 				return
 			}
-			x.spent[key] = append(spent, taxCost{now, cost})
 			x.inFlight[key] += cost
 			x.peak[key] = max(x.peak[key], x.inFlight[key])
 			delay := x.delay
@@ -318,13 +289,8 @@ func (s *Sim) registerTaxonomy() {
 		taxOK(w, http.StatusOK, nil)
 	})
 	r("GET /api/2/taxonomy/category", func(w *statusWriter, q *taxReq) {
-		ids := make([]int, 0, len(q.p.categories))
-		for id := range q.p.categories {
-			ids = append(ids, id)
-		}
-		sort.Ints(ids)
 		out := []any{}
-		for _, id := range ids {
+		for _, id := range slices.Sorted(maps.Keys(q.p.categories)) {
 			out = append(out, map[string]any{"id": id, "name": q.p.categories[id]})
 		}
 		taxOK(w, http.StatusOK, out)
@@ -438,10 +404,7 @@ func (s *Sim) registerTaxonomy() {
 		case et != "" && q.p.overrides[et][name] != nil:
 			taxFail(w, http.StatusConflict, "event property exists on that event type")
 		case et != "" && shared != nil:
-			if q.p.overrides[et] == nil {
-				q.p.overrides[et] = map[string]*taxEntity{}
-			}
-			q.p.overrides[et][name] = q.entity(propFields)
+			entry(q.p.overrides, et, newTaxEntities)[name] = q.entity(propFields)
 			taxOK(w, http.StatusOK, nil)
 		default:
 			q.create(w, q.p.props, name, "event property", propFields)
@@ -499,10 +462,7 @@ func (s *Sim) registerTaxonomy() {
 					for k, v := range shared.fields {
 						o.fields[k] = v
 					}
-					if q.p.overrides[et] == nil {
-						q.p.overrides[et] = map[string]*taxEntity{}
-					}
-					q.p.overrides[et][name] = o
+					entry(q.p.overrides, et, newTaxEntities)[name] = o
 				}
 				target = o
 			case "shared":
@@ -601,10 +561,7 @@ func (s *Sim) registerTaxonomy() {
 		if !ok {
 			return
 		}
-		if q.p.groups[gt] == nil {
-			q.p.groups[gt] = map[string]*taxEntity{}
-		}
-		q.create(w, q.p.groups[gt], name, "group property", propFields)
+		q.create(w, entry(q.p.groups, gt, newTaxEntities), name, "group property", propFields)
 	})
 	r("GET /api/2/taxonomy/group-property", func(w *statusWriter, q *taxReq) {
 		out := []any{}
@@ -661,11 +618,4 @@ func nullable(s string) any {
 	return s
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}
+func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }

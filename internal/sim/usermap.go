@@ -112,6 +112,7 @@ const umControlPath = "/sim/usermap"
 func (s *Sim) registerUserMap() {
 	st := &umState{limit: DefaultMappingLimit, window: DefaultMappingWindow, orgOfKey: map[string]string{},
 		secrets: map[string]string{}, mapped: map[string]map[string]string{}, rejected: map[string]bool{}}
+	s.umState = st
 	s.ctlMux.Handle("GET "+umControlPath, st)
 	s.onReset(func() { // rate limit, key organizations and secrets are configuration: kept
 		st.mu.Lock()
@@ -129,10 +130,7 @@ func (s *Sim) registerUserMap() {
 	})
 }
 
-func (s *Sim) um() *umState {
-	h, _ := s.ctlMux.Handler(&http.Request{Method: http.MethodGet, URL: &url.URL{Path: umControlPath}})
-	return h.(*umState)
-}
+func (s *Sim) um() *umState { return s.umState }
 
 // SetUserMapRate sets the mapping rate limit: limit calls per window
 // (defaults 1500 per 30 s); zero values keep the current setting.
@@ -140,71 +138,53 @@ func (s *Sim) SetUserMapRate(limit int, window time.Duration) {
 	st := s.um()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if limit > 0 {
-		st.limit = limit
-	}
-	if window > 0 {
-		st.window = window
-	}
+	setPositive(&st.limit, limit)
+	setPositive(&st.window, window)
 }
 
 // SetUserMapOrg puts apiKey in organization org: keys of one organization
 // share the mapping rate and the mapping state.
 func (s *Sim) SetUserMapOrg(apiKey, org string) {
 	st := s.um()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.orgOfKey[apiKey] = org
+	withLock(&st.mu, func() { st.orgOfKey[apiKey] = org })
 }
 
 // SetSecretKey makes GET /api/2/usermap require secret for apiKey.
 func (s *Sim) SetSecretKey(apiKey, secret string) {
 	st := s.um()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.secrets[apiKey] = secret
+	withLock(&st.mu, func() { st.secrets[apiKey] = secret })
 }
 
 // RejectUserID makes every POST /usermap holding this user_id fail with 400
 // "Invalid mapping" (no index named).
 func (s *Sim) RejectUserID(id string) {
 	st := s.um()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.rejected[id] = true
+	withLock(&st.mu, func() { st.rejected[id] = true })
 }
 
 // MappingCalls returns every applied mapping, in order.
 func (s *Sim) MappingCalls() []MappingCall {
 	st := s.um()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return append([]MappingCall{}, st.calls...)
+	return locked(&st.mu, func() []MappingCall { return append([]MappingCall{}, st.calls...) })
 }
 
 // MappingBatches returns the accepted POST /usermap requests with their
 // arrival time, organization and mapping count (for pace assertions).
 func (s *Sim) MappingBatches() []MappingBatch {
 	st := s.um()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return append([]MappingBatch{}, st.batches...)
+	return locked(&st.mu, func() []MappingBatch { return append([]MappingBatch{}, st.batches...) })
 }
 
 // MappingThrottled returns the number of POST /usermap answered 429.
 func (s *Sim) MappingThrottled() int64 {
 	st := s.um()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return st.throttled
+	return locked(&st.mu, func() int64 { return st.throttled })
 }
 
 // MappingReads returns the GET /api/2/usermap requests seen.
 func (s *Sim) MappingReads() []MappingRead {
 	st := s.um()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return append([]MappingRead{}, st.reads...)
+	return locked(&st.mu, func() []MappingRead { return append([]MappingRead{}, st.reads...) })
 }
 
 // MappedTo returns the global user id apiKey's organization maps userID to.
@@ -267,10 +247,6 @@ func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, 
 			}
 		}
 		gid, _ := m.GlobalUserID.(string)
-		if m.GlobalUserID != nil && gid == "" && !unmap {
-			invalid()
-			return
-		}
 		if gid == "" && !unmap {
 			invalid()
 			return
@@ -295,11 +271,7 @@ func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, 
 		return
 	}
 	st.batches = append(st.batches, MappingBatch{Time: now, Org: org, N: len(ms)})
-	users := st.mapped[org]
-	if users == nil {
-		users = map[string]string{}
-		st.mapped[org] = users
-	}
+	users := entry(st.mapped, org, func() map[string]string { return map[string]string{} })
 	for _, m := range ms {
 		st.seq++
 		m.Seq, m.Request, m.Time, m.KeyLabel = st.seq, in.Rec.Seq, now, in.Rec.KeyLabel

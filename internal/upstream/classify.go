@@ -4,8 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -224,17 +225,8 @@ func kind400(b *body) Kind {
 	return BadRequest
 }
 
-func keys(m map[string]json.RawMessage) []string {
-	if len(m) == 0 {
-		return nil
-	}
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}
+// keys returns m's keys sorted (nil when none).
+func keys(m map[string]json.RawMessage) []string { return slices.Sorted(maps.Keys(m)) }
 
 func answer(status int, b []byte) []byte {
 	if len(b) > MaxAnswerBytes {

@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -54,21 +55,11 @@ func (c Config) Validate() error {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Timeout == 0 {
-		c.Timeout = DefaultTimeout
-	}
-	if c.DialTimeout == 0 {
-		c.DialTimeout = DefaultDialTimeout
-	}
-	if c.MaxConnsPerHost == 0 {
-		c.MaxConnsPerHost = DefaultMaxConnsPerHost
-	}
-	if c.MaxIdleConnDuration == 0 {
-		c.MaxIdleConnDuration = DefaultMaxIdleConnDuration
-	}
-	if c.MaxResponseBytes == 0 {
-		c.MaxResponseBytes = 1 << 20
-	}
+	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
+	c.DialTimeout = cmp.Or(c.DialTimeout, DefaultDialTimeout)
+	c.MaxConnsPerHost = cmp.Or(c.MaxConnsPerHost, DefaultMaxConnsPerHost)
+	c.MaxIdleConnDuration = cmp.Or(c.MaxIdleConnDuration, DefaultMaxIdleConnDuration)
+	c.MaxResponseBytes = cmp.Or(c.MaxResponseBytes, 1<<20)
 	if c.UserAgent == "" {
 		c.UserAgent = "svc-relay"
 	}
