@@ -52,6 +52,17 @@ func TestCheck(t *testing.T) {
 		{"array element", `{"event_type":"Product Viewed","event_properties":{"product_id":"SKU-1","tags":["a",1,2]}}`, []Violation{{WrongType, "tags"}}},
 		{"user unplanned", `{"event_type":"Search","user_properties":{"$set":{"x":1},"$unset":{"age":"-"}}}`, []Violation{{UnplannedUserProperty, "user:x"}}},
 		{"user enum", `{"event_type":"Search","user_properties":{"plan":"gold"}}`, []Violation{{NotInEnum, "user:plan"}}},
+		// One order of violations whatever the record's order of fields.
+		{"type last", `{"event_properties":{"x":1},"user_properties":{"w":1},"event_type":"Search"}`,
+			[]Violation{{UnplannedEventProperty, "x"}, {UnplannedUserProperty, "user:w"}}},
+		{"user first", `{"user_properties":{"w":1},"event_type":"Product Viewed","event_properties":{"x":1}}`,
+			[]Violation{{UnplannedEventProperty, "x"}, {RequiredMissing, "product_id"}, {UnplannedUserProperty, "user:w"}}},
+		{"user before missing", `{"event_type":"Product Viewed","user_properties":{"w":1}}`,
+			[]Violation{{RequiredMissing, "product_id"}, {UnplannedUserProperty, "user:w"}}},
+		// A field given twice: the last counts.
+		{"twice", `{"event_type":"Search","event_properties":{"x":1},"user_properties":{"w":1},"event_properties":{"page":"/a"}}`,
+			[]Violation{{UnplannedUserProperty, "user:w"}}},
+		{"type twice", `{"event_type":"Nope","event_properties":{"page":"/a"},"event_type":"Search"}`, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -60,7 +71,7 @@ func TestCheck(t *testing.T) {
 			}
 			for _, m := range []Mode{Observe, Filter, Block} {
 				v, vs := c.check([]byte(tt.event), m, nil)
-				if !reflect.DeepEqual(vs, tt.want) {
+				if (len(vs) > 0 || len(tt.want) > 0) && !reflect.DeepEqual(vs, tt.want) {
 					t.Fatalf("%v: violations %v, want %v", m, vs, tt.want)
 				}
 				unplannedType := len(vs) > 0 && vs[0].Kind == UnplannedEventType
@@ -113,4 +124,26 @@ func FuzzCheck(f *testing.F) {
 			t.Fatalf("filter of %q gave invalid JSON %q", b, v.out)
 		}
 	})
+}
+
+// TestTable looks up every key of a large plan, and keys it does not hold.
+func TestTable(t *testing.T) {
+	p := benchPlan()
+	c, err := compile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, et := range p.EventTypes {
+		if r, ok := c.events.get([]byte(et)); !ok || r == nil {
+			t.Fatalf("%q not found", et)
+		}
+		if _, ok := c.events.get([]byte(et + "x")); ok {
+			t.Fatalf("%q found", et+"x")
+		}
+	}
+	n := 0
+	c.events.each(func(string, *eventRules) { n++ })
+	if n != len(p.EventTypes) {
+		t.Errorf("%d event types, want %d", n, len(p.EventTypes))
+	}
 }

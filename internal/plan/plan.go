@@ -3,6 +3,7 @@ package plan
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -99,8 +100,10 @@ type rule struct {
 	typ      uint8
 	array    bool
 	required bool
-	re       *regexp.Regexp
-	enum     map[string]struct{}
+	// re checks the value when it is not simple (else match does).
+	re    *regexp.Regexp
+	match matcher
+	enum  *table[struct{}]
 }
 
 // Value types of a rule.
@@ -112,16 +115,16 @@ const (
 	tEnum
 )
 
-// compiled is a Plan made for fast checks: a map of rules per event type
+// compiled is a Plan made for fast checks: a table of rules per event type
 // (the shared ones merged with its overrides), so that a property is one
-// map lookup.
+// lookup.
 type compiled struct {
-	events map[string]*eventRules
-	users  map[string]*rule
+	events *table[*eventRules]
+	users  *table[*rule]
 }
 
 type eventRules struct {
-	props    map[string]*rule
+	props    *table[*rule]
 	required []*rule
 }
 
@@ -148,12 +151,16 @@ func compileProp(p Property) (*rule, error) {
 		if err != nil {
 			return nil, fmt.Errorf("property %q: regex: %w", p.Name, err)
 		}
-		r.re = re
+		if m, ok := simple(p.Regex); ok {
+			r.match = m
+		} else {
+			r.re = re
+		}
 	}
 	if len(p.Enum) > 0 {
-		r.enum = make(map[string]struct{}, len(p.Enum))
+		r.enum = newTable[struct{}](len(p.Enum))
 		for _, v := range p.Enum {
-			r.enum[v] = struct{}{}
+			r.enum.put(v, struct{}{})
 		}
 	}
 	return r, nil
@@ -162,7 +169,7 @@ func compileProp(p Property) (*rule, error) {
 // compile makes the checker of p. A property whose regex does not compile
 // is an error: the plan is refused whole (the cached one stays).
 func compile(p *Plan) (*compiled, error) {
-	c := &compiled{events: make(map[string]*eventRules, len(p.EventTypes)), users: make(map[string]*rule, len(p.UserProperties))}
+	c := &compiled{events: newTable[*eventRules](len(p.EventTypes)), users: newTable[*rule](len(p.UserProperties))}
 	shared := make([]*rule, 0, len(p.Shared))
 	for _, sp := range p.Shared {
 		r, err := compileProp(sp)
@@ -172,30 +179,31 @@ func compile(p *Plan) (*compiled, error) {
 		shared = append(shared, r)
 	}
 	for _, et := range p.EventTypes {
-		er := &eventRules{props: make(map[string]*rule, len(shared)+len(p.Overrides[et]))}
-		for _, r := range shared {
-			er.props[r.name] = r
-		}
+		er := &eventRules{props: newTable[*rule](len(shared) + len(p.Overrides[et]))}
+		all := slices.Clone(shared)
 		for _, op := range p.Overrides[et] {
 			r, err := compileProp(op)
 			if err != nil {
 				return nil, fmt.Errorf("event type %q: %w", et, err)
 			}
-			er.props[r.name] = r
+			all = append(all, r)
 		}
-		for _, r := range er.props {
-			if r.required {
+		for _, r := range all { // an override replaces the shared rule of its name
+			er.props.put(r.name, r)
+		}
+		for _, r := range all { // in the plan's order: missing ones are reported so
+			if in, _ := er.props.get([]byte(r.name)); in == r && r.required {
 				er.required = append(er.required, r)
 			}
 		}
-		c.events[et] = er
+		c.events.put(et, er)
 	}
 	for _, up := range p.UserProperties {
 		r, err := compileProp(up)
 		if err != nil {
 			return nil, fmt.Errorf("user %w", err)
 		}
-		c.users[r.name] = r
+		c.users.put(r.name, r)
 	}
 	return c, nil
 }
