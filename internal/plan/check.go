@@ -120,14 +120,14 @@ func (c *compiled) typeRules(data []byte, et span, vs []Violation, v *verdict) (
 		// planned event types; their user properties are checked.
 		return &noRules, vs
 	}
-	rules, _ := c.events.get(et.key(data, &v.keybuf))
+	rules := c.events[string(et.key(data, &v.keybuf))]
 	if rules == nil {
 		vs = append(vs, Violation{Kind: UnplannedEventType})
 	}
 	return rules, vs
 }
 
-var noRules = eventRules{props: newTable[*rule](0)}
+var noRules eventRules
 
 // span is a byte range of data; for a member to drop, it covers the member
 // and one comma next to it.
@@ -244,7 +244,7 @@ func (c *compiled) props(b []byte, from int, rules *eventRules, vs []Violation, 
 	m := objectAt(b, from)
 	for m.next() {
 		key := m.key.key(b, &v.keybuf)
-		r, _ := rules.props.get(key)
+		r := rules.props[string(key)]
 		if r == nil {
 			vs = append(vs, Violation{Kind: UnplannedEventProperty, Property: string(key)})
 			drop = append(drop, m.member)
@@ -314,7 +314,7 @@ func (c *compiled) userProps(b []byte, from int, vs []Violation, drop []span, v 
 // userProp checks the user property at m.
 func (c *compiled) userProp(b []byte, m *members, values bool, vs []Violation, drop []span, v *verdict) ([]Violation, []span) {
 	key := m.key.key(b, &v.keybuf)
-	r, _ := c.users.get(key)
+	r := c.users[string(key)]
 	if r == nil {
 		vs = append(vs, Violation{Kind: UnplannedUserProperty, Property: "user:" + string(key)})
 		return vs, append(drop, m.member)
@@ -393,7 +393,7 @@ func (r *rule) scalar(b []byte, v span, vd *verdict) string {
 		}
 		s := v.key(b, &vd.keybuf)
 		if r.enum != nil {
-			if _, ok := r.enum.get(s); !ok {
+			if _, ok := r.enum[string(s)]; !ok {
 				return NotInEnum
 			}
 		}
@@ -411,7 +411,7 @@ func (r *rule) scalar(b []byte, v span, vd *verdict) string {
 		}
 	}
 	if r.enum != nil {
-		if _, ok := r.enum.get(b[v.from:v.to]); !ok {
+		if _, ok := r.enum[string(b[v.from:v.to])]; !ok {
 			return NotInEnum
 		}
 	}

@@ -125,25 +125,3 @@ func FuzzCheck(f *testing.F) {
 		}
 	})
 }
-
-// TestTable looks up every key of a large plan, and keys it does not hold.
-func TestTable(t *testing.T) {
-	p := benchPlan()
-	c, err := compile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, et := range p.EventTypes {
-		if r, ok := c.events.get([]byte(et)); !ok || r == nil {
-			t.Fatalf("%q not found", et)
-		}
-		if _, ok := c.events.get([]byte(et + "x")); ok {
-			t.Fatalf("%q found", et+"x")
-		}
-	}
-	n := 0
-	c.events.each(func(string, *eventRules) { n++ })
-	if n != len(p.EventTypes) {
-		t.Errorf("%d event types, want %d", n, len(p.EventTypes))
-	}
-}

@@ -103,7 +103,7 @@ type rule struct {
 	// re checks the value when it is not simple (else match does).
 	re    *regexp.Regexp
 	match matcher
-	enum  *table[struct{}]
+	enum  map[string]struct{}
 }
 
 // Value types of a rule.
@@ -115,16 +115,17 @@ const (
 	tEnum
 )
 
-// compiled is a Plan made for fast checks: a table of rules per event type
+// compiled is a Plan made for fast checks: a map of rules per event type
 // (the shared ones merged with its overrides), so that a property is one
-// lookup.
+// map lookup. (An open-addressing table of our own looked up ~20% faster,
+// ~2 ns a key, ~3% of the check: not worth a second map.)
 type compiled struct {
-	events *table[*eventRules]
-	users  *table[*rule]
+	events map[string]*eventRules
+	users  map[string]*rule
 }
 
 type eventRules struct {
-	props    *table[*rule]
+	props    map[string]*rule
 	required []*rule
 }
 
@@ -158,9 +159,9 @@ func compileProp(p Property) (*rule, error) {
 		}
 	}
 	if len(p.Enum) > 0 {
-		r.enum = newTable[struct{}](len(p.Enum))
+		r.enum = make(map[string]struct{}, len(p.Enum))
 		for _, v := range p.Enum {
-			r.enum.put(v, struct{}{})
+			r.enum[v] = struct{}{}
 		}
 	}
 	return r, nil
@@ -169,7 +170,6 @@ func compileProp(p Property) (*rule, error) {
 // compile makes the checker of p. A property whose regex does not compile
 // is an error: the plan is refused whole (the cached one stays).
 func compile(p *Plan) (*compiled, error) {
-	c := &compiled{events: newTable[*eventRules](len(p.EventTypes)), users: newTable[*rule](len(p.UserProperties))}
 	shared := make([]*rule, 0, len(p.Shared))
 	for _, sp := range p.Shared {
 		r, err := compileProp(sp)
@@ -178,8 +178,8 @@ func compile(p *Plan) (*compiled, error) {
 		}
 		shared = append(shared, r)
 	}
+	c := &compiled{events: make(map[string]*eventRules, len(p.EventTypes)), users: make(map[string]*rule, len(p.UserProperties))}
 	for _, et := range p.EventTypes {
-		er := &eventRules{props: newTable[*rule](len(shared) + len(p.Overrides[et]))}
 		all := slices.Clone(shared)
 		for _, op := range p.Overrides[et] {
 			r, err := compileProp(op)
@@ -188,22 +188,24 @@ func compile(p *Plan) (*compiled, error) {
 			}
 			all = append(all, r)
 		}
+		er := &eventRules{props: make(map[string]*rule, len(all))}
 		for _, r := range all { // an override replaces the shared rule of its name
-			er.props.put(r.name, r)
+			er.props[r.name] = r
 		}
-		for _, r := range all { // in the plan's order: missing ones are reported so
-			if in, _ := er.props.get([]byte(r.name)); in == r && r.required {
+		// In the plan's order, so that missing ones are reported in it.
+		for _, r := range all {
+			if er.props[r.name] == r && r.required {
 				er.required = append(er.required, r)
 			}
 		}
-		c.events.put(et, er)
+		c.events[et] = er
 	}
 	for _, up := range p.UserProperties {
 		r, err := compileProp(up)
 		if err != nil {
 			return nil, fmt.Errorf("user %w", err)
 		}
-		c.users.put(r.name, r)
+		c.users[r.name] = r
 	}
 	return c, nil
 }
