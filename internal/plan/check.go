@@ -168,6 +168,7 @@ type members struct {
 	i      int
 	bad    bool // not an object
 	key    span // the key's string token
+	esc    bool // the key has an escape
 	member span // from the key to the value's end
 	val    span // its from is known after nextKey, its to after skip
 }
@@ -188,7 +189,7 @@ func (m *members) nextKey() bool {
 	if i >= len(b) || b[i] != '"' {
 		return false
 	}
-	ke := stringEnd(b, i)
+	ke, esc := stringEnd(b, i)
 	if ke < 0 {
 		return false
 	}
@@ -196,8 +197,16 @@ func (m *members) nextKey() bool {
 	if vi >= len(b) || b[vi] != ':' {
 		return false
 	}
-	m.key, m.val.from = span{i, ke}, skipWS(b, vi+1)
+	m.key, m.esc, m.val.from = span{i, ke}, esc, skipWS(b, vi+1)
 	return true
+}
+
+// name is the member's key (unescaped in *buf when it has an escape).
+func (m *members) name(buf *[]byte) []byte {
+	if !m.esc {
+		return m.key.raw(m.b)
+	}
+	return m.key.key(m.b, buf)
 }
 
 // skip ends the member whose value ends at end and moves past its comma;
@@ -243,7 +252,7 @@ func (c *compiled) props(b []byte, from int, rules *eventRules, vs []Violation, 
 	seen := 0
 	m := objectAt(b, from)
 	for m.next() {
-		key := m.key.key(b, &v.keybuf)
+		key := m.name(&v.keybuf)
 		r := rules.props[string(key)]
 		if r == nil {
 			vs = append(vs, Violation{Kind: UnplannedEventProperty, Property: string(key)})
@@ -269,7 +278,7 @@ func missing(b []byte, from int, rules *eventRules, vs []Violation, v *verdict) 
 		found := false
 		m := objectAt(b, from)
 		for m.next() {
-			if string(m.key.key(b, &v.keybuf)) == r.name && !isNull(b, m.val) {
+			if string(m.name(&v.keybuf)) == r.name && !isNull(b, m.val) {
 				found = true
 			}
 		}
@@ -313,7 +322,7 @@ func (c *compiled) userProps(b []byte, from int, vs []Violation, drop []span, v 
 
 // userProp checks the user property at m.
 func (c *compiled) userProp(b []byte, m *members, values bool, vs []Violation, drop []span, v *verdict) ([]Violation, []span) {
-	key := m.key.key(b, &v.keybuf)
+	key := m.name(&v.keybuf)
 	r := c.users[string(key)]
 	if r == nil {
 		vs = append(vs, Violation{Kind: UnplannedUserProperty, Property: "user:" + string(key)})
@@ -447,7 +456,9 @@ func without(b []byte, drop []span) []byte {
 	return append(out, b[at:]...)
 }
 
-func isWS(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+// isWS is true at JSON's whitespace; one comparison for the other bytes
+// (records are mostly compact).
+func isWS(c byte) bool { return c <= ' ' && (c == ' ' || c == '\t' || c == '\n' || c == '\r') }
 
 func skipWS(b []byte, i int) int {
 	for i < len(b) && isWS(b[i]) {
@@ -457,11 +468,11 @@ func skipWS(b []byte, i int) int {
 }
 
 // stringEnd is the index past the string at b[i] == '"', -1 if
-// unterminated. It reads 8 bytes at a time, looking for a quote or a
-// backslash in each word (a byte is zero in w^quotes where it is a quote):
-// most strings end within a word or two, where a call to IndexByte costs
-// more than the whole scan.
-func stringEnd(b []byte, i int) int {
+// unterminated, and whether the string has an escape. It reads 8 bytes at
+// a time, looking for a quote or a backslash in each word (a byte is zero
+// in w^quotes where it is a quote): most strings end within a word or two,
+// where a call to IndexByte costs more than the whole scan.
+func stringEnd(b []byte, i int) (end int, esc bool) {
 	const ones, highs = 0x0101010101010101, 0x8080808080808080
 	const quotes, backslashes = '"' * ones, '\\' * ones
 	i++
@@ -480,14 +491,15 @@ func stringEnd(b []byte, i int) int {
 		}
 		switch b[i] {
 		case '"':
-			return i + 1
+			return i + 1, esc
 		case '\\':
+			esc = true
 			i += 2 // the escaped byte is never the end
 		default:
 			i++
 		}
 	}
-	return -1
+	return -1, esc
 }
 
 // structural marks the bytes valueEnd stops at inside a container.
@@ -501,7 +513,8 @@ func valueEnd(b []byte, i int) int {
 	}
 	switch b[i] {
 	case '"':
-		return stringEnd(b, i)
+		e, _ := stringEnd(b, i)
+		return e
 	case '{', '[':
 		depth := 0
 		for ; i < len(b); i++ {
@@ -510,7 +523,7 @@ func valueEnd(b []byte, i int) int {
 			}
 			switch b[i] {
 			case '"':
-				e := stringEnd(b, i)
+				e, _ := stringEnd(b, i)
 				if e < 0 {
 					return -1
 				}

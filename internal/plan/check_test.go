@@ -46,6 +46,7 @@ func TestCheck(t *testing.T) {
 		{"boolean", `{"event_type":"Product Viewed","event_properties":{"product_id":"SKU-1","in_stock":"yes"}}`, []Violation{{WrongType, "in_stock"}}},
 		{"enum", `{"event_type":"Product Viewed","event_properties":{"product_id":"SKU-1","category":"toys"}}`, []Violation{{NotInEnum, "category"}}},
 		{"regex is whole", `{"event_type":"Product Viewed","event_properties":{"product_id":"xSKU-1"}}`, []Violation{{RegexMismatch, "product_id"}}},
+		{"escaped keys", `{"event_type":"Search","event_properties":{"pa\u0067e":"/x"},"user_properties":{"$set":{"a\u0067e":1}}}`, nil},
 		{"escaped string", `{"event_type":"Product Viewed","event_properties":{"product_id":"SKU-\u0031"}}`, nil},
 		{"scalar for array", `{"event_type":"Product Viewed","event_properties":{"product_id":"SKU-1","tags":"a"}}`, []Violation{{ArrayMismatch, "tags"}}},
 		{"array for scalar", `{"event_type":"Search","event_properties":{"page":["a"]}}`, []Violation{{ArrayMismatch, "page"}}},
