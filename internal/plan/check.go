@@ -10,8 +10,9 @@ import (
 
 // This file checks one event (a spool record: a JSON object the ingest
 // already validated strictly) against a compiled plan without decoding it:
-// a scanner finds event_type, event_properties and user_properties and
-// walks their members in place. It assumes valid JSON; on bytes that are
+// one walk over the record's top level finds event_type, event_properties
+// and user_properties and checks the objects' members where they lie
+// (bench/RESULTS.md has what it costs and where). It assumes valid JSON; on bytes that are
 // not (a damaged record the spool's checksum let through cannot be), it
 // stops early and reports what it saw, never panics.
 
