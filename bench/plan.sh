@@ -106,5 +106,31 @@ echo "plan.sh: 6400 events of the load checked against the plan in block mode: 0
 printf '#!/bin/sh\nexec %s "$@" --tracking-plan off\n' "$TMP/relay" >"$TMP/relay-off"
 chmod +x "$TMP/relay-off"
 [ -n "${PLAN_CHECK_ONLY:-}" ] && exit 0
+if [ -n "${PLAN_PROFILE:-}" ]; then
+	# A CPU profile of the relay in block mode (PLAN_PROFILE=off: with the
+	# plan off) under bench/loadgen (32 connections, 100 SDK-shaped events
+	# per request, 12 s), delivering to bench/sink, into $PLAN_PROFILE_DIR.
+	(cd "$ROOT" && go build -o "$TMP/sink" ./bench/sink)
+	"$TMP/sink" --addr-file "$TMP/sink.addr" >/dev/null 2>&1 &
+	SINKPID=$!
+	for _ in $(seq 1 200); do [ -s "$TMP/sink.addr" ] && break; sleep 0.05; done
+	"$TMP/relay" --sync always --ingest-url "http://$(cat "$TMP/sink.addr")" --analytics-url "$SIM" --data-dir "$TMP/prof" \
+		--listen "127.0.0.1:$lport" --admin-listen "127.0.0.1:$aport" --credentials "$TMP/creds.yaml" \
+		--admin-token-file "$TMP/token" --tracking-plan "$PLAN_PROFILE" --log-level warn >"$TMP/prof.log" 2>&1 &
+	PROFPID=$!
+	for _ in $(seq 1 600); do
+		r=$(curl -sf "http://127.0.0.1:$aport/readyz" 2>/dev/null) && ! grep -q "tracking plan: not read yet" <<<"$r" && break
+		sleep 0.05
+	done
+	mkdir -p "${PLAN_PROFILE_DIR:=.}"
+	curl -sf -H "Authorization: Bearer bench-token" -o "$PLAN_PROFILE_DIR/cpu-$PLAN_PROFILE.pprof" \
+		"http://127.0.0.1:$aport/debug/pprof/profile?seconds=10" &
+	PROF=$!
+	"$TMP/loadgen" -url "http://127.0.0.1:$lport/2/httpapi" -c 32 -events 100 -profile sdk -duration 12s
+	wait "$PROF"
+	kill "$PROFPID" "$SINKPID"
+	wait "$PROFPID" "$SINKPID" 2>/dev/null || true
+	exit 0
+fi
 "$ROOT/bench/compare.sh" --targets "always base-always" --base-bin "$TMP/relay-off" \
 	--relay-args "--tracking-plan block --credentials $TMP/creds.yaml --admin-token-file $TMP/token --analytics-url $SIM" "$@"

@@ -2,14 +2,17 @@ package plan
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
+	"math/bits"
 	"slices"
 )
 
 // This file checks one event (a spool record: a JSON object the ingest
 // already validated strictly) against a compiled plan without decoding it:
-// a scanner finds event_type, event_properties and user_properties and
-// walks their members in place. It assumes valid JSON; on bytes that are
+// one walk over the record's top level finds event_type, event_properties
+// and user_properties and checks the objects' members where they lie
+// (bench/RESULTS.md has what it costs and where). It assumes valid JSON; on bytes that are
 // not (a damaged record the spool's checksum let through cannot be), it
 // stops early and reports what it saw, never panics.
 
@@ -27,28 +30,75 @@ type verdict struct {
 
 // check checks data in mode (Observe, Filter or Block), appending its
 // violations to vs.
+//
+// It walks the record's top level once. The event properties are checked
+// in place when the event type came before them, the user properties when
+// the event properties were done (or absent so far): the violations keep
+// one order (event type, event properties, missing ones, user properties)
+// whatever the record's. What came too early is checked after the walk; a
+// key given twice (the last one counts) has the walk's findings dropped
+// and its objects checked after it.
 func (c *compiled) check(data []byte, mode Mode, vs []Violation) (verdict, []Violation) {
 	var v verdict
-	et, ep, up := topFields(data)
+	et, ep, up := span{-1, -1}, span{-1, -1}, span{-1, -1}
 	var rules *eventRules
-	if raw := et.raw(data); len(raw) > 0 && raw[0] == '$' {
-		// The SDKs' own events ($identify, $groupidentify) are no
-		// planned event types; their user properties are checked.
-		rules = &noRules
-	} else if rules = c.events[string(et.key(data, &v.keybuf))]; rules == nil {
-		vs = append(vs, Violation{Kind: UnplannedEventType})
-	}
 	var drop []span
-	if rules != nil {
-		var seen int
-		drop, vs, seen = c.props(data, ep, rules, vs, drop, &v)
-		if seen < len(rules.required) {
-			vs = missing(data, ep, rules, vs, &v)
+	n0 := len(vs)
+	typed, epDone, upDone, dup := false, false, false, false
+	m := objectAt(data, 0)
+	for m.nextKey() {
+		from, end := m.val.from, -1
+		switch string(m.key.raw(data)) {
+		case "event_type":
+			dup = dup || et.from >= 0
+			end = valueEnd(data, from)
+			et = span{from, end}
+			if !dup {
+				rules, vs = c.typeRules(data, et, vs, &v)
+				typed = true
+			}
+		case "event_properties":
+			dup = dup || ep.from >= 0
+			if typed && !dup {
+				end, vs, drop = c.props(data, from, rules, vs, drop, &v)
+				epDone = true
+			}
+			if end < 0 {
+				end = valueEnd(data, from)
+			}
+			ep = span{from, end}
+		case "user_properties":
+			dup = dup || up.from >= 0
+			if typed && (epDone || rules == nil) && !dup {
+				end, vs, drop = c.userProps(data, from, vs, drop, &v)
+				upDone = true
+			}
+			if end < 0 {
+				end = valueEnd(data, from)
+			}
+			up = span{from, end}
+		default:
+			end = valueEnd(data, from)
+		}
+		if !m.skip(end) {
+			break
 		}
 	}
-	drop, vs = c.userProps(data, up, vs, drop, &v)
+	if dup {
+		vs, drop = vs[:n0], drop[:0]
+		typed, epDone, upDone = false, false, false
+	}
+	if !typed {
+		rules, vs = c.typeRules(data, et, vs, &v)
+	}
+	if !epDone {
+		_, vs, drop = c.props(data, ep.from, rules, vs, drop, &v)
+	}
+	if !upDone {
+		_, vs, drop = c.userProps(data, up.from, vs, drop, &v)
+	}
 	switch {
-	case len(vs) == 0:
+	case len(vs) == n0:
 	case mode == Block:
 		v.quarantine = true
 	case mode == Filter && rules == nil:
@@ -57,10 +107,25 @@ func (c *compiled) check(data []byte, mode Mode, vs []Violation) (verdict, []Vio
 		slices.SortFunc(drop, func(a, b span) int { return a.from - b.from })
 		v.out = without(data, drop)
 	}
-	if len(vs) > 0 {
+	if len(vs) > n0 {
 		v.eventType = et.str(data)
 	}
 	return v, vs
+}
+
+// typeRules returns the rules of the event type at et (absent: from < 0),
+// nil with a violation when it is not planned.
+func (c *compiled) typeRules(data []byte, et span, vs []Violation, v *verdict) (*eventRules, []Violation) {
+	if raw := et.raw(data); len(raw) > 0 && raw[0] == '$' {
+		// The SDKs' own events ($identify, $groupidentify) are no
+		// planned event types; their user properties are checked.
+		return &noRules, vs
+	}
+	rules := c.events[string(et.key(data, &v.keybuf))]
+	if rules == nil {
+		vs = append(vs, Violation{Kind: UnplannedEventType})
+	}
+	return rules, vs
 }
 
 var noRules eventRules
@@ -97,30 +162,35 @@ func (s span) str(b []byte) string {
 	return string(s.key(b, &buf))
 }
 
-// members iterates over the members of a JSON object.
+// members iterates over the members of a JSON object in place: the
+// object's end is found by walking it.
 type members struct {
 	b      []byte
-	i, end int
+	i      int
+	bad    bool // not an object
 	key    span // the key's string token
+	esc    bool // the key has an escape
 	member span // from the key to the value's end
-	val    span
+	val    span // its from is known after nextKey, its to after skip
 }
 
-func newMembers(b []byte, obj span) members {
-	if obj.to <= obj.from || b[obj.from] != '{' {
-		return members{b: b, i: obj.to, end: obj.to}
+// objectAt starts the members of the object at b[from] (none when from <
+// 0 or it is no object).
+func objectAt(b []byte, from int) members {
+	if from < 0 || from >= len(b) || b[from] != '{' {
+		return members{b: b, i: len(b), bad: true}
 	}
-	return members{b: b, i: skipWS(b, obj.from+1), end: obj.to}
+	return members{b: b, i: skipWS(b, from+1)}
 }
 
-// next moves to the next member; false at the end (or on bytes that are
-// not JSON).
-func (m *members) next() bool {
+// nextKey moves to the next member's key and the start of its value;
+// false at the end (or on bytes that are not JSON).
+func (m *members) nextKey() bool {
 	b, i := m.b, m.i
-	if i >= m.end || b[i] != '"' {
+	if i >= len(b) || b[i] != '"' {
 		return false
 	}
-	ke := stringEnd(b, i)
+	ke, esc := stringEnd(b, i)
 	if ke < 0 {
 		return false
 	}
@@ -128,13 +198,29 @@ func (m *members) next() bool {
 	if vi >= len(b) || b[vi] != ':' {
 		return false
 	}
-	vi = skipWS(b, vi+1)
-	ve := valueEnd(b, vi)
-	if ve < 0 {
+	m.key, m.esc, m.val.from = span{i, ke}, esc, skipWS(b, vi+1)
+	return true
+}
+
+// name is the member's key (unescaped in *buf when it has an escape).
+func (m *members) name(buf *[]byte) []byte {
+	if !m.esc {
+		return m.key.raw(m.b)
+	}
+	return m.key.key(m.b, buf)
+}
+
+// skip ends the member whose value ends at end and moves past its comma;
+// false when end < 0 (a value that does not end).
+func (m *members) skip(end int) bool {
+	if end < 0 {
+		m.i = len(m.b)
+		m.bad = true
 		return false
 	}
-	m.key, m.member, m.val = span{i, ke}, span{i, ve}, span{vi, ve}
-	i = skipWS(b, ve)
+	b := m.b
+	m.member, m.val.to = span{m.key.from, end}, end
+	i := skipWS(b, end)
 	if i < len(b) && b[i] == ',' {
 		i = skipWS(b, i+1)
 	}
@@ -142,30 +228,32 @@ func (m *members) next() bool {
 	return true
 }
 
-// topFields finds the values of the record's event_type,
-// event_properties and user_properties (zero spans when absent).
-func topFields(b []byte) (et, ep, up span) {
-	m := newMembers(b, span{0, len(b)})
-	for m.next() {
-		switch string(m.key.raw(b)) {
-		case "event_type":
-			et = m.val
-		case "event_properties":
-			ep = m.val
-		case "user_properties":
-			up = m.val
-		}
-	}
-	return
+// next moves to the next member; false at the end.
+func (m *members) next() bool {
+	return m.nextKey() && m.skip(valueEnd(m.b, m.val.from))
 }
 
-// props checks the event properties at ep against rules; it appends the
-// unplanned members to drop and returns how many required ones it saw.
-func (c *compiled) props(b []byte, ep span, rules *eventRules, vs []Violation, drop []span, v *verdict) ([]span, []Violation, int) {
+// end is the index past the object once next or nextKey returned false,
+// -1 when the bytes were no object's.
+func (m *members) end() int {
+	if m.bad || m.i >= len(m.b) || m.b[m.i] != '}' {
+		return -1
+	}
+	return m.i + 1
+}
+
+// props checks the event properties at b[from] (absent: from < 0) against
+// rules (nil: not checked), appending the unplanned members to drop, and
+// the required ones missing; it returns the index past them (-1 when
+// unknown).
+func (c *compiled) props(b []byte, from int, rules *eventRules, vs []Violation, drop []span, v *verdict) (int, []Violation, []span) {
+	if rules == nil {
+		return -1, vs, drop
+	}
 	seen := 0
-	m := newMembers(b, ep)
+	m := objectAt(b, from)
 	for m.next() {
-		key := m.key.key(b, &v.keybuf)
+		key := m.name(&v.keybuf)
 		r := rules.props[string(key)]
 		if r == nil {
 			vs = append(vs, Violation{Kind: UnplannedEventProperty, Property: string(key)})
@@ -177,17 +265,21 @@ func (c *compiled) props(b []byte, ep span, rules *eventRules, vs []Violation, d
 		}
 		vs = r.check(b, m.val, false, vs, v)
 	}
-	return drop, vs, seen
+	end := m.end()
+	if seen < len(rules.required) {
+		vs = missing(b, from, rules, vs, v)
+	}
+	return end, vs, drop
 }
 
 // missing appends a RequiredMissing for each required property of rules
-// absent (or null) at ep.
-func missing(b []byte, ep span, rules *eventRules, vs []Violation, v *verdict) []Violation {
+// absent (or null) at b[from].
+func missing(b []byte, from int, rules *eventRules, vs []Violation, v *verdict) []Violation {
 	for _, r := range rules.required {
 		found := false
-		m := newMembers(b, ep)
+		m := objectAt(b, from)
 		for m.next() {
-			if string(m.key.key(b, &v.keybuf)) == r.name && !isNull(b, m.val) {
+			if string(m.name(&v.keybuf)) == r.name && !isNull(b, m.val) {
 				found = true
 			}
 		}
@@ -198,36 +290,49 @@ func missing(b []byte, ep span, rules *eventRules, vs []Violation, v *verdict) [
 	return vs
 }
 
-// userProps checks the user properties at up: plain members, or the
-// members of the operations ($set, $setOnce, $add, $append, $unset, ...);
-// values are checked for plain members and $set/$setOnce only.
-func (c *compiled) userProps(b []byte, up span, vs []Violation, drop []span, v *verdict) ([]span, []Violation) {
-	one := func(m *members, values bool) {
-		key := m.key.key(b, &v.keybuf)
-		r := c.users[string(key)]
-		if r == nil {
-			vs = append(vs, Violation{Kind: UnplannedUserProperty, Property: "user:" + string(key)})
-			drop = append(drop, m.member)
-			return
-		}
-		if values {
-			vs = r.check(b, m.val, true, vs, v)
-		}
-	}
-	m := newMembers(b, up)
-	for m.next() {
+// userProps checks the user properties at b[from] (absent: from < 0):
+// plain members, or the members of the operations ($set, $setOnce, $add,
+// $append, $unset, ...); values are checked for plain members and
+// $set/$setOnce only. It returns the index past them (-1 when unknown).
+func (c *compiled) userProps(b []byte, from int, vs []Violation, drop []span, v *verdict) (int, []Violation, []span) {
+	m := objectAt(b, from)
+	for m.nextKey() {
 		op := m.key.raw(b)
 		if len(op) == 0 || op[0] != '$' {
-			one(&m, true)
+			if !m.skip(valueEnd(b, m.val.from)) {
+				break
+			}
+			vs, drop = c.userProp(b, &m, true, vs, drop, v)
 			continue
 		}
 		values := string(op) == "$set" || string(op) == "$setOnce"
-		in := newMembers(b, m.val)
+		in := objectAt(b, m.val.from)
 		for in.next() {
-			one(&in, values)
+			vs, drop = c.userProp(b, &in, values, vs, drop, v)
+		}
+		end := in.end()
+		if end < 0 {
+			end = valueEnd(b, m.val.from)
+		}
+		if !m.skip(end) {
+			break
 		}
 	}
-	return drop, vs
+	return m.end(), vs, drop
+}
+
+// userProp checks the user property at m.
+func (c *compiled) userProp(b []byte, m *members, values bool, vs []Violation, drop []span, v *verdict) ([]Violation, []span) {
+	key := m.name(&v.keybuf)
+	r := c.users[string(key)]
+	if r == nil {
+		vs = append(vs, Violation{Kind: UnplannedUserProperty, Property: "user:" + string(key)})
+		return vs, append(drop, m.member)
+	}
+	if values {
+		vs = r.check(b, m.val, true, vs, v)
+	}
+	return vs, drop
 }
 
 func isNull(b []byte, v span) bool { return v.to > v.from && b[v.from] == 'n' }
@@ -293,7 +398,7 @@ func (r *rule) scalar(b []byte, v span, vd *verdict) string {
 		if r.typ == tNumber || r.typ == tBoolean {
 			return WrongType
 		}
-		if r.enum == nil && r.re == nil {
+		if r.enum == nil && r.re == nil && r.match == nil {
 			return ""
 		}
 		s := v.key(b, &vd.keybuf)
@@ -302,7 +407,7 @@ func (r *rule) scalar(b []byte, v span, vd *verdict) string {
 				return NotInEnum
 			}
 		}
-		if r.re != nil && !r.re.Match(s) {
+		if r.match != nil && !r.match.match(s) || r.re != nil && !r.re.Match(s) {
 			return RegexMismatch
 		}
 		return ""
@@ -352,7 +457,9 @@ func without(b []byte, drop []span) []byte {
 	return append(out, b[at:]...)
 }
 
-func isWS(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+// isWS is true at JSON's whitespace; one comparison for the other bytes
+// (records are mostly compact).
+func isWS(c byte) bool { return c <= ' ' && (c == ' ' || c == '\t' || c == '\n' || c == '\r') }
 
 func skipWS(b []byte, i int) int {
 	for i < len(b) && isWS(b[i]) {
@@ -362,25 +469,38 @@ func skipWS(b []byte, i int) int {
 }
 
 // stringEnd is the index past the string at b[i] == '"', -1 if
-// unterminated: the next '"' not escaped (an odd run of backslashes before
-// it), found with IndexByte rather than byte by byte.
-func stringEnd(b []byte, i int) int {
+// unterminated, and whether the string has an escape. It reads 8 bytes at
+// a time, looking for a quote or a backslash in each word (a byte is zero
+// in w^quotes where it is a quote): most strings end within a word or two,
+// where a call to IndexByte costs more than the whole scan.
+func stringEnd(b []byte, i int) (end int, esc bool) {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	const quotes, backslashes = '"' * ones, '\\' * ones
 	i++
-	for {
-		j := bytes.IndexByte(b[i:], '"')
-		if j < 0 {
-			return -1
+	for i < len(b) {
+		if i+8 <= len(b) {
+			w := binary.LittleEndian.Uint64(b[i:])
+			q, e := w^quotes, w^backslashes
+			// The lowest byte flagged is exact (a borrow only flags
+			// bytes above a zero one).
+			z := (q-ones)&^q&highs | (e-ones)&^e&highs
+			if z == 0 {
+				i += 8
+				continue
+			}
+			i += bits.TrailingZeros64(z) >> 3
 		}
-		q := i + j
-		n := 0
-		for k := q - 1; k >= i && b[k] == '\\'; k-- {
-			n++
+		switch b[i] {
+		case '"':
+			return i + 1, esc
+		case '\\':
+			esc = true
+			i += 2 // the escaped byte is never the end
+		default:
+			i++
 		}
-		if n%2 == 0 {
-			return q + 1
-		}
-		i = q + 1
 	}
+	return -1, esc
 }
 
 // structural marks the bytes valueEnd stops at inside a container.
@@ -394,7 +514,8 @@ func valueEnd(b []byte, i int) int {
 	}
 	switch b[i] {
 	case '"':
-		return stringEnd(b, i)
+		e, _ := stringEnd(b, i)
+		return e
 	case '{', '[':
 		depth := 0
 		for ; i < len(b); i++ {
@@ -403,7 +524,7 @@ func valueEnd(b []byte, i int) int {
 			}
 			switch b[i] {
 			case '"':
-				e := stringEnd(b, i)
+				e, _ := stringEnd(b, i)
 				if e < 0 {
 					return -1
 				}

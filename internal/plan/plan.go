@@ -3,6 +3,7 @@ package plan
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -99,8 +100,10 @@ type rule struct {
 	typ      uint8
 	array    bool
 	required bool
-	re       *regexp.Regexp
-	enum     map[string]struct{}
+	// re checks the value when it is not simple (else match does).
+	re    *regexp.Regexp
+	match matcher
+	enum  map[string]struct{}
 }
 
 // Value types of a rule.
@@ -114,7 +117,8 @@ const (
 
 // compiled is a Plan made for fast checks: a map of rules per event type
 // (the shared ones merged with its overrides), so that a property is one
-// map lookup.
+// map lookup. (An open-addressing table of our own looked up ~20% faster,
+// ~2 ns a key, ~3% of the check: not worth a second map.)
 type compiled struct {
 	events map[string]*eventRules
 	users  map[string]*rule
@@ -148,7 +152,11 @@ func compileProp(p Property) (*rule, error) {
 		if err != nil {
 			return nil, fmt.Errorf("property %q: regex: %w", p.Name, err)
 		}
-		r.re = re
+		if m, ok := simple(p.Regex); ok {
+			r.match = m
+		} else {
+			r.re = re
+		}
 	}
 	if len(p.Enum) > 0 {
 		r.enum = make(map[string]struct{}, len(p.Enum))
@@ -162,7 +170,6 @@ func compileProp(p Property) (*rule, error) {
 // compile makes the checker of p. A property whose regex does not compile
 // is an error: the plan is refused whole (the cached one stays).
 func compile(p *Plan) (*compiled, error) {
-	c := &compiled{events: make(map[string]*eventRules, len(p.EventTypes)), users: make(map[string]*rule, len(p.UserProperties))}
 	shared := make([]*rule, 0, len(p.Shared))
 	for _, sp := range p.Shared {
 		r, err := compileProp(sp)
@@ -171,20 +178,23 @@ func compile(p *Plan) (*compiled, error) {
 		}
 		shared = append(shared, r)
 	}
+	c := &compiled{events: make(map[string]*eventRules, len(p.EventTypes)), users: make(map[string]*rule, len(p.UserProperties))}
 	for _, et := range p.EventTypes {
-		er := &eventRules{props: make(map[string]*rule, len(shared)+len(p.Overrides[et]))}
-		for _, r := range shared {
-			er.props[r.name] = r
-		}
+		all := slices.Clone(shared)
 		for _, op := range p.Overrides[et] {
 			r, err := compileProp(op)
 			if err != nil {
 				return nil, fmt.Errorf("event type %q: %w", et, err)
 			}
+			all = append(all, r)
+		}
+		er := &eventRules{props: make(map[string]*rule, len(all))}
+		for _, r := range all { // an override replaces the shared rule of its name
 			er.props[r.name] = r
 		}
-		for _, r := range er.props {
-			if r.required {
+		// In the plan's order, so that missing ones are reported in it.
+		for _, r := range all {
+			if er.props[r.name] == r && r.required {
 				er.required = append(er.required, r)
 			}
 		}
