@@ -130,7 +130,7 @@ func TestFleetFailover(t *testing.T) {
 			for k := range requests {
 				body := deviceEvents(apiKey, dev, k*perReq, perReq)
 				ok := false
-				for try := 0; try < 60 && time.Now().Before(deadline); try++ {
+				for try := 0; time.Now().Before(deadline); try++ {
 					r := relays[(dev+k+try)%2]
 					if r == a && aDead.Load() {
 						r = b
@@ -152,12 +152,15 @@ func TestFleetFailover(t *testing.T) {
 			}
 		})
 	}
-	// Kill A a third of the way in, while both deliver.
-	for accepted.Load() < devices*requests*perReq/3 && time.Now().Before(deadline) {
+	// Kill A a third of the way in, while both deliver, once it holds
+	// events partitions (it takes its share when B joins). The senders
+	// are waited for before any failure ends the test.
+	for (accepted.Load() < devices*requests*perReq/3 || !slices.Contains(eventsOwners(t, cl), aName)) && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	// A holds events partitions (it took its share when B joined).
 	if !slices.Contains(eventsOwners(t, cl), aName) {
+		aDead.Store(true)
+		wg.Wait()
 		t.Fatalf("relay A holds no events partition: %q", eventsOwners(t, cl))
 	}
 	aDead.Store(true)
@@ -173,12 +176,10 @@ func TestFleetFailover(t *testing.T) {
 	var got []sim.Ingested
 	want := 0
 	acked.Range(func(any, any) bool { want++; return true })
-	for range 600 { // 60 s
-		got = up.Events(apiKey)
-		if distinct(got) >= want {
+	for end := time.Now().Add(poll.Max); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if got = up.Events(apiKey); distinct(got) >= want {
 			break
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
 	seen := map[string]bool{}
 	last := map[string]int{}
@@ -280,16 +281,10 @@ func TestFleetPauseSurvivesFailover(t *testing.T) {
 	const apiKey, dev = "fleet-key-2", 7
 	part := fleet.PartitionOf([]byte(fmt.Sprintf("d:device-%02d", dev)), 4)
 	var owner, other *fleetRelay
-	for range 300 { // 30 s: both relays hold partitions
+	poll.Until(t, "a relay owning the device's partition", func() bool {
 		owner = names[partitionOwner(t, cl, part)]
-		if owner != nil && len(owner.logs.FilterMessage("partition taken").All()) > 0 {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if owner == nil {
-		t.Fatal("no relay owns the device's partition")
-	}
+		return owner != nil && len(owner.logs.FilterMessage("partition taken").All()) > 0
+	})
 	other = a
 	if owner == a {
 		other = b
@@ -302,28 +297,17 @@ func TestFleetPauseSurvivesFailover(t *testing.T) {
 	// The owner sends, gets the 429, pauses the device (here and in the
 	// fleet's bucket); then it dies.
 	var t429 time.Time
-	for range 200 { // 20 s
+	poll.Until(t, "the upstream's 429", func() bool {
 		for _, r := range up.Requests() {
 			if r.Status == 429 {
 				t429 = r.Time
 			}
 		}
-		if !t429.IsZero() {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if t429.IsZero() {
-		t.Fatal("the upstream never answered the 429")
-	}
+		return !t429.IsZero()
+	})
 	// The pause is written to the fleet's bucket right after the answer.
 	pauseKey := base64.RawURLEncoding.EncodeToString([]byte(fmt.Sprintf("d:device-%02d", dev)))
-	for i := 0; !kvHas(t, cl, "RELAY_PAUSES", pauseKey); i++ {
-		if i == 100 {
-			t.Fatal("the pause never reached the fleet's bucket")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	poll.Until(t, "the pause in the fleet's bucket", func() bool { return kvHas(t, cl, "RELAY_PAUSES", pauseKey) })
 	owner.kill()
 	// The other relay takes the partition over (about 8 s) and must hold
 	// the device's events until the pause ends.
@@ -333,16 +317,10 @@ func TestFleetPauseSurvivesFailover(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if owner := partitionOwner(t, cl, part); owner == "" || names[owner] != other {
-		t.Fatalf("partition %d owned by %q, not by the surviving relay", part, owner)
-	}
-	for range 300 { // then they are delivered
-		if len(up.Events(apiKey)) >= 3 {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("the device's events were not delivered after its pause; upstream has %d", len(up.Events(apiKey)))
+	// The survivor owns the partition (at once on a quiet machine: the
+	// lease ran out long ago) and delivers once the pause is over.
+	poll.Until(t, "the surviving relay owning the partition", func() bool { return names[partitionOwner(t, cl, part)] == other })
+	poll.Until(t, "the device's events delivered after its pause", func() bool { return len(up.Events(apiKey)) >= 3 })
 }
 
 // TestFleetAdmin: a dead letter made by one relay is listed, replayed and
@@ -352,14 +330,10 @@ func TestFleetAdmin(t *testing.T) {
 	a := startFleetRelay(t, cl, upURL)
 	b := startFleetRelay(t, cl, upURL)
 	for _, r := range []*fleetRelay{a, b} {
-		for i := 0; ; i++ {
-			if st, _ := getBody(t, r.admin+"/readyz"); st == http.StatusOK {
-				break
-			} else if i == 100 {
-				t.Fatalf("/readyz answered %d", st)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		poll.Until(t, "/readyz answering 200", func() bool {
+			st, _ := getBody(t, r.admin+"/readyz")
+			return st == http.StatusOK
+		})
 	}
 
 	const apiKey, dev = "fleet-key-3", 4
@@ -375,19 +349,13 @@ func TestFleetAdmin(t *testing.T) {
 		} `json:"dead_letters"`
 		Total int64 `json:"total"`
 	}
-	for i := 0; ; i++ { // listed by B, whichever relay made them
+	poll.Until(t, "the 3 dead letters listed by the other relay", func() bool { // whichever relay made them
 		_, body := getBody(t, b.admin+"/relay/v1/deadletters")
 		if err := json.Unmarshal([]byte(body), &list); err != nil {
 			t.Fatalf("%v: %s", err, body)
 		}
-		if len(list.DeadLetters) == 3 {
-			break
-		}
-		if i == 200 {
-			t.Fatalf("dead letters listed by the other relay: %s", body)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return len(list.DeadLetters) == 3
+	})
 	if list.Total != 3 || list.DeadLetters[0].Reason != "silenced" {
 		t.Fatalf("list: %+v", list)
 	}
@@ -405,12 +373,7 @@ func TestFleetAdmin(t *testing.T) {
 
 	up.Unsilence(fmt.Sprintf("device-%02d", dev))
 	replayAll(t, b.admin, 3)
-	for i := 0; len(up.Events(apiKey)) < 3; i++ {
-		if i == 200 {
-			t.Fatalf("replayed events not delivered: upstream has %d", len(up.Events(apiKey)))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	poll.Until(t, "the replayed events delivered", func() bool { return len(up.Events(apiKey)) >= 3 })
 	_, body = getBody(t, a.admin+"/relay/v1/deadletters")
 	if !strings.Contains(body, `"dead_letters":[]`) {
 		t.Fatalf("after the replay: %s", body)
@@ -426,15 +389,7 @@ func TestFleetGracefulStop(t *testing.T) {
 	a := startFleetRelay(t, cl, upURL)
 	b := startFleetRelay(t, cl, upURL)
 	aName := a.memberName(t)
-	for i := 0; ; i++ { // A holds some events partitions
-		if slices.Contains(eventsOwners(t, cl), aName) {
-			break
-		}
-		if i == 300 {
-			t.Fatal("relay A holds no events partition")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	poll.Until(t, "relay A holding events partitions", func() bool { return slices.Contains(eventsOwners(t, cl), aName) })
 	const apiKey = "fleet-key-4"
 	want := 0
 	for dev := range 8 {
@@ -451,12 +406,7 @@ func TestFleetGracefulStop(t *testing.T) {
 	if owners := eventsOwners(t, cl); slices.Contains(owners, aName) {
 		t.Fatalf("relay A stopped but still holds leases: %q", owners)
 	}
-	for i := 0; distinct(up.Events(apiKey)) < want; i++ {
-		if i == 300 {
-			t.Fatalf("upstream has %d of %d events", distinct(up.Events(apiKey)), want)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	poll.Until(t, fmt.Sprintf("the upstream having all %d events", want), func() bool { return distinct(up.Events(apiKey)) >= want })
 	st := up.Stats()
 	t.Logf("upstream: %d events, %d duplicates; relay B took %d partitions", st.Ingested, st.Duplicates,
 		b.logs.FilterMessage("partition taken").Len())
@@ -525,7 +475,8 @@ func TestFleetForms(t *testing.T) {
 	}
 
 	var groups, users map[string]bool
-	for i := 0; ; i++ { // B takes A's partitions after the lease time-out (~8 s), then its retry
+	// B takes A's partitions after the lease time-out (~8 s), then its retry.
+	poll.Until(t, "B delivering A's group identifies and mappings", func() bool {
 		groups, users = map[string]bool{}, map[string]bool{}
 		for _, g := range up.GroupIdentifies(apiKey) {
 			groups[g.GroupValue] = true
@@ -533,14 +484,8 @@ func TestFleetForms(t *testing.T) {
 		for _, c := range up.MappingCalls() {
 			users[c.UserID] = true
 		}
-		if len(groups) >= n && len(users) >= n {
-			break
-		}
-		if i == 900 { // 90 s
-			t.Fatalf("after A died, B delivered %d of %d group identifies and %d of %d mappings", len(groups), n, len(users), n)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return len(groups) >= n && len(users) >= n
+	})
 	for i := range n {
 		if !groups[fmt.Sprintf("g-%02d", i)] || !users[fmt.Sprintf("u-%02d", i)] {
 			t.Errorf("record %d: group %v, mapping %v", i, groups[fmt.Sprintf("g-%02d", i)], users[fmt.Sprintf("u-%02d", i)])
@@ -548,17 +493,12 @@ func TestFleetForms(t *testing.T) {
 	}
 	// The refused one is a dead letter of the fleet: listed by B, replayed
 	// through B into the stream (refused again: a dead letter again).
-	deadBody := func() string {
-		for i := 0; ; i++ {
-			_, body := getBody(t, b.admin+"/relay/v1/deadletters")
-			if strings.Contains(body, `"total":1`) {
-				return body
-			}
-			if i == 300 {
-				t.Fatalf("group identify dead letter not listed: %s", body)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+	deadBody := func() (body string) {
+		poll.Until(t, "the group identify dead letter listed", func() bool {
+			_, body = getBody(t, b.admin+"/relay/v1/deadletters")
+			return strings.Contains(body, `"total":1`)
+		})
+		return body
 	}
 	if body := deadBody(); !strings.Contains(body, `"reason":"bad_request"`) {
 		t.Fatalf("dead letters: %s", body)
