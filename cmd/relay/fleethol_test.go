@@ -43,15 +43,7 @@ func TestFleetInvalidKeyDoesNotStopPartition(t *testing.T) {
 	client := &http.Client{Timeout: 20 * time.Second}
 	post := func(b []byte) {
 		t.Helper()
-		for try := 0; ; try++ {
-			if postEvents(client, r.ingest, b) == http.StatusOK {
-				return
-			}
-			if try == 50 {
-				t.Fatal("the relay did not accept a request")
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		poll.Until(t, "the relay accepting a request", func() bool { return postEvents(client, r.ingest, b) == http.StatusOK })
 	}
 	for k := range badRequests {
 		post(body("bad-key", k%3, k*perReq))
@@ -60,14 +52,9 @@ func TestFleetInvalidKeyDoesNotStopPartition(t *testing.T) {
 		post(body("good-key", k%4, k*perReq))
 	}
 	want := goodReqs * perReq
-	for i := 0; distinct(up.Events("good-key")) < want; i++ {
-		if i == 600 { // 60 s
-			_, lanes := getBody(t, r.admin+"/relay/v1/lanes")
-			t.Fatalf("good key: %d of %d events delivered behind the refused key's backlog; lanes %s",
-				distinct(up.Events("good-key")), want, lanes)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	poll.Until(t, "the good key's events delivered behind the refused key's backlog", func() bool {
+		return distinct(up.Events("good-key")) >= want
+	})
 	_, lanes := getBody(t, r.admin+"/relay/v1/lanes")
 	if !strings.Contains(lanes, "invalid API key") {
 		t.Fatalf("the refused key's lane is not stopped: %s", lanes)
@@ -76,18 +63,11 @@ func TestFleetInvalidKeyDoesNotStopPartition(t *testing.T) {
 	js := cl.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 	defer cancel()
-	var msgs uint64
-	for i := 0; ; i++ {
+	poll.Until(t, fmt.Sprintf("the events stream holding the refused key's %d messages only", badRequests), func() bool {
 		s, err := js.Stream(ctx, "RELAY_EVENTS")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if msgs = s.CachedInfo().State.Msgs; msgs == badRequests || i == 50 {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if msgs != badRequests {
-		t.Fatalf("the events stream holds %d messages, want the refused key's %d", msgs, badRequests)
-	}
+		return s.CachedInfo().State.Msgs == badRequests
+	})
 }

@@ -2,11 +2,14 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/internal/poll"
 )
 
 // laneRunners are a relay's runners (/relay/v1/lanes) of the lanes whose
@@ -49,22 +52,14 @@ func TestFleetLaneStopHoldsOnEveryRelay(t *testing.T) {
 	send := func(r *fleetRelay, round int) {
 		t.Helper()
 		for dev := range devices {
-			for try := 0; postEvents(http.DefaultClient, r.ingest, deviceEvents(apiKey, dev, round*perReq, perReq)) != http.StatusOK; try++ {
-				if try == 100 {
-					t.Fatal("the relay does not accept events")
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
+			poll.Until(t, "the relay accepting events", func() bool {
+				return postEvents(http.DefaultClient, r.ingest, deviceEvents(apiKey, dev, round*perReq, perReq)) == http.StatusOK
+			})
 		}
 	}
 	waitEvents := func(n int, what string) {
 		t.Helper()
-		for i := 0; distinct(up.Events(apiKey)) < n; i++ {
-			if i == 1200 { // 2 minutes
-				t.Fatalf("%s: %d of %d events delivered", what, distinct(up.Events(apiKey)), n)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		poll.Until(t, fmt.Sprintf("%s: %d events delivered", what, n), func() bool { return distinct(up.Events(apiKey)) >= n })
 	}
 	// Both relays deliver some of the lane's partitions: runners on each.
 	var prefix string
@@ -96,12 +91,7 @@ func TestFleetLaneStopHoldsOnEveryRelay(t *testing.T) {
 		}
 		return len(rs) > 0
 	}
-	for i := 0; !allStopped(a.admin) || !allStopped(b.admin); i++ {
-		if i == 600 {
-			t.Fatalf("the lane is not stopped on every runner: a %v, b %v", laneRunners(t, a.admin, prefix), laneRunners(t, b.admin, prefix))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	poll.Until(t, "the lane stopped on every runner", func() bool { return allStopped(a.admin) && allStopped(b.admin) })
 	// Sent through B while stopped: stored, not delivered.
 	send(b, 100)
 	time.Sleep(2 * time.Second) // a delivery would have happened by now; none may

@@ -46,12 +46,7 @@ func TestFleetModeOverSeam(t *testing.T) {
 			h.add("key-one", evs...)
 		}
 		h.start()
-		for i := 0; h.p.Ready() != nil; i++ {
-			if i == 500 {
-				t.Fatalf("Ready: %v", h.p.Ready())
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		poll.Until(t, "Ready", func() bool { return h.p.Ready() == nil })
 		for range 5 { // a queue handed over at run time
 			h.add("key-two", ev{User: "only-user-1"}, ev{Device: "device-x"})
 		}

@@ -226,15 +226,10 @@ func TestFileDescriptorExhaustion(t *testing.T) {
 	// Served again once the descriptors are free (the backed-off accept
 	// retries within a second; each retry frees queued connections).
 	var resp *http.Response
-	for i := range 100 {
-		if resp, err = get(); err == nil && resp.StatusCode == 200 {
-			break
-		}
-		if i == 99 {
-			t.Fatalf("after the descriptors were freed: %v %v", resp, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	poll.Until(t, "an answer after the descriptors were freed", func() bool {
+		resp, err = get()
+		return err == nil && resp.StatusCode == 200
+	})
 }
 
 // TestFileDescriptorChild is the child of TestFileDescriptorExhaustion.
