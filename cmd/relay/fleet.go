@@ -89,7 +89,7 @@ func (fs *fleetStore) close(context.Context) error {
 // cfg's timing and its store, the fleet's restricted to the kind's
 // partitions (each kind's delivery runs its own ownership loop), or local
 // when fs is nil (local mode).
-func (fs *fleetStore) spooling(cfg config.Config, k spool.Kind, local *storage.Local) formreq.Spooling {
+func (fs *fleetStore) spooling(cfg config.Config, k storage.Kind, local *spool.Backend) formreq.Spooling {
 	sc := formreq.Spooling{FormTiming: delivery.FormTiming{MaxAge: cfg.MaxEventAge, Gzip: cfg.UpstreamGzip}, Store: local}
 	if fs != nil {
 		sc.Store = fs.b.Only(k)

@@ -10,7 +10,7 @@ import (
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
 )
@@ -656,12 +656,12 @@ func chaos(t *testing.T, reading sim.Config) {
 // Lanes of other kinds (group identify, usermap) are not delivered here.
 func TestStopResumeLaneAndOtherKinds(t *testing.T) {
 	h := newHarness(t, sim.Config{}, Config{}, throttle.Config{})
-	gl, err := h.sp.Lane(context.Background(), spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: "key"})
+	gl, err := h.sp.Lane(context.Background(), storage.LaneKey{Kind: storage.KindGroupIdentify, APIKey: "key"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var b spool.Batch
-	b.Add(spool.Record{OrderKey: []byte("g"), Data: []byte(`{"group_type":"org","group_value":"x"}`)})
+	var b storage.Batch
+	b.Add(storage.Record{OrderKey: []byte("g"), Data: []byte(`{"group_type":"org","group_value":"x"}`)})
 	if err := h.sp.Append(context.Background(), gl, &b); err != nil {
 		t.Fatal(err)
 	}

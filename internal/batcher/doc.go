@@ -5,7 +5,7 @@
 //
 // # Shape
 //
-// Run starts, for every lane of kind spool.KindEvents (those that exist and,
+// Run starts, for every lane of kind storage.KindEvents (those that exist and,
 // through Spool.LanesFrom, those created later: only
 // the new ones are looked at), one reader goroutine; the reader hands each
 // record to the shard (of Config.ShardsPerLane) its OrderKey hashes to, and

@@ -14,7 +14,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/delivery"
-	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/throttle"
 )
@@ -63,12 +62,12 @@ type SharedPauses interface {
 // any relay.
 type SharedLanes interface {
 	// StopLane stops lane on every relay; it returns once stored.
-	StopLane(ctx context.Context, lane spool.LaneKey, reason string) error
+	StopLane(ctx context.Context, lane storage.LaneKey, reason string) error
 	// ResumeLane ends lane's stop on every relay.
-	ResumeLane(ctx context.Context, lane spool.LaneKey) error
+	ResumeLane(ctx context.Context, lane storage.LaneKey) error
 	// WatchLanes calls fn for every lane stopped now, then for every
 	// change, in order; fn must not block.
-	WatchLanes(fn func(lane spool.LaneKey, stopped bool, reason string))
+	WatchLanes(fn func(lane storage.LaneKey, stopped bool, reason string))
 }
 
 // feedIdle is how long a fleet lane runner with nothing to send lives.
@@ -91,7 +90,7 @@ func NewFleet(cfg Config, st FleetStore, pauses SharedPauses, lanes SharedLanes,
 		return nil, err
 	}
 	p.dead = st
-	p.fl = &fleetState{st: st, pauses: pauses, lanes: lanes, stops: make(map[spool.LaneKey]string)}
+	p.fl = &fleetState{st: st, pauses: pauses, lanes: lanes, stops: make(map[storage.LaneKey]string)}
 	m, err := newMetrics(reg, p)
 	if err != nil {
 		return nil, err
@@ -112,7 +111,7 @@ type fleetState struct {
 	nextID atomic.Uint64
 
 	smu   sync.Mutex
-	stops map[spool.LaneKey]string // lanes stopped fleet-wide, by reason
+	stops map[storage.LaneKey]string // lanes stopped fleet-wide, by reason
 
 	runs    delivery.Runners[*laneRunner]
 	mu      sync.Mutex
@@ -224,7 +223,7 @@ func (p *Pipeline) queueName(r storage.Reader) string {
 // are done and acknowledged.
 func (p *Pipeline) deliverPartition(stop, owned context.Context, r storage.Reader, drained func()) error {
 	name := p.queueName(r)
-	if !strings.HasPrefix(name, spool.KindEvents.String()+"-") && strings.Contains(name, "-") {
+	if !strings.HasPrefix(name, storage.KindEvents.String()+"-") && strings.Contains(name, "-") {
 		// Another kind's partition (a store handing out every kind):
 		// delivered by that kind's own delivery; its messages stay.
 		drained()
@@ -233,7 +232,7 @@ func (p *Pipeline) deliverPartition(stop, owned context.Context, r storage.Reade
 	}
 	return delivery.DeliverPartition(stop, owned, r, drained, delivery.PartitionConfig{
 		Name:      name,
-		Kind:      spool.KindEvents,
+		Kind:      storage.KindEvents,
 		MaxQueued: int64(p.cfg.MaxReadAheadBytes) / 8,
 		Idle:      feedIdle,
 		Log:       p.log,
@@ -289,7 +288,7 @@ func (p *Pipeline) sharePauses(ctx context.Context, keys []string, until time.Ti
 }
 
 // stopped reports whether lane is stopped fleet-wide, and why.
-func (fl *fleetState) stopped(lane spool.LaneKey) (string, bool) {
+func (fl *fleetState) stopped(lane storage.LaneKey) (string, bool) {
 	fl.smu.Lock()
 	defer fl.smu.Unlock()
 	r, ok := fl.stops[lane]
@@ -298,7 +297,7 @@ func (fl *fleetState) stopped(lane spool.LaneKey) (string, bool) {
 
 // laneStopChanged applies a fleet-wide stop or resume of lane to this
 // relay's runners of it (every partition) and to those started later.
-func (p *Pipeline) laneStopChanged(lane spool.LaneKey, stopped bool, reason string) {
+func (p *Pipeline) laneStopChanged(lane storage.LaneKey, stopped bool, reason string) {
 	fl := p.fl
 	fl.smu.Lock()
 	if stopped {

@@ -21,6 +21,7 @@ import (
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
 )
@@ -247,7 +248,7 @@ func (h *harness) lane(apiKey, options string) *spool.Lane {
 	if l := h.lanes[k]; l != nil {
 		return l
 	}
-	l, err := h.sp.Lane(context.Background(), spool.LaneKey{Kind: spool.KindEvents, APIKey: apiKey, Options: options})
+	l, err := h.sp.Lane(context.Background(), storage.LaneKey{Kind: storage.KindEvents, APIKey: apiKey, Options: options})
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -267,7 +268,7 @@ type ev struct {
 func (h *harness) add(apiKey string, evs ...ev) []string {
 	h.t.Helper()
 	l := h.lane(apiKey, "")
-	var b spool.Batch
+	var b storage.Batch
 	ids := make([]string, len(evs))
 	h.mu.Lock()
 	for i, e := range evs {
@@ -301,7 +302,7 @@ func (h *harness) add(apiKey string, evs ...ev) []string {
 		}
 		h.appended[id] = sentEvent{apiKey: apiKey, orderKey: ok, idx: idx}
 		h.data[id] = data
-		b.Add(spool.Record{OrderKey: []byte(ok), UserID: []byte(e.User), Data: []byte(data)})
+		b.Add(storage.Record{OrderKey: []byte(ok), UserID: []byte(e.User), Data: []byte(data)})
 	}
 	h.mu.Unlock()
 	if err := h.sp.Append(context.Background(), l, &b); err != nil {
@@ -333,13 +334,13 @@ func (h *harness) waitDrained(timeout time.Duration, keep int64) {
 	}
 }
 
-func (h *harness) dead() map[string]spool.DeadLetter {
+func (h *harness) dead() map[string]storage.DeadLetter {
 	h.t.Helper()
-	dls, err := h.sp.ListDead(spool.DeadFilter{}, 0, 1<<20)
+	dls, err := h.sp.ListDead(storage.DeadFilter{}, 0, 1<<20)
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	out := map[string]spool.DeadLetter{}
+	out := map[string]storage.DeadLetter{}
 	for _, d := range dls {
 		id := insertID(d.Record.Data)
 		if id == "" {
@@ -368,7 +369,7 @@ func insertID(data []byte) string {
 // (pending); none is both; per order key the sim got them in order; the
 // sim got every event byte for byte as appended.
 // It returns the dead letters by insert_id.
-func (h *harness) check(pending map[string]bool) map[string]spool.DeadLetter {
+func (h *harness) check(pending map[string]bool) map[string]storage.DeadLetter {
 	h.t.Helper()
 	dead := h.dead()
 	at := map[string]int{}

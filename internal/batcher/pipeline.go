@@ -16,6 +16,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
 )
@@ -82,7 +83,7 @@ func New(cfg Config, sp *spool.Spool, send Sender, thr *throttle.Throttle, log *
 		return nil, err
 	}
 	p.sp, p.dead = sp, sp
-	eng, err := delivery.NewEngine(delivery.EngineConfig[*laneRunner]{Kind: spool.KindEvents, DrainTimeout: p.cfg.DrainTimeout,
+	eng, err := delivery.NewEngine(delivery.EngineConfig[*laneRunner]{Kind: storage.KindEvents, DrainTimeout: p.cfg.DrainTimeout,
 		NewRunner: func(l *spool.Lane) *laneRunner { return newLaneRunner(p, l) }}, sp)
 	if err != nil {
 		return nil, err
@@ -227,7 +228,7 @@ type events struct {
 var _ delivery.Kind = events{}
 
 // Frame is the lane's envelope and limits; events are written as they are.
-func (k events) Frame(key spool.LaneKey) delivery.Frame {
+func (k events) Frame(key storage.LaneKey) delivery.Frame {
 	q, _ := json.Marshal(key.APIKey) // a string always marshals
 	suffix := "]"
 	if key.Options != "" {
@@ -257,7 +258,7 @@ type laneRunner struct {
 	lane  *spool.Lane
 	id    uint64
 	label string
-	key   spool.LaneKey
+	key   storage.LaneKey
 	// frame packs the lane's requests (Pipeline.kind's Frame).
 	frame delivery.Frame
 	// shards has Config.ShardsPerLane entries, each nil until the shard
@@ -307,7 +308,7 @@ func newLaneRunner(p *Pipeline, l *spool.Lane) *laneRunner {
 }
 
 // newRunner returns the runner of one lane reading src.
-func newRunner(p *Pipeline, src source, id uint64, label string, key spool.LaneKey) *laneRunner {
+func newRunner(p *Pipeline, src source, id uint64, label string, key storage.LaneKey) *laneRunner {
 	lr := &laneRunner{p: p, src: src, id: id, label: label, key: key, bwake: make(chan struct{}, 1)}
 	lr.frame = p.kind.Frame(key)
 	lr.window.Store(1)

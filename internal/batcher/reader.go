@@ -12,11 +12,12 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // item is one record on its way upstream.
 type item struct {
-	rec spool.Record
+	rec storage.Record
 	ck  *chunkRef
 	enq time.Time // when the shard got it (flush timer)
 	// own is the memory of the record's own copy (detach), counted against
@@ -41,7 +42,7 @@ type chunkRef struct {
 	// buf is the chunk's buffer, given back to the spool when refs reaches
 	// zero: then no item aliases it (delivered and dead-lettered records
 	// are read no more, held ones have their own copy).
-	buf spool.Buffer
+	buf storage.Buffer
 }
 
 // ackRef counts the records of one chunk (all its parts) not yet done.
@@ -73,8 +74,8 @@ func (lr *laneRunner) read(ctx context.Context) readEnd {
 	limit := int64(lr.p.cfg.MaxReadAheadBytes)
 	step := lr.step()
 	per := make([][]item, len(lr.shards))
-	var recs []spool.Record // reused by NextPart: every record is copied into an item
-	failing := false        // the last read failed (logged once, until one succeeds)
+	var recs []storage.Record // reused by NextPart: every record is copied into an item
+	failing := false          // the last read failed (logged once, until one succeeds)
 	for {
 		// Wait for records first, then take the budget: a lane waiting
 		// for records holds none of it.

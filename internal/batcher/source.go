@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // source is what a lane runner's reader reads: a spool lane (localSource)
@@ -21,7 +22,7 @@ type source interface {
 	// NextPart reads up to maxBytes (at least one record), as
 	// spool.Lane.NextPart; with a done ctx it returns at once when there is
 	// nothing to read.
-	NextPart(ctx context.Context, maxBytes int, recs []spool.Record) ([]spool.Chunk, []spool.Record, error)
+	NextPart(ctx context.Context, maxBytes int, recs []storage.Record) ([]spool.Chunk, []storage.Record, error)
 	// Ack says every record of the chunk seq is delivered or a committed
 	// dead letter.
 	Ack(seq uint64)
@@ -30,7 +31,7 @@ type source interface {
 // DeadWriter stores dead letters durably (the local spool, the fleet's
 // dead-letter stream): storage.DeadWriter, as the batcher uses it.
 type DeadWriter interface {
-	PutDead(ctx context.Context, dls []spool.DeadLetter) error
+	PutDead(ctx context.Context, dls []storage.DeadLetter) error
 }
 
 // localSource is a spool lane.
@@ -43,7 +44,7 @@ func (s localSource) Wait(ctx context.Context, onIdle func() bool) error {
 	return s.l.Wait(ctx, onIdle)
 }
 
-func (s localSource) NextPart(ctx context.Context, maxBytes int, recs []spool.Record) ([]spool.Chunk, []spool.Record, error) {
+func (s localSource) NextPart(ctx context.Context, maxBytes int, recs []storage.Record) ([]spool.Chunk, []storage.Record, error) {
 	return s.l.NextPart(ctx, maxBytes, recs)
 }
 

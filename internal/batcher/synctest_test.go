@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
 )
 
@@ -41,14 +42,14 @@ func openFilled(t *testing.T, n int) (*spool.Spool, *spool.Lane) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := sp.Lane(context.Background(), spool.LaneKey{Kind: spool.KindEvents, APIKey: "k"})
+	l, err := sp.Lane(context.Background(), storage.LaneKey{Kind: storage.KindEvents, APIKey: "k"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < n; i++ {
-		var b spool.Batch
+		var b storage.Batch
 		dev := string(rune('a' + i%8))
-		b.Add(spool.Record{OrderKey: []byte("d:device-" + dev), Data: []byte(`{"event_type":"e","device_id":"device-` + dev + `"}`)})
+		b.Add(storage.Record{OrderKey: []byte("d:device-" + dev), Data: []byte(`{"event_type":"e","device_id":"device-` + dev + `"}`)})
 		if err := sp.Append(context.Background(), l, &b); err != nil {
 			t.Fatal(err)
 		}

@@ -35,7 +35,7 @@ const (
 // the dead letters are durable; else, when ctx ends or the store is closed
 // (spool.ErrClosed, storage.ErrLost), an error: then nothing may be
 // acknowledged and the records must be delivered again later.
-func FlushDead(ctx context.Context, w storage.DeadWriter, dls []spool.DeadLetter, failed func(error)) error {
+func FlushDead(ctx context.Context, w storage.DeadWriter, dls []storage.DeadLetter, failed func(error)) error {
 	var bo *Retry // made on the first failure: the common case allocates nothing
 	for {
 		err := w.PutDead(ctx, dls)

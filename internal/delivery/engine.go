@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // ErrAlreadyRunning is returned by a second concurrent Engine.Run.
@@ -41,7 +42,7 @@ type EngineConfig[R Runner] struct {
 	// Name prefixes the errors of StopLane and ResumeLane; may be empty.
 	Name string
 	// Kind is the lane kind delivered.
-	Kind spool.Kind
+	Kind storage.Kind
 	// NewRunner makes the runner of a lane of Kind. Required.
 	NewRunner func(l *spool.Lane) R
 	// DrainTimeout is how long runners may finish work in flight after

@@ -75,7 +75,7 @@ type FormConfig struct {
 	// Name prefixes metrics (relay_<Name>_...) and log messages. Required.
 	Name string
 	// Lanes is the lane kind delivered. Required (KindEvents is refused).
-	Lanes spool.Kind
+	Lanes storage.Kind
 	// Kind packs records into requests and classifies the answers; a
 	// *Form for group identify and user mappings. Required.
 	Kind Kind
@@ -94,7 +94,7 @@ type FormConfig struct {
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 
-	// Store holds the records and takes the dead letters: storage.Local
+	// Store holds the records and takes the dead letters: spool.Backend
 	// (the local spool), or in fleet mode the fleet's store restricted to
 	// the kind Lanes (fleet.Backend.Only). Required. See FormLanes.Run.
 	Store Store
@@ -106,7 +106,7 @@ type Store interface {
 	storage.DeadWriter
 }
 
-// localStore is a Store that is the local spool (storage.Local).
+// localStore is a Store that is the local spool (spool.Backend).
 type localStore interface{ Spool() *spool.Spool }
 
 // Validate reports a configuration error.
@@ -114,7 +114,7 @@ func (c FormConfig) Validate() error {
 	switch {
 	case c.Name == "":
 		return errors.New("delivery: Name required")
-	case c.Lanes == spool.KindEvents:
+	case c.Lanes == storage.KindEvents:
 		return errors.New("delivery: Lanes must not be events")
 	case c.Kind == nil:
 		return errors.New("delivery: Kind required")
@@ -225,7 +225,7 @@ type FormLanes struct {
 }
 
 // formRun is how a FormLanes runs its lanes, by its Store. With the local
-// spool (a Store with Spool(): storage.Local), an Engine of spool-lane
+// spool (a Store with Spool(): spool.Backend), an Engine of spool-lane
 // runners: a lane's status and pause are the spool lane's (by its id, as
 // /relay/v1/lanes names lanes), a stopped lane is pinned, and a lane the
 // spool retires ends its runner. Otherwise (the fleet) a formFleet: the
@@ -357,7 +357,7 @@ func (s spoolLane) Ack(seq uint64) { s.sp.Ack(s.l, seq) }
 type laneRun struct {
 	d     *FormLanes
 	src   formSource
-	key   spool.LaneKey
+	key   storage.LaneKey
 	id    uint64
 	label string
 	frame Frame // the Kind's, for key
@@ -404,7 +404,7 @@ func (lr *laneRun) Resume() { lr.st.Resume() }
 // record's acceptance time and each chunk's last record.
 type batch struct {
 	chunks   []spool.Chunk
-	recs     []spool.Record
+	recs     []storage.Record
 	accepted []time.Time
 	last     []int // index in recs of each chunk's last record
 }
@@ -423,7 +423,7 @@ func (b *batch) add(cs []spool.Chunk) {
 // pack packs recs, from the first, into a body in dst's memory: all of
 // them, or as many as one request may carry (at least one). It returns the
 // body and how many records it holds.
-func (lr *laneRun) pack(dst []byte, recs []spool.Record, all bool) ([]byte, int) {
+func (lr *laneRun) pack(dst []byte, recs []storage.Record, all bool) ([]byte, int) {
 	f := &lr.frame
 	p := f.Open(dst)
 	var buf []byte
@@ -525,7 +525,7 @@ func (lr *laneRun) deliver(ctx context.Context, b *batch) error {
 // or nil, split or thinned as the kind classifies the answers) until each
 // is delivered or dead. It returns an error only when ctx ends, the spool
 // closes or the lane stops.
-func (lr *laneRun) send(ctx context.Context, recs []spool.Record, accepted []time.Time, body []byte) error {
+func (lr *laneRun) send(ctx context.Context, recs []storage.Record, accepted []time.Time, body []byte) error {
 	cfg := &lr.d.cfg
 	m := &lr.d.m
 	var lastAnswer []byte // of the last retryable answer, for expired dead letters
@@ -628,14 +628,14 @@ func (lr *laneRun) send(ctx context.Context, recs []spool.Record, accepted []tim
 
 // dropDead commits the records named in reasons (by index) as dead letters
 // with answer (FlushDead) and returns the others, in order.
-func (lr *laneRun) dropDead(ctx context.Context, recs []spool.Record, accepted []time.Time, reasons map[int]string, answer []byte) ([]spool.Record, []time.Time, error) {
+func (lr *laneRun) dropDead(ctx context.Context, recs []storage.Record, accepted []time.Time, reasons map[int]string, answer []byte) ([]storage.Record, []time.Time, error) {
 	now := lr.d.cfg.Now()
-	dls := make([]spool.DeadLetter, 0, len(reasons))
-	var liveRecs []spool.Record
+	dls := make([]storage.DeadLetter, 0, len(reasons))
+	var liveRecs []storage.Record
 	var liveAcc []time.Time
 	for i := range recs {
 		if r, ok := reasons[i]; ok {
-			dls = append(dls, spool.DeadLetter{Lane: lr.key, Reason: r, Answer: answer, Accepted: accepted[i], Died: now, Record: recs[i]})
+			dls = append(dls, storage.DeadLetter{Lane: lr.key, Reason: r, Answer: answer, Accepted: accepted[i], Died: now, Record: recs[i]})
 		} else {
 			liveRecs, liveAcc = append(liveRecs, recs[i]), append(liveAcc, accepted[i])
 		}

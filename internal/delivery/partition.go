@@ -39,7 +39,7 @@ type PartitionConfig struct {
 	Name string
 	// Kind is the lane kind delivered; a message of another kind is
 	// logged and left in the stream.
-	Kind spool.Kind
+	Kind storage.Kind
 	// MaxQueued bounds the bytes of messages read and not yet taken by a
 	// lane's runner: the partition's reader waits at it. At least 1.
 	MaxQueued int64
@@ -75,7 +75,7 @@ type FeedRunner struct {
 // called once its runners returned and their acknowledgements were sent.
 func DeliverPartition(stop, owned context.Context, r storage.Reader, drained func(), cfg PartitionConfig) error {
 	pt := &partition{cfg: cfg, r: r, owned: owned, room: make(chan struct{}, 1),
-		feeds: map[spool.LaneKey]*Feed{}, awake: make(chan struct{}, 1)}
+		feeds: map[storage.LaneKey]*Feed{}, awake: make(chan struct{}, 1)}
 	if s, ok := r.(spiller); ok {
 		pt.spill, pt.maxSpilled = s, int64(max(s.MaxSpilled(), 1))
 	}
@@ -152,8 +152,8 @@ type partition struct {
 	maxSpilled int64
 
 	fmu   sync.Mutex
-	feeds map[spool.LaneKey]*Feed // written by the reader goroutine, and by a runner that retires
-	wg    sync.WaitGroup          // the runners
+	feeds map[storage.LaneKey]*Feed // written by the reader goroutine, and by a runner that retires
+	wg    sync.WaitGroup            // the runners
 
 	amu   sync.Mutex
 	acks  []*storage.Message
@@ -346,7 +346,7 @@ func (pt *partition) sendAcks(ctx context.Context) {
 // reader, Ack from any of its goroutines.
 type Feed struct {
 	pt  *partition
-	key spool.LaneKey
+	key storage.LaneKey
 	run FeedRunner
 
 	mu       sync.Mutex
@@ -380,7 +380,7 @@ type spiller interface {
 }
 
 // Lane is the feed's lane.
-func (f *Feed) Lane() spool.LaneKey { return f.key }
+func (f *Feed) Lane() storage.LaneKey { return f.key }
 
 // push queues m (n bytes); false when the feed retired (a new runner is
 // needed). With spilling, m is spilled at once when the feed has spilled
@@ -540,7 +540,7 @@ func (f *Feed) Wait(ctx context.Context, onIdle func() bool) error {
 // (Seq: the message's); recs is returned as is (the spool lane's
 // signature). With nothing queued it returns ctx.Err(), or
 // context.Canceled when ctx is live.
-func (f *Feed) NextPart(ctx context.Context, maxBytes int, recs []spool.Record) ([]spool.Chunk, []spool.Record, error) {
+func (f *Feed) NextPart(ctx context.Context, maxBytes int, recs []storage.Record) ([]spool.Chunk, []storage.Record, error) {
 	var chunks []spool.Chunk
 	var total, counted int64
 	f.mu.Lock()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Lanes are bounded at ingest. Options that mean the same share
@@ -91,7 +92,7 @@ func TestRetiredLaneLeavesCache(t *testing.T) {
 		if a := r.post("/2/httpapi", envelope("k", "", ev)); a.status != 200 {
 			t.Fatalf("round %d: %d %s", round, a.status, a.body)
 		}
-		l, err := r.sp.Lane(context.Background(), spool.LaneKey{Kind: spool.KindEvents, APIKey: "k"})
+		l, err := r.sp.Lane(context.Background(), storage.LaneKey{Kind: storage.KindEvents, APIKey: "k"})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -173,6 +173,6 @@
 // notification channel) and Spool.dbMu (the *bolt.DB: shared for read
 // transactions, exclusive only for the compaction swap and Close). No two
 // of them are ever held at once. A hot chunk's buffer is shared by the
-// spool and the reader, each holding a reference (buffer.go); the spool
+// spool and the reader, each holding a reference (storage.Buf); the spool
 // drops its own when the chunk is acknowledged or put into bbolt.
 package spool

@@ -2,8 +2,6 @@ package spool
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -14,6 +12,8 @@ import (
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 	"go.uber.org/zap"
+
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Lane limits and retirement.
@@ -89,15 +89,6 @@ func (c Config) retireIdle() time.Duration {
 // of the idle time, between 10ms and a minute.
 func (c Config) retireEvery() time.Duration {
 	return min(max(c.retireIdle()/4, 10*time.Millisecond), time.Minute)
-}
-
-// Label is a short, non-secret name of the lane of key k for metrics, logs
-// and the admin API: the kind and a truncated hash of the api_key and
-// options (never the key itself), e.g. "events-1a2b3c4d". A retired lane's
-// dead letters keep it, and a lane made again for the key gets it again.
-func (k LaneKey) Label() string {
-	h := sha256.Sum256([]byte(k.APIKey + "\x00" + k.Options))
-	return k.Kind.String() + "-" + hex.EncodeToString(h[:4])
 }
 
 // IsRetired reports whether the lane was retired.
@@ -199,7 +190,7 @@ func (x *laneIndex) remove(l *Lane) {
 }
 
 // get is the live lane of k, nil when none.
-func (x *laneIndex) get(k LaneKey) *Lane {
+func (x *laneIndex) get(k storage.LaneKey) *Lane {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	for _, l := range x.m[k.APIKey] {
@@ -211,7 +202,7 @@ func (x *laneIndex) get(k LaneKey) *Lane {
 }
 
 // find is get from a key's bytes, without allocating.
-func (x *laneIndex) find(kind Kind, apiKey, options []byte) *Lane {
+func (x *laneIndex) find(kind storage.Kind, apiKey, options []byte) *Lane {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	for _, l := range x.m[string(apiKey)] {
@@ -231,17 +222,17 @@ func (x *laneIndex) count(apiKey string) int {
 // LaneBytes returns the live lane of kind, apiKey and options (raw
 // canonical JSON, empty for none), creating it (durably) if needed, as
 // Lane does; finding a live lane allocates nothing.
-func (s *Spool) LaneBytes(ctx context.Context, kind Kind, apiKey, options []byte) (*Lane, error) {
+func (s *Spool) LaneBytes(ctx context.Context, kind storage.Kind, apiKey, options []byte) (*Lane, error) {
 	if l := s.byKey.find(kind, apiKey, options); l != nil {
 		return l, nil
 	}
-	return s.Lane(ctx, LaneKey{Kind: kind, APIKey: string(apiKey), Options: string(options)})
+	return s.Lane(ctx, storage.LaneKey{Kind: kind, APIKey: string(apiKey), Options: string(options)})
 }
 
 // beginAppend marks an Append to l in progress, following retirements: it
 // returns the lane the records go to (l, or the live lane of l's key),
 // whose endAppend the caller must call.
-func (s *Spool) beginAppend(ctxLane func(LaneKey) (*Lane, error), l *Lane) (*Lane, error) {
+func (s *Spool) beginAppend(ctxLane func(storage.LaneKey) (*Lane, error), l *Lane) (*Lane, error) {
 	for {
 		l.appending.Add(1)
 		if !l.retired.Load() {

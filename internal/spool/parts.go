@@ -8,6 +8,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Reading a chunk in parts.
@@ -39,7 +41,7 @@ import (
 // its Total the chunk's record count; the cursor stays inside the chunk
 // until its last part is returned. Otherwise it returns whole chunks (at
 // least one, at most about maxBytes), as Next does.
-func (l *Lane) NextPart(ctx context.Context, maxBytes int, recs []Record) ([]Chunk, []Record, error) {
+func (l *Lane) NextPart(ctx context.Context, maxBytes int, recs []storage.Record) ([]Chunk, []storage.Record, error) {
 	slab := recSlab{buf: recs[:0]}
 	for {
 		if maxBytes > 0 {
@@ -96,11 +98,11 @@ func (l *Lane) nextPart(maxBytes int, slab *recSlab) ([]Chunk, bool, error) {
 				return nil, false, nil
 			}
 			cb := c.cb
-			cb.ref()
+			cb.Ref()
 			seq, acc, n := c.seq, c.accepted, c.records
 			l.mu.Unlock()
-			defer cb.release()
-			ch, err := l.cut(seq, acc, n, cb.b, maxBytes, slab)
+			defer cb.Release()
+			ch, err := l.cut(seq, acc, n, cb.B, maxBytes, slab)
 			if errors.Is(err, errPartDamaged) {
 				return nil, false, nil // read whole, and dead-lettered, by nextChunks
 			}
@@ -192,14 +194,14 @@ func (l *Lane) cut(seq uint64, acc int64, n int, v []byte, maxBytes int, slab *r
 		end += m
 		k++
 	}
-	cb := getBuf(end)
-	ch := Chunk{Seq: seq, Accepted: time.UnixMilli(acc), Size: end, Buffer: bufferOf(cb), First: l.part.rec, Total: n}
+	cb := storage.GetBuf(end)
+	ch := Chunk{Seq: seq, Accepted: time.UnixMilli(acc), Size: end, Buffer: cb.Buffer(), First: l.part.rec, Total: n}
 	ch.Records = slab.take(k)
 	for i := range ch.Records {
 		src, r := &rest[i], &ch.Records[i]
-		r.OrderKey, cb.b = appendSub(cb.b, src.OrderKey)
-		r.UserID, cb.b = appendSub(cb.b, src.UserID)
-		r.Data, cb.b = appendSub(cb.b, src.Data)
+		r.OrderKey, cb.B = appendSub(cb.B, src.OrderKey)
+		r.UserID, cb.B = appendSub(cb.B, src.UserID)
+		r.Data, cb.B = appendSub(cb.B, src.Data)
 	}
 	l.part.rec += k
 	if l.part.rec >= n {

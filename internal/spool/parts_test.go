@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // A chunk larger than the reader may hold is read in parts of at
@@ -28,11 +29,11 @@ func TestNextPart(t *testing.T) {
 			}
 			s := openTest(t, cfg)
 			ctx := context.Background()
-			l, _ := s.Lane(ctx, LaneKey{APIKey: "k"})
+			l, _ := s.Lane(ctx, storage.LaneKey{APIKey: "k"})
 			const n, size = 500, 1000
-			var b Batch
+			var b storage.Batch
 			for i := range n {
-				b.Add(Record{OrderKey: []byte("d:x"), Data: fmt.Appendf(nil, `{"i":%d,"p":"%0*d"}`, i, size, 0)})
+				b.Add(storage.Record{OrderKey: []byte("d:x"), Data: fmt.Appendf(nil, `{"i":%d,"p":"%0*d"}`, i, size, 0)})
 			}
 			appendOne(t, s, l, `{"small":1}`)
 			if err := s.Append(ctx, l, &b); err != nil {
@@ -49,7 +50,7 @@ func TestNextPart(t *testing.T) {
 				}
 			}
 			const maxBytes = 64 << 10
-			var recs []Record
+			var recs []storage.Record
 			next := 0
 			var seqs []uint64
 			for parts := 0; next < n+2; parts++ {
@@ -142,7 +143,7 @@ func TestNextPartDamagedChunk(t *testing.T) {
 	l := mustLane(t, s, testKey(1))
 	const maxBytes = 1500 // a chunk holds about 3 KB: read in parts
 	var ids []int
-	var recs []Record
+	var recs []storage.Record
 	for parts := 0; len(ids) < (chunks-1)*perChunk; parts++ {
 		if parts > 50 {
 			t.Fatalf("too many parts; read %v", ids)
@@ -171,7 +172,7 @@ func TestNextPartDamagedChunk(t *testing.T) {
 	if want := idsExcept(chunks*perChunk, 6, 7, 8); !slices.Equal(ids, want) {
 		t.Fatalf("records %v, want %v", ids, want)
 	}
-	dead, err := s.ListDead(DeadFilter{Reason: reasonDamaged}, 0, 0)
+	dead, err := s.ListDead(storage.DeadFilter{Reason: reasonDamaged}, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +196,7 @@ func TestWaitWakesOnAppend(t *testing.T) {
 		// The reader is (probably) waiting by now; either way Wait
 		// must return once the chunk is published.
 		time.Sleep(5 * time.Millisecond)
-		var b Batch
+		var b storage.Batch
 		b.Add(rec(1, i, 10))
 		if err := s.Append(ctx, l, &b); err != nil {
 			t.Fatal(err)
@@ -214,7 +215,7 @@ func TestWaitWakesOnAppend(t *testing.T) {
 		}
 	}
 	// Published with nobody waiting: Wait sees it without a wake-up.
-	var b Batch
+	var b storage.Batch
 	b.Add(rec(1, 9, 10))
 	if err := s.Append(ctx, l, &b); err != nil {
 		t.Fatal(err)
@@ -237,7 +238,7 @@ func TestOnWork(t *testing.T) {
 	defer cancel()
 	read := func() {
 		t.Helper()
-		var b Batch
+		var b storage.Batch
 		b.Add(rec(1, 0, 10))
 		if err := s.Append(ctx, l, &b); err != nil {
 			t.Fatal(err)
@@ -261,7 +262,7 @@ func TestOnWork(t *testing.T) {
 		t.Fatal("OnWork called on an empty lane")
 	case <-time.After(10 * time.Millisecond):
 	}
-	var b Batch
+	var b storage.Batch
 	b.Add(rec(1, 0, 10))
 	if err := s.Append(ctx, l, &b); err != nil {
 		t.Fatal(err)

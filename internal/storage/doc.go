@@ -3,13 +3,15 @@
 // request's records (Appender), the delivery engine is handed ordered
 // queues to read and acknowledge (Owner, Reader) and stores what will not
 // be delivered (DeadLetters). Two backends implement it: the local spool
-// (internal/spool, a WAL in front of bbolt, adapted by Local) and the
+// (internal/spool, a WAL in front of bbolt, spool.Backend) and the
 // fleet's spool on a NATS JetStream cluster (internal/fleet, Fleet.Backend).
 // storagetest is the conformance suite both pass.
 //
-// The types of what is stored (spool.Record, spool.LaneKey,
-// spool.DeadLetter, spool.DeadFilter) are the spool's: the seam adds only
-// the request and the message around them.
+// The seam is written in its own types: what is stored (Record, LaneKey,
+// Kind, DeadLetter, DeadFilter), the Batch a request's records are encoded
+// into (its pooled buffer, Buf, is what the local spool keeps without a
+// copy), the request and the message around them. Neither backend imports
+// the other, and storage imports neither (TestImports).
 //
 // # Invariants
 //

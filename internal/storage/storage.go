@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"time"
-
-	"github.com/svcrelay/relay/internal/spool"
 )
 
 // ErrFull is returned (wrapped) by Append when the store refuses the
@@ -32,22 +30,22 @@ type Request struct {
 	// other requests). The local spool ignores it. At most 64 bytes of
 	// letters, digits, - and _.
 	ID string
-	// Kind, APIKey and Options name the lane (spool.LaneKey, see Lane),
+	// Kind, APIKey and Options name the lane (LaneKey, see Lane),
 	// as bytes: the ingest names it with slices of the request, and the
 	// local spool finds a lane it appended to before without allocating.
-	Kind            spool.Kind
+	Kind            Kind
 	APIKey, Options []byte
 	Accepted        time.Time // zero means now; the local spool always uses now
 	// Batch holds the records (nil or empty: nothing to store). Append
 	// may take its memory over (the local spool does, and leaves it
 	// empty); it is not to be used until Append returns, and is Reset
 	// before it is built again.
-	Batch *spool.Batch
+	Batch *Batch
 }
 
 // Lane is the key of req's lane.
-func (req *Request) Lane() spool.LaneKey {
-	return spool.LaneKey{Kind: req.Kind, APIKey: string(req.APIKey), Options: string(req.Options)}
+func (req *Request) Lane() LaneKey {
+	return LaneKey{Kind: req.Kind, APIKey: string(req.APIKey), Options: string(req.Options)}
 }
 
 // Message is the unit of reading and of acknowledgement: records of one
@@ -58,10 +56,10 @@ type Message struct {
 	// Seq increases within the queue; it is the backend's (local: the
 	// chunk's sequence in its lane; fleet: the stream sequence).
 	Seq      uint64
-	Lane     spool.LaneKey
+	Lane     LaneKey
 	Accepted time.Time
 	// Records are valid until the message is acknowledged.
-	Records []spool.Record
+	Records []Record
 }
 
 // Appender is what the ingest, the form intakes and the dead-letter
@@ -100,7 +98,7 @@ type Owner interface {
 type DeadWriter interface {
 	// PutDead stores dead letters and returns once they are durable; it
 	// sets their IDs (increasing, never reused).
-	PutDead(ctx context.Context, dls []spool.DeadLetter) error
+	PutDead(ctx context.Context, dls []DeadLetter) error
 }
 
 // DeadLetters is the dead-letter store as the admin API uses it.
@@ -108,7 +106,7 @@ type DeadLetters interface {
 	DeadWriter
 	// ListDead returns up to limit dead letters with ID > after that
 	// match f, by ID.
-	ListDead(ctx context.Context, f spool.DeadFilter, after uint64, limit int) ([]spool.DeadLetter, error)
+	ListDead(ctx context.Context, f DeadFilter, after uint64, limit int) ([]DeadLetter, error)
 	// DeleteDead removes the dead letters with the given ids; unknown ids
 	// are ignored.
 	DeleteDead(ctx context.Context, ids []uint64) error
