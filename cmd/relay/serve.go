@@ -161,7 +161,7 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *sp
 	if fs != nil { // the events partitions this relay owns
 		p, err = batcher.NewFleet(bcfg, fs.b.Only(storage.KindEvents), fs.f, fs.f, live, thr, log.Named("delivery"), reg)
 	} else {
-		p, err = batcher.New(bcfg, sp, live, thr, log.Named("delivery"), reg)
+		p, err = batcher.New(bcfg, local.Only(storage.KindEvents), live, thr, log.Named("delivery"), reg)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("delivery: %w", err)

@@ -22,7 +22,7 @@ func TestDeadLettersOfRetiredLane(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	_, err := l.Next(ctx, 0) // returns once the empty lane is retired
 	cancel()
-	if !errors.Is(err, spool.ErrRetired) {
+	if !errors.Is(err, storage.ErrRetired) {
 		t.Fatalf("the empty lane was not retired: %v", err)
 	}
 	var out struct {

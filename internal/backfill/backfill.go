@@ -194,7 +194,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 	p, err := batcher.New(batcher.Config{
 		IngestURL: cfg.IngestURL, MaxBatchEvents: perRequest,
 		MaxReadAheadBytes: maxBacklog, MaxReadAheadTotalBytes: maxBacklog,
-	}, sp, snd, thr, log.Named("delivery"), nil)
+	}, spool.NewBackend(sp, nil).Only(storage.KindEvents), snd, thr, log.Named("delivery"), nil)
 	if err != nil {
 		return Counts{}, err
 	}

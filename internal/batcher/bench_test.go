@@ -114,7 +114,7 @@ func deliverCountOnly(b *testing.B, cfg Config, events, pad int) {
 			}
 		}
 		before := sm.Counted()
-		p, err := New(cfg, sp, cli, nil, nil, prometheus.NewRegistry())
+		p, err := New(cfg, local(sp), cli, nil, nil, prometheus.NewRegistry())
 		if err != nil {
 			b.Fatal(err)
 		}

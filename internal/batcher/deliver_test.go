@@ -27,7 +27,7 @@ func TestDeliverBasic(t *testing.T) {
 		h.add("key-one", evs...)
 	}
 	h.start()
-	for c := 0; c < 5; c++ { // a lane created at run time (LanesFrom)
+	for c := 0; c < 5; c++ { // a lane created at run time
 		h.add("key-two", ev{User: "only-user-1"}, ev{User: "only-user-2"}, ev{Device: "device-x"})
 	}
 	h.waitDrained(10*time.Second, 0)
@@ -550,7 +550,7 @@ func TestRetryAfterClamped(t *testing.T) {
 		}}
 		sp, l := openFilled(t, 1)
 		defer sp.Close()
-		p, err := New(Config{IngestURL: "http://sim", RetryInitial: 10 * time.Millisecond, RetryMax: 1500 * time.Millisecond, FlushInterval: time.Millisecond}, sp, f, nil, nil, nil)
+		p, err := New(Config{IngestURL: "http://sim", RetryInitial: 10 * time.Millisecond, RetryMax: 1500 * time.Millisecond, FlushInterval: time.Millisecond}, local(sp), f, nil, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -38,12 +38,6 @@ import (
 // then are the leases given up, so that a standby takes over at once with
 // few records to send again.
 
-// FleetStore is the fleet's store as the batcher uses it (fleet.Backend).
-type FleetStore interface {
-	storage.Owner
-	DeadWriter
-}
-
 // SharedPauses are the pauses every relay of the fleet sees (fleet.Fleet):
 // a 429's pause and a daily quota's are written there too, so that a relay
 // taking a partition over honours them.
@@ -78,7 +72,7 @@ const feedIdle = time.Minute
 // dead letters in st, shares pauses through pauses and operators' lane
 // stops through lanes (either may be nil: this relay's own then). log and
 // reg may be nil; thr may be nil.
-func NewFleet(cfg Config, st FleetStore, pauses SharedPauses, lanes SharedLanes, send Sender, thr *throttle.Throttle, log *zap.Logger, reg prometheus.Registerer) (*Pipeline, error) {
+func NewFleet(cfg Config, st Store, pauses SharedPauses, lanes SharedLanes, send Sender, thr *throttle.Throttle, log *zap.Logger, reg prometheus.Registerer) (*Pipeline, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -105,7 +99,7 @@ func NewFleet(cfg Config, st FleetStore, pauses SharedPauses, lanes SharedLanes,
 // fleetState is a fleet-mode pipeline's: its runners by id, for the lane
 // control and the metrics.
 type fleetState struct {
-	st     FleetStore
+	st     Store
 	pauses SharedPauses
 	lanes  SharedLanes
 	nextID atomic.Uint64

@@ -188,7 +188,7 @@ func newHarnessOn(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle.C
 		cfg.FlushInterval = 20 * time.Millisecond
 	}
 	h.cfg = cfg
-	h.p, err = New(cfg, h.sp, h.send, h.thr, zaptest.NewLogger(t), h.reg)
+	h.p, err = New(cfg, local(h.sp), h.send, h.thr, zaptest.NewLogger(t), h.reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +235,7 @@ func (h *harness) restart() {
 	h.mu.Lock()
 	h.lanes = map[string]*spool.Lane{}
 	h.mu.Unlock()
-	h.p, err = New(h.cfg, h.sp, h.send, h.thr, zaptest.NewLogger(h.t), nil)
+	h.p, err = New(h.cfg, local(h.sp), h.send, h.thr, zaptest.NewLogger(h.t), nil)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -503,3 +503,6 @@ func (h *harness) checkReadAheadBackPressure(max int64) {
 	h.check(pending)
 	h.waitDrained(time.Second, 200)
 }
+
+// local is sp behind the seam, as cmd/relay gives it to New.
+func local(sp *spool.Spool) Store { return spool.NewBackend(sp, nil).Only(storage.KindEvents) }

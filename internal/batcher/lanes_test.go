@@ -231,7 +231,7 @@ func (r *churnRelay) open() {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	if r.p, err = New(r.cfg, r.sp, cli, nil, zaptest.NewLogger(r.t, zaptest.Level(zap.WarnLevel)), r.reg); err != nil {
+	if r.p, err = New(r.cfg, local(r.sp), cli, nil, zaptest.NewLogger(r.t, zaptest.Level(zap.WarnLevel)), r.reg); err != nil {
 		r.t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -368,8 +368,8 @@ func TestTwentyThousandKeys(t *testing.T) {
 	t0 := time.Now()
 	r.waitFor("every lane retired", 30*time.Second, func() bool {
 		if st := r.p.LaneStatus(); len(st) > 0 && r.sp.Stats().Lanes == 0 {
-			if lr := r.p.lane(st[0].ID); lr != nil && time.Since(t0) > 20*time.Second {
-				t.Logf("left: %d, e.g. %+v retired %v stats %+v goroutines %d", len(st), st[0], lr.lane.IsRetired(), lr.lane.Stats(), runtime.NumGoroutine())
+			if l, ok := lr(r.p, st[0].ID); ok && time.Since(t0) > 20*time.Second {
+				t.Logf("left: %d, e.g. %+v retired %v stats %+v goroutines %d", len(st), st[0], l.IsRetired(), l.Stats(), runtime.NumGoroutine())
 			}
 		}
 		return r.sp.Stats().Lanes == 0 && len(r.p.LaneStatus()) == 0
@@ -544,4 +544,14 @@ func TestRetiredLaneLeavesNothing(t *testing.T) {
 		t.Errorf("/metrics %d bytes after every lane retired, %d at start", m, baseMetrics)
 	}
 	runtime.KeepAlive(local) // the ingest's, for the relay's life
+}
+
+// lr is the spool lane of p's runner id.
+func lr(p *Pipeline, id uint64) (*spool.Lane, bool) {
+	r := p.lane(id)
+	if r == nil {
+		return nil, false
+	}
+	l, ok := r.src.(*spool.Lane)
+	return l, ok
 }

@@ -57,11 +57,12 @@ func TestEngine(t *testing.T) {
 	}
 	t.Cleanup(func() { sp.Close() })
 	var runs atomic.Int32
-	e, err := NewEngine(EngineConfig[*ackRunner]{Name: "test", Kind: storage.KindGroupIdentify, NewRunner: func(l *spool.Lane) *ackRunner {
+	e, err := NewEngine(EngineConfig[*ackRunner]{Name: "test", Kind: storage.KindGroupIdentify, NewRunner: func(q storage.LaneQueue) *ackRunner {
+		l := q.Lane().(*spool.Lane)
 		r := &ackRunner{l: l, sp: sp, runs: &runs}
 		r.st.Lane = l
 		return r
-	}}, sp)
+	}}, spool.NewBackend(sp, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +162,7 @@ func stoppedSeries(t *testing.T, reg *prometheus.Registry) string {
 	return strings.Join(out, ",")
 }
 
-// idleRunner acknowledges every chunk and ends (spool.ErrIdle) as soon as
+// idleRunner acknowledges every chunk and ends (storage.ErrIdle) as soon as
 // its lane has nothing to read.
 type idleRunner struct {
 	ackRunner
@@ -186,7 +187,7 @@ func (r *idleRunner) Run(ctx, _ context.Context) error {
 	}
 }
 
-// A runner that ends idle (spool.ErrIdle) holds no goroutine; the engine
+// A runner that ends idle (storage.ErrIdle) holds no goroutine; the engine
 // runs it again at its lane's next record (each record is read), and
 // forgets it when the lane retires; a Run that ended does not start it.
 func TestEngineIdleRunner(t *testing.T) {
@@ -196,9 +197,10 @@ func TestEngineIdleRunner(t *testing.T) {
 	}
 	t.Cleanup(func() { sp.Close() })
 	var runs, running atomic.Int32
-	e, err := NewEngine(EngineConfig[*idleRunner]{Kind: storage.KindUserMap, NewRunner: func(l *spool.Lane) *idleRunner {
+	e, err := NewEngine(EngineConfig[*idleRunner]{Kind: storage.KindUserMap, NewRunner: func(q storage.LaneQueue) *idleRunner {
+		l := q.Lane().(*spool.Lane)
 		return &idleRunner{ackRunner: ackRunner{l: l, sp: sp, runs: &runs}, running: &running}
-	}}, sp)
+	}}, spool.NewBackend(sp, nil))
 	if err != nil {
 		t.Fatal(err)
 	}

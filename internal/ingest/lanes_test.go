@@ -106,7 +106,7 @@ func TestRetiredLaneLeavesCache(t *testing.T) {
 		ctx, cancel = context.WithTimeout(context.Background(), poll.Max)
 		_, err = l.Next(ctx, 1<<20) // returns once the empty lane is retired
 		cancel()
-		if !errors.Is(err, spool.ErrRetired) {
+		if !errors.Is(err, storage.ErrRetired) {
 			t.Fatalf("round %d: lane not retired: %v", round, err)
 		}
 	}

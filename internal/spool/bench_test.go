@@ -139,7 +139,7 @@ func benchDrain(b *testing.B, into bool) {
 	start := time.Now()
 	var reuse []storage.Record
 	for n := 0; n < b.N; {
-		var cs []Chunk
+		var cs []storage.Chunk
 		if into {
 			cs, reuse, err = l.NextPart(ctx, 4<<20, reuse)
 		} else {

@@ -197,7 +197,7 @@ func TestCompactionKeepsData(t *testing.T) {
 	}
 	peak := s.Stats()
 	// Read 350, ack the first 340: 60 chunks stay live (15%).
-	var read []Chunk
+	var read []storage.Chunk
 	for len(read) < 350 {
 		read = append(read, nextT(t, l, 64<<10)...)
 	}

@@ -160,7 +160,7 @@ func upgradeChunk(v []byte) []byte {
 // alias v (a patched record's Data is built anew), c.Records is taken from
 // slab (nil: a fresh slice). A chunk that fails its checksum returns an
 // error wrapping errChecksum and decodes nothing.
-func decodeChunk(seq uint64, v []byte, c *Chunk, slab *recSlab) error {
+func decodeChunk(seq uint64, v []byte, c *storage.Chunk, slab *recSlab) error {
 	if err := verifyChunk(v); err != nil {
 		return err
 	}
@@ -169,7 +169,7 @@ func decodeChunk(seq uint64, v []byte, c *Chunk, slab *recSlab) error {
 
 // decodeRecords decodes v into c without checking its checksum (salvage
 // of damaged chunks, whose framing may still hold).
-func decodeRecords(seq uint64, v []byte, c *Chunk, slab *recSlab) error {
+func decodeRecords(seq uint64, v []byte, c *storage.Chunk, slab *recSlab) error {
 	ms, n, err := chunkHeader(v)
 	if err != nil {
 		return err

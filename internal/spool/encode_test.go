@@ -19,7 +19,7 @@ func FuzzDecode(f *testing.F) {
 	f.Fuzz(func(t *testing.T, okey, uid, data []byte, apiKey, options string, kind uint8) {
 		// Arbitrary bytes as every kind of value.
 		for _, v := range [][]byte{okey, uid, data, []byte(apiKey)} {
-			var c Chunk
+			var c storage.Chunk
 			_ = decodeChunk(1, v, &c, nil)
 			_, _, _ = decodeLane(v)
 			_, _ = decodeDead(1, v)
@@ -31,7 +31,7 @@ func FuzzDecode(f *testing.F) {
 		b.Add(storage.Record{})
 		b.Add(r)
 		putChunkHeader(b.Encoded(), 42, b.Len())
-		var c Chunk
+		var c storage.Chunk
 		if err := decodeChunk(7, b.Encoded(), &c, nil); err != nil {
 			t.Fatal(err)
 		}
@@ -94,7 +94,7 @@ func FuzzPatchedChunk(f *testing.F) {
 		putChunkHeader(v, 5, 2)
 		v[17] = chunkPatched
 		binary.BigEndian.PutUint32(v[1:5], crc32.Checksum(v[5:], crcTable))
-		var c Chunk
+		var c storage.Chunk
 		if err := decodeChunk(1, v, &c, nil); err != nil {
 			t.Fatalf("written patched chunk: %v", err)
 		}

@@ -270,7 +270,7 @@ func TestWALWriteFailure(t *testing.T) {
 					ok = append(ok, id)
 				}
 			}
-			check := func(cs []Chunk, when string) {
+			check := func(cs []storage.Chunk, when string) {
 				t.Helper()
 				if len(cs) != len(ok) {
 					t.Fatalf("%s: %d chunks, %d appends succeeded", when, len(cs), len(ok))

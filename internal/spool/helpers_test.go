@@ -68,7 +68,7 @@ func checkFile(path string) error {
 				if seq >= st.nextSeq {
 					return fmt.Errorf("lane %d: seq %d >= next %d", key.Kind, seq, st.nextSeq)
 				}
-				var c Chunk
+				var c storage.Chunk
 				if err := decodeChunk(seq, v, &c, nil); err != nil {
 					return err
 				}
@@ -138,7 +138,7 @@ func recID(r storage.Record) (lane, n int) {
 }
 
 // nextT calls Next with a deadline.
-func nextT(t testing.TB, l *Lane, maxBytes int) []Chunk {
+func nextT(t testing.TB, l *Lane, maxBytes int) []storage.Chunk {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 	defer cancel()
@@ -150,7 +150,7 @@ func nextT(t testing.TB, l *Lane, maxBytes int) []Chunk {
 }
 
 // nextPartT calls NextPart with a deadline.
-func nextPartT(t testing.TB, l *Lane, recs []storage.Record) ([]Chunk, []storage.Record) {
+func nextPartT(t testing.TB, l *Lane, recs []storage.Record) ([]storage.Chunk, []storage.Record) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 	defer cancel()
@@ -162,9 +162,9 @@ func nextPartT(t testing.TB, l *Lane, recs []storage.Record) ([]Chunk, []storage
 }
 
 // drainAvailable reads everything committed in l now, without blocking.
-func drainAvailable(t testing.TB, l *Lane) []Chunk {
+func drainAvailable(t testing.TB, l *Lane) []storage.Chunk {
 	t.Helper()
-	var out []Chunk
+	var out []storage.Chunk
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 		cs, err := l.Next(ctx, 1<<20)

@@ -762,7 +762,7 @@ func TestPatchedChunk(t *testing.T) {
 	putChunkHeader(v, 5, 2)
 	v[17] = chunkPatched
 	binary.BigEndian.PutUint32(v[1:5], crc32Of(v[5:]))
-	var c Chunk
+	var c storage.Chunk
 	if err := decodeChunk(1, v, &c, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -1132,7 +1132,7 @@ func FuzzScanSegment(f *testing.F) {
 			last = to
 			if it.damage == nil && it.rec.pos.off == off {
 				found = true
-				var c Chunk
+				var c storage.Chunk
 				if it.rec.typ == recChunk {
 					_ = decodeChunk(it.rec.seq, it.rec.payload, &c, nil)
 				}
@@ -1273,7 +1273,7 @@ func TestPatchedChunkInSpoolDB(t *testing.T) {
 		}
 	}
 	rewrite(func(v []byte) []byte {
-		var c Chunk
+		var c storage.Chunk
 		if err := decodeChunk(2, v, &c, nil); err != nil {
 			t.Fatal(err)
 		}

@@ -26,7 +26,7 @@ import (
 // Append for Config.RetireIdle is retired by the store goroutine: it is
 // removed from Lanes, its lane record and queue bucket are deleted in one
 // bbolt transaction (so a restart does not load it again), and its retiredC
-// channel is closed so that its reader (Next) returns ErrRetired.
+// channel is closed so that its reader (Next) returns storage.ErrRetired.
 //
 // A retired Lane handle stays usable for Append: Append sends the records to
 // the lane of the same key, created again if needed (see Spool.Append).
@@ -44,14 +44,6 @@ var ErrTooManyLanes = errors.New("spool: too many lanes")
 // varies its options must not make a lane per request). It wraps
 // ErrTooManyLanes.
 var ErrTooManyKeyLanes = fmt.Errorf("%w of one api_key", ErrTooManyLanes)
-
-// ErrIdle is returned by Lane.Wait when its onIdle says the reader may end
-// (see Lane.OnWork).
-var ErrIdle = errors.New("spool: lane idle")
-
-// ErrRetired is returned by Lane.Next and Lane.NextPart once the lane was
-// retired (empty and idle): its reader is done with it for good.
-var ErrRetired = errors.New("spool: lane retired")
 
 // Defaults of the lane limits.
 const (
@@ -102,11 +94,16 @@ func (l *Lane) Pin() { l.pins.Add(1) }
 // Unpin undoes one Pin.
 func (l *Lane) Unpin() { l.pins.Add(-1) }
 
-// LanesFrom returns the lanes whose ID is at least id, oldest first, and a
-// channel closed when the next lane is created (call LanesFrom again then):
+// Ack is Spool.Ack of the lane's chunk seq (storage.Lane).
+func (l *Lane) Ack(seq uint64) { l.s.Ack(l, seq) }
+
+var _ storage.Lane = (*Lane)(nil)
+
+// lanesFrom returns the lanes whose ID is at least id, oldest first, and a
+// channel closed when the next lane is created (call lanesFrom again then):
 // a deliverer that remembers the last ID it saw learns of new lanes in time
 // proportional to their number, not to every lane's.
-func (s *Spool) LanesFrom(id uint64) ([]*Lane, <-chan struct{}) {
+func (s *Spool) lanesFrom(id uint64) ([]*Lane, <-chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	i := sort.Search(len(s.lanes), func(i int) bool { return s.lanes[i].id >= id })
@@ -310,7 +307,7 @@ func (s *Spool) maybeRetire(now time.Time) {
 		l.onWork = nil
 		l.mu.Unlock()
 		if f != nil {
-			go f() // its reader sees ErrRetired
+			go f() // its reader sees storage.ErrRetired
 		}
 	}
 	if err := s.deleteLanes(gone); err != nil {

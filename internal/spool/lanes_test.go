@@ -73,7 +73,7 @@ func TestMaxLanes(t *testing.T) {
 }
 
 // An empty lane idle for RetireIdle is retired: gone from Lanes,
-// its reader gets ErrRetired, the file forgets it (a reopen does not load
+// its reader gets storage.ErrRetired, the file forgets it (a reopen does not load
 // it), and an Append through the old handle goes to a new lane of the same
 // key. A lane that holds records is never retired.
 func TestRetireIdleLanes(t *testing.T) {
@@ -98,8 +98,8 @@ func TestRetireIdleLanes(t *testing.T) {
 	}()
 	select {
 	case err := <-readErr:
-		if !errors.Is(err, ErrRetired) {
-			t.Fatalf("reader of the retired lane: %v, want ErrRetired", err)
+		if !errors.Is(err, storage.ErrRetired) {
+			t.Fatalf("reader of the retired lane: %v, want storage.ErrRetired", err)
 		}
 	case <-time.After(poll.Max):
 		t.Fatal("the idle empty lane was not retired")

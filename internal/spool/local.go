@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"syscall"
 
@@ -14,8 +15,9 @@ import (
 
 // Backend is the spool behind the storage seam: a queue is a lane.
 type Backend struct {
-	sp  *Spool
-	log *zap.Logger
+	sp    *Spool
+	log   *zap.Logger
+	kinds []storage.Kind // Only's; empty: every kind
 }
 
 var (
@@ -31,10 +33,6 @@ func NewBackend(sp *Spool, log *zap.Logger) *Backend {
 	}
 	return &Backend{sp: sp, log: log}
 }
-
-// Spool is the adapted spool (for what the seam does not cover: lane
-// statistics, the upstream guard, Refusing).
-func (l *Backend) Spool() *Spool { return l.sp }
 
 // Append writes req's batch as one chunk of its lane, taking the batch's
 // memory over (no copy). A refusal for space (ErrFull, ErrDiskLow, a
@@ -71,61 +69,106 @@ func (l *Backend) lane(ctx context.Context, req *storage.Request) (*Lane, error)
 	return l.sp.LaneBytes(ctx, req.Kind, req.APIKey, req.Options)
 }
 
-// Run calls deliver for every lane, and for every lane created later,
-// until ctx ends; it returns after every deliver returned. A deliver that
-// returns before ctx ends (its error logged) leaves its lane unread until
-// the next Run: the engine's loop is to return only when ctx ends or Next
-// fails with storage.ErrLost (the spool closed).
+// Only returns a Backend whose Run hands deliver only the lanes of kinds
+// (as the fleet's Backend.Only); the rest is shared with b.
+func (l *Backend) Only(kinds ...storage.Kind) *Backend {
+	o := *l
+	o.kinds = kinds
+	return &o
+}
+
+// Run calls deliver for every lane (of Only's kinds), and for every lane
+// created later, until ctx ends; it returns after every deliver returned.
+// Each queue it hands deliver is a storage.LaneQueue. A deliver that
+// returns an error wrapping storage.ErrIdle is called again at the lane's
+// next record (Lane.whenWork), so that an idle lane holds no goroutine; one
+// that returns otherwise before ctx ends (storage.ErrRetired, nil, or an
+// error, logged) leaves its lane unread until the next Run.
 func (l *Backend) Run(ctx context.Context, deliver storage.DeliverFunc) error {
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	started := make(map[uint64]bool)
+	r := &run{b: l, ctx: ctx, deliver: deliver}
+	var next uint64 // each wake-up looks only at the lanes created since
 	for {
-		lanes, changed := l.sp.LanesFrom(0)
+		lanes, changed := l.sp.lanesFrom(next)
 		for _, lane := range lanes {
-			if started[lane.ID()] {
-				continue
+			next = lane.ID() + 1
+			if len(l.kinds) == 0 || slices.Contains(l.kinds, lane.Key().Kind) {
+				r.start(lane)
 			}
-			started[lane.ID()] = true
-			r := &laneReader{sp: l.sp, lane: lane, key: lane.Key(), bufs: make(map[uint64]storage.Buffer)}
-			wg.Go(func() {
-				if err := deliver(ctx, r); err != nil && ctx.Err() == nil {
-					l.log.Error("deliver lane", zap.String("lane", lane.Key().Label()), zap.Error(err))
-				}
-			})
 		}
 		select {
-		case <-ctx.Done():
-			return nil
 		case <-changed:
+		case <-ctx.Done():
+			r.mu.Lock()
+			r.stopping = true // nothing starts from now on (whenWork)
+			r.mu.Unlock()
+			r.wg.Wait()
+			return nil
 		}
 	}
 }
 
-// laneReader reads one lane a chunk at a time; the chunk's buffer is
-// released on Ack.
+// run is one Run's: its deliver goroutines.
+type run struct {
+	b       *Backend
+	ctx     context.Context
+	deliver storage.DeliverFunc
+
+	mu       sync.Mutex
+	stopping bool
+	wg       sync.WaitGroup
+}
+
+// start calls deliver for lane in a goroutine, unless the Run is over.
+func (r *run) start(lane *Lane) {
+	r.mu.Lock()
+	if r.stopping {
+		r.mu.Unlock()
+		return
+	}
+	r.wg.Add(1)
+	r.mu.Unlock()
+	go func() {
+		defer r.wg.Done()
+		q := &laneReader{sp: r.b.sp, lane: lane, bufs: make(map[uint64]storage.Buffer)}
+		err := r.deliver(r.ctx, q)
+		switch {
+		case errors.Is(err, storage.ErrIdle):
+			lane.whenWork(func() { r.start(lane) })
+		case err != nil && r.ctx.Err() == nil && !errors.Is(err, storage.ErrRetired) && !errors.Is(err, storage.ErrLost):
+			r.b.log.Error("deliver lane", zap.String("lane", lane.Key().Label()), zap.Error(err))
+		}
+	}()
+}
+
+// laneReader is one lane as a storage.LaneQueue: read a chunk at a time
+// through Next (the chunk's buffer is released on Ack), or with read-ahead
+// through Lane.
 type laneReader struct {
 	sp   *Spool
 	lane *Lane
-	key  storage.LaneKey
 
 	mu   sync.Mutex
 	bufs map[uint64]storage.Buffer // read, not acknowledged
 }
 
+var _ storage.LaneQueue = (*laneReader)(nil)
+
+func (r *laneReader) Lane() storage.Lane   { return r.lane }
+func (r *laneReader) LaneID() uint64       { return r.lane.id }
+func (r *laneReader) Key() storage.LaneKey { return r.lane.key }
+func (r *laneReader) Pin()                 { r.lane.Pin() }
+func (r *laneReader) Unpin()               { r.lane.Unpin() }
+
 func (r *laneReader) Next(ctx context.Context) (*storage.Message, error) {
 	chunks, err := r.lane.Next(ctx, 0)
 	if err != nil {
-		if errors.Is(err, ErrClosed) {
-			return nil, fmt.Errorf("%w: %w", storage.ErrLost, err)
-		}
-		return nil, err
+		return nil, err // ErrClosed wraps storage.ErrLost
 	}
 	c := chunks[0]
 	r.mu.Lock()
 	r.bufs[c.Seq] = c.Buffer
 	r.mu.Unlock()
-	return &storage.Message{Seq: c.Seq, Lane: r.key, Accepted: c.Accepted, Records: c.Records}, nil
+	return &storage.Message{Seq: c.Seq, Lane: r.lane.key, Accepted: c.Accepted, Records: c.Records}, nil
 }
 
 func (r *laneReader) Ack(_ context.Context, m *storage.Message) error {

@@ -282,7 +282,7 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 		if wl := walLanes[lid]; src == "wal" && wl != nil {
 			l = wl
 		}
-		var c Chunk
+		var c storage.Chunk
 		damaged := false
 		if err := verifyChunk(v); err != nil {
 			damaged = true

@@ -226,7 +226,7 @@ func TestWaitWakesOnAppend(t *testing.T) {
 }
 
 // TestOnWork: a reader that ended on an idle lane (Wait's onIdle said so:
-// ErrIdle) is started again by OnWork at the next Append, at once when the
+// storage.ErrIdle) is started again by whenWork at the next Append, at once when the
 // lane has records already, and when the lane is retired; an idle lane
 // keeps no timer.
 func TestOnWork(t *testing.T) {
@@ -248,18 +248,18 @@ func TestOnWork(t *testing.T) {
 		}
 	}
 	read() // the reader's cursor after the lane's records
-	if err := l.Wait(ctx, func() bool { return true }); !errors.Is(err, ErrIdle) {
-		t.Fatalf("Wait: %v, want ErrIdle", err)
+	if err := l.Wait(ctx, func() bool { return true }); !errors.Is(err, storage.ErrIdle) {
+		t.Fatalf("Wait: %v, want storage.ErrIdle", err)
 	}
 	if l.idle != nil {
 		t.Error("an idle lane keeps its timer")
 	}
 	fired := make(chan struct{}, 1)
 	onWork := func() { fired <- struct{}{} }
-	l.OnWork(onWork)
+	l.whenWork(onWork)
 	select {
 	case <-fired:
-		t.Fatal("OnWork called on an empty lane")
+		t.Fatal("whenWork called on an empty lane")
 	case <-time.After(10 * time.Millisecond):
 	}
 	var b storage.Batch
@@ -270,33 +270,33 @@ func TestOnWork(t *testing.T) {
 	select {
 	case <-fired:
 	case <-ctx.Done():
-		t.Fatal("OnWork not called after an Append")
+		t.Fatal("whenWork not called after an Append")
 	}
 	// Records there already: at once.
-	l.OnWork(onWork)
+	l.whenWork(onWork)
 	select {
 	case <-fired:
 	case <-ctx.Done():
-		t.Fatal("OnWork not called on a lane with records")
+		t.Fatal("whenWork not called on a lane with records")
 	}
 	for _, c := range nextT(t, l, 1<<20) {
 		s.Ack(l, c.Seq)
 	}
 	// Retired while the reader is gone: called, and the reader sees it.
-	l.OnWork(onWork)
+	l.whenWork(onWork)
 	select {
 	case <-fired:
 	case <-ctx.Done():
-		t.Fatal("OnWork not called when the lane retired")
+		t.Fatal("whenWork not called when the lane retired")
 	}
-	if err := l.Wait(ctx, nil); !errors.Is(err, ErrRetired) {
+	if err := l.Wait(ctx, nil); !errors.Is(err, storage.ErrRetired) {
 		t.Fatalf("Wait after retirement: %v", err)
 	}
 }
 
 // TestRetiredBeforeFirstRead: a lane retired before its reader first read
 // (its cursor is before the lane's next seq, its queue bucket is gone):
-// Wait answers ErrRetired, not "something to read" (the reader then failed
+// Wait answers storage.ErrRetired, not "something to read" (the reader then failed
 // every read on the missing bucket, for ever).
 func TestRetiredBeforeFirstRead(t *testing.T) {
 	s := openTest(t, Config{RetireIdle: 20 * time.Millisecond})
@@ -309,7 +309,7 @@ func TestRetiredBeforeFirstRead(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if err := l.Wait(ctx, nil); !errors.Is(err, ErrRetired) {
-		t.Fatalf("Wait: %v, want ErrRetired", err)
+	if err := l.Wait(ctx, nil); !errors.Is(err, storage.ErrRetired) {
+		t.Fatalf("Wait: %v, want storage.ErrRetired", err)
 	}
 }

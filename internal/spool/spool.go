@@ -38,8 +38,9 @@ var ErrDiskLow = errors.New("spool: free disk space below reserve")
 // holds the spool's file; Open gives up after about half a second.
 var errLocked = errors.New("spool: locked by another process")
 
-// ErrClosed is returned by operations on a closed spool.
-var ErrClosed = errors.New("spool: closed")
+// ErrClosed is returned by operations on a closed spool; it wraps
+// storage.ErrLost (a reader's queue is gone with the spool).
+var ErrClosed = fmt.Errorf("spool: closed: %w", storage.ErrLost)
 
 // ErrDamaged is returned by Open when spool.db cannot be opened or read
 // (damaged pages, a truncated file, a value that fails its checksum where
@@ -236,25 +237,6 @@ func (c Config) compactUsedPercent() int64 {
 	return int64(c.compactPercent)
 }
 
-// Chunk is a group of records of a lane, as read back by Next: the records
-// of one Append.
-type Chunk struct {
-	Seq      uint64
-	Accepted time.Time // when Append was called (millisecond precision)
-	// Records alias memory shared with the spool; valid until the caller
-	// releases the Buffer (or forever, if it never does).
-	Records []storage.Record
-	// Size is the encoded size counted against the quota (of the part, for
-	// a part: see NextPart).
-	Size int
-	// Buffer is the memory the records alias, for a caller that can tell
-	// when they are no longer read (see Buffer.Release).
-	Buffer storage.Buffer
-	// First is the index in the chunk of Records[0] and Total the chunk's
-	// record count, set by NextPart (a part has Total > len(Records)).
-	First, Total int
-}
-
 // Lane is a handle on one lane. A retired lane (lanes.go) is forgotten by
 // the spool; its handle stays usable for Append (see Spool.Append).
 type Lane struct {
@@ -274,12 +256,12 @@ type Lane struct {
 	notify     chan struct{}
 	// chunks is the reader's []Chunk, reused by NextPart (see there); nil
 	// after an idle wait. Reader goroutine only.
-	chunks []Chunk
+	chunks []storage.Chunk
 	// watched: the reader found nothing to read and may wait on notify;
 	// a publish closes and replaces notify only then (a channel per
 	// chunk was ~100 B for every 1-event request).
 	watched bool
-	// onWork starts the lane's reader again (OnWork).
+	// onWork starts the lane's reader again (whenWork).
 	onWork func()
 
 	// The WAL writer's own: the next seq it assigns.
@@ -381,7 +363,7 @@ func (l *Lane) Stats() LaneStats {
 // closes. One caller at a time per lane. maxBytes <= 0 returns one chunk.
 // The chunks stay valid after Ack and Close, until their Buffer is released
 // (Chunk.Buffer).
-func (l *Lane) Next(ctx context.Context, maxBytes int) ([]Chunk, error) {
+func (l *Lane) Next(ctx context.Context, maxBytes int) ([]storage.Chunk, error) {
 	return l.nextChunks(ctx, maxBytes, nil)
 }
 
@@ -406,7 +388,7 @@ func (s *recSlab) take(n int) []storage.Record {
 	return s.buf[used : used+n : used+n]
 }
 
-func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]Chunk, error) {
+func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]storage.Chunk, error) {
 	for {
 		select {
 		case <-l.s.closing:
@@ -484,7 +466,7 @@ func (l *Lane) wait(ctx context.Context, ch <-chan struct{}, slab *recSlab) erro
 		case <-l.s.closing:
 			return ErrClosed
 		case <-l.retiredC:
-			return ErrRetired
+			return storage.ErrRetired
 		}
 	}
 }
@@ -520,14 +502,14 @@ func (l *Lane) takeHot(maxBytes int) []hotRef {
 
 // decodeHot turns the referenced hot chunks into Chunks, their Records
 // taken from slab.
-func (l *Lane) decodeHot(refs []hotRef, slab *recSlab) ([]Chunk, error) {
-	var out []Chunk
+func (l *Lane) decodeHot(refs []hotRef, slab *recSlab) ([]storage.Chunk, error) {
+	var out []storage.Chunk
 	if slab != nil { // NextPart: the caller is done with the last ones
 		clear(l.chunks)
 		out = slices.Grow(l.chunks[:0], len(refs))[:len(refs)]
 		l.chunks = out
 	} else {
-		out = make([]Chunk, len(refs))
+		out = make([]storage.Chunk, len(refs))
 	}
 	var err error
 	for i, c := range refs {
@@ -552,14 +534,14 @@ func (l *Lane) decodeHot(refs []hotRef, slab *recSlab) ([]Chunk, error) {
 
 // read returns the chunks in bbolt in [l.readSeq, end), their Records
 // taken from slab.
-func (l *Lane) read(maxBytes int, end uint64, slab *recSlab) (_ []Chunk, dmg *damagedChunk, _ error) {
+func (l *Lane) read(maxBytes int, end uint64, slab *recSlab) (_ []storage.Chunk, dmg *damagedChunk, _ error) {
 	s := l.s
 	s.dbMu.RLock()
 	defer s.dbMu.RUnlock()
 	if s.db == nil {
 		return nil, nil, ErrClosed
 	}
-	var out []Chunk
+	var out []storage.Chunk
 	total := 0
 	err := guard(func() error {
 		return s.db.View(func(tx *bolt.Tx) error {
@@ -615,11 +597,11 @@ func (l *Lane) read(maxBytes int, end uint64, slab *recSlab) (_ []Chunk, dmg *da
 				l.adv.advise(m, syscall.MADV_WILLNEED)
 				ahead.advise(m, syscall.MADV_WILLNEED)
 			}
-			out = make([]Chunk, 0, len(raw))
+			out = make([]storage.Chunk, 0, len(raw))
 			for _, r := range raw {
 				cb := storage.GetBuf(len(r.v))
 				cb.B = append(cb.B, r.v...)
-				c := Chunk{Buffer: cb.Buffer()}
+				c := storage.Chunk{Buffer: cb.Buffer()}
 				if err := decodeChunk(r.seq, cb.B, &c, slab); err != nil {
 					dmg = &damagedChunk{seq: r.seq, v: cb.B, err: err}
 					break
@@ -658,7 +640,7 @@ func (l *Lane) deadDamaged(ctx context.Context, d *damagedChunk) error {
 	s := l.s
 	answer := fmt.Appendf(nil, "spool: chunk %d of lane %s failed its checksum in spool.db (%v)", d.seq, l.label, d.err)
 	now := time.Now()
-	var c Chunk
+	var c storage.Chunk
 	var dls []storage.DeadLetter
 	if decodeRecords(d.seq, d.v, &c, nil) == nil {
 		for _, r := range c.Records {

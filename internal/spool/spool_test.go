@@ -57,7 +57,7 @@ func TestBatch(t *testing.T) {
 			t.Fatalf("round %d: Len %d", round, b.Len())
 		}
 		putChunkHeader(b.Encoded(), 1234, b.Len())
-		var c Chunk
+		var c storage.Chunk
 		if err := decodeChunk(9, b.Encoded(), &c, nil); err != nil {
 			t.Fatal(err)
 		}
@@ -100,7 +100,7 @@ func TestBatch(t *testing.T) {
 		g.Add(big)
 	}
 	putChunkHeader(g.Encoded(), 1, g.Len())
-	var c Chunk
+	var c storage.Chunk
 	if err := decodeChunk(1, g.Encoded(), &c, nil); err != nil || len(c.Records) != 50 || !bytes.Equal(c.Records[49].Data, big.Data) {
 		t.Fatalf("grown batch: %d records, %v", len(c.Records), err)
 	}
@@ -132,12 +132,12 @@ func TestAppendNextAckReopen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, changed := s.LanesFrom(0)
+	_, changed := s.lanesFrom(0)
 	l := mustLane(t, s, testKey(1))
 	select {
 	case <-changed:
 	default:
-		t.Fatal("LanesFrom's channel not closed after a lane was created")
+		t.Fatal("lanesFrom's channel not closed after a lane was created")
 	}
 	var b storage.Batch
 	for i := range 10 {
@@ -224,7 +224,7 @@ func TestAppendNextAckReopen(t *testing.T) {
 func TestNextBlocks(t *testing.T) {
 	s := openTest(t, Config{NoSync: true})
 	l := mustLane(t, s, testKey(1))
-	got := make(chan []Chunk, 1)
+	got := make(chan []storage.Chunk, 1)
 	go func() {
 		cs, err := l.Next(context.Background(), 1000)
 		if err != nil {
@@ -304,7 +304,7 @@ func TestConcurrentLanes(t *testing.T) {
 			}()
 		}
 	}
-	readers := make([][]Chunk, lanes)
+	readers := make([][]storage.Chunk, lanes)
 	var rwg sync.WaitGroup
 	for i := range lanes {
 		rwg.Add(1)
@@ -488,7 +488,7 @@ func TestBatchAddFunc(t *testing.T) {
 		want = append(want, r)
 	}
 	putChunkHeader(b.Encoded(), 1, b.Len())
-	var c Chunk
+	var c storage.Chunk
 	if err := decodeChunk(1, b.Encoded(), &c, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -537,7 +537,7 @@ func TestNextPartReuse(t *testing.T) {
 		}
 	}
 	read := 0
-	readReuse := func(l *Lane, recs []storage.Record) ([]Chunk, []storage.Record) {
+	readReuse := func(l *Lane, recs []storage.Record) ([]storage.Chunk, []storage.Record) {
 		t.Helper()
 		cs, recs := nextPartT(t, l, recs)
 		total := 0
@@ -633,7 +633,7 @@ func TestNextPartIdle(t *testing.T) {
 		t.Fatal("NextPart dropped the slice after a short wait")
 	}
 	if &cs[0] != firstChunk {
-		t.Fatal("NextPart did not reuse its []Chunk after a short wait")
+		t.Fatal("NextPart did not reuse its []storage.Chunk after a short wait")
 	}
 	if _, id := recID(cs[0].Records[0]); id != 1 {
 		t.Fatalf("read record %d, want 1", id)
@@ -649,7 +649,7 @@ func TestNextPartIdle(t *testing.T) {
 		t.Fatal("NextPart kept the slice through a wait longer than recIdleDrop")
 	}
 	if &cs[0] == firstChunk {
-		t.Fatal("NextPart kept its []Chunk through a wait longer than recIdleDrop")
+		t.Fatal("NextPart kept its []storage.Chunk through a wait longer than recIdleDrop")
 	}
 	if _, id := recID(cs[0].Records[0]); id != 2 {
 		t.Fatalf("read record %d, want 2", id)

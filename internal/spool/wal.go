@@ -571,7 +571,7 @@ func (d *walDamage) attribute(data []byte, delivered map[laneSeq]bool) {
 		if !slices.Contains(d.lanes, r.lane) {
 			d.lanes = append(d.lanes, r.lane)
 		}
-		var c Chunk
+		var c storage.Chunk
 		if decodeRecords(r.seq, r.payload, &c, nil) == nil {
 			d.events += len(c.Records)
 		} else {

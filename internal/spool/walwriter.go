@@ -669,7 +669,7 @@ func (s *Spool) publish(ops []*op) {
 }
 
 // wakeLocked wakes the lane's reader when it may wait on l.notify (see
-// Lane.watched), or starts it (OnWork). l.mu held.
+// Lane.watched), or starts it (whenWork). l.mu held.
 func (l *Lane) wakeLocked() {
 	if l.watched {
 		close(l.notify)

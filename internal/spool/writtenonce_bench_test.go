@@ -196,7 +196,7 @@ func BenchmarkPatchedRead(b *testing.B) {
 		cpu0 := threadCPU()
 		for range b.N {
 			slab.buf = slab.buf[:0]
-			var c Chunk
+			var c storage.Chunk
 			if err := decodeChunk(1, pv, &c, &slab); err != nil || len(c.Records) != per {
 				b.Fatal(err)
 			}

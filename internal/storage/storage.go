@@ -122,3 +122,76 @@ type Backend interface {
 	// next Open (or owner).
 	Close() error
 }
+
+// ErrIdle is returned by Lane.Wait when its onIdle says the reader may
+// end: a deliver function returns it, and the backend calls deliver again
+// at the lane's next record, so that an idle lane holds no goroutine.
+var ErrIdle = errors.New("storage: lane idle")
+
+// ErrRetired is returned by a Lane once it was retired (empty and idle):
+// its deliverer is done with it for good, and a deliver function that
+// returns it is not called again for the lane.
+var ErrRetired = errors.New("storage: lane retired")
+
+// Chunk is a group of records of a lane as a Lane reads them: the records
+// of one Append (or of one Message), or a part of them.
+type Chunk struct {
+	Seq      uint64
+	Accepted time.Time // when Append was called (millisecond precision)
+	// Records alias the store's memory; valid until the caller releases
+	// the Buffer (or forever, if it never does).
+	Records []Record
+	// Size is the encoded size counted against the store's bounds (of the
+	// part, for a part: see Lane.NextPart).
+	Size int
+	// Buffer is the memory the records alias, for a caller that can tell
+	// when they are no longer read (see Buffer.Release).
+	Buffer Buffer
+	// First is the index in the chunk of Records[0] and Total the chunk's
+	// record count, set by NextPart (a part has Total > len(Records)).
+	First, Total int
+}
+
+// Lane is one lane's records as its delivery reads them, with read-ahead
+// by a byte budget: the queue of a LaneQueue (the local spool), or a
+// lane's messages of a partition as delivery demultiplexes them (the
+// fleet). One reader goroutine calls Wait, NextPart and Next; Ack may be
+// called from any goroutine.
+type Lane interface {
+	// Wait returns nil when there may be something to read, ctx.Err()
+	// when ctx ends, an error wrapping ErrLost when the store closed and
+	// one wrapping ErrRetired once the lane is retired. onIdle, when not
+	// nil, is called before a long wait; when it returns true, Wait may
+	// return ErrIdle (the local spool does; a fleet lane ends by its own
+	// idle rule, ErrRetired).
+	Wait(ctx context.Context, onIdle func() bool) error
+	// NextPart reads up to maxBytes (at least one record: a chunk larger
+	// than maxBytes may be read in parts) into recs' memory; with a done
+	// ctx it returns at once when there is nothing to read.
+	NextPart(ctx context.Context, maxBytes int, recs []Record) ([]Chunk, []Record, error)
+	// Next waits for whole chunks and reads up to maxBytes of them (at
+	// least one).
+	Next(ctx context.Context, maxBytes int) ([]Chunk, error)
+	// Ack says every record of chunk seq was answered 200 or is a
+	// committed dead letter.
+	Ack(seq uint64)
+}
+
+// LaneQueue is a Reader whose queue is one lane (the local spool's): its
+// delivery reads the lane through Lane, with read-ahead, instead of Next
+// and Ack. The backend's Run calls deliver for the queue again at the
+// lane's next record after deliver returned an error wrapping ErrIdle, and
+// never after one wrapping ErrRetired (the lane is gone).
+type LaneQueue interface {
+	Reader
+	Lane() Lane
+	// LaneID is the lane's id, unique in the store and never reused (as
+	// the admin API names lanes).
+	LaneID() uint64
+	// Key is the lane's key.
+	Key() LaneKey
+	// Pin keeps the lane from retiring until as many Unpin calls (a
+	// stopped lane keeps its stop while empty).
+	Pin()
+	Unpin()
+}

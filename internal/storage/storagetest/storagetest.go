@@ -70,6 +70,8 @@ func Run(t *testing.T, cfg Config) {
 	t.Run("Crash", s.testCrash)
 	t.Run("Damaged", s.testDamaged)
 	t.Run("NoSpace", s.testNoSpace)
+	t.Run("Delivery", s.testDelivery)
+	t.Run("DeliveryNoSpace", s.testDeliveryNoSpace)
 }
 
 // ReasonDamaged is the dead-letter reason of records that failed their
