@@ -47,7 +47,7 @@ import (
 	"github.com/svcrelay/relay/bench/hist"
 	"github.com/svcrelay/relay/internal/fleet"
 	"github.com/svcrelay/relay/internal/natstest"
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 type options struct {
@@ -176,7 +176,7 @@ func run(o options) error {
 			wg.Go(func() {
 				var h hist.Hist
 				recs := records(o, p*o.inflight+w)
-				lane := spool.LaneKey{Kind: spool.KindEvents, APIKey: "bench"}
+				lane := storage.LaneKey{Kind: storage.KindEvents, APIKey: "bench"}
 				for n := 0; time.Now().Before(deadline); n++ {
 					// A new device set per request, so partitions rotate.
 					for i := range recs {
@@ -215,8 +215,8 @@ func run(o options) error {
 func us(v uint64) string { return (time.Duration(v) * time.Microsecond).String() }
 
 // records makes a request's events: JSON-ish bodies of about eventBytes.
-func records(o options, seed int) []spool.Record {
-	recs := make([]spool.Record, o.events)
+func records(o options, seed int) []storage.Record {
+	recs := make([]storage.Record, o.events)
 	pad := strings.Repeat("x", max(o.eventBytes-80, 0))
 	for i := range recs {
 		recs[i].Data = []byte(fmt.Sprintf(`{"event_type":"bench","device_id":"d%d","insert_id":"%d-%d","p":"%s"}`, seed, seed, i, pad))

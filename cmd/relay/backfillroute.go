@@ -22,7 +22,7 @@ import (
 	"github.com/svcrelay/relay/internal/backfill"
 	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/event"
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
 	"go.uber.org/zap"
 )
@@ -317,7 +317,7 @@ func (b *backfills) list(w http.ResponseWriter, _ *http.Request) {
 	b.mu.Lock()
 	out := make([]bfView, 0, len(b.jobs))
 	for _, j := range b.jobs {
-		v := bfView{ID: j.ID, Project: spool.LaneKey{Kind: spool.KindEvents, APIKey: j.APIKey}.Label(), Status: j.Status,
+		v := bfView{ID: j.ID, Project: storage.LaneKey{Kind: storage.KindEvents, APIKey: j.APIKey}.Label(), Status: j.Status,
 			Error: j.Error, MaxEPS: j.MaxEPS, Read: j.counts.Read, Waiting: j.counts.Waiting,
 			Delivered: j.counts.Delivered, Dead: j.counts.Dead, Throttled: j.counts.Throttled}
 		if j.counts.Dead > 0 {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // dumpLine is one record of `relay spool dump`.
@@ -30,13 +31,13 @@ type dumpLine struct {
 	DataRaw string          `json:"data_raw,omitempty"`
 }
 
-func kindName(k spool.Kind) string {
+func kindName(k storage.Kind) string {
 	switch k {
-	case spool.KindEvents:
+	case storage.KindEvents:
 		return "events"
-	case spool.KindGroupIdentify:
+	case storage.KindGroupIdentify:
 		return "groupidentify"
-	case spool.KindUserMap:
+	case storage.KindUserMap:
 		return "usermap"
 	}
 	return fmt.Sprintf("kind%d", k)

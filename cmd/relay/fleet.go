@@ -87,10 +87,10 @@ func (fs *fleetStore) close(context.Context) error {
 
 // spooling is what a form kind (group identify, user mappings) is given:
 // cfg's timing and its store, the fleet's restricted to the kind's
-// partitions (each kind's delivery runs its own ownership loop), or local
-// when fs is nil (local mode).
-func (fs *fleetStore) spooling(cfg config.Config, k spool.Kind, local *storage.Local) formreq.Spooling {
-	sc := formreq.Spooling{FormTiming: delivery.FormTiming{MaxAge: cfg.MaxEventAge, Gzip: cfg.UpstreamGzip}, Store: local}
+// partitions (each kind's delivery runs its own ownership loop), or the
+// local spool's lanes of the kind when fs is nil (local mode).
+func (fs *fleetStore) spooling(cfg config.Config, k storage.Kind, local *spool.Backend) formreq.Spooling {
+	sc := formreq.Spooling{FormTiming: delivery.FormTiming{MaxAge: cfg.MaxEventAge, Gzip: cfg.UpstreamGzip}, Store: local.Only(k)}
 	if fs != nil {
 		sc.Store = fs.b.Only(k)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"go.uber.org/zap"
 )
 
@@ -269,13 +270,13 @@ func TestDumpCounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := sp.Lane(context.Background(), spool.LaneKey{Kind: spool.KindEvents, APIKey: "dump-key"})
+	l, err := sp.Lane(context.Background(), storage.LaneKey{Kind: storage.KindEvents, APIKey: "dump-key"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var b spool.Batch
+	var b storage.Batch
 	for i := range 3 {
-		b.Add(spool.Record{OrderKey: []byte("d:dev"), Data: fmt.Appendf(nil, `{"event_type":"x","insert_id":"iid-%d"}`, i)})
+		b.Add(storage.Record{OrderKey: []byte("d:dev"), Data: fmt.Appendf(nil, `{"event_type":"x","insert_id":"iid-%d"}`, i)})
 	}
 	if err := sp.Append(context.Background(), l, &b); err != nil {
 		t.Fatal(err)
@@ -306,13 +307,13 @@ func TestDumpContent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := sp.Lane(context.Background(), spool.LaneKey{Kind: spool.KindEvents, APIKey: "dump-key"})
+	l, err := sp.Lane(context.Background(), storage.LaneKey{Kind: storage.KindEvents, APIKey: "dump-key"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var b spool.Batch
-	b.Add(spool.Record{OrderKey: []byte("d:dev"), Data: []byte(`{"event_type":"x","insert_id":"iid-1"}`)})
-	b.Add(spool.Record{OrderKey: []byte("d:dev"), Data: []byte(`{"event_type":"x","insert_id":"iid-2"}`)})
+	var b storage.Batch
+	b.Add(storage.Record{OrderKey: []byte("d:dev"), Data: []byte(`{"event_type":"x","insert_id":"iid-1"}`)})
+	b.Add(storage.Record{OrderKey: []byte("d:dev"), Data: []byte(`{"event_type":"x","insert_id":"iid-2"}`)})
 	if err := sp.Append(context.Background(), l, &b); err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/svcrelay/relay/internal/ingest"
 	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/spool"
-	"github.com/svcrelay/relay/internal/storage"
 	"go.uber.org/zap"
 )
 
@@ -41,7 +40,7 @@ func TestReloadAllowedKeys(t *testing.T) {
 	defer sp.Close()
 	v1 := creds("key-one")
 	cfg := config.Config{AllowedKeysFromCredentials: true}
-	ing, err := ingest.New(ingest.Config{Open: ingest.Open{AllowedAPIKeys: cfg.IngestAllowedAPIKeys(v1)}}, storage.NewLocal(sp, nil), event.NewIDGen(), nil, nil)
+	ing, err := ingest.New(ingest.Config{Open: ingest.Open{AllowedAPIKeys: cfg.IngestAllowedAPIKeys(v1)}}, spool.NewBackend(sp, nil), event.NewIDGen(), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -126,7 +126,7 @@ type deliveries struct {
 	live       *liveMeter       // the events lanes' sender: the backfills yield to it
 	components []namedComponent
 	routes     []adminroute.Route
-	lanes      map[spool.Kind]delivery.LaneControl
+	lanes      map[storage.Kind]delivery.LaneControl
 	// release drops buffers kept for reuse, before an idle process collects.
 	release []func()
 	// events is the events pipeline (for a reload's settings).
@@ -135,7 +135,7 @@ type deliveries struct {
 
 // newDeliveries builds the delivery side from cfg; creds is the credentials
 // file in force.
-func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *storage.Local, creds *credentials.Ref, tp *plan.Enforcer, taps *tap.Hub, log *zap.Logger, reg prometheus.Registerer) (*deliveries, error) {
+func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *spool.Backend, creds *credentials.Ref, tp *plan.Enforcer, taps *tap.Hub, log *zap.Logger, reg prometheus.Registerer) (*deliveries, error) {
 	client, err := upstream.New(upstream.Config{}, log.Named("upstream"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("upstream client: %w", err)
@@ -159,9 +159,9 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *st
 	var p *batcher.Pipeline
 	live := &liveMeter{next: tappedSender{client, taps}, windows: map[string]*rateWindow{}}
 	if fs != nil { // the events partitions this relay owns
-		p, err = batcher.NewFleet(bcfg, fs.b.Only(spool.KindEvents), fs.f, fs.f, live, thr, log.Named("delivery"), reg)
+		p, err = batcher.NewFleet(bcfg, fs.b.Only(storage.KindEvents), fs.f, fs.f, live, thr, log.Named("delivery"), reg)
 	} else {
-		p, err = batcher.New(bcfg, sp, live, thr, log.Named("delivery"), reg)
+		p, err = batcher.New(bcfg, local.Only(storage.KindEvents), live, thr, log.Named("delivery"), reg)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("delivery: %w", err)
@@ -170,20 +170,20 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *st
 		client:     client,
 		live:       live,
 		components: []namedComponent{{"delivery", p}},
-		lanes:      map[spool.Kind]delivery.LaneControl{spool.KindEvents: p},
+		lanes:      map[storage.Kind]delivery.LaneControl{storage.KindEvents: p},
 		release:    []func(){p.ReleaseMemory},
 		events:     p,
 	}
 
 	gi, err := groupidentify.New(groupidentify.Config{
 		URL:      cfg.IngestURL,
-		Spooling: fs.spooling(cfg, spool.KindGroupIdentify, local),
+		Spooling: fs.spooling(cfg, storage.KindGroupIdentify, local),
 	}, client, creds, log.Named("groupidentify"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("group identify: %w", err)
 	}
 	d.components = append(d.components, namedComponent{"groupidentify", gi})
-	d.lanes[spool.KindGroupIdentify] = gi
+	d.lanes[storage.KindGroupIdentify] = gi
 	d.routes = append(d.routes, gi.Routes()...)
 
 	if cfg.AliasURL == "" || cfg.AnalyticsURL == "" {
@@ -203,13 +203,13 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *st
 	um, err := usermap.New(usermap.Config{
 		AliasURL:     cfg.AliasURL,
 		AnalyticsURL: cfg.AnalyticsURL,
-		Spooling:     fs.spooling(cfg, spool.KindUserMap, local),
+		Spooling:     fs.spooling(cfg, storage.KindUserMap, local),
 	}, client, creds, log.Named("usermap"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("user mapping: %w", err)
 	}
 	d.components = append(d.components, namedComponent{"usermap", um})
-	d.lanes[spool.KindUserMap] = um
+	d.lanes[storage.KindUserMap] = um
 	d.routes = append(d.routes, um.Routes()...)
 	return d, nil
 }
@@ -428,7 +428,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	// The store behind the seam (internal/storage) for everything but the
 	// events' hot path (ingest's append, the batcher's reading, which use
 	// the spool directly locally): the local spool, or the fleet's.
-	local := storage.NewLocal(sp, log.Named("spool"))
+	local := spool.NewBackend(sp, log.Named("spool"))
 	// The tracking plan (internal/plan): its reads of the taxonomy API and
 	// the forwarded taxonomy calls count on one limiter.
 	taxLim, err := ratelimit.New(forward.TaxonomyLimit(forward.APIConfig{URL: cfg.AnalyticsURL}), reg)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/config"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // runSpool dispatches `relay spool SUBCOMMAND`.
@@ -206,7 +207,7 @@ func runImport(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 
 type importStats struct {
 	records, dead, damaged, nokey int
-	lanes                         map[spool.LaneKey]bool
+	lanes                         map[storage.LaneKey]bool
 }
 
 // importBatch bounds the records of one Append.
@@ -219,13 +220,13 @@ func importFile(ctx context.Context, sp *spool.Spool, name string, withDamaged b
 	}
 	defer f.Close()
 	if st.lanes == nil {
-		st.lanes = map[spool.LaneKey]bool{}
+		st.lanes = map[storage.LaneKey]bool{}
 	}
 	var (
-		b    spool.Batch
+		b    storage.Batch
 		n    int // records in b
 		lane *spool.Lane
-		dead []spool.DeadLetter
+		dead []storage.DeadLetter
 	)
 	flush := func() error {
 		if n > 0 {
@@ -269,7 +270,7 @@ func importFile(ctx context.Context, sp *spool.Spool, name string, withDamaged b
 			return fmt.Errorf("%s:%d: %w", name, line, err)
 		}
 		if r.Dead != nil {
-			dead = append(dead, spool.DeadLetter{Lane: key, Reason: r.Dead.Reason, Answer: []byte(r.Dead.Answer),
+			dead = append(dead, storage.DeadLetter{Lane: key, Reason: r.Dead.Reason, Answer: []byte(r.Dead.Answer),
 				Accepted: r.Accepted, Died: r.Dead.Died, Record: rec})
 			if len(dead) >= importBatch {
 				if err := flush(); err != nil {

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // TestSpoolVerifySalvageImport: verify says OK on a sound spool and exits 1
@@ -24,14 +25,14 @@ func TestSpoolVerifySalvageImport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := sp.Lane(ctx, spool.LaneKey{Kind: spool.KindEvents, APIKey: "salvage-key"})
+	l, err := sp.Lane(ctx, storage.LaneKey{Kind: storage.KindEvents, APIKey: "salvage-key"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for c := range 3 {
-		var b spool.Batch
+		var b storage.Batch
 		for i := range 2 {
-			b.Add(spool.Record{OrderKey: []byte("d:dev"), Data: fmt.Appendf(nil, `{"event_type":"x","insert_id":"iid-%d-%d"}`, c, i)})
+			b.Add(storage.Record{OrderKey: []byte("d:dev"), Data: fmt.Appendf(nil, `{"event_type":"x","insert_id":"iid-%d-%d"}`, c, i)})
 		}
 		if err := sp.Append(ctx, l, &b); err != nil {
 			t.Fatal(err)
@@ -121,12 +122,12 @@ func TestServeRefusesSpoolWithoutDB(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := sp.Lane(ctx, spool.LaneKey{Kind: spool.KindEvents, APIKey: "k"})
+	l, err := sp.Lane(ctx, storage.LaneKey{Kind: storage.KindEvents, APIKey: "k"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var b spool.Batch
-	b.Add(spool.Record{OrderKey: []byte("d:dev"), Data: []byte(`{"event_type":"x"}`)})
+	var b storage.Batch
+	b.Add(storage.Record{OrderKey: []byte("d:dev"), Data: []byte(`{"event_type":"x"}`)})
 	if err := sp.Append(ctx, l, &b); err != nil {
 		t.Fatal(err)
 	}

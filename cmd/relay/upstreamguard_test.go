@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // A spool with records waiting for one upstream refuses a start against
@@ -26,12 +27,12 @@ func TestGuardSpoolUpstream(t *testing.T) {
 	if err := guardSpoolUpstream(sp, prod, false, nil); err != nil {
 		t.Fatalf("first start: %v", err)
 	}
-	l, err := sp.Lane(context.Background(), spool.LaneKey{Kind: spool.KindEvents, APIKey: "k"})
+	l, err := sp.Lane(context.Background(), storage.LaneKey{Kind: storage.KindEvents, APIKey: "k"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var b spool.Batch
-	b.Add(spool.Record{OrderKey: []byte("d:x"), Data: []byte(`{"event_type":"e","device_id":"x"}`)})
+	var b storage.Batch
+	b.Add(storage.Record{OrderKey: []byte("d:x"), Data: []byte(`{"event_type":"e","device_id":"x"}`)})
 	if err := sp.Append(context.Background(), l, &b); err != nil {
 		t.Fatal(err)
 	}

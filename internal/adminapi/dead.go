@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -17,7 +16,7 @@ import (
 const storeCallTimeout = 30 * time.Second
 
 // deadPage is the store's ListDead, bounded in time and by Close.
-func (a *Relay) deadPage(f spool.DeadFilter, after uint64, limit int) ([]spool.DeadLetter, error) {
+func (a *Relay) deadPage(f storage.DeadFilter, after uint64, limit int) ([]storage.DeadLetter, error) {
 	ctx, cancel := context.WithTimeout(a.stopCtx, storeCallTimeout)
 	defer cancel()
 	return a.cfg.Store.ListDead(ctx, f, after, limit)
@@ -46,7 +45,7 @@ func (a *Relay) deadTotal() int64 {
 // request's dead letters once it is stored. A request's id is made of its
 // dead letters' ids, so a replay retried (or run by two relays at once)
 // within the fleet's deduplication window is stored once.
-func (a *Relay) replayLane(ctx context.Context, k spool.LaneKey, dls []spool.DeadLetter, counts map[string]*laneCount, out *replayJSON) error {
+func (a *Relay) replayLane(ctx context.Context, k storage.LaneKey, dls []storage.DeadLetter, counts map[string]*laneCount, out *replayJSON) error {
 	label := k.Label()
 	for len(dls) > 0 {
 		n, size := 0, 0
@@ -54,7 +53,7 @@ func (a *Relay) replayLane(ctx context.Context, k spool.LaneKey, dls []spool.Dea
 			size += len(dls[n].Record.Data)
 			n++
 		}
-		var b spool.Batch
+		var b storage.Batch
 		ids := make([]uint64, n)
 		for i := range n {
 			b.Add(dls[i].Record)

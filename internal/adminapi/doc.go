@@ -45,7 +45,7 @@
 //
 // # /relay/v1
 //
-// Relay answers JSON and names lanes by spool.LaneKey.Label, never by api_key;
+// Relay answers JSON and names lanes by storage.LaneKey.Label, never by api_key;
 // error answers never echo request values. Replay appends each selected dead
 // letter's record (order key, user id and data unchanged) durably to the
 // tail of the lane of its kind and options, under its own api_key or the

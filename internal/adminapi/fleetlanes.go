@@ -6,7 +6,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/delivery"
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Lanes in fleet mode: the events lanes this relay delivers are its lane
@@ -16,10 +16,10 @@ import (
 
 // fleetLanes returns the events runners' statuses in fleet mode.
 func (a *Relay) fleetLanes() []delivery.LaneStatus {
-	if !a.cfg.Fleet || a.cfg.Lanes[spool.KindEvents] == nil {
+	if !a.cfg.Fleet || a.cfg.Lanes[storage.KindEvents] == nil {
 		return nil
 	}
-	return a.cfg.Lanes[spool.KindEvents].LaneStatus()
+	return a.cfg.Lanes[storage.KindEvents].LaneStatus()
 }
 
 func (a *Relay) fleetLane(label string) (delivery.LaneStatus, bool) {
@@ -32,14 +32,14 @@ func (a *Relay) fleetLane(label string) (delivery.LaneStatus, bool) {
 }
 
 func fleetLaneJSON(st delivery.LaneStatus) laneJSON {
-	return laneJSON{Label: st.Label, Kind: spool.KindEvents.String(), Controllable: true, Running: true,
+	return laneJSON{Label: st.Label, Kind: storage.KindEvents.String(), Controllable: true, Running: true,
 		Stopped: st.Stopped, StopReason: st.StopReason, PausedKeys: st.PausedKeys, HeldEvents: st.HeldEvents,
 		ReadAheadBytes: st.ReadAheadBytes}
 }
 
 // fleetLaneAction pauses or resumes one runner of this relay.
 func (a *Relay) fleetLaneAction(w http.ResponseWriter, action string, st delivery.LaneStatus) {
-	c := a.cfg.Lanes[spool.KindEvents]
+	c := a.cfg.Lanes[storage.KindEvents]
 	var err error
 	if action == "pause" {
 		err = c.StopLane(st.ID)

@@ -50,10 +50,10 @@ type RelayConfig struct {
 	// Lanes are the deliverers that report on and pause/resume lanes, by
 	// the kind they deliver; a kind without one is listed with its spool
 	// depth only, and pausing its lanes answers 409. Nil means none.
-	Lanes map[spool.Kind]delivery.LaneControl
+	Lanes map[storage.Kind]delivery.LaneControl
 
 	// Store holds the dead letters the routes list, purge and replay, and
-	// takes the replayed records: the local spool (storage.NewLocal) or, in
+	// takes the replayed records: the local spool (spool.NewBackend) or, in
 	// fleet mode, the fleet's store (every relay's dead letters, every
 	// kind). Required.
 	Store Store
@@ -164,12 +164,12 @@ func jsonError(w http.ResponseWriter, status int, format string, args ...any) {
 // laneIndex maps the spool's lanes by label and by key.
 type laneIndex struct {
 	byLabel map[string]*spool.Lane
-	byKey   map[spool.LaneKey]*spool.Lane
+	byKey   map[storage.LaneKey]*spool.Lane
 }
 
 func (a *Relay) lanes() laneIndex {
 	ls := a.sp.Lanes()
-	ix := laneIndex{byLabel: make(map[string]*spool.Lane, len(ls)), byKey: make(map[spool.LaneKey]*spool.Lane, len(ls))}
+	ix := laneIndex{byLabel: make(map[string]*spool.Lane, len(ls)), byKey: make(map[storage.LaneKey]*spool.Lane, len(ls))}
 	for _, l := range ls {
 		ix.byLabel[l.Key().Label()] = l
 		ix.byKey[l.Key()] = l
@@ -177,7 +177,7 @@ func (a *Relay) lanes() laneIndex {
 	return ix
 }
 
-func (ix laneIndex) label(k spool.LaneKey) string {
+func (ix laneIndex) label(k storage.LaneKey) string {
 	if l := ix.byKey[k]; l != nil {
 		return l.Key().Label()
 	}
@@ -209,7 +209,7 @@ type deadListJSON struct {
 	Total int64 `json:"total"`
 }
 
-func toJSON(ix laneIndex, d spool.DeadLetter) deadLetterJSON {
+func toJSON(ix laneIndex, d storage.DeadLetter) deadLetterJSON {
 	data := json.RawMessage(d.Record.Data)
 	if !json.Valid(d.Record.Data) {
 		// Not JSON (should not happen: records are the upstream payload):
@@ -232,12 +232,12 @@ type filterJSON struct {
 // spoolFilter turns a label filter into the spool's key filter; ok is false
 // when no lane has the label, nor any dead letter (the lane may have been
 // retired since: its dead letters keep their label).
-func (ix laneIndex) spoolFilter(a *Relay, f filterJSON) (spool.DeadFilter, bool) {
-	out := spool.DeadFilter{Reason: f.Reason}
+func (ix laneIndex) spoolFilter(a *Relay, f filterJSON) (storage.DeadFilter, bool) {
+	out := storage.DeadFilter{Reason: f.Reason}
 	if f.Lane != "" {
 		l := ix.byLabel[f.Lane]
 		if l == nil {
-			byLabel := spool.DeadFilter{Label: f.Lane}
+			byLabel := storage.DeadFilter{Label: f.Lane}
 			if ds, err := a.deadPage(byLabel, 0, 1); err != nil || len(ds) == 0 {
 				return out, false
 			}
@@ -269,7 +269,7 @@ type planFilter struct{ project, eventType, violation string }
 
 func (pf planFilter) zero() bool { return pf == planFilter{} }
 
-func (pf planFilter) match(d spool.DeadLetter) bool {
+func (pf planFilter) match(d storage.DeadLetter) bool {
 	if pf.zero() {
 		return true
 	}
@@ -322,7 +322,7 @@ func (a *Relay) listDead(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	pf := planFilter{q.Get("project"), q.Get("event_type"), q.Get("violation")}
-	var dls []spool.DeadLetter
+	var dls []storage.DeadLetter
 	// Pages until limit+1 match or the store ends (one page without a plan
 	// filter).
 	for cursor := after; len(dls) <= int(limit); {
@@ -431,8 +431,8 @@ func describeJSONError(err error) string {
 // its start, so that records it replays and that die again (new, higher
 // ids) are left for another call; more reports whether matching dead
 // letters were left. In ids mode it returns the ids not found.
-func (a *Relay) selected(b bulkJSON, ix laneIndex, visit func([]spool.DeadLetter) error) (notFound []uint64, more bool, err error) {
-	f := spool.DeadFilter{}
+func (a *Relay) selected(b bulkJSON, ix laneIndex, visit func([]storage.DeadLetter) error) (notFound []uint64, more bool, err error) {
+	f := storage.DeadFilter{}
 	var want map[uint64]bool
 	var after, last uint64
 	limit := b.Limit
@@ -463,7 +463,7 @@ func (a *Relay) selected(b bulkJSON, ix laneIndex, visit func([]spool.DeadLetter
 		if len(page) == 0 {
 			break
 		}
-		var sel []spool.DeadLetter
+		var sel []storage.DeadLetter
 		stop := false
 		for _, d := range page {
 			if d.ID > last {
@@ -501,7 +501,7 @@ func (a *Relay) selected(b bulkJSON, ix laneIndex, visit func([]spool.DeadLetter
 
 // newestDead returns the id of the newest dead letter matching f, 0 when
 // none does.
-func (a *Relay) newestDead(f spool.DeadFilter) (uint64, error) {
+func (a *Relay) newestDead(f storage.DeadFilter) (uint64, error) {
 	var newest uint64
 	for {
 		page, err := a.deadPage(f, newest, bulkPage)
@@ -536,7 +536,7 @@ type bulkAnswer struct {
 // more. It answers a bad body and an unknown filter lane itself (answered);
 // otherwise the caller answers, with visit's error.
 func (a *Relay) bulkCall(w http.ResponseWriter, r *http.Request, replay bool, ans *bulkAnswer,
-	visit func(ctx context.Context, b bulkJSON, page []spool.DeadLetter) error) (b bulkJSON, answered bool, err error) {
+	visit func(ctx context.Context, b bulkJSON, page []storage.DeadLetter) error) (b bulkJSON, answered bool, err error) {
 	if b, err = decodeBulk(r, replay); err != nil {
 		jsonError(w, http.StatusBadRequest, "%v", err)
 		return b, true, nil
@@ -545,7 +545,7 @@ func (a *Relay) bulkCall(w http.ResponseWriter, r *http.Request, replay bool, an
 	defer a.bulk.Unlock()
 	ctx, cancel := context.WithTimeout(a.stopCtx, bulkCallTimeout)
 	defer cancel()
-	ans.NotFound, ans.More, err = a.selected(b, a.lanes(), func(page []spool.DeadLetter) error { return visit(ctx, b, page) })
+	ans.NotFound, ans.More, err = a.selected(b, a.lanes(), func(page []storage.DeadLetter) error { return visit(ctx, b, page) })
 	if ans.NotFound == nil {
 		ans.NotFound = []uint64{}
 	}
@@ -570,10 +570,10 @@ type replayJSON struct {
 func (a *Relay) replayDead(w http.ResponseWriter, r *http.Request) {
 	out := replayJSON{Lanes: []laneCount{}}
 	counts := map[string]*laneCount{}
-	b, answered, err := a.bulkCall(w, r, true, &out.bulkAnswer, func(ctx context.Context, b bulkJSON, page []spool.DeadLetter) error {
+	b, answered, err := a.bulkCall(w, r, true, &out.bulkAnswer, func(ctx context.Context, b bulkJSON, page []storage.DeadLetter) error {
 		// Group the page by target lane, keeping id order within a lane.
-		byKey := map[spool.LaneKey][]spool.DeadLetter{}
-		var keys []spool.LaneKey
+		byKey := map[storage.LaneKey][]storage.DeadLetter{}
+		var keys []storage.LaneKey
 		for _, d := range page {
 			k := d.Lane
 			if b.APIKey != "" {
@@ -626,7 +626,7 @@ type purgeJSON struct {
 // purgeDead: POST /relay/v1/deadletters/purge
 func (a *Relay) purgeDead(w http.ResponseWriter, r *http.Request) {
 	var out purgeJSON
-	_, answered, err := a.bulkCall(w, r, false, &out.bulkAnswer, func(ctx context.Context, _ bulkJSON, page []spool.DeadLetter) error {
+	_, answered, err := a.bulkCall(w, r, false, &out.bulkAnswer, func(ctx context.Context, _ bulkJSON, page []storage.DeadLetter) error {
 		ids := make([]uint64, len(page))
 		for i, d := range page {
 			ids[i] = d.ID
@@ -680,7 +680,7 @@ type lanesJSON struct {
 func (a *Relay) statuses() map[uint64]delivery.LaneStatus {
 	out := map[uint64]delivery.LaneStatus{}
 	for k, c := range a.cfg.Lanes {
-		if a.cfg.Fleet && k == spool.KindEvents {
+		if a.cfg.Fleet && k == storage.KindEvents {
 			continue // the fleet's runners are not spool lanes: fleetLanes
 		}
 		for _, st := range c.LaneStatus() {

@@ -36,7 +36,7 @@ type relayFixture struct {
 	base string
 }
 
-func newRelayFixture(t *testing.T, scfg spool.Config, lanes map[spool.Kind]delivery.LaneControl) *relayFixture {
+func newRelayFixture(t *testing.T, scfg spool.Config, lanes map[storage.Kind]delivery.LaneControl) *relayFixture {
 	t.Helper()
 	scfg.Dir = t.TempDir()
 	scfg.MinFreeBytes = -1
@@ -49,7 +49,7 @@ func newRelayFixture(t *testing.T, scfg spool.Config, lanes map[spool.Kind]deliv
 			t.Errorf("close spool: %v", err)
 		}
 	})
-	api, err := NewRelay(RelayConfig{Lanes: lanes, Store: storage.NewLocal(sp, nil)}, sp, nil, nil)
+	api, err := NewRelay(RelayConfig{Lanes: lanes, Store: spool.NewBackend(sp, nil)}, sp, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,16 +75,16 @@ func (f *relayFixture) do(method, path, body string, v any) int {
 }
 
 // dead puts one dead letter per record into the lane of key.
-func (f *relayFixture) dead(key spool.LaneKey, reason string, data ...string) []uint64 {
+func (f *relayFixture) dead(key storage.LaneKey, reason string, data ...string) []uint64 {
 	f.t.Helper()
 	if _, err := f.sp.Lane(context.Background(), key); err != nil {
 		f.t.Fatal(err)
 	}
-	var dls []spool.DeadLetter
+	var dls []storage.DeadLetter
 	for i, d := range data {
-		dls = append(dls, spool.DeadLetter{Lane: key, Reason: reason, Answer: []byte("HTTP 400: no"),
+		dls = append(dls, storage.DeadLetter{Lane: key, Reason: reason, Answer: []byte("HTTP 400: no"),
 			Accepted: time.Now().Add(-time.Minute), Died: time.Now(),
-			Record: spool.Record{OrderKey: fmt.Appendf(nil, "ok-%d", i), UserID: fmt.Appendf(nil, "u-%d", i), Data: []byte(d)}})
+			Record: storage.Record{OrderKey: fmt.Appendf(nil, "ok-%d", i), UserID: fmt.Appendf(nil, "u-%d", i), Data: []byte(d)}})
 	}
 	if err := f.sp.PutDead(context.Background(), dls); err != nil {
 		f.t.Fatal(err)
@@ -96,7 +96,7 @@ func (f *relayFixture) dead(key spool.LaneKey, reason string, data ...string) []
 	return ids
 }
 
-func (f *relayFixture) lane(key spool.LaneKey) *spool.Lane {
+func (f *relayFixture) lane(key storage.LaneKey) *spool.Lane {
 	f.t.Helper()
 	l, err := f.sp.Lane(context.Background(), key)
 	if err != nil {
@@ -106,10 +106,10 @@ func (f *relayFixture) lane(key spool.LaneKey) *spool.Lane {
 }
 
 // records reads every record queued in the lane of key.
-func (f *relayFixture) records(key spool.LaneKey) []spool.Record {
+func (f *relayFixture) records(key storage.LaneKey) []storage.Record {
 	f.t.Helper()
 	l := f.lane(key)
-	var out []spool.Record
+	var out []storage.Record
 	for l.Stats().Records > int64(len(out)) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		chunks, err := l.Next(ctx, 1<<20)
@@ -138,9 +138,9 @@ type replayAnswer struct {
 // dead-letter store.
 func TestReplayKinds(t *testing.T) {
 	f := newRelayFixture(t, spool.Config{}, nil)
-	ev := spool.LaneKey{Kind: spool.KindEvents, APIKey: "old", Options: `{"min_id_length":3}`}
-	gi := spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: "old"}
-	um := spool.LaneKey{Kind: spool.KindUserMap, APIKey: "other"}
+	ev := storage.LaneKey{Kind: storage.KindEvents, APIKey: "old", Options: `{"min_id_length":3}`}
+	gi := storage.LaneKey{Kind: storage.KindGroupIdentify, APIKey: "old"}
+	um := storage.LaneKey{Kind: storage.KindUserMap, APIKey: "other"}
 	f.dead(ev, "silenced", `{"event_type":"a","device_id":"d1"}`, `{"event_type":"b","device_id":"d1"}`)
 	f.dead(gi, "bad_request", `{"group_type":"org","group_value":"x"}`)
 	f.dead(um, "expired", `{"user_id":"u","global_user_id":"g"}`)
@@ -156,10 +156,10 @@ func TestReplayKinds(t *testing.T) {
 	if kinds["events"] != 2 || kinds["groupidentify"] != 1 || kinds["usermap"] != 1 {
 		t.Fatalf("lanes %+v", ans.Lanes)
 	}
-	for key, want := range map[spool.LaneKey][]string{
-		{Kind: spool.KindEvents, APIKey: "new", Options: ev.Options}: {`{"event_type":"a","device_id":"d1"}`, `{"event_type":"b","device_id":"d1"}`},
-		{Kind: spool.KindGroupIdentify, APIKey: "new"}:               {`{"group_type":"org","group_value":"x"}`},
-		{Kind: spool.KindUserMap, APIKey: "new"}:                     {`{"user_id":"u","global_user_id":"g"}`},
+	for key, want := range map[storage.LaneKey][]string{
+		{Kind: storage.KindEvents, APIKey: "new", Options: ev.Options}: {`{"event_type":"a","device_id":"d1"}`, `{"event_type":"b","device_id":"d1"}`},
+		{Kind: storage.KindGroupIdentify, APIKey: "new"}:               {`{"group_type":"org","group_value":"x"}`},
+		{Kind: storage.KindUserMap, APIKey: "new"}:                     {`{"user_id":"u","global_user_id":"g"}`},
 	} {
 		recs := f.records(key)
 		var got []string
@@ -173,7 +173,7 @@ func TestReplayKinds(t *testing.T) {
 			t.Errorf("%v lane under the new key: %q, want %q", key.Kind, got, want)
 		}
 	}
-	for _, old := range []spool.LaneKey{ev, gi, um} {
+	for _, old := range []storage.LaneKey{ev, gi, um} {
 		if n := f.lane(old).Stats().Records; n != 0 {
 			t.Errorf("%v: %d records went to the old key's lane", old.Kind, n)
 		}
@@ -193,7 +193,7 @@ func TestReplayKinds(t *testing.T) {
 // whether more are left; ids calls report unknown ids.
 func TestBulkLimit(t *testing.T) {
 	f := newRelayFixture(t, spool.Config{}, nil)
-	key := spool.LaneKey{Kind: spool.KindEvents, APIKey: "k"}
+	key := storage.LaneKey{Kind: storage.KindEvents, APIKey: "k"}
 	ids := f.dead(key, "silenced", `{"n":1}`, `{"n":2}`, `{"n":3}`, `{"n":4}`, `{"n":5}`)
 	tests := []struct {
 		path, body string
@@ -227,7 +227,7 @@ func TestBulkLimit(t *testing.T) {
 // Retry-After and keeps the dead letters.
 func TestReplaySpoolFull(t *testing.T) {
 	f := newRelayFixture(t, spool.Config{MaxBytes: 64}, nil)
-	key := spool.LaneKey{Kind: spool.KindEvents, APIKey: "k"}
+	key := storage.LaneKey{Kind: storage.KindEvents, APIKey: "k"}
 	f.dead(key, "silenced", `{"pad":"`+strings.Repeat("x", 200)+`"}`)
 	code, hdr, body := getBody(t, "POST", f.base+"/relay/v1/deadletters/replay", `{"filter":{}}`, "Authorization", "Bearer tok")
 	if code != 503 || hdr.Get("Retry-After") == "" || !strings.Contains(body, "quota") {
@@ -256,15 +256,15 @@ func TestLaneRoutes(t *testing.T) {
 		},
 		resume: func(id uint64) error { calls = append(calls, fmt.Sprint("resume ", id)); return nil },
 	}
-	f := newRelayFixture(t, spool.Config{}, map[spool.Kind]delivery.LaneControl{spool.KindEvents: ctl})
-	ev := f.lane(spool.LaneKey{Kind: spool.KindEvents, APIKey: "k"})
-	ev2 := f.lane(spool.LaneKey{Kind: spool.KindEvents, APIKey: "k2"})
-	gi := f.lane(spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: "k"})
+	f := newRelayFixture(t, spool.Config{}, map[storage.Kind]delivery.LaneControl{storage.KindEvents: ctl})
+	ev := f.lane(storage.LaneKey{Kind: storage.KindEvents, APIKey: "k"})
+	ev2 := f.lane(storage.LaneKey{Kind: storage.KindEvents, APIKey: "k2"})
+	gi := f.lane(storage.LaneKey{Kind: storage.KindGroupIdentify, APIKey: "k"})
 	if ev.ID() != 1 {
 		t.Fatalf("first lane id %d", ev.ID())
 	}
-	var b spool.Batch
-	b.Add(spool.Record{OrderKey: []byte("d"), Data: []byte(`{}`)})
+	var b storage.Batch
+	b.Add(storage.Record{OrderKey: []byte("d"), Data: []byte(`{}`)})
 	if err := f.sp.Append(context.Background(), ev, &b); err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +316,7 @@ func TestRelayClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sp.Close()
-	api, err := NewRelay(RelayConfig{Store: storage.NewLocal(sp, nil)}, sp, nil, nil)
+	api, err := NewRelay(RelayConfig{Store: spool.NewBackend(sp, nil)}, sp, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,11 +326,11 @@ func TestRelayClose(t *testing.T) {
 	}
 	s.Register(api.Routes()...)
 	base := start(t, s)
-	key := spool.LaneKey{Kind: spool.KindEvents, APIKey: "k"}
+	key := storage.LaneKey{Kind: storage.KindEvents, APIKey: "k"}
 	if _, err := sp.Lane(context.Background(), key); err != nil {
 		t.Fatal(err)
 	}
-	if err := sp.PutDead(context.Background(), []spool.DeadLetter{{Lane: key, Reason: "x", Record: spool.Record{Data: []byte(`{}`)}}}); err != nil {
+	if err := sp.PutDead(context.Background(), []storage.DeadLetter{{Lane: key, Reason: "x", Record: storage.Record{Data: []byte(`{}`)}}}); err != nil {
 		t.Fatal(err)
 	}
 	api.Close()
@@ -340,7 +340,7 @@ func TestRelayClose(t *testing.T) {
 			t.Errorf("%s after Close: %d %s", p, code, body)
 		}
 	}
-	if dls, _ := sp.ListDead(spool.DeadFilter{}, 0, 0); len(dls) != 1 {
+	if dls, _ := sp.ListDead(storage.DeadFilter{}, 0, 0); len(dls) != 1 {
 		t.Fatalf("%d dead letters after Close, want 1 kept", len(dls))
 	}
 }

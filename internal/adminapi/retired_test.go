@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // The dead letters of a lane keep its label after the lane was
@@ -14,14 +15,14 @@ import (
 // them; a label that names no lane nor dead letter is still 404.
 func TestDeadLettersOfRetiredLane(t *testing.T) {
 	f := newRelayFixture(t, spool.Config{RetireIdle: 10 * time.Millisecond}, nil)
-	key := spool.LaneKey{Kind: spool.KindEvents, APIKey: "gone"}
+	key := storage.LaneKey{Kind: storage.KindEvents, APIKey: "gone"}
 	l := f.lane(key)
 	label := l.Key().Label()
 	f.dead(key, "silenced", `{"event_type":"a"}`, `{"event_type":"b"}`)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	_, err := l.Next(ctx, 0) // returns once the empty lane is retired
 	cancel()
-	if !errors.Is(err, spool.ErrRetired) {
+	if !errors.Is(err, storage.ErrRetired) {
 		t.Fatalf("the empty lane was not retired: %v", err)
 	}
 	var out struct {

@@ -16,6 +16,7 @@ import (
 	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
 	"go.uber.org/zap"
@@ -171,7 +172,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 		return Counts{}, fmt.Errorf("open spool: %w", err)
 	}
 	defer sp.Close()
-	key := spool.LaneKey{Kind: spool.KindEvents, APIKey: cfg.APIKey}
+	key := storage.LaneKey{Kind: storage.KindEvents, APIKey: cfg.APIKey}
 	lane, err := sp.Lane(ctx, key)
 	if err != nil {
 		return Counts{}, fmt.Errorf("open spool lane: %w", err)
@@ -193,7 +194,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 	p, err := batcher.New(batcher.Config{
 		IngestURL: cfg.IngestURL, MaxBatchEvents: perRequest,
 		MaxReadAheadBytes: maxBacklog, MaxReadAheadTotalBytes: maxBacklog,
-	}, sp, snd, thr, log.Named("delivery"), nil)
+	}, spool.NewBackend(sp, nil).Only(storage.KindEvents), snd, thr, log.Named("delivery"), nil)
 	if err != nil {
 		return Counts{}, err
 	}
@@ -294,13 +295,13 @@ type reader struct {
 	cfg     Config
 	sp      *spool.Spool
 	lane    *spool.Lane
-	key     spool.LaneKey
+	key     storage.LaneKey
 	log     *zap.Logger
 	ids     *event.IDGen
 	req     event.Request
 	one     event.Request
 	body    []byte
-	batch   spool.Batch
+	batch   storage.Batch
 	pending [][]byte // events of the chunk being built
 	size    int
 
@@ -353,7 +354,7 @@ func (r *reader) file(ctx context.Context, f *fileState, before int64) error {
 	if fi, err := in.f.Stat(); err == nil {
 		fileSize = fi.Size()
 	}
-	var dead []spool.DeadLetter
+	var dead []storage.DeadLetter
 	var read int64
 	at := f.Pos
 	flush := func() error {
@@ -405,7 +406,7 @@ func (r *reader) file(ctx context.Context, f *fileState, before int64) error {
 // the upstream can take as one chunk, and makes the others dead letters
 // (with the unreadable lines in dead); then waits while the backlog is
 // over maxBacklog.
-func (r *reader) append(ctx context.Context, dead *[]spool.DeadLetter) error {
+func (r *reader) append(ctx context.Context, dead *[]storage.DeadLetter) error {
 	now := time.Now()
 	var nowBuf [20]byte
 	nowText := strconv.AppendInt(nowBuf[:0], now.UnixMilli(), 10)
@@ -461,10 +462,10 @@ func (r *reader) append(ctx context.Context, dead *[]spool.DeadLetter) error {
 	return nil
 }
 
-func (r *reader) deadLetter(reason string, answer, data []byte) spool.DeadLetter {
+func (r *reader) deadLetter(reason string, answer, data []byte) storage.DeadLetter {
 	now := time.Now()
-	return spool.DeadLetter{Lane: r.key, Reason: reason, Answer: answer, Accepted: now, Died: now,
-		Record: spool.Record{Data: append([]byte(nil), data...)}}
+	return storage.DeadLetter{Lane: r.key, Reason: reason, Answer: answer, Accepted: now, Died: now,
+		Record: storage.Record{Data: append([]byte(nil), data...)}}
 }
 
 // deadReason is the dead-letter reason of an event the ingest would refuse.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // stateName is the state file in Dir.
@@ -59,7 +60,7 @@ func upstreamOf(cfg Config) string {
 // same project and upstream, and adds the inputs it does not list yet.
 func loadState(cfg Config) (st *state, resumed bool, err error) {
 	path := filepath.Join(cfg.Dir, stateName)
-	st = &state{Version: 1, Project: spool.LaneKey{Kind: spool.KindEvents, APIKey: cfg.APIKey}.Label(), Upstream: upstreamOf(cfg)}
+	st = &state{Version: 1, Project: storage.LaneKey{Kind: storage.KindEvents, APIKey: cfg.APIKey}.Label(), Upstream: upstreamOf(cfg)}
 	b, err := os.ReadFile(path)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
@@ -147,7 +148,7 @@ func writeReport(sp *spool.Spool, path string) error {
 	enc := json.NewEncoder(bw)
 	var after uint64
 	for {
-		dls, err := sp.ListDead(spool.DeadFilter{}, after, 1000)
+		dls, err := sp.ListDead(storage.DeadFilter{}, after, 1000)
 		if err != nil {
 			f.Close()
 			return fmt.Errorf("report: %w", err)

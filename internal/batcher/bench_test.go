@@ -12,6 +12,7 @@ import (
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
 )
@@ -27,14 +28,14 @@ func BenchmarkBuild(b *testing.B) {
 		b.Fatal(err)
 	}
 	lr := &laneRunner{p: p, bwake: make(chan struct{}, 1)}
-	lr.frame = events{maxEvents: cfg.MaxBatchEvents, maxBytes: cfg.MaxBatchBytes}.Frame(spool.LaneKey{APIKey: "0123456789abcdef0123456789abcdef", Options: `{"min_id_length":3}`})
+	lr.frame = events{maxEvents: cfg.MaxBatchEvents, maxBytes: cfg.MaxBatchBytes}.Frame(storage.LaneKey{APIKey: "0123456789abcdef0123456789abcdef", Options: `{"min_id_length":3}`})
 	s := newShard(lr, 0)
 	its := make([]item, 1000)
 	ck := &chunkRef{accepted: time.Now()}
 	for i := range its {
 		dev := fmt.Sprintf("device-%04d", i%200)
 		data := fmt.Sprintf(`{"event_type":"page_view","device_id":%q,"user_id":"user-%04d","insert_id":"ins-%012d","time":1700000000000,"event_properties":{"path":"/products/%d","referrer":"https://example.com/search?q=shoes","duration_ms":1234}}`, dev, i%200, i, i)
-		its[i] = item{rec: spool.Record{OrderKey: []byte("d:" + dev), UserID: []byte(fmt.Sprintf("user-%04d", i%200)), Data: []byte(data)}, ck: ck}
+		its[i] = item{rec: storage.Record{OrderKey: []byte("d:" + dev), UserID: []byte(fmt.Sprintf("user-%04d", i%200)), Data: []byte(data)}, ck: ck}
 	}
 	now := time.Now()
 	var body []byte
@@ -96,14 +97,14 @@ func deliverCountOnly(b *testing.B, cfg Config, events, pad int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		l, err := sp.Lane(context.Background(), spool.LaneKey{Kind: spool.KindEvents, APIKey: "bench-key"})
+		l, err := sp.Lane(context.Background(), storage.LaneKey{Kind: storage.KindEvents, APIKey: "bench-key"})
 		if err != nil {
 			b.Fatal(err)
 		}
-		var bt spool.Batch
+		var bt storage.Batch
 		for i := 0; i < events; i++ {
 			dev := fmt.Sprintf("device-%05d", i%10000)
-			bt.Add(spool.Record{OrderKey: []byte("d:" + dev), Data: fmt.Appendf(nil,
+			bt.Add(storage.Record{OrderKey: []byte("d:" + dev), Data: fmt.Appendf(nil,
 				`{"event_type":"page_view","device_id":%q,"insert_id":"ins-%012d","time":1700000000000,"event_properties":{"path":"/p/%d","pad":"%s"}}`, dev, i, i, padding)})
 			if (i+1)%1000 == 0 {
 				if err := sp.Append(context.Background(), l, &bt); err != nil {
@@ -113,7 +114,7 @@ func deliverCountOnly(b *testing.B, cfg Config, events, pad int) {
 			}
 		}
 		before := sm.Counted()
-		p, err := New(cfg, sp, cli, nil, nil, prometheus.NewRegistry())
+		p, err := New(cfg, local(sp), cli, nil, nil, prometheus.NewRegistry())
 		if err != nil {
 			b.Fatal(err)
 		}

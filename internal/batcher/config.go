@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Config configures a Pipeline. Only cmd/relay fills it from flags.
@@ -60,7 +60,7 @@ type Config struct {
 	Check func(apiKey string) func(data []byte) (rec []byte, reason string, answer []byte)
 	// OnDead, when set, is given the dead letters of each flush once they
 	// are durable (the live tap); it must not block. nil: nothing is told.
-	OnDead func([]spool.DeadLetter)
+	OnDead func([]storage.DeadLetter)
 }
 
 // Defaults.

@@ -56,7 +56,7 @@ func TestDamagedChunkDelivered(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.lanes = map[string]*spool.Lane{}
-	h.p, err = New(h.cfg, h.sp, h.send, h.thr, zap.NewNop(), nil)
+	h.p, err = New(h.cfg, local(h.sp), h.send, h.thr, zap.NewNop(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

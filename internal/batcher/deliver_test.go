@@ -10,7 +10,7 @@ import (
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
 )
@@ -27,7 +27,7 @@ func TestDeliverBasic(t *testing.T) {
 		h.add("key-one", evs...)
 	}
 	h.start()
-	for c := 0; c < 5; c++ { // a lane created at run time (LanesFrom)
+	for c := 0; c < 5; c++ { // a lane created at run time
 		h.add("key-two", ev{User: "only-user-1"}, ev{User: "only-user-2"}, ev{Device: "device-x"})
 	}
 	h.waitDrained(10*time.Second, 0)
@@ -550,7 +550,7 @@ func TestRetryAfterClamped(t *testing.T) {
 		}}
 		sp, l := openFilled(t, 1)
 		defer sp.Close()
-		p, err := New(Config{IngestURL: "http://sim", RetryInitial: 10 * time.Millisecond, RetryMax: 1500 * time.Millisecond, FlushInterval: time.Millisecond}, sp, f, nil, nil, nil)
+		p, err := New(Config{IngestURL: "http://sim", RetryInitial: 10 * time.Millisecond, RetryMax: 1500 * time.Millisecond, FlushInterval: time.Millisecond}, local(sp), f, nil, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -656,12 +656,12 @@ func chaos(t *testing.T, reading sim.Config) {
 // Lanes of other kinds (group identify, usermap) are not delivered here.
 func TestStopResumeLaneAndOtherKinds(t *testing.T) {
 	h := newHarness(t, sim.Config{}, Config{}, throttle.Config{})
-	gl, err := h.sp.Lane(context.Background(), spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: "key"})
+	gl, err := h.sp.Lane(context.Background(), storage.LaneKey{Kind: storage.KindGroupIdentify, APIKey: "key"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var b spool.Batch
-	b.Add(spool.Record{OrderKey: []byte("g"), Data: []byte(`{"group_type":"org","group_value":"x"}`)})
+	var b storage.Batch
+	b.Add(storage.Record{OrderKey: []byte("g"), Data: []byte(`{"group_type":"org","group_value":"x"}`)})
 	if err := h.sp.Append(context.Background(), gl, &b); err != nil {
 		t.Fatal(err)
 	}

@@ -5,18 +5,19 @@
 //
 // # Shape
 //
-// Run starts, for every lane of kind spool.KindEvents (those that exist and,
-// through Spool.LanesFrom, those created later: only
-// the new ones are looked at), one reader goroutine; the reader hands each
+// Run starts, for every lane of kind storage.KindEvents the store hands it
+// through the seam (storage.Owner.Run: locally each lane, those that exist
+// and those created later; in fleet mode each lane of the partitions this
+// relay owns, see fleet.go), one reader goroutine; the reader hands each
 // record to the shard (of Config.ShardsPerLane) its OrderKey hashes to, and
 // a shard runs a goroutine while it has records (it ends after shardLinger
 // with nothing queued or held; the next hand-over starts it again). An idle
 // lane holds no goroutine: once every record it read is done and it has had
-// nothing to read for a second (Lane.Wait's onIdle), the reader ends, the
-// lane drops its shards, and the engine starts the reader again at the
-// lane's next record (Lane.OnWork), from the same cursor. The runner ends
-// for good when the spool retires the lane (empty and idle: spool.ErrRetired),
-// and the pipeline forgets it. The reader calls Lane.NextPart. A shard batches
+// nothing to read for a second (storage.Lane.Wait's onIdle), the reader
+// ends (storage.ErrIdle), the lane drops its shards, and the local spool's
+// Run hands the lane over again at its next record, from the same cursor. The runner ends
+// for good when the spool retires the lane (empty and idle: storage.ErrRetired),
+// and the pipeline forgets it. The reader calls storage.Lane.NextPart. A shard batches
 // its records (at most MaxBatchEvents, a body strictly under MaxBatchBytes
 // measured on the exact bytes sent, flushed when full or when its oldest
 // event has waited FlushInterval) and has at most ONE request in flight.
@@ -152,8 +153,8 @@
 // goroutines, by the reader's Run, which starts them); the reader hands
 // records over under shard.mu, which also guards shard.running. A chunk's counters (ackRef.left, chunkRef.refs) are atomic:
 // its records may be done by several shards. The lanes map and the Run loop
-// that starts a laneRunner per events lane are delivery.Engine's (it forgets
-// a runner whose lane the spool retired). Locks never nest: the engine's,
+// that starts a laneRunner per events lane handed over are delivery.Engine's
+// (it forgets a runner whose lane the spool retired). Locks never nest: the engine's,
 // laneRunner.bmu, the lock of laneRunner.stop (delivery.StopSwitch),
 // budget.mu and shard.mu are each taken alone.
 package batcher

@@ -14,7 +14,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/delivery"
-	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/throttle"
 )
@@ -39,12 +38,6 @@ import (
 // then are the leases given up, so that a standby takes over at once with
 // few records to send again.
 
-// FleetStore is the fleet's store as the batcher uses it (fleet.Backend).
-type FleetStore interface {
-	storage.Owner
-	DeadWriter
-}
-
 // SharedPauses are the pauses every relay of the fleet sees (fleet.Fleet):
 // a 429's pause and a daily quota's are written there too, so that a relay
 // taking a partition over honours them.
@@ -63,12 +56,12 @@ type SharedPauses interface {
 // any relay.
 type SharedLanes interface {
 	// StopLane stops lane on every relay; it returns once stored.
-	StopLane(ctx context.Context, lane spool.LaneKey, reason string) error
+	StopLane(ctx context.Context, lane storage.LaneKey, reason string) error
 	// ResumeLane ends lane's stop on every relay.
-	ResumeLane(ctx context.Context, lane spool.LaneKey) error
+	ResumeLane(ctx context.Context, lane storage.LaneKey) error
 	// WatchLanes calls fn for every lane stopped now, then for every
 	// change, in order; fn must not block.
-	WatchLanes(fn func(lane spool.LaneKey, stopped bool, reason string))
+	WatchLanes(fn func(lane storage.LaneKey, stopped bool, reason string))
 }
 
 // feedIdle is how long a fleet lane runner with nothing to send lives.
@@ -79,7 +72,7 @@ const feedIdle = time.Minute
 // dead letters in st, shares pauses through pauses and operators' lane
 // stops through lanes (either may be nil: this relay's own then). log and
 // reg may be nil; thr may be nil.
-func NewFleet(cfg Config, st FleetStore, pauses SharedPauses, lanes SharedLanes, send Sender, thr *throttle.Throttle, log *zap.Logger, reg prometheus.Registerer) (*Pipeline, error) {
+func NewFleet(cfg Config, st Store, pauses SharedPauses, lanes SharedLanes, send Sender, thr *throttle.Throttle, log *zap.Logger, reg prometheus.Registerer) (*Pipeline, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -91,7 +84,7 @@ func NewFleet(cfg Config, st FleetStore, pauses SharedPauses, lanes SharedLanes,
 		return nil, err
 	}
 	p.dead = st
-	p.fl = &fleetState{st: st, pauses: pauses, lanes: lanes, stops: make(map[spool.LaneKey]string)}
+	p.fl = &fleetState{st: st, pauses: pauses, lanes: lanes, stops: make(map[storage.LaneKey]string)}
 	m, err := newMetrics(reg, p)
 	if err != nil {
 		return nil, err
@@ -106,13 +99,13 @@ func NewFleet(cfg Config, st FleetStore, pauses SharedPauses, lanes SharedLanes,
 // fleetState is a fleet-mode pipeline's: its runners by id, for the lane
 // control and the metrics.
 type fleetState struct {
-	st     FleetStore
+	st     Store
 	pauses SharedPauses
 	lanes  SharedLanes
 	nextID atomic.Uint64
 
 	smu   sync.Mutex
-	stops map[spool.LaneKey]string // lanes stopped fleet-wide, by reason
+	stops map[storage.LaneKey]string // lanes stopped fleet-wide, by reason
 
 	runs    delivery.Runners[*laneRunner]
 	mu      sync.Mutex
@@ -224,7 +217,7 @@ func (p *Pipeline) queueName(r storage.Reader) string {
 // are done and acknowledged.
 func (p *Pipeline) deliverPartition(stop, owned context.Context, r storage.Reader, drained func()) error {
 	name := p.queueName(r)
-	if !strings.HasPrefix(name, spool.KindEvents.String()+"-") && strings.Contains(name, "-") {
+	if !strings.HasPrefix(name, storage.KindEvents.String()+"-") && strings.Contains(name, "-") {
 		// Another kind's partition (a store handing out every kind):
 		// delivered by that kind's own delivery; its messages stay.
 		drained()
@@ -233,7 +226,7 @@ func (p *Pipeline) deliverPartition(stop, owned context.Context, r storage.Reade
 	}
 	return delivery.DeliverPartition(stop, owned, r, drained, delivery.PartitionConfig{
 		Name:      name,
-		Kind:      spool.KindEvents,
+		Kind:      storage.KindEvents,
 		MaxQueued: int64(p.cfg.MaxReadAheadBytes) / 8,
 		Idle:      feedIdle,
 		Log:       p.log,
@@ -289,7 +282,7 @@ func (p *Pipeline) sharePauses(ctx context.Context, keys []string, until time.Ti
 }
 
 // stopped reports whether lane is stopped fleet-wide, and why.
-func (fl *fleetState) stopped(lane spool.LaneKey) (string, bool) {
+func (fl *fleetState) stopped(lane storage.LaneKey) (string, bool) {
 	fl.smu.Lock()
 	defer fl.smu.Unlock()
 	r, ok := fl.stops[lane]
@@ -298,7 +291,7 @@ func (fl *fleetState) stopped(lane spool.LaneKey) (string, bool) {
 
 // laneStopChanged applies a fleet-wide stop or resume of lane to this
 // relay's runners of it (every partition) and to those started later.
-func (p *Pipeline) laneStopChanged(lane spool.LaneKey, stopped bool, reason string) {
+func (p *Pipeline) laneStopChanged(lane storage.LaneKey, stopped bool, reason string) {
 	fl := p.fl
 	fl.smu.Lock()
 	if stopped {

@@ -13,13 +13,14 @@ import (
 	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
+	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/throttle"
 )
 
 // Fleet mode's delivery (NewFleet: partitions handed by a storage.Owner,
 // demultiplexed by lane into feeds) over the local spool behind the seam
-// (storage.Local hands each lane as a queue): the harness's checks (every
+// (spool.Backend hands each lane as a queue): the harness's checks (every
 // record delivered or dead-lettered, in order per key, acknowledged) hold
 // as in local mode. The fleet itself is tested in cmd/relay (fleet_test.go).
 
@@ -28,7 +29,7 @@ func newSeamHarness(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle
 	h := newHarness(t, simCfg, cfg, thrCfg)
 	h.reg = prometheus.NewRegistry()
 	var err error
-	h.p, err = NewFleet(h.cfg, storage.NewLocal(h.sp, nil), nil, nil, h.send, h.thr, zaptest.NewLogger(t), h.reg)
+	h.p, err = NewFleet(h.cfg, spool.NewBackend(h.sp, nil), nil, nil, h.send, h.thr, zaptest.NewLogger(t), h.reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +101,7 @@ func TestFleetRunnersRetire(t *testing.T) {
 		h := newSyncHarness(t, sim.Config{}, Config{}, throttle.Config{})
 		h.reg = prometheus.NewRegistry()
 		var err error
-		h.p, err = NewFleet(h.cfg, storage.NewLocal(h.sp, nil), nil, nil, h.send, h.thr, nil, h.reg)
+		h.p, err = NewFleet(h.cfg, spool.NewBackend(h.sp, nil), nil, nil, h.send, h.thr, nil, h.reg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -130,12 +131,12 @@ func TestFleetRunnersRetire(t *testing.T) {
 // leasedStore hands out the local spool's queues with a lease the test
 // runs out and renews (as the fleet's partitions: storage.WithLease).
 type leasedStore struct {
-	*storage.Local
+	*spool.Backend
 	held atomic.Bool
 }
 
 func (s *leasedStore) Run(ctx context.Context, deliver storage.DeliverFunc) error {
-	return s.Local.Run(ctx, func(owned context.Context, r storage.Reader) error {
+	return s.Backend.Run(ctx, func(owned context.Context, r storage.Reader) error {
 		return deliver(storage.WithLease(owned, s.held.Load), r)
 	})
 }
@@ -147,7 +148,7 @@ func (s *leasedStore) Run(ctx context.Context, deliver storage.DeliverFunc) erro
 // end).
 func TestFleetLeaseRunOut(t *testing.T) {
 	h := newHarness(t, sim.Config{}, Config{MaxBatchEvents: 10, ShardsPerLane: 2}, throttle.Config{})
-	st := &leasedStore{Local: storage.NewLocal(h.sp, nil)}
+	st := &leasedStore{Backend: spool.NewBackend(h.sp, nil)}
 	h.reg = prometheus.NewRegistry()
 	var err error
 	h.p, err = NewFleet(h.cfg, st, nil, nil, h.send, h.thr, zaptest.NewLogger(t), h.reg)

@@ -26,19 +26,19 @@ import (
 // muxStore is a fleet partition as the engine sees it, over the local
 // spool: one queue carrying every lane's messages in the order the test
 // appended them, that can spill (Spill, Reread, MaxSpilled, as the fleet's
-// partition reader). Each lane's storage.Local reader is read into a list;
+// partition reader). Each lane's spool.Backend reader is read into a list;
 // Next hands the lists' messages out in append order; Ack acknowledges in
 // the spool. The store keeps the bodies (it is the store): Spill only
 // counts.
 type muxStore struct {
-	loc        *storage.Local
+	loc        *spool.Backend
 	sp         *spool.Spool
 	maxSpilled int
 
 	mu        sync.Mutex
-	order     []spool.LaneKey // the lane of each appended message, in order
+	order     []storage.LaneKey // the lane of each appended message, in order
 	next      int
-	ready     map[spool.LaneKey][]muxHeld
+	ready     map[storage.LaneKey][]muxHeld
 	out       map[uint64]muxHeld // by the partition's sequence
 	seq       uint64
 	changed   chan struct{}
@@ -54,8 +54,8 @@ type muxHeld struct {
 }
 
 func newMuxStore(sp *spool.Spool, maxSpilled int) *muxStore {
-	return &muxStore{loc: storage.NewLocal(sp, nil), sp: sp, maxSpilled: maxSpilled,
-		ready: map[spool.LaneKey][]muxHeld{}, out: map[uint64]muxHeld{}, changed: make(chan struct{}), spilled: map[uint64]bool{}}
+	return &muxStore{loc: spool.NewBackend(sp, nil), sp: sp, maxSpilled: maxSpilled,
+		ready: map[storage.LaneKey][]muxHeld{}, out: map[uint64]muxHeld{}, changed: make(chan struct{}), spilled: map[uint64]bool{}}
 }
 
 func (s *muxStore) readyLens() map[string]int {
@@ -72,14 +72,14 @@ func (s *muxStore) wakeLocked() {
 }
 
 // appended records that the test appended one message to lane.
-func (s *muxStore) appended(lane spool.LaneKey) {
+func (s *muxStore) appended(lane storage.LaneKey) {
 	s.mu.Lock()
 	s.order = append(s.order, lane)
 	s.wakeLocked()
 	s.mu.Unlock()
 }
 
-func (s *muxStore) PutDead(ctx context.Context, dls []spool.DeadLetter) error {
+func (s *muxStore) PutDead(ctx context.Context, dls []storage.DeadLetter) error {
 	return s.sp.PutDead(ctx, dls)
 }
 
@@ -254,7 +254,7 @@ func testLaneHeadOfLine(t *testing.T, maxSpilled int) {
 	}
 	quotaEnds := time.Now().Add(quotaFor)
 	h.thr.Pause([]string{"d:quota-device"}, quotaEnds)
-	lane := func(k string) spool.LaneKey { return spool.LaneKey{Kind: spool.KindEvents, APIKey: k} }
+	lane := func(k string) storage.LaneKey { return storage.LaneKey{Kind: storage.KindEvents, APIKey: k} }
 	var good []string
 	for i := range n {
 		h.add("bad-key", ev{Device: "bad-device-" + fmt.Sprint(i%3), Pad: 300})

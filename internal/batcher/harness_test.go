@@ -22,6 +22,7 @@ import (
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
 )
@@ -194,7 +195,7 @@ func newHarnessOn(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle.C
 		cfg.FlushInterval = 20 * time.Millisecond
 	}
 	h.cfg = cfg
-	h.p, err = New(cfg, h.sp, h.send, h.thr, zaptest.NewLogger(t, zaptest.Level(harnessLogLevel)), h.reg)
+	h.p, err = New(cfg, local(h.sp), h.send, h.thr, zaptest.NewLogger(t, zaptest.Level(harnessLogLevel)), h.reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +242,7 @@ func (h *harness) restart() {
 	h.mu.Lock()
 	h.lanes = map[string]*spool.Lane{}
 	h.mu.Unlock()
-	h.p, err = New(h.cfg, h.sp, h.send, h.thr, zaptest.NewLogger(h.t, zaptest.Level(harnessLogLevel)), nil)
+	h.p, err = New(h.cfg, local(h.sp), h.send, h.thr, zaptest.NewLogger(h.t, zaptest.Level(harnessLogLevel)), nil)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -254,7 +255,7 @@ func (h *harness) lane(apiKey, options string) *spool.Lane {
 	if l := h.lanes[k]; l != nil {
 		return l
 	}
-	l, err := h.sp.Lane(context.Background(), spool.LaneKey{Kind: spool.KindEvents, APIKey: apiKey, Options: options})
+	l, err := h.sp.Lane(context.Background(), storage.LaneKey{Kind: storage.KindEvents, APIKey: apiKey, Options: options})
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -274,7 +275,7 @@ type ev struct {
 func (h *harness) add(apiKey string, evs ...ev) []string {
 	h.t.Helper()
 	l := h.lane(apiKey, "")
-	var b spool.Batch
+	var b storage.Batch
 	ids := make([]string, len(evs))
 	h.mu.Lock()
 	for i, e := range evs {
@@ -308,7 +309,7 @@ func (h *harness) add(apiKey string, evs ...ev) []string {
 		}
 		h.appended[id] = sentEvent{apiKey: apiKey, orderKey: ok, idx: idx}
 		h.data[id] = data
-		b.Add(spool.Record{OrderKey: []byte(ok), UserID: []byte(e.User), Data: []byte(data)})
+		b.Add(storage.Record{OrderKey: []byte(ok), UserID: []byte(e.User), Data: []byte(data)})
 	}
 	h.mu.Unlock()
 	if err := h.sp.Append(context.Background(), l, &b); err != nil {
@@ -340,13 +341,13 @@ func (h *harness) waitDrained(timeout time.Duration, keep int64) {
 	}
 }
 
-func (h *harness) dead() map[string]spool.DeadLetter {
+func (h *harness) dead() map[string]storage.DeadLetter {
 	h.t.Helper()
-	dls, err := h.sp.ListDead(spool.DeadFilter{}, 0, 1<<20)
+	dls, err := h.sp.ListDead(storage.DeadFilter{}, 0, 1<<20)
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	out := map[string]spool.DeadLetter{}
+	out := map[string]storage.DeadLetter{}
 	for _, d := range dls {
 		id := insertID(d.Record.Data)
 		if id == "" {
@@ -375,7 +376,7 @@ func insertID(data []byte) string {
 // (pending); none is both; per order key the sim got them in order; the
 // sim got every event byte for byte as appended.
 // It returns the dead letters by insert_id.
-func (h *harness) check(pending map[string]bool) map[string]spool.DeadLetter {
+func (h *harness) check(pending map[string]bool) map[string]storage.DeadLetter {
 	h.t.Helper()
 	dead := h.dead()
 	at := map[string]int{}
@@ -509,3 +510,6 @@ func (h *harness) checkReadAheadBackPressure(max int64) {
 	h.check(pending)
 	h.waitDrained(time.Second, 200)
 }
+
+// local is sp behind the seam, as cmd/relay gives it to New.
+func local(sp *spool.Spool) Store { return spool.NewBackend(sp, nil).Only(storage.KindEvents) }

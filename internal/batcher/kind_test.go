@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/throttle"
 )
 
@@ -15,22 +15,22 @@ import (
 // large alone dead-lettered, the order kept. The expected bodies are what
 // build produced before the events kind packed them.
 func TestBuildBodies(t *testing.T) {
-	ev := func(n int, c string) spool.Record {
-		return spool.Record{OrderKey: []byte("d:" + c), Data: []byte(`"` + strings.Repeat(c, n-2) + `"`)}
+	ev := func(n int, c string) storage.Record {
+		return storage.Record{OrderKey: []byte("d:" + c), Data: []byte(`"` + strings.Repeat(c, n-2) + `"`)}
 	}
 	tests := []struct {
 		name      string
-		key       spool.LaneKey
+		key       storage.LaneKey
 		maxEvents int
 		maxBytes  int
-		recs      []spool.Record
+		recs      []storage.Record
 		bodies    []string
 		dead      []string
 	}{
 		{
-			name: "events limit, options", key: spool.LaneKey{APIKey: `k"ey/ü`, Options: `{"min_id_length":2}`},
+			name: "events limit, options", key: storage.LaneKey{APIKey: `k"ey/ü`, Options: `{"min_id_length":2}`},
 			maxEvents: 3, maxBytes: 1_000_000,
-			recs: []spool.Record{ev(3, "a"), ev(4, "b"), ev(3, "c"), ev(5, "d"), ev(3, "e"), ev(3, "f"), ev(6, "g")},
+			recs: []storage.Record{ev(3, "a"), ev(4, "b"), ev(3, "c"), ev(5, "d"), ev(3, "e"), ev(3, "f"), ev(6, "g")},
 			bodies: []string{
 				`{"api_key":"k\"ey/ü","events":["a","bb","c"],"options":{"min_id_length":2}}`,
 				`{"api_key":"k\"ey/ü","events":["ddd","e","f"],"options":{"min_id_length":2}}`,
@@ -40,9 +40,9 @@ func TestBuildBodies(t *testing.T) {
 		{
 			// prefix 25 + suffix 2 = 27: an event of 31 bytes fits alone
 			// (58 < 59), one of 32 does not; two of 10 do (48), three not.
-			name: "bytes limit, too large", key: spool.LaneKey{APIKey: "k"},
+			name: "bytes limit, too large", key: storage.LaneKey{APIKey: "k"},
 			maxEvents: 1000, maxBytes: 59,
-			recs: []spool.Record{ev(10, "a"), ev(10, "b"), ev(10, "c"), ev(32, "x"), ev(31, "y"), ev(10, "z"), ev(10, "w")},
+			recs: []storage.Record{ev(10, "a"), ev(10, "b"), ev(10, "c"), ev(32, "x"), ev(31, "y"), ev(10, "z"), ev(10, "w")},
 			bodies: []string{
 				`{"api_key":"k","events":["aaaaaaaa","bbbbbbbb"]}`,
 				`{"api_key":"k","events":["cccccccc"]}`,

@@ -231,7 +231,7 @@ func (r *churnRelay) open() {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	if r.p, err = New(r.cfg, r.sp, cli, nil, zaptest.NewLogger(r.t, zaptest.Level(zap.WarnLevel)), r.reg); err != nil {
+	if r.p, err = New(r.cfg, local(r.sp), cli, nil, zaptest.NewLogger(r.t, zaptest.Level(zap.WarnLevel)), r.reg); err != nil {
 		r.t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -258,20 +258,20 @@ func (r *churnRelay) close() {
 func (r *churnRelay) add(key string, n int) {
 	r.t.Helper()
 	ctx := context.Background()
-	l, err := r.sp.Lane(ctx, spool.LaneKey{Kind: spool.KindEvents, APIKey: key})
+	l, err := r.sp.Lane(ctx, storage.LaneKey{Kind: storage.KindEvents, APIKey: key})
 	for try := 0; errors.Is(err, spool.ErrTooManyLanes) && try < 1000; try++ {
 		// --max-lanes: the SDK is answered 503 + Retry-After and
 		// sends again later, when idle lanes were retired.
 		r.refused++
 		time.Sleep(10 * time.Millisecond)
-		l, err = r.sp.Lane(ctx, spool.LaneKey{Kind: spool.KindEvents, APIKey: key})
+		l, err = r.sp.Lane(ctx, storage.LaneKey{Kind: storage.KindEvents, APIKey: key})
 	}
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	var b spool.Batch
+	var b storage.Batch
 	for i := range n {
-		b.Add(spool.Record{OrderKey: []byte("d:device-1"), Data: fmt.Appendf(nil, `{"event_type":"e","device_id":"device-1","insert_id":"%s-%d"}`, key, i)})
+		b.Add(storage.Record{OrderKey: []byte("d:device-1"), Data: fmt.Appendf(nil, `{"event_type":"e","device_id":"device-1","insert_id":"%s-%d"}`, key, i)})
 	}
 	if err := r.sp.Append(ctx, l, &b); err != nil {
 		r.t.Fatal(err)
@@ -368,8 +368,8 @@ func TestTwentyThousandKeys(t *testing.T) {
 	t0 := time.Now()
 	r.waitFor("every lane retired", 30*time.Second, func() bool {
 		if st := r.p.LaneStatus(); len(st) > 0 && r.sp.Stats().Lanes == 0 {
-			if lr := r.p.lane(st[0].ID); lr != nil && time.Since(t0) > 20*time.Second {
-				t.Logf("left: %d, e.g. %+v retired %v stats %+v goroutines %d", len(st), st[0], lr.lane.IsRetired(), lr.lane.Stats(), runtime.NumGoroutine())
+			if l, ok := lr(r.p, st[0].ID); ok && time.Since(t0) > 20*time.Second {
+				t.Logf("left: %d, e.g. %+v retired %v stats %+v goroutines %d", len(st), st[0], l.IsRetired(), l.Stats(), runtime.NumGoroutine())
 			}
 		}
 		return r.sp.Stats().Lanes == 0 && len(r.p.LaneStatus()) == 0
@@ -469,7 +469,7 @@ func BenchmarkCreateLane(b *testing.B) {
 }
 
 // A retired lane leaves nothing behind: once every lane made through the
-// ingest's path (storage.Local) has been delivered and retired, no
+// ingest's path (spool.Backend) has been delivered and retired, no
 // spool.Lane and no laneRunner is reachable any more (no cache, index, map,
 // timer or goroutine keeps one), the goroutines and /metrics are back to
 // where they started, and the lanes that are idle before they retire hold
@@ -477,15 +477,15 @@ func BenchmarkCreateLane(b *testing.B) {
 func TestRetiredLaneLeavesNothing(t *testing.T) {
 	const n = 300
 	r := newChurnRelay(t, spool.Config{RetireIdle: 3 * time.Second})
-	local := storage.NewLocal(r.sp, nil)
+	local := spool.NewBackend(r.sp, nil)
 	ctx := context.Background()
 	baseG, baseMetrics := runtime.NumGoroutine(), r.metricsSize()
 	t0 := time.Now()
 	var lanes []weak.Pointer[spool.Lane]
 	for i := range n {
-		var b spool.Batch
-		b.Add(spool.Record{OrderKey: []byte("d:device-1"), Data: fmt.Appendf(nil, `{"event_type":"e","device_id":"device-1","insert_id":"%d"}`, i)})
-		req := storage.Request{Kind: spool.KindEvents, APIKey: fmt.Appendf(nil, "key-%04d", i), Batch: &b}
+		var b storage.Batch
+		b.Add(storage.Record{OrderKey: []byte("d:device-1"), Data: fmt.Appendf(nil, `{"event_type":"e","device_id":"device-1","insert_id":"%d"}`, i)})
+		req := storage.Request{Kind: storage.KindEvents, APIKey: fmt.Appendf(nil, "key-%04d", i), Batch: &b}
 		if i%2 == 1 {
 			req.Options = []byte(`{"min_id_length":1}`)
 		}
@@ -544,4 +544,14 @@ func TestRetiredLaneLeavesNothing(t *testing.T) {
 		t.Errorf("/metrics %d bytes after every lane retired, %d at start", m, baseMetrics)
 	}
 	runtime.KeepAlive(local) // the ingest's, for the relay's life
+}
+
+// lr is the spool lane of p's runner id.
+func lr(p *Pipeline, id uint64) (*spool.Lane, bool) {
+	r := p.lane(id)
+	if r == nil {
+		return nil, false
+	}
+	l, ok := r.src.(*spool.Lane)
+	return l, ok
 }

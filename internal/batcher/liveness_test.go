@@ -18,6 +18,7 @@ import (
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
 )
@@ -184,11 +185,11 @@ func liveness(t *testing.T, reading sim.Config) {
 		t.Fatal(err)
 	}
 	defer sp.Close()
-	lane, err := sp.Lane(context.Background(), spool.LaneKey{Kind: spool.KindEvents, APIKey: "key"})
+	lane, err := sp.Lane(context.Background(), storage.LaneKey{Kind: storage.KindEvents, APIKey: "key"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := New(Config{IngestURL: "http://sim", ThrottlePause: pause, RetryMax: 5 * time.Second}, sp, f, nil, nil, nil)
+	p, err := New(Config{IngestURL: "http://sim", ThrottlePause: pause, RetryMax: 5 * time.Second}, local(sp), f, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +205,7 @@ func liveness(t *testing.T, reading sim.Config) {
 	devUsers := map[string]map[string]bool{}
 	var total int
 	seq := 0
-	addEvent := func(b *spool.Batch, dev, user string) {
+	addEvent := func(b *storage.Batch, dev, user string) {
 		seq++
 		id := fmt.Sprintf("e%d", seq)
 		var data string
@@ -232,10 +233,10 @@ func liveness(t *testing.T, reading sim.Config) {
 			devUsers["d:"+dev]["u:"+user] = true
 		}
 		total++
-		b.Add(spool.Record{OrderKey: []byte(order), UserID: []byte(user), Data: []byte(data)})
+		b.Add(storage.Record{OrderKey: []byte(order), UserID: []byte(user), Data: []byte(data)})
 	}
 	for at := time.Duration(0); at < loadFor; at += tick {
-		var b spool.Batch
+		var b storage.Batch
 		for i := 0; i < coldDevs; i++ {
 			if rng.Float64() < 0.5*tick.Seconds() {
 				user := ""

@@ -15,7 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/delivery"
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
 )
@@ -32,11 +32,23 @@ var ErrNotRunning = errors.New("batcher: delivery not running")
 // ErrAlreadyRunning is returned by a second concurrent Run.
 var ErrAlreadyRunning = delivery.ErrAlreadyRunning
 
-// Pipeline delivers every events lane of a spool upstream. See the package
+// Store is the store as the batcher uses it: the local spool
+// (spool.Backend, whose queues are lanes) or the fleet's (fleet.Backend).
+type Store interface {
+	storage.Owner
+	DeadWriter
+}
+
+// DeadWriter stores dead letters durably (the local spool, the fleet's
+// dead-letter stream): storage.DeadWriter, as the batcher uses it.
+type DeadWriter interface {
+	PutDead(ctx context.Context, dls []storage.DeadLetter) error
+}
+
+// Pipeline delivers every events lane of a store upstream. See the package
 // documentation.
 type Pipeline struct {
 	cfg  Config
-	sp   *spool.Spool
 	send Sender
 	thr  *throttle.Throttle
 	log  *zap.Logger
@@ -68,22 +80,24 @@ type Pipeline struct {
 	afterBuild func(*shard)
 }
 
-// New returns a pipeline; nothing runs before Run. log and reg may be nil;
-// thr may be nil (a Throttle without pacing is made).
-func New(cfg Config, sp *spool.Spool, send Sender, thr *throttle.Throttle, log *zap.Logger, reg prometheus.Registerer) (*Pipeline, error) {
+// New returns a pipeline over a store whose queues are lanes (the local
+// spool: spool.Backend, through the seam as the fleet's); nothing runs
+// before Run. log and reg may be nil; thr may be nil (a Throttle without
+// pacing is made).
+func New(cfg Config, st Store, send Sender, thr *throttle.Throttle, log *zap.Logger, reg prometheus.Registerer) (*Pipeline, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if sp == nil || send == nil {
-		return nil, errors.New("batcher: spool and sender are required")
+	if st == nil || send == nil {
+		return nil, errors.New("batcher: store and sender are required")
 	}
 	p, err := newPipeline(cfg, send, thr, log)
 	if err != nil {
 		return nil, err
 	}
-	p.sp, p.dead = sp, sp
-	eng, err := delivery.NewEngine(delivery.EngineConfig[*laneRunner]{Kind: spool.KindEvents, DrainTimeout: p.cfg.DrainTimeout,
-		NewRunner: func(l *spool.Lane) *laneRunner { return newLaneRunner(p, l) }}, sp)
+	p.dead = st
+	eng, err := delivery.NewEngine(delivery.EngineConfig[*laneRunner]{Kind: storage.KindEvents, DrainTimeout: p.cfg.DrainTimeout,
+		NewRunner: func(q storage.LaneQueue) *laneRunner { return newLaneRunner(p, q) }}, st)
 	if err != nil {
 		return nil, err
 	}
@@ -176,8 +190,9 @@ func (p *Pipeline) StopLane(laneID uint64) error {
 }
 
 // ResumeLane resumes a lane stopped by StopLane or by the upstream refusing
-// its api_key ("Invalid API key"); its held events are sent at once. A lane
-// created after the last LanesFrom wake-up is not stopped: nil.
+// its api_key ("Invalid API key"); its held events are sent at once. It
+// wraps delivery.ErrUnknownLane for a lane the store has not handed over
+// yet (none was stopped).
 func (p *Pipeline) ResumeLane(laneID uint64) error {
 	if p.fl != nil {
 		return p.controlShared(laneID, false)
@@ -227,7 +242,7 @@ type events struct {
 var _ delivery.Kind = events{}
 
 // Frame is the lane's envelope and limits; events are written as they are.
-func (k events) Frame(key spool.LaneKey) delivery.Frame {
+func (k events) Frame(key storage.LaneKey) delivery.Frame {
 	q, _ := json.Marshal(key.APIKey) // a string always marshals
 	suffix := "]"
 	if key.Options != "" {
@@ -250,14 +265,12 @@ func (events) Classify(res *upstream.Result, n int) delivery.Verdict {
 // shards, each with a goroutine while it has records.
 type laneRunner struct {
 	p *Pipeline
-	// src is what the reader reads: the spool lane (local), or the lane's
-	// messages of one fleet partition.
-	src source
-	// lane is the spool lane (local mode); nil in fleet mode.
-	lane  *spool.Lane
+	// src is what the reader reads: the local spool's lane, or the lane's
+	// messages of one fleet partition (a delivery.Feed).
+	src   storage.Lane
 	id    uint64
 	label string
-	key   spool.LaneKey
+	key   storage.LaneKey
 	// frame packs the lane's requests (Pipeline.kind's Frame).
 	frame delivery.Frame
 	// shards has Config.ShardsPerLane entries, each nil until the shard
@@ -299,15 +312,14 @@ type laneRunner struct {
 	readerWaits atomic.Bool
 }
 
-func newLaneRunner(p *Pipeline, l *spool.Lane) *laneRunner {
-	lr := newRunner(p, localSource{sp: p.sp, l: l}, l.ID(), l.Key().Label(), l.Key())
-	lr.lane = l
-	lr.stop.Lane = l // a stopped lane is not retired while empty (its stop would be lost)
+func newLaneRunner(p *Pipeline, q storage.LaneQueue) *laneRunner {
+	lr := newRunner(p, q.Lane(), q.LaneID(), q.Key().Label(), q.Key())
+	lr.stop.Lane = q // a stopped lane is not retired while empty (its stop would be lost)
 	return lr
 }
 
 // newRunner returns the runner of one lane reading src.
-func newRunner(p *Pipeline, src source, id uint64, label string, key spool.LaneKey) *laneRunner {
+func newRunner(p *Pipeline, src storage.Lane, id uint64, label string, key storage.LaneKey) *laneRunner {
 	lr := &laneRunner{p: p, src: src, id: id, label: label, key: key, bwake: make(chan struct{}, 1)}
 	lr.frame = p.kind.Frame(key)
 	lr.window.Store(1)
@@ -327,11 +339,11 @@ func (lr *laneRunner) shard(i int) *shard {
 // Run runs the lane's reader and, as the reader hands them records, its
 // shards (a Runner of the engine). They end with ctx (shards finish
 // requests in flight until drain ends); when the spool retires the lane
-// (empty and idle): Run returns spool.ErrRetired, so that the engine
+// (empty and idle): Run returns storage.ErrRetired, so that the engine
 // forgets the runner and its goroutines, memory and metric series are
 // gone; or when the lane is idle, every record read done: Run returns
-// spool.ErrIdle and the engine runs it again when the lane has work, so
-// that an idle lane holds no goroutine.
+// storage.ErrIdle and the store hands the lane over again when it has
+// work, so that an idle lane holds no goroutine.
 func (lr *laneRunner) Run(ctx, drain context.Context) error {
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -355,9 +367,9 @@ func (lr *laneRunner) Run(ctx, drain context.Context) error {
 	}
 	switch end {
 	case endRetired:
-		return spool.ErrRetired
+		return storage.ErrRetired
 	case endIdle:
-		return spool.ErrIdle
+		return storage.ErrIdle
 	}
 	return nil
 }

@@ -11,12 +11,12 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // item is one record on its way upstream.
 type item struct {
-	rec spool.Record
+	rec storage.Record
 	ck  *chunkRef
 	enq time.Time // when the shard got it (flush timer)
 	// own is the memory of the record's own copy (detach), counted against
@@ -29,7 +29,7 @@ type item struct {
 const itemBytes = int64(unsafe.Sizeof(item{}))
 
 // chunkRef tracks one chunk, or one part of a chunk, read from the spool
-// (spool.Lane.NextPart reads a chunk larger than the lane may hold in
+// (storage.Lane.NextPart reads a chunk larger than the lane may hold in
 // parts): the records still aliasing its buffer (the last one releases the
 // buffer's bytes from the read-ahead budget), and, in ack, the chunk's
 // records not yet done (the last one acks the chunk).
@@ -41,7 +41,7 @@ type chunkRef struct {
 	// buf is the chunk's buffer, given back to the spool when refs reaches
 	// zero: then no item aliases it (delivered and dead-lettered records
 	// are read no more, held ones have their own copy).
-	buf spool.Buffer
+	buf storage.Buffer
 }
 
 // ackRef counts the records of one chunk (all its parts) not yet done.
@@ -54,7 +54,7 @@ type ackRef struct {
 // record is done or detached: its buffer (all records alias one allocation
 // of at least Size bytes, rounded up to the spool's buffer class) and an
 // item per record.
-func chunkBytes(c *spool.Chunk) int64 {
+func chunkBytes(c *storage.Chunk) int64 {
 	return int64(max(c.Size, c.Buffer.Cap)) + int64(len(c.Records))*itemBytes
 }
 
@@ -73,8 +73,8 @@ func (lr *laneRunner) read(ctx context.Context) readEnd {
 	limit := int64(lr.p.cfg.MaxReadAheadBytes)
 	step := lr.step()
 	per := make([][]item, len(lr.shards))
-	var recs []spool.Record // reused by NextPart: every record is copied into an item
-	failing := false        // the last read failed (logged once, until one succeeds)
+	var recs []storage.Record // reused by NextPart: every record is copied into an item
+	failing := false          // the last read failed (logged once, until one succeeds)
 	for {
 		// Wait for records first, then take the budget: a lane waiting
 		// for records holds none of it.
@@ -86,9 +86,9 @@ func (lr *laneRunner) read(ctx context.Context) readEnd {
 			return lr.settled()
 		}); err != nil {
 			switch {
-			case errors.Is(err, spool.ErrRetired):
+			case errors.Is(err, storage.ErrRetired):
 				return endRetired
-			case errors.Is(err, spool.ErrIdle):
+			case errors.Is(err, storage.ErrIdle):
 				return endIdle
 			}
 			return endStop
@@ -110,9 +110,9 @@ func (lr *laneRunner) read(ctx context.Context) readEnd {
 		if err != nil {
 			lr.p.budget.add(-want)
 			switch {
-			case errors.Is(err, spool.ErrRetired):
+			case errors.Is(err, storage.ErrRetired):
 				return endRetired
-			case ctx.Err() != nil || errors.Is(err, spool.ErrClosed):
+			case ctx.Err() != nil || errors.Is(err, storage.ErrLost):
 				return endStop
 			case errors.Is(err, context.Canceled):
 				continue // doneCtx: acknowledged meanwhile, nothing to read
@@ -176,7 +176,7 @@ func (lr *laneRunner) settled() bool {
 // ackOf returns the ackRef of the chunk c is (a part of): a new one for a
 // whole chunk or a first part, the one of the earlier parts otherwise.
 // Reader goroutine only.
-func (lr *laneRunner) ackOf(c *spool.Chunk) *ackRef {
+func (lr *laneRunner) ackOf(c *storage.Chunk) *ackRef {
 	total := max(c.Total, len(c.Records))
 	if c.First == 0 || lr.partial == nil || lr.partial.seq != c.Seq {
 		// A later part without the first (not expected: the reader

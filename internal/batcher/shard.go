@@ -9,7 +9,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/delivery"
-	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
@@ -317,7 +316,7 @@ func (s *shard) pausedSinceBuild() bool {
 
 // pausedUntil is when the record's device (OrderKey) and user pauses end,
 // zero when neither is paused.
-func (s *shard) pausedUntil(r *spool.Record) time.Time {
+func (s *shard) pausedUntil(r *storage.Record) time.Time {
 	p := s.lr.p
 	thr := p.thr
 	if p.fl != nil && p.fl.pauses != nil && p.fl.pauses.AnyPaused() {
@@ -338,7 +337,7 @@ func (s *shard) pausedUntil(r *spool.Record) time.Time {
 
 // pausedUntilFleet is pausedUntil with the pauses shared by the fleet's
 // relays: a 429 seen by the partition's previous owner holds.
-func (s *shard) pausedUntilFleet(r *spool.Record) time.Time {
+func (s *shard) pausedUntilFleet(r *storage.Record) time.Time {
 	p := s.lr.p
 	u := p.thr.PausedUntil(r.OrderKey)
 	if uu := p.pausedShared(r.OrderKey); uu.After(u) {
@@ -681,7 +680,7 @@ func (s *shard) retryLater(ctx, drainCtx context.Context, res upstream.Result) b
 func (s *shard) flushDead(ctx, drainCtx context.Context, answer []byte) bool {
 	p := s.lr.p
 	now := time.Now()
-	dls := make([]spool.DeadLetter, len(s.dead))
+	dls := make([]storage.DeadLetter, len(s.dead))
 	for i, d := range s.dead {
 		ans := answer
 		if d.answer != nil {
@@ -695,7 +694,7 @@ func (s *shard) flushDead(ctx, drainCtx context.Context, answer []byte) bool {
 				ans = []byte("relay: event larger than max-batch-bytes")
 			}
 		}
-		dls[i] = spool.DeadLetter{Lane: s.lr.key, Reason: d.reason, Answer: ans, Accepted: d.it.ck.accepted, Died: now, Record: d.it.rec}
+		dls[i] = storage.DeadLetter{Lane: s.lr.key, Reason: d.reason, Answer: ans, Accepted: d.it.ck.accepted, Died: now, Record: d.it.rec}
 	}
 	err := delivery.FlushDead(drainCtx, p.dead, dls, func(err error) {
 		p.log.Error("store dead letters failed; retrying", zap.String("lane", s.lr.label), zap.Error(err))

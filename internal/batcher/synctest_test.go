@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
 )
 
@@ -41,14 +42,14 @@ func openFilled(t *testing.T, n int) (*spool.Spool, *spool.Lane) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := sp.Lane(context.Background(), spool.LaneKey{Kind: spool.KindEvents, APIKey: "k"})
+	l, err := sp.Lane(context.Background(), storage.LaneKey{Kind: storage.KindEvents, APIKey: "k"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < n; i++ {
-		var b spool.Batch
+		var b storage.Batch
 		dev := string(rune('a' + i%8))
-		b.Add(spool.Record{OrderKey: []byte("d:device-" + dev), Data: []byte(`{"event_type":"e","device_id":"device-` + dev + `"}`)})
+		b.Add(storage.Record{OrderKey: []byte("d:device-" + dev), Data: []byte(`{"event_type":"e","device_id":"device-` + dev + `"}`)})
 		if err := sp.Append(context.Background(), l, &b); err != nil {
 			t.Fatal(err)
 		}
@@ -72,7 +73,7 @@ func TestOutageTenMinutesFakeTime(t *testing.T) {
 			return upstream.Classify(200, []byte(`{"code":200}`), "", nil)
 		}}
 		const shards = 4
-		p, err := New(Config{IngestURL: "http://sim", ShardsPerLane: shards, MaxEventAge: time.Hour}, sp, f, nil, nil, nil)
+		p, err := New(Config{IngestURL: "http://sim", ShardsPerLane: shards, MaxEventAge: time.Hour}, local(sp), f, nil, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -108,7 +109,7 @@ func TestDrainDeadlineFakeTime(t *testing.T) {
 			<-ctx.Done() // a request that never answers
 			return upstream.Classify(0, nil, "", ctx.Err())
 		}}
-		p, err := New(Config{IngestURL: "http://sim", DrainTimeout: 3 * time.Second}, sp, f, nil, nil, nil)
+		p, err := New(Config{IngestURL: "http://sim", DrainTimeout: 3 * time.Second}, local(sp), f, nil, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -163,7 +164,7 @@ func TestAbandonedBodyNotReused(t *testing.T) {
 			mu.Unlock()
 			return upstream.Classify(0, nil, "", ctx.Err())
 		})
-		p, err := New(Config{IngestURL: "http://sim", DrainTimeout: time.Second, FlushInterval: time.Millisecond}, sp, send, nil, nil, nil)
+		p, err := New(Config{IngestURL: "http://sim", DrainTimeout: time.Second, FlushInterval: time.Millisecond}, local(sp), send, nil, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/svcrelay/relay/internal/event"
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -38,7 +38,7 @@ func TestConfigValidate(t *testing.T) {
 }
 
 func TestQueue(t *testing.T) {
-	mk := func(i int) item { return item{rec: spool.Record{Data: []byte(strconv.Itoa(i))}} }
+	mk := func(i int) item { return item{rec: storage.Record{Data: []byte(strconv.Itoa(i))}} }
 	var q queue
 	next := 0 // next value expected from the front
 	pushed := 0
@@ -80,11 +80,11 @@ func TestQueue(t *testing.T) {
 }
 
 func TestEnvelope(t *testing.T) {
-	f := events{}.Frame(spool.LaneKey{APIKey: `k"ey`, Options: `{"min_id_length":2}`})
+	f := events{}.Frame(storage.LaneKey{APIKey: `k"ey`, Options: `{"min_id_length":2}`})
 	if got := f.Prefix + `{}` + f.Suffix; got != `{"api_key":"k\"ey","events":[{}],"options":{"min_id_length":2}}` {
 		t.Fatal(got)
 	}
-	f = events{}.Frame(spool.LaneKey{APIKey: "k"})
+	f = events{}.Frame(storage.LaneKey{APIKey: "k"})
 	if got := f.Prefix + f.Suffix; got != `{"api_key":"k","events":[]}` {
 		t.Fatal(got)
 	}
@@ -92,7 +92,7 @@ func TestEnvelope(t *testing.T) {
 
 // The ingest's 413 check measures the envelope as the batcher writes it.
 func TestEnvelopeOverheadAgrees(t *testing.T) {
-	for _, k := range []spool.LaneKey{{APIKey: "k"}, {APIKey: `<a&"b>`, Options: `{"min_id_length":3}`}, {APIKey: "ключ"}} {
+	for _, k := range []storage.LaneKey{{APIKey: "k"}, {APIKey: `<a&"b>`, Options: `{"min_id_length":3}`}, {APIKey: "ключ"}} {
 		f := events{}.Frame(k)
 		if got, want := event.EnvelopeOverhead(k.APIKey, []byte(k.Options)), len(f.Prefix)+len(f.Suffix); got != want {
 			t.Errorf("%+v: EnvelopeOverhead %d, envelope %d", k, got, want)

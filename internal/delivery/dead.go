@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -33,16 +32,16 @@ const (
 // are done before their chunk is acknowledged. failed, when not nil, is
 // called with the first error only (to log it once). It returns nil once
 // the dead letters are durable; else, when ctx ends or the store is closed
-// (spool.ErrClosed, storage.ErrLost), an error: then nothing may be
+// (storage.ErrLost: the local spool closed, the fleet moved the queue), an error: then nothing may be
 // acknowledged and the records must be delivered again later.
-func FlushDead(ctx context.Context, w storage.DeadWriter, dls []spool.DeadLetter, failed func(error)) error {
+func FlushDead(ctx context.Context, w storage.DeadWriter, dls []storage.DeadLetter, failed func(error)) error {
 	var bo *Retry // made on the first failure: the common case allocates nothing
 	for {
 		err := w.PutDead(ctx, dls)
 		if err == nil {
 			return nil
 		}
-		if ctx.Err() != nil || errors.Is(err, spool.ErrClosed) || errors.Is(err, storage.ErrLost) {
+		if ctx.Err() != nil || errors.Is(err, storage.ErrLost) {
 			return fmt.Errorf("store dead letters: %w", err)
 		}
 		if bo == nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
 )
 
@@ -21,7 +22,7 @@ type failingDead struct {
 	calls int
 }
 
-func (f *failingDead) PutDead(ctx context.Context, dls []spool.DeadLetter) error {
+func (f *failingDead) PutDead(ctx context.Context, dls []storage.DeadLetter) error {
 	f.calls++
 	if f.calls > 1000 { // bounded: a flush that does not wait must fail, not hang
 		f.t.Errorf("PutDead called %d times: retried without waiting", f.calls)
@@ -42,11 +43,11 @@ func openSpool(t *testing.T) *spool.Spool {
 	return sp
 }
 
-func letters(n int) []spool.DeadLetter {
-	dls := make([]spool.DeadLetter, n)
+func letters(n int) []storage.DeadLetter {
+	dls := make([]storage.DeadLetter, n)
 	for i := range dls {
-		dls[i] = spool.DeadLetter{Lane: spool.LaneKey{Kind: spool.KindUserMap, APIKey: "k"}, Reason: ReasonExpired,
-			Record: spool.Record{Data: []byte(`{"user_id":"u"}`)}}
+		dls[i] = storage.DeadLetter{Lane: storage.LaneKey{Kind: storage.KindUserMap, APIKey: "k"}, Reason: ReasonExpired,
+			Record: storage.Record{Data: []byte(`{"user_id":"u"}`)}}
 	}
 	return dls
 }
@@ -72,7 +73,7 @@ func TestFlushDead(t *testing.T) {
 			if d := time.Since(start); d < 3*DeadRetryInitial/2 {
 				t.Fatalf("retried after %v in all: no backoff", d)
 			}
-			dead, err := sp.ListDead(spool.DeadFilter{}, 0, 0)
+			dead, err := sp.ListDead(storage.DeadFilter{}, 0, 0)
 			if err != nil || len(dead) != 2 {
 				t.Fatalf("%d dead letters stored (%v), want 2", len(dead), err)
 			}
@@ -89,7 +90,7 @@ func TestFlushDead(t *testing.T) {
 			if !errors.Is(err, context.DeadlineExceeded) || w.calls < 2 {
 				t.Fatalf("err %v after %d calls; want the deadline after retries", err, w.calls)
 			}
-			if dead, _ := sp.ListDead(spool.DeadFilter{}, 0, 0); len(dead) != 0 {
+			if dead, _ := sp.ListDead(storage.DeadFilter{}, 0, 0); len(dead) != 0 {
 				t.Fatalf("%d dead letters stored", len(dead))
 			}
 		})

@@ -6,9 +6,10 @@
 // max-age rule (Expired), the dead-letter flush (FlushDead), the Kind every
 // lane runner packs and classifies with (a lane's Frame: its envelope, a
 // record's encoding and a request's limits, packed one record at a time),
-// the supervisor of every kind (Engine: a Runner per lane of a kind,
-// started as lanes appear, forgotten when the spool retires the lane; lane
-// status, stop/resume and relay_lane_stopped) and the runner of the
+// the supervisor of every kind (Engine: a Runner per lane of a kind the
+// store's Run hands over, through the seam, forgotten when the store
+// retires the lane; lane status, stop/resume and relay_lane_stopped; a
+// fleet partition goes to DeliverPartition) and the runner of the
 // form-encoded kinds (FormLanes: group identify and user mappings, whose
 // Kind is a Form), and in fleet mode the partition
 // demultiplexer every kind's runners read (DeliverPartition: a Feed per

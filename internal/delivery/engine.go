@@ -11,7 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // ErrAlreadyRunning is returned by a second concurrent Engine.Run.
@@ -19,14 +19,14 @@ var ErrAlreadyRunning = errors.New("delivery: already running")
 
 // Runner delivers one lane; a kind makes one per lane (EngineConfig.NewRunner).
 type Runner interface {
-	// Run delivers the lane until ctx ends or the spool retires the lane
-	// (it then returns an error wrapping spool.ErrRetired and the engine
+	// Run delivers the lane until ctx ends or the store retires the lane
+	// (it then returns an error wrapping storage.ErrRetired and the engine
 	// forgets the runner). It may also return an error wrapping
-	// spool.ErrIdle once the lane is idle, holding nothing: the engine
-	// then calls Run again when the lane has work (spool.Lane.OnWork),
-	// so that an idle lane holds no goroutine. After ctx ends, work in
-	// flight may finish until drain ends. Run is called again on the same
-	// runner by a later Engine.Run.
+	// storage.ErrIdle once the lane is idle, holding nothing: the store
+	// then hands the lane over again when it has work, so that an idle
+	// lane holds no goroutine. After ctx ends, work in flight may finish
+	// until drain ends. Run is called again on the same runner by a later
+	// Engine.Run.
 	Run(ctx, drain context.Context) error
 	// Status is a snapshot of the lane; it must take no lock held across
 	// a call out of the runner's package (a scrape calls it).
@@ -41,57 +41,52 @@ type EngineConfig[R Runner] struct {
 	// Name prefixes the errors of StopLane and ResumeLane; may be empty.
 	Name string
 	// Kind is the lane kind delivered.
-	Kind spool.Kind
+	Kind storage.Kind
 	// NewRunner makes the runner of a lane of Kind. Required.
-	NewRunner func(l *spool.Lane) R
+	NewRunner func(q storage.LaneQueue) R
 	// DrainTimeout is how long runners may finish work in flight after
 	// Run's context ended; zero means none.
 	DrainTimeout time.Duration
+	// Partition, when not nil, delivers a queue that is not one lane (a
+	// fleet partition: see DeliverPartition) until stop (Run's context)
+	// or owned (the queue's) ends; nil refuses such a queue.
+	Partition func(stop, owned context.Context, r storage.Reader) error
 }
 
-type engineLane[R Runner] struct {
-	r R
-	l *spool.Lane
-	// started: Run met the lane (its runner runs, or waits for work in
-	// OnWork); guarded by Engine.mu.
-	started bool
-}
-
-// Engine is the supervisor every lane kind shares: it starts a runner for
-// every lane of its kind that exists and for each one created later,
-// starts an idle runner again when its lane has work (spool.ErrIdle,
-// Lane.OnWork), forgets a runner whose lane the spool retired, and answers the lane
-// control (LaneStatus, StopLane, ResumeLane) and relay_lane_stopped.
-// Its lock is never held across a call out of the package: runners and
-// metrics are called on snapshots (a scrape never waits for
-// delivery).
+// Engine delivers a store through the seam. A store whose queues are
+// lanes (storage.LaneQueue: the local spool) hands it every lane of its
+// kind, those created later, and an idle lane again when it has work
+// (storage.ErrIdle); a queue that is not one lane (a fleet partition) goes
+// to EngineConfig.Partition. For lanes, the engine keeps a runner per lane, across Runs,
+// forgets a runner whose lane the store retired, and answers the lane
+// control (LaneStatus, StopLane, ResumeLane) and relay_lane_stopped. Its
+// lock is never held across a call out of the package: runners and
+// metrics are called on snapshots (a scrape never waits for delivery).
 type Engine[R Runner] struct {
 	cfg EngineConfig[R]
-	sp  *spool.Spool
+	st  storage.Owner
 
 	mu      sync.Mutex
-	lanes   map[uint64]*engineLane[R]
+	lanes   map[uint64]R
 	peak    int // len(lanes) at its largest since it was made (forget)
 	running bool
-	// The current Run's (guarded by mu): its contexts, its runners'
-	// goroutines, and gen, which tells an OnWork of an earlier Run (whose
-	// end marked every lane not started) from its own.
-	ctx, drain context.Context
-	wg         sync.WaitGroup
-	gen        uint64
-	stopping   bool
 }
 
-// NewEngine returns an engine; nothing runs before Run.
-func NewEngine[R Runner](cfg EngineConfig[R], sp *spool.Spool) (*Engine[R], error) {
-	if cfg.NewRunner == nil || sp == nil {
-		return nil, errors.New("delivery: engine needs a spool and NewRunner")
+// NewEngine returns an engine over st (its Run hands lanes of the kind:
+// see spool.Backend.Only); nothing runs before Run.
+func NewEngine[R Runner](cfg EngineConfig[R], st storage.Owner) (*Engine[R], error) {
+	if cfg.NewRunner == nil || st == nil {
+		return nil, errors.New("delivery: engine needs a store and NewRunner")
 	}
 	if cfg.DrainTimeout < 0 {
 		return nil, errors.New("delivery: negative drain timeout")
 	}
-	return &Engine[R]{cfg: cfg, sp: sp, lanes: map[uint64]*engineLane[R]{}}, nil
+	return &Engine[R]{cfg: cfg, st: st, lanes: map[uint64]R{}}, nil
 }
+
+// errNotLanes is returned by a deliver of the Engine handed a queue that
+// is not one lane.
+var errNotLanes = errors.New("delivery: the store's queue is not a lane")
 
 // Run delivers until ctx ends: it runs a runner for every lane of the kind.
 // When ctx ends it gives runners EngineConfig.DrainTimeout to finish, waits
@@ -110,104 +105,65 @@ func (e *Engine[R]) Run(ctx context.Context) error {
 		e.running = false
 		e.mu.Unlock()
 	}()
-
-	drainCtx, cancelDrain := context.WithCancel(context.WithoutCancel(ctx))
+	drain, cancelDrain := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelDrain()
-	e.mu.Lock()
-	e.ctx, e.drain, e.stopping = ctx, drainCtx, false
-	e.gen++
-	gen := e.gen
-	e.mu.Unlock()
-	// next is the lowest lane id not seen yet: each wake-up looks only at
-	// the lanes created since (Spool.LanesFrom), so that creating n lanes
-	// costs O(n) in all, not O(n) each.
-	var next uint64
-	for {
-		lanes, changed := e.sp.LanesFrom(next)
-		for _, l := range lanes {
-			next = l.ID() + 1
-			if l.Key().Kind != e.cfg.Kind {
-				continue
-			}
-			e.mu.Lock()
-			el := e.lanes[l.ID()]
-			e.mu.Unlock()
-			if el == nil {
-				// NewRunner is the kind's code: called without e.mu.
-				el = &engineLane[R]{r: e.cfg.NewRunner(l), l: l}
-				e.mu.Lock()
-				e.lanes[l.ID()] = el
-				e.peak = max(e.peak, len(e.lanes))
-				e.mu.Unlock()
-			}
-			e.start(el, gen)
+	stopDrain := context.AfterFunc(ctx, func() {
+		if e.cfg.DrainTimeout <= 0 {
+			cancelDrain()
+			return
 		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			var t *time.Timer
-			if e.cfg.DrainTimeout > 0 {
-				t = time.AfterFunc(e.cfg.DrainTimeout, cancelDrain)
-			} else {
-				cancelDrain()
+		t := time.AfterFunc(e.cfg.DrainTimeout, cancelDrain)
+		context.AfterFunc(drain, func() { t.Stop() })
+	})
+	defer stopDrain()
+	stop := ctx
+	err := e.st.Run(ctx, func(ctx context.Context, r storage.Reader) error {
+		q, ok := r.(storage.LaneQueue)
+		if !ok {
+			if e.cfg.Partition == nil {
+				return errNotLanes
 			}
-			e.mu.Lock()
-			e.stopping = true // no runner starts from now on (OnWork)
-			e.mu.Unlock()
-			e.wg.Wait()
-			if t != nil {
-				t.Stop()
-			}
-			e.mu.Lock()
-			for _, el := range e.lanes {
-				el.started = false
-			}
-			e.mu.Unlock()
+			return e.cfg.Partition(stop, ctx, r)
+		}
+		if q.Key().Kind != e.cfg.Kind {
 			return nil
 		}
-	}
-}
-
-// start runs el's runner in a goroutine unless it runs (or waits for work)
-// already, or the Run of gen is over. When the runner ends idle, it starts
-// again when its lane has work.
-func (e *Engine[R]) start(el *engineLane[R], gen uint64) {
-	e.mu.Lock()
-	if el.started || e.stopping || e.gen != gen {
+		id := q.LaneID()
+		e.mu.Lock()
+		lr, ok := e.lanes[id]
 		e.mu.Unlock()
-		return
-	}
-	el.started = true
-	e.wg.Add(1)
-	ctx, drain := e.ctx, e.drain
-	e.mu.Unlock()
-	go func() {
-		defer e.wg.Done()
-		err := el.r.Run(ctx, drain)
-		switch {
-		case errors.Is(err, spool.ErrRetired):
-			e.forget(el.l.ID(), el)
-		case errors.Is(err, spool.ErrIdle):
+		if !ok {
+			// NewRunner is the kind's code: called without e.mu.
+			lr = e.cfg.NewRunner(q)
 			e.mu.Lock()
-			el.started = false
+			e.lanes[id] = lr
+			e.peak = max(e.peak, len(e.lanes))
 			e.mu.Unlock()
-			el.l.OnWork(func() { e.start(el, gen) })
 		}
-	}()
+		err := lr.Run(ctx, drain)
+		if errors.Is(err, storage.ErrRetired) {
+			e.forget(id, lr)
+		}
+		return err
+	})
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
 }
 
-// forget drops a runner whose lane the spool retired (a lane of the same
+// forget drops a runner whose lane the store retired (a lane of the same
 // key created later is a new lane, with a new runner).
-func (e *Engine[R]) forget(id uint64, el *engineLane[R]) {
+func (e *Engine[R]) forget(id uint64, lr R) {
 	e.mu.Lock()
-	if e.lanes[id] == el {
+	if cur, ok := e.lanes[id]; ok && any(cur) == any(lr) {
 		delete(e.lanes, id)
 		// A map keeps the room of its largest size: once most of a wave
 		// of lanes retired, a smaller one.
 		if e.peak >= 1024 && len(e.lanes) < e.peak/4 {
-			n := make(map[uint64]*engineLane[R], len(e.lanes)) // (maps.Clone keeps the room)
-			for id, el := range e.lanes {
-				n[id] = el
+			n := make(map[uint64]R, len(e.lanes)) // (maps.Clone keeps the room)
+			for id, r := range e.lanes {
+				n[id] = r
 			}
 			e.lanes, e.peak = n, len(e.lanes)
 		}
@@ -226,12 +182,8 @@ func (e *Engine[R]) Running() bool {
 func (e *Engine[R]) Lane(id uint64) (R, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	el := e.lanes[id]
-	if el == nil {
-		var zero R
-		return zero, false
-	}
-	return el.r, true
+	r, ok := e.lanes[id]
+	return r, ok
 }
 
 // Runners is a snapshot of the runners, in no order.
@@ -239,8 +191,8 @@ func (e *Engine[R]) Runners() []R {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	rs := make([]R, 0, len(e.lanes))
-	for _, el := range e.lanes {
-		rs = append(rs, el.r)
+	for _, r := range e.lanes {
+		rs = append(rs, r)
 	}
 	return rs
 }
@@ -263,7 +215,7 @@ func (e *Engine[R]) prefix() string {
 	return e.cfg.Name + ": "
 }
 
-// StopLane stops sending a lane's records (they stay in the spool). It
+// StopLane stops sending a lane's records (they stay in the store). It
 // wraps ErrUnknownLane for a lane Run has not met.
 func (e *Engine[R]) StopLane(laneID uint64) error {
 	r, ok := e.Lane(laneID)
@@ -274,14 +226,11 @@ func (e *Engine[R]) StopLane(laneID uint64) error {
 	return nil
 }
 
-// ResumeLane resumes a stopped lane. A lane of the kind that Run has not
-// met yet (created after its last wake-up) is not stopped: nil.
+// ResumeLane resumes a stopped lane. It wraps ErrUnknownLane for a lane
+// the store has not handed to Run (none of its kind was ever stopped).
 func (e *Engine[R]) ResumeLane(laneID uint64) error {
 	r, ok := e.Lane(laneID)
 	if !ok {
-		if ls, _ := e.sp.LanesFrom(laneID); len(ls) > 0 && ls[0].ID() == laneID && ls[0].Key().Kind == e.cfg.Kind {
-			return nil
-		}
 		return fmt.Errorf("%sresume lane %d: %w", e.prefix(), laneID, ErrUnknownLane)
 	}
 	r.Resume()

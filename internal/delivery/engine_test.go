@@ -13,6 +13,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // ackRunner is a minimal kind: it acknowledges every chunk it reads.
@@ -56,11 +57,12 @@ func TestEngine(t *testing.T) {
 	}
 	t.Cleanup(func() { sp.Close() })
 	var runs atomic.Int32
-	e, err := NewEngine(EngineConfig[*ackRunner]{Name: "test", Kind: spool.KindGroupIdentify, NewRunner: func(l *spool.Lane) *ackRunner {
+	e, err := NewEngine(EngineConfig[*ackRunner]{Name: "test", Kind: storage.KindGroupIdentify, NewRunner: func(q storage.LaneQueue) *ackRunner {
+		l := q.Lane().(*spool.Lane)
 		r := &ackRunner{l: l, sp: sp, runs: &runs}
 		r.st.Lane = l
 		return r
-	}}, sp)
+	}}, spool.NewBackend(sp, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,13 +71,13 @@ func TestEngine(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	add := func(kind spool.Kind, key string) *spool.Lane {
-		l, err := sp.Lane(ctx, spool.LaneKey{Kind: kind, APIKey: key})
+	add := func(kind storage.Kind, key string) *spool.Lane {
+		l, err := sp.Lane(ctx, storage.LaneKey{Kind: kind, APIKey: key})
 		if err != nil {
 			t.Fatal(err)
 		}
-		var b spool.Batch
-		b.Add(spool.Record{Data: []byte(`{}`)})
+		var b storage.Batch
+		b.Add(storage.Record{Data: []byte(`{}`)})
 		if err := sp.Append(ctx, l, &b); err != nil {
 			t.Fatal(err)
 		}
@@ -89,8 +91,8 @@ func TestEngine(t *testing.T) {
 			}
 		}
 	}
-	ev := add(spool.KindEvents, "k")
-	gi := add(spool.KindGroupIdentify, "k")
+	ev := add(storage.KindEvents, "k")
+	gi := add(storage.KindGroupIdentify, "k")
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- e.Run(runCtx) }()
@@ -131,7 +133,7 @@ func TestEngine(t *testing.T) {
 		t.Fatalf("relay_lane_stopped of a forgotten lane: %q", got)
 	}
 	// A new lane of the same key is a new runner.
-	add(spool.KindGroupIdentify, "k")
+	add(storage.KindGroupIdentify, "k")
 	waitFor("new lane runs", func() bool { return runs.Load() == 3 && len(e.LaneStatus()) == 1 })
 	if err := e.ResumeLane(ev.ID()); !errors.Is(err, ErrUnknownLane) {
 		t.Fatalf("ResumeLane of an events lane: %v", err)
@@ -160,7 +162,7 @@ func stoppedSeries(t *testing.T, reg *prometheus.Registry) string {
 	return strings.Join(out, ",")
 }
 
-// idleRunner acknowledges every chunk and ends (spool.ErrIdle) as soon as
+// idleRunner acknowledges every chunk and ends (storage.ErrIdle) as soon as
 // its lane has nothing to read.
 type idleRunner struct {
 	ackRunner
@@ -185,7 +187,7 @@ func (r *idleRunner) Run(ctx, _ context.Context) error {
 	}
 }
 
-// A runner that ends idle (spool.ErrIdle) holds no goroutine; the engine
+// A runner that ends idle (storage.ErrIdle) holds no goroutine; the engine
 // runs it again at its lane's next record (each record is read), and
 // forgets it when the lane retires; a Run that ended does not start it.
 func TestEngineIdleRunner(t *testing.T) {
@@ -195,16 +197,17 @@ func TestEngineIdleRunner(t *testing.T) {
 	}
 	t.Cleanup(func() { sp.Close() })
 	var runs, running atomic.Int32
-	e, err := NewEngine(EngineConfig[*idleRunner]{Kind: spool.KindUserMap, NewRunner: func(l *spool.Lane) *idleRunner {
+	e, err := NewEngine(EngineConfig[*idleRunner]{Kind: storage.KindUserMap, NewRunner: func(q storage.LaneQueue) *idleRunner {
+		l := q.Lane().(*spool.Lane)
 		return &idleRunner{ackRunner: ackRunner{l: l, sp: sp, runs: &runs}, running: &running}
-	}}, sp)
+	}}, spool.NewBackend(sp, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
-	l, err := sp.Lane(ctx, spool.LaneKey{Kind: spool.KindUserMap, APIKey: "k"})
+	l, err := sp.Lane(ctx, storage.LaneKey{Kind: storage.KindUserMap, APIKey: "k"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,8 +220,8 @@ func TestEngineIdleRunner(t *testing.T) {
 		}
 	}
 	for i := range 3 {
-		var b spool.Batch
-		b.Add(spool.Record{Data: []byte(`{}`)})
+		var b storage.Batch
+		b.Add(storage.Record{Data: []byte(`{}`)})
 		if err := sp.Append(ctx, l, &b); err != nil {
 			t.Fatal(err)
 		}
@@ -234,8 +237,8 @@ func TestEngineIdleRunner(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := runs.Load()
-	var b spool.Batch
-	b.Add(spool.Record{Data: []byte(`{}`)})
+	var b storage.Batch
+	b.Add(storage.Record{Data: []byte(`{}`)})
 	if err := sp.Append(context.Background(), l, &b); err != nil {
 		t.Fatal(err)
 	}

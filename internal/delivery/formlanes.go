@@ -1,6 +1,7 @@
 package delivery
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,7 +16,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/credentials"
-	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
 )
@@ -75,7 +75,7 @@ type FormConfig struct {
 	// Name prefixes metrics (relay_<Name>_...) and log messages. Required.
 	Name string
 	// Lanes is the lane kind delivered. Required (KindEvents is refused).
-	Lanes spool.Kind
+	Lanes storage.Kind
 	// Kind packs records into requests and classifies the answers; a
 	// *Form for group identify and user mappings. Required.
 	Kind Kind
@@ -94,7 +94,7 @@ type FormConfig struct {
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 
-	// Store holds the records and takes the dead letters: storage.Local
+	// Store holds the records and takes the dead letters: spool.Backend
 	// (the local spool), or in fleet mode the fleet's store restricted to
 	// the kind Lanes (fleet.Backend.Only). Required. See FormLanes.Run.
 	Store Store
@@ -106,15 +106,12 @@ type Store interface {
 	storage.DeadWriter
 }
 
-// localStore is a Store that is the local spool (storage.Local).
-type localStore interface{ Spool() *spool.Spool }
-
 // Validate reports a configuration error.
 func (c FormConfig) Validate() error {
 	switch {
 	case c.Name == "":
 		return errors.New("delivery: Name required")
-	case c.Lanes == spool.KindEvents:
+	case c.Lanes == storage.KindEvents:
 		return errors.New("delivery: Lanes must not be events")
 	case c.Kind == nil:
 		return errors.New("delivery: Kind required")
@@ -214,40 +211,17 @@ type metrics struct {
 //     chunk partly delivered when the process stops is delivered again
 //     from its first record (at least once).
 type FormLanes struct {
-	// formRun runs the lanes: Run, Running, LaneStatus, StopLane,
-	// ResumeLane.
-	formRun
 	cfg    FormConfig
-	sp     *spool.Spool // the local spool's lanes; nil in fleet mode
 	client *upstream.Client
 	log    *zap.Logger
 	m      metrics
-}
-
-// formRun is how a FormLanes runs its lanes, by its Store. With the local
-// spool (a Store with Spool(): storage.Local), an Engine of spool-lane
-// runners: a lane's status and pause are the spool lane's (by its id, as
-// /relay/v1/lanes names lanes), a stopped lane is pinned, and a lane the
-// spool retires ends its runner. Otherwise (the fleet) a formFleet: the
-// store hands this relay partitions, delivered by DeliverPartition with a
-// runner per lane and partition, with ids of its own, retired when idle.
-type formRun interface {
-	// Run delivers every lane of the kind until ctx ends; it then waits
-	// for the lane goroutines and returns nil. Unacknowledged work stays
-	// in the store.
-	Run(ctx context.Context) error
-	// Running reports whether Run is running.
-	Running() bool
-	// LaneStatus returns a snapshot of every lane Run has started, by lane
-	// id. PausedKeys and HeldEvents are always 0 (no per-key pauses here).
-	LaneStatus() []LaneStatus
-	// StopLane stops sending the lane's records before its next request
-	// (an operator's pause); they stay in the store. It fails, wrapping
-	// ErrUnknownLane, for a lane Run has not started.
-	StopLane(laneID uint64) error
-	// ResumeLane resumes a lane stopped by StopLane or by the upstream
-	// refusing its api_key; the refused request is sent again at once.
-	ResumeLane(laneID uint64) error
+	// eng runs the lanes: those the store hands one by one (the local
+	// spool: by the spool lane's id, as /relay/v1/lanes names lanes, a
+	// stopped lane pinned, a retired lane's runner forgotten) and, through
+	// fleet, the lanes of the partitions it hands (runners per lane and
+	// partition, with ids of their own, retired when idle).
+	eng   *Engine[*laneRun]
+	fleet formFleet
 }
 
 // NewFormLanes returns a FormLanes. log and reg may be nil.
@@ -264,16 +238,12 @@ func NewFormLanes(cfg FormConfig, client *upstream.Client, log *zap.Logger, reg 
 	f := promauto.With(reg)
 	p := "relay_" + cfg.Name + "_"
 	d := &FormLanes{cfg: cfg.withDefaults(), client: client, log: log}
-	if l, ok := cfg.Store.(localStore); ok {
-		d.sp = l.Spool()
-		eng, err := NewEngine(EngineConfig[*laneRun]{Name: cfg.Name, Kind: cfg.Lanes, NewRunner: d.newLane}, d.sp)
-		if err != nil {
-			return nil, err
-		}
-		d.formRun = eng
-	} else {
-		d.formRun = &formFleet{d: d}
+	d.fleet.d = d
+	eng, err := NewEngine(EngineConfig[*laneRun]{Name: cfg.Name, Kind: cfg.Lanes, NewRunner: d.newLane, Partition: d.fleet.deliver}, cfg.Store)
+	if err != nil {
+		return nil, err
 	}
+	d.eng = eng
 	d.m = metrics{
 		delivered: f.NewCounter(prometheus.CounterOpts{Name: p + "delivered_total", Help: "Records delivered upstream (200)."}),
 		requests:  f.NewCounterVec(prometheus.CounterOpts{Name: p + "requests_total", Help: "Upstream requests by answer class."}, []string{"result"}),
@@ -327,37 +297,11 @@ func ProjectURL(creds *credentials.Ref, kind, base, path string) func(apiKey str
 	}
 }
 
-// formSource is what a lane's runner reads: a spool lane, or its Feed in
-// a fleet partition.
-type formSource interface {
-	Next(ctx context.Context, maxBytes int) ([]spool.Chunk, error)
-	Ack(seq uint64)
-}
-
-// spoolLane is a spool lane as a formSource.
-type spoolLane struct {
-	sp *spool.Spool
-	l  *spool.Lane
-}
-
-// Next returns spool.ErrIdle once the lane has had nothing to read for a
-// second (Lane.Wait): the runner then ends, holding no goroutine, until the
-// lane has work (Engine, Lane.OnWork). The runner acknowledges what it read
-// before it reads again, so it holds nothing then.
-func (s spoolLane) Next(ctx context.Context, maxBytes int) ([]spool.Chunk, error) {
-	if err := s.l.Wait(ctx, func() bool { return true }); err != nil {
-		return nil, err
-	}
-	return s.l.Next(ctx, maxBytes)
-}
-
-func (s spoolLane) Ack(seq uint64) { s.sp.Ack(s.l, seq) }
-
 // laneRun is one lane's runner (a Runner of the engine).
 type laneRun struct {
 	d     *FormLanes
-	src   formSource
-	key   spool.LaneKey
+	src   storage.Lane
+	key   storage.LaneKey
 	id    uint64
 	label string
 	frame Frame // the Kind's, for key
@@ -368,21 +312,21 @@ type laneRun struct {
 	st StopSwitch
 }
 
-func (d *FormLanes) newLane(l *spool.Lane) *laneRun {
-	return &laneRun{d: d, src: spoolLane{d.sp, l}, key: l.Key(), id: l.ID(), label: l.Key().Label(), frame: d.cfg.Kind.Frame(l.Key()), st: StopSwitch{Lane: l},
+func (d *FormLanes) newLane(q storage.LaneQueue) *laneRun {
+	return &laneRun{d: d, src: q.Lane(), key: q.Key(), id: q.LaneID(), label: q.Key().Label(), frame: d.cfg.Kind.Frame(q.Key()), st: StopSwitch{Lane: q},
 		bo: NewRetry(d.cfg.RetryInitial, d.cfg.RetryMax)} // no count or time limit: MaxAge bounds it
 }
 
-// Run delivers the lane until ctx ends, the spool retires it (empty and
-// idle: spool.ErrRetired) or it is idle (spool.ErrIdle: the
-// engine runs it again at its next record). drain is not used: a request
+// Run delivers the lane until ctx ends, the store retires it (empty and
+// idle: storage.ErrRetired) or it is idle (storage.ErrIdle: the store
+// hands it over again at its next record). drain is not used: a request
 // in flight ends with ctx.
 func (lr *laneRun) Run(ctx, _ context.Context) error {
 	d := lr.d
 	d.m.lanes.Inc()
 	defer d.m.lanes.Dec()
 	err := lr.loop(ctx)
-	if err != nil && !errors.Is(err, spool.ErrRetired) && !errors.Is(err, spool.ErrIdle) && ctx.Err() == nil && !errors.Is(err, spool.ErrClosed) {
+	if err != nil && !errors.Is(err, storage.ErrRetired) && !errors.Is(err, storage.ErrIdle) && ctx.Err() == nil && !errors.Is(err, storage.ErrLost) {
 		d.log.Error(d.cfg.Name+": lane delivery ended", zap.String("lane", lr.label), zap.Error(err))
 	}
 	return err
@@ -403,13 +347,13 @@ func (lr *laneRun) Resume() { lr.st.Resume() }
 // batch is the records of chunks read together, flattened, with each
 // record's acceptance time and each chunk's last record.
 type batch struct {
-	chunks   []spool.Chunk
-	recs     []spool.Record
+	chunks   []storage.Chunk
+	recs     []storage.Record
 	accepted []time.Time
 	last     []int // index in recs of each chunk's last record
 }
 
-func (b *batch) add(cs []spool.Chunk) {
+func (b *batch) add(cs []storage.Chunk) {
 	for _, c := range cs {
 		for _, r := range c.Records {
 			b.recs = append(b.recs, r)
@@ -423,7 +367,7 @@ func (b *batch) add(cs []spool.Chunk) {
 // pack packs recs, from the first, into a body in dst's memory: all of
 // them, or as many as one request may carry (at least one). It returns the
 // body and how many records it holds.
-func (lr *laneRun) pack(dst []byte, recs []spool.Record, all bool) ([]byte, int) {
+func (lr *laneRun) pack(dst []byte, recs []storage.Record, all bool) ([]byte, int) {
 	f := &lr.frame
 	p := f.Open(dst)
 	var buf []byte
@@ -461,6 +405,12 @@ func (lr *laneRun) loop(ctx context.Context) error {
 		return false
 	}
 	for {
+		// An idle local lane ends its runner (storage.ErrIdle) once it has
+		// had nothing to read for a second: the runner acknowledged what
+		// it read before, so it holds nothing then.
+		if err := lr.src.Wait(ctx, func() bool { return true }); err != nil {
+			return err
+		}
 		chunks, err := lr.src.Next(ctx, cfg.ReadBytes)
 		if err != nil {
 			return err
@@ -525,7 +475,7 @@ func (lr *laneRun) deliver(ctx context.Context, b *batch) error {
 // or nil, split or thinned as the kind classifies the answers) until each
 // is delivered or dead. It returns an error only when ctx ends, the spool
 // closes or the lane stops.
-func (lr *laneRun) send(ctx context.Context, recs []spool.Record, accepted []time.Time, body []byte) error {
+func (lr *laneRun) send(ctx context.Context, recs []storage.Record, accepted []time.Time, body []byte) error {
 	cfg := &lr.d.cfg
 	m := &lr.d.m
 	var lastAnswer []byte // of the last retryable answer, for expired dead letters
@@ -628,14 +578,14 @@ func (lr *laneRun) send(ctx context.Context, recs []spool.Record, accepted []tim
 
 // dropDead commits the records named in reasons (by index) as dead letters
 // with answer (FlushDead) and returns the others, in order.
-func (lr *laneRun) dropDead(ctx context.Context, recs []spool.Record, accepted []time.Time, reasons map[int]string, answer []byte) ([]spool.Record, []time.Time, error) {
+func (lr *laneRun) dropDead(ctx context.Context, recs []storage.Record, accepted []time.Time, reasons map[int]string, answer []byte) ([]storage.Record, []time.Time, error) {
 	now := lr.d.cfg.Now()
-	dls := make([]spool.DeadLetter, 0, len(reasons))
-	var liveRecs []spool.Record
+	dls := make([]storage.DeadLetter, 0, len(reasons))
+	var liveRecs []storage.Record
 	var liveAcc []time.Time
 	for i := range recs {
 		if r, ok := reasons[i]; ok {
-			dls = append(dls, spool.DeadLetter{Lane: lr.key, Reason: r, Answer: answer, Accepted: accepted[i], Died: now, Record: recs[i]})
+			dls = append(dls, storage.DeadLetter{Lane: lr.key, Reason: r, Answer: answer, Accepted: accepted[i], Died: now, Record: recs[i]})
 		} else {
 			liveRecs, liveAcc = append(liveRecs, recs[i]), append(liveAcc, accepted[i])
 		}
@@ -658,65 +608,72 @@ func (lr *laneRun) dropDead(ctx context.Context, recs []spool.Record, accepted [
 // lives (as the batcher's).
 const formIdle = time.Minute
 
-// formFleet runs a FormLanes' lanes in fleet mode (formRun).
+// formFleet runs a FormLanes' lanes of fleet partitions.
 type formFleet struct {
-	d       *FormLanes
-	nextID  atomic.Uint64
-	running atomic.Bool
-	runs    Runners[*laneRun]
+	d      *FormLanes
+	nextID atomic.Uint64
+	runs   Runners[*laneRun]
 }
 
-func (fl *formFleet) Running() bool { return fl.running.Load() }
+// Run delivers every lane of the kind until ctx ends; it then waits for the
+// lane goroutines and returns nil. Unacknowledged work stays in the store.
+func (d *FormLanes) Run(ctx context.Context) error { return d.eng.Run(ctx) }
 
-func (fl *formFleet) LaneStatus() []LaneStatus {
-	rs := fl.runs.All()
-	out := make([]LaneStatus, 0, len(rs))
-	for _, lr := range rs {
+// Running reports whether Run is running.
+func (d *FormLanes) Running() bool { return d.eng.Running() }
+
+// LaneStatus returns a snapshot of every lane Run has started, by lane id.
+// PausedKeys and HeldEvents are always 0 (no per-key pauses here).
+func (d *FormLanes) LaneStatus() []LaneStatus {
+	out := d.eng.LaneStatus()
+	for _, lr := range d.fleet.runs.All() {
 		out = append(out, lr.Status())
 	}
+	slices.SortFunc(out, func(a, b LaneStatus) int { return cmp.Compare(a.ID, b.ID) })
 	return out
 }
 
-func (fl *formFleet) StopLane(laneID uint64) error {
-	return fl.runs.Control(laneID, func(lr *laneRun) { lr.Stop("stopped by operator") })
+// StopLane stops sending the lane's records before its next request (an
+// operator's pause); they stay in the store. It fails, wrapping
+// ErrUnknownLane, for a lane Run has not started.
+func (d *FormLanes) StopLane(laneID uint64) error {
+	if _, ok := d.eng.Lane(laneID); ok {
+		return d.eng.StopLane(laneID)
+	}
+	return d.fleet.runs.Control(laneID, func(lr *laneRun) { lr.Stop("stopped by operator") })
 }
 
-func (fl *formFleet) ResumeLane(laneID uint64) error {
-	return fl.runs.Control(laneID, (*laneRun).Resume)
+// ResumeLane resumes a lane stopped by StopLane or by the upstream
+// refusing its api_key; the refused request is sent again at once.
+func (d *FormLanes) ResumeLane(laneID uint64) error {
+	if _, ok := d.eng.Lane(laneID); ok {
+		return d.eng.ResumeLane(laneID)
+	}
+	return d.fleet.runs.Control(laneID, (*laneRun).Resume)
 }
 
-// Run: the store hands this relay the kind's partitions it owns; each is
-// delivered by DeliverPartition with a laneRun per lane reading its Feed.
-// When ctx ends, requests in flight end with it (as with the spool) and
-// what was not acknowledged is read again by the partition's next owner.
-func (fl *formFleet) Run(ctx context.Context) error {
+// deliver delivers one partition the store handed (EngineConfig.Partition)
+// with DeliverPartition, a laneRun per lane reading its Feed. When stop
+// ends, requests in flight end with it (as with the spool) and what was
+// not acknowledged is read again by the partition's next owner.
+func (fl *formFleet) deliver(stop, owned context.Context, r storage.Reader) error {
 	d := fl.d
-	if !fl.running.CompareAndSwap(false, true) {
-		return ErrAlreadyRunning
+	name := d.cfg.Name + "-q" + strconv.FormatUint(fl.nextID.Add(1), 10)
+	if n, ok := r.(interface{ Name() string }); ok {
+		name = n.Name()
 	}
-	defer fl.running.Store(false)
-	err := d.cfg.Store.Run(ctx, func(owned context.Context, r storage.Reader) error {
-		name := d.cfg.Name + "-q" + strconv.FormatUint(fl.nextID.Add(1), 10)
-		if n, ok := r.(interface{ Name() string }); ok {
-			name = n.Name()
-		}
-		return DeliverPartition(ctx, owned, r, func() {}, PartitionConfig{
-			Name:      name,
-			Kind:      d.cfg.Lanes,
-			MaxQueued: int64(d.cfg.ReadBytes),
-			Idle:      formIdle,
-			Log:       d.log,
-			Start: func(f *Feed) FeedRunner {
-				lr := &laneRun{d: d, src: f, key: f.Lane(), frame: d.cfg.Kind.Frame(f.Lane()), id: fl.nextID.Add(1),
-					label: f.Lane().Label() + "-" + name, bo: NewRetry(d.cfg.RetryInitial, d.cfg.RetryMax)}
-				fl.runs.Add(lr.id, lr)
-				forget := func() { fl.runs.Remove(lr.id, lr) }
-				return FeedRunner{Label: lr.label, Run: lr.Run, Pinned: lr.st.Stopped, Retired: forget, Abandoned: forget}
-			},
-		})
+	return DeliverPartition(stop, owned, r, func() {}, PartitionConfig{
+		Name:      name,
+		Kind:      d.cfg.Lanes,
+		MaxQueued: int64(d.cfg.ReadBytes),
+		Idle:      formIdle,
+		Log:       d.log,
+		Start: func(f *Feed) FeedRunner {
+			lr := &laneRun{d: d, src: f, key: f.Lane(), frame: d.cfg.Kind.Frame(f.Lane()), id: fl.nextID.Add(1),
+				label: f.Lane().Label() + "-" + name, bo: NewRetry(d.cfg.RetryInitial, d.cfg.RetryMax)}
+			fl.runs.Add(lr.id, lr)
+			forget := func() { fl.runs.Remove(lr.id, lr) }
+			return FeedRunner{Label: lr.label, Run: lr.Run, Pinned: lr.st.Stopped, Retired: forget, Abandoned: forget}
+		},
 	})
-	if ctx.Err() != nil {
-		return nil
-	}
-	return err
 }

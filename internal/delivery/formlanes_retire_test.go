@@ -23,8 +23,8 @@ func TestRetiredLanesForgotten(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := NewFormLanes(FormConfig{Name: "groupidentify", Lanes: spool.KindGroupIdentify, URL: func(string) string { return url + "/groupidentify" },
-		Kind: &Form{Field: "identification", MaxItems: 1024, MaxBodyBytes: 1 << 20}, FormTiming: FormTiming{Linger: -1, RetryInitial: 5 * time.Millisecond}, Store: storage.NewLocal(sp, nil)}, cli, nil, nil)
+	d, err := NewFormLanes(FormConfig{Name: "groupidentify", Lanes: storage.KindGroupIdentify, URL: func(string) string { return url + "/groupidentify" },
+		Kind: &Form{Field: "identification", MaxItems: 1024, MaxBodyBytes: 1 << 20}, FormTiming: FormTiming{Linger: -1, RetryInitial: 5 * time.Millisecond}, Store: spool.NewBackend(sp, nil)}, cli, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,12 +44,12 @@ func TestRetiredLanesForgotten(t *testing.T) {
 		}
 	}
 	add := func(key string, i int) {
-		l, err := sp.Lane(ctx, spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: key})
+		l, err := sp.Lane(ctx, storage.LaneKey{Kind: storage.KindGroupIdentify, APIKey: key})
 		if err != nil {
 			t.Fatal(err)
 		}
-		var b spool.Batch
-		b.Add(spool.Record{OrderKey: []byte("org\x00acme"), Data: fmt.Appendf(nil, `{"group_type":"org","group_value":"acme-%d","group_properties":{"$set":{"n":%d}}}`, i, i)})
+		var b storage.Batch
+		b.Add(storage.Record{OrderKey: []byte("org\x00acme"), Data: fmt.Appendf(nil, `{"group_type":"org","group_value":"acme-%d","group_properties":{"$set":{"n":%d}}}`, i, i)})
 		if err := sp.Append(ctx, l, &b); err != nil {
 			t.Fatal(err)
 		}

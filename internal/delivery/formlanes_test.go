@@ -29,7 +29,7 @@ func FuzzEscape(f *testing.F) {
 
 // packAll packs recs as a form lane's runner does (laneRun.pack): each
 // request as full as the frame lets it be.
-func packAll(f *Frame, recs []spool.Record) (bodies []string, counts []int) {
+func packAll(f *Frame, recs []storage.Record) (bodies []string, counts []int) {
 	lr := &laneRun{frame: *f}
 	for start := 0; start < len(recs); {
 		body, n := lr.pack(nil, recs[start:], false)
@@ -43,11 +43,11 @@ func packAll(f *Frame, recs []spool.Record) (bodies []string, counts []int) {
 // each body decodes to its records.
 func TestPack(t *testing.T) {
 	weight := func(b []byte) int { return len(b) % 7 }
-	var recs []spool.Record
+	var recs []storage.Record
 	for i := range 50 {
-		recs = append(recs, spool.Record{Data: []byte(`{"user_id":"u` + strings.Repeat("x", i) + `"}`)})
+		recs = append(recs, storage.Record{Data: []byte(`{"user_id":"u` + strings.Repeat("x", i) + `"}`)})
 	}
-	key := spool.LaneKey{APIKey: "k y"}
+	key := storage.LaneKey{APIKey: "k y"}
 	tests := []struct {
 		name                        string
 		maxItems, maxBody, maxWeigh int
@@ -102,8 +102,8 @@ func TestPack(t *testing.T) {
 // A Form's bodies byte for byte (what Form.Pack and Form.Body produced
 // before the Frame), and TooLarge at its boundary.
 func TestFormFrame(t *testing.T) {
-	f := (&Form{Field: "mapping", MaxItems: 2, MaxBodyBytes: 1 << 20}).Frame(spool.LaneKey{APIKey: "k y&=é"})
-	recs := []spool.Record{{Data: []byte(`{"user_id":"a b","global_user_id":"ü~-_.*"}`)}, {Data: []byte(`{"x":[1,2],"y":"%2C+"}`)}, {Data: []byte(`{}`)}}
+	f := (&Form{Field: "mapping", MaxItems: 2, MaxBodyBytes: 1 << 20}).Frame(storage.LaneKey{APIKey: "k y&=é"})
+	recs := []storage.Record{{Data: []byte(`{"user_id":"a b","global_user_id":"ü~-_.*"}`)}, {Data: []byte(`{"x":[1,2],"y":"%2C+"}`)}, {Data: []byte(`{}`)}}
 	bodies, _ := packAll(&f, recs)
 	want := []string{
 		"api_key=k+y%26%3D%C3%A9&mapping=%5B%7B%22user_id%22%3A%22a+b%22%2C%22global_user_id%22%3A%22%C3%BC~-_.%2A%22%7D%2C%7B%22x%22%3A%5B1%2C2%5D%2C%22y%22%3A%22%252C%2B%22%7D%5D",
@@ -117,7 +117,7 @@ func TestFormFrame(t *testing.T) {
 	}
 	// "api_key=k&mapping=%5B%7B%7D%5D" is 30 bytes: too large at 30, not at 31.
 	for max, want := range map[int]bool{30: true, 31: false} {
-		f := (&Form{Field: "mapping", MaxItems: 1, MaxBodyBytes: max}).Frame(spool.LaneKey{APIKey: "k"})
+		f := (&Form{Field: "mapping", MaxItems: 1, MaxBodyBytes: max}).Frame(storage.LaneKey{APIKey: "k"})
 		if rec, _ := f.Record(nil, []byte("{}")); f.TooLarge(rec) != want {
 			t.Errorf("MaxBodyBytes %d: TooLarge %v", max, !want)
 		}
@@ -125,14 +125,14 @@ func TestFormFrame(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
-	ok := FormConfig{Name: "x", Lanes: spool.KindUserMap, URL: func(string) string { return "" }, Kind: &Form{Field: "f", MaxItems: 1, MaxBodyBytes: 1},
-		Store: storage.NewLocal(nil, nil)}
+	ok := FormConfig{Name: "x", Lanes: storage.KindUserMap, URL: func(string) string { return "" }, Kind: &Form{Field: "f", MaxItems: 1, MaxBodyBytes: 1},
+		Store: spool.NewBackend(nil, nil)}
 	if err := ok.Validate(); err != nil {
 		t.Fatal(err)
 	}
 	for name, mut := range map[string]func(*FormConfig){
 		"name":   func(c *FormConfig) { c.Name = "" },
-		"lanes":  func(c *FormConfig) { c.Lanes = spool.KindEvents },
+		"lanes":  func(c *FormConfig) { c.Lanes = storage.KindEvents },
 		"kind":   func(c *FormConfig) { c.Kind = nil },
 		"url":    func(c *FormConfig) { c.URL = nil },
 		"store":  func(c *FormConfig) { c.Store = nil },

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"net/url"
 
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
 )
 
@@ -102,7 +102,7 @@ func Classify(res *upstream.Result, n int) Verdict {
 type Kind interface {
 	// Frame returns how the requests of the lane with key are packed; a
 	// runner asks once per lane.
-	Frame(key spool.LaneKey) Frame
+	Frame(key storage.LaneKey) Frame
 	// Classify says what res, the answer to a request of n records, means
 	// for them.
 	Classify(res *upstream.Result, n int) Verdict
@@ -221,7 +221,7 @@ func (f *Form) Validate() error {
 
 // Frame: "api_key=K&<Field>=%5B" records escaped and separated by "%2C"
 // "%5D", form-encoded; the limits and a record's weight are the Form's.
-func (f *Form) Frame(key spool.LaneKey) Frame {
+func (f *Form) Frame(key storage.LaneKey) Frame {
 	return Frame{ContentType: "application/x-www-form-urlencoded",
 		Prefix: "api_key=" + url.QueryEscape(key.APIKey) + "&" + url.QueryEscape(f.Field) + "=%5B", Suffix: "%5D", Sep: "%2C",
 		Encode: func(dst, data []byte) ([]byte, int) {

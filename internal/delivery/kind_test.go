@@ -53,19 +53,19 @@ func TestKindVerdict(t *testing.T) {
 	s, url, cli := startUpstream(t)
 	sp := openSpool(t)
 	k := &namingKind{Form: Form{Field: "identification", MaxItems: 1024, MaxBodyBytes: 1 << 20}}
-	d, err := NewFormLanes(FormConfig{Name: "groupidentify", Lanes: spool.KindGroupIdentify, Kind: k,
-		URL: func(string) string { return url + "/groupidentify" }, FormTiming: FormTiming{Linger: -1}, Store: storage.NewLocal(sp, nil)}, cli, nil, nil)
+	d, err := NewFormLanes(FormConfig{Name: "groupidentify", Lanes: storage.KindGroupIdentify, Kind: k,
+		URL: func(string) string { return url + "/groupidentify" }, FormTiming: FormTiming{Linger: -1}, Store: spool.NewBackend(sp, nil)}, cli, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	l, err := sp.Lane(ctx, spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: "k"})
+	l, err := sp.Lane(ctx, storage.LaneKey{Kind: storage.KindGroupIdentify, APIKey: "k"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var b spool.Batch
+	var b storage.Batch
 	for i := range 3 {
-		b.Add(spool.Record{OrderKey: []byte("org"), Data: fmt.Appendf(nil, `{"group_type":"org","group_value":"v%d"}`, i)})
+		b.Add(storage.Record{OrderKey: []byte("org"), Data: fmt.Appendf(nil, `{"group_type":"org","group_value":"v%d"}`, i)})
 	}
 	if err := sp.Append(ctx, l, &b); err != nil {
 		t.Fatal(err)
@@ -79,7 +79,7 @@ func TestKindVerdict(t *testing.T) {
 	if want := []string{"v0", "v1", "v2", "v0", "v2"}; !slices.Equal(got, want) {
 		t.Fatalf("upstream got %v, want %v (the request, then the two not named, in order)", got, want)
 	}
-	dead, err := sp.ListDead(spool.DeadFilter{}, 0, 0)
+	dead, err := sp.ListDead(storage.DeadFilter{}, 0, 0)
 	if err != nil || len(dead) != 1 || dead[0].Reason != "named" || string(dead[0].Record.Data) != `{"group_type":"org","group_value":"v1"}` {
 		t.Fatalf("dead letters %+v (%v), want v1 alone, reason named", dead, err)
 	}
@@ -106,14 +106,14 @@ func TestResendWithoutExpired(t *testing.T) {
 	s, url, cli := startUpstream(t)
 	sp := openSpool(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	l, err := sp.Lane(ctx, spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: "k"})
+	l, err := sp.Lane(ctx, storage.LaneKey{Kind: storage.KindGroupIdentify, APIKey: "k"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var appended [2]time.Time // after each append
 	for i := range 2 {
-		var b spool.Batch
-		b.Add(spool.Record{OrderKey: []byte("org"), Data: fmt.Appendf(nil, `{"group_type":"org","group_value":"v%d"}`, i)})
+		var b storage.Batch
+		b.Add(storage.Record{OrderKey: []byte("org"), Data: fmt.Appendf(nil, `{"group_type":"org","group_value":"v%d"}`, i)})
 		if err := sp.Append(ctx, l, &b); err != nil {
 			t.Fatal(err)
 		}
@@ -128,8 +128,8 @@ func TestResendWithoutExpired(t *testing.T) {
 		clock.Store(appended[0].Add(maxAge).UnixNano()) // v0 has expired, v1 not
 		return Verdict{Outcome: Wait}
 	}}
-	d, err := NewFormLanes(FormConfig{Name: "groupidentify", Lanes: spool.KindGroupIdentify, Kind: k,
-		URL: func(string) string { return url + "/groupidentify" }, Store: storage.NewLocal(sp, nil),
+	d, err := NewFormLanes(FormConfig{Name: "groupidentify", Lanes: storage.KindGroupIdentify, Kind: k,
+		URL: func(string) string { return url + "/groupidentify" }, Store: spool.NewBackend(sp, nil),
 		FormTiming: FormTiming{Linger: -1, MaxAge: maxAge, RetryInitial: time.Millisecond, RetryMax: time.Millisecond},
 		Now: func() time.Time {
 			if c := clock.Load(); c != 0 {
@@ -154,7 +154,7 @@ func TestResendWithoutExpired(t *testing.T) {
 	if want := []string{"v0", "v1", "v1"}; !slices.Equal(got, want) {
 		t.Fatalf("upstream got %v, want %v", got, want)
 	}
-	dead, err := sp.ListDead(spool.DeadFilter{}, 0, 0)
+	dead, err := sp.ListDead(storage.DeadFilter{}, 0, 0)
 	if err != nil || len(dead) != 1 || dead[0].Reason != ReasonExpired || string(dead[0].Record.Data) != `{"group_type":"org","group_value":"v0"}` {
 		t.Fatalf("dead letters %+v (%v), want v0 alone, expired", dead, err)
 	}
@@ -181,9 +181,9 @@ func runForms(t *testing.T, ctx context.Context, cancel context.CancelFunc, d *F
 func TestLingerUntilFull(t *testing.T) {
 	s, url, cli := startUpstream(t)
 	sp := openSpool(t)
-	d, err := NewFormLanes(FormConfig{Name: "groupidentify", Lanes: spool.KindGroupIdentify,
+	d, err := NewFormLanes(FormConfig{Name: "groupidentify", Lanes: storage.KindGroupIdentify,
 		Kind: &Form{Field: "identification", MaxItems: 2, MaxBodyBytes: 1 << 20},
-		URL:  func(string) string { return url + "/groupidentify" }, Store: storage.NewLocal(sp, nil),
+		URL:  func(string) string { return url + "/groupidentify" }, Store: spool.NewBackend(sp, nil),
 		ReadBytes:  1,                                     // one chunk per read
 		FormTiming: FormTiming{Linger: 10 * time.Minute}}, // longer than poll.Until waits
 		cli, nil, nil)
@@ -191,13 +191,13 @@ func TestLingerUntilFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	l, err := sp.Lane(ctx, spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: "k"})
+	l, err := sp.Lane(ctx, storage.LaneKey{Kind: storage.KindGroupIdentify, APIKey: "k"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := range 3 { // three chunks of one record
-		var b spool.Batch
-		b.Add(spool.Record{OrderKey: []byte("org"), Data: fmt.Appendf(nil, `{"group_type":"org","group_value":"v%d"}`, i)})
+		var b storage.Batch
+		b.Add(storage.Record{OrderKey: []byte("org"), Data: fmt.Appendf(nil, `{"group_type":"org","group_value":"v%d"}`, i)})
 		if err := sp.Append(ctx, l, &b); err != nil {
 			t.Fatal(err)
 		}

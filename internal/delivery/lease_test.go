@@ -18,12 +18,12 @@ import (
 // counts the messages read. It hides the local spool (Spool), so that the
 // lanes are delivered as the fleet's.
 type leasedStore struct {
-	loc   *storage.Local
+	loc   *spool.Backend
 	held  atomic.Bool
 	reads atomic.Int64
 }
 
-func (s *leasedStore) PutDead(ctx context.Context, dls []spool.DeadLetter) error {
+func (s *leasedStore) PutDead(ctx context.Context, dls []storage.DeadLetter) error {
 	return s.loc.PutDead(ctx, dls)
 }
 
@@ -54,21 +54,21 @@ func (r *countingReader) Next(ctx context.Context) (*storage.Message, error) {
 func TestFormLeaseRunOut(t *testing.T) {
 	s, url, cli := startUpstream(t)
 	sp := openSpool(t)
-	st := &leasedStore{loc: storage.NewLocal(sp, nil)}
-	d, err := NewFormLanes(FormConfig{Name: "groupidentify", Lanes: spool.KindGroupIdentify,
+	st := &leasedStore{loc: spool.NewBackend(sp, nil)}
+	d, err := NewFormLanes(FormConfig{Name: "groupidentify", Lanes: storage.KindGroupIdentify,
 		Kind: &Form{Field: "identification", MaxItems: 1024, MaxBodyBytes: 1 << 20},
 		URL:  func(string) string { return url + "/groupidentify" }, FormTiming: FormTiming{Linger: -1}, Store: st}, cli, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	l, err := sp.Lane(ctx, spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: "k"})
+	l, err := sp.Lane(ctx, storage.LaneKey{Kind: storage.KindGroupIdentify, APIKey: "k"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var b spool.Batch
+	var b storage.Batch
 	for i := range 3 {
-		b.Add(spool.Record{OrderKey: []byte("org"), Data: fmt.Appendf(nil, `{"group_type":"org","group_value":"v%d"}`, i)})
+		b.Add(storage.Record{OrderKey: []byte("org"), Data: fmt.Appendf(nil, `{"group_type":"org","group_value":"v%d"}`, i)})
 	}
 	if err := sp.Append(ctx, l, &b); err != nil {
 		t.Fatal(err)

@@ -10,7 +10,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -39,12 +38,12 @@ type PartitionConfig struct {
 	Name string
 	// Kind is the lane kind delivered; a message of another kind is
 	// logged and left in the stream.
-	Kind spool.Kind
+	Kind storage.Kind
 	// MaxQueued bounds the bytes of messages read and not yet taken by a
 	// lane's runner: the partition's reader waits at it. At least 1.
 	MaxQueued int64
 	// Idle is how long a feed with nothing queued or unacknowledged lives
-	// (its runner then ends with spool.ErrRetired).
+	// (its runner then ends with storage.ErrRetired).
 	Idle time.Duration
 	// Start makes the runner of a new feed (called by the reader
 	// goroutine, before the feed's first message is pushed).
@@ -59,12 +58,12 @@ type FeedRunner struct {
 	Label string
 	// Run runs it (in its own goroutine) until ctx (no new work: the
 	// partition lost or the relay stopping) or owned (ownership) ends, or
-	// it retires (an error wrapping spool.ErrRetired, from Feed.Wait).
+	// it retires (an error wrapping storage.ErrRetired, from Feed.Wait).
 	Run func(ctx, owned context.Context) error
 	// Pinned, when not nil, keeps an idle feed from retiring while it
 	// reports true (a stopped lane keeps its stop).
 	Pinned func() bool
-	// Retired is called when Run returned spool.ErrRetired; Abandoned when
+	// Retired is called when Run returned storage.ErrRetired; Abandoned when
 	// the partition ended with the runner still known (its read-ahead is
 	// read again by the next owner). One of them is called, once.
 	Retired, Abandoned func()
@@ -75,7 +74,7 @@ type FeedRunner struct {
 // called once its runners returned and their acknowledgements were sent.
 func DeliverPartition(stop, owned context.Context, r storage.Reader, drained func(), cfg PartitionConfig) error {
 	pt := &partition{cfg: cfg, r: r, owned: owned, room: make(chan struct{}, 1),
-		feeds: map[spool.LaneKey]*Feed{}, awake: make(chan struct{}, 1)}
+		feeds: map[storage.LaneKey]*Feed{}, awake: make(chan struct{}, 1)}
 	if s, ok := r.(spiller); ok {
 		pt.spill, pt.maxSpilled = s, int64(max(s.MaxSpilled(), 1))
 	}
@@ -152,8 +151,8 @@ type partition struct {
 	maxSpilled int64
 
 	fmu   sync.Mutex
-	feeds map[spool.LaneKey]*Feed // written by the reader goroutine, and by a runner that retires
-	wg    sync.WaitGroup          // the runners
+	feeds map[storage.LaneKey]*Feed // written by the reader goroutine, and by a runner that retires
+	wg    sync.WaitGroup            // the runners
 
 	amu   sync.Mutex
 	acks  []*storage.Message
@@ -261,7 +260,7 @@ func (pt *partition) route(ctx, owned context.Context, m *storage.Message) {
 	pt.feeds[key] = f
 	pt.fmu.Unlock()
 	pt.wg.Go(func() {
-		if err := f.run.Run(ctx, owned); errors.Is(err, spool.ErrRetired) {
+		if err := f.run.Run(ctx, owned); errors.Is(err, storage.ErrRetired) {
 			f.run.Retired()
 			pt.fmu.Lock()
 			if pt.feeds[key] == f {
@@ -346,7 +345,7 @@ func (pt *partition) sendAcks(ctx context.Context) {
 // reader, Ack from any of its goroutines.
 type Feed struct {
 	pt  *partition
-	key spool.LaneKey
+	key storage.LaneKey
 	run FeedRunner
 
 	mu       sync.Mutex
@@ -380,7 +379,7 @@ type spiller interface {
 }
 
 // Lane is the feed's lane.
-func (f *Feed) Lane() spool.LaneKey { return f.key }
+func (f *Feed) Lane() storage.LaneKey { return f.key }
 
 // push queues m (n bytes); false when the feed retired (a new runner is
 // needed). With spilling, m is spilled at once when the feed has spilled
@@ -482,7 +481,7 @@ func (f *Feed) reread(ctx context.Context, seq uint64) bool {
 }
 
 // Wait returns nil when there is something to read, ctx.Err() when ctx
-// ends, and an error wrapping spool.ErrRetired when the feed had nothing
+// ends, and an error wrapping storage.ErrRetired when the feed had nothing
 // queued or unacknowledged for PartitionConfig.Idle (and is not pinned).
 // onIdle (may be nil) is called once before waiting; what it returns is
 // not used (a feed ends by its own idle rule: ErrRetired).
@@ -528,7 +527,7 @@ func (f *Feed) Wait(ctx context.Context, onIdle func() bool) error {
 			if len(f.q) == 0 && len(f.out) == 0 {
 				f.retired = true
 				f.mu.Unlock()
-				return fmt.Errorf("lane %s: %w", f.run.Label, spool.ErrRetired)
+				return fmt.Errorf("lane %s: %w", f.run.Label, storage.ErrRetired)
 			}
 			f.mu.Unlock()
 			idle = nil
@@ -540,8 +539,8 @@ func (f *Feed) Wait(ctx context.Context, onIdle func() bool) error {
 // (Seq: the message's); recs is returned as is (the spool lane's
 // signature). With nothing queued it returns ctx.Err(), or
 // context.Canceled when ctx is live.
-func (f *Feed) NextPart(ctx context.Context, maxBytes int, recs []spool.Record) ([]spool.Chunk, []spool.Record, error) {
-	var chunks []spool.Chunk
+func (f *Feed) NextPart(ctx context.Context, maxBytes int, recs []storage.Record) ([]storage.Chunk, []storage.Record, error) {
+	var chunks []storage.Chunk
 	var total, counted int64
 	f.mu.Lock()
 	for len(f.q) > 0 && f.q[0].m != nil { // up to a spilled one (Wait reads it again)
@@ -557,7 +556,7 @@ func (f *Feed) NextPart(ctx context.Context, maxBytes int, recs []spool.Record) 
 		if e.counted {
 			counted += n
 		}
-		chunks = append(chunks, spool.Chunk{Seq: m.Seq, Accepted: m.Accepted, Records: m.Records, Size: int(n), Total: len(m.Records)})
+		chunks = append(chunks, storage.Chunk{Seq: m.Seq, Accepted: m.Accepted, Records: m.Records, Size: int(n), Total: len(m.Records)})
 	}
 	if len(f.q) == 0 {
 		f.q = nil
@@ -574,8 +573,8 @@ func (f *Feed) NextPart(ctx context.Context, maxBytes int, recs []spool.Record) 
 	return chunks, recs, nil
 }
 
-// Next waits for messages and takes them (NextPart), as spool.Lane.Next.
-func (f *Feed) Next(ctx context.Context, maxBytes int) ([]spool.Chunk, error) {
+// Next waits for messages and takes them (NextPart), as storage.Lane.Next.
+func (f *Feed) Next(ctx context.Context, maxBytes int) ([]storage.Chunk, error) {
 	for {
 		if err := f.Wait(ctx, nil); err != nil {
 			return nil, err

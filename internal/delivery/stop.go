@@ -7,7 +7,7 @@ import (
 )
 
 // Pinner keeps a spool lane from being retired while it is pinned
-// (*spool.Lane): a stopped lane stays known even when empty, so that its
+// (storage.LaneQueue): a stopped lane stays known even when empty, so that its
 // stop is not lost.
 type Pinner interface {
 	Pin()

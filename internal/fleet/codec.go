@@ -7,7 +7,7 @@ import (
 	"hash/crc32"
 	"time"
 
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // A message's body (version 1):
@@ -33,7 +33,7 @@ var errCorrupt = errors.New("fleet: corrupt message")
 
 // header is what every message of a request's partition group repeats.
 type header struct {
-	lane     spool.LaneKey
+	lane     storage.LaneKey
 	accepted time.Time
 }
 
@@ -41,7 +41,7 @@ func (h *header) size() int {
 	return 1 + 1 + 2*binary.MaxVarintLen64 + len(h.lane.APIKey) + len(h.lane.Options) + 2*binary.MaxVarintLen64
 }
 
-func recordSize(r *spool.Record) int {
+func recordSize(r *storage.Record) int {
 	return 3*binary.MaxVarintLen32 + len(r.OrderKey) + len(r.UserID) + len(r.Data)
 }
 
@@ -51,7 +51,7 @@ func appendBytes(b, v []byte) []byte {
 }
 
 // encodeRecords appends recs' part of a message body to dst.
-func encodeRecords(dst []byte, recs []spool.Record) []byte {
+func encodeRecords(dst []byte, recs []storage.Record) []byte {
 	for i := range recs {
 		dst = appendBytes(dst, recs[i].OrderKey)
 		dst = appendBytes(dst, recs[i].UserID)
@@ -76,12 +76,12 @@ func encodeMessage(dst []byte, h *header, n int, parts [][]byte) []byte {
 }
 
 // encode appends the body of a message of recs to dst.
-func encode(dst []byte, h *header, recs []spool.Record) []byte {
+func encode(dst []byte, h *header, recs []storage.Record) []byte {
 	return encodeMessage(dst, h, len(recs), [][]byte{encodeRecords(nil, recs)})
 }
 
 // decode reads a body; the records alias b.
-func decode(b []byte) (header, []spool.Record, error) {
+func decode(b []byte) (header, []storage.Record, error) {
 	var h header
 	if len(b) < 4 {
 		return h, nil, errCorrupt
@@ -93,7 +93,7 @@ func decode(b []byte) (header, []spool.Record, error) {
 	if len(body) < 2 || body[0] != codecVersion {
 		return h, nil, fmt.Errorf("%w: version", errCorrupt)
 	}
-	h.lane.Kind = spool.Kind(body[1])
+	h.lane.Kind = storage.Kind(body[1])
 	p := body[2:]
 	next := func() ([]byte, bool) {
 		n, k := binary.Uvarint(p)
@@ -121,7 +121,7 @@ func decode(b []byte) (header, []spool.Record, error) {
 	}
 	h.lane.APIKey, h.lane.Options = string(key), string(opts)
 	h.accepted = time.UnixMilli(int64(ms))
-	recs := make([]spool.Record, n)
+	recs := make([]storage.Record, n)
 	for i := range recs {
 		var ok [3]bool
 		recs[i].OrderKey, ok[0] = next()

@@ -8,12 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 func TestCodecRoundTrip(t *testing.T) {
-	h := header{lane: spool.LaneKey{Kind: spool.KindUserMap, APIKey: "k", Options: `{"a":1}`}, accepted: time.UnixMilli(1700000000123)}
-	recs := []spool.Record{
+	h := header{lane: storage.LaneKey{Kind: storage.KindUserMap, APIKey: "k", Options: `{"a":1}`}, accepted: time.UnixMilli(1700000000123)}
+	recs := []storage.Record{
 		{OrderKey: []byte("d:1"), UserID: []byte("u"), Data: []byte(`{"x":1}`)},
 		{OrderKey: []byte("u:2"), Data: []byte{}},
 	}
@@ -45,8 +45,8 @@ func TestCodecRoundTrip(t *testing.T) {
 // parser behind the checksum is what is explored: it must not panic, and
 // what it decodes must survive an encode/decode round trip.
 func FuzzDecode(f *testing.F) {
-	h := header{lane: spool.LaneKey{APIKey: "k"}, accepted: time.UnixMilli(1)}
-	b := encode(nil, &h, []spool.Record{{OrderKey: []byte("d:1"), Data: []byte("{}")}})
+	h := header{lane: storage.LaneKey{APIKey: "k"}, accepted: time.UnixMilli(1)}
+	b := encode(nil, &h, []storage.Record{{OrderKey: []byte("d:1"), Data: []byte("{}")}})
 	f.Add(b[:len(b)-4])
 	f.Add([]byte{1, 0, 0, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, body []byte) {

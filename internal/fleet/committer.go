@@ -8,7 +8,7 @@ import (
 
 	"github.com/nats-io/nuid"
 
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Group commit. Each stream has a committer: a goroutine that takes the
@@ -120,7 +120,7 @@ func (c *committer) run() {
 // msgKey is a message of a batch: a lane's records in a partition.
 type msgKey struct {
 	partition int
-	lane      spool.LaneKey
+	lane      storage.LaneKey
 }
 
 // commit publishes batch's requests as one atomic batch and answers each.

@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // deadJSON is a dead letter as stored in RELAY_DEAD.
@@ -33,7 +33,7 @@ type deadJSON struct {
 // it sets their IDs (stream sequences, increasing, never reused). A call
 // retried with the same dead letters within the dedup window stores them
 // once (the message id is a hash of the content).
-func (f *Fleet) PutDead(ctx context.Context, dls []spool.DeadLetter) error {
+func (f *Fleet) PutDead(ctx context.Context, dls []storage.DeadLetter) error {
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.PublishTimeout)
 	defer cancel()
 	for i := range dls {
@@ -70,7 +70,7 @@ func (f *Fleet) PutDead(ctx context.Context, dls []spool.DeadLetter) error {
 // ListDead returns up to limit dead letters with ID > after that match
 // filter, by ID; limit <= 0 means 1000. Any relay lists every relay's dead
 // letters.
-func (f *Fleet) ListDead(ctx context.Context, filter spool.DeadFilter, after uint64, limit int) ([]spool.DeadLetter, error) {
+func (f *Fleet) ListDead(ctx context.Context, filter storage.DeadFilter, after uint64, limit int) ([]storage.DeadLetter, error) {
 	if limit <= 0 {
 		limit = 1000
 	}
@@ -78,7 +78,7 @@ func (f *Fleet) ListDead(ctx context.Context, filter spool.DeadFilter, after uin
 	if filter.Lane != nil {
 		subj = f.n.deadSubject(filter.Lane.Kind)
 	}
-	var out []spool.DeadLetter
+	var out []storage.DeadLetter
 	for seq := after + 1; len(out) < limit; {
 		m, err := f.dead.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -92,11 +92,11 @@ func (f *Fleet) ListDead(ctx context.Context, filter spool.DeadFilter, after uin
 		if err := json.Unmarshal(m.Data, &d); err != nil {
 			return nil, fmt.Errorf("fleet: dead letter %d: %w", m.Sequence, err)
 		}
-		dl := spool.DeadLetter{
+		dl := storage.DeadLetter{
 			ID:     m.Sequence,
-			Lane:   spool.LaneKey{Kind: spool.Kind(d.Kind), APIKey: d.APIKey, Options: d.Options},
+			Lane:   storage.LaneKey{Kind: storage.Kind(d.Kind), APIKey: d.APIKey, Options: d.Options},
 			Reason: d.Reason, Answer: d.Answer, Accepted: d.Accepted, Died: d.Died,
-			Record: spool.Record{OrderKey: d.OrderKey, UserID: d.UserID, Data: d.Data},
+			Record: storage.Record{OrderKey: d.OrderKey, UserID: d.UserID, Data: d.Data},
 		}
 		if (filter.Lane != nil && dl.Lane != *filter.Lane) || (filter.Reason != "" && dl.Reason != filter.Reason) ||
 			(filter.Label != "" && dl.Lane.Label() != filter.Label) {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/natstest"
 	"github.com/svcrelay/relay/internal/poll"
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // TestFleetDelivery runs the delivery cases on a cluster of their own (so
@@ -36,11 +36,11 @@ func (e *testEnv) testMissedDelivery(t *testing.T) {
 	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1})
 	ctx := bg(t)
 	for n := 1; n <= 3; n++ {
-		if err := f.Append(ctx, Request{Lane: lane, Records: []spool.Record{rec("d:a", n)}}); err != nil {
+		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", n)}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	cons, err := f.createConsumer(ctx, spool.KindEvents, 0)
+	cons, err := f.createConsumer(ctx, storage.KindEvents, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func (e *testEnv) testMissedDelivery(t *testing.T) {
 	lost() // record 1, delivery 1
 
 	// The reader of that consumer must not hand out record 2.
-	p, err := f.readPartition(ctx, spool.KindEvents, 0, cons)
+	p, err := f.readPartition(ctx, storage.KindEvents, 0, cons)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,12 +82,12 @@ func (e *testEnv) testMissedDelivery(t *testing.T) {
 	// A consumer that delivered before is refused by a create (here the
 	// create of an existing consumer, as when a reset's delete did not
 	// take: the server answers with the old one).
-	if _, err := f.createConsumer(ctx, spool.KindEvents, 0); !errors.Is(err, errStaleConsumer) || !errors.Is(err, ErrUnavailable) {
+	if _, err := f.createConsumer(ctx, storage.KindEvents, 0); !errors.Is(err, errStaleConsumer) || !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("create over a consumer that delivered: %v, want a stale consumer refused (unavailable)", err)
 	}
 
 	// Opened again (the reset), the partition reads 1, 2, 3.
-	p, err = f.openPartition(ctx, ctx, spool.KindEvents, 0)
+	p, err = f.openPartition(ctx, ctx, storage.KindEvents, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

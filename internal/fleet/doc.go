@@ -6,7 +6,7 @@
 // # The seam
 //
 // The delivery engine and the ingest talk to a spool through the small
-// interfaces of package storage; the local spool (storage.NewLocal) and
+// interfaces of package storage; the local spool (spool.NewBackend) and
 // this package (Fleet.Backend) are the two implementations, and both pass
 // the conformance suite storagetest (conformance_test.go runs it on a
 // 3-node cluster). seam.go holds the adaptation:

@@ -15,7 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Defaults.
@@ -47,7 +47,7 @@ const (
 )
 
 // kinds are the lane kinds with a stream each.
-var kinds = []spool.Kind{spool.KindEvents, spool.KindGroupIdentify, spool.KindUserMap}
+var kinds = []storage.Kind{storage.KindEvents, storage.KindGroupIdentify, storage.KindUserMap}
 
 // names are the streams', buckets' and subjects' names of a namespace
 // (Config.Namespace) with s streams per kind: RELAY_EVENTS,
@@ -60,7 +60,7 @@ type names struct {
 }
 
 // stream is the name of the kind's stream g (0 to s-1).
-func (n names) stream(k spool.Kind, g int) string {
+func (n names) stream(k storage.Kind, g int) string {
 	name := n.ns + "_" + strings.ToUpper(k.String())
 	if g > 0 {
 		name += "_" + strconv.Itoa(g)
@@ -69,17 +69,19 @@ func (n names) stream(k spool.Kind, g int) string {
 }
 
 // streamOf is the name of the stream holding partition p of kind k.
-func (n names) streamOf(k spool.Kind, p int) string { return n.stream(k, p%n.s) }
+func (n names) streamOf(k storage.Kind, p int) string { return n.stream(k, p%n.s) }
 
-func (n names) subjectPrefix(k spool.Kind) string {
+func (n names) subjectPrefix(k storage.Kind) string {
 	return strings.ToLower(n.ns) + "." + k.String() + "."
 }
 
-func (n names) subject(k spool.Kind, p int) string { return n.subjectPrefix(k) + strconv.Itoa(p) }
+func (n names) subject(k storage.Kind, p int) string { return n.subjectPrefix(k) + strconv.Itoa(p) }
 
 func (n names) deadStream() string { return n.ns + "_DEAD" }
 
-func (n names) deadSubject(k spool.Kind) string { return strings.ToLower(n.ns) + ".dead." + k.String() }
+func (n names) deadSubject(k storage.Kind) string {
+	return strings.ToLower(n.ns) + ".dead." + k.String()
+}
 
 func (n names) deadAll() string { return strings.ToLower(n.ns) + ".dead.>" }
 
@@ -275,8 +277,8 @@ type Fleet struct {
 	m     *metrics
 
 	lanes  *laneStops
-	commit map[spool.Kind][]*committer // by kind, then stream
-	usage  map[spool.Kind]*usage       // for MaxBytes
+	commit map[storage.Kind][]*committer // by kind, then stream
+	usage  map[storage.Kind]*usage       // for MaxBytes
 }
 
 // Open creates or checks the streams and buckets on the cluster nc is
@@ -373,8 +375,8 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config, log *zap.Logger, reg p
 		return nil, err
 	}
 	f.balance(ctx)
-	f.commit = make(map[spool.Kind][]*committer, len(kinds))
-	f.usage = make(map[spool.Kind]*usage, len(kinds))
+	f.commit = make(map[storage.Kind][]*committer, len(kinds))
+	f.usage = make(map[storage.Kind]*usage, len(kinds))
 	for _, k := range kinds {
 		f.usage[k] = &usage{}
 		for g := range cfg.Streams {
@@ -433,7 +435,7 @@ func existingLayout(ctx context.Context, js jetstream.JetStream, cfg Config) (pa
 	if cfg.Partitions != 0 || cfg.Streams != 0 {
 		return 0, 0, false
 	}
-	s, err := js.Stream(ctx, names{cfg.withDefaults().Namespace, 1}.stream(spool.KindEvents, 0))
+	s, err := js.Stream(ctx, names{cfg.withDefaults().Namespace, 1}.stream(storage.KindEvents, 0))
 	if err != nil {
 		return 0, 0, false
 	}
@@ -453,7 +455,7 @@ func existingLayout(ctx context.Context, js jetstream.JetStream, cfg Config) (pa
 
 // ensureStream creates the lane kind's stream g or checks that the
 // existing one has this configuration's partitions and streams.
-func (f *Fleet) ensureStream(ctx context.Context, k spool.Kind, g int) error {
+func (f *Fleet) ensureStream(ctx context.Context, k storage.Kind, g int) error {
 	name := f.n.stream(k, g)
 	want, wantStreams := strconv.Itoa(f.cfg.Partitions), strconv.Itoa(f.cfg.Streams)
 	s, err := f.js.Stream(ctx, name)

@@ -20,7 +20,6 @@ import (
 
 	"github.com/svcrelay/relay/internal/natstest"
 	"github.com/svcrelay/relay/internal/poll"
-	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -108,14 +107,14 @@ func bg(t *testing.T) context.Context {
 	return ctx
 }
 
-var lane = spool.LaneKey{Kind: spool.KindEvents, APIKey: "key-1"}
+var lane = storage.LaneKey{Kind: storage.KindEvents, APIKey: "key-1"}
 
 // rec is record n of key k; its data is "k/n".
-func rec(k string, n int) spool.Record {
-	return spool.Record{OrderKey: []byte(k), Data: []byte(k + "/" + strconv.Itoa(n))}
+func rec(k string, n int) storage.Record {
+	return storage.Record{OrderKey: []byte(k), Data: []byte(k + "/" + strconv.Itoa(n))}
 }
 
-func parse(r spool.Record) (string, int) {
+func parse(r storage.Record) (string, int) {
 	k, n, _ := strings.Cut(string(r.Data), "/")
 	i, _ := strconv.Atoi(n)
 	return k, i
@@ -207,7 +206,7 @@ func run(f *Fleet, deliver DeliverFunc) (stop func()) {
 // only; the other kinds' partitions are held, untouched, until stop.
 func runEvents(f *Fleet, deliver DeliverFunc) (stop func()) {
 	return run(f, func(ctx context.Context, p *Partition) error {
-		if p.Kind() != spool.KindEvents {
+		if p.Kind() != storage.KindEvents {
 			<-ctx.Done()
 			return nil
 		}
@@ -233,7 +232,7 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 }
 
 // streamMsgs is the messages held by kind k's streams.
-func streamMsgs(t *testing.T, f *Fleet, k spool.Kind) uint64 {
+func streamMsgs(t *testing.T, f *Fleet, k storage.Kind) uint64 {
 	t.Helper()
 	var n uint64
 	for g := range f.cfg.Streams {
@@ -288,7 +287,7 @@ func (e *testEnv) testAppendReadAck(t *testing.T) {
 	// 30 requests of 5 keys, 3 records each: each request spans several
 	// partitions (an atomic batch) or one (a single publish).
 	for r := range 30 {
-		var recs []spool.Record
+		var recs []storage.Record
 		for k := range 1 + r%5 {
 			key := "d:" + strconv.Itoa(k)
 			for range 3 {
@@ -307,7 +306,7 @@ func (e *testEnv) testAppendReadAck(t *testing.T) {
 	col := newCollector()
 	stop := run(f, col.deliver(nil))
 	waitFor(t, 20*time.Second, "every record read", func() bool { return col.count() >= total })
-	waitFor(t, 10*time.Second, "stream empty after acks", func() bool { return streamMsgs(t, f, spool.KindEvents) == 0 })
+	waitFor(t, 10*time.Second, "stream empty after acks", func() bool { return streamMsgs(t, f, storage.KindEvents) == 0 })
 	stop()
 	if col.count() != total {
 		t.Errorf("read %d records, want %d", col.count(), total)
@@ -317,7 +316,7 @@ func (e *testEnv) testAppendReadAck(t *testing.T) {
 		t.Errorf("a partition had %d readers at once", col.own.max)
 	}
 	// The lane and the acceptance time travel with the message.
-	if err := f.Append(ctx, Request{Lane: spool.LaneKey{Kind: spool.KindEvents, APIKey: "k2", Options: `{"min_id_length":1}`}, Accepted: time.UnixMilli(1234567), Records: []spool.Record{{OrderKey: []byte("u:x"), UserID: []byte("x"), Data: []byte("{}")}}}); err != nil {
+	if err := f.Append(ctx, Request{Lane: storage.LaneKey{Kind: storage.KindEvents, APIKey: "k2", Options: `{"min_id_length":1}`}, Accepted: time.UnixMilli(1234567), Records: []storage.Record{{OrderKey: []byte("u:x"), UserID: []byte("x"), Data: []byte("{}")}}}); err != nil {
 		t.Fatal(err)
 	}
 	var got *Message
@@ -376,7 +375,7 @@ func (e *testEnv) testMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if err := f.Append(ctx, Request{Lane: lane, Records: []spool.Record{rec("d:a", 1)}}); err != nil {
+	if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", 1)}}); err != nil {
 		t.Fatal(err)
 	}
 	if got := gauge(t, reg, "relay_fleet_append_seconds"); got != 1 {
@@ -386,7 +385,7 @@ func (e *testEnv) testMetrics(t *testing.T) {
 	var held *Partition
 	var mu sync.Mutex
 	stop := run(f, func(ctx context.Context, p *Partition) error {
-		if p.Kind() == spool.KindEvents {
+		if p.Kind() == storage.KindEvents {
 			m, err := p.Next(ctx)
 			if err != nil {
 				return err
@@ -433,22 +432,22 @@ func (e *testEnv) testAllOrNothing(t *testing.T) {
 	// larger goes alone into a message the server refuses.
 	f := e.open(t, nc, Config{Namespace: e.namespace(), Partitions: 8, MaxMessageBytes: 4096})
 	ctx := bg(t)
-	var recs []spool.Record
+	var recs []storage.Record
 	for k := range 8 {
 		recs = append(recs, rec("d:"+strconv.Itoa(k), 1))
 	}
-	recs = append(recs, spool.Record{OrderKey: []byte("d:big"), Data: make([]byte, 64<<10)})
+	recs = append(recs, storage.Record{OrderKey: []byte("d:big"), Data: make([]byte, 64<<10)})
 	err := f.Append(ctx, Request{Lane: lane, Records: recs})
 	if err == nil {
 		t.Fatal("append with a message the stream refuses succeeded")
 	}
-	if n := streamMsgs(t, f, spool.KindEvents); n != 0 {
+	if n := streamMsgs(t, f, storage.KindEvents); n != 0 {
 		t.Fatalf("a refused request left %d messages in the stream", n)
 	}
 	// Without the big record, the same request is stored whole; a record
 	// larger than MaxMessageBytes but within the stream's limit splits.
 	recs = recs[:8]
-	recs = append(recs, spool.Record{OrderKey: []byte("d:0"), Data: make([]byte, 3000)}, spool.Record{OrderKey: []byte("d:0"), Data: make([]byte, 3000)})
+	recs = append(recs, storage.Record{OrderKey: []byte("d:0"), Data: make([]byte, 3000)}, storage.Record{OrderKey: []byte("d:0"), Data: make([]byte, 3000)})
 	if err := f.Append(ctx, Request{Lane: lane, Records: recs}); err != nil {
 		t.Fatal(err)
 	}
@@ -456,7 +455,7 @@ func (e *testEnv) testAllOrNothing(t *testing.T) {
 	for _, r := range recs[:8] {
 		parts[PartitionOf(r.OrderKey, 8)] = true
 	}
-	if n := streamMsgs(t, f, spool.KindEvents); n != uint64(len(parts)+1) {
+	if n := streamMsgs(t, f, storage.KindEvents); n != uint64(len(parts)+1) {
 		t.Fatalf("stream holds %d messages, want %d (one per partition, one more for d:0's split)", n, len(parts)+1)
 	}
 }
@@ -465,8 +464,8 @@ func (e *testEnv) testDedup(t *testing.T) {
 	nc := e.connect(t)
 	f := e.open(t, nc, Config{Namespace: e.namespace(), Partitions: 4})
 	ctx := bg(t)
-	one := Request{ID: "req-1", Lane: lane, Records: []spool.Record{rec("d:a", 1), rec("d:a", 2)}}
-	var many []spool.Record
+	one := Request{ID: "req-1", Lane: lane, Records: []storage.Record{rec("d:a", 1), rec("d:a", 2)}}
+	var many []storage.Record
 	for k := range 6 {
 		many = append(many, rec("d:"+strconv.Itoa(k), 1))
 	}
@@ -485,7 +484,7 @@ func (e *testEnv) testDedup(t *testing.T) {
 	if len(parts) < 2 {
 		t.Fatal("test needs a request over several partitions")
 	}
-	if n := streamMsgs(t, f, spool.KindEvents); n != uint64(1+len(parts)) {
+	if n := streamMsgs(t, f, storage.KindEvents); n != uint64(1+len(parts)) {
 		t.Fatalf("stream holds %d messages after three tries of each request, want %d", n, 1+len(parts))
 	}
 	if err := f.Append(ctx, Request{ID: "bad id!", Lane: lane, Records: many}); err == nil {
@@ -498,7 +497,7 @@ func (e *testEnv) testDedup(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := streamMsgs(t, f, spool.KindEvents); n != uint64(3+len(parts)) {
+	if n := streamMsgs(t, f, storage.KindEvents); n != uint64(3+len(parts)) {
 		t.Fatalf("stream holds %d messages after two requests without id, want %d", n, 3+len(parts))
 	}
 }
@@ -509,7 +508,7 @@ func (e *testEnv) testFull(t *testing.T) {
 	ctx := bg(t)
 	var err error
 	for i := range 100 {
-		err = f.Append(ctx, Request{Lane: lane, Records: []spool.Record{{OrderKey: []byte("d:" + strconv.Itoa(i)), Data: make([]byte, 4000)}}})
+		err = f.Append(ctx, Request{Lane: lane, Records: []storage.Record{{OrderKey: []byte("d:" + strconv.Itoa(i)), Data: make([]byte, 4000)}}})
 		if err != nil {
 			break
 		}
@@ -528,8 +527,8 @@ func (e *testEnv) testDeadLetters(t *testing.T) {
 	f := e.open(t, nc, Config{Namespace: ns, Partitions: 2})
 	ctx := bg(t)
 	now := time.Now().Truncate(time.Millisecond)
-	gi := spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: "k"}
-	dls := []spool.DeadLetter{
+	gi := storage.LaneKey{Kind: storage.KindGroupIdentify, APIKey: "k"}
+	dls := []storage.DeadLetter{
 		{Lane: lane, Reason: "silenced", Answer: []byte(`{"code":400}`), Accepted: now, Died: now, Record: rec("d:a", 1)},
 		{Lane: lane, Reason: "expired", Accepted: now, Died: now, Record: rec("d:a", 2)},
 		{Lane: gi, Reason: "invalid_fields", Accepted: now, Died: now, Record: rec("g:x", 1)},
@@ -541,13 +540,13 @@ func (e *testEnv) testDeadLetters(t *testing.T) {
 		t.Fatalf("ids %d %d %d: want increasing", dls[0].ID, dls[1].ID, dls[2].ID)
 	}
 	// A retried PutDead stores nothing new.
-	again := append([]spool.DeadLetter(nil), dls...)
+	again := append([]storage.DeadLetter(nil), dls...)
 	if err := f.PutDead(ctx, again); err != nil {
 		t.Fatal(err)
 	}
 	// Another relay lists them.
 	g := e.open(t, e.connect(t), Config{Namespace: ns, Partitions: 2})
-	all, err := g.ListDead(ctx, spool.DeadFilter{}, 0, 0)
+	all, err := g.ListDead(ctx, storage.DeadFilter{}, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -559,16 +558,16 @@ func (e *testEnv) testDeadLetters(t *testing.T) {
 		t.Errorf("dead letter read back as %+v", d)
 	}
 	for _, c := range []struct {
-		f     spool.DeadFilter
+		f     storage.DeadFilter
 		after uint64
 		limit int
 		want  int
 	}{
-		{spool.DeadFilter{Lane: &gi}, 0, 0, 1},
-		{spool.DeadFilter{Reason: "expired"}, 0, 0, 1},
-		{spool.DeadFilter{}, dls[0].ID, 0, 2},
-		{spool.DeadFilter{}, 0, 2, 2},
-		{spool.DeadFilter{Lane: &lane}, 0, 0, 2},
+		{storage.DeadFilter{Lane: &gi}, 0, 0, 1},
+		{storage.DeadFilter{Reason: "expired"}, 0, 0, 1},
+		{storage.DeadFilter{}, dls[0].ID, 0, 2},
+		{storage.DeadFilter{}, 0, 2, 2},
+		{storage.DeadFilter{Lane: &lane}, 0, 0, 2},
 	} {
 		got, err := g.ListDead(ctx, c.f, c.after, c.limit)
 		if err != nil || len(got) != c.want {
@@ -578,7 +577,7 @@ func (e *testEnv) testDeadLetters(t *testing.T) {
 	if err := g.DeleteDead(ctx, []uint64{dls[1].ID, 999999}); err != nil {
 		t.Fatal(err)
 	}
-	all, err = f.ListDead(ctx, spool.DeadFilter{}, 0, 0)
+	all, err = f.ListDead(ctx, storage.DeadFilter{}, 0, 0)
 	if err != nil || len(all) != 2 || all[1].ID != dls[2].ID {
 		t.Fatalf("after delete: %v %v", all, err)
 	}
@@ -658,7 +657,7 @@ func (e *testEnv) testKeepAlive(t *testing.T) {
 	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1, AckWait: 4 * time.Second})
 	ctx := bg(t)
 	for _, k := range []string{"d:paused", "d:other"} {
-		if err := f.Append(ctx, Request{Lane: lane, Records: []spool.Record{rec(k, 1)}}); err != nil {
+		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec(k, 1)}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -706,7 +705,7 @@ func (e *testEnv) testKeepAlive(t *testing.T) {
 	case <-time.After(poll.Max):
 		t.Fatal("deliver did not finish")
 	}
-	waitFor(t, 10*time.Second, "the stream empties", func() bool { return streamMsgs(t, f, spool.KindEvents) == 0 })
+	waitFor(t, 10*time.Second, "the stream empties", func() bool { return streamMsgs(t, f, storage.KindEvents) == 0 })
 }
 
 // testNak: a message given back is read again (after the delay), counted
@@ -714,7 +713,7 @@ func (e *testEnv) testKeepAlive(t *testing.T) {
 func (e *testEnv) testNak(t *testing.T) {
 	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1})
 	ctx := bg(t)
-	if err := f.Append(ctx, Request{Lane: lane, Records: []spool.Record{rec("d:a", 1)}}); err != nil {
+	if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", 1)}}); err != nil {
 		t.Fatal(err)
 	}
 	type result struct {
@@ -770,7 +769,7 @@ func (e *testEnv) testRelayRestart(t *testing.T) {
 	f := e.open(t, e.connect(t), Config{Namespace: ns, Partitions: 1})
 	ctx := bg(t)
 	for n := 1; n <= 3; n++ {
-		if err := f.Append(ctx, Request{Lane: lane, Records: []spool.Record{rec("d:a", n)}}); err != nil {
+		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", n)}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -825,7 +824,7 @@ func (e *testEnv) testLeaseStolen(t *testing.T) {
 	case <-time.After(poll.Max):
 		t.Fatal("partition never taken")
 	}
-	key := slot{spool.KindEvents, 0}.key()
+	key := slot{storage.KindEvents, 0}.key()
 	stolen := time.Now()
 	if err := f.kv.Delete(ctx, key); err != nil {
 		t.Fatal(err)
@@ -879,7 +878,7 @@ func (e *testEnv) testFailover(t *testing.T) {
 	want := map[string]int{}
 	publish := func(n int) {
 		for range n {
-			var recs []spool.Record
+			var recs []storage.Record
 			for k := range 8 {
 				key := "d:" + strconv.Itoa(k)
 				want[key]++
@@ -975,7 +974,7 @@ func (e *testEnv) testFailover(t *testing.T) {
 	colA.own.mu.Unlock()
 	colB.mu.Unlock()
 	colA.mu.Unlock()
-	waitFor(t, 10*time.Second, "the stream empties", func() bool { return streamMsgs(t, b, spool.KindEvents) == 0 })
+	waitFor(t, 10*time.Second, "the stream empties", func() bool { return streamMsgs(t, b, storage.KindEvents) == 0 })
 }
 
 // dropStreams deletes every stream (KV buckets included) the earlier cases
@@ -1030,7 +1029,7 @@ func (e *testEnv) testNodeRestart(t *testing.T) {
 			default:
 			}
 			n++
-			var recs []spool.Record
+			var recs []storage.Record
 			for k := range 3 {
 				recs = append(recs, rec(fmt.Sprintf("d:%d", (i+k)%10), n))
 			}
@@ -1049,7 +1048,7 @@ func (e *testEnv) testNodeRestart(t *testing.T) {
 	}()
 	count := func() int { mu.Lock(); defer mu.Unlock(); return len(acked) }
 	waitFor(t, 20*time.Second, "some appends", func() bool { return count() > 30 })
-	l := e.c.StreamLeader(f.n.stream(spool.KindEvents, 0))
+	l := e.c.StreamLeader(f.n.stream(storage.KindEvents, 0))
 	if l < 0 {
 		t.Fatal("no stream leader")
 	}
@@ -1089,8 +1088,8 @@ func (e *testEnv) testNoQuorum(t *testing.T) {
 	e.dropStreams(t)
 	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 2, PublishTimeout: 3 * time.Second})
 	ctx := bg(t)
-	one := []spool.Record{rec("d:a", 1)}
-	var two []spool.Record
+	one := []storage.Record{rec("d:a", 1)}
+	var two []storage.Record
 	for k := range 6 {
 		two = append(two, rec("d:"+strconv.Itoa(k), 1))
 	}
@@ -1102,7 +1101,7 @@ func (e *testEnv) testNoQuorum(t *testing.T) {
 		e.c.Kill(i)
 		down = append(down, i)
 	}
-	for _, recs := range [][]spool.Record{one, two} {
+	for _, recs := range [][]storage.Record{one, two} {
 		start := time.Now()
 		err := f.Append(ctx, Request{Lane: lane, Records: recs})
 		if !errors.Is(err, ErrUnavailable) || errors.Is(err, ErrFull) {
@@ -1157,9 +1156,9 @@ func (e *testEnv) testKindMembers(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
-	wg.Go(func() { a.Backend().Only(spool.KindEvents).Run(ctx, hold) }) //nolint:errcheck // ends with ctx
-	wg.Go(func() { b.Backend().Run(ctx, hold) })                        //nolint:errcheck // ends with ctx
-	owner := func(k spool.Kind, p int) string {
+	wg.Go(func() { a.Backend().Only(storage.KindEvents).Run(ctx, hold) }) //nolint:errcheck // ends with ctx
+	wg.Go(func() { b.Backend().Run(ctx, hold) })                          //nolint:errcheck // ends with ctx
+	owner := func(k storage.Kind, p int) string {
 		octx, ocancel := context.WithTimeout(context.Background(), poll.Max)
 		defer ocancel()
 		e, err := a.kv.Get(octx, slot{k, p}.key())
@@ -1172,13 +1171,13 @@ func (e *testEnv) testKindMembers(t *testing.T) {
 	for {
 		var evA, evB, formsB int
 		for p := range 4 {
-			switch owner(spool.KindEvents, p) {
+			switch owner(storage.KindEvents, p) {
 			case "relay-a":
 				evA++
 			case "relay-b":
 				evB++
 			}
-			for _, k := range []spool.Kind{spool.KindGroupIdentify, spool.KindUserMap} {
+			for _, k := range []storage.Kind{storage.KindGroupIdentify, storage.KindUserMap} {
 				if owner(k, p) == "relay-b" {
 					formsB++
 				}
@@ -1204,9 +1203,9 @@ func (e *testEnv) testLeadersSpread(t *testing.T) {
 	ctx := bg(t)
 	target := e.c.Server(0).Name()
 	for g := range f.cfg.Streams {
-		name := f.n.stream(spool.KindEvents, g)
+		name := f.n.stream(storage.KindEvents, g)
 		waitFor(t, time.Minute, name+" led by "+target, func() bool {
-			pl, err := f.Placement(ctx, spool.KindEvents)
+			pl, err := f.Placement(ctx, storage.KindEvents)
 			if err != nil || pl.Leaders[name] == "" {
 				return false
 			}
@@ -1220,7 +1219,7 @@ func (e *testEnv) testLeadersSpread(t *testing.T) {
 			return false
 		})
 	}
-	if pl, _ := f.Placement(ctx, spool.KindEvents); pl.PerNode[target] != f.cfg.Streams {
+	if pl, _ := f.Placement(ctx, storage.KindEvents); pl.PerNode[target] != f.cfg.Streams {
 		t.Fatalf("setup: leaders %v, want all %d on %s", pl.PerNode, f.cfg.Streams, target)
 	}
 
@@ -1231,7 +1230,7 @@ func (e *testEnv) testLeadersSpread(t *testing.T) {
 	}
 	defer f2.Close()
 	spread := func() map[string]int {
-		pl, err := f2.Placement(ctx, spool.KindEvents)
+		pl, err := f2.Placement(ctx, storage.KindEvents)
 		if err != nil {
 			return nil
 		}
@@ -1287,7 +1286,7 @@ func (e *testEnv) testGroupCommit(t *testing.T) {
 			key := "d:" + strconv.Itoa(d)
 			for n := range perDevice {
 				// Two records a request: 2n+1 and 2n+2.
-				recs := []spool.Record{rec(key, 2*n+1), rec(key, 2*n+2)}
+				recs := []storage.Record{rec(key, 2*n+1), rec(key, 2*n+2)}
 				if err := f.Append(ctx, Request{Lane: lane, Records: recs}); err != nil {
 					errs <- err
 					return
@@ -1300,7 +1299,7 @@ func (e *testEnv) testGroupCommit(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	msgs := streamMsgs(t, f, spool.KindEvents)
+	msgs := streamMsgs(t, f, storage.KindEvents)
 	t.Logf("%d requests stored in %d messages", devices*perDevice, msgs)
 	if msgs > devices*perDevice/4 {
 		t.Errorf("%d requests stored in %d messages: not grouped", devices*perDevice, msgs)

@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Writable reports whether every events stream can take an append now: nil
@@ -24,7 +24,7 @@ import (
 func (f *Fleet) Writable(ctx context.Context) error {
 	infos := make([]*jetstream.StreamInfo, f.cfg.Streams)
 	for g := range f.cfg.Streams {
-		name := f.n.stream(spool.KindEvents, g)
+		name := f.n.stream(storage.KindEvents, g)
 		s, err := f.js.Stream(ctx, name)
 		if err != nil {
 			return fmt.Errorf("fleet: stream %s: %w: %w", name, ErrUnavailable, err)
@@ -80,7 +80,7 @@ type Placement struct {
 }
 
 // Placement reads the leaders of kind k's streams.
-func (f *Fleet) Placement(ctx context.Context, k spool.Kind) (Placement, error) {
+func (f *Fleet) Placement(ctx context.Context, k storage.Kind) (Placement, error) {
 	pl := Placement{Leaders: make(map[string]string)}
 	infos := make([]*jetstream.StreamInfo, f.cfg.Streams)
 	for g := range f.cfg.Streams {
@@ -148,7 +148,7 @@ func (f *Fleet) balance(ctx context.Context) {
 			load[target]++
 			f.log.Info("stream leader moved to spread the writes", zap.String("stream", name), zap.String("from", cur), zap.String("to", target))
 		}
-		if k == spool.KindEvents {
+		if k == storage.KindEvents {
 			f.m.setLeaders(load)
 		}
 		var lines []string

@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Lane stops held by the fleet: an operator's stop of a lane (the admin
@@ -23,22 +23,22 @@ import (
 
 // laneStop is a stopped lane as the bucket stores it.
 type laneStop struct {
-	Kind    spool.Kind `json:"kind"`
-	APIKey  string     `json:"api_key"`
-	Options string     `json:"options"`
-	Reason  string     `json:"reason"`
-	By      string     `json:"by"` // the relay asked
+	Kind    storage.Kind `json:"kind"`
+	APIKey  string       `json:"api_key"`
+	Options string       `json:"options"`
+	Reason  string       `json:"reason"`
+	By      string       `json:"by"` // the relay asked
 }
 
 // laneStopKey is lane's key in the bucket: the kind and a hash of the rest
 // (an api_key and options are not KV key characters).
-func laneStopKey(l spool.LaneKey) string {
+func laneStopKey(l storage.LaneKey) string {
 	h := sha256.Sum256([]byte(l.APIKey + "\x00" + l.Options))
 	return l.Kind.String() + "." + hex.EncodeToString(h[:16])
 }
 
 // laneWatcher is a WatchLanes function.
-type laneWatcher func(lane spool.LaneKey, stopped bool, reason string)
+type laneWatcher func(lane storage.LaneKey, stopped bool, reason string)
 
 // laneStops watches the bucket; its goroutine (watch) is started by
 // startLaneStops and ended by stop. The goroutine owns the stopped lanes
@@ -138,14 +138,14 @@ func (ls *laneStops) watch(ctx context.Context, w jetstream.KeyWatcher, ready ch
 	}
 }
 
-func (st laneStop) lane() spool.LaneKey {
-	return spool.LaneKey{Kind: st.Kind, APIKey: st.APIKey, Options: st.Options}
+func (st laneStop) lane() storage.LaneKey {
+	return storage.LaneKey{Kind: st.Kind, APIKey: st.APIKey, Options: st.Options}
 }
 
 // StopLane stops lane on every relay of the fleet until ResumeLane: it
 // returns once the stop is stored on a quorum; every relay (this one
 // included) then hears of it through WatchLanes.
-func (f *Fleet) StopLane(ctx context.Context, lane spool.LaneKey, reason string) error {
+func (f *Fleet) StopLane(ctx context.Context, lane storage.LaneKey, reason string) error {
 	v, _ := json.Marshal(laneStop{Kind: lane.Kind, APIKey: lane.APIKey, Options: lane.Options, Reason: reason, By: f.cfg.Name})
 	if _, err := f.lanes.kv.Put(ctx, laneStopKey(lane), v); err != nil {
 		return fmt.Errorf("fleet: stop lane: %w", unavailable(err))
@@ -155,7 +155,7 @@ func (f *Fleet) StopLane(ctx context.Context, lane spool.LaneKey, reason string)
 
 // ResumeLane ends lane's stop on every relay (nothing when it is not
 // stopped).
-func (f *Fleet) ResumeLane(ctx context.Context, lane spool.LaneKey) error {
+func (f *Fleet) ResumeLane(ctx context.Context, lane storage.LaneKey) error {
 	if err := f.lanes.kv.Delete(ctx, laneStopKey(lane)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return fmt.Errorf("fleet: resume lane: %w", unavailable(err))
 	}
@@ -165,7 +165,7 @@ func (f *Fleet) ResumeLane(ctx context.Context, lane spool.LaneKey) error {
 // WatchLanes calls fn for every lane stopped now, then for every stop and
 // resume from any relay, in order, from the bucket's watcher goroutine:
 // fn must not block. It has no effect after Close.
-func (f *Fleet) WatchLanes(fn func(lane spool.LaneKey, stopped bool, reason string)) {
+func (f *Fleet) WatchLanes(fn func(lane storage.LaneKey, stopped bool, reason string)) {
 	select {
 	case f.lanes.addc <- fn:
 	case <-f.lanes.done:

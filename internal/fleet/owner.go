@@ -15,7 +15,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
-	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -27,7 +26,7 @@ type DeliverFunc func(ctx context.Context, p *Partition) error
 
 // slot is one partition of one lane kind's stream.
 type slot struct {
-	kind spool.Kind
+	kind storage.Kind
 	id   int
 }
 
@@ -64,7 +63,7 @@ func (f *Fleet) Run(ctx context.Context, deliver DeliverFunc) error {
 // run is Run over the partitions of ks only. Several may run at once (one
 // per lane kind's delivery): the assignment is per kind, so each computes
 // the same spread as one over every kind would.
-func (f *Fleet) run(ctx context.Context, ks []spool.Kind, deliver DeliverFunc) error {
+func (f *Fleet) run(ctx context.Context, ks []storage.Kind, deliver DeliverFunc) error {
 	var slots []slot
 	for _, k := range ks {
 		for i := range f.cfg.Partitions {
@@ -72,7 +71,7 @@ func (f *Fleet) run(ctx context.Context, ks []spool.Kind, deliver DeliverFunc) e
 		}
 	}
 	held := make([]*lease, len(slots)) // by slot index; each tick's goroutine i touches held[i] only
-	var members map[spool.Kind][]string
+	var members map[storage.Kind][]string
 	tick := time.NewTicker(f.cfg.LeaseTTL / 3)
 	defer tick.Stop()
 	for {
@@ -150,9 +149,9 @@ func (f *Fleet) opCtx(ctx context.Context) (context.Context, context.CancelFunc)
 // memberKey is this relay's membership key for kind k: a relay is a member
 // of each kind it delivers (each kind's delivery runs its own
 // Run).
-func (f *Fleet) memberKey(k spool.Kind) string { return "m." + k.String() + "." + f.cfg.Name }
+func (f *Fleet) memberKey(k storage.Kind) string { return "m." + k.String() + "." + f.cfg.Name }
 
-func (f *Fleet) heartbeat(ctx context.Context, ks []spool.Kind) {
+func (f *Fleet) heartbeat(ctx context.Context, ks []storage.Kind) {
 	octx, cancel := f.opCtx(ctx)
 	defer cancel()
 	for _, k := range ks {
@@ -164,7 +163,7 @@ func (f *Fleet) heartbeat(ctx context.Context, ks []spool.Kind) {
 }
 
 // members lists the live members' names of each kind, sorted.
-func (f *Fleet) members(ctx context.Context) (map[spool.Kind][]string, error) {
+func (f *Fleet) members(ctx context.Context) (map[storage.Kind][]string, error) {
 	octx, cancel := f.opCtx(ctx)
 	defer cancel()
 	kl, err := f.kv.ListKeysFiltered(octx, "m.*.*")
@@ -172,7 +171,7 @@ func (f *Fleet) members(ctx context.Context) (map[spool.Kind][]string, error) {
 		return nil, err
 	}
 	defer kl.Stop() //nolint:errcheck // nothing to do
-	ms := make(map[spool.Kind][]string)
+	ms := make(map[storage.Kind][]string)
 	for key := range kl.Keys() {
 		kind, name, ok := strings.Cut(strings.TrimPrefix(key, "m."), ".")
 		if !ok {
@@ -201,11 +200,11 @@ func assign(slots []slot, members []string, self string) []string {
 		members = append(slices.Clone(members), self)
 		slices.Sort(members)
 	}
-	perKind := make(map[spool.Kind]int)
+	perKind := make(map[storage.Kind]int)
 	for _, s := range slots {
 		perKind[s.kind]++
 	}
-	load := make(map[spool.Kind]map[string]int)
+	load := make(map[storage.Kind]map[string]int)
 	out := make([]string, len(slots))
 	type cand struct {
 		m     string

@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Message is one stored message as its partition's owner reads it: records
@@ -19,10 +19,10 @@ import (
 type Message struct {
 	Partition int
 	Seq       uint64 // stream sequence: increasing within a partition
-	Lane      spool.LaneKey
+	Lane      storage.LaneKey
 	Accepted  time.Time
 	// Records alias the message's body; valid until Ack.
-	Records []spool.Record
+	Records []storage.Record
 	// Delivered counts deliveries, this one included: above 1, an earlier
 	// owner (or this one, after a lost acknowledgement) read it before and
 	// may have sent some of its records.
@@ -36,7 +36,7 @@ type Message struct {
 // any goroutine.
 type Partition struct {
 	f    *Fleet
-	kind spool.Kind
+	kind storage.Kind
 	id   int
 	ctx  context.Context // ends when ownership ends
 	it   jetstream.MessagesContext
@@ -60,7 +60,7 @@ type Partition struct {
 }
 
 // Kind is the lane kind whose stream the partition belongs to.
-func (p *Partition) Kind() spool.Kind { return p.kind }
+func (p *Partition) Kind() storage.Kind { return p.kind }
 
 // ID is the partition number, 0 to P-1.
 func (p *Partition) ID() int { return p.id }
@@ -91,7 +91,7 @@ func consumerName(id int) string { return "p" + strconv.Itoa(id) }
 // what it sent and returns, the lease is given up, and the partition is
 // opened again (by this relay, or the one now assigned): the reset
 // consumer delivers every unacknowledged message again, in stream order.
-func (f *Fleet) openPartition(ctx, owned context.Context, k spool.Kind, id int) (*Partition, error) {
+func (f *Fleet) openPartition(ctx, owned context.Context, k storage.Kind, id int) (*Partition, error) {
 	stream, name := f.n.streamOf(k, id), consumerName(id)
 	if err := f.js.DeleteConsumer(ctx, stream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return nil, fmt.Errorf("fleet: reset consumer %s/%s: %w", stream, name, unavailable(err))
@@ -113,7 +113,7 @@ var errStaleConsumer = errors.New("consumer not reset (it delivered before)")
 // existing durable with the same configuration returns it, and the
 // previous owner's unacknowledged messages would then wait for AckWait.
 // The caller retries, delete included.
-func (f *Fleet) createConsumer(ctx context.Context, k spool.Kind, id int) (jetstream.Consumer, error) {
+func (f *Fleet) createConsumer(ctx context.Context, k storage.Kind, id int) (jetstream.Consumer, error) {
 	stream, name := f.n.streamOf(k, id), consumerName(id)
 	cons, err := f.js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
 		Durable:       name,
@@ -140,7 +140,7 @@ func (f *Fleet) createConsumer(ctx context.Context, k spool.Kind, id int) (jetst
 
 // readPartition starts reading cons, a consumer just created (see
 // openPartition, Deliveries).
-func (f *Fleet) readPartition(owned context.Context, k spool.Kind, id int, cons jetstream.Consumer) (*Partition, error) {
+func (f *Fleet) readPartition(owned context.Context, k storage.Kind, id int, cons jetstream.Consumer) (*Partition, error) {
 	stream, name := f.n.streamOf(k, id), consumerName(id)
 	// A short pull expiry: a pull sent to a consumer just created whose
 	// leader is not elected yet is lost, and the iterator notices only
@@ -287,13 +287,13 @@ func (p *Partition) corrupt(ctx context.Context, m jetstream.Msg, md *jetstream.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	p.log.Error("undecodable message dead-lettered", zap.Uint64("seq", md.Sequence.Stream), zap.Error(cause))
-	dl := []spool.DeadLetter{{
-		Lane:     spool.LaneKey{Kind: p.kind},
+	dl := []storage.DeadLetter{{
+		Lane:     storage.LaneKey{Kind: p.kind},
 		Reason:   "damaged",
 		Answer:   []byte(cause.Error()),
 		Accepted: md.Timestamp,
 		Died:     time.Now(),
-		Record:   spool.Record{Data: m.Data()},
+		Record:   storage.Record{Data: m.Data()},
 	}}
 	if err := p.f.PutDead(ctx, dl); err != nil {
 		p.log.Error("dead-letter undecodable message", zap.Error(err))

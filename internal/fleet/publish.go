@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
 
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Request is what one ingest request appends: records of one lane. ID,
@@ -25,9 +25,9 @@ import (
 // its batch with others in flight (group commit).
 type Request struct {
 	ID       string
-	Lane     spool.LaneKey
+	Lane     storage.LaneKey
 	Accepted time.Time // zero means now
-	Records  []spool.Record
+	Records  []storage.Record
 }
 
 // PartitionOf is the partition of an order key: FNV-1a mod p, the same on
@@ -50,7 +50,7 @@ type frag struct {
 // pending is one request's part in one stream, waiting for its batch.
 type pending struct {
 	id       string // Request.ID; "" shares a batch
-	lane     spool.LaneKey
+	lane     storage.LaneKey
 	accepted time.Time
 	frags    []frag
 	size     int
@@ -144,7 +144,7 @@ var errTooLarge = errors.New("fleet: record larger than a message may be")
 // caller's), in frags of at most a message's worth.
 func (f *Fleet) parts(req *Request) ([]*pending, int, error) {
 	p := f.cfg.Partitions
-	byPart := make([][]spool.Record, p)
+	byPart := make([][]storage.Record, p)
 	for _, r := range req.Records {
 		i := PartitionOf(r.OrderKey, p)
 		byPart[i] = append(byPart[i], r)

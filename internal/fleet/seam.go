@@ -8,7 +8,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -28,7 +27,7 @@ var (
 // Backend is a Fleet as a storage.Backend: a queue is a partition.
 type Backend struct {
 	f     *Fleet
-	kinds []spool.Kind // Run's; every kind's when nil
+	kinds []storage.Kind // Run's; every kind's when nil
 }
 
 // Backend returns f behind the storage seam.
@@ -36,7 +35,7 @@ func (f *Fleet) Backend() *Backend { return &Backend{f: f} }
 
 // Only returns b whose Run hands out the partitions of ks only (each
 // lane kind's delivery runs its own). The other methods are b's.
-func (b *Backend) Only(ks ...spool.Kind) *Backend {
+func (b *Backend) Only(ks ...storage.Kind) *Backend {
 	return &Backend{f: b.f, kinds: slices.Clone(ks)}
 }
 
@@ -61,12 +60,12 @@ func (b *Backend) Run(ctx context.Context, deliver storage.DeliverFunc) error {
 }
 
 // PutDead is Fleet.PutDead.
-func (b *Backend) PutDead(ctx context.Context, dls []spool.DeadLetter) error {
+func (b *Backend) PutDead(ctx context.Context, dls []storage.DeadLetter) error {
 	return b.f.PutDead(ctx, dls)
 }
 
 // ListDead is Fleet.ListDead (limit <= 0 means 1000).
-func (b *Backend) ListDead(ctx context.Context, filter spool.DeadFilter, after uint64, limit int) ([]spool.DeadLetter, error) {
+func (b *Backend) ListDead(ctx context.Context, filter storage.DeadFilter, after uint64, limit int) ([]storage.DeadLetter, error) {
 	return b.f.ListDead(ctx, filter, after, limit)
 }
 

@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/svcrelay/relay/internal/poll"
-	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -23,8 +22,8 @@ import (
 func (e *testEnv) testSpill(t *testing.T) {
 	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1, AckWait: 4 * time.Second})
 	ctx := bg(t)
-	for _, r := range []spool.Record{rec("d:held", 1), rec("d:held", 2), rec("d:other", 1)} {
-		if err := f.Append(ctx, Request{Lane: lane, Records: []spool.Record{r}}); err != nil {
+	for _, r := range []storage.Record{rec("d:held", 1), rec("d:held", 2), rec("d:other", 1)} {
+		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{r}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -44,7 +43,7 @@ func (e *testEnv) testSpill(t *testing.T) {
 	case <-time.After(poll.Max):
 		t.Fatal("deliver did not finish")
 	}
-	waitFor(t, 10*time.Second, "the stream empties", func() bool { return streamMsgs(t, f, spool.KindEvents) == 0 })
+	waitFor(t, 10*time.Second, "the stream empties", func() bool { return streamMsgs(t, f, storage.KindEvents) == 0 })
 }
 
 func spillCase(ctx context.Context, r *partitionReader) error {

@@ -15,7 +15,6 @@ import (
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/event"
-	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
 )
@@ -51,7 +50,7 @@ type IntakeConfig struct {
 	// relay_<Name>_rejected_requests_total{reason}) and log lines. Required.
 	Name string
 	// Kind is the spool lane kind records go to. Required.
-	Kind spool.Kind
+	Kind storage.Kind
 	// Field is the count's field of the 200 answer, e.g.
 	// "mappings_accepted". Required.
 	Field string
@@ -63,7 +62,7 @@ type IntakeConfig struct {
 }
 
 // Store is the store of a spooling form route: the intake appends, the
-// delivery reads and stores dead letters. storage.NewLocal(sp) locally; in
+// delivery reads and stores dead letters. spool.NewBackend(sp) locally; in
 // fleet mode the fleet's backend restricted to the kind (Backend.Only).
 type Store interface {
 	storage.Appender
@@ -75,7 +74,7 @@ const DefaultRetryAfter = 5 * time.Second
 
 // Validate reports a configuration error.
 func (c IntakeConfig) Validate() error {
-	if c.Name == "" || c.Field == "" || c.Kind == spool.KindEvents || c.RetryAfter < 0 {
+	if c.Name == "" || c.Field == "" || c.Kind == storage.KindEvents || c.RetryAfter < 0 {
 		return fmt.Errorf("formreq: intake %q: Name, Field, a form lane Kind and RetryAfter >= 0 required", c.Name)
 	}
 	return nil
@@ -130,7 +129,7 @@ func (in *Intake) APIKey(w http.ResponseWriter, r *http.Request, apiKey string) 
 // Accept appends b (n records) to the lane of apiKey and answers the
 // request: once the store holds b, it counts n accepted and answers 200
 // with {"code":200,"<Field>":<n>}; else (Rejecter.SpoolFailed) 503.
-func (in *Intake) Accept(w http.ResponseWriter, apiKey string, b *spool.Batch, n int) {
+func (in *Intake) Accept(w http.ResponseWriter, apiKey string, b *storage.Batch, n int) {
 	// No request id: the fleet makes a fresh one (the local spool has no
 	// retries to absorb).
 	err := in.st.Append(context.Background(), storage.Request{Kind: in.cfg.Kind, APIKey: []byte(apiKey), Batch: b})
@@ -153,7 +152,7 @@ type Spooling struct {
 	// RetryAfter is sent with 503 when the store refuses; zero means
 	// DefaultRetryAfter (5 s). Rounded up to whole seconds.
 	RetryAfter time.Duration
-	// Store holds the records: storage.NewLocal(sp), or in fleet mode the
+	// Store holds the records: spool.NewBackend(sp), or in fleet mode the
 	// fleet's backend restricted to the route's kind. Required.
 	Store Store
 }

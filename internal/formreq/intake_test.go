@@ -64,29 +64,29 @@ func TestSpooled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := delivery.FormConfig{Name: "usermap", Lanes: spool.KindUserMap, URL: func(string) string { return "http://127.0.0.1:1/usermap" },
+	out := delivery.FormConfig{Name: "usermap", Lanes: storage.KindUserMap, URL: func(string) string { return "http://127.0.0.1:1/usermap" },
 		Kind: &delivery.Form{Field: "mapping", MaxItems: 10, MaxBodyBytes: 1000}}
-	s, err := NewSpooled(out, IntakeConfig{Field: "mappings_accepted"}, Spooling{Store: storage.NewLocal(sp, nil)}, cli, nil, nil, nil)
+	s, err := NewSpooled(out, IntakeConfig{Field: "mappings_accepted"}, Spooling{Store: spool.NewBackend(sp, nil)}, cli, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if s.FormLanes == nil || s.In == nil {
 		t.Fatal("a half is missing")
 	}
-	var b spool.Batch
-	b.Add(spool.Record{OrderKey: []byte("u"), Data: []byte(`{"user_id":"u","global_user_id":"g"}`)})
+	var b storage.Batch
+	b.Add(storage.Record{OrderKey: []byte("u"), Data: []byte(`{"user_id":"u","global_user_id":"g"}`)})
 	w := httptest.NewRecorder()
 	s.In.Accept(w, "key-1", &b, 1)
 	if w.Code != 200 || w.Body.String() != `{"code":200,"mappings_accepted":1}` {
 		t.Fatalf("accept: %d %s", w.Code, w.Body)
 	}
 	lanes := sp.Lanes()
-	if len(lanes) != 1 || lanes[0].Key() != (spool.LaneKey{Kind: spool.KindUserMap, APIKey: "key-1"}) {
+	if len(lanes) != 1 || lanes[0].Key() != (storage.LaneKey{Kind: storage.KindUserMap, APIKey: "key-1"}) {
 		t.Fatalf("lanes %v: want one user mapping lane of key-1", lanes)
 	}
 	sp.Close()
-	b = spool.Batch{}
-	b.Add(spool.Record{OrderKey: []byte("u"), Data: []byte(`{"user_id":"u","global_user_id":"g"}`)})
+	b = storage.Batch{}
+	b.Add(storage.Record{OrderKey: []byte("u"), Data: []byte(`{"user_id":"u","global_user_id":"g"}`)})
 	w = httptest.NewRecorder()
 	s.In.Accept(w, "key-1", &b, 1)
 	if w.Code != 503 || w.Header().Get("Retry-After") != "5" {
@@ -94,7 +94,7 @@ func TestSpooled(t *testing.T) {
 	}
 
 	out.Kind = nil
-	if _, err := NewSpooled(out, IntakeConfig{Field: "f"}, Spooling{Store: storage.NewLocal(sp, nil)}, cli, nil, nil, nil); err == nil || !strings.HasPrefix(err.Error(), "usermap: ") {
+	if _, err := NewSpooled(out, IntakeConfig{Field: "f"}, Spooling{Store: spool.NewBackend(sp, nil)}, cli, nil, nil, nil); err == nil || !strings.HasPrefix(err.Error(), "usermap: ") {
 		t.Fatalf("bad delivery config: %v", err)
 	}
 }
@@ -117,16 +117,16 @@ func TestSpooledStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	stored := open(spool.Config{})
-	st := &swapStore{Local: storage.NewLocal(stored, nil)}
-	out := delivery.FormConfig{Name: "usermap", Lanes: spool.KindUserMap, URL: func(string) string { return "http://127.0.0.1:1/usermap" },
+	st := &swapStore{Backend: spool.NewBackend(stored, nil)}
+	out := delivery.FormConfig{Name: "usermap", Lanes: storage.KindUserMap, URL: func(string) string { return "http://127.0.0.1:1/usermap" },
 		Kind: &delivery.Form{Field: "mapping", MaxItems: 10, MaxBodyBytes: 1000}}
 	s, err := NewSpooled(out, IntakeConfig{Field: "mappings_accepted"}, Spooling{Store: st}, cli, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	accept := func() *httptest.ResponseRecorder {
-		var b spool.Batch
-		b.Add(spool.Record{OrderKey: []byte("u"), UserID: []byte("u"), Data: []byte(`{"user_id":"u","global_user_id":"g"}`)})
+		var b storage.Batch
+		b.Add(storage.Record{OrderKey: []byte("u"), UserID: []byte("u"), Data: []byte(`{"user_id":"u","global_user_id":"g"}`)})
 		w := httptest.NewRecorder()
 		s.In.Accept(w, "key-1", &b, 1)
 		return w
@@ -137,11 +137,11 @@ func TestSpooledStore(t *testing.T) {
 		}
 	}
 	lanes := stored.Lanes()
-	if len(lanes) != 1 || lanes[0].Key() != (spool.LaneKey{Kind: spool.KindUserMap, APIKey: "key-1"}) || lanes[0].Stats().Records != 2 {
+	if len(lanes) != 1 || lanes[0].Key() != (storage.LaneKey{Kind: storage.KindUserMap, APIKey: "key-1"}) || lanes[0].Stats().Records != 2 {
 		t.Fatalf("store lanes %v: want one user mapping lane of key-1 with 2 records", lanes)
 	}
 	full := open(spool.Config{MaxBytes: 16}) // under one record
-	st.Local = storage.NewLocal(full, nil)
+	st.Backend = spool.NewBackend(full, nil)
 	if w := accept(); w.Code != 503 || w.Header().Get("Retry-After") != "5" {
 		t.Fatalf("full store: %d, Retry-After %q; want 503 and 5", w.Code, w.Header().Get("Retry-After"))
 	}
@@ -151,7 +151,7 @@ func TestSpooledStore(t *testing.T) {
 }
 
 // swapStore is a store the test can swap.
-type swapStore struct{ *storage.Local }
+type swapStore struct{ *spool.Backend }
 
 // Spooling's check covers its own RetryAfter, the timing's durations and
 // the kind's own.

@@ -14,7 +14,7 @@ import (
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/formreq"
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
 )
 
@@ -87,7 +87,7 @@ func New(cfg Config, client *upstream.Client, creds *credentials.Ref, log *zap.L
 	cfg = cfg.withDefaults()
 	s, err := formreq.NewSpooled(delivery.FormConfig{
 		Name:  "groupidentify",
-		Lanes: spool.KindGroupIdentify,
+		Lanes: storage.KindGroupIdentify,
 		Kind: &delivery.Form{Field: "identification", MaxItems: cfg.MaxIdentifies, MaxBodyBytes: cfg.MaxBodyBytes,
 			MaxWeight: cfg.MaxProperties, Weight: Properties},
 		URL: delivery.ProjectURL(creds, credentials.KindIngest, cfg.URL, "/groupidentify"),

@@ -35,7 +35,7 @@ func newEnv(t *testing.T, simCfg sim.Config, cfg groupidentify.Config) *env {
 
 func newEnvCreds(t *testing.T, simCfg sim.Config, cfg groupidentify.Config, creds *credentials.Store) *env {
 	t.Helper()
-	return formreqtest.New(t, simCfg, spool.KindGroupIdentify,
+	return formreqtest.New(t, simCfg, storage.KindGroupIdentify,
 		func(simURL string, sp *spool.Spool, client *upstream.Client, reg *prometheus.Registry) (*groupidentify.GroupIdentify, error) {
 			if cfg.URL == "" {
 				cfg.URL = simURL
@@ -44,7 +44,7 @@ func newEnvCreds(t *testing.T, simCfg sim.Config, cfg groupidentify.Config, cred
 				cfg.RetryInitial = 5 * time.Millisecond
 				cfg.RetryMax = 50 * time.Millisecond
 			}
-			cfg.Store = storage.NewLocal(sp, nil)
+			cfg.Store = spool.NewBackend(sp, nil)
 			return groupidentify.New(cfg, client, credentials.NewRef(creds), nil, reg)
 		})
 }
@@ -249,7 +249,7 @@ func TestBodyLimitSplit(t *testing.T) {
 	if n413 == 0 {
 		t.Fatal("expected 413s from the smaller upstream limit")
 	}
-	dead, _ := e.Spool.ListDead(spool.DeadFilter{}, 0, 0)
+	dead, _ := e.Spool.ListDead(storage.DeadFilter{}, 0, 0)
 	if len(dead) != 0 {
 		t.Fatalf("%d dead letters", len(dead))
 	}
@@ -301,12 +301,12 @@ func TestBadRequestBisect(t *testing.T) {
 	if len(got) != 19 {
 		t.Fatalf("delivered %d, want 19", len(got))
 	}
-	dead, err := e.Spool.ListDead(spool.DeadFilter{}, 0, 0)
+	dead, err := e.Spool.ListDead(storage.DeadFilter{}, 0, 0)
 	if err != nil || len(dead) != 1 {
 		t.Fatalf("dead %d %v", len(dead), err)
 	}
 	d := dead[0]
-	if d.Reason != "bad_request" || !strings.Contains(string(d.Record.Data), `"v7"`) || d.Lane.Kind != spool.KindGroupIdentify {
+	if d.Reason != "bad_request" || !strings.Contains(string(d.Record.Data), `"v7"`) || d.Lane.Kind != storage.KindGroupIdentify {
 		t.Fatalf("dead letter %+v %s", d, d.Record.Data)
 	}
 	if !strings.Contains(string(d.Answer), "Invalid group identification") {
@@ -410,7 +410,7 @@ func TestExpired(t *testing.T) {
 	}
 	e.Run()
 	waitFor(t, "acks", func() bool { return e.LaneRecords("k") == 0 })
-	dead, _ := e.Spool.ListDead(spool.DeadFilter{Reason: "expired"}, 0, 0)
+	dead, _ := e.Spool.ListDead(storage.DeadFilter{Reason: "expired"}, 0, 0)
 	if len(dead) != 4 {
 		t.Fatalf("%d expired dead letters, want 4", len(dead))
 	}

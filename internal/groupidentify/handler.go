@@ -9,7 +9,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/formreq"
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Operations are the group property operations of the API reference.
@@ -36,7 +36,7 @@ func Parse(apiKey string, identification []byte, maxIdentifies, maxProperties, m
 	if verr != nil {
 		return nil, verr
 	}
-	frame := (&delivery.Form{Field: "identification", MaxBodyBytes: maxBodyBytes}).Frame(spool.LaneKey{APIKey: apiKey})
+	frame := (&delivery.Form{Field: "identification", MaxBodyBytes: maxBodyBytes}).Frame(storage.LaneKey{APIKey: apiKey})
 	out := make([]Identification, 0, len(raws))
 	total := 0
 	var esc []byte // one record escaped, reused
@@ -172,11 +172,11 @@ func (g *GroupIdentify) serve(w http.ResponseWriter, r *http.Request) {
 		g.In.Reject(w, verr)
 		return
 	}
-	var b spool.Batch
+	var b storage.Batch
 	for _, id := range ids {
 		key := make([]byte, 0, len(id.GroupType)+1+len(id.GroupValue))
 		key = append(append(append(key, id.GroupType...), 0), id.GroupValue...)
-		b.Add(spool.Record{OrderKey: key, Data: id.Data})
+		b.Add(storage.Record{OrderKey: key, Data: id.Data})
 	}
 	g.In.Accept(w, apiKey, &b, len(ids))
 }

@@ -6,9 +6,9 @@
 // # The store
 //
 // The Server is given a storage.Appender (cmd/relay chooses it once: the
-// local spool behind storage.NewLocal, or the fleet's backend); there is
+// local spool behind spool.NewBackend, or the fleet's backend); there is
 // one path for both. The handler rewrites the events straight into a
-// pooled spool.Batch (the chunk's encoding, no copy of the records) and
+// pooled storage.Batch (the chunk's encoding, no copy of the records) and
 // appends it with the lane named by the request's bytes (kind events,
 // api_key, canonical options): the local spool finds the lane in its own
 // cache without allocating and takes the batch's memory over; the fleet
@@ -122,7 +122,7 @@
 //   - A 200 is written only after the store's Append returned nil for the
 //     whole request; a request is one Append, so it is stored entirely or
 //     not at all.
-//   - The api_key is never logged; lanes appear in logs by spool.LaneKey.Label.
+//   - The api_key is never logged; lanes appear in logs by storage.LaneKey.Label.
 //   - A request's memory is bounded by a small multiple of
 //     Config.MaxRequestBytes (raw body, inflated body, the batch of rewritten
 //     events, which is larger than the body by the filled insert_id and time

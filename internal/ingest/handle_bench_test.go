@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/svcrelay/relay/internal/benchtest"
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/valyala/fasthttp"
 )
 
@@ -69,7 +69,7 @@ func benchHandler(b *testing.B, noSync bool, n int) (fasthttp.RequestHandler, []
 		events[i] = benchtest.SDKEvent(i)
 	}
 	body := envelope("bench-api-key-0123456789abcdef", "", events...)
-	lane, err := sp.Lane(context.Background(), spool.LaneKey{Kind: spool.KindEvents, APIKey: "bench-api-key-0123456789abcdef"})
+	lane, err := sp.Lane(context.Background(), storage.LaneKey{Kind: storage.KindEvents, APIKey: "bench-api-key-0123456789abcdef"})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func benchHandler(b *testing.B, noSync bool, n int) (fasthttp.RequestHandler, []
 	drained := make(chan struct{})
 	go func() { // the lane's reader: read, release, acknowledge
 		defer close(drained)
-		var recs []spool.Record
+		var recs []storage.Record
 		for {
 			cs, more, err := lane.NextPart(ctx, 1<<20, recs)
 			if err != nil {

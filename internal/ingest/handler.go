@@ -22,7 +22,7 @@ import (
 // reqState is the reusable memory of one request.
 type reqState struct {
 	req   event.Request
-	batch spool.Batch
+	batch storage.Batch
 	plain []byte // inflated body
 	zr    *gzip.Reader
 	br    bytes.Reader
@@ -208,7 +208,7 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 		s.testHook(ctx)
 	}
 	// No request id: the fleet makes a fresh one, the local spool needs none.
-	req := storage.Request{Kind: spool.KindEvents, APIKey: st.req.APIKey, Options: st.req.Options, Accepted: now, Batch: &st.batch}
+	req := storage.Request{Kind: storage.KindEvents, APIKey: st.req.APIKey, Options: st.req.Options, Accepted: now, Batch: &st.batch}
 	if err := s.store.Append(s.base, req); err != nil {
 		s.spoolFailed(ctx, p, err, &req, n)
 		return

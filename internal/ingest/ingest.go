@@ -206,7 +206,7 @@ type Server struct {
 }
 
 // New returns a Server that appends each request's accepted events to
-// store (storage.NewLocal of the spool, or the fleet's backend) as one
+// store (spool.NewBackend of the spool, or the fleet's backend) as one
 // storage.Request, filling absent insert_ids from ids. log and reg may be
 // nil.
 func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, reg prometheus.Registerer) (*Server, error) {

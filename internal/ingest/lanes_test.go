@@ -10,6 +10,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Lanes are bounded at ingest. Options that mean the same share
@@ -91,7 +92,7 @@ func TestRetiredLaneLeavesCache(t *testing.T) {
 		if a := r.post("/2/httpapi", envelope("k", "", ev)); a.status != 200 {
 			t.Fatalf("round %d: %d %s", round, a.status, a.body)
 		}
-		l, err := r.sp.Lane(context.Background(), spool.LaneKey{Kind: spool.KindEvents, APIKey: "k"})
+		l, err := r.sp.Lane(context.Background(), storage.LaneKey{Kind: storage.KindEvents, APIKey: "k"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -105,7 +106,7 @@ func TestRetiredLaneLeavesCache(t *testing.T) {
 		ctx, cancel = context.WithTimeout(context.Background(), poll.Max)
 		_, err = l.Next(ctx, 1<<20) // returns once the empty lane is retired
 		cancel()
-		if !errors.Is(err, spool.ErrRetired) {
+		if !errors.Is(err, storage.ErrRetired) {
 			t.Fatalf("round %d: lane not retired: %v", round, err)
 		}
 	}

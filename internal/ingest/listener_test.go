@@ -21,7 +21,6 @@ import (
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/spool"
-	"github.com/svcrelay/relay/internal/storage"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -244,7 +243,7 @@ func TestFileDescriptorChild(t *testing.T) {
 	}
 	defer sp.Close()
 	log := zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig()), zapcore.Lock(os.Stderr), zapcore.DebugLevel))
-	srv, err := New(Config{}, storage.NewLocal(sp, nil), event.NewIDGen(), log, nil)
+	srv, err := New(Config{}, spool.NewBackend(sp, nil), event.NewIDGen(), log, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,13 +21,13 @@ import (
 type appender struct {
 	err  error
 	reqs []storage.Request // Batch nil; recs holds the records
-	recs [][]spool.Record
+	recs [][]storage.Record
 }
 
 func (a *appender) Append(_ context.Context, req storage.Request) error {
-	var recs []spool.Record
+	var recs []storage.Record
 	for _, r := range req.Batch.Records() {
-		recs = append(recs, spool.Record{OrderKey: clone(r.OrderKey), UserID: clone(r.UserID), Data: clone(r.Data)})
+		recs = append(recs, storage.Record{OrderKey: clone(r.OrderKey), UserID: clone(r.UserID), Data: clone(r.Data)})
 	}
 	req.APIKey, req.Options, req.Batch = clone(req.APIKey), clone(req.Options), nil
 	a.reqs, a.recs = append(a.reqs, req), append(a.recs, recs)
@@ -65,7 +65,7 @@ func TestStore(t *testing.T) {
 		t.Fatalf("%d %s, %d appends", rc.Response.StatusCode(), rc.Response.Body(), len(ok.reqs))
 	}
 	req := ok.reqs[0]
-	if req.Lane() != (spool.LaneKey{Kind: spool.KindEvents, APIKey: "k-store", Options: `{"min_id_length":1}`}) ||
+	if req.Lane() != (storage.LaneKey{Kind: storage.KindEvents, APIKey: "k-store", Options: `{"min_id_length":1}`}) ||
 		req.ID != "" || !req.Accepted.Equal(now) {
 		t.Errorf("request %+v (lane %+v)", req, req.Lane())
 	}

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // rssFileKiB is the process's file-backed resident memory (the bbolt
@@ -38,7 +40,7 @@ func procRssFileKiB() int64 {
 // 0 on, pad bytes each) to l.
 func appendChunks(t *testing.T, s *Spool, l *Lane, lane, chunks, perChunk, pad int) {
 	t.Helper()
-	var b Batch
+	var b storage.Batch
 	for i := range chunks {
 		b.Reset()
 		for j := range perChunk {

@@ -6,15 +6,17 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // benchRecord is a realistic ~490-byte event.
-func benchRecord(n int) Record {
+func benchRecord(n int) storage.Record {
 	d := fmt.Appendf(nil, `{"user_id":"user-%08d","device_id":"dev-%08d","event_type":"page_view","time":1700000000000,"insert_id":"%032d","event_properties":{"path":"/products/%d","referrer":"https://example.com/search?q=shoes","ab":"variant-b"},"user_properties":{"plan":"pro","country":"DE"},"platform":"Web","os_name":"Linux","app_version":"1.2.3","ip":"203.0.113.7","library":"svc-js/8.1.0"}`, n, n, n, n)
 	for len(d) < 490 {
 		d = append(d, ' ')
 	}
-	return Record{OrderKey: fmt.Appendf(nil, "dev-%08d", n), UserID: fmt.Appendf(nil, "user-%08d", n), Data: d}
+	return storage.Record{OrderKey: fmt.Appendf(nil, "dev-%08d", n), UserID: fmt.Appendf(nil, "user-%08d", n), Data: d}
 }
 
 // BenchmarkAppend measures Append of chunks of 1, 10 and 100 ~490-byte
@@ -40,7 +42,7 @@ func BenchmarkAppend(b *testing.B) {
 
 // benchLane opens a spool of cfg in a temp dir (closed when b ends), its
 // lane of testKey(1) and per benchmark records.
-func benchLane(b *testing.B, cfg Config, per int) (*Spool, *Lane, []Record) {
+func benchLane(b *testing.B, cfg Config, per int) (*Spool, *Lane, []storage.Record) {
 	b.Helper()
 	cfg.Dir = b.TempDir()
 	s, err := Open(cfg, nil, nil)
@@ -52,7 +54,7 @@ func benchLane(b *testing.B, cfg Config, per int) (*Spool, *Lane, []Record) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	recs := make([]Record, per)
+	recs := make([]storage.Record, per)
 	for i := range recs {
 		recs[i] = benchRecord(i)
 	}
@@ -66,7 +68,7 @@ func benchAppend(b *testing.B, noSync bool, per, par int) {
 	b.ResetTimer()
 	start := time.Now()
 	run := func(pb func() bool) {
-		var batch Batch
+		var batch storage.Batch
 		for pb() {
 			batch.Reset()
 			for _, r := range recs {
@@ -111,11 +113,11 @@ func benchDrain(b *testing.B, into bool) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	recs := make([]Record, 100)
+	recs := make([]storage.Record, 100)
 	for i := range recs {
 		recs[i] = benchRecord(i)
 	}
-	var batch Batch
+	var batch storage.Batch
 	for range b.N {
 		for _, r := range recs {
 			batch.Add(r)
@@ -135,9 +137,9 @@ func benchDrain(b *testing.B, into bool) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	start := time.Now()
-	var reuse []Record
+	var reuse []storage.Record
 	for n := 0; n < b.N; {
-		var cs []Chunk
+		var cs []storage.Chunk
 		if into {
 			cs, reuse, err = l.NextPart(ctx, 4<<20, reuse)
 		} else {

@@ -6,30 +6,9 @@ import (
 	"testing"
 	"time"
 	"unsafe"
-)
 
-func TestBufClass(t *testing.T) {
-	for _, tt := range []struct{ n, class, size int }{
-		{0, 0, 512}, {1, 0, 512}, {512, 0, 512}, {513, 1, 640}, {640, 1, 640}, {641, 2, 768}, {1024, 4, 1024},
-		{1025, 5, 1280}, {4096, 12, 4096}, {4097, 13, 5120}, {513 << 10, 41, 640 << 10}, {1 << 20, 44, 1 << 20},
-		{16 << 20, numClasses - 1, 16 << 20}, {16<<20 + 1, -1, 0},
-	} {
-		if got := bufClass(tt.n); got != tt.class {
-			t.Errorf("bufClass(%d) = %d, want %d", tt.n, got, tt.class)
-		}
-		if tt.class >= 0 && classSize(tt.class) != tt.size {
-			t.Errorf("classSize(%d) = %d, want %d", tt.class, classSize(tt.class), tt.size)
-		}
-	}
-	// Every size has the smallest class that holds it, wasting at most a
-	// fifth of it.
-	for n := 1; n <= 16<<20; n += 1 + n/7 {
-		c := bufClass(n)
-		if size := classSize(c); size < n || (c > 0 && classSize(c-1) >= n) || (n > 512 && size-n > size/5) {
-			t.Fatalf("bufClass(%d) = %d of %d bytes", n, c, size)
-		}
-	}
-}
+	"github.com/svcrelay/relay/internal/storage"
+)
 
 // A released chunk buffer serves a later read and the records read into it
 // are right; a chunk whose buffer is not released keeps its records,
@@ -41,7 +20,7 @@ func TestChunkBufferRecycled(t *testing.T) {
 	s := openTest(t, Config{Dir: dir, NoSync: true, CompactMinFileBytes: -1})
 	l := mustLane(t, s, testKey(1))
 	const chunks = 10
-	var b Batch
+	var b storage.Batch
 	for i := range chunks {
 		for j := range 10 {
 			b.Add(rec(1, i*10+j, 500))
@@ -80,7 +59,7 @@ func TestChunkBufferRecycled(t *testing.T) {
 		t.Fatal("no released buffer was reused")
 	}
 	t.Logf("%d of %d released buffers reused", reused, chunks-2)
-	var zero Buffer
+	var zero storage.Buffer
 	zero.Release() // no-op
 }
 
@@ -92,16 +71,16 @@ func TestHotChunkSharedBuffer(t *testing.T) {
 	ctx := context.Background()
 	s := openTest(t, Config{NoSync: true, CompactMinFileBytes: -1, flushAge: time.Hour})
 	l := mustLane(t, s, testKey(1))
-	var b Batch
+	var b storage.Batch
 	for j := range 10 {
 		b.Add(rec(1, j, 500))
 	}
-	built, size := uintptr(unsafe.Pointer(unsafe.SliceData(b.cb.b))), uintptr(cap(b.cb.b))
+	built, size := uintptr(unsafe.Pointer(unsafe.SliceData(b.Encoded()))), uintptr(cap(b.Encoded()))
 	if err := s.Append(ctx, l, &b); err != nil {
 		t.Fatal(err)
 	}
-	if b.n != 0 || b.Bytes() != 0 {
-		t.Fatalf("batch after Append: %d records, %d bytes", b.n, b.Bytes())
+	if b.Len() != 0 || b.Bytes() != 0 {
+		t.Fatalf("batch after Append: %d records, %d bytes", b.Len(), b.Bytes())
 	}
 	c := nextT(t, l, 0)[0]
 	if p := uintptr(unsafe.Pointer(unsafe.SliceData(c.Records[0].Data))); p < built || p >= built+size {
@@ -117,11 +96,11 @@ func TestHotChunkSharedBuffer(t *testing.T) {
 	// Other batches of the same class, built while the chunk is held.
 	fill := func() {
 		for range 4 {
-			var o Batch
+			var o storage.Batch
 			for j := range 10 {
 				o.Add(rec(1, 100+j, 500))
 			}
-			copy(o.cb.b[chunkHeaderLen:], bytes.Repeat([]byte{'z'}, len(o.cb.b)-chunkHeaderLen))
+			copy(o.Encoded()[chunkHeaderLen:], bytes.Repeat([]byte{'z'}, len(o.Encoded())-chunkHeaderLen))
 		}
 	}
 	s.Ack(l, c.Seq) // the spool lets go; the reader still holds it
@@ -131,7 +110,7 @@ func TestHotChunkSharedBuffer(t *testing.T) {
 	if st := l.Stats(); st.Chunks != 0 || s.hotHeld.Load() != 0 {
 		t.Fatalf("after Ack and Release: %+v, hot %d bytes", st, s.hotHeld.Load())
 	}
-	var again Batch
+	var again storage.Batch
 	again.Add(rec(1, 1, 500))
-	t.Logf("buffer reused by the next batch: %v", uintptr(unsafe.Pointer(unsafe.SliceData(again.cb.b))) == built)
+	t.Logf("buffer reused by the next batch: %v", uintptr(unsafe.Pointer(unsafe.SliceData(again.Encoded()))) == built)
 }

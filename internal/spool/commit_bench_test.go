@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/svcrelay/relay/internal/benchtest"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // BenchmarkCommit measures the append/commit path as the ingest drives it:
@@ -40,7 +41,7 @@ func benchCommit(b *testing.B, noSync bool, per, par int) {
 	drained := make(chan struct{})
 	go func() { // the lane's reader: read, release, acknowledge
 		defer close(drained)
-		var rs []Record
+		var rs []storage.Record
 		for {
 			cs, more, err := l.NextPart(ctx, 1<<20, rs)
 			if err != nil {
@@ -55,7 +56,7 @@ func benchCommit(b *testing.B, noSync bool, per, par int) {
 	}()
 	defer func() { cancel(); <-drained }()
 	run := func(pb func() bool) {
-		var batch Batch
+		var batch storage.Batch
 		for pb() {
 			batch.Reserve(size) // as the handler does
 			for _, r := range recs {

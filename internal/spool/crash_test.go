@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 const crashChildEnv = "SPOOL_CRASH_CHILD"
@@ -62,7 +63,7 @@ func crashChild(dir string) {
 				fmt.Fprintln(os.Stderr, "child lane:", err)
 				os.Exit(2)
 			}
-			var b Batch
+			var b storage.Batch
 			for n := 0; ; n++ {
 				id := round*1_000_000 + w*10_000 + n
 				b.Reset()

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 func TestDeadLetters(t *testing.T) {
@@ -14,9 +16,9 @@ func TestDeadLetters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k1, k2 := testKey(1), LaneKey{Kind: KindUserMap, APIKey: "k2", Options: `{"x":1}`}
+	k1, k2 := testKey(1), storage.LaneKey{Kind: storage.KindUserMap, APIKey: "k2", Options: `{"x":1}`}
 	died := time.UnixMilli(1_700_000_000_123)
-	var dls []DeadLetter
+	var dls []storage.DeadLetter
 	for i := range 10 {
 		k, reason := k1, "invalid_fields"
 		if i%2 == 1 {
@@ -25,7 +27,7 @@ func TestDeadLetters(t *testing.T) {
 		if i%3 == 0 {
 			reason = "too_large"
 		}
-		dls = append(dls, DeadLetter{
+		dls = append(dls, storage.DeadLetter{
 			Lane: k, Reason: reason, Answer: []byte(`{"code":400}`),
 			Accepted: died.Add(-time.Minute), Died: died,
 			Record: rec(0, i, 5),
@@ -45,7 +47,7 @@ func TestDeadLetters(t *testing.T) {
 	if s.Stats().Dead != 10 {
 		t.Fatalf("Stats().Dead = %d", s.Stats().Dead)
 	}
-	check := func(s *Spool, f DeadFilter, after uint64, limit int, want ...int) {
+	check := func(s *Spool, f storage.DeadFilter, after uint64, limit int, want ...int) {
 		t.Helper()
 		got, err := s.ListDead(f, after, limit)
 		if err != nil {
@@ -65,19 +67,19 @@ func TestDeadLetters(t *testing.T) {
 			t.Fatalf("ListDead(%+v, %d, %d) = %v, want %v", f, after, limit, ids, want)
 		}
 	}
-	check(s, DeadFilter{}, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
-	check(s, DeadFilter{}, 0, 3, 1, 2, 3)
-	check(s, DeadFilter{}, 3, 3, 4, 5, 6)
-	check(s, DeadFilter{Lane: &k2}, 0, 0, 2, 4, 6, 8, 10)
-	check(s, DeadFilter{Lane: &k2}, 4, 2, 6, 8)
-	check(s, DeadFilter{Reason: "too_large"}, 0, 0, 1, 4, 7, 10)
-	check(s, DeadFilter{Lane: &k1, Reason: "too_large"}, 0, 0, 1, 7)
-	check(s, DeadFilter{Reason: "nope"}, 0, 0)
-	check(s, DeadFilter{}, 10, 0)
+	check(s, storage.DeadFilter{}, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+	check(s, storage.DeadFilter{}, 0, 3, 1, 2, 3)
+	check(s, storage.DeadFilter{}, 3, 3, 4, 5, 6)
+	check(s, storage.DeadFilter{Lane: &k2}, 0, 0, 2, 4, 6, 8, 10)
+	check(s, storage.DeadFilter{Lane: &k2}, 4, 2, 6, 8)
+	check(s, storage.DeadFilter{Reason: "too_large"}, 0, 0, 1, 4, 7, 10)
+	check(s, storage.DeadFilter{Lane: &k1, Reason: "too_large"}, 0, 0, 1, 7)
+	check(s, storage.DeadFilter{Reason: "nope"}, 0, 0)
+	check(s, storage.DeadFilter{}, 10, 0)
 	if err := s.DeleteDead(ctx, []uint64{2, 4, 99}); err != nil {
 		t.Fatal(err)
 	}
-	check(s, DeadFilter{Lane: &k2}, 0, 0, 6, 8, 10)
+	check(s, storage.DeadFilter{Lane: &k2}, 0, 0, 6, 8, 10)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -86,8 +88,8 @@ func TestDeadLetters(t *testing.T) {
 	if s.Stats().Dead != 8 {
 		t.Fatalf("after reopen Stats().Dead = %d", s.Stats().Dead)
 	}
-	check(s, DeadFilter{}, 0, 0, 1, 3, 5, 6, 7, 8, 9, 10)
-	more := []DeadLetter{{Lane: k1, Reason: "x"}}
+	check(s, storage.DeadFilter{}, 0, 0, 1, 3, 5, 6, 7, 8, 9, 10)
+	more := []storage.DeadLetter{{Lane: k1, Reason: "x"}}
 	if err := s.PutDead(ctx, more); err != nil {
 		t.Fatal(err)
 	}
@@ -110,8 +112,8 @@ func TestDeadCountCoversList(t *testing.T) {
 	go func() {
 		defer close(done)
 		for i := range 300 {
-			d := DeadLetter{Lane: testKey(1), Reason: "silenced", Accepted: time.Now(), Died: time.Now(), Record: rec(0, i, 5)}
-			if err := s.PutDead(ctx, []DeadLetter{d}); err != nil {
+			d := storage.DeadLetter{Lane: testKey(1), Reason: "silenced", Accepted: time.Now(), Died: time.Now(), Record: rec(0, i, 5)}
+			if err := s.PutDead(ctx, []storage.DeadLetter{d}); err != nil {
 				t.Error(err)
 				return
 			}
@@ -123,7 +125,7 @@ func TestDeadCountCoversList(t *testing.T) {
 			return
 		default:
 		}
-		l, err := s.ListDead(DeadFilter{}, 0, 0)
+		l, err := s.ListDead(storage.DeadFilter{}, 0, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

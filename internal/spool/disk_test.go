@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/storage"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -72,7 +73,7 @@ func TestDiskGivenBack(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var b Batch
+			var b storage.Batch
 			var data []byte
 			pad := make([]byte, 360)
 			for j := range pad {
@@ -90,7 +91,7 @@ func TestDiskGivenBack(t *testing.T) {
 					data = append(data, `,"pad":"`...)
 					data = append(data, pad...)
 					data = append(data, `"}`...)
-					b.Add(Record{OrderKey: data[8:9], UserID: data[len(data)-20:], Data: data})
+					b.Add(storage.Record{OrderKey: data[8:9], UserID: data[len(data)-20:], Data: data})
 				}
 				if err := s.Append(ctx, ls[i], &b); err != nil {
 					t.Error(err)
@@ -179,7 +180,7 @@ func TestCompactionKeepsData(t *testing.T) {
 	}
 	ctx := context.Background()
 	l := mustLane(t, s, testKey(1))
-	var b Batch
+	var b storage.Batch
 	const chunks = 400
 	for c := range chunks { // ~10 MB
 		b.Reset()
@@ -196,7 +197,7 @@ func TestCompactionKeepsData(t *testing.T) {
 	}
 	peak := s.Stats()
 	// Read 350, ack the first 340: 60 chunks stay live (15%).
-	var read []Chunk
+	var read []storage.Chunk
 	for len(read) < 350 {
 		read = append(read, nextT(t, l, 64<<10)...)
 	}
@@ -227,7 +228,7 @@ func TestCompactionKeepsData(t *testing.T) {
 		}
 	}
 	// Sequences survive the copy: ids are not reused.
-	if err := s.PutDead(ctx, []DeadLetter{{Lane: l.Key(), Reason: "x"}}); err != nil {
+	if err := s.PutDead(ctx, []storage.DeadLetter{{Lane: l.Key(), Reason: "x"}}); err != nil {
 		t.Fatal(err)
 	}
 	if l2 := mustLane(t, s, testKey(2)); l2.ID() != l.ID()+1 {
@@ -246,7 +247,7 @@ func TestCompactionKeepsData(t *testing.T) {
 		t.Fatalf("compaction file left behind: %v", err)
 	}
 	s = openTest(t, Config{Dir: dir, NoSync: true})
-	more := []DeadLetter{{Lane: l.Key(), Reason: "y"}}
+	more := []storage.DeadLetter{{Lane: l.Key(), Reason: "y"}}
 	if err := s.PutDead(ctx, more); err != nil || more[0].ID != 2 {
 		t.Fatalf("dead letter after compaction and reopen: id %d, %v", more[0].ID, err)
 	}
@@ -262,7 +263,7 @@ func TestStaleCompactionFileRemoved(t *testing.T) {
 	dir := t.TempDir()
 	s := openTest(t, Config{Dir: dir, NoSync: true})
 	l := mustLane(t, s, testKey(1))
-	var b Batch
+	var b storage.Batch
 	b.Add(rec(1, 1, 1))
 	if err := s.Append(context.Background(), l, &b); err != nil {
 		t.Fatal(err)
@@ -312,7 +313,7 @@ func TestCompactionUnderLoad(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				var b Batch
+				var b storage.Batch
 				for n := range perWriter {
 					b.Reset()
 					for range 4 {

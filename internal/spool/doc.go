@@ -98,11 +98,11 @@
 // no Append for Config.RetireIdle (and is not pinned) is retired by the
 // store goroutine: forgotten in memory (the index, the dirty list, every
 // slice that named it), its lane record and queue bucket deleted, its
-// reader answered ErrRetired. An Append through a retired Lane goes to the
+// reader answered storage.ErrRetired. An Append through a retired Lane goes to the
 // live lane of its key. A checkpoint looks only at the lanes appended to
 // since the last one. A reader may end while its lane is idle (Wait's
-// onIdle: ErrIdle) and ask to be started again at the lane's next record
-// or retirement (OnWork), so that an idle lane needs no goroutine.
+// onIdle: storage.ErrIdle) and ask to be started again at the lane's next record
+// or retirement (whenWork), so that an idle lane needs no goroutine.
 //
 // # Removal
 //
@@ -173,6 +173,6 @@
 // notification channel) and Spool.dbMu (the *bolt.DB: shared for read
 // transactions, exclusive only for the compaction swap and Close). No two
 // of them are ever held at once. A hot chunk's buffer is shared by the
-// spool and the reader, each holding a reference (buffer.go); the spool
+// spool and the reader, each holding a reference (storage.Buf); the spool
 // drops its own when the chunk is acknowledged or put into bbolt.
 package spool

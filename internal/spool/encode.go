@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"hash/crc32"
 	"time"
+
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // On-disk encodings. Every value starts with a format version byte so that a
@@ -65,7 +67,7 @@ const (
 	laneVersion  = 2
 	deadVersion  = 2
 
-	chunkHeaderLen   = 18
+	chunkHeaderLen   = storage.BatchHeaderLen
 	chunkV1HeaderLen = 13
 
 	// chunkPatched (chunk flags): each record's Data is followed by its
@@ -158,7 +160,7 @@ func upgradeChunk(v []byte) []byte {
 // alias v (a patched record's Data is built anew), c.Records is taken from
 // slab (nil: a fresh slice). A chunk that fails its checksum returns an
 // error wrapping errChecksum and decodes nothing.
-func decodeChunk(seq uint64, v []byte, c *Chunk, slab *recSlab) error {
+func decodeChunk(seq uint64, v []byte, c *storage.Chunk, slab *recSlab) error {
 	if err := verifyChunk(v); err != nil {
 		return err
 	}
@@ -167,7 +169,7 @@ func decodeChunk(seq uint64, v []byte, c *Chunk, slab *recSlab) error {
 
 // decodeRecords decodes v into c without checking its checksum (salvage
 // of damaged chunks, whose framing may still hold).
-func decodeRecords(seq uint64, v []byte, c *Chunk, slab *recSlab) error {
+func decodeRecords(seq uint64, v []byte, c *storage.Chunk, slab *recSlab) error {
 	ms, n, err := chunkHeader(v)
 	if err != nil {
 		return err
@@ -295,7 +297,7 @@ type laneState struct {
 	nextSeq, chunks, records, bytes uint64
 }
 
-func encodeLane(dst []byte, k LaneKey, st laneState) []byte {
+func encodeLane(dst []byte, k storage.LaneKey, st laneState) []byte {
 	start := len(dst)
 	dst = append(dst, laneVersion, byte(k.Kind))
 	dst = appendBytes(dst, []byte(k.APIKey))
@@ -329,8 +331,8 @@ func openValue(v []byte) ([]byte, error) {
 	return body, nil
 }
 
-func decodeLane(v []byte) (LaneKey, laneState, error) {
-	var k LaneKey
+func decodeLane(v []byte) (storage.LaneKey, laneState, error) {
+	var k storage.LaneKey
 	var st laneState
 	v, err := openValue(v)
 	if err != nil {
@@ -339,7 +341,7 @@ func decodeLane(v []byte) (LaneKey, laneState, error) {
 	if len(v) < 2 {
 		return k, st, fmt.Errorf("lane record: %w", errCorrupt)
 	}
-	k.Kind = Kind(v[1])
+	k.Kind = storage.Kind(v[1])
 	ak, p, err := takeBytes(v[2:])
 	if err != nil {
 		return k, st, err
@@ -359,7 +361,7 @@ func decodeLane(v []byte) (LaneKey, laneState, error) {
 	return k, st, nil
 }
 
-func encodeDead(dst []byte, d *DeadLetter) []byte {
+func encodeDead(dst []byte, d *storage.DeadLetter) []byte {
 	start := len(dst)
 	dst = append(dst, deadVersion, byte(d.Lane.Kind))
 	dst = appendBytes(dst, []byte(d.Lane.APIKey))
@@ -389,8 +391,8 @@ func fromMs(ms int64) time.Time {
 }
 
 // decodeDead decodes v (which must not be reused: the result aliases it).
-func decodeDead(id uint64, v []byte) (DeadLetter, error) {
-	d := DeadLetter{ID: id}
+func decodeDead(id uint64, v []byte) (storage.DeadLetter, error) {
+	d := storage.DeadLetter{ID: id}
 	v, err := openValue(v)
 	if err != nil {
 		return d, err
@@ -398,7 +400,7 @@ func decodeDead(id uint64, v []byte) (DeadLetter, error) {
 	if len(v) < 2 {
 		return d, errCorrupt
 	}
-	d.Lane.Kind = Kind(v[1])
+	d.Lane.Kind = storage.Kind(v[1])
 	var b [4][]byte
 	p := v[2:]
 	for i := range b {
@@ -431,4 +433,13 @@ func decodeDead(id uint64, v []byte) (DeadLetter, error) {
 		return d, errCorrupt
 	}
 	return d, nil
+}
+
+// uvarintLen is the length of x's shortest uvarint.
+func uvarintLen(x uint64) int {
+	n := 1
+	for ; x >= 0x80; x >>= 7 {
+		n++
+	}
+	return n
 }

@@ -6,6 +6,8 @@ import (
 	"hash/crc32"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // FuzzDecode feeds arbitrary bytes to the decoders of stored values (a
@@ -17,37 +19,37 @@ func FuzzDecode(f *testing.F) {
 	f.Fuzz(func(t *testing.T, okey, uid, data []byte, apiKey, options string, kind uint8) {
 		// Arbitrary bytes as every kind of value.
 		for _, v := range [][]byte{okey, uid, data, []byte(apiKey)} {
-			var c Chunk
+			var c storage.Chunk
 			_ = decodeChunk(1, v, &c, nil)
 			_, _, _ = decodeLane(v)
 			_, _ = decodeDead(1, v)
 		}
 		// Round trips.
-		var b Batch
-		r := Record{OrderKey: okey, UserID: uid, Data: data}
+		var b storage.Batch
+		r := storage.Record{OrderKey: okey, UserID: uid, Data: data}
 		b.Add(r)
-		b.Add(Record{})
+		b.Add(storage.Record{})
 		b.Add(r)
-		putChunkHeader(b.cb.b, 42, b.n)
-		var c Chunk
-		if err := decodeChunk(7, b.cb.b, &c, nil); err != nil {
+		putChunkHeader(b.Encoded(), 42, b.Len())
+		var c storage.Chunk
+		if err := decodeChunk(7, b.Encoded(), &c, nil); err != nil {
 			t.Fatal(err)
 		}
-		if len(c.Records) != 3 || !sameRecord(c.Records[0], r) || !sameRecord(c.Records[1], Record{}) || !sameRecord(c.Records[2], r) {
+		if len(c.Records) != 3 || !sameRecord(c.Records[0], r) || !sameRecord(c.Records[1], storage.Record{}) || !sameRecord(c.Records[2], r) {
 			t.Fatalf("chunk round trip: %+v", c.Records)
 		}
-		for cut := range b.cb.b { // every truncation is an error
-			if err := decodeChunk(7, b.cb.b[:cut], &c, nil); err == nil {
-				t.Fatalf("truncated chunk (%d of %d bytes) decoded", cut, len(b.cb.b))
+		for cut := range b.Encoded() { // every truncation is an error
+			if err := decodeChunk(7, b.Encoded()[:cut], &c, nil); err == nil {
+				t.Fatalf("truncated chunk (%d of %d bytes) decoded", cut, len(b.Encoded()))
 			}
 		}
-		key := LaneKey{Kind: Kind(kind), APIKey: apiKey, Options: options}
+		key := storage.LaneKey{Kind: storage.Kind(kind), APIKey: apiKey, Options: options}
 		st := laneState{nextSeq: 5, chunks: 4, records: 3, bytes: 2}
 		k2, st2, err := decodeLane(encodeLane(nil, key, st))
 		if err != nil || k2 != key || st2 != st {
 			t.Fatalf("lane round trip: %+v %+v %v", k2, st2, err)
 		}
-		d := DeadLetter{Lane: key, Reason: options, Answer: data, Accepted: time.UnixMilli(1), Died: time.UnixMilli(-5), Record: r}
+		d := storage.DeadLetter{Lane: key, Reason: options, Answer: data, Accepted: time.UnixMilli(1), Died: time.UnixMilli(-5), Record: r}
 		d2, err := decodeDead(9, encodeDead(nil, &d))
 		if err != nil || d2.ID != 9 || d2.Lane != key || d2.Reason != d.Reason || !bytes.Equal(d2.Answer, d.Answer) ||
 			!d2.Accepted.Equal(d.Accepted) || !d2.Died.Equal(d.Died) || !sameRecord(d2.Record, r) {
@@ -56,7 +58,7 @@ func FuzzDecode(f *testing.F) {
 	})
 }
 
-func sameRecord(a, b Record) bool {
+func sameRecord(a, b storage.Record) bool {
 	return bytes.Equal(a.OrderKey, b.OrderKey) && bytes.Equal(a.UserID, b.UserID) && bytes.Equal(a.Data, b.Data)
 }
 
@@ -87,12 +89,12 @@ func FuzzPatchedChunk(f *testing.F) {
 			at = off + del
 		}
 		v := make([]byte, chunkHeaderLen)
-		v = appendPatched(v, Record{OrderKey: []byte("d:1"), Data: base}, ps)
-		v = appendPatched(v, Record{UserID: []byte("u")}, nil)
+		v = appendPatched(v, storage.Record{OrderKey: []byte("d:1"), Data: base}, ps)
+		v = appendPatched(v, storage.Record{UserID: []byte("u")}, nil)
 		putChunkHeader(v, 5, 2)
 		v[17] = chunkPatched
 		binary.BigEndian.PutUint32(v[1:5], crc32.Checksum(v[5:], crcTable))
-		var c Chunk
+		var c storage.Chunk
 		if err := decodeChunk(1, v, &c, nil); err != nil {
 			t.Fatalf("written patched chunk: %v", err)
 		}
@@ -158,7 +160,7 @@ func referencePatches(base, enc []byte) ([]byte, bool) {
 // appendPatched appends a patched record's encoding (the layout in encode.go) to
 // dst: the writer's side of applyPatches (the tests write patched records
 // with it; the product does not write them yet).
-func appendPatched(dst []byte, r Record, patches []patch) []byte {
+func appendPatched(dst []byte, r storage.Record, patches []patch) []byte {
 	dst = appendBytes(dst, r.OrderKey)
 	dst = appendBytes(dst, r.UserID)
 	dst = appendBytes(dst, r.Data)

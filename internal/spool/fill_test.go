@@ -15,6 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // TestFill fills a small quota from concurrent appenders until every one is
@@ -35,7 +36,7 @@ func TestFill(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var b Batch
+			var b storage.Batch
 			for n := range 1000 { // bounded; the quota stops it far earlier
 				id := w*1000 + n
 				b.Reset()
@@ -89,7 +90,7 @@ func TestFill(t *testing.T) {
 	for s.Stats().LiveBytes != 0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
-	var b Batch
+	var b storage.Batch
 	b.Add(rec(1, 99999, 400))
 	if err := s.Append(ctx, l, &b); err != nil {
 		t.Fatalf("append after drain: %v", err)
@@ -98,7 +99,7 @@ func TestFill(t *testing.T) {
 
 // b2 is the encoded size of one test append of TestFill.
 func b2(t testing.TB) int64 {
-	var b Batch
+	var b storage.Batch
 	b.Add(rec(1, 1000, 400))
 	b.Add(rec(1, 1000, 400))
 	return int64(b.Bytes())
@@ -110,7 +111,7 @@ func TestDiskLow(t *testing.T) {
 	s := openTest(t, Config{NoSync: true, MinFreeBytes: 1 << 62})
 	ctx := context.Background()
 	l := mustLane(t, s, testKey(1))
-	var b Batch
+	var b storage.Batch
 	b.Add(rec(1, 1, 10))
 	if err := s.Append(ctx, l, &b); !errors.Is(err, ErrDiskLow) {
 		t.Fatalf("Append: %v, want ErrDiskLow", err)
@@ -118,7 +119,7 @@ func TestDiskLow(t *testing.T) {
 	if st := l.Stats(); st.Chunks != 0 || s.Stats().LiveBytes != 0 {
 		t.Fatalf("refused append left %+v", st)
 	}
-	if err := s.PutDead(ctx, []DeadLetter{{Lane: l.Key(), Reason: "x"}}); err != nil {
+	if err := s.PutDead(ctx, []storage.DeadLetter{{Lane: l.Key(), Reason: "x"}}); err != nil {
 		t.Fatalf("PutDead with low disk: %v", err)
 	}
 	ctx2, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
@@ -134,7 +135,7 @@ func TestDiskReserveOK(t *testing.T) {
 	for _, min := range []int64{0, -1} {
 		s := openTest(t, Config{NoSync: true, MinFreeBytes: min})
 		l := mustLane(t, s, testKey(1))
-		var b Batch
+		var b storage.Batch
 		b.Add(rec(1, 1, 10))
 		if err := s.Append(context.Background(), l, &b); err != nil {
 			t.Fatalf("MinFreeBytes %d: %v", min, err)
@@ -158,8 +159,8 @@ func TestCheckpointFailure(t *testing.T) {
 	}
 	ctx := context.Background()
 	l := mustLane(t, s, testKey(1))
-	big := func(id int) *Batch {
-		var b Batch
+	big := func(id int) *storage.Batch {
+		var b storage.Batch
 		for r := range 4 {
 			b.Add(rec(1, id, 256<<10+r)) // ~1 MB per chunk
 		}
@@ -256,7 +257,7 @@ func TestWALWriteFailure(t *testing.T) {
 			l := mustLane(t, s, testKey(1))
 			var ok []int
 			for id := range 30 {
-				var b Batch
+				var b storage.Batch
 				b.Add(rec(1, id, 100))
 				fail.Store(id%10 == 5)
 				err := s.Append(ctx, l, &b)
@@ -269,7 +270,7 @@ func TestWALWriteFailure(t *testing.T) {
 					ok = append(ok, id)
 				}
 			}
-			check := func(cs []Chunk, when string) {
+			check := func(cs []storage.Chunk, when string) {
 				t.Helper()
 				if len(cs) != len(ok) {
 					t.Fatalf("%s: %d chunks, %d appends succeeded", when, len(cs), len(ok))
@@ -309,7 +310,7 @@ func TestReplayTornTail(t *testing.T) {
 		if id == n-1 {
 			s.Ack(l, 3) // hot; its record precedes the last chunk's
 		}
-		var b Batch
+		var b storage.Batch
 		b.Add(rec(1, id, 300))
 		if err := s.Append(ctx, l, &b); err != nil {
 			t.Fatal(err)
@@ -419,7 +420,7 @@ func TestCommitGather(t *testing.T) {
 	start := func(id int) chan error {
 		done := make(chan error, 1)
 		go func() {
-			var b Batch
+			var b storage.Batch
 			b.Add(rec(1, id, 100))
 			done <- s.Append(ctx, l, &b)
 		}()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // noFreelist is bbolt's meta value for "freelist not written".
@@ -68,7 +69,7 @@ func TestFreelistWritten(t *testing.T) {
 				t.Fatal(err)
 			}
 			l := mustLane(t, s, testKey(1))
-			var b Batch
+			var b storage.Batch
 			for i := range tc.chunks {
 				b.Reset()
 				b.Add(rec(1, i, tc.pad))

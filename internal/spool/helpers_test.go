@@ -13,6 +13,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // openTest opens a spool in a new temporary directory (or cfg.Dir when set)
@@ -67,7 +68,7 @@ func checkFile(path string) error {
 				if seq >= st.nextSeq {
 					return fmt.Errorf("lane %d: seq %d >= next %d", key.Kind, seq, st.nextSeq)
 				}
-				var c Chunk
+				var c storage.Chunk
 				if err := decodeChunk(seq, v, &c, nil); err != nil {
 					return err
 				}
@@ -107,11 +108,11 @@ func checkFile(path string) error {
 	})
 }
 
-func testKey(i int) LaneKey {
-	return LaneKey{Kind: KindEvents, APIKey: fmt.Sprintf("key-%03d", i), Options: ""}
+func testKey(i int) storage.LaneKey {
+	return storage.LaneKey{Kind: storage.KindEvents, APIKey: fmt.Sprintf("key-%03d", i), Options: ""}
 }
 
-func mustLane(t testing.TB, s *Spool, key LaneKey) *Lane {
+func mustLane(t testing.TB, s *Spool, key storage.LaneKey) *Lane {
 	t.Helper()
 	l, err := s.Lane(context.Background(), key)
 	if err != nil {
@@ -121,15 +122,15 @@ func mustLane(t testing.TB, s *Spool, key LaneKey) *Lane {
 }
 
 // rec builds a record whose data names it.
-func rec(lane, n int, pad int) Record {
+func rec(lane, n int, pad int) storage.Record {
 	d := fmt.Appendf(nil, `{"lane":%d,"n":%d,"pad":"`, lane, n)
 	d = append(d, bytes.Repeat([]byte{'x'}, pad)...)
 	d = append(d, `"}`...)
-	return Record{OrderKey: fmt.Appendf(nil, "dev-%d", n%7), UserID: fmt.Appendf(nil, "u%d", n), Data: d}
+	return storage.Record{OrderKey: fmt.Appendf(nil, "dev-%d", n%7), UserID: fmt.Appendf(nil, "u%d", n), Data: d}
 }
 
 // recID parses the n of a record built by rec.
-func recID(r Record) (lane, n int) {
+func recID(r storage.Record) (lane, n int) {
 	if _, err := fmt.Sscanf(string(r.Data), `{"lane":%d,"n":%d,`, &lane, &n); err != nil {
 		panic(fmt.Sprintf("bad record %q: %v", r.Data, err))
 	}
@@ -137,7 +138,7 @@ func recID(r Record) (lane, n int) {
 }
 
 // nextT calls Next with a deadline.
-func nextT(t testing.TB, l *Lane, maxBytes int) []Chunk {
+func nextT(t testing.TB, l *Lane, maxBytes int) []storage.Chunk {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 	defer cancel()
@@ -149,7 +150,7 @@ func nextT(t testing.TB, l *Lane, maxBytes int) []Chunk {
 }
 
 // nextPartT calls NextPart with a deadline.
-func nextPartT(t testing.TB, l *Lane, recs []Record) ([]Chunk, []Record) {
+func nextPartT(t testing.TB, l *Lane, recs []storage.Record) ([]storage.Chunk, []storage.Record) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 	defer cancel()
@@ -161,9 +162,9 @@ func nextPartT(t testing.TB, l *Lane, recs []Record) ([]Chunk, []Record) {
 }
 
 // drainAvailable reads everything committed in l now, without blocking.
-func drainAvailable(t testing.TB, l *Lane) []Chunk {
+func drainAvailable(t testing.TB, l *Lane) []storage.Chunk {
 	t.Helper()
-	var out []Chunk
+	var out []storage.Chunk
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 		cs, err := l.Next(ctx, 1<<20)

@@ -1,6 +1,10 @@
 package spool
 
-import "sort"
+import (
+	"sort"
+
+	"github.com/svcrelay/relay/internal/storage"
+)
 
 // hotChunk is a chunk that is in the WAL and not (yet) in bbolt. The spool
 // keeps its bytes in memory: the lane's reader takes them from there, and a
@@ -10,9 +14,9 @@ type hotChunk struct {
 	accepted int64 // unix ms
 	records  int
 	size     int
-	pos      walPos    // its WAL record
-	walAt    int64     // WAL bytes written (since Open) before its record
-	cb       *chunkBuf // the spool's reference; nil once released
+	pos      walPos       // its WAL record
+	walAt    int64        // WAL bytes written (since Open) before its record
+	cb       *storage.Buf // the spool's reference; nil once released
 	acked    bool
 	flushing bool // a checkpoint is copying it into bbolt
 }
@@ -60,12 +64,12 @@ func (h *hotList) find(seq uint64) *hotChunk {
 
 // ack marks c acknowledged and returns the spool's reference to release (nil
 // while a checkpoint copies it: the checkpoint releases it).
-func (h *hotList) ack(c *hotChunk) *chunkBuf {
+func (h *hotList) ack(c *hotChunk) *storage.Buf {
 	c.acked = true
 	h.chunks--
 	h.records -= int64(c.records)
 	h.bytes -= int64(c.size)
-	var cb *chunkBuf
+	var cb *storage.Buf
 	if !c.flushing {
 		cb, c.cb = c.cb, nil
 	}

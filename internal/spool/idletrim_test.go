@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // TestIdleTrim: pages the writer's commits touched leave the RSS once the
@@ -14,7 +16,7 @@ func TestIdleTrim(t *testing.T) {
 	l := mustLane(t, s, testKey(1))
 	time.Sleep(3 * idleFreelistDelay)
 	base := rssFileKiB(t)
-	var b Batch
+	var b storage.Batch
 	var peak int64
 	for i := range 64 {
 		b.Reset()

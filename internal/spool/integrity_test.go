@@ -23,6 +23,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/diskfull"
 	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Tests that damage the spool's files on purpose, and check exactly what
@@ -93,7 +94,7 @@ func walImage(t *testing.T, chunks, perChunk, syncedChunks, pad int) (img string
 	}
 	defer s.Close()
 	l := mustLane(t, s, testKey(1))
-	var b Batch
+	var b storage.Batch
 	for i := range chunks {
 		if i == syncedChunks {
 			// A lane created now commits a checkpoint, which records the
@@ -474,7 +475,7 @@ func dbImage(t *testing.T, chunks, perChunk, pad int) string {
 	}
 	l := mustLane(t, s, testKey(1))
 	appendChunks(t, s, l, 1, chunks, perChunk, pad)
-	if err := s.PutDead(context.Background(), []DeadLetter{{Lane: testKey(1), Reason: "silenced", Record: rec(1, 1000, 10)}}); err != nil {
+	if err := s.PutDead(context.Background(), []storage.DeadLetter{{Lane: testKey(1), Reason: "silenced", Record: rec(1, 1000, 10)}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
@@ -514,7 +515,7 @@ func TestDamagedChunkDeadLettered(t *testing.T) {
 	if got, want := readAll(t, s), idsExcept(chunks*perChunk, 12, 13, 14); !slices.Equal(got, want) {
 		t.Fatalf("records %v, want %v", got, want)
 	}
-	dead, err := s.ListDead(DeadFilter{Reason: reasonDamaged}, 0, 0)
+	dead, err := s.ListDead(storage.DeadFilter{Reason: reasonDamaged}, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -633,7 +634,7 @@ func TestDamagedDBNeverCrashes(t *testing.T) {
 				}
 				cancel()
 			}
-			if _, err := s.ListDead(DeadFilter{}, 0, 0); err != nil && !errors.Is(err, ErrDamaged) {
+			if _, err := s.ListDead(storage.DeadFilter{}, 0, 0); err != nil && !errors.Is(err, ErrDamaged) {
 				t.Logf("ListDead: %v", err)
 			}
 		})
@@ -687,11 +688,11 @@ func TestFormatUpgradeAndDowngrade(t *testing.T) {
 	}
 	db.Close()
 	// A format-3 WAL segment holding chunk 6 (records 10, 11) of the lane.
-	var b Batch
+	var b storage.Batch
 	b.Add(rec(1, 10, 50))
 	b.Add(rec(1, 11, 50))
-	putChunkHeader(b.cb.b, time.Now().UnixMilli(), b.n)
-	v1 := downgradeChunk(b.cb.b)
+	putChunkHeader(b.Encoded(), time.Now().UnixMilli(), b.Len())
+	v1 := downgradeChunk(b.Encoded())
 	seg := make([]byte, 4096)
 	putRecHeader(seg, 7, recChunk, laneID, 6, len(v1), payloadCRC(v1))
 	copy(seg[recHeaderLen:], v1)
@@ -756,12 +757,12 @@ func TestPatchedChunk(t *testing.T) {
 	}
 	want := `{"insert_id":"abc","time":1700000000000,"event_type":"x","ip":"10.0.0.1"}`
 	v := make([]byte, chunkHeaderLen)
-	v = appendPatched(v, Record{OrderKey: []byte("d:1"), Data: base}, patches)
-	v = appendPatched(v, Record{OrderKey: []byte("d:2"), Data: []byte(`{}`)}, nil)
+	v = appendPatched(v, storage.Record{OrderKey: []byte("d:1"), Data: base}, patches)
+	v = appendPatched(v, storage.Record{OrderKey: []byte("d:2"), Data: []byte(`{}`)}, nil)
 	putChunkHeader(v, 5, 2)
 	v[17] = chunkPatched
 	binary.BigEndian.PutUint32(v[1:5], crc32Of(v[5:]))
-	var c Chunk
+	var c storage.Chunk
 	if err := decodeChunk(1, v, &c, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -769,7 +770,7 @@ func TestPatchedChunk(t *testing.T) {
 		t.Fatalf("records %q", c.Records)
 	}
 	bad := make([]byte, chunkHeaderLen)
-	bad = appendPatched(bad, Record{Data: base}, []patch{{off: len(base) + 1, ins: []byte("x")}})
+	bad = appendPatched(bad, storage.Record{Data: base}, []patch{{off: len(base) + 1, ins: []byte("x")}})
 	putChunkHeader(bad, 5, 1)
 	bad[17] = chunkPatched
 	binary.BigEndian.PutUint32(bad[1:5], crc32Of(bad[5:]))
@@ -830,7 +831,7 @@ func TestPowerCut(t *testing.T) {
 				t.Fatal(err)
 			}
 			l := mustLane(t, s, testKey(1))
-			var b Batch
+			var b storage.Batch
 			for i := range 10 {
 				b.Reset()
 				b.Add(rec(1, i, 200))
@@ -845,11 +846,11 @@ func TestPowerCut(t *testing.T) {
 			path := filepath.Join(img, walDirName, segName(segs[len(segs)-1]))
 			data, recs := segRecords(t, img, segs[len(segs)-1])
 			end := recs[len(recs)-1].end
-			var nb Batch
+			var nb storage.Batch
 			nb.Add(rec(1, 999, 200))
-			crc := putChunkHeader(nb.cb.b, 1, 1)
-			putRecHeader(data[end:], segs[len(segs)-1], recChunk, l.id, 99, len(nb.cb.b), crc)
-			copy(data[end+recHeaderLen:], nb.cb.b[:len(nb.cb.b)/2])
+			crc := putChunkHeader(nb.Encoded(), 1, 1)
+			putRecHeader(data[end:], segs[len(segs)-1], recChunk, l.id, 99, len(nb.Encoded()), crc)
+			copy(data[end+recHeaderLen:], nb.Encoded()[:len(nb.Encoded())/2])
 			if err := os.WriteFile(path, data, 0o600); err != nil {
 				t.Fatal(err)
 			}
@@ -929,7 +930,7 @@ func drainImage(t *testing.T, dir, img string) string {
 	}
 	defer s.Close()
 	l = mustLane(t, s, testKey(1))
-	var b Batch
+	var b storage.Batch
 	for i := range 10 {
 		b.Reset()
 		for j := range 10 {
@@ -975,7 +976,7 @@ func checkDraining(t *testing.T, cfg Config, free func()) {
 		t.Fatal("not draining")
 	}
 	l := mustLane(t, s, testKey(1))
-	var b Batch
+	var b storage.Batch
 	b.Add(rec(1, 1000, 10))
 	if err := s.Append(ctx, l, &b); !errors.Is(err, ErrDiskLow) {
 		t.Fatalf("Append while draining: %v, want ErrDiskLow", err)
@@ -985,7 +986,7 @@ func checkDraining(t *testing.T, cfg Config, free func()) {
 	done, cancel := context.WithCancel(ctx)
 	cancel()
 	var ids []int
-	var recs []Record
+	var recs []storage.Record
 	read := func(until int) {
 		t.Helper()
 		wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
@@ -1105,12 +1106,12 @@ func FuzzScanSegment(f *testing.F) {
 	f.Add([]byte("garbage garbage garbage garbage garbage garbage garbage"), uint16(3), false)
 	f.Fuzz(func(t *testing.T, garbage []byte, at uint16, patched bool) {
 		const seg = 5
-		var b Batch
+		var b storage.Batch
 		b.Add(rec(1, 1, 20))
-		crc := putChunkHeader(b.cb.b, 1, 1)
-		valid := make([]byte, recHeaderLen+len(b.cb.b))
-		putRecHeader(valid, seg, recChunk, 1, 1, len(b.cb.b), crc)
-		copy(valid[recHeaderLen:], b.cb.b)
+		crc := putChunkHeader(b.Encoded(), 1, 1)
+		valid := make([]byte, recHeaderLen+len(b.Encoded()))
+		putRecHeader(valid, seg, recChunk, 1, 1, len(b.Encoded()), crc)
+		copy(valid[recHeaderLen:], b.Encoded())
 		data := append([]byte(nil), garbage...)
 		off := int64(-1)
 		if patched {
@@ -1131,7 +1132,7 @@ func FuzzScanSegment(f *testing.F) {
 			last = to
 			if it.damage == nil && it.rec.pos.off == off {
 				found = true
-				var c Chunk
+				var c storage.Chunk
 				if it.rec.typ == recChunk {
 					_ = decodeChunk(it.rec.seq, it.rec.payload, &c, nil)
 				}
@@ -1272,7 +1273,7 @@ func TestPatchedChunkInSpoolDB(t *testing.T) {
 		}
 	}
 	rewrite(func(v []byte) []byte {
-		var c Chunk
+		var c storage.Chunk
 		if err := decodeChunk(2, v, &c, nil); err != nil {
 			t.Fatal(err)
 		}
@@ -1281,7 +1282,7 @@ func TestPatchedChunkInSpoolDB(t *testing.T) {
 		for _, r := range c.Records {
 			cut := bytes.Index(r.Data, []byte(`"pad"`)) // cut `"pad":"xx`, patched back in
 			base := append(append([]byte(nil), r.Data[:cut]...), r.Data[cut+10:]...)
-			out = appendPatched(out, Record{OrderKey: r.OrderKey, UserID: r.UserID, Data: base},
+			out = appendPatched(out, storage.Record{OrderKey: r.OrderKey, UserID: r.UserID, Data: base},
 				[]patch{{off: cut, ins: r.Data[cut : cut+10]}})
 			if patchAt == 0 {
 				patchAt = len(out) - 5 // inside the first record's insert
@@ -1301,7 +1302,7 @@ func TestPatchedChunkInSpoolDB(t *testing.T) {
 		got := map[int]bool{}
 		if _, err := Verify(dir, func(r *SalvageRecord) error {
 			if r.Dead == nil {
-				_, n := recID(Record{Data: append(r.Data, r.DataRaw...)})
+				_, n := recID(storage.Record{Data: append(r.Data, r.DataRaw...)})
 				got[n] = r.Damaged
 				if want := rec(1, n, 10).Data; !r.Damaged && !bytes.Equal(r.Data, want) {
 					t.Errorf("salvaged record %d: %s, want %s", n, r.Data, want)
@@ -1331,7 +1332,7 @@ func TestPatchedChunkInSpoolDB(t *testing.T) {
 	if got, want := readAll(t, s), idsExcept(chunks*perChunk, 2, 3); !slices.Equal(got, want) {
 		t.Fatalf("records %v, want %v", got, want)
 	}
-	dead, err := s.ListDead(DeadFilter{Reason: reasonDamaged}, 0, 0)
+	dead, err := s.ListDead(storage.DeadFilter{Reason: reasonDamaged}, 0, 0)
 	if err != nil || len(dead) != perChunk {
 		t.Fatalf("%d damaged dead letters (%v), want %d", len(dead), err, perChunk)
 	}

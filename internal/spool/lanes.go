@@ -2,8 +2,6 @@ package spool
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -14,6 +12,8 @@ import (
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 	"go.uber.org/zap"
+
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Lane limits and retirement.
@@ -26,7 +26,7 @@ import (
 // Append for Config.RetireIdle is retired by the store goroutine: it is
 // removed from Lanes, its lane record and queue bucket are deleted in one
 // bbolt transaction (so a restart does not load it again), and its retiredC
-// channel is closed so that its reader (Next) returns ErrRetired.
+// channel is closed so that its reader (Next) returns storage.ErrRetired.
 //
 // A retired Lane handle stays usable for Append: Append sends the records to
 // the lane of the same key, created again if needed (see Spool.Append).
@@ -44,14 +44,6 @@ var ErrTooManyLanes = errors.New("spool: too many lanes")
 // varies its options must not make a lane per request). It wraps
 // ErrTooManyLanes.
 var ErrTooManyKeyLanes = fmt.Errorf("%w of one api_key", ErrTooManyLanes)
-
-// ErrIdle is returned by Lane.Wait when its onIdle says the reader may end
-// (see Lane.OnWork).
-var ErrIdle = errors.New("spool: lane idle")
-
-// ErrRetired is returned by Lane.Next and Lane.NextPart once the lane was
-// retired (empty and idle): its reader is done with it for good.
-var ErrRetired = errors.New("spool: lane retired")
 
 // Defaults of the lane limits.
 const (
@@ -91,15 +83,6 @@ func (c Config) retireEvery() time.Duration {
 	return min(max(c.retireIdle()/4, 10*time.Millisecond), time.Minute)
 }
 
-// Label is a short, non-secret name of the lane of key k for metrics, logs
-// and the admin API: the kind and a truncated hash of the api_key and
-// options (never the key itself), e.g. "events-1a2b3c4d". A retired lane's
-// dead letters keep it, and a lane made again for the key gets it again.
-func (k LaneKey) Label() string {
-	h := sha256.Sum256([]byte(k.APIKey + "\x00" + k.Options))
-	return k.Kind.String() + "-" + hex.EncodeToString(h[:4])
-}
-
 // IsRetired reports whether the lane was retired.
 func (l *Lane) IsRetired() bool { return l.retired.Load() }
 
@@ -111,11 +94,16 @@ func (l *Lane) Pin() { l.pins.Add(1) }
 // Unpin undoes one Pin.
 func (l *Lane) Unpin() { l.pins.Add(-1) }
 
-// LanesFrom returns the lanes whose ID is at least id, oldest first, and a
-// channel closed when the next lane is created (call LanesFrom again then):
+// Ack is Spool.Ack of the lane's chunk seq (storage.Lane).
+func (l *Lane) Ack(seq uint64) { l.s.Ack(l, seq) }
+
+var _ storage.Lane = (*Lane)(nil)
+
+// lanesFrom returns the lanes whose ID is at least id, oldest first, and a
+// channel closed when the next lane is created (call lanesFrom again then):
 // a deliverer that remembers the last ID it saw learns of new lanes in time
 // proportional to their number, not to every lane's.
-func (s *Spool) LanesFrom(id uint64) ([]*Lane, <-chan struct{}) {
+func (s *Spool) lanesFrom(id uint64) ([]*Lane, <-chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	i := sort.Search(len(s.lanes), func(i int) bool { return s.lanes[i].id >= id })
@@ -199,7 +187,7 @@ func (x *laneIndex) remove(l *Lane) {
 }
 
 // get is the live lane of k, nil when none.
-func (x *laneIndex) get(k LaneKey) *Lane {
+func (x *laneIndex) get(k storage.LaneKey) *Lane {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	for _, l := range x.m[k.APIKey] {
@@ -211,7 +199,7 @@ func (x *laneIndex) get(k LaneKey) *Lane {
 }
 
 // find is get from a key's bytes, without allocating.
-func (x *laneIndex) find(kind Kind, apiKey, options []byte) *Lane {
+func (x *laneIndex) find(kind storage.Kind, apiKey, options []byte) *Lane {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	for _, l := range x.m[string(apiKey)] {
@@ -231,17 +219,17 @@ func (x *laneIndex) count(apiKey string) int {
 // LaneBytes returns the live lane of kind, apiKey and options (raw
 // canonical JSON, empty for none), creating it (durably) if needed, as
 // Lane does; finding a live lane allocates nothing.
-func (s *Spool) LaneBytes(ctx context.Context, kind Kind, apiKey, options []byte) (*Lane, error) {
+func (s *Spool) LaneBytes(ctx context.Context, kind storage.Kind, apiKey, options []byte) (*Lane, error) {
 	if l := s.byKey.find(kind, apiKey, options); l != nil {
 		return l, nil
 	}
-	return s.Lane(ctx, LaneKey{Kind: kind, APIKey: string(apiKey), Options: string(options)})
+	return s.Lane(ctx, storage.LaneKey{Kind: kind, APIKey: string(apiKey), Options: string(options)})
 }
 
 // beginAppend marks an Append to l in progress, following retirements: it
 // returns the lane the records go to (l, or the live lane of l's key),
 // whose endAppend the caller must call.
-func (s *Spool) beginAppend(ctxLane func(LaneKey) (*Lane, error), l *Lane) (*Lane, error) {
+func (s *Spool) beginAppend(ctxLane func(storage.LaneKey) (*Lane, error), l *Lane) (*Lane, error) {
 	for {
 		l.appending.Add(1)
 		if !l.retired.Load() {
@@ -319,7 +307,7 @@ func (s *Spool) maybeRetire(now time.Time) {
 		l.onWork = nil
 		l.mu.Unlock()
 		if f != nil {
-			go f() // its reader sees ErrRetired
+			go f() // its reader sees storage.ErrRetired
 		}
 	}
 	if err := s.deleteLanes(gone); err != nil {

@@ -9,12 +9,13 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 func appendOne(t *testing.T, s *Spool, l *Lane, data string) {
 	t.Helper()
-	var b Batch
-	b.Add(Record{OrderKey: []byte("d:x"), Data: []byte(data)})
+	var b storage.Batch
+	b.Add(storage.Record{OrderKey: []byte("d:x"), Data: []byte(data)})
 	if err := s.Append(context.Background(), l, &b); err != nil {
 		t.Fatal(err)
 	}
@@ -45,25 +46,25 @@ func TestMaxLanes(t *testing.T) {
 	ctx := context.Background()
 	var ls []*Lane
 	for i := range 3 {
-		l, err := s.Lane(ctx, LaneKey{APIKey: fmt.Sprint("k", i)})
+		l, err := s.Lane(ctx, storage.LaneKey{APIKey: fmt.Sprint("k", i)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		ls = append(ls, l)
 	}
-	if _, err := s.Lane(ctx, LaneKey{APIKey: "k3"}); !errors.Is(err, ErrTooManyLanes) {
+	if _, err := s.Lane(ctx, storage.LaneKey{APIKey: "k3"}); !errors.Is(err, ErrTooManyLanes) {
 		t.Fatalf("4th lane: %v, want ErrTooManyLanes", err)
 	}
-	if _, err := s.Lane(ctx, LaneKey{APIKey: "k0", Options: `{"x":1}`}); !errors.Is(err, ErrTooManyLanes) {
+	if _, err := s.Lane(ctx, storage.LaneKey{APIKey: "k0", Options: `{"x":1}`}); !errors.Is(err, ErrTooManyLanes) {
 		t.Fatalf("4th lane (options): %v, want ErrTooManyLanes", err)
 	}
-	if l, err := s.Lane(ctx, LaneKey{APIKey: "k1"}); err != nil || l != ls[1] {
+	if l, err := s.Lane(ctx, storage.LaneKey{APIKey: "k1"}); err != nil || l != ls[1] {
 		t.Fatalf("existing lane: %v %v", l, err)
 	}
 	// Concurrent creations never pass the bound.
 	var wg sync.WaitGroup
 	for i := range 20 {
-		wg.Go(func() { _, _ = s.Lane(ctx, LaneKey{APIKey: fmt.Sprint("c", i)}) })
+		wg.Go(func() { _, _ = s.Lane(ctx, storage.LaneKey{APIKey: fmt.Sprint("c", i)}) })
 	}
 	wg.Wait()
 	if n := s.Stats().Lanes; n != 3 {
@@ -72,7 +73,7 @@ func TestMaxLanes(t *testing.T) {
 }
 
 // An empty lane idle for RetireIdle is retired: gone from Lanes,
-// its reader gets ErrRetired, the file forgets it (a reopen does not load
+// its reader gets storage.ErrRetired, the file forgets it (a reopen does not load
 // it), and an Append through the old handle goes to a new lane of the same
 // key. A lane that holds records is never retired.
 func TestRetireIdleLanes(t *testing.T) {
@@ -83,8 +84,8 @@ func TestRetireIdleLanes(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	idle, _ := s.Lane(ctx, LaneKey{APIKey: "idle"})
-	full, _ := s.Lane(ctx, LaneKey{APIKey: "full"})
+	idle, _ := s.Lane(ctx, storage.LaneKey{APIKey: "idle"})
+	full, _ := s.Lane(ctx, storage.LaneKey{APIKey: "full"})
 	appendOne(t, s, idle, `{"a":1}`)
 	appendOne(t, s, full, `{"b":1}`)
 	if n := drainLane(t, s, idle); n != 1 {
@@ -97,8 +98,8 @@ func TestRetireIdleLanes(t *testing.T) {
 	}()
 	select {
 	case err := <-readErr:
-		if !errors.Is(err, ErrRetired) {
-			t.Fatalf("reader of the retired lane: %v, want ErrRetired", err)
+		if !errors.Is(err, storage.ErrRetired) {
+			t.Fatalf("reader of the retired lane: %v, want storage.ErrRetired", err)
 		}
 	case <-time.After(poll.Max):
 		t.Fatal("the idle empty lane was not retired")
@@ -113,7 +114,7 @@ func TestRetireIdleLanes(t *testing.T) {
 	}
 	// Append through the retired handle: a new lane of the same key.
 	appendOne(t, s, idle, `{"a":2}`)
-	again, err := s.Lane(ctx, LaneKey{APIKey: "idle"})
+	again, err := s.Lane(ctx, storage.LaneKey{APIKey: "idle"})
 	if err != nil || again == idle || again.Stats().Records != 1 {
 		t.Fatalf("lane after retirement: %v %v", again, err)
 	}
@@ -142,11 +143,11 @@ func TestRetireIdleLanes(t *testing.T) {
 func TestAppendToRetiredLane(t *testing.T) {
 	s := openTest(t, Config{NoSync: true, MinFreeBytes: -1, RetireIdle: time.Millisecond})
 	ctx := context.Background()
-	old, _ := s.Lane(ctx, LaneKey{APIKey: "k"})
+	old, _ := s.Lane(ctx, storage.LaneKey{APIKey: "k"})
 	got := 0
 	for i := range 20 {
 		appendOne(t, s, old, fmt.Sprintf(`{"i":%d}`, i))
-		cur, err := s.Lane(ctx, LaneKey{APIKey: "k"})
+		cur, err := s.Lane(ctx, storage.LaneKey{APIKey: "k"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -170,7 +171,7 @@ func TestAppendToRetiredLane(t *testing.T) {
 // empty; once unpinned it is.
 func TestPinnedLaneNotRetired(t *testing.T) {
 	s := openTest(t, Config{NoSync: true, MinFreeBytes: -1, RetireIdle: time.Millisecond})
-	l, _ := s.Lane(context.Background(), LaneKey{APIKey: "k"})
+	l, _ := s.Lane(context.Background(), storage.LaneKey{APIKey: "k"})
 	l.Pin()
 	time.Sleep(100 * time.Millisecond)
 	if l.IsRetired() || s.Stats().Lanes != 1 {
@@ -191,7 +192,7 @@ func TestLaneIndexShrinks(t *testing.T) {
 	var x laneIndex
 	var ls []*Lane
 	for i := range 4000 {
-		l := &Lane{key: LaneKey{Kind: KindEvents, APIKey: fmt.Sprintf("k%d", i)}}
+		l := &Lane{key: storage.LaneKey{Kind: storage.KindEvents, APIKey: fmt.Sprintf("k%d", i)}}
 		ls = append(ls, l)
 		x.add(l)
 	}
@@ -202,7 +203,7 @@ func TestLaneIndexShrinks(t *testing.T) {
 		t.Fatalf("after 3500 of 4000 removed: %d entries, peak %d: the map was not made again", len(x.m), x.peak)
 	}
 	for _, l := range ls[3500:] {
-		if x.get(l.key) != l || x.find(KindEvents, []byte(l.key.APIKey), nil) != l {
+		if x.get(l.key) != l || x.find(storage.KindEvents, []byte(l.key.APIKey), nil) != l {
 			t.Fatalf("lane %s lost", l.key.APIKey)
 		}
 	}

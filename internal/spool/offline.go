@@ -12,6 +12,8 @@ import (
 	"slices"
 	"sort"
 	"time"
+
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // The offline tool: Verify (relay spool verify, and with a salvage
@@ -56,18 +58,18 @@ type SalvageRecord struct {
 
 // Record returns the record's spool form and its lane's key; an error when
 // Kind names no kind (Kind.String).
-func (r *SalvageRecord) Record() (LaneKey, Record, error) {
-	kinds := []Kind{KindEvents, KindGroupIdentify, KindUserMap}
-	i := slices.IndexFunc(kinds, func(k Kind) bool { return k.String() == r.Kind })
+func (r *SalvageRecord) Record() (storage.LaneKey, storage.Record, error) {
+	kinds := []storage.Kind{storage.KindEvents, storage.KindGroupIdentify, storage.KindUserMap}
+	i := slices.IndexFunc(kinds, func(k storage.Kind) bool { return k.String() == r.Kind })
 	if i < 0 {
-		return LaneKey{}, Record{}, fmt.Errorf("unknown record kind %q", r.Kind)
+		return storage.LaneKey{}, storage.Record{}, fmt.Errorf("unknown record kind %q", r.Kind)
 	}
-	key := LaneKey{Kind: kinds[i], APIKey: r.APIKey, Options: r.Options}
+	key := storage.LaneKey{Kind: kinds[i], APIKey: r.APIKey, Options: r.Options}
 	data := []byte(r.Data)
 	if len(data) == 0 {
 		data = r.DataRaw
 	}
-	rec := Record{Data: data}
+	rec := storage.Record{Data: data}
 	if r.OrderKey != "" {
 		rec.OrderKey = []byte(r.OrderKey)
 	}
@@ -97,7 +99,7 @@ type VerifyReport struct {
 func newOf[T any](_ *T) *T { return new(T) }
 
 type offLane struct {
-	key   LaneKey
+	key   storage.LaneKey
 	label string
 	known bool
 }
@@ -228,10 +230,10 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 	for lid, key := range lr.lanes {
 		walLanes[lid] = &offLane{key: key, known: true, label: key.Label()}
 	}
-	keyOf := func(lid uint64) (LaneKey, bool) {
+	keyOf := func(lid uint64) (storage.LaneKey, bool) {
 		l := lanes[lid]
 		if l == nil || !l.known {
-			return LaneKey{}, false
+			return storage.LaneKey{}, false
 		}
 		return l.key, true
 	}
@@ -280,7 +282,7 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 		if wl := walLanes[lid]; src == "wal" && wl != nil {
 			l = wl
 		}
-		var c Chunk
+		var c storage.Chunk
 		damaged := false
 		if err := verifyChunk(v); err != nil {
 			damaged = true

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Reading a chunk in parts.
@@ -39,7 +41,7 @@ import (
 // its Total the chunk's record count; the cursor stays inside the chunk
 // until its last part is returned. Otherwise it returns whole chunks (at
 // least one, at most about maxBytes), as Next does.
-func (l *Lane) NextPart(ctx context.Context, maxBytes int, recs []Record) ([]Chunk, []Record, error) {
+func (l *Lane) NextPart(ctx context.Context, maxBytes int, recs []storage.Record) ([]storage.Chunk, []storage.Record, error) {
 	slab := recSlab{buf: recs[:0]}
 	for {
 		if maxBytes > 0 {
@@ -79,7 +81,7 @@ type partCursor struct {
 // nextPart returns the next part of the chunk at the read cursor when that
 // chunk is larger than maxBytes (ok false otherwise, and when there is no
 // chunk to read).
-func (l *Lane) nextPart(maxBytes int, slab *recSlab) ([]Chunk, bool, error) {
+func (l *Lane) nextPart(maxBytes int, slab *recSlab) ([]storage.Chunk, bool, error) {
 	l.mu.Lock()
 	next, firstHot := l.next, l.hot.firstSeq(l.next)
 	if l.readSeq >= firstHot && l.readSeq < next {
@@ -96,18 +98,18 @@ func (l *Lane) nextPart(maxBytes int, slab *recSlab) ([]Chunk, bool, error) {
 				return nil, false, nil
 			}
 			cb := c.cb
-			cb.ref()
+			cb.Ref()
 			seq, acc, n := c.seq, c.accepted, c.records
 			l.mu.Unlock()
-			defer cb.release()
-			ch, err := l.cut(seq, acc, n, cb.b, maxBytes, slab)
+			defer cb.Release()
+			ch, err := l.cut(seq, acc, n, cb.B, maxBytes, slab)
 			if errors.Is(err, errPartDamaged) {
 				return nil, false, nil // read whole, and dead-lettered, by nextChunks
 			}
 			if err != nil {
 				return nil, false, err
 			}
-			return []Chunk{ch}, true, nil
+			return []storage.Chunk{ch}, true, nil
 		}
 		l.mu.Unlock()
 		return nil, false, nil
@@ -123,7 +125,7 @@ func (l *Lane) nextPart(maxBytes int, slab *recSlab) ([]Chunk, bool, error) {
 	if s.db == nil {
 		return nil, false, ErrClosed
 	}
-	var out []Chunk
+	var out []storage.Chunk
 	err := s.db.View(func(tx *bolt.Tx) error {
 		b := tx.Bucket(l.qname)
 		if b == nil {
@@ -149,7 +151,7 @@ func (l *Lane) nextPart(maxBytes int, slab *recSlab) ([]Chunk, bool, error) {
 		if err != nil {
 			return err
 		}
-		out = []Chunk{ch}
+		out = []storage.Chunk{ch}
 		return nil
 	})
 	if err != nil {
@@ -166,20 +168,20 @@ func (l *Lane) nextPart(maxBytes int, slab *recSlab) ([]Chunk, bool, error) {
 // nextChunks, which moves it to dead letters (reason damaged). The chunk is
 // decoded whole at each part (patched records rebuilt, see encode.go), so
 // a part costs the decoding of the chunk; a chunk is cut in a few parts.
-func (l *Lane) cut(seq uint64, acc int64, n int, v []byte, maxBytes int, slab *recSlab) (Chunk, error) {
+func (l *Lane) cut(seq uint64, acc int64, n int, v []byte, maxBytes int, slab *recSlab) (storage.Chunk, error) {
 	if l.part.seq != seq || l.part.off == 0 {
 		if err := verifyChunk(v); err != nil {
 			l.part = partCursor{}
-			return Chunk{}, errPartDamaged
+			return storage.Chunk{}, errPartDamaged
 		}
 		l.part = partCursor{seq: seq, off: 1}
 	}
-	var all Chunk
+	var all storage.Chunk
 	if err := decodeRecords(seq, v, &all, &recSlab{}); err != nil {
-		return Chunk{}, fmt.Errorf("lane %s chunk %d: %w", l.label, seq, err)
+		return storage.Chunk{}, fmt.Errorf("lane %s chunk %d: %w", l.label, seq, err)
 	}
 	if len(all.Records) != n || l.part.rec >= n {
-		return Chunk{}, fmt.Errorf("lane %s chunk %d: %w", l.label, seq, errCorrupt)
+		return storage.Chunk{}, fmt.Errorf("lane %s chunk %d: %w", l.label, seq, errCorrupt)
 	}
 	rest := all.Records[l.part.rec:]
 	end, k := 0, 0
@@ -192,14 +194,14 @@ func (l *Lane) cut(seq uint64, acc int64, n int, v []byte, maxBytes int, slab *r
 		end += m
 		k++
 	}
-	cb := getBuf(end)
-	ch := Chunk{Seq: seq, Accepted: time.UnixMilli(acc), Size: end, Buffer: bufferOf(cb), First: l.part.rec, Total: n}
+	cb := storage.GetBuf(end)
+	ch := storage.Chunk{Seq: seq, Accepted: time.UnixMilli(acc), Size: end, Buffer: cb.Buffer(), First: l.part.rec, Total: n}
 	ch.Records = slab.take(k)
 	for i := range ch.Records {
 		src, r := &rest[i], &ch.Records[i]
-		r.OrderKey, cb.b = appendSub(cb.b, src.OrderKey)
-		r.UserID, cb.b = appendSub(cb.b, src.UserID)
-		r.Data, cb.b = appendSub(cb.b, src.Data)
+		r.OrderKey, cb.B = appendSub(cb.B, src.OrderKey)
+		r.UserID, cb.B = appendSub(cb.B, src.UserID)
+		r.Data, cb.B = appendSub(cb.B, src.Data)
 	}
 	l.part.rec += k
 	if l.part.rec >= n {
@@ -227,10 +229,10 @@ func appendSub(b, p []byte) (sub, out []byte) {
 // that is already done, NextPart then returns what there is at once, or the
 // context's error when every chunk there was acknowledged meanwhile). It
 // returns ctx.Err() when ctx ends, ErrClosed when the spool closes and
-// ErrRetired once the lane is retired. onIdle, when not nil, is called each
+// storage.ErrRetired once the lane is retired. onIdle, when not nil, is called each
 // time the wait has lasted recIdleDrop more (the reader then drops what it
 // keeps for reuse: an idle lane keeps nothing); when it returns true, Wait
-// returns ErrIdle (the reader may end: see OnWork). Reader goroutine only.
+// returns storage.ErrIdle (the reader may end: see whenWork). Reader goroutine only.
 func (l *Lane) Wait(ctx context.Context, onIdle func() bool) error {
 	var idle <-chan time.Time
 	// One deferred call outside the loop: a defer in a loop is allocated
@@ -255,7 +257,7 @@ func (l *Lane) Wait(ctx context.Context, onIdle func() bool) error {
 		case <-l.retiredC:
 			// Empty for good (a lane retired before its reader first
 			// read has its cursor before next, and no queue bucket).
-			return ErrRetired
+			return storage.ErrRetired
 		default:
 		}
 		if has {
@@ -278,25 +280,25 @@ func (l *Lane) Wait(ctx context.Context, onIdle func() bool) error {
 			if onIdle() {
 				l.idle = nil // an ended reader keeps no timer
 				armed = false
-				return ErrIdle
+				return storage.ErrIdle
 			}
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-l.s.closing:
 			return ErrClosed
 		case <-l.retiredC:
-			return ErrRetired
+			return storage.ErrRetired
 		}
 	}
 }
 
-// OnWork calls f once, in a goroutine of its own, when the lane may have
+// whenWork calls f once, in a goroutine of its own, when the lane may have
 // records after its read cursor or is retired: at once if it does or is
-// already. A reader that ended on ErrIdle so holds no goroutine while the
+// already. A reader that ended on storage.ErrIdle so holds no goroutine while the
 // lane is idle; the next reader goes on from the same cursor. A later
-// OnWork replaces an f not called yet. f is not called after the spool
+// whenWork replaces an f not called yet. f is not called after the spool
 // closes.
-func (l *Lane) OnWork(f func()) {
+func (l *Lane) whenWork(f func()) {
 	l.mu.Lock()
 	if l.readSeq < l.next || l.retired.Load() {
 		l.mu.Unlock()
@@ -309,11 +311,11 @@ func (l *Lane) OnWork(f func()) {
 
 // missingQueue is the error of a read that found no queue bucket: the lane
 // was retired under its reader (empty and idle, its bucket deleted since
-// the reader looked), which is ErrRetired and no damage; only a live
+// the reader looked), which is storage.ErrRetired and no damage; only a live
 // lane's missing bucket is.
 func (l *Lane) missingQueue() error {
 	if l.retired.Load() {
-		return fmt.Errorf("lane %s: %w", l.label, ErrRetired)
+		return fmt.Errorf("lane %s: %w", l.label, storage.ErrRetired)
 	}
 	return fmt.Errorf("lane %s: queue bucket missing: %w", l.label, errCorrupt)
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // A chunk larger than the reader may hold is read in parts of at
@@ -28,11 +29,11 @@ func TestNextPart(t *testing.T) {
 			}
 			s := openTest(t, cfg)
 			ctx := context.Background()
-			l, _ := s.Lane(ctx, LaneKey{APIKey: "k"})
+			l, _ := s.Lane(ctx, storage.LaneKey{APIKey: "k"})
 			const n, size = 500, 1000
-			var b Batch
+			var b storage.Batch
 			for i := range n {
-				b.Add(Record{OrderKey: []byte("d:x"), Data: fmt.Appendf(nil, `{"i":%d,"p":"%0*d"}`, i, size, 0)})
+				b.Add(storage.Record{OrderKey: []byte("d:x"), Data: fmt.Appendf(nil, `{"i":%d,"p":"%0*d"}`, i, size, 0)})
 			}
 			appendOne(t, s, l, `{"small":1}`)
 			if err := s.Append(ctx, l, &b); err != nil {
@@ -49,7 +50,7 @@ func TestNextPart(t *testing.T) {
 				}
 			}
 			const maxBytes = 64 << 10
-			var recs []Record
+			var recs []storage.Record
 			next := 0
 			var seqs []uint64
 			for parts := 0; next < n+2; parts++ {
@@ -142,7 +143,7 @@ func TestNextPartDamagedChunk(t *testing.T) {
 	l := mustLane(t, s, testKey(1))
 	const maxBytes = 1500 // a chunk holds about 3 KB: read in parts
 	var ids []int
-	var recs []Record
+	var recs []storage.Record
 	for parts := 0; len(ids) < (chunks-1)*perChunk; parts++ {
 		if parts > 50 {
 			t.Fatalf("too many parts; read %v", ids)
@@ -171,7 +172,7 @@ func TestNextPartDamagedChunk(t *testing.T) {
 	if want := idsExcept(chunks*perChunk, 6, 7, 8); !slices.Equal(ids, want) {
 		t.Fatalf("records %v, want %v", ids, want)
 	}
-	dead, err := s.ListDead(DeadFilter{Reason: reasonDamaged}, 0, 0)
+	dead, err := s.ListDead(storage.DeadFilter{Reason: reasonDamaged}, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +196,7 @@ func TestWaitWakesOnAppend(t *testing.T) {
 		// The reader is (probably) waiting by now; either way Wait
 		// must return once the chunk is published.
 		time.Sleep(5 * time.Millisecond)
-		var b Batch
+		var b storage.Batch
 		b.Add(rec(1, i, 10))
 		if err := s.Append(ctx, l, &b); err != nil {
 			t.Fatal(err)
@@ -214,7 +215,7 @@ func TestWaitWakesOnAppend(t *testing.T) {
 		}
 	}
 	// Published with nobody waiting: Wait sees it without a wake-up.
-	var b Batch
+	var b storage.Batch
 	b.Add(rec(1, 9, 10))
 	if err := s.Append(ctx, l, &b); err != nil {
 		t.Fatal(err)
@@ -225,7 +226,7 @@ func TestWaitWakesOnAppend(t *testing.T) {
 }
 
 // TestOnWork: a reader that ended on an idle lane (Wait's onIdle said so:
-// ErrIdle) is started again by OnWork at the next Append, at once when the
+// storage.ErrIdle) is started again by whenWork at the next Append, at once when the
 // lane has records already, and when the lane is retired; an idle lane
 // keeps no timer.
 func TestOnWork(t *testing.T) {
@@ -239,7 +240,7 @@ func TestOnWork(t *testing.T) {
 	defer cancel()
 	read := func() {
 		t.Helper()
-		var b Batch
+		var b storage.Batch
 		b.Add(rec(1, 0, 10))
 		if err := s.Append(ctx, l, &b); err != nil {
 			t.Fatal(err)
@@ -249,21 +250,21 @@ func TestOnWork(t *testing.T) {
 		}
 	}
 	read() // the reader's cursor after the lane's records
-	if err := l.Wait(ctx, func() bool { return true }); !errors.Is(err, ErrIdle) {
-		t.Fatalf("Wait: %v, want ErrIdle", err)
+	if err := l.Wait(ctx, func() bool { return true }); !errors.Is(err, storage.ErrIdle) {
+		t.Fatalf("Wait: %v, want storage.ErrIdle", err)
 	}
 	if l.idle != nil {
 		t.Error("an idle lane keeps its timer")
 	}
 	fired := make(chan struct{}, 1)
 	onWork := func() { fired <- struct{}{} }
-	l.OnWork(onWork)
+	l.whenWork(onWork)
 	select {
 	case <-fired:
-		t.Fatal("OnWork called on an empty lane")
+		t.Fatal("whenWork called on an empty lane")
 	case <-time.After(10 * time.Millisecond):
 	}
-	var b Batch
+	var b storage.Batch
 	b.Add(rec(1, 0, 10))
 	if err := s.Append(ctx, l, &b); err != nil {
 		t.Fatal(err)
@@ -271,34 +272,34 @@ func TestOnWork(t *testing.T) {
 	select {
 	case <-fired:
 	case <-ctx.Done():
-		t.Fatal("OnWork not called after an Append")
+		t.Fatal("whenWork not called after an Append")
 	}
 	// Records there already: at once.
-	l.OnWork(onWork)
+	l.whenWork(onWork)
 	select {
 	case <-fired:
 	case <-ctx.Done():
-		t.Fatal("OnWork not called on a lane with records")
+		t.Fatal("whenWork not called on a lane with records")
 	}
 	for _, c := range nextT(t, l, 1<<20) {
 		s.Ack(l, c.Seq)
 	}
 	// Retired while the reader is gone: called, and the reader sees it.
 	l.Unpin()
-	l.OnWork(onWork)
+	l.whenWork(onWork)
 	select {
 	case <-fired:
 	case <-ctx.Done():
-		t.Fatal("OnWork not called when the lane retired")
+		t.Fatal("whenWork not called when the lane retired")
 	}
-	if err := l.Wait(ctx, nil); !errors.Is(err, ErrRetired) {
+	if err := l.Wait(ctx, nil); !errors.Is(err, storage.ErrRetired) {
 		t.Fatalf("Wait after retirement: %v", err)
 	}
 }
 
 // TestRetiredBeforeFirstRead: a lane retired before its reader first read
 // (its cursor is before the lane's next seq, its queue bucket is gone):
-// Wait answers ErrRetired, not "something to read" (the reader then failed
+// Wait answers storage.ErrRetired, not "something to read" (the reader then failed
 // every read on the missing bucket, for ever).
 func TestRetiredBeforeFirstRead(t *testing.T) {
 	s := openTest(t, Config{RetireIdle: 20 * time.Millisecond})
@@ -311,18 +312,18 @@ func TestRetiredBeforeFirstRead(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if err := l.Wait(ctx, nil); !errors.Is(err, ErrRetired) {
-		t.Fatalf("Wait: %v, want ErrRetired", err)
+	if err := l.Wait(ctx, nil); !errors.Is(err, storage.ErrRetired) {
+		t.Fatalf("Wait: %v, want storage.ErrRetired", err)
 	}
 	// An Append through the retired handle goes to the key's new lane; a
 	// read of the old handle finds its queue bucket gone: retired, never
 	// damage.
-	var b Batch
+	var b storage.Batch
 	b.Add(rec(1, 0, 10))
 	if err := s.Append(ctx, l, &b); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Next(ctx, 1<<20); !errors.Is(err, ErrRetired) || errors.Is(err, errCorrupt) {
+	if _, err := l.Next(ctx, 1<<20); !errors.Is(err, storage.ErrRetired) || errors.Is(err, errCorrupt) {
 		t.Fatalf("Next: %v, want ErrRetired", err)
 	}
 }

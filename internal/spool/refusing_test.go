@@ -12,6 +12,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/diskfull"
 	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // TestRefusingWhileCheckpointsFail: while checkpoints fail (the disk is
@@ -70,7 +71,7 @@ func TestRefusingWhileCheckpointsFail(t *testing.T) {
 func checkRefusing(t *testing.T, s *Spool, l *Lane, cause string, free func()) {
 	t.Helper()
 	ctx := context.Background()
-	var b Batch
+	var b storage.Batch
 	var err error
 	const pad = 200 << 10
 	taken, takenRefusing := 0, 0
@@ -141,7 +142,7 @@ func TestRefusingWhileWALCannotGrow(t *testing.T) {
 	filler := filepath.Join(mnt, "filler")
 	diskfull.Fill(t, filler)
 	ctx := context.Background()
-	var b Batch
+	var b storage.Batch
 	var err error
 	taken := 0
 	for id := 1000; id < 1100 && err == nil; id++ { // a 1 MiB segment stops it after ~5

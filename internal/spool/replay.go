@@ -11,6 +11,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	"go.uber.org/zap"
+
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // replay applies the WAL from applied on into bbolt, at Open: every chunk
@@ -61,11 +63,11 @@ func (s *Spool) replayWAL(applied, synced walPos, lanesSeq uint64, live bool) er
 	}
 	s.w.nextNo = last + 1
 	r := replayer{s: s, byID: byID, pos: applied, lanesSeq: lanesSeq}
-	keyOf := func(id uint64) (LaneKey, bool) {
+	keyOf := func(id uint64) (storage.LaneKey, bool) {
 		if l := byID[id]; l != nil {
 			return l.key, true
 		}
-		return LaneKey{}, false
+		return storage.LaneKey{}, false
 	}
 	for _, d := range lr.damage {
 		s.reportDamage(lr, d, keyOf)
@@ -193,7 +195,7 @@ func (s *Spool) firstReport(d walDamage) bool {
 // acknowledged records: an error line with the segment, offsets, lanes,
 // damaged log records and the events lost, the damaged-records counter (by
 // events), and the bytes in a quarantine file.
-func (s *Spool) reportDamage(lr *logRead, d walDamage, keyOf func(uint64) (LaneKey, bool)) {
+func (s *Spool) reportDamage(lr *logRead, d walDamage, keyOf func(uint64) (storage.LaneKey, bool)) {
 	if !s.firstReport(d) {
 		return
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // TestSparesReused: when one checkpoint frees as many WAL segments as a
@@ -44,7 +45,7 @@ func TestSparesReused(t *testing.T) {
 			if i > 100*n {
 				t.Fatalf("appended %d chunks and the WAL is still at segment %d (want %d)", i, at, end)
 			}
-			var b Batch
+			var b storage.Batch
 			for range 4 {
 				b.Add(rec(1, id, 3000))
 				id++

@@ -22,6 +22,8 @@ import (
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 	"go.uber.org/zap"
+
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // ErrFull is returned by Append when the chunk would take the spool's live
@@ -36,8 +38,9 @@ var ErrDiskLow = errors.New("spool: free disk space below reserve")
 // holds the spool's file; Open gives up after about half a second.
 var errLocked = errors.New("spool: locked by another process")
 
-// ErrClosed is returned by operations on a closed spool.
-var ErrClosed = errors.New("spool: closed")
+// ErrClosed is returned by operations on a closed spool; it wraps
+// storage.ErrLost (a reader's queue is gone with the spool).
+var ErrClosed = fmt.Errorf("spool: closed: %w", storage.ErrLost)
 
 // ErrDamaged is returned by Open when spool.db cannot be opened or read
 // (damaged pages, a truncated file, a value that fails its checksum where
@@ -234,70 +237,11 @@ func (c Config) compactUsedPercent() int64 {
 	return int64(c.compactPercent)
 }
 
-// Kind is what a lane carries.
-type Kind uint8
-
-const (
-	KindEvents        Kind = iota // /2/httpapi events
-	KindGroupIdentify             // /groupidentify identifications
-	KindUserMap                   // /usermap mappings
-)
-
-// String is the kind's name as used in lane labels.
-func (k Kind) String() string {
-	switch k {
-	case KindEvents:
-		return "events"
-	case KindGroupIdentify:
-		return "groupidentify"
-	case KindUserMap:
-		return "usermap"
-	}
-	return fmt.Sprintf("kind%d", uint8(k))
-}
-
-// LaneKey identifies a lane: records with equal keys share one ordered queue.
-type LaneKey struct {
-	Kind   Kind
-	APIKey string
-	// Options is the raw JSON of the envelope's options, "" when absent.
-	Options string
-}
-
-// Record is one item of a chunk.
-type Record struct {
-	// OrderKey orders and throttles the record (event.Event.OrderKey).
-	OrderKey []byte
-	// UserID is the user id, when the record has one (for 429s naming users).
-	UserID []byte
-	// Data is the payload exactly as it is sent upstream.
-	Data []byte
-}
-
-// Chunk is a group of records of a lane, as read back by Next: the records
-// of one Append.
-type Chunk struct {
-	Seq      uint64
-	Accepted time.Time // when Append was called (millisecond precision)
-	// Records alias memory shared with the spool; valid until the caller
-	// releases the Buffer (or forever, if it never does).
-	Records []Record
-	// Size is the encoded size counted against the quota (of the part, for
-	// a part: see NextPart).
-	Size int
-	// Buffer is the memory the records alias, for a caller that can tell
-	// when they are no longer read (see Buffer.Release).
-	Buffer Buffer
-	// First is the index in the chunk of Records[0] and Total the chunk's
-	// record count, set by NextPart (a part has Total > len(Records)).
-	First, Total int
-}
-
 // Lane is a handle on one lane. A retired lane (lanes.go) is forgotten by
 // the spool; its handle stays usable for Append (see Spool.Append).
 type Lane struct {
 	s     *Spool
-	key   LaneKey
+	key   storage.LaneKey
 	id    uint64
 	label string
 	qname []byte // name of the queue bucket
@@ -312,12 +256,12 @@ type Lane struct {
 	notify     chan struct{}
 	// chunks is the reader's []Chunk, reused by NextPart (see there); nil
 	// after an idle wait. Reader goroutine only.
-	chunks []Chunk
+	chunks []storage.Chunk
 	// watched: the reader found nothing to read and may wait on notify;
 	// a publish closes and replaces notify only then (a channel per
 	// chunk was ~100 B for every 1-event request).
 	watched bool
-	// onWork starts the lane's reader again (OnWork).
+	// onWork starts the lane's reader again (whenWork).
 	onWork func()
 
 	// The WAL writer's own: the next seq it assigns.
@@ -350,7 +294,7 @@ type hotRef struct {
 	seq      uint64
 	accepted int64
 	records  int
-	cb       *chunkBuf
+	cb       *storage.Buf
 }
 
 // rawChunk is a chunk as it lies in the mapping, inside a read transaction.
@@ -359,7 +303,7 @@ type rawChunk struct {
 	v   []byte
 }
 
-func newLane(s *Spool, id uint64, key LaneKey, st laneState) *Lane {
+func newLane(s *Spool, id uint64, key storage.LaneKey, st laneState) *Lane {
 	l := &Lane{
 		s:      s,
 		key:    key,
@@ -383,7 +327,7 @@ func queueName(id uint64) []byte {
 }
 
 // Key returns the lane's key.
-func (l *Lane) Key() LaneKey { return l.key }
+func (l *Lane) Key() storage.LaneKey { return l.key }
 
 // ID is the lane's small stable number inside this spool.
 func (l *Lane) ID() uint64 { return l.id }
@@ -419,7 +363,7 @@ func (l *Lane) Stats() LaneStats {
 // closes. One caller at a time per lane. maxBytes <= 0 returns one chunk.
 // The chunks stay valid after Ack and Close, until their Buffer is released
 // (Chunk.Buffer).
-func (l *Lane) Next(ctx context.Context, maxBytes int) ([]Chunk, error) {
+func (l *Lane) Next(ctx context.Context, maxBytes int) ([]storage.Chunk, error) {
 	return l.nextChunks(ctx, maxBytes, nil)
 }
 
@@ -427,24 +371,24 @@ func (l *Lane) Next(ctx context.Context, maxBytes int) ([]Chunk, error) {
 // part of buf (a nil *recSlab, Next's, hands out fresh ones). A slice that
 // does not fit gets a new, larger buf; those handed out before keep the
 // old one.
-type recSlab struct{ buf []Record }
+type recSlab struct{ buf []storage.Record }
 
 // take returns a slice of n records. Reused ones hold the records of an
 // earlier call: the caller sets every field.
-func (s *recSlab) take(n int) []Record {
+func (s *recSlab) take(n int) []storage.Record {
 	if s == nil {
-		return make([]Record, n)
+		return make([]storage.Record, n)
 	}
 	used := len(s.buf)
 	if used+n > cap(s.buf) {
-		s.buf = make([]Record, 0, max(2*cap(s.buf), n, 256))
+		s.buf = make([]storage.Record, 0, max(2*cap(s.buf), n, 256))
 		used = 0
 	}
 	s.buf = s.buf[:used+n]
 	return s.buf[used : used+n : used+n]
 }
 
-func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]Chunk, error) {
+func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]storage.Chunk, error) {
 	for {
 		select {
 		case <-l.s.closing:
@@ -522,7 +466,7 @@ func (l *Lane) wait(ctx context.Context, ch <-chan struct{}, slab *recSlab) erro
 		case <-l.s.closing:
 			return ErrClosed
 		case <-l.retiredC:
-			return ErrRetired
+			return storage.ErrRetired
 		}
 	}
 }
@@ -543,7 +487,7 @@ func (l *Lane) takeHot(maxBytes int) []hotRef {
 		if len(refs) > 0 && (maxBytes <= 0 || total+c.size > maxBytes) {
 			break
 		}
-		c.cb.ref()
+		c.cb.Ref()
 		refs = append(refs, hotRef{c.seq, c.accepted, c.records, c.cb})
 		total += c.size
 	}
@@ -558,21 +502,23 @@ func (l *Lane) takeHot(maxBytes int) []hotRef {
 
 // decodeHot turns the referenced hot chunks into Chunks, their Records
 // taken from slab.
-func (l *Lane) decodeHot(refs []hotRef, slab *recSlab) ([]Chunk, error) {
-	var out []Chunk
+func (l *Lane) decodeHot(refs []hotRef, slab *recSlab) ([]storage.Chunk, error) {
+	var out []storage.Chunk
 	if slab != nil { // NextPart: the caller is done with the last ones
 		clear(l.chunks)
 		out = slices.Grow(l.chunks[:0], len(refs))[:len(refs)]
 		l.chunks = out
 	} else {
-		out = make([]Chunk, len(refs))
+		out = make([]storage.Chunk, len(refs))
 	}
 	var err error
 	for i, c := range refs {
-		out[i].Buffer = bufferOf(c.cb)
-		if rs := c.cb.records(c.records, slab); rs != nil {
-			out[i].Seq, out[i].Accepted, out[i].Size, out[i].Records = c.seq, time.UnixMilli(c.accepted), len(c.cb.b), rs
-		} else if derr := decodeChunk(c.seq, c.cb.b, &out[i], slab); derr != nil && err == nil {
+		out[i].Buffer = c.cb.Buffer()
+		if c.cb.Indexed(c.records) {
+			rs := slab.take(c.records)
+			c.cb.Records(rs)
+			out[i].Seq, out[i].Accepted, out[i].Size, out[i].Records = c.seq, time.UnixMilli(c.accepted), len(c.cb.B), rs
+		} else if derr := decodeChunk(c.seq, c.cb.B, &out[i], slab); derr != nil && err == nil {
 			err = fmt.Errorf("spool read: lane %s chunk %d: %w", l.label, c.seq, derr)
 		}
 	}
@@ -588,14 +534,14 @@ func (l *Lane) decodeHot(refs []hotRef, slab *recSlab) ([]Chunk, error) {
 
 // read returns the chunks in bbolt in [l.readSeq, end), their Records
 // taken from slab.
-func (l *Lane) read(maxBytes int, end uint64, slab *recSlab) (_ []Chunk, dmg *damagedChunk, _ error) {
+func (l *Lane) read(maxBytes int, end uint64, slab *recSlab) (_ []storage.Chunk, dmg *damagedChunk, _ error) {
 	s := l.s
 	s.dbMu.RLock()
 	defer s.dbMu.RUnlock()
 	if s.db == nil {
 		return nil, nil, ErrClosed
 	}
-	var out []Chunk
+	var out []storage.Chunk
 	total := 0
 	err := guard(func() error {
 		return s.db.View(func(tx *bolt.Tx) error {
@@ -651,13 +597,13 @@ func (l *Lane) read(maxBytes int, end uint64, slab *recSlab) (_ []Chunk, dmg *da
 				l.adv.advise(m, syscall.MADV_WILLNEED)
 				ahead.advise(m, syscall.MADV_WILLNEED)
 			}
-			out = make([]Chunk, 0, len(raw))
+			out = make([]storage.Chunk, 0, len(raw))
 			for _, r := range raw {
-				cb := getBuf(len(r.v))
-				cb.b = append(cb.b, r.v...)
-				c := Chunk{Buffer: bufferOf(cb)}
-				if err := decodeChunk(r.seq, cb.b, &c, slab); err != nil {
-					dmg = &damagedChunk{seq: r.seq, v: cb.b, err: err}
+				cb := storage.GetBuf(len(r.v))
+				cb.B = append(cb.B, r.v...)
+				c := storage.Chunk{Buffer: cb.Buffer()}
+				if err := decodeChunk(r.seq, cb.B, &c, slab); err != nil {
+					dmg = &damagedChunk{seq: r.seq, v: cb.B, err: err}
 					break
 				}
 				out = append(out, c)
@@ -694,17 +640,17 @@ func (l *Lane) deadDamaged(ctx context.Context, d *damagedChunk) error {
 	s := l.s
 	answer := fmt.Appendf(nil, "spool: chunk %d of lane %s failed its checksum in spool.db (%v)", d.seq, l.label, d.err)
 	now := time.Now()
-	var c Chunk
-	var dls []DeadLetter
+	var c storage.Chunk
+	var dls []storage.DeadLetter
 	if decodeRecords(d.seq, d.v, &c, nil) == nil {
 		for _, r := range c.Records {
-			dls = append(dls, DeadLetter{Lane: l.key, Reason: reasonDamaged, Answer: answer, Accepted: c.Accepted, Died: now, Record: r})
+			dls = append(dls, storage.DeadLetter{Lane: l.key, Reason: reasonDamaged, Answer: answer, Accepted: c.Accepted, Died: now, Record: r})
 		}
 	}
 	if len(dls) == 0 {
 		acc, _, _ := chunkHeader(d.v)
-		dls = []DeadLetter{{Lane: l.key, Reason: reasonDamaged, Answer: answer, Accepted: fromMs(acc), Died: now,
-			Record: Record{Data: d.v}}}
+		dls = []storage.DeadLetter{{Lane: l.key, Reason: reasonDamaged, Answer: answer, Accepted: fromMs(acc), Died: now,
+			Record: storage.Record{Data: d.v}}}
 	}
 	if err := s.PutDead(ctx, dls); err != nil {
 		return fmt.Errorf("spool read: lane %s: dead-letter damaged chunk %d: %w", l.label, d.seq, err)
@@ -1096,7 +1042,7 @@ func (s *Spool) Close() error {
 }
 
 // Lane returns the lane for key, creating it (durably) if needed.
-func (s *Spool) Lane(ctx context.Context, key LaneKey) (*Lane, error) {
+func (s *Spool) Lane(ctx context.Context, key storage.LaneKey) (*Lane, error) {
 	if l := s.byKey.get(key); l != nil {
 		return l, nil
 	}
@@ -1132,8 +1078,8 @@ func (s *Spool) Lanes() []*Lane {
 // millisecond plus the fsync) so that its answer is always the truth.
 // When l was retired (see Lane.IsRetired), the chunk goes to the lane of the
 // same key, created again if needed (which may fail with ErrTooManyLanes).
-func (s *Spool) Append(ctx context.Context, l *Lane, b *Batch) error {
-	if b.n == 0 {
+func (s *Spool) Append(ctx context.Context, l *Lane, b *storage.Batch) error {
+	if b.Len() == 0 {
 		return nil
 	}
 	if l.s != s {
@@ -1143,7 +1089,7 @@ func (s *Spool) Append(ctx context.Context, l *Lane, b *Batch) error {
 		s.m.rejectedDisk.Inc()
 		return ErrDiskLow
 	}
-	l, err := s.beginAppend(func(k LaneKey) (*Lane, error) { return s.Lane(ctx, k) }, l)
+	l, err := s.beginAppend(func(k storage.LaneKey) (*Lane, error) { return s.Lane(ctx, k) }, l)
 	if err != nil {
 		return err
 	}
@@ -1153,8 +1099,8 @@ func (s *Spool) Append(ctx context.Context, l *Lane, b *Batch) error {
 	l.lastUse.Store(o.accepted)
 	// Right-sized, with its header and its record's checksum: here, in the
 	// caller's goroutine (see wal.go).
-	b.fit()
-	o.crc = putChunkHeader(b.cb.b, o.accepted, b.n)
+	b.Fit()
+	o.crc = putChunkHeader(b.Encoded(), o.accepted, b.Len())
 	err = s.do(ctx, o)
 	s.putOp(o)
 	return err
@@ -1177,7 +1123,7 @@ func (s *Spool) Ack(l *Lane, seq uint64) {
 		l.mu.Unlock()
 		return
 	}
-	var cb *chunkBuf
+	var cb *storage.Buf
 	if c != nil {
 		cb = l.hot.ack(c)
 	}
@@ -1186,7 +1132,7 @@ func (s *Spool) Ack(l *Lane, seq uint64) {
 	if c != nil {
 		s.hotUnacked.Add(-int64(c.size))
 		if cb != nil {
-			cb.release()
+			cb.Release()
 			s.hotHeld.Add(-int64(c.size))
 		}
 	} else if !cold {
@@ -1210,21 +1156,10 @@ func (s *Spool) Ack(l *Lane, seq uint64) {
 	}
 }
 
-// DeadLetter is a record that will not be delivered, with why.
-type DeadLetter struct {
-	ID       uint64 // assigned by PutDead
-	Lane     LaneKey
-	Reason   string // short machine-readable reason, e.g. "invalid_fields"
-	Answer   []byte // the upstream's answer that caused it, truncated
-	Accepted time.Time
-	Died     time.Time
-	Record   Record
-}
-
 // PutDead commits dead letters and returns once they are durable. It sets
 // the ID of each element of dls. Dead letters are not counted against
 // MaxBytes and not refused for low disk: they precede an Ack that frees more.
-func (s *Spool) PutDead(ctx context.Context, dls []DeadLetter) error {
+func (s *Spool) PutDead(ctx context.Context, dls []storage.DeadLetter) error {
 	if len(dls) == 0 {
 		return nil
 	}
@@ -1235,18 +1170,9 @@ func (s *Spool) PutDead(ctx context.Context, dls []DeadLetter) error {
 	return err
 }
 
-// DeadFilter selects dead letters; zero fields match everything.
-type DeadFilter struct {
-	Lane   *LaneKey
-	Reason string
-	// Label selects the dead letters of the lane with that label (LaneKey.Label),
-	// also once the lane was retired.
-	Label string
-}
-
 // ListDead returns up to limit dead letters with ID > after that match f, by
 // ID. limit <= 0 means no limit. The results own their memory.
-func (s *Spool) ListDead(f DeadFilter, after uint64, limit int) ([]DeadLetter, error) {
+func (s *Spool) ListDead(f storage.DeadFilter, after uint64, limit int) ([]storage.DeadLetter, error) {
 	if after == math.MaxUint64 {
 		return nil, nil
 	}
@@ -1255,7 +1181,7 @@ func (s *Spool) ListDead(f DeadFilter, after uint64, limit int) ([]DeadLetter, e
 	if s.db == nil {
 		return nil, ErrClosed
 	}
-	var out []DeadLetter
+	var out []storage.DeadLetter
 	err := guard(func() error {
 		return s.db.View(func(tx *bolt.Tx) error {
 			c := tx.Bucket(bucketDead).Cursor()

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -38,11 +39,11 @@ func TestConfigValidate(t *testing.T) {
 }
 
 func TestBatch(t *testing.T) {
-	var b Batch
-	if b.n != 0 || b.Bytes() != 0 {
-		t.Fatalf("empty batch: len %d bytes %d", b.n, b.Bytes())
+	var b storage.Batch
+	if b.Len() != 0 || b.Bytes() != 0 {
+		t.Fatalf("empty batch: len %d bytes %d", b.Len(), b.Bytes())
 	}
-	in := []Record{
+	in := []storage.Record{
 		{OrderKey: []byte("d1"), UserID: []byte("u1"), Data: []byte(`{"a":1}`)},
 		{OrderKey: []byte("d2"), Data: []byte(`{}`)},
 		{Data: make([]byte, 300)},
@@ -52,12 +53,12 @@ func TestBatch(t *testing.T) {
 		for _, r := range in {
 			b.Add(r)
 		}
-		if b.n != len(in) {
-			t.Fatalf("round %d: Len %d", round, b.n)
+		if b.Len() != len(in) {
+			t.Fatalf("round %d: Len %d", round, b.Len())
 		}
-		putChunkHeader(b.cb.b, 1234, b.n)
-		var c Chunk
-		if err := decodeChunk(9, b.cb.b, &c, nil); err != nil {
+		putChunkHeader(b.Encoded(), 1234, b.Len())
+		var c storage.Chunk
+		if err := decodeChunk(9, b.Encoded(), &c, nil); err != nil {
 			t.Fatal(err)
 		}
 		if c.Seq != 9 || c.Accepted.UnixMilli() != 1234 || c.Size != b.Bytes() || len(c.Records) != len(in) {
@@ -70,7 +71,7 @@ func TestBatch(t *testing.T) {
 		}
 		// The index a hot chunk's reader uses gives the same records,
 		// empty fields as nil.
-		idx := b.cb.records(b.n, nil)
+		idx := b.Records()
 		if len(idx) != len(c.Records) {
 			t.Fatalf("indexed records: %d, decoded %d", len(idx), len(c.Records))
 		}
@@ -93,32 +94,29 @@ func TestBatch(t *testing.T) {
 	}
 	// A batch that grows past its buffer moves to a larger class, keeping
 	// what it holds.
-	var g Batch
-	big := Record{OrderKey: []byte("k"), Data: bytes.Repeat([]byte("x"), 700)}
+	var g storage.Batch
+	big := storage.Record{OrderKey: []byte("k"), Data: bytes.Repeat([]byte("x"), 700)}
 	for range 50 {
 		g.Add(big)
 	}
-	putChunkHeader(g.cb.b, 1, g.n)
-	var c Chunk
-	if err := decodeChunk(1, g.cb.b, &c, nil); err != nil || len(c.Records) != 50 || !bytes.Equal(c.Records[49].Data, big.Data) {
+	putChunkHeader(g.Encoded(), 1, g.Len())
+	var c storage.Chunk
+	if err := decodeChunk(1, g.Encoded(), &c, nil); err != nil || len(c.Records) != 50 || !bytes.Equal(c.Records[49].Data, big.Data) {
 		t.Fatalf("grown batch: %d records, %v", len(c.Records), err)
 	}
-	if rs := g.cb.records(g.n, nil); len(rs) != 50 || !bytes.Equal(rs[49].Data, big.Data) || !bytes.Equal(rs[0].OrderKey, big.OrderKey) {
+	if rs := g.Records(); len(rs) != 50 || !bytes.Equal(rs[49].Data, big.Data) || !bytes.Equal(rs[0].OrderKey, big.OrderKey) {
 		t.Fatalf("grown batch's index: %d records", len(rs))
-	}
-	if n := cap(g.cb.b); classSize(bufClass(n)) != n {
-		t.Fatalf("grown batch buffer of %d bytes is not a size class", n)
 	}
 }
 
 func TestLaneLabel(t *testing.T) {
 	s := openTest(t, Config{NoSync: true})
 	secret := "0123456789abcdef-secret"
-	l := mustLane(t, s, LaneKey{Kind: KindGroupIdentify, APIKey: secret, Options: `{"min_id_length":3}`})
+	l := mustLane(t, s, storage.LaneKey{Kind: storage.KindGroupIdentify, APIKey: secret, Options: `{"min_id_length":3}`})
 	if strings.Contains(l.Key().Label(), secret) || !strings.HasPrefix(l.Key().Label(), "groupidentify-") || len(l.Key().Label()) != len("groupidentify-")+8 {
 		t.Fatalf("label %q", l.Key().Label())
 	}
-	l2 := mustLane(t, s, LaneKey{Kind: KindGroupIdentify, APIKey: secret})
+	l2 := mustLane(t, s, storage.LaneKey{Kind: storage.KindGroupIdentify, APIKey: secret})
 	if l2.Key().Label() == l.Key().Label() || l2.ID() == l.ID() {
 		t.Fatalf("lanes with different options share label %q / id %d", l.Key().Label(), l.ID())
 	}
@@ -134,14 +132,14 @@ func TestAppendNextAckReopen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, changed := s.LanesFrom(0)
+	_, changed := s.lanesFrom(0)
 	l := mustLane(t, s, testKey(1))
 	select {
 	case <-changed:
 	default:
-		t.Fatal("LanesFrom's channel not closed after a lane was created")
+		t.Fatal("lanesFrom's channel not closed after a lane was created")
 	}
-	var b Batch
+	var b storage.Batch
 	for i := range 10 {
 		b.Reset()
 		for j := range 3 {
@@ -151,7 +149,7 @@ func TestAppendNextAckReopen(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := s.Append(ctx, l, new(Batch)); err != nil {
+	if err := s.Append(ctx, l, new(storage.Batch)); err != nil {
 		t.Fatalf("empty append: %v", err)
 	}
 	st := l.Stats()
@@ -187,14 +185,14 @@ func TestAppendNextAckReopen(t *testing.T) {
 	if _, err := l.Next(ctx, 100); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Next after Close: %v", err)
 	}
-	if b.n != 0 {
-		t.Fatalf("batch holds %d records after a successful Append", b.n)
+	if b.Len() != 0 {
+		t.Fatalf("batch holds %d records after a successful Append", b.Len())
 	}
 	b.Add(rec(1, 99, 1))
 	if err := s.Append(ctx, l, &b); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Append after Close: %v", err)
 	}
-	if b.n != 1 {
+	if b.Len() != 1 {
 		t.Fatalf("a refused Append emptied the batch")
 	}
 
@@ -226,7 +224,7 @@ func TestAppendNextAckReopen(t *testing.T) {
 func TestNextBlocks(t *testing.T) {
 	s := openTest(t, Config{NoSync: true})
 	l := mustLane(t, s, testKey(1))
-	got := make(chan []Chunk, 1)
+	got := make(chan []storage.Chunk, 1)
 	go func() {
 		cs, err := l.Next(context.Background(), 1000)
 		if err != nil {
@@ -235,7 +233,7 @@ func TestNextBlocks(t *testing.T) {
 		got <- cs
 	}()
 	time.Sleep(10 * time.Millisecond)
-	var b Batch
+	var b storage.Batch
 	b.Add(rec(1, 1, 1))
 	if err := s.Append(context.Background(), l, &b); err != nil {
 		t.Fatal(err)
@@ -293,7 +291,7 @@ func TestConcurrentLanes(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				var b Batch
+				var b storage.Batch
 				for n := range perWriter {
 					b.Reset()
 					b.Add(rec(i, w*1000+n, 100))
@@ -306,7 +304,7 @@ func TestConcurrentLanes(t *testing.T) {
 			}()
 		}
 	}
-	readers := make([][]Chunk, lanes)
+	readers := make([][]storage.Chunk, lanes)
 	var rwg sync.WaitGroup
 	for i := range lanes {
 		rwg.Add(1)
@@ -432,7 +430,7 @@ func TestOldestAndRejectMetrics(t *testing.T) {
 	defer s.Close()
 	ctx := context.Background()
 	l := mustLane(t, s, testKey(1))
-	var b Batch
+	var b storage.Batch
 	for i := range 3 {
 		b.Reset()
 		b.Add(rec(1, i, 100))
@@ -479,22 +477,22 @@ func TestOldestAndRejectMetrics(t *testing.T) {
 // moved to make room). Decoding and the reader's index agree on every case,
 // and a chunk of AddFunc records round-trips through a spool.
 func TestBatchAddFunc(t *testing.T) {
-	var b Batch
-	var want []Record
+	var b storage.Batch
+	var want []storage.Record
 	for i, tc := range []struct{ n, maxData int }{
 		{5, 5}, {5, 1000}, {5, 100000}, {200, 100}, {20000, 10}, {0, 0}, {0, 300}, {130, 127},
 	} {
 		data := bytes.Repeat([]byte{byte('a' + i)}, tc.n)
-		r := Record{OrderKey: []byte(fmt.Sprintf("d:%d", i)), UserID: []byte("u"), Data: data}
+		r := storage.Record{OrderKey: []byte(fmt.Sprintf("d:%d", i)), UserID: []byte("u"), Data: data}
 		b.AddFunc(r.OrderKey, r.UserID, tc.maxData, func(dst []byte) []byte { return append(dst, data...) })
 		want = append(want, r)
 	}
-	putChunkHeader(b.cb.b, 1, b.n)
-	var c Chunk
-	if err := decodeChunk(1, b.cb.b, &c, nil); err != nil {
+	putChunkHeader(b.Encoded(), 1, b.Len())
+	var c storage.Chunk
+	if err := decodeChunk(1, b.Encoded(), &c, nil); err != nil {
 		t.Fatal(err)
 	}
-	for name, rs := range map[string][]Record{"decoded": c.Records, "indexed": b.cb.records(b.n, nil)} {
+	for name, rs := range map[string][]storage.Record{"decoded": c.Records, "indexed": b.Records()} {
 		if len(rs) != len(want) {
 			t.Fatalf("%s: %d records", name, len(rs))
 		}
@@ -526,7 +524,7 @@ func TestNextPartReuse(t *testing.T) {
 	n := 0
 	appendChunks := func(s *Spool, l *Lane, chunks, per int) {
 		t.Helper()
-		var b Batch
+		var b storage.Batch
 		for range chunks {
 			b.Reset()
 			for range per {
@@ -539,7 +537,7 @@ func TestNextPartReuse(t *testing.T) {
 		}
 	}
 	read := 0
-	readReuse := func(l *Lane, recs []Record) ([]Chunk, []Record) {
+	readReuse := func(l *Lane, recs []storage.Record) ([]storage.Chunk, []storage.Record) {
 		t.Helper()
 		cs, recs := nextPartT(t, l, recs)
 		total := 0
@@ -612,7 +610,7 @@ func TestNextPartIdle(t *testing.T) {
 	appendAfter := func(d time.Duration) chan error {
 		done := make(chan error, 1)
 		time.AfterFunc(d, func() {
-			var b Batch
+			var b storage.Batch
 			b.Add(rec(1, n, 10))
 			n++
 			done <- s.Append(ctx, l, &b)
@@ -635,7 +633,7 @@ func TestNextPartIdle(t *testing.T) {
 		t.Fatal("NextPart dropped the slice after a short wait")
 	}
 	if &cs[0] != firstChunk {
-		t.Fatal("NextPart did not reuse its []Chunk after a short wait")
+		t.Fatal("NextPart did not reuse its []storage.Chunk after a short wait")
 	}
 	if _, id := recID(cs[0].Records[0]); id != 1 {
 		t.Fatalf("read record %d, want 1", id)
@@ -651,7 +649,7 @@ func TestNextPartIdle(t *testing.T) {
 		t.Fatal("NextPart kept the slice through a wait longer than recIdleDrop")
 	}
 	if &cs[0] == firstChunk {
-		t.Fatal("NextPart kept its []Chunk through a wait longer than recIdleDrop")
+		t.Fatal("NextPart kept its []storage.Chunk through a wait longer than recIdleDrop")
 	}
 	if _, id := recID(cs[0].Records[0]); id != 2 {
 		t.Fatalf("read record %d, want 2", id)

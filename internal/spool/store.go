@@ -11,6 +11,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	"go.uber.org/zap"
+
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // The store goroutine owns every bbolt write: checkpoints (below), lane
@@ -435,7 +437,7 @@ func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane
 	}
 
 	for i, c := range flush {
-		if err := s.txPut(tx, flushL[i], c.seq, c.accepted, c.records, c.cb.b); err != nil {
+		if err := s.txPut(tx, flushL[i], c.seq, c.accepted, c.records, c.cb.B); err != nil {
 			return 0, err
 		}
 		live += int64(c.size)
@@ -550,7 +552,7 @@ func (s *Spool) touch(l *Lane) {
 }
 
 // findLane returns the lane of key, committed or created in this commit.
-func (s *Spool) findLane(key LaneKey) *Lane {
+func (s *Spool) findLane(key storage.LaneKey) *Lane {
 	if l := s.byKey.get(key); l != nil {
 		return l
 	}
@@ -589,7 +591,7 @@ func (s *Spool) commitPublish(lanes []*Lane, p walPos, pTotal int64) {
 			} else {
 				unacked += int64(c.size)
 			}
-			c.cb.release()
+			c.cb.Release()
 			c.cb = nil
 			held += int64(c.size)
 		})
@@ -628,7 +630,7 @@ func (s *Spool) rollback(acks []ackOp, flush []*hotChunk, flushL []*Lane, lanes 
 		l.mu.Lock()
 		c.flushing = false
 		if c.acked && c.cb != nil {
-			c.cb.release()
+			c.cb.Release()
 			c.cb = nil
 			held += int64(c.size)
 		}

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // The write-ahead log (WAL).
@@ -356,7 +358,7 @@ type logRead struct {
 	segs   []logSeg // the segments from the applied one on
 	// lanes are the keys that the log's recLane records name (read from
 	// each segment's start: those before the applied position too).
-	lanes map[uint64]LaneKey
+	lanes map[uint64]storage.LaneKey
 	// damage: runs that lost acknowledged records (attributed: lanes,
 	// chunks, events). harmless: damaged records that lost nothing (chunks
 	// acknowledged later in the log, acknowledgements, lane records). torn:
@@ -398,7 +400,7 @@ type logSeg struct {
 // version (no recStart in the next) keeps the rule that a bad tail is
 // damage unless it is the log's end.
 func readLog(walDir string, id []byte, applied, synced walPos) (*logRead, error) {
-	lr := &logRead{lanes: map[uint64]LaneKey{}}
+	lr := &logRead{lanes: map[uint64]storage.LaneKey{}}
 	var err error
 	if lr.files, lr.spares, err = walFiles(walDir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
@@ -569,7 +571,7 @@ func (d *walDamage) attribute(data []byte, delivered map[laneSeq]bool) {
 		if !slices.Contains(d.lanes, r.lane) {
 			d.lanes = append(d.lanes, r.lane)
 		}
-		var c Chunk
+		var c storage.Chunk
 		if decodeRecords(r.seq, r.payload, &c, nil) == nil {
 			d.events += len(c.Records)
 		} else {
@@ -580,7 +582,7 @@ func (d *walDamage) attribute(data []byte, delivered map[laneSeq]bool) {
 
 // laneLabels names d's lanes: by the log's own recLane records, else by
 // keyOf (spool.db's lanes); "unknown" for records whose headers are lost.
-func (lr *logRead) laneLabels(d walDamage, keyOf func(uint64) (LaneKey, bool)) string {
+func (lr *logRead) laneLabels(d walDamage, keyOf func(uint64) (storage.LaneKey, bool)) string {
 	var ls []string
 	for _, id := range d.lanes {
 		key, ok := lr.lanes[id]

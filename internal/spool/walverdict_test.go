@@ -11,6 +11,8 @@ import (
 
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Tests of the one verdict on the write-ahead log that a start (replay)
@@ -49,7 +51,7 @@ func TestStopAndCrashReportNoDamage(t *testing.T) {
 	}
 	l := mustLane(t, s, testKey(1))
 	var imgs []string
-	var b Batch
+	var b storage.Batch
 	for i := range 400 {
 		b.Reset()
 		for j := range 3 {
@@ -150,7 +152,7 @@ func TestDamageReportedExactly(t *testing.T) {
 			t.Fatal(err)
 		}
 		l := mustLane(t, s, testKey(1))
-		var b Batch
+		var b storage.Batch
 		for i := range 4 {
 			b.Reset()
 			for j := range per {

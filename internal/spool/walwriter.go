@@ -16,6 +16,8 @@ import (
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
+
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 type opKind uint8
@@ -32,12 +34,12 @@ const (
 type op struct {
 	kind     opKind
 	lane     *Lane // opAppend: target; opLane: result
-	batch    *Batch
+	batch    *storage.Batch
 	accepted int64  // unix ms
 	crc      uint32 // opAppend: the chunk's checksum (its WAL record's payload)
 	seq      uint64 // opAppend: assigned by the WAL writer
-	key      LaneKey
-	dls      []DeadLetter
+	key      storage.LaneKey
+	dls      []storage.DeadLetter
 	ids      []uint64
 	err      error
 	done     chan struct{} // capacity 1
@@ -82,7 +84,7 @@ type walWriter struct {
 }
 
 // laneRecLen is the length of a lane's recLane payload (encodeLane).
-func laneRecLen(k LaneKey) int64 {
+func laneRecLen(k storage.LaneKey) int64 {
 	return int64(2 + uvarintLen(uint64(len(k.APIKey))) + len(k.APIKey) +
 		uvarintLen(uint64(len(k.Options))) + len(k.Options) + 32 + 4)
 }
@@ -329,7 +331,7 @@ func (s *Spool) admit(ops []*op, now time.Time) (n int, bytes int64, records int
 	hard := 2 * s.cfg.hotMax()
 	minFree := s.cfg.minFree()
 	for _, o := range ops {
-		sz := int64(len(o.batch.cb.b))
+		sz := int64(len(o.batch.Encoded()))
 		switch {
 		case s.cfg.MaxBytes > 0 && live+bytes+sz > s.cfg.MaxBytes:
 			o.err = ErrFull
@@ -352,7 +354,7 @@ func (s *Spool) admit(ops []*op, now time.Time) (n int, bytes int64, records int
 		l.aNext++
 		n++
 		bytes += sz
-		records += o.batch.n
+		records += o.batch.Len()
 		s.w.diskWritten += sz
 	}
 	return n, bytes, records
@@ -370,7 +372,7 @@ func (s *Spool) write(ops []*op, acks []ackOp) error {
 	appends := false
 	for _, o := range ops {
 		if o.err == nil {
-			need += recHeaderLen + int64(len(o.batch.cb.b))
+			need += recHeaderLen + int64(len(o.batch.Encoded()))
 			appends = true
 		}
 	}
@@ -419,7 +421,7 @@ func (s *Spool) write(ops []*op, acks []ackOp) error {
 	s.w.gStart = s.w.off + need
 	for _, o := range ops {
 		if o.err == nil {
-			s.w.gStart -= recHeaderLen + int64(len(o.batch.cb.b))
+			s.w.gStart -= recHeaderLen + int64(len(o.batch.Encoded()))
 		}
 	}
 	nrec := len(newLanes)
@@ -474,8 +476,8 @@ func (s *Spool) write(ops []*op, acks []ackOp) error {
 		if o.err == nil {
 			h := hdrs[:recHeaderLen]
 			hdrs = hdrs[recHeaderLen:]
-			putRecHeader(h, s.w.no, recChunk, o.lane.id, o.seq, len(o.batch.cb.b), o.crc)
-			iovs = append(iovs, h, o.batch.cb.b)
+			putRecHeader(h, s.w.no, recChunk, o.lane.id, o.seq, len(o.batch.Encoded()), o.crc)
+			iovs = append(iovs, h, o.batch.Encoded())
 		}
 	}
 	if s.w.off+need+recHeaderLen <= s.w.size {
@@ -646,13 +648,13 @@ func (s *Spool) publish(ops []*op) {
 		c := &hotChunk{
 			seq:      o.seq,
 			accepted: o.accepted,
-			records:  b.n,
-			size:     len(b.cb.b),
+			records:  b.Len(),
+			size:     len(b.Encoded()),
 			pos:      walPos{s.w.no, at},
 			walAt:    s.w.total - (s.w.off - at),
 		}
 		at += recHeaderLen + int64(c.size)
-		c.cb = b.take()
+		c.cb = b.Take()
 		l.mu.Lock()
 		l.hot.push(c)
 		l.next = c.seq + 1
@@ -667,7 +669,7 @@ func (s *Spool) publish(ops []*op) {
 }
 
 // wakeLocked wakes the lane's reader when it may wait on l.notify (see
-// Lane.watched), or starts it (OnWork). l.mu held.
+// Lane.watched), or starts it (whenWork). l.mu held.
 func (l *Lane) wakeLocked() {
 	if l.watched {
 		close(l.notify)

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"syscall"
 	"testing"
+
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // sdkRaw is an event as the official SDKs send it (no insert_id, no time,
@@ -65,8 +67,8 @@ func BenchmarkWrittenOnce(b *testing.B) {
 	remote := []byte(`"$remote"`)
 	for _, layout := range []string{"rewritten", "patched-copy", "patched-owned"} {
 		b.Run(fmt.Sprintf("layout=%s/records=%d", layout, per), func(b *testing.B) {
-			var ring [64]*chunkBuf
-			var batch Batch
+			var ring [64]*storage.Buf
+			var batch storage.Batch
 			var patches []patch
 			b.SetBytes(int64(size))
 			b.ReportAllocs()
@@ -75,15 +77,16 @@ func BenchmarkWrittenOnce(b *testing.B) {
 			cpu0 := threadCPU()
 			b.ResetTimer()
 			for op := range b.N {
-				batch.Reset()
-				batch.Reserve(size + 128*per)
-				cb := batch.cb
-				if len(cb.b) == 0 {
-					cb.b = cb.b[:chunkHeaderLen]
+				var cb *storage.Buf
+				if layout != "rewritten" {
+					cb = storage.GetBuf(size + 128*per)
+					cb.B = cb.B[:chunkHeaderLen]
 				}
 				var crc uint32
 				switch layout {
 				case "rewritten":
+					batch.Reset()
+					batch.Reserve(size + 128*per)
 					for i, raw := range raws {
 						ipAt := ipAts[i]
 						batch.AddFunc(okeys[i], uids[i], len(raw)+len(ip)+96, func(dst []byte) []byte {
@@ -94,51 +97,52 @@ func BenchmarkWrittenOnce(b *testing.B) {
 							return append(dst, raw[ipAt+len(remote):]...)
 						})
 					}
-					crc = putChunkHeader(batch.cb.b, 1763700000000, per)
+					crc = putChunkHeader(batch.Encoded(), 1763700000000, per)
+					cb = batch.Take()
 				case "patched-copy":
 					for i, raw := range raws {
 						ipAt := ipAts[i]
 						patches = append(patches[:0], patch{off: 1, ins: idb}, patch{off: ipAt, del: len(remote), ins: ip})
-						cb.b = appendPatched(cb.b, Record{OrderKey: okeys[i], UserID: uids[i], Data: raw}, patches)
+						cb.B = appendPatched(cb.B, storage.Record{OrderKey: okeys[i], UserID: uids[i], Data: raw}, patches)
 					}
-					cb.b[17] = chunkPatched
-					crc = crc32.Checksum(cb.b[5:], crcTable)
+					cb.B[17] = chunkPatched
+					crc = crc32.Checksum(cb.B[5:], crcTable)
 				case "patched-owned":
 					// The framing and patches in the chunk buffer; the
 					// checksum runs over the framing and the events' bytes
 					// in file order (what a vectored WAL write would write).
-					crc = crc32.Update(0, crcTable, cb.b[5:chunkHeaderLen])
+					crc = crc32.Update(0, crcTable, cb.B[5:chunkHeaderLen])
 					for i, raw := range raws {
 						ipAt := ipAts[i]
-						start := len(cb.b)
-						cb.b = appendBytes(cb.b, okeys[i])
-						cb.b = appendBytes(cb.b, uids[i])
-						cb.b = binary.AppendUvarint(cb.b, uint64(len(raw)))
-						crc = crc32.Update(crc, crcTable, cb.b[start:])
+						start := len(cb.B)
+						cb.B = appendBytes(cb.B, okeys[i])
+						cb.B = appendBytes(cb.B, uids[i])
+						cb.B = binary.AppendUvarint(cb.B, uint64(len(raw)))
+						crc = crc32.Update(crc, crcTable, cb.B[start:])
 						crc = crc32.Update(crc, crcTable, raw)
-						start = len(cb.b)
-						cb.b = binary.AppendUvarint(cb.b, 2)
-						cb.b = binary.AppendUvarint(cb.b, 1)
-						cb.b = binary.AppendUvarint(cb.b, 0)
-						cb.b = appendBytes(cb.b, idb)
-						cb.b = binary.AppendUvarint(cb.b, uint64(ipAt))
-						cb.b = binary.AppendUvarint(cb.b, uint64(len(remote)))
-						cb.b = appendBytes(cb.b, ip)
-						crc = crc32.Update(crc, crcTable, cb.b[start:])
-						cb.idx = append(cb.idx, uint32(start), uint32(len(cb.b)-start))
+						start = len(cb.B)
+						cb.B = binary.AppendUvarint(cb.B, 2)
+						cb.B = binary.AppendUvarint(cb.B, 1)
+						cb.B = binary.AppendUvarint(cb.B, 0)
+						cb.B = appendBytes(cb.B, idb)
+						cb.B = binary.AppendUvarint(cb.B, uint64(ipAt))
+						cb.B = binary.AppendUvarint(cb.B, uint64(len(remote)))
+						cb.B = appendBytes(cb.B, ip)
+						crc = crc32.Update(crc, crcTable, cb.B[start:])
+						cb.Idx = append(cb.Idx, uint32(start), uint32(len(cb.B)-start))
 					}
 				}
 				_ = crc
 				if old := ring[op%len(ring)]; old != nil {
-					old.release()
+					old.Release()
 				}
-				ring[op%len(ring)] = batch.take()
+				ring[op%len(ring)] = cb
 			}
 			b.StopTimer()
 			b.ReportMetric(float64(threadCPU()-cpu0)/float64(b.N), "cpu-ns/op")
 			for _, cb := range ring {
 				if cb != nil {
-					cb.release()
+					cb.Release()
 				}
 			}
 		})
@@ -148,23 +152,24 @@ func BenchmarkWrittenOnce(b *testing.B) {
 // BenchmarkPatchedRead measures the reader's side of the chunkPatched
 // layout: the records of a 100-event chunk rebuilt by decodeChunk (a fresh
 // buffer per patched record) against today's hot chunk, whose records are
-// slices of the chunk buffer (chunkBuf.records).
+// slices of the chunk buffer (storage.Buf.Records).
 func BenchmarkPatchedRead(b *testing.B) {
 	const per = 100
 	remote := []byte(`"$remote"`)
 	id := []byte(`"insert_id":"0f8fad5b-d9cb-469f-a165-70867728950e","time":1763700000000,`)
 	ip := []byte(`"192.0.2.1"`)
-	var plain Batch
+	var plain storage.Batch
 	pv := make([]byte, chunkHeaderLen)
 	for i := range per {
 		raw := sdkRaw(i)
 		ipAt := bytes.Index(raw, remote)
 		okey := []byte("d:" + strconv.Itoa(i))
-		pv = appendPatched(pv, Record{OrderKey: okey, Data: raw}, []patch{{off: 1, ins: id}, {off: ipAt, del: len(remote), ins: ip}})
+		pv = appendPatched(pv, storage.Record{OrderKey: okey, Data: raw}, []patch{{off: 1, ins: id}, {off: ipAt, del: len(remote), ins: ip}})
 		rw := append(append(append(append([]byte{'{'}, id...), raw[1:ipAt]...), ip...), raw[ipAt+len(remote):]...)
-		plain.Add(Record{OrderKey: okey, Data: rw})
+		plain.Add(storage.Record{OrderKey: okey, Data: rw})
 	}
-	putChunkHeader(plain.cb.b, 1763700000000, per)
+	putChunkHeader(plain.Encoded(), 1763700000000, per)
+	pcb := plain.Take()
 	putChunkHeader(pv, 1763700000000, per)
 	pv[17] = chunkPatched
 	binary.BigEndian.PutUint32(pv[1:5], crc32.Checksum(pv[5:], crcTable))
@@ -176,7 +181,8 @@ func BenchmarkPatchedRead(b *testing.B) {
 		cpu0 := threadCPU()
 		for range b.N {
 			slab.buf = slab.buf[:0]
-			if rs := plain.cb.records(per, &slab); len(rs) != per {
+			rs := slab.take(per)
+			if pcb.Records(rs); len(rs) != per {
 				b.Fatal("records")
 			}
 		}
@@ -190,7 +196,7 @@ func BenchmarkPatchedRead(b *testing.B) {
 		cpu0 := threadCPU()
 		for range b.N {
 			slab.buf = slab.buf[:0]
-			var c Chunk
+			var c storage.Chunk
 			if err := decodeChunk(1, pv, &c, &slab); err != nil || len(c.Records) != per {
 				b.Fatal(err)
 			}

@@ -3,13 +3,15 @@
 // request's records (Appender), the delivery engine is handed ordered
 // queues to read and acknowledge (Owner, Reader) and stores what will not
 // be delivered (DeadLetters). Two backends implement it: the local spool
-// (internal/spool, a WAL in front of bbolt, adapted by Local) and the
+// (internal/spool, a WAL in front of bbolt, spool.Backend) and the
 // fleet's spool on a NATS JetStream cluster (internal/fleet, Fleet.Backend).
 // storagetest is the conformance suite both pass.
 //
-// The types of what is stored (spool.Record, spool.LaneKey,
-// spool.DeadLetter, spool.DeadFilter) are the spool's: the seam adds only
-// the request and the message around them.
+// The seam is written in its own types: what is stored (Record, LaneKey,
+// Kind, DeadLetter, DeadFilter), the Batch a request's records are encoded
+// into (its pooled buffer, Buf, is what the local spool keeps without a
+// copy), the request and the message around them. Neither backend imports
+// the other, and storage imports neither (TestImports).
 //
 // # Invariants
 //
@@ -52,13 +54,17 @@
 // within its window (empty: no deduplication, the request shares a batch
 // with others) and copies the records. ListDead with limit <= 0
 // means no limit locally and 1000 in the fleet. Run hands the local spool's
-// every lane, and lanes created later, to deliver; the fleet hands only the
-// partitions this relay holds the lease of, and ends a deliver's context
-// when the lease moves.
+// every lane (of Only's kinds), and lanes created later, to deliver, each a
+// LaneQueue, read with read-ahead through its Lane; an idle lane's deliver
+// returns ErrIdle and is called again at the lane's next record, a retired
+// lane's is not. The fleet hands only the partitions this relay holds the
+// lease of, and ends a deliver's context when the lease moves; delivery
+// splits a partition into a Lane per lane it carries.
 //
 // # Goroutines
 //
-// Run owns one goroutine per queue it hands to deliver and returns after
-// every deliver returned. A Reader's Next has one caller at a time; Ack
+// Run owns one goroutine per queue it hands to deliver (none for a local
+// lane between ErrIdle and its next record) and returns after every
+// deliver returned. A Reader's Next has one caller at a time; Ack
 // may be called from any goroutine.
 package storage

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"time"
-
-	"github.com/svcrelay/relay/internal/spool"
 )
 
 // ErrFull is returned (wrapped) by Append when the store refuses the
@@ -32,22 +30,22 @@ type Request struct {
 	// other requests). The local spool ignores it. At most 64 bytes of
 	// letters, digits, - and _.
 	ID string
-	// Kind, APIKey and Options name the lane (spool.LaneKey, see Lane),
+	// Kind, APIKey and Options name the lane (LaneKey, see Lane),
 	// as bytes: the ingest names it with slices of the request, and the
 	// local spool finds a lane it appended to before without allocating.
-	Kind            spool.Kind
+	Kind            Kind
 	APIKey, Options []byte
 	Accepted        time.Time // zero means now; the local spool always uses now
 	// Batch holds the records (nil or empty: nothing to store). Append
 	// may take its memory over (the local spool does, and leaves it
 	// empty); it is not to be used until Append returns, and is Reset
 	// before it is built again.
-	Batch *spool.Batch
+	Batch *Batch
 }
 
 // Lane is the key of req's lane.
-func (req *Request) Lane() spool.LaneKey {
-	return spool.LaneKey{Kind: req.Kind, APIKey: string(req.APIKey), Options: string(req.Options)}
+func (req *Request) Lane() LaneKey {
+	return LaneKey{Kind: req.Kind, APIKey: string(req.APIKey), Options: string(req.Options)}
 }
 
 // Message is the unit of reading and of acknowledgement: records of one
@@ -58,10 +56,10 @@ type Message struct {
 	// Seq increases within the queue; it is the backend's (local: the
 	// chunk's sequence in its lane; fleet: the stream sequence).
 	Seq      uint64
-	Lane     spool.LaneKey
+	Lane     LaneKey
 	Accepted time.Time
 	// Records are valid until the message is acknowledged.
-	Records []spool.Record
+	Records []Record
 }
 
 // Appender is what the ingest, the form intakes and the dead-letter
@@ -100,7 +98,7 @@ type Owner interface {
 type DeadWriter interface {
 	// PutDead stores dead letters and returns once they are durable; it
 	// sets their IDs (increasing, never reused).
-	PutDead(ctx context.Context, dls []spool.DeadLetter) error
+	PutDead(ctx context.Context, dls []DeadLetter) error
 }
 
 // DeadLetters is the dead-letter store as the admin API uses it.
@@ -108,7 +106,7 @@ type DeadLetters interface {
 	DeadWriter
 	// ListDead returns up to limit dead letters with ID > after that
 	// match f, by ID.
-	ListDead(ctx context.Context, f spool.DeadFilter, after uint64, limit int) ([]spool.DeadLetter, error)
+	ListDead(ctx context.Context, f DeadFilter, after uint64, limit int) ([]DeadLetter, error)
 	// DeleteDead removes the dead letters with the given ids; unknown ids
 	// are ignored.
 	DeleteDead(ctx context.Context, ids []uint64) error
@@ -123,4 +121,77 @@ type Backend interface {
 	// Close releases the backend; unacknowledged messages stay for the
 	// next Open (or owner).
 	Close() error
+}
+
+// ErrIdle is returned by Lane.Wait when its onIdle says the reader may
+// end: a deliver function returns it, and the backend calls deliver again
+// at the lane's next record, so that an idle lane holds no goroutine.
+var ErrIdle = errors.New("storage: lane idle")
+
+// ErrRetired is returned by a Lane once it was retired (empty and idle):
+// its deliverer is done with it for good, and a deliver function that
+// returns it is not called again for the lane.
+var ErrRetired = errors.New("storage: lane retired")
+
+// Chunk is a group of records of a lane as a Lane reads them: the records
+// of one Append (or of one Message), or a part of them.
+type Chunk struct {
+	Seq      uint64
+	Accepted time.Time // when Append was called (millisecond precision)
+	// Records alias the store's memory; valid until the caller releases
+	// the Buffer (or forever, if it never does).
+	Records []Record
+	// Size is the encoded size counted against the store's bounds (of the
+	// part, for a part: see Lane.NextPart).
+	Size int
+	// Buffer is the memory the records alias, for a caller that can tell
+	// when they are no longer read (see Buffer.Release).
+	Buffer Buffer
+	// First is the index in the chunk of Records[0] and Total the chunk's
+	// record count, set by NextPart (a part has Total > len(Records)).
+	First, Total int
+}
+
+// Lane is one lane's records as its delivery reads them, with read-ahead
+// by a byte budget: the queue of a LaneQueue (the local spool), or a
+// lane's messages of a partition as delivery demultiplexes them (the
+// fleet). One reader goroutine calls Wait, NextPart and Next; Ack may be
+// called from any goroutine.
+type Lane interface {
+	// Wait returns nil when there may be something to read, ctx.Err()
+	// when ctx ends, an error wrapping ErrLost when the store closed and
+	// one wrapping ErrRetired once the lane is retired. onIdle, when not
+	// nil, is called before a long wait; when it returns true, Wait may
+	// return ErrIdle (the local spool does; a fleet lane ends by its own
+	// idle rule, ErrRetired).
+	Wait(ctx context.Context, onIdle func() bool) error
+	// NextPart reads up to maxBytes (at least one record: a chunk larger
+	// than maxBytes may be read in parts) into recs' memory; with a done
+	// ctx it returns at once when there is nothing to read.
+	NextPart(ctx context.Context, maxBytes int, recs []Record) ([]Chunk, []Record, error)
+	// Next waits for whole chunks and reads up to maxBytes of them (at
+	// least one).
+	Next(ctx context.Context, maxBytes int) ([]Chunk, error)
+	// Ack says every record of chunk seq was answered 200 or is a
+	// committed dead letter.
+	Ack(seq uint64)
+}
+
+// LaneQueue is a Reader whose queue is one lane (the local spool's): its
+// delivery reads the lane through Lane, with read-ahead, instead of Next
+// and Ack. The backend's Run calls deliver for the queue again at the
+// lane's next record after deliver returned an error wrapping ErrIdle, and
+// never after one wrapping ErrRetired (the lane is gone).
+type LaneQueue interface {
+	Reader
+	Lane() Lane
+	// LaneID is the lane's id, unique in the store and never reused (as
+	// the admin API names lanes).
+	LaneID() uint64
+	// Key is the lane's key.
+	Key() LaneKey
+	// Pin keeps the lane from retiring until as many Unpin calls (a
+	// stopped lane keeps its stop while empty).
+	Pin()
+	Unpin()
 }

@@ -12,7 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/svcrelay/relay/internal/event"
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Where is the point of the pipeline a tap watches.
@@ -246,7 +246,7 @@ func (h *Hub) Close() {
 // Publish offers the records of one api_key at where (reason: a dead
 // letter's, else ""). It never blocks; recs are copied when a tap keeps
 // them. Callers check Active first.
-func (h *Hub) Publish(where Where, apiKey []byte, reason string, recs []spool.Record) {
+func (h *Hub) Publish(where Where, apiKey []byte, reason string, recs []storage.Record) {
 	h.Pick(where, apiKey, reason, recs).Send()
 }
 
@@ -262,7 +262,7 @@ type picked struct {
 
 // Pick returns copies of the records of recs the attached taps want (nil
 // when none), to be handed over by Send.
-func (h *Hub) Pick(where Where, apiKey []byte, reason string, recs []spool.Record) Picked {
+func (h *Hub) Pick(where Where, apiKey []byte, reason string, recs []storage.Record) Picked {
 	if !h.Active(where) {
 		return nil
 	}
@@ -295,7 +295,7 @@ func (h *Hub) Pick(where Where, apiKey []byte, reason string, recs []spool.Recor
 }
 
 // wants applies t's filter and sampling to r.
-func (t *Tap) wants(r *spool.Record) bool {
+func (t *Tap) wants(r *storage.Record) bool {
 	if t.devKey != nil && !bytes.Equal(r.OrderKey, t.devKey) {
 		return false
 	}
@@ -322,13 +322,13 @@ func (p Picked) Send() {
 }
 
 // PublishDead offers dead letters (of any lanes).
-func (h *Hub) PublishDead(dls []spool.DeadLetter) {
+func (h *Hub) PublishDead(dls []storage.DeadLetter) {
 	if !h.Active(Dead) {
 		return
 	}
 	for i := range dls {
 		d := &dls[i]
-		h.Publish(Dead, []byte(d.Lane.APIKey), d.Reason, []spool.Record{d.Record})
+		h.Publish(Dead, []byte(d.Lane.APIKey), d.Reason, []storage.Record{d.Record})
 	}
 }
 
@@ -348,12 +348,12 @@ func (h *Hub) PublishBody(where Where, body []byte) {
 		n += len(event.DeviceKeyPrefix) + max(len(req.Events[i].DeviceID), len(req.Events[i].UserID))
 	}
 	keys := make([]byte, 0, n)
-	recs := make([]spool.Record, len(req.Events))
+	recs := make([]storage.Record, len(req.Events))
 	for i := range req.Events {
 		ev := &req.Events[i]
 		start := len(keys)
 		keys = ev.OrderKey(keys)
-		recs[i] = spool.Record{OrderKey: keys[start:len(keys):len(keys)], Data: ev.Raw}
+		recs[i] = storage.Record{OrderKey: keys[start:len(keys):len(keys)], Data: ev.Raw}
 	}
 	h.Publish(where, req.APIKey, "", recs)
 }

@@ -6,11 +6,11 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
-func rec(dev, typ string) spool.Record {
-	return spool.Record{OrderKey: []byte("d:" + dev), Data: []byte(`{"device_id":"` + dev + `","event_type":"` + typ + `","event_properties":{"k":"secret"}}`)}
+func rec(dev, typ string) storage.Record {
+	return storage.Record{OrderKey: []byte("d:" + dev), Data: []byte(`{"device_id":"` + dev + `","event_type":"` + typ + `","event_properties":{"k":"secret"}}`)}
 }
 
 // TestHub: a tap gets only what its filter selects; a reader that does not
@@ -40,7 +40,7 @@ func TestHub(t *testing.T) {
 	if h.Active(Delivered) {
 		t.Fatal("active at delivered with no tap there")
 	}
-	recs := []spool.Record{rec("d1", "buy"), rec("d2", "buy"), rec("d1", "view")}
+	recs := []storage.Record{rec("d1", "buy"), rec("d2", "buy"), rec("d1", "view")}
 	h.Publish(Ingest, []byte("other-key"), "", recs)
 	for range 10 { // never blocks: the buffer of 3 fills, the rest drop
 		h.Publish(Ingest, key, "", recs)
@@ -58,7 +58,7 @@ func TestHub(t *testing.T) {
 	if len(dead.C()) != 0 {
 		t.Fatal("the dead-letter tap got ingest events")
 	}
-	h.PublishDead([]spool.DeadLetter{{Lane: spool.LaneKey{APIKey: "k"}, Reason: "silenced", Record: rec("d3", "x")}})
+	h.PublishDead([]storage.DeadLetter{{Lane: storage.LaneKey{APIKey: "k"}, Reason: "silenced", Record: rec("d3", "x")}})
 	line := string(AppendLine(nil, <-dead.C(), true))
 	if !strings.Contains(line, `"reason":"silenced"`) || strings.Contains(line, "secret") || !strings.Contains(line, `"k":"***"`) {
 		t.Fatalf("masked dead line %s", line)
@@ -88,7 +88,7 @@ func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
 // without a tap (one atomic load), and with a tap on a device none of them
 // has (the filter runs, nothing is copied).
 func BenchmarkPick(b *testing.B) {
-	recs := make([]spool.Record, 100)
+	recs := make([]storage.Record, 100)
 	for i := range recs {
 		recs[i] = rec("dev-"+string(rune('a'+i%26)), "e")
 	}

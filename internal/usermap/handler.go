@@ -12,7 +12,7 @@ import (
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/formreq"
 	"github.com/svcrelay/relay/internal/forward"
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Mapping is one parsed, validated mapping.
@@ -35,7 +35,7 @@ func ParseMappings(apiKey string, mapping []byte, maxMappings, maxBodyBytes int)
 	if verr != nil {
 		return nil, verr
 	}
-	frame := (&delivery.Form{Field: "mapping", MaxBodyBytes: maxBodyBytes}).Frame(spool.LaneKey{APIKey: apiKey})
+	frame := (&delivery.Form{Field: "mapping", MaxBodyBytes: maxBodyBytes}).Frame(storage.LaneKey{APIKey: apiKey})
 	out := make([]Mapping, 0, len(raws))
 	var esc []byte // one record escaped, reused
 	for i, raw := range raws {
@@ -128,9 +128,9 @@ func (u *UserMap) servePost(w http.ResponseWriter, r *http.Request) {
 		u.In.Reject(w, verr)
 		return
 	}
-	var b spool.Batch
+	var b storage.Batch
 	for _, m := range ms {
-		b.Add(spool.Record{OrderKey: []byte(m.UserID), UserID: []byte(m.UserID), Data: m.Data})
+		b.Add(storage.Record{OrderKey: []byte(m.UserID), UserID: []byte(m.UserID), Data: m.Data})
 	}
 	u.In.Accept(w, apiKey, &b, len(ms))
 }

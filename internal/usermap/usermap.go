@@ -16,7 +16,7 @@ import (
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/formreq"
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
 )
 
@@ -111,7 +111,7 @@ func New(cfg Config, client *upstream.Client, creds *credentials.Ref, log *zap.L
 	var err error
 	u.Spooled, err = formreq.NewSpooled(delivery.FormConfig{
 		Name:         "usermap",
-		Lanes:        spool.KindUserMap,
+		Lanes:        storage.KindUserMap,
 		Kind:         &delivery.Form{Field: "mapping", MaxItems: min(cfg.MaxMappings, cfg.RateLimit), MaxBodyBytes: cfg.MaxBodyBytes},
 		URL:          delivery.ProjectURL(creds, credentials.KindAlias, cfg.AliasURL, "/usermap"),
 		ThrottleWait: cfg.RateWindow,

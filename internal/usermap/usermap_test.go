@@ -39,7 +39,7 @@ type env = formreqtest.Env[component]
 
 func newEnv(t *testing.T, simCfg sim.Config, cfg usermap.Config, creds *credentials.Store) *env {
 	t.Helper()
-	return formreqtest.New(t, simCfg, spool.KindUserMap,
+	return formreqtest.New(t, simCfg, storage.KindUserMap,
 		func(simURL string, sp *spool.Spool, client *upstream.Client, reg *prometheus.Registry) (component, error) {
 			if cfg.AliasURL == "" {
 				cfg.AliasURL = simURL
@@ -51,7 +51,7 @@ func newEnv(t *testing.T, simCfg sim.Config, cfg usermap.Config, creds *credenti
 				cfg.RetryInitial = 5 * time.Millisecond
 				cfg.RetryMax = 50 * time.Millisecond
 			}
-			cfg.Store = storage.NewLocal(sp, nil)
+			cfg.Store = spool.NewBackend(sp, nil)
 			um, err := usermap.New(cfg, client, credentials.NewRef(creds), nil, reg)
 			if err != nil {
 				return component{}, err
@@ -285,7 +285,7 @@ func TestThrottled429(t *testing.T) {
 			t.Fatalf("position %d: %s, want %s", i, u, want)
 		}
 	}
-	dead, _ := e.Spool.ListDead(spool.DeadFilter{}, 0, 0)
+	dead, _ := e.Spool.ListDead(storage.DeadFilter{}, 0, 0)
 	if len(dead) != 0 {
 		t.Fatalf("%d dead letters", len(dead))
 	}
@@ -310,7 +310,7 @@ func TestDeadLetterAndDurability(t *testing.T) {
 	if len(calls) != 29 {
 		t.Fatalf("delivered %d, want 29", len(calls))
 	}
-	dead, _ := e.Spool.ListDead(spool.DeadFilter{Reason: "bad_request"}, 0, 0)
+	dead, _ := e.Spool.ListDead(storage.DeadFilter{Reason: "bad_request"}, 0, 0)
 	if len(dead) != 1 || !strings.Contains(string(dead[0].Record.Data), `"m13"`) || string(dead[0].Record.UserID) != "m13" {
 		t.Fatalf("dead letters %+v", dead)
 	}

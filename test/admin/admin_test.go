@@ -16,6 +16,7 @@ import (
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Keys the sim accepts besides the projects' (it refuses every other key
@@ -578,7 +579,7 @@ func testLanes(t *testing.T, r *relay, s *simtest.Sim) {
 	}
 
 	// Group identify lanes pause and resume the same way.
-	giLane := labelOf(t, spool.LaneKey{Kind: spool.KindGroupIdentify, APIKey: projAPIKey})
+	giLane := labelOf(t, storage.LaneKey{Kind: storage.KindGroupIdentify, APIKey: projAPIKey})
 	if _, ok := lanes(t, r)[giLane]; !ok {
 		t.Fatalf("groupidentify lane %s not listed", giLane)
 	}
@@ -694,7 +695,7 @@ func testNoSecrets(t *testing.T, r *relay, s *simtest.Sim) {
 
 // labelOf returns the label a spool gives the lane of key (a hash of the
 // key: the same in every spool).
-func labelOf(t *testing.T, key spool.LaneKey) string {
+func labelOf(t *testing.T, key storage.LaneKey) string {
 	t.Helper()
 	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), MinFreeBytes: -1}, nil, nil)
 	if err != nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
 )
 
@@ -50,7 +51,7 @@ type Env[C Component] struct {
 	Reg    *prometheus.Registry // the registry of the last Open
 	Base   string               // the routes' base URL, "http://127.0.0.1:P"
 
-	kind    spool.Kind
+	kind    storage.Kind
 	build   Build[C]
 	srv     *adminapi.Server
 	cancel  context.CancelFunc
@@ -60,7 +61,7 @@ type Env[C Component] struct {
 // New starts a simulator (simCfg) and Opens the component (without
 // delivery: see Run). kind is the spool lane kind of the component's
 // records (LaneRecords).
-func New[C Component](t *testing.T, simCfg sim.Config, kind spool.Kind, build Build[C]) *Env[C] {
+func New[C Component](t *testing.T, simCfg sim.Config, kind storage.Kind, build Build[C]) *Env[C] {
 	t.Helper()
 	e := &Env[C]{T: t, Dir: t.TempDir(), kind: kind, build: build}
 	e.Sim = simtest.New(simCfg, nil)
@@ -144,7 +145,7 @@ func (e *Env[C]) Close() {
 // (0 when there is no such lane).
 func (e *Env[C]) LaneRecords(apiKey string) int64 {
 	for _, l := range e.Spool.Lanes() {
-		if l.Key() == (spool.LaneKey{Kind: e.kind, APIKey: apiKey}) {
+		if l.Key() == (storage.LaneKey{Kind: e.kind, APIKey: apiKey}) {
 			return l.Stats().Records
 		}
 	}

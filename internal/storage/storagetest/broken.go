@@ -5,7 +5,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -53,7 +52,7 @@ func (d *defective) Append(ctx context.Context, req storage.Request) error {
 	return d.Backend.Append(ctx, req)
 }
 
-func (d *defective) PutDead(ctx context.Context, dls []spool.DeadLetter) error {
+func (d *defective) PutDead(ctx context.Context, dls []storage.DeadLetter) error {
 	if d.how == "deaddrop" && len(dls) > 1 {
 		return d.Backend.PutDead(ctx, dls[:1])
 	}

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/poll"
-	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -71,6 +70,8 @@ func Run(t *testing.T, cfg Config) {
 	t.Run("Crash", s.testCrash)
 	t.Run("Damaged", s.testDamaged)
 	t.Run("NoSpace", s.testNoSpace)
+	t.Run("Delivery", s.testDelivery)
+	t.Run("DeliveryNoSpace", s.testDeliveryNoSpace)
 }
 
 // ReasonDamaged is the dead-letter reason of records that failed their
@@ -113,15 +114,15 @@ type suite struct{ cfg Config }
 
 // The lanes the tests write: two of one kind, one of another, so that
 // both backends have several queues.
-var lanes = []spool.LaneKey{
-	{Kind: spool.KindEvents, APIKey: "key-1"},
-	{Kind: spool.KindEvents, APIKey: "key-2", Options: `{"min_id_length":1}`},
-	{Kind: spool.KindGroupIdentify, APIKey: "key-1"},
+var lanes = []storage.LaneKey{
+	{Kind: storage.KindEvents, APIKey: "key-1"},
+	{Kind: storage.KindEvents, APIKey: "key-2", Options: `{"min_id_length":1}`},
+	{Kind: storage.KindGroupIdentify, APIKey: "key-1"},
 }
 
 // rec is record n of key k; its data is "k/n".
-func rec(k string, n int) spool.Record {
-	return spool.Record{OrderKey: []byte(k), UserID: []byte("u-" + k), Data: []byte(k + "/" + strconv.Itoa(n))}
+func rec(k string, n int) storage.Record {
+	return storage.Record{OrderKey: []byte(k), UserID: []byte("u-" + k), Data: []byte(k + "/" + strconv.Itoa(n))}
 }
 
 func bg(t *testing.T) context.Context {
@@ -131,7 +132,7 @@ func bg(t *testing.T) context.Context {
 }
 
 // id names a lane and key in the collector.
-func id(l spool.LaneKey, key string) string {
+func id(l storage.LaneKey, key string) string {
 	return fmt.Sprintf("%s|%s|%s|%s", l.Kind, l.APIKey, l.Options, key)
 }
 
@@ -148,9 +149,9 @@ func (c counter) total() int {
 
 // appendN appends one request of n records of each key to lane l,
 // numbering them on from want.
-func appendN(t *testing.T, b storage.Appender, want counter, l spool.LaneKey, n int, keys ...string) {
+func appendN(t *testing.T, b storage.Appender, want counter, l storage.LaneKey, n int, keys ...string) {
 	t.Helper()
-	var recs []spool.Record
+	var recs []storage.Record
 	for _, k := range keys {
 		for range n {
 			want[id(l, k)]++
@@ -163,8 +164,8 @@ func appendN(t *testing.T, b storage.Appender, want counter, l spool.LaneKey, n 
 }
 
 // request is a request of recs to lane l.
-func request(l spool.LaneKey, recs []spool.Record) storage.Request {
-	var b spool.Batch
+func request(l storage.LaneKey, recs []storage.Record) storage.Request {
+	var b storage.Batch
 	for _, r := range recs {
 		b.Add(r)
 	}
@@ -193,7 +194,7 @@ func first(m *storage.Message) int {
 	return n
 }
 
-func parse(r spool.Record) (string, int) {
+func parse(r storage.Record) (string, int) {
 	k, v, _ := strings.Cut(string(r.Data), "/")
 	v, _, _ = strings.Cut(v, "/") // padding, a marker
 	n, _ := strconv.Atoi(v)
@@ -204,7 +205,7 @@ func (c *collector) deliver(ctx context.Context, r storage.Reader) error {
 	c.mu.Lock()
 	c.readers++
 	c.mu.Unlock()
-	var lane *spool.LaneKey
+	var lane *storage.LaneKey
 	for {
 		m, err := r.Next(ctx)
 		if err != nil {
@@ -454,7 +455,7 @@ func (s *suite) testConcurrentAppends(t *testing.T) {
 			l := lanes[w%len(lanes)]
 			keys := []string{"g" + strconv.Itoa(w) + ":a", "g" + strconv.Itoa(w) + ":b"}
 			for range requests {
-				var recs []spool.Record
+				var recs []storage.Record
 				for _, k := range keys {
 					for range 2 {
 						wants[w][id(l, k)]++
@@ -495,7 +496,7 @@ func (s *suite) testDeadLetters(t *testing.T) {
 	open, b := s.open(t, Options{})
 	ctx := bg(t)
 	accepted := time.UnixMilli(1_700_000_000_000)
-	dls := []spool.DeadLetter{
+	dls := []storage.DeadLetter{
 		{Lane: lanes[0], Reason: "invalid_fields", Answer: []byte("HTTP 400: bad"), Accepted: accepted, Died: accepted.Add(time.Second), Record: rec("d:a", 1)},
 		{Lane: lanes[1], Reason: "silenced", Answer: []byte("HTTP 400: silenced"), Accepted: accepted, Died: accepted.Add(time.Second), Record: rec("d:b", 1)},
 		{Lane: lanes[0], Reason: "silenced", Accepted: accepted, Died: accepted.Add(2 * time.Second), Record: rec("d:c", 1)},
@@ -511,7 +512,7 @@ func (s *suite) testDeadLetters(t *testing.T) {
 			t.Fatalf("dead-letter ids %d, %d, %d: not set or not increasing", dls[0].ID, dls[1].ID, dls[2].ID)
 		}
 	}
-	list := func(b storage.Backend, f spool.DeadFilter, after uint64, limit int) []spool.DeadLetter {
+	list := func(b storage.Backend, f storage.DeadFilter, after uint64, limit int) []storage.DeadLetter {
 		t.Helper()
 		got, err := b.ListDead(ctx, f, after, limit)
 		if err != nil {
@@ -519,7 +520,7 @@ func (s *suite) testDeadLetters(t *testing.T) {
 		}
 		return got
 	}
-	same := func(got []spool.DeadLetter, want ...spool.DeadLetter) {
+	same := func(got []storage.DeadLetter, want ...storage.DeadLetter) {
 		t.Helper()
 		if len(got) != len(want) {
 			t.Fatalf("listed %d dead letters, want %d", len(got), len(want))
@@ -534,20 +535,20 @@ func (s *suite) testDeadLetters(t *testing.T) {
 			}
 		}
 	}
-	same(list(b, spool.DeadFilter{}, 0, 100), dls...)
-	same(list(b, spool.DeadFilter{Reason: "silenced"}, 0, 100), dls[1], dls[2])
-	same(list(b, spool.DeadFilter{Lane: &lanes[0]}, 0, 100), dls[0], dls[2])
-	same(list(b, spool.DeadFilter{}, dls[0].ID, 1), dls[1])
+	same(list(b, storage.DeadFilter{}, 0, 100), dls...)
+	same(list(b, storage.DeadFilter{Reason: "silenced"}, 0, 100), dls[1], dls[2])
+	same(list(b, storage.DeadFilter{Lane: &lanes[0]}, 0, 100), dls[0], dls[2])
+	same(list(b, storage.DeadFilter{}, dls[0].ID, 1), dls[1])
 	closeB(t, b)
 
 	b = open(t, Options{})
-	same(list(b, spool.DeadFilter{}, 0, 100), dls...)
+	same(list(b, storage.DeadFilter{}, 0, 100), dls...)
 	if err := b.DeleteDead(ctx, []uint64{dls[1].ID, dls[2].ID + 1000}); err != nil {
 		t.Fatal(err)
 	}
-	same(list(b, spool.DeadFilter{}, 0, 100), dls[0], dls[2])
+	same(list(b, storage.DeadFilter{}, 0, 100), dls[0], dls[2])
 	// Ids are never reused.
-	more := []spool.DeadLetter{{Lane: lanes[2], Reason: "x", Accepted: accepted, Died: accepted, Record: rec("d:d", 1)}}
+	more := []storage.DeadLetter{{Lane: lanes[2], Reason: "x", Accepted: accepted, Died: accepted, Record: rec("d:d", 1)}}
 	if err := b.PutDead(ctx, more); err != nil {
 		t.Fatal(err)
 	}
@@ -557,7 +558,7 @@ func (s *suite) testDeadLetters(t *testing.T) {
 	closeB(t, b)
 
 	b = open(t, Options{})
-	same(list(b, spool.DeadFilter{}, 0, 100), dls[0], dls[2], more[0])
+	same(list(b, storage.DeadFilter{}, 0, 100), dls[0], dls[2], more[0])
 	closeB(t, b)
 }
 
@@ -570,7 +571,7 @@ func (s *suite) testAllOrNothing(t *testing.T) {
 	appendN(t, b, want, lanes[0], 1, "d:a")
 	// Over the quota as a whole, spread over many keys (partitions), each
 	// record well under it.
-	var recs []spool.Record
+	var recs []storage.Record
 	for k := range 16 {
 		key := "big:" + strconv.Itoa(k)
 		r := rec(key, 1)
@@ -676,7 +677,7 @@ func (s *suite) testDamaged(t *testing.T) {
 	marker := []byte("damage-me-0123456789")
 	r := rec("d:a", 0)
 	r.Data = append(append(r.Data, '/'), marker...)
-	if err := b.Append(bg(t), request(lanes[0], []spool.Record{r})); err != nil {
+	if err := b.Append(bg(t), request(lanes[0], []storage.Record{r})); err != nil {
 		t.Fatal(err)
 	}
 	b = s.cfg.Damage(t, open, b, marker)
@@ -690,7 +691,7 @@ func (s *suite) testDamaged(t *testing.T) {
 	// Its dead letter is durable before its message is acknowledged.
 	deadline := time.Now().Add(s.cfg.Wait)
 	for {
-		dls, err := b.ListDead(bg(t), spool.DeadFilter{Reason: ReasonDamaged}, 0, 100)
+		dls, err := b.ListDead(bg(t), storage.DeadFilter{Reason: ReasonDamaged}, 0, 100)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -725,8 +726,8 @@ func (s *suite) testNoSpace(t *testing.T) {
 	// aside, e.g. a log segment's unused end, that it fills first): stored
 	// only when Append says so.
 	pad := "/" + strings.Repeat("p", 8<<10)
-	next := func(l spool.LaneKey) error {
-		recs := []spool.Record{rec("d:a", want[id(l, "d:a")]+1), rec("d:b", want[id(l, "d:b")]+1)}
+	next := func(l storage.LaneKey) error {
+		recs := []storage.Record{rec("d:a", want[id(l, "d:a")]+1), rec("d:b", want[id(l, "d:b")]+1)}
 		for i := range recs {
 			recs[i].Data = append(recs[i].Data, pad...)
 		}

@@ -1,4 +1,4 @@
-package spool
+package storage
 
 import (
 	"encoding/binary"
@@ -7,12 +7,17 @@ import (
 	"sync/atomic"
 )
 
+// BatchHeaderLen is the room a Batch leaves at the start of its buffer for
+// the header the local spool writes there on Append: its buffer is then the
+// chunk's encoding, written to the WAL without a copy.
+const BatchHeaderLen = 18
+
 // Chunk memory is recycled by size class: 512 bytes, then four classes per
 // power of two (2^k times 1¼, 1½, 1¾ and 2) up to 16 MiB, so that a buffer
 // wastes at most a fifth of itself (a 1000-event request's chunk of ~513
 // KB in a 640 KiB buffer, not a 1 MiB one). A chunk's buffer is shared: an
 // Append hands its Batch's buffer to the spool, which keeps it while the
-// chunk is only in the write-ahead log (see hot.go) and lends it to the
+// chunk is only in the write-ahead log (spool/hot.go) and lends it to the
 // lane's reader; a chunk read from bbolt is copied into a buffer of its
 // own. Each holder has one reference, and the last Release gives the buffer
 // back to its class's pool. A holder that cannot tell when it stops reading
@@ -24,7 +29,7 @@ const (
 	numClasses  = 1 + 4*(maxBufShift-minBufShift)
 )
 
-var bufPools [numClasses]sync.Pool // of *chunkBuf
+var bufPools [numClasses]sync.Pool // of *Buf
 
 // bufClass is the smallest class holding n bytes, -1 above the largest.
 func bufClass(n int) int {
@@ -49,60 +54,61 @@ func classSize(c int) int {
 	return 1<<k + ((c-1)%4+1)<<(k-2)
 }
 
-// chunkBuf is a buffer of a class's capacity (or, beyond the classes, of
-// exactly what was asked) with a count of its holders.
-type chunkBuf struct {
-	b []byte
-	// idx, when a Batch built b, holds each record's offset and length in b
+// Buf is a buffer of a class's capacity (or, beyond the classes, of
+// exactly what was asked) with a count of its holders. Its API is for the
+// store that keeps a Batch's memory (the local spool).
+type Buf struct {
+	B []byte
+	// Idx, when a Batch built B, holds each record's offset and length in B
 	// (OrderKey, UserID, Data: six per record), so that a hot chunk's reader
-	// gets its records without decoding (and without touching) b.
-	idx  []uint32
+	// gets its records without decoding (and without touching) B.
+	Idx  []uint32
 	refs atomic.Int32
 }
 
-// getBuf returns a buffer with room for n bytes, b of length 0, one
+// GetBuf returns a buffer with room for n bytes, b of length 0, one
 // reference held by the caller. Its contents are undefined.
-func getBuf(n int) *chunkBuf {
+func GetBuf(n int) *Buf {
 	c := bufClass(n)
 	if c < 0 {
-		cb := &chunkBuf{b: make([]byte, 0, n)}
+		cb := &Buf{B: make([]byte, 0, n)}
 		cb.refs.Store(1)
 		return cb
 	}
-	cb, _ := bufPools[c].Get().(*chunkBuf)
+	cb, _ := bufPools[c].Get().(*Buf)
 	if cb == nil {
-		cb = &chunkBuf{b: make([]byte, 0, classSize(c))}
+		cb = &Buf{B: make([]byte, 0, classSize(c))}
 	}
-	cb.b, cb.idx = cb.b[:0], cb.idx[:0]
+	cb.B, cb.Idx = cb.B[:0], cb.Idx[:0]
 	cb.refs.Store(1)
 	return cb
 }
 
-// ref adds a holder.
-func (cb *chunkBuf) ref() { cb.refs.Add(1) }
+// Ref adds a holder.
+func (cb *Buf) Ref() { cb.refs.Add(1) }
 
-// release drops a holder; the last one gives the buffer back to its pool.
-func (cb *chunkBuf) release() {
+// Release drops a holder; the last one gives the buffer back to its pool.
+func (cb *Buf) Release() {
 	if n := cb.refs.Add(-1); n > 0 {
 		return
 	} else if n < 0 {
 		panic("spool: chunk buffer released more often than referenced")
 	}
-	if c := bufClass(cap(cb.b)); c >= 0 && cap(cb.b) == classSize(c) {
+	if c := bufClass(cap(cb.B)); c >= 0 && cap(cb.B) == classSize(c) {
 		bufPools[c].Put(cb)
 	}
 }
 
 // Buffer is the memory a Chunk's records alias.
 type Buffer struct {
-	p *chunkBuf
+	p *Buf
 	// Cap is the memory the buffer holds (a chunk rounded up to its class)
 	// when the chunk was read, 0 for the zero Buffer.
 	Cap int
 }
 
-// bufferOf is the Buffer of cb.
-func bufferOf(cb *chunkBuf) Buffer { return Buffer{p: cb, Cap: cap(cb.b)} }
+// Buffer is the Buffer of cb, taking over the caller's reference.
+func (cb *Buf) Buffer() Buffer { return Buffer{p: cb, Cap: cap(cb.B)} }
 
 // Release says the caller no longer reads the chunk's records (or slices of
 // them): once every holder released it, the memory is reused for other
@@ -110,23 +116,23 @@ func bufferOf(cb *chunkBuf) Buffer { return Buffer{p: cb, Cap: cap(cb.b)} }
 // does nothing.
 func (b Buffer) Release() {
 	if b.p != nil {
-		b.p.release()
+		b.p.Release()
 	}
 }
 
 // Batch is a reusable builder of the records of one Append. Its buffer is
-// the chunk's encoding (see encode.go); an Append that succeeds takes the
+// the chunk's encoding (see spool/encode.go); an Append that succeeds takes the
 // buffer over (no copy) and leaves the Batch empty, and the next Add starts a
 // fresh buffer from the pool. The zero value is an empty batch.
 type Batch struct {
-	cb *chunkBuf // nil until the first Add after an Append
+	cb *Buf // nil until the first Add after an Append
 	n  int
 }
 
 // Reset empties b, keeping its memory.
 func (b *Batch) Reset() {
 	if b.cb != nil {
-		b.cb.b, b.cb.idx = b.cb.b[:0], b.cb.idx[:0]
+		b.cb.B, b.cb.Idx = b.cb.B[:0], b.cb.Idx[:0]
 	}
 	b.n = 0
 }
@@ -136,32 +142,32 @@ func (b *Batch) Reset() {
 // add gets a buffer of the right class at once instead of growing into one.
 func (b *Batch) Reserve(n int) {
 	if b.cb == nil {
-		b.grow(chunkHeaderLen + n)
+		b.grow(BatchHeaderLen + n)
 		return
 	}
-	if cap(b.cb.b)-max(len(b.cb.b), chunkHeaderLen) < n {
-		b.grow(max(len(b.cb.b), chunkHeaderLen) + n)
+	if cap(b.cb.B)-max(len(b.cb.B), BatchHeaderLen) < n {
+		b.grow(max(len(b.cb.B), BatchHeaderLen) + n)
 	}
 }
 
 // Add appends a record; the slices are copied.
 func (b *Batch) Add(r Record) {
 	need := 3*binary.MaxVarintLen64 + len(r.OrderKey) + len(r.UserID) + len(r.Data)
-	if b.cb == nil || len(b.cb.b) == 0 {
-		if b.cb == nil || cap(b.cb.b) < chunkHeaderLen+need {
-			b.grow(chunkHeaderLen + need)
+	if b.cb == nil || len(b.cb.B) == 0 {
+		if b.cb == nil || cap(b.cb.B) < BatchHeaderLen+need {
+			b.grow(BatchHeaderLen + need)
 		}
-		b.cb.b = b.cb.b[:chunkHeaderLen] // the header is written by Append
-	} else if cap(b.cb.b)-len(b.cb.b) < need {
-		b.grow(2 * (len(b.cb.b) + need)) // amortised; Append trims the excess
+		b.cb.B = b.cb.B[:BatchHeaderLen] // the header is written by Append
+	} else if cap(b.cb.B)-len(b.cb.B) < need {
+		b.grow(2 * (len(b.cb.B) + need)) // amortised; Append trims the excess
 	}
-	buf, idx := b.cb.b, b.cb.idx
+	buf, idx := b.cb.B, b.cb.Idx
 	for _, f := range [3][]byte{r.OrderKey, r.UserID, r.Data} {
 		buf = binary.AppendUvarint(buf, uint64(len(f)))
 		idx = append(idx, uint32(len(buf)), uint32(len(f)))
 		buf = append(buf, f...)
 	}
-	b.cb.b, b.cb.idx = buf, idx
+	b.cb.B, b.cb.Idx = buf, idx
 	b.n++
 }
 
@@ -172,10 +178,10 @@ func (b *Batch) Add(r Record) {
 func (b *Batch) AddFunc(orderKey, userID []byte, maxData int, data func(dst []byte) []byte) {
 	width := uvarintLen(uint64(maxData))
 	b.Reserve(len(orderKey) + len(userID) + 2*binary.MaxVarintLen64 + width + maxData)
-	if len(b.cb.b) == 0 {
-		b.cb.b = b.cb.b[:chunkHeaderLen] // the header is written by Append
+	if len(b.cb.B) == 0 {
+		b.cb.B = b.cb.B[:BatchHeaderLen] // the header is written by Append
 	}
-	buf, idx := b.cb.b, b.cb.idx
+	buf, idx := b.cb.B, b.cb.Idx
 	for _, f := range [2][]byte{orderKey, userID} {
 		buf = binary.AppendUvarint(buf, uint64(len(f)))
 		idx = append(idx, uint32(len(buf)), uint32(len(f)))
@@ -192,7 +198,7 @@ func (b *Batch) AddFunc(orderKey, userID []byte, maxData int, data func(dst []by
 	}
 	putUvarintWidth(buf[at:at+width], uint64(n))
 	idx = append(idx, uint32(at+width), uint32(n))
-	b.cb.b, b.cb.idx = buf, idx
+	b.cb.B, b.cb.Idx = buf, idx
 	b.n++
 }
 
@@ -218,33 +224,33 @@ func putUvarintWidth(p []byte, x uint64) {
 
 // grow moves b's contents into a pooled buffer of at least n bytes.
 func (b *Batch) grow(n int) {
-	cb := getBuf(n)
+	cb := GetBuf(n)
 	if b.cb != nil {
-		cb.b = append(cb.b, b.cb.b...)
-		cb.idx = append(cb.idx, b.cb.idx...)
-		b.cb.release()
+		cb.B = append(cb.B, b.cb.B...)
+		cb.Idx = append(cb.Idx, b.cb.Idx...)
+		b.cb.Release()
 	}
 	b.cb = cb
 }
 
-// fit copies the contents of a buffer more than half empty (it grew, or
+// Fit copies the contents of a buffer more than half empty (it grew, or
 // was reserved, well past them) into one of the right class: the spool
 // holds a chunk's buffer until the chunk is delivered, and that memory is
 // what the spool's bounds count. Append calls it in its caller's goroutine,
 // where the chunk is in the cache.
-func (b *Batch) fit() {
+func (b *Batch) Fit() {
 	cb := b.cb
-	if cap(cb.b) > len(cb.b)+len(cb.b)/2 && bufClass(len(cb.b)) >= 0 {
-		f := getBuf(len(cb.b))
-		f.b = append(f.b, cb.b...)
-		f.idx = append(f.idx, cb.idx...)
-		cb.release()
+	if cap(cb.B) > len(cb.B)+len(cb.B)/2 && bufClass(len(cb.B)) >= 0 {
+		f := GetBuf(len(cb.B))
+		f.B = append(f.B, cb.B...)
+		f.Idx = append(f.Idx, cb.Idx...)
+		cb.Release()
 		b.cb = f
 	}
 }
 
-// take hands b's buffer over to the caller (Append) and empties b.
-func (b *Batch) take() *chunkBuf {
+// Take hands b's buffer over to the caller (Append) and empties b.
+func (b *Batch) Take() *Buf {
 	cb := b.cb
 	b.cb, b.n = nil, 0
 	return cb
@@ -256,7 +262,21 @@ func (b *Batch) Records() []Record {
 	if b.n == 0 {
 		return nil
 	}
-	return b.cb.records(b.n, nil)
+	rs := make([]Record, b.n)
+	b.cb.Records(rs)
+	return rs
+}
+
+// Len is the number of records in b.
+func (b *Batch) Len() int { return b.n }
+
+// Encoded is b's buffer, the chunk's encoding with room for its header
+// (nil when empty): valid until b is reset or appended.
+func (b *Batch) Encoded() []byte {
+	if b.n == 0 {
+		return nil
+	}
+	return b.cb.B
 }
 
 // Bytes is the encoded size of b (0 when empty): what Append counts against
@@ -265,26 +285,24 @@ func (b *Batch) Bytes() int {
 	if b.n == 0 {
 		return 0
 	}
-	return len(b.cb.b)
+	return len(b.cb.B)
 }
 
-// records returns the records of a chunk built by a Batch from its index
-// (nil when cb has none), aliasing cb.b, in a slice taken from slab (nil: a
-// fresh one).
-func (cb *chunkBuf) records(n int, slab *recSlab) []Record {
-	if len(cb.idx) != 6*n {
-		return nil
-	}
-	rs := slab.take(n)
+// Indexed reports whether cb holds the index of n records (a Batch built
+// it, see Buf.Idx).
+func (cb *Buf) Indexed(n int) bool { return len(cb.Idx) == 6*n }
+
+// Records sets rs to the records of a chunk a Batch built, from its index,
+// aliasing cb.B; rs has the chunk's length (see Indexed).
+func (cb *Buf) Records(rs []Record) {
 	field := func(i int) []byte {
-		off, l := cb.idx[i], cb.idx[i+1]
+		off, l := cb.Idx[i], cb.Idx[i+1]
 		if l == 0 {
-			return nil // as decodeChunk
+			return nil // as the spool's decoder
 		}
-		return cb.b[off : off+l : off+l]
+		return cb.B[off : off+l : off+l]
 	}
 	for i := range rs {
 		rs[i] = Record{OrderKey: field(6 * i), UserID: field(6*i + 2), Data: field(6*i + 4)}
 	}
-	return rs
 }

@@ -1,4 +1,4 @@
-package storage_test
+package spool_test
 
 import (
 	"bytes"
@@ -82,7 +82,7 @@ func openAt(t *testing.T, dir string) storagetest.OpenFunc {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var b storage.Backend = storage.NewLocal(sp, nil)
+		var b storage.Backend = spool.NewBackend(sp, nil)
 		if *broken != "" {
 			b = storagetest.Broken(b, *broken)
 		}

@@ -1,4 +1,4 @@
-package storage
+package spool
 
 import (
 	"context"
@@ -7,26 +7,26 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Local finds a request's lane from its bytes: a live lane without an
 // allocation; a lane the spool retired is replaced by a new live one of its
-// key; one api_key makes at most spool.Config.MaxLanesPerKey lanes, its
+// key; one api_key makes at most Config.MaxLanesPerKey lanes, its
 // options variants included (the next is refused with
-// spool.ErrTooManyKeyLanes, which is a spool.ErrTooManyLanes).
+// ErrTooManyKeyLanes, which is a ErrTooManyLanes).
 func TestLaneLookup(t *testing.T) {
-	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), NoSync: true, MinFreeBytes: -1, RetireIdle: 20 * time.Millisecond, MaxLanesPerKey: 4}, nil, nil)
+	sp, err := Open(Config{Dir: t.TempDir(), NoSync: true, MinFreeBytes: -1, RetireIdle: 20 * time.Millisecond, MaxLanesPerKey: 4}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sp.Close() })
-	l := NewLocal(sp, nil)
+	l := NewBackend(sp, nil)
 	ctx := context.Background()
-	req := func(opts string) *Request {
-		var b spool.Batch
-		b.Add(spool.Record{OrderKey: []byte("d:a"), Data: []byte("{}")})
-		return &Request{Kind: spool.KindEvents, APIKey: []byte("key-1"), Options: []byte(opts), Batch: &b}
+	req := func(opts string) *storage.Request {
+		var b storage.Batch
+		b.Add(storage.Record{OrderKey: []byte("d:a"), Data: []byte("{}")})
+		return &storage.Request{Kind: storage.KindEvents, APIKey: []byte("key-1"), Options: []byte(opts), Batch: &b}
 	}
 
 	r := req(`{"min_id_length":1}`)
@@ -54,7 +54,7 @@ func TestLaneLookup(t *testing.T) {
 		t.Fatalf("read: %v, %d chunks", err, len(cs))
 	}
 	sp.Ack(first, cs[0].Seq)
-	if _, err := first.Next(tctx, 1<<20); !errors.Is(err, spool.ErrRetired) {
+	if _, err := first.Next(tctx, 1<<20); !errors.Is(err, storage.ErrRetired) {
 		t.Fatalf("lane not retired: %v", err)
 	}
 	if err := l.Append(ctx, *req(`{"min_id_length":1}`)); err != nil {
@@ -75,7 +75,7 @@ func TestLaneLookup(t *testing.T) {
 		switch {
 		case i < 3 && err != nil:
 			t.Fatalf("variant %d: %v", i, err)
-		case i == 3 && (!errors.Is(err, spool.ErrTooManyKeyLanes) || !errors.Is(err, spool.ErrTooManyLanes)):
+		case i == 3 && (!errors.Is(err, ErrTooManyKeyLanes) || !errors.Is(err, ErrTooManyLanes)):
 			t.Fatalf("variant %d: %v, want ErrTooManyKeyLanes", i, err)
 		}
 	}

@@ -1,0 +1,215 @@
+package spool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"syscall"
+
+	"go.uber.org/zap"
+
+	"github.com/svcrelay/relay/internal/storage"
+)
+
+// Backend is the spool behind the storage seam: a queue is a lane.
+type Backend struct {
+	sp    *Spool
+	log   *zap.Logger
+	kinds []storage.Kind // Only's; empty: every kind
+}
+
+var (
+	_ storage.Backend    = (*Backend)(nil)
+	_ storage.DeadWriter = (*Spool)(nil)
+)
+
+// NewBackend adapts sp; log (nil: no-op) gets the errors of deliver
+// functions. Close closes sp.
+func NewBackend(sp *Spool, log *zap.Logger) *Backend {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Backend{sp: sp, log: log}
+}
+
+// Append writes req's batch as one chunk of its lane, taking the batch's
+// memory over (no copy). A refusal for space (ErrFull, ErrDiskLow, a
+// write that found the filesystem full: nothing of it is replayed) also
+// matches storage.ErrFull; another failed write also matches
+// storage.ErrUnavailable; the spool's error stays in the chain (errors.Is(err,
+// ErrTooManyLanes) holds).
+func (l *Backend) Append(ctx context.Context, req storage.Request) error {
+	if req.Batch == nil || req.Batch.Bytes() == 0 {
+		return nil
+	}
+	lane, err := l.lane(ctx, &req)
+	if err != nil {
+		return fmt.Errorf("storage: lane: %w", err)
+	}
+	err = l.sp.Append(ctx, lane, req.Batch)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrFull), errors.Is(err, ErrDiskLow),
+		errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return fmt.Errorf("%w: %w", storage.ErrFull, err)
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return err
+	default:
+		return fmt.Errorf("%w: %w", storage.ErrUnavailable, err)
+	}
+}
+
+// lane returns req's lane: the spool finds a live one from the request's
+// bytes without allocating (and without a cache here, which would keep
+// retired lanes).
+func (l *Backend) lane(ctx context.Context, req *storage.Request) (*Lane, error) {
+	return l.sp.LaneBytes(ctx, req.Kind, req.APIKey, req.Options)
+}
+
+// Only returns a Backend whose Run hands deliver only the lanes of kinds
+// (as the fleet's Backend.Only); the rest is shared with b.
+func (l *Backend) Only(kinds ...storage.Kind) *Backend {
+	o := *l
+	o.kinds = kinds
+	return &o
+}
+
+// Run calls deliver for every lane (of Only's kinds), and for every lane
+// created later, until ctx ends; it returns after every deliver returned.
+// Each queue it hands deliver is a storage.LaneQueue. A deliver that
+// returns an error wrapping storage.ErrIdle is called again at the lane's
+// next record (Lane.whenWork), so that an idle lane holds no goroutine; one
+// that returns otherwise before ctx ends (storage.ErrRetired, nil, or an
+// error, logged) leaves its lane unread until the next Run.
+func (l *Backend) Run(ctx context.Context, deliver storage.DeliverFunc) error {
+	r := &run{b: l, ctx: ctx, deliver: deliver}
+	var next uint64 // each wake-up looks only at the lanes created since
+	for {
+		lanes, changed := l.sp.lanesFrom(next)
+		for _, lane := range lanes {
+			next = lane.ID() + 1
+			if len(l.kinds) == 0 || slices.Contains(l.kinds, lane.Key().Kind) {
+				r.start(lane)
+			}
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			r.mu.Lock()
+			r.stopping = true // nothing starts from now on (whenWork)
+			r.mu.Unlock()
+			r.wg.Wait()
+			return nil
+		}
+	}
+}
+
+// run is one Run's: its deliver goroutines.
+type run struct {
+	b       *Backend
+	ctx     context.Context
+	deliver storage.DeliverFunc
+
+	mu       sync.Mutex
+	stopping bool
+	wg       sync.WaitGroup
+}
+
+// start calls deliver for lane in a goroutine, unless the Run is over.
+func (r *run) start(lane *Lane) {
+	r.mu.Lock()
+	if r.stopping {
+		r.mu.Unlock()
+		return
+	}
+	r.wg.Add(1)
+	r.mu.Unlock()
+	go func() {
+		defer r.wg.Done()
+		q := &laneReader{sp: r.b.sp, lane: lane, bufs: make(map[uint64]storage.Buffer)}
+		err := r.deliver(r.ctx, q)
+		switch {
+		case errors.Is(err, storage.ErrIdle):
+			lane.whenWork(func() { r.start(lane) })
+		case err != nil && r.ctx.Err() == nil && !errors.Is(err, storage.ErrRetired) && !errors.Is(err, storage.ErrLost):
+			r.b.log.Error("deliver lane", zap.String("lane", lane.Key().Label()), zap.Error(err))
+		}
+	}()
+}
+
+// laneReader is one lane as a storage.LaneQueue: read a chunk at a time
+// through Next (the chunk's buffer is released on Ack), or with read-ahead
+// through Lane.
+type laneReader struct {
+	sp   *Spool
+	lane *Lane
+
+	mu   sync.Mutex
+	bufs map[uint64]storage.Buffer // read, not acknowledged
+}
+
+var _ storage.LaneQueue = (*laneReader)(nil)
+
+func (r *laneReader) Lane() storage.Lane   { return r.lane }
+func (r *laneReader) LaneID() uint64       { return r.lane.id }
+func (r *laneReader) Key() storage.LaneKey { return r.lane.key }
+func (r *laneReader) Pin()                 { r.lane.Pin() }
+func (r *laneReader) Unpin()               { r.lane.Unpin() }
+
+func (r *laneReader) Next(ctx context.Context) (*storage.Message, error) {
+	chunks, err := r.lane.Next(ctx, 0)
+	if err != nil {
+		return nil, err // ErrClosed wraps storage.ErrLost
+	}
+	c := chunks[0]
+	r.mu.Lock()
+	r.bufs[c.Seq] = c.Buffer
+	r.mu.Unlock()
+	return &storage.Message{Seq: c.Seq, Lane: r.lane.key, Accepted: c.Accepted, Records: c.Records}, nil
+}
+
+func (r *laneReader) Ack(_ context.Context, m *storage.Message) error {
+	r.sp.Ack(r.lane, m.Seq)
+	r.mu.Lock()
+	b, ok := r.bufs[m.Seq]
+	delete(r.bufs, m.Seq)
+	r.mu.Unlock()
+	if ok {
+		b.Release()
+	}
+	return nil
+}
+
+// PutDead commits dead letters (see Spool.PutDead).
+func (l *Backend) PutDead(ctx context.Context, dls []storage.DeadLetter) error {
+	return l.sp.PutDead(ctx, dls)
+}
+
+// ListDead lists dead letters (see Spool.ListDead); limit <= 0 means
+// no limit.
+func (l *Backend) ListDead(ctx context.Context, f storage.DeadFilter, after uint64, limit int) ([]storage.DeadLetter, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return l.sp.ListDead(f, after, limit)
+}
+
+// DeleteDead removes dead letters (see Spool.DeleteDead).
+func (l *Backend) DeleteDead(ctx context.Context, ids []uint64) error {
+	return l.sp.DeleteDead(ctx, ids)
+}
+
+// Close closes the
+func (l *Backend) Close() error { return l.sp.Close() }
+
+// DeadCount is the number of dead letters (Spool.DeadCount: counted
+// as the store holds them, so never fewer than a list read before it).
+func (l *Backend) DeadCount(ctx context.Context) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	return l.sp.DeadCount()
+}
