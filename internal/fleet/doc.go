@@ -178,6 +178,50 @@
 // over several streams. With one stream per kind (the default) every
 // request is stored whole or not at all.
 //
+// # Several leaders and all or nothing per request (a design, not built)
+//
+// Measured (bench/RESULTS.md, "Fleet: NATS cost per event"): on one
+// 2-core machine three streams per kind do not raise one relay's events/s
+// much (44k against 35k with one device per request, medians of three
+// noisy rounds) and lower it with eight devices per request (30k against
+// 40k: such a request waits for the slowest of three batches). Several
+// leaders pay off where the nodes have cores of their own; the default
+// stays one stream. What they would need to keep a request all or
+// nothing:
+//
+//   - Routing a whole request to one stream breaks per-device order: a
+//     device's records must stay in its one partition (one reader, stream
+//     order), and a request of devices A and B would put B's records where
+//     B's other requests are not.
+//   - Relay-filled insert_ids derived from the request (so that a client's
+//     retry stores copies the upstream drops) would not give all or
+//     nothing (the stored part is delivered even when the client gives
+//     up) and break the contract ("an absent insert_id is filled with a
+//     new unique id": two identical events of one body would become one).
+//   - A commit decision does: a batch of the committers that holds a
+//     request spanning streams becomes a joint batch (one atomic batch per
+//     stream, published at once, each message carrying the joint batch's
+//     id in a header); once every stream stored its part the relay creates
+//     the key commit.<id> in a KV bucket (Create: only if absent) and
+//     answers 200 only when that create succeeded. A partition reader that
+//     meets a message with the header holds the partition (per-key order)
+//     until a decision exists: commit, deliver; abort, acknowledge without
+//     delivering. A reader that still finds none once the message is
+//     older than PublishTimeout plus a margin creates abort.<id> the same
+//     way: one Create of the two wins, so a writer whose commit lost
+//     answers 503 and nothing of its requests is delivered, and a relay
+//     that died between its batches and the decision leaves an abort
+//     behind. Requests of one stream may ride in a joint batch (their
+//     outcome is the joint one). The cost: one more quorum write per joint
+//     batch (not per request), a reader's wait of about one round trip,
+//     and the decisions' lifetime: a decision must outlive every message
+//     that names it (a backlog can wait days for its upstream), so the
+//     keys need no TTL but a janitor that deletes a decision once its
+//     messages left the streams (their sequences are known at publish).
+//     Not built: it needs the chaos test's faults (a node killed between
+//     a joint batch's parts, a relay stopped past its lease while holding
+//     an undecided message) to be trusted, which did not fit the time.
+//
 // # Ownership
 //
 // Each relay puts m.<kind>.<relay> in KV RELAY_FLEET every LeaseTTL/3 (a
