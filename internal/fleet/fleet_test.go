@@ -990,7 +990,9 @@ func (e *testEnv) dropStreams(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// Deleting every case's streams so far takes long on a loaded
+	// machine (30 s was missed once, at a load average of 30).
+	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 	defer cancel()
 	names := js.StreamNames(ctx)
 	var all []string
