@@ -51,6 +51,7 @@ type relayOpts struct {
 	syncAlways bool
 	keep       bool
 	rounds     int
+	profile    string // a directory: CPU profiles of the NATS nodes and the first relay over the measured window
 }
 
 // tool is a built binary.
@@ -159,7 +160,7 @@ func waitOK(url string, within time.Duration, p *proc) error {
 
 // startNATS starts a 3-node cluster under dir and returns its processes and
 // the --spool URL.
-func startNATS(t tools, dir string, syncAlways bool) ([]*proc, string, error) {
+func startNATS(t tools, dir string, syncAlways bool, profPorts []int) ([]*proc, string, error) {
 	lay, err := natstest.NewLayout(3)
 	if err != nil {
 		return nil, "", err
@@ -171,7 +172,11 @@ func startNATS(t tools, dir string, syncAlways bool) ([]*proc, string, error) {
 	var procs []*proc
 	for i, n := range lay.Nodes {
 		path := filepath.Join(dir, n.Name+".conf")
-		if err := os.WriteFile(path, []byte(lay.Conf(i, "bench", filepath.Join(dir, n.Name), sync...)), 0o644); err != nil {
+		conf := lay.Conf(i, "bench", filepath.Join(dir, n.Name), sync...)
+		if profPorts != nil {
+			conf = fmt.Sprintf("prof_port: %d\n", profPorts[i]) + conf
+		}
+		if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
 			return procs, "", err
 		}
 		p, err := startProc(t.nats, filepath.Join(dir, n.Name+".log"), "-c", path)
@@ -310,9 +315,19 @@ func runOne(o relayOpts, t tools, dir, sinkURL, spool string, n int) (result, er
 		return res, err
 	}
 	var natsProcs []*proc
+	var profPorts []int
+	if o.profile != "" && spool == "fleet" {
+		for range 3 {
+			pp, err := freePort()
+			if err != nil {
+				return res, err
+			}
+			profPorts = append(profPorts, pp)
+		}
+	}
 	spoolArgs := []string{"--spool", "local"}
 	if spool == "fleet" {
-		procs, url, err := startNATS(t, dir, o.syncAlways)
+		procs, url, err := startNATS(t, dir, o.syncAlways, profPorts)
 		natsProcs = procs
 		defer func() {
 			for _, p := range natsProcs {
@@ -416,10 +431,26 @@ func runOne(o relayOpts, t tools, dir, sinkURL, spool string, n int) (result, er
 	r0, n0 := ticks(relays), ticks(natsProcs)
 	measuring.Store(true)
 	t0 := time.Now()
+	var profs sync.WaitGroup
+	if o.profile != "" {
+		secs := max(int(o.duration.Seconds())-1, 1)
+		urls := map[string]string{fmt.Sprintf("%s-relay0", spool): fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", admins[0], secs)}
+		for i, pp := range profPorts {
+			urls[fmt.Sprintf("nats-n%d", i+1)] = fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", pp, secs)
+		}
+		for name, u := range urls {
+			profs.Go(func() {
+				if err := fetchTo(u, filepath.Join(o.profile, fmt.Sprintf("%s-%d.pprof", name, time.Now().Unix()))); err != nil {
+					fmt.Fprintln(os.Stderr, "profile:", err)
+				}
+			})
+		}
+	}
 	time.Sleep(o.duration)
 	measuring.Store(false)
 	el := time.Since(t0).Seconds()
 	r1, n1 := ticks(relays), ticks(natsProcs)
+	profs.Wait()
 	cancel()
 	wg.Wait()
 	if spool == "fleet" {
@@ -526,4 +557,25 @@ func leaders(admin string) string {
 	}
 	slices.Sort(out)
 	return strings.Join(out, " ")
+}
+
+// fetchTo saves url's body (a profile) in path.
+func fetchTo(url, path string) error {
+	resp, err := (&http.Client{Timeout: 2 * time.Minute}).Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := f.ReadFrom(resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

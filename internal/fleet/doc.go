@@ -115,9 +115,10 @@
 // see balance). The placement is logged (a warning when one node leads
 // every stream of a kind) and the events streams' leaders per node are the
 // gauge relay_fleet_stream_leaders, read again by every /readyz. Leaders
-// move afterwards when nodes die or restart: the relay does not move them
-// back until a relay starts (an operator can with "nats stream cluster
-// step-down").
+// move afterwards when nodes die or restart (a node back from a restart
+// leads nothing): every relay checks the placement again every
+// Config.Rebalance (a minute) and moves leaders the same way, to online
+// nodes only, so that the writes spread again without a relay restart.
 //
 // Durability of a write (--sync): the streams use the server's default
 // persist mode, in which a publish is acknowledged once a quorum of nodes
@@ -177,6 +178,50 @@
 // over several streams. With one stream per kind (the default) every
 // request is stored whole or not at all.
 //
+// # Several leaders and all or nothing per request (a design, not built)
+//
+// Measured (bench/RESULTS.md, "Fleet: NATS cost per event"): on one
+// 2-core machine three streams per kind do not raise one relay's events/s
+// much (44k against 35k with one device per request, medians of three
+// noisy rounds) and lower it with eight devices per request (30k against
+// 40k: such a request waits for the slowest of three batches). Several
+// leaders pay off where the nodes have cores of their own; the default
+// stays one stream. What they would need to keep a request all or
+// nothing:
+//
+//   - Routing a whole request to one stream breaks per-device order: a
+//     device's records must stay in its one partition (one reader, stream
+//     order), and a request of devices A and B would put B's records where
+//     B's other requests are not.
+//   - Relay-filled insert_ids derived from the request (so that a client's
+//     retry stores copies the upstream drops) would not give all or
+//     nothing (the stored part is delivered even when the client gives
+//     up) and break the contract ("an absent insert_id is filled with a
+//     new unique id": two identical events of one body would become one).
+//   - A commit decision does: a batch of the committers that holds a
+//     request spanning streams becomes a joint batch (one atomic batch per
+//     stream, published at once, each message carrying the joint batch's
+//     id in a header); once every stream stored its part the relay creates
+//     the key commit.<id> in a KV bucket (Create: only if absent) and
+//     answers 200 only when that create succeeded. A partition reader that
+//     meets a message with the header holds the partition (per-key order)
+//     until a decision exists: commit, deliver; abort, acknowledge without
+//     delivering. A reader that still finds none once the message is
+//     older than PublishTimeout plus a margin creates abort.<id> the same
+//     way: one Create of the two wins, so a writer whose commit lost
+//     answers 503 and nothing of its requests is delivered, and a relay
+//     that died between its batches and the decision leaves an abort
+//     behind. Requests of one stream may ride in a joint batch (their
+//     outcome is the joint one). The cost: one more quorum write per joint
+//     batch (not per request), a reader's wait of about one round trip,
+//     and the decisions' lifetime: a decision must outlive every message
+//     that names it (a backlog can wait days for its upstream), so the
+//     keys need no TTL but a janitor that deletes a decision once its
+//     messages left the streams (their sequences are known at publish).
+//     Not built: it needs the chaos test's faults (a node killed between
+//     a joint batch's parts, a relay stopped past its lease while holding
+//     an undecided message) to be trusted, which did not fit the time.
+//
 // # Ownership
 //
 // Each relay puts m.<kind>.<relay> in KV RELAY_FLEET every LeaseTTL/3 (a
@@ -207,6 +252,20 @@
 // acknowledgements from the previous owner, whose consumer no longer
 // exists, are refused. A standby takes a dead owner's partitions within
 // LeaseTTL plus one heartbeat (about 8 s with the defaults).
+//
+// The consumers keep their state (and their Raft log) in memory: with file
+// storage each acknowledgement was a Raft log write with its fsync (under
+// sync_interval always) and a state file rewrite on every node, about a
+// sixth of the cluster's CPU under load. Nothing depends on that state
+// outliving the servers: in a work-queue stream an acknowledged message
+// is removed from the stream itself (R3, on file), and every new owner
+// resets the consumer to the partition's first message anyway. When the
+// state is lost (all of a consumer's replicas restarted), the consumer
+// starts again at the first message still in the stream: its sequence
+// starts at 1 again, the reader sees a missed delivery and reopens the
+// partition (see Deliveries in partition.go), and messages whose
+// acknowledgement had not reached the stream's replicas are read again
+// (sent again; the upstream dedups by insert_id), as after a failover.
 //
 // Why not JetStream's pinned-client priority policy: a pinned consumer
 // gives one reader per partition, but when the pin moves the previous
@@ -248,9 +307,11 @@
 //
 // # Goroutines
 //
-// Open starts the pause watcher and one committer per stream (stopped by
-// Close, which waits for the committers' batches in flight, each bounded
-// by PublishTimeout). Run owns the heartbeat
+// Open starts the pause watcher, the lane stops' watcher, one committer
+// per stream and, with more than one stream, the rebalancing loop (all
+// stopped by Close, which waits for the committers' batches in flight,
+// each bounded by PublishTimeout, and for a rebalancing run, bounded by
+// its context). Run owns the heartbeat
 // loop, the per-tick goroutines of its KV operations (waited for within the
 // tick) and one goroutine per owned partition (opening it, then calling
 // deliver); it returns after every deliver returned and every lease was

@@ -31,6 +31,7 @@ const (
 	DefaultStreams         = 1
 	DefaultLinger          = time.Millisecond
 	DefaultMaxInflight     = 2
+	DefaultRebalance       = time.Minute
 )
 
 // MaxPartitions bounds Config.Partitions: an atomic batch holds at most
@@ -126,6 +127,12 @@ type Config struct {
 	// MaxInflight bounds the batches in flight at once per stream; zero
 	// means DefaultMaxInflight.
 	MaxInflight int
+	// Rebalance is how often, after Open, the relay reads where its
+	// streams' leaders are and moves some when one node leads more than
+	// its share (a node that died or restarted leaves its leaderships to
+	// the others, and nothing gives them back); zero means
+	// DefaultRebalance, negative never. Only with more than one stream.
+	Rebalance time.Duration
 	// Replicas of every stream and bucket; zero means DefaultReplicas (3).
 	Replicas int
 	// MaxBytes bounds each lane kind's backlog, all its streams together:
@@ -205,6 +212,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxAckPending == 0 {
 		c.MaxAckPending = DefaultMaxAckPending
 	}
+	if c.Rebalance == 0 {
+		c.Rebalance = DefaultRebalance
+	}
 	return c
 }
 
@@ -279,6 +289,11 @@ type Fleet struct {
 	lanes  *laneStops
 	commit map[storage.Kind][]*committer // by kind, then stream
 	usage  map[storage.Kind]*usage       // for MaxBytes
+
+	// The rebalancing goroutine (see startRebalance): its stop, and done
+	// closed when it returned; nil when there is none.
+	rebalanceStop context.CancelFunc
+	rebalanceDone chan struct{}
 }
 
 // Open creates or checks the streams and buckets on the cluster nc is
@@ -375,6 +390,9 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config, log *zap.Logger, reg p
 		return nil, err
 	}
 	f.balance(ctx)
+	if cfg.Rebalance > 0 {
+		f.startRebalance(cfg.Rebalance)
+	}
 	f.commit = make(map[storage.Kind][]*committer, len(kinds))
 	f.usage = make(map[storage.Kind]*usage, len(kinds))
 	for _, k := range kinds {
@@ -513,6 +531,10 @@ func (f *Fleet) ensureStream(ctx context.Context, k storage.Kind, g int) error {
 // ErrUnavailable; batches in flight finish first) and the pause watcher.
 // It does not close the connection.
 func (f *Fleet) Close() error {
+	if f.rebalanceDone != nil {
+		f.rebalanceStop()
+		<-f.rebalanceDone
+	}
 	for _, cs := range f.commit {
 		for _, c := range cs {
 			c.stop()

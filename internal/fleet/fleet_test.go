@@ -39,6 +39,7 @@ func TestFleet(t *testing.T) {
 	t.Run("ConcurrentOpen", env.testConcurrentOpen)
 	t.Run("Metrics", env.testMetrics)
 	t.Run("LeadersSpread", env.testLeadersSpread)
+	t.Run("LeadersRebalanced", env.testLeadersRebalanced)
 	t.Run("GroupCommit", env.testGroupCommit)
 	t.Run("LayoutFound", env.testLayoutFound)
 	t.Run("AllOrNothing", env.testAllOrNothing)
@@ -988,7 +989,9 @@ func (e *testEnv) dropStreams(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// Deleting every case's streams so far takes long on a loaded
+	// machine (30 s was missed once, at a load average of 30).
+	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 	defer cancel()
 	names := js.StreamNames(ctx)
 	var all []string
@@ -1193,13 +1196,10 @@ func (e *testEnv) testKindMembers(t *testing.T) {
 	}
 }
 
-// testLeadersSpread: the events streams' leaders all on one node (moved
-// there on purpose), a relay that opens the fleet spreads them over at
-// least two nodes, and the leaders-per-node gauge shows it.
-func (e *testEnv) testLeadersSpread(t *testing.T) {
-	ns := e.namespace()
-	cfg := Config{Namespace: ns, Partitions: 6, Streams: 3}
-	f := e.open(t, e.connect(t), cfg)
+// leadAll moves the leaders of f's events streams to the cluster's first
+// server and returns its name.
+func (e *testEnv) leadAll(t *testing.T, f *Fleet) string {
+	t.Helper()
 	ctx := bg(t)
 	target := e.c.Server(0).Name()
 	for g := range f.cfg.Streams {
@@ -1222,6 +1222,46 @@ func (e *testEnv) testLeadersSpread(t *testing.T) {
 	if pl, _ := f.Placement(ctx, storage.KindEvents); pl.PerNode[target] != f.cfg.Streams {
 		t.Fatalf("setup: leaders %v, want all %d on %s", pl.PerNode, f.cfg.Streams, target)
 	}
+	return target
+}
+
+// testLeadersRebalanced: a relay running when one node comes to lead every
+// events stream (here moved there on purpose, as after the other nodes
+// restarted) spreads them again by itself, without a restart.
+func (e *testEnv) testLeadersRebalanced(t *testing.T) {
+	ns := e.namespace()
+	f := e.open(t, e.connect(t), Config{Namespace: ns, Partitions: 3, Streams: 3, Rebalance: -1})
+	e.leadAll(t, f)
+	// The loop Open starts, with a short interval: started only now so
+	// that it does not undo the setup.
+	f.startRebalance(200 * time.Millisecond)
+	ctx := bg(t)
+	waitFor(t, time.Minute, "events stream leaders on two nodes or more", func() bool {
+		pl, err := f.Placement(ctx, storage.KindEvents)
+		if err != nil {
+			return false
+		}
+		leading := 0
+		for _, n := range pl.PerNode {
+			if n > 0 {
+				leading++
+			}
+		}
+		return leading >= 2
+	})
+}
+
+// testLeadersSpread: the events streams' leaders all on one node (moved
+// there on purpose), a relay that opens the fleet spreads them over at
+// least two nodes, and the leaders-per-node gauge shows it.
+func (e *testEnv) testLeadersSpread(t *testing.T) {
+	ns := e.namespace()
+	// No rebalancing after Open (it would undo the setup): the one at
+	// Open is tested.
+	cfg := Config{Namespace: ns, Partitions: 6, Streams: 3, Rebalance: -1}
+	f := e.open(t, e.connect(t), cfg)
+	ctx := bg(t)
+	e.leadAll(t, f)
 
 	reg := prometheus.NewRegistry()
 	f2, err := Open(ctx, e.connect(t), cfg, nil, reg)

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
@@ -77,11 +78,16 @@ func leadersPerNode(infos []*jetstream.StreamInfo) map[string]int {
 type Placement struct {
 	Leaders map[string]string // by stream: its leader's server name ("" none)
 	PerNode map[string]int    // by server name: streams it leads
+	// Offline: server names that hold a replica of some stream and are
+	// offline (no leadership is moved to them). A replica's "current" flag
+	// is no guide: it stays false on a stream with no write since its
+	// leader was elected.
+	Offline map[string]bool
 }
 
 // Placement reads the leaders of kind k's streams.
 func (f *Fleet) Placement(ctx context.Context, k storage.Kind) (Placement, error) {
-	pl := Placement{Leaders: make(map[string]string)}
+	pl := Placement{Leaders: make(map[string]string), Offline: make(map[string]bool)}
 	infos := make([]*jetstream.StreamInfo, f.cfg.Streams)
 	for g := range f.cfg.Streams {
 		s, err := f.js.Stream(ctx, f.n.stream(k, g))
@@ -91,6 +97,11 @@ func (f *Fleet) Placement(ctx context.Context, k storage.Kind) (Placement, error
 		infos[g] = s.CachedInfo()
 		if c := infos[g].Cluster; c != nil {
 			pl.Leaders[infos[g].Config.Name] = c.Leader
+			for _, r := range c.Replicas {
+				if r.Offline {
+					pl.Offline[r.Name] = true
+				}
+			}
 		}
 	}
 	pl.PerNode = leadersPerNode(infos)
@@ -104,8 +115,10 @@ func (f *Fleet) Placement(ctx context.Context, k storage.Kind) (Placement, error
 // preferred server). The target of stream g is the nodes' sorted list at
 // (g + the kind's index), so that relays opening at once ask the same
 // moves (the second ask finds the move done, or is refused, harmlessly).
-// It logs the placement it leaves, and warns when one node still leads
-// every stream of a kind. Best effort: errors are logged.
+// An offline node is no target.
+// It logs the placement it leaves when it moved a leader, and warns when
+// one node still leads every stream of a kind. Best effort: errors are
+// logged.
 func (f *Fleet) balance(ctx context.Context) {
 	if f.cfg.Replicas == 1 || f.cfg.Streams == 1 {
 		return
@@ -118,7 +131,9 @@ func (f *Fleet) balance(ctx context.Context) {
 		}
 		nodes := make([]string, 0, len(pl.PerNode))
 		for n := range pl.PerNode {
-			nodes = append(nodes, n)
+			if !pl.Offline[n] {
+				nodes = append(nodes, n)
+			}
 		}
 		slices.Sort(nodes)
 		if len(nodes) < 2 {
@@ -126,6 +141,7 @@ func (f *Fleet) balance(ctx context.Context) {
 		}
 		share := (f.cfg.Streams + len(nodes) - 1) / len(nodes)
 		load := pl.PerNode
+		moved := 0
 		for g := range f.cfg.Streams {
 			name := f.n.stream(k, g)
 			cur := pl.Leaders[name]
@@ -146,6 +162,7 @@ func (f *Fleet) balance(ctx context.Context) {
 			}
 			load[cur]--
 			load[target]++
+			moved++
 			f.log.Info("stream leader moved to spread the writes", zap.String("stream", name), zap.String("from", cur), zap.String("to", target))
 		}
 		if k == storage.KindEvents {
@@ -157,10 +174,36 @@ func (f *Fleet) balance(ctx context.Context) {
 		}
 		if slices.Max(slices.Collect(maps.Values(load))) == f.cfg.Streams {
 			f.log.Warn("one node leads every stream of a lane kind: its writes do not spread", zap.String("kind", k.String()), zap.String("leaders", strings.Join(lines, " ")))
-		} else {
+		} else if moved > 0 {
 			f.log.Info("stream leaders", zap.String("kind", k.String()), zap.String("leaders", strings.Join(lines, " ")))
 		}
 	}
+}
+
+// startRebalance runs balance every interval until Close (with one stream
+// per kind there is nothing to spread). Each run is bounded; a failed one
+// is logged by balance and tried again at the next tick.
+func (f *Fleet) startRebalance(every time.Duration) {
+	if f.cfg.Replicas == 1 || f.cfg.Streams == 1 {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	f.rebalanceStop, f.rebalanceDone = cancel, make(chan struct{})
+	go func() {
+		defer close(f.rebalanceDone)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			bctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			f.balance(bctx)
+			cancel()
+		}
+	}()
 }
 
 // stepDown asks stream's leader to hand over to the server named to.

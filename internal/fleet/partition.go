@@ -123,6 +123,13 @@ func (f *Fleet) createConsumer(ctx context.Context, k storage.Kind, id int) (jet
 		MaxAckPending: f.cfg.MaxAckPending,
 		MaxDeliver:    -1,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
+		// The consumer's state in memory (its Raft log included): no
+		// file write and fsync per acknowledgement on every node. Nothing
+		// depends on that state outliving the servers: the stream is a
+		// work queue, so what was acknowledged is gone from the stream
+		// itself, and every owner resets the consumer to the partition's
+		// first message anyway (see openPartition).
+		MemoryStorage: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("fleet: create consumer %s/%s: %w", stream, name, unavailable(err))
