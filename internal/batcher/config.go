@@ -66,12 +66,15 @@ type Config struct {
 // Defaults.
 const (
 	DefaultMaxBatchEvents = 1000
-	MaxMaxBatchEvents     = 1999
-	DefaultMaxBatchBytes  = 1_000_000
-	DefaultFlushInterval  = 200 * time.Millisecond
-	DefaultThrottlePause  = 30 * time.Second
-	DefaultMaxEventAge    = 6 * 24 * time.Hour
-	DefaultShardsPerLane  = 4
+	// MaxMaxBatchEvents is the largest MaxBatchEvents (and
+	// --max-batch-events): the upstream takes fewer than 2000 events per
+	// request.
+	MaxMaxBatchEvents    = 1999
+	DefaultMaxBatchBytes = 1_000_000
+	DefaultFlushInterval = 200 * time.Millisecond
+	DefaultThrottlePause = 30 * time.Second
+	DefaultMaxEventAge   = 6 * 24 * time.Hour
+	DefaultShardsPerLane = 4
 	// DefaultMaxReadAheadBytes is about what one lane needs to drain at
 	// full speed: the relay drained a 2M-event backlog (~500-byte events)
 	// to a counting sink at ~420k events/s with 4 MiB, ~490k with 8, ~510k

@@ -17,15 +17,12 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/admintoken"
+	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/ingest"
 	"github.com/svcrelay/relay/internal/plan"
 	"go.yaml.in/yaml/v3"
 )
-
-// MaxBatchEventsLimit is the largest --max-batch-events the relay accepts: the
-// upstream takes fewer than 2000 events per request.
-const MaxBatchEventsLimit = 1999
 
 // ErrHelp is returned by Load when the arguments ask for help (-h, --help).
 var ErrHelp = flag.ErrHelp
@@ -42,7 +39,7 @@ type Config struct {
 	IngestURL, AliasURL, AnalyticsURL, ExperimentURL, ScimURL, FeedbackURL string
 
 	ThrottlePause  time.Duration // --throttle-pause
-	MaxBatchEvents int           // --max-batch-events, 1..MaxBatchEventsLimit
+	MaxBatchEvents int           // --max-batch-events, 1..batcher.MaxMaxBatchEvents
 	MaxBatchBytes  int64         // --max-batch-bytes, > 0
 	FlushInterval  time.Duration // --flush-interval, > 0
 	UpstreamGzip   bool          // --upstream-gzip
@@ -192,9 +189,9 @@ var options = []option{
 		set: str(func(c *Config) *string { return &c.ScimURL })},
 	{name: "feedback-url", usage: "upstream base of the feedback API",
 		set: str(func(c *Config) *string { return &c.FeedbackURL })},
-	{name: "throttle-pause", def: "30s", usage: "how long a device or user named in a 429 gets nothing sent",
+	{name: "throttle-pause", def: batcher.DefaultThrottlePause.String(), usage: "how long a device or user named in a 429 gets nothing sent",
 		set: dur(func(c *Config) *time.Duration { return &c.ThrottlePause })},
-	{name: "max-batch-events", def: "1000", usage: "events per upstream request, at most (1..1999)",
+	{name: "max-batch-events", def: strconv.Itoa(batcher.DefaultMaxBatchEvents), usage: "events per upstream request, at most (1.." + strconv.Itoa(batcher.MaxMaxBatchEvents) + ")",
 		set: func(c *Config, v string) error {
 			n, err := strconv.Atoi(strings.TrimSpace(v))
 			if err != nil {
@@ -203,9 +200,9 @@ var options = []option{
 			c.MaxBatchEvents = n
 			return nil
 		}},
-	{name: "max-batch-bytes", def: "1000000", usage: "upstream request body size, strictly less than this",
+	{name: "max-batch-bytes", def: strconv.Itoa(batcher.DefaultMaxBatchBytes), usage: "upstream request body size, strictly less than this",
 		set: size(func(c *Config) *int64 { return &c.MaxBatchBytes })},
-	{name: "flush-interval", def: "200ms", usage: "longest an accepted event waits for its batch to fill",
+	{name: "flush-interval", def: batcher.DefaultFlushInterval.String(), usage: "longest an accepted event waits for its batch to fill",
 		set: dur(func(c *Config) *time.Duration { return &c.FlushInterval })},
 	{name: "spool-max-bytes", def: "8GiB", usage: "spool quota; above it ingest answers 503 with Retry-After (0: no quota)",
 		set: size(func(c *Config) *int64 { return &c.SpoolMaxBytes })},
@@ -714,10 +711,10 @@ func (c Config) Validate() error {
 		}
 	}
 	switch {
-	case c.MaxBatchEvents > MaxBatchEventsLimit:
-		return settingErr("max-batch-events", "%d is above %d: the upstream takes fewer than 2000 events per request", c.MaxBatchEvents, MaxBatchEventsLimit)
+	case c.MaxBatchEvents > batcher.MaxMaxBatchEvents:
+		return settingErr("max-batch-events", "%d is above %d: the upstream takes fewer than 2000 events per request", c.MaxBatchEvents, batcher.MaxMaxBatchEvents)
 	case c.MaxBatchEvents < 1:
-		return settingErr("max-batch-events", "%d: want 1 to %d", c.MaxBatchEvents, MaxBatchEventsLimit)
+		return settingErr("max-batch-events", "%d: want 1 to %d", c.MaxBatchEvents, batcher.MaxMaxBatchEvents)
 	case c.MaxBatchBytes < 1:
 		return settingErr("max-batch-bytes", "%d: want a positive size", c.MaxBatchBytes)
 	case c.MaxRequestBytes < 1:
