@@ -195,7 +195,7 @@ func TestReloadLiveSettings(t *testing.T) {
 			poll.Until(t, by+": the probe waiting on the old flush interval delivered", func() bool { return len(delivering(waiting)) > 0 })
 			waiting = ""
 		}
-		flushDev := ""
+		flushDev, flushAt := "", time.Now()
 		if s.flush > time.Minute {
 			flushDev = fmt.Sprintf("flush-%d", probe)
 			if code := postOpts(s.allowed, `{"min_id_length":2}`, fmt.Sprintf("10.5.%d.1", probe), "", `{"event_type":"p","device_id":"`+flushDev+`"}`); code != 200 {
@@ -226,6 +226,27 @@ func TestReloadLiveSettings(t *testing.T) {
 		}
 		if s.maxEvents >= 9 && len(batches) >= 3 {
 			t.Fatalf("%s: 9 events in %d requests under max-batch-events %d", by, len(batches), s.maxEvents)
+		}
+		// max-batch-bytes: 4 events of ~1400 bytes in a lane of their own.
+		// Under b's 4000 bytes, 2 go per request (the 2 left wait for b's
+		// flush interval); under a's, all in one.
+		bytesDev := fmt.Sprintf("bytes-%d", probe)
+		bigEv := `{"event_type":"p","device_id":"` + bytesDev + `","event_properties":{"x":"` + strings.Repeat("x", 1400) + `"}}`
+		if code := postOpts(s.allowed, `{"min_id_length":6}`, fmt.Sprintf("10.5.%d.4", probe), "", strings.Join([]string{bigEv, bigEv, bigEv, bigEv}, ",")); code != 200 {
+			t.Fatalf("%s: bytes probe: %d", by, code)
+		}
+		poll.Until(t, by+": the bytes probe delivered", func() bool {
+			batches = delivering(bytesDev)
+			n := 0
+			for _, q := range batches {
+				n += q.Events
+			}
+			return n >= 2
+		})
+		for _, q := range batches {
+			if q.BodyBytes >= s.maxBytes || (s.maxBytes >= 10000) != (q.Events == 4) {
+				t.Fatalf("%s: a request of %d events of ~1400 bytes, %d bytes, under max-batch-bytes %d", by, q.Events, q.BodyBytes, s.maxBytes)
+			}
 		}
 		// Ingest refuses an event that cannot fit alone under max-batch-bytes.
 		big := `{"event_type":"p","device_id":"big-probe","event_properties":{"x":"` + strings.Repeat("x", 5000) + `"}}`
@@ -294,6 +315,9 @@ func TestReloadLiveSettings(t *testing.T) {
 		})
 		checkGzip(by, dev, s.gzip)
 		if flushDev != "" {
+			// Long enough after the post for a's interval to have sent it
+			// (a lower bound: a loaded machine cannot make this fail).
+			time.Sleep(time.Until(flushAt.Add(10 * a.flush)))
 			if len(delivering(flushDev)) != 0 {
 				t.Fatalf("%s: a probe alone in its lane was sent before the flush interval %s", by, s.flush)
 			}
