@@ -26,6 +26,7 @@ var liveSettings = []string{
 	"cors-origins", "allowed-api-keys", "client-rate-limit", "anonymize-ip",
 	"admin-token-file", "credentials",
 	"upstream-gzip", "max-event-age",
+	"max-batch-events", "max-batch-bytes", "flush-interval",
 }
 
 // settingChange is one setting a reload changes (or would, for `config
@@ -183,6 +184,7 @@ func keepRestartSettings(cur, next config.Config) config.Config {
 	eff.ClientRateLimit = next.ClientRateLimit
 	eff.AnonymizeIP = next.AnonymizeIP
 	eff.UpstreamGzip, eff.MaxEventAge = next.UpstreamGzip, next.MaxEventAge
+	eff.MaxBatchEvents, eff.MaxBatchBytes, eff.FlushInterval = next.MaxBatchEvents, next.MaxBatchBytes, next.FlushInterval
 	// A token given directly needs a restart; one cannot be added to a
 	// relay started without one (reloadFiles says so).
 	if cur.Token != nil && next.AdminTokenFile != "" {

@@ -455,7 +455,8 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	}
 
 	onHUP.add(func(c config.Config) {
-		dl.events.SetLive(batcher.Live{Gzip: c.UpstreamGzip, MaxEventAge: c.MaxEventAge})
+		dl.events.SetLive(batcher.Live{Gzip: c.UpstreamGzip, MaxEventAge: c.MaxEventAge,
+			MaxBatchEvents: c.MaxBatchEvents, MaxBatchBytes: int(c.MaxBatchBytes), FlushInterval: c.FlushInterval})
 	})
 
 	// Give the heap's free pages back once the relay goes quiet after a burst.
@@ -628,6 +629,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	onHUP.add(func(c config.Config) {
 		reloadFiles(c, log, reloadTargets{setToken: admin.SetToken, setCreds: func(n *credentials.Store) { creds.Swap(n) }})
 		reloadOpen(ing, c, creds.Load(), log)
+		ing.SetMaxBatchBytes(int(c.MaxBatchBytes)) // events that could not fit alone in a request are refused
 	})
 	ingLn, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {

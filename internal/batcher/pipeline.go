@@ -60,8 +60,8 @@ type Pipeline struct {
 	fl *fleetState
 
 	// live holds the settings SetLive changes while running; shards read
-	// it at each use.
-	live atomic.Pointer[Live]
+	// it at each use (one atomic load per batch or wait).
+	live atomic.Pointer[liveState]
 
 	// afterBuild, when set (tests only), is called on a shard's goroutine
 	// after it built a batch and before the send-time pause check.
@@ -99,25 +99,48 @@ func New(cfg Config, sp *spool.Spool, send Sender, thr *throttle.Throttle, log *
 // Live are the settings of Config a running Pipeline can change (a
 // configuration reload); their zero values mean what Config's do.
 type Live struct {
-	Gzip        bool          // Config.Gzip
-	MaxEventAge time.Duration // Config.MaxEventAge
+	Gzip           bool          // Config.Gzip
+	MaxEventAge    time.Duration // Config.MaxEventAge
+	MaxBatchEvents int           // Config.MaxBatchEvents
+	MaxBatchBytes  int           // Config.MaxBatchBytes
+	FlushInterval  time.Duration // Config.FlushInterval
+}
+
+// liveState is a Live in force; changed is closed when SetLive replaces
+// it, so that a shard waiting on the old FlushInterval wakes up and waits
+// on the new one.
+type liveState struct {
+	Live
+	changed chan struct{}
 }
 
 // lived is the Live in force: cfg's until SetLive (a Pipeline a test built
 // by hand has none stored).
-func (p *Pipeline) lived() Live {
+func (p *Pipeline) lived() *liveState {
 	if l := p.live.Load(); l != nil {
-		return *l
+		return l
 	}
-	return Live{Gzip: p.cfg.Gzip, MaxEventAge: p.cfg.MaxEventAge}
+	return &liveState{Live: p.cfg.live()}
 }
 
-// SetLive puts l in force for every batch built after it.
+// live is the Live of c (with defaults).
+func (c Config) live() Live {
+	c = c.withDefaults()
+	return Live{Gzip: c.Gzip, MaxEventAge: c.MaxEventAge, MaxBatchEvents: c.MaxBatchEvents,
+		MaxBatchBytes: c.MaxBatchBytes, FlushInterval: c.FlushInterval}
+}
+
+// SetLive puts l in force for every batch built after it (its zero values
+// meaning Config's defaults). l is valid as Config.Validate says.
 func (p *Pipeline) SetLive(l Live) {
-	if l.MaxEventAge <= 0 {
-		l.MaxEventAge = DefaultMaxEventAge
+	c := p.cfg
+	c.Gzip, c.MaxEventAge, c.MaxBatchEvents, c.MaxBatchBytes, c.FlushInterval = l.Gzip, l.MaxEventAge, l.MaxBatchEvents, l.MaxBatchBytes, l.FlushInterval
+	if c.MaxEventAge <= 0 {
+		c.MaxEventAge = DefaultMaxEventAge
 	}
-	p.live.Store(&l)
+	if old := p.live.Swap(&liveState{Live: c.live(), changed: make(chan struct{})}); old != nil && old.changed != nil {
+		close(old.changed)
+	}
 }
 
 // newPipeline is what both modes share; cfg is valid.
@@ -134,7 +157,7 @@ func newPipeline(cfg Config, send Sender, thr *throttle.Throttle, log *zap.Logge
 	cfg = cfg.withDefaults()
 	p := &Pipeline{cfg: cfg, send: send, thr: thr, log: log, url: cfg.IngestURL + "/2/httpapi", seed: maphash.MakeSeed(),
 		kind: events{cfg.MaxBatchEvents, cfg.MaxBatchBytes, cfg.Check}, budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool()}
-	p.live.Store(&Live{Gzip: cfg.Gzip, MaxEventAge: cfg.MaxEventAge})
+	p.live.Store(&liveState{Live: cfg.live(), changed: make(chan struct{})})
 	return p, nil
 }
 
@@ -217,8 +240,10 @@ func (p *Pipeline) LaneStatus() []delivery.LaneStatus {
 // events is the delivery.Kind of event lanes: /2/httpapi's JSON body
 // {"api_key":<json string>,"events":[e,e,...],"options":<raw>} ("options"
 // when the lane has them), at most maxEvents events and strictly under
-// maxBytes; answers by delivery.Classify (a Throttled answer's pauses are
-// the shard's). The pipeline holds it as this type: build's calls inline.
+// maxBytes (the configured limits: a shard sets the Live ones in force on
+// its copy at each batch); answers by delivery.Classify (a Throttled
+// answer's pauses are the shard's). The pipeline holds it as this type:
+// build's calls inline.
 type events struct {
 	maxEvents, maxBytes int
 	check               func(apiKey string) func(data []byte) ([]byte, string, []byte)
