@@ -20,7 +20,7 @@
 // its records (at most MaxBatchEvents, a body strictly under MaxBatchBytes
 // measured on the exact bytes sent, flushed when full or when its oldest
 // event has waited FlushInterval) and has at most ONE request in flight.
-// Those three limits, Gzip and MaxEventAge can change while running
+// Those three limits, Gzip, MaxEventAge and ThrottlePause can change while running
 // (Pipeline.SetLive, a configuration reload): one atomic snapshot read per
 // batch and per wait, and a shard waiting on the old FlushInterval is woken
 // to wait on the new one.

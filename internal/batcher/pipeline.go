@@ -41,7 +41,6 @@ type Pipeline struct {
 	thr  *throttle.Throttle
 	log  *zap.Logger
 	m    *metrics
-	url  string
 	// budget is the read-ahead of all lanes (MaxReadAheadTotalBytes).
 	budget *budget
 	// bodies holds the request body buffers of shards that wait.
@@ -104,6 +103,11 @@ type Live struct {
 	MaxBatchEvents int           // Config.MaxBatchEvents
 	MaxBatchBytes  int           // Config.MaxBatchBytes
 	FlushInterval  time.Duration // Config.FlushInterval
+	ThrottlePause  time.Duration // Config.ThrottlePause
+	// IngestURL is Config.IngestURL; "" keeps the one in force. A batch
+	// built before the change may still go to the old one (a send in
+	// flight is not called back).
+	IngestURL string
 }
 
 // liveState is a Live in force; changed is closed when SetLive replaces
@@ -111,6 +115,7 @@ type Live struct {
 // on the new one.
 type liveState struct {
 	Live
+	url     string // IngestURL + "/2/httpapi"
 	changed chan struct{}
 }
 
@@ -120,14 +125,21 @@ func (p *Pipeline) lived() *liveState {
 	if l := p.live.Load(); l != nil {
 		return l
 	}
-	return &liveState{Live: p.cfg.live()}
+	return p.cfg.liveState()
+}
+
+// liveState is c's Live in force (with defaults), its changed channel
+// made.
+func (c Config) liveState() *liveState {
+	l := c.live()
+	return &liveState{Live: l, url: l.IngestURL + "/2/httpapi", changed: make(chan struct{})}
 }
 
 // live is the Live of c (with defaults).
 func (c Config) live() Live {
 	c = c.withDefaults()
 	return Live{Gzip: c.Gzip, MaxEventAge: c.MaxEventAge, MaxBatchEvents: c.MaxBatchEvents,
-		MaxBatchBytes: c.MaxBatchBytes, FlushInterval: c.FlushInterval}
+		MaxBatchBytes: c.MaxBatchBytes, FlushInterval: c.FlushInterval, ThrottlePause: c.ThrottlePause, IngestURL: c.IngestURL}
 }
 
 // SetLive puts l in force for every batch built after it (its zero values
@@ -135,10 +147,14 @@ func (c Config) live() Live {
 func (p *Pipeline) SetLive(l Live) {
 	c := p.cfg
 	c.Gzip, c.MaxEventAge, c.MaxBatchEvents, c.MaxBatchBytes, c.FlushInterval = l.Gzip, l.MaxEventAge, l.MaxBatchEvents, l.MaxBatchBytes, l.FlushInterval
+	c.ThrottlePause = l.ThrottlePause
+	if l.IngestURL != "" {
+		c.IngestURL = l.IngestURL
+	}
 	if c.MaxEventAge <= 0 {
 		c.MaxEventAge = DefaultMaxEventAge
 	}
-	if old := p.live.Swap(&liveState{Live: c.live(), changed: make(chan struct{})}); old != nil && old.changed != nil {
+	if old := p.live.Swap(c.liveState()); old != nil && old.changed != nil {
 		close(old.changed)
 	}
 }
@@ -155,9 +171,9 @@ func newPipeline(cfg Config, send Sender, thr *throttle.Throttle, log *zap.Logge
 		}
 	}
 	cfg = cfg.withDefaults()
-	p := &Pipeline{cfg: cfg, send: send, thr: thr, log: log, url: cfg.IngestURL + "/2/httpapi", seed: maphash.MakeSeed(),
+	p := &Pipeline{cfg: cfg, send: send, thr: thr, log: log, seed: maphash.MakeSeed(),
 		kind: events{cfg.MaxBatchEvents, cfg.MaxBatchBytes, cfg.Check}, budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool()}
-	p.live.Store(&liveState{Live: cfg.live(), changed: make(chan struct{})})
+	p.live.Store(cfg.liveState())
 	return p, nil
 }
 

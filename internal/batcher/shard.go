@@ -251,7 +251,8 @@ func (s *shard) run(ctx, drainCtx context.Context) bool {
 			}
 			continue
 		}
-		res := p.send.Do(drainCtx, &upstream.Request{URL: p.url, Body: body, Gzip: p.lived().Gzip, Kind: "events"})
+		sl := p.lived() // a reload during the wait may have changed the URL
+		res := p.send.Do(drainCtx, &upstream.Request{URL: sl.url, Body: body, Gzip: sl.Gzip, Kind: "events"})
 		if drainCtx.Err() != nil {
 			// Abandoned: the batch stays in the spool (and in this shard's
 			// queue, should Run be called again). The request may still be
@@ -502,7 +503,6 @@ next:
 // keys here). It returns false when the shard must exit.
 func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool {
 	p := s.lr.p
-	cfg := p.cfg
 	n := len(s.batch)
 	switch v := p.kind.Classify(&res, n); v.Outcome {
 	case delivery.Delivered:
@@ -540,7 +540,7 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 				p.sharePauses(ctx, keys, p.thr.PauseUntilNextDay(keys))
 			}
 		}
-		until := now.Add(cfg.ThrottlePause)
+		until := now.Add(p.lived().ThrottlePause)
 		pause := prefixed(devicePrefix, res.ThrottledDevices)
 		pause = append(pause, prefixed(userPrefix, res.ThrottledUsers)...)
 		// Events are paused by index only when the answer names no device
