@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -198,6 +199,16 @@ func TestReloadUpstreamAndLanes(t *testing.T) {
 	delivered := func(u *sim.Sim, dev string) bool {
 		return slices.ContainsFunc(requestsWith(u, dev), func(q sim.Record) bool { return q.Status == 200 })
 	}
+	// groupIdentifies: the group identifications an upstream took.
+	groupIdentifies := func(u *sim.Sim) int {
+		n := 0
+		for _, q := range u.Requests() {
+			if q.Path == "/groupidentify" && q.Status == 200 {
+				n++
+			}
+		}
+		return n
+	}
 	type planInfo struct {
 		Mode    string     `json:"mode"`
 		Fetched *time.Time `json:"fetched"`
@@ -225,6 +236,27 @@ func TestReloadUpstreamAndLanes(t *testing.T) {
 			if u != s.upstream && len(requestsWith(u, dev)) > 0 {
 				t.Fatalf("%s: the url probe went to the other upstream", by)
 			}
+		}
+		// ingest-url: a group identification goes to this state's upstream.
+		before := []int{groupIdentifies(sims[0]), groupIdentifies(sims[1])}
+		// (a key of its own: b allows one lane per key)
+		req, _ := http.NewRequest(http.MethodPost, r.admin+"/groupidentify", strings.NewReader(
+			`api_key=key-gi-`+strconv.Itoa(probe)+`&identification=%5B%7B%22group_type%22%3A%22org%22%2C%22group_value%22%3A%22acme%22%2C%22group_properties%22%3A%7B%22plan%22%3A%22x%22%7D%7D%5D`))
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: POST /groupidentify: %d", by, resp.StatusCode)
+		}
+		poll.Until(t, by+": the group identification delivered", func() bool {
+			return groupIdentifies(s.upstream) > before[slices.Index(sims, s.upstream)]
+		})
+		if other := 1 - slices.Index(sims, s.upstream); groupIdentifies(sims[other]) != before[other] {
+			t.Fatalf("%s: the group identification went to the other upstream", by)
 		}
 		// max-lanes-per-key: a new options variant of key-load (whose lane
 		// the load keeps) is refused at 1 lane per key, taken at 16.
@@ -306,8 +338,21 @@ func TestReloadUpstreamAndLanes(t *testing.T) {
 	}
 
 	check(a, "at start")
-	// By SIGHUP to b (allow: the records waiting for a's upstream go to b's).
+	// By SIGHUP to b (allow: the records waiting for a's upstream go to b's);
+	// `config check --diff` shows first what it puts in force.
 	write(b)
+	var out, errOut strings.Builder
+	if code := runConfig([]string{"check", "--diff", "--admin", r.admin, "--token-file", tokenFile, "--config", cfgFile,
+		"--admin-token-file", tokenFile, "--credentials", credsFile, "--analytics-url", urls[0], "--admin-listen", "127.0.0.1:0",
+		"--data-dir", r.dir, "--spool-min-free-bytes", "0"}, nil, &out, &errOut); code != exitOK {
+		t.Fatalf("config check --diff: exit %d: %s", code, errOut.String())
+	}
+	for _, want := range []string{"ingest-url", "spool-upstream-change", "max-lanes-per-key", "lane-retire-after", "throttle-pause",
+		"log-format", "tracking-plan ", "tracking-plan-refresh", "8 setting(s) would change"} {
+		if !strings.Contains(out.String(), want) || strings.Contains(out.String(), "needs a restart") {
+			t.Fatalf("config check --diff output lacks %q, or names a setting needing a restart:\n%s", want, out.String())
+		}
+	}
 	reloadBy("SIGHUP", 0)
 	check(b, "after SIGHUP")
 
