@@ -258,6 +258,18 @@ func TestReloadUpstreamAndLanes(t *testing.T) {
 		if other := 1 - slices.Index(sims, s.upstream); groupIdentifies(sims[other]) != before[other] {
 			t.Fatalf("%s: the group identification went to the other upstream", by)
 		}
+		// ingest-url: a backfill started now goes to this state's upstream.
+		bfKey := fmt.Sprintf("key-bf-%d", probe)
+		if code, body := do(http.MethodPost, r.admin+"/relay/v1/backfill?api_key="+bfKey+"&max_eps=1000",
+			`{"event_type":"history","device_id":"bf-device-1"}`+"\n"+`{"event_type":"history","device_id":"bf-device-2"}`+"\n"); code/100 != 2 {
+			t.Fatalf("%s: POST /relay/v1/backfill: %d %s", by, code, body)
+		}
+		poll.Until(t, by+": the backfill delivered", func() bool { return len(s.upstream.Events(bfKey)) == 2 })
+		for _, u := range sims {
+			if u != s.upstream && len(u.Events(bfKey)) > 0 {
+				t.Fatalf("%s: the backfill went to the other upstream", by)
+			}
+		}
 		// max-lanes-per-key: a new options variant of key-load (whose lane
 		// the load keeps) is refused at 1 lane per key, taken at 16.
 		code, body := post("key-load", fmt.Sprintf(`{"min_id_length":%d}`, 10+probe), `{"event_type":"p","device_id":"lanes-probe-device-of-30-chars"}`)
