@@ -117,16 +117,24 @@ func (m *liveMeter) end() {
 // One a restart interrupted is resumed at the next start. It owns one
 // goroutine per running backfill; stop ends them.
 type backfills struct {
-	dir       string
-	ingestURL string
-	meter     *liveMeter
-	log       *zap.Logger
-	ctx       context.Context
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup
+	dir    string
+	meter  *liveMeter
+	log    *zap.Logger
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 
-	mu   sync.Mutex
-	jobs map[string]*bfJob
+	mu        sync.Mutex
+	jobs      map[string]*bfJob
+	ingestURL string // setIngestURL
+}
+
+// setIngestURL puts a new upstream in force for the backfills started (or
+// resumed) after it; a running one keeps its own.
+func (b *backfills) setIngestURL(u string) {
+	b.mu.Lock()
+	b.ingestURL = u
+	b.mu.Unlock()
 }
 
 // bfJob is one backfill; its spec is DIR/job.json.
@@ -194,8 +202,11 @@ func (b *backfills) start(j *bfJob) {
 		}
 		dir := filepath.Join(b.dir, j.ID)
 		key := j.APIKey
+		b.mu.Lock()
+		ingestURL := b.ingestURL
+		b.mu.Unlock()
 		c, err := backfill.Run(b.ctx, backfill.Config{
-			IngestURL: b.ingestURL, APIKey: key, Dir: dir, Files: []string{filepath.Join(dir, "input")},
+			IngestURL: ingestURL, APIKey: key, Dir: dir, Files: []string{filepath.Join(dir, "input")},
 			MaxEPS: j.MaxEPS, Batch: j.Batch, Live: func() float64 { return b.meter.rate(key) },
 			Progress: func(c backfill.Counts) {
 				b.mu.Lock()

@@ -78,7 +78,7 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "relay: %v\n", err)
 		return exitUsage
 	}
-	log, level, err := newLeveledLogger(cfg.LogLevel, cfg.LogFormat, stderr)
+	log, level, setFormat, err := newLeveledLogger(cfg.LogLevel, cfg.LogFormat, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "relay: %v\n", err)
 		return exitUsage
@@ -94,7 +94,7 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 	// A reload (SIGHUP, POST /relay/v1/reload) reads the same flags and
 	// the environment again.
 	load := func() (config.Config, error) { return config.Load(args, os.Environ()) }
-	if err := serveWith(ctx, stop, cfg, log, serveHooks{load: load, level: &level}); err != nil {
+	if err := serveWith(ctx, stop, cfg, log, serveHooks{load: load, level: &level, format: setFormat}); err != nil {
 		log.Error("relay stopped with an error", errField(err))
 		return exitFailure
 	}

@@ -21,11 +21,27 @@ import (
 // liveSettings are the settings a reload puts in force while serving (by
 // their flag names). Every other setting needs a restart: a reload that
 // changes one keeps the value in force and names it (log, answer).
+// ingest-url is live between two upstreams (not to or from sandbox mode,
+// whose simulator runs from the start: see isLive), behind the spool's
+// upstream guard (upstreamGuard).
 var liveSettings = []string{
-	"log-level",
+	"log-level", "log-format",
 	"cors-origins", "allowed-api-keys", "client-rate-limit", "anonymize-ip",
 	"admin-token-file", "credentials",
 	"upstream-gzip", "max-event-age",
+	"max-batch-events", "max-batch-bytes", "flush-interval", "throttle-pause",
+	"max-lanes", "max-lanes-per-key", "lane-retire-after",
+	"tracking-plan", "tracking-plan-refresh",
+	"ingest-url", "spool-upstream-change",
+}
+
+// isLive reports whether a reload from old to new puts setting name in
+// force.
+func isLive(name string, old, new config.Config) bool {
+	if name == "ingest-url" && old.Sandbox() != new.Sandbox() {
+		return false
+	}
+	return slices.Contains(liveSettings, name)
 }
 
 // settingChange is one setting a reload changes (or would, for `config
@@ -52,7 +68,7 @@ func diffSettings(old, new config.Config) []settingChange {
 			continue
 		}
 		out = append(out, settingChange{Name: s.Name, Old: oldVals[s.Name], New: s.Value,
-			Source: new.Source(s.Name), Live: slices.Contains(liveSettings, s.Name)})
+			Source: new.Source(s.Name), Live: isLive(s.Name, old, new)})
 	}
 	return out
 }
@@ -85,6 +101,9 @@ type configReloader struct {
 	serial chan struct{} // buffered 1: the token of the reload running
 	mu     sync.Mutex
 	cur    config.Config // in force
+	// guard, when set, may refuse a configuration read well (the spool's
+	// upstream guard) before anything of it is in force.
+	guard func(cur, next config.Config) error
 
 	ok, at prometheus.Gauge
 }
@@ -98,6 +117,13 @@ func newConfigReloader(cfg config.Config, load func() (config.Config, error), hu
 	r.ok.Set(1)
 	r.at.SetToCurrentTime()
 	return r
+}
+
+// setGuard makes every later reload pass g first.
+func (r *configReloader) setGuard(g func(cur, next config.Config) error) {
+	r.mu.Lock()
+	r.guard = g
+	r.mu.Unlock()
 }
 
 // register registers the reload metrics on reg.
@@ -128,13 +154,16 @@ func (r *configReloader) reload(by string) reloadResult {
 	r.serial <- struct{}{}
 	defer func() { <-r.serial }()
 	r.mu.Lock()
-	cur := r.cur
+	cur, guard := r.cur, r.guard
 	r.mu.Unlock()
 	res := reloadResult{Changed: []settingChange{}, NeedsRestart: []string{}}
 	var next config.Config
 	err := errNoReload
 	if r.load != nil {
 		next, err = r.load()
+	}
+	if err == nil && guard != nil {
+		err = guard(cur, next)
 	}
 	if err != nil {
 		r.ok.Set(0)
@@ -183,6 +212,14 @@ func keepRestartSettings(cur, next config.Config) config.Config {
 	eff.ClientRateLimit = next.ClientRateLimit
 	eff.AnonymizeIP = next.AnonymizeIP
 	eff.UpstreamGzip, eff.MaxEventAge = next.UpstreamGzip, next.MaxEventAge
+	eff.MaxBatchEvents, eff.MaxBatchBytes, eff.FlushInterval = next.MaxBatchEvents, next.MaxBatchBytes, next.FlushInterval
+	eff.ThrottlePause, eff.LogFormat = next.ThrottlePause, next.LogFormat
+	eff.MaxLanes, eff.MaxLanesPerKey, eff.LaneRetireAfter = next.MaxLanes, next.MaxLanesPerKey, next.LaneRetireAfter
+	eff.TrackingPlan, eff.TrackingPlanRefresh = next.TrackingPlan, next.TrackingPlanRefresh
+	eff.SpoolUpstreamChange = next.SpoolUpstreamChange
+	if isLive("ingest-url", cur, next) {
+		eff.IngestURL = next.IngestURL
+	}
 	// A token given directly needs a restart; one cannot be added to a
 	// relay started without one (reloadFiles says so).
 	if cur.Token != nil && next.AdminTokenFile != "" {
@@ -193,7 +230,7 @@ func keepRestartSettings(cur, next config.Config) config.Config {
 	// Settings as in force: the live ones' new values, the others' old.
 	eff.Settings = slices.Clone(next.Settings)
 	for i, s := range eff.Settings {
-		if slices.Contains(liveSettings, s.Name) {
+		if isLive(s.Name, cur, next) {
 			continue
 		}
 		for _, o := range cur.Settings {

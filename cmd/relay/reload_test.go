@@ -30,15 +30,19 @@ type liveState struct {
 	rateLimit string
 	anonIP    bool
 	gzip      bool // upstream-gzip
+	maxEvents int  // max-batch-events
+	maxBytes  int  // max-batch-bytes
+	flush     time.Duration
 }
 
 func (s liveState) file(listen string) string {
-	return fmt.Sprintf("listen: %q\nlog-level: %s\ncors-origins: %q\nallowed-api-keys: \"key-load,%s\"\nclient-rate-limit: %s\nanonymize-ip: %v\nupstream-gzip: %v\ntrusted-proxies: \"127.0.0.1/32\"\n",
-		listen, s.logLevel, s.cors, s.allowed, s.rateLimit, s.anonIP, s.gzip)
+	return fmt.Sprintf("listen: %q\nlog-level: %s\ncors-origins: %q\nallowed-api-keys: \"key-load,%s\"\nclient-rate-limit: %s\nanonymize-ip: %v\nupstream-gzip: %v\ntrusted-proxies: \"127.0.0.1/32\"\nmax-batch-events: %d\nmax-batch-bytes: %d\nflush-interval: %s\n",
+		listen, s.logLevel, s.cors, s.allowed, s.rateLimit, s.anonIP, s.gzip, s.maxEvents, s.maxBytes, s.flush)
 }
 
 // TestReloadLiveSettings: every live setting (log level, CORS origins, the
-// allow-list, the client rate limit, IP anonymization) is changed by SIGHUP,
+// allow-list, the client rate limit, IP anonymization, upstream gzip, the
+// batch limits, the flush interval) is changed by SIGHUP,
 // then changed again by POST /relay/v1/reload, while a client keeps
 // posting; after each the new behaviour is checked. No request of the load
 // fails and every event it got answered 200 for reaches the upstream. A bad
@@ -57,8 +61,13 @@ func TestReloadLiveSettings(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	a := liveState{logLevel: "info", cors: "https://a.example", allowed: "key-a", rateLimit: "0", anonIP: false}
-	b := liveState{logLevel: "warn", cors: "https://b.example", allowed: "key-b", rateLimit: "1", anonIP: true, gzip: true}
+	a := liveState{logLevel: "info", cors: "https://a.example", allowed: "key-a", rateLimit: "0", anonIP: false,
+		maxEvents: 1000, maxBytes: 1_000_000, flush: 200 * time.Millisecond}
+	// b's flush interval is never reached in the test: its batches go when
+	// full (3 events), and what waits is sent once a reload back to a's
+	// interval wakes the shards.
+	b := liveState{logLevel: "warn", cors: "https://b.example", allowed: "key-b", rateLimit: "1", anonIP: true, gzip: true,
+		maxEvents: 3, maxBytes: 4000, flush: time.Hour}
 	write(a.file("127.0.0.1:0"))
 	level := zap.NewAtomicLevelAt(zapcore.InfoLevel)
 	r := startServeLeveled(t, level, "--config", cfgFile, "--admin-token-file", tokenFile, "--drain-timeout", "10s")
@@ -82,14 +91,20 @@ func TestReloadLiveSettings(t *testing.T) {
 		return resp.StatusCode, resp.Header, b
 	}
 	auth := map[string]string{"Authorization": "Bearer " + token}
-	post := func(key, xff, origin, ev string) int {
+	// postOpts posts to the lane of key and opts (a lane of its own for a
+	// probe: nothing else queued delays or fills its batches).
+	postOpts := func(key, opts, xff, origin, ev string) int {
 		hdr := map[string]string{"Content-Type": "application/json", "X-Forwarded-For": xff}
 		if origin != "" {
 			hdr["Origin"] = origin
 		}
-		code, _, _ := do(http.MethodPost, r.ingest+"/2/httpapi", `{"api_key":"`+key+`","events":[`+ev+`]}`, hdr)
+		if opts != "" {
+			opts = `,"options":` + opts
+		}
+		code, _, _ := do(http.MethodPost, r.ingest+"/2/httpapi", `{"api_key":"`+key+`","events":[`+ev+`]`+opts+`}`, hdr)
 		return code
 	}
+	post := func(key, xff, origin, ev string) int { return postOpts(key, "", xff, origin, ev) }
 
 	// The load: 3 clients, each address used by one client and rotating
 	// over 3000 (the rate limit of state b is per address), key-load
@@ -131,34 +146,113 @@ func TestReloadLiveSettings(t *testing.T) {
 	}
 	defer func() { stopLoad(); wg.Wait() }()
 
-	// upstream-gzip: the request that delivered the probe device dev.
-	checkGzip := func(by, dev string, want bool) {
+	type simRequest struct {
+		Status    int      `json:"status"`
+		Devices   []string `json:"devices"`
+		Gzip      bool     `json:"gzip"`
+		Events    int      `json:"events"`
+		BodyBytes int      `json:"body_bytes"`
+	}
+	// delivering: the requests the upstream took with events of device dev.
+	delivering := func(dev string) []simRequest {
 		t.Helper()
-		_, _, body := do(http.MethodGet, r.admin+"/sim/requests", "", auth)
-		var reqs struct {
-			Requests []struct {
-				Status  int      `json:"status"`
-				Devices []string `json:"devices"`
-				Gzip    bool     `json:"gzip"`
-			} `json:"requests"`
-		}
+		_, _, body := do(http.MethodGet, r.admin+"/sim/requests?limit=10000000", "", auth)
+		var reqs struct{ Requests []simRequest }
 		if err := json.Unmarshal(body, &reqs); err != nil {
 			t.Fatal(err)
 		}
+		var out []simRequest
 		for _, q := range reqs.Requests {
 			if q.Status == 200 && slices.Contains(q.Devices, dev) {
-				if q.Gzip != want {
-					t.Fatalf("%s: the request delivering %s was gzip %v, want %v", by, dev, q.Gzip, want)
-				}
-				return
+				out = append(out, q)
 			}
 		}
-		t.Fatalf("%s: no request delivered %s", by, dev)
+		return out
 	}
+	// upstream-gzip: the request that delivered the probe device dev.
+	checkGzip := func(by, dev string, want bool) {
+		t.Helper()
+		qs := delivering(dev)
+		if len(qs) == 0 {
+			t.Fatalf("%s: no request delivered %s", by, dev)
+		}
+		if qs[0].Gzip != want {
+			t.Fatalf("%s: the request delivering %s was gzip %v, want %v", by, dev, qs[0].Gzip, want)
+		}
+	}
+	// waiting is the flush probe posted under b's flush interval: it is
+	// sent only once a reload to a's wakes its shard.
+	waiting := ""
 	probe := 0
 	check := func(s liveState, by string) {
 		t.Helper()
 		probe++
+		// flush-interval: a probe queued under the long interval is sent
+		// once the short one is in force (the waiting shard woke up); under
+		// the long one, a probe alone in its lane is not sent (checked at
+		// the end of this check).
+		if s.flush < time.Minute && waiting != "" {
+			poll.Until(t, by+": the probe waiting on the old flush interval delivered", func() bool { return len(delivering(waiting)) > 0 })
+			waiting = ""
+		}
+		flushDev, flushAt := "", time.Now()
+		if s.flush > time.Minute {
+			flushDev = fmt.Sprintf("flush-%d", probe)
+			if code := postOpts(s.allowed, `{"min_id_length":2}`, fmt.Sprintf("10.5.%d.1", probe), "", `{"event_type":"p","device_id":"`+flushDev+`"}`); code != 200 {
+				t.Fatalf("%s: flush probe: %d", by, code)
+			}
+		}
+		// max-batch-events, max-batch-bytes: 9 events of one device in one
+		// post go in requests within the limits (b's: 3 full batches);
+		// under a's, in fewer than 3.
+		batchDev := fmt.Sprintf("batch-%d", probe)
+		evs := strings.TrimSuffix(strings.Repeat(`{"event_type":"p","device_id":"`+batchDev+`"},`, 9), ",")
+		if code := postOpts(s.allowed, `{"min_id_length":4}`, fmt.Sprintf("10.5.%d.2", probe), "", evs); code != 200 {
+			t.Fatalf("%s: batch probe: %d", by, code)
+		}
+		var batches []simRequest
+		poll.Until(t, by+": the batch probe delivered", func() bool {
+			batches = delivering(batchDev)
+			n := 0
+			for _, q := range batches {
+				n += q.Events
+			}
+			return n >= 9
+		})
+		for _, q := range batches {
+			if q.Events > s.maxEvents || q.BodyBytes >= s.maxBytes {
+				t.Fatalf("%s: a request of %d events, %d bytes: want at most %d events, under %d bytes", by, q.Events, q.BodyBytes, s.maxEvents, s.maxBytes)
+			}
+		}
+		if s.maxEvents >= 9 && len(batches) >= 3 {
+			t.Fatalf("%s: 9 events in %d requests under max-batch-events %d", by, len(batches), s.maxEvents)
+		}
+		// max-batch-bytes: 4 events of ~1400 bytes in a lane of their own.
+		// Under b's 4000 bytes, 2 go per request (the 2 left wait for b's
+		// flush interval); under a's, all in one.
+		bytesDev := fmt.Sprintf("bytes-%d", probe)
+		bigEv := `{"event_type":"p","device_id":"` + bytesDev + `","event_properties":{"x":"` + strings.Repeat("x", 1400) + `"}}`
+		if code := postOpts(s.allowed, `{"min_id_length":6}`, fmt.Sprintf("10.5.%d.4", probe), "", strings.Join([]string{bigEv, bigEv, bigEv, bigEv}, ",")); code != 200 {
+			t.Fatalf("%s: bytes probe: %d", by, code)
+		}
+		poll.Until(t, by+": the bytes probe delivered", func() bool {
+			batches = delivering(bytesDev)
+			n := 0
+			for _, q := range batches {
+				n += q.Events
+			}
+			return n >= 2
+		})
+		for _, q := range batches {
+			if q.BodyBytes >= s.maxBytes || (s.maxBytes >= 10000) != (q.Events == 4) {
+				t.Fatalf("%s: a request of %d events of ~1400 bytes, %d bytes, under max-batch-bytes %d", by, q.Events, q.BodyBytes, s.maxBytes)
+			}
+		}
+		// Ingest refuses an event that cannot fit alone under max-batch-bytes.
+		big := `{"event_type":"p","device_id":"big-probe","event_properties":{"x":"` + strings.Repeat("x", 5000) + `"}}`
+		if code, want := post(s.allowed, fmt.Sprintf("10.5.%d.3", probe), "", big), map[bool]int{true: 413, false: 200}[s.maxBytes < 5000]; code != want {
+			t.Fatalf("%s: a 5000-byte event under max-batch-bytes %d: %d, want %d", by, s.maxBytes, code, want)
+		}
 		if got := level.Level().String(); got != s.logLevel {
 			t.Fatalf("%s: log level %s, want %s", by, got, s.logLevel)
 		}
@@ -191,7 +285,8 @@ func TestReloadLiveSettings(t *testing.T) {
 		}
 		// IP anonymization: the event's ip as the upstream receives it.
 		dev := fmt.Sprintf("anon-%d", probe)
-		if code := post(s.allowed, fmt.Sprintf("10.6.%d.1", probe), "", `{"event_type":"p","device_id":"`+dev+`","ip":"1.2.3.4"}`); code != 200 {
+		anon := `{"event_type":"p","device_id":"` + dev + `","ip":"1.2.3.4"}`
+		if code := postOpts(s.allowed, `{"min_id_length":3}`, fmt.Sprintf("10.6.%d.1", probe), "", anon+","+anon+","+anon); code != 200 {
 			t.Fatalf("%s: anon probe: %d", by, code)
 		}
 		want := map[bool]string{true: "1.2.3.0", false: "1.2.3.4"}[s.anonIP]
@@ -219,6 +314,15 @@ func TestReloadLiveSettings(t *testing.T) {
 			return false
 		})
 		checkGzip(by, dev, s.gzip)
+		if flushDev != "" {
+			// Long enough after the post for a's interval to have sent it
+			// (a lower bound: a loaded machine cannot make this fail).
+			time.Sleep(time.Until(flushAt.Add(10 * a.flush)))
+			if len(delivering(flushDev)) != 0 {
+				t.Fatalf("%s: a probe alone in its lane was sent before the flush interval %s", by, s.flush)
+			}
+			waiting = flushDev
+		}
 	}
 	reloadByPost := func(wantCode int) reloadResult {
 		t.Helper()
@@ -254,8 +358,8 @@ func TestReloadLiveSettings(t *testing.T) {
 	}
 	write(a.file("127.0.0.1:0"))
 	res := reloadByPost(200)
-	if len(res.NeedsRestart) != 0 || len(res.Changed) != 6 {
-		t.Fatalf("reload result %+v: want 6 live changes, none needing a restart", res)
+	if len(res.NeedsRestart) != 0 || len(res.Changed) != 9 {
+		t.Fatalf("reload result %+v: want 9 live changes, none needing a restart", res)
 	}
 	check(a, "after POST /relay/v1/reload")
 
@@ -280,7 +384,7 @@ func TestReloadLiveSettings(t *testing.T) {
 		"--config", cfgFile, "--admin-token-file", tokenFile, "--drain-timeout", "10s"}, nil, &out, &errOut); code != exitOK {
 		t.Fatalf("config check --diff: exit %d: %s", code, errOut.String())
 	}
-	for _, want := range []string{"listen  ", "needs a restart", "cors-origins", "https://a.example  https://b.example", "client-rate-limit", "7 setting(s) would change"} {
+	for _, want := range []string{"listen  ", "needs a restart", "cors-origins", "https://a.example  https://b.example", "client-rate-limit", "10 setting(s) would change"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("config check --diff output lacks %q:\n%s", want, out.String())
 		}
@@ -293,7 +397,7 @@ func TestReloadLiveSettings(t *testing.T) {
 		"--spool-min-free-bytes", "0", "--config", cfgFile, "--admin-token-file", tokenFile, "--drain-timeout", "10s"}, nil, &out, &errOut); code != exitOK {
 		t.Fatalf("config check --diff without --admin: exit %d: %s", code, errOut.String())
 	}
-	if !strings.Contains(out.String(), "admin-listen") || !strings.Contains(out.String(), "8 setting(s) would change") {
+	if !strings.Contains(out.String(), "admin-listen") || !strings.Contains(out.String(), "11 setting(s) would change") {
 		t.Fatalf("config check --diff without --admin:\n%s", out.String())
 	}
 	res = reloadByPost(200)
@@ -307,6 +411,10 @@ func TestReloadLiveSettings(t *testing.T) {
 	if len(r.logs.FilterMessageSnippet("setting listen changed").All()) == 0 {
 		t.Fatal("no log line names the listen address as needing a restart")
 	}
+	// Back to a's flush interval: what waits on b's is sent.
+	write(a.file("127.0.0.1:1"))
+	reloadByPost(200)
+	check(a, "after a reload back to a")
 
 	// Zero failed, zero lost: every event answered 200 reaches the upstream.
 	stopLoad()

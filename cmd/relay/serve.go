@@ -129,8 +129,10 @@ type deliveries struct {
 	lanes      map[storage.Kind]delivery.LaneControl
 	// release drops buffers kept for reuse, before an idle process collects.
 	release []func()
-	// events is the events pipeline (for a reload's settings).
+	// events is the events pipeline, gi the group identifies' delivery
+	// (for a reload's settings).
 	events *batcher.Pipeline
+	gi     *groupidentify.GroupIdentify
 }
 
 // newDeliveries builds the delivery side from cfg; creds is the credentials
@@ -182,6 +184,7 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *sp
 	if err != nil {
 		return nil, fmt.Errorf("group identify: %w", err)
 	}
+	d.gi = gi
 	d.components = append(d.components, namedComponent{"groupidentify", gi})
 	d.lanes[storage.KindGroupIdentify] = gi
 	d.routes = append(d.routes, gi.Routes()...)
@@ -212,6 +215,19 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *sp
 	d.lanes[storage.KindUserMap] = um
 	d.routes = append(d.routes, um.Routes()...)
 	return d, nil
+}
+
+// spoolLaneLimits are c's lane limits as spool.Config's MaxLanes,
+// MaxLanesPerKey and RetireIdle take them (0 means no bound or never,
+// negative for the spool).
+func spoolLaneLimits(c config.Config) (maxLanes, maxLanesPerKey int, retireIdle time.Duration) {
+	neg := func(v int64) int64 {
+		if v == 0 {
+			return -1
+		}
+		return v
+	}
+	return int(neg(int64(c.MaxLanes))), int(neg(int64(c.MaxLanesPerKey))), time.Duration(neg(int64(c.LaneRetireAfter)))
 }
 
 // memoryLimitField is the soft memory limit in force (GOMEMLIMIT, or
@@ -246,6 +262,9 @@ type serveHooks struct {
 	load func() (config.Config, error)
 	// level is the logger's level, which a reload sets; nil: kept.
 	level *zap.AtomicLevel
+	// format sets the logger's format (--log-format), which a reload
+	// sets; nil: kept.
+	format func(string) error
 
 	// fleetOpened, when set, is given the NATS connection of fleet mode
 	// (a test closes it to play a relay's sudden death).
@@ -285,6 +304,20 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 				hooks.level.SetLevel(lvl.Level())
 				log.Info("reload: log level set", zap.String("log_level", c.LogLevel))
 			}
+		})
+	}
+	if hooks.format != nil {
+		format := cfg.LogFormat
+		onHUP.add(func(c config.Config) {
+			if c.LogFormat == format {
+				return
+			}
+			if err := hooks.format(c.LogFormat); err != nil { // validated: cannot happen
+				log.Error("reload: log format not set", errField(err))
+				return
+			}
+			format = c.LogFormat // the reloads run one at a time
+			log.Info("reload: log format set", zap.String("log_format", c.LogFormat))
 		})
 	}
 	stopWatchHUP := watchSIGHUP(func() {
@@ -353,17 +386,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	if scfg.MinFreeBytes == 0 {
 		scfg.MinFreeBytes = -1 // --spool-min-free-bytes 0 disables the reserve
 	}
-	// Bounded lanes (0 means no bound / never, negative for the spool).
-	scfg.MaxLanes, scfg.RetireIdle, scfg.MaxLanesPerKey = cfg.MaxLanes, cfg.LaneRetireAfter, cfg.MaxLanesPerKey
-	if scfg.MaxLanes == 0 {
-		scfg.MaxLanes = -1
-	}
-	if scfg.MaxLanesPerKey == 0 {
-		scfg.MaxLanesPerKey = -1
-	}
-	if scfg.RetireIdle == 0 {
-		scfg.RetireIdle = -1
-	}
+	scfg.MaxLanes, scfg.MaxLanesPerKey, scfg.RetireIdle = spoolLaneLimits(cfg)
 	sp, err := spool.Open(scfg, log.Named("spool"), reg)
 	if err != nil {
 		return fmt.Errorf("open spool in %s: %w%s", cfg.DataDir, err, spoolHint(cfg.DataDir, err))
@@ -419,6 +442,14 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	if err := guardSpoolUpstream(sp, upstreamID, cfg.SpoolUpstreamChange == "allow", log); err != nil {
 		return err
 	}
+	cfgReload.setGuard(reloadUpstreamGuard(sp, log))
+	// The lane limits in force (a reload changes them), for /readyz too.
+	var maxLanes atomic.Int64
+	maxLanes.Store(int64(cfg.MaxLanes))
+	onHUP.add(func(c config.Config) {
+		sp.SetLaneLimits(spoolLaneLimits(c))
+		maxLanes.Store(int64(c.MaxLanes))
+	})
 
 	// Delivery is built before the admin listener so that /readyz can ask it
 	// and the listener can serve its routes.
@@ -443,6 +474,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	planCtx, stopPlan := context.WithCancel(context.Background())
 	lc.onStop("tracking plan", func(context.Context) error { stopPlan(); return nil })
 	g.run("tracking plan", func() error { return tp.Run(planCtx) })
+	onHUP.add(func(c config.Config) { tp.SetLive(plan.Live{Default: c.TrackingPlan, Refresh: c.TrackingPlanRefresh}) })
 	// Live taps (relay tap): offered what ingest accepts, what the
 	// upstream takes and the dead letters (tap.go).
 	taps, err := tap.New(tap.Config{}, reg)
@@ -455,7 +487,12 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	}
 
 	onHUP.add(func(c config.Config) {
-		dl.events.SetLive(batcher.Live{Gzip: c.UpstreamGzip, MaxEventAge: c.MaxEventAge})
+		dl.events.SetLive(batcher.Live{Gzip: c.UpstreamGzip, MaxEventAge: c.MaxEventAge,
+			MaxBatchEvents: c.MaxBatchEvents, MaxBatchBytes: int(c.MaxBatchBytes), FlushInterval: c.FlushInterval,
+			ThrottlePause: c.ThrottlePause, IngestURL: c.IngestURL})
+		if !c.Sandbox() { // sandbox mode's simulator URL is kept (isLive)
+			dl.gi.SetURL(c.IngestURL)
+		}
 	})
 
 	// Give the heap's free pages back once the relay goes quiet after a burst.
@@ -500,8 +537,8 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 			}
 		}
 		// Ingest refuses new lanes (the contract's "lane limit").
-		if cfg.MaxLanes > 0 && sp.Stats().Lanes >= cfg.MaxLanes {
-			return fmt.Errorf("lane limit reached (--max-lanes %d): new api_keys are refused", cfg.MaxLanes)
+		if m := int(maxLanes.Load()); m > 0 && sp.Stats().Lanes >= m {
+			return fmt.Errorf("lane limit reached (--max-lanes %d): new api_keys are refused", m)
 		}
 		return nil
 	}
@@ -537,6 +574,11 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 		return fmt.Errorf("backfills: %w", err)
 	}
 	lc.onStop("backfills", bf.stop)
+	onHUP.add(func(c config.Config) {
+		if !c.Sandbox() {
+			bf.setIngestURL(c.IngestURL) // the backfills started after it
+		}
+	})
 	admin.Register(bf.routes()...)
 	admin.Register(tp.Routes()...)
 	fwdRoutes, fwd, err := forwardingRoutes(cfg, creds, taxLim, log, reg)
@@ -628,6 +670,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	onHUP.add(func(c config.Config) {
 		reloadFiles(c, log, reloadTargets{setToken: admin.SetToken, setCreds: func(n *credentials.Store) { creds.Swap(n) }})
 		reloadOpen(ing, c, creds.Load(), log)
+		ing.SetMaxBatchBytes(int(c.MaxBatchBytes)) // events that could not fit alone in a request are refused
 	})
 	ingLn, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/svcrelay/relay/internal/config"
 	"github.com/svcrelay/relay/internal/spool"
 )
 
@@ -64,4 +65,23 @@ func describeIngestURL(id string) string {
 		return `"" (sandbox mode)`
 	}
 	return id
+}
+
+// reloadUpstreamGuard is what a reload that changes --ingest-url passes
+// before anything is put in force: the guard of a start with the new URL
+// and the new --spool-upstream-change, so records waiting for the old
+// upstream are never sent to the new one unless allowed (the reload is
+// refused whole otherwise). Records accepted while the reload runs are the
+// new upstream's.
+func reloadUpstreamGuard(sp *spool.Spool, log *zap.Logger) func(cur, next config.Config) error {
+	return func(cur, next config.Config) error {
+		id := upstreamIdentity(next.IngestURL)
+		if !isLive("ingest-url", cur, next) || id == upstreamIdentity(cur.IngestURL) {
+			return nil
+		}
+		if err := guardSpoolUpstream(sp, id, next.SpoolUpstreamChange == "allow", log); err != nil {
+			return fmt.Errorf("ingest-url %s (from %s) not put in force: %w", id, next.Source("ingest-url"), err)
+		}
+		return nil
+	}
 }

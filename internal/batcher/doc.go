@@ -21,6 +21,10 @@
 // its records (at most MaxBatchEvents, a body strictly under MaxBatchBytes
 // measured on the exact bytes sent, flushed when full or when its oldest
 // event has waited FlushInterval) and has at most ONE request in flight.
+// Those three limits, Gzip, MaxEventAge and ThrottlePause can change while running
+// (Pipeline.SetLive, a configuration reload): one atomic snapshot read per
+// batch and per wait, and a shard waiting on the old FlushInterval is woken
+// to wait on the new one.
 // Events are a delivery.Kind like the form kinds: the pipeline's events
 // kind gives each lane its delivery.Frame (the {"api_key","events",
 // "options"} envelope and those limits), with whose methods a shard packs

@@ -53,7 +53,6 @@ type Pipeline struct {
 	thr  *throttle.Throttle
 	log  *zap.Logger
 	m    *metrics
-	url  string
 	// budget is the read-ahead of all lanes (MaxReadAheadTotalBytes).
 	budget *budget
 	// bodies holds the request body buffers of shards that wait.
@@ -72,8 +71,8 @@ type Pipeline struct {
 	fl *fleetState
 
 	// live holds the settings SetLive changes while running; shards read
-	// it at each use.
-	live atomic.Pointer[Live]
+	// it at each use (one atomic load per batch or wait).
+	live atomic.Pointer[liveState]
 
 	// afterBuild, when set (tests only), is called on a shard's goroutine
 	// after it built a batch and before the send-time pause check.
@@ -113,25 +112,65 @@ func New(cfg Config, st Store, send Sender, thr *throttle.Throttle, log *zap.Log
 // Live are the settings of Config a running Pipeline can change (a
 // configuration reload); their zero values mean what Config's do.
 type Live struct {
-	Gzip        bool          // Config.Gzip
-	MaxEventAge time.Duration // Config.MaxEventAge
+	Gzip           bool          // Config.Gzip
+	MaxEventAge    time.Duration // Config.MaxEventAge
+	MaxBatchEvents int           // Config.MaxBatchEvents
+	MaxBatchBytes  int           // Config.MaxBatchBytes
+	FlushInterval  time.Duration // Config.FlushInterval
+	ThrottlePause  time.Duration // Config.ThrottlePause
+	// IngestURL is Config.IngestURL; "" keeps the one in force. A batch
+	// built before the change may still go to the old one (a send in
+	// flight is not called back).
+	IngestURL string
+}
+
+// liveState is a Live in force; changed is closed when SetLive replaces
+// it, so that a shard waiting on the old FlushInterval wakes up and waits
+// on the new one.
+type liveState struct {
+	Live
+	url     string // IngestURL + "/2/httpapi"
+	changed chan struct{}
 }
 
 // lived is the Live in force: cfg's until SetLive (a Pipeline a test built
 // by hand has none stored).
-func (p *Pipeline) lived() Live {
+func (p *Pipeline) lived() *liveState {
 	if l := p.live.Load(); l != nil {
-		return *l
+		return l
 	}
-	return Live{Gzip: p.cfg.Gzip, MaxEventAge: p.cfg.MaxEventAge}
+	return p.cfg.liveState()
 }
 
-// SetLive puts l in force for every batch built after it.
+// liveState is c's Live in force (with defaults), its changed channel
+// made.
+func (c Config) liveState() *liveState {
+	l := c.live()
+	return &liveState{Live: l, url: l.IngestURL + "/2/httpapi", changed: make(chan struct{})}
+}
+
+// live is the Live of c (with defaults).
+func (c Config) live() Live {
+	c = c.withDefaults()
+	return Live{Gzip: c.Gzip, MaxEventAge: c.MaxEventAge, MaxBatchEvents: c.MaxBatchEvents,
+		MaxBatchBytes: c.MaxBatchBytes, FlushInterval: c.FlushInterval, ThrottlePause: c.ThrottlePause, IngestURL: c.IngestURL}
+}
+
+// SetLive puts l in force for every batch built after it (its zero values
+// meaning Config's defaults). l is valid as Config.Validate says.
 func (p *Pipeline) SetLive(l Live) {
-	if l.MaxEventAge <= 0 {
-		l.MaxEventAge = DefaultMaxEventAge
+	c := p.cfg
+	c.Gzip, c.MaxEventAge, c.MaxBatchEvents, c.MaxBatchBytes, c.FlushInterval = l.Gzip, l.MaxEventAge, l.MaxBatchEvents, l.MaxBatchBytes, l.FlushInterval
+	c.ThrottlePause = l.ThrottlePause
+	if l.IngestURL != "" {
+		c.IngestURL = l.IngestURL
 	}
-	p.live.Store(&l)
+	if c.MaxEventAge <= 0 {
+		c.MaxEventAge = DefaultMaxEventAge
+	}
+	if old := p.live.Swap(c.liveState()); old != nil && old.changed != nil {
+		close(old.changed)
+	}
 }
 
 // newPipeline is what both modes share; cfg is valid.
@@ -146,9 +185,9 @@ func newPipeline(cfg Config, send Sender, thr *throttle.Throttle, log *zap.Logge
 		}
 	}
 	cfg = cfg.withDefaults()
-	p := &Pipeline{cfg: cfg, send: send, thr: thr, log: log, url: cfg.IngestURL + "/2/httpapi", seed: maphash.MakeSeed(),
+	p := &Pipeline{cfg: cfg, send: send, thr: thr, log: log, seed: maphash.MakeSeed(),
 		kind: events{cfg.MaxBatchEvents, cfg.MaxBatchBytes, cfg.Check}, budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool()}
-	p.live.Store(&Live{Gzip: cfg.Gzip, MaxEventAge: cfg.MaxEventAge})
+	p.live.Store(cfg.liveState())
 	return p, nil
 }
 
@@ -232,8 +271,10 @@ func (p *Pipeline) LaneStatus() []delivery.LaneStatus {
 // events is the delivery.Kind of event lanes: /2/httpapi's JSON body
 // {"api_key":<json string>,"events":[e,e,...],"options":<raw>} ("options"
 // when the lane has them), at most maxEvents events and strictly under
-// maxBytes; answers by delivery.Classify (a Throttled answer's pauses are
-// the shard's). The pipeline holds it as this type: build's calls inline.
+// maxBytes (the configured limits: a shard sets the Live ones in force on
+// its copy at each batch); answers by delivery.Classify (a Throttled
+// answer's pauses are the shard's). The pipeline holds it as this type:
+// build's calls inline.
 type events struct {
 	maxEvents, maxBytes int
 	check               func(apiKey string) func(data []byte) ([]byte, string, []byte)

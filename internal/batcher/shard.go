@@ -57,7 +57,7 @@ func newShard(lr *laneRunner, idx int) *shard {
 	cfg := lr.p.cfg
 	// Retried without a count or time limit; MaxEventAge bounds it.
 	bo := delivery.NewRetry(cfg.RetryInitial, cfg.RetryMax)
-	return &shard{lr: lr, idx: idx, wake: make(chan struct{}, 1), capEvents: cfg.MaxBatchEvents, bo: bo}
+	return &shard{lr: lr, idx: idx, wake: make(chan struct{}, 1), capEvents: lr.p.lived().MaxBatchEvents, bo: bo}
 }
 
 // shardLinger is how long a shard's goroutine waits for records once it
@@ -152,7 +152,6 @@ func (s *shard) takeIn() {
 // next goroutine).
 func (s *shard) run(ctx, drainCtx context.Context) bool {
 	p := s.lr.p
-	cfg := p.cfg
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -174,11 +173,12 @@ func (s *shard) run(ctx, drainCtx context.Context) bool {
 		}
 		now := time.Now()
 		s.releaseHeld(now)
+		lv := p.lived()
 		var wait time.Duration = -1
 		if s.ready.len() > 0 {
-			full := s.ready.len() >= min(s.capEvents, cfg.MaxBatchEvents) || s.ready.bytes >= cfg.MaxBatchBytes ||
+			full := s.ready.len() >= min(s.capEvents, lv.MaxBatchEvents) || s.ready.bytes >= lv.MaxBatchBytes ||
 				s.lr.readerWaits.Load() // the reader waits for this shard's answers
-			due := s.ready.peek().enq.Add(cfg.FlushInterval)
+			due := s.ready.peek().enq.Add(lv.FlushInterval)
 			if full || !now.Before(due) {
 				wait = 0
 			} else {
@@ -199,6 +199,7 @@ func (s *shard) run(ctx, drainCtx context.Context) bool {
 			timer.Reset(wait)
 			select {
 			case <-s.wake:
+			case <-lv.changed: // a reload: wait again on the new limits
 			case <-timer.C:
 				if idle && s.exitIfIdle() {
 					return true
@@ -249,7 +250,8 @@ func (s *shard) run(ctx, drainCtx context.Context) bool {
 			}
 			continue
 		}
-		res := p.send.Do(drainCtx, &upstream.Request{URL: p.url, Body: body, Gzip: p.lived().Gzip, Kind: "events"})
+		sl := p.lived() // a reload during the wait may have changed the URL
+		res := p.send.Do(drainCtx, &upstream.Request{URL: sl.url, Body: body, Gzip: sl.Gzip, Kind: "events"})
 		if drainCtx.Err() != nil {
 			// Abandoned: the batch stays in the spool (and in this shard's
 			// queue, should Run be called again). The request may still be
@@ -368,11 +370,14 @@ const (
 // its body; events of held or paused keys are moved to their held queue,
 // expired and oversized events to s.dead.
 func (s *shard) build(now time.Time) []byte {
-	cfg := s.lr.p.cfg
 	thr := s.lr.p.thr
-	f := &s.lr.frame
-	capE := min(s.capEvents, cfg.MaxBatchEvents)
-	maxAge := s.lr.p.lived().MaxEventAge
+	lv := s.lr.p.lived()
+	// The lane's frame with the limits in force (a reload may change them).
+	fr := s.lr.frame
+	fr.MaxRecords, fr.MaxBytes = lv.MaxBatchEvents, lv.MaxBatchBytes
+	f := &fr
+	capE := min(s.capEvents, lv.MaxBatchEvents)
+	maxAge := lv.MaxEventAge
 	s.batch = s.batch[:0]
 	clear(s.pacedKeys)
 	s.pacedKeys = s.pacedKeys[:0]
@@ -380,7 +385,7 @@ func (s *shard) build(now time.Time) []byte {
 		// Room for what is ready (a body is never larger than
 		// MaxBatchBytes): a shard retrying a few events during an
 		// outage then holds a small buffer, not MaxBatchBytes.
-		s.body = s.lr.p.bodies.get(min(len(f.Prefix)+len(f.Suffix)+s.ready.bytes+s.ready.len(), cfg.MaxBatchBytes))
+		s.body = s.lr.p.bodies.get(min(len(f.Prefix)+len(f.Suffix)+s.ready.bytes+s.ready.len(), lv.MaxBatchBytes))
 	}
 	pk := f.Open(s.body)
 	for s.ready.len() > 0 && len(s.batch) < capE {
@@ -497,7 +502,6 @@ next:
 // keys here). It returns false when the shard must exit.
 func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool {
 	p := s.lr.p
-	cfg := p.cfg
 	n := len(s.batch)
 	switch v := p.kind.Classify(&res, n); v.Outcome {
 	case delivery.Delivered:
@@ -509,7 +513,7 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 			s.lr.shardRecovered()
 		}
 		s.lr.progress()
-		s.capEvents = min(s.capEvents*2, cfg.MaxBatchEvents)
+		s.capEvents = min(s.capEvents*2, p.lived().MaxBatchEvents)
 		p.thr.Admitted(s.pacedKeys)
 		return true
 
@@ -535,7 +539,7 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 				p.sharePauses(ctx, keys, p.thr.PauseUntilNextDay(keys))
 			}
 		}
-		until := now.Add(cfg.ThrottlePause)
+		until := now.Add(p.lived().ThrottlePause)
 		pause := prefixed(devicePrefix, res.ThrottledDevices)
 		pause = append(pause, prefixed(userPrefix, res.ThrottledUsers)...)
 		// Events are paused by index only when the answer names no device

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -74,7 +75,8 @@ func (c Config) withDefaults() Config {
 // delivery (Spooled's FormLanes: Run, Ready, LaneStatus, StopLane,
 // ResumeLane).
 type GroupIdentify struct {
-	cfg Config
+	cfg  Config
+	base *atomic.Pointer[string] // Config.URL in force (SetURL)
 	formreq.Spooled
 }
 
@@ -85,18 +87,29 @@ func New(cfg Config, client *upstream.Client, creds *credentials.Ref, log *zap.L
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
+	base := new(atomic.Pointer[string])
+	base.Store(&cfg.URL)
 	s, err := formreq.NewSpooled(delivery.FormConfig{
 		Name:  "groupidentify",
 		Lanes: storage.KindGroupIdentify,
 		Kind: &delivery.Form{Field: "identification", MaxItems: cfg.MaxIdentifies, MaxBodyBytes: cfg.MaxBodyBytes,
 			MaxWeight: cfg.MaxProperties, Weight: Properties},
-		URL: delivery.ProjectURL(creds, credentials.KindIngest, cfg.URL, "/groupidentify"),
+		URL: func(apiKey string) string {
+			return delivery.ProjectURL(creds, credentials.KindIngest, *base.Load(), "/groupidentify")(apiKey)
+		},
 	}, formreq.IntakeConfig{Field: "identifications_accepted", AcceptedHelp: "Group identifications accepted into the spool.",
 		RejectedHelp: "POST /groupidentify requests refused, by reason."}, cfg.Spooling, client, creds, log, reg)
 	if err != nil {
 		return nil, err
 	}
-	return &GroupIdentify{cfg: cfg, Spooled: s}, nil
+	return &GroupIdentify{cfg: cfg, base: base, Spooled: s}, nil
+}
+
+// SetURL puts a new upstream base (Config.URL, valid) in force for every
+// later request (a configuration reload).
+func (g *GroupIdentify) SetURL(base string) {
+	base = strings.TrimRight(base, "/")
+	g.base.Store(&base)
 }
 
 // Routes returns the admin routes: POST /groupidentify.

@@ -68,6 +68,8 @@
 // replaces them all while serving (a configuration reload): they are one
 // immutable snapshot behind an atomic pointer, so a request sees the old
 // settings or the new, never a mix, and no lock is taken.
+// Server.SetMaxBatchBytes likewise changes the body limit an event must fit
+// under alone (413 otherwise).
 //
 //   - CORS (Open.CORSOrigins): on the ingest paths, OPTIONS with Origin and
 //     Access-Control-Request-Method is a preflight: 204 with

@@ -235,7 +235,8 @@ func (s *Server) tooLarge(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) boo
 	// A bound of the envelope first: marshalling the api_key (what the
 	// exact figure takes) costs allocations on every request, and is only
 	// needed when an event is near the limit.
-	limit := s.cfg.MaxBatchBytes - event.MaxEnvelopeOverhead(len(st.req.APIKey), st.req.Options)
+	maxBatch := int(s.maxBatch.Load())
+	limit := maxBatch - event.MaxEnvelopeOverhead(len(st.req.APIKey), st.req.Options)
 	exact := false
 	st.big = st.big[:0]
 	for i := range st.req.Events {
@@ -244,7 +245,7 @@ func (s *Server) tooLarge(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) boo
 			continue // fits whatever the rewrite adds
 		}
 		if !exact {
-			limit = s.cfg.MaxBatchBytes - event.EnvelopeOverhead(string(st.req.APIKey), st.req.Options)
+			limit = maxBatch - event.EnvelopeOverhead(string(st.req.APIKey), st.req.Options)
 			exact = true
 			if len(ev.Raw)+maxIPText+rewriteSlack < limit {
 				continue

@@ -203,6 +203,9 @@ type Server struct {
 	testHook func(*fasthttp.RequestCtx) // tests only: called before the append
 
 	open // CORS, api_key allow-list, client rate limit
+
+	// maxBatch is Config.MaxBatchBytes in force (SetMaxBatchBytes).
+	maxBatch atomic.Int64
 }
 
 // New returns a Server that appends each request's accepted events to
@@ -258,6 +261,7 @@ func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, 
 	if err := s.initOpen(cfg.Open); err != nil {
 		return nil, err
 	}
+	s.maxBatch.Store(int64(cfg.MaxBatchBytes))
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.states.New = func() any { return new(reqState) }
 	// graceful closes, at Shutdown, connections on which no handler runs

@@ -108,3 +108,12 @@ func (s *Server) SetOpen(o Open) error {
 	s.opened.Store(n)
 	return nil
 }
+
+// SetMaxBatchBytes puts n (> 0) in force as Config.MaxBatchBytes for every
+// later request (a configuration reload): an event that cannot fit alone in
+// a request under it is refused (413).
+func (s *Server) SetMaxBatchBytes(n int) {
+	if n > 0 {
+		s.maxBatch.Store(int64(n))
+	}
+}

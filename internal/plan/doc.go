@@ -32,8 +32,9 @@
 //
 // # Reading, keeping, cost
 //
-// Run reads every plan at start and every Config.Refresh, and at once for a
-// project changed through the relay's forwarded taxonomy API (Watch). A
+// Run reads every plan at start and every Config.Refresh (SetLive changes
+// it and the default mode while running, and reads every plan again at
+// once), and at once for a project changed through the relay's forwarded taxonomy API (Watch). A
 // read takes one call at a time through the forwarded API's own
 // ratelimit.Limiter (the same key, "project:"+name): plan reads and
 // operators' calls share the documented cost (4 in flight, 7200 per hour),

@@ -68,6 +68,10 @@ type Enforcer struct {
 	fetch *fetcher
 	log   *zap.Logger
 	wake  chan struct{}
+	// live is cfg's Default and Refresh in force (SetLive); relive
+	// (capacity 1) tells Run to read the plans again by them.
+	live   atomic.Pointer[Live]
+	relive chan struct{}
 
 	// mu guards states; a state's own fields are atomics or under its mu.
 	mu     sync.Mutex
@@ -127,13 +131,14 @@ func New(cfg Config, creds *credentials.Ref, lim *ratelimit.Limiter, hc Doer, lo
 	if log == nil {
 		log = zap.NewNop()
 	}
-	e := &Enforcer{cfg: cfg, creds: creds, log: log, wake: make(chan struct{}, 1), states: map[string]*state{},
+	e := &Enforcer{cfg: cfg, creds: creds, log: log, wake: make(chan struct{}, 1), relive: make(chan struct{}, 1), states: map[string]*state{},
 		fetch: &fetcher{lim: lim, hc: hc},
 		violations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "relay_plan_violations_total",
 			Help: "Tracking-plan violations found at delivery, by project and kind (a resent event is checked and counted again)."}, []string{"project", "kind"}),
 		quarantined: prometheus.NewCounter(prometheus.CounterOpts{Name: "relay_plan_quarantined_total",
 			Help: "Events quarantined by the tracking plan (dead letters with reason plan; by project: GET /relay/v1/deadletters?reason=plan&project=)."}),
 	}
+	e.live.Store(&Live{Default: cfg.Default, Refresh: cfg.Refresh})
 	if reg != nil {
 		for _, c := range []prometheus.Collector{e.violations, e.quarantined, ageCollector{e}} {
 			if err := reg.Register(c); err != nil {
@@ -142,6 +147,28 @@ func New(cfg Config, creds *credentials.Ref, lim *ratelimit.Limiter, hc Doer, lo
 		}
 	}
 	return e, nil
+}
+
+// Live are the settings of Config a running Enforcer can change (a
+// configuration reload).
+type Live struct {
+	Default Mode          // Config.Default
+	Refresh time.Duration // Config.Refresh; zero means DefaultRefresh
+}
+
+// SetLive puts l (valid as Config.Validate says) in force: the mode at
+// once for every event checked after it, the backlog's too; the plans are
+// read again now (a project the new mode checks may have none yet), then
+// every l.Refresh.
+func (e *Enforcer) SetLive(l Live) {
+	if l.Refresh == 0 {
+		l.Refresh = DefaultRefresh
+	}
+	e.live.Store(&l)
+	select {
+	case e.relive <- struct{}{}:
+	default:
+	}
 }
 
 // state returns the project's state, made on first use (with its plan
@@ -178,7 +205,7 @@ func (e *Enforcer) mode(p *credentials.Project) Mode {
 	if m, err := ParseMode(p.TrackingPlan); err == nil && p.TrackingPlan != "" {
 		return m
 	}
-	return e.cfg.Default
+	return e.live.Load().Default
 }
 
 // Check returns the check of the events of api key's lanes, for
@@ -187,20 +214,21 @@ func (e *Enforcer) mode(p *credentials.Project) Mode {
 // effect at once, on the backlog too.
 func (e *Enforcer) Check(apiKey string) func(data []byte) ([]byte, string, []byte) {
 	// The lane's project, looked up again only when the credentials file
-	// in force changed (a lookup hashes the key); the lane's shards call
-	// this at once.
+	// in force or the default mode (SetLive) changed (a lookup hashes the
+	// key); the lane's shards call this at once.
 	type lookup struct {
 		store *credentials.Store
+		live  *Live
 		p     *credentials.Project
 		m     Mode
 		st    *state
 	}
 	var last atomic.Pointer[lookup]
 	return func(data []byte) ([]byte, string, []byte) {
-		store := e.creds.Load()
+		store, live := e.creds.Load(), e.live.Load()
 		l := last.Load()
-		if l == nil || l.store != store {
-			l = &lookup{store: store}
+		if l == nil || l.store != store || l.live != live {
+			l = &lookup{store: store, live: live}
 			if p, ok := store.ProjectByAPIKey(apiKey); ok {
 				l.p, l.m, l.st = p, e.mode(p), e.state(p.Name)
 			}

@@ -198,3 +198,40 @@ func TestCostOverAnHour(t *testing.T) {
 		})
 	}
 }
+
+// TestSetLiveDefaultMode: a reload's new default mode applies to the check
+// a lane already holds (its cached lookup is made again), at once.
+func TestSetLiveDefaultMode(t *testing.T) {
+	s := sim.New(sim.Config{}, nil)
+	h := s.Handler()
+	seed(t, h, 1)
+	store, err := credentials.Parse([]byte("projects:\n  - name: web\n    api_key: key-web\n    secret_key: sec-web\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := ratelimit.New(ratelimit.Config{Name: "taxonomy", Limit: 7200, Window: time.Hour, MaxInFlight: 4}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(Config{AnalyticsURL: "http://upstream.test"}, credentials.NewRef(store), lim, &handlerDoer{h: h}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Refresh(context.Background(), "web"); err != nil {
+		t.Fatal(err)
+	}
+	check := e.Check("key-web")
+	bad := []byte(`{"event_type":"Event 0","event_properties":{"price":"3"}}`)
+	for _, c := range []struct {
+		mode Mode
+		want string
+	}{{Off, ""}, {Block, ReasonPlan}, {Off, ""}} {
+		e.SetLive(Live{Default: c.mode})
+		if _, reason, _ := check(bad); reason != c.want {
+			t.Fatalf("default mode %v: reason %q, want %q", c.mode, reason, c.want)
+		}
+		if in, _ := e.Info("web"); in.Mode != c.mode.String() {
+			t.Fatalf("default mode %v: info says %q", c.mode, in.Mode)
+		}
+	}
+}

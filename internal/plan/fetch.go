@@ -52,11 +52,13 @@ func (e *Enforcer) Run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 			missing := e.refreshAll(ctx, false)
-			next := e.cfg.Refresh
+			next := e.live.Load().Refresh
 			if missing {
 				next = min(next, 30*time.Second)
 			}
 			t.Reset(next)
+		case <-e.relive:
+			t.Reset(0)
 		case <-e.wake:
 			e.refreshAll(ctx, true)
 		}

@@ -93,7 +93,8 @@
 //
 // Config.MaxLanes bounds the lanes (ErrTooManyLanes beyond it) and
 // Config.MaxLanesPerKey those of one api_key (ErrTooManyKeyLanes, which
-// wraps it). The live lanes are indexed by api_key (LaneBytes finds one
+// wraps it); SetLaneLimits changes both and RetireIdle while open (an
+// atomic copy of the Config, read at each use). The live lanes are indexed by api_key (LaneBytes finds one
 // from a request's bytes without allocating). A lane that is empty and had
 // no Append for Config.RetireIdle (and is not pinned) is retired by the
 // store goroutine: forgotten in memory (the index, the dirty list, every

@@ -99,6 +99,16 @@ func (l *Lane) Ack(seq uint64) { l.s.Ack(l, seq) }
 
 var _ storage.Lane = (*Lane)(nil)
 
+// SetLaneLimits puts new lane limits in force (a configuration reload);
+// they mean what Config's MaxLanes, MaxLanesPerKey and RetireIdle do. A
+// lowered bound refuses new lanes only: the lanes beyond it are kept.
+func (s *Spool) SetLaneLimits(maxLanes, maxLanesPerKey int, retireIdle time.Duration) {
+	c := s.cfg
+	c.MaxLanes, c.MaxLanesPerKey, c.RetireIdle = maxLanes, maxLanesPerKey, retireIdle
+	s.laneCfg.Store(&c)
+	wake(s.storeWake) // it may wait on the old idle time
+}
+
 // lanesFrom returns the lanes whose ID is at least id, oldest first, and a
 // channel closed when the next lane is created (call lanesFrom again then):
 // a deliverer that remembers the last ID it saw learns of new lanes in time
@@ -117,10 +127,10 @@ func (s *Spool) lanesFrom(id uint64) ([]*Lane, <-chan struct{}) {
 // (MaxLanes, MaxLanesPerKey), with the lanes of created about to be, or
 // nil. Call with s.mu held.
 func (s *Spool) refuseLaneLocked(apiKey string, created []*Lane) error {
-	if m := s.cfg.maxLanes(); m > 0 && len(s.lanes)+len(created) >= m {
+	if m := s.laneCfg.Load().maxLanes(); m > 0 && len(s.lanes)+len(created) >= m {
 		return ErrTooManyLanes
 	}
-	if m := s.cfg.maxLanesPerKey(); m > 0 {
+	if m := s.laneCfg.Load().maxLanesPerKey(); m > 0 {
 		n := s.byKey.count(apiKey)
 		for _, l := range created {
 			if l.key.APIKey == apiKey {
@@ -252,7 +262,8 @@ func (s *Spool) beginAppend(ctxLane func(storage.LaneKey) (*Lane, error), l *Lan
 // retireWait is how long an idle store may wait before it looks for lanes
 // to retire, -1 when there is nothing it could retire.
 func (s *Spool) retireWait() time.Duration {
-	if s.cfg.RetireIdle < 0 {
+	lc := s.laneCfg.Load()
+	if lc.RetireIdle < 0 {
 		return -1
 	}
 	s.mu.Lock()
@@ -261,7 +272,7 @@ func (s *Spool) retireWait() time.Duration {
 	if n == 0 {
 		return -1
 	}
-	return max(time.Until(s.st.lastRetire.Add(s.cfg.retireEvery())), 0)
+	return max(time.Until(s.st.lastRetire.Add(lc.retireEvery())), 0)
 }
 
 // maybeRetire retires the empty lanes idle for RetireIdle, at most every
@@ -269,11 +280,12 @@ func (s *Spool) retireWait() time.Duration {
 func (s *Spool) maybeRetire(now time.Time) {
 	// Draining, a lane whose chunks are all in the WAL looks empty: retired,
 	// its chunks would be skipped by the deferred replay.
-	if s.cfg.RetireIdle < 0 || now.Sub(s.st.lastRetire) < s.cfg.retireEvery() || s.draining.Load() {
+	lc := s.laneCfg.Load()
+	if lc.RetireIdle < 0 || now.Sub(s.st.lastRetire) < lc.retireEvery() || s.draining.Load() {
 		return
 	}
 	s.st.lastRetire = now
-	cutoff := now.Add(-s.cfg.retireIdle()).UnixMilli()
+	cutoff := now.Add(-lc.retireIdle()).UnixMilli()
 	var gone []*Lane
 	s.mu.Lock()
 	if s.closed {

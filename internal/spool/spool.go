@@ -673,11 +673,14 @@ const reasonDamaged = "damaged"
 
 // Spool is the durable queue. See the package documentation.
 type Spool struct {
-	cfg    Config
-	log    *zap.Logger
-	path   string // the bbolt file
-	walDir string
-	m      *metrics
+	cfg Config
+	// laneCfg is cfg with the lane limits in force (SetLaneLimits): read
+	// for MaxLanes, MaxLanesPerKey and RetireIdle, never cfg's.
+	laneCfg atomic.Pointer[Config]
+	log     *zap.Logger
+	path    string // the bbolt file
+	walDir  string
+	m       *metrics
 
 	// dbMu guards db: readers (Next, ListDead) hold it shared for one short
 	// View; the store holds it exclusively only to swap files after a
@@ -794,6 +797,7 @@ func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error
 		spares:    make(chan string, maxSpares),
 		relief:    make(chan struct{}),
 	}
+	s.laneCfg.Store(&cfg)
 	if err := os.MkdirAll(s.walDir, 0o750); err != nil {
 		return nil, fmt.Errorf("open spool: %w", err)
 	}
