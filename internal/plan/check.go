@@ -170,6 +170,8 @@ type members struct {
 	bad    bool // not an object
 	key    span // the key's string token
 	esc    bool // the key has an escape
+	short  bool // words holds the key (see keyAt)
+	words  keyWords
 	member span // from the key to the value's end
 	val    span // its from is known after nextKey, its to after skip
 }
@@ -190,7 +192,7 @@ func (m *members) nextKey() bool {
 	if i >= len(b) || b[i] != '"' {
 		return false
 	}
-	ke, esc := stringEnd(b, i)
+	ke, esc, w, short := keyAt(b, i)
 	if ke < 0 {
 		return false
 	}
@@ -198,7 +200,7 @@ func (m *members) nextKey() bool {
 	if vi >= len(b) || b[vi] != ':' {
 		return false
 	}
-	m.key, m.esc, m.val.from = span{i, ke}, esc, skipWS(b, vi+1)
+	m.key, m.esc, m.short, m.words, m.val.from = span{i, ke}, esc, short, w, skipWS(b, vi+1)
 	return true
 }
 
@@ -253,10 +255,9 @@ func (c *compiled) props(b []byte, from int, rules *eventRules, vs []Violation, 
 	seen := 0
 	m := objectAt(b, from)
 	for m.next() {
-		key := m.name(&v.keybuf)
-		r := rules.props[string(key)]
+		r := rulesFor(&rules.table, rules.props, &m, &v.keybuf)
 		if r == nil {
-			vs = append(vs, Violation{Kind: UnplannedEventProperty, Property: string(key)})
+			vs = append(vs, Violation{Kind: UnplannedEventProperty, Property: string(m.name(&v.keybuf))})
 			drop = append(drop, m.member)
 			continue
 		}
@@ -323,10 +324,9 @@ func (c *compiled) userProps(b []byte, from int, vs []Violation, drop []span, v 
 
 // userProp checks the user property at m.
 func (c *compiled) userProp(b []byte, m *members, values bool, vs []Violation, drop []span, v *verdict) ([]Violation, []span) {
-	key := m.name(&v.keybuf)
-	r := c.users[string(key)]
+	r := rulesFor(&c.userTable, c.users, m, &v.keybuf)
 	if r == nil {
-		vs = append(vs, Violation{Kind: UnplannedUserProperty, Property: "user:" + string(key)})
+		vs = append(vs, Violation{Kind: UnplannedUserProperty, Property: "user:" + string(m.name(&v.keybuf))})
 		return vs, append(drop, m.member)
 	}
 	if values {

@@ -117,15 +117,18 @@ const (
 
 // compiled is a Plan made for fast checks: a map of rules per event type
 // (the shared ones merged with its overrides), so that a property is one
-// map lookup. (An open-addressing table of our own looked up ~20% faster,
-// ~2 ns a key, ~3% of the check: not worth a second map.)
+// lookup: in a perfect hash table of the short names by the key's words
+// (keys.go: it also saves the key's second read, ~11% of the check), else
+// in the map.
 type compiled struct {
-	events map[string]*eventRules
-	users  map[string]*rule
+	events    map[string]*eventRules
+	users     map[string]*rule
+	userTable keyTable // users' short names
 }
 
 type eventRules struct {
 	props    map[string]*rule
+	table    keyTable // props' short names
 	required []*rule
 }
 
@@ -198,6 +201,7 @@ func compile(p *Plan) (*compiled, error) {
 				er.required = append(er.required, r)
 			}
 		}
+		er.table = newKeyTable(er.props)
 		c.events[et] = er
 	}
 	for _, up := range p.UserProperties {
@@ -207,5 +211,6 @@ func compile(p *Plan) (*compiled, error) {
 		}
 		c.users[r.name] = r
 	}
+	c.userTable = newKeyTable(c.users)
 	return c, nil
 }
