@@ -51,10 +51,16 @@ func (c *compiled) check(data []byte, mode Mode, vs []Violation) (verdict, []Vio
 		switch string(m.key.raw(data)) {
 		case "event_type":
 			dup = dup || et.from >= 0
-			end = valueEnd(data, from)
+			var w keyWords
+			short := false
+			if data[from] == '"' {
+				end, _, w, short = keyAt(data, from)
+			} else {
+				end = valueEnd(data, from)
+			}
 			et = span{from, end}
 			if !dup {
-				rules, vs = c.typeRules(data, et, vs, &v)
+				rules, vs = c.typeRules(data, et, short, w, vs, &v)
 				typed = true
 			}
 		case "event_properties":
@@ -89,7 +95,7 @@ func (c *compiled) check(data []byte, mode Mode, vs []Violation) (verdict, []Vio
 		typed, epDone, upDone = false, false, false
 	}
 	if !typed {
-		rules, vs = c.typeRules(data, et, vs, &v)
+		rules, vs = c.typeRules(data, et, false, keyWords{}, vs, &v)
 	}
 	if !epDone {
 		_, vs, drop = c.props(data, ep.from, rules, vs, drop, &v)
@@ -113,13 +119,18 @@ func (c *compiled) check(data []byte, mode Mode, vs []Violation) (verdict, []Vio
 	return v, vs
 }
 
-// typeRules returns the rules of the event type at et (absent: from < 0),
-// nil with a violation when it is not planned.
-func (c *compiled) typeRules(data []byte, et span, vs []Violation, v *verdict) (*eventRules, []Violation) {
+// typeRules returns the rules of the event type at et (absent: from < 0;
+// w holds it when short), nil with a violation when it is not planned.
+func (c *compiled) typeRules(data []byte, et span, short bool, w keyWords, vs []Violation, v *verdict) (*eventRules, []Violation) {
 	if raw := et.raw(data); len(raw) > 0 && raw[0] == '$' {
 		// The SDKs' own events ($identify, $groupidentify) are no
 		// planned event types; their user properties are checked.
 		return &noRules, vs
+	}
+	if short && len(c.eventTable.slots) > 0 {
+		if rules := c.eventTable.lookup(w); rules != nil {
+			return rules, vs
+		}
 	}
 	rules := c.events[string(et.key(data, &v.keybuf))]
 	if rules == nil {
@@ -264,6 +275,9 @@ func (c *compiled) props(b []byte, from int, rules *eventRules, vs []Violation, 
 		if r.required && !isNull(b, m.val) {
 			seen++
 		}
+		if r.passes(b[m.val.from]) {
+			continue
+		}
 		vs = r.check(b, m.val, false, vs, v)
 	}
 	end := m.end()
@@ -329,10 +343,43 @@ func (c *compiled) userProp(b []byte, m *members, values bool, vs []Violation, d
 		vs = append(vs, Violation{Kind: UnplannedUserProperty, Property: "user:" + string(m.name(&v.keybuf))})
 		return vs, append(drop, m.member)
 	}
-	if values {
+	if values && !r.passes(b[m.val.from]) {
 		vs = r.check(b, m.val, true, vs, v)
 	}
 	return vs, drop
+}
+
+// passes is true when any value starting with c passes r: r checks no
+// more than the value's type (see plain).
+func (r *rule) passes(c byte) bool { return r.plain&(1<<firstClass[c]) != 0 }
+
+// firstClass is the class of a value by its first byte: what a rule
+// without enum, pattern or array checks ('"', 'n', '{', '[', 't' or 'f',
+// the rest: a number).
+var firstClass = func() (t [256]uint8) {
+	for c := range t {
+		t[c] = 5
+	}
+	t['"'], t['n'], t['{'], t['['], t['t'], t['f'] = 0, 1, 2, 3, 4, 4
+	return t
+}()
+
+// plain is the set of firstClass classes whose values all pass r: none
+// when r has an enum, a pattern or is an array (its verdict then depends on
+// more than the first byte). It is found by checking one value of each
+// class, so that it agrees with check by construction.
+func plain(r *rule) uint8 {
+	if r.enum != nil || r.re != nil || r.match != nil || r.array {
+		return 0
+	}
+	var set uint8
+	for _, s := range []string{`"x"`, `null`, `{}`, `[]`, `true`, `1`} {
+		var vd verdict
+		if vs := r.check([]byte(s), span{0, len(s)}, false, nil, &vd); len(vs) == 0 {
+			set |= 1 << firstClass[s[0]]
+		}
+	}
+	return set
 }
 
 func isNull(b []byte, v span) bool { return v.to > v.from && b[v.from] == 'n' }
@@ -541,10 +588,12 @@ func valueEnd(b []byte, i int) int {
 		return -1
 	}
 	for ; i < len(b); i++ {
-		switch b[i] {
-		case ',', '}', ']', ' ', '\t', '\n', '\r':
+		if scalarEnd[b[i]] {
 			return i
 		}
 	}
 	return i
 }
+
+// scalarEnd marks the bytes a number, true, false or null ends at.
+var scalarEnd = [256]bool{',': true, '}': true, ']': true, ' ': true, '\t': true, '\n': true, '\r': true}

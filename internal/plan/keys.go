@@ -36,8 +36,16 @@ type keyWords struct {
 // end) and whether it has an escape; ok is true when the key is short (at
 // most shortKey bytes, no escape) and w holds it.
 func keyAt(b []byte, i int) (end int, esc bool, w keyWords, ok bool) {
+	var pad [shortKey + 1]byte
+	s := pad[:]
 	if i+2+shortKey <= len(b) {
-		s := b[i+1 : i+2+shortKey]
+		s = b[i+1 : i+2+shortKey]
+	} else if i+1 < len(b) {
+		// Near the end (a record's last key): the zeros past it are
+		// neither quote nor backslash.
+		copy(pad[:], b[i+1:])
+	}
+	{
 		lo, hi := binary.LittleEndian.Uint64(s), binary.LittleEndian.Uint64(s[8:])
 		n := shortKey
 		if z := quoteOrBackslash(lo); z != 0 {
@@ -63,25 +71,26 @@ func quoteOrBackslash(w uint64) uint64 {
 	return (q-ones)&^q&highs | (e-ones)&^e&highs
 }
 
-// keyTable is a perfect hash table of the short names of a map's rules.
-type keyTable struct {
+// keyTable is a perfect hash table of the short names of a map's values
+// (rules, or event types' rules).
+type keyTable[V any] struct {
 	mul   uint64
 	shift uint
-	slots []keySlot
+	slots []keySlot[V]
 }
 
-type keySlot struct {
+type keySlot[V any] struct {
 	w keyWords
-	r *rule // nil: an empty slot
+	r *V // nil: an empty slot
 }
 
-func (t *keyTable) hash(w keyWords) uint {
+func (t *keyTable[V]) hash(w keyWords) uint {
 	return uint(((w.lo*t.mul ^ w.hi) * t.mul) >> t.shift)
 }
 
 // lookup is the rule of the short key w, nil when the table has none of
 // its name.
-func (t *keyTable) lookup(w keyWords) *rule {
+func (t *keyTable[V]) lookup(w keyWords) *V {
 	if s := &t.slots[t.hash(w)&uint(len(t.slots)-1)]; s.w == w {
 		return s.r
 	}
@@ -90,13 +99,13 @@ func (t *keyTable) lookup(w keyWords) *rule {
 
 // newKeyTable holds the short names of rules; the zero table (no slots)
 // when none fits in a few tries, its keys then looked up in the map.
-func newKeyTable(rules map[string]*rule) keyTable {
+func newKeyTable[V any](rules map[string]*V) keyTable[V] {
 	size := 8
 	for size < 4*len(rules) {
 		size *= 2
 	}
 	for ; size <= 64*len(rules)+8; size *= 2 {
-		t := keyTable{shift: uint(64 - bits.TrailingZeros(uint(size))), slots: make([]keySlot, size)}
+		t := keyTable[V]{shift: uint(64 - bits.TrailingZeros(uint(size))), slots: make([]keySlot[V], size)}
 		for k := uint64(1); k <= 256; k++ {
 			t.mul = k*0x9E3779B97F4A7C15 | 1
 			clear(t.slots)
@@ -105,13 +114,13 @@ func newKeyTable(rules map[string]*rule) keyTable {
 			}
 		}
 	}
-	return keyTable{}
+	return keyTable[V]{}
 }
 
 // fill puts the short names in t, false on a collision. A name with a NUL
 // byte stays out: its words are a shorter name's (told apart by their
 // lengths, but one slot would need to hold both).
-func (t *keyTable) fill(rules map[string]*rule) bool {
+func (t *keyTable[V]) fill(rules map[string]*V) bool {
 	for name, r := range rules {
 		if len(name) > shortKey || strings.IndexByte(name, 0) >= 0 {
 			continue
@@ -123,14 +132,14 @@ func (t *keyTable) fill(rules map[string]*rule) bool {
 		if s.r != nil {
 			return false
 		}
-		*s = keySlot{w, r}
+		*s = keySlot[V]{w, r}
 	}
 	return true
 }
 
 // rulesFor is the rule of the key at m: from t when the key is short and
 // t has it, else from the map (a key no rule has is a violation: rare).
-func rulesFor(t *keyTable, rules map[string]*rule, m *members, buf *[]byte) *rule {
+func rulesFor(t *keyTable[rule], rules map[string]*rule, m *members, buf *[]byte) *rule {
 	if m.short && len(t.slots) > 0 {
 		if r := t.lookup(m.words); r != nil {
 			return r

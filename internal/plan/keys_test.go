@@ -29,7 +29,12 @@ func TestKeyTableMatchesMap(t *testing.T) {
 			rules[name] = &rule{name: name}
 		}
 		table := newKeyTable(rules)
-		if len(table.slots) == 0 {
+		c := &compiled{events: map[string]*eventRules{}}
+		for n := range rules {
+			c.events[n] = &eventRules{}
+		}
+		c.eventTable = newKeyTable(c.events)
+		if len(table.slots) == 0 || len(c.eventTable.slots) == 0 {
 			t.Fatalf("round %d: no table for %d names", round, len(rules))
 		}
 		names := make([]string, 0, len(rules))
@@ -76,6 +81,13 @@ func TestKeyTableMatchesMap(t *testing.T) {
 			if got != want {
 				t.Fatalf("key %q in %v: %v, map %v", key, names, got, want)
 			}
+			// The same string as an event type.
+			end, _, w, short := keyAt(doc, 1)
+			var vd verdict
+			gotType, _ := c.typeRules(doc, span{1, end}, short, w, nil, &vd)
+			if wantType := c.events[string(key)]; gotType != wantType && (len(key) == 0 || key[0] != '$') {
+				t.Fatalf("event type %q in %v: %v, map %v", key, names, gotType, wantType)
+			}
 		}
 	}
 	// Many names still fit (a bigger table, other multipliers).
@@ -86,5 +98,39 @@ func TestKeyTableMatchesMap(t *testing.T) {
 	}
 	if len(newKeyTable(rules).slots) == 0 {
 		t.Fatal("no table for 2000 names")
+	}
+}
+
+// TestPassesMatchesCheck checks the first-byte fast path (passes) against
+// check on random rules and values: a value it lets through must have no
+// violation, and a rule checking only types must let through the values
+// of its type.
+func TestPassesMatchesCheck(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	types := []string{"", "any", "string", "number", "boolean", "enum", "other"}
+	values := []string{`"x"`, `"1"`, `""`, `"a\"b"`, `null`, `{}`, `{"a":[1]}`, `[]`, `["x"]`, `[1,"x"]`, `[null]`, `true`, `false`,
+		`1`, `-2.5e3`, `0`, `"free"`, `["free"]`, `"SKU-1"`, `1.0`}
+	for range 2000 {
+		p := Property{Name: "p", Type: types[rng.IntN(len(types))], Array: rng.IntN(3) == 0}
+		if rng.IntN(3) == 0 {
+			p.Enum = []string{"free", "1"}
+		}
+		if rng.IntN(4) == 0 {
+			p.Regex = `SKU-[0-9]+`
+		}
+		r, err := compileProp(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range values {
+			var vd verdict
+			vs := r.check([]byte(s), span{0, len(s)}, false, nil, &vd)
+			if r.passes(s[0]) && len(vs) > 0 {
+				t.Fatalf("%+v on %s: passes, check %v", p, s, vs)
+			}
+		}
+		if p.Enum == nil && p.Regex == "" && !p.Array && (p.Type == "string" || p.Type == "") && !r.passes('"') {
+			t.Fatalf("%+v: strings not passed", p)
+		}
 	}
 }

@@ -104,6 +104,8 @@ type rule struct {
 	re    *regexp.Regexp
 	match matcher
 	enum  map[string]struct{}
+	// plain: the classes of values that pass (see plain).
+	plain uint8
 }
 
 // Value types of a rule.
@@ -121,14 +123,15 @@ const (
 // (keys.go: it also saves the key's second read, ~11% of the check), else
 // in the map.
 type compiled struct {
-	events    map[string]*eventRules
-	users     map[string]*rule
-	userTable keyTable // users' short names
+	events     map[string]*eventRules
+	eventTable keyTable[eventRules] // events' short names
+	users      map[string]*rule
+	userTable  keyTable[rule] // users' short names
 }
 
 type eventRules struct {
 	props    map[string]*rule
-	table    keyTable // props' short names
+	table    keyTable[rule] // props' short names
 	required []*rule
 }
 
@@ -167,6 +170,7 @@ func compileProp(p Property) (*rule, error) {
 			r.enum[v] = struct{}{}
 		}
 	}
+	r.plain = plain(r)
 	return r, nil
 }
 
@@ -212,5 +216,6 @@ func compile(p *Plan) (*compiled, error) {
 		c.users[r.name] = r
 	}
 	c.userTable = newKeyTable(c.users)
+	c.eventTable = newKeyTable(c.events)
 	return c, nil
 }
