@@ -203,15 +203,33 @@ func (m *members) nextKey() bool {
 	if i >= len(b) || b[i] != '"' {
 		return false
 	}
-	ke, esc, w, short := keyAt(b, i)
-	if ke < 0 {
-		return false
+	var ke int
+	if i+2+shortKey <= len(b) {
+		// keyAt's short path, here to save a call per key.
+		s := b[i+1 : i+2+shortKey]
+		lo, hi := binary.LittleEndian.Uint64(s), binary.LittleEndian.Uint64(s[8:])
+		n := shortKey
+		if z := quoteOrBackslash(lo); z != 0 {
+			n = bits.TrailingZeros64(z) >> 3
+		} else if z := quoteOrBackslash(hi); z != 0 {
+			n = 8 + bits.TrailingZeros64(z)>>3
+		}
+		if s[n] == '"' {
+			mk := &keyMasks[n]
+			ke, m.esc, m.short, m.words = i+n+2, false, true, keyWords{lo & mk[0], hi & mk[1], n}
+		}
+	}
+	if ke == 0 {
+		ke, m.esc, m.words, m.short = keyAt(b, i)
+		if ke < 0 {
+			return false
+		}
 	}
 	vi := skipWS(b, ke)
 	if vi >= len(b) || b[vi] != ':' {
 		return false
 	}
-	m.key, m.esc, m.short, m.words, m.val.from = span{i, ke}, esc, short, w, skipWS(b, vi+1)
+	m.key, m.val.from = span{i, ke}, skipWS(b, vi+1)
 	return true
 }
 
