@@ -81,6 +81,13 @@ func TestKeyTableMatchesMap(t *testing.T) {
 			if got != want {
 				t.Fatalf("key %q in %v: %v, map %v", key, names, got, want)
 			}
+			// And a short key the table holds is found there, not only
+			// through the map (the fast path is taken).
+			if want != nil && len(key) <= shortKey && bytes.IndexByte(key, 0) < 0 && !bytes.ContainsAny(key, `"\`) {
+				if !m.short || table.lookup(m.words) != want {
+					t.Fatalf("key %q: short %v, not found in the table", key, m.short)
+				}
+			}
 			// The same string as an event type.
 			end, _, w, short := keyAt(doc, 1)
 			var vd verdict
