@@ -51,10 +51,16 @@ func (c *compiled) check(data []byte, mode Mode, vs []Violation) (verdict, []Vio
 		switch string(m.key.raw(data)) {
 		case "event_type":
 			dup = dup || et.from >= 0
-			end = valueEnd(data, from)
+			var w keyWords
+			short := false
+			if data[from] == '"' {
+				end, _, w, short = keyAt(data, from)
+			} else {
+				end = valueEnd(data, from)
+			}
 			et = span{from, end}
 			if !dup {
-				rules, vs = c.typeRules(data, et, vs, &v)
+				rules, vs = c.typeRules(data, et, short, w, vs, &v)
 				typed = true
 			}
 		case "event_properties":
@@ -89,7 +95,7 @@ func (c *compiled) check(data []byte, mode Mode, vs []Violation) (verdict, []Vio
 		typed, epDone, upDone = false, false, false
 	}
 	if !typed {
-		rules, vs = c.typeRules(data, et, vs, &v)
+		rules, vs = c.typeRules(data, et, false, keyWords{}, vs, &v)
 	}
 	if !epDone {
 		_, vs, drop = c.props(data, ep.from, rules, vs, drop, &v)
@@ -113,13 +119,18 @@ func (c *compiled) check(data []byte, mode Mode, vs []Violation) (verdict, []Vio
 	return v, vs
 }
 
-// typeRules returns the rules of the event type at et (absent: from < 0),
-// nil with a violation when it is not planned.
-func (c *compiled) typeRules(data []byte, et span, vs []Violation, v *verdict) (*eventRules, []Violation) {
+// typeRules returns the rules of the event type at et (absent: from < 0;
+// w holds it when short), nil with a violation when it is not planned.
+func (c *compiled) typeRules(data []byte, et span, short bool, w keyWords, vs []Violation, v *verdict) (*eventRules, []Violation) {
 	if raw := et.raw(data); len(raw) > 0 && raw[0] == '$' {
 		// The SDKs' own events ($identify, $groupidentify) are no
 		// planned event types; their user properties are checked.
 		return &noRules, vs
+	}
+	if short && len(c.eventTable.slots) > 0 {
+		if rules := c.eventTable.lookup(w); rules != nil {
+			return rules, vs
+		}
 	}
 	rules := c.events[string(et.key(data, &v.keybuf))]
 	if rules == nil {
@@ -170,6 +181,8 @@ type members struct {
 	bad    bool // not an object
 	key    span // the key's string token
 	esc    bool // the key has an escape
+	short  bool // words holds the key (see keyAt)
+	words  keyWords
 	member span // from the key to the value's end
 	val    span // its from is known after nextKey, its to after skip
 }
@@ -190,15 +203,33 @@ func (m *members) nextKey() bool {
 	if i >= len(b) || b[i] != '"' {
 		return false
 	}
-	ke, esc := stringEnd(b, i)
-	if ke < 0 {
-		return false
+	var ke int
+	if i+2+shortKey <= len(b) {
+		// keyAt's short path, here to save a call per key.
+		s := b[i+1 : i+2+shortKey]
+		lo, hi := binary.LittleEndian.Uint64(s), binary.LittleEndian.Uint64(s[8:])
+		n := shortKey
+		if z := quoteOrBackslash(lo); z != 0 {
+			n = bits.TrailingZeros64(z) >> 3
+		} else if z := quoteOrBackslash(hi); z != 0 {
+			n = 8 + bits.TrailingZeros64(z)>>3
+		}
+		if s[n] == '"' {
+			mk := &keyMasks[n]
+			ke, m.esc, m.short, m.words = i+n+2, false, true, keyWords{lo & mk[0], hi & mk[1], n}
+		}
+	}
+	if ke == 0 {
+		ke, m.esc, m.words, m.short = keyAt(b, i)
+		if ke < 0 {
+			return false
+		}
 	}
 	vi := skipWS(b, ke)
 	if vi >= len(b) || b[vi] != ':' {
 		return false
 	}
-	m.key, m.esc, m.val.from = span{i, ke}, esc, skipWS(b, vi+1)
+	m.key, m.val.from = span{i, ke}, skipWS(b, vi+1)
 	return true
 }
 
@@ -253,15 +284,17 @@ func (c *compiled) props(b []byte, from int, rules *eventRules, vs []Violation, 
 	seen := 0
 	m := objectAt(b, from)
 	for m.next() {
-		key := m.name(&v.keybuf)
-		r := rules.props[string(key)]
+		r := rulesFor(&rules.table, rules.props, &m, &v.keybuf)
 		if r == nil {
-			vs = append(vs, Violation{Kind: UnplannedEventProperty, Property: string(key)})
+			vs = append(vs, Violation{Kind: UnplannedEventProperty, Property: string(m.name(&v.keybuf))})
 			drop = append(drop, m.member)
 			continue
 		}
 		if r.required && !isNull(b, m.val) {
 			seen++
+		}
+		if r.passes(b[m.val.from]) {
+			continue
 		}
 		vs = r.check(b, m.val, false, vs, v)
 	}
@@ -323,16 +356,48 @@ func (c *compiled) userProps(b []byte, from int, vs []Violation, drop []span, v 
 
 // userProp checks the user property at m.
 func (c *compiled) userProp(b []byte, m *members, values bool, vs []Violation, drop []span, v *verdict) ([]Violation, []span) {
-	key := m.name(&v.keybuf)
-	r := c.users[string(key)]
+	r := rulesFor(&c.userTable, c.users, m, &v.keybuf)
 	if r == nil {
-		vs = append(vs, Violation{Kind: UnplannedUserProperty, Property: "user:" + string(key)})
+		vs = append(vs, Violation{Kind: UnplannedUserProperty, Property: "user:" + string(m.name(&v.keybuf))})
 		return vs, append(drop, m.member)
 	}
-	if values {
+	if values && !r.passes(b[m.val.from]) {
 		vs = r.check(b, m.val, true, vs, v)
 	}
 	return vs, drop
+}
+
+// passes is true when any value starting with c passes r: r checks no
+// more than the value's type (see plain).
+func (r *rule) passes(c byte) bool { return r.plain&(1<<firstClass[c]) != 0 }
+
+// firstClass is the class of a value by its first byte: what a rule
+// without enum, pattern or array checks ('"', 'n', '{', '[', 't' or 'f',
+// the rest: a number).
+var firstClass = func() (t [256]uint8) {
+	for c := range t {
+		t[c] = 5
+	}
+	t['"'], t['n'], t['{'], t['['], t['t'], t['f'] = 0, 1, 2, 3, 4, 4
+	return t
+}()
+
+// plain is the set of firstClass classes whose values all pass r: none
+// when r has an enum, a pattern or is an array (its verdict then depends on
+// more than the first byte). It is found by checking one value of each
+// class, so that it agrees with check by construction.
+func plain(r *rule) uint8 {
+	if r.enum != nil || r.re != nil || r.match != nil || r.array {
+		return 0
+	}
+	var set uint8
+	for _, s := range []string{`"x"`, `null`, `{}`, `[]`, `true`, `1`} {
+		var vd verdict
+		if vs := r.check([]byte(s), span{0, len(s)}, false, nil, &vd); len(vs) == 0 {
+			set |= 1 << firstClass[s[0]]
+		}
+	}
+	return set
 }
 
 func isNull(b []byte, v span) bool { return v.to > v.from && b[v.from] == 'n' }
@@ -541,10 +606,12 @@ func valueEnd(b []byte, i int) int {
 		return -1
 	}
 	for ; i < len(b); i++ {
-		switch b[i] {
-		case ',', '}', ']', ' ', '\t', '\n', '\r':
+		if scalarEnd[b[i]] {
 			return i
 		}
 	}
 	return i
 }
+
+// scalarEnd marks the bytes a number, true, false or null ends at.
+var scalarEnd = [256]bool{',': true, '}': true, ']': true, ' ': true, '\t': true, '\n': true, '\r': true}
