@@ -381,7 +381,7 @@ func TestReloadUpstreamAndLanes(t *testing.T) {
 			})
 		}
 		// alias-url: a user mapping is delivered to this state's upstream.
-		reaches(s, "a user mapping (alias-url)", "/usermap", func() {
+		reaches(s, by+": a user mapping (alias-url)", "/usermap", func() {
 			req, _ := http.NewRequest(http.MethodPost, r.admin+"/usermap", strings.NewReader("api_key=key-um-"+strconv.Itoa(probe)+
 				"&mapping="+url.QueryEscape(`[{"user_id":"u-`+strconv.Itoa(probe)+`","global_user_id":"g-1"}]`)))
 			req.Header.Set("Authorization", "Bearer "+token)
@@ -406,7 +406,7 @@ func TestReloadUpstreamAndLanes(t *testing.T) {
 			{"the feedback API (feedback-url)", http.MethodPost, "/api/1/ai-feedback/ingest", `{"source_id":"s","items":[{"unique_id":"i0","body":"text"}]}`},
 		} {
 			path, _, _ := strings.Cut(c.path, "?")
-			reaches(s, c.what, path, func() {
+			reaches(s, by+": "+c.what, path, func() {
 				// The admin token in Proxy-Authorization: the caller's own
 				// (no) Authorization passes through.
 				req, _ := http.NewRequest(c.method, r.admin+c.path, strings.NewReader(c.body))
