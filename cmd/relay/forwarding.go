@@ -7,6 +7,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/adminroute"
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/config"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/forward"
@@ -18,21 +19,22 @@ import (
 // (experiments, SCIM, channel classifiers, taxonomy, feedback, DSAR, user
 // deletion, export, user mapping reads) from their tables, on one Forwarder, so its connections
 // and metrics exist once per process. Every upstream base comes from the
-// flags or the credentials file (read through creds at every request),
-// never from a request.
+// flags (bases, read at every request: a reload may change them) or the
+// credentials file (read through creds at every request), never from a
+// request.
 // taxLim is the taxonomy API's limiter, shared with the tracking plan's reads.
-func forwardingRoutes(cfg config.Config, creds *credentials.Ref, taxLim *ratelimit.Limiter, log *zap.Logger, reg prometheus.Registerer) ([]adminroute.Route, *forward.Forwarder, error) {
+func forwardingRoutes(bases upstreamBases, creds *credentials.Ref, taxLim *ratelimit.Limiter, log *zap.Logger, reg prometheus.Registerer) ([]adminroute.Route, *forward.Forwarder, error) {
 	fwd, err := forward.New(forward.Config{}, creds, log.Named("forward"), reg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("forwarder: %w", err)
 	}
-	analytics := forward.APIConfig{URL: cfg.AnalyticsURL}
+	analytics := forward.APIConfig{URL: bases.analytics}
 	routes, err := fwd.Routes(
-		forward.Experiments(forward.APIConfig{URL: cfg.ExperimentURL}),
-		forward.SCIM(forward.APIConfig{URL: cfg.ScimURL}),
+		forward.Experiments(forward.APIConfig{URL: bases.experiment}),
+		forward.SCIM(forward.APIConfig{URL: bases.scim}),
 		forward.Classifiers(analytics),
-		forward.Taxonomy(forward.APIConfig{URL: cfg.AnalyticsURL, Limiter: taxLim}),
-		forward.Feedback(forward.APIConfig{URL: cfg.FeedbackURL}),
+		forward.Taxonomy(forward.APIConfig{URL: bases.analytics, Limiter: taxLim}),
+		forward.Feedback(forward.APIConfig{URL: bases.feedback}),
 		forward.DSAR(analytics),
 		forward.Deletion(analytics),
 		forward.Export(analytics),
@@ -42,4 +44,26 @@ func forwardingRoutes(cfg config.Config, creds *credentials.Ref, taxLim *ratelim
 		return nil, nil, err
 	}
 	return routes, fwd, nil
+}
+
+// upstreamBases are the upstream bases of the flags but --ingest-url (the
+// batcher's, group identification's and the backfills'), one baseurl.Ref
+// each, shared by all their readers: a reload stores the new ones
+// (isLive says when).
+type upstreamBases struct{ alias, analytics, experiment, scim, feedback *baseurl.Ref }
+
+func newUpstreamBases(c config.Config) upstreamBases {
+	b := upstreamBases{new(baseurl.Ref), new(baseurl.Ref), new(baseurl.Ref), new(baseurl.Ref), new(baseurl.Ref)}
+	b.store(c)
+	return b
+}
+
+// store puts c's bases in force (the ones c keeps from before a reload
+// included: keepRestartSettings).
+func (b upstreamBases) store(c config.Config) {
+	b.alias.Store(c.AliasURL)
+	b.analytics.Store(c.AnalyticsURL)
+	b.experiment.Store(c.ExperimentURL)
+	b.scim.Store(c.ScimURL)
+	b.feedback.Store(c.FeedbackURL)
 }

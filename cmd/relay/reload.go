@@ -23,7 +23,11 @@ import (
 // changes one keeps the value in force and names it (log, answer).
 // ingest-url is live between two upstreams (not to or from sandbox mode,
 // whose simulator runs from the start: see isLive), behind the spool's
-// upstream guard (upstreamGuard).
+// upstream guard (upstreamGuard). The other upstream URLs are live outside
+// sandbox mode; alias-url and analytics-url not to or from "" (user
+// mapping is served or not from the start). The spool's guard is the
+// ingest URL's only: mappings spooled go to the alias-url in force, after
+// a reload as after a restart.
 var liveSettings = []string{
 	"log-level", "log-format",
 	"cors-origins", "allowed-api-keys", "client-rate-limit", "anonymize-ip",
@@ -33,13 +37,25 @@ var liveSettings = []string{
 	"max-lanes", "max-lanes-per-key", "lane-retire-after",
 	"tracking-plan", "tracking-plan-refresh",
 	"ingest-url", "spool-upstream-change",
+	"alias-url", "analytics-url", "experiment-url", "scim-url", "feedback-url",
 }
 
 // isLive reports whether a reload from old to new puts setting name in
 // force.
 func isLive(name string, old, new config.Config) bool {
-	if name == "ingest-url" && old.Sandbox() != new.Sandbox() {
-		return false
+	switch name {
+	case "ingest-url":
+		if old.Sandbox() != new.Sandbox() {
+			return false
+		}
+	case "alias-url", "analytics-url", "experiment-url", "scim-url", "feedback-url":
+		if old.Sandbox() || new.Sandbox() {
+			return false
+		}
+		if name == "alias-url" && (old.AliasURL == "") != (new.AliasURL == "") ||
+			name == "analytics-url" && (old.AnalyticsURL == "") != (new.AnalyticsURL == "") {
+			return false
+		}
 	}
 	return slices.Contains(liveSettings, name)
 }
@@ -219,6 +235,16 @@ func keepRestartSettings(cur, next config.Config) config.Config {
 	eff.SpoolUpstreamChange = next.SpoolUpstreamChange
 	if isLive("ingest-url", cur, next) {
 		eff.IngestURL = next.IngestURL
+	}
+	urls := func(c *config.Config) map[string]*string {
+		return map[string]*string{"alias-url": &c.AliasURL, "analytics-url": &c.AnalyticsURL,
+			"experiment-url": &c.ExperimentURL, "scim-url": &c.ScimURL, "feedback-url": &c.FeedbackURL}
+	}
+	nextURLs := urls(&next)
+	for name, p := range urls(&eff) {
+		if isLive(name, cur, next) {
+			*p = *nextURLs[name]
+		}
 	}
 	// A token given directly needs a restart; one cannot be added to a
 	// relay started without one (reloadFiles says so).

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -38,13 +39,18 @@ type upState struct {
 	refresh     time.Duration // tracking-plan-refresh
 }
 
+// file: every upstream URL (ingest, alias, analytics, experiment, scim,
+// feedback) is url.
 func (s upState) file() string {
-	return fmt.Sprintf("listen: \"127.0.0.1:0\"\ningest-url: %q\nspool-upstream-change: %s\nmax-lanes: %d\nmax-lanes-per-key: %d\nlane-retire-after: %s\nthrottle-pause: %s\nlog-format: %s\ntracking-plan: %s\ntracking-plan-refresh: %s\n",
+	return fmt.Sprintf("listen: \"127.0.0.1:0\"\ningest-url: %[1]q\nalias-url: %[1]q\nanalytics-url: %[1]q\nexperiment-url: %[1]q\nscim-url: %[1]q\nfeedback-url: %[1]q\n"+
+		"spool-upstream-change: %s\nmax-lanes: %d\nmax-lanes-per-key: %d\nlane-retire-after: %s\nthrottle-pause: %s\nlog-format: %s\ntracking-plan: %s\ntracking-plan-refresh: %s\n",
 		s.url, s.change, s.maxLanes, s.lanesPerKey, s.retire, s.pause, s.format, s.plan, s.refresh)
 }
 
-// TestReloadUpstreamAndLanes: the upstream URL (behind the spool's upstream
-// guard), the lane limits, the throttle pause, the log format and the
+// TestReloadUpstreamAndLanes: the upstream URLs (the ingest URL behind the
+// spool's upstream guard; alias, analytics, experiment, scim and feedback:
+// the user mappings, the forwarded APIs and the tracking plan's reads
+// follow them), the lane limits, the throttle pause, the log format and the
 // tracking-plan settings are changed by SIGHUP, then back by POST
 // /relay/v1/reload, while a client keeps posting; after each the new
 // behaviour is checked. A change of upstream while records wait for the
@@ -91,7 +97,7 @@ func TestReloadUpstreamAndLanes(t *testing.T) {
 		formatMu.Unlock()
 		return nil
 	}}, "--config", cfgFile, "--admin-token-file", tokenFile, "--credentials", credsFile,
-		"--analytics-url", urls[0], "--drain-timeout", "10s")
+		"--drain-timeout", "10s")
 
 	hc := &http.Client{Timeout: poll.Max}
 	do := func(method, url, body string) (int, []byte) {
@@ -222,6 +228,30 @@ func TestReloadUpstreamAndLanes(t *testing.T) {
 		}
 		return in
 	}
+	// lastSeq: the last request an upstream took; arrived: whether one to a
+	// path starting with path came after from.
+	lastSeq := func(u *sim.Sim) int64 {
+		q := u.Requests()
+		if len(q) == 0 {
+			return 0
+		}
+		return q[len(q)-1].Seq
+	}
+	arrived := func(u *sim.Sim, path string, from int64) bool {
+		return slices.ContainsFunc(u.Requests(), func(q sim.Record) bool { return q.Seq > from && strings.HasPrefix(q.Path, path) })
+	}
+	// reaches: the request call makes arrives at s's upstream (at path),
+	// none at the other's.
+	reaches := func(s upState, what, path string, call func()) {
+		t.Helper()
+		from := []int64{lastSeq(sims[0]), lastSeq(sims[1])}
+		call()
+		i := slices.Index(sims, s.upstream)
+		poll.Until(t, what+" at this state's upstream", func() bool { return arrived(sims[i], path, from[i]) })
+		if arrived(sims[1-i], path, from[1-i]) {
+			t.Fatalf("%s went to the other upstream", what)
+		}
+	}
 	probe := 0
 	check := func(s upState, by string) {
 		t.Helper()
@@ -338,13 +368,58 @@ func TestReloadUpstreamAndLanes(t *testing.T) {
 		if in := planOf(); in.Mode != s.plan {
 			t.Fatalf("%s: the project's tracking plan mode %q, want %q", by, in.Mode, s.plan)
 		}
+		// analytics-url: the plan's reads of the taxonomy API go to this
+		// state's upstream.
 		if s.refresh < time.Minute {
+			from := lastSeq(s.upstream)
 			seen := map[time.Time]bool{}
-			poll.Until(t, by+": the plan read again every "+s.refresh.String(), func() bool {
+			poll.Until(t, by+": the plan read again every "+s.refresh.String()+" from this upstream", func() bool {
 				if in := planOf(); in.Fetched != nil {
 					seen[*in.Fetched] = true
 				}
-				return len(seen) >= 3
+				return len(seen) >= 3 && arrived(s.upstream, "/api/2/taxonomy/", from)
+			})
+		}
+		// alias-url: a user mapping is delivered to this state's upstream.
+		reaches(s, by+": a user mapping (alias-url)", "/usermap", func() {
+			req, _ := http.NewRequest(http.MethodPost, r.admin+"/usermap", strings.NewReader("api_key=key-um-"+strconv.Itoa(probe)+
+				"&mapping="+url.QueryEscape(`[{"user_id":"u-`+strconv.Itoa(probe)+`","global_user_id":"g-1"}]`)))
+			req.Header.Set("Authorization", "Bearer "+token)
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			resp, err := hc.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("%s: POST /usermap: %d %s", by, resp.StatusCode, b)
+			}
+		})
+		// The forwarded APIs: the next call goes to this state's upstream
+		// (whatever it answers a caller without credentials).
+		for _, c := range []struct{ what, method, path, body string }{
+			{"the taxonomy API (analytics-url)", http.MethodGet, "/api/2/taxonomy/event", ""},
+			{"the user mapping read (analytics-url)", http.MethodGet, "/api/2/usermap?user_ids=u-1", ""},
+			{"the experiment API (experiment-url)", http.MethodGet, "/api/1/experiments", ""},
+			{"the SCIM API (scim-url)", http.MethodGet, "/scim/1/Users", ""},
+			{"the feedback API (feedback-url)", http.MethodPost, "/api/1/ai-feedback/ingest", `{"source_id":"s","items":[{"unique_id":"i0","body":"text"}]}`},
+		} {
+			path, _, _ := strings.Cut(c.path, "?")
+			reaches(s, by+": "+c.what, path, func() {
+				// The admin token in Proxy-Authorization: the caller's own
+				// (no) Authorization passes through.
+				req, _ := http.NewRequest(c.method, r.admin+c.path, strings.NewReader(c.body))
+				req.Header.Set("Proxy-Authorization", "Bearer "+token)
+				resp, err := hc.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode/100 == 5 {
+					t.Fatalf("%s: %s %s: %d %s", by, c.method, c.path, resp.StatusCode, b)
+				}
 			})
 		}
 	}
@@ -355,12 +430,13 @@ func TestReloadUpstreamAndLanes(t *testing.T) {
 	write(b)
 	var out, errOut strings.Builder
 	if code := runConfig([]string{"check", "--diff", "--admin", r.admin, "--token-file", tokenFile, "--config", cfgFile,
-		"--admin-token-file", tokenFile, "--credentials", credsFile, "--analytics-url", urls[0], "--admin-listen", "127.0.0.1:0",
+		"--admin-token-file", tokenFile, "--credentials", credsFile, "--admin-listen", "127.0.0.1:0",
 		"--data-dir", r.dir, "--spool-min-free-bytes", "0"}, nil, &out, &errOut); code != exitOK {
 		t.Fatalf("config check --diff: exit %d: %s", code, errOut.String())
 	}
 	for _, want := range []string{"ingest-url", "spool-upstream-change", "max-lanes-per-key", "lane-retire-after", "throttle-pause",
-		"log-format", "tracking-plan ", "tracking-plan-refresh", "8 setting(s) would change"} {
+		"log-format", "tracking-plan ", "tracking-plan-refresh", "alias-url", "analytics-url", "experiment-url", "scim-url", "feedback-url",
+		"13 setting(s) would change"} {
 		if !strings.Contains(out.String(), want) || strings.Contains(out.String(), "needs a restart") {
 			t.Fatalf("config check --diff output lacks %q, or names a setting needing a restart:\n%s", want, out.String())
 		}
@@ -390,8 +466,8 @@ func TestReloadUpstreamAndLanes(t *testing.T) {
 	back.change = "allow"
 	write(back)
 	res := reloadBy("POST", 200)
-	if len(res.NeedsRestart) != 0 || len(res.Changed) != 7 {
-		t.Fatalf("reload result %+v: want 7 live changes, none needing a restart", res)
+	if len(res.NeedsRestart) != 0 || len(res.Changed) != 12 {
+		t.Fatalf("reload result %+v: want 12 live changes, none needing a restart", res)
 	}
 	check(back, "after POST /relay/v1/reload")
 

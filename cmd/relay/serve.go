@@ -137,7 +137,7 @@ type deliveries struct {
 
 // newDeliveries builds the delivery side from cfg; creds is the credentials
 // file in force.
-func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *spool.Backend, creds *credentials.Ref, tp *plan.Enforcer, taps *tap.Hub, log *zap.Logger, reg prometheus.Registerer) (*deliveries, error) {
+func newDeliveries(cfg config.Config, bases upstreamBases, sp *spool.Spool, fs *fleetStore, local *spool.Backend, creds *credentials.Ref, tp *plan.Enforcer, taps *tap.Hub, log *zap.Logger, reg prometheus.Registerer) (*deliveries, error) {
 	client, err := upstream.New(upstream.Config{}, log.Named("upstream"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("upstream client: %w", err)
@@ -204,8 +204,8 @@ func newDeliveries(cfg config.Config, sp *spool.Spool, fs *fleetStore, local *sp
 		return d, nil
 	}
 	um, err := usermap.New(usermap.Config{
-		AliasURL:     cfg.AliasURL,
-		AnalyticsURL: cfg.AnalyticsURL,
+		AliasURL:     bases.alias,
+		AnalyticsURL: bases.analytics,
 		Spooling:     fs.spooling(cfg, storage.KindUserMap, local),
 	}, client, creds, log.Named("usermap"), reg)
 	if err != nil {
@@ -460,13 +460,22 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	// events' hot path (ingest's append, the batcher's reading, which use
 	// the spool directly locally): the local spool, or the fleet's.
 	local := spool.NewBackend(sp, log.Named("spool"))
+	// The upstream bases but the ingest URL, in force (a reload changes
+	// them): the forwarded APIs, the user mappings and the tracking plan
+	// read them at every use.
+	bases := newUpstreamBases(cfg)
+	onHUP.add(func(c config.Config) {
+		if !c.Sandbox() { // sandbox mode's simulator URLs are kept (isLive)
+			bases.store(c)
+		}
+	})
 	// The tracking plan (internal/plan): its reads of the taxonomy API and
 	// the forwarded taxonomy calls count on one limiter.
-	taxLim, err := ratelimit.New(forward.TaxonomyLimit(forward.APIConfig{URL: cfg.AnalyticsURL}), reg)
+	taxLim, err := ratelimit.New(forward.TaxonomyLimit(forward.APIConfig{}), reg)
 	if err != nil {
 		return err
 	}
-	tp, err := plan.New(plan.Config{Default: cfg.TrackingPlan, Refresh: cfg.TrackingPlanRefresh, Dir: cfg.DataDir, AnalyticsURL: cfg.AnalyticsURL},
+	tp, err := plan.New(plan.Config{Default: cfg.TrackingPlan, Refresh: cfg.TrackingPlanRefresh, Dir: cfg.DataDir, AnalyticsURL: bases.analytics},
 		creds, taxLim, &http.Client{Timeout: time.Minute}, log.Named("plan"), reg)
 	if err != nil {
 		return err
@@ -481,7 +490,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	if err != nil {
 		return err
 	}
-	dl, err := newDeliveries(cfg, sp, fs, local, creds, tp, taps, log, reg)
+	dl, err := newDeliveries(cfg, bases, sp, fs, local, creds, tp, taps, log, reg)
 	if err != nil {
 		return err
 	}
@@ -581,7 +590,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	})
 	admin.Register(bf.routes()...)
 	admin.Register(tp.Routes()...)
-	fwdRoutes, fwd, err := forwardingRoutes(cfg, creds, taxLim, log, reg)
+	fwdRoutes, fwd, err := forwardingRoutes(bases, creds, taxLim, log, reg)
 	if err != nil {
 		return err
 	}

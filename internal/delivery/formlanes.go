@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	"go.uber.org/zap"
 
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
@@ -285,13 +286,13 @@ func (d *FormLanes) Ready() error {
 // ProjectURL returns a FormConfig.URL: base + path, where a project's own
 // base of kind (credentials.KindIngest, ...) in the credentials file in
 // force (read at every call, so a reload takes effect at once) overrides
-// base for that project's api_key. creds may be nil. base must not end in
-// "/".
-func ProjectURL(creds *credentials.Ref, kind, base, path string) func(apiKey string) string {
+// base for that project's api_key. creds may be nil. base is read at every
+// call too (a reload may change it).
+func ProjectURL(creds *credentials.Ref, kind string, base *baseurl.Ref, path string) func(apiKey string) string {
 	return func(apiKey string) string {
-		b := base
+		b := base.Load()
 		if p, ok := creds.Load().ProjectByAPIKey(apiKey); ok {
-			b = strings.TrimRight(p.URL(kind, base), "/")
+			b = strings.TrimRight(p.URL(kind, b), "/")
 		}
 		return b + path
 	}

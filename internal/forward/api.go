@@ -11,6 +11,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/ratelimit"
 )
 
@@ -68,9 +69,10 @@ func (Endpoint) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 // APIConfig configures a forwarded API: its upstream base and changes to
 // its documented limits, which stay each API's own data.
 type APIConfig struct {
-	// URL is the upstream base (--analytics-url, --scim-url); "" means
-	// none: only projects or organizations with their own base are served.
-	URL string
+	// URL is the upstream base (--analytics-url, --scim-url), read at every
+	// request (a reload may change it); nil or "" means none: only projects
+	// or organizations with their own base are served.
+	URL *baseurl.Ref
 	// Limit's fields that are not zero (Name aside) replace those of each
 	// documented limit (MaxWait negative: never wait); zero keeps them. An
 	// API without documented limits has nothing for it to change.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/ratelimit"
@@ -70,7 +71,7 @@ func TestAPITable(t *testing.T) {
 	}
 	var checked atomic.Int32
 	base := serveAPIs(t, f, API{
-		Upstream: Upstream{API: "t", Kind: credentials.KindAnalytics, Fallback: up.URL, Flag: "--t-url", Scheme: SchemeProjectBasic},
+		Upstream: Upstream{API: "t", Kind: credentials.KindAnalytics, Fallback: baseurl.NewRef(up.URL), Flag: "--t-url", Scheme: SchemeProjectBasic},
 		Accept:   "application/json",
 		Headers:  []string{"Accept", "X-Keep"},
 		Routes: []adminroute.Route{{Method: "POST", Path: "/t/{name}", Handler: Endpoint{BodyLimit: 64, Check: func(r *http.Request, body []byte) *Problem {
@@ -132,7 +133,7 @@ func TestAPILimits(t *testing.T) {
 	})
 	f := newForwarder(t, Config{})
 	api := API{
-		Upstream: Upstream{API: "lim", Fallback: up.URL, Scheme: SchemeProjectBasic},
+		Upstream: Upstream{API: "lim", Fallback: baseurl.NewRef(up.URL), Scheme: SchemeProjectBasic},
 		Limits: []Limit{{
 			Config: ratelimit.Config{Name: "lim", Limit: 2, Window: time.Hour, MaxWait: -1},
 			Cost: func(m string) int {
@@ -236,7 +237,7 @@ func TestFollow(t *testing.T) {
 	})
 	f := newForwarder(t, Config{})
 	base := serveAPIs(t, f, API{
-		Upstream: Upstream{API: "f", Fallback: up.URL, Scheme: SchemeProjectBasic},
+		Upstream: Upstream{API: "f", Fallback: baseurl.NewRef(up.URL), Scheme: SchemeProjectBasic},
 		Routes:   []adminroute.Route{{Method: "GET", Path: "/f", Handler: Endpoint{Follow: 3}}, {Method: "GET", Path: "/p"}},
 	})
 	if resp, body := send(t, "GET", base+"/f", "", "Authorization", "Basic YTpi"); resp.StatusCode != 200 || body != "the file" {
@@ -312,7 +313,7 @@ func TestCredentialsSwap(t *testing.T) {
 		t.Fatal(err)
 	}
 	base := serveAPIs(t, f, API{
-		Upstream: Upstream{API: "s", Kind: credentials.KindAnalytics, Fallback: up.URL, Scheme: SchemeProjectBasic},
+		Upstream: Upstream{API: "s", Kind: credentials.KindAnalytics, Fallback: baseurl.NewRef(up.URL), Scheme: SchemeProjectBasic},
 		Routes:   []adminroute.Route{{Method: "GET", Path: "/s"}},
 	})
 	if resp, _ := send(t, "GET", base+"/s", "", "X-Relay-Project", "fresh"); resp.StatusCode != 400 {
@@ -339,7 +340,7 @@ func TestRoutesServeEndpoints(t *testing.T) {
 	up := startUpstream(t, nil)
 	f := newForwarder(t, Config{})
 	api := API{
-		Upstream: Upstream{API: "r", Fallback: up.URL, Scheme: SchemeProjectBasic},
+		Upstream: Upstream{API: "r", Fallback: baseurl.NewRef(up.URL), Scheme: SchemeProjectBasic},
 		Routes:   []adminroute.Route{{Method: "GET", Path: "/r/{id}"}, {Method: "POST", Path: "/r", Handler: Endpoint{BodyLimit: 8}}},
 	}
 	rs, err := f.Routes(api)

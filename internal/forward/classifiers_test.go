@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/forward"
 	ft "github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
@@ -14,7 +15,7 @@ import (
 func classifierStart(t *testing.T) (*ft.Env, string) {
 	t.Helper()
 	env := ft.Start(t, forward.Config{})
-	return env, ft.Serve(t, env.Routes(t, forward.Classifiers(forward.APIConfig{URL: env.SimURL})))
+	return env, ft.Serve(t, env.Routes(t, forward.Classifiers(forward.APIConfig{URL: baseurl.NewRef(env.SimURL)})))
 }
 
 func classifierBasic(k, s string) string {

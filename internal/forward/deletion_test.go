@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/ratelimit"
@@ -59,7 +60,7 @@ func TestDeletionCheckBodyAndDays(t *testing.T) {
 
 func deletionNewAPI(t testing.TB, upstream string, maxWait time.Duration) forwardtest.Built {
 	t.Helper()
-	return forwardtest.Build(t, forward.Config{}, forwardtest.WebCreds(t), forward.Deletion(forward.APIConfig{URL: upstream, Limit: ratelimit.Config{MaxWait: maxWait}}))
+	return forwardtest.Build(t, forward.Config{}, forwardtest.WebCreds(t), forward.Deletion(forward.APIConfig{URL: baseurl.NewRef(upstream), Limit: ratelimit.Config{MaxWait: maxWait}}))
 }
 
 var deletionInj = []string{"X-Relay-Project: web", "Authorization: Bearer " + forwardtest.AdminToken}

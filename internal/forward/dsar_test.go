@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/ratelimit"
@@ -44,7 +45,7 @@ func TestDSARParseRequest(t *testing.T) {
 
 func dsarNewAPI(t testing.TB, upstream string, lim ratelimit.Config) forwardtest.Built {
 	t.Helper()
-	return forwardtest.Build(t, forward.Config{}, dsarTestCreds(t), forward.DSAR(forward.APIConfig{URL: upstream, Limit: lim}))
+	return forwardtest.Build(t, forward.Config{}, dsarTestCreds(t), forward.DSAR(forward.APIConfig{URL: baseurl.NewRef(upstream), Limit: lim}))
 }
 
 // TestDSARThroughRelay creates, polls and downloads a DSAR through the

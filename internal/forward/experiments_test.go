@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/forward"
 	ft "github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
@@ -13,7 +14,7 @@ import (
 func experimentStart(t *testing.T) (*ft.Env, string) {
 	t.Helper()
 	env := ft.Start(t, forward.Config{})
-	return env, ft.Serve(t, env.Routes(t, forward.Experiments(forward.APIConfig{URL: env.SimURL})))
+	return env, ft.Serve(t, env.Routes(t, forward.Experiments(forward.APIConfig{URL: baseurl.NewRef(env.SimURL)})))
 }
 
 // TestExperimentEveryEndpoint walks every endpoint of the document's table through

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/adminapi"
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
@@ -38,7 +39,7 @@ func TestHelperRelayProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin.Register(forwardtest.Build(t, forward.Config{}, forwardtest.WebCreds(t), forward.Export(forward.APIConfig{URL: up}))...)
+	admin.Register(forwardtest.Build(t, forward.Config{}, forwardtest.WebCreds(t), forward.Export(forward.APIConfig{URL: baseurl.NewRef(up)}))...)
 	admin.Handle(http.MethodGet, "/test/vmhwm", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		kb, err := exportVmHWM()
 		if err != nil {

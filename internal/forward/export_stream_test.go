@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/adminapi"
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
@@ -34,7 +35,7 @@ func TestExportSlowCallerOutlivesWriteTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin.Register(forwardtest.Build(t, forward.Config{IdleTimeout: time.Second}, forwardtest.WebCreds(t), forward.Export(forward.APIConfig{URL: up}))...)
+	admin.Register(forwardtest.Build(t, forward.Config{IdleTimeout: time.Second}, forwardtest.WebCreds(t), forward.Export(forward.APIConfig{URL: baseurl.NewRef(up)}))...)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

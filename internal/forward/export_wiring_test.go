@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/forward"
 	ft "github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
@@ -21,8 +22,8 @@ func TestExportWiredOnAdminListener(t *testing.T) {
 	s, up := ft.StartSim(t, sim.Config{})
 	creds := ft.ParseCreds(t, ft.WebOrgCredsYAML)
 	reg := prometheus.NewRegistry()
-	c := forward.APIConfig{URL: up}
-	base := ft.ServeWired(t, reg, creds, forward.Feedback(forward.APIConfig{URL: up}), forward.DSAR(c), forward.Deletion(c), forward.Export(forward.APIConfig{URL: up}))
+	c := forward.APIConfig{URL: baseurl.NewRef(up)}
+	base := ft.ServeWired(t, reg, creds, forward.Feedback(forward.APIConfig{URL: baseurl.NewRef(up)}), forward.DSAR(c), forward.Deletion(c), forward.Export(forward.APIConfig{URL: baseurl.NewRef(up)}))
 	http.Post(up+"/2/httpapi", "application/json", strings.NewReader(`{"api_key":"proj","events":[{"event_type":"e","user_id":"alice"}]}`))
 	hour := time.Now().UTC().Format(forward.ExportHourFormat)
 	day := time.Now().UTC().Format(time.DateOnly)

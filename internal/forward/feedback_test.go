@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/sim"
@@ -101,7 +102,7 @@ func FuzzFeedbackCheckRequest(f *testing.F) {
 
 func TestFeedbackThroughRelay(t *testing.T) {
 	_, up := forwardtest.StartSim(t, sim.Config{})
-	relay := forwardtest.ServeAdmin(t, forwardtest.Build(t, forward.Config{}, forwardtest.WebCreds(t), forward.Feedback(forward.APIConfig{URL: up})))
+	relay := forwardtest.ServeAdmin(t, forwardtest.Build(t, forward.Config{}, forwardtest.WebCreds(t), forward.Feedback(forward.APIConfig{URL: baseurl.NewRef(up)})))
 	inj := []string{"X-Relay-Project: web", "Authorization: Bearer " + forwardtest.AdminToken}
 	send := func(body string) forwardtest.Answer {
 		return forwardtest.Call(t, "POST", relay+forward.FeedbackPath, strings.NewReader(body), inj...)

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/poll"
 	"go.uber.org/zap"
@@ -166,7 +167,7 @@ func readAll(t *testing.T, r *http.Response) string {
 func TestPassThroughUntouched(t *testing.T) {
 	up := startUpstream(t, nil)
 	f := newForwarder(t, Config{})
-	addr := startRelay(t, relayHandler(f, nil, Upstream{API: "x", Kind: credentials.KindAnalytics, Fallback: up.URL + "/", Flag: "--analytics-url", Scheme: SchemeProjectBasic}))
+	addr := startRelay(t, relayHandler(f, nil, Upstream{API: "x", Kind: credentials.KindAnalytics, Fallback: baseurl.NewRef(up.URL + "/"), Flag: "--analytics-url", Scheme: SchemeProjectBasic}))
 	body := "category_name=a%20b&x=%2F"
 	resp := rawDo(t, addr, "PUT /api/2/taxonomy/category/a%40b%20c?x=1&y=%20&x=2 HTTP/1.1\r\n"+
 		"Host: evil.example\r\nAuthorization: Basic dXNlcjpwYXNz\r\nProxy-Authorization: Bearer admintok\r\n"+
@@ -220,7 +221,7 @@ func TestInjectedCredentials(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			addr := startRelay(t, relayHandler(f, creds, Upstream{API: "x", Kind: c.kind, Fallback: up.URL, Flag: "--x-url", Scheme: c.scheme}))
+			addr := startRelay(t, relayHandler(f, creds, Upstream{API: "x", Kind: c.kind, Fallback: baseurl.NewRef(up.URL), Flag: "--x-url", Scheme: c.scheme}))
 			resp := rawDo(t, addr, "GET /p HTTP/1.1\r\nHost: x\r\nX-Relay-Project: "+c.project+"\r\n\r\n")
 			if resp.StatusCode != 200 {
 				t.Fatalf("status %d: %s", resp.StatusCode, readAll(t, resp))
@@ -250,11 +251,11 @@ func TestResolveErrors(t *testing.T) {
 		status  int
 		text    string
 	}{
-		{"unknown project", creds, "nope", Upstream{Fallback: "http://x", Scheme: SchemeProjectBasic}, 400, "names no project"},
-		{"no credentials file", nil, "web-prod", Upstream{Fallback: "http://x", Scheme: SchemeProjectBasic}, 400, "no --credentials"},
-		{"project without org", creds, "lonely", Upstream{API: "scim", Fallback: "http://x", Scheme: SchemeSCIMBearer}, 400, "in no organization"},
-		{"org without scim token", noSCIM, "p", Upstream{Fallback: "http://x", Scheme: SchemeSCIMBearer}, 400, "no scim_token"},
-		{"org without management key", noSCIM, "p", Upstream{Fallback: "http://x", Scheme: SchemeManagementBearer}, 400, "no management_api_key"},
+		{"unknown project", creds, "nope", Upstream{Fallback: baseurl.NewRef("http://x"), Scheme: SchemeProjectBasic}, 400, "names no project"},
+		{"no credentials file", nil, "web-prod", Upstream{Fallback: baseurl.NewRef("http://x"), Scheme: SchemeProjectBasic}, 400, "no --credentials"},
+		{"project without org", creds, "lonely", Upstream{API: "scim", Fallback: baseurl.NewRef("http://x"), Scheme: SchemeSCIMBearer}, 400, "in no organization"},
+		{"org without scim token", noSCIM, "p", Upstream{Fallback: baseurl.NewRef("http://x"), Scheme: SchemeSCIMBearer}, 400, "no scim_token"},
+		{"org without management key", noSCIM, "p", Upstream{Fallback: baseurl.NewRef("http://x"), Scheme: SchemeManagementBearer}, 400, "no management_api_key"},
 		{"no base", creds, "web-prod", Upstream{API: "scim", Kind: credentials.KindSCIM, Flag: "--scim-url", Scheme: SchemeSCIMBearer}, 502, "--scim-url"},
 		{"no base pass-through", creds, "", Upstream{API: "scim", Kind: credentials.KindSCIM, Flag: "--scim-url", Scheme: SchemeSCIMBearer}, 502, "--scim-url"},
 	}
@@ -282,12 +283,12 @@ func TestResolvePassThroughKnownKeyFindsRegion(t *testing.T) {
 	creds := testCreds(t, eu.URL)
 	req := httptest.NewRequest("GET", "/x", nil)
 	req.Header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte("pk-eu:whatever")))
-	r, e := Resolve(req, creds, Upstream{Kind: credentials.KindAnalytics, Fallback: "http://default", Scheme: SchemeProjectBasic})
+	r, e := Resolve(req, creds, Upstream{Kind: credentials.KindAnalytics, Fallback: baseurl.NewRef("http://default"), Scheme: SchemeProjectBasic})
 	if e != nil || r.Base != eu.URL || r.Key != "project:eu-app" || r.Injected || r.Authorization != "" {
 		t.Fatalf("%+v %v", r, e)
 	}
 	req.Header.Set("Authorization", "Bearer tok")
-	r, _ = Resolve(req, creds, Upstream{Kind: credentials.KindSCIM, Fallback: "http://default", Scheme: SchemeSCIMBearer})
+	r, _ = Resolve(req, creds, Upstream{Kind: credentials.KindSCIM, Fallback: baseurl.NewRef("http://default"), Scheme: SchemeSCIMBearer})
 	if r.Base != "http://default" || !strings.HasPrefix(r.Key, "auth:") || strings.Contains(r.Key, "tok") {
 		t.Fatalf("%+v", r)
 	}
@@ -297,7 +298,7 @@ func TestNoOpenProxy(t *testing.T) {
 	up := startUpstream(t, nil)
 	evil := startUpstream(t, nil)
 	f := newForwarder(t, Config{})
-	addr := startRelay(t, relayHandler(f, nil, Upstream{API: "x", Fallback: up.URL, Scheme: SchemeProjectBasic}))
+	addr := startRelay(t, relayHandler(f, nil, Upstream{API: "x", Fallback: baseurl.NewRef(up.URL), Scheme: SchemeProjectBasic}))
 	evilHost := strings.TrimPrefix(evil.URL, "http://")
 	for _, raw := range []string{
 		"GET " + evil.URL + "/api/x?q=1 HTTP/1.1\r\nHost: " + evilHost + "\r\n\r\n",
@@ -341,7 +342,7 @@ func TestAnswerPassedBack(t *testing.T) {
 		w.Write([]byte{0x1f, 0x8b, 1, 2, 3})
 	})
 	f := newForwarder(t, Config{})
-	addr := startRelay(t, relayHandler(f, nil, Upstream{Fallback: up.URL, Scheme: SchemeProjectBasic}))
+	addr := startRelay(t, relayHandler(f, nil, Upstream{Fallback: baseurl.NewRef(up.URL), Scheme: SchemeProjectBasic}))
 	resp := rawDo(t, addr, "GET /x HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\n")
 	body := readAll(t, resp)
 	if resp.StatusCode != 429 || body != "\x1f\x8b\x01\x02\x03" {
@@ -432,7 +433,7 @@ func TestStreamingBoundedMemory(t *testing.T) {
 		}
 	})
 	f := newForwarder(t, Config{})
-	addr := startRelay(t, relayHandler(f, nil, Upstream{Fallback: up.URL, Scheme: SchemeProjectBasic}))
+	addr := startRelay(t, relayHandler(f, nil, Upstream{Fallback: baseurl.NewRef(up.URL), Scheme: SchemeProjectBasic}))
 	for _, q := range []string{"len=1", "len=0"} {
 		t.Run(q, func(t *testing.T) {
 			runtime.GC()

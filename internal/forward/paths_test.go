@@ -15,6 +15,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/adminapi"
 	"github.com/svcrelay/relay/internal/admintoken"
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/forward"
 	ft "github.com/svcrelay/relay/internal/forward/forwardtest"
@@ -56,8 +57,8 @@ func startAttackRelay(t *testing.T) (string, *recorder) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := forward.APIConfig{URL: up.URL}
-	routes, err := fwd.Routes(forward.SCIM(c), forward.Taxonomy(c), forward.DSAR(c), forward.Experiments(forward.APIConfig{URL: up.URL}), forward.Deletion(c), forward.Export(forward.APIConfig{URL: up.URL}))
+	c := forward.APIConfig{URL: baseurl.NewRef(up.URL)}
+	routes, err := fwd.Routes(forward.SCIM(c), forward.Taxonomy(c), forward.DSAR(c), forward.Experiments(forward.APIConfig{URL: baseurl.NewRef(up.URL)}), forward.Deletion(c), forward.Export(forward.APIConfig{URL: baseurl.NewRef(up.URL)}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +187,7 @@ func TestDocumentedLimits(t *testing.T) {
 		{forward.Deletion, []ratelimit.Config{{Name: "deletion_post", Limit: 1, Window: time.Second}, {Name: "deletion", MaxInFlight: 8}}},
 	} {
 		for _, change := range []ratelimit.Config{{}, {MaxWait: -1, Limit: 9}} {
-			a := c.api(forward.APIConfig{URL: "http://up", Limit: change})
+			a := c.api(forward.APIConfig{URL: baseurl.NewRef("http://up"), Limit: change})
 			var got []ratelimit.Config
 			for _, l := range a.Limits {
 				got = append(got, l.Config)
@@ -195,8 +196,8 @@ func TestDocumentedLimits(t *testing.T) {
 			for i, w := range c.want {
 				want[i] = forward.APIConfig{Limit: change}.Over(w)
 			}
-			if a.Fallback != "http://up" || fmt.Sprint(got) != fmt.Sprint(want) {
-				t.Errorf("%s with %+v: base %q, limits %+v, want %+v", a.API, change, a.Fallback, got, want)
+			if a.Fallback.Load() != "http://up" || fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("%s with %+v: base %q, limits %+v, want %+v", a.API, change, a.Fallback.Load(), got, want)
 			}
 		}
 	}

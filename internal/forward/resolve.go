@@ -18,6 +18,7 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/svcrelay/relay/internal/admintoken"
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/credentials"
 )
 
@@ -61,8 +62,9 @@ type Upstream struct {
 	// Kind is the credentials kind of the base (credentials.KindSCIM, ...),
 	// used to find a per-project or per-organization override.
 	Kind string
-	// Fallback is the flag's base (--scim-url, ...); "" when not set.
-	Fallback string
+	// Fallback is the flag's base (--scim-url, ...), read at every request
+	// (a reload may change it); nil or "" when not set.
+	Fallback *baseurl.Ref
 	// Flag names the flag in error messages ("--scim-url").
 	Flag string
 	// Scheme is the authentication the upstream needs.
@@ -200,13 +202,14 @@ func Resolve(req *http.Request, creds *credentials.Store, u Upstream) (Resolved,
 			}
 		}
 	}
+	fallback := u.Fallback.Load()
 	switch {
 	case r.Project != nil:
-		r.Base = r.Project.URL(u.Kind, u.Fallback)
+		r.Base = r.Project.URL(u.Kind, fallback)
 	case r.Org != nil:
-		r.Base = r.Org.URL(u.Kind, u.Fallback)
+		r.Base = r.Org.URL(u.Kind, fallback)
 	default:
-		r.Base = u.Fallback
+		r.Base = fallback
 	}
 	if r.Base == "" {
 		return r, &Problem{Status: http.StatusBadGateway, Msg: fmt.Sprintf(

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/forward"
 	ft "github.com/svcrelay/relay/internal/forward/forwardtest"
@@ -22,7 +23,7 @@ import (
 func scimStart(t *testing.T, lim ratelimit.Config) (*ft.Env, string) {
 	t.Helper()
 	env := ft.Start(t, forward.Config{})
-	return env, ft.Serve(t, env.Routes(t, forward.SCIM(forward.APIConfig{URL: env.SimURL, Limit: lim})))
+	return env, ft.Serve(t, env.Routes(t, forward.SCIM(forward.APIConfig{URL: baseurl.NewRef(env.SimURL), Limit: lim})))
 }
 
 func scimUserBody(email string) string {
@@ -251,7 +252,7 @@ func TestSCIMRegionBase(t *testing.T) {
 		t.Fatal(err)
 	}
 	fwd := ft.Forwarder(t, forward.Config{}, creds)
-	rs, err := fwd.Routes(forward.SCIM(forward.APIConfig{URL: env.SimURL}))
+	rs, err := fwd.Routes(forward.SCIM(forward.APIConfig{URL: baseurl.NewRef(env.SimURL)}))
 	if err != nil {
 		t.Fatal(err)
 	}

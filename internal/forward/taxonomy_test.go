@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/forward"
 	ft "github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/ratelimit"
@@ -17,7 +18,7 @@ import (
 func taxonomyStart(t *testing.T, lim ratelimit.Config) (*ft.Env, string) {
 	t.Helper()
 	env := ft.Start(t, forward.Config{})
-	return env, ft.Serve(t, env.Routes(t, forward.Taxonomy(forward.APIConfig{URL: env.SimURL, Limit: lim})))
+	return env, ft.Serve(t, env.Routes(t, forward.Taxonomy(forward.APIConfig{URL: baseurl.NewRef(env.SimURL), Limit: lim})))
 }
 
 const taxonomyForm = "application/x-www-form-urlencoded"
@@ -196,7 +197,7 @@ func TestTaxonomyConfig(t *testing.T) {
 // user of it spent for the project is no longer the operators'.
 func TestTaxonomySharedLimiter(t *testing.T) {
 	env := ft.Start(t, forward.Config{})
-	cfg := forward.APIConfig{URL: env.SimURL, Limit: ratelimit.Config{Limit: 5, Window: time.Hour, MaxWait: -1}}
+	cfg := forward.APIConfig{URL: baseurl.NewRef(env.SimURL), Limit: ratelimit.Config{Limit: 5, Window: time.Hour, MaxWait: -1}}
 	lim, err := ratelimit.New(forward.TaxonomyLimit(cfg), nil)
 	if err != nil {
 		t.Fatal(err)

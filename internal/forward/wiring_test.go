@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/forward"
 	ft "github.com/svcrelay/relay/internal/forward/forwardtest"
 )
@@ -15,9 +16,9 @@ import (
 // the simulator with the right scheme.
 func TestWiredOnAdminListener(t *testing.T) {
 	env := ft.Start(t, forward.Config{})
-	c := forward.APIConfig{URL: env.SimURL}
+	c := forward.APIConfig{URL: baseurl.NewRef(env.SimURL)}
 	reg := prometheus.NewRegistry()
-	base := ft.ServeWired(t, reg, env.Creds, forward.Experiments(forward.APIConfig{URL: env.SimURL}), forward.SCIM(c), forward.Classifiers(forward.APIConfig{URL: env.SimURL}), forward.Taxonomy(c))
+	base := ft.ServeWired(t, reg, env.Creds, forward.Experiments(forward.APIConfig{URL: baseurl.NewRef(env.SimURL)}), forward.SCIM(c), forward.Classifiers(forward.APIConfig{URL: baseurl.NewRef(env.SimURL)}), forward.Taxonomy(c))
 
 	for _, c := range []struct{ method, path, auth string }{
 		{"GET", "/api/1/experiments", "bearer"},

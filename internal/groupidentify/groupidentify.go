@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/formreq"
@@ -76,7 +76,7 @@ func (c Config) withDefaults() Config {
 // ResumeLane).
 type GroupIdentify struct {
 	cfg  Config
-	base *atomic.Pointer[string] // Config.URL in force (SetURL)
+	base *baseurl.Ref // Config.URL in force (SetURL)
 	formreq.Spooled
 }
 
@@ -87,16 +87,13 @@ func New(cfg Config, client *upstream.Client, creds *credentials.Ref, log *zap.L
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	base := new(atomic.Pointer[string])
-	base.Store(&cfg.URL)
+	base := baseurl.NewRef(cfg.URL)
 	s, err := formreq.NewSpooled(delivery.FormConfig{
 		Name:  "groupidentify",
 		Lanes: storage.KindGroupIdentify,
 		Kind: &delivery.Form{Field: "identification", MaxItems: cfg.MaxIdentifies, MaxBodyBytes: cfg.MaxBodyBytes,
 			MaxWeight: cfg.MaxProperties, Weight: Properties},
-		URL: func(apiKey string) string {
-			return delivery.ProjectURL(creds, credentials.KindIngest, *base.Load(), "/groupidentify")(apiKey)
-		},
+		URL: delivery.ProjectURL(creds, credentials.KindIngest, base, "/groupidentify"),
 	}, formreq.IntakeConfig{Field: "identifications_accepted", AcceptedHelp: "Group identifications accepted into the spool.",
 		RejectedHelp: "POST /groupidentify requests refused, by reason."}, cfg.Spooling, client, creds, log, reg)
 	if err != nil {
@@ -108,8 +105,7 @@ func New(cfg Config, client *upstream.Client, creds *credentials.Ref, log *zap.L
 // SetURL puts a new upstream base (Config.URL, valid) in force for every
 // later request (a configuration reload).
 func (g *GroupIdentify) SetURL(base string) {
-	base = strings.TrimRight(base, "/")
-	g.base.Store(&base)
+	g.base.Store(base)
 }
 
 // Routes returns the admin routes: POST /groupidentify.

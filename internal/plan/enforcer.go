@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/ratelimit"
 )
@@ -40,8 +41,9 @@ type Config struct {
 	// nowhere (tests).
 	Dir string
 	// AnalyticsURL is the taxonomy API's base (--analytics-url) of the
-	// projects without their own.
-	AnalyticsURL string
+	// projects without their own, read at every fetch (a reload may change
+	// it); nil means none.
+	AnalyticsURL *baseurl.Ref
 	// Share is the part of the limiter's Limit (per Window) the plan's
 	// reads may spend per project; zero means DefaultShare.
 	Share float64

@@ -13,6 +13,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/ratelimit"
 	"github.com/svcrelay/relay/internal/sim"
@@ -89,8 +90,8 @@ func newEnforcer(t *testing.T, cfg Config, h http.Handler) (*Enforcer, *handlerD
 		t.Fatal(err)
 	}
 	d := &handlerDoer{h: h}
-	if cfg.AnalyticsURL == "" {
-		cfg.AnalyticsURL = "http://upstream.test"
+	if cfg.AnalyticsURL == nil {
+		cfg.AnalyticsURL = baseurl.NewRef("http://upstream.test")
 	}
 	e, err := New(cfg, credentials.NewRef(store), lim, d, nil, nil)
 	if err != nil {
@@ -213,7 +214,7 @@ func TestSetLiveDefaultMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := New(Config{AnalyticsURL: "http://upstream.test"}, credentials.NewRef(store), lim, &handlerDoer{h: h}, nil, nil)
+	e, err := New(Config{AnalyticsURL: baseurl.NewRef("http://upstream.test")}, credentials.NewRef(store), lim, &handlerDoer{h: h}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

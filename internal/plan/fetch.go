@@ -176,7 +176,7 @@ func properties(rs []propJSON, user bool) []Property {
 // time (cost 1 each), so the plan takes at most 1 of the API's cost in
 // flight and leaves the rest to the operators' calls.
 func (e *Enforcer) read(ctx context.Context, st *state, p *credentials.Project) (*Plan, error) {
-	base := p.URL(credentials.KindAnalytics, e.cfg.AnalyticsURL)
+	base := p.URL(credentials.KindAnalytics, e.cfg.AnalyticsURL.Load())
 	if base == "" {
 		return nil, errors.New("no taxonomy API base (--analytics-url or the project's analytics_url)")
 	}

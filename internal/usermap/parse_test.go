@@ -1,6 +1,8 @@
 package usermap
 
 import (
+	"github.com/svcrelay/relay/internal/baseurl"
+
 	"encoding/json"
 	"fmt"
 	"net/url"
@@ -55,15 +57,15 @@ func FuzzParseUserIDs(f *testing.F) {
 }
 
 func TestConfigValidate(t *testing.T) {
-	base := Config{AliasURL: "http://a", AnalyticsURL: "https://b"}
+	base := Config{AliasURL: baseurl.NewRef("http://a"), AnalyticsURL: baseurl.NewRef("https://b")}
 	tests := []struct {
 		name string
 		mut  func(*Config)
 		ok   bool
 	}{
 		{"minimal", func(*Config) {}, true},
-		{"no alias", func(c *Config) { c.AliasURL = "" }, false},
-		{"no analytics", func(c *Config) { c.AnalyticsURL = "x" }, false},
+		{"no alias", func(c *Config) { c.AliasURL = baseurl.NewRef("") }, false},
+		{"no analytics", func(c *Config) { c.AnalyticsURL = baseurl.NewRef("x") }, false},
 		{"2001 mappings", func(c *Config) { c.MaxMappings = 2001 }, false},
 		{"body above the API", func(c *Config) { c.MaxBodyBytes = 1_000_001 }, false},
 		{"negative rate", func(c *Config) { c.RateLimit = -1 }, false},

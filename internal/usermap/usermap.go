@@ -13,6 +13,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/formreq"
@@ -33,13 +34,15 @@ const (
 
 // Config configures a UserMap.
 type Config struct {
-	// AliasURL is the upstream base for POST /usermap (--alias-url); a
-	// project's alias_url overrides it for that project's api_key. Required.
-	AliasURL string
+	// AliasURL is the upstream base for POST /usermap (--alias-url), read
+	// at every send (a reload may change it, for the mappings already
+	// spooled too); a project's alias_url overrides it for that project's
+	// api_key. Required.
+	AliasURL *baseurl.Ref
 	// AnalyticsURL is the upstream base for GET /api/2/usermap
-	// (--analytics-url); the project named by X-Relay-Project may override
-	// it. Required.
-	AnalyticsURL string
+	// (--analytics-url; ReadAPI's, given here to be checked); the project
+	// named by X-Relay-Project may override it. Required.
+	AnalyticsURL *baseurl.Ref
 	// MaxMappings bounds mappings per accepted and per upstream request;
 	// zero means MaxMappings (2000).
 	MaxMappings int
@@ -63,10 +66,10 @@ func httpBase(u string) bool {
 // Validate reports a configuration error.
 func (c Config) Validate() error {
 	switch {
-	case !httpBase(c.AliasURL):
-		return fmt.Errorf("usermap: AliasURL %q is not an http(s) base", c.AliasURL)
-	case !httpBase(c.AnalyticsURL):
-		return fmt.Errorf("usermap: AnalyticsURL %q is not an http(s) base", c.AnalyticsURL)
+	case !httpBase(c.AliasURL.Load()):
+		return fmt.Errorf("usermap: AliasURL %q is not an http(s) base", c.AliasURL.Load())
+	case !httpBase(c.AnalyticsURL.Load()):
+		return fmt.Errorf("usermap: AnalyticsURL %q is not an http(s) base", c.AnalyticsURL.Load())
 	case c.MaxMappings < 0 || c.MaxMappings > MaxMappings:
 		return fmt.Errorf("usermap: MaxMappings %d not in 0..%d", c.MaxMappings, MaxMappings)
 	case c.MaxBodyBytes < 0 || c.MaxBodyBytes > MaxBodyBytes:
@@ -82,8 +85,6 @@ func (c Config) withDefaults() Config {
 	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, MaxBodyBytes)
 	c.RateLimit = cmp.Or(c.RateLimit, RateLimit)
 	c.RateWindow = cmp.Or(c.RateWindow, RateWindow)
-	c.AliasURL = strings.TrimRight(c.AliasURL, "/")
-	c.AnalyticsURL = strings.TrimRight(c.AnalyticsURL, "/")
 	return c
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/svcrelay/relay/internal/adminroute"
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/formreq"
@@ -41,11 +42,11 @@ func newEnv(t *testing.T, simCfg sim.Config, cfg usermap.Config, creds *credenti
 	t.Helper()
 	return formreqtest.New(t, simCfg, storage.KindUserMap,
 		func(simURL string, sp *spool.Spool, client *upstream.Client, reg *prometheus.Registry) (component, error) {
-			if cfg.AliasURL == "" {
-				cfg.AliasURL = simURL
+			if cfg.AliasURL == nil {
+				cfg.AliasURL = baseurl.NewRef(simURL)
 			}
-			if cfg.AnalyticsURL == "" {
-				cfg.AnalyticsURL = simURL
+			if cfg.AnalyticsURL == nil {
+				cfg.AnalyticsURL = baseurl.NewRef(simURL)
 			}
 			if cfg.RetryInitial == 0 {
 				cfg.RetryInitial = 5 * time.Millisecond
