@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -48,6 +49,7 @@ func TestFleet(t *testing.T) {
 	t.Run("DeadLetters", env.testDeadLetters)
 	t.Run("Pauses", env.testPauses)
 	t.Run("PauseOnTakeOver", env.testPauseOnTakeOver)
+	t.Run("PauseUnstoredHoldsLease", env.testPauseUnstoredHoldsLease)
 	t.Run("PartitionsFixed", env.testPartitionsFixed)
 	t.Run("KeepAlive", env.testKeepAlive)
 	t.Run("Nak", env.testNak)
@@ -675,6 +677,59 @@ func (e *testEnv) testPauseOnTakeOver(t *testing.T) {
 	case <-time.After(poll.Max):
 		t.Fatal("no partition taken")
 	}
+}
+
+// testPauseUnstoredHoldsLease: a relay with a pause not stored yet does
+// not hand a partition over (it would go to a relay that cannot know the
+// pause) until the pause is stored.
+func (e *testEnv) testPauseUnstoredHoldsLease(t *testing.T) {
+	ns := e.namespace()
+	cfg := Config{Namespace: ns, Partitions: 2, LeaseTTL: 3 * time.Second}
+	a := e.open(t, e.connect(t), cfg)
+	var aOwned, bOwned atomic.Int32
+	ended := make(chan string, 4)
+	count := func(n *atomic.Int32, ended chan string) DeliverFunc {
+		return func(ctx context.Context, p *Partition) error {
+			n.Add(1)
+			<-ctx.Done()
+			n.Add(-1)
+			if ended != nil {
+				ended <- strconv.Itoa(p.ID())
+			}
+			return nil
+		}
+	}
+	stopA := runEvents(a, count(&aOwned, ended))
+	defer stopA()
+	waitFor(t, 10*time.Second, "a owns both partitions", func() bool { return aOwned.Load() == 2 })
+	// A pause a could not store (as after a failed write; no rewrite is
+	// kicked, so it stays unstored until the test stores it).
+	key := []byte("d:unstored")
+	until := time.Now().Add(2 * poll.Max)
+	a.pause.mu.Lock()
+	a.pause.unsaved[pauseKey(key)] = until
+	a.pause.mu.Unlock()
+	b := e.open(t, e.connect(t), cfg)
+	stopB := runEvents(b, count(&bOwned, nil))
+	defer stopB()
+	var gone string
+	select {
+	case gone = <-ended:
+	case <-time.After(poll.Max):
+		t.Fatal("a gave no partition up to b")
+	}
+	// Several heartbeats: b would have taken it within one.
+	time.Sleep(2 * cfg.LeaseTTL)
+	if n := bOwned.Load(); n != 0 {
+		t.Errorf("b took %d partition(s) (a gave up %s) while a pause of a was not stored", n, gone)
+	}
+	if err := a.pause.write(bg(t), pauseKey(key), until, false); err != nil {
+		t.Fatal(err)
+	}
+	a.pause.mu.Lock()
+	delete(a.pause.unsaved, pauseKey(key))
+	a.pause.mu.Unlock()
+	waitFor(t, 10*time.Second, "b takes the partition once the pause is stored", func() bool { return bOwned.Load() == 1 })
 }
 
 // testPauseStoredLater: a pause that cannot be stored (no quorum) holds
