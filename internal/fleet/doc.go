@@ -234,7 +234,8 @@
 // partitions. A relay delivers a partition only while it
 // holds its lease p.<kind>.<p>: created with Create (atomic: the key must
 // not exist), renewed with Update at the last revision (compare and swap),
-// deleted when the relay gives the partition up, and gone by itself
+// deleted when the relay gives the partition up (not while one of its
+// pauses is unstored: see Pauses), and gone by itself
 // LeaseTTL after its last renewal when the relay died.
 //
 // Fencing: the owner's deliver context ends at the start of its last
@@ -297,6 +298,38 @@
 // never shortens a longer one: Pause reads the stored one and replaces it
 // only when it ends earlier, with a compare-and-swap on its revision.
 //
+// A key paused by a 429 is never sent by the partition's next owner before
+// the pause ends, as long as the relay that got the 429 lives on:
+//
+//   - The taker reads the bucket (a fresh read, not its watcher) after it
+//     took the lease and before deliver starts, and delivers nothing while
+//     the bucket cannot be read. The watcher alone is not enough: its
+//     consumer can go with a node and is made again only after missed
+//     heartbeats, seconds during which pauses stored by others do not
+//     arrive.
+//   - A pause Pause could not store (no quorum, a bucket without a leader
+//     for longer than PublishTimeout or the caller's context) holds on its
+//     relay at once and is written again in the background until the
+//     bucket takes it or it ends; Pause's error says so.
+//   - Meanwhile the relay gives no partition up: a partition it should
+//     hand over (a membership change) stops delivering but keeps its lease,
+//     renewed, until the pause is stored or ended; at shutdown the relay
+//     waits up to LeaseTTL/2 for it and otherwise leaves its leases to
+//     expire rather than deleting them.
+//
+// What is not covered: a relay that loses its leases (it cannot renew for
+// LeaseTTL-LeaseMargin: cut off from the cluster, stopped, killed) while
+// one of its pauses is not stored. The next owner cannot know that pause:
+// nothing of it reached the cluster. Holding every taken-over partition
+// for the longest pause (--throttle-pause, 30 s; until the next UTC day
+// for a daily quota) would cover it, at that cost on every failover and
+// cluster outage, with a setting the fleet does not have today; it was not
+// chosen. With the bucket and the leases on the same cluster, an outage
+// that expires the leases usually ends for both at once, and the pause's
+// rewrite (every 250 ms) then races the taker's read (after its lease
+// create and before the consumer's reset): the rewrite usually wins, not
+// always.
+//
 // Pacing (the token bucket a key is sent through after its pause, package
 // throttle) is not in the bucket: no code writes "pace:" keys. It is each
 // relay's own, in its process's throttle. After a failover the new owner
@@ -307,7 +340,7 @@
 //
 // # Goroutines
 //
-// Open starts the pause watcher, the lane stops' watcher, one committer
+// Open starts the pause watcher and rewriter, the lane stops' watcher, one committer
 // per stream and, with more than one stream, the rebalancing loop (all
 // stopped by Close, which waits for the committers' batches in flight,
 // each bounded by PublishTimeout, and for a rebalancing run, bounded by

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -47,6 +48,8 @@ func TestFleet(t *testing.T) {
 	t.Run("Full", env.testFull)
 	t.Run("DeadLetters", env.testDeadLetters)
 	t.Run("Pauses", env.testPauses)
+	t.Run("PauseOnTakeOver", env.testPauseOnTakeOver)
+	t.Run("PauseUnstoredHoldsLease", env.testPauseUnstoredHoldsLease)
 	t.Run("PartitionsFixed", env.testPartitionsFixed)
 	t.Run("KeepAlive", env.testKeepAlive)
 	t.Run("Nak", env.testNak)
@@ -57,6 +60,7 @@ func TestFleet(t *testing.T) {
 	t.Run("Failover", env.testFailover)
 	t.Run("NodeRestart", env.testNodeRestart)
 	t.Run("NoQuorum", env.testNoQuorum)
+	t.Run("PauseStoredLater", env.testPauseStoredLater)
 }
 
 type testEnv struct {
@@ -635,6 +639,127 @@ func (e *testEnv) testPauses(t *testing.T) {
 	waitFor(t, 10*time.Second, "the pause's key expires in the bucket", func() bool {
 		_, err := a.pause.kv.Get(ctx, pauseKey(key))
 		return errors.Is(err, jetstream.ErrKeyNotFound)
+	})
+}
+
+// testPauseOnTakeOver: a relay taking a partition over knows the pauses
+// stored before it sends, even those its watcher has not delivered (its
+// consumer lost with a node, and made again only after missed heartbeats).
+func (e *testEnv) testPauseOnTakeOver(t *testing.T) {
+	ns := e.namespace()
+	a := e.open(t, e.connect(t), Config{Namespace: ns, Partitions: 1})
+	b := e.open(t, e.connect(t), Config{Namespace: ns, Partitions: 1})
+	key := []byte("d:paused by the previous owner")
+	if err := a.Pause(bg(t), key, time.Now().Add(2*poll.Max)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the watcher delivers the pause", func() bool { _, ok := b.PausedUntil(key); return ok })
+	// As if b's watcher had lagged: b forgets what it delivered.
+	b.pause.mu.Lock()
+	clear(b.pause.until)
+	b.pause.mu.Unlock()
+	seen := make(chan bool, 1)
+	stop := runEvents(b, func(ctx context.Context, p *Partition) error {
+		_, ok := b.PausedUntil(key)
+		select {
+		case seen <- ok:
+		default:
+		}
+		<-ctx.Done()
+		return nil
+	})
+	defer stop()
+	select {
+	case ok := <-seen:
+		if !ok {
+			t.Error("a partition was handed to deliver before the stored pause of one of its keys was known")
+		}
+	case <-time.After(poll.Max):
+		t.Fatal("no partition taken")
+	}
+}
+
+// testPauseUnstoredHoldsLease: a relay with a pause not stored yet does
+// not hand a partition over (it would go to a relay that cannot know the
+// pause) until the pause is stored.
+func (e *testEnv) testPauseUnstoredHoldsLease(t *testing.T) {
+	ns := e.namespace()
+	cfg := Config{Namespace: ns, Partitions: 2, LeaseTTL: 3 * time.Second}
+	a := e.open(t, e.connect(t), cfg)
+	var aOwned, bOwned atomic.Int32
+	ended := make(chan string, 4)
+	count := func(n *atomic.Int32, ended chan string) DeliverFunc {
+		return func(ctx context.Context, p *Partition) error {
+			n.Add(1)
+			<-ctx.Done()
+			n.Add(-1)
+			if ended != nil {
+				ended <- strconv.Itoa(p.ID())
+			}
+			return nil
+		}
+	}
+	stopA := runEvents(a, count(&aOwned, ended))
+	defer stopA()
+	waitFor(t, 10*time.Second, "a owns both partitions", func() bool { return aOwned.Load() == 2 })
+	// A pause a could not store (as after a failed write; no rewrite is
+	// kicked, so it stays unstored until the test stores it).
+	key := []byte("d:unstored")
+	until := time.Now().Add(2 * poll.Max)
+	a.pause.mu.Lock()
+	a.pause.unsaved[pauseKey(key)] = until
+	a.pause.mu.Unlock()
+	b := e.open(t, e.connect(t), cfg)
+	stopB := runEvents(b, count(&bOwned, nil))
+	defer stopB()
+	var gone string
+	select {
+	case gone = <-ended:
+	case <-time.After(poll.Max):
+		t.Fatal("a gave no partition up to b")
+	}
+	// Several heartbeats: b would have taken it within one.
+	time.Sleep(2 * cfg.LeaseTTL)
+	if n := bOwned.Load(); n != 0 {
+		t.Errorf("b took %d partition(s) (a gave up %s) while a pause of a was not stored", n, gone)
+	}
+	if err := a.pause.write(bg(t), pauseKey(key), until, false); err != nil {
+		t.Fatal(err)
+	}
+	a.pause.mu.Lock()
+	delete(a.pause.unsaved, pauseKey(key))
+	a.pause.mu.Unlock()
+	waitFor(t, 10*time.Second, "b takes the partition once the pause is stored", func() bool { return bOwned.Load() == 1 })
+}
+
+// testPauseStoredLater: a pause that cannot be stored (no quorum) holds
+// on the relay at once and reaches the bucket once the cluster is back,
+// for any relay to see.
+func (e *testEnv) testPauseStoredLater(t *testing.T) {
+	ns := e.namespace()
+	a := e.open(t, e.connect(t), Config{Namespace: ns, Partitions: 1, PublishTimeout: 2 * time.Second})
+	key := []byte("d:paused without a quorum")
+	down := []int{0, 1}
+	for _, i := range down {
+		e.c.Kill(i)
+	}
+	if err := a.Pause(bg(t), key, time.Now().Add(2*poll.Max)); err == nil {
+		t.Error("a pause stored without a quorum")
+	}
+	if _, ok := a.PausedUntil(key); !ok {
+		t.Error("a pause not stored does not hold on its relay")
+	}
+	if !a.pause.unwritten() {
+		t.Error("a pause not stored is not marked so")
+	}
+	for _, i := range down {
+		e.c.Restart(i)
+	}
+	waitFor(t, 30*time.Second, "the pause stored once the cluster is back", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := a.pause.kv.Get(ctx, pauseKey(key))
+		return err == nil && !a.pause.unwritten()
 	})
 }
 

@@ -46,6 +46,9 @@ type lease struct {
 	// process already sent.
 	until atomic.Pointer[time.Time]
 	done  chan struct{}
+	// refused is set when a renewal was refused: the lease is another's
+	// or gone, so it is neither renewed nor released again.
+	refused bool
 }
 
 func (l *lease) held() bool { return time.Now().Before(*l.until.Load()) }
@@ -104,6 +107,11 @@ func (f *Fleet) run(ctx context.Context, ks []storage.Kind, deliver DeliverFunc)
 			l := held[i]
 			switch {
 			case ctx.Err() != nil:
+			case l != nil && isDone(l.done) && !l.refused && f.pause.unwritten():
+				// deliver returned, but a pause this relay got is not in
+				// the bucket yet: the lease stays held, and the partition
+				// unsent, until it is or it ends.
+				wg.Go(func() { f.renew(ctx, s, l) })
 			case l != nil && isDone(l.done):
 				// deliver returned (lost, given up, or on its own).
 				held[i] = nil
@@ -268,6 +276,26 @@ func (f *Fleet) acquire(ctx context.Context, s slot, deliver DeliverFunc) *lease
 	// and the next tick releases the lease.
 	go func() {
 		defer close(l.done)
+		// The pauses as stored now, before anything is sent: the previous
+		// owner's 429s hold here too, whatever the watcher has seen yet.
+		// Nothing is sent until the bucket could be read.
+		for {
+			octx, cancel := f.opCtx(owned)
+			err := f.pause.load(octx)
+			cancel()
+			if err == nil {
+				break
+			}
+			if owned.Err() != nil {
+				return
+			}
+			f.log.Warn("read the pauses before taking a partition", zap.String("partition", s.key()), zap.Error(err))
+			select {
+			case <-owned.Done():
+				return
+			case <-time.After(f.cfg.LeaseTTL / 12):
+			}
+		}
 		p, err := f.openPartition(owned, owned, s.kind, s.id)
 		if err != nil {
 			if owned.Err() == nil {
@@ -306,6 +334,7 @@ func (f *Fleet) renew(ctx context.Context, s slot, l *lease) {
 			f.log.Warn("renew partition lease", zap.String("partition", s.key()), zap.Error(err))
 		}
 		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyNotFound) {
+			l.refused = true
 			l.cancel() // refused: someone else has it, stop now
 		}
 		return // otherwise the deadline decides
@@ -343,21 +372,34 @@ func (f *Fleet) release(s slot, l *lease) {
 	f.log.Info("partition released", zap.String("partition", s.key()))
 }
 
-// stopAll ends every deliver, waits for them and gives up the leases and
-// the membership.
+// stopAll ends every deliver, waits for them and gives up the leases
+// (unless a pause is not stored yet) and the membership.
 func (f *Fleet) stopAll(slots []slot, held []*lease) {
 	for _, l := range held {
 		if l != nil {
 			l.cancel()
 		}
 	}
+	for _, l := range held {
+		if l != nil {
+			<-l.done
+		}
+	}
+	// A pause this relay got and could not store yet: a moment for the
+	// rewrite; then, if it is still not stored, the leases are left to
+	// expire (LeaseTTL) rather than handed over at once.
+	for i := 0; i < 50 && f.pause.unwritten(); i++ {
+		time.Sleep(f.cfg.LeaseTTL / 100)
+	}
+	keep := f.pause.unwritten()
 	var wg sync.WaitGroup
 	for i, l := range held {
-		if l != nil {
-			wg.Go(func() {
-				<-l.done
-				f.release(slots[i], l)
-			})
+		switch {
+		case l == nil:
+		case keep:
+			l.timer.Stop()
+		default:
+			wg.Go(func() { f.release(slots[i], l) })
 		}
 	}
 	wg.Wait()

@@ -16,7 +16,8 @@ import (
 )
 
 // pauses is the fleet-wide pause table: KV RELAY_PAUSES, watched into a
-// map. Its goroutine (watch) is started by startPauses and ended by stop.
+// map, and this relay's pauses not stored yet. Its goroutines (watch and
+// rewrite) are started by startPauses and ended by stop.
 type pauses struct {
 	js     jetstream.JetStream
 	kv     jetstream.KeyValue
@@ -24,12 +25,14 @@ type pauses struct {
 	pre    string           // the bucket's subject prefix, "$KV.<bucket>."
 	log    *zap.Logger
 
-	mu    sync.Mutex
-	until map[string]time.Time // by KV key
-	ready bool                 // the watcher has delivered the initial values
+	mu      sync.Mutex
+	until   map[string]time.Time // by KV key
+	unsaved map[string]time.Time // this relay's pauses the bucket has not taken yet, by KV key
+	ready   bool                 // the watcher has delivered the initial values
 
+	kick   chan struct{} // wakes rewrite: a pause was added to unsaved
 	cancel context.CancelFunc
-	done   chan struct{}
+	wg     sync.WaitGroup
 	readyc chan struct{}
 }
 
@@ -45,9 +48,11 @@ func startPauses(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyVa
 		cancel()
 		return nil, fmt.Errorf("fleet: pause bucket: %w", unavailable(err))
 	}
-	p := &pauses{js: js, kv: kv, stream: stream, pre: pre, log: log, until: make(map[string]time.Time),
-		cancel: cancel, done: make(chan struct{}), readyc: make(chan struct{})}
-	go p.watch(wctx, w)
+	p := &pauses{js: js, kv: kv, stream: stream, pre: pre, log: log,
+		until: make(map[string]time.Time), unsaved: make(map[string]time.Time),
+		kick: make(chan struct{}, 1), cancel: cancel, readyc: make(chan struct{})}
+	p.wg.Go(func() { p.watch(wctx, w) })
+	p.wg.Go(func() { p.rewrite(wctx) })
 	select {
 	case <-p.readyc:
 	case <-ctx.Done():
@@ -59,13 +64,12 @@ func startPauses(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyVa
 
 func (p *pauses) stop() {
 	p.cancel()
-	<-p.done
+	p.wg.Wait()
 }
 
 // watch applies the bucket's updates to the map. A nil entry marks the end
 // of the initial values.
 func (p *pauses) watch(ctx context.Context, w jetstream.KeyWatcher) {
-	defer close(p.done)
 	defer w.Stop() //nolint:errcheck // nothing to do
 	for {
 		select {
@@ -103,11 +107,14 @@ func (p *pauses) watch(ctx context.Context, w jetstream.KeyWatcher) {
 func pauseKey(key []byte) string { return base64.RawURLEncoding.EncodeToString(key) }
 
 // Pause holds key (an order key such as "d:<device>" or "u:<user>") until
-// until, on every relay of the fleet: it is stored with a per-key TTL of until-now, so it disappears by
-// itself. A pause never shortens a longer one: the stored pause is read and
-// replaced only if it ends earlier, by a compare-and-swap on its revision
-// (a concurrent writer makes it read again). It returns once the pause is
-// stored on a quorum.
+// until, on every relay of the fleet: it is stored with a per-key TTL of
+// until-now, so it disappears by itself. A pause never shortens a longer
+// one: the stored pause is read and replaced only if it ends earlier, by a
+// compare-and-swap on its revision (a concurrent writer makes it read
+// again). It returns once the pause is stored on a quorum. When it cannot
+// (ctx or PublishTimeout ends first), the pause holds on this relay at
+// once and is written again in the background until the bucket takes it
+// or it ends; meanwhile this relay gives no partition up (see Ownership).
 func (f *Fleet) Pause(ctx context.Context, key []byte, until time.Time) error {
 	if time.Until(until) <= 0 {
 		return nil
@@ -116,33 +123,44 @@ func (f *Fleet) Pause(ctx context.Context, key []byte, until time.Time) error {
 	if cur, ok := f.pause.get(k); ok && !cur.Before(until) {
 		return nil
 	}
-	var v [8]byte
-	binary.BigEndian.PutUint64(v[:], uint64(until.UnixMilli()))
-	subj := f.pause.pre + k
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.PublishTimeout)
 	defer cancel()
+	if err := f.pause.write(ctx, k, until, false); err != nil {
+		f.pause.keep(k, until)
+		return fmt.Errorf("fleet: pause not stored yet, written again until it is or it ends: %w", unavailable(err))
+	}
+	return nil
+}
+
+// write stores k's pause until until, retrying a conflict, and a failure
+// that may pass (any when again is set, the background rewrite's), until
+// ctx ends.
+func (p *pauses) write(ctx context.Context, k string, until time.Time, again bool) error {
+	var v [8]byte
+	binary.BigEndian.PutUint64(v[:], uint64(until.UnixMilli()))
+	subj := p.pre + k
 	for {
-		err := f.tryPause(ctx, k, subj, v[:], until)
+		err := p.tryWrite(ctx, k, subj, v[:], until)
 		if err == nil {
 			return nil
 		}
 		var apiErr *jetstream.APIError
 		conflict := errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
-		if !conflict && (!retryable(err) || ctx.Err() != nil) {
-			return fmt.Errorf("fleet: pause: %w", unavailable(err))
+		if !conflict && !again && (!retryable(err) || ctx.Err() != nil) {
+			return err
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("fleet: pause: %w", unavailable(errors.Join(err, ctx.Err())))
+			return errors.Join(err, ctx.Err())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
 }
 
-// tryPause is one read and compare-and-swap of a pause.
-func (f *Fleet) tryPause(ctx context.Context, k, subj string, v []byte, until time.Time) error {
+// tryWrite is one read and compare-and-swap of a pause.
+func (p *pauses) tryWrite(ctx context.Context, k, subj string, v []byte, until time.Time) error {
 	var expect uint64
-	last, err := f.pause.stream.GetLastMsgForSubject(ctx, subj)
+	last, err := p.stream.GetLastMsgForSubject(ctx, subj)
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 	case err != nil:
@@ -152,19 +170,124 @@ func (f *Fleet) tryPause(ctx context.Context, k, subj string, v []byte, until ti
 		if len(last.Data) == 8 && last.Header.Get("KV-Operation") == "" {
 			cur := time.UnixMilli(int64(binary.BigEndian.Uint64(last.Data)))
 			if !cur.Before(until) {
-				f.pause.set(k, cur)
+				p.set(k, cur)
 				return nil
 			}
 		}
 	}
 	ttl := max(time.Until(until).Round(time.Second), time.Second) // the server's smallest TTL
-	_, err = f.js.PublishMsg(ctx, &nats.Msg{Subject: subj, Data: v},
+	_, err = p.js.PublishMsg(ctx, &nats.Msg{Subject: subj, Data: v},
 		jetstream.WithMsgTTL(ttl), jetstream.WithExpectLastSequencePerSubject(expect))
 	if err != nil {
 		return err
 	}
-	f.pause.set(k, until)
+	p.set(k, until)
 	return nil
+}
+
+// keep holds k's pause on this relay and hands it to rewrite.
+func (p *pauses) keep(k string, until time.Time) {
+	p.set(k, until)
+	p.mu.Lock()
+	if until.After(p.unsaved[k]) {
+		p.unsaved[k] = until
+	}
+	p.mu.Unlock()
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// rewrite writes the pauses Pause could not store until the bucket takes
+// each or it ends: a pause known to one relay only is lost to the relay
+// that takes its partition over.
+func (p *pauses) rewrite(ctx context.Context) {
+	const every = 250 * time.Millisecond
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.kick:
+		}
+		for {
+			p.mu.Lock()
+			todo := make(map[string]time.Time, len(p.unsaved))
+			for k, u := range p.unsaved {
+				if time.Now().Before(u) {
+					todo[k] = u
+				} else {
+					delete(p.unsaved, k)
+				}
+			}
+			p.mu.Unlock()
+			if len(todo) == 0 {
+				break
+			}
+			for k, u := range todo {
+				wctx, cancel := context.WithDeadline(ctx, u)
+				err := p.write(wctx, k, u, true)
+				cancel()
+				if err == nil || !time.Now().Before(u) {
+					p.mu.Lock()
+					if !p.unsaved[k].After(u) {
+						delete(p.unsaved, k)
+					}
+					p.mu.Unlock()
+				}
+				if ctx.Err() != nil {
+					return
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(every):
+			}
+		}
+	}
+}
+
+// unwritten reports whether this relay holds a pause the bucket has not
+// taken yet (and that has not ended).
+func (p *pauses) unwritten() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for k, u := range p.unsaved {
+		if time.Now().Before(u) {
+			return true
+		}
+		delete(p.unsaved, k)
+	}
+	return false
+}
+
+// load reads every pause stored now into the map, not through the
+// watcher: a relay taking a partition over must know its keys' pauses
+// before it sends, and the watcher may lag (its consumer lost with a node
+// and not yet made again) by seconds.
+func (p *pauses) load(ctx context.Context) error {
+	w, err := p.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return err
+	}
+	defer w.Stop() //nolint:errcheck // nothing to do
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return errors.New("pause watch closed")
+			}
+			if e == nil {
+				return nil
+			}
+			if v := e.Value(); e.Operation() == jetstream.KeyValuePut && len(v) == 8 {
+				p.set(e.Key(), time.UnixMilli(int64(binary.BigEndian.Uint64(v))))
+			}
+		}
+	}
 }
 
 // PausedUntil returns the end of key's pause as known to this relay (a
