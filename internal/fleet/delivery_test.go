@@ -21,6 +21,7 @@ func TestFleetDelivery(t *testing.T) {
 	}
 	env := &testEnv{c: natstest.Start(t, natstest.Config{})}
 	t.Run("MissedDelivery", env.testMissedDelivery)
+	t.Run("MissedHeartbeat", env.testMissedHeartbeat)
 	t.Run("Writable", env.testWritable) // kills nodes: last
 }
 
@@ -105,6 +106,48 @@ func (e *testEnv) testMissedDelivery(t *testing.T) {
 		if err := p.Ack(ctx, m); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// lateHeartbeat reports one missed heartbeat, as the iterator does when a
+// busy server's heartbeats come late, and then reads on.
+type lateHeartbeat struct {
+	jetstream.MessagesContext
+	reported bool
+}
+
+func (l *lateHeartbeat) Next(opts ...jetstream.NextOpt) (jetstream.Msg, error) {
+	if !l.reported {
+		l.reported = true
+		return nil, jetstream.ErrNoHeartbeat
+	}
+	return l.MessagesContext.Next(opts...)
+}
+
+// testMissedHeartbeat: a late heartbeat is not an error of the partition:
+// its reader pulls again and hands out the next message.
+func (e *testEnv) testMissedHeartbeat(t *testing.T) {
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1})
+	ctx := bg(t)
+	if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", 1)}}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := f.openPartition(ctx, ctx, storage.KindEvents, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	late := &lateHeartbeat{MessagesContext: p.it}
+	p.it = late
+	m, err := p.Next(ctx)
+	if err != nil {
+		t.Fatalf("read after a late heartbeat: %v", err)
+	}
+	if !late.reported {
+		t.Fatal("the late heartbeat was never reported")
+	}
+	if k, n := parse(m.Records[0]); k != "d:a" || n != 1 {
+		t.Fatalf("read %s/%d, want d:a/1", k, n)
 	}
 }
 

@@ -252,6 +252,13 @@ func (p *Partition) Next(ctx context.Context) (*Message, error) {
 				// Another relay took the partition over.
 				return nil, ErrLost
 			}
+			if errors.Is(err, jetstream.ErrNoHeartbeat) {
+				// The pull's heartbeats were late (a busy server, a leader
+				// election): the iterator has already sent a new pull, and
+				// a delivery lost meanwhile is caught by the sequence check.
+				p.log.Debug("partition pull heartbeat missed; pulling again", zap.Error(err))
+				continue
+			}
 			return nil, fmt.Errorf("fleet: read partition %d: %w", p.id, unavailable(err))
 		}
 		md, err := m.Metadata()
