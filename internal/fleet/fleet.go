@@ -315,7 +315,7 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config, log *zap.Logger, reg p
 	if err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
 	}
-	if p, g, ok := existingLayout(ctx, js, given); ok {
+	if p, g, ok := existingLayout(ctx, js, given, log); ok {
 		cfg.Partitions, cfg.Streams = p, g
 	}
 	m, err := newMetrics(reg)
@@ -448,12 +448,15 @@ func retrySetup[T any](ctx context.Context, log *zap.Logger, create func(context
 // existingLayout reads the partitions and streams of the events kind's first
 // stream when the configuration left both to their defaults (zero) and that
 // stream exists; ok is false otherwise (Open then creates or checks the
-// streams as configured).
-func existingLayout(ctx context.Context, js jetstream.JetStream, cfg Config) (partitions, streams int, ok bool) {
+// streams as configured). Its request is bounded and retried like a
+// create's: one arriving while the stream's leadership moves is answered
+// by no server.
+func existingLayout(ctx context.Context, js jetstream.JetStream, cfg Config, log *zap.Logger) (partitions, streams int, ok bool) {
 	if cfg.Partitions != 0 || cfg.Streams != 0 {
 		return 0, 0, false
 	}
-	s, err := js.Stream(ctx, names{cfg.withDefaults().Namespace, 1}.stream(storage.KindEvents, 0))
+	name := names{cfg.withDefaults().Namespace, 1}.stream(storage.KindEvents, 0)
+	s, err := retrySetup(ctx, log, func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, name) })
 	if err != nil {
 		return 0, 0, false
 	}

@@ -1354,9 +1354,6 @@ func (e *testEnv) leadAll(t *testing.T, f *Fleet) string {
 // events stream (here moved there on purpose, as after the other nodes
 // restarted) spreads them again by itself, without a restart.
 func (e *testEnv) testLeadersRebalanced(t *testing.T) {
-	// The same symptom as LeadersSpread's, seen here beside CPU hogs: after
-	// the step-downs the placement reads time out for minutes.
-	t.Skip("JetStream API unavailable after leader step-downs: under investigation")
 	ns := e.namespace()
 	f := e.open(t, e.connect(t), Config{Namespace: ns, Partitions: 3, Streams: 3, Rebalance: -1})
 	e.leadAll(t, f)
@@ -1383,12 +1380,6 @@ func (e *testEnv) testLeadersRebalanced(t *testing.T) {
 // there on purpose), a relay that opens the fleet spreads them over at
 // least two nodes, and the leaders-per-node gauge shows it.
 func (e *testEnv) testLeadersSpread(t *testing.T) {
-	// Open's step-downs were answered with success, and then the second
-	// relay's JetStream API timed out for minutes (its placement reads
-	// failed with "cluster unavailable"): seen on a quiet machine at every
-	// run since a77c96f, not under load. Under investigation; the spread
-	// itself is tested by LeadersRebalanced.
-	t.Skip("JetStream API of the second relay unavailable after Open's step-downs: under investigation")
 	ns := e.namespace()
 	// No rebalancing after Open (it would undo the setup): the one at
 	// Open is tested.
