@@ -43,7 +43,10 @@ func startPauses(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyVa
 		cancel()
 		return nil, fmt.Errorf("fleet: watch pauses: %w", unavailable(err))
 	}
-	stream, err := js.Stream(ctx, "KV_"+strings.TrimSuffix(strings.TrimPrefix(pre, "$KV."), "."))
+	// Bounded and asked again: a request that arrives while the bucket's
+	// leadership moves is answered by no server.
+	name := "KV_" + strings.TrimSuffix(strings.TrimPrefix(pre, "$KV."), ".")
+	stream, err := retrySetup(ctx, log, func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, name) })
 	if err != nil {
 		cancel()
 		return nil, fmt.Errorf("fleet: pause bucket: %w", unavailable(err))
