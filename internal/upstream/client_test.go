@@ -37,7 +37,7 @@ const testBody = `{"api_key":"k","events":[{"event_type":"e","device_id":"device
 
 func TestClientAgainstSim(t *testing.T) {
 	s, url := startSim(t, sim.Config{})
-	c := newClient(t, Config{Timeout: 2 * time.Second})
+	c := newClient(t, Config{Timeout: poll.Max})
 	ctx := context.Background()
 
 	for _, gz := range []bool{false, true} {
