@@ -87,7 +87,7 @@ func TestClientTimeoutAndAbandon(t *testing.T) {
 		t.Fatalf("%+v after %v", r, time.Since(start))
 	}
 
-	c = newClient(t, Config{Timeout: time.Minute})
+	c = newClient(t, Config{Timeout: 10 * time.Minute})
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(100*time.Millisecond, cancel)
 	start = time.Now()
