@@ -684,7 +684,9 @@ func (e *testEnv) testPauseOnTakeOver(t *testing.T) {
 // pause) until the pause is stored.
 func (e *testEnv) testPauseUnstoredHoldsLease(t *testing.T) {
 	ns := e.namespace()
-	cfg := Config{Namespace: ns, Partitions: 2, LeaseTTL: 3 * time.Second}
+	// A lease a loaded machine still renews in time (a renewal later than
+	// LeaseTTL-LeaseMargin gives it up, and b would take it).
+	cfg := Config{Namespace: ns, Partitions: 2, LeaseTTL: 15 * time.Second}
 	a := e.open(t, e.connect(t), cfg)
 	var aOwned, bOwned atomic.Int32
 	ended := make(chan string, 4)
@@ -718,8 +720,8 @@ func (e *testEnv) testPauseUnstoredHoldsLease(t *testing.T) {
 	case <-time.After(poll.Max):
 		t.Fatal("a gave no partition up to b")
 	}
-	// Several heartbeats: b would have taken it within one.
-	time.Sleep(2 * cfg.LeaseTTL)
+	// Three heartbeats: b would have taken it within one.
+	time.Sleep(cfg.LeaseTTL)
 	if n := bOwned.Load(); n != 0 {
 		t.Errorf("b took %d partition(s) (a gave up %s) while a pause of a was not stored", n, gone)
 	}
@@ -978,9 +980,13 @@ func (e *testEnv) testFailover(t *testing.T) {
 	// AckWait far above the wait below: a take-over that waited for A's
 	// unacknowledged messages to expire (the wrong way) cannot pass, however
 	// loaded the machine.
-	cfg := Config{Namespace: ns, Partitions: 4, LeaseTTL: 2 * time.Second, AckWait: 10 * time.Minute}
+	// A 20 s lease: B must keep its own however loaded the machine (a
+	// renewal later than LeaseTTL-LeaseMargin resets its consumers, and
+	// it reads again what it read, out of the order checked below); A's
+	// is taken over about 27 s after A died.
+	cfg := Config{Namespace: ns, Partitions: 4, LeaseTTL: 20 * time.Second, AckWait: 10 * time.Minute}
 	ncA := e.connect(t)
-	a := e.open(t, ncA, Config{Namespace: ns, Partitions: 4, LeaseTTL: 2 * time.Second, AckWait: 10 * time.Minute, Name: "relay-a"})
+	a := e.open(t, ncA, Config{Namespace: ns, Partitions: 4, LeaseTTL: 20 * time.Second, AckWait: 10 * time.Minute, Name: "relay-a"})
 	cfg.Name = "relay-b"
 	b := e.open(t, e.connect(t), cfg)
 	ctx := bg(t)
