@@ -1518,7 +1518,7 @@ func (e *testEnv) testLayoutFound(t *testing.T) {
 	if f.cfg.Partitions != 16 || f.cfg.Streams != 2 {
 		t.Fatalf("layout taken: %d partitions, %d streams; want 16, 2", f.cfg.Partitions, f.cfg.Streams)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 	defer cancel()
 	if _, err := Open(ctx, e.connect(t), Config{Namespace: ns, Partitions: 3}, nil, nil); !errors.Is(err, ErrPartitions) {
 		t.Fatalf("a relay configured for 3 partitions: %v, want ErrPartitions", err)
