@@ -277,11 +277,13 @@ func TestOutageStopsReadAhead(t *testing.T) {
 
 // A read-ahead budget smaller than the shards' batches: the reader waits
 // for the budget while every shard waits for a full batch. The shards must
-// send what they have then, not once per flush interval (5 s here: the
-// ~1 MB below would take 80 s that way, against a few seconds).
+// send what they have then, not once per flush interval (20 s here: the
+// ~1 MB below would take over 4 minutes that way, against a few seconds
+// and at most one interval for the last partial batches: waitDrained's
+// poll.Max tells the two apart on any machine).
 func TestSmallBudgetDoesNotWaitForFlush(t *testing.T) {
 	h := newHarness(t, sim.Config{}, Config{MaxReadAheadBytes: 64 << 10, ShardsPerLane: 4,
-		MaxBatchEvents: 1000, FlushInterval: 5 * time.Second}, throttle.Config{})
+		MaxBatchEvents: 1000, FlushInterval: 20 * time.Second}, throttle.Config{})
 	for c := 0; c < 100; c++ {
 		var evs []ev
 		for _, d := range devs(fmt.Sprintf("dev-%d-", c), 20) {
@@ -292,9 +294,7 @@ func TestSmallBudgetDoesNotWaitForFlush(t *testing.T) {
 	start := time.Now()
 	h.start()
 	h.waitDrained(poll.Max, 0)
-	if d := time.Since(start); d > 40*time.Second {
-		t.Fatalf("delivered in %v: the shards waited for their flush interval", d)
-	}
+	t.Logf("delivered in %v", time.Since(start))
 	h.stop()
 	h.check(nil)
 }
