@@ -780,9 +780,9 @@ func (e *testEnv) testPartitionsFixed(t *testing.T) {
 // past AckWait is not delivered again while its owner holds it, and does
 // not hold back the next message of its partition (another key's).
 func (e *testEnv) testKeepAlive(t *testing.T) {
-	// AckWait 4s: keep-alives every 1.3 s, so only a stall of over 2.6 s on
-	// a loaded machine could cause a redelivery.
-	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1, AckWait: 4 * time.Second})
+	// AckWait 8 s: keep-alives every 2.7 s, so only a stall of over 5.3 s
+	// on a loaded machine could cause a redelivery (at 4 s, one of 2.6 s).
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1, AckWait: 8 * time.Second})
 	ctx := bg(t)
 	for _, k := range []string{"d:paused", "d:other"} {
 		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec(k, 1)}}); err != nil {
@@ -807,7 +807,7 @@ func (e *testEnv) testKeepAlive(t *testing.T) {
 			return r.err
 		}
 		// Hold the first for 2.5 AckWaits: nothing may come again.
-		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		r.again, r.err = p.Next(wctx)
 		cancel()
 		if err := p.Ack(ctx, r.held); err != nil {
