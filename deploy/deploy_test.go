@@ -381,7 +381,7 @@ func TestContainerfiles(t *testing.T) {
 	configCheck(t, bin, mounted)
 	refused := func(env []string, want string) {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, bin, "config", "check")
 		cmd.Env = append(harness.CleanEnv(), env...)
@@ -400,7 +400,7 @@ func TestContainerfiles(t *testing.T) {
 // configCheck runs `relay config check args...` with env and wants exit 0.
 func configCheck(t *testing.T, bin string, env []string, args ...string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, append([]string{"config", "check"}, args...)...)
 	cmd.Env = append(harness.CleanEnv(), env...)

@@ -110,42 +110,13 @@ func TestReloadLiveSettings(t *testing.T) {
 	// The load: 3 clients, each address used by one client and rotating
 	// over 3000 (the rate limit of state b is per address), key-load
 	// (allowed in every state), no Origin, until stopped.
-	ctx, stopLoad := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	var failed atomic.Int64
-	var mu sync.Mutex
-	var acceptedIDs []string // read after wg.Wait
-	for c := range 3 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			lc := &http.Client{Timeout: poll.Max}
-			for i := 0; ctx.Err() == nil; i++ {
-				id := fmt.Sprintf("load-%d-%d", c, i)
-				body := fmt.Sprintf(`{"api_key":"key-load","events":[{"event_type":"load","device_id":"load-%d","insert_id":%q}]}`, i%7, id)
-				req, _ := http.NewRequest(http.MethodPost, r.ingest+"/2/httpapi", strings.NewReader(body))
-				req.Header.Set("X-Forwarded-For", fmt.Sprintf("10.%d.%d.%d", c+1, i/250%4, i%250+1))
-				resp, err := lc.Do(req)
-				if err != nil {
-					failed.Add(1)
-					t.Errorf("load request: %v", err)
-					continue
-				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != 200 {
-					failed.Add(1)
-					t.Errorf("load request: %d", resp.StatusCode)
-					continue
-				}
-				mu.Lock()
-				acceptedIDs = append(acceptedIDs, id)
-				mu.Unlock()
-				time.Sleep(time.Millisecond)
-			}
-		}()
-	}
-	defer func() { stopLoad(); wg.Wait() }()
+	stopLoad := startLoad(t, func(c, i int) (string, *http.Request) {
+		id := fmt.Sprintf("load-%d-%d", c, i)
+		body := fmt.Sprintf(`{"api_key":"key-load","events":[{"event_type":"load","device_id":"load-%d","insert_id":%q}]}`, i%7, id)
+		req, _ := http.NewRequest(http.MethodPost, r.ingest+"/2/httpapi", strings.NewReader(body))
+		req.Header.Set("X-Forwarded-For", fmt.Sprintf("10.%d.%d.%d", c+1, i/250%4, i%250+1))
+		return id, req
+	})
 
 	type simRequest struct {
 		Status    int      `json:"status"`
@@ -418,11 +389,7 @@ func TestReloadLiveSettings(t *testing.T) {
 	check(a, "after a reload back to a")
 
 	// Zero failed, zero lost: every event answered 200 reaches the upstream.
-	stopLoad()
-	wg.Wait()
-	if failed.Load() != 0 || len(acceptedIDs) == 0 {
-		t.Fatalf("load: %d accepted, %d failed", len(acceptedIDs), failed.Load())
-	}
+	acceptedIDs := stopLoad()
 	poll.Until(t, "every load event delivered", func() bool {
 		_, _, body := do(http.MethodGet, r.admin+"/sim/events?api_key=key-load&limit=10000000", "", auth)
 		var evs struct {
@@ -559,5 +526,54 @@ func TestReloadUpstreamURLsLive(t *testing.T) {
 			c.new.AliasURL + c.new.AnalyticsURL + c.new.ExperimentURL + c.new.ScimURL + c.new.FeedbackURL}; urls[0] != urls[map[bool]int{false: 1, true: 2}[c.live]] {
 			t.Errorf("case %d, %s: in force after the reload %q", i, c.name, urls[0])
 		}
+	}
+}
+
+// startLoad starts the load the reload tests keep up through every reload:
+// 3 clients sending, one at a time each, the requests req makes (client
+// c's i-th, and the insert_id of its one event). The load ends at the
+// returned stop (or at the test's end), which waits for the clients and
+// returns the insert_ids accepted; every request must be answered 200, and
+// stop fails t unless some were.
+func startLoad(t *testing.T, req func(c, i int) (id string, r *http.Request)) (stop func() []string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	var mu sync.Mutex
+	var accepted []string
+	for c := range 3 {
+		wg.Go(func() {
+			lc := &http.Client{Timeout: poll.Max}
+			for i := 0; ctx.Err() == nil; i++ {
+				id, rq := req(c, i)
+				resp, err := lc.Do(rq)
+				if err != nil {
+					failed.Add(1)
+					t.Errorf("load request: %v", err)
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					failed.Add(1)
+					t.Errorf("load request: %d", resp.StatusCode)
+					continue
+				}
+				mu.Lock()
+				accepted = append(accepted, id)
+				mu.Unlock()
+				time.Sleep(time.Millisecond)
+			}
+		})
+	}
+	wait := sync.OnceFunc(func() { cancel(); wg.Wait() })
+	t.Cleanup(wait) // before the relay's stop, registered earlier
+	return func() []string {
+		t.Helper()
+		wait()
+		if failed.Load() != 0 || len(accepted) == 0 {
+			t.Fatalf("load: %d accepted, %d failed", len(accepted), failed.Load())
+		}
+		return accepted
 	}
 }

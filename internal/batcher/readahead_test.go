@@ -3,6 +3,7 @@ package batcher
 import (
 	"fmt"
 	"runtime"
+	rtmetrics "runtime/metrics"
 	"testing"
 	"time"
 
@@ -277,11 +278,13 @@ func TestOutageStopsReadAhead(t *testing.T) {
 
 // A read-ahead budget smaller than the shards' batches: the reader waits
 // for the budget while every shard waits for a full batch. The shards must
-// send what they have then, not once per flush interval (5 s here: the
-// ~1 MB below would take 80 s that way, against a few seconds).
+// send what they have then, not once per flush interval (20 s here: the
+// ~1 MB below would take over 4 minutes that way, against a few seconds
+// and at most one interval for the last partial batches: waitDrained's
+// poll.Max tells the two apart on any machine).
 func TestSmallBudgetDoesNotWaitForFlush(t *testing.T) {
 	h := newHarness(t, sim.Config{}, Config{MaxReadAheadBytes: 64 << 10, ShardsPerLane: 4,
-		MaxBatchEvents: 1000, FlushInterval: 5 * time.Second}, throttle.Config{})
+		MaxBatchEvents: 1000, FlushInterval: 20 * time.Second}, throttle.Config{})
 	for c := 0; c < 100; c++ {
 		var evs []ev
 		for _, d := range devs(fmt.Sprintf("dev-%d-", c), 20) {
@@ -292,9 +295,7 @@ func TestSmallBudgetDoesNotWaitForFlush(t *testing.T) {
 	start := time.Now()
 	h.start()
 	h.waitDrained(poll.Max, 0)
-	if d := time.Since(start); d > 40*time.Second {
-		t.Fatalf("delivered in %v: the shards waited for their flush interval", d)
-	}
+	t.Logf("delivered in %v", time.Since(start))
 	h.stop()
 	h.check(nil)
 }
@@ -325,12 +326,17 @@ func TestLargeChunksStayInBudget(t *testing.T) {
 		h.add(fmt.Sprintf("big-%02d", i), evs...)
 	}
 	bound := int64(total + total/4)
+	// heap is the live heap as the last GC marked it: HeapInuse (or
+	// HeapAlloc) read after runtime.GC also counts what the 80 retrying
+	// shards allocated since, which beside two CPU hogs (the test's
+	// goroutine descheduled between the two calls) came to 17-33 MiB
+	// while heap profiles showed the live objects 5-7 MB larger.
 	heap := func() uint64 {
 		runtime.GC()
 		runtime.GC() // and the pools' victims
-		var ms runtime.MemStats
-		runtime.ReadMemStats(&ms)
-		return ms.HeapInuse
+		live := []rtmetrics.Sample{{Name: "/gc/heap/live:bytes"}}
+		rtmetrics.Read(live)
+		return live[0].Value.Uint64()
 	}
 	time.Sleep(time.Second) // the spool moves the chunks from memory to bbolt
 	base := heap()          // the test's own copies of the events are most of it
@@ -351,14 +357,12 @@ func TestLargeChunksStayInBudget(t *testing.T) {
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
-		inuse := heap()
-		t.Logf("%s: read-ahead %d bytes, heap in use %d MiB (%d MiB before delivery started)", when, h.p.budget.Used(), inuse>>20, base>>20)
+		live := heap()
+		t.Logf("%s: read-ahead %d bytes, live heap %d MiB (%d MiB before delivery started)", when, h.p.budget.Used(), live>>20, base>>20)
 		// The chunks are ~50 MB; holding one each (as before) would grow
-		// the heap by that much. The bound is half of it: a GC sample on a
-		// loaded machine (the spool's buffers, the sim's, the pools) moved
-		// by more than 16 MiB once in four runs under load.
-		if inuse > base+25<<20 {
-			t.Errorf("%s: heap in use %d MiB, %d MiB before: the chunks are held", when, inuse>>20, base>>20)
+		// the heap by that much. The bound is half of it.
+		if live > base+25<<20 {
+			t.Errorf("%s: live heap %d MiB, %d MiB before: the chunks are held", when, live>>20, base>>20)
 		}
 	}
 	h.start()

@@ -94,7 +94,7 @@ func (e *testEnv) testMissedDelivery(t *testing.T) {
 	}
 	defer p.close()
 	for want := 1; want <= 3; want++ {
-		nctx, cancel := context.WithTimeout(ctx, 30*time.Second) // a pull lost to a leader election: up to 2 expiries
+		nctx, cancel := context.WithTimeout(ctx, poll.Max) // a pull lost to a leader election: up to 2 expiries
 		m, err := p.Next(nctx)
 		cancel()
 		if err != nil {

@@ -684,7 +684,9 @@ func (e *testEnv) testPauseOnTakeOver(t *testing.T) {
 // pause) until the pause is stored.
 func (e *testEnv) testPauseUnstoredHoldsLease(t *testing.T) {
 	ns := e.namespace()
-	cfg := Config{Namespace: ns, Partitions: 2, LeaseTTL: 3 * time.Second}
+	// A lease a loaded machine still renews in time (a renewal later than
+	// LeaseTTL-LeaseMargin gives it up, and b would take it).
+	cfg := Config{Namespace: ns, Partitions: 2, LeaseTTL: 15 * time.Second}
 	a := e.open(t, e.connect(t), cfg)
 	var aOwned, bOwned atomic.Int32
 	ended := make(chan string, 4)
@@ -718,8 +720,8 @@ func (e *testEnv) testPauseUnstoredHoldsLease(t *testing.T) {
 	case <-time.After(poll.Max):
 		t.Fatal("a gave no partition up to b")
 	}
-	// Several heartbeats: b would have taken it within one.
-	time.Sleep(2 * cfg.LeaseTTL)
+	// Three heartbeats: b would have taken it within one.
+	time.Sleep(cfg.LeaseTTL)
 	if n := bOwned.Load(); n != 0 {
 		t.Errorf("b took %d partition(s) (a gave up %s) while a pause of a was not stored", n, gone)
 	}
@@ -778,9 +780,9 @@ func (e *testEnv) testPartitionsFixed(t *testing.T) {
 // past AckWait is not delivered again while its owner holds it, and does
 // not hold back the next message of its partition (another key's).
 func (e *testEnv) testKeepAlive(t *testing.T) {
-	// AckWait 4s: keep-alives every 1.3 s, so only a stall of over 2.6 s on
-	// a loaded machine could cause a redelivery.
-	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1, AckWait: 4 * time.Second})
+	// AckWait 8 s: keep-alives every 2.7 s, so only a stall of over 5.3 s
+	// on a loaded machine could cause a redelivery (at 4 s, one of 2.6 s).
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1, AckWait: 8 * time.Second})
 	ctx := bg(t)
 	for _, k := range []string{"d:paused", "d:other"} {
 		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec(k, 1)}}); err != nil {
@@ -805,7 +807,7 @@ func (e *testEnv) testKeepAlive(t *testing.T) {
 			return r.err
 		}
 		// Hold the first for 2.5 AckWaits: nothing may come again.
-		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		r.again, r.err = p.Next(wctx)
 		cancel()
 		if err := p.Ack(ctx, r.held); err != nil {
@@ -978,9 +980,13 @@ func (e *testEnv) testFailover(t *testing.T) {
 	// AckWait far above the wait below: a take-over that waited for A's
 	// unacknowledged messages to expire (the wrong way) cannot pass, however
 	// loaded the machine.
-	cfg := Config{Namespace: ns, Partitions: 4, LeaseTTL: 2 * time.Second, AckWait: 10 * time.Minute}
+	// A 20 s lease: B must keep its own however loaded the machine (a
+	// renewal later than LeaseTTL-LeaseMargin resets its consumers, and
+	// it reads again what it read, out of the order checked below); A's
+	// is taken over about 27 s after A died.
+	cfg := Config{Namespace: ns, Partitions: 4, LeaseTTL: 20 * time.Second, AckWait: 10 * time.Minute}
 	ncA := e.connect(t)
-	a := e.open(t, ncA, Config{Namespace: ns, Partitions: 4, LeaseTTL: 2 * time.Second, AckWait: 10 * time.Minute, Name: "relay-a"})
+	a := e.open(t, ncA, Config{Namespace: ns, Partitions: 4, LeaseTTL: 20 * time.Second, AckWait: 10 * time.Minute, Name: "relay-a"})
 	cfg.Name = "relay-b"
 	b := e.open(t, e.connect(t), cfg)
 	ctx := bg(t)
@@ -1503,7 +1509,7 @@ func (e *testEnv) testLayoutFound(t *testing.T) {
 	if f.cfg.Partitions != 16 || f.cfg.Streams != 2 {
 		t.Fatalf("layout taken: %d partitions, %d streams; want 16, 2", f.cfg.Partitions, f.cfg.Streams)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 	defer cancel()
 	if _, err := Open(ctx, e.connect(t), Config{Namespace: ns, Partitions: 3}, nil, nil); !errors.Is(err, ErrPartitions) {
 		t.Fatalf("a relay configured for 3 partitions: %v, want ErrPartitions", err)

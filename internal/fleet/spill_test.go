@@ -20,7 +20,7 @@ import (
 // stream. A message read after them (another key's) is acknowledged
 // meanwhile.
 func (e *testEnv) testSpill(t *testing.T) {
-	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1, AckWait: 4 * time.Second})
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1, AckWait: 8 * time.Second})
 	ctx := bg(t)
 	for _, r := range []storage.Record{rec("d:held", 1), rec("d:held", 2), rec("d:other", 1)} {
 		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{r}}); err != nil {
@@ -75,9 +75,10 @@ func spillCase(ctx context.Context, r *partitionReader) error {
 	if err := r.Ack(ctx, ms[2]); err != nil {
 		return err
 	}
-	// 2.5 AckWaits: nothing may be delivered again. (AckWait 4s: only a
-	// stall of over 2.6 s on a loaded machine could miss a keep-alive.)
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	// 2.5 AckWaits: nothing may be delivered again. (AckWait 8 s: only a
+	// stall of over 5.3 s on a loaded machine could miss a keep-alive; at
+	// 4 s, 2.6 s was all a keep-alive could be late by.)
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	again, err := r.Next(wctx)
 	cancel()
 	if again != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/forward/forwardtest"
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 )
@@ -23,7 +24,7 @@ import (
 // the forwarder's IdleTimeout is cut.
 func TestExportSlowCallerOutlivesWriteTimeout(t *testing.T) {
 	if testing.Short() {
-		t.Skip("reads slowly for 2 s")
+		t.Skip("reads slowly for 2 s, then stops for 10")
 	}
 	_, up := forwardtest.StartSim(t, sim.Config{})
 	ctl := &simtest.Control{Base: up}
@@ -31,27 +32,47 @@ func TestExportSlowCallerOutlivesWriteTimeout(t *testing.T) {
 	if err := ctl.SetExport(context.Background(), sim.ExportConfig{SyntheticBytesPerHour: &syn}); err != nil {
 		t.Fatal(err)
 	}
-	admin, err := adminapi.New(adminapi.Config{WriteTimeout: time.Second}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin.Register(forwardtest.Build(t, forward.Config{IdleTimeout: time.Second}, forwardtest.WebCreds(t), forward.Export(forward.APIConfig{URL: baseurl.NewRef(up)}))...)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go admin.Serve(ln)
-	t.Cleanup(func() { admin.Shutdown(context.Background()) })
-	get := func() *http.Response {
-		req, _ := http.NewRequest("GET", "http://"+ln.Addr().String()+forward.ExportPath+"?start=20260101T00&end=20260101T00", nil)
-		req.Header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte("proj:proj-secret")))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil || resp.StatusCode != 200 {
-			t.Fatalf("export: %v %v", resp, err)
+	// serve starts the admin listener (its write time-out 1 s) with the
+	// export route of a forwarder whose IdleTimeout is idle; it returns
+	// the listener's address.
+	serve := func(idle time.Duration) string {
+		admin, err := adminapi.New(adminapi.Config{WriteTimeout: time.Second}, nil, nil)
+		if err != nil {
+			t.Fatal(err)
 		}
+		admin.Register(forwardtest.Build(t, forward.Config{IdleTimeout: idle}, forwardtest.WebCreds(t), forward.Export(forward.APIConfig{URL: baseurl.NewRef(up)}))...)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go admin.Serve(ln)
+		t.Cleanup(func() { admin.Shutdown(context.Background()) })
+		return ln.Addr().String()
+	}
+	// get starts an export; a 502 (the sim's first byte later than a short
+	// IdleTimeout, on a loaded machine) is tried again.
+	get := func(addr string) *http.Response {
+		var resp *http.Response
+		poll.Until(t, "an export answered 200", func() bool {
+			req, _ := http.NewRequest("GET", "http://"+addr+forward.ExportPath+"?start=20260101T00&end=20260101T00", nil)
+			req.Header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte("proj:proj-secret")))
+			r, err := http.DefaultClient.Do(req)
+			if err == nil && r.StatusCode == http.StatusBadGateway {
+				r.Body.Close()
+				return false
+			}
+			if err != nil || r.StatusCode != 200 {
+				t.Fatalf("export: %v %v", r, err)
+			}
+			resp = r
+			return true
+		})
 		return resp
 	}
-	resp := get()
+	// The slow reader pauses far less than the forwarder's IdleTimeout
+	// (poll.Max) however loaded the machine: only the write time-out
+	// could cut it.
+	resp := get(serve(poll.Max))
 	t0 := time.Now()
 	var n int64
 	buf := make([]byte, 512<<10)
@@ -72,10 +93,13 @@ func TestExportSlowCallerOutlivesWriteTimeout(t *testing.T) {
 		t.Fatalf("read %d bytes in %v (sim sent %+v): the test did not outlast the write time-out", n, took, log)
 	}
 
-	resp = get()
+	// A 1 s IdleTimeout: the reader stops for 10, so that the
+	// forwarder's timer, however late a loaded machine runs it, fires
+	// before the reader reads again.
+	resp = get(serve(time.Second))
 	io.ReadFull(resp.Body, buf)
-	time.Sleep(3 * time.Second) // longer than IdleTimeout, with the socket buffers full
-	_, err = io.Copy(io.Discard, resp.Body)
+	time.Sleep(10 * time.Second) // longer than IdleTimeout, with the socket buffers full
+	_, err := io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	if err == nil {
 		t.Fatal("a caller that stopped reading was never cut")

@@ -77,7 +77,7 @@ func dial(t *testing.T, addr string) net.Conn {
 // get sends one keep-alive GET on c and reads its answer.
 func get(t *testing.T, c net.Conn, br *bufio.Reader, path string) *http.Response {
 	t.Helper()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
+	c.SetDeadline(time.Now().Add(poll.Max))
 	if _, err := io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func TestShutdownClosesWaitingConnections(t *testing.T) {
 	busy := dial(t, addr)
 	busyAnswer := make(chan *http.Response, 1)
 	go func() {
-		busy.SetDeadline(time.Now().Add(10 * time.Second))
+		busy.SetDeadline(time.Now().Add(poll.Max))
 		io.WriteString(busy, "GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
 		r, err := http.ReadResponse(bufio.NewReader(busy), nil)
 		if err != nil {
@@ -176,7 +176,7 @@ func TestShutdownClosesWaitingConnections(t *testing.T) {
 }
 
 // TestShutdownIdleOnly: with only waiting connections, Shutdown returns at
-// once though their read and idle timeouts are a minute.
+// once though their read and idle timeouts are 10 minutes.
 func TestShutdownIdleOnly(t *testing.T) {
 	var mu sync.Mutex
 	states := map[fasthttp.ConnState]int{}
@@ -191,9 +191,10 @@ func TestShutdownIdleOnly(t *testing.T) {
 	// The silent connection is accepted before Shutdown, but its StateNew
 	// may come later: either way it must be closed.
 	// fasthttp polls its count of open connections every 100 ms: about
-	// 100 ms on a quiet machine. The bound is the ctx: 10 s, against the
-	// minute a wrong Shutdown would wait for the read and idle timeouts.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	// 100 ms on a quiet machine. The bound is the ctx: poll.Max, against
+	// the 10 minutes a wrong Shutdown would wait for the read and idle
+	// timeouts (start's).
+	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 	defer cancel()
 	if err := s.Shutdown(ctx); err != nil {
 		t.Fatalf("Shutdown: %v", err)
@@ -258,7 +259,7 @@ func TestOversizedBodyAnswered(t *testing.T) {
 		IdleTimeout:        time.Minute,
 	}, fasthttp.ErrBodyTooLarge.Error())
 	gracefultest.Repeat(t, conns, func() error {
-		c, err := gracefultest.Dial(addr, 5*time.Second)
+		c, err := gracefultest.Dial(addr, poll.Max)
 		if err != nil {
 			return err
 		}
@@ -353,7 +354,7 @@ func TestLingerEnds(t *testing.T) {
 		}
 		// The peer gets the answer and the FIN (CloseWrite), and may still
 		// send: the server discards it.
-		client.SetDeadline(time.Now().Add(5 * time.Second))
+		client.SetDeadline(time.Now().Add(poll.Max))
 		if b, err := io.ReadAll(client); err != nil || string(b) != "answer" {
 			t.Fatalf("peer read %q, %v; want the answer and EOF", b, err)
 		}
@@ -380,7 +381,7 @@ func TestLingerEnds(t *testing.T) {
 		c, client := tcpPair(t, s)
 		begin := time.Now()
 		c.Close()
-		client.SetDeadline(time.Now().Add(5 * time.Second))
+		client.SetDeadline(time.Now().Add(poll.Max))
 		if _, err := client.Read(make([]byte, 1)); err != io.EOF {
 			t.Fatalf("peer read: %v, want EOF (the server's FIN)", err)
 		}

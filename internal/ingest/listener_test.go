@@ -146,7 +146,9 @@ func TestFileDescriptorExhaustion(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a child process")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	// The child's life: longer than every wait below (poll.Max each), so
+	// that a loaded machine's slow test never loses its child to it.
+	ctx, cancel := context.WithTimeout(context.Background(), 4*poll.Max)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestFileDescriptorChild$", "-test.v")
 	cmd.Env = append(os.Environ(), fdChildEnv+"="+t.TempDir())
@@ -270,7 +272,7 @@ func TestFileDescriptorChild(t *testing.T) {
 	case <-term:
 	case err := <-served:
 		t.Fatalf("Serve returned while it should serve: %v", err)
-	case <-time.After(50 * time.Second):
+	case <-time.After(5 * poll.Max): // the parent's SIGTERM comes first
 	}
 	srv.Shutdown(context.Background())
 	fmt.Println("Serve returned", strconv.Quote(fmt.Sprint(<-served)))

@@ -29,11 +29,13 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/svcrelay/relay/internal/poll"
 )
 
 // Config configures a Cluster. The zero value is three nodes, fsync on
 // every write off (the server's default two-minute sync interval) and a
-// 45-second bound on waits.
+// poll.Max bound on waits.
 type Config struct {
 	// Nodes is the number of servers; zero means 3.
 	Nodes int
@@ -41,8 +43,9 @@ type Config struct {
 	// (the server's `sync_interval: always`).
 	SyncAlways bool
 	// ReadyTimeout bounds Start's and Restart's waits for a JetStream meta
-	// leader with every running node current; zero means 45 s (the
-	// cluster is ready in about 5 s on a loaded 2-core machine).
+	// leader with every running node current; zero means poll.Max (the
+	// cluster is ready in about 5 s on a loaded 2-core machine, and the
+	// bound only decides how long a failing test takes to say so).
 	ReadyTimeout time.Duration
 	// TLS makes the nodes serve clients over TLS only, with a certificate
 	// of a CA made for the cluster (Cluster.Certs), and require a client
@@ -106,7 +109,7 @@ func start(cfg Config, dir func(int) string, secrets string, fatalf func(string,
 		cfg.Nodes = 3
 	}
 	if cfg.ReadyTimeout == 0 {
-		cfg.ReadyTimeout = 45 * time.Second
+		cfg.ReadyTimeout = poll.Max
 	}
 	lay, err := NewLayout(cfg.Nodes)
 	if err != nil {

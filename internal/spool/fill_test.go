@@ -396,104 +396,154 @@ func copyDir(t *testing.T, src, dst string) {
 // lone queued append waits (up to the gather time) for another to share its
 // write and fsync; once a write carried one append, a lone client's appends
 // do not wait at all.
+//
+// Where the test must tell a wait from none, the gather time is 10 minutes,
+// so that no machine is slow enough to mistake one for the other; the one
+// gather the test sees end has a spool of its own with a short one.
 func TestCommitGather(t *testing.T) {
-	const gather = time.Second
-	var blocking atomic.Bool
-	entered, release := make(chan struct{}), make(chan struct{})
-	cfg := Config{gather: gather, walFault: func(synced bool) error {
-		if !synced && blocking.Load() {
-			entered <- struct{}{}
-			<-release
-		}
-		return nil
-	}}
-	s := openTest(t, cfg)
-	ctx := context.Background()
-	l := mustLane(t, s, testKey(1))
-	commits := func() float64 {
-		var m dto.Metric
-		if err := s.m.commits.Write(&m); err != nil {
-			t.Fatal(err)
-		}
-		return m.GetCounter().GetValue()
-	}
-	start := func(id int) chan error {
-		done := make(chan error, 1)
-		go func() {
-			var b storage.Batch
-			b.Add(rec(1, id, 100))
-			done <- s.Append(ctx, l, &b)
-		}()
-		return done
-	}
-	queued := func(n int) {
-		t.Helper()
-		for deadline := time.Now().Add(poll.Max); ; time.Sleep(time.Millisecond) {
-			s.mu.Lock()
-			q := len(s.appends)
-			s.mu.Unlock()
-			if q == n {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d appends queued, want %d", q, n)
-			}
-		}
-	}
-	wait := func(name string, c chan error) {
-		t.Helper()
-		if err := <-c; err != nil {
-			t.Fatalf("append %s: %v", name, err)
-		}
+	const long = 10 * time.Minute
+
+	// A lone client never waits: on a fresh spool, and once a write carried
+	// one append (each of these), its appends are written at once (one that
+	// waited would take 10 minutes, and wait fails it).
+	g := newGatherSpool(t, long)
+	for id := range 10 {
+		g.wait(fmt.Sprint(id), g.start(id))
 	}
 
 	// A is written alone; B and C, queued meanwhile, together.
-	blocking.Store(true)
-	a := start(0)
-	<-entered
-	b, c := start(1), start(2)
-	queued(2)
-	release <- struct{}{}
-	wait("A", a)
-	<-entered // B and C's write
-	d := start(3)
-	queued(1)
-	before := commits()
-	blocking.Store(false)
-	release <- struct{}{}
-	wait("B", b)
-	wait("C", c)
-	if got := commits() - before; got != 1 {
+	g.blocking.Store(true)
+	a := g.start(10)
+	<-g.entered
+	b, c := g.start(11), g.start(12)
+	g.queued(2)
+	g.release <- struct{}{}
+	g.wait("A", a)
+	<-g.entered // B and C's write
+	d := g.start(13)
+	g.queued(1)
+	before := g.commits()
+	g.blocking.Store(false)
+	g.release <- struct{}{}
+	g.wait("B", b)
+	g.wait("C", c)
+	if got := g.commits() - before; got != 1 {
 		t.Fatalf("B and C took %v writes, want 1", got)
 	}
 
-	// The last write carried two appends: D, alone, waits for company.
-	time.Sleep(gather / 10)
+	// The last write carried two appends: D, alone, waits for company (a
+	// while here: it can only end early if it is wrong), and E shares its
+	// write.
+	time.Sleep(100 * time.Millisecond)
 	select {
 	case err := <-d:
 		t.Fatalf("D was written alone without waiting (err %v)", err)
 	default:
 	}
-	e := start(4)
-	wait("D", d)
-	wait("E", e)
-	if got := commits() - before; got != 2 {
+	e := g.start(14)
+	g.wait("D", d)
+	g.wait("E", e)
+	if got := g.commits() - before; got != 2 {
 		t.Fatalf("D and E took %v writes, want 1", got-1)
 	}
+	if n := len(drainAvailable(t, g.l)); n != 15 {
+		t.Fatalf("read %d chunks, want 15", n)
+	}
 
-	// F waits its gather time once (the last write had two appends); from
-	// then on a lone client's writes carry one append and never wait.
-	wait("F", start(5))
+	// A lone append that found no company is written alone once its
+	// gather time ends (timers never fire early: it waited that long).
+	const short = 50 * time.Millisecond
+	g = newGatherSpool(t, short)
+	g.blocking.Store(true)
+	a = g.start(0)
+	<-g.entered
+	b, c = g.start(1), g.start(2)
+	g.queued(2)
+	g.release <- struct{}{}
+	g.wait("A", a)
+	<-g.entered // B and C's write
+	g.blocking.Store(false)
+	g.release <- struct{}{}
+	g.wait("B", b)
+	g.wait("C", c)
+	before = g.commits()
 	t0 := time.Now()
-	for id := 6; id < 16; id++ {
-		wait(fmt.Sprint(id), start(id))
+	g.wait("F", g.start(3))
+	if el := time.Since(t0); el < short {
+		t.Fatalf("F, alone after a write of two, was written after %v, before its gather time %v", el, short)
 	}
-	// Had each waited its gather time they would take 10 s; half that
-	// leaves a loaded machine seconds for ten small writes.
-	if el := time.Since(t0); el >= 5*gather {
-		t.Fatalf("10 appends of a lone client took %v: they waited for company", el)
+	if got := g.commits() - before; got != 1 {
+		t.Fatalf("F took %v writes, want 1", got)
 	}
-	if n := len(drainAvailable(t, l)); n != 16 {
-		t.Fatalf("read %d chunks, want 16", n)
+	if n := len(drainAvailable(t, g.l)); n != 4 {
+		t.Fatalf("read %d chunks, want 4", n)
+	}
+}
+
+// gatherSpool is a spool for TestCommitGather: appends of one record each
+// to one lane, and a WAL whose writes block while blocking is set (entered
+// is sent when one does, release ends it).
+type gatherSpool struct {
+	t                testing.TB
+	s                *Spool
+	l                *Lane
+	blocking         atomic.Bool
+	entered, release chan struct{}
+}
+
+func newGatherSpool(t testing.TB, gather time.Duration) *gatherSpool {
+	g := &gatherSpool{t: t, entered: make(chan struct{}), release: make(chan struct{})}
+	g.s = openTest(t, Config{gather: gather, walFault: func(synced bool) error {
+		if !synced && g.blocking.Load() {
+			g.entered <- struct{}{}
+			<-g.release
+		}
+		return nil
+	}})
+	g.l = mustLane(t, g.s, testKey(1))
+	return g
+}
+
+// commits is the count of WAL writes.
+func (g *gatherSpool) commits() float64 {
+	var m dto.Metric
+	if err := g.s.m.commits.Write(&m); err != nil {
+		g.t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// start appends record id in a goroutine; its result comes on the channel.
+func (g *gatherSpool) start(id int) chan error {
+	done := make(chan error, 1)
+	go func() {
+		var b storage.Batch
+		b.Add(rec(1, id, 100))
+		done <- g.s.Append(context.Background(), g.l, &b)
+	}()
+	return done
+}
+
+// queued waits until n appends are queued for the WAL writer.
+func (g *gatherSpool) queued(n int) {
+	g.t.Helper()
+	poll.Until(g.t, fmt.Sprintf("%d appends queued", n), func() bool {
+		g.s.mu.Lock()
+		defer g.s.mu.Unlock()
+		return len(g.s.appends) == n
+	})
+}
+
+// wait waits for an append's result, for up to poll.Max: far less than a
+// 10-minute gather time.
+func (g *gatherSpool) wait(name string, c chan error) {
+	g.t.Helper()
+	select {
+	case err := <-c:
+		if err != nil {
+			g.t.Fatalf("append %s: %v", name, err)
+		}
+	case <-time.After(poll.Max):
+		g.t.Fatalf("append %s not written after %v: it waited for company", name, poll.Max)
 	}
 }

@@ -1014,8 +1014,13 @@ func checkDraining(t *testing.T, cfg Config, free func()) {
 	}
 	wantIDs := func(n int) []int { return idsExcept(n)[10:] } // the first chunk was acknowledged
 	read(90)
-	if !slices.Equal(ids, wantIDs(100)) {
-		t.Fatalf("while draining: read %v", ids)
+	// spool.db's 90 records, in order. The replay may fit in the pages the
+	// first ones' acknowledgements freed before the reader is done with
+	// them (a reader slowed by a loaded machine gives the spool's retries,
+	// every drainEvery, the time): then the replayed backlog follows them
+	// at once, in order, and draining has ended.
+	if len(ids) < 90 || !slices.Equal(ids, wantIDs(200)[:len(ids)]) || len(ids) > 90 && s.drainingErr() != nil {
+		t.Fatalf("while draining: read %v (draining: %v)", ids, s.drainingErr())
 	}
 	// A reader goes on reading (the batcher's does): nothing more while the
 	// spool drains. The replay may already fit in the pages the chunks just

@@ -188,7 +188,7 @@ func TestNextPartDamagedChunk(t *testing.T) {
 func TestWaitWakesOnAppend(t *testing.T) {
 	s := openTest(t, Config{})
 	l := mustLane(t, s, testKey(1))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 	defer cancel()
 	for i := range 5 {
 		woke := make(chan error, 1)
@@ -232,11 +232,14 @@ func TestWaitWakesOnAppend(t *testing.T) {
 func TestOnWork(t *testing.T) {
 	defer func(d time.Duration) { recIdleDrop = d }(recIdleDrop)
 	recIdleDrop = time.Millisecond
-	s := openTest(t, Config{RetireIdle: 50 * time.Millisecond})
+	// Not retired before the test says so, however slow the machine: the
+	// lane is pinned before the short idle time is put in force (a lane
+	// idle for 50 ms before its Pin was retired once under load).
+	s := openTest(t, Config{RetireIdle: -1})
 	l := mustLane(t, s, testKey(1))
-	// Not retired before the test says so, however slow the machine.
 	l.Pin()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	s.SetLaneLimits(0, 0, 50*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 	defer cancel()
 	read := func() {
 		t.Helper()
@@ -304,7 +307,7 @@ func TestOnWork(t *testing.T) {
 func TestRetiredBeforeFirstRead(t *testing.T) {
 	s := openTest(t, Config{RetireIdle: 20 * time.Millisecond})
 	l := mustLane(t, s, testKey(1))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 	defer cancel()
 	for !l.IsRetired() {
 		if ctx.Err() != nil {

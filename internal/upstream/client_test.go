@@ -37,7 +37,7 @@ const testBody = `{"api_key":"k","events":[{"event_type":"e","device_id":"device
 
 func TestClientAgainstSim(t *testing.T) {
 	s, url := startSim(t, sim.Config{})
-	c := newClient(t, Config{Timeout: 2 * time.Second})
+	c := newClient(t, Config{Timeout: poll.Max})
 	ctx := context.Background()
 
 	for _, gz := range []bool{false, true} {
@@ -87,7 +87,7 @@ func TestClientTimeoutAndAbandon(t *testing.T) {
 		t.Fatalf("%+v after %v", r, time.Since(start))
 	}
 
-	c = newClient(t, Config{Timeout: time.Minute})
+	c = newClient(t, Config{Timeout: 10 * time.Minute})
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(100*time.Millisecond, cancel)
 	start = time.Now()

@@ -10,7 +10,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
+
+	"github.com/svcrelay/relay/internal/poll"
 )
 
 // TestGzipBodiesReused: gzipped requests sent at once from several
@@ -39,7 +40,7 @@ func TestGzipBodiesReused(t *testing.T) {
 		_, _ = io.WriteString(w, `{"code":200}`)
 	}))
 	defer srv.Close()
-	c := newClient(t, Config{Timeout: 10 * time.Second})
+	c := newClient(t, Config{Timeout: poll.Max})
 	const workers, each = 8, 40
 	body := func(w, i int) string {
 		return fmt.Sprintf(`{"api_key":"k","events":[{"event_type":"e","device_id":"d-%d-%d","note":"%s"}]}`,

@@ -4,9 +4,9 @@ import (
 	"context"
 	"net"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 )
 
@@ -15,7 +15,7 @@ import (
 func TestKindLabelAndLast(t *testing.T) {
 	_, url := startSim(t, sim.Config{})
 	reg := prometheus.NewRegistry()
-	c, err := New(Config{Timeout: 2 * time.Second}, nil, reg)
+	c, err := New(Config{Timeout: poll.Max}, nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
