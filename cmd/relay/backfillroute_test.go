@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,6 +32,7 @@ func TestBackfillRouteYields(t *testing.T) {
 	// Live traffic: 80 events every 100 ms (800/s), each of its own device.
 	stopLive := make(chan struct{})
 	liveDone := make(chan struct{})
+	var liveAccepted atomic.Int64
 	go func() {
 		defer close(liveDone)
 		for i := 0; ; i++ {
@@ -46,6 +48,9 @@ func TestBackfillRouteYields(t *testing.T) {
 			resp, err := http.Post(r.ingest+"/2/httpapi", "application/json",
 				strings.NewReader(`{"api_key":"`+key+`","events":[`+strings.Join(evs, ",")+`]}`))
 			if err == nil {
+				if resp.StatusCode == http.StatusOK {
+					liveAccepted.Add(int64(len(evs)))
+				}
 				resp.Body.Close()
 			}
 		}
@@ -73,11 +78,16 @@ func TestBackfillRouteYields(t *testing.T) {
 		}
 		return n
 	}
+	live0 := liveAccepted.Load()
 	time.Sleep(3 * time.Second) // at 100/s, 300 events would take 3 s
 	n := history()
-	t.Logf("%d backfill events sent in 3 s of live traffic", n)
-	if n > 60 {
-		t.Fatalf("%d backfill events sent while live traffic (800/s) took the whole max_eps (100/s)", n)
+	// A loaded machine may post less live traffic than 800/s: what it
+	// left of max_eps over the window is the backfill's to take.
+	live := liveAccepted.Load() - live0
+	allowed := 60 + max(0, 300-int(live))
+	t.Logf("%d backfill events sent in 3 s of live traffic (%d live events accepted meanwhile)", n, live)
+	if n > allowed {
+		t.Fatalf("%d backfill events sent while live traffic (%d events in 3 s) took the whole max_eps (100/s); want at most %d", n, live, allowed)
 	}
 	close(stopLive)
 	<-liveDone
