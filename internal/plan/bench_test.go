@@ -89,14 +89,20 @@ func BenchmarkEnforcerCheck(b *testing.B) {
 // BenchmarkCheckCold is BenchmarkCheck on records that left the cache, as
 // at delivery: 64 MiB of them, checked in a shuffled order (the delivery
 // shards of a lane take every few records of a chunk).
-func BenchmarkCheckCold(b *testing.B) {
+func BenchmarkCheckCold(b *testing.B) { checkSpread(b, 64<<20) }
+
+// BenchmarkCheckVaried is BenchmarkCheckCold on 512 KiB of records: they
+// stay in the cache, but are many and in no order.
+func BenchmarkCheckVaried(b *testing.B) { checkSpread(b, 512<<10) }
+
+func checkSpread(b *testing.B, size int) {
 	c, err := compile(benchPlan())
 	if err != nil {
 		b.Fatal(err)
 	}
 	var buf []byte
 	var spans [][2]int
-	for i := 0; len(buf) < 64<<20; i++ {
+	for i := 0; len(buf) < size; i++ {
 		from := len(buf)
 		buf = append(buf, benchtest.SDKEvent(i%1000)...)
 		spans = append(spans, [2]int{from, len(buf)})
