@@ -9,6 +9,9 @@
 # required, an array), 190 others with 3 properties each, and the load's
 # user properties.
 #
+# PLAN_MODE=filter measures filter mode instead of block (the same full
+# check: the load has no unplanned property to remove).
+#
 # usage: bench/plan.sh [compare.sh flags, e.g. --runs 5 --duration 10]
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -133,4 +136,4 @@ if [ -n "${PLAN_PROFILE:-}" ]; then
 	exit 0
 fi
 "$ROOT/bench/compare.sh" --targets "always base-always" --base-bin "$TMP/relay-off" \
-	--relay-args "--tracking-plan block --credentials $TMP/creds.yaml --admin-token-file $TMP/token --analytics-url $SIM" "$@"
+	--relay-args "--tracking-plan ${PLAN_MODE:-block} --credentials $TMP/creds.yaml --admin-token-file $TMP/token --analytics-url $SIM" "$@"

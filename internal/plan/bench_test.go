@@ -2,6 +2,7 @@ package plan
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/svcrelay/relay/internal/benchtest"
@@ -83,4 +84,41 @@ func BenchmarkEnforcerCheck(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(benchtest.ProcessCPU()-cpu0)/float64(b.N*len(evs)), "cpu-ns/event")
+}
+
+// BenchmarkCheckCold is BenchmarkCheck on records that left the cache, as
+// at delivery: 64 MiB of them, checked in a shuffled order (the delivery
+// shards of a lane take every few records of a chunk).
+func BenchmarkCheckCold(b *testing.B) { checkSpread(b, 64<<20) }
+
+// BenchmarkCheckVaried is BenchmarkCheckCold on 512 KiB of records: they
+// stay in the cache, but are many and in no order.
+func BenchmarkCheckVaried(b *testing.B) { checkSpread(b, 512<<10) }
+
+func checkSpread(b *testing.B, size int) {
+	c, err := compile(benchPlan())
+	if err != nil {
+		b.Fatal(err)
+	}
+	var buf []byte
+	var spans [][2]int
+	for i := 0; len(buf) < size; i++ {
+		from := len(buf)
+		buf = append(buf, benchtest.SDKEvent(i%1000)...)
+		spans = append(spans, [2]int{from, len(buf)})
+	}
+	rand.New(rand.NewPCG(1, 2)).Shuffle(len(spans), func(i, j int) { spans[i], spans[j] = spans[j], spans[i] })
+	b.ReportAllocs()
+	cpu0 := benchtest.ProcessCPU()
+	k := 0
+	for b.Loop() {
+		for range 100 {
+			s := spans[k]
+			if k++; k == len(spans) {
+				k = 0
+			}
+			c.check(buf[s[0]:s[1]:s[1]], Block, nil)
+		}
+	}
+	b.ReportMetric(float64(benchtest.ProcessCPU()-cpu0)/float64(b.N*100), "cpu-ns/event")
 }

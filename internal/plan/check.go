@@ -45,49 +45,83 @@ func (c *compiled) check(data []byte, mode Mode, vs []Violation) (verdict, []Vio
 	var drop []span
 	n0 := len(vs)
 	typed, epDone, upDone, dup := false, false, false, false
-	m := objectAt(data, 0)
-	for m.nextKey() {
-		from, end := m.val.from, -1
-		switch string(m.key.raw(data)) {
-		case "event_type":
+	// The top level by hand: its keys are read and matched by their words
+	// and the values it skips (strings, mostly) scanned in the same loop,
+	// without a call per member.
+	b := data
+	i := len(b)
+	if len(b) > 0 && b[0] == '{' {
+		touch(b)
+		i = skipWS(b, 1)
+	}
+	for i < len(b) && b[i] == '"' {
+		ke, short := 0, false
+		var w keyWords
+		if i+2+shortKey <= len(b) {
+			w, ke = shortKeyAt(b, i)
+			short = ke > 0
+		}
+		if ke == 0 {
+			if ke, _, w, short = keyAt(b, i); ke < 0 {
+				break
+			}
+		}
+		from := skipWS(b, ke)
+		if from >= len(b) || b[from] != ':' {
+			break
+		}
+		from = skipWS(b, from+1)
+		end := -1
+		// A key matches only as it is written (an escaped one is no
+		// field of the check), so only a short key can.
+		switch {
+		case short && w == eventTypeWords:
 			dup = dup || et.from >= 0
 			var w keyWords
 			short := false
-			if data[from] == '"' {
-				end, _, w, short = keyAt(data, from)
+			if from < len(b) && b[from] == '"' {
+				end, _, w, short = keyAt(b, from)
 			} else {
-				end = valueEnd(data, from)
+				end = valueEnd(b, from)
 			}
 			et = span{from, end}
 			if !dup {
-				rules, vs = c.typeRules(data, et, short, w, vs, &v)
+				rules, vs = c.typeRules(b, et, short, w, vs, &v)
 				typed = true
 			}
-		case "event_properties":
+		case short && w == eventPropsWords:
 			dup = dup || ep.from >= 0
 			if typed && !dup {
-				end, vs, drop = c.props(data, from, rules, vs, drop, &v)
+				end, vs, drop = c.props(b, from, rules, vs, drop, &v)
 				epDone = true
 			}
 			if end < 0 {
-				end = valueEnd(data, from)
+				end = valueEnd(b, from)
 			}
 			ep = span{from, end}
-		case "user_properties":
+		case short && w == userPropsWords:
 			dup = dup || up.from >= 0
 			if typed && (epDone || rules == nil) && !dup {
-				end, vs, drop = c.userProps(data, from, vs, drop, &v)
+				end, vs, drop = c.userProps(b, from, vs, drop, &v)
 				upDone = true
 			}
 			if end < 0 {
-				end = valueEnd(data, from)
+				end = valueEnd(b, from)
 			}
 			up = span{from, end}
 		default:
-			end = valueEnd(data, from)
+			end = skipValue(b, from)
 		}
-		if !m.skip(end) {
+		if end < 0 {
 			break
+		}
+		if end+1 < len(b) && b[end] == ',' && b[end+1] == '"' {
+			i = end + 1 // compact JSON: the next key
+			continue
+		}
+		i = skipWS(b, end)
+		if i < len(b) && b[i] == ',' {
+			i = skipWS(b, i+1)
 		}
 	}
 	if dup {
@@ -117,6 +151,21 @@ func (c *compiled) check(data []byte, mode Mode, vs []Violation) (verdict, []Vio
 		v.eventType = et.str(data)
 	}
 	return v, vs
+}
+
+// touch reads one byte of each cache line of b. At delivery a record has
+// often left the cache since the ingest wrote it; the walk then meets its
+// lines one at a time, each load waiting for the one before (where the
+// next string ends), while these loads are independent and all fetched at
+// once. (Not inlined, so that the loads, whose result no caller uses,
+// are kept.)
+//
+//go:noinline
+func touch(b []byte) (x byte) {
+	for j := 0; j < len(b); j += 64 {
+		x |= b[j]
+	}
+	return x
 }
 
 // typeRules returns the rules of the event type at et (absent: from < 0;
@@ -203,25 +252,15 @@ func (m *members) nextKey() bool {
 	if i >= len(b) || b[i] != '"' {
 		return false
 	}
-	var ke int
+	ke := 0
 	if i+2+shortKey <= len(b) {
 		// keyAt's short path, here to save a call per key.
-		s := b[i+1 : i+2+shortKey]
-		lo, hi := binary.LittleEndian.Uint64(s), binary.LittleEndian.Uint64(s[8:])
-		n := shortKey
-		if z := quoteOrBackslash(lo); z != 0 {
-			n = bits.TrailingZeros64(z) >> 3
-		} else if z := quoteOrBackslash(hi); z != 0 {
-			n = 8 + bits.TrailingZeros64(z)>>3
-		}
-		if s[n] == '"' {
-			mk := &keyMasks[n]
-			ke, m.esc, m.short, m.words = i+n+2, false, true, keyWords{lo & mk[0], hi & mk[1], n}
+		if m.words, ke = shortKeyAt(b, i); ke > 0 {
+			m.esc, m.short = false, true
 		}
 	}
 	if ke == 0 {
-		ke, m.esc, m.words, m.short = keyAt(b, i)
-		if ke < 0 {
+		if ke, m.esc, m.words, m.short = keyAt(b, i); ke < 0 {
 			return false
 		}
 	}
@@ -261,7 +300,20 @@ func (m *members) skip(end int) bool {
 
 // next moves to the next member; false at the end.
 func (m *members) next() bool {
-	return m.nextKey() && m.skip(valueEnd(m.b, m.val.from))
+	if !m.nextKey() {
+		return false
+	}
+	end := skipValue(m.b, m.val.from)
+	if end < 0 {
+		return m.skip(end)
+	}
+	b := m.b
+	if end+1 < len(b) && b[end] == ',' && b[end+1] == '"' {
+		// compact JSON: skip's work without its calls
+		m.member, m.val.to, m.i = span{m.key.from, end}, end, end+1
+		return true
+	}
+	return m.skip(end)
 }
 
 // end is the index past the object once next or nextKey returned false,
@@ -566,6 +618,22 @@ func stringEnd(b []byte, i int) (end int, esc bool) {
 		}
 	}
 	return -1, esc
+}
+
+// skipValue is valueEnd(b, i), a string's end found here (the commonest
+// value, most within a few words) without valueEnd's call to stringEnd.
+func skipValue(b []byte, i int) int {
+	if i < len(b) && b[i] == '"' {
+		for j := i + 1; j+8 <= len(b); j += 8 {
+			if z := quoteOrBackslash(binary.LittleEndian.Uint64(b[j:])); z != 0 {
+				if j += bits.TrailingZeros64(z) >> 3; b[j] == '"' {
+					return j + 1
+				}
+				break // an escape: stringEnd's
+			}
+		}
+	}
+	return valueEnd(b, i)
 }
 
 // structural marks the bytes valueEnd stops at inside a container.

@@ -62,6 +62,38 @@ func keyAt(b []byte, i int) (end int, esc bool, w keyWords, ok bool) {
 	return end, esc, keyWords{}, false
 }
 
+// shortKeyAt is keyAt's short path where b holds shortKey+2 bytes from i:
+// end is 0 when the key is not short.
+func shortKeyAt(b []byte, i int) (w keyWords, end int) {
+	s := b[i+1 : i+2+shortKey]
+	lo, hi := binary.LittleEndian.Uint64(s), binary.LittleEndian.Uint64(s[8:])
+	n := shortKey
+	if z := quoteOrBackslash(lo); z != 0 {
+		n = bits.TrailingZeros64(z) >> 3
+	} else if z := quoteOrBackslash(hi); z != 0 {
+		n = 8 + bits.TrailingZeros64(z)>>3
+	}
+	if s[n] != '"' {
+		return keyWords{}, 0
+	}
+	m := &keyMasks[n]
+	return keyWords{lo & m[0], hi & m[1], n}, i + n + 2
+}
+
+// wordsOf is the keyWords of a short name.
+func wordsOf(name string) keyWords {
+	var buf [2 * 8]byte
+	copy(buf[:], name)
+	return keyWords{binary.LittleEndian.Uint64(buf[:8]), binary.LittleEndian.Uint64(buf[8:]), len(name)}
+}
+
+// The top-level fields the check reads.
+var (
+	eventTypeWords  = wordsOf("event_type")
+	eventPropsWords = wordsOf("event_properties")
+	userPropsWords  = wordsOf("user_properties")
+)
+
 // quoteOrBackslash flags (high bit of the byte) the quotes and backslashes
 // among the eight bytes of w; the lowest flag is exact (a borrow only flags
 // bytes above a zero one).
@@ -125,9 +157,7 @@ func (t *keyTable[V]) fill(rules map[string]*V) bool {
 		if len(name) > shortKey || strings.IndexByte(name, 0) >= 0 {
 			continue
 		}
-		var buf [2 * 8]byte
-		copy(buf[:], name)
-		w := keyWords{binary.LittleEndian.Uint64(buf[:8]), binary.LittleEndian.Uint64(buf[8:]), len(name)}
+		w := wordsOf(name)
 		s := &t.slots[t.hash(w)]
 		if s.r != nil {
 			return false
