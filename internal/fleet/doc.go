@@ -48,6 +48,12 @@
 // acknowledged one by one: the engine counts a message's records (as the
 // batcher counts a chunk's) and acks the message when the last is done.
 //
+// A message's records are compressed (S2, codec.go) when that shrinks
+// them: each byte of a message is written to every node's Raft log and
+// store, sent over two routes and read back by the owner, so the relay
+// compresses once what the cluster would otherwise carry several times.
+// MaxMessageBytes bounds the records before compression.
+//
 // # Invariants
 //
 //   - Order per key: a record's partition is FNV-1a(order key) mod P, the
