@@ -79,36 +79,32 @@ func encodeRecords(dst []byte, recs []storage.Record) []byte {
 }
 
 // encodeMessage appends to dst the body of a message of n records, whose
-// encodings (encodeRecords) are the concatenation of parts.
-func encodeMessage(dst []byte, h *header, n int, parts [][]byte) []byte {
+// encodings (encodeRecords) are the concatenation of parts, compressed
+// when compress is set and that shrinks them.
+func encodeMessage(dst []byte, h *header, n int, parts [][]byte, compress bool) []byte {
 	start := len(dst)
 	dst = append(dst, codecPlain, byte(h.lane.Kind))
 	dst = appendBytes(dst, []byte(h.lane.APIKey))
 	dst = appendBytes(dst, []byte(h.lane.Options))
 	dst = binary.AppendUvarint(dst, uint64(h.accepted.UnixMilli()))
 	dst = binary.AppendUvarint(dst, uint64(n))
-	recs := parts[0]
-	if len(parts) > 1 {
-		size := 0
-		for _, p := range parts {
-			size += len(p)
-		}
-		recs = make([]byte, 0, size)
-		for _, p := range parts {
-			recs = append(recs, p...)
+	recsAt := len(dst)
+	for _, p := range parts {
+		dst = append(dst, p...)
+	}
+	if compress {
+		if z := s2.Encode(nil, dst[recsAt:]); len(z) < len(dst)-recsAt {
+			dst[start] = codecS2
+			dst = append(dst[:recsAt], z...)
 		}
 	}
-	if z := s2.Encode(nil, recs); len(z) < len(recs) {
-		dst[start] = codecS2
-		recs = z
-	}
-	dst = append(dst, recs...)
 	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
 }
 
-// encode appends the body of a message of recs to dst.
+// encode appends the body of a message of recs to dst, compressed when
+// that shrinks them.
 func encode(dst []byte, h *header, recs []storage.Record) []byte {
-	return encodeMessage(dst, h, len(recs), [][]byte{encodeRecords(nil, recs)})
+	return encodeMessage(dst, h, len(recs), [][]byte{encodeRecords(nil, recs)}, true)
 }
 
 // decode reads a body; the records alias b (version 1) or a buffer of

@@ -58,11 +58,10 @@ func TestCodecCompressed(t *testing.T) {
 	if b[0] != codecS2 || len(b) > raw/2 {
 		t.Fatalf("version %d, %d bytes for %d of data: not compressed", b[0], len(b), raw)
 	}
-	plain := encodeMessage(nil, &h, 0, [][]byte{nil})
-	plain = plain[:len(plain)-4]
-	plain[len(plain)-1] = byte(len(recs)) // count, one uvarint byte
-	plain = encodeRecords(plain, recs)
-	plain = binary.BigEndian.AppendUint32(plain, crc32.Checksum(plain, castagnoli))
+	plain := encodeMessage(nil, &h, len(recs), [][]byte{encodeRecords(nil, recs)}, false)
+	if plain[0] != codecPlain {
+		t.Fatalf("not to compress: version %d", plain[0])
+	}
 	for _, body := range [][]byte{b, plain} {
 		g, got, err := decode(body)
 		if err != nil {
