@@ -27,9 +27,9 @@ import (
 //
 // Why compressed: every byte of a message is written by each node to its
 // Raft log and to its stream store, sent over two routes and read back by
-// the partition's owner, and that was most of the cluster's CPU per event
-// (bench/RESULTS.md, "Fleet: compressed messages"); the relay compresses
-// once. Version 1 is still written when S2 does not shrink the records
+// the partition's owner: about half of the cluster's CPU per event went
+// on bytes (bench/RESULTS.md, "Fleet: compressed messages"); the relay
+// compresses once. Version 1 is still written when S2 does not shrink the records
 // (a few small ones) and read from streams written before.
 //
 // JetStream checksums its own blocks; the trailer catches a message that
