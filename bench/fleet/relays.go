@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -46,6 +47,7 @@ type relayOpts struct {
 	eventBytes int
 	devices    int
 	keys       int
+	padX       bool // pad events with one letter (compresses far better than real events)
 	partitions int
 	streams    int
 	syncAlways bool
@@ -224,8 +226,8 @@ func runRelays(o relayOpts) error {
 	if len(sinkAddr) == 0 {
 		return errors.New("sink did not start")
 	}
-	fmt.Printf("load: %d connections, %d events of ~%d B per request, %d device(s) per request out of %d, warm-up %v, measured %v; NATS sync_interval always=%v, P=%d; %d round(s), interleaved\n\n",
-		o.conns, o.events, o.eventBytes, o.keys, o.devices, o.warmup, o.duration, o.syncAlways, o.partitions, o.rounds)
+	fmt.Printf("load: %d connections, %d events of ~%d B (padding %s) per request, %d device(s) per request out of %d, warm-up %v, measured %v; NATS sync_interval always=%v, P=%d; %d round(s), interleaved\n\n",
+		o.conns, o.events, o.eventBytes, map[bool]string{true: "x", false: "props"}[o.padX], o.keys, o.devices, o.warmup, o.duration, o.syncAlways, o.partitions, o.rounds)
 	fmt.Println("| round | spool | relays | events/s | MB/s | accept p50 | accept p99 | relay CPU s/M events | NATS CPU s/M events | errors | events stream leaders per node | requests per batch |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|")
 	type key struct {
@@ -480,17 +482,33 @@ func runOne(o relayOpts, t tools, dir, sinkURL, spool string, n int) (result, er
 
 // requestBody is connection c's k-th request: o.events events of o.keys
 // devices (1: an SDK's request) out of o.devices, padded to about
-// o.eventBytes.
+// o.eventBytes. The padding is properties ("p07":"3f9a0c1e") with random
+// values unless o.padX, so that the fleet's compressed messages shrink
+// about as real events do (S2 halves them), not as a run of one letter
+// does (-pad x, the body of the earlier rounds).
 func requestBody(o relayOpts, c, k int) []byte {
 	var b bytes.Buffer
-	pad := strings.Repeat("x", max(o.eventBytes-110, 0))
+	n := max(o.eventBytes-110, 0)
+	var pad string
+	if o.padX {
+		pad = strings.Repeat("x", n)
+	}
+	rng := rand.New(rand.NewPCG(uint64(c), uint64(k)))
 	b.WriteString(`{"api_key":"bench-fleet","events":[`)
 	for i := range o.events {
 		if i > 0 {
 			b.WriteByte(',')
 		}
 		dev := (c*7919 + k*o.keys + i%o.keys) % o.devices
-		fmt.Fprintf(&b, `{"event_type":"bench","device_id":"device-%06d","event_properties":{"n":%d,"p":"%s"}}`, dev, k, pad)
+		if o.padX {
+			fmt.Fprintf(&b, `{"event_type":"bench","device_id":"device-%06d","event_properties":{"n":%d,"p":"%s"}}`, dev, k, pad)
+			continue
+		}
+		fmt.Fprintf(&b, `{"event_type":"bench","device_id":"device-%06d","event_properties":{"n":%d`, dev, k)
+		for j := 0; j*17 < n; j++ {
+			fmt.Fprintf(&b, `,"p%02d":"%08x"`, j, rng.Uint32())
+		}
+		b.WriteString("}}")
 	}
 	b.WriteString("]}")
 	return b.Bytes()

@@ -7,14 +7,17 @@ import (
 	"hash/crc32"
 	"time"
 
+	"github.com/klauspost/compress/s2"
+
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// A message's body (version 1):
+// A message's body:
 //
-//	0x01 kind:u8 apiKey:uvarint-len+bytes options:uvarint-len+bytes
+//	version:u8 kind:u8 apiKey:uvarint-len+bytes options:uvarint-len+bytes
 //	accepted:uvarint (Unix ms) count:uvarint
-//	count x (orderKey, userID, data: each uvarint-len+bytes)
+//	records: count x (orderKey, userID, data: each uvarint-len+bytes),
+//	         as they are (version 1) or as one S2 block (version 2)
 //	crc32c:4 bytes big-endian over everything before it
 //
 // A message holds the records of one lane in one partition from one or
@@ -22,9 +25,24 @@ import (
 // and the requests one after the other; accepted is the earliest of their
 // acceptance times.
 //
+// Why compressed: every byte of a message is written by each node to its
+// Raft log and to its stream store, sent over two routes and read back by
+// the partition's owner: about half of the cluster's CPU per event went
+// on bytes (bench/RESULTS.md, "Fleet: compressed messages"); the relay
+// compresses once. Version 1 is still written when S2 does not shrink the records
+// (a few small ones) and read from streams written before.
+//
 // JetStream checksums its own blocks; the trailer catches a message that
 // was not written by this package or was damaged on the way.
-const codecVersion = 1
+const (
+	codecPlain = 1
+	codecS2    = 2
+)
+
+// maxDecoded bounds a compressed message's records as its block states
+// them: NATS's largest max_payload, so that a damaged length cannot make
+// decode allocate more than any message could hold.
+const maxDecoded = 64 << 20
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -61,26 +79,36 @@ func encodeRecords(dst []byte, recs []storage.Record) []byte {
 }
 
 // encodeMessage appends to dst the body of a message of n records, whose
-// encodings (encodeRecords) are the concatenation of parts.
-func encodeMessage(dst []byte, h *header, n int, parts [][]byte) []byte {
+// encodings (encodeRecords) are the concatenation of parts, compressed
+// when compress is set and that shrinks them.
+func encodeMessage(dst []byte, h *header, n int, parts [][]byte, compress bool) []byte {
 	start := len(dst)
-	dst = append(dst, codecVersion, byte(h.lane.Kind))
+	dst = append(dst, codecPlain, byte(h.lane.Kind))
 	dst = appendBytes(dst, []byte(h.lane.APIKey))
 	dst = appendBytes(dst, []byte(h.lane.Options))
 	dst = binary.AppendUvarint(dst, uint64(h.accepted.UnixMilli()))
 	dst = binary.AppendUvarint(dst, uint64(n))
+	recsAt := len(dst)
 	for _, p := range parts {
 		dst = append(dst, p...)
+	}
+	if compress {
+		if z := s2.Encode(nil, dst[recsAt:]); len(z) < len(dst)-recsAt {
+			dst[start] = codecS2
+			dst = append(dst[:recsAt], z...)
+		}
 	}
 	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
 }
 
-// encode appends the body of a message of recs to dst.
+// encode appends the body of a message of recs to dst, compressed when
+// that shrinks them.
 func encode(dst []byte, h *header, recs []storage.Record) []byte {
-	return encodeMessage(dst, h, len(recs), [][]byte{encodeRecords(nil, recs)})
+	return encodeMessage(dst, h, len(recs), [][]byte{encodeRecords(nil, recs)}, true)
 }
 
-// decode reads a body; the records alias b.
+// decode reads a body; the records alias b (version 1) or a buffer of
+// their own (version 2).
 func decode(b []byte) (header, []storage.Record, error) {
 	var h header
 	if len(b) < 4 {
@@ -90,7 +118,7 @@ func decode(b []byte) (header, []storage.Record, error) {
 	if crc32.Checksum(body, castagnoli) != sum {
 		return h, nil, fmt.Errorf("%w: checksum", errCorrupt)
 	}
-	if len(body) < 2 || body[0] != codecVersion {
+	if len(body) < 2 || body[0] != codecPlain && body[0] != codecS2 {
 		return h, nil, fmt.Errorf("%w: version", errCorrupt)
 	}
 	h.lane.Kind = storage.Kind(body[1])
@@ -116,7 +144,20 @@ func decode(b []byte) (header, []storage.Record, error) {
 	opts, ok2 := next()
 	ms, ok3 := uv()
 	n, ok4 := uv()
-	if !ok1 || !ok2 || !ok3 || !ok4 || n > uint64(len(p)) {
+	if !ok1 || !ok2 || !ok3 || !ok4 {
+		return h, nil, fmt.Errorf("%w: header", errCorrupt)
+	}
+	if body[0] == codecS2 {
+		if dn, err := s2.DecodedLen(p); err != nil || dn > maxDecoded {
+			return h, nil, fmt.Errorf("%w: compressed length", errCorrupt)
+		}
+		d, err := s2.Decode(nil, p)
+		if err != nil {
+			return h, nil, fmt.Errorf("%w: %w", errCorrupt, err)
+		}
+		p = d
+	}
+	if n > uint64(len(p)) {
 		return h, nil, fmt.Errorf("%w: header", errCorrupt)
 	}
 	h.lane.APIKey, h.lane.Options = string(key), string(opts)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"hash/crc32"
 	"testing"
 	"time"
@@ -41,6 +42,49 @@ func TestCodecRoundTrip(t *testing.T) {
 	}
 }
 
+// TestCodecCompressed: records that compress are stored as an S2 block,
+// much smaller, and read back whole; a body written plain (by a relay of
+// before, or records that do not compress) still reads.
+func TestCodecCompressed(t *testing.T) {
+	h := header{lane: storage.LaneKey{Kind: storage.KindEvents, APIKey: "k"}, accepted: time.UnixMilli(1700000000123)}
+	var recs []storage.Record
+	raw := 0
+	for i := range 50 {
+		d := fmt.Appendf(nil, `{"event_type":"screen","device_id":"device-%06d","insert_id":"%d","event_properties":{"n":%d}}`, i%3, i, i)
+		recs = append(recs, storage.Record{OrderKey: []byte("d:1"), UserID: []byte("user-1"), Data: d})
+		raw += len(d)
+	}
+	b := encode(nil, &h, recs)
+	if b[0] != codecS2 || len(b) > raw/2 {
+		t.Fatalf("version %d, %d bytes for %d of data: not compressed", b[0], len(b), raw)
+	}
+	plain := encodeMessage(nil, &h, len(recs), [][]byte{encodeRecords(nil, recs)}, false)
+	if plain[0] != codecPlain {
+		t.Fatalf("not to compress: version %d", plain[0])
+	}
+	for _, body := range [][]byte{b, plain} {
+		g, got, err := decode(body)
+		if err != nil {
+			t.Fatalf("version %d: %v", body[0], err)
+		}
+		if g.lane != h.lane || !g.accepted.Equal(h.accepted) || len(got) != len(recs) {
+			t.Fatalf("version %d: decoded %+v, %d records", body[0], g, len(got))
+		}
+		for i := range recs {
+			if !bytes.Equal(got[i].Data, recs[i].Data) || !bytes.Equal(got[i].UserID, recs[i].UserID) || !bytes.Equal(got[i].OrderKey, recs[i].OrderKey) {
+				t.Fatalf("version %d: record %d changed", body[0], i)
+			}
+		}
+	}
+	for i := range b {
+		c := bytes.Clone(b)
+		c[i] ^= 0x10
+		if _, _, err := decode(c); !errors.Is(err, errCorrupt) {
+			t.Fatalf("bit flip at %d: %v", i, err)
+		}
+	}
+}
+
 // FuzzDecode feeds bodies with a valid checksum appended, so that the
 // parser behind the checksum is what is explored: it must not panic, and
 // what it decodes must survive an encode/decode round trip.
@@ -49,6 +93,8 @@ func FuzzDecode(f *testing.F) {
 	b := encode(nil, &h, []storage.Record{{OrderKey: []byte("d:1"), Data: []byte("{}")}})
 	f.Add(b[:len(b)-4])
 	f.Add([]byte{1, 0, 0, 0, 0, 0})
+	z := encode(nil, &h, []storage.Record{{OrderKey: []byte("d:1"), Data: bytes.Repeat([]byte("{}"), 100)}})
+	f.Add(z[:len(z)-4])
 	f.Fuzz(func(t *testing.T, body []byte) {
 		b := binary.BigEndian.AppendUint32(bytes.Clone(body), crc32.Checksum(body, castagnoli))
 		h, recs, err := decode(b)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -289,6 +290,9 @@ type Fleet struct {
 	lanes  *laneStops
 	commit map[storage.Kind][]*committer // by kind, then stream
 	usage  map[storage.Kind]*usage       // for MaxBytes
+	// compress, by kind: every member of the kind reads compressed
+	// messages, so the committers may write them (owner.go, compressible).
+	compress [storage.KindUserMap + 1]atomic.Bool
 
 	// The rebalancing goroutine (see startRebalance): its stop, and done
 	// closed when it returned; nil when there is none.

@@ -81,6 +81,9 @@ func (f *Fleet) run(ctx context.Context, ks []storage.Kind, deliver DeliverFunc)
 		f.heartbeat(ctx, ks)
 		if m, err := f.members(ctx); err == nil {
 			members = m
+			for _, k := range ks {
+				f.compress[k].Store(f.compressible(ctx, k, m[k]))
+			}
 		} else if ctx.Err() == nil {
 			f.log.Warn("list fleet members; keeping the last list", zap.Error(err))
 		}
@@ -159,11 +162,18 @@ func (f *Fleet) opCtx(ctx context.Context) (context.Context, context.CancelFunc)
 // Run).
 func (f *Fleet) memberKey(k storage.Kind) string { return "m." + k.String() + "." + f.cfg.Name }
 
+// readsS2 ends a membership value (a heartbeat's time) of a relay that
+// reads compressed messages (codec version 2). A relay of before writes the
+// time alone and would dead-letter such a message as damaged: the
+// committers of a kind compress only while every member of it says so
+// (compressible), so that a rolling upgrade loses nothing.
+const readsS2 = " reads=s2"
+
 func (f *Fleet) heartbeat(ctx context.Context, ks []storage.Kind) {
 	octx, cancel := f.opCtx(ctx)
 	defer cancel()
 	for _, k := range ks {
-		if _, err := f.kv.Put(octx, f.memberKey(k), []byte(time.Now().UTC().Format(time.RFC3339))); err != nil && ctx.Err() == nil {
+		if _, err := f.kv.Put(octx, f.memberKey(k), []byte(time.Now().UTC().Format(time.RFC3339)+readsS2)); err != nil && ctx.Err() == nil {
 			f.log.Warn("fleet heartbeat", zap.Error(err))
 			return
 		}
@@ -195,6 +205,23 @@ func (f *Fleet) members(ctx context.Context) (map[storage.Kind][]string, error) 
 		slices.Sort(names)
 	}
 	return ms, nil
+}
+
+// compressible reports whether every member of kind k (names, this relay
+// among them or not yet listed) reads compressed messages; false when a
+// membership cannot be read. A relay of before that joins later reads the
+// messages written meanwhile as damaged until the others' next heartbeat:
+// a downgrade, which needs a drain (see the README).
+func (f *Fleet) compressible(ctx context.Context, k storage.Kind, names []string) bool {
+	octx, cancel := f.opCtx(ctx)
+	defer cancel()
+	for _, name := range names {
+		e, err := f.kv.Get(octx, "m."+k.String()+"."+name)
+		if err != nil || !strings.HasSuffix(string(e.Value()), readsS2) {
+			return false
+		}
+	}
+	return true
 }
 
 // assign maps each slot to a member: rendezvous hashing (highest

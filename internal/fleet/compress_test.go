@@ -1,0 +1,87 @@
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/svcrelay/relay/internal/natstest"
+	"github.com/svcrelay/relay/internal/storage"
+)
+
+// TestFleetCompressGate: a relay compresses a kind's messages only while
+// every member of the kind reads them; a member of before (its heartbeat
+// without the marker) turns it off, so that a rolling upgrade dead-letters
+// nothing as damaged, and its leaving turns it on again. Every message
+// reads back whole either way.
+func TestFleetCompressGate(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node NATS cluster")
+	}
+	e := &testEnv{c: natstest.Start(t, natstest.Config{})}
+	ns := e.namespace()
+	nc := e.connect(t)
+	f := e.open(t, nc, Config{Namespace: ns, Partitions: 1, LeaseTTL: 2 * time.Second, Name: "relay-new"})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	hold := func(ctx context.Context, _ storage.Reader) error { <-ctx.Done(); return nil }
+	wg.Go(func() { f.Backend().Only(storage.KindEvents).Run(ctx, hold) }) //nolint:errcheck // ends with ctx
+
+	var recs []storage.Record
+	for i := range 50 {
+		recs = append(recs, storage.Record{OrderKey: []byte("d:1"),
+			Data: fmt.Appendf(nil, `{"event_type":"screen","device_id":"device-1","event_properties":{"n":%d}}`, i)})
+	}
+	st, err := f.js.Stream(bg(t), f.n.stream(storage.KindEvents, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// appendVersion appends recs and returns the codec version of the
+	// message stored, after checking that it reads back whole.
+	appendVersion := func() byte {
+		t.Helper()
+		if err := f.Append(bg(t), Request{Lane: lane, Records: recs}); err != nil {
+			t.Fatal(err)
+		}
+		info, err := st.Info(bg(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, err := st.GetMsg(bg(t), info.State.LastSeq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, got, err := decode(raw.Data)
+		if err != nil || len(got) != len(recs) || !bytes.Equal(got[49].Data, recs[49].Data) {
+			t.Fatalf("read back: %v, %d records", err, len(got))
+		}
+		return raw.Data[0]
+	}
+	waitFor(t, time.Minute, "compressed messages with every member new", func() bool { return appendVersion() == codecS2 })
+
+	// A member of before joins: its heartbeat is the time alone.
+	oldCtx, oldStop := context.WithCancel(ctx)
+	var oldWG sync.WaitGroup
+	oldWG.Go(func() {
+		for oldCtx.Err() == nil {
+			f.kv.Put(oldCtx, "m.events.relay-old", []byte(time.Now().UTC().Format(time.RFC3339))) //nolint:errcheck // retried
+			select {
+			case <-oldCtx.Done():
+			case <-time.After(300 * time.Millisecond):
+			}
+		}
+	})
+	waitFor(t, time.Minute, "plain messages with a member of before", func() bool { return appendVersion() == codecPlain })
+	for range 5 {
+		if v := appendVersion(); v != codecPlain {
+			t.Fatalf("version %d written while a member of before lives", v)
+		}
+	}
+	oldStop()
+	oldWG.Wait()
+	waitFor(t, time.Minute, "compressed messages again once the member of before left", func() bool { return appendVersion() == codecS2 })
+}
