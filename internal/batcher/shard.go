@@ -653,7 +653,7 @@ func (s *shard) retryLater(ctx, drainCtx context.Context, res upstream.Result) b
 	cfg := p.cfg
 	s.requeue(s.batch)
 	p.m.retried.Add(float64(len(s.batch)))
-	d := s.bo.AtLeast(res.RetryAfter, cfg.RetryMax)
+	d := s.bo.Wait(res.RetryAfter, cfg.RetryMax)
 	if s.failures == 0 {
 		s.lr.shardFailing()
 	}

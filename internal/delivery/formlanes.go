@@ -84,8 +84,8 @@ type FormConfig struct {
 	URL func(apiKey string) string
 	// FormTiming: max age, retries, linger, gzip.
 	FormTiming
-	// ThrottleWait is the wait after a 429 without Retry-After; zero means
-	// the backoff's next interval.
+	// ThrottleWait is the least wait after a 429 without Retry-After; zero
+	// means the backoff's next interval.
 	ThrottleWait time.Duration
 	// ReadBytes bounds the chunk bytes read from the spool at once; zero
 	// means DefaultReadBytes.
@@ -196,8 +196,8 @@ type metrics struct {
 //     a count limit, until a record is Expired (FormConfig.MaxAge): it then
 //     goes to dead letters ("expired", with the last answer). Retry-After is
 //     honoured, clamped to FormConfig.MaxRetryAfter.
-//   - Throttled (429): wait Retry-After (clamped) or FormConfig.ThrottleWait,
-//     then resend.
+//   - Throttled (429): wait as for Wait (Retry.Wait), at least
+//     FormConfig.ThrottleWait when the answer has no Retry-After, then resend.
 //   - Split: a single record refused alone is a dead letter ("bad_request",
 //     "too_large").
 //   - Stop (invalid API key, or an answer that says the URL or credentials
@@ -561,9 +561,9 @@ func (lr *laneRun) send(ctx context.Context, recs []storage.Record, accepted []t
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			wait := lr.bo.Honour(res.RetryAfter, cfg.MaxRetryAfter)
-			if v.Outcome == Throttled && cfg.ThrottleWait > 0 && res.RetryAfter <= 0 {
-				wait = cfg.ThrottleWait
+			wait := lr.bo.Wait(res.RetryAfter, cfg.MaxRetryAfter)
+			if v.Outcome == Throttled && res.RetryAfter <= 0 {
+				wait = max(wait, cfg.ThrottleWait)
 			}
 			m.retries.Inc()
 			lastAnswer = res.Answer
