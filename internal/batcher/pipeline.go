@@ -33,18 +33,9 @@ var ErrNotRunning = errors.New("batcher: delivery not running")
 // ErrAlreadyRunning is returned by a second concurrent Run.
 var ErrAlreadyRunning = delivery.ErrAlreadyRunning
 
-// Store is the store as the batcher uses it: the local spool
+// Store is the store as every kind's delivery uses it: the local spool
 // (spool.Backend, whose queues are lanes) or the fleet's (fleet.Backend).
-type Store interface {
-	storage.Owner
-	DeadWriter
-}
-
-// DeadWriter stores dead letters durably (the local spool, the fleet's
-// dead-letter stream): storage.DeadWriter, as the batcher uses it.
-type DeadWriter interface {
-	PutDead(ctx context.Context, dls []storage.DeadLetter) error
-}
+type Store = delivery.Store
 
 // Pipeline delivers every events lane of a store upstream. See the package
 // documentation.
@@ -74,7 +65,7 @@ type Pipeline struct {
 	// (local mode; nil in fleet mode).
 	eng *delivery.Engine[*laneRunner]
 	// dead stores dead letters: the spool, or the fleet's store.
-	dead DeadWriter
+	dead storage.DeadWriter
 	// fl is the fleet mode's state (NewFleet); nil in local mode.
 	fl *fleetState
 

@@ -44,16 +44,11 @@ func (r *Retry) Reset() { r.bo.Reset() }
 // before it) but never shortens the backoff, so an upstream answering
 // "Retry-After: 1" to every request still sees retries spread out.
 func (r *Retry) Wait(retryAfter, clamp time.Duration) time.Duration {
-	return max(r.Next(), ClampRetryAfter(retryAfter, clamp))
+	return max(r.Next(), min(retryAfter, clamp))
 }
 
-// ClampRetryAfter is retryAfter bounded to [0, clamp].
-func ClampRetryAfter(retryAfter, clamp time.Duration) time.Duration {
-	return max(0, min(retryAfter, clamp))
-}
-
-// Sleep waits d or until ctx ends; it reports whether d passed.
-func Sleep(ctx context.Context, d time.Duration) bool {
+// sleep waits d or until ctx ends; it reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
