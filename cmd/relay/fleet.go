@@ -23,7 +23,7 @@ import (
 // kind goes through it: events (ingest appends, the batcher delivers the
 // events partitions this relay owns, dead letters and pauses are the
 // fleet's), group identifies and user mappings (their intake appends, their
-// FormLanes deliver their kinds' partitions, dead letters are the fleet's).
+// lane runners deliver their kinds' partitions, dead letters are the fleet's).
 type fleetStore struct {
 	nc *nats.Conn
 	f  *fleet.Fleet

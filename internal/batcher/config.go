@@ -51,6 +51,8 @@ type Config struct {
 	// factor 2) for retryable failures; zero means 500ms and 60s. RetryMax
 	// also clamps a Retry-After.
 	RetryInitial, RetryMax time.Duration
+	// MaxRetryAfter clamps an upstream Retry-After; zero means RetryMax.
+	MaxRetryAfter time.Duration
 	// DrainTimeout is how long in-flight requests may finish after Run's
 	// context ends before they are abandoned; zero means 5s.
 	DrainTimeout time.Duration
@@ -108,7 +110,7 @@ func (c Config) Validate() error {
 	if c.MaxBatchBytes < 0 || (c.MaxBatchBytes > 0 && c.MaxBatchBytes < 1024) {
 		errs = append(errs, fmt.Errorf("max batch bytes %d below 1024", c.MaxBatchBytes))
 	}
-	if c.FlushInterval < 0 || c.ThrottlePause < 0 || c.MaxEventAge < 0 || c.RetryInitial < 0 || c.RetryMax < 0 || c.DrainTimeout < 0 {
+	if c.FlushInterval < 0 || c.ThrottlePause < 0 || c.MaxEventAge < 0 || c.RetryInitial < 0 || c.RetryMax < 0 || c.DrainTimeout < 0 || c.MaxRetryAfter < 0 {
 		errs = append(errs, errors.New("negative duration"))
 	}
 	if c.ShardsPerLane < 0 || c.ShardsPerLane > 1024 {
@@ -153,6 +155,7 @@ func (c Config) withDefaults() Config {
 	if c.RetryMax < c.RetryInitial {
 		c.RetryMax = c.RetryInitial
 	}
+	def(&c.MaxRetryAfter, c.RetryMax)
 	c.IngestURL = strings.TrimRight(c.IngestURL, "/")
 	return c
 }

@@ -31,6 +31,18 @@
 // the events it takes from its queues, and classifies answers with
 // delivery.Classify; what a Throttled answer pauses is the shard's own.
 //
+// # Form kinds
+//
+// Group identify and user mappings run on the same lane runner (NewForm,
+// see form.go): a pipeline of one shard per lane, whose Kind is the form
+// kind's delivery.Form (requests api_key=K&<field>=[...], its limits as
+// the batch limits, its linger as the flush interval). The send loop, the
+// answer handling, the retry wait (delivery.Retry.Wait), max age, dead
+// letters, stop/resume and acknowledgements are the events' code; a form
+// 429 names no device, so it waits as a 5xx does (at least the kind's
+// ThrottleWait without Retry-After). An expired record's dead letter keeps
+// the last retryable answer, for every kind.
+//
 // # Invariants
 //
 //   - Order: all events of one OrderKey (device, else user) go through one

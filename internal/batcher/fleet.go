@@ -217,7 +217,7 @@ func (p *Pipeline) queueName(r storage.Reader) string {
 // are done and acknowledged.
 func (p *Pipeline) deliverPartition(stop, owned context.Context, r storage.Reader, drained func()) error {
 	name := p.queueName(r)
-	if !strings.HasPrefix(name, storage.KindEvents.String()+"-") && strings.Contains(name, "-") {
+	if !strings.HasPrefix(name, p.lanes.String()+"-") && strings.Contains(name, "-") {
 		// Another kind's partition (a store handing out every kind):
 		// delivered by that kind's own delivery; its messages stay.
 		drained()
@@ -226,7 +226,7 @@ func (p *Pipeline) deliverPartition(stop, owned context.Context, r storage.Reade
 	}
 	return delivery.DeliverPartition(stop, owned, r, drained, delivery.PartitionConfig{
 		Name:      name,
-		Kind:      storage.KindEvents,
+		Kind:      p.lanes,
 		MaxQueued: int64(p.cfg.MaxReadAheadBytes) / 8,
 		Idle:      feedIdle,
 		Log:       p.log,

@@ -19,6 +19,11 @@ type metrics struct {
 	laneStopped prometheus.Collector
 	paused      prometheus.GaugeFunc
 	readAhead   prometheus.GaugeFunc
+	// A form kind's only (nil for events): answers by class, requests
+	// retried, lanes running.
+	requests *prometheus.CounterVec
+	retries  prometheus.Counter
+	lanes    prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer, p *Pipeline) (*metrics, error) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"hash/maphash"
 	"slices"
 	"sync"
@@ -32,18 +33,9 @@ var ErrNotRunning = errors.New("batcher: delivery not running")
 // ErrAlreadyRunning is returned by a second concurrent Run.
 var ErrAlreadyRunning = delivery.ErrAlreadyRunning
 
-// Store is the store as the batcher uses it: the local spool
+// Store is the store as every kind's delivery uses it: the local spool
 // (spool.Backend, whose queues are lanes) or the fleet's (fleet.Backend).
-type Store interface {
-	storage.Owner
-	DeadWriter
-}
-
-// DeadWriter stores dead letters durably (the local spool, the fleet's
-// dead-letter stream): storage.DeadWriter, as the batcher uses it.
-type DeadWriter interface {
-	PutDead(ctx context.Context, dls []storage.DeadLetter) error
-}
+type Store = delivery.Store
 
 // Pipeline delivers every events lane of a store upstream. See the package
 // documentation.
@@ -59,14 +51,21 @@ type Pipeline struct {
 	bodies bodyPool
 	// seed hashes order keys to shards (shardOf).
 	seed maphash.Seed
-	// kind packs requests and classifies answers.
-	kind events
+	// name labels requests and logs: "events", or the form kind's.
+	name string
+	// lanes is the lane kind delivered.
+	lanes storage.Kind
+	// kind packs requests and classifies answers: events, or a form
+	// kind's (NewForm).
+	kind delivery.Kind
+	// form is a form kind's own (NewForm); nil for events.
+	form *formKind
 
 	// eng runs a laneRunner per events lane and answers the lane control
 	// (local mode; nil in fleet mode).
 	eng *delivery.Engine[*laneRunner]
 	// dead stores dead letters: the spool, or the fleet's store.
-	dead DeadWriter
+	dead storage.DeadWriter
 	// fl is the fleet mode's state (NewFleet); nil in local mode.
 	fl *fleetState
 
@@ -186,7 +185,7 @@ func newPipeline(cfg Config, send Sender, thr *throttle.Throttle, log *zap.Logge
 	}
 	cfg = cfg.withDefaults()
 	p := &Pipeline{cfg: cfg, send: send, thr: thr, log: log, seed: maphash.MakeSeed(),
-		kind: events{cfg.MaxBatchEvents, cfg.MaxBatchBytes, cfg.Check}, budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool()}
+		name: "events", lanes: storage.KindEvents, kind: events{cfg.MaxBatchEvents, cfg.MaxBatchBytes, cfg.Check}, budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool()}
 	p.live.Store(cfg.liveState())
 	return p, nil
 }
@@ -198,7 +197,7 @@ func newPipeline(cfg Config, send Sender, thr *throttle.Throttle, log *zap.Logge
 // What was not acknowledged stays in the spool. Run must return before the
 // spool is closed.
 func (p *Pipeline) Run(ctx context.Context) error {
-	if p.fl != nil {
+	if p.eng == nil {
 		return p.runFleet(ctx)
 	}
 	return p.eng.Run(ctx)
@@ -210,10 +209,13 @@ func (p *Pipeline) ReleaseMemory() { p.bodies.drain() }
 
 // Ready returns nil while Run is delivering.
 func (p *Pipeline) Ready() error {
-	if p.fl != nil {
+	if p.eng == nil {
 		return p.fl.ready()
 	}
 	if !p.eng.Running() {
+		if p.form != nil {
+			return fmt.Errorf("%s: %w", p.name, ErrNotRunning)
+		}
 		return ErrNotRunning
 	}
 	return nil
@@ -222,10 +224,10 @@ func (p *Pipeline) Ready() error {
 // StopLane stops sending the lane's events (an operator's pause); they stay
 // in the spool. ResumeLane undoes it.
 func (p *Pipeline) StopLane(laneID uint64) error {
-	if p.fl != nil {
-		return p.controlShared(laneID, true)
+	if p.onEngine(laneID) {
+		return p.eng.StopLane(laneID)
 	}
-	return p.eng.StopLane(laneID)
+	return p.controlShared(laneID, true)
 }
 
 // ResumeLane resumes a lane stopped by StopLane or by the upstream refusing
@@ -233,27 +235,46 @@ func (p *Pipeline) StopLane(laneID uint64) error {
 // wraps delivery.ErrUnknownLane for a lane the store has not handed over
 // yet (none was stopped).
 func (p *Pipeline) ResumeLane(laneID uint64) error {
-	if p.fl != nil {
-		return p.controlShared(laneID, false)
+	if p.onEngine(laneID) {
+		return p.eng.ResumeLane(laneID)
 	}
-	return p.eng.ResumeLane(laneID)
+	return p.controlShared(laneID, false)
+}
+
+// onEngine reports whether the lane control of laneID is the engine's: a
+// lane it runs, or any lane of a pipeline without fleet partitions.
+func (p *Pipeline) onEngine(laneID uint64) bool {
+	if p.eng == nil {
+		return false
+	}
+	_, ok := p.eng.Lane(laneID)
+	return ok || p.fl == nil
 }
 
 func (p *Pipeline) lane(id uint64) *laneRunner {
+	if p.eng != nil {
+		if lr, ok := p.eng.Lane(id); ok {
+			return lr
+		}
+	}
 	if p.fl != nil {
 		return p.fl.runs.Get(id)
 	}
-	lr, _ := p.eng.Lane(id)
-	return lr
+	return nil
 }
 
 // runners is a snapshot of the lanes' runners (the engine holds no lock
-// across a call out of its package).
+// across a call out of its package): the engine's lanes and the fleet
+// partitions' runners.
 func (p *Pipeline) runners() []*laneRunner {
-	if p.fl != nil {
-		return p.fl.runs.All()
+	var rs []*laneRunner
+	if p.eng != nil {
+		rs = p.eng.Runners()
 	}
-	return p.eng.Runners()
+	if p.fl != nil {
+		rs = append(rs, p.fl.runs.All()...)
+	}
+	return rs
 }
 
 // LaneStatus returns a snapshot of every lane the pipeline has started,
@@ -364,6 +385,11 @@ func newRunner(p *Pipeline, src storage.Lane, id uint64, label string, key stora
 	lr := &laneRunner{p: p, src: src, id: id, label: label, key: key, bwake: make(chan struct{}, 1)}
 	lr.frame = p.kind.Frame(key)
 	lr.window.Store(1)
+	if p.form != nil {
+		// A form lane reads its whole budget at once: its requests merge
+		// many small callers' chunks, and a lane has one shard to feed.
+		lr.window.Store(int64(p.cfg.MaxReadAheadBytes))
+	}
 	lr.shards = make([]*shard, p.cfg.ShardsPerLane)
 	return lr
 }
@@ -386,6 +412,10 @@ func (lr *laneRunner) shard(i int) *shard {
 // storage.ErrIdle and the store hands the lane over again when it has
 // work, so that an idle lane holds no goroutine.
 func (lr *laneRunner) Run(ctx, drain context.Context) error {
+	if g := lr.p.m.lanes; g != nil {
+		g.Inc()
+		defer g.Dec()
+	}
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	lr.sctx, lr.sdrain = lctx, drain

@@ -40,6 +40,9 @@ type shard struct {
 	spare     []item
 	lastWarn  time.Time
 	failures  int
+	// lastAnswer is the last retryable answer since a 200, for the
+	// expired dead letters.
+	lastAnswer []byte
 	// pacedKeys are the paced keys (throttle.Take said so) of s.batch,
 	// reported to Throttle.Admitted on a 200.
 	pacedKeys []string
@@ -251,7 +254,25 @@ func (s *shard) run(ctx, drainCtx context.Context) bool {
 			continue
 		}
 		sl := p.lived() // a reload during the wait may have changed the URL
-		res := p.send.Do(drainCtx, &upstream.Request{URL: sl.url, Body: body, Gzip: sl.Gzip, Kind: "events"})
+		url := sl.url
+		release := func() {}
+		if f := p.form; f != nil {
+			url = f.url(s.lr.key.APIKey) // read at each request: a reload may change it
+			if f.pacer != nil {
+				r, err := f.pacer.Acquire(ctx, s.lr.key.APIKey, len(s.batch))
+				if err != nil { // ctx ended
+					s.putBody()
+					s.requeue(s.batch)
+					return false
+				}
+				release = r
+			}
+		}
+		res := p.send.Do(drainCtx, &upstream.Request{URL: url, ContentType: s.lr.frame.ContentType, Body: body, Gzip: sl.Gzip, Kind: p.name})
+		release()
+		if p.m.requests != nil {
+			p.m.requests.WithLabelValues(res.Kind.String()).Inc()
+		}
 		if drainCtx.Err() != nil {
 			// Abandoned: the batch stays in the spool (and in this shard's
 			// queue, should Run be called again). The request may still be
@@ -505,6 +526,7 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 	n := len(s.batch)
 	switch v := p.kind.Classify(&res, n); v.Outcome {
 	case delivery.Delivered:
+		s.lastAnswer = nil
 		s.lr.done(s.batch)
 		p.m.delivered.Add(float64(n))
 		s.bo.Reset()
@@ -653,7 +675,14 @@ func (s *shard) retryLater(ctx, drainCtx context.Context, res upstream.Result) b
 	cfg := p.cfg
 	s.requeue(s.batch)
 	p.m.retried.Add(float64(len(s.batch)))
-	d := s.bo.AtLeast(res.RetryAfter, cfg.RetryMax)
+	d := s.bo.Wait(res.RetryAfter, cfg.MaxRetryAfter)
+	if f := p.form; f != nil && res.Kind == upstream.Throttled && res.RetryAfter <= 0 {
+		d = max(d, f.throttleWait)
+	}
+	if p.m.retries != nil {
+		p.m.retries.Inc()
+	}
+	s.lastAnswer = res.Answer
 	if s.failures == 0 {
 		s.lr.shardFailing()
 	}
@@ -691,8 +720,11 @@ func (s *shard) flushDead(ctx, drainCtx context.Context, answer []byte) bool {
 			ans = d.answer
 		}
 		switch d.reason {
-		case "expired":
+		case delivery.ReasonExpired:
 			ans = []byte("relay: not delivered within max-event-age")
+			if s.lastAnswer != nil {
+				ans = append(append(ans, "; last answer: "...), s.lastAnswer...)
+			}
 		case "too_large":
 			if ans == nil {
 				ans = []byte("relay: event larger than max-batch-bytes")

@@ -50,7 +50,7 @@ func FlushDead(ctx context.Context, w storage.DeadWriter, dls []storage.DeadLett
 				failed(err)
 			}
 		}
-		if !Sleep(ctx, bo.Next()) {
+		if !sleep(ctx, bo.Next()) {
 			return fmt.Errorf("store dead letters: %w (then %w)", err, ctx.Err())
 		}
 	}

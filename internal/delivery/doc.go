@@ -9,16 +9,16 @@
 // the supervisor of every kind (Engine: a Runner per lane of a kind the
 // store's Run hands over, through the seam, forgotten when the store
 // retires the lane; lane status, stop/resume and relay_lane_stopped; a
-// fleet partition goes to DeliverPartition) and the runner of the
-// form-encoded kinds (FormLanes: group identify and user mappings, whose
-// Kind is a Form), and in fleet mode the partition
-// demultiplexer every kind's runners read (DeliverPartition: a Feed per
-// lane of a partition, one acker per partition; Runners, the runners by
-// id). The events pipeline (internal/batcher) is the other kind: its Kind
-// is the /2/httpapi JSON envelope; its laneRunner is a Runner with N shards
-// per lane, each packing a batch with the lane's Frame as it takes records
-// from its own queues (pauses, pacing and the read-ahead budget live
-// there).
+// fleet partition goes to DeliverPartition), the configuration of the
+// form-encoded kinds (FormConfig: group identify and user mappings, whose
+// Kind is a Form), and in fleet mode the partition demultiplexer every
+// kind's runners read (DeliverPartition: a Feed per lane of a partition,
+// one acker per partition; Runners, the runners by id). The lane runner
+// itself, the one send loop of every kind, is internal/batcher's: a Runner
+// with N shards per lane for events (Kind: the /2/httpapi JSON envelope),
+// one for a form kind (batcher.NewForm), each packing a request with the
+// lane's Frame as it takes records from its own queues (pauses, pacing and
+// the read-ahead budget live there).
 //
 // Invariants every deliverer keeps:
 //   - Order per key: records of one lane and one order key reach the

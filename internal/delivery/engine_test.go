@@ -27,7 +27,7 @@ type ackRunner struct {
 func (r *ackRunner) Run(ctx, _ context.Context) error {
 	r.runs.Add(1)
 	for {
-		if err := r.st.Wait(ctx); err != nil {
+		if err := waitRunning(ctx, &r.st); err != nil {
 			return err
 		}
 		cs, err := r.l.Next(ctx, 1<<20)

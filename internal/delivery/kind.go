@@ -97,8 +97,8 @@ func Classify(res *upstream.Result, n int) Verdict {
 // packed into a request (the lane's Frame) and what an answer means for
 // them. The runner owns the rest: reading, batching, pacing, retries, max
 // age, dead letters, stop/resume and acknowledgements. Form (group
-// identify, user mappings: run by FormLanes) and internal/batcher's events
-// kind (run by its shards) implement it.
+// identify, user mappings) and internal/batcher's events kind implement it;
+// internal/batcher's lane runner runs both.
 type Kind interface {
 	// Frame returns how the requests of the lane with key are packed; a
 	// runner asks once per lane.

@@ -38,31 +38,17 @@ func (r *Retry) Next() time.Duration { return min(r.bo.NextBackOff(), r.max) }
 // Reset starts the backoff again (after a success).
 func (r *Retry) Reset() { r.bo.Reset() }
 
-// AtLeast returns the next wait when the upstream asked for retryAfter:
-// the longer of the backoff and retryAfter clamped to clamp. The events
-// pipeline waits so (a Retry-After never shortens its backoff).
-func (r *Retry) AtLeast(retryAfter, clamp time.Duration) time.Duration {
-	return max(r.Next(), ClampRetryAfter(retryAfter, clamp))
+// Wait returns the next wait when the upstream asked for retryAfter (zero
+// when it did not): the longer of the backoff and retryAfter clamped to
+// clamp. Every kind waits so: a Retry-After is honoured (nothing is sent
+// before it) but never shortens the backoff, so an upstream answering
+// "Retry-After: 1" to every request still sees retries spread out.
+func (r *Retry) Wait(retryAfter, clamp time.Duration) time.Duration {
+	return max(r.Next(), min(retryAfter, clamp))
 }
 
-// Honour returns the next wait when the upstream asked for retryAfter:
-// retryAfter clamped to clamp when the answer had one, else the backoff
-// (which advances either way). Group identify and user mappings wait so.
-func (r *Retry) Honour(retryAfter, clamp time.Duration) time.Duration {
-	d := r.Next()
-	if retryAfter > 0 {
-		return ClampRetryAfter(retryAfter, clamp)
-	}
-	return d
-}
-
-// ClampRetryAfter is retryAfter bounded to [0, clamp].
-func ClampRetryAfter(retryAfter, clamp time.Duration) time.Duration {
-	return max(0, min(retryAfter, clamp))
-}
-
-// Sleep waits d or until ctx ends; it reports whether d passed.
-func Sleep(ctx context.Context, d time.Duration) bool {
+// sleep waits d or until ctx ends; it reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

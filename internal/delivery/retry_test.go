@@ -17,22 +17,19 @@ func TestRetryWaits(t *testing.T) {
 	if d := r.Next(); d > 150*time.Millisecond {
 		t.Fatalf("after Reset: %v, want near 100ms (±50%%)", d)
 	}
-	// Retry-After is honoured, clamped.
-	if d := r.Honour(3*time.Second, 10*time.Second); d != 3*time.Second {
-		t.Fatalf("Honour(3s, 10s) = %v", d)
+	// Wait: a Retry-After is honoured, clamped, and never shortens the
+	// backoff; without one it is the backoff.
+	if d := r.Wait(3*time.Second, 10*time.Second); d != 3*time.Second {
+		t.Fatalf("Wait(3s, 10s) = %v", d)
 	}
-	if d := r.Honour(time.Hour, 10*time.Second); d != 10*time.Second {
-		t.Fatalf("Honour(1h, 10s) = %v", d)
+	if d := r.Wait(time.Hour, 5*time.Second); d != 5*time.Second {
+		t.Fatalf("Wait(1h, 5s) = %v", d)
 	}
-	if d := r.Honour(0, 10*time.Second); d <= 0 || d > time.Second {
-		t.Fatalf("Honour without Retry-After = %v, want the backoff", d)
+	if d := r.Wait(time.Nanosecond, 5*time.Second); d < 50*time.Millisecond {
+		t.Fatalf("Wait(1ns) = %v, shorter than the backoff", d)
 	}
-	// AtLeast: a Retry-After never shortens the backoff, and is clamped.
-	if d := r.AtLeast(time.Hour, 5*time.Second); d != 5*time.Second {
-		t.Fatalf("AtLeast(1h, 5s) = %v", d)
-	}
-	if d := r.AtLeast(time.Nanosecond, 5*time.Second); d < 50*time.Millisecond {
-		t.Fatalf("AtLeast(1ns) = %v, shorter than the backoff", d)
+	if d := r.Wait(0, 10*time.Second); d <= 0 || d > time.Second {
+		t.Fatalf("Wait without Retry-After = %v, want the backoff", d)
 	}
 	// max below initial is raised.
 	if d := NewRetry(time.Second, time.Millisecond).Next(); d > time.Second || d <= 0 {

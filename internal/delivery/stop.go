@@ -1,7 +1,6 @@
 package delivery
 
 import (
-	"context"
 	"sync"
 	"sync/atomic"
 )
@@ -84,19 +83,4 @@ func (s *StopSwitch) Resumed() <-chan struct{} {
 		return nil
 	}
 	return s.resumeC
-}
-
-// Wait returns once the lane runs, or ctx's error.
-func (s *StopSwitch) Wait(ctx context.Context) error {
-	for {
-		c := s.Resumed()
-		if c == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-c:
-		}
-	}
 }

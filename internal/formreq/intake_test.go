@@ -70,7 +70,7 @@ func TestSpooled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.FormLanes == nil || s.In == nil {
+	if s.Pipeline == nil || s.In == nil {
 		t.Fatal("a half is missing")
 	}
 	var b storage.Batch

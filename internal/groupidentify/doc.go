@@ -31,14 +31,15 @@
 //
 // # Delivery
 //
-// Run delivers with delivery.FormLanes (see its invariants): one goroutine and one
-// request in flight per lane, records of many chunks merged into requests of
+// Run delivers with the lane runner every kind shares (batcher.NewForm: one
+// shard per lane; see internal/batcher's invariants): one request in flight
+// per lane, records of many chunks merged into requests of
 // at most 1024 identifications, 1024 group properties and a body under
 // 1,000,000 bytes; retries with backoff until MaxAge, 400 bisected to dead
 // letters ("bad_request"), 413 split, an invalid api_key stops the lane.
 //
 // Metrics: relay_groupidentify_accepted_total,
-// relay_groupidentify_rejected_requests_total{reason}, and delivery.FormLanes's
+// relay_groupidentify_rejected_requests_total{reason}, and the lane runner's
 // relay_groupidentify_{delivered_total, requests_total{result},
 // dead_letters_total{reason}, retries_total, lanes_stopped, lanes}.
 package groupidentify

@@ -72,7 +72,7 @@ func (c Config) withDefaults() Config {
 }
 
 // GroupIdentify is the /groupidentify route (Spooled.In accepts) and its
-// delivery (Spooled's FormLanes: Run, Ready, LaneStatus, StopLane,
+// delivery (Spooled's Pipeline: Run, Ready, LaneStatus, StopLane,
 // ResumeLane).
 type GroupIdentify struct {
 	cfg  Config

@@ -23,7 +23,7 @@
 //
 // # Delivery
 //
-// delivery.FormLanes sends form bodies api_key=K&mapping=[...] (POST,
+// The lane runner every kind shares (batcher.NewForm, one shard per lane) sends form bodies api_key=K&mapping=[...] (POST,
 // application/x-www-form-urlencoded) of at most min(2000, RateLimit)
 // mappings and under 1,000,000 bytes; one request in flight per lane keeps
 // the order of every user_id (a lane is one api_key; mappings of one user
@@ -33,8 +33,9 @@
 // in no organization is its own; an api_key not in the file is its own
 // organization). The Pacer keeps every 30 s window at or under 1500 mapping
 // calls, counted from admission to RateWindow after the answer, so the
-// upstream's window never sees more whatever the latency. A 429 waits
-// Retry-After (clamped) or RateWindow, then resends.
+// upstream's window never sees more whatever the latency. A 429 waits as
+// a 5xx does (delivery.Retry.Wait: the backoff, at least Retry-After
+// clamped), at least RateWindow when it has no Retry-After, then resends.
 //
 // # GET /api/2/usermap
 //
@@ -49,6 +50,6 @@
 // upstream cannot be reached.
 //
 // Metrics: relay_usermap_accepted_total, relay_usermap_rejected_requests_total{reason}
-// (POST), relay_usermap_pace_wait_seconds_total and delivery.FormLanes's
+// (POST), relay_usermap_pace_wait_seconds_total and the lane runner's
 // relay_usermap_* delivery metrics; reads are relay_forward_*{api="usermap"}.
 package usermap

@@ -89,7 +89,7 @@ func (c Config) withDefaults() Config {
 }
 
 // UserMap is the /usermap route (Spooled.In accepts) and the delivery of
-// spooled mappings (Spooled's FormLanes: Run, Ready, LaneStatus, StopLane,
+// spooled mappings (Spooled's Pipeline: Run, Ready, LaneStatus, StopLane,
 // ResumeLane); GET /api/2/usermap is ReadAPI.
 type UserMap struct {
 	cfg   Config

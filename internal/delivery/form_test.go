@@ -27,14 +27,20 @@ func FuzzEscape(f *testing.F) {
 	})
 }
 
-// packAll packs recs as a form lane's runner does (laneRun.pack): each
-// request as full as the frame lets it be.
+// packAll packs recs as a lane runner does: each request as full as the
+// frame lets it be (at least one record).
 func packAll(f *Frame, recs []storage.Record) (bodies []string, counts []int) {
-	lr := &laneRun{frame: *f}
 	for start := 0; start < len(recs); {
-		body, n := lr.pack(nil, recs[start:], false)
-		bodies, counts = append(bodies, string(body)), append(counts, n)
-		start += n
+		p := f.Open(nil)
+		for _, r := range recs[start:] {
+			rec, w := f.Record(nil, r.Data)
+			if !f.Fits(&p, rec, w) {
+				break
+			}
+			f.Add(&p, rec, w)
+		}
+		bodies, counts = append(bodies, string(f.Close(&p))), append(counts, p.N)
+		start += p.N
 	}
 	return bodies, counts
 }
