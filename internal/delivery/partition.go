@@ -29,8 +29,8 @@ import (
 // once, abandoning requests in flight; what was not acknowledged comes back,
 // in order, to the next owner (who may send some records again). When stop
 // ends (the relay stops), the partition takes no new work, its runners
-// finish as their Run allows, their acknowledgements are sent, drained is
-// called, and the lease is held until the store's Run ends it.
+// finish as their Run allows, their acknowledgements are sent (each one
+// while the lease holds, however slow the store), drained is called, and the lease is held until the store's Run ends it.
 
 // PartitionConfig configures DeliverPartition.
 type PartitionConfig struct {
