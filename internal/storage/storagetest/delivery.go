@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/storage"
@@ -45,7 +48,12 @@ func upstreamOf(t *testing.T, c *collector) *httptest.Server {
 }
 
 // deliver runs delivery's form lanes over b, sending to srv, until the
-// returned stop is called.
+// returned stop is called. stop first waits until the lanes hold nothing
+// (every record read was answered and its message acknowledged to the
+// partition's acker): the upstream records a request before the relay has
+// its answer, and a stop before it ends that request (it is sent again
+// after, as the product promises), which the suite would take for an
+// acknowledgement lost.
 func deliver(t *testing.T, b storage.Backend, srv *httptest.Server) (stop func()) {
 	t.Helper()
 	client, err := upstream.New(upstream.Config{}, nil, nil)
@@ -56,7 +64,7 @@ func deliver(t *testing.T, b storage.Backend, srv *httptest.Server) (stop func()
 		Kind: &delivery.Form{Field: "identification", MaxItems: 7, MaxBodyBytes: 1 << 20},
 		URL:  func(string) string { return srv.URL + "/groupidentify" }, Store: b,
 		FormTiming: delivery.FormTiming{Linger: -1, RetryInitial: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond}},
-		client, nil, nil)
+		client, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,6 +73,14 @@ func deliver(t *testing.T, b storage.Backend, srv *httptest.Server) (stop func()
 	go func() { done <- fl.Run(ctx) }()
 	return func() {
 		t.Helper()
+		poll.Until(t, "the lanes to hold nothing", func() bool {
+			for _, ls := range fl.LaneStatus() {
+				if ls.ReadAheadBytes != 0 {
+					return false
+				}
+			}
+			return true
+		})
 		cancel()
 		select {
 		case err := <-done:
