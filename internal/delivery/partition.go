@@ -29,8 +29,8 @@ import (
 // once, abandoning requests in flight; what was not acknowledged comes back,
 // in order, to the next owner (who may send some records again). When stop
 // ends (the relay stops), the partition takes no new work, its runners
-// finish as their Run allows, their acknowledgements are sent, drained is
-// called, and the lease is held until the store's Run ends it.
+// finish as their Run allows, their acknowledgements are sent (each one
+// while the lease holds, however slow the store), drained is called, and the lease is held until the store's Run ends it.
 
 // PartitionConfig configures DeliverPartition.
 type PartitionConfig struct {
@@ -82,11 +82,12 @@ func DeliverPartition(stop, owned context.Context, r storage.Reader, drained fun
 	lctx, cancel := context.WithCancel(owned)
 	defer cancel()
 	defer context.AfterFunc(stop, cancel)()
-	ackCtx, stopAcks := context.WithCancel(context.WithoutCancel(owned))
-	ackDone := make(chan struct{})
+	// The acker's acks run on a context of their own: neither the relay's
+	// stop nor the end of ownership cuts one short (see sendAcks).
+	finish, ackDone := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(ackDone)
-		pt.ackLoop(ackCtx)
+		pt.ackLoop(context.WithoutCancel(owned), finish)
 	}()
 
 	var err error
@@ -117,11 +118,12 @@ func DeliverPartition(stop, owned context.Context, r storage.Reader, drained fun
 	for _, f := range pt.feeds {
 		f.run.Abandoned()
 	}
-	// Send what is acknowledged, then stop the acker: after ownership
-	// ended an ack is harmless (refused once the next owner took over).
-	pt.flushAcks()
-	stopAcks()
+	// Stop the acker once its acks in flight are sent, then send what is
+	// still queued: after ownership ended an ack is harmless (refused once
+	// the next owner took over).
+	close(finish)
 	<-ackDone
+	pt.sendAcks(context.WithoutCancel(owned))
 	drained()
 	if stop.Err() != nil {
 		// Hold the lease until the store's Run ends (after every
@@ -292,34 +294,37 @@ func (pt *partition) ack(m *storage.Message) {
 	}
 }
 
-// ackLoop acknowledges what the runners finished until ctx ends.
-func (pt *partition) ackLoop(ctx context.Context) {
+// ackLoop acknowledges what the runners finished until finish is closed
+// (the acks it is sending are sent first).
+func (pt *partition) ackLoop(ctx context.Context, finish <-chan struct{}) {
 	for {
 		select {
 		case <-pt.awake:
-		case <-ctx.Done():
+		case <-finish:
 			return
 		}
 		pt.sendAcks(ctx)
 	}
 }
 
-// flushAcks sends the acknowledgements still queued, bounded in time.
-func (pt *partition) flushAcks() {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	pt.sendAcks(ctx)
-}
-
-// sendAcks acknowledges the queued messages; a failed ack is retried a few
-// times (while the partition is owned), then given up: the message is read
-// again by the next owner.
+// sendAcks acknowledges the queued messages, each try bounded by 5s; a
+// failed ack is retried a few times (while the partition is owned), then
+// given up: the message is read again by the next owner. No bound on the
+// whole: a loaded cluster may take longer than any fixed one to confirm a
+// backlog of acks, and every one it confirms is a message not read again.
+// The store's lease bounds it instead: once it ran out (storage.Leased),
+// what is left is given up.
 func (pt *partition) sendAcks(ctx context.Context) {
 	pt.amu.Lock()
 	ms := pt.acks
 	pt.acks = nil
 	pt.amu.Unlock()
-	for _, m := range ms {
+	for i, m := range ms {
+		if !storage.Leased(pt.owned) {
+			pt.cfg.Log.Warn("acknowledge messages: the lease ran out, they will be read again", zap.String("partition", pt.cfg.Name),
+				zap.Int("messages", len(ms)-i))
+			return
+		}
 		for try := 0; ; try++ {
 			actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			err := pt.r.Ack(actx, m)

@@ -293,7 +293,9 @@
 // The ownership loop does one KV operation per held or wanted lease per
 // heartbeat (3 x P at most, e.g. 9 every 2 s with the defaults), each in
 // its own goroutine so that a slow answer does not delay the other
-// renewals. Partitions are assigned by rendezvous hashing with bounded load
+// renewals; the renewals start each tick beside the heartbeat and the
+// member listing, never after them (a loaded cluster's slow answers to
+// those would otherwise eat the lease's margin). Partitions are assigned by rendezvous hashing with bounded load
 // (each member takes at most ceil(P/n) of each kind).
 //
 // A paused key's message stays unacknowledged: the engine keeps its

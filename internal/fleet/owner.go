@@ -78,7 +78,23 @@ func (f *Fleet) run(ctx context.Context, ks []storage.Kind, deliver DeliverFunc)
 	tick := time.NewTicker(f.cfg.LeaseTTL / 3)
 	defer tick.Stop()
 	for {
-		f.heartbeat(ctx, ks)
+		// The held leases are renewed first, beside the heartbeat and the
+		// members' list (which run beside each other): had a renewal to
+		// wait for those (each may take opCtx), a loaded cluster's slow
+		// answers would eat the lease's margin, and its relays would give
+		// their partitions up and read them again.
+		var wg sync.WaitGroup
+		wg.Go(func() { f.heartbeat(ctx, ks) })
+		renewing := make([]bool, len(slots))
+		for i, l := range held {
+			// A deliver that returned keeps its lease (its partition
+			// unsent) while a pause this relay got is not in the bucket
+			// yet, until it is or it ends.
+			if l != nil && ctx.Err() == nil && (!isDone(l.done) || !l.refused && f.pause.unwritten()) {
+				renewing[i] = true
+				wg.Go(func() { f.renew(ctx, slots[i], l) })
+			}
+		}
 		if m, err := f.members(ctx); err == nil {
 			members = m
 			for _, k := range ks {
@@ -103,27 +119,25 @@ func (f *Fleet) run(ctx context.Context, ks []storage.Kind, deliver DeliverFunc)
 			}
 		}
 		// One goroutine per slot with something to do, so that a slow
-		// answer for one lease does not delay the renewal of the others.
-		var wg sync.WaitGroup
+		// answer for one lease does not delay the others.
 		for i, s := range slots {
 			want := owners[i] == f.cfg.Name
 			l := held[i]
 			switch {
 			case ctx.Err() != nil:
-			case l != nil && isDone(l.done) && !l.refused && f.pause.unwritten():
-				// deliver returned, but a pause this relay got is not in
-				// the bucket yet: the lease stays held, and the partition
-				// unsent, until it is or it ends.
-				wg.Go(func() { f.renew(ctx, s, l) })
+			case renewing[i]:
+				// The renewal in flight owns l.rev and l.refused: a
+				// lease to give up is released at a later tick.
+				if !want {
+					l.cancel()
+				}
 			case l != nil && isDone(l.done):
 				// deliver returned (lost, given up, or on its own).
 				held[i] = nil
 				wg.Go(func() { f.release(s, l) })
 			case l != nil && !want:
 				l.cancel() // released once deliver returned
-			case l != nil:
-				wg.Go(func() { f.renew(ctx, s, l) })
-			case want:
+			case l == nil && want:
 				wg.Go(func() { held[i] = f.acquire(ctx, s, deliver) })
 			}
 		}

@@ -1,0 +1,117 @@
+package delivery
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/svcrelay/relay/internal/storage"
+)
+
+// slowAckReader hands out its messages and takes ackTook to confirm each
+// ack (a loaded cluster's round trip), failing it when ctx ends first.
+type slowAckReader struct {
+	msgs    chan *storage.Message
+	ackTook time.Duration
+	acking  chan struct{} // closed when the first ack starts
+
+	mu    sync.Mutex
+	acked []uint64
+}
+
+func (r *slowAckReader) Next(ctx context.Context) (*storage.Message, error) {
+	select {
+	case m := <-r.msgs:
+		return m, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (r *slowAckReader) Ack(ctx context.Context, m *storage.Message) error {
+	r.mu.Lock()
+	if len(r.acked) == 0 && r.acking != nil {
+		close(r.acking)
+		r.acking = nil
+	}
+	r.mu.Unlock()
+	select {
+	case <-time.After(r.ackTook):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	r.mu.Lock()
+	r.acked = append(r.acked, m.Seq)
+	r.mu.Unlock()
+	return nil
+}
+
+// TestPartitionAcksAtStop: when the relay stops while the partition's
+// acks are in flight or queued, and its lease still holds, every one is
+// sent, however long the store takes to confirm them: an ack cut short
+// is a delivered message read again. Once the lease ran out, the acks
+// not sent yet are given up (the next owner reads them again).
+func TestPartitionAcksAtStop(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		lease bool // the lease holds until the end
+		want  []uint64
+	}{
+		{"LeaseHeld", true, []uint64{1, 2, 3}},
+		{"LeaseRanOut", false, []uint64{1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testAcksAtStop(t, tc.lease, tc.want) })
+	}
+}
+
+func testAcksAtStop(t *testing.T, lease bool, want []uint64) {
+	synctest.Test(t, func(t *testing.T) {
+		lane := storage.LaneKey{Kind: storage.KindGroupIdentify, APIKey: "k"}
+		r := &slowAckReader{msgs: make(chan *storage.Message, 3), ackTook: 3 * time.Second, acking: make(chan struct{})}
+		acking := r.acking
+		for seq := range uint64(3) {
+			r.msgs <- &storage.Message{Seq: seq + 1, Lane: lane, Records: []storage.Record{{OrderKey: []byte("o"), Data: []byte("x")}}}
+		}
+		stop, cancel := context.WithCancel(context.Background())
+		// As the engine's: ownership ends with the relay's stop, while
+		// the store's lease holds until its Run gives it up.
+		var held atomic.Bool
+		held.Store(true)
+		owned := storage.WithLease(stop, held.Load)
+		done := make(chan error)
+		go func() {
+			done <- DeliverPartition(stop, owned, r, func() {}, PartitionConfig{
+				Name: "groupidentify-0", Kind: lane.Kind, MaxQueued: 1 << 20, Idle: time.Minute, Log: zap.NewNop(),
+				Start: func(f *Feed) FeedRunner {
+					return FeedRunner{Label: "k", Retired: func() {}, Abandoned: func() {},
+						Run: func(ctx, _ context.Context) error {
+							for {
+								cs, err := f.Next(ctx, 1<<20)
+								if err != nil {
+									return err
+								}
+								for _, c := range cs {
+									f.Ack(c.Seq)
+								}
+							}
+						}}
+				},
+			})
+		}()
+		<-acking
+		held.Store(lease)
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(r.acked, want) {
+			t.Fatalf("acknowledged %v at stop, want %v", r.acked, want)
+		}
+	})
+}

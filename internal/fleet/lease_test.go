@@ -1,0 +1,86 @@
+package fleet
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/svcrelay/relay/internal/natstest"
+	"github.com/svcrelay/relay/internal/poll"
+)
+
+// TestFleetLease runs the lease cases on a cluster of their own.
+func TestFleetLease(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node NATS cluster")
+	}
+	env := &testEnv{c: natstest.Start(t, natstest.Config{})}
+	t.Run("SlowMembership", env.testSlowMembership)
+}
+
+// slowKV is the fleet's bucket whose heartbeat writes (Put) and member
+// listings take until their context ends while slow is set, as a loaded
+// cluster's answers may; the leases' operations (Create, Update, Delete)
+// are the bucket's own.
+type slowKV struct {
+	jetstream.KeyValue
+	slow  atomic.Bool
+	slows atomic.Int64 // slow heartbeats and listings answered
+}
+
+func (kv *slowKV) wait(ctx context.Context) error {
+	<-ctx.Done()
+	kv.slows.Add(1)
+	return ctx.Err()
+}
+
+func (kv *slowKV) Put(ctx context.Context, key string, value []byte) (uint64, error) {
+	if kv.slow.Load() {
+		return 0, kv.wait(ctx)
+	}
+	return kv.KeyValue.Put(ctx, key, value)
+}
+
+func (kv *slowKV) ListKeysFiltered(ctx context.Context, filters ...string) (jetstream.KeyLister, error) {
+	if kv.slow.Load() {
+		return nil, kv.wait(ctx)
+	}
+	return kv.KeyValue.ListKeysFiltered(ctx, filters...)
+}
+
+// testSlowMembership: a relay whose heartbeat and member listing take
+// their whole time (LeaseTTL/4 each) keeps its leases: renewing them
+// waits for neither. (When it did, a tick's renewal came LeaseTTL/2 late,
+// past the lease's margin: every partition was given up and read again.)
+func (e *testEnv) testSlowMembership(t *testing.T) {
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1})
+	kv := &slowKV{KeyValue: f.kv}
+	f.kv = kv // before Run: nothing else reads it
+	var taken, lost atomic.Int64
+	stopping := make(chan struct{})
+	stop := run(f, func(ctx context.Context, p *Partition) error {
+		taken.Add(1)
+		<-ctx.Done()
+		select {
+		case <-stopping:
+		default:
+			lost.Add(1)
+		}
+		return nil
+	})
+	poll.Until(t, "every kind's partition taken", func() bool { return taken.Load() == int64(len(kinds)) })
+	kv.slow.Store(true)
+	// Four ticks with a slow heartbeat and listing each (two answers a
+	// tick), however long a loaded machine takes for them.
+	poll.Until(t, "four slow ticks", func() bool { return kv.slows.Load() >= 8 || lost.Load() > 0 })
+	close(stopping)
+	stop()
+	if n := lost.Load(); n > 0 {
+		t.Fatalf("%d partitions lost while the heartbeat was slow (taken %d times for %d)", n, taken.Load(), len(kinds))
+	}
+	if n := taken.Load(); n != int64(len(kinds)) {
+		t.Fatalf("partitions taken %d times, want %d", n, len(kinds))
+	}
+}
