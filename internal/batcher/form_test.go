@@ -111,6 +111,19 @@ func runPipeline(t *testing.T, p *Pipeline, sp *spool.Spool) {
 	})
 }
 
+// runUntilEmpty runs p until l holds no record (in a synctest bubble: the
+// polls cost no time), then stops it.
+func runUntilEmpty(p *Pipeline, l *spool.Lane) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	for l.Stats().Records != 0 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	<-done
+}
+
 func giValues(s *simtest.Sim, key string) []string {
 	var got []string
 	for _, g := range s.GroupIdentifies(key) {
@@ -205,14 +218,7 @@ func TestFormResendWithoutExpired(t *testing.T) {
 		}}
 		p := newGI(t, delivery.FormConfig{FormTiming: delivery.FormTiming{MaxAge: maxAge, RetryInitial: time.Millisecond, RetryMax: time.Millisecond}},
 			"http://sim", spool.NewBackend(sp, nil), f, nil)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- p.Run(ctx) }()
-		for l.Stats().Records != 0 {
-			time.Sleep(time.Millisecond)
-		}
-		cancel()
-		<-done
+		runUntilEmpty(p, l)
 		got, _ := f.requests()
 		if want := [][]string{{`{"group_type":"org","group_value":"v0"}`, `{"group_type":"org","group_value":"v1"}`}, {`{"group_type":"org","group_value":"v1"}`}}; !slices.EqualFunc(got, want, slices.Equal) {
 			t.Fatalf("requests %q, want %q", got, want)
@@ -242,14 +248,7 @@ func TestFormLingerUntilFull(t *testing.T) {
 		const linger = time.Minute
 		p := newGI(t, delivery.FormConfig{Kind: &delivery.Form{Field: "identification", MaxItems: 2, MaxBodyBytes: 1 << 20},
 			FormTiming: delivery.FormTiming{Linger: linger}}, "http://sim", spool.NewBackend(sp, nil), f, nil)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- p.Run(ctx) }()
-		for l.Stats().Records != 0 {
-			time.Sleep(time.Millisecond)
-		}
-		cancel()
-		<-done
+		runUntilEmpty(p, l)
 		got, at := f.requests()
 		if len(got) != 2 || len(got[0]) != 2 || len(got[1]) != 1 || !strings.Contains(got[1][0], "v2") {
 			t.Fatalf("requests %q, want v0 and v1, then v2", got)
