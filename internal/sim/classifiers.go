@@ -56,7 +56,7 @@ func (c *simClassifier) view() map[string]any {
 }
 
 func (s *Sim) registerClassifiers() {
-	st := s.mgmt()
+	st := s.mg
 	st.cls = &clsState{byKey: map[string]map[string]*simClassifier{}}
 	r := func(pattern string, f func(m map[string]*simClassifier, w *statusWriter, q *mgRequest)) {
 		s.mgmtRoute("classifier", pattern, authBasic, clsMaxBody, func(w *statusWriter, q *mgRequest) {
@@ -66,7 +66,6 @@ func (s *Sim) registerClassifiers() {
 			f(m, w, q)
 		})
 	}
-	fail := func(w *statusWriter, status int, msg string) { writeJSON(w, status, map[string]any{"error": msg}) }
 	type body struct {
 		DisplayName *string         `json:"displayName"`
 		Description *string         `json:"description"`
@@ -75,26 +74,26 @@ func (s *Sim) registerClassifiers() {
 	parse := func(w *statusWriter, q *mgRequest) (*body, map[string]any) {
 		var b body
 		if err := json.Unmarshal(q.body, &b); err != nil {
-			fail(w, http.StatusBadRequest, "body is not a JSON object")
+			apiError(w, http.StatusBadRequest, "body is not a JSON object")
 			return nil, nil
 		}
 		var def map[string]any
 		if json.Unmarshal(b.Def, &def) != nil || def == nil {
-			fail(w, http.StatusBadRequest, "csvDefinition is required")
+			apiError(w, http.StatusBadRequest, "csvDefinition is required")
 			return nil, nil
 		}
 		csv, ok := def["csvText"].(string)
 		if !ok {
-			fail(w, http.StatusBadRequest, "csvDefinition.csvText is required")
+			apiError(w, http.StatusBadRequest, "csvDefinition.csvText is required")
 			return nil, nil
 		}
 		if len(csv) > ClassifierMaxCSVBytes {
-			fail(w, http.StatusRequestEntityTooLarge, "csvDefinition.csvText is larger than 1 MB")
+			apiError(w, http.StatusRequestEntityTooLarge, "csvDefinition.csvText is larger than 1 MB")
 			return nil, nil
 		}
 		for _, t := range []*string{b.DisplayName, b.Description} {
 			if t != nil && utf8.RuneCountInString(*t) > ClassifierMaxTextChars {
-				fail(w, http.StatusBadRequest, "displayName and description take at most 1000 characters")
+				apiError(w, http.StatusBadRequest, "displayName and description take at most 1000 characters")
 				return nil, nil
 			}
 		}
@@ -119,7 +118,7 @@ func (s *Sim) registerClassifiers() {
 	r("GET /api/2/channel-classifiers/{name}", func(m map[string]*simClassifier, w *statusWriter, q *mgRequest) {
 		c := m[q.r.PathValue("name")]
 		if c == nil {
-			fail(w, http.StatusNotFound, "classifier not found")
+			apiError(w, http.StatusNotFound, "classifier not found")
 			return
 		}
 		writeJSON(w, http.StatusOK, c.view())
@@ -127,7 +126,7 @@ func (s *Sim) registerClassifiers() {
 	r("POST /api/2/channel-classifiers/{name}", func(m map[string]*simClassifier, w *statusWriter, q *mgRequest) {
 		name := q.r.PathValue("name")
 		if !validClassifierName(name) {
-			fail(w, http.StatusBadRequest, "name may hold letters, digits, underscores and hyphens only")
+			apiError(w, http.StatusBadRequest, "name may hold letters, digits, underscores and hyphens only")
 			return
 		}
 		b, def := parse(w, q)
@@ -135,7 +134,7 @@ func (s *Sim) registerClassifiers() {
 			return
 		}
 		if m[name] != nil {
-			fail(w, http.StatusConflict, "classifier exists")
+			apiError(w, http.StatusConflict, "classifier exists")
 			return
 		}
 		m[name] = &simClassifier{name: name}
@@ -150,7 +149,7 @@ func (s *Sim) registerClassifiers() {
 		}
 		c := m[name]
 		if c == nil {
-			fail(w, http.StatusNotFound, "classifier not found")
+			apiError(w, http.StatusNotFound, "classifier not found")
 			return
 		}
 		set(c, b, def)

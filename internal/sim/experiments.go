@@ -56,10 +56,9 @@ var experimentPatchFields = map[string]bool{"name": true, "description": true, "
 // AddWebExperiment adds a web experiment (which PATCH refuses with 405) and
 // returns its id.
 func (s *Sim) AddWebExperiment(name string) string {
-	st := s.mgmt()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	e := st.exp.add(s.cfg.Now(), map[string]any{"name": name, "key": name}, "web")
+	s.mg.mu.Lock()
+	defer s.mg.mu.Unlock()
+	e := s.mg.exp.add(s.cfg.Now(), map[string]any{"name": name, "key": name}, "web")
 	return e.id
 }
 
@@ -97,7 +96,7 @@ func (e *simExperiment) view() map[string]any {
 }
 
 func (s *Sim) registerExperiments() {
-	st := s.mgmt()
+	st := s.mg
 	st.exp = &expState{exps: map[string]*simExperiment{}}
 	x := st.exp
 	// r registers an experiment route; f gets the experiment and variant its
@@ -128,9 +127,6 @@ func (s *Sim) registerExperiments() {
 		w.WriteHeader(http.StatusOK)
 		w.Write([]byte("OK"))
 	}
-	bad := func(w *statusWriter, msg string) {
-		writeJSON(w, http.StatusBadRequest, map[string]any{"error": msg})
-	}
 	now := func() time.Time { return s.cfg.Now() }
 
 	r("GET /api/1/experiments", func(_ *simExperiment, _ *simVariant, w *statusWriter, q *mgRequest) {
@@ -138,7 +134,7 @@ func (s *Sim) registerExperiments() {
 		if v := q.r.URL.Query().Get("limit"); v != "" {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 0 {
-				bad(w, "limit must be a non-negative integer")
+				apiError(w, http.StatusBadRequest, "limit must be a non-negative integer")
 				return
 			}
 			limit = n
@@ -164,20 +160,20 @@ func (s *Sim) registerExperiments() {
 	r("POST /api/1/experiments", func(_ *simExperiment, _ *simVariant, w *statusWriter, q *mgRequest) {
 		m, err := decodeObject(q.body)
 		if err != nil {
-			bad(w, "body is not a JSON object")
+			apiError(w, http.StatusBadRequest, "body is not a JSON object")
 			return
 		}
 		var vars []map[string]any
 		if v, has := m["variants"]; has && v != nil {
 			raw, _ := json.Marshal(v)
 			if json.Unmarshal(raw, &vars) != nil {
-				bad(w, "variants must be an array of objects")
+				apiError(w, http.StatusBadRequest, "variants must be an array of objects")
 				return
 			}
 		}
 		for _, v := range vars {
 			if k, _ := v["key"].(string); k == "" {
-				bad(w, "every variant needs a key")
+				apiError(w, http.StatusBadRequest, "every variant needs a key")
 				return
 			}
 		}
@@ -209,17 +205,17 @@ func (s *Sim) registerExperiments() {
 	})
 	r("PATCH /api/1/experiments/{id}", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
 		if e.delivery != "feature" {
-			writeJSON(w, http.StatusMethodNotAllowed, map[string]any{"error": "experiments of this type cannot be edited here"})
+			apiError(w, http.StatusMethodNotAllowed, "experiments of this type cannot be edited here")
 			return
 		}
 		m, err := decodeObject(q.body)
 		if err != nil {
-			bad(w, "body is not a JSON object")
+			apiError(w, http.StatusBadRequest, "body is not a JSON object")
 			return
 		}
 		for k := range m {
 			if !experimentPatchFields[k] {
-				bad(w, "field "+strconv.Quote(k)+" cannot be edited")
+				apiError(w, http.StatusBadRequest, "field "+strconv.Quote(k)+" cannot be edited")
 				return
 			}
 		}
@@ -243,7 +239,7 @@ func (s *Sim) registerExperiments() {
 				return
 			}
 		}
-		writeJSON(w, http.StatusNotFound, map[string]any{"error": "version not found"})
+		apiError(w, http.StatusNotFound, "version not found")
 	})
 	r("GET /api/1/experiments/{id}/variants", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
 		out := []any{}
@@ -255,14 +251,14 @@ func (s *Sim) registerExperiments() {
 	variantBody := func(w *statusWriter, q *mgRequest) map[string]any {
 		m, err := decodeObject(q.body)
 		if err != nil {
-			bad(w, "body is not a JSON object")
+			apiError(w, http.StatusBadRequest, "body is not a JSON object")
 			return nil
 		}
 		for k := range m {
 			switch k {
 			case "key", "name", "description", "payload", "rolloutWeight":
 			default:
-				bad(w, "unknown variant field "+strconv.Quote(k))
+				apiError(w, http.StatusBadRequest, "unknown variant field "+strconv.Quote(k))
 				return nil
 			}
 		}
@@ -275,11 +271,11 @@ func (s *Sim) registerExperiments() {
 		}
 		k, _ := m["key"].(string)
 		if k == "" {
-			bad(w, "key is required")
+			apiError(w, http.StatusBadRequest, "key is required")
 			return
 		}
 		if e.byKey[k] != nil {
-			bad(w, "variant "+strconv.Quote(k)+" exists")
+			apiError(w, http.StatusBadRequest, "variant "+strconv.Quote(k)+" exists")
 			return
 		}
 		e.variants = append(e.variants, k)
@@ -298,7 +294,7 @@ func (s *Sim) registerExperiments() {
 		old := q.r.PathValue("variantKey")
 		if k, _ := m["key"].(string); k != "" && k != old {
 			if e.byKey[k] != nil {
-				bad(w, "variant "+strconv.Quote(k)+" exists")
+				apiError(w, http.StatusBadRequest, "variant "+strconv.Quote(k)+" exists")
 				return
 			}
 			delete(e.byKey, old)
@@ -332,16 +328,16 @@ func (s *Sim) registerExperiments() {
 	stringsField := func(w *statusWriter, q *mgRequest, field string, most int) ([]string, bool) {
 		var m map[string]json.RawMessage
 		if json.Unmarshal(q.body, &m) != nil || m == nil {
-			bad(w, "body is not a JSON object")
+			apiError(w, http.StatusBadRequest, "body is not a JSON object")
 			return nil, false
 		}
 		var v []string
 		if json.Unmarshal(m[field], &v) != nil || v == nil {
-			bad(w, field+" must be an array of strings")
+			apiError(w, http.StatusBadRequest, field+" must be an array of strings")
 			return nil, false
 		}
 		if most > 0 && len(v) > most {
-			bad(w, field+" holds more than "+strconv.Itoa(most)+" entries")
+			apiError(w, http.StatusBadRequest, field+" holds more than "+strconv.Itoa(most)+" entries")
 			return nil, false
 		}
 		return v, true
@@ -410,7 +406,7 @@ func (s *Sim) registerExperiments() {
 		n := len(e.deployments)
 		e.deployments = removeString(e.deployments, d)
 		if len(e.deployments) == n {
-			writeJSON(w, http.StatusNotFound, map[string]any{"error": "deployment not found"})
+			apiError(w, http.StatusNotFound, "deployment not found")
 			return
 		}
 		e.version(now(), "deployment removed")

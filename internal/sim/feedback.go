@@ -337,7 +337,8 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// apiError answers {"error": msg} with status.
+// apiError answers {"error": msg} with status: the error shape of every
+// API but ingestion, group identify and user mapping (codeError).
 func apiError(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, map[string]string{"error": msg})
 }

@@ -77,7 +77,7 @@ const giControlPath = "/sim/groupidentify"
 
 func (s *Sim) registerGroupIdentify() {
 	st := &giState{byKey: map[string][]GroupIdentify{}, rejected: map[string]bool{}}
-	s.giState = st
+	s.gi = st
 	s.ctlMux.Handle(giControlPath, st)
 	s.onReset(func() {
 		st.mu.Lock()
@@ -91,22 +91,18 @@ func (s *Sim) registerGroupIdentify() {
 	})
 }
 
-func (s *Sim) gi() *giState { return s.giState }
-
 // GroupIdentifies returns the identifications stored for apiKey, in arrival order.
-func (s *Sim) GroupIdentifies(apiKey string) []GroupIdentify { return s.gi().list(apiKey) }
+func (s *Sim) GroupIdentifies(apiKey string) []GroupIdentify { return s.gi.list(apiKey) }
 
 // GroupIdentifyRequests returns the number of /groupidentify requests answered 200.
 func (s *Sim) GroupIdentifyRequests() int64 {
-	st := s.gi()
-	return locked(&st.mu, func() int64 { return st.requests })
+	return locked(&s.gi.mu, func() int64 { return s.gi.requests })
 }
 
 // RejectGroupValue makes every request holding an identification with this
 // group_value fail with 400 "Invalid group identification" (no index named).
 func (s *Sim) RejectGroupValue(v string) {
-	st := s.gi()
-	withLock(&st.mu, func() { st.rejected[v] = true })
+	withLock(&s.gi.mu, func() { s.gi.rejected[v] = true })
 }
 
 // formParams reads form fields from the (decoded) body, then the query.
@@ -194,7 +190,7 @@ func (s *Sim) serveGroupIdentify(st *giState, w http.ResponseWriter, r *http.Req
 	}
 	fail := func() { // st.mu held
 		st.mu.Unlock()
-		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidGroupIdentify})
+		codeError(w, http.StatusBadRequest, ErrTextInvalidGroupIdentify)
 	}
 	type parsed struct {
 		GroupType       any                        `json:"group_type"`

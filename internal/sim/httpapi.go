@@ -22,11 +22,11 @@ func (s *Sim) registerHTTPAPI() {
 func refuseIngest(w http.ResponseWriter, r *http.Request, in *incoming) bool {
 	switch {
 	case r.Method != http.MethodPost:
-		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidPath})
+		codeError(w, http.StatusBadRequest, ErrTextInvalidPath)
 	case in.TooLarge:
-		writeJSON(w, http.StatusRequestEntityTooLarge, errBody{Code: 413, Error: ErrTextTooLarge})
+		codeError(w, http.StatusRequestEntityTooLarge, ErrTextTooLarge)
 	case in.BadEncoding:
-		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidJSON})
+		codeError(w, http.StatusBadRequest, ErrTextInvalidJSON)
 	default:
 		return false
 	}
@@ -112,6 +112,11 @@ func fillRecord(rec *Record, env *envelope) {
 			rec.Users = append(rec.Users, ev.userID)
 		}
 	}
+}
+
+// codeError answers the ingestion APIs' {"code": status, "error": text}.
+func codeError(w http.ResponseWriter, status int, text string) {
+	writeJSON(w, status, errBody{Code: status, Error: text})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

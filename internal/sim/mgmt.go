@@ -115,38 +115,32 @@ func (st *mgmtState) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Sim) registerMgmt() {
-	s.mgmtState = &mgmtState{mgmtKeys: map[string]bool{}, scimTokens: map[string]string{}, secrets: map[string]string{}}
-	s.ctlMux.Handle(mgmtControlPath+"calls", s.mgmtState)
-	s.onReset(s.mgmtState.reset)
+	s.mg = &mgmtState{mgmtKeys: map[string]bool{}, scimTokens: map[string]string{}, secrets: map[string]string{}}
+	s.ctlMux.Handle(mgmtControlPath+"calls", s.mg)
+	s.onReset(s.mg.reset)
 }
-
-func (s *Sim) mgmt() *mgmtState { return s.mgmtState }
 
 // SetManagementKey makes key an accepted experiment management key (once
 // one is set, others are answered 403).
 func (s *Sim) SetManagementKey(key string) {
-	st := s.mgmt()
-	withLock(&st.mu, func() { st.mgmtKeys[key] = true })
+	withLock(&s.mg.mu, func() { s.mg.mgmtKeys[key] = true })
 }
 
 // SetSCIMToken makes token an accepted SCIM token of organization org (once
 // one is set, others are answered 403).
 func (s *Sim) SetSCIMToken(token, org string) {
-	st := s.mgmt()
-	withLock(&st.mu, func() { st.scimTokens[token] = org })
+	withLock(&s.mg.mu, func() { s.mg.scimTokens[token] = org })
 }
 
 // SetProjectSecret makes secret the only accepted secret key of apiKey on
 // the classifier and taxonomy routes.
 func (s *Sim) SetProjectSecret(apiKey, secret string) {
-	st := s.mgmt()
-	withLock(&st.mu, func() { st.secrets[apiKey] = secret })
+	withLock(&s.mg.mu, func() { s.mg.secrets[apiKey] = secret })
 }
 
 // MgmtCalls returns the management calls logged so far, oldest first.
 func (s *Sim) MgmtCalls() []MgmtCall {
-	st := s.mgmt()
-	return locked(&st.mu, func() []MgmtCall { return append([]MgmtCall(nil), st.calls...) })
+	return locked(&s.mg.mu, func() []MgmtCall { return append([]MgmtCall(nil), s.mg.calls...) })
 }
 
 // mgRequest is what a management handler gets.
@@ -161,7 +155,7 @@ type mgHandler func(w *statusWriter, q *mgRequest)
 
 // mgmtRoute registers pattern ("METHOD /path/{x}") for api.
 func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgHandler) {
-	st := s.mgmt()
+	st := s.mg
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		rec := s.newRecord(r)
 		call := &MgmtCall{Time: s.cfg.Now(), API: api, Method: r.Method, Path: r.URL.EscapedPath(), Query: r.URL.RawQuery}
@@ -207,7 +201,7 @@ func (s *Sim) serveMgmt(st *mgmtState, w *statusWriter, r *http.Request, call *M
 				w.Header().Set("WWW-Authenticate", `Bearer realm="svc"`)
 			}
 		}
-		writeJSON(w, status, map[string]any{"error": msg})
+		apiError(w, status, msg)
 	}
 	switch auth {
 	case authMgmtBearer, authSCIMBearer:
@@ -260,11 +254,11 @@ func (s *Sim) serveMgmt(st *mgmtState, w *statusWriter, r *http.Request, call *M
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
 	if err != nil {
-		writeJSON(w, http.StatusBadRequest, map[string]any{"error": "unreadable body"})
+		apiError(w, http.StatusBadRequest, "unreadable body")
 		return
 	}
 	if int64(len(body)) > maxBody {
-		writeJSON(w, http.StatusRequestEntityTooLarge, map[string]any{"error": "Payload too large"})
+		apiError(w, http.StatusRequestEntityTooLarge, "Payload too large")
 		return
 	}
 	switch enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); enc {
@@ -275,15 +269,15 @@ func (s *Sim) serveMgmt(st *mgmtState, w *statusWriter, r *http.Request, call *M
 			body, err = io.ReadAll(io.LimitReader(zr, maxBody+1))
 		}
 		if err != nil {
-			writeJSON(w, http.StatusBadRequest, map[string]any{"error": "undecodable gzip body"})
+			apiError(w, http.StatusBadRequest, "undecodable gzip body")
 			return
 		}
 		if int64(len(body)) > maxBody {
-			writeJSON(w, http.StatusRequestEntityTooLarge, map[string]any{"error": "Payload too large"})
+			apiError(w, http.StatusRequestEntityTooLarge, "Payload too large")
 			return
 		}
 	default:
-		writeJSON(w, http.StatusUnsupportedMediaType, map[string]any{"error": "unsupported Content-Encoding"})
+		apiError(w, http.StatusUnsupportedMediaType, "unsupported Content-Encoding")
 		return
 	}
 	q.body = body

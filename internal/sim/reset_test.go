@@ -8,7 +8,7 @@ func TestResetClearsRouteGroups(t *testing.T) {
 	s := New(Config{}, nil)
 	defer s.Close()
 	s.SetManagementKey("mk")
-	gi, um, mg := s.gi(), s.um(), s.mgmt()
+	gi, um, mg := s.gi, s.um, s.mg
 	gi.byKey["k"] = []GroupIdentify{{}}
 	gi.rejected["v"] = true
 	um.mapped["org"] = map[string]string{"u": "g"}

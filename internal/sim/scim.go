@@ -80,16 +80,15 @@ type scimState struct {
 // SetSCIMRate sets the SCIM rate limit (defaults SCIMRateLimit per
 // SCIMRateWindow); zero values keep the current setting.
 func (s *Sim) SetSCIMRate(limit int, window time.Duration) {
-	st := s.mgmt()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	setPositive(&st.scim.limit, limit)
-	setPositive(&st.scim.window, window)
+	s.mg.mu.Lock()
+	defer s.mg.mu.Unlock()
+	setPositive(&s.mg.scim.limit, limit)
+	setPositive(&s.mg.scim.window, window)
 }
 
 // scimUsers returns the emails of org's users, sorted.
 func (s *Sim) scimUsers(org string) []string {
-	st := s.mgmt()
+	st := s.mg
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if o := st.scim.orgs[org]; o != nil {
@@ -99,7 +98,7 @@ func (s *Sim) scimUsers(org string) []string {
 }
 
 func (s *Sim) registerSCIM() {
-	st := s.mgmt()
+	st := s.mg
 	st.scim = &scimState{orgs: map[string]*scimOrg{}, hits: windowHits{}, limit: SCIMRateLimit, window: SCIMRateWindow}
 	h := func(f func(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest)) mgHandler {
 		return func(w *statusWriter, q *mgRequest) {

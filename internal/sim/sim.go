@@ -146,9 +146,9 @@ type Sim struct {
 	// The route groups' states, for the methods that read and set them.
 	dsar      *dsarState
 	export    *exportState
-	mgmtState *mgmtState
-	umState   *umState
-	giState   *giState
+	mg        *mgmtState
+	um        *umState
+	gi        *giState
 
 	mu    sync.Mutex
 	store store
@@ -237,7 +237,7 @@ func (s *Sim) resetGroups() {
 // unknownPath answers the upstream's "Invalid request path".
 func (s *Sim) unknownPath(w http.ResponseWriter, r *http.Request) {
 	s.ingestMiddleware(routeHandler{serve: func(w http.ResponseWriter, r *http.Request, in *incoming) {
-		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidPath})
+		codeError(w, http.StatusBadRequest, ErrTextInvalidPath)
 	}}).ServeHTTP(w, r)
 }
 

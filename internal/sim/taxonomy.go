@@ -82,30 +82,27 @@ type taxState struct {
 // SetTaxonomyLimits sets the taxonomy limits; zero values keep the current
 // setting.
 func (s *Sim) SetTaxonomyLimits(maxInFlight, periodCost int, period time.Duration) {
-	st := s.mgmt()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	setPositive(&st.tax.maxInFlight, maxInFlight)
-	setPositive(&st.tax.periodCost, periodCost)
-	setPositive(&st.tax.period, period)
+	s.mg.mu.Lock()
+	defer s.mg.mu.Unlock()
+	setPositive(&s.mg.tax.maxInFlight, maxInFlight)
+	setPositive(&s.mg.tax.periodCost, periodCost)
+	setPositive(&s.mg.tax.period, period)
 }
 
 // SetTaxonomyDelay makes every taxonomy request take at least d.
 func (s *Sim) SetTaxonomyDelay(d time.Duration) {
-	st := s.mgmt()
-	withLock(&st.mu, func() { st.tax.delay = d })
+	withLock(&s.mg.mu, func() { s.mg.tax.delay = d })
 }
 
 // TaxonomyPeakInFlight returns the highest cost in flight seen for apiKey.
 func (s *Sim) TaxonomyPeakInFlight(apiKey string) int {
-	st := s.mgmt()
-	return locked(&st.mu, func() int { return st.tax.peak[apiKey] })
+	return locked(&s.mg.mu, func() int { return s.mg.tax.peak[apiKey] })
 }
 
 // SeedTaxonomy puts an entity of apiKey's taxonomy in state: kind is
 // "event", "event-property" (shared) or "user-property".
 func (s *Sim) SeedTaxonomy(apiKey, kind, name, state string) {
-	st := s.mgmt()
+	st := s.mg
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	p := st.tax.project(apiKey)
@@ -223,7 +220,7 @@ func (q *taxReq) list(w http.ResponseWriter, m map[string]*taxEntity, view func(
 }
 
 func (s *Sim) registerTaxonomy() {
-	st := s.mgmt()
+	st := s.mg
 	st.tax = &taxState{projects: map[string]*taxProject{}, inFlight: map[string]int{}, peak: map[string]int{},
 		spent: windowHits{}, maxInFlight: TaxonomyMaxInFlight, periodCost: TaxonomyPeriodCost, period: TaxonomyPeriod}
 	x := st.tax

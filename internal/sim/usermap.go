@@ -112,7 +112,7 @@ const umControlPath = "/sim/usermap"
 func (s *Sim) registerUserMap() {
 	st := &umState{limit: DefaultMappingLimit, window: DefaultMappingWindow, orgOfKey: map[string]string{},
 		secrets: map[string]string{}, mapped: map[string]map[string]string{}, rejected: map[string]bool{}}
-	s.umState = st
+	s.um = st
 	s.ctlMux.Handle("GET "+umControlPath, st)
 	s.onReset(func() { // rate limit, key organizations and secrets are configuration: kept
 		st.mu.Lock()
@@ -130,69 +130,58 @@ func (s *Sim) registerUserMap() {
 	})
 }
 
-func (s *Sim) um() *umState { return s.umState }
-
 // SetUserMapRate sets the mapping rate limit: limit calls per window
 // (defaults 1500 per 30 s); zero values keep the current setting.
 func (s *Sim) SetUserMapRate(limit int, window time.Duration) {
-	st := s.um()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	setPositive(&st.limit, limit)
-	setPositive(&st.window, window)
+	s.um.mu.Lock()
+	defer s.um.mu.Unlock()
+	setPositive(&s.um.limit, limit)
+	setPositive(&s.um.window, window)
 }
 
 // SetUserMapOrg puts apiKey in organization org: keys of one organization
 // share the mapping rate and the mapping state.
 func (s *Sim) SetUserMapOrg(apiKey, org string) {
-	st := s.um()
-	withLock(&st.mu, func() { st.orgOfKey[apiKey] = org })
+	withLock(&s.um.mu, func() { s.um.orgOfKey[apiKey] = org })
 }
 
 // SetSecretKey makes GET /api/2/usermap require secret for apiKey.
 func (s *Sim) SetSecretKey(apiKey, secret string) {
-	st := s.um()
-	withLock(&st.mu, func() { st.secrets[apiKey] = secret })
+	withLock(&s.um.mu, func() { s.um.secrets[apiKey] = secret })
 }
 
 // RejectUserID makes every POST /usermap holding this user_id fail with 400
 // "Invalid mapping" (no index named).
 func (s *Sim) RejectUserID(id string) {
-	st := s.um()
-	withLock(&st.mu, func() { st.rejected[id] = true })
+	withLock(&s.um.mu, func() { s.um.rejected[id] = true })
 }
 
 // MappingCalls returns every applied mapping, in order.
 func (s *Sim) MappingCalls() []MappingCall {
-	st := s.um()
-	return locked(&st.mu, func() []MappingCall { return append([]MappingCall{}, st.calls...) })
+	return locked(&s.um.mu, func() []MappingCall { return append([]MappingCall{}, s.um.calls...) })
 }
 
 // MappingBatches returns the accepted POST /usermap requests with their
 // arrival time, organization and mapping count (for pace assertions).
 func (s *Sim) MappingBatches() []MappingBatch {
-	st := s.um()
-	return locked(&st.mu, func() []MappingBatch { return append([]MappingBatch{}, st.batches...) })
+	return locked(&s.um.mu, func() []MappingBatch { return append([]MappingBatch{}, s.um.batches...) })
 }
 
 // MappingThrottled returns the number of POST /usermap answered 429.
 func (s *Sim) MappingThrottled() int64 {
-	st := s.um()
-	return locked(&st.mu, func() int64 { return st.throttled })
+	return locked(&s.um.mu, func() int64 { return s.um.throttled })
 }
 
 // MappingReads returns the GET /api/2/usermap requests seen.
 func (s *Sim) MappingReads() []MappingRead {
-	st := s.um()
-	return locked(&st.mu, func() []MappingRead { return append([]MappingRead{}, st.reads...) })
+	return locked(&s.um.mu, func() []MappingRead { return append([]MappingRead{}, s.um.reads...) })
 }
 
 // MappedTo returns the global user id apiKey's organization maps userID to.
 func (s *Sim) MappedTo(apiKey, userID string) (string, bool) {
-	st := s.um()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	g, ok := st.mapped[st.orgLocked(apiKey)][userID]
+	s.um.mu.Lock()
+	defer s.um.mu.Unlock()
+	g, ok := s.um.mapped[s.um.orgLocked(apiKey)][userID]
 	return g, ok
 }
 
@@ -220,7 +209,6 @@ func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, 
 	if !ok {
 		return
 	}
-	invalid := func() { writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidMapping}) }
 	var ms []MappingCall
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -231,24 +219,24 @@ func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, 
 			Unmap        any `json:"unmap"`
 		}
 		if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &m) != nil {
-			invalid()
+			codeError(w, http.StatusBadRequest, ErrTextInvalidMapping)
 			return
 		}
 		uid, ok := m.UserID.(string)
 		if !ok || uid == "" || st.rejected[uid] {
-			invalid()
+			codeError(w, http.StatusBadRequest, ErrTextInvalidMapping)
 			return
 		}
 		unmap := false
 		if m.Unmap != nil {
 			if unmap, ok = m.Unmap.(bool); !ok {
-				invalid()
+				codeError(w, http.StatusBadRequest, ErrTextInvalidMapping)
 				return
 			}
 		}
 		gid, _ := m.GlobalUserID.(string)
 		if gid == "" && !unmap {
-			invalid()
+			codeError(w, http.StatusBadRequest, ErrTextInvalidMapping)
 			return
 		}
 		ms = append(ms, MappingCall{UserID: uid, GlobalUserID: gid, Unmap: unmap})
@@ -267,7 +255,7 @@ func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, 
 	}
 	if inWindow+len(ms) > st.limit {
 		st.throttled++
-		writeJSON(w, http.StatusTooManyRequests, errBody{Code: 429, Error: "Too many requests"})
+		codeError(w, http.StatusTooManyRequests, "Too many requests")
 		return
 	}
 	st.batches = append(st.batches, MappingBatch{Time: now, Org: org, N: len(ms)})
