@@ -2,9 +2,9 @@ package sim
 
 import (
 	"encoding/json"
+	"maps"
 	"net/http"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -160,15 +160,7 @@ func ValidEmail(s string) bool {
 		}
 	}
 	labels := strings.Split(domain, ".")
-	if len(labels) < 2 {
-		return false
-	}
-	for _, l := range labels {
-		if l == "" {
-			return false
-		}
-	}
-	return true
+	return len(labels) >= 2 && !slices.Contains(labels, "")
 }
 
 // page parses startIndex and itemsPerPage.
@@ -210,16 +202,11 @@ func (o *scimOrg) userView(u *scimUser, withGroups bool) map[string]any {
 	v["active"] = true
 	v["meta"] = map[string]any{"resourceType": "User"}
 	if withGroups {
-		var gs []any
+		gs := []any{}
 		for _, g := range o.sortedGroups() {
-			for _, m := range g.members {
-				if m == strings.ToLower(u.email) {
-					gs = append(gs, map[string]any{"value": strconv.Itoa(g.id), "display": g.displayName})
-				}
+			if slices.Contains(g.members, strings.ToLower(u.email)) {
+				gs = append(gs, map[string]any{"value": strconv.Itoa(g.id), "display": g.displayName})
 			}
-		}
-		if gs == nil {
-			gs = []any{}
 		}
 		v["groups"] = gs
 	}
@@ -227,12 +214,7 @@ func (o *scimOrg) userView(u *scimUser, withGroups bool) map[string]any {
 }
 
 func (o *scimOrg) sortedGroups() []*scimGroup {
-	gs := make([]*scimGroup, 0, len(o.groups))
-	for _, g := range o.groups {
-		gs = append(gs, g)
-	}
-	sort.Slice(gs, func(i, j int) bool { return gs[i].id < gs[j].id })
-	return gs
+	return slices.SortedFunc(maps.Values(o.groups), func(a, b *scimGroup) int { return a.id - b.id })
 }
 
 func (s *Sim) scimListUsers(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
@@ -264,12 +246,11 @@ func (s *Sim) scimListUsers(st *mgmtState, o *scimOrg, w *statusWriter, q *mgReq
 }
 
 func (s *Sim) scimGetUser(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
-	u := o.users[strings.ToLower(q.r.PathValue("id"))]
-	if u == nil {
+	if u := o.users[strings.ToLower(q.r.PathValue("id"))]; u == nil {
 		scimError(w, http.StatusNotFound, "", "user not found")
-		return
+	} else {
+		scimJSON(w, http.StatusOK, o.userView(u, true))
 	}
-	scimJSON(w, http.StatusOK, o.userView(u, true))
 }
 
 func decodeObject(b []byte) (map[string]any, error) {
@@ -284,9 +265,8 @@ func decodeObject(b []byte) (map[string]any, error) {
 }
 
 func (s *Sim) scimCreateUser(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
-	m, err := decodeObject(q.body)
-	if err != nil {
-		scimError(w, http.StatusBadRequest, "invalidSyntax", "body is not a JSON object")
+	m := scimObject(w, q)
+	if m == nil {
 		return
 	}
 	id, _ := m["id"].(string)
@@ -303,19 +283,12 @@ func (s *Sim) scimCreateUser(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRe
 	o.users[key] = &scimUser{email: userName, body: m}
 	o.order = append(o.order, key)
 	w.Header().Set("Location", "/scim/1/Users/"+userName)
-	w.Header().Set("Content-Type", "application/scim+json")
-	w.WriteHeader(http.StatusCreated)
-	w.Write(q.body)
+	scimEcho(w, q, http.StatusCreated)
 }
 
 func (o *scimOrg) removeUser(key string) {
 	delete(o.users, key)
-	for i, k := range o.order {
-		if k == key {
-			o.order = append(o.order[:i], o.order[i+1:]...)
-			break
-		}
-	}
+	o.order = removeString(o.order, key)
 	for _, g := range o.groups {
 		g.members = removeString(g.members, key)
 	}
@@ -325,21 +298,44 @@ func removeString(v []string, s string) []string {
 	return slices.DeleteFunc(v, func(x string) bool { return x == s })
 }
 
-func (s *Sim) scimUpdateUser(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
+// userByID returns the user the path's {id} names and its key, or answers
+// 400 (not an email) or 404.
+func (o *scimOrg) userByID(w *statusWriter, q *mgRequest) (*scimUser, string) {
 	id := q.r.PathValue("id")
 	if !ValidEmail(id) {
 		scimError(w, http.StatusBadRequest, "invalidValue", "id must be a valid email")
-		return
+		return nil, ""
 	}
 	key := strings.ToLower(id)
-	u := o.users[key]
-	if u == nil {
+	if o.users[key] == nil {
 		scimError(w, http.StatusNotFound, "", "user not found")
-		return
 	}
+	return o.users[key], key
+}
+
+// scimObject decodes the body as a JSON object or answers 400.
+func scimObject(w *statusWriter, q *mgRequest) map[string]any {
 	m, err := decodeObject(q.body)
 	if err != nil {
 		scimError(w, http.StatusBadRequest, "invalidSyntax", "body is not a JSON object")
+	}
+	return m
+}
+
+// scimEcho answers the request's own body, as the document's examples do.
+func scimEcho(w *statusWriter, q *mgRequest, status int) {
+	w.Header().Set("Content-Type", "application/scim+json")
+	w.WriteHeader(status)
+	w.Write(q.body)
+}
+
+func (s *Sim) scimUpdateUser(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
+	u, key := o.userByID(w, q)
+	if u == nil {
+		return
+	}
+	m := scimObject(w, q)
+	if m == nil {
 		return
 	}
 	if un, ok := m["userName"].(string); ok && !strings.EqualFold(un, u.email) {
@@ -353,24 +349,14 @@ func (s *Sim) scimUpdateUser(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRe
 			u.body[k] = v
 		}
 	}
-	w.Header().Set("Content-Type", "application/scim+json")
-	w.WriteHeader(http.StatusOK)
-	w.Write(q.body)
+	scimEcho(w, q, http.StatusOK)
 }
 
 func (s *Sim) scimDeleteUser(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
-	id := q.r.PathValue("id")
-	if !ValidEmail(id) {
-		scimError(w, http.StatusBadRequest, "invalidValue", "id must be a valid email")
-		return
+	if u, key := o.userByID(w, q); u != nil {
+		o.removeUser(key)
+		w.WriteHeader(http.StatusNoContent)
 	}
-	key := strings.ToLower(id)
-	if o.users[key] == nil {
-		scimError(w, http.StatusNotFound, "", "user not found")
-		return
-	}
-	o.removeUser(key)
-	w.WriteHeader(http.StatusNoContent)
 }
 
 func (o *scimOrg) groupView(g *scimGroup, idAsString bool) map[string]any {
@@ -458,18 +444,14 @@ func (o *scimOrg) addMember(g *scimGroup, email string) {
 		o.users[key] = &scimUser{email: email, body: map[string]any{}}
 		o.order = append(o.order, key)
 	}
-	for _, m := range g.members {
-		if m == key {
-			return
-		}
+	if !slices.Contains(g.members, key) {
+		g.members = append(g.members, key)
 	}
-	g.members = append(g.members, key)
 }
 
 func (s *Sim) scimCreateGroup(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
-	m, err := decodeObject(q.body)
-	if err != nil {
-		scimError(w, http.StatusBadRequest, "invalidSyntax", "body is not a JSON object")
+	m := scimObject(w, q)
+	if m == nil {
 		return
 	}
 	name, _ := m["displayName"].(string)
@@ -511,11 +493,7 @@ func (s *Sim) scimPatchGroup(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRe
 		scimError(w, http.StatusBadRequest, "invalidSyntax", "body is not a PatchOp")
 		return
 	}
-	hasSchema := false
-	for _, sc := range body.Schemas {
-		hasSchema = hasSchema || sc == SCIMPatchOpSchema
-	}
-	if !hasSchema || len(body.Operations) == 0 {
+	if !slices.Contains(body.Schemas, SCIMPatchOpSchema) || len(body.Operations) == 0 {
 		scimError(w, http.StatusBadRequest, "invalidSyntax", "schemas must hold "+SCIMPatchOpSchema+" and Operations must not be empty")
 		return
 	}

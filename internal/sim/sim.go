@@ -144,11 +144,11 @@ type Sim struct {
 	srv    *http.Server
 	seed   maphash.Seed
 	// The route groups' states, for the methods that read and set them.
-	dsar      *dsarState
-	export    *exportState
-	mg        *mgmtState
-	um        *umState
-	gi        *giState
+	dsar   *dsarState
+	export *exportState
+	mg     *mgmtState
+	um     *umState
+	gi     *giState
 
 	mu    sync.Mutex
 	store store
