@@ -310,8 +310,8 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 
 	// Silenced devices and daily quotas.
 	var silDevs []string
-	var silEvents []int
-	var quota map[string]int
+	var silEvents, quotaEvents []int
+	quota := map[string]int{}
 	for i, ev := range env.info {
 		if ev.deviceID == "" {
 			continue
@@ -324,28 +324,15 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 		}
 		if s.cfg.DailyQuota > 0 {
 			if q := st.overQuotaLocked(env.apiKey+"\x00"+ev.deviceID, day, now); q != nil {
-				if quota == nil {
-					quota = make(map[string]int)
-				}
 				quota[ev.deviceID] = q.n
+				quotaEvents = append(quotaEvents, i)
 			}
 		}
 	}
 
 	// Rate limits: on ingested events, and (the strict reading, unless
 	// LenientRate) the request's own events of the key.
-	var own map[string]int
-	if !s.cfg.LenientRate {
-		own = map[string]int{}
-		for _, ev := range env.info {
-			if ev.deviceID != "" {
-				own["d"+ev.deviceID]++
-			}
-			if ev.userID != "" {
-				own["u"+ev.userID]++
-			}
-		}
-	}
+	own := keyCounts(env.info)
 	thrDevs, thrUsers := map[string]int{}, map[string]int{}
 	var thrEvents []int
 	checked := map[string]bool{}
@@ -362,7 +349,7 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 		checked[kind+id] = true
 		k := st.rateKeyOf(env.apiKey, kind, id)
 		rk, rate := st.rateOf(k, now)
-		if n := own[kind+id]; n > 0 {
+		if n := own[kind+id]; n > 0 && !s.cfg.LenientRate {
 			rate += float64(n) / st.cfg.RateWindow.Seconds()
 		}
 		inPenalty := rk != nil && rk.penaltyUntil > now
@@ -381,52 +368,27 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 	}
 	if len(thrEvents) > 0 {
 		s.startPenaltiesLocked(env.apiKey, thrDevs, thrUsers, now)
-		share := map[string]int{}
-		for _, ev := range env.info {
-			if _, ok := thrDevs[ev.deviceID]; ok && ev.deviceID != "" {
-				share["d:"+ev.deviceID]++
+		thr := map[string]map[string]int{"d": thrDevs, "u": thrUsers}
+		for k, n := range own {
+			if _, ok := thr[k[:1]][k[1:]]; ok {
+				rec.Throttled = append(rec.Throttled, keyShare{Key: k[:1] + ":" + k[1:], Share: n})
 			}
-			if _, ok := thrUsers[ev.userID]; ok && ev.userID != "" {
-				share["u:"+ev.userID]++
-			}
-		}
-		for k, n := range share {
-			rec.Throttled = append(rec.Throttled, keyShare{Key: k, Share: n})
 		}
 		sort.Slice(rec.Throttled, func(i, j int) bool { return rec.Throttled[i].Key < rec.Throttled[j].Key })
 	}
 
 	if len(silDevs) > 0 || len(quota) > 0 {
 		if s.cfg.PartialSilence {
-			skip := map[int]bool{}
-			for _, i := range silEvents {
-				skip[i] = true
-			}
-			for _, i := range thrEvents {
-				skip[i] = true
-			}
-			for i, ev := range env.info {
-				if quota[ev.deviceID] > 0 {
-					skip[i] = true
-				}
-			}
-			s.storeLocked(env.without(skip), rec, nowT)
+			s.storeLocked(env.without(silEvents, thrEvents, quotaEvents), rec, nowT)
 		}
 		st.stats.Silenced++
-		if quota == nil {
-			quota = map[string]int{}
-		}
 		return 400, silenceBody{Code: 400, Error: ErrTextSilenced, EPSThreshold: s.cfg.EPSThreshold,
 			ExceededDailyQuotaDevices: quota, SilencedDevices: nonNil(silDevs), SilencedEvents: nonNil(silEvents),
 			ThrottledDevices: thrDevs, ThrottledEvents: nonNil(thrEvents)}
 	}
 	if len(thrEvents) > 0 {
 		if s.cfg.PartialThrottle {
-			skip := map[int]bool{}
-			for _, i := range thrEvents {
-				skip[i] = true
-			}
-			s.storeLocked(env.without(skip), rec, nowT)
+			s.storeLocked(env.without(thrEvents), rec, nowT)
 		}
 		st.stats.Throttled++
 		return 429, throttleBody{Code: 429, Error: ErrTextTooManyRequest, EPSThreshold: s.cfg.EPSThreshold,
@@ -446,11 +408,17 @@ func nonNil[T any](s []T) []T {
 	return s
 }
 
-// without returns env without the events whose index is in skip.
-func (env *envelope) without(skip map[int]bool) *envelope {
+// without returns env without the events whose index is in one of skip.
+func (env *envelope) without(skip ...[]int) *envelope {
+	drop := make([]bool, len(env.raw))
+	for _, is := range skip {
+		for _, i := range is {
+			drop[i] = true
+		}
+	}
 	out := &envelope{apiKey: env.apiKey, minIDLen: env.minIDLen}
 	for i := range env.raw {
-		if !skip[i] {
+		if !drop[i] {
 			out.raw = append(out.raw, env.raw[i])
 			out.info = append(out.info, env.info[i])
 		}
@@ -489,15 +457,7 @@ func (s *Sim) storeLocked(env *envelope, rec *Record, nowT time.Time) {
 	now := nowT.UnixNano()
 	day := utcDay(nowT)
 	label := KeyLabel(env.apiKey)
-	perDev := map[string]int{}
-	perUser := map[string]int{}
 	for i, ev := range env.info {
-		if ev.deviceID != "" {
-			perDev[ev.deviceID]++
-		}
-		if ev.userID != "" {
-			perUser[ev.userID]++
-		}
 		if ev.hasInsertID && st.seenLocked(env.apiKey, ev, now) {
 			rec.Duplicates++
 			st.stats.Duplicates++
@@ -524,10 +484,10 @@ func (s *Sim) storeLocked(env *envelope, rec *Record, nowT time.Time) {
 			}
 		}
 	}
-	for d, n := range perDev {
-		st.addRate(st.rateKeyOf(env.apiKey, "d", d), now, n)
-		if s.cfg.DailyQuota > 0 {
-			qk := env.apiKey + "\x00" + d
+	for k, n := range keyCounts(env.info) {
+		st.addRate(st.rateKeyOf(env.apiKey, k[:1], k[1:]), now, n)
+		if k[0] == 'd' && s.cfg.DailyQuota > 0 {
+			qk := env.apiKey + "\x00" + k[1:]
 			q := st.quotas[qk]
 			if q == nil || (!s.cfg.QuotaRolling && q.day != day) {
 				q = &quotaKey{day: day}
@@ -536,9 +496,20 @@ func (s *Sim) storeLocked(env *envelope, rec *Record, nowT time.Time) {
 			q.n += n
 		}
 	}
-	for u, n := range perUser {
-		st.addRate(st.rateKeyOf(env.apiKey, "u", u), now, n)
+}
+
+// keyCounts counts the events of each device ("d"+id) and user ("u"+id).
+func keyCounts(info []evInfo) map[string]int {
+	n := map[string]int{}
+	for _, ev := range info {
+		if ev.deviceID != "" {
+			n["d"+ev.deviceID]++
+		}
+		if ev.userID != "" {
+			n["u"+ev.userID]++
+		}
 	}
+	return n
 }
 
 func (s *Sim) startPenaltiesLocked(apiKey string, devs, users map[string]int, now int64) {

@@ -106,18 +106,19 @@ func (s *Sim) SeedTaxonomy(apiKey, kind, name, state string) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	p := st.tax.project(apiKey)
-	var m map[string]*taxEntity
-	switch kind {
-	case "event":
-		m = p.events
-	case "event-property":
-		m = p.props
-	case "user-property":
-		m = p.users
-	default:
+	m := map[string]map[string]*taxEntity{"event": p.events, "event-property": p.props, "user-property": p.users}[kind]
+	if m == nil {
 		panic("sim: SeedTaxonomy: unknown kind " + kind)
 	}
 	m[name] = &taxEntity{state: state, fields: map[string]string{}}
+}
+
+// list reads a comma-separated field as a JSON array ([] when unset).
+func (e *taxEntity) list(field string) []string {
+	if v := e.fields[field]; v != "" {
+		return strings.Split(v, ",")
+	}
+	return []string{}
 }
 
 func newTaxEntities() map[string]*taxEntity { return map[string]*taxEntity{} }
@@ -331,13 +332,9 @@ func (s *Sim) registerTaxonomy() {
 	eventFields := []string{"category", "description", "display_name", "is_active", "is_hidden_from_dropdowns",
 		"is_hidden_from_persona_results", "is_hidden_from_pathfinder", "is_hidden_from_timeline", "tags", "owner"}
 	eventView := func(name string, e *taxEntity) map[string]any {
-		tags := []string{}
-		if t := e.fields["tags"]; t != "" {
-			tags = strings.Split(t, ",")
-		}
 		v := map[string]any{"event_type": name, "category": map[string]any{"name": e.fields["category"]},
 			"description": nullable(e.fields["description"]), "display_name": nullable(e.fields["display_name"]),
-			"is_active": e.fields["is_active"] != "false", "tags": tags, "owner": nullable(e.fields["owner"])}
+			"is_active": e.fields["is_active"] != "false", "tags": e.list("tags"), "owner": nullable(e.fields["owner"])}
 		for _, f := range eventFields[4:8] {
 			v[f] = e.fields[f] == "true"
 		}
@@ -373,10 +370,6 @@ func (s *Sim) registerTaxonomy() {
 	// Event properties.
 	propFields := []string{"description", "type", "regex", "enum_values", "is_array_type", "is_required", "is_hidden", "classifications"}
 	propView := func(name, eventType string, e *taxEntity) map[string]any {
-		cls := []string{}
-		if c := e.fields["classifications"]; c != "" {
-			cls = strings.Split(c, ",")
-		}
 		t := e.fields["type"]
 		if t == "" {
 			t = "any"
@@ -384,7 +377,7 @@ func (s *Sim) registerTaxonomy() {
 		v := map[string]any{"event_property": name, "description": e.fields["description"], "type": t,
 			"regex": nullable(e.fields["regex"]), "enum_values": nullable(e.fields["enum_values"]),
 			"is_array_type": e.fields["is_array_type"] == "true", "is_required": e.fields["is_required"] == "true",
-			"is_hidden": e.fields["is_hidden"] == "true", "classifications": cls}
+			"is_hidden": e.fields["is_hidden"] == "true", "classifications": e.list("classifications")}
 		if eventType != "" {
 			v["event_type"] = eventType
 		}
@@ -511,14 +504,10 @@ func (s *Sim) registerTaxonomy() {
 	userFields := []string{"description", "type", "enum_values", "regex", "is_array_type", "is_hidden", "classifications"}
 	userName := func(n string) string { return strings.TrimPrefix(n, "gp:") }
 	userView := func(name string, e *taxEntity) map[string]any {
-		cls := []string{}
-		if c := e.fields["classifications"]; c != "" {
-			cls = strings.Split(c, ",")
-		}
 		return map[string]any{"user_property": "gp:" + name, "description": e.fields["description"],
 			"type": e.fields["type"], "enum_values": nullable(e.fields["enum_values"]), "regex": nullable(e.fields["regex"]),
 			"is_array_type": e.fields["is_array_type"] == "true", "is_hidden": e.fields["is_hidden"] == "true",
-			"classifications": cls, "deleted": e.state == "deleted"}
+			"classifications": e.list("classifications"), "deleted": e.state == "deleted"}
 	}
 	r("POST /api/2/taxonomy/user-property", func(w *statusWriter, q *taxReq) {
 		if name, ok := q.need(w, "user_property"); ok {
