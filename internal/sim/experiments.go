@@ -1,10 +1,13 @@
 package sim
 
 import (
+	"cmp"
 	"encoding/json"
+	"maps"
 	"net/http"
-	"sort"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -130,7 +133,7 @@ func (s *Sim) registerExperiments() {
 	now := func() time.Time { return s.cfg.Now() }
 
 	r("GET /api/1/experiments", func(_ *simExperiment, _ *simVariant, w *statusWriter, q *mgRequest) {
-		limit := -1
+		limit := len(x.exps)
 		if v := q.r.URL.Query().Get("limit"); v != "" {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 0 {
@@ -139,20 +142,12 @@ func (s *Sim) registerExperiments() {
 			}
 			limit = n
 		}
-		all := make([]*simExperiment, 0, len(x.exps))
-		for _, e := range x.exps {
-			all = append(all, e)
-		}
-		sort.Slice(all, func(i, j int) bool {
-			a, _ := strconv.Atoi(all[i].id)
-			b, _ := strconv.Atoi(all[j].id)
-			return a > b // newest created first
+		// Newest created first: ids are decimal numbers counted up.
+		all := slices.SortedFunc(maps.Values(x.exps), func(a, b *simExperiment) int {
+			return cmp.Or(len(b.id)-len(a.id), strings.Compare(b.id, a.id))
 		})
 		out := []any{}
-		for _, e := range all {
-			if limit >= 0 && len(out) >= limit {
-				break
-			}
+		for _, e := range all[:min(len(all), limit)] {
 			out = append(out, e.view())
 		}
 		writeJSON(w, http.StatusOK, out)

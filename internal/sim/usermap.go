@@ -291,11 +291,7 @@ func svcID(userID string) int64 {
 }
 
 func (s *Sim) serveUserMapRead(st *umState, w http.ResponseWriter, r *http.Request, in *incoming) {
-	rd := MappingRead{Time: s.cfg.Now(), Query: r.URL.RawQuery}
-	for k := range r.Header {
-		rd.Headers = append(rd.Headers, http.CanonicalHeaderKey(k))
-	}
-	sort.Strings(rd.Headers)
+	rd := MappingRead{Time: s.cfg.Now(), Query: r.URL.RawQuery, Headers: sortedKeys(r.Header)}
 	status, body := s.userMapRead(st, r, &rd)
 	rd.Status = status
 	st.mu.Lock()
