@@ -81,10 +81,7 @@ func (e *simExperiment) version(now time.Time, what string) {
 }
 
 func (e *simExperiment) view() map[string]any {
-	v := map[string]any{}
-	for k, x := range e.fields {
-		v[k] = x
-	}
+	v := maps.Clone(e.fields)
 	vars := []any{}
 	for _, k := range e.variants {
 		vars = append(vars, e.byKey[k].fields)
@@ -172,12 +169,8 @@ func (s *Sim) registerExperiments() {
 				return
 			}
 		}
-		fields := map[string]any{}
-		for k, v := range m {
-			if k != "variants" {
-				fields[k] = v
-			}
-		}
+		fields := maps.Clone(m)
+		delete(fields, "variants")
 		e := x.add(now(), fields, "feature")
 		for _, v := range vars {
 			k := v["key"].(string)
@@ -214,9 +207,7 @@ func (s *Sim) registerExperiments() {
 				return
 			}
 		}
-		for k, v := range m {
-			e.fields[k] = v
-		}
+		maps.Copy(e.fields, m)
 		e.version(now(), "edited")
 		writeJSON(w, http.StatusOK, e.view())
 	})
@@ -300,9 +291,7 @@ func (s *Sim) registerExperiments() {
 				}
 			}
 		}
-		for k, x := range m {
-			v.fields[k] = x
-		}
+		maps.Copy(v.fields, m)
 		e.version(now(), "variant edited")
 		ok(w)
 	})

@@ -192,10 +192,7 @@ func listResponse(start, total int, res []any) map[string]any {
 }
 
 func (o *scimOrg) userView(u *scimUser, withGroups bool) map[string]any {
-	v := map[string]any{}
-	for k, x := range u.body {
-		v[k] = x
-	}
+	v := maps.Clone(u.body)
 	v["schemas"] = []string{SCIMUserSchema}
 	v["id"] = u.email
 	v["userName"] = u.email
@@ -345,9 +342,7 @@ func (s *Sim) scimUpdateUser(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRe
 	if active, ok := m["active"].(bool); ok && !active {
 		o.removeUser(key)
 	} else {
-		for k, v := range m {
-			u.body[k] = v
-		}
+		maps.Copy(u.body, m)
 	}
 	scimEcho(w, q, http.StatusOK)
 }

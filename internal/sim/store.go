@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"hash/maphash"
+	"maps"
 	"math"
 	"net/http"
 	"slices"
@@ -626,14 +627,7 @@ func (s *Sim) Stats() Stats {
 	st := s.store.stats
 	st.Counted = s.counted.Load()
 	st.Connections = s.connections.Load()
-	st.ByStatus = make(map[int]int64, len(s.store.stats.ByStatus))
-	for k, v := range s.store.stats.ByStatus {
-		st.ByStatus[k] = v
-	}
-	st.IngestedByKey = make(map[string]int64, len(s.store.stats.IngestedByKey))
-	for k, v := range s.store.stats.IngestedByKey {
-		st.IngestedByKey[k] = v
-	}
+	st.ByStatus, st.IngestedByKey = maps.Clone(st.ByStatus), maps.Clone(st.IngestedByKey)
 	return st
 }
 

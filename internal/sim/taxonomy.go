@@ -448,10 +448,7 @@ func (s *Sim) registerTaxonomy() {
 					return
 				}
 				if o == nil {
-					o = &taxEntity{state: "planned", fields: map[string]string{}}
-					for k, v := range shared.fields {
-						o.fields[k] = v
-					}
+					o = &taxEntity{state: "planned", fields: maps.Clone(shared.fields)}
 					entry(q.p.overrides, et, newTaxEntities)[name] = o
 				}
 				target = o
