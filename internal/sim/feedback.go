@@ -257,16 +257,7 @@ type apiHandler func(w http.ResponseWriter, r *http.Request, key string)
 // writes its answer straight to the client.
 func (s *Sim) apiRoute(pattern string, h apiHandler) {
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-		rec := s.newRecord(r)
-		sw := &statusWriter{ResponseWriter: w}
-		if !s.faulted(w, r, sw, rec, true) {
-			s.serveAPI(sw, r, rec, h)
-		}
-		rec.Status = sw.status
-		if sw.cut {
-			rec.Answered, rec.Status = sw.status, 0
-		}
-		s.logRequest(rec)
+		s.serveDirect(w, r, true, func(sw *statusWriter, rec *Record) { s.serveAPI(sw, r, rec, h) })
 	})
 }
 

@@ -157,16 +157,11 @@ type mgHandler func(w *statusWriter, q *mgRequest)
 func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgHandler) {
 	st := s.mg
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-		rec := s.newRecord(r)
-		call := &MgmtCall{Time: s.cfg.Now(), API: api, Method: r.Method, Path: r.URL.EscapedPath(), Query: r.URL.RawQuery}
-		call.Headers = sortedKeys(r.Header)
-		mw := &statusWriter{ResponseWriter: w}
-		if !s.faulted(w, r, mw, rec, false) {
+		call := &MgmtCall{Time: s.cfg.Now(), API: api, Method: r.Method, Path: r.URL.EscapedPath(),
+			Query: r.URL.RawQuery, Headers: sortedKeys(r.Header)}
+		call.Status = s.serveDirect(w, r, false, func(mw *statusWriter, _ *Record) {
 			s.serveMgmt(st, mw, r, call, auth, maxBody, h)
-		}
-		rec.Status = mw.status
-		call.Status = mw.status
-		s.logRequest(rec)
+		})
 		st.mu.Lock()
 		st.seq++
 		call.Seq = st.seq
