@@ -3,6 +3,7 @@ package sim
 import (
 	"encoding/json"
 	"net/http"
+	"strings"
 	"time"
 	"unicode/utf8"
 )
@@ -38,15 +39,7 @@ type clsState struct {
 // validClassifierName reports whether name has only letters, digits, '_'
 // and '-' (and is not empty).
 func validClassifierName(name string) bool {
-	if name == "" {
-		return false
-	}
-	for _, c := range []byte(name) {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
+	return name != "" && strings.Trim(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") == ""
 }
 
 func (c *simClassifier) view() map[string]any {

@@ -36,10 +36,10 @@
 //	/api/2/export                               export (export.go)
 //
 // The four management APIs (experiments, SCIM, classifiers, taxonomy) share
-// authentication, a call log and a lock in mgmt.go. A group that keeps state
-// of its own registers its reset with Sim.onReset, so Reset (and simtest's POST /sim/reset)
-// clear it with the store (configuration such as accepted keys and rate
-// limits is kept).
+// authentication, a call log and a lock in mgmt.go. Reset (and simtest's
+// POST /sim/reset) clears the state of group identify, user mapping and the
+// management APIs with the store (configuration such as accepted keys and
+// rate limits is kept).
 //
 // Read-outs live under /sim/ (see control.go and each group's file) and are
 // never subject to faults (JSON; simtest.Control is a Go client for them):

@@ -75,16 +75,18 @@ func (st *giState) list(apiKey string) []GroupIdentify {
 
 const giControlPath = "/sim/groupidentify"
 
+// reset forgets the identifications, counts and refused values (Sim.Reset).
+func (st *giState) reset() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.seq, st.requests = 0, 0
+	st.byKey, st.rejected = map[string][]GroupIdentify{}, map[string]bool{}
+}
+
 func (s *Sim) registerGroupIdentify() {
 	st := &giState{byKey: map[string][]GroupIdentify{}, rejected: map[string]bool{}}
 	s.gi = st
 	s.ctlMux.Handle(giControlPath, st)
-	s.onReset(func() {
-		st.mu.Lock()
-		defer st.mu.Unlock()
-		st.seq, st.requests = 0, 0
-		st.byKey, st.rejected = map[string][]GroupIdentify{}, map[string]bool{}
-	})
 	s.route("/groupidentify", routeHandler{
 		serve:    func(w http.ResponseWriter, r *http.Request, in *incoming) { s.serveGroupIdentify(st, w, r, in) },
 		describe: func(in *incoming) { describeForm(in, "identification") },

@@ -117,7 +117,6 @@ func (st *mgmtState) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *Sim) registerMgmt() {
 	s.mg = &mgmtState{mgmtKeys: map[string]bool{}, scimTokens: map[string]string{}, secrets: map[string]string{}}
 	s.ctlMux.Handle(mgmtControlPath+"calls", s.mg)
-	s.onReset(s.mg.reset)
 }
 
 // SetManagementKey makes key an accepted experiment management key (once

@@ -3,7 +3,7 @@ package sim
 import "testing"
 
 // TestResetClearsRouteGroups: Reset forgets the state the route groups keep
-// outside the store (through onReset) and keeps their configuration.
+// outside the store and keeps their configuration.
 func TestResetClearsRouteGroups(t *testing.T) {
 	s := New(Config{}, nil)
 	defer s.Close()

@@ -156,9 +156,6 @@ type Sim struct {
 	keyMu   sync.Mutex
 	refused map[string]time.Time // RefuseKey: api_key -> until (Config.Now)
 
-	resetMu sync.Mutex
-	resets  []func() // route groups' own state resets (onReset), run by Reset
-
 	counted     atomic.Int64 // CountOnly events
 	connections atomic.Int64 // connections accepted by Serve listeners
 }
@@ -212,26 +209,6 @@ func (s *Sim) ControlHandler() http.Handler { return s.ctlMux }
 // fills what it did into in.Rec (the middleware the status, time and fault).
 func (s *Sim) route(pattern string, h routeHandler) {
 	s.mux.Handle(pattern, s.ingestMiddleware(h))
-}
-
-// onReset registers f to run on every Reset: a route group's function that
-// forgets its data, call logs, counters and injected refusals, and keeps its
-// configuration (accepted keys, secrets, rate limits), as Reset keeps the
-// store's silenced devices. f runs without Sim's locks and takes its own.
-func (s *Sim) onReset(f func()) {
-	s.resetMu.Lock()
-	defer s.resetMu.Unlock()
-	s.resets = append(s.resets, f)
-}
-
-// resetGroups runs the functions given to onReset, in registration order.
-func (s *Sim) resetGroups() {
-	s.resetMu.Lock()
-	fs := append([]func(){}, s.resets...)
-	s.resetMu.Unlock()
-	for _, f := range fs {
-		f()
-	}
 }
 
 // unknownPath answers the upstream's "Invalid request path".

@@ -632,15 +632,19 @@ func (s *Sim) Stats() Stats {
 }
 
 // Reset forgets every stored event, counter, request, insert_id, rate and
-// quota, and resets every route group's own state (see onReset). Silenced
-// devices stay silenced. (simtest's Reset clears its faults too.)
+// quota, and the group identify, user mapping and management APIs' data,
+// logs, counters and injected refusals; their configuration (accepted
+// keys, secrets, rate limits) is kept, as silenced devices stay silenced.
+// (simtest's Reset clears its faults too.)
 func (s *Sim) Reset() {
 	s.mu.Lock()
 	s.store.init(&s.cfg, s.seed)
 	s.counted.Store(0)
 	s.connections.Store(0)
 	s.mu.Unlock()
-	s.resetGroups()
+	s.gi.reset() // each group takes its own lock
+	s.um.reset()
+	s.mg.reset()
 }
 
 // Silence silences a device (every api_key) until Unsilence.

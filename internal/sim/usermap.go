@@ -109,18 +109,21 @@ func (st *umState) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 const umControlPath = "/sim/usermap"
 
+// reset forgets the mappings, logs and refused ids (Sim.Reset); the rate
+// limit, key organizations and secrets are configuration: kept.
+func (st *umState) reset() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.mapped, st.rejected = map[string]map[string]string{}, map[string]bool{}
+	st.calls, st.batches, st.reads = nil, nil, nil
+	st.throttled, st.seq = 0, 0
+}
+
 func (s *Sim) registerUserMap() {
 	st := &umState{limit: DefaultMappingLimit, window: DefaultMappingWindow, orgOfKey: map[string]string{},
 		secrets: map[string]string{}, mapped: map[string]map[string]string{}, rejected: map[string]bool{}}
 	s.um = st
 	s.ctlMux.Handle("GET "+umControlPath, st)
-	s.onReset(func() { // rate limit, key organizations and secrets are configuration: kept
-		st.mu.Lock()
-		defer st.mu.Unlock()
-		st.mapped, st.rejected = map[string]map[string]string{}, map[string]bool{}
-		st.calls, st.batches, st.reads = nil, nil, nil
-		st.throttled, st.seq = 0, 0
-	})
 	s.route("/usermap", routeHandler{
 		serve:    func(w http.ResponseWriter, r *http.Request, in *incoming) { s.serveUserMap(st, w, r, in) },
 		describe: func(in *incoming) { describeForm(in, "mapping") },
