@@ -190,47 +190,11 @@ func (s *Sim) serveGroupIdentify(st *giState, w http.ResponseWriter, r *http.Req
 	if !ok {
 		return
 	}
-	fail := func() { // st.mu held
-		st.mu.Unlock()
-		codeError(w, http.StatusBadRequest, ErrTextInvalidGroupIdentify)
-	}
-	type parsed struct {
-		GroupType       any                        `json:"group_type"`
-		GroupValue      any                        `json:"group_value"`
-		GroupProperties map[string]json.RawMessage `json:"group_properties"`
-	}
-	out := make([]GroupIdentify, 0, len(raws))
-	props := 0
 	st.mu.Lock()
-	rejected := st.rejected
-	for _, raw := range raws {
-		var p parsed
-		if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &p) != nil {
-			fail()
-			return
-		}
-		gt, ok1 := p.GroupType.(string)
-		gv, ok2 := p.GroupValue.(string)
-		if !ok1 || !ok2 || gt == "" || gv == "" || rejected[gv] {
-			fail()
-			return
-		}
-		for k, v := range p.GroupProperties {
-			if len(k) > 0 && k[0] == '$' {
-				var op map[string]json.RawMessage
-				if !groupOps[k] || json.Unmarshal(v, &op) != nil || op == nil {
-					fail()
-					return
-				}
-				props += len(op)
-			} else {
-				props++
-			}
-		}
-		out = append(out, GroupIdentify{GroupType: gt, GroupValue: gv, Raw: append(json.RawMessage{}, raw...)})
-	}
-	if props > MaxGroupProperties {
-		fail()
+	defer st.mu.Unlock()
+	out, ok := parseIdentifies(raws, st.rejected)
+	if !ok {
+		codeError(w, http.StatusBadRequest, ErrTextInvalidGroupIdentify)
 		return
 	}
 	now := s.cfg.Now()
@@ -240,7 +204,40 @@ func (s *Sim) serveGroupIdentify(st *giState, w http.ResponseWriter, r *http.Req
 	}
 	st.byKey[apiKey] = append(st.byKey[apiKey], out...)
 	st.requests++
-	st.mu.Unlock()
 	in.Rec.Ingested = len(out)
 	writeJSON(w, http.StatusOK, map[string]int{"code": 200})
+}
+
+// parseIdentifies reads the identifications by the rules above; ok is
+// false when one breaks them (the answer names none).
+func parseIdentifies(raws []json.RawMessage, rejected map[string]bool) (out []GroupIdentify, ok bool) {
+	props := 0
+	for _, raw := range raws {
+		var p struct {
+			GroupType       any                        `json:"group_type"`
+			GroupValue      any                        `json:"group_value"`
+			GroupProperties map[string]json.RawMessage `json:"group_properties"`
+		}
+		if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &p) != nil {
+			return nil, false
+		}
+		gt, ok1 := p.GroupType.(string)
+		gv, ok2 := p.GroupValue.(string)
+		if !ok1 || !ok2 || gt == "" || gv == "" || rejected[gv] {
+			return nil, false
+		}
+		for k, v := range p.GroupProperties {
+			if len(k) == 0 || k[0] != '$' {
+				props++
+				continue
+			}
+			var op map[string]json.RawMessage
+			if !groupOps[k] || json.Unmarshal(v, &op) != nil || op == nil {
+				return nil, false
+			}
+			props += len(op)
+		}
+		out = append(out, GroupIdentify{GroupType: gt, GroupValue: gv, Raw: append(json.RawMessage{}, raw...)})
+	}
+	return out, props <= MaxGroupProperties
 }
