@@ -293,19 +293,11 @@ func (s *Sim) dsarFiles(job *dsarJob) [][]byte {
 			EventProperties json.RawMessage `json:"event_properties"`
 		}
 		json.Unmarshal(ev.Raw, &raw)
-		up := ev.Time.UTC().Format(ExportTimeFormat)
-		et := up
-		if raw.Time != nil {
-			et = time.UnixMilli(*raw.Time).UTC().Format(ExportTimeFormat)
-		}
+		et, up := exportTimes(ev, raw.Time)
 		line := appendJSON(nil, dsarLine{SvcID: SvcID(ev.APIKey, ev.UserID), App: appID(ev.APIKey), UserID: ev.UserID,
 			DeviceID: ev.DeviceID, EventType: ev.EventType, EventTime: et, ServerUploadTime: up, EventProperties: raw.EventProperties})
-		m := ev.Time.UTC().Format("2006-01")
-		if months[m] == nil {
-			months[m] = new(bytes.Buffer)
-		}
-		months[m].Write(line)
-		months[m].WriteByte('\n')
+		buf := entry(months, ev.Time.UTC().Format("2006-01"), func() *bytes.Buffer { return new(bytes.Buffer) })
+		buf.Write(append(line, '\n'))
 	}
 	files := [][]byte{}
 	for _, m := range sortedKeys(months) {

@@ -244,11 +244,7 @@ func exportLine(apiKey string, ev Ingested) []byte {
 		GroupProperties json.RawMessage `json:"group_properties"`
 	}
 	json.Unmarshal(ev.Raw, &in) // the event was validated when ingested
-	up := ev.Time.UTC().Format(ExportTimeFormat)
-	evTime := up
-	if in.Time != nil {
-		evTime = time.UnixMilli(*in.Time).UTC().Format(ExportTimeFormat)
-	}
+	evTime, up := exportTimes(ev, in.Time)
 	obj := func(b json.RawMessage) json.RawMessage {
 		if len(b) == 0 || string(b) == "null" {
 			return json.RawMessage("{}")
@@ -270,6 +266,16 @@ func exportLine(apiKey string, ev Ingested) []byte {
 	}
 	b, _ := json.Marshal(rec)
 	return b
+}
+
+// exportTimes returns the event time (its own "time", else its upload time)
+// and the upload time of a stored event, as exported records write them.
+func exportTimes(ev Ingested, t *int64) (event, upload string) {
+	upload = ev.Time.UTC().Format(ExportTimeFormat)
+	if t == nil {
+		return upload, upload
+	}
+	return time.UnixMilli(*t).UTC().Format(ExportTimeFormat), upload
 }
 
 // syntheticBlock is about 1 MiB of synthetic exported records, whole lines.
