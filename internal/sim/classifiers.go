@@ -59,46 +59,56 @@ func (s *Sim) registerClassifiers() {
 			f(m, w, q)
 		})
 	}
-	type body struct {
-		DisplayName *string         `json:"displayName"`
-		Description *string         `json:"description"`
-		Def         json.RawMessage `json:"csvDefinition"`
-	}
-	parse := func(w *statusWriter, q *mgRequest) (*body, map[string]any) {
-		var b body
-		if err := json.Unmarshal(q.body, &b); err != nil {
-			apiError(w, http.StatusBadRequest, "body is not a JSON object")
-			return nil, nil
-		}
-		var def map[string]any
-		if json.Unmarshal(b.Def, &def) != nil || def == nil {
-			apiError(w, http.StatusBadRequest, "csvDefinition is required")
-			return nil, nil
-		}
-		csv, ok := def["csvText"].(string)
-		if !ok {
-			apiError(w, http.StatusBadRequest, "csvDefinition.csvText is required")
-			return nil, nil
-		}
-		if len(csv) > ClassifierMaxCSVBytes {
-			apiError(w, http.StatusRequestEntityTooLarge, "csvDefinition.csvText is larger than 1 MB")
-			return nil, nil
-		}
-		for _, t := range []*string{b.DisplayName, b.Description} {
-			if t != nil && utf8.RuneCountInString(*t) > ClassifierMaxTextChars {
-				apiError(w, http.StatusBadRequest, "displayName and description take at most 1000 characters")
-				return nil, nil
+	// save serves POST (create) and PATCH: the checks in the order of the
+	// rules above, then the classifier is written.
+	save := func(create bool) func(m map[string]*simClassifier, w *statusWriter, q *mgRequest) {
+		return func(m map[string]*simClassifier, w *statusWriter, q *mgRequest) {
+			name := q.r.PathValue("name")
+			var b struct {
+				DisplayName *string         `json:"displayName"`
+				Description *string         `json:"description"`
+				Def         json.RawMessage `json:"csvDefinition"`
 			}
-		}
-		return &b, def
-	}
-	set := func(c *simClassifier, b *body, def map[string]any) {
-		c.def, c.modified = def, s.cfg.Now()
-		if b.DisplayName != nil {
-			c.displayName = *b.DisplayName
-		}
-		if b.Description != nil {
-			c.description = *b.Description
+			var def map[string]any
+			bodyErr := json.Unmarshal(q.body, &b)
+			noDef := bodyErr == nil && (json.Unmarshal(b.Def, &def) != nil || def == nil)
+			csv, isCSV := def["csvText"].(string)
+			tooLong := func(t *string) bool { return t != nil && utf8.RuneCountInString(*t) > ClassifierMaxTextChars }
+			status, msg := http.StatusBadRequest, ""
+			switch {
+			case create && !validClassifierName(name):
+				msg = "name may hold letters, digits, underscores and hyphens only"
+			case bodyErr != nil:
+				msg = "body is not a JSON object"
+			case noDef:
+				msg = "csvDefinition is required"
+			case !isCSV:
+				msg = "csvDefinition.csvText is required"
+			case len(csv) > ClassifierMaxCSVBytes:
+				status, msg = http.StatusRequestEntityTooLarge, "csvDefinition.csvText is larger than 1 MB"
+			case tooLong(b.DisplayName) || tooLong(b.Description):
+				msg = "displayName and description take at most 1000 characters"
+			case create && m[name] != nil:
+				status, msg = http.StatusConflict, "classifier exists"
+			case !create && m[name] == nil:
+				status, msg = http.StatusNotFound, "classifier not found"
+			}
+			if msg != "" {
+				apiError(w, status, msg)
+				return
+			}
+			if create {
+				m[name] = &simClassifier{name: name}
+			}
+			c := m[name]
+			c.def, c.modified = def, s.cfg.Now()
+			if b.DisplayName != nil {
+				c.displayName = *b.DisplayName
+			}
+			if b.Description != nil {
+				c.description = *b.Description
+			}
+			writeJSON(w, http.StatusOK, map[string]any{"status": map[bool]string{true: "created", false: "updated"}[create], "name": name})
 		}
 	}
 	r("GET /api/2/channel-classifiers", func(m map[string]*simClassifier, w *statusWriter, q *mgRequest) {
@@ -116,36 +126,6 @@ func (s *Sim) registerClassifiers() {
 		}
 		writeJSON(w, http.StatusOK, c.view())
 	})
-	r("POST /api/2/channel-classifiers/{name}", func(m map[string]*simClassifier, w *statusWriter, q *mgRequest) {
-		name := q.r.PathValue("name")
-		if !validClassifierName(name) {
-			apiError(w, http.StatusBadRequest, "name may hold letters, digits, underscores and hyphens only")
-			return
-		}
-		b, def := parse(w, q)
-		if b == nil {
-			return
-		}
-		if m[name] != nil {
-			apiError(w, http.StatusConflict, "classifier exists")
-			return
-		}
-		m[name] = &simClassifier{name: name}
-		set(m[name], b, def)
-		writeJSON(w, http.StatusOK, map[string]any{"status": "created", "name": name})
-	})
-	r("PATCH /api/2/channel-classifiers/{name}", func(m map[string]*simClassifier, w *statusWriter, q *mgRequest) {
-		name := q.r.PathValue("name")
-		b, def := parse(w, q)
-		if b == nil {
-			return
-		}
-		c := m[name]
-		if c == nil {
-			apiError(w, http.StatusNotFound, "classifier not found")
-			return
-		}
-		set(c, b, def)
-		writeJSON(w, http.StatusOK, map[string]any{"status": "updated", "name": name})
-	})
+	r("POST /api/2/channel-classifiers/{name}", save(true))
+	r("PATCH /api/2/channel-classifiers/{name}", save(false))
 }
