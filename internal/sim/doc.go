@@ -17,11 +17,13 @@
 //
 // # Routes
 //
-// Every upstream route is registered with Sim.route (routes.go lists the
-// groups), which wraps it in the shared middleware: request log, body
-// reading, and the faults and "down" state Config.Faults decides (none in
-// the product). The route groups, one file
-// each:
+// Every upstream route shares the request log and the faults and "down"
+// state Config.Faults decides (none in the product): the ingestion routes
+// through Sim.route (middleware.go: the body read, the answer buffered),
+// the others through serveDirect (fault.go: the answer streamed; mgmtRoute
+// and apiRoute add their authentication; experiment, SCIM, taxonomy and
+// data API handlers return their answer and the route writes it). The
+// route groups (routes.go), one file each:
 //
 //	/2/httpapi, /batch                          ingestion (httpapi.go; rules below)
 //	/groupidentify                              group identify (groupidentify.go)

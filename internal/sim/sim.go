@@ -185,7 +185,9 @@ func New(cfg Config, log *zap.Logger) *Sim {
 		cfg.Faults.Routes(s, s.ctlMux)
 	}
 	s.mux.Handle("/sim/", s.ctlMux)
-	s.mux.HandleFunc("/", s.unknownPath)
+	s.route("/", routeHandler{serve: func(w http.ResponseWriter, r *http.Request, in *incoming) { // unknown paths
+		codeError(w, http.StatusBadRequest, ErrTextInvalidPath)
+	}})
 	s.srv = &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second, ConnState: s.connState,
 		ErrorLog: zap.NewStdLog(log)}
 	return s
@@ -209,13 +211,6 @@ func (s *Sim) ControlHandler() http.Handler { return s.ctlMux }
 // fills what it did into in.Rec (the middleware the status, time and fault).
 func (s *Sim) route(pattern string, h routeHandler) {
 	s.mux.Handle(pattern, s.ingestMiddleware(h))
-}
-
-// unknownPath answers the upstream's "Invalid request path".
-func (s *Sim) unknownPath(w http.ResponseWriter, r *http.Request) {
-	s.ingestMiddleware(routeHandler{serve: func(w http.ResponseWriter, r *http.Request, in *incoming) {
-		codeError(w, http.StatusBadRequest, ErrTextInvalidPath)
-	}}).ServeHTTP(w, r)
 }
 
 // Serve serves on ln until Close.
