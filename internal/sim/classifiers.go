@@ -51,18 +51,19 @@ func (c *simClassifier) view() map[string]any {
 func (s *Sim) registerClassifiers() {
 	st := s.mg
 	st.cls = &clsState{byKey: map[string]map[string]*simClassifier{}}
-	r := func(pattern string, f func(m map[string]*simClassifier, w *statusWriter, q *mgRequest)) {
+	r := func(pattern string, f func(m map[string]*simClassifier, q *mgRequest) (int, any)) {
 		s.mgmtRoute("classifier", pattern, authBasic, clsMaxBody, func(w *statusWriter, q *mgRequest) {
 			st.mu.Lock()
 			defer st.mu.Unlock()
 			m := entry(st.cls.byKey, q.account, func() map[string]*simClassifier { return map[string]*simClassifier{} })
-			f(m, w, q)
+			status, body := f(m, q)
+			writeJSON(w, status, body)
 		})
 	}
 	// save serves POST (create) and PATCH: the checks in the order of the
 	// rules above, then the classifier is written.
-	save := func(create bool) func(m map[string]*simClassifier, w *statusWriter, q *mgRequest) {
-		return func(m map[string]*simClassifier, w *statusWriter, q *mgRequest) {
+	save := func(create bool) func(m map[string]*simClassifier, q *mgRequest) (int, any) {
+		return func(m map[string]*simClassifier, q *mgRequest) (int, any) {
 			name := q.r.PathValue("name")
 			var b struct {
 				DisplayName *string         `json:"displayName"`
@@ -94,8 +95,7 @@ func (s *Sim) registerClassifiers() {
 				status, msg = http.StatusNotFound, "classifier not found"
 			}
 			if msg != "" {
-				apiError(w, status, msg)
-				return
+				return apiFail(status, msg)
 			}
 			if create {
 				m[name] = &simClassifier{name: name}
@@ -108,23 +108,22 @@ func (s *Sim) registerClassifiers() {
 			if b.Description != nil {
 				c.description = *b.Description
 			}
-			writeJSON(w, http.StatusOK, map[string]any{"status": map[bool]string{true: "created", false: "updated"}[create], "name": name})
+			return http.StatusOK, map[string]any{"status": map[bool]string{true: "created", false: "updated"}[create], "name": name}
 		}
 	}
-	r("GET /api/2/channel-classifiers", func(m map[string]*simClassifier, w *statusWriter, q *mgRequest) {
+	r("GET /api/2/channel-classifiers", func(m map[string]*simClassifier, q *mgRequest) (int, any) {
 		out := []any{}
 		for _, n := range sortedKeys(m) {
 			out = append(out, m[n].view())
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"channelClassifiers": out})
+		return http.StatusOK, map[string]any{"channelClassifiers": out}
 	})
-	r("GET /api/2/channel-classifiers/{name}", func(m map[string]*simClassifier, w *statusWriter, q *mgRequest) {
+	r("GET /api/2/channel-classifiers/{name}", func(m map[string]*simClassifier, q *mgRequest) (int, any) {
 		c := m[q.r.PathValue("name")]
 		if c == nil {
-			apiError(w, http.StatusNotFound, "classifier not found")
-			return
+			return apiFail(http.StatusNotFound, "classifier not found")
 		}
-		writeJSON(w, http.StatusOK, c.view())
+		return http.StatusOK, c.view()
 	})
 	r("POST /api/2/channel-classifiers/{name}", save(true))
 	r("PATCH /api/2/channel-classifiers/{name}", save(false))

@@ -21,9 +21,9 @@
 // state Config.Faults decides (none in the product): the ingestion routes
 // through Sim.route (middleware.go: the body read, the answer buffered),
 // the others through serveDirect (fault.go: the answer streamed; mgmtRoute
-// and apiRoute add their authentication; experiment, SCIM, taxonomy and
-// data API handlers return their answer and the route writes it). The
-// route groups (routes.go), one file each:
+// and apiRoute add their authentication; their handlers return their
+// answer and the route writes it). The route groups (routes.go), one file
+// each:
 //
 //	/2/httpapi, /batch                          ingestion (httpapi.go; rules below)
 //	/groupidentify                              group identify (groupidentify.go)
