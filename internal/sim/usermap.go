@@ -221,24 +221,11 @@ func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, 
 			GlobalUserID any `json:"global_user_id"`
 			Unmap        any `json:"unmap"`
 		}
-		if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &m) != nil {
-			codeError(w, http.StatusBadRequest, ErrTextInvalidMapping)
-			return
-		}
-		uid, ok := m.UserID.(string)
-		if !ok || uid == "" || st.rejected[uid] {
-			codeError(w, http.StatusBadRequest, ErrTextInvalidMapping)
-			return
-		}
-		unmap := false
-		if m.Unmap != nil {
-			if unmap, ok = m.Unmap.(bool); !ok {
-				codeError(w, http.StatusBadRequest, ErrTextInvalidMapping)
-				return
-			}
-		}
+		bad := len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &m) != nil
+		uid, isString := m.UserID.(string)
+		unmap, isBool := m.Unmap.(bool)
 		gid, _ := m.GlobalUserID.(string)
-		if gid == "" && !unmap {
+		if bad || !isString || uid == "" || st.rejected[uid] || (m.Unmap != nil && !isBool) || (gid == "" && !unmap) {
 			codeError(w, http.StatusBadRequest, ErrTextInvalidMapping)
 			return
 		}
