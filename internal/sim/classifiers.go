@@ -3,6 +3,7 @@ package sim
 import (
 	"encoding/json"
 	"net/http"
+	"strings"
 	"time"
 	"unicode/utf8"
 )
@@ -38,15 +39,7 @@ type clsState struct {
 // validClassifierName reports whether name has only letters, digits, '_'
 // and '-' (and is not empty).
 func validClassifierName(name string) bool {
-	if name == "" {
-		return false
-	}
-	for _, c := range []byte(name) {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
+	return name != "" && strings.Trim(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") == ""
 }
 
 func (c *simClassifier) view() map[string]any {
@@ -56,104 +49,82 @@ func (c *simClassifier) view() map[string]any {
 }
 
 func (s *Sim) registerClassifiers() {
-	st := s.mgmt()
+	st := s.mg
 	st.cls = &clsState{byKey: map[string]map[string]*simClassifier{}}
-	r := func(pattern string, f func(m map[string]*simClassifier, w *statusWriter, q *mgRequest)) {
+	r := func(pattern string, f func(m map[string]*simClassifier, q *mgRequest) (int, any)) {
 		s.mgmtRoute("classifier", pattern, authBasic, clsMaxBody, func(w *statusWriter, q *mgRequest) {
 			st.mu.Lock()
 			defer st.mu.Unlock()
 			m := entry(st.cls.byKey, q.account, func() map[string]*simClassifier { return map[string]*simClassifier{} })
-			f(m, w, q)
+			status, body := f(m, q)
+			writeJSON(w, status, body)
 		})
 	}
-	fail := func(w *statusWriter, status int, msg string) { writeJSON(w, status, map[string]any{"error": msg}) }
-	type body struct {
-		DisplayName *string         `json:"displayName"`
-		Description *string         `json:"description"`
-		Def         json.RawMessage `json:"csvDefinition"`
-	}
-	parse := func(w *statusWriter, q *mgRequest) (*body, map[string]any) {
-		var b body
-		if err := json.Unmarshal(q.body, &b); err != nil {
-			fail(w, http.StatusBadRequest, "body is not a JSON object")
-			return nil, nil
-		}
-		var def map[string]any
-		if json.Unmarshal(b.Def, &def) != nil || def == nil {
-			fail(w, http.StatusBadRequest, "csvDefinition is required")
-			return nil, nil
-		}
-		csv, ok := def["csvText"].(string)
-		if !ok {
-			fail(w, http.StatusBadRequest, "csvDefinition.csvText is required")
-			return nil, nil
-		}
-		if len(csv) > ClassifierMaxCSVBytes {
-			fail(w, http.StatusRequestEntityTooLarge, "csvDefinition.csvText is larger than 1 MB")
-			return nil, nil
-		}
-		for _, t := range []*string{b.DisplayName, b.Description} {
-			if t != nil && utf8.RuneCountInString(*t) > ClassifierMaxTextChars {
-				fail(w, http.StatusBadRequest, "displayName and description take at most 1000 characters")
-				return nil, nil
+	// save serves POST (create) and PATCH: the checks in the order of the
+	// rules above, then the classifier is written.
+	save := func(create bool) func(m map[string]*simClassifier, q *mgRequest) (int, any) {
+		return func(m map[string]*simClassifier, q *mgRequest) (int, any) {
+			name := q.r.PathValue("name")
+			var b struct {
+				DisplayName *string         `json:"displayName"`
+				Description *string         `json:"description"`
+				Def         json.RawMessage `json:"csvDefinition"`
 			}
+			var def map[string]any
+			bodyErr := json.Unmarshal(q.body, &b)
+			noDef := bodyErr == nil && (json.Unmarshal(b.Def, &def) != nil || def == nil)
+			csv, isCSV := def["csvText"].(string)
+			tooLong := func(t *string) bool { return t != nil && utf8.RuneCountInString(*t) > ClassifierMaxTextChars }
+			status, msg := http.StatusBadRequest, ""
+			switch {
+			case create && !validClassifierName(name):
+				msg = "name may hold letters, digits, underscores and hyphens only"
+			case bodyErr != nil:
+				msg = "body is not a JSON object"
+			case noDef:
+				msg = "csvDefinition is required"
+			case !isCSV:
+				msg = "csvDefinition.csvText is required"
+			case len(csv) > ClassifierMaxCSVBytes:
+				status, msg = http.StatusRequestEntityTooLarge, "csvDefinition.csvText is larger than 1 MB"
+			case tooLong(b.DisplayName) || tooLong(b.Description):
+				msg = "displayName and description take at most 1000 characters"
+			case create && m[name] != nil:
+				status, msg = http.StatusConflict, "classifier exists"
+			case !create && m[name] == nil:
+				status, msg = http.StatusNotFound, "classifier not found"
+			}
+			if msg != "" {
+				return apiFail(status, msg)
+			}
+			if create {
+				m[name] = &simClassifier{name: name}
+			}
+			c := m[name]
+			c.def, c.modified = def, s.cfg.Now()
+			if b.DisplayName != nil {
+				c.displayName = *b.DisplayName
+			}
+			if b.Description != nil {
+				c.description = *b.Description
+			}
+			return http.StatusOK, map[string]any{"status": map[bool]string{true: "created", false: "updated"}[create], "name": name}
 		}
-		return &b, def
 	}
-	set := func(c *simClassifier, b *body, def map[string]any) {
-		c.def, c.modified = def, s.cfg.Now()
-		if b.DisplayName != nil {
-			c.displayName = *b.DisplayName
-		}
-		if b.Description != nil {
-			c.description = *b.Description
-		}
-	}
-	r("GET /api/2/channel-classifiers", func(m map[string]*simClassifier, w *statusWriter, q *mgRequest) {
+	r("GET /api/2/channel-classifiers", func(m map[string]*simClassifier, q *mgRequest) (int, any) {
 		out := []any{}
 		for _, n := range sortedKeys(m) {
 			out = append(out, m[n].view())
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"channelClassifiers": out})
+		return http.StatusOK, map[string]any{"channelClassifiers": out}
 	})
-	r("GET /api/2/channel-classifiers/{name}", func(m map[string]*simClassifier, w *statusWriter, q *mgRequest) {
+	r("GET /api/2/channel-classifiers/{name}", func(m map[string]*simClassifier, q *mgRequest) (int, any) {
 		c := m[q.r.PathValue("name")]
 		if c == nil {
-			fail(w, http.StatusNotFound, "classifier not found")
-			return
+			return apiFail(http.StatusNotFound, "classifier not found")
 		}
-		writeJSON(w, http.StatusOK, c.view())
+		return http.StatusOK, c.view()
 	})
-	r("POST /api/2/channel-classifiers/{name}", func(m map[string]*simClassifier, w *statusWriter, q *mgRequest) {
-		name := q.r.PathValue("name")
-		if !validClassifierName(name) {
-			fail(w, http.StatusBadRequest, "name may hold letters, digits, underscores and hyphens only")
-			return
-		}
-		b, def := parse(w, q)
-		if b == nil {
-			return
-		}
-		if m[name] != nil {
-			fail(w, http.StatusConflict, "classifier exists")
-			return
-		}
-		m[name] = &simClassifier{name: name}
-		set(m[name], b, def)
-		writeJSON(w, http.StatusOK, map[string]any{"status": "created", "name": name})
-	})
-	r("PATCH /api/2/channel-classifiers/{name}", func(m map[string]*simClassifier, w *statusWriter, q *mgRequest) {
-		name := q.r.PathValue("name")
-		b, def := parse(w, q)
-		if b == nil {
-			return
-		}
-		c := m[name]
-		if c == nil {
-			fail(w, http.StatusNotFound, "classifier not found")
-			return
-		}
-		set(c, b, def)
-		writeJSON(w, http.StatusOK, map[string]any{"status": "updated", "name": name})
-	})
+	r("POST /api/2/channel-classifiers/{name}", save(true))
+	r("PATCH /api/2/channel-classifiers/{name}", save(false))
 }

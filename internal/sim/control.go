@@ -20,9 +20,6 @@ import (
 func (s *Sim) registerControl() {
 	m := s.ctlMux
 	ok := func(w http.ResponseWriter) { writeJSON(w, 200, map[string]bool{"ok": true}) }
-	bad := func(w http.ResponseWriter, err error) {
-		writeJSON(w, 400, map[string]string{"error": err.Error()})
-	}
 	m.HandleFunc("GET /sim/healthz", func(w http.ResponseWriter, r *http.Request) { ok(w) })
 	m.HandleFunc("GET /sim/stats", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, 200, s.Stats())
@@ -30,7 +27,7 @@ func (s *Sim) registerControl() {
 	m.HandleFunc("GET /sim/events", func(w http.ResponseWriter, r *http.Request) {
 		after, limit, err := afterLimit(r)
 		if err != nil {
-			bad(w, err)
+			apiError(w, http.StatusBadRequest, err.Error())
 			return
 		}
 		var evs []Ingested
@@ -67,7 +64,7 @@ func (s *Sim) registerControl() {
 	m.HandleFunc("GET /sim/requests", func(w http.ResponseWriter, r *http.Request) {
 		after, limit, err := afterLimit(r)
 		if err != nil {
-			bad(w, err)
+			apiError(w, http.StatusBadRequest, err.Error())
 			return
 		}
 		out := []Record{}

@@ -8,7 +8,7 @@ import (
 // serveCountOnly is /2/httpapi in CountOnly mode: count, answer 200.
 func (s *Sim) serveCountOnly(w http.ResponseWriter, r *http.Request, in *incoming) {
 	if in.TooLarge {
-		writeJSON(w, http.StatusRequestEntityTooLarge, errBody{Code: 413, Error: ErrTextTooLarge})
+		codeError(w, http.StatusRequestEntityTooLarge, ErrTextTooLarge)
 		return
 	}
 	n := CountEvents(in.Body)

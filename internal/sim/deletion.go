@@ -67,7 +67,7 @@ type deletionState struct {
 
 func (s *Sim) registerDeletion() {
 	st := &deletionState{jobs: make(map[string]map[string][]deletionUser)}
-	s.apiRoute("POST /api/2/deletions/users", func(w http.ResponseWriter, r *http.Request, key string) {
+	s.apiRoute("POST /api/2/deletions/users", func(w http.ResponseWriter, r *http.Request, key string) (int, any) {
 		var req struct {
 			SvcIDs        []int64  `json:"svc_ids"`
 			UserIDs       []string `json:"user_ids"`
@@ -77,12 +77,10 @@ func (s *Sim) registerDeletion() {
 			IncludeMapped bool     `json:"include_mapped_user_ids"`
 		}
 		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil {
-			apiError(w, http.StatusBadRequest, "invalid JSON body: "+err.Error())
-			return
+			return apiFail(http.StatusBadRequest, "invalid JSON body: "+err.Error())
 		}
 		if n := len(req.SvcIDs) + len(req.UserIDs); n == 0 || n > DeletionMaxIDs {
-			apiError(w, http.StatusBadRequest, fmt.Sprintf("send 1 to %d ids (svc_ids and user_ids together), not %d", DeletionMaxIDs, n))
-			return
+			return apiFail(http.StatusBadRequest, fmt.Sprintf("send 1 to %d ids (svc_ids and user_ids together), not %d", DeletionMaxIDs, n))
 		}
 		keys := []string{key}
 		if req.DeleteFromOrg {
@@ -110,9 +108,8 @@ func (s *Sim) registerDeletion() {
 			match(id, func(u keyUser) bool { return u.user == id })
 		}
 		if len(invalid) > 0 && !req.IgnoreInvalid {
-			writeJSON(w, http.StatusBadRequest, map[string]any{
-				"error": "some ids have no data in the project; nothing was marked for deletion", "invalid_ids": invalid})
-			return
+			return http.StatusBadRequest, map[string]any{
+				"error": "some ids have no data in the project; nothing was marked for deletion", "invalid_ids": invalid}
 		}
 		now := s.cfg.Now().UTC()
 		today := now.Format(time.DateOnly)
@@ -151,22 +148,19 @@ func (s *Sim) registerDeletion() {
 		if req.DeleteFromOrg {
 			job.App = appID(key)
 		}
-		writeJSON(w, http.StatusOK, job)
+		return http.StatusOK, job
 	})
-	s.apiRoute("GET /api/2/deletions/users", func(w http.ResponseWriter, r *http.Request, key string) {
+	s.apiRoute("GET /api/2/deletions/users", func(w http.ResponseWriter, r *http.Request, key string) (int, any) {
 		q := r.URL.Query()
 		start, err1 := time.Parse(time.DateOnly, q.Get("start_day"))
 		end, err2 := time.Parse(time.DateOnly, q.Get("end_day"))
 		switch {
 		case err1 != nil || err2 != nil:
-			apiError(w, http.StatusBadRequest, "start_day and end_day are required, as YYYY-MM-DD")
-			return
+			return apiFail(http.StatusBadRequest, "start_day and end_day are required, as YYYY-MM-DD")
 		case end.Before(start):
-			apiError(w, http.StatusBadRequest, "end_day is before start_day")
-			return
+			return apiFail(http.StatusBadRequest, "end_day is before start_day")
 		case end.After(start.AddDate(0, 6, 0)):
-			apiError(w, http.StatusBadRequest, "the range is longer than six months")
-			return
+			return apiFail(http.StatusBadRequest, "the range is longer than six months")
 		}
 		now := s.cfg.Now().UTC()
 		out := []deletionJob{}
@@ -184,18 +178,16 @@ func (s *Sim) registerDeletion() {
 		}
 		st.mu.Unlock()
 		sort.Slice(out, func(i, j int) bool { return out[i].Day < out[j].Day })
-		writeJSON(w, http.StatusOK, out)
+		return http.StatusOK, out
 	})
-	s.apiRoute("DELETE /api/2/deletions/users/{svc_id}/{day}", func(w http.ResponseWriter, r *http.Request, key string) {
+	s.apiRoute("DELETE /api/2/deletions/users/{svc_id}/{day}", func(w http.ResponseWriter, r *http.Request, key string) (int, any) {
 		id, err := strconv.ParseInt(r.PathValue("svc_id"), 10, 64)
 		day, err2 := time.Parse(time.DateOnly, r.PathValue("day"))
 		if err != nil || err2 != nil {
-			apiError(w, http.StatusBadRequest, "want /api/2/deletions/users/{svc_id}/{YYYY-MM-DD}")
-			return
+			return apiFail(http.StatusBadRequest, "want /api/2/deletions/users/{svc_id}/{YYYY-MM-DD}")
 		}
 		if deletionStatus(s.cfg.Now().UTC(), day) != "staging" {
-			apiError(w, http.StatusBadRequest, "the job can no longer be changed: less than 3 days before its run")
-			return
+			return apiFail(http.StatusBadRequest, "the job can no longer be changed: less than 3 days before its run")
 		}
 		st.mu.Lock()
 		defer st.mu.Unlock()
@@ -203,11 +195,10 @@ func (s *Sim) registerDeletion() {
 		for i, u := range users {
 			if u.SvcID == id {
 				st.jobs[key][r.PathValue("day")] = append(users[:i:i], users[i+1:]...)
-				writeJSON(w, http.StatusOK, map[string]any{"svc_id": u.SvcID, "requested_on_day": u.RequestedOnDay, "requester": u.Requester})
-				return
+				return http.StatusOK, map[string]any{"svc_id": u.SvcID, "requested_on_day": u.RequestedOnDay, "requester": u.Requester}
 			}
 		}
-		apiError(w, http.StatusNotFound, "the id is not in the job of that day")
+		return apiFail(http.StatusNotFound, "the id is not in the job of that day")
 	})
 }
 

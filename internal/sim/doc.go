@@ -17,10 +17,12 @@
 //
 // # Routes
 //
-// Every upstream route is registered with Sim.route (routes.go lists the
-// groups), which wraps it in the shared middleware: request log, body
-// reading, and the faults and "down" state Config.Faults decides (none in
-// the product). The route groups, one file
+// Every upstream route shares the request log and the faults and "down"
+// state Config.Faults decides (none in the product): the ingestion routes
+// through Sim.route (middleware.go: the body read, the answer buffered),
+// the others through serveDirect (fault.go: the answer streamed; mgmtRoute
+// and apiRoute add their authentication; their handlers return their
+// answer and the route writes it). The route groups (routes.go), one file
 // each:
 //
 //	/2/httpapi, /batch                          ingestion (httpapi.go; rules below)
@@ -36,10 +38,10 @@
 //	/api/2/export                               export (export.go)
 //
 // The four management APIs (experiments, SCIM, classifiers, taxonomy) share
-// authentication, a call log and a lock in mgmt.go. A group that keeps state
-// of its own registers its reset with Sim.onReset, so Reset (and simtest's POST /sim/reset)
-// clear it with the store (configuration such as accepted keys and rate
-// limits is kept).
+// authentication, a call log and a lock in mgmt.go. Reset (and simtest's
+// POST /sim/reset) clears the state of group identify, user mapping and the
+// management APIs with the store (configuration such as accepted keys and
+// rate limits is kept).
 //
 // Read-outs live under /sim/ (see control.go and each group's file) and are
 // never subject to faults (JSON; simtest.Control is a Go client for them):

@@ -107,7 +107,7 @@ func (s *Sim) registerDSAR() {
 	st := &dsarState{nextID: 1000, jobs: make(map[int64]*dsarJob), pollsToDone: 3, urlTTL: 48 * time.Hour}
 	s.dsar = st
 	rand.Read(st.sigKey[:])
-	s.apiRoute("POST /api/2/dsar/requests", func(w http.ResponseWriter, r *http.Request, key string) {
+	s.apiRoute("POST /api/2/dsar/requests", func(w http.ResponseWriter, r *http.Request, key string) (int, any) {
 		var req struct {
 			UserID    *string         `json:"userId"`
 			SvcID     json.RawMessage `json:"svcId"`
@@ -115,8 +115,7 @@ func (s *Sim) registerDSAR() {
 			EndDate   string          `json:"endDate"`
 		}
 		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil {
-			apiError(w, http.StatusBadRequest, "invalid JSON body")
-			return
+			return apiFail(http.StatusBadRequest, "invalid JSON body")
 		}
 		job := &dsarJob{auth: r.Header.Get("Authorization")}
 		if req.UserID != nil {
@@ -125,8 +124,7 @@ func (s *Sim) registerDSAR() {
 		if len(req.SvcID) > 0 && string(req.SvcID) != "null" {
 			n, err := strconv.ParseInt(string(bytes.Trim(req.SvcID, `"`)), 10, 64)
 			if err != nil || n <= 0 {
-				apiError(w, http.StatusBadRequest, "svcId must be a positive integer")
-				return
+				return apiFail(http.StatusBadRequest, "svcId must be a positive integer")
 			}
 			job.svcID = n
 		}
@@ -135,14 +133,11 @@ func (s *Sim) registerDSAR() {
 		job.end, err2 = time.Parse(time.DateOnly, req.EndDate)
 		switch {
 		case job.userID == "" && job.svcID == 0:
-			apiError(w, http.StatusBadRequest, "userId or svcId is required")
-			return
+			return apiFail(http.StatusBadRequest, "userId or svcId is required")
 		case err1 != nil || err2 != nil:
-			apiError(w, http.StatusBadRequest, "startDate and endDate must be YYYY-MM-DD")
-			return
+			return apiFail(http.StatusBadRequest, "startDate and endDate must be YYYY-MM-DD")
 		case job.end.Before(job.start):
-			apiError(w, http.StatusBadRequest, "endDate is before startDate")
-			return
+			return apiFail(http.StatusBadRequest, "endDate is before startDate")
 		}
 		st.mu.Lock()
 		job.id = st.nextID
@@ -153,15 +148,14 @@ func (s *Sim) registerDSAR() {
 		}
 		st.jobs[job.id] = job
 		st.mu.Unlock()
-		writeJSON(w, http.StatusAccepted, map[string]int64{"requestId": job.id})
+		return http.StatusAccepted, map[string]int64{"requestId": job.id}
 	})
-	s.apiRoute("GET /api/2/dsar/requests/{id}", func(w http.ResponseWriter, r *http.Request, key string) {
+	s.apiRoute("GET /api/2/dsar/requests/{id}", func(w http.ResponseWriter, r *http.Request, key string) (int, any) {
 		st.mu.Lock()
 		job := st.job(r)
 		if job == nil {
 			st.mu.Unlock()
-			apiError(w, http.StatusNotFound, "no such request")
-			return
+			return apiFail(http.StatusNotFound, "no such request")
 		}
 		job.polls++
 		steps := [...]string{"submitted", "processing"}
@@ -190,9 +184,9 @@ func (s *Sim) registerDSAR() {
 		if urls != nil {
 			body["urls"] = urls
 		}
-		writeJSON(w, http.StatusOK, body)
+		return http.StatusOK, body
 	})
-	s.apiRoute("GET /api/2/dsar/requests/{id}/outputs/{n}", func(w http.ResponseWriter, r *http.Request, key string) {
+	s.apiRoute("GET /api/2/dsar/requests/{id}/outputs/{n}", func(w http.ResponseWriter, r *http.Request, key string) (int, any) {
 		st.mu.Lock()
 		job := st.job(r)
 		n, err := strconv.Atoi(r.PathValue("n"))
@@ -214,21 +208,19 @@ func (s *Sim) registerDSAR() {
 		}
 		st.mu.Unlock()
 		if status != 0 {
-			apiError(w, status, msg)
-			return
+			return apiFail(status, msg)
 		}
 		http.Redirect(w, r, loc, http.StatusFound)
+		return 0, nil
 	})
-	s.apiRoute("GET /objects/dsar/{id}/{n}", func(w http.ResponseWriter, r *http.Request, key string) {
+	s.apiRoute("GET /objects/dsar/{id}/{n}", func(w http.ResponseWriter, r *http.Request, key string) (int, any) {
 		exp := r.URL.Query().Get("expires")
 		expUnix, err := strconv.ParseInt(exp, 10, 64)
 		if err != nil || !hmac.Equal([]byte(r.URL.Query().Get("sig")), []byte(st.sign(r.URL.Path, exp))) {
-			apiError(w, http.StatusForbidden, "signature does not match")
-			return
+			return apiFail(http.StatusForbidden, "signature does not match")
 		}
 		if s.cfg.Now().Unix() > expUnix {
-			apiError(w, http.StatusForbidden, "request has expired")
-			return
+			return apiFail(http.StatusForbidden, "request has expired")
 		}
 		st.mu.Lock()
 		job := st.job(r)
@@ -240,12 +232,12 @@ func (s *Sim) registerDSAR() {
 		}
 		st.mu.Unlock()
 		if !ok {
-			apiError(w, http.StatusForbidden, "the output needs the credentials that created the request")
-			return
+			return apiFail(http.StatusForbidden, "the output needs the credentials that created the request")
 		}
 		w.Header().Set("Content-Type", "application/gzip")
 		w.Header().Set("Content-Length", strconv.Itoa(len(file)))
 		w.Write(file)
+		return 0, nil
 	})
 }
 
@@ -293,19 +285,11 @@ func (s *Sim) dsarFiles(job *dsarJob) [][]byte {
 			EventProperties json.RawMessage `json:"event_properties"`
 		}
 		json.Unmarshal(ev.Raw, &raw)
-		up := ev.Time.UTC().Format(ExportTimeFormat)
-		et := up
-		if raw.Time != nil {
-			et = time.UnixMilli(*raw.Time).UTC().Format(ExportTimeFormat)
-		}
+		et, up := exportTimes(ev, raw.Time)
 		line := appendJSON(nil, dsarLine{SvcID: SvcID(ev.APIKey, ev.UserID), App: appID(ev.APIKey), UserID: ev.UserID,
 			DeviceID: ev.DeviceID, EventType: ev.EventType, EventTime: et, ServerUploadTime: up, EventProperties: raw.EventProperties})
-		m := ev.Time.UTC().Format("2006-01")
-		if months[m] == nil {
-			months[m] = new(bytes.Buffer)
-		}
-		months[m].Write(line)
-		months[m].WriteByte('\n')
+		buf := entry(months, ev.Time.UTC().Format("2006-01"), func() *bytes.Buffer { return new(bytes.Buffer) })
+		buf.Write(append(line, '\n'))
 	}
 	files := [][]byte{}
 	for _, m := range sortedKeys(months) {

@@ -1,10 +1,13 @@
 package sim
 
 import (
+	"cmp"
 	"encoding/json"
+	"maps"
 	"net/http"
-	"sort"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -56,10 +59,9 @@ var experimentPatchFields = map[string]bool{"name": true, "description": true, "
 // AddWebExperiment adds a web experiment (which PATCH refuses with 405) and
 // returns its id.
 func (s *Sim) AddWebExperiment(name string) string {
-	st := s.mgmt()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	e := st.exp.add(s.cfg.Now(), map[string]any{"name": name, "key": name}, "web")
+	s.mg.mu.Lock()
+	defer s.mg.mu.Unlock()
+	e := s.mg.exp.add(s.cfg.Now(), map[string]any{"name": name, "key": name}, "web")
 	return e.id
 }
 
@@ -79,10 +81,7 @@ func (e *simExperiment) version(now time.Time, what string) {
 }
 
 func (e *simExperiment) view() map[string]any {
-	v := map[string]any{}
-	for k, x := range e.fields {
-		v[k] = x
-	}
+	v := maps.Clone(e.fields)
 	vars := []any{}
 	for _, k := range e.variants {
 		vars = append(vars, e.byKey[k].fields)
@@ -97,96 +96,79 @@ func (e *simExperiment) view() map[string]any {
 }
 
 func (s *Sim) registerExperiments() {
-	st := s.mgmt()
+	st := s.mg
 	st.exp = &expState{exps: map[string]*simExperiment{}}
 	x := st.exp
 	// r registers an experiment route; f gets the experiment and variant its
-	// path names ({id}, {variantKey}), after a 404 for either that is unknown.
-	r := func(pattern string, f func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest)) {
+	// path names ({id}, {variantKey}), after a 404 for either that is
+	// unknown, and returns its answer: text when a string ("OK"), else JSON.
+	r := func(pattern string, f func(e *simExperiment, v *simVariant, q *mgRequest) (int, any)) {
 		s.mgmtRoute("experiment", pattern, authMgmtBearer, expMaxBody, func(w *statusWriter, q *mgRequest) {
 			st.mu.Lock()
 			defer st.mu.Unlock()
-			var e *simExperiment
-			if id := q.r.PathValue("id"); id != "" {
-				if e = x.exps[id]; e == nil {
-					apiError(w, http.StatusNotFound, "experiment not found")
-					return
+			e, v := x.exps[q.r.PathValue("id")], (*simVariant)(nil)
+			status, body := http.StatusNotFound, any(map[string]string{"error": "experiment not found"})
+			switch {
+			case e == nil && q.r.PathValue("id") != "":
+			case e != nil && q.r.PathValue("variantKey") != "" && e.byKey[q.r.PathValue("variantKey")] == nil:
+				body = map[string]string{"error": "variant not found"}
+			default:
+				if e != nil {
+					v = e.byKey[q.r.PathValue("variantKey")]
 				}
+				status, body = f(e, v, q)
 			}
-			var v *simVariant
-			if k := q.r.PathValue("variantKey"); k != "" {
-				if v = e.byKey[k]; v == nil {
-					apiError(w, http.StatusNotFound, "variant not found")
-					return
-				}
+			if text, ok := body.(string); ok {
+				w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+				w.WriteHeader(status)
+				w.Write([]byte(text))
+				return
 			}
-			f(e, v, w, q)
+			writeJSON(w, status, body)
 		})
 	}
-	ok := func(w *statusWriter) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.WriteHeader(http.StatusOK)
-		w.Write([]byte("OK"))
-	}
-	bad := func(w *statusWriter, msg string) {
-		writeJSON(w, http.StatusBadRequest, map[string]any{"error": msg})
-	}
+	const ok = "OK"
+	bad := func(msg string) (int, any) { return http.StatusBadRequest, map[string]string{"error": msg} }
 	now := func() time.Time { return s.cfg.Now() }
 
-	r("GET /api/1/experiments", func(_ *simExperiment, _ *simVariant, w *statusWriter, q *mgRequest) {
-		limit := -1
+	r("GET /api/1/experiments", func(_ *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
+		limit := len(x.exps)
 		if v := q.r.URL.Query().Get("limit"); v != "" {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 0 {
-				bad(w, "limit must be a non-negative integer")
-				return
+				return bad("limit must be a non-negative integer")
 			}
 			limit = n
 		}
-		all := make([]*simExperiment, 0, len(x.exps))
-		for _, e := range x.exps {
-			all = append(all, e)
-		}
-		sort.Slice(all, func(i, j int) bool {
-			a, _ := strconv.Atoi(all[i].id)
-			b, _ := strconv.Atoi(all[j].id)
-			return a > b // newest created first
+		// Newest created first: ids are decimal numbers counted up.
+		all := slices.SortedFunc(maps.Values(x.exps), func(a, b *simExperiment) int {
+			return cmp.Or(len(b.id)-len(a.id), strings.Compare(b.id, a.id))
 		})
 		out := []any{}
-		for _, e := range all {
-			if limit >= 0 && len(out) >= limit {
-				break
-			}
+		for _, e := range all[:min(len(all), limit)] {
 			out = append(out, e.view())
 		}
-		writeJSON(w, http.StatusOK, out)
+		return http.StatusOK, out
 	})
-	r("POST /api/1/experiments", func(_ *simExperiment, _ *simVariant, w *statusWriter, q *mgRequest) {
+	r("POST /api/1/experiments", func(_ *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
 		m, err := decodeObject(q.body)
 		if err != nil {
-			bad(w, "body is not a JSON object")
-			return
+			return bad("body is not a JSON object")
 		}
 		var vars []map[string]any
 		if v, has := m["variants"]; has && v != nil {
 			raw, _ := json.Marshal(v)
 			if json.Unmarshal(raw, &vars) != nil {
-				bad(w, "variants must be an array of objects")
-				return
+				return bad("variants must be an array of objects")
 			}
 		}
 		for _, v := range vars {
 			if k, _ := v["key"].(string); k == "" {
-				bad(w, "every variant needs a key")
-				return
+				return bad("every variant needs a key")
 			}
 		}
-		fields := map[string]any{}
-		for k, v := range m {
-			if k != "variants" {
-				fields[k] = v
-			}
-		}
+		fields := maps.Clone(m)
+		delete(fields, "variants")
 		e := x.add(now(), fields, "feature")
 		for _, v := range vars {
 			k := v["key"].(string)
@@ -202,218 +184,184 @@ func (s *Sim) registerExperiments() {
 				}
 			}
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"id": e.id, "url": "https://app.example/experiments/" + e.id})
+		return http.StatusOK, map[string]any{"id": e.id, "url": "https://app.example/experiments/" + e.id}
 	})
-	r("GET /api/1/experiments/{id}", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
-		writeJSON(w, http.StatusOK, e.view())
+	r("GET /api/1/experiments/{id}", func(e *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
+		return http.StatusOK, e.view()
 	})
-	r("PATCH /api/1/experiments/{id}", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
+	r("PATCH /api/1/experiments/{id}", func(e *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
 		if e.delivery != "feature" {
-			writeJSON(w, http.StatusMethodNotAllowed, map[string]any{"error": "experiments of this type cannot be edited here"})
-			return
+			return http.StatusMethodNotAllowed, map[string]string{"error": "experiments of this type cannot be edited here"}
 		}
 		m, err := decodeObject(q.body)
 		if err != nil {
-			bad(w, "body is not a JSON object")
-			return
+			return bad("body is not a JSON object")
 		}
 		for k := range m {
 			if !experimentPatchFields[k] {
-				bad(w, "field "+strconv.Quote(k)+" cannot be edited")
-				return
+				return bad("field " + strconv.Quote(k) + " cannot be edited")
 			}
 		}
-		for k, v := range m {
-			e.fields[k] = v
-		}
+		maps.Copy(e.fields, m)
 		e.version(now(), "edited")
-		writeJSON(w, http.StatusOK, e.view())
+		return http.StatusOK, e.view()
 	})
-	r("GET /api/1/experiments/{id}/versions", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
-		out := []any{}
-		for i := len(e.versions) - 1; i >= 0; i-- {
-			out = append(out, e.versions[i])
-		}
-		writeJSON(w, http.StatusOK, out)
+	r("GET /api/1/experiments/{id}/versions", func(e *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
+		out := append([]map[string]any{}, e.versions...)
+		slices.Reverse(out)
+		return http.StatusOK, out
 	})
-	r("GET /api/1/experiments/{id}/versions/{versionId}", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
+	r("GET /api/1/experiments/{id}/versions/{versionId}", func(e *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
 		for _, v := range e.versions {
 			if v["versionId"] == q.r.PathValue("versionId") {
-				writeJSON(w, http.StatusOK, v)
-				return
+				return http.StatusOK, v
 			}
 		}
-		writeJSON(w, http.StatusNotFound, map[string]any{"error": "version not found"})
+		return http.StatusNotFound, map[string]string{"error": "version not found"}
 	})
-	r("GET /api/1/experiments/{id}/variants", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
+	r("GET /api/1/experiments/{id}/variants", func(e *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
 		out := []any{}
 		for _, k := range e.variants {
 			out = append(out, e.byKey[k].fields)
 		}
-		writeJSON(w, http.StatusOK, out)
+		return http.StatusOK, out
 	})
-	variantBody := func(w *statusWriter, q *mgRequest) map[string]any {
+	// variantBody reads a variant's fields; fail is the error when it cannot.
+	variantBody := func(q *mgRequest) (m map[string]any, fail string) {
 		m, err := decodeObject(q.body)
 		if err != nil {
-			bad(w, "body is not a JSON object")
-			return nil
+			return nil, "body is not a JSON object"
 		}
 		for k := range m {
 			switch k {
 			case "key", "name", "description", "payload", "rolloutWeight":
 			default:
-				bad(w, "unknown variant field "+strconv.Quote(k))
-				return nil
+				return nil, "unknown variant field " + strconv.Quote(k)
 			}
 		}
-		return m
+		return m, ""
 	}
-	r("POST /api/1/experiments/{id}/variants", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
-		m := variantBody(w, q)
-		if m == nil {
-			return
-		}
+	r("POST /api/1/experiments/{id}/variants", func(e *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
+		m, fail := variantBody(q)
 		k, _ := m["key"].(string)
-		if k == "" {
-			bad(w, "key is required")
-			return
-		}
-		if e.byKey[k] != nil {
-			bad(w, "variant "+strconv.Quote(k)+" exists")
-			return
+		switch {
+		case m == nil:
+			return bad(fail)
+		case k == "":
+			return bad("key is required")
+		case e.byKey[k] != nil:
+			return bad("variant " + strconv.Quote(k) + " exists")
 		}
 		e.variants = append(e.variants, k)
 		e.byKey[k] = &simVariant{fields: m, createdAt: now()}
 		e.version(now(), "variant added")
-		ok(w)
+		return http.StatusOK, ok
 	})
-	r("GET /api/1/experiments/{id}/variants/{variantKey}", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
-		writeJSON(w, http.StatusOK, v.fields)
+	r("GET /api/1/experiments/{id}/variants/{variantKey}", func(_ *simExperiment, v *simVariant, q *mgRequest) (int, any) {
+		return http.StatusOK, v.fields
 	})
-	r("PATCH /api/1/experiments/{id}/variants/{variantKey}", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
-		m := variantBody(w, q)
+	r("PATCH /api/1/experiments/{id}/variants/{variantKey}", func(e *simExperiment, v *simVariant, q *mgRequest) (int, any) {
+		m, fail := variantBody(q)
 		if m == nil {
-			return
+			return bad(fail)
 		}
 		old := q.r.PathValue("variantKey")
 		if k, _ := m["key"].(string); k != "" && k != old {
 			if e.byKey[k] != nil {
-				bad(w, "variant "+strconv.Quote(k)+" exists")
-				return
+				return bad("variant " + strconv.Quote(k) + " exists")
 			}
 			delete(e.byKey, old)
 			e.byKey[k] = v
-			for i, x := range e.variants {
-				if x == old {
-					e.variants[i] = k
-				}
-			}
+			e.variants[slices.Index(e.variants, old)] = k
 		}
-		for k, x := range m {
-			v.fields[k] = x
-		}
+		maps.Copy(v.fields, m)
 		e.version(now(), "variant edited")
-		ok(w)
+		return http.StatusOK, ok
 	})
-	r("DELETE /api/1/experiments/{id}/variants/{variantKey}", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
+	r("DELETE /api/1/experiments/{id}/variants/{variantKey}", func(e *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
 		k := q.r.PathValue("variantKey")
 		delete(e.byKey, k)
 		e.variants = removeString(e.variants, k)
 		e.version(now(), "variant deleted")
-		ok(w)
+		return http.StatusOK, ok
 	})
-	r("GET /api/1/experiments/{id}/variants/{variantKey}/users", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
-		writeJSON(w, http.StatusOK, append([]string{}, v.users...))
+	r("GET /api/1/experiments/{id}/variants/{variantKey}/users", func(_ *simExperiment, v *simVariant, q *mgRequest) (int, any) {
+		return http.StatusOK, append([]string{}, v.users...)
 	})
-	r("GET /api/1/experiments/{id}/variants/{variantKey}/cohorts", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
-		writeJSON(w, http.StatusOK, append([]string{}, v.cohorts...))
+	r("GET /api/1/experiments/{id}/variants/{variantKey}/cohorts", func(_ *simExperiment, v *simVariant, q *mgRequest) (int, any) {
+		return http.StatusOK, append([]string{}, v.cohorts...)
 	})
-	// strings reads body[field] as an array of strings.
-	stringsField := func(w *statusWriter, q *mgRequest, field string, most int) ([]string, bool) {
+	// stringsField reads body[field] as an array of at most most strings (0:
+	// any number); fail is the error when it cannot.
+	stringsField := func(q *mgRequest, field string, most int) (v []string, fail string) {
 		var m map[string]json.RawMessage
-		if json.Unmarshal(q.body, &m) != nil || m == nil {
-			bad(w, "body is not a JSON object")
-			return nil, false
+		switch {
+		case json.Unmarshal(q.body, &m) != nil || m == nil:
+			return nil, "body is not a JSON object"
+		case json.Unmarshal(m[field], &v) != nil || v == nil:
+			return nil, field + " must be an array of strings"
+		case most > 0 && len(v) > most:
+			return nil, field + " holds more than " + strconv.Itoa(most) + " entries"
 		}
-		var v []string
-		if json.Unmarshal(m[field], &v) != nil || v == nil {
-			bad(w, field+" must be an array of strings")
-			return nil, false
-		}
-		if most > 0 && len(v) > most {
-			bad(w, field+" holds more than "+strconv.Itoa(most)+" entries")
-			return nil, false
-		}
-		return v, true
+		return v, ""
 	}
-	r("POST /api/1/experiments/{id}/variants/{variantKey}/users", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
-		if ids, good := stringsField(w, q, "inclusions", 0); good {
-			v.users = append(v.users, ids...)
-			ok(w)
+	// include adds the body's strings at *to (of the variant or experiment
+	// f picks), and records a version when what is not "".
+	include := func(field string, most int, f func(e *simExperiment, v *simVariant, ids []string), what string) func(*simExperiment, *simVariant, *mgRequest) (int, any) {
+		return func(e *simExperiment, v *simVariant, q *mgRequest) (int, any) {
+			ids, fail := stringsField(q, field, most)
+			if fail != "" {
+				return bad(fail)
+			}
+			f(e, v, ids)
+			if what != "" {
+				e.version(now(), what)
+			}
+			return http.StatusOK, ok
 		}
-	})
-	r("POST /api/1/experiments/{id}/variants/{variantKey}/cohorts", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
-		if ids, good := stringsField(w, q, "inclusions", 0); good {
-			v.cohorts = append(v.cohorts, ids...)
-			ok(w)
-		}
-	})
-	r("DELETE /api/1/experiments/{id}/variants/{variantKey}/users/{userIndex}", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
+	}
+	r("POST /api/1/experiments/{id}/variants/{variantKey}/users", include("inclusions", 0,
+		func(_ *simExperiment, v *simVariant, ids []string) { v.users = append(v.users, ids...) }, ""))
+	r("POST /api/1/experiments/{id}/variants/{variantKey}/cohorts", include("inclusions", 0,
+		func(_ *simExperiment, v *simVariant, ids []string) { v.cohorts = append(v.cohorts, ids...) }, ""))
+	r("DELETE /api/1/experiments/{id}/variants/{variantKey}/users/{userIndex}", func(_ *simExperiment, v *simVariant, q *mgRequest) (int, any) {
 		i, err := strconv.Atoi(q.r.PathValue("userIndex"))
 		if err != nil || i < 0 || i >= len(v.users) {
-			apiError(w, http.StatusNotFound, "inclusion not found")
-			return
+			return http.StatusNotFound, map[string]string{"error": "inclusion not found"}
 		}
 		v.users = append(v.users[:i], v.users[i+1:]...)
-		ok(w)
+		return http.StatusOK, ok
 	})
-	r("DELETE /api/1/experiments/{id}/variants/{variantKey}/users", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
+	r("DELETE /api/1/experiments/{id}/variants/{variantKey}/users", func(_ *simExperiment, v *simVariant, q *mgRequest) (int, any) {
 		v.users = nil
-		ok(w)
+		return http.StatusOK, ok
 	})
-	bulk := func(cohorts bool) func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
-		return func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
-			ids, good := stringsField(w, q, "users", ExperimentBulkMax)
-			if !good {
-				return
-			}
-			for _, id := range ids {
-				if cohorts {
-					v.cohorts = removeString(v.cohorts, id)
-				} else {
-					v.users = removeString(v.users, id)
-				}
-			}
-			ok(w)
-		}
-	}
-	r("DELETE /api/1/experiments/{id}/variants/{variantKey}/bulk-delete-users", bulk(false))
-	r("DELETE /api/1/experiments/{id}/variants/{variantKey}/bulk-delete-cohorts", bulk(true))
-	r("GET /api/1/experiments/{id}/deployments", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
+	r("DELETE /api/1/experiments/{id}/variants/{variantKey}/bulk-delete-users", include("users", ExperimentBulkMax,
+		func(_ *simExperiment, v *simVariant, ids []string) {
+			v.users = slices.DeleteFunc(v.users, func(u string) bool { return slices.Contains(ids, u) })
+		}, ""))
+	r("DELETE /api/1/experiments/{id}/variants/{variantKey}/bulk-delete-cohorts", include("users", ExperimentBulkMax,
+		func(_ *simExperiment, v *simVariant, ids []string) {
+			v.cohorts = slices.DeleteFunc(v.cohorts, func(c string) bool { return slices.Contains(ids, c) })
+		}, ""))
+	r("GET /api/1/experiments/{id}/deployments", func(e *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
 		out := []any{}
 		for _, d := range e.deployments {
 			out = append(out, map[string]any{"id": d})
 		}
-		writeJSON(w, http.StatusOK, out)
+		return http.StatusOK, out
 	})
-	r("POST /api/1/experiments/{id}/deployments", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
-		if ids, good := stringsField(w, q, "deployments", 0); good {
-			for _, id := range ids {
-				e.deployments = append(removeString(e.deployments, id), id)
-			}
-			e.version(now(), "deployments added")
-			ok(w)
+	r("POST /api/1/experiments/{id}/deployments", include("deployments", 0, func(e *simExperiment, _ *simVariant, ids []string) {
+		for _, id := range ids {
+			e.deployments = append(removeString(e.deployments, id), id)
 		}
-	})
-	r("DELETE /api/1/experiments/{id}/deployments/{deploymentId}", func(e *simExperiment, v *simVariant, w *statusWriter, q *mgRequest) {
-		d := q.r.PathValue("deploymentId")
+	}, "deployments added"))
+	r("DELETE /api/1/experiments/{id}/deployments/{deploymentId}", func(e *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
 		n := len(e.deployments)
-		e.deployments = removeString(e.deployments, d)
-		if len(e.deployments) == n {
-			writeJSON(w, http.StatusNotFound, map[string]any{"error": "deployment not found"})
-			return
+		if e.deployments = removeString(e.deployments, q.r.PathValue("deploymentId")); len(e.deployments) == n {
+			return http.StatusNotFound, map[string]string{"error": "deployment not found"}
 		}
 		e.version(now(), "deployment removed")
-		ok(w)
+		return http.StatusOK, ok
 	})
 }

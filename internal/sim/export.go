@@ -118,7 +118,7 @@ func (s *Sim) SetExport(c ExportConfig) error {
 func (s *Sim) registerExport() {
 	st := &exportState{maxBytes: 4 << 30}
 	s.export = st
-	s.apiRoute("GET /api/2/export", func(w http.ResponseWriter, r *http.Request, key string) {
+	s.apiRoute("GET /api/2/export", func(w http.ResponseWriter, r *http.Request, key string) (int, any) {
 		q := r.URL.Query()
 		served := ExportServed{Start: q.Get("start"), End: q.Get("end")}
 		defer func() {
@@ -126,22 +126,19 @@ func (s *Sim) registerExport() {
 			st.log = append(st.log, served)
 			st.mu.Unlock()
 		}()
-		fail := func(status int, msg string) {
+		fail := func(status int, msg string) (int, any) {
 			served.Status = status
-			apiError(w, status, msg)
+			return apiFail(status, msg)
 		}
 		start, err1 := time.Parse(ExportHourFormat, served.Start)
 		end, err2 := time.Parse(ExportHourFormat, served.End)
 		switch {
 		case err1 != nil || err2 != nil:
-			fail(http.StatusBadRequest, "start and end must be of the form YYYYMMDDTHH")
-			return
+			return fail(http.StatusBadRequest, "start and end must be of the form YYYYMMDDTHH")
 		case end.Before(start):
-			fail(http.StatusBadRequest, "end is before start")
-			return
+			return fail(http.StatusBadRequest, "end is before start")
 		case end.Add(time.Hour).Sub(start) > ExportMaxRange:
-			fail(http.StatusBadRequest, "the range is longer than 365 days")
-			return
+			return fail(http.StatusBadRequest, "the range is longer than 365 days")
 		}
 		st.mu.Lock()
 		maxBytes, synthetic := st.maxBytes, st.synthetic
@@ -158,11 +155,9 @@ func (s *Sim) registerExport() {
 		size += blocksPerHour * int64(len(block)) * hours
 		switch {
 		case size > maxBytes:
-			fail(http.StatusBadRequest, fmt.Sprintf("the result would exceed %d bytes: choose a smaller range", maxBytes))
-			return
+			return fail(http.StatusBadRequest, fmt.Sprintf("the result would exceed %d bytes: choose a smaller range", maxBytes))
 		case size == 0:
-			fail(http.StatusNotFound, "no data for the range")
-			return
+			return fail(http.StatusNotFound, "no data for the range")
 		}
 		served.Status = http.StatusOK
 		w.Header().Set("Content-Type", "application/zip")
@@ -173,11 +168,11 @@ func (s *Sim) registerExport() {
 			if lines := byHour[h.Unix()]; len(lines) > 0 {
 				f, err := zw.CreateHeader(&zip.FileHeader{Name: prefix + "0.json", Method: zip.Deflate, Modified: h})
 				if err != nil {
-					return
+					return 0, nil
 				}
 				for _, l := range lines {
 					if _, err := f.Write(l); err != nil {
-						return
+						return 0, nil
 					}
 				}
 			}
@@ -186,17 +181,18 @@ func (s *Sim) registerExport() {
 				left -= part
 				f, err := zw.CreateHeader(&zip.FileHeader{Name: prefix + "s" + strconv.Itoa(n) + ".json", Method: zip.Store, Modified: h})
 				if err != nil {
-					return
+					return 0, nil
 				}
 				for ; part > 0; part-- {
 					if _, err := f.Write(block); err != nil {
-						return
+						return 0, nil
 					}
 				}
 			}
 		}
 		zw.Close()
 		served.Bytes = cw.n
+		return 0, nil
 	})
 	s.ctlMux.HandleFunc("GET /sim/export/log", func(w http.ResponseWriter, r *http.Request) {
 		st.mu.Lock()
@@ -244,11 +240,7 @@ func exportLine(apiKey string, ev Ingested) []byte {
 		GroupProperties json.RawMessage `json:"group_properties"`
 	}
 	json.Unmarshal(ev.Raw, &in) // the event was validated when ingested
-	up := ev.Time.UTC().Format(ExportTimeFormat)
-	evTime := up
-	if in.Time != nil {
-		evTime = time.UnixMilli(*in.Time).UTC().Format(ExportTimeFormat)
-	}
+	evTime, up := exportTimes(ev, in.Time)
 	obj := func(b json.RawMessage) json.RawMessage {
 		if len(b) == 0 || string(b) == "null" {
 			return json.RawMessage("{}")
@@ -270,6 +262,16 @@ func exportLine(apiKey string, ev Ingested) []byte {
 	}
 	b, _ := json.Marshal(rec)
 	return b
+}
+
+// exportTimes returns the event time (its own "time", else its upload time)
+// and the upload time of a stored event, as exported records write them.
+func exportTimes(ev Ingested, t *int64) (event, upload string) {
+	upload = ev.Time.UTC().Format(ExportTimeFormat)
+	if t == nil {
+		return upload, upload
+	}
+	return time.UnixMilli(*t).UTC().Format(ExportTimeFormat), upload
 }
 
 // syntheticBlock is about 1 MiB of synthetic exported records, whole lines.

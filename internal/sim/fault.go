@@ -107,12 +107,15 @@ func (s *Sim) takeFault(path string) (latency time.Duration, f Fault, ok bool, d
 	return s.cfg.Faults.Take(path)
 }
 
-// faulted applies what the Faults seam gives r's path (after its latency):
-// a down state or a fault is answered (through sw, or by closing w's
-// connection) and faulted is true; else the route serves r through sw.
-// With cutMid, a DropMidResponse fault is served and cut after 64 KiB by
-// sw; without, it is a drop like the others.
-func (s *Sim) faulted(w http.ResponseWriter, r *http.Request, sw *statusWriter, rec *Record, cutMid bool) bool {
+// serveDirect serves a route whose answer goes straight to the client (not
+// buffered: export archives are gigabytes) and logs it; it returns the
+// status answered. What the Faults seam gives r's path (after its latency),
+// a down state or a fault, is answered instead of serve (through sw, or by
+// closing w's connection). With cutMid, a DropMidResponse fault is served
+// and cut after 64 KiB by sw; without, it is a drop like the others.
+func (s *Sim) serveDirect(w http.ResponseWriter, r *http.Request, cutMid bool, serve func(sw *statusWriter, rec *Record)) int {
+	rec := s.newRecord(r)
+	sw := &statusWriter{ResponseWriter: w}
 	latency, f, hasFault, down := s.takeFault(r.URL.Path)
 	sleepCtx(r.Context(), latency+f.Latency)
 	switch {
@@ -125,7 +128,7 @@ func (s *Sim) faulted(w http.ResponseWriter, r *http.Request, sw *statusWriter, 
 	case hasFault && f.Drop == DropMidResponse && cutMid:
 		rec.Fault = "drop-" + string(f.Drop)
 		sw.cutAfter = 64 << 10
-		return false
+		serve(sw, rec)
 	case hasFault && f.Drop != DropNone:
 		rec.Fault = "drop-" + string(f.Drop)
 		hijackClose(w)
@@ -133,9 +136,14 @@ func (s *Sim) faulted(w http.ResponseWriter, r *http.Request, sw *statusWriter, 
 		rec.Fault = "status"
 		writeFault(sw, f)
 	default:
-		return false
+		serve(sw, rec)
 	}
-	return true
+	rec.Status = sw.status
+	if sw.cut {
+		rec.Answered, rec.Status = sw.status, 0
+	}
+	s.logRequest(rec)
+	return rec.Status
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) {

@@ -92,31 +92,26 @@ type feedbackState struct {
 // stored ones, parts are upserted by their unique_id.
 func (s *Sim) registerFeedback() {
 	st := &feedbackState{sources: make(map[string]map[string]*FeedbackItem)}
-	s.apiRoute("POST /api/1/ai-feedback/ingest", func(w http.ResponseWriter, r *http.Request, key string) {
+	s.apiRoute("POST /api/1/ai-feedback/ingest", func(w http.ResponseWriter, r *http.Request, key string) (int, any) {
 		body, err := io.ReadAll(io.LimitReader(r.Body, FeedbackMaxBytes+1))
 		if err != nil {
-			apiError(w, http.StatusBadRequest, "could not read the request body")
-			return
+			return apiFail(http.StatusBadRequest, "could not read the request body")
 		}
 		if len(body) > FeedbackMaxBytes {
-			apiError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("payload larger than %d bytes", FeedbackMaxBytes))
-			return
+			return apiFail(http.StatusRequestEntityTooLarge, fmt.Sprintf("payload larger than %d bytes", FeedbackMaxBytes))
 		}
 		var req struct {
 			SourceID *string           `json:"source_id"`
 			Items    []json.RawMessage `json:"items"`
 		}
 		if err := json.Unmarshal(body, &req); err != nil {
-			apiError(w, http.StatusBadRequest, "invalid JSON body: "+err.Error())
-			return
+			return apiFail(http.StatusBadRequest, "invalid JSON body: "+err.Error())
 		}
 		switch {
 		case req.SourceID == nil || *req.SourceID == "":
-			apiError(w, http.StatusBadRequest, "source_id is required")
-			return
+			return apiFail(http.StatusBadRequest, "source_id is required")
 		case len(req.Items) == 0 || len(req.Items) > FeedbackMaxItems:
-			apiError(w, http.StatusBadRequest, fmt.Sprintf("items must hold 1 to %d items, not %d", FeedbackMaxItems, len(req.Items)))
-			return
+			return apiFail(http.StatusBadRequest, fmt.Sprintf("items must hold 1 to %d items, not %d", FeedbackMaxItems, len(req.Items)))
 		}
 		ans := feedbackAnswer{Errors: []feedbackError{}}
 		good := make([]FeedbackItem, 0, len(req.Items))
@@ -136,7 +131,7 @@ func (s *Sim) registerFeedback() {
 			ans.Ingested++
 		}
 		st.mu.Unlock()
-		writeJSON(w, http.StatusOK, ans)
+		return http.StatusOK, ans
 	})
 	s.ctlMux.HandleFunc("GET /sim/feedback", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
@@ -249,52 +244,46 @@ func upsertPart(it *FeedbackItem, p FeedbackItem) {
 	it.ConversationParts = append(it.ConversationParts, p)
 }
 
-// apiHandler serves a data API route; key is the Basic user name (an api key).
-type apiHandler func(w http.ResponseWriter, r *http.Request, key string)
+// apiHandler serves a data API route; key is the Basic user name (an api
+// key). It returns its answer, written as JSON, or a nil body when it wrote
+// the answer itself (an archive, a file, a redirect).
+type apiHandler func(w http.ResponseWriter, r *http.Request, key string) (status int, body any)
 
 // apiRoute registers a data API route (see the top of this file): the
 // request is logged, faulted and checked for Basic authentication, and h
 // writes its answer straight to the client.
 func (s *Sim) apiRoute(pattern string, h apiHandler) {
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-		rec := s.newRecord(r)
-		sw := &statusWriter{ResponseWriter: w}
-		if !s.faulted(w, r, sw, rec, true) {
-			s.serveAPI(sw, r, rec, h)
-		}
-		rec.Status = sw.status
-		if sw.cut {
-			rec.Answered, rec.Status = sw.status, 0
-		}
-		s.logRequest(rec)
+		s.serveDirect(w, r, true, func(sw *statusWriter, rec *Record) {
+			if status, body := s.serveAPI(sw, r, rec, h); body != nil {
+				writeJSON(sw, status, body)
+			}
+		})
 	})
 }
 
-func (s *Sim) serveAPI(w *statusWriter, r *http.Request, rec *Record, h apiHandler) {
+func (s *Sim) serveAPI(w *statusWriter, r *http.Request, rec *Record, h apiHandler) (int, any) {
 	key, _, ok := r.BasicAuth()
 	if ok {
 		rec.KeyLabel = KeyLabel(key)
 	}
 	if !ok || !s.validKey(key) {
 		w.Header().Set("WWW-Authenticate", `Basic realm="svc"`)
-		apiError(w, http.StatusUnauthorized, "invalid or missing Basic authentication")
-		return
+		return apiFail(http.StatusUnauthorized, "invalid or missing Basic authentication")
 	}
 	switch enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); enc {
 	case "", "identity":
 	case "gzip":
 		zr, err := gzip.NewReader(r.Body)
 		if err != nil {
-			apiError(w, http.StatusBadRequest, "undecodable gzip body")
-			return
+			return apiFail(http.StatusBadRequest, "undecodable gzip body")
 		}
 		r.Body = io.NopCloser(zr)
 		r.Header.Del("Content-Encoding")
 	default:
-		apiError(w, http.StatusUnsupportedMediaType, "unsupported Content-Encoding")
-		return
+		return apiFail(http.StatusUnsupportedMediaType, "unsupported Content-Encoding")
 	}
-	h(w, r, key)
+	return h(w, r, key)
 }
 
 // statusWriter records an answer's status (management APIs, feedback);
@@ -337,7 +326,11 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// apiError answers {"error": msg} with status.
+// apiFail is an apiError answer.
+func apiFail(status int, msg string) (int, any) { return status, map[string]string{"error": msg} }
+
+// apiError answers {"error": msg} with status: the error shape of every
+// API but ingestion, group identify and user mapping (codeError).
 func apiError(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, map[string]string{"error": msg})
 }

@@ -75,38 +75,36 @@ func (st *giState) list(apiKey string) []GroupIdentify {
 
 const giControlPath = "/sim/groupidentify"
 
+// reset forgets the identifications, counts and refused values (Sim.Reset).
+func (st *giState) reset() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.seq, st.requests = 0, 0
+	st.byKey, st.rejected = map[string][]GroupIdentify{}, map[string]bool{}
+}
+
 func (s *Sim) registerGroupIdentify() {
 	st := &giState{byKey: map[string][]GroupIdentify{}, rejected: map[string]bool{}}
-	s.giState = st
+	s.gi = st
 	s.ctlMux.Handle(giControlPath, st)
-	s.onReset(func() {
-		st.mu.Lock()
-		defer st.mu.Unlock()
-		st.seq, st.requests = 0, 0
-		st.byKey, st.rejected = map[string][]GroupIdentify{}, map[string]bool{}
-	})
 	s.route("/groupidentify", routeHandler{
 		serve:    func(w http.ResponseWriter, r *http.Request, in *incoming) { s.serveGroupIdentify(st, w, r, in) },
 		describe: func(in *incoming) { describeForm(in, "identification") },
 	})
 }
 
-func (s *Sim) gi() *giState { return s.giState }
-
 // GroupIdentifies returns the identifications stored for apiKey, in arrival order.
-func (s *Sim) GroupIdentifies(apiKey string) []GroupIdentify { return s.gi().list(apiKey) }
+func (s *Sim) GroupIdentifies(apiKey string) []GroupIdentify { return s.gi.list(apiKey) }
 
 // GroupIdentifyRequests returns the number of /groupidentify requests answered 200.
 func (s *Sim) GroupIdentifyRequests() int64 {
-	st := s.gi()
-	return locked(&st.mu, func() int64 { return st.requests })
+	return locked(&s.gi.mu, func() int64 { return s.gi.requests })
 }
 
 // RejectGroupValue makes every request holding an identification with this
 // group_value fail with 400 "Invalid group identification" (no index named).
 func (s *Sim) RejectGroupValue(v string) {
-	st := s.gi()
-	withLock(&st.mu, func() { st.rejected[v] = true })
+	withLock(&s.gi.mu, func() { s.gi.rejected[v] = true })
 }
 
 // formParams reads form fields from the (decoded) body, then the query.
@@ -192,47 +190,11 @@ func (s *Sim) serveGroupIdentify(st *giState, w http.ResponseWriter, r *http.Req
 	if !ok {
 		return
 	}
-	fail := func() { // st.mu held
-		st.mu.Unlock()
-		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidGroupIdentify})
-	}
-	type parsed struct {
-		GroupType       any                        `json:"group_type"`
-		GroupValue      any                        `json:"group_value"`
-		GroupProperties map[string]json.RawMessage `json:"group_properties"`
-	}
-	out := make([]GroupIdentify, 0, len(raws))
-	props := 0
 	st.mu.Lock()
-	rejected := st.rejected
-	for _, raw := range raws {
-		var p parsed
-		if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &p) != nil {
-			fail()
-			return
-		}
-		gt, ok1 := p.GroupType.(string)
-		gv, ok2 := p.GroupValue.(string)
-		if !ok1 || !ok2 || gt == "" || gv == "" || rejected[gv] {
-			fail()
-			return
-		}
-		for k, v := range p.GroupProperties {
-			if len(k) > 0 && k[0] == '$' {
-				var op map[string]json.RawMessage
-				if !groupOps[k] || json.Unmarshal(v, &op) != nil || op == nil {
-					fail()
-					return
-				}
-				props += len(op)
-			} else {
-				props++
-			}
-		}
-		out = append(out, GroupIdentify{GroupType: gt, GroupValue: gv, Raw: append(json.RawMessage{}, raw...)})
-	}
-	if props > MaxGroupProperties {
-		fail()
+	defer st.mu.Unlock()
+	out, ok := parseIdentifies(raws, st.rejected)
+	if !ok {
+		codeError(w, http.StatusBadRequest, ErrTextInvalidGroupIdentify)
 		return
 	}
 	now := s.cfg.Now()
@@ -242,7 +204,40 @@ func (s *Sim) serveGroupIdentify(st *giState, w http.ResponseWriter, r *http.Req
 	}
 	st.byKey[apiKey] = append(st.byKey[apiKey], out...)
 	st.requests++
-	st.mu.Unlock()
 	in.Rec.Ingested = len(out)
 	writeJSON(w, http.StatusOK, map[string]int{"code": 200})
+}
+
+// parseIdentifies reads the identifications by the rules above; ok is
+// false when one breaks them (the answer names none).
+func parseIdentifies(raws []json.RawMessage, rejected map[string]bool) (out []GroupIdentify, ok bool) {
+	props := 0
+	for _, raw := range raws {
+		var p struct {
+			GroupType       any                        `json:"group_type"`
+			GroupValue      any                        `json:"group_value"`
+			GroupProperties map[string]json.RawMessage `json:"group_properties"`
+		}
+		if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &p) != nil {
+			return nil, false
+		}
+		gt, ok1 := p.GroupType.(string)
+		gv, ok2 := p.GroupValue.(string)
+		if !ok1 || !ok2 || gt == "" || gv == "" || rejected[gv] {
+			return nil, false
+		}
+		for k, v := range p.GroupProperties {
+			if len(k) == 0 || k[0] != '$' {
+				props++
+				continue
+			}
+			var op map[string]json.RawMessage
+			if !groupOps[k] || json.Unmarshal(v, &op) != nil || op == nil {
+				return nil, false
+			}
+			props += len(op)
+		}
+		out = append(out, GroupIdentify{GroupType: gt, GroupValue: gv, Raw: append(json.RawMessage{}, raw...)})
+	}
+	return out, props <= MaxGroupProperties
 }

@@ -22,11 +22,11 @@ func (s *Sim) registerHTTPAPI() {
 func refuseIngest(w http.ResponseWriter, r *http.Request, in *incoming) bool {
 	switch {
 	case r.Method != http.MethodPost:
-		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidPath})
+		codeError(w, http.StatusBadRequest, ErrTextInvalidPath)
 	case in.TooLarge:
-		writeJSON(w, http.StatusRequestEntityTooLarge, errBody{Code: 413, Error: ErrTextTooLarge})
+		codeError(w, http.StatusRequestEntityTooLarge, ErrTextTooLarge)
 	case in.BadEncoding:
-		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidJSON})
+		codeError(w, http.StatusBadRequest, ErrTextInvalidJSON)
 	default:
 		return false
 	}
@@ -45,11 +45,7 @@ func (s *Sim) serveHTTPAPI(w http.ResponseWriter, r *http.Request, in *incoming)
 	}
 	fillRecord(in.Rec, env)
 	if in.IngestHalf {
-		skip := map[int]bool{}
-		for i := len(env.raw) / 2; i < len(env.raw); i++ {
-			skip[i] = true
-		}
-		env = env.without(skip)
+		env = &envelope{apiKey: env.apiKey, minIDLen: env.minIDLen, raw: env.raw[:len(env.raw)/2], info: env.info[:len(env.info)/2]}
 	}
 	status, body := s.accept(env, len(in.Body), in.Rec)
 	writeJSON(w, status, body)
@@ -112,6 +108,11 @@ func fillRecord(rec *Record, env *envelope) {
 			rec.Users = append(rec.Users, ev.userID)
 		}
 	}
+}
+
+// codeError answers the ingestion APIs' {"code": status, "error": text}.
+func codeError(w http.ResponseWriter, status int, text string) {
+	writeJSON(w, status, errBody{Code: status, Error: text})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

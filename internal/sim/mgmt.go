@@ -115,38 +115,31 @@ func (st *mgmtState) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Sim) registerMgmt() {
-	s.mgmtState = &mgmtState{mgmtKeys: map[string]bool{}, scimTokens: map[string]string{}, secrets: map[string]string{}}
-	s.ctlMux.Handle(mgmtControlPath+"calls", s.mgmtState)
-	s.onReset(s.mgmtState.reset)
+	s.mg = &mgmtState{mgmtKeys: map[string]bool{}, scimTokens: map[string]string{}, secrets: map[string]string{}}
+	s.ctlMux.Handle(mgmtControlPath+"calls", s.mg)
 }
-
-func (s *Sim) mgmt() *mgmtState { return s.mgmtState }
 
 // SetManagementKey makes key an accepted experiment management key (once
 // one is set, others are answered 403).
 func (s *Sim) SetManagementKey(key string) {
-	st := s.mgmt()
-	withLock(&st.mu, func() { st.mgmtKeys[key] = true })
+	withLock(&s.mg.mu, func() { s.mg.mgmtKeys[key] = true })
 }
 
 // SetSCIMToken makes token an accepted SCIM token of organization org (once
 // one is set, others are answered 403).
 func (s *Sim) SetSCIMToken(token, org string) {
-	st := s.mgmt()
-	withLock(&st.mu, func() { st.scimTokens[token] = org })
+	withLock(&s.mg.mu, func() { s.mg.scimTokens[token] = org })
 }
 
 // SetProjectSecret makes secret the only accepted secret key of apiKey on
 // the classifier and taxonomy routes.
 func (s *Sim) SetProjectSecret(apiKey, secret string) {
-	st := s.mgmt()
-	withLock(&st.mu, func() { st.secrets[apiKey] = secret })
+	withLock(&s.mg.mu, func() { s.mg.secrets[apiKey] = secret })
 }
 
 // MgmtCalls returns the management calls logged so far, oldest first.
 func (s *Sim) MgmtCalls() []MgmtCall {
-	st := s.mgmt()
-	return locked(&st.mu, func() []MgmtCall { return append([]MgmtCall(nil), st.calls...) })
+	return locked(&s.mg.mu, func() []MgmtCall { return append([]MgmtCall(nil), s.mg.calls...) })
 }
 
 // mgRequest is what a management handler gets.
@@ -161,18 +154,13 @@ type mgHandler func(w *statusWriter, q *mgRequest)
 
 // mgmtRoute registers pattern ("METHOD /path/{x}") for api.
 func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgHandler) {
-	st := s.mgmt()
+	st := s.mg
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-		rec := s.newRecord(r)
-		call := &MgmtCall{Time: s.cfg.Now(), API: api, Method: r.Method, Path: r.URL.EscapedPath(), Query: r.URL.RawQuery}
-		call.Headers = sortedKeys(r.Header)
-		mw := &statusWriter{ResponseWriter: w}
-		if !s.faulted(w, r, mw, rec, false) {
+		call := &MgmtCall{Time: s.cfg.Now(), API: api, Method: r.Method, Path: r.URL.EscapedPath(),
+			Query: r.URL.RawQuery, Headers: sortedKeys(r.Header)}
+		call.Status = s.serveDirect(w, r, false, func(mw *statusWriter, _ *Record) {
 			s.serveMgmt(st, mw, r, call, auth, maxBody, h)
-		}
-		rec.Status = mw.status
-		call.Status = mw.status
-		s.logRequest(rec)
+		})
 		st.mu.Lock()
 		st.seq++
 		call.Seq = st.seq
@@ -188,116 +176,92 @@ func (s *Sim) serveMgmt(st *mgmtState, w *statusWriter, r *http.Request, call *M
 	av := r.Header.Get("Authorization")
 	scheme, cred, _ := strings.Cut(av, " ")
 	cred = strings.TrimSpace(cred)
+	call.Auth = "other"
 	switch {
 	case av == "":
 		call.Auth = "none"
-	case strings.EqualFold(scheme, "bearer"):
-		call.Auth = "bearer"
-	case strings.EqualFold(scheme, "basic"):
-		call.Auth = "basic"
-	default:
-		call.Auth = "other"
+	case strings.EqualFold(scheme, "bearer"), strings.EqualFold(scheme, "basic"):
+		call.Auth = strings.ToLower(scheme)
 	}
-	q := &mgRequest{r: r, call: call}
+	want := "Bearer"
+	if auth == authBasic {
+		want = "Basic"
+	}
 	unauthorized := func(status int, msg string) {
 		if status == http.StatusUnauthorized {
-			if auth == authBasic {
-				w.Header().Set("WWW-Authenticate", `Basic realm="svc"`)
-			} else {
-				w.Header().Set("WWW-Authenticate", `Bearer realm="svc"`)
-			}
+			w.Header().Set("WWW-Authenticate", want+` realm="svc"`)
 		}
-		writeJSON(w, status, map[string]any{"error": msg})
+		apiError(w, status, msg)
 	}
-	switch auth {
-	case authMgmtBearer, authSCIMBearer:
-		if call.Auth != "bearer" || cred == "" {
-			unauthorized(http.StatusUnauthorized, "missing or malformed Authorization: Bearer header")
-			return
-		}
-		call.Principal = KeyLabel(cred)
-		st.mu.Lock()
-		if auth == authMgmtBearer {
-			ok := len(st.mgmtKeys) == 0 || st.mgmtKeys[cred]
-			q.account = call.Principal
-			st.mu.Unlock()
-			if !ok {
-				unauthorized(http.StatusForbidden, "invalid management API key")
-				return
-			}
-		} else {
-			org, ok := st.scimTokens[cred]
-			if len(st.scimTokens) == 0 {
-				org, ok = call.Principal, true
-			}
-			st.mu.Unlock()
-			if !ok {
-				unauthorized(http.StatusForbidden, "invalid SCIM token")
-				return
-			}
-			q.account = org
-		}
-	case authBasic:
-		if call.Auth != "basic" {
-			unauthorized(http.StatusUnauthorized, "missing or malformed Authorization: Basic header")
-			return
-		}
+	q := &mgRequest{r: r, call: call}
+	key, secret, found := cred, "", true
+	if auth == authBasic {
 		dec, err := base64.StdEncoding.DecodeString(cred)
-		key, secret, found := strings.Cut(string(dec), ":")
-		if err != nil || !found || key == "" {
-			unauthorized(http.StatusUnauthorized, "missing or malformed Authorization: Basic header")
+		key, secret, found = strings.Cut(string(dec), ":")
+		found = found && err == nil
+	}
+	if call.Auth != strings.ToLower(want) || key == "" || !found {
+		unauthorized(http.StatusUnauthorized, "missing or malformed Authorization: "+want+" header")
+		return
+	}
+	call.Principal = KeyLabel(key)
+	st.mu.Lock()
+	org, okSCIM := st.scimTokens[key]
+	okMgmt := len(st.mgmtKeys) == 0 || st.mgmtKeys[key]
+	wantSecret, hasSecret := st.secrets[key]
+	if len(st.scimTokens) == 0 {
+		org, okSCIM = call.Principal, true
+	}
+	st.mu.Unlock()
+	switch auth {
+	case authMgmtBearer:
+		q.account = call.Principal
+		if !okMgmt {
+			unauthorized(http.StatusForbidden, "invalid management API key")
 			return
 		}
-		call.Principal = KeyLabel(key)
-		st.mu.Lock()
-		want, has := st.secrets[key]
-		st.mu.Unlock()
-		if !s.validKey(key) || secret == "" || (has && want != secret) {
+	case authSCIMBearer:
+		if !okSCIM {
+			unauthorized(http.StatusForbidden, "invalid SCIM token")
+			return
+		}
+		q.account = org
+	case authBasic:
+		if !s.validKey(key) || secret == "" || (hasSecret && wantSecret != secret) {
 			unauthorized(http.StatusForbidden, "invalid API key or secret key")
 			return
 		}
 		q.account = key
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	if err != nil {
-		writeJSON(w, http.StatusBadRequest, map[string]any{"error": "unreadable body"})
-		return
-	}
-	if int64(len(body)) > maxBody {
-		writeJSON(w, http.StatusRequestEntityTooLarge, map[string]any{"error": "Payload too large"})
-		return
-	}
-	switch enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); enc {
-	case "", "identity":
-	case "gzip":
-		zr, err := gzip.NewReader(bytes.NewReader(body))
-		if err == nil {
+	enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding")))
+	if err == nil && enc == "gzip" && int64(len(body)) <= maxBody {
+		var zr *gzip.Reader
+		if zr, err = gzip.NewReader(bytes.NewReader(body)); err == nil {
 			body, err = io.ReadAll(io.LimitReader(zr, maxBody+1))
 		}
 		if err != nil {
-			writeJSON(w, http.StatusBadRequest, map[string]any{"error": "undecodable gzip body"})
+			apiError(w, http.StatusBadRequest, "undecodable gzip body")
 			return
 		}
-		if int64(len(body)) > maxBody {
-			writeJSON(w, http.StatusRequestEntityTooLarge, map[string]any{"error": "Payload too large"})
-			return
-		}
+		enc = ""
+	}
+	switch {
+	case err != nil:
+		apiError(w, http.StatusBadRequest, "unreadable body")
+	case int64(len(body)) > maxBody:
+		apiError(w, http.StatusRequestEntityTooLarge, "Payload too large")
+	case enc != "" && enc != "identity":
+		apiError(w, http.StatusUnsupportedMediaType, "unsupported Content-Encoding")
 	default:
-		writeJSON(w, http.StatusUnsupportedMediaType, map[string]any{"error": "unsupported Content-Encoding"})
-		return
-	}
-	q.body = body
-	if len(body) > 4096 {
-		call.Body = string(body[:4096])
-	} else {
-		call.Body = string(body)
-	}
-	if auth == authBasic {
-		call.Account = KeyLabel(q.account)
-	} else {
+		q.body = body
+		call.Body = string(body[:min(len(body), 4096)])
 		call.Account = q.account
+		if auth == authBasic {
+			call.Account = call.Principal // a label, not the api key
+		}
+		h(w, q)
 	}
-	h(w, q)
 }
 
 // windowHits keeps the counted calls (time, cost) per account for a sliding

@@ -3,12 +3,12 @@ package sim
 import "testing"
 
 // TestResetClearsRouteGroups: Reset forgets the state the route groups keep
-// outside the store (through onReset) and keeps their configuration.
+// outside the store and keeps their configuration.
 func TestResetClearsRouteGroups(t *testing.T) {
 	s := New(Config{}, nil)
 	defer s.Close()
 	s.SetManagementKey("mk")
-	gi, um, mg := s.gi(), s.um(), s.mgmt()
+	gi, um, mg := s.gi, s.um, s.mg
 	gi.byKey["k"] = []GroupIdentify{{}}
 	gi.rejected["v"] = true
 	um.mapped["org"] = map[string]string{"u": "g"}

@@ -2,9 +2,9 @@ package sim
 
 import (
 	"encoding/json"
+	"maps"
 	"net/http"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -80,16 +80,15 @@ type scimState struct {
 // SetSCIMRate sets the SCIM rate limit (defaults SCIMRateLimit per
 // SCIMRateWindow); zero values keep the current setting.
 func (s *Sim) SetSCIMRate(limit int, window time.Duration) {
-	st := s.mgmt()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	setPositive(&st.scim.limit, limit)
-	setPositive(&st.scim.window, window)
+	s.mg.mu.Lock()
+	defer s.mg.mu.Unlock()
+	setPositive(&s.mg.scim.limit, limit)
+	setPositive(&s.mg.scim.window, window)
 }
 
 // scimUsers returns the emails of org's users, sorted.
 func (s *Sim) scimUsers(org string) []string {
-	st := s.mgmt()
+	st := s.mg
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if o := st.scim.orgs[org]; o != nil {
@@ -99,25 +98,33 @@ func (s *Sim) scimUsers(org string) []string {
 }
 
 func (s *Sim) registerSCIM() {
-	st := s.mgmt()
+	st := s.mg
 	st.scim = &scimState{orgs: map[string]*scimOrg{}, hits: windowHits{}, limit: SCIMRateLimit, window: SCIMRateWindow}
-	h := func(f func(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest)) mgHandler {
-		return func(w *statusWriter, q *mgRequest) {
+	// r registers a SCIM route: f answers for the organization once the rate
+	// passes; its body is written as SCIM JSON, as given ([]byte), or not
+	// at all (nil).
+	r := func(pattern string, f func(o *scimOrg, w *statusWriter, q *mgRequest) (int, any)) {
+		s.mgmtRoute("scim", pattern, authSCIMBearer, scimMaxBody, func(w *statusWriter, q *mgRequest) {
 			st.mu.Lock()
 			defer st.mu.Unlock()
+			status, body := scimError(http.StatusTooManyRequests, "", "Too many requests: 100 per minute per organization")
 			if ok, wait := st.scim.hits.take(q.account, q.call.Time, 1, st.scim.limit, st.scim.window); !ok {
 				retryAfter(w, wait)
-				scimError(w, http.StatusTooManyRequests, "", "Too many requests: 100 per minute per organization")
-				return
+			} else {
+				status, body = f(entry(st.scim.orgs, q.account, func() *scimOrg {
+					return &scimOrg{users: map[string]*scimUser{}, groups: map[int]*scimGroup{}, nextID: 1001}
+				}), w, q)
 			}
-			o := entry(st.scim.orgs, q.account, func() *scimOrg {
-				return &scimOrg{users: map[string]*scimUser{}, groups: map[int]*scimGroup{}, nextID: 1001}
-			})
-			f(st, o, w, q)
-		}
-	}
-	r := func(pattern string, f func(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest)) {
-		s.mgmtRoute("scim", pattern, authSCIMBearer, scimMaxBody, h(f))
+			if body != nil {
+				w.Header().Set("Content-Type", "application/scim+json")
+			}
+			w.WriteHeader(status)
+			if raw, ok := body.([]byte); ok {
+				w.Write(raw)
+			} else if body != nil {
+				w.Write(appendJSON(nil, body))
+			}
+		})
 	}
 	r("GET /scim/1/Users", s.scimListUsers)
 	r("GET /scim/1/Users/{id}", s.scimGetUser)
@@ -132,19 +139,13 @@ func (s *Sim) registerSCIM() {
 	r("DELETE /scim/1/Groups/{id}", s.scimDeleteGroup)
 }
 
-func scimError(w http.ResponseWriter, status int, scimType, detail string) {
+// scimError is an answer in the SCIM error schema.
+func scimError(status int, scimType, detail string) (int, any) {
 	b := map[string]any{"schemas": []string{SCIMErrorSchema}, "status": strconv.Itoa(status), "detail": detail}
 	if scimType != "" {
 		b["scimType"] = scimType
 	}
-	scimJSON(w, status, b)
-}
-
-func scimJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/scim+json")
-	body := appendJSON(nil, v)
-	w.WriteHeader(status)
-	w.Write(body)
+	return status, b
 }
 
 // ValidEmail is the simulator's email check: one '@', a non-empty local
@@ -161,38 +162,28 @@ func ValidEmail(s string) bool {
 		}
 	}
 	labels := strings.Split(domain, ".")
-	if len(labels) < 2 {
-		return false
-	}
-	for _, l := range labels {
-		if l == "" {
-			return false
-		}
-	}
-	return true
+	return len(labels) >= 2 && !slices.Contains(labels, "")
 }
 
 // page parses startIndex and itemsPerPage.
-func scimPage(w http.ResponseWriter, r *http.Request) (start, count int, ok bool) {
+func scimPage(r *http.Request) (start, count int, fail string) {
 	start, count = 1, SCIMMaxPageSize
 	q := r.URL.Query()
 	if v := q.Get("startIndex"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
-			scimError(w, http.StatusBadRequest, "invalidValue", "startIndex must be an integer >= 1")
-			return 0, 0, false
+			return 0, 0, "startIndex must be an integer >= 1"
 		}
 		start = n
 	}
 	if v := q.Get("itemsPerPage"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 || n > SCIMMaxPageSize {
-			scimError(w, http.StatusBadRequest, "invalidValue", "itemsPerPage must be an integer from 0 to 100")
-			return 0, 0, false
+			return 0, 0, "itemsPerPage must be an integer from 0 to 100"
 		}
 		count = n
 	}
-	return start, count, true
+	return start, count, ""
 }
 
 func listResponse(start, total int, res []any) map[string]any {
@@ -201,26 +192,18 @@ func listResponse(start, total int, res []any) map[string]any {
 }
 
 func (o *scimOrg) userView(u *scimUser, withGroups bool) map[string]any {
-	v := map[string]any{}
-	for k, x := range u.body {
-		v[k] = x
-	}
+	v := maps.Clone(u.body)
 	v["schemas"] = []string{SCIMUserSchema}
 	v["id"] = u.email
 	v["userName"] = u.email
 	v["active"] = true
 	v["meta"] = map[string]any{"resourceType": "User"}
 	if withGroups {
-		var gs []any
+		gs := []any{}
 		for _, g := range o.sortedGroups() {
-			for _, m := range g.members {
-				if m == strings.ToLower(u.email) {
-					gs = append(gs, map[string]any{"value": strconv.Itoa(g.id), "display": g.displayName})
-				}
+			if slices.Contains(g.members, strings.ToLower(u.email)) {
+				gs = append(gs, map[string]any{"value": strconv.Itoa(g.id), "display": g.displayName})
 			}
-		}
-		if gs == nil {
-			gs = []any{}
 		}
 		v["groups"] = gs
 	}
@@ -228,26 +211,20 @@ func (o *scimOrg) userView(u *scimUser, withGroups bool) map[string]any {
 }
 
 func (o *scimOrg) sortedGroups() []*scimGroup {
-	gs := make([]*scimGroup, 0, len(o.groups))
-	for _, g := range o.groups {
-		gs = append(gs, g)
-	}
-	sort.Slice(gs, func(i, j int) bool { return gs[i].id < gs[j].id })
-	return gs
+	return slices.SortedFunc(maps.Values(o.groups), func(a, b *scimGroup) int { return a.id - b.id })
 }
 
-func (s *Sim) scimListUsers(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
-	start, count, ok := scimPage(w, q.r)
-	if !ok {
-		return
+func (s *Sim) scimListUsers(o *scimOrg, w *statusWriter, q *mgRequest) (int, any) {
+	start, count, fail := scimPage(q.r)
+	if fail != "" {
+		return scimError(http.StatusBadRequest, "invalidValue", fail)
 	}
 	want := ""
 	if f := strings.TrimSpace(q.r.URL.Query().Get("filter")); f != "" {
 		parts := strings.SplitN(f, " ", 3)
 		if len(parts) != 3 || !strings.EqualFold(parts[0], "userName") || !strings.EqualFold(parts[1], "eq") ||
 			len(parts[2]) < 2 || parts[2][0] != '"' || parts[2][len(parts[2])-1] != '"' {
-			scimError(w, http.StatusBadRequest, "invalidFilter", `only filter=userName eq "email" is supported`)
-			return
+			return scimError(http.StatusBadRequest, "invalidFilter", `only filter=userName eq "email" is supported`)
 		}
 		want = strings.ToLower(parts[2][1 : len(parts[2])-1])
 	}
@@ -261,16 +238,15 @@ func (s *Sim) scimListUsers(st *mgmtState, o *scimOrg, w *statusWriter, q *mgReq
 	for i := start - 1; i < len(all) && len(res) < count; i++ {
 		res = append(res, o.userView(all[i], false))
 	}
-	scimJSON(w, http.StatusOK, listResponse(start, len(all), res))
+	return http.StatusOK, listResponse(start, len(all), res)
 }
 
-func (s *Sim) scimGetUser(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
-	u := o.users[strings.ToLower(q.r.PathValue("id"))]
-	if u == nil {
-		scimError(w, http.StatusNotFound, "", "user not found")
-		return
+func (s *Sim) scimGetUser(o *scimOrg, w *statusWriter, q *mgRequest) (int, any) {
+	if u := o.users[strings.ToLower(q.r.PathValue("id"))]; u == nil {
+		return scimError(http.StatusNotFound, "", "user not found")
+	} else {
+		return http.StatusOK, o.userView(u, true)
 	}
-	scimJSON(w, http.StatusOK, o.userView(u, true))
 }
 
 func decodeObject(b []byte) (map[string]any, error) {
@@ -284,39 +260,29 @@ func decodeObject(b []byte) (map[string]any, error) {
 	return m, nil
 }
 
-func (s *Sim) scimCreateUser(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
-	m, err := decodeObject(q.body)
-	if err != nil {
-		scimError(w, http.StatusBadRequest, "invalidSyntax", "body is not a JSON object")
-		return
+func (s *Sim) scimCreateUser(o *scimOrg, w *statusWriter, q *mgRequest) (int, any) {
+	m, status, fail := scimObject(q)
+	if fail != nil {
+		return status, fail
 	}
 	id, _ := m["id"].(string)
 	userName, _ := m["userName"].(string)
 	if !ValidEmail(id) || !ValidEmail(userName) || !strings.EqualFold(id, userName) {
-		scimError(w, http.StatusBadRequest, "invalidValue", "id and userName must be the same valid email")
-		return
+		return scimError(http.StatusBadRequest, "invalidValue", "id and userName must be the same valid email")
 	}
 	key := strings.ToLower(userName)
 	if o.users[key] != nil {
-		scimError(w, http.StatusConflict, "uniqueness", "user exists or has a pending invitation")
-		return
+		return scimError(http.StatusConflict, "uniqueness", "user exists or has a pending invitation")
 	}
 	o.users[key] = &scimUser{email: userName, body: m}
 	o.order = append(o.order, key)
 	w.Header().Set("Location", "/scim/1/Users/"+userName)
-	w.Header().Set("Content-Type", "application/scim+json")
-	w.WriteHeader(http.StatusCreated)
-	w.Write(q.body)
+	return http.StatusCreated, q.body
 }
 
 func (o *scimOrg) removeUser(key string) {
 	delete(o.users, key)
-	for i, k := range o.order {
-		if k == key {
-			o.order = append(o.order[:i], o.order[i+1:]...)
-			break
-		}
-	}
+	o.order = removeString(o.order, key)
 	for _, g := range o.groups {
 		g.members = removeString(g.members, key)
 	}
@@ -326,52 +292,58 @@ func removeString(v []string, s string) []string {
 	return slices.DeleteFunc(v, func(x string) bool { return x == s })
 }
 
-func (s *Sim) scimUpdateUser(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
+// userByID returns the user the path's {id} names and its key, or the
+// answer when there is none: 400 (not an email) or 404.
+func (o *scimOrg) userByID(q *mgRequest) (u *scimUser, key string, status int, fail any) {
 	id := q.r.PathValue("id")
 	if !ValidEmail(id) {
-		scimError(w, http.StatusBadRequest, "invalidValue", "id must be a valid email")
-		return
+		status, fail = scimError(http.StatusBadRequest, "invalidValue", "id must be a valid email")
+		return nil, "", status, fail
 	}
-	key := strings.ToLower(id)
-	u := o.users[key]
-	if u == nil {
-		scimError(w, http.StatusNotFound, "", "user not found")
-		return
+	key = strings.ToLower(id)
+	if o.users[key] == nil {
+		status, fail = scimError(http.StatusNotFound, "", "user not found")
 	}
-	m, err := decodeObject(q.body)
-	if err != nil {
-		scimError(w, http.StatusBadRequest, "invalidSyntax", "body is not a JSON object")
-		return
+	return o.users[key], key, status, fail
+}
+
+// scimObject decodes the body as a JSON object; fail is the answer when it
+// is not one.
+func scimObject(q *mgRequest) (m map[string]any, status int, fail any) {
+	if m, err := decodeObject(q.body); err == nil {
+		return m, 0, nil
+	}
+	status, fail = scimError(http.StatusBadRequest, "invalidSyntax", "body is not a JSON object")
+	return nil, status, fail
+}
+
+func (s *Sim) scimUpdateUser(o *scimOrg, w *statusWriter, q *mgRequest) (int, any) {
+	u, key, status, fail := o.userByID(q)
+	if fail != nil {
+		return status, fail
+	}
+	m, status, fail := scimObject(q)
+	if fail != nil {
+		return status, fail
 	}
 	if un, ok := m["userName"].(string); ok && !strings.EqualFold(un, u.email) {
-		scimError(w, http.StatusBadRequest, "mutability", "the email address of a user cannot be changed")
-		return
+		return scimError(http.StatusBadRequest, "mutability", "the email address of a user cannot be changed")
 	}
 	if active, ok := m["active"].(bool); ok && !active {
 		o.removeUser(key)
 	} else {
-		for k, v := range m {
-			u.body[k] = v
-		}
+		maps.Copy(u.body, m)
 	}
-	w.Header().Set("Content-Type", "application/scim+json")
-	w.WriteHeader(http.StatusOK)
-	w.Write(q.body)
+	return http.StatusOK, q.body
 }
 
-func (s *Sim) scimDeleteUser(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
-	id := q.r.PathValue("id")
-	if !ValidEmail(id) {
-		scimError(w, http.StatusBadRequest, "invalidValue", "id must be a valid email")
-		return
+func (s *Sim) scimDeleteUser(o *scimOrg, w *statusWriter, q *mgRequest) (int, any) {
+	u, key, status, fail := o.userByID(q)
+	if u != nil {
+		o.removeUser(key)
+		return http.StatusNoContent, nil
 	}
-	key := strings.ToLower(id)
-	if o.users[key] == nil {
-		scimError(w, http.StatusNotFound, "", "user not found")
-		return
-	}
-	o.removeUser(key)
-	w.WriteHeader(http.StatusNoContent)
+	return status, fail
 }
 
 func (o *scimOrg) groupView(g *scimGroup, idAsString bool) map[string]any {
@@ -400,36 +372,39 @@ func (o *scimOrg) groupView(g *scimGroup, idAsString bool) map[string]any {
 			"created": g.created.UTC().Format(ts), "lastModified": g.modified.UTC().Format(ts)}}
 }
 
-func (s *Sim) scimListGroups(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
-	start, count, ok := scimPage(w, q.r)
-	if !ok {
-		return
+func (s *Sim) scimListGroups(o *scimOrg, w *statusWriter, q *mgRequest) (int, any) {
+	start, count, fail := scimPage(q.r)
+	if fail != "" {
+		return scimError(http.StatusBadRequest, "invalidValue", fail)
 	}
 	gs := o.sortedGroups()
 	res := []any{}
 	for i := start - 1; i < len(gs) && len(res) < count; i++ {
 		res = append(res, o.groupView(gs[i], false))
 	}
-	scimJSON(w, http.StatusOK, listResponse(start, len(gs), res))
+	return http.StatusOK, listResponse(start, len(gs), res)
 }
 
-func (s *Sim) scimGroupByID(o *scimOrg, w *statusWriter, q *mgRequest) *scimGroup {
+// groupByID returns the group the path's {id} names, or the answer when
+// there is none: 400 (not an integer) or 404.
+func (o *scimOrg) groupByID(q *mgRequest) (g *scimGroup, status int, fail any) {
 	id, err := strconv.Atoi(q.r.PathValue("id"))
 	if err != nil {
-		scimError(w, http.StatusBadRequest, "invalidValue", "group id must be an integer")
-		return nil
+		status, fail = scimError(http.StatusBadRequest, "invalidValue", "group id must be an integer")
+		return nil, status, fail
 	}
-	g := o.groups[id]
-	if g == nil {
-		scimError(w, http.StatusNotFound, "", "group not found")
+	if g = o.groups[id]; g == nil {
+		status, fail = scimError(http.StatusNotFound, "", "group not found")
 	}
-	return g
+	return g, status, fail
 }
 
-func (s *Sim) scimGetGroup(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
-	if g := s.scimGroupByID(o, w, q); g != nil {
-		scimJSON(w, http.StatusOK, o.groupView(g, true))
+func (s *Sim) scimGetGroup(o *scimOrg, w *statusWriter, q *mgRequest) (int, any) {
+	g, status, fail := o.groupByID(q)
+	if g != nil {
+		return http.StatusOK, o.groupView(g, true)
 	}
+	return status, fail
 }
 
 // memberValues reads [{"value": email}, ...]; ok false when malformed.
@@ -459,30 +434,24 @@ func (o *scimOrg) addMember(g *scimGroup, email string) {
 		o.users[key] = &scimUser{email: email, body: map[string]any{}}
 		o.order = append(o.order, key)
 	}
-	for _, m := range g.members {
-		if m == key {
-			return
-		}
+	if !slices.Contains(g.members, key) {
+		g.members = append(g.members, key)
 	}
-	g.members = append(g.members, key)
 }
 
-func (s *Sim) scimCreateGroup(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
-	m, err := decodeObject(q.body)
-	if err != nil {
-		scimError(w, http.StatusBadRequest, "invalidSyntax", "body is not a JSON object")
-		return
+func (s *Sim) scimCreateGroup(o *scimOrg, w *statusWriter, q *mgRequest) (int, any) {
+	m, status, fail := scimObject(q)
+	if fail != nil {
+		return status, fail
 	}
 	name, _ := m["displayName"].(string)
 	if name == "" {
-		scimError(w, http.StatusBadRequest, "invalidValue", "displayName is required")
-		return
+		return scimError(http.StatusBadRequest, "invalidValue", "displayName is required")
 	}
 	var members []string
 	if v, ok := m["members"]; ok && v != nil {
 		if members, ok = memberValues(v); !ok {
-			scimError(w, http.StatusBadRequest, "invalidValue", "members must be objects with a valid email value")
-			return
+			return scimError(http.StatusBadRequest, "invalidValue", "members must be objects with a valid email value")
 		}
 	}
 	now := s.cfg.Now()
@@ -492,13 +461,13 @@ func (s *Sim) scimCreateGroup(st *mgmtState, o *scimOrg, w *statusWriter, q *mgR
 	for _, e := range members {
 		o.addMember(g, e)
 	}
-	scimJSON(w, http.StatusOK, o.groupView(g, false))
+	return http.StatusOK, o.groupView(g, false)
 }
 
-func (s *Sim) scimPatchGroup(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
-	g := s.scimGroupByID(o, w, q)
+func (s *Sim) scimPatchGroup(o *scimOrg, w *statusWriter, q *mgRequest) (int, any) {
+	g, status, fail := o.groupByID(q)
 	if g == nil {
-		return
+		return status, fail
 	}
 	var body struct {
 		Schemas    []string `json:"schemas"`
@@ -509,16 +478,10 @@ func (s *Sim) scimPatchGroup(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRe
 		} `json:"Operations"`
 	}
 	if err := json.Unmarshal(q.body, &body); err != nil {
-		scimError(w, http.StatusBadRequest, "invalidSyntax", "body is not a PatchOp")
-		return
+		return scimError(http.StatusBadRequest, "invalidSyntax", "body is not a PatchOp")
 	}
-	hasSchema := false
-	for _, sc := range body.Schemas {
-		hasSchema = hasSchema || sc == SCIMPatchOpSchema
-	}
-	if !hasSchema || len(body.Operations) == 0 {
-		scimError(w, http.StatusBadRequest, "invalidSyntax", "schemas must hold "+SCIMPatchOpSchema+" and Operations must not be empty")
-		return
+	if !slices.Contains(body.Schemas, SCIMPatchOpSchema) || len(body.Operations) == 0 {
+		return scimError(http.StatusBadRequest, "invalidSyntax", "schemas must hold "+SCIMPatchOpSchema+" and Operations must not be empty")
 	}
 	type change struct {
 		add    bool
@@ -528,22 +491,19 @@ func (s *Sim) scimPatchGroup(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRe
 	for _, op := range body.Operations {
 		kind := strings.ToLower(op.Op)
 		if kind != "add" && kind != "remove" {
-			scimError(w, http.StatusBadRequest, "invalidSyntax", "op must be add or remove")
-			return
+			return scimError(http.StatusBadRequest, "invalidSyntax", "op must be add or remove")
 		}
 		var emails []string
 		switch {
 		case op.Path == "members":
 			var ok bool
 			if emails, ok = memberValues(op.Value); !ok {
-				scimError(w, http.StatusBadRequest, "invalidValue", "value must be objects with a valid email value")
-				return
+				return scimError(http.StatusBadRequest, "invalidValue", "value must be objects with a valid email value")
 			}
 		case kind == "remove" && strings.HasPrefix(op.Path, `members[value eq "`) && strings.HasSuffix(op.Path, `"]`):
 			emails = []string{strings.TrimSuffix(strings.TrimPrefix(op.Path, `members[value eq "`), `"]`)}
 		default:
-			scimError(w, http.StatusBadRequest, "invalidPath", "path must be members")
-			return
+			return scimError(http.StatusBadRequest, "invalidPath", "path must be members")
 		}
 		changes = append(changes, change{add: kind == "add", emails: emails})
 	}
@@ -557,12 +517,14 @@ func (s *Sim) scimPatchGroup(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRe
 		}
 	}
 	g.modified = s.cfg.Now()
-	scimJSON(w, http.StatusOK, o.groupView(g, true))
+	return http.StatusOK, o.groupView(g, true)
 }
 
-func (s *Sim) scimDeleteGroup(st *mgmtState, o *scimOrg, w *statusWriter, q *mgRequest) {
-	if g := s.scimGroupByID(o, w, q); g != nil {
+func (s *Sim) scimDeleteGroup(o *scimOrg, w *statusWriter, q *mgRequest) (int, any) {
+	g, status, fail := o.groupByID(q)
+	if g != nil {
 		delete(o.groups, g.id)
-		w.WriteHeader(http.StatusNoContent)
+		return http.StatusNoContent, nil
 	}
+	return status, fail
 }

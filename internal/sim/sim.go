@@ -144,20 +144,17 @@ type Sim struct {
 	srv    *http.Server
 	seed   maphash.Seed
 	// The route groups' states, for the methods that read and set them.
-	dsar      *dsarState
-	export    *exportState
-	mgmtState *mgmtState
-	umState   *umState
-	giState   *giState
+	dsar   *dsarState
+	export *exportState
+	mg     *mgmtState
+	um     *umState
+	gi     *giState
 
 	mu    sync.Mutex
 	store store
 
 	keyMu   sync.Mutex
 	refused map[string]time.Time // RefuseKey: api_key -> until (Config.Now)
-
-	resetMu sync.Mutex
-	resets  []func() // route groups' own state resets (onReset), run by Reset
 
 	counted     atomic.Int64 // CountOnly events
 	connections atomic.Int64 // connections accepted by Serve listeners
@@ -188,7 +185,9 @@ func New(cfg Config, log *zap.Logger) *Sim {
 		cfg.Faults.Routes(s, s.ctlMux)
 	}
 	s.mux.Handle("/sim/", s.ctlMux)
-	s.mux.HandleFunc("/", s.unknownPath)
+	s.route("/", routeHandler{serve: func(w http.ResponseWriter, r *http.Request, in *incoming) { // unknown paths
+		codeError(w, http.StatusBadRequest, ErrTextInvalidPath)
+	}})
 	s.srv = &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second, ConnState: s.connState,
 		ErrorLog: zap.NewStdLog(log)}
 	return s
@@ -212,33 +211,6 @@ func (s *Sim) ControlHandler() http.Handler { return s.ctlMux }
 // fills what it did into in.Rec (the middleware the status, time and fault).
 func (s *Sim) route(pattern string, h routeHandler) {
 	s.mux.Handle(pattern, s.ingestMiddleware(h))
-}
-
-// onReset registers f to run on every Reset: a route group's function that
-// forgets its data, call logs, counters and injected refusals, and keeps its
-// configuration (accepted keys, secrets, rate limits), as Reset keeps the
-// store's silenced devices. f runs without Sim's locks and takes its own.
-func (s *Sim) onReset(f func()) {
-	s.resetMu.Lock()
-	defer s.resetMu.Unlock()
-	s.resets = append(s.resets, f)
-}
-
-// resetGroups runs the functions given to onReset, in registration order.
-func (s *Sim) resetGroups() {
-	s.resetMu.Lock()
-	fs := append([]func(){}, s.resets...)
-	s.resetMu.Unlock()
-	for _, f := range fs {
-		f()
-	}
-}
-
-// unknownPath answers the upstream's "Invalid request path".
-func (s *Sim) unknownPath(w http.ResponseWriter, r *http.Request) {
-	s.ingestMiddleware(routeHandler{serve: func(w http.ResponseWriter, r *http.Request, in *incoming) {
-		writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidPath})
-	}}).ServeHTTP(w, r)
 }
 
 // Serve serves on ln until Close.

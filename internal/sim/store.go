@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"hash/maphash"
+	"maps"
 	"math"
 	"net/http"
 	"slices"
@@ -310,8 +311,8 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 
 	// Silenced devices and daily quotas.
 	var silDevs []string
-	var silEvents []int
-	var quota map[string]int
+	var silEvents, quotaEvents []int
+	quota := map[string]int{}
 	for i, ev := range env.info {
 		if ev.deviceID == "" {
 			continue
@@ -324,28 +325,15 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 		}
 		if s.cfg.DailyQuota > 0 {
 			if q := st.overQuotaLocked(env.apiKey+"\x00"+ev.deviceID, day, now); q != nil {
-				if quota == nil {
-					quota = make(map[string]int)
-				}
 				quota[ev.deviceID] = q.n
+				quotaEvents = append(quotaEvents, i)
 			}
 		}
 	}
 
 	// Rate limits: on ingested events, and (the strict reading, unless
 	// LenientRate) the request's own events of the key.
-	var own map[string]int
-	if !s.cfg.LenientRate {
-		own = map[string]int{}
-		for _, ev := range env.info {
-			if ev.deviceID != "" {
-				own["d"+ev.deviceID]++
-			}
-			if ev.userID != "" {
-				own["u"+ev.userID]++
-			}
-		}
-	}
+	own := keyCounts(env.info)
 	thrDevs, thrUsers := map[string]int{}, map[string]int{}
 	var thrEvents []int
 	checked := map[string]bool{}
@@ -362,7 +350,7 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 		checked[kind+id] = true
 		k := st.rateKeyOf(env.apiKey, kind, id)
 		rk, rate := st.rateOf(k, now)
-		if n := own[kind+id]; n > 0 {
+		if n := own[kind+id]; n > 0 && !s.cfg.LenientRate {
 			rate += float64(n) / st.cfg.RateWindow.Seconds()
 		}
 		inPenalty := rk != nil && rk.penaltyUntil > now
@@ -381,52 +369,27 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 	}
 	if len(thrEvents) > 0 {
 		s.startPenaltiesLocked(env.apiKey, thrDevs, thrUsers, now)
-		share := map[string]int{}
-		for _, ev := range env.info {
-			if _, ok := thrDevs[ev.deviceID]; ok && ev.deviceID != "" {
-				share["d:"+ev.deviceID]++
+		thr := map[string]map[string]int{"d": thrDevs, "u": thrUsers}
+		for k, n := range own {
+			if _, ok := thr[k[:1]][k[1:]]; ok {
+				rec.Throttled = append(rec.Throttled, keyShare{Key: k[:1] + ":" + k[1:], Share: n})
 			}
-			if _, ok := thrUsers[ev.userID]; ok && ev.userID != "" {
-				share["u:"+ev.userID]++
-			}
-		}
-		for k, n := range share {
-			rec.Throttled = append(rec.Throttled, keyShare{Key: k, Share: n})
 		}
 		sort.Slice(rec.Throttled, func(i, j int) bool { return rec.Throttled[i].Key < rec.Throttled[j].Key })
 	}
 
 	if len(silDevs) > 0 || len(quota) > 0 {
 		if s.cfg.PartialSilence {
-			skip := map[int]bool{}
-			for _, i := range silEvents {
-				skip[i] = true
-			}
-			for _, i := range thrEvents {
-				skip[i] = true
-			}
-			for i, ev := range env.info {
-				if quota[ev.deviceID] > 0 {
-					skip[i] = true
-				}
-			}
-			s.storeLocked(env.without(skip), rec, nowT)
+			s.storeLocked(env.without(silEvents, thrEvents, quotaEvents), rec, nowT)
 		}
 		st.stats.Silenced++
-		if quota == nil {
-			quota = map[string]int{}
-		}
 		return 400, silenceBody{Code: 400, Error: ErrTextSilenced, EPSThreshold: s.cfg.EPSThreshold,
 			ExceededDailyQuotaDevices: quota, SilencedDevices: nonNil(silDevs), SilencedEvents: nonNil(silEvents),
 			ThrottledDevices: thrDevs, ThrottledEvents: nonNil(thrEvents)}
 	}
 	if len(thrEvents) > 0 {
 		if s.cfg.PartialThrottle {
-			skip := map[int]bool{}
-			for _, i := range thrEvents {
-				skip[i] = true
-			}
-			s.storeLocked(env.without(skip), rec, nowT)
+			s.storeLocked(env.without(thrEvents), rec, nowT)
 		}
 		st.stats.Throttled++
 		return 429, throttleBody{Code: 429, Error: ErrTextTooManyRequest, EPSThreshold: s.cfg.EPSThreshold,
@@ -446,11 +409,17 @@ func nonNil[T any](s []T) []T {
 	return s
 }
 
-// without returns env without the events whose index is in skip.
-func (env *envelope) without(skip map[int]bool) *envelope {
+// without returns env without the events whose index is in one of skip.
+func (env *envelope) without(skip ...[]int) *envelope {
+	drop := make([]bool, len(env.raw))
+	for _, is := range skip {
+		for _, i := range is {
+			drop[i] = true
+		}
+	}
 	out := &envelope{apiKey: env.apiKey, minIDLen: env.minIDLen}
 	for i := range env.raw {
-		if !skip[i] {
+		if !drop[i] {
 			out.raw = append(out.raw, env.raw[i])
 			out.info = append(out.info, env.info[i])
 		}
@@ -489,15 +458,7 @@ func (s *Sim) storeLocked(env *envelope, rec *Record, nowT time.Time) {
 	now := nowT.UnixNano()
 	day := utcDay(nowT)
 	label := KeyLabel(env.apiKey)
-	perDev := map[string]int{}
-	perUser := map[string]int{}
 	for i, ev := range env.info {
-		if ev.deviceID != "" {
-			perDev[ev.deviceID]++
-		}
-		if ev.userID != "" {
-			perUser[ev.userID]++
-		}
 		if ev.hasInsertID && st.seenLocked(env.apiKey, ev, now) {
 			rec.Duplicates++
 			st.stats.Duplicates++
@@ -524,10 +485,10 @@ func (s *Sim) storeLocked(env *envelope, rec *Record, nowT time.Time) {
 			}
 		}
 	}
-	for d, n := range perDev {
-		st.addRate(st.rateKeyOf(env.apiKey, "d", d), now, n)
-		if s.cfg.DailyQuota > 0 {
-			qk := env.apiKey + "\x00" + d
+	for k, n := range keyCounts(env.info) {
+		st.addRate(st.rateKeyOf(env.apiKey, k[:1], k[1:]), now, n)
+		if k[0] == 'd' && s.cfg.DailyQuota > 0 {
+			qk := env.apiKey + "\x00" + k[1:]
 			q := st.quotas[qk]
 			if q == nil || (!s.cfg.QuotaRolling && q.day != day) {
 				q = &quotaKey{day: day}
@@ -536,9 +497,20 @@ func (s *Sim) storeLocked(env *envelope, rec *Record, nowT time.Time) {
 			q.n += n
 		}
 	}
-	for u, n := range perUser {
-		st.addRate(st.rateKeyOf(env.apiKey, "u", u), now, n)
+}
+
+// keyCounts counts the events of each device ("d"+id) and user ("u"+id).
+func keyCounts(info []evInfo) map[string]int {
+	n := map[string]int{}
+	for _, ev := range info {
+		if ev.deviceID != "" {
+			n["d"+ev.deviceID]++
+		}
+		if ev.userID != "" {
+			n["u"+ev.userID]++
+		}
 	}
+	return n
 }
 
 func (s *Sim) startPenaltiesLocked(apiKey string, devs, users map[string]int, now int64) {
@@ -655,27 +627,24 @@ func (s *Sim) Stats() Stats {
 	st := s.store.stats
 	st.Counted = s.counted.Load()
 	st.Connections = s.connections.Load()
-	st.ByStatus = make(map[int]int64, len(s.store.stats.ByStatus))
-	for k, v := range s.store.stats.ByStatus {
-		st.ByStatus[k] = v
-	}
-	st.IngestedByKey = make(map[string]int64, len(s.store.stats.IngestedByKey))
-	for k, v := range s.store.stats.IngestedByKey {
-		st.IngestedByKey[k] = v
-	}
+	st.ByStatus, st.IngestedByKey = maps.Clone(st.ByStatus), maps.Clone(st.IngestedByKey)
 	return st
 }
 
 // Reset forgets every stored event, counter, request, insert_id, rate and
-// quota, and resets every route group's own state (see onReset). Silenced
-// devices stay silenced. (simtest's Reset clears its faults too.)
+// quota, and the group identify, user mapping and management APIs' data,
+// logs, counters and injected refusals; their configuration (accepted
+// keys, secrets, rate limits) is kept, as silenced devices stay silenced.
+// (simtest's Reset clears its faults too.)
 func (s *Sim) Reset() {
 	s.mu.Lock()
 	s.store.init(&s.cfg, s.seed)
 	s.counted.Store(0)
 	s.connections.Store(0)
 	s.mu.Unlock()
-	s.resetGroups()
+	s.gi.reset() // each group takes its own lock
+	s.um.reset()
+	s.mg.reset()
 }
 
 // Silence silences a device (every api_key) until Unsilence.

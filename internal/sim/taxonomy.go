@@ -82,45 +82,43 @@ type taxState struct {
 // SetTaxonomyLimits sets the taxonomy limits; zero values keep the current
 // setting.
 func (s *Sim) SetTaxonomyLimits(maxInFlight, periodCost int, period time.Duration) {
-	st := s.mgmt()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	setPositive(&st.tax.maxInFlight, maxInFlight)
-	setPositive(&st.tax.periodCost, periodCost)
-	setPositive(&st.tax.period, period)
+	s.mg.mu.Lock()
+	defer s.mg.mu.Unlock()
+	setPositive(&s.mg.tax.maxInFlight, maxInFlight)
+	setPositive(&s.mg.tax.periodCost, periodCost)
+	setPositive(&s.mg.tax.period, period)
 }
 
 // SetTaxonomyDelay makes every taxonomy request take at least d.
 func (s *Sim) SetTaxonomyDelay(d time.Duration) {
-	st := s.mgmt()
-	withLock(&st.mu, func() { st.tax.delay = d })
+	withLock(&s.mg.mu, func() { s.mg.tax.delay = d })
 }
 
 // TaxonomyPeakInFlight returns the highest cost in flight seen for apiKey.
 func (s *Sim) TaxonomyPeakInFlight(apiKey string) int {
-	st := s.mgmt()
-	return locked(&st.mu, func() int { return st.tax.peak[apiKey] })
+	return locked(&s.mg.mu, func() int { return s.mg.tax.peak[apiKey] })
 }
 
 // SeedTaxonomy puts an entity of apiKey's taxonomy in state: kind is
 // "event", "event-property" (shared) or "user-property".
 func (s *Sim) SeedTaxonomy(apiKey, kind, name, state string) {
-	st := s.mgmt()
+	st := s.mg
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	p := st.tax.project(apiKey)
-	var m map[string]*taxEntity
-	switch kind {
-	case "event":
-		m = p.events
-	case "event-property":
-		m = p.props
-	case "user-property":
-		m = p.users
-	default:
+	m := map[string]map[string]*taxEntity{"event": p.events, "event-property": p.props, "user-property": p.users}[kind]
+	if m == nil {
 		panic("sim: SeedTaxonomy: unknown kind " + kind)
 	}
 	m[name] = &taxEntity{state: state, fields: map[string]string{}}
+}
+
+// list reads a comma-separated field as a JSON array ([] when unset).
+func (e *taxEntity) list(field string) []string {
+	if v := e.fields[field]; v != "" {
+		return strings.Split(v, ",")
+	}
+	return []string{}
 }
 
 func newTaxEntities() map[string]*taxEntity { return map[string]*taxEntity{} }
@@ -140,26 +138,18 @@ type taxReq struct {
 	p    *taxProject
 }
 
-func taxOK(w http.ResponseWriter, status int, data any) {
+// taxOK is a success answer, with data unless nil.
+func taxOK(status int, data any) (int, any) {
 	b := map[string]any{"success": true}
 	if data != nil {
 		b["data"] = data
 	}
-	writeJSON(w, status, b)
+	return status, b
 }
 
-func taxFail(w http.ResponseWriter, status int, msg string) {
-	writeJSON(w, status, map[string]any{"success": false, "errors": []any{map[string]any{"message": msg}}})
-}
-
-// need returns the required form field or answers 400.
-func (q *taxReq) need(w http.ResponseWriter, field string) (string, bool) {
-	v := q.form.Get(field)
-	if v == "" {
-		taxFail(w, http.StatusBadRequest, "missing required field: "+field)
-		return "", false
-	}
-	return v, true
+// taxFail is a failure answer.
+func taxFail(status int, msg string) (int, any) {
+	return status, map[string]any{"success": false, "errors": []any{map[string]any{"message": msg}}}
 }
 
 // set copies the form's values of fields onto e.
@@ -179,39 +169,36 @@ func (q *taxReq) entity(fields []string) *taxEntity {
 }
 
 // create adds m[name] as q.entity(fields), or answers 409 "WHAT exists".
-func (q *taxReq) create(w http.ResponseWriter, m map[string]*taxEntity, name, what string, fields []string) {
+func (q *taxReq) create(m map[string]*taxEntity, name, what string, fields []string) (int, any) {
 	if m[name] != nil {
-		taxFail(w, http.StatusConflict, what+" exists")
-		return
+		return taxFail(http.StatusConflict, what+" exists")
 	}
 	m[name] = q.entity(fields)
-	taxOK(w, http.StatusOK, nil)
+	return taxOK(http.StatusOK, nil)
 }
 
 // update sets the form's values of fields on m[name], renamed to newName
 // when that is given; 409 when m[name] is missing or deleted, or newName
 // exists.
-func (q *taxReq) update(w http.ResponseWriter, m map[string]*taxEntity, name, newName, what string, fields []string) {
+func (q *taxReq) update(m map[string]*taxEntity, name, newName, what string, fields []string) (int, any) {
 	e := m[name]
 	if e == nil || e.state == "deleted" {
-		taxFail(w, http.StatusConflict, what+" not found")
-		return
+		return taxFail(http.StatusConflict, what+" not found")
 	}
 	if newName != "" && newName != name {
 		if m[newName] != nil {
-			taxFail(w, http.StatusConflict, what+" exists")
-			return
+			return taxFail(http.StatusConflict, what+" exists")
 		}
 		delete(m, name)
 		m[newName] = e
 	}
 	q.set(e, fields)
-	taxOK(w, http.StatusOK, nil)
+	return taxOK(http.StatusOK, nil)
 }
 
 // list answers m's entities by name as view shows them, deleted ones only
 // with showDeleted=true.
-func (q *taxReq) list(w http.ResponseWriter, m map[string]*taxEntity, view func(string, *taxEntity) map[string]any) {
+func (q *taxReq) list(m map[string]*taxEntity, view func(string, *taxEntity) map[string]any) (int, any) {
 	deleted := q.form.Get("showDeleted") == "true"
 	out := []any{}
 	for _, n := range sortedKeys(m) {
@@ -219,167 +206,105 @@ func (q *taxReq) list(w http.ResponseWriter, m map[string]*taxEntity, view func(
 			out = append(out, view(n, e))
 		}
 	}
-	taxOK(w, http.StatusOK, out)
+	return taxOK(http.StatusOK, out)
 }
 
 func (s *Sim) registerTaxonomy() {
-	st := s.mgmt()
-	st.tax = &taxState{projects: map[string]*taxProject{}, inFlight: map[string]int{}, peak: map[string]int{},
+	s.mg.tax = &taxState{projects: map[string]*taxProject{}, inFlight: map[string]int{}, peak: map[string]int{},
 		spent: windowHits{}, maxInFlight: TaxonomyMaxInFlight, periodCost: TaxonomyPeriodCost, period: TaxonomyPeriod}
-	x := st.tax
-	r := func(pattern string, f func(w *statusWriter, q *taxReq)) {
+	// r registers a taxonomy route: f answers once the limits pass, the form
+	// is read and its required fields are there.
+	r := func(pattern string, f func(q *taxReq) (int, any), required ...string) {
 		s.mgmtRoute("taxonomy", pattern, authBasic, taxMaxBody, func(w *statusWriter, q *mgRequest) {
-			cost := taxonomyCost(q.r.Method)
-			key := q.account
-			now := s.cfg.Now()
-			st.mu.Lock()
-			if x.inFlight[key]+cost > x.maxInFlight {
-				st.mu.Unlock()
-				retryAfter(w, time.Second)
-				taxFail(w, http.StatusTooManyRequests, "Too many concurrent requests")
-				return
-			}
-			if ok, wait := x.spent.take(key, now, cost, x.periodCost, x.period); !ok {
-				st.mu.Unlock()
-				retryAfter(w, wait)
-				taxFail(w, http.StatusTooManyRequests, "Too many requests: cost budget exceeded")
-				return
-			}
-			x.inFlight[key] += cost
-			x.peak[key] = max(x.peak[key], x.inFlight[key])
-			delay := x.delay
-			st.mu.Unlock()
-			defer func() {
-				st.mu.Lock()
-				x.inFlight[key] -= cost
-				st.mu.Unlock()
-			}()
-			sleepCtx(q.r.Context(), delay)
-			form := q.r.URL.Query()
-			if q.r.Method != http.MethodGet {
-				if b, err := url.ParseQuery(string(q.body)); err == nil {
-					for k, v := range b {
-						form[k] = append(form[k], v...)
-					}
-				} else {
-					taxFail(w, http.StatusBadRequest, "body is not form encoded")
-					return
-				}
-			}
-			st.mu.Lock()
-			defer st.mu.Unlock()
-			f(w, &taxReq{mgRequest: q, form: form, p: x.project(key)})
+			status, body := s.serveTaxonomy(w, q, f, required)
+			writeJSON(w, status, body)
 		})
 	}
 
 	// Categories.
-	r("POST /api/2/taxonomy/category", func(w *statusWriter, q *taxReq) {
-		name, ok := q.need(w, "category_name")
-		if !ok {
-			return
-		}
+	r("POST /api/2/taxonomy/category", func(q *taxReq) (int, any) {
+		name := q.form.Get("category_name")
 		for _, n := range q.p.categories {
 			if n == name {
-				taxFail(w, http.StatusConflict, "category exists")
-				return
+				return taxFail(http.StatusConflict, "category exists")
 			}
 		}
 		q.p.categories[q.p.nextCat] = name
 		q.p.nextCat++
-		taxOK(w, http.StatusOK, nil)
-	})
-	r("GET /api/2/taxonomy/category", func(w *statusWriter, q *taxReq) {
+		return taxOK(http.StatusOK, nil)
+	}, "category_name")
+	r("GET /api/2/taxonomy/category", func(q *taxReq) (int, any) {
 		out := []any{}
 		for _, id := range slices.Sorted(maps.Keys(q.p.categories)) {
 			out = append(out, map[string]any{"id": id, "name": q.p.categories[id]})
 		}
-		taxOK(w, http.StatusOK, out)
+		return taxOK(http.StatusOK, out)
 	})
-	r("GET /api/2/taxonomy/category/{category_name}", func(w *statusWriter, q *taxReq) {
+	r("GET /api/2/taxonomy/category/{category_name}", func(q *taxReq) (int, any) {
 		name := q.r.PathValue("category_name")
 		for id, n := range q.p.categories {
 			if n == name {
-				taxOK(w, http.StatusOK, map[string]any{"id": id, "name": n})
-				return
+				return taxOK(http.StatusOK, map[string]any{"id": id, "name": n})
 			}
 		}
-		taxFail(w, http.StatusBadRequest, "category not found")
+		return taxFail(http.StatusBadRequest, "category not found")
 	})
-	catID := func(w *statusWriter, q *taxReq) (int, bool) {
-		id, err := strconv.Atoi(q.r.PathValue("category_id"))
-		if _, ok := q.p.categories[id]; err != nil || !ok {
-			taxFail(w, http.StatusConflict, "category not found")
-			return 0, false
+	// category runs f on the category the path's {category_id} names (409
+	// when there is none).
+	category := func(f func(q *taxReq, id int)) func(q *taxReq) (int, any) {
+		return func(q *taxReq) (int, any) {
+			id, err := strconv.Atoi(q.r.PathValue("category_id"))
+			if _, ok := q.p.categories[id]; err != nil || !ok {
+				return taxFail(http.StatusConflict, "category not found")
+			}
+			f(q, id)
+			return taxOK(http.StatusOK, nil)
 		}
-		return id, true
 	}
-	r("PUT /api/2/taxonomy/category/{category_id}", func(w *statusWriter, q *taxReq) {
-		name, ok := q.need(w, "category_name")
-		if !ok {
-			return
-		}
-		if id, ok := catID(w, q); ok {
-			q.p.categories[id] = name
-			taxOK(w, http.StatusOK, nil)
-		}
-	})
-	r("DELETE /api/2/taxonomy/category/{category_id}", func(w *statusWriter, q *taxReq) {
-		if id, ok := catID(w, q); ok {
-			delete(q.p.categories, id)
-			taxOK(w, http.StatusOK, nil)
-		}
-	})
+	r("PUT /api/2/taxonomy/category/{category_id}", category(func(q *taxReq, id int) {
+		q.p.categories[id] = q.form.Get("category_name")
+	}), "category_name")
+	r("DELETE /api/2/taxonomy/category/{category_id}", category(func(q *taxReq, id int) { delete(q.p.categories, id) }))
 
 	// Event types.
 	eventFields := []string{"category", "description", "display_name", "is_active", "is_hidden_from_dropdowns",
 		"is_hidden_from_persona_results", "is_hidden_from_pathfinder", "is_hidden_from_timeline", "tags", "owner"}
 	eventView := func(name string, e *taxEntity) map[string]any {
-		tags := []string{}
-		if t := e.fields["tags"]; t != "" {
-			tags = strings.Split(t, ",")
-		}
 		v := map[string]any{"event_type": name, "category": map[string]any{"name": e.fields["category"]},
 			"description": nullable(e.fields["description"]), "display_name": nullable(e.fields["display_name"]),
-			"is_active": e.fields["is_active"] != "false", "tags": tags, "owner": nullable(e.fields["owner"])}
+			"is_active": e.fields["is_active"] != "false", "tags": e.list("tags"), "owner": nullable(e.fields["owner"])}
 		for _, f := range eventFields[4:8] {
 			v[f] = e.fields[f] == "true"
 		}
 		return v
 	}
-	r("POST /api/2/taxonomy/event", func(w *statusWriter, q *taxReq) {
-		if name, ok := q.need(w, "event_type"); ok {
-			q.create(w, q.p.events, name, "event type", eventFields)
-		}
+	r("POST /api/2/taxonomy/event", func(q *taxReq) (int, any) {
+		return q.create(q.p.events, q.form.Get("event_type"), "event type", eventFields)
+	}, "event_type")
+	r("GET /api/2/taxonomy/event", func(q *taxReq) (int, any) {
+		return q.list(q.p.events, eventView)
 	})
-	r("GET /api/2/taxonomy/event", func(w *statusWriter, q *taxReq) {
-		q.list(w, q.p.events, eventView)
-	})
-	r("GET /api/2/taxonomy/event/{event_type}", func(w *statusWriter, q *taxReq) {
+	r("GET /api/2/taxonomy/event/{event_type}", func(q *taxReq) (int, any) {
 		n := q.r.PathValue("event_type")
 		e := q.p.events[n]
 		if e == nil || e.state == "deleted" {
-			taxFail(w, http.StatusBadRequest, "event type not found")
-			return
+			return taxFail(http.StatusBadRequest, "event type not found")
 		}
-		taxOK(w, http.StatusOK, eventView(n, e))
+		return taxOK(http.StatusOK, eventView(n, e))
 	})
-	r("PUT /api/2/taxonomy/event/{event_type}", func(w *statusWriter, q *taxReq) {
-		q.update(w, q.p.events, q.r.PathValue("event_type"), q.form.Get("new_event_type"), "event type", eventFields)
+	r("PUT /api/2/taxonomy/event/{event_type}", func(q *taxReq) (int, any) {
+		return q.update(q.p.events, q.r.PathValue("event_type"), q.form.Get("new_event_type"), "event type", eventFields)
 	})
-	r("DELETE /api/2/taxonomy/event/{event_type}", func(w *statusWriter, q *taxReq) {
-		lifecycleDelete(w, q.p.events, q.r.PathValue("event_type"))
+	r("DELETE /api/2/taxonomy/event/{event_type}", func(q *taxReq) (int, any) {
+		return lifecycleDelete(q.p.events, q.r.PathValue("event_type"))
 	})
-	r("POST /api/2/taxonomy/event/{event_type}/restore", func(w *statusWriter, q *taxReq) {
-		lifecycleRestore(w, q.p.events, q.r.PathValue("event_type"), http.StatusOK)
+	r("POST /api/2/taxonomy/event/{event_type}/restore", func(q *taxReq) (int, any) {
+		return lifecycleRestore(q.p.events, q.r.PathValue("event_type"), http.StatusOK)
 	})
 
 	// Event properties.
 	propFields := []string{"description", "type", "regex", "enum_values", "is_array_type", "is_required", "is_hidden", "classifications"}
 	propView := func(name, eventType string, e *taxEntity) map[string]any {
-		cls := []string{}
-		if c := e.fields["classifications"]; c != "" {
-			cls = strings.Split(c, ",")
-		}
 		t := e.fields["type"]
 		if t == "" {
 			t = "any"
@@ -387,30 +312,26 @@ func (s *Sim) registerTaxonomy() {
 		v := map[string]any{"event_property": name, "description": e.fields["description"], "type": t,
 			"regex": nullable(e.fields["regex"]), "enum_values": nullable(e.fields["enum_values"]),
 			"is_array_type": e.fields["is_array_type"] == "true", "is_required": e.fields["is_required"] == "true",
-			"is_hidden": e.fields["is_hidden"] == "true", "classifications": cls}
+			"is_hidden": e.fields["is_hidden"] == "true", "classifications": e.list("classifications")}
 		if eventType != "" {
 			v["event_type"] = eventType
 		}
 		return v
 	}
-	r("POST /api/2/taxonomy/event-property", func(w *statusWriter, q *taxReq) {
-		name, ok := q.need(w, "event_property")
-		if !ok {
-			return
-		}
-		et := q.form.Get("event_type")
+	r("POST /api/2/taxonomy/event-property", func(q *taxReq) (int, any) {
+		name, et := q.form.Get("event_property"), q.form.Get("event_type")
 		shared := q.p.props[name]
 		switch {
 		case et != "" && q.p.overrides[et][name] != nil:
-			taxFail(w, http.StatusConflict, "event property exists on that event type")
+			return taxFail(http.StatusConflict, "event property exists on that event type")
 		case et != "" && shared != nil:
 			entry(q.p.overrides, et, newTaxEntities)[name] = q.entity(propFields)
-			taxOK(w, http.StatusOK, nil)
+			return taxOK(http.StatusOK, nil)
 		default:
-			q.create(w, q.p.props, name, "event property", propFields)
+			return q.create(q.p.props, name, "event property", propFields)
 		}
-	})
-	r("GET /api/2/taxonomy/event-property", func(w *statusWriter, q *taxReq) {
+	}, "event_property")
+	r("GET /api/2/taxonomy/event-property", func(q *taxReq) (int, any) {
 		et := q.form.Get("event_type")
 		if name := q.form.Get("event_property"); name != "" {
 			e := q.p.props[name]
@@ -418,11 +339,9 @@ func (s *Sim) registerTaxonomy() {
 				e = o
 			}
 			if e == nil || e.state == "deleted" {
-				taxFail(w, http.StatusBadRequest, "event property not found")
-				return
+				return taxFail(http.StatusBadRequest, "event property not found")
 			}
-			taxOK(w, http.StatusOK, propView(name, et, e))
-			return
+			return taxOK(http.StatusOK, propView(name, et, e))
 		}
 		m := q.p.props
 		if et != "" {
@@ -434,15 +353,14 @@ func (s *Sim) registerTaxonomy() {
 				out = append(out, propView(n, et, m[n]))
 			}
 		}
-		taxOK(w, http.StatusOK, out)
+		return taxOK(http.StatusOK, out)
 	})
-	r("PUT /api/2/taxonomy/event-property/{event_property}", func(w *statusWriter, q *taxReq) {
+	r("PUT /api/2/taxonomy/event-property/{event_property}", func(q *taxReq) (int, any) {
 		name := q.r.PathValue("event_property")
 		et := q.form.Get("event_type")
 		shared := q.p.props[name]
 		if shared == nil || shared.state == "deleted" {
-			taxFail(w, http.StatusConflict, "event property not found")
-			return
+			return taxFail(http.StatusConflict, "event property not found")
 		}
 		target := shared
 		if et != "" {
@@ -454,116 +372,92 @@ func (s *Sim) registerTaxonomy() {
 				}
 			case "override":
 				if q.form.Get("classifications") != "" {
-					taxFail(w, http.StatusBadRequest, "classifications can only be applied to shared properties")
-					return
+					return taxFail(http.StatusBadRequest, "classifications can only be applied to shared properties")
 				}
 				if o == nil {
-					o = &taxEntity{state: "planned", fields: map[string]string{}}
-					for k, v := range shared.fields {
-						o.fields[k] = v
-					}
+					o = &taxEntity{state: "planned", fields: maps.Clone(shared.fields)}
 					entry(q.p.overrides, et, newTaxEntities)[name] = o
 				}
 				target = o
 			case "shared":
 				delete(q.p.overrides[et], name)
 			default:
-				taxFail(w, http.StatusBadRequest, "overrideScope must be override or shared")
-				return
+				return taxFail(http.StatusBadRequest, "overrideScope must be override or shared")
 			}
 		}
 		if target != shared && q.form.Get("classifications") != "" {
-			taxFail(w, http.StatusBadRequest, "classifications can only be applied to shared properties")
-			return
+			return taxFail(http.StatusBadRequest, "classifications can only be applied to shared properties")
 		}
 		if nn := q.form.Get("new_event_property_value"); nn != "" && nn != name && target == shared {
 			if q.p.props[nn] != nil {
-				taxFail(w, http.StatusConflict, "event property exists")
-				return
+				return taxFail(http.StatusConflict, "event property exists")
 			}
 			delete(q.p.props, name)
 			q.p.props[nn] = shared
 		}
 		q.set(target, propFields)
-		taxOK(w, http.StatusOK, nil)
+		return taxOK(http.StatusOK, nil)
 	})
-	r("DELETE /api/2/taxonomy/event-property/{event_property}", func(w *statusWriter, q *taxReq) {
+	r("DELETE /api/2/taxonomy/event-property/{event_property}", func(q *taxReq) (int, any) {
 		name := q.r.PathValue("event_property")
 		if et := q.form.Get("event_type"); et != "" {
 			o := q.p.overrides[et][name]
 			if o == nil || o.state == "deleted" {
-				taxFail(w, http.StatusConflict, "event property is not on that event type")
-				return
+				return taxFail(http.StatusConflict, "event property is not on that event type")
 			}
 			o.state = "deleted"
-			taxOK(w, http.StatusOK, nil)
-			return
+			return taxOK(http.StatusOK, nil)
 		}
-		lifecycleDelete(w, q.p.props, name)
+		return lifecycleDelete(q.p.props, name)
 	})
-	r("POST /api/2/taxonomy/event-property/{event_property}/restore", func(w *statusWriter, q *taxReq) {
+	r("POST /api/2/taxonomy/event-property/{event_property}/restore", func(q *taxReq) (int, any) {
 		name := q.r.PathValue("event_property")
 		if et := q.form.Get("event_type"); et != "" {
-			lifecycleRestore(w, q.p.overrides[et], name, http.StatusCreated)
-			return
+			return lifecycleRestore(q.p.overrides[et], name, http.StatusCreated)
 		}
-		lifecycleRestore(w, q.p.props, name, http.StatusCreated)
+		return lifecycleRestore(q.p.props, name, http.StatusCreated)
 	})
 
 	// User properties: custom ones answer with the "gp:" prefix.
 	userFields := []string{"description", "type", "enum_values", "regex", "is_array_type", "is_hidden", "classifications"}
 	userName := func(n string) string { return strings.TrimPrefix(n, "gp:") }
 	userView := func(name string, e *taxEntity) map[string]any {
-		cls := []string{}
-		if c := e.fields["classifications"]; c != "" {
-			cls = strings.Split(c, ",")
-		}
 		return map[string]any{"user_property": "gp:" + name, "description": e.fields["description"],
 			"type": e.fields["type"], "enum_values": nullable(e.fields["enum_values"]), "regex": nullable(e.fields["regex"]),
 			"is_array_type": e.fields["is_array_type"] == "true", "is_hidden": e.fields["is_hidden"] == "true",
-			"classifications": cls, "deleted": e.state == "deleted"}
+			"classifications": e.list("classifications"), "deleted": e.state == "deleted"}
 	}
-	r("POST /api/2/taxonomy/user-property", func(w *statusWriter, q *taxReq) {
-		if name, ok := q.need(w, "user_property"); ok {
-			q.create(w, q.p.users, userName(name), "user property", userFields)
-		}
+	r("POST /api/2/taxonomy/user-property", func(q *taxReq) (int, any) {
+		return q.create(q.p.users, userName(q.form.Get("user_property")), "user property", userFields)
+	}, "user_property")
+	r("GET /api/2/taxonomy/user-property", func(q *taxReq) (int, any) {
+		return q.list(q.p.users, userView)
 	})
-	r("GET /api/2/taxonomy/user-property", func(w *statusWriter, q *taxReq) {
-		q.list(w, q.p.users, userView)
-	})
-	r("GET /api/2/taxonomy/user-property/{user_property}", func(w *statusWriter, q *taxReq) {
+	r("GET /api/2/taxonomy/user-property/{user_property}", func(q *taxReq) (int, any) {
 		n := userName(q.r.PathValue("user_property"))
 		e := q.p.users[n]
 		if e == nil || (e.state == "deleted" && q.form.Get("showDeleted") != "true") {
-			taxFail(w, http.StatusNotFound, "user property not found")
-			return
+			return taxFail(http.StatusNotFound, "user property not found")
 		}
-		taxOK(w, http.StatusOK, userView(n, e))
+		return taxOK(http.StatusOK, userView(n, e))
 	})
-	r("PUT /api/2/taxonomy/user-property/{user_property}", func(w *statusWriter, q *taxReq) {
-		q.update(w, q.p.users, userName(q.r.PathValue("user_property")), userName(q.form.Get("new_user_property_value")),
+	r("PUT /api/2/taxonomy/user-property/{user_property}", func(q *taxReq) (int, any) {
+		return q.update(q.p.users, userName(q.r.PathValue("user_property")), userName(q.form.Get("new_user_property_value")),
 			"user property", userFields)
 	})
-	r("DELETE /api/2/taxonomy/user-property/{user_property}", func(w *statusWriter, q *taxReq) {
-		lifecycleDelete(w, q.p.users, userName(q.r.PathValue("user_property")))
+	r("DELETE /api/2/taxonomy/user-property/{user_property}", func(q *taxReq) (int, any) {
+		return lifecycleDelete(q.p.users, userName(q.r.PathValue("user_property")))
 	})
-	r("POST /api/2/taxonomy/user-property/{user_property}/restore", func(w *statusWriter, q *taxReq) {
-		lifecycleRestore(w, q.p.users, userName(q.r.PathValue("user_property")), http.StatusOK)
+	r("POST /api/2/taxonomy/user-property/{user_property}/restore", func(q *taxReq) (int, any) {
+		return lifecycleRestore(q.p.users, userName(q.r.PathValue("user_property")), http.StatusOK)
 	})
 
 	// Group properties.
-	r("POST /api/2/taxonomy/group-property", func(w *statusWriter, q *taxReq) {
-		gt, ok := q.need(w, "group_type")
-		if !ok {
-			return
-		}
-		name, ok := q.need(w, "group_property")
-		if !ok {
-			return
-		}
-		q.create(w, entry(q.p.groups, gt, newTaxEntities), name, "group property", propFields)
-	})
-	r("GET /api/2/taxonomy/group-property", func(w *statusWriter, q *taxReq) {
+	r("POST /api/2/taxonomy/group-property", func(q *taxReq) (int, any) {
+		return q.create(entry(q.p.groups, q.form.Get("group_type"), newTaxEntities), q.form.Get("group_property"),
+			"group property", propFields)
+	}, "group_type", "group_property")
+	r("GET /api/2/taxonomy/group-property", func(q *taxReq) (int, any) {
 		out := []any{}
 		for _, gt := range sortedKeys(q.p.groups) {
 			if want := q.form.Get("group_type"); want != "" && want != gt {
@@ -574,40 +468,88 @@ func (s *Sim) registerTaxonomy() {
 					"description": q.p.groups[gt][n].fields["description"]})
 			}
 		}
-		taxOK(w, http.StatusOK, out)
+		return taxOK(http.StatusOK, out)
 	})
 }
 
+// serveTaxonomy applies the limits (cost in flight and per period), reads
+// the form and its required fields, and returns f's answer.
+func (s *Sim) serveTaxonomy(w *statusWriter, q *mgRequest, f func(q *taxReq) (int, any), required []string) (int, any) {
+	st, x := s.mg, s.mg.tax
+	cost := taxonomyCost(q.r.Method)
+	key := q.account
+	now := s.cfg.Now()
+	st.mu.Lock()
+	if x.inFlight[key]+cost > x.maxInFlight {
+		st.mu.Unlock()
+		retryAfter(w, time.Second)
+		return taxFail(http.StatusTooManyRequests, "Too many concurrent requests")
+	}
+	if ok, wait := x.spent.take(key, now, cost, x.periodCost, x.period); !ok {
+		st.mu.Unlock()
+		retryAfter(w, wait)
+		return taxFail(http.StatusTooManyRequests, "Too many requests: cost budget exceeded")
+	}
+	x.inFlight[key] += cost
+	x.peak[key] = max(x.peak[key], x.inFlight[key])
+	delay := x.delay
+	st.mu.Unlock()
+	defer func() {
+		st.mu.Lock()
+		x.inFlight[key] -= cost
+		st.mu.Unlock()
+	}()
+	sleepCtx(q.r.Context(), delay)
+	form := q.r.URL.Query()
+	if q.r.Method != http.MethodGet {
+		if b, err := url.ParseQuery(string(q.body)); err == nil {
+			for k, v := range b {
+				form[k] = append(form[k], v...)
+			}
+		} else {
+			return taxFail(http.StatusBadRequest, "body is not form encoded")
+		}
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for _, field := range required {
+		if form.Get(field) == "" {
+			return taxFail(http.StatusBadRequest, "missing required field: "+field)
+		}
+	}
+	return f(&taxReq{mgRequest: q, form: form, p: x.project(key)})
+}
+
 // lifecycleDelete applies the document's DELETE lifecycle to m[name].
-func lifecycleDelete(w http.ResponseWriter, m map[string]*taxEntity, name string) {
+func lifecycleDelete(m map[string]*taxEntity, name string) (int, any) {
 	e := m[name]
 	switch {
 	case e == nil:
-		taxFail(w, http.StatusConflict, "not found")
+		return taxFail(http.StatusConflict, "not found")
 	case e.state == "live", e.state == "unexpected":
 		e.state = "deleted"
-		taxOK(w, http.StatusOK, nil)
+		return taxOK(http.StatusOK, nil)
 	case e.state == "planned":
 		delete(m, name)
-		taxOK(w, http.StatusOK, nil)
+		return taxOK(http.StatusOK, nil)
 	case e.state == "transformed":
-		taxFail(w, http.StatusBadRequest, "transformed entities cannot be deleted")
+		return taxFail(http.StatusBadRequest, "transformed entities cannot be deleted")
 	default:
-		taxFail(w, http.StatusBadRequest, "already deleted")
+		return taxFail(http.StatusBadRequest, "already deleted")
 	}
 }
 
 // lifecycleRestore brings a deleted m[name] back (live).
-func lifecycleRestore(w http.ResponseWriter, m map[string]*taxEntity, name string, okStatus int) {
+func lifecycleRestore(m map[string]*taxEntity, name string, okStatus int) (int, any) {
 	e := m[name]
 	switch {
 	case e == nil:
-		taxFail(w, http.StatusConflict, "not found")
+		return taxFail(http.StatusConflict, "not found")
 	case e.state != "deleted":
-		taxFail(w, http.StatusBadRequest, "not deleted")
+		return taxFail(http.StatusBadRequest, "not deleted")
 	default:
 		e.state = "live"
-		taxOK(w, okStatus, nil)
+		return taxOK(okStatus, nil)
 	}
 }
 

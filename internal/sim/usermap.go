@@ -109,18 +109,21 @@ func (st *umState) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 const umControlPath = "/sim/usermap"
 
+// reset forgets the mappings, logs and refused ids (Sim.Reset); the rate
+// limit, key organizations and secrets are configuration: kept.
+func (st *umState) reset() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.mapped, st.rejected = map[string]map[string]string{}, map[string]bool{}
+	st.calls, st.batches, st.reads = nil, nil, nil
+	st.throttled, st.seq = 0, 0
+}
+
 func (s *Sim) registerUserMap() {
 	st := &umState{limit: DefaultMappingLimit, window: DefaultMappingWindow, orgOfKey: map[string]string{},
 		secrets: map[string]string{}, mapped: map[string]map[string]string{}, rejected: map[string]bool{}}
-	s.umState = st
+	s.um = st
 	s.ctlMux.Handle("GET "+umControlPath, st)
-	s.onReset(func() { // rate limit, key organizations and secrets are configuration: kept
-		st.mu.Lock()
-		defer st.mu.Unlock()
-		st.mapped, st.rejected = map[string]map[string]string{}, map[string]bool{}
-		st.calls, st.batches, st.reads = nil, nil, nil
-		st.throttled, st.seq = 0, 0
-	})
 	s.route("/usermap", routeHandler{
 		serve:    func(w http.ResponseWriter, r *http.Request, in *incoming) { s.serveUserMap(st, w, r, in) },
 		describe: func(in *incoming) { describeForm(in, "mapping") },
@@ -130,69 +133,58 @@ func (s *Sim) registerUserMap() {
 	})
 }
 
-func (s *Sim) um() *umState { return s.umState }
-
 // SetUserMapRate sets the mapping rate limit: limit calls per window
 // (defaults 1500 per 30 s); zero values keep the current setting.
 func (s *Sim) SetUserMapRate(limit int, window time.Duration) {
-	st := s.um()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	setPositive(&st.limit, limit)
-	setPositive(&st.window, window)
+	s.um.mu.Lock()
+	defer s.um.mu.Unlock()
+	setPositive(&s.um.limit, limit)
+	setPositive(&s.um.window, window)
 }
 
 // SetUserMapOrg puts apiKey in organization org: keys of one organization
 // share the mapping rate and the mapping state.
 func (s *Sim) SetUserMapOrg(apiKey, org string) {
-	st := s.um()
-	withLock(&st.mu, func() { st.orgOfKey[apiKey] = org })
+	withLock(&s.um.mu, func() { s.um.orgOfKey[apiKey] = org })
 }
 
 // SetSecretKey makes GET /api/2/usermap require secret for apiKey.
 func (s *Sim) SetSecretKey(apiKey, secret string) {
-	st := s.um()
-	withLock(&st.mu, func() { st.secrets[apiKey] = secret })
+	withLock(&s.um.mu, func() { s.um.secrets[apiKey] = secret })
 }
 
 // RejectUserID makes every POST /usermap holding this user_id fail with 400
 // "Invalid mapping" (no index named).
 func (s *Sim) RejectUserID(id string) {
-	st := s.um()
-	withLock(&st.mu, func() { st.rejected[id] = true })
+	withLock(&s.um.mu, func() { s.um.rejected[id] = true })
 }
 
 // MappingCalls returns every applied mapping, in order.
 func (s *Sim) MappingCalls() []MappingCall {
-	st := s.um()
-	return locked(&st.mu, func() []MappingCall { return append([]MappingCall{}, st.calls...) })
+	return locked(&s.um.mu, func() []MappingCall { return append([]MappingCall{}, s.um.calls...) })
 }
 
 // MappingBatches returns the accepted POST /usermap requests with their
 // arrival time, organization and mapping count (for pace assertions).
 func (s *Sim) MappingBatches() []MappingBatch {
-	st := s.um()
-	return locked(&st.mu, func() []MappingBatch { return append([]MappingBatch{}, st.batches...) })
+	return locked(&s.um.mu, func() []MappingBatch { return append([]MappingBatch{}, s.um.batches...) })
 }
 
 // MappingThrottled returns the number of POST /usermap answered 429.
 func (s *Sim) MappingThrottled() int64 {
-	st := s.um()
-	return locked(&st.mu, func() int64 { return st.throttled })
+	return locked(&s.um.mu, func() int64 { return s.um.throttled })
 }
 
 // MappingReads returns the GET /api/2/usermap requests seen.
 func (s *Sim) MappingReads() []MappingRead {
-	st := s.um()
-	return locked(&st.mu, func() []MappingRead { return append([]MappingRead{}, st.reads...) })
+	return locked(&s.um.mu, func() []MappingRead { return append([]MappingRead{}, s.um.reads...) })
 }
 
 // MappedTo returns the global user id apiKey's organization maps userID to.
 func (s *Sim) MappedTo(apiKey, userID string) (string, bool) {
-	st := s.um()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	g, ok := st.mapped[st.orgLocked(apiKey)][userID]
+	s.um.mu.Lock()
+	defer s.um.mu.Unlock()
+	g, ok := s.um.mapped[s.um.orgLocked(apiKey)][userID]
 	return g, ok
 }
 
@@ -220,7 +212,6 @@ func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, 
 	if !ok {
 		return
 	}
-	invalid := func() { writeJSON(w, http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidMapping}) }
 	var ms []MappingCall
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -230,25 +221,12 @@ func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, 
 			GlobalUserID any `json:"global_user_id"`
 			Unmap        any `json:"unmap"`
 		}
-		if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &m) != nil {
-			invalid()
-			return
-		}
-		uid, ok := m.UserID.(string)
-		if !ok || uid == "" || st.rejected[uid] {
-			invalid()
-			return
-		}
-		unmap := false
-		if m.Unmap != nil {
-			if unmap, ok = m.Unmap.(bool); !ok {
-				invalid()
-				return
-			}
-		}
+		bad := len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &m) != nil
+		uid, isString := m.UserID.(string)
+		unmap, isBool := m.Unmap.(bool)
 		gid, _ := m.GlobalUserID.(string)
-		if gid == "" && !unmap {
-			invalid()
+		if bad || !isString || uid == "" || st.rejected[uid] || (m.Unmap != nil && !isBool) || (gid == "" && !unmap) {
+			codeError(w, http.StatusBadRequest, ErrTextInvalidMapping)
 			return
 		}
 		ms = append(ms, MappingCall{UserID: uid, GlobalUserID: gid, Unmap: unmap})
@@ -267,7 +245,7 @@ func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, 
 	}
 	if inWindow+len(ms) > st.limit {
 		st.throttled++
-		writeJSON(w, http.StatusTooManyRequests, errBody{Code: 429, Error: "Too many requests"})
+		codeError(w, http.StatusTooManyRequests, "Too many requests")
 		return
 	}
 	st.batches = append(st.batches, MappingBatch{Time: now, Org: org, N: len(ms)})
@@ -303,11 +281,7 @@ func svcID(userID string) int64 {
 }
 
 func (s *Sim) serveUserMapRead(st *umState, w http.ResponseWriter, r *http.Request, in *incoming) {
-	rd := MappingRead{Time: s.cfg.Now(), Query: r.URL.RawQuery}
-	for k := range r.Header {
-		rd.Headers = append(rd.Headers, http.CanonicalHeaderKey(k))
-	}
-	sort.Strings(rd.Headers)
+	rd := MappingRead{Time: s.cfg.Now(), Query: r.URL.RawQuery, Headers: sortedKeys(r.Header)}
 	status, body := s.userMapRead(st, r, &rd)
 	rd.Status = status
 	st.mu.Lock()
