@@ -94,15 +94,22 @@ type env struct {
 	relayBin, natsBin string
 }
 
-// TestFleet runs the fleet scenarios, each on a fresh cluster.
+// TestFleet runs the fleet scenarios, each on a fresh cluster. The
+// package's tests run in parallel (each on its own processes and ports),
+// two at a time unless -parallel says otherwise: most of their time is
+// waits (lease expiries, elections, pauses), not CPU.
 func TestFleet(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts nats-server, sim and relay processes; skipped under -short")
 	}
-	e := env{relayBin: harness.Build(t), natsBin: buildNATSServer(t)}
-	t.Run("RelayKilled", func(t *testing.T) { runScenario(t, e, scenario{relays: 3, killRelay: true}) })
-	t.Run("NodeKilled", func(t *testing.T) { runScenario(t, e, scenario{relays: 2, killNode: true}) })
-	t.Run("Both", func(t *testing.T) { runScenario(t, e, scenario{relays: 3, killRelay: true, killNode: true}) })
+	t.Parallel()
+	e := binaries(t)
+	t.Run("RelayKilled", func(t *testing.T) { t.Parallel(); runScenario(t, e, scenario{relays: 3, killRelay: true}) })
+	t.Run("NodeKilled", func(t *testing.T) { t.Parallel(); runScenario(t, e, scenario{relays: 2, killNode: true}) })
+	t.Run("Both", func(t *testing.T) {
+		t.Parallel()
+		runScenario(t, e, scenario{relays: 3, killRelay: true, killNode: true})
+	})
 }
 
 type scenario struct {
@@ -677,7 +684,8 @@ func TestFleetConcurrentStart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts nats-server, sim and relay processes; skipped under -short")
 	}
-	e := env{relayBin: harness.Build(t), natsBin: buildNATSServer(t)}
+	t.Parallel()
+	e := binaries(t)
 	dir := t.TempDir()
 	r := &fleetRun{t: t, e: e, dir: dir, events: map[string]*sentEvent{}}
 	r.cluster = startCluster(t, e.natsBin, dir)
