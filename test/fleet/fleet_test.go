@@ -131,6 +131,8 @@ type fleetRun struct {
 	accepted atomic.Int64
 	reqs     atomic.Int64
 	statuses sync.Map // status code -> *atomic.Int64
+	// throttlePause is the relays' --throttle-pause; 0 means pause.
+	throttlePause time.Duration
 	// hotBurst, when set, makes the hot client send in bursts of that
 	// long, each followed by as long a rest (a long run's hot backlog
 	// then drains as it goes).
@@ -234,7 +236,7 @@ func (r *fleetRun) relayArgs(rp *relayProc) []string {
 		"--listen", rp.listen, "--admin-listen", rp.adminListen,
 		"--data-dir", rp.dataDir, "--spool-min-free-bytes", "0", "--log-format", "json",
 		"--ingest-url", cmp.Or(rp.upstream, r.sim.Base),
-		"--throttle-pause", pause.String(), "--flush-interval", "20ms", "--max-batch-events", "200",
+		"--throttle-pause", cmp.Or(r.throttlePause, pause).String(), "--flush-interval", "20ms", "--max-batch-events", "200",
 		"--drain-timeout", "2s"}, spool...)
 }
 
