@@ -18,6 +18,8 @@ func laneRunners(t *testing.T, admin, prefix string) []struct {
 	Label      string `json:"label"`
 	Stopped    bool   `json:"stopped"`
 	StopReason string `json:"stop_reason"`
+	Records    int64  `json:"records"`
+	Bytes      int64  `json:"bytes"`
 } {
 	t.Helper()
 	_, body := getBody(t, admin+"/relay/v1/lanes")
@@ -26,6 +28,8 @@ func laneRunners(t *testing.T, admin, prefix string) []struct {
 			Label      string `json:"label"`
 			Stopped    bool   `json:"stopped"`
 			StopReason string `json:"stop_reason"`
+			Records    int64  `json:"records"`
+			Bytes      int64  `json:"bytes"`
 		} `json:"lanes"`
 	}
 	if err := json.Unmarshal([]byte(body), &out); err != nil {
@@ -103,12 +107,30 @@ func TestFleetLaneStopHoldsOnEveryRelay(t *testing.T) {
 	if got := distinct(up.Events(apiKey)); got != delivered {
 		t.Fatalf("%d events delivered while the lane was stopped", got-delivered)
 	}
+	// The lanes API counts them: read on from the partitions and held, on
+	// whichever relay delivers each.
+	waiting := func() (records, bytes int64) {
+		for _, admin := range []string{a.admin, b.admin} {
+			for _, r := range laneRunners(t, admin, prefix) {
+				records, bytes = records+r.Records, bytes+r.Bytes
+			}
+		}
+		return records, bytes
+	}
+	poll.Until(t, "the lanes API counting the stopped lane's records", func() bool {
+		n, size := waiting()
+		return n == devices*perReq && size > 0
+	})
 	// Resume on B, by one of B's runners: everything goes.
 	label = laneRunners(t, b.admin, prefix)[0].Label
 	if st, body := postBody(t, b.admin+"/relay/v1/lanes/"+label+"/resume"); st != http.StatusOK {
 		t.Fatalf("resume on b: %d %s", st, body)
 	}
 	waitEvents(delivered+devices*perReq, "after the resume")
+	poll.Until(t, "the lanes API counting nothing waiting once delivered", func() bool {
+		n, size := waiting()
+		return n == 0 && size == 0
+	})
 }
 
 // postBody posts an empty body and returns the status and the answer.

@@ -11,8 +11,10 @@ import (
 
 // Lanes in fleet mode: the events lanes this relay delivers are its lane
 // runners, one per lane and owned partition (label "<lane label>-events-<n>"),
-// reported by the events deliverer; their backlog is the partition's (the
-// relay_fleet_partition_backlog metric), so records/chunks/bytes are 0.
+// reported by the events deliverer. Their records and bytes are the
+// lane's read from the partition and not delivered yet (a stopped lane's
+// are read on and held); the partition's messages not read yet are only
+// counted as a whole (relay_fleet_partition_backlog). Chunks is 0.
 
 // fleetLanes returns the events runners' statuses in fleet mode.
 func (a *Relay) fleetLanes() []delivery.LaneStatus {
@@ -32,7 +34,7 @@ func (a *Relay) fleetLane(label string) (delivery.LaneStatus, bool) {
 }
 
 func fleetLaneJSON(st delivery.LaneStatus) laneJSON {
-	return laneJSON{Label: st.Label, Kind: storage.KindEvents.String(), Controllable: true, Running: true,
+	return laneJSON{Label: st.Label, Kind: storage.KindEvents.String(), Records: st.Records, Bytes: st.Bytes, Controllable: true, Running: true,
 		Stopped: st.Stopped, StopReason: st.StopReason, PausedKeys: st.PausedKeys, HeldEvents: st.HeldEvents,
 		ReadAheadBytes: st.ReadAheadBytes}
 }

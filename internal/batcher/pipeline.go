@@ -477,5 +477,8 @@ func (lr *laneRunner) status() delivery.LaneStatus {
 	st.PausedKeys = lr.heldKeys.Load()
 	st.HeldEvents = lr.heldEvents.Load()
 	st.ReadAheadBytes = lr.readAhead.Load()
+	if f, ok := lr.src.(*delivery.Feed); ok {
+		st.Records, st.Bytes = f.Waiting()
+	}
 	return st
 }

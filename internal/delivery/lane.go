@@ -23,6 +23,11 @@ type LaneStatus struct {
 	// of chunks read from the spool with a record not yet delivered or
 	// dead-lettered, and the copies of records held for paused keys.
 	ReadAheadBytes int64
+	// Records and Bytes, for a runner of a fleet partition's lane, are the
+	// lane's records (and their bytes) read from the partition and not
+	// delivered yet (Feed.Waiting); 0 for a spool lane, whose spool counts
+	// them.
+	Records, Bytes int64
 }
 
 // LaneControl is what an operator (internal/adminapi's lane routes) needs

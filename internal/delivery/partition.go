@@ -360,6 +360,10 @@ type Feed struct {
 	out      map[uint64]*storage.Message // taken, not acknowledged
 	retired  bool
 	wake     chan struct{}
+
+	// The records and bytes (MessageBytes) of the messages pushed and not
+	// acknowledged yet: queued, spilled or taken (see Waiting).
+	waitRecords, waitBytes atomic.Int64
 }
 
 // fentry is a message queued for a feed's runner: whole (m), or spilled
@@ -397,6 +401,8 @@ func (f *Feed) push(m *storage.Message, n int64) bool {
 		f.mu.Unlock()
 		return false
 	}
+	f.waitRecords.Add(int64(len(m.Records)))
+	f.waitBytes.Add(n)
 	if pt.spill != nil && (f.nspilled > 0 || stopped) {
 		f.q = append(f.q, fentry{seq: m.Seq})
 		f.nspilled++
@@ -592,6 +598,15 @@ func (f *Feed) Next(ctx context.Context, maxBytes int) ([]storage.Chunk, error) 
 	}
 }
 
+// Waiting returns the records and bytes of the lane's messages read from
+// the partition and not acknowledged yet: queued for the runner, spilled
+// (a stopped lane's, read on and spilled as they come) or being sent. The
+// partition's messages not read yet are not counted: the store knows
+// their number, not their lanes.
+func (f *Feed) Waiting() (records, bytes int64) {
+	return f.waitRecords.Load(), f.waitBytes.Load()
+}
+
 // Ack says every record of the message seq is delivered or a committed
 // dead letter: it goes to the partition's acker.
 func (f *Feed) Ack(seq uint64) {
@@ -601,6 +616,8 @@ func (f *Feed) Ack(seq uint64) {
 	idle := len(f.out) == 0 && len(f.q) == 0
 	f.mu.Unlock()
 	if m != nil {
+		f.waitRecords.Add(-int64(len(m.Records)))
+		f.waitBytes.Add(-MessageBytes(m))
 		f.pt.ack(m)
 	}
 	if idle { // Wait starts its idle clock

@@ -335,11 +335,13 @@
 // What is not covered: a relay that loses its leases (it cannot renew for
 // LeaseTTL-LeaseMargin: cut off from the cluster, stopped, killed) while
 // one of its pauses is not stored. The next owner cannot know that pause:
-// nothing of it reached the cluster. Holding every taken-over partition
-// for the longest pause (--throttle-pause, 30 s; until the next UTC day
-// for a daily quota) would cover it, at that cost on every failover and
-// cluster outage, with a setting the fleet does not have today; it was not
-// chosen. With the bucket and the leases on the same cluster, an outage
+// nothing of it reached the cluster. It sends the key once, inside the
+// upstream's penalty, and pauses it on that 429 as on any other: one
+// request, not a retry loop (test/fleet, TestFleetPauseLostWithItsRelay).
+// Holding every taken-over partition for the longest pause
+// (--throttle-pause, 30 s; until the next UTC day for a daily quota) would
+// cover it, at that cost on every failover and cluster outage, with a
+// setting the fleet does not have today; it was not chosen. With the bucket and the leases on the same cluster, an outage
 // that expires the leases usually ends for both at once, and the pause's
 // rewrite (every 250 ms) then races the taker's read (after its lease
 // create and before the consumer's reset): the rewrite usually wins, not

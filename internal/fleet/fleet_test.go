@@ -54,6 +54,7 @@ func TestFleet(t *testing.T) {
 	t.Run("KeepAlive", env.testKeepAlive)
 	t.Run("Nak", env.testNak)
 	t.Run("Spill", env.testSpill)
+	t.Run("SpillStepDown", env.testSpillStepDown)
 	t.Run("RelayRestart", env.testRelayRestart)
 	t.Run("LeaseStolen", env.testLeaseStolen)
 	t.Run("KindMembers", env.testKindMembers)

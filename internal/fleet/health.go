@@ -55,27 +55,40 @@ func (f *Fleet) Writable(ctx context.Context) error {
 	return nil
 }
 
-// streamInfo reads a stream's info, each request bounded by attemptCtx and
-// asked again while unanswered, until ctx ends. Only a stream's leader
-// answers it (nats-server's jsStreamInfoRequest: the other replicas stay
-// silent unless they see the group leaderless), so a request that arrives
-// while the leadership changes hands, as after a step-down, can be answered
-// by no server: a request bounded only by a long ctx then waits all of it
-// (minutes in the tests), although the next one is answered at once.
+// streamInfo reads a stream's info (see stream).
 func (f *Fleet) streamInfo(ctx context.Context, name string) (*jetstream.StreamInfo, error) {
+	s, err := f.stream(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return s.CachedInfo(), nil
+}
+
+// stream looks a stream up (its info), the request bounded and asked again
+// while unanswered (see asked).
+func (f *Fleet) stream(ctx context.Context, name string) (jetstream.Stream, error) {
+	return asked(ctx, f, func(ctx context.Context) (jetstream.Stream, error) { return f.js.Stream(ctx, name) })
+}
+
+// asked calls req with a context bounded by attemptCtx, again while it
+// fails retryably (no answer among others), until ctx ends. For requests
+// that only a stream's leader answers (its info: nats-server's
+// jsStreamInfoRequest, the other replicas stay silent unless they see the
+// group leaderless; a message get): one that arrives while the leadership
+// changes hands, as after a step-down, can be answered by no server, and
+// bounded only by a long ctx it waits all of it (minutes in the tests),
+// although the next one is answered at once.
+func asked[T any](ctx context.Context, f *Fleet, req func(context.Context) (T, error)) (T, error) {
 	for {
 		actx, cancel := f.attemptCtx(ctx)
-		s, err := f.js.Stream(actx, name)
+		v, err := req(actx)
 		cancel()
-		if err == nil {
-			return s.CachedInfo(), nil
-		}
-		if ctx.Err() != nil || !retryable(err) {
-			return nil, err
+		if err == nil || ctx.Err() != nil || !retryable(err) {
+			return v, err
 		}
 		select {
 		case <-ctx.Done():
-			return nil, err
+			return v, err
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

@@ -67,13 +67,13 @@ func (p *Partition) ackSpilled(ctx context.Context, seq uint64) error {
 	return nil
 }
 
-// reread reads the spilled message seq again from the stream (a direct get
-// when the stream allows it). The message stays handed out.
+// reread reads the spilled message seq again from the stream (asked
+// again while unanswered, see asked). The message stays handed out.
 func (p *Partition) reread(ctx context.Context, st jetstream.Stream, seq uint64) (*Message, error) {
 	if p.ctx.Err() != nil {
 		return nil, ErrLost
 	}
-	raw, err := st.GetMsg(ctx, seq)
+	raw, err := asked(ctx, p.f, func(ctx context.Context) (*jetstream.RawStreamMsg, error) { return st.GetMsg(ctx, seq) })
 	if err != nil {
 		if p.ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgNotFound) {
 			// Gone from the stream: acknowledged by the next owner.
@@ -112,9 +112,13 @@ func (r *partitionReader) Reread(ctx context.Context, seq uint64) (*storage.Mess
 	if !ok {
 		return nil, fmt.Errorf("fleet: reread partition %d seq %d: not read from this reader", r.p.id, seq)
 	}
+	// Until the partition is lost: then the next owner has the message.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(r.p.ctx, cancel)()
 	if st == nil {
 		var err error
-		if st, err = r.p.f.js.Stream(ctx, r.p.f.n.streamOf(r.p.kind, r.p.id)); err != nil {
+		if st, err = r.p.f.stream(ctx, r.p.f.n.streamOf(r.p.kind, r.p.id)); err != nil {
 			if r.p.ctx.Err() != nil {
 				return nil, ErrLost
 			}

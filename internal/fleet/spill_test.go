@@ -107,3 +107,74 @@ func spillCase(ctx context.Context, r *partitionReader) error {
 	}
 	return nil
 }
+
+// testSpillStepDown: Reread asks again while the stream's leadership
+// changes hands. Only a stream's leader answers its info and a message
+// get, so a request sent just after a step-down can be answered by no
+// server: each spilled message here is read again right after one, the
+// first through the stream's lookup, the others through the message get
+// alone (the stream known). Asked once and bounded only by the caller's
+// context, a read waited all of it.
+func (e *testEnv) testSpillStepDown(t *testing.T) {
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1})
+	ctx := bg(t)
+	const n = 4
+	for i := range n {
+		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:held", i+1)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stream := f.n.streamOf(storage.KindEvents, 0)
+	res := make(chan error, 1)
+	stop := runEvents(f, func(ctx context.Context, p *Partition) error {
+		r := &partitionReader{p: p, out: make(map[uint64]*Message)}
+		err := func() error {
+			var ms []*storage.Message
+			for range n {
+				m, err := r.Next(ctx)
+				if err != nil {
+					return err
+				}
+				r.Spill(m.Seq)
+				ms = append(ms, m)
+			}
+			for i, m := range ms {
+				resp, err := f.nc.RequestWithContext(ctx, "$JS.API.STREAM.LEADER.STEPDOWN."+stream, nil)
+				if err != nil {
+					return fmt.Errorf("step %s down: %w", stream, err)
+				}
+				if !strings.Contains(string(resp.Data), `"success":true`) {
+					return fmt.Errorf("step %s down: %s", stream, resp.Data)
+				}
+				t0 := time.Now()
+				// Not the whole of ctx: a read that waits this long was
+				// asked once and never answered.
+				rctx, cancel := context.WithTimeout(ctx, poll.Max)
+				got, err := r.Reread(rctx, m.Seq)
+				cancel()
+				if err != nil {
+					return fmt.Errorf("reread seq %d after a step-down: %w", m.Seq, err)
+				}
+				if len(got.Records) != 1 || string(got.Records[0].Data) != fmt.Sprintf("d:held/%d", i+1) {
+					return fmt.Errorf("reread seq %d: %+v", m.Seq, got)
+				}
+				t.Logf("seq %d read again %v after a step-down", m.Seq, time.Since(t0).Round(time.Millisecond))
+				if err := r.Ack(ctx, got); err != nil {
+					return err
+				}
+			}
+			return nil
+		}()
+		res <- err
+		return err
+	})
+	defer stop()
+	select {
+	case err := <-res:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(2 * poll.Max * n):
+		t.Fatal("deliver did not finish")
+	}
+}

@@ -21,14 +21,14 @@ import (
 )
 
 // buildNATSServer builds the real nats-server binary, at the version go.mod
-// pins, into a temp dir: the same binary the README's commands build.
-func buildNATSServer(t *testing.T) string {
+// pins, into dir: the same binary the README's commands build.
+func buildNATSServer(t *testing.T, dir string) string {
 	t.Helper()
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		goBin = "/usr/local/go/bin/go"
 	}
-	bin := filepath.Join(t.TempDir(), "nats-server")
+	bin := filepath.Join(dir, "nats-server")
 	cmd := exec.Command(goBin, "build", "-o", bin, "github.com/nats-io/nats-server/v2")
 	cmd.Dir = harness.ModuleRoot(t)
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -211,7 +211,8 @@ func TestNATSClusterKillRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts nats-server processes; skipped under -short")
 	}
-	c := startCluster(t, buildNATSServer(t), t.TempDir())
+	t.Parallel()
+	c := startCluster(t, binaries(t).natsBin, t.TempDir())
 	js := natstest.Connect(t, c.clientURLs(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()

@@ -94,15 +94,22 @@ type env struct {
 	relayBin, natsBin string
 }
 
-// TestFleet runs the fleet scenarios, each on a fresh cluster.
+// TestFleet runs the fleet scenarios, each on a fresh cluster. The
+// package's tests run in parallel (each on its own processes and ports),
+// two at a time unless -parallel says otherwise: most of their time is
+// waits (lease expiries, elections, pauses), not CPU.
 func TestFleet(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts nats-server, sim and relay processes; skipped under -short")
 	}
-	e := env{relayBin: harness.Build(t), natsBin: buildNATSServer(t)}
-	t.Run("RelayKilled", func(t *testing.T) { runScenario(t, e, scenario{relays: 3, killRelay: true}) })
-	t.Run("NodeKilled", func(t *testing.T) { runScenario(t, e, scenario{relays: 2, killNode: true}) })
-	t.Run("Both", func(t *testing.T) { runScenario(t, e, scenario{relays: 3, killRelay: true, killNode: true}) })
+	t.Parallel()
+	e := binaries(t)
+	t.Run("RelayKilled", func(t *testing.T) { t.Parallel(); runScenario(t, e, scenario{relays: 3, killRelay: true}) })
+	t.Run("NodeKilled", func(t *testing.T) { t.Parallel(); runScenario(t, e, scenario{relays: 2, killNode: true}) })
+	t.Run("Both", func(t *testing.T) {
+		t.Parallel()
+		runScenario(t, e, scenario{relays: 3, killRelay: true, killNode: true})
+	})
 }
 
 type scenario struct {
@@ -124,6 +131,8 @@ type fleetRun struct {
 	accepted atomic.Int64
 	reqs     atomic.Int64
 	statuses sync.Map // status code -> *atomic.Int64
+	// throttlePause is the relays' --throttle-pause; 0 means pause.
+	throttlePause time.Duration
 	// hotBurst, when set, makes the hot client send in bursts of that
 	// long, each followed by as long a rest (a long run's hot backlog
 	// then drains as it goes).
@@ -227,7 +236,7 @@ func (r *fleetRun) relayArgs(rp *relayProc) []string {
 		"--listen", rp.listen, "--admin-listen", rp.adminListen,
 		"--data-dir", rp.dataDir, "--spool-min-free-bytes", "0", "--log-format", "json",
 		"--ingest-url", cmp.Or(rp.upstream, r.sim.Base),
-		"--throttle-pause", pause.String(), "--flush-interval", "20ms", "--max-batch-events", "200",
+		"--throttle-pause", cmp.Or(r.throttlePause, pause).String(), "--flush-interval", "20ms", "--max-batch-events", "200",
 		"--drain-timeout", "2s"}, spool...)
 }
 
@@ -677,7 +686,8 @@ func TestFleetConcurrentStart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts nats-server, sim and relay processes; skipped under -short")
 	}
-	e := env{relayBin: harness.Build(t), natsBin: buildNATSServer(t)}
+	t.Parallel()
+	e := binaries(t)
 	dir := t.TempDir()
 	r := &fleetRun{t: t, e: e, dir: dir, events: map[string]*sentEvent{}}
 	r.cluster = startCluster(t, e.natsBin, dir)

@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -11,6 +13,51 @@ import (
 	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
+
+// TestMain removes the binaries the tests shared (see binaries).
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
+
+// built is the relay and nats-server binaries, built once per run of the
+// test binary (each build is a link of tens of MB: seconds on a loaded
+// machine) into dir, which TestMain removes.
+var built struct {
+	once sync.Once
+	dir  string
+	env  env
+}
+
+// binaries returns the relay and nats-server binaries, built by the first
+// test that asks; it fails the test when that build failed.
+func binaries(t *testing.T) env {
+	t.Helper()
+	built.once.Do(func() {
+		dir, err := os.MkdirTemp("", "fleet-test-bin-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		built.dir = dir
+		// harness.Build builds into this test's temp dir, removed when
+		// the test ends: linked out of it (unless it names E2E_RELAY_BIN).
+		relay := harness.Build(t)
+		if os.Getenv("E2E_RELAY_BIN") == "" {
+			if err := os.Link(relay, filepath.Join(dir, "relay")); err != nil {
+				t.Fatal(err)
+			}
+			relay = filepath.Join(dir, "relay")
+		}
+		built.env = env{relayBin: relay, natsBin: buildNATSServer(t, dir)}
+	})
+	if built.env.natsBin == "" {
+		t.Fatal("the relay or nats-server build failed (in an earlier test)")
+	}
+	return built.env
+}
 
 // proc is one started process (a nats-server node or a relay). Its output
 // is appended to log across restarts; Cleanup kills it.

@@ -25,7 +25,8 @@ func TestFleetSecurity(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts NATS clusters and relay processes; skipped under -short")
 	}
-	bin := harness.Build(t)
+	t.Parallel()
+	bin := binaries(t).relayBin
 	// Files of another CA and another operator: right in form, wrong for
 	// the clusters.
 	other := t.TempDir()
