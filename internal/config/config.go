@@ -169,6 +169,32 @@ func size(p func(*Config) *int64) func(*Config, string) error {
 	}
 }
 
+// integer sets a whole number; with nonNeg, a negative one is refused here.
+func integer(p func(*Config) *int, nonNeg bool) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		switch {
+		case nonNeg && (err != nil || n < 0):
+			return fmt.Errorf("invalid number %q: want 0 or more", v)
+		case err != nil:
+			return fmt.Errorf("invalid number %q", v)
+		}
+		*p(c) = n
+		return nil
+	}
+}
+
+func boolean(p func(*Config) *bool) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		b, err := strconv.ParseBool(strings.TrimSpace(v))
+		if err != nil {
+			return fmt.Errorf("invalid boolean %q: want true or false", v)
+		}
+		*p(c) = b
+		return nil
+	}
+}
+
 // options is the table of every setting, in the order of the contract.
 var options = []option{
 	{name: "listen", def: "127.0.0.1:8080", usage: "ingest listener address (apps and SDKs send events here)",
@@ -192,14 +218,7 @@ var options = []option{
 	{name: "throttle-pause", def: batcher.DefaultThrottlePause.String(), usage: "how long a device or user named in a 429 gets nothing sent",
 		set: dur(func(c *Config) *time.Duration { return &c.ThrottlePause })},
 	{name: "max-batch-events", def: strconv.Itoa(batcher.DefaultMaxBatchEvents), usage: "events per upstream request, at most (1.." + strconv.Itoa(batcher.MaxMaxBatchEvents) + ")",
-		set: func(c *Config, v string) error {
-			n, err := strconv.Atoi(strings.TrimSpace(v))
-			if err != nil {
-				return fmt.Errorf("invalid number %q", v)
-			}
-			c.MaxBatchEvents = n
-			return nil
-		}},
+		set: integer(func(c *Config) *int { return &c.MaxBatchEvents }, false)},
 	{name: "max-batch-bytes", def: strconv.Itoa(batcher.DefaultMaxBatchBytes), usage: "upstream request body size, strictly less than this",
 		set: size(func(c *Config) *int64 { return &c.MaxBatchBytes })},
 	{name: "flush-interval", def: batcher.DefaultFlushInterval.String(), usage: "longest an accepted event waits for its batch to fill",
@@ -215,27 +234,13 @@ var options = []option{
 	{name: "max-event-age", def: "6d", usage: "an event undelivered this long after acceptance goes to dead letters",
 		set: dur(func(c *Config) *time.Duration { return &c.MaxEventAge })},
 	{name: "upstream-gzip", def: "false", isBool: true, usage: "send upstream bodies gzip-compressed",
-		set: func(c *Config, v string) error {
-			b, err := strconv.ParseBool(strings.TrimSpace(v))
-			if err != nil {
-				return fmt.Errorf("invalid boolean %q: want true or false", v)
-			}
-			c.UpstreamGzip = b
-			return nil
-		}},
+		set: boolean(func(c *Config) *bool { return &c.UpstreamGzip })},
 	{name: "admin-token", secret: true, usage: "token required on admin routes but /healthz, /readyz and /metrics (prefer --admin-token-file)",
 		set: str(func(c *Config) *string { return &c.AdminToken })},
 	{name: "admin-token-file", usage: "file holding the admin token",
 		set: str(func(c *Config) *string { return &c.AdminTokenFile })},
 	{name: "admin-insecure-open", def: "false", isBool: true, usage: "serve an admin-listen that is not loopback without an admin token (otherwise that start is refused)",
-		set: func(c *Config, v string) error {
-			b, err := strconv.ParseBool(strings.TrimSpace(v))
-			if err != nil {
-				return fmt.Errorf("invalid boolean %q: want true or false", v)
-			}
-			c.AdminInsecureOpen = b
-			return nil
-		}},
+		set: boolean(func(c *Config) *bool { return &c.AdminInsecureOpen })},
 	{name: "credentials", usage: "YAML file of upstream credentials; needs an admin token",
 		set: str(func(c *Config) *string { return &c.Credentials })},
 	{name: "trusted-proxies", usage: "comma-separated CIDRs whose X-Forwarded-For is trusted",
@@ -255,14 +260,7 @@ var options = []option{
 
 	// The ingest listener: connections and TLS.
 	{name: "max-connections", def: "16384", usage: "ingest connections held open at once; beyond it new ones wait in the accept queue",
-		set: func(c *Config, v string) error {
-			n, err := strconv.Atoi(strings.TrimSpace(v))
-			if err != nil {
-				return fmt.Errorf("invalid number %q", v)
-			}
-			c.MaxConnections = n
-			return nil
-		}},
+		set: integer(func(c *Config) *int { return &c.MaxConnections }, false)},
 	{name: "tls-cert", usage: "PEM certificate chain: the ingest listener serves HTTPS (with --tls-key); SIGHUP reloads it",
 		set: str(func(c *Config) *string { return &c.TLSCert })},
 	{name: "tls-key", usage: "PEM private key of --tls-cert",
@@ -302,14 +300,7 @@ var options = []option{
 			return nil
 		}},
 	{name: "anonymize-ip", def: "false", isBool: true, usage: "drop the last octet of IPv4 / last 80 bits of IPv6 of every ip the relay fills in or forwards",
-		set: func(c *Config, v string) error {
-			b, err := strconv.ParseBool(strings.TrimSpace(v))
-			if err != nil {
-				return fmt.Errorf("invalid boolean %q: want true or false", v)
-			}
-			c.AnonymizeIP = b
-			return nil
-		}},
+		set: boolean(func(c *Config) *bool { return &c.AnonymizeIP })},
 	{name: "tracking-plan", def: "off", usage: "off, observe, filter or block: how events are checked at delivery against the project's taxonomy (a project's tracking_plan in the credentials file overrides it)",
 		set: func(c *Config, v string) (err error) {
 			c.TrackingPlan, err = plan.ParseMode(strings.TrimSpace(v))
@@ -333,57 +324,22 @@ var options = []option{
 	{name: "nats-tls-key", usage: "client certificate's key (PEM); with --nats-tls-cert",
 		set: str(func(c *Config) *string { return &c.NATSTLSKey })},
 	{name: "spool-partitions", def: "3", usage: "partitions of the fleet's streams (1..256), fixed once the streams exist: per-key order is kept within one",
-		set: func(c *Config, v string) error {
-			n, err := strconv.Atoi(strings.TrimSpace(v))
-			if err != nil {
-				return fmt.Errorf("invalid number %q", v)
-			}
-			c.SpoolPartitions = n
-			return nil
-		}},
+		set: integer(func(c *Config) *int { return &c.SpoolPartitions }, false)},
 	{name: "spool-streams", def: "0", usage: "streams each lane kind's partitions are spread over, each with a Raft leader of its own (0: 1; above 1, all or nothing per stream, not per request), fixed once the streams exist; with partitions and streams at 0 the layout found is taken",
-		set: func(c *Config, v string) error {
-			n, err := strconv.Atoi(strings.TrimSpace(v))
-			if err != nil {
-				return fmt.Errorf("invalid number %q", v)
-			}
-			c.SpoolStreams = n
-			return nil
-		}},
+		set: integer(func(c *Config) *int { return &c.SpoolStreams }, false)},
 	// Connections per client address.
 	{name: "max-connections-per-client", def: strconv.Itoa(ingest.DefaultMaxConnectionsPerClient), usage: "ingest connections one client address (IPv6: its /64) holds open at once; beyond it new ones are closed at accept; loopback and --trusted-proxies are not bounded (0: off)",
-		set: func(c *Config, v string) error {
-			n, err := strconv.Atoi(strings.TrimSpace(v))
-			if err != nil {
-				return fmt.Errorf("invalid number %q", v)
-			}
-			c.MaxConnectionsPerClient = n
-			return nil
-		}},
+		set: integer(func(c *Config) *int { return &c.MaxConnectionsPerClient }, false)},
 	// The sandbox guard.
 	{name: "spool-upstream-change", def: "refuse", usage: "allow: deliver records waiting in the spool to another upstream than they were accepted for (refuse: fail to start)",
 		set: str(func(c *Config) *string { return &c.SpoolUpstreamChange })},
 	// Bounded lanes.
 	{name: "max-lanes", def: "10000", usage: "lanes (kind + api_key + canonical options) held at once; a new one beyond it gets 503 + Retry-After (0: no bound)",
-		set: func(c *Config, v string) error {
-			n, err := strconv.Atoi(strings.TrimSpace(v))
-			if err != nil || n < 0 {
-				return fmt.Errorf("invalid number %q: want 0 or more", v)
-			}
-			c.MaxLanes = n
-			return nil
-		}},
+		set: integer(func(c *Config) *int { return &c.MaxLanes }, true)},
 	{name: "lane-retire-after", def: "10m", usage: "an empty lane with nothing accepted for this long is retired (its goroutines, metric series and spool record removed; 0: never)",
 		set: dur(func(c *Config) *time.Duration { return &c.LaneRetireAfter })},
 	{name: "max-lanes-per-key", def: "16", usage: "lanes of one api_key (its kinds and options variants) held at once; a new one beyond it gets 503 + Retry-After (0: no bound)",
-		set: func(c *Config, v string) error {
-			n, err := strconv.Atoi(strings.TrimSpace(v))
-			if err != nil || n < 0 {
-				return fmt.Errorf("invalid number %q: want 0 or more", v)
-			}
-			c.MaxLanesPerKey = n
-			return nil
-		}},
+		set: integer(func(c *Config) *int { return &c.MaxLanesPerKey }, true)},
 }
 
 // isListOption reports whether a YAML file may give the option as a list
@@ -528,10 +484,9 @@ func Load(args []string, environ []string) (Config, error) {
 	var lines map[string]int // the line of each key, for sources
 	if cfgFile != "" {
 		var err error
-		if file, err = readFile(cfgFile); err != nil {
+		if file, lines, err = readFile(cfgFile); err != nil {
 			return Config{}, err
 		}
-		lines = keyLines(cfgFile)
 	}
 
 	for _, o := range options {
@@ -561,35 +516,37 @@ func Load(args []string, environ []string) (Config, error) {
 	return c, nil
 }
 
-// readFile reads the YAML settings file into flag name -> raw value.
-func readFile(path string) (map[string]string, error) {
+// readFile reads the YAML settings file into flag name -> raw value, and
+// the line of each key (for naming a value's source).
+func readFile(path string) (map[string]string, map[string]int, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("config file: %w", err)
+		return nil, nil, fmt.Errorf("config file: %w", err)
 	}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(b, &doc); err != nil {
-		return nil, fmt.Errorf("config file %s: %w", path, err)
+		return nil, nil, fmt.Errorf("config file %s: %w", path, err)
 	}
-	out := make(map[string]string)
+	out, lines := make(map[string]string), make(map[string]int)
 	if doc.Kind == 0 { // empty file
-		return out, nil
+		return out, lines, nil
 	}
 	m := &doc
 	if m.Kind == yaml.DocumentNode && len(m.Content) == 1 {
 		m = m.Content[0]
 	}
 	if m.Kind != yaml.MappingNode {
-		return nil, fmt.Errorf("config file %s: want a mapping of setting: value", path)
+		return nil, nil, fmt.Errorf("config file %s: want a mapping of setting: value", path)
 	}
 	for i := 0; i+1 < len(m.Content); i += 2 {
 		k, v := m.Content[i], m.Content[i+1]
 		if _, ok := lookupOption(k.Value); !ok || k.Value == "config" {
-			return nil, fmt.Errorf("config file %s line %d: unknown key %q", path, k.Line, k.Value)
+			return nil, nil, fmt.Errorf("config file %s line %d: unknown key %q", path, k.Line, k.Value)
 		}
 		if _, dup := out[k.Value]; dup {
-			return nil, fmt.Errorf("config file %s line %d: key %q given twice", path, k.Line, k.Value)
+			return nil, nil, fmt.Errorf("config file %s line %d: key %q given twice", path, k.Line, k.Value)
 		}
+		lines[k.Value] = k.Line
 		switch {
 		case v.Kind == yaml.ScalarNode && v.Tag == "!!null":
 			out[k.Value] = ""
@@ -599,16 +556,16 @@ func readFile(path string) (map[string]string, error) {
 			items := make([]string, 0, len(v.Content))
 			for _, it := range v.Content {
 				if it.Kind != yaml.ScalarNode {
-					return nil, fmt.Errorf("config file %s line %d: %s: want a list of strings", path, it.Line, k.Value)
+					return nil, nil, fmt.Errorf("config file %s line %d: %s: want a list of strings", path, it.Line, k.Value)
 				}
 				items = append(items, it.Value)
 			}
 			out[k.Value] = strings.Join(items, ",")
 		default:
-			return nil, fmt.Errorf("config file %s line %d: %s: want a single value", path, v.Line, k.Value)
+			return nil, nil, fmt.Errorf("config file %s line %d: %s: want a single value", path, v.Line, k.Value)
 		}
 	}
-	return out, nil
+	return out, lines, nil
 }
 
 func parsePrefixes(v string) ([]netip.Prefix, error) {
