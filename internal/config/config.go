@@ -667,35 +667,25 @@ func (c Config) Validate() error {
 			return settingErr(u.name, "%q: want an http:// or https:// base URL", maskURL(u.v))
 		}
 	}
+	if err := firstBad([]bound{
+		{"max-batch-events", c.MaxBatchEvents > batcher.MaxMaxBatchEvents, fmt.Sprintf("%d is above %d: the upstream takes fewer than 2000 events per request", c.MaxBatchEvents, batcher.MaxMaxBatchEvents)},
+		{"max-batch-events", c.MaxBatchEvents < 1, fmt.Sprintf("%d: want 1 to %d", c.MaxBatchEvents, batcher.MaxMaxBatchEvents)},
+		{"max-batch-bytes", c.MaxBatchBytes < 1, fmt.Sprintf("%d: want a positive size", c.MaxBatchBytes)},
+		{"max-request-bytes", c.MaxRequestBytes < 1, fmt.Sprintf("%d: want a positive size", c.MaxRequestBytes)},
+		{"spool-max-bytes", c.SpoolMaxBytes < 0, "must not be negative"},
+		{"spool-min-free-bytes", c.SpoolMinFreeBytes < 0, "must not be negative"},
+		{"throttle-pause", c.ThrottlePause <= 0, "must be positive"},
+		{"flush-interval", c.FlushInterval <= 0, "must be positive"},
+		{"max-event-age", c.MaxEventAge <= 0, "must be positive"},
+		{"drain-timeout", c.DrainTimeout <= 0, "must be positive"},
+		{"max-lanes", c.MaxLanes < 0, "must not be negative"},
+		{"lane-retire-after", c.LaneRetireAfter < 0, "must not be negative"},
+		{"max-lanes-per-key", c.MaxLanesPerKey < 0, "must not be negative"},
+		{"sync", c.Sync != "always" && c.Sync != "none", fmt.Sprintf("%q: want always or none", c.Sync)},
+	}); err != nil {
+		return err
+	}
 	switch {
-	case c.MaxBatchEvents > batcher.MaxMaxBatchEvents:
-		return settingErr("max-batch-events", "%d is above %d: the upstream takes fewer than 2000 events per request", c.MaxBatchEvents, batcher.MaxMaxBatchEvents)
-	case c.MaxBatchEvents < 1:
-		return settingErr("max-batch-events", "%d: want 1 to %d", c.MaxBatchEvents, batcher.MaxMaxBatchEvents)
-	case c.MaxBatchBytes < 1:
-		return settingErr("max-batch-bytes", "%d: want a positive size", c.MaxBatchBytes)
-	case c.MaxRequestBytes < 1:
-		return settingErr("max-request-bytes", "%d: want a positive size", c.MaxRequestBytes)
-	case c.SpoolMaxBytes < 0:
-		return settingErr("spool-max-bytes", "must not be negative")
-	case c.SpoolMinFreeBytes < 0:
-		return settingErr("spool-min-free-bytes", "must not be negative")
-	case c.ThrottlePause <= 0:
-		return settingErr("throttle-pause", "must be positive")
-	case c.FlushInterval <= 0:
-		return settingErr("flush-interval", "must be positive")
-	case c.MaxEventAge <= 0:
-		return settingErr("max-event-age", "must be positive")
-	case c.DrainTimeout <= 0:
-		return settingErr("drain-timeout", "must be positive")
-	case c.MaxLanes < 0:
-		return settingErr("max-lanes", "must not be negative")
-	case c.LaneRetireAfter < 0:
-		return settingErr("lane-retire-after", "must not be negative")
-	case c.MaxLanesPerKey < 0:
-		return settingErr("max-lanes-per-key", "must not be negative")
-	case c.Sync != "always" && c.Sync != "none":
-		return settingErr("sync", "%q: want always or none", c.Sync)
 	case c.Credentials != "" && c.AdminToken == "" && c.AdminTokenFile == "" && c.Token == nil:
 		return settingErr("credentials", "needs an admin token (admin-token or admin-token-file): injected credentials must not be open to anyone who reaches the admin listener")
 	case !LoopbackAddr(c.AdminListen) && c.AdminToken == "" && c.AdminTokenFile == "" && c.Token == nil && !c.AdminInsecureOpen:
@@ -706,40 +696,36 @@ func (c Config) Validate() error {
 	if err := c.validateFleet(); err != nil {
 		return err
 	}
-	switch c.SpoolUpstreamChange {
-	case "refuse", "allow":
-	default:
-		return settingErr("spool-upstream-change", "%q: want refuse or allow", c.SpoolUpstreamChange)
-	}
-	switch c.LogLevel {
-	case "debug", "info", "warn", "error":
-	default:
-		return settingErr("log-level", "%q: want debug, info, warn or error", c.LogLevel)
-	}
-	switch c.LogFormat {
-	case "", "json", "console":
-	default:
-		return settingErr("log-format", "%q: want json or console", c.LogFormat)
-	}
+	// The ingest listener's errors name only the setting that was set
+	// (Load adds where from), never as a flag one not given.
+	return firstBad([]bound{
+		{"spool-upstream-change", !slices.Contains([]string{"refuse", "allow"}, c.SpoolUpstreamChange), fmt.Sprintf("%q: want refuse or allow", c.SpoolUpstreamChange)},
+		{"log-level", !slices.Contains([]string{"debug", "info", "warn", "error"}, c.LogLevel), fmt.Sprintf("%q: want debug, info, warn or error", c.LogLevel)},
+		{"log-format", !slices.Contains([]string{"", "json", "console"}, c.LogFormat), fmt.Sprintf("%q: want json or console", c.LogFormat)},
+		{"max-connections", c.MaxConnections < 1, fmt.Sprintf("%d: want a positive number", c.MaxConnections)},
+		{"tls-cert", c.TLSCert != "" && c.TLSKey == "", "is set without tls-key: set both or neither"},
+		{"tls-key", c.TLSCert == "" && c.TLSKey != "", "is set without tls-cert: set both or neither"},
+		{"admin-tls-cert", c.AdminTLSCert != "" && c.AdminTLSKey == "", "is set without admin-tls-key: set both or neither"},
+		{"admin-tls-key", c.AdminTLSCert == "" && c.AdminTLSKey != "", "is set without admin-tls-cert: set both or neither"},
+		{"max-connections-per-client", c.MaxConnectionsPerClient < 0, fmt.Sprintf("%d: want 0 (no bound) or a positive number", c.MaxConnectionsPerClient)},
+	})
+}
 
-	// The ingest listener. The errors name only the setting
-	// that was set (Load adds where from), never as a flag one not given.
-	if c.MaxConnections < 1 {
-		return settingErr("max-connections", "%d: want a positive number", c.MaxConnections)
-	}
-	for _, p := range []struct{ cert, key, certV, keyV string }{
-		{"tls-cert", "tls-key", c.TLSCert, c.TLSKey},
-		{"admin-tls-cert", "admin-tls-key", c.AdminTLSCert, c.AdminTLSKey},
-	} {
-		switch {
-		case p.certV != "" && p.keyV == "":
-			return settingErr(p.cert, "is set without %s: set both or neither", p.key)
-		case p.certV == "" && p.keyV != "":
-			return settingErr(p.key, "is set without %s: set both or neither", p.cert)
+// bound is one check of Validate: when bad, setting name is refused with
+// msg.
+type bound struct {
+	name string
+	bad  bool
+	msg  string
+}
+
+// firstBad is the error of the first bad bound, in their order; nil when
+// none is.
+func firstBad(bs []bound) error {
+	for _, b := range bs {
+		if b.bad {
+			return settingErr(b.name, "%s", b.msg)
 		}
-	}
-	if c.MaxConnectionsPerClient < 0 {
-		return settingErr("max-connections-per-client", "%d: want 0 (no bound) or a positive number", c.MaxConnectionsPerClient)
 	}
 	return nil
 }
