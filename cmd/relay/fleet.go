@@ -12,9 +12,6 @@ import (
 
 	"github.com/svcrelay/relay/internal/config"
 	"github.com/svcrelay/relay/internal/fleet"
-	"github.com/svcrelay/relay/internal/formreq"
-	"github.com/svcrelay/relay/internal/spool"
-	"github.com/svcrelay/relay/internal/storage"
 )
 
 // fleetStore is fleet mode's store (--spool nats://...): the
@@ -75,16 +72,4 @@ func (fs *fleetStore) close(context.Context) error {
 	err := fs.f.Close()
 	fs.nc.Close()
 	return err
-}
-
-// spooling is what a form kind (group identify, user mappings) is given:
-// cfg's timing and its store, the fleet's restricted to the kind's
-// partitions (each kind's delivery runs its own ownership loop), or the
-// local spool's lanes of the kind when fs is nil (local mode).
-func (fs *fleetStore) spooling(cfg config.Config, k storage.Kind, local *spool.Backend) formreq.Spooling {
-	sc := formreq.Spooling{FormTiming: cfg.FormTiming(), Store: local.Only(k)}
-	if fs != nil {
-		sc.Store = fs.b.Only(k)
-	}
-	return sc
 }

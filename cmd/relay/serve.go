@@ -26,6 +26,7 @@ import (
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/event"
+	"github.com/svcrelay/relay/internal/formreq"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/groupidentify"
 	"github.com/svcrelay/relay/internal/ingest"
@@ -135,9 +136,18 @@ type deliveries struct {
 	gi     *groupidentify.GroupIdentify
 }
 
-// newDeliveries builds the delivery side from cfg; creds is the credentials
-// file in force.
-func newDeliveries(cfg config.Config, bases upstreamBases, fs *fleetStore, local *spool.Backend, creds *credentials.Ref, tp *plan.Enforcer, taps *tap.Hub, log *zap.Logger, reg prometheus.Registerer) (*deliveries, error) {
+// buildDelivery builds the delivery side (not running yet: startDelivery).
+func (s *server) buildDelivery() (*deliveries, error) {
+	cfg, log, reg, fs, creds := s.cfg, s.log, s.reg, s.fs, s.creds
+	// A form kind's store: the fleet's restricted to the kind's partitions
+	// (each kind's delivery runs its own ownership loop), or the local
+	// spool's lanes of the kind.
+	spooling := func(k storage.Kind) formreq.Spooling {
+		if fs != nil {
+			return formreq.Spooling{FormTiming: cfg.FormTiming(), Store: fs.b.Only(k)}
+		}
+		return formreq.Spooling{FormTiming: cfg.FormTiming(), Store: s.local.Only(k)}
+	}
 	client, err := upstream.New(upstream.Config{}, log.Named("upstream"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("upstream client: %w", err)
@@ -147,14 +157,14 @@ func newDeliveries(cfg config.Config, bases upstreamBases, fs *fleetStore, local
 		return nil, fmt.Errorf("throttle: %w", err)
 	}
 	bcfg := cfg.Batcher()
-	bcfg.Check = tp.Check // the tracking plan, checked as events are packed
-	bcfg.OnDead = taps.PublishDead
+	bcfg.Check = s.tp.Check // the tracking plan, checked as events are packed
+	bcfg.OnDead = s.taps.PublishDead
 	var p *batcher.Pipeline
-	live := &liveMeter{next: tappedSender{client, taps}, windows: map[string]*rateWindow{}}
+	live := &liveMeter{next: tappedSender{client, s.taps}, windows: map[string]*rateWindow{}}
 	if fs != nil { // the events partitions this relay owns
 		p, err = batcher.NewFleet(bcfg, fs.b.Only(storage.KindEvents), fs.f, fs.f, live, thr, log.Named("delivery"), reg)
 	} else {
-		p, err = batcher.New(bcfg, local.Only(storage.KindEvents), live, thr, log.Named("delivery"), reg)
+		p, err = batcher.New(bcfg, s.local.Only(storage.KindEvents), live, thr, log.Named("delivery"), reg)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("delivery: %w", err)
@@ -170,7 +180,7 @@ func newDeliveries(cfg config.Config, bases upstreamBases, fs *fleetStore, local
 
 	gi, err := groupidentify.New(groupidentify.Config{
 		URL:      cfg.IngestURL,
-		Spooling: fs.spooling(cfg, storage.KindGroupIdentify, local),
+		Spooling: spooling(storage.KindGroupIdentify),
 	}, client, creds, log.Named("groupidentify"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("group identify: %w", err)
@@ -195,9 +205,9 @@ func newDeliveries(cfg config.Config, bases upstreamBases, fs *fleetStore, local
 		return d, nil
 	}
 	um, err := usermap.New(usermap.Config{
-		AliasURL:     bases.alias,
-		AnalyticsURL: bases.analytics,
-		Spooling:     fs.spooling(cfg, storage.KindUserMap, local),
+		AliasURL:     s.bases.alias,
+		AnalyticsURL: s.bases.analytics,
+		Spooling:     spooling(storage.KindUserMap),
 	}, client, creds, log.Named("usermap"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("user mapping: %w", err)
@@ -304,7 +314,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	if err := s.openShared(); err != nil {
 		return err
 	}
-	dl, err := newDeliveries(s.cfg, s.bases, s.fs, s.local, s.creds, s.tp, s.taps, log, s.reg)
+	dl, err := s.buildDelivery()
 	if err != nil {
 		return err
 	}
