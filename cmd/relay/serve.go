@@ -130,10 +130,6 @@ type deliveries struct {
 	lanes      map[storage.Kind]delivery.LaneControl
 	// release drops buffers kept for reuse, before an idle process collects.
 	release []func()
-	// events is the events pipeline, gi the group identifies' delivery
-	// (for a reload's settings).
-	events *batcher.Pipeline
-	gi     *groupidentify.GroupIdentify
 }
 
 // buildDelivery builds the delivery side (not running yet: startDelivery).
@@ -175,7 +171,6 @@ func (s *server) buildDelivery() (*deliveries, error) {
 		components: []namedComponent{{"delivery", p}},
 		lanes:      map[storage.Kind]delivery.LaneControl{storage.KindEvents: p},
 		release:    []func(){p.ReleaseMemory},
-		events:     p,
 	}
 
 	gi, err := groupidentify.New(groupidentify.Config{
@@ -185,7 +180,12 @@ func (s *server) buildDelivery() (*deliveries, error) {
 	if err != nil {
 		return nil, fmt.Errorf("group identify: %w", err)
 	}
-	d.gi = gi
+	s.onHUP.add(func(c config.Config) {
+		p.SetLive(c.BatcherLive())
+		if !c.Sandbox() { // sandbox mode's simulator URL is kept (isLive)
+			gi.SetURL(c.IngestURL)
+		}
+	})
 	d.components = append(d.components, namedComponent{"groupidentify", gi})
 	d.lanes[storage.KindGroupIdentify] = gi
 	d.routes = append(d.routes, gi.Routes()...)
@@ -318,12 +318,6 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	if err != nil {
 		return err
 	}
-	s.onHUP.add(func(c config.Config) {
-		dl.events.SetLive(c.BatcherLive())
-		if !c.Sandbox() { // sandbox mode's simulator URL is kept (isLive)
-			dl.gi.SetURL(c.IngestURL)
-		}
-	})
 	admin, err := s.startAdmin(dl)
 	if err != nil {
 		return err
