@@ -405,9 +405,9 @@ func (s *server) begin() error {
 		if err != nil {
 			return fmt.Errorf("sandbox simulator: %w", err)
 		}
-		for _, p := range []*string{&s.cfg.IngestURL, &s.cfg.AliasURL, &s.cfg.AnalyticsURL, &s.cfg.ExperimentURL, &s.cfg.ScimURL, &s.cfg.FeedbackURL} {
-			if *p == "" {
-				*p = url
+		for _, u := range s.cfg.UpstreamURLs() {
+			if *u.URL == "" {
+				*u.URL = url
 			}
 		}
 		log.Info("sandbox mode: no --ingest-url given, so events go to the built-in simulated upstream (nothing leaves this machine); read what it received at http://"+cfg.AdminListen+"/sim/events",

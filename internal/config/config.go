@@ -139,6 +139,19 @@ type Config struct {
 // upstream (no --ingest-url).
 func (c Config) Sandbox() bool { return c.IngestURL == "" }
 
+// UpstreamURL is one upstream base setting: its flag name and the field.
+type UpstreamURL struct {
+	Name string // "ingest-url", "alias-url", ...
+	URL  *string
+}
+
+// UpstreamURLs are c's upstream bases, ingest-url first, in the order of
+// the flags.
+func (c *Config) UpstreamURLs() []UpstreamURL {
+	return []UpstreamURL{{"ingest-url", &c.IngestURL}, {"alias-url", &c.AliasURL}, {"analytics-url", &c.AnalyticsURL},
+		{"experiment-url", &c.ExperimentURL}, {"scim-url", &c.ScimURL}, {"feedback-url", &c.FeedbackURL}}
+}
+
 // option is one setting: its flag name, default and how to apply a value.
 type option struct {
 	name   string
@@ -655,16 +668,13 @@ func (c Config) Validate() error {
 	if strings.TrimSpace(c.DataDir) == "" {
 		return settingErr("data-dir", "is empty")
 	}
-	for _, u := range []struct{ name, v string }{
-		{"ingest-url", c.IngestURL}, {"alias-url", c.AliasURL}, {"analytics-url", c.AnalyticsURL},
-		{"experiment-url", c.ExperimentURL}, {"scim-url", c.ScimURL}, {"feedback-url", c.FeedbackURL},
-	} {
-		if u.v == "" {
+	for _, u := range c.UpstreamURLs() {
+		if *u.URL == "" {
 			continue
 		}
-		p, err := url.Parse(u.v)
+		p, err := url.Parse(*u.URL)
 		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
-			return settingErr(u.name, "%q: want an http:// or https:// base URL", maskURL(u.v))
+			return settingErr(u.Name, "%q: want an http:// or https:// base URL", maskURL(*u.URL))
 		}
 	}
 	if err := firstBad([]bound{
