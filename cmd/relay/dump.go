@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/spool"
-	"github.com/svcrelay/relay/internal/storage"
 )
 
 // dumpLine is one record of `relay spool dump`.
@@ -29,18 +28,6 @@ type dumpLine struct {
 	// when it is not JSON.
 	Data    json.RawMessage `json:"data,omitempty"`
 	DataRaw string          `json:"data_raw,omitempty"`
-}
-
-func kindName(k storage.Kind) string {
-	switch k {
-	case storage.KindEvents:
-		return "events"
-	case storage.KindGroupIdentify:
-		return "groupidentify"
-	case storage.KindUserMap:
-		return "usermap"
-	}
-	return fmt.Sprintf("kind%d", k)
 }
 
 // runDump prints every live record of the spool in --data-dir, lane by lane
@@ -134,7 +121,7 @@ func dump(ctx context.Context, dir string, out io.Writer) (int, error) {
 				got++
 				for i, r := range c.Records {
 					line := dumpLine{
-						Lane: label, Kind: kindName(key.Kind), Seq: c.Seq, Index: i,
+						Lane: label, Kind: key.Kind.String(), Seq: c.Seq, Index: i,
 						Accepted: c.Accepted.UTC(), OrderKey: string(r.OrderKey), UserID: string(r.UserID),
 					}
 					if json.Valid(r.Data) {

@@ -11,11 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/config"
-	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/fleet"
-	"github.com/svcrelay/relay/internal/formreq"
-	"github.com/svcrelay/relay/internal/spool"
-	"github.com/svcrelay/relay/internal/storage"
 )
 
 // fleetStore is fleet mode's store (--spool nats://...): the
@@ -36,20 +32,13 @@ const openFleetTimeout = 30 * time.Second
 // openFleet connects to cfg's cluster and opens the fleet. Server URLs are
 // never logged (they may hold a password).
 func openFleet(cfg config.Config, log *zap.Logger, reg prometheus.Registerer) (*fleetStore, error) {
-	nc, err := fleet.Dial(fleet.ConnConfig{
-		Servers:     cfg.SpoolNATS,
-		Name:        "relay",
-		CredsFile:   cfg.NATSCreds,
-		TLSCAFile:   cfg.NATSTLSCA,
-		TLSCertFile: cfg.NATSTLSCert,
-		TLSKeyFile:  cfg.NATSTLSKey,
-	}, log.Named("nats"))
+	nc, err := fleet.Dial(cfg.FleetConn(), log.Named("nats"))
 	if err != nil {
 		return nil, fmt.Errorf("--spool nats://: connect: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), openFleetTimeout)
 	defer cancel()
-	f, err := fleet.Open(ctx, nc, fleet.Config{Partitions: cfg.SpoolPartitions, Streams: cfg.SpoolStreams}, log.Named("fleet"), reg)
+	f, err := fleet.Open(ctx, nc, cfg.Fleet(), log.Named("fleet"), reg)
 	if err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("--spool nats://: open the fleet's streams: %w", err)
@@ -83,16 +72,4 @@ func (fs *fleetStore) close(context.Context) error {
 	err := fs.f.Close()
 	fs.nc.Close()
 	return err
-}
-
-// spooling is what a form kind (group identify, user mappings) is given:
-// cfg's timing and its store, the fleet's restricted to the kind's
-// partitions (each kind's delivery runs its own ownership loop), or the
-// local spool's lanes of the kind when fs is nil (local mode).
-func (fs *fleetStore) spooling(cfg config.Config, k storage.Kind, local *spool.Backend) formreq.Spooling {
-	sc := formreq.Spooling{FormTiming: delivery.FormTiming{MaxAge: cfg.MaxEventAge, Gzip: cfg.UpstreamGzip}, Store: local.Only(k)}
-	if fs != nil {
-		sc.Store = fs.b.Only(k)
-	}
-	return sc
 }

@@ -27,7 +27,7 @@ import (
 	"syscall"
 
 	"github.com/svcrelay/relay/internal/config"
-	"github.com/svcrelay/relay/internal/opscmd"
+	"github.com/svcrelay/relay/internal/operator"
 )
 
 func main() {
@@ -62,7 +62,7 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 		case "tap":
 			return runTap(ctx, args[1:], environ, stdout, stderr)
 		case "export", "dsar", "delete-users", "feedback", "backfill", "migrate":
-			return opscmd.Main(ctx, args[0], args[1:], stdout, stderr)
+			return operator.Main(ctx, args[0], args[1:], stdout, stderr)
 		case "help":
 			usage(stderr)
 			return exitOK

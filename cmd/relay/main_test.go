@@ -36,7 +36,7 @@ func TestRunRefusals(t *testing.T) {
 		{"env value", nil, []string{"RELAY_SPOOL_MAX_BYTES=lots"}, "spool-max-bytes (from variable RELAY_SPOOL_MAX_BYTES)"},
 		{"unknown subcommand-like argument", []string{"frobnicate"}, nil, `unexpected argument "frobnicate"`},
 		{"spool without a subcommand", []string{"spool"}, nil, "usage: relay spool (dump|verify|salvage|import)"},
-		// The operator commands go to opscmd.Main, each under its own name.
+		// The operator commands go to operator.Main, each under its own name.
 		{"export without flags", []string{"export"}, nil, "relay export: --start and --end are required"},
 		{"dsar without flags", []string{"dsar"}, nil, "relay dsar: bad DSAR request"},
 		{"delete-users without flags", []string{"delete-users"}, nil, "relay delete-users: --ids-file is required"},

@@ -23,22 +23,11 @@ func logOpen(log *zap.Logger, cfg config.Config) {
 		zap.Float64("client_rate_limit", cfg.ClientRateLimit), zap.Bool("anonymize_ip", cfg.AnonymizeIP))
 }
 
-// ingestOpen is the ingest listener's Open of cfg; creds is the
-// credentials file in force (the allow-list may come from it).
-func ingestOpen(cfg config.Config, creds *credentials.Store) ingest.Open {
-	return ingest.Open{
-		CORSOrigins:     cfg.CORSOrigins,
-		AllowedAPIKeys:  cfg.IngestAllowedAPIKeys(creds),
-		ClientRateLimit: cfg.ClientRateLimit,
-		AnonymizeIP:     cfg.AnonymizeIP,
-	}
-}
-
 // reloadOpen puts the Open settings of cfg in force on ing (a reload:
 // CORS origins, the allow-list, from the credentials file in force when it
 // comes from there, the client rate limit, IP anonymization).
 func reloadOpen(ing *ingest.Server, cfg config.Config, creds *credentials.Store, log *zap.Logger) {
-	if err := ing.SetOpen(ingestOpen(cfg, creds)); err != nil {
+	if err := ing.SetOpen(cfg.IngestOpen(creds)); err != nil {
 		// config.Load validated them as ingest does: not expected.
 		log.Error("reload: ingest access settings not reloaded; those in force stay", errField(err))
 		return

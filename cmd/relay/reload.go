@@ -233,17 +233,10 @@ func keepRestartSettings(cur, next config.Config) config.Config {
 	eff.MaxLanes, eff.MaxLanesPerKey, eff.LaneRetireAfter = next.MaxLanes, next.MaxLanesPerKey, next.LaneRetireAfter
 	eff.TrackingPlan, eff.TrackingPlanRefresh = next.TrackingPlan, next.TrackingPlanRefresh
 	eff.SpoolUpstreamChange = next.SpoolUpstreamChange
-	if isLive("ingest-url", cur, next) {
-		eff.IngestURL = next.IngestURL
-	}
-	urls := func(c *config.Config) map[string]*string {
-		return map[string]*string{"alias-url": &c.AliasURL, "analytics-url": &c.AnalyticsURL,
-			"experiment-url": &c.ExperimentURL, "scim-url": &c.ScimURL, "feedback-url": &c.FeedbackURL}
-	}
-	nextURLs := urls(&next)
-	for name, p := range urls(&eff) {
-		if isLive(name, cur, next) {
-			*p = *nextURLs[name]
+	nextURLs := next.UpstreamURLs()
+	for i, u := range eff.UpstreamURLs() {
+		if isLive(u.Name, cur, next) {
+			*u.URL = *nextURLs[i].URL
 		}
 	}
 	// A token given directly needs a restart; one cannot be added to a

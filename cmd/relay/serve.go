@@ -9,7 +9,6 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"net/netip"
 	"runtime"
 	"runtime/debug"
 	"sync"
@@ -27,6 +26,7 @@ import (
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/event"
+	"github.com/svcrelay/relay/internal/formreq"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/groupidentify"
 	"github.com/svcrelay/relay/internal/ingest"
@@ -37,6 +37,7 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/tap"
 	"github.com/svcrelay/relay/internal/throttle"
+	"github.com/svcrelay/relay/internal/tlsreload"
 	"github.com/svcrelay/relay/internal/upstream"
 	"github.com/svcrelay/relay/internal/usermap"
 	"go.uber.org/zap"
@@ -129,15 +130,20 @@ type deliveries struct {
 	lanes      map[storage.Kind]delivery.LaneControl
 	// release drops buffers kept for reuse, before an idle process collects.
 	release []func()
-	// events is the events pipeline, gi the group identifies' delivery
-	// (for a reload's settings).
-	events *batcher.Pipeline
-	gi     *groupidentify.GroupIdentify
 }
 
-// newDeliveries builds the delivery side from cfg; creds is the credentials
-// file in force.
-func newDeliveries(cfg config.Config, bases upstreamBases, sp *spool.Spool, fs *fleetStore, local *spool.Backend, creds *credentials.Ref, tp *plan.Enforcer, taps *tap.Hub, log *zap.Logger, reg prometheus.Registerer) (*deliveries, error) {
+// buildDelivery builds the delivery side (not running yet: startDelivery).
+func (s *server) buildDelivery() (*deliveries, error) {
+	cfg, log, reg, fs, creds := s.cfg, s.log, s.reg, s.fs, s.creds
+	// A form kind's store: the fleet's restricted to the kind's partitions
+	// (each kind's delivery runs its own ownership loop), or the local
+	// spool's lanes of the kind.
+	spooling := func(k storage.Kind) formreq.Spooling {
+		if fs != nil {
+			return formreq.Spooling{FormTiming: cfg.FormTiming(), Store: fs.b.Only(k)}
+		}
+		return formreq.Spooling{FormTiming: cfg.FormTiming(), Store: s.local.Only(k)}
+	}
 	client, err := upstream.New(upstream.Config{}, log.Named("upstream"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("upstream client: %w", err)
@@ -146,24 +152,15 @@ func newDeliveries(cfg config.Config, bases upstreamBases, sp *spool.Spool, fs *
 	if err != nil {
 		return nil, fmt.Errorf("throttle: %w", err)
 	}
-	bcfg := batcher.Config{
-		IngestURL:      cfg.IngestURL,
-		MaxBatchEvents: cfg.MaxBatchEvents,
-		MaxBatchBytes:  int(cfg.MaxBatchBytes),
-		FlushInterval:  cfg.FlushInterval,
-		ThrottlePause:  cfg.ThrottlePause,
-		MaxEventAge:    cfg.MaxEventAge,
-		Gzip:           cfg.UpstreamGzip,
-		DrainTimeout:   cfg.DrainTimeout,
-		Check:          tp.Check, // the tracking plan, checked as events are packed
-		OnDead:         taps.PublishDead,
-	}
+	bcfg := cfg.Batcher()
+	bcfg.Check = s.tp.Check // the tracking plan, checked as events are packed
+	bcfg.OnDead = s.taps.PublishDead
 	var p *batcher.Pipeline
-	live := &liveMeter{next: tappedSender{client, taps}, windows: map[string]*rateWindow{}}
+	live := &liveMeter{next: tappedSender{client, s.taps}, windows: map[string]*rateWindow{}}
 	if fs != nil { // the events partitions this relay owns
 		p, err = batcher.NewFleet(bcfg, fs.b.Only(storage.KindEvents), fs.f, fs.f, live, thr, log.Named("delivery"), reg)
 	} else {
-		p, err = batcher.New(bcfg, local.Only(storage.KindEvents), live, thr, log.Named("delivery"), reg)
+		p, err = batcher.New(bcfg, s.local.Only(storage.KindEvents), live, thr, log.Named("delivery"), reg)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("delivery: %w", err)
@@ -174,17 +171,21 @@ func newDeliveries(cfg config.Config, bases upstreamBases, sp *spool.Spool, fs *
 		components: []namedComponent{{"delivery", p}},
 		lanes:      map[storage.Kind]delivery.LaneControl{storage.KindEvents: p},
 		release:    []func(){p.ReleaseMemory},
-		events:     p,
 	}
 
 	gi, err := groupidentify.New(groupidentify.Config{
 		URL:      cfg.IngestURL,
-		Spooling: fs.spooling(cfg, storage.KindGroupIdentify, local),
+		Spooling: spooling(storage.KindGroupIdentify),
 	}, client, creds, log.Named("groupidentify"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("group identify: %w", err)
 	}
-	d.gi = gi
+	s.onHUP.add(func(c config.Config) {
+		p.SetLive(c.BatcherLive())
+		if !c.Sandbox() { // sandbox mode's simulator URL is kept (isLive)
+			gi.SetURL(c.IngestURL)
+		}
+	})
 	d.components = append(d.components, namedComponent{"groupidentify", gi})
 	d.lanes[storage.KindGroupIdentify] = gi
 	d.routes = append(d.routes, gi.Routes()...)
@@ -204,9 +205,9 @@ func newDeliveries(cfg config.Config, bases upstreamBases, sp *spool.Spool, fs *
 		return d, nil
 	}
 	um, err := usermap.New(usermap.Config{
-		AliasURL:     bases.alias,
-		AnalyticsURL: bases.analytics,
-		Spooling:     fs.spooling(cfg, storage.KindUserMap, local),
+		AliasURL:     s.bases.alias,
+		AnalyticsURL: s.bases.analytics,
+		Spooling:     spooling(storage.KindUserMap),
 	}, client, creds, log.Named("usermap"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("user mapping: %w", err)
@@ -243,17 +244,6 @@ func memoryLimitField() zap.Field {
 	}
 }
 
-// serveWith runs the relay until ctx ends (SIGTERM/SIGINT) or a component fails,
-// then stops everything in reverse order of start. resetSignals restores the
-// default signal handling once the stop begins, so a second signal kills.
-//
-// Start order: simulator (sandbox mode only), spool, admin listener (with
-// /relay/v1, /groupidentify, /usermap and the forwarding routes), delivery
-// (events, group identifies, user mappings), ingest listener. Stop order is
-// the reverse: stop accepting events, drain the deliveries within
-// --drain-timeout, stop the admin listener (no more group identifies or
-// mappings accepted), close the spool, stop the simulator.
-
 // serveHooks let a test reach into a serve it runs in its own process, and
 // give serve what a reload needs.
 type serveHooks struct {
@@ -271,35 +261,115 @@ type serveHooks struct {
 	fleetOpened func(nc *nats.Conn)
 }
 
-func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log *zap.Logger, hooks serveHooks) (err error) {
-	lc := &lifecycle{log: log}
-	g := &goroutines{failed: make(chan error, 1)}
-	var stopping atomic.Bool
-	sd := newNotifier() // systemd's Type=notify (sdnotify.go)
-	defer func() {
-		stopping.Store(true)
-		_ = sd.notify("STOPPING=1")
-		// Ingest gets at most --drain-timeout, delivery drains within its own
-		// --drain-timeout after that; the rest is for closing.
-		sctx, cancel := context.WithTimeout(context.Background(), stopBudget(cfg.DrainTimeout))
-		defer cancel()
-		err = errors.Join(err, lc.stopAll(sctx))
-		g.wg.Wait()
-		if err == nil {
-			log.Info("relay stopped")
-		}
-	}()
+// server is one serve's state, shared by its steps (serveWith).
+type server struct {
+	cfg      config.Config
+	log      *zap.Logger
+	hooks    serveHooks
+	lc       *lifecycle
+	g        *goroutines
+	sd       notifier
+	onHUP    *reloaders // every reloader, added by the step that builds what it reloads
+	reload   *configReloader
+	reg      *prometheus.Registry
+	stopping atomic.Bool
+	sandbox  *sim.Sim // sandbox mode's simulator; nil otherwise
 
+	// openStore's.
+	sp        *spool.Spool
+	spoolOpen atomic.Bool
+	local     *spool.Backend // the spool behind the seam (internal/storage)
+	fs        *fleetStore    // fleet mode's store; nil in local mode
+	maxLanes  atomic.Int64   // --max-lanes in force (a reload changes it), for /readyz
+
+	// Shared by delivery, the admin listener and ingest.
+	creds  *credentials.Ref // the credentials file in force (a reload swaps it)
+	bases  upstreamBases
+	taxLim *ratelimit.Limiter // the taxonomy API's: the plan's reads and the forwarded calls
+	tp     *plan.Enforcer
+	taps   *tap.Hub
+}
+
+// serveWith runs the relay until ctx ends (SIGTERM/SIGINT) or a component fails,
+// then stops everything in reverse order of start. resetSignals restores the
+// default signal handling once the stop begins, so a second signal kills.
+//
+// Start order: simulator (sandbox mode only), spool, delivery (built, not
+// running), admin listener (with /relay/v1, /groupidentify, /usermap and the
+// forwarding routes), delivery running (events, group identifies, user
+// mappings), ingest listener. Stop order is the reverse: stop accepting
+// events, drain the deliveries within --drain-timeout, stop the admin
+// listener (no more group identifies or mappings accepted), close the
+// spool, stop the simulator.
+func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log *zap.Logger, hooks serveHooks) (err error) {
+	s := &server{cfg: cfg, log: log, hooks: hooks, lc: &lifecycle{log: log}, g: &goroutines{failed: make(chan error, 1)},
+		sd: newNotifier(), onHUP: &reloaders{}}
+	defer func() { err = s.stop(err) }()
+	if err := s.begin(); err != nil {
+		return err
+	}
+	if err := s.openStore(); err != nil {
+		return err
+	}
+	if err := s.openShared(); err != nil {
+		return err
+	}
+	dl, err := s.buildDelivery()
+	if err != nil {
+		return err
+	}
+	admin, err := s.startAdmin(dl)
+	if err != nil {
+		return err
+	}
+	s.startDelivery(dl)
+	if err := s.startIngest(admin); err != nil {
+		return err
+	}
+	log.Info("relay serving")
+	if err := s.sd.notify("READY=1\nSTATUS=serving"); err != nil {
+		log.Warn("could not tell systemd the relay is ready", errField(err))
+	}
+
+	select {
+	case <-ctx.Done():
+		resetSignals()
+		log.Info("signal received: stopping (a second signal kills)", zap.Duration("drain_timeout", s.cfg.DrainTimeout))
+		return nil
+	case err := <-s.g.failed:
+		resetSignals()
+		return err
+	}
+}
+
+// stop stops everything started, within stopBudget, and returns err with
+// the stops' errors.
+func (s *server) stop(err error) error {
+	s.stopping.Store(true)
+	_ = s.sd.notify("STOPPING=1")
+	// Ingest gets at most --drain-timeout, delivery drains within its own
+	// --drain-timeout after that; the rest is for closing.
+	sctx, cancel := context.WithTimeout(context.Background(), stopBudget(s.cfg.DrainTimeout))
+	defer cancel()
+	err = errors.Join(err, s.lc.stopAll(sctx))
+	s.g.wg.Wait()
+	if err == nil {
+		s.log.Info("relay stopped")
+	}
+	return err
+}
+
+// begin sets up what every later step uses: the reloads (SIGHUP, POST
+// /relay/v1/reload), sandbox mode's simulator, the start's log lines and
+// the metrics registry.
+func (s *server) begin() error {
+	cfg, log, hooks := s.cfg, s.log, s.hooks
 	// SIGHUP (sighup.go) and POST /relay/v1/reload (reload.go) read the
 	// configuration again and run every reloader with it; SIGHUP no longer
-	// kills, and its watch is stopped last. Each component that reloads
-	// something (the TLS files, the token and credentials files, the
-	// ingest access settings, the log level) adds its own with onHUP.add
-	// once it is built.
-	onHUP := &reloaders{}
-	cfgReload := newConfigReloader(cfg, hooks.load, onHUP, log)
+	// kills, and its watch is stopped last.
+	s.reload = newConfigReloader(cfg, hooks.load, s.onHUP, log)
 	if hooks.level != nil {
-		onHUP.add(func(c config.Config) {
+		s.onHUP.add(func(c config.Config) {
 			if lvl, err := zap.ParseAtomicLevel(c.LogLevel); err == nil && lvl.Level() != hooks.level.Level() {
 				hooks.level.SetLevel(lvl.Level())
 				log.Info("reload: log level set", zap.String("log_level", c.LogLevel))
@@ -308,7 +378,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	}
 	if hooks.format != nil {
 		format := cfg.LogFormat
-		onHUP.add(func(c config.Config) {
+		s.onHUP.add(func(c config.Config) {
 			if c.LogFormat == format {
 				return
 			}
@@ -322,24 +392,22 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	}
 	stopWatchHUP := watchSIGHUP(func() {
 		log.Info("SIGHUP received: reloading")
-		_ = sd.notify("RELOADING=1")
-		cfgReload.reload("SIGHUP")
-		_ = sd.notify("READY=1")
+		_ = s.sd.notify("RELOADING=1")
+		s.reload.reload("SIGHUP")
+		_ = s.sd.notify("READY=1")
 	})
-	lc.onStop("SIGHUP watch", func(context.Context) error { stopWatchHUP(); return nil })
+	s.lc.onStop("SIGHUP watch", func(context.Context) error { stopWatchHUP(); return nil })
 
-	upstreamID := upstreamIdentity(cfg.IngestURL) // before sandbox mode fills it in
-	var sandbox *sim.Sim
 	if cfg.Sandbox() {
-		sandbox = sim.New(sim.Config{}, log.Named("sim"))
-		lc.onStop("sim", func(context.Context) error { return sandbox.Close() })
-		url, err := sandbox.Start("127.0.0.1:0")
+		s.sandbox = sim.New(sim.Config{}, log.Named("sim"))
+		s.lc.onStop("sim", func(context.Context) error { return s.sandbox.Close() })
+		url, err := s.sandbox.Start("127.0.0.1:0")
 		if err != nil {
 			return fmt.Errorf("sandbox simulator: %w", err)
 		}
-		for _, p := range []*string{&cfg.IngestURL, &cfg.AliasURL, &cfg.AnalyticsURL, &cfg.ExperimentURL, &cfg.ScimURL, &cfg.FeedbackURL} {
-			if *p == "" {
-				*p = url
+		for _, u := range s.cfg.UpstreamURLs() {
+			if *u.URL == "" {
+				*u.URL = url
 			}
 		}
 		log.Info("sandbox mode: no --ingest-url given, so events go to the built-in simulated upstream (nothing leaves this machine); read what it received at http://"+cfg.AdminListen+"/sim/events",
@@ -360,25 +428,30 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 		zap.Bool("credentials", cfg.Creds != nil),
 		memoryLimitField(), zap.Int("gomaxprocs", runtime.GOMAXPROCS(0)),
 		zap.String("version", versionString()))
-
 	if cfg.Creds != nil {
 		// Names only: a Store never logs a secret.
 		log.Info("credentials loaded", zap.String("file", cfg.Credentials), zap.Object("credentials", cfg.Creds))
 	}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(
+	s.reg = prometheus.NewRegistry()
+	s.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
-	if err := registerBuildInfo(reg); err != nil {
+	if err := registerBuildInfo(s.reg); err != nil {
 		return err
 	}
-	if err := cfgReload.register(reg); err != nil {
-		return err
-	}
+	return s.reload.register(s.reg)
+}
 
-	// Spool.
+// openStore opens the spool in --data-dir and, in fleet mode, the fleet's
+// store, and passes the spool's upstream guard.
+func (s *server) openStore() error {
+	cfg, log := s.cfg, s.log
+	upstreamID := upstreamIdentity(cfg.IngestURL)
+	if s.sandbox != nil { // cfg.IngestURL is the simulator's, new at every start
+		upstreamID = sandboxUpstream
+	}
 	scfg := spool.Config{Dir: cfg.DataDir, MaxBytes: cfg.SpoolMaxBytes, MinFreeBytes: cfg.SpoolMinFreeBytes}
 	if cfg.Sync == "none" {
 		scfg.NoSync = true
@@ -387,14 +460,14 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 		scfg.MinFreeBytes = -1 // --spool-min-free-bytes 0 disables the reserve
 	}
 	scfg.MaxLanes, scfg.MaxLanesPerKey, scfg.RetireIdle = spoolLaneLimits(cfg)
-	sp, err := spool.Open(scfg, log.Named("spool"), reg)
+	sp, err := spool.Open(scfg, log.Named("spool"), s.reg)
 	if err != nil {
 		return fmt.Errorf("open spool in %s: %w%s", cfg.DataDir, err, spoolHint(cfg.DataDir, err))
 	}
-	var spoolOpen atomic.Bool
-	spoolOpen.Store(true)
-	lc.onStop("spool", func(context.Context) error {
-		spoolOpen.Store(false)
+	s.sp = sp
+	s.spoolOpen.Store(true)
+	s.lc.onStop("spool", func(context.Context) error {
+		s.spoolOpen.Store(false)
 		return sp.Close()
 	})
 	// Open may have replayed tens of MB of the spool's write-ahead log:
@@ -403,14 +476,13 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	debug.FreeOSMemory()
 	// Fleet mode's store, stopped after delivery gave its
 	// partitions up (stops run in reverse).
-	var fs *fleetStore
 	if cfg.SpoolNATS != nil {
-		if fs, err = openFleet(cfg, log, reg); err != nil {
+		if s.fs, err = openFleet(cfg, log, s.reg); err != nil {
 			return err
 		}
-		lc.onStop("fleet", fs.close)
-		if hooks.fleetOpened != nil {
-			hooks.fleetOpened(fs.nc)
+		s.lc.onStop("fleet", s.fs.close)
+		if s.hooks.fleetOpened != nil {
+			s.hooks.fleetOpened(s.fs.nc)
 		}
 		for _, l := range sp.Lanes() {
 			if l.Stats().Records > 0 { // every kind is the fleet's
@@ -422,156 +494,123 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	st := sp.Stats()
 	log.Info("spool open", zap.String("dir", cfg.DataDir), zap.Int("lanes", st.Lanes),
 		zap.Int64("live_bytes", st.LiveBytes), zap.Int64("file_bytes", st.FileBytes), zap.Int64("dead", st.Dead))
-
-	// TLS of both listeners, reloaded on SIGHUP.
-	ingTLS, err := loadTLS(log, "ingest", cfg.TLSCert, cfg.TLSKey, tlsSources(cfg, "tls-cert", "tls-key"))
-	if err != nil {
-		return err
-	}
-	adminTLS, err := loadTLS(log, "admin", cfg.AdminTLSCert, cfg.AdminTLSKey, tlsSources(cfg, "admin-tls-cert", "admin-tls-key"))
-	if err != nil {
-		return err
-	}
-	var tlsPairs []*tlsPair
-	for _, p := range []*tlsPair{ingTLS, adminTLS} {
-		if p != nil {
-			tlsPairs = append(tlsPairs, p)
-		}
-	}
-	onHUP.add(func(config.Config) { reloadTLS(log, tlsPairs) })
 	if err := guardSpoolUpstream(sp, upstreamID, cfg.SpoolUpstreamChange == "allow", log); err != nil {
 		return err
 	}
-	cfgReload.setGuard(reloadUpstreamGuard(sp, log))
-	// The lane limits in force (a reload changes them), for /readyz too.
-	var maxLanes atomic.Int64
-	maxLanes.Store(int64(cfg.MaxLanes))
-	onHUP.add(func(c config.Config) {
+	s.reload.setGuard(reloadUpstreamGuard(sp, log))
+	s.maxLanes.Store(int64(cfg.MaxLanes))
+	s.onHUP.add(func(c config.Config) {
 		sp.SetLaneLimits(spoolLaneLimits(c))
-		maxLanes.Store(int64(c.MaxLanes))
+		s.maxLanes.Store(int64(c.MaxLanes))
 	})
+	s.local = spool.NewBackend(sp, log.Named("spool"))
+	return nil
+}
 
-	// Delivery is built before the admin listener so that /readyz can ask it
-	// and the listener can serve its routes.
-	// The credentials file in force: every reader loads it at each use, so
-	// a reload can swap it (creds.Swap) without a restart.
-	creds := credentials.NewRef(cfg.Creds)
-	// The store behind the seam (internal/storage) for everything but the
-	// events' hot path (ingest's append, the batcher's reading, which use
-	// the spool directly locally): the local spool, or the fleet's.
-	local := spool.NewBackend(sp, log.Named("spool"))
-	// The upstream bases but the ingest URL, in force (a reload changes
-	// them): the forwarded APIs, the user mappings and the tracking plan
-	// read them at every use.
-	bases := newUpstreamBases(cfg)
-	onHUP.add(func(c config.Config) {
+// openShared builds what delivery, the admin listener and ingest share: the
+// credentials file and the upstream bases in force, the tracking plan and
+// the live taps.
+func (s *server) openShared() error {
+	cfg, log := s.cfg, s.log
+	// Every reader of the credentials file loads it at each use, so a
+	// reload can swap it (creds.Swap) without a restart.
+	s.creds = credentials.NewRef(cfg.Creds)
+	// The forwarded APIs, the user mappings and the tracking plan read the
+	// bases at every use.
+	s.bases = newUpstreamBases(cfg)
+	s.onHUP.add(func(c config.Config) {
 		if !c.Sandbox() { // sandbox mode's simulator URLs are kept (isLive)
-			bases.store(c)
+			s.bases.store(c)
 		}
 	})
-	// The tracking plan (internal/plan): its reads of the taxonomy API and
-	// the forwarded taxonomy calls count on one limiter.
-	taxLim, err := ratelimit.New(forward.TaxonomyLimit(forward.APIConfig{}), reg)
-	if err != nil {
+	var err error
+	if s.taxLim, err = ratelimit.New(forward.TaxonomyLimit(forward.APIConfig{}), s.reg); err != nil {
 		return err
 	}
-	tp, err := plan.New(plan.Config{Default: cfg.TrackingPlan, Refresh: cfg.TrackingPlanRefresh, Dir: cfg.DataDir, AnalyticsURL: bases.analytics},
-		creds, taxLim, &http.Client{Timeout: time.Minute}, log.Named("plan"), reg)
+	s.tp, err = plan.New(cfg.Plan(s.bases.analytics), s.creds, s.taxLim, &http.Client{Timeout: time.Minute}, log.Named("plan"), s.reg)
 	if err != nil {
 		return err
 	}
 	planCtx, stopPlan := context.WithCancel(context.Background())
-	lc.onStop("tracking plan", func(context.Context) error { stopPlan(); return nil })
-	g.run("tracking plan", func() error { return tp.Run(planCtx) })
-	onHUP.add(func(c config.Config) { tp.SetLive(plan.Live{Default: c.TrackingPlan, Refresh: c.TrackingPlanRefresh}) })
+	s.lc.onStop("tracking plan", func(context.Context) error { stopPlan(); return nil })
+	s.g.run("tracking plan", func() error { return s.tp.Run(planCtx) })
+	s.onHUP.add(func(c config.Config) { s.tp.SetLive(c.PlanLive()) })
 	// Live taps (relay tap): offered what ingest accepts, what the
 	// upstream takes and the dead letters (tap.go).
-	taps, err := tap.New(tap.Config{}, reg)
-	if err != nil {
-		return err
-	}
-	dl, err := newDeliveries(cfg, bases, sp, fs, local, creds, tp, taps, log, reg)
-	if err != nil {
-		return err
-	}
+	s.taps, err = tap.New(tap.Config{}, s.reg)
+	return err
+}
 
-	onHUP.add(func(c config.Config) {
-		dl.events.SetLive(batcher.Live{Gzip: c.UpstreamGzip, MaxEventAge: c.MaxEventAge,
-			MaxBatchEvents: c.MaxBatchEvents, MaxBatchBytes: int(c.MaxBatchBytes), FlushInterval: c.FlushInterval,
-			ThrottlePause: c.ThrottlePause, IngestURL: c.IngestURL})
-		if !c.Sandbox() { // sandbox mode's simulator URL is kept (isLive)
-			dl.gi.SetURL(c.IngestURL)
+// ready is nil while the relay is ready (/readyz and relay_ready): not while
+// stopping, while ingest would refuse, or while a delivery is not running.
+func (s *server) ready(dl *deliveries) error {
+	switch {
+	case s.stopping.Load():
+		return errShuttingDown
+	case !s.spoolOpen.Load():
+		return errors.New("spool closed")
+	}
+	if err := s.sp.Stats().Refusing; err != nil { // a full disk at start, failing checkpoints
+		return err
+	}
+	if s.fs != nil {
+		if err := s.fs.ready(); err != nil {
+			return err
 		}
-	})
+	}
+	if err := ingestRefusal(s.sp.Stats().LiveBytes, s.cfg.SpoolMaxBytes, s.cfg.DataDir, s.cfg.SpoolMinFreeBytes); err != nil {
+		return err
+	}
+	for _, c := range dl.components {
+		if err := c.Ready(); err != nil {
+			return fmt.Errorf("%s: %w", c.name, err)
+		}
+	}
+	// Ingest refuses new lanes (the contract's "lane limit").
+	if m := int(s.maxLanes.Load()); m > 0 && s.sp.Stats().Lanes >= m {
+		return fmt.Errorf("lane limit reached (--max-lanes %d): new api_keys are refused", m)
+	}
+	return nil
+}
 
+// startAdmin builds the admin listener with every route and starts it.
+func (s *server) startAdmin(dl *deliveries) (*adminapi.Server, error) {
+	cfg, log := s.cfg, s.log
 	// Give the heap's free pages back once the relay goes quiet after a burst.
 	idleCtx, stopIdle := context.WithCancel(context.Background())
-	lc.onStop("idle memory return", func(context.Context) error { stopIdle(); return nil })
-	g.run("idle memory return", func() error {
+	s.lc.onStop("idle memory return", func(context.Context) error { stopIdle(); return nil })
+	s.g.run("idle memory return", func() error {
 		returnIdleMemory(idleCtx, idleCheckEvery, idleQuietBytes, idleMinAlloc, dl.release...)
 		return nil
 	})
-	rcfg := adminapi.RelayConfig{Lanes: dl.lanes, Store: local}
-	if fs != nil { // the fleet's dead letters
-		rcfg.Store, rcfg.Fleet = fs.b, true
+	rcfg := adminapi.RelayConfig{Lanes: dl.lanes, Store: s.local}
+	if s.fs != nil { // the fleet's dead letters
+		rcfg.Store, rcfg.Fleet = s.fs.b, true
 	}
-	relayAPI, err := adminapi.NewRelay(rcfg, sp, log.Named("admin"), reg)
+	relayAPI, err := adminapi.NewRelay(rcfg, s.sp, log.Named("admin"), s.reg)
 	if err != nil {
-		return err
+		return nil, err
 	}
-
-	// Readiness (/readyz and relay_ready): not ready while stopping, while
-	// ingest would refuse, or while a delivery is not running.
-	ready := func() error {
-		switch {
-		case stopping.Load():
-			return errShuttingDown
-		case !spoolOpen.Load():
-			return errors.New("spool closed")
-		}
-		if err := sp.Stats().Refusing; err != nil { // a full disk at start, failing checkpoints
-			return err
-		}
-		if fs != nil {
-			if err := fs.ready(); err != nil {
-				return err
-			}
-		}
-		if err := ingestRefusal(sp.Stats().LiveBytes, cfg.SpoolMaxBytes, cfg.DataDir, cfg.SpoolMinFreeBytes); err != nil {
-			return err
-		}
-		for _, c := range dl.components {
-			if err := c.Ready(); err != nil {
-				return fmt.Errorf("%s: %w", c.name, err)
-			}
-		}
-		// Ingest refuses new lanes (the contract's "lane limit").
-		if m := int(maxLanes.Load()); m > 0 && sp.Stats().Lanes >= m {
-			return fmt.Errorf("lane limit reached (--max-lanes %d): new api_keys are refused", m)
-		}
-		return nil
+	ready := func() error { return s.ready(dl) }
+	if err := registerOpsMetrics(s.reg, cfg.SpoolMaxBytes, cfg.SpoolMinFreeBytes, cfg.DataDir, ready); err != nil {
+		return nil, err
 	}
-	if err := registerOpsMetrics(reg, cfg.SpoolMaxBytes, cfg.SpoolMinFreeBytes, cfg.DataDir, ready); err != nil {
-		return err
-	}
-
-	// Admin listener. The credentials and the token in force can be swapped
-	// at run time (a reload): creds.Swap, and admin.SetToken.
+	// The token in force can be swapped at run time (a reload: SetToken).
 	admin, err := adminapi.New(adminapi.Config{
-		Gatherer:  reg,
+		Gatherer:  s.reg,
 		Token:     cfg.Token,
-		ReadyInfo: func() string { return upstreamInfo(dl.client, time.Now()) + tp.ReadyInfo() },
+		ReadyInfo: func() string { return upstreamInfo(dl.client, time.Now()) + s.tp.ReadyInfo() },
 		Ready:     ready,
-	}, log.Named("admin"), reg)
+	}, log.Named("admin"), s.reg)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if sandbox != nil {
+	if s.sandbox != nil {
 		// The simulator's read-outs (GET /sim/...), on the admin listener's
 		// fixed address, so a newcomer can see where events went. Its fault
 		// and test knobs (POST /sim/...) are not mounted in the product:
 		// they are `relay sim`'s and the tests'.
-		admin.Register(adminroute.Route{Method: http.MethodGet, Path: "/sim/", Mode: admintoken.ModeOwn, Handler: sandbox.ControlHandler()})
+		admin.Register(adminroute.Route{Method: http.MethodGet, Path: "/sim/", Mode: admintoken.ModeOwn, Handler: s.sandbox.ControlHandler()})
 	}
 	// ADMIN ROUTES: every route but /healthz, /readyz and /metrics is
 	// registered with its admintoken.Mode (adminapi.Server.Register); a
@@ -580,48 +619,67 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	admin.Register(dl.routes...)
 	bf, err := newBackfills(cfg.DataDir, cfg.IngestURL, dl.live, log.Named("backfill"))
 	if err != nil {
-		return fmt.Errorf("backfills: %w", err)
+		return nil, fmt.Errorf("backfills: %w", err)
 	}
-	lc.onStop("backfills", bf.stop)
-	onHUP.add(func(c config.Config) {
+	s.lc.onStop("backfills", bf.stop)
+	s.onHUP.add(func(c config.Config) {
 		if !c.Sandbox() {
 			bf.setIngestURL(c.IngestURL) // the backfills started after it
 		}
 	})
 	admin.Register(bf.routes()...)
-	admin.Register(tp.Routes()...)
-	fwdRoutes, fwd, err := forwardingRoutes(bases, creds, taxLim, log, reg)
+	admin.Register(s.tp.Routes()...)
+	fwdRoutes, fwd, err := forwardingRoutes(s.bases, s.creds, s.taxLim, log, s.reg)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// A change of a project's taxonomy made through the relay is read at once.
-	admin.Register(tp.Watch(fwdRoutes)...)
-	admin.Register(tapRoute(taps, creds))
-	admin.Register(cfgReload.routes()...)
+	admin.Register(s.tp.Watch(fwdRoutes)...)
+	admin.Register(tapRoute(s.taps, s.creds))
+	admin.Register(s.reload.routes()...)
+	adminTLS, err := s.loadTLS("admin", cfg.AdminTLSCert, cfg.AdminTLSKey, "admin-tls-cert", "admin-tls-key")
+	if err != nil {
+		return nil, err
+	}
 	adminLn, err := net.Listen("tcp", cfg.AdminListen)
 	if err != nil {
-		return fmt.Errorf("admin listener: %w", err)
+		return nil, fmt.Errorf("admin listener: %w", err)
 	}
 	if adminTLS != nil {
-		adminLn = tls.NewListener(adminLn, adminTLS.r.TLSConfig())
+		adminLn = tls.NewListener(adminLn, adminTLS.TLSConfig())
 	}
-	g.run("admin listener", func() error { return admin.Serve(adminLn) })
-	lc.onStop("admin listener", func(ctx context.Context) error {
+	s.g.run("admin listener", func() error { return admin.Serve(adminLn) })
+	s.lc.onStop("admin listener", func(ctx context.Context) error {
 		relayAPI.Close() // a long replay or purge stops after its current step
-		taps.Close()     // a tap streams until its end: end it now
+		s.taps.Close()   // a tap streams until its end: end it now
 		err := admin.Shutdown(ctx)
 		fwd.Close()
 		return err
 	})
 	log.Info("admin listening", zap.String("addr", adminLn.Addr().String()), zap.Bool("tls", adminTLS != nil))
+	return admin, nil
+}
 
-	// Delivery: events, group identifies, user mappings. They share one stop
-	// (their drains run side by side within --drain-timeout).
+// loadTLS loads a listener's certificate (nil when cert and key are unset)
+// and reloads it on SIGHUP.
+func (s *server) loadTLS(listener, cert, key, certName, keyName string) (*tlsreload.Reloader, error) {
+	p, err := loadTLS(s.log, listener, cert, key, tlsSources(s.cfg, certName, keyName))
+	if p == nil || err != nil {
+		return nil, err
+	}
+	s.onHUP.add(func(config.Config) { reloadTLS(s.log, []*tlsPair{p}) })
+	return p.r, nil
+}
+
+// startDelivery runs the deliveries: events, group identifies, user
+// mappings. They share one stop (their drains run side by side within
+// --drain-timeout).
+func (s *server) startDelivery(dl *deliveries) {
 	dctx, dcancel := context.WithCancel(context.Background())
 	var dwg sync.WaitGroup
 	for _, c := range dl.components {
 		dwg.Add(1)
-		g.run(c.name, func() error {
+		s.g.run(c.name, func() error {
 			defer dwg.Done()
 			if err := c.Run(dctx); err != nil {
 				return err
@@ -634,7 +692,7 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	}
 	ddone := make(chan struct{})
 	go func() { dwg.Wait(); close(ddone) }()
-	lc.onStop("delivery", func(ctx context.Context) error {
+	s.lc.onStop("delivery", func(ctx context.Context) error {
 		dcancel()
 		select {
 		case <-ddone:
@@ -646,29 +704,25 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 			return fmt.Errorf("delivery did not stop in time: %w", ctx.Err())
 		}
 	})
+}
 
-	// Ingest listener.
-	icfg := ingest.Config{
-		MaxRequestBytes: cfg.MaxRequestBytes,
-		MaxBatchBytes:   int(cfg.MaxBatchBytes),
-		TrustedProxies:  cfg.TrustedProxies,
-		Open:            ingestOpen(cfg, cfg.Creds),
+// startIngest builds the ingest listener and starts it; admin is the admin
+// listener, whose token a reload sets.
+func (s *server) startIngest(admin *adminapi.Server) error {
+	cfg, log := s.cfg, s.log
+	icfg := cfg.Ingest(cfg.Creds)
+	ingTLS, err := s.loadTLS("ingest", cfg.TLSCert, cfg.TLSKey, "tls-cert", "tls-key")
+	if err != nil {
+		return err
 	}
-	icfg.MaxConnections = cfg.MaxConnections
 	if ingTLS != nil {
-		icfg.TLS = ingTLS.r.TLSConfig()
+		icfg.TLS = ingTLS.TLSConfig()
 	}
-	// Loopback peers are processes of this host (an app
-	// beside a sidecar relay, a local reverse proxy, a load test): the
-	// per-client bound is against remote clients.
-	icfg.MaxConnectionsPerClient = cfg.MaxConnectionsPerClient
-	icfg.UnboundedPeers = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
-	var events storage.Appender = local
-	if fs != nil { // events go to the fleet's streams
-		events = fs.b
+	var events storage.Appender = s.local
+	if s.fs != nil { // events go to the fleet's streams
+		events = s.fs.b
 	}
-	events = tappedAppender{events, taps}
-	ing, err := ingest.New(icfg, events, event.NewIDGen(), log.Named("ingest"), reg)
+	ing, err := ingest.New(icfg, tappedAppender{events, s.taps}, event.NewIDGen(), log.Named("ingest"), s.reg)
 	if err != nil {
 		return err
 	}
@@ -676,17 +730,17 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	// A reload: the token and credentials files, once everything that
 	// holds them is built (the admin listener, the credentials Ref), then
 	// the ingest access settings (the allow-list may be the credentials').
-	onHUP.add(func(c config.Config) {
-		reloadFiles(c, log, reloadTargets{setToken: admin.SetToken, setCreds: func(n *credentials.Store) { creds.Swap(n) }})
-		reloadOpen(ing, c, creds.Load(), log)
+	s.onHUP.add(func(c config.Config) {
+		reloadFiles(c, log, reloadTargets{setToken: admin.SetToken, setCreds: func(n *credentials.Store) { s.creds.Swap(n) }})
+		reloadOpen(ing, c, s.creds.Load(), log)
 		ing.SetMaxBatchBytes(int(c.MaxBatchBytes)) // events that could not fit alone in a request are refused
 	})
 	ingLn, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("ingest listener: %w", err)
 	}
-	g.run("ingest listener", func() error { return ing.Serve(ingLn) })
-	lc.onStop("ingest listener", func(ctx context.Context) error {
+	s.g.run("ingest listener", func() error { return ing.Serve(ingLn) })
+	s.lc.onStop("ingest listener", func(ctx context.Context) error {
 		// In-flight requests wait only for spool commits; they get the
 		// drain time-out, the rest of the budget is delivery's.
 		ictx, cancel := context.WithTimeout(ctx, cfg.DrainTimeout)
@@ -695,18 +749,5 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	})
 	log.Info("ingest listening", zap.String("addr", ingLn.Addr().String()), zap.Bool("tls", ingTLS != nil),
 		zap.Int("max_connections", cfg.MaxConnections), zap.Int("max_connections_per_client", cfg.MaxConnectionsPerClient))
-	log.Info("relay serving")
-	if err := sd.notify("READY=1\nSTATUS=serving"); err != nil {
-		log.Warn("could not tell systemd the relay is ready", errField(err))
-	}
-
-	select {
-	case <-ctx.Done():
-		resetSignals()
-		log.Info("signal received: stopping (a second signal kills)", zap.Duration("drain_timeout", cfg.DrainTimeout))
-		return nil
-	case err := <-g.failed:
-		resetSignals()
-		return err
-	}
+	return nil
 }

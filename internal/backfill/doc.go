@@ -1,7 +1,7 @@
 // Package backfill delivers history (files of events) to a project through
 // the relay's own spool and delivery engine, paced at the upstream's
 // documented limits, resumable after a crash and idempotent across runs.
-// `relay backfill` and `relay migrate` (internal/opscmd) run it.
+// `relay backfill` and `relay migrate` (internal/operator) run it.
 //
 // # Inputs
 //

@@ -139,6 +139,19 @@ type Config struct {
 // upstream (no --ingest-url).
 func (c Config) Sandbox() bool { return c.IngestURL == "" }
 
+// UpstreamURL is one upstream base setting: its flag name and the field.
+type UpstreamURL struct {
+	Name string // "ingest-url", "alias-url", ...
+	URL  *string
+}
+
+// UpstreamURLs are c's upstream bases, ingest-url first, in the order of
+// the flags.
+func (c *Config) UpstreamURLs() []UpstreamURL {
+	return []UpstreamURL{{"ingest-url", &c.IngestURL}, {"alias-url", &c.AliasURL}, {"analytics-url", &c.AnalyticsURL},
+		{"experiment-url", &c.ExperimentURL}, {"scim-url", &c.ScimURL}, {"feedback-url", &c.FeedbackURL}}
+}
+
 // option is one setting: its flag name, default and how to apply a value.
 type option struct {
 	name   string
@@ -169,6 +182,32 @@ func size(p func(*Config) *int64) func(*Config, string) error {
 	}
 }
 
+// integer sets a whole number; with nonNeg, a negative one is refused here.
+func integer(p func(*Config) *int, nonNeg bool) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		switch {
+		case nonNeg && (err != nil || n < 0):
+			return fmt.Errorf("invalid number %q: want 0 or more", v)
+		case err != nil:
+			return fmt.Errorf("invalid number %q", v)
+		}
+		*p(c) = n
+		return nil
+	}
+}
+
+func boolean(p func(*Config) *bool) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		b, err := strconv.ParseBool(strings.TrimSpace(v))
+		if err != nil {
+			return fmt.Errorf("invalid boolean %q: want true or false", v)
+		}
+		*p(c) = b
+		return nil
+	}
+}
+
 // options is the table of every setting, in the order of the contract.
 var options = []option{
 	{name: "listen", def: "127.0.0.1:8080", usage: "ingest listener address (apps and SDKs send events here)",
@@ -192,14 +231,7 @@ var options = []option{
 	{name: "throttle-pause", def: batcher.DefaultThrottlePause.String(), usage: "how long a device or user named in a 429 gets nothing sent",
 		set: dur(func(c *Config) *time.Duration { return &c.ThrottlePause })},
 	{name: "max-batch-events", def: strconv.Itoa(batcher.DefaultMaxBatchEvents), usage: "events per upstream request, at most (1.." + strconv.Itoa(batcher.MaxMaxBatchEvents) + ")",
-		set: func(c *Config, v string) error {
-			n, err := strconv.Atoi(strings.TrimSpace(v))
-			if err != nil {
-				return fmt.Errorf("invalid number %q", v)
-			}
-			c.MaxBatchEvents = n
-			return nil
-		}},
+		set: integer(func(c *Config) *int { return &c.MaxBatchEvents }, false)},
 	{name: "max-batch-bytes", def: strconv.Itoa(batcher.DefaultMaxBatchBytes), usage: "upstream request body size, strictly less than this",
 		set: size(func(c *Config) *int64 { return &c.MaxBatchBytes })},
 	{name: "flush-interval", def: batcher.DefaultFlushInterval.String(), usage: "longest an accepted event waits for its batch to fill",
@@ -215,27 +247,13 @@ var options = []option{
 	{name: "max-event-age", def: "6d", usage: "an event undelivered this long after acceptance goes to dead letters",
 		set: dur(func(c *Config) *time.Duration { return &c.MaxEventAge })},
 	{name: "upstream-gzip", def: "false", isBool: true, usage: "send upstream bodies gzip-compressed",
-		set: func(c *Config, v string) error {
-			b, err := strconv.ParseBool(strings.TrimSpace(v))
-			if err != nil {
-				return fmt.Errorf("invalid boolean %q: want true or false", v)
-			}
-			c.UpstreamGzip = b
-			return nil
-		}},
+		set: boolean(func(c *Config) *bool { return &c.UpstreamGzip })},
 	{name: "admin-token", secret: true, usage: "token required on admin routes but /healthz, /readyz and /metrics (prefer --admin-token-file)",
 		set: str(func(c *Config) *string { return &c.AdminToken })},
 	{name: "admin-token-file", usage: "file holding the admin token",
 		set: str(func(c *Config) *string { return &c.AdminTokenFile })},
 	{name: "admin-insecure-open", def: "false", isBool: true, usage: "serve an admin-listen that is not loopback without an admin token (otherwise that start is refused)",
-		set: func(c *Config, v string) error {
-			b, err := strconv.ParseBool(strings.TrimSpace(v))
-			if err != nil {
-				return fmt.Errorf("invalid boolean %q: want true or false", v)
-			}
-			c.AdminInsecureOpen = b
-			return nil
-		}},
+		set: boolean(func(c *Config) *bool { return &c.AdminInsecureOpen })},
 	{name: "credentials", usage: "YAML file of upstream credentials; needs an admin token",
 		set: str(func(c *Config) *string { return &c.Credentials })},
 	{name: "trusted-proxies", usage: "comma-separated CIDRs whose X-Forwarded-For is trusted",
@@ -255,14 +273,7 @@ var options = []option{
 
 	// The ingest listener: connections and TLS.
 	{name: "max-connections", def: "16384", usage: "ingest connections held open at once; beyond it new ones wait in the accept queue",
-		set: func(c *Config, v string) error {
-			n, err := strconv.Atoi(strings.TrimSpace(v))
-			if err != nil {
-				return fmt.Errorf("invalid number %q", v)
-			}
-			c.MaxConnections = n
-			return nil
-		}},
+		set: integer(func(c *Config) *int { return &c.MaxConnections }, false)},
 	{name: "tls-cert", usage: "PEM certificate chain: the ingest listener serves HTTPS (with --tls-key); SIGHUP reloads it",
 		set: str(func(c *Config) *string { return &c.TLSCert })},
 	{name: "tls-key", usage: "PEM private key of --tls-cert",
@@ -302,14 +313,7 @@ var options = []option{
 			return nil
 		}},
 	{name: "anonymize-ip", def: "false", isBool: true, usage: "drop the last octet of IPv4 / last 80 bits of IPv6 of every ip the relay fills in or forwards",
-		set: func(c *Config, v string) error {
-			b, err := strconv.ParseBool(strings.TrimSpace(v))
-			if err != nil {
-				return fmt.Errorf("invalid boolean %q: want true or false", v)
-			}
-			c.AnonymizeIP = b
-			return nil
-		}},
+		set: boolean(func(c *Config) *bool { return &c.AnonymizeIP })},
 	{name: "tracking-plan", def: "off", usage: "off, observe, filter or block: how events are checked at delivery against the project's taxonomy (a project's tracking_plan in the credentials file overrides it)",
 		set: func(c *Config, v string) (err error) {
 			c.TrackingPlan, err = plan.ParseMode(strings.TrimSpace(v))
@@ -333,57 +337,22 @@ var options = []option{
 	{name: "nats-tls-key", usage: "client certificate's key (PEM); with --nats-tls-cert",
 		set: str(func(c *Config) *string { return &c.NATSTLSKey })},
 	{name: "spool-partitions", def: "3", usage: "partitions of the fleet's streams (1..256), fixed once the streams exist: per-key order is kept within one",
-		set: func(c *Config, v string) error {
-			n, err := strconv.Atoi(strings.TrimSpace(v))
-			if err != nil {
-				return fmt.Errorf("invalid number %q", v)
-			}
-			c.SpoolPartitions = n
-			return nil
-		}},
+		set: integer(func(c *Config) *int { return &c.SpoolPartitions }, false)},
 	{name: "spool-streams", def: "0", usage: "streams each lane kind's partitions are spread over, each with a Raft leader of its own (0: 1; above 1, all or nothing per stream, not per request), fixed once the streams exist; with partitions and streams at 0 the layout found is taken",
-		set: func(c *Config, v string) error {
-			n, err := strconv.Atoi(strings.TrimSpace(v))
-			if err != nil {
-				return fmt.Errorf("invalid number %q", v)
-			}
-			c.SpoolStreams = n
-			return nil
-		}},
+		set: integer(func(c *Config) *int { return &c.SpoolStreams }, false)},
 	// Connections per client address.
 	{name: "max-connections-per-client", def: strconv.Itoa(ingest.DefaultMaxConnectionsPerClient), usage: "ingest connections one client address (IPv6: its /64) holds open at once; beyond it new ones are closed at accept; loopback and --trusted-proxies are not bounded (0: off)",
-		set: func(c *Config, v string) error {
-			n, err := strconv.Atoi(strings.TrimSpace(v))
-			if err != nil {
-				return fmt.Errorf("invalid number %q", v)
-			}
-			c.MaxConnectionsPerClient = n
-			return nil
-		}},
+		set: integer(func(c *Config) *int { return &c.MaxConnectionsPerClient }, false)},
 	// The sandbox guard.
 	{name: "spool-upstream-change", def: "refuse", usage: "allow: deliver records waiting in the spool to another upstream than they were accepted for (refuse: fail to start)",
 		set: str(func(c *Config) *string { return &c.SpoolUpstreamChange })},
 	// Bounded lanes.
 	{name: "max-lanes", def: "10000", usage: "lanes (kind + api_key + canonical options) held at once; a new one beyond it gets 503 + Retry-After (0: no bound)",
-		set: func(c *Config, v string) error {
-			n, err := strconv.Atoi(strings.TrimSpace(v))
-			if err != nil || n < 0 {
-				return fmt.Errorf("invalid number %q: want 0 or more", v)
-			}
-			c.MaxLanes = n
-			return nil
-		}},
+		set: integer(func(c *Config) *int { return &c.MaxLanes }, true)},
 	{name: "lane-retire-after", def: "10m", usage: "an empty lane with nothing accepted for this long is retired (its goroutines, metric series and spool record removed; 0: never)",
 		set: dur(func(c *Config) *time.Duration { return &c.LaneRetireAfter })},
 	{name: "max-lanes-per-key", def: "16", usage: "lanes of one api_key (its kinds and options variants) held at once; a new one beyond it gets 503 + Retry-After (0: no bound)",
-		set: func(c *Config, v string) error {
-			n, err := strconv.Atoi(strings.TrimSpace(v))
-			if err != nil || n < 0 {
-				return fmt.Errorf("invalid number %q: want 0 or more", v)
-			}
-			c.MaxLanesPerKey = n
-			return nil
-		}},
+		set: integer(func(c *Config) *int { return &c.MaxLanesPerKey }, true)},
 }
 
 // isListOption reports whether a YAML file may give the option as a list
@@ -528,10 +497,9 @@ func Load(args []string, environ []string) (Config, error) {
 	var lines map[string]int // the line of each key, for sources
 	if cfgFile != "" {
 		var err error
-		if file, err = readFile(cfgFile); err != nil {
+		if file, lines, err = readFile(cfgFile); err != nil {
 			return Config{}, err
 		}
-		lines = keyLines(cfgFile)
 	}
 
 	for _, o := range options {
@@ -561,35 +529,37 @@ func Load(args []string, environ []string) (Config, error) {
 	return c, nil
 }
 
-// readFile reads the YAML settings file into flag name -> raw value.
-func readFile(path string) (map[string]string, error) {
+// readFile reads the YAML settings file into flag name -> raw value, and
+// the line of each key (for naming a value's source).
+func readFile(path string) (map[string]string, map[string]int, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("config file: %w", err)
+		return nil, nil, fmt.Errorf("config file: %w", err)
 	}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(b, &doc); err != nil {
-		return nil, fmt.Errorf("config file %s: %w", path, err)
+		return nil, nil, fmt.Errorf("config file %s: %w", path, err)
 	}
-	out := make(map[string]string)
+	out, lines := make(map[string]string), make(map[string]int)
 	if doc.Kind == 0 { // empty file
-		return out, nil
+		return out, lines, nil
 	}
 	m := &doc
 	if m.Kind == yaml.DocumentNode && len(m.Content) == 1 {
 		m = m.Content[0]
 	}
 	if m.Kind != yaml.MappingNode {
-		return nil, fmt.Errorf("config file %s: want a mapping of setting: value", path)
+		return nil, nil, fmt.Errorf("config file %s: want a mapping of setting: value", path)
 	}
 	for i := 0; i+1 < len(m.Content); i += 2 {
 		k, v := m.Content[i], m.Content[i+1]
 		if _, ok := lookupOption(k.Value); !ok || k.Value == "config" {
-			return nil, fmt.Errorf("config file %s line %d: unknown key %q", path, k.Line, k.Value)
+			return nil, nil, fmt.Errorf("config file %s line %d: unknown key %q", path, k.Line, k.Value)
 		}
 		if _, dup := out[k.Value]; dup {
-			return nil, fmt.Errorf("config file %s line %d: key %q given twice", path, k.Line, k.Value)
+			return nil, nil, fmt.Errorf("config file %s line %d: key %q given twice", path, k.Line, k.Value)
 		}
+		lines[k.Value] = k.Line
 		switch {
 		case v.Kind == yaml.ScalarNode && v.Tag == "!!null":
 			out[k.Value] = ""
@@ -599,16 +569,16 @@ func readFile(path string) (map[string]string, error) {
 			items := make([]string, 0, len(v.Content))
 			for _, it := range v.Content {
 				if it.Kind != yaml.ScalarNode {
-					return nil, fmt.Errorf("config file %s line %d: %s: want a list of strings", path, it.Line, k.Value)
+					return nil, nil, fmt.Errorf("config file %s line %d: %s: want a list of strings", path, it.Line, k.Value)
 				}
 				items = append(items, it.Value)
 			}
 			out[k.Value] = strings.Join(items, ",")
 		default:
-			return nil, fmt.Errorf("config file %s line %d: %s: want a single value", path, v.Line, k.Value)
+			return nil, nil, fmt.Errorf("config file %s line %d: %s: want a single value", path, v.Line, k.Value)
 		}
 	}
-	return out, nil
+	return out, lines, nil
 }
 
 func parsePrefixes(v string) ([]netip.Prefix, error) {
@@ -698,47 +668,34 @@ func (c Config) Validate() error {
 	if strings.TrimSpace(c.DataDir) == "" {
 		return settingErr("data-dir", "is empty")
 	}
-	for _, u := range []struct{ name, v string }{
-		{"ingest-url", c.IngestURL}, {"alias-url", c.AliasURL}, {"analytics-url", c.AnalyticsURL},
-		{"experiment-url", c.ExperimentURL}, {"scim-url", c.ScimURL}, {"feedback-url", c.FeedbackURL},
-	} {
-		if u.v == "" {
+	for _, u := range c.UpstreamURLs() {
+		if *u.URL == "" {
 			continue
 		}
-		p, err := url.Parse(u.v)
+		p, err := url.Parse(*u.URL)
 		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
-			return settingErr(u.name, "%q: want an http:// or https:// base URL", maskURL(u.v))
+			return settingErr(u.Name, "%q: want an http:// or https:// base URL", maskURL(*u.URL))
 		}
 	}
+	if err := firstBad([]bound{
+		{"max-batch-events", c.MaxBatchEvents > batcher.MaxMaxBatchEvents, fmt.Sprintf("%d is above %d: the upstream takes fewer than 2000 events per request", c.MaxBatchEvents, batcher.MaxMaxBatchEvents)},
+		{"max-batch-events", c.MaxBatchEvents < 1, fmt.Sprintf("%d: want 1 to %d", c.MaxBatchEvents, batcher.MaxMaxBatchEvents)},
+		{"max-batch-bytes", c.MaxBatchBytes < 1, fmt.Sprintf("%d: want a positive size", c.MaxBatchBytes)},
+		{"max-request-bytes", c.MaxRequestBytes < 1, fmt.Sprintf("%d: want a positive size", c.MaxRequestBytes)},
+		{"spool-max-bytes", c.SpoolMaxBytes < 0, "must not be negative"},
+		{"spool-min-free-bytes", c.SpoolMinFreeBytes < 0, "must not be negative"},
+		{"throttle-pause", c.ThrottlePause <= 0, "must be positive"},
+		{"flush-interval", c.FlushInterval <= 0, "must be positive"},
+		{"max-event-age", c.MaxEventAge <= 0, "must be positive"},
+		{"drain-timeout", c.DrainTimeout <= 0, "must be positive"},
+		{"max-lanes", c.MaxLanes < 0, "must not be negative"},
+		{"lane-retire-after", c.LaneRetireAfter < 0, "must not be negative"},
+		{"max-lanes-per-key", c.MaxLanesPerKey < 0, "must not be negative"},
+		{"sync", c.Sync != "always" && c.Sync != "none", fmt.Sprintf("%q: want always or none", c.Sync)},
+	}); err != nil {
+		return err
+	}
 	switch {
-	case c.MaxBatchEvents > batcher.MaxMaxBatchEvents:
-		return settingErr("max-batch-events", "%d is above %d: the upstream takes fewer than 2000 events per request", c.MaxBatchEvents, batcher.MaxMaxBatchEvents)
-	case c.MaxBatchEvents < 1:
-		return settingErr("max-batch-events", "%d: want 1 to %d", c.MaxBatchEvents, batcher.MaxMaxBatchEvents)
-	case c.MaxBatchBytes < 1:
-		return settingErr("max-batch-bytes", "%d: want a positive size", c.MaxBatchBytes)
-	case c.MaxRequestBytes < 1:
-		return settingErr("max-request-bytes", "%d: want a positive size", c.MaxRequestBytes)
-	case c.SpoolMaxBytes < 0:
-		return settingErr("spool-max-bytes", "must not be negative")
-	case c.SpoolMinFreeBytes < 0:
-		return settingErr("spool-min-free-bytes", "must not be negative")
-	case c.ThrottlePause <= 0:
-		return settingErr("throttle-pause", "must be positive")
-	case c.FlushInterval <= 0:
-		return settingErr("flush-interval", "must be positive")
-	case c.MaxEventAge <= 0:
-		return settingErr("max-event-age", "must be positive")
-	case c.DrainTimeout <= 0:
-		return settingErr("drain-timeout", "must be positive")
-	case c.MaxLanes < 0:
-		return settingErr("max-lanes", "must not be negative")
-	case c.LaneRetireAfter < 0:
-		return settingErr("lane-retire-after", "must not be negative")
-	case c.MaxLanesPerKey < 0:
-		return settingErr("max-lanes-per-key", "must not be negative")
-	case c.Sync != "always" && c.Sync != "none":
-		return settingErr("sync", "%q: want always or none", c.Sync)
 	case c.Credentials != "" && c.AdminToken == "" && c.AdminTokenFile == "" && c.Token == nil:
 		return settingErr("credentials", "needs an admin token (admin-token or admin-token-file): injected credentials must not be open to anyone who reaches the admin listener")
 	case !LoopbackAddr(c.AdminListen) && c.AdminToken == "" && c.AdminTokenFile == "" && c.Token == nil && !c.AdminInsecureOpen:
@@ -749,40 +706,36 @@ func (c Config) Validate() error {
 	if err := c.validateFleet(); err != nil {
 		return err
 	}
-	switch c.SpoolUpstreamChange {
-	case "refuse", "allow":
-	default:
-		return settingErr("spool-upstream-change", "%q: want refuse or allow", c.SpoolUpstreamChange)
-	}
-	switch c.LogLevel {
-	case "debug", "info", "warn", "error":
-	default:
-		return settingErr("log-level", "%q: want debug, info, warn or error", c.LogLevel)
-	}
-	switch c.LogFormat {
-	case "", "json", "console":
-	default:
-		return settingErr("log-format", "%q: want json or console", c.LogFormat)
-	}
+	// The ingest listener's errors name only the setting that was set
+	// (Load adds where from), never as a flag one not given.
+	return firstBad([]bound{
+		{"spool-upstream-change", !slices.Contains([]string{"refuse", "allow"}, c.SpoolUpstreamChange), fmt.Sprintf("%q: want refuse or allow", c.SpoolUpstreamChange)},
+		{"log-level", !slices.Contains([]string{"debug", "info", "warn", "error"}, c.LogLevel), fmt.Sprintf("%q: want debug, info, warn or error", c.LogLevel)},
+		{"log-format", !slices.Contains([]string{"", "json", "console"}, c.LogFormat), fmt.Sprintf("%q: want json or console", c.LogFormat)},
+		{"max-connections", c.MaxConnections < 1, fmt.Sprintf("%d: want a positive number", c.MaxConnections)},
+		{"tls-cert", c.TLSCert != "" && c.TLSKey == "", "is set without tls-key: set both or neither"},
+		{"tls-key", c.TLSCert == "" && c.TLSKey != "", "is set without tls-cert: set both or neither"},
+		{"admin-tls-cert", c.AdminTLSCert != "" && c.AdminTLSKey == "", "is set without admin-tls-key: set both or neither"},
+		{"admin-tls-key", c.AdminTLSCert == "" && c.AdminTLSKey != "", "is set without admin-tls-cert: set both or neither"},
+		{"max-connections-per-client", c.MaxConnectionsPerClient < 0, fmt.Sprintf("%d: want 0 (no bound) or a positive number", c.MaxConnectionsPerClient)},
+	})
+}
 
-	// The ingest listener. The errors name only the setting
-	// that was set (Load adds where from), never as a flag one not given.
-	if c.MaxConnections < 1 {
-		return settingErr("max-connections", "%d: want a positive number", c.MaxConnections)
-	}
-	for _, p := range []struct{ cert, key, certV, keyV string }{
-		{"tls-cert", "tls-key", c.TLSCert, c.TLSKey},
-		{"admin-tls-cert", "admin-tls-key", c.AdminTLSCert, c.AdminTLSKey},
-	} {
-		switch {
-		case p.certV != "" && p.keyV == "":
-			return settingErr(p.cert, "is set without %s: set both or neither", p.key)
-		case p.certV == "" && p.keyV != "":
-			return settingErr(p.key, "is set without %s: set both or neither", p.cert)
+// bound is one check of Validate: when bad, setting name is refused with
+// msg.
+type bound struct {
+	name string
+	bad  bool
+	msg  string
+}
+
+// firstBad is the error of the first bad bound, in their order; nil when
+// none is.
+func firstBad(bs []bound) error {
+	for _, b := range bs {
+		if b.bad {
+			return settingErr(b.name, "%s", b.msg)
 		}
-	}
-	if c.MaxConnectionsPerClient < 0 {
-		return settingErr("max-connections-per-client", "%d: want 0 (no bound) or a positive number", c.MaxConnectionsPerClient)
 	}
 	return nil
 }

@@ -473,7 +473,7 @@ func TestDeployExample(t *testing.T) {
 	if c.Sandbox() || c.MaxBatchEvents != 1000 || c.SpoolMaxBytes != 8<<30 {
 		t.Fatalf("example config: %+v", c)
 	}
-	keys, err := readFile(path)
+	keys, _, err := readFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,9 @@
 // 3000 is above 1999: ... (from variable RELAY_MAX_BATCH_EVENTS)"), never a
 // flag that was not given; Validate alone returns a *SettingError.
 //
-// Only cmd/relay uses this package; it turns a Config into each component's
-// own Config. Load has no side effects beyond reading the files it names.
+// Only cmd/relay uses this package. Each component's own Config is made by
+// one method of Config (Batcher, Ingest, Plan, Fleet, ...: components.go),
+// so a setting reaches its package by one path; what is no setting (a hook,
+// a TLS configuration, a shared reference) the caller adds. Load has no
+// side effects beyond reading the files it names.
 package config

@@ -4,10 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"os"
 	"strings"
-
-	"go.yaml.in/yaml/v3"
 )
 
 // Where each setting came from: Load records a Setting per
@@ -32,14 +29,8 @@ type Origin struct {
 	Line int    // Kind "file": the line of the key
 }
 
-// String names the source for a person: "default", "flag", "variable",
-// "relay.yaml line 7" (Config.Source adds the setting's flag or variable).
-func (o Origin) String() string { return o.describe("") }
-
 func (o Origin) describe(name string) string {
 	switch {
-	case name == "" && (o.Kind == "flag" || o.Kind == "variable"):
-		return o.Kind
 	case o.Kind == "flag":
 		return "flag --" + name
 	case o.Kind == "variable":
@@ -124,30 +115,4 @@ func maskURL(v string) string {
 		return u.String()
 	}
 	return v
-}
-
-// keyLines returns the line of each top-level key of the YAML settings file
-// at path, for naming a value's source; readFile has validated the file, so
-// an error here only loses the line numbers (nil map: line 0).
-func keyLines(path string) map[string]int {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil
-	}
-	var doc yaml.Node
-	if yaml.Unmarshal(b, &doc) != nil {
-		return nil
-	}
-	m := &doc
-	if m.Kind == yaml.DocumentNode && len(m.Content) == 1 {
-		m = m.Content[0]
-	}
-	if m.Kind != yaml.MappingNode {
-		return nil
-	}
-	lines := make(map[string]int, len(m.Content)/2)
-	for i := 0; i+1 < len(m.Content); i += 2 {
-		lines[m.Content[i].Value] = m.Content[i].Line
-	}
-	return lines
 }

@@ -43,33 +43,29 @@ type URLs struct {
 // Get returns the base of kind (one of the Kind constants); "" when unset or
 // kind is unknown.
 func (u URLs) Get(kind string) string {
-	switch kind {
-	case KindIngest:
-		return u.Ingest
-	case KindAlias:
-		return u.Alias
-	case KindAnalytics:
-		return u.Analytics
-	case KindExperiment:
-		return u.Experiment
-	case KindSCIM:
-		return u.SCIM
-	case KindFeedback:
-		return u.Feedback
+	for _, f := range u.fields() {
+		if f.kind == kind {
+			return f.v
+		}
 	}
 	return ""
 }
 
 func (u URLs) each(f func(key, v string) error) error {
-	for _, kv := range [...]struct{ k, v string }{
-		{"ingest_url", u.Ingest}, {"alias_url", u.Alias}, {"analytics_url", u.Analytics},
-		{"experiment_url", u.Experiment}, {"scim_url", u.SCIM}, {"feedback_url", u.Feedback},
-	} {
-		if err := f(kv.k, kv.v); err != nil {
+	for _, kv := range u.fields() {
+		if err := f(kv.kind+"_url", kv.v); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// fields are u's bases by kind; a kind's file key is kind + "_url".
+func (u URLs) fields() [6]struct{ kind, v string } {
+	return [...]struct{ kind, v string }{
+		{KindIngest, u.Ingest}, {KindAlias, u.Alias}, {KindAnalytics, u.Analytics},
+		{KindExperiment, u.Experiment}, {KindSCIM, u.SCIM}, {KindFeedback, u.Feedback},
+	}
 }
 
 // Project is one entry of the file's projects list. Its fields are read-only

@@ -4,7 +4,7 @@
 //
 // Each API is data (API), in a file of its own (scim.go, taxonomy.go, ...)
 // with its validators and the rules the operator commands share
-// (internal/opscmd: the export ranges, the DSAR and deletion requests, the
+// (internal/operator: the export ranges, the DSAR and deletion requests, the
 // feedback items and chunks): its Upstream (base flag, credentials kind,
 // auth Scheme), its error format, its client-side Limits and its Routes.
 // Every API is made by a function of one signature, func(APIConfig) API.

@@ -1,4 +1,4 @@
-// Package opscmd holds the operator commands of `relay` that move data
+// Package operator holds the operator commands of `relay` that move data
 // through the upstream's APIs by hand: export, dsar, delete-users,
 // feedback, backfill and migrate (the last two are internal/backfill's
 // flags and progress: backfill.go), all run by
@@ -40,4 +40,4 @@
 // Client-side pacing follows the documents: deletion POSTs at most 1 per
 // second; DSAR polls back off from --poll-initial to --poll-max, far under
 // the 14400-per-hour cost budget.
-package opscmd
+package operator

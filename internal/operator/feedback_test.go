@@ -1,4 +1,4 @@
-package opscmd
+package operator
 
 import (
 	"context"

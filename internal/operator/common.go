@@ -1,4 +1,4 @@
-package opscmd
+package operator
 
 import (
 	"bytes"
@@ -10,13 +10,13 @@ import (
 	"net/http"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/forward"
 )
 
 // Exit codes.
@@ -313,10 +313,7 @@ func (cl *client) once(ctx context.Context, method, url string, body []byte, acc
 	r.Body.Close()
 	se := &statusError{Status: r.StatusCode, Body: string(b)}
 	if r.StatusCode == http.StatusTooManyRequests || r.StatusCode >= 500 {
-		var ra time.Duration
-		if s, err := strconv.Atoi(r.Header.Get("Retry-After")); err == nil && s > 0 {
-			ra = time.Duration(s) * time.Second
-		}
+		ra, _ := forward.RetryAfter(r.Header, time.Now()) // seconds or an HTTP date
 		return nil, ra, se
 	}
 	return nil, 0, backoff.Permanent(se)

@@ -1,0 +1,89 @@
+package config
+
+import (
+	"net/netip"
+
+	"github.com/svcrelay/relay/internal/baseurl"
+	"github.com/svcrelay/relay/internal/batcher"
+	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/delivery"
+	"github.com/svcrelay/relay/internal/fleet"
+	"github.com/svcrelay/relay/internal/ingest"
+	"github.com/svcrelay/relay/internal/plan"
+)
+
+// Each component's Config is made here, from one Config, so that a setting
+// reaches its package by one path. The zero values Load never leaves (see
+// Config) need no translation; what a component takes that is no setting
+// (a hook, a TLS configuration built from files, a shared reference) is the
+// caller's to add.
+
+// Batcher is the events pipeline's Config; Check and OnDead are the
+// caller's.
+func (c Config) Batcher() batcher.Config {
+	l := c.BatcherLive()
+	return batcher.Config{IngestURL: l.IngestURL, MaxBatchEvents: l.MaxBatchEvents, MaxBatchBytes: l.MaxBatchBytes,
+		FlushInterval: l.FlushInterval, ThrottlePause: l.ThrottlePause, MaxEventAge: l.MaxEventAge, Gzip: l.Gzip,
+		DrainTimeout: c.DrainTimeout}
+}
+
+// BatcherLive is the part of Batcher a reload puts in force.
+func (c Config) BatcherLive() batcher.Live {
+	return batcher.Live{IngestURL: c.IngestURL, MaxBatchEvents: c.MaxBatchEvents, MaxBatchBytes: int(c.MaxBatchBytes),
+		FlushInterval: c.FlushInterval, ThrottlePause: c.ThrottlePause, MaxEventAge: c.MaxEventAge, Gzip: c.UpstreamGzip}
+}
+
+// FormTiming is the form kinds' (group identify, user mappings) delivery
+// timing.
+func (c Config) FormTiming() delivery.FormTiming {
+	return delivery.FormTiming{MaxAge: c.MaxEventAge, Gzip: c.UpstreamGzip}
+}
+
+// loopbackPeers are processes of this host (an app beside a sidecar relay,
+// a local reverse proxy, a load test): the per-client connection bound is
+// against remote clients.
+var loopbackPeers = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
+
+// Ingest is the ingest listener's Config with the credentials file in
+// force (the allow-list may be its projects'); TLS is the caller's.
+func (c Config) Ingest(creds *credentials.Store) ingest.Config {
+	return ingest.Config{
+		MaxRequestBytes:         c.MaxRequestBytes,
+		MaxBatchBytes:           int(c.MaxBatchBytes),
+		TrustedProxies:          c.TrustedProxies,
+		MaxConnections:          c.MaxConnections,
+		MaxConnectionsPerClient: c.MaxConnectionsPerClient,
+		UnboundedPeers:          loopbackPeers,
+		Open:                    c.IngestOpen(creds),
+	}
+}
+
+// IngestOpen is the ingest listener's access settings, which a reload puts
+// in force; creds as for Ingest.
+func (c Config) IngestOpen(creds *credentials.Store) ingest.Open {
+	return ingest.Open{CORSOrigins: c.CORSOrigins, AllowedAPIKeys: c.IngestAllowedAPIKeys(creds),
+		ClientRateLimit: c.ClientRateLimit, AnonymizeIP: c.AnonymizeIP}
+}
+
+// Plan is the tracking plan's Config; analytics is the --analytics-url in
+// force (a reload may change it).
+func (c Config) Plan(analytics *baseurl.Ref) plan.Config {
+	return plan.Config{Default: c.TrackingPlan, Refresh: c.TrackingPlanRefresh, Dir: c.DataDir, AnalyticsURL: analytics}
+}
+
+// PlanLive is the part of Plan a reload puts in force.
+func (c Config) PlanLive() plan.Live {
+	return plan.Live{Default: c.TrackingPlan, Refresh: c.TrackingPlanRefresh}
+}
+
+// FleetConn is fleet mode's connection to the NATS cluster (--spool
+// nats://); its servers may hold a password: never log them.
+func (c Config) FleetConn() fleet.ConnConfig {
+	return fleet.ConnConfig{Servers: c.SpoolNATS, Name: "relay", CredsFile: c.NATSCreds,
+		TLSCAFile: c.NATSTLSCA, TLSCertFile: c.NATSTLSCert, TLSKeyFile: c.NATSTLSKey}
+}
+
+// Fleet is fleet mode's Config.
+func (c Config) Fleet() fleet.Config {
+	return fleet.Config{Partitions: c.SpoolPartitions, Streams: c.SpoolStreams}
+}
