@@ -2,8 +2,10 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -18,6 +20,7 @@ func TestFleetLease(t *testing.T) {
 	}
 	env := &testEnv{c: natstest.Start(t, natstest.Config{})}
 	t.Run("SlowMembership", env.testSlowMembership)
+	t.Run("SlowRelease", env.testSlowRelease)
 }
 
 // slowKV is the fleet's bucket whose heartbeat writes (Put) and member
@@ -82,5 +85,50 @@ func (e *testEnv) testSlowMembership(t *testing.T) {
 	}
 	if n := taken.Load(); n != int64(len(kinds)) {
 		t.Fatalf("partitions taken %d times, want %d", n, len(kinds))
+	}
+}
+
+// delayKV is the fleet's bucket whose lease deletes answer after delay, as
+// a loaded cluster's may.
+type delayKV struct {
+	jetstream.KeyValue
+	delay time.Duration
+}
+
+func (kv *delayKV) Delete(ctx context.Context, key string, opts ...jetstream.KVDeleteOpt) error {
+	select {
+	case <-time.After(kv.delay):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return kv.KeyValue.Delete(ctx, key, opts...)
+}
+
+// testSlowRelease: a relay that stops gives its leases up even when the
+// cluster takes longer than LeaseTTL/4 to delete them, as long as the
+// leases have not expired by then: another relay takes them at once, not
+// after their TTL. (When a release had LeaseTTL/4, a stop on a loaded
+// machine left its leases to expire.)
+func (e *testEnv) testSlowRelease(t *testing.T) {
+	// The delete's delay is LeaseTTL/3: past LeaseTTL/4, and well inside
+	// what is left of a lease renewed every LeaseTTL/3 (at least 2/3 of
+	// the TTL at the stop), even with a renewal seconds late.
+	const ttl = 12 * time.Second
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1, LeaseTTL: ttl})
+	kv := &delayKV{KeyValue: f.kv, delay: ttl / 3}
+	f.kv = kv // before Run: nothing else reads it
+	var taken atomic.Int64
+	stop := run(f, func(ctx context.Context, p *Partition) error {
+		taken.Add(1)
+		<-ctx.Done()
+		return nil
+	})
+	poll.Until(t, "every kind's partition taken", func() bool { return taken.Load() == int64(len(kinds)) })
+	stop()
+	for _, k := range kinds {
+		s := slot{kind: k, id: 0}
+		if _, err := kv.KeyValue.Get(bg(t), s.key()); !errors.Is(err, jetstream.ErrKeyNotFound) {
+			t.Errorf("lease %s after the stop: %v, want it released", s.key(), err)
+		}
 	}
 }

@@ -399,11 +399,14 @@ func (f *Fleet) renew(ctx context.Context, s slot, l *lease) {
 	}
 }
 
-// release gives a lease up once its deliver returned.
+// release gives a lease up once its deliver returned. It is worth asking
+// until the lease would expire on the cluster by itself (until plus the
+// margin): on a loaded cluster a delete can take longer than a fixed
+// fraction of the TTL, and a lease not handed over waits out its TTL.
 func (f *Fleet) release(s slot, l *lease) {
 	l.timer.Stop()
 	l.cancel()
-	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.LeaseTTL/4)
+	ctx, cancel := context.WithDeadline(context.Background(), l.until.Load().Add(f.cfg.LeaseMargin))
 	defer cancel()
 	if err := f.kv.Delete(ctx, s.key(), jetstream.LastRevision(l.rev)); err != nil {
 		// It expires by itself.
