@@ -166,7 +166,7 @@ func (l *Lane) nextPart(maxBytes int, slab *recSlab) ([]storage.Chunk, bool, err
 // last part). The chunk's checksum is checked when its first part is cut:
 // a chunk that fails it returns errPartDamaged, and is then read whole by
 // nextChunks, which moves it to dead letters (reason damaged). The chunk is
-// decoded whole at each part (patched records rebuilt, see encode.go), so
+// decoded whole at each part, so
 // a part costs the decoding of the chunk; a chunk is cut in a few parts.
 func (l *Lane) cut(seq uint64, acc int64, n int, v []byte, maxBytes int, slab *recSlab) (storage.Chunk, error) {
 	if l.part.seq != seq || l.part.off == 0 {
