@@ -1,7 +1,6 @@
 package spool
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"syscall"
@@ -56,7 +55,7 @@ func (s *Spool) drainingErr() error {
 
 // retryReplay tries a deferred replay again (the store's).
 func (s *Spool) retryReplay(now time.Time) {
-	every := cmp.Or(s.cfg.drainEvery, drainRetry)
+	every := s.cfg.drainEvery
 	if !s.draining.Load() || now.Sub(s.st.drainTried) < every || s.db == nil {
 		return
 	}

@@ -45,42 +45,10 @@ var ErrTooManyLanes = errors.New("spool: too many lanes")
 // ErrTooManyLanes.
 var ErrTooManyKeyLanes = fmt.Errorf("%w of one api_key", ErrTooManyLanes)
 
-// Defaults of the lane limits.
-const (
-	// defaultMaxLanes is Config.MaxLanes's zero value.
-	defaultMaxLanes = 10000
-	// defaultRetireIdle is Config.RetireIdle's zero value.
-	defaultRetireIdle = 10 * time.Minute
-	// defaultMaxLanesPerKey is Config.MaxLanesPerKey's zero value: an
-	// api_key's three kinds and a few options variants.
-	defaultMaxLanesPerKey = 16
-)
-
-func (c Config) maxLanesPerKey() int {
-	if c.MaxLanesPerKey == 0 {
-		return defaultMaxLanesPerKey
-	}
-	return c.MaxLanesPerKey
-}
-
-func (c Config) maxLanes() int {
-	if c.MaxLanes == 0 {
-		return defaultMaxLanes
-	}
-	return c.MaxLanes
-}
-
-func (c Config) retireIdle() time.Duration {
-	if c.RetireIdle == 0 {
-		return defaultRetireIdle
-	}
-	return c.RetireIdle
-}
-
 // retireEvery is how often the store looks for lanes to retire: a quarter
 // of the idle time, between 10ms and a minute.
 func (c Config) retireEvery() time.Duration {
-	return min(max(c.retireIdle()/4, 10*time.Millisecond), time.Minute)
+	return min(max(c.RetireIdle/4, 10*time.Millisecond), time.Minute)
 }
 
 // IsRetired reports whether the lane was retired.
@@ -127,10 +95,11 @@ func (s *Spool) lanesFrom(id uint64) ([]*Lane, <-chan struct{}) {
 // (MaxLanes, MaxLanesPerKey), with the lanes of created about to be, or
 // nil. Call with s.mu held.
 func (s *Spool) refuseLaneLocked(apiKey string, created []*Lane) error {
-	if m := s.laneCfg.Load().maxLanes(); m > 0 && len(s.lanes)+len(created) >= m {
+	lc := s.laneCfg.Load()
+	if m := lc.MaxLanes; m > 0 && len(s.lanes)+len(created) >= m {
 		return ErrTooManyLanes
 	}
-	if m := s.laneCfg.Load().maxLanesPerKey(); m > 0 {
+	if m := lc.MaxLanesPerKey; m > 0 {
 		n := s.byKey.count(apiKey)
 		for _, l := range created {
 			if l.key.APIKey == apiKey {
@@ -263,7 +232,7 @@ func (s *Spool) beginAppend(ctxLane func(storage.LaneKey) (*Lane, error), l *Lan
 // to retire, -1 when there is nothing it could retire.
 func (s *Spool) retireWait() time.Duration {
 	lc := s.laneCfg.Load()
-	if lc.RetireIdle < 0 {
+	if lc.RetireIdle <= 0 {
 		return -1
 	}
 	s.mu.Lock()
@@ -281,11 +250,11 @@ func (s *Spool) maybeRetire(now time.Time) {
 	// Draining, a lane whose chunks are all in the WAL looks empty: retired,
 	// its chunks would be skipped by the deferred replay.
 	lc := s.laneCfg.Load()
-	if lc.RetireIdle < 0 || now.Sub(s.st.lastRetire) < lc.retireEvery() || s.draining.Load() {
+	if lc.RetireIdle <= 0 || now.Sub(s.st.lastRetire) < lc.retireEvery() || s.draining.Load() {
 		return
 	}
 	s.st.lastRetire = now
-	cutoff := now.Add(-lc.retireIdle()).UnixMilli()
+	cutoff := now.Add(-lc.RetireIdle).UnixMilli()
 	var gone []*Lane
 	s.mu.Lock()
 	if s.closed {

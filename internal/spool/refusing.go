@@ -43,7 +43,7 @@ func (s *Spool) refusing() error {
 	if !s.ckptFailed.Load() {
 		return nil
 	}
-	hard := 2 * s.cfg.hotMax()
+	hard := 2 * s.cfg.hotMaxBytes
 	held := s.hotHeld.Load()
 	if held <= hard-min(refuseMargin, hard/4) {
 		return nil
@@ -67,7 +67,7 @@ func (s *Spool) walRefusing() error {
 	if err := syscall.Statfs(s.walDir, &st); err != nil {
 		return fmt.Errorf("spool: no space was left for a new write-ahead log segment, and the free space of %s is unknown: %w", s.walDir, err)
 	}
-	free, need := int64(st.Bavail)*int64(st.Bsize), s.cfg.segBytes()
+	free, need := int64(st.Bavail)*int64(st.Bsize), s.cfg.segmentBytes
 	if free >= need {
 		return nil
 	}

@@ -91,7 +91,7 @@ func (s *Spool) replayWAL(applied, synced walPos, lanesSeq uint64, live bool) er
 			if r.err != nil {
 				return r.err
 			}
-			if r.bytes >= int64(s.cfg.maxCommit()) {
+			if r.bytes >= int64(s.cfg.maxCommitBytes) {
 				if err := r.apply(walPos{sg.no, rec.end}); err != nil {
 					return err
 				}
@@ -239,7 +239,7 @@ func (s *Spool) quarantine(name string, b []byte) (string, error) {
 // keepOrRemove keeps the spare file at path for the WAL writer when there
 // is room and it has the standard size, and removes it otherwise.
 func (s *Spool) keepOrRemove(path string) {
-	if fi, err := os.Stat(path); err == nil && fi.Size() == s.cfg.segBytes() && len(s.spares) < cap(s.spares) {
+	if fi, err := os.Stat(path); err == nil && fi.Size() == s.cfg.segmentBytes && len(s.spares) < cap(s.spares) {
 		s.spares <- path
 		return
 	}

@@ -2,6 +2,7 @@ package spool
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -56,7 +57,9 @@ var ErrDamaged = errors.New("spool: spool.db is damaged")
 // write-ahead log.
 var errMismatch = fmt.Errorf("%w (it does not match the write-ahead log)", ErrDamaged)
 
-// Config configures a Spool.
+// Config configures a Spool. A bound or reserve whose zero (or negative)
+// value means none means what the relay's flag of the same setting does
+// (cmd/relay passes its values as they are).
 type Config struct {
 	// Dir is the directory of the spool files; created if missing. Required.
 	Dir string
@@ -67,36 +70,49 @@ type Config struct {
 	// MaxBytes bounds the live record bytes; zero means no quota.
 	MaxBytes int64
 	// MinFreeBytes is the free space kept on the filesystem so that deletes
-	// and compaction still work; zero means 256 MiB, negative disables the
-	// check.
+	// and compaction still work; zero or negative means no reserve.
 	MinFreeBytes int64
 	// CompactMinFileBytes is the file size under which the spool never
 	// compacts (see compact.go); zero means 4 MiB, negative disables
 	// compaction.
 	CompactMinFileBytes int64
 
-	// Tests' knobs; zero means the default.
+	// Bounded lanes (see lanes.go); SetLaneLimits changes them while open.
+
+	// MaxLanes bounds the lanes (of every kind) that exist at once: a new
+	// one beyond it is refused with ErrTooManyLanes. Zero or negative: no
+	// bound.
+	MaxLanes int
+	// RetireIdle: a lane that is empty and had no Append for this long is
+	// retired (forgotten, its records deleted from the file). Zero or
+	// negative: never.
+	RetireIdle time.Duration
+	// MaxLanesPerKey bounds the lanes of one api_key (its kinds and
+	// options variants together): a new one beyond it is refused with
+	// ErrTooManyKeyLanes. Zero or negative: no bound.
+	MaxLanesPerKey int
+
+	// Tests' knobs; zero means the default (withDefaults).
 	adviseAge       time.Duration // see advise.go
-	segmentBytes    int64         // defaultSegmentBytes
-	flushAge        time.Duration // defaultFlushAge
-	checkpointEvery time.Duration // defaultCheckpointEvery
-	walMaxBytes     int64         // defaultWALMaxBytes
-	idleAfter       time.Duration // defaultIdleAfter
-	drainEvery      time.Duration // drainRetry
+	segmentBytes    int64
+	flushAge        time.Duration
+	checkpointEvery time.Duration
+	walMaxBytes     int64
+	idleAfter       time.Duration
+	drainEvery      time.Duration
 	// maxCommitBytes bounds the bytes gathered into one WAL write (group
-	// commit) and into one bbolt transaction at Open (defaultMaxCommitBytes).
+	// commit) and into one bbolt transaction at Open.
 	maxCommitBytes int
 	// hotMaxBytes bounds the memory of chunks kept between the WAL and bbolt
-	// (see hot.go; defaultHotMaxBytes): past it a checkpoint moves every
-	// unacknowledged one into bbolt, and past twice it appends wait for that
-	// checkpoint (or fail with ErrFull when checkpoints fail).
+	// (see hot.go): past it a checkpoint moves every unacknowledged one into
+	// bbolt, and past twice it appends wait for that checkpoint (or fail
+	// with ErrFull when checkpoints fail).
 	hotMaxBytes int64
 	// compactPercent: the spool compacts when the pages in use are at most
-	// this percentage of the file (defaultCompactUsedPercent).
+	// this percentage of the file.
 	compactPercent int
 	// compactMaxUsedBytes bounds the data a compaction copies (checkpoints
-	// wait while it runs, about 20 ms per MiB here;
-	// defaultCompactMaxUsedBytes); negative means no bound.
+	// wait while it runs, about 20 ms per MiB here); negative means no bound.
 	compactMaxUsedBytes int64
 
 	// maxFileBytes, when positive, makes checkpoints that would grow the
@@ -112,33 +128,7 @@ type Config struct {
 	// beforeTrim, when set, is called inside a checkpoint's transaction
 	// before each trim of the pages its deletions mapped (tests).
 	beforeTrim func()
-
-	// Bounded lanes (see lanes.go).
-
-	// MaxLanes bounds the lanes (of every kind) that exist at once: a new
-	// one beyond it is refused with ErrTooManyLanes. Zero means 10,000,
-	// negative no bound.
-	MaxLanes int
-	// RetireIdle: a lane that is empty and had no Append for this long is
-	// retired (forgotten, its records deleted from the file). Zero means
-	// 10 minutes, negative never.
-	RetireIdle time.Duration
-	// MaxLanesPerKey bounds the lanes of one api_key (its kinds and
-	// options variants together): a new one beyond it is refused with
-	// ErrTooManyKeyLanes. Zero means 16, negative no bound.
-	MaxLanesPerKey int
 }
-
-// Defaults of the Config fields whose zero value means a default.
-const (
-	defaultMinFreeBytes   = 256 << 20
-	defaultMaxCommitBytes = 32 << 20
-	defaultHotMaxBytes    = 8 << 20
-
-	defaultCompactMinFileBytes = 4 << 20
-	defaultCompactUsedPercent  = 25
-	defaultCompactMaxUsedBytes = 16 << 20
-)
 
 // Validate reports a configuration error; Open calls it.
 func (c Config) Validate() error {
@@ -147,94 +137,34 @@ func (c Config) Validate() error {
 		return errors.New("spool config: Dir is required")
 	case c.MaxBytes < 0:
 		return errors.New("spool config: MaxBytes must not be negative")
-	case c.maxCommitBytes < 0:
-		return errors.New("spool config: maxCommitBytes must not be negative")
-	case c.hotMaxBytes < 0:
-		return errors.New("spool config: hotMaxBytes must not be negative")
-	case c.compactPercent < 0 || c.compactPercent > 100:
-		return errors.New("spool config: compactPercent must be within 0..100")
 	}
 	return nil
 }
 
-func (c Config) minFree() int64 {
-	if c.MinFreeBytes == 0 {
-		return defaultMinFreeBytes
+// withDefaults is c with its zero knobs set to their defaults.
+func (c Config) withDefaults() Config {
+	def := func(v *int64, d int64) {
+		if *v == 0 {
+			*v = d
+		}
 	}
-	return c.MinFreeBytes
-}
-
-func (c Config) maxCommit() int {
-	if c.maxCommitBytes == 0 {
-		return defaultMaxCommitBytes
+	def(&c.CompactMinFileBytes, 4<<20)
+	def(&c.segmentBytes, defaultSegmentBytes)
+	def(&c.walMaxBytes, defaultWALMaxBytes)
+	def(&c.hotMaxBytes, 8<<20)
+	def(&c.compactMaxUsedBytes, 16<<20)
+	if c.compactMaxUsedBytes < 0 {
+		c.compactMaxUsedBytes = math.MaxInt64
 	}
-	return c.maxCommitBytes
-}
-
-func (c Config) hotMax() int64 {
-	if c.hotMaxBytes == 0 {
-		return defaultHotMaxBytes
-	}
-	return c.hotMaxBytes
-}
-
-func (c Config) segBytes() int64 {
-	if c.segmentBytes > 0 {
-		return c.segmentBytes
-	}
-	return defaultSegmentBytes
-}
-
-func (c Config) flushAfter() time.Duration {
-	if c.flushAge > 0 {
-		return c.flushAge
-	}
-	return defaultFlushAge
-}
-
-func (c Config) checkpointInterval() time.Duration {
-	if c.checkpointEvery > 0 {
-		return c.checkpointEvery
-	}
-	return defaultCheckpointEvery
-}
-
-func (c Config) idle() time.Duration {
-	if c.idleAfter > 0 {
-		return c.idleAfter
-	}
-	return defaultIdleAfter
-}
-
-func (c Config) walMax() int64 {
-	if c.walMaxBytes > 0 {
-		return c.walMaxBytes
-	}
-	return defaultWALMaxBytes
-}
-
-func (c Config) compactMinFile() int64 {
-	if c.CompactMinFileBytes == 0 {
-		return defaultCompactMinFileBytes
-	}
-	return c.CompactMinFileBytes
-}
-
-func (c Config) compactMaxUsed() int64 {
-	switch {
-	case c.compactMaxUsedBytes == 0:
-		return defaultCompactMaxUsedBytes
-	case c.compactMaxUsedBytes < 0:
-		return math.MaxInt64
-	}
-	return c.compactMaxUsedBytes
-}
-
-func (c Config) compactUsedPercent() int64 {
-	if c.compactPercent == 0 {
-		return defaultCompactUsedPercent
-	}
-	return int64(c.compactPercent)
+	c.adviseAge = cmp.Or(c.adviseAge, adviseAge)
+	c.flushAge = cmp.Or(c.flushAge, defaultFlushAge)
+	c.checkpointEvery = cmp.Or(c.checkpointEvery, defaultCheckpointEvery)
+	c.idleAfter = cmp.Or(c.idleAfter, defaultIdleAfter)
+	c.drainEvery = cmp.Or(c.drainEvery, drainRetry)
+	c.gather = cmp.Or(c.gather, commitGather)
+	c.maxCommitBytes = cmp.Or(c.maxCommitBytes, 32<<20)
+	c.compactPercent = cmp.Or(c.compactPercent, 25)
+	return c
 }
 
 // Lane is a handle on one lane. A retired lane (lanes.go) is forgotten by
@@ -579,7 +509,7 @@ func (l *Lane) read(maxBytes int, end uint64, slab *recSlab) (_ []storage.Chunk,
 			// and the next call's at once (read from disk while these are
 			// delivered).
 			defer trimTx(s.db, tx)
-			if acc, _, herr := chunkHeader(raw[0].v); herr == nil && time.Since(fromMs(acc)) >= s.cfg.adviseOlder() {
+			if acc, _, herr := chunkHeader(raw[0].v); herr == nil && time.Since(fromMs(acc)) >= s.cfg.adviseAge {
 				m := mapping(s.db, tx)
 				l.adv = l.adv[:0]
 				for _, r := range raw {
@@ -780,6 +710,7 @@ func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg = cfg.withDefaults()
 	if log == nil {
 		log = zap.NewNop()
 	}

@@ -1,7 +1,6 @@
 package spool
 
 import (
-	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -100,7 +99,7 @@ func (s *Spool) runStore() {
 		final := isClosed(s.walDone) // Close stopped the WAL writer
 		force := s.force.Swap(false) || final
 		s.mu.Lock()
-		due := len(s.sops) > 0 || force || now.Sub(s.st.lastCheckpoint) >= s.cfg.checkpointInterval()
+		due := len(s.sops) > 0 || force || now.Sub(s.st.lastCheckpoint) >= s.cfg.checkpointEvery
 		var acks []ackOp
 		var end walPos
 		var total int64
@@ -150,24 +149,24 @@ func (s *Spool) wait(timer *time.Timer) {
 	d := time.Duration(-1)
 	if s.pending() {
 		s.armed.Store(true)
-		d = max(time.Until(s.st.lastCheckpoint.Add(s.cfg.checkpointInterval())), 0)
+		d = max(time.Until(s.st.lastCheckpoint.Add(s.cfg.checkpointEvery)), 0)
 	} else {
 		s.armed.Store(false)
 		switch {
 		case s.pending(): // published meanwhile (the writer saw armed still set)
 			s.armed.Store(true)
-			d = s.cfg.checkpointInterval()
+			d = s.cfg.checkpointEvery
 		case s.st.freelistStale:
 			d = idleFreelistDelay
 		case !s.st.idle:
-			d = s.cfg.idle()
+			d = s.cfg.idleAfter
 		}
 		if r := s.retireWait(); r >= 0 && (d < 0 || r < d) {
 			d = r
 		}
 	}
 	if s.draining.Load() { // the replay's next try (drain.go)
-		r := cmp.Or(s.cfg.drainEvery, drainRetry)
+		r := s.cfg.drainEvery
 		if d < 0 || d > r {
 			d = r
 		}
@@ -242,7 +241,7 @@ func (s *Spool) checkpoint(ops []*op, acks []ackOp, end walPos, endTotal int64, 
 	// P: the WAL's end, or the first young unacknowledged chunk.
 	p, pTotal := end, endTotal
 	if !all {
-		cutoff := now.Add(-s.cfg.flushAfter()).UnixMilli()
+		cutoff := now.Add(-s.cfg.flushAge).UnixMilli()
 		for _, l := range lanes {
 			l.mu.Lock()
 			for _, c := range l.hot.cs[l.hot.head:] {
@@ -678,7 +677,7 @@ func (s *Spool) freeSegment(path string) error {
 	if err != nil {
 		return nil
 	}
-	if !s.st.idle && fi.Size() == s.cfg.segBytes() && len(s.spares) < cap(s.spares) {
+	if !s.st.idle && fi.Size() == s.cfg.segmentBytes && len(s.spares) < cap(s.spares) {
 		s.st.spareSeq++
 		sp := filepath.Join(s.walDir, fmt.Sprintf("%s%016x.wal", sparePrefix, s.st.spareSeq))
 		if err := os.Rename(path, sp); err == nil {
@@ -705,7 +704,7 @@ func (s *Spool) checkIdle(now time.Time) {
 		s.st.lastAppend, s.st.idleSince, s.st.idle = total, now, false
 		return
 	}
-	if now.Sub(s.st.idleSince) < s.cfg.idle() {
+	if now.Sub(s.st.idleSince) < s.cfg.idleAfter {
 		return
 	}
 	s.st.idle = true

@@ -1,7 +1,6 @@
 package spool
 
 import (
-	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -165,14 +164,14 @@ const commitGather = 50 * time.Microsecond
 // others are most likely in flight, and each would otherwise wait for a
 // whole fsync of its own. A lone client never waits.
 func (s *Spool) takeWAL() (ops []*op, acks []ackOp, closed bool) {
-	max := min(s.cfg.maxCommit(), int(s.cfg.segBytes()/4))
+	max := min(s.cfg.maxCommitBytes, int(s.cfg.segmentBytes/4))
 	var gatherUntil time.Time
 	for {
 		s.mu.Lock()
 		if q := len(s.appends); q > 0 && q < s.w.lastGroup && !s.closed && !s.cfg.NoSync {
 			now := time.Now()
 			if gatherUntil.IsZero() {
-				gatherUntil = now.Add(cmp.Or(s.cfg.gather, commitGather))
+				gatherUntil = now.Add(s.cfg.gather)
 			}
 			if now.Before(gatherUntil) {
 				s.mu.Unlock()
@@ -271,7 +270,7 @@ func (s *Spool) writeGroup(ops []*op, acks []ackOp) {
 		s.m.commitSeconds.Observe(time.Since(start).Seconds())
 		s.m.commitRecords.Observe(float64(records))
 		s.m.commits.Inc()
-		if s.hotHeld.Load() > s.cfg.hotMax() || s.w.total-s.appliedTotal.Load() > s.cfg.walMax() {
+		if s.hotHeld.Load() > s.cfg.hotMaxBytes || s.w.total-s.appliedTotal.Load() > s.cfg.walMaxBytes {
 			s.force.Store(true)
 			wake(s.storeWake)
 		} else if !s.armed.Load() {
@@ -305,7 +304,7 @@ func (s *Spool) waitMemory(ops []*op) {
 	for _, o := range ops {
 		group += int64(o.batch.Bytes())
 	}
-	hard := 2 * s.cfg.hotMax()
+	hard := 2 * s.cfg.hotMaxBytes
 	deadline := time.Now().Add(hotWaitMax)
 	for held := s.hotHeld.Load(); held > 0 && held+group > hard && !s.ckptFailed.Load() && time.Now().Before(deadline); held = s.hotHeld.Load() {
 		s.force.Store(true)
@@ -328,8 +327,8 @@ func (s *Spool) waitMemory(ops []*op) {
 // records.
 func (s *Spool) admit(ops []*op, now time.Time) (n int, bytes int64, records int) {
 	live, held := s.liveBytes(), s.hotHeld.Load()
-	hard := 2 * s.cfg.hotMax()
-	minFree := s.cfg.minFree()
+	hard := 2 * s.cfg.hotMaxBytes
+	minFree := s.cfg.MinFreeBytes
 	for _, o := range ops {
 		sz := int64(len(o.batch.Encoded()))
 		switch {
@@ -591,7 +590,7 @@ func (s *Spool) closeSegment() {
 func (s *Spool) rotate(need int64) error {
 	s.closeSegment()
 	no := s.w.nextNo
-	size := s.cfg.segBytes()
+	size := s.cfg.segmentBytes
 	path := filepath.Join(s.walDir, segName(no))
 	var f *os.File
 	if need <= size {
