@@ -326,17 +326,27 @@ func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]s
 		default:
 		}
 		l.mu.Lock()
-		next, firstHot, ch := l.next, l.hot.firstSeq(l.next), l.notify
-		if l.readSeq >= next {
-			l.watched = true // about to wait on ch
-		}
+		next, firstHot := l.next, l.hot.firstSeq(l.next)
 		if l.readSeq >= firstHot && l.readSeq < next {
 			refs := l.takeHot(maxBytes)
 			l.mu.Unlock()
-			if len(refs) > 0 {
-				return l.decodeHot(refs, slab)
+			if len(refs) == 0 {
+				continue // every one was acknowledged already
 			}
-			continue // every one was acknowledged already
+			if r := refs[0]; l.inParts(len(r.cb.B), maxBytes, slab) {
+				ch, err := l.cut(r.seq, r.accepted, r.records, r.cb.B, maxBytes, slab)
+				if !errors.Is(err, errPartDamaged) { // else read whole
+					for _, r := range refs {
+						r.cb.Release()
+					}
+					clear(refs)
+					if err != nil {
+						return nil, err
+					}
+					return []storage.Chunk{ch}, nil
+				}
+			}
+			return l.decodeHot(refs, slab)
 		}
 		l.mu.Unlock()
 		if l.readSeq < firstHot {
@@ -345,7 +355,6 @@ func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]s
 				return nil, err
 			}
 			if len(chunks) > 0 {
-				l.readSeq = chunks[len(chunks)-1].Seq + 1
 				return chunks, nil // a damaged chunk after them is read again next time
 			}
 			if dmg != nil {
@@ -358,7 +367,11 @@ func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]s
 			l.readSeq = firstHot // everything below was acknowledged already
 			continue
 		}
-		if err := l.wait(ctx, ch, slab); err != nil {
+		var onIdle func() bool
+		if slab != nil {
+			onIdle = func() bool { slab.buf = nil; return false } // an idle reader keeps nothing
+		}
+		if err := l.Wait(ctx, onIdle); err != nil {
 			return nil, err
 		}
 	}
@@ -371,35 +384,6 @@ func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]s
 // the reader waits, briefly, before most of its reads). A variable for
 // tests.
 var recIdleDrop = time.Second
-
-// wait waits for the lane to change (ch), dropping slab's buffer when that
-// takes longer than recIdleDrop.
-func (l *Lane) wait(ctx context.Context, ch <-chan struct{}, slab *recSlab) error {
-	var idle <-chan time.Time
-	if slab != nil && (slab.buf != nil || l.chunks != nil) {
-		if l.idle == nil {
-			l.idle = time.NewTimer(recIdleDrop)
-		} else {
-			l.idle.Reset(recIdleDrop)
-		}
-		defer l.idle.Stop()
-		idle = l.idle.C
-	}
-	for {
-		select {
-		case <-ch:
-			return nil
-		case <-idle:
-			slab.buf, l.chunks, idle = nil, nil, nil // an idle reader keeps neither
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-l.s.closing:
-			return ErrClosed
-		case <-l.retiredC:
-			return storage.ErrRetired
-		}
-	}
-}
 
 // takeHot takes a reference on the unacknowledged hot chunks from the read
 // cursor on, up to about maxBytes, and advances the cursor. Call with l.mu
@@ -482,6 +466,17 @@ func (l *Lane) read(maxBytes int, end uint64, slab *recSlab) (_ []storage.Chunk,
 			raw := l.raw[:0]
 			c := b.Cursor()
 			k, v := c.Seek(seqKey(l.readSeq))
+			if k != nil && binary.BigEndian.Uint64(k) < end {
+				if v := chunkValue(b, k, v); l.inParts(len(v), maxBytes, slab) {
+					if acc, n, err := chunkHeader(v); err == nil {
+						ch, err := l.cut(binary.BigEndian.Uint64(k), acc, n, v, maxBytes, slab)
+						if !errors.Is(err, errPartDamaged) { // else read whole, and dead-lettered
+							out = []storage.Chunk{ch}
+							return err
+						}
+					}
+				}
+			}
 			for ; k != nil; k, v = c.Next() {
 				seq := binary.BigEndian.Uint64(k)
 				if seq >= end {
@@ -537,6 +532,9 @@ func (l *Lane) read(maxBytes int, end uint64, slab *recSlab) (_ []storage.Chunk,
 					break
 				}
 				out = append(out, c)
+			}
+			if len(out) > 0 {
+				l.readSeq = out[len(out)-1].Seq + 1
 			}
 			return nil
 		})
