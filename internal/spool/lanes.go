@@ -16,23 +16,14 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// Lane limits and retirement.
-//
-// Every lane costs the spool a lane record and a queue bucket in bbolt and a
-// Lane in memory, and its deliverer goroutines and metric series. So lanes
-// are bounded: Config.MaxLanes caps how many exist at once (a new one beyond
-// it is refused with ErrTooManyLanes), and a lane that is empty (every chunk
-// acknowledged, none in the WAL since the applied position) and has had no
-// Append for Config.RetireIdle is retired by the store goroutine: it is
-// removed from Lanes, its lane record and queue bucket are deleted in one
-// bbolt transaction (so a restart does not load it again), and its retiredC
-// channel is closed so that its reader (Next) returns storage.ErrRetired.
-//
-// A retired Lane handle stays usable for Append: Append sends the records to
-// the lane of the same key, created again if needed (see Spool.Append).
-// Retirement and Append exclude each other through two atomics (the lane's
-// retired flag and its count of Appends in progress), each side setting its
-// own and then reading the other's, so at least one of them sees the other.
+// Lane limits and retirement: every lane costs a lane record and a queue
+// bucket in bbolt, a Lane in memory, its deliverer goroutines and metric
+// series. The store goroutine retires lanes (maybeRetire), deleting their
+// record and bucket in one transaction so that a restart does not load
+// them again. Retirement and Append exclude each other through two
+// atomics (the lane's retired flag and its count of Appends in progress),
+// each side setting its own and then reading the other's, so at least one
+// of them sees the other.
 
 // ErrTooManyLanes is returned by Spool.Lane (and by Append when a retired
 // lane must be created again) when Config.MaxLanes lanes exist and the key

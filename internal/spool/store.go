@@ -18,15 +18,13 @@ import (
 // creation, dead letters, compaction, and the recycling of WAL segments.
 //
 // A checkpoint picks a WAL position P and, in one transaction, puts into
-// bbolt every hot chunk whose record lies before P and that is not
-// acknowledged, deletes the acknowledged chunks that are in bbolt, and
-// stores P as applied. Once it is committed, the hot chunks before P are
-// dropped from memory and the segments before P's are reused: a restart
-// replays the WAL from P only. P is the WAL's published end, except that it
-// stops at the first unacknowledged chunk accepted less than flushAge ago,
-// so that chunks about to be delivered are never written twice. When the
-// memory of hot chunks passes hotMaxBytes, or the WAL since P passes
-// walMaxBytes, the WAL writer asks for a checkpoint of everything (force).
+// bbolt every unacknowledged hot chunk before P, deletes the acknowledged
+// chunks in bbolt, and stores P as applied; then the hot chunks before P
+// are dropped from memory and the segments before P's reused. P is the
+// WAL's published end, or the first unacknowledged chunk younger than
+// flushAge (about to be delivered: never written twice). Past hotMaxBytes
+// of hot chunks, or walMaxBytes of WAL since P, the WAL writer asks for a
+// checkpoint of everything (force).
 
 const (
 	// defaultCheckpointEvery is how often the store checkpoints while
