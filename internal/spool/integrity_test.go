@@ -934,7 +934,7 @@ func checkDraining(t *testing.T, cfg Config, free func()) {
 		t.Fatalf("Open on a full disk: %v", err)
 	}
 	defer s.Close()
-	if s.drainingErr() == nil {
+	if !s.draining.Load() {
 		t.Fatal("not draining")
 	}
 	l := mustLane(t, s, testKey(1))
@@ -981,8 +981,8 @@ func checkDraining(t *testing.T, cfg Config, free func()) {
 	// them (a reader slowed by a loaded machine gives the spool's retries,
 	// every drainEvery, the time): then the replayed backlog follows them
 	// at once, in order, and draining has ended.
-	if len(ids) < 90 || !slices.Equal(ids, wantIDs(200)[:len(ids)]) || len(ids) > 90 && s.drainingErr() != nil {
-		t.Fatalf("while draining: read %v (draining: %v)", ids, s.drainingErr())
+	if len(ids) < 90 || !slices.Equal(ids, wantIDs(200)[:len(ids)]) || len(ids) > 90 && s.draining.Load() {
+		t.Fatalf("while draining: read %v (draining: %v)", ids, s.draining.Load())
 	}
 	// A reader goes on reading (the batcher's does): nothing more while the
 	// spool drains. The replay may already fit in the pages the chunks just
@@ -991,8 +991,8 @@ func checkDraining(t *testing.T, cfg Config, free func()) {
 	// checks in order.
 	cs, more, err := l.NextPart(done, 1<<20, recs)
 	recs = more
-	if len(cs) != 0 && s.drainingErr() != nil || len(cs) == 0 && !errors.Is(err, context.Canceled) {
-		t.Fatalf("read while draining, after spool.db's records: %d chunks, %v (draining: %v)", len(cs), err, s.drainingErr())
+	if len(cs) != 0 && s.draining.Load() || len(cs) == 0 && !errors.Is(err, context.Canceled) {
+		t.Fatalf("read while draining, after spool.db's records: %d chunks, %v (draining: %v)", len(cs), err, s.draining.Load())
 	}
 	for _, c := range cs {
 		for _, r := range c.Records {
@@ -1003,10 +1003,10 @@ func checkDraining(t *testing.T, cfg Config, free func()) {
 	}
 	free()
 	deadline := time.Now().Add(poll.Max)
-	for s.drainingErr() != nil && time.Now().Before(deadline) {
+	for s.draining.Load() && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if s.drainingErr() != nil {
+	if s.draining.Load() {
 		t.Fatalf("still draining after space was freed: %v", logs.All())
 	}
 	read(190)

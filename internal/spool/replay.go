@@ -37,14 +37,11 @@ import (
 // segment whose recStart carries another spool's id, a chunk of a lane id
 // that spool.db never assigned, or a position spool.db recorded (applied,
 // synced) that the files do not reach.
-func (s *Spool) replay(applied, synced walPos, lanesSeq uint64) error {
-	return s.replayWAL(applied, synced, lanesSeq, false)
-}
-
-// replayWAL is replay; live is set when the spool is open already (a
-// replay deferred by a full disk, see drain.go): the lanes' readers are
-// running then, and are woken instead of placed.
-func (s *Spool) replayWAL(applied, synced walPos, lanesSeq uint64, live bool) error {
+//
+// live is set when the spool is open already (a replay deferred by a full
+// disk, see drain.go): the lanes' readers are running then, and are woken
+// instead of placed.
+func (s *Spool) replay(applied, synced walPos, lanesSeq uint64, live bool) error {
 	lr, err := readLog(s.walDir, s.id[:], applied, synced)
 	if err != nil {
 		return fmt.Errorf("wal: %w", err)

@@ -752,7 +752,7 @@ func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error
 			return err
 		}
 		s.st.lanesSeq = lanesSeq
-		if err = s.replay(applied, synced, lanesSeq); noSpace(err) {
+		if err = s.replay(applied, synced, lanesSeq, false); noSpace(err) {
 			return s.startDraining(err)
 		}
 		return err
