@@ -347,12 +347,3 @@ func decodeDead(id uint64, v []byte) (storage.DeadLetter, error) {
 	}
 	return d, nil
 }
-
-// uvarintLen is the length of x's shortest uvarint.
-func uvarintLen(x uint64) int {
-	n := 1
-	for ; x >= 0x80; x >>= 7 {
-		n++
-	}
-	return n
-}

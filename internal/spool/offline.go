@@ -197,9 +197,9 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 			}
 		}, bad)
 	}
-	for lid, l := range lanes {
+	for _, l := range lanes {
 		if l.known {
-			l.label = newLane(nil, lid, l.key, laneState{}).label
+			l.label = l.key.Label()
 		}
 	}
 
@@ -361,8 +361,7 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 			continue
 		}
 		rep.DeadLetters++
-		l := newLane(nil, 0, d.Lane, laneState{})
-		sr := &SalvageRecord{Source: "db", Kind: d.Lane.Kind.String(), Lane: l.label, APIKey: d.Lane.APIKey, Options: d.Lane.Options,
+		sr := &SalvageRecord{Source: "db", Kind: d.Lane.Kind.String(), Lane: d.Lane.Label(), APIKey: d.Lane.APIKey, Options: d.Lane.Options,
 			Accepted: d.Accepted.UTC(), OrderKey: string(d.Record.OrderKey), UserID: string(d.Record.UserID)}
 		sr.Dead = newOf(sr.Dead)
 		sr.Dead.ID, sr.Dead.Reason, sr.Dead.Answer, sr.Dead.Died = d.ID, d.Reason, string(d.Answer), d.Died.UTC()

@@ -175,7 +175,7 @@ type Lane struct {
 	id    uint64
 	label string
 	qname []byte // name of the queue bucket
-	// walRec is the lane's recLane payload (the WAL writer's).
+	// walRec is the lane's recLane payload.
 	walRec []byte
 
 	mu         sync.Mutex
@@ -240,6 +240,7 @@ func newLane(s *Spool, id uint64, key storage.LaneKey, st laneState) *Lane {
 		id:     id,
 		label:  key.Label(),
 		qname:  queueName(id),
+		walRec: encodeLane(nil, key, laneState{}),
 		cold:   st,
 		next:   st.nextSeq,
 		aNext:  st.nextSeq,
