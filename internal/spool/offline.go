@@ -205,14 +205,7 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 
 	// The log, from the applied position on, with the replay's verdict
 	// (readLog): lanes named by recLane records, acknowledgements, chunks.
-	type walChunk struct {
-		lane, seq uint64
-		v         []byte
-	}
-	var walChunks []walChunk
 	walLanes := map[uint64]*offLane{}
-	at := map[laneSeq]int{}
-	acked := map[laneSeq]bool{}
 	lr, err := readLog(walPath(dir), id, applied, synced)
 	if err != nil {
 		problem("wal: %v", err)
@@ -247,25 +240,7 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 	for _, d := range lr.torn {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("wal: segment %s bytes %d-%d: %s", segName(d.seg), d.from, d.to, d.what))
 	}
-	for _, sg := range lr.segs {
-		for _, r := range sg.recs {
-			switch r.typ {
-			case recChunk:
-				at[laneSeq{r.lane, r.seq}] = len(walChunks)
-				walChunks = append(walChunks, walChunk{r.lane, r.seq, r.payload})
-			case recAcks:
-				for p := r.payload; len(p) >= ackEntryLen; p = p[ackEntryLen:] {
-					k := laneSeq{binary.LittleEndian.Uint64(p), binary.LittleEndian.Uint64(p[8:])}
-					if i, ok := at[k]; ok {
-						walChunks[i].v = nil
-						delete(at, k)
-					} else {
-						acked[k] = true
-					}
-				}
-			}
-		}
-	}
+	walChunks, acked, _ := lr.pending()
 
 	if dbMissing {
 		if len(walChunks) > 0 || len(walLanes) > 0 {
@@ -343,12 +318,10 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 		})
 	}
 	for _, c := range walChunks {
-		if c.v != nil {
-			if !laneOf(c.lane).known && walLanes[c.lane] == nil {
-				problem("wal: lane %d chunk %d: neither spool.db nor the log names the lane's api_key", c.lane, c.seq)
-			}
-			emitChunk("wal", c.lane, c.seq, c.v)
+		if !laneOf(c.lane).known && walLanes[c.lane] == nil {
+			problem("wal: lane %d chunk %d: neither spool.db nor the log names the lane's api_key", c.lane, c.seq)
 		}
+		emitChunk("wal", c.lane, c.seq, c.payload)
 	}
 	for _, kv := range deads {
 		if len(kv[0]) != 8 {

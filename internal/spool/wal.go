@@ -524,8 +524,8 @@ func readLog(walDir string, id []byte, applied, synced walPos) (*logRead, error)
 	delivered := map[laneSeq]bool{}
 	for _, sg := range lr.segs {
 		for _, rec := range sg.recs {
-			for p := rec.payload; rec.typ == recAcks && len(p) >= ackEntryLen && len(cands) > 0; p = p[ackEntryLen:] {
-				delivered[laneSeq{binary.LittleEndian.Uint64(p), binary.LittleEndian.Uint64(p[8:])}] = true
+			if rec.typ == recAcks && len(cands) > 0 {
+				acksOf(rec.payload, func(k laneSeq) { delivered[k] = true })
 			}
 		}
 	}
@@ -543,6 +543,43 @@ func readLog(walDir string, id []byte, applied, synced walPos) (*logRead, error)
 		}
 	}
 	return lr, nil
+}
+
+// acksOf calls f for each chunk an acks record's payload acknowledges.
+func acksOf(p []byte, f func(laneSeq)) {
+	for ; len(p) >= ackEntryLen; p = p[ackEntryLen:] {
+		f(laneSeq{binary.LittleEndian.Uint64(p), binary.LittleEndian.Uint64(p[8:])})
+	}
+}
+
+// pending is what the log holds from the applied position on with its own
+// acknowledgements applied, as the replay and Verify take it: the chunk
+// records it does not acknowledge later, in log order; the chunks it
+// acknowledges but does not hold (spool.db's); and how many
+// acknowledgements it holds.
+func (lr *logRead) pending() (chunks []walRecord, acked map[laneSeq]bool, acks int) {
+	at := map[laneSeq]int{}
+	acked = map[laneSeq]bool{}
+	for _, sg := range lr.segs {
+		for _, r := range sg.recs {
+			switch r.typ {
+			case recChunk:
+				at[laneSeq{r.lane, r.seq}] = len(chunks)
+				chunks = append(chunks, r)
+			case recAcks:
+				acksOf(r.payload, func(k laneSeq) {
+					acks++
+					if i, ok := at[k]; ok {
+						chunks[i].typ = 0 // acknowledged
+						delete(at, k)
+					} else {
+						acked[k] = true
+					}
+				})
+			}
+		}
+	}
+	return slices.DeleteFunc(chunks, func(r walRecord) bool { return r.typ == 0 }), acked, acks
 }
 
 // attribute counts what d cost: the records whose headers still hold in
