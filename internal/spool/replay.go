@@ -333,23 +333,10 @@ func (r *replayer) apply(pos walPos) error {
 		}
 		return meta.Put(keyWAL, pos.encode())
 	})
+	s.settle(err == nil)
 	if err != nil {
-		for _, l := range s.st.touched {
-			l.w, l.wOldest = l.cold, l.coldOldest
-			l.wTouched, l.wOldStale = false, false
-		}
-		clear(s.st.touched)
-		s.st.touched = s.st.touched[:0]
 		return fmt.Errorf("wal replay: %w", err)
 	}
-	for _, l := range s.st.touched {
-		l.mu.Lock() // a deferred replay (drain.go) runs while readers do
-		l.cold, l.coldOldest = l.w, l.wOldest
-		l.mu.Unlock()
-		l.wTouched, l.wOldStale = false, false
-	}
-	clear(s.st.touched)
-	s.st.touched = s.st.touched[:0]
 	s.st.applied = pos
 	s.st.live = live
 	s.coldLive.Store(live)

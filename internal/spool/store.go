@@ -541,6 +541,24 @@ func (s *Spool) txLanes(tx *bolt.Tx) error {
 	return nil
 }
 
+// settle ends a transaction for the lanes it touched: committed, their
+// working state becomes their bbolt state; else it is dropped (l.cold is
+// written only by the store goroutine).
+func (s *Spool) settle(committed bool) {
+	for _, l := range s.st.touched {
+		if committed {
+			l.mu.Lock() // readers read l.cold (and a deferred replay runs beside them)
+			l.cold, l.coldOldest = l.w, l.wOldest
+			l.mu.Unlock()
+		} else {
+			l.w, l.wOldest = l.cold, l.coldOldest
+		}
+		l.wTouched, l.wOldStale = false, false
+	}
+	clear(s.st.touched)
+	s.st.touched = s.st.touched[:0]
+}
+
 func (s *Spool) touch(l *Lane) {
 	if !l.wTouched {
 		l.wTouched = true
@@ -566,14 +584,7 @@ func (s *Spool) findLane(key storage.LaneKey) *Lane {
 // the acknowledgements that came while their chunk was being put queued as
 // deletions, the applied position, the new lanes.
 func (s *Spool) commitPublish(lanes []*Lane, p walPos, pTotal int64) {
-	for _, l := range s.st.touched {
-		l.mu.Lock()
-		l.cold, l.coldOldest = l.w, l.wOldest
-		l.mu.Unlock()
-		l.wTouched, l.wOldStale = false, false
-	}
-	clear(s.st.touched)
-	s.st.touched = s.st.touched[:0]
+	s.settle(true)
 	var held, unacked int64
 	var later []ackOp
 	for _, l := range lanes {
@@ -635,14 +646,10 @@ func (s *Spool) rollback(acks []ackOp, flush []*hotChunk, flushL []*Lane, lanes 
 		l.mu.Unlock()
 	}
 	s.hotHeld.Add(-held)
-	for _, ls := range [][]*Lane{lanes, s.st.touched} {
-		for _, l := range ls {
-			l.w, l.wOldest = l.cold, l.coldOldest // l.cold is written only by this goroutine
-			l.wTouched, l.wOldStale = false, false
-		}
+	for _, l := range lanes {
+		l.w, l.wOldest = l.cold, l.coldOldest // checkpoint set their nextSeq
 	}
-	clear(s.st.touched)
-	s.st.touched = s.st.touched[:0]
+	s.settle(false)
 	clear(s.st.created)
 	s.st.created = s.st.created[:0]
 	s.mu.Lock()
