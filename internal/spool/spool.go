@@ -451,94 +451,87 @@ func (l *Lane) decodeHot(refs []hotRef, slab *recSlab) ([]storage.Chunk, error) 
 // taken from slab.
 func (l *Lane) read(maxBytes int, end uint64, slab *recSlab) (_ []storage.Chunk, dmg *damagedChunk, _ error) {
 	s := l.s
-	s.dbMu.RLock()
-	defer s.dbMu.RUnlock()
-	if s.db == nil {
-		return nil, nil, ErrClosed
-	}
 	var out []storage.Chunk
 	total := 0
-	err := guard(func() error {
-		return s.db.View(func(tx *bolt.Tx) error {
-			b := tx.Bucket(l.qname)
-			if b == nil {
-				return l.missingQueue()
-			}
-			raw := l.raw[:0]
-			c := b.Cursor()
-			k, v := c.Seek(seqKey(l.readSeq))
-			if k != nil && binary.BigEndian.Uint64(k) < end {
-				if v := chunkValue(b, k, v); l.inParts(len(v), maxBytes, slab) {
-					if acc, n, err := chunkHeader(v); err == nil {
-						ch, err := l.cut(binary.BigEndian.Uint64(k), acc, n, v, maxBytes, slab)
-						if !errors.Is(err, errPartDamaged) { // else read whole, and dead-lettered
-							out = []storage.Chunk{ch}
-							return err
-						}
+	err := s.view(func(tx *bolt.Tx) error {
+		b := tx.Bucket(l.qname)
+		if b == nil {
+			return l.missingQueue()
+		}
+		raw := l.raw[:0]
+		c := b.Cursor()
+		k, v := c.Seek(seqKey(l.readSeq))
+		if k != nil && binary.BigEndian.Uint64(k) < end {
+			if v := chunkValue(b, k, v); l.inParts(len(v), maxBytes, slab) {
+				if acc, n, err := chunkHeader(v); err == nil {
+					ch, err := l.cut(binary.BigEndian.Uint64(k), acc, n, v, maxBytes, slab)
+					if !errors.Is(err, errPartDamaged) { // else read whole, and dead-lettered
+						out = []storage.Chunk{ch}
+						return err
 					}
 				}
 			}
-			for ; k != nil; k, v = c.Next() {
-				seq := binary.BigEndian.Uint64(k)
-				if seq >= end {
+		}
+		for ; k != nil; k, v = c.Next() {
+			seq := binary.BigEndian.Uint64(k)
+			if seq >= end {
+				break
+			}
+			v = chunkValue(b, k, v)
+			if len(raw) > 0 && (maxBytes <= 0 || total+len(v) > maxBytes) {
+				break
+			}
+			raw = append(raw, rawChunk{seq, v})
+			total += len(v)
+		}
+		l.raw = raw[:0]
+		defer clear(raw) // no references into the mapping outlive tx
+		if len(raw) == 0 {
+			return nil
+		}
+		// Drop the copied pages from the RSS afterwards (see advise.go; the
+		// data stays in the page cache): chunks are read from bbolt only
+		// when they waited (a backlog, an outage's retries), so one call
+		// per read is cheap. The whole mapping, not the chunks' pages: the
+		// kernel maps the large folios around them, and the store's
+		// commits touch pages meanwhile. A chunk accepted adviseAge ago or
+		// more is likely not in the page cache any more: ask for its pages
+		// and the next call's at once (read from disk while these are
+		// delivered).
+		defer trimTx(s.db, tx)
+		if acc, _, herr := chunkHeader(raw[0].v); herr == nil && time.Since(fromMs(acc)) >= s.cfg.adviseAge {
+			m := mapping(s.db, tx)
+			l.adv = l.adv[:0]
+			for _, r := range raw {
+				l.adv.add(m, r.v)
+			}
+			var ahead spans
+			for n := 0; k != nil && n < maxBytes && len(ahead) < 64; k, v = c.Next() {
+				if binary.BigEndian.Uint64(k) >= end {
 					break
 				}
 				v = chunkValue(b, k, v)
-				if len(raw) > 0 && (maxBytes <= 0 || total+len(v) > maxBytes) {
-					break
-				}
-				raw = append(raw, rawChunk{seq, v})
-				total += len(v)
+				ahead.add(m, v)
+				n += len(v)
 			}
-			l.raw = raw[:0]
-			defer clear(raw) // no references into the mapping outlive tx
-			if len(raw) == 0 {
-				return nil
+			l.adv.advise(m, syscall.MADV_WILLNEED)
+			ahead.advise(m, syscall.MADV_WILLNEED)
+		}
+		out = make([]storage.Chunk, 0, len(raw))
+		for _, r := range raw {
+			cb := storage.GetBuf(len(r.v))
+			cb.B = append(cb.B, r.v...)
+			c := storage.Chunk{Buffer: cb.Buffer()}
+			if err := decodeChunk(r.seq, cb.B, &c, slab); err != nil {
+				dmg = &damagedChunk{seq: r.seq, v: cb.B, err: err}
+				break
 			}
-			// Drop the copied pages from the RSS afterwards (see advise.go; the
-			// data stays in the page cache): chunks are read from bbolt only
-			// when they waited (a backlog, an outage's retries), so one call
-			// per read is cheap. The whole mapping, not the chunks' pages: the
-			// kernel maps the large folios around them, and the store's
-			// commits touch pages meanwhile. A chunk accepted adviseAge ago or
-			// more is likely not in the page cache any more: ask for its pages
-			// and the next call's at once (read from disk while these are
-			// delivered).
-			defer trimTx(s.db, tx)
-			if acc, _, herr := chunkHeader(raw[0].v); herr == nil && time.Since(fromMs(acc)) >= s.cfg.adviseAge {
-				m := mapping(s.db, tx)
-				l.adv = l.adv[:0]
-				for _, r := range raw {
-					l.adv.add(m, r.v)
-				}
-				var ahead spans
-				for n := 0; k != nil && n < maxBytes && len(ahead) < 64; k, v = c.Next() {
-					if binary.BigEndian.Uint64(k) >= end {
-						break
-					}
-					v = chunkValue(b, k, v)
-					ahead.add(m, v)
-					n += len(v)
-				}
-				l.adv.advise(m, syscall.MADV_WILLNEED)
-				ahead.advise(m, syscall.MADV_WILLNEED)
-			}
-			out = make([]storage.Chunk, 0, len(raw))
-			for _, r := range raw {
-				cb := storage.GetBuf(len(r.v))
-				cb.B = append(cb.B, r.v...)
-				c := storage.Chunk{Buffer: cb.Buffer()}
-				if err := decodeChunk(r.seq, cb.B, &c, slab); err != nil {
-					dmg = &damagedChunk{seq: r.seq, v: cb.B, err: err}
-					break
-				}
-				out = append(out, c)
-			}
-			if len(out) > 0 {
-				l.readSeq = out[len(out)-1].Seq + 1
-			}
-			return nil
-		})
+			out = append(out, c)
+		}
+		if len(out) > 0 {
+			l.readSeq = out[len(out)-1].Seq + 1
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("spool read: lane %s: %w", l.label, err)
@@ -1110,32 +1103,23 @@ func (s *Spool) ListDead(f storage.DeadFilter, after uint64, limit int) ([]stora
 	if after == math.MaxUint64 {
 		return nil, nil
 	}
-	s.dbMu.RLock()
-	defer s.dbMu.RUnlock()
-	if s.db == nil {
-		return nil, ErrClosed
-	}
 	var out []storage.DeadLetter
-	err := guard(func() error {
-		return s.db.View(func(tx *bolt.Tx) error {
-			c := tx.Bucket(bucketDead).Cursor()
-			for k, v := c.Seek(seqKey(after + 1)); k != nil; k, v = c.Next() {
-				if limit > 0 && len(out) >= limit {
-					break
-				}
-				buf := make([]byte, len(v))
-				copy(buf, v)
-				d, err := decodeDead(binary.BigEndian.Uint64(k), buf)
-				if err != nil {
-					return fmt.Errorf("dead letter %x: %w", k, err)
-				}
-				if f.Lane != nil && d.Lane != *f.Lane || f.Reason != "" && d.Reason != f.Reason || f.Label != "" && d.Lane.Label() != f.Label {
-					continue
-				}
-				out = append(out, d)
+	err := s.view(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketDead).Cursor()
+		for k, v := c.Seek(seqKey(after + 1)); k != nil; k, v = c.Next() {
+			if limit > 0 && len(out) >= limit {
+				break
 			}
-			return nil
-		})
+			d, err := decodeDead(binary.BigEndian.Uint64(k), bytes.Clone(v))
+			if err != nil {
+				return fmt.Errorf("dead letter %x: %w", k, err)
+			}
+			if f.Lane != nil && d.Lane != *f.Lane || f.Reason != "" && d.Reason != f.Reason || f.Label != "" && d.Lane.Label() != f.Label {
+				continue
+			}
+			out = append(out, d)
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
@@ -1143,24 +1127,28 @@ func (s *Spool) ListDead(f storage.DeadFilter, after uint64, limit int) ([]stora
 	return out, nil
 }
 
+// view runs f in a read transaction of the file (ErrClosed once it is
+// closed), bbolt's panics and faults turned into ErrDamaged (guard).
+func (s *Spool) view(f func(*bolt.Tx) error) error {
+	s.dbMu.RLock()
+	defer s.dbMu.RUnlock()
+	if s.db == nil {
+		return ErrClosed
+	}
+	return guard(func() error { return s.db.View(f) })
+}
+
 // DeadCount is the number of dead letters as the store holds them now: read
 // in a transaction of its own, so that it counts every dead letter a
 // ListDead before it returned (Stats().Dead follows the store a moment
 // later, once a checkpoint is applied).
 func (s *Spool) DeadCount() (int64, error) {
-	s.dbMu.RLock()
-	defer s.dbMu.RUnlock()
-	if s.db == nil {
-		return 0, ErrClosed
-	}
 	var n int64
-	err := guard(func() error {
-		return s.db.View(func(tx *bolt.Tx) error {
-			if v := tx.Bucket(bucketMeta).Get(keyDead); len(v) == 16 {
-				n = int64(binary.BigEndian.Uint64(v))
-			}
-			return nil
-		})
+	err := s.view(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketMeta).Get(keyDead); len(v) == 16 {
+			n = int64(binary.BigEndian.Uint64(v))
+		}
+		return nil
 	})
 	if err != nil {
 		return 0, fmt.Errorf("count dead letters: %w", err)
