@@ -17,21 +17,19 @@ import (
 
 // replay applies the WAL from applied on into bbolt, at Open: every chunk
 // record not acknowledged later in the WAL is put, every acknowledged chunk
-// in bbolt is deleted, in transactions of up to maxCommitBytes (and one per
-// segment), each storing how far it got. Then every segment is free: it is
-// kept as a spare or removed, and the WAL writer starts a new one.
+// in bbolt is deleted, in transactions of up to maxCommitBytes, each
+// storing how far it got. Then every segment is free: it is kept as a
+// spare or removed, and the WAL writer starts a new one.
 //
 // The log is read by readLog (wal.go), whose verdict Verify shares:
-// damage is skipped exactly and reported (reportDamage: an error line with
-// the lanes, records and events lost, the damaged-records counter, the
-// bytes kept in Dir/quarantine/), and what follows is replayed; a write
-// cut short at the log's end (never acknowledged: synced is the WAL end
-// spool.db last recorded, unless NoSync, and every record acknowledged
-// before it was fsynced before that record was committed) is dropped with
-// a warning. A record past synced was either never acknowledged or
-// acknowledged within the last checkpoint's lag (a checkpoint interval,
-// 100 ms, plus a commit: every checkpoint commits when the WAL's end
-// moved), which a bad tail there cannot tell apart.
+// damage is skipped exactly and reported (reportDamage), and what follows
+// is replayed; a write cut short at the log's end is dropped with a
+// warning. It is never acknowledged: synced is the WAL end spool.db last
+// recorded (unless NoSync), and every record acknowledged before it was
+// fsynced before that record was committed. A record past synced was
+// either never acknowledged or acknowledged within the last checkpoint's
+// lag (a checkpoint interval plus a commit: every checkpoint commits when
+// the WAL's end moved), which a bad tail there cannot tell apart.
 //
 // Replay refuses (errMismatch) a WAL that is not this spool.db's: a
 // segment whose recStart carries another spool's id, a chunk of a lane id

@@ -63,20 +63,13 @@ import (
 //   - there is none, and the bytes there are anything else: a bad tail.
 //
 // One function judges what scanSegment found, for Open's replay and for
-// Verify alike (readLog): bytes past the end that the next segment's
-// recStart names for its predecessor are not the log's (a reused file's
-// old bytes, a failed write's records); a bad tail of the log's last
-// segment at or past the end spool.db last recorded as acknowledged (meta
-// key "walsync", unless NoSync) is a write cut short by a crash, which was
-// never acknowledged (see replay.go); anything else is damage, and is
-// counted by what it lost: the lanes, records and events of the chunk
-// records in it that the log does not acknowledge later.
+// Verify alike (readLog).
 //
 // A valid record can not start inside another's payload by chance: it needs
 // a header checksum and the segment's number, and record payloads are JSON
 // text (no zero bytes) except for the chunk headers. Files are reused: a
-// segment whose records are all in bbolt (or acknowledged) becomes a spare, which the writer renames to its next
-// segment number; a reused file's blocks are allocated and written, so
+// segment whose records are all in bbolt (or acknowledged) becomes a
+// spare, which the writer renames to its next segment number; a reused file's blocks are allocated and written, so
 // fdatasync has no metadata to write (about half the time of a fresh file's
 // here).
 
