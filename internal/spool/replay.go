@@ -118,7 +118,9 @@ func (s *Spool) replay(applied, synced walPos, lanesSeq uint64, live bool) error
 		}
 	}
 	for _, name := range lr.spares {
-		s.keepOrRemove(filepath.Join(s.walDir, name))
+		if err := s.freeSegment(filepath.Join(s.walDir, name)); err != nil {
+			s.log.Warn("spool: remove spare WAL file", zap.Error(err))
+		}
 	}
 	for _, no := range lr.files {
 		if err := s.freeSegment(filepath.Join(s.walDir, segName(no))); err != nil {
@@ -230,18 +232,6 @@ func (s *Spool) quarantine(name string, b []byte) (string, error) {
 		return "", err
 	}
 	return path, nil
-}
-
-// keepOrRemove keeps the spare file at path for the WAL writer when there
-// is room and it has the standard size, and removes it otherwise.
-func (s *Spool) keepOrRemove(path string) {
-	if fi, err := os.Stat(path); err == nil && fi.Size() == s.cfg.segmentBytes && len(s.spares) < cap(s.spares) {
-		s.spares <- path
-		return
-	}
-	if err := removeIfExists(path); err != nil {
-		s.log.Warn("spool: remove spare WAL file", zap.Error(err))
-	}
 }
 
 // replayer gathers the log's chunks until apply commits them.

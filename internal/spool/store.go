@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -671,21 +672,25 @@ func (s *Spool) recycle() {
 	}
 }
 
-// freeSegment makes the segment file at path, whose records are all in
-// bbolt or acknowledged, a spare for the WAL writer (renamed out of the
-// segments' names) while there are fewer than maxSpares, the spool is not
-// idle and the file has the standard size; otherwise it removes it. A
-// missing file (a number the writer skipped, or removed already) is no
-// error.
+// freeSegment makes the segment (or spare) file at path, whose records are
+// all in bbolt or acknowledged, a spare for the WAL writer (a segment is
+// renamed out of the segments' names) while there are fewer than
+// maxSpares, the spool is not idle and the file has the standard size;
+// otherwise it removes it. A missing file (a number the writer skipped, or
+// removed already) is no error.
 func (s *Spool) freeSegment(path string) error {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return nil
 	}
 	if !s.st.idle && fi.Size() == s.cfg.segmentBytes && len(s.spares) < cap(s.spares) {
-		s.st.spareSeq++
-		sp := filepath.Join(s.walDir, fmt.Sprintf("%s%016x.wal", sparePrefix, s.st.spareSeq))
-		if err := os.Rename(path, sp); err == nil {
+		sp := path
+		if !strings.HasPrefix(filepath.Base(path), sparePrefix) {
+			s.st.spareSeq++
+			sp = filepath.Join(s.walDir, fmt.Sprintf("%s%016x.wal", sparePrefix, s.st.spareSeq))
+			err = os.Rename(path, sp)
+		}
+		if err == nil {
 			select {
 			case s.spares <- sp:
 				return nil
