@@ -157,19 +157,11 @@ func (x *laneIndex) remove(l *Lane) {
 }
 
 // get is the live lane of k, nil when none.
-func (x *laneIndex) get(k storage.LaneKey) *Lane {
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	for _, l := range x.m[k.APIKey] {
-		if l.key == k {
-			return l
-		}
-	}
-	return nil
-}
+func (x *laneIndex) get(k storage.LaneKey) *Lane { return findLane(x, k.Kind, k.APIKey, k.Options) }
 
-// find is get from a key's bytes, without allocating.
-func (x *laneIndex) find(kind storage.Kind, apiKey, options []byte) *Lane {
+// findLane is get from a key's parts, strings or bytes (a request's: no
+// allocation).
+func findLane[T string | []byte](x *laneIndex, kind storage.Kind, apiKey, options T) *Lane {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	for _, l := range x.m[string(apiKey)] {
@@ -190,7 +182,7 @@ func (x *laneIndex) count(apiKey string) int {
 // canonical JSON, empty for none), creating it (durably) if needed, as
 // Lane does; finding a live lane allocates nothing.
 func (s *Spool) LaneBytes(ctx context.Context, kind storage.Kind, apiKey, options []byte) (*Lane, error) {
-	if l := s.byKey.find(kind, apiKey, options); l != nil {
+	if l := findLane(&s.byKey, kind, apiKey, options); l != nil {
 		return l, nil
 	}
 	return s.Lane(ctx, storage.LaneKey{Kind: kind, APIKey: string(apiKey), Options: string(options)})
