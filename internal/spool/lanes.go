@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -129,16 +130,6 @@ func (x *laneIndex) add(l *Lane) {
 	x.mu.Unlock()
 }
 
-// shrunk is a copy of m in a map of its size (maps.Clone keeps the
-// room).
-func shrunk[K comparable, V any](m map[K]V) map[K]V {
-	n := make(map[K]V, len(m))
-	for k, v := range m {
-		n[k] = v
-	}
-	return n
-}
-
 func (x *laneIndex) remove(l *Lane) {
 	x.mu.Lock()
 	ls := x.m[l.key.APIKey]
@@ -148,7 +139,9 @@ func (x *laneIndex) remove(l *Lane) {
 	if len(ls) == 0 {
 		delete(x.m, l.key.APIKey)
 		if x.peak >= 1024 && len(x.m) < x.peak/4 {
-			x.m, x.peak = shrunk(x.m), len(x.m)
+			m := make(map[string][]*Lane, len(x.m)) // maps.Clone would keep the room
+			maps.Copy(m, x.m)
+			x.m, x.peak = m, len(m)
 		}
 	} else {
 		x.m[l.key.APIKey] = ls
