@@ -7,10 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"time"
 
 	"github.com/svcrelay/relay/internal/storage"
@@ -258,39 +258,37 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 			l = wl
 		}
 		var c storage.Chunk
-		damaged := false
-		if err := verifyChunk(v); err != nil {
-			damaged = true
+		base := SalvageRecord{Source: src, Kind: l.key.Kind.String(), Lane: l.label, APIKey: l.key.APIKey, Options: l.key.Options,
+			LaneID: lid, Seq: seq}
+		err := verifyChunk(v)
+		if derr := decodeRecords(seq, v, &c, nil); err == nil {
+			err = derr
+		} else if derr == nil {
+			base.Damaged = true // its framing still holds: its records, flagged
+		}
+		if err != nil {
 			rep.Damaged++
 			problem("%s: lane %s chunk %d: %v", fileName[src], l.label, seq, err)
 		}
-		if err := decodeRecords(seq, v, &c, nil); err != nil {
-			if !damaged {
-				rep.Damaged++
-				problem("%s: lane %s chunk %d: %v", fileName[src], l.label, seq, err)
-			}
+		if err != nil && !base.Damaged {
 			acc, _, _ := chunkHeader(v)
-			out(&SalvageRecord{Source: src, Kind: l.key.Kind.String(), Lane: l.label, APIKey: l.key.APIKey, Options: l.key.Options,
-				LaneID: lid, Seq: seq, Accepted: fromMs(acc).UTC(), DataRaw: v, Damaged: true})
+			sr := base
+			sr.Accepted, sr.DataRaw, sr.Damaged = fromMs(acc).UTC(), v, true
+			out(&sr)
 			return
 		}
-		if !damaged {
+		if !base.Damaged {
 			rep.Records += int64(len(c.Records))
 			rep.Bytes += int64(len(v))
 		}
 		for i, r := range c.Records {
-			sr := &SalvageRecord{Source: src, Kind: l.key.Kind.String(), Lane: l.label, APIKey: l.key.APIKey, Options: l.key.Options,
-				LaneID: lid, Seq: seq, Index: i, Accepted: c.Accepted.UTC(), OrderKey: string(r.OrderKey), UserID: string(r.UserID), Damaged: damaged}
-			setData(sr, r.Data)
-			out(sr)
+			sr := base
+			sr.Index, sr.Accepted, sr.OrderKey, sr.UserID = i, c.Accepted.UTC(), string(r.OrderKey), string(r.UserID)
+			setData(&sr, r.Data)
+			out(&sr)
 		}
 	}
-	qids := make([]uint64, 0, len(queues))
-	for q := range queues {
-		qids = append(qids, q)
-	}
-	sort.Slice(qids, func(i, j int) bool { return qids[i] < qids[j] })
-	for _, q := range qids {
+	for _, q := range slices.Sorted(maps.Keys(queues)) {
 		laneOf(q)
 		pf.walkBucket(queues[q], func(k, v []byte, bucket bool) {
 			if len(k) != 8 {
