@@ -83,7 +83,7 @@ func dump(ctx context.Context, dir string, out io.Writer) (int, error) {
 	}
 	ch := make(chan opened, 1)
 	go func() {
-		sp, err := spool.Open(spool.Config{Dir: dir, MinFreeBytes: -1}, nil, nil)
+		sp, err := spool.Open(spool.Config{Dir: dir}, nil, nil)
 		ch <- opened{sp, err}
 	}()
 	var sp *spool.Spool

@@ -218,19 +218,6 @@ func (s *server) buildDelivery() (*deliveries, error) {
 	return d, nil
 }
 
-// spoolLaneLimits are c's lane limits as spool.Config's MaxLanes,
-// MaxLanesPerKey and RetireIdle take them (0 means no bound or never,
-// negative for the spool).
-func spoolLaneLimits(c config.Config) (maxLanes, maxLanesPerKey int, retireIdle time.Duration) {
-	neg := func(v int64) int64 {
-		if v == 0 {
-			return -1
-		}
-		return v
-	}
-	return int(neg(int64(c.MaxLanes))), int(neg(int64(c.MaxLanesPerKey))), time.Duration(neg(int64(c.LaneRetireAfter)))
-}
-
 // memoryLimitField is the soft memory limit in force (GOMEMLIMIT, or
 // DefaultMemoryLimit set by run), "none" when there is none.
 func memoryLimitField() zap.Field {
@@ -452,15 +439,9 @@ func (s *server) openStore() error {
 	if s.sandbox != nil { // cfg.IngestURL is the simulator's, new at every start
 		upstreamID = sandboxUpstream
 	}
-	scfg := spool.Config{Dir: cfg.DataDir, MaxBytes: cfg.SpoolMaxBytes, MinFreeBytes: cfg.SpoolMinFreeBytes}
-	if cfg.Sync == "none" {
-		scfg.NoSync = true
-	}
-	if scfg.MinFreeBytes == 0 {
-		scfg.MinFreeBytes = -1 // --spool-min-free-bytes 0 disables the reserve
-	}
-	scfg.MaxLanes, scfg.MaxLanesPerKey, scfg.RetireIdle = spoolLaneLimits(cfg)
-	sp, err := spool.Open(scfg, log.Named("spool"), s.reg)
+	sp, err := spool.Open(spool.Config{Dir: cfg.DataDir, NoSync: cfg.Sync == "none", MaxBytes: cfg.SpoolMaxBytes,
+		MinFreeBytes: cfg.SpoolMinFreeBytes, MaxLanes: cfg.MaxLanes, MaxLanesPerKey: cfg.MaxLanesPerKey,
+		RetireIdle: cfg.LaneRetireAfter}, log.Named("spool"), s.reg)
 	if err != nil {
 		return fmt.Errorf("open spool in %s: %w%s", cfg.DataDir, err, spoolHint(cfg.DataDir, err))
 	}
@@ -500,7 +481,7 @@ func (s *server) openStore() error {
 	s.reload.setGuard(reloadUpstreamGuard(sp, log))
 	s.maxLanes.Store(int64(cfg.MaxLanes))
 	s.onHUP.add(func(c config.Config) {
-		sp.SetLaneLimits(spoolLaneLimits(c))
+		sp.SetLaneLimits(c.MaxLanes, c.MaxLanesPerKey, c.LaneRetireAfter)
 		s.maxLanes.Store(int64(c.MaxLanes))
 	})
 	s.local = spool.NewBackend(sp, log.Named("spool"))

@@ -182,7 +182,7 @@ func runImport(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 			return exitFailure
 		}
 	}
-	sp, err := spool.Open(spool.Config{Dir: dir, MinFreeBytes: -1}, nil, nil)
+	sp, err := spool.Open(spool.Config{Dir: dir}, nil, nil)
 	if err != nil {
 		fmt.Fprintf(stderr, "relay spool import: open spool in %s: %v%s\n", dir, err, spoolHint(dir, err))
 		return exitFailure

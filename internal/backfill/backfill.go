@@ -167,7 +167,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 	if err != nil {
 		return Counts{}, err
 	}
-	sp, err := spool.Open(spool.Config{Dir: cfg.Dir, NoSync: cfg.NoSync, RetireIdle: -1}, log.Named("spool"), nil)
+	sp, err := spool.Open(spool.Config{Dir: cfg.Dir, NoSync: cfg.NoSync, MinFreeBytes: 256 << 20 /* the relay's default reserve */}, log.Named("spool"), nil)
 	if err != nil {
 		return Counts{}, fmt.Errorf("open spool: %w", err)
 	}

@@ -39,13 +39,6 @@ import (
 // chunk was read from bbolt (before the WAL).
 const adviseAge = 10 * time.Second
 
-func (c Config) adviseOlder() time.Duration {
-	if c.adviseAge > 0 {
-		return c.adviseAge
-	}
-	return adviseAge
-}
-
 // adviseGap is the largest hole between two chunks' pages that one advice
 // call spans: fewer system calls, few pages advised for nothing.
 const adviseGap = 256 << 10

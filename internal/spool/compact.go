@@ -48,7 +48,7 @@ import (
 const compactRetryAfter = time.Minute
 
 func (s *Spool) maybeCompact() {
-	min := s.cfg.compactMinFile()
+	min := s.cfg.CompactMinFileBytes
 	if min < 0 || s.db == nil || s.fileBytes.Load() < min {
 		return
 	}
@@ -57,7 +57,7 @@ func (s *Spool) maybeCompact() {
 		return
 	}
 	used := hw - int64(s.db.Stats().FreeAlloc)
-	if hw < min || used*100 > hw*s.cfg.compactUsedPercent() || used > s.cfg.compactMaxUsed() {
+	if hw < min || used*100 > hw*int64(s.cfg.compactPercent) || used > s.cfg.compactMaxUsedBytes {
 		return
 	}
 	file := s.fileBytes.Load()

@@ -51,15 +51,11 @@
 // Batch's buffer without a copy, and the spool keeps that buffer: the chunk
 // is now "hot", in the WAL and in memory, not in bbolt.
 //
-// Checkpoints (store.go) move hot chunks into bbolt: every ~100 ms, the
-// chunks not acknowledged within flushAge (500 ms), and all of them when
-// the hot chunks' memory passes the hot bound (8 MiB) or the WAL since the
-// last checkpoint passes 64 MiB. A checkpoint is one bbolt transaction (two
-// fdatasyncs, none under NoSync) that also stores the WAL
-// position up to which bbolt is complete. Open replays the WAL from that
-// position into bbolt, so every acknowledged chunk not yet in bbolt comes
-// back after a crash (see Integrity for what a damaged log costs). A chunk delivered and
-// acknowledged while hot is never written to bbolt at all: under load,
+// Checkpoints (store.go) move the hot chunks not acknowledged soon enough
+// into bbolt, in one transaction that also stores the WAL position up to
+// which bbolt is complete; Open replays the WAL from that position, so
+// every acknowledged chunk not yet in bbolt comes back after a crash. A
+// chunk delivered while hot is never written to bbolt: under load,
 // delivery keeps up and bbolt sees only what waits.
 //
 // Nothing is half-written: a refused Append (ErrFull, ErrDiskLow) is skipped
@@ -91,19 +87,14 @@
 //
 // # Lane limits and retirement (lanes.go)
 //
-// Config.MaxLanes bounds the lanes (ErrTooManyLanes beyond it) and
-// Config.MaxLanesPerKey those of one api_key (ErrTooManyKeyLanes, which
-// wraps it); SetLaneLimits changes both and RetireIdle while open (an
-// atomic copy of the Config, read at each use). The live lanes are indexed by api_key (LaneBytes finds one
-// from a request's bytes without allocating). A lane that is empty and had
-// no Append for Config.RetireIdle (and is not pinned) is retired by the
-// store goroutine: forgotten in memory (the index, the dirty list, every
-// slice that named it), its lane record and queue bucket deleted, its
-// reader answered storage.ErrRetired. An Append through a retired Lane goes to the
-// live lane of its key. A checkpoint looks only at the lanes appended to
-// since the last one. A reader may end while its lane is idle (Wait's
-// onIdle: storage.ErrIdle) and ask to be started again at the lane's next record
-// or retirement (whenWork), so that an idle lane needs no goroutine.
+// Config.MaxLanes and MaxLanesPerKey bound the lanes; a lane empty and
+// without an Append for Config.RetireIdle (and not pinned) is retired:
+// forgotten in memory, deleted from the file, its reader answered
+// storage.ErrRetired; an Append through a retired Lane goes to the live
+// lane of its key. A checkpoint looks only at the lanes appended to since
+// the last one, and an idle lane's reader may end (storage.ErrIdle) to be
+// started again at the lane's next record (whenWork): an idle lane costs
+// no goroutine.
 //
 // # Removal
 //
@@ -137,13 +128,10 @@
 //
 //   - the WAL is judged by one reader (readLog, wal.go) for the replay and
 //     for Verify alike: the replay skips exactly the damaged records and
-//     reports what they lost (a log line with segment, offsets, lanes,
-//     records and events, the relay_spool_damaged_records_total counter
-//     by events, the bytes in Dir/quarantine/); a bad tail of the log's
-//     last segment past the acknowledged end spool.db recorded (a write
-//     cut short), the bytes past a segment's end that the next segment
-//     names (a reused file's old bytes), and a damaged chunk that the log
-//     acknowledges later lost nothing and raise no alarm (replay.go);
+//     reports what they lost (a log line, the
+//     relay_spool_damaged_records_total counter by events, the bytes in
+//     Dir/quarantine/); what lost nothing (a write cut short, a reused
+//     file's old bytes, a chunk acknowledged later) raises no alarm;
 //   - a chunk of bbolt that fails its checksum is moved to dead letters with
 //     reason "damaged" when the reader reaches it, never returned; that
 //     write has a context of its own (the reader's may be done), and a
@@ -154,10 +142,7 @@
 //     file is checked before it is mapped and bbolt's panics and faults are
 //     recovered (integrity.go). Verify (offline.go) reads and salvages what is
 //     left without bbolt;
-//   - a replay that lacks disk space opens the spool draining (drain.go):
-//     each lane's readers stop at its last chunk in bbolt, below the seqs
-//     of its chunks in the log, so that they read those once the deferred
-//     replay brings them in; no lane retires meanwhile.
+//   - a replay that lacks disk space opens the spool draining (drain.go).
 //
 // # Goroutines and locks
 //

@@ -1,7 +1,6 @@
 package spool
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"syscall"
@@ -45,24 +44,15 @@ func (s *Spool) startDraining(err error) error {
 	return s.placeReaders()
 }
 
-// drainingErr returns why the spool refuses appends while it waits for disk
-// space to replay its WAL, nil when it does not.
-func (s *Spool) drainingErr() error {
-	if !s.draining.Load() {
-		return nil
-	}
-	return errors.New("spool draining: no space left on the data dir's filesystem to replay the write-ahead log; delivering what spool.db holds")
-}
-
 // retryReplay tries a deferred replay again (the store's).
 func (s *Spool) retryReplay(now time.Time) {
-	every := cmp.Or(s.cfg.drainEvery, drainRetry)
+	every := s.cfg.drainEvery
 	if !s.draining.Load() || now.Sub(s.st.drainTried) < every || s.db == nil {
 		return
 	}
 	s.st.drainTried = now
 	err := guard(func() error {
-		return s.replayWAL(s.st.applied, s.synced, s.st.lanesSeq, true)
+		return s.replay(s.st.applied, s.synced, s.st.lanesSeq, true)
 	})
 	switch {
 	case err == nil:

@@ -22,25 +22,10 @@ import (
 //	[1:5]    CRC-32C of bytes [5:], uint32 big-endian
 //	[5:13]   accepted, unix milliseconds, int64 big-endian
 //	[13:17]  record count, uint32 big-endian
-//	[17]     flags: 0, or chunkPatched
+//	[17]     flags: 0 (this version refuses any other)
 //	then per record: uvarint len(OrderKey), OrderKey,
 //	                 uvarint len(UserID), UserID,
 //	                 uvarint len(Data), Data
-//	and, when flags has chunkPatched, after each record's Data:
-//	                 uvarint patch count, then per patch (ascending,
-//	                 non-overlapping offsets into Data): uvarint offset,
-//	                 uvarint bytes replaced, uvarint len(insert), insert
-//
-// A patched record's Data is the bytes as received (a slice of the request
-// body) and its patches are what the relay rewrote (an insert_id and a time
-// inserted, "$remote" replaced): the record sent upstream is Data with the
-// patches applied. This version writes no patched chunk but reads them
-// (decodeChunk), so that a writer that keeps the request body as the
-// chunk's bytes (written once, the rewrites beside it) needs no new format.
-// Such a writer was measured (BenchmarkWrittenOnce and
-// BenchmarkPatchedRead; bench/RESULTS.md, twelfth session) and not kept:
-// it saves ~17 ns of CPU per event at ingest at best, while every reader
-// of Record.Data would have to apply the patches.
 //
 // Version 1 chunks (formats up to 3: [0] 1, [1:9] accepted, [9:13] count,
 // then the records) carry no checksum of their own; they are read as they
@@ -69,10 +54,6 @@ const (
 
 	chunkHeaderLen   = storage.BatchHeaderLen
 	chunkV1HeaderLen = 13
-
-	// chunkPatched (chunk flags): each record's Data is followed by its
-	// patches (see above).
-	chunkPatched = 1
 )
 
 // errCorrupt is returned when a stored value cannot be decoded.
@@ -157,7 +138,7 @@ func upgradeChunk(v []byte) []byte {
 }
 
 // decodeChunk checks v's checksum and decodes it into c; the records
-// alias v (a patched record's Data is built anew), c.Records is taken from
+// alias v, c.Records is taken from
 // slab (nil: a fresh slice). A chunk that fails its checksum returns an
 // error wrapping errChecksum and decodes nothing.
 func decodeChunk(seq uint64, v []byte, c *storage.Chunk, slab *recSlab) error {
@@ -177,11 +158,10 @@ func decodeRecords(seq uint64, v []byte, c *storage.Chunk, slab *recSlab) error 
 	if n > len(v) { // each record takes at least 3 bytes; cheap sanity bound
 		return errCorrupt
 	}
-	p, flags := v[chunkV1HeaderLen:], byte(0)
+	p := v[chunkV1HeaderLen:]
 	if v[0] == chunkVersion {
-		p, flags = v[chunkHeaderLen:], v[17]
-		if flags&^chunkPatched != 0 {
-			return fmt.Errorf("unknown chunk flags %#x: %w", flags, errCorrupt)
+		if p = v[chunkHeaderLen:]; v[17] != 0 {
+			return fmt.Errorf("unknown chunk flags %#x: %w", v[17], errCorrupt)
 		}
 	}
 	c.Seq = seq
@@ -199,78 +179,11 @@ func decodeRecords(seq uint64, v []byte, c *storage.Chunk, slab *recSlab) error 
 		if r.Data, p, err = takeBytes(p); err != nil {
 			return err
 		}
-		if flags&chunkPatched != 0 {
-			if r.Data, p, err = applyPatches(r.Data, p); err != nil {
-				return err
-			}
-		}
 	}
 	if len(p) != 0 {
 		return errCorrupt
 	}
 	return nil
-}
-
-// applyPatches reads the patches of a record whose bytes as received are
-// base from p, and returns the record with them applied (base itself when
-// there are none) and the rest of p. The record is built in one allocation
-// of its exact size (the patches are read twice: to check them and size it,
-// then to apply them).
-func applyPatches(base, p []byte) (data, rest []byte, err error) {
-	np, w := binary.Uvarint(p)
-	if w <= 0 || np > uint64(len(p)) {
-		return nil, nil, errCorrupt
-	}
-	p = p[w:]
-	if np == 0 {
-		return base, p, nil
-	}
-	size, at := uint64(len(base)), uint64(0)
-	q := p
-	for range np {
-		var off, del uint64
-		var ins []byte
-		if off, del, ins, q, err = takePatch(q); err != nil {
-			return nil, nil, err
-		}
-		if off < at || off > uint64(len(base)) || del > uint64(len(base))-off {
-			return nil, nil, errCorrupt
-		}
-		size += uint64(len(ins)) - del // len(ins) <= len(p): no overflow past the result
-		at = off + del
-	}
-	out := make([]byte, 0, size)
-	at = 0
-	for range np {
-		off, del, ins, rest, _ := takePatch(p)
-		p = rest
-		out = append(out, base[at:off]...)
-		out = append(out, ins...)
-		at = off + del
-	}
-	out = append(out, base[at:]...)
-	return out, p, nil
-}
-
-// takePatch splits one patch (offset, bytes replaced, insert) off p.
-func takePatch(p []byte) (off, del uint64, ins, rest []byte, err error) {
-	off, w1 := binary.Uvarint(p)
-	if w1 <= 0 {
-		return 0, 0, nil, nil, errCorrupt
-	}
-	del, w2 := binary.Uvarint(p[w1:])
-	if w2 <= 0 {
-		return 0, 0, nil, nil, errCorrupt
-	}
-	ins, rest, err = takeBytes(p[w1+w2:])
-	return off, del, ins, rest, err
-}
-
-// patch is one rewrite of a record's bytes as received: del bytes at off
-// replaced by ins.
-type patch struct {
-	off, del int
-	ins      []byte
 }
 
 // takeBytes splits a uvarint-length-prefixed byte string off p. An empty
@@ -433,13 +346,4 @@ func decodeDead(id uint64, v []byte) (storage.DeadLetter, error) {
 		return d, errCorrupt
 	}
 	return d, nil
-}
-
-// uvarintLen is the length of x's shortest uvarint.
-func uvarintLen(x uint64) int {
-	n := 1
-	for ; x >= 0x80; x >>= 7 {
-		n++
-	}
-	return n
 }

@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"io"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"runtime/debug"
 )
 
@@ -22,7 +20,7 @@ import (
 //     truncated file is refused, never mapped);
 //   - guard runs bbolt calls with panics recovered and memory faults turned
 //     into panics (debug.SetPanicOnFault), both reported as ErrDamaged;
-//   - a chunk that fails its checksum is moved to dead letters (read.go).
+//   - a chunk that fails its checksum is moved to dead letters (Lane.deadDamaged).
 
 // guard calls f and turns a panic (bbolt's, or a fault reading the
 // mapping) into an error wrapping ErrDamaged.
@@ -56,41 +54,34 @@ func (s *Spool) checkFiles() error {
 	case err != nil:
 		return err
 	}
-	if err := checkDBFile(s.path, fi.Size()); err != nil {
-		return err
-	}
-	return checkTree(s.path)
+	return checkDBFile(s.path)
 }
 
-// walRecords counts the valid records of the WAL's segments in dir, and
-// of them the chunks (the first segment holding one is seg).
+// walRecords counts the records (but recStart) of the log in dir, and of
+// them the chunks (the first segment holding one is seg).
 func walRecords(dir string) (n, chunks int, seg uint64) {
-	segs, _, err := walFiles(dir)
+	lr, err := readLog(dir, nil, walPos{}, walPos{})
 	if err != nil {
 		return 0, 0, 0
 	}
-	for _, no := range segs {
-		data, err := os.ReadFile(filepath.Join(dir, segName(no)))
-		if err != nil {
-			continue
-		}
-		sc := scanSegment(data, no, 0)
-		for _, it := range sc.items {
-			if it.damage == nil && it.rec.typ != recStart {
-				if n == 0 {
-					seg = no
-				}
-				n++
-				if it.rec.typ == recChunk {
-					chunks++
-				}
+	for _, sg := range lr.segs {
+		for _, r := range sg.recs {
+			if r.typ == recStart {
+				continue
+			}
+			if n == 0 {
+				seg = sg.no
+			}
+			n++
+			if r.typ == recChunk {
+				chunks++
 			}
 		}
 	}
 	return n, chunks, seg
 }
 
-// bbolt's file layout, as far as checkDBFile reads it (little-endian, as
+// bbolt's file layout, as far as pageFile reads it (little-endian, as
 // bbolt writes it on the machines the relay runs on): a page starts with a
 // 16-byte header (id, flags, count, overflow); pages 0 and 1 are meta
 // pages, whose body is magic, version, page size, flags, root bucket (root
@@ -141,61 +132,4 @@ func parseBoltMeta(p []byte) (boltMeta, error) {
 		return boltMeta{}, errors.New("meta page: page ids past the page count")
 	}
 	return bm, nil
-}
-
-// checkDBFile checks the bbolt file at path of the given size before it is
-// mapped: the meta page bbolt would use (the valid one with the higher
-// txid) must count no more pages than the file holds.
-func checkDBFile(path string, size int64) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	read := func(off int64, n int) []byte {
-		b := make([]byte, n)
-		if off >= size {
-			return nil
-		}
-		k, err := f.ReadAt(b, off)
-		if err != nil && !errors.Is(err, io.EOF) {
-			return nil
-		}
-		return b[:k]
-	}
-	m0, err0 := parseBoltMeta(read(0, boltPageHeader+boltMetaLen))
-	var metas []boltMeta
-	var errs []error
-	if err0 == nil {
-		metas = append(metas, m0)
-	} else {
-		errs = append(errs, fmt.Errorf("page 0: %w", err0))
-	}
-	// Meta page 1 sits one page in: at meta 0's page size, or at the
-	// usual sizes when meta 0 is unreadable.
-	sizes := []int64{4096, 8192, 16384, 65536, 1024, 2048, 32768}
-	if err0 == nil {
-		sizes = []int64{int64(m0.pageSize)}
-	}
-	for _, ps := range sizes {
-		m1, err1 := parseBoltMeta(read(ps, boltPageHeader+boltMetaLen))
-		if err1 == nil && int64(m1.pageSize) == ps {
-			metas = append(metas, m1)
-			break
-		}
-		if len(sizes) == 1 {
-			errs = append(errs, fmt.Errorf("page 1: %w", err1))
-		}
-	}
-	if len(metas) == 0 {
-		return fmt.Errorf("%w: no valid meta page (%w)", ErrDamaged, errors.Join(errs...))
-	}
-	use := metas[0]
-	if len(metas) == 2 && metas[1].txid > use.txid {
-		use = metas[1]
-	}
-	if need := int64(use.hwm) * int64(use.pageSize); need > size {
-		return fmt.Errorf("%w: the file holds %d bytes but its pages take %d (truncated)", ErrDamaged, size, need)
-	}
-	return nil
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"hash/fnv"
 	"os"
 	"path/filepath"
@@ -315,8 +314,6 @@ func zeroed(first int, n int64) func([]walRecord) []int {
 		return lost
 	}
 }
-
-func crc32Of(b []byte) uint32 { return crc32.Checksum(b, crcTable) }
 
 // TestTruncatedWAL truncates the WAL's segment at every record boundary
 // and in the middle of every record: a cut before the end spool.db
@@ -744,41 +741,6 @@ func downgradeChunk(v []byte) []byte {
 	return append(out, v[chunkHeaderLen:]...)
 }
 
-// TestPatchedChunk: a chunk whose records are the bytes as received plus
-// patches (the layout a writer that keeps request bodies as the chunk's
-// bytes would use, encode.go) reads back as the patched records, and a
-// patch out of range is damage, not a panic.
-func TestPatchedChunk(t *testing.T) {
-	base := []byte(`{"event_type":"x","ip":"$remote"}`)
-	at := bytes.Index(base, []byte(`"$remote"`))
-	patches := []patch{
-		{off: 1, ins: []byte(`"insert_id":"abc","time":1700000000000,`)},
-		{off: at, del: len(`"$remote"`), ins: []byte(`"10.0.0.1"`)},
-	}
-	want := `{"insert_id":"abc","time":1700000000000,"event_type":"x","ip":"10.0.0.1"}`
-	v := make([]byte, chunkHeaderLen)
-	v = appendPatched(v, storage.Record{OrderKey: []byte("d:1"), Data: base}, patches)
-	v = appendPatched(v, storage.Record{OrderKey: []byte("d:2"), Data: []byte(`{}`)}, nil)
-	putChunkHeader(v, 5, 2)
-	v[17] = chunkPatched
-	binary.BigEndian.PutUint32(v[1:5], crc32Of(v[5:]))
-	var c storage.Chunk
-	if err := decodeChunk(1, v, &c, nil); err != nil {
-		t.Fatal(err)
-	}
-	if len(c.Records) != 2 || string(c.Records[0].Data) != want || string(c.Records[1].Data) != `{}` {
-		t.Fatalf("records %q", c.Records)
-	}
-	bad := make([]byte, chunkHeaderLen)
-	bad = appendPatched(bad, storage.Record{Data: base}, []patch{{off: len(base) + 1, ins: []byte("x")}})
-	putChunkHeader(bad, 5, 1)
-	bad[17] = chunkPatched
-	binary.BigEndian.PutUint32(bad[1:5], crc32Of(bad[5:]))
-	if err := decodeChunk(1, bad, &c, nil); !errors.Is(err, errCorrupt) {
-		t.Fatalf("a patch past the record: %v", err)
-	}
-}
-
 // TestCheckpointFailureLoggedOnce: checkpoints that keep failing (the file
 // may not grow) are logged once, not once per checkpoint interval, and
 // their success again once.
@@ -972,7 +934,7 @@ func checkDraining(t *testing.T, cfg Config, free func()) {
 		t.Fatalf("Open on a full disk: %v", err)
 	}
 	defer s.Close()
-	if s.drainingErr() == nil {
+	if !s.draining.Load() {
 		t.Fatal("not draining")
 	}
 	l := mustLane(t, s, testKey(1))
@@ -1019,8 +981,8 @@ func checkDraining(t *testing.T, cfg Config, free func()) {
 	// them (a reader slowed by a loaded machine gives the spool's retries,
 	// every drainEvery, the time): then the replayed backlog follows them
 	// at once, in order, and draining has ended.
-	if len(ids) < 90 || !slices.Equal(ids, wantIDs(200)[:len(ids)]) || len(ids) > 90 && s.drainingErr() != nil {
-		t.Fatalf("while draining: read %v (draining: %v)", ids, s.drainingErr())
+	if len(ids) < 90 || !slices.Equal(ids, wantIDs(200)[:len(ids)]) || len(ids) > 90 && s.draining.Load() {
+		t.Fatalf("while draining: read %v (draining: %v)", ids, s.draining.Load())
 	}
 	// A reader goes on reading (the batcher's does): nothing more while the
 	// spool drains. The replay may already fit in the pages the chunks just
@@ -1029,8 +991,8 @@ func checkDraining(t *testing.T, cfg Config, free func()) {
 	// checks in order.
 	cs, more, err := l.NextPart(done, 1<<20, recs)
 	recs = more
-	if len(cs) != 0 && s.drainingErr() != nil || len(cs) == 0 && !errors.Is(err, context.Canceled) {
-		t.Fatalf("read while draining, after spool.db's records: %d chunks, %v (draining: %v)", len(cs), err, s.drainingErr())
+	if len(cs) != 0 && s.draining.Load() || len(cs) == 0 && !errors.Is(err, context.Canceled) {
+		t.Fatalf("read while draining, after spool.db's records: %d chunks, %v (draining: %v)", len(cs), err, s.draining.Load())
 	}
 	for _, c := range cs {
 		for _, r := range c.Records {
@@ -1041,10 +1003,10 @@ func checkDraining(t *testing.T, cfg Config, free func()) {
 	}
 	free()
 	deadline := time.Now().Add(poll.Max)
-	for s.drainingErr() != nil && time.Now().Before(deadline) {
+	for s.draining.Load() && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if s.drainingErr() != nil {
+	if s.draining.Load() {
 		t.Fatalf("still draining after space was freed: %v", logs.All())
 	}
 	read(190)
@@ -1239,106 +1201,5 @@ func TestDamagedDBWithoutFreelist(t *testing.T) {
 				t.Fatalf("Open: %v, want ErrDamaged", err)
 			}
 		})
-	}
-}
-
-// TestPatchedChunkInSpoolDB: a chunkPatched chunk in spool.db (a record's
-// bytes as received, a piece cut out, and a patch that puts it back) is
-// read by Verify, Salvage and the lane's reader as the whole records; one
-// byte of a patch changed makes it damage everywhere (Verify counts it,
-// Salvage flags its records, the reader dead-letters them), never records
-// rebuilt wrong.
-func TestPatchedChunkInSpoolDB(t *testing.T) {
-	const chunks, perChunk = 3, 2
-	dir := dbImage(t, chunks, perChunk, 10)
-	path := filepath.Join(dir, "spool.db")
-	// The second chunk (records 2 and 3), rewritten as patched records.
-	var patchAt int // the insert's offset in the chunk
-	rewrite := func(edit func(v []byte) []byte) {
-		t.Helper()
-		db, err := bolt.Open(path, 0o600, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer db.Close()
-		if err := db.Update(func(tx *bolt.Tx) error {
-			q := tx.Bucket(queueName(1))
-			if q == nil {
-				return errors.New("no queue bucket for lane 1")
-			}
-			c := q.Cursor()
-			c.First()
-			k, v := c.Next()
-			if k == nil {
-				return errors.New("no second chunk")
-			}
-			return q.Put(append([]byte(nil), k...), edit(append([]byte(nil), v...)))
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	rewrite(func(v []byte) []byte {
-		var c storage.Chunk
-		if err := decodeChunk(2, v, &c, nil); err != nil {
-			t.Fatal(err)
-		}
-		acc, _, _ := chunkHeader(v)
-		out := make([]byte, chunkHeaderLen)
-		for _, r := range c.Records {
-			cut := bytes.Index(r.Data, []byte(`"pad"`)) // cut `"pad":"xx`, patched back in
-			base := append(append([]byte(nil), r.Data[:cut]...), r.Data[cut+10:]...)
-			out = appendPatched(out, storage.Record{OrderKey: r.OrderKey, UserID: r.UserID, Data: base},
-				[]patch{{off: cut, ins: r.Data[cut : cut+10]}})
-			if patchAt == 0 {
-				patchAt = len(out) - 5 // inside the first record's insert
-			}
-		}
-		putChunkHeader(out, acc, len(c.Records))
-		out[17] = chunkPatched
-		binary.BigEndian.PutUint32(out[1:5], crc32Of(out[5:]))
-		return out
-	})
-	rep, err := Verify(dir, nil)
-	if err != nil || rep.Damaged != 0 || rep.Records != chunks*perChunk {
-		t.Fatalf("Verify of a patched chunk: %+v, %v", rep, err)
-	}
-	salvaged := func() map[int]bool { // record n -> damaged
-		t.Helper()
-		got := map[int]bool{}
-		if _, err := Verify(dir, func(r *SalvageRecord) error {
-			if r.Dead == nil {
-				_, n := recID(storage.Record{Data: append(r.Data, r.DataRaw...)})
-				got[n] = r.Damaged
-				if want := rec(1, n, 10).Data; !r.Damaged && !bytes.Equal(r.Data, want) {
-					t.Errorf("salvaged record %d: %s, want %s", n, r.Data, want)
-				}
-			}
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		return got
-	}
-	if got := salvaged(); len(got) != chunks*perChunk || got[2] || got[3] {
-		t.Fatalf("salvage of a patched chunk: %v", got)
-	}
-
-	rewrite(func(v []byte) []byte { v[patchAt] ^= 0x02; return v })
-	if rep, err := Verify(dir, nil); err != nil || rep.Damaged != 1 || rep.Records != (chunks-1)*perChunk {
-		t.Fatalf("Verify of a damaged patch: %+v, %v; want 1 damaged", rep, err)
-	}
-	if got := salvaged(); !got[2] || !got[3] || got[1] || got[4] {
-		t.Fatalf("salvage of a damaged patched chunk, damaged flags: %v", got)
-	}
-	s, _, _, err := openObserved(t, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := readAll(t, s), idsExcept(chunks*perChunk, 2, 3); !slices.Equal(got, want) {
-		t.Fatalf("records %v, want %v", got, want)
-	}
-	dead, err := s.ListDead(storage.DeadFilter{Reason: reasonDamaged}, 0, 0)
-	if err != nil || len(dead) != perChunk {
-		t.Fatalf("%d damaged dead letters (%v), want %d", len(dead), err, perChunk)
 	}
 }

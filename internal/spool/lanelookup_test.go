@@ -34,12 +34,12 @@ func TestLaneLookup(t *testing.T) {
 	if err := l.Append(ctx, *r); err != nil {
 		t.Fatal(err)
 	}
-	first, err := l.lane(ctx, r)
+	first, err := l.LaneBytes(ctx, r.Kind, r.APIKey, r.Options)
 	if err != nil || first.Key() != r.Lane() {
 		t.Fatalf("lane %v, %v: want %+v", first, err, r.Lane())
 	}
 	if n := testing.AllocsPerRun(100, func() {
-		if got, err := l.lane(ctx, r); got != first || err != nil {
+		if got, err := l.LaneBytes(ctx, r.Kind, r.APIKey, r.Options); got != first || err != nil {
 			t.Fatalf("lane %p %v, want %p", got, err, first)
 		}
 	}); n != 0 {
@@ -61,7 +61,7 @@ func TestLaneLookup(t *testing.T) {
 	if err := l.Append(ctx, *req(`{"min_id_length":1}`)); err != nil {
 		t.Fatal(err)
 	}
-	live, err := l.lane(ctx, r)
+	live, err := l.LaneBytes(ctx, r.Kind, r.APIKey, r.Options)
 	if err != nil || live == first || live.IsRetired() || live.Key() != r.Lane() {
 		t.Fatalf("lane %p %v (retired %p)", live, err, first)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -16,23 +17,14 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// Lane limits and retirement.
-//
-// Every lane costs the spool a lane record and a queue bucket in bbolt and a
-// Lane in memory, and its deliverer goroutines and metric series. So lanes
-// are bounded: Config.MaxLanes caps how many exist at once (a new one beyond
-// it is refused with ErrTooManyLanes), and a lane that is empty (every chunk
-// acknowledged, none in the WAL since the applied position) and has had no
-// Append for Config.RetireIdle is retired by the store goroutine: it is
-// removed from Lanes, its lane record and queue bucket are deleted in one
-// bbolt transaction (so a restart does not load it again), and its retiredC
-// channel is closed so that its reader (Next) returns storage.ErrRetired.
-//
-// A retired Lane handle stays usable for Append: Append sends the records to
-// the lane of the same key, created again if needed (see Spool.Append).
-// Retirement and Append exclude each other through two atomics (the lane's
-// retired flag and its count of Appends in progress), each side setting its
-// own and then reading the other's, so at least one of them sees the other.
+// Lane limits and retirement: every lane costs a lane record and a queue
+// bucket in bbolt, a Lane in memory, its deliverer goroutines and metric
+// series. The store goroutine retires lanes (maybeRetire), deleting their
+// record and bucket in one transaction so that a restart does not load
+// them again. Retirement and Append exclude each other through two
+// atomics (the lane's retired flag and its count of Appends in progress),
+// each side setting its own and then reading the other's, so at least one
+// of them sees the other.
 
 // ErrTooManyLanes is returned by Spool.Lane (and by Append when a retired
 // lane must be created again) when Config.MaxLanes lanes exist and the key
@@ -45,42 +37,10 @@ var ErrTooManyLanes = errors.New("spool: too many lanes")
 // ErrTooManyLanes.
 var ErrTooManyKeyLanes = fmt.Errorf("%w of one api_key", ErrTooManyLanes)
 
-// Defaults of the lane limits.
-const (
-	// defaultMaxLanes is Config.MaxLanes's zero value.
-	defaultMaxLanes = 10000
-	// defaultRetireIdle is Config.RetireIdle's zero value.
-	defaultRetireIdle = 10 * time.Minute
-	// defaultMaxLanesPerKey is Config.MaxLanesPerKey's zero value: an
-	// api_key's three kinds and a few options variants.
-	defaultMaxLanesPerKey = 16
-)
-
-func (c Config) maxLanesPerKey() int {
-	if c.MaxLanesPerKey == 0 {
-		return defaultMaxLanesPerKey
-	}
-	return c.MaxLanesPerKey
-}
-
-func (c Config) maxLanes() int {
-	if c.MaxLanes == 0 {
-		return defaultMaxLanes
-	}
-	return c.MaxLanes
-}
-
-func (c Config) retireIdle() time.Duration {
-	if c.RetireIdle == 0 {
-		return defaultRetireIdle
-	}
-	return c.RetireIdle
-}
-
 // retireEvery is how often the store looks for lanes to retire: a quarter
 // of the idle time, between 10ms and a minute.
 func (c Config) retireEvery() time.Duration {
-	return min(max(c.retireIdle()/4, 10*time.Millisecond), time.Minute)
+	return min(max(c.RetireIdle/4, 10*time.Millisecond), time.Minute)
 }
 
 // IsRetired reports whether the lane was retired.
@@ -127,10 +87,11 @@ func (s *Spool) lanesFrom(id uint64) ([]*Lane, <-chan struct{}) {
 // (MaxLanes, MaxLanesPerKey), with the lanes of created about to be, or
 // nil. Call with s.mu held.
 func (s *Spool) refuseLaneLocked(apiKey string, created []*Lane) error {
-	if m := s.laneCfg.Load().maxLanes(); m > 0 && len(s.lanes)+len(created) >= m {
+	lc := s.laneCfg.Load()
+	if m := lc.MaxLanes; m > 0 && len(s.lanes)+len(created) >= m {
 		return ErrTooManyLanes
 	}
-	if m := s.laneCfg.Load().maxLanesPerKey(); m > 0 {
+	if m := lc.MaxLanesPerKey; m > 0 {
 		n := s.byKey.count(apiKey)
 		for _, l := range created {
 			if l.key.APIKey == apiKey {
@@ -169,16 +130,6 @@ func (x *laneIndex) add(l *Lane) {
 	x.mu.Unlock()
 }
 
-// shrunk is a copy of m in a map of its size (maps.Clone keeps the
-// room).
-func shrunk[K comparable, V any](m map[K]V) map[K]V {
-	n := make(map[K]V, len(m))
-	for k, v := range m {
-		n[k] = v
-	}
-	return n
-}
-
 func (x *laneIndex) remove(l *Lane) {
 	x.mu.Lock()
 	ls := x.m[l.key.APIKey]
@@ -188,7 +139,9 @@ func (x *laneIndex) remove(l *Lane) {
 	if len(ls) == 0 {
 		delete(x.m, l.key.APIKey)
 		if x.peak >= 1024 && len(x.m) < x.peak/4 {
-			x.m, x.peak = shrunk(x.m), len(x.m)
+			m := make(map[string][]*Lane, len(x.m)) // maps.Clone would keep the room
+			maps.Copy(m, x.m)
+			x.m, x.peak = m, len(m)
 		}
 	} else {
 		x.m[l.key.APIKey] = ls
@@ -197,19 +150,11 @@ func (x *laneIndex) remove(l *Lane) {
 }
 
 // get is the live lane of k, nil when none.
-func (x *laneIndex) get(k storage.LaneKey) *Lane {
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	for _, l := range x.m[k.APIKey] {
-		if l.key == k {
-			return l
-		}
-	}
-	return nil
-}
+func (x *laneIndex) get(k storage.LaneKey) *Lane { return findLane(x, k.Kind, k.APIKey, k.Options) }
 
-// find is get from a key's bytes, without allocating.
-func (x *laneIndex) find(kind storage.Kind, apiKey, options []byte) *Lane {
+// findLane is get from a key's parts, strings or bytes (a request's: no
+// allocation).
+func findLane[T string | []byte](x *laneIndex, kind storage.Kind, apiKey, options T) *Lane {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	for _, l := range x.m[string(apiKey)] {
@@ -230,7 +175,7 @@ func (x *laneIndex) count(apiKey string) int {
 // canonical JSON, empty for none), creating it (durably) if needed, as
 // Lane does; finding a live lane allocates nothing.
 func (s *Spool) LaneBytes(ctx context.Context, kind storage.Kind, apiKey, options []byte) (*Lane, error) {
-	if l := s.byKey.find(kind, apiKey, options); l != nil {
+	if l := findLane(&s.byKey, kind, apiKey, options); l != nil {
 		return l, nil
 	}
 	return s.Lane(ctx, storage.LaneKey{Kind: kind, APIKey: string(apiKey), Options: string(options)})
@@ -263,7 +208,7 @@ func (s *Spool) beginAppend(ctxLane func(storage.LaneKey) (*Lane, error), l *Lan
 // to retire, -1 when there is nothing it could retire.
 func (s *Spool) retireWait() time.Duration {
 	lc := s.laneCfg.Load()
-	if lc.RetireIdle < 0 {
+	if lc.RetireIdle <= 0 {
 		return -1
 	}
 	s.mu.Lock()
@@ -281,11 +226,11 @@ func (s *Spool) maybeRetire(now time.Time) {
 	// Draining, a lane whose chunks are all in the WAL looks empty: retired,
 	// its chunks would be skipped by the deferred replay.
 	lc := s.laneCfg.Load()
-	if lc.RetireIdle < 0 || now.Sub(s.st.lastRetire) < lc.retireEvery() || s.draining.Load() {
+	if lc.RetireIdle <= 0 || now.Sub(s.st.lastRetire) < lc.retireEvery() || s.draining.Load() {
 		return
 	}
 	s.st.lastRetire = now
-	cutoff := now.Add(-lc.retireIdle()).UnixMilli()
+	cutoff := now.Add(-lc.RetireIdle).UnixMilli()
 	var gone []*Lane
 	s.mu.Lock()
 	if s.closed {

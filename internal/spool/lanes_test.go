@@ -203,7 +203,7 @@ func TestLaneIndexShrinks(t *testing.T) {
 		t.Fatalf("after 3500 of 4000 removed: %d entries, peak %d: the map was not made again", len(x.m), x.peak)
 	}
 	for _, l := range ls[3500:] {
-		if x.get(l.key) != l || x.find(storage.KindEvents, []byte(l.key.APIKey), nil) != l {
+		if x.get(l.key) != l || findLane(&x, storage.KindEvents, []byte(l.key.APIKey), nil) != l {
 			t.Fatalf("lane %s lost", l.key.APIKey)
 		}
 	}

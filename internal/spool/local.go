@@ -13,9 +13,10 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// Backend is the spool behind the storage seam: a queue is a lane.
+// Backend is the spool behind the storage seam: a queue is a lane. Its
+// PutDead, DeleteDead and Close are the Spool's.
 type Backend struct {
-	sp    *Spool
+	*Spool
 	log   *zap.Logger
 	kinds []storage.Kind // Only's; empty: every kind
 }
@@ -31,7 +32,7 @@ func NewBackend(sp *Spool, log *zap.Logger) *Backend {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Backend{sp: sp, log: log}
+	return &Backend{Spool: sp, log: log}
 }
 
 // Append writes req's batch as one chunk of its lane, taking the batch's
@@ -44,11 +45,13 @@ func (l *Backend) Append(ctx context.Context, req storage.Request) error {
 	if req.Batch == nil || req.Batch.Bytes() == 0 {
 		return nil
 	}
-	lane, err := l.lane(ctx, &req)
+	// The spool finds a live lane from the request's bytes without
+	// allocating (and without a cache here, which would keep retired lanes).
+	lane, err := l.LaneBytes(ctx, req.Kind, req.APIKey, req.Options)
 	if err != nil {
 		return fmt.Errorf("storage: lane: %w", err)
 	}
-	err = l.sp.Append(ctx, lane, req.Batch)
+	err = l.Spool.Append(ctx, lane, req.Batch)
 	switch {
 	case err == nil:
 		return nil
@@ -60,13 +63,6 @@ func (l *Backend) Append(ctx context.Context, req storage.Request) error {
 	default:
 		return fmt.Errorf("%w: %w", storage.ErrUnavailable, err)
 	}
-}
-
-// lane returns req's lane: the spool finds a live one from the request's
-// bytes without allocating (and without a cache here, which would keep
-// retired lanes).
-func (l *Backend) lane(ctx context.Context, req *storage.Request) (*Lane, error) {
-	return l.sp.LaneBytes(ctx, req.Kind, req.APIKey, req.Options)
 }
 
 // Only returns a Backend whose Run hands deliver only the lanes of kinds
@@ -88,7 +84,7 @@ func (l *Backend) Run(ctx context.Context, deliver storage.DeliverFunc) error {
 	r := &run{b: l, ctx: ctx, deliver: deliver}
 	var next uint64 // each wake-up looks only at the lanes created since
 	for {
-		lanes, changed := l.sp.lanesFrom(next)
+		lanes, changed := l.lanesFrom(next)
 		for _, lane := range lanes {
 			next = lane.ID() + 1
 			if len(l.kinds) == 0 || slices.Contains(l.kinds, lane.Key().Kind) {
@@ -129,7 +125,7 @@ func (r *run) start(lane *Lane) {
 	r.mu.Unlock()
 	go func() {
 		defer r.wg.Done()
-		q := &laneReader{sp: r.b.sp, lane: lane, bufs: make(map[uint64]storage.Buffer)}
+		q := &laneReader{sp: r.b.Spool, lane: lane, bufs: make(map[uint64]storage.Buffer)}
 		err := r.deliver(r.ctx, q)
 		switch {
 		case errors.Is(err, storage.ErrIdle):
@@ -183,27 +179,14 @@ func (r *laneReader) Ack(_ context.Context, m *storage.Message) error {
 	return nil
 }
 
-// PutDead commits dead letters (see Spool.PutDead).
-func (l *Backend) PutDead(ctx context.Context, dls []storage.DeadLetter) error {
-	return l.sp.PutDead(ctx, dls)
-}
-
 // ListDead lists dead letters (see Spool.ListDead); limit <= 0 means
 // no limit.
 func (l *Backend) ListDead(ctx context.Context, f storage.DeadFilter, after uint64, limit int) ([]storage.DeadLetter, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return l.sp.ListDead(f, after, limit)
+	return l.Spool.ListDead(f, after, limit)
 }
-
-// DeleteDead removes dead letters (see Spool.DeleteDead).
-func (l *Backend) DeleteDead(ctx context.Context, ids []uint64) error {
-	return l.sp.DeleteDead(ctx, ids)
-}
-
-// Close closes the
-func (l *Backend) Close() error { return l.sp.Close() }
 
 // DeadCount is the number of dead letters (Spool.DeadCount: counted
 // as the store holds them, so never fewer than a list read before it).
@@ -211,5 +194,5 @@ func (l *Backend) DeadCount(ctx context.Context) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	return l.sp.DeadCount()
+	return l.Spool.DeadCount()
 }

@@ -36,39 +36,29 @@ func newMetrics(s *Spool, reg prometheus.Registerer) (*metrics, error) {
 		Name: "relay_spool_damaged_records_total",
 		Help: "Records (events) lost to a failed checksum, by file: wal (skipped by the replay at start, bytes kept in the data dir's quarantine/; 1 for a damaged log record whose events are unknown), db (chunks of spool.db, moved to dead letters with reason damaged).",
 	}, []string{"file"})
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+	}
+	histogram := func(name, help string, buckets []float64) prometheus.Histogram {
+		return prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets})
+	}
 	m := &metrics{
 		reg: reg,
-		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "relay_spool_commit_seconds",
-			Help:    "Duration of the write-ahead log writes that appended records (fsync included under sync=always).",
-			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
-		}),
-		commitRecords: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "relay_spool_commit_records",
-			Help:    "Records (events) appended per write-ahead log write (group commit).",
-			Buckets: prometheus.ExponentialBuckets(1, 4, 10),
-		}),
-		commits: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "relay_spool_commits_total",
-			Help: "Write-ahead log writes that appended records.",
-		}),
-		checkpoints: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "relay_spool_checkpoints_total",
-			Help: "bbolt transactions of the spool (checkpoints of the write-ahead log, lanes, dead letters).",
-		}),
-		checkpointSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "relay_spool_checkpoint_seconds",
-			Help:    "Duration of the spool's bbolt transactions (fsync included under sync=always).",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
-		}),
-		checkpointBytes: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "relay_spool_checkpoint_bytes_total",
-			Help: "Chunk bytes moved from the write-ahead log into bbolt (not acknowledged within the flush age, or past the memory bound).",
-		}),
-		compactions: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "relay_spool_compactions_total",
-			Help: "Spool file compactions.",
-		}),
+		commitSeconds: histogram("relay_spool_commit_seconds",
+			"Duration of the write-ahead log writes that appended records (fsync included under sync=always).",
+			prometheus.ExponentialBuckets(0.0001, 2, 16)),
+		commitRecords: histogram("relay_spool_commit_records",
+			"Records (events) appended per write-ahead log write (group commit).",
+			prometheus.ExponentialBuckets(1, 4, 10)),
+		commits: counter("relay_spool_commits_total", "Write-ahead log writes that appended records."),
+		checkpoints: counter("relay_spool_checkpoints_total",
+			"bbolt transactions of the spool (checkpoints of the write-ahead log, lanes, dead letters)."),
+		checkpointSeconds: histogram("relay_spool_checkpoint_seconds",
+			"Duration of the spool's bbolt transactions (fsync included under sync=always).",
+			prometheus.ExponentialBuckets(0.0005, 2, 14)),
+		checkpointBytes: counter("relay_spool_checkpoint_bytes_total",
+			"Chunk bytes moved from the write-ahead log into bbolt (not acknowledged within the flush age, or past the memory bound)."),
+		compactions:  counter("relay_spool_compactions_total", "Spool file compactions."),
 		rejectedFull: rejected.WithLabelValues("full"),
 		rejectedDisk: rejected.WithLabelValues("disk_low"),
 		damagedWAL:   damaged.WithLabelValues("wal"),

@@ -7,10 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"time"
 
 	"github.com/svcrelay/relay/internal/storage"
@@ -197,22 +197,15 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 			}
 		}, bad)
 	}
-	for lid, l := range lanes {
+	for _, l := range lanes {
 		if l.known {
-			l.label = newLane(nil, lid, l.key, laneState{}).label
+			l.label = l.key.Label()
 		}
 	}
 
 	// The log, from the applied position on, with the replay's verdict
 	// (readLog): lanes named by recLane records, acknowledgements, chunks.
-	type walChunk struct {
-		lane, seq uint64
-		v         []byte
-	}
-	var walChunks []walChunk
 	walLanes := map[uint64]*offLane{}
-	at := map[laneSeq]int{}
-	acked := map[laneSeq]bool{}
 	lr, err := readLog(walPath(dir), id, applied, synced)
 	if err != nil {
 		problem("wal: %v", err)
@@ -247,25 +240,7 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 	for _, d := range lr.torn {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("wal: segment %s bytes %d-%d: %s", segName(d.seg), d.from, d.to, d.what))
 	}
-	for _, sg := range lr.segs {
-		for _, r := range sg.recs {
-			switch r.typ {
-			case recChunk:
-				at[laneSeq{r.lane, r.seq}] = len(walChunks)
-				walChunks = append(walChunks, walChunk{r.lane, r.seq, r.payload})
-			case recAcks:
-				for p := r.payload; len(p) >= ackEntryLen; p = p[ackEntryLen:] {
-					k := laneSeq{binary.LittleEndian.Uint64(p), binary.LittleEndian.Uint64(p[8:])}
-					if i, ok := at[k]; ok {
-						walChunks[i].v = nil
-						delete(at, k)
-					} else {
-						acked[k] = true
-					}
-				}
-			}
-		}
-	}
+	walChunks, acked, _ := lr.pending()
 
 	if dbMissing {
 		if len(walChunks) > 0 || len(walLanes) > 0 {
@@ -283,39 +258,37 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 			l = wl
 		}
 		var c storage.Chunk
-		damaged := false
-		if err := verifyChunk(v); err != nil {
-			damaged = true
+		base := SalvageRecord{Source: src, Kind: l.key.Kind.String(), Lane: l.label, APIKey: l.key.APIKey, Options: l.key.Options,
+			LaneID: lid, Seq: seq}
+		err := verifyChunk(v)
+		if derr := decodeRecords(seq, v, &c, nil); err == nil {
+			err = derr
+		} else if derr == nil {
+			base.Damaged = true // its framing still holds: its records, flagged
+		}
+		if err != nil {
 			rep.Damaged++
 			problem("%s: lane %s chunk %d: %v", fileName[src], l.label, seq, err)
 		}
-		if err := decodeRecords(seq, v, &c, nil); err != nil {
-			if !damaged {
-				rep.Damaged++
-				problem("%s: lane %s chunk %d: %v", fileName[src], l.label, seq, err)
-			}
+		if err != nil && !base.Damaged {
 			acc, _, _ := chunkHeader(v)
-			out(&SalvageRecord{Source: src, Kind: l.key.Kind.String(), Lane: l.label, APIKey: l.key.APIKey, Options: l.key.Options,
-				LaneID: lid, Seq: seq, Accepted: fromMs(acc).UTC(), DataRaw: v, Damaged: true})
+			sr := base
+			sr.Accepted, sr.DataRaw, sr.Damaged = fromMs(acc).UTC(), v, true
+			out(&sr)
 			return
 		}
-		if !damaged {
+		if !base.Damaged {
 			rep.Records += int64(len(c.Records))
 			rep.Bytes += int64(len(v))
 		}
 		for i, r := range c.Records {
-			sr := &SalvageRecord{Source: src, Kind: l.key.Kind.String(), Lane: l.label, APIKey: l.key.APIKey, Options: l.key.Options,
-				LaneID: lid, Seq: seq, Index: i, Accepted: c.Accepted.UTC(), OrderKey: string(r.OrderKey), UserID: string(r.UserID), Damaged: damaged}
-			setData(sr, r.Data)
-			out(sr)
+			sr := base
+			sr.Index, sr.Accepted, sr.OrderKey, sr.UserID = i, c.Accepted.UTC(), string(r.OrderKey), string(r.UserID)
+			setData(&sr, r.Data)
+			out(&sr)
 		}
 	}
-	qids := make([]uint64, 0, len(queues))
-	for q := range queues {
-		qids = append(qids, q)
-	}
-	sort.Slice(qids, func(i, j int) bool { return qids[i] < qids[j] })
-	for _, q := range qids {
+	for _, q := range slices.Sorted(maps.Keys(queues)) {
 		laneOf(q)
 		pf.walkBucket(queues[q], func(k, v []byte, bucket bool) {
 			if len(k) != 8 {
@@ -343,12 +316,10 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 		})
 	}
 	for _, c := range walChunks {
-		if c.v != nil {
-			if !laneOf(c.lane).known && walLanes[c.lane] == nil {
-				problem("wal: lane %d chunk %d: neither spool.db nor the log names the lane's api_key", c.lane, c.seq)
-			}
-			emitChunk("wal", c.lane, c.seq, c.v)
+		if !laneOf(c.lane).known && walLanes[c.lane] == nil {
+			problem("wal: lane %d chunk %d: neither spool.db nor the log names the lane's api_key", c.lane, c.seq)
 		}
+		emitChunk("wal", c.lane, c.seq, c.payload)
 	}
 	for _, kv := range deads {
 		if len(kv[0]) != 8 {
@@ -361,8 +332,7 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 			continue
 		}
 		rep.DeadLetters++
-		l := newLane(nil, 0, d.Lane, laneState{})
-		sr := &SalvageRecord{Source: "db", Kind: d.Lane.Kind.String(), Lane: l.label, APIKey: d.Lane.APIKey, Options: d.Lane.Options,
+		sr := &SalvageRecord{Source: "db", Kind: d.Lane.Kind.String(), Lane: d.Lane.Label(), APIKey: d.Lane.APIKey, Options: d.Lane.Options,
 			Accepted: d.Accepted.UTC(), OrderKey: string(d.Record.OrderKey), UserID: string(d.Record.UserID)}
 		sr.Dead = newOf(sr.Dead)
 		sr.Dead.ID, sr.Dead.Reason, sr.Dead.Answer, sr.Dead.Died = d.ID, d.Reason, string(d.Answer), d.Died.UTC()

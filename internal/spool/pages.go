@@ -19,7 +19,7 @@ type pageFile struct {
 	size int64
 	ps   int64
 	meta boltMeta
-	// mapped, when set, holds the file's used pages (checkTree): pages
+	// mapped, when set, holds the file's used pages (checkDBFile): pages
 	// are sliced from it instead of read.
 	mapped []byte
 }
@@ -189,25 +189,28 @@ func (pf *pageFile) rootHeader() []byte {
 	return binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, pf.meta.root), 0)
 }
 
-// checkTree walks every page bbolt can reach from the meta page it would
-// use, checking each one's header and element bounds, and returns the
-// first problem (ErrDamaged). Open calls it when the file has no freelist
-// on disk (a crash before it was written): bbolt then rebuilds it by
-// walking the tree in a goroutine of its own, where a damaged page is a
-// panic no caller can recover. The used pages are mapped read-only (the
-// file holds them: checkDBFile), so the walk costs what bbolt's does.
-func checkTree(path string) (err error) {
+// checkDBFile checks the bbolt file at path before bbolt maps it: the
+// meta page bbolt would use (the valid one with the higher txid) must count
+// no more pages than the file holds (a truncated file is refused, never
+// mapped). When the file has no freelist on disk (a crash before it was
+// written), bbolt rebuilds it by walking the tree in a goroutine of its
+// own, where a damaged page is a panic no caller can recover: then it walks
+// every page bbolt can reach first, checking each one's header and element
+// bounds, and returns the first problem (ErrDamaged). The used pages are
+// mapped read-only (the file holds them), so the walk costs what bbolt's
+// does.
+func checkDBFile(path string) (err error) {
 	pf, err := openPageFile(path)
 	if err != nil {
 		return err
 	}
 	defer pf.close()
-	if pf.meta.freelist != ^uint64(0) {
-		return nil // bbolt reads the freelist; it walks nothing
-	}
 	n := int64(pf.meta.hwm) * pf.ps
 	if n > pf.size {
-		return fmt.Errorf("%w: the file is shorter than its pages", ErrDamaged)
+		return fmt.Errorf("%w: the file holds %d bytes but its pages take %d (truncated)", ErrDamaged, pf.size, n)
+	}
+	if pf.meta.freelist != ^uint64(0) {
+		return nil // bbolt reads the freelist; it walks nothing
 	}
 	m, err := syscall.Mmap(int(pf.f.Fd()), 0, int(n), syscall.PROT_READ, syscall.MAP_SHARED)
 	if err != nil {

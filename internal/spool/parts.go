@@ -2,12 +2,8 @@ package spool
 
 import (
 	"context"
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
 
 	"github.com/svcrelay/relay/internal/storage"
 )
@@ -43,138 +39,43 @@ import (
 // least one, at most about maxBytes), as Next does.
 func (l *Lane) NextPart(ctx context.Context, maxBytes int, recs []storage.Record) ([]storage.Chunk, []storage.Record, error) {
 	slab := recSlab{buf: recs[:0]}
-	for {
-		if maxBytes > 0 {
-			chunks, ok, err := l.nextPart(maxBytes, &slab)
-			if err != nil {
-				return nil, slab.buf, err
-			}
-			if ok {
-				return chunks, slab.buf, nil
-			}
+	chunks, err := l.nextChunks(ctx, maxBytes, &slab)
+	for i := range chunks {
+		if chunks[i].Total == 0 {
+			chunks[i].Total = len(chunks[i].Records)
 		}
-		chunks, err := l.nextChunks(ctx, maxBytes, &slab)
-		if err != nil || len(chunks) == 0 || chunks[0].Size <= maxBytes || maxBytes <= 0 {
-			for i := range chunks {
-				chunks[i].Total = len(chunks[i].Records)
-			}
-			return chunks, slab.buf, err
-		}
-		// The chunk came in whole because it was published between the
-		// look and the read: give it back and read it in parts.
-		for _, c := range chunks {
-			c.Buffer.Release()
-		}
-		l.readSeq = chunks[0].Seq
-		clear(slab.buf)
-		slab.buf = slab.buf[:0]
 	}
+	return chunks, slab.buf, err
 }
 
 // partCursor is the reader's place inside a chunk it reads in parts.
 type partCursor struct {
 	seq uint64
-	rec int // records returned so far
-	off int // byte offset of the next record in the chunk's encoding
+	rec int // records returned so far; 0: no part read
 }
 
-// nextPart returns the next part of the chunk at the read cursor when that
-// chunk is larger than maxBytes (ok false otherwise, and when there is no
-// chunk to read).
-func (l *Lane) nextPart(maxBytes int, slab *recSlab) ([]storage.Chunk, bool, error) {
-	l.mu.Lock()
-	next, firstHot := l.next, l.hot.firstSeq(l.next)
-	if l.readSeq >= firstHot && l.readSeq < next {
-		// In the WAL's memory: the first unacknowledged chunk from the
-		// cursor on.
-		cs := l.hot.cs
-		for i := l.hot.index(l.readSeq); i < len(cs); i++ {
-			c := cs[i]
-			if c.acked {
-				continue
-			}
-			if c.size <= maxBytes && l.part.off == 0 || c.cb == nil {
-				l.mu.Unlock()
-				return nil, false, nil
-			}
-			cb := c.cb
-			cb.Ref()
-			seq, acc, n := c.seq, c.accepted, c.records
-			l.mu.Unlock()
-			defer cb.Release()
-			ch, err := l.cut(seq, acc, n, cb.B, maxBytes, slab)
-			if errors.Is(err, errPartDamaged) {
-				return nil, false, nil // read whole, and dead-lettered, by nextChunks
-			}
-			if err != nil {
-				return nil, false, err
-			}
-			return []storage.Chunk{ch}, true, nil
-		}
-		l.mu.Unlock()
-		return nil, false, nil
-	}
-	l.mu.Unlock()
-	if l.readSeq >= firstHot {
-		return nil, false, nil // nothing to read: nextChunks waits
-	}
-	// In bbolt.
-	s := l.s
-	s.dbMu.RLock()
-	defer s.dbMu.RUnlock()
-	if s.db == nil {
-		return nil, false, ErrClosed
-	}
-	var out []storage.Chunk
-	err := s.db.View(func(tx *bolt.Tx) error {
-		b := tx.Bucket(l.qname)
-		if b == nil {
-			return l.missingQueue()
-		}
-		k, v := b.Cursor().Seek(seqKey(l.readSeq))
-		if k == nil || binary.BigEndian.Uint64(k) >= firstHot {
-			return nil
-		}
-		v = chunkValue(b, k, v)
-		if len(v) <= maxBytes && l.part.off == 0 {
-			return nil
-		}
-		seq := binary.BigEndian.Uint64(k)
-		acc, n, err := chunkHeader(v)
-		if err != nil {
-			return fmt.Errorf("lane %s chunk %d: %w", l.label, seq, err)
-		}
-		ch, err := l.cut(seq, acc, n, v, maxBytes, slab)
-		if errors.Is(err, errPartDamaged) {
-			return nil // read whole, and dead-lettered, by nextChunks
-		}
-		if err != nil {
-			return err
-		}
-		out = []storage.Chunk{ch}
-		return nil
-	})
-	if err != nil {
-		return nil, false, fmt.Errorf("spool read: %w", err)
-	}
-	return out, out != nil, nil
+// inParts reports whether a chunk of size bytes at the read cursor is read
+// in parts: by NextPart (slab), when it is larger than maxBytes or its
+// earlier parts were read.
+func (l *Lane) inParts(size, maxBytes int, slab *recSlab) bool {
+	return slab != nil && maxBytes > 0 && (size > maxBytes || l.part.rec != 0)
 }
 
 // cut returns the next part of chunk seq (encoded as v, n records) from the
 // cursor: the records that fit in maxBytes (at least one), copied into a
 // buffer of their size; it advances the cursor (past the chunk after its
 // last part). The chunk's checksum is checked when its first part is cut:
-// a chunk that fails it returns errPartDamaged, and is then read whole by
-// nextChunks, which moves it to dead letters (reason damaged). The chunk is
-// decoded whole at each part (patched records rebuilt, see encode.go), so
-// a part costs the decoding of the chunk; a chunk is cut in a few parts.
+// a chunk that fails it returns errPartDamaged, and is then read whole
+// (from bbolt: moved to dead letters, reason damaged). The chunk is
+// decoded whole at each part, so a part costs the decoding of the chunk;
+// a chunk is cut in a few parts.
 func (l *Lane) cut(seq uint64, acc int64, n int, v []byte, maxBytes int, slab *recSlab) (storage.Chunk, error) {
-	if l.part.seq != seq || l.part.off == 0 {
+	if l.part.seq != seq || l.part.rec == 0 {
 		if err := verifyChunk(v); err != nil {
 			l.part = partCursor{}
 			return storage.Chunk{}, errPartDamaged
 		}
-		l.part = partCursor{seq: seq, off: 1}
+		l.part = partCursor{seq: seq}
 	}
 	var all storage.Chunk
 	if err := decodeRecords(seq, v, &all, &recSlab{}); err != nil {

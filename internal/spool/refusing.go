@@ -1,6 +1,7 @@
 package spool
 
 import (
+	"errors"
 	"fmt"
 	"syscall"
 )
@@ -15,7 +16,7 @@ const refuseMargin = 1 << 20
 // refusing returns why Append refuses chunks now, nil when it takes them
 // (Stats().Refusing).
 // The reasons:
-//   - the spool is draining (see drainingErr; ErrDiskLow);
+//   - the spool is draining (drain.go; ErrDiskLow);
 //   - checkpoints fail (a full disk, an I/O error on spool.db) and the
 //     memory of the chunks they could not move into bbolt is within
 //     refuseMargin of its hard bound (ErrFull). While it is nil a
@@ -34,8 +35,8 @@ const refuseMargin = 1 << 20
 // filesystem's free space) and takes no lock: cheap, from any goroutine (a
 // readiness probe, a metrics collector).
 func (s *Spool) refusing() error {
-	if err := s.drainingErr(); err != nil {
-		return err
+	if s.draining.Load() {
+		return errors.New("spool draining: no space left on the data dir's filesystem to replay the write-ahead log; delivering what spool.db holds")
 	}
 	if err := s.walRefusing(); err != nil {
 		return err
@@ -43,7 +44,7 @@ func (s *Spool) refusing() error {
 	if !s.ckptFailed.Load() {
 		return nil
 	}
-	hard := 2 * s.cfg.hotMax()
+	hard := 2 * s.cfg.hotMaxBytes
 	held := s.hotHeld.Load()
 	if held <= hard-min(refuseMargin, hard/4) {
 		return nil
@@ -67,7 +68,7 @@ func (s *Spool) walRefusing() error {
 	if err := syscall.Statfs(s.walDir, &st); err != nil {
 		return fmt.Errorf("spool: no space was left for a new write-ahead log segment, and the free space of %s is unknown: %w", s.walDir, err)
 	}
-	free, need := int64(st.Bavail)*int64(st.Bsize), s.cfg.segBytes()
+	free, need := int64(st.Bavail)*int64(st.Bsize), s.cfg.segmentBytes
 	if free >= need {
 		return nil
 	}

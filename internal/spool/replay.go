@@ -17,34 +17,29 @@ import (
 
 // replay applies the WAL from applied on into bbolt, at Open: every chunk
 // record not acknowledged later in the WAL is put, every acknowledged chunk
-// in bbolt is deleted, in transactions of up to maxCommitBytes (and one per
-// segment), each storing how far it got. Then every segment is free: it is
-// kept as a spare or removed, and the WAL writer starts a new one.
+// in bbolt is deleted, in transactions of up to maxCommitBytes, each
+// storing how far it got. Then every segment is free: it is kept as a
+// spare or removed, and the WAL writer starts a new one.
 //
 // The log is read by readLog (wal.go), whose verdict Verify shares:
-// damage is skipped exactly and reported (reportDamage: an error line with
-// the lanes, records and events lost, the damaged-records counter, the
-// bytes kept in Dir/quarantine/), and what follows is replayed; a write
-// cut short at the log's end (never acknowledged: synced is the WAL end
-// spool.db last recorded, unless NoSync, and every record acknowledged
-// before it was fsynced before that record was committed) is dropped with
-// a warning. A record past synced was either never acknowledged or
-// acknowledged within the last checkpoint's lag (a checkpoint interval,
-// 100 ms, plus a commit: every checkpoint commits when the WAL's end
-// moved), which a bad tail there cannot tell apart.
+// damage is skipped exactly and reported (reportDamage), and what follows
+// is replayed; a write cut short at the log's end is dropped with a
+// warning. It is never acknowledged: synced is the WAL end spool.db last
+// recorded (unless NoSync), and every record acknowledged before it was
+// fsynced before that record was committed. A record past synced was
+// either never acknowledged or acknowledged within the last checkpoint's
+// lag (a checkpoint interval plus a commit: every checkpoint commits when
+// the WAL's end moved), which a bad tail there cannot tell apart.
 //
 // Replay refuses (errMismatch) a WAL that is not this spool.db's: a
 // segment whose recStart carries another spool's id, a chunk of a lane id
 // that spool.db never assigned, or a position spool.db recorded (applied,
 // synced) that the files do not reach.
-func (s *Spool) replay(applied, synced walPos, lanesSeq uint64) error {
-	return s.replayWAL(applied, synced, lanesSeq, false)
-}
-
-// replayWAL is replay; live is set when the spool is open already (a
-// replay deferred by a full disk, see drain.go): the lanes' readers are
-// running then, and are woken instead of placed.
-func (s *Spool) replayWAL(applied, synced walPos, lanesSeq uint64, live bool) error {
+//
+// live is set when the spool is open already (a replay deferred by a full
+// disk, see drain.go): the lanes' readers are running then, and are woken
+// instead of placed.
+func (s *Spool) replay(applied, synced walPos, lanesSeq uint64, live bool) error {
 	lr, err := readLog(s.walDir, s.id[:], applied, synced)
 	if err != nil {
 		return fmt.Errorf("wal: %w", err)
@@ -62,7 +57,7 @@ func (s *Spool) replayWAL(applied, synced walPos, lanesSeq uint64, live bool) er
 		last = max(last, no)
 	}
 	s.w.nextNo = last + 1
-	r := replayer{s: s, byID: byID, pos: applied, lanesSeq: lanesSeq}
+	r := replayer{s: s, byID: byID, lanesSeq: lanesSeq}
 	keyOf := func(id uint64) (storage.LaneKey, bool) {
 		if l := byID[id]; l != nil {
 			return l.key, true
@@ -85,20 +80,21 @@ func (s *Spool) replayWAL(applied, synced walPos, lanesSeq uint64, live bool) er
 				zap.String("segment", segName(d.seg)), zap.Int64("from", d.from), zap.Int64("to", d.to))
 		}
 	}
-	for _, sg := range lr.segs {
-		for _, rec := range sg.recs {
-			r.add(rec)
-			if r.err != nil {
-				return r.err
-			}
-			if r.bytes >= int64(s.cfg.maxCommit()) {
-				if err := r.apply(walPos{sg.no, rec.end}); err != nil {
-					return err
-				}
-			}
+	chunks, acked, acks := lr.pending()
+	for k := range acked {
+		if l := byID[k.lane]; l != nil {
+			r.dels = append(r.dels, ackOp{l, k.seq})
 		}
-		if err := r.apply(walPos{sg.no, sg.end}); err != nil {
-			return err
+	}
+	for _, rec := range chunks {
+		r.add(rec)
+		if r.err != nil {
+			return r.err
+		}
+		if r.bytes >= int64(s.cfg.maxCommitBytes) {
+			if err := r.apply(walPos{rec.pos.seg, rec.end}); err != nil {
+				return err
+			}
 		}
 	}
 	// Everything is in bbolt: the next segment is where the WAL starts.
@@ -106,9 +102,9 @@ func (s *Spool) replayWAL(applied, synced walPos, lanesSeq uint64, live bool) er
 	if err := r.apply(walPos{s.w.nextNo, 0}); err != nil {
 		return err
 	}
-	if r.chunks > 0 || r.acks > 0 {
+	if r.chunks > 0 || acks > 0 {
 		s.log.Info("spool: replayed the write-ahead log",
-			zap.Int("chunks", r.chunks), zap.Int("acks", r.acks), zap.Int("segments", len(lr.files)))
+			zap.Int("chunks", r.chunks), zap.Int("acks", acks), zap.Int("segments", len(lr.files)))
 	}
 	s.st.oldestSeg = s.st.applied.seg
 	s.mu.Lock()
@@ -122,7 +118,9 @@ func (s *Spool) replayWAL(applied, synced walPos, lanesSeq uint64, live bool) er
 		}
 	}
 	for _, name := range lr.spares {
-		s.keepOrRemove(filepath.Join(s.walDir, name))
+		if err := s.freeSegment(filepath.Join(s.walDir, name)); err != nil {
+			s.log.Warn("spool: remove spare WAL file", zap.Error(err))
+		}
 	}
 	for _, no := range lr.files {
 		if err := s.freeSegment(filepath.Join(s.walDir, segName(no))); err != nil {
@@ -236,34 +234,18 @@ func (s *Spool) quarantine(name string, b []byte) (string, error) {
 	return path, nil
 }
 
-// keepOrRemove keeps the spare file at path for the WAL writer when there
-// is room and it has the standard size, and removes it otherwise.
-func (s *Spool) keepOrRemove(path string) {
-	if fi, err := os.Stat(path); err == nil && fi.Size() == s.cfg.segBytes() && len(s.spares) < cap(s.spares) {
-		s.spares <- path
-		return
-	}
-	if err := removeIfExists(path); err != nil {
-		s.log.Warn("spool: remove spare WAL file", zap.Error(err))
-	}
-}
-
-// replayer gathers the records read back from the WAL until apply commits
-// them.
+// replayer gathers the log's chunks until apply commits them.
 type replayer struct {
 	s     *Spool
 	byID  map[uint64]*Lane
-	pos   walPos // how far the committed transactions got
 	puts  []replayChunk
-	at    map[laneSeq]int // index in puts
-	dels  []ackOp
+	dels  []ackOp // chunks of spool.db the log acknowledges
 	bytes int64
 
 	lanesSeq uint64 // the highest lane id spool.db assigned
 	final    bool   // the last apply: also records the acknowledged end
 	err      error  // a chunk that refuses the replay (errMismatch)
-
-	chunks, acks int // totals, for the log
+	chunks   int    // total, for the log
 }
 
 type laneSeq struct{ lane, seq uint64 }
@@ -273,53 +255,33 @@ type replayChunk struct {
 	seq      uint64
 	accepted int64
 	records  int
-	v        []byte // aliases the segment's bytes; nil once acknowledged
+	v        []byte // aliases the segment's bytes
 }
 
+// add gathers a chunk record the log does not acknowledge.
 func (r *replayer) add(rec walRecord) {
-	switch rec.typ {
-	case recChunk:
-		l := r.byID[rec.lane]
-		if l == nil {
-			if rec.lane > r.lanesSeq {
-				r.err = fmt.Errorf("%w: the write-ahead log holds records of lane %d, which spool.db never had",
-					errMismatch, rec.lane)
-				return
-			}
-			// A lane spool.db had and removed (empty lanes are retired).
-			r.s.log.Warn("spool: WAL record of a removed lane; skipped",
-				zap.Uint64("lane", rec.lane), zap.Uint64("seq", rec.seq))
+	l := r.byID[rec.lane]
+	if l == nil {
+		if rec.lane > r.lanesSeq {
+			r.err = fmt.Errorf("%w: the write-ahead log holds records of lane %d, which spool.db never had",
+				errMismatch, rec.lane)
 			return
 		}
-		acc, n, err := chunkHeader(rec.payload)
-		if err != nil {
-			r.s.log.Error("spool: WAL chunk does not decode; skipped",
-				zap.String("lane", l.label), zap.Uint64("seq", rec.seq), zap.Error(err))
-			return
-		}
-		v := upgradeChunk(rec.payload)
-		if r.at == nil {
-			r.at = make(map[laneSeq]int)
-		}
-		r.at[laneSeq{rec.lane, rec.seq}] = len(r.puts)
-		r.puts = append(r.puts, replayChunk{l, rec.seq, acc, n, v})
-		r.bytes += int64(len(v))
-		r.chunks++
-	case recAcks:
-		for p := rec.payload; len(p) >= ackEntryLen; p = p[ackEntryLen:] {
-			k := laneSeq{binary.LittleEndian.Uint64(p), binary.LittleEndian.Uint64(p[8:])}
-			r.acks++
-			if i, ok := r.at[k]; ok {
-				r.bytes -= int64(len(r.puts[i].v))
-				r.puts[i].v = nil
-				delete(r.at, k)
-				continue
-			}
-			if l := r.byID[k.lane]; l != nil {
-				r.dels = append(r.dels, ackOp{l, k.seq})
-			}
-		}
+		// A lane spool.db had and removed (empty lanes are retired).
+		r.s.log.Warn("spool: WAL record of a removed lane; skipped",
+			zap.Uint64("lane", rec.lane), zap.Uint64("seq", rec.seq))
+		return
 	}
+	acc, n, err := chunkHeader(rec.payload)
+	if err != nil {
+		r.s.log.Error("spool: WAL chunk does not decode; skipped",
+			zap.String("lane", l.label), zap.Uint64("seq", rec.seq), zap.Error(err))
+		return
+	}
+	v := upgradeChunk(rec.payload)
+	r.puts = append(r.puts, replayChunk{l, rec.seq, acc, n, v})
+	r.bytes += int64(len(v))
+	r.chunks++
 }
 
 // apply commits what was gathered and the position pos.
@@ -343,9 +305,6 @@ func (r *replayer) apply(pos walPos) error {
 			live -= int64(n)
 		}
 		for _, c := range r.puts {
-			if c.v == nil {
-				continue
-			}
 			if err := s.txPut(tx, c.l, c.seq, c.accepted, c.records, c.v); err != nil {
 				return err
 			}
@@ -362,29 +321,15 @@ func (r *replayer) apply(pos walPos) error {
 		}
 		return meta.Put(keyWAL, pos.encode())
 	})
+	s.settle(err == nil)
 	if err != nil {
-		for _, l := range s.st.touched {
-			l.w, l.wOldest = l.cold, l.coldOldest
-			l.wTouched, l.wOldStale = false, false
-		}
-		clear(s.st.touched)
-		s.st.touched = s.st.touched[:0]
 		return fmt.Errorf("wal replay: %w", err)
 	}
-	for _, l := range s.st.touched {
-		l.mu.Lock() // a deferred replay (drain.go) runs while readers do
-		l.cold, l.coldOldest = l.w, l.wOldest
-		l.mu.Unlock()
-		l.wTouched, l.wOldStale = false, false
-	}
-	clear(s.st.touched)
-	s.st.touched = s.st.touched[:0]
-	s.st.applied, r.pos = pos, pos
+	s.st.applied = pos
 	s.st.live = live
 	s.coldLive.Store(live)
 	clear(r.puts)
 	r.puts = r.puts[:0]
-	clear(r.at)
 	r.dels = r.dels[:0]
 	r.bytes = 0
 	return nil

@@ -2,6 +2,7 @@ package spool
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -56,7 +57,9 @@ var ErrDamaged = errors.New("spool: spool.db is damaged")
 // write-ahead log.
 var errMismatch = fmt.Errorf("%w (it does not match the write-ahead log)", ErrDamaged)
 
-// Config configures a Spool.
+// Config configures a Spool. A bound or reserve whose zero (or negative)
+// value means none means what the relay's flag of the same setting does
+// (cmd/relay passes its values as they are).
 type Config struct {
 	// Dir is the directory of the spool files; created if missing. Required.
 	Dir string
@@ -67,36 +70,49 @@ type Config struct {
 	// MaxBytes bounds the live record bytes; zero means no quota.
 	MaxBytes int64
 	// MinFreeBytes is the free space kept on the filesystem so that deletes
-	// and compaction still work; zero means 256 MiB, negative disables the
-	// check.
+	// and compaction still work; zero or negative means no reserve.
 	MinFreeBytes int64
 	// CompactMinFileBytes is the file size under which the spool never
 	// compacts (see compact.go); zero means 4 MiB, negative disables
 	// compaction.
 	CompactMinFileBytes int64
 
-	// Tests' knobs; zero means the default.
+	// Bounded lanes (see lanes.go); SetLaneLimits changes them while open.
+
+	// MaxLanes bounds the lanes (of every kind) that exist at once: a new
+	// one beyond it is refused with ErrTooManyLanes. Zero or negative: no
+	// bound.
+	MaxLanes int
+	// RetireIdle: a lane that is empty and had no Append for this long is
+	// retired (forgotten, its records deleted from the file). Zero or
+	// negative: never.
+	RetireIdle time.Duration
+	// MaxLanesPerKey bounds the lanes of one api_key (its kinds and
+	// options variants together): a new one beyond it is refused with
+	// ErrTooManyKeyLanes. Zero or negative: no bound.
+	MaxLanesPerKey int
+
+	// Tests' knobs; zero means the default (withDefaults).
 	adviseAge       time.Duration // see advise.go
-	segmentBytes    int64         // defaultSegmentBytes
-	flushAge        time.Duration // defaultFlushAge
-	checkpointEvery time.Duration // defaultCheckpointEvery
-	walMaxBytes     int64         // defaultWALMaxBytes
-	idleAfter       time.Duration // defaultIdleAfter
-	drainEvery      time.Duration // drainRetry
+	segmentBytes    int64
+	flushAge        time.Duration
+	checkpointEvery time.Duration
+	walMaxBytes     int64
+	idleAfter       time.Duration
+	drainEvery      time.Duration
 	// maxCommitBytes bounds the bytes gathered into one WAL write (group
-	// commit) and into one bbolt transaction at Open (defaultMaxCommitBytes).
+	// commit) and into one bbolt transaction at Open.
 	maxCommitBytes int
 	// hotMaxBytes bounds the memory of chunks kept between the WAL and bbolt
-	// (see hot.go; defaultHotMaxBytes): past it a checkpoint moves every
-	// unacknowledged one into bbolt, and past twice it appends wait for that
-	// checkpoint (or fail with ErrFull when checkpoints fail).
+	// (see hot.go): past it a checkpoint moves every unacknowledged one into
+	// bbolt, and past twice it appends wait for that checkpoint (or fail
+	// with ErrFull when checkpoints fail).
 	hotMaxBytes int64
 	// compactPercent: the spool compacts when the pages in use are at most
-	// this percentage of the file (defaultCompactUsedPercent).
+	// this percentage of the file.
 	compactPercent int
 	// compactMaxUsedBytes bounds the data a compaction copies (checkpoints
-	// wait while it runs, about 20 ms per MiB here;
-	// defaultCompactMaxUsedBytes); negative means no bound.
+	// wait while it runs, about 20 ms per MiB here); negative means no bound.
 	compactMaxUsedBytes int64
 
 	// maxFileBytes, when positive, makes checkpoints that would grow the
@@ -112,33 +128,7 @@ type Config struct {
 	// beforeTrim, when set, is called inside a checkpoint's transaction
 	// before each trim of the pages its deletions mapped (tests).
 	beforeTrim func()
-
-	// Bounded lanes (see lanes.go).
-
-	// MaxLanes bounds the lanes (of every kind) that exist at once: a new
-	// one beyond it is refused with ErrTooManyLanes. Zero means 10,000,
-	// negative no bound.
-	MaxLanes int
-	// RetireIdle: a lane that is empty and had no Append for this long is
-	// retired (forgotten, its records deleted from the file). Zero means
-	// 10 minutes, negative never.
-	RetireIdle time.Duration
-	// MaxLanesPerKey bounds the lanes of one api_key (its kinds and
-	// options variants together): a new one beyond it is refused with
-	// ErrTooManyKeyLanes. Zero means 16, negative no bound.
-	MaxLanesPerKey int
 }
-
-// Defaults of the Config fields whose zero value means a default.
-const (
-	defaultMinFreeBytes   = 256 << 20
-	defaultMaxCommitBytes = 32 << 20
-	defaultHotMaxBytes    = 8 << 20
-
-	defaultCompactMinFileBytes = 4 << 20
-	defaultCompactUsedPercent  = 25
-	defaultCompactMaxUsedBytes = 16 << 20
-)
 
 // Validate reports a configuration error; Open calls it.
 func (c Config) Validate() error {
@@ -147,94 +137,34 @@ func (c Config) Validate() error {
 		return errors.New("spool config: Dir is required")
 	case c.MaxBytes < 0:
 		return errors.New("spool config: MaxBytes must not be negative")
-	case c.maxCommitBytes < 0:
-		return errors.New("spool config: maxCommitBytes must not be negative")
-	case c.hotMaxBytes < 0:
-		return errors.New("spool config: hotMaxBytes must not be negative")
-	case c.compactPercent < 0 || c.compactPercent > 100:
-		return errors.New("spool config: compactPercent must be within 0..100")
 	}
 	return nil
 }
 
-func (c Config) minFree() int64 {
-	if c.MinFreeBytes == 0 {
-		return defaultMinFreeBytes
+// withDefaults is c with its zero knobs set to their defaults.
+func (c Config) withDefaults() Config {
+	def := func(v *int64, d int64) {
+		if *v == 0 {
+			*v = d
+		}
 	}
-	return c.MinFreeBytes
-}
-
-func (c Config) maxCommit() int {
-	if c.maxCommitBytes == 0 {
-		return defaultMaxCommitBytes
+	def(&c.CompactMinFileBytes, 4<<20)
+	def(&c.segmentBytes, defaultSegmentBytes)
+	def(&c.walMaxBytes, defaultWALMaxBytes)
+	def(&c.hotMaxBytes, 8<<20)
+	def(&c.compactMaxUsedBytes, 16<<20)
+	if c.compactMaxUsedBytes < 0 {
+		c.compactMaxUsedBytes = math.MaxInt64
 	}
-	return c.maxCommitBytes
-}
-
-func (c Config) hotMax() int64 {
-	if c.hotMaxBytes == 0 {
-		return defaultHotMaxBytes
-	}
-	return c.hotMaxBytes
-}
-
-func (c Config) segBytes() int64 {
-	if c.segmentBytes > 0 {
-		return c.segmentBytes
-	}
-	return defaultSegmentBytes
-}
-
-func (c Config) flushAfter() time.Duration {
-	if c.flushAge > 0 {
-		return c.flushAge
-	}
-	return defaultFlushAge
-}
-
-func (c Config) checkpointInterval() time.Duration {
-	if c.checkpointEvery > 0 {
-		return c.checkpointEvery
-	}
-	return defaultCheckpointEvery
-}
-
-func (c Config) idle() time.Duration {
-	if c.idleAfter > 0 {
-		return c.idleAfter
-	}
-	return defaultIdleAfter
-}
-
-func (c Config) walMax() int64 {
-	if c.walMaxBytes > 0 {
-		return c.walMaxBytes
-	}
-	return defaultWALMaxBytes
-}
-
-func (c Config) compactMinFile() int64 {
-	if c.CompactMinFileBytes == 0 {
-		return defaultCompactMinFileBytes
-	}
-	return c.CompactMinFileBytes
-}
-
-func (c Config) compactMaxUsed() int64 {
-	switch {
-	case c.compactMaxUsedBytes == 0:
-		return defaultCompactMaxUsedBytes
-	case c.compactMaxUsedBytes < 0:
-		return math.MaxInt64
-	}
-	return c.compactMaxUsedBytes
-}
-
-func (c Config) compactUsedPercent() int64 {
-	if c.compactPercent == 0 {
-		return defaultCompactUsedPercent
-	}
-	return int64(c.compactPercent)
+	c.adviseAge = cmp.Or(c.adviseAge, adviseAge)
+	c.flushAge = cmp.Or(c.flushAge, defaultFlushAge)
+	c.checkpointEvery = cmp.Or(c.checkpointEvery, defaultCheckpointEvery)
+	c.idleAfter = cmp.Or(c.idleAfter, defaultIdleAfter)
+	c.drainEvery = cmp.Or(c.drainEvery, drainRetry)
+	c.gather = cmp.Or(c.gather, commitGather)
+	c.maxCommitBytes = cmp.Or(c.maxCommitBytes, 32<<20)
+	c.compactPercent = cmp.Or(c.compactPercent, 25)
+	return c
 }
 
 // Lane is a handle on one lane. A retired lane (lanes.go) is forgotten by
@@ -245,7 +175,7 @@ type Lane struct {
 	id    uint64
 	label string
 	qname []byte // name of the queue bucket
-	// walRec is the lane's recLane payload (the WAL writer's).
+	// walRec is the lane's recLane payload.
 	walRec []byte
 
 	mu         sync.Mutex
@@ -310,6 +240,7 @@ func newLane(s *Spool, id uint64, key storage.LaneKey, st laneState) *Lane {
 		id:     id,
 		label:  key.Label(),
 		qname:  queueName(id),
+		walRec: encodeLane(nil, key, laneState{}),
 		cold:   st,
 		next:   st.nextSeq,
 		aNext:  st.nextSeq,
@@ -396,17 +327,27 @@ func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]s
 		default:
 		}
 		l.mu.Lock()
-		next, firstHot, ch := l.next, l.hot.firstSeq(l.next), l.notify
-		if l.readSeq >= next {
-			l.watched = true // about to wait on ch
-		}
+		next, firstHot := l.next, l.hot.firstSeq(l.next)
 		if l.readSeq >= firstHot && l.readSeq < next {
 			refs := l.takeHot(maxBytes)
 			l.mu.Unlock()
-			if len(refs) > 0 {
-				return l.decodeHot(refs, slab)
+			if len(refs) == 0 {
+				continue // every one was acknowledged already
 			}
-			continue // every one was acknowledged already
+			if r := refs[0]; l.inParts(len(r.cb.B), maxBytes, slab) {
+				ch, err := l.cut(r.seq, r.accepted, r.records, r.cb.B, maxBytes, slab)
+				if !errors.Is(err, errPartDamaged) { // else read whole
+					for _, r := range refs {
+						r.cb.Release()
+					}
+					clear(refs)
+					if err != nil {
+						return nil, err
+					}
+					return []storage.Chunk{ch}, nil
+				}
+			}
+			return l.decodeHot(refs, slab)
 		}
 		l.mu.Unlock()
 		if l.readSeq < firstHot {
@@ -415,7 +356,6 @@ func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]s
 				return nil, err
 			}
 			if len(chunks) > 0 {
-				l.readSeq = chunks[len(chunks)-1].Seq + 1
 				return chunks, nil // a damaged chunk after them is read again next time
 			}
 			if dmg != nil {
@@ -428,7 +368,11 @@ func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]s
 			l.readSeq = firstHot // everything below was acknowledged already
 			continue
 		}
-		if err := l.wait(ctx, ch, slab); err != nil {
+		var onIdle func() bool
+		if slab != nil {
+			onIdle = func() bool { slab.buf = nil; return false } // an idle reader keeps nothing
+		}
+		if err := l.Wait(ctx, onIdle); err != nil {
 			return nil, err
 		}
 	}
@@ -441,35 +385,6 @@ func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]s
 // the reader waits, briefly, before most of its reads). A variable for
 // tests.
 var recIdleDrop = time.Second
-
-// wait waits for the lane to change (ch), dropping slab's buffer when that
-// takes longer than recIdleDrop.
-func (l *Lane) wait(ctx context.Context, ch <-chan struct{}, slab *recSlab) error {
-	var idle <-chan time.Time
-	if slab != nil && (slab.buf != nil || l.chunks != nil) {
-		if l.idle == nil {
-			l.idle = time.NewTimer(recIdleDrop)
-		} else {
-			l.idle.Reset(recIdleDrop)
-		}
-		defer l.idle.Stop()
-		idle = l.idle.C
-	}
-	for {
-		select {
-		case <-ch:
-			return nil
-		case <-idle:
-			slab.buf, l.chunks, idle = nil, nil, nil // an idle reader keeps neither
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-l.s.closing:
-			return ErrClosed
-		case <-l.retiredC:
-			return storage.ErrRetired
-		}
-	}
-}
 
 // takeHot takes a reference on the unacknowledged hot chunks from the read
 // cursor on, up to about maxBytes, and advances the cursor. Call with l.mu
@@ -536,80 +451,87 @@ func (l *Lane) decodeHot(refs []hotRef, slab *recSlab) ([]storage.Chunk, error) 
 // taken from slab.
 func (l *Lane) read(maxBytes int, end uint64, slab *recSlab) (_ []storage.Chunk, dmg *damagedChunk, _ error) {
 	s := l.s
-	s.dbMu.RLock()
-	defer s.dbMu.RUnlock()
-	if s.db == nil {
-		return nil, nil, ErrClosed
-	}
 	var out []storage.Chunk
 	total := 0
-	err := guard(func() error {
-		return s.db.View(func(tx *bolt.Tx) error {
-			b := tx.Bucket(l.qname)
-			if b == nil {
-				return l.missingQueue()
+	err := s.view(func(tx *bolt.Tx) error {
+		b := tx.Bucket(l.qname)
+		if b == nil {
+			return l.missingQueue()
+		}
+		raw := l.raw[:0]
+		c := b.Cursor()
+		k, v := c.Seek(seqKey(l.readSeq))
+		if k != nil && binary.BigEndian.Uint64(k) < end {
+			if v := chunkValue(b, k, v); l.inParts(len(v), maxBytes, slab) {
+				if acc, n, err := chunkHeader(v); err == nil {
+					ch, err := l.cut(binary.BigEndian.Uint64(k), acc, n, v, maxBytes, slab)
+					if !errors.Is(err, errPartDamaged) { // else read whole, and dead-lettered
+						out = []storage.Chunk{ch}
+						return err
+					}
+				}
 			}
-			raw := l.raw[:0]
-			c := b.Cursor()
-			k, v := c.Seek(seqKey(l.readSeq))
-			for ; k != nil; k, v = c.Next() {
-				seq := binary.BigEndian.Uint64(k)
-				if seq >= end {
+		}
+		for ; k != nil; k, v = c.Next() {
+			seq := binary.BigEndian.Uint64(k)
+			if seq >= end {
+				break
+			}
+			v = chunkValue(b, k, v)
+			if len(raw) > 0 && (maxBytes <= 0 || total+len(v) > maxBytes) {
+				break
+			}
+			raw = append(raw, rawChunk{seq, v})
+			total += len(v)
+		}
+		l.raw = raw[:0]
+		defer clear(raw) // no references into the mapping outlive tx
+		if len(raw) == 0 {
+			return nil
+		}
+		// Drop the copied pages from the RSS afterwards (see advise.go; the
+		// data stays in the page cache): chunks are read from bbolt only
+		// when they waited (a backlog, an outage's retries), so one call
+		// per read is cheap. The whole mapping, not the chunks' pages: the
+		// kernel maps the large folios around them, and the store's
+		// commits touch pages meanwhile. A chunk accepted adviseAge ago or
+		// more is likely not in the page cache any more: ask for its pages
+		// and the next call's at once (read from disk while these are
+		// delivered).
+		defer trimTx(s.db, tx)
+		if acc, _, herr := chunkHeader(raw[0].v); herr == nil && time.Since(fromMs(acc)) >= s.cfg.adviseAge {
+			m := mapping(s.db, tx)
+			l.adv = l.adv[:0]
+			for _, r := range raw {
+				l.adv.add(m, r.v)
+			}
+			var ahead spans
+			for n := 0; k != nil && n < maxBytes && len(ahead) < 64; k, v = c.Next() {
+				if binary.BigEndian.Uint64(k) >= end {
 					break
 				}
 				v = chunkValue(b, k, v)
-				if len(raw) > 0 && (maxBytes <= 0 || total+len(v) > maxBytes) {
-					break
-				}
-				raw = append(raw, rawChunk{seq, v})
-				total += len(v)
+				ahead.add(m, v)
+				n += len(v)
 			}
-			l.raw = raw[:0]
-			defer clear(raw) // no references into the mapping outlive tx
-			if len(raw) == 0 {
-				return nil
+			l.adv.advise(m, syscall.MADV_WILLNEED)
+			ahead.advise(m, syscall.MADV_WILLNEED)
+		}
+		out = make([]storage.Chunk, 0, len(raw))
+		for _, r := range raw {
+			cb := storage.GetBuf(len(r.v))
+			cb.B = append(cb.B, r.v...)
+			c := storage.Chunk{Buffer: cb.Buffer()}
+			if err := decodeChunk(r.seq, cb.B, &c, slab); err != nil {
+				dmg = &damagedChunk{seq: r.seq, v: cb.B, err: err}
+				break
 			}
-			// Drop the copied pages from the RSS afterwards (see advise.go; the
-			// data stays in the page cache): chunks are read from bbolt only
-			// when they waited (a backlog, an outage's retries), so one call
-			// per read is cheap. The whole mapping, not the chunks' pages: the
-			// kernel maps the large folios around them, and the store's
-			// commits touch pages meanwhile. A chunk accepted adviseAge ago or
-			// more is likely not in the page cache any more: ask for its pages
-			// and the next call's at once (read from disk while these are
-			// delivered).
-			defer trimTx(s.db, tx)
-			if acc, _, herr := chunkHeader(raw[0].v); herr == nil && time.Since(fromMs(acc)) >= s.cfg.adviseOlder() {
-				m := mapping(s.db, tx)
-				l.adv = l.adv[:0]
-				for _, r := range raw {
-					l.adv.add(m, r.v)
-				}
-				var ahead spans
-				for n := 0; k != nil && n < maxBytes && len(ahead) < 64; k, v = c.Next() {
-					if binary.BigEndian.Uint64(k) >= end {
-						break
-					}
-					v = chunkValue(b, k, v)
-					ahead.add(m, v)
-					n += len(v)
-				}
-				l.adv.advise(m, syscall.MADV_WILLNEED)
-				ahead.advise(m, syscall.MADV_WILLNEED)
-			}
-			out = make([]storage.Chunk, 0, len(raw))
-			for _, r := range raw {
-				cb := storage.GetBuf(len(r.v))
-				cb.B = append(cb.B, r.v...)
-				c := storage.Chunk{Buffer: cb.Buffer()}
-				if err := decodeChunk(r.seq, cb.B, &c, slab); err != nil {
-					dmg = &damagedChunk{seq: r.seq, v: cb.B, err: err}
-					break
-				}
-				out = append(out, c)
-			}
-			return nil
-		})
+			out = append(out, c)
+		}
+		if len(out) > 0 {
+			l.readSeq = out[len(out)-1].Seq + 1
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("spool read: lane %s: %w", l.label, err)
@@ -780,6 +702,7 @@ func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg = cfg.withDefaults()
 	if log == nil {
 		log = zap.NewNop()
 	}
@@ -823,7 +746,7 @@ func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error
 			return err
 		}
 		s.st.lanesSeq = lanesSeq
-		if err = s.replay(applied, synced, lanesSeq); noSpace(err) {
+		if err = s.replay(applied, synced, lanesSeq, false); noSpace(err) {
 			return s.startDraining(err)
 		}
 		return err
@@ -1180,32 +1103,23 @@ func (s *Spool) ListDead(f storage.DeadFilter, after uint64, limit int) ([]stora
 	if after == math.MaxUint64 {
 		return nil, nil
 	}
-	s.dbMu.RLock()
-	defer s.dbMu.RUnlock()
-	if s.db == nil {
-		return nil, ErrClosed
-	}
 	var out []storage.DeadLetter
-	err := guard(func() error {
-		return s.db.View(func(tx *bolt.Tx) error {
-			c := tx.Bucket(bucketDead).Cursor()
-			for k, v := c.Seek(seqKey(after + 1)); k != nil; k, v = c.Next() {
-				if limit > 0 && len(out) >= limit {
-					break
-				}
-				buf := make([]byte, len(v))
-				copy(buf, v)
-				d, err := decodeDead(binary.BigEndian.Uint64(k), buf)
-				if err != nil {
-					return fmt.Errorf("dead letter %x: %w", k, err)
-				}
-				if f.Lane != nil && d.Lane != *f.Lane || f.Reason != "" && d.Reason != f.Reason || f.Label != "" && d.Lane.Label() != f.Label {
-					continue
-				}
-				out = append(out, d)
+	err := s.view(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketDead).Cursor()
+		for k, v := c.Seek(seqKey(after + 1)); k != nil; k, v = c.Next() {
+			if limit > 0 && len(out) >= limit {
+				break
 			}
-			return nil
-		})
+			d, err := decodeDead(binary.BigEndian.Uint64(k), bytes.Clone(v))
+			if err != nil {
+				return fmt.Errorf("dead letter %x: %w", k, err)
+			}
+			if f.Lane != nil && d.Lane != *f.Lane || f.Reason != "" && d.Reason != f.Reason || f.Label != "" && d.Lane.Label() != f.Label {
+				continue
+			}
+			out = append(out, d)
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
@@ -1213,24 +1127,28 @@ func (s *Spool) ListDead(f storage.DeadFilter, after uint64, limit int) ([]stora
 	return out, nil
 }
 
+// view runs f in a read transaction of the file (ErrClosed once it is
+// closed), bbolt's panics and faults turned into ErrDamaged (guard).
+func (s *Spool) view(f func(*bolt.Tx) error) error {
+	s.dbMu.RLock()
+	defer s.dbMu.RUnlock()
+	if s.db == nil {
+		return ErrClosed
+	}
+	return guard(func() error { return s.db.View(f) })
+}
+
 // DeadCount is the number of dead letters as the store holds them now: read
 // in a transaction of its own, so that it counts every dead letter a
 // ListDead before it returned (Stats().Dead follows the store a moment
 // later, once a checkpoint is applied).
 func (s *Spool) DeadCount() (int64, error) {
-	s.dbMu.RLock()
-	defer s.dbMu.RUnlock()
-	if s.db == nil {
-		return 0, ErrClosed
-	}
 	var n int64
-	err := guard(func() error {
-		return s.db.View(func(tx *bolt.Tx) error {
-			if v := tx.Bucket(bucketMeta).Get(keyDead); len(v) == 16 {
-				n = int64(binary.BigEndian.Uint64(v))
-			}
-			return nil
-		})
+	err := s.view(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketMeta).Get(keyDead); len(v) == 16 {
+			n = int64(binary.BigEndian.Uint64(v))
+		}
+		return nil
 	})
 	if err != nil {
 		return 0, fmt.Errorf("count dead letters: %w", err)

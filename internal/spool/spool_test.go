@@ -25,8 +25,6 @@ func TestConfigValidate(t *testing.T) {
 		{"minimal", Config{Dir: "x"}, true},
 		{"no dir", Config{}, false},
 		{"negative quota", Config{Dir: "x", MaxBytes: -1}, false},
-		{"negative commit bytes", Config{Dir: "x", maxCommitBytes: -1}, false},
-		{"compact percent over 100", Config{Dir: "x", compactPercent: 101}, false},
 		{"everything", Config{Dir: "x", NoSync: true, MaxBytes: 1, MinFreeBytes: -1, maxCommitBytes: 1, CompactMinFileBytes: -1, compactPercent: 50}, true},
 	}
 	for _, tt := range tests {

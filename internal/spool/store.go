@@ -1,12 +1,12 @@
 package spool
 
 import (
-	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -19,15 +19,13 @@ import (
 // creation, dead letters, compaction, and the recycling of WAL segments.
 //
 // A checkpoint picks a WAL position P and, in one transaction, puts into
-// bbolt every hot chunk whose record lies before P and that is not
-// acknowledged, deletes the acknowledged chunks that are in bbolt, and
-// stores P as applied. Once it is committed, the hot chunks before P are
-// dropped from memory and the segments before P's are reused: a restart
-// replays the WAL from P only. P is the WAL's published end, except that it
-// stops at the first unacknowledged chunk accepted less than flushAge ago,
-// so that chunks about to be delivered are never written twice. When the
-// memory of hot chunks passes hotMaxBytes, or the WAL since P passes
-// walMaxBytes, the WAL writer asks for a checkpoint of everything (force).
+// bbolt every unacknowledged hot chunk before P, deletes the acknowledged
+// chunks in bbolt, and stores P as applied; then the hot chunks before P
+// are dropped from memory and the segments before P's reused. P is the
+// WAL's published end, or the first unacknowledged chunk younger than
+// flushAge (about to be delivered: never written twice). Past hotMaxBytes
+// of hot chunks, or walMaxBytes of WAL since P, the WAL writer asks for a
+// checkpoint of everything (force).
 
 const (
 	// defaultCheckpointEvery is how often the store checkpoints while
@@ -100,7 +98,7 @@ func (s *Spool) runStore() {
 		final := isClosed(s.walDone) // Close stopped the WAL writer
 		force := s.force.Swap(false) || final
 		s.mu.Lock()
-		due := len(s.sops) > 0 || force || now.Sub(s.st.lastCheckpoint) >= s.cfg.checkpointInterval()
+		due := len(s.sops) > 0 || force || now.Sub(s.st.lastCheckpoint) >= s.cfg.checkpointEvery
 		var acks []ackOp
 		var end walPos
 		var total int64
@@ -150,24 +148,24 @@ func (s *Spool) wait(timer *time.Timer) {
 	d := time.Duration(-1)
 	if s.pending() {
 		s.armed.Store(true)
-		d = max(time.Until(s.st.lastCheckpoint.Add(s.cfg.checkpointInterval())), 0)
+		d = max(time.Until(s.st.lastCheckpoint.Add(s.cfg.checkpointEvery)), 0)
 	} else {
 		s.armed.Store(false)
 		switch {
 		case s.pending(): // published meanwhile (the writer saw armed still set)
 			s.armed.Store(true)
-			d = s.cfg.checkpointInterval()
+			d = s.cfg.checkpointEvery
 		case s.st.freelistStale:
 			d = idleFreelistDelay
 		case !s.st.idle:
-			d = s.cfg.idle()
+			d = s.cfg.idleAfter
 		}
 		if r := s.retireWait(); r >= 0 && (d < 0 || r < d) {
 			d = r
 		}
 	}
 	if s.draining.Load() { // the replay's next try (drain.go)
-		r := cmp.Or(s.cfg.drainEvery, drainRetry)
+		r := s.cfg.drainEvery
 		if d < 0 || d > r {
 			d = r
 		}
@@ -242,7 +240,7 @@ func (s *Spool) checkpoint(ops []*op, acks []ackOp, end walPos, endTotal int64, 
 	// P: the WAL's end, or the first young unacknowledged chunk.
 	p, pTotal := end, endTotal
 	if !all {
-		cutoff := now.Add(-s.cfg.flushAfter()).UnixMilli()
+		cutoff := now.Add(-s.cfg.flushAge).UnixMilli()
 		for _, l := range lanes {
 			l.mu.Lock()
 			for _, c := range l.hot.cs[l.hot.head:] {
@@ -544,6 +542,24 @@ func (s *Spool) txLanes(tx *bolt.Tx) error {
 	return nil
 }
 
+// settle ends a transaction for the lanes it touched: committed, their
+// working state becomes their bbolt state; else it is dropped (l.cold is
+// written only by the store goroutine).
+func (s *Spool) settle(committed bool) {
+	for _, l := range s.st.touched {
+		if committed {
+			l.mu.Lock() // readers read l.cold (and a deferred replay runs beside them)
+			l.cold, l.coldOldest = l.w, l.wOldest
+			l.mu.Unlock()
+		} else {
+			l.w, l.wOldest = l.cold, l.coldOldest
+		}
+		l.wTouched, l.wOldStale = false, false
+	}
+	clear(s.st.touched)
+	s.st.touched = s.st.touched[:0]
+}
+
 func (s *Spool) touch(l *Lane) {
 	if !l.wTouched {
 		l.wTouched = true
@@ -569,14 +585,7 @@ func (s *Spool) findLane(key storage.LaneKey) *Lane {
 // the acknowledgements that came while their chunk was being put queued as
 // deletions, the applied position, the new lanes.
 func (s *Spool) commitPublish(lanes []*Lane, p walPos, pTotal int64) {
-	for _, l := range s.st.touched {
-		l.mu.Lock()
-		l.cold, l.coldOldest = l.w, l.wOldest
-		l.mu.Unlock()
-		l.wTouched, l.wOldStale = false, false
-	}
-	clear(s.st.touched)
-	s.st.touched = s.st.touched[:0]
+	s.settle(true)
 	var held, unacked int64
 	var later []ackOp
 	for _, l := range lanes {
@@ -638,14 +647,10 @@ func (s *Spool) rollback(acks []ackOp, flush []*hotChunk, flushL []*Lane, lanes 
 		l.mu.Unlock()
 	}
 	s.hotHeld.Add(-held)
-	for _, ls := range [][]*Lane{lanes, s.st.touched} {
-		for _, l := range ls {
-			l.w, l.wOldest = l.cold, l.coldOldest // l.cold is written only by this goroutine
-			l.wTouched, l.wOldStale = false, false
-		}
+	for _, l := range lanes {
+		l.w, l.wOldest = l.cold, l.coldOldest // checkpoint set their nextSeq
 	}
-	clear(s.st.touched)
-	s.st.touched = s.st.touched[:0]
+	s.settle(false)
 	clear(s.st.created)
 	s.st.created = s.st.created[:0]
 	s.mu.Lock()
@@ -667,21 +672,25 @@ func (s *Spool) recycle() {
 	}
 }
 
-// freeSegment makes the segment file at path, whose records are all in
-// bbolt or acknowledged, a spare for the WAL writer (renamed out of the
-// segments' names) while there are fewer than maxSpares, the spool is not
-// idle and the file has the standard size; otherwise it removes it. A
-// missing file (a number the writer skipped, or removed already) is no
-// error.
+// freeSegment makes the segment (or spare) file at path, whose records are
+// all in bbolt or acknowledged, a spare for the WAL writer (a segment is
+// renamed out of the segments' names) while there are fewer than
+// maxSpares, the spool is not idle and the file has the standard size;
+// otherwise it removes it. A missing file (a number the writer skipped, or
+// removed already) is no error.
 func (s *Spool) freeSegment(path string) error {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return nil
 	}
-	if !s.st.idle && fi.Size() == s.cfg.segBytes() && len(s.spares) < cap(s.spares) {
-		s.st.spareSeq++
-		sp := filepath.Join(s.walDir, fmt.Sprintf("%s%016x.wal", sparePrefix, s.st.spareSeq))
-		if err := os.Rename(path, sp); err == nil {
+	if !s.st.idle && fi.Size() == s.cfg.segmentBytes && len(s.spares) < cap(s.spares) {
+		sp := path
+		if !strings.HasPrefix(filepath.Base(path), sparePrefix) {
+			s.st.spareSeq++
+			sp = filepath.Join(s.walDir, fmt.Sprintf("%s%016x.wal", sparePrefix, s.st.spareSeq))
+			err = os.Rename(path, sp)
+		}
+		if err == nil {
 			select {
 			case s.spares <- sp:
 				return nil
@@ -705,7 +714,7 @@ func (s *Spool) checkIdle(now time.Time) {
 		s.st.lastAppend, s.st.idleSince, s.st.idle = total, now, false
 		return
 	}
-	if now.Sub(s.st.idleSince) < s.cfg.idle() {
+	if now.Sub(s.st.idleSince) < s.cfg.idleAfter {
 		return
 	}
 	s.st.idle = true

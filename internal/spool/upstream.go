@@ -20,13 +20,7 @@ func (s *Spool) SetUpstream(id string) error {
 	if s.db == nil {
 		return ErrClosed
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		b, err := tx.CreateBucketIfNotExists(bucketMeta)
-		if err != nil {
-			return err
-		}
-		return b.Put(keyUpstream, []byte(id))
-	})
+	err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Put(keyUpstream, []byte(id)) })
 	if err != nil {
 		return fmt.Errorf("store spool upstream: %w", err)
 	}

@@ -63,20 +63,13 @@ import (
 //   - there is none, and the bytes there are anything else: a bad tail.
 //
 // One function judges what scanSegment found, for Open's replay and for
-// Verify alike (readLog): bytes past the end that the next segment's
-// recStart names for its predecessor are not the log's (a reused file's
-// old bytes, a failed write's records); a bad tail of the log's last
-// segment at or past the end spool.db last recorded as acknowledged (meta
-// key "walsync", unless NoSync) is a write cut short by a crash, which was
-// never acknowledged (see replay.go); anything else is damage, and is
-// counted by what it lost: the lanes, records and events of the chunk
-// records in it that the log does not acknowledge later.
+// Verify alike (readLog).
 //
 // A valid record can not start inside another's payload by chance: it needs
 // a header checksum and the segment's number, and record payloads are JSON
 // text (no zero bytes) except for the chunk headers. Files are reused: a
-// segment whose records are all in bbolt (or acknowledged) becomes a spare, which the writer renames to its next
-// segment number; a reused file's blocks are allocated and written, so
+// segment whose records are all in bbolt (or acknowledged) becomes a
+// spare, which the writer renames to its next segment number; a reused file's blocks are allocated and written, so
 // fdatasync has no metadata to write (about half the time of a fresh file's
 // here).
 
@@ -524,8 +517,8 @@ func readLog(walDir string, id []byte, applied, synced walPos) (*logRead, error)
 	delivered := map[laneSeq]bool{}
 	for _, sg := range lr.segs {
 		for _, rec := range sg.recs {
-			for p := rec.payload; rec.typ == recAcks && len(p) >= ackEntryLen && len(cands) > 0; p = p[ackEntryLen:] {
-				delivered[laneSeq{binary.LittleEndian.Uint64(p), binary.LittleEndian.Uint64(p[8:])}] = true
+			if rec.typ == recAcks && len(cands) > 0 {
+				acksOf(rec.payload, func(k laneSeq) { delivered[k] = true })
 			}
 		}
 	}
@@ -543,6 +536,43 @@ func readLog(walDir string, id []byte, applied, synced walPos) (*logRead, error)
 		}
 	}
 	return lr, nil
+}
+
+// acksOf calls f for each chunk an acks record's payload acknowledges.
+func acksOf(p []byte, f func(laneSeq)) {
+	for ; len(p) >= ackEntryLen; p = p[ackEntryLen:] {
+		f(laneSeq{binary.LittleEndian.Uint64(p), binary.LittleEndian.Uint64(p[8:])})
+	}
+}
+
+// pending is what the log holds from the applied position on with its own
+// acknowledgements applied, as the replay and Verify take it: the chunk
+// records it does not acknowledge later, in log order; the chunks it
+// acknowledges but does not hold (spool.db's); and how many
+// acknowledgements it holds.
+func (lr *logRead) pending() (chunks []walRecord, acked map[laneSeq]bool, acks int) {
+	at := map[laneSeq]int{}
+	acked = map[laneSeq]bool{}
+	for _, sg := range lr.segs {
+		for _, r := range sg.recs {
+			switch r.typ {
+			case recChunk:
+				at[laneSeq{r.lane, r.seq}] = len(chunks)
+				chunks = append(chunks, r)
+			case recAcks:
+				acksOf(r.payload, func(k laneSeq) {
+					acks++
+					if i, ok := at[k]; ok {
+						chunks[i].typ = 0 // acknowledged
+						delete(at, k)
+					} else {
+						acked[k] = true
+					}
+				})
+			}
+		}
+	}
+	return slices.DeleteFunc(chunks, func(r walRecord) bool { return r.typ == 0 }), acked, acks
 }
 
 // attribute counts what d cost: the records whose headers still hold in

@@ -1,7 +1,6 @@
 package spool
 
 import (
-	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -80,13 +79,6 @@ type walWriter struct {
 	prevNo, prevEnd uint64
 	startBuf        [startLen]byte
 	segLanes        map[uint64]struct{} // lanes with a recLane record in the current segment
-	newLanes        []*Lane
-}
-
-// laneRecLen is the length of a lane's recLane payload (encodeLane).
-func laneRecLen(k storage.LaneKey) int64 {
-	return int64(2 + uvarintLen(uint64(len(k.APIKey))) + len(k.APIKey) +
-		uvarintLen(uint64(len(k.Options))) + len(k.Options) + 32 + 4)
 }
 
 // diskCheckEvery is how long a statfs result is trusted (bytes appended
@@ -165,14 +157,14 @@ const commitGather = 50 * time.Microsecond
 // others are most likely in flight, and each would otherwise wait for a
 // whole fsync of its own. A lone client never waits.
 func (s *Spool) takeWAL() (ops []*op, acks []ackOp, closed bool) {
-	max := min(s.cfg.maxCommit(), int(s.cfg.segBytes()/4))
+	max := min(s.cfg.maxCommitBytes, int(s.cfg.segmentBytes/4))
 	var gatherUntil time.Time
 	for {
 		s.mu.Lock()
 		if q := len(s.appends); q > 0 && q < s.w.lastGroup && !s.closed && !s.cfg.NoSync {
 			now := time.Now()
 			if gatherUntil.IsZero() {
-				gatherUntil = now.Add(cmp.Or(s.cfg.gather, commitGather))
+				gatherUntil = now.Add(s.cfg.gather)
 			}
 			if now.Before(gatherUntil) {
 				s.mu.Unlock()
@@ -271,7 +263,7 @@ func (s *Spool) writeGroup(ops []*op, acks []ackOp) {
 		s.m.commitSeconds.Observe(time.Since(start).Seconds())
 		s.m.commitRecords.Observe(float64(records))
 		s.m.commits.Inc()
-		if s.hotHeld.Load() > s.cfg.hotMax() || s.w.total-s.appliedTotal.Load() > s.cfg.walMax() {
+		if s.hotHeld.Load() > s.cfg.hotMaxBytes || s.w.total-s.appliedTotal.Load() > s.cfg.walMaxBytes {
 			s.force.Store(true)
 			wake(s.storeWake)
 		} else if !s.armed.Load() {
@@ -305,7 +297,7 @@ func (s *Spool) waitMemory(ops []*op) {
 	for _, o := range ops {
 		group += int64(o.batch.Bytes())
 	}
-	hard := 2 * s.cfg.hotMax()
+	hard := 2 * s.cfg.hotMaxBytes
 	deadline := time.Now().Add(hotWaitMax)
 	for held := s.hotHeld.Load(); held > 0 && held+group > hard && !s.ckptFailed.Load() && time.Now().Before(deadline); held = s.hotHeld.Load() {
 		s.force.Store(true)
@@ -328,8 +320,8 @@ func (s *Spool) waitMemory(ops []*op) {
 // records.
 func (s *Spool) admit(ops []*op, now time.Time) (n int, bytes int64, records int) {
 	live, held := s.liveBytes(), s.hotHeld.Load()
-	hard := 2 * s.cfg.hotMax()
-	minFree := s.cfg.minFree()
+	hard := 2 * s.cfg.hotMaxBytes
+	minFree := s.cfg.MinFreeBytes
 	for _, o := range ops {
 		sz := int64(len(o.batch.Encoded()))
 		switch {
@@ -365,29 +357,21 @@ func (s *Spool) admit(ops []*op, now time.Time) (n int, bytes int64, records int
 // NoSync, when there are appends, fdatasyncs it. On error the segment is
 // given up: the next write starts a new one.
 func (s *Spool) write(ops []*op, acks []ackOp) error {
-	need := int64(0)
+	// Room for the records, the end mark and, should a new segment start,
+	// its start record and every lane's record.
+	room := int64(recHeaderLen + startLen + recHeaderLen)
 	if len(acks) > 0 {
-		need += recHeaderLen + int64(len(acks))*ackEntryLen
+		room += recHeaderLen + int64(len(acks))*ackEntryLen
 	}
 	appends := false
 	for _, o := range ops {
 		if o.err == nil {
-			need += recHeaderLen + int64(len(o.batch.Encoded()))
+			room += 2*recHeaderLen + int64(len(o.batch.Encoded())+len(o.lane.walRec))
 			appends = true
 		}
 	}
-	// Room for the start record, the end mark and, should a new segment
-	// start, every lane's record.
-	extra := int64(recHeaderLen + startLen + recHeaderLen)
-	if appends {
-		for _, o := range ops {
-			if o.err == nil {
-				extra += recHeaderLen + laneRecLen(o.lane.key)
-			}
-		}
-	}
-	if s.w.f == nil || s.w.off+need+extra > s.w.size {
-		err := s.rotate(need + extra)
+	if s.w.f == nil || s.w.off+room > s.w.size {
+		err := s.rotate(room)
 		s.walNoSpace.Store(noSpace(err)) // for Refusing
 		if err != nil {
 			return err
@@ -397,57 +381,25 @@ func (s *Spool) write(ops []*op, acks []ackOp) error {
 	// in a segment follows its recLane record.
 	start := s.w.off == 0
 	if start {
-		need += recHeaderLen + startLen
 		clear(s.w.segLanes)
 	}
-	newLanes := s.w.newLanes[:0]
-	for _, o := range ops {
-		if o.err != nil {
-			continue
-		}
-		if _, ok := s.w.segLanes[o.lane.id]; !ok {
-			if s.w.segLanes == nil {
-				s.w.segLanes = make(map[uint64]struct{})
-			}
-			s.w.segLanes[o.lane.id] = struct{}{}
-			newLanes = append(newLanes, o.lane)
-			need += recHeaderLen + laneRecLen(o.lane.key)
-		}
-	}
-	s.w.newLanes = newLanes
-	defer clear(newLanes)
-	// Where the group's chunk records start (after the start, ack and
-	// lane records), for publish.
-	s.w.gStart = s.w.off + need
-	for _, o := range ops {
-		if o.err == nil {
-			s.w.gStart -= recHeaderLen + int64(len(o.batch.Encoded()))
-		}
-	}
-	nrec := len(newLanes)
-	if start {
-		nrec++
-	}
-	if len(acks) > 0 {
-		nrec++
-	}
-	for _, o := range ops {
-		if o.err == nil {
-			nrec++
-		}
-	}
-	hdrs := slices.Grow(s.w.hdrs[:0], nrec*recHeaderLen)[:nrec*recHeaderLen]
+	hdrs := slices.Grow(s.w.hdrs[:0], (2+2*len(ops))*recHeaderLen)
 	s.w.hdrs = hdrs
 	iovs := s.w.iovs[:0]
+	need := int64(0) // the bytes of the records
+	add := func(typ byte, lane, seq uint64, p []byte, crc uint32) {
+		h := hdrs[len(hdrs) : len(hdrs)+recHeaderLen]
+		hdrs = hdrs[:len(hdrs)+recHeaderLen]
+		putRecHeader(h, s.w.no, typ, lane, seq, len(p), crc)
+		iovs = append(iovs, h, p)
+		need += recHeaderLen + int64(len(p))
+	}
 	if start {
 		sb := s.w.startBuf[:]
 		copy(sb, s.id[:])
 		binary.LittleEndian.PutUint64(sb[16:], s.w.prevNo)
 		binary.LittleEndian.PutUint64(sb[24:], s.w.prevEnd)
-		h := hdrs[:recHeaderLen]
-		hdrs = hdrs[recHeaderLen:]
-		putRecHeader(h, s.w.no, recStart, 0, 0, len(sb), payloadCRC(sb))
-		iovs = append(iovs, h, sb)
+		add(recStart, 0, 0, sb, payloadCRC(sb))
 	}
 	if len(acks) > 0 {
 		ab := s.w.ackBuf[:0]
@@ -456,28 +408,21 @@ func (s *Spool) write(ops []*op, acks []ackOp) error {
 			ab = binary.LittleEndian.AppendUint64(ab, a.seq)
 		}
 		s.w.ackBuf = ab
-		h := hdrs[:recHeaderLen]
-		hdrs = hdrs[recHeaderLen:]
-		putRecHeader(h, s.w.no, recAcks, 0, 0, len(ab), payloadCRC(ab))
-		iovs = append(iovs, h, ab)
-	}
-	for _, l := range newLanes {
-		lb := l.walRec
-		if lb == nil {
-			lb = encodeLane(nil, l.key, laneState{})
-			l.walRec = lb
-		}
-		h := hdrs[:recHeaderLen]
-		hdrs = hdrs[recHeaderLen:]
-		putRecHeader(h, s.w.no, recLane, l.id, 0, len(lb), payloadCRC(lb))
-		iovs = append(iovs, h, lb)
+		add(recAcks, 0, 0, ab, payloadCRC(ab))
 	}
 	for _, o := range ops {
+		if _, ok := s.w.segLanes[o.lane.id]; o.err == nil && !ok {
+			if s.w.segLanes == nil {
+				s.w.segLanes = make(map[uint64]struct{})
+			}
+			s.w.segLanes[o.lane.id] = struct{}{}
+			add(recLane, o.lane.id, 0, o.lane.walRec, payloadCRC(o.lane.walRec))
+		}
+	}
+	s.w.gStart = s.w.off + need // where the chunk records start, for publish
+	for _, o := range ops {
 		if o.err == nil {
-			h := hdrs[:recHeaderLen]
-			hdrs = hdrs[recHeaderLen:]
-			putRecHeader(h, s.w.no, recChunk, o.lane.id, o.seq, len(o.batch.Encoded()), o.crc)
-			iovs = append(iovs, h, o.batch.Encoded())
+			add(recChunk, o.lane.id, o.seq, o.batch.Encoded(), o.crc)
 		}
 	}
 	if s.w.off+need+recHeaderLen <= s.w.size {
@@ -591,7 +536,7 @@ func (s *Spool) closeSegment() {
 func (s *Spool) rotate(need int64) error {
 	s.closeSegment()
 	no := s.w.nextNo
-	size := s.cfg.segBytes()
+	size := s.cfg.segmentBytes
 	path := filepath.Join(s.walDir, segName(no))
 	var f *os.File
 	if need <= size {
