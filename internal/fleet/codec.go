@@ -34,7 +34,7 @@ import (
 // on bytes (bench/RESULTS.md, "Fleet: compressed messages"); the relay
 // compresses once. zstd (its fastest level) shrinks events about twice as
 // much as S2 (JSON with random property values: 4.1x against 1.75x) for
-// about four times S2's encoding CPU, which the relays pay and the nodes
+// about five times S2's encoding CPU, which the relays pay and the nodes
 // are spared: the relays scale out, the cluster's nodes are what every
 // relay shares. Version 2 is written while a member reads S2 only, version
 // 1 when compression does not shrink the records (a few small ones) or a
