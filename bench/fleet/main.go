@@ -85,11 +85,12 @@ func main() {
 	rounds := flag.Int("rounds", 1, "relay mode: times to run every configuration, interleaved; medians printed when more than 1")
 	profile := flag.String("profile", "", "relay mode: save CPU profiles of the NATS nodes (prof_port) and the first relay (/debug/pprof) over each measured window in this directory")
 	pad := flag.String("pad", "props", "relay mode: event padding: props (random property values, compressing as real events do) or x (one letter, as before)")
+	colocate := flag.Bool("colocate", false, "relay mode: the relays connect to one node only, which the events stream's and its consumers' leaders are moved to (no publish or delivery crosses a route)")
 	keep := flag.Bool("keep", false, "relay mode: keep the logs and stores (the temp dir is printed)")
 	flag.Parse()
 	if *relays != "" {
 		ro := relayOpts{conns: *conns, warmup: *warmup, duration: o.duration, events: o.events, eventBytes: o.eventBytes,
-			devices: *devices, keys: o.keys, padX: *pad == "x", partitions: o.partitions, streams: o.streams, syncAlways: o.syncAlways, keep: *keep, rounds: max(*rounds, 1), profile: *profile}
+			devices: *devices, keys: o.keys, padX: *pad == "x", partitions: o.partitions, streams: o.streams, syncAlways: o.syncAlways, keep: *keep, colocate: *colocate, rounds: max(*rounds, 1), profile: *profile}
 		for _, f := range strings.Split(*relays, ",") {
 			n, err := strconv.Atoi(strings.TrimSpace(f))
 			if err != nil || n < 1 || n > 8 {

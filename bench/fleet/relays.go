@@ -18,6 +18,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -32,6 +33,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/svcrelay/relay/bench/hist"
 	"github.com/svcrelay/relay/internal/natstest"
@@ -54,6 +57,7 @@ type relayOpts struct {
 	keep       bool
 	rounds     int
 	profile    string // a directory: CPU profiles of the NATS nodes and the first relay over the measured window
+	colocate   bool   // the relays connect to n1 only, and the events stream's and consumers' leaders are moved there
 }
 
 // tool is a built binary.
@@ -162,10 +166,10 @@ func waitOK(url string, within time.Duration, p *proc) error {
 
 // startNATS starts a 3-node cluster under dir and returns its processes and
 // the --spool URL.
-func startNATS(t tools, dir string, syncAlways bool, profPorts []int) ([]*proc, string, error) {
+func startNATS(t tools, dir string, syncAlways bool, profPorts []int) ([]*proc, natstest.Layout, error) {
 	lay, err := natstest.NewLayout(3)
 	if err != nil {
-		return nil, "", err
+		return nil, lay, err
 	}
 	var sync []string
 	if syncAlways {
@@ -179,20 +183,60 @@ func startNATS(t tools, dir string, syncAlways bool, profPorts []int) ([]*proc, 
 			conf = fmt.Sprintf("prof_port: %d\n", profPorts[i]) + conf
 		}
 		if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
-			return procs, "", err
+			return procs, lay, err
 		}
 		p, err := startProc(t.nats, filepath.Join(dir, n.Name+".log"), "-c", path)
 		if err != nil {
-			return procs, "", err
+			return procs, lay, err
 		}
 		procs = append(procs, p)
 	}
 	for i, p := range procs {
 		if err := waitOK(fmt.Sprintf("http://127.0.0.1:%d/healthz", lay.Nodes[i].Monitor), 60*time.Second, p); err != nil {
-			return procs, "", err
+			return procs, lay, err
 		}
 	}
-	return procs, lay.SpoolURL(), nil
+	return procs, lay, nil
+}
+
+// colocate moves the events stream's leader and its partition consumers'
+// leaders to node (whose client URL is url) and waits until they are
+// there: with the relays connected to that node only, no publish, delivery
+// or acknowledgement crosses a route but the Raft traffic itself.
+func colocate(url, node string, partitions int) error {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	body := []byte(`{"placement":{"preferred":"` + node + `"}}`)
+	type info struct {
+		Cluster struct {
+			Leader string `json:"leader"`
+		} `json:"cluster"`
+	}
+	subjects := []string{"STREAM.LEADER.STEPDOWN.RELAY_EVENTS"}
+	infos := []string{"STREAM.INFO.RELAY_EVENTS"}
+	for p := range partitions {
+		subjects = append(subjects, fmt.Sprintf("CONSUMER.LEADER.STEPDOWN.RELAY_EVENTS.p%d", p))
+		infos = append(infos, fmt.Sprintf("CONSUMER.INFO.RELAY_EVENTS.p%d", p))
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	for i := range subjects {
+		for {
+			resp, err := nc.Request("$JS.API."+infos[i], nil, 5*time.Second)
+			var in info
+			if err == nil && json.Unmarshal(resp.Data, &in) == nil && in.Cluster.Leader == node {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("colocate: %s: leader %q, want %s", infos[i], in.Cluster.Leader, node)
+			}
+			nc.Request("$JS.API."+subjects[i], body, 5*time.Second) //nolint:errcheck // checked by the next info
+			time.Sleep(500 * time.Millisecond)
+		}
+	}
+	return nil
 }
 
 // runRelays runs every (spool, relay count) of o and prints a table.
@@ -313,6 +357,7 @@ func median(rs []result) result {
 
 func runOne(o relayOpts, t tools, dir, sinkURL, spool string, n int) (result, error) {
 	res := result{spool: spool, relays: n, leaders: "-"}
+	var node natstest.NodeAddr // -colocate's
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return res, err
 	}
@@ -329,8 +374,13 @@ func runOne(o relayOpts, t tools, dir, sinkURL, spool string, n int) (result, er
 	}
 	spoolArgs := []string{"--spool", "local"}
 	if spool == "fleet" {
-		procs, url, err := startNATS(t, dir, o.syncAlways, profPorts)
+		procs, lay, err := startNATS(t, dir, o.syncAlways, profPorts)
 		natsProcs = procs
+		url := lay.SpoolURL()
+		if o.colocate {
+			node = lay.Nodes[0]
+			url = fmt.Sprintf("nats://127.0.0.1:%d", node.Port)
+		}
 		defer func() {
 			for _, p := range natsProcs {
 				p.stop()
@@ -377,6 +427,11 @@ func runOne(o relayOpts, t tools, dir, sinkURL, spool string, n int) (result, er
 		// so they take none of its partitions (fleet membership is per kind).
 		if err := waitSpread(admins, 2*o.partitions, 60*time.Second); err != nil {
 			return res, err
+		}
+		if o.colocate {
+			if err := colocate(fmt.Sprintf("nats://127.0.0.1:%d", node.Port), node.Name, o.partitions); err != nil {
+				return res, err
+			}
 		}
 		res.leaders = leaders(admins[0])
 	}

@@ -42,9 +42,10 @@ func TestCodecRoundTrip(t *testing.T) {
 	}
 }
 
-// TestCodecCompressed: records that compress are stored as an S2 block,
-// much smaller, and read back whole; a body written plain (by a relay of
-// before, or records that do not compress) still reads.
+// TestCodecCompressed: records that compress are stored as a zstd frame or
+// an S2 block, much smaller, and read back whole; a body written plain (by
+// a relay of before, or records that do not compress) or as S2 (while a
+// member reads no zstd) still reads.
 func TestCodecCompressed(t *testing.T) {
 	h := header{lane: storage.LaneKey{Kind: storage.KindEvents, APIKey: "k"}, accepted: time.UnixMilli(1700000000123)}
 	var recs []storage.Record
@@ -54,15 +55,18 @@ func TestCodecCompressed(t *testing.T) {
 		recs = append(recs, storage.Record{OrderKey: []byte("d:1"), UserID: []byte("user-1"), Data: d})
 		raw += len(d)
 	}
-	b := encode(nil, &h, recs)
-	if b[0] != codecS2 || len(b) > raw/2 {
-		t.Fatalf("version %d, %d bytes for %d of data: not compressed", b[0], len(b), raw)
-	}
-	plain := encodeMessage(nil, &h, len(recs), [][]byte{encodeRecords(nil, recs)}, false)
-	if plain[0] != codecPlain {
-		t.Fatalf("not to compress: version %d", plain[0])
-	}
-	for _, body := range [][]byte{b, plain} {
+	z := encode(nil, &h, recs)
+	s := encodeMessage(nil, &h, len(recs), [][]byte{encodeRecords(nil, recs)}, codecS2)
+	plain := encodeMessage(nil, &h, len(recs), [][]byte{encodeRecords(nil, recs)}, codecPlain)
+	for _, c := range []struct {
+		body    []byte
+		version byte
+		below   int
+	}{{z, codecZstd, len(s) * 3 / 4}, {s, codecS2, raw / 2}, {plain, codecPlain, raw * 2}} {
+		body := c.body
+		if body[0] != c.version || len(body) > c.below {
+			t.Fatalf("version %d (want %d), %d bytes for %d of data, want under %d", body[0], c.version, len(body), raw, c.below)
+		}
 		g, got, err := decode(body)
 		if err != nil {
 			t.Fatalf("version %d: %v", body[0], err)
@@ -75,12 +79,12 @@ func TestCodecCompressed(t *testing.T) {
 				t.Fatalf("version %d: record %d changed", body[0], i)
 			}
 		}
-	}
-	for i := range b {
-		c := bytes.Clone(b)
-		c[i] ^= 0x10
-		if _, _, err := decode(c); !errors.Is(err, errCorrupt) {
-			t.Fatalf("bit flip at %d: %v", i, err)
+		for i := range body {
+			c := bytes.Clone(body)
+			c[i] ^= 0x10
+			if _, _, err := decode(c); !errors.Is(err, errCorrupt) {
+				t.Fatalf("version %d: bit flip at %d: %v", body[0], i, err)
+			}
 		}
 	}
 }
@@ -95,6 +99,8 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte{1, 0, 0, 0, 0, 0})
 	z := encode(nil, &h, []storage.Record{{OrderKey: []byte("d:1"), Data: bytes.Repeat([]byte("{}"), 100)}})
 	f.Add(z[:len(z)-4])
+	s := encodeMessage(nil, &h, 1, [][]byte{encodeRecords(nil, []storage.Record{{OrderKey: []byte("d:1"), Data: bytes.Repeat([]byte("{}"), 100)}})}, codecS2)
+	f.Add(s[:len(s)-4])
 	f.Fuzz(func(t *testing.T, body []byte) {
 		b := binary.BigEndian.AppendUint32(bytes.Clone(body), crc32.Checksum(body, castagnoli))
 		h, recs, err := decode(b)

@@ -164,7 +164,7 @@ func (c *committer) messages(batch []*pending) []outMsg {
 			return
 		}
 		sz := b.h.size() + b.size + 4
-		msgs[b.out].body = encodeMessage(make([]byte, 0, sz), &b.h, b.n, b.parts, f.compress[b.h.lane.Kind].Load())
+		msgs[b.out].body = encodeMessage(make([]byte, 0, sz), &b.h, b.n, b.parts, byte(f.compress[b.h.lane.Kind].Load()))
 		b.n, b.size, b.parts = 0, 0, nil
 	}
 	for _, p := range batch {

@@ -12,11 +12,12 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// TestFleetCompressGate: a relay compresses a kind's messages only while
-// every member of the kind reads them; a member of before (its heartbeat
-// without the marker) turns it off, so that a rolling upgrade dead-letters
-// nothing as damaged, and its leaving turns it on again. Every message
-// reads back whole either way.
+// TestFleetCompressGate: a relay writes a kind's messages in the best codec
+// every member of the kind reads: zstd while every member reads it, S2
+// while a member of before reads S2 only, plain while one (its heartbeat
+// without a marker) reads neither, so that a rolling upgrade dead-letters
+// nothing as damaged; the members of before leaving turn zstd on again.
+// Every message reads back whole either way.
 func TestFleetCompressGate(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node NATS cluster")
@@ -61,20 +62,32 @@ func TestFleetCompressGate(t *testing.T) {
 		}
 		return raw.Data[0]
 	}
-	waitFor(t, time.Minute, "compressed messages with every member new", func() bool { return appendVersion() == codecS2 })
+	waitFor(t, time.Minute, "zstd messages with every member new", func() bool { return appendVersion() == codecZstd })
 
-	// A member of before joins: its heartbeat is the time alone.
+	// Members of before join, one at a time: their heartbeats are the time
+	// and the S2 marker, then the time alone.
 	oldCtx, oldStop := context.WithCancel(ctx)
 	var oldWG sync.WaitGroup
-	oldWG.Go(func() {
-		for oldCtx.Err() == nil {
-			f.kv.Put(oldCtx, "m.events.relay-old", []byte(time.Now().UTC().Format(time.RFC3339))) //nolint:errcheck // retried
-			select {
-			case <-oldCtx.Done():
-			case <-time.After(300 * time.Millisecond):
+	defer func() { oldStop(); oldWG.Wait() }()
+	beat := func(name, value string) {
+		oldWG.Go(func() {
+			for oldCtx.Err() == nil {
+				f.kv.Put(oldCtx, "m.events."+name, []byte(time.Now().UTC().Format(time.RFC3339)+value)) //nolint:errcheck // retried
+				select {
+				case <-oldCtx.Done():
+				case <-time.After(300 * time.Millisecond):
+				}
 			}
+		})
+	}
+	beat("relay-s2", readsS2)
+	waitFor(t, time.Minute, "S2 messages with a member reading S2 only", func() bool { return appendVersion() == codecS2 })
+	for range 5 {
+		if v := appendVersion(); v != codecS2 {
+			t.Fatalf("version %d written while a member reading S2 only lives", v)
 		}
-	})
+	}
+	beat("relay-old", "")
 	waitFor(t, time.Minute, "plain messages with a member of before", func() bool { return appendVersion() == codecPlain })
 	for range 5 {
 		if v := appendVersion(); v != codecPlain {
@@ -83,5 +96,5 @@ func TestFleetCompressGate(t *testing.T) {
 	}
 	oldStop()
 	oldWG.Wait()
-	waitFor(t, time.Minute, "compressed messages again once the member of before left", func() bool { return appendVersion() == codecS2 })
+	waitFor(t, time.Minute, "zstd messages again once the members of before left", func() bool { return appendVersion() == codecZstd })
 }

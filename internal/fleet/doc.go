@@ -48,18 +48,19 @@
 // acknowledged one by one: the engine counts a message's records (as the
 // batcher counts a chunk's) and acks the message when the last is done.
 //
-// A message's records are compressed (S2, codec.go) when that shrinks
-// them: each byte of a message is written to every node's Raft log and
-// store, sent over two routes and read back by the owner, so the relay
+// A message's records are compressed (zstd, or S2, codec.go) when that
+// shrinks them: each byte of a message is written to every node's Raft log
+// and store, sent over two routes and read back by the owner, so the relay
 // compresses once what the cluster would otherwise carry several times.
 // MaxMessageBytes bounds the records before compression. A relay of before
-// would dead-letter a compressed message as damaged, so the committers
-// compress a kind's messages only while every member of the kind says in
-// its heartbeat (the value of m.<kind>.<relay>, see Ownership) that it
-// reads them; a rolling upgrade writes plain messages until the last old
-// relay has left. An old relay joining later (a downgrade) may read
-// compressed messages written before the others' next heartbeat: a
-// downgrade needs a drain.
+// would dead-letter a message of a codec it does not read as damaged, so
+// the committers write a kind's messages in the best codec every member of
+// the kind says in its heartbeat (the value of m.<kind>.<relay>, see
+// Ownership) that it reads: zstd while every member reads it, S2 while one
+// reads S2 only, plain while one reads neither; a rolling upgrade writes
+// the older codec until the last old relay has left. An old relay joining
+// later (a downgrade) may read messages written before the others' next
+// heartbeat in a codec it does not know: a downgrade needs a drain.
 //
 // # Invariants
 //

@@ -290,9 +290,10 @@ type Fleet struct {
 	lanes  *laneStops
 	commit map[storage.Kind][]*committer // by kind, then stream
 	usage  map[storage.Kind]*usage       // for MaxBytes
-	// compress, by kind: every member of the kind reads compressed
-	// messages, so the committers may write them (owner.go, compressible).
-	compress [storage.KindUserMap + 1]atomic.Bool
+	// compress, by kind: the codec version (codec.go) the committers
+	// write, the best every member of the kind reads (owner.go, codecOf);
+	// zero until the first heartbeat: plain.
+	compress [storage.KindUserMap + 1]atomic.Uint32
 
 	// The rebalancing goroutine (see startRebalance): its stop, and done
 	// closed when it returned; nil when there is none.

@@ -98,7 +98,7 @@ func (f *Fleet) run(ctx context.Context, ks []storage.Kind, deliver DeliverFunc)
 		if m, err := f.members(ctx); err == nil {
 			members = m
 			for _, k := range ks {
-				f.compress[k].Store(f.compressible(ctx, k, m[k]))
+				f.compress[k].Store(uint32(f.codecOf(ctx, k, m[k])))
 			}
 		} else if ctx.Err() == nil {
 			f.log.Warn("list fleet members; keeping the last list", zap.Error(err))
@@ -176,18 +176,25 @@ func (f *Fleet) opCtx(ctx context.Context) (context.Context, context.CancelFunc)
 // Run).
 func (f *Fleet) memberKey(k storage.Kind) string { return "m." + k.String() + "." + f.cfg.Name }
 
-// readsS2 ends a membership value (a heartbeat's time) of a relay that
-// reads compressed messages (codec version 2). A relay of before writes the
-// time alone and would dead-letter such a message as damaged: the
-// committers of a kind compress only while every member of it says so
-// (compressible), so that a rolling upgrade loses nothing.
-const readsS2 = " reads=s2"
+// reads ends a membership value (a heartbeat's time) of a relay that reads
+// compressed messages: zstd (codec version 3) and S2 (version 2). A relay
+// of before writes the time alone (it reads neither) or the time and
+// readsS2 (it reads S2 only), and would dead-letter a message of a version
+// it does not read as damaged: the committers of a kind write only what
+// every member of it reads (codecOf), so that a rolling upgrade loses
+// nothing. reads ends with readsS2, so that a relay reading S2 only sees
+// that this one reads S2.
+const (
+	readsS2   = " reads=s2"
+	readsZstd = " reads=zstd"
+	reads     = readsZstd + readsS2
+)
 
 func (f *Fleet) heartbeat(ctx context.Context, ks []storage.Kind) {
 	octx, cancel := f.opCtx(ctx)
 	defer cancel()
 	for _, k := range ks {
-		if _, err := f.kv.Put(octx, f.memberKey(k), []byte(time.Now().UTC().Format(time.RFC3339)+readsS2)); err != nil && ctx.Err() == nil {
+		if _, err := f.kv.Put(octx, f.memberKey(k), []byte(time.Now().UTC().Format(time.RFC3339)+reads)); err != nil && ctx.Err() == nil {
 			f.log.Warn("fleet heartbeat", zap.Error(err))
 			return
 		}
@@ -221,21 +228,31 @@ func (f *Fleet) members(ctx context.Context) (map[storage.Kind][]string, error) 
 	return ms, nil
 }
 
-// compressible reports whether every member of kind k (names, this relay
-// among them or not yet listed) reads compressed messages; false when a
-// membership cannot be read. A relay of before that joins later reads the
-// messages written meanwhile as damaged until the others' next heartbeat:
-// a downgrade, which needs a drain (see the README).
-func (f *Fleet) compressible(ctx context.Context, k storage.Kind, names []string) bool {
+// codecOf is the codec version the committers of kind k write: the best
+// that every member of it (names, this relay among them or not yet listed)
+// reads; codecPlain when a membership cannot be read. A relay of before
+// that joins later reads the messages written meanwhile as damaged until
+// the others' next heartbeat: a downgrade, which needs a drain (see the
+// README).
+func (f *Fleet) codecOf(ctx context.Context, k storage.Kind, names []string) byte {
 	octx, cancel := f.opCtx(ctx)
 	defer cancel()
+	codec := byte(codecZstd)
 	for _, name := range names {
 		e, err := f.kv.Get(octx, "m."+k.String()+"."+name)
-		if err != nil || !strings.HasSuffix(string(e.Value()), readsS2) {
-			return false
+		if err != nil {
+			return codecPlain
+		}
+		v := string(e.Value())
+		switch {
+		case strings.HasSuffix(v, reads):
+		case strings.HasSuffix(v, readsS2):
+			codec = codecS2
+		default:
+			return codecPlain
 		}
 	}
-	return true
+	return codec
 }
 
 // assign maps each slot to a member: rendezvous hashing (highest
