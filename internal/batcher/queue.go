@@ -12,10 +12,9 @@ type queue struct {
 	bytes int
 }
 
-func (q *queue) len() int       { return len(q.buf) - q.head }
-func (q *queue) peek() *item    { return &q.buf[q.head] }
-func (q *queue) at(i int) *item { return &q.buf[q.head+i] }
-func (q *queue) push(it item)   { q.buf = append(q.buf, it); q.bytes += len(it.rec.Data) }
+func (q *queue) len() int     { return len(q.buf) - q.head }
+func (q *queue) peek() *item  { return &q.buf[q.head] }
+func (q *queue) push(it item) { q.buf = append(q.buf, it); q.bytes += len(it.rec.Data) }
 
 func (q *queue) pop() item {
 	it := q.buf[q.head]

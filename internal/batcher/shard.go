@@ -387,11 +387,6 @@ const (
 	userPrefix   = "u:"
 )
 
-// prefetchMax bounds what build prefetches of the next record: an
-// event is ~0.5 KiB; a record of megabytes is read in one sequential copy,
-// which the CPU's own prefetcher follows.
-const prefetchMax = 4 << 10
-
 // build takes the next batch from the ready queue into s.batch and returns
 // its body; events of held or paused keys are moved to their held queue,
 // expired and oversized events to s.dead.
@@ -416,13 +411,6 @@ func (s *shard) build(now time.Time) []byte {
 	pk := f.Open(s.body)
 	for s.ready.len() > 0 && len(s.batch) < capE {
 		it := s.ready.peek() // valid until the next pop
-		if s.ready.len() > 1 {
-			// The next record's bytes have often left the cache since
-			// the ingest wrote them: fetched while this one is checked
-			// and copied, instead of met one line at a time by the next.
-			next := s.ready.at(1).rec.Data
-			prefetch(next[:min(len(next), prefetchMax)])
-		}
 		if delivery.Expired(now, it.ck.accepted, maxAge) {
 			s.dead = append(s.dead, deadItem{s.ready.pop(), delivery.ReasonExpired, nil})
 			continue
