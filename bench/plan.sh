@@ -12,6 +12,10 @@
 # PLAN_MODE=filter measures filter mode instead of block (the same full
 # check: the load has no unplanned property to remove).
 #
+# PLAN_BASE_BIN=RELAY measures a change to enforcement instead: that relay
+# binary (say, one built from the commit before it) in the same mode as the
+# base, interleaved with this tree's.
+#
 # usage: bench/plan.sh [compare.sh flags, e.g. --runs 5 --duration 10]
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -135,5 +139,5 @@ if [ -n "${PLAN_PROFILE:-}" ]; then
 	wait "$PROFPID" "$SINKPID" 2>/dev/null || true
 	exit 0
 fi
-"$ROOT/bench/compare.sh" --targets "always base-always" --base-bin "$TMP/relay-off" \
+"$ROOT/bench/compare.sh" --targets "always base-always" --base-bin "${PLAN_BASE_BIN:-$TMP/relay-off}" \
 	--relay-args "--tracking-plan ${PLAN_MODE:-block} --credentials $TMP/creds.yaml --admin-token-file $TMP/token --analytics-url $SIM" "$@"
