@@ -24,54 +24,80 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// TestFleet runs every case against one real 3-node cluster (started once:
-// about 3-5 s); each case has a namespace of its own. The node-restart case
-// runs last.
+// TestFleet runs its cases at once against one real 3-node cluster
+// (started once: about 3-5 s), each case in a namespace of its own: most
+// of their time is spent waiting on leases, heartbeats and the cluster's
+// answers, not on the CPU. The cases that kill nodes are TestFleetNodes'.
 func TestFleet(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node NATS cluster")
 	}
-	c := natstest.Start(t, natstest.Config{})
-	env := &testEnv{c: c}
-	t.Run("Dial", env.testDial)
-	t.Run("AppendReadAck", env.testAppendReadAck)
-	// Before the cases that kill nodes: the suite needs every node up.
-	t.Run("Conformance", env.testConformance)
-	t.Run("ConcurrentOpen", env.testConcurrentOpen)
-	t.Run("Metrics", env.testMetrics)
-	t.Run("LeadersSpread", env.testLeadersSpread)
-	t.Run("LeadersRebalanced", env.testLeadersRebalanced)
-	t.Run("GroupCommit", env.testGroupCommit)
-	t.Run("LayoutFound", env.testLayoutFound)
-	t.Run("AllOrNothing", env.testAllOrNothing)
-	t.Run("Dedup", env.testDedup)
-	t.Run("Full", env.testFull)
-	t.Run("DeadLetters", env.testDeadLetters)
-	t.Run("Pauses", env.testPauses)
-	t.Run("PauseOnTakeOver", env.testPauseOnTakeOver)
-	t.Run("PauseUnstoredHoldsLease", env.testPauseUnstoredHoldsLease)
-	t.Run("PartitionsFixed", env.testPartitionsFixed)
-	t.Run("KeepAlive", env.testKeepAlive)
-	t.Run("Nak", env.testNak)
-	t.Run("Spill", env.testSpill)
-	t.Run("RelayRestart", env.testRelayRestart)
-	t.Run("LeaseStolen", env.testLeaseStolen)
-	t.Run("KindMembers", env.testKindMembers)
-	t.Run("Failover", env.testFailover)
+	t.Parallel()
+	env := &testEnv{c: natstest.Start(t, natstest.Config{})}
+	env.runParallel(t, []fleetCase{
+		{"Dial", env.testDial},
+		{"AppendReadAck", env.testAppendReadAck},
+		{"Conformance", env.testConformance},
+		{"ConcurrentOpen", env.testConcurrentOpen},
+		{"Metrics", env.testMetrics},
+		{"LeadersSpread", env.testLeadersSpread},
+		{"LeadersRebalanced", env.testLeadersRebalanced},
+		{"GroupCommit", env.testGroupCommit},
+		{"LayoutFound", env.testLayoutFound},
+		{"AllOrNothing", env.testAllOrNothing},
+		{"Dedup", env.testDedup},
+		{"Full", env.testFull},
+		{"DeadLetters", env.testDeadLetters},
+		{"Pauses", env.testPauses},
+		{"PauseOnTakeOver", env.testPauseOnTakeOver},
+		{"PauseUnstoredHoldsLease", env.testPauseUnstoredHoldsLease},
+		{"PartitionsFixed", env.testPartitionsFixed},
+		{"KeepAlive", env.testKeepAlive},
+		{"Nak", env.testNak},
+		{"Spill", env.testSpill},
+		{"RelayRestart", env.testRelayRestart},
+		{"LeaseStolen", env.testLeaseStolen},
+		{"KindMembers", env.testKindMembers},
+		{"Failover", env.testFailover},
+	})
+}
+
+// TestFleetNodes runs the cases that kill and restart nodes, one at a
+// time, on a cluster of their own (beside TestFleet's).
+func TestFleetNodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node NATS cluster")
+	}
+	t.Parallel()
+	env := &testEnv{c: natstest.Start(t, natstest.Config{})}
 	t.Run("NodeRestart", env.testNodeRestart)
 	t.Run("NoQuorum", env.testNoQuorum)
 	t.Run("PauseStoredLater", env.testPauseStoredLater)
 }
 
+type fleetCase struct {
+	name string
+	run  func(*testing.T)
+}
+
+// runParallel runs the cases as parallel subtests of t.
+func (e *testEnv) runParallel(t *testing.T, cases []fleetCase) {
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			c.run(t)
+		})
+	}
+}
+
 type testEnv struct {
 	c  *natstest.Cluster
-	ns int
+	ns atomic.Int64
 }
 
 // namespace returns a fresh namespace for a case.
 func (e *testEnv) namespace() string {
-	e.ns++
-	return "T" + strconv.Itoa(e.ns)
+	return "T" + strconv.FormatInt(e.ns.Add(1), 10)
 }
 
 func (e *testEnv) connect(t *testing.T) *nats.Conn {
