@@ -33,7 +33,11 @@ func TestFleet(t *testing.T) {
 		t.Skip("starts a 3-node NATS cluster")
 	}
 	t.Parallel()
-	env := &testEnv{c: natstest.Start(t, natstest.Config{})}
+	// A lease a loaded machine renews in time with the other cases
+	// running (a renewal later than LeaseTTL-LeaseMargin gives the
+	// partition up, and a case fails with ErrLost); the cases that test
+	// leases set their own.
+	env := &testEnv{c: natstest.Start(t, natstest.Config{}), leaseTTL: 20 * time.Second}
 	env.runParallel(t, []fleetCase{
 		{"Dial", env.testDial},
 		{"AppendReadAck", env.testAppendReadAck},
@@ -91,8 +95,9 @@ func (e *testEnv) runParallel(t *testing.T, cases []fleetCase) {
 }
 
 type testEnv struct {
-	c  *natstest.Cluster
-	ns atomic.Int64
+	c        *natstest.Cluster
+	ns       atomic.Int64
+	leaseTTL time.Duration // open's default Config.LeaseTTL; zero: the package's
 }
 
 // namespace returns a fresh namespace for a case.
@@ -117,6 +122,9 @@ func (e *testEnv) open(t *testing.T, nc *nats.Conn, cfg Config) *Fleet {
 		// to acknowledge a publish, and a test that does not test the
 		// time-out must not fail on it.
 		cfg.PublishTimeout = poll.Max
+	}
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = e.leaseTTL
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 	defer cancel()
@@ -401,7 +409,7 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 func (e *testEnv) testMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	ctx := bg(t)
-	f, err := Open(ctx, e.connect(t), Config{Namespace: e.namespace(), Partitions: 2}, nil, reg)
+	f, err := Open(ctx, e.connect(t), Config{Namespace: e.namespace(), Partitions: 2, LeaseTTL: e.leaseTTL}, nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -424,7 +432,10 @@ func (e *testEnv) testMetrics(t *testing.T) {
 			mu.Lock()
 			held = p
 			mu.Unlock()
-			read <- m
+			select {
+			case read <- m:
+			case <-ctx.Done(): // read again after a lost lease: the test failed
+			}
 		}
 		<-ctx.Done()
 		return nil

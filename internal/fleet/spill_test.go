@@ -20,9 +20,7 @@ import (
 // stream. A message read after them (another key's) is acknowledged
 // meanwhile.
 func (e *testEnv) testSpill(t *testing.T) {
-	// A lease a loaded machine renews in time (the case spans AckWait
-	// twice; a lost lease ends it with ErrLost).
-	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1, AckWait: 8 * time.Second, LeaseTTL: 20 * time.Second})
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1, AckWait: 8 * time.Second})
 	ctx := bg(t)
 	for _, r := range []storage.Record{rec("d:held", 1), rec("d:held", 2), rec("d:other", 1)} {
 		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{r}}); err != nil {
