@@ -39,11 +39,17 @@ func startFleetCluster(t *testing.T) (*natstest.Cluster, *simtest.Sim, string) {
 }
 
 // startFleetClusterWith is startFleetCluster with the simulator's config.
+// It makes t parallel: each fleet test has a cluster, a simulator and
+// relays of its own, and spends most of its time waiting on leases and
+// the cluster's answers, so the fleet tests run two at a time (go test's
+// -parallel default on the team's 2-core machine), after the package's
+// other tests, never beside them.
 func startFleetClusterWith(t *testing.T, simCfg sim.Config) (*natstest.Cluster, *simtest.Sim, string) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("starts a 3-node NATS cluster")
 	}
+	t.Parallel()
 	cl := natstest.Start(t, natstest.Config{})
 	up := simtest.New(simCfg, zap.NewNop())
 	upURL, err := up.Start("127.0.0.1:0")

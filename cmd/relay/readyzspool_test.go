@@ -24,6 +24,7 @@ import (
 // returns. On a real full filesystem: a small tmpfs mounted by the test,
 // skipped where mounting is not allowed.
 func TestReadyzCheckpointsFail(t *testing.T) {
+	t.Parallel() // its own tmpfs, relay and ports; no signals
 	mnt := diskfull.Tmpfs(t, "64m", "internal/spool's TestRefusingWhileCheckpointsFail covers the spool's side")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

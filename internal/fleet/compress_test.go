@@ -22,6 +22,7 @@ func TestFleetCompressGate(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node NATS cluster")
 	}
+	t.Parallel()
 	e := &testEnv{c: natstest.Start(t, natstest.Config{})}
 	ns := e.namespace()
 	nc := e.connect(t)

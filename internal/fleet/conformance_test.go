@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"flag"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,7 +24,9 @@ var broken = flag.String("broken", "", "wrap the fleet backend in one of storage
 // test's cluster: every test a fresh namespace, every open a new
 // connection and Fleet (a new relay process).
 func (e *testEnv) testConformance(t *testing.T) {
-	nss := map[*testing.T]string{} // each test's namespace (the suite runs one test at a time)
+	var mu sync.Mutex
+	nss := map[*testing.T]string{} // each test's namespace
+	nsOf := func(t *testing.T) string { mu.Lock(); defer mu.Unlock(); return nss[t] }
 	opener := func(ns string) storagetest.OpenFunc {
 		return func(t *testing.T, o storagetest.Options) storage.Backend {
 			t.Helper()
@@ -43,8 +46,11 @@ func (e *testEnv) testConformance(t *testing.T) {
 	}
 	storagetest.Run(t, storagetest.Config{
 		New: func(t *testing.T) storagetest.OpenFunc {
-			nss[t] = e.namespace()
-			return opener(nss[t])
+			ns := e.namespace()
+			mu.Lock()
+			nss[t] = ns
+			mu.Unlock()
+			return opener(ns)
 		},
 		// JetStream checks its own blocks and replicas: a flipped byte on
 		// a node's disk never reaches a reader. What can reach one is a
@@ -55,7 +61,7 @@ func (e *testEnv) testConformance(t *testing.T) {
 		Damage: func(t *testing.T, _ storagetest.OpenFunc, b storage.Backend, marker []byte) storage.Backend {
 			js := e.jetStream(t)
 			ctx := bg(t)
-			for _, st := range e.laneStreams(t, js, nss[t]) {
+			for _, st := range e.laneStreams(t, js, nsOf(t)) {
 				info, err := st.Info(ctx)
 				if err != nil {
 					t.Fatal(err)

@@ -19,6 +19,7 @@ func TestFleetDelivery(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node NATS cluster")
 	}
+	t.Parallel()
 	env := &testEnv{c: natstest.Start(t, natstest.Config{})}
 	t.Run("MissedDelivery", env.testMissedDelivery)
 	t.Run("MissedHeartbeat", env.testMissedHeartbeat)

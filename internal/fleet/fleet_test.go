@@ -24,55 +24,86 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// TestFleet runs every case against one real 3-node cluster (started once:
-// about 3-5 s); each case has a namespace of its own. The node-restart case
-// runs last.
+// TestFleet runs its cases at once against one real 3-node cluster
+// (started once: about 3-5 s), each case in a namespace of its own: most
+// of their time is spent waiting on leases, heartbeats and the cluster's
+// answers, not on the CPU. The cases that kill nodes are TestFleetNodes'.
 func TestFleet(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node NATS cluster")
 	}
-	c := natstest.Start(t, natstest.Config{})
-	env := &testEnv{c: c}
-	t.Run("Dial", env.testDial)
-	t.Run("AppendReadAck", env.testAppendReadAck)
-	// Before the cases that kill nodes: the suite needs every node up.
-	t.Run("Conformance", env.testConformance)
-	t.Run("ConcurrentOpen", env.testConcurrentOpen)
-	t.Run("Metrics", env.testMetrics)
-	t.Run("LeadersSpread", env.testLeadersSpread)
-	t.Run("LeadersRebalanced", env.testLeadersRebalanced)
-	t.Run("GroupCommit", env.testGroupCommit)
-	t.Run("LayoutFound", env.testLayoutFound)
-	t.Run("AllOrNothing", env.testAllOrNothing)
-	t.Run("Dedup", env.testDedup)
-	t.Run("Full", env.testFull)
-	t.Run("DeadLetters", env.testDeadLetters)
-	t.Run("Pauses", env.testPauses)
-	t.Run("PauseOnTakeOver", env.testPauseOnTakeOver)
-	t.Run("PauseUnstoredHoldsLease", env.testPauseUnstoredHoldsLease)
-	t.Run("PartitionsFixed", env.testPartitionsFixed)
-	t.Run("KeepAlive", env.testKeepAlive)
-	t.Run("Nak", env.testNak)
-	t.Run("Spill", env.testSpill)
-	t.Run("SpillStepDown", env.testSpillStepDown)
-	t.Run("RelayRestart", env.testRelayRestart)
-	t.Run("LeaseStolen", env.testLeaseStolen)
-	t.Run("KindMembers", env.testKindMembers)
-	t.Run("Failover", env.testFailover)
+	t.Parallel()
+	// A lease a loaded machine renews in time with the other cases
+	// running (a renewal later than LeaseTTL-LeaseMargin gives the
+	// partition up, and a case fails with ErrLost); the cases that test
+	// leases set their own.
+	env := &testEnv{c: natstest.Start(t, natstest.Config{}), leaseTTL: 20 * time.Second}
+	env.runParallel(t, []fleetCase{
+		{"Dial", env.testDial},
+		{"AppendReadAck", env.testAppendReadAck},
+		{"Conformance", env.testConformance},
+		{"ConcurrentOpen", env.testConcurrentOpen},
+		{"Metrics", env.testMetrics},
+		{"LeadersSpread", env.testLeadersSpread},
+		{"LeadersRebalanced", env.testLeadersRebalanced},
+		{"GroupCommit", env.testGroupCommit},
+		{"LayoutFound", env.testLayoutFound},
+		{"AllOrNothing", env.testAllOrNothing},
+		{"Dedup", env.testDedup},
+		{"Full", env.testFull},
+		{"DeadLetters", env.testDeadLetters},
+		{"Pauses", env.testPauses},
+		{"PauseOnTakeOver", env.testPauseOnTakeOver},
+		{"PauseUnstoredHoldsLease", env.testPauseUnstoredHoldsLease},
+		{"PartitionsFixed", env.testPartitionsFixed},
+		{"KeepAlive", env.testKeepAlive},
+		{"Nak", env.testNak},
+		{"Spill", env.testSpill},
+		{"SpillStepDown", env.testSpillStepDown},
+		{"RelayRestart", env.testRelayRestart},
+		{"LeaseStolen", env.testLeaseStolen},
+		{"KindMembers", env.testKindMembers},
+		{"Failover", env.testFailover},
+	})
+}
+
+// TestFleetNodes runs the cases that kill and restart nodes, one at a
+// time, on a cluster of their own (beside TestFleet's).
+func TestFleetNodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node NATS cluster")
+	}
+	t.Parallel()
+	env := &testEnv{c: natstest.Start(t, natstest.Config{})}
 	t.Run("NodeRestart", env.testNodeRestart)
 	t.Run("NoQuorum", env.testNoQuorum)
 	t.Run("PauseStoredLater", env.testPauseStoredLater)
 }
 
+type fleetCase struct {
+	name string
+	run  func(*testing.T)
+}
+
+// runParallel runs the cases as parallel subtests of t.
+func (e *testEnv) runParallel(t *testing.T, cases []fleetCase) {
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			c.run(t)
+		})
+	}
+}
+
 type testEnv struct {
-	c  *natstest.Cluster
-	ns int
+	c        *natstest.Cluster
+	ns       atomic.Int64
+	leaseTTL time.Duration // open's default Config.LeaseTTL; zero: the package's
 }
 
 // namespace returns a fresh namespace for a case.
 func (e *testEnv) namespace() string {
-	e.ns++
-	return "T" + strconv.Itoa(e.ns)
+	return "T" + strconv.FormatInt(e.ns.Add(1), 10)
 }
 
 func (e *testEnv) connect(t *testing.T) *nats.Conn {
@@ -92,6 +123,9 @@ func (e *testEnv) open(t *testing.T, nc *nats.Conn, cfg Config) *Fleet {
 		// to acknowledge a publish, and a test that does not test the
 		// time-out must not fail on it.
 		cfg.PublishTimeout = poll.Max
+	}
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = e.leaseTTL
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 	defer cancel()
@@ -376,7 +410,7 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 func (e *testEnv) testMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	ctx := bg(t)
-	f, err := Open(ctx, e.connect(t), Config{Namespace: e.namespace(), Partitions: 2}, nil, reg)
+	f, err := Open(ctx, e.connect(t), Config{Namespace: e.namespace(), Partitions: 2, LeaseTTL: e.leaseTTL}, nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -399,7 +433,10 @@ func (e *testEnv) testMetrics(t *testing.T) {
 			mu.Lock()
 			held = p
 			mu.Unlock()
-			read <- m
+			select {
+			case read <- m:
+			case <-ctx.Done(): // read again after a lost lease: the test failed
+			}
 		}
 		<-ctx.Done()
 		return nil

@@ -13,7 +13,9 @@ import (
 	"github.com/svcrelay/relay/internal/poll"
 )
 
-// TestFleetLease runs the lease cases on a cluster of their own.
+// TestFleetLease runs the lease cases on a cluster of their own, alone
+// (not parallel: they time a relay's renewals, which the other tests'
+// load would delay).
 func TestFleetLease(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node NATS cluster")

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/svcrelay/relay/internal/diskfull"
@@ -19,17 +20,23 @@ import (
 var broken = flag.String("broken", "", "wrap the local backend in one of storagetest.Defects")
 
 func TestLocalConformance(t *testing.T) {
-	dirs := map[*testing.T]string{} // each test's spool (the suite runs one test at a time)
+	var mu sync.Mutex
+	dirs := map[*testing.T]string{} // each test's spool
 	storagetest.Run(t, storagetest.Config{
 		LaneQueues: true,
 		New: func(t *testing.T) storagetest.OpenFunc {
-			dirs[t] = t.TempDir()
-			return openAt(t, dirs[t])
+			dir := t.TempDir()
+			mu.Lock()
+			dirs[t] = dir
+			mu.Unlock()
+			return openAt(t, dir)
 		},
 		// The spool closed, every chunk is in spool.db: flip the marked
 		// record's bytes there (each copy: bbolt may keep an old page).
 		Damage: func(t *testing.T, open storagetest.OpenFunc, b storage.Backend, marker []byte) storage.Backend {
+			mu.Lock()
 			dir := dirs[t]
+			mu.Unlock()
 			if err := b.Close(); err != nil {
 				t.Fatal(err)
 			}

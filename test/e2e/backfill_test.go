@@ -42,6 +42,7 @@ func TestBackfillKilledAndRerun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("binary-level test; skipped under -short")
 	}
+	t.Parallel()
 	// Ten times the document's rates, with the same ratios: a heavy device
 	// needs 2000 / (0.8 x 300) = 8.3 s, as 5,000 events do at 30/s in 208 s.
 	size := backfillSize{events: 20_000, devices: 200, heavy: 5, heavyEvents: 2000, eps: 300, maxEPS: 5000}

@@ -175,6 +175,7 @@ func TestCrashDuringDelivery(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end crash test (builds and kills the real binary); skipped under -short")
 	}
+	t.Parallel()
 	start := time.Now()
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)

@@ -27,6 +27,7 @@ func TestDamagedChunkAtBinaryLevel(t *testing.T) {
 	if testing.Short() {
 		t.Skip("binary-level test; skipped under -short")
 	}
+	t.Parallel()
 	const (
 		apiKey          = "damage-key"
 		requests, per   = 40, 50

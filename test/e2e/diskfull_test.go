@@ -27,6 +27,7 @@ func TestFullDiskStartAtBinaryLevel(t *testing.T) {
 	if testing.Short() {
 		t.Skip("binary-level test; skipped under -short")
 	}
+	t.Parallel()
 	const (
 		requests, per = 300, 50
 		keys, devs    = 3, 50

@@ -20,6 +20,7 @@ func TestSandboxGuard(t *testing.T) {
 	if testing.Short() {
 		t.Skip("binary-level test; skipped under -short")
 	}
+	t.Parallel()
 	bin := harness.Build(t)
 	dir := t.TempDir()
 	data := filepath.Join(dir, "data")

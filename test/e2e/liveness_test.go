@@ -35,7 +35,10 @@ func TestLivenessWithKills(t *testing.T) {
 	if testing.Short() {
 		t.Skip("binary-level test; skipped under -short")
 	}
+	t.Parallel()
 	bin := harness.Build(t)
+	// One reading after the other: each load must keep its pace (hot
+	// devices above the rate) for the test to prove anything.
 	for _, reading := range []string{"strict", "lenient"} {
 		t.Run(reading, func(t *testing.T) { livenessRun(t, bin, reading == "lenient") })
 	}

@@ -113,6 +113,7 @@ func TestTrackingPlanModes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("binary-level test; skipped under -short")
 	}
+	t.Parallel()
 	bin := harness.Build(t)
 	dir := t.TempDir()
 	s := harness.StartSim(t, bin, dir)

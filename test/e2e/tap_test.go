@@ -29,6 +29,7 @@ func TestTapWhileLoadFlows(t *testing.T) {
 	if testing.Short() {
 		t.Skip("binary-level test; skipped under -short")
 	}
+	t.Parallel()
 	bin := harness.Build(t)
 	dir := t.TempDir()
 	sim := harness.StartSim(t, bin, dir)
@@ -189,6 +190,7 @@ func TestTapDeadLetters(t *testing.T) {
 	if testing.Short() {
 		t.Skip("binary-level test; skipped under -short")
 	}
+	t.Parallel()
 	bin := harness.Build(t)
 	dir := t.TempDir()
 	sim := harness.StartSim(t, bin, dir)

@@ -25,6 +25,7 @@ func TestThrottlePauseAtBinaryLevel(t *testing.T) {
 	if testing.Short() {
 		t.Skip("binary-level test; skipped under -short")
 	}
+	t.Parallel()
 	const (
 		apiKey = "e2e-throttle-api-key"
 		hot    = "hot-device"

@@ -55,23 +55,35 @@ type Config struct {
 	NoSpace func(t *testing.T) (open OpenFunc, fill, free func())
 }
 
-// Run runs the suite.
+// Run runs the suite's cases in parallel, each on a fresh store of its
+// own (Config.New, Config.NoSpace): most of their time is spent waiting on
+// the store (fsyncs, leases, a cluster's answers), not on the CPU.
 func Run(t *testing.T, cfg Config) {
 	if cfg.Wait == 0 {
 		cfg.Wait = poll.Max
 	}
 	s := &suite{cfg: cfg}
-	t.Run("AppendReadOrder", s.testAppendReadOrder)
-	t.Run("AckRemoves", s.testAckRemoves)
-	t.Run("UnackedReturnAfterRestart", s.testUnackedReturn)
-	t.Run("DeadLetters", s.testDeadLetters)
-	t.Run("ConcurrentAppends", s.testConcurrentAppends)
-	t.Run("AllOrNothing", s.testAllOrNothing)
-	t.Run("Crash", s.testCrash)
-	t.Run("Damaged", s.testDamaged)
-	t.Run("NoSpace", s.testNoSpace)
-	t.Run("Delivery", s.testDelivery)
-	t.Run("DeliveryNoSpace", s.testDeliveryNoSpace)
+	for _, c := range []struct {
+		name string
+		run  func(*testing.T)
+	}{
+		{"AppendReadOrder", s.testAppendReadOrder},
+		{"AckRemoves", s.testAckRemoves},
+		{"UnackedReturnAfterRestart", s.testUnackedReturn},
+		{"DeadLetters", s.testDeadLetters},
+		{"ConcurrentAppends", s.testConcurrentAppends},
+		{"AllOrNothing", s.testAllOrNothing},
+		{"Crash", s.testCrash},
+		{"Damaged", s.testDamaged},
+		{"NoSpace", s.testNoSpace},
+		{"Delivery", s.testDelivery},
+		{"DeliveryNoSpace", s.testDeliveryNoSpace},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			c.run(t)
+		})
+	}
 }
 
 // ReasonDamaged is the dead-letter reason of records that failed their

@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -28,7 +29,8 @@ import (
 	"github.com/svcrelay/relay/internal/simtest"
 )
 
-// Build builds the relay binary into a temp dir and returns its path. When
+// Build builds the relay binary into a temp dir (once for all the tests
+// after ShareBuild) and returns its path. When
 // E2E_RELAY_BIN names a binary, that one is used instead (for iterating on
 // the tests while the checkout does not build; CI leaves it unset).
 func Build(t testing.TB) string {
@@ -41,16 +43,45 @@ func Build(t testing.TB) string {
 		return bin
 	}
 	trackSources(t)
+	shared.Lock()
+	defer shared.Unlock()
+	if shared.bin != "" {
+		return shared.bin
+	}
+	dir := shared.dir
+	if dir == "" {
+		dir = t.TempDir()
+	}
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		goBin = "/usr/local/go/bin/go"
 	}
-	bin := filepath.Join(t.TempDir(), "relay")
+	bin := filepath.Join(dir, "relay")
 	cmd := exec.Command(goBin, "build", "-o", bin, "github.com/svcrelay/relay/cmd/relay")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
+	if shared.dir != "" {
+		shared.bin = bin
+	}
 	return bin
+}
+
+// shared is the one build of the test binary's tests after ShareBuild.
+var shared struct {
+	sync.Mutex
+	dir string // ShareBuild's; "" builds once per test
+	bin string // built in dir
+}
+
+// ShareBuild makes Build build the relay once for all the tests of the
+// test binary, into dir, which outlives every test: TestMain makes it
+// before m.Run and removes it after. (Linking the relay takes seconds of
+// CPU on a loaded machine: once per test adds up where tests run at once.)
+func ShareBuild(dir string) {
+	shared.Lock()
+	defer shared.Unlock()
+	shared.dir, shared.bin = dir, ""
 }
 
 // trackSources stats the module's non-test Go sources: the go command
