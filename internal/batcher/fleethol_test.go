@@ -231,11 +231,27 @@ func TestFleetPartitionLaneHeadOfLine(t *testing.T) {
 	t.Run("spill-limit-reached", func(t *testing.T) { testLaneHeadOfLine(t, 100) })
 }
 
+// testLaneHeadOfLine runs the case with a quota pause of 15 s, and again
+// with a longer one when a loaded machine ended the pause before the case
+// could tell anything: a pipeline whose held lanes block the good one
+// fails at every length (minutes late), a right one passes at the first
+// the machine allows.
 func testLaneHeadOfLine(t *testing.T, maxSpilled int) {
+	for _, quotaFor := range []time.Duration{15 * time.Second, time.Minute, 4 * time.Minute} {
+		if laneHeadOfLine(t, maxSpilled, quotaFor) {
+			return
+		}
+		t.Logf("the %v quota ended before the good lane could be told apart; again with a longer one", quotaFor)
+	}
+	t.Fatal("the good lane was not delivered while the other lanes were held, even in 4 minutes")
+}
+
+// laneHeadOfLine is one run of the case; false when the quota pause ended
+// before the good lane was delivered (nothing shown).
+func laneHeadOfLine(t *testing.T, maxSpilled int, quotaFor time.Duration) bool {
 	const (
 		maxReadAhead = 64 << 10 // the partition's queue is an eighth: 8 KiB
 		n            = 300      // messages per lane, ~450 bytes each
-		quotaFor     = 15 * time.Second
 	)
 	h := newHarness(t, sim.Config{}, Config{MaxReadAheadBytes: maxReadAhead, ShardsPerLane: 2, MaxBatchEvents: 20}, throttle.Config{})
 	strict := simtest.New(sim.Config{APIKeys: []string{"good-key", "quota-key"}}, nil)
@@ -279,8 +295,10 @@ func testLaneHeadOfLine(t *testing.T, maxSpilled int) {
 	limited := maxSpilled < 2*n // the held lanes' messages do not all fit
 	for !limited && delivered(good) < len(good) {
 		if time.Now().After(quotaEnds.Add(-2 * time.Second)) {
-			t.Fatalf("good lane: %d of %d events delivered while the other lanes are held; lanes %+v",
+			t.Logf("good lane: %d of %d events delivered while the other lanes are held; lanes %+v",
 				delivered(good), len(good), h.p.LaneStatus())
+			h.stop()
+			return false
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -297,12 +315,13 @@ func testLaneHeadOfLine(t *testing.T, maxSpilled int) {
 				t.Fatalf("%d spilled, want the limit %d", k, maxSpilled)
 			}
 		}
-		if k := delivered(good); k == len(good) {
+		if k := delivered(good); k == len(good) && !time.Now().After(quotaEnds) {
 			t.Fatalf("every good event delivered past the spill limit")
 		}
 	}
-	if time.Now().After(quotaEnds) {
-		t.Fatal("the quota ended before the good lane was delivered: the test shows nothing")
+	if time.Now().After(quotaEnds) { // the good lane may have gone after the quota
+		h.stop()
+		return false
 	}
 	var badLane uint64
 	for _, ls := range h.p.LaneStatus() {
@@ -326,7 +345,7 @@ func testLaneHeadOfLine(t *testing.T, maxSpilled int) {
 	if err := h.p.ResumeLane(badLane); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(quotaFor + 30*time.Second); ; time.Sleep(20 * time.Millisecond) {
+	for deadline := quotaEnds.Add(poll.Max); ; time.Sleep(20 * time.Millisecond) {
 		var left int64
 		for _, l := range h.sp.Lanes() {
 			left += l.Stats().Records
@@ -353,4 +372,5 @@ func testLaneHeadOfLine(t *testing.T, maxSpilled int) {
 		t.Fatalf("%d spilled, %d unacknowledged after the drain", len(st.spilled), len(st.out))
 	}
 	t.Logf("spilled at most %d at once; %d read again (%d before the resume)", maxSeen, st.rereads, rereadsBefore)
+	return true
 }
