@@ -26,7 +26,7 @@ import (
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/event"
-	"github.com/svcrelay/relay/internal/formreq"
+	"github.com/svcrelay/relay/internal/forms"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/groupidentify"
 	"github.com/svcrelay/relay/internal/ingest"
@@ -138,11 +138,11 @@ func (s *server) buildDelivery() (*deliveries, error) {
 	// A form kind's store: the fleet's restricted to the kind's partitions
 	// (each kind's delivery runs its own ownership loop), or the local
 	// spool's lanes of the kind.
-	spooling := func(k storage.Kind) formreq.Spooling {
+	spooling := func(k storage.Kind) forms.Spooling {
 		if fs != nil {
-			return formreq.Spooling{FormTiming: cfg.FormTiming(), Store: fs.b.Only(k)}
+			return forms.Spooling{FormTiming: cfg.FormTiming(), Store: fs.b.Only(k)}
 		}
-		return formreq.Spooling{FormTiming: cfg.FormTiming(), Store: s.local.Only(k)}
+		return forms.Spooling{FormTiming: cfg.FormTiming(), Store: s.local.Only(k)}
 	}
 	client, err := upstream.New(upstream.Config{}, log.Named("upstream"), reg)
 	if err != nil {

@@ -56,7 +56,7 @@ func declaresKind(t *testing.T, dir string, files []string) bool {
 }
 
 // testKit reports whether p is a test kit: a package x/xtest (simtest,
-// formreqtest, forwardtest), compiled into tests only.
+// formstest, forwardtest), compiled into tests only.
 func (p listed) testKit() bool {
 	return strings.HasSuffix(p.Name, "test") && strings.HasSuffix(p.Path, "/"+p.Name)
 }
@@ -184,12 +184,12 @@ func TestLayoutProblems(t *testing.T) {
 		pkg("internal/delivery", "internal/spool"),
 		pkg("internal/spool"),
 		pkg("internal/batcher", "internal/delivery", "internal/spool"),
-		pkg("internal/groupidentify", "internal/delivery", "internal/formreq"),
-		pkg("internal/usermap", "internal/delivery", "internal/formreq"),
-		pkg("internal/formreq", "internal/delivery"),
+		pkg("internal/groupidentify", "internal/delivery", "internal/forms"),
+		pkg("internal/usermap", "internal/delivery", "internal/forms"),
+		pkg("internal/forms", "internal/delivery"),
 		pkg("internal/sim"),
 		pkg("internal/simtest", "internal/sim"),
-		pkg("internal/formreq/formreqtest", "internal/formreq", "internal/simtest"),
+		pkg("internal/forms/formstest", "internal/forms", "internal/simtest"),
 	}
 	binary := []listed{pkg("cmd/relay"), pkg("internal/batcher"), pkg("internal/sim")}
 	if p := layoutProblems(good, binary); len(p) != 0 {
@@ -202,9 +202,9 @@ func TestLayoutProblems(t *testing.T) {
 	for _, p := range []listed{
 		// A kind on another kind's subpackage, which reaches into the batcher.
 		pkg("internal/groupidentify/lanedeliver", "internal/batcher", "internal/spool"),
-		pkg("internal/usermap", "internal/groupidentify/lanedeliver", "internal/formreq"),
+		pkg("internal/usermap", "internal/groupidentify/lanedeliver", "internal/forms"),
 		// A product package on a test kit, and a kind on another kind.
-		pkg("internal/ingest", "internal/formreq/formreqtest"),
+		pkg("internal/ingest", "internal/forms/formstest"),
 		pkg("internal/batcher", "internal/delivery", "internal/usermap"),
 		{Path: module + "internal/groupidentify", Name: "groupidentify", Imports: []string{module + "internal/delivery"}},
 	} {
@@ -213,7 +213,7 @@ func TestLayoutProblems(t *testing.T) {
 	got := strings.Join(layoutProblems(slices.Collect(maps.Values(bad)), append(binary, pkg("internal/simtest"))), "\n")
 	for _, want := range []string{
 		"internal/usermap imports " + module + "internal/groupidentify/lanedeliver, a subpackage of its sibling internal/groupidentify",
-		"internal/ingest imports " + module + "internal/formreq/formreqtest, a subpackage of its sibling internal/formreq",
+		"internal/ingest imports " + module + "internal/forms/formstest, a subpackage of its sibling internal/forms",
 		"internal/groupidentify/lanedeliver: a second delivery package",
 		"lane kind " + module + "internal/usermap does not use internal/delivery",
 		"lane kind " + module + "internal/batcher imports the lane kind " + module + "internal/usermap",

@@ -14,7 +14,7 @@ import (
 	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
-	"github.com/svcrelay/relay/internal/formreq"
+	"github.com/svcrelay/relay/internal/forms"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
 )
@@ -44,7 +44,7 @@ type Config struct {
 	// zero means MaxBodyBytes (1,000,000).
 	MaxBodyBytes int
 	// Spooling: the delivery's timing, the 503's Retry-After, the store.
-	formreq.Spooling
+	forms.Spooling
 }
 
 // Validate reports a configuration error.
@@ -77,7 +77,7 @@ func (c Config) withDefaults() Config {
 type GroupIdentify struct {
 	cfg  Config
 	base *baseurl.Ref // Config.URL in force (SetURL)
-	formreq.Spooled
+	forms.Spooled
 }
 
 // New returns a GroupIdentify. creds (the credentials file in force), log
@@ -88,13 +88,13 @@ func New(cfg Config, client *upstream.Client, creds *credentials.Ref, log *zap.L
 	}
 	cfg = cfg.withDefaults()
 	base := baseurl.NewRef(cfg.URL)
-	s, err := formreq.NewSpooled(delivery.FormConfig{
+	s, err := forms.NewSpooled(delivery.FormConfig{
 		Name:  "groupidentify",
 		Lanes: storage.KindGroupIdentify,
 		Kind: &delivery.Form{Field: "identification", MaxItems: cfg.MaxIdentifies, MaxBodyBytes: cfg.MaxBodyBytes,
 			MaxWeight: cfg.MaxProperties, Weight: Properties},
 		URL: delivery.ProjectURL(creds, credentials.KindIngest, base, "/groupidentify"),
-	}, formreq.IntakeConfig{Field: "identifications_accepted", AcceptedHelp: "Group identifications accepted into the spool.",
+	}, forms.IntakeConfig{Field: "identifications_accepted", AcceptedHelp: "Group identifications accepted into the spool.",
 		RejectedHelp: "POST /groupidentify requests refused, by reason."}, cfg.Spooling, client, creds, log, reg)
 	if err != nil {
 		return nil, err

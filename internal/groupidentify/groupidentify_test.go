@@ -13,8 +13,8 @@ import (
 
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
-	"github.com/svcrelay/relay/internal/formreq"
-	"github.com/svcrelay/relay/internal/formreq/formreqtest"
+	"github.com/svcrelay/relay/internal/forms"
+	"github.com/svcrelay/relay/internal/forms/formstest"
 	"github.com/svcrelay/relay/internal/groupidentify"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
@@ -23,10 +23,10 @@ import (
 	"github.com/svcrelay/relay/internal/upstream"
 )
 
-// env is formreqtest's relay slice around a GroupIdentify: a spool in a
+// env is formstest's relay slice around a GroupIdentify: a spool in a
 // temp dir, the simulator upstream, the group identify routes served over
 // real HTTP on 127.0.0.1.
-type env = formreqtest.Env[*groupidentify.GroupIdentify]
+type env = formstest.Env[*groupidentify.GroupIdentify]
 
 func newEnv(t *testing.T, simCfg sim.Config, cfg groupidentify.Config) *env {
 	t.Helper()
@@ -35,7 +35,7 @@ func newEnv(t *testing.T, simCfg sim.Config, cfg groupidentify.Config) *env {
 
 func newEnvCreds(t *testing.T, simCfg sim.Config, cfg groupidentify.Config, creds *credentials.Store) *env {
 	t.Helper()
-	return formreqtest.New(t, simCfg, storage.KindGroupIdentify,
+	return formstest.New(t, simCfg, storage.KindGroupIdentify,
 		func(simURL string, sp *spool.Spool, client *upstream.Client, reg *prometheus.Registry) (*groupidentify.GroupIdentify, error) {
 			if cfg.URL == "" {
 				cfg.URL = simURL
@@ -49,16 +49,16 @@ func newEnvCreds(t *testing.T, simCfg sim.Config, cfg groupidentify.Config, cred
 		})
 }
 
-type answer = formreqtest.Answer
+type answer = formstest.Answer
 
 func postForm(t *testing.T, u string, form url.Values) answer {
 	t.Helper()
-	return formreqtest.Do(t, "POST", u, form)
+	return formstest.Do(t, "POST", u, form)
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	formreqtest.WaitFor(t, 10*time.Second, what, cond)
+	formstest.WaitFor(t, 10*time.Second, what, cond)
 }
 
 func ident(gt, gv string, nprops int) string {
@@ -403,7 +403,7 @@ func TestOperatorStop(t *testing.T) {
 
 // TestExpired: records that stay undeliverable past MaxAge are dead letters.
 func TestExpired(t *testing.T) {
-	e := newEnv(t, sim.Config{}, groupidentify.Config{Spooling: formreq.Spooling{FormTiming: delivery.FormTiming{MaxAge: 300 * time.Millisecond}}})
+	e := newEnv(t, sim.Config{}, groupidentify.Config{Spooling: forms.Spooling{FormTiming: delivery.FormTiming{MaxAge: 300 * time.Millisecond}}})
 	e.Sim.Inject(simtest.Fault{Status: 503, Count: -1})
 	if a := postForm(t, e.Base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents("v", 4, 1)}}); a.Status != 200 {
 		t.Fatal(a.Body)
@@ -488,7 +488,7 @@ projects:
 	e := newEnvCreds(t, sim.Config{}, groupidentify.Config{}, creds)
 	e.Run()
 	post := func(form url.Values, project string) answer {
-		return formreqtest.Do(t, "POST", e.Base+"/groupidentify", form, "X-Relay-Project", project)
+		return formstest.Do(t, "POST", e.Base+"/groupidentify", form, "X-Relay-Project", project)
 	}
 	if a := post(url.Values{"identification": {idents("w", 2, 1)}}, "web"); a.Status != 200 {
 		t.Fatal(a.Body)

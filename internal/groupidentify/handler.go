@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/svcrelay/relay/internal/delivery"
-	"github.com/svcrelay/relay/internal/formreq"
+	"github.com/svcrelay/relay/internal/forms"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -25,14 +25,14 @@ type Identification struct {
 }
 
 // ValidationError is a request the relay refuses locally (see
-// formreq.ValidationError).
-type ValidationError = formreq.ValidationError
+// forms.ValidationError).
+type ValidationError = forms.ValidationError
 
 // Parse validates the identification parameter (a JSON array of objects, or
 // one object) against the limits and returns the identifications. apiKey
 // is only used to check that each identification fits an upstream request.
 func Parse(apiKey string, identification []byte, maxIdentifies, maxProperties, maxBodyBytes int) ([]Identification, *ValidationError) {
-	raws, verr := formreq.Items("identification", identification, maxIdentifies, "too_many_identifies", "group identifies")
+	raws, verr := forms.Items("identification", identification, maxIdentifies, "too_many_identifies", "group identifies")
 	if verr != nil {
 		return nil, verr
 	}
@@ -52,7 +52,7 @@ func Parse(apiKey string, identification []byte, maxIdentifies, maxProperties, m
 		}
 		total += id.Properties
 		if total > maxProperties {
-			return nil, formreq.Bad("too_many_properties", "identification: more than %d group properties in one request (at identification[%d])", maxProperties, i)
+			return nil, forms.Bad("too_many_properties", "identification: more than %d group properties in one request (at identification[%d])", maxProperties, i)
 		}
 		if esc, _ = frame.Record(esc, id.Data); frame.TooLarge(esc) { // escaped, as sent
 			return nil, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
@@ -66,7 +66,7 @@ func Parse(apiKey string, identification []byte, maxIdentifies, maxProperties, m
 func parseOne(raw json.RawMessage) (Identification, *ValidationError) {
 	var obj map[string]json.RawMessage
 	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &obj) != nil {
-		return Identification{}, formreq.Bad("invalid_type", ": must be an object")
+		return Identification{}, forms.Bad("invalid_type", ": must be an object")
 	}
 	var id Identification
 	for k, v := range obj {
@@ -77,7 +77,7 @@ func parseOne(raw json.RawMessage) (Identification, *ValidationError) {
 				continue
 			}
 			if json.Unmarshal(v, &s) != nil {
-				return id, formreq.Bad("invalid_type", "%s: must be a string", k)
+				return id, forms.Bad("invalid_type", "%s: must be a string", k)
 			}
 			if k == "group_type" {
 				id.GroupType = s
@@ -86,31 +86,31 @@ func parseOne(raw json.RawMessage) (Identification, *ValidationError) {
 			}
 		case "group_properties":
 		default:
-			return id, formreq.Bad("unknown_field", "%s: unknown field (allowed: group_type, group_value, group_properties)", k)
+			return id, forms.Bad("unknown_field", "%s: unknown field (allowed: group_type, group_value, group_properties)", k)
 		}
 	}
 	if id.GroupType == "" {
-		return id, formreq.Bad("missing_field", "group_type: missing or empty")
+		return id, forms.Bad("missing_field", "group_type: missing or empty")
 	}
 	if id.GroupValue == "" {
-		return id, formreq.Bad("missing_field", "group_value: missing or empty")
+		return id, forms.Bad("missing_field", "group_value: missing or empty")
 	}
 	gp, ok := obj["group_properties"]
 	if !ok || isNull(gp) {
-		return id, formreq.Bad("missing_field", "group_properties: missing")
+		return id, forms.Bad("missing_field", "group_properties: missing")
 	}
 	var props map[string]json.RawMessage
 	if gp[0] != '{' || json.Unmarshal(gp, &props) != nil {
-		return id, formreq.Bad("invalid_type", "group_properties: must be an object")
+		return id, forms.Bad("invalid_type", "group_properties: must be an object")
 	}
 	for k, v := range props {
 		if len(k) > 0 && k[0] == '$' {
 			if !operations[k] {
-				return id, formreq.Bad("unknown_operation", "group_properties.%s: unknown operation (allowed: $set, $setOnce, $add, $append, $unset)", k)
+				return id, forms.Bad("unknown_operation", "group_properties.%s: unknown operation (allowed: $set, $setOnce, $add, $append, $unset)", k)
 			}
 			var op map[string]json.RawMessage
 			if len(v) == 0 || v[0] != '{' || json.Unmarshal(v, &op) != nil {
-				return id, formreq.Bad("invalid_type", "group_properties.%s: must be an object", k)
+				return id, forms.Bad("invalid_type", "group_properties.%s: must be an object", k)
 			}
 			id.Properties += len(op)
 		} else {
@@ -119,7 +119,7 @@ func parseOne(raw json.RawMessage) (Identification, *ValidationError) {
 	}
 	var buf bytes.Buffer
 	if err := json.Compact(&buf, raw); err != nil {
-		return id, formreq.Bad("invalid_json", ": invalid JSON")
+		return id, forms.Bad("invalid_json", ": invalid JSON")
 	}
 	id.Data = buf.Bytes()
 	return id, nil
@@ -152,7 +152,7 @@ func Properties(data []byte) int {
 func isNull(v json.RawMessage) bool { return string(v) == "null" }
 
 func (g *GroupIdentify) serve(w http.ResponseWriter, r *http.Request) {
-	f, err := formreq.ReadForm(r)
+	f, err := forms.ReadForm(r)
 	if err != nil {
 		g.In.Reject(w, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
 			Msg: fmt.Sprintf("Payload too large: the limit is under %d bytes (1 MB)", g.cfg.MaxBodyBytes)})
@@ -182,10 +182,10 @@ func (g *GroupIdentify) serve(w http.ResponseWriter, r *http.Request) {
 }
 
 // formValue reads a form field of the body, else of the query.
-func formValue(f formreq.Form, name string) string {
-	if v, ok := formreq.Value(f.Post, name); ok {
+func formValue(f forms.Form, name string) string {
+	if v, ok := forms.Value(f.Post, name); ok {
 		return v
 	}
-	v, _ := formreq.Value(f.Query, name)
+	v, _ := forms.Value(f.Query, name)
 	return v
 }

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/svcrelay/relay/internal/delivery"
-	"github.com/svcrelay/relay/internal/formreq"
+	"github.com/svcrelay/relay/internal/forms"
 )
 
 func FuzzParse(f *testing.F) {
@@ -72,7 +72,7 @@ func TestConfigValidate(t *testing.T) {
 		{"identifies above the API", Config{URL: "http://x", MaxIdentifies: 1025}, false},
 		{"properties above the API", Config{URL: "http://x", MaxProperties: 1025}, false},
 		{"body above the API", Config{URL: "http://x", MaxBodyBytes: 1_000_001}, false},
-		{"negative age", Config{URL: "http://x", Spooling: formreq.Spooling{FormTiming: delivery.FormTiming{MaxAge: -1}}}, false},
+		{"negative age", Config{URL: "http://x", Spooling: forms.Spooling{FormTiming: delivery.FormTiming{MaxAge: -1}}}, false},
 		{"smaller limits", Config{URL: "https://x", MaxIdentifies: 10, MaxProperties: 10, MaxBodyBytes: 1000}, true},
 	}
 	for _, tc := range tests {

@@ -150,7 +150,7 @@
 //   - Appends run under the server's own context, not the request's:
 //     Shutdown lets them finish until its ctx ends, then cancels them.
 //   - Shutdown closes at once the connections on which no request is in the
-//     handler (silent new ones, idle keep-alive ones; package graceful), so
+//     handler (silent new ones, idle keep-alive ones; package fastserver), so
 //     a client that sends nothing never holds the stop until its read or
 //     idle timeout.
 //

@@ -16,7 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/svcrelay/relay/internal/event"
-	"github.com/svcrelay/relay/internal/graceful"
+	"github.com/svcrelay/relay/internal/fastserver"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
@@ -187,7 +187,7 @@ type Server struct {
 	cm         *connMetrics
 	conns      *connLimiter
 	perClient  *clientConns // nil: no per-client bound
-	srv        *graceful.Server
+	srv        *fastserver.Server
 
 	// base is the context of appends: cancelled only when Shutdown's
 	// context ends before the in-flight requests did.
@@ -264,10 +264,10 @@ func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, 
 	s.maxBatch.Store(int64(cfg.MaxBatchBytes))
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.states.New = func() any { return new(reqState) }
-	// graceful closes, at Shutdown, connections on which no handler runs
+	// fastserver closes, at Shutdown, connections on which no handler runs
 	// (fasthttp alone waits for a silent or idle keep-alive client until its
 	// read or idle timeout).
-	s.srv = graceful.New(&fasthttp.Server{
+	s.srv = fastserver.New(&fasthttp.Server{
 		Handler:            s.strictHandle,
 		ErrorHandler:       s.handleReadError,
 		ExpectHandler:      s.expect,
@@ -334,7 +334,7 @@ func (s *Server) Serve(ln net.Listener) error {
 
 // Shutdown stops accepting connections, closes at once the connections on
 // which no request is in the handler (new ones that sent nothing yet, idle
-// keep-alive ones; see package graceful), answers 503 to requests that reach
+// keep-alive ones; see package fastserver), answers 503 to requests that reach
 // the handler after it started, and waits for in-flight requests to finish
 // and their connections to close. When ctx ends first, it cancels the spool
 // appends still running (those requests are answered 503) and returns

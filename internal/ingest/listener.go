@@ -275,7 +275,7 @@ func (l *limitListener) Close() error {
 }
 
 // wrapListener stacks, over ln: accept retries, then the connection limit.
-// (TLS goes over both, and over graceful's lingering: see Serve.)
+// (TLS goes over both, and over fastserver's lingering: see Serve.)
 func (s *Server) wrapListener(ln net.Listener) net.Listener {
 	var l net.Listener = newRetryListener(ln, s.rejLog, s.cm.acceptRetries.Inc)
 	return newLimitListener(l, s.conns, s.connsFull, s.perClient, s.clientRefused)

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/graceful/gracefultest"
+	"github.com/svcrelay/relay/internal/fastserver/fastservertest"
 	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/tlsreload"
@@ -116,12 +116,12 @@ func TestTLSOversizedBodyAnswered(t *testing.T) {
 		conns = 30
 	)
 	r := tlsRelay(t, Config{MaxRequestBytes: limit})
-	gracefultest.Repeat(t, conns, func() error { return postOversizedTLS(r.addr, size) })
+	fastservertest.Repeat(t, conns, func() error { return postOversizedTLS(r.addr, size) })
 }
 
-// postOversizedTLS is gracefultest.PostOversized over a new TLS connection.
+// postOversizedTLS is fastservertest.PostOversized over a new TLS connection.
 func postOversizedTLS(addr string, size int) error {
-	raw, err := gracefultest.Dial(addr, 10*time.Second)
+	raw, err := fastservertest.Dial(addr, 10*time.Second)
 	if err != nil {
 		return err
 	}
@@ -130,7 +130,7 @@ func postOversizedTLS(addr string, size int) error {
 	if err := c.Handshake(); err != nil {
 		return err
 	}
-	return gracefultest.PostOversized(c, "/2/httpapi", size, 413, "Payload too large")
+	return fastservertest.PostOversized(c, "/2/httpapi", size, 413, "Payload too large")
 }
 
 // TestTLSShutdownClosesIdle: Shutdown closes an idle kept-alive TLS

@@ -5,7 +5,7 @@
 //
 // The product (sandbox mode, `relay sim`) serves internal/sim alone, whose
 // /sim/ routes only read (events, requests, stats, per-group logs). Only
-// _test.go files and test helpers (test/..., forwardtest, formreqtest)
+// _test.go files and test helpers (test/..., forwardtest, formstest)
 // import this package, so none of it is compiled into the relay binary.
 //
 // Routes a Sim adds to the model's read-outs (JSON answers {"ok":true} or {"error":"..."}):

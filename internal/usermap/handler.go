@@ -10,7 +10,7 @@ import (
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
-	"github.com/svcrelay/relay/internal/formreq"
+	"github.com/svcrelay/relay/internal/forms"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/storage"
 )
@@ -24,14 +24,14 @@ type Mapping struct {
 }
 
 // ValidationError is a request the relay refuses locally (see
-// formreq.ValidationError).
-type ValidationError = formreq.ValidationError
+// forms.ValidationError).
+type ValidationError = forms.ValidationError
 
 // ParseMappings validates the mapping parameter (one JSON object or an
 // array of them) and returns the mappings. apiKey is used to check that each
 // mapping fits one upstream request.
 func ParseMappings(apiKey string, mapping []byte, maxMappings, maxBodyBytes int) ([]Mapping, *ValidationError) {
-	raws, verr := formreq.Items("mapping", mapping, maxMappings, "too_many_mappings", "mappings")
+	raws, verr := forms.Items("mapping", mapping, maxMappings, "too_many_mappings", "mappings")
 	if verr != nil {
 		return nil, verr
 	}
@@ -57,7 +57,7 @@ func parseOne(raw json.RawMessage) (Mapping, *ValidationError) {
 	var obj map[string]json.RawMessage
 	var m Mapping
 	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &obj) != nil {
-		return m, formreq.Bad("invalid_type", ": must be an object")
+		return m, forms.Bad("invalid_type", ": must be an object")
 	}
 	str := func(k string) (string, *ValidationError) {
 		v, ok := obj[k]
@@ -66,7 +66,7 @@ func parseOne(raw json.RawMessage) (Mapping, *ValidationError) {
 		}
 		var s string
 		if json.Unmarshal(v, &s) != nil {
-			return "", formreq.Bad("invalid_type", ".%s: must be a string", k)
+			return "", forms.Bad("invalid_type", ".%s: must be a string", k)
 		}
 		return s, nil
 	}
@@ -79,41 +79,41 @@ func parseOne(raw json.RawMessage) (Mapping, *ValidationError) {
 	}
 	if v, ok := obj["unmap"]; ok && string(v) != "null" {
 		if json.Unmarshal(v, &m.Unmap) != nil {
-			return m, formreq.Bad("invalid_type", ".unmap: must be a boolean")
+			return m, forms.Bad("invalid_type", ".unmap: must be a boolean")
 		}
 	}
 	for k := range obj {
 		switch k {
 		case "user_id", "global_user_id", "unmap":
 		default:
-			return m, formreq.Bad("unknown_field", ".%s: unknown field (allowed: user_id, global_user_id, unmap)", k)
+			return m, forms.Bad("unknown_field", ".%s: unknown field (allowed: user_id, global_user_id, unmap)", k)
 		}
 	}
 	if m.UserID == "" {
-		return m, formreq.Bad("missing_field", ".user_id: missing or empty")
+		return m, forms.Bad("missing_field", ".user_id: missing or empty")
 	}
 	if m.GlobalUserID == "" && !m.Unmap {
-		return m, formreq.Bad("missing_field", ".global_user_id: missing or empty (required unless unmap is true)")
+		return m, forms.Bad("missing_field", ".global_user_id: missing or empty (required unless unmap is true)")
 	}
 	var buf bytes.Buffer
 	if json.Compact(&buf, raw) != nil {
-		return m, formreq.Bad("invalid_json", ": invalid JSON")
+		return m, forms.Bad("invalid_json", ": invalid JSON")
 	}
 	m.Data = buf.Bytes()
 	return m, nil
 }
 
 // formValue reads a parameter of the query, else of a form body.
-func formValue(f formreq.Form, name string) string {
-	if v, ok := formreq.Value(f.Query, name); ok {
+func formValue(f forms.Form, name string) string {
+	if v, ok := forms.Value(f.Query, name); ok {
 		return v
 	}
-	v, _ := formreq.Value(f.Post, name)
+	v, _ := forms.Value(f.Post, name)
 	return v
 }
 
 func (u *UserMap) servePost(w http.ResponseWriter, r *http.Request) {
-	f, err := formreq.ReadForm(r)
+	f, err := forms.ReadForm(r)
 	if n := len(f.Body) + len(r.URL.RawQuery); err != nil || n >= u.cfg.MaxBodyBytes {
 		u.In.Reject(w, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
 			Msg: fmt.Sprintf("Payload too large: %d bytes; the limit is under %d bytes (1 MB)", n, u.cfg.MaxBodyBytes)})
@@ -141,25 +141,25 @@ func (u *UserMap) servePost(w http.ResponseWriter, r *http.Request) {
 func ParseUserIDs(v []byte) ([]string, *ValidationError) {
 	t := bytes.TrimSpace(v)
 	if len(t) == 0 {
-		return nil, formreq.Bad("missing_field", "user_ids: missing or empty (1 to 100 user ids)")
+		return nil, forms.Bad("missing_field", "user_ids: missing or empty (1 to 100 user ids)")
 	}
 	var ids []string
 	if t[0] == '[' {
 		if json.Unmarshal(t, &ids) != nil {
-			return nil, formreq.Bad("invalid_json", "user_ids: invalid JSON array of strings")
+			return nil, forms.Bad("invalid_json", "user_ids: invalid JSON array of strings")
 		}
 	} else {
 		ids = strings.Split(string(t), ",")
 	}
 	if len(ids) == 0 {
-		return nil, formreq.Bad("missing_field", "user_ids: empty list (1 to 100 user ids)")
+		return nil, forms.Bad("missing_field", "user_ids: empty list (1 to 100 user ids)")
 	}
 	if len(ids) > MaxUserIDs {
-		return nil, formreq.Bad("too_many_user_ids", "user_ids: %d ids; at most %d per request", len(ids), MaxUserIDs)
+		return nil, forms.Bad("too_many_user_ids", "user_ids: %d ids; at most %d per request", len(ids), MaxUserIDs)
 	}
 	for i, id := range ids {
 		if strings.TrimSpace(id) == "" {
-			return nil, formreq.Bad("invalid_type", "user_ids[%d]: empty user id", i)
+			return nil, forms.Bad("invalid_type", "user_ids[%d]: empty user id", i)
 		}
 	}
 	return ids, nil

@@ -16,7 +16,7 @@ import (
 	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
-	"github.com/svcrelay/relay/internal/formreq"
+	"github.com/svcrelay/relay/internal/forms"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
 )
@@ -56,7 +56,7 @@ type Config struct {
 	// (30 s). Tests shrink it.
 	RateWindow time.Duration
 	// Spooling: the delivery's timing, the 503's Retry-After, the store.
-	formreq.Spooling
+	forms.Spooling
 }
 
 func httpBase(u string) bool {
@@ -95,7 +95,7 @@ type UserMap struct {
 	cfg   Config
 	creds *credentials.Ref // read at every use: a reload takes effect at once
 	pacer *Pacer
-	formreq.Spooled
+	forms.Spooled
 }
 
 // New returns a UserMap. creds (the credentials file in force), log and reg
@@ -110,14 +110,14 @@ func New(cfg Config, client *upstream.Client, creds *credentials.Ref, log *zap.L
 	u.pacer.waited = promauto.With(reg).NewCounter(prometheus.CounterOpts{Name: "relay_usermap_pace_wait_seconds_total",
 		Help: "Time lanes waited for the per-organization mapping rate (1500 per 30 s)."})
 	var err error
-	u.Spooled, err = formreq.NewSpooled(delivery.FormConfig{
+	u.Spooled, err = forms.NewSpooled(delivery.FormConfig{
 		Name:         "usermap",
 		Lanes:        storage.KindUserMap,
 		Kind:         &delivery.Form{Field: "mapping", MaxItems: min(cfg.MaxMappings, cfg.RateLimit), MaxBodyBytes: cfg.MaxBodyBytes},
 		URL:          delivery.ProjectURL(creds, credentials.KindAlias, cfg.AliasURL, "/usermap"),
 		ThrottleWait: cfg.RateWindow,
 		Pacer:        u.pacer,
-	}, formreq.IntakeConfig{Field: "mappings_accepted", AcceptedHelp: "Mappings accepted into the spool.",
+	}, forms.IntakeConfig{Field: "mappings_accepted", AcceptedHelp: "Mappings accepted into the spool.",
 		RejectedHelp: "POST /usermap requests refused locally, by reason."}, cfg.Spooling, client, creds, log, reg)
 	if err != nil {
 		return nil, err

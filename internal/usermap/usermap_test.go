@@ -15,8 +15,8 @@ import (
 	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
-	"github.com/svcrelay/relay/internal/formreq"
-	"github.com/svcrelay/relay/internal/formreq/formreqtest"
+	"github.com/svcrelay/relay/internal/forms"
+	"github.com/svcrelay/relay/internal/forms/formstest"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
@@ -35,12 +35,12 @@ type component struct {
 
 func (c component) Routes() []adminroute.Route { return append(c.UserMap.Routes(), c.read...) }
 
-// env is formreqtest's relay slice around a UserMap.
-type env = formreqtest.Env[component]
+// env is formstest's relay slice around a UserMap.
+type env = formstest.Env[component]
 
 func newEnv(t *testing.T, simCfg sim.Config, cfg usermap.Config, creds *credentials.Store) *env {
 	t.Helper()
-	return formreqtest.New(t, simCfg, storage.KindUserMap,
+	return formstest.New(t, simCfg, storage.KindUserMap,
 		func(simURL string, sp *spool.Spool, client *upstream.Client, reg *prometheus.Registry) (component, error) {
 			if cfg.AliasURL == nil {
 				cfg.AliasURL = baseurl.NewRef(simURL)
@@ -66,11 +66,11 @@ func newEnv(t *testing.T, simCfg sim.Config, cfg usermap.Config, creds *credenti
 		})
 }
 
-type answer = formreqtest.Answer
+type answer = formstest.Answer
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	formreqtest.WaitFor(t, 15*time.Second, what, cond)
+	formstest.WaitFor(t, 15*time.Second, what, cond)
 }
 
 func mappings(prefix string, n int, global string) string {
@@ -125,7 +125,7 @@ func TestValidation(t *testing.T) {
 			if strings.Contains(tc.name, "unknown project") {
 				hdr = []string{"X-Relay-Project", "nope"}
 			}
-			a := formreqtest.Do(t, tc.method, e.Base+tc.path, tc.form, hdr...)
+			a := formstest.Do(t, tc.method, e.Base+tc.path, tc.form, hdr...)
 			if a.Status != tc.status {
 				t.Fatalf("status %d, want %d: %s", a.Status, tc.status, a.Body)
 			}
@@ -159,7 +159,7 @@ func TestOrderPerUser(t *testing.T) {
 		for u := range users {
 			parts[u] = fmt.Sprintf(`{"user_id":"u%d","global_user_id":"g%d"}`, u, r)
 		}
-		if a := formreqtest.Do(t, "POST", e.Base+"/usermap", url.Values{"api_key": {"k"}, "mapping": {"[" + strings.Join(parts, ",") + "]"}}); a.Status != 200 {
+		if a := formstest.Do(t, "POST", e.Base+"/usermap", url.Values{"api_key": {"k"}, "mapping": {"[" + strings.Join(parts, ",") + "]"}}); a.Status != 200 {
 			t.Fatal(a.Body)
 		}
 		if r == 7 {
@@ -222,7 +222,7 @@ func TestPace(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for j := range 3 {
-				if a := formreqtest.Do(t, "POST", e.Base+"/usermap", url.Values{"api_key": {key}, "mapping": {mappings(fmt.Sprintf("c%d-%d-", i, j), 30, "g")}}); a.Status != 200 {
+				if a := formstest.Do(t, "POST", e.Base+"/usermap", url.Values{"api_key": {key}, "mapping": {mappings(fmt.Sprintf("c%d-%d-", i, j), 30, "g")}}); a.Status != 200 {
 					t.Error(a.Body)
 				}
 			}
@@ -255,15 +255,15 @@ func TestPace(t *testing.T) {
 // wait and resend; everything arrives once, in order.
 func TestThrottled429(t *testing.T) {
 	const window = 300 * time.Millisecond
-	e := newEnv(t, sim.Config{}, usermap.Config{RateLimit: 40, RateWindow: window, Spooling: formreq.Spooling{FormTiming: delivery.FormTiming{MaxRetryAfter: time.Second}}}, nil)
+	e := newEnv(t, sim.Config{}, usermap.Config{RateLimit: 40, RateWindow: window, Spooling: forms.Spooling{FormTiming: delivery.FormTiming{MaxRetryAfter: time.Second}}}, nil)
 	e.Sim.SetUserMapRate(40, window)
 	for j := range 3 {
-		if a := formreqtest.Do(t, "POST", e.Base+"/usermap", url.Values{"api_key": {"k"}, "mapping": {mappings(fmt.Sprintf("r%d-", j), 20, "g")}}); a.Status != 200 {
+		if a := formstest.Do(t, "POST", e.Base+"/usermap", url.Values{"api_key": {"k"}, "mapping": {mappings(fmt.Sprintf("r%d-", j), 20, "g")}}); a.Status != 200 {
 			t.Fatal(a.Body)
 		}
 	}
 	// The other client takes the whole window just before the relay starts.
-	if a := formreqtest.Do(t, "POST", e.SimURL+"/usermap", url.Values{"api_key": {"k"}, "mapping": {mappings("other", 40, "g")}}); a.Status != 200 {
+	if a := formstest.Do(t, "POST", e.SimURL+"/usermap", url.Values{"api_key": {"k"}, "mapping": {mappings("other", 40, "g")}}); a.Status != 200 {
 		t.Fatal(a.Body)
 	}
 	e.Run()
@@ -299,7 +299,7 @@ func TestDeadLetterAndDurability(t *testing.T) {
 	e := newEnv(t, sim.Config{}, usermap.Config{}, nil)
 	e.Sim.RejectUserID("m13")
 	for j := range 3 {
-		if a := formreqtest.Do(t, "POST", e.Base+"/usermap", url.Values{"api_key": {"k"}, "mapping": {mappings(fmt.Sprintf("m%d", j), 10, "g")}}); a.Status != 200 {
+		if a := formstest.Do(t, "POST", e.Base+"/usermap", url.Values{"api_key": {"k"}, "mapping": {mappings(fmt.Sprintf("m%d", j), 10, "g")}}); a.Status != 200 {
 			t.Fatal(a.Body)
 		}
 	}
@@ -336,7 +336,7 @@ func TestForwardRead(t *testing.T) {
 	e.Sim.SetSecretKey("key-web", "secret-web")
 	e.Sim.SetUserMapOrg("key-web", "acme")
 	e.Run()
-	if a := formreqtest.Do(t, "POST", e.Base+"/usermap", url.Values{"api_key": {"key-web"}, "mapping": {`[{"user_id":"alice","global_user_id":"G"}]`}}); a.Status != 200 {
+	if a := formstest.Do(t, "POST", e.Base+"/usermap", url.Values{"api_key": {"key-web"}, "mapping": {`[{"user_id":"alice","global_user_id":"G"}]`}}); a.Status != 200 {
 		t.Fatal(a.Body)
 	}
 	waitFor(t, "delivery", func() bool { return len(e.Sim.MappingCalls()) == 1 })
@@ -363,14 +363,14 @@ func TestForwardRead(t *testing.T) {
 		return "Basic " + encodeBase64(u+":"+p)
 	}
 	// Pass-through: the caller's Authorization, admin token in Proxy-Authorization.
-	check(formreqtest.Do(t, "GET", e.Base+q, nil, "Authorization", basic("key-web", "secret-web"),
+	check(formstest.Do(t, "GET", e.Base+q, nil, "Authorization", basic("key-web", "secret-web"),
 		"Proxy-Authorization", "Bearer admintoken", "Cookie", "c=1"))
 	// Wrong caller credentials: the upstream's 401 is passed back.
-	if a := formreqtest.Do(t, "GET", e.Base+q, nil, "Authorization", basic("key-web", "wrong")); a.Status != 401 || !strings.Contains(a.Body, "Invalid credentials") {
+	if a := formstest.Do(t, "GET", e.Base+q, nil, "Authorization", basic("key-web", "wrong")); a.Status != 401 || !strings.Contains(a.Body, "Invalid credentials") {
 		t.Fatalf("wrong secret: %d %s", a.Status, a.Body)
 	}
 	// Injected: X-Relay-Project names the project; the Bearer (admin token) is replaced.
-	check(formreqtest.Do(t, "GET", e.Base+q, nil, "X-Relay-Project", "web", "Authorization", "Bearer admintoken"))
+	check(formstest.Do(t, "GET", e.Base+q, nil, "X-Relay-Project", "web", "Authorization", "Bearer admintoken"))
 	reads := e.Sim.MappingReads()
 	if len(reads) != 3 {
 		t.Fatalf("%d reads at the upstream", len(reads))
@@ -391,7 +391,7 @@ func TestForwardRead(t *testing.T) {
 	}
 	// The upstream unreachable: 502.
 	e.Sim.Close()
-	if a := formreqtest.Do(t, "GET", e.Base+q, nil, "X-Relay-Project", "web"); a.Status != 502 {
+	if a := formstest.Do(t, "GET", e.Base+q, nil, "X-Relay-Project", "web"); a.Status != 502 {
 		t.Fatalf("upstream down: %d", a.Status)
 	}
 }
@@ -405,13 +405,13 @@ func TestProjectKey(t *testing.T) {
 	e := newEnv(t, sim.Config{}, usermap.Config{}, creds)
 	e.Sim.SetUserMapOrg("key-app", "acme")
 	e.Run()
-	if a := formreqtest.Do(t, "POST", e.Base+"/usermap", url.Values{"mapping": {`{"user_id":"bob","global_user_id":"B"}`}}, "X-Relay-Project", "app"); a.Status != 200 {
+	if a := formstest.Do(t, "POST", e.Base+"/usermap", url.Values{"mapping": {`{"user_id":"bob","global_user_id":"B"}`}}, "X-Relay-Project", "app"); a.Status != 200 {
 		t.Fatal(a.Body)
 	}
-	if a := formreqtest.Do(t, "POST", e.Base+"/usermap", url.Values{"mapping": {`{"user_id":"bob","global_user_id":"B"}`}}, "X-Relay-Project", "nope"); a.Status != 400 {
+	if a := formstest.Do(t, "POST", e.Base+"/usermap", url.Values{"mapping": {`{"user_id":"bob","global_user_id":"B"}`}}, "X-Relay-Project", "nope"); a.Status != 400 {
 		t.Fatal(a.Body)
 	}
-	if a := formreqtest.Do(t, "POST", e.Base+"/usermap", url.Values{"api_key": {"k"}, "mapping": {`{"user_id":"bob","global_user_id":"B"}`}}, "X-Relay-Project", "app"); a.Status != 400 {
+	if a := formstest.Do(t, "POST", e.Base+"/usermap", url.Values{"api_key": {"k"}, "mapping": {`{"user_id":"bob","global_user_id":"B"}`}}, "X-Relay-Project", "app"); a.Status != 400 {
 		t.Fatal(a.Body)
 	}
 	waitFor(t, "delivery", func() bool { g, ok := e.Sim.MappedTo("key-app", "bob"); return ok && g == "B" })

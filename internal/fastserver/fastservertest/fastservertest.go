@@ -1,9 +1,9 @@
-// Package gracefultest is a raw HTTP/1.1 client for tests of servers
-// wrapped by graceful: it sends a body over the server's limit while it
+// Package fastservertest is a raw HTTP/1.1 client for tests of servers
+// wrapped by fastserver: it sends a body over the server's limit while it
 // reads the answer, as Go's http.Transport does, to check that the client
 // gets the whole 413 instead of a reset. It is imported by tests only (those
-// of graceful and of ingest, the latter over TLS).
-package gracefultest
+// of fastserver and of ingest, the latter over TLS).
+package fastservertest
 
 import (
 	"bufio"

@@ -1,4 +1,4 @@
-// Package graceful is a fasthttp server that shuts down promptly and closes
+// Package fastserver is a fasthttp server that shuts down promptly and closes
 // connections without resetting them.
 //
 // fasthttp's own Shutdown waits for every open connection, and it counts a
@@ -57,7 +57,7 @@
 // lingering connection, which ends when the linger does (within
 // lingerTimeout, or at once when Shutdown's ctx ends and closes the
 // connection); Shutdown returns only after all of them ended.
-package graceful
+package fastserver
 
 import (
 	"context"

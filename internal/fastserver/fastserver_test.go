@@ -1,4 +1,4 @@
-package graceful
+package fastserver
 
 import (
 	"bufio"
@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/graceful/gracefultest"
+	"github.com/svcrelay/relay/internal/fastserver/fastservertest"
 	"github.com/svcrelay/relay/internal/poll"
 	"github.com/valyala/fasthttp"
 )
@@ -258,13 +258,13 @@ func TestOversizedBodyAnswered(t *testing.T) {
 		ReadTimeout:        time.Minute,
 		IdleTimeout:        time.Minute,
 	}, fasthttp.ErrBodyTooLarge.Error())
-	gracefultest.Repeat(t, conns, func() error {
-		c, err := gracefultest.Dial(addr, poll.Max)
+	fastservertest.Repeat(t, conns, func() error {
+		c, err := fastservertest.Dial(addr, poll.Max)
 		if err != nil {
 			return err
 		}
 		defer c.Close()
-		return gracefultest.PostOversized(c, "/ingest", size, fasthttp.StatusRequestEntityTooLarge, "too large")
+		return fastservertest.PostOversized(c, "/ingest", size, fasthttp.StatusRequestEntityTooLarge, "too large")
 	})
 }
 

@@ -1,4 +1,4 @@
-package formreq
+package forms
 
 import (
 	"cmp"
@@ -76,7 +76,7 @@ const DefaultRetryAfter = 5 * time.Second
 // Validate reports a configuration error.
 func (c IntakeConfig) Validate() error {
 	if c.Name == "" || c.Field == "" || c.Kind == storage.KindEvents || c.RetryAfter < 0 {
-		return fmt.Errorf("formreq: intake %q: Name, Field, a form lane Kind and RetryAfter >= 0 required", c.Name)
+		return fmt.Errorf("forms: intake %q: Name, Field, a form lane Kind and RetryAfter >= 0 required", c.Name)
 	}
 	return nil
 }
@@ -99,7 +99,7 @@ func NewIntake(cfg IntakeConfig, st storage.Appender, creds *credentials.Ref, lo
 		return nil, err
 	}
 	if st == nil {
-		return nil, errors.New("formreq: intake needs a store")
+		return nil, errors.New("forms: intake needs a store")
 	}
 	if log == nil {
 		log = zap.NewNop()

@@ -1,4 +1,4 @@
-// Package formreq holds what the admin listener's form-request routes
+// Package forms holds what the admin listener's form-request routes
 // (POST /groupidentify in internal/groupidentify, POST /usermap and GET
 // /api/2/usermap in internal/usermap) share: ReadForm, the ValidationError
 // of a request refused locally, and the Rejecter that
@@ -12,4 +12,4 @@
 //     logged, with its error and never a request's api_key.
 //
 // It has no package-level state.
-package formreq
+package forms

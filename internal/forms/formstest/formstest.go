@@ -1,4 +1,4 @@
-// Package formreqtest is the test slice of a relay around one form-request
+// Package formstest is the test slice of a relay around one form-request
 // component (internal/groupidentify, internal/usermap): a spool in a temp
 // dir, the simulator as the upstream, and the component's routes served over
 // real HTTP on 127.0.0.1, reopenable on the same spool directory to test
@@ -6,7 +6,7 @@
 //
 // Invariants: every server, spool, simulator and Run goroutine an Env starts
 // is stopped by t.Cleanup (Close is idempotent); every wait is bounded.
-package formreqtest
+package formstest
 
 import (
 	"context"

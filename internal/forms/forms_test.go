@@ -1,4 +1,4 @@
-package formreq
+package forms
 
 import (
 	"errors"
