@@ -735,40 +735,46 @@ func (a *Relay) getLane(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, a.laneJSON(l, a.statuses(), time.Now()))
 }
 
-// laneAction: POST /relay/v1/lanes/{label}/pause and .../resume
+// laneAction: POST /relay/v1/lanes/{label}/pause and .../resume, of a
+// spool lane or, in fleet mode, of one of this relay's events runners.
 func (a *Relay) laneAction(w http.ResponseWriter, r *http.Request) {
 	label, action := r.PathValue("label"), r.PathValue("action")
 	if action != "pause" && action != "resume" {
 		jsonError(w, http.StatusNotFound, "not found (POST /relay/v1/lanes/{label}/pause or /resume)")
 		return
 	}
-	l := a.lanes().byLabel[label]
-	if l == nil {
-		if st, ok := a.fleetLane(label); ok {
-			a.fleetLaneAction(w, action, st)
+	var c delivery.LaneControl
+	var id uint64
+	var view func() laneJSON
+	gone := "the lane's deliverer does not run it yet (retry in a second)" // a lane created a moment ago
+	if l := a.lanes().byLabel[label]; l != nil {
+		if c, id = a.cfg.Lanes[l.Key().Kind], l.ID(); c == nil {
+			jsonError(w, http.StatusConflict, "lanes of kind %s cannot be paused or resumed", l.Key().Kind)
 			return
 		}
+		view = func() laneJSON { return a.laneJSON(l, a.statuses(), time.Now()) }
+	} else if st, ok := a.fleetLane(label); ok {
+		c, id, gone = a.cfg.Lanes[storage.KindEvents], st.ID, "the lane is no longer delivered by this relay"
+		view = func() laneJSON {
+			if now, ok := a.fleetLane(label); ok {
+				st = now
+			}
+			return fleetLaneJSON(st)
+		}
+	} else {
 		jsonError(w, http.StatusNotFound, "no lane has that label (GET /relay/v1/lanes lists them)")
 		return
 	}
-	c := a.cfg.Lanes[l.Key().Kind]
-	if c == nil {
-		jsonError(w, http.StatusConflict, "lanes of kind %s cannot be paused or resumed", l.Key().Kind)
-		return
-	}
-	var err error
+	do := c.ResumeLane
 	if action == "pause" {
-		err = c.StopLane(l.ID())
-	} else {
-		err = c.ResumeLane(l.ID())
+		do = c.StopLane
 	}
-	if err != nil {
-		// A lane created a moment ago may not run yet.
-		jsonError(w, http.StatusConflict, "%s: the lane's deliverer does not run it yet (retry in a second)", action)
+	if err := do(id); err != nil {
+		jsonError(w, http.StatusConflict, "%s: %s", action, gone)
 		return
 	}
 	a.log.Info("lane "+action+"d by operator", zap.String("lane", label))
-	writeJSON(w, http.StatusOK, a.laneJSON(l, a.statuses(), time.Now()))
+	writeJSON(w, http.StatusOK, view())
 }
 
 // errField logs an error as its message only.
