@@ -21,7 +21,6 @@ import (
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/backfill"
 	"github.com/svcrelay/relay/internal/batcher"
-	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
 	"go.uber.org/zap"
@@ -68,13 +67,7 @@ func (m *liveMeter) Do(ctx context.Context, req *upstream.Request) upstream.Resu
 	if m.active.Load() == 0 {
 		return res
 	}
-	r, _ := m.reqs.Get().(*event.Request)
-	if r == nil {
-		r = new(event.Request)
-	}
-	event.Parse(req.Body, r)
-	key, n := string(r.APIKey), len(r.Events)
-	m.reqs.Put(r)
+	key, n := backfill.RequestEvents(&m.reqs, req.Body)
 	now := time.Now()
 	m.mu.Lock()
 	w := m.windows[key]
@@ -332,7 +325,7 @@ func (b *backfills) list(w http.ResponseWriter, _ *http.Request) {
 			Error: j.Error, MaxEPS: j.MaxEPS, Read: j.counts.Read, Waiting: j.counts.Waiting,
 			Delivered: j.counts.Delivered, Dead: j.counts.Dead, Throttled: j.counts.Throttled}
 		if j.counts.Dead > 0 {
-			v.Report = filepath.Join(b.dir, j.ID, "backfill-report.jsonl")
+			v.Report = backfill.Config{Dir: filepath.Join(b.dir, j.ID)}.ReportPath()
 		}
 		out = append(out, v)
 	}

@@ -1,18 +1,19 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/svcrelay/relay/internal/config"
+	"github.com/svcrelay/relay/internal/operator"
 )
 
 // runConfig is `relay config check [flags]`: load and validate the settings
@@ -48,7 +49,14 @@ func runConfig(args, environ []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	if diff != nil {
-		return printDiff(diff, cfg, environ, stdout, stderr)
+		if err := printDiff(diff, cfg, environ, stdout); err != nil {
+			fmt.Fprintf(stderr, "relay: config check --diff: %v\n", err)
+			if errors.As(err, new(operator.UsageError)) {
+				return exitUsage
+			}
+			return exitFailure
+		}
+		return exitOK
 	}
 	printConfig(stdout, cfg)
 	return exitOK
@@ -98,7 +106,7 @@ func diffFlags(args []string) ([]string, *diffTarget, error) {
 // printDiff prints what a reload of the relay at d would change to cfg.
 // Without --admin, the relay is the one cfg describes: its admin-listen,
 // and its admin token unless --token-file or RELAY_ADMIN_TOKEN gives one.
-func printDiff(d *diffTarget, cfg config.Config, environ []string, stdout, stderr io.Writer) int {
+func printDiff(d *diffTarget, cfg config.Config, environ []string, stdout io.Writer) error {
 	if d.admin == "" {
 		d.admin = "http://" + cfg.AdminListen
 		if cfg.AdminTLSCert != "" {
@@ -110,38 +118,21 @@ func printDiff(d *diffTarget, cfg config.Config, environ []string, stdout, stder
 		token, d.tokenFile = cfg.AdminToken, cfg.AdminTokenFile
 	}
 	if token == "" && d.tokenFile != "" {
-		b, err := os.ReadFile(d.tokenFile)
-		if err != nil {
-			fmt.Fprintf(stderr, "relay: config check --diff: %v\n", err)
-			return exitUsage
+		var err error
+		if token, err = readToken(d.tokenFile); err != nil {
+			return err
 		}
-		token = strings.TrimSpace(string(b))
 	}
-	req, err := http.NewRequest(http.MethodGet, strings.TrimRight(d.admin, "/")+"/relay/v1/config", nil)
+	resp, err := adminGet(context.Background(), &http.Client{Timeout: 30 * time.Second}, d.admin, "/relay/v1/config", token)
 	if err != nil {
-		fmt.Fprintf(stderr, "relay: config check --diff: %v\n", err)
-		return exitUsage
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
-	if err != nil {
-		fmt.Fprintf(stderr, "relay: config check --diff: %v\n", err)
-		return exitFailure
+		return err
 	}
 	defer resp.Body.Close()
 	var cur struct {
 		Settings []inForce `json:"settings"`
 	}
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		fmt.Fprintf(stderr, "relay: config check --diff: %s: %s\n", resp.Status, strings.TrimSpace(string(b)))
-		return exitFailure
-	}
 	if err := json.NewDecoder(resp.Body).Decode(&cur); err != nil {
-		fmt.Fprintf(stderr, "relay: config check --diff: %v\n", err)
-		return exitFailure
+		return err
 	}
 	old := map[string]inForce{}
 	for _, s := range cur.Settings {
@@ -164,7 +155,7 @@ func printDiff(d *diffTarget, cfg config.Config, environ []string, stdout, stder
 	}
 	tw.Flush()
 	fmt.Fprintf(stdout, "%d setting(s) would change; the credentials and token files are read again by every reload\n", n)
-	return exitOK
+	return nil
 }
 
 // printConfig writes the effective settings, secrets masked.

@@ -38,7 +38,7 @@ const (
 	// waits above it, so a file of any size needs bounded disk.
 	maxBacklog = 64 << 20
 	// chunkEvents and chunkBytes bound one append (and one state write).
-	chunkEvents = 1000
+	chunkEvents = batcher.DefaultMaxBatchEvents
 	chunkBytes  = 1 << 20
 )
 
@@ -64,7 +64,7 @@ type Config struct {
 	// Batch sends to /batch instead of /2/httpapi.
 	Batch bool
 	// Report is where the dead letters are written at the end; "" means
-	// Dir/backfill-report.jsonl.
+	// Dir/backfill-report.jsonl (ReportPath).
 	Report string
 	// NoSync: the spool and the state file are not fsynced (they survive a
 	// crash of the process, not of the machine).
@@ -78,6 +78,15 @@ type Config struct {
 	// ProgressEvery (zero: 500ms) and once at the end, from Run's goroutine.
 	Progress      func(Counts)
 	ProgressEvery time.Duration
+}
+
+// ReportPath is where the dead letters are written: Report, or
+// Dir/backfill-report.jsonl.
+func (c Config) ReportPath() string {
+	if c.Report != "" {
+		return c.Report
+	}
+	return filepath.Join(c.Dir, "backfill-report.jsonl")
 }
 
 // Validate reports a configuration error.
@@ -154,9 +163,6 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 	if cfg.DeviceEPS == 0 {
 		cfg.DeviceEPS = DefaultDeviceEPS
 	}
-	if cfg.Report == "" {
-		cfg.Report = filepath.Join(cfg.Dir, "backfill-report.jsonl")
-	}
 	if cfg.ProgressEvery == 0 {
 		cfg.ProgressEvery = 500 * time.Millisecond
 	}
@@ -167,7 +173,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 	if err != nil {
 		return Counts{}, err
 	}
-	sp, err := spool.Open(spool.Config{Dir: cfg.Dir, NoSync: cfg.NoSync, MinFreeBytes: 256 << 20 /* the relay's default reserve */}, log.Named("spool"), nil)
+	sp, err := spool.Open(spool.Config{Dir: cfg.Dir, NoSync: cfg.NoSync, MinFreeBytes: spool.DefaultMinFreeBytes}, log.Named("spool"), nil)
 	if err != nil {
 		return Counts{}, fmt.Errorf("open spool: %w", err)
 	}
@@ -186,7 +192,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 	if err != nil {
 		return Counts{}, err
 	}
-	perRequest := min(1000, max(1, cfg.MaxEPS/10))
+	perRequest := min(batcher.DefaultMaxBatchEvents, max(1, cfg.MaxEPS/10))
 	snd := &sender{next: client, lim: newLimiter(float64(cfg.MaxEPS), float64(perRequest), cfg.Live)}
 	if cfg.Batch {
 		snd.url = cfg.IngestURL + "/batch"
@@ -244,7 +250,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 	if e := <-delivered; e != nil && err == nil {
 		err = fmt.Errorf("delivery: %w", e)
 	}
-	if rerr := writeReport(sp, cfg.Report); rerr != nil && err == nil {
+	if rerr := writeReport(sp, cfg.ReportPath()); rerr != nil && err == nil {
 		err = rerr
 	}
 	c := counts()
@@ -504,7 +510,8 @@ type sender struct {
 }
 
 func (s *sender) Do(ctx context.Context, req *upstream.Request) upstream.Result {
-	n := s.count(req.Body)
+	_, n := RequestEvents(&s.reqs, req.Body)
+	n = max(1, n)
 	if err := s.lim.wait(ctx, n); err != nil {
 		return upstream.Classify(0, nil, "", err)
 	}
@@ -525,15 +532,17 @@ func (s *sender) Do(ctx context.Context, req *upstream.Request) upstream.Result 
 	return res
 }
 
-// count returns the events of a request body the batcher built.
-func (s *sender) count(body []byte) int {
-	r, _ := s.reqs.Get().(*event.Request)
+// RequestEvents returns the api_key and the number of events of a request
+// body the batcher built; pool keeps the *event.Request that parses it.
+func RequestEvents(pool *sync.Pool, body []byte) (apiKey string, n int) {
+	r, _ := pool.Get().(*event.Request)
 	if r == nil {
 		r = new(event.Request)
 	}
-	defer s.reqs.Put(r)
 	event.Parse(body, r)
-	return max(1, len(r.Events))
+	apiKey, n = string(r.APIKey), len(r.Events)
+	pool.Put(r)
+	return apiKey, n
 }
 
 // limiter is a token bucket: rate events/s (less the live rate), at most

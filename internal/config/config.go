@@ -21,6 +21,7 @@ import (
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/ingest"
 	"github.com/svcrelay/relay/internal/plan"
+	"github.com/svcrelay/relay/internal/spool"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -238,7 +239,7 @@ var options = []option{
 		set: dur(func(c *Config) *time.Duration { return &c.FlushInterval })},
 	{name: "spool-max-bytes", def: "8GiB", usage: "spool quota; above it ingest answers 503 with Retry-After (0: no quota)",
 		set: size(func(c *Config) *int64 { return &c.SpoolMaxBytes })},
-	{name: "spool-min-free-bytes", def: "256MiB", usage: "free disk space kept in reserve on the data dir's filesystem; below it ingest answers 503 (0: no reserve)",
+	{name: "spool-min-free-bytes", def: fmt.Sprintf("%dMiB", spool.DefaultMinFreeBytes>>20), usage: "free disk space kept in reserve on the data dir's filesystem; below it ingest answers 503 (0: no reserve)",
 		set: size(func(c *Config) *int64 { return &c.SpoolMinFreeBytes })},
 	{name: "sync", def: "always", usage: "always: answer 200 after fsync; none: after the write reaches the OS",
 		set: str(func(c *Config) *string { return &c.Sync })},
@@ -412,6 +413,12 @@ func (c Config) IngestAllowedAPIKeys(creds *credentials.Store) []string {
 // name in upper snake case.
 func EnvName(flagName string) string {
 	return "RELAY_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// Default is the default value of the setting name, as --help shows it.
+func Default(name string) string {
+	o, _ := lookupOption(name)
+	return o.def
 }
 
 func lookupOption(name string) (option, bool) {

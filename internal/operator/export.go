@@ -45,13 +45,13 @@ func exportCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 		e, err2 := time.Parse(forward.ExportHourFormat, *end)
 		switch {
 		case err1 != nil || err2 != nil:
-			return usagef("--start and --end are required, as YYYYMMDDTHH (UTC)")
+			return Usagef("--start and --end are required, as YYYYMMDDTHH (UTC)")
 		case e.Before(s):
-			return usagef("--end is before --start")
+			return Usagef("--end is before --start")
 		case *out == "":
-			return usagef("--out is required")
+			return Usagef("--out is required")
 		case *pieceHours < 1 || *pieceHours > int(forward.ExportMaxRange/time.Hour):
-			return usagef("--piece-hours must be 1 to %d", int(forward.ExportMaxRange/time.Hour))
+			return Usagef("--piece-hours must be 1 to %d", int(forward.ExportMaxRange/time.Hour))
 		}
 		cl, base, err := c.projectClient()
 		if err != nil {
