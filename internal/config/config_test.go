@@ -189,7 +189,7 @@ func TestEnvNames(t *testing.T) {
 	}
 	// Every option has a distinct variable (a typo in the table would show here).
 	seen := map[string]bool{}
-	for _, o := range options {
+	for _, o := range options(new(Config)) {
 		if seen[EnvName(o.name)] {
 			t.Fatalf("duplicate variable %s", EnvName(o.name))
 		}
@@ -364,7 +364,7 @@ func TestHelp(t *testing.T) {
 	}
 	var b strings.Builder
 	Usage(&b)
-	for _, o := range options {
+	for _, o := range options(new(Config)) {
 		if !strings.Contains(b.String(), "--"+o.name) || !strings.Contains(b.String(), EnvName(o.name)) {
 			t.Fatalf("usage lacks %s", o.name)
 		}
@@ -477,7 +477,7 @@ func TestDeployExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, o := range options {
+	for _, o := range options(new(Config)) {
 		if _, ok := keys[o.name]; !ok && o.name != "config" {
 			t.Errorf("deploy/relay.yaml lacks %s", o.name)
 		}
