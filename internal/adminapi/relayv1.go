@@ -721,48 +721,50 @@ func (a *Relay) listLanes(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
+// laneOf finds the lane label names: a spool lane or, in fleet mode, one of
+// this relay's events runners. view is its answer now; c and id pause and
+// resume it (c nil: its kind has no deliverer that can); gone is why c
+// could not.
+func (a *Relay) laneOf(label string) (view func() laneJSON, c delivery.LaneControl, id uint64, gone string, ok bool) {
+	if l := a.lanes().byLabel[label]; l != nil {
+		view = func() laneJSON { return a.laneJSON(l, a.statuses(), time.Now()) }
+		// A lane created a moment ago may not run yet.
+		return view, a.cfg.Lanes[l.Key().Kind], l.ID(), "the lane's deliverer does not run it yet (retry in a second)", true
+	}
+	st, ok := a.fleetLane(label)
+	view = func() laneJSON {
+		if now, ok := a.fleetLane(label); ok {
+			st = now
+		}
+		return fleetLaneJSON(st)
+	}
+	return view, a.cfg.Lanes[storage.KindEvents], st.ID, "the lane is no longer delivered by this relay", ok
+}
+
 // getLane: GET /relay/v1/lanes/{label}
 func (a *Relay) getLane(w http.ResponseWriter, r *http.Request) {
-	l := a.lanes().byLabel[r.PathValue("label")]
-	if l == nil {
-		if st, ok := a.fleetLane(r.PathValue("label")); ok {
-			writeJSON(w, http.StatusOK, fleetLaneJSON(st))
-			return
-		}
+	view, _, _, _, ok := a.laneOf(r.PathValue("label"))
+	if !ok {
 		jsonError(w, http.StatusNotFound, "no lane has that label (GET /relay/v1/lanes lists them)")
 		return
 	}
-	writeJSON(w, http.StatusOK, a.laneJSON(l, a.statuses(), time.Now()))
+	writeJSON(w, http.StatusOK, view())
 }
 
-// laneAction: POST /relay/v1/lanes/{label}/pause and .../resume, of a
-// spool lane or, in fleet mode, of one of this relay's events runners.
+// laneAction: POST /relay/v1/lanes/{label}/pause and .../resume
 func (a *Relay) laneAction(w http.ResponseWriter, r *http.Request) {
 	label, action := r.PathValue("label"), r.PathValue("action")
 	if action != "pause" && action != "resume" {
 		jsonError(w, http.StatusNotFound, "not found (POST /relay/v1/lanes/{label}/pause or /resume)")
 		return
 	}
-	var c delivery.LaneControl
-	var id uint64
-	var view func() laneJSON
-	gone := "the lane's deliverer does not run it yet (retry in a second)" // a lane created a moment ago
-	if l := a.lanes().byLabel[label]; l != nil {
-		if c, id = a.cfg.Lanes[l.Key().Kind], l.ID(); c == nil {
-			jsonError(w, http.StatusConflict, "lanes of kind %s cannot be paused or resumed", l.Key().Kind)
-			return
-		}
-		view = func() laneJSON { return a.laneJSON(l, a.statuses(), time.Now()) }
-	} else if st, ok := a.fleetLane(label); ok {
-		c, id, gone = a.cfg.Lanes[storage.KindEvents], st.ID, "the lane is no longer delivered by this relay"
-		view = func() laneJSON {
-			if now, ok := a.fleetLane(label); ok {
-				st = now
-			}
-			return fleetLaneJSON(st)
-		}
-	} else {
+	view, c, id, gone, ok := a.laneOf(label)
+	switch {
+	case !ok:
 		jsonError(w, http.StatusNotFound, "no lane has that label (GET /relay/v1/lanes lists them)")
+		return
+	case c == nil:
+		jsonError(w, http.StatusConflict, "lanes of kind %s cannot be paused or resumed", view().Kind)
 		return
 	}
 	do := c.ResumeLane

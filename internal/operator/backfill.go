@@ -181,13 +181,7 @@ func migrateCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 		}
 		if _, err := os.Stat(out); errors.Is(err, os.ErrNotExist) {
 			p.logf("step 1 of 2: export of %s, %s to %s, into %s", *from, *start, *end, out)
-			efs := flag.NewFlagSet("export", flag.ContinueOnError)
-			exp := exportCmd(efs, c, stdout)
-			if err := efs.Parse([]string{"--start", *start, "--end", *end, "--out", out,
-				"--piece-hours", fmt.Sprint(*pieceHours)}); err != nil {
-				return UsageError{err}
-			}
-			if err := exp(ctx, p); err != nil {
+			if err := runExport(ctx, c, p, stdout, *start, *end, out, *pieceHours, false); err != nil {
 				return fmt.Errorf("export: %w", err)
 			}
 		} else {

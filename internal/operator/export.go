@@ -41,34 +41,35 @@ func exportCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 	jsonl := fs.Bool("jsonl", false, "write JSON lines (one event per line) instead of a zip archive")
 	pieceHours := fs.Int("piece-hours", 24, "hours per request (1 to 8760); smaller pieces resume at a finer grain")
 	return func(ctx context.Context, p *progress) error {
-		s, err1 := time.Parse(forward.ExportHourFormat, *start)
-		e, err2 := time.Parse(forward.ExportHourFormat, *end)
-		switch {
-		case err1 != nil || err2 != nil:
-			return Usagef("--start and --end are required, as YYYYMMDDTHH (UTC)")
-		case e.Before(s):
-			return Usagef("--end is before --start")
-		case *out == "":
-			return Usagef("--out is required")
-		case *pieceHours < 1 || *pieceHours > int(forward.ExportMaxRange/time.Hour):
-			return Usagef("--piece-hours must be 1 to %d", int(forward.ExportMaxRange/time.Hour))
-		}
-		cl, base, err := c.projectClient()
-		if err != nil {
-			return err
-		}
-		x := &exporter{
-			cl: cl, base: base, out: *out,
-			whole: forward.ExportRange{Start: s, End: e}, pieceHours: *pieceHours, jsonl: *jsonl,
-			p: p, stdout: stdout,
-		}
-		x.state = exportState{Version: 1, Project: c.project, Start: *start, End: *end, JSONL: *jsonl}
-		err = x.run(ctx)
-		if err != nil && ctx.Err() != nil {
-			return fmt.Errorf("interrupted; %d pieces are done: run the same command again to resume", len(x.state.Pieces))
-		}
+		return runExport(ctx, c, p, stdout, *start, *end, *out, *pieceHours, *jsonl)
+	}
+}
+
+// runExport is export's work (migrate's first step too).
+func runExport(ctx context.Context, c *common, p *progress, stdout io.Writer, start, end, out string, pieceHours int, jsonl bool) error {
+	s, err1 := time.Parse(forward.ExportHourFormat, start)
+	e, err2 := time.Parse(forward.ExportHourFormat, end)
+	switch {
+	case err1 != nil || err2 != nil:
+		return Usagef("--start and --end are required, as YYYYMMDDTHH (UTC)")
+	case e.Before(s):
+		return Usagef("--end is before --start")
+	case out == "":
+		return Usagef("--out is required")
+	case pieceHours < 1 || pieceHours > int(forward.ExportMaxRange/time.Hour):
+		return Usagef("--piece-hours must be 1 to %d", int(forward.ExportMaxRange/time.Hour))
+	}
+	cl, base, err := c.projectClient()
+	if err != nil {
 		return err
 	}
+	x := &exporter{cl: cl, base: base, out: out, whole: forward.ExportRange{Start: s, End: e}, pieceHours: pieceHours,
+		jsonl: jsonl, p: p, stdout: stdout,
+		state: exportState{Version: 1, Project: c.project, Start: start, End: end, JSONL: jsonl}}
+	if err = x.run(ctx); err != nil && ctx.Err() != nil {
+		return fmt.Errorf("interrupted; %d pieces are done: run the same command again to resume", len(x.state.Pieces))
+	}
+	return err
 }
 
 // exportState is OUT.state.json.
