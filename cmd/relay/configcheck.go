@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -33,23 +34,26 @@ func runConfig(args, environ []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "relay: usage: relay config check [--diff [--admin URL] [--token-file F]] [--config FILE] [flags]")
 		return exitUsage
 	}
-	rest, diff, err := diffFlags(args[1:])
-	if err != nil {
-		fmt.Fprintf(stderr, "relay: config check: %v\n", err)
-		return exitUsage
-	}
-	cfg, err := config.Load(rest, environ)
+	var diff diffTarget
+	cfg, err := config.Load(args[1:], environ, func(fs *flag.FlagSet) {
+		fs.BoolVar(&diff.on, "diff", false, "")
+		fs.StringVar(&diff.admin, "admin", "", "")
+		fs.StringVar(&diff.tokenFile, "token-file", "", "")
+	})
 	if errors.Is(err, config.ErrHelp) {
 		fmt.Fprintln(stderr, "usage: relay config check [--config FILE] [flags]: validate the settings as `relay` would, print them and where each came from")
 		config.Usage(stderr)
 		return exitOK
 	}
+	if err == nil && !diff.on && (diff.admin != "" || diff.tokenFile != "") {
+		err = errors.New("--admin and --token-file go with --diff")
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "relay: config check: %v\n", err)
 		return exitUsage
 	}
-	if diff != nil {
-		if err := printDiff(diff, cfg, environ, stdout); err != nil {
+	if diff.on {
+		if err := printDiff(&diff, cfg, environ, stdout); err != nil {
 			fmt.Fprintf(stderr, "relay: config check --diff: %v\n", err)
 			if errors.As(err, new(operator.UsageError)) {
 				return exitUsage
@@ -63,44 +67,9 @@ func runConfig(args, environ []string, stdout, stderr io.Writer) int {
 }
 
 // diffTarget is the running relay --diff compares with.
-type diffTarget struct{ admin, tokenFile string }
-
-// diffFlags takes --diff, --admin and --token-file out of args (the rest
-// are the relay's settings); nil when --diff is not given.
-func diffFlags(args []string) ([]string, *diffTarget, error) {
-	var rest []string
-	var d diffTarget
-	on := false
-	for i := 0; i < len(args); i++ {
-		name, val, hasVal := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
-		if !strings.HasPrefix(args[i], "-") || (name != "diff" && name != "admin" && name != "token-file") {
-			rest = append(rest, args[i])
-			continue
-		}
-		if name == "diff" {
-			on = true
-			continue
-		}
-		if !hasVal {
-			if i+1 >= len(args) {
-				return nil, nil, fmt.Errorf("--%s needs a value", name)
-			}
-			i++
-			val = args[i]
-		}
-		if name == "admin" {
-			d.admin = val
-		} else {
-			d.tokenFile = val
-		}
-	}
-	switch {
-	case !on && (d.admin != "" || d.tokenFile != ""):
-		return nil, nil, errors.New("--admin and --token-file go with --diff")
-	case !on:
-		return rest, nil, nil
-	}
-	return rest, &d, nil
+type diffTarget struct {
+	on               bool
+	admin, tokenFile string
 }
 
 // printDiff prints what a reload of the relay at d would change to cfg.

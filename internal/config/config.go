@@ -403,11 +403,16 @@ func Usage(w io.Writer) {
 // Load builds the configuration from args (without the program name),
 // environ (os.Environ's form, "KEY=value") and the YAML file they name, then
 // validates it. The error names the setting and where its value came from.
-func Load(args []string, environ []string) (Config, error) {
+// extra registers a command's own flags (flags only, no variable or file
+// key), parsed with the settings.
+func Load(args []string, environ []string, extra ...func(*flag.FlagSet)) (Config, error) {
 	var c Config
 	opts := options(&c)
 	fs := flag.NewFlagSet("relay", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
+	for _, f := range extra {
+		f(fs)
+	}
 	raws := make(map[string]*rawValue, len(opts))
 	for _, o := range opts {
 		r := &rawValue{isBool: o.isBool()}
