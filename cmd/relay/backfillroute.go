@@ -296,9 +296,7 @@ func (b *backfills) post(w http.ResponseWriter, r *http.Request) {
 	b.jobs[j.ID] = j
 	b.mu.Unlock()
 	b.start(j)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusAccepted)
-	json.NewEncoder(w).Encode(map[string]string{"id": j.ID, "status": "running"})
+	adminroute.WriteJSON(w, http.StatusAccepted, map[string]string{"id": j.ID, "status": "running"})
 }
 
 // bfView is a backfill as GET /relay/v1/backfill lists it (never its
@@ -331,12 +329,9 @@ func (b *backfills) list(w http.ResponseWriter, _ *http.Request) {
 	}
 	b.mu.Unlock()
 	sort.Slice(out, func(i, k int) bool { return out[i].ID < out[k].ID })
-	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(map[string]any{"backfills": out})
+	adminroute.WriteJSON(w, http.StatusOK, map[string]any{"backfills": out})
 }
 
 func writeJSONError(w http.ResponseWriter, code int, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	json.NewEncoder(w).Encode(map[string]any{"code": code, "error": msg})
+	adminroute.WriteJSON(w, code, map[string]any{"code": code, "error": msg})
 }

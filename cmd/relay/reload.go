@@ -3,7 +3,6 @@ package main
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -289,19 +288,13 @@ func settingsInForce(c config.Config) []inForce {
 // and GET /relay/v1/config (the settings in force, for `relay config check
 // --diff`).
 func (r *configReloader) routes() []adminroute.Route {
-	answer := func(w http.ResponseWriter, status int, v any) {
-		b, _ := json.Marshal(v)
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(status)
-		w.Write(append(b, '\n'))
-	}
 	return []adminroute.Route{
 		{Method: http.MethodGet, Path: "/relay/v1/config", Mode: admintoken.ModeOwn,
 			Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 				r.mu.Lock()
 				cur := r.cur
 				r.mu.Unlock()
-				answer(w, http.StatusOK, map[string]any{"settings": settingsInForce(cur)})
+				adminroute.WriteJSON(w, http.StatusOK, map[string]any{"settings": settingsInForce(cur)})
 			})},
 		{Method: http.MethodPost, Path: "/relay/v1/reload", Mode: admintoken.ModeOwn,
 			Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -309,7 +302,7 @@ func (r *configReloader) routes() []adminroute.Route {
 				if !res.Reloaded {
 					status = http.StatusUnprocessableEntity
 				}
-				answer(w, status, res)
+				adminroute.WriteJSON(w, status, res)
 			})},
 	}
 }

@@ -144,19 +144,8 @@ type apiError struct {
 	Error string `json:"error"`
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		status, b = http.StatusInternalServerError, []byte(`{"error":"encoding the answer failed"}`)
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	w.Write(append(b, '\n'))
-}
-
 func jsonError(w http.ResponseWriter, status int, format string, args ...any) {
-	writeJSON(w, status, apiError{Error: fmt.Sprintf(format, args...)})
+	adminroute.WriteJSON(w, status, apiError{Error: fmt.Sprintf(format, args...)})
 }
 
 // ---- lanes by label
@@ -349,7 +338,7 @@ func (a *Relay) listDead(w http.ResponseWriter, r *http.Request) {
 		out.DeadLetters = append(out.DeadLetters, toJSON(ix, d))
 		out.NextAfter = d.ID
 	}
-	writeJSON(w, http.StatusOK, out)
+	adminroute.WriteJSON(w, http.StatusOK, out)
 }
 
 // bulkJSON is the body of replay and purge: ids, or a filter (an empty
@@ -611,11 +600,11 @@ func (a *Relay) replayDead(w http.ResponseWriter, r *http.Request) {
 			status = http.StatusServiceUnavailable
 			w.Header().Set("Retry-After", "30")
 		}
-		writeJSON(w, status, out)
+		adminroute.WriteJSON(w, status, out)
 		return
 	}
 	a.log.Info("dead letters replayed", fields...)
-	writeJSON(w, http.StatusOK, out)
+	adminroute.WriteJSON(w, http.StatusOK, out)
 }
 
 type purgeJSON struct {
@@ -643,10 +632,10 @@ func (a *Relay) purgeDead(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		a.log.Error("purging dead letters failed part way", zap.Int("purged", out.Purged), errField(err))
 		out.Error = "purge stopped: " + err.Error()
-		writeJSON(w, http.StatusInternalServerError, out)
+		adminroute.WriteJSON(w, http.StatusInternalServerError, out)
 	default:
 		a.log.Info("dead letters purged", zap.Int("purged", out.Purged))
-		writeJSON(w, http.StatusOK, out)
+		adminroute.WriteJSON(w, http.StatusOK, out)
 	}
 }
 
@@ -718,7 +707,7 @@ func (a *Relay) listLanes(w http.ResponseWriter, r *http.Request) {
 	for _, st := range a.fleetLanes() {
 		out.Lanes = append(out.Lanes, fleetLaneJSON(st))
 	}
-	writeJSON(w, http.StatusOK, out)
+	adminroute.WriteJSON(w, http.StatusOK, out)
 }
 
 // laneOf finds the lane label names: a spool lane or, in fleet mode, one of
@@ -748,7 +737,7 @@ func (a *Relay) getLane(w http.ResponseWriter, r *http.Request) {
 		jsonError(w, http.StatusNotFound, "no lane has that label (GET /relay/v1/lanes lists them)")
 		return
 	}
-	writeJSON(w, http.StatusOK, view())
+	adminroute.WriteJSON(w, http.StatusOK, view())
 }
 
 // laneAction: POST /relay/v1/lanes/{label}/pause and .../resume
@@ -776,7 +765,7 @@ func (a *Relay) laneAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.log.Info("lane "+action+"d by operator", zap.String("lane", label))
-	writeJSON(w, http.StatusOK, view())
+	adminroute.WriteJSON(w, http.StatusOK, view())
 }
 
 // errField logs an error as its message only.
