@@ -45,27 +45,24 @@ type common struct {
 // work is a command's work once its flags are parsed (see Main).
 type work func(ctx context.Context, p *progress) error
 
+// commands are the operator commands: each registers its flags and returns
+// its work.
+var commands = map[string]func(*flag.FlagSet, *common, io.Writer) work{
+	"export": exportCmd, "dsar": dsarCmd, "delete-users": deleteUsersCmd, "feedback": feedbackCmd,
+	"backfill": backfillCmd, "migrate": migrateCmd,
+}
+
 // Main runs the operator command name (export, dsar, delete-users,
 // feedback, backfill, migrate) with args and returns its exit code (Run).
 func Main(ctx context.Context, name string, args []string, stdout, stderr io.Writer) int {
-	kind := credentials.KindAnalytics
-	var define func(*flag.FlagSet, *common, io.Writer) work
-	switch name {
-	case "export":
-		define = exportCmd
-	case "dsar":
-		define = dsarCmd
-	case "delete-users":
-		define = deleteUsersCmd
-	case "feedback":
-		define, kind = feedbackCmd, credentials.KindFeedback
-	case "backfill":
-		define = backfillCmd
-	case "migrate":
-		define = migrateCmd
-	default:
+	define, ok := commands[name]
+	if !ok {
 		fmt.Fprintf(stderr, "relay: no operator command %q\n", name)
 		return exitUsage
+	}
+	kind := credentials.KindAnalytics
+	if name == "feedback" {
+		kind = credentials.KindFeedback
 	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	c := newCommon(fs, kind, name != "backfill") // it talks to the ingest API only
