@@ -150,27 +150,14 @@ func jsonError(w http.ResponseWriter, status int, format string, args ...any) {
 
 // ---- lanes by label
 
-// laneIndex maps the spool's lanes by label and by key.
-type laneIndex struct {
-	byLabel map[string]*spool.Lane
-	byKey   map[storage.LaneKey]*spool.Lane
-}
-
-func (a *Relay) lanes() laneIndex {
-	ls := a.sp.Lanes()
-	ix := laneIndex{byLabel: make(map[string]*spool.Lane, len(ls)), byKey: make(map[storage.LaneKey]*spool.Lane, len(ls))}
-	for _, l := range ls {
-		ix.byLabel[l.Key().Label()] = l
-		ix.byKey[l.Key()] = l
+// laneByLabel is the spool's lane with label, nil when none has it.
+func (a *Relay) laneByLabel(label string) *spool.Lane {
+	for _, l := range a.sp.Lanes() {
+		if l.Key().Label() == label {
+			return l
+		}
 	}
-	return ix
-}
-
-func (ix laneIndex) label(k storage.LaneKey) string {
-	if l := ix.byKey[k]; l != nil {
-		return l.Key().Label()
-	}
-	return k.Label() // a retired lane's
+	return nil
 }
 
 // ---- dead letters
@@ -198,7 +185,7 @@ type deadListJSON struct {
 	Total int64 `json:"total"`
 }
 
-func toJSON(ix laneIndex, d storage.DeadLetter) deadLetterJSON {
+func toJSON(d storage.DeadLetter) deadLetterJSON {
 	data := json.RawMessage(d.Record.Data)
 	if !json.Valid(d.Record.Data) {
 		// Not JSON (should not happen: records are the upstream payload):
@@ -206,7 +193,7 @@ func toJSON(ix laneIndex, d storage.DeadLetter) deadLetterJSON {
 		data, _ = json.Marshal(string(d.Record.Data))
 	}
 	return deadLetterJSON{
-		ID: d.ID, Lane: ix.label(d.Lane), Kind: d.Lane.Kind.String(), Reason: d.Reason,
+		ID: d.ID, Lane: d.Lane.Label(), Kind: d.Lane.Kind.String(), Reason: d.Reason,
 		Answer: string(d.Answer), Accepted: d.Accepted.UTC(), Died: d.Died.UTC(), Data: data,
 	}
 }
@@ -221,10 +208,10 @@ type filterJSON struct {
 // spoolFilter turns a label filter into the spool's key filter; ok is false
 // when no lane has the label, nor any dead letter (the lane may have been
 // retired since: its dead letters keep their label).
-func (ix laneIndex) spoolFilter(a *Relay, f filterJSON) (storage.DeadFilter, bool) {
+func (a *Relay) spoolFilter(f filterJSON) (storage.DeadFilter, bool) {
 	out := storage.DeadFilter{Reason: f.Reason}
 	if f.Lane != "" {
-		l := ix.byLabel[f.Lane]
+		l := a.laneByLabel(f.Lane)
 		if l == nil {
 			byLabel := storage.DeadFilter{Label: f.Lane}
 			if ds, err := a.deadPage(byLabel, 0, 1); err != nil || len(ds) == 0 {
@@ -304,8 +291,7 @@ func (a *Relay) listDead(w http.ResponseWriter, r *http.Request) {
 		jsonError(w, http.StatusBadRequest, "%v", err)
 		return
 	}
-	ix := a.lanes()
-	f, ok := ix.spoolFilter(a, filterJSON{Lane: q.Get("lane"), Reason: q.Get("reason")})
+	f, ok := a.spoolFilter(filterJSON{Lane: q.Get("lane"), Reason: q.Get("reason")})
 	if !ok {
 		jsonError(w, http.StatusNotFound, "no lane has that label (GET /relay/v1/lanes lists them)")
 		return
@@ -335,7 +321,7 @@ func (a *Relay) listDead(w http.ResponseWriter, r *http.Request) {
 		dls, out.More = dls[:limit], true
 	}
 	for _, d := range dls {
-		out.DeadLetters = append(out.DeadLetters, toJSON(ix, d))
+		out.DeadLetters = append(out.DeadLetters, toJSON(d))
 		out.NextAfter = d.ID
 	}
 	adminroute.WriteJSON(w, http.StatusOK, out)
@@ -420,14 +406,14 @@ func describeJSONError(err error) string {
 // its start, so that records it replays and that die again (new, higher
 // ids) are left for another call; more reports whether matching dead
 // letters were left. In ids mode it returns the ids not found.
-func (a *Relay) selected(b bulkJSON, ix laneIndex, visit func([]storage.DeadLetter) error) (notFound []uint64, more bool, err error) {
+func (a *Relay) selected(b bulkJSON, visit func([]storage.DeadLetter) error) (notFound []uint64, more bool, err error) {
 	f := storage.DeadFilter{}
 	var want map[uint64]bool
 	var after, last uint64
 	limit := b.Limit
 	if b.Filter != nil {
 		var ok bool
-		if f, ok = ix.spoolFilter(a, *b.Filter); !ok {
+		if f, ok = a.spoolFilter(*b.Filter); !ok {
 			return nil, false, errUnknownLane
 		}
 		if last, err = a.newestDead(f); err != nil {
@@ -534,7 +520,7 @@ func (a *Relay) bulkCall(w http.ResponseWriter, r *http.Request, replay bool, an
 	defer a.bulk.Unlock()
 	ctx, cancel := context.WithTimeout(a.stopCtx, bulkCallTimeout)
 	defer cancel()
-	ans.NotFound, ans.More, err = a.selected(b, a.lanes(), func(page []storage.DeadLetter) error { return visit(ctx, b, page) })
+	ans.NotFound, ans.More, err = a.selected(b, func(page []storage.DeadLetter) error { return visit(ctx, b, page) })
 	if ans.NotFound == nil {
 		ans.NotFound = []uint64{}
 	}
@@ -715,7 +701,7 @@ func (a *Relay) listLanes(w http.ResponseWriter, r *http.Request) {
 // resume it (c nil: its kind has no deliverer that can); gone is why c
 // could not.
 func (a *Relay) laneOf(label string) (view func() laneJSON, c delivery.LaneControl, id uint64, gone string, ok bool) {
-	if l := a.lanes().byLabel[label]; l != nil {
+	if l := a.laneByLabel(label); l != nil {
 		view = func() laneJSON { return a.laneJSON(l, a.statuses(), time.Now()) }
 		// A lane created a moment ago may not run yet.
 		return view, a.cfg.Lanes[l.Key().Kind], l.ID(), "the lane's deliverer does not run it yet (retry in a second)", true
