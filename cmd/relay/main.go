@@ -1,17 +1,6 @@
 // Command relay is the event-ingestion relay: it accepts events over the
 // upstream's HTTP V2 API, keeps them in a bbolt spool, and delivers them
-// upstream. See README.md.
-//
-// Subcommands:
-//
-//	relay [flags]                    serve (see --help for the flags)
-//	relay sim --listen ADDR          serve the simulated upstream
-//	relay spool dump --data-dir DIR  print every live spool record as a JSON line
-//	relay version, relay --version   print the build's version
-//	relay config check [flags]       validate the settings without serving
-//	relay tap --admin URL ...        print live events of a running relay
-//	relay export|dsar|delete-users|feedback|backfill|migrate ...
-//	                                 operator commands that talk to the upstream directly
+// upstream. Its subcommands are listed by usage (relay help); see README.md.
 package main
 
 import (

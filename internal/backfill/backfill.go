@@ -27,7 +27,7 @@ const (
 	// DefaultMaxEPS is the smallest plan's documented project rate.
 	DefaultMaxEPS = 1000
 	// DefaultDeviceEPS is the document's per-device and per-user limit.
-	DefaultDeviceEPS = 30
+	DefaultDeviceEPS = throttle.DefaultEPS
 	// paceShare is the share of DeviceEPS a device is sent at: under 1 so
 	// that a request built at one instant and sent later (the project's
 	// pacing, a busy machine) does not push the key over the limit of a
