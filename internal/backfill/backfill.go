@@ -228,12 +228,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 		// stopped would be full again, so that its first request does not
 		// add to what that run sent within the upstream's window.
 		if resumed {
-			t := time.NewTimer(time.Duration(float64(time.Second) / paceShare))
-			select {
-			case <-t.C:
-			case <-dctx.Done():
-				t.Stop()
-			}
+			sleep(dctx, time.Duration(float64(time.Second)/paceShare))
 		}
 		delivered <- p.Run(dctx)
 	}()
@@ -457,12 +452,8 @@ func (r *reader) append(ctx context.Context, dead *[]storage.DeadLetter) error {
 	*dead = (*dead)[:0]
 	r.pending, r.size = r.pending[:0], 0
 	for r.lane.Stats().Bytes > maxBacklog {
-		t := time.NewTimer(100 * time.Millisecond)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
+		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -590,15 +581,20 @@ func (l *limiter) wait(ctx context.Context, n int) error {
 		if d == 0 {
 			return nil
 		}
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
+		if err := sleep(ctx, d); err != nil || rate > 0 {
+			return err
 		}
-		if rate > 0 {
-			return nil
-		}
+	}
+}
+
+// sleep waits d, or returns ctx's error when ctx ends first.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }
