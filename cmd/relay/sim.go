@@ -24,7 +24,7 @@ func runSim(ctx context.Context, resetSignals func(), args []string, stderr io.W
 	lenient := fs.Bool("lenient-rate", false, "count only ingested events in the rate (the request's own events do not count)")
 	partial := fs.Bool("partial-throttle", false, "a 429 or silenced 400 ingests the events it does not name")
 	return operator.Run("sim", fs, args, stderr, false, func() error {
-		log, err := newLogger(*level, *format, stderr)
+		log, _, _, err := newLeveledLogger(*level, *format, stderr)
 		if err != nil {
 			return operator.UsageError{Err: err}
 		}
