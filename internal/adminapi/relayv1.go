@@ -581,8 +581,8 @@ func (a *Relay) replayDead(w http.ResponseWriter, r *http.Request) {
 		a.log.Error("replaying dead letters failed part way", append(fields, errField(err))...)
 		out.Error = "replay stopped: " + err.Error()
 		status := http.StatusInternalServerError
-		if errors.Is(err, spool.ErrFull) || errors.Is(err, spool.ErrDiskLow) || errors.Is(err, spool.ErrTooManyLanes) ||
-			errors.Is(err, storage.ErrFull) || errors.Is(err, storage.ErrUnavailable) {
+		// The spool's and the fleet's refusals for space match storage.ErrFull.
+		if errors.Is(err, storage.ErrFull) || errors.Is(err, storage.ErrUnavailable) || errors.Is(err, spool.ErrTooManyLanes) {
 			status = http.StatusServiceUnavailable
 			w.Header().Set("Retry-After", "30")
 		}
