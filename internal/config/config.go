@@ -161,7 +161,6 @@ type option struct {
 	def    string
 	usage  string
 	secret bool // masked by `relay config check`
-	nonNeg bool // an *int refused here when negative
 	v      any
 	set    func(c *Config, v string) error
 }
@@ -185,15 +184,10 @@ func (o option) apply(c *Config, v string) error {
 		if *p, err = strconv.ParseBool(strings.TrimSpace(v)); err != nil {
 			err = fmt.Errorf("invalid boolean %q: want true or false", v)
 		}
-	case *int:
-		n, aerr := strconv.Atoi(strings.TrimSpace(v))
-		switch {
-		case o.nonNeg && (aerr != nil || n < 0):
-			err = fmt.Errorf("invalid number %q: want 0 or more", v)
-		case aerr != nil:
+	case *int: // its bounds are Validate's
+		if *p, err = strconv.Atoi(strings.TrimSpace(v)); err != nil {
 			err = fmt.Errorf("invalid number %q", v)
 		}
-		*p = n
 	default: // a table entry without a field or a setter of its own
 		panic("config: option " + o.name + " cannot be set")
 	}
@@ -299,9 +293,9 @@ func options(c *Config) []option {
 		// The sandbox guard.
 		{name: "spool-upstream-change", def: "refuse", usage: "allow: deliver records waiting in the spool to another upstream than they were accepted for (refuse: fail to start)", v: &c.SpoolUpstreamChange},
 		// Bounded lanes.
-		{name: "max-lanes", def: "10000", usage: "lanes (kind + api_key + canonical options) held at once; a new one beyond it gets 503 + Retry-After (0: no bound)", v: &c.MaxLanes, nonNeg: true},
+		{name: "max-lanes", def: "10000", usage: "lanes (kind + api_key + canonical options) held at once; a new one beyond it gets 503 + Retry-After (0: no bound)", v: &c.MaxLanes},
 		{name: "lane-retire-after", def: "10m", usage: "an empty lane with nothing accepted for this long is retired (its goroutines, metric series and spool record removed; 0: never)", v: &c.LaneRetireAfter},
-		{name: "max-lanes-per-key", def: "16", usage: "lanes of one api_key (its kinds and options variants) held at once; a new one beyond it gets 503 + Retry-After (0: no bound)", v: &c.MaxLanesPerKey, nonNeg: true},
+		{name: "max-lanes-per-key", def: "16", usage: "lanes of one api_key (its kinds and options variants) held at once; a new one beyond it gets 503 + Retry-After (0: no bound)", v: &c.MaxLanesPerKey},
 	}
 }
 

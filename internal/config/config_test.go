@@ -326,6 +326,8 @@ func TestRefusals(t *testing.T) {
 		// The ingest listener.
 		{"zero connections", []string{"--max-connections", "0"}, nil, "--max-connections 0"},
 		{"connections not a number", []string{"--max-connections", "many"}, nil, "--max-connections (from flag --max-connections): invalid number"},
+		{"negative lanes", []string{"--max-lanes", "-1"}, nil, "--max-lanes must not be negative (from flag --max-lanes)"},
+		{"lanes not a number", nil, []string{"RELAY_MAX_LANES_PER_KEY=x"}, "max-lanes-per-key (from variable RELAY_MAX_LANES_PER_KEY): invalid number"},
 		// Fleet mode.
 		{"spool neither local nor nats", []string{"--spool", "kafka://h:9092"}, nil, "--spool (from flag --spool): want local or nats://"},
 		{"spool server without port", []string{"--spool", "nats://h1:4222,h2"}, nil, "server 2: want host:port"},
