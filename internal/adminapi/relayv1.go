@@ -228,10 +228,10 @@ func (a *Relay) spoolFilter(f filterJSON) (storage.DeadFilter, bool) {
 
 func uintArg(q url.Values, name string, def, lo, hi uint64) (uint64, error) {
 	v := q.Get(name)
-	if len(v) == 0 {
+	if v == "" {
 		return def, nil
 	}
-	n, err := strconv.ParseUint(string(v), 10, 64)
+	n, err := strconv.ParseUint(v, 10, 64)
 	if err != nil || n < lo || n > hi {
 		return 0, fmt.Errorf("%s: want an integer from %d to %d", name, lo, hi)
 	}
@@ -269,17 +269,11 @@ func (pf planFilter) match(d storage.DeadLetter) bool {
 // for the tracking plan's quarantine &project=&event_type=&violation=.
 func (a *Relay) listDead(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	var badArg string
 	for k := range q {
-		switch k {
-		case "lane", "reason", "after", "limit", "project", "event_type", "violation":
-		default:
-			badArg = k
+		if !slices.Contains([]string{"lane", "reason", "after", "limit", "project", "event_type", "violation"}, k) {
+			jsonError(w, http.StatusBadRequest, "unknown query parameter %q (lane, reason, after, limit, project, event_type, violation)", k)
+			return
 		}
-	}
-	if badArg != "" {
-		jsonError(w, http.StatusBadRequest, "unknown query parameter %q (lane, reason, after, limit, project, event_type, violation)", badArg)
-		return
 	}
 	after, err := uintArg(q, "after", 0, 0, math.MaxUint64)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -139,9 +140,6 @@ func (c Counts) ThrottledPerMillion() float64 {
 	return float64(c.Throttled) * 1e6 / float64(c.Sent)
 }
 
-// DroppedSummary lists the dropped fields and their counts, most first.
-func (c Counts) DroppedSummary() string { return droppedSummary(c.Dropped) }
-
 // ErrInterrupted is returned by Run when its context ended first: running it
 // again with the same Config resumes.
 var ErrInterrupted = errors.New("interrupted")
@@ -159,9 +157,6 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 	}
 	if cfg.MaxEPS == 0 {
 		cfg.MaxEPS = DefaultMaxEPS
-	}
-	if cfg.DeviceEPS == 0 {
-		cfg.DeviceEPS = DefaultDeviceEPS
 	}
 	if cfg.ProgressEvery == 0 {
 		cfg.ProgressEvery = 500 * time.Millisecond
@@ -213,10 +208,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 			Throttled: snd.throttled.Load()}
 		r.mu.Lock()
 		c.Read, c.BytesRead, c.BytesTotal, c.ReadDone = r.st.read(), r.bytesRead, r.bytesTotal, r.done
-		c.Dropped = make(map[string]int64, len(r.dropped))
-		for k, v := range r.dropped {
-			c.Dropped[k] = v
-		}
+		c.Dropped = maps.Clone(r.dropped)
 		r.mu.Unlock()
 		return c
 	}
@@ -316,10 +308,12 @@ type reader struct {
 
 func (r *reader) run(ctx context.Context) error {
 	r.ids = event.NewIDGen()
+	sizes := make([]int64, len(r.st.Files))
 	var total int64
-	for _, f := range r.st.Files {
+	for i, f := range r.st.Files {
 		if fi, err := os.Stat(f.Path); err == nil {
-			total += fi.Size()
+			sizes[i] = fi.Size()
+			total += sizes[i]
 		}
 	}
 	r.mu.Lock()
@@ -329,13 +323,11 @@ func (r *reader) run(ctx context.Context) error {
 	for i := range r.st.Files {
 		f := &r.st.Files[i]
 		if !f.Done {
-			if err := r.file(ctx, f, before); err != nil {
+			if err := r.file(ctx, f, before, sizes[i]); err != nil {
 				return fmt.Errorf("%s: %w", f.Path, err)
 			}
 		}
-		if fi, err := os.Stat(f.Path); err == nil {
-			before += fi.Size()
-		}
+		before += sizes[i]
 	}
 	r.mu.Lock()
 	r.done, r.bytesRead = true, r.bytesTotal
@@ -345,16 +337,12 @@ func (r *reader) run(ctx context.Context) error {
 
 // file reads one input from its recorded position, a chunk at a time; the
 // state is saved after each chunk is in the spool.
-func (r *reader) file(ctx context.Context, f *fileState, before int64) error {
+func (r *reader) file(ctx context.Context, f *fileState, before, fileSize int64) error {
 	in, err := openInput(f.Path, f.Pos)
 	if err != nil {
 		return err
 	}
 	defer in.close()
-	var fileSize int64
-	if fi, err := in.f.Stat(); err == nil {
-		fileSize = fi.Size()
-	}
 	var dead []storage.DeadLetter
 	var read int64
 	at := f.Pos

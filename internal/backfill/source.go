@@ -407,8 +407,9 @@ func mustJSON(v any) json.RawMessage {
 	return b
 }
 
-// droppedSummary formats the counts of dropped fields, most first.
-func droppedSummary(dropped map[string]int64) string {
+// DroppedSummary lists the dropped fields and their counts, most first.
+func (c Counts) DroppedSummary() string {
+	dropped := c.Dropped
 	keys := make([]string, 0, len(dropped))
 	for k := range dropped {
 		keys = append(keys, k)
