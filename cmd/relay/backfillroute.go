@@ -21,7 +21,6 @@ import (
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/backfill"
 	"github.com/svcrelay/relay/internal/batcher"
-	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
 	"go.uber.org/zap"
@@ -68,13 +67,7 @@ func (m *liveMeter) Do(ctx context.Context, req *upstream.Request) upstream.Resu
 	if m.active.Load() == 0 {
 		return res
 	}
-	r, _ := m.reqs.Get().(*event.Request)
-	if r == nil {
-		r = new(event.Request)
-	}
-	event.Parse(req.Body, r)
-	key, n := string(r.APIKey), len(r.Events)
-	m.reqs.Put(r)
+	key, n := backfill.RequestEvents(&m.reqs, req.Body)
 	now := time.Now()
 	m.mu.Lock()
 	w := m.windows[key]
@@ -303,9 +296,7 @@ func (b *backfills) post(w http.ResponseWriter, r *http.Request) {
 	b.jobs[j.ID] = j
 	b.mu.Unlock()
 	b.start(j)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusAccepted)
-	json.NewEncoder(w).Encode(map[string]string{"id": j.ID, "status": "running"})
+	adminroute.WriteJSON(w, http.StatusAccepted, map[string]string{"id": j.ID, "status": "running"})
 }
 
 // bfView is a backfill as GET /relay/v1/backfill lists it (never its
@@ -332,18 +323,15 @@ func (b *backfills) list(w http.ResponseWriter, _ *http.Request) {
 			Error: j.Error, MaxEPS: j.MaxEPS, Read: j.counts.Read, Waiting: j.counts.Waiting,
 			Delivered: j.counts.Delivered, Dead: j.counts.Dead, Throttled: j.counts.Throttled}
 		if j.counts.Dead > 0 {
-			v.Report = filepath.Join(b.dir, j.ID, "backfill-report.jsonl")
+			v.Report = backfill.Config{Dir: filepath.Join(b.dir, j.ID)}.ReportPath()
 		}
 		out = append(out, v)
 	}
 	b.mu.Unlock()
 	sort.Slice(out, func(i, k int) bool { return out[i].ID < out[k].ID })
-	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(map[string]any{"backfills": out})
+	adminroute.WriteJSON(w, http.StatusOK, map[string]any{"backfills": out})
 }
 
 func writeJSONError(w http.ResponseWriter, code int, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	json.NewEncoder(w).Encode(map[string]any{"code": code, "error": msg})
+	adminroute.WriteJSON(w, code, map[string]any{"code": code, "error": msg})
 }

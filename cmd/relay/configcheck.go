@@ -1,18 +1,20 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/svcrelay/relay/internal/config"
+	"github.com/svcrelay/relay/internal/operator"
 )
 
 // runConfig is `relay config check [flags]`: load and validate the settings
@@ -32,73 +34,48 @@ func runConfig(args, environ []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "relay: usage: relay config check [--diff [--admin URL] [--token-file F]] [--config FILE] [flags]")
 		return exitUsage
 	}
-	rest, diff, err := diffFlags(args[1:])
-	if err != nil {
-		fmt.Fprintf(stderr, "relay: config check: %v\n", err)
-		return exitUsage
-	}
-	cfg, err := config.Load(rest, environ)
+	var diff diffTarget
+	cfg, err := config.Load(args[1:], environ, func(fs *flag.FlagSet) {
+		fs.BoolVar(&diff.on, "diff", false, "")
+		fs.StringVar(&diff.admin, "admin", "", "")
+		fs.StringVar(&diff.tokenFile, "token-file", "", "")
+	})
 	if errors.Is(err, config.ErrHelp) {
 		fmt.Fprintln(stderr, "usage: relay config check [--config FILE] [flags]: validate the settings as `relay` would, print them and where each came from")
 		config.Usage(stderr)
 		return exitOK
 	}
+	if err == nil && !diff.on && (diff.admin != "" || diff.tokenFile != "") {
+		err = errors.New("--admin and --token-file go with --diff")
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "relay: config check: %v\n", err)
 		return exitUsage
 	}
-	if diff != nil {
-		return printDiff(diff, cfg, environ, stdout, stderr)
+	if diff.on {
+		if err := printDiff(&diff, cfg, environ, stdout); err != nil {
+			fmt.Fprintf(stderr, "relay: config check --diff: %v\n", err)
+			if errors.As(err, new(operator.UsageError)) {
+				return exitUsage
+			}
+			return exitFailure
+		}
+		return exitOK
 	}
 	printConfig(stdout, cfg)
 	return exitOK
 }
 
 // diffTarget is the running relay --diff compares with.
-type diffTarget struct{ admin, tokenFile string }
-
-// diffFlags takes --diff, --admin and --token-file out of args (the rest
-// are the relay's settings); nil when --diff is not given.
-func diffFlags(args []string) ([]string, *diffTarget, error) {
-	var rest []string
-	var d diffTarget
-	on := false
-	for i := 0; i < len(args); i++ {
-		name, val, hasVal := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
-		if !strings.HasPrefix(args[i], "-") || (name != "diff" && name != "admin" && name != "token-file") {
-			rest = append(rest, args[i])
-			continue
-		}
-		if name == "diff" {
-			on = true
-			continue
-		}
-		if !hasVal {
-			if i+1 >= len(args) {
-				return nil, nil, fmt.Errorf("--%s needs a value", name)
-			}
-			i++
-			val = args[i]
-		}
-		if name == "admin" {
-			d.admin = val
-		} else {
-			d.tokenFile = val
-		}
-	}
-	switch {
-	case !on && (d.admin != "" || d.tokenFile != ""):
-		return nil, nil, errors.New("--admin and --token-file go with --diff")
-	case !on:
-		return rest, nil, nil
-	}
-	return rest, &d, nil
+type diffTarget struct {
+	on               bool
+	admin, tokenFile string
 }
 
 // printDiff prints what a reload of the relay at d would change to cfg.
 // Without --admin, the relay is the one cfg describes: its admin-listen,
 // and its admin token unless --token-file or RELAY_ADMIN_TOKEN gives one.
-func printDiff(d *diffTarget, cfg config.Config, environ []string, stdout, stderr io.Writer) int {
+func printDiff(d *diffTarget, cfg config.Config, environ []string, stdout io.Writer) error {
 	if d.admin == "" {
 		d.admin = "http://" + cfg.AdminListen
 		if cfg.AdminTLSCert != "" {
@@ -110,38 +87,21 @@ func printDiff(d *diffTarget, cfg config.Config, environ []string, stdout, stder
 		token, d.tokenFile = cfg.AdminToken, cfg.AdminTokenFile
 	}
 	if token == "" && d.tokenFile != "" {
-		b, err := os.ReadFile(d.tokenFile)
-		if err != nil {
-			fmt.Fprintf(stderr, "relay: config check --diff: %v\n", err)
-			return exitUsage
+		var err error
+		if token, err = readToken(d.tokenFile); err != nil {
+			return err
 		}
-		token = strings.TrimSpace(string(b))
 	}
-	req, err := http.NewRequest(http.MethodGet, strings.TrimRight(d.admin, "/")+"/relay/v1/config", nil)
+	resp, err := adminGet(context.Background(), &http.Client{Timeout: 30 * time.Second}, d.admin, "/relay/v1/config", token)
 	if err != nil {
-		fmt.Fprintf(stderr, "relay: config check --diff: %v\n", err)
-		return exitUsage
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
-	if err != nil {
-		fmt.Fprintf(stderr, "relay: config check --diff: %v\n", err)
-		return exitFailure
+		return err
 	}
 	defer resp.Body.Close()
 	var cur struct {
 		Settings []inForce `json:"settings"`
 	}
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		fmt.Fprintf(stderr, "relay: config check --diff: %s: %s\n", resp.Status, strings.TrimSpace(string(b)))
-		return exitFailure
-	}
 	if err := json.NewDecoder(resp.Body).Decode(&cur); err != nil {
-		fmt.Fprintf(stderr, "relay: config check --diff: %v\n", err)
-		return exitFailure
+		return err
 	}
 	old := map[string]inForce{}
 	for _, s := range cur.Settings {
@@ -164,7 +124,7 @@ func printDiff(d *diffTarget, cfg config.Config, environ []string, stdout, stder
 	}
 	tw.Flush()
 	fmt.Fprintf(stdout, "%d setting(s) would change; the credentials and token files are read again by every reload\n", n)
-	return exitOK
+	return nil
 }
 
 // printConfig writes the effective settings, secrets masked.

@@ -103,3 +103,23 @@ func squeezeSpaces(s string) string {
 	}
 	return s
 }
+
+// TestConfigCheckDiffFlags: --admin and --token-file go with --diff, and
+// --diff's own flags are parsed with the settings (exit 2 when wrong).
+func TestConfigCheckDiffFlags(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--admin", "http://127.0.0.1:1"}, "--admin and --token-file go with --diff"},
+		{[]string{"--token-file=/nonexistent"}, "--admin and --token-file go with --diff"},
+		{[]string{"--diff", "--admin"}, "flag needs an argument: -admin"},
+		{[]string{"--diff", "--admin", "http://127.0.0.1:1", "--token-file", "/nonexistent/token"}, "config check --diff: open /nonexistent/token"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(append([]string{"config", "check"}, tt.args...), nil, &stdout, &stderr)
+		if code != exitUsage || !strings.Contains(stderr.String(), tt.want) {
+			t.Errorf("%q: exit %d, stderr %q; want 2 and %q", tt.args, code, stderr.String(), tt.want)
+		}
+	}
+}

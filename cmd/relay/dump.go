@@ -34,22 +34,13 @@ type dumpLine struct {
 // (oldest lane first), in delivery order, one JSON object per line. It
 // refuses when a running relay holds the spool.
 func runDump(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
-	fs, dir, code := spoolFlags("dump", args, environ, stderr, nil)
-	if code >= 0 {
-		return code
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "relay spool dump: unexpected argument %q\n", fs.Arg(0))
-		return exitUsage
-	}
-	n, err := dump(ctx, dir, stdout)
-	if err != nil {
-		fmt.Fprintf(stderr, "relay spool dump: %v\n", err)
-		return exitFailure
-	}
-	// On stderr: stdout stays JSON lines only, and an empty spool says so.
-	fmt.Fprintf(stderr, "relay spool dump: %d %s\n", n, plural(n, "record", "records"))
-	return exitOK
+	return spoolCmd("dump", args, environ, stderr, false, nil, func(dir string, _ []string) error {
+		n, err := dump(ctx, dir, stdout)
+		if err == nil { // on stderr: stdout stays JSON lines only, and an empty spool says so
+			fmt.Fprintf(stderr, "relay spool dump: %d %s\n", n, plural(n, "record", "records"))
+		}
+		return err
+	})
 }
 
 func plural(n int, one, many string) string {

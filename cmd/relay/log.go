@@ -11,16 +11,10 @@ import (
 	"go.uber.org/zap/zapcore"
 )
 
-// newLogger builds the process logger writing to w. format "" means console
-// when w is a terminal and JSON otherwise.
-func newLogger(level, format string, w io.Writer) (*zap.Logger, error) {
-	l, _, _, err := newLeveledLogger(level, format, w)
-	return l, err
-}
-
-// newLeveledLogger is newLogger, with the level it set and a function
-// that sets its format: a reload changes both (SetLevel, setFormat) for
-// every logger derived from this one.
+// newLeveledLogger builds the process logger writing to w (format "":
+// console when w is a terminal, else JSON), with the level it set and a
+// function that sets its format: a reload changes both (SetLevel,
+// setFormat) for every logger derived from this one.
 func newLeveledLogger(level, format string, w io.Writer) (*zap.Logger, zap.AtomicLevel, func(format string) error, error) {
 	lvl, err := zap.ParseAtomicLevel(level)
 	if err != nil {

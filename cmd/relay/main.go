@@ -1,17 +1,6 @@
 // Command relay is the event-ingestion relay: it accepts events over the
 // upstream's HTTP V2 API, keeps them in a bbolt spool, and delivers them
-// upstream. See README.md.
-//
-// Subcommands:
-//
-//	relay [flags]                    serve (see --help for the flags)
-//	relay sim --listen ADDR          serve the simulated upstream
-//	relay spool dump --data-dir DIR  print every live spool record as a JSON line
-//	relay version, relay --version   print the build's version
-//	relay config check [flags]       validate the settings without serving
-//	relay tap --admin URL ...        print live events of a running relay
-//	relay export|dsar|delete-users|feedback|backfill|migrate ...
-//	                                 operator commands that talk to the upstream directly
+// upstream. Its subcommands are listed by usage (relay help); see README.md.
 package main
 
 import (
@@ -103,21 +92,11 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 
 // defaultMaxProcs returns one P more than the CPUs (cpus+1) and true,
 // unless environ sets GOMAXPROCS or procs (the runtime's default) is not
-// cpus. Below cpus, a cgroup CPU limit set it, and one more P would let
-// the process use more CPU than the limit and be throttled; above, it was
-// raised already (run called again). With procs == cpus the process can
-// already use every CPU (whatever a limit says), so the extra P adds no
-// CPU time, only one more thread for the OS to share them among.
-//
-// Why: under --sync always the WAL writer spends most of its time in
-// fdatasync, and each request of its group waits for it. When the call
-// returns, the writer needs a P, and at peak every P is busy parsing: in
-// an execution trace at 100-event requests (2 CPUs, 2 Ps) it waited for
-// one after 64% of its fsyncs, 116 µs on average (p90 378 µs). With a
-// third P it waited after 50%, 69 µs on average, and events/s rose 4-5%
-// at 100-event requests and 5-12% at 1-event requests (interleaved A/B,
-// bench/RESULTS.md). The spare P costs nothing when the writer is not
-// waiting for one: the OS shares the CPUs among the threads.
+// cpus: below, a cgroup CPU limit set it (one more P would be throttled);
+// above, it was raised already. Why: under --sync always the WAL writer
+// returns from each fsync needing a P, and at peak every other one is busy
+// parsing; the spare one took 4-5% more events/s on two CPUs and adds no
+// CPU time (README "CPU", bench/RESULTS.md).
 func defaultMaxProcs(environ []string, procs, cpus int) (int, bool) {
 	if envValue(environ, "GOMAXPROCS") != "" || procs != cpus {
 		return 0, false
@@ -126,22 +105,12 @@ func defaultMaxProcs(environ []string, procs, cpus int) (int, bool) {
 }
 
 // DefaultMemoryLimit is the soft memory limit (runtime/debug.SetMemoryLimit)
-// the relay sets when the environment has no GOMEMLIMIT. Without a limit the
-// Go heap grows to twice the live data (GOGC=100) and keeps a spike as RSS;
-// with one the GC runs more often as the heap nears it. Measured with one
-// lane at peak load (32 connections of 1000-event requests; live heap
-// ~80-90 MB: request bodies, spool batches and commits, 8 MiB read-ahead):
-// no limit peaked at 165 MiB anonymous RSS; 128 MiB capped it at 125 MiB
-// for 5-10% more CPU per event; 96 MiB, below what that load needs, cut
-// the accepted events by 40% (the GC ran all the time). More connections
-// sending large requests, or many lanes holding a backlog while the
-// upstream is down (each keeps a chunk to retry: 100 lanes of 1000-event
-// chunks accepted 32k events/s at 128 MiB, 152k at 256 MiB), need more:
-// set GOMEMLIMIT. 120 MiB rather than 128: the RSS also holds the pages of
-// the spool file bbolt reads through its mapping (13-28 MiB at peak), and
-// with 100 busy lanes, or --sync none at 100-event requests, 128 MiB left
-// peak RSS at 138-152 MiB, over the 150 MB target in some runs; at 120 MiB
-// it was 129-134 MiB for the same events/s (1000-event requests: 1% fewer).
+// the relay sets when the environment has no GOMEMLIMIT: without one the Go
+// heap grows to twice the live data and keeps a spike as RSS. 120 MiB holds
+// peak load (live heap ~80-90 MB) for 5-10% more CPU per event, leaving
+// room for the spool file's mapped pages under the 150 MB target; less
+// starves the GC (96 MiB cut events/s by 40%). Heavier loads set
+// GOMEMLIMIT (README "Memory", bench/RESULTS.md).
 const DefaultMemoryLimit = 120 << 20
 
 // defaultMemoryLimit returns DefaultMemoryLimit and true unless environ sets

@@ -3,7 +3,6 @@ package main
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -289,27 +288,21 @@ func settingsInForce(c config.Config) []inForce {
 // and GET /relay/v1/config (the settings in force, for `relay config check
 // --diff`).
 func (r *configReloader) routes() []adminroute.Route {
-	get := adminroute.Route{Method: http.MethodGet, Path: "/relay/v1/config", Mode: admintoken.ModeOwn,
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-			r.mu.Lock()
-			cur := r.cur
-			r.mu.Unlock()
-			w.Header().Set("Content-Type", "application/json")
-			b, _ := json.Marshal(map[string]any{"settings": settingsInForce(cur)})
-			w.Write(append(b, '\n'))
-		})}
-	return []adminroute.Route{get, r.reloadRoute()}
-}
-
-func (r *configReloader) reloadRoute() adminroute.Route {
-	return adminroute.Route{Method: http.MethodPost, Path: "/relay/v1/reload", Mode: admintoken.ModeOwn,
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-			res := r.reload("POST /relay/v1/reload")
-			w.Header().Set("Content-Type", "application/json")
-			if !res.Reloaded {
-				w.WriteHeader(http.StatusUnprocessableEntity)
-			}
-			b, _ := json.Marshal(res)
-			w.Write(append(b, '\n'))
-		})}
+	return []adminroute.Route{
+		{Method: http.MethodGet, Path: "/relay/v1/config", Mode: admintoken.ModeOwn,
+			Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				r.mu.Lock()
+				cur := r.cur
+				r.mu.Unlock()
+				adminroute.WriteJSON(w, http.StatusOK, map[string]any{"settings": settingsInForce(cur)})
+			})},
+		{Method: http.MethodPost, Path: "/relay/v1/reload", Mode: admintoken.ModeOwn,
+			Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				res, status := r.reload("POST /relay/v1/reload"), http.StatusOK
+				if !res.Reloaded {
+					status = http.StatusUnprocessableEntity
+				}
+				adminroute.WriteJSON(w, status, res)
+			})},
+	}
 }

@@ -641,15 +641,31 @@ func (s *server) startAdmin(dl *deliveries) (*adminapi.Server, error) {
 	return admin, nil
 }
 
-// loadTLS loads a listener's certificate (nil when cert and key are unset)
-// and reloads it on SIGHUP.
+// loadTLS loads a listener's certificate (nil when cert and key are unset:
+// config.Validate refuses one without the other) and reloads it on every
+// reload. Connections already open keep their certificate; new ones get
+// the new pair; a pair that does not load keeps the old one, and the log
+// says why. certName and keyName are the settings, named in the error with
+// where they came from, as config's errors do.
 func (s *server) loadTLS(listener, cert, key, certName, keyName string) (*tlsreload.Reloader, error) {
-	p, err := loadTLS(s.log, listener, cert, key, tlsSources(s.cfg, certName, keyName))
-	if p == nil || err != nil {
-		return nil, err
+	if cert == "" && key == "" {
+		return nil, nil
 	}
-	s.onHUP.add(func(config.Config) { reloadTLS(s.log, []*tlsPair{p}) })
-	return p.r, nil
+	r, err := tlsreload.New(tlsreload.Config{CertFile: cert, KeyFile: key})
+	if err != nil {
+		return nil, fmt.Errorf("%s listener: %w (%s from %s; %s from %s)", listener, err,
+			certName, s.cfg.Source(certName), keyName, s.cfg.Source(keyName))
+	}
+	logCert(s.log, listener, r, "tls certificate loaded")
+	s.onHUP.add(func(config.Config) {
+		if err := r.Reload(); err != nil {
+			s.log.Error("tls certificate reload failed: keeping the previous certificate",
+				zap.String("listener", listener), errField(err))
+			return
+		}
+		logCert(s.log, listener, r, "tls certificate reloaded")
+	})
+	return r, nil
 }
 
 // startDelivery runs the deliveries: events, group identifies, user
@@ -712,7 +728,7 @@ func (s *server) startIngest(admin *adminapi.Server) error {
 	// holds them is built (the admin listener, the credentials Ref), then
 	// the ingest access settings (the allow-list may be the credentials').
 	s.onHUP.add(func(c config.Config) {
-		reloadFiles(c, log, reloadTargets{setToken: admin.SetToken, setCreds: func(n *credentials.Store) { s.creds.Swap(n) }})
+		reloadFiles(c, log, admin.SetToken, func(n *credentials.Store) { s.creds.Swap(n) })
 		reloadOpen(ing, c, s.creds.Load(), log)
 		ing.SetMaxBatchBytes(int(c.MaxBatchBytes)) // events that could not fit alone in a request are refused
 	})

@@ -65,21 +65,12 @@ func (r *reloaders) run(cfg config.Config) {
 	}
 }
 
-// reloadTargets put what reloadFiles read in force.
-type reloadTargets struct {
-	// setToken puts a new admin token in force for every later request.
-	setToken func(*admintoken.Token)
-	// setCreds puts a new credentials store in force for every later lookup
-	// (and whatever depends on it, e.g. an allow-list built from it).
-	setCreds func(*credentials.Store)
-}
-
 // reloadFiles re-reads the admin token file and the credentials file of
-// cfg (the configuration a reload puts in force). Each is put in force only when its new content is
-// valid; a bad new file keeps the one in force and the log says why. The
-// log shows the new state (project and organization names, never a
-// secret).
-func reloadFiles(cfg config.Config, log *zap.Logger, to reloadTargets) {
+// cfg (the configuration a reload puts in force) and puts each in force
+// (setToken, setCreds) only when its new content is valid; a bad new file
+// keeps the one in force and the log says why. The log shows the new state
+// (project and organization names, never a secret).
+func reloadFiles(cfg config.Config, log *zap.Logger, setToken func(*admintoken.Token), setCreds func(*credentials.Store)) {
 	switch {
 	case cfg.Token == nil:
 		log.Info("reload: no admin token configured: nothing to reload (a token cannot be added while serving)")
@@ -91,7 +82,7 @@ func reloadFiles(cfg config.Config, log *zap.Logger, to reloadTargets) {
 			log.Error("reload: admin token file not reloaded; the token in force stays", zap.String("file", cfg.AdminTokenFile), errField(err))
 			break
 		}
-		to.setToken(tok)
+		setToken(tok)
 		log.Info("reload: admin token reloaded", zap.String("file", cfg.AdminTokenFile))
 		if tok.ReadableByOthers() {
 			log.Warn("admin-token-file " + cfg.AdminTokenFile + " is readable by group or others: chmod 600 it (from " + cfg.Source("admin-token-file") + ")")
@@ -106,6 +97,6 @@ func reloadFiles(cfg config.Config, log *zap.Logger, to reloadTargets) {
 		log.Error("reload: credentials file not reloaded; the credentials in force stay", zap.String("file", cfg.Credentials), errField(err))
 		return
 	}
-	to.setCreds(n)
+	setCreds(n)
 	log.Info("reload: credentials reloaded", zap.String("file", cfg.Credentials), zap.Object("credentials", n))
 }

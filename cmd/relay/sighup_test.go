@@ -194,7 +194,7 @@ func TestSIGHUPWarningNamesSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zapcore.DebugLevel)
-	reloadFiles(cfg, zap.New(core), reloadTargets{setToken: func(*admintoken.Token) {}, setCreds: func(*credentials.Store) {}})
+	reloadFiles(cfg, zap.New(core), func(*admintoken.Token) {}, func(*credentials.Store) {})
 	w := logs.FilterLevelExact(zapcore.WarnLevel).All()
 	want := "admin-token-file " + file + " is readable by group or others: chmod 600 it (from variable RELAY_ADMIN_TOKEN_FILE)"
 	if len(w) != 1 || w[0].Message != want {

@@ -2,12 +2,11 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
-	"fmt"
 	"io"
 	"net"
 
+	"github.com/svcrelay/relay/internal/operator"
 	"github.com/svcrelay/relay/internal/sim"
 	"go.uber.org/zap"
 )
@@ -15,7 +14,6 @@ import (
 // runSim serves the simulated upstream until a signal.
 func runSim(ctx context.Context, resetSignals func(), args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("relay sim", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	listen := fs.String("listen", "127.0.0.1:8090", "address to serve the simulated upstream on")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	format := fs.String("log-format", "", "json or console; empty: console on a terminal")
@@ -25,50 +23,39 @@ func runSim(ctx context.Context, resetSignals func(), args []string, stderr io.W
 	penalty := fs.Duration("throttle-penalty", 0, "how long a key named in a 429 stays refused; 0 means 30s")
 	lenient := fs.Bool("lenient-rate", false, "count only ingested events in the rate (the request's own events do not count)")
 	partial := fs.Bool("partial-throttle", false, "a 429 or silenced 400 ingests the events it does not name")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
+	return operator.Run("sim", fs, args, stderr, false, func() error {
+		log, _, _, err := newLeveledLogger(*level, *format, stderr)
+		if err != nil {
+			return operator.UsageError{Err: err}
 		}
-		return exitUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "relay sim: unexpected argument %q\n", fs.Arg(0))
-		return exitUsage
-	}
-	log, err := newLogger(*level, *format, stderr)
-	if err != nil {
-		fmt.Fprintf(stderr, "relay sim: %v\n", err)
-		return exitUsage
-	}
-	defer log.Sync() //nolint:errcheck
-	scfg := sim.Config{EPSThreshold: *eps, RateWindow: *window, ThrottlePenalty: *penalty, LenientRate: *lenient,
-		PartialThrottle: *partial, PartialSilence: *partial}
-	if err := scfg.Validate(); err != nil {
-		fmt.Fprintf(stderr, "relay sim: %v\n", err)
-		return exitUsage
-	}
-	ln, err := net.Listen("tcp", *listen)
-	if err != nil {
-		fmt.Fprintf(stderr, "relay sim: %v\n", err)
-		return exitFailure
-	}
-	s := sim.New(scfg, log)
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ln) }()
-	log.Info("simulated upstream serving", zap.String("addr", ln.Addr().String()),
-		zap.String("read_out", "http://"+ln.Addr().String()+"/sim/events"))
-	select {
-	case <-ctx.Done():
-		resetSignals()
-	case err := <-done:
-		log.Error("simulated upstream failed", errField(err))
-		return exitFailure
-	}
-	if err := s.Close(); err != nil {
-		log.Error("close", errField(err))
-		return exitFailure
-	}
-	<-done
-	log.Info("simulated upstream stopped")
-	return exitOK
+		defer log.Sync() //nolint:errcheck
+		scfg := sim.Config{EPSThreshold: *eps, RateWindow: *window, ThrottlePenalty: *penalty, LenientRate: *lenient,
+			PartialThrottle: *partial, PartialSilence: *partial}
+		if err := scfg.Validate(); err != nil {
+			return operator.UsageError{Err: err}
+		}
+		ln, err := net.Listen("tcp", *listen)
+		if err != nil {
+			return err
+		}
+		s := sim.New(scfg, log)
+		done := make(chan error, 1)
+		go func() { done <- s.Serve(ln) }()
+		log.Info("simulated upstream serving", zap.String("addr", ln.Addr().String()),
+			zap.String("read_out", "http://"+ln.Addr().String()+"/sim/events"))
+		select {
+		case <-ctx.Done():
+			resetSignals()
+		case err := <-done:
+			log.Error("simulated upstream failed", errField(err))
+			return operator.ErrFailed
+		}
+		if err := s.Close(); err != nil {
+			log.Error("close", errField(err))
+			return operator.ErrFailed
+		}
+		<-done
+		log.Info("simulated upstream stopped")
+		return nil
+	})
 }

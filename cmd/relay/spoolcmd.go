@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/svcrelay/relay/internal/config"
+	"github.com/svcrelay/relay/internal/operator"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 )
@@ -45,52 +46,38 @@ func spoolHint(dir string, err error) string {
 	return ""
 }
 
-// spoolFlags parses --data-dir (and the command's own flags) for a spool
-// subcommand.
-func spoolFlags(name string, args, environ []string, stderr io.Writer, more func(*flag.FlagSet)) (*flag.FlagSet, string, int) {
+// spoolCmd runs `relay spool NAME` (operator.Run's flow) with --data-dir
+// (its default from RELAY_DATA_DIR) and the command's own flags (more);
+// run gets the data dir and the arguments.
+func spoolCmd(name string, args, environ []string, stderr io.Writer, takesArgs bool, more func(*flag.FlagSet), run func(dir string, args []string) error) int {
 	fs := flag.NewFlagSet("relay spool "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	def := cmp.Or(envValue(environ, config.EnvName("data-dir")), "./relay-data")
+	def := cmp.Or(envValue(environ, config.EnvName("data-dir")), config.Default("data-dir"))
 	dir := fs.String("data-dir", def, "the relay's data dir (default from RELAY_DATA_DIR)")
 	if more != nil {
 		more(fs)
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, "", exitOK
-		}
-		return nil, "", exitUsage
-	}
-	return fs, *dir, -1
+	return operator.Run("spool "+name, fs, args, stderr, takesArgs, func() error { return run(*dir, fs.Args()) })
 }
 
 // runVerify prints a summary of the spool's records and checksums; exit 1
 // when anything is damaged.
 func runVerify(args, environ []string, stdout, stderr io.Writer) int {
-	fs, dir, code := spoolFlags("verify", args, environ, stderr, nil)
-	if code >= 0 {
-		return code
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "relay spool verify: unexpected argument %q\n", fs.Arg(0))
-		return exitUsage
-	}
-	if err := checkUnlocked(dir); err != nil {
-		fmt.Fprintf(stderr, "relay spool verify: %v\n", err)
-		return exitFailure
-	}
-	rep, err := spool.Verify(dir, nil)
-	if err != nil {
-		fmt.Fprintf(stderr, "relay spool verify: %v\n", err)
-		return exitFailure
-	}
-	printReport(stdout, dir, rep)
-	if rep.Damaged > 0 || len(rep.Problems) > 0 {
-		fmt.Fprintf(stdout, "DAMAGED: stop here; `relay spool salvage --data-dir %s --out FILE` writes every readable record (README: Operations)\n", dir)
-		return exitFailure
-	}
-	fmt.Fprintln(stdout, "OK")
-	return exitOK
+	return spoolCmd("verify", args, environ, stderr, false, nil, func(dir string, _ []string) error {
+		if err := checkUnlocked(dir); err != nil {
+			return err
+		}
+		rep, err := spool.Verify(dir, nil)
+		if err != nil {
+			return err
+		}
+		printReport(stdout, dir, rep)
+		if rep.Damaged > 0 || len(rep.Problems) > 0 {
+			fmt.Fprintf(stdout, "DAMAGED: stop here; `relay spool salvage --data-dir %s --out FILE` writes every readable record (README: Operations)\n", dir)
+			return operator.ErrFailed
+		}
+		fmt.Fprintln(stdout, "OK")
+		return nil
+	})
 }
 
 func printReport(w io.Writer, dir string, rep spool.VerifyReport) {
@@ -107,57 +94,51 @@ func printReport(w io.Writer, dir string, rep spool.VerifyReport) {
 // runSalvage writes every readable record as JSON lines to --out.
 func runSalvage(args, environ []string, stdout, stderr io.Writer) int {
 	var out *string
-	fs, dir, code := spoolFlags("salvage", args, environ, stderr, func(fs *flag.FlagSet) {
+	more := func(fs *flag.FlagSet) {
 		out = fs.String("out", "", "the file to write (JSON lines; it holds api_keys: mode 0600); - for stdout")
-	})
-	if code >= 0 {
-		return code
 	}
-	if fs.NArg() > 0 || *out == "" {
-		fmt.Fprintln(stderr, "relay spool salvage: usage: relay spool salvage --data-dir DIR --out FILE")
-		return exitUsage
-	}
-	if err := checkUnlocked(dir); err != nil {
-		fmt.Fprintf(stderr, "relay spool salvage: %v\n", err)
-		return exitFailure
-	}
-	var w io.Writer = stdout
-	var f *os.File
-	if *out != "-" {
-		var err error
-		f, err = os.OpenFile(*out, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if err != nil {
-			fmt.Fprintf(stderr, "relay spool salvage: %v\n", err)
-			return exitFailure
+	return spoolCmd("salvage", args, environ, stderr, true, more, func(dir string, args []string) error {
+		if len(args) > 0 || *out == "" {
+			return operator.Usagef("usage: relay spool salvage --data-dir DIR --out FILE")
 		}
-		w = f
-	}
-	bw := bufio.NewWriterSize(w, 1<<20)
-	enc := json.NewEncoder(bw)
-	enc.SetEscapeHTML(false)
-	n := 0
-	rep, err := spool.Verify(dir, func(r *spool.SalvageRecord) error {
-		n++
-		return enc.Encode(r)
-	})
-	if err == nil {
-		err = bw.Flush()
-	}
-	if f != nil {
+		if err := checkUnlocked(dir); err != nil {
+			return err
+		}
+		var w io.Writer = stdout
+		var f *os.File
+		if *out != "-" {
+			var err error
+			if f, err = os.OpenFile(*out, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600); err != nil {
+				return err
+			}
+			w = f
+		}
+		bw := bufio.NewWriterSize(w, 1<<20)
+		enc := json.NewEncoder(bw)
+		enc.SetEscapeHTML(false)
+		n := 0
+		rep, err := spool.Verify(dir, func(r *spool.SalvageRecord) error {
+			n++
+			return enc.Encode(r)
+		})
 		if err == nil {
-			err = f.Sync()
+			err = bw.Flush()
 		}
-		if cerr := f.Close(); err == nil {
-			err = cerr
+		if f != nil {
+			if err == nil {
+				err = f.Sync()
+			}
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
 		}
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "relay spool salvage: %v\n", err)
-		return exitFailure
-	}
-	printReport(stderr, dir, rep)
-	fmt.Fprintf(stderr, "relay spool salvage: wrote %d lines to %s\n", n, *out)
-	return exitOK
+		if err != nil {
+			return err
+		}
+		printReport(stderr, dir, rep)
+		fmt.Fprintf(stderr, "relay spool salvage: wrote %d lines to %s\n", n, *out)
+		return nil
+	})
 }
 
 // runImport appends the records of salvage files to the spool in
@@ -166,43 +147,35 @@ func runSalvage(args, environ []string, stdout, stderr io.Writer) int {
 // damaged are skipped unless --damaged.
 func runImport(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
 	var damaged *bool
-	fs, dir, code := spoolFlags("import", args, environ, stderr, func(fs *flag.FlagSet) {
+	more := func(fs *flag.FlagSet) {
 		damaged = fs.Bool("damaged", false, "also import records whose checksum failed (they may be altered)")
+	}
+	return spoolCmd("import", args, environ, stderr, true, more, func(dir string, files []string) error {
+		if len(files) == 0 {
+			return operator.Usagef("usage: relay spool import --data-dir DIR FILE...")
+		}
+		if st, err := os.Stat(dir); err == nil && st.IsDir() {
+			if err := checkUnlocked(dir); err != nil {
+				return err
+			}
+		}
+		sp, err := spool.Open(spool.Config{Dir: dir}, nil, nil)
+		if err != nil {
+			return fmt.Errorf("open spool in %s: %w%s", dir, err, spoolHint(dir, err))
+		}
+		st := importStats{}
+		for _, name := range files {
+			if err = importFile(ctx, sp, filepath.Clean(name), *damaged, &st); err != nil {
+				break
+			}
+		}
+		if cerr := sp.Close(); err == nil && cerr != nil {
+			err = cerr
+		}
+		fmt.Fprintf(stdout, "imported %d records into %d lanes and %d dead letters; skipped %d damaged, %d without an api_key\n",
+			st.records, len(st.lanes), st.dead, st.damaged, st.nokey)
+		return err
 	})
-	if code >= 0 {
-		return code
-	}
-	if fs.NArg() == 0 {
-		fmt.Fprintln(stderr, "relay spool import: usage: relay spool import --data-dir DIR FILE...")
-		return exitUsage
-	}
-	if st, err := os.Stat(dir); err == nil && st.IsDir() {
-		if err := checkUnlocked(dir); err != nil {
-			fmt.Fprintf(stderr, "relay spool import: %v\n", err)
-			return exitFailure
-		}
-	}
-	sp, err := spool.Open(spool.Config{Dir: dir}, nil, nil)
-	if err != nil {
-		fmt.Fprintf(stderr, "relay spool import: open spool in %s: %v%s\n", dir, err, spoolHint(dir, err))
-		return exitFailure
-	}
-	st := importStats{}
-	for _, name := range fs.Args() {
-		if err = importFile(ctx, sp, filepath.Clean(name), *damaged, &st); err != nil {
-			break
-		}
-	}
-	if cerr := sp.Close(); err == nil && cerr != nil {
-		err = cerr
-	}
-	fmt.Fprintf(stdout, "imported %d records into %d lanes and %d dead letters; skipped %d damaged, %d without an api_key\n",
-		st.records, len(st.lanes), st.dead, st.damaged, st.nokey)
-	if err != nil {
-		fmt.Fprintf(stderr, "relay spool import: %v\n", err)
-		return exitFailure
-	}
-	return exitOK
 }
 
 type importStats struct {

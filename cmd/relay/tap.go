@@ -17,6 +17,7 @@ import (
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/operator"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/tap"
 	"github.com/svcrelay/relay/internal/upstream"
@@ -77,7 +78,6 @@ func tapRoute(hub *tap.Hub, creds *credentials.Ref) adminroute.Route {
 // admin listener to stdout, as JSON lines.
 func runTap(ctx context.Context, args []string, environ []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("relay tap", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	admin := fs.String("admin", "", "the relay's admin listener, e.g. http://127.0.0.1:8081 (required)")
 	tokenFile := fs.String("token-file", "", "file holding the admin token (else RELAY_ADMIN_TOKEN)")
 	project := fs.String("project", "", "only the events of this project's api_key (named in the relay's credentials file)")
@@ -89,93 +89,101 @@ func runTap(ctx context.Context, args []string, environ []string, stdout, stderr
 	dur := fs.Duration("duration", tap.DefaultDuration, "stop after this long (at most "+tap.MaxDuration.String()+")")
 	where := fs.String("where", "ingest", "where to watch: ingest (accepted), delivered (upstream answered 200) or dead (dead letters)")
 	mask := fs.Bool("mask", false, "replace the values of event_properties, user_properties, groups and group_properties by \"***\"")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
+	return operator.Run("tap", fs, args, stderr, true, func() error {
+		if *admin == "" || fs.NArg() > 0 {
+			return operator.Usagef("--admin URL is required and there are no arguments")
 		}
-		return exitUsage
-	}
-	if *admin == "" || fs.NArg() > 0 {
-		fmt.Fprintln(stderr, "relay tap: --admin URL is required and there are no arguments")
-		return exitUsage
-	}
-	if *project != "" && *keyHash != "" {
-		fmt.Fprintln(stderr, "relay tap: --project and --api-key-hash exclude each other")
-		return exitUsage
-	}
-	token := envValue(environ, "RELAY_ADMIN_TOKEN")
-	if *tokenFile != "" {
-		b, err := os.ReadFile(*tokenFile)
+		if *project != "" && *keyHash != "" {
+			return operator.Usagef("--project and --api-key-hash exclude each other")
+		}
+		token := envValue(environ, "RELAY_ADMIN_TOKEN")
+		if *tokenFile != "" {
+			var err error
+			if token, err = readToken(*tokenFile); err != nil {
+				return err
+			}
+		}
+		q := url.Values{}
+		for k, v := range map[string]string{"project": *project, "api_key_hash": *keyHash, "event_type": *eventType,
+			"device": *device, "where": *where} {
+			if v != "" {
+				q.Set(k, v)
+			}
+		}
+		if *sample > 0 {
+			q.Set("sample", strconv.FormatUint(*sample, 10))
+		}
+		if *limit > 0 {
+			q.Set("limit", strconv.FormatUint(*limit, 10))
+		}
+		q.Set("duration", dur.String())
+		if *mask {
+			q.Set("mask", "true")
+		}
+		// No client time-out: the server ends the stream after --duration.
+		hc := &http.Client{Transport: &http.Transport{ResponseHeaderTimeout: 30 * time.Second}}
+		resp, err := adminGet(ctx, hc, *admin, "/relay/v1/tap?"+q.Encode(), token)
 		if err != nil {
-			fmt.Fprintf(stderr, "relay tap: %v\n", err)
-			return exitUsage
+			return err
 		}
-		token = strings.TrimSpace(string(b))
-	}
-	q := url.Values{}
-	for k, v := range map[string]string{"project": *project, "api_key_hash": *keyHash, "event_type": *eventType,
-		"device": *device, "where": *where} {
-		if v != "" {
-			q.Set(k, v)
+		defer resp.Body.Close()
+		// Event lines to stdout; the drop reports and the end line to stderr,
+		// so that stdout is only events.
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 64<<10), 4<<20)
+		for sc.Scan() {
+			line := sc.Bytes()
+			switch {
+			case strings.HasPrefix(string(line), `{"dropped":`):
+				fmt.Fprintf(stderr, "relay tap: %s (events dropped: the reader was behind; --sample or a narrower filter help)\n", line)
+				continue
+			case strings.HasPrefix(string(line), `{"end":`):
+				fmt.Fprintf(stderr, "relay tap: %s\n", line)
+				return nil
+			}
+			// One write a line: a reader piping to head or jq sees each at once.
+			if _, err := stdout.Write(append(line, '\n')); err != nil {
+				return operator.ErrFailed
+			}
 		}
-	}
-	if *sample > 0 {
-		q.Set("sample", strconv.FormatUint(*sample, 10))
-	}
-	if *limit > 0 {
-		q.Set("limit", strconv.FormatUint(*limit, 10))
-	}
-	q.Set("duration", dur.String())
-	if *mask {
-		q.Set("mask", "true")
-	}
-	u := strings.TrimRight(*admin, "/") + "/relay/v1/tap?" + q.Encode()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+		switch err := sc.Err(); {
+		case ctx.Err() != nil: // Ctrl-C
+			return nil
+		case err != nil:
+			return err
+		}
+		return errors.New("the stream ended early (the relay stopped?)")
+	})
+}
+
+// readToken reads an admin token file; its error is a usage error.
+func readToken(file string) (string, error) {
+	b, err := os.ReadFile(file)
 	if err != nil {
-		fmt.Fprintf(stderr, "relay tap: %v\n", err)
-		return exitUsage
+		return "", operator.UsageError{Err: err}
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+// adminGet GETs path of the admin listener at base with the admin token
+// (none when ""). An answer but 200 is an error: its status and body. A bad
+// base is a usage error.
+func adminGet(ctx context.Context, hc *http.Client, base, path, token string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(base, "/")+path, nil)
+	if err != nil {
+		return nil, operator.UsageError{Err: err}
 	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
-	// No client time-out: the server ends the stream after --duration.
-	resp, err := (&http.Client{Transport: &http.Transport{ResponseHeaderTimeout: 30 * time.Second}}).Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
-		fmt.Fprintf(stderr, "relay tap: %v\n", err)
-		return exitFailure
+		return nil, err
 	}
-	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		fmt.Fprintf(stderr, "relay tap: %s: %s\n", resp.Status, strings.TrimSpace(string(b)))
-		return exitFailure
+		resp.Body.Close()
+		return nil, fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
 	}
-	// Event lines to stdout; the drop reports and the end line to stderr,
-	// so that stdout is only events.
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	for sc.Scan() {
-		line := sc.Bytes()
-		switch {
-		case strings.HasPrefix(string(line), `{"dropped":`):
-			fmt.Fprintf(stderr, "relay tap: %s (events dropped: the reader was behind; --sample or a narrower filter help)\n", line)
-			continue
-		case strings.HasPrefix(string(line), `{"end":`):
-			fmt.Fprintf(stderr, "relay tap: %s\n", line)
-			return exitOK
-		}
-		// One write a line: a reader piping to head or jq sees each at once.
-		if _, err := stdout.Write(append(line, '\n')); err != nil {
-			return exitFailure
-		}
-	}
-	if err := sc.Err(); err != nil && ctx.Err() == nil {
-		fmt.Fprintf(stderr, "relay tap: %v\n", err)
-		return exitFailure
-	}
-	if ctx.Err() != nil { // Ctrl-C
-		return exitOK
-	}
-	fmt.Fprintln(stderr, "relay tap: the stream ended early (the relay stopped?)")
-	return exitFailure
+	return resp, nil
 }

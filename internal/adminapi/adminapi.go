@@ -2,7 +2,6 @@ package adminapi
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -44,29 +43,24 @@ type Config struct {
 	// still stripped before a handler sees the request). SetToken replaces
 	// it at run time.
 	Token *admintoken.Token
-	// ReadTimeout bounds reading one request; 0 means DefaultReadTimeout.
-	ReadTimeout time.Duration
 	// WriteTimeout bounds writing one response; 0 means DefaultWriteTimeout
 	// (long enough for a 30s CPU profile). Forwarded answers renew their
 	// own idle deadline instead (internal/forward).
 	WriteTimeout time.Duration
 	// MaxRequestBodySize bounds request bodies; 0 means DefaultMaxRequestBodySize.
 	MaxRequestBodySize int
-	// TLS, when not nil, makes the listener serve HTTPS with it (its
-	// certificates or GetCertificate); nil means plain HTTP.
-	TLS *tls.Config
 }
 
-// Defaults of Config.
+// Defaults of Config, and the bound of reading one request.
 const (
-	DefaultReadTimeout        = 30 * time.Second
 	DefaultWriteTimeout       = 5 * time.Minute
 	DefaultMaxRequestBodySize = 32 << 20
+	readTimeout               = 30 * time.Second
 )
 
 // Validate reports a configuration error.
 func (c Config) Validate() error {
-	if c.ReadTimeout < 0 || c.WriteTimeout < 0 || c.MaxRequestBodySize < 0 {
+	if c.WriteTimeout < 0 || c.MaxRequestBodySize < 0 {
 		return errors.New("adminapi: negative timeout or size")
 	}
 	return nil
@@ -98,9 +92,6 @@ type Server struct {
 func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
-	}
-	if cfg.ReadTimeout == 0 {
-		cfg.ReadTimeout = DefaultReadTimeout
 	}
 	if cfg.WriteTimeout == 0 {
 		cfg.WriteTimeout = DefaultWriteTimeout
@@ -143,12 +134,11 @@ func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Server, error
 	s.scrapeLog = sampled(1)
 	s.srv = &http.Server{
 		Handler:           http.HandlerFunc(s.serve),
-		ReadHeaderTimeout: min(cfg.ReadTimeout, 10*time.Second),
-		ReadTimeout:       cfg.ReadTimeout,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       readTimeout,
 		WriteTimeout:      cfg.WriteTimeout,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
-		TLSConfig:         cfg.TLS,
 		ConnState:         s.connState,
 		// net/http's own lines (TLS handshake errors, panics) go to the log
 		// with quoted fragments and query strings redacted.
@@ -201,20 +191,10 @@ func (s *Server) Register(routes ...adminroute.Route) {
 // e.g. after a reload of the token file.
 func (s *Server) SetToken(t *admintoken.Token) { s.token.Store(t) }
 
-// Handler returns the listener's handler (for tests and other listeners):
-// the path check, the metrics and the router.
-func (s *Server) Handler() http.Handler { return s.srv.Handler }
-
-// Serve serves on ln (with TLS when Config.TLS is set) until Shutdown; it
+// Serve serves on ln (a TLS listener serves HTTPS) until Shutdown; it
 // returns nil after Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
-	var err error
-	if s.cfg.TLS != nil {
-		err = s.srv.ServeTLS(ln, "", "")
-	} else {
-		err = s.srv.Serve(ln)
-	}
-	if err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("admin listener: %w", err)
 	}
 	return nil

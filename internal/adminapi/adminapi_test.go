@@ -277,7 +277,7 @@ func TestShutdown(t *testing.T) {
 }
 
 func TestValidate(t *testing.T) {
-	if _, err := New(Config{ReadTimeout: -1}, nil, nil); err == nil {
+	if _, err := New(Config{WriteTimeout: -1}, nil, nil); err == nil {
 		t.Fatal("negative timeout accepted")
 	}
 }

@@ -57,8 +57,8 @@
 // Pause and resume go to the delivery.LaneControl of the lane's kind (the batcher for
 // events); kinds without one answer 409.
 //
-// Goroutines: Serve runs the http.Server on the caller's goroutine (with
-// TLS when Config.TLS is set); handlers run on net/http's connection
+// Goroutines: Serve runs the http.Server on the caller's goroutine (a TLS
+// listener serves HTTPS); handlers run on net/http's connection
 // goroutines. Shutdown stops accepting, closes idle connections and those
 // that have sent nothing yet, and waits for open requests up to its
 // context; it owns one goroutine for the duration of the call. Relay's bulk

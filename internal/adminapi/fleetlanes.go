@@ -1,10 +1,6 @@
 package adminapi
 
 import (
-	"net/http"
-
-	"go.uber.org/zap"
-
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/storage"
 )
@@ -37,25 +33,4 @@ func fleetLaneJSON(st delivery.LaneStatus) laneJSON {
 	return laneJSON{Label: st.Label, Kind: storage.KindEvents.String(), Records: st.Records, Bytes: st.Bytes, Controllable: true, Running: true,
 		Stopped: st.Stopped, StopReason: st.StopReason, PausedKeys: st.PausedKeys, HeldEvents: st.HeldEvents,
 		ReadAheadBytes: st.ReadAheadBytes}
-}
-
-// fleetLaneAction pauses or resumes one runner of this relay.
-func (a *Relay) fleetLaneAction(w http.ResponseWriter, action string, st delivery.LaneStatus) {
-	c := a.cfg.Lanes[storage.KindEvents]
-	var err error
-	if action == "pause" {
-		err = c.StopLane(st.ID)
-	} else {
-		err = c.ResumeLane(st.ID)
-	}
-	if err != nil {
-		jsonError(w, http.StatusConflict, "%s: the lane is no longer delivered by this relay", action)
-		return
-	}
-	a.log.Info("lane "+action+"d by operator", zap.String("lane", st.Label))
-	if st, ok := a.fleetLane(st.Label); ok {
-		writeJSON(w, http.StatusOK, fleetLaneJSON(st))
-		return
-	}
-	writeJSON(w, http.StatusOK, fleetLaneJSON(st))
 }

@@ -144,44 +144,20 @@ type apiError struct {
 	Error string `json:"error"`
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		status, b = http.StatusInternalServerError, []byte(`{"error":"encoding the answer failed"}`)
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	w.Write(append(b, '\n'))
-}
-
 func jsonError(w http.ResponseWriter, status int, format string, args ...any) {
-	writeJSON(w, status, apiError{Error: fmt.Sprintf(format, args...)})
+	adminroute.WriteJSON(w, status, apiError{Error: fmt.Sprintf(format, args...)})
 }
 
 // ---- lanes by label
 
-// laneIndex maps the spool's lanes by label and by key.
-type laneIndex struct {
-	byLabel map[string]*spool.Lane
-	byKey   map[storage.LaneKey]*spool.Lane
-}
-
-func (a *Relay) lanes() laneIndex {
-	ls := a.sp.Lanes()
-	ix := laneIndex{byLabel: make(map[string]*spool.Lane, len(ls)), byKey: make(map[storage.LaneKey]*spool.Lane, len(ls))}
-	for _, l := range ls {
-		ix.byLabel[l.Key().Label()] = l
-		ix.byKey[l.Key()] = l
+// laneByLabel is the spool's lane with label, nil when none has it.
+func (a *Relay) laneByLabel(label string) *spool.Lane {
+	for _, l := range a.sp.Lanes() {
+		if l.Key().Label() == label {
+			return l
+		}
 	}
-	return ix
-}
-
-func (ix laneIndex) label(k storage.LaneKey) string {
-	if l := ix.byKey[k]; l != nil {
-		return l.Key().Label()
-	}
-	return k.Label() // a retired lane's
+	return nil
 }
 
 // ---- dead letters
@@ -209,7 +185,7 @@ type deadListJSON struct {
 	Total int64 `json:"total"`
 }
 
-func toJSON(ix laneIndex, d storage.DeadLetter) deadLetterJSON {
+func toJSON(d storage.DeadLetter) deadLetterJSON {
 	data := json.RawMessage(d.Record.Data)
 	if !json.Valid(d.Record.Data) {
 		// Not JSON (should not happen: records are the upstream payload):
@@ -217,7 +193,7 @@ func toJSON(ix laneIndex, d storage.DeadLetter) deadLetterJSON {
 		data, _ = json.Marshal(string(d.Record.Data))
 	}
 	return deadLetterJSON{
-		ID: d.ID, Lane: ix.label(d.Lane), Kind: d.Lane.Kind.String(), Reason: d.Reason,
+		ID: d.ID, Lane: d.Lane.Label(), Kind: d.Lane.Kind.String(), Reason: d.Reason,
 		Answer: string(d.Answer), Accepted: d.Accepted.UTC(), Died: d.Died.UTC(), Data: data,
 	}
 }
@@ -232,10 +208,10 @@ type filterJSON struct {
 // spoolFilter turns a label filter into the spool's key filter; ok is false
 // when no lane has the label, nor any dead letter (the lane may have been
 // retired since: its dead letters keep their label).
-func (ix laneIndex) spoolFilter(a *Relay, f filterJSON) (storage.DeadFilter, bool) {
+func (a *Relay) spoolFilter(f filterJSON) (storage.DeadFilter, bool) {
 	out := storage.DeadFilter{Reason: f.Reason}
 	if f.Lane != "" {
-		l := ix.byLabel[f.Lane]
+		l := a.laneByLabel(f.Lane)
 		if l == nil {
 			byLabel := storage.DeadFilter{Label: f.Lane}
 			if ds, err := a.deadPage(byLabel, 0, 1); err != nil || len(ds) == 0 {
@@ -252,10 +228,10 @@ func (ix laneIndex) spoolFilter(a *Relay, f filterJSON) (storage.DeadFilter, boo
 
 func uintArg(q url.Values, name string, def, lo, hi uint64) (uint64, error) {
 	v := q.Get(name)
-	if len(v) == 0 {
+	if v == "" {
 		return def, nil
 	}
-	n, err := strconv.ParseUint(string(v), 10, 64)
+	n, err := strconv.ParseUint(v, 10, 64)
 	if err != nil || n < lo || n > hi {
 		return 0, fmt.Errorf("%s: want an integer from %d to %d", name, lo, hi)
 	}
@@ -293,17 +269,11 @@ func (pf planFilter) match(d storage.DeadLetter) bool {
 // for the tracking plan's quarantine &project=&event_type=&violation=.
 func (a *Relay) listDead(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	var badArg string
 	for k := range q {
-		switch k {
-		case "lane", "reason", "after", "limit", "project", "event_type", "violation":
-		default:
-			badArg = k
+		if !slices.Contains([]string{"lane", "reason", "after", "limit", "project", "event_type", "violation"}, k) {
+			jsonError(w, http.StatusBadRequest, "unknown query parameter %q (lane, reason, after, limit, project, event_type, violation)", k)
+			return
 		}
-	}
-	if badArg != "" {
-		jsonError(w, http.StatusBadRequest, "unknown query parameter %q (lane, reason, after, limit, project, event_type, violation)", badArg)
-		return
 	}
 	after, err := uintArg(q, "after", 0, 0, math.MaxUint64)
 	if err != nil {
@@ -315,8 +285,7 @@ func (a *Relay) listDead(w http.ResponseWriter, r *http.Request) {
 		jsonError(w, http.StatusBadRequest, "%v", err)
 		return
 	}
-	ix := a.lanes()
-	f, ok := ix.spoolFilter(a, filterJSON{Lane: q.Get("lane"), Reason: q.Get("reason")})
+	f, ok := a.spoolFilter(filterJSON{Lane: q.Get("lane"), Reason: q.Get("reason")})
 	if !ok {
 		jsonError(w, http.StatusNotFound, "no lane has that label (GET /relay/v1/lanes lists them)")
 		return
@@ -346,10 +315,10 @@ func (a *Relay) listDead(w http.ResponseWriter, r *http.Request) {
 		dls, out.More = dls[:limit], true
 	}
 	for _, d := range dls {
-		out.DeadLetters = append(out.DeadLetters, toJSON(ix, d))
+		out.DeadLetters = append(out.DeadLetters, toJSON(d))
 		out.NextAfter = d.ID
 	}
-	writeJSON(w, http.StatusOK, out)
+	adminroute.WriteJSON(w, http.StatusOK, out)
 }
 
 // bulkJSON is the body of replay and purge: ids, or a filter (an empty
@@ -431,14 +400,14 @@ func describeJSONError(err error) string {
 // its start, so that records it replays and that die again (new, higher
 // ids) are left for another call; more reports whether matching dead
 // letters were left. In ids mode it returns the ids not found.
-func (a *Relay) selected(b bulkJSON, ix laneIndex, visit func([]storage.DeadLetter) error) (notFound []uint64, more bool, err error) {
+func (a *Relay) selected(b bulkJSON, visit func([]storage.DeadLetter) error) (notFound []uint64, more bool, err error) {
 	f := storage.DeadFilter{}
 	var want map[uint64]bool
 	var after, last uint64
 	limit := b.Limit
 	if b.Filter != nil {
 		var ok bool
-		if f, ok = ix.spoolFilter(a, *b.Filter); !ok {
+		if f, ok = a.spoolFilter(*b.Filter); !ok {
 			return nil, false, errUnknownLane
 		}
 		if last, err = a.newestDead(f); err != nil {
@@ -545,7 +514,7 @@ func (a *Relay) bulkCall(w http.ResponseWriter, r *http.Request, replay bool, an
 	defer a.bulk.Unlock()
 	ctx, cancel := context.WithTimeout(a.stopCtx, bulkCallTimeout)
 	defer cancel()
-	ans.NotFound, ans.More, err = a.selected(b, a.lanes(), func(page []storage.DeadLetter) error { return visit(ctx, b, page) })
+	ans.NotFound, ans.More, err = a.selected(b, func(page []storage.DeadLetter) error { return visit(ctx, b, page) })
 	if ans.NotFound == nil {
 		ans.NotFound = []uint64{}
 	}
@@ -606,16 +575,16 @@ func (a *Relay) replayDead(w http.ResponseWriter, r *http.Request) {
 		a.log.Error("replaying dead letters failed part way", append(fields, errField(err))...)
 		out.Error = "replay stopped: " + err.Error()
 		status := http.StatusInternalServerError
-		if errors.Is(err, spool.ErrFull) || errors.Is(err, spool.ErrDiskLow) || errors.Is(err, spool.ErrTooManyLanes) ||
-			errors.Is(err, storage.ErrFull) || errors.Is(err, storage.ErrUnavailable) {
+		// The spool's and the fleet's refusals for space match storage.ErrFull.
+		if errors.Is(err, storage.ErrFull) || errors.Is(err, storage.ErrUnavailable) || errors.Is(err, spool.ErrTooManyLanes) {
 			status = http.StatusServiceUnavailable
 			w.Header().Set("Retry-After", "30")
 		}
-		writeJSON(w, status, out)
+		adminroute.WriteJSON(w, status, out)
 		return
 	}
 	a.log.Info("dead letters replayed", fields...)
-	writeJSON(w, http.StatusOK, out)
+	adminroute.WriteJSON(w, http.StatusOK, out)
 }
 
 type purgeJSON struct {
@@ -643,10 +612,10 @@ func (a *Relay) purgeDead(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		a.log.Error("purging dead letters failed part way", zap.Int("purged", out.Purged), errField(err))
 		out.Error = "purge stopped: " + err.Error()
-		writeJSON(w, http.StatusInternalServerError, out)
+		adminroute.WriteJSON(w, http.StatusInternalServerError, out)
 	default:
 		a.log.Info("dead letters purged", zap.Int("purged", out.Purged))
-		writeJSON(w, http.StatusOK, out)
+		adminroute.WriteJSON(w, http.StatusOK, out)
 	}
 }
 
@@ -718,21 +687,37 @@ func (a *Relay) listLanes(w http.ResponseWriter, r *http.Request) {
 	for _, st := range a.fleetLanes() {
 		out.Lanes = append(out.Lanes, fleetLaneJSON(st))
 	}
-	writeJSON(w, http.StatusOK, out)
+	adminroute.WriteJSON(w, http.StatusOK, out)
+}
+
+// laneOf finds the lane label names: a spool lane or, in fleet mode, one of
+// this relay's events runners. view is its answer now; c and id pause and
+// resume it (c nil: its kind has no deliverer that can); gone is why c
+// could not.
+func (a *Relay) laneOf(label string) (view func() laneJSON, c delivery.LaneControl, id uint64, gone string, ok bool) {
+	if l := a.laneByLabel(label); l != nil {
+		view = func() laneJSON { return a.laneJSON(l, a.statuses(), time.Now()) }
+		// A lane created a moment ago may not run yet.
+		return view, a.cfg.Lanes[l.Key().Kind], l.ID(), "the lane's deliverer does not run it yet (retry in a second)", true
+	}
+	st, ok := a.fleetLane(label)
+	view = func() laneJSON {
+		if now, ok := a.fleetLane(label); ok {
+			st = now
+		}
+		return fleetLaneJSON(st)
+	}
+	return view, a.cfg.Lanes[storage.KindEvents], st.ID, "the lane is no longer delivered by this relay", ok
 }
 
 // getLane: GET /relay/v1/lanes/{label}
 func (a *Relay) getLane(w http.ResponseWriter, r *http.Request) {
-	l := a.lanes().byLabel[r.PathValue("label")]
-	if l == nil {
-		if st, ok := a.fleetLane(r.PathValue("label")); ok {
-			writeJSON(w, http.StatusOK, fleetLaneJSON(st))
-			return
-		}
+	view, _, _, _, ok := a.laneOf(r.PathValue("label"))
+	if !ok {
 		jsonError(w, http.StatusNotFound, "no lane has that label (GET /relay/v1/lanes lists them)")
 		return
 	}
-	writeJSON(w, http.StatusOK, a.laneJSON(l, a.statuses(), time.Now()))
+	adminroute.WriteJSON(w, http.StatusOK, view())
 }
 
 // laneAction: POST /relay/v1/lanes/{label}/pause and .../resume
@@ -742,33 +727,25 @@ func (a *Relay) laneAction(w http.ResponseWriter, r *http.Request) {
 		jsonError(w, http.StatusNotFound, "not found (POST /relay/v1/lanes/{label}/pause or /resume)")
 		return
 	}
-	l := a.lanes().byLabel[label]
-	if l == nil {
-		if st, ok := a.fleetLane(label); ok {
-			a.fleetLaneAction(w, action, st)
-			return
-		}
+	view, c, id, gone, ok := a.laneOf(label)
+	switch {
+	case !ok:
 		jsonError(w, http.StatusNotFound, "no lane has that label (GET /relay/v1/lanes lists them)")
 		return
-	}
-	c := a.cfg.Lanes[l.Key().Kind]
-	if c == nil {
-		jsonError(w, http.StatusConflict, "lanes of kind %s cannot be paused or resumed", l.Key().Kind)
+	case c == nil:
+		jsonError(w, http.StatusConflict, "lanes of kind %s cannot be paused or resumed", view().Kind)
 		return
 	}
-	var err error
+	do := c.ResumeLane
 	if action == "pause" {
-		err = c.StopLane(l.ID())
-	} else {
-		err = c.ResumeLane(l.ID())
+		do = c.StopLane
 	}
-	if err != nil {
-		// A lane created a moment ago may not run yet.
-		jsonError(w, http.StatusConflict, "%s: the lane's deliverer does not run it yet (retry in a second)", action)
+	if err := do(id); err != nil {
+		jsonError(w, http.StatusConflict, "%s: %s", action, gone)
 		return
 	}
 	a.log.Info("lane "+action+"d by operator", zap.String("lane", label))
-	writeJSON(w, http.StatusOK, a.laneJSON(l, a.statuses(), time.Now()))
+	adminroute.WriteJSON(w, http.StatusOK, view())
 }
 
 // errField logs an error as its message only.

@@ -36,7 +36,7 @@ func TestAbortedScrapesSampled(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 20 {
-		s.Handler().ServeHTTP(&brokenPipe{h: http.Header{}}, httptest.NewRequest("GET", "/metrics", nil))
+		s.srv.Handler.ServeHTTP(&brokenPipe{h: http.Header{}}, httptest.NewRequest("GET", "/metrics", nil))
 	}
 	if n := logs.Len(); n != 1 {
 		for _, e := range logs.All() {
@@ -49,7 +49,7 @@ func TestAbortedScrapesSampled(t *testing.T) {
 	}
 	// A scrape read in full is neither counted nor logged; it shows the 20.
 	w := httptest.NewRecorder()
-	s.Handler().ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))
+	s.srv.Handler.ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))
 	if w.Code != 200 || !strings.Contains(w.Body.String(), "relay_admin_metrics_write_errors_total 20") {
 		t.Fatalf("scrape: %d %.200s", w.Code, w.Body.String())
 	}

@@ -1,18 +1,9 @@
 package adminapi
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"math/big"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
@@ -47,44 +38,6 @@ func TestServerLogRedacted(t *testing.T) {
 		if !strings.Contains(d, "[redacted]") {
 			t.Fatalf("log line not redacted: %q", d)
 		}
-	}
-}
-
-// TestTLS: with Config.TLS the listener serves HTTPS.
-func TestTLS(t *testing.T) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "relay-admin"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := New(Config{TLS: &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	base := strings.Replace(start(t, s), "http://", "https://", 1)
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	c := &http.Client{Timeout: poll.Max, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
-	resp, err := c.Get(base + "/healthz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != 200 || resp.TLS == nil {
-		t.Fatalf("healthz over TLS: %d %v", resp.StatusCode, resp.TLS)
 	}
 }
 

@@ -1,7 +1,8 @@
 // Package adminroute is what the admin listener (internal/adminapi) and the
 // packages that offer it routes (group identify, user mapping, the forwarded
 // upstream APIs of internal/forward, /relay/v1) share: the one Route type,
-// and CheckPath, the one rule for which request paths the listener serves.
+// CheckPath, the one rule for which request paths the listener serves, and
+// WriteJSON, the relay's own JSON answers.
 //
 // # One path
 //
@@ -15,6 +16,7 @@
 package adminroute
 
 import (
+	"encoding/json"
 	"errors"
 	"net/http"
 	"strings"
@@ -42,6 +44,18 @@ type Route struct {
 
 // Pattern is the route's http.ServeMux pattern, "METHOD PATH".
 func (r Route) Pattern() string { return r.Method + " " + r.Path }
+
+// WriteJSON answers status with v as JSON (one line), never cached.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = http.StatusInternalServerError, []byte(`{"error":"encoding the answer failed"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
 
 // ErrBadPath is returned by CheckPath for a path the admin listener refuses.
 var ErrBadPath = errors.New("request path refused")

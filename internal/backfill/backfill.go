@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -27,7 +28,7 @@ const (
 	// DefaultMaxEPS is the smallest plan's documented project rate.
 	DefaultMaxEPS = 1000
 	// DefaultDeviceEPS is the document's per-device and per-user limit.
-	DefaultDeviceEPS = 30
+	DefaultDeviceEPS = throttle.DefaultEPS
 	// paceShare is the share of DeviceEPS a device is sent at: under 1 so
 	// that a request built at one instant and sent later (the project's
 	// pacing, a busy machine) does not push the key over the limit of a
@@ -38,7 +39,7 @@ const (
 	// waits above it, so a file of any size needs bounded disk.
 	maxBacklog = 64 << 20
 	// chunkEvents and chunkBytes bound one append (and one state write).
-	chunkEvents = 1000
+	chunkEvents = batcher.DefaultMaxBatchEvents
 	chunkBytes  = 1 << 20
 )
 
@@ -64,7 +65,7 @@ type Config struct {
 	// Batch sends to /batch instead of /2/httpapi.
 	Batch bool
 	// Report is where the dead letters are written at the end; "" means
-	// Dir/backfill-report.jsonl.
+	// Dir/backfill-report.jsonl (ReportPath).
 	Report string
 	// NoSync: the spool and the state file are not fsynced (they survive a
 	// crash of the process, not of the machine).
@@ -78,6 +79,15 @@ type Config struct {
 	// ProgressEvery (zero: 500ms) and once at the end, from Run's goroutine.
 	Progress      func(Counts)
 	ProgressEvery time.Duration
+}
+
+// ReportPath is where the dead letters are written: Report, or
+// Dir/backfill-report.jsonl.
+func (c Config) ReportPath() string {
+	if c.Report != "" {
+		return c.Report
+	}
+	return filepath.Join(c.Dir, "backfill-report.jsonl")
 }
 
 // Validate reports a configuration error.
@@ -130,9 +140,6 @@ func (c Counts) ThrottledPerMillion() float64 {
 	return float64(c.Throttled) * 1e6 / float64(c.Sent)
 }
 
-// DroppedSummary lists the dropped fields and their counts, most first.
-func (c Counts) DroppedSummary() string { return droppedSummary(c.Dropped) }
-
 // ErrInterrupted is returned by Run when its context ended first: running it
 // again with the same Config resumes.
 var ErrInterrupted = errors.New("interrupted")
@@ -151,12 +158,6 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 	if cfg.MaxEPS == 0 {
 		cfg.MaxEPS = DefaultMaxEPS
 	}
-	if cfg.DeviceEPS == 0 {
-		cfg.DeviceEPS = DefaultDeviceEPS
-	}
-	if cfg.Report == "" {
-		cfg.Report = filepath.Join(cfg.Dir, "backfill-report.jsonl")
-	}
 	if cfg.ProgressEvery == 0 {
 		cfg.ProgressEvery = 500 * time.Millisecond
 	}
@@ -167,7 +168,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 	if err != nil {
 		return Counts{}, err
 	}
-	sp, err := spool.Open(spool.Config{Dir: cfg.Dir, NoSync: cfg.NoSync, MinFreeBytes: 256 << 20 /* the relay's default reserve */}, log.Named("spool"), nil)
+	sp, err := spool.Open(spool.Config{Dir: cfg.Dir, NoSync: cfg.NoSync, MinFreeBytes: spool.DefaultMinFreeBytes}, log.Named("spool"), nil)
 	if err != nil {
 		return Counts{}, fmt.Errorf("open spool: %w", err)
 	}
@@ -186,7 +187,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 	if err != nil {
 		return Counts{}, err
 	}
-	perRequest := min(1000, max(1, cfg.MaxEPS/10))
+	perRequest := min(batcher.DefaultMaxBatchEvents, max(1, cfg.MaxEPS/10))
 	snd := &sender{next: client, lim: newLimiter(float64(cfg.MaxEPS), float64(perRequest), cfg.Live)}
 	if cfg.Batch {
 		snd.url = cfg.IngestURL + "/batch"
@@ -207,10 +208,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 			Throttled: snd.throttled.Load()}
 		r.mu.Lock()
 		c.Read, c.BytesRead, c.BytesTotal, c.ReadDone = r.st.read(), r.bytesRead, r.bytesTotal, r.done
-		c.Dropped = make(map[string]int64, len(r.dropped))
-		for k, v := range r.dropped {
-			c.Dropped[k] = v
-		}
+		c.Dropped = maps.Clone(r.dropped)
 		r.mu.Unlock()
 		return c
 	}
@@ -222,12 +220,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 		// stopped would be full again, so that its first request does not
 		// add to what that run sent within the upstream's window.
 		if resumed {
-			t := time.NewTimer(time.Duration(float64(time.Second) / paceShare))
-			select {
-			case <-t.C:
-			case <-dctx.Done():
-				t.Stop()
-			}
+			sleep(dctx, time.Duration(float64(time.Second)/paceShare))
 		}
 		delivered <- p.Run(dctx)
 	}()
@@ -244,7 +237,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 	if e := <-delivered; e != nil && err == nil {
 		err = fmt.Errorf("delivery: %w", e)
 	}
-	if rerr := writeReport(sp, cfg.Report); rerr != nil && err == nil {
+	if rerr := writeReport(sp, cfg.ReportPath()); rerr != nil && err == nil {
 		err = rerr
 	}
 	c := counts()
@@ -315,10 +308,12 @@ type reader struct {
 
 func (r *reader) run(ctx context.Context) error {
 	r.ids = event.NewIDGen()
+	sizes := make([]int64, len(r.st.Files))
 	var total int64
-	for _, f := range r.st.Files {
+	for i, f := range r.st.Files {
 		if fi, err := os.Stat(f.Path); err == nil {
-			total += fi.Size()
+			sizes[i] = fi.Size()
+			total += sizes[i]
 		}
 	}
 	r.mu.Lock()
@@ -328,13 +323,11 @@ func (r *reader) run(ctx context.Context) error {
 	for i := range r.st.Files {
 		f := &r.st.Files[i]
 		if !f.Done {
-			if err := r.file(ctx, f, before); err != nil {
+			if err := r.file(ctx, f, before, sizes[i]); err != nil {
 				return fmt.Errorf("%s: %w", f.Path, err)
 			}
 		}
-		if fi, err := os.Stat(f.Path); err == nil {
-			before += fi.Size()
-		}
+		before += sizes[i]
 	}
 	r.mu.Lock()
 	r.done, r.bytesRead = true, r.bytesTotal
@@ -344,16 +337,12 @@ func (r *reader) run(ctx context.Context) error {
 
 // file reads one input from its recorded position, a chunk at a time; the
 // state is saved after each chunk is in the spool.
-func (r *reader) file(ctx context.Context, f *fileState, before int64) error {
+func (r *reader) file(ctx context.Context, f *fileState, before, fileSize int64) error {
 	in, err := openInput(f.Path, f.Pos)
 	if err != nil {
 		return err
 	}
 	defer in.close()
-	var fileSize int64
-	if fi, err := in.f.Stat(); err == nil {
-		fileSize = fi.Size()
-	}
 	var dead []storage.DeadLetter
 	var read int64
 	at := f.Pos
@@ -451,12 +440,8 @@ func (r *reader) append(ctx context.Context, dead *[]storage.DeadLetter) error {
 	*dead = (*dead)[:0]
 	r.pending, r.size = r.pending[:0], 0
 	for r.lane.Stats().Bytes > maxBacklog {
-		t := time.NewTimer(100 * time.Millisecond)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
+		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -504,7 +489,8 @@ type sender struct {
 }
 
 func (s *sender) Do(ctx context.Context, req *upstream.Request) upstream.Result {
-	n := s.count(req.Body)
+	_, n := RequestEvents(&s.reqs, req.Body)
+	n = max(1, n)
 	if err := s.lim.wait(ctx, n); err != nil {
 		return upstream.Classify(0, nil, "", err)
 	}
@@ -525,15 +511,17 @@ func (s *sender) Do(ctx context.Context, req *upstream.Request) upstream.Result 
 	return res
 }
 
-// count returns the events of a request body the batcher built.
-func (s *sender) count(body []byte) int {
-	r, _ := s.reqs.Get().(*event.Request)
+// RequestEvents returns the api_key and the number of events of a request
+// body the batcher built; pool keeps the *event.Request that parses it.
+func RequestEvents(pool *sync.Pool, body []byte) (apiKey string, n int) {
+	r, _ := pool.Get().(*event.Request)
 	if r == nil {
 		r = new(event.Request)
 	}
-	defer s.reqs.Put(r)
 	event.Parse(body, r)
-	return max(1, len(r.Events))
+	apiKey, n = string(r.APIKey), len(r.Events)
+	pool.Put(r)
+	return apiKey, n
 }
 
 // limiter is a token bucket: rate events/s (less the live rate), at most
@@ -581,15 +569,20 @@ func (l *limiter) wait(ctx context.Context, n int) error {
 		if d == 0 {
 			return nil
 		}
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
+		if err := sleep(ctx, d); err != nil || rate > 0 {
+			return err
 		}
-		if rate > 0 {
-			return nil
-		}
+	}
+}
+
+// sleep waits d, or returns ctx's error when ctx ends first.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }

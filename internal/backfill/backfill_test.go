@@ -69,7 +69,7 @@ func TestEvents(t *testing.T) {
 			if strings.Join(got, "\n") != strings.Join(want, "\n") {
 				t.Fatalf("events\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 			}
-			if s := droppedSummary(dropped); s != tt.dropped {
+			if s := (Counts{Dropped: dropped}).DroppedSummary(); s != tt.dropped {
 				t.Fatalf("dropped %q, want %q", s, tt.dropped)
 			}
 		})

@@ -216,6 +216,29 @@ func readLine(br *bufio.Reader) ([]byte, error) {
 	return long, err
 }
 
+// ReadLines calls fn with each non-blank line of the input at path (JSON
+// lines, plain or gzipped, or a zip archive of such files), in order, with
+// its newline when it has one; a line is valid until fn returns.
+func ReadLines(path string, fn func(line []byte) error) error {
+	in, err := openInput(path, pos{})
+	if err != nil {
+		return err
+	}
+	defer in.close()
+	for {
+		l, err := in.next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err == nil {
+			err = fn(l.text)
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
 // progress returns the bytes read and the input's size, for the ETA.
 func (in *input) progress() (read, size int64) { return in.done + in.off, in.size }
 
@@ -384,8 +407,9 @@ func mustJSON(v any) json.RawMessage {
 	return b
 }
 
-// droppedSummary formats the counts of dropped fields, most first.
-func droppedSummary(dropped map[string]int64) string {
+// DroppedSummary lists the dropped fields and their counts, most first.
+func (c Counts) DroppedSummary() string {
+	dropped := c.Dropped
 	keys := make([]string, 0, len(dropped))
 	for k := range dropped {
 		keys = append(keys, k)

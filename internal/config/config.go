@@ -21,6 +21,7 @@ import (
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/ingest"
 	"github.com/svcrelay/relay/internal/plan"
+	"github.com/svcrelay/relay/internal/spool"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -152,207 +153,150 @@ func (c *Config) UpstreamURLs() []UpstreamURL {
 		{"experiment-url", &c.ExperimentURL}, {"scim-url", &c.ScimURL}, {"feedback-url", &c.FeedbackURL}}
 }
 
-// option is one setting: its flag name, default and how to apply a value.
+// option is one setting: its flag name, default, and where its value goes:
+// v, a field of the Config being loaded (*string, *time.Duration, *int64
+// for a size, *int, *bool), or set for a setting parsed its own way.
 type option struct {
 	name   string
 	def    string
 	usage  string
-	isBool bool
 	secret bool // masked by `relay config check`
+	v      any
 	set    func(c *Config, v string) error
 }
 
-func str(p func(*Config) *string) func(*Config, string) error {
-	return func(c *Config, v string) error { *p(c) = v; return nil }
-}
+func (o option) isBool() bool { _, ok := o.v.(*bool); return ok }
 
-func dur(p func(*Config) *time.Duration) func(*Config, string) error {
-	return func(c *Config, v string) error {
-		d, err := ParseDuration(v)
-		*p(c) = d
-		return err
+// apply puts the value v of o in c.
+func (o option) apply(c *Config, v string) error {
+	if o.set != nil {
+		return o.set(c, v)
 	}
-}
-
-func size(p func(*Config) *int64) func(*Config, string) error {
-	return func(c *Config, v string) error {
-		n, err := ParseSize(v)
-		*p(c) = n
-		return err
-	}
-}
-
-// integer sets a whole number; with nonNeg, a negative one is refused here.
-func integer(p func(*Config) *int, nonNeg bool) func(*Config, string) error {
-	return func(c *Config, v string) error {
-		n, err := strconv.Atoi(strings.TrimSpace(v))
-		switch {
-		case nonNeg && (err != nil || n < 0):
-			return fmt.Errorf("invalid number %q: want 0 or more", v)
-		case err != nil:
-			return fmt.Errorf("invalid number %q", v)
+	var err error
+	switch p := o.v.(type) {
+	case *string:
+		*p = v
+	case *time.Duration:
+		*p, err = ParseDuration(v)
+	case *int64:
+		*p, err = ParseSize(v)
+	case *bool:
+		if *p, err = strconv.ParseBool(strings.TrimSpace(v)); err != nil {
+			err = fmt.Errorf("invalid boolean %q: want true or false", v)
 		}
-		*p(c) = n
-		return nil
-	}
-}
-
-func boolean(p func(*Config) *bool) func(*Config, string) error {
-	return func(c *Config, v string) error {
-		b, err := strconv.ParseBool(strings.TrimSpace(v))
-		if err != nil {
-			return fmt.Errorf("invalid boolean %q: want true or false", v)
+	case *int: // its bounds are Validate's
+		if *p, err = strconv.Atoi(strings.TrimSpace(v)); err != nil {
+			err = fmt.Errorf("invalid number %q", v)
 		}
-		*p(c) = b
-		return nil
+	default: // a table entry without a field or a setter of its own
+		panic("config: option " + o.name + " cannot be set")
 	}
+	return err
 }
 
-// options is the table of every setting, in the order of the contract.
-var options = []option{
-	{name: "listen", def: "127.0.0.1:8080", usage: "ingest listener address (apps and SDKs send events here)",
-		set: str(func(c *Config) *string { return &c.Listen })},
-	{name: "admin-listen", def: "127.0.0.1:8081", usage: "admin listener address: health, metrics, pprof, dead letters, forwarding",
-		set: str(func(c *Config) *string { return &c.AdminListen })},
-	{name: "data-dir", def: "./relay-data", usage: "directory of the bbolt spool; created if missing",
-		set: str(func(c *Config) *string { return &c.DataDir })},
-	{name: "ingest-url", usage: "upstream base for /2/httpapi and /groupidentify; empty: sandbox mode (built-in simulator)",
-		set: str(func(c *Config) *string { return &c.IngestURL })},
-	{name: "alias-url", usage: "upstream base of the alias (user mapping) API",
-		set: str(func(c *Config) *string { return &c.AliasURL })},
-	{name: "analytics-url", usage: "upstream base of the analytics/export APIs",
-		set: str(func(c *Config) *string { return &c.AnalyticsURL })},
-	{name: "experiment-url", usage: "upstream base of the experiment APIs",
-		set: str(func(c *Config) *string { return &c.ExperimentURL })},
-	{name: "scim-url", usage: "upstream base of the SCIM API",
-		set: str(func(c *Config) *string { return &c.ScimURL })},
-	{name: "feedback-url", usage: "upstream base of the feedback API",
-		set: str(func(c *Config) *string { return &c.FeedbackURL })},
-	{name: "throttle-pause", def: batcher.DefaultThrottlePause.String(), usage: "how long a device or user named in a 429 gets nothing sent",
-		set: dur(func(c *Config) *time.Duration { return &c.ThrottlePause })},
-	{name: "max-batch-events", def: strconv.Itoa(batcher.DefaultMaxBatchEvents), usage: "events per upstream request, at most (1.." + strconv.Itoa(batcher.MaxMaxBatchEvents) + ")",
-		set: integer(func(c *Config) *int { return &c.MaxBatchEvents }, false)},
-	{name: "max-batch-bytes", def: strconv.Itoa(batcher.DefaultMaxBatchBytes), usage: "upstream request body size, strictly less than this",
-		set: size(func(c *Config) *int64 { return &c.MaxBatchBytes })},
-	{name: "flush-interval", def: batcher.DefaultFlushInterval.String(), usage: "longest an accepted event waits for its batch to fill",
-		set: dur(func(c *Config) *time.Duration { return &c.FlushInterval })},
-	{name: "spool-max-bytes", def: "8GiB", usage: "spool quota; above it ingest answers 503 with Retry-After (0: no quota)",
-		set: size(func(c *Config) *int64 { return &c.SpoolMaxBytes })},
-	{name: "spool-min-free-bytes", def: "256MiB", usage: "free disk space kept in reserve on the data dir's filesystem; below it ingest answers 503 (0: no reserve)",
-		set: size(func(c *Config) *int64 { return &c.SpoolMinFreeBytes })},
-	{name: "sync", def: "always", usage: "always: answer 200 after fsync; none: after the write reaches the OS",
-		set: str(func(c *Config) *string { return &c.Sync })},
-	{name: "max-request-bytes", def: "20MB", usage: "largest ingest request body, after decompression (above: 413)",
-		set: size(func(c *Config) *int64 { return &c.MaxRequestBytes })},
-	{name: "max-event-age", def: "6d", usage: "an event undelivered this long after acceptance goes to dead letters",
-		set: dur(func(c *Config) *time.Duration { return &c.MaxEventAge })},
-	{name: "upstream-gzip", def: "false", isBool: true, usage: "send upstream bodies gzip-compressed",
-		set: boolean(func(c *Config) *bool { return &c.UpstreamGzip })},
-	{name: "admin-token", secret: true, usage: "token required on admin routes but /healthz, /readyz and /metrics (prefer --admin-token-file)",
-		set: str(func(c *Config) *string { return &c.AdminToken })},
-	{name: "admin-token-file", usage: "file holding the admin token",
-		set: str(func(c *Config) *string { return &c.AdminTokenFile })},
-	{name: "admin-insecure-open", def: "false", isBool: true, usage: "serve an admin-listen that is not loopback without an admin token (otherwise that start is refused)",
-		set: boolean(func(c *Config) *bool { return &c.AdminInsecureOpen })},
-	{name: "credentials", usage: "YAML file of upstream credentials; needs an admin token",
-		set: str(func(c *Config) *string { return &c.Credentials })},
-	{name: "trusted-proxies", usage: "comma-separated CIDRs whose X-Forwarded-For is trusted",
-		set: func(c *Config, v string) error {
-			ps, err := parsePrefixes(v)
-			c.TrustedProxies = ps
-			return err
-		}},
-	{name: "drain-timeout", def: "10s", usage: "on SIGTERM/SIGINT, longest wait for in-flight requests and deliveries",
-		set: dur(func(c *Config) *time.Duration { return &c.DrainTimeout })},
-	{name: "log-level", def: "info", usage: "debug, info, warn or error",
-		set: str(func(c *Config) *string { return &c.LogLevel })},
-	{name: "log-format", usage: "json or console; empty: console on a terminal, json otherwise",
-		set: str(func(c *Config) *string { return &c.LogFormat })},
-	{name: "config", usage: "YAML file of settings (keys are the flag names); flags and RELAY_* variables beat it",
-		set: str(func(c *Config) *string { return &c.ConfigFile })},
+// options is the table of every setting, in the order of the contract, its
+// fields c's.
+func options(c *Config) []option {
+	return []option{
+		{name: "listen", def: "127.0.0.1:8080", usage: "ingest listener address (apps and SDKs send events here)", v: &c.Listen},
+		{name: "admin-listen", def: "127.0.0.1:8081", usage: "admin listener address: health, metrics, pprof, dead letters, forwarding", v: &c.AdminListen},
+		{name: "data-dir", def: "./relay-data", usage: "directory of the bbolt spool; created if missing", v: &c.DataDir},
+		{name: "ingest-url", usage: "upstream base for /2/httpapi and /groupidentify; empty: sandbox mode (built-in simulator)", v: &c.IngestURL},
+		{name: "alias-url", usage: "upstream base of the alias (user mapping) API", v: &c.AliasURL},
+		{name: "analytics-url", usage: "upstream base of the analytics/export APIs", v: &c.AnalyticsURL},
+		{name: "experiment-url", usage: "upstream base of the experiment APIs", v: &c.ExperimentURL},
+		{name: "scim-url", usage: "upstream base of the SCIM API", v: &c.ScimURL},
+		{name: "feedback-url", usage: "upstream base of the feedback API", v: &c.FeedbackURL},
+		{name: "throttle-pause", def: batcher.DefaultThrottlePause.String(), usage: "how long a device or user named in a 429 gets nothing sent", v: &c.ThrottlePause},
+		{name: "max-batch-events", def: strconv.Itoa(batcher.DefaultMaxBatchEvents), usage: "events per upstream request, at most (1.." + strconv.Itoa(batcher.MaxMaxBatchEvents) + ")", v: &c.MaxBatchEvents},
+		{name: "max-batch-bytes", def: strconv.Itoa(batcher.DefaultMaxBatchBytes), usage: "upstream request body size, strictly less than this", v: &c.MaxBatchBytes},
+		{name: "flush-interval", def: batcher.DefaultFlushInterval.String(), usage: "longest an accepted event waits for its batch to fill", v: &c.FlushInterval},
+		{name: "spool-max-bytes", def: "8GiB", usage: "spool quota; above it ingest answers 503 with Retry-After (0: no quota)", v: &c.SpoolMaxBytes},
+		{name: "spool-min-free-bytes", def: fmt.Sprintf("%dMiB", spool.DefaultMinFreeBytes>>20), usage: "free disk space kept in reserve on the data dir's filesystem; below it ingest answers 503 (0: no reserve)", v: &c.SpoolMinFreeBytes},
+		{name: "sync", def: "always", usage: "always: answer 200 after fsync; none: after the write reaches the OS", v: &c.Sync},
+		{name: "max-request-bytes", def: "20MB", usage: "largest ingest request body, after decompression (above: 413)", v: &c.MaxRequestBytes},
+		{name: "max-event-age", def: "6d", usage: "an event undelivered this long after acceptance goes to dead letters", v: &c.MaxEventAge},
+		{name: "upstream-gzip", def: "false", usage: "send upstream bodies gzip-compressed", v: &c.UpstreamGzip},
+		{name: "admin-token", secret: true, usage: "token required on admin routes but /healthz, /readyz and /metrics (prefer --admin-token-file)", v: &c.AdminToken},
+		{name: "admin-token-file", usage: "file holding the admin token", v: &c.AdminTokenFile},
+		{name: "admin-insecure-open", def: "false", usage: "serve an admin-listen that is not loopback without an admin token (otherwise that start is refused)", v: &c.AdminInsecureOpen},
+		{name: "credentials", usage: "YAML file of upstream credentials; needs an admin token", v: &c.Credentials},
+		{name: "trusted-proxies", usage: "comma-separated CIDRs whose X-Forwarded-For is trusted",
+			set: func(c *Config, v string) error {
+				ps, err := parsePrefixes(v)
+				c.TrustedProxies = ps
+				return err
+			}},
+		{name: "drain-timeout", def: "10s", usage: "on SIGTERM/SIGINT, longest wait for in-flight requests and deliveries", v: &c.DrainTimeout},
+		{name: "log-level", def: "info", usage: "debug, info, warn or error", v: &c.LogLevel},
+		{name: "log-format", usage: "json or console; empty: console on a terminal, json otherwise", v: &c.LogFormat},
+		{name: "config", usage: "YAML file of settings (keys are the flag names); flags and RELAY_* variables beat it", v: &c.ConfigFile},
 
-	// The ingest listener: connections and TLS.
-	{name: "max-connections", def: "16384", usage: "ingest connections held open at once; beyond it new ones wait in the accept queue",
-		set: integer(func(c *Config) *int { return &c.MaxConnections }, false)},
-	{name: "tls-cert", usage: "PEM certificate chain: the ingest listener serves HTTPS (with --tls-key); SIGHUP reloads it",
-		set: str(func(c *Config) *string { return &c.TLSCert })},
-	{name: "tls-key", usage: "PEM private key of --tls-cert",
-		set: str(func(c *Config) *string { return &c.TLSKey })},
-	{name: "admin-tls-cert", usage: "PEM certificate chain: the admin listener serves HTTPS (with --admin-tls-key); SIGHUP reloads it",
-		set: str(func(c *Config) *string { return &c.AdminTLSCert })},
-	{name: "admin-tls-key", usage: "PEM private key of --admin-tls-cert",
-		set: str(func(c *Config) *string { return &c.AdminTLSKey })},
-	// Browsers and the open internet.
-	{name: "cors-origins", usage: "comma-separated origins (https://www.example.com) whose browser pages may POST to the ingest listener, or *; others are refused",
-		set: func(c *Config, v string) error {
-			origins, err := parseOrigins(v)
-			c.CORSOrigins = origins
-			return err
-		}},
-	{name: "allowed-api-keys", secret: true, usage: "comma-separated api_keys the ingest takes (others: 403), or \"credentials\" for the credentials file's projects; empty: all",
-		set: func(c *Config, v string) error {
-			c.AllowedAPIKeys, c.AllowedKeysFromCredentials = nil, false
-			if strings.TrimSpace(v) == "credentials" {
-				c.AllowedKeysFromCredentials = true
-				return nil
-			}
-			for f := range strings.SplitSeq(v, ",") {
-				if f = strings.TrimSpace(f); f != "" {
-					c.AllowedAPIKeys = append(c.AllowedAPIKeys, f)
+		// The ingest listener: connections and TLS.
+		{name: "max-connections", def: "16384", usage: "ingest connections held open at once; beyond it new ones wait in the accept queue", v: &c.MaxConnections},
+		{name: "tls-cert", usage: "PEM certificate chain: the ingest listener serves HTTPS (with --tls-key); SIGHUP reloads it", v: &c.TLSCert},
+		{name: "tls-key", usage: "PEM private key of --tls-cert", v: &c.TLSKey},
+		{name: "admin-tls-cert", usage: "PEM certificate chain: the admin listener serves HTTPS (with --admin-tls-key); SIGHUP reloads it", v: &c.AdminTLSCert},
+		{name: "admin-tls-key", usage: "PEM private key of --admin-tls-cert", v: &c.AdminTLSKey},
+		// Browsers and the open internet.
+		{name: "cors-origins", usage: "comma-separated origins (https://www.example.com) whose browser pages may POST to the ingest listener, or *; others are refused",
+			set: func(c *Config, v string) error {
+				origins, err := parseOrigins(v)
+				c.CORSOrigins = origins
+				return err
+			}},
+		{name: "allowed-api-keys", secret: true, usage: "comma-separated api_keys the ingest takes (others: 403), or \"credentials\" for the credentials file's projects; empty: all",
+			set: func(c *Config, v string) error {
+				c.AllowedAPIKeys, c.AllowedKeysFromCredentials = nil, false
+				if strings.TrimSpace(v) == "credentials" {
+					c.AllowedKeysFromCredentials = true
+					return nil
 				}
-			}
-			return nil
-		}},
-	{name: "client-rate-limit", def: "0", usage: "ingest requests per second per client address (burst 2x); above: 429 with Retry-After (0: off)",
-		set: func(c *Config, v string) error {
-			r, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err != nil || math.IsNaN(r) || math.IsInf(r, 0) || r < 0 || r > 1e9 {
-				return fmt.Errorf("invalid rate %q: want requests per second, 0 (off) to 1e9", v)
-			}
-			c.ClientRateLimit = r
-			return nil
-		}},
-	{name: "anonymize-ip", def: "false", isBool: true, usage: "drop the last octet of IPv4 / last 80 bits of IPv6 of every ip the relay fills in or forwards",
-		set: boolean(func(c *Config) *bool { return &c.AnonymizeIP })},
-	{name: "tracking-plan", def: "off", usage: "off, observe, filter or block: how events are checked at delivery against the project's taxonomy (a project's tracking_plan in the credentials file overrides it)",
-		set: func(c *Config, v string) (err error) {
-			c.TrackingPlan, err = plan.ParseMode(strings.TrimSpace(v))
-			return err
-		}},
-	{name: "tracking-plan-refresh", def: "5m", usage: "how often each project's tracking plan is read again from the taxonomy API",
-		set: dur(func(c *Config) *time.Duration { return &c.TrackingPlanRefresh })},
-	// Fleet mode.
-	{name: "spool", def: "local", secret: true, usage: "local: the WAL + bbolt spool in --data-dir; nats://host:port[,host:port...]: a NATS JetStream cluster shared by a fleet of relays",
-		set: func(c *Config, v string) error {
-			urls, err := ParseSpool(v)
-			c.SpoolNATS = urls
-			return err
-		}},
-	{name: "nats-creds", usage: "NATS credentials file (JWT and nkey seed) for --spool nats://",
-		set: str(func(c *Config) *string { return &c.NATSCreds })},
-	{name: "nats-tls-ca", usage: "CA bundle (PEM) that verifies the NATS servers' certificates",
-		set: str(func(c *Config) *string { return &c.NATSTLSCA })},
-	{name: "nats-tls-cert", usage: "client certificate (PEM) for NATS servers that verify clients; with --nats-tls-key",
-		set: str(func(c *Config) *string { return &c.NATSTLSCert })},
-	{name: "nats-tls-key", usage: "client certificate's key (PEM); with --nats-tls-cert",
-		set: str(func(c *Config) *string { return &c.NATSTLSKey })},
-	{name: "spool-partitions", def: "3", usage: "partitions of the fleet's streams (1..256), fixed once the streams exist: per-key order is kept within one",
-		set: integer(func(c *Config) *int { return &c.SpoolPartitions }, false)},
-	{name: "spool-streams", def: "0", usage: "streams each lane kind's partitions are spread over, each with a Raft leader of its own (0: 1; above 1, all or nothing per stream, not per request), fixed once the streams exist; with partitions and streams at 0 the layout found is taken",
-		set: integer(func(c *Config) *int { return &c.SpoolStreams }, false)},
-	// Connections per client address.
-	{name: "max-connections-per-client", def: strconv.Itoa(ingest.DefaultMaxConnectionsPerClient), usage: "ingest connections one client address (IPv6: its /64) holds open at once; beyond it new ones are closed at accept; loopback and --trusted-proxies are not bounded (0: off)",
-		set: integer(func(c *Config) *int { return &c.MaxConnectionsPerClient }, false)},
-	// The sandbox guard.
-	{name: "spool-upstream-change", def: "refuse", usage: "allow: deliver records waiting in the spool to another upstream than they were accepted for (refuse: fail to start)",
-		set: str(func(c *Config) *string { return &c.SpoolUpstreamChange })},
-	// Bounded lanes.
-	{name: "max-lanes", def: "10000", usage: "lanes (kind + api_key + canonical options) held at once; a new one beyond it gets 503 + Retry-After (0: no bound)",
-		set: integer(func(c *Config) *int { return &c.MaxLanes }, true)},
-	{name: "lane-retire-after", def: "10m", usage: "an empty lane with nothing accepted for this long is retired (its goroutines, metric series and spool record removed; 0: never)",
-		set: dur(func(c *Config) *time.Duration { return &c.LaneRetireAfter })},
-	{name: "max-lanes-per-key", def: "16", usage: "lanes of one api_key (its kinds and options variants) held at once; a new one beyond it gets 503 + Retry-After (0: no bound)",
-		set: integer(func(c *Config) *int { return &c.MaxLanesPerKey }, true)},
+				for f := range strings.SplitSeq(v, ",") {
+					if f = strings.TrimSpace(f); f != "" {
+						c.AllowedAPIKeys = append(c.AllowedAPIKeys, f)
+					}
+				}
+				return nil
+			}},
+		{name: "client-rate-limit", def: "0", usage: "ingest requests per second per client address (burst 2x); above: 429 with Retry-After (0: off)",
+			set: func(c *Config, v string) error {
+				r, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+				if err != nil || math.IsNaN(r) || math.IsInf(r, 0) || r < 0 || r > 1e9 {
+					return fmt.Errorf("invalid rate %q: want requests per second, 0 (off) to 1e9", v)
+				}
+				c.ClientRateLimit = r
+				return nil
+			}},
+		{name: "anonymize-ip", def: "false", usage: "drop the last octet of IPv4 / last 80 bits of IPv6 of every ip the relay fills in or forwards", v: &c.AnonymizeIP},
+		{name: "tracking-plan", def: "off", usage: "off, observe, filter or block: how events are checked at delivery against the project's taxonomy (a project's tracking_plan in the credentials file overrides it)",
+			set: func(c *Config, v string) (err error) {
+				c.TrackingPlan, err = plan.ParseMode(strings.TrimSpace(v))
+				return err
+			}},
+		{name: "tracking-plan-refresh", def: "5m", usage: "how often each project's tracking plan is read again from the taxonomy API", v: &c.TrackingPlanRefresh},
+		// Fleet mode.
+		{name: "spool", def: "local", secret: true, usage: "local: the WAL + bbolt spool in --data-dir; nats://host:port[,host:port...]: a NATS JetStream cluster shared by a fleet of relays",
+			set: func(c *Config, v string) error {
+				urls, err := ParseSpool(v)
+				c.SpoolNATS = urls
+				return err
+			}},
+		{name: "nats-creds", usage: "NATS credentials file (JWT and nkey seed) for --spool nats://", v: &c.NATSCreds},
+		{name: "nats-tls-ca", usage: "CA bundle (PEM) that verifies the NATS servers' certificates", v: &c.NATSTLSCA},
+		{name: "nats-tls-cert", usage: "client certificate (PEM) for NATS servers that verify clients; with --nats-tls-key", v: &c.NATSTLSCert},
+		{name: "nats-tls-key", usage: "client certificate's key (PEM); with --nats-tls-cert", v: &c.NATSTLSKey},
+		{name: "spool-partitions", def: "3", usage: "partitions of the fleet's streams (1..256), fixed once the streams exist: per-key order is kept within one", v: &c.SpoolPartitions},
+		{name: "spool-streams", def: "0", usage: "streams each lane kind's partitions are spread over, each with a Raft leader of its own (0: 1; above 1, all or nothing per stream, not per request), fixed once the streams exist; with partitions and streams at 0 the layout found is taken", v: &c.SpoolStreams},
+		// Connections per client address.
+		{name: "max-connections-per-client", def: strconv.Itoa(ingest.DefaultMaxConnectionsPerClient), usage: "ingest connections one client address (IPv6: its /64) holds open at once; beyond it new ones are closed at accept; loopback and --trusted-proxies are not bounded (0: off)", v: &c.MaxConnectionsPerClient},
+		// The sandbox guard.
+		{name: "spool-upstream-change", def: "refuse", usage: "allow: deliver records waiting in the spool to another upstream than they were accepted for (refuse: fail to start)", v: &c.SpoolUpstreamChange},
+		// Bounded lanes.
+		{name: "max-lanes", def: "10000", usage: "lanes (kind + api_key + canonical options) held at once; a new one beyond it gets 503 + Retry-After (0: no bound)", v: &c.MaxLanes},
+		{name: "lane-retire-after", def: "10m", usage: "an empty lane with nothing accepted for this long is retired (its goroutines, metric series and spool record removed; 0: never)", v: &c.LaneRetireAfter},
+		{name: "max-lanes-per-key", def: "16", usage: "lanes of one api_key (its kinds and options variants) held at once; a new one beyond it gets 503 + Retry-After (0: no bound)", v: &c.MaxLanesPerKey},
+	}
 }
 
 // isListOption reports whether a YAML file may give the option as a list
@@ -414,8 +358,14 @@ func EnvName(flagName string) string {
 	return "RELAY_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
+// Default is the default value of the setting name, as --help shows it.
+func Default(name string) string {
+	o, _ := lookupOption(name)
+	return o.def
+}
+
 func lookupOption(name string) (option, bool) {
-	for _, o := range options {
+	for _, o := range options(new(Config)) {
 		if o.name == name {
 			return o, true
 		}
@@ -438,7 +388,7 @@ func (r *rawValue) IsBoolFlag() bool   { return r.isBool }
 func Usage(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "flag\tdefault\tvariable\tmeaning")
-	for _, o := range options {
+	for _, o := range options(new(Config)) {
 		fmt.Fprintf(tw, "--%s\t%s\t%s\t%s\n", o.name, o.def, EnvName(o.name), o.usage)
 	}
 	tw.Flush()
@@ -447,12 +397,19 @@ func Usage(w io.Writer) {
 // Load builds the configuration from args (without the program name),
 // environ (os.Environ's form, "KEY=value") and the YAML file they name, then
 // validates it. The error names the setting and where its value came from.
-func Load(args []string, environ []string) (Config, error) {
+// extra registers a command's own flags (flags only, no variable or file
+// key), parsed with the settings.
+func Load(args []string, environ []string, extra ...func(*flag.FlagSet)) (Config, error) {
+	var c Config
+	opts := options(&c)
 	fs := flag.NewFlagSet("relay", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	raws := make(map[string]*rawValue, len(options))
-	for _, o := range options {
-		r := &rawValue{isBool: o.isBool}
+	for _, f := range extra {
+		f(fs)
+	}
+	raws := make(map[string]*rawValue, len(opts))
+	for _, o := range opts {
+		r := &rawValue{isBool: o.isBool()}
 		raws[o.name] = r
 		fs.Var(r, o.name, o.usage)
 	}
@@ -467,7 +424,6 @@ func Load(args []string, environ []string) (Config, error) {
 	}
 
 	env := make(map[string]string)
-	var c Config
 	for _, kv := range environ {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || !strings.HasPrefix(k, "RELAY_") {
@@ -477,7 +433,7 @@ func Load(args []string, environ []string) (Config, error) {
 	}
 	for k := range env {
 		known := false
-		for _, o := range options {
+		for _, o := range opts {
 			known = known || EnvName(o.name) == k
 		}
 		if !known {
@@ -502,7 +458,7 @@ func Load(args []string, environ []string) (Config, error) {
 		}
 	}
 
-	for _, o := range options {
+	for _, o := range opts {
 		v, org := o.def, Origin{Kind: "default"}
 		if r := raws[o.name]; r.set {
 			v, org = r.v, Origin{Kind: "flag"}
@@ -516,7 +472,7 @@ func Load(args []string, environ []string) (Config, error) {
 			shown = Masked
 		}
 		c.Settings = append(c.Settings, Setting{Name: o.name, Value: shown, Origin: org, Secret: o.secret})
-		if err := o.set(&c, v); err != nil {
+		if err := o.apply(&c, v); err != nil {
 			return Config{}, fmt.Errorf("%s (from %s): %w", c.label(o.name), org.describe(o.name), err)
 		}
 	}

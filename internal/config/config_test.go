@@ -189,7 +189,7 @@ func TestEnvNames(t *testing.T) {
 	}
 	// Every option has a distinct variable (a typo in the table would show here).
 	seen := map[string]bool{}
-	for _, o := range options {
+	for _, o := range options(new(Config)) {
 		if seen[EnvName(o.name)] {
 			t.Fatalf("duplicate variable %s", EnvName(o.name))
 		}
@@ -326,6 +326,8 @@ func TestRefusals(t *testing.T) {
 		// The ingest listener.
 		{"zero connections", []string{"--max-connections", "0"}, nil, "--max-connections 0"},
 		{"connections not a number", []string{"--max-connections", "many"}, nil, "--max-connections (from flag --max-connections): invalid number"},
+		{"negative lanes", []string{"--max-lanes", "-1"}, nil, "--max-lanes must not be negative (from flag --max-lanes)"},
+		{"lanes not a number", nil, []string{"RELAY_MAX_LANES_PER_KEY=x"}, "max-lanes-per-key (from variable RELAY_MAX_LANES_PER_KEY): invalid number"},
 		// Fleet mode.
 		{"spool neither local nor nats", []string{"--spool", "kafka://h:9092"}, nil, "--spool (from flag --spool): want local or nats://"},
 		{"spool server without port", []string{"--spool", "nats://h1:4222,h2"}, nil, "server 2: want host:port"},
@@ -364,7 +366,7 @@ func TestHelp(t *testing.T) {
 	}
 	var b strings.Builder
 	Usage(&b)
-	for _, o := range options {
+	for _, o := range options(new(Config)) {
 		if !strings.Contains(b.String(), "--"+o.name) || !strings.Contains(b.String(), EnvName(o.name)) {
 			t.Fatalf("usage lacks %s", o.name)
 		}
@@ -477,7 +479,7 @@ func TestDeployExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, o := range options {
+	for _, o := range options(new(Config)) {
 		if _, ok := keys[o.name]; !ok && o.name != "config" {
 			t.Errorf("deploy/relay.yaml lacks %s", o.name)
 		}

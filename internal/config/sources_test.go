@@ -32,8 +32,8 @@ func TestSources(t *testing.T) {
 			t.Errorf("Source(%s) = %q, want %q", name, got, src)
 		}
 	}
-	if len(c.Settings) != len(options) {
-		t.Fatalf("%d settings, want one per option (%d)", len(c.Settings), len(options))
+	if len(c.Settings) != len(options(new(Config))) {
+		t.Fatalf("%d settings, want one per option (%d)", len(c.Settings), len(options(new(Config))))
 	}
 	for _, s := range c.Settings {
 		if strings.Contains(s.Value, "s3cret") || strings.Contains(s.Value, "pa55word") {

@@ -42,13 +42,13 @@ func newSendFlags(fs *flag.FlagSet) *sendFlags {
 func (s *sendFlags) config(apiKey, ingestURL string, files []string) (backfill.Config, error) {
 	switch {
 	case s.dataDir == "":
-		return backfill.Config{}, usagef("--data-dir is required")
+		return backfill.Config{}, Usagef("--data-dir is required")
 	case ingestURL == "":
-		return backfill.Config{}, usagef("--ingest-url is required")
+		return backfill.Config{}, Usagef("--ingest-url is required")
 	case s.maxEPS < 1 || s.deviceEPS < 1:
-		return backfill.Config{}, usagef("--max-eps and --device-eps must be at least 1")
+		return backfill.Config{}, Usagef("--max-eps and --device-eps must be at least 1")
 	case s.sync != "always" && s.sync != "none":
-		return backfill.Config{}, usagef("--sync must be always or none")
+		return backfill.Config{}, Usagef("--sync must be always or none")
 	}
 	return backfill.Config{
 		IngestURL: strings.TrimRight(ingestURL, "/"), APIKey: apiKey, Dir: s.dataDir, Files: files,
@@ -66,10 +66,10 @@ func backfillCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 	return func(ctx context.Context, p *progress) error {
 		files := fs.Args()
 		if *apiKey == "" {
-			return usagef("--api-key is required")
+			return Usagef("--api-key is required")
 		}
 		if len(files) == 0 {
-			return usagef("no input file: relay backfill [flags] FILE...")
+			return Usagef("no input file: relay backfill [flags] FILE...")
 		}
 		key, url := *apiKey, s.ingestURL
 		if c.credsPath != "" {
@@ -134,11 +134,7 @@ func summary(c backfill.Counts, cfg backfill.Config) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "backfill: %d events read, %d waiting, %d dead letters", c.Read, c.Waiting, c.Dead)
 	if c.Dead > 0 {
-		report := cfg.Report
-		if report == "" {
-			report = filepath.Join(cfg.Dir, "backfill-report.jsonl")
-		}
-		fmt.Fprintf(&b, " (listed in %s)", report)
+		fmt.Fprintf(&b, " (listed in %s)", cfg.ReportPath())
 	}
 	fmt.Fprintf(&b, "; this run: %d events sent in %d requests, %d acknowledged, %d answered 429 (%.1f per million events sent), %v, %.0f events/s",
 		c.Sent, c.Requests, c.Delivered, c.Throttled, c.ThrottledPerMillion(), c.Elapsed.Round(time.Millisecond),
@@ -165,14 +161,14 @@ func migrateCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 			return err
 		}
 		if *from == *to {
-			return usagef("--from-project and --to-project are the same project")
+			return Usagef("--from-project and --to-project are the same project")
 		}
 		if err := c.load(false); err != nil {
 			return err
 		}
 		dst, ok := c.store.Project(*to)
 		if !ok {
-			return usagef("--to-project %q is not in %s", *to, c.credsPath)
+			return Usagef("--to-project %q is not in %s", *to, c.credsPath)
 		}
 		c.project = *from
 		out := filepath.Join(s.dataDir, "export.zip")
@@ -185,13 +181,7 @@ func migrateCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 		}
 		if _, err := os.Stat(out); errors.Is(err, os.ErrNotExist) {
 			p.logf("step 1 of 2: export of %s, %s to %s, into %s", *from, *start, *end, out)
-			efs := flag.NewFlagSet("export", flag.ContinueOnError)
-			exp := exportCmd(efs, c, stdout)
-			if err := efs.Parse([]string{"--start", *start, "--end", *end, "--out", out,
-				"--piece-hours", fmt.Sprint(*pieceHours)}); err != nil {
-				return usageError{err}
-			}
-			if err := exp(ctx, p); err != nil {
+			if err := runExport(ctx, c, p, stdout, *start, *end, out, *pieceHours, false); err != nil {
 				return fmt.Errorf("export: %w", err)
 			}
 		} else {

@@ -45,55 +45,61 @@ type common struct {
 // work is a command's work once its flags are parsed (see Main).
 type work func(ctx context.Context, p *progress) error
 
+// commands are the operator commands: each registers its flags and returns
+// its work.
+var commands = map[string]func(*flag.FlagSet, *common, io.Writer) work{
+	"export": exportCmd, "dsar": dsarCmd, "delete-users": deleteUsersCmd, "feedback": feedbackCmd,
+	"backfill": backfillCmd, "migrate": migrateCmd,
+}
+
 // Main runs the operator command name (export, dsar, delete-users,
-// feedback) with args and returns its exit code: the flow every command
-// shares. The work's error decides the code: nil 0; a usageError 2;
-// errFailed 1 (the failures are reported already); any other 1, printed
-// as "relay NAME: ERR" (as a usageError is) after the progress line.
+// feedback, backfill, migrate) with args and returns its exit code (Run).
 func Main(ctx context.Context, name string, args []string, stdout, stderr io.Writer) int {
-	kind := credentials.KindAnalytics
-	var define func(*flag.FlagSet, *common, io.Writer) work
-	switch name {
-	case "export":
-		define = exportCmd
-	case "dsar":
-		define = dsarCmd
-	case "delete-users":
-		define = deleteUsersCmd
-	case "feedback":
-		define, kind = feedbackCmd, credentials.KindFeedback
-	case "backfill":
-		define = backfillCmd
-	case "migrate":
-		define = migrateCmd
-	default:
+	define, ok := commands[name]
+	if !ok {
 		fmt.Fprintf(stderr, "relay: no operator command %q\n", name)
 		return exitUsage
 	}
+	kind := credentials.KindAnalytics
+	if name == "feedback" {
+		kind = credentials.KindFeedback
+	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	c := newCommon(fs, kind, name != "backfill") // it talks to the ingest API only
 	w := define(fs, c, stdout)
+	return Run(name, fs, args, stderr, name == "backfill", func() error { // its arguments are its input files
+		p := newProgress(stderr)
+		defer p.done()
+		return w(ctx, p)
+	})
+}
+
+// Run is the flow every subcommand of relay shares: it parses args into fs
+// (-h: exit 0; bad flags: 2), refuses arguments unless takesArgs (2), and
+// runs run, whose error decides the code: nil 0; a usage error (Usagef,
+// UsageError) 2; ErrFailed 1 with nothing more said (the failures were
+// reported); any other 1. An error is printed as "relay NAME: ERR".
+func Run(name string, fs *flag.FlagSet, args []string, stderr io.Writer, takesArgs bool, run func() error) int {
+	fs.SetOutput(stderr)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
 		}
 		return exitUsage
 	}
-	if fs.NArg() > 0 && name != "backfill" { // its arguments are its input files
-		fmt.Fprintf(stderr, "relay %s: unexpected argument %q\n", name, fs.Arg(0))
-		return exitUsage
+	var err error
+	if !takesArgs && fs.NArg() > 0 {
+		err = Usagef("unexpected argument %q", fs.Arg(0))
+	} else {
+		err = run()
 	}
-	p := newProgress(stderr)
-	err := w(ctx, p)
-	p.done()
 	if err == nil {
 		return exitOK
 	}
-	if !errors.Is(err, errFailed) {
+	if !errors.Is(err, ErrFailed) {
 		fmt.Fprintf(stderr, "relay %s: %v\n", name, err)
 	}
-	if errors.As(err, new(usageError)) {
+	if errors.As(err, new(UsageError)) {
 		return exitUsage
 	}
 	return exitFailure
@@ -122,21 +128,24 @@ func newCommon(fs *flag.FlagSet, kind string, management bool) *common {
 	return c
 }
 
-// usageError is a command called wrongly: exit 2.
-type usageError struct{ error }
+// UsageError is a command called wrongly: exit 2.
+type UsageError struct{ Err error }
 
-func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
+func (e UsageError) Error() string { return e.Err.Error() }
 
-// errFailed says the command went through but some of its items failed,
+// Usagef is a UsageError with a formatted message.
+func Usagef(format string, a ...any) error { return UsageError{fmt.Errorf(format, a...)} }
+
+// ErrFailed says the command went through but some of its items failed,
 // each already reported: exit 1 with nothing more printed.
-var errFailed = errors.New("some items failed")
+var ErrFailed = errors.New("some items failed")
 
 // required returns a usage error for the first of the string flags names
 // left empty.
 func required(fs *flag.FlagSet, names ...string) error {
 	for _, n := range names {
 		if fs.Lookup(n).Value.String() == "" {
-			return usagef("--%s is required", n)
+			return Usagef("--%s is required", n)
 		}
 	}
 	return nil
@@ -146,22 +155,22 @@ func required(fs *flag.FlagSet, names ...string) error {
 // needProject). Its errors are usage errors.
 func (c *common) load(needProject bool) error {
 	if c.credsPath == "" {
-		return usagef("--credentials is required")
+		return Usagef("--credentials is required")
 	}
 	s, err := credentials.Load(c.credsPath)
 	if err != nil {
-		return usageError{err}
+		return UsageError{err}
 	}
 	c.store = s
 	if c.project == "" {
 		if needProject {
-			return usagef("--project is required")
+			return Usagef("--project is required")
 		}
 		return nil
 	}
 	p, ok := s.Project(c.project)
 	if !ok {
-		return usagef("--project %q is not in %s", c.project, c.credsPath)
+		return Usagef("--project %q is not in %s", c.project, c.credsPath)
 	}
 	c.proj = p
 	return nil
@@ -177,7 +186,7 @@ func (c *common) base(org *credentials.Organization) (string, error) {
 		b = org.URL(c.kind, c.baseURL)
 	}
 	if b == "" {
-		return "", usagef("no upstream base: give --%s or set it in the credentials file", c.baseFlag)
+		return "", Usagef("no upstream base: give --%s or set it in the credentials file", c.baseFlag)
 	}
 	return strings.TrimRight(b, "/"), nil
 }

@@ -42,11 +42,11 @@ func deleteUsersCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 			return err
 		}
 		if *kind != "user" && *kind != "svc" {
-			return usagef("--ids-kind is user or svc")
+			return Usagef("--ids-kind is user or svc")
 		}
 		ids, bad, err := readIDs(*idsFile, *kind)
 		if err != nil {
-			return usageError{err}
+			return UsageError{err}
 		}
 		for _, b := range bad {
 			p.logf("invalid id (not sent): %s", b)
@@ -124,7 +124,7 @@ func deleteUsersCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 		}
 		p.logf("%d ids sent in %d requests: %d users scheduled, %d invalid, %d requests refused", len(ids), len(chunks), scheduled, len(invalid), failed)
 		if failed > 0 {
-			return errFailed
+			return ErrFailed
 		}
 		return nil
 	}

@@ -9,8 +9,8 @@
 // returns the exit code: 0 done, 1 failed (the reason on stderr; export and
 // dsar can be run again to resume), 2 usage. cmd/relay only dispatches.
 // Each command is a function that registers its own flags and returns its
-// work (exportCmd, dsarCmd, deleteUsersCmd, feedbackCmd); the flow around
-// the work (parsing, credentials, exit codes, progress) is Main's.
+// work (the commands table); the flow around the work (parsing, exit codes,
+// the error line) is Run's, which relay's other subcommands share.
 //
 // # Upstream and credentials
 //

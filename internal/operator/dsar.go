@@ -43,16 +43,16 @@ func dsarCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 	return func(ctx context.Context, p *progress) error {
 		req := forward.DSARRequest{UserID: *userID, SvcID: *svcID, StartDate: *start, EndDate: *end}
 		if *userID != "" && *svcID != 0 {
-			return usagef("give --user-id or --svc-id, not both")
+			return Usagef("give --user-id or --svc-id, not both")
 		}
 		if err := req.Validate(); err != nil && *requestID == 0 {
-			return usagef("%v (flags --user-id/--svc-id, --start, --end)", err)
+			return Usagef("%v (flags --user-id/--svc-id, --start, --end)", err)
 		}
 		if err := required(fs, "out"); err != nil {
 			return err
 		}
 		if *pollInitial <= 0 || *pollMax < *pollInitial {
-			return usagef("want 0 < --poll-initial <= --poll-max")
+			return Usagef("want 0 < --poll-initial <= --poll-max")
 		}
 		if err := c.load(false); err != nil {
 			return err
@@ -62,12 +62,12 @@ func dsarCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 		case *org != "":
 			var ok bool
 			if o, ok = c.store.Organization(*org); !ok {
-				return usagef("--org %q is not in %s", *org, c.credsPath)
+				return Usagef("--org %q is not in %s", *org, c.credsPath)
 			}
 		case c.proj != nil && c.proj.Org() != nil:
 			o = c.proj.Org()
 		default:
-			return usagef("give --org, or a --project that an organization of the credentials file lists (DSAR needs the organization's key pair)")
+			return Usagef("give --org, or a --project that an organization of the credentials file lists (DSAR needs the organization's key pair)")
 		}
 		base, err := c.base(o)
 		if err != nil {

@@ -3,8 +3,6 @@ package operator
 import (
 	"archive/zip"
 	"bufio"
-	"bytes"
-	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,9 +14,9 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 	"time"
 
+	"github.com/svcrelay/relay/internal/backfill"
 	"github.com/svcrelay/relay/internal/forward"
 )
 
@@ -41,34 +39,35 @@ func exportCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 	jsonl := fs.Bool("jsonl", false, "write JSON lines (one event per line) instead of a zip archive")
 	pieceHours := fs.Int("piece-hours", 24, "hours per request (1 to 8760); smaller pieces resume at a finer grain")
 	return func(ctx context.Context, p *progress) error {
-		s, err1 := time.Parse(forward.ExportHourFormat, *start)
-		e, err2 := time.Parse(forward.ExportHourFormat, *end)
-		switch {
-		case err1 != nil || err2 != nil:
-			return usagef("--start and --end are required, as YYYYMMDDTHH (UTC)")
-		case e.Before(s):
-			return usagef("--end is before --start")
-		case *out == "":
-			return usagef("--out is required")
-		case *pieceHours < 1 || *pieceHours > int(forward.ExportMaxRange/time.Hour):
-			return usagef("--piece-hours must be 1 to %d", int(forward.ExportMaxRange/time.Hour))
-		}
-		cl, base, err := c.projectClient()
-		if err != nil {
-			return err
-		}
-		x := &exporter{
-			cl: cl, base: base, out: *out,
-			whole: forward.ExportRange{Start: s, End: e}, pieceHours: *pieceHours, jsonl: *jsonl,
-			p: p, stdout: stdout,
-		}
-		x.state = exportState{Version: 1, Project: c.project, Start: *start, End: *end, JSONL: *jsonl}
-		err = x.run(ctx)
-		if err != nil && ctx.Err() != nil {
-			return fmt.Errorf("interrupted; %d pieces are done: run the same command again to resume", len(x.state.Pieces))
-		}
+		return runExport(ctx, c, p, stdout, *start, *end, *out, *pieceHours, *jsonl)
+	}
+}
+
+// runExport is export's work (migrate's first step too).
+func runExport(ctx context.Context, c *common, p *progress, stdout io.Writer, start, end, out string, pieceHours int, jsonl bool) error {
+	s, err1 := time.Parse(forward.ExportHourFormat, start)
+	e, err2 := time.Parse(forward.ExportHourFormat, end)
+	switch {
+	case err1 != nil || err2 != nil:
+		return Usagef("--start and --end are required, as YYYYMMDDTHH (UTC)")
+	case e.Before(s):
+		return Usagef("--end is before --start")
+	case out == "":
+		return Usagef("--out is required")
+	case pieceHours < 1 || pieceHours > int(forward.ExportMaxRange/time.Hour):
+		return Usagef("--piece-hours must be 1 to %d", int(forward.ExportMaxRange/time.Hour))
+	}
+	cl, base, err := c.projectClient()
+	if err != nil {
 		return err
 	}
+	x := &exporter{cl: cl, base: base, out: out, whole: forward.ExportRange{Start: s, End: e}, pieceHours: pieceHours,
+		jsonl: jsonl, p: p, stdout: stdout,
+		state: exportState{Version: 1, Project: c.project, Start: start, End: end, JSONL: jsonl}}
+	if err = x.run(ctx); err != nil && ctx.Err() != nil {
+		return fmt.Errorf("interrupted; %d pieces are done: run the same command again to resume", len(x.state.Pieces))
+	}
+	return err
 }
 
 // exportState is OUT.state.json.
@@ -367,79 +366,36 @@ func (x *exporter) merge() (int64, error) {
 	return fi.Size(), os.Rename(tmp, x.out)
 }
 
+// mergePart copies a piece's zip entries into zw without recompressing
+// them or, with zw nil (--jsonl), writes its events to w, one a line.
 func (x *exporter) mergePart(path string, zw *zip.Writer, w io.Writer) error {
+	if zw == nil {
+		return backfill.ReadLines(path, func(line []byte) error {
+			_, err := w.Write(line)
+			if err == nil && line[len(line)-1] != '\n' {
+				_, err = w.Write([]byte{'\n'})
+			}
+			return err
+		})
+	}
 	zr, err := zip.OpenReader(path)
 	if err != nil {
 		return err
 	}
 	defer zr.Close()
 	for _, zf := range zr.File {
-		if zw != nil {
-			raw, err := zf.OpenRaw()
-			if err != nil {
-				return err
-			}
-			hdr := zf.FileHeader
-			dst, err := zw.CreateRaw(&hdr)
-			if err != nil {
-				return err
-			}
-			if _, err := io.Copy(dst, raw); err != nil {
-				return err
-			}
-			continue
-		}
-		if err := unpackEntry(zf, w); err != nil {
-			return fmt.Errorf("%s: %w", zf.Name, err)
-		}
-	}
-	return nil
-}
-
-// unpackEntry writes the JSON lines of one archive entry (gunzipped when it
-// is gzipped), each ending in a newline.
-func unpackEntry(zf *zip.File, w io.Writer) error {
-	rc, err := zf.Open()
-	if err != nil {
-		return err
-	}
-	defer rc.Close()
-	var r io.Reader = rc
-	br := bufio.NewReaderSize(r, 1<<16)
-	if magic, _ := br.Peek(2); bytes.Equal(magic, []byte{0x1f, 0x8b}) || strings.HasSuffix(zf.Name, ".gz") {
-		gz, err := gzip.NewReader(br)
+		raw, err := zf.OpenRaw()
 		if err != nil {
 			return err
 		}
-		defer gz.Close()
-		br = bufio.NewReaderSize(gz, 1<<16)
-	}
-	long := false // inside a line longer than the buffer
-	for {
-		line, err := br.ReadSlice('\n')
-		if errors.Is(err, bufio.ErrBufferFull) {
-			if _, werr := w.Write(line); werr != nil {
-				return werr
-			}
-			long = true
-			continue
+		hdr := zf.FileHeader
+		dst, err := zw.CreateRaw(&hdr)
+		if err != nil {
+			return err
 		}
-		if long || len(bytes.TrimSpace(line)) > 0 {
-			if _, werr := w.Write(line); werr != nil {
-				return werr
-			}
-			if len(line) == 0 || line[len(line)-1] != '\n' {
-				if _, werr := w.Write([]byte{'\n'}); werr != nil {
-					return werr
-				}
-			}
-		}
-		long = false
-		switch {
-		case err == io.EOF:
-			return nil
-		case err != nil:
+		if _, err := io.Copy(dst, raw); err != nil {
 			return err
 		}
 	}
+	return nil
 }

@@ -72,7 +72,7 @@ func feedbackCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 		}
 		p.logf("%d items ingested, %d failed, in %d requests", ingested, failed, len(bodies))
 		if failed > 0 {
-			return errFailed
+			return ErrFailed
 		}
 		return nil
 	}

@@ -57,6 +57,10 @@ var ErrDamaged = errors.New("spool: spool.db is damaged")
 // write-ahead log.
 var errMismatch = fmt.Errorf("%w (it does not match the write-ahead log)", ErrDamaged)
 
+// DefaultMinFreeBytes is the relay's disk reserve (--spool-min-free-bytes
+// and the backfills' spools).
+const DefaultMinFreeBytes = 256 << 20
+
 // Config configures a Spool. A bound or reserve whose zero (or negative)
 // value means none means what the relay's flag of the same setting does
 // (cmd/relay passes its values as they are).
