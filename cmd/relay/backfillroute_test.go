@@ -144,3 +144,35 @@ func TestBackfillRouteResumes(t *testing.T) {
 		t.Fatalf("%d events stored, want 300", n)
 	}
 }
+
+// TestBackfillRouteLargeBody: a backfill's input is one file and may be
+// far larger than any other admin request; the listener's own body bound
+// (32 MiB) must not cut it off.
+func TestBackfillRouteLargeBody(t *testing.T) {
+	t.Parallel()
+	s := sim.New(sim.Config{}, nil)
+	up, err := s.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	r := startServe(t, "--ingest-url", up, "--flush-interval", "20ms")
+	const key = "project-key"
+	var body bytes.Buffer
+	for i := range 100 {
+		fmt.Fprintf(&body, `{"event_type":"history","device_id":"old-device-%d"}`+"\n", i)
+	}
+	blank := strings.Repeat(" ", 1023) + "\n" // blank lines are skipped
+	for body.Len() < 33<<20 {
+		body.WriteString(blank)
+	}
+	resp, err := http.Post(r.admin+"/relay/v1/backfill?api_key="+key, "application/x-ndjson", &body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("POST /relay/v1/backfill of a 33 MiB input: %d, want 202", resp.StatusCode)
+	}
+	poll.Until(t, "the backfill's 100 events to arrive", func() bool { return len(s.Events(key)) == 100 })
+}

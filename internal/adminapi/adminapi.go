@@ -168,7 +168,23 @@ func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Server, error
 // goes through Register. Registering a pattern twice panics, as
 // http.ServeMux does: it is a programming error.
 func (s *Server) Handle(method, path string, h http.Handler) {
-	s.mux.Handle(method+" "+path, h)
+	s.mux.Handle(method+" "+path, s.bounded(0, h))
+}
+
+// bounded bounds the request body h reads to limit, or to the listener's
+// MaxRequestBodySize when limit is 0. The bound is the route's, not the
+// listener's alone: a backfill's input may be far larger than any other
+// body.
+func (s *Server) bounded(limit int64, h http.Handler) http.Handler {
+	if limit == 0 {
+		limit = int64(s.cfg.MaxRequestBodySize)
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body != nil && r.Body != http.NoBody {
+			r.Body = http.MaxBytesReader(w, r.Body, limit)
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // Register registers routes (the relay's own, group identify, user
@@ -181,9 +197,9 @@ func (s *Server) Register(routes ...adminroute.Route) {
 			panic(fmt.Sprintf("adminapi: nil handler for %s", r.Pattern()))
 		}
 		mode, next := r.Mode, r.Handler
-		s.mux.Handle(r.Pattern(), http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		s.mux.Handle(r.Pattern(), s.bounded(r.MaxBody, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 			s.token.Load().Require(mode, next).ServeHTTP(w, req)
-		}))
+		})))
 	}
 }
 
@@ -268,9 +284,6 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		sw.WriteHeader(http.StatusBadRequest)
 		io.WriteString(sw, `{"error":"request path refused: it has an empty, '.' or '..' segment, an escaped '/', '\\', '.', '%' or ';', or bytes that are not printable ASCII; nothing was forwarded","source":"relay"}`+"\n")
 		return
-	}
-	if r.Body != nil && r.Body != http.NoBody {
-		r.Body = http.MaxBytesReader(sw, r.Body, int64(s.cfg.MaxRequestBodySize))
 	}
 	s.mux.ServeHTTP(sw, r)
 	label = "unmatched"

@@ -40,8 +40,8 @@
 //     (before any token check: a 404 reveals no secret).
 //     relay_admin_requests_total counts by the matched pattern, never by
 //     the request's path.
-//   - Request bodies are bounded by Config.MaxRequestBodySize
-//     (http.MaxBytesReader).
+//   - Request bodies are bounded (http.MaxBytesReader) by the route's
+//     MaxBody, else by Config.MaxRequestBodySize.
 //
 // # /relay/v1
 //

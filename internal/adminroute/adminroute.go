@@ -40,6 +40,10 @@ type Route struct {
 	// Handler serves the request after the token check; the admin token
 	// has been stripped from the request's headers.
 	Handler http.Handler
+	// MaxBody bounds the request body; 0 means the listener's bound
+	// (adminapi.Config.MaxRequestBodySize). A route taking whole files
+	// (a backfill's input) sets its own.
+	MaxBody int64
 }
 
 // Pattern is the route's http.ServeMux pattern, "METHOD PATH".
