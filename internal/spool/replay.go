@@ -238,7 +238,8 @@ func (s *Spool) quarantine(name string, b []byte) (string, error) {
 type replayer struct {
 	s     *Spool
 	byID  map[uint64]*Lane
-	puts  []replayChunk
+	puts  []*hotChunk
+	putL  []*Lane // puts[i]'s lane
 	dels  []ackOp // chunks of spool.db the log acknowledges
 	bytes int64
 
@@ -249,14 +250,6 @@ type replayer struct {
 }
 
 type laneSeq struct{ lane, seq uint64 }
-
-type replayChunk struct {
-	l        *Lane
-	seq      uint64
-	accepted int64
-	records  int
-	v        []byte // aliases the segment's bytes
-}
 
 // add gathers a chunk record the log does not acknowledge.
 func (r *replayer) add(rec walRecord) {
@@ -278,59 +271,37 @@ func (r *replayer) add(rec walRecord) {
 			zap.String("lane", l.label), zap.Uint64("seq", rec.seq), zap.Error(err))
 		return
 	}
-	v := upgradeChunk(rec.payload)
-	r.puts = append(r.puts, replayChunk{l, rec.seq, acc, n, v})
+	v := upgradeChunk(rec.payload) // aliases the segment's bytes
+	r.puts = append(r.puts, &hotChunk{seq: rec.seq, accepted: acc, records: n, size: len(v), cb: &storage.Buf{B: v}})
+	r.putL = append(r.putL, l)
 	r.bytes += int64(len(v))
 	r.chunks++
 }
 
-// apply commits what was gathered and the position pos.
+// apply commits what was gathered and the position pos, in a transaction
+// of the store's (Spool.apply) that always writes the freelist: a relay
+// killed again before the store writes it (idleFreelist) would otherwise
+// have the next Open check every page of the file.
 func (r *replayer) apply(pos walPos) error {
 	s := r.s
 	if len(r.puts) == 0 && len(r.dels) == 0 && pos == s.st.applied {
 		return nil
 	}
-	live := s.st.live
-	// Keep the freelist on disk: a relay killed again before the store
-	// writes it (idleFreelist) would otherwise have the next Open check
-	// every page of the file.
-	s.db.NoFreelistSync = false
-	defer func() { s.db.NoFreelistSync = true }()
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		for _, a := range r.dels {
-			n, err := s.txDelete(tx, a.lane, a.seq)
-			if err != nil {
-				return err
-			}
-			live -= int64(n)
-		}
-		for _, c := range r.puts {
-			if err := s.txPut(tx, c.l, c.seq, c.accepted, c.records, c.v); err != nil {
-				return err
-			}
-			live += int64(len(c.v))
-		}
-		if err := s.txLanes(tx); err != nil {
-			return err
-		}
-		meta := tx.Bucket(bucketMeta)
-		if r.final {
-			if err := s.putSynced(meta, pos); err != nil {
-				return err
-			}
-		}
-		return meta.Put(keyWAL, pos.encode())
-	})
+	end := s.synced
+	if r.final {
+		end = pos
+	}
+	s.st.replaying = true
+	_, err := s.apply(nil, r.dels, r.puts, r.putL, nil, pos, end)
+	s.st.replaying = false
 	s.settle(err == nil)
 	if err != nil {
 		return fmt.Errorf("wal replay: %w", err)
 	}
 	s.st.applied = pos
-	s.st.live = live
-	s.coldLive.Store(live)
+	s.coldLive.Store(s.st.live)
 	clear(r.puts)
-	r.puts = r.puts[:0]
-	r.dels = r.dels[:0]
-	r.bytes = 0
+	clear(r.putL)
+	r.puts, r.putL, r.dels, r.bytes = r.puts[:0], r.putL[:0], r.dels[:0], 0
 	return nil
 }

@@ -77,6 +77,7 @@ type storeState struct {
 
 	compactFailed time.Time
 	freelistStale bool // the last commit did not write the freelist
+	replaying     bool // apply commits a replay: it writes the freelist
 	lastCkptErr   string
 
 	lanesSeq                uint64          // the highest lane id in spool.db, at Open
@@ -465,7 +466,7 @@ func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane
 			return 0, err
 		}
 	}
-	s.db.NoFreelistSync = !s.keepFreelist(written, freed)
+	s.db.NoFreelistSync = !s.st.replaying && !s.keepFreelist(written, freed)
 	if err = tx.Commit(); err != nil {
 		return 0, err
 	}
