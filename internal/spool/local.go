@@ -26,8 +26,8 @@ var (
 	_ storage.DeadWriter = (*Spool)(nil)
 )
 
-// NewBackend adapts sp; log (nil: no-op) gets the errors of deliver
-// functions. Close closes sp.
+// NewBackend adapts sp; log (nil: no-op) gets the deliver functions'
+// errors.
 func NewBackend(sp *Spool, log *zap.Logger) *Backend {
 	if log == nil {
 		log = zap.NewNop()
@@ -35,18 +35,15 @@ func NewBackend(sp *Spool, log *zap.Logger) *Backend {
 	return &Backend{Spool: sp, log: log}
 }
 
-// Append writes req's batch as one chunk of its lane, taking the batch's
-// memory over (no copy). A refusal for space (ErrFull, ErrDiskLow, a
-// write that found the filesystem full: nothing of it is replayed) also
-// matches storage.ErrFull; another failed write also matches
-// storage.ErrUnavailable; the spool's error stays in the chain (errors.Is(err,
-// ErrTooManyLanes) holds).
+// Append writes req's batch as one chunk of its lane, taking its memory
+// over. A refusal for space (ErrFull, ErrDiskLow, a full filesystem) also
+// matches storage.ErrFull, another failure storage.ErrUnavailable; the
+// spool's error stays in the chain.
 func (l *Backend) Append(ctx context.Context, req storage.Request) error {
 	if req.Batch == nil || req.Batch.Bytes() == 0 {
 		return nil
 	}
-	// The spool finds a live lane from the request's bytes without
-	// allocating (and without a cache here, which would keep retired lanes).
+	// No cache here: it would keep retired lanes.
 	lane, err := l.LaneBytes(ctx, req.Kind, req.APIKey, req.Options)
 	if err != nil {
 		return fmt.Errorf("storage: lane: %w", err)
@@ -73,13 +70,11 @@ func (l *Backend) Only(kinds ...storage.Kind) *Backend {
 	return &o
 }
 
-// Run calls deliver for every lane (of Only's kinds), and for every lane
-// created later, until ctx ends; it returns after every deliver returned.
-// Each queue it hands deliver is a storage.LaneQueue. A deliver that
-// returns an error wrapping storage.ErrIdle is called again at the lane's
-// next record (Lane.whenWork), so that an idle lane holds no goroutine; one
-// that returns otherwise before ctx ends (storage.ErrRetired, nil, or an
-// error, logged) leaves its lane unread until the next Run.
+// Run calls deliver for every lane (of Only's kinds), now and created later,
+// until ctx ends, and returns after every deliver returned; each queue is a
+// storage.LaneQueue. A deliver that returns storage.ErrIdle is called again
+// at the lane's next record; one that returns otherwise (an error is
+// logged) leaves its lane unread until the next Run.
 func (l *Backend) Run(ctx context.Context, deliver storage.DeliverFunc) error {
 	r := &run{b: l, ctx: ctx, deliver: deliver}
 	var next uint64 // each wake-up looks only at the lanes created since
@@ -136,9 +131,8 @@ func (r *run) start(lane *Lane) {
 	}()
 }
 
-// laneReader is one lane as a storage.LaneQueue: read a chunk at a time
-// through Next (the chunk's buffer is released on Ack), or with read-ahead
-// through Lane.
+// laneReader is one lane as a storage.LaneQueue: a chunk at a time through
+// Next (its buffer released on Ack), or with read-ahead through Lane.
 type laneReader struct {
 	sp   *Spool
 	lane *Lane
@@ -179,8 +173,7 @@ func (r *laneReader) Ack(_ context.Context, m *storage.Message) error {
 	return nil
 }
 
-// ListDead lists dead letters (see Spool.ListDead); limit <= 0 means
-// no limit.
+// ListDead is Spool.ListDead.
 func (l *Backend) ListDead(ctx context.Context, f storage.DeadFilter, after uint64, limit int) ([]storage.DeadLetter, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -188,8 +181,7 @@ func (l *Backend) ListDead(ctx context.Context, f storage.DeadFilter, after uint
 	return l.Spool.ListDead(f, after, limit)
 }
 
-// DeadCount is the number of dead letters (Spool.DeadCount: counted
-// as the store holds them, so never fewer than a list read before it).
+// DeadCount is Spool.DeadCount.
 func (l *Backend) DeadCount(ctx context.Context) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err

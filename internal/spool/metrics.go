@@ -6,9 +6,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// metrics are the spool's Prometheus metrics. Per-lane gauges are computed
-// at scrape time from Lane.Stats by laneCollector, so commits pay nothing
-// for them.
+// metrics are the spool's Prometheus metrics; the gauges are computed at
+// scrape time (laneCollector).
 type metrics struct {
 	reg           prometheus.Registerer
 	commitSeconds prometheus.Histogram
@@ -79,8 +78,7 @@ func newMetrics(s *Spool, reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-// unregister removes the metrics, so that a spool reopened later can
-// register on the same registry.
+// unregister lets a spool reopened later register on the same registry.
 func (m *metrics) unregister() {
 	for _, c := range m.registered {
 		m.reg.Unregister(c)

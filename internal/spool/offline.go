@@ -17,13 +17,9 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// The offline tool: Verify (relay spool verify, and with a salvage
-// function relay spool salvage) reads a spool directory that no process
-// holds, without bbolt and without a mapping (pages.go), so that
-// neither a damaged spool.db nor a damaged log can make them panic or
-// fault. They read everything a replay would (spool.db's queues and dead
-// letters, the WAL from the applied position on, acknowledgements
-// applied) and check every checksum.
+// Verify (relay spool verify; with a salvage function, relay spool salvage)
+// reads what a replay would, without bbolt or a mapping (pages.go), so that
+// no damage can make it panic or fault, and checks every checksum.
 
 // SalvageRecord is one record Verify salvaged: one line of relay spool
 // salvage's output, and of relay spool import's input.
@@ -59,8 +55,7 @@ type salvageDead struct {
 	Died   time.Time `json:"died"`
 }
 
-// Record returns the record's spool form and its lane's key; an error when
-// Kind names no kind (Kind.String).
+// Record returns the record's spool form and its lane's key.
 func (r *SalvageRecord) Record() (storage.LaneKey, storage.Record, error) {
 	kinds := []storage.Kind{storage.KindEvents, storage.KindGroupIdentify, storage.KindUserMap}
 	i := slices.IndexFunc(kinds, func(k storage.Kind) bool { return k.String() == r.Kind })

@@ -15,30 +15,21 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// replay applies the WAL from applied on into bbolt, at Open: every chunk
-// record not acknowledged later in the WAL is put, every acknowledged chunk
-// in bbolt is deleted, in transactions of up to maxCommitBytes, each
-// storing how far it got. Then every segment is free: it is kept as a
-// spare or removed, and the WAL writer starts a new one.
+// replay applies the WAL from applied on into bbolt: every chunk record not
+// acknowledged later is put, every acknowledged chunk in bbolt deleted, in
+// transactions of up to maxCommitBytes that each store how far they got.
+// Then every segment is freed and the WAL writer starts a new one.
 //
-// The log is read by readLog (wal.go), whose verdict Verify shares:
-// damage is skipped exactly and reported (reportDamage), and what follows
-// is replayed; a write cut short at the log's end is dropped with a
-// warning. It is never acknowledged: synced is the WAL end spool.db last
-// recorded (unless NoSync), and every record acknowledged before it was
-// fsynced before that record was committed. A record past synced was
-// either never acknowledged or acknowledged within the last checkpoint's
-// lag (a checkpoint interval plus a commit: every checkpoint commits when
-// the WAL's end moved), which a bad tail there cannot tell apart.
+// Damage is skipped exactly and reported (readLog's verdict); a write cut
+// short at the log's end was never acknowledged: every record acknowledged
+// before synced (the WAL end spool.db last recorded) was fsynced before that
+// was committed, and one past it was acknowledged, if at all, within the
+// last checkpoint's lag, which a bad tail cannot tell apart.
 //
-// Replay refuses (errMismatch) a WAL that is not this spool.db's: a
-// segment whose recStart carries another spool's id, a chunk of a lane id
-// that spool.db never assigned, or a position spool.db recorded (applied,
-// synced) that the files do not reach.
-//
-// live is set when the spool is open already (a replay deferred by a full
-// disk, see drain.go): the lanes' readers are running then, and are woken
-// instead of placed.
+// Replay refuses (errMismatch) a WAL that is not this spool.db's: another
+// spool's id in a recStart, a lane id spool.db never assigned, a recorded
+// position the files do not reach. live: a replay deferred by a full disk
+// (drain.go), whose lanes' readers run already and are woken, not placed.
 func (s *Spool) replay(applied, synced walPos, lanesSeq uint64, live bool) error {
 	lr, err := readLog(s.walDir, s.id[:], applied, synced)
 	if err != nil {
@@ -142,15 +133,10 @@ func (s *Spool) replay(applied, synced walPos, lanesSeq uint64, live bool) error
 }
 
 // placeReaders puts each lane's read cursor at its oldest chunk in bbolt,
-// and its next seqs after its newest (Open).
-//
-// Draining (the WAL not replayed yet), a lane's published end is put just
-// past its last chunk in bbolt instead (0 when it has none), below every
-// chunk the WAL still holds: the seq spool.db recorded for the lane also
-// counts chunks that were in the WAL only (a checkpoint records the lane's
-// next seq, young chunks included), and a reader that reached it would
-// have moved its cursor past those chunks once the deferred replay put
-// them into bbolt, never to read them, while later appends were read.
+// and its next seqs after its newest (Open). Draining, a lane's published
+// end is just past its last chunk in bbolt instead: the next seq spool.db
+// recorded counts chunks only the WAL holds, and a reader that reached it
+// would skip them once the deferred replay put them into bbolt.
 func (s *Spool) placeReaders() error {
 	draining := s.draining.Load()
 	return s.db.View(func(tx *bolt.Tx) error {
@@ -175,8 +161,8 @@ func (s *Spool) placeReaders() error {
 // quarantineDir is where damaged bytes are kept, under the spool's Dir.
 const quarantineDir = "quarantine"
 
-// firstReport reports whether d is seen for the first time (a replay
-// deferred by a full disk is tried again, and reports once).
+// firstReport reports whether d is seen for the first time (a deferred
+// replay is tried again).
 func (s *Spool) firstReport(d walDamage) bool {
 	k := walPos{d.seg, d.from}
 	if s.st.reported == nil {
@@ -189,10 +175,8 @@ func (s *Spool) firstReport(d walDamage) bool {
 	return true
 }
 
-// reportDamage reports WAL records that replay skips and that held
-// acknowledged records: an error line with the segment, offsets, lanes,
-// damaged log records and the events lost, the damaged-records counter (by
-// events), and the bytes in a quarantine file.
+// reportDamage reports damage that lost acknowledged records: a log line,
+// the damaged-records counter (by events), the bytes in a quarantine file.
 func (s *Spool) reportDamage(lr *logRead, d walDamage, keyOf func(uint64) (storage.LaneKey, bool)) {
 	if !s.firstReport(d) {
 		return
