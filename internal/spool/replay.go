@@ -107,8 +107,6 @@ func (s *Spool) replay(applied, synced walPos, lanesSeq uint64, live bool) error
 		if n, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(name, sparePrefix), ".wal"), 16, 64); err == nil {
 			s.st.spareSeq = max(s.st.spareSeq, n)
 		}
-	}
-	for _, name := range lr.spares {
 		if err := s.freeSegment(filepath.Join(s.walDir, name)); err != nil {
 			s.log.Warn("spool: remove spare WAL file", zap.Error(err))
 		}
@@ -264,7 +262,7 @@ func (r *replayer) add(rec walRecord) {
 
 // apply commits what was gathered and the position pos, in a transaction
 // of the store's (Spool.apply) that always writes the freelist: a relay
-// killed again before the store writes it (idleFreelist) would otherwise
+// killed again before the store writes it (idleTasks) would otherwise
 // have the next Open check every page of the file.
 func (r *replayer) apply(pos walPos) error {
 	s := r.s

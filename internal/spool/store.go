@@ -184,7 +184,12 @@ func (s *Spool) pending() bool {
 // idleTasks: the freelist written, the spares and the WAL retired.
 func (s *Spool) idleTasks() {
 	if s.st.freelistStale {
-		s.idleFreelist()
+		s.st.freelistStale = false
+		if s.db != nil {
+			if st := s.db.Stats(); (st.FreePageN+st.PendingPageN)*8 <= idleFreelistMaxBytes {
+				s.persistFreelist()
+			}
+		}
 	}
 	now := time.Now()
 	s.checkIdle(now)
@@ -683,20 +688,17 @@ func (s *Spool) checkIdle(now time.Time) {
 		return
 	}
 	s.st.idle = true
-	for removed := false; ; {
-		select {
-		case sp := <-s.spares:
-			if err := removeIfExists(sp); err != nil {
-				s.log.Warn("spool: remove spare WAL file", zap.Error(err))
+	if len(s.spares) > 0 {
+		for len(s.spares) > 0 {
+			select {
+			case sp := <-s.spares:
+				if err := removeIfExists(sp); err != nil {
+					s.log.Warn("spool: remove spare WAL file", zap.Error(err))
+				}
+			default: // the writer took it
 			}
-			removed = true
-			continue
-		default:
 		}
-		if removed {
-			s.updateFileBytes()
-		}
-		break
+		s.updateFileBytes()
 	}
 	if end.off > 0 {
 		s.retire.Store(true)
@@ -731,17 +733,6 @@ const (
 	idleFreelistDelay    = 50 * time.Millisecond
 	idleFreelistMaxBytes = 1 << 20
 )
-
-func (s *Spool) idleFreelist() {
-	s.st.freelistStale = false
-	if s.db == nil {
-		return
-	}
-	if st := s.db.Stats(); (st.FreePageN+st.PendingPageN)*8 > idleFreelistMaxBytes {
-		return
-	}
-	s.persistFreelist()
-}
 
 // persistFreelist commits the freelist, whatever its size. Best effort: a
 // failure only makes the next Open slower.
