@@ -20,7 +20,6 @@ package spool
 // retried after a minute.
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -67,7 +66,7 @@ func (s *Spool) maybeCompact() {
 // in use, unless reopening failed: then s.db is nil and commits fail.
 func (s *Spool) compact() error {
 	tmp := s.path + ".compact"
-	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := removeIfExists(tmp); err != nil {
 		return fmt.Errorf("compact: %w", err)
 	}
 	dst, err := bolt.Open(tmp, 0o600, &bolt.Options{

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"syscall"
 
 	"go.uber.org/zap"
 
@@ -52,8 +51,7 @@ func (l *Backend) Append(ctx context.Context, req storage.Request) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, ErrFull), errors.Is(err, ErrDiskLow),
-		errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+	case errors.Is(err, ErrFull), errors.Is(err, ErrDiskLow), noSpace(err):
 		return fmt.Errorf("%w: %w", storage.ErrFull, err)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return err

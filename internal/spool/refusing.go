@@ -24,8 +24,16 @@ func (s *Spool) refusing() error {
 	if s.draining.Load() {
 		return errors.New("spool draining: no space left on the data dir's filesystem to replay the write-ahead log; delivering what spool.db holds")
 	}
-	if err := s.walRefusing(); err != nil {
-		return err
+	if s.walNoSpace.Load() && len(s.spares) == 0 {
+		// The next append that finds a segment's worth free makes one
+		// and clears walNoSpace.
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(s.walDir, &st); err != nil {
+			return fmt.Errorf("spool: no space was left for a new write-ahead log segment, and the free space of %s is unknown: %w", s.walDir, err)
+		}
+		if free, need := int64(st.Bavail)*int64(st.Bsize), s.cfg.segmentBytes; free < need {
+			return fmt.Errorf("spool: no space left for a new write-ahead log segment (%d bytes free in %s, %d needed): appends are refused until space is freed", free, s.walDir, need)
+		}
 	}
 	if !s.ckptFailed.Load() {
 		return nil
@@ -40,21 +48,4 @@ func (s *Spool) refusing() error {
 		cause = *p
 	}
 	return fmt.Errorf("spool checkpoints fail (%s) and the write-ahead log's chunks not yet in spool.db hold %d of the %d bytes of memory allowed: appends are refused until a checkpoint succeeds or delivery frees memory", cause, held, hard)
-}
-
-// walRefusing is refusing's word on the WAL (the next append that finds a
-// segment's worth free makes one and clears walNoSpace).
-func (s *Spool) walRefusing() error {
-	if !s.walNoSpace.Load() || len(s.spares) > 0 {
-		return nil
-	}
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(s.walDir, &st); err != nil {
-		return fmt.Errorf("spool: no space was left for a new write-ahead log segment, and the free space of %s is unknown: %w", s.walDir, err)
-	}
-	free, need := int64(st.Bavail)*int64(st.Bsize), s.cfg.segmentBytes
-	if free >= need {
-		return nil
-	}
-	return fmt.Errorf("spool: no space left for a new write-ahead log segment (%d bytes free in %s, %d needed): appends are refused until space is freed", free, s.walDir, need)
 }

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -661,7 +660,7 @@ func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error
 		return nil, fmt.Errorf("open spool: %w", err)
 	}
 	s.opPool.New = func() any { return &op{done: make(chan struct{}, 1)} }
-	if err := os.Remove(s.path + ".compact"); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := removeIfExists(s.path + ".compact"); err != nil {
 		return nil, fmt.Errorf("open spool: remove stale compaction file: %w", err)
 	}
 	if err := s.checkFiles(); err != nil {
@@ -764,19 +763,17 @@ func (s *Spool) load() (applied, synced walPos, lanesSeq uint64, err error) {
 			s.st.deadBytes = int64(binary.BigEndian.Uint64(v[8:]))
 		}
 		s.deadN.Store(s.st.deadN)
+		var errs [2]error
 		if v := meta.Get(keyWAL); v != nil {
-			var err error
-			if applied, err = decodePos(v); err != nil {
-				return fmt.Errorf("%w: %w", ErrDamaged, err)
-			}
+			applied, errs[0] = decodePos(v)
 		}
 		if v := meta.Get(keySynced); v != nil {
-			var err error
-			if synced, err = decodeSynced(v); err != nil {
-				return fmt.Errorf("%w: %w", ErrDamaged, err)
-			}
-			s.synced = synced
+			synced, errs[1] = decodeSynced(v)
 		}
+		if err := cmp.Or(errs[0], errs[1]); err != nil {
+			return fmt.Errorf("%w: %w", ErrDamaged, err)
+		}
+		s.synced = synced
 		lanesB := tx.Bucket(bucketLanes)
 		lanesSeq = lanesB.Sequence()
 		return lanesB.ForEach(func(k, v []byte) error {

@@ -84,7 +84,12 @@ func (s *Spool) runStore() {
 	timer.Stop()
 	for {
 		now := time.Now()
-		final := isClosed(s.walDone) // Close stopped the WAL writer
+		final := false
+		select {
+		case <-s.walDone: // Close stopped the WAL writer
+			final = true
+		default:
+		}
 		force := s.force.Swap(false) || final
 		s.mu.Lock()
 		due := len(s.sops) > 0 || force || now.Sub(s.st.lastCheckpoint) >= s.cfg.checkpointEvery
@@ -118,15 +123,6 @@ func (s *Spool) runStore() {
 			}
 		}
 		s.wait(timer)
-	}
-}
-
-func isClosed(c <-chan struct{}) bool {
-	select {
-	case <-c:
-		return true
-	default:
-		return false
 	}
 }
 
