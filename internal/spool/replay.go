@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -188,10 +187,7 @@ func (s *Spool) reportDamage(lr *logRead, d walDamage, keyOf func(uint64) (stora
 	if d.unreadable > 0 {
 		fields = append(fields, zap.Int("events_unknown_records", d.unreadable))
 	}
-	var data []byte
-	if i := slices.IndexFunc(lr.segs, func(sg logSeg) bool { return sg.no == d.seg }); i >= 0 {
-		data = lr.segs[i].data
-	}
+	data := lr.data(d.seg)
 	if from, to := min(d.from, int64(len(data))), min(d.to, int64(len(data))); to > from {
 		name := fmt.Sprintf("wal-%016x-%d-%d.bin", d.seg, d.from, d.to)
 		if path, err := s.quarantine(name, data[from:to]); err != nil {

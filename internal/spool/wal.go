@@ -353,8 +353,17 @@ func (lr *logRead) mismatch() string {
 type logSeg struct {
 	no   uint64
 	data []byte
+	sc   segScan     // readLog's, while it judges
 	recs []walRecord // the valid records from the applied position on
 	end  int64       // where they end (the applied offset when none)
+}
+
+// data is segment no's bytes, nil when it was not read.
+func (lr *logRead) data(no uint64) []byte {
+	if i := slices.IndexFunc(lr.segs, func(sg logSeg) bool { return sg.no == no }); i >= 0 {
+		return lr.segs[i].data
+	}
+	return nil
 }
 
 // readLog reads the segments of walDir from applied on and judges every
@@ -373,12 +382,6 @@ func readLog(walDir string, id []byte, applied, synced walPos) (*logRead, error)
 	if lr.files, lr.spares, err = walFiles(walDir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
 	}
-	type read struct {
-		no   uint64
-		data []byte
-		sc   segScan
-	}
-	var segs []read
 	last := -1 // the last segment with a valid record
 	for _, no := range lr.files {
 		if no < applied.seg {
@@ -395,18 +398,17 @@ func readLog(walDir string, id []byte, applied, synced walPos) (*logRead, error)
 		}
 		for _, it := range sc.items {
 			if it.damage == nil {
-				last = len(segs)
+				last = len(lr.segs)
 				break
 			}
 		}
-		segs = append(segs, read{no, data, sc})
+		lr.segs = append(lr.segs, logSeg{no: no, data: data, sc: sc})
 	}
 	for _, p := range []walPos{applied, synced} {
 		if p.off == 0 || p.less(applied) {
 			continue
 		}
-		i := slices.IndexFunc(segs, func(r read) bool { return r.no == p.seg })
-		if i < 0 || int64(len(segs[i].data)) < p.off {
+		if int64(len(lr.data(p.seg))) < p.off {
 			lr.unreached = append(lr.unreached, fmt.Sprintf("spool.db says the write-ahead log reaches segment %s offset %d, which wal/ does not hold", segName(p.seg), p.off))
 		}
 	}
@@ -414,7 +416,7 @@ func readLog(walDir string, id []byte, applied, synced walPos) (*logRead, error)
 	// Each segment's end, as the next one's recStart names it.
 	ends := map[uint64]int64{}
 	var cands []walDamage
-	for _, r := range segs {
+	for _, r := range lr.segs {
 		if r.sc.start == nil {
 			continue
 		}
@@ -423,18 +425,19 @@ func readLog(walDir string, id []byte, applied, synced walPos) (*logRead, error)
 			continue
 		}
 		ends[pno] = pend
-		if !slices.ContainsFunc(segs, func(r read) bool { return r.no == pno }) {
+		if lr.data(pno) == nil {
 			cands = append(cands, walDamage{seg: pno, to: pend, what: "the segment is missing; the next one says it held records"})
 		}
 	}
-	for i, r := range segs {
+	for i := range lr.segs {
+		ls := &lr.segs[i]
 		from := int64(0)
-		if r.no == applied.seg {
+		if ls.no == applied.seg {
 			from = applied.off
 		}
-		end, hasEnd := ends[r.no]
-		ls := logSeg{no: r.no, data: r.data, end: from}
-		for _, it := range r.sc.items {
+		end, hasEnd := ends[ls.no]
+		ls.end = from
+		for _, it := range ls.sc.items {
 			at, to := it.rec.pos.off, it.rec.end
 			if it.damage != nil {
 				at, to = it.damage.from, it.damage.to
@@ -454,36 +457,36 @@ func readLog(walDir string, id []byte, applied, synced walPos) (*logRead, error)
 				if hasEnd {
 					to = min(to, end)
 				}
-				cands = append(cands, walDamage{seg: r.no, from: at, to: to, what: "damaged records between valid ones"})
+				cands = append(cands, walDamage{seg: ls.no, from: at, to: to, what: "damaged records between valid ones"})
 				continue
 			}
 			ls.recs = append(ls.recs, it.rec)
 			ls.end = to
 		}
-		lr.segs = append(lr.segs, ls)
-		tail := r.sc.tail
+		tail := ls.sc.tail
 		tail.from = max(tail.from, ls.end)
+		ls.sc = segScan{}
 		switch {
 		case hasEnd:
 			if ls.end < end {
-				cands = append(cands, walDamage{seg: r.no, from: ls.end, to: end, what: "the segment ends before where the next one says its records end"})
+				cands = append(cands, walDamage{seg: ls.no, from: ls.end, to: end, what: "the segment ends before where the next one says its records end"})
 			}
 		case i >= last:
 			// The log's end.
-			if synced.seg == r.no && synced.off > ls.end {
-				cands = append(cands, walDamage{seg: r.no, from: ls.end, to: synced.off, what: "the log ends before the end spool.db recorded as acknowledged"})
+			if synced.seg == ls.no && synced.off > ls.end {
+				cands = append(cands, walDamage{seg: ls.no, from: ls.end, to: synced.off, what: "the log ends before the end spool.db recorded as acknowledged"})
 				tail.from = max(tail.from, synced.off)
 			}
 			if tail.to > tail.from {
-				if (walPos{r.no, tail.from}).less(synced) {
-					cands = append(cands, walDamage{seg: r.no, from: tail.from, to: tail.to, what: "damaged records at the end of a segment"})
+				if (walPos{ls.no, tail.from}).less(synced) {
+					cands = append(cands, walDamage{seg: ls.no, from: tail.from, to: tail.to, what: "damaged records at the end of a segment"})
 				} else {
 					tail.what = "a write cut short at the log's end (never acknowledged)"
 					lr.torn = append(lr.torn, tail)
 				}
 			}
 		case tail.to > tail.from:
-			cands = append(cands, walDamage{seg: r.no, from: tail.from, to: tail.to, what: "damaged records at the end of a segment"})
+			cands = append(cands, walDamage{seg: ls.no, from: tail.from, to: tail.to, what: "damaged records at the end of a segment"})
 		}
 	}
 	// The chunks the log acknowledges, only when there is damage.
@@ -496,11 +499,7 @@ func readLog(walDir string, id []byte, applied, synced walPos) (*logRead, error)
 		}
 	}
 	for _, d := range cands {
-		var data []byte
-		if i := slices.IndexFunc(segs, func(r read) bool { return r.no == d.seg }); i >= 0 {
-			data = segs[i].data
-		}
-		d.attribute(data, delivered)
+		d.attribute(lr.data(d.seg), delivered)
 		if d.lost() > 0 {
 			lr.damage = append(lr.damage, d)
 		} else {
