@@ -173,7 +173,7 @@ func TestCheckpointFailure(t *testing.T) {
 			break
 		}
 		ok = append(ok, id)
-		time.Sleep(2 * time.Millisecond) // let checkpoints run and fail
+		poll.Until(t, "the chunks tried", func() bool { return s.checkpointed() || s.ckptFailed.Load() })
 	}
 	if !errors.Is(failErr, ErrFull) || !s.ckptFailed.Load() {
 		t.Fatalf("after %d appends: %v (checkpoint failing: %v), want ErrFull from failing checkpoints", len(ok), failErr, s.ckptFailed.Load())
