@@ -6,7 +6,7 @@ package spool
 //
 //	high-water mark >= Config.CompactMinFileBytes (default 4 MiB), and
 //	pages in use <= compactPercent (default 25) % of the high-water mark, and
-//	pages in use <= compactMaxUsedBytes (default 16 MiB).
+//	pages in use <= compactMaxUsed (16 MiB).
 //
 // Checkpoints wait for a compaction (~57 ms for 1.3 MB live, 2.6 s for
 // 120 MB here), hence the last bound: a file keeps its peak size while more
@@ -29,7 +29,10 @@ import (
 	"go.uber.org/zap"
 )
 
-const compactRetryAfter = time.Minute
+const (
+	compactMaxUsed    = 16 << 20
+	compactRetryAfter = time.Minute
+)
 
 func (s *Spool) maybeCompact() {
 	min := s.cfg.CompactMinFileBytes
@@ -41,7 +44,7 @@ func (s *Spool) maybeCompact() {
 		return
 	}
 	used := hw - int64(s.db.Stats().FreeAlloc)
-	if hw < min || used*100 > hw*int64(s.cfg.compactPercent) || used > s.cfg.compactMaxUsedBytes {
+	if hw < min || used*100 > hw*int64(s.cfg.compactPercent) || used > compactMaxUsed {
 		return
 	}
 	file := s.fileBytes.Load()

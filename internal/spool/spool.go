@@ -90,10 +90,9 @@ type Config struct {
 	// hotMaxBytes bounds the memory of hot chunks: past it a checkpoint
 	// moves every unacknowledged one into bbolt, past twice it appends
 	// wait for that (or fail with ErrFull when checkpoints fail).
-	hotMaxBytes         int64
-	compactPercent      int   // see compact.go
-	compactMaxUsedBytes int64 // negative: no bound
-	gather              time.Duration
+	hotMaxBytes    int64
+	compactPercent int // see compact.go
+	gather         time.Duration
 
 	// Fault injection. maxFileBytes is bbolt's MaxSize (the stand-in for
 	// ENOSPC); walFault is called before every WAL write (false) and in
@@ -117,19 +116,10 @@ func (c Config) Validate() error {
 
 // withDefaults is c with its zero knobs set to their defaults.
 func (c Config) withDefaults() Config {
-	def := func(v *int64, d int64) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	def(&c.CompactMinFileBytes, 4<<20)
-	def(&c.segmentBytes, defaultSegmentBytes)
-	def(&c.walMaxBytes, defaultWALMaxBytes)
-	def(&c.hotMaxBytes, 8<<20)
-	def(&c.compactMaxUsedBytes, 16<<20)
-	if c.compactMaxUsedBytes < 0 {
-		c.compactMaxUsedBytes = math.MaxInt64
-	}
+	c.CompactMinFileBytes = cmp.Or(c.CompactMinFileBytes, 4<<20)
+	c.segmentBytes = cmp.Or(c.segmentBytes, defaultSegmentBytes)
+	c.walMaxBytes = cmp.Or(c.walMaxBytes, defaultWALMaxBytes)
+	c.hotMaxBytes = cmp.Or(c.hotMaxBytes, 8<<20)
 	c.adviseAge = cmp.Or(c.adviseAge, adviseAge)
 	c.flushAge = cmp.Or(c.flushAge, defaultFlushAge)
 	c.checkpointEvery = cmp.Or(c.checkpointEvery, defaultCheckpointEvery)
