@@ -146,6 +146,7 @@ type Lane struct {
 	hot        hotList   // chunks in the WAL only
 	next       uint64    // every chunk below it is published (cold or hot)
 	notify     chan struct{}
+	chunks     []storage.Chunk // the reader's, reused by NextPart; nil after an idle wait
 	// watched: the reader may wait on notify, which a publish closes and
 	// replaces only then (a channel per chunk was ~100 B for every
 	// 1-event request).
@@ -161,12 +162,11 @@ type Lane struct {
 
 	// The reader's own.
 	readSeq uint64
-	chunks  []storage.Chunk // reused by NextPart; nil after an idle wait
-	raw     []rawChunk      // scratch of read
-	adv     spans           // scratch of read
-	refs    []hotRef        // scratch of takeHot
-	idle    *time.Timer     // of Wait
-	part    partCursor      // of NextPart (parts.go)
+	raw     []rawChunk  // scratch of read
+	adv     spans       // scratch of read
+	refs    []hotRef    // scratch of takeHot
+	idle    *time.Timer // of Wait
+	part    partCursor  // of NextPart (parts.go)
 
 	// Retirement and checkpoints (lanes.go).
 	dirty     bool          // in Spool.dirty; guarded by Spool.mu
