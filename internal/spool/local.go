@@ -118,8 +118,7 @@ func (r *run) start(lane *Lane) {
 	r.mu.Unlock()
 	go func() {
 		defer r.wg.Done()
-		q := &laneReader{sp: r.b.Spool, lane: lane, bufs: make(map[uint64]storage.Buffer)}
-		err := r.deliver(r.ctx, q)
+		err := r.deliver(r.ctx, laneReader{lane})
 		switch {
 		case errors.Is(err, storage.ErrIdle):
 			lane.whenWork(func() { r.start(lane) })
@@ -129,45 +128,30 @@ func (r *run) start(lane *Lane) {
 	}()
 }
 
-// laneReader is one lane as a storage.LaneQueue: a chunk at a time through
-// Next (its buffer released on Ack), or with read-ahead through Lane.
-type laneReader struct {
-	sp   *Spool
-	lane *Lane
+// laneReader is one lane as a storage.LaneQueue, read with read-ahead
+// through Lane. Next and Ack read a chunk at a time (the conformance
+// suite's way): its buffer is left to the garbage collector, not reused.
+type laneReader struct{ lane *Lane }
 
-	mu   sync.Mutex
-	bufs map[uint64]storage.Buffer // read, not acknowledged
-}
+var _ storage.LaneQueue = laneReader{}
 
-var _ storage.LaneQueue = (*laneReader)(nil)
+func (r laneReader) Lane() storage.Lane   { return r.lane }
+func (r laneReader) LaneID() uint64       { return r.lane.id }
+func (r laneReader) Key() storage.LaneKey { return r.lane.key }
+func (r laneReader) Pin()                 { r.lane.Pin() }
+func (r laneReader) Unpin()               { r.lane.Unpin() }
 
-func (r *laneReader) Lane() storage.Lane   { return r.lane }
-func (r *laneReader) LaneID() uint64       { return r.lane.id }
-func (r *laneReader) Key() storage.LaneKey { return r.lane.key }
-func (r *laneReader) Pin()                 { r.lane.Pin() }
-func (r *laneReader) Unpin()               { r.lane.Unpin() }
-
-func (r *laneReader) Next(ctx context.Context) (*storage.Message, error) {
+func (r laneReader) Next(ctx context.Context) (*storage.Message, error) {
 	chunks, err := r.lane.Next(ctx, 0)
 	if err != nil {
 		return nil, err // ErrClosed wraps storage.ErrLost
 	}
 	c := chunks[0]
-	r.mu.Lock()
-	r.bufs[c.Seq] = c.Buffer
-	r.mu.Unlock()
 	return &storage.Message{Seq: c.Seq, Lane: r.lane.key, Accepted: c.Accepted, Records: c.Records}, nil
 }
 
-func (r *laneReader) Ack(_ context.Context, m *storage.Message) error {
-	r.sp.Ack(r.lane, m.Seq)
-	r.mu.Lock()
-	b, ok := r.bufs[m.Seq]
-	delete(r.bufs, m.Seq)
-	r.mu.Unlock()
-	if ok {
-		b.Release()
-	}
+func (r laneReader) Ack(_ context.Context, m *storage.Message) error {
+	r.lane.Ack(m.Seq)
 	return nil
 }
 
