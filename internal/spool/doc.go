@@ -9,8 +9,9 @@
 // # Files
 //
 // Dir/wal/ holds the WAL's segment files (wal.go). Dir/spool.db is a bbolt
-// file with a map freelist (written only while small: keepFreelist), where
-// a chunk lives once a checkpoint moved it there (store.go). Its buckets:
+// file with a map freelist (on disk while small, when idle and after Close:
+// keepFreelist), where a chunk lives once a checkpoint moved it there
+// (store.go). Its buckets:
 //
 //	meta    format version; the spool's random id; dead-letter count and
 //	        bytes; the WAL position applied to the file; the WAL end
