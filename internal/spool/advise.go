@@ -9,34 +9,22 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// Page-cache advice for the bbolt mapping.
+// Page-cache advice for bbolt's mapping, which it advises MADV_RANDOM:
 //
-// bbolt reads through a shared, read-only mmap of the file that it advises
-// MADV_RANDOM. Two consequences for a queue that is read once, front to back:
+//   - from a cold page cache every page of a chunk is its own read, which
+//     capped a drain at ~90k events/s: Lane.read asks for the pages of the
+//     chunks it is about to copy (MADV_WILLNEED);
+//   - every page touched stays mapped, so the RSS grows with the file (a
+//     drained 5 GB backlog left gigabytes of it): readers, the store after
+//     each commit (and every few megabytes of deletions) and Open drop the
+//     whole mapping (MADV_DONTNEED on a shared file mapping only unmaps:
+//     the data stays in the page cache).
 //
-//   - From a cold page cache every 4 KiB page of a chunk is its own read
-//     (no read-ahead), which caps a drain at ~90k events/s here. Lane.read
-//     therefore asks for the pages of the chunks it is about to copy
-//     (MADV_WILLNEED: one large read).
-//   - Every page a reader or the store touched stays mapped, so the
-//     process's RSS grows with the spool file (a drained 5 GB backlog left
-//     gigabytes of file-backed RSS). The pages are page cache, not memory the
-//     relay owns, but RSS is what operators and limits see. Every reader
-//     drops the whole mapping after it copied (MADV_DONTNEED on a shared
-//     file mapping only unmaps the pages: the data stays in the page cache
-//     and on disk, and a reader that needs a page again faults it back in),
-//     so does the store after each commit and every few megabytes of a
-//     checkpoint's deletions, and so does Open.
-//
-// Every call happens inside a bbolt transaction: bbolt never remaps the file
-// while one is open, so the addresses stay those of the mapping. Advice is
-// best effort; errors are ignored.
+// Every call happens inside a bbolt transaction, while bbolt cannot remap
+// the file. Advice is best effort.
 
-// adviseAge: Lane.read asks for the pages ahead (MADV_WILLNEED) only for
-// chunks at least this old (a backlog being caught up). Newer ones are in
-// the page cache; the advice calls for them (several per read, each walking
-// the pages) were 22% of the relay's CPU at 100-event load when every
-// chunk was read from bbolt (before the WAL).
+// adviseAge: Lane.read asks for pages only for chunks this old (a backlog);
+// for newer ones the calls were 22% of the relay's CPU at 100-event load.
 const adviseAge = 10 * time.Second
 
 // adviseGap is the largest hole between two chunks' pages that one advice
@@ -63,9 +51,8 @@ func mapping(db *bolt.DB, tx *bolt.Tx) []byte {
 // closer than adviseGap.
 type spans []struct{ lo, hi uintptr }
 
-// add notes the pages of b, if b lies in the mapping m: a value can also be
-// a copy on the Go heap (bbolt copies unaligned inline buckets), and advice
-// there would be wrong (MADV_DONTNEED zeroes anonymous memory).
+// add notes the pages of b if b lies in the mapping m (a value may be a
+// copy on the heap, where MADV_DONTNEED would zero it).
 func (ss *spans) add(m, b []byte) {
 	if len(b) == 0 || len(m) == 0 {
 		return
@@ -94,17 +81,15 @@ func (ss spans) advise(m []byte, advice int) {
 	}
 }
 
-// trimTx drops every page of db's mapping from the process's RSS, inside
-// tx (a write transaction too: the pages that tx's nodes still point into
-// are read again from the page cache when it needs them).
+// trimTx drops every page of db's mapping from the RSS, inside tx (a write
+// transaction too: its nodes' pages fault back in from the page cache).
 func trimTx(db *bolt.DB, tx *bolt.Tx) {
 	if m := mapping(db, tx); len(m) > 0 {
 		_ = syscall.Madvise(m, syscall.MADV_DONTNEED)
 	}
 }
 
-// trimMapping drops every page of db's mapping from the process's RSS. It
-// must not run inside a write transaction of the caller's goroutine.
+// trimMapping is trimTx in a read transaction of its own.
 func trimMapping(db *bolt.DB) {
 	_ = db.View(func(tx *bolt.Tx) error {
 		trimTx(db, tx)

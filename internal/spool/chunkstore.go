@@ -6,26 +6,16 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// How a lane's queue bucket holds its chunks, under their sequence keys.
+// How a lane's queue bucket holds its chunks, under their seq keys.
 //
-// bbolt keeps a leaf's values inside the leaf, and splits a leaf only when it
-// holds more than four keys: a queue of large chunks has two per leaf, and
-// every change to a leaf rewrites it whole. Appending a chunk rewrote its
-// neighbour; acknowledging one rewrote the other; a checkpoint that appended
-// to the last leaf rewrote what the previous one had written. At 1000-event
-// requests bbolt wrote 2.1 times the chunk bytes it was given (7.5 GB for
-// 3.5 GB in 8 s), each rewrite copied the neighbour through the mapping
-// into a fresh page buffer (file-backed RSS, heap), and the leftovers of
-// rewritten leaves fragmented the file (bbolt's freelist index of them
-// held 2.3 MB of heap on a 10M-event backlog).
-//
-// So a chunk of nestMinBytes or more is a bucket of its own, holding the
-// chunk under chunkValueKey: its leaf is written once, when the chunk is
-// put, and freed whole, without being read, when the chunk is deleted; the
-// queue's leaves hold only the 40-byte bucket headers. A smaller chunk is a
-// plain value, as before: a bucket of its own would round it up to a page.
-// Files written before this (format 2) hold plain values only, and are
-// read the same way.
+// bbolt keeps values inside their leaf and splits a leaf only past four
+// keys: a queue of large chunks has two per leaf, and every change
+// rewrites the neighbour too. At 1000-event requests bbolt wrote 2.1 times
+// the chunk bytes it was given, through the mapping into fresh buffers,
+// and the leftovers fragmented the file. So a chunk of nestMinBytes or more
+// is a bucket of its own, holding it under chunkValueKey: written once, and
+// freed whole without being read. A smaller one is a plain value (a bucket
+// would round it up to a page), as every chunk of a format 2 file is.
 const nestMinBytes = 32 << 10
 
 var chunkValueKey = []byte{0}
@@ -48,9 +38,8 @@ func putChunk(q *bolt.Bucket, k, v []byte) error {
 	return b.Put(chunkValueKey, v)
 }
 
-// chunkValue is the chunk under k, given what a cursor of q returned for
-// it (v is nil for a bucket); nil when k holds none. Valid for the life of
-// the transaction.
+// chunkValue is the chunk under k, given what a cursor of q returned for it
+// (v is nil for a bucket); nil when none.
 func chunkValue(q *bolt.Bucket, k, v []byte) []byte {
 	if v != nil || k == nil {
 		return v

@@ -2,6 +2,7 @@ package spool
 
 import (
 	"encoding/binary"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -40,13 +41,7 @@ func TestLargeChunksWrittenOnce(t *testing.T) {
 		}
 		c.Buffer.Release()
 		s.Ack(l, c.Seq) // one at a time: each delete its own commit
-		deadline := time.Now().Add(poll.Max)
-		for l.Stats().Chunks != int64(chunks-i-1) {
-			if time.Now().After(deadline) {
-				t.Fatalf("ack of chunk %d not applied: %+v", i, l.Stats())
-			}
-			time.Sleep(time.Millisecond)
-		}
+		poll.Until(t, fmt.Sprintf("the ack of chunk %d applied", i), func() bool { return l.Stats().Chunks == int64(chunks-i-1) })
 	}
 	alloc := pageAlloc() - before
 	t.Logf("chunk bytes %d, bbolt page allocations %d (%.2fx)", put, alloc, float64(alloc)/float64(put))

@@ -1,41 +1,25 @@
 package spool
 
-// Compaction gives disk space back.
-//
-// bbolt never shrinks its file: pages freed by acknowledged chunks are reused
-// by later appends, but a drained backlog leaves a file as large as the
-// largest backlog. So, after a checkpoint, the store compacts when
+// Compaction gives disk space back: bbolt never shrinks its file, and a
+// drained backlog leaves it as large as the largest backlog. After a
+// checkpoint the store compacts when
 //
 //	high-water mark >= Config.CompactMinFileBytes (default 4 MiB), and
-//	pages in use <= Config.compactPercent (default 25) % of the high-water mark, and
-//	pages in use <= Config.compactMaxUsedBytes (default 16 MiB).
+//	pages in use <= compactPercent (default 25) % of the high-water mark, and
+//	pages in use <= compactMaxUsed (16 MiB).
 //
-// The last bound is there because a compaction runs on the store goroutine,
-// so checkpoints wait for it (measured here: ~57 ms for 1.3 MB live, 2.6 s
-// for 120 MB; appends go on into the WAL, and wait only once the hot
-// chunks' memory bound is reached), and a backlog
-// being drained is cheaper to compact once it is small. The price: a file
-// keeps its peak size while more than compactMaxUsedBytes stay live.
+// Checkpoints wait for a compaction (~57 ms for 1.3 MB live, 2.6 s for
+// 120 MB here), hence the last bound: a file keeps its peak size while more
+// stays live. A compacted file is dense, so the rule fires again only after
+// the data grew fourfold and drained.
 //
-// The high-water mark is the end of the last page bbolt ever used
-// (the file itself may be up to 16 MiB longer: bbolt grows it in steps, and
-// that tail is sparse) and "pages in use" is the high-water mark minus the
-// free and pending pages (exact, from the freelist). A compacted file is
-// dense, so the rule does not fire again until the data has grown to four
-// times what it was and then been drained; a drained spool ends with a file
-// under CompactMinFileBytes.
-//
-// How: bbolt.Compact copies every bucket into spool.db.compact (written
-// without fsync, then fdatasync'ed once), the old file is closed, the copy
-// is renamed over spool.db, the directory is fsync'ed and the file reopened.
-// Checkpoints wait during the compaction (the store is busy); readers keep
-// reading the old file until the short swap (dbMu held exclusively). A crash
-// at any point leaves either the old or the new complete file under
-// spool.db; Open removes a leftover spool.db.compact. A failed compaction is
-// logged and not retried for a minute.
+// bbolt.Compact copies every bucket into spool.db.compact (one fdatasync),
+// then, with readers held off (dbMu), the copy is renamed over spool.db, the
+// directory fsync'ed and the file reopened. A crash leaves the old or the
+// new file complete; Open removes a leftover copy. A failed compaction is
+// retried after a minute.
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -45,7 +29,10 @@ import (
 	"go.uber.org/zap"
 )
 
-const compactRetryAfter = time.Minute
+const (
+	compactMaxUsed    = 16 << 20
+	compactRetryAfter = time.Minute
+)
 
 func (s *Spool) maybeCompact() {
 	min := s.cfg.CompactMinFileBytes
@@ -57,7 +44,7 @@ func (s *Spool) maybeCompact() {
 		return
 	}
 	used := hw - int64(s.db.Stats().FreeAlloc)
-	if hw < min || used*100 > hw*int64(s.cfg.compactPercent) || used > s.cfg.compactMaxUsedBytes {
+	if hw < min || used*100 > hw*int64(s.cfg.compactPercent) || used > compactMaxUsed {
 		return
 	}
 	file := s.fileBytes.Load()
@@ -79,11 +66,10 @@ func (s *Spool) maybeCompact() {
 }
 
 // compact copies the file and swaps the copy in. On error the old file stays
-// in use, unless reopening failed, in which case s.db is nil and every later
-// commit fails.
+// in use, unless reopening failed: then s.db is nil and commits fail.
 func (s *Spool) compact() error {
 	tmp := s.path + ".compact"
-	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := removeIfExists(tmp); err != nil {
 		return fmt.Errorf("compact: %w", err)
 	}
 	dst, err := bolt.Open(tmp, 0o600, &bolt.Options{

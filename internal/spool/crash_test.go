@@ -253,18 +253,11 @@ func TestColdAckSurvivesCrash(t *testing.T) {
 	s.mu.Unlock()
 	cs := nextT(t, l, 1)
 	s.Ack(l, cs[0].Seq)
-	for deadline := time.Now().Add(poll.Max); ; { // the ack's write moves the WAL's end
+	poll.Until(t, "the ack written to the WAL", func() bool { // it moves the WAL's end
 		s.mu.Lock()
-		moved := s.walEnd != end
-		s.mu.Unlock()
-		if moved {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the ack was not written to the WAL")
-		}
-		time.Sleep(time.Millisecond)
-	}
+		defer s.mu.Unlock()
+		return s.walEnd != end
+	})
 	img := crashImage(t, dir)
 	if rep, err := Verify(img, nil); err != nil || rep.Records != 2 || rep.Damaged != 0 {
 		t.Fatalf("Verify after the crash: %+v, %v; want 2 records", rep, err)

@@ -142,15 +142,10 @@ func TestDiskGivenBack(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	deadline := time.Now().Add(poll.Max)
-	for s.Stats().LiveBytes != 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	poll.Until(t, "no live bytes", func() bool { return s.Stats().LiveBytes == 0 })
 	// The compaction follows the last checkpoint; the WAL's segment and
 	// spares are given back once the spool is idle. Wait for both.
-	for s.Stats().FileBytes > 5<<20 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	poll.Until(t, "the files given back", func() bool { return s.Stats().FileBytes <= 5<<20 })
 	st := s.Stats()
 	disk, apparent := dirBytes(t, dir)
 	t.Logf("drained in %v: live %d, file %d KB, dir %d KB on disk (%d KB apparent)", time.Since(start), st.LiveBytes, st.FileBytes>>10, disk>>10, apparent>>10)
@@ -204,10 +199,7 @@ func TestCompactionKeepsData(t *testing.T) {
 	for _, c := range read[:340] {
 		s.Ack(l, c.Seq)
 	}
-	deadline := time.Now().Add(poll.Max)
-	for gatherValue(t, reg, "relay_spool_compactions_total", "") == 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	poll.Until(t, "a compaction", func() bool { return gatherValue(t, reg, "relay_spool_compactions_total", "") > 0 })
 	st := s.Stats()
 	file, _ := dirBytes(t, filepath.Join(dir, "spool.db"))
 	t.Logf("peak: files %d KB, live %d KB; after compaction: files %d KB (bbolt %d KB), live %d KB",

@@ -11,28 +11,21 @@ import (
 )
 
 // Draining: a relay killed on a full disk must come back, not crash-loop.
-// When Open cannot replay the WAL into bbolt for want of space, it opens the
-// spool anyway, draining: what bbolt holds is delivered and deleted (which
-// frees pages inside the file), Append fails with ErrDiskLow (ingest answers
-// 503 with Retry-After), Stats().Refusing reports why (for /readyz), and nothing is
-// written to the WAL, whose segments from the applied position on are kept
-// as they are. The store tries the replay again every drainRetry; once it
-// succeeds, the replayed chunks are delivered and appends are taken again.
-// Meanwhile a lane's published end is its last chunk in bbolt (see
-// placeReaders: the seq spool.db recorded counts chunks of the log), and no
-// lane retires (one whose chunks are all in the log looks empty).
+// When Open cannot replay the WAL for want of space, the spool opens
+// draining: what bbolt holds is delivered and deleted (freeing pages),
+// Append fails with ErrDiskLow, Stats().Refusing says why, nothing is
+// written to the WAL and no lane retires. The store tries the replay again
+// every drainRetry; once it succeeds, appends are taken again.
 
 // drainRetry is how often a draining spool tries its replay again.
 const drainRetry = 5 * time.Second
 
-// noSpace reports whether err is the filesystem (or bbolt's MaxSize, the
-// tests' stand-in) running out of space.
+// noSpace reports whether err is the filesystem (or bbolt's MaxSize) full.
 func noSpace(err error) bool {
 	return err != nil && (errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) || errors.Is(err, berrors.ErrMaxSizeReached))
 }
 
-// startDraining opens the spool draining after a replay that failed with
-// err for want of space (Open).
+// startDraining opens the spool draining (Open).
 func (s *Spool) startDraining(err error) error {
 	s.draining.Store(true)
 	s.st.drainErr = err

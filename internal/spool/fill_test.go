@@ -86,10 +86,7 @@ func TestFill(t *testing.T) {
 		}
 	}
 	// Drained: accepted again.
-	deadline := time.Now().Add(poll.Max)
-	for s.Stats().LiveBytes != 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	poll.Until(t, "no live bytes", func() bool { return s.Stats().LiveBytes == 0 })
 	var b storage.Batch
 	b.Add(rec(1, 99999, 400))
 	if err := s.Append(ctx, l, &b); err != nil {
@@ -176,7 +173,7 @@ func TestCheckpointFailure(t *testing.T) {
 			break
 		}
 		ok = append(ok, id)
-		time.Sleep(2 * time.Millisecond) // let checkpoints run and fail
+		poll.Until(t, "the chunks tried", func() bool { return s.checkpointed() || s.ckptFailed.Load() })
 	}
 	if !errors.Is(failErr, ErrFull) || !s.ckptFailed.Load() {
 		t.Fatalf("after %d appends: %v (checkpoint failing: %v), want ErrFull from failing checkpoints", len(ok), failErr, s.ckptFailed.Load())
@@ -216,10 +213,7 @@ func TestCheckpointFailure(t *testing.T) {
 	for _, c := range cs {
 		s.Ack(l, c.Seq)
 	}
-	deadline := time.Now().Add(poll.Max)
-	for s.Stats().LiveBytes != 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	poll.Until(t, "no live bytes", func() bool { return s.Stats().LiveBytes == 0 })
 	for id := range 3 {
 		if err := s.Append(ctx, l, big(2000+id)); err != nil {
 			t.Fatalf("append after drain: %v", err)

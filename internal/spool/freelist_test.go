@@ -99,7 +99,9 @@ func TestFreelistWritten(t *testing.T) {
 			if saved := metaFreelist(t, filepath.Join(img, "spool.db")) != noFreelist; tc.wantSaved && !saved {
 				t.Fatal("no freelist on disk after a commit that should have written it")
 			}
-			time.Sleep(4 * idleFreelistDelay)
+			poll.Until(t, "the freelist on disk once idle", func() bool {
+				return metaFreelist(t, filepath.Join(dir, "spool.db")) != noFreelist
+			})
 			idle := crashImage(t, dir)
 			if metaFreelist(t, filepath.Join(idle, "spool.db")) == noFreelist {
 				t.Fatal("no freelist on disk after the spool was idle")
@@ -140,11 +142,5 @@ func TestFreelistWritten(t *testing.T) {
 // every ack is applied (nothing held in memory, nothing queued).
 func waitCheckpointed(t testing.TB, s *Spool) {
 	t.Helper()
-	deadline := time.Now().Add(poll.Max)
-	for !s.checkpointed() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not checkpointed: %d bytes held", s.hotHeld.Load())
-		}
-		time.Sleep(time.Millisecond)
-	}
+	poll.Until(t, "every chunk and ack checkpointed", s.checkpointed)
 }

@@ -6,9 +6,7 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// hotChunk is a chunk that is in the WAL and not (yet) in bbolt. The spool
-// keeps its bytes in memory: the lane's reader takes them from there, and a
-// checkpoint copies the ones still unacknowledged into bbolt.
+// hotChunk is a chunk in the WAL and in memory, not (yet) in bbolt.
 type hotChunk struct {
 	seq      uint64
 	accepted int64 // unix ms
@@ -21,9 +19,8 @@ type hotChunk struct {
 	flushing bool // a checkpoint is copying it into bbolt
 }
 
-// hotList is a lane's hot chunks in seq order (which is also WAL order).
-// Acknowledged chunks stay until they reach the head, so that the list
-// stays sorted without moving its middle. Guarded by Lane.mu.
+// hotList is a lane's hot chunks in seq (and WAL) order; acknowledged ones
+// stay until they reach the head. Guarded by Lane.mu.
 type hotList struct {
 	cs   []*hotChunk // cs[head:] are live
 	head int
@@ -62,8 +59,8 @@ func (h *hotList) find(seq uint64) *hotChunk {
 	return nil
 }
 
-// ack marks c acknowledged and returns the spool's reference to release (nil
-// while a checkpoint copies it: the checkpoint releases it).
+// ack marks c acknowledged and returns the spool's reference to release
+// (nil while a checkpoint copies it: the checkpoint releases it).
 func (h *hotList) ack(c *hotChunk) *storage.Buf {
 	c.acked = true
 	h.chunks--
@@ -86,8 +83,7 @@ func (h *hotList) popAcked() {
 	h.compact()
 }
 
-// popBefore drops the chunks whose records lie before p (a checkpoint put
-// the unacknowledged ones into bbolt) and calls f for each.
+// popBefore drops the chunks before p, calling f for each.
 func (h *hotList) popBefore(p walPos, f func(*hotChunk)) {
 	for h.head < len(h.cs) && h.cs[h.head].pos.less(p) {
 		c := h.cs[h.head]
@@ -103,8 +99,7 @@ func (h *hotList) popBefore(p walPos, f func(*hotChunk)) {
 	h.compact()
 }
 
-// compact moves the live chunks to the front once the dropped ones are the
-// larger part of the slice.
+// compact moves the live chunks to the front once most are dropped.
 func (h *hotList) compact() {
 	if h.head == len(h.cs) {
 		h.cs, h.head = h.cs[:0], 0
@@ -117,8 +112,7 @@ func (h *hotList) compact() {
 	}
 }
 
-// oldestUnacked is the acceptance time of the first unacknowledged chunk,
-// 0 when there is none.
+// oldestUnacked is the first unacknowledged chunk's acceptance, 0 if none.
 func (h *hotList) oldestUnacked() int64 {
 	for _, c := range h.cs[h.head:] {
 		if !c.acked {

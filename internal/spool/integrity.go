@@ -10,17 +10,10 @@ import (
 	"runtime/debug"
 )
 
-// Damage to spool.db must never crash the relay. bbolt maps the file and
-// reads its pages in place: a page header it cannot parse makes it panic
-// (slice bounds), and a mapping longer than the file makes the first touch
-// past the file's end a SIGBUS. So:
-//
-//   - checkFiles, before the file is mapped, checks that a meta page is
-//     valid and that the file holds every page that meta page counts (a
-//     truncated file is refused, never mapped);
-//   - guard runs bbolt calls with panics recovered and memory faults turned
-//     into panics (debug.SetPanicOnFault), both reported as ErrDamaged;
-//   - a chunk that fails its checksum is moved to dead letters (Lane.deadDamaged).
+// Damage to spool.db must never crash the relay: bbolt panics on a page
+// header it cannot parse, and a touch past the end of a truncated file is a
+// SIGBUS. So checkFiles checks the file before it is mapped, and guard
+// turns panics and faults of bbolt calls into ErrDamaged.
 
 // guard calls f and turns a panic (bbolt's, or a fault reading the
 // mapping) into an error wrapping ErrDamaged.
@@ -35,9 +28,8 @@ func guard(f func() error) (err error) {
 	return f()
 }
 
-// checkFiles refuses what Open must not go on with: spool.db missing or
-// empty while the WAL holds records (errMismatch), and a spool.db whose
-// meta pages are invalid or which is shorter than its pages (ErrDamaged).
+// checkFiles refuses spool.db missing or empty while the WAL holds records
+// (errMismatch), and one that checkDBFile refuses.
 func (s *Spool) checkFiles() error {
 	fi, err := os.Stat(s.path)
 	switch {
@@ -57,8 +49,8 @@ func (s *Spool) checkFiles() error {
 	return checkDBFile(s.path)
 }
 
-// walRecords counts the records (but recStart) of the log in dir, and of
-// them the chunks (the first segment holding one is seg).
+// walRecords counts the log's records but recStart, its chunks, and the
+// first segment holding one.
 func walRecords(dir string) (n, chunks int, seg uint64) {
 	lr, err := readLog(dir, nil, walPos{}, walPos{})
 	if err != nil {
@@ -81,12 +73,11 @@ func walRecords(dir string) (n, chunks int, seg uint64) {
 	return n, chunks, seg
 }
 
-// bbolt's file layout, as far as pageFile reads it (little-endian, as
-// bbolt writes it on the machines the relay runs on): a page starts with a
-// 16-byte header (id, flags, count, overflow); pages 0 and 1 are meta
-// pages, whose body is magic, version, page size, flags, root bucket (root
-// page, sequence), freelist page, page count (high water mark), txid, and
-// an FNV-64a checksum of the fields before it.
+// bbolt's file layout (little-endian on the machines the relay runs on): a
+// page starts with a 16-byte header (id, flags, count, overflow); pages 0
+// and 1 are meta pages: magic, version, page size, flags, root bucket
+// (root page, sequence), freelist page, page count (high water mark),
+// txid, FNV-64a of the fields before it.
 const (
 	boltPageHeader = 16
 	boltMetaLen    = 64

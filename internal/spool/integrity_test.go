@@ -755,13 +755,7 @@ func TestCheckpointFailureLoggedOnce(t *testing.T) {
 	defer s.Close()
 	l := mustLane(t, s, testKey(1))
 	appendChunks(t, s, l, 1, 4, 10, 40000) // ~1.6 MB: more than the file may hold
-	deadline := time.Now().Add(poll.Max)
-	for !s.ckptFailed.Load() && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if !s.ckptFailed.Load() {
-		t.Fatal("no checkpoint failed")
-	}
+	poll.Until(t, "a checkpoint failed", s.ckptFailed.Load)
 	time.Sleep(200 * time.Millisecond) // ~200 checkpoint intervals
 	if n := logs.FilterMessageSnippet("checkpoint failed").Len(); n != 1 {
 		t.Fatalf("%d checkpoint failure lines, want 1", n)
@@ -904,17 +898,11 @@ func drainImage(t *testing.T, dir, img string) string {
 	}
 	cs := nextT(t, l, 1)
 	s.Ack(l, cs[0].Seq)
-	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(time.Millisecond) {
+	poll.Until(t, "a checkpoint recorded the acknowledgement", func() bool {
 		l.mu.Lock()
-		recorded := l.cold.nextSeq == l.next && l.cold.chunks == 9
-		l.mu.Unlock()
-		if recorded {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no checkpoint recorded the acknowledgement within 2 minutes")
-		}
-	}
+		defer l.mu.Unlock()
+		return l.cold.nextSeq == l.next && l.cold.chunks == 9
+	})
 	copySparse(t, dir, img)
 	s.Close()
 	if err := os.RemoveAll(dir); err != nil {
@@ -1002,13 +990,7 @@ func checkDraining(t *testing.T, cfg Config, free func()) {
 		s.Ack(l, c.Seq)
 	}
 	free()
-	deadline := time.Now().Add(poll.Max)
-	for s.draining.Load() && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if s.draining.Load() {
-		t.Fatalf("still draining after space was freed: %v", logs.All())
-	}
+	poll.Until(t, "the draining over once space was freed", func() bool { return !s.draining.Load() })
 	read(190)
 	if !slices.Equal(ids, wantIDs(200)) {
 		t.Fatalf("read %v, want 10..199", ids)

@@ -18,27 +18,25 @@ import (
 )
 
 // Lane limits and retirement: every lane costs a lane record and a queue
-// bucket in bbolt, a Lane in memory, its deliverer goroutines and metric
-// series. The store goroutine retires lanes (maybeRetire), deleting their
-// record and bucket in one transaction so that a restart does not load
-// them again. Retirement and Append exclude each other through two
-// atomics (the lane's retired flag and its count of Appends in progress),
-// each side setting its own and then reading the other's, so at least one
-// of them sees the other.
+// bucket, a Lane in memory, deliverer goroutines and metric series. The
+// store retires an empty lane idle for RetireIdle (not pinned): forgotten,
+// its record and bucket deleted, its reader answered storage.ErrRetired; an
+// Append through it goes to the live lane of its key. Retirement and Append
+// exclude each other through two atomics (the lane's retired flag, its
+// Appends in progress), each side setting its own and then reading the
+// other's. An idle lane's reader may end (storage.ErrIdle) to be started
+// again at its next record (whenWork): an idle lane costs no goroutine.
 
-// ErrTooManyLanes is returned by Spool.Lane (and by Append when a retired
-// lane must be created again) when Config.MaxLanes lanes exist and the key
-// names none of them.
+// ErrTooManyLanes is returned by Spool.Lane (and by Append to a retired
+// lane) when Config.MaxLanes lanes exist and the key names none of them.
 var ErrTooManyLanes = errors.New("spool: too many lanes")
 
 // ErrTooManyKeyLanes is returned where ErrTooManyLanes is when
-// Config.MaxLanesPerKey lanes of the key's api_key exist (a client that
-// varies its options must not make a lane per request). It wraps
+// Config.MaxLanesPerKey lanes of the key's api_key exist. It wraps
 // ErrTooManyLanes.
 var ErrTooManyKeyLanes = fmt.Errorf("%w of one api_key", ErrTooManyLanes)
 
-// retireEvery is how often the store looks for lanes to retire: a quarter
-// of the idle time, between 10ms and a minute.
+// retireEvery is how often the store looks for lanes to retire.
 func (c Config) retireEvery() time.Duration {
 	return min(max(c.RetireIdle/4, 10*time.Millisecond), time.Minute)
 }
@@ -46,9 +44,8 @@ func (c Config) retireEvery() time.Duration {
 // IsRetired reports whether the lane was retired.
 func (l *Lane) IsRetired() bool { return l.retired.Load() }
 
-// Pin keeps the lane from being retired until as many Unpin calls: a
-// deliverer pins a lane an operator stopped, so that the stop is not lost
-// with the lane while it is empty.
+// Pin keeps the lane from being retired until as many Unpin calls (a
+// stopped lane keeps its stop while empty).
 func (l *Lane) Pin() { l.pins.Add(1) }
 
 // Unpin undoes one Pin.
@@ -59,9 +56,8 @@ func (l *Lane) Ack(seq uint64) { l.s.Ack(l, seq) }
 
 var _ storage.Lane = (*Lane)(nil)
 
-// SetLaneLimits puts new lane limits in force (a configuration reload);
-// they mean what Config's MaxLanes, MaxLanesPerKey and RetireIdle do. A
-// lowered bound refuses new lanes only: the lanes beyond it are kept.
+// SetLaneLimits puts new lane limits (as Config's) in force; a lowered
+// bound refuses new lanes only.
 func (s *Spool) SetLaneLimits(maxLanes, maxLanesPerKey int, retireIdle time.Duration) {
 	c := s.cfg
 	c.MaxLanes, c.MaxLanesPerKey, c.RetireIdle = maxLanes, maxLanesPerKey, retireIdle
@@ -70,9 +66,8 @@ func (s *Spool) SetLaneLimits(maxLanes, maxLanesPerKey int, retireIdle time.Dura
 }
 
 // lanesFrom returns the lanes whose ID is at least id, oldest first, and a
-// channel closed when the next lane is created (call lanesFrom again then):
-// a deliverer that remembers the last ID it saw learns of new lanes in time
-// proportional to their number, not to every lane's.
+// channel closed when the next lane is created: a caller learns of new
+// lanes in time proportional to their number, not to every lane's.
 func (s *Spool) lanesFrom(id uint64) ([]*Lane, <-chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -83,9 +78,8 @@ func (s *Spool) lanesFrom(id uint64) ([]*Lane, <-chan struct{}) {
 	return append([]*Lane(nil), s.lanes[i:]...), s.lanesCh
 }
 
-// refuseLaneLocked returns why a new lane of apiKey may not be created
-// (MaxLanes, MaxLanesPerKey), with the lanes of created about to be, or
-// nil. Call with s.mu held.
+// refuseLaneLocked returns why a new lane of apiKey may not be created,
+// counting those of created too, or nil. s.mu held.
 func (s *Spool) refuseLaneLocked(apiKey string, created []*Lane) error {
 	lc := s.laneCfg.Load()
 	if m := lc.MaxLanes; m > 0 && len(s.lanes)+len(created) >= m {
@@ -105,18 +99,14 @@ func (s *Spool) refuseLaneLocked(apiKey string, created []*Lane) error {
 	return nil
 }
 
-// laneIndex finds the live lanes by key: by api_key, then kind and
-// options, so that a lane is found from a request's bytes without an
-// allocation (LaneBytes) and an api_key's lanes are counted
-// (MaxLanesPerKey). It holds exactly the lanes of Spool.lanes: a retired
-// lane leaves it with them. Its lock is taken alone or last (under
-// Spool.mu).
+// laneIndex finds the live lanes (Spool.lanes') by api_key, then kind and
+// options: from a request's bytes without an allocation (LaneBytes), and
+// counted per api_key. Its lock is taken alone or last.
 type laneIndex struct {
 	mu sync.RWMutex
 	m  map[string][]*Lane
-	// peak is len(m) at its largest since m was made: a map keeps the
-	// room of its largest size, so remove makes a smaller one when most
-	// of it is gone (a wave of keys retired must not keep its memory).
+	// peak is len(m)'s largest since m was made: a map keeps that room,
+	// so remove makes a smaller one when most of it is gone.
 	peak int
 }
 
@@ -152,8 +142,7 @@ func (x *laneIndex) remove(l *Lane) {
 // get is the live lane of k, nil when none.
 func (x *laneIndex) get(k storage.LaneKey) *Lane { return findLane(x, k.Kind, k.APIKey, k.Options) }
 
-// findLane is get from a key's parts, strings or bytes (a request's: no
-// allocation).
+// findLane is get from a key's parts, strings or bytes.
 func findLane[T string | []byte](x *laneIndex, kind storage.Kind, apiKey, options T) *Lane {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
@@ -171,9 +160,8 @@ func (x *laneIndex) count(apiKey string) int {
 	return len(x.m[apiKey])
 }
 
-// LaneBytes returns the live lane of kind, apiKey and options (raw
-// canonical JSON, empty for none), creating it (durably) if needed, as
-// Lane does; finding a live lane allocates nothing.
+// LaneBytes is Lane from a key's parts (options: raw canonical JSON, empty
+// for none); finding a live lane allocates nothing.
 func (s *Spool) LaneBytes(ctx context.Context, kind storage.Kind, apiKey, options []byte) (*Lane, error) {
 	if l := findLane(&s.byKey, kind, apiKey, options); l != nil {
 		return l, nil
@@ -181,9 +169,9 @@ func (s *Spool) LaneBytes(ctx context.Context, kind storage.Kind, apiKey, option
 	return s.Lane(ctx, storage.LaneKey{Kind: kind, APIKey: string(apiKey), Options: string(options)})
 }
 
-// beginAppend marks an Append to l in progress, following retirements: it
-// returns the lane the records go to (l, or the live lane of l's key),
-// whose endAppend the caller must call.
+// beginAppend marks an Append in progress on the lane the records go to
+// (l, or the live lane of l's key) and returns it; the caller decrements
+// its appending count when done.
 func (s *Spool) beginAppend(ctxLane func(storage.LaneKey) (*Lane, error), l *Lane) (*Lane, error) {
 	for {
 		l.appending.Add(1)
@@ -196,8 +184,7 @@ func (s *Spool) beginAppend(ctxLane func(storage.LaneKey) (*Lane, error), l *Lan
 			return nil, err
 		}
 		if nl == l {
-			// The retirement was called off meanwhile (it saw this
-			// Append): try again; it stays called off while we count.
+			// The retirement saw this Append and was called off.
 			continue
 		}
 		l = nl
@@ -205,7 +192,7 @@ func (s *Spool) beginAppend(ctxLane func(storage.LaneKey) (*Lane, error), l *Lan
 }
 
 // retireWait is how long an idle store may wait before it looks for lanes
-// to retire, -1 when there is nothing it could retire.
+// to retire, -1 when there is none it could.
 func (s *Spool) retireWait() time.Duration {
 	lc := s.laneCfg.Load()
 	if lc.RetireIdle <= 0 {
@@ -223,8 +210,7 @@ func (s *Spool) retireWait() time.Duration {
 // maybeRetire retires the empty lanes idle for RetireIdle, at most every
 // retireEvery. Store goroutine only.
 func (s *Spool) maybeRetire(now time.Time) {
-	// Draining, a lane whose chunks are all in the WAL looks empty: retired,
-	// its chunks would be skipped by the deferred replay.
+	// Draining, a lane whose chunks are all in the WAL looks empty.
 	lc := s.laneCfg.Load()
 	if lc.RetireIdle <= 0 || now.Sub(s.st.lastRetire) < lc.retireEvery() || s.draining.Load() {
 		return
@@ -249,8 +235,7 @@ func (s *Spool) maybeRetire(now time.Time) {
 	clear(s.lanes[len(kept):])
 	s.lanes = kept
 	if len(gone) > 0 {
-		// A retired lane is settled: the next checkpoint has nothing to
-		// look at in it, and it must not stay reachable until then.
+		// Settled, and not to stay reachable.
 		s.dirty = slices.DeleteFunc(s.dirty, (*Lane).IsRetired)
 	}
 	s.mu.Unlock()
@@ -268,16 +253,14 @@ func (s *Spool) maybeRetire(now time.Time) {
 		}
 	}
 	if err := s.deleteLanes(gone); err != nil {
-		// The lanes are gone from memory; their empty records stay in the
-		// file and are loaded (and retired again) at the next Open.
+		// Their empty records are loaded, and retired again, at next Open.
 		s.log.Warn("spool: delete retired lanes", zap.Int("lanes", len(gone)), zap.Error(err))
 	}
 	s.log.Debug("spool: retired idle empty lanes", zap.Int("lanes", len(gone)))
 }
 
 // retireLocked retires l if it is empty and no Append to it is in
-// progress. Call with s.mu held, from the store goroutine (which alone
-// writes l.cold and pops l.hot's acknowledged chunks).
+// progress. s.mu held, store goroutine (which alone writes l.cold).
 func (s *Spool) retireLocked(l *Lane) bool {
 	l.mu.Lock()
 	empty := l.cold.chunks == 0 && l.hot.len() == 0 && l.next == l.cold.nextSeq && !l.wTouched
@@ -290,10 +273,8 @@ func (s *Spool) retireLocked(l *Lane) bool {
 		l.retired.Store(false)
 		return false
 	}
-	// No Append is in progress and every later one sees the flag. One
-	// that published meanwhile (between the check above and the flag) was
-	// counted in appending until it returned, after publishing: check the
-	// lane is still empty.
+	// Every later Append sees the flag; one that published since the check
+	// above was counted in appending until then: check again.
 	l.mu.Lock()
 	empty = l.hot.len() == 0 && l.next == l.cold.nextSeq
 	l.mu.Unlock()
@@ -328,9 +309,8 @@ func (s *Spool) deleteLanes(ls []*Lane) error {
 }
 
 // markDirtyLocked adds the lanes of the published (or skipped) appends to
-// the lanes the next checkpoint looks at: a checkpoint costs the lanes that
-// changed, not every lane (with thousands of lanes, creating each one cost
-// a walk over all of them). Call with s.mu held.
+// those the next checkpoint looks at: it costs the lanes that changed, not
+// every lane. s.mu held.
 func (s *Spool) markDirtyLocked(ops []*op) {
 	for _, o := range ops {
 		if o.seq == 0 || o.lane.dirty {
@@ -341,9 +321,8 @@ func (s *Spool) markDirtyLocked(ops []*op) {
 	}
 }
 
-// pruneDirty drops from the dirty lanes those a checkpoint settled: no hot
-// chunk left and everything published recorded in bbolt. Store goroutine
-// only (it alone writes l.cold and pops l.hot).
+// pruneDirty drops from the dirty lanes those a checkpoint settled. Store
+// goroutine only.
 func (s *Spool) pruneDirty() {
 	s.mu.Lock()
 	defer s.mu.Unlock()

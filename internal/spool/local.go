@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"syscall"
 
 	"go.uber.org/zap"
 
@@ -26,8 +25,8 @@ var (
 	_ storage.DeadWriter = (*Spool)(nil)
 )
 
-// NewBackend adapts sp; log (nil: no-op) gets the errors of deliver
-// functions. Close closes sp.
+// NewBackend adapts sp; log (nil: no-op) gets the deliver functions'
+// errors.
 func NewBackend(sp *Spool, log *zap.Logger) *Backend {
 	if log == nil {
 		log = zap.NewNop()
@@ -35,18 +34,15 @@ func NewBackend(sp *Spool, log *zap.Logger) *Backend {
 	return &Backend{Spool: sp, log: log}
 }
 
-// Append writes req's batch as one chunk of its lane, taking the batch's
-// memory over (no copy). A refusal for space (ErrFull, ErrDiskLow, a
-// write that found the filesystem full: nothing of it is replayed) also
-// matches storage.ErrFull; another failed write also matches
-// storage.ErrUnavailable; the spool's error stays in the chain (errors.Is(err,
-// ErrTooManyLanes) holds).
+// Append writes req's batch as one chunk of its lane, taking its memory
+// over. A refusal for space (ErrFull, ErrDiskLow, a full filesystem) also
+// matches storage.ErrFull, another failure storage.ErrUnavailable; the
+// spool's error stays in the chain.
 func (l *Backend) Append(ctx context.Context, req storage.Request) error {
 	if req.Batch == nil || req.Batch.Bytes() == 0 {
 		return nil
 	}
-	// The spool finds a live lane from the request's bytes without
-	// allocating (and without a cache here, which would keep retired lanes).
+	// No cache here: it would keep retired lanes.
 	lane, err := l.LaneBytes(ctx, req.Kind, req.APIKey, req.Options)
 	if err != nil {
 		return fmt.Errorf("storage: lane: %w", err)
@@ -55,8 +51,7 @@ func (l *Backend) Append(ctx context.Context, req storage.Request) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, ErrFull), errors.Is(err, ErrDiskLow),
-		errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+	case errors.Is(err, ErrFull), errors.Is(err, ErrDiskLow), noSpace(err):
 		return fmt.Errorf("%w: %w", storage.ErrFull, err)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return err
@@ -73,13 +68,11 @@ func (l *Backend) Only(kinds ...storage.Kind) *Backend {
 	return &o
 }
 
-// Run calls deliver for every lane (of Only's kinds), and for every lane
-// created later, until ctx ends; it returns after every deliver returned.
-// Each queue it hands deliver is a storage.LaneQueue. A deliver that
-// returns an error wrapping storage.ErrIdle is called again at the lane's
-// next record (Lane.whenWork), so that an idle lane holds no goroutine; one
-// that returns otherwise before ctx ends (storage.ErrRetired, nil, or an
-// error, logged) leaves its lane unread until the next Run.
+// Run calls deliver for every lane (of Only's kinds), now and created later,
+// until ctx ends, and returns after every deliver returned; each queue is a
+// storage.LaneQueue. A deliver that returns storage.ErrIdle is called again
+// at the lane's next record; one that returns otherwise (an error is
+// logged) leaves its lane unread until the next Run.
 func (l *Backend) Run(ctx context.Context, deliver storage.DeliverFunc) error {
 	r := &run{b: l, ctx: ctx, deliver: deliver}
 	var next uint64 // each wake-up looks only at the lanes created since
@@ -125,8 +118,7 @@ func (r *run) start(lane *Lane) {
 	r.mu.Unlock()
 	go func() {
 		defer r.wg.Done()
-		q := &laneReader{sp: r.b.Spool, lane: lane, bufs: make(map[uint64]storage.Buffer)}
-		err := r.deliver(r.ctx, q)
+		err := r.deliver(r.ctx, laneReader{lane})
 		switch {
 		case errors.Is(err, storage.ErrIdle):
 			lane.whenWork(func() { r.start(lane) })
@@ -136,51 +128,34 @@ func (r *run) start(lane *Lane) {
 	}()
 }
 
-// laneReader is one lane as a storage.LaneQueue: read a chunk at a time
-// through Next (the chunk's buffer is released on Ack), or with read-ahead
-// through Lane.
-type laneReader struct {
-	sp   *Spool
-	lane *Lane
+// laneReader is one lane as a storage.LaneQueue, read with read-ahead
+// through Lane. Next and Ack read a chunk at a time (the conformance
+// suite's way): its buffer is left to the garbage collector, not reused.
+type laneReader struct{ lane *Lane }
 
-	mu   sync.Mutex
-	bufs map[uint64]storage.Buffer // read, not acknowledged
-}
+var _ storage.LaneQueue = laneReader{}
 
-var _ storage.LaneQueue = (*laneReader)(nil)
+func (r laneReader) Lane() storage.Lane   { return r.lane }
+func (r laneReader) LaneID() uint64       { return r.lane.id }
+func (r laneReader) Key() storage.LaneKey { return r.lane.key }
+func (r laneReader) Pin()                 { r.lane.Pin() }
+func (r laneReader) Unpin()               { r.lane.Unpin() }
 
-func (r *laneReader) Lane() storage.Lane   { return r.lane }
-func (r *laneReader) LaneID() uint64       { return r.lane.id }
-func (r *laneReader) Key() storage.LaneKey { return r.lane.key }
-func (r *laneReader) Pin()                 { r.lane.Pin() }
-func (r *laneReader) Unpin()               { r.lane.Unpin() }
-
-func (r *laneReader) Next(ctx context.Context) (*storage.Message, error) {
+func (r laneReader) Next(ctx context.Context) (*storage.Message, error) {
 	chunks, err := r.lane.Next(ctx, 0)
 	if err != nil {
 		return nil, err // ErrClosed wraps storage.ErrLost
 	}
 	c := chunks[0]
-	r.mu.Lock()
-	r.bufs[c.Seq] = c.Buffer
-	r.mu.Unlock()
 	return &storage.Message{Seq: c.Seq, Lane: r.lane.key, Accepted: c.Accepted, Records: c.Records}, nil
 }
 
-func (r *laneReader) Ack(_ context.Context, m *storage.Message) error {
-	r.sp.Ack(r.lane, m.Seq)
-	r.mu.Lock()
-	b, ok := r.bufs[m.Seq]
-	delete(r.bufs, m.Seq)
-	r.mu.Unlock()
-	if ok {
-		b.Release()
-	}
+func (r laneReader) Ack(_ context.Context, m *storage.Message) error {
+	r.lane.Ack(m.Seq)
 	return nil
 }
 
-// ListDead lists dead letters (see Spool.ListDead); limit <= 0 means
-// no limit.
+// ListDead is Spool.ListDead.
 func (l *Backend) ListDead(ctx context.Context, f storage.DeadFilter, after uint64, limit int) ([]storage.DeadLetter, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -188,8 +163,7 @@ func (l *Backend) ListDead(ctx context.Context, f storage.DeadFilter, after uint
 	return l.Spool.ListDead(f, after, limit)
 }
 
-// DeadCount is the number of dead letters (Spool.DeadCount: counted
-// as the store holds them, so never fewer than a list read before it).
+// DeadCount is Spool.DeadCount.
 func (l *Backend) DeadCount(ctx context.Context) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err

@@ -6,9 +6,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// metrics are the spool's Prometheus metrics. Per-lane gauges are computed
-// at scrape time from Lane.Stats by laneCollector, so commits pay nothing
-// for them.
+// metrics are the spool's Prometheus metrics; the gauges are computed at
+// scrape time (laneCollector).
 type metrics struct {
 	reg           prometheus.Registerer
 	commitSeconds prometheus.Histogram
@@ -79,8 +78,7 @@ func newMetrics(s *Spool, reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-// unregister removes the metrics, so that a spool reopened later can
-// register on the same registry.
+// unregister lets a spool reopened later register on the same registry.
 func (m *metrics) unregister() {
 	for _, c := range m.registered {
 		m.reg.Unregister(c)
@@ -109,30 +107,29 @@ func newLaneCollector(s *Spool) *laneCollector {
 }
 
 func (c *laneCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.bytes
-	ch <- c.records
-	ch <- c.oldest
-	ch <- c.fileBytes
-	ch <- c.dead
-	ch <- c.liveBytes
-	ch <- c.hotBytes
+	for _, d := range []*prometheus.Desc{c.bytes, c.records, c.oldest, c.fileBytes, c.dead, c.liveBytes, c.hotBytes} {
+		ch <- d
+	}
 }
 
 func (c *laneCollector) Collect(ch chan<- prometheus.Metric) {
+	gauge := func(d *prometheus.Desc, v float64, label ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, label...)
+	}
 	now := time.Now()
 	for _, l := range c.s.Lanes() {
 		st := l.Stats()
-		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.GaugeValue, float64(st.Bytes), l.label)
-		ch <- prometheus.MustNewConstMetric(c.records, prometheus.GaugeValue, float64(st.Records), l.label)
 		age := 0.0
 		if !st.Oldest.IsZero() {
 			age = max(now.Sub(st.Oldest).Seconds(), 0)
 		}
-		ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, age, l.label)
+		gauge(c.bytes, float64(st.Bytes), l.label)
+		gauge(c.records, float64(st.Records), l.label)
+		gauge(c.oldest, age, l.label)
 	}
 	st := c.s.Stats()
-	ch <- prometheus.MustNewConstMetric(c.fileBytes, prometheus.GaugeValue, float64(st.FileBytes))
-	ch <- prometheus.MustNewConstMetric(c.dead, prometheus.GaugeValue, float64(st.Dead))
-	ch <- prometheus.MustNewConstMetric(c.liveBytes, prometheus.GaugeValue, float64(st.LiveBytes))
-	ch <- prometheus.MustNewConstMetric(c.hotBytes, prometheus.GaugeValue, float64(c.s.hotHeld.Load()))
+	gauge(c.fileBytes, float64(st.FileBytes))
+	gauge(c.dead, float64(st.Dead))
+	gauge(c.liveBytes, float64(st.LiveBytes))
+	gauge(c.hotBytes, float64(c.s.hotHeld.Load()))
 }

@@ -2,6 +2,7 @@ package spool
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -16,13 +17,9 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// The offline tool: Verify (relay spool verify, and with a salvage
-// function relay spool salvage) reads a spool directory that no process
-// holds, without bbolt and without a mapping (pages.go), so that
-// neither a damaged spool.db nor a damaged log can make them panic or
-// fault. They read everything a replay would (spool.db's queues and dead
-// letters, the WAL from the applied position on, acknowledgements
-// applied) and check every checksum.
+// Verify (relay spool verify; with a salvage function, relay spool salvage)
+// reads what a replay would, without bbolt or a mapping (pages.go), so that
+// no damage can make it panic or fault, and checks every checksum.
 
 // SalvageRecord is one record Verify salvaged: one line of relay spool
 // salvage's output, and of relay spool import's input.
@@ -48,16 +45,17 @@ type SalvageRecord struct {
 	// Damaged: the record's chunk failed its checksum; it may be altered.
 	Damaged bool `json:"damaged,omitempty"`
 	// Dead is set for a dead letter: what it adds to its record.
-	Dead *struct {
-		ID     uint64    `json:"id"`
-		Reason string    `json:"reason"`
-		Answer string    `json:"answer,omitempty"`
-		Died   time.Time `json:"died"`
-	} `json:"dead_letter,omitempty"`
+	Dead *salvageDead `json:"dead_letter,omitempty"`
 }
 
-// Record returns the record's spool form and its lane's key; an error when
-// Kind names no kind (Kind.String).
+type salvageDead struct {
+	ID     uint64    `json:"id"`
+	Reason string    `json:"reason"`
+	Answer string    `json:"answer,omitempty"`
+	Died   time.Time `json:"died"`
+}
+
+// Record returns the record's spool form and its lane's key.
 func (r *SalvageRecord) Record() (storage.LaneKey, storage.Record, error) {
 	kinds := []storage.Kind{storage.KindEvents, storage.KindGroupIdentify, storage.KindUserMap}
 	i := slices.IndexFunc(kinds, func(k storage.Kind) bool { return k.String() == r.Kind })
@@ -94,16 +92,6 @@ type VerifyReport struct {
 	Problems, Notes []string
 }
 
-// newOf allocates what a pointer of p's type points to (SalvageRecord.Dead's
-// struct has no name).
-func newOf[T any](_ *T) *T { return new(T) }
-
-type offLane struct {
-	key   storage.LaneKey
-	label string
-	known bool
-}
-
 // Verify reads every record and checksum of the spool in dir (which no
 // process may hold). When salvage is not nil, every readable record is
 // handed to it, one call per record: live records of spool.db and of the
@@ -117,15 +105,9 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 		return rep, fmt.Errorf("%s is not a directory", dir)
 	}
 	problem := func(format string, a ...any) { rep.Problems = append(rep.Problems, fmt.Sprintf(format, a...)) }
-	lanes := map[uint64]*offLane{}
-	laneOf := func(id uint64) *offLane {
-		l := lanes[id]
-		if l == nil {
-			l = &offLane{label: fmt.Sprintf("lane-%d", id)}
-			lanes[id] = l
-		}
-		return l
-	}
+	bad := func(format string, a ...any) { rep.Damaged++; problem(format, a...) }
+	dbLanes := map[uint64]storage.LaneKey{} // spool.db's lane records
+	ids := map[uint64]bool{}                // every lane named anywhere
 	var applied, synced walPos
 	var id []byte
 	queues := map[uint64][]byte{}
@@ -144,22 +126,16 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 	if fi, err := os.Stat(dbPath); errors.Is(err, fs.ErrNotExist) || err == nil && fi.Size() == 0 {
 		dbMissing = true
 	} else if pf, err = openPageFile(dbPath); err != nil {
-		rep.Damaged++
-		problem("spool.db: %v: only the write-ahead log is read", err)
+		bad("spool.db: %v: only the write-ahead log is read", err)
 	} else {
 		defer pf.close()
 		if need := int64(pf.meta.hwm) * pf.ps; need > pf.size {
 			problem("spool.db: the file holds %d bytes but its pages take %d (truncated): the pages past its end are lost", pf.size, need)
 		}
-		bad := func(err error) {
-			rep.Damaged++
-			problem("spool.db: %v", err)
-		}
+		badPage := func(err error) { bad("spool.db: %v", err) }
 		pf.walkBucket(pf.rootHeader(), func(k, v []byte, bucket bool) {
-			if !bucket {
-				return
-			}
 			switch {
+			case !bucket:
 			case string(k) == string(bucketMeta):
 				pf.walkBucket(v, func(k, v []byte, _ bool) {
 					var err error
@@ -172,67 +148,48 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 						id = bytes.Clone(v)
 					}
 					if err != nil {
-						bad(fmt.Errorf("meta %s: %w", k, err))
+						bad("spool.db: meta %s: %v", k, err)
 					}
-				}, bad)
+				}, badPage)
 			case string(k) == string(bucketLanes):
 				pf.walkBucket(v, func(k, v []byte, _ bool) {
 					if len(k) != 8 {
 						return
 					}
-					key, _, err := decodeLane(v)
-					if err != nil {
-						bad(fmt.Errorf("lane %x: %w", k, err))
-						return
+					if key, _, err := decodeLane(v); err != nil {
+						bad("spool.db: lane %x: %v", k, err)
+					} else {
+						dbLanes[binary.BigEndian.Uint64(k)] = key
+						ids[binary.BigEndian.Uint64(k)] = true
 					}
-					l := laneOf(binary.BigEndian.Uint64(k))
-					l.key, l.known = key, true
-				}, bad)
+				}, badPage)
 			case string(k) == string(bucketDead):
 				pf.walkBucket(v, func(k, v []byte, _ bool) {
 					deads = append(deads, [2][]byte{bytes.Clone(k), bytes.Clone(v)})
-				}, bad)
+				}, badPage)
 			case len(k) == 9 && k[0] == 'q':
 				queues[binary.BigEndian.Uint64(k[1:])] = bytes.Clone(v)
 			}
-		}, bad)
-	}
-	for _, l := range lanes {
-		if l.known {
-			l.label = l.key.Label()
-		}
+		}, badPage)
 	}
 
 	// The log, from the applied position on, with the replay's verdict
 	// (readLog): lanes named by recLane records, acknowledgements, chunks.
-	walLanes := map[uint64]*offLane{}
 	lr, err := readLog(walPath(dir), id, applied, synced)
 	if err != nil {
 		problem("wal: %v", err)
 		lr = &logRead{}
 	}
 	for _, m := range lr.unreached {
-		rep.Damaged++
-		problem("%s: records acknowledged there are lost", m)
+		bad("%s: records acknowledged there are lost", m)
 	}
 	for _, m := range lr.foreign {
 		problem("wal: %s than spool.db", m)
 	}
-	// The log's own word on whose records it holds beats spool.db's
-	// (which may be another spool's).
-	for lid, key := range lr.lanes {
-		walLanes[lid] = &offLane{key: key, known: true, label: key.Label()}
-	}
-	keyOf := func(lid uint64) (storage.LaneKey, bool) {
-		l := lanes[lid]
-		if l == nil || !l.known {
-			return storage.LaneKey{}, false
-		}
-		return l.key, true
-	}
+	dbKey := func(lid uint64) (storage.LaneKey, bool) { k, ok := dbLanes[lid]; return k, ok }
 	for _, d := range lr.damage {
 		rep.Damaged += int64(d.lost())
-		problem("wal: %s", d.summary(lr.laneLabels(d, keyOf)))
+		problem("wal: %s", d.summary(lr.laneLabels(d, dbKey)))
 	}
 	for _, d := range lr.harmless {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("wal: segment %s bytes %d-%d: %d %s", segName(d.seg), d.from, d.to, d.records, d.what))
@@ -241,43 +198,49 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 		rep.Notes = append(rep.Notes, fmt.Sprintf("wal: segment %s bytes %d-%d: %s", segName(d.seg), d.from, d.to, d.what))
 	}
 	walChunks, acked, _ := lr.pending()
+	for lid := range lr.lanes {
+		ids[lid] = true
+	}
 
 	if dbMissing {
-		if len(walChunks) > 0 || len(walLanes) > 0 {
+		if len(walChunks) > 0 || len(lr.lanes) > 0 {
 			problem("spool.db is missing or empty but the write-ahead log holds records: only the log is read")
 		} else {
 			rep.Notes = append(rep.Notes, "no spool.db and no records in the write-ahead log: an empty spool")
 		}
 	}
 
-	// Emit: each lane's chunks in spool.db, then the log's.
+	// Emit: each lane's chunks in spool.db, then the log's. The log's own
+	// word on whose records it holds beats spool.db's (which may be another
+	// spool's).
+	laneKey := func(lid uint64, wal bool) (storage.LaneKey, string, bool) {
+		ids[lid] = true
+		key, ok := lr.lanes[lid]
+		if !ok || !wal {
+			key, ok = dbLanes[lid]
+		}
+		if !ok {
+			return key, fmt.Sprintf("lane-%d", lid), false
+		}
+		return key, key.Label(), true
+	}
 	fileName := map[string]string{"db": "spool.db", "wal": "wal"}
 	emitChunk := func(src string, lid, seq uint64, v []byte) {
-		l := laneOf(lid)
-		if wl := walLanes[lid]; src == "wal" && wl != nil {
-			l = wl
-		}
-		var c storage.Chunk
-		base := SalvageRecord{Source: src, Kind: l.key.Kind.String(), Lane: l.label, APIKey: l.key.APIKey, Options: l.key.Options,
+		key, label, _ := laneKey(lid, src == "wal")
+		base := SalvageRecord{Source: src, Kind: key.Kind.String(), Lane: label, APIKey: key.APIKey, Options: key.Options,
 			LaneID: lid, Seq: seq}
-		err := verifyChunk(v)
-		if derr := decodeRecords(seq, v, &c, nil); err == nil {
-			err = derr
-		} else if derr == nil {
-			base.Damaged = true // its framing still holds: its records, flagged
+		var c storage.Chunk
+		verr, derr := verifyChunk(v), decodeRecords(seq, v, &c, nil)
+		if err := cmp.Or(verr, derr); err != nil {
+			bad("%s: lane %s chunk %d: %v", fileName[src], label, seq, err)
 		}
-		if err != nil {
-			rep.Damaged++
-			problem("%s: lane %s chunk %d: %v", fileName[src], l.label, seq, err)
-		}
-		if err != nil && !base.Damaged {
+		if derr != nil { // its framing is lost: the chunk's bytes, flagged
 			acc, _, _ := chunkHeader(v)
-			sr := base
-			sr.Accepted, sr.DataRaw, sr.Damaged = fromMs(acc).UTC(), v, true
-			out(&sr)
+			base.Accepted, base.DataRaw, base.Damaged = fromMs(acc).UTC(), v, true
+			out(&base)
 			return
 		}
-		if !base.Damaged {
+		if base.Damaged = verr != nil; !base.Damaged {
 			rep.Records += int64(len(c.Records))
 			rep.Bytes += int64(len(v))
 		}
@@ -289,7 +252,7 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 		}
 	}
 	for _, q := range slices.Sorted(maps.Keys(queues)) {
-		laneOf(q)
+		_, label, _ := laneKey(q, false)
 		pf.walkBucket(queues[q], func(k, v []byte, bucket bool) {
 			if len(k) != 8 {
 				return
@@ -306,17 +269,11 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 				if len(k2) == 1 && k2[0] == 0 {
 					emitChunk("db", q, seq, v2)
 				}
-			}, func(err error) {
-				rep.Damaged++
-				problem("spool.db: lane %s chunk %d: %v", laneOf(q).label, seq, err)
-			})
-		}, func(err error) {
-			rep.Damaged++
-			problem("spool.db: lane %s: %v", laneOf(q).label, err)
-		})
+			}, func(err error) { bad("spool.db: lane %s chunk %d: %v", label, seq, err) })
+		}, func(err error) { bad("spool.db: lane %s: %v", label, err) })
 	}
 	for _, c := range walChunks {
-		if !laneOf(c.lane).known && walLanes[c.lane] == nil {
+		if _, _, ok := laneKey(c.lane, true); !ok {
 			problem("wal: lane %d chunk %d: neither spool.db nor the log names the lane's api_key", c.lane, c.seq)
 		}
 		emitChunk("wal", c.lane, c.seq, c.payload)
@@ -327,22 +284,17 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 		}
 		d, err := decodeDead(binary.BigEndian.Uint64(kv[0]), kv[1])
 		if err != nil {
-			rep.Damaged++
-			problem("spool.db: dead letter %x: %v", kv[0], err)
+			bad("spool.db: dead letter %x: %v", kv[0], err)
 			continue
 		}
 		rep.DeadLetters++
 		sr := &SalvageRecord{Source: "db", Kind: d.Lane.Kind.String(), Lane: d.Lane.Label(), APIKey: d.Lane.APIKey, Options: d.Lane.Options,
-			Accepted: d.Accepted.UTC(), OrderKey: string(d.Record.OrderKey), UserID: string(d.Record.UserID)}
-		sr.Dead = newOf(sr.Dead)
-		sr.Dead.ID, sr.Dead.Reason, sr.Dead.Answer, sr.Dead.Died = d.ID, d.Reason, string(d.Answer), d.Died.UTC()
+			Accepted: d.Accepted.UTC(), OrderKey: string(d.Record.OrderKey), UserID: string(d.Record.UserID),
+			Dead: &salvageDead{ID: d.ID, Reason: d.Reason, Answer: string(d.Answer), Died: d.Died.UTC()}}
 		setData(sr, d.Record.Data)
 		out(sr)
 	}
-	for id := range walLanes {
-		laneOf(id)
-	}
-	rep.Lanes = len(lanes)
+	rep.Lanes = len(ids)
 	return rep, emitErr
 }
 

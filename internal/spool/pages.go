@@ -9,19 +9,16 @@ import (
 	"syscall"
 )
 
-// pageFile reads a bbolt file page by page with ReadAt, never through a
-// mapping and never trusting a page: every offset and length is checked,
-// so a damaged or truncated file yields errors, not panics or faults. The
-// offline tool (Verify) walks the tree with it, from the meta
-// page bbolt would use, and skip the pages they cannot read.
+// pageFile reads a bbolt file page by page, trusting no page: every offset
+// and length is checked, so a damaged or truncated file yields errors, not
+// panics or faults. Verify and checkDBFile walk the tree with it from the
+// meta page bbolt would use, skipping the pages they cannot read.
 type pageFile struct {
-	f    *os.File
-	size int64
-	ps   int64
-	meta boltMeta
-	// mapped, when set, holds the file's used pages (checkDBFile): pages
-	// are sliced from it instead of read.
-	mapped []byte
+	f      *os.File
+	size   int64
+	ps     int64
+	meta   boltMeta
+	mapped []byte // the used pages, when checkDBFile mapped them; else ReadAt
 }
 
 // bbolt page flags and leaf element flags.
@@ -110,14 +107,13 @@ func (pf *pageFile) page(id uint64) ([]byte, error) {
 	return p, nil
 }
 
-// walkFunc sees a bucket's key and value; bucket is set when the value is a
-// nested bucket's header (then v is that header, with its inline page).
+// walkFunc sees a bucket's key and value; bucket is set when v is a nested
+// bucket's header (with its inline page).
 type walkFunc func(k, v []byte, bucket bool)
 
-// walkBucket visits every element of the bucket whose header is bh (16
-// bytes: root page, sequence; an inline bucket's page follows), in key
-// order as far as the pages allow. Pages it cannot read are reported to
-// bad and skipped.
+// walkBucket visits every element of the bucket whose header is bh (root
+// page, sequence, an inline bucket's page), in key order; pages it cannot
+// read are reported to bad and skipped.
 func (pf *pageFile) walkBucket(bh []byte, visit walkFunc, bad func(error)) {
 	if len(bh) < 16 {
 		bad(errors.New("bucket header too short"))
@@ -189,16 +185,12 @@ func (pf *pageFile) rootHeader() []byte {
 	return binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, pf.meta.root), 0)
 }
 
-// checkDBFile checks the bbolt file at path before bbolt maps it: the
-// meta page bbolt would use (the valid one with the higher txid) must count
-// no more pages than the file holds (a truncated file is refused, never
-// mapped). When the file has no freelist on disk (a crash before it was
-// written), bbolt rebuilds it by walking the tree in a goroutine of its
-// own, where a damaged page is a panic no caller can recover: then it walks
-// every page bbolt can reach first, checking each one's header and element
-// bounds, and returns the first problem (ErrDamaged). The used pages are
-// mapped read-only (the file holds them), so the walk costs what bbolt's
-// does.
+// checkDBFile checks the bbolt file at path before bbolt maps it: the meta
+// page bbolt would use must count no more pages than the file holds. When
+// the file has no freelist on disk, bbolt rebuilds it by walking the tree
+// in a goroutine of its own, where a damaged page is a panic no caller can
+// recover: so the same walk runs here first, over the used pages mapped
+// read-only (as cheap as bbolt's), and its first problem is ErrDamaged.
 func checkDBFile(path string) (err error) {
 	pf, err := openPageFile(path)
 	if err != nil {

@@ -8,35 +8,17 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// Reading a chunk in parts.
-//
-// A chunk is one Append: one ingest request, up to 20 MB of events (43 KB
-// gzipped on the wire). A reader that may hold less than that (the
-// batcher's read-ahead budget) reads it with NextPart, in parts of at most
-// maxBytes (at least one record): each part's records are copied into a
-// buffer of the part's size, so that the reader never holds the whole
-// chunk, whether it is in the WAL's memory or in bbolt. The chunk is
-// acknowledged as a whole (Ack with its Seq) once every record of every
-// part is done.
-
 // NextPart is Next for a reader that is done with the chunks' Records
-// slices (not with the bytes they alias, which stay valid as with Next)
-// before it calls NextPart again, and that takes chunks in parts.
+// slices (not the bytes they alias) before it calls NextPart again, and
+// that takes a chunk (one Append: up to 20 MB) larger than maxBytes (> 0)
+// in parts: one Chunk of the next records that fit (at least one), copied
+// into a buffer of their size, First their index in the chunk and Total its
+// record count. The chunk is acknowledged whole.
 //
 // The Records are carved from recs, grown when too small and dropped when
-// the call waits long (see recIdleDrop), and NextPart returns it for the
-// next call. The batcher's reader copies every record out at once; at
-// 100-event requests a fresh slice per chunk was more than half of the
-// bytes the relay allocated (72 per record). The returned []Chunk is reused
-// the same way (valid until the next NextPart): at 1-event requests a
-// fresh one per read was ~96 bytes per request.
-//
-// When the chunk at the read cursor is larger than maxBytes (> 0), it
-// returns one Chunk holding the next records of it that fit in maxBytes (at
-// least one): its First is the index of its first record in the chunk and
-// its Total the chunk's record count; the cursor stays inside the chunk
-// until its last part is returned. Otherwise it returns whole chunks (at
-// least one, at most about maxBytes), as Next does.
+// the call waits long (recIdleDrop), and returned for the next call; the
+// []Chunk is reused too (valid until the next call). Fresh ones were, at
+// 100-event requests, more than half of the relay's allocated bytes.
 func (l *Lane) NextPart(ctx context.Context, maxBytes int, recs []storage.Record) ([]storage.Chunk, []storage.Record, error) {
 	slab := recSlab{buf: recs[:0]}
 	chunks, err := l.nextChunks(ctx, maxBytes, &slab)
@@ -54,21 +36,16 @@ type partCursor struct {
 	rec int // records returned so far; 0: no part read
 }
 
-// inParts reports whether a chunk of size bytes at the read cursor is read
-// in parts: by NextPart (slab), when it is larger than maxBytes or its
-// earlier parts were read.
+// inParts reports whether NextPart (slab) reads the chunk of size bytes at
+// the cursor in parts.
 func (l *Lane) inParts(size, maxBytes int, slab *recSlab) bool {
 	return slab != nil && maxBytes > 0 && (size > maxBytes || l.part.rec != 0)
 }
 
-// cut returns the next part of chunk seq (encoded as v, n records) from the
-// cursor: the records that fit in maxBytes (at least one), copied into a
-// buffer of their size; it advances the cursor (past the chunk after its
-// last part). The chunk's checksum is checked when its first part is cut:
-// a chunk that fails it returns errPartDamaged, and is then read whole
-// (from bbolt: moved to dead letters, reason damaged). The chunk is
-// decoded whole at each part, so a part costs the decoding of the chunk;
-// a chunk is cut in a few parts.
+// cut returns the next part of chunk seq (encoded as v, n records) and
+// advances the cursor. The checksum is checked at the first part: a chunk
+// that fails it returns errPartDamaged, to be read whole (from bbolt:
+// dead-lettered). Each part decodes the whole chunk (cut in a few parts).
 func (l *Lane) cut(seq uint64, acc int64, n int, v []byte, maxBytes int, slab *recSlab) (storage.Chunk, error) {
 	if l.part.seq != seq || l.part.rec == 0 {
 		if err := verifyChunk(v); err != nil {
@@ -114,11 +91,10 @@ func (l *Lane) cut(seq uint64, acc int64, n int, v []byte, maxBytes int, slab *r
 	return ch, nil
 }
 
-// errPartDamaged is returned by cut for a chunk that fails its checksum.
 var errPartDamaged = fmt.Errorf("chunk read in parts: %w", errChecksum)
 
-// appendSub appends p to b, which has room for it (no reallocation, so
-// earlier sub-slices stay valid), and returns the appended sub-slice.
+// appendSub appends p to b, which has room for it, and returns the
+// appended sub-slice.
 func appendSub(b, p []byte) (sub, out []byte) {
 	at := len(b)
 	b = append(b, p...)
@@ -126,19 +102,14 @@ func appendSub(b, p []byte) (sub, out []byte) {
 }
 
 // Wait blocks until the lane may have records after its read cursor, so
-// that a reader can take its memory budget before it reads (with a context
-// that is already done, NextPart then returns what there is at once, or the
-// context's error when every chunk there was acknowledged meanwhile). It
-// returns ctx.Err() when ctx ends, ErrClosed when the spool closes and
-// storage.ErrRetired once the lane is retired. onIdle, when not nil, is called each
-// time the wait has lasted recIdleDrop more (the reader then drops what it
-// keeps for reuse: an idle lane keeps nothing); when it returns true, Wait
-// returns storage.ErrIdle (the reader may end: see whenWork). Reader goroutine only.
+// that a reader can take its memory budget before it reads (NextPart with
+// a done context). It returns ctx.Err() when ctx ends, ErrClosed when the
+// spool closes and storage.ErrRetired once the lane is retired. onIdle,
+// when not nil, is called each recIdleDrop of waiting (the reader drops
+// what it keeps); when it returns true, Wait returns storage.ErrIdle.
 func (l *Lane) Wait(ctx context.Context, onIdle func() bool) error {
 	var idle <-chan time.Time
-	// One deferred call outside the loop: a defer in a loop is allocated
-	// on the heap, once per Wait, which the 1-event requests' lanes call
-	// for every chunk.
+	// One defer outside the loop: in a loop it is heap-allocated.
 	armed := false
 	defer func() {
 		if armed {
@@ -156,8 +127,8 @@ func (l *Lane) Wait(ctx context.Context, onIdle func() bool) error {
 		case <-l.s.closing:
 			return ErrClosed
 		case <-l.retiredC:
-			// Empty for good (a lane retired before its reader first
-			// read has its cursor before next, and no queue bucket).
+			// Empty for good (the cursor of a lane retired before its
+			// first read is before next).
 			return storage.ErrRetired
 		default:
 		}
@@ -194,11 +165,8 @@ func (l *Lane) Wait(ctx context.Context, onIdle func() bool) error {
 }
 
 // whenWork calls f once, in a goroutine of its own, when the lane may have
-// records after its read cursor or is retired: at once if it does or is
-// already. A reader that ended on storage.ErrIdle so holds no goroutine while the
-// lane is idle; the next reader goes on from the same cursor. A later
-// whenWork replaces an f not called yet. f is not called after the spool
-// closes.
+// records after its read cursor or is retired (at once if so already). A
+// later whenWork replaces an f not called yet.
 func (l *Lane) whenWork(f func()) {
 	l.mu.Lock()
 	if l.readSeq < l.next || l.retired.Load() {
@@ -210,10 +178,8 @@ func (l *Lane) whenWork(f func()) {
 	l.mu.Unlock()
 }
 
-// missingQueue is the error of a read that found no queue bucket: the lane
-// was retired under its reader (empty and idle, its bucket deleted since
-// the reader looked), which is storage.ErrRetired and no damage; only a live
-// lane's missing bucket is.
+// missingQueue is the error of a read that found no queue bucket: no
+// damage when the lane was retired under its reader.
 func (l *Lane) missingQueue() error {
 	if l.retired.Load() {
 		return fmt.Errorf("lane %s: %w", l.label, storage.ErrRetired)

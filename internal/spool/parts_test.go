@@ -41,13 +41,7 @@ func TestNextPart(t *testing.T) {
 			}
 			appendOne(t, s, l, `{"small":2}`)
 			if cold {
-				deadline := time.Now().Add(poll.Max)
-				for s.hotHeld.Load() > 0 {
-					if time.Now().After(deadline) {
-						t.Fatal("chunks not checkpointed")
-					}
-					time.Sleep(time.Millisecond)
-				}
+				poll.Until(t, "the chunks checkpointed", func() bool { return s.hotHeld.Load() == 0 })
 			}
 			const maxBytes = 64 << 10
 			var recs []storage.Record
@@ -309,12 +303,7 @@ func TestRetiredBeforeFirstRead(t *testing.T) {
 	l := mustLane(t, s, testKey(1))
 	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
 	defer cancel()
-	for !l.IsRetired() {
-		if ctx.Err() != nil {
-			t.Fatal("not retired")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	poll.Until(t, "the lane retired", l.IsRetired)
 	if err := l.Wait(ctx, nil); !errors.Is(err, storage.ErrRetired) {
 		t.Fatalf("Wait: %v, want storage.ErrRetired", err)
 	}

@@ -78,10 +78,7 @@ func checkRefusing(t *testing.T, s *Spool, l *Lane, cause string, free func()) {
 	for id := 1000; id < 1200 && err == nil; id++ { // the bound (4 MiB) stops it after ~25
 		// Until the store has tried the chunks: then nothing changes the
 		// answer but the next append.
-		deadline := time.Now().Add(poll.Max)
-		for !s.checkpointed() && !s.ckptFailed.Load() && time.Now().Before(deadline) {
-			time.Sleep(time.Millisecond)
-		}
+		poll.Until(t, "the chunks tried", func() bool { return s.checkpointed() || s.ckptFailed.Load() })
 		r := s.refusing()
 		b.Reset()
 		b.Add(rec(1, id, pad))
@@ -111,13 +108,7 @@ func checkRefusing(t *testing.T, s *Spool, l *Lane, cause string, free func()) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	free()
-	deadline := time.Now().Add(poll.Max)
-	for s.refusing() != nil && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if r := s.refusing(); r != nil {
-		t.Fatalf("Refusing %q %v after space returned", r, poll.Max)
-	}
+	poll.Until(t, "Refusing clear once space returned", func() bool { return s.refusing() == nil })
 	b.Reset()
 	b.Add(rec(1, 5000, pad))
 	if err := s.Append(ctx, l, &b); err != nil {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -15,30 +14,21 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// replay applies the WAL from applied on into bbolt, at Open: every chunk
-// record not acknowledged later in the WAL is put, every acknowledged chunk
-// in bbolt is deleted, in transactions of up to maxCommitBytes, each
-// storing how far it got. Then every segment is free: it is kept as a
-// spare or removed, and the WAL writer starts a new one.
+// replay applies the WAL from applied on into bbolt: every chunk record not
+// acknowledged later is put, every acknowledged chunk in bbolt deleted, in
+// transactions of up to maxCommitBytes that each store how far they got.
+// Then every segment is freed and the WAL writer starts a new one.
 //
-// The log is read by readLog (wal.go), whose verdict Verify shares:
-// damage is skipped exactly and reported (reportDamage), and what follows
-// is replayed; a write cut short at the log's end is dropped with a
-// warning. It is never acknowledged: synced is the WAL end spool.db last
-// recorded (unless NoSync), and every record acknowledged before it was
-// fsynced before that record was committed. A record past synced was
-// either never acknowledged or acknowledged within the last checkpoint's
-// lag (a checkpoint interval plus a commit: every checkpoint commits when
-// the WAL's end moved), which a bad tail there cannot tell apart.
+// Damage is skipped exactly and reported (readLog's verdict); a write cut
+// short at the log's end was never acknowledged: every record acknowledged
+// before synced (the WAL end spool.db last recorded) was fsynced before that
+// was committed, and one past it was acknowledged, if at all, within the
+// last checkpoint's lag, which a bad tail cannot tell apart.
 //
-// Replay refuses (errMismatch) a WAL that is not this spool.db's: a
-// segment whose recStart carries another spool's id, a chunk of a lane id
-// that spool.db never assigned, or a position spool.db recorded (applied,
-// synced) that the files do not reach.
-//
-// live is set when the spool is open already (a replay deferred by a full
-// disk, see drain.go): the lanes' readers are running then, and are woken
-// instead of placed.
+// Replay refuses (errMismatch) a WAL that is not this spool.db's: another
+// spool's id in a recStart, a lane id spool.db never assigned, a recorded
+// position the files do not reach. live: a replay deferred by a full disk
+// (drain.go), whose lanes' readers run already and are woken, not placed.
 func (s *Spool) replay(applied, synced walPos, lanesSeq uint64, live bool) error {
 	lr, err := readLog(s.walDir, s.id[:], applied, synced)
 	if err != nil {
@@ -116,8 +106,6 @@ func (s *Spool) replay(applied, synced walPos, lanesSeq uint64, live bool) error
 		if n, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(name, sparePrefix), ".wal"), 16, 64); err == nil {
 			s.st.spareSeq = max(s.st.spareSeq, n)
 		}
-	}
-	for _, name := range lr.spares {
 		if err := s.freeSegment(filepath.Join(s.walDir, name)); err != nil {
 			s.log.Warn("spool: remove spare WAL file", zap.Error(err))
 		}
@@ -142,15 +130,10 @@ func (s *Spool) replay(applied, synced walPos, lanesSeq uint64, live bool) error
 }
 
 // placeReaders puts each lane's read cursor at its oldest chunk in bbolt,
-// and its next seqs after its newest (Open).
-//
-// Draining (the WAL not replayed yet), a lane's published end is put just
-// past its last chunk in bbolt instead (0 when it has none), below every
-// chunk the WAL still holds: the seq spool.db recorded for the lane also
-// counts chunks that were in the WAL only (a checkpoint records the lane's
-// next seq, young chunks included), and a reader that reached it would
-// have moved its cursor past those chunks once the deferred replay put
-// them into bbolt, never to read them, while later appends were read.
+// and its next seqs after its newest (Open). Draining, a lane's published
+// end is just past its last chunk in bbolt instead: the next seq spool.db
+// recorded counts chunks only the WAL holds, and a reader that reached it
+// would skip them once the deferred replay put them into bbolt.
 func (s *Spool) placeReaders() error {
 	draining := s.draining.Load()
 	return s.db.View(func(tx *bolt.Tx) error {
@@ -175,8 +158,8 @@ func (s *Spool) placeReaders() error {
 // quarantineDir is where damaged bytes are kept, under the spool's Dir.
 const quarantineDir = "quarantine"
 
-// firstReport reports whether d is seen for the first time (a replay
-// deferred by a full disk is tried again, and reports once).
+// firstReport reports whether d is seen for the first time (a deferred
+// replay is tried again).
 func (s *Spool) firstReport(d walDamage) bool {
 	k := walPos{d.seg, d.from}
 	if s.st.reported == nil {
@@ -189,10 +172,8 @@ func (s *Spool) firstReport(d walDamage) bool {
 	return true
 }
 
-// reportDamage reports WAL records that replay skips and that held
-// acknowledged records: an error line with the segment, offsets, lanes,
-// damaged log records and the events lost, the damaged-records counter (by
-// events), and the bytes in a quarantine file.
+// reportDamage reports damage that lost acknowledged records: a log line,
+// the damaged-records counter (by events), the bytes in a quarantine file.
 func (s *Spool) reportDamage(lr *logRead, d walDamage, keyOf func(uint64) (storage.LaneKey, bool)) {
 	if !s.firstReport(d) {
 		return
@@ -206,10 +187,7 @@ func (s *Spool) reportDamage(lr *logRead, d walDamage, keyOf func(uint64) (stora
 	if d.unreadable > 0 {
 		fields = append(fields, zap.Int("events_unknown_records", d.unreadable))
 	}
-	var data []byte
-	if i := slices.IndexFunc(lr.segs, func(sg logSeg) bool { return sg.no == d.seg }); i >= 0 {
-		data = lr.segs[i].data
-	}
+	data := lr.data(d.seg)
 	if from, to := min(d.from, int64(len(data))), min(d.to, int64(len(data))); to > from {
 		name := fmt.Sprintf("wal-%016x-%d-%d.bin", d.seg, d.from, d.to)
 		if path, err := s.quarantine(name, data[from:to]); err != nil {
@@ -238,7 +216,8 @@ func (s *Spool) quarantine(name string, b []byte) (string, error) {
 type replayer struct {
 	s     *Spool
 	byID  map[uint64]*Lane
-	puts  []replayChunk
+	puts  []*hotChunk
+	putL  []*Lane // puts[i]'s lane
 	dels  []ackOp // chunks of spool.db the log acknowledges
 	bytes int64
 
@@ -249,14 +228,6 @@ type replayer struct {
 }
 
 type laneSeq struct{ lane, seq uint64 }
-
-type replayChunk struct {
-	l        *Lane
-	seq      uint64
-	accepted int64
-	records  int
-	v        []byte // aliases the segment's bytes
-}
 
 // add gathers a chunk record the log does not acknowledge.
 func (r *replayer) add(rec walRecord) {
@@ -278,59 +249,37 @@ func (r *replayer) add(rec walRecord) {
 			zap.String("lane", l.label), zap.Uint64("seq", rec.seq), zap.Error(err))
 		return
 	}
-	v := upgradeChunk(rec.payload)
-	r.puts = append(r.puts, replayChunk{l, rec.seq, acc, n, v})
+	v := upgradeChunk(rec.payload) // aliases the segment's bytes
+	r.puts = append(r.puts, &hotChunk{seq: rec.seq, accepted: acc, records: n, size: len(v), cb: &storage.Buf{B: v}})
+	r.putL = append(r.putL, l)
 	r.bytes += int64(len(v))
 	r.chunks++
 }
 
-// apply commits what was gathered and the position pos.
+// apply commits what was gathered and the position pos, in a transaction
+// of the store's (Spool.apply) that always writes the freelist: a relay
+// killed again before the store writes it (idleTasks) would otherwise
+// have the next Open check every page of the file.
 func (r *replayer) apply(pos walPos) error {
 	s := r.s
 	if len(r.puts) == 0 && len(r.dels) == 0 && pos == s.st.applied {
 		return nil
 	}
-	live := s.st.live
-	// Keep the freelist on disk: a relay killed again before the store
-	// writes it (idleFreelist) would otherwise have the next Open check
-	// every page of the file.
-	s.db.NoFreelistSync = false
-	defer func() { s.db.NoFreelistSync = true }()
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		for _, a := range r.dels {
-			n, err := s.txDelete(tx, a.lane, a.seq)
-			if err != nil {
-				return err
-			}
-			live -= int64(n)
-		}
-		for _, c := range r.puts {
-			if err := s.txPut(tx, c.l, c.seq, c.accepted, c.records, c.v); err != nil {
-				return err
-			}
-			live += int64(len(c.v))
-		}
-		if err := s.txLanes(tx); err != nil {
-			return err
-		}
-		meta := tx.Bucket(bucketMeta)
-		if r.final {
-			if err := s.putSynced(meta, pos); err != nil {
-				return err
-			}
-		}
-		return meta.Put(keyWAL, pos.encode())
-	})
+	end := s.synced
+	if r.final {
+		end = pos
+	}
+	s.st.replaying = true
+	_, err := s.apply(nil, r.dels, r.puts, r.putL, nil, pos, end)
+	s.st.replaying = false
 	s.settle(err == nil)
 	if err != nil {
 		return fmt.Errorf("wal replay: %w", err)
 	}
 	s.st.applied = pos
-	s.st.live = live
-	s.coldLive.Store(live)
+	s.coldLive.Store(s.st.live)
 	clear(r.puts)
-	r.puts = r.puts[:0]
-	r.dels = r.dels[:0]
-	r.bytes = 0
+	clear(r.putL)
+	r.puts, r.putL, r.dels, r.bytes = r.puts[:0], r.putL[:0], r.dels[:0], 0
 	return nil
 }

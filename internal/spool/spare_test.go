@@ -82,13 +82,7 @@ func TestSparesReused(t *testing.T) {
 		for _, c := range drainAvailable(t, l) {
 			s.Ack(l, c.Seq)
 		}
-		deadline := time.Now().Add(poll.Max)
-		for !s.checkpointed() {
-			if time.Now().After(deadline) {
-				t.Fatalf("no checkpoint applied the acks within %v", poll.Max)
-			}
-			time.Sleep(time.Millisecond)
-		}
+		waitCheckpointed(t, s)
 	}
 
 	// As many segments as a busy WAL holds at its bound (the checkpoint
@@ -99,10 +93,7 @@ func TestSparesReused(t *testing.T) {
 	// The writer's current segment stays; the ones before it are spares
 	// once the checkpoint that applied the acks has run.
 	var segs, spares map[uint64]string
-	deadline := time.Now().Add(poll.Max)
-	for segs, spares = files(); len(spares) < freed && time.Now().Before(deadline); segs, spares = files() {
-		time.Sleep(time.Millisecond)
-	}
+	poll.Until(t, "the freed segments spares", func() bool { segs, spares = files(); return len(spares) >= freed })
 	if len(spares) != freed || len(segs) != 1 {
 		t.Fatalf("after freeing %d segments: segments %v, spares %v (want 1 and %d)", freed, segs, spares, freed)
 	}

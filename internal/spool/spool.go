@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -44,32 +43,28 @@ var errLocked = errors.New("spool: locked by another process")
 var ErrClosed = fmt.Errorf("spool: closed: %w", storage.ErrLost)
 
 // ErrDamaged is returned by Open when spool.db cannot be opened or read
-// (damaged pages, a truncated file, a value that fails its checksum where
-// the spool cannot go on without it), and when spool.db and the write-ahead
-// log do not belong together (the message says "it does not match the
-// write-ahead log": spool.db is missing or empty, or is another spool's,
-// while the log holds records, or spool.db records a log position the log
-// does not reach). Open changes nothing then; Verify salvages what is
+// (damaged pages, a truncated file, a value it cannot go on without that
+// fails its checksum), and when spool.db does not match the write-ahead log
+// (errMismatch). Open changes nothing then; Verify salvages what is
 // readable.
 var ErrDamaged = errors.New("spool: spool.db is damaged")
 
-// errMismatch is the ErrDamaged of a spool.db that does not belong with the
-// write-ahead log.
+// errMismatch is the ErrDamaged of a spool.db missing, empty or another
+// spool's while the log holds records, or recording a log position the
+// log does not reach.
 var errMismatch = fmt.Errorf("%w (it does not match the write-ahead log)", ErrDamaged)
 
 // DefaultMinFreeBytes is the relay's disk reserve (--spool-min-free-bytes
 // and the backfills' spools).
 const DefaultMinFreeBytes = 256 << 20
 
-// Config configures a Spool. A bound or reserve whose zero (or negative)
-// value means none means what the relay's flag of the same setting does
-// (cmd/relay passes its values as they are).
+// Config configures a Spool. Its zero values mean what the relay's flags
+// of the same settings do (cmd/relay passes them as they are).
 type Config struct {
 	// Dir is the directory of the spool files; created if missing. Required.
 	Dir string
 	// NoSync: an Append returns once its commit reached the OS (it survives
-	// a crash of the process, not of the machine). False fdatasyncs every
-	// commit before Append returns.
+	// a crash of the process, not of the machine), not once fdatasync'ed.
 	NoSync bool
 	// MaxBytes bounds the live record bytes; zero means no quota.
 	MaxBytes int64
@@ -77,24 +72,15 @@ type Config struct {
 	// and compaction still work; zero or negative means no reserve.
 	MinFreeBytes int64
 	// CompactMinFileBytes is the file size under which the spool never
-	// compacts (see compact.go); zero means 4 MiB, negative disables
-	// compaction.
+	// compacts; zero means 4 MiB, negative never.
 	CompactMinFileBytes int64
 
-	// Bounded lanes (see lanes.go); SetLaneLimits changes them while open.
-
-	// MaxLanes bounds the lanes (of every kind) that exist at once: a new
-	// one beyond it is refused with ErrTooManyLanes. Zero or negative: no
-	// bound.
-	MaxLanes int
-	// RetireIdle: a lane that is empty and had no Append for this long is
-	// retired (forgotten, its records deleted from the file). Zero or
-	// negative: never.
-	RetireIdle time.Duration
-	// MaxLanesPerKey bounds the lanes of one api_key (its kinds and
-	// options variants together): a new one beyond it is refused with
-	// ErrTooManyKeyLanes. Zero or negative: no bound.
-	MaxLanesPerKey int
+	// Lane limits (lanes.go; SetLaneLimits changes them while open), zero
+	// or negative for none: the lanes of every kind (ErrTooManyLanes), the
+	// lanes of one api_key (ErrTooManyKeyLanes), and how long a lane stays
+	// empty without an Append before it is retired.
+	MaxLanes, MaxLanesPerKey int
+	RetireIdle               time.Duration
 
 	// Tests' knobs; zero means the default (withDefaults).
 	adviseAge       time.Duration // see advise.go
@@ -104,34 +90,21 @@ type Config struct {
 	walMaxBytes     int64
 	idleAfter       time.Duration
 	drainEvery      time.Duration
-	// maxCommitBytes bounds the bytes gathered into one WAL write (group
-	// commit) and into one bbolt transaction at Open.
-	maxCommitBytes int
-	// hotMaxBytes bounds the memory of chunks kept between the WAL and bbolt
-	// (see hot.go): past it a checkpoint moves every unacknowledged one into
-	// bbolt, and past twice it appends wait for that checkpoint (or fail
-	// with ErrFull when checkpoints fail).
-	hotMaxBytes int64
-	// compactPercent: the spool compacts when the pages in use are at most
-	// this percentage of the file.
-	compactPercent int
-	// compactMaxUsedBytes bounds the data a compaction copies (checkpoints
-	// wait while it runs, about 20 ms per MiB here); negative means no bound.
-	compactMaxUsedBytes int64
+	maxCommitBytes  int // one WAL write (group commit), one replay transaction
+	// hotMaxBytes bounds the memory of hot chunks: past it a checkpoint
+	// moves every unacknowledged one into bbolt, past twice it appends
+	// wait for that (or fail with ErrFull when checkpoints fail).
+	hotMaxBytes    int64
+	compactPercent int // see compact.go
+	gather         time.Duration
 
-	// maxFileBytes, when positive, makes checkpoints that would grow the
-	// bbolt file past it fail (bbolt's MaxSize): the tests' stand-in for
-	// ENOSPC.
+	// Fault injection. maxFileBytes is bbolt's MaxSize (the stand-in for
+	// ENOSPC); walFault is called before every WAL write (false) and in
+	// place of its fdatasync (true), its error failing the write;
+	// beforeTrim runs before each trim inside a checkpoint's transaction.
 	maxFileBytes int
-	// walFault, when set, is called before every WAL write (synced false)
-	// and after it in place of its fdatasync (synced true); an error fails
-	// the write as an I/O error would (tests).
-	walFault func(synced bool) error
-	// gather replaces commitGather when positive (tests).
-	gather time.Duration
-	// beforeTrim, when set, is called inside a checkpoint's transaction
-	// before each trim of the pages its deletions mapped (tests).
-	beforeTrim func()
+	walFault     func(synced bool) error
+	beforeTrim   func()
 }
 
 // Validate reports a configuration error; Open calls it.
@@ -147,19 +120,10 @@ func (c Config) Validate() error {
 
 // withDefaults is c with its zero knobs set to their defaults.
 func (c Config) withDefaults() Config {
-	def := func(v *int64, d int64) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	def(&c.CompactMinFileBytes, 4<<20)
-	def(&c.segmentBytes, defaultSegmentBytes)
-	def(&c.walMaxBytes, defaultWALMaxBytes)
-	def(&c.hotMaxBytes, 8<<20)
-	def(&c.compactMaxUsedBytes, 16<<20)
-	if c.compactMaxUsedBytes < 0 {
-		c.compactMaxUsedBytes = math.MaxInt64
-	}
+	c.CompactMinFileBytes = cmp.Or(c.CompactMinFileBytes, 4<<20)
+	c.segmentBytes = cmp.Or(c.segmentBytes, defaultSegmentBytes)
+	c.walMaxBytes = cmp.Or(c.walMaxBytes, defaultWALMaxBytes)
+	c.hotMaxBytes = cmp.Or(c.hotMaxBytes, 8<<20)
 	c.adviseAge = cmp.Or(c.adviseAge, adviseAge)
 	c.flushAge = cmp.Or(c.flushAge, defaultFlushAge)
 	c.checkpointEvery = cmp.Or(c.checkpointEvery, defaultCheckpointEvery)
@@ -171,16 +135,14 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Lane is a handle on one lane. A retired lane (lanes.go) is forgotten by
-// the spool; its handle stays usable for Append (see Spool.Append).
+// Lane is a handle on one lane; a retired lane's stays usable for Append.
 type Lane struct {
-	s     *Spool
-	key   storage.LaneKey
-	id    uint64
-	label string
-	qname []byte // name of the queue bucket
-	// walRec is the lane's recLane payload.
-	walRec []byte
+	s      *Spool
+	key    storage.LaneKey
+	id     uint64
+	label  string
+	qname  []byte // name of the queue bucket
+	walRec []byte // the lane's recLane payload
 
 	mu         sync.Mutex
 	cold       laneState // what bbolt holds (committed); written by the store
@@ -188,30 +150,26 @@ type Lane struct {
 	hot        hotList   // chunks in the WAL only
 	next       uint64    // every chunk below it is published (cold or hot)
 	notify     chan struct{}
-	// chunks is the reader's []Chunk, reused by NextPart (see there); nil
-	// after an idle wait. Reader goroutine only.
-	chunks []storage.Chunk
-	// watched: the reader found nothing to read and may wait on notify;
-	// a publish closes and replaces notify only then (a channel per
-	// chunk was ~100 B for every 1-event request).
+	chunks     []storage.Chunk // the reader's, reused by NextPart; nil after an idle wait
+	// watched: the reader may wait on notify, which a publish closes and
+	// replaces only then (a channel per chunk was ~100 B for every
+	// 1-event request).
 	watched bool
-	// onWork starts the lane's reader again (whenWork).
-	onWork func()
+	onWork  func() // starts the lane's reader again (whenWork)
 
-	// The WAL writer's own: the next seq it assigns.
-	aNext uint64
+	aNext uint64 // the WAL writer's: the next seq it assigns
 
 	// The store's own: the working copy inside its transaction.
 	w                   laneState
 	wOldest             int64
 	wTouched, wOldStale bool
 
-	// Reader (Next) only.
+	// The reader's own.
 	readSeq uint64
 	raw     []rawChunk  // scratch of read
 	adv     spans       // scratch of read
 	refs    []hotRef    // scratch of takeHot
-	idle    *time.Timer // of wait
+	idle    *time.Timer // of Wait
 	part    partCursor  // of NextPart (parts.go)
 
 	// Retirement and checkpoints (lanes.go).
@@ -273,9 +231,8 @@ type LaneStats struct {
 	Oldest                 time.Time // zero when empty
 }
 
-// Stats returns the lane's live (not yet acknowledged) content. A chunk
-// acknowledged while a checkpoint copied it into bbolt counts until the
-// next checkpoint deletes it.
+// Stats returns the lane's live content (a chunk acknowledged while a
+// checkpoint copied it into bbolt counts until the next one deletes it).
 func (l *Lane) Stats() LaneStats {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -293,23 +250,20 @@ func (l *Lane) Stats() LaneStats {
 }
 
 // Next blocks until the lane has chunks after its read cursor, then returns
-// them in order (at least one, at most about maxBytes) and advances the
-// cursor. It returns ctx.Err() when ctx ends and ErrClosed when the spool
-// closes. One caller at a time per lane. maxBytes <= 0 returns one chunk.
-// The chunks stay valid after Ack and Close, until their Buffer is released
-// (Chunk.Buffer).
+// them in order (at least one, at most about maxBytes; one when maxBytes <=
+// 0) and advances the cursor. It returns ctx.Err() when ctx ends and
+// ErrClosed when the spool closes. The chunks stay valid after Ack and
+// Close, until their Buffer is released.
 func (l *Lane) Next(ctx context.Context, maxBytes int) ([]storage.Chunk, error) {
 	return l.nextChunks(ctx, maxBytes, nil)
 }
 
-// recSlab hands out the Records slices of one NextPart call, each the next
-// part of buf (a nil *recSlab, Next's, hands out fresh ones). A slice that
-// does not fit gets a new, larger buf; those handed out before keep the
-// old one.
+// recSlab hands out the Records slices of one NextPart call from buf (a
+// nil *recSlab, Next's, hands out fresh ones); a slice that does not fit
+// gets a new buf. Reused records hold an earlier call's: the caller sets
+// every field.
 type recSlab struct{ buf []storage.Record }
 
-// take returns a slice of n records. Reused ones hold the records of an
-// earlier call: the caller sets every field.
 func (s *recSlab) take(n int) []storage.Record {
 	if s == nil {
 		return make([]storage.Record, n)
@@ -382,17 +336,14 @@ func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]s
 	}
 }
 
-// recIdleDrop is how long a reader waits for chunks before NextPart drops
-// the records slice it was given: an idle lane's reader keeps nothing (a
-// fleet relay's idle lanes would otherwise each keep their largest read's,
-// up to ~150 KB), while a busy one keeps reusing it (at the 100-event peak
-// the reader waits, briefly, before most of its reads). A variable for
+// recIdleDrop is how long a reader waits before NextPart drops the records
+// slice it keeps: an idle lane's reader keeps nothing (each would keep its
+// largest read's, up to ~150 KB), a busy one reuses it. A variable for
 // tests.
 var recIdleDrop = time.Second
 
 // takeHot takes a reference on the unacknowledged hot chunks from the read
-// cursor on, up to about maxBytes, and advances the cursor. Call with l.mu
-// held.
+// cursor on, up to about maxBytes, and advances the cursor. l.mu held.
 func (l *Lane) takeHot(maxBytes int) []hotRef {
 	refs := l.refs[:0]
 	total := 0
@@ -493,15 +444,12 @@ func (l *Lane) read(maxBytes int, end uint64, slab *recSlab) (_ []storage.Chunk,
 		if len(raw) == 0 {
 			return nil
 		}
-		// Drop the copied pages from the RSS afterwards (see advise.go; the
-		// data stays in the page cache): chunks are read from bbolt only
-		// when they waited (a backlog, an outage's retries), so one call
-		// per read is cheap. The whole mapping, not the chunks' pages: the
-		// kernel maps the large folios around them, and the store's
-		// commits touch pages meanwhile. A chunk accepted adviseAge ago or
-		// more is likely not in the page cache any more: ask for its pages
-		// and the next call's at once (read from disk while these are
-		// delivered).
+		// Drop the whole mapping from the RSS afterwards (advise.go: the
+		// kernel maps large folios around the chunks, and the store's
+		// commits touch pages meanwhile); bbolt is read only when chunks
+		// waited, so one call per read is cheap. Chunks adviseAge old are
+		// likely out of the page cache: ask for theirs and the next
+		// call's pages at once.
 		defer trimTx(s.db, tx)
 		if acc, _, herr := chunkHeader(raw[0].v); herr == nil && time.Since(fromMs(acc)) >= s.cfg.adviseAge {
 			m := mapping(s.db, tx)
@@ -552,14 +500,11 @@ type damagedChunk struct {
 }
 
 // deadDamaged moves a damaged chunk to dead letters with reason
-// reasonDamaged, never to be sent upstream: one per record when its framing
-// still decodes (any of them may be the damaged one), else one holding the
-// chunk's bytes; then acknowledges the chunk, logs it and counts it.
-//
-// The dead letters are written with a context of their own: the reader's
-// may be done already (the batcher reads with one, to return at once when
-// there is nothing to read), and a write refused for it would leave the
-// chunk unread and unacknowledged for ever, its lane wedged behind it.
+// reasonDamaged, never to be sent: one per record when its framing still
+// decodes (any may be the damaged one), else one holding its bytes; then
+// acknowledges, logs and counts it. The write has a context of its own:
+// the reader's may be done already (the batcher reads with a done one),
+// and a refused write would wedge the lane behind the chunk.
 func (l *Lane) deadDamaged(ctx context.Context, d *damagedChunk) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deadDamagedTimeout)
 	defer cancel()
@@ -589,29 +534,22 @@ func (l *Lane) deadDamaged(ctx context.Context, d *damagedChunk) error {
 	return nil
 }
 
-// deadDamagedTimeout bounds the dead-letter write of a damaged chunk; when
-// it fails the reader gets the error and reads the chunk again later.
+// deadDamagedTimeout bounds deadDamaged's write; after a failed one the
+// chunk is read again later.
 const deadDamagedTimeout = 30 * time.Second
 
-// reasonDamaged is the dead-letter reason of records whose chunk failed its
-// checksum in spool.db.
 const reasonDamaged = "damaged"
 
 // Spool is the durable queue. See the package documentation.
 type Spool struct {
-	cfg Config
-	// laneCfg is cfg with the lane limits in force (SetLaneLimits): read
-	// for MaxLanes, MaxLanesPerKey and RetireIdle, never cfg's.
-	laneCfg atomic.Pointer[Config]
+	cfg     Config
+	laneCfg atomic.Pointer[Config] // cfg with the lane limits in force (SetLaneLimits)
 	log     *zap.Logger
 	path    string // the bbolt file
 	walDir  string
 	m       *metrics
 
-	// dbMu guards db: readers (Next, ListDead) hold it shared for one short
-	// View; the store holds it exclusively only to swap files after a
-	// compaction, and Close to close the file (db = nil afterwards).
-	dbMu sync.RWMutex
+	dbMu sync.RWMutex // see the package doc; db is nil once closed
 	db   *bolt.DB
 
 	mu       sync.Mutex // guards the fields below
@@ -635,34 +573,26 @@ type Spool struct {
 	spares    chan string   // spare WAL files ready for the writer (paths)
 	opPool    sync.Pool
 
-	// Memory and quota accounting (see hot.go and checkpoint.go).
-	hotUnacked atomic.Int64  // bytes of unacknowledged hot chunks
-	hotHeld    atomic.Int64  // bytes of hot chunks the spool holds
-	coldLive   atomic.Int64  // bytes of chunks in bbolt
-	force      atomic.Bool   // the WAL writer asks for a checkpoint of everything
-	armed      atomic.Bool   // the store has a checkpoint scheduled
-	retire     atomic.Bool   // the store asks the WAL writer to give up its idle segment
-	ckptFailed atomic.Bool   // the last checkpoint failed
-	relief     chan struct{} // closed (and replaced, under mu) after each checkpoint
-	// appliedTotal is walTotal at the applied position (the store's).
-	appliedTotal atomic.Int64
+	// Memory and quota accounting.
+	hotUnacked   atomic.Int64  // bytes of unacknowledged hot chunks
+	hotHeld      atomic.Int64  // bytes of hot chunks the spool holds
+	coldLive     atomic.Int64  // bytes of chunks in bbolt
+	force        atomic.Bool   // the WAL writer asks for a checkpoint of everything
+	armed        atomic.Bool   // the store has a checkpoint scheduled
+	retire       atomic.Bool   // the store asks the WAL writer to give up its idle segment
+	ckptFailed   atomic.Bool   // the last checkpoint failed
+	relief       chan struct{} // closed (and replaced, under mu) after each checkpoint
+	appliedTotal atomic.Int64  // walTotal at the applied position
 
 	fileBytes atomic.Int64
 	upstream  atomic.Pointer[string] // SetUpstream's (Stats)
 	deadN     atomic.Int64
 
-	id [16]byte // the spool's id (meta key "id"), in every WAL segment
-	// draining is set while the WAL's replay waits for disk space (see
-	// drain.go): appends are refused, what bbolt holds is delivered.
-	draining atomic.Bool
-	// ckptErr is the last failed checkpoint's error (Refusing's reason).
-	ckptErr atomic.Pointer[string]
-	// walNoSpace: the last new WAL segment could not be made for want of
-	// space (Refusing).
-	walNoSpace atomic.Bool
-	// synced is the acknowledged WAL end last recorded in spool.db (the
-	// store's).
-	synced walPos
+	id         [16]byte               // the spool's id (meta key "id"), in every WAL segment
+	draining   atomic.Bool            // drain.go
+	ckptErr    atomic.Pointer[string] // the last failed checkpoint's error (Refusing)
+	walNoSpace atomic.Bool            // no space for the last new WAL segment (Refusing)
+	synced     walPos                 // the store's: the acknowledged WAL end in spool.db
 
 	w  walWriter  // the WAL writer goroutine's own
 	st storeState // the store goroutine's own
@@ -674,34 +604,29 @@ var (
 	bucketMeta  = []byte("meta")
 	bucketLanes = []byte("lanes")
 	bucketDead  = []byte("dead")
-	keyFormat   = []byte("format")
-	keyDead     = []byte("dead") // in meta: dead letter count and bytes
-	keyWAL      = []byte("wal")  // in meta: the WAL position applied to bbolt
-	// keyID: the spool's random id (16 bytes), written into every WAL
-	// segment's recStart record, so that a log and a spool.db that do not
-	// belong together are told apart.
-	keyID = []byte("id")
-	// keySynced: the WAL end acknowledged (fsynced) when a checkpoint last
-	// committed, 16 bytes as keyWAL plus their CRC-32C; absent under
-	// NoSync. See replay.
+	// In meta: the format; dead letter count and bytes; the WAL position
+	// applied to bbolt; the spool's random id, in every WAL segment's
+	// recStart record so that a log and a spool.db that do not belong
+	// together are told apart; the WAL end acknowledged when a checkpoint
+	// last committed (keyWAL's 16 bytes and their CRC-32C; none under
+	// NoSync, see replay).
+	keyFormat = []byte("format")
+	keyDead   = []byte("dead")
+	keyWAL    = []byte("wal")
+	keyID     = []byte("id")
 	keySynced = []byte("walsync")
 )
 
-// formatVersion 2 adds the WAL; 3 stores large chunks as buckets of their
-// own (see chunkstore.go); 4 checksums every value (chunks, lanes, dead
-// letters: encode.go) and every WAL segment starts with a record naming
-// its spool. Files of versions 1 to 3 are upgraded in place: what they
-// hold reads the same (their chunks carry no checksum of their own and
-// leave as they are delivered; chunks replayed from their WAL are
-// rewritten with one). The version keeps an older relay from opening a
-// file it would misread. The meta bucket takes new keys freely: a key
-// this version does not know is left alone.
+// formatVersion 2 adds the WAL; 3 large chunks as buckets of their own; 4
+// a checksum in every value and a spool id in every WAL segment. Files of
+// versions 1 to 3 are upgraded in place (their chunks leave unchecksummed
+// as they are delivered; those replayed from their WAL get one). The
+// version keeps an older relay from opening a file it would misread.
 const formatVersion = 4
 
 // Open opens or creates the spool in cfg.Dir, replays its WAL into bbolt,
-// and starts its goroutines. log and reg may be nil. A spool directory is
-// used by one process at a time: Open fails ("locked by another process")
-// after about half a second when another holds the file.
+// and starts its goroutines. log and reg may be nil. Open fails after about
+// half a second when another process holds the spool.
 func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -729,7 +654,7 @@ func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error
 		return nil, fmt.Errorf("open spool: %w", err)
 	}
 	s.opPool.New = func() any { return &op{done: make(chan struct{}, 1)} }
-	if err := os.Remove(s.path + ".compact"); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := removeIfExists(s.path + ".compact"); err != nil {
 		return nil, fmt.Errorf("open spool: remove stale compaction file: %w", err)
 	}
 	if err := s.checkFiles(); err != nil {
@@ -740,10 +665,9 @@ func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error
 		return nil, err
 	}
 	s.db = db
-	// bbolt reads its pages through the mapping and panics on pages it
-	// cannot parse; checkFiles made sure the mapping covers every page
-	// the file claims, and a fault is turned into a panic too: both become
-	// ErrDamaged.
+	// bbolt panics on pages it cannot parse, and guard turns that and a
+	// fault into ErrDamaged (checkFiles made sure the file holds every
+	// page it claims).
 	err = guard(func() error {
 		applied, synced, lanesSeq, err := s.load()
 		if err != nil {
@@ -759,10 +683,8 @@ func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error
 		_ = guard(db.Close)
 		return nil, fmt.Errorf("open spool %s: %w", s.path, err)
 	}
-	// load and replay touched pages all over the file (lane records,
-	// every queue's first chunk, the tails replay appended to): none of
-	// them is needed again soon, and a relay started on a backlog should
-	// not carry them in its RSS (see advise.go).
+	// load and replay touched pages all over the file, none needed again
+	// soon: a relay started on a backlog should not carry them in its RSS.
 	trimMapping(db)
 	s.updateFileBytes()
 	m, err := newMetrics(s, reg)
@@ -807,9 +729,8 @@ func (s *Spool) openDB() (*bolt.DB, error) {
 // it returns the WAL positions applied to the file and acknowledged when
 // it was last written, and the highest lane id the file assigned.
 func (s *Spool) load() (applied, synced walPos, lanesSeq uint64, err error) {
-	// Write only when a bucket, the format or the id is missing: a commit
-	// at every Open would leave the freelist on disk stale (see
-	// keepFreelist).
+	// Write only when something is missing: a commit at every Open would
+	// leave the freelist on disk stale (keepFreelist).
 	ready := false
 	if err := s.db.View(func(tx *bolt.Tx) error {
 		meta := tx.Bucket(bucketMeta)
@@ -836,19 +757,17 @@ func (s *Spool) load() (applied, synced walPos, lanesSeq uint64, err error) {
 			s.st.deadBytes = int64(binary.BigEndian.Uint64(v[8:]))
 		}
 		s.deadN.Store(s.st.deadN)
+		var errs [2]error
 		if v := meta.Get(keyWAL); v != nil {
-			var err error
-			if applied, err = decodePos(v); err != nil {
-				return fmt.Errorf("%w: %w", ErrDamaged, err)
-			}
+			applied, errs[0] = decodePos(v)
 		}
 		if v := meta.Get(keySynced); v != nil {
-			var err error
-			if synced, err = decodeSynced(v); err != nil {
-				return fmt.Errorf("%w: %w", ErrDamaged, err)
-			}
-			s.synced = synced
+			synced, errs[1] = decodeSynced(v)
 		}
+		if err := cmp.Or(errs[0], errs[1]); err != nil {
+			return fmt.Errorf("%w: %w", ErrDamaged, err)
+		}
+		s.synced = synced
 		lanesB := tx.Bucket(bucketLanes)
 		lanesSeq = lanesB.Sequence()
 		return lanesB.ForEach(func(k, v []byte) error {
@@ -881,9 +800,8 @@ func decodeSynced(v []byte) (walPos, error) {
 	return decodePos(v[:16])
 }
 
-// putSynced records p as the acknowledged WAL end, and
-// removes the record under NoSync (whose acknowledged records may be
-// lost with the machine, so their end proves nothing).
+// putSynced records p as the acknowledged WAL end; under NoSync it
+// removes it (acknowledged records may be lost with the machine).
 func (s *Spool) putSynced(meta *bolt.Bucket, p walPos) error {
 	if s.cfg.NoSync {
 		return meta.Delete(keySynced)
@@ -893,8 +811,7 @@ func (s *Spool) putSynced(meta *bolt.Bucket, p walPos) error {
 }
 
 // createBuckets creates the buckets of a new file, and upgrades the format
-// of an older one: version 1 was written before the WAL (nothing to
-// replay), and what versions 1 and 2 hold reads the same in version 3.
+// of an older one (see formatVersion).
 func createBuckets(tx *bolt.Tx) error {
 	meta, err := tx.CreateBucketIfNotExists(bucketMeta)
 	if err != nil {
@@ -929,9 +846,8 @@ func createBuckets(tx *bolt.Tx) error {
 	return err
 }
 
-// firstAccepted is the acceptance time of the first chunk of queue q, 0
-// when it is empty or its header does not decode (reading it reports the
-// damage).
+// firstAccepted is the acceptance time of queue q's first chunk, 0 when
+// none or its header does not decode (reading it reports the damage).
 func firstAccepted(q *bolt.Bucket) int64 {
 	k, v := q.Cursor().First()
 	if k == nil {
@@ -943,8 +859,7 @@ func firstAccepted(q *bolt.Bucket) int64 {
 
 // Close writes what is queued to the WAL, moves every unacknowledged chunk
 // into bbolt, stops the goroutines and closes the files. Blocked Next calls
-// return ErrClosed. Acks queued after Close are dropped (their chunks are
-// delivered again after the next Open). Closing twice returns ErrClosed.
+// and a second Close return ErrClosed; acks after Close are dropped.
 func (s *Spool) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -1002,13 +917,11 @@ func (s *Spool) Lanes() []*Lane {
 }
 
 // Append writes b as one chunk at the tail of lane l and returns once it is
-// durable (see Config.NoSync). On success it takes b's records over and leaves b
-// empty (ready for reuse); on error b is unchanged. An empty batch is a
-// no-op. b must not be used until Append returns. ctx is checked before the
-// chunk is queued; once queued, Append waits for the write (well under a
-// millisecond plus the fsync) so that its answer is always the truth.
-// When l was retired (see Lane.IsRetired), the chunk goes to the lane of the
-// same key, created again if needed (which may fail with ErrTooManyLanes).
+// durable (see Config.NoSync). On success it takes b's records over and
+// leaves b empty; on error b is unchanged. ctx is checked before the chunk
+// is queued; once queued, Append waits for the write so that its answer is
+// the truth. When l was retired, the chunk goes to the live lane of its
+// key, created again if needed (which may fail with ErrTooManyLanes).
 func (s *Spool) Append(ctx context.Context, l *Lane, b *storage.Batch) error {
 	if b.Len() == 0 {
 		return nil
@@ -1028,8 +941,7 @@ func (s *Spool) Append(ctx context.Context, l *Lane, b *storage.Batch) error {
 	o := s.getOp(opAppend)
 	o.lane, o.batch, o.accepted = l, b, time.Now().UnixMilli()
 	l.lastUse.Store(o.accepted)
-	// Right-sized, with its header and its record's checksum: here, in the
-	// caller's goroutine (see wal.go).
+	// Right-sized and checksummed here, in the caller's goroutine (wal.go).
 	b.Fit()
 	o.crc = putChunkHeader(b.Encoded(), o.accepted, b.Len())
 	err = s.do(ctx, o)
@@ -1038,12 +950,8 @@ func (s *Spool) Append(ctx context.Context, l *Lane, b *storage.Batch) error {
 }
 
 // Ack records that every record of chunk seq of lane l is done (delivered or
-// dead-lettered). It does not block: a chunk still only in the WAL is
-// forgotten at once, one in bbolt is deleted by the next checkpoint, and the
-// acknowledgement is written to the WAL with the next write so that a crash
-// does not bring the chunk back. Acknowledging a chunk twice, or one that
-// does not exist, is harmless. An ack not yet on disk when the process stops
-// means the chunk is delivered again.
+// dead-lettered); it does not block (see the package doc). Acknowledging a
+// chunk twice, or one that does not exist, is harmless.
 func (s *Spool) Ack(l *Lane, seq uint64) {
 	if l.s != s {
 		return
@@ -1087,9 +995,9 @@ func (s *Spool) Ack(l *Lane, seq uint64) {
 	}
 }
 
-// PutDead commits dead letters and returns once they are durable. It sets
-// the ID of each element of dls. Dead letters are not counted against
-// MaxBytes and not refused for low disk: they precede an Ack that frees more.
+// PutDead commits dead letters, setting their IDs, and returns once they
+// are durable. They are never refused for space: they precede an Ack that
+// frees more.
 func (s *Spool) PutDead(ctx context.Context, dls []storage.DeadLetter) error {
 	if len(dls) == 0 {
 		return nil
@@ -1142,10 +1050,9 @@ func (s *Spool) view(f func(*bolt.Tx) error) error {
 	return guard(func() error { return s.db.View(f) })
 }
 
-// DeadCount is the number of dead letters as the store holds them now: read
-// in a transaction of its own, so that it counts every dead letter a
-// ListDead before it returned (Stats().Dead follows the store a moment
-// later, once a checkpoint is applied).
+// DeadCount is the number of dead letters as the file holds them now, so
+// never fewer than a ListDead before it returned (Stats().Dead follows a
+// moment later).
 func (s *Spool) DeadCount() (int64, error) {
 	var n int64
 	err := s.view(func(tx *bolt.Tx) error {
@@ -1160,8 +1067,7 @@ func (s *Spool) DeadCount() (int64, error) {
 	return n, nil
 }
 
-// DeleteDead removes the dead letters with the given ids (durably). Unknown
-// ids are ignored.
+// DeleteDead removes the dead letters with the given ids (durably).
 func (s *Spool) DeleteDead(ctx context.Context, ids []uint64) error {
 	if len(ids) == 0 {
 		return nil
@@ -1179,22 +1085,15 @@ type Stats struct {
 	FileBytes int64 // disk space of the bbolt file and the WAL (allocated blocks)
 	Lanes     int
 	Dead      int64
-	// Upstream is the identity SetUpstream stored, "" when none was (a
-	// spool made before the guard, or never started).
-	Upstream string
+	Upstream  string // SetUpstream's, "" when none
 	// Refusing says why Append refuses chunks now, nil when it takes them,
-	// for a readiness probe: the spool is draining (ErrDiskLow, drain.go);
-	// checkpoints fail and the memory of the chunks they could not move
-	// into bbolt is near its bound (ErrFull); no new WAL segment could be
-	// made for want of space. It clears by itself (see refusing.go). The
-	// quota and the disk reserve are the caller's to compare (LiveBytes,
-	// the filesystem's free space).
+	// for a readiness probe: draining (ErrDiskLow), checkpoints failing at
+	// the memory bound (ErrFull), no space for a new WAL segment. It clears
+	// by itself. The quota and the disk reserve are the caller's to compare.
 	Refusing error
 }
 
-// Stats returns a snapshot of the spool. It takes Spool.mu briefly and
-// reads atomics (and, only after a WAL segment failed for want of space,
-// the filesystem's free space): cheap, from any goroutine.
+// Stats returns a snapshot of the spool, cheap from any goroutine.
 func (s *Spool) Stats() Stats {
 	s.mu.Lock()
 	n := len(s.lanes)

@@ -344,13 +344,7 @@ func TestConcurrentLanes(t *testing.T) {
 		t.Fatalf("group commit did not group: %v commits for %v appends", commits, appends)
 	}
 	// Acks ride in commits of their own when nothing else is queued.
-	deadline := time.Now().Add(poll.Max)
-	for s.Stats().LiveBytes != 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	if st := s.Stats(); st.LiveBytes != 0 {
-		t.Fatalf("live bytes after acking all: %d", st.LiveBytes)
-	}
+	poll.Until(t, "no live bytes after acking all", func() bool { return s.Stats().LiveBytes == 0 })
 	for _, l := range ls {
 		if v := gatherValue(t, reg, "relay_spool_records", l.Key().Label()); v != 0 {
 			t.Fatalf("relay_spool_records{lane=%s} = %v", l.Key().Label(), v)
@@ -457,10 +451,7 @@ func TestOldestAndRejectMetrics(t *testing.T) {
 			t.Fatalf("oldest age %v", age)
 		}
 		s.Ack(l, c.Seq)
-		deadline := time.Now().Add(poll.Max)
-		for l.Stats().Chunks != int64(2-i) && time.Now().Before(deadline) {
-			time.Sleep(time.Millisecond)
-		}
+		poll.Until(t, "the ack applied", func() bool { return l.Stats().Chunks == int64(2-i) })
 	}
 	if st := l.Stats(); !st.Oldest.IsZero() || st.Chunks != 0 || st.Bytes != 0 {
 		t.Fatalf("empty lane stats %+v", st)

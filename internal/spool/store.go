@@ -15,42 +15,30 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// The store goroutine owns every bbolt write: checkpoints (below), lane
-// creation, dead letters, compaction, and the recycling of WAL segments.
+// The store goroutine owns every bbolt write: checkpoints, lanes, dead
+// letters, compaction, and the recycling of WAL segments.
 //
-// A checkpoint picks a WAL position P and, in one transaction, puts into
-// bbolt every unacknowledged hot chunk before P, deletes the acknowledged
-// chunks in bbolt, and stores P as applied; then the hot chunks before P
-// are dropped from memory and the segments before P's reused. P is the
-// WAL's published end, or the first unacknowledged chunk younger than
-// flushAge (about to be delivered: never written twice). Past hotMaxBytes
-// of hot chunks, or walMaxBytes of WAL since P, the WAL writer asks for a
+// A checkpoint picks a WAL position P and, in one transaction, puts every
+// unacknowledged hot chunk before P, deletes the acknowledged chunks, and
+// stores P as applied; then the hot chunks and the segments before P are
+// freed. P is the WAL's published end, or the first unacknowledged chunk
+// younger than flushAge (likely delivered soon). Past hotMaxBytes of hot
+// chunks, or walMaxBytes of WAL since P, the WAL writer asks for a
 // checkpoint of everything (force).
 
 const (
-	// defaultCheckpointEvery is how often the store checkpoints while
-	// there is anything to checkpoint.
 	defaultCheckpointEvery = 100 * time.Millisecond
-	// defaultFlushAge: an unacknowledged chunk accepted this long ago is
-	// put into bbolt by the next checkpoint. Under load, delivery
-	// acknowledges a chunk within tens of milliseconds.
-	defaultFlushAge = 500 * time.Millisecond
-	// defaultWALMaxBytes bounds the WAL since the applied position, and
-	// with it what a restart replays.
-	defaultWALMaxBytes = 64 << 20
-	// maxSpares bounds the WAL files kept for reuse. It covers what a
-	// busy WAL holds (defaultWALMaxBytes of defaultSegmentBytes segments,
-	// plus the current one) and the several segments one checkpoint
-	// frees at once, so that under load the writer reuses a file instead
-	// of allocating a new one, whose fdatasyncs also write the extents'
-	// metadata. With 2, half the rotations at 1M events/s made a new
-	// file; 8 gave +5% events/s (median of 4 interleaved runs). Spares
-	// are only what the WAL once held, and are removed when the spool
-	// goes idle.
+	// defaultFlushAge: an unacknowledged chunk this old goes into bbolt at
+	// the next checkpoint (under load, delivery acks within tens of ms).
+	defaultFlushAge    = 500 * time.Millisecond
+	defaultWALMaxBytes = 64 << 20 // what a restart replays, at most
+	// maxSpares bounds the WAL files kept for reuse: what a busy WAL holds
+	// and one checkpoint frees, so that the writer rarely allocates a file
+	// (whose fdatasyncs also write the extents' metadata). With 2, half
+	// the rotations at 1M events/s made a new file; 8 gave +5% events/s.
 	maxSpares = 8
-	// defaultIdleAfter: when nothing was appended for this long, the WAL
-	// writer gives up its segment and the spare files are removed, so that
-	// an idle spool gives the WAL's disk space back.
+	// defaultIdleAfter: nothing appended for this long, the WAL's files
+	// are given back.
 	defaultIdleAfter = 30 * time.Second
 )
 
@@ -77,6 +65,7 @@ type storeState struct {
 
 	compactFailed time.Time
 	freelistStale bool // the last commit did not write the freelist
+	replaying     bool // apply commits a replay: it writes the freelist
 	lastCkptErr   string
 
 	lanesSeq                uint64          // the highest lane id in spool.db, at Open
@@ -95,7 +84,12 @@ func (s *Spool) runStore() {
 	timer.Stop()
 	for {
 		now := time.Now()
-		final := isClosed(s.walDone) // Close stopped the WAL writer
+		final := false
+		select {
+		case <-s.walDone: // Close stopped the WAL writer
+			final = true
+		default:
+		}
 		force := s.force.Swap(false) || final
 		s.mu.Lock()
 		due := len(s.sops) > 0 || force || now.Sub(s.st.lastCheckpoint) >= s.cfg.checkpointEvery
@@ -132,18 +126,8 @@ func (s *Spool) runStore() {
 	}
 }
 
-func isClosed(c <-chan struct{}) bool {
-	select {
-	case <-c:
-		return true
-	default:
-		return false
-	}
-}
-
-// wait waits for work: queued operations, a forced checkpoint, Close, or
-// the next checkpoint's time while anything is pending; when nothing is,
-// for the idle tasks (freelist, trim, spares) or for ever.
+// wait waits for work, the next checkpoint's time while anything is
+// pending, else for the idle tasks.
 func (s *Spool) wait(timer *time.Timer) {
 	d := time.Duration(-1)
 	if s.pending() {
@@ -193,43 +177,41 @@ func (s *Spool) pending() bool {
 	return len(s.coldAcks) > 0 || len(s.sops) > 0 || s.walEnd != s.st.applied
 }
 
-// idleTasks run when the store has been idle for a while: the freelist
-// written for a fast next Open, the spares and the WAL retired.
+// idleTasks: the freelist written, the spares and the WAL retired.
 func (s *Spool) idleTasks() {
 	if s.st.freelistStale {
-		s.idleFreelist()
+		s.st.freelistStale = false
+		if s.db != nil {
+			if st := s.db.Stats(); (st.FreePageN+st.PendingPageN)*8 <= idleFreelistMaxBytes {
+				s.persistFreelist()
+			}
+		}
 	}
 	now := time.Now()
 	s.checkIdle(now)
 	s.maybeRetire(now)
 }
 
-// afterCommit runs after a checkpoint that committed: compaction, trimming,
-// the file sizes.
+// afterCommit runs after a checkpoint that committed.
 func (s *Spool) afterCommit() {
 	s.maybeCompact()
 	if s.db != nil {
-		// The commit touched pages (tails, branch pages, the headers of
-		// deleted chunks, the neighbours bbolt rewrote); the kernel maps a
-		// file's page cache in large folios, so each touch maps up to a
-		// megabyte around it. A trim takes ~120 µs, a checkpoint commits
-		// at most every checkpointInterval: cheap next to what the pages
-		// add to the RSS under load (up to 60 MB with a 50 ms interval).
+		// Each page the commit touched maps up to a megabyte of folio
+		// around it: a trim (~120 µs) is cheap next to the RSS they add
+		// under load (up to 60 MB with a 50 ms interval).
 		trimMapping(s.db)
 	}
 	s.updateFileBytes()
 }
 
-// trimDeleted is how many bytes of deleted chunks a checkpoint's
-// transaction deletes between two trims of the mapping (see apply).
+// trimDeleted is how many bytes a checkpoint deletes between two trims.
 const trimDeleted = 4 << 20
 
-// checkpoint commits the store's operations and a checkpoint (see above)
-// in one transaction, answers the operations, and reports whether it
-// committed anything. all puts every unacknowledged chunk up to end.
+// checkpoint commits the store's operations and a checkpoint in one
+// transaction, answers the operations, and reports whether it committed
+// anything. all puts every unacknowledged chunk up to end.
 func (s *Spool) checkpoint(ops []*op, acks []ackOp, end walPos, endTotal int64, all bool, now time.Time) bool {
-	// Only the lanes appended to since their last checkpoint (lanes.go):
-	// the others have no hot chunk and nothing new to record.
+	// Only the lanes appended to since (markDirtyLocked).
 	s.mu.Lock()
 	s.st.lanes = append(s.st.lanes[:0], s.dirty...)
 	s.mu.Unlock()
@@ -256,8 +238,7 @@ func (s *Spool) checkpoint(ops []*op, acks []ackOp, end walPos, endTotal int64, 
 		}
 	}
 	if p.less(s.st.applied) || s.draining.Load() {
-		// Draining: the WAL from the applied position on waits for its
-		// replay; nothing may move past it.
+		// Draining: nothing moves past what waits for its replay.
 		p, pTotal = s.st.applied, s.appliedTotal.Load()
 	}
 	// The chunks to put: every unacknowledged one before P.
@@ -279,9 +260,8 @@ func (s *Spool) checkpoint(ops []*op, acks []ackOp, end walPos, endTotal int64, 
 	}
 	s.st.flush, s.st.flushL = flush, flushL
 	defer func() { clear(flush); clear(flushL) }()
-	// Unless NoSync, a commit also records the acknowledged WAL end
-	// (replay tells damage from a torn write by it), so a WAL that moved
-	// is reason enough for one.
+	// Unless NoSync, a commit records the acknowledged WAL end (replay
+	// tells damage from a torn write by it): a WAL that moved needs one.
 	if s.draining.Load() {
 		end = s.synced
 	}
@@ -297,8 +277,7 @@ func (s *Spool) checkpoint(ops []*op, acks []ackOp, end walPos, endTotal int64, 
 	written, err := s.apply(ops, acks, flush, flushL, lanes, p, end)
 	if err != nil {
 		err = fmt.Errorf("spool checkpoint: %w", err)
-		// Once per state change (and when the error changes), not every
-		// checkpointInterval: a full disk fails every checkpoint.
+		// Logged once per error, not at every try.
 		if msg := err.Error(); !s.ckptFailed.Load() || msg != s.st.lastCkptErr {
 			s.log.Error("spool checkpoint failed; retrying every checkpoint interval until one succeeds", zap.Error(err))
 			s.st.lastCkptErr = msg
@@ -331,9 +310,9 @@ func (s *Spool) checkpoint(ops []*op, acks []ackOp, end walPos, endTotal int64, 
 	return err == nil
 }
 
-// apply runs the transaction of a checkpoint. It changes only the store's
-// working state (Lane.w, storeState), which commitPublish or rollback then
-// settle. It returns the bytes of the chunks it put.
+// apply runs the transaction of a checkpoint (or replay). It changes only
+// the store's working state (Lane.w, storeState), which settle then makes
+// the lanes' or drops. It returns the bytes of the chunks it put.
 func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane, lanes []*Lane, p, end walPos) (written int, err error) {
 	if s.db == nil {
 		return 0, errors.New("spool file is not open after a failed compaction")
@@ -347,8 +326,7 @@ func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane
 			_ = guard(tx.Rollback)
 		}
 	}()
-	// bbolt panics on a page it cannot parse (a damaged file): the
-	// checkpoint fails instead, and is logged.
+	// bbolt panics on a page it cannot parse: the checkpoint fails.
 	defer func() {
 		if v := recover(); v != nil {
 			err = fmt.Errorf("%w: %v", ErrDamaged, v)
@@ -357,10 +335,8 @@ func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane
 	live := s.st.live
 	deadN, deadBytes := s.st.deadN, s.st.deadBytes
 
-	// Deletions first, so that the pages they free serve this commit.
-	// Each maps the pages around its chunk's header (see afterCommit);
-	// dropping them every few megabytes keeps a checkpoint that deletes a
-	// drained backlog's worth of chunks from mapping all of it at once.
+	// Deletions first, so that the pages they free serve this commit; the
+	// pages they map are dropped every few megabytes (see afterCommit).
 	unmapped, freed := 0, 0
 	for i, a := range acks {
 		n, err := s.txDelete(tx, a.lane, a.seq)
@@ -465,7 +441,7 @@ func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane
 			return 0, err
 		}
 	}
-	s.db.NoFreelistSync = !s.keepFreelist(written, freed)
+	s.db.NoFreelistSync = !s.st.replaying && !s.keepFreelist(written, freed)
 	if err = tx.Commit(); err != nil {
 		return 0, err
 	}
@@ -478,8 +454,7 @@ func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane
 	return written, nil
 }
 
-// txDelete deletes chunk seq of l in tx, if it is there, and returns its
-// size.
+// txDelete deletes chunk seq of l in tx, if there, and returns its size.
 func (s *Spool) txDelete(tx *bolt.Tx, l *Lane, seq uint64) (int, error) {
 	q := tx.Bucket(l.qname)
 	if q == nil {
@@ -543,8 +518,7 @@ func (s *Spool) txLanes(tx *bolt.Tx) error {
 }
 
 // settle ends a transaction for the lanes it touched: committed, their
-// working state becomes their bbolt state; else it is dropped (l.cold is
-// written only by the store goroutine).
+// working state becomes their bbolt state; else it is dropped.
 func (s *Spool) settle(committed bool) {
 	for _, l := range s.st.touched {
 		if committed {
@@ -580,10 +554,9 @@ func (s *Spool) findLane(key storage.LaneKey) *Lane {
 	return nil
 }
 
-// commitPublish makes a committed checkpoint visible: the lanes' bbolt
-// state, the hot chunks before p dropped (the spool's references released),
-// the acknowledgements that came while their chunk was being put queued as
-// deletions, the applied position, the new lanes.
+// commitPublish makes a committed checkpoint visible: the hot chunks before
+// p dropped (those acknowledged while being put queued as deletions), the
+// applied position, the new lanes.
 func (s *Spool) commitPublish(lanes []*Lane, p walPos, pTotal int64) {
 	s.settle(true)
 	var held, unacked int64
@@ -629,9 +602,7 @@ func (s *Spool) commitPublish(lanes []*Lane, p walPos, pTotal int64) {
 	s.st.created = s.st.created[:0]
 }
 
-// rollback forgets a failed checkpoint: the lanes' working state, the
-// chunks' flushing marks (those acknowledged meanwhile are released now).
-// Its acks are kept for the next checkpoint.
+// rollback forgets a failed checkpoint but its acks, kept for the next.
 func (s *Spool) rollback(acks []ackOp, flush []*hotChunk, flushL []*Lane, lanes []*Lane) {
 	var held int64
 	for i, c := range flush {
@@ -658,8 +629,7 @@ func (s *Spool) rollback(acks []ackOp, flush []*hotChunk, flushL []*Lane, lanes 
 	s.mu.Unlock()
 }
 
-// recycle reuses or removes the WAL segments before the applied one: their
-// records are all in bbolt or acknowledged.
+// recycle frees the WAL segments before the applied one.
 func (s *Spool) recycle() {
 	if s.st.oldestSeg >= s.st.applied.seg {
 		return
@@ -672,12 +642,10 @@ func (s *Spool) recycle() {
 	}
 }
 
-// freeSegment makes the segment (or spare) file at path, whose records are
-// all in bbolt or acknowledged, a spare for the WAL writer (a segment is
-// renamed out of the segments' names) while there are fewer than
-// maxSpares, the spool is not idle and the file has the standard size;
-// otherwise it removes it. A missing file (a number the writer skipped, or
-// removed already) is no error.
+// freeSegment makes the segment (or spare) file at path a spare for the
+// WAL writer while fewer than maxSpares wait, the spool is not idle and the
+// file has the standard size; otherwise it removes it. A missing file is no
+// error.
 func (s *Spool) freeSegment(path string) error {
 	fi, err := os.Stat(path)
 	if err != nil {
@@ -702,10 +670,8 @@ func (s *Spool) freeSegment(path string) error {
 	return removeIfExists(path)
 }
 
-// checkIdle notices when nothing was appended for Config.idleAfter: then
-// the spare WAL files are removed and the WAL writer is asked to give up
-// its segment, which the next checkpoint frees; an idle spool keeps no WAL
-// on disk.
+// checkIdle notices when nothing was appended for idleAfter: then the
+// spares are removed and the WAL writer gives up its segment.
 func (s *Spool) checkIdle(now time.Time) {
 	s.mu.Lock()
 	total, end := s.walTotal, s.walEnd
@@ -718,20 +684,17 @@ func (s *Spool) checkIdle(now time.Time) {
 		return
 	}
 	s.st.idle = true
-	for removed := false; ; {
-		select {
-		case sp := <-s.spares:
-			if err := removeIfExists(sp); err != nil {
-				s.log.Warn("spool: remove spare WAL file", zap.Error(err))
+	if len(s.spares) > 0 {
+		for len(s.spares) > 0 {
+			select {
+			case sp := <-s.spares:
+				if err := removeIfExists(sp); err != nil {
+					s.log.Warn("spool: remove spare WAL file", zap.Error(err))
+				}
+			default: // the writer took it
 			}
-			removed = true
-			continue
-		default:
 		}
-		if removed {
-			s.updateFileBytes()
-		}
-		break
+		s.updateFileBytes()
 	}
 	if end.off > 0 {
 		s.retire.Store(true)
@@ -739,52 +702,36 @@ func (s *Spool) checkIdle(now time.Time) {
 	}
 }
 
-// A commit writes the freelist when its page ids (8 bytes each) take at most
-// freelistMinBytes or 1/freelistShare of the chunk bytes the commit writes,
-// so that Open — after a crash too — reads it instead of rebuilding it by
-// checking every page of the file (about 1 s per 5 GB here). A drain (acks,
-// no puts) frees far more, and then commits skip the freelist and a crash
-// costs the scan. The clean Close writes it anyway.
+// A commit writes the freelist when its page ids (8 bytes each) take at
+// most freelistMinBytes or 1/freelistShare of the chunk bytes it writes, so
+// that Open, after a crash too, reads it instead of checking every page (1
+// s per 5 GB here). A drain's commits skip it; Close writes it anyway.
 const (
 	freelistMinBytes = 16 << 10
 	freelistShare    = 8
 )
 
 // keepFreelist reports whether a commit writing written chunk bytes and
-// deleting freed should write the freelist. bbolt's counts are those of the
-// transaction's start: the pages it frees are estimated from freed. Without
-// them a drain's commit wrote the freelist of everything it deleted, and
-// on a full disk with no free run that long it could not delete at all.
+// deleting freed should write the freelist. bbolt's counts are the
+// transaction's start's, so freed is added: else a drain's commit wrote the
+// freelist of all it deleted, and on a full disk could not delete at all.
 func (s *Spool) keepFreelist(written, freed int) bool {
 	st := s.db.Stats()
 	ids := st.FreePageN + st.PendingPageN + freed/s.db.Info().PageSize
 	return ids*8 <= max(freelistMinBytes, written/freelistShare)
 }
 
-// When the last commit skipped the freelist and no other follows within
-// idleFreelistDelay, the store commits it alone (idleFreelist), if its ids
-// take at most idleFreelistMaxBytes: a relay that goes quiet — a backlog
-// built while the upstream is down, the end of a burst — has it on disk
-// for the next Open even after a crash, at the cost of one small commit.
+// When the last commit skipped the freelist and none follows within
+// idleFreelistDelay, the store commits it alone if its ids take at most
+// idleFreelistMaxBytes: a relay gone quiet has it on disk even after a
+// crash.
 const (
 	idleFreelistDelay    = 50 * time.Millisecond
 	idleFreelistMaxBytes = 1 << 20
 )
 
-func (s *Spool) idleFreelist() {
-	s.st.freelistStale = false
-	if s.db == nil {
-		return
-	}
-	if st := s.db.Stats(); (st.FreePageN+st.PendingPageN)*8 > idleFreelistMaxBytes {
-		return
-	}
-	s.persistFreelist()
-}
-
-// persistFreelist commits the freelist once more, whatever its size, so that
-// the next Open does not rebuild it (Close; idleFreelist). Best effort: a
-// failure only makes that Open slower.
+// persistFreelist commits the freelist, whatever its size. Best effort: a
+// failure only makes the next Open slower.
 func (s *Spool) persistFreelist() {
 	if s.db == nil {
 		return

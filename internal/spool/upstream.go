@@ -7,13 +7,11 @@ import (
 )
 
 // keyUpstream (in meta) is the identity of the upstream the spool's records
-// were accepted for (the sandbox guard): the relay refuses to start
-// against another one while records wait, unless told to.
+// were accepted for: the relay refuses another while records wait.
 var keyUpstream = []byte("upstream")
 
-// SetUpstream stores the identity of the upstream the spool's records are
-// accepted for (durably: it is committed before it returns); Stats().Upstream
-// reads it, also after a restart (Open loads it).
+// SetUpstream stores, durably, the identity of the upstream the spool's
+// records are accepted for (Stats().Upstream, after a restart too).
 func (s *Spool) SetUpstream(id string) error {
 	s.dbMu.RLock()
 	defer s.dbMu.RUnlock()

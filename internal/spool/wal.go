@@ -40,38 +40,26 @@ import (
 //	        written before the lane's first chunk in each segment, so that
 //	        a log whose spool.db is lost still says whose records it holds
 //
-// The payload's checksum is the chunk's own (encode.go: for a version 2
-// chunk, the CRC-32C of its bytes from 5 on, which the chunk carries at
-// [1:5]; for a version 1 chunk, of the whole payload); it is computed by
-// Append's caller, while the chunk is in its CPU's cache, and not by the
-// WAL writer, which every append waits for.
+// A chunk record's payload checksum is the chunk's own (encode.go; a
+// version 1 chunk's is over the whole payload), computed by Append's
+// caller while the chunk is in its CPU's cache, not by the WAL writer
+// which every append waits for.
 //
-// Every segment written by this version starts with a recStart record (a
-// segment of an older version has none), and every write ends with an end
-// mark: zeros where the next record's header would go (unless the segment
-// ends there), overwritten by the next write. Records are written at
-// increasing offsets and never span segments. A reader (scanSegment) takes
-// a segment's records in order; at a record that is not valid (short,
-// wrong number, wrong checksum, unknown type) it looks for the next valid
-// record of the same segment further on:
+// Every segment written by this version starts with a recStart record, and
+// every write ends with an end mark: zeros where the next record's header
+// would go, overwritten by the next write. Records never span segments.
+// scanSegment reads a segment's records in order; at one that is not valid
+// it looks for the next valid record of the segment: the bytes between are
+// damage, skipped exactly (by its length, when only the payload is bad);
+// with none further, zeros or another segment's record are the clean end
+// and anything else a bad tail. readLog judges what it found, for the
+// replay and for Verify alike. A valid record cannot start inside another's
+// payload by chance: it needs a header checksum and the segment's number.
 //
-//   - there is one: the bytes between are damage, skipped exactly (a record
-//     whose header is intact but whose payload is not is skipped by its
-//     length), and the reading goes on after them;
-//   - there is none, and the bytes there are zeros (the end mark, a fresh
-//     file) or a record of another segment: the segment's clean end;
-//   - there is none, and the bytes there are anything else: a bad tail.
-//
-// One function judges what scanSegment found, for Open's replay and for
-// Verify alike (readLog).
-//
-// A valid record can not start inside another's payload by chance: it needs
-// a header checksum and the segment's number, and record payloads are JSON
-// text (no zero bytes) except for the chunk headers. Files are reused: a
-// segment whose records are all in bbolt (or acknowledged) becomes a
-// spare, which the writer renames to its next segment number; a reused file's blocks are allocated and written, so
-// fdatasync has no metadata to write (about half the time of a fresh file's
-// here).
+// A segment whose records are all in bbolt or acknowledged becomes a spare
+// file, renamed to a later segment's number when reused: its blocks are
+// allocated and written, so fdatasync has no metadata to write (half the
+// time of a fresh file's here).
 
 const (
 	recHeaderLen = 37
@@ -82,9 +70,9 @@ const (
 	ackEntryLen  = 16
 	startLen     = 32 // recStart payload
 
-	// defaultSegmentBytes is the size of a WAL segment file. A write
-	// (group commit) never spans two, and holds at most a quarter of one
-	// unless a single chunk is larger (that chunk gets a segment of its own).
+	// defaultSegmentBytes is a segment file's size. A write holds at most a
+	// quarter of one, unless a single chunk is larger (it gets a segment
+	// of its own).
 	defaultSegmentBytes = 16 << 20
 
 	walDirName = "wal"
@@ -128,8 +116,8 @@ func parseSegName(name string) (uint64, bool) {
 
 const sparePrefix = "spare-"
 
-// putRecHeader writes the header of a record whose payload has length n and
-// checksum crc into h (recHeaderLen bytes).
+// putRecHeader writes into h the header of a record whose payload has
+// length n and checksum crc.
 func putRecHeader(h []byte, seg uint64, typ byte, lane, seq uint64, n int, crc uint32) {
 	binary.LittleEndian.PutUint32(h[4:], crc)
 	binary.LittleEndian.PutUint32(h[8:], uint32(n))
@@ -207,9 +195,8 @@ func readRecord(data []byte, seg uint64, off int64) (walRecord, recStatus) {
 // at or after from, -1 when there is none; with header, of the first
 // record whose header is valid (its payload may fail its checksum).
 func findRecord(data []byte, seg uint64, from int64, header bool) int64 {
-	// Candidates are where the segment's number sits at its header
-	// offset: bytes.Index finds them at memory speed (a replay calls
-	// this at every segment's end).
+	// Candidates hold the segment's number: bytes.Index finds them at
+	// memory speed (a replay calls this at every segment's end).
 	var pat [8]byte
 	binary.LittleEndian.PutUint64(pat[:], seg)
 	for o := max(from, 0); o+recHeaderLen <= int64(len(data)); o++ {
@@ -258,32 +245,25 @@ type walDamage struct {
 	records  int // damaged log records in it: at least 1
 	what     string
 
-	// What the damage cost (attribute): the chunk records in it that the
-	// log does not acknowledge later, their lanes and events. headless
-	// counts the stretches whose headers are gone (each held at least one
-	// record, of a lane unknown); unreadable those and the chunks whose
-	// framing is lost too: the records whose events are unknown (at least
-	// one each).
+	// What it cost (attribute): the chunk records the log does not
+	// acknowledge later, their lanes and events; headless, the stretches
+	// whose headers are gone (a record at least each, lane unknown);
+	// unreadable, those and the chunks whose framing is lost (records
+	// whose events are unknown, one at least each).
 	chunks, events       int
 	headless, unreadable int
 	lanes                []uint64
 }
 
-// lost is what the damage lost, in events: those of its chunk records,
-// and at least one for each unreadable stretch.
+// lost is what the damage lost, in events.
 func (d *walDamage) lost() int { return d.events + d.unreadable }
 
 // segScan is what scanSegment read of a segment.
 type segScan struct {
 	items []scanItem
-	// end is just past the last valid record (the offset the scan
-	// started at when there is none).
-	end int64
-	// tail, when tail.to > tail.from, is a bad tail: bytes after the
-	// last valid record that are not a clean end.
-	tail walDamage
-	// start is the segment's recStart payload, nil when it has none.
-	start []byte
+	end   int64     // just past the last valid record (the scan's start when none)
+	tail  walDamage // a bad tail when tail.to > tail.from
+	start []byte    // the segment's recStart payload, nil when none
 }
 
 // scanItem is a valid record, or damage between valid records.
@@ -342,24 +322,21 @@ func scanSegment(data []byte, seg uint64, off int64) segScan {
 	return sc
 }
 
-// logRead is what readLog read of a spool's log, and its one verdict on
-// it: Open's replay and Verify both go by it, so that a start and relay
-// spool verify never disagree on what was lost.
+// logRead is what readLog read of a spool's log and its verdict, which the
+// replay and Verify both go by: they never disagree on what was lost.
 type logRead struct {
 	files  []uint64 // every segment's number, ascending
 	spares []string // spare files' names
 	segs   []logSeg // the segments from the applied one on
-	// lanes are the keys that the log's recLane records name (read from
-	// each segment's start: those before the applied position too).
+	// lanes: the keys the log's recLane records name (those before the
+	// applied position too).
 	lanes map[uint64]storage.LaneKey
-	// damage: runs that lost acknowledged records (attributed: lanes,
-	// chunks, events). harmless: damaged records that lost nothing (chunks
-	// acknowledged later in the log, acknowledgements, lane records). torn:
-	// a write cut short at the log's end, never acknowledged.
+	// damage lost acknowledged records; harmless lost nothing (chunks
+	// acknowledged later, acks, lane records); torn is a write cut short
+	// at the log's end, never acknowledged.
 	damage, harmless, torn []walDamage
-	// foreign and unreached say why the log does not belong with
-	// spool.db: segments of another spool; positions spool.db recorded
-	// that the log does not reach (acknowledged records there are lost).
+	// Why the log does not belong with spool.db: segments of another
+	// spool; positions spool.db recorded that the log does not reach.
 	foreign, unreached []string
 }
 
@@ -376,34 +353,35 @@ func (lr *logRead) mismatch() string {
 type logSeg struct {
 	no   uint64
 	data []byte
+	sc   segScan     // readLog's, while it judges
 	recs []walRecord // the valid records from the applied position on
 	end  int64       // where they end (the applied offset when none)
 }
 
+// data is segment no's bytes, nil when it was not read.
+func (lr *logRead) data(no uint64) []byte {
+	if i := slices.IndexFunc(lr.segs, func(sg logSeg) bool { return sg.no == no }); i >= 0 {
+		return lr.segs[i].data
+	}
+	return nil
+}
+
 // readLog reads the segments of walDir from applied on and judges every
 // byte that is not a valid record (id: spool.db's id, nil when unknown;
-// synced: the end spool.db recorded as acknowledged, see replay.go).
+// synced: the end spool.db recorded as acknowledged).
 //
-// Where a segment ends is known from the next one's recStart record (the
-// end of the last write the writer completed in it): bytes past that end
-// are not part of the log (a reused file's old bytes, a failed write's),
-// and records missing before it are damage. Only the log's last segment
-// has no such word: there, a bad tail at or past synced is a write cut
-// short, anything missing before synced is damage. A segment of an older
-// version (no recStart in the next) keeps the rule that a bad tail is
-// damage unless it is the log's end.
+// The next segment's recStart says where a segment's last completed write
+// ended: bytes past it are not the log's, records missing before it are
+// damage. In the log's last segment, a bad tail at or past synced is a
+// write cut short, anything missing before synced is damage. Without a
+// recStart in the next (an older version's), a bad tail is damage unless
+// it is the log's end.
 func readLog(walDir string, id []byte, applied, synced walPos) (*logRead, error) {
 	lr := &logRead{lanes: map[uint64]storage.LaneKey{}}
 	var err error
 	if lr.files, lr.spares, err = walFiles(walDir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
 	}
-	type read struct {
-		no   uint64
-		data []byte
-		sc   segScan
-	}
-	var segs []read
 	last := -1 // the last segment with a valid record
 	for _, no := range lr.files {
 		if no < applied.seg {
@@ -414,25 +392,23 @@ func readLog(walDir string, id []byte, applied, synced walPos) (*logRead, error)
 			return nil, err
 		}
 		sc := scanSegment(data, no, 0)
-		// A start record before the applied position is spool.db's past
-		// (an upgrade gave the spool its id after it was written).
+		// One before the applied position predates the spool's id.
 		if sc.start != nil && id != nil && !(walPos{no, 0}).less(applied) && !bytes.Equal(sc.start[:16], id) {
 			lr.foreign = append(lr.foreign, fmt.Sprintf("write-ahead log segment %s belongs to another spool", segName(no)))
 		}
 		for _, it := range sc.items {
 			if it.damage == nil {
-				last = len(segs)
+				last = len(lr.segs)
 				break
 			}
 		}
-		segs = append(segs, read{no, data, sc})
+		lr.segs = append(lr.segs, logSeg{no: no, data: data, sc: sc})
 	}
 	for _, p := range []walPos{applied, synced} {
 		if p.off == 0 || p.less(applied) {
 			continue
 		}
-		i := slices.IndexFunc(segs, func(r read) bool { return r.no == p.seg })
-		if i < 0 || int64(len(segs[i].data)) < p.off {
+		if int64(len(lr.data(p.seg))) < p.off {
 			lr.unreached = append(lr.unreached, fmt.Sprintf("spool.db says the write-ahead log reaches segment %s offset %d, which wal/ does not hold", segName(p.seg), p.off))
 		}
 	}
@@ -440,7 +416,7 @@ func readLog(walDir string, id []byte, applied, synced walPos) (*logRead, error)
 	// Each segment's end, as the next one's recStart names it.
 	ends := map[uint64]int64{}
 	var cands []walDamage
-	for _, r := range segs {
+	for _, r := range lr.segs {
 		if r.sc.start == nil {
 			continue
 		}
@@ -449,18 +425,19 @@ func readLog(walDir string, id []byte, applied, synced walPos) (*logRead, error)
 			continue
 		}
 		ends[pno] = pend
-		if !slices.ContainsFunc(segs, func(r read) bool { return r.no == pno }) {
+		if lr.data(pno) == nil {
 			cands = append(cands, walDamage{seg: pno, to: pend, what: "the segment is missing; the next one says it held records"})
 		}
 	}
-	for i, r := range segs {
+	for i := range lr.segs {
+		ls := &lr.segs[i]
 		from := int64(0)
-		if r.no == applied.seg {
+		if ls.no == applied.seg {
 			from = applied.off
 		}
-		end, hasEnd := ends[r.no]
-		ls := logSeg{no: r.no, data: r.data, end: from}
-		for _, it := range r.sc.items {
+		end, hasEnd := ends[ls.no]
+		ls.end = from
+		for _, it := range ls.sc.items {
 			at, to := it.rec.pos.off, it.rec.end
 			if it.damage != nil {
 				at, to = it.damage.from, it.damage.to
@@ -480,40 +457,39 @@ func readLog(walDir string, id []byte, applied, synced walPos) (*logRead, error)
 				if hasEnd {
 					to = min(to, end)
 				}
-				cands = append(cands, walDamage{seg: r.no, from: at, to: to, what: "damaged records between valid ones"})
+				cands = append(cands, walDamage{seg: ls.no, from: at, to: to, what: "damaged records between valid ones"})
 				continue
 			}
 			ls.recs = append(ls.recs, it.rec)
 			ls.end = to
 		}
-		lr.segs = append(lr.segs, ls)
-		tail := r.sc.tail
+		tail := ls.sc.tail
 		tail.from = max(tail.from, ls.end)
+		ls.sc = segScan{}
 		switch {
 		case hasEnd:
 			if ls.end < end {
-				cands = append(cands, walDamage{seg: r.no, from: ls.end, to: end, what: "the segment ends before where the next one says its records end"})
+				cands = append(cands, walDamage{seg: ls.no, from: ls.end, to: end, what: "the segment ends before where the next one says its records end"})
 			}
 		case i >= last:
 			// The log's end.
-			if synced.seg == r.no && synced.off > ls.end {
-				cands = append(cands, walDamage{seg: r.no, from: ls.end, to: synced.off, what: "the log ends before the end spool.db recorded as acknowledged"})
+			if synced.seg == ls.no && synced.off > ls.end {
+				cands = append(cands, walDamage{seg: ls.no, from: ls.end, to: synced.off, what: "the log ends before the end spool.db recorded as acknowledged"})
 				tail.from = max(tail.from, synced.off)
 			}
 			if tail.to > tail.from {
-				if (walPos{r.no, tail.from}).less(synced) {
-					cands = append(cands, walDamage{seg: r.no, from: tail.from, to: tail.to, what: "damaged records at the end of a segment"})
+				if (walPos{ls.no, tail.from}).less(synced) {
+					cands = append(cands, walDamage{seg: ls.no, from: tail.from, to: tail.to, what: "damaged records at the end of a segment"})
 				} else {
 					tail.what = "a write cut short at the log's end (never acknowledged)"
 					lr.torn = append(lr.torn, tail)
 				}
 			}
 		case tail.to > tail.from:
-			cands = append(cands, walDamage{seg: r.no, from: tail.from, to: tail.to, what: "damaged records at the end of a segment"})
+			cands = append(cands, walDamage{seg: ls.no, from: tail.from, to: tail.to, what: "damaged records at the end of a segment"})
 		}
 	}
-	// The chunks the log acknowledges (only when there is damage: it is
-	// rare, and a log under load holds many acknowledgements).
+	// The chunks the log acknowledges, only when there is damage.
 	delivered := map[laneSeq]bool{}
 	for _, sg := range lr.segs {
 		for _, rec := range sg.recs {
@@ -523,11 +499,7 @@ func readLog(walDir string, id []byte, applied, synced walPos) (*logRead, error)
 		}
 	}
 	for _, d := range cands {
-		var data []byte
-		if i := slices.IndexFunc(segs, func(r read) bool { return r.no == d.seg }); i >= 0 {
-			data = segs[i].data
-		}
-		d.attribute(data, delivered)
+		d.attribute(lr.data(d.seg), delivered)
 		if d.lost() > 0 {
 			lr.damage = append(lr.damage, d)
 		} else {
@@ -545,11 +517,9 @@ func acksOf(p []byte, f func(laneSeq)) {
 	}
 }
 
-// pending is what the log holds from the applied position on with its own
-// acknowledgements applied, as the replay and Verify take it: the chunk
-// records it does not acknowledge later, in log order; the chunks it
-// acknowledges but does not hold (spool.db's); and how many
-// acknowledgements it holds.
+// pending is what the log holds from the applied position on, its own acks
+// applied: the chunk records it does not acknowledge later, in log order;
+// the chunks it acknowledges but does not hold (spool.db's); its ack count.
 func (lr *logRead) pending() (chunks []walRecord, acked map[laneSeq]bool, acks int) {
 	at := map[laneSeq]int{}
 	acked = map[laneSeq]bool{}
@@ -575,10 +545,8 @@ func (lr *logRead) pending() (chunks []walRecord, acked map[laneSeq]bool, acks i
 	return slices.DeleteFunc(chunks, func(r walRecord) bool { return r.typ == 0 }), acked, acks
 }
 
-// attribute counts what d cost: the records whose headers still hold in
-// it (their payloads fail their checksums) and the stretches that no
-// header describes. A chunk record the log acknowledges later (delivered)
-// lost nothing.
+// attribute counts what d cost (a chunk record acknowledged later lost
+// nothing).
 func (d *walDamage) attribute(data []byte, delivered map[laneSeq]bool) {
 	data = data[:min(d.to, int64(len(data)))]
 	d.records, d.chunks, d.events, d.unreadable, d.headless, d.lanes = 0, 0, 0, 0, 0, nil
@@ -610,8 +578,8 @@ func (d *walDamage) attribute(data []byte, delivered map[laneSeq]bool) {
 	}
 }
 
-// laneLabels names d's lanes: by the log's own recLane records, else by
-// keyOf (spool.db's lanes); "unknown" for records whose headers are lost.
+// laneLabels names d's lanes: by the log's recLane records, else by keyOf
+// (spool.db's); "unknown" for records whose headers are lost.
 func (lr *logRead) laneLabels(d walDamage, keyOf func(uint64) (storage.LaneKey, bool)) string {
 	var ls []string
 	for _, id := range d.lanes {
@@ -631,8 +599,7 @@ func (lr *logRead) laneLabels(d walDamage, keyOf func(uint64) (storage.LaneKey, 
 	return strings.Join(ls, ",")
 }
 
-// summary says what d lost, as both a start's log line and relay spool
-// verify print it.
+// summary says what d lost, for relay spool verify.
 func (d walDamage) summary(lanes string) string {
 	s := fmt.Sprintf("segment %s bytes %d-%d: %s: lane %s: %d damaged records, %d events lost", segName(d.seg), d.from, d.to, d.what, lanes, d.records, d.events)
 	if d.unreadable > 0 {
@@ -641,8 +608,7 @@ func (d walDamage) summary(lanes string) string {
 	return s
 }
 
-// walFiles lists the WAL directory: segment numbers (ascending) and spare
-// file names.
+// walFiles lists the WAL directory: segment numbers, ascending, and spares.
 func walFiles(dir string) (segs []uint64, spares []string, err error) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -662,8 +628,7 @@ func walFiles(dir string) (segs []uint64, spares []string, err error) {
 	return segs, spares, nil
 }
 
-// allocFile gives f size bytes of allocated blocks (fallocate; a filesystem
-// that cannot is left to grow the file as it is written).
+// allocFile allocates f's blocks where the filesystem can.
 func allocFile(f *os.File, size int64) error {
 	err := syscall.Fallocate(int(f.Fd()), 0, 0, size)
 	if errors.Is(err, syscall.EOPNOTSUPP) || errors.Is(err, syscall.ENOSYS) {
@@ -680,8 +645,7 @@ func removeIfExists(path string) error {
 	return nil
 }
 
-// walDirBytes is the disk space of the regular files in dir (allocated
-// blocks, or the length when unknown).
+// walDirBytes is the disk space of the regular files in dir.
 func walDirBytes(dir string) int64 {
 	ents, err := os.ReadDir(dir)
 	if err != nil {

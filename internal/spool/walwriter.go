@@ -74,15 +74,12 @@ type walWriter struct {
 
 	lastGroup int // appends in the last write
 
-	// The segment written before the current one and where its records
-	// end, for the current one's recStart record.
-	prevNo, prevEnd uint64
+	prevNo, prevEnd uint64 // the previous segment and its end (recStart)
 	startBuf        [startLen]byte
 	segLanes        map[uint64]struct{} // lanes with a recLane record in the current segment
 }
 
-// diskCheckEvery is how long a statfs result is trusted (bytes appended
-// since are subtracted from it).
+// diskCheckEvery is how long a statfs result is trusted.
 const diskCheckEvery = 500 * time.Millisecond
 
 func (s *Spool) getOp(k opKind) *op {
@@ -128,8 +125,7 @@ func (s *Spool) do(ctx context.Context, o *op) error {
 	return o.err
 }
 
-// runWAL is the WAL writer goroutine: it writes everything queued, as soon
-// as the previous write returned, until Close.
+// runWAL is the WAL writer goroutine.
 func (s *Spool) runWAL() {
 	defer close(s.walDone)
 	defer s.closeSegment()
@@ -143,19 +139,16 @@ func (s *Spool) runWAL() {
 	}
 }
 
-// commitGather bounds how long, unless NoSync, the WAL writer waits for
-// a group to fill (see takeWAL). An fsync costs about the same for one
-// append as for eight: at 32 connections of 1-event requests, waiting up to
-// 50 µs took 8-10% more requests a second (groups grew, fsyncs fell); a
-// prototype gained less with 20 µs, and less again with 150 µs.
+// commitGather bounds takeWAL's wait for a group to fill. An fsync costs
+// about the same for one append as for eight: at 32 connections of 1-event
+// requests 50 µs took 8-10% more requests a second (20 µs and 150 µs less).
 const commitGather = 50 * time.Microsecond
 
-// takeWAL waits for queued appends or acks and takes them: every ack, and
-// the appends that fit in one write (at least one). Unless NoSync, when
-// the last write carried several appends (clients append concurrently) and
-// fewer are queued now, it first waits up to commitGather for as many: the
-// others are most likely in flight, and each would otherwise wait for a
-// whole fsync of its own. A lone client never waits.
+// takeWAL waits for queued appends or acks and takes every ack and the
+// appends that fit in one write (one at least). Unless NoSync, when the
+// last write carried more appends than are queued now, it first waits up
+// to commitGather for as many: the others are likely in flight, and each
+// would otherwise wait for an fsync of its own. A lone client never waits.
 func (s *Spool) takeWAL() (ops []*op, acks []ackOp, closed bool) {
 	max := min(s.cfg.maxCommitBytes, int(s.cfg.segmentBytes/4))
 	var gatherUntil time.Time
@@ -206,11 +199,9 @@ func (s *Spool) takeWAL() (ops []*op, acks []ackOp, closed bool) {
 	}
 }
 
-// waitGather waits until an append is queued (do wakes walWake) or d
-// passes. It yields rather than sleeps: a timer this short fires a
-// millisecond late when the Ps are idle (the netpoller waits whole
-// milliseconds), while yielding lets the handlers whose appends it waits
-// for run, and costs at most d of CPU when there are none.
+// waitGather waits until an append is queued or d passes. It yields rather
+// than sleeps: a timer this short fires a millisecond late when the Ps are
+// idle, and yielding lets the appending handlers run.
 func (s *Spool) waitGather(d time.Duration) {
 	for until := time.Now().Add(d); time.Now().Before(until); {
 		select {
@@ -222,9 +213,8 @@ func (s *Spool) waitGather(d time.Duration) {
 	}
 }
 
-// retireSegment gives up the current segment of an idle spool: the WAL's
-// end moves to the start of the next one (created by the next write), so
-// that the store's next checkpoint frees this one.
+// retireSegment gives up an idle spool's segment: the WAL's end moves to
+// the next one's start, so that the next checkpoint frees this one.
 func (s *Spool) retireSegment() {
 	if s.w.f == nil {
 		return
@@ -236,8 +226,7 @@ func (s *Spool) retireSegment() {
 	wake(s.storeWake)
 }
 
-// writeGroup writes the acks and the admitted appends as records of the
-// current segment in one write (and one fdatasync unless NoSync), then
+// writeGroup writes the acks and the admitted appends in one write, then
 // publishes the chunks to their lanes and answers every waiter.
 func (s *Spool) writeGroup(ops []*op, acks []ackOp) {
 	start := time.Now()
@@ -282,16 +271,12 @@ func (s *Spool) writeGroup(ops []*op, acks []ackOp) {
 	s.w.ops = s.w.ops[:0]
 }
 
-// hotWaitMax bounds how long the WAL writer waits for checkpoints to bring
-// the memory of hot chunks under its hard bound before it refuses appends.
 const hotWaitMax = 5 * time.Second
 
-// waitMemory holds the group back while the hot chunks' memory and the
-// group's would pass the hard bound (twice hotMaxBytes) and
-// checkpoints are making progress: appends then wait for bbolt, as they
-// would without the WAL, instead of being refused. It asks for a checkpoint
-// of everything and waits at most hotWaitMax; admit refuses what still does
-// not fit.
+// waitMemory holds the group back, at most hotWaitMax, while it would take
+// the hot chunks' memory past the hard bound (twice hotMaxBytes) and
+// checkpoints succeed: appends then wait for bbolt instead of being
+// refused. admit refuses what still does not fit.
 func (s *Spool) waitMemory(ops []*op) {
 	var group int64
 	for _, o := range ops {
@@ -315,9 +300,8 @@ func (s *Spool) waitMemory(ops []*op) {
 }
 
 // admit refuses the appends that the quota, the memory bound or the disk
-// reserve do not allow (setting their err), and assigns the others their
-// seqs and chunk headers. It returns how many it admitted, their bytes and
-// records.
+// reserve do not allow and assigns the others their seqs. It returns how
+// many it admitted, their bytes and records.
 func (s *Spool) admit(ops []*op, now time.Time) (n int, bytes int64, records int) {
 	live, held := s.liveBytes(), s.hotHeld.Load()
 	hard := 2 * s.cfg.hotMaxBytes
@@ -330,9 +314,8 @@ func (s *Spool) admit(ops []*op, now time.Time) (n int, bytes int64, records int
 			s.m.rejectedFull.Inc()
 			continue
 		case held > 0 && held+bytes+sz > hard:
-			// Checkpoints do not keep up (or fail): refuse rather than
-			// hold unbounded memory. (With nothing held, the whole group
-			// is taken: a group is a few MiB at most.)
+			// Checkpoints do not keep up: refuse rather than hold
+			// unbounded memory (a group alone is a few MiB at most).
 			o.err = ErrFull
 			s.m.rejectedFull.Inc()
 			continue
@@ -352,13 +335,12 @@ func (s *Spool) admit(ops []*op, now time.Time) (n int, bytes int64, records int
 	return n, bytes, records
 }
 
-// write writes the records of acks and of the admitted appends at the end of
-// the current segment (a new one when they do not fit) and, unless
-// NoSync, when there are appends, fdatasyncs it. On error the segment is
-// given up: the next write starts a new one.
+// write writes the records of acks and of the admitted appends at the end
+// of the current segment (a new one when they do not fit) and, when there
+// are appends, fdatasyncs it unless NoSync. On error the segment is given
+// up.
 func (s *Spool) write(ops []*op, acks []ackOp) error {
-	// Room for the records, the end mark and, should a new segment start,
-	// its start record and every lane's record.
+	// The records, the end mark, a new segment's start and lane records.
 	room := int64(recHeaderLen + startLen + recHeaderLen)
 	if len(acks) > 0 {
 		room += recHeaderLen + int64(len(acks))*ackEntryLen
@@ -377,8 +359,8 @@ func (s *Spool) write(ops []*op, acks []ackOp) error {
 			return err
 		}
 	}
-	// A new segment starts with its recStart record; a lane's first chunk
-	// in a segment follows its recLane record.
+	// recStart first; a lane's recLane before its first chunk of the
+	// segment.
 	start := s.w.off == 0
 	if start {
 		clear(s.w.segLanes)
@@ -426,10 +408,8 @@ func (s *Spool) write(ops []*op, acks []ackOp) error {
 		}
 	}
 	if s.w.off+need+recHeaderLen <= s.w.size {
-		// The end mark: zeros where the next record's header goes, so
-		// that a reader finds the clean end of what this write completed,
-		// not the old bytes of a reused file (which it would take for a
-		// write cut short). The next write overwrites it.
+		// The end mark, so that a reader does not take a reused file's
+		// old bytes for a write cut short.
 		iovs = append(iovs, endMark[:])
 	}
 	err := s.pwrite(iovs, s.w.off)
@@ -500,11 +480,9 @@ func fdatasync(fd int) error {
 	}
 }
 
-// abandon gives up the current segment after a failed write of n bytes:
-// it zeroes them, so that a replay finds the segment's clean end before
-// the failed records and none of them after it (best effort: the disk just
-// failed; should it not work, those records may come back after a restart,
-// which only repeats events), and closes it.
+// abandon gives up the current segment after a failed write of n bytes,
+// zeroing them so that a replay ends before the failed records (best
+// effort: should it fail, they may come back, which only repeats events).
 func (s *Spool) abandon(n int64) {
 	if s.w.f == nil {
 		return
@@ -528,11 +506,9 @@ func (s *Spool) closeSegment() {
 	}
 }
 
-// rotate starts the next segment, of the standard size or, for a record
-// larger than that, of need bytes: a spare file renamed to its number when
-// there is one, else a new file with its blocks allocated. Unless NoSync,
-// the directory is synced before the segment is used, so that its name is
-// durable before anything in it is acknowledged.
+// rotate starts the next segment, of the standard size or of need bytes
+// when larger: a spare file renamed when there is one, else a new file with
+// its blocks allocated. Unless NoSync, its name is made durable first.
 func (s *Spool) rotate(need int64) error {
 	s.closeSegment()
 	no := s.w.nextNo
@@ -580,9 +556,9 @@ func (s *Spool) rotate(need int64) error {
 	return nil
 }
 
-// publish hands the written chunks to their lanes: each becomes a hot chunk
-// holding the batch's buffer, and the lane's reader is woken. Then it moves
-// the WAL's published end, which the store's checkpoints go by.
+// publish hands the written chunks to their lanes as hot chunks holding
+// their batches' buffers, wakes the readers, and moves the WAL's published
+// end.
 func (s *Spool) publish(ops []*op) {
 	at := s.w.gStart
 	for _, o := range ops {
@@ -613,8 +589,7 @@ func (s *Spool) publish(ops []*op) {
 	s.mu.Unlock()
 }
 
-// wakeLocked wakes the lane's reader when it may wait on l.notify (see
-// Lane.watched), or starts it (whenWork). l.mu held.
+// wakeLocked wakes or starts (whenWork) the lane's reader. l.mu held.
 func (l *Lane) wakeLocked() {
 	if l.watched {
 		close(l.notify)
@@ -627,9 +602,8 @@ func (l *Lane) wakeLocked() {
 	}
 }
 
-// skip publishes, after a failed write, that the seqs given to its chunks
-// are not used: they are never given again (a record of them may be on
-// disk), and the readers step over them.
+// skip publishes, after a failed write, that its chunks' seqs are not
+// used: never given again (a record may be on disk), stepped over.
 func (s *Spool) skip(ops []*op) {
 	for _, o := range ops {
 		if o.err != nil || o.seq == 0 {
@@ -645,8 +619,7 @@ func (s *Spool) skip(ops []*op) {
 	s.mu.Unlock()
 }
 
-// diskFree estimates the filesystem's free bytes: a statfs at most every
-// diskCheckEvery, minus what was appended since.
+// diskFree estimates the filesystem's free bytes.
 func (s *Spool) diskFree(now time.Time) int64 {
 	if now.Sub(s.w.diskChecked) >= diskCheckEvery || now.Before(s.w.diskChecked) {
 		var st syscall.Statfs_t
