@@ -275,7 +275,7 @@ func TestRunUpstreamFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	s.Silence("device-silent")
+	simtest.Silence(s, "device-silent")
 	s.FailNext(3, 503)
 	s.DropNext(2, sim.DropAfterIngest)
 	dir := t.TempDir()

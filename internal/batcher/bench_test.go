@@ -113,7 +113,7 @@ func deliverCountOnly(b *testing.B, cfg Config, events, pad int) {
 				bt.Reset()
 			}
 		}
-		before := sm.Counted()
+		before := simtest.Counted(sm)
 		p, err := New(cfg, local(sp), cli, nil, nil, prometheus.NewRegistry())
 		if err != nil {
 			b.Fatal(err)
@@ -123,7 +123,7 @@ func deliverCountOnly(b *testing.B, cfg Config, events, pad int) {
 		b.StartTimer()
 		start := time.Now()
 		go func() { done <- p.Run(ctx) }()
-		for sm.Counted()-before < int64(events) {
+		for simtest.Counted(sm)-before < int64(events) {
 			for _, st := range p.LaneStatus() {
 				peak = max(peak, st.ReadAheadBytes)
 			}

@@ -182,7 +182,7 @@ func TestNoRequestDuringPause(t *testing.T) {
 // hammered); everything else is delivered.
 func TestSilencedAndQuota(t *testing.T) {
 	h := newHarness(t, sim.Config{}, Config{MaxBatchEvents: 30}, throttle.Config{})
-	h.sim.Silence("silent-device")
+	simtest.Silence(h.sim, "silent-device")
 	for c := 0; c < 4; c++ {
 		var evs []ev
 		for _, d := range devs("device-", 10) {
@@ -203,7 +203,7 @@ func TestSilencedAndQuota(t *testing.T) {
 	}
 
 	// Daily quota: quota-device reaches it; its later events are held.
-	h.sim.SetDailyQuota(5)
+	simtest.SetDailyQuota(h.sim, 5)
 	var quotaIDs []string
 	for i := 0; i < 10; i++ {
 		quotaIDs = append(quotaIDs, h.add("key", ev{Device: "quota-device"}, ev{Device: "fresh-" + string(rune('a'+i))})...)
@@ -603,7 +603,7 @@ func chaos(t *testing.T, reading sim.Config) {
 	h := newHarness(t, reading,
 		Config{MaxBatchEvents: 25, MaxBatchBytes: 6000, ThrottlePause: 300 * time.Millisecond, ShardsPerLane: 3}, throttle.Config{})
 	h.upstreamReorders = reading.PartialThrottle || reading.PartialSilence
-	h.sim.Silence("silent-device")
+	simtest.Silence(h.sim, "silent-device")
 	storm := []simtest.Fault{{Status: 500}, {}, {Drop: sim.DropAfterIngest}, {}, {}, {Status: 503}, {Drop: sim.DropNoAnswer}, {}, {},
 		{Status: 502, Ingest: sim.IngestHalf}, {}, {Status: 504, Ingest: sim.IngestAll}, {Drop: sim.DropNoAnswer, Ingest: sim.IngestHalf}}
 	for i := 0; i < 120; i++ {

@@ -10,6 +10,7 @@ import (
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/throttle"
 	"go.uber.org/zap/zapcore"
 )
@@ -45,9 +46,9 @@ func TestHeldEventsDoNotPinChunks(t *testing.T) {
 	h.start()
 	want := int64(chunks * (perChunk - 1))
 	deadline := time.Now().Add(poll.Max)
-	for h.sim.Counted() < want {
+	for simtest.Counted(h.sim) < want {
 		if time.Now().After(deadline) {
-			t.Fatalf("delivered %d of %d; lanes %+v", h.sim.Counted(), want, h.p.LaneStatus())
+			t.Fatalf("delivered %d of %d; lanes %+v", simtest.Counted(h.sim), want, h.p.LaneStatus())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -91,8 +92,8 @@ func TestHeldEventsDoNotPinChunks(t *testing.T) {
 	if grew > pinned/2 {
 		t.Fatalf("heap grew %d KiB while only %d events are held: chunk buffers (%d KiB) still reachable?", grew>>10, st.HeldEvents, pinned>>10)
 	}
-	if len(h.sim.Requests()) == 0 || h.sim.Counted() != want {
-		t.Fatalf("sim counted %d, want %d (the paused device must not be sent)", h.sim.Counted(), want)
+	if len(h.sim.Requests()) == 0 || simtest.Counted(h.sim) != want {
+		t.Fatalf("sim counted %d, want %d (the paused device must not be sent)", simtest.Counted(h.sim), want)
 	}
 }
 

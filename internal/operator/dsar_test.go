@@ -59,7 +59,7 @@ func TestDSARCommand(t *testing.T) {
 func TestDSARCommandFailedJob(t *testing.T) {
 	_, up, _ := startSim(t)
 	one := 1
-	if err := (&simtest.Control{Base: up}).SetDSAR(context.Background(), sim.DSARConfig{FailNext: &one}); err != nil {
+	if err := (&simtest.Control{Base: up}).SetDSAR(context.Background(), simtest.DSARConfig{FailNext: &one}); err != nil {
 		t.Fatal(err)
 	}
 	out := t.TempDir()

@@ -53,8 +53,8 @@ func (s *Sim) registerClassifiers() {
 	st.cls = &clsState{byKey: map[string]map[string]*simClassifier{}}
 	r := func(pattern string, f func(m map[string]*simClassifier, q *mgRequest) (int, any)) {
 		s.mgmtRoute("classifier", pattern, authBasic, clsMaxBody, func(w *statusWriter, q *mgRequest) {
-			st.mu.Lock()
-			defer st.mu.Unlock()
+			s.mu.Lock()
+			defer s.mu.Unlock()
 			m := entry(st.cls.byKey, q.account, func() map[string]*simClassifier { return map[string]*simClassifier{} })
 			status, body := f(m, q)
 			writeJSON(w, status, body)

@@ -56,8 +56,8 @@ func TestCountOnly(t *testing.T) {
 		t.Fatalf("%d %s", a.Status, a.Body)
 	}
 	a = wiretest.Post(t, url+"/batch", gz(wiretest.Envelope("k", wiretest.Event("device1", "a"))), "Content-Encoding", "gzip")
-	if a.Status != 200 || s.Counted() != 4 || s.Count() != 0 || len(s.AllEvents()) != 0 {
-		t.Fatalf("%d counted %d count %d", a.Status, s.Counted(), s.Count())
+	if a.Status != 200 || s.Stats().Counted != 4 || s.Count() != 0 || len(s.AllEvents()) != 0 {
+		t.Fatalf("%d counted %d count %d", a.Status, s.Stats().Counted, s.Count())
 	}
 	var st Stats
 	wiretest.GetJSON(t, url+"/sim/stats", &st)
@@ -113,7 +113,7 @@ func BenchmarkCountOnlyHTTP(b *testing.B) {
 			resp.Body.Close()
 		}
 	})
-	b.ReportMetric(float64(s.Counted())/b.Elapsed().Seconds(), "events/s")
+	b.ReportMetric(float64(s.Stats().Counted)/b.Elapsed().Seconds(), "events/s")
 }
 
 // BenchmarkValidateHTTP measures the full (validating, storing) sim.

@@ -13,7 +13,10 @@
 // internal/simtest, which only tests and test helpers import: it plugs
 // in through Config.Faults, which the product leaves nil, so the relay
 // binary never fails a request on purpose and serves only read-outs under
-// /sim/.
+// /sim/. The settings tests turn while a Sim runs (accepted tokens,
+// secrets, limits, silenced devices, rejections) are its Knobs, which
+// simtest reaches through the one hook Sim.Knobs; its inspectors read the
+// same read-outs black-box tests read.
 //
 // # Routes
 //
@@ -38,7 +41,7 @@
 //	/api/2/export                               export (export.go)
 //
 // The four management APIs (experiments, SCIM, classifiers, taxonomy) share
-// authentication, a call log and a lock in mgmt.go. Reset (and simtest's
+// authentication and a call log in mgmt.go. Reset (and simtest's
 // POST /sim/reset) clears the state of group identify, user mapping and the
 // management APIs with the store (configuration such as accepted keys and
 // rate limits is kept).
@@ -160,7 +163,7 @@
 //	                                            and the gzip-decoded body must be under it)
 //	#6  2000 events refused, or taken           Config.MaxEvents (2000, or 2001)
 //	#9  daily quota to UTC midnight or 24 h     Config.QuotaRolling
-//	#10 invalid API key, permanent or transient Sim.RefuseKey(key, d)
+//	#10 invalid API key, permanent or transient Knobs.RefusedKeys
 //
 // Readings found beyond the list: the penalty is counted from the 429 the
 // upstream sends, while a client can only count its pause from the answer
@@ -170,7 +173,7 @@
 //
 // # Silenced devices and daily quota
 //
-// Silence(device) silences a device until Unsilence. With DailyQuota > 0, a
+// Knobs.Silenced silences devices. With DailyQuota > 0, a
 // device whose ingested events of the current UTC day (by Config.Now) are
 // already >= DailyQuota is over quota. A request holding events of such
 // devices is answered 400 "Some devices are silenced" with eps_threshold,
@@ -189,7 +192,9 @@
 //
 // # Concurrency
 //
-// Sim.mu guards the store (events, dedup, rates, request log); each route
-// group has its own lock; Config.Faults is called without them. Handlers run
+// Sim.mu guards the store (events, dedup, rates, request log), the Knobs
+// and every route group's state: one lock, never held across a call that
+// takes it (validKey, Events, AllEvents, Stats take it themselves) nor
+// across Config.Faults or a sleep. Handlers run
 // on net/http's goroutines; Serve may be called for several listeners.
 package sim

@@ -59,8 +59,8 @@ var experimentPatchFields = map[string]bool{"name": true, "description": true, "
 // AddWebExperiment adds a web experiment (which PATCH refuses with 405) and
 // returns its id.
 func (s *Sim) AddWebExperiment(name string) string {
-	s.mg.mu.Lock()
-	defer s.mg.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	e := s.mg.exp.add(s.cfg.Now(), map[string]any{"name": name, "key": name}, "web")
 	return e.id
 }
@@ -104,8 +104,8 @@ func (s *Sim) registerExperiments() {
 	// unknown, and returns its answer: text when a string ("OK"), else JSON.
 	r := func(pattern string, f func(e *simExperiment, v *simVariant, q *mgRequest) (int, any)) {
 		s.mgmtRoute("experiment", pattern, authMgmtBearer, expMaxBody, func(w *statusWriter, q *mgRequest) {
-			st.mu.Lock()
-			defer st.mu.Unlock()
+			s.mu.Lock()
+			defer s.mu.Unlock()
 			e, v := x.exps[q.r.PathValue("id")], (*simVariant)(nil)
 			status, body := http.StatusNotFound, any(map[string]string{"error": "experiment not found"})
 			switch {

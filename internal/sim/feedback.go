@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 )
@@ -74,11 +73,6 @@ type feedbackAnswer struct {
 	Errors   []feedbackError `json:"errors"`
 }
 
-type feedbackState struct {
-	mu      sync.Mutex
-	sources map[string]map[string]*FeedbackItem // api key + "\x00" + source_id -> unique_id -> item
-}
-
 // registerFeedback registers POST /api/1/ai-feedback/ingest and the control
 // route GET /sim/feedback?api_key=K&source_id=S (stored items, by unique_id).
 //
@@ -91,7 +85,7 @@ type feedbackState struct {
 // item is upserted by unique_id within (api key, source): set fields replace
 // stored ones, parts are upserted by their unique_id.
 func (s *Sim) registerFeedback() {
-	st := &feedbackState{sources: make(map[string]map[string]*FeedbackItem)}
+	sources := map[string]map[string]*FeedbackItem{} // api key + "\x00" + source_id -> unique_id -> item
 	s.apiRoute("POST /api/1/ai-feedback/ingest", func(w http.ResponseWriter, r *http.Request, key string) (int, any) {
 		body, err := io.ReadAll(io.LimitReader(r.Body, FeedbackMaxBytes+1))
 		if err != nil {
@@ -124,23 +118,23 @@ func (s *Sim) registerFeedback() {
 			}
 			good = append(good, it)
 		}
-		st.mu.Lock()
-		src := entry(st.sources, key+"\x00"+*req.SourceID, func() map[string]*FeedbackItem { return map[string]*FeedbackItem{} })
+		s.mu.Lock()
+		src := entry(sources, key+"\x00"+*req.SourceID, func() map[string]*FeedbackItem { return map[string]*FeedbackItem{} })
 		for _, it := range good {
 			upsertFeedback(src, it)
 			ans.Ingested++
 		}
-		st.mu.Unlock()
+		s.mu.Unlock()
 		return http.StatusOK, ans
 	})
 	s.ctlMux.HandleFunc("GET /sim/feedback", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
-		st.mu.Lock()
+		s.mu.Lock()
 		out := []FeedbackItem{}
-		for _, it := range st.sources[q.Get("api_key")+"\x00"+q.Get("source_id")] {
+		for _, it := range sources[q.Get("api_key")+"\x00"+q.Get("source_id")] {
 			out = append(out, *it)
 		}
-		st.mu.Unlock()
+		s.mu.Unlock()
 		sort.Slice(out, func(i, j int) bool { return out[i].UniqueID < out[j].UniqueID })
 		writeJSON(w, http.StatusOK, map[string]any{"items": out})
 	})

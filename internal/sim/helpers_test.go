@@ -5,12 +5,25 @@ import (
 	"compress/gzip"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/svcrelay/relay/internal/sim/wiretest"
 )
+
+// readOut returns the answer of the read-out GET path, decoded.
+func readOut[T any](t testing.TB, s *Sim, path string) T {
+	t.Helper()
+	w := httptest.NewRecorder()
+	s.ControlHandler().ServeHTTP(w, httptest.NewRequest("GET", path, nil))
+	var out T
+	if err := json.Unmarshal(w.Body.Bytes(), &out); err != nil {
+		t.Fatalf("%s: %v: %s", path, err, w.Body)
+	}
+	return out
+}
 
 // fakeClock is an injected clock for rate, penalty, dedup and quota tests.
 type fakeClock struct {

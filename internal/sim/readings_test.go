@@ -64,12 +64,12 @@ func TestReadings(t *testing.T) {
 	})
 	t.Run("partial silenced 400", func(t *testing.T) {
 		s, url := start(t, Config{PartialSilence: true})
-		s.Silence("quiet-device")
+		s.Knobs(func(k *Knobs) { k.Silenced["quiet-device"] = true })
 		if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("quiet-device", "q"), wiretest.Event("other-device", "o"))); a.Status != 400 || s.Count() != 1 {
 			t.Fatalf("%d, count %d", a.Status, s.Count())
 		}
 		strict, surl := start(t, Config{})
-		strict.Silence("quiet-device")
+		strict.Knobs(func(k *Knobs) { k.Silenced["quiet-device"] = true })
 		if a := wiretest.Post(t, surl+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("quiet-device", "q"), wiretest.Event("other-device", "o"))); a.Status != 400 || strict.Count() != 0 {
 			t.Fatalf("strict: %d, count %d", a.Status, strict.Count())
 		}
@@ -114,7 +114,7 @@ func TestReadings(t *testing.T) {
 	t.Run("invalid API key for a while", func(t *testing.T) {
 		clk := newFakeClock()
 		s, url := start(t, Config{Now: clk.Now})
-		s.RefuseKey("k", time.Minute)
+		s.Knobs(func(k *Knobs) { k.RefusedKeys["k"] = s.cfg.Now().Add(time.Minute) })
 		if a := wiretest.Post(t, url+"/2/httpapi", batch("k", "dev-r", 1, "a")); a.Status != 400 || a.JSON["error"] != "Invalid API key" {
 			t.Fatalf("%d %s", a.Status, a.Body)
 		}

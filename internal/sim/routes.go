@@ -1,7 +1,5 @@
 package sim
 
-import "time"
-
 // registerRoutes registers every route group (doc.go, Routes), each in a
 // file of its own.
 func (s *Sim) registerRoutes() {
@@ -20,35 +18,19 @@ func (s *Sim) registerRoutes() {
 	s.registerExport()        // /api/2/export, /sim/export/... (export.go)
 }
 
-// validKey reports whether apiKey is acceptable: non-empty, and one of
-// Config.APIKeys when those are set.
+// validKey reports whether apiKey is acceptable: non-empty, one of
+// Config.APIKeys when those are set, and not refused (Knobs.RefusedKeys).
+// The caller must not hold s.mu.
 func (s *Sim) validKey(apiKey string) bool {
-	return apiKey != "" && (s.keys == nil || s.keys[apiKey]) && !s.keyRefused(apiKey)
-}
-
-// RefuseKey answers "Invalid API key" to apiKey for d (by Config.Now), as an
-// upstream may while a key is rotated: the reading of ambiguity 10 where an
-// invalid key is transient. d <= 0 ends it.
-func (s *Sim) RefuseKey(apiKey string, d time.Duration) {
-	s.keyMu.Lock()
-	defer s.keyMu.Unlock()
-	if d <= 0 {
-		delete(s.refused, apiKey)
-		return
-	}
-	if s.refused == nil {
-		s.refused = map[string]time.Time{}
-	}
-	s.refused[apiKey] = s.cfg.Now().Add(d)
-}
-
-func (s *Sim) keyRefused(apiKey string) bool {
-	s.keyMu.Lock()
-	defer s.keyMu.Unlock()
-	u, ok := s.refused[apiKey]
-	if ok && !s.cfg.Now().Before(u) {
-		delete(s.refused, apiKey)
+	if apiKey == "" || (s.keys != nil && !s.keys[apiKey]) {
 		return false
 	}
-	return ok
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	u, ok := s.knobs.RefusedKeys[apiKey]
+	if ok && !s.cfg.Now().Before(u) {
+		delete(s.knobs.RefusedKeys, apiKey)
+		return true
+	}
+	return !ok
 }

@@ -14,7 +14,7 @@ import (
 //
 // State per organization (the SCIM token's): users keyed by lower-cased
 // email (pending or joined, both reported active) and groups with numeric
-// ids. Rate: SCIMRateLimit requests per SCIMRateWindow per organization,
+// ids. Rate: Knobs.SCIMLimit requests per SCIMWindow per organization,
 // counted at arrival after authentication; above it 429 with Retry-After
 // (the refused call is not counted). Errors use the SCIM error schema
 // {"schemas":[ErrorSchema],"status":"400","scimType":...,"detail":...}.
@@ -71,44 +71,22 @@ type scimOrg struct {
 }
 
 type scimState struct {
-	orgs   map[string]*scimOrg
-	hits   windowHits
-	limit  int
-	window time.Duration
-}
-
-// SetSCIMRate sets the SCIM rate limit (defaults SCIMRateLimit per
-// SCIMRateWindow); zero values keep the current setting.
-func (s *Sim) SetSCIMRate(limit int, window time.Duration) {
-	s.mg.mu.Lock()
-	defer s.mg.mu.Unlock()
-	setPositive(&s.mg.scim.limit, limit)
-	setPositive(&s.mg.scim.window, window)
-}
-
-// scimUsers returns the emails of org's users, sorted.
-func (s *Sim) scimUsers(org string) []string {
-	st := s.mg
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if o := st.scim.orgs[org]; o != nil {
-		return sortedKeys(o.users)
-	}
-	return nil
+	orgs map[string]*scimOrg
+	hits windowHits
 }
 
 func (s *Sim) registerSCIM() {
 	st := s.mg
-	st.scim = &scimState{orgs: map[string]*scimOrg{}, hits: windowHits{}, limit: SCIMRateLimit, window: SCIMRateWindow}
+	st.scim = &scimState{orgs: map[string]*scimOrg{}, hits: windowHits{}}
 	// r registers a SCIM route: f answers for the organization once the rate
 	// passes; its body is written as SCIM JSON, as given ([]byte), or not
 	// at all (nil).
 	r := func(pattern string, f func(o *scimOrg, w *statusWriter, q *mgRequest) (int, any)) {
 		s.mgmtRoute("scim", pattern, authSCIMBearer, scimMaxBody, func(w *statusWriter, q *mgRequest) {
-			st.mu.Lock()
-			defer st.mu.Unlock()
+			s.mu.Lock()
+			defer s.mu.Unlock()
 			status, body := scimError(http.StatusTooManyRequests, "", "Too many requests: 100 per minute per organization")
-			if ok, wait := st.scim.hits.take(q.account, q.call.Time, 1, st.scim.limit, st.scim.window); !ok {
+			if ok, wait := st.scim.hits.take(q.account, q.call.Time, 1, s.knobs.SCIMLimit, s.knobs.SCIMWindow); !ok {
 				retryAfter(w, wait)
 			} else {
 				status, body = f(entry(st.scim.orgs, q.account, func() *scimOrg {

@@ -1,7 +1,9 @@
 // Package simtest holds the simulated upstream's test-only parts: fault
 // injection (Sim: a sim.Sim with a fault queue, latency, a down state and
 // listeners that can refuse), the /sim/ routes that drive it and turn the
-// model's knobs, and the Go client of the /sim/ routes (Control).
+// model's knobs, the functions that turn them in process and read the
+// model's read-outs (knobs.go: Silence(s, d), MappedTo(s, key, user), ...;
+// s a sim.Sim or a Sim), and the Go client of the /sim/ routes (Control).
 //
 // The product (sandbox mode, `relay sim`) serves internal/sim alone, whose
 // /sim/ routes only read (events, requests, stats, per-group logs). Only
@@ -20,11 +22,11 @@
 //	POST /sim/down?mode=refuse|503|close&for=5s
 //	POST /sim/up
 //	GET  /sim/faults                        FaultState: the down mode, pending faults
-//	POST /sim/silence?device_id=D           Sim.Silence
-//	POST /sim/unsilence?device_id=D         Sim.Unsilence
-//	POST /sim/quota?n=N                     Sim.SetDailyQuota
-//	POST /sim/dsar/config                   sim.DSARConfig JSON: Sim.SetDSAR
-//	POST /sim/export/config                 sim.ExportConfig JSON: Sim.SetExport
+//	POST /sim/silence?device_id=D           Silence
+//	POST /sim/unsilence?device_id=D         Unsilence
+//	POST /sim/quota?n=N                     SetDailyQuota
+//	POST /sim/dsar/config                   DSARConfig JSON: SetDSAR
+//	POST /sim/export/config                 ExportConfig JSON: SetExport
 //	POST /sim/usermap?limit=N&window=D&api_key=K&org=O&secret=S&reject_user_id=U
 //	                                        SetUserMapRate, SetUserMapOrg, SetSecretKey,
 //	                                        RejectUserID (each when given)
@@ -445,24 +447,24 @@ func (s *Sim) routes(ctl *http.ServeMux) {
 		}
 	})
 	ctl.HandleFunc("POST /sim/dsar/config", func(w http.ResponseWriter, r *http.Request) {
-		var c sim.DSARConfig
+		var c DSARConfig
 		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&c); err != nil {
 			bad(w, fmt.Errorf("dsar config: %w", err))
 			return
 		}
-		if err := s.SetDSAR(c); err != nil {
+		if err := SetDSAR(s, c); err != nil {
 			bad(w, err)
 			return
 		}
 		ok(w)
 	})
 	ctl.HandleFunc("POST /sim/export/config", func(w http.ResponseWriter, r *http.Request) {
-		var c sim.ExportConfig
+		var c ExportConfig
 		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&c); err != nil {
 			bad(w, fmt.Errorf("export config: %w", err))
 			return
 		}
-		if err := s.SetExport(c); err != nil {
+		if err := SetExport(s, c); err != nil {
 			bad(w, err)
 			return
 		}
@@ -488,17 +490,17 @@ func (s *Sim) routes(ctl *http.ServeMux) {
 			}
 			window = d
 		}
-		s.SetUserMapRate(limit, window)
+		SetUserMapRate(s, limit, window)
 		if k := q.Get("api_key"); k != "" {
 			if o := q.Get("org"); o != "" {
-				s.SetUserMapOrg(k, o)
+				SetUserMapOrg(s, k, o)
 			}
 			if sec := q.Get("secret"); sec != "" {
-				s.SetSecretKey(k, sec)
+				SetSecretKey(s, k, sec)
 			}
 		}
 		if u := q.Get("reject_user_id"); u != "" {
-			s.RejectUserID(u)
+			RejectUserID(s, u)
 		}
 		ok(w)
 	})
@@ -513,11 +515,11 @@ func (s *Sim) routes(ctl *http.ServeMux) {
 		ok(w)
 	})
 	ctl.HandleFunc("POST /sim/silence", func(w http.ResponseWriter, r *http.Request) {
-		s.Silence(r.URL.Query().Get("device_id"))
+		Silence(s, r.URL.Query().Get("device_id"))
 		ok(w)
 	})
 	ctl.HandleFunc("POST /sim/unsilence", func(w http.ResponseWriter, r *http.Request) {
-		s.Unsilence(r.URL.Query().Get("device_id"))
+		Unsilence(s, r.URL.Query().Get("device_id"))
 		ok(w)
 	})
 	ctl.HandleFunc("POST /sim/quota", func(w http.ResponseWriter, r *http.Request) {
@@ -526,7 +528,7 @@ func (s *Sim) routes(ctl *http.ServeMux) {
 			bad(w, fmt.Errorf("quota: bad n %q", r.URL.Query().Get("n")))
 			return
 		}
-		s.SetDailyQuota(n)
+		SetDailyQuota(s, n)
 		ok(w)
 	})
 }
