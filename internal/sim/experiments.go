@@ -103,28 +103,19 @@ func (s *Sim) registerExperiments() {
 	// path names ({id}, {variantKey}), after a 404 for either that is
 	// unknown, and returns its answer: text when a string ("OK"), else JSON.
 	r := func(pattern string, f func(e *simExperiment, v *simVariant, q *mgRequest) (int, any)) {
-		s.mgmtRoute("experiment", pattern, authMgmtBearer, expMaxBody, func(w *statusWriter, q *mgRequest) {
+		s.mgmtRoute("experiment", pattern, authMgmtBearer, expMaxBody, func(w *statusWriter, q *mgRequest) (int, any) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			e, v := x.exps[q.r.PathValue("id")], (*simVariant)(nil)
-			status, body := http.StatusNotFound, any(map[string]string{"error": "experiment not found"})
+			e := x.exps[q.r.PathValue("id")]
 			switch {
 			case e == nil && q.r.PathValue("id") != "":
+				return apiFail(http.StatusNotFound, "experiment not found")
 			case e != nil && q.r.PathValue("variantKey") != "" && e.byKey[q.r.PathValue("variantKey")] == nil:
-				body = map[string]string{"error": "variant not found"}
-			default:
-				if e != nil {
-					v = e.byKey[q.r.PathValue("variantKey")]
-				}
-				status, body = f(e, v, q)
+				return apiFail(http.StatusNotFound, "variant not found")
+			case e != nil:
+				return f(e, e.byKey[q.r.PathValue("variantKey")], q)
 			}
-			if text, ok := body.(string); ok {
-				w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-				w.WriteHeader(status)
-				w.Write([]byte(text))
-				return
-			}
-			writeJSON(w, status, body)
+			return f(nil, nil, q)
 		})
 	}
 	const ok = "OK"

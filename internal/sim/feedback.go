@@ -249,9 +249,8 @@ type apiHandler func(w http.ResponseWriter, r *http.Request, key string) (status
 func (s *Sim) apiRoute(pattern string, h apiHandler) {
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		s.serveDirect(w, r, true, func(sw *statusWriter, rec *Record) {
-			if status, body := s.serveAPI(sw, r, rec, h); body != nil {
-				writeJSON(sw, status, body)
-			}
+			status, body := s.serveAPI(sw, r, rec, h)
+			writeAnswer(sw, status, body, "application/json")
 		})
 	})
 }

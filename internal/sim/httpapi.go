@@ -3,7 +3,6 @@ package sim
 import (
 	"encoding/json"
 	"net/http"
-	"strconv"
 )
 
 // registerHTTPAPI registers the HTTP V2 ingestion routes.
@@ -115,10 +114,4 @@ func codeError(w http.ResponseWriter, status int, text string) {
 	writeJSON(w, status, errBody{Code: status, Error: text})
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	b := appendJSON(nil, v)
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
-	w.WriteHeader(status)
-	w.Write(b)
-}
+func writeJSON(w http.ResponseWriter, status int, v any) { writeAnswer(w, status, v, "application/json") }

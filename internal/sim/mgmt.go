@@ -115,7 +115,8 @@ type mgRequest struct {
 	call    *MgmtCall
 }
 
-type mgHandler func(w *statusWriter, q *mgRequest)
+// mgHandler returns a management request's answer (see writeAnswer).
+type mgHandler func(w *statusWriter, q *mgRequest) (status int, body any)
 
 // mgmtRoute registers pattern ("METHOD /path/{x}") for api.
 func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgHandler) {
@@ -226,7 +227,12 @@ func (s *Sim) serveMgmt(w *statusWriter, r *http.Request, call *MgmtCall, auth m
 		if auth == authBasic {
 			call.Account = call.Principal // a label, not the api key
 		}
-		h(w, q)
+		ct := "application/json"
+		if auth == authSCIMBearer {
+			ct = "application/scim+json"
+		}
+		status, body := h(w, q)
+		writeAnswer(w, status, body, ct)
 	}
 }
 
@@ -260,6 +266,30 @@ func (h windowHits) take(account string, now time.Time, cost, limit int, window 
 	}
 	h[account] = append(ts, hit{now, cost})
 	return true, 0
+}
+
+// writeAnswer writes a handler's answer: only the status for a nil body
+// (nothing at all with status 0: the handler wrote it), a string as text,
+// bytes as given, anything else as JSON; ct is the type of the last two.
+func writeAnswer(w http.ResponseWriter, status int, body any, ct string) {
+	var b []byte
+	switch v := body.(type) {
+	case nil:
+		if status != 0 {
+			w.WriteHeader(status)
+		}
+		return
+	case string:
+		b, ct = []byte(v), "text/plain; charset=utf-8"
+	case []byte:
+		b = v
+	default:
+		b = appendJSON(nil, v)
+	}
+	w.Header().Set("Content-Type", ct)
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	w.Write(b)
 }
 
 func retryAfter(w http.ResponseWriter, d time.Duration) {

@@ -79,30 +79,20 @@ func (s *Sim) registerSCIM() {
 	st := s.mg
 	st.scim = &scimState{orgs: map[string]*scimOrg{}, hits: windowHits{}}
 	// r registers a SCIM route: f answers for the organization once the rate
-	// passes; its body is written as SCIM JSON, as given ([]byte), or not
-	// at all (nil).
+	// passes.
 	r := func(pattern string, f func(o *scimOrg, w *statusWriter, q *mgRequest) (int, any)) {
-		s.mgmtRoute("scim", pattern, authSCIMBearer, scimMaxBody, func(w *statusWriter, q *mgRequest) {
+		s.mgmtRoute("scim", pattern, authSCIMBearer, scimMaxBody, func(w *statusWriter, q *mgRequest) (int, any) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			status, body := scimError(http.StatusTooManyRequests, "", "Too many requests: 100 per minute per organization")
 			if ok, wait := st.scim.hits.take(q.account, q.call.Time, 1, s.knobs.SCIMLimit, s.knobs.SCIMWindow); !ok {
 				retryAfter(w, wait)
-			} else {
-				status, body = f(entry(st.scim.orgs, q.account, func() *scimOrg {
-					return &scimOrg{users: map[string]*scimUser{}, groups: map[int]*scimGroup{}, nextID: 1001}
-				}), w, q)
+				return scimError(http.StatusTooManyRequests, "", "Too many requests: 100 per minute per organization")
 			}
-			if body != nil {
-				w.Header().Set("Content-Type", "application/scim+json")
-			}
-			w.WriteHeader(status)
-			if raw, ok := body.([]byte); ok {
-				w.Write(raw)
-			} else if body != nil {
-				w.Write(appendJSON(nil, body))
-			}
+			return f(entry(st.scim.orgs, q.account, func() *scimOrg {
+				return &scimOrg{users: map[string]*scimUser{}, groups: map[int]*scimGroup{}, nextID: 1001}
+			}), w, q)
 		})
+
 	}
 	r("GET /scim/1/Users", s.scimListUsers)
 	r("GET /scim/1/Users/{id}", s.scimGetUser)

@@ -188,9 +188,8 @@ func (s *Sim) registerTaxonomy() {
 	// r registers a taxonomy route: f answers once the limits pass, the form
 	// is read and its required fields are there.
 	r := func(pattern string, f func(q *taxReq) (int, any), required ...string) {
-		s.mgmtRoute("taxonomy", pattern, authBasic, taxMaxBody, func(w *statusWriter, q *mgRequest) {
-			status, body := s.serveTaxonomy(w, q, f, required)
-			writeJSON(w, status, body)
+		s.mgmtRoute("taxonomy", pattern, authBasic, taxMaxBody, func(w *statusWriter, q *mgRequest) (int, any) {
+			return s.serveTaxonomy(w, q, f, required)
 		})
 	}
 
