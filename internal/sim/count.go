@@ -28,9 +28,6 @@ func (s *Sim) serveCountOnly(w http.ResponseWriter, r *http.Request, in *incomin
 	w.Write(out)
 }
 
-// Counted returns the number of events CountOnly mode counted.
-func (s *Sim) Counted() int64 { return s.counted.Load() }
-
 // CountEvents counts the elements of the top-level "events" array of a JSON
 // envelope with a cheap scan (no validation; malformed input gives some
 // count, never a panic).

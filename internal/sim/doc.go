@@ -25,7 +25,7 @@
 // through Sim.route (middleware.go: the body read, the answer buffered),
 // the others through serveDirect (fault.go: the answer streamed; mgmtRoute
 // and apiRoute add their authentication; their handlers return their
-// answer and the route writes it). The route groups (routes.go), one file
+// answer and the route writes it). The route groups (New), one file
 // each:
 //
 //	/2/httpapi, /batch                          ingestion (httpapi.go; rules below)

@@ -27,10 +27,9 @@ const (
 )
 
 type simVariant struct {
-	fields    map[string]any
-	users     []string
-	cohorts   []string
-	createdAt time.Time
+	fields  map[string]any
+	users   []string
+	cohorts []string
 }
 
 type simExperiment struct {
@@ -166,7 +165,7 @@ func (s *Sim) registerExperiments() {
 			if e.byKey[k] == nil {
 				e.variants = append(e.variants, k)
 			}
-			e.byKey[k] = &simVariant{fields: v, createdAt: now()}
+			e.byKey[k] = &simVariant{fields: v}
 		}
 		if d, ok := m["deployments"].([]any); ok {
 			for _, x := range d {
@@ -244,7 +243,7 @@ func (s *Sim) registerExperiments() {
 			return bad("variant " + strconv.Quote(k) + " exists")
 		}
 		e.variants = append(e.variants, k)
-		e.byKey[k] = &simVariant{fields: m, createdAt: now()}
+		e.byKey[k] = &simVariant{fields: m}
 		e.version(now(), "variant added")
 		return http.StatusOK, ok
 	})

@@ -114,4 +114,6 @@ func codeError(w http.ResponseWriter, status int, text string) {
 	writeJSON(w, status, errBody{Code: status, Error: text})
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) { writeAnswer(w, status, v, "application/json") }
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	writeAnswer(w, status, v, "application/json")
+}

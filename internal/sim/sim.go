@@ -241,7 +241,12 @@ func New(cfg Config, log *zap.Logger) *Sim {
 		DSARURLTTL: 48 * time.Hour, ExportMaxBytes: 4 << 30}
 	s.mux = http.NewServeMux()
 	s.ctlMux = http.NewServeMux()
-	s.registerRoutes()
+	// The route groups of doc.go's table, a file each.
+	for _, register := range []func(){s.registerHTTPAPI, s.registerControl, s.registerMgmt, s.registerGroupIdentify,
+		s.registerUserMap, s.registerExperiments, s.registerSCIM, s.registerClassifiers, s.registerTaxonomy,
+		s.registerFeedback, s.registerDSAR, s.registerDeletion, s.registerExport} {
+		register()
+	}
 	if cfg.Faults != nil {
 		cfg.Faults.Routes(s, s.ctlMux)
 	}
@@ -249,8 +254,12 @@ func New(cfg Config, log *zap.Logger) *Sim {
 	s.route("/", routeHandler{serve: func(w http.ResponseWriter, r *http.Request, in *incoming) { // unknown paths
 		codeError(w, http.StatusBadRequest, ErrTextInvalidPath)
 	}})
-	s.srv = &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second, ConnState: s.connState,
-		ErrorLog: zap.NewStdLog(log)}
+	s.srv = &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: zap.NewStdLog(log),
+		ConnState: func(_ net.Conn, st http.ConnState) {
+			if st == http.StateNew {
+				s.connections.Add(1)
+			}
+		}}
 	return s
 }
 
@@ -312,4 +321,21 @@ func entry[K comparable, V any](m map[K]V, k K, mk func() V) V {
 		m[k] = v
 	}
 	return v
+}
+
+// validKey reports whether apiKey is acceptable: non-empty, one of
+// Config.APIKeys when those are set, and not refused (Knobs.RefusedKeys).
+// The caller must not hold s.mu.
+func (s *Sim) validKey(apiKey string) bool {
+	if apiKey == "" || (s.keys != nil && !s.keys[apiKey]) {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	u, ok := s.knobs.RefusedKeys[apiKey]
+	if ok && !s.cfg.Now().Before(u) {
+		delete(s.knobs.RefusedKeys, apiKey)
+		return true
+	}
+	return !ok
 }
