@@ -75,7 +75,7 @@ func BenchmarkDeliverReadAhead(b *testing.B) {
 // deliverCountOnly appends events (in chunks of 1000, padded by pad bytes)
 // to a fresh spool per iteration and times draining them to a CountOnly sim.
 func deliverCountOnly(b *testing.B, cfg Config, events, pad int) {
-	sm := simtest.New(sim.Config{CountOnly: true}, nil)
+	sm := simtest.New(sim.Config{CountOnly: simtest.CountEvents}, nil)
 	url, err := sm.Start("127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)

@@ -74,7 +74,7 @@ func (f *simSender) Do(ctx context.Context, r *upstream.Request) upstream.Result
 		// Reset after the sim answered: whatever it ingested stays.
 		f.mu.Lock()
 		if w.Code == 200 {
-			f.lostAnswers += sim.CountEvents(r.Body)
+			f.lostAnswers += simtest.CountEvents(r.Body)
 		}
 		f.mu.Unlock()
 		f.record(sentReq{at: now, shares: shares, userOnly: userOnly, res: upstream.Retryable})

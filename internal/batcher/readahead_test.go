@@ -26,7 +26,7 @@ func TestHeldEventsDoNotPinChunks(t *testing.T) {
 		perChunk = 100 // one held, 99 delivered
 		pad      = 2000
 	)
-	h := newHarness(t, sim.Config{CountOnly: true},
+	h := newHarness(t, sim.Config{CountOnly: simtest.CountEvents},
 		Config{MaxReadAheadBytes: 1 << 20, ShardsPerLane: 2, MaxBatchEvents: 200}, throttle.Config{})
 	h.thr.PauseUntilNextDay([]string{"d:quota-device"})
 	var heldData int64

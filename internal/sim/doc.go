@@ -113,8 +113,8 @@
 // same status and body (the 2000-event limit excepted: the relay takes any
 // number of events and re-batches them).
 //
-// CountOnly mode replaces steps 3-10 by a cheap count of the "events" array
-// (CountEvents) and a 200; nothing is validated or stored, faults still apply.
+// CountOnly mode replaces steps 3-10 by Config.CountOnly's count of the
+// events and a 200; nothing is validated or stored, faults still apply.
 //
 // A non-200 answer ingests nothing (the exceptions are the failure readings
 // of a Fault: DropAfterIngest ingests and then loses the answer, as a real

@@ -48,9 +48,10 @@ type Config struct {
 	Keep int
 	// KeepRequests bounds the request log; 0 means 100,000, negative keeps none.
 	KeepRequests int
-	// CountOnly makes /2/httpapi answer 200 after counting events, without
-	// validating or storing them (the peak-rate benchmark sink).
-	CountOnly bool
+	// CountOnly, when set, makes /2/httpapi and /batch answer 200 with the
+	// events it counts in the body, validating and storing nothing (the
+	// peak-rate benchmark sink; simtest.CountEvents is a cheap count).
+	CountOnly func(body []byte) int
 	// Now is the clock; nil means time.Now. Rate windows, penalties, dedup,
 	// daily quotas and request times use it; injected latency uses real time.
 	Now func() time.Time

@@ -304,3 +304,17 @@ func appendJSON(dst []byte, v any) []byte {
 	}
 	return append(dst, b...)
 }
+
+// stringEnd returns the index of the quote that closes the JSON string
+// opening at b[i], or len(b) when it is not closed.
+func stringEnd(b []byte, i int) int {
+	for i++; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			i++
+		case '"':
+			return i
+		}
+	}
+	return len(b)
+}
