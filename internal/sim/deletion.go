@@ -49,7 +49,6 @@ type deletionUser struct {
 	UserID         string `json:"user_id,omitempty"`
 }
 
-// deletionJob is a deletion job as answered.
 type deletionJob struct {
 	Day                 string         `json:"day"`
 	Status              string         `json:"status"`

@@ -208,7 +208,6 @@ func (st *dsarState) sign(path, exp string) string {
 	return hex.EncodeToString(m.Sum(nil)[:16])
 }
 
-// dsarLine is one line of a DSAR output file.
 type dsarLine struct {
 	SvcID            int64           `json:"svc_id"`
 	App              int64           `json:"app"`

@@ -158,7 +158,6 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	}
 }
 
-// writeFault answers with the fault's status and body.
 func writeFault(w http.ResponseWriter, f Fault) {
 	body, ct := f.Body, f.ContentType
 	if body == nil {

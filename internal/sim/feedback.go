@@ -14,23 +14,12 @@ import (
 	"unicode/utf8"
 )
 
-// This file holds the feedback ingestion route and the helpers shared by the
-// data-moving API groups (docs/upstream-api.md: Taxonomy, Feedback, Data
-// subject access requests, User deletion) and the export API (feedback.go, dsar.go, deletion.go, export.go):
-//
-//   - apiRoute registers a route whose answer is written straight to the
-//     client (no buffering: export archives are gigabytes), with the shared
-//     request log, latency, injected faults and down state. The body is not
-//     read by the middleware; handlers read it with a limit of their own.
-//   - Request bodies may be gzip-encoded (Content-Encoding: gzip); another
-//     encoding is 415.
-//   - Every route of these groups needs HTTP Basic authentication; when
-//     Config.APIKeys is set the user name must be one of them, else any
-//     non-empty user name is accepted. Missing or unknown: 401
-//     {"error":"..."}.
-//   - Their state lives in the route group (closures), not in the store:
-//     /sim/reset does not clear it. Control routes under /sim/ read and
-//     configure it (see each file).
+// This file holds the feedback route and what the data APIs (feedback,
+// DSAR, user deletion, export) share: apiRoute streams the answer straight
+// to the client (export archives are gigabytes), needs HTTP Basic with an
+// accepted api key as the user name (else 401) and decodes a gzip body
+// (another encoding: 415); handlers read the body with a limit of their
+// own. Their state lives in closures: /sim/reset does not clear it.
 
 // Feedback limits of the document.
 const (
@@ -60,13 +49,11 @@ type FeedbackItem struct {
 	Updates int `json:"updates"`
 }
 
-// feedbackError is one entry of the ingest answer's errors.
 type feedbackError struct {
 	UniqueID string `json:"unique_id"`
 	Error    string `json:"error"`
 }
 
-// feedbackAnswer is the ingest answer.
 type feedbackAnswer struct {
 	Ingested int             `json:"ingested"`
 	Failed   int             `json:"failed"`
@@ -243,9 +230,7 @@ func upsertPart(it *FeedbackItem, p FeedbackItem) {
 // the answer itself (an archive, a file, a redirect).
 type apiHandler func(w http.ResponseWriter, r *http.Request, key string) (status int, body any)
 
-// apiRoute registers a data API route (see the top of this file): the
-// request is logged, faulted and checked for Basic authentication, and h
-// writes its answer straight to the client.
+// apiRoute registers a data API route (see the top of this file).
 func (s *Sim) apiRoute(pattern string, h apiHandler) {
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		s.serveDirect(w, r, true, func(sw *statusWriter, rec *Record) {
@@ -319,7 +304,6 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// apiFail is an apiError answer.
 func apiFail(status int, msg string) (int, any) { return status, map[string]string{"error": msg} }
 
 // apiError answers {"error": msg} with status: the error shape of every

@@ -6,7 +6,6 @@ import (
 	"strconv"
 )
 
-// registerHTTPAPI registers the HTTP V2 ingestion routes.
 func (s *Sim) registerHTTPAPI() {
 	h := routeHandler{serve: s.serveHTTPAPI, describe: s.describeHTTPAPI}
 	if s.cfg.CountOnly != nil {

@@ -107,7 +107,6 @@ func (s *Sim) registerMgmt() {
 	})
 }
 
-// mgRequest is what a management handler gets.
 type mgRequest struct {
 	r       *http.Request
 	body    []byte

@@ -107,7 +107,6 @@ func (s *Sim) registerSCIM() {
 	r("DELETE /scim/1/Groups/{id}", s.scimDeleteGroup)
 }
 
-// scimError is an answer in the SCIM error schema.
 func scimError(status int, scimType, detail string) (int, any) {
 	b := map[string]any{"schemas": []string{SCIMErrorSchema}, "status": strconv.Itoa(status), "detail": detail}
 	if scimType != "" {
@@ -133,7 +132,6 @@ func ValidEmail(s string) bool {
 	return len(labels) >= 2 && !slices.Contains(labels, "")
 }
 
-// page parses startIndex and itemsPerPage.
 func scimPage(r *http.Request) (start, count int, fail string) {
 	start, count = 1, SCIMMaxPageSize
 	q := r.URL.Query()

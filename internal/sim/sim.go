@@ -307,7 +307,6 @@ func (s *Sim) Start(addr string) (string, error) {
 	return "http://" + ln.Addr().String(), nil
 }
 
-// locked returns f's result, run with mu held.
 func locked[T any](mu *sync.Mutex, f func() T) T {
 	mu.Lock()
 	defer mu.Unlock()

@@ -171,7 +171,6 @@ func (st *store) init(cfg *Config, seed maphash.Seed, knobs *Knobs) {
 	st.quotas = make(map[string]*quotaKey)
 }
 
-// newRecord starts the log entry of an arriving request.
 func (s *Sim) newRecord(r *http.Request) *Record {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -179,7 +178,6 @@ func (s *Sim) newRecord(r *http.Request) *Record {
 	return &Record{Seq: s.store.reqSeq, Time: s.cfg.Now(), Method: r.Method, Path: r.URL.Path}
 }
 
-// logRequest appends rec to the request log and counts it.
 func (s *Sim) logRequest(rec *Record) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -266,7 +264,6 @@ func (st *store) sweep(now int64) {
 
 func utcDay(t time.Time) int64 { return t.UTC().Unix() / 86400 }
 
-// throttleBody is the 429 answer.
 type throttleBody struct {
 	Code             int            `json:"code"`
 	Error            string         `json:"error"`
@@ -276,7 +273,6 @@ type throttleBody struct {
 	ThrottledEvents  []int          `json:"throttled_events"`
 }
 
-// silenceBody is the silenced-device 400 answer.
 type silenceBody struct {
 	Code                      int            `json:"code"`
 	Error                     string         `json:"error"`
@@ -288,7 +284,6 @@ type silenceBody struct {
 	ThrottledEvents           []int          `json:"throttled_events"`
 }
 
-// successBody is the 200 answer.
 type successBody struct {
 	Code             int   `json:"code"`
 	EventsIngested   int   `json:"events_ingested"`

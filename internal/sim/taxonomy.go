@@ -43,7 +43,6 @@ const (
 	taxMaxBody          = 1 << 20
 )
 
-// taxonomyCost is the cost of one taxonomy request of method.
 func taxonomyCost(method string) int {
 	if method == http.MethodGet {
 		return 1
@@ -111,7 +110,6 @@ type taxReq struct {
 	p    *taxProject
 }
 
-// taxOK is a success answer, with data unless nil.
 func taxOK(status int, data any) (int, any) {
 	b := map[string]any{"success": true}
 	if data != nil {
@@ -120,12 +118,10 @@ func taxOK(status int, data any) (int, any) {
 	return status, b
 }
 
-// taxFail is a failure answer.
 func taxFail(status int, msg string) (int, any) {
 	return status, map[string]any{"success": false, "errors": []any{map[string]any{"message": msg}}}
 }
 
-// set copies the form's values of fields onto e.
 func (q *taxReq) set(e *taxEntity, fields []string) {
 	for _, f := range fields {
 		if v, ok := q.form[f]; ok && len(v) > 0 {

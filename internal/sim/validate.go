@@ -33,7 +33,6 @@ const maxMinIDLength = math.MaxInt32
 // jsonSpace is JSON's whitespace (RFC 8259): a body of only these is missing.
 const jsonSpace = " \t\r\n"
 
-// errBody is a validation error answer.
 type errBody struct {
 	Code          int              `json:"code"`
 	Error         string           `json:"error"`
@@ -48,7 +47,6 @@ type evInfo struct {
 	hasInsertID                           bool
 }
 
-// envelope is a validated request.
 type envelope struct {
 	apiKey   string
 	raw      []json.RawMessage
