@@ -124,7 +124,8 @@ func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgH
 		call := &MgmtCall{Time: s.cfg.Now(), API: api, Method: r.Method, Path: r.URL.EscapedPath(),
 			Query: r.URL.RawQuery, Headers: sortedKeys(r.Header)}
 		call.Status = s.serveDirect(w, r, false, func(mw *statusWriter, _ *Record) {
-			s.serveMgmt(mw, r, call, auth, maxBody, h)
+			status, body := s.serveMgmt(mw, r, call, auth, maxBody, h)
+			writeJSON(mw, status, body)
 		})
 		s.mu.Lock()
 		st.seq++
@@ -137,7 +138,7 @@ func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgH
 	})
 }
 
-func (s *Sim) serveMgmt(w *statusWriter, r *http.Request, call *MgmtCall, auth mgmtAuth, maxBody int64, h mgHandler) {
+func (s *Sim) serveMgmt(w *statusWriter, r *http.Request, call *MgmtCall, auth mgmtAuth, maxBody int64, h mgHandler) (int, any) {
 	av := r.Header.Get("Authorization")
 	scheme, cred, _ := strings.Cut(av, " ")
 	cred = strings.TrimSpace(cred)
@@ -152,11 +153,11 @@ func (s *Sim) serveMgmt(w *statusWriter, r *http.Request, call *MgmtCall, auth m
 	if auth == authBasic {
 		want = "Basic"
 	}
-	unauthorized := func(status int, msg string) {
+	unauthorized := func(status int, msg string) (int, any) {
 		if status == http.StatusUnauthorized {
 			w.Header().Set("WWW-Authenticate", want+` realm="svc"`)
 		}
-		apiError(w, status, msg)
+		return apiFail(status, msg)
 	}
 	q := &mgRequest{r: r, call: call}
 	key, secret, found := cred, "", true
@@ -166,8 +167,7 @@ func (s *Sim) serveMgmt(w *statusWriter, r *http.Request, call *MgmtCall, auth m
 		found = found && err == nil
 	}
 	if call.Auth != strings.ToLower(want) || key == "" || !found {
-		unauthorized(http.StatusUnauthorized, "missing or malformed Authorization: "+want+" header")
-		return
+		return unauthorized(http.StatusUnauthorized, "missing or malformed Authorization: "+want+" header")
 	}
 	call.Principal = KeyLabel(key)
 	s.mu.Lock()
@@ -183,19 +183,16 @@ func (s *Sim) serveMgmt(w *statusWriter, r *http.Request, call *MgmtCall, auth m
 	case authMgmtBearer:
 		q.account = call.Principal
 		if !okMgmt {
-			unauthorized(http.StatusForbidden, "invalid management API key")
-			return
+			return unauthorized(http.StatusForbidden, "invalid management API key")
 		}
 	case authSCIMBearer:
 		if !okSCIM {
-			unauthorized(http.StatusForbidden, "invalid SCIM token")
-			return
+			return unauthorized(http.StatusForbidden, "invalid SCIM token")
 		}
 		q.account = org
 	case authBasic:
 		if !s.validKey(key) || secret == "" || (hasSecret && wantSecret != secret) {
-			unauthorized(http.StatusForbidden, "invalid API key or secret key")
-			return
+			return unauthorized(http.StatusForbidden, "invalid API key or secret key")
 		}
 		q.account = key
 	}
@@ -207,32 +204,31 @@ func (s *Sim) serveMgmt(w *statusWriter, r *http.Request, call *MgmtCall, auth m
 			body, err = io.ReadAll(io.LimitReader(zr, maxBody+1))
 		}
 		if err != nil {
-			apiError(w, http.StatusBadRequest, "undecodable gzip body")
-			return
+			return apiFail(http.StatusBadRequest, "undecodable gzip body")
 		}
 		enc = ""
 	}
 	switch {
 	case err != nil:
-		apiError(w, http.StatusBadRequest, "unreadable body")
+		return apiFail(http.StatusBadRequest, "unreadable body")
 	case int64(len(body)) > maxBody:
-		apiError(w, http.StatusRequestEntityTooLarge, "Payload too large")
+		return apiFail(http.StatusRequestEntityTooLarge, "Payload too large")
 	case enc != "" && enc != "identity":
-		apiError(w, http.StatusUnsupportedMediaType, "unsupported Content-Encoding")
-	default:
-		q.body = body
-		call.Body = string(body[:min(len(body), 4096)])
-		call.Account = q.account
-		if auth == authBasic {
-			call.Account = call.Principal // a label, not the api key
-		}
-		ct := "application/json"
-		if auth == authSCIMBearer {
-			ct = "application/scim+json"
-		}
-		status, body := h(w, q)
-		writeAnswer(w, status, body, ct)
+		return apiFail(http.StatusUnsupportedMediaType, "unsupported Content-Encoding")
 	}
+	q.body = body
+	call.Body = string(body[:min(len(body), 4096)])
+	call.Account = q.account
+	if auth == authBasic {
+		call.Account = call.Principal // a label, not the api key
+	}
+	ct := "application/json"
+	if auth == authSCIMBearer {
+		ct = "application/scim+json"
+	}
+	status, answer := h(w, q)
+	writeAnswer(w, status, answer, ct)
+	return 0, nil
 }
 
 // windowHits keeps the counted calls (time, cost) per account for a sliding
