@@ -445,7 +445,7 @@ func eventsOwners(t *testing.T, cl *natstest.Cluster) []string {
 // would wait there for A and this would fail.
 func TestFleetForms(t *testing.T) {
 	cl, up, upURL := startFleetCluster(t)
-	if err := up.Down(sim.DownRefuse, 0); err != nil {
+	if err := up.Down(simtest.DownRefuse, 0); err != nil {
 		t.Fatal(err)
 	}
 	forms := []string{"--alias-url", upURL, "--analytics-url", upURL}

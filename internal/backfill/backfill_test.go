@@ -277,7 +277,7 @@ func TestRunUpstreamFaults(t *testing.T) {
 	t.Cleanup(func() { s.Close() })
 	simtest.Silence(s, "device-silent")
 	s.FailNext(3, 503)
-	s.DropNext(2, sim.DropAfterIngest)
+	s.DropNext(2, simtest.DropAfterIngest)
 	dir := t.TempDir()
 	in := filepath.Join(dir, "in.jsonl")
 	var b strings.Builder

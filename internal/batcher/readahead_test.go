@@ -237,7 +237,7 @@ func TestOutageStopsReadAhead(t *testing.T) {
 	const limit = 1 << 20
 	h := newHarness(t, sim.Config{}, Config{MaxReadAheadBytes: limit, ShardsPerLane: 2, MaxBatchEvents: 50,
 		RetryInitial: 100 * time.Millisecond}, throttle.Config{})
-	for i, mode := range []sim.DownMode{sim.Down503, sim.DownRefuse} {
+	for i, mode := range []simtest.DownMode{simtest.Down503, simtest.DownRefuse} {
 		if err := h.sim.Down(mode, time.Minute); err != nil {
 			t.Fatal(err)
 		}
@@ -316,7 +316,7 @@ func TestLargeChunksStayInBudget(t *testing.T) {
 	// ~4 MB, well apart from the ~50 MB the chunks would hold.
 	h := newHarness(t, sim.Config{}, Config{MaxReadAheadBytes: laneLimit, MaxReadAheadTotalBytes: total, ShardsPerLane: 2,
 		MaxBatchEvents: 50, RetryInitial: 50 * time.Millisecond}, throttle.Config{})
-	if err := h.sim.Down(sim.Down503, 10*time.Minute); err != nil {
+	if err := h.sim.Down(simtest.Down503, 10*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < lanes; i++ {

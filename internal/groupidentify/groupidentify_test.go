@@ -267,7 +267,7 @@ func TestRetry5xx(t *testing.T) {
 	for _, st := range []int{500, 502, 503, 504} {
 		e.Sim.FailNext(1, st)
 	}
-	e.Sim.DropNext(1, sim.DropNoAnswer)
+	e.Sim.DropNext(1, simtest.DropNoAnswer)
 	a := postForm(t, e.Base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents("v", 10, 2)}})
 	if a.Status != 200 {
 		t.Fatal(a.Body)

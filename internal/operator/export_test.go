@@ -199,7 +199,7 @@ func TestExportRefetchesACutPiece(t *testing.T) {
 	if err := (&simtest.Control{Base: up}).SetExport(context.Background(), simtest.ExportConfig{SyntheticBytesPerHour: &syn}); err != nil {
 		t.Fatal(err)
 	}
-	s.Inject(simtest.Fault{Drop: sim.DropMidResponse, PathPrefix: "/api/2/export"})
+	s.Inject(simtest.Fault{Drop: simtest.DropMidResponse, PathPrefix: "/api/2/export"})
 	out := filepath.Join(t.TempDir(), "out.zip")
 	args := append([]string{"--credentials", credsFile(t), "--project", "web", "--analytics-url", up,
 		"--start", "20260101T00", "--end", "20260101T00", "--out", out}, fastRetry...)

@@ -20,12 +20,12 @@
 //
 // # Routes
 //
-// Every upstream route shares the request log and the faults and "down"
-// state Config.Faults decides (none in the product): the ingestion routes
-// through Sim.route (middleware.go: the body read, the answer buffered),
-// the others through serveDirect (fault.go: the answer streamed; mgmtRoute
-// and apiRoute add their authentication; their handlers return their
-// answer and the route writes it). The route groups (New), one file
+// Every upstream request is an Exchange (fault.go), logged in the request
+// log, passed to Config.Faults when set (simtest fails it there, or lets
+// it through): the ingestion routes through Sim.route (middleware.go: the
+// body read, the answer buffered), the others through serveDirect (the
+// answer streamed; mgmtRoute and apiRoute add their authentication; their
+// handlers return their answer and the route writes it). The route groups (New), one file
 // each:
 //
 //	/2/httpapi, /batch                          ingestion (httpapi.go; rules below)
@@ -116,9 +116,9 @@
 // CountOnly mode replaces steps 3-10 by Config.CountOnly's count of the
 // events and a 200; nothing is validated or stored, faults still apply.
 //
-// A non-200 answer ingests nothing (the exceptions are the failure readings
-// of a Fault: DropAfterIngest ingests and then loses the answer, as a real
-// network can, and Fault.Ingest lets a 5xx ingest all or half).
+// A non-200 answer ingests nothing (the exceptions are simtest's failure
+// readings: a dropped answer after the ingest, as a real network can lose
+// it, and a 5xx that ingested all or half: Exchange.Handle).
 //
 // # Dedup
 //
@@ -157,8 +157,8 @@
 //	#2  429 ingests nothing, or the unnamed     Config.PartialThrottle
 //	#2  penalised after falling under the rate  Config.ThrottlePenalty
 //	#3  silenced 400 ingests nothing, or others Config.PartialSilence
-//	#4  5xx / reset accepted fully, half, none  Fault.Ingest (IngestAll, IngestHalf)
-//	    and DropAfterIngest
+//	#4  5xx / reset accepted fully, half, none  simtest.Fault.Ingest and
+//	                                            simtest.DropAfterIngest
 //	#5  1 MB = 1,000,000 or 1,048,576           Config.MaxBodyBytes (both the sent
 //	                                            and the gzip-decoded body must be under it)
 //	#6  2000 events refused, or taken           Config.MaxEvents (2000, or 2001)

@@ -264,15 +264,10 @@ func (s *Sim) serveAPI(w *statusWriter, r *http.Request, rec *Record, h apiHandl
 	return h(w, r, key)
 }
 
-// statusWriter records an answer's status (management APIs, feedback);
-// with cutAfter > 0 it closes the connection once that many body bytes
-// were written (DropMidResponse).
+// statusWriter records the status a handler answered.
 type statusWriter struct {
 	http.ResponseWriter
-	status   int
-	written  int64
-	cutAfter int64
-	cut      bool
+	status int
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -286,20 +281,7 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
-	if w.cut {
-		return 0, errors.New("sim: response cut")
-	}
-	if w.cutAfter > 0 && w.written+int64(len(b)) > w.cutAfter {
-		n, _ := w.ResponseWriter.Write(b[:w.cutAfter-w.written])
-		w.written += int64(n)
-		http.NewResponseController(w.ResponseWriter).Flush()
-		w.cut = true
-		hijackClose(w.ResponseWriter)
-		return n, errors.New("sim: response cut")
-	}
-	n, err := w.ResponseWriter.Write(b)
-	w.written += int64(n)
-	return n, err
+	return w.ResponseWriter.Write(b)
 }
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

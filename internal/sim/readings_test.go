@@ -1,9 +1,7 @@
 package sim
 
 import (
-	"bytes"
 	"fmt"
-	"net/http"
 	"testing"
 	"time"
 
@@ -89,26 +87,6 @@ func TestReadings(t *testing.T) {
 		clk.Advance(23 * time.Hour)
 		if a := wiretest.Post(t, url+"/2/httpapi", batch("k", "dev-q", 1, "d")); a.Status != 200 {
 			t.Fatalf("24h after the refusal: %d %s", a.Status, a.Body)
-		}
-	})
-	t.Run("5xx that ingested all or half", func(t *testing.T) {
-		ff := &queueFaults{}
-		s, url := start(t, Config{Faults: ff})
-		ff.add(Fault{Status: 503, Ingest: IngestAll}, Fault{Status: 500, Ingest: IngestHalf},
-			Fault{Drop: DropNoAnswer, Ingest: IngestHalf})
-		if a := wiretest.Post(t, url+"/2/httpapi", batch("k", "dev-5", 4, "a")); a.Status != 503 || s.Count() != 4 {
-			t.Fatalf("%d count %d", a.Status, s.Count())
-		}
-		if a := wiretest.Post(t, url+"/2/httpapi", batch("k", "dev-5", 4, "b")); a.Status != 500 || s.Count() != 6 {
-			t.Fatalf("%d count %d", a.Status, s.Count())
-		}
-		resp, err := http.Post(url+"/2/httpapi", "application/json", bytes.NewReader(batch("k", "dev-5", 4, "c")))
-		if err == nil {
-			resp.Body.Close()
-			t.Fatal("no-answer fault answered")
-		}
-		if s.Count() != 8 {
-			t.Fatalf("no-answer half: count %d", s.Count())
 		}
 	})
 	t.Run("invalid API key for a while", func(t *testing.T) {

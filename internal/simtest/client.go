@@ -74,7 +74,7 @@ func (c *Control) SetLatency(ctx context.Context, d time.Duration) error {
 
 // Down takes the Sim down; upAfter > 0 brings it back by itself (needed for
 // DownRefuse unless the control routes are served on their own listener).
-func (c *Control) Down(ctx context.Context, mode sim.DownMode, upAfter time.Duration) error {
+func (c *Control) Down(ctx context.Context, mode DownMode, upAfter time.Duration) error {
 	q := url.Values{"mode": {string(mode)}}
 	if upAfter > 0 {
 		q.Set("for", upAfter.String())

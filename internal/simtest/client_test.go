@@ -42,7 +42,7 @@ func TestControlClient(t *testing.T) {
 	if err := c.Unsilence(ctx, "device1"); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Down(ctx, sim.Down503, 0); err != nil || s.IsDown() != sim.Down503 {
+	if err := c.Down(ctx, Down503, 0); err != nil || s.IsDown() != Down503 {
 		t.Fatalf("down %v %q", err, s.IsDown())
 	}
 	if err := c.Up(ctx); err != nil || s.IsDown() != "" {
