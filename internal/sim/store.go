@@ -27,7 +27,7 @@ type Record struct {
 	// without a complete answer.
 	Status int `json:"status"`
 	// Answered is the status the handler produced for a request whose
-	// answer a Drop fault lost (DropAfterIngest, DropMidResponse).
+	// answer a drop fault lost (simtest.DropAfterIngest, DropMidResponse).
 	Answered int `json:"answered,omitempty"`
 	// Fault names the fault applied: "", "status", "drop-<mode>", "down-<mode>".
 	Fault string `json:"fault,omitempty"`
