@@ -55,7 +55,7 @@ type Config struct {
 	// Now is the clock; nil means time.Now. Rate windows, penalties, dedup,
 	// daily quotas and request times use it; injected latency uses real time.
 	Now func() time.Time
-	// Faults, when set, fails ingest requests on purpose and adds its
+	// Faults, when set, fails upstream requests on purpose and adds its
 	// control routes (internal/simtest, tests only); nil in the product.
 	Faults Faults
 
