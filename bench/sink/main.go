@@ -32,7 +32,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/bench/hist"
-	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/valyala/fasthttp"
 )
 
@@ -46,7 +46,7 @@ type sink struct {
 	last      atomic.Int64
 	down      atomic.Bool
 	lagOn     atomic.Bool
-	exact     bool // count with sim.CountEvents instead of by event_type keys
+	exact     bool // count with simtest.CountEvents instead of by event_type keys
 
 	mu  sync.Mutex
 	lag hist.Hist // microseconds
@@ -59,11 +59,11 @@ var eventTypeKey = []byte(`"event_type"`)
 // count counts body's events. By default it counts "event_type" strings
 // (bytes.Count, several GB/s): every event the relay or nginx passes on has
 // exactly one such key, and bench/loadgen's property names and values never
-// contain it. sim.CountEvents, exact for any envelope, scans a byte at a
+// contain it. simtest.CountEvents, exact for any envelope, scans a byte at a
 // time; in a peak-rate run it took more of the two cores than nginx did.
 func (s *sink) count(body []byte) int {
 	if s.exact {
-		return sim.CountEvents(body)
+		return simtest.CountEvents(body)
 	}
 	return bytes.Count(body, eventTypeKey)
 }

@@ -351,7 +351,7 @@ func TestFleetAdmin(t *testing.T) {
 	}
 
 	const apiKey, dev = "fleet-key-3", 4
-	up.Silence(fmt.Sprintf("device-%02d", dev))
+	simtest.Silence(up, fmt.Sprintf("device-%02d", dev))
 	if st := postEvents(http.DefaultClient, a.ingest, deviceEvents(apiKey, dev, 0, 3)); st != http.StatusOK {
 		t.Fatalf("ingest answered %d", st)
 	}
@@ -388,7 +388,7 @@ func TestFleetAdmin(t *testing.T) {
 		return strings.Contains(la+lb, list.DeadLetters[0].Lane+"-events-")
 	})
 
-	up.Unsilence(fmt.Sprintf("device-%02d", dev))
+	simtest.Unsilence(up, fmt.Sprintf("device-%02d", dev))
 	replayAll(t, b.admin, 3)
 	poll.Until(t, "the replayed events delivered", func() bool { return len(up.Events(apiKey)) >= 3 })
 	_, body = getBody(t, a.admin+"/relay/v1/deadletters")
@@ -445,7 +445,7 @@ func eventsOwners(t *testing.T, cl *natstest.Cluster) []string {
 // would wait there for A and this would fail.
 func TestFleetForms(t *testing.T) {
 	cl, up, upURL := startFleetCluster(t)
-	if err := up.Down(sim.DownRefuse, 0); err != nil {
+	if err := up.Down(simtest.DownRefuse, 0); err != nil {
 		t.Fatal(err)
 	}
 	forms := []string{"--alias-url", upURL, "--analytics-url", upURL}
@@ -467,7 +467,7 @@ func TestFleetForms(t *testing.T) {
 			t.Fatalf("POST %s: %d %s", path, resp.StatusCode, body)
 		}
 	}
-	up.RejectGroupValue("bad") // a 400: a dead letter, the fleet's
+	simtest.RejectGroupValue(up, "bad") // a 400: a dead letter, the fleet's
 	post("/groupidentify", "api_key="+apiKey+"&identification="+
 		url.QueryEscape(`[{"group_type":"org","group_value":"bad","group_properties":{"plan":"p"}}]`))
 	for i := range n { // distinct groups and users: spread over the partitions
@@ -495,10 +495,10 @@ func TestFleetForms(t *testing.T) {
 	// B takes A's partitions after the lease time-out (~8 s), then its retry.
 	poll.Until(t, "B delivering A's group identifies and mappings", func() bool {
 		groups, users = map[string]bool{}, map[string]bool{}
-		for _, g := range up.GroupIdentifies(apiKey) {
+		for _, g := range simtest.GroupIdentifies(up, apiKey) {
 			groups[g.GroupValue] = true
 		}
-		for _, c := range up.MappingCalls() {
+		for _, c := range simtest.MappingCalls(up) {
 			users[c.UserID] = true
 		}
 		return len(groups) >= n && len(users) >= n

@@ -275,9 +275,9 @@ func TestRunUpstreamFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	s.Silence("device-silent")
+	simtest.Silence(s, "device-silent")
 	s.FailNext(3, 503)
-	s.DropNext(2, sim.DropAfterIngest)
+	s.DropNext(2, simtest.DropAfterIngest)
 	dir := t.TempDir()
 	in := filepath.Join(dir, "in.jsonl")
 	var b strings.Builder

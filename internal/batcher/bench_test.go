@@ -75,7 +75,7 @@ func BenchmarkDeliverReadAhead(b *testing.B) {
 // deliverCountOnly appends events (in chunks of 1000, padded by pad bytes)
 // to a fresh spool per iteration and times draining them to a CountOnly sim.
 func deliverCountOnly(b *testing.B, cfg Config, events, pad int) {
-	sm := simtest.New(sim.Config{CountOnly: true}, nil)
+	sm := simtest.New(sim.Config{CountOnly: simtest.CountEvents}, nil)
 	url, err := sm.Start("127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -113,7 +113,7 @@ func deliverCountOnly(b *testing.B, cfg Config, events, pad int) {
 				bt.Reset()
 			}
 		}
-		before := sm.Counted()
+		before := simtest.Counted(sm)
 		p, err := New(cfg, local(sp), cli, nil, nil, prometheus.NewRegistry())
 		if err != nil {
 			b.Fatal(err)
@@ -123,7 +123,7 @@ func deliverCountOnly(b *testing.B, cfg Config, events, pad int) {
 		b.StartTimer()
 		start := time.Now()
 		go func() { done <- p.Run(ctx) }()
-		for sm.Counted()-before < int64(events) {
+		for simtest.Counted(sm)-before < int64(events) {
 			for _, st := range p.LaneStatus() {
 				peak = max(peak, st.ReadAheadBytes)
 			}

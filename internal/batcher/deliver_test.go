@@ -182,7 +182,7 @@ func TestNoRequestDuringPause(t *testing.T) {
 // hammered); everything else is delivered.
 func TestSilencedAndQuota(t *testing.T) {
 	h := newHarness(t, sim.Config{}, Config{MaxBatchEvents: 30}, throttle.Config{})
-	h.sim.Silence("silent-device")
+	simtest.Silence(h.sim, "silent-device")
 	for c := 0; c < 4; c++ {
 		var evs []ev
 		for _, d := range devs("device-", 10) {
@@ -203,7 +203,7 @@ func TestSilencedAndQuota(t *testing.T) {
 	}
 
 	// Daily quota: quota-device reaches it; its later events are held.
-	h.sim.SetDailyQuota(5)
+	simtest.SetDailyQuota(h.sim, 5)
 	var quotaIDs []string
 	for i := 0; i < 10; i++ {
 		quotaIDs = append(quotaIDs, h.add("key", ev{Device: "quota-device"}, ev{Device: "fresh-" + string(rune('a'+i))})...)
@@ -348,7 +348,7 @@ func TestFaultStorm(t *testing.T) {
 	// The sim applies queued faults in order: a storm of 80 requests, about
 	// 6 in 10 failing (one-request "passes" in between), mixed kinds.
 	storm := []simtest.Fault{{Status: 500}, {Status: 502}, {Status: 503}, {Status: 504},
-		{Drop: sim.DropNoAnswer}, {Drop: sim.DropAfterIngest}, {Drop: sim.DropMidResponse},
+		{Drop: simtest.DropNoAnswer}, {Drop: simtest.DropAfterIngest}, {Drop: simtest.DropMidResponse},
 		{Status: 503, Body: []byte("<html>unavailable</html>")}, {}, {}, {}, {}}
 	for i := 0; i < 80; i++ {
 		h.sim.Inject(storm[(i*7)%len(storm)])
@@ -395,7 +395,7 @@ func TestOutageCompressed(t *testing.T) {
 	h.start()
 	h.add("key", ev{Device: "warmup"})
 	h.waitDrained(5*time.Second, 0)
-	for _, mode := range []sim.DownMode{sim.Down503, sim.DownRefuse} {
+	for _, mode := range []simtest.DownMode{simtest.Down503, simtest.DownRefuse} {
 		before := h.send.calls.Load()
 		if err := h.sim.Down(mode, 2*time.Second); err != nil {
 			t.Fatal(err)
@@ -603,9 +603,9 @@ func chaos(t *testing.T, reading sim.Config) {
 	h := newHarness(t, reading,
 		Config{MaxBatchEvents: 25, MaxBatchBytes: 6000, ThrottlePause: 300 * time.Millisecond, ShardsPerLane: 3}, throttle.Config{})
 	h.upstreamReorders = reading.PartialThrottle || reading.PartialSilence
-	h.sim.Silence("silent-device")
-	storm := []simtest.Fault{{Status: 500}, {}, {Drop: sim.DropAfterIngest}, {}, {}, {Status: 503}, {Drop: sim.DropNoAnswer}, {}, {},
-		{Status: 502, Ingest: sim.IngestHalf}, {}, {Status: 504, Ingest: sim.IngestAll}, {Drop: sim.DropNoAnswer, Ingest: sim.IngestHalf}}
+	simtest.Silence(h.sim, "silent-device")
+	storm := []simtest.Fault{{Status: 500}, {}, {Drop: simtest.DropAfterIngest}, {}, {}, {Status: 503}, {Drop: simtest.DropNoAnswer}, {}, {},
+		{Status: 502, Ingest: simtest.IngestHalf}, {}, {Status: 504, Ingest: simtest.IngestAll}, {Drop: simtest.DropNoAnswer, Ingest: simtest.IngestHalf}}
 	for i := 0; i < 120; i++ {
 		h.sim.Inject(storm[i%len(storm)])
 	}

@@ -68,7 +68,7 @@ func TestFleetModeOverSeam(t *testing.T) {
 	})
 	t.Run("silenced-and-faults", func(t *testing.T) {
 		h := newSeamHarness(t, sim.Config{}, Config{MaxBatchEvents: 10}, throttle.Config{})
-		h.sim.Silence("silent-device")
+		simtest.Silence(h.sim, "silent-device")
 		for i := range 40 {
 			h.sim.Inject([]simtest.Fault{{Status: 503}, {}, {Status: 500}, {}}[i%4])
 		}

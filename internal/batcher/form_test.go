@@ -126,7 +126,7 @@ func runUntilEmpty(p *Pipeline, l *spool.Lane) {
 
 func giValues(s *simtest.Sim, key string) []string {
 	var got []string
-	for _, g := range s.GroupIdentifies(key) {
+	for _, g := range simtest.GroupIdentifies(s, key) {
 		got = append(got, g.GroupValue)
 	}
 	return got
@@ -310,7 +310,7 @@ func TestFormLeaseRunOut(t *testing.T) {
 	runPipeline(t, p, sp)
 	poll.Until(t, "the lane to read its queue", func() bool { return st.reads.Load() > 0 })
 	time.Sleep(200 * time.Millisecond) // the lane sends at once (no linger)
-	if got := s.GroupIdentifies("k"); len(got) != 0 {
+	if got := simtest.GroupIdentifies(s, "k"); len(got) != 0 {
 		t.Fatalf("upstream got %d group identifies while the lease had run out", len(got))
 	}
 	st.held.Store(true)
@@ -346,11 +346,13 @@ func TestFormRetiredLanesForgotten(t *testing.T) {
 	for i := range keys {
 		appendGI(t, sp, fmt.Sprintf("key-%d", i), i, i+1)
 	}
-	poll.Until(t, "delivered", func() bool { return len(s.GroupIdentifies("key-49")) == 1 && len(s.GroupIdentifies("key-0")) == 1 })
+	poll.Until(t, "delivered", func() bool {
+		return len(simtest.GroupIdentifies(s, "key-49")) == 1 && len(simtest.GroupIdentifies(s, "key-0")) == 1
+	})
 	poll.Until(t, "retired and forgotten", func() bool { return sp.Stats().Lanes == 0 && len(p.LaneStatus()) == 0 })
 	poll.Until(t, "lane goroutines ended", func() bool { return laneGoroutines() == 0 })
 	appendGI(t, sp, "key-0", 100, 101)
-	poll.Until(t, "a new lane of a retired key delivers", func() bool { return len(s.GroupIdentifies("key-0")) == 2 })
+	poll.Until(t, "a new lane of a retired key delivers", func() bool { return len(simtest.GroupIdentifies(s, "key-0")) == 2 })
 }
 
 // answerLog wraps a Sender and notes when each request was answered and

@@ -74,7 +74,7 @@ func (f *simSender) Do(ctx context.Context, r *upstream.Request) upstream.Result
 		// Reset after the sim answered: whatever it ingested stays.
 		f.mu.Lock()
 		if w.Code == 200 {
-			f.lostAnswers += sim.CountEvents(r.Body)
+			f.lostAnswers += simtest.CountEvents(r.Body)
 		}
 		f.mu.Unlock()
 		f.record(sentReq{at: now, shares: shares, userOnly: userOnly, res: upstream.Retryable})
@@ -175,7 +175,7 @@ func liveness(t *testing.T, reading sim.Config) {
 	reading.EPSThreshold = eps
 	reading.ThrottlePenalty = pause
 	s := simtest.New(reading, nil)
-	s.Inject(simtest.Fault{Status: 503, Fraction: 0.02, Count: -1, Ingest: sim.IngestHalf})
+	s.Inject(simtest.Fault{Status: 503, Fraction: 0.02, Count: -1, Ingest: simtest.IngestHalf})
 	start := time.Now()
 	f := &simSender{sim: s, rng: rand.New(rand.NewPCG(7, 8)), resetPct: 0.01,
 		downFrom: start.Add(8 * time.Second), downTo: start.Add(14 * time.Second)}

@@ -10,6 +10,7 @@ import (
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/throttle"
 	"go.uber.org/zap/zapcore"
 )
@@ -25,7 +26,7 @@ func TestHeldEventsDoNotPinChunks(t *testing.T) {
 		perChunk = 100 // one held, 99 delivered
 		pad      = 2000
 	)
-	h := newHarness(t, sim.Config{CountOnly: true},
+	h := newHarness(t, sim.Config{CountOnly: simtest.CountEvents},
 		Config{MaxReadAheadBytes: 1 << 20, ShardsPerLane: 2, MaxBatchEvents: 200}, throttle.Config{})
 	h.thr.PauseUntilNextDay([]string{"d:quota-device"})
 	var heldData int64
@@ -45,9 +46,9 @@ func TestHeldEventsDoNotPinChunks(t *testing.T) {
 	h.start()
 	want := int64(chunks * (perChunk - 1))
 	deadline := time.Now().Add(poll.Max)
-	for h.sim.Counted() < want {
+	for simtest.Counted(h.sim) < want {
 		if time.Now().After(deadline) {
-			t.Fatalf("delivered %d of %d; lanes %+v", h.sim.Counted(), want, h.p.LaneStatus())
+			t.Fatalf("delivered %d of %d; lanes %+v", simtest.Counted(h.sim), want, h.p.LaneStatus())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -91,8 +92,8 @@ func TestHeldEventsDoNotPinChunks(t *testing.T) {
 	if grew > pinned/2 {
 		t.Fatalf("heap grew %d KiB while only %d events are held: chunk buffers (%d KiB) still reachable?", grew>>10, st.HeldEvents, pinned>>10)
 	}
-	if len(h.sim.Requests()) == 0 || h.sim.Counted() != want {
-		t.Fatalf("sim counted %d, want %d (the paused device must not be sent)", h.sim.Counted(), want)
+	if len(h.sim.Requests()) == 0 || simtest.Counted(h.sim) != want {
+		t.Fatalf("sim counted %d, want %d (the paused device must not be sent)", simtest.Counted(h.sim), want)
 	}
 }
 
@@ -236,7 +237,7 @@ func TestOutageStopsReadAhead(t *testing.T) {
 	const limit = 1 << 20
 	h := newHarness(t, sim.Config{}, Config{MaxReadAheadBytes: limit, ShardsPerLane: 2, MaxBatchEvents: 50,
 		RetryInitial: 100 * time.Millisecond}, throttle.Config{})
-	for i, mode := range []sim.DownMode{sim.Down503, sim.DownRefuse} {
+	for i, mode := range []simtest.DownMode{simtest.Down503, simtest.DownRefuse} {
 		if err := h.sim.Down(mode, time.Minute); err != nil {
 			t.Fatal(err)
 		}
@@ -315,7 +316,7 @@ func TestLargeChunksStayInBudget(t *testing.T) {
 	// ~4 MB, well apart from the ~50 MB the chunks would hold.
 	h := newHarness(t, sim.Config{}, Config{MaxReadAheadBytes: laneLimit, MaxReadAheadTotalBytes: total, ShardsPerLane: 2,
 		MaxBatchEvents: 50, RetryInitial: 50 * time.Millisecond}, throttle.Config{})
-	if err := h.sim.Down(sim.Down503, 10*time.Minute); err != nil {
+	if err := h.sim.Down(simtest.Down503, 10*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < lanes; i++ {

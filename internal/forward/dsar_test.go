@@ -106,7 +106,7 @@ func TestDSARThroughRelay(t *testing.T) {
 func TestDSARFailedJobPassedBack(t *testing.T) {
 	_, up := forwardtest.StartSim(t, sim.Config{})
 	one := 1
-	(&simtest.Control{Base: up}).SetDSAR(context.Background(), sim.DSARConfig{PollsToDone: 1, FailNext: &one})
+	(&simtest.Control{Base: up}).SetDSAR(context.Background(), simtest.DSARConfig{PollsToDone: 1, FailNext: &one})
 	relay := forwardtest.ServeAdmin(t, dsarNewAPI(t, up, ratelimit.Config{}).Routes())
 	inj := []string{"X-Relay-Project: web", "Authorization: Bearer " + forwardtest.AdminToken}
 	a := forwardtest.Call(t, "POST", relay+forward.DSARPath, strings.NewReader(`{"svcId":42,"startDate":"2026-01-01","endDate":"2026-01-31"}`), inj...)

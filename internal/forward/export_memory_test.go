@@ -87,7 +87,7 @@ func TestExportStreamsInFlatMemory(t *testing.T) {
 	_, up := forwardtest.StartSim(t, sim.Config{})
 	ctl := &simtest.Control{Base: up}
 	syn := int64(perHour)
-	if err := ctl.SetExport(context.Background(), sim.ExportConfig{MaxBytes: 1 << 40, SyntheticBytesPerHour: &syn}); err != nil {
+	if err := ctl.SetExport(context.Background(), simtest.ExportConfig{MaxBytes: 1 << 40, SyntheticBytesPerHour: &syn}); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperRelayProcess$")

@@ -29,7 +29,7 @@ func TestExportSlowCallerOutlivesWriteTimeout(t *testing.T) {
 	_, up := forwardtest.StartSim(t, sim.Config{})
 	ctl := &simtest.Control{Base: up}
 	syn := int64(24 << 20)
-	if err := ctl.SetExport(context.Background(), sim.ExportConfig{SyntheticBytesPerHour: &syn}); err != nil {
+	if err := ctl.SetExport(context.Background(), simtest.ExportConfig{SyntheticBytesPerHour: &syn}); err != nil {
 		t.Fatal(err)
 	}
 	// serve starts the admin listener (its write time-out 1 s) with the

@@ -170,7 +170,7 @@ func TestSCIMPassThroughAndInjected(t *testing.T) {
 func TestSCIMBurstStaysUnderRate(t *testing.T) {
 	const window = time.Second
 	env, relay := scimStart(t, ratelimit.Config{Limit: 100, Window: window, MaxWait: 1500 * time.Millisecond})
-	env.Sim.SetSCIMRate(100, window)
+	simtest.SetSCIMRate(env.Sim, 100, window)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	upstream, local := 0, 0
@@ -195,7 +195,7 @@ func TestSCIMBurstStaysUnderRate(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	calls := env.Sim.MgmtCalls()
+	calls := simtest.MgmtCalls(env.Sim)
 	most := simtest.MaxCallsInWindow(calls, "scim", window)
 	t.Logf("%d answered by the upstream, %d refused locally, in %v; at most %d calls in any %v at the sim",
 		upstream, local, time.Since(start).Round(time.Millisecond), most, window)
@@ -218,7 +218,7 @@ func TestSCIMLimitRefusesAtOnceAndUpstream429PassesBack(t *testing.T) {
 	// long, a refused one milliseconds; poll.Max tells them apart on any
 	// machine.
 	env, relay := scimStart(t, ratelimit.Config{Limit: 3, Window: time.Hour, MaxWait: 10 * time.Minute})
-	env.Sim.SetSCIMRate(2, time.Hour)
+	simtest.SetSCIMRate(env.Sim, 2, time.Hour)
 	var got []int
 	for range 4 {
 		t0 := time.Now()
@@ -260,8 +260,8 @@ func TestSCIMRegionBase(t *testing.T) {
 	if r := ft.Do(t, "GET", relay+"/scim/1/Users", "", ft.Injected()...); r.Status != 200 {
 		t.Fatal(r)
 	}
-	if env.Calls() != 0 || len(eu.MgmtCalls()) != 1 {
-		t.Fatalf("default sim %d calls, EU sim %d", env.Calls(), len(eu.MgmtCalls()))
+	if env.Calls() != 0 || len(simtest.MgmtCalls(eu)) != 1 {
+		t.Fatalf("default sim %d calls, EU sim %d", env.Calls(), len(simtest.MgmtCalls(eu)))
 	}
 }
 

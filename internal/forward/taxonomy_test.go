@@ -12,6 +12,7 @@ import (
 	ft "github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/ratelimit"
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/simtest"
 )
 
 // taxonomyStart serves the API with its limit changed by lim, on a simulator.
@@ -114,7 +115,7 @@ func TestTaxonomyLocalValidation(t *testing.T) {
 // flight at the sim, and all are served (none refused by the sim).
 func TestTaxonomyInFlightCost(t *testing.T) {
 	env, relay := taxonomyStart(t, ratelimit.Config{MaxWait: 10 * time.Second})
-	env.Sim.SetTaxonomyDelay(50 * time.Millisecond)
+	simtest.SetTaxonomyDelay(env.Sim, 50*time.Millisecond)
 	var wg sync.WaitGroup
 	for i := range 16 {
 		wg.Go(func() {
@@ -130,7 +131,7 @@ func TestTaxonomyInFlightCost(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	peak := env.Sim.TaxonomyPeakInFlight(ft.ProjectKey)
+	peak := simtest.TaxonomyPeakInFlight(env.Sim, ft.ProjectKey)
 	t.Logf("peak cost in flight at the sim: %d", peak)
 	if peak > 4 || peak < 2 {
 		t.Fatalf("peak cost in flight %d", peak)
@@ -163,7 +164,7 @@ func TestTaxonomyPeriodBudget(t *testing.T) {
 
 func TestTaxonomyUpstream429PassedBack(t *testing.T) {
 	env, relay := taxonomyStart(t, ratelimit.Config{})
-	env.Sim.SetTaxonomyLimits(0, 2, time.Hour)
+	simtest.SetTaxonomyLimits(env.Sim, 0, 2, time.Hour)
 	ft.Do(t, "GET", relay+"/api/2/taxonomy/event", "", ft.Injected()...)
 	ft.Do(t, "GET", relay+"/api/2/taxonomy/event", "", ft.Injected()...)
 	r := ft.Do(t, "GET", relay+"/api/2/taxonomy/event", "", ft.Injected()...)

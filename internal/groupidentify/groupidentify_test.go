@@ -159,9 +159,9 @@ func TestMergedDeliveredOnce(t *testing.T) {
 	}
 	wg.Wait()
 	e.Run()
-	waitFor(t, "delivery", func() bool { return len(e.Sim.GroupIdentifies("k")) >= callers*per })
+	waitFor(t, "delivery", func() bool { return len(simtest.GroupIdentifies(e.Sim, "k")) >= callers*per })
 	time.Sleep(50 * time.Millisecond)
-	got := e.Sim.GroupIdentifies("k")
+	got := simtest.GroupIdentifies(e.Sim, "k")
 	if len(got) != callers*per {
 		t.Fatalf("delivered %d, want %d", len(got), callers*per)
 	}
@@ -180,7 +180,7 @@ func TestMergedDeliveredOnce(t *testing.T) {
 	// file begins, and a read's last request goes out partial: while a
 	// checkpoint moves chunks to the file (a slow machine) there are one
 	// or two more. Unmerged, the 40 callers' requests would be 40 or more.
-	reqs := e.Sim.GroupIdentifyRequests()
+	reqs := simtest.GroupIdentifyRequests(e.Sim)
 	if reqs < 11 || reqs > 13 {
 		t.Fatalf("%d upstream requests, want 11-13 (1200 identifies of 9 properties, 1024 properties each)", reqs)
 	}
@@ -212,13 +212,13 @@ func TestIdentifiesLimit(t *testing.T) {
 		}
 	}
 	e.Run()
-	waitFor(t, "delivery", func() bool { return len(e.Sim.GroupIdentifies("k")) == 3000 })
+	waitFor(t, "delivery", func() bool { return len(simtest.GroupIdentifies(e.Sim, "k")) == 3000 })
 	for _, r := range e.Sim.Requests() {
 		if r.Path == "/groupidentify" && (r.Events > 1024 || r.BodyBytes >= 1_000_000) {
 			t.Fatalf("request of %d identifies, %d bytes", r.Events, r.BodyBytes)
 		}
 	}
-	if n := e.Sim.GroupIdentifyRequests(); n != 3 {
+	if n := simtest.GroupIdentifyRequests(e.Sim); n != 3 {
 		t.Fatalf("%d requests, want 3 (1024+1024+952)", n)
 	}
 }
@@ -238,7 +238,7 @@ func TestBodyLimitSplit(t *testing.T) {
 		}
 	}
 	e.Run()
-	waitFor(t, "delivery", func() bool { return len(e.Sim.GroupIdentifies("k")) == 40 })
+	waitFor(t, "delivery", func() bool { return len(simtest.GroupIdentifies(e.Sim, "k")) == 40 })
 	waitFor(t, "acks", func() bool { return e.LaneRecords("k") == 0 })
 	n413 := 0
 	for _, r := range e.Sim.Requests() {
@@ -267,18 +267,18 @@ func TestRetry5xx(t *testing.T) {
 	for _, st := range []int{500, 502, 503, 504} {
 		e.Sim.FailNext(1, st)
 	}
-	e.Sim.DropNext(1, sim.DropNoAnswer)
+	e.Sim.DropNext(1, simtest.DropNoAnswer)
 	a := postForm(t, e.Base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents("v", 10, 2)}})
 	if a.Status != 200 {
 		t.Fatal(a.Body)
 	}
 	e.Run()
-	waitFor(t, "delivery", func() bool { return len(e.Sim.GroupIdentifies("k")) == 10 })
+	waitFor(t, "delivery", func() bool { return len(simtest.GroupIdentifies(e.Sim, "k")) == 10 })
 	waitFor(t, "acks", func() bool { return e.LaneRecords("k") == 0 })
 	if e.Sim.PendingFaults() != 0 {
 		t.Fatal("faults left")
 	}
-	if got := len(e.Sim.GroupIdentifies("k")); got != 10 {
+	if got := len(simtest.GroupIdentifies(e.Sim, "k")); got != 10 {
 		t.Fatalf("delivered %d", got)
 	}
 	if v := metricValue(e.Reg, "relay_groupidentify_retries_total"); v < 5 {
@@ -290,14 +290,14 @@ func TestRetry5xx(t *testing.T) {
 // identification becomes a dead letter, the rest is delivered.
 func TestBadRequestBisect(t *testing.T) {
 	e := newEnv(t, sim.Config{}, groupidentify.Config{})
-	e.Sim.RejectGroupValue("v7")
+	simtest.RejectGroupValue(e.Sim, "v7")
 	a := postForm(t, e.Base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents("v", 20, 1)}})
 	if a.Status != 200 {
 		t.Fatal(a.Body)
 	}
 	e.Run()
 	waitFor(t, "acks", func() bool { return e.LaneRecords("k") == 0 })
-	got := e.Sim.GroupIdentifies("k")
+	got := simtest.GroupIdentifies(e.Sim, "k")
 	if len(got) != 19 {
 		t.Fatalf("delivered %d, want 19", len(got))
 	}
@@ -331,7 +331,7 @@ func TestInvalidAPIKeyStopsLane(t *testing.T) {
 	if a := postForm(t, e.Base+"/groupidentify", url.Values{"api_key": {"good"}, "identification": {idents("v", 3, 1)}}); a.Status != 200 {
 		t.Fatal(a.Body)
 	}
-	waitFor(t, "good lane", func() bool { return len(e.Sim.GroupIdentifies("good")) == 3 })
+	waitFor(t, "good lane", func() bool { return len(simtest.GroupIdentifies(e.Sim, "good")) == 3 })
 	time.Sleep(100 * time.Millisecond)
 	badReqs := func() int {
 		n := 0
@@ -379,7 +379,7 @@ func TestOperatorStop(t *testing.T) {
 	if a := postForm(t, e.Base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents("a", 2, 1)}}); a.Status != 200 {
 		t.Fatal(a.Body)
 	}
-	waitFor(t, "first delivery", func() bool { return len(e.Sim.GroupIdentifies("k")) == 2 })
+	waitFor(t, "first delivery", func() bool { return len(simtest.GroupIdentifies(e.Sim, "k")) == 2 })
 	id := e.C.LaneStatus()[0].ID
 	if err := e.C.StopLane(id); err != nil {
 		t.Fatal(err)
@@ -388,7 +388,7 @@ func TestOperatorStop(t *testing.T) {
 		t.Fatal(a.Body)
 	}
 	time.Sleep(300 * time.Millisecond)
-	if n := len(e.Sim.GroupIdentifies("k")); n != 2 || e.LaneRecords("k") != 2 {
+	if n := len(simtest.GroupIdentifies(e.Sim, "k")); n != 2 || e.LaneRecords("k") != 2 {
 		t.Fatalf("delivered %d while stopped, %d spooled", n, e.LaneRecords("k"))
 	}
 	if st := e.C.LaneStatus()[0]; !st.Stopped || st.ReadAheadBytes == 0 {
@@ -397,7 +397,7 @@ func TestOperatorStop(t *testing.T) {
 	if err := e.C.ResumeLane(id); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "delivery after resume", func() bool { return len(e.Sim.GroupIdentifies("k")) == 4 })
+	waitFor(t, "delivery after resume", func() bool { return len(simtest.GroupIdentifies(e.Sim, "k")) == 4 })
 	waitFor(t, "acks", func() bool { return e.LaneRecords("k") == 0 })
 }
 
@@ -417,7 +417,7 @@ func TestExpired(t *testing.T) {
 	if !strings.Contains(string(dead[0].Answer), "503") {
 		t.Fatalf("expired dead letter keeps the last answer: %q", dead[0].Answer)
 	}
-	if len(e.Sim.GroupIdentifies("k")) != 0 {
+	if len(simtest.GroupIdentifies(e.Sim, "k")) != 0 {
 		t.Fatal("delivered despite the fault")
 	}
 }
@@ -432,18 +432,18 @@ func TestDurability(t *testing.T) {
 		}
 	}
 	e.Close()
-	if n := len(e.Sim.GroupIdentifies("k")); n != 0 {
+	if n := len(simtest.GroupIdentifies(e.Sim, "k")); n != 0 {
 		t.Fatalf("delivered %d before the restart", n)
 	}
 	e.Open()
 	e.Run()
-	waitFor(t, "delivery", func() bool { return len(e.Sim.GroupIdentifies("k")) >= 100 })
+	waitFor(t, "delivery", func() bool { return len(simtest.GroupIdentifies(e.Sim, "k")) >= 100 })
 	waitFor(t, "acks", func() bool { return e.LaneRecords("k") == 0 })
 	e.Close()
 	e.Open() // a third start delivers nothing again
 	e.Run()
 	time.Sleep(200 * time.Millisecond)
-	if n := len(e.Sim.GroupIdentifies("k")); n != 100 {
+	if n := len(simtest.GroupIdentifies(e.Sim, "k")); n != 100 {
 		t.Fatalf("delivered %d, want exactly 100", n)
 	}
 }
@@ -503,9 +503,9 @@ projects:
 		t.Fatalf("both: %d %s", a.Status, a.Body)
 	}
 	waitFor(t, "delivery", func() bool {
-		return len(e.Sim.GroupIdentifies("key-web")) == 2 && len(other.GroupIdentifies("key-eu")) == 3
+		return len(simtest.GroupIdentifies(e.Sim, "key-web")) == 2 && len(simtest.GroupIdentifies(other, "key-eu")) == 3
 	})
-	if len(e.Sim.GroupIdentifies("key-eu")) != 0 {
+	if len(simtest.GroupIdentifies(e.Sim, "key-eu")) != 0 {
 		t.Fatal("the eu project's identifications went to the default host")
 	}
 }

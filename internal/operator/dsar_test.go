@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 )
 
@@ -59,7 +58,7 @@ func TestDSARCommand(t *testing.T) {
 func TestDSARCommandFailedJob(t *testing.T) {
 	_, up, _ := startSim(t)
 	one := 1
-	if err := (&simtest.Control{Base: up}).SetDSAR(context.Background(), sim.DSARConfig{FailNext: &one}); err != nil {
+	if err := (&simtest.Control{Base: up}).SetDSAR(context.Background(), simtest.DSARConfig{FailNext: &one}); err != nil {
 		t.Fatal(err)
 	}
 	out := t.TempDir()
@@ -93,7 +92,7 @@ func TestDSARCreateNotReplayed(t *testing.T) {
 	s, up, _ := startSim(t)
 	creds := credsFile(t)
 	args := dsarArgs(up, creds, t.TempDir(), "--user-id", "nobody", "--start", "2026-01-01", "--end", "2026-01-31")
-	s.Inject(simtest.Fault{Drop: sim.DropNoAnswer, PathPrefix: "/api/2/dsar/requests"})
+	s.Inject(simtest.Fault{Drop: simtest.DropNoAnswer, PathPrefix: "/api/2/dsar/requests"})
 	r := runCmd(context.Background(), "dsar", args...)
 	if r.code != 1 || !strings.Contains(r.stderr, "not retried") {
 		t.Fatal(r)

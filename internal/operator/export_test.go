@@ -57,7 +57,7 @@ func TestExportSplitsAndMerges(t *testing.T) {
 	ctl := &simtest.Control{Base: up}
 	ctx := context.Background()
 	// One record is about 700 bytes: a range with two events is "too large".
-	if err := ctl.SetExport(ctx, sim.ExportConfig{MaxBytes: 1000}); err != nil {
+	if err := ctl.SetExport(ctx, simtest.ExportConfig{MaxBytes: 1000}); err != nil {
 		t.Fatal(err)
 	}
 	creds, dir := credsFile(t), t.TempDir()
@@ -95,7 +95,7 @@ func TestExportSplitsAndMerges(t *testing.T) {
 		t.Errorf("state file left after success: %v", err)
 	}
 	// A single hour still refused cannot be split: a clear failure.
-	ctl.SetExport(ctx, sim.ExportConfig{MaxBytes: 10})
+	ctl.SetExport(ctx, simtest.ExportConfig{MaxBytes: 10})
 	r = runCmd(ctx, "export", exportArgs(up, creds, filepath.Join(dir, "x.zip"))...)
 	if r.code != 1 || !strings.Contains(r.stderr, "object-storage export") {
 		t.Fatal(r)
@@ -196,10 +196,10 @@ func TestExportResumes(t *testing.T) {
 func TestExportRefetchesACutPiece(t *testing.T) {
 	s, up, _ := startSim(t)
 	syn := int64(1 << 20)
-	if err := (&simtest.Control{Base: up}).SetExport(context.Background(), sim.ExportConfig{SyntheticBytesPerHour: &syn}); err != nil {
+	if err := (&simtest.Control{Base: up}).SetExport(context.Background(), simtest.ExportConfig{SyntheticBytesPerHour: &syn}); err != nil {
 		t.Fatal(err)
 	}
-	s.Inject(simtest.Fault{Drop: sim.DropMidResponse, PathPrefix: "/api/2/export"})
+	s.Inject(simtest.Fault{Drop: simtest.DropMidResponse, PathPrefix: "/api/2/export"})
 	out := filepath.Join(t.TempDir(), "out.zip")
 	args := append([]string{"--credentials", credsFile(t), "--project", "web", "--analytics-url", up,
 		"--start", "20260101T00", "--end", "20260101T00", "--out", out}, fastRetry...)

@@ -17,6 +17,7 @@ import (
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/ratelimit"
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/simtest"
 )
 
 const testCreds = "projects:\n  - name: web\n    api_key: key-web\n    secret_key: sec-web\n    tracking_plan: block\n"
@@ -192,8 +193,8 @@ func TestCostOverAnHour(t *testing.T) {
 				if refresh == 10*time.Second && reads < 17 {
 					t.Errorf("%d reads in an hour every 10s: the budget stopped more than it must", reads)
 				}
-				if s.TaxonomyPeakInFlight("key-web") > 4 {
-					t.Errorf("upstream saw %d in flight", s.TaxonomyPeakInFlight("key-web"))
+				if simtest.TaxonomyPeakInFlight(s, "key-web") > 4 {
+					t.Errorf("upstream saw %d in flight", simtest.TaxonomyPeakInFlight(s, "key-web"))
 				}
 			})
 		})

@@ -52,12 +52,10 @@ func (s *Sim) registerClassifiers() {
 	st := s.mg
 	st.cls = &clsState{byKey: map[string]map[string]*simClassifier{}}
 	r := func(pattern string, f func(m map[string]*simClassifier, q *mgRequest) (int, any)) {
-		s.mgmtRoute("classifier", pattern, authBasic, clsMaxBody, func(w *statusWriter, q *mgRequest) {
-			st.mu.Lock()
-			defer st.mu.Unlock()
-			m := entry(st.cls.byKey, q.account, func() map[string]*simClassifier { return map[string]*simClassifier{} })
-			status, body := f(m, q)
-			writeJSON(w, status, body)
+		s.mgmtRoute("classifier", pattern, authBasic, clsMaxBody, func(w *statusWriter, q *mgRequest) (int, any) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return f(entry(st.cls.byKey, q.account, func() map[string]*simClassifier { return map[string]*simClassifier{} }), q)
 		})
 	}
 	// save serves POST (create) and PATCH: the checks in the order of the

@@ -14,7 +14,7 @@ func TestConfigValidate(t *testing.T) {
 	if (&Config{}).Validate() != nil {
 		t.Error("zero config invalid")
 	}
-	c := New(Config{}, nil).Config()
+	c := New(Config{}, nil).cfg
 	if c.EPSThreshold != 30 || c.RateWindow != 10*time.Second || c.MaxBodyBytes != 1_000_000 || c.ThrottlePenalty != 30*time.Second {
 		t.Errorf("defaults %+v", c)
 	}

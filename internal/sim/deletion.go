@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"sort"
 	"strconv"
-	"sync"
 	"time"
 )
 
@@ -50,7 +49,6 @@ type deletionUser struct {
 	UserID         string `json:"user_id,omitempty"`
 }
 
-// deletionJob is a deletion job as answered.
 type deletionJob struct {
 	Day                 string         `json:"day"`
 	Status              string         `json:"status"`
@@ -60,13 +58,8 @@ type deletionJob struct {
 	ActiveScrubDoneDate string         `json:"active_scrub_done_date,omitempty"`
 }
 
-type deletionState struct {
-	mu   sync.Mutex
-	jobs map[string]map[string][]deletionUser // api key -> day -> users
-}
-
 func (s *Sim) registerDeletion() {
-	st := &deletionState{jobs: make(map[string]map[string][]deletionUser)}
+	jobs := map[string]map[string][]deletionUser{} // api key -> day -> users
 	s.apiRoute("POST /api/2/deletions/users", func(w http.ResponseWriter, r *http.Request, key string) (int, any) {
 		var req struct {
 			SvcIDs        []int64  `json:"svc_ids"`
@@ -118,10 +111,10 @@ func (s *Sim) registerDeletion() {
 			day = day.AddDate(0, 0, 1)
 		}
 		dayS := day.Format(time.DateOnly)
-		st.mu.Lock()
+		s.mu.Lock()
 		var job deletionJob
 		for _, h := range hits {
-			byDay := entry(st.jobs, h.key, func() map[string][]deletionUser { return map[string][]deletionUser{} })
+			byDay := entry(jobs, h.key, func() map[string][]deletionUser { return map[string][]deletionUser{} })
 			u := deletionUser{SvcID: SvcID(h.key, h.user), Requester: req.Requester, RequestedOnDay: today}
 			if req.IncludeMapped {
 				u.UserID = h.user
@@ -137,7 +130,7 @@ func (s *Sim) registerDeletion() {
 				job.SvcIDs = append(job.SvcIDs, u)
 			}
 		}
-		st.mu.Unlock()
+		s.mu.Unlock()
 		job.Day, job.Status = dayS, "staging"
 		if job.SvcIDs == nil {
 			job.SvcIDs = []deletionUser{}
@@ -164,8 +157,8 @@ func (s *Sim) registerDeletion() {
 		}
 		now := s.cfg.Now().UTC()
 		out := []deletionJob{}
-		st.mu.Lock()
-		for dayS, users := range st.jobs[key] {
+		s.mu.Lock()
+		for dayS, users := range jobs[key] {
 			day, _ := time.Parse(time.DateOnly, dayS)
 			if day.Before(start) || day.After(end) || len(users) == 0 {
 				continue
@@ -176,7 +169,7 @@ func (s *Sim) registerDeletion() {
 			}
 			out = append(out, j)
 		}
-		st.mu.Unlock()
+		s.mu.Unlock()
 		sort.Slice(out, func(i, j int) bool { return out[i].Day < out[j].Day })
 		return http.StatusOK, out
 	})
@@ -189,12 +182,12 @@ func (s *Sim) registerDeletion() {
 		if deletionStatus(s.cfg.Now().UTC(), day) != "staging" {
 			return apiFail(http.StatusBadRequest, "the job can no longer be changed: less than 3 days before its run")
 		}
-		st.mu.Lock()
-		defer st.mu.Unlock()
-		users := st.jobs[key][r.PathValue("day")]
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		users := jobs[key][r.PathValue("day")]
 		for i, u := range users {
 			if u.SvcID == id {
-				st.jobs[key][r.PathValue("day")] = append(users[:i:i], users[i+1:]...)
+				jobs[key][r.PathValue("day")] = append(users[:i:i], users[i+1:]...)
 				return http.StatusOK, map[string]any{"svc_id": u.SvcID, "requested_on_day": u.RequestedOnDay, "requester": u.Requester}
 			}
 		}

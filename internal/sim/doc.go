@@ -13,16 +13,19 @@
 // internal/simtest, which only tests and test helpers import: it plugs
 // in through Config.Faults, which the product leaves nil, so the relay
 // binary never fails a request on purpose and serves only read-outs under
-// /sim/.
+// /sim/. The settings tests turn while a Sim runs (accepted tokens,
+// secrets, limits, silenced devices, rejections) are its Knobs, which
+// simtest reaches through the one hook Sim.Knobs; its inspectors read the
+// same read-outs black-box tests read.
 //
 // # Routes
 //
-// Every upstream route shares the request log and the faults and "down"
-// state Config.Faults decides (none in the product): the ingestion routes
-// through Sim.route (middleware.go: the body read, the answer buffered),
-// the others through serveDirect (fault.go: the answer streamed; mgmtRoute
-// and apiRoute add their authentication; their handlers return their
-// answer and the route writes it). The route groups (routes.go), one file
+// Every upstream request is an Exchange (fault.go), logged in the request
+// log, passed to Config.Faults when set (simtest fails it there, or lets
+// it through): the ingestion routes through Sim.route (middleware.go: the
+// body read, the answer buffered), the others through serveDirect (the
+// answer streamed; mgmtRoute and apiRoute add their authentication; their
+// handlers return their answer and the route writes it). The route groups (New), one file
 // each:
 //
 //	/2/httpapi, /batch                          ingestion (httpapi.go; rules below)
@@ -38,7 +41,7 @@
 //	/api/2/export                               export (export.go)
 //
 // The four management APIs (experiments, SCIM, classifiers, taxonomy) share
-// authentication, a call log and a lock in mgmt.go. Reset (and simtest's
+// authentication and a call log in mgmt.go. Reset (and simtest's
 // POST /sim/reset) clears the state of group identify, user mapping and the
 // management APIs with the store (configuration such as accepted keys and
 // rate limits is kept).
@@ -110,12 +113,12 @@
 // same status and body (the 2000-event limit excepted: the relay takes any
 // number of events and re-batches them).
 //
-// CountOnly mode replaces steps 3-10 by a cheap count of the "events" array
-// (CountEvents) and a 200; nothing is validated or stored, faults still apply.
+// CountOnly mode replaces steps 3-10 by Config.CountOnly's count of the
+// events and a 200; nothing is validated or stored, faults still apply.
 //
-// A non-200 answer ingests nothing (the exceptions are the failure readings
-// of a Fault: DropAfterIngest ingests and then loses the answer, as a real
-// network can, and Fault.Ingest lets a 5xx ingest all or half).
+// A non-200 answer ingests nothing (the exceptions are simtest's failure
+// readings: a dropped answer after the ingest, as a real network can lose
+// it, and a 5xx that ingested all or half: Exchange.Handle).
 //
 // # Dedup
 //
@@ -154,13 +157,13 @@
 //	#2  429 ingests nothing, or the unnamed     Config.PartialThrottle
 //	#2  penalised after falling under the rate  Config.ThrottlePenalty
 //	#3  silenced 400 ingests nothing, or others Config.PartialSilence
-//	#4  5xx / reset accepted fully, half, none  Fault.Ingest (IngestAll, IngestHalf)
-//	    and DropAfterIngest
+//	#4  5xx / reset accepted fully, half, none  simtest.Fault.Ingest and
+//	                                            simtest.DropAfterIngest
 //	#5  1 MB = 1,000,000 or 1,048,576           Config.MaxBodyBytes (both the sent
 //	                                            and the gzip-decoded body must be under it)
 //	#6  2000 events refused, or taken           Config.MaxEvents (2000, or 2001)
 //	#9  daily quota to UTC midnight or 24 h     Config.QuotaRolling
-//	#10 invalid API key, permanent or transient Sim.RefuseKey(key, d)
+//	#10 invalid API key, permanent or transient Knobs.RefusedKeys
 //
 // Readings found beyond the list: the penalty is counted from the 429 the
 // upstream sends, while a client can only count its pause from the answer
@@ -170,7 +173,7 @@
 //
 // # Silenced devices and daily quota
 //
-// Silence(device) silences a device until Unsilence. With DailyQuota > 0, a
+// Knobs.Silenced silences devices. With DailyQuota > 0, a
 // device whose ingested events of the current UTC day (by Config.Now) are
 // already >= DailyQuota is over quota. A request holding events of such
 // devices is answered 400 "Some devices are silenced" with eps_threshold,
@@ -189,7 +192,9 @@
 //
 // # Concurrency
 //
-// Sim.mu guards the store (events, dedup, rates, request log); each route
-// group has its own lock; Config.Faults is called without them. Handlers run
+// Sim.mu guards the store (events, dedup, rates, request log), the Knobs
+// and every route group's state: one lock, never held across a call that
+// takes it (validKey, Events, AllEvents, Stats take it themselves) nor
+// across Config.Faults or a sleep. Handlers run
 // on net/http's goroutines; Serve may be called for several listeners.
 package sim

@@ -8,11 +8,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 )
 
@@ -22,14 +19,14 @@ import (
 //     "endDate"} (dates YYYY-MM-DD, start not after end): 202
 //     {"requestId": N}; otherwise 400 {"error"}.
 //   - GET /api/2/dsar/requests/{id}: each poll moves the job one step:
-//     "submitted", "processing", ... and after DSARConfig.PollsToDone polls
-//     "done" with "urls" (or "failed" for a job created while FailNext was
-//     above 0). The urls are {base}/api/2/dsar/requests/{id}/outputs/{n},
+//     "submitted", "processing", ... and after Knobs.DSARPollsToDone polls
+//     "done" with "urls" (or "failed" for a job created while
+//     Knobs.DSARFailNext was above 0). The urls are {base}/api/2/dsar/requests/{id}/outputs/{n},
 //     one per month of the range in which the user has events (any api key:
 //     the DSAR key is the organization's), base taken from the request's
 //     Host. A job whose user has no events is done with no urls.
 //   - GET .../outputs/{n}: needs the Authorization of the job's creator
-//     (else 403); valid for DSARConfig.URLTTL after the job is done (then
+//     (else 403); valid for Knobs.DSARURLTTL after the job is done (then
 //     410); answers 302 to /objects/dsar/{id}/{n}?expires=UNIX&sig=HMAC (the
 //     object storage), which also needs the same Authorization and answers
 //     403 once expires (Config.Now) is past; 60 seconds after the redirect.
@@ -37,46 +34,6 @@ import (
 //     event_type, event_time, server_upload_time, event_properties; times as
 //     YYYY-MM-DD HH:MM:SS.ffffff).
 //   - Jobs are kept per Sim (closures), not cleared by /sim/reset.
-//
-// Configuration: Sim.SetDSAR (simtest's POST /sim/dsar/config).
-
-// DSARConfig configures the DSAR routes.
-type DSARConfig struct {
-	// PollsToDone is how many status polls a job takes to finish; 0 keeps
-	// the current value (initially 3).
-	PollsToDone int `json:"polls_to_done,omitempty"`
-	// FailNext makes the next FailNext created jobs end "failed" instead of
-	// "done"; nil keeps the current value.
-	FailNext *int `json:"fail_next,omitempty"`
-	// URLTTL is how long the urls of a done job stay valid, as a Go
-	// duration; "" keeps the current value (initially 48h).
-	URLTTL string `json:"url_ttl,omitempty"`
-}
-
-// SetDSAR changes the DSAR routes' configuration (fields left zero or nil
-// keep their value).
-func (s *Sim) SetDSAR(c DSARConfig) error {
-	var ttl time.Duration
-	if c.URLTTL != "" {
-		d, err := time.ParseDuration(c.URLTTL)
-		if err != nil {
-			return fmt.Errorf("sim: DSAR url_ttl: %w", err)
-		}
-		ttl = d
-	}
-	if c.PollsToDone < 0 || (c.FailNext != nil && *c.FailNext < 0) || ttl < 0 {
-		return errors.New("sim: DSAR configuration: negative value")
-	}
-	st := s.dsar
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	setPositive(&st.pollsToDone, c.PollsToDone)
-	if c.FailNext != nil {
-		st.failNext = *c.FailNext
-	}
-	setPositive(&st.urlTTL, ttl)
-	return nil
-}
 
 // DSARRedirectTTL is how long an object storage address of a redirect lasts.
 const DSARRedirectTTL = 60 * time.Second
@@ -94,18 +51,13 @@ type dsarJob struct {
 }
 
 type dsarState struct {
-	mu          sync.Mutex
-	nextID      int64
-	jobs        map[int64]*dsarJob
-	pollsToDone int
-	failNext    int
-	urlTTL      time.Duration
-	sigKey      [32]byte
+	nextID int64
+	jobs   map[int64]*dsarJob
+	sigKey [32]byte
 }
 
 func (s *Sim) registerDSAR() {
-	st := &dsarState{nextID: 1000, jobs: make(map[int64]*dsarJob), pollsToDone: 3, urlTTL: 48 * time.Hour}
-	s.dsar = st
+	st := &dsarState{nextID: 1000, jobs: make(map[int64]*dsarJob)}
 	rand.Read(st.sigKey[:])
 	s.apiRoute("POST /api/2/dsar/requests", func(w http.ResponseWriter, r *http.Request, key string) (int, any) {
 		var req struct {
@@ -139,22 +91,22 @@ func (s *Sim) registerDSAR() {
 		case job.end.Before(job.start):
 			return apiFail(http.StatusBadRequest, "endDate is before startDate")
 		}
-		st.mu.Lock()
+		s.mu.Lock()
 		job.id = st.nextID
 		st.nextID++
-		if st.failNext > 0 {
-			st.failNext--
+		if s.knobs.DSARFailNext > 0 {
+			s.knobs.DSARFailNext--
 			job.fail = true
 		}
 		st.jobs[job.id] = job
-		st.mu.Unlock()
+		s.mu.Unlock()
 		return http.StatusAccepted, map[string]int64{"requestId": job.id}
 	})
 	s.apiRoute("GET /api/2/dsar/requests/{id}", func(w http.ResponseWriter, r *http.Request, key string) (int, any) {
-		st.mu.Lock()
+		s.mu.Lock()
 		job := st.job(r)
 		if job == nil {
-			st.mu.Unlock()
+			s.mu.Unlock()
 			return apiFail(http.StatusNotFound, "no such request")
 		}
 		job.polls++
@@ -162,15 +114,15 @@ func (s *Sim) registerDSAR() {
 		status := steps[min(job.polls-1, len(steps)-1)]
 		var urls []string
 		switch {
-		case job.polls >= st.pollsToDone && job.fail:
+		case job.polls >= s.knobs.DSARPollsToDone && job.fail:
 			status = "failed"
-		case job.polls >= st.pollsToDone:
+		case job.polls >= s.knobs.DSARPollsToDone:
 			status = "done"
 			if job.files == nil {
 				job.doneAt = s.cfg.Now()
-				st.mu.Unlock()
+				s.mu.Unlock()
 				files := s.dsarFiles(job)
-				st.mu.Lock()
+				s.mu.Lock()
 				job.files = files
 			}
 			base := "http://" + r.Host
@@ -179,7 +131,7 @@ func (s *Sim) registerDSAR() {
 				urls = append(urls, base+"/api/2/dsar/requests/"+strconv.FormatInt(job.id, 10)+"/outputs/"+strconv.Itoa(n))
 			}
 		}
-		st.mu.Unlock()
+		s.mu.Unlock()
 		body := map[string]any{"requestId": job.id, "status": status}
 		if urls != nil {
 			body["urls"] = urls
@@ -187,7 +139,7 @@ func (s *Sim) registerDSAR() {
 		return http.StatusOK, body
 	})
 	s.apiRoute("GET /api/2/dsar/requests/{id}/outputs/{n}", func(w http.ResponseWriter, r *http.Request, key string) (int, any) {
-		st.mu.Lock()
+		s.mu.Lock()
 		job := st.job(r)
 		n, err := strconv.Atoi(r.PathValue("n"))
 		var status int
@@ -197,7 +149,7 @@ func (s *Sim) registerDSAR() {
 			status, msg = http.StatusNotFound, "no such output"
 		case !hmac.Equal([]byte(r.Header.Get("Authorization")), []byte(job.auth)):
 			status, msg = http.StatusForbidden, "the output needs the credentials that created the request"
-		case s.cfg.Now().After(job.doneAt.Add(st.urlTTL)):
+		case s.cfg.Now().After(job.doneAt.Add(s.knobs.DSARURLTTL)):
 			status, msg = http.StatusGone, "the output has expired"
 		}
 		var loc string
@@ -206,7 +158,7 @@ func (s *Sim) registerDSAR() {
 			path := "/objects/dsar/" + strconv.FormatInt(job.id, 10) + "/" + strconv.Itoa(n)
 			loc = "http://" + r.Host + path + "?expires=" + exp + "&sig=" + st.sign(path, exp)
 		}
-		st.mu.Unlock()
+		s.mu.Unlock()
 		if status != 0 {
 			return apiFail(status, msg)
 		}
@@ -222,7 +174,7 @@ func (s *Sim) registerDSAR() {
 		if s.cfg.Now().Unix() > expUnix {
 			return apiFail(http.StatusForbidden, "request has expired")
 		}
-		st.mu.Lock()
+		s.mu.Lock()
 		job := st.job(r)
 		n, _ := strconv.Atoi(r.PathValue("n"))
 		var file []byte
@@ -230,7 +182,7 @@ func (s *Sim) registerDSAR() {
 		if ok {
 			file = job.files[n]
 		}
-		st.mu.Unlock()
+		s.mu.Unlock()
 		if !ok {
 			return apiFail(http.StatusForbidden, "the output needs the credentials that created the request")
 		}
@@ -241,7 +193,7 @@ func (s *Sim) registerDSAR() {
 	})
 }
 
-// job returns the job named by the path's {id}; st.mu held.
+// job returns the job named by the path's {id}; s.mu held.
 func (st *dsarState) job(r *http.Request) *dsarJob {
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	if err != nil {
@@ -256,7 +208,6 @@ func (st *dsarState) sign(path, exp string) string {
 	return hex.EncodeToString(m.Sum(nil)[:16])
 }
 
-// dsarLine is one line of a DSAR output file.
 type dsarLine struct {
 	SvcID            int64           `json:"svc_id"`
 	App              int64           `json:"app"`

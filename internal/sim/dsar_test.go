@@ -100,10 +100,7 @@ func TestDSARLifecycle(t *testing.T) {
 	}
 
 	// A failing job, by svcId.
-	one := 1
-	if err := s.SetDSAR(DSARConfig{PollsToDone: 2, FailNext: &one}); err != nil {
-		t.Fatal(err)
-	}
+	s.Knobs(func(k *Knobs) { k.DSARPollsToDone, k.DSARFailNext = 2, 1 })
 	a = create(`{"svcId":` + strconv.FormatInt(SvcID("proj", "bobby"), 10) + `,"startDate":"2026-01-01","endDate":"2027-12-31"}`)
 	id = strconv.FormatInt(int64(a.JSON["requestId"].(float64)), 10)
 	status()

@@ -27,10 +27,9 @@ const (
 )
 
 type simVariant struct {
-	fields    map[string]any
-	users     []string
-	cohorts   []string
-	createdAt time.Time
+	fields  map[string]any
+	users   []string
+	cohorts []string
 }
 
 type simExperiment struct {
@@ -59,8 +58,8 @@ var experimentPatchFields = map[string]bool{"name": true, "description": true, "
 // AddWebExperiment adds a web experiment (which PATCH refuses with 405) and
 // returns its id.
 func (s *Sim) AddWebExperiment(name string) string {
-	s.mg.mu.Lock()
-	defer s.mg.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	e := s.mg.exp.add(s.cfg.Now(), map[string]any{"name": name, "key": name}, "web")
 	return e.id
 }
@@ -103,28 +102,19 @@ func (s *Sim) registerExperiments() {
 	// path names ({id}, {variantKey}), after a 404 for either that is
 	// unknown, and returns its answer: text when a string ("OK"), else JSON.
 	r := func(pattern string, f func(e *simExperiment, v *simVariant, q *mgRequest) (int, any)) {
-		s.mgmtRoute("experiment", pattern, authMgmtBearer, expMaxBody, func(w *statusWriter, q *mgRequest) {
-			st.mu.Lock()
-			defer st.mu.Unlock()
-			e, v := x.exps[q.r.PathValue("id")], (*simVariant)(nil)
-			status, body := http.StatusNotFound, any(map[string]string{"error": "experiment not found"})
+		s.mgmtRoute("experiment", pattern, authMgmtBearer, expMaxBody, func(w *statusWriter, q *mgRequest) (int, any) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			e := x.exps[q.r.PathValue("id")]
 			switch {
 			case e == nil && q.r.PathValue("id") != "":
+				return apiFail(http.StatusNotFound, "experiment not found")
 			case e != nil && q.r.PathValue("variantKey") != "" && e.byKey[q.r.PathValue("variantKey")] == nil:
-				body = map[string]string{"error": "variant not found"}
-			default:
-				if e != nil {
-					v = e.byKey[q.r.PathValue("variantKey")]
-				}
-				status, body = f(e, v, q)
+				return apiFail(http.StatusNotFound, "variant not found")
+			case e != nil:
+				return f(e, e.byKey[q.r.PathValue("variantKey")], q)
 			}
-			if text, ok := body.(string); ok {
-				w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-				w.WriteHeader(status)
-				w.Write([]byte(text))
-				return
-			}
-			writeJSON(w, status, body)
+			return f(nil, nil, q)
 		})
 	}
 	const ok = "OK"
@@ -175,7 +165,7 @@ func (s *Sim) registerExperiments() {
 			if e.byKey[k] == nil {
 				e.variants = append(e.variants, k)
 			}
-			e.byKey[k] = &simVariant{fields: v, createdAt: now()}
+			e.byKey[k] = &simVariant{fields: v}
 		}
 		if d, ok := m["deployments"].([]any); ok {
 			for _, x := range d {
@@ -253,7 +243,7 @@ func (s *Sim) registerExperiments() {
 			return bad("variant " + strconv.Quote(k) + " exists")
 		}
 		e.variants = append(e.variants, k)
-		e.byKey[k] = &simVariant{fields: m, createdAt: now()}
+		e.byKey[k] = &simVariant{fields: m}
 		e.version(now(), "variant added")
 		return http.StatusOK, ok
 	})

@@ -4,11 +4,9 @@ import (
 	"archive/zip"
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 )
 
@@ -20,17 +18,16 @@ import (
 //     /2/httpapi whose server upload time (Ingested.Time) falls in the range,
 //     one zip entry "APP/APP_YYYY-MM-DD_H#0.json" per hour with data, one
 //     exported record (ExportRecord) per line, deflated; plus, when
-//     configured (ExportConfig.SyntheticBytesPerHour), synthetic records of
+//     configured (Knobs.ExportSyntheticBytes), synthetic records of
 //     that many bytes (rounded up to whole blocks of about 1 MiB of whole
 //     lines) per hour of the range, in stored (uncompressed) entries
 //     "APP/APP_YYYY-MM-DD_H#sN.json" of at most 256 blocks each, generated
 //     on the fly from one repeated block.
-//   - An estimated uncompressed size above ExportConfig.MaxBytes (default
+//   - An estimated uncompressed size above Knobs.ExportMaxBytes (default
 //     4 GiB, the document's "4 GB"): 400. No data in the range: 404.
 //   - The archive is streamed (chunked); nothing of it is buffered.
 //
-// Configuration: Sim.SetExport (simtest's POST /sim/export/config). Read-out:
-// GET /sim/export/log (the ranges served, in order).
+// Read-out: GET /sim/export/log (the ranges served, in order).
 
 // ExportMaxRange is the longest export range.
 const ExportMaxRange = 365 * 24 * time.Hour
@@ -40,16 +37,6 @@ const ExportHourFormat = "20060102T15"
 
 // ExportTimeFormat is the form of the timestamps of exported records.
 const ExportTimeFormat = "2006-01-02 15:04:05.000000"
-
-// ExportConfig configures the export route.
-type ExportConfig struct {
-	// MaxBytes is the largest estimated result; larger ranges get 400. Zero
-	// (or absent) keeps the current value; the initial value is 4 GiB.
-	MaxBytes int64 `json:"max_bytes,omitempty"`
-	// SyntheticBytesPerHour adds that many bytes of synthetic records to
-	// every hour of every range; nil keeps the current value, 0 turns it off.
-	SyntheticBytesPerHour *int64 `json:"synthetic_bytes_per_hour,omitempty"`
-}
 
 // ExportServed is one entry of the export log.
 type ExportServed struct {
@@ -92,39 +79,15 @@ type ExportRecord struct {
 	SampleRate         *int            `json:"sample_rate"`
 }
 
-type exportState struct {
-	mu        sync.Mutex
-	maxBytes  int64
-	synthetic int64
-	log       []ExportServed
-}
-
-// SetExport changes the export route's configuration (fields left zero or
-// nil keep their value).
-func (s *Sim) SetExport(c ExportConfig) error {
-	if c.MaxBytes < 0 || (c.SyntheticBytesPerHour != nil && *c.SyntheticBytesPerHour < 0) {
-		return errors.New("sim: export configuration: negative value")
-	}
-	st := s.export
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	setPositive(&st.maxBytes, c.MaxBytes)
-	if c.SyntheticBytesPerHour != nil {
-		st.synthetic = *c.SyntheticBytesPerHour
-	}
-	return nil
-}
-
 func (s *Sim) registerExport() {
-	st := &exportState{maxBytes: 4 << 30}
-	s.export = st
+	var log []ExportServed
 	s.apiRoute("GET /api/2/export", func(w http.ResponseWriter, r *http.Request, key string) (int, any) {
 		q := r.URL.Query()
 		served := ExportServed{Start: q.Get("start"), End: q.Get("end")}
 		defer func() {
-			st.mu.Lock()
-			st.log = append(st.log, served)
-			st.mu.Unlock()
+			s.mu.Lock()
+			log = append(log, served)
+			s.mu.Unlock()
 		}()
 		fail := func(status int, msg string) (int, any) {
 			served.Status = status
@@ -140,9 +103,9 @@ func (s *Sim) registerExport() {
 		case end.Add(time.Hour).Sub(start) > ExportMaxRange:
 			return fail(http.StatusBadRequest, "the range is longer than 365 days")
 		}
-		st.mu.Lock()
-		maxBytes, synthetic := st.maxBytes, st.synthetic
-		st.mu.Unlock()
+		s.mu.Lock()
+		maxBytes, synthetic := s.knobs.ExportMaxBytes, s.knobs.ExportSyntheticBytes
+		s.mu.Unlock()
 		hours := int64(end.Sub(start)/time.Hour) + 1
 		byHour, size := s.exportRecords(key, start, end.Add(time.Hour))
 		app := appID(key)
@@ -195,9 +158,9 @@ func (s *Sim) registerExport() {
 		return 0, nil
 	})
 	s.ctlMux.HandleFunc("GET /sim/export/log", func(w http.ResponseWriter, r *http.Request) {
-		st.mu.Lock()
-		out := append([]ExportServed{}, st.log...)
-		st.mu.Unlock()
+		s.mu.Lock()
+		out := append([]ExportServed{}, log...)
+		s.mu.Unlock()
 		writeJSON(w, http.StatusOK, map[string]any{"served": out})
 	})
 }

@@ -66,16 +66,12 @@ func TestExportArchive(t *testing.T) {
 		t.Fatalf("entries %v types %v", names, types)
 	}
 	// Over the size limit: 400; synthetic data fills empty hours.
-	if err := s.SetExport(ExportConfig{MaxBytes: 500}); err != nil {
-		t.Fatal(err)
-	}
+	s.Knobs(func(k *Knobs) { k.ExportMaxBytes = 500 })
 	if a := get("start=20261122T00&end=20261122T23"); a.Status != 400 {
 		t.Errorf("over MaxBytes: %d", a.Status)
 	}
 	syn := int64(3 << 20)
-	if err := s.SetExport(ExportConfig{MaxBytes: 1 << 40, SyntheticBytesPerHour: &syn}); err != nil {
-		t.Fatal(err)
-	}
+	s.Knobs(func(k *Knobs) { k.ExportMaxBytes, k.ExportSyntheticBytes = 1<<40, syn })
 	a = get("start=20200101T00&end=20200101T00")
 	zr, err = zip.NewReader(bytes.NewReader(a.Body), int64(len(a.Body)))
 	if err != nil || len(zr.File) != 1 || zr.File[0].UncompressedSize64 < uint64(syn) || zr.File[0].UncompressedSize64 > uint64(syn)+2<<20 {

@@ -10,28 +10,16 @@ import (
 	"net/http"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 )
 
-// This file holds the feedback ingestion route and the helpers shared by the
-// data-moving API groups (docs/upstream-api.md: Taxonomy, Feedback, Data
-// subject access requests, User deletion) and the export API (feedback.go, dsar.go, deletion.go, export.go):
-//
-//   - apiRoute registers a route whose answer is written straight to the
-//     client (no buffering: export archives are gigabytes), with the shared
-//     request log, latency, injected faults and down state. The body is not
-//     read by the middleware; handlers read it with a limit of their own.
-//   - Request bodies may be gzip-encoded (Content-Encoding: gzip); another
-//     encoding is 415.
-//   - Every route of these groups needs HTTP Basic authentication; when
-//     Config.APIKeys is set the user name must be one of them, else any
-//     non-empty user name is accepted. Missing or unknown: 401
-//     {"error":"..."}.
-//   - Their state lives in the route group (closures), not in the store:
-//     /sim/reset does not clear it. Control routes under /sim/ read and
-//     configure it (see each file).
+// This file holds the feedback route and what the data APIs (feedback,
+// DSAR, user deletion, export) share: apiRoute streams the answer straight
+// to the client (export archives are gigabytes), needs HTTP Basic with an
+// accepted api key as the user name (else 401) and decodes a gzip body
+// (another encoding: 415); handlers read the body with a limit of their
+// own. Their state lives in closures: /sim/reset does not clear it.
 
 // Feedback limits of the document.
 const (
@@ -61,22 +49,15 @@ type FeedbackItem struct {
 	Updates int `json:"updates"`
 }
 
-// feedbackError is one entry of the ingest answer's errors.
 type feedbackError struct {
 	UniqueID string `json:"unique_id"`
 	Error    string `json:"error"`
 }
 
-// feedbackAnswer is the ingest answer.
 type feedbackAnswer struct {
 	Ingested int             `json:"ingested"`
 	Failed   int             `json:"failed"`
 	Errors   []feedbackError `json:"errors"`
-}
-
-type feedbackState struct {
-	mu      sync.Mutex
-	sources map[string]map[string]*FeedbackItem // api key + "\x00" + source_id -> unique_id -> item
 }
 
 // registerFeedback registers POST /api/1/ai-feedback/ingest and the control
@@ -91,7 +72,7 @@ type feedbackState struct {
 // item is upserted by unique_id within (api key, source): set fields replace
 // stored ones, parts are upserted by their unique_id.
 func (s *Sim) registerFeedback() {
-	st := &feedbackState{sources: make(map[string]map[string]*FeedbackItem)}
+	sources := map[string]map[string]*FeedbackItem{} // api key + "\x00" + source_id -> unique_id -> item
 	s.apiRoute("POST /api/1/ai-feedback/ingest", func(w http.ResponseWriter, r *http.Request, key string) (int, any) {
 		body, err := io.ReadAll(io.LimitReader(r.Body, FeedbackMaxBytes+1))
 		if err != nil {
@@ -124,23 +105,23 @@ func (s *Sim) registerFeedback() {
 			}
 			good = append(good, it)
 		}
-		st.mu.Lock()
-		src := entry(st.sources, key+"\x00"+*req.SourceID, func() map[string]*FeedbackItem { return map[string]*FeedbackItem{} })
+		s.mu.Lock()
+		src := entry(sources, key+"\x00"+*req.SourceID, func() map[string]*FeedbackItem { return map[string]*FeedbackItem{} })
 		for _, it := range good {
 			upsertFeedback(src, it)
 			ans.Ingested++
 		}
-		st.mu.Unlock()
+		s.mu.Unlock()
 		return http.StatusOK, ans
 	})
 	s.ctlMux.HandleFunc("GET /sim/feedback", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
-		st.mu.Lock()
+		s.mu.Lock()
 		out := []FeedbackItem{}
-		for _, it := range st.sources[q.Get("api_key")+"\x00"+q.Get("source_id")] {
+		for _, it := range sources[q.Get("api_key")+"\x00"+q.Get("source_id")] {
 			out = append(out, *it)
 		}
-		st.mu.Unlock()
+		s.mu.Unlock()
 		sort.Slice(out, func(i, j int) bool { return out[i].UniqueID < out[j].UniqueID })
 		writeJSON(w, http.StatusOK, map[string]any{"items": out})
 	})
@@ -249,15 +230,12 @@ func upsertPart(it *FeedbackItem, p FeedbackItem) {
 // the answer itself (an archive, a file, a redirect).
 type apiHandler func(w http.ResponseWriter, r *http.Request, key string) (status int, body any)
 
-// apiRoute registers a data API route (see the top of this file): the
-// request is logged, faulted and checked for Basic authentication, and h
-// writes its answer straight to the client.
+// apiRoute registers a data API route (see the top of this file).
 func (s *Sim) apiRoute(pattern string, h apiHandler) {
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		s.serveDirect(w, r, true, func(sw *statusWriter, rec *Record) {
-			if status, body := s.serveAPI(sw, r, rec, h); body != nil {
-				writeJSON(sw, status, body)
-			}
+			status, body := s.serveAPI(sw, r, rec, h)
+			writeAnswer(sw, status, body, "application/json")
 		})
 	})
 }
@@ -286,15 +264,10 @@ func (s *Sim) serveAPI(w *statusWriter, r *http.Request, rec *Record, h apiHandl
 	return h(w, r, key)
 }
 
-// statusWriter records an answer's status (management APIs, feedback);
-// with cutAfter > 0 it closes the connection once that many body bytes
-// were written (DropMidResponse).
+// statusWriter records the status a handler answered.
 type statusWriter struct {
 	http.ResponseWriter
-	status   int
-	written  int64
-	cutAfter int64
-	cut      bool
+	status int
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -308,25 +281,11 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
-	if w.cut {
-		return 0, errors.New("sim: response cut")
-	}
-	if w.cutAfter > 0 && w.written+int64(len(b)) > w.cutAfter {
-		n, _ := w.ResponseWriter.Write(b[:w.cutAfter-w.written])
-		w.written += int64(n)
-		http.NewResponseController(w.ResponseWriter).Flush()
-		w.cut = true
-		hijackClose(w.ResponseWriter)
-		return n, errors.New("sim: response cut")
-	}
-	n, err := w.ResponseWriter.Write(b)
-	w.written += int64(n)
-	return n, err
+	return w.ResponseWriter.Write(b)
 }
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// apiFail is an apiError answer.
 func apiFail(status int, msg string) (int, any) { return status, map[string]string{"error": msg} }
 
 // apiError answers {"error": msg} with status: the error shape of every

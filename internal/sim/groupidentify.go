@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/url"
-	"sync"
 	"time"
 )
 
@@ -24,7 +23,7 @@ import (
 // $operation), each with non-empty string group_type and group_value,
 // group_properties absent or an object whose $ keys are $set, $setOnce,
 // $add, $append or $unset holding objects, and no group value refused with
-// RejectGroupValue (else 400 "Invalid group identification", naming no index,
+// Knobs.RejectedGroupValues (else 400 "Invalid group identification", naming no index,
 // so a client bisects). Then 200 {"code":200} and every identification is
 // stored. The form fields are read from the body, else from the query.
 
@@ -52,59 +51,27 @@ const ErrTextInvalidGroupIdentify = "Invalid group identification"
 
 var groupOps = map[string]bool{"$set": true, "$setOnce": true, "$add": true, "$append": true, "$unset": true}
 
-// giState is the group identify store; it is also the handler of the
-// control route GET /sim/groupidentify?api_key=K (the stored
-// identifications of K as a JSON array), through which Sim finds it.
+// giState is the group identify store (guarded by Sim.mu); the read-out
+// GET /sim/groupidentify?api_key=K answers K's identifications.
 type giState struct {
-	mu       sync.Mutex
-	seq      int64
-	byKey    map[string][]GroupIdentify
-	requests int64 // accepted requests
-	rejected map[string]bool
+	seq   int64
+	byKey map[string][]GroupIdentify
 }
 
-func (st *giState) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, st.list(r.URL.Query().Get("api_key")))
-}
-
-func (st *giState) list(apiKey string) []GroupIdentify {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return append([]GroupIdentify{}, st.byKey[apiKey]...)
-}
-
-const giControlPath = "/sim/groupidentify"
-
-// reset forgets the identifications, counts and refused values (Sim.Reset).
-func (st *giState) reset() {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.seq, st.requests = 0, 0
-	st.byKey, st.rejected = map[string][]GroupIdentify{}, map[string]bool{}
-}
+func (st *giState) reset() { st.seq, st.byKey = 0, map[string][]GroupIdentify{} }
 
 func (s *Sim) registerGroupIdentify() {
-	st := &giState{byKey: map[string][]GroupIdentify{}, rejected: map[string]bool{}}
+	st := &giState{byKey: map[string][]GroupIdentify{}}
 	s.gi = st
-	s.ctlMux.Handle(giControlPath, st)
+	s.ctlMux.HandleFunc("/sim/groupidentify", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, locked(&s.mu, func() []GroupIdentify {
+			return append([]GroupIdentify{}, st.byKey[r.URL.Query().Get("api_key")]...)
+		}))
+	})
 	s.route("/groupidentify", routeHandler{
 		serve:    func(w http.ResponseWriter, r *http.Request, in *incoming) { s.serveGroupIdentify(st, w, r, in) },
 		describe: func(in *incoming) { describeForm(in, "identification") },
 	})
-}
-
-// GroupIdentifies returns the identifications stored for apiKey, in arrival order.
-func (s *Sim) GroupIdentifies(apiKey string) []GroupIdentify { return s.gi.list(apiKey) }
-
-// GroupIdentifyRequests returns the number of /groupidentify requests answered 200.
-func (s *Sim) GroupIdentifyRequests() int64 {
-	return locked(&s.gi.mu, func() int64 { return s.gi.requests })
-}
-
-// RejectGroupValue makes every request holding an identification with this
-// group_value fail with 400 "Invalid group identification" (no index named).
-func (s *Sim) RejectGroupValue(v string) {
-	withLock(&s.gi.mu, func() { s.gi.rejected[v] = true })
 }
 
 // formParams reads form fields from the (decoded) body, then the query.
@@ -190,9 +157,9 @@ func (s *Sim) serveGroupIdentify(st *giState, w http.ResponseWriter, r *http.Req
 	if !ok {
 		return
 	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	out, ok := parseIdentifies(raws, st.rejected)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out, ok := parseIdentifies(raws, s.knobs.RejectedGroupValues)
 	if !ok {
 		codeError(w, http.StatusBadRequest, ErrTextInvalidGroupIdentify)
 		return
@@ -203,7 +170,7 @@ func (s *Sim) serveGroupIdentify(st *giState, w http.ResponseWriter, r *http.Req
 		out[i].Seq, out[i].Request, out[i].Time, out[i].KeyLabel = st.seq, in.Rec.Seq, now, in.Rec.KeyLabel
 	}
 	st.byKey[apiKey] = append(st.byKey[apiKey], out...)
-	st.requests++
+	s.store.stats.GroupIdentifies++
 	in.Rec.Ingested = len(out)
 	writeJSON(w, http.StatusOK, map[string]int{"code": 200})
 }

@@ -5,12 +5,25 @@ import (
 	"compress/gzip"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/svcrelay/relay/internal/sim/wiretest"
 )
+
+// readOut returns the answer of the read-out GET path, decoded.
+func readOut[T any](t testing.TB, s *Sim, path string) T {
+	t.Helper()
+	w := httptest.NewRecorder()
+	s.ControlHandler().ServeHTTP(w, httptest.NewRequest("GET", path, nil))
+	var out T
+	if err := json.Unmarshal(w.Body.Bytes(), &out); err != nil {
+		t.Fatalf("%s: %v: %s", path, err, w.Body)
+	}
+	return out
+}
 
 // fakeClock is an injected clock for rate, penalty, dedup and quota tests.
 type fakeClock struct {
@@ -69,29 +82,3 @@ func mustJSON(t testing.TB, a answer, want map[string]any) {
 		}
 	}
 }
-
-// queueFaults is a minimal Faults for the model's own tests: each request
-// takes the next queued fault (simtest has the full injector).
-type queueFaults struct {
-	mu sync.Mutex
-	q  []Fault
-}
-
-func (f *queueFaults) add(fs ...Fault) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.q = append(f.q, fs...)
-}
-
-func (f *queueFaults) Take(string) (time.Duration, Fault, bool, DownMode) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if len(f.q) == 0 {
-		return 0, Fault{}, false, ""
-	}
-	x := f.q[0]
-	f.q = f.q[1:]
-	return 0, x, true, ""
-}
-
-func (f *queueFaults) Routes(*Sim, *http.ServeMux) {}

@@ -6,10 +6,9 @@ import (
 	"strconv"
 )
 
-// registerHTTPAPI registers the HTTP V2 ingestion routes.
 func (s *Sim) registerHTTPAPI() {
 	h := routeHandler{serve: s.serveHTTPAPI, describe: s.describeHTTPAPI}
-	if s.cfg.CountOnly {
+	if s.cfg.CountOnly != nil {
 		h = routeHandler{serve: s.serveCountOnly}
 	}
 	s.route("/2/httpapi", h)
@@ -116,9 +115,28 @@ func codeError(w http.ResponseWriter, status int, text string) {
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	b := appendJSON(nil, v)
+	writeAnswer(w, status, v, "application/json")
+}
+
+// serveCountOnly is /2/httpapi in CountOnly mode: count, answer 200.
+func (s *Sim) serveCountOnly(w http.ResponseWriter, r *http.Request, in *incoming) {
+	if in.TooLarge {
+		codeError(w, http.StatusRequestEntityTooLarge, ErrTextTooLarge)
+		return
+	}
+	n := s.cfg.CountOnly(in.Body)
+	in.Rec.Events = n
+	s.counted.Add(int64(n))
+	var b [128]byte
+	out := append(b[:0], `{"code":200,"events_ingested":`...)
+	out = strconv.AppendInt(out, int64(n), 10)
+	out = append(out, `,"payload_size_bytes":`...)
+	out = strconv.AppendInt(out, int64(len(in.Body)), 10)
+	out = append(out, `,"server_upload_time":`...)
+	out = strconv.AppendInt(out, s.cfg.Now().UnixMilli(), 10)
+	out = append(out, '}')
 	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
-	w.WriteHeader(status)
-	w.Write(b)
+	w.Header().Set("Content-Length", strconv.Itoa(len(out)))
+	w.WriteHeader(http.StatusOK)
+	w.Write(out)
 }

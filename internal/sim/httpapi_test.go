@@ -184,7 +184,7 @@ func TestAPIKeys(t *testing.T) {
 	if a.Status != 200 {
 		t.Fatalf("good key: %d %s", a.Status, a.Body)
 	}
-	if n := s.countFor("good-key"); n != 1 {
+	if n := s.Stats().IngestedByKey[KeyLabel("good-key")]; n != 1 {
 		t.Fatalf("countFor = %d", n)
 	}
 }

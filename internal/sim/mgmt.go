@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -20,16 +19,13 @@ import (
 //   - mgmtRoute registers a route with the shared request log, latency,
 //     injected faults and down state, reads the body with the group's own
 //     limit (larger: 413), checks the group's authentication and logs the
-//     call in MgmtCalls (GET /sim/mgmt/calls).
+//     call (GET /sim/mgmt/calls).
 //   - Authentication. Experiments: "Authorization: Bearer <management key>";
 //     SCIM: "Bearer <scim token>", the token names the organization;
 //     classifiers and taxonomy: HTTP Basic api_key:secret_key, the api key
 //     names the project. Missing or malformed: 401. A token or key pair that
-//     is not accepted: 403. Accepted: management keys and SCIM tokens given to
-//     SetManagementKey / SetSCIMToken (with none given, any non-empty token,
-//     its own organization); api keys as /2/httpapi accepts them
-//     (Config.APIKeys) with the secret given to SetProjectSecret (with none
-//     given for a key, any non-empty secret).
+//     is not accepted: 403. Accepted: the Knobs' management keys, SCIM tokens
+//     and project secrets (see Knobs); api keys as /2/httpapi accepts them.
 //   - Their state lives in the route groups, not in the store; Reset (and
 //     /sim/reset) forgets the call log and every experiment, SCIM user and
 //     group, classifier, taxonomy entry, rate window and cost spent, and
@@ -65,14 +61,11 @@ const (
 	authBasic
 )
 
-// mgmtState is the state shared by the management route groups.
+// mgmtState is the state the management route groups share (guarded by
+// Sim.mu).
 type mgmtState struct {
-	mu         sync.Mutex
-	seq        int64
-	calls      []MgmtCall
-	mgmtKeys   map[string]bool
-	scimTokens map[string]string // token -> organization
-	secrets    map[string]string // api key -> secret key
+	seq   int64
+	calls []MgmtCall
 
 	exp  *expState
 	scim *scimState
@@ -80,69 +73,40 @@ type mgmtState struct {
 	tax  *taxState
 }
 
-const mgmtControlPath = "/sim/mgmt/"
-
 // maxMgmtCalls bounds the call log (oldest dropped first).
 const maxMgmtCalls = 100_000
 
 // reset forgets the data of every management API (Sim.Reset). Taxonomy's
 // in-flight counts are kept: requests still running decrement them.
 func (st *mgmtState) reset() {
-	st.mu.Lock()
-	defer st.mu.Unlock()
 	st.seq, st.calls = 0, nil
-	if st.exp != nil {
-		st.exp.exps, st.exp.nextID = map[string]*simExperiment{}, 0
-	}
-	if st.scim != nil {
-		st.scim.orgs, st.scim.hits = map[string]*scimOrg{}, windowHits{}
-	}
-	if st.cls != nil {
-		st.cls.byKey = map[string]map[string]*simClassifier{}
-	}
-	if st.tax != nil {
-		st.tax.projects, st.tax.spent = map[string]*taxProject{}, windowHits{}
-		st.tax.peak = map[string]int{}
-	}
+	st.exp.exps, st.exp.nextID = map[string]*simExperiment{}, 0
+	st.scim.orgs, st.scim.hits = map[string]*scimOrg{}, windowHits{}
+	st.cls.byKey = map[string]map[string]*simClassifier{}
+	st.tax.projects, st.tax.spent, st.tax.peak = map[string]*taxProject{}, windowHits{}, map[string]int{}
 }
 
-// ServeHTTP serves GET /sim/mgmt/calls: {"calls": [...]}.
-func (st *mgmtState) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	st.mu.Lock()
-	calls := append([]MgmtCall(nil), st.calls...)
-	st.mu.Unlock()
-	writeJSON(w, http.StatusOK, map[string]any{"calls": calls})
+// MgmtCalls is the answer of GET /sim/mgmt/calls.
+type MgmtCalls struct {
+	Calls []MgmtCall `json:"calls"`
+	// TaxonomyPeak is the highest taxonomy cost in flight seen per KeyLabel.
+	TaxonomyPeak map[string]int `json:"taxonomy_peak"`
 }
 
 func (s *Sim) registerMgmt() {
-	s.mg = &mgmtState{mgmtKeys: map[string]bool{}, scimTokens: map[string]string{}, secrets: map[string]string{}}
-	s.ctlMux.Handle(mgmtControlPath+"calls", s.mg)
+	st := &mgmtState{}
+	s.mg = st
+	s.ctlMux.HandleFunc("/sim/mgmt/calls", func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		peak := map[string]int{}
+		for k, n := range st.tax.peak {
+			peak[KeyLabel(k)] = n
+		}
+		writeJSON(w, http.StatusOK, MgmtCalls{Calls: st.calls, TaxonomyPeak: peak})
+	})
 }
 
-// SetManagementKey makes key an accepted experiment management key (once
-// one is set, others are answered 403).
-func (s *Sim) SetManagementKey(key string) {
-	withLock(&s.mg.mu, func() { s.mg.mgmtKeys[key] = true })
-}
-
-// SetSCIMToken makes token an accepted SCIM token of organization org (once
-// one is set, others are answered 403).
-func (s *Sim) SetSCIMToken(token, org string) {
-	withLock(&s.mg.mu, func() { s.mg.scimTokens[token] = org })
-}
-
-// SetProjectSecret makes secret the only accepted secret key of apiKey on
-// the classifier and taxonomy routes.
-func (s *Sim) SetProjectSecret(apiKey, secret string) {
-	withLock(&s.mg.mu, func() { s.mg.secrets[apiKey] = secret })
-}
-
-// MgmtCalls returns the management calls logged so far, oldest first.
-func (s *Sim) MgmtCalls() []MgmtCall {
-	return locked(&s.mg.mu, func() []MgmtCall { return append([]MgmtCall(nil), s.mg.calls...) })
-}
-
-// mgRequest is what a management handler gets.
 type mgRequest struct {
 	r       *http.Request
 	body    []byte
@@ -150,7 +114,8 @@ type mgRequest struct {
 	call    *MgmtCall
 }
 
-type mgHandler func(w *statusWriter, q *mgRequest)
+// mgHandler returns a management request's answer (see writeAnswer).
+type mgHandler func(w *statusWriter, q *mgRequest) (status int, body any)
 
 // mgmtRoute registers pattern ("METHOD /path/{x}") for api.
 func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgHandler) {
@@ -159,20 +124,21 @@ func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgH
 		call := &MgmtCall{Time: s.cfg.Now(), API: api, Method: r.Method, Path: r.URL.EscapedPath(),
 			Query: r.URL.RawQuery, Headers: sortedKeys(r.Header)}
 		call.Status = s.serveDirect(w, r, false, func(mw *statusWriter, _ *Record) {
-			s.serveMgmt(st, mw, r, call, auth, maxBody, h)
+			status, body := s.serveMgmt(mw, r, call, auth, maxBody, h)
+			writeJSON(mw, status, body)
 		})
-		st.mu.Lock()
+		s.mu.Lock()
 		st.seq++
 		call.Seq = st.seq
 		if len(st.calls) >= maxMgmtCalls {
 			st.calls = append(st.calls[:0], st.calls[len(st.calls)/2:]...)
 		}
 		st.calls = append(st.calls, *call)
-		st.mu.Unlock()
+		s.mu.Unlock()
 	})
 }
 
-func (s *Sim) serveMgmt(st *mgmtState, w *statusWriter, r *http.Request, call *MgmtCall, auth mgmtAuth, maxBody int64, h mgHandler) {
+func (s *Sim) serveMgmt(w *statusWriter, r *http.Request, call *MgmtCall, auth mgmtAuth, maxBody int64, h mgHandler) (int, any) {
 	av := r.Header.Get("Authorization")
 	scheme, cred, _ := strings.Cut(av, " ")
 	cred = strings.TrimSpace(cred)
@@ -187,11 +153,11 @@ func (s *Sim) serveMgmt(st *mgmtState, w *statusWriter, r *http.Request, call *M
 	if auth == authBasic {
 		want = "Basic"
 	}
-	unauthorized := func(status int, msg string) {
+	unauthorized := func(status int, msg string) (int, any) {
 		if status == http.StatusUnauthorized {
 			w.Header().Set("WWW-Authenticate", want+` realm="svc"`)
 		}
-		apiError(w, status, msg)
+		return apiFail(status, msg)
 	}
 	q := &mgRequest{r: r, call: call}
 	key, secret, found := cred, "", true
@@ -201,35 +167,32 @@ func (s *Sim) serveMgmt(st *mgmtState, w *statusWriter, r *http.Request, call *M
 		found = found && err == nil
 	}
 	if call.Auth != strings.ToLower(want) || key == "" || !found {
-		unauthorized(http.StatusUnauthorized, "missing or malformed Authorization: "+want+" header")
-		return
+		return unauthorized(http.StatusUnauthorized, "missing or malformed Authorization: "+want+" header")
 	}
 	call.Principal = KeyLabel(key)
-	st.mu.Lock()
-	org, okSCIM := st.scimTokens[key]
-	okMgmt := len(st.mgmtKeys) == 0 || st.mgmtKeys[key]
-	wantSecret, hasSecret := st.secrets[key]
-	if len(st.scimTokens) == 0 {
+	s.mu.Lock()
+	k := &s.knobs
+	org, okSCIM := k.SCIMTokens[key]
+	okMgmt := len(k.ManagementKeys) == 0 || k.ManagementKeys[key]
+	wantSecret, hasSecret := k.ProjectSecrets[key]
+	if len(k.SCIMTokens) == 0 {
 		org, okSCIM = call.Principal, true
 	}
-	st.mu.Unlock()
+	s.mu.Unlock()
 	switch auth {
 	case authMgmtBearer:
 		q.account = call.Principal
 		if !okMgmt {
-			unauthorized(http.StatusForbidden, "invalid management API key")
-			return
+			return unauthorized(http.StatusForbidden, "invalid management API key")
 		}
 	case authSCIMBearer:
 		if !okSCIM {
-			unauthorized(http.StatusForbidden, "invalid SCIM token")
-			return
+			return unauthorized(http.StatusForbidden, "invalid SCIM token")
 		}
 		q.account = org
 	case authBasic:
 		if !s.validKey(key) || secret == "" || (hasSecret && wantSecret != secret) {
-			unauthorized(http.StatusForbidden, "invalid API key or secret key")
-			return
+			return unauthorized(http.StatusForbidden, "invalid API key or secret key")
 		}
 		q.account = key
 	}
@@ -241,27 +204,31 @@ func (s *Sim) serveMgmt(st *mgmtState, w *statusWriter, r *http.Request, call *M
 			body, err = io.ReadAll(io.LimitReader(zr, maxBody+1))
 		}
 		if err != nil {
-			apiError(w, http.StatusBadRequest, "undecodable gzip body")
-			return
+			return apiFail(http.StatusBadRequest, "undecodable gzip body")
 		}
 		enc = ""
 	}
 	switch {
 	case err != nil:
-		apiError(w, http.StatusBadRequest, "unreadable body")
+		return apiFail(http.StatusBadRequest, "unreadable body")
 	case int64(len(body)) > maxBody:
-		apiError(w, http.StatusRequestEntityTooLarge, "Payload too large")
+		return apiFail(http.StatusRequestEntityTooLarge, "Payload too large")
 	case enc != "" && enc != "identity":
-		apiError(w, http.StatusUnsupportedMediaType, "unsupported Content-Encoding")
-	default:
-		q.body = body
-		call.Body = string(body[:min(len(body), 4096)])
-		call.Account = q.account
-		if auth == authBasic {
-			call.Account = call.Principal // a label, not the api key
-		}
-		h(w, q)
+		return apiFail(http.StatusUnsupportedMediaType, "unsupported Content-Encoding")
 	}
+	q.body = body
+	call.Body = string(body[:min(len(body), 4096)])
+	call.Account = q.account
+	if auth == authBasic {
+		call.Account = call.Principal // a label, not the api key
+	}
+	ct := "application/json"
+	if auth == authSCIMBearer {
+		ct = "application/scim+json"
+	}
+	status, answer := h(w, q)
+	writeAnswer(w, status, answer, ct)
+	return 0, nil
 }
 
 // windowHits keeps the counted calls (time, cost) per account for a sliding
@@ -294,6 +261,30 @@ func (h windowHits) take(account string, now time.Time, cost, limit int, window 
 	}
 	h[account] = append(ts, hit{now, cost})
 	return true, 0
+}
+
+// writeAnswer writes a handler's answer: only the status for a nil body
+// (nothing at all with status 0: the handler wrote it), a string as text,
+// bytes as given, anything else as JSON; ct is the type of the last two.
+func writeAnswer(w http.ResponseWriter, status int, body any, ct string) {
+	var b []byte
+	switch v := body.(type) {
+	case nil:
+		if status != 0 {
+			w.WriteHeader(status)
+		}
+		return
+	case string:
+		b, ct = []byte(v), "text/plain; charset=utf-8"
+	case []byte:
+		b = v
+	default:
+		b = appendJSON(nil, v)
+	}
+	w.Header().Set("Content-Type", ct)
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	w.Write(b)
 }
 
 func retryAfter(w http.ResponseWriter, d time.Duration) {

@@ -63,7 +63,7 @@ func runSteps(t *testing.T, do func(method, path, auth, ctype, body string) (int
 
 func TestSimSCIM(t *testing.T) {
 	s, do := mgmtSim(t, Config{})
-	s.SetSCIMToken("tok-a", "acme")
+	s.Knobs(func(k *Knobs) { k.SCIMTokens["tok-a"] = "acme" })
 	a := "Bearer tok-a"
 	user := func(email string) string {
 		return `{"schemas":["` + SCIMUserSchema + `"],"id":"` + email + `","userName":"` + email + `","name":{"givenName":"A","familyName":"B"},"emails":[{"value":"` + email + `","primary":true}]}`
@@ -102,14 +102,14 @@ func TestSimSCIM(t *testing.T) {
 		{"GET", "/scim/1/Groups", a, "", 200, `"totalResults":1`},
 		{"DELETE", "/scim/1/Groups/1001", a, "", 204, ""},
 	})
-	if got := s.scimUsers("acme"); len(got) != 1 || got[0] != "new@x.io" {
+	if got := locked(&s.mu, func() []string { return sortedKeys(s.mg.scim.orgs["acme"].users) }); len(got) != 1 || got[0] != "new@x.io" {
 		t.Errorf("users %v", got)
 	}
 }
 
 func TestSimSCIMRate(t *testing.T) {
 	s, do := mgmtSim(t, Config{})
-	s.SetSCIMRate(5, time.Hour)
+	s.Knobs(func(k *Knobs) { k.SCIMLimit, k.SCIMWindow = 5, time.Hour })
 	for i := range 7 {
 		status, h, _ := do("GET", "/scim/1/Users", "Bearer org1", "", "")
 		switch {
@@ -123,19 +123,19 @@ func TestSimSCIMRate(t *testing.T) {
 		t.Fatalf("another organization limited: %d", status)
 	}
 	by := map[string]int{}
-	for _, c := range s.MgmtCalls() {
+	for _, c := range readOut[MgmtCalls](t, s, "/sim/mgmt/calls").Calls {
 		if c.API == "scim" {
 			by[c.Account]++
 		}
 	}
-	if len(by) != 2 || by[s.MgmtCalls()[0].Account] != 7 {
+	if len(by) != 2 || by[readOut[MgmtCalls](t, s, "/sim/mgmt/calls").Calls[0].Account] != 7 {
 		t.Errorf("logged scim calls by account %v, want 7 of the first (the refused ones too) and 1 of another", by)
 	}
 }
 
 func TestSimClassifiers(t *testing.T) {
 	s, do := mgmtSim(t, Config{})
-	s.SetProjectSecret("k1", "s1")
+	s.Knobs(func(k *Knobs) { k.ProjectSecrets["k1"] = "s1" })
 	a := basicAuth("k1", "s1")
 	def := `{"csvDefinition":{"csvText":"channel,utm_source\nSearch,google","separator":null}}`
 	big := `{"csvDefinition":{"csvText":"` + strings.Repeat("a", ClassifierMaxCSVBytes+1) + `"}}`
@@ -229,7 +229,7 @@ func TestSimTaxonomyLifecycle(t *testing.T) {
 
 func TestSimTaxonomyLimits(t *testing.T) {
 	s, do := mgmtSim(t, Config{})
-	s.SetTaxonomyLimits(0, 5, time.Hour)
+	s.Knobs(func(k *Knobs) { k.TaxonomyPeriodCost, k.TaxonomyPeriod = 5, time.Hour })
 	a := basicAuth("k1", "s1")
 	runSteps(t, do, "application/x-www-form-urlencoded", []step{
 		{"POST", "/api/2/taxonomy/category", a, "category_name=a", 200, ""}, // 2
@@ -237,14 +237,14 @@ func TestSimTaxonomyLimits(t *testing.T) {
 		{"GET", "/api/2/taxonomy/category", a, "", 200, ""},                 // 5
 		{"GET", "/api/2/taxonomy/category", a, "", 429, "Too many"},
 	})
-	if n := s.TaxonomyPeakInFlight("k1"); n != 2 {
+	if n := readOut[MgmtCalls](t, s, "/sim/mgmt/calls").TaxonomyPeak[KeyLabel("k1")]; n != 2 {
 		t.Errorf("peak %d", n)
 	}
 }
 
 func TestSimExperiments(t *testing.T) {
 	s, do := mgmtSim(t, Config{})
-	s.SetManagementKey("mk")
+	s.Knobs(func(k *Knobs) { k.ManagementKeys["mk"] = true })
 	web := s.AddWebExperiment("w")
 	a := "Bearer mk"
 	status, _, body := do("POST", "/api/1/experiments", a, "application/json",

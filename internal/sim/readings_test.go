@@ -1,9 +1,7 @@
 package sim
 
 import (
-	"bytes"
 	"fmt"
-	"net/http"
 	"testing"
 	"time"
 
@@ -64,12 +62,12 @@ func TestReadings(t *testing.T) {
 	})
 	t.Run("partial silenced 400", func(t *testing.T) {
 		s, url := start(t, Config{PartialSilence: true})
-		s.Silence("quiet-device")
+		s.Knobs(func(k *Knobs) { k.Silenced["quiet-device"] = true })
 		if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("quiet-device", "q"), wiretest.Event("other-device", "o"))); a.Status != 400 || s.Count() != 1 {
 			t.Fatalf("%d, count %d", a.Status, s.Count())
 		}
 		strict, surl := start(t, Config{})
-		strict.Silence("quiet-device")
+		strict.Knobs(func(k *Knobs) { k.Silenced["quiet-device"] = true })
 		if a := wiretest.Post(t, surl+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("quiet-device", "q"), wiretest.Event("other-device", "o"))); a.Status != 400 || strict.Count() != 0 {
 			t.Fatalf("strict: %d, count %d", a.Status, strict.Count())
 		}
@@ -91,30 +89,10 @@ func TestReadings(t *testing.T) {
 			t.Fatalf("24h after the refusal: %d %s", a.Status, a.Body)
 		}
 	})
-	t.Run("5xx that ingested all or half", func(t *testing.T) {
-		ff := &queueFaults{}
-		s, url := start(t, Config{Faults: ff})
-		ff.add(Fault{Status: 503, Ingest: IngestAll}, Fault{Status: 500, Ingest: IngestHalf},
-			Fault{Drop: DropNoAnswer, Ingest: IngestHalf})
-		if a := wiretest.Post(t, url+"/2/httpapi", batch("k", "dev-5", 4, "a")); a.Status != 503 || s.Count() != 4 {
-			t.Fatalf("%d count %d", a.Status, s.Count())
-		}
-		if a := wiretest.Post(t, url+"/2/httpapi", batch("k", "dev-5", 4, "b")); a.Status != 500 || s.Count() != 6 {
-			t.Fatalf("%d count %d", a.Status, s.Count())
-		}
-		resp, err := http.Post(url+"/2/httpapi", "application/json", bytes.NewReader(batch("k", "dev-5", 4, "c")))
-		if err == nil {
-			resp.Body.Close()
-			t.Fatal("no-answer fault answered")
-		}
-		if s.Count() != 8 {
-			t.Fatalf("no-answer half: count %d", s.Count())
-		}
-	})
 	t.Run("invalid API key for a while", func(t *testing.T) {
 		clk := newFakeClock()
 		s, url := start(t, Config{Now: clk.Now})
-		s.RefuseKey("k", time.Minute)
+		s.Knobs(func(k *Knobs) { k.RefusedKeys["k"] = s.cfg.Now().Add(time.Minute) })
 		if a := wiretest.Post(t, url+"/2/httpapi", batch("k", "dev-r", 1, "a")); a.Status != 400 || a.JSON["error"] != "Invalid API key" {
 			t.Fatalf("%d %s", a.Status, a.Body)
 		}

@@ -24,8 +24,8 @@ func TestProductRoutesOnlyRead(t *testing.T) {
 			t.Errorf("POST %s: %d %s", p, a.Status, a.Body)
 		}
 	}
-	if s.Count() != 1 || len(s.SilencedDevices()) != 0 {
-		t.Fatalf("state changed: count %d, silenced %v", s.Count(), s.SilencedDevices())
+	if s.Count() != 1 || len(locked(&s.mu, func() []string { return sortedKeys(s.knobs.Silenced) })) != 0 {
+		t.Fatalf("state changed: count %d, silenced %v", s.Count(), locked(&s.mu, func() []string { return sortedKeys(s.knobs.Silenced) }))
 	}
 	if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "b"))); a.Status != 200 {
 		t.Fatalf("after the POSTs: %d %s", a.Status, a.Body)

@@ -14,7 +14,7 @@ import (
 //
 // State per organization (the SCIM token's): users keyed by lower-cased
 // email (pending or joined, both reported active) and groups with numeric
-// ids. Rate: SCIMRateLimit requests per SCIMRateWindow per organization,
+// ids. Rate: Knobs.SCIMLimit requests per SCIMWindow per organization,
 // counted at arrival after authentication; above it 429 with Retry-After
 // (the refused call is not counted). Errors use the SCIM error schema
 // {"schemas":[ErrorSchema],"status":"400","scimType":...,"detail":...}.
@@ -71,60 +71,28 @@ type scimOrg struct {
 }
 
 type scimState struct {
-	orgs   map[string]*scimOrg
-	hits   windowHits
-	limit  int
-	window time.Duration
-}
-
-// SetSCIMRate sets the SCIM rate limit (defaults SCIMRateLimit per
-// SCIMRateWindow); zero values keep the current setting.
-func (s *Sim) SetSCIMRate(limit int, window time.Duration) {
-	s.mg.mu.Lock()
-	defer s.mg.mu.Unlock()
-	setPositive(&s.mg.scim.limit, limit)
-	setPositive(&s.mg.scim.window, window)
-}
-
-// scimUsers returns the emails of org's users, sorted.
-func (s *Sim) scimUsers(org string) []string {
-	st := s.mg
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if o := st.scim.orgs[org]; o != nil {
-		return sortedKeys(o.users)
-	}
-	return nil
+	orgs map[string]*scimOrg
+	hits windowHits
 }
 
 func (s *Sim) registerSCIM() {
 	st := s.mg
-	st.scim = &scimState{orgs: map[string]*scimOrg{}, hits: windowHits{}, limit: SCIMRateLimit, window: SCIMRateWindow}
+	st.scim = &scimState{orgs: map[string]*scimOrg{}, hits: windowHits{}}
 	// r registers a SCIM route: f answers for the organization once the rate
-	// passes; its body is written as SCIM JSON, as given ([]byte), or not
-	// at all (nil).
+	// passes.
 	r := func(pattern string, f func(o *scimOrg, w *statusWriter, q *mgRequest) (int, any)) {
-		s.mgmtRoute("scim", pattern, authSCIMBearer, scimMaxBody, func(w *statusWriter, q *mgRequest) {
-			st.mu.Lock()
-			defer st.mu.Unlock()
-			status, body := scimError(http.StatusTooManyRequests, "", "Too many requests: 100 per minute per organization")
-			if ok, wait := st.scim.hits.take(q.account, q.call.Time, 1, st.scim.limit, st.scim.window); !ok {
+		s.mgmtRoute("scim", pattern, authSCIMBearer, scimMaxBody, func(w *statusWriter, q *mgRequest) (int, any) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if ok, wait := st.scim.hits.take(q.account, q.call.Time, 1, s.knobs.SCIMLimit, s.knobs.SCIMWindow); !ok {
 				retryAfter(w, wait)
-			} else {
-				status, body = f(entry(st.scim.orgs, q.account, func() *scimOrg {
-					return &scimOrg{users: map[string]*scimUser{}, groups: map[int]*scimGroup{}, nextID: 1001}
-				}), w, q)
+				return scimError(http.StatusTooManyRequests, "", "Too many requests: 100 per minute per organization")
 			}
-			if body != nil {
-				w.Header().Set("Content-Type", "application/scim+json")
-			}
-			w.WriteHeader(status)
-			if raw, ok := body.([]byte); ok {
-				w.Write(raw)
-			} else if body != nil {
-				w.Write(appendJSON(nil, body))
-			}
+			return f(entry(st.scim.orgs, q.account, func() *scimOrg {
+				return &scimOrg{users: map[string]*scimUser{}, groups: map[int]*scimGroup{}, nextID: 1001}
+			}), w, q)
 		})
+
 	}
 	r("GET /scim/1/Users", s.scimListUsers)
 	r("GET /scim/1/Users/{id}", s.scimGetUser)
@@ -139,7 +107,6 @@ func (s *Sim) registerSCIM() {
 	r("DELETE /scim/1/Groups/{id}", s.scimDeleteGroup)
 }
 
-// scimError is an answer in the SCIM error schema.
 func scimError(status int, scimType, detail string) (int, any) {
 	b := map[string]any{"schemas": []string{SCIMErrorSchema}, "status": strconv.Itoa(status), "detail": detail}
 	if scimType != "" {
@@ -165,7 +132,6 @@ func ValidEmail(s string) bool {
 	return len(labels) >= 2 && !slices.Contains(labels, "")
 }
 
-// page parses startIndex and itemsPerPage.
 func scimPage(r *http.Request) (start, count int, fail string) {
 	start, count = 1, SCIMMaxPageSize
 	q := r.URL.Query()

@@ -48,13 +48,14 @@ type Config struct {
 	Keep int
 	// KeepRequests bounds the request log; 0 means 100,000, negative keeps none.
 	KeepRequests int
-	// CountOnly makes /2/httpapi answer 200 after counting events, without
-	// validating or storing them (the peak-rate benchmark sink).
-	CountOnly bool
+	// CountOnly, when set, makes /2/httpapi and /batch answer 200 with the
+	// events it counts in the body, validating and storing nothing (the
+	// peak-rate benchmark sink; simtest.CountEvents is a cheap count).
+	CountOnly func(body []byte) int
 	// Now is the clock; nil means time.Now. Rate windows, penalties, dedup,
 	// daily quotas and request times use it; injected latency uses real time.
 	Now func() time.Time
-	// Faults, when set, fails ingest requests on purpose and adds its
+	// Faults, when set, fails upstream requests on purpose and adds its
 	// control routes (internal/simtest, tests only); nil in the product.
 	Faults Faults
 
@@ -143,21 +144,75 @@ type Sim struct {
 	ctlMux *http.ServeMux
 	srv    *http.Server
 	seed   maphash.Seed
-	// The route groups' states, for the methods that read and set them.
-	dsar   *dsarState
-	export *exportState
-	mg     *mgmtState
-	um     *umState
-	gi     *giState
 
+	// mu guards everything below: the store, the knobs and every route
+	// group's state (the groups reach theirs through closures).
 	mu    sync.Mutex
 	store store
-
-	keyMu   sync.Mutex
-	refused map[string]time.Time // RefuseKey: api_key -> until (Config.Now)
+	knobs Knobs
+	mg    *mgmtState
+	um    *umState
+	gi    *giState
 
 	counted     atomic.Int64 // CountOnly events
 	connections atomic.Int64 // connections accepted by Serve listeners
+}
+
+// Knobs are the settings tests turn while a Sim runs, each a rule of the
+// upstream that the product leaves at the documented value (New's, from
+// Config). internal/simtest turns them through Sim.Knobs.
+type Knobs struct {
+	// DailyQuota is Config.DailyQuota.
+	DailyQuota int
+	// Silenced devices (of every api_key) get the silenced 400; Reset keeps them.
+	Silenced map[string]bool
+	// RefusedKeys are answered "Invalid API key" until the time given
+	// (Config.Now), as an upstream may while a key is rotated: the reading
+	// of ambiguity 10 where an invalid key is transient.
+	RefusedKeys map[string]time.Time
+	// ManagementKeys and SCIMTokens (token -> organization), when any, are
+	// the only ones accepted (others 403); with none, any token is, as its
+	// own organization. ProjectSecrets (api key -> secret key), when one is
+	// set for a key, is the only secret the classifier and taxonomy routes
+	// take with it.
+	ManagementKeys map[string]bool
+	SCIMTokens     map[string]string
+	ProjectSecrets map[string]string
+	// SCIMLimit requests per SCIMWindow per organization.
+	SCIMLimit  int
+	SCIMWindow time.Duration
+	// Taxonomy limits per api key: cost in flight, cost per period; every
+	// taxonomy request is held TaxonomyDelay in flight (so tests see
+	// concurrency).
+	TaxonomyMaxInFlight, TaxonomyPeriodCost int
+	TaxonomyPeriod, TaxonomyDelay           time.Duration
+	// UserMapLimit mapping calls per UserMapWindow per organization;
+	// UserMapOrgs puts api keys in organizations (sharing the rate and the
+	// mappings; a key in none is its own); UserMapSecrets (api key ->
+	// secret) is the only secret GET /api/2/usermap takes for that key.
+	UserMapLimit   int
+	UserMapWindow  time.Duration
+	UserMapOrgs    map[string]string
+	UserMapSecrets map[string]string
+	// A POST /usermap holding one of RejectedUserIDs, a /groupidentify
+	// holding one of RejectedGroupValues, is answered 400 naming no index;
+	// Reset forgets them.
+	RejectedUserIDs, RejectedGroupValues map[string]bool
+	// DSARPollsToDone is how many status polls a DSAR job takes; the next
+	// DSARFailNext jobs end "failed"; a done job's urls last DSARURLTTL.
+	DSARPollsToDone, DSARFailNext int
+	DSARURLTTL                    time.Duration
+	// ExportMaxBytes is the largest estimated export (larger: 400);
+	// ExportSyntheticBytes adds that many bytes of synthetic records to
+	// every hour of a range.
+	ExportMaxBytes, ExportSyntheticBytes int64
+}
+
+// Knobs runs f on the knobs with the Sim locked (f must not call the Sim).
+func (s *Sim) Knobs(f func(k *Knobs)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f(&s.knobs)
 }
 
 // New returns a simulator. log may be nil. It panics if cfg is invalid
@@ -177,10 +232,22 @@ func New(cfg Config, log *zap.Logger) *Sim {
 			s.keys[k] = true
 		}
 	}
-	s.store.init(&s.cfg, s.seed)
+	s.store.init(&s.cfg, s.seed, &s.knobs)
+	s.knobs = Knobs{DailyQuota: cfg.DailyQuota, Silenced: map[string]bool{}, RefusedKeys: map[string]time.Time{},
+		ManagementKeys: map[string]bool{}, SCIMTokens: map[string]string{}, ProjectSecrets: map[string]string{},
+		SCIMLimit: SCIMRateLimit, SCIMWindow: SCIMRateWindow, TaxonomyMaxInFlight: TaxonomyMaxInFlight,
+		TaxonomyPeriodCost: TaxonomyPeriodCost, TaxonomyPeriod: TaxonomyPeriod, UserMapLimit: DefaultMappingLimit,
+		UserMapWindow: DefaultMappingWindow, UserMapOrgs: map[string]string{}, UserMapSecrets: map[string]string{},
+		RejectedUserIDs: map[string]bool{}, RejectedGroupValues: map[string]bool{}, DSARPollsToDone: 3,
+		DSARURLTTL: 48 * time.Hour, ExportMaxBytes: 4 << 30}
 	s.mux = http.NewServeMux()
 	s.ctlMux = http.NewServeMux()
-	s.registerRoutes()
+	// The route groups of doc.go's table, a file each.
+	for _, register := range []func(){s.registerHTTPAPI, s.registerControl, s.registerMgmt, s.registerGroupIdentify,
+		s.registerUserMap, s.registerExperiments, s.registerSCIM, s.registerClassifiers, s.registerTaxonomy,
+		s.registerFeedback, s.registerDSAR, s.registerDeletion, s.registerExport} {
+		register()
+	}
 	if cfg.Faults != nil {
 		cfg.Faults.Routes(s, s.ctlMux)
 	}
@@ -188,14 +255,13 @@ func New(cfg Config, log *zap.Logger) *Sim {
 	s.route("/", routeHandler{serve: func(w http.ResponseWriter, r *http.Request, in *incoming) { // unknown paths
 		codeError(w, http.StatusBadRequest, ErrTextInvalidPath)
 	}})
-	s.srv = &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second, ConnState: s.connState,
-		ErrorLog: zap.NewStdLog(log)}
+	s.srv = &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: zap.NewStdLog(log),
+		ConnState: func(_ net.Conn, st http.ConnState) {
+			if st == http.StateNew {
+				s.connections.Add(1)
+			}
+		}}
 	return s
-}
-
-// Config returns the configuration in effect (zero values replaced by defaults).
-func (s *Sim) Config() Config {
-	return locked(&s.mu, func() Config { return s.cfg })
 }
 
 // Handler returns the simulator's routes, including its read-outs under
@@ -241,18 +307,10 @@ func (s *Sim) Start(addr string) (string, error) {
 	return "http://" + ln.Addr().String(), nil
 }
 
-// locked returns f's result, run with mu held.
 func locked[T any](mu *sync.Mutex, f func() T) T {
 	mu.Lock()
 	defer mu.Unlock()
 	return f()
-}
-
-// setPositive sets *dst to v when v > 0: a setting's zero keeps the value.
-func setPositive[T int | int64 | time.Duration](dst *T, v T) {
-	if v > 0 {
-		*dst = v
-	}
 }
 
 // entry returns m[k], adding mk() first when there is none.
@@ -265,5 +323,19 @@ func entry[K comparable, V any](m map[K]V, k K, mk func() V) V {
 	return v
 }
 
-// withLock runs f with mu held.
-func withLock(mu *sync.Mutex, f func()) { locked(mu, func() struct{} { f(); return struct{}{} }) }
+// validKey reports whether apiKey is acceptable: non-empty, one of
+// Config.APIKeys when those are set, and not refused (Knobs.RefusedKeys).
+// The caller must not hold s.mu.
+func (s *Sim) validKey(apiKey string) bool {
+	if apiKey == "" || (s.keys != nil && !s.keys[apiKey]) {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	u, ok := s.knobs.RefusedKeys[apiKey]
+	if ok && !s.cfg.Now().Before(u) {
+		delete(s.knobs.RefusedKeys, apiKey)
+		return true
+	}
+	return !ok
+}

@@ -27,7 +27,7 @@ type Record struct {
 	// without a complete answer.
 	Status int `json:"status"`
 	// Answered is the status the handler produced for a request whose
-	// answer a Drop fault lost (DropAfterIngest, DropMidResponse).
+	// answer a drop fault lost (simtest.DropAfterIngest, DropMidResponse).
 	Answered int `json:"answered,omitempty"`
 	// Fault names the fault applied: "", "status", "drop-<mode>", "down-<mode>".
 	Fault string `json:"fault,omitempty"`
@@ -111,6 +111,9 @@ type Stats struct {
 	// Throttled and Silenced count 429 and silenced-400 answers.
 	Throttled int64 `json:"throttled"`
 	Silenced  int64 `json:"silenced"`
+	// GroupIdentifies counts /groupidentify requests that stored their
+	// identifications.
+	GroupIdentifies int64 `json:"group_identifies"`
 }
 
 type dedupEntry struct {
@@ -156,24 +159,18 @@ type store struct {
 	rates    map[string]*rateKey
 	sweepCtr int
 	quotas   map[string]*quotaKey
-	silenced map[string]bool
+	knobs    *Knobs
 }
 
-func (st *store) init(cfg *Config, seed maphash.Seed) {
-	st.cfg, st.seed = cfg, seed
-	silenced := st.silenced
-	*st = store{cfg: cfg, seed: seed, silenced: silenced}
+func (st *store) init(cfg *Config, seed maphash.Seed, knobs *Knobs) {
+	*st = store{cfg: cfg, seed: seed, knobs: knobs}
 	st.stats.ByStatus = make(map[int]int64)
 	st.stats.IngestedByKey = make(map[string]int64)
 	st.dedup = make(map[uint64]int64)
 	st.rates = make(map[string]*rateKey)
 	st.quotas = make(map[string]*quotaKey)
-	if st.silenced == nil {
-		st.silenced = make(map[string]bool)
-	}
 }
 
-// newRecord starts the log entry of an arriving request.
 func (s *Sim) newRecord(r *http.Request) *Record {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -181,7 +178,6 @@ func (s *Sim) newRecord(r *http.Request) *Record {
 	return &Record{Seq: s.store.reqSeq, Time: s.cfg.Now(), Method: r.Method, Path: r.URL.Path}
 }
 
-// logRequest appends rec to the request log and counts it.
 func (s *Sim) logRequest(rec *Record) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -268,7 +264,6 @@ func (st *store) sweep(now int64) {
 
 func utcDay(t time.Time) int64 { return t.UTC().Unix() / 86400 }
 
-// throttleBody is the 429 answer.
 type throttleBody struct {
 	Code             int            `json:"code"`
 	Error            string         `json:"error"`
@@ -278,7 +273,6 @@ type throttleBody struct {
 	ThrottledEvents  []int          `json:"throttled_events"`
 }
 
-// silenceBody is the silenced-device 400 answer.
 type silenceBody struct {
 	Code                      int            `json:"code"`
 	Error                     string         `json:"error"`
@@ -290,7 +284,6 @@ type silenceBody struct {
 	ThrottledEvents           []int          `json:"throttled_events"`
 }
 
-// successBody is the 200 answer.
 type successBody struct {
 	Code             int   `json:"code"`
 	EventsIngested   int   `json:"events_ingested"`
@@ -317,13 +310,13 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 		if ev.deviceID == "" {
 			continue
 		}
-		if st.silenced[ev.deviceID] {
+		if st.knobs.Silenced[ev.deviceID] {
 			if !slices.Contains(silDevs, ev.deviceID) {
 				silDevs = append(silDevs, ev.deviceID)
 			}
 			silEvents = append(silEvents, i)
 		}
-		if s.cfg.DailyQuota > 0 {
+		if st.knobs.DailyQuota > 0 {
 			if q := st.overQuotaLocked(env.apiKey+"\x00"+ev.deviceID, day, now); q != nil {
 				quota[ev.deviceID] = q.n
 				quotaEvents = append(quotaEvents, i)
@@ -431,7 +424,7 @@ func (env *envelope) without(skip ...[]int) *envelope {
 // quota, nil when it is not over.
 func (st *store) overQuotaLocked(qk string, day, now int64) *quotaKey {
 	q := st.quotas[qk]
-	if q == nil || q.n < st.cfg.DailyQuota {
+	if q == nil || q.n < st.knobs.DailyQuota {
 		return nil
 	}
 	if !st.cfg.QuotaRolling {
@@ -487,7 +480,7 @@ func (s *Sim) storeLocked(env *envelope, rec *Record, nowT time.Time) {
 	}
 	for k, n := range keyCounts(env.info) {
 		st.addRate(st.rateKeyOf(env.apiKey, k[:1], k[1:]), now, n)
-		if k[0] == 'd' && s.cfg.DailyQuota > 0 {
+		if k[0] == 'd' && st.knobs.DailyQuota > 0 {
 			qk := env.apiKey + "\x00" + k[1:]
 			q := st.quotas[qk]
 			if q == nil || (!s.cfg.QuotaRolling && q.day != day) {
@@ -594,19 +587,10 @@ func (s *Sim) AllEvents() []Ingested {
 
 // Count returns the number of events ingested (duplicates excluded), also
 // those Config.Keep no longer keeps.
-func (s *Sim) Count() int64 {
-	return locked(&s.mu, func() int64 { return s.store.stats.Ingested })
-}
-
-// countFor returns the number of events ingested for apiKey.
-func (s *Sim) countFor(apiKey string) int64 {
-	return locked(&s.mu, func() int64 { return s.store.stats.IngestedByKey[KeyLabel(apiKey)] })
-}
+func (s *Sim) Count() int64 { return s.Stats().Ingested }
 
 // Duplicates returns how many events were recognised as duplicates.
-func (s *Sim) Duplicates() int64 {
-	return locked(&s.mu, func() int64 { return s.store.stats.Duplicates })
-}
+func (s *Sim) Duplicates() int64 { return s.Stats().Duplicates }
 
 // Requests returns the request log in arrival order (see Config.KeepRequests).
 func (s *Sim) Requests() []Record {
@@ -633,36 +617,17 @@ func (s *Sim) Stats() Stats {
 
 // Reset forgets every stored event, counter, request, insert_id, rate and
 // quota, and the group identify, user mapping and management APIs' data,
-// logs, counters and injected refusals; their configuration (accepted
-// keys, secrets, rate limits) is kept, as silenced devices stay silenced.
-// (simtest's Reset clears its faults too.)
+// logs, counters and rejections; the knobs otherwise stay (accepted keys,
+// secrets, rate limits, silenced devices). simtest's Reset clears its
+// faults too.
 func (s *Sim) Reset() {
 	s.mu.Lock()
-	s.store.init(&s.cfg, s.seed)
+	defer s.mu.Unlock()
+	s.store.init(&s.cfg, s.seed, &s.knobs)
 	s.counted.Store(0)
 	s.connections.Store(0)
-	s.mu.Unlock()
-	s.gi.reset() // each group takes its own lock
+	s.knobs.RejectedUserIDs, s.knobs.RejectedGroupValues = map[string]bool{}, map[string]bool{}
+	s.gi.reset()
 	s.um.reset()
 	s.mg.reset()
-}
-
-// Silence silences a device (every api_key) until Unsilence.
-func (s *Sim) Silence(deviceID string) {
-	withLock(&s.mu, func() { s.store.silenced[deviceID] = true })
-}
-
-// Unsilence ends Silence.
-func (s *Sim) Unsilence(deviceID string) {
-	withLock(&s.mu, func() { delete(s.store.silenced, deviceID) })
-}
-
-// SilencedDevices returns the silenced devices, sorted.
-func (s *Sim) SilencedDevices() []string {
-	return locked(&s.mu, func() []string { return sortedKeys(s.store.silenced) })
-}
-
-// SetDailyQuota changes Config.DailyQuota at run time (0 = none).
-func (s *Sim) SetDailyQuota(n int) {
-	withLock(&s.mu, func() { s.cfg.DailyQuota = n })
 }

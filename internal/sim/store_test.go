@@ -154,7 +154,7 @@ func TestRateLimitUsers(t *testing.T) {
 func TestSilencedAndQuota(t *testing.T) {
 	clk := newFakeClock()
 	s, url := start(t, Config{Now: clk.Now, DailyQuota: 3})
-	s.Silence("quiet-device")
+	s.Knobs(func(k *Knobs) { k.Silenced["quiet-device"] = true })
 	a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "a"), wiretest.Event("quiet-device", "b"), wiretest.Event("quiet-device", "c")))
 	if a.Status != 400 {
 		t.Fatalf("%d %s", a.Status, a.Body)
@@ -165,7 +165,7 @@ func TestSilencedAndQuota(t *testing.T) {
 	if s.Count() != 0 {
 		t.Fatal("silenced request ingested")
 	}
-	s.Unsilence("quiet-device")
+	s.Knobs(func(k *Knobs) { delete(k.Silenced, "quiet-device") })
 	// Quota: 3 per device per UTC day; a request is refused once the count reached it.
 	if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "a"), wiretest.Event("device1", "b"))); a.Status != 200 {
 		t.Fatal(a.Status)

@@ -33,9 +33,7 @@ import (
 //
 // Limits per api key: cost GET 1, PUT/POST/DELETE 2; at most
 // TaxonomyMaxInFlight cost in flight and TaxonomyPeriodCost cost per
-// TaxonomyPeriod (SetTaxonomyLimits); above either: 429 with Retry-After.
-// SetTaxonomyDelay holds every taxonomy request that long (in flight), so
-// tests can see concurrency.
+// TaxonomyPeriod (Knobs); above either: 429 with Retry-After.
 
 // Taxonomy limits of the document.
 const (
@@ -45,7 +43,6 @@ const (
 	taxMaxBody          = 1 << 20
 )
 
-// taxonomyCost is the cost of one taxonomy request of method.
 func taxonomyCost(method string) int {
 	if method == http.MethodGet {
 		return 1
@@ -69,43 +66,18 @@ type taxProject struct {
 }
 
 type taxState struct {
-	projects    map[string]*taxProject
-	inFlight    map[string]int
-	peak        map[string]int
-	spent       windowHits
-	maxInFlight int
-	periodCost  int
-	period      time.Duration
-	delay       time.Duration
-}
-
-// SetTaxonomyLimits sets the taxonomy limits; zero values keep the current
-// setting.
-func (s *Sim) SetTaxonomyLimits(maxInFlight, periodCost int, period time.Duration) {
-	s.mg.mu.Lock()
-	defer s.mg.mu.Unlock()
-	setPositive(&s.mg.tax.maxInFlight, maxInFlight)
-	setPositive(&s.mg.tax.periodCost, periodCost)
-	setPositive(&s.mg.tax.period, period)
-}
-
-// SetTaxonomyDelay makes every taxonomy request take at least d.
-func (s *Sim) SetTaxonomyDelay(d time.Duration) {
-	withLock(&s.mg.mu, func() { s.mg.tax.delay = d })
-}
-
-// TaxonomyPeakInFlight returns the highest cost in flight seen for apiKey.
-func (s *Sim) TaxonomyPeakInFlight(apiKey string) int {
-	return locked(&s.mg.mu, func() int { return s.mg.tax.peak[apiKey] })
+	projects map[string]*taxProject
+	inFlight map[string]int
+	peak     map[string]int
+	spent    windowHits
 }
 
 // SeedTaxonomy puts an entity of apiKey's taxonomy in state: kind is
 // "event", "event-property" (shared) or "user-property".
 func (s *Sim) SeedTaxonomy(apiKey, kind, name, state string) {
-	st := s.mg
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	p := st.tax.project(apiKey)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.mg.tax.project(apiKey)
 	m := map[string]map[string]*taxEntity{"event": p.events, "event-property": p.props, "user-property": p.users}[kind]
 	if m == nil {
 		panic("sim: SeedTaxonomy: unknown kind " + kind)
@@ -138,7 +110,6 @@ type taxReq struct {
 	p    *taxProject
 }
 
-// taxOK is a success answer, with data unless nil.
 func taxOK(status int, data any) (int, any) {
 	b := map[string]any{"success": true}
 	if data != nil {
@@ -147,12 +118,10 @@ func taxOK(status int, data any) (int, any) {
 	return status, b
 }
 
-// taxFail is a failure answer.
 func taxFail(status int, msg string) (int, any) {
 	return status, map[string]any{"success": false, "errors": []any{map[string]any{"message": msg}}}
 }
 
-// set copies the form's values of fields onto e.
 func (q *taxReq) set(e *taxEntity, fields []string) {
 	for _, f := range fields {
 		if v, ok := q.form[f]; ok && len(v) > 0 {
@@ -211,13 +180,12 @@ func (q *taxReq) list(m map[string]*taxEntity, view func(string, *taxEntity) map
 
 func (s *Sim) registerTaxonomy() {
 	s.mg.tax = &taxState{projects: map[string]*taxProject{}, inFlight: map[string]int{}, peak: map[string]int{},
-		spent: windowHits{}, maxInFlight: TaxonomyMaxInFlight, periodCost: TaxonomyPeriodCost, period: TaxonomyPeriod}
+		spent: windowHits{}}
 	// r registers a taxonomy route: f answers once the limits pass, the form
 	// is read and its required fields are there.
 	r := func(pattern string, f func(q *taxReq) (int, any), required ...string) {
-		s.mgmtRoute("taxonomy", pattern, authBasic, taxMaxBody, func(w *statusWriter, q *mgRequest) {
-			status, body := s.serveTaxonomy(w, q, f, required)
-			writeJSON(w, status, body)
+		s.mgmtRoute("taxonomy", pattern, authBasic, taxMaxBody, func(w *statusWriter, q *mgRequest) (int, any) {
+			return s.serveTaxonomy(w, q, f, required)
 		})
 	}
 
@@ -475,29 +443,29 @@ func (s *Sim) registerTaxonomy() {
 // serveTaxonomy applies the limits (cost in flight and per period), reads
 // the form and its required fields, and returns f's answer.
 func (s *Sim) serveTaxonomy(w *statusWriter, q *mgRequest, f func(q *taxReq) (int, any), required []string) (int, any) {
-	st, x := s.mg, s.mg.tax
+	x, k := s.mg.tax, &s.knobs
 	cost := taxonomyCost(q.r.Method)
 	key := q.account
 	now := s.cfg.Now()
-	st.mu.Lock()
-	if x.inFlight[key]+cost > x.maxInFlight {
-		st.mu.Unlock()
+	s.mu.Lock()
+	if x.inFlight[key]+cost > k.TaxonomyMaxInFlight {
+		s.mu.Unlock()
 		retryAfter(w, time.Second)
 		return taxFail(http.StatusTooManyRequests, "Too many concurrent requests")
 	}
-	if ok, wait := x.spent.take(key, now, cost, x.periodCost, x.period); !ok {
-		st.mu.Unlock()
+	if ok, wait := x.spent.take(key, now, cost, k.TaxonomyPeriodCost, k.TaxonomyPeriod); !ok {
+		s.mu.Unlock()
 		retryAfter(w, wait)
 		return taxFail(http.StatusTooManyRequests, "Too many requests: cost budget exceeded")
 	}
 	x.inFlight[key] += cost
 	x.peak[key] = max(x.peak[key], x.inFlight[key])
-	delay := x.delay
-	st.mu.Unlock()
+	delay := k.TaxonomyDelay
+	s.mu.Unlock()
 	defer func() {
-		st.mu.Lock()
+		s.mu.Lock()
 		x.inFlight[key] -= cost
-		st.mu.Unlock()
+		s.mu.Unlock()
 	}()
 	sleepCtx(q.r.Context(), delay)
 	form := q.r.URL.Query()
@@ -510,8 +478,8 @@ func (s *Sim) serveTaxonomy(w *statusWriter, q *mgRequest, f func(q *taxReq) (in
 			return taxFail(http.StatusBadRequest, "body is not form encoded")
 		}
 	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	for _, field := range required {
 		if form.Get(field) == "" {
 			return taxFail(http.StatusBadRequest, "missing required field: "+field)

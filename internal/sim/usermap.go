@@ -7,7 +7,6 @@ import (
 	"net/url"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -19,10 +18,10 @@ import (
 // "Invalid JSON request body"); at most 2000 mappings ("at most 2000
 // requests/events per batch"), each with a non-empty string user_id, a
 // non-empty string global_user_id unless unmap is true, unmap a boolean, and
-// no user_id refused with RejectUserID (else 400 "Invalid mapping", no index
+// no user_id in Knobs.RejectedUserIDs (else 400 "Invalid mapping", no index
 // named). Then the rate: the mapping calls accepted for the api_key's
-// organization (SetUserMapOrg; by default each api_key is its own) during the
-// last window (1500 per 30 s, SetUserMapRate) plus this request's mappings
+// organization (Knobs.UserMapOrgs; by default each api_key is its own) during the
+// last window (1500 per 30 s, Knobs.UserMapLimit) plus this request's mappings
 // must not pass the limit, else 429 {"code":429,"error":"Too many requests"}
 // and nothing is applied or counted ("above it all requests are throttled
 // until the window falls below the limit"). Then the mappings are applied
@@ -30,7 +29,7 @@ import (
 // {"code":200}.
 //
 // GET /api/2/usermap: HTTP Basic authentication with a valid api_key and a
-// non-empty secret (the one given to SetSecretKey, when set), else 401
+// non-empty secret (Knobs.UserMapSecrets', when set), else 401
 // {"code":401,"error":"Invalid credentials"}; user_ids a JSON array of
 // strings or comma-separated, 1 to 100 (else 400). The answer is a JSON object
 // keyed by each requested id, with mapped_from (users that map into it) and
@@ -76,18 +75,13 @@ const (
 // ErrTextInvalidMapping answers a mapping the sim refuses.
 const ErrTextInvalidMapping = "Invalid mapping"
 
+// umState is the user mapping state (guarded by Sim.mu).
 type umState struct {
-	mu        sync.Mutex
-	limit     int
-	window    time.Duration
-	orgOfKey  map[string]string
-	secrets   map[string]string
 	mapped    map[string]map[string]string // org -> user_id -> global_user_id
 	calls     []MappingCall
 	batches   []MappingBatch
 	reads     []MappingRead
 	throttled int64
-	rejected  map[string]bool
 	seq       int64
 }
 
@@ -96,34 +90,22 @@ type UserMapState struct {
 	Calls     []MappingCall  `json:"calls"`
 	Batches   []MappingBatch `json:"batches"`
 	Throttled int64          `json:"throttled"`
+	Reads     []MappingRead  `json:"reads"`
+	// Mapped is each organization's mappings: user_id -> global_user_id.
+	Mapped map[string]map[string]string `json:"mapped"`
 }
 
-// ServeHTTP serves the read-out GET /sim/usermap: UserMapState. (The
-// settings are changed by SetUserMapRate, SetUserMapOrg, SetSecretKey and
-// RejectUserID, or simtest's POST /sim/usermap.)
-func (st *umState) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	writeJSON(w, http.StatusOK, UserMapState{Calls: st.calls, Batches: st.batches, Throttled: st.throttled})
-}
-
-const umControlPath = "/sim/usermap"
-
-// reset forgets the mappings, logs and refused ids (Sim.Reset); the rate
-// limit, key organizations and secrets are configuration: kept.
-func (st *umState) reset() {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.mapped, st.rejected = map[string]map[string]string{}, map[string]bool{}
-	st.calls, st.batches, st.reads = nil, nil, nil
-	st.throttled, st.seq = 0, 0
-}
+func (st *umState) reset() { *st = umState{mapped: map[string]map[string]string{}} }
 
 func (s *Sim) registerUserMap() {
-	st := &umState{limit: DefaultMappingLimit, window: DefaultMappingWindow, orgOfKey: map[string]string{},
-		secrets: map[string]string{}, mapped: map[string]map[string]string{}, rejected: map[string]bool{}}
+	st := &umState{mapped: map[string]map[string]string{}}
 	s.um = st
-	s.ctlMux.Handle("GET "+umControlPath, st)
+	s.ctlMux.HandleFunc("GET /sim/usermap", func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		writeJSON(w, http.StatusOK, UserMapState{Calls: st.calls, Batches: st.batches, Throttled: st.throttled,
+			Reads: st.reads, Mapped: st.mapped})
+	})
 	s.route("/usermap", routeHandler{
 		serve:    func(w http.ResponseWriter, r *http.Request, in *incoming) { s.serveUserMap(st, w, r, in) },
 		describe: func(in *incoming) { describeForm(in, "mapping") },
@@ -133,68 +115,13 @@ func (s *Sim) registerUserMap() {
 	})
 }
 
-// SetUserMapRate sets the mapping rate limit: limit calls per window
-// (defaults 1500 per 30 s); zero values keep the current setting.
-func (s *Sim) SetUserMapRate(limit int, window time.Duration) {
-	s.um.mu.Lock()
-	defer s.um.mu.Unlock()
-	setPositive(&s.um.limit, limit)
-	setPositive(&s.um.window, window)
-}
-
-// SetUserMapOrg puts apiKey in organization org: keys of one organization
-// share the mapping rate and the mapping state.
-func (s *Sim) SetUserMapOrg(apiKey, org string) {
-	withLock(&s.um.mu, func() { s.um.orgOfKey[apiKey] = org })
-}
-
-// SetSecretKey makes GET /api/2/usermap require secret for apiKey.
-func (s *Sim) SetSecretKey(apiKey, secret string) {
-	withLock(&s.um.mu, func() { s.um.secrets[apiKey] = secret })
-}
-
-// RejectUserID makes every POST /usermap holding this user_id fail with 400
-// "Invalid mapping" (no index named).
-func (s *Sim) RejectUserID(id string) {
-	withLock(&s.um.mu, func() { s.um.rejected[id] = true })
-}
-
-// MappingCalls returns every applied mapping, in order.
-func (s *Sim) MappingCalls() []MappingCall {
-	return locked(&s.um.mu, func() []MappingCall { return append([]MappingCall{}, s.um.calls...) })
-}
-
-// MappingBatches returns the accepted POST /usermap requests with their
-// arrival time, organization and mapping count (for pace assertions).
-func (s *Sim) MappingBatches() []MappingBatch {
-	return locked(&s.um.mu, func() []MappingBatch { return append([]MappingBatch{}, s.um.batches...) })
-}
-
-// MappingThrottled returns the number of POST /usermap answered 429.
-func (s *Sim) MappingThrottled() int64 {
-	return locked(&s.um.mu, func() int64 { return s.um.throttled })
-}
-
-// MappingReads returns the GET /api/2/usermap requests seen.
-func (s *Sim) MappingReads() []MappingRead {
-	return locked(&s.um.mu, func() []MappingRead { return append([]MappingRead{}, s.um.reads...) })
-}
-
-// MappedTo returns the global user id apiKey's organization maps userID to.
-func (s *Sim) MappedTo(apiKey, userID string) (string, bool) {
-	s.um.mu.Lock()
-	defer s.um.mu.Unlock()
-	g, ok := s.um.mapped[s.um.orgLocked(apiKey)][userID]
-	return g, ok
-}
-
-func (st *umState) orgLocked(apiKey string) string {
-	if o, ok := st.orgOfKey[apiKey]; ok {
+// UserMapOrg is the organization of apiKey's mappings (Knobs.UserMapOrgs).
+func UserMapOrg(k *Knobs, apiKey string) string {
+	if o, ok := k.UserMapOrgs[apiKey]; ok {
 		return o
 	}
 	return "key:" + KeyLabel(apiKey)
 }
-
 func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, in *incoming) {
 	if refuseIngest(w, r, in) {
 		return
@@ -213,8 +140,8 @@ func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, 
 		return
 	}
 	var ms []MappingCall
-	st.mu.Lock()
-	defer st.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	for _, raw := range raws {
 		var m struct {
 			UserID       any `json:"user_id"`
@@ -225,25 +152,25 @@ func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, 
 		uid, isString := m.UserID.(string)
 		unmap, isBool := m.Unmap.(bool)
 		gid, _ := m.GlobalUserID.(string)
-		if bad || !isString || uid == "" || st.rejected[uid] || (m.Unmap != nil && !isBool) || (gid == "" && !unmap) {
+		if bad || !isString || uid == "" || s.knobs.RejectedUserIDs[uid] || (m.Unmap != nil && !isBool) || (gid == "" && !unmap) {
 			codeError(w, http.StatusBadRequest, ErrTextInvalidMapping)
 			return
 		}
 		ms = append(ms, MappingCall{UserID: uid, GlobalUserID: gid, Unmap: unmap})
 	}
 	now := s.cfg.Now()
-	org := st.orgLocked(apiKey)
+	org := UserMapOrg(&s.knobs, apiKey)
 	inWindow := 0
 	for i := len(st.batches) - 1; i >= 0; i-- {
 		b := st.batches[i]
-		if !b.Time.After(now.Add(-st.window)) {
+		if !b.Time.After(now.Add(-s.knobs.UserMapWindow)) {
 			break
 		}
 		if b.Org == org {
 			inWindow += b.N
 		}
 	}
-	if inWindow+len(ms) > st.limit {
+	if inWindow+len(ms) > s.knobs.UserMapLimit {
 		st.throttled++
 		codeError(w, http.StatusTooManyRequests, "Too many requests")
 		return
@@ -284,9 +211,9 @@ func (s *Sim) serveUserMapRead(st *umState, w http.ResponseWriter, r *http.Reque
 	rd := MappingRead{Time: s.cfg.Now(), Query: r.URL.RawQuery, Headers: sortedKeys(r.Header)}
 	status, body := s.userMapRead(st, r, &rd)
 	rd.Status = status
-	st.mu.Lock()
+	s.mu.Lock()
 	st.reads = append(st.reads, rd)
-	st.mu.Unlock()
+	s.mu.Unlock()
 	writeJSON(w, status, body)
 }
 
@@ -297,9 +224,9 @@ func (s *Sim) userMapRead(st *umState, r *http.Request, rd *MappingRead) (int, a
 	user, pass, ok := r.BasicAuth()
 	if ok {
 		rd.User = KeyLabel(user)
-		st.mu.Lock()
-		want, has := st.secrets[user]
-		st.mu.Unlock()
+		s.mu.Lock()
+		want, has := s.knobs.UserMapSecrets[user]
+		s.mu.Unlock()
 		ok = s.validKey(user) && pass != "" && (!has || want == pass)
 	}
 	if !ok {
@@ -317,9 +244,9 @@ func (s *Sim) userMapRead(st *umState, r *http.Request, rd *MappingRead) (int, a
 	if len(ids) < 1 || len(ids) > MaxReadUserIDs {
 		return http.StatusBadRequest, errBody{Code: 400, Error: "Invalid user_ids: 1 to 100 user ids"}
 	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	users := st.mapped[st.orgLocked(user)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	users := st.mapped[UserMapOrg(&s.knobs, user)]
 	out := make(map[string]userMapping, len(ids))
 	for _, id := range ids {
 		um := userMapping{MappedFrom: []svcUser{}, MappedTo: []svcUser{}}

@@ -27,7 +27,7 @@ func TestUserMapValidationAndState(t *testing.T) {
 		}
 		return "[" + strings.Join(parts, ",") + "]"
 	}
-	s.SetUserMapRate(1_000_000, 0)
+	s.Knobs(func(k *Knobs) { k.UserMapLimit = 1_000_000 })
 	tests := []struct {
 		name   string
 		body   []byte
@@ -60,10 +60,11 @@ func TestUserMapValidationAndState(t *testing.T) {
 			}
 		})
 	}
-	if g, ok := s.MappedTo("k", "a"); !ok || g != "g1" {
+	mapped := readOut[UserMapState](t, s, "/sim/usermap").Mapped["key:"+KeyLabel("k")]
+	if g, ok := mapped["a"]; !ok || g != "g1" {
 		t.Fatalf("a -> %q %v", g, ok)
 	}
-	if _, ok := s.MappedTo("k", "c"); ok {
+	if _, ok := mapped["c"]; ok {
 		t.Fatal("c still mapped after unmap")
 	}
 	// Query parameters work as well as the form body.
@@ -73,7 +74,7 @@ func TestUserMapValidationAndState(t *testing.T) {
 	}
 
 	// Reading: Basic auth required; unknown users yield empty arrays.
-	s.SetSecretKey("k", "sec")
+	s.Knobs(func(k *Knobs) { k.UserMapSecrets["k"] = "sec" })
 	get := func(auth bool, pass, ids string) (int, map[string]userMapping) {
 		req, _ := http.NewRequest("GET", base+"/api/2/usermap?user_ids="+url.QueryEscape(ids), nil)
 		if auth {
@@ -127,8 +128,8 @@ func TestUserMapRateLimit(t *testing.T) {
 	clk := newFakeClock()
 	t0 := clk.Now()
 	s, base := start(t, Config{Now: clk.Now})
-	s.SetUserMapOrg("k1", "acme")
-	s.SetUserMapOrg("k2", "acme")
+	s.Knobs(func(k *Knobs) { k.UserMapOrgs["k1"] = "acme" })
+	s.Knobs(func(k *Knobs) { k.UserMapOrgs["k2"] = "acme" })
 	batch := func(n int, prefix string) string {
 		parts := make([]string, n)
 		for i := range parts {
@@ -154,11 +155,11 @@ func TestUserMapRateLimit(t *testing.T) {
 	if a := wiretest.Post(t, base+"/usermap", umForm("k1", batch(1000, "d")), "Content-Type", formCT); a.Status != 200 {
 		t.Fatalf("after the window: %d", a.Status)
 	}
-	if s.MappingThrottled() != 1 {
-		t.Fatalf("throttled %d", s.MappingThrottled())
+	if readOut[UserMapState](t, s, "/sim/usermap").Throttled != 1 {
+		t.Fatalf("throttled %d", readOut[UserMapState](t, s, "/sim/usermap").Throttled)
 	}
 	var got []string
-	for _, b := range s.MappingBatches() {
+	for _, b := range readOut[UserMapState](t, s, "/sim/usermap").Batches {
 		got = append(got, fmt.Sprintf("%s:%d@%s", b.Org, b.N, b.Time.Sub(t0)))
 	}
 	if want := []string{"acme:1000@0s", "acme:500@10s", "key:" + KeyLabel("other") + ":1@10s", "acme:1000@30s"}; !slices.Equal(got, want) {

@@ -33,7 +33,6 @@ const maxMinIDLength = math.MaxInt32
 // jsonSpace is JSON's whitespace (RFC 8259): a body of only these is missing.
 const jsonSpace = " \t\r\n"
 
-// errBody is a validation error answer.
 type errBody struct {
 	Code          int              `json:"code"`
 	Error         string           `json:"error"`
@@ -48,7 +47,6 @@ type evInfo struct {
 	hasInsertID                           bool
 }
 
-// envelope is a validated request.
 type envelope struct {
 	apiKey   string
 	raw      []json.RawMessage
@@ -303,4 +301,18 @@ func appendJSON(dst []byte, v any) []byte {
 		panic(err) // only our own types are marshalled
 	}
 	return append(dst, b...)
+}
+
+// stringEnd returns the index of the quote that closes the JSON string
+// opening at b[i], or len(b) when it is not closed.
+func stringEnd(b []byte, i int) int {
+	for i++; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			i++
+		case '"':
+			return i
+		}
+	}
+	return len(b)
 }

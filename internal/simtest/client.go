@@ -74,7 +74,7 @@ func (c *Control) SetLatency(ctx context.Context, d time.Duration) error {
 
 // Down takes the Sim down; upAfter > 0 brings it back by itself (needed for
 // DownRefuse unless the control routes are served on their own listener).
-func (c *Control) Down(ctx context.Context, mode sim.DownMode, upAfter time.Duration) error {
+func (c *Control) Down(ctx context.Context, mode DownMode, upAfter time.Duration) error {
 	q := url.Values{"mode": {string(mode)}}
 	if upAfter > 0 {
 		q.Set("for", upAfter.String())
@@ -129,12 +129,12 @@ func (c *Control) Requests(ctx context.Context, after int64) ([]sim.Record, erro
 }
 
 // SetDSAR changes the DSAR routes' configuration (POST /sim/dsar/config).
-func (c *Control) SetDSAR(ctx context.Context, cfg sim.DSARConfig) error {
+func (c *Control) SetDSAR(ctx context.Context, cfg DSARConfig) error {
 	return c.do(ctx, "POST", "/sim/dsar/config", mustJSON(cfg), nil)
 }
 
 // SetExport changes the export route's configuration (POST /sim/export/config).
-func (c *Control) SetExport(ctx context.Context, cfg sim.ExportConfig) error {
+func (c *Control) SetExport(ctx context.Context, cfg ExportConfig) error {
 	return c.do(ctx, "POST", "/sim/export/config", mustJSON(cfg), nil)
 }
 

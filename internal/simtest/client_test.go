@@ -36,13 +36,13 @@ func TestControlClient(t *testing.T) {
 	if err := c.Silence(ctx, "device1"); err != nil {
 		t.Fatal(err)
 	}
-	if got := s.SilencedDevices(); len(got) != 1 {
+	if got := SilencedDevices(s); len(got) != 1 {
 		t.Fatalf("silenced %v", got)
 	}
 	if err := c.Unsilence(ctx, "device1"); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Down(ctx, sim.Down503, 0); err != nil || s.IsDown() != sim.Down503 {
+	if err := c.Down(ctx, Down503, 0); err != nil || s.IsDown() != Down503 {
 		t.Fatalf("down %v %q", err, s.IsDown())
 	}
 	if err := c.Up(ctx); err != nil || s.IsDown() != "" {
@@ -107,7 +107,7 @@ func TestUserMapControl(t *testing.T) {
 	if err != nil || len(gis) != 1 || gis[0].GroupValue != "b" {
 		t.Fatalf("%+v %v", gis, err)
 	}
-	if got := s.MappingCalls(); len(got) != 2 {
+	if got := MappingCalls(s); len(got) != 2 {
 		t.Fatalf("%d calls", len(got))
 	}
 }

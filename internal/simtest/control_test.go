@@ -44,7 +44,7 @@ func TestDownRefuseAndUp(t *testing.T) {
 	if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "a"))); a.Status != 200 {
 		t.Fatal(a.Status)
 	}
-	if err := s.Down(sim.DownRefuse, 0); err != nil {
+	if err := s.Down(DownRefuse, 0); err != nil {
 		t.Fatal(err)
 	}
 	expectRefused(t, url)

@@ -106,9 +106,9 @@ func TestLatency(t *testing.T) {
 
 func TestDrops(t *testing.T) {
 	for _, tc := range []struct {
-		mode     sim.DropMode
+		mode     DropMode
 		ingested int64
-	}{{sim.DropNoAnswer, 0}, {sim.DropMidRequest, 0}, {sim.DropAfterIngest, 1}, {sim.DropMidResponse, 1}} {
+	}{{DropNoAnswer, 0}, {DropMidRequest, 0}, {DropAfterIngest, 1}, {DropMidResponse, 1}} {
 		t.Run(string(tc.mode), func(t *testing.T) {
 			s, url := start(t, sim.Config{})
 			s.DropNext(1, tc.mode)
@@ -134,7 +134,7 @@ func TestDrops(t *testing.T) {
 
 func TestMidResponseSendsPartialBody(t *testing.T) {
 	s, url := start(t, sim.Config{})
-	s.DropNext(1, sim.DropMidResponse)
+	s.DropNext(1, DropMidResponse)
 	c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
 	if err != nil {
 		t.Fatal(err)
@@ -204,19 +204,19 @@ func TestFaultsOnAPIRoutes(t *testing.T) {
 	for _, c := range []struct {
 		path  string
 		fault Fault
-		down  sim.DownMode
+		down  DownMode
 		fails bool // the client sees no answer
 		code  int  // else the answer's status; 0: any
 		rec   string
 	}{
 		{mgmt, Fault{Status: 502}, "", false, 502, "status"},
 		{data, Fault{Status: 502}, "", false, 502, "status"},
-		{mgmt, Fault{Drop: sim.DropNoAnswer}, "", true, 0, "drop-no-answer"},
-		{data, Fault{Drop: sim.DropNoAnswer}, "", true, 0, "drop-no-answer"},
-		{mgmt, Fault{Drop: sim.DropMidResponse}, "", true, 0, "drop-mid-response"},
-		{data, Fault{Drop: sim.DropMidResponse}, "", false, 0, "drop-mid-response"},
-		{mgmt, Fault{}, sim.Down503, false, 503, "down-503"},
-		{data, Fault{}, sim.Down503, false, 503, "down-503"},
+		{mgmt, Fault{Drop: DropNoAnswer}, "", true, 0, "drop-no-answer"},
+		{data, Fault{Drop: DropNoAnswer}, "", true, 0, "drop-no-answer"},
+		{mgmt, Fault{Drop: DropMidResponse}, "", true, 0, "drop-mid-response"},
+		{data, Fault{Drop: DropMidResponse}, "", false, 0, "drop-mid-response"},
+		{mgmt, Fault{}, Down503, false, 503, "down-503"},
+		{data, Fault{}, Down503, false, 503, "down-503"},
 	} {
 		n := len(s.Requests()) + 1
 		if c.down != "" {

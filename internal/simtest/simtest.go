@@ -1,7 +1,10 @@
 // Package simtest holds the simulated upstream's test-only parts: fault
 // injection (Sim: a sim.Sim with a fault queue, latency, a down state and
-// listeners that can refuse), the /sim/ routes that drive it and turn the
-// model's knobs, and the Go client of the /sim/ routes (Control).
+// listeners that can refuse; serve.go plays each failure on the model's
+// sim.Exchange, its seam sim.Faults), the /sim/ routes that drive it and turn the
+// model's knobs, the functions that turn them in process and read the
+// model's read-outs (knobs.go: Silence(s, d), MappedTo(s, key, user), ...;
+// s a sim.Sim or a Sim), and the Go client of the /sim/ routes (Control).
 //
 // The product (sandbox mode, `relay sim`) serves internal/sim alone, whose
 // /sim/ routes only read (events, requests, stats, per-group logs). Only
@@ -20,11 +23,11 @@
 //	POST /sim/down?mode=refuse|503|close&for=5s
 //	POST /sim/up
 //	GET  /sim/faults                        FaultState: the down mode, pending faults
-//	POST /sim/silence?device_id=D           Sim.Silence
-//	POST /sim/unsilence?device_id=D         Sim.Unsilence
-//	POST /sim/quota?n=N                     Sim.SetDailyQuota
-//	POST /sim/dsar/config                   sim.DSARConfig JSON: Sim.SetDSAR
-//	POST /sim/export/config                 sim.ExportConfig JSON: Sim.SetExport
+//	POST /sim/silence?device_id=D           Silence
+//	POST /sim/unsilence?device_id=D         Unsilence
+//	POST /sim/quota?n=N                     SetDailyQuota
+//	POST /sim/dsar/config                   DSARConfig JSON: SetDSAR
+//	POST /sim/export/config                 ExportConfig JSON: SetExport
 //	POST /sim/usermap?limit=N&window=D&api_key=K&org=O&secret=S&reject_user_id=U
 //	                                        SetUserMapRate, SetUserMapOrg, SetSecretKey,
 //	                                        RejectUserID (each when given)
@@ -49,8 +52,65 @@ import (
 // ErrClosed is returned by Serve after Close, and by Up after Close.
 var ErrClosed = sim.ErrClosed
 
-// Fault is an injected fault for the next Count requests: the upstream's
-// failure (sim.Fault's fields) and which requests get it.
+// DropMode says how an injected fault drops the connection.
+type DropMode string
+
+// Drop modes.
+const (
+	// DropNone answers normally (or with Fault.Status).
+	DropNone DropMode = ""
+	// DropNoAnswer reads the request, then closes the connection without
+	// answering. Nothing is ingested.
+	DropNoAnswer DropMode = "no-answer"
+	// DropMidRequest reads about half of the request body, then closes the
+	// connection (an upload cut off). Nothing is ingested.
+	DropMidRequest DropMode = "mid-request"
+	// DropAfterIngest handles the request normally (a 200 ingests its
+	// events), then closes the connection without answering: the lost
+	// answer a retry with insert_id makes safe.
+	DropAfterIngest DropMode = "after-ingest"
+	// DropMidResponse handles the request normally, then sends the status
+	// line, headers and half of the body and closes the connection (a
+	// streaming data API's answer is cut after 64 KiB instead).
+	DropMidResponse DropMode = "mid-response"
+)
+
+// DownMode says how the Sim behaves while down.
+type DownMode string
+
+// Down modes.
+const (
+	// DownRefuse: connections are refused (the listeners are closed and
+	// open connections cut; a request that still arrives is dropped as
+	// with DownClose).
+	DownRefuse DownMode = "refuse"
+	// Down503 answers every upstream request 503 {"code":503,...}.
+	Down503 DownMode = "503"
+	// DownClose reads each upstream request and closes the connection
+	// without answering; /sim/ routes keep working.
+	DownClose DownMode = "close"
+)
+
+// IngestMode says what of a request a failed answer ingested: the
+// document's "The request may not have been accepted" read as accepted in
+// full, in part, or (the zero value) not at all.
+type IngestMode string
+
+// Ingest modes.
+const (
+	// IngestNone: nothing (a non-200 answer ingests nothing).
+	IngestNone IngestMode = ""
+	// IngestAll: the request is handled (ingested when valid and under the
+	// limits), then the fault is answered instead.
+	IngestAll IngestMode = "all"
+	// IngestHalf: the first half of the request's events are handled so.
+	IngestHalf IngestMode = "half"
+)
+
+// Fault is an injected fault for the next Count requests: how the upstream
+// fails a request (the answer it sends instead of its own, or how it drops
+// the connection, and what of the request it ingested first) and which
+// requests get it.
 type Fault struct {
 	// Status is the HTTP status to answer (e.g. 500, 502, 503, 504, or any
 	// other); 0 with Drop set drops instead; 0 without Drop only applies Latency.
@@ -61,13 +121,13 @@ type Fault struct {
 	// ContentType of Body; "" means application/json for the default body
 	// and text/plain otherwise.
 	ContentType string
-	// Drop drops the connection instead of answering (see sim.DropMode).
-	Drop sim.DropMode
+	// Drop drops the connection instead of answering (see DropMode).
+	Drop DropMode
 	// Latency is added (real time) before the request is handled.
 	Latency time.Duration
 	// Ingest is what a Status or DropNoAnswer fault lets the request ingest
-	// before it answers the fault (see sim.IngestMode).
-	Ingest sim.IngestMode
+	// before it answers the fault (see IngestMode).
+	Ingest IngestMode
 	// Count is how many requests it applies to; 0 means 1, negative means
 	// every request until ClearFaults.
 	Count int
@@ -76,11 +136,6 @@ type Fault struct {
 	Fraction float64
 	// PathPrefix limits the fault to paths with this prefix; "" means all.
 	PathPrefix string
-}
-
-func (f *Fault) model() sim.Fault {
-	return sim.Fault{Status: f.Status, Body: f.Body, ContentType: f.ContentType, Drop: f.Drop,
-		Latency: f.Latency, Ingest: f.Ingest}
 }
 
 // Sim is a sim.Sim with fault injection: a queue of faults, a latency, a
@@ -93,7 +148,7 @@ type Sim struct {
 	mu      sync.Mutex
 	queue   []*Fault
 	latency time.Duration
-	down    sim.DownMode
+	down    DownMode
 	upTimer *time.Timer
 	rng     *rand.Rand
 
@@ -126,9 +181,7 @@ func NewSeeded(cfg sim.Config, log *zap.Logger, seed uint64) *Sim {
 // hooks is the Sim's sim.Faults.
 type hooks struct{ s *Sim }
 
-func (h hooks) Take(path string) (time.Duration, sim.Fault, bool, sim.DownMode) {
-	return h.s.take(path)
-}
+func (h hooks) Serve(x *sim.Exchange)                 { h.s.serve(x) }
 func (h hooks) Routes(_ *sim.Sim, ctl *http.ServeMux) { h.s.routes(ctl) }
 
 // Inject queues a fault. Faults apply in the order injected: a request takes
@@ -148,7 +201,7 @@ func (s *Sim) Inject(f Fault) {
 func (s *Sim) FailNext(n, status int) { s.Inject(Fault{Status: status, Count: n}) }
 
 // DropNext drops the connection of the next n requests.
-func (s *Sim) DropNext(n int, mode sim.DropMode) { s.Inject(Fault{Drop: mode, Count: n}) }
+func (s *Sim) DropNext(n int, mode DropMode) { s.Inject(Fault{Drop: mode, Count: n}) }
 
 // SetLatency delays every request by d (real time) until set to 0.
 func (s *Sim) SetLatency(d time.Duration) {
@@ -182,11 +235,11 @@ func (s *Sim) Reset() {
 // itself after that long (real time). DownRefuse closes the Serve listeners
 // and cuts their connections (so /sim/ routes on them are refused too: use
 // ServeControl or upAfter to come back).
-func (s *Sim) Down(mode sim.DownMode, upAfter time.Duration) error {
+func (s *Sim) Down(mode DownMode, upAfter time.Duration) error {
 	if err := s.setDown(mode, upAfter); err != nil {
 		return err
 	}
-	if mode == sim.DownRefuse {
+	if mode == DownRefuse {
 		return s.setListenersDown(true)
 	}
 	return nil
@@ -194,9 +247,9 @@ func (s *Sim) Down(mode sim.DownMode, upAfter time.Duration) error {
 
 // setDown sets the down state; requests see it at once (while the
 // listeners are still open, DownRefuse acts as DownClose).
-func (s *Sim) setDown(mode sim.DownMode, upAfter time.Duration) error {
+func (s *Sim) setDown(mode DownMode, upAfter time.Duration) error {
 	switch mode {
-	case sim.DownRefuse, sim.Down503, sim.DownClose:
+	case DownRefuse, Down503, DownClose:
 	default:
 		return fmt.Errorf("simtest: unknown down mode %q", mode)
 	}
@@ -223,35 +276,37 @@ func (s *Sim) Up() error {
 		s.upTimer = nil
 	}
 	s.mu.Unlock()
-	if was == sim.DownRefuse {
+	if was == DownRefuse {
 		return s.setListenersDown(false)
 	}
 	return nil
 }
 
 // IsDown reports the current down mode ("" when up).
-func (s *Sim) IsDown() sim.DownMode {
+func (s *Sim) IsDown() DownMode {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.down
 }
 
-// take decides what happens to one request (sim.Faults.Take).
-func (s *Sim) take(path string) (latency time.Duration, f sim.Fault, ok bool, down sim.DownMode) {
+// take decides what happens to one request: latency to add before it is
+// handled, the fault to apply when ok, and the down mode when not "" (then
+// f and ok are ignored).
+func (s *Sim) take(path string) (latency time.Duration, f Fault, ok bool, down DownMode) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	latency = s.latency
 	if s.down != "" {
-		return latency, sim.Fault{}, false, s.down
+		return latency, Fault{}, false, s.down
 	}
 	for i, q := range s.queue {
 		if !strings.HasPrefix(path, q.PathPrefix) {
 			continue
 		}
 		if q.Fraction > 0 && q.Fraction < 1 && s.rng.Float64() >= q.Fraction {
-			return latency, sim.Fault{}, false, ""
+			return latency, Fault{}, false, ""
 		}
-		f = q.model()
+		f = *q
 		if q.Count > 0 {
 			q.Count--
 			if q.Count == 0 {
@@ -260,7 +315,7 @@ func (s *Sim) take(path string) (latency time.Duration, f sim.Fault, ok bool, do
 		}
 		return latency, f, true, ""
 	}
-	return latency, sim.Fault{}, false, ""
+	return latency, Fault{}, false, ""
 }
 
 // Serve serves on ln until Close. The Sim keeps ln's address so that Down
@@ -272,7 +327,7 @@ func (s *Sim) Serve(ln net.Listener) error {
 		ln.Close()
 		return ErrClosed
 	}
-	sl := newSwitchListener(ln, s.IsDown() == sim.DownRefuse)
+	sl := newSwitchListener(ln, s.IsDown() == DownRefuse)
 	s.listeners = append(s.listeners, sl)
 	s.lnMu.Unlock()
 	return s.Sim.Serve(sl)
@@ -353,10 +408,10 @@ type FaultSpec struct {
 
 // Fault converts the spec.
 func (f FaultSpec) Fault() (Fault, error) {
-	out := Fault{Status: f.Status, ContentType: f.ContentType, Drop: sim.DropMode(f.Drop),
-		Count: f.Count, Fraction: f.Fraction, PathPrefix: f.PathPrefix, Ingest: sim.IngestMode(f.Ingest)}
+	out := Fault{Status: f.Status, ContentType: f.ContentType, Drop: DropMode(f.Drop),
+		Count: f.Count, Fraction: f.Fraction, PathPrefix: f.PathPrefix, Ingest: IngestMode(f.Ingest)}
 	switch out.Ingest {
-	case sim.IngestNone, sim.IngestAll, sim.IngestHalf:
+	case IngestNone, IngestAll, IngestHalf:
 	default:
 		return Fault{}, fmt.Errorf("unknown ingest mode %q", f.Ingest)
 	}
@@ -364,7 +419,7 @@ func (f FaultSpec) Fault() (Fault, error) {
 		out.Body = []byte(*f.Body)
 	}
 	switch out.Drop {
-	case sim.DropNone, sim.DropNoAnswer, sim.DropMidRequest, sim.DropAfterIngest, sim.DropMidResponse:
+	case DropNone, DropNoAnswer, DropMidRequest, DropAfterIngest, DropMidResponse:
 	default:
 		return Fault{}, fmt.Errorf("unknown drop mode %q", f.Drop)
 	}
@@ -428,9 +483,9 @@ func (s *Sim) routes(ctl *http.ServeMux) {
 			}
 			upAfter = d
 		}
-		mode := sim.DownMode(q.Get("mode"))
+		mode := DownMode(q.Get("mode"))
 		if mode == "" {
-			mode = sim.DownRefuse
+			mode = DownRefuse
 		}
 		// The state first (ingest requests see it at once), then the answer,
 		// then the listeners: going down for "refuse" cuts this connection too.
@@ -440,29 +495,29 @@ func (s *Sim) routes(ctl *http.ServeMux) {
 		}
 		ok(w)
 		http.NewResponseController(w).Flush()
-		if mode == sim.DownRefuse {
+		if mode == DownRefuse {
 			s.setListenersDown(true) //nolint:errcheck // closing listeners; the answer is sent
 		}
 	})
 	ctl.HandleFunc("POST /sim/dsar/config", func(w http.ResponseWriter, r *http.Request) {
-		var c sim.DSARConfig
+		var c DSARConfig
 		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&c); err != nil {
 			bad(w, fmt.Errorf("dsar config: %w", err))
 			return
 		}
-		if err := s.SetDSAR(c); err != nil {
+		if err := SetDSAR(s, c); err != nil {
 			bad(w, err)
 			return
 		}
 		ok(w)
 	})
 	ctl.HandleFunc("POST /sim/export/config", func(w http.ResponseWriter, r *http.Request) {
-		var c sim.ExportConfig
+		var c ExportConfig
 		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&c); err != nil {
 			bad(w, fmt.Errorf("export config: %w", err))
 			return
 		}
-		if err := s.SetExport(c); err != nil {
+		if err := SetExport(s, c); err != nil {
 			bad(w, err)
 			return
 		}
@@ -488,17 +543,17 @@ func (s *Sim) routes(ctl *http.ServeMux) {
 			}
 			window = d
 		}
-		s.SetUserMapRate(limit, window)
+		SetUserMapRate(s, limit, window)
 		if k := q.Get("api_key"); k != "" {
 			if o := q.Get("org"); o != "" {
-				s.SetUserMapOrg(k, o)
+				SetUserMapOrg(s, k, o)
 			}
 			if sec := q.Get("secret"); sec != "" {
-				s.SetSecretKey(k, sec)
+				SetSecretKey(s, k, sec)
 			}
 		}
 		if u := q.Get("reject_user_id"); u != "" {
-			s.RejectUserID(u)
+			RejectUserID(s, u)
 		}
 		ok(w)
 	})
@@ -513,11 +568,11 @@ func (s *Sim) routes(ctl *http.ServeMux) {
 		ok(w)
 	})
 	ctl.HandleFunc("POST /sim/silence", func(w http.ResponseWriter, r *http.Request) {
-		s.Silence(r.URL.Query().Get("device_id"))
+		Silence(s, r.URL.Query().Get("device_id"))
 		ok(w)
 	})
 	ctl.HandleFunc("POST /sim/unsilence", func(w http.ResponseWriter, r *http.Request) {
-		s.Unsilence(r.URL.Query().Get("device_id"))
+		Unsilence(s, r.URL.Query().Get("device_id"))
 		ok(w)
 	})
 	ctl.HandleFunc("POST /sim/quota", func(w http.ResponseWriter, r *http.Request) {
@@ -526,15 +581,15 @@ func (s *Sim) routes(ctl *http.ServeMux) {
 			bad(w, fmt.Errorf("quota: bad n %q", r.URL.Query().Get("n")))
 			return
 		}
-		s.SetDailyQuota(n)
+		SetDailyQuota(s, n)
 		ok(w)
 	})
 }
 
 // FaultState is the answer of GET /sim/faults.
 type FaultState struct {
-	Down          sim.DownMode `json:"down"`
-	PendingFaults int          `json:"pending_faults"`
+	Down          DownMode `json:"down"`
+	PendingFaults int      `json:"pending_faults"`
 }
 
 // writeJSON answers v with a Content-Length (POST /sim/down cuts the

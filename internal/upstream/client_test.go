@@ -63,7 +63,7 @@ func TestClientAgainstSim(t *testing.T) {
 	if r := c.Do(ctx, &Request{URL: url + "/2/httpapi", Body: []byte(testBody)}); r.Kind != Retryable || r.Status != 503 {
 		t.Fatalf("%+v", r)
 	}
-	for _, mode := range []sim.DropMode{sim.DropNoAnswer, sim.DropMidResponse, sim.DropAfterIngest} {
+	for _, mode := range []simtest.DropMode{simtest.DropNoAnswer, simtest.DropMidResponse, simtest.DropAfterIngest} {
 		s.DropNext(1, mode)
 		if r := c.Do(ctx, &Request{URL: url + "/2/httpapi", Body: []byte(testBody)}); r.Kind != Retryable || r.Status != 0 || r.Err == nil {
 			t.Fatalf("%s: %+v", mode, r)

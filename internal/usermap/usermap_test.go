@@ -142,7 +142,7 @@ func TestValidation(t *testing.T) {
 			}
 		})
 	}
-	if len(e.Sim.MappingReads()) != 0 {
+	if len(simtest.MappingReads(e.Sim)) != 0 {
 		t.Fatal("a locally refused read reached the upstream")
 	}
 }
@@ -166,10 +166,10 @@ func TestOrderPerUser(t *testing.T) {
 			e.Sim.FailNext(1, 500)
 		}
 	}
-	waitFor(t, "delivery", func() bool { return len(e.Sim.MappingCalls()) == users*rounds })
+	waitFor(t, "delivery", func() bool { return len(simtest.MappingCalls(e.Sim)) == users*rounds })
 	waitFor(t, "acks", func() bool { return e.LaneRecords("k") == 0 })
 	next := map[string]int{}
-	for _, c := range e.Sim.MappingCalls() {
+	for _, c := range simtest.MappingCalls(e.Sim) {
 		var r int
 		fmt.Sscanf(c.GlobalUserID, "g%d", &r)
 		if r != next[c.UserID] {
@@ -178,7 +178,7 @@ func TestOrderPerUser(t *testing.T) {
 		next[c.UserID]++
 	}
 	for u := range users {
-		if g, _ := e.Sim.MappedTo("k", fmt.Sprint("u", u)); g != fmt.Sprint("g", rounds-1) {
+		if g, _ := simtest.MappedTo(e.Sim, "k", fmt.Sprint("u", u)); g != fmt.Sprint("g", rounds-1) {
 			t.Fatalf("u%d mapped to %q", u, g)
 		}
 	}
@@ -210,9 +210,9 @@ func TestPace(t *testing.T) {
 	}
 	const limit, window = 100, 400 * time.Millisecond
 	e := newEnv(t, sim.Config{}, usermap.Config{RateLimit: limit, RateWindow: window}, creds)
-	e.Sim.SetUserMapRate(limit, window)
-	e.Sim.SetUserMapOrg("key-web", "acme")
-	e.Sim.SetUserMapOrg("key-app", "acme")
+	simtest.SetUserMapRate(e.Sim, limit, window)
+	simtest.SetUserMapOrg(e.Sim, "key-web", "acme")
+	simtest.SetUserMapOrg(e.Sim, "key-app", "acme")
 	e.Sim.SetLatency(2 * time.Millisecond)
 	e.Run()
 	start := time.Now()
@@ -230,14 +230,14 @@ func TestPace(t *testing.T) {
 	}
 	wg.Wait()
 	const total = 5 * 3 * 30 // 360 for acme, 90 for "other"
-	waitFor(t, "delivery", func() bool { return len(e.Sim.MappingCalls()) == total })
+	waitFor(t, "delivery", func() bool { return len(simtest.MappingCalls(e.Sim)) == total })
 	elapsed := time.Since(start)
-	batches := e.Sim.MappingBatches()
+	batches := simtest.MappingBatches(e.Sim)
 	if got := simtest.MaxWindowCount(batches, window); got > limit {
 		t.Fatalf("%d mapping calls within one %v window, limit %d", got, window, limit)
 	}
-	if e.Sim.MappingThrottled() != 0 {
-		t.Fatalf("%d requests throttled", e.Sim.MappingThrottled())
+	if simtest.MappingThrottled(e.Sim) != 0 {
+		t.Fatalf("%d requests throttled", simtest.MappingThrottled(e.Sim))
 	}
 	// acme's 360 calls need at least 3 full windows after the first 100.
 	if elapsed < 3*window {
@@ -256,7 +256,7 @@ func TestPace(t *testing.T) {
 func TestThrottled429(t *testing.T) {
 	const window = 300 * time.Millisecond
 	e := newEnv(t, sim.Config{}, usermap.Config{RateLimit: 40, RateWindow: window, Spooling: forms.Spooling{FormTiming: delivery.FormTiming{MaxRetryAfter: time.Second}}}, nil)
-	e.Sim.SetUserMapRate(40, window)
+	simtest.SetUserMapRate(e.Sim, 40, window)
 	for j := range 3 {
 		if a := formstest.Do(t, "POST", e.Base+"/usermap", url.Values{"api_key": {"k"}, "mapping": {mappings(fmt.Sprintf("r%d-", j), 20, "g")}}); a.Status != 200 {
 			t.Fatal(a.Body)
@@ -267,14 +267,14 @@ func TestThrottled429(t *testing.T) {
 		t.Fatal(a.Body)
 	}
 	e.Run()
-	waitFor(t, "delivery", func() bool { return len(e.Sim.MappingCalls()) == 100 })
+	waitFor(t, "delivery", func() bool { return len(simtest.MappingCalls(e.Sim)) == 100 })
 	waitFor(t, "acks", func() bool { return e.LaneRecords("k") == 0 })
-	if e.Sim.MappingThrottled() == 0 {
+	if simtest.MappingThrottled(e.Sim) == 0 {
 		t.Fatal("expected 429s")
 	}
 	seen := map[string]bool{}
 	var order []string
-	for _, c := range e.Sim.MappingCalls()[40:] {
+	for _, c := range simtest.MappingCalls(e.Sim)[40:] {
 		if seen[c.UserID] {
 			t.Fatalf("%s delivered twice", c.UserID)
 		}
@@ -297,7 +297,7 @@ func TestThrottled429(t *testing.T) {
 // and are delivered exactly once after reopening.
 func TestDeadLetterAndDurability(t *testing.T) {
 	e := newEnv(t, sim.Config{}, usermap.Config{}, nil)
-	e.Sim.RejectUserID("m13")
+	simtest.RejectUserID(e.Sim, "m13")
 	for j := range 3 {
 		if a := formstest.Do(t, "POST", e.Base+"/usermap", url.Values{"api_key": {"k"}, "mapping": {mappings(fmt.Sprintf("m%d", j), 10, "g")}}); a.Status != 200 {
 			t.Fatal(a.Body)
@@ -307,7 +307,7 @@ func TestDeadLetterAndDurability(t *testing.T) {
 	e.Open()
 	e.Run()
 	waitFor(t, "acks", func() bool { return e.LaneRecords("k") == 0 })
-	calls := e.Sim.MappingCalls()
+	calls := simtest.MappingCalls(e.Sim)
 	if len(calls) != 29 {
 		t.Fatalf("delivered %d, want 29", len(calls))
 	}
@@ -319,7 +319,7 @@ func TestDeadLetterAndDurability(t *testing.T) {
 	e.Open()
 	e.Run()
 	time.Sleep(150 * time.Millisecond)
-	if n := len(e.Sim.MappingCalls()); n != 29 {
+	if n := len(simtest.MappingCalls(e.Sim)); n != 29 {
 		t.Fatalf("after another restart %d delivered", n)
 	}
 }
@@ -333,13 +333,13 @@ func TestForwardRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := newEnv(t, sim.Config{}, usermap.Config{}, creds)
-	e.Sim.SetSecretKey("key-web", "secret-web")
-	e.Sim.SetUserMapOrg("key-web", "acme")
+	simtest.SetSecretKey(e.Sim, "key-web", "secret-web")
+	simtest.SetUserMapOrg(e.Sim, "key-web", "acme")
 	e.Run()
 	if a := formstest.Do(t, "POST", e.Base+"/usermap", url.Values{"api_key": {"key-web"}, "mapping": {`[{"user_id":"alice","global_user_id":"G"}]`}}); a.Status != 200 {
 		t.Fatal(a.Body)
 	}
-	waitFor(t, "delivery", func() bool { return len(e.Sim.MappingCalls()) == 1 })
+	waitFor(t, "delivery", func() bool { return len(simtest.MappingCalls(e.Sim)) == 1 })
 
 	q := "/api/2/usermap?user_ids=" + url.QueryEscape(`["alice","G","nobody"]`)
 	check := func(a answer) {
@@ -371,7 +371,7 @@ func TestForwardRead(t *testing.T) {
 	}
 	// Injected: X-Relay-Project names the project; the Bearer (admin token) is replaced.
 	check(formstest.Do(t, "GET", e.Base+q, nil, "X-Relay-Project", "web", "Authorization", "Bearer admintoken"))
-	reads := e.Sim.MappingReads()
+	reads := simtest.MappingReads(e.Sim)
 	if len(reads) != 3 {
 		t.Fatalf("%d reads at the upstream", len(reads))
 	}
@@ -403,7 +403,7 @@ func TestProjectKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := newEnv(t, sim.Config{}, usermap.Config{}, creds)
-	e.Sim.SetUserMapOrg("key-app", "acme")
+	simtest.SetUserMapOrg(e.Sim, "key-app", "acme")
 	e.Run()
 	if a := formstest.Do(t, "POST", e.Base+"/usermap", url.Values{"mapping": {`{"user_id":"bob","global_user_id":"B"}`}}, "X-Relay-Project", "app"); a.Status != 200 {
 		t.Fatal(a.Body)
@@ -414,8 +414,8 @@ func TestProjectKey(t *testing.T) {
 	if a := formstest.Do(t, "POST", e.Base+"/usermap", url.Values{"api_key": {"k"}, "mapping": {`{"user_id":"bob","global_user_id":"B"}`}}, "X-Relay-Project", "app"); a.Status != 400 {
 		t.Fatal(a.Body)
 	}
-	waitFor(t, "delivery", func() bool { g, ok := e.Sim.MappedTo("key-app", "bob"); return ok && g == "B" })
-	if n := len(e.Sim.MappingCalls()); n != 1 {
+	waitFor(t, "delivery", func() bool { g, ok := simtest.MappedTo(e.Sim, "key-app", "bob"); return ok && g == "B" })
+	if n := len(simtest.MappingCalls(e.Sim)); n != 1 {
 		t.Fatalf("%d calls", n)
 	}
 }

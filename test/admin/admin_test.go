@@ -72,8 +72,8 @@ func TestAdmin(t *testing.T) {
 		APIKeys:         []string{projAPIKey, proj2APIKey, keySilenced, keyOther, keyPaused},
 		ThrottlePenalty: -1,
 	})
-	s.SetSecretKey(projAPIKey, projSecret)
-	s.SetSecretKey(proj2APIKey, proj2Secret)
+	simtest.SetSecretKey(s, projAPIKey, projSecret)
+	simtest.SetSecretKey(s, proj2APIKey, proj2Secret)
 	rec1, rec1URL := startHeaderRecorder(t, simURL) // --analytics-url
 	rec2, rec2URL := startHeaderRecorder(t, simURL) // web-eu's analytics_url override
 	dir := t.TempDir()
@@ -142,7 +142,7 @@ func testAuth(t *testing.T, r *relay, s *simtest.Sim, rec1, rec2 *headerRecorder
 	// The forwarding route: GET /api/2/usermap against the sim, which checks
 	// Basic auth.
 	poll.Until(t, "the mapping of auth-u1 at the sim", func() bool {
-		g, ok := s.MappedTo(projAPIKey, "auth-u1")
+		g, ok := simtest.MappedTo(s, projAPIKey, "auth-u1")
 		return ok && g == "auth-g1"
 	})
 	read := "/api/2/usermap?user_ids=auth-u1"
@@ -157,7 +157,7 @@ func testAuth(t *testing.T, r *relay, s *simtest.Sim, rec1, rec2 *headerRecorder
 		}
 		return a
 	}
-	n0 := len(s.MappingReads())
+	n0 := len(simtest.MappingReads(s))
 	if a := fwd(401); a.header.Get("Proxy-Authenticate") == "" {
 		t.Error("forwarding 401 without Proxy-Authenticate")
 	}
@@ -165,7 +165,7 @@ func testAuth(t *testing.T, r *relay, s *simtest.Sim, rec1, rec2 *headerRecorder
 	// The caller's own Authorization is not the admin token slot here.
 	fwd(401, "Authorization", bearer(adminToken))
 	fwd(403, "Authorization", bearer(wrongToken), "X-Relay-Project", projectName)
-	if got := len(s.MappingReads()); got != n0 {
+	if got := len(simtest.MappingReads(s)); got != n0 {
 		t.Fatalf("%d refused requests reached the sim", got-n0)
 	}
 
@@ -207,7 +207,7 @@ func testAuth(t *testing.T, r *relay, s *simtest.Sim, rec1, rec2 *headerRecorder
 	if a := fwd(400, "Authorization", bearer(adminToken), "X-Relay-Project", "nope"); rec1.count() != n1 {
 		t.Errorf("unknown project forwarded: %s", a.body)
 	}
-	reads := s.MappingReads()
+	reads := simtest.MappingReads(s)
 	for _, rd := range reads[n0:] {
 		if rd.Status == 200 && rd.User != sim.KeyLabel(projAPIKey) && rd.User != sim.KeyLabel(proj2APIKey) {
 			t.Errorf("sim read by %s", rd.User)
@@ -279,8 +279,8 @@ func insertIDs(evs []sim.Ingested) []string {
 }
 
 func testDeadLetters(t *testing.T, r *relay, s *simtest.Sim) {
-	s.Silence("dev-s1")
-	s.Silence("dev-s2")
+	simtest.Silence(s, "dev-s1")
+	simtest.Silence(s, "dev-s2")
 	var want1, want2 []string
 	var evs1, evs2 []string
 	for i := range 5 {
@@ -377,8 +377,8 @@ func testDeadLetters(t *testing.T, r *relay, s *simtest.Sim) {
 
 	// Replay lane 1 under a corrected api_key (one of the credentials file:
 	// it must not show in any answer or log).
-	s.Unsilence("dev-s1")
-	s.Unsilence("dev-s2")
+	simtest.Unsilence(s, "dev-s1")
+	simtest.Unsilence(s, "dev-s2")
 	a := r.own("POST", "/relay/v1/deadletters/replay", fmt.Sprintf(`{"filter":{"lane":%q},"api_key":%q}`, lane1, projAPIKey))
 	var rp struct {
 		Replayed int `json:"replayed"`
@@ -428,7 +428,7 @@ func testDeadLetters(t *testing.T, r *relay, s *simtest.Sim) {
 	}
 
 	// Purge: by ids (an unknown id reported), then by filter.
-	s.Silence("dev-p")
+	simtest.Silence(s, "dev-p")
 	r.postEvents(keyOther, event("dev-p", "p-1"), event("dev-p", "p-2"))
 	var dead []deadLetter
 	poll.Until(t, "2 dead letters to purge", func() bool {
@@ -452,15 +452,15 @@ func testDeadLetters(t *testing.T, r *relay, s *simtest.Sim) {
 	if l := listDead(t, r, ""); len(l.DeadLetters) != 0 || l.Total != 0 {
 		t.Fatalf("after purge: %+v", l)
 	}
-	s.Unsilence("dev-p")
+	simtest.Unsilence(s, "dev-p")
 }
 
 // testDeadKinds: group identifies and mappings the upstream refuses become
 // dead letters of their kind; a replay sends them again (the sim refuses
 // them again: new dead letters, the old ones gone, no loop).
 func testDeadKinds(t *testing.T, r *relay, s *simtest.Sim) {
-	s.RejectGroupValue("rej-g")
-	s.RejectUserID("rej-u")
+	simtest.RejectGroupValue(s, "rej-g")
+	simtest.RejectUserID(s, "rej-u")
 	if a := r.own("POST", "/groupidentify", form("api_key", keyOther, "identification",
 		`[{"group_type":"org","group_value":"ok-g","group_properties":{"a":1}},{"group_type":"org","group_value":"rej-g","group_properties":{"a":2}}]`),
 		"Content-Type", formType); a.status != 200 {
@@ -485,7 +485,7 @@ func testDeadKinds(t *testing.T, r *relay, s *simtest.Sim) {
 	if um.Data["user_id"] != "rej-u" || !strings.HasPrefix(um.Lane, "usermap-") || um.Reason == "" {
 		t.Fatalf("usermap dead letter %+v", um)
 	}
-	if g := s.GroupIdentifies(keyOther); len(g) != 1 || g[0].GroupValue != "ok-g" {
+	if g := simtest.GroupIdentifies(s, keyOther); len(g) != 1 || g[0].GroupValue != "ok-g" {
 		t.Fatalf("sim group identifies %+v", g)
 	}
 	a := r.own("POST", "/relay/v1/deadletters/replay", `{"filter":{}}`)
@@ -583,7 +583,7 @@ func testLanes(t *testing.T, r *relay, s *simtest.Sim) {
 	if _, ok := lanes(t, r)[giLane]; !ok {
 		t.Fatalf("groupidentify lane %s not listed", giLane)
 	}
-	poll.Until(t, "the auth test's group identifies", func() bool { return len(s.GroupIdentifies(projAPIKey)) == 2 })
+	poll.Until(t, "the auth test's group identifies", func() bool { return len(simtest.GroupIdentifies(s, projAPIKey)) == 2 })
 	a = r.own("POST", "/relay/v1/lanes/"+giLane+"/pause", "")
 	if decode(t, a, &l); a.status != 200 || !l.Stopped || !l.Controllable {
 		t.Fatalf("pause groupidentify lane: %d %s", a.status, a.body)
@@ -594,7 +594,7 @@ func testLanes(t *testing.T, r *relay, s *simtest.Sim) {
 		t.Fatalf("groupidentify: %d %s", a.status, a.body)
 	}
 	time.Sleep(300 * time.Millisecond)
-	if n := len(s.GroupIdentifies(projAPIKey)); n != 2 {
+	if n := len(simtest.GroupIdentifies(s, projAPIKey)); n != 2 {
 		t.Fatalf("paused groupidentify lane delivered: %d", n)
 	}
 	if l := lanes(t, r)[giLane]; l.Records != 1 || !l.Stopped {
@@ -603,7 +603,7 @@ func testLanes(t *testing.T, r *relay, s *simtest.Sim) {
 	if a := r.own("POST", "/relay/v1/lanes/"+giLane+"/resume", ""); a.status != 200 {
 		t.Fatalf("resume groupidentify lane: %d %s", a.status, a.body)
 	}
-	poll.Until(t, "the held group identify", func() bool { return len(s.GroupIdentifies(projAPIKey)) == 3 })
+	poll.Until(t, "the held group identify", func() bool { return len(simtest.GroupIdentifies(s, projAPIKey)) == 3 })
 
 	// Unknown lanes and actions: 404.
 	for _, p := range []string{"/relay/v1/lanes/" + label + "/frobnicate", "/relay/v1/lanes/events-00000000/pause"} {
@@ -635,7 +635,7 @@ func testNoSecrets(t *testing.T, r *relay, s *simtest.Sim) {
 		t.Errorf("usermap with X-Relay-Project: %d %s", a.status, a.body)
 	}
 	poll.Until(t, "the injected mapping at the sim", func() bool {
-		g, ok := s.MappedTo(projAPIKey, "inj-u")
+		g, ok := simtest.MappedTo(s, projAPIKey, "inj-u")
 		return ok && g == "inj-g"
 	})
 	call(t, "POST", r.admin+"/groupidentify", form("api_key", projAPIKey, "identification", "[{]"), "Authorization", bearer(adminToken), "Content-Type", formType)

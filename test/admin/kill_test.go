@@ -13,6 +13,7 @@ import (
 	"github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
 
@@ -67,13 +68,13 @@ func TestKillBeforeDelivery(t *testing.T) {
 	r = startRelay(t, data, log, "--ingest-url", simURL, "--alias-url", simURL, "--analytics-url", simURL, "--spool-upstream-change", "allow")
 	total := requests * perReq
 	poll.Until(t, "every group identify and mapping at the sim", func() bool {
-		return len(s.GroupIdentifies(key)) >= total && len(s.MappingCalls()) >= total+requests
+		return len(simtest.GroupIdentifies(s, key)) >= total && len(simtest.MappingCalls(s)) >= total+requests
 	})
 	time.Sleep(500 * time.Millisecond) // a duplicate would arrive by now
 	r.stopClean()
 
 	var groups []string
-	for _, g := range s.GroupIdentifies(key) {
+	for _, g := range simtest.GroupIdentifies(s, key) {
 		groups = append(groups, g.GroupValue)
 	}
 	slices.Sort(groups)
@@ -81,7 +82,7 @@ func TestKillBeforeDelivery(t *testing.T) {
 		t.Fatalf("group identifies at the sim: %d (%v...), want each of %d once", len(groups), groups[:min(5, len(groups))], total)
 	}
 	var users, order []string
-	for _, m := range s.MappingCalls() {
+	for _, m := range simtest.MappingCalls(s) {
 		if m.UserID == "order-u" {
 			order = append(order, m.GlobalUserID)
 			continue
@@ -95,7 +96,7 @@ func TestKillBeforeDelivery(t *testing.T) {
 	if len(order) != requests || !slices.IsSorted(order) {
 		t.Fatalf("order-u's mappings arrived as %v", order)
 	}
-	if g, _ := s.MappedTo(key, "order-u"); g != fmt.Sprintf("order-g%02d", requests-1) {
+	if g, _ := simtest.MappedTo(s, key, "order-u"); g != fmt.Sprintf("order-g%02d", requests-1) {
 		t.Fatalf("order-u maps to %q", g)
 	}
 }

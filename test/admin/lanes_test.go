@@ -13,6 +13,7 @@ import (
 	"github.com/svcrelay/relay/internal/forward/forwardtest"
 	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
+	"github.com/svcrelay/relay/internal/simtest"
 )
 
 // TestLaneBounds runs the binary with --max-lanes 300 and
@@ -86,7 +87,7 @@ func TestLaneBounds(t *testing.T) {
 	// holds its record, so none can retire (empty and idle 1 s) and free a
 	// place before the 301st arrives, however slowly a loaded machine
 	// posts the 300 (it did, failing 3 runs of 6 under load).
-	if err := s.Down(sim.Down503, 0); err != nil {
+	if err := s.Down(simtest.Down503, 0); err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup

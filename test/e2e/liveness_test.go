@@ -179,7 +179,7 @@ func livenessRun(t *testing.T, bin string, lenient bool) {
 	time.Sleep(loadFor / 4)
 	for k := range kills {
 		if k == 1 {
-			if err := sm.Ctl.Down(bg, sim.Down503, 1500*time.Millisecond); err != nil {
+			if err := sm.Ctl.Down(bg, simtest.Down503, 1500*time.Millisecond); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -75,9 +75,9 @@ func Start(t testing.TB, cfg forward.Config) *Env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	s.SetManagementKey(MgmtKey)
-	s.SetSCIMToken(SCIMToken, Org)
-	s.SetProjectSecret(ProjectKey, ProjectSecret)
+	simtest.SetManagementKey(s, MgmtKey)
+	simtest.SetSCIMToken(s, SCIMToken, Org)
+	simtest.SetProjectSecret(s, ProjectKey, ProjectSecret)
 	creds, err := credentials.Parse([]byte(CredentialsYAML))
 	if err != nil {
 		t.Fatal(err)
@@ -207,7 +207,7 @@ func PassThrough(auth string, extra ...string) []string {
 // sim saw fewer than n calls in all.
 func (e *Env) LastCall(t testing.TB, n int) sim.MgmtCall {
 	t.Helper()
-	calls := e.Sim.MgmtCalls()
+	calls := simtest.MgmtCalls(e.Sim)
 	if len(calls) != n {
 		t.Fatalf("the simulator saw %d management calls, want %d", len(calls), n)
 	}
@@ -215,7 +215,7 @@ func (e *Env) LastCall(t testing.TB, n int) sim.MgmtCall {
 }
 
 // Calls returns how many management calls the simulator saw.
-func (e *Env) Calls() int { return len(e.Sim.MgmtCalls()) }
+func (e *Env) Calls() int { return len(simtest.MgmtCalls(e.Sim)) }
 
 // String for %v in messages.
 func (r Response) String() string { return fmt.Sprintf("%d %q", r.Status, r.Body) }

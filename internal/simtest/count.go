@@ -1,35 +1,4 @@
-package sim
-
-import (
-	"net/http"
-	"strconv"
-)
-
-// serveCountOnly is /2/httpapi in CountOnly mode: count, answer 200.
-func (s *Sim) serveCountOnly(w http.ResponseWriter, r *http.Request, in *incoming) {
-	if in.TooLarge {
-		codeError(w, http.StatusRequestEntityTooLarge, ErrTextTooLarge)
-		return
-	}
-	n := CountEvents(in.Body)
-	in.Rec.Events = n
-	s.counted.Add(int64(n))
-	var b [128]byte
-	out := append(b[:0], `{"code":200,"events_ingested":`...)
-	out = strconv.AppendInt(out, int64(n), 10)
-	out = append(out, `,"payload_size_bytes":`...)
-	out = strconv.AppendInt(out, int64(len(in.Body)), 10)
-	out = append(out, `,"server_upload_time":`...)
-	out = strconv.AppendInt(out, s.cfg.Now().UnixMilli(), 10)
-	out = append(out, '}')
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(out)))
-	w.WriteHeader(http.StatusOK)
-	w.Write(out)
-}
-
-// Counted returns the number of events CountOnly mode counted.
-func (s *Sim) Counted() int64 { return s.counted.Load() }
+package simtest
 
 // CountEvents counts the elements of the top-level "events" array of a JSON
 // envelope with a cheap scan (no validation; malformed input gives some

@@ -1,13 +1,15 @@
-package sim
+package simtest
 
 import (
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
 
+	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/sim/wiretest"
 )
 
@@ -48,23 +50,22 @@ func FuzzCountEvents(f *testing.F) {
 }
 
 func TestCountOnly(t *testing.T) {
-	ff := &queueFaults{}
-	s, url := start(t, Config{CountOnly: true, Faults: ff})
+	s, url := start(t, sim.Config{CountOnly: CountEvents})
 	// No validation: an event without ids is counted too.
 	a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "a"), `{"event_type":"x"}`, wiretest.Event("device1", "a")))
 	if a.Status != 200 || a.JSON["events_ingested"] != 3.0 {
 		t.Fatalf("%d %s", a.Status, a.Body)
 	}
 	a = wiretest.Post(t, url+"/batch", gz(wiretest.Envelope("k", wiretest.Event("device1", "a"))), "Content-Encoding", "gzip")
-	if a.Status != 200 || s.Counted() != 4 || s.Count() != 0 || len(s.AllEvents()) != 0 {
-		t.Fatalf("%d counted %d count %d", a.Status, s.Counted(), s.Count())
+	if a.Status != 200 || s.Stats().Counted != 4 || s.Count() != 0 || len(s.AllEvents()) != 0 {
+		t.Fatalf("%d counted %d count %d", a.Status, s.Stats().Counted, s.Count())
 	}
-	var st Stats
+	var st sim.Stats
 	wiretest.GetJSON(t, url+"/sim/stats", &st)
 	if st.Counted != 4 {
 		t.Fatalf("stats %+v", st)
 	}
-	ff.add(Fault{Status: 503}) // faults still apply
+	s.Inject(Fault{Status: 503}) // faults still apply
 	if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "a"))); a.Status != 503 {
 		t.Fatal(a.Status)
 	}
@@ -94,7 +95,7 @@ func BenchmarkCountEvents(b *testing.B) {
 // BenchmarkCountOnlyHTTP measures the CountOnly sink over real HTTP
 // (1000-event batches, keep-alive, 4 client goroutines).
 func BenchmarkCountOnlyHTTP(b *testing.B) {
-	s, url := start(b, Config{CountOnly: true, KeepRequests: -1})
+	s, url := start(b, sim.Config{CountOnly: CountEvents, KeepRequests: -1})
 	body := benchBody(1000)
 	tr := &http.Transport{MaxIdleConnsPerHost: 8}
 	c := &http.Client{Transport: tr}
@@ -113,26 +114,13 @@ func BenchmarkCountOnlyHTTP(b *testing.B) {
 			resp.Body.Close()
 		}
 	})
-	b.ReportMetric(float64(s.Counted())/b.Elapsed().Seconds(), "events/s")
+	b.ReportMetric(float64(s.Stats().Counted)/b.Elapsed().Seconds(), "events/s")
 }
 
-// BenchmarkValidateHTTP measures the full (validating, storing) sim.
-func BenchmarkValidateHTTP(b *testing.B) {
-	s, url := start(b, Config{KeepRequests: 1000, Keep: 100_000, EPSThreshold: 1 << 30})
-	bodies := make([][]byte, 64)
-	for i := range bodies {
-		bodies[i] = bytes.ReplaceAll(benchBody(1000), []byte(`"ins-`), []byte(fmt.Sprintf(`"ins-%d-`, i)))
-	}
-	b.SetBytes(int64(len(bodies[0])))
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		resp, err := client.Post(url+"/2/httpapi", "application/json", bytes.NewReader(bodies[i%len(bodies)]))
-		i++
-		if err != nil {
-			b.Fatal(err)
-		}
-		resp.Body.Close()
-	}
-	b.ReportMetric(float64(s.Count()+s.Duplicates())/b.Elapsed().Seconds(), "events/s")
+func gz(b []byte) []byte {
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	zw.Write(b)
+	zw.Close()
+	return buf.Bytes()
 }
