@@ -40,21 +40,6 @@ const (
 	SchemeSCIMBearer
 )
 
-// String names the scheme for logs and errors.
-func (s Scheme) String() string {
-	switch s {
-	case SchemeProjectBasic:
-		return "project-basic"
-	case SchemeOrgBasic:
-		return "organization-basic"
-	case SchemeManagementBearer:
-		return "management-bearer"
-	case SchemeSCIMBearer:
-		return "scim-bearer"
-	}
-	return fmt.Sprintf("Scheme(%d)", int(s))
-}
-
 // Upstream says where an API lives and how it authenticates.
 type Upstream struct {
 	// API names the API in metrics, logs and errors ("scim").

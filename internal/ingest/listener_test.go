@@ -51,14 +51,10 @@ func TestMalformedRequestLogsNoContent(t *testing.T) {
 		io.Copy(io.Discard, rc.br) // until the server closed the connection
 	}
 	// fasthttp logs after it closed the connection: wait for its lines.
-	deadline := time.Now().Add(poll.Max)
-	for logs.FilterMessage("ingest connection error").Len() == 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.Until(t, "a connection error logged (else the test does not reach fasthttp's logger)", func() bool {
+		return logs.FilterMessage("ingest connection error").Len() > 0
+	})
 	lines := logs.FilterMessage("ingest connection error").All()
-	if len(lines) == 0 {
-		t.Fatal("no connection error logged: the test does not reach fasthttp's logger")
-	}
 	for _, e := range logs.All() {
 		if s := fmt.Sprint(e.Message, e.ContextMap()); strings.Contains(s, secret) {
 			t.Fatalf("log line holds the request's content: %s", s)
@@ -214,10 +210,9 @@ func TestFileDescriptorExhaustion(t *testing.T) {
 		conns = append(conns, c)
 	}
 	// Wait until the child reports retried accept errors, or exited.
-	deadline := time.Now().Add(poll.Max)
-	for !strings.Contains(stderr.String(), "ingest accept failed; retrying") && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Until(t, "the child to report retried accept errors", func() bool {
+		return strings.Contains(stderr.String(), "ingest accept failed; retrying")
+	})
 	if !strings.Contains(stderr.String(), "too many open files") {
 		t.Fatalf("the child never ran out of descriptors")
 	}

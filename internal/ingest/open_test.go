@@ -227,18 +227,18 @@ func TestAllowedAPIKeys(t *testing.T) {
 	}
 
 	// Replaced at run time (a credentials reload).
-	r.srv.SetAllowedAPIKeys([]string{"key-c"})
+	r.srv.SetOpen(Open{AllowedAPIKeys: []string{"key-c"}})
 	if a := r.post("/2/httpapi", envelope("key-c", "", oneEvent(0))); a.status != 200 {
 		t.Errorf("key-c after the swap: %d %s", a.status, a.body)
 	}
 	if a := r.post("/2/httpapi", envelope("key-a", "", oneEvent(0))); a.status != 403 {
 		t.Errorf("key-a after the swap: %d %s", a.status, a.body)
 	}
-	r.srv.SetAllowedAPIKeys([]string{})
+	r.srv.SetOpen(Open{AllowedAPIKeys: []string{}})
 	if a := r.post("/2/httpapi", envelope("key-c", "", oneEvent(0))); a.status != 403 {
 		t.Errorf("empty list: %d %s, want 403", a.status, a.body)
 	}
-	r.srv.SetAllowedAPIKeys(nil)
+	r.srv.SetOpen(Open{})
 	if a := r.post("/2/httpapi", envelope("key-z", "", oneEvent(0))); a.status != 200 {
 		t.Errorf("nil list: %d %s, want 200", a.status, a.body)
 	}
