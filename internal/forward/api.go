@@ -85,9 +85,6 @@ type APIConfig struct {
 	Limiter *ratelimit.Limiter
 }
 
-// Validate reports a configuration that cannot work.
-func (c APIConfig) Validate() error { return c.Limit.Validate() }
-
 // Over returns doc, a documented limit, with the changes of c.Limit.
 func (c APIConfig) Over(doc ratelimit.Config) ratelimit.Config {
 	o := c.Limit

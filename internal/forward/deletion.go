@@ -34,13 +34,6 @@ const (
 	DeletionQueryDays = 30
 )
 
-// Deletion job states.
-const (
-	DeletionStaging   = "staging"
-	DeletionSubmitted = "submitted"
-	DeletionDone      = "done"
-)
-
 // ErrBadDeletion is returned (wrapped) for a deletion request the upstream
 // does not take.
 var ErrBadDeletion = errors.New("bad deletion request")
@@ -53,16 +46,6 @@ type DeletionRequest struct {
 	IgnoreInvalidID      bool     `json:"ignore_invalid_id,omitempty"`
 	DeleteFromOrg        bool     `json:"delete_from_org,omitempty"`
 	IncludeMappedUserIDs bool     `json:"include_mapped_user_ids,omitempty"`
-}
-
-// Validate checks the id count.
-func (r DeletionRequest) Validate() error { return deletionCount(len(r.SvcIDs) + len(r.UserIDs)) }
-
-func deletionCount(n int) error {
-	if n == 0 || n > DeletionMaxIDs {
-		return fmt.Errorf("%w: send 1 to %d ids (svc_ids and user_ids together), not %d", ErrBadDeletion, DeletionMaxIDs, n)
-	}
-	return nil
 }
 
 // CheckDeletion checks a POST body (see the rules above) without decoding
@@ -86,7 +69,10 @@ func CheckDeletion(body []byte) error {
 		}
 		n += len(l)
 	}
-	return deletionCount(n)
+	if n == 0 || n > DeletionMaxIDs {
+		return fmt.Errorf("%w: send 1 to %d ids (svc_ids and user_ids together), not %d", ErrBadDeletion, DeletionMaxIDs, n)
+	}
+	return nil
 }
 
 // CheckDeletionDays checks a GET range: both days YYYY-MM-DD, end not
