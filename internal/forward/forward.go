@@ -90,7 +90,7 @@ type Target struct {
 	Authorization string
 }
 
-// Errors of Forward; the answer to the caller has been written already.
+// Errors of forward; the answer to the caller has been written already.
 var (
 	// ErrBodyTooLarge is returned when the request body is over
 	// Config.MaxRequestBodyBytes (answered 413).
@@ -251,7 +251,7 @@ func (f *Forwarder) newProxy(rt http.RoundTripper) *httputil.ReverseProxy {
 // when it injects credentials.
 func rewrite(pr *httputil.ProxyRequest) {
 	t := pr.In.Context().Value(targetKey{}).(*Target)
-	base, _ := url.Parse(strings.TrimRight(t.Base, "/")) // checked by Forward
+	base, _ := url.Parse(strings.TrimRight(t.Base, "/")) // checked by forward
 	out := pr.Out
 	out.URL = &url.URL{
 		Scheme:   base.Scheme,
@@ -277,20 +277,16 @@ func checkBase(base string) bool {
 		u.User == nil && u.RawQuery == "" && u.Fragment == "" && !strings.ContainsAny(base, "?# \t\r\n")
 }
 
-// Forward sends r to t.Base + r's routed path and query and writes the
-// upstream's answer to w: status, end-to-end headers and the body,
-// streamed (nothing of it is held in memory). The method, path, query and
-// body are sent untouched; see rewrite for the headers.
+// forward sends r through proxy to t.Base + r's routed path and query and
+// writes the upstream's answer to w: status, end-to-end headers and the
+// body, streamed (nothing of it is held in memory). The method, path, query
+// and body are sent untouched; see rewrite for the headers.
 //
 // It returns the upstream's status, or 0 when the answer was written locally
 // (then err is one of the package's sentinels, wrapped): 413 body too large,
 // 400 bad path, 502 bad target or upstream transport error, each with a
-// JSON body {"error": "...", "source": "relay"}. Call Forward at most once
-// per request, as the handler's last step.
-func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, t Target) (int, error) {
-	return f.forward(w, r, t, f.proxy)
-}
-
+// JSON body {"error": "...", "source": "relay"}. It is the handler's last
+// step.
 func (f *Forwarder) forward(w http.ResponseWriter, r *http.Request, t Target, proxy *httputil.ReverseProxy) (int, error) {
 	api := t.API
 	if api == "" {
