@@ -132,94 +132,22 @@ var fieldKinds = [numFields]uint8{
 	// every other field is kString (0)
 }
 
-// lookupField returns the field named by key (unescaped), or -1.
+// lookupField returns the field named by key (unescaped), or -1: for the
+// keys byWords does not match (escaped, longer than shortFieldLen).
 func lookupField(key []byte) int {
-	switch string(key) {
-	case "user_id":
-		return fUserID
-	case "device_id":
-		return fDeviceID
-	case "event_type":
-		return fEventType
-	case "time":
-		return fTime
-	case "insert_id":
-		return fInsertID
-	case "ip":
-		return fIP
-	case "event_properties":
-		return fEventProperties
-	case "user_properties":
-		return fUserProperties
-	case "group_properties":
-		return fGroupProperties
-	case "groups":
-		return fGroups
-	case "plan":
-		return fPlan
-	case "session_id":
-		return fSessionID
-	case "event_id":
-		return fEventID
-	case "quantity":
-		return fQuantity
-	case "price":
-		return fPrice
-	case "revenue":
-		return fRevenue
-	case "location_lat":
-		return fLocationLat
-	case "location_lng":
-		return fLocationLng
-	case "$skip_user_properties_sync":
-		return fSkipUserPropertiesSync
-	case "user_agent":
-		return fUserAgent
-	case "app_version":
-		return fAppVersion
-	case "platform":
-		return fPlatform
-	case "os_name":
-		return fOSName
-	case "os_version":
-		return fOSVersion
-	case "device_brand":
-		return fDeviceBrand
-	case "device_manufacturer":
-		return fDeviceManufacturer
-	case "device_model":
-		return fDeviceModel
-	case "carrier":
-		return fCarrier
-	case "country":
-		return fCountry
-	case "region":
-		return fRegion
-	case "city":
-		return fCity
-	case "dma":
-		return fDMA
-	case "language":
-		return fLanguage
-	case "productId":
-		return fProductID
-	case "revenueType":
-		return fRevenueType
-	case "currency":
-		return fCurrency
-	case "idfa":
-		return fIDFA
-	case "idfv":
-		return fIDFV
-	case "android_app_set_id":
-		return fAndroidAppSetID
-	case "adid":
-		return fADID
-	case "android_id":
-		return fAndroidID
+	if f, ok := byName[string(key)]; ok {
+		return f
 	}
 	return -1
 }
+
+var byName = func() map[string]int {
+	m := make(map[string]int, numFields)
+	for f, name := range fieldNames {
+		m[name] = f
+	}
+	return m
+}()
 
 // maxFieldLen is the longest field name; an escaped key whose value would be
 // longer names no field.
