@@ -273,7 +273,7 @@ func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, 
 		// SetKeepAlive fails would end its Serve. net.Listen's connections
 		// have TCP keep-alive on already (15s).
 		SecureErrorLogMessage: true,
-		Logger:                s.fasthttpLog(), // anonymized under AnonymizeIP
+		Logger:                fasthttpLogger{s},
 	})
 	return s, nil
 }

@@ -289,28 +289,34 @@ func (s *Server) connState(c net.Conn, st fasthttp.ConnState) {
 // fasthttpLogger sends fasthttp's own messages to a (sampled) zap logger
 // without their content: fasthttp's messages quote request heads (header
 // values, query strings holding an api_key) when it cannot parse them. A
-// line says only that a connection failed, the peer's address, and a class
-// of the error; neither the format nor the error text is logged.
-type fasthttpLogger struct{ l *zap.Logger }
+// line says only that a connection failed, the peer's address (anonymized
+// under AnonymizeIP), and a class of the error; neither the format nor the
+// error text is logged.
+type fasthttpLogger struct{ s *Server }
 
 func (f fasthttpLogger) Printf(_ string, args ...any) {
-	ce := f.l.Check(zapcore.WarnLevel, "ingest connection error")
+	ce := f.s.rejLog.Check(zapcore.WarnLevel, "ingest connection error")
 	if ce == nil {
 		return
 	}
-	var remote net.Addr
-	class := "other"
+	remote, class := "", "other"
 	for _, a := range args {
 		switch v := a.(type) {
-		case net.Addr:
-			remote = v // fasthttp names the local address first, the peer last
+		case net.Addr: // fasthttp names the local address first, the peer last
+			remote = v.String()
+			if f.s.st().anonIP {
+				remote = ""
+				if ta, ok := v.(*net.TCPAddr); ok {
+					remote = netip.AddrPortFrom(anonymizeAddr(ta.AddrPort().Addr()), ta.AddrPort().Port()).String()
+				}
+			}
 		case error:
 			class = errorClass(v)
 		}
 	}
 	fields := []zap.Field{zap.String("class", class)}
-	if remote != nil {
-		fields = append(fields, zap.String("remote", remote.String()))
+	if remote != "" {
+		fields = append(fields, zap.String("remote", remote))
 	}
 	ce.Write(fields...)
 }

@@ -27,9 +27,16 @@ import (
 
 // TestMalformedRequestLogsNoContent: fasthttp's messages about requests it
 // cannot parse quote their heads; the ingest log gets none of it.
+// Under AnonymizeIP the address is anonymized.
 func TestMalformedRequestLogsNoContent(t *testing.T) {
+	for _, anon := range []bool{false, true} {
+		t.Run(fmt.Sprint("anonymize=", anon), func(t *testing.T) { testMalformedRequestLogs(t, anon) })
+	}
+}
+
+func testMalformedRequestLogs(t *testing.T, anon bool) {
 	const secret = "s3cr3t-4f1d"
-	_, addr, logs := serveObserved(t, Config{}, openSpool(t, true))
+	_, addr, logs := serveObserved(t, Config{Open: Open{AnonymizeIP: anon}}, openSpool(t, true))
 
 	for _, req := range []string{
 		// A control byte in a header value.
@@ -60,8 +67,9 @@ func TestMalformedRequestLogsNoContent(t *testing.T) {
 			t.Fatalf("log line holds the request's content: %s", s)
 		}
 	}
-	if m := lines[0].ContextMap(); m["class"] == nil || !strings.HasPrefix(fmt.Sprint(m["remote"]), "127.0.0.1:") {
-		t.Fatalf("log line %v: want a class and the remote address", m)
+	want := map[bool]string{false: "127.0.0.1:", true: "127.0.0.0:"}[anon]
+	if m := lines[0].ContextMap(); m["class"] == nil || m["class"] == "other" || !strings.HasPrefix(fmt.Sprint(m["remote"]), want) {
+		t.Fatalf("log line %v: want a class and the remote address %s...", m, want)
 	}
 }
 
