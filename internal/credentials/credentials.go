@@ -51,15 +51,6 @@ func (u URLs) Get(kind string) string {
 	return ""
 }
 
-func (u URLs) each(f func(key, v string) error) error {
-	for _, kv := range u.fields() {
-		if err := f(kv.kind+"_url", kv.v); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // fields are u's bases by kind; a kind's file key is kind + "_url".
 func (u URLs) fields() [6]struct{ kind, v string } {
 	return [...]struct{ kind, v string }{
@@ -420,17 +411,17 @@ func required(what string, kv ...string) error {
 // checkURLs accepts absolute http(s) URLs with a host and no user info,
 // query or fragment. The value is not echoed: it could hold user info.
 func checkURLs(what string, u URLs) error {
-	return u.each(func(key, v string) error {
-		if v == "" {
-			return nil
+	for _, f := range u.fields() {
+		if f.v == "" {
+			continue
 		}
-		p, err := url.Parse(v)
+		p, err := url.Parse(f.v)
 		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" ||
 			p.User != nil || p.RawQuery != "" || p.ForceQuery || p.Fragment != "" {
-			return fmt.Errorf("%s: %s: want an http:// or https:// base URL without user info, query or fragment", what, key)
+			return fmt.Errorf("%s: %s_url: want an http:// or https:// base URL without user info, query or fragment", what, f.kind)
 		}
-		return nil
-	})
+	}
+	return nil
 }
 
 var (
@@ -498,23 +489,6 @@ func lineOf(lines []int, i int) int {
 	return 0
 }
 
-// Format prints the project's name, organization and upstream overrides;
-// secrets are never printed.
-func (p Project) Format(f fmt.State, verb rune) {
-	org := ""
-	if p.org != nil {
-		org = p.org.Name
-	}
-	fmt.Fprintf(f, "credentials.Project{Name:%q Org:%q APIKey:%s SecretKey:%s URLs:%+v}", p.Name, org, Redacted, Redacted, p.URLs)
-}
-
-// Format prints the organization's name, projects and upstream overrides;
-// secrets are never printed.
-func (o Organization) Format(f fmt.State, verb rune) {
-	fmt.Fprintf(f, "credentials.Organization{Name:%q Projects:%q APIKey:%s SecretKey:%s ManagementAPIKey:%s SCIMToken:%s URLs:%+v}",
-		o.Name, o.Projects, Redacted, Redacted, Redacted, Redacted, o.URLs)
-}
-
 // Format prints the project and organization names only.
 func (s Store) Format(f fmt.State, verb rune) {
 	fmt.Fprintf(f, "credentials.Store{Projects:%q Organizations:%q}", s.projectNames(), s.orgNames())
@@ -540,32 +514,6 @@ func (s *Store) orgNames() []string {
 		names[i] = o.Name
 	}
 	return names
-}
-
-// MarshalLogObject logs the project's name and organization, no secret.
-func (p *Project) MarshalLogObject(enc zapcore.ObjectEncoder) error {
-	if p == nil {
-		return nil
-	}
-	enc.AddString("name", p.Name)
-	if p.org != nil {
-		enc.AddString("organization", p.org.Name)
-	}
-	return nil
-}
-
-// MarshalLogObject logs the organization's name and projects, no secret.
-func (o *Organization) MarshalLogObject(enc zapcore.ObjectEncoder) error {
-	if o == nil {
-		return nil
-	}
-	enc.AddString("name", o.Name)
-	return enc.AddArray("projects", zapcore.ArrayMarshalerFunc(func(ae zapcore.ArrayEncoder) error {
-		for _, n := range o.Projects {
-			ae.AppendString(n)
-		}
-		return nil
-	}))
 }
 
 // MarshalLogObject logs the project and organization names, no secret.
