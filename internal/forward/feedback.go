@@ -34,8 +34,6 @@ var (
 	// ErrBadFeedback is returned (wrapped) for a request the upstream does
 	// not take as a whole.
 	ErrBadFeedback = errors.New("bad feedback request")
-	// ErrFeedbackTooLarge is returned for a body over FeedbackMaxBytes.
-	ErrFeedbackTooLarge = errors.New("feedback request body too large")
 	// ErrBadFeedbackItem is returned (wrapped) for an item breaking the rules.
 	ErrBadFeedbackItem = errors.New("bad feedback item")
 )
@@ -101,12 +99,10 @@ func CheckFeedbackItem(raw json.RawMessage) (uniqueID string, err error) {
 	return uniqueID, nil
 }
 
-// CheckFeedback checks a whole request body: ErrFeedbackTooLarge,
-// ErrBadFeedback (wrapped), or a *FeedbackError naming every bad item.
+// CheckFeedback checks a whole request body (of at most FeedbackMaxBytes:
+// the route's body limit): ErrBadFeedback (wrapped), or a *FeedbackError
+// naming every bad item.
 func CheckFeedback(body []byte) error {
-	if len(body) > FeedbackMaxBytes {
-		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrFeedbackTooLarge, len(body), FeedbackMaxBytes)
-	}
 	var req struct {
 		SourceID any             `json:"source_id"`
 		Items    json.RawMessage `json:"items"`
@@ -190,8 +186,6 @@ func feedbackCheck(_ *http.Request, body []byte) *Problem {
 	err := CheckFeedback(body)
 	var fe *FeedbackError
 	switch {
-	case errors.Is(err, ErrFeedbackTooLarge):
-		return &Problem{Status: http.StatusRequestEntityTooLarge, Msg: err.Error()}
 	case errors.As(err, &fe):
 		return &Problem{Status: http.StatusBadRequest, Msg: err.Error() + "; nothing was sent",
 			Extra: FeedbackAnswer{Failed: len(fe.Items), Errors: fe.Items}}
