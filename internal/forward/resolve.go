@@ -86,8 +86,6 @@ type Problem struct {
 	Extra any
 }
 
-func (p *Problem) Error() string { return p.Msg }
-
 // Bad returns a 400 Problem with a formatted message.
 func Bad(format string, args ...any) *Problem {
 	return &Problem{Status: http.StatusBadRequest, Msg: fmt.Sprintf(format, args...)}
