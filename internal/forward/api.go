@@ -240,8 +240,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		r.Header = keep
 	}
-	status, _ := h.f.forward(w, r, res.Target, h.proxy)
-	if status == http.StatusTooManyRequests {
+	if h.f.forward(w, r, res.Target, h.proxy) == http.StatusTooManyRequests {
 		d, _ := RetryAfter(w.Header(), time.Now())
 		for _, lim := range h.lims {
 			lim.Pause(res.Key, max(d, time.Second))

@@ -528,6 +528,6 @@ func TestUpstreamErrorsLogSampled(t *testing.T) {
 }
 
 // Forward is forward through the Forwarder's own proxy.
-func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, t Target) (int, error) {
+func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, t Target) int {
 	return f.forward(w, r, t, f.proxy)
 }
