@@ -307,23 +307,14 @@ func parse(data []byte, path string) (*Store, error) {
 	}
 	for i, fp := range f.Projects {
 		line := lineOf(projLines, i)
-		what := fmt.Sprintf("projects[%d]", i)
-		if err := checkName(fp.Name); err != nil {
-			return nil, fail(line, "%s: name %v", what, err)
-		}
-		what = fmt.Sprintf("project %q", fp.Name)
-		if _, dup := s.byName[fp.Name]; dup {
-			return nil, fail(line, "%s: name used twice", what)
-		}
-		if err := required(what, "api_key", fp.APIKey, "secret_key", fp.SecretKey); err != nil {
+		_, dup := s.byName[fp.Name]
+		what, err := checkEntry("projects", i, fp.Name, dup, fp.APIKey, fp.SecretKey, fp.URLs)
+		if err != nil {
 			return nil, fail(line, "%v", err)
 		}
 		keySum := sha256.Sum256([]byte(fp.APIKey))
 		if other, dup := s.byKey[keySum]; dup {
 			return nil, fail(line, "%s: api_key is the same as project %q's", what, other.Name)
-		}
-		if err := checkURLs(what, fp.URLs); err != nil {
-			return nil, fail(line, "%v", err)
 		}
 		switch fp.TrackingPlan {
 		case "", "off", "observe", "filter", "block":
@@ -338,18 +329,9 @@ func parse(data []byte, path string) (*Store, error) {
 	}
 	for i, fo := range f.Organizations {
 		line := lineOf(orgLines, i)
-		what := fmt.Sprintf("organizations[%d]", i)
-		if err := checkName(fo.Name); err != nil {
-			return nil, fail(line, "%s: name %v", what, err)
-		}
-		what = fmt.Sprintf("organization %q", fo.Name)
-		if _, dup := s.orgName[fo.Name]; dup {
-			return nil, fail(line, "%s: name used twice", what)
-		}
-		if err := required(what, "api_key", fo.APIKey, "secret_key", fo.SecretKey); err != nil {
-			return nil, fail(line, "%v", err)
-		}
-		if err := checkURLs(what, fo.URLs); err != nil {
+		_, dup := s.orgName[fo.Name]
+		what, err := checkEntry("organizations", i, fo.Name, dup, fo.APIKey, fo.SecretKey, fo.URLs)
+		if err != nil {
 			return nil, fail(line, "%v", err)
 		}
 		o := &Organization{
@@ -398,14 +380,23 @@ func checkName(name string) error {
 	return nil
 }
 
-// required reports the first empty field of key/value pairs.
-func required(what string, kv ...string) error {
-	for i := 0; i+1 < len(kv); i += 2 {
-		if kv[i+1] == "" {
-			return fmt.Errorf("%s: %s is empty or missing", what, kv[i])
-		}
+// checkEntry checks what projects and organizations share: the name (dup:
+// used before), the key pair and the base URLs of entry i of list. It
+// returns how errors name the entry.
+func checkEntry(list string, i int, name string, dup bool, apiKey, secretKey string, urls URLs) (string, error) {
+	if err := checkName(name); err != nil {
+		return "", fmt.Errorf("%s[%d]: name %v", list, i, err)
 	}
-	return nil
+	what := fmt.Sprintf("%s %q", strings.TrimSuffix(list, "s"), name)
+	switch {
+	case dup:
+		return "", fmt.Errorf("%s: name used twice", what)
+	case apiKey == "":
+		return "", fmt.Errorf("%s: api_key is empty or missing", what)
+	case secretKey == "":
+		return "", fmt.Errorf("%s: secret_key is empty or missing", what)
+	}
+	return what, checkURLs(what, urls)
 }
 
 // checkURLs accepts absolute http(s) URLs with a host and no user info,
