@@ -3,7 +3,6 @@ package event
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"strconv"
 	"sync/atomic"
 )
 
@@ -35,5 +34,16 @@ func (g *IDGen) Append(dst []byte) []byte {
 	if g.prefix[0] == 0 {
 		panic("event: IDGen not made by NewIDGen")
 	}
-	return strconv.AppendUint(append(dst, g.prefix[:]...), g.n.Add(1), 16)
+	n := g.n.Add(1)
+	dst = append(dst, g.prefix[:]...)
+	var buf [16]byte
+	i := len(buf)
+	for {
+		i--
+		buf[i] = "0123456789abcdef"[n&15]
+		if n >>= 4; n == 0 {
+			break
+		}
+	}
+	return append(dst, buf[i:]...)
 }
