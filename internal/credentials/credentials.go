@@ -522,19 +522,3 @@ func (s *Store) MarshalLogObject(enc zapcore.ObjectEncoder) error {
 	}
 	return enc.AddArray("organizations", strs(s.orgNames()))
 }
-
-// MarshalJSON encodes the project and organization names, no secret.
-func (s *Store) MarshalJSON() ([]byte, error) {
-	return fmt.Appendf(nil, `{"projects":%s,"organizations":%s}`, jsonStrings(s.projectNames()), jsonStrings(s.orgNames())), nil
-}
-
-func jsonStrings(v []string) []byte {
-	b := []byte{'['}
-	for i, s := range v {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = fmt.Appendf(b, "%q", s) // names are [A-Za-z0-9._-]: %q is valid JSON
-	}
-	return append(b, ']')
-}
