@@ -19,6 +19,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -94,10 +95,11 @@ func CheckPath(raw string) error {
 		case c == '\\' || c == ';' || c == '#':
 			return bad(`the path holds '\', ';' or '#'`)
 		case c == '%':
-			if i+2 >= len(raw) || !isHex(raw[i+1]) || !isHex(raw[i+2]) {
+			n, err := strconv.ParseUint(raw[i+1:min(i+3, len(raw))], 16, 8)
+			if err != nil || i+2 >= len(raw) {
 				return bad("the path holds a malformed escape")
 			}
-			d := unhex(raw[i+1])<<4 | unhex(raw[i+2])
+			d := byte(n)
 			if d < 0x20 || d == 0x7f || strings.IndexByte(`/\.%;`, d) >= 0 {
 				return bad(`the path holds an escaped '/', '\', '.', '%', ';' or control byte`)
 			}
@@ -142,18 +144,4 @@ func RawPath(r *http.Request) string {
 		}
 	}
 	return ""
-}
-
-func isHex(c byte) bool {
-	return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F'
-}
-
-func unhex(c byte) byte {
-	switch {
-	case c >= '0' && c <= '9':
-		return c - '0'
-	case c >= 'a' && c <= 'f':
-		return c - 'a' + 10
-	}
-	return c - 'A' + 10
 }

@@ -19,7 +19,7 @@ func TestCheckPath(t *testing.T) {
 		"//a": false, "/a//b": false, "/./a": false, "/a/.": false, "/a/..": false, "/a/../b": false,
 		"/a/%2e": false, "/a/%2E%2e/b": false, "/a/.%2e/b": false, "/a%2eb": false,
 		"/a/b%2Fc": false, "/a/b%2fc": false, "/a%5Cb": false, "/a\\b": false, "/a/..%2F..%2Fb": false,
-		"/a/%252F": false, "/a/%25": false, "/a/%zz": false, "/a/%4": false, "/a/%": false,
+		"/a/%252F": false, "/a/%25": false, "/a/%zz": false, "/a/%4": false, "/a/%": false, "/a/%+4x": false, "/a/%_4": false,
 		"/a;b": false, "/a/b;jsessionid=1": false, "/a%3Bb": false,
 		"/a%00": false, "/a\x00": false, "/a%0a": false, "/a b": false, "/a\tb": false, "/a#b": false,
 		"/a/%C0%AF": false, "/a/%C0%AE%C0%AE/b": false, "/a/%E0%80%AF": false, "/a/%FF": false, "/a/\xc3\xa9": false,

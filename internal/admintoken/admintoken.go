@@ -312,14 +312,3 @@ func (t *Token) String() string { return "admintoken.Token{[redacted]}" }
 
 // Format prints the redacted placeholder for every verb.
 func (t Token) Format(f fmt.State, _ rune) { _, _ = io.WriteString(f, t.String()) }
-
-// String of a Mode, for logs.
-func (m Mode) String() string {
-	switch m {
-	case ModeOwn:
-		return "own"
-	case ModeForward:
-		return "forward"
-	}
-	return fmt.Sprintf("Mode(%d)", int(m))
-}

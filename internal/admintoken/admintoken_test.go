@@ -236,9 +236,6 @@ func TestCheckAndStripDirect(t *testing.T) {
 			t.Errorf("%q: left %q", v, got)
 		}
 	}
-	if got := fmt.Sprint(ModeOwn, ModeForward, Mode(7)); got != "own forward Mode(7)" {
-		t.Errorf("Mode strings %q", got)
-	}
 }
 
 // TestStripEveryHeader: the admin token is removed from every header it

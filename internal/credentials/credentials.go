@@ -51,15 +51,6 @@ func (u URLs) Get(kind string) string {
 	return ""
 }
 
-func (u URLs) each(f func(key, v string) error) error {
-	for _, kv := range u.fields() {
-		if err := f(kv.kind+"_url", kv.v); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // fields are u's bases by kind; a kind's file key is kind + "_url".
 func (u URLs) fields() [6]struct{ kind, v string } {
 	return [...]struct{ kind, v string }{
@@ -316,23 +307,14 @@ func parse(data []byte, path string) (*Store, error) {
 	}
 	for i, fp := range f.Projects {
 		line := lineOf(projLines, i)
-		what := fmt.Sprintf("projects[%d]", i)
-		if err := checkName(fp.Name); err != nil {
-			return nil, fail(line, "%s: name %v", what, err)
-		}
-		what = fmt.Sprintf("project %q", fp.Name)
-		if _, dup := s.byName[fp.Name]; dup {
-			return nil, fail(line, "%s: name used twice", what)
-		}
-		if err := required(what, "api_key", fp.APIKey, "secret_key", fp.SecretKey); err != nil {
+		_, dup := s.byName[fp.Name]
+		what, err := checkEntry("projects", i, fp.Name, dup, fp.APIKey, fp.SecretKey, fp.URLs)
+		if err != nil {
 			return nil, fail(line, "%v", err)
 		}
 		keySum := sha256.Sum256([]byte(fp.APIKey))
 		if other, dup := s.byKey[keySum]; dup {
 			return nil, fail(line, "%s: api_key is the same as project %q's", what, other.Name)
-		}
-		if err := checkURLs(what, fp.URLs); err != nil {
-			return nil, fail(line, "%v", err)
 		}
 		switch fp.TrackingPlan {
 		case "", "off", "observe", "filter", "block":
@@ -347,18 +329,9 @@ func parse(data []byte, path string) (*Store, error) {
 	}
 	for i, fo := range f.Organizations {
 		line := lineOf(orgLines, i)
-		what := fmt.Sprintf("organizations[%d]", i)
-		if err := checkName(fo.Name); err != nil {
-			return nil, fail(line, "%s: name %v", what, err)
-		}
-		what = fmt.Sprintf("organization %q", fo.Name)
-		if _, dup := s.orgName[fo.Name]; dup {
-			return nil, fail(line, "%s: name used twice", what)
-		}
-		if err := required(what, "api_key", fo.APIKey, "secret_key", fo.SecretKey); err != nil {
-			return nil, fail(line, "%v", err)
-		}
-		if err := checkURLs(what, fo.URLs); err != nil {
+		_, dup := s.orgName[fo.Name]
+		what, err := checkEntry("organizations", i, fo.Name, dup, fo.APIKey, fo.SecretKey, fo.URLs)
+		if err != nil {
 			return nil, fail(line, "%v", err)
 		}
 		o := &Organization{
@@ -407,30 +380,39 @@ func checkName(name string) error {
 	return nil
 }
 
-// required reports the first empty field of key/value pairs.
-func required(what string, kv ...string) error {
-	for i := 0; i+1 < len(kv); i += 2 {
-		if kv[i+1] == "" {
-			return fmt.Errorf("%s: %s is empty or missing", what, kv[i])
-		}
+// checkEntry checks what projects and organizations share: the name (dup:
+// used before), the key pair and the base URLs of entry i of list. It
+// returns how errors name the entry.
+func checkEntry(list string, i int, name string, dup bool, apiKey, secretKey string, urls URLs) (string, error) {
+	if err := checkName(name); err != nil {
+		return "", fmt.Errorf("%s[%d]: name %v", list, i, err)
 	}
-	return nil
+	what := fmt.Sprintf("%s %q", strings.TrimSuffix(list, "s"), name)
+	switch {
+	case dup:
+		return "", fmt.Errorf("%s: name used twice", what)
+	case apiKey == "":
+		return "", fmt.Errorf("%s: api_key is empty or missing", what)
+	case secretKey == "":
+		return "", fmt.Errorf("%s: secret_key is empty or missing", what)
+	}
+	return what, checkURLs(what, urls)
 }
 
 // checkURLs accepts absolute http(s) URLs with a host and no user info,
 // query or fragment. The value is not echoed: it could hold user info.
 func checkURLs(what string, u URLs) error {
-	return u.each(func(key, v string) error {
-		if v == "" {
-			return nil
+	for _, f := range u.fields() {
+		if f.v == "" {
+			continue
 		}
-		p, err := url.Parse(v)
+		p, err := url.Parse(f.v)
 		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" ||
 			p.User != nil || p.RawQuery != "" || p.ForceQuery || p.Fragment != "" {
-			return fmt.Errorf("%s: %s: want an http:// or https:// base URL without user info, query or fragment", what, key)
+			return fmt.Errorf("%s: %s_url: want an http:// or https:// base URL without user info, query or fragment", what, f.kind)
 		}
-		return nil
-	})
+	}
+	return nil
 }
 
 var (
@@ -498,23 +480,6 @@ func lineOf(lines []int, i int) int {
 	return 0
 }
 
-// Format prints the project's name, organization and upstream overrides;
-// secrets are never printed.
-func (p Project) Format(f fmt.State, verb rune) {
-	org := ""
-	if p.org != nil {
-		org = p.org.Name
-	}
-	fmt.Fprintf(f, "credentials.Project{Name:%q Org:%q APIKey:%s SecretKey:%s URLs:%+v}", p.Name, org, Redacted, Redacted, p.URLs)
-}
-
-// Format prints the organization's name, projects and upstream overrides;
-// secrets are never printed.
-func (o Organization) Format(f fmt.State, verb rune) {
-	fmt.Fprintf(f, "credentials.Organization{Name:%q Projects:%q APIKey:%s SecretKey:%s ManagementAPIKey:%s SCIMToken:%s URLs:%+v}",
-		o.Name, o.Projects, Redacted, Redacted, Redacted, Redacted, o.URLs)
-}
-
 // Format prints the project and organization names only.
 func (s Store) Format(f fmt.State, verb rune) {
 	fmt.Fprintf(f, "credentials.Store{Projects:%q Organizations:%q}", s.projectNames(), s.orgNames())
@@ -542,32 +507,6 @@ func (s *Store) orgNames() []string {
 	return names
 }
 
-// MarshalLogObject logs the project's name and organization, no secret.
-func (p *Project) MarshalLogObject(enc zapcore.ObjectEncoder) error {
-	if p == nil {
-		return nil
-	}
-	enc.AddString("name", p.Name)
-	if p.org != nil {
-		enc.AddString("organization", p.org.Name)
-	}
-	return nil
-}
-
-// MarshalLogObject logs the organization's name and projects, no secret.
-func (o *Organization) MarshalLogObject(enc zapcore.ObjectEncoder) error {
-	if o == nil {
-		return nil
-	}
-	enc.AddString("name", o.Name)
-	return enc.AddArray("projects", zapcore.ArrayMarshalerFunc(func(ae zapcore.ArrayEncoder) error {
-		for _, n := range o.Projects {
-			ae.AppendString(n)
-		}
-		return nil
-	}))
-}
-
 // MarshalLogObject logs the project and organization names, no secret.
 func (s *Store) MarshalLogObject(enc zapcore.ObjectEncoder) error {
 	strs := func(v []string) zapcore.ArrayMarshalerFunc {
@@ -582,20 +521,4 @@ func (s *Store) MarshalLogObject(enc zapcore.ObjectEncoder) error {
 		return err
 	}
 	return enc.AddArray("organizations", strs(s.orgNames()))
-}
-
-// MarshalJSON encodes the project and organization names, no secret.
-func (s *Store) MarshalJSON() ([]byte, error) {
-	return fmt.Appendf(nil, `{"projects":%s,"organizations":%s}`, jsonStrings(s.projectNames()), jsonStrings(s.orgNames())), nil
-}
-
-func jsonStrings(v []string) []byte {
-	b := []byte{'['}
-	for i, s := range v {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = fmt.Appendf(b, "%q", s) // names are [A-Za-z0-9._-]: %q is valid JSON
-	}
-	return append(b, ']')
 }

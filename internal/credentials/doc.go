@@ -34,8 +34,9 @@
 //   - Upstream base of a project: its own *_url, else its organization's,
 //     else the --*-url flag (Project.URL).
 //   - Secrets never leave through formatting: Secret prints as Redacted in
-//     fmt (every verb), JSON, text, zap and slog; *Project, *Organization and
-//     *Store format, marshal and log without secrets. Only Secret.Reveal,
+//     fmt (every verb), JSON, text, zap and slog, so *Project and
+//     *Organization print their Secrets redacted too; *Store formats
+//     and logs its names only. Only Secret.Reveal,
 //     BasicAuth and Bearer return the value, for the wire. Errors of Load and
 //     Parse name keys and lines but never a value (yaml's own messages are
 //     rewritten to hide the scalar they quote). A Secret keeps its value

@@ -310,12 +310,7 @@ func lingeringCount(s *Server) int {
 // waitLingeringCount fails unless the lingering count on s becomes n within d.
 func waitLingeringCount(t *testing.T, s *Server, n int, d time.Duration) {
 	t.Helper()
-	d = max(d, poll.Max)
-	for stop := time.Now().Add(d); lingeringCount(s) != n; time.Sleep(time.Millisecond) {
-		if time.Now().After(stop) {
-			t.Fatalf("%d connections lingering after %v, want %d", lingeringCount(s), d, n)
-		}
-	}
+	poll.Within(t, max(d, poll.Max), fmt.Sprintf("%d connections lingering", n), func() bool { return lingeringCount(s) == n })
 }
 
 // TestLingerEnds: a connection the peer closed first is closed at once; one

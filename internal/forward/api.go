@@ -85,9 +85,6 @@ type APIConfig struct {
 	Limiter *ratelimit.Limiter
 }
 
-// Validate reports a configuration that cannot work.
-func (c APIConfig) Validate() error { return c.Limit.Validate() }
-
 // Over returns doc, a documented limit, with the changes of c.Limit.
 func (c APIConfig) Over(doc ratelimit.Config) ratelimit.Config {
 	o := c.Limit
@@ -243,8 +240,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		r.Header = keep
 	}
-	status, _ := h.f.forward(w, r, res.Target, h.proxy)
-	if status == http.StatusTooManyRequests {
+	if h.f.forward(w, r, res.Target, h.proxy) == http.StatusTooManyRequests {
 		d, _ := RetryAfter(w.Header(), time.Now())
 		for _, lim := range h.lims {
 			lim.Pause(res.Key, max(d, time.Second))

@@ -193,9 +193,6 @@ func TestAPIConfig(t *testing.T) {
 			t.Errorf("Over(%+v) = %+v, want %+v", c.change, got, c.want)
 		}
 	}
-	if (APIConfig{Limit: ratelimit.Config{MaxInFlight: -1}}).Validate() == nil {
-		t.Error("negative MaxInFlight accepted")
-	}
 	postCosts2 := func(m string) int {
 		if m == "POST" {
 			return 2

@@ -1,19 +1,7 @@
-// The channel classifier API
-// (/api/2/channel-classifiers; summarized in docs/upstream-api.md, "Channel
-// classifiers") on the admin listener, on the upstream's paths.
-//
-// Base --analytics-url (or an analytics_url override); injected
-// credentials: the project's key pair as Basic.
-//
-// Local validation, with the upstream's statuses (Errors table), body
-// {"error": "...", "source": "relay"}: POST with a name other than letters,
-// digits, '_' and '-' (400); POST and PATCH bodies that are not a JSON
-// object, lack csvDefinition or csvDefinition.csvText (400), have a csvText
-// above ClassifierMaxCSVBytes (413) or a displayName or description above
-// ClassifierMaxTextChars characters (400). The document's "1 MB" is read as 1 MiB (1,048,576
-// bytes of the decoded string): the relay never refuses what the upstream
-// may take; between 1,000,000 bytes and 1 MiB the upstream decides. The
-// upstream has no documented rate limit here.
+// The channel classifier API (docs/upstream-api.md, "Channel
+// classifiers"): base --analytics-url, the project's key pair as Basic.
+// The document's "1 MB" of csvText is read as 1 MiB: the relay never
+// refuses what the upstream may take. No documented rate limit.
 
 package forward
 

@@ -1,28 +1,6 @@
-// The user deletion API (first version;
-// docs/upstream-api.md, "User deletion") on the admin listener and
-// holds the rules the `relay delete-users` command shares.
-//
-// # Routes (same paths as upstream, {analytics_url})
-//
-//	POST   /api/2/deletions/users                     schedule deletions
-//	GET    /api/2/deletions/users?start_day&end_day   list jobs
-//	DELETE /api/2/deletions/users/{svc_id}/{day}      remove an id from a job
-//
-// # Rules checked locally
-//
-//   - POST: the body is a JSON object; svc_ids and user_ids, when present,
-//     are arrays; together they hold 1 to DeletionMaxIDs (100) ids. Else 400
-//     {"error", "source": "relay"} and nothing is sent.
-//   - GET: start_day and end_day are required, YYYY-MM-DD, end_day not
-//     before start_day and at most six months (DeletionMaxQueryMonths)
-//     after it.
-//   - DELETE: svc_id is a positive integer and day is YYYY-MM-DD.
-//   - Limits per project (the project named by X-Relay-Project or found by
-//     the caller's api key; else per Authorization): at most 1 POST per
-//     second and deletionMaxParallel (8) requests of this API in flight
-//     (internal/ratelimit). A call waits up to
-//     APIConfig.Limit.MaxWait (10 s) for its turn, else is answered
-//     429 locally with Retry-After.
+// The user deletion API (docs/upstream-api.md, "User deletion"): base
+// --analytics-url, the project's key pair as Basic. Limits per project: 1
+// POST per DeletionPostInterval and deletionMaxParallel calls in flight.
 
 package forward
 
@@ -56,13 +34,6 @@ const (
 	DeletionQueryDays = 30
 )
 
-// Deletion job states.
-const (
-	DeletionStaging   = "staging"
-	DeletionSubmitted = "submitted"
-	DeletionDone      = "done"
-)
-
 // ErrBadDeletion is returned (wrapped) for a deletion request the upstream
 // does not take.
 var ErrBadDeletion = errors.New("bad deletion request")
@@ -75,16 +46,6 @@ type DeletionRequest struct {
 	IgnoreInvalidID      bool     `json:"ignore_invalid_id,omitempty"`
 	DeleteFromOrg        bool     `json:"delete_from_org,omitempty"`
 	IncludeMappedUserIDs bool     `json:"include_mapped_user_ids,omitempty"`
-}
-
-// Validate checks the id count.
-func (r DeletionRequest) Validate() error { return deletionCount(len(r.SvcIDs) + len(r.UserIDs)) }
-
-func deletionCount(n int) error {
-	if n == 0 || n > DeletionMaxIDs {
-		return fmt.Errorf("%w: send 1 to %d ids (svc_ids and user_ids together), not %d", ErrBadDeletion, DeletionMaxIDs, n)
-	}
-	return nil
 }
 
 // CheckDeletion checks a POST body (see the rules above) without decoding
@@ -108,7 +69,10 @@ func CheckDeletion(body []byte) error {
 		}
 		n += len(l)
 	}
-	return deletionCount(n)
+	if n == 0 || n > DeletionMaxIDs {
+		return fmt.Errorf("%w: send 1 to %d ids (svc_ids and user_ids together), not %d", ErrBadDeletion, DeletionMaxIDs, n)
+	}
+	return nil
 }
 
 // CheckDeletionDays checks a GET range: both days YYYY-MM-DD, end not

@@ -84,7 +84,7 @@ func TestDeletionThroughRelay(t *testing.T) {
 	// With it: 200, the found users scheduled, the invalid ones listed.
 	a = post(`{"user_ids":["alice","ghost"],"svc_ids":[` + fmt.Sprint(sim.SvcID("proj", "bobby")) + `],"requester":"ops","ignore_invalid_id":true}`)
 	var job forward.DeletionJob
-	if json.Unmarshal(a.Body, &job); a.Status != 200 || len(job.SvcIDs) != 2 || len(job.InvalidIDs) != 1 || job.Status != forward.DeletionStaging {
+	if json.Unmarshal(a.Body, &job); a.Status != 200 || len(job.SvcIDs) != 2 || len(job.InvalidIDs) != 1 || job.Status != "staging" {
 		t.Fatalf("invalid with ignore: %v", a)
 	}
 	today := time.Now().UTC()

@@ -1,18 +1,7 @@
-// The experiment management API
-// (/api/1/experiments/...; docs/upstream-api.md, "Experiment management") on
-// the admin listener, on the upstream's paths.
-//
-// Base --experiment-url (or an experiment_url override); injected
-// credentials: the organization's management_api_key as Bearer. A request
-// without Accept gets "Accept: application/json" (the document asks for it).
-//
-// Local validation (answered 400 at once, {"error": "...", "source":
-// "relay"}): bulk-delete-users and bulk-delete-cohorts bodies must be a JSON
-// object whose "users" is an array of at most experimentBulkMax strings; variant
-// creation needs a non-empty "key" (also in each variant of an experiment
-// creation); inclusion bodies need "inclusions", deployment bodies
-// "deployments", as arrays of strings. The upstream has no documented rate
-// limit here, so there is no client-side limiter.
+// The experiment management API (docs/upstream-api.md, "Experiment
+// management"): base --experiment-url, the organization's
+// management_api_key as Bearer, "Accept: application/json" when the caller
+// sent none. No documented rate limit: no client-side limiter.
 
 package forward
 

@@ -1,26 +1,8 @@
-// The event export API (GET /api/2/export;
-// docs/upstream-api.md, "Export") on the admin listener
-// and holds the range rules the `relay export` command shares.
-//
-// # Rules checked locally
-//
-// start and end are required, each YYYYMMDDTHH (UTC); end's hour is
-// included ("a whole day is T00 to T23"); end must not be before start and
-// the range must be at most ExportMaxRange (365 days). A request breaking them is
-// answered 400 locally with a JSON body {"error", "source": "relay"} and
-// nothing is sent upstream. The upstream's own answers (400 for a result
-// over 4 GB, 404 for an empty range) pass back untouched.
-//
-// # Streaming
-//
-// The archive is streamed from the upstream connection to the caller: the
-// relay never holds it (a multi-GB export keeps the relay's memory flat;
-// see TestExportStreamsInFlatMemory). The caller has an idle time-out, not
-// a total one (Config.IdleTimeout): a slow caller is not cut while it
-// reads, a stalled one is.
-//
-// Base --analytics-url (or an analytics_url override); injected
-// credentials: the project's key pair as Basic.
+// The event export API (docs/upstream-api.md, "Export"): base
+// --analytics-url, the project's key pair as Basic. The archive (up to
+// 4 GB) is streamed, never held; the caller has an idle time-out, not a
+// total one. The upstream's own answers (400 over 4 GB, 404 for an empty
+// range) pass back untouched.
 
 package forward
 

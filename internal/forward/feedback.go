@@ -1,32 +1,10 @@
-// The feedback ingestion API (POST
-// {feedback_url}/api/1/ai-feedback/ingest; docs/upstream-api.md,
-// "Feedback") on the admin listener and holds
-// the item rules and chunking the `relay feedback` command shares.
-//
-// # Rules checked locally
-//
-// The body is checked decoded by its Content-Encoding (DecodedBody;
-// undecodable: 400) and forwarded as sent.
-//
-//   - The body is at most FeedbackMaxBytes (5 MB, read as 5,000,000 bytes): else 413.
-//   - It is a JSON object with a non-empty string source_id and an items
-//     array of 1 to FeedbackMaxItems (100) items: else 400.
-//   - Each item is an object; its conversation_parts, when present, an
-//     array of objects, each with a non-empty string body and no
-//     conversation_parts of its own (parts are not nested). A request with
-//     a bad item is answered 400 as a whole, nothing sent, with the bad
-//     items in the upstream's answer shape: {"error", "source": "relay",
-//     "ingested": 0, "failed": N, "errors": [{"unique_id", "error"}]}.
-//     (The upstream would ingest the good items and report the bad ones;
-//     the relay does not rewrite bodies, so the caller resends the good
-//     ones. The `relay feedback` command leaves bad items out itself.)
-//
-// Rules the document does not state (field types and lengths, which
-// fields are required) are left to the upstream, whose per-item errors
-// pass back untouched.
-//
-// Base --feedback-url (or a feedback_url override); injected credentials:
-// the project's key pair as Basic.
+// The feedback ingestion API (docs/upstream-api.md, "Feedback"): base
+// --feedback-url, the project's key pair as Basic. The body is checked
+// decoded (DecodedBody) and forwarded as sent. A request with a bad item is
+// answered 400 as a whole, nothing sent, with the bad items in the
+// upstream's answer shape (the relay does not rewrite bodies: the caller
+// resends the good ones; `relay feedback` leaves bad items out itself).
+// What the document does not state is left to the upstream.
 
 package forward
 
@@ -56,8 +34,6 @@ var (
 	// ErrBadFeedback is returned (wrapped) for a request the upstream does
 	// not take as a whole.
 	ErrBadFeedback = errors.New("bad feedback request")
-	// ErrFeedbackTooLarge is returned for a body over FeedbackMaxBytes.
-	ErrFeedbackTooLarge = errors.New("feedback request body too large")
 	// ErrBadFeedbackItem is returned (wrapped) for an item breaking the rules.
 	ErrBadFeedbackItem = errors.New("bad feedback item")
 )
@@ -123,12 +99,10 @@ func CheckFeedbackItem(raw json.RawMessage) (uniqueID string, err error) {
 	return uniqueID, nil
 }
 
-// CheckFeedback checks a whole request body: ErrFeedbackTooLarge,
-// ErrBadFeedback (wrapped), or a *FeedbackError naming every bad item.
+// CheckFeedback checks a whole request body (of at most FeedbackMaxBytes:
+// the route's body limit): ErrBadFeedback (wrapped), or a *FeedbackError
+// naming every bad item.
 func CheckFeedback(body []byte) error {
-	if len(body) > FeedbackMaxBytes {
-		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrFeedbackTooLarge, len(body), FeedbackMaxBytes)
-	}
 	var req struct {
 		SourceID any             `json:"source_id"`
 		Items    json.RawMessage `json:"items"`
@@ -212,8 +186,6 @@ func feedbackCheck(_ *http.Request, body []byte) *Problem {
 	err := CheckFeedback(body)
 	var fe *FeedbackError
 	switch {
-	case errors.Is(err, ErrFeedbackTooLarge):
-		return &Problem{Status: http.StatusRequestEntityTooLarge, Msg: err.Error()}
 	case errors.As(err, &fe):
 		return &Problem{Status: http.StatusBadRequest, Msg: err.Error() + "; nothing was sent",
 			Extra: FeedbackAnswer{Failed: len(fe.Items), Errors: fe.Items}}

@@ -90,21 +90,9 @@ type Target struct {
 	Authorization string
 }
 
-// Errors of Forward; the answer to the caller has been written already.
-var (
-	// ErrBodyTooLarge is returned when the request body is over
-	// Config.MaxRequestBodyBytes (answered 413).
-	ErrBodyTooLarge = errors.New("request body too large")
-	// ErrBadTarget is returned when the Target's Base is not an absolute
-	// http(s) URL (answered 502: a configuration error).
-	ErrBadTarget = errors.New("bad upstream base")
-	// ErrBadPath is returned when the request path is one
-	// adminroute.CheckPath refuses (answered 400).
-	ErrBadPath = errors.New("bad request path")
-	// ErrUpstream wraps a transport error talking to the upstream (refused,
-	// time-out, broken connection; answered 502).
-	ErrUpstream = errors.New("upstream unreachable")
-)
+// ErrBodyTooLarge is returned (wrapped) by DecodedBody for a body over its
+// limit (answered 413).
+var ErrBodyTooLarge = errors.New("request body too large")
 
 // Forwarder forwards admin-listener requests to upstream APIs with one
 // httputil.ReverseProxy per redirect policy over one http.Transport. It is
@@ -187,9 +175,6 @@ func New(cfg Config, creds *credentials.Ref, log *zap.Logger, reg prometheus.Reg
 	return f, nil
 }
 
-// MaxRequestBodyBytes returns the request body bound in effect.
-func (f *Forwarder) MaxRequestBodyBytes() int { return f.cfg.MaxRequestBodyBytes }
-
 // Close closes the upstream connections kept alive.
 func (f *Forwarder) Close() { f.transport.CloseIdleConnections() }
 
@@ -251,7 +236,7 @@ func (f *Forwarder) newProxy(rt http.RoundTripper) *httputil.ReverseProxy {
 // when it injects credentials.
 func rewrite(pr *httputil.ProxyRequest) {
 	t := pr.In.Context().Value(targetKey{}).(*Target)
-	base, _ := url.Parse(strings.TrimRight(t.Base, "/")) // checked by Forward
+	base, _ := url.Parse(strings.TrimRight(t.Base, "/")) // checked by forward
 	out := pr.Out
 	out.URL = &url.URL{
 		Scheme:   base.Scheme,
@@ -277,41 +262,32 @@ func checkBase(base string) bool {
 		u.User == nil && u.RawQuery == "" && u.Fragment == "" && !strings.ContainsAny(base, "?# \t\r\n")
 }
 
-// Forward sends r to t.Base + r's routed path and query and writes the
-// upstream's answer to w: status, end-to-end headers and the body,
-// streamed (nothing of it is held in memory). The method, path, query and
-// body are sent untouched; see rewrite for the headers.
+// forward sends r through proxy to t.Base + r's routed path and query and
+// writes the upstream's answer to w: status, end-to-end headers and the
+// body, streamed (nothing of it is held in memory). The method, path, query
+// and body are sent untouched; see rewrite for the headers.
 //
 // It returns the upstream's status, or 0 when the answer was written locally
-// (then err is one of the package's sentinels, wrapped): 413 body too large,
-// 400 bad path, 502 bad target or upstream transport error, each with a
-// JSON body {"error": "...", "source": "relay"}. Call Forward at most once
-// per request, as the handler's last step.
-func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, t Target) (int, error) {
-	return f.forward(w, r, t, f.proxy)
-}
-
-func (f *Forwarder) forward(w http.ResponseWriter, r *http.Request, t Target, proxy *httputil.ReverseProxy) (int, error) {
-	api := t.API
-	if api == "" {
-		api = "other"
-		t.API = api
+// (counted in relay_forward_errors_total by reason): 413 body too large, 400
+// bad path, 502 bad target or upstream transport error, each with a JSON
+// body {"error": "...", "source": "relay"}. It is the handler's last step.
+func (f *Forwarder) forward(w http.ResponseWriter, r *http.Request, t Target, proxy *httputil.ReverseProxy) int {
+	if t.API == "" {
+		t.API = "other"
 	}
-	fail := func(status int, reason string, err error, msg string) (int, error) {
-		f.m.errors.WithLabelValues(api, reason).Inc()
+	fail := func(status int, reason string, msg string) int {
+		f.m.errors.WithLabelValues(t.API, reason).Inc()
 		WriteError(w, status, msg)
-		return 0, err
+		return 0
 	}
 	if r.ContentLength > int64(f.cfg.MaxRequestBodyBytes) {
-		return fail(http.StatusRequestEntityTooLarge, "body_too_large", ErrBodyTooLarge,
-			fmt.Sprintf("request body larger than the relay's forwarding limit of %d bytes", f.cfg.MaxRequestBodyBytes))
+		return fail(http.StatusRequestEntityTooLarge, "body_too_large", f.tooLarge())
 	}
 	if !checkBase(t.Base) {
-		return fail(http.StatusBadGateway, "bad_target", ErrBadTarget,
-			"the relay's configured upstream base for this API is not an absolute http(s) URL")
+		return fail(http.StatusBadGateway, "bad_target", "the relay's configured upstream base for this API is not an absolute http(s) URL")
 	}
-	if err := adminroute.CheckPath(adminroute.RawPath(r)); err != nil {
-		return fail(http.StatusBadRequest, "bad_path", fmt.Errorf("%w: %w", ErrBadPath, err),
+	if adminroute.CheckPath(adminroute.RawPath(r)) != nil {
+		return fail(http.StatusBadRequest, "bad_path",
 			"request path refused: it has an empty, '.' or '..' segment, an escaped '/', '\\', '.' or '%', or ';'")
 	}
 	if r.Body != nil && r.Body != http.NoBody {
@@ -320,15 +296,19 @@ func (f *Forwarder) forward(w http.ResponseWriter, r *http.Request, t Target, pr
 	rec := &recorder{ResponseWriter: w, idle: f.cfg.IdleTimeout, rc: http.NewResponseController(w)}
 	rec.renew()
 	ctx := context.WithValue(r.Context(), targetKey{}, &t)
-	in := f.m.inflight.WithLabelValues(api)
+	in := f.m.inflight.WithLabelValues(t.API)
 	in.Inc()
 	proxy.ServeHTTP(rec, r.WithContext(ctx))
 	in.Dec()
-	if rec.err != nil {
-		return 0, rec.err
+	if rec.local {
+		return 0
 	}
-	f.m.requests.WithLabelValues(api, strconv.Itoa(rec.status)).Inc()
-	return rec.status, nil
+	f.m.requests.WithLabelValues(t.API, strconv.Itoa(rec.status)).Inc()
+	return rec.status
+}
+
+func (f *Forwarder) tooLarge() string {
+	return fmt.Sprintf("request body larger than the relay's forwarding limit of %d bytes", f.cfg.MaxRequestBodyBytes)
 }
 
 // proxyError answers a request the proxy could not complete: 413 when the
@@ -336,24 +316,19 @@ func (f *Forwarder) forward(w http.ResponseWriter, r *http.Request, t Target, pr
 // would count twice against the upstream's rate limits).
 func (f *Forwarder) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	t := r.Context().Value(targetKey{}).(*Target)
-	rec, _ := w.(*recorder)
+	if rec, ok := w.(*recorder); ok {
+		rec.local = true
+	}
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
 		f.m.errors.WithLabelValues(t.API, "body_too_large").Inc()
-		WriteError(w, http.StatusRequestEntityTooLarge,
-			fmt.Sprintf("request body larger than the relay's forwarding limit of %d bytes", f.cfg.MaxRequestBodyBytes))
-		if rec != nil {
-			rec.err = fmt.Errorf("%w: %w", ErrBodyTooLarge, err)
-		}
+		WriteError(w, http.StatusRequestEntityTooLarge, f.tooLarge())
 		return
 	}
 	f.m.errors.WithLabelValues(t.API, "transport").Inc()
 	f.log.Warn("forward: upstream error", zap.String("api", t.API), zap.String("method", r.Method),
 		zap.String("path", r.URL.Path), zap.String("error", transportText(err)))
 	WriteError(w, http.StatusBadGateway, "upstream "+t.API+" unreachable: "+transportText(err))
-	if rec != nil {
-		rec.err = fmt.Errorf("%w: %w", ErrUpstream, err)
-	}
 }
 
 // recorder keeps the status written and renews the caller connection's
@@ -365,7 +340,7 @@ type recorder struct {
 	idle    time.Duration
 	renewAt time.Time
 	status  int
-	err     error
+	local   bool // answered by proxyError
 }
 
 func (w *recorder) renew() {

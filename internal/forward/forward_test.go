@@ -526,3 +526,8 @@ func TestUpstreamErrorsLogSampled(t *testing.T) {
 		t.Errorf("%d log lines for 30 failed calls, want 1 to 5", n)
 	}
 }
+
+// Forward is forward through the Forwarder's own proxy.
+func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, t Target) int {
+	return f.forward(w, r, t, f.proxy)
+}

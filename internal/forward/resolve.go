@@ -40,21 +40,6 @@ const (
 	SchemeSCIMBearer
 )
 
-// String names the scheme for logs and errors.
-func (s Scheme) String() string {
-	switch s {
-	case SchemeProjectBasic:
-		return "project-basic"
-	case SchemeOrgBasic:
-		return "organization-basic"
-	case SchemeManagementBearer:
-		return "management-bearer"
-	case SchemeSCIMBearer:
-		return "scim-bearer"
-	}
-	return fmt.Sprintf("Scheme(%d)", int(s))
-}
-
 // Upstream says where an API lives and how it authenticates.
 type Upstream struct {
 	// API names the API in metrics, logs and errors ("scim").
@@ -101,8 +86,6 @@ type Problem struct {
 	Extra any
 }
 
-func (p *Problem) Error() string { return p.Msg }
-
 // Bad returns a 400 Problem with a formatted message.
 func Bad(format string, args ...any) *Problem {
 	return &Problem{Status: http.StatusBadRequest, Msg: fmt.Sprintf(format, args...)}
@@ -141,31 +124,19 @@ func Resolve(req *http.Request, creds *credentials.Store, u Upstream) (Resolved,
 		}
 		r.Project, r.Org, r.Injected = p, p.Org(), true
 		org := p.Org()
-		needOrg := func(what string) *Problem {
-			if org == nil {
-				return &Problem{Status: http.StatusBadRequest, Msg: fmt.Sprintf(
-					"project %q is in no organization of the credentials file; %s needs the organization's %s", p.Name, u.API, what)}
-			}
-			return nil
-		}
-		switch u.Scheme {
-		case SchemeProjectBasic:
-			r.Authorization = credentials.BasicAuth(p.APIKey, p.SecretKey)
-			r.Key = "project:" + p.Name
-		case SchemeOrgBasic:
-			if e := needOrg("api_key and secret_key"); e != nil {
-				return r, e
-			}
-			r.Authorization = credentials.BasicAuth(org.APIKey, org.SecretKey)
-			r.Key = "org:" + org.Name
-		case SchemeManagementBearer, SchemeSCIMBearer:
-			what := "management_api_key"
-			if u.Scheme == SchemeSCIMBearer {
-				what = "scim_token"
-			}
-			if e := needOrg(what); e != nil {
-				return r, e
-			}
+		what := map[Scheme]string{SchemeOrgBasic: "api_key and secret_key",
+			SchemeManagementBearer: "management_api_key", SchemeSCIMBearer: "scim_token"}[u.Scheme]
+		switch {
+		case u.Scheme == SchemeProjectBasic:
+			r.Authorization, r.Key = credentials.BasicAuth(p.APIKey, p.SecretKey), "project:"+p.Name
+		case what == "":
+			return r, &Problem{Status: http.StatusInternalServerError, Msg: "relay: route has no authentication scheme"}
+		case org == nil:
+			return r, &Problem{Status: http.StatusBadRequest, Msg: fmt.Sprintf(
+				"project %q is in no organization of the credentials file; %s needs the organization's %s", p.Name, u.API, what)}
+		case u.Scheme == SchemeOrgBasic:
+			r.Authorization, r.Key = credentials.BasicAuth(org.APIKey, org.SecretKey), "org:"+org.Name
+		default:
 			tok := org.ManagementAPIKey
 			if u.Scheme == SchemeSCIMBearer {
 				tok = org.SCIMToken
@@ -174,10 +145,7 @@ func Resolve(req *http.Request, creds *credentials.Store, u Upstream) (Resolved,
 				return r, &Problem{Status: http.StatusBadRequest, Msg: fmt.Sprintf(
 					"organization %q of project %q has no %s in the credentials file", org.Name, p.Name, what)}
 			}
-			r.Authorization = credentials.Bearer(tok)
-			r.Key = "org:" + org.Name
-		default:
-			return r, &Problem{Status: http.StatusInternalServerError, Msg: "relay: route has no authentication scheme"}
+			r.Authorization, r.Key = credentials.Bearer(tok), "org:"+org.Name
 		}
 	} else {
 		auth := []byte(req.Header.Get("Authorization"))

@@ -1,30 +1,9 @@
-// The SCIM 2.0 provisioning API (/scim/1/Users,
-// /scim/1/Groups; docs/upstream-api.md, "SCIM provisioning") on the admin
-// listener, on the upstream's paths, within the upstream's rate limit.
-//
-// Base --scim-url (or a scim_url override); injected credentials: the
-// organization's scim_token as Bearer.
-//
-// Local validation (answered at once in the SCIM error format with
-// "detail" starting "relay: "): GET /Users itemsPerPage above 100 or not an
-// integer, startIndex not an integer >= 1 (400); POST /Users without id and
-// userName that are valid emails (400); PUT, PATCH and DELETE /Users/{id}
-// with an id that is not a valid email (400); Groups/{id} that is not an
-// integer (400); POST /Groups without displayName or with members whose
-// value is not an email (400); PATCH /Groups/{id} whose schemas lack the
-// PatchOp schema or whose Operations are not add/remove on "members" with
-// values [{value: email}] (400).
-//
-// Client-side limit: at most scimRate requests per scimWindow per
-// organization
-// (the injected organization, or for pass-through calls the caller's
-// bearer token, kept as a hash), counted from each call's answer (see
-// internal/ratelimit; APIConfig.Limit changes the figures: its
-// Limit is the rate). A call whose turn is further than MaxWait (10 s)
-// gets a local 429 with Retry-After; an upstream 429 is passed back with
-// its Retry-After, and holds that organization's further calls back for it
-// (clamped to 1 s .. scimWindow): they wait, or get a local 429 when that is
-// further than MaxWait.
+// The SCIM 2.0 provisioning API (docs/upstream-api.md, "SCIM
+// provisioning"): base --scim-url, the organization's scim_token as Bearer.
+// Local answers are in the SCIM error format, "detail" starting "relay: ".
+// One limit per organization (or caller's token hash): scimRate per
+// scimWindow, counted from each call's answer; an upstream 429 holds the
+// account's further calls back for its Retry-After.
 
 package forward
 

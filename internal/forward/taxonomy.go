@@ -1,28 +1,8 @@
-// The taxonomy API (/api/2/taxonomy/...;
-// docs/upstream-api.md, "Taxonomy") on the admin listener, on the upstream's
-// paths, within the upstream's cost budget.
-//
-// Base --analytics-url (or an analytics_url override); injected
-// credentials: the project's key pair as Basic.
-//
-// Local validation: a create or update whose form body (or query) lacks its
-// required field is answered 400 {"success": false, "errors": [{"message"}],
-// "source": "relay"} at once: POST category and PUT category/{id}
-// (category_name), POST event (event_type), POST event-property
-// (event_property), POST user-property (user_property), POST group-property
-// (group_type and group_property). A body that is not form encoded is 400.
-//
-// Client-side limits, per project (the injected project; for pass-through
-// the project of the Basic api_key when the credentials file knows it, else
-// a hash of the caller's Authorization): cost GET 1, PUT/POST/DELETE 2; at
-// most taxonomyMaxInFlight cost in flight and taxonomyPeriodCost cost per
-// taxonomyPeriod, counted from each call's answer (internal/ratelimit;
-// APIConfig.Limit
-// changes the figures: its Limit is the period's cost, its Window the
-// period). A call whose turn is further than MaxWait (10 s) gets a local
-// 429 with Retry-After; an upstream 429 is passed back with its
-// Retry-After, and holds that project's further calls back for it (clamped
-// to 1 s .. taxonomyPeriod).
+// The taxonomy API (docs/upstream-api.md, "Taxonomy"): base
+// --analytics-url, the project's key pair as Basic. Local answers are in
+// the taxonomy error format. One cost budget per project (GET 1, others 2;
+// in flight and per period), shared with the tracking plan's own reads
+// (APIConfig.Limiter).
 
 package forward
 

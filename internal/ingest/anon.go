@@ -2,11 +2,7 @@ package ingest
 
 import (
 	"bytes"
-	"fmt"
 	"net/netip"
-	"regexp"
-
-	"github.com/valyala/fasthttp"
 )
 
 // IP anonymization.
@@ -49,45 +45,6 @@ func appendAnonymizedIP(dst, ip []byte) []byte {
 	dst = append(dst, '"')
 	dst = anonymizeAddr(a).AppendTo(dst)
 	return append(dst, '"')
-}
-
-// ipLike finds candidates for IP addresses in text: dotted quads, and runs
-// of hex digits, colons and dots with at least two colons.
-var ipLike = regexp.MustCompile(`[0-9A-Fa-f]*:[0-9A-Fa-f]*:[0-9A-Fa-f:.]*|\d{1,3}(?:\.\d{1,3}){3}`)
-
-// anonymizeText replaces every IP address in s (as netip parses it) by its
-// anonymized form. It is for log lines written by code that is not the
-// relay's (fasthttp's), where addresses come inside messages.
-func anonymizeText(s string) string {
-	return ipLike.ReplaceAllStringFunc(s, func(m string) string {
-		a, err := netip.ParseAddr(m)
-		if err != nil {
-			return m
-		}
-		return anonymizeAddr(a).String()
-	})
-}
-
-// anonLogger anonymizes the addresses in the lines of a fasthttp.Logger
-// (fasthttp names the peer in its connection errors) while AnonymizeIP is
-// in force.
-type anonLogger struct {
-	l fasthttp.Logger
-	s *Server
-}
-
-func (a anonLogger) Printf(format string, args ...any) {
-	if !a.s.st().anonIP {
-		a.l.Printf(format, args...)
-		return
-	}
-	a.l.Printf("%s", anonymizeText(fmt.Sprintf(format, args...)))
-}
-
-// fasthttpLog is the fasthttp.Server's Logger: fasthttpLogger, through
-// anonLogger (AnonymizeIP can be switched on while serving).
-func (s *Server) fasthttpLog() fasthttp.Logger {
-	return anonLogger{fasthttpLogger{s.rejLog}, s}
 }
 
 // parseIPv4 parses a dotted-quad IPv4 address as netip.ParseAddr does (four

@@ -85,7 +85,7 @@
 //     browser alone would not stop it. Requests without Origin (servers,
 //     SDKs outside browsers) are not affected. An OPTIONS that is not a
 //     preflight gets 204 with Allow.
-//   - The allow-list (Open.AllowedAPIKeys, Server.SetAllowedAPIKeys): after
+//   - The allow-list (Open.AllowedAPIKeys, Server.SetOpen): after
 //     validation (an invalid request gets the upstream's 400 whatever its
 //     key), a request of another api_key is answered 403 {"code":403,
 //     "error":"API key not allowed"}; no lane is made for it.

@@ -415,3 +415,10 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
+
+// clients is the number of client addresses counted.
+func (cc *clientConns) clients() int {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return len(cc.n)
+}

@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -116,14 +117,9 @@ func (c Config) Validate() error {
 	case c.TLS != nil && c.TLS.GetCertificate == nil && c.TLS.GetConfigForClient == nil && len(c.TLS.Certificates) == 0:
 		return errors.New("ingest: TLS has no certificate")
 	}
-	for _, p := range c.TrustedProxies {
+	for i, p := range append(slices.Clip(c.TrustedProxies), c.UnboundedPeers...) {
 		if !p.IsValid() {
-			return fmt.Errorf("ingest: invalid trusted proxy prefix %v", p)
-		}
-	}
-	for _, p := range c.UnboundedPeers {
-		if !p.IsValid() {
-			return fmt.Errorf("ingest: invalid unbounded peer prefix %v", p)
+			return fmt.Errorf("ingest: invalid %s prefix %v", map[bool]string{true: "trusted proxy", false: "unbounded peer"}[i < len(c.TrustedProxies)], p)
 		}
 	}
 	return c.Open.validate()
@@ -134,27 +130,15 @@ func (c Config) withDefaults() Config {
 	if c.MaxBatchBytes <= 0 {
 		c.MaxBatchBytes = DefaultMaxBatchBytes
 	}
-	if c.MaxRequestBytes == 0 {
-		c.MaxRequestBytes = DefaultMaxRequestBytes
-	}
-	if c.RetryAfter == 0 {
-		c.RetryAfter = DefaultRetryAfter
-	}
+	c.MaxRequestBytes = cmp.Or(c.MaxRequestBytes, DefaultMaxRequestBytes)
+	c.RetryAfter = cmp.Or(c.RetryAfter, DefaultRetryAfter)
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	if c.ReadTimeout == 0 {
-		c.ReadTimeout = DefaultReadTimeout
-	}
-	if c.WriteTimeout == 0 {
-		c.WriteTimeout = DefaultWriteTimeout
-	}
-	if c.IdleTimeout == 0 {
-		c.IdleTimeout = DefaultIdleTimeout
-	}
-	if c.MaxConnections == 0 {
-		c.MaxConnections = DefaultMaxConnections
-	}
+	c.ReadTimeout = cmp.Or(c.ReadTimeout, DefaultReadTimeout)
+	c.WriteTimeout = cmp.Or(c.WriteTimeout, DefaultWriteTimeout)
+	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultIdleTimeout)
+	c.MaxConnections = cmp.Or(c.MaxConnections, DefaultMaxConnections)
 	c.TrustedProxies = normalizePrefixes(c.TrustedProxies)
 	c.UnboundedPeers = normalizePrefixes(c.UnboundedPeers)
 	return c
@@ -258,7 +242,7 @@ func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, 
 	// too large once inflated. Plain bodies are checked exactly by the
 	// handler.
 	s.readLimit = s.maxBody + s.maxBody/64 + 64<<10
-	if err := s.initOpen(cfg.Open); err != nil {
+	if err := s.SetOpen(cfg.Open); err != nil {
 		return nil, err
 	}
 	s.maxBatch.Store(int64(cfg.MaxBatchBytes))
@@ -289,7 +273,7 @@ func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, 
 		// SetKeepAlive fails would end its Serve. net.Listen's connections
 		// have TCP keep-alive on already (15s).
 		SecureErrorLogMessage: true,
-		Logger:                s.fasthttpLog(), // anonymized under AnonymizeIP
+		Logger:                fasthttpLogger{s},
 	})
 	return s, nil
 }

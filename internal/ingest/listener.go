@@ -24,64 +24,6 @@ const (
 	acceptDelayMax = time.Second
 )
 
-// retryListener is a net.Listener whose Accept waits and retries the errors
-// that end when resources free up (out of file descriptors, buffers or
-// memory, a connection aborted before it was accepted), as net/http's Serve
-// does: fasthttp's Serve returns on any accept error but a time-out, and the
-// relay would stop serving when it runs out of descriptors.
-type retryListener struct {
-	net.Listener
-	log     *zap.Logger // sampled
-	retries func()      // counts one retried accept error
-
-	closeOnce sync.Once
-	done      chan struct{} // closed by Close: ends a back-off sleep
-}
-
-func newRetryListener(ln net.Listener, log *zap.Logger, retries func()) *retryListener {
-	return &retryListener{Listener: ln, log: log, retries: retries, done: make(chan struct{})}
-}
-
-func (l *retryListener) Accept() (net.Conn, error) {
-	var delay time.Duration
-	for {
-		c, err := l.Listener.Accept()
-		if err == nil {
-			return c, nil
-		}
-		select {
-		case <-l.done:
-			return nil, net.ErrClosed
-		default:
-		}
-		if !retryableAcceptError(err) {
-			return nil, err
-		}
-		if delay == 0 {
-			delay = acceptDelayMin
-		} else {
-			delay = min(2*delay, acceptDelayMax)
-		}
-		l.retries()
-		if ce := l.log.Check(zapcore.WarnLevel, "ingest accept failed; retrying"); ce != nil {
-			// The error of accept(2) names no peer and no request content.
-			ce.Write(zap.Error(err), zap.Duration("retry_in", delay))
-		}
-		t := time.NewTimer(delay)
-		select {
-		case <-t.C:
-		case <-l.done:
-			t.Stop()
-			return nil, net.ErrClosed
-		}
-	}
-}
-
-func (l *retryListener) Close() error {
-	l.closeOnce.Do(func() { close(l.done) })
-	return l.Listener.Close()
-}
-
 // retryableAcceptError reports whether an accept error may end by itself:
 // a time-out, or an errno of exhausted resources or of a connection lost
 // between the handshake and the accept. Other errors (a closed or broken
@@ -212,29 +154,24 @@ func (cc *clientConns) release(c net.Conn) {
 	}
 }
 
-// clients is the number of client addresses counted (tests).
-func (cc *clientConns) clients() int {
-	cc.mu.Lock()
-	defer cc.mu.Unlock()
-	return len(cc.n)
-}
-
-// limitListener takes a slot of lim for every connection it returns, and
+// limitListener takes a slot of lim for every connection it returns,
 // closes at once the connections of a client that holds its share
-// (perClient) already.
+// (perClient) already, and waits and retries the accept errors that end
+// when resources free up (out of file descriptors, buffers or memory, a
+// connection aborted before it was accepted), as net/http's Serve does:
+// fasthttp's Serve returns on any accept error but a time-out, and the
+// relay would stop serving when it runs out of descriptors.
 type limitListener struct {
 	net.Listener
 	lim       *connLimiter
 	full      func()       // called when Accept has to wait for a slot
 	perClient *clientConns // nil: no per-client limit
 	refused   func(net.Conn)
+	log       *zap.Logger // sampled
+	retries   func()      // counts one retried accept error
 
 	closeOnce sync.Once
-	done      chan struct{} // closed by Close: ends a wait for a slot
-}
-
-func newLimitListener(ln net.Listener, lim *connLimiter, full func(), perClient *clientConns, refused func(net.Conn)) *limitListener {
-	return &limitListener{Listener: ln, lim: lim, full: full, perClient: perClient, refused: refused, done: make(chan struct{})}
+	done      chan struct{} // closed by Close: ends a wait for a slot or a back-off
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
@@ -248,12 +185,17 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			return nil, net.ErrClosed
 		}
 	}
+	var delay time.Duration
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
-			<-l.lim.slots
-			return nil, err
+			if err = l.backOff(err, &delay); err != nil {
+				<-l.lim.slots
+				return nil, err
+			}
+			continue
 		}
+		delay = 0
 		if l.perClient == nil || l.perClient.take(c) {
 			return c, nil
 		}
@@ -269,16 +211,43 @@ func (l *limitListener) Accept() (net.Conn, error) {
 	}
 }
 
+// backOff waits before the next accept after err (5ms doubling, at most
+// 1s), or returns the error that ends Serve.
+func (l *limitListener) backOff(err error, delay *time.Duration) error {
+	select {
+	case <-l.done:
+		return net.ErrClosed
+	default:
+	}
+	if !retryableAcceptError(err) {
+		return err
+	}
+	*delay = min(max(2**delay, acceptDelayMin), acceptDelayMax)
+	l.retries()
+	if ce := l.log.Check(zapcore.WarnLevel, "ingest accept failed; retrying"); ce != nil {
+		// The error of accept(2) names no peer and no request content.
+		ce.Write(zap.Error(err), zap.Duration("retry_in", *delay))
+	}
+	t := time.NewTimer(*delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-l.done:
+		return net.ErrClosed
+	}
+}
+
 func (l *limitListener) Close() error {
 	l.closeOnce.Do(func() { close(l.done) })
 	return l.Listener.Close()
 }
 
-// wrapListener stacks, over ln: accept retries, then the connection limit.
-// (TLS goes over both, and over fastserver's lingering: see Serve.)
+// wrapListener wraps ln in the connection limits and accept retries. (TLS
+// goes over it, and over fastserver's lingering: see Serve.)
 func (s *Server) wrapListener(ln net.Listener) net.Listener {
-	var l net.Listener = newRetryListener(ln, s.rejLog, s.cm.acceptRetries.Inc)
-	return newLimitListener(l, s.conns, s.connsFull, s.perClient, s.clientRefused)
+	return &limitListener{Listener: ln, lim: s.conns, full: s.connsFull, perClient: s.perClient, refused: s.clientRefused,
+		log: s.rejLog, retries: s.cm.acceptRetries.Inc, done: make(chan struct{})}
 }
 
 // clientRefused notes a connection closed at accept because its client held
@@ -320,28 +289,34 @@ func (s *Server) connState(c net.Conn, st fasthttp.ConnState) {
 // fasthttpLogger sends fasthttp's own messages to a (sampled) zap logger
 // without their content: fasthttp's messages quote request heads (header
 // values, query strings holding an api_key) when it cannot parse them. A
-// line says only that a connection failed, the peer's address, and a class
-// of the error; neither the format nor the error text is logged.
-type fasthttpLogger struct{ l *zap.Logger }
+// line says only that a connection failed, the peer's address (anonymized
+// under AnonymizeIP), and a class of the error; neither the format nor the
+// error text is logged.
+type fasthttpLogger struct{ s *Server }
 
 func (f fasthttpLogger) Printf(_ string, args ...any) {
-	ce := f.l.Check(zapcore.WarnLevel, "ingest connection error")
+	ce := f.s.rejLog.Check(zapcore.WarnLevel, "ingest connection error")
 	if ce == nil {
 		return
 	}
-	var remote net.Addr
-	class := "other"
+	remote, class := "", "other"
 	for _, a := range args {
 		switch v := a.(type) {
-		case net.Addr:
-			remote = v // fasthttp names the local address first, the peer last
+		case net.Addr: // fasthttp names the local address first, the peer last
+			remote = v.String()
+			if f.s.st().anonIP {
+				remote = ""
+				if ta, ok := v.(*net.TCPAddr); ok {
+					remote = netip.AddrPortFrom(anonymizeAddr(ta.AddrPort().Addr()), ta.AddrPort().Port()).String()
+				}
+			}
 		case error:
 			class = errorClass(v)
 		}
 	}
 	fields := []zap.Field{zap.String("class", class)}
-	if remote != nil {
-		fields = append(fields, zap.String("remote", remote.String()))
+	if remote != "" {
+		fields = append(fields, zap.String("remote", remote))
 	}
 	ce.Write(fields...)
 }

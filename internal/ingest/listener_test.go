@@ -27,9 +27,16 @@ import (
 
 // TestMalformedRequestLogsNoContent: fasthttp's messages about requests it
 // cannot parse quote their heads; the ingest log gets none of it.
+// Under AnonymizeIP the address is anonymized.
 func TestMalformedRequestLogsNoContent(t *testing.T) {
+	for _, anon := range []bool{false, true} {
+		t.Run(fmt.Sprint("anonymize=", anon), func(t *testing.T) { testMalformedRequestLogs(t, anon) })
+	}
+}
+
+func testMalformedRequestLogs(t *testing.T, anon bool) {
 	const secret = "s3cr3t-4f1d"
-	_, addr, logs := serveObserved(t, Config{}, openSpool(t, true))
+	_, addr, logs := serveObserved(t, Config{Open: Open{AnonymizeIP: anon}}, openSpool(t, true))
 
 	for _, req := range []string{
 		// A control byte in a header value.
@@ -51,21 +58,18 @@ func TestMalformedRequestLogsNoContent(t *testing.T) {
 		io.Copy(io.Discard, rc.br) // until the server closed the connection
 	}
 	// fasthttp logs after it closed the connection: wait for its lines.
-	deadline := time.Now().Add(poll.Max)
-	for logs.FilterMessage("ingest connection error").Len() == 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.Until(t, "a connection error logged (else the test does not reach fasthttp's logger)", func() bool {
+		return logs.FilterMessage("ingest connection error").Len() > 0
+	})
 	lines := logs.FilterMessage("ingest connection error").All()
-	if len(lines) == 0 {
-		t.Fatal("no connection error logged: the test does not reach fasthttp's logger")
-	}
 	for _, e := range logs.All() {
 		if s := fmt.Sprint(e.Message, e.ContextMap()); strings.Contains(s, secret) {
 			t.Fatalf("log line holds the request's content: %s", s)
 		}
 	}
-	if m := lines[0].ContextMap(); m["class"] == nil || !strings.HasPrefix(fmt.Sprint(m["remote"]), "127.0.0.1:") {
-		t.Fatalf("log line %v: want a class and the remote address", m)
+	want := map[bool]string{false: "127.0.0.1:", true: "127.0.0.0:"}[anon]
+	if m := lines[0].ContextMap(); m["class"] == nil || m["class"] == "other" || !strings.HasPrefix(fmt.Sprint(m["remote"]), want) {
+		t.Fatalf("log line %v: want a class and the remote address %s...", m, want)
 	}
 }
 
@@ -214,10 +218,9 @@ func TestFileDescriptorExhaustion(t *testing.T) {
 		conns = append(conns, c)
 	}
 	// Wait until the child reports retried accept errors, or exited.
-	deadline := time.Now().Add(poll.Max)
-	for !strings.Contains(stderr.String(), "ingest accept failed; retrying") && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Until(t, "the child to report retried accept errors", func() bool {
+		return strings.Contains(stderr.String(), "ingest accept failed; retrying")
+	})
 	if !strings.Contains(stderr.String(), "too many open files") {
 		t.Fatalf("the child never ran out of descriptors")
 	}

@@ -24,7 +24,7 @@ type Open struct {
 	// AllowedAPIKeys, when non-nil, are the only api_keys taken; a valid
 	// request with another is answered 403 {"code":403,"error":"API key not
 	// allowed"} and nothing of it is spooled. nil: every api_key; empty and
-	// non-nil: none. Server.SetAllowedAPIKeys replaces it at run time.
+	// non-nil: none. Server.SetOpen replaces it at run time.
 	AllowedAPIKeys []string
 	// ClientRateLimit is the requests per second (of accepted-looking
 	// requests: valid, allowed) one client address may send, with a burst of
@@ -67,7 +67,7 @@ func (o Open) validate() error {
 // sees the old settings or the new, never a mix.
 type open struct {
 	allowed atomic.Pointer[keySet]    // nil: every api_key
-	opened  atomic.Pointer[openState] // never nil once initOpen ran
+	opened  atomic.Pointer[openState] // never nil once New returns
 }
 
 // openState is a snapshot of what Open sets but the allow-list.
@@ -80,11 +80,6 @@ type openState struct {
 
 // st is the Open state in force: load it once per use.
 func (s *Server) st() *openState { return s.opened.Load() }
-
-// initOpen sets up s.open from o; s.cfg.Now must be set.
-func (s *Server) initOpen(o Open) error {
-	return s.SetOpen(o)
-}
 
 // SetOpen puts o in force for every later request while the server runs
 // (a configuration reload), or changes nothing and returns an error when o
@@ -116,4 +111,28 @@ func (s *Server) SetMaxBatchBytes(n int) {
 	if n > 0 {
 		s.maxBatch.Store(int64(n))
 	}
+}
+
+// keySet is an immutable set of api_keys.
+type keySet struct{ keys map[string]struct{} }
+
+func newKeySet(keys []string) *keySet {
+	if keys == nil {
+		return nil
+	}
+	ks := &keySet{keys: make(map[string]struct{}, len(keys))}
+	for _, k := range keys {
+		ks.keys[k] = struct{}{}
+	}
+	return ks
+}
+
+// apiKeyAllowed reports whether the allow-list takes key.
+func (s *Server) apiKeyAllowed(key []byte) bool {
+	ks := s.allowed.Load()
+	if ks == nil {
+		return true
+	}
+	_, ok := ks.keys[string(key)]
+	return ok
 }

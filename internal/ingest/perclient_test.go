@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/tlsreload/tlstest"
 )
@@ -114,15 +116,9 @@ func TestMaxConnectionsPerClient(t *testing.T) {
 	// Closing one gives its share back, once the server has seen the close
 	// (fasthttp reports it from the connection's goroutine): retry, bounded.
 	held[0].Close()
-	ok := false
-	for i := 0; i < 200 && !ok; i++ {
-		if ok = servedFrom(t, "127.0.0.1", r.addr); !ok {
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	if !ok {
-		t.Fatal("no connection served after one of the client's two closed")
-	}
+	poll.Until(t, "a connection served after one of the client's two closed", func() bool {
+		return servedFrom(t, "127.0.0.1", r.addr)
+	})
 
 	// Nothing is left counted once every connection is closed (the table
 	// holds only clients with open connections).
@@ -133,14 +129,9 @@ func TestMaxConnectionsPerClient(t *testing.T) {
 	r.stop()
 	// fasthttp reports a connection closed just after Shutdown may have
 	// seen it gone: wait, bounded.
-	got := r.srv.perClient.clients()
-	for i := 0; i < 200 && got != 0; i++ {
-		time.Sleep(50 * time.Millisecond)
-		got = r.srv.perClient.clients()
-	}
-	if got != 0 {
-		t.Errorf("%d client addresses still counted after every connection closed", got)
-	}
+	poll.Until(t, "no client address counted after every connection closed", func() bool {
+		return r.srv.perClient.clients() == 0
+	})
 }
 
 // TestMaxConnectionsPerClientTrustedProxy: a trusted proxy carries many
@@ -282,14 +273,9 @@ func TestMaxConnectionsPerClientTLS(t *testing.T) {
 	}
 	waitCounted := func(want int) {
 		t.Helper()
-		got := r.srv.perClient.clients()
-		for i := 0; i < 200 && got != want; i++ {
-			time.Sleep(50 * time.Millisecond)
-			got = r.srv.perClient.clients()
-		}
-		if got != want {
-			t.Fatalf("%d client addresses counted, want %d", got, want)
-		}
+		poll.Until(t, fmt.Sprintf("%d client addresses counted", want), func() bool {
+			return r.srv.perClient.clients() == want
+		})
 	}
 
 	a, b := open(), open()

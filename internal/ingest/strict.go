@@ -102,7 +102,6 @@ func asciiEqualFold(b []byte, s string) bool {
 func (s *Server) strictHandle(ctx *fasthttp.RequestCtx) {
 	if f := checkHead(ctx.Request.Header.RawHeaders()); f != headOK {
 		s.refuseHead(ctx, f)
-		s.m.request(pathOther, fasthttp.StatusBadRequest)
 		return
 	}
 	s.handle(ctx)
@@ -112,6 +111,7 @@ func (s *Server) strictHandle(ctx *fasthttp.RequestCtx) {
 func (s *Server) refuseHead(ctx *fasthttp.RequestCtx, f int) {
 	ctx.SetConnectionClose()
 	s.rejectf(ctx, pathOther, fasthttp.StatusBadRequest, headFaultMsgs[f], reasonBadHTTP, 0)
+	s.m.request(pathOther, fasthttp.StatusBadRequest)
 }
 
 // expect decides an `Expect: 100-continue` request before its body is sent
@@ -122,7 +122,6 @@ func (s *Server) refuseHead(ctx *fasthttp.RequestCtx, f int) {
 func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 	if f := checkHead(ctx.Request.Header.RawHeaders()); f != headOK {
 		s.refuseHead(ctx, f)
-		s.m.request(pathOther, fasthttp.StatusBadRequest)
 		return fasthttp.StatusBadRequest
 	}
 	limit := s.readLimit // a compressed body may inflate below the limit

@@ -170,14 +170,10 @@ func (l *Limiter) Acquire(ctx context.Context, key string, cost int) (release fu
 	if l.calls++; l.calls >= sweepEvery {
 		l.sweepLocked(start)
 	}
-	ks := l.keys[key]
-	if ks == nil {
-		ks = &keyState{wake: make(chan struct{})}
-		l.keys[key] = ks
-	}
+	ks := l.keyLocked(key)
 	l.pruneLocked(ks, start)
 	g := &grant{cost: cost}
-	if ok, _ := l.admissibleLocked(ks, len(ks.grants), g, start); ok && !l.queuedLocked(ks) {
+	if ok, _ := l.admissibleLocked(ks, len(ks.grants), g, start); ok && l.waitingLocked(ks) == 0 {
 		return l.startLocked(key, ks, g, start), nil
 	}
 	est := later(l.estimateLocked(ks, len(ks.grants), cost, start), ks.paused)
@@ -242,14 +238,19 @@ func (l *Limiter) Pause(key string, d time.Duration) {
 	until := time.Now().Add(d)
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if ks := l.keyLocked(key); until.After(ks.paused) {
+		ks.paused = until
+	}
+}
+
+// keyLocked returns the state of key, made when there is none.
+func (l *Limiter) keyLocked(key string) *keyState {
 	ks := l.keys[key]
 	if ks == nil {
 		ks = &keyState{wake: make(chan struct{})}
 		l.keys[key] = ks
 	}
-	if until.After(ks.paused) {
-		ks.paused = until
-	}
+	return ks
 }
 
 func (l *Limiter) refuse(reason string, retry time.Duration) error {
@@ -309,8 +310,6 @@ func (l *Limiter) dropIfEmptyLocked(key string, ks *keyState) {
 		delete(l.keys, key)
 	}
 }
-
-func (l *Limiter) queuedLocked(ks *keyState) bool { return l.waitingLocked(ks) > 0 }
 
 func (l *Limiter) waitingLocked(ks *keyState) int {
 	n := 0

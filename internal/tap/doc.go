@@ -31,9 +31,9 @@
 //
 // # Goroutines and locks
 //
-// Publish runs on its caller's goroutine (an ingest request, a delivery
+// Pick and Send run on their caller's goroutine (an ingest request, a delivery
 // shard). Each Handler call owns its tap and reads it until the end; Close
 // ends every tap (the admin listener's stop). Hub.mu guards attaching and
-// detaching only; Publish reads the attached taps from an atomic snapshot
+// detaching only; Pick reads the attached taps from an atomic snapshot
 // and takes no lock.
 package tap

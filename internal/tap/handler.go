@@ -156,7 +156,7 @@ func (h *Hub) Handler(project func(name string) (apiKey string, ok bool)) http.H
 	})
 }
 
-// Matches checks what Publish only pre-filtered: the event's event_type.
+// Matches checks what Pick only pre-filtered: the event's event_type.
 func Matches(f Filter, ev []byte) bool {
 	if f.EventType == "" {
 		return true

@@ -121,7 +121,7 @@ type Hub struct {
 	cfg  Config
 	n    atomic.Int32           // taps attached
 	nAt  [numWhere]atomic.Int32 // taps attached per Where: all a hot path reads when 0
-	taps atomic.Pointer[[]*Tap] // snapshot for Publish
+	taps atomic.Pointer[[]*Tap] // snapshot for Pick
 	mu   sync.Mutex             // guards attaching, detaching, closed
 	done chan struct{}
 	shut bool
@@ -168,7 +168,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Hub, error) {
 }
 
 // Active reports whether a tap watching w is attached: the one atomic load
-// a hot path pays before calling Publish.
+// a hot path pays before calling Pick.
 func (h *Hub) Active(w Where) bool { return h != nil && h.nAt[w].Load() > 0 }
 
 // countLocked sets the counts from taps; h.mu is held.
@@ -210,7 +210,7 @@ func (h *Hub) Attach(f Filter) (*Tap, error) {
 	return t, nil
 }
 
-// Detach removes t; its channel is never closed (Publish may hold it).
+// Detach removes t; its channel is never closed (Send may hold it).
 func (t *Tap) Detach() {
 	h := t.h
 	h.mu.Lock()
@@ -243,13 +243,6 @@ func (h *Hub) Close() {
 	}
 }
 
-// Publish offers the records of one api_key at where (reason: a dead
-// letter's, else ""). It never blocks; recs are copied when a tap keeps
-// them. Callers check Active first.
-func (h *Hub) Publish(where Where, apiKey []byte, reason string, recs []storage.Record) {
-	h.Pick(where, apiKey, reason, recs).Send()
-}
-
 // Picked are copies of records taps want, not yet handed to them: for a
 // caller whose records are consumed by the step that must succeed first
 // (the spool's Append takes the batch's memory).
@@ -260,8 +253,9 @@ type picked struct {
 	it Item
 }
 
-// Pick returns copies of the records of recs the attached taps want (nil
-// when none), to be handed over by Send.
+// Pick returns copies of the records of one api_key at where (reason: a
+// dead letter's, else "") the attached taps want (nil when none), to be
+// handed over by Send, which never blocks.
 func (h *Hub) Pick(where Where, apiKey []byte, reason string, recs []storage.Record) Picked {
 	if !h.Active(where) {
 		return nil
@@ -328,7 +322,7 @@ func (h *Hub) PublishDead(dls []storage.DeadLetter) {
 	}
 	for i := range dls {
 		d := &dls[i]
-		h.Publish(Dead, []byte(d.Lane.APIKey), d.Reason, []storage.Record{d.Record})
+		h.Pick(Dead, []byte(d.Lane.APIKey), d.Reason, []storage.Record{d.Record}).Send()
 	}
 }
 
@@ -355,5 +349,5 @@ func (h *Hub) PublishBody(where Where, body []byte) {
 		keys = ev.OrderKey(keys)
 		recs[i] = storage.Record{OrderKey: keys[start:len(keys):len(keys)], Data: ev.Raw}
 	}
-	h.Publish(where, req.APIKey, "", recs)
+	h.Pick(where, req.APIKey, "", recs).Send()
 }

@@ -14,7 +14,7 @@ func rec(dev, typ string) storage.Record {
 }
 
 // TestHub: a tap gets only what its filter selects; a reader that does not
-// read never blocks Publish, its drops are counted; taps beyond MaxTaps are
+// read never blocks Send, its drops are counted; taps beyond MaxTaps are
 // refused; a detached tap leaves the hub inactive.
 func TestHub(t *testing.T) {
 	reg := prometheus.NewRegistry()
@@ -41,9 +41,9 @@ func TestHub(t *testing.T) {
 		t.Fatal("active at delivered with no tap there")
 	}
 	recs := []storage.Record{rec("d1", "buy"), rec("d2", "buy"), rec("d1", "view")}
-	h.Publish(Ingest, []byte("other-key"), "", recs)
+	h.Pick(Ingest, []byte("other-key"), "", recs).Send()
 	for range 10 { // never blocks: the buffer of 3 fills, the rest drop
-		h.Publish(Ingest, key, "", recs)
+		h.Pick(Ingest, key, "", recs).Send()
 	}
 	if n, d := len(dev.C()), dev.Dropped(); n != 3 || d != 7 {
 		t.Fatalf("device tap: %d buffered, %d dropped; want 3, 7", n, d)

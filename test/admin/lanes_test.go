@@ -123,17 +123,11 @@ func TestLaneBounds(t *testing.T) {
 		t.Fatalf("only %d scrapes", scrapes.Load())
 	}
 	// Retired: no lane series, ready again.
-	for {
+	poll.Until(t, "lanes retired: /readyz 200, no lane series in /metrics", func() bool {
 		a := call(t, "GET", r.admin+"/metrics", "")
-		ready := call(t, "GET", r.admin+"/readyz", "")
-		if !strings.Contains(string(a.body), "relay_spool_bytes{") && !strings.Contains(string(a.body), "relay_lane_stopped{") && ready.status == 200 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("lanes not retired: /readyz %d, /metrics lane series left", ready.status)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return !strings.Contains(string(a.body), "relay_spool_bytes{") && !strings.Contains(string(a.body), "relay_lane_stopped{") &&
+			call(t, "GET", r.admin+"/readyz", "").status == 200
+	})
 	r.stopClean()
 	r = startRelay(t, dir+"/data", log, args...)
 	if a := call(t, "GET", r.admin+"/relay/v1/lanes", ""); a.status != 200 || strings.Contains(string(a.body), `"label"`) {

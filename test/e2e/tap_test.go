@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
 
@@ -164,17 +165,10 @@ func TestTapWhileLoadFlows(t *testing.T) {
 	}
 	// The taps closed, a new one is taken again (polled: the relay sees the
 	// closed connections a moment later).
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		_, errOut, err := tapCmd("--limit", "1", "--device", "dev-3")
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("tap after the others closed: %v %s", err, errOut)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	poll.Until(t, "a tap taken after the others closed", func() bool {
+		_, _, err := tapCmd("--limit", "1", "--device", "dev-3")
+		return err == nil
+	})
 	stopLoad()
 	wg.Wait()
 	if failed.Load() != 0 || posted.Load() == 0 {
@@ -210,12 +204,10 @@ func TestTapDeadLetters(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	deadline := time.Now().Add(2 * time.Minute)
-	for n, _ := r.Metric("relay_tap_attached"); n != 1; n, _ = r.Metric("relay_tap_attached") {
-		if time.Now().After(deadline) {
-			t.Fatalf("the tap did not attach: %s", e.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	poll.Until(t, "the tap to attach", func() bool {
+		n, _ := r.Metric("relay_tap_attached")
+		return n == 1
+	})
 	hc := harness.NewClient()
 	var err error
 	for {
