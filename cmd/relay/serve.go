@@ -21,7 +21,6 @@ import (
 	"github.com/svcrelay/relay/internal/adminapi"
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
-	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/config"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
@@ -155,12 +154,12 @@ func (s *server) buildDelivery() (*deliveries, error) {
 	bcfg := cfg.Batcher()
 	bcfg.Check = s.tp.Check // the tracking plan, checked as events are packed
 	bcfg.OnDead = s.taps.PublishDead
-	var p *batcher.Pipeline
+	var p *delivery.Pipeline
 	live := &liveMeter{next: tappedSender{client, s.taps}, windows: map[string]*rateWindow{}}
 	if fs != nil { // the events partitions this relay owns
-		p, err = batcher.NewFleet(bcfg, fs.b.Only(storage.KindEvents), fs.f, fs.f, live, thr, log.Named("delivery"), reg)
+		p, err = delivery.NewFleet(bcfg, fs.b.Only(storage.KindEvents), fs.f, fs.f, live, thr, log.Named("delivery"), reg)
 	} else {
-		p, err = batcher.New(bcfg, s.local.Only(storage.KindEvents), live, thr, log.Named("delivery"), reg)
+		p, err = delivery.New(bcfg, s.local.Only(storage.KindEvents), live, thr, log.Named("delivery"), reg)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("delivery: %w", err)

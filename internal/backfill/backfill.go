@@ -13,7 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/svcrelay/relay/internal/batcher"
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
@@ -191,7 +191,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 	if cfg.Batch {
 		snd.url = cfg.IngestURL + "/batch"
 	}
-	p, err := batcher.New(batcher.Config{
+	p, err := delivery.New(delivery.Config{
 		IngestURL: cfg.IngestURL, MaxBatchEvents: perRequest,
 		MaxReadAheadBytes: maxBacklog, MaxReadAheadTotalBytes: maxBacklog,
 	}, spool.NewBackend(sp, nil).Only(storage.KindEvents), snd, thr, log.Named("delivery"), nil)
@@ -257,7 +257,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 // wait returns once everything read is delivered or dead (nil), or when ctx
 // ends, reading fails or the lane stops; readDone says the reader's result
 // was received.
-func wait(ctx context.Context, cfg Config, lane *spool.Lane, p *batcher.Pipeline, readErr <-chan error, counts func() Counts) (err error, readDone bool) {
+func wait(ctx context.Context, cfg Config, lane *spool.Lane, p *delivery.Pipeline, readErr <-chan error, counts func() Counts) (err error, readDone bool) {
 	tick := time.NewTicker(min(cfg.ProgressEvery, 200*time.Millisecond))
 	defer tick.Stop()
 	last := time.Now()

@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/admintoken"
-	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/ingest"
 	"github.com/svcrelay/relay/internal/plan"
 	"go.yaml.in/yaml/v3"
@@ -39,7 +39,7 @@ type Config struct {
 	IngestURL, AliasURL, AnalyticsURL, ExperimentURL, ScimURL, FeedbackURL string
 
 	ThrottlePause  time.Duration // --throttle-pause
-	MaxBatchEvents int           // --max-batch-events, 1..batcher.MaxMaxBatchEvents
+	MaxBatchEvents int           // --max-batch-events, 1..delivery.MaxMaxBatchEvents
 	MaxBatchBytes  int64         // --max-batch-bytes, > 0
 	FlushInterval  time.Duration // --flush-interval, > 0
 	UpstreamGzip   bool          // --upstream-gzip
@@ -228,13 +228,13 @@ var options = []option{
 		set: str(func(c *Config) *string { return &c.ScimURL })},
 	{name: "feedback-url", usage: "upstream base of the feedback API",
 		set: str(func(c *Config) *string { return &c.FeedbackURL })},
-	{name: "throttle-pause", def: batcher.DefaultThrottlePause.String(), usage: "how long a device or user named in a 429 gets nothing sent",
+	{name: "throttle-pause", def: delivery.DefaultThrottlePause.String(), usage: "how long a device or user named in a 429 gets nothing sent",
 		set: dur(func(c *Config) *time.Duration { return &c.ThrottlePause })},
-	{name: "max-batch-events", def: strconv.Itoa(batcher.DefaultMaxBatchEvents), usage: "events per upstream request, at most (1.." + strconv.Itoa(batcher.MaxMaxBatchEvents) + ")",
+	{name: "max-batch-events", def: strconv.Itoa(delivery.DefaultMaxBatchEvents), usage: "events per upstream request, at most (1.." + strconv.Itoa(delivery.MaxMaxBatchEvents) + ")",
 		set: integer(func(c *Config) *int { return &c.MaxBatchEvents }, false)},
-	{name: "max-batch-bytes", def: strconv.Itoa(batcher.DefaultMaxBatchBytes), usage: "upstream request body size, strictly less than this",
+	{name: "max-batch-bytes", def: strconv.Itoa(delivery.DefaultMaxBatchBytes), usage: "upstream request body size, strictly less than this",
 		set: size(func(c *Config) *int64 { return &c.MaxBatchBytes })},
-	{name: "flush-interval", def: batcher.DefaultFlushInterval.String(), usage: "longest an accepted event waits for its batch to fill",
+	{name: "flush-interval", def: delivery.DefaultFlushInterval.String(), usage: "longest an accepted event waits for its batch to fill",
 		set: dur(func(c *Config) *time.Duration { return &c.FlushInterval })},
 	{name: "spool-max-bytes", def: "8GiB", usage: "spool quota; above it ingest answers 503 with Retry-After (0: no quota)",
 		set: size(func(c *Config) *int64 { return &c.SpoolMaxBytes })},
@@ -678,8 +678,8 @@ func (c Config) Validate() error {
 		}
 	}
 	if err := firstBad([]bound{
-		{"max-batch-events", c.MaxBatchEvents > batcher.MaxMaxBatchEvents, fmt.Sprintf("%d is above %d: the upstream takes fewer than 2000 events per request", c.MaxBatchEvents, batcher.MaxMaxBatchEvents)},
-		{"max-batch-events", c.MaxBatchEvents < 1, fmt.Sprintf("%d: want 1 to %d", c.MaxBatchEvents, batcher.MaxMaxBatchEvents)},
+		{"max-batch-events", c.MaxBatchEvents > delivery.MaxMaxBatchEvents, fmt.Sprintf("%d is above %d: the upstream takes fewer than 2000 events per request", c.MaxBatchEvents, delivery.MaxMaxBatchEvents)},
+		{"max-batch-events", c.MaxBatchEvents < 1, fmt.Sprintf("%d: want 1 to %d", c.MaxBatchEvents, delivery.MaxMaxBatchEvents)},
 		{"max-batch-bytes", c.MaxBatchBytes < 1, fmt.Sprintf("%d: want a positive size", c.MaxBatchBytes)},
 		{"max-request-bytes", c.MaxRequestBytes < 1, fmt.Sprintf("%d: want a positive size", c.MaxRequestBytes)},
 		{"spool-max-bytes", c.SpoolMaxBytes < 0, "must not be negative"},

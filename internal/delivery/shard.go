@@ -1,4 +1,4 @@
-package batcher
+package delivery
 
 import (
 	"container/heap"
@@ -8,7 +8,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
@@ -32,7 +31,7 @@ type shard struct {
 	held      map[string]*held // nil until a key is held
 	heap      heldHeap
 	capEvents int // lowered by 413 and bisection, doubled back on success
-	bo        *delivery.Retry
+	bo        *Retry
 	body      []byte
 	batch     []item
 	dead      []deadItem
@@ -59,7 +58,7 @@ type deadItem struct {
 func newShard(lr *laneRunner, idx int) *shard {
 	cfg := lr.p.cfg
 	// Retried without a count or time limit; MaxEventAge bounds it.
-	bo := delivery.NewRetry(cfg.RetryInitial, cfg.RetryMax)
+	bo := NewRetry(cfg.RetryInitial, cfg.RetryMax)
 	return &shard{lr: lr, idx: idx, wake: make(chan struct{}, 1), capEvents: lr.p.lived().MaxBatchEvents, bo: bo}
 }
 
@@ -411,8 +410,8 @@ func (s *shard) build(now time.Time) []byte {
 	pk := f.Open(s.body)
 	for s.ready.len() > 0 && len(s.batch) < capE {
 		it := s.ready.peek() // valid until the next pop
-		if delivery.Expired(now, it.ck.accepted, maxAge) {
-			s.dead = append(s.dead, deadItem{s.ready.pop(), delivery.ReasonExpired, nil})
+		if Expired(now, it.ck.accepted, maxAge) {
+			s.dead = append(s.dead, deadItem{s.ready.pop(), ReasonExpired, nil})
 			continue
 		}
 		if h := s.held[string(it.rec.OrderKey)]; h != nil {
@@ -525,7 +524,7 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 	p := s.lr.p
 	n := len(s.batch)
 	switch v := p.kind.Classify(&res, n); v.Outcome {
-	case delivery.Delivered:
+	case Delivered:
 		s.lastAnswer = nil
 		s.lr.done(s.batch)
 		p.m.delivered.Add(float64(n))
@@ -539,7 +538,7 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 		p.thr.Admitted(s.pacedKeys)
 		return true
 
-	case delivery.Throttled:
+	case Throttled:
 		now := time.Now()
 		reasons := map[int]string{}
 		if res.Kind == upstream.Silenced {
@@ -596,13 +595,13 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 		}
 		return s.dropAndResend(ctx, drainCtx, reasons, res)
 
-	case delivery.DeadSome:
+	case DeadSome:
 		return s.dropAndResend(ctx, drainCtx, v.Dead, res)
 
-	case delivery.Split:
+	case Split:
 		return s.split(ctx, drainCtx, res, v.Reason)
 
-	case delivery.Stop:
+	case Stop:
 		s.requeue(s.batch)
 		s.lr.stopLane(v.Reason)
 		return true
@@ -706,7 +705,7 @@ func (s *shard) retryLater(ctx, drainCtx context.Context, res upstream.Result) b
 	}
 }
 
-// flushDead commits s.dead to the dead-letter store (delivery.FlushDead),
+// flushDead commits s.dead to the dead-letter store (FlushDead),
 // then marks them done (so their chunks may be acked). A failing PutDead is
 // retried with backoff until it works, drainCtx ends or the spool closes
 // (false: the shard exits, nothing acked).
@@ -720,7 +719,7 @@ func (s *shard) flushDead(ctx, drainCtx context.Context, answer []byte) bool {
 			ans = d.answer
 		}
 		switch d.reason {
-		case delivery.ReasonExpired:
+		case ReasonExpired:
 			ans = []byte("relay: not delivered within max-event-age")
 			if s.lastAnswer != nil {
 				ans = append(append(ans, "; last answer: "...), s.lastAnswer...)
@@ -732,7 +731,7 @@ func (s *shard) flushDead(ctx, drainCtx context.Context, answer []byte) bool {
 		}
 		dls[i] = storage.DeadLetter{Lane: s.lr.key, Reason: d.reason, Answer: ans, Accepted: d.it.ck.accepted, Died: now, Record: d.it.rec}
 	}
-	err := delivery.FlushDead(drainCtx, p.dead, dls, func(err error) {
+	err := FlushDead(drainCtx, p.dead, dls, func(err error) {
 		p.log.Error("store dead letters failed; retrying", zap.String("lane", s.lr.label), zap.Error(err))
 	})
 	if err != nil {

@@ -1,4 +1,4 @@
-package batcher
+package delivery
 
 import (
 	"context"
@@ -13,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/throttle"
 )
@@ -77,7 +76,7 @@ func NewFleet(cfg Config, st Store, pauses SharedPauses, lanes SharedLanes, send
 		return nil, err
 	}
 	if st == nil || send == nil {
-		return nil, errors.New("batcher: fleet store and sender are required")
+		return nil, errors.New("delivery: fleet store and sender are required")
 	}
 	p, err := newPipeline(cfg, send, thr, log)
 	if err != nil {
@@ -107,7 +106,7 @@ type fleetState struct {
 	smu   sync.Mutex
 	stops map[storage.LaneKey]string // lanes stopped fleet-wide, by reason
 
-	runs    delivery.Runners[*laneRunner]
+	runs    Runners[*laneRunner]
 	mu      sync.Mutex
 	running bool
 }
@@ -213,7 +212,7 @@ func (p *Pipeline) queueName(r storage.Reader) string {
 
 // deliverPartition delivers one owned partition until ownership ends
 // (owned) or the pipeline stops (stop): see the fleet mode above and
-// delivery.DeliverPartition. drained is called once its requests in flight
+// DeliverPartition. drained is called once its requests in flight
 // are done and acknowledged.
 func (p *Pipeline) deliverPartition(stop, owned context.Context, r storage.Reader, drained func()) error {
 	name := p.queueName(r)
@@ -224,20 +223,20 @@ func (p *Pipeline) deliverPartition(stop, owned context.Context, r storage.Reade
 		<-owned.Done()
 		return nil
 	}
-	return delivery.DeliverPartition(stop, owned, r, drained, delivery.PartitionConfig{
+	return DeliverPartition(stop, owned, r, drained, PartitionConfig{
 		Name:      name,
 		Kind:      p.lanes,
 		MaxQueued: int64(p.cfg.MaxReadAheadBytes) / 8,
 		Idle:      feedIdle,
 		Log:       p.log,
-		Start: func(f *delivery.Feed) delivery.FeedRunner {
+		Start: func(f *Feed) FeedRunner {
 			lr := newRunner(p, f, p.fl.nextID.Add(1), f.Lane().Label()+"-"+name, f.Lane())
 			p.fl.runs.Add(lr.id, lr)
 			// After Add: a stop arriving meanwhile finds the runner.
 			if reason, ok := p.fl.stopped(f.Lane()); ok {
 				lr.stop.Stop(reason)
 			}
-			return delivery.FeedRunner{Label: lr.label, Run: lr.Run, Pinned: lr.stop.Stopped,
+			return FeedRunner{Label: lr.label, Run: lr.Run, Pinned: lr.stop.Stopped,
 				Retired:   func() { p.fl.runs.Remove(lr.id, lr) },
 				Abandoned: func() { p.fl.runs.Remove(lr.id, lr); lr.abandon() }}
 		},
@@ -323,7 +322,7 @@ func (p *Pipeline) controlShared(laneID uint64, stop bool) error {
 	fl := p.fl
 	lr := fl.runs.Get(laneID)
 	if lr == nil {
-		return fmt.Errorf("batcher: lane %d: %w", laneID, delivery.ErrUnknownLane)
+		return fmt.Errorf("delivery: lane %d: %w", laneID, ErrUnknownLane)
 	}
 	const reason = "stopped by operator"
 	if fl.lanes != nil {

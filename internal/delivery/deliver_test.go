@@ -1,4 +1,4 @@
-package batcher
+package delivery
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/storage"
@@ -217,7 +216,7 @@ func TestSilencedAndQuota(t *testing.T) {
 			t.Fatalf("request %d for the over-quota device while it waits for the next day", r.Seq)
 		}
 	}
-	var st delivery.LaneStatus
+	var st LaneStatus
 	for _, s := range h.p.LaneStatus() {
 		st = s
 	}

@@ -1,4 +1,4 @@
-package batcher
+package delivery
 
 import (
 	"fmt"
@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/throttle"
@@ -53,7 +52,7 @@ func TestHeldEventsDoNotPinChunks(t *testing.T) {
 	}
 	// The last 200 answers may still be being handled: wait for the
 	// read-ahead to settle on the held events.
-	var st delivery.LaneStatus
+	var st LaneStatus
 	maxHeld := heldData + chunks*itemBytes
 	for {
 		st = h.p.LaneStatus()[0]
@@ -125,7 +124,7 @@ func TestHeldEventsDeliveredIntactAfterPause(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	var st delivery.LaneStatus
+	var st LaneStatus
 	for time.Now().Before(until.Add(-50 * time.Millisecond)) {
 		if st = h.p.LaneStatus()[0]; st.HeldEvents == 60 && st.ReadAheadBytes < 60*(1024+itemBytes) {
 			break
@@ -199,14 +198,14 @@ func TestTotalReadAheadNoStarvation(t *testing.T) {
 		time.Sleep(2 * time.Millisecond)
 	}
 	stuckID, okID := h.lane("stuck-key", "").ID(), h.lane("ok-key", "").ID()
-	status := func(id uint64) delivery.LaneStatus {
+	status := func(id uint64) LaneStatus {
 		for _, st := range h.p.LaneStatus() {
 			if st.ID == id {
 				return st
 			}
 		}
 		t.Fatalf("no lane %d", id)
-		return delivery.LaneStatus{}
+		return LaneStatus{}
 	}
 	for status(okID).ReadAheadBytes != 0 {
 		if time.Now().After(deadline) {

@@ -1,4 +1,4 @@
-package batcher
+package delivery
 
 import (
 	"context"
@@ -17,7 +17,6 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
@@ -489,7 +488,7 @@ func (h *harness) checkReadAheadBackPressure(max int64) {
 	}
 	h.start()
 	time.Sleep(time.Second)
-	var st delivery.LaneStatus
+	var st LaneStatus
 	for _, s := range h.p.LaneStatus() {
 		st = s
 	}
