@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -95,8 +97,9 @@ func NewFleet(cfg Config, st Store, pauses SharedPauses, lanes SharedLanes, send
 	return p, nil
 }
 
-// fleetState is a fleet-mode pipeline's: its runners by id, for the lane
-// control and the metrics.
+// fleetState is a fleet-mode pipeline's: its runners by id (made per lane
+// and partition by deliverPartition's Start), for the lane control and the
+// metrics. Its locks are never held across a call out.
 type fleetState struct {
 	st     Store
 	pauses SharedPauses
@@ -106,9 +109,41 @@ type fleetState struct {
 	smu   sync.Mutex
 	stops map[storage.LaneKey]string // lanes stopped fleet-wide, by reason
 
-	runs    Runners[*laneRunner]
 	mu      sync.Mutex
 	running bool
+	runs    map[uint64]*laneRunner
+}
+
+// runner returns the runner of id (nil when unknown).
+func (fl *fleetState) runner(id uint64) *laneRunner {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	return fl.runs[id]
+}
+
+// runners is a snapshot of the runners, in no order.
+func (fl *fleetState) runners() []*laneRunner {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	return slices.Collect(maps.Values(fl.runs))
+}
+
+// add records lr under its id; remove forgets it if it is still lr.
+func (fl *fleetState) add(lr *laneRunner) {
+	fl.mu.Lock()
+	if fl.runs == nil {
+		fl.runs = map[uint64]*laneRunner{}
+	}
+	fl.runs[lr.id] = lr
+	fl.mu.Unlock()
+}
+
+func (fl *fleetState) remove(lr *laneRunner) {
+	fl.mu.Lock()
+	if fl.runs[lr.id] == lr {
+		delete(fl.runs, lr.id)
+	}
+	fl.mu.Unlock()
 }
 
 func (fl *fleetState) ready() error {
@@ -231,14 +266,14 @@ func (p *Pipeline) deliverPartition(stop, owned context.Context, r storage.Reade
 		Log:       p.log,
 		Start: func(f *Feed) FeedRunner {
 			lr := newRunner(p, f, p.fl.nextID.Add(1), f.Lane().Label()+"-"+name, f.Lane())
-			p.fl.runs.Add(lr.id, lr)
+			p.fl.add(lr)
 			// After Add: a stop arriving meanwhile finds the runner.
 			if reason, ok := p.fl.stopped(f.Lane()); ok {
 				lr.stop.Stop(reason)
 			}
 			return FeedRunner{Label: lr.label, Run: lr.Run, Pinned: lr.stop.Stopped,
-				Retired:   func() { p.fl.runs.Remove(lr.id, lr) },
-				Abandoned: func() { p.fl.runs.Remove(lr.id, lr); lr.abandon() }}
+				Retired:   func() { p.fl.remove(lr) },
+				Abandoned: func() { p.fl.remove(lr); lr.abandon() }}
 		},
 	})
 }
@@ -299,7 +334,7 @@ func (p *Pipeline) laneStopChanged(lane storage.LaneKey, stopped bool, reason st
 		delete(fl.stops, lane)
 	}
 	fl.smu.Unlock()
-	for _, lr := range fl.runs.All() {
+	for _, lr := range fl.runners() {
 		if lr.key != lane {
 			continue
 		}
@@ -320,7 +355,7 @@ const sharedLaneTimeout = 5 * time.Second
 // relay only (logged).
 func (p *Pipeline) controlShared(laneID uint64, stop bool) error {
 	fl := p.fl
-	lr := fl.runs.Get(laneID)
+	lr := fl.runner(laneID)
 	if lr == nil {
 		return fmt.Errorf("delivery: lane %d: %w", laneID, ErrUnknownLane)
 	}

@@ -131,27 +131,21 @@ func giValues(s *simtest.Sim, key string) []string {
 	return got
 }
 
-// namingKind is a Form whose first answer names record 1 of the request
-// dead (as an upstream naming invalid records by index would).
-type namingKind struct {
-	Form
-	answered atomic.Int32
-}
-
-func (k *namingKind) Classify(res *upstream.Result, n int) Verdict {
-	if k.answered.Add(1) == 1 {
-		return Verdict{Outcome: DeadSome, Dead: map[int]string{1: "named"}}
-	}
-	return k.Form.Classify(res, n)
-}
-
-// The runner acts on its kind's verdict: the records a DeadSome names are
-// dead letters, the others are sent again at once, in order, and the chunk
-// is acknowledged after both.
-func TestFormKindVerdict(t *testing.T) {
+// The runner acts on an answer naming records of a form request: those
+// named are dead letters, the others are sent again at once, in order, and
+// the chunk is acknowledged after both.
+func TestFormNamedRecords(t *testing.T) {
 	s, base, cli := formUpstream(t)
+	var answered atomic.Int32
+	send := senderFunc(func(ctx context.Context, r *upstream.Request) upstream.Result {
+		res := cli.Do(ctx, r)
+		if answered.Add(1) == 1 {
+			res.Kind, res.InvalidEvents = upstream.Invalid, map[int]string{1: "invalid_fields"}
+		}
+		return res
+	})
 	sp := openFormSpool(t, spool.Config{})
-	p := newGI(t, FormConfig{Kind: &namingKind{Form: giForm()}}, base, spool.NewBackend(sp, nil), cli, nil)
+	p := newGI(t, FormConfig{}, base, spool.NewBackend(sp, nil), send, nil)
 	l := appendGI(t, sp, "k", 0, 3)
 	runPipeline(t, p, sp)
 	poll.Until(t, "the lane acknowledged", func() bool { return l.Stats().Records == 0 })
@@ -159,8 +153,8 @@ func TestFormKindVerdict(t *testing.T) {
 		t.Fatalf("upstream got %v, want %v (the request, then the two not named, in order)", got, want)
 	}
 	dead, err := sp.ListDead(storage.DeadFilter{}, 0, 0)
-	if err != nil || len(dead) != 1 || dead[0].Reason != "named" || string(dead[0].Record.Data) != `{"group_type":"org","group_value":"v1"}` {
-		t.Fatalf("dead letters %+v (%v), want v1 alone, reason named", dead, err)
+	if err != nil || len(dead) != 1 || dead[0].Reason != "invalid_fields" || string(dead[0].Record.Data) != `{"group_type":"org","group_value":"v1"}` {
+		t.Fatalf("dead letters %+v (%v), want v1 alone, reason invalid_fields", dead, err)
 	}
 }
 

@@ -250,7 +250,7 @@ func (p *Pipeline) lane(id uint64) *laneRunner {
 		}
 	}
 	if p.fl != nil {
-		return p.fl.runs.Get(id)
+		return p.fl.runner(id)
 	}
 	return nil
 }
@@ -264,7 +264,7 @@ func (p *Pipeline) runners() []*laneRunner {
 		rs = p.eng.Runners()
 	}
 	if p.fl != nil {
-		rs = append(rs, p.fl.runs.All()...)
+		rs = append(rs, p.fl.runners()...)
 	}
 	return rs
 }
@@ -285,9 +285,7 @@ func (p *Pipeline) LaneStatus() []LaneStatus {
 // {"api_key":<json string>,"events":[e,e,...],"options":<raw>} ("options"
 // when the lane has them), at most maxEvents events and strictly under
 // maxBytes (the configured limits: a shard sets the Live ones in force on
-// its copy at each batch); answers by Classify (a Throttled
-// answer's pauses are the shard's). The pipeline holds it as this type:
-// build's calls inline.
+// its copy at each batch).
 type events struct {
 	maxEvents, maxBytes int
 	check               func(apiKey string) func(data []byte) ([]byte, string, []byte)
@@ -308,11 +306,6 @@ func (k events) Frame(key storage.LaneKey) Frame {
 		f.Check = k.check(key.APIKey)
 	}
 	return f
-}
-
-// Classify is Classify.
-func (events) Classify(res *upstream.Result, n int) Verdict {
-	return Classify(res, n)
 }
 
 // laneRunner delivers one lane: a reader goroutine and ShardsPerLane
