@@ -142,6 +142,34 @@ func newSyncHarness(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle
 	return newHarnessOn(t, simCfg, cfg, thrCfg, true)
 }
 
+// down takes the sim down in mode for d. In a bubble (no socket) a
+// refused connection is the sender's (simSender).
+func (h *harness) down(mode sim.DownMode, d time.Duration) {
+	h.t.Helper()
+	if ss, ok := h.send.next.(*simSender); ok && mode == sim.DownRefuse {
+		ss.mu.Lock()
+		ss.downFrom, ss.downTo = time.Now(), time.Now().Add(d)
+		ss.mu.Unlock()
+		return
+	}
+	if err := h.sim.Down(mode, d); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// up ends down.
+func (h *harness) up() {
+	h.t.Helper()
+	if ss, ok := h.send.next.(*simSender); ok {
+		ss.mu.Lock()
+		ss.downTo = time.Time{}
+		ss.mu.Unlock()
+	}
+	if err := h.sim.Up(); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
 func newHarnessOn(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle.Config, inProcess bool) *harness {
 	t.Helper()
 	h := &harness{t: t, appended: map[string]sentEvent{}, data: map[string]string{}, seq: map[string]int{}, lanes: map[string]*spool.Lane{}, reg: prometheus.NewRegistry()}

@@ -5,6 +5,7 @@ import (
 	"runtime"
 	rtmetrics "runtime/metrics"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/svcrelay/relay/internal/poll"
@@ -19,142 +20,146 @@ import (
 // and the heap does not grow by the chunks' size (before held events were
 // copied out, the 100 chunks of ~200 KB stayed reachable: +19 MB).
 func TestHeldEventsDoNotPinChunks(t *testing.T) {
-	const (
-		chunks   = 100
-		perChunk = 100 // one held, 99 delivered
-		pad      = 2000
-	)
-	h := newHarness(t, sim.Config{CountOnly: true},
-		Config{MaxReadAheadBytes: 1 << 20, ShardsPerLane: 2, MaxBatchEvents: 200}, throttle.Config{})
-	h.thr.PauseUntilNextDay([]string{"d:quota-device"})
-	var heldData int64
-	cold := devs("cold-", perChunk)
-	for c := 0; c < chunks; c++ {
-		evs := []ev{{Device: "quota-device", User: "quota-user", Pad: 10}}
-		for i := 1; i < perChunk; i++ {
-			evs = append(evs, ev{Device: cold[i], Pad: pad})
+	synctest.Test(t, func(t *testing.T) {
+		const (
+			chunks   = 100
+			perChunk = 100 // one held, 99 delivered
+			pad      = 2000
+		)
+		h := newSyncHarness(t, sim.Config{CountOnly: true},
+			Config{MaxReadAheadBytes: 1 << 20, ShardsPerLane: 2, MaxBatchEvents: 200}, throttle.Config{})
+		h.thr.PauseUntilNextDay([]string{"d:quota-device"})
+		var heldData int64
+		cold := devs("cold-", perChunk)
+		for c := 0; c < chunks; c++ {
+			evs := []ev{{Device: "quota-device", User: "quota-user", Pad: 10}}
+			for i := 1; i < perChunk; i++ {
+				evs = append(evs, ev{Device: cold[i], Pad: pad})
+			}
+			ids := h.add("key", evs...)
+			heldData += int64(len(h.data[ids[0]]) + len("d:quota-device") + len("quota-user"))
 		}
-		ids := h.add("key", evs...)
-		heldData += int64(len(h.data[ids[0]]) + len("d:quota-device") + len("quota-user"))
-	}
-	runtime.GC()
-	var before runtime.MemStats
-	runtime.ReadMemStats(&before)
+		runtime.GC()
+		var before runtime.MemStats
+		runtime.ReadMemStats(&before)
 
-	h.start()
-	want := int64(chunks * (perChunk - 1))
-	deadline := time.Now().Add(poll.Max)
-	for h.sim.Counted() < want {
-		if time.Now().After(deadline) {
-			t.Fatalf("delivered %d of %d; lanes %+v", h.sim.Counted(), want, h.p.LaneStatus())
+		h.start()
+		want := int64(chunks * (perChunk - 1))
+		deadline := time.Now().Add(poll.Max)
+		for h.sim.Counted() < want {
+			if time.Now().After(deadline) {
+				t.Fatalf("delivered %d of %d; lanes %+v", h.sim.Counted(), want, h.p.LaneStatus())
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	// The last 200 answers may still be being handled: wait for the
-	// read-ahead to settle on the held events.
-	var st LaneStatus
-	maxHeld := heldData + chunks*itemBytes
-	for {
-		st = h.p.LaneStatus()[0]
-		if st.HeldEvents == chunks && st.ReadAheadBytes <= maxHeld {
-			break
+		// The last 200 answers may still be being handled: wait for the
+		// read-ahead to settle on the held events.
+		var st LaneStatus
+		maxHeld := heldData + chunks*itemBytes
+		for {
+			st = h.p.LaneStatus()[0]
+			if st.HeldEvents == chunks && st.ReadAheadBytes <= maxHeld {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("read-ahead %d bytes with %d events held, want at most %d (the held copies): %+v",
+					st.ReadAheadBytes, st.HeldEvents, maxHeld, st)
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("read-ahead %d bytes with %d events held, want at most %d (the held copies): %+v",
-				st.ReadAheadBytes, st.HeldEvents, maxHeld, st)
+		if st.ReadAheadBytes < heldData {
+			t.Fatalf("read-ahead %d bytes, below the %d bytes of the held events", st.ReadAheadBytes, heldData)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if st.ReadAheadBytes < heldData {
-		t.Fatalf("read-ahead %d bytes, below the %d bytes of the held events", st.ReadAheadBytes, heldData)
-	}
-	if got := h.p.budget.Used(); got != st.ReadAheadBytes {
-		t.Fatalf("pipeline read-ahead %d, lane %d", got, st.ReadAheadBytes)
-	}
+		if got := h.p.budget.Used(); got != st.ReadAheadBytes {
+			t.Fatalf("pipeline read-ahead %d, lane %d", got, st.ReadAheadBytes)
+		}
 
-	// The kept body buffers (bodyPool: up to 8 of MaxBatchBytes, whatever
-	// the chunks) are dropped as the relay does when it goes idle. Twice:
-	// released chunk buffers wait in the spool's sync.Pools, which the first
-	// collection only moves to their victim caches.
-	h.p.ReleaseMemory()
-	runtime.GC()
-	runtime.GC()
-	var after runtime.MemStats
-	runtime.ReadMemStats(&after)
-	grew := int64(after.HeapAlloc) - int64(before.HeapAlloc)
-	// Allowed: the shards' body buffers in use and the upstream client's
-	// (up to MaxBatchBytes each), queues, the sim's connections; not the
-	// chunks.
-	pinned := int64(chunks * (perChunk - 1) * pad)
-	t.Logf("heap grew %d KiB (chunks: %d KiB); read-ahead %d bytes for %d held events", grew>>10, pinned>>10, st.ReadAheadBytes, st.HeldEvents)
-	if grew > pinned/2 {
-		t.Fatalf("heap grew %d KiB while only %d events are held: chunk buffers (%d KiB) still reachable?", grew>>10, st.HeldEvents, pinned>>10)
-	}
-	if len(h.sim.Requests()) == 0 || h.sim.Counted() != want {
-		t.Fatalf("sim counted %d, want %d (the paused device must not be sent)", h.sim.Counted(), want)
-	}
+		// The kept body buffers (bodyPool: up to 8 of MaxBatchBytes, whatever
+		// the chunks) are dropped as the relay does when it goes idle. Twice:
+		// released chunk buffers wait in the spool's sync.Pools, which the first
+		// collection only moves to their victim caches.
+		h.p.ReleaseMemory()
+		runtime.GC()
+		runtime.GC()
+		var after runtime.MemStats
+		runtime.ReadMemStats(&after)
+		grew := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+		// Allowed: the shards' body buffers in use and the upstream client's
+		// (up to MaxBatchBytes each), queues, the sim's connections; not the
+		// chunks.
+		pinned := int64(chunks * (perChunk - 1) * pad)
+		t.Logf("heap grew %d KiB (chunks: %d KiB); read-ahead %d bytes for %d held events", grew>>10, pinned>>10, st.ReadAheadBytes, st.HeldEvents)
+		if grew > pinned/2 {
+			t.Fatalf("heap grew %d KiB while only %d events are held: chunk buffers (%d KiB) still reachable?", grew>>10, st.HeldEvents, pinned>>10)
+		}
+		if len(h.sim.Requests()) == 0 || h.sim.Counted() != want {
+			t.Fatalf("sim counted %d, want %d (the paused device must not be sent)", h.sim.Counted(), want)
+		}
+	})
 }
 
 // Events held for a paused device (moved into their own copies while their
 // chunks' other events are delivered) are delivered byte for byte, in
 // order, after the pause ends, and only then.
 func TestHeldEventsDeliveredIntactAfterPause(t *testing.T) {
-	const pause = time.Second
-	h := newHarness(t, sim.Config{}, Config{ShardsPerLane: 2, MaxBatchEvents: 50}, throttle.Config{})
-	for c := 0; c < 20; c++ {
-		var evs []ev
-		for i := 0; i < 3; i++ {
-			evs = append(evs, ev{Device: "paused-device", User: "user-" + string(rune('a'+c%26)), Pad: 50 + 37*c + i})
+	synctest.Test(t, func(t *testing.T) {
+		const pause = time.Second
+		h := newSyncHarness(t, sim.Config{}, Config{ShardsPerLane: 2, MaxBatchEvents: 50}, throttle.Config{})
+		for c := 0; c < 20; c++ {
+			var evs []ev
+			for i := 0; i < 3; i++ {
+				evs = append(evs, ev{Device: "paused-device", User: "user-" + string(rune('a'+c%26)), Pad: 50 + 37*c + i})
+			}
+			for _, d := range devs("other-", 20) {
+				evs = append(evs, ev{Device: d, Pad: 300})
+			}
+			h.add("key", evs...)
 		}
-		for _, d := range devs("other-", 20) {
-			evs = append(evs, ev{Device: d, Pad: 300})
-		}
-		h.add("key", evs...)
-	}
-	until := time.Now().Add(pause)
-	h.thr.Pause([]string{"d:paused-device"}, until)
-	h.start()
+		until := time.Now().Add(pause)
+		h.thr.Pause([]string{"d:paused-device"}, until)
+		h.start()
 
-	// During the pause: the others are delivered, the paused device's
-	// events are held, in their own copies only.
-	deadline := time.Now().Add(poll.Max)
-	for h.sim.Count() < 20*20 {
-		if time.Now().After(deadline) {
-			t.Fatalf("others not delivered: %d", h.sim.Count())
+		// During the pause: the others are delivered, the paused device's
+		// events are held, in their own copies only.
+		deadline := time.Now().Add(poll.Max)
+		for h.sim.Count() < 20*20 {
+			if time.Now().After(deadline) {
+				t.Fatalf("others not delivered: %d", h.sim.Count())
+			}
+			time.Sleep(5 * time.Millisecond)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	var st LaneStatus
-	for time.Now().Before(until.Add(-50 * time.Millisecond)) {
-		if st = h.p.LaneStatus()[0]; st.HeldEvents == 60 && st.ReadAheadBytes < 60*(1024+itemBytes) {
-			break
+		var st LaneStatus
+		for time.Now().Before(until.Add(-50 * time.Millisecond)) {
+			if st = h.p.LaneStatus()[0]; st.HeldEvents == 60 && st.ReadAheadBytes < 60*(1024+itemBytes) {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if time.Now().Before(until) && (st.HeldEvents != 60 || st.ReadAheadBytes >= 60*(1024+itemBytes)) {
-		t.Fatalf("during the pause: %+v, want 60 events held in their own copies", st)
-	}
+		if time.Now().Before(until) && (st.HeldEvents != 60 || st.ReadAheadBytes >= 60*(1024+itemBytes)) {
+			t.Fatalf("during the pause: %+v, want 60 events held in their own copies", st)
+		}
 
-	h.waitDrained(10*time.Second, 0)
-	h.stop()
-	h.check(nil) // order, exactly once, byte for byte
-	at := map[int64]time.Time{}
-	for _, r := range h.sim.Requests() {
-		at[r.Seq] = r.Time
-	}
-	n := 0
-	for _, e := range h.sim.AllEvents() {
-		if e.DeviceID != "paused-device" {
-			continue
+		h.waitDrained(10*time.Second, 0)
+		h.stop()
+		h.check(nil) // order, exactly once, byte for byte
+		at := map[int64]time.Time{}
+		for _, r := range h.sim.Requests() {
+			at[r.Seq] = r.Time
 		}
-		n++
-		if at[e.Request].Before(until) {
-			t.Errorf("event %s of the paused device sent at %v, before the pause ended (%v)", e.InsertID, at[e.Request], until)
+		n := 0
+		for _, e := range h.sim.AllEvents() {
+			if e.DeviceID != "paused-device" {
+				continue
+			}
+			n++
+			if at[e.Request].Before(until) {
+				t.Errorf("event %s of the paused device sent at %v, before the pause ended (%v)", e.InsertID, at[e.Request], until)
+			}
 		}
-	}
-	if n != 60 {
-		t.Fatalf("paused device: %d events delivered, want 60", n)
-	}
+		if n != 60 {
+			t.Fatalf("paused device: %d events delivered, want 60", n)
+		}
+	})
 }
 
 // The total read-ahead is shared: a lane whose events are all held (a
@@ -163,67 +168,69 @@ func TestHeldEventsDeliveredIntactAfterPause(t *testing.T) {
 // ahead, and drains completely; the totals stay bounded; everything read
 // is released when delivered.
 func TestTotalReadAheadNoStarvation(t *testing.T) {
-	const limit = 32 << 10
-	h := newHarness(t, sim.Config{}, Config{MaxReadAheadBytes: limit, MaxReadAheadTotalBytes: limit, ShardsPerLane: 2}, throttle.Config{})
-	h.thr.PauseUntilNextDay([]string{"d:quota-device"})
-	for c := 0; c < 100; c++ {
-		h.add("stuck-key", ev{Device: "quota-device", Pad: 500}, ev{Device: "quota-device", Pad: 500})
-	}
-	h.start()
-	deadline := time.Now().Add(poll.Max)
-	for h.p.budget.Used() < shareOf(limit) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the stuck lane did not fill its share of the total: %d; %+v", h.p.budget.Used(), h.p.LaneStatus())
+	synctest.Test(t, func(t *testing.T) {
+		const limit = 32 << 10
+		h := newSyncHarness(t, sim.Config{}, Config{MaxReadAheadBytes: limit, MaxReadAheadTotalBytes: limit, ShardsPerLane: 2}, throttle.Config{})
+		h.thr.PauseUntilNextDay([]string{"d:quota-device"})
+		for c := 0; c < 100; c++ {
+			h.add("stuck-key", ev{Device: "quota-device", Pad: 500}, ev{Device: "quota-device", Pad: 500})
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	// Now the other lane: 50 chunks of ~10 KB, 15 times the total.
-	for c := 0; c < 50; c++ {
-		var evs []ev
-		for _, d := range devs("dev-", 20) {
-			evs = append(evs, ev{Device: d, Pad: 400})
+		h.start()
+		deadline := time.Now().Add(poll.Max)
+		for h.p.budget.Used() < shareOf(limit) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the stuck lane did not fill its share of the total: %d; %+v", h.p.budget.Used(), h.p.LaneStatus())
+			}
+			time.Sleep(5 * time.Millisecond)
 		}
-		h.add("ok-key", evs...)
-	}
-	for h.sim.Count() < 50*20 {
-		if time.Now().After(deadline) {
-			t.Fatalf("other lane starved: %d of 1000 delivered; %+v", h.sim.Count(), h.p.LaneStatus())
+		// Now the other lane: 50 chunks of ~10 KB, 15 times the total.
+		for c := 0; c < 50; c++ {
+			var evs []ev
+			for _, d := range devs("dev-", 20) {
+				evs = append(evs, ev{Device: d, Pad: 400})
+			}
+			h.add("ok-key", evs...)
 		}
-		// The stuck lane's share and what the other lane reads while it
-		// holds nothing: the total, passed by at most one read's
-		// rounding (a buffer size class, a record's item).
-		if used := h.p.budget.Used(); used > limit+limit/4+2*(600+itemBytes) {
-			t.Fatalf("total read-ahead %d, limit %d: %+v", used, limit, h.p.LaneStatus())
+		for h.sim.Count() < 50*20 {
+			if time.Now().After(deadline) {
+				t.Fatalf("other lane starved: %d of 1000 delivered; %+v", h.sim.Count(), h.p.LaneStatus())
+			}
+			// The stuck lane's share and what the other lane reads while it
+			// holds nothing: the total, passed by at most one read's
+			// rounding (a buffer size class, a record's item).
+			if used := h.p.budget.Used(); used > limit+limit/4+2*(600+itemBytes) {
+				t.Fatalf("total read-ahead %d, limit %d: %+v", used, limit, h.p.LaneStatus())
+			}
+			time.Sleep(2 * time.Millisecond)
 		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	stuckID, okID := h.lane("stuck-key", "").ID(), h.lane("ok-key", "").ID()
-	status := func(id uint64) LaneStatus {
-		for _, st := range h.p.LaneStatus() {
-			if st.ID == id {
-				return st
+		stuckID, okID := h.lane("stuck-key", "").ID(), h.lane("ok-key", "").ID()
+		status := func(id uint64) LaneStatus {
+			for _, st := range h.p.LaneStatus() {
+				if st.ID == id {
+					return st
+				}
+			}
+			t.Fatalf("no lane %d", id)
+			return LaneStatus{}
+		}
+		for status(okID).ReadAheadBytes != 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("delivered lane still accounts read-ahead: %+v", status(okID))
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if st := status(stuckID); st.HeldEvents == 0 || st.ReadAheadBytes > limit+limit/8+2*(600+itemBytes) {
+			t.Fatalf("stuck lane: %+v (limit %d)", st, limit)
+		}
+		h.stop()
+		stuck := map[string]bool{}
+		for id, se := range h.appended {
+			if se.apiKey == "stuck-key" {
+				stuck[id] = true
 			}
 		}
-		t.Fatalf("no lane %d", id)
-		return LaneStatus{}
-	}
-	for status(okID).ReadAheadBytes != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("delivered lane still accounts read-ahead: %+v", status(okID))
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if st := status(stuckID); st.HeldEvents == 0 || st.ReadAheadBytes > limit+limit/8+2*(600+itemBytes) {
-		t.Fatalf("stuck lane: %+v (limit %d)", st, limit)
-	}
-	h.stop()
-	stuck := map[string]bool{}
-	for id, se := range h.appended {
-		if se.apiKey == "stuck-key" {
-			stuck[id] = true
-		}
-	}
-	h.check(stuck)
+		h.check(stuck)
+	})
 }
 
 // While the upstream is down (every shard retrying), the lane stops
@@ -232,47 +239,45 @@ func TestTotalReadAheadNoStarvation(t *testing.T) {
 // window opens with progress only). Once the upstream is back everything is
 // delivered.
 func TestOutageStopsReadAhead(t *testing.T) {
-	const limit = 1 << 20
-	h := newHarness(t, sim.Config{}, Config{MaxReadAheadBytes: limit, ShardsPerLane: 2, MaxBatchEvents: 50,
-		RetryInitial: 100 * time.Millisecond}, throttle.Config{})
-	for i, mode := range []sim.DownMode{sim.Down503, sim.DownRefuse} {
-		if err := h.sim.Down(mode, time.Minute); err != nil {
-			t.Fatal(err)
-		}
-		for c := 0; c < 100; c++ { // 100 chunks of ~25 KB: twice the budget
-			var evs []ev
-			for _, d := range devs("dev-", 20) {
-				evs = append(evs, ev{Device: d, Pad: 1000})
+	synctest.Test(t, func(t *testing.T) {
+		const limit = 1 << 20
+		h := newSyncHarness(t, sim.Config{}, Config{MaxReadAheadBytes: limit, ShardsPerLane: 2, MaxBatchEvents: 50,
+			RetryInitial: 100 * time.Millisecond}, throttle.Config{})
+		for i, mode := range []sim.DownMode{sim.Down503, sim.DownRefuse} {
+			h.down(mode, time.Minute)
+			for c := 0; c < 100; c++ { // 100 chunks of ~25 KB: twice the budget
+				var evs []ev
+				for _, d := range devs("dev-", 20) {
+					evs = append(evs, ev{Device: d, Pad: 1000})
+				}
+				h.add("key", evs...)
 			}
-			h.add("key", evs...)
-		}
-		if i == 0 {
-			h.start()
-		}
-		deadline := time.Now().Add(poll.Max)
-		for lr := h.p.lane(h.lane("key", "").ID()); lr == nil || lr.failing.Load() < 2; lr = h.p.lane(h.lane("key", "").ID()) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: the shards did not start retrying", mode)
+			if i == 0 {
+				h.start()
 			}
-			time.Sleep(5 * time.Millisecond)
+			deadline := time.Now().Add(poll.Max)
+			for lr := h.p.lane(h.lane("key", "").ID()); lr == nil || lr.failing.Load() < 2; lr = h.p.lane(h.lane("key", "").ID()) {
+				if time.Now().After(deadline) {
+					t.Fatalf("%s: the shards did not start retrying", mode)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			first := h.p.LaneStatus()[0].ReadAheadBytes
+			time.Sleep(300 * time.Millisecond) // three retries
+			st := h.p.LaneStatus()[0]
+			const chunk = minWindow + 8<<10 // the least window, passed by one record's rounding
+			switch {
+			case i == 0 && st.ReadAheadBytes > chunk:
+				t.Fatalf("%s from the start: read-ahead %d bytes, want about the least window (%d)", mode, st.ReadAheadBytes, chunk)
+			case st.ReadAheadBytes != first || st.ReadAheadBytes > limit+limit/8+chunk:
+				t.Fatalf("%s: read-ahead %d bytes, then %d during the outage, want no more reading (budget %d)", mode, first, st.ReadAheadBytes, limit)
+			}
+			h.up()
+			h.waitDrained(20*time.Second, 0)
 		}
-		first := h.p.LaneStatus()[0].ReadAheadBytes
-		time.Sleep(300 * time.Millisecond) // three retries
-		st := h.p.LaneStatus()[0]
-		const chunk = minWindow + 8<<10 // the least window, passed by one record's rounding
-		switch {
-		case i == 0 && st.ReadAheadBytes > chunk:
-			t.Fatalf("%s from the start: read-ahead %d bytes, want about the least window (%d)", mode, st.ReadAheadBytes, chunk)
-		case st.ReadAheadBytes != first || st.ReadAheadBytes > limit+limit/8+chunk:
-			t.Fatalf("%s: read-ahead %d bytes, then %d during the outage, want no more reading (budget %d)", mode, first, st.ReadAheadBytes, limit)
-		}
-		if err := h.sim.Up(); err != nil {
-			t.Fatal(err)
-		}
-		h.waitDrained(20*time.Second, 0)
-	}
-	h.stop()
-	h.check(nil)
+		h.stop()
+		h.check(nil)
+	})
 }
 
 // A read-ahead budget smaller than the shards' batches: the reader waits
