@@ -585,9 +585,11 @@ func TestRetryAfterClamped(t *testing.T) {
 // read-ahead; the reader then waits (the rest stays in the spool) and the
 // read-ahead stays bounded.
 func TestReadAheadBackPressure(t *testing.T) {
-	const max = 20_000
-	h := newHarness(t, sim.Config{}, Config{MaxReadAheadBytes: max, ShardsPerLane: 2}, throttle.Config{})
-	h.checkReadAheadBackPressure(max)
+	synctest.Test(t, func(t *testing.T) {
+		const max = 20_000
+		h := newSyncHarness(t, sim.Config{}, Config{MaxReadAheadBytes: max, ShardsPerLane: 2}, throttle.Config{})
+		h.checkReadAheadBackPressure(max)
+	})
 }
 
 // Everything at once: hot devices and users (429s), a silenced device,
