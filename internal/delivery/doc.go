@@ -18,7 +18,8 @@
 // Run starts, for every lane of kind storage.KindEvents the store hands it
 // through the seam (storage.Owner.Run: locally each lane, those that exist
 // and those created later; in fleet mode each lane of the partitions this
-// relay owns, see fleet.go), one reader goroutine; the reader hands each
+// relay owns, see fleet.go), one reader goroutine (Engine, engine.go, runs
+// a runner per lane the store hands over); the reader hands each
 // record to the shard (of Config.ShardsPerLane) its OrderKey hashes to, and
 // a shard runs a goroutine while it has records (it ends after shardLinger
 // with nothing queued or held; the next hand-over starts it again). An idle
@@ -35,11 +36,22 @@
 // (Pipeline.SetLive, a configuration reload): one atomic snapshot read per
 // batch and per wait, and a shard waiting on the old FlushInterval is woken
 // to wait on the new one.
-// Events are a Kind like the form kinds: the pipeline's events
-// kind gives each lane its Frame (the {"api_key","events",
-// "options"} envelope and those limits), with whose methods a shard packs
-// the events it takes from its queues, and classifies answers with
-// Classify; what a Throttled answer pauses is the shard's own.
+// Events are a Kind like the form kinds: the pipeline's events kind gives
+// each lane its Frame (the {"api_key","events","options"} envelope and
+// those limits), with whose methods a shard packs the events it takes from
+// its queues.
+//
+// # Answers
+//
+// The upstream client (internal/upstream) only reads an answer: its status
+// and body fields. What the answer means is decided in one place, decide
+// (answer.go), for every kind: delivered; resend (dead letters for the
+// records it names, the rest at once); split; wait (at least a clamped
+// Retry-After, or a form kind's ThrottleWait after a 429 without one);
+// stop the lane; and the keys to pause (a 429's devices and users) or to
+// hold until midnight (over quota). The shard acts on the verdict
+// (shard.handle): the 429 of an events lane and of a form lane run the same
+// code.
 //
 // # Form kinds
 //
@@ -47,11 +59,11 @@
 // see form.go): a pipeline of one shard per lane, whose Kind is the form
 // kind's Form (requests api_key=K&<field>=[...], its limits as
 // the batch limits, its linger as the flush interval). The send loop, the
-// answer handling, the retry wait (Retry.Wait), max age, dead
-// letters, stop/resume and acknowledgements are the events' code; a form
-// 429 names no device, so it waits as a 5xx does (at least the kind's
-// ThrottleWait without Retry-After). An expired record's dead letter keeps
-// the last retryable answer, for every kind.
+// answer rule, the retry wait, max age, dead letters, stop/resume and
+// acknowledgements are the events' code; a form 429 names no device, so it
+// waits as a 5xx does (at least the kind's ThrottleWait without
+// Retry-After). An expired record's dead letter keeps the last retryable
+// answer, for every kind.
 //
 // # Invariants
 //
@@ -148,8 +160,10 @@
 // (alert on 1) and relay_delivery_read_ahead_bytes (all lanes). No lock of
 // the pipeline is held while a metric is updated, and the scrape-time ones
 // (relay_lane_stopped is the engine's collector) read a snapshot of the
-// runners: a scrape never waits for delivery nor delivery for a scrape. The upstream client has relay_upstream_requests_total{status}
-// and relay_upstream_request_seconds; the spool its depth and oldest age.
+// runners: a scrape never waits for delivery nor delivery for a scrape. A
+// form kind's are relay_<name>_... (form.go). The upstream client has
+// relay_upstream_requests_total{status} and relay_upstream_request_seconds;
+// the spool its depth and oldest age.
 //
 // # Stop
 //
@@ -168,10 +182,9 @@
 // feed, not a spool lane), and an acker goroutine per partition
 // acknowledges a message once all its records are done. Dead letters go to
 // the store, pauses are shared with the fleet's other relays
-// (SharedPauses). See fleet.go and delivery/partition.go for the
-// ownership, stop and memory rules. The fleet's locks (fleetState.mu,
-// Runners', the partition's and the feed's) are each taken alone
-// too.
+// (SharedPauses). See fleet.go and partition.go for the ownership, stop
+// and memory rules. The fleet's locks (fleetState.mu and smu, the
+// partition's and the feed's) are each taken alone too.
 //
 // # Goroutines and locks
 //

@@ -20,12 +20,11 @@ import (
 // shard per lane, so a lane keeps its order and has one request in
 // flight. What differs is data: the kind's Frame packs requests
 // (Form: api_key=K&<field>=[record,...], with its item, body and
-// weight limits) and its Classify reads the answers (a silenced answer is a
-// 400 there); requests go to the kind's URL, after its Pacer when it has
-// one; the linger is the kind's; a 429 names no device of a form request,
-// so it waits as a 5xx does (Retry.Wait), at least FormConfig.ThrottleWait
-// when it has no Retry-After; and the metrics are the kind's
-// (relay_<name>_...).
+// weight limits); the answer rule (decide) knows a form request names no
+// key: a silenced answer is a 400 there, and a 429 waits as a 5xx does, at
+// least FormConfig.ThrottleWait when it has no Retry-After; requests go to
+// the kind's URL, after its Pacer when it has one; the linger is the
+// kind's; and the metrics are the kind's (relay_<name>_...).
 
 // formKind is what a form kind's Pipeline has that an events one does not.
 type formKind struct {

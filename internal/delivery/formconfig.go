@@ -60,7 +60,7 @@ func (t FormTiming) ValidateAs(name string, more ...time.Duration) error {
 }
 
 // FormConfig configures the delivery of a form kind (group identify, user
-// mappings): internal/batcher's NewForm, the lane runner every kind shares.
+// mappings): NewForm, the lane runner every kind shares.
 type FormConfig struct {
 	// Name prefixes metrics (relay_<Name>_...) and log messages. Required.
 	Name string

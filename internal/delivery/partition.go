@@ -18,7 +18,7 @@ import (
 // partition carries the records of many lanes, each Message those of one
 // lane. DeliverPartition reads a partition's messages in order and hands
 // each to the Feed of its lane in that partition, whose runner (made by
-// PartitionConfig.Start on first sight: the batcher's laneRunner, of every
+// PartitionConfig.Start on first sight: a laneRunner, of every
 // kind) reads it as it would a spool lane; a runner is forgotten
 // when idle or when the partition goes. A key lives in one partition, so
 // its records go, in order, to one runner: per-key order holds as with the
