@@ -237,18 +237,12 @@ func (e *Engine[R]) ResumeLane(laneID uint64) error {
 	return nil
 }
 
-// StoppedCollector returns the relay_lane_stopped{lane} collector of the
-// engine's lanes, made at scrape time from Status snapshots. Only one
-// deliverer's collector may be checked (describe its descriptor): the
-// others share the family unchecked.
-func (e *Engine[R]) StoppedCollector(checked bool) prometheus.Collector {
-	return NewStoppedCollector(e.LaneStatus, checked)
-}
-
 // NewStoppedCollector returns a relay_lane_stopped{lane} collector made at
-// scrape time from status (for a deliverer without an Engine: the fleet's
-// partitions). status must take no lock held across a call out
-// of its package, and its labels must be unique.
+// scrape time from status (a pipeline's LaneStatus: a retired lane's series
+// goes with it). status must take no lock held across a call out of its
+// package, and its labels must be unique. Only one deliverer's collector
+// may be checked (describe its descriptor): the others share the family
+// unchecked.
 func NewStoppedCollector(status func() []LaneStatus, checked bool) prometheus.Collector {
 	return &stoppedCollector{status: status, desc: NewLaneStoppedDesc(), checked: checked}
 }

@@ -67,7 +67,7 @@ func TestEngine(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	if err := reg.Register(e.StoppedCollector(true)); err != nil {
+	if err := reg.Register(NewStoppedCollector(e.LaneStatus, true)); err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()

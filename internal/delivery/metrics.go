@@ -38,13 +38,7 @@ func newMetrics(reg prometheus.Registerer, p *Pipeline) (*metrics, error) {
 			Name: "relay_delivery_events_dead_lettered_total",
 			Help: "Events moved to the dead-letter store, by reason.",
 		}, []string{"reason"}),
-		// relay_lane_stopped{lane}, made at scrape time from the lanes
-		// the engine runs: a retired lane's series goes with it.
-	}
-	if p.eng != nil {
-		m.laneStopped = p.eng.StoppedCollector(true)
-	} else {
-		m.laneStopped = NewStoppedCollector(p.LaneStatus, true)
+		laneStopped: NewStoppedCollector(p.LaneStatus, true),
 	}
 	m.paused = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "relay_delivery_paused_devices",

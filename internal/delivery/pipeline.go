@@ -27,7 +27,7 @@ type Sender interface {
 }
 
 // ErrNotRunning is returned by Ready before Run starts and after it returns.
-var ErrNotRunning = errors.New("delivery: delivery not running")
+var ErrNotRunning = errors.New("delivery: not running")
 
 // Pipeline delivers every events lane of a store upstream. See the package
 // documentation.
