@@ -28,7 +28,6 @@ import (
 
 // formKind is what a form kind's Pipeline has that an events one does not.
 type formKind struct {
-	name         string
 	url          func(apiKey string) string
 	throttleWait time.Duration
 	pacer        Pacer
@@ -64,7 +63,7 @@ func NewForm(fc FormConfig, send Sender, log *zap.Logger, reg prometheus.Registe
 		return nil, err
 	}
 	p.name, p.lanes, p.kind, p.dead = fc.Name, fc.Lanes, fc.Kind, fc.Store
-	p.form = &formKind{name: fc.Name, url: fc.URL, throttleWait: fc.ThrottleWait, pacer: fc.Pacer}
+	p.form = &formKind{url: fc.URL, throttleWait: fc.ThrottleWait, pacer: fc.Pacer}
 	// The store's lanes run on the engine; its fleet partitions (when it
 	// hands them) on runners per lane and partition, as the events'.
 	p.fl = &fleetState{st: fc.Store, stops: make(map[storage.LaneKey]string)}

@@ -243,18 +243,6 @@ func (p *Pipeline) onEngine(laneID uint64) bool {
 	return ok || p.fl == nil
 }
 
-func (p *Pipeline) lane(id uint64) *laneRunner {
-	if p.eng != nil {
-		if lr, ok := p.eng.Lane(id); ok {
-			return lr
-		}
-	}
-	if p.fl != nil {
-		return p.fl.runner(id)
-	}
-	return nil
-}
-
 // runners is a snapshot of the lanes' runners (the engine holds no lock
 // across a call out of its package): the engine's lanes and the fleet
 // partitions' runners.
