@@ -264,23 +264,26 @@ func (p *Pipeline) deliverPartition(stop, owned context.Context, r storage.Reade
 		MaxQueued: int64(p.cfg.MaxReadAheadBytes) / 8,
 		Idle:      feedIdle,
 		Log:       p.log,
-		Start: func(f *Feed) FeedRunner {
+		Start: func(f *Feed) *laneRunner {
 			lr := newRunner(p, f, p.fl.nextID.Add(1), f.Lane().Label()+"-"+name, f.Lane())
 			p.fl.add(lr)
 			// After Add: a stop arriving meanwhile finds the runner.
 			if reason, ok := p.fl.stopped(f.Lane()); ok {
 				lr.stop.Stop(reason)
 			}
-			return FeedRunner{Label: lr.label, Run: lr.Run, Pinned: lr.stop.Stopped,
-				Retired:   func() { p.fl.remove(lr) },
-				Abandoned: func() { p.fl.remove(lr); lr.abandon() }}
+			return lr
 		},
 	})
 }
 
-// abandon releases the read-ahead a runner that will not run again holds
-// (its partition went: what it held is read again by the next owner).
+// forget forgets a fleet runner whose feed retired.
+func (lr *laneRunner) forget() { lr.p.fl.remove(lr) }
+
+// abandon forgets a fleet runner that will not run again and releases the
+// read-ahead it holds (its partition went: what it held is read again by
+// the next owner).
 func (lr *laneRunner) abandon() {
+	lr.forget()
 	lr.bmu.Lock()
 	n := lr.inflight
 	lr.bmu.Unlock()
