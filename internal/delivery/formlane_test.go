@@ -1,9 +1,11 @@
 package delivery
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http/httptest"
 	"net/url"
 	"runtime"
 	"slices"
@@ -295,22 +297,40 @@ func (r *countingReader) Next(ctx context.Context) (*storage.Message, error) {
 // instead, its records are delivered, in order (the lane waited, it did
 // not end).
 func TestFormLeaseRunOut(t *testing.T) {
-	s, base, cli := formUpstream(t)
-	sp := openFormSpool(t, spool.Config{})
-	st := &readLeasedStore{loc: spool.NewBackend(sp, nil)}
-	p := newGI(t, FormConfig{}, base, st, cli, nil)
-	l := appendGI(t, sp, "k", 0, 3)
-	runPipeline(t, p, sp)
-	poll.Until(t, "the lane to read its queue", func() bool { return st.reads.Load() > 0 })
-	time.Sleep(200 * time.Millisecond) // the lane sends at once (no linger)
-	if got := s.GroupIdentifies("k"); len(got) != 0 {
-		t.Fatalf("upstream got %d group identifies while the lease had run out", len(got))
-	}
-	st.held.Store(true)
-	poll.Until(t, "the lane acknowledged", func() bool { return l.Stats().Records == 0 })
-	if got, want := giValues(s, "k"), []string{"v0", "v1", "v2"}; !slices.Equal(got, want) {
-		t.Fatalf("upstream got %v, want %v", got, want)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		s := simtest.New(sim.Config{}, nil)
+		sp := openFormSpool(t, spool.Config{})
+		st := &readLeasedStore{loc: spool.NewBackend(sp, nil)}
+		p := newGI(t, FormConfig{}, "http://sim", st, formSimSender(s), nil)
+		l := appendGI(t, sp, "k", 0, 3)
+		runPipeline(t, p, sp)
+		poll.Until(t, "the lane to read its queue", func() bool { return st.reads.Load() > 0 })
+		time.Sleep(time.Second) // the lane sends at once (no linger)
+		if got := s.GroupIdentifies("k"); len(got) != 0 {
+			t.Fatalf("upstream got %d group identifies while the lease had run out", len(got))
+		}
+		st.held.Store(true)
+		poll.Until(t, "the lane acknowledged", func() bool { return l.Stats().Records == 0 })
+		if got, want := giValues(s, "k"), []string{"v0", "v1", "v2"}; !slices.Equal(got, want) {
+			t.Fatalf("upstream got %v, want %v", got, want)
+		}
+	})
+}
+
+// formSimSender sends a form request to s's handler in process: no socket,
+// so that a test in a synctest bubble waits in fake time only.
+func formSimSender(s *simtest.Sim) Sender {
+	return senderFunc(func(ctx context.Context, r *upstream.Request) upstream.Result {
+		u, err := url.Parse(r.URL)
+		if err != nil {
+			return upstream.Classify(0, nil, "", err)
+		}
+		req := httptest.NewRequestWithContext(ctx, "POST", u.Path, bytes.NewReader(r.Body))
+		req.Header.Set("Content-Type", r.ContentType)
+		w := httptest.NewRecorder()
+		s.Handler().ServeHTTP(w, req)
+		return upstream.Classify(w.Code, w.Body.Bytes(), w.Header().Get("Retry-After"), nil)
+	})
 }
 
 // Group identify (and user mapping) lanes are bounded like event lanes:
