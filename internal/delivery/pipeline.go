@@ -418,17 +418,9 @@ func (lr *laneRunner) Run(ctx, drain context.Context) error {
 	return nil
 }
 
-// Stop stops the lane by hand (StopLane).
-func (lr *laneRunner) Stop(reason string) { lr.stopLane(reason) }
-
-// Resume resumes the lane (ResumeLane).
-func (lr *laneRunner) Resume() { lr.resume() }
-
-// Status is the lane's snapshot.
-func (lr *laneRunner) Status() LaneStatus { return lr.status() }
-
-// stopLane stops the lane (no-op when stopped) and logs it once.
-func (lr *laneRunner) stopLane(reason string) {
+// Stop stops the lane (an operator, an upstream refusing its api_key; a
+// no-op when stopped) and logs it once.
+func (lr *laneRunner) Stop(reason string) {
 	if !lr.stop.Stop(reason) {
 		return
 	}
@@ -436,7 +428,8 @@ func (lr *laneRunner) stopLane(reason string) {
 		zap.String("lane", lr.label), zap.String("reason", reason))
 }
 
-func (lr *laneRunner) resume() {
+// Resume resumes the lane (ResumeLane).
+func (lr *laneRunner) Resume() {
 	if !lr.stop.Resume() {
 		return
 	}
@@ -444,7 +437,8 @@ func (lr *laneRunner) resume() {
 	lr.p.log.Info("lane resumed", zap.String("lane", lr.label))
 }
 
-func (lr *laneRunner) status() LaneStatus {
+// Status is the lane's snapshot.
+func (lr *laneRunner) Status() LaneStatus {
 	st := LaneStatus{ID: lr.id, Label: lr.label}
 	st.Stopped, st.StopReason = lr.stop.State()
 	st.PausedKeys = lr.heldKeys.Load()

@@ -548,7 +548,7 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 		return s.split(ctx, drainCtx, res, v.reason)
 	case stop:
 		s.requeue(s.batch)
-		s.lr.stopLane(v.reason)
+		s.lr.Stop(v.reason)
 		return true
 	default: // wait
 		return s.retryLater(ctx, res, v.wait)
