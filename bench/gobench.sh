@@ -12,7 +12,7 @@ COUNT="${1:-5}"
 BT="${2:-1s}"
 shift $(($# > 2 ? 2 : $#))
 PKGS=("$@")
-[ ${#PKGS[@]} -eq 0 ] && PKGS=(./internal/event/ ./internal/spool/ ./internal/batcher/ ./internal/ingest/)
+[ ${#PKGS[@]} -eq 0 ] && PKGS=(./internal/event/ ./internal/spool/ ./internal/delivery/ ./internal/ingest/)
 cd "$(dirname "$0")/.."
 RAW="$(mktemp)"
 trap 'rm -f "$RAW"' EXIT

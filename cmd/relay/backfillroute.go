@@ -20,7 +20,7 @@ import (
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/backfill"
-	"github.com/svcrelay/relay/internal/batcher"
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
 	"go.uber.org/zap"
@@ -35,7 +35,7 @@ const maxBackfillBody = 4 << 30
 // sent per api_key, so that the backfill takes only what its --max-eps
 // leaves (backfill.Config.Live).
 type liveMeter struct {
-	next    batcher.Sender
+	next    delivery.Sender
 	active  atomic.Int32 // backfills running
 	reqs    sync.Pool    // *event.Request
 	mu      sync.Mutex

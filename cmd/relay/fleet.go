@@ -16,7 +16,7 @@ import (
 
 // fleetStore is fleet mode's store (--spool nats://...): the
 // connection to the NATS JetStream cluster and the fleet on it. Every lane
-// kind goes through it: events (ingest appends, the batcher delivers the
+// kind goes through it: events (ingest appends, delivery sends the
 // events partitions this relay owns, dead letters and pauses are the
 // fleet's), group identifies and user mappings (their intake appends, their
 // lane runners deliver their kinds' partitions, dead letters are the fleet's).

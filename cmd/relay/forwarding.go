@@ -47,7 +47,7 @@ func forwardingRoutes(bases upstreamBases, creds *credentials.Ref, taxLim *ratel
 }
 
 // upstreamBases are the upstream bases of the flags but --ingest-url (the
-// batcher's, group identification's and the backfills'), one baseurl.Ref
+// events lanes', group identification's and the backfills'), one baseurl.Ref
 // each, shared by all their readers: a reload stores the new ones
 // (isLive says when).
 type upstreamBases struct{ alias, analytics, experiment, scim, feedback *baseurl.Ref }

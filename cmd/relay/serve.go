@@ -21,7 +21,6 @@ import (
 	"github.com/svcrelay/relay/internal/adminapi"
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
-	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/config"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
@@ -103,7 +102,7 @@ func (g *goroutines) run(name string, f func() error) {
 // drain, delivery's drain, and a few seconds to close the spool.
 func stopBudget(drain time.Duration) time.Duration { return 2*drain + 5*time.Second }
 
-// component is a long-running part of delivery: internal/batcher's Pipeline,
+// component is a long-running part of delivery: internal/delivery's Pipeline,
 // and the group identify and user mapping deliverers, have this shape.
 type component interface {
 	// Run delivers until ctx ends, then drains within its own time-out and
@@ -155,12 +154,12 @@ func (s *server) buildDelivery() (*deliveries, error) {
 	bcfg := cfg.Batcher()
 	bcfg.Check = s.tp.Check // the tracking plan, checked as events are packed
 	bcfg.OnDead = s.taps.PublishDead
-	var p *batcher.Pipeline
+	var p *delivery.Pipeline
 	live := &liveMeter{next: tappedSender{client, s.taps}, windows: map[string]*rateWindow{}}
 	if fs != nil { // the events partitions this relay owns
-		p, err = batcher.NewFleet(bcfg, fs.b.Only(storage.KindEvents), fs.f, fs.f, live, thr, log.Named("delivery"), reg)
+		p, err = delivery.NewFleet(bcfg, fs.b.Only(storage.KindEvents), fs.f, fs.f, live, thr, log.Named("delivery"), reg)
 	} else {
-		p, err = batcher.New(bcfg, s.local.Only(storage.KindEvents), live, thr, log.Named("delivery"), reg)
+		p, err = delivery.New(bcfg, s.local.Only(storage.KindEvents), live, thr, log.Named("delivery"), reg)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("delivery: %w", err)

@@ -54,7 +54,7 @@
 // Replay and purge calls are serialised, so two calls never replay one dead
 // letter twice; a filter call stops at the newest dead letter matching when
 // it started, so records that die again are not replayed in a loop by it.
-// Pause and resume go to the delivery.LaneControl of the lane's kind (the batcher for
+// Pause and resume go to the delivery.LaneControl of the lane's kind (the events pipeline for
 // events); kinds without one answer 409.
 //
 // Goroutines: Serve runs the http.Server on the caller's goroutine (a TLS

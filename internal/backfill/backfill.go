@@ -14,7 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/svcrelay/relay/internal/batcher"
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
@@ -39,7 +39,7 @@ const (
 	// waits above it, so a file of any size needs bounded disk.
 	maxBacklog = 64 << 20
 	// chunkEvents and chunkBytes bound one append (and one state write).
-	chunkEvents = batcher.DefaultMaxBatchEvents
+	chunkEvents = delivery.DefaultMaxBatchEvents
 	chunkBytes  = 1 << 20
 )
 
@@ -187,12 +187,12 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 	if err != nil {
 		return Counts{}, err
 	}
-	perRequest := min(batcher.DefaultMaxBatchEvents, max(1, cfg.MaxEPS/10))
+	perRequest := min(delivery.DefaultMaxBatchEvents, max(1, cfg.MaxEPS/10))
 	snd := &sender{next: client, lim: newLimiter(float64(cfg.MaxEPS), float64(perRequest), cfg.Live)}
 	if cfg.Batch {
 		snd.url = cfg.IngestURL + "/batch"
 	}
-	p, err := batcher.New(batcher.Config{
+	p, err := delivery.New(delivery.Config{
 		IngestURL: cfg.IngestURL, MaxBatchEvents: perRequest,
 		MaxReadAheadBytes: maxBacklog, MaxReadAheadTotalBytes: maxBacklog,
 	}, spool.NewBackend(sp, nil).Only(storage.KindEvents), snd, thr, log.Named("delivery"), nil)
@@ -250,7 +250,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 // wait returns once everything read is delivered or dead (nil), or when ctx
 // ends, reading fails or the lane stops; readDone says the reader's result
 // was received.
-func wait(ctx context.Context, cfg Config, lane *spool.Lane, p *batcher.Pipeline, readErr <-chan error, counts func() Counts) (err error, readDone bool) {
+func wait(ctx context.Context, cfg Config, lane *spool.Lane, p *delivery.Pipeline, readErr <-chan error, counts func() Counts) (err error, readDone bool) {
 	tick := time.NewTicker(min(cfg.ProgressEvery, 200*time.Millisecond))
 	defer tick.Stop()
 	last := time.Now()
@@ -474,7 +474,7 @@ func envelope(dst []byte, key string, evs ...[]byte) []byte {
 	return append(dst, "]}"...)
 }
 
-// sender is the batcher's Sender for a backfill: it holds each request
+// sender is the lane runner's Sender for a backfill: it holds each request
 // until the project's pacing allows its events, sends /batch requests when
 // asked, and counts what it sent and what came back.
 type sender struct {
@@ -512,7 +512,7 @@ func (s *sender) Do(ctx context.Context, req *upstream.Request) upstream.Result 
 }
 
 // RequestEvents returns the api_key and the number of events of a request
-// body the batcher built; pool keeps the *event.Request that parses it.
+// body the lane runner built; pool keeps the *event.Request that parses it.
 func RequestEvents(pool *sync.Pool, body []byte) (apiKey string, n int) {
 	r, _ := pool.Get().(*event.Request)
 	if r == nil {

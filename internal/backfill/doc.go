@@ -34,7 +34,7 @@
 //
 // # Pacing
 //
-// Delivery is internal/batcher's, with its shards, per-device order, 429
+// Delivery is internal/delivery's, with its shards, per-device order, 429
 // pauses, daily-quota and silenced handling, retries and dead letters, over
 // a Throttle with PaceAll: every device and user is paced from its first
 // event at 0.8 x DeviceEPS with a cap of DeviceEPS events per request, so in
@@ -42,7 +42,7 @@
 // events (under the strict reading of a 10 s window that leaves 1.25 s for
 // the time between building a request and its arrival). A resumed run waits
 // 1.25 s before its first request, so that a key's bucket of the killed run
-// is full again. The project's rate is held by the Sender the batcher is
+// is full again. The project's rate is held by the Sender the lane runner is
 // given: each request waits for its events' tokens of a bucket refilled at
 // MaxEPS per second holding one request's worth (requests of at most
 // MaxEPS/10 events, at most 1000), so in any window of W seconds at most

@@ -4,7 +4,6 @@ import (
 	"net/netip"
 
 	"github.com/svcrelay/relay/internal/baseurl"
-	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/fleet"
@@ -20,16 +19,16 @@ import (
 
 // Batcher is the events pipeline's Config; Check and OnDead are the
 // caller's.
-func (c Config) Batcher() batcher.Config {
+func (c Config) Batcher() delivery.Config {
 	l := c.BatcherLive()
-	return batcher.Config{IngestURL: l.IngestURL, MaxBatchEvents: l.MaxBatchEvents, MaxBatchBytes: l.MaxBatchBytes,
+	return delivery.Config{IngestURL: l.IngestURL, MaxBatchEvents: l.MaxBatchEvents, MaxBatchBytes: l.MaxBatchBytes,
 		FlushInterval: l.FlushInterval, ThrottlePause: l.ThrottlePause, MaxEventAge: l.MaxEventAge, Gzip: l.Gzip,
 		DrainTimeout: c.DrainTimeout}
 }
 
 // BatcherLive is the part of Batcher a reload puts in force.
-func (c Config) BatcherLive() batcher.Live {
-	return batcher.Live{IngestURL: c.IngestURL, MaxBatchEvents: c.MaxBatchEvents, MaxBatchBytes: int(c.MaxBatchBytes),
+func (c Config) BatcherLive() delivery.Live {
+	return delivery.Live{IngestURL: c.IngestURL, MaxBatchEvents: c.MaxBatchEvents, MaxBatchBytes: int(c.MaxBatchBytes),
 		FlushInterval: c.FlushInterval, ThrottlePause: c.ThrottlePause, MaxEventAge: c.MaxEventAge, Gzip: c.UpstreamGzip}
 }
 

@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/admintoken"
-	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/ingest"
 	"github.com/svcrelay/relay/internal/plan"
 	"github.com/svcrelay/relay/internal/spool"
@@ -40,7 +40,7 @@ type Config struct {
 	IngestURL, AliasURL, AnalyticsURL, ExperimentURL, ScimURL, FeedbackURL string
 
 	ThrottlePause  time.Duration // --throttle-pause
-	MaxBatchEvents int           // --max-batch-events, 1..batcher.MaxMaxBatchEvents
+	MaxBatchEvents int           // --max-batch-events, 1..delivery.MaxMaxBatchEvents
 	MaxBatchBytes  int64         // --max-batch-bytes, > 0
 	FlushInterval  time.Duration // --flush-interval, > 0
 	UpstreamGzip   bool          // --upstream-gzip
@@ -207,10 +207,10 @@ func options(c *Config) []option {
 		{name: "experiment-url", usage: "upstream base of the experiment APIs", v: &c.ExperimentURL},
 		{name: "scim-url", usage: "upstream base of the SCIM API", v: &c.ScimURL},
 		{name: "feedback-url", usage: "upstream base of the feedback API", v: &c.FeedbackURL},
-		{name: "throttle-pause", def: batcher.DefaultThrottlePause.String(), usage: "how long a device or user named in a 429 gets nothing sent", v: &c.ThrottlePause},
-		{name: "max-batch-events", def: strconv.Itoa(batcher.DefaultMaxBatchEvents), usage: "events per upstream request, at most (1.." + strconv.Itoa(batcher.MaxMaxBatchEvents) + ")", v: &c.MaxBatchEvents},
-		{name: "max-batch-bytes", def: strconv.Itoa(batcher.DefaultMaxBatchBytes), usage: "upstream request body size, strictly less than this", v: &c.MaxBatchBytes},
-		{name: "flush-interval", def: batcher.DefaultFlushInterval.String(), usage: "longest an accepted event waits for its batch to fill", v: &c.FlushInterval},
+		{name: "throttle-pause", def: delivery.DefaultThrottlePause.String(), usage: "how long a device or user named in a 429 gets nothing sent", v: &c.ThrottlePause},
+		{name: "max-batch-events", def: strconv.Itoa(delivery.DefaultMaxBatchEvents), usage: "events per upstream request, at most (1.." + strconv.Itoa(delivery.MaxMaxBatchEvents) + ")", v: &c.MaxBatchEvents},
+		{name: "max-batch-bytes", def: strconv.Itoa(delivery.DefaultMaxBatchBytes), usage: "upstream request body size, strictly less than this", v: &c.MaxBatchBytes},
+		{name: "flush-interval", def: delivery.DefaultFlushInterval.String(), usage: "longest an accepted event waits for its batch to fill", v: &c.FlushInterval},
 		{name: "spool-max-bytes", def: "8GiB", usage: "spool quota; above it ingest answers 503 with Retry-After (0: no quota)", v: &c.SpoolMaxBytes},
 		{name: "spool-min-free-bytes", def: fmt.Sprintf("%dMiB", spool.DefaultMinFreeBytes>>20), usage: "free disk space kept in reserve on the data dir's filesystem; below it ingest answers 503 (0: no reserve)", v: &c.SpoolMinFreeBytes},
 		{name: "sync", def: "always", usage: "always: answer 200 after fsync; none: after the write reaches the OS", v: &c.Sync},
@@ -634,8 +634,8 @@ func (c Config) Validate() error {
 		}
 	}
 	if err := firstBad([]bound{
-		{"max-batch-events", c.MaxBatchEvents > batcher.MaxMaxBatchEvents, fmt.Sprintf("%d is above %d: the upstream takes fewer than 2000 events per request", c.MaxBatchEvents, batcher.MaxMaxBatchEvents)},
-		{"max-batch-events", c.MaxBatchEvents < 1, fmt.Sprintf("%d: want 1 to %d", c.MaxBatchEvents, batcher.MaxMaxBatchEvents)},
+		{"max-batch-events", c.MaxBatchEvents > delivery.MaxMaxBatchEvents, fmt.Sprintf("%d is above %d: the upstream takes fewer than 2000 events per request", c.MaxBatchEvents, delivery.MaxMaxBatchEvents)},
+		{"max-batch-events", c.MaxBatchEvents < 1, fmt.Sprintf("%d: want 1 to %d", c.MaxBatchEvents, delivery.MaxMaxBatchEvents)},
 		{"max-batch-bytes", c.MaxBatchBytes < 1, fmt.Sprintf("%d: want a positive size", c.MaxBatchBytes)},
 		{"max-request-bytes", c.MaxRequestBytes < 1, fmt.Sprintf("%d: want a positive size", c.MaxRequestBytes)},
 		{"spool-max-bytes", c.SpoolMaxBytes < 0, "must not be negative"},

@@ -3,14 +3,12 @@ package delivery
 import (
 	"context"
 	"errors"
-	"reflect"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
-	"github.com/svcrelay/relay/internal/upstream"
 )
 
 // failingDead fails the first fail calls of PutDead (a disk in trouble),
@@ -120,45 +118,5 @@ func TestExpired(t *testing.T) {
 	}
 	if !Expired(acc.Add(age), acc, age) {
 		t.Fatal("not expired at max age")
-	}
-}
-
-func TestClassify(t *testing.T) {
-	tests := []struct {
-		res  upstream.Result
-		want Verdict
-		form Verdict // Form.Classify, when it differs
-	}{
-		{res: upstream.Result{Kind: upstream.OK}, want: Verdict{Outcome: Delivered}},
-		{res: upstream.Result{Kind: upstream.Throttled}, want: Verdict{Outcome: Throttled}},
-		{res: upstream.Result{Kind: upstream.Silenced}, want: Verdict{Outcome: Throttled},
-			form: Verdict{Outcome: Split, Reason: ReasonBadRequest}},
-		{res: upstream.Result{Kind: upstream.Invalid, InvalidEvents: map[int]string{0: "invalid_fields", 2: "missing_fields", 3: "x", -1: "y"}},
-			want: Verdict{Outcome: DeadSome, Dead: map[int]string{0: "invalid_fields", 2: "missing_fields"}}},
-		{res: upstream.Result{Kind: upstream.Invalid, InvalidEvents: map[int]string{7: "x"}}, want: Verdict{Outcome: Split, Reason: ReasonBadRequest}},
-		{res: upstream.Result{Kind: upstream.BadRequest}, want: Verdict{Outcome: Split, Reason: ReasonBadRequest}},
-		{res: upstream.Result{Kind: upstream.TooLarge}, want: Verdict{Outcome: Split, Reason: ReasonTooLarge}},
-		{res: upstream.Result{Kind: upstream.InvalidAPIKey}, want: Verdict{Outcome: Stop, Reason: "invalid API key"}},
-		{res: upstream.Result{Kind: upstream.Fatal, Answer: []byte("HTTP 404: no such path")},
-			want: Verdict{Outcome: Stop, Reason: "upstream answered HTTP 404: no such path"}},
-		{res: upstream.Result{Kind: upstream.Retryable}, want: Verdict{Outcome: Wait}},
-	}
-	f := &Form{Field: "f", MaxItems: 1, MaxBodyBytes: 1}
-	for _, tc := range tests {
-		if got := Classify(&tc.res, 3); !reflect.DeepEqual(got, tc.want) {
-			t.Errorf("%v: %+v, want %+v", tc.res.Kind, got, tc.want)
-		}
-		want := tc.want
-		if tc.form.Outcome != Delivered {
-			want = tc.form
-		}
-		if got := f.Classify(&tc.res, 3); !reflect.DeepEqual(got, want) {
-			t.Errorf("Form %v: %+v, want %+v", tc.res.Kind, got, want)
-		}
-	}
-	// The events hot path classifies every 200: it must not allocate.
-	ok := upstream.Result{Kind: upstream.OK}
-	if n := testing.AllocsPerRun(100, func() { Classify(&ok, 1000) }); n != 0 {
-		t.Fatalf("Classify of a 200 allocates %v times", n)
 	}
 }

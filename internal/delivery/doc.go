@@ -1,38 +1,199 @@
-// Package delivery is what every lane kind shares to deliver spooled
-// records upstream: the lane status an operator sees (LaneStatus), the lane
-// control it uses (LaneControl, ErrUnknownLane), the retry policy (Retry),
-// the answer rule (Classify: what an answer means for a request's records,
-// as a Verdict: delivered, some dead, split, throttled, wait, stop), the
-// max-age rule (Expired), the dead-letter flush (FlushDead), the Kind every
-// lane runner packs and classifies with (a lane's Frame: its envelope, a
-// record's encoding and a request's limits, packed one record at a time),
-// the supervisor of every kind (Engine: a Runner per lane of a kind the
-// store's Run hands over, through the seam, forgotten when the store
-// retires the lane; lane status, stop/resume and relay_lane_stopped; a
-// fleet partition goes to DeliverPartition), the configuration of the
-// form-encoded kinds (FormConfig: group identify and user mappings, whose
-// Kind is a Form), and in fleet mode the partition demultiplexer every
-// kind's runners read (DeliverPartition: a Feed per lane of a partition,
-// one acker per partition; Runners, the runners by id). The lane runner
-// itself, the one send loop of every kind, is internal/batcher's: a Runner
-// with N shards per lane for events (Kind: the /2/httpapi JSON envelope),
-// one for a form kind (batcher.NewForm), each packing a request with the
-// lane's Frame as it takes records from its own queues (pauses, pacing and
-// the read-ahead budget live there).
+// Package delivery delivers spooled records upstream, for every lane kind:
+// the events' /2/httpapi lanes and the form kinds' (group identify, user
+// mappings). It reads each lane through the storage seam, batches its
+// records, sends them through a Sender (the upstream client, which only
+// reads answers) and decides what every answer means (decide, the one
+// answer rule), by the contract's Delivery section. One lane runner
+// (reader, shards, one send loop) serves every kind: New and NewFleet make
+// the events' Pipeline (ShardsPerLane shards per lane), NewForm a form
+// kind's (one shard per lane). Besides the runner it holds what an
+// operator sees of delivery (LaneStatus, LaneControl, ErrUnknownLane), the
+// retry policy (Retry), the max-age rule (Expired), the dead-letter flush
+// (FlushDead), a kind's packing (Frame; Form for the form kinds) and, in
+// fleet mode, the partition demultiplexer every kind's runners read
+// (DeliverPartition).
 //
-// Invariants every deliverer keeps:
-//   - Order per key: records of one lane and one order key reach the
-//     upstream in the order they were accepted (form lanes keep the lane's
-//     order; the events pipeline hashes an order key to one shard).
-//   - One request in flight per shard (a form lane is one shard), so a
-//     retry never overtakes a later record.
-//   - A chunk is acknowledged to the spool only after every record of it
-//     was answered 200 by the upstream or is committed as a dead letter
-//     (PutDead returns after the commit, before the ack).
-//   - Nothing is retried in a loop against an upstream that refuses the
-//     api_key or the URL: the lane stops (relay_lane_stopped{lane} is 1)
-//     until ResumeLane or a restart; its records stay in the spool.
-//   - Retryable answers wait per Retry: exponential, jittered, capped,
-//     Retry-After honoured but clamped; a record older than its kind's max
-//     age becomes an "expired" dead letter instead.
+// # Shape
+//
+// Run starts, for every lane of kind storage.KindEvents the store hands it
+// through the seam (storage.Owner.Run: locally each lane, those that exist
+// and those created later; in fleet mode each lane of the partitions this
+// relay owns, see fleet.go), one reader goroutine (Engine, engine.go, runs
+// a runner per lane the store hands over); the reader hands each
+// record to the shard (of Config.ShardsPerLane) its OrderKey hashes to, and
+// a shard runs a goroutine while it has records (it ends after shardLinger
+// with nothing queued or held; the next hand-over starts it again). An idle
+// lane holds no goroutine: once every record it read is done and it has had
+// nothing to read for a second (storage.Lane.Wait's onIdle), the reader
+// ends (storage.ErrIdle), the lane drops its shards, and the local spool's
+// Run hands the lane over again at its next record, from the same cursor. The runner ends
+// for good when the spool retires the lane (empty and idle: storage.ErrRetired),
+// and the pipeline forgets it. The reader calls storage.Lane.NextPart. A shard batches
+// its records (at most MaxBatchEvents, a body strictly under MaxBatchBytes
+// measured on the exact bytes sent, flushed when full or when its oldest
+// event has waited FlushInterval) and has at most ONE request in flight.
+// Those three limits, Gzip, MaxEventAge and ThrottlePause can change while running
+// (Pipeline.SetLive, a configuration reload): one atomic snapshot read per
+// batch and per wait, and a shard waiting on the old FlushInterval is woken
+// to wait on the new one.
+// Events are a Kind like the form kinds: the pipeline's events kind gives
+// each lane its Frame (the {"api_key","events","options"} envelope and
+// those limits), with whose methods a shard packs the events it takes from
+// its queues.
+//
+// # Answers
+//
+// The upstream client (internal/upstream) only reads an answer: its status
+// and body fields. What the answer means is decided in one place, decide
+// (answer.go), for every kind: delivered; resend (dead letters for the
+// records it names, the rest at once); split; wait (at least a clamped
+// Retry-After, or a form kind's ThrottleWait after a 429 without one);
+// stop the lane; and the keys to pause (a 429's devices and users) or to
+// hold until midnight (over quota). The shard acts on the verdict
+// (shard.handle): the 429 of an events lane and of a form lane run the same
+// code.
+//
+// # Form kinds
+//
+// Group identify and user mappings run on the same lane runner (NewForm,
+// see form.go): a pipeline of one shard per lane, whose Kind is the form
+// kind's Form (requests api_key=K&<field>=[...], its limits as
+// the batch limits, its linger as the flush interval). The send loop, the
+// answer rule, the retry wait, max age, dead letters, stop/resume and
+// acknowledgements are the events' code; a form 429 names no device, so it
+// waits as a 5xx does (at least the kind's ThrottleWait without
+// Retry-After). An expired record's dead letter keeps the last retryable
+// answer, for every kind.
+//
+// # Invariants
+//
+//   - Order: all events of one OrderKey (device, else user) go through one
+//     shard, which sends one request at a time and puts every event it must
+//     resend back in front of later ones; events of a paused key are held in
+//     a per-key queue that later events of the key join, and that goes back
+//     to the front when the pause ends. An event put back while its key is
+//     held (a later event of the key was held by the same build, e.g. for
+//     its user) goes to the front of that held queue. So one key's events
+//     reach the upstream in spool order (a resend repeats events the
+//     upstream did not ingest: a non-200 answer ingests nothing).
+//   - Pauses: a key named in a 429 (throttled_devices as "d:"+id,
+//     throttled_users as "u:"+id; event indexes only when no id is named)
+//     is paused in the Throttle for ThrottlePause (Throttle.Refused, with
+//     its share of the refused request), then paced; devices in
+//     exceeded_daily_quota_devices until the next UTC midnight. An event is
+//     held while its OrderKey or its user is paused, or while either is
+//     paced and has no token (until its bucket holds a request's worth:
+//     see internal/throttle). Pauses are checked when a batch is built and,
+//     when the Throttle's generation moved meanwhile (another shard's or
+//     lane's 429), again just before it is sent. Throttling never adds
+//     requests: the held events simply wait.
+//   - Acknowledgement: a chunk is acked (Spool.Ack) only when every one of
+//     its records was answered 200 or is committed to the dead-letter store
+//     (PutDead returns after the commit, and is called before the records
+//     count as done). Records of one chunk may be spread over shards; a
+//     per-chunk counter finds the last one. Chunks are acked in any order.
+//   - Loss: nothing is ever dropped silently. Dropped events are dead
+//     letters with a reason ("silenced", "invalid_fields",
+//     "missing_fields", "bad_request", "too_large", "expired") and the
+//     upstream's answer, or "plan" and the tracking plan's violations: a
+//     lane's Frame.Check (Config.Check, internal/plan) is asked about each
+//     record that fits the batch being built, every time it is built.
+//   - Retries: 5xx, time-outs and connection failures are retried with
+//     exponential, jittered, capped backoff (cenkalti/backoff), Retry-After
+//     honoured up to RetryMax, without a count limit; an event older than
+//     MaxEventAge (since its chunk was accepted) becomes an "expired" dead
+//     letter instead of being sent again.
+//   - Invalid API key (and other fatal answers: wrong URL) stop the lane:
+//     nothing is retried or dropped, relay_lane_stopped{lane} is 1, one
+//     error is logged; ResumeLane or a restart resumes it.
+//
+// # Memory and back-pressure
+//
+// The read-ahead is bounded in bytes of memory held, per lane
+// (MaxReadAheadBytes) and for all lanes together (MaxReadAheadTotalBytes).
+// What counts is what stays reachable: all records of a chunk Lane.Next
+// returns alias one buffer (the spool's own for a chunk still in its
+// write-ahead log, shared with it; a copy for one read from bbolt), so a
+// chunk counts its buffer (the larger of Chunk.Size and the buffer's
+// capacity) plus an item per record from when it is read until its last
+// record is done (delivered or dead-lettered) or detached; the buffer is
+// then released (Buffer.Release).
+// A record moved to a held queue (its key paused by a 429, a daily quota,
+// pacing) is detached: copied into its own small allocation, counted by
+// itself, so that one held event does not keep a whole chunk alive for
+// hours. A detached record counts twice (its copy and its chunk) until its
+// chunk's other records are done or detached too, so at worst a budget is
+// met by half the data.
+//
+// Every byte read counts before it is read: the reader waits for records
+// (Lane.Wait), reserves its grant in the total (budget.reserve), then reads
+// at most that (Lane.NextPart, which returns a chunk larger than the grant
+// in parts: a chunk can be a whole 20 MB request), so the bounds are passed
+// by at most one read's rounding (a buffer size class, the items, a record
+// larger than the grant). A lane reads while its read-ahead is under
+// min(MaxReadAheadBytes, its window) and the total under three quarters of
+// MaxReadAheadTotalBytes; a lane holding nothing may read up to the whole
+// total. So lanes whose budget is entirely held (devices over their daily
+// quota, a stopped lane, an upstream that is down) slow the others, and the
+// last quarter keeps them from stopping the others. The spool keeps the
+// rest; the ingest side is only limited by the spool's quota. The per-lane
+// budget is what one lane needs to drain at full speed
+// (BenchmarkDeliverReadAhead); the total bounds many lanes with backlogs.
+//
+// Within its budget a lane reads only as far as its window: minWindow (32
+// KiB) at the start, one Next step at the first progress (a 200, dead
+// letters, events parked for a paused key), doubling with each further one
+// up to the budget. When every shard of the lane is retrying (the upstream
+// is down), or the lane is stopped, the window closes to minWindow, so an
+// outage holds what was read before it, not the budget, and a lane that
+// never delivered holds 32 KiB.
+// Shards that wait (idle, backing off, lane stopped) give their request
+// body buffer back to a pool shared by all lanes and drop the capacity of
+// their empty queues.
+//
+// # Metrics
+//
+// relay_delivery_events_delivered_total, relay_delivery_events_retried_total,
+// relay_delivery_events_dead_lettered_total{reason},
+// relay_delivery_paused_devices (keys held now),
+// relay_delivery_held_events{lane} (events they hold), relay_lane_stopped{lane}
+// (alert on 1) and relay_delivery_read_ahead_bytes (all lanes). No lock of
+// the pipeline is held while a metric is updated, and the scrape-time ones
+// (relay_lane_stopped is the engine's collector) read a snapshot of the
+// runners: a scrape never waits for delivery nor delivery for a scrape. A
+// form kind's are relay_<name>_... (form.go). The upstream client has
+// relay_upstream_requests_total{status} and relay_upstream_request_seconds;
+// the spool its depth and oldest age.
+//
+// # Stop
+//
+// When Run's context ends, shards start no new request; a request in flight
+// gets DrainTimeout to finish (its answer is still handled) and is then
+// abandoned. Records not acknowledged stay in the spool and are read again
+// at the next start; the upstream dedups resends by insert_id.
+//
+// # Fleet mode
+//
+// NewFleet delivers the partitions a storage.Owner hands this
+// relay (the fleet's NATS JetStream streams) instead of spool lanes, through
+// DeliverPartition (shared with the form kinds): a reader goroutine
+// per owned partition demultiplexes its messages by lane into feeds
+// (Feed), each read by a laneRunner as above (its source is the
+// feed, not a spool lane), and an acker goroutine per partition
+// acknowledges a message once all its records are done. Dead letters go to
+// the store, pauses are shared with the fleet's other relays
+// (SharedPauses). See fleet.go and partition.go for the ownership, stop
+// and memory rules. The fleet's locks (fleetState.mu and smu, the
+// partition's and the feed's) are each taken alone too.
+//
+// # Goroutines and locks
+//
+// Each shard's queues are owned by its goroutine (between two of its
+// goroutines, by the reader's Run, which starts them); the reader hands
+// records over under shard.mu, which also guards shard.running. A chunk's counters (ackRef.left, chunkRef.refs) are atomic:
+// its records may be done by several shards. The lanes map and the Run loop
+// that starts a laneRunner per events lane handed over are Engine's
+// (it forgets a runner whose lane the spool retired). Locks never nest: the engine's,
+// laneRunner.bmu, the lock of laneRunner.stop (StopSwitch),
+// budget.mu and shard.mu are each taken alone.
 package delivery

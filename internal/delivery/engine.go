@@ -1,11 +1,9 @@
 package delivery
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -28,9 +26,6 @@ type Runner interface {
 	// until drain ends. Run is called again on the same runner by a later
 	// Engine.Run.
 	Run(ctx, drain context.Context) error
-	// Status is a snapshot of the lane; it must take no lock held across
-	// a call out of the runner's package (a scrape calls it).
-	Status() LaneStatus
 	// Stop stops the lane (an operator's pause) and Resume resumes it.
 	Stop(reason string)
 	Resume()
@@ -57,11 +52,12 @@ type EngineConfig[R Runner] struct {
 // lanes (storage.LaneQueue: the local spool) hands it every lane of its
 // kind, those created later, and an idle lane again when it has work
 // (storage.ErrIdle); a queue that is not one lane (a fleet partition) goes
-// to EngineConfig.Partition. For lanes, the engine keeps a runner per lane, across Runs,
-// forgets a runner whose lane the store retired, and answers the lane
-// control (LaneStatus, StopLane, ResumeLane) and relay_lane_stopped. Its
-// lock is never held across a call out of the package: runners and
-// metrics are called on snapshots (a scrape never waits for delivery).
+// to EngineConfig.Partition. For lanes, the engine keeps a runner per
+// lane, across Runs, forgets a runner whose lane the store retired, and
+// answers the lane control of the runners it knows (StopLane, ResumeLane;
+// the pipeline's LaneStatus reads its Runners). Its lock is never held
+// across a call out of the package: runners are called on snapshots (a
+// scrape never waits for delivery).
 type Engine[R Runner] struct {
 	cfg EngineConfig[R]
 	st  storage.Owner
@@ -197,17 +193,6 @@ func (e *Engine[R]) Runners() []R {
 	return rs
 }
 
-// LaneStatus returns a snapshot of every lane, by lane id.
-func (e *Engine[R]) LaneStatus() []LaneStatus {
-	rs := e.Runners()
-	out := make([]LaneStatus, 0, len(rs))
-	for _, r := range rs {
-		out = append(out, r.Status())
-	}
-	slices.SortFunc(out, func(a, b LaneStatus) int { return cmp.Compare(a.ID, b.ID) })
-	return out
-}
-
 func (e *Engine[R]) prefix() string {
 	if e.cfg.Name == "" {
 		return ""
@@ -237,18 +222,12 @@ func (e *Engine[R]) ResumeLane(laneID uint64) error {
 	return nil
 }
 
-// StoppedCollector returns the relay_lane_stopped{lane} collector of the
-// engine's lanes, made at scrape time from Status snapshots. Only one
-// deliverer's collector may be checked (describe its descriptor): the
-// others share the family unchecked.
-func (e *Engine[R]) StoppedCollector(checked bool) prometheus.Collector {
-	return NewStoppedCollector(e.LaneStatus, checked)
-}
-
 // NewStoppedCollector returns a relay_lane_stopped{lane} collector made at
-// scrape time from status (for a deliverer without an Engine: the fleet's
-// partitions). status must take no lock held across a call out
-// of its package, and its labels must be unique.
+// scrape time from status (a pipeline's LaneStatus: a retired lane's series
+// goes with it). status must take no lock held across a call out of its
+// package, and its labels must be unique. Only one deliverer's collector
+// may be checked (describe its descriptor): the others share the family
+// unchecked.
 func NewStoppedCollector(status func() []LaneStatus, checked bool) prometheus.Collector {
 	return &stoppedCollector{status: status, desc: NewLaneStoppedDesc(), checked: checked}
 }

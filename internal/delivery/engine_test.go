@@ -1,9 +1,11 @@
 package delivery
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -67,7 +69,7 @@ func TestEngine(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	if err := reg.Register(e.StoppedCollector(true)); err != nil {
+	if err := reg.Register(NewStoppedCollector(func() []LaneStatus { return engineStatus(e) }, true)); err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
@@ -87,7 +89,7 @@ func TestEngine(t *testing.T) {
 		t.Helper()
 		for deadline := time.Now().Add(poll.Max); !cond(); time.Sleep(5 * time.Millisecond) {
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within %v (status %+v, runs %d)", what, poll.Max, e.LaneStatus(), runs.Load())
+				t.Fatalf("%s: not within %v (status %+v, runs %d)", what, poll.Max, engineStatus(e), runs.Load())
 			}
 		}
 	}
@@ -121,20 +123,20 @@ func TestEngine(t *testing.T) {
 	}()
 	go func() { done <- e.Run(runCtx) }()
 	waitFor("gi lane runs again", func() bool { return runs.Load() == 2 })
-	if st := e.LaneStatus(); len(st) != 1 || st[0].ID != gi.ID() || !st[0].Stopped {
+	if st := engineStatus(e); len(st) != 1 || st[0].ID != gi.ID() || !st[0].Stopped {
 		t.Fatalf("status after restart: %+v", st)
 	}
 	// Resumed, the lane is drained, retired by the spool and forgotten.
 	if err := e.ResumeLane(gi.ID()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor("retired lane forgotten", func() bool { return len(e.LaneStatus()) == 0 })
+	waitFor("retired lane forgotten", func() bool { return len(engineStatus(e)) == 0 })
 	if got := stoppedSeries(t, reg); got != "" {
 		t.Fatalf("relay_lane_stopped of a forgotten lane: %q", got)
 	}
 	// A new lane of the same key is a new runner.
 	add(storage.KindGroupIdentify, "k")
-	waitFor("new lane runs", func() bool { return runs.Load() == 3 && len(e.LaneStatus()) == 1 })
+	waitFor("new lane runs", func() bool { return runs.Load() == 3 && len(engineStatus(e)) == 1 })
 	if err := e.ResumeLane(ev.ID()); !errors.Is(err, ErrUnknownLane) {
 		t.Fatalf("ResumeLane of an events lane: %v", err)
 	}
@@ -246,4 +248,14 @@ func TestEngineIdleRunner(t *testing.T) {
 	if runs.Load() != n || running.Load() != 0 {
 		t.Fatalf("a runner started after Run returned: runs %d -> %d", n, runs.Load())
 	}
+}
+
+// engineStatus is the status of e's lanes, by lane id.
+func engineStatus(e *Engine[*ackRunner]) []LaneStatus {
+	var out []LaneStatus
+	for _, r := range e.Runners() {
+		out = append(out, r.Status())
+	}
+	slices.SortFunc(out, func(a, b LaneStatus) int { return cmp.Compare(a.ID, b.ID) })
+	return out
 }

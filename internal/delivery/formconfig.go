@@ -11,14 +11,12 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// Defaults of FormConfig's zero values.
+// Defaults of FormConfig's zero values that differ from Config's.
 const (
-	DefaultMaxAge        = 6 * 24 * time.Hour
-	DefaultRetryInitial  = 500 * time.Millisecond
-	DefaultRetryMax      = 30 * time.Second
-	DefaultMaxRetryAfter = 5 * time.Minute
-	DefaultLinger        = 100 * time.Millisecond
-	DefaultReadBytes     = 4 << 20
+	formRetryMax      = 30 * time.Second
+	formMaxRetryAfter = 5 * time.Minute
+	formLinger        = 100 * time.Millisecond
+	formReadBytes     = 4 << 20
 )
 
 // Pacer paces requests; Acquire blocks until n records may be sent for the
@@ -31,14 +29,14 @@ type Pacer interface {
 // (groupidentify.Config, usermap.Config) embeds and hands over as is.
 type FormTiming struct {
 	// MaxAge: a record still undelivered this long after acceptance goes to
-	// dead letters ("expired"); zero means DefaultMaxAge.
+	// dead letters ("expired"); zero means DefaultMaxEventAge.
 	MaxAge time.Duration
-	// RetryInitial and RetryMax bound the backoff; zero means the defaults.
+	// RetryInitial and RetryMax bound the backoff; zero means 500ms and 30s.
 	RetryInitial, RetryMax time.Duration
-	// MaxRetryAfter clamps an upstream Retry-After; zero means DefaultMaxRetryAfter.
+	// MaxRetryAfter clamps an upstream Retry-After; zero means 5 minutes.
 	MaxRetryAfter time.Duration
 	// Linger is how long a lane waits for more records when its request is
-	// not full; zero means DefaultLinger, negative means no wait.
+	// not full; zero means 100ms, negative means no wait.
 	Linger time.Duration
 	// Gzip sends bodies gzip-compressed.
 	Gzip bool
@@ -62,7 +60,7 @@ func (t FormTiming) ValidateAs(name string, more ...time.Duration) error {
 }
 
 // FormConfig configures the delivery of a form kind (group identify, user
-// mappings): internal/batcher's NewForm, the lane runner every kind shares.
+// mappings): NewForm, the lane runner every kind shares.
 type FormConfig struct {
 	// Name prefixes metrics (relay_<Name>_...) and log messages. Required.
 	Name string
@@ -79,7 +77,7 @@ type FormConfig struct {
 	// means the backoff's next interval.
 	ThrottleWait time.Duration
 	// ReadBytes bounds the chunk bytes read from the spool at once; zero
-	// means DefaultReadBytes.
+	// means 4 MiB.
 	ReadBytes int
 	// Pacer, when not nil, paces every request.
 	Pacer Pacer

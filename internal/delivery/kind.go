@@ -6,106 +6,17 @@ import (
 	"net/url"
 
 	"github.com/svcrelay/relay/internal/storage"
-	"github.com/svcrelay/relay/internal/upstream"
 )
 
-// Outcome is what an upstream answer means for the records of the request
-// it answered.
-type Outcome uint8
-
-const (
-	// Delivered: the upstream took every record (200); they are done.
-	Delivered Outcome = iota
-	// DeadSome: the records Verdict.Dead names (by index in the request)
-	// are dead letters; the others are sent again at once.
-	DeadSome
-	// Split: the request was refused as a whole (a 400 naming no record, a
-	// 413): a lone record is a dead letter with Verdict.Reason; more are
-	// sent again in halves (order kept), so the bad one ends up alone.
-	Split
-	// Throttled: a 429, or a 400 naming silenced devices or events. A kind
-	// with per-key pauses (events) acts on the names in the answer; the
-	// others wait as for Wait.
-	Throttled
-	// Wait: nothing was taken and nothing is wrong with the records (5xx,
-	// time-out, broken connection): send them again after the retry wait.
-	Wait
-	// Stop: the upstream refuses the lane itself (its api_key, or the URL
-	// or credentials): the lane stops with Verdict.Reason until resumed; its
-	// records stay in the spool.
-	Stop
-)
-
-// Reasons of dead letters and lane stops that Classify gives.
-const (
-	ReasonBadRequest    = "bad_request"
-	ReasonTooLarge      = "too_large"
-	ReasonInvalidAPIKey = "invalid API key"
-)
-
-// Verdict is a classified answer.
-type Verdict struct {
-	Outcome Outcome
-	// Reason is the dead-letter reason of a lone record (Split) or why the
-	// lane stops (Stop).
-	Reason string
-	// Dead maps the index of a record of the request to its dead-letter
-	// reason (DeadSome).
-	Dead map[int]string
-}
-
-// Classify is the answer rule every kind shares, for a request of n
-// records (the contract's Delivery section): 200 delivers; a 400 naming
-// invalid records by index dead-letters them; any other 400 or a 413
-// splits; 429 and silenced answers are Throttled; an invalid API key or an
-// answer saying the URL or credentials are wrong stops the lane; the rest
-// waits. It allocates only for DeadSome and a fatal answer's reason.
-func Classify(res *upstream.Result, n int) Verdict {
-	switch res.Kind {
-	case upstream.OK:
-		return Verdict{Outcome: Delivered}
-	case upstream.Throttled, upstream.Silenced:
-		return Verdict{Outcome: Throttled}
-	case upstream.Invalid:
-		var dead map[int]string
-		for i, r := range res.InvalidEvents {
-			if i >= 0 && i < n {
-				if dead == nil {
-					dead = make(map[int]string, len(res.InvalidEvents))
-				}
-				dead[i] = r
-			}
-		}
-		if dead != nil {
-			return Verdict{Outcome: DeadSome, Dead: dead}
-		}
-		return Verdict{Outcome: Split, Reason: ReasonBadRequest}
-	case upstream.BadRequest:
-		return Verdict{Outcome: Split, Reason: ReasonBadRequest}
-	case upstream.TooLarge:
-		return Verdict{Outcome: Split, Reason: ReasonTooLarge}
-	case upstream.InvalidAPIKey:
-		return Verdict{Outcome: Stop, Reason: ReasonInvalidAPIKey}
-	case upstream.Fatal:
-		return Verdict{Outcome: Stop, Reason: "upstream answered " + string(res.Answer)}
-	default: // Retryable
-		return Verdict{Outcome: Wait}
-	}
-}
-
-// Kind is what a lane kind plugs into a lane runner: how its records are
-// packed into a request (the lane's Frame) and what an answer means for
-// them. The runner owns the rest: reading, batching, pacing, retries, max
+// Kind is what a lane kind plugs into the lane runner: how its records are
+// packed into a request (the lane's Frame). The runner owns the rest:
+// reading, batching, pacing, what an answer means (decide), retries, max
 // age, dead letters, stop/resume and acknowledgements. Form (group
-// identify, user mappings) and internal/batcher's events kind implement it;
-// internal/batcher's lane runner runs both.
+// identify, user mappings) and the events kind implement it.
 type Kind interface {
 	// Frame returns how the requests of the lane with key are packed; a
 	// runner asks once per lane.
 	Frame(key storage.LaneKey) Frame
-	// Classify says what res, the answer to a request of n records, means
-	// for them.
-	Classify(res *upstream.Result, n int) Verdict
 }
 
 // Frame is how one lane's requests are packed: the bytes around and
@@ -232,17 +143,6 @@ func (f *Form) Frame(key storage.LaneKey) Frame {
 			return appendEscaped(dst[:0], data), w
 		},
 		MaxRecords: f.MaxItems, MaxBytes: f.MaxBodyBytes, MaxWeight: f.MaxWeight}
-}
-
-// Classify is the shared Classify, except that a form endpoint's silenced
-// answer is a 400 like any other (Split) and a 429 waits (no per-key
-// pauses here).
-func (f *Form) Classify(res *upstream.Result, n int) Verdict {
-	v := Classify(res, n)
-	if v.Outcome == Throttled && res.Kind == upstream.Silenced {
-		return Verdict{Outcome: Split, Reason: ReasonBadRequest}
-	}
-	return v
 }
 
 // shouldEscape reports whether c is escaped by url.QueryEscape.

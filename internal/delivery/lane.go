@@ -31,9 +31,8 @@ type LaneStatus struct {
 }
 
 // LaneControl is what an operator (internal/adminapi's lane routes) needs
-// of the deliverer of one lane kind. *batcher.Pipeline (events) and
-// internal/batcher's *Pipeline has it, of every kind (events, group
-// identify, user mappings).
+// of the deliverer of one lane kind: a *Pipeline, of every kind (events,
+// group identify, user mappings).
 type LaneControl interface {
 	// LaneStatus returns a snapshot of the lanes it delivers, by lane id.
 	LaneStatus() []LaneStatus

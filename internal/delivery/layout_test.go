@@ -19,13 +19,13 @@ const module = "github.com/svcrelay/relay/"
 type listed struct {
 	Path, Name string
 	Imports    []string
-	// Kind: its non-test files declare a delivery.Kind (var _ delivery.Kind
-	// = ..., which the compiler checks) or build a delivery.Form.
+	// Kind: its non-test files declare a Kind (var _ Kind
+	// = ..., which the compiler checks) or build a Form.
 	Kind bool
 }
 
-// declaresKind reports whether the files in dir declare a delivery.Kind or
-// build a delivery.Form (listed.Kind).
+// declaresKind reports whether the files in dir declare a Kind or
+// build a Form (listed.Kind).
 func declaresKind(t *testing.T, dir string, files []string) bool {
 	t.Helper()
 	is := func(e ast.Expr, name string) bool {
@@ -69,8 +69,8 @@ func (p listed) testKit() bool {
 //     internal/simtest, not internal/sim/simtest, for that reason);
 //   - the relay binary depends on no test kit;
 //   - one delivery engine: internal/delivery is the only package named for
-//     delivering; every lane kind (batcher, groupidentify, usermap) imports
-//     it, plugs a delivery.Kind into it (listed.Kind) and none imports
+//     delivering; every lane kind outside it (groupidentify, usermap:
+//     the events kind is its own) imports it, plugs a Kind into it (listed.Kind) and none imports
 //     another kind.
 func layoutProblems(pkgs, binary []listed) []string {
 	var out []string
@@ -108,7 +108,7 @@ func layoutProblems(pkgs, binary []listed) []string {
 			out = append(out, fmt.Sprintf("%s: a second delivery package beside internal/delivery", p.Path))
 		}
 	}
-	kinds := []string{module + "internal/batcher", module + "internal/groupidentify", module + "internal/usermap"}
+	kinds := []string{module + "internal/groupidentify", module + "internal/usermap"}
 	for _, k := range kinds {
 		p, ok := byPath[k]
 		if !ok {
@@ -119,7 +119,7 @@ func layoutProblems(pkgs, binary []listed) []string {
 			out = append(out, fmt.Sprintf("lane kind %s does not use internal/delivery", k))
 		}
 		if !p.Kind {
-			out = append(out, fmt.Sprintf("lane kind %s declares no delivery.Kind", k))
+			out = append(out, fmt.Sprintf("lane kind %s declares no Kind", k))
 		}
 		for _, other := range kinds {
 			for _, imp := range p.Imports {
@@ -183,7 +183,6 @@ func TestLayoutProblems(t *testing.T) {
 	good := []listed{
 		pkg("internal/delivery", "internal/spool"),
 		pkg("internal/spool"),
-		pkg("internal/batcher", "internal/delivery", "internal/spool"),
 		pkg("internal/groupidentify", "internal/delivery", "internal/forms"),
 		pkg("internal/usermap", "internal/delivery", "internal/forms"),
 		pkg("internal/forms", "internal/delivery"),
@@ -191,7 +190,7 @@ func TestLayoutProblems(t *testing.T) {
 		pkg("internal/simtest", "internal/sim"),
 		pkg("internal/forms/formstest", "internal/forms", "internal/simtest"),
 	}
-	binary := []listed{pkg("cmd/relay"), pkg("internal/batcher"), pkg("internal/sim")}
+	binary := []listed{pkg("cmd/relay"), pkg("internal/delivery"), pkg("internal/sim")}
 	if p := layoutProblems(good, binary); len(p) != 0 {
 		t.Fatalf("the asked-for layout has problems: %q", p)
 	}
@@ -200,13 +199,12 @@ func TestLayoutProblems(t *testing.T) {
 		bad[p.Path] = p
 	}
 	for _, p := range []listed{
-		// A kind on another kind's subpackage, which reaches into the batcher.
-		pkg("internal/groupidentify/lanedeliver", "internal/batcher", "internal/spool"),
+		// A kind on another kind's subpackage, a second delivery package.
+		pkg("internal/groupidentify/lanedeliver", "internal/delivery", "internal/spool"),
 		pkg("internal/usermap", "internal/groupidentify/lanedeliver", "internal/forms"),
 		// A product package on a test kit, and a kind on another kind.
 		pkg("internal/ingest", "internal/forms/formstest"),
-		pkg("internal/batcher", "internal/delivery", "internal/usermap"),
-		{Path: module + "internal/groupidentify", Name: "groupidentify", Imports: []string{module + "internal/delivery"}},
+		{Path: module + "internal/groupidentify", Name: "groupidentify", Imports: []string{module + "internal/delivery", module + "internal/usermap"}},
 	} {
 		bad[p.Path] = p
 	}
@@ -216,8 +214,8 @@ func TestLayoutProblems(t *testing.T) {
 		"internal/ingest imports " + module + "internal/forms/formstest, a subpackage of its sibling internal/forms",
 		"internal/groupidentify/lanedeliver: a second delivery package",
 		"lane kind " + module + "internal/usermap does not use internal/delivery",
-		"lane kind " + module + "internal/batcher imports the lane kind " + module + "internal/usermap",
-		"lane kind " + module + "internal/groupidentify declares no delivery.Kind",
+		"lane kind " + module + "internal/groupidentify imports the lane kind " + module + "internal/usermap",
+		"lane kind " + module + "internal/groupidentify declares no Kind",
 		"the relay binary depends on the test kit " + module + "internal/simtest",
 	} {
 		if !strings.Contains(got, want) {

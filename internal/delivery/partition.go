@@ -18,7 +18,7 @@ import (
 // partition carries the records of many lanes, each Message those of one
 // lane. DeliverPartition reads a partition's messages in order and hands
 // each to the Feed of its lane in that partition, whose runner (made by
-// PartitionConfig.Start on first sight: the batcher's laneRunner, of every
+// PartitionConfig.Start on first sight: a laneRunner, of every
 // kind) reads it as it would a spool lane; a runner is forgotten
 // when idle or when the partition goes. A key lives in one partition, so
 // its records go, in order, to one runner: per-key order holds as with the
@@ -46,27 +46,17 @@ type PartitionConfig struct {
 	// (its runner then ends with storage.ErrRetired).
 	Idle time.Duration
 	// Start makes the runner of a new feed (called by the reader
-	// goroutine, before the feed's first message is pushed).
-	Start func(f *Feed) FeedRunner
+	// goroutine, before the feed's first message is pushed). Its Run runs
+	// in its own goroutine until ctx (no new work: the partition lost or
+	// the relay stopping) or owned (ownership) ends, or it retires (an
+	// error wrapping storage.ErrRetired, from Feed.Wait); a stopped lane's
+	// feed does not retire (its stop is kept). When it retired it is
+	// forgotten (forget); when the partition ends with it still known, it
+	// is abandoned (abandon: its read-ahead is read again by the next
+	// owner).
+	Start func(f *Feed) *laneRunner
 	// Log is required.
 	Log *zap.Logger
-}
-
-// FeedRunner is what DeliverPartition needs of a feed's runner.
-type FeedRunner struct {
-	// Label names the runner in logs and errors.
-	Label string
-	// Run runs it (in its own goroutine) until ctx (no new work: the
-	// partition lost or the relay stopping) or owned (ownership) ends, or
-	// it retires (an error wrapping storage.ErrRetired, from Feed.Wait).
-	Run func(ctx, owned context.Context) error
-	// Pinned, when not nil, keeps an idle feed from retiring while it
-	// reports true (a stopped lane keeps its stop).
-	Pinned func() bool
-	// Retired is called when Run returned storage.ErrRetired; Abandoned when
-	// the partition ended with the runner still known (its read-ahead is
-	// read again by the next owner). One of them is called, once.
-	Retired, Abandoned func()
 }
 
 // DeliverPartition delivers one owned partition until ownership ends
@@ -116,7 +106,7 @@ func DeliverPartition(stop, owned context.Context, r storage.Reader, drained fun
 	// the lease); with the runners done, feeds needs no lock.
 	pt.wg.Wait()
 	for _, f := range pt.feeds {
-		f.run.Abandoned()
+		f.run.abandon()
 	}
 	// Stop the acker once its acks in flight are sent, then send what is
 	// still queued: after ownership ended an ack is harmless (refused once
@@ -263,7 +253,7 @@ func (pt *partition) route(ctx, owned context.Context, m *storage.Message) {
 	pt.fmu.Unlock()
 	pt.wg.Go(func() {
 		if err := f.run.Run(ctx, owned); errors.Is(err, storage.ErrRetired) {
-			f.run.Retired()
+			f.run.forget()
 			pt.fmu.Lock()
 			if pt.feeds[key] == f {
 				delete(pt.feeds, key)
@@ -351,7 +341,7 @@ func (pt *partition) sendAcks(ctx context.Context) {
 type Feed struct {
 	pt  *partition
 	key storage.LaneKey
-	run FeedRunner
+	run *laneRunner
 
 	mu       sync.Mutex
 	q        []fentry                    // read, not taken by the runner, in stream order
@@ -395,7 +385,7 @@ func (f *Feed) Lane() storage.LaneKey { return f.key }
 // messages queued (to be read before m) or its runner is pinned (stopped).
 func (f *Feed) push(m *storage.Message, n int64) bool {
 	pt := f.pt
-	stopped := pt.spill != nil && f.run.Pinned != nil && f.run.Pinned()
+	stopped := pt.spill != nil && f.run.stop.Stopped()
 	f.mu.Lock()
 	if f.retired {
 		f.mu.Unlock()
@@ -449,7 +439,7 @@ func (f *Feed) spillQueued() {
 	}
 	if len(seqs) > 0 {
 		pt.cfg.Log.Info("lane takes nothing: its queued messages spilled (read again when it can take them)",
-			zap.String("lane", f.run.Label), zap.Int("messages", len(seqs)))
+			zap.String("lane", f.run.label), zap.Int("messages", len(seqs)))
 	}
 }
 
@@ -523,7 +513,7 @@ func (f *Feed) Wait(ctx context.Context, onIdle func() bool) error {
 			onIdle = nil
 		}
 		var tc <-chan time.Time
-		if empty && (f.run.Pinned == nil || !f.run.Pinned()) {
+		if empty && !f.run.stop.Stopped() {
 			if idle == nil {
 				idle = time.NewTimer(f.pt.cfg.Idle)
 			}
@@ -538,7 +528,7 @@ func (f *Feed) Wait(ctx context.Context, onIdle func() bool) error {
 			if len(f.q) == 0 && len(f.out) == 0 {
 				f.retired = true
 				f.mu.Unlock()
-				return fmt.Errorf("lane %s: %w", f.run.Label, storage.ErrRetired)
+				return fmt.Errorf("lane %s: %w", f.run.label, storage.ErrRetired)
 			}
 			f.mu.Unlock()
 			idle = nil

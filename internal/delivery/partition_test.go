@@ -11,7 +11,9 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
+	"github.com/svcrelay/relay/internal/upstream"
 )
 
 // slowAckReader hands out its messages and takes ackTook to confirm each
@@ -76,7 +78,14 @@ func testAcksAtStop(t *testing.T, lease bool, want []uint64) {
 		r := &slowAckReader{msgs: make(chan *storage.Message, 3), ackTook: 3 * time.Second, acking: make(chan struct{})}
 		acking := r.acking
 		for seq := range uint64(3) {
-			r.msgs <- &storage.Message{Seq: seq + 1, Lane: lane, Records: []storage.Record{{OrderKey: []byte("o"), Data: []byte("x")}}}
+			r.msgs <- &storage.Message{Seq: seq + 1, Lane: lane, Accepted: time.Now(), Records: []storage.Record{{OrderKey: []byte("o"), Data: []byte("x")}}}
+		}
+		// A form lane's runner whose upstream takes everything.
+		ok := senderFunc(func(context.Context, *upstream.Request) upstream.Result { return upstream.Result{Kind: upstream.OK} })
+		p, err := NewForm(FormConfig{Name: "gi", Lanes: lane.Kind, Kind: &Form{Field: "f", MaxItems: 10, MaxBodyBytes: 1 << 10},
+			URL: func(string) string { return "http://up" }, Store: spool.NewBackend(nil, nil), FormTiming: FormTiming{Linger: -1}}, ok, nil, nil)
+		if err != nil {
+			t.Fatal(err)
 		}
 		stop, cancel := context.WithCancel(context.Background())
 		// As the engine's: ownership ends with the relay's stop, while
@@ -88,20 +97,7 @@ func testAcksAtStop(t *testing.T, lease bool, want []uint64) {
 		go func() {
 			done <- DeliverPartition(stop, owned, r, func() {}, PartitionConfig{
 				Name: "groupidentify-0", Kind: lane.Kind, MaxQueued: 1 << 20, Idle: time.Minute, Log: zap.NewNop(),
-				Start: func(f *Feed) FeedRunner {
-					return FeedRunner{Label: "k", Retired: func() {}, Abandoned: func() {},
-						Run: func(ctx, _ context.Context) error {
-							for {
-								cs, err := f.Next(ctx, 1<<20)
-								if err != nil {
-									return err
-								}
-								for _, c := range cs {
-									f.Ack(c.Seq)
-								}
-							}
-						}}
-				},
+				Start: func(f *Feed) *laneRunner { return newRunner(p, f, 1, "k", f.Lane()) },
 			})
 		}()
 		<-acking

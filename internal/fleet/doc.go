@@ -45,8 +45,8 @@
 // A message is the unit of storage and of acknowledgement: the records of
 // one lane in one partition from the requests of one batch (split further
 // only when larger than Config.MaxMessageBytes). Records are not
-// acknowledged one by one: the engine counts a message's records (as the
-// batcher counts a chunk's) and acks the message when the last is done.
+// acknowledged one by one: the engine counts a message's records (as
+// delivery counts a chunk's) and acks the message when the last is done.
 //
 // A message's records are compressed (zstd, or S2, codec.go) when that
 // shrinks them: each byte of a message is written to every node's Raft log

@@ -18,7 +18,7 @@ import (
 // API's pause) is a key of KV RELAY_LANES, written by the relay that was
 // asked and watched by every relay, so that the lane stays stopped in
 // every partition, on every relay, also after its partitions move, until
-// a resume (on any relay) deletes it. The engine applies them (batcher:
+// a resume (on any relay) deletes it. The engine applies them (delivery:
 // SharedLanes); this file keeps the bucket and calls the engine's watcher.
 
 // laneStop is a stopped lane as the bucket stores it.

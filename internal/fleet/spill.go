@@ -10,7 +10,7 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// Spilling (the batcher's head-of-line guard, see batcher/fleet.go): a
+// Spilling (delivery's head-of-line guard, see delivery/fleet.go): a
 // partition's messages are read in stream order and demultiplexed by lane;
 // a lane that cannot take its messages (stopped, or its read-ahead full of
 // a paused device's events) must not make the others wait. The engine then

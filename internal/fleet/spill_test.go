@@ -13,7 +13,7 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// testSpill: messages read through the seam and spilled (the batcher's
+// testSpill: messages read through the seam and spilled (delivery's
 // head-of-line guard) stay held: not delivered again past AckWait (kept
 // alive by their reply subjects), their client handles dropped; Reread
 // reads each again whole by sequence, and its Ack removes it from the

@@ -12,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	"go.uber.org/zap"
 
-	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/event"
@@ -166,12 +165,12 @@ func (s Spooling) ValidateAs(name string, more ...time.Duration) error {
 
 // Spooled is the two halves of a spooling form route (POST /groupidentify,
 // POST /usermap): the Intake that accepts records into the lanes of one
-// kind and the lane runner that delivers them (batcher.NewForm: the one
+// kind and the lane runner that delivers them (delivery.NewForm: the one
 // every kind shares).
 type Spooled struct {
 	// Pipeline delivers (Run, Ready, LaneStatus, StopLane, ResumeLane:
 	// with the last three a delivery.LaneControl).
-	*batcher.Pipeline
+	*delivery.Pipeline
 	// In accepts.
 	In *Intake
 }
@@ -181,7 +180,7 @@ type Spooled struct {
 // Kind are out's. creds, log and reg may be nil.
 func NewSpooled(out delivery.FormConfig, in IntakeConfig, sc Spooling, client *upstream.Client, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (Spooled, error) {
 	out.Store, out.FormTiming, in.RetryAfter = sc.Store, sc.FormTiming, sc.RetryAfter
-	d, err := batcher.NewForm(out, client, log, reg)
+	d, err := delivery.NewForm(out, client, log, reg)
 	if err != nil {
 		return Spooled{}, fmt.Errorf("%s: %w", out.Name, err)
 	}

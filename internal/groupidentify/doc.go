@@ -31,8 +31,8 @@
 //
 // # Delivery
 //
-// Run delivers with the lane runner every kind shares (batcher.NewForm: one
-// shard per lane; see internal/batcher's invariants): one request in flight
+// Run delivers with the lane runner every kind shares (delivery.NewForm:
+// one shard per lane; see internal/delivery's invariants): one request in flight
 // per lane, records of many chunks merged into requests of
 // at most 1024 identifications, 1024 group properties and a body under
 // 1,000,000 bytes; retries with backoff until MaxAge, 400 bisected to dead

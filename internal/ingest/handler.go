@@ -229,7 +229,7 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 
 // tooLarge answers 413 and returns true when an event of st.req cannot fit
 // alone in one upstream request under MaxBatchBytes with its envelope, as it
-// would be spooled (rewritten): the batcher could only dead-letter it. The
+// would be spooled (rewritten): delivery could only dead-letter it. The
 // body is the upstream's 413 naming the indexes in events_too_large.
 func (s *Server) tooLarge(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) bool {
 	// A bound of the envelope first: marshalling the api_key (what the

@@ -22,7 +22,7 @@
 //
 // Off, Observe, Filter, Block (Mode). The check runs at delivery, when a
 // lane's records are packed into an upstream request (Enforcer.Check is
-// internal/batcher's delivery.Frame.Check): the ingest's 200 still means
+// internal/delivery's Frame.Check): the ingest's 200 still means
 // kept, a new plan applies to the backlog, and a resend is checked again.
 // A quarantined event is a dead letter with reason "plan" whose answer is
 // a Quarantine (project, mode, event type, violations): listed, filtered

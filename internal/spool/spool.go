@@ -503,7 +503,7 @@ type damagedChunk struct {
 // reasonDamaged, never to be sent: one per record when its framing still
 // decodes (any may be the damaged one), else one holding its bytes; then
 // acknowledges, logs and counts it. The write has a context of its own:
-// the reader's may be done already (the batcher reads with a done one),
+// the reader's may be done already (delivery reads with a done one),
 // and a refused write would wedge the lane behind the chunk.
 func (l *Lane) deadDamaged(ctx context.Context, d *damagedChunk) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deadDamagedTimeout)

@@ -3,7 +3,7 @@
 // key the upstream refused so that its backlog drains under the upstream's
 // per-key rate whatever reading of the rate rule the upstream follows.
 //
-// Keys are opaque strings chosen by the caller (the batcher uses an event's
+// Keys are opaque strings chosen by the caller (delivery uses an event's
 // OrderKey, "d:"+device_id or "u:"+user_id, and "u:"+user_id for users named
 // in a 429).
 //

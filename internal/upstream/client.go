@@ -23,7 +23,7 @@ type Config struct {
 	// DialTimeout bounds connecting; zero means DefaultDialTimeout.
 	DialTimeout time.Duration
 	// MaxConnsPerHost bounds the connections to one upstream host; size it
-	// for the batcher's shards (every shard has at most one request in
+	// for the delivery's shards (every shard has at most one request in
 	// flight). Zero means DefaultMaxConnsPerHost.
 	MaxConnsPerHost int
 	// MaxIdleConnDuration closes keep-alive connections idle this long;

@@ -1,9 +1,10 @@
 // Package upstream is the relay's HTTP client towards the upstream API. It
-// sends one request body and CLASSIFIES the answer into a Result; it never
-// retries, waits or drops anything itself. What to do with a Result (retry
-// with backoff, pause devices, split, dead-letter, stop a lane) is decided by
-// the caller (the batcher), as in Prometheus remote write, where the client
-// classifies and the queue decides.
+// sends one request body and CLASSIFIES the answer into a Result (its class
+// and the fields of its body); it never retries, waits or drops anything
+// itself. What a Result means (retry after, pause devices or users, split,
+// dead-letter, stop a lane) is decided in one place, internal/delivery's
+// answer rule, as in Prometheus remote write, where the client classifies
+// and the queue decides.
 //
 // Classification (Classify) looks at the HTTP status first and at the body's
 // "code" only when the status says nothing known; bodies that are not JSON

@@ -23,7 +23,7 @@
 //
 // # Delivery
 //
-// The lane runner every kind shares (batcher.NewForm, one shard per lane) sends form bodies api_key=K&mapping=[...] (POST,
+// The lane runner every kind shares (delivery.NewForm, one shard per lane) sends form bodies api_key=K&mapping=[...] (POST,
 // application/x-www-form-urlencoded) of at most min(2000, RateLimit)
 // mappings and under 1,000,000 bytes; one request in flight per lane keeps
 // the order of every user_id (a lane is one api_key; mappings of one user

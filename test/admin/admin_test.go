@@ -297,7 +297,7 @@ func testDeadLetters(t *testing.T, r *relay, s *simtest.Sim) {
 		return len(listDead(t, r, "reason=silenced").DeadLetters) == 8
 	})
 	// ok-1 is resent after the silenced ones are committed as dead letters
-	// (batcher dropAndResend): wait for it rather than race it.
+	// (delivery dropAndResend): wait for it rather than race it.
 	poll.Until(t, "ok-1 delivered", func() bool { return len(s.Events(keySilenced)) > 0 })
 	if got := s.Events(keySilenced); len(got) != 1 || got[0].InsertID != "ok-1" {
 		t.Fatalf("the sim got %d events of %s, want only ok-1", len(got), keySilenced)

@@ -29,7 +29,7 @@ import (
 // its pause within a life of the relay (a killed relay forgets its pauses:
 // the first request of the next life may meet the upstream's penalty); no
 // key is refused twice in a row with the same share; refusals per key stay
-// few. The synctest twin (internal/batcher TestLiveness) checks the same
+// few. The synctest twin (internal/delivery TestLiveness) checks the same
 // without slack, in fake time.
 func TestLivenessWithKills(t *testing.T) {
 	if testing.Short() {

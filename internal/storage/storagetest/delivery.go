@@ -13,7 +13,6 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/svcrelay/relay/internal/batcher"
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/storage"
@@ -21,7 +20,7 @@ import (
 )
 
 // The delivery cases run the code that ships over the backend: the lane
-// runner every kind shares (batcher.NewForm: here the group identify kind's)
+// runner every kind shares (delivery.NewForm: here the group identify kind's)
 // reading the store through the seam, sending to an upstream over
 // 127.0.0.1 that answers 200, and acknowledging what it sent.
 
@@ -62,7 +61,7 @@ func deliver(t *testing.T, b storage.Backend, srv *httptest.Server) (stop func()
 	if err != nil {
 		t.Fatal(err)
 	}
-	fl, err := batcher.NewForm(delivery.FormConfig{Name: "suite", Lanes: storage.KindGroupIdentify,
+	fl, err := delivery.NewForm(delivery.FormConfig{Name: "suite", Lanes: storage.KindGroupIdentify,
 		Kind: &delivery.Form{Field: "identification", MaxItems: 7, MaxBodyBytes: 1 << 20},
 		URL:  func(string) string { return srv.URL + "/groupidentify" }, Store: b,
 		FormTiming: delivery.FormTiming{Linger: -1, RetryInitial: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond}},

@@ -1,4 +1,4 @@
-package batcher
+package delivery
 
 // bodyPool keeps up to bodyPoolSize request body buffers for shards that
 // start building a batch. Unlike a sync.Pool it is not emptied by GC cycles,

@@ -1,4 +1,4 @@
-package batcher
+package delivery
 
 import (
 	"bytes"
@@ -458,30 +458,32 @@ func ingestedByFailures(s *simtest.Sim) int {
 
 // Held events are exported per lane, and paced keys by the Throttle.
 func TestHeldEventsMetric(t *testing.T) {
-	h := newHarness(t, sim.Config{}, Config{}, throttle.Config{})
-	h.thr.Pause([]string{"d:held-device"}, time.Now().Add(time.Hour))
-	h.thr.Refused([]throttle.Share{{Key: "d:paced-device", Share: 10}}, time.Now(), 30)
-	h.add("key", ev{Device: "held-device"}, ev{Device: "held-device"}, ev{Device: "free-device"})
-	h.add("other-key", ev{Device: "held-device"})
-	h.start()
-	deadline := time.Now().Add(poll.Max)
-	for h.metric("relay_delivery_held_events") != 3 || h.sim.Count() != 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("held events %v, sim holds %d", h.metric("relay_delivery_held_events"), h.sim.Count())
+	synctest.Test(t, func(t *testing.T) {
+		h := newSyncHarness(t, sim.Config{}, Config{}, throttle.Config{})
+		h.thr.Pause([]string{"d:held-device"}, time.Now().Add(time.Hour))
+		h.thr.Refused([]throttle.Share{{Key: "d:paced-device", Share: 10}}, time.Now(), 30)
+		h.add("key", ev{Device: "held-device"}, ev{Device: "held-device"}, ev{Device: "free-device"})
+		h.add("other-key", ev{Device: "held-device"})
+		h.start()
+		deadline := time.Now().Add(poll.Max)
+		for h.metric("relay_delivery_held_events") != 3 || h.sim.Count() != 1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("held events %v, sim holds %d", h.metric("relay_delivery_held_events"), h.sim.Count())
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	var lanes int
-	mfs, _ := h.reg.Gather()
-	for _, mf := range mfs {
-		if mf.GetName() == "relay_delivery_held_events" {
-			lanes = len(mf.GetMetric())
+		var lanes int
+		mfs, _ := h.reg.Gather()
+		for _, mf := range mfs {
+			if mf.GetName() == "relay_delivery_held_events" {
+				lanes = len(mf.GetMetric())
+			}
 		}
-	}
-	if lanes != 2 {
-		t.Fatalf("held events reported for %d lanes, want 2", lanes)
-	}
-	if n := h.metric("relay_throttle_paced_keys"); n != 1 {
-		t.Fatalf("relay_throttle_paced_keys %v", n)
-	}
+		if lanes != 2 {
+			t.Fatalf("held events reported for %d lanes, want 2", lanes)
+		}
+		if n := h.metric("relay_throttle_paced_keys"); n != 1 {
+			t.Fatalf("relay_throttle_paced_keys %v", n)
+		}
+	})
 }

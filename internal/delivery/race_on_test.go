@@ -1,6 +1,6 @@
 //go:build race
 
-package batcher
+package delivery
 
 // raceEnabled scales the heaviest tests down under the race detector.
 const raceEnabled = true

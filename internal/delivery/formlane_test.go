@@ -1,9 +1,11 @@
-package batcher
+package delivery
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http/httptest"
 	"net/url"
 	"runtime"
 	"slices"
@@ -16,7 +18,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
@@ -56,13 +57,13 @@ func openFormSpool(t *testing.T, cfg spool.Config) *spool.Spool {
 }
 
 // giForm is the group identify kind's Form.
-func giForm() delivery.Form {
-	return delivery.Form{Field: "identification", MaxItems: 1024, MaxBodyBytes: 1 << 20}
+func giForm() Form {
+	return Form{Field: "identification", MaxItems: 1024, MaxBodyBytes: 1 << 20}
 }
 
 // newGI returns a group identify pipeline sending to base over st, with
 // no linger unless fc says otherwise.
-func newGI(t *testing.T, fc delivery.FormConfig, base string, st delivery.Store, send Sender, reg prometheus.Registerer) *Pipeline {
+func newGI(t *testing.T, fc FormConfig, base string, st Store, send Sender, reg prometheus.Registerer) *Pipeline {
 	t.Helper()
 	fc.Name, fc.Lanes, fc.Store = "groupidentify", storage.KindGroupIdentify, st
 	fc.URL = func(string) string { return base + "/groupidentify" }
@@ -132,27 +133,21 @@ func giValues(s *simtest.Sim, key string) []string {
 	return got
 }
 
-// namingKind is a Form whose first answer names record 1 of the request
-// dead (as an upstream naming invalid records by index would).
-type namingKind struct {
-	delivery.Form
-	answered atomic.Int32
-}
-
-func (k *namingKind) Classify(res *upstream.Result, n int) delivery.Verdict {
-	if k.answered.Add(1) == 1 {
-		return delivery.Verdict{Outcome: delivery.DeadSome, Dead: map[int]string{1: "named"}}
-	}
-	return k.Form.Classify(res, n)
-}
-
-// The runner acts on its kind's verdict: the records a DeadSome names are
-// dead letters, the others are sent again at once, in order, and the chunk
-// is acknowledged after both.
-func TestFormKindVerdict(t *testing.T) {
+// The runner acts on an answer naming records of a form request: those
+// named are dead letters, the others are sent again at once, in order, and
+// the chunk is acknowledged after both.
+func TestFormNamedRecords(t *testing.T) {
 	s, base, cli := formUpstream(t)
+	var answered atomic.Int32
+	send := senderFunc(func(ctx context.Context, r *upstream.Request) upstream.Result {
+		res := cli.Do(ctx, r)
+		if answered.Add(1) == 1 {
+			res.Kind, res.InvalidEvents = upstream.Invalid, map[int]string{1: "invalid_fields"}
+		}
+		return res
+	})
 	sp := openFormSpool(t, spool.Config{})
-	p := newGI(t, delivery.FormConfig{Kind: &namingKind{Form: giForm()}}, base, spool.NewBackend(sp, nil), cli, nil)
+	p := newGI(t, FormConfig{}, base, spool.NewBackend(sp, nil), send, nil)
 	l := appendGI(t, sp, "k", 0, 3)
 	runPipeline(t, p, sp)
 	poll.Until(t, "the lane acknowledged", func() bool { return l.Stats().Records == 0 })
@@ -160,8 +155,8 @@ func TestFormKindVerdict(t *testing.T) {
 		t.Fatalf("upstream got %v, want %v (the request, then the two not named, in order)", got, want)
 	}
 	dead, err := sp.ListDead(storage.DeadFilter{}, 0, 0)
-	if err != nil || len(dead) != 1 || dead[0].Reason != "named" || string(dead[0].Record.Data) != `{"group_type":"org","group_value":"v1"}` {
-		t.Fatalf("dead letters %+v (%v), want v1 alone, reason named", dead, err)
+	if err != nil || len(dead) != 1 || dead[0].Reason != "invalid_fields" || string(dead[0].Record.Data) != `{"group_type":"org","group_value":"v1"}` {
+		t.Fatalf("dead letters %+v (%v), want v1 alone, reason invalid_fields", dead, err)
 	}
 }
 
@@ -216,7 +211,7 @@ func TestFormResendWithoutExpired(t *testing.T) {
 			}
 			return upstream.Classify(200, []byte(`{"code":200}`), "", nil)
 		}}
-		p := newGI(t, delivery.FormConfig{FormTiming: delivery.FormTiming{MaxAge: maxAge, RetryInitial: time.Millisecond, RetryMax: time.Millisecond}},
+		p := newGI(t, FormConfig{FormTiming: FormTiming{MaxAge: maxAge, RetryInitial: time.Millisecond, RetryMax: time.Millisecond}},
 			"http://sim", spool.NewBackend(sp, nil), f, nil)
 		runUntilEmpty(p, l)
 		got, _ := f.requests()
@@ -224,7 +219,7 @@ func TestFormResendWithoutExpired(t *testing.T) {
 			t.Fatalf("requests %q, want %q", got, want)
 		}
 		dead, err := sp.ListDead(storage.DeadFilter{}, 0, 0)
-		if err != nil || len(dead) != 1 || dead[0].Reason != delivery.ReasonExpired || string(dead[0].Record.Data) != `{"group_type":"org","group_value":"v0"}` ||
+		if err != nil || len(dead) != 1 || dead[0].Reason != ReasonExpired || string(dead[0].Record.Data) != `{"group_type":"org","group_value":"v0"}` ||
 			!strings.Contains(string(dead[0].Answer), "503") {
 			t.Fatalf("dead letters %+v (%v), want v0 alone, expired, with the last answer", dead, err)
 		}
@@ -246,8 +241,8 @@ func TestFormLingerUntilFull(t *testing.T) {
 		start := time.Now()
 		f := &formSender{fn: func(int) upstream.Result { return upstream.Classify(200, []byte(`{"code":200}`), "", nil) }}
 		const linger = time.Minute
-		p := newGI(t, delivery.FormConfig{Kind: &delivery.Form{Field: "identification", MaxItems: 2, MaxBodyBytes: 1 << 20},
-			FormTiming: delivery.FormTiming{Linger: linger}}, "http://sim", spool.NewBackend(sp, nil), f, nil)
+		p := newGI(t, FormConfig{Kind: &Form{Field: "identification", MaxItems: 2, MaxBodyBytes: 1 << 20},
+			FormTiming: FormTiming{Linger: linger}}, "http://sim", spool.NewBackend(sp, nil), f, nil)
 		runUntilEmpty(p, l)
 		got, at := f.requests()
 		if len(got) != 2 || len(got[0]) != 2 || len(got[1]) != 1 || !strings.Contains(got[1][0], "v2") {
@@ -302,22 +297,40 @@ func (r *countingReader) Next(ctx context.Context) (*storage.Message, error) {
 // instead, its records are delivered, in order (the lane waited, it did
 // not end).
 func TestFormLeaseRunOut(t *testing.T) {
-	s, base, cli := formUpstream(t)
-	sp := openFormSpool(t, spool.Config{})
-	st := &readLeasedStore{loc: spool.NewBackend(sp, nil)}
-	p := newGI(t, delivery.FormConfig{}, base, st, cli, nil)
-	l := appendGI(t, sp, "k", 0, 3)
-	runPipeline(t, p, sp)
-	poll.Until(t, "the lane to read its queue", func() bool { return st.reads.Load() > 0 })
-	time.Sleep(200 * time.Millisecond) // the lane sends at once (no linger)
-	if got := simtest.GroupIdentifies(s, "k"); len(got) != 0 {
-		t.Fatalf("upstream got %d group identifies while the lease had run out", len(got))
-	}
-	st.held.Store(true)
-	poll.Until(t, "the lane acknowledged", func() bool { return l.Stats().Records == 0 })
-	if got, want := giValues(s, "k"), []string{"v0", "v1", "v2"}; !slices.Equal(got, want) {
-		t.Fatalf("upstream got %v, want %v", got, want)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		s := simtest.New(sim.Config{}, nil)
+		sp := openFormSpool(t, spool.Config{})
+		st := &readLeasedStore{loc: spool.NewBackend(sp, nil)}
+		p := newGI(t, FormConfig{}, "http://sim", st, formSimSender(s), nil)
+		l := appendGI(t, sp, "k", 0, 3)
+		runPipeline(t, p, sp)
+		poll.Until(t, "the lane to read its queue", func() bool { return st.reads.Load() > 0 })
+		time.Sleep(time.Second) // the lane sends at once (no linger)
+		if got := simtest.GroupIdentifies(s, "k"); len(got) != 0 {
+			t.Fatalf("upstream got %d group identifies while the lease had run out", len(got))
+		}
+		st.held.Store(true)
+		poll.Until(t, "the lane acknowledged", func() bool { return l.Stats().Records == 0 })
+		if got, want := giValues(s, "k"), []string{"v0", "v1", "v2"}; !slices.Equal(got, want) {
+			t.Fatalf("upstream got %v, want %v", got, want)
+		}
+	})
+}
+
+// formSimSender sends a form request to s's handler in process: no socket,
+// so that a test in a synctest bubble waits in fake time only.
+func formSimSender(s *simtest.Sim) Sender {
+	return senderFunc(func(ctx context.Context, r *upstream.Request) upstream.Result {
+		u, err := url.Parse(r.URL)
+		if err != nil {
+			return upstream.Classify(0, nil, "", err)
+		}
+		req := httptest.NewRequestWithContext(ctx, "POST", u.Path, bytes.NewReader(r.Body))
+		req.Header.Set("Content-Type", r.ContentType)
+		w := httptest.NewRecorder()
+		s.Handler().ServeHTTP(w, req)
+		return upstream.Classify(w.Code, w.Body.Bytes(), w.Header().Get("Retry-After"), nil)
+	})
 }
 
 // Group identify (and user mapping) lanes are bounded like event lanes:
@@ -327,7 +340,7 @@ func TestFormLeaseRunOut(t *testing.T) {
 func TestFormRetiredLanesForgotten(t *testing.T) {
 	s, base, cli := formUpstream(t)
 	sp := openFormSpool(t, spool.Config{RetireIdle: 50 * time.Millisecond})
-	p := newGI(t, delivery.FormConfig{FormTiming: delivery.FormTiming{RetryInitial: 5 * time.Millisecond}}, base, spool.NewBackend(sp, nil), cli, nil)
+	p := newGI(t, FormConfig{FormTiming: FormTiming{RetryInitial: 5 * time.Millisecond}}, base, spool.NewBackend(sp, nil), cli, nil)
 	runPipeline(t, p, sp)
 	// laneGoroutines counts the goroutines running a lane: the whole
 	// process's count also holds the upstream client's connections, which
@@ -337,7 +350,7 @@ func TestFormRetiredLanesForgotten(t *testing.T) {
 		for {
 			n := runtime.Stack(buf, true)
 			if n < len(buf) {
-				return strings.Count(string(buf[:n]), "batcher.(*laneRunner).Run(")
+				return strings.Count(string(buf[:n]), "delivery.(*laneRunner).Run(")
 			}
 			buf = make([]byte, 2*len(buf))
 		}
@@ -399,7 +412,7 @@ func TestThrottledSameLoop(t *testing.T) {
 	reg := prometheus.NewRegistry()
 
 	sp := openFormSpool(t, spool.Config{})
-	gi := newGI(t, delivery.FormConfig{FormTiming: delivery.FormTiming{RetryInitial: initial, RetryMax: initial}}, base, spool.NewBackend(sp, nil).Only(storage.KindGroupIdentify), send, reg)
+	gi := newGI(t, FormConfig{FormTiming: FormTiming{RetryInitial: initial, RetryMax: initial}}, base, spool.NewBackend(sp, nil).Only(storage.KindGroupIdentify), send, reg)
 	ev, err := New(Config{IngestURL: base, ShardsPerLane: 1, FlushInterval: time.Millisecond, RetryInitial: initial, RetryMax: initial},
 		local(sp), send, nil, nil, reg)
 	if err != nil {

@@ -1,9 +1,11 @@
-package batcher
+package delivery
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/throttle"
 )
@@ -77,7 +78,7 @@ func NewFleet(cfg Config, st Store, pauses SharedPauses, lanes SharedLanes, send
 		return nil, err
 	}
 	if st == nil || send == nil {
-		return nil, errors.New("batcher: fleet store and sender are required")
+		return nil, errors.New("delivery: fleet store and sender are required")
 	}
 	p, err := newPipeline(cfg, send, thr, log)
 	if err != nil {
@@ -96,8 +97,9 @@ func NewFleet(cfg Config, st Store, pauses SharedPauses, lanes SharedLanes, send
 	return p, nil
 }
 
-// fleetState is a fleet-mode pipeline's: its runners by id, for the lane
-// control and the metrics.
+// fleetState is a fleet-mode pipeline's: its runners by id (made per lane
+// and partition by deliverPartition's Start), for the lane control and the
+// metrics. Its locks are never held across a call out.
 type fleetState struct {
 	st     Store
 	pauses SharedPauses
@@ -107,9 +109,41 @@ type fleetState struct {
 	smu   sync.Mutex
 	stops map[storage.LaneKey]string // lanes stopped fleet-wide, by reason
 
-	runs    delivery.Runners[*laneRunner]
 	mu      sync.Mutex
 	running bool
+	runs    map[uint64]*laneRunner
+}
+
+// runner returns the runner of id (nil when unknown).
+func (fl *fleetState) runner(id uint64) *laneRunner {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	return fl.runs[id]
+}
+
+// runners is a snapshot of the runners, in no order.
+func (fl *fleetState) runners() []*laneRunner {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	return slices.Collect(maps.Values(fl.runs))
+}
+
+// add records lr under its id; remove forgets it if it is still lr.
+func (fl *fleetState) add(lr *laneRunner) {
+	fl.mu.Lock()
+	if fl.runs == nil {
+		fl.runs = map[uint64]*laneRunner{}
+	}
+	fl.runs[lr.id] = lr
+	fl.mu.Unlock()
+}
+
+func (fl *fleetState) remove(lr *laneRunner) {
+	fl.mu.Lock()
+	if fl.runs[lr.id] == lr {
+		delete(fl.runs, lr.id)
+	}
+	fl.mu.Unlock()
 }
 
 func (fl *fleetState) ready() error {
@@ -213,7 +247,7 @@ func (p *Pipeline) queueName(r storage.Reader) string {
 
 // deliverPartition delivers one owned partition until ownership ends
 // (owned) or the pipeline stops (stop): see the fleet mode above and
-// delivery.DeliverPartition. drained is called once its requests in flight
+// DeliverPartition. drained is called once its requests in flight
 // are done and acknowledged.
 func (p *Pipeline) deliverPartition(stop, owned context.Context, r storage.Reader, drained func()) error {
 	name := p.queueName(r)
@@ -224,29 +258,32 @@ func (p *Pipeline) deliverPartition(stop, owned context.Context, r storage.Reade
 		<-owned.Done()
 		return nil
 	}
-	return delivery.DeliverPartition(stop, owned, r, drained, delivery.PartitionConfig{
+	return DeliverPartition(stop, owned, r, drained, PartitionConfig{
 		Name:      name,
 		Kind:      p.lanes,
 		MaxQueued: int64(p.cfg.MaxReadAheadBytes) / 8,
 		Idle:      feedIdle,
 		Log:       p.log,
-		Start: func(f *delivery.Feed) delivery.FeedRunner {
+		Start: func(f *Feed) *laneRunner {
 			lr := newRunner(p, f, p.fl.nextID.Add(1), f.Lane().Label()+"-"+name, f.Lane())
-			p.fl.runs.Add(lr.id, lr)
+			p.fl.add(lr)
 			// After Add: a stop arriving meanwhile finds the runner.
 			if reason, ok := p.fl.stopped(f.Lane()); ok {
 				lr.stop.Stop(reason)
 			}
-			return delivery.FeedRunner{Label: lr.label, Run: lr.Run, Pinned: lr.stop.Stopped,
-				Retired:   func() { p.fl.runs.Remove(lr.id, lr) },
-				Abandoned: func() { p.fl.runs.Remove(lr.id, lr); lr.abandon() }}
+			return lr
 		},
 	})
 }
 
-// abandon releases the read-ahead a runner that will not run again holds
-// (its partition went: what it held is read again by the next owner).
+// forget forgets a fleet runner whose feed retired.
+func (lr *laneRunner) forget() { lr.p.fl.remove(lr) }
+
+// abandon forgets a fleet runner that will not run again and releases the
+// read-ahead it holds (its partition went: what it held is read again by
+// the next owner).
 func (lr *laneRunner) abandon() {
+	lr.forget()
 	lr.bmu.Lock()
 	n := lr.inflight
 	lr.bmu.Unlock()
@@ -300,7 +337,7 @@ func (p *Pipeline) laneStopChanged(lane storage.LaneKey, stopped bool, reason st
 		delete(fl.stops, lane)
 	}
 	fl.smu.Unlock()
-	for _, lr := range fl.runs.All() {
+	for _, lr := range fl.runners() {
 		if lr.key != lane {
 			continue
 		}
@@ -321,9 +358,9 @@ const sharedLaneTimeout = 5 * time.Second
 // relay only (logged).
 func (p *Pipeline) controlShared(laneID uint64, stop bool) error {
 	fl := p.fl
-	lr := fl.runs.Get(laneID)
+	lr := fl.runner(laneID)
 	if lr == nil {
-		return fmt.Errorf("batcher: lane %d: %w", laneID, delivery.ErrUnknownLane)
+		return fmt.Errorf("delivery: lane %d: %w", laneID, ErrUnknownLane)
 	}
 	const reason = "stopped by operator"
 	if fl.lanes != nil {

@@ -1,4 +1,4 @@
-package batcher
+package delivery
 
 import (
 	"cmp"
@@ -15,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
@@ -28,14 +27,7 @@ type Sender interface {
 }
 
 // ErrNotRunning is returned by Ready before Run starts and after it returns.
-var ErrNotRunning = errors.New("batcher: delivery not running")
-
-// ErrAlreadyRunning is returned by a second concurrent Run.
-var ErrAlreadyRunning = delivery.ErrAlreadyRunning
-
-// Store is the store as every kind's delivery uses it: the local spool
-// (spool.Backend, whose queues are lanes) or the fleet's (fleet.Backend).
-type Store = delivery.Store
+var ErrNotRunning = errors.New("delivery: not running")
 
 // Pipeline delivers every events lane of a store upstream. See the package
 // documentation.
@@ -57,13 +49,13 @@ type Pipeline struct {
 	lanes storage.Kind
 	// kind packs requests and classifies answers: events, or a form
 	// kind's (NewForm).
-	kind delivery.Kind
+	kind Kind
 	// form is a form kind's own (NewForm); nil for events.
 	form *formKind
 
 	// eng runs a laneRunner per events lane and answers the lane control
 	// (local mode; nil in fleet mode).
-	eng *delivery.Engine[*laneRunner]
+	eng *Engine[*laneRunner]
 	// dead stores dead letters: the spool, or the fleet's store.
 	dead storage.DeadWriter
 	// fl is the fleet mode's state (NewFleet); nil in local mode.
@@ -87,14 +79,14 @@ func New(cfg Config, st Store, send Sender, thr *throttle.Throttle, log *zap.Log
 		return nil, err
 	}
 	if st == nil || send == nil {
-		return nil, errors.New("batcher: store and sender are required")
+		return nil, errors.New("delivery: store and sender are required")
 	}
 	p, err := newPipeline(cfg, send, thr, log)
 	if err != nil {
 		return nil, err
 	}
 	p.dead = st
-	eng, err := delivery.NewEngine(delivery.EngineConfig[*laneRunner]{Kind: storage.KindEvents, DrainTimeout: p.cfg.DrainTimeout,
+	eng, err := NewEngine(EngineConfig[*laneRunner]{Kind: storage.KindEvents, DrainTimeout: p.cfg.DrainTimeout,
 		NewRunner: func(q storage.LaneQueue) *laneRunner { return newLaneRunner(p, q) }}, st)
 	if err != nil {
 		return nil, err
@@ -232,7 +224,7 @@ func (p *Pipeline) StopLane(laneID uint64) error {
 
 // ResumeLane resumes a lane stopped by StopLane or by the upstream refusing
 // its api_key ("Invalid API key"); its held events are sent at once. It
-// wraps delivery.ErrUnknownLane for a lane the store has not handed over
+// wraps ErrUnknownLane for a lane the store has not handed over
 // yet (none was stopped).
 func (p *Pipeline) ResumeLane(laneID uint64) error {
 	if p.onEngine(laneID) {
@@ -251,18 +243,6 @@ func (p *Pipeline) onEngine(laneID uint64) bool {
 	return ok || p.fl == nil
 }
 
-func (p *Pipeline) lane(id uint64) *laneRunner {
-	if p.eng != nil {
-		if lr, ok := p.eng.Lane(id); ok {
-			return lr
-		}
-	}
-	if p.fl != nil {
-		return p.fl.runs.Get(id)
-	}
-	return nil
-}
-
 // runners is a snapshot of the lanes' runners (the engine holds no lock
 // across a call out of its package): the engine's lanes and the fleet
 // partitions' runners.
@@ -272,45 +252,43 @@ func (p *Pipeline) runners() []*laneRunner {
 		rs = p.eng.Runners()
 	}
 	if p.fl != nil {
-		rs = append(rs, p.fl.runs.All()...)
+		rs = append(rs, p.fl.runners()...)
 	}
 	return rs
 }
 
 // LaneStatus returns a snapshot of every lane the pipeline has started,
 // by lane id.
-func (p *Pipeline) LaneStatus() []delivery.LaneStatus {
+func (p *Pipeline) LaneStatus() []LaneStatus {
 	rs := p.runners()
-	out := make([]delivery.LaneStatus, 0, len(rs))
+	out := make([]LaneStatus, 0, len(rs))
 	for _, lr := range rs {
 		out = append(out, lr.Status())
 	}
-	slices.SortFunc(out, func(a, b delivery.LaneStatus) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b LaneStatus) int { return cmp.Compare(a.ID, b.ID) })
 	return out
 }
 
-// events is the delivery.Kind of event lanes: /2/httpapi's JSON body
+// events is the Kind of event lanes: /2/httpapi's JSON body
 // {"api_key":<json string>,"events":[e,e,...],"options":<raw>} ("options"
 // when the lane has them), at most maxEvents events and strictly under
 // maxBytes (the configured limits: a shard sets the Live ones in force on
-// its copy at each batch); answers by delivery.Classify (a Throttled
-// answer's pauses are the shard's). The pipeline holds it as this type:
-// build's calls inline.
+// its copy at each batch).
 type events struct {
 	maxEvents, maxBytes int
 	check               func(apiKey string) func(data []byte) ([]byte, string, []byte)
 }
 
-var _ delivery.Kind = events{}
+var _ Kind = events{}
 
 // Frame is the lane's envelope and limits; events are written as they are.
-func (k events) Frame(key storage.LaneKey) delivery.Frame {
+func (k events) Frame(key storage.LaneKey) Frame {
 	q, _ := json.Marshal(key.APIKey) // a string always marshals
 	suffix := "]"
 	if key.Options != "" {
 		suffix += `,"options":` + key.Options
 	}
-	f := delivery.Frame{Prefix: `{"api_key":` + string(q) + `,"events":[`, Suffix: suffix + "}", Sep: ",",
+	f := Frame{Prefix: `{"api_key":` + string(q) + `,"events":[`, Suffix: suffix + "}", Sep: ",",
 		MaxRecords: k.maxEvents, MaxBytes: k.maxBytes}
 	if k.check != nil {
 		f.Check = k.check(key.APIKey)
@@ -318,23 +296,18 @@ func (k events) Frame(key storage.LaneKey) delivery.Frame {
 	return f
 }
 
-// Classify is delivery.Classify.
-func (events) Classify(res *upstream.Result, n int) delivery.Verdict {
-	return delivery.Classify(res, n)
-}
-
 // laneRunner delivers one lane: a reader goroutine and ShardsPerLane
 // shards, each with a goroutine while it has records.
 type laneRunner struct {
 	p *Pipeline
 	// src is what the reader reads: the local spool's lane, or the lane's
-	// messages of one fleet partition (a delivery.Feed).
+	// messages of one fleet partition (a Feed).
 	src   storage.Lane
 	id    uint64
 	label string
 	key   storage.LaneKey
 	// frame packs the lane's requests (Pipeline.kind's Frame).
-	frame delivery.Frame
+	frame Frame
 	// shards has Config.ShardsPerLane entries, each nil until the shard
 	// has a record (laneRunner.shard).
 	shards []*shard
@@ -356,7 +329,7 @@ type laneRunner struct {
 	// stop is the lane's stop state; its Stopped (an atomic) serves the
 	// relay_lane_stopped collector, which reads no lock of the relay. It
 	// pins the lane while stopped.
-	stop                 delivery.StopSwitch
+	stop                 StopSwitch
 	heldKeys, heldEvents atomic.Int64
 	readAhead            atomic.Int64
 	// failing counts the shards whose last request failed (retryable) and
@@ -445,17 +418,9 @@ func (lr *laneRunner) Run(ctx, drain context.Context) error {
 	return nil
 }
 
-// Stop stops the lane by hand (StopLane).
-func (lr *laneRunner) Stop(reason string) { lr.stopLane(reason) }
-
-// Resume resumes the lane (ResumeLane).
-func (lr *laneRunner) Resume() { lr.resume() }
-
-// Status is the lane's snapshot.
-func (lr *laneRunner) Status() delivery.LaneStatus { return lr.status() }
-
-// stopLane stops the lane (no-op when stopped) and logs it once.
-func (lr *laneRunner) stopLane(reason string) {
+// Stop stops the lane (an operator, an upstream refusing its api_key; a
+// no-op when stopped) and logs it once.
+func (lr *laneRunner) Stop(reason string) {
 	if !lr.stop.Stop(reason) {
 		return
 	}
@@ -463,7 +428,8 @@ func (lr *laneRunner) stopLane(reason string) {
 		zap.String("lane", lr.label), zap.String("reason", reason))
 }
 
-func (lr *laneRunner) resume() {
+// Resume resumes the lane (ResumeLane).
+func (lr *laneRunner) Resume() {
 	if !lr.stop.Resume() {
 		return
 	}
@@ -471,13 +437,14 @@ func (lr *laneRunner) resume() {
 	lr.p.log.Info("lane resumed", zap.String("lane", lr.label))
 }
 
-func (lr *laneRunner) status() delivery.LaneStatus {
-	st := delivery.LaneStatus{ID: lr.id, Label: lr.label}
+// Status is the lane's snapshot.
+func (lr *laneRunner) Status() LaneStatus {
+	st := LaneStatus{ID: lr.id, Label: lr.label}
 	st.Stopped, st.StopReason = lr.stop.State()
 	st.PausedKeys = lr.heldKeys.Load()
 	st.HeldEvents = lr.heldEvents.Load()
 	st.ReadAheadBytes = lr.readAhead.Load()
-	if f, ok := lr.src.(*delivery.Feed); ok {
+	if f, ok := lr.src.(*Feed); ok {
 		st.Records, st.Bytes = f.Waiting()
 	}
 	return st

@@ -1,4 +1,4 @@
-package batcher
+package delivery
 
 import (
 	"context"
@@ -26,7 +26,12 @@ import (
 
 func newSeamHarness(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle.Config) *harness {
 	t.Helper()
-	h := newHarness(t, simCfg, cfg, thrCfg)
+	return overSeam(t, newHarness(t, simCfg, cfg, thrCfg))
+}
+
+// overSeam makes h's pipeline a fleet-mode one over the local spool.
+func overSeam(t *testing.T, h *harness) *harness {
+	t.Helper()
 	h.reg = prometheus.NewRegistry()
 	var err error
 	h.p, err = NewFleet(h.cfg, spool.NewBackend(h.sp, nil), nil, nil, h.send, h.thr, zaptest.NewLogger(t), h.reg)
@@ -87,9 +92,11 @@ func TestFleetModeOverSeam(t *testing.T) {
 		}
 	})
 	t.Run("read-ahead-bounded", func(t *testing.T) {
-		const max = 20_000
-		h := newSeamHarness(t, sim.Config{}, Config{MaxReadAheadBytes: max, ShardsPerLane: 2}, throttle.Config{})
-		h.checkReadAheadBackPressure(max)
+		synctest.Test(t, func(t *testing.T) {
+			const max = 20_000
+			h := overSeam(t, newSyncHarness(t, sim.Config{}, Config{MaxReadAheadBytes: max, ShardsPerLane: 2}, throttle.Config{}))
+			h.checkReadAheadBackPressure(max)
+		})
 	})
 }
 
@@ -147,37 +154,39 @@ func (s *leasedStore) Run(ctx context.Context, deliver storage.DeliverFunc) erro
 // lease instead, everything is delivered (the shards waited, they did not
 // end).
 func TestFleetLeaseRunOut(t *testing.T) {
-	h := newHarness(t, sim.Config{}, Config{MaxBatchEvents: 10, ShardsPerLane: 2}, throttle.Config{})
-	st := &leasedStore{Backend: spool.NewBackend(h.sp, nil)}
-	h.reg = prometheus.NewRegistry()
-	var err error
-	h.p, err = NewFleet(h.cfg, st, nil, nil, h.send, h.thr, zaptest.NewLogger(t), h.reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 5 {
-		h.add("key", devEvents(10)...)
-	}
-	h.start()
-	poll.Until(t, "the lane's runner to read the queue", func() bool {
-		for _, ls := range h.p.LaneStatus() {
-			if ls.ReadAheadBytes > 0 {
-				return true
-			}
+	synctest.Test(t, func(t *testing.T) {
+		h := newSyncHarness(t, sim.Config{}, Config{MaxBatchEvents: 10, ShardsPerLane: 2}, throttle.Config{})
+		st := &leasedStore{Backend: spool.NewBackend(h.sp, nil)}
+		h.reg = prometheus.NewRegistry()
+		var err error
+		h.p, err = NewFleet(h.cfg, st, nil, nil, h.send, h.thr, zaptest.NewLogger(t), h.reg)
+		if err != nil {
+			t.Fatal(err)
 		}
-		return false
+		for range 5 {
+			h.add("key", devEvents(10)...)
+		}
+		h.start()
+		poll.Until(t, "the lane's runner to read the queue", func() bool {
+			for _, ls := range h.p.LaneStatus() {
+				if ls.ReadAheadBytes > 0 {
+					return true
+				}
+			}
+			return false
+		})
+		// The shards had their flush interval several times over to send.
+		time.Sleep(20 * h.cfg.FlushInterval)
+		if n := h.send.calls.Load(); n != 0 {
+			t.Fatalf("%d requests sent while the lease had run out", n)
+		}
+		st.held.Store(true)
+		h.waitDrained(poll.Max, 0)
+		h.stop()
+		if dead := h.check(nil); len(dead) != 0 {
+			t.Fatalf("dead letters: %v", dead)
+		}
 	})
-	// The shards had their flush interval several times over to send.
-	time.Sleep(20 * h.cfg.FlushInterval)
-	if n := h.send.calls.Load(); n != 0 {
-		t.Fatalf("%d requests sent while the lease had run out", n)
-	}
-	st.held.Store(true)
-	h.waitDrained(poll.Max, 0)
-	h.stop()
-	if dead := h.check(nil); len(dead) != 0 {
-		t.Fatalf("dead letters: %v", dead)
-	}
 }
 
 func devEvents(n int) []ev {

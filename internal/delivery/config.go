@@ -1,4 +1,4 @@
-package batcher
+package delivery
 
 import (
 	"errors"
@@ -56,7 +56,7 @@ type Config struct {
 	// DrainTimeout is how long in-flight requests may finish after Run's
 	// context ends before they are abandoned; zero means 5s.
 	DrainTimeout time.Duration
-	// Check, when not nil, gives the delivery.Frame.Check of the lanes of
+	// Check, when not nil, gives the Frame.Check of the lanes of
 	// an api_key (nil: their events are not checked): the tracking plan
 	// (internal/plan).
 	Check func(apiKey string) func(data []byte) (rec []byte, reason string, answer []byte)
@@ -120,7 +120,7 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("negative read-ahead"))
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("batcher config: %w", err)
+		return fmt.Errorf("delivery config: %w", err)
 	}
 	return nil
 }

@@ -1,5 +1,5 @@
 //go:build !race
 
-package batcher
+package delivery
 
 const raceEnabled = false

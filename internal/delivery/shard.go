@@ -1,4 +1,4 @@
-package batcher
+package delivery
 
 import (
 	"container/heap"
@@ -8,7 +8,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/throttle"
 	"github.com/svcrelay/relay/internal/upstream"
@@ -32,7 +31,7 @@ type shard struct {
 	held      map[string]*held // nil until a key is held
 	heap      heldHeap
 	capEvents int // lowered by 413 and bisection, doubled back on success
-	bo        *delivery.Retry
+	bo        *Retry
 	body      []byte
 	batch     []item
 	dead      []deadItem
@@ -59,7 +58,7 @@ type deadItem struct {
 func newShard(lr *laneRunner, idx int) *shard {
 	cfg := lr.p.cfg
 	// Retried without a count or time limit; MaxEventAge bounds it.
-	bo := delivery.NewRetry(cfg.RetryInitial, cfg.RetryMax)
+	bo := NewRetry(cfg.RetryInitial, cfg.RetryMax)
 	return &shard{lr: lr, idx: idx, wake: make(chan struct{}, 1), capEvents: lr.p.lived().MaxBatchEvents, bo: bo}
 }
 
@@ -381,12 +380,6 @@ func (s *shard) pausedUntilFleet(r *storage.Record) time.Time {
 	return u
 }
 
-// Key prefixes of event.Event.OrderKey (event.DeviceKeyPrefix, UserKeyPrefix).
-const (
-	devicePrefix = "d:"
-	userPrefix   = "u:"
-)
-
 // build takes the next batch from the ready queue into s.batch and returns
 // its body; events of held or paused keys are moved to their held queue,
 // expired and oversized events to s.dead.
@@ -411,8 +404,8 @@ func (s *shard) build(now time.Time) []byte {
 	pk := f.Open(s.body)
 	for s.ready.len() > 0 && len(s.batch) < capE {
 		it := s.ready.peek() // valid until the next pop
-		if delivery.Expired(now, it.ck.accepted, maxAge) {
-			s.dead = append(s.dead, deadItem{s.ready.pop(), delivery.ReasonExpired, nil})
+		if Expired(now, it.ck.accepted, maxAge) {
+			s.dead = append(s.dead, deadItem{s.ready.pop(), ReasonExpired, nil})
 			continue
 		}
 		if h := s.held[string(it.rec.OrderKey)]; h != nil {
@@ -430,7 +423,7 @@ func (s *shard) build(now time.Time) []byte {
 		}
 		rec, w := f.Record(nil, it.rec.Data) // the events kind writes data as it is
 		if f.TooLarge(rec) {
-			s.dead = append(s.dead, deadItem{s.ready.pop(), "too_large", nil})
+			s.dead = append(s.dead, deadItem{s.ready.pop(), reasonTooLarge, nil})
 			continue
 		}
 		if !f.Fits(&pk, rec, w) {
@@ -518,14 +511,25 @@ next:
 	}
 }
 
-// handle acts on what an answer means for the batch (the kind's Classify:
-// the contract's Delivery section; 429 and silenced answers pause and pace
-// keys here). It returns false when the shard must exit.
+// handle acts on what the answer means for the batch (decide: pauses are
+// recorded whatever the outcome). It returns false when the shard must
+// exit.
 func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool {
 	p := s.lr.p
 	n := len(s.batch)
-	switch v := p.kind.Classify(&res, n); v.Outcome {
-	case delivery.Delivered:
+	v := p.decide(&res, s.batch)
+	if len(v.quota) > 0 {
+		p.sharePauses(ctx, v.quota, p.thr.PauseUntilNextDay(v.quota))
+	}
+	if len(v.pause) > 0 {
+		// Paused, then paced (the share tells the pacing how many of the
+		// key's events the refused request carried).
+		until := time.Now().Add(p.lived().ThrottlePause)
+		p.thr.Refused(s.shares(v.pause), until, res.EPSThreshold)
+		p.sharePauses(ctx, v.pause, until)
+	}
+	switch v.outcome {
+	case delivered:
 		s.lastAnswer = nil
 		s.lr.done(s.batch)
 		p.m.delivered.Add(float64(n))
@@ -538,77 +542,16 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 		s.capEvents = min(s.capEvents*2, p.lived().MaxBatchEvents)
 		p.thr.Admitted(s.pacedKeys)
 		return true
-
-	case delivery.Throttled:
-		now := time.Now()
-		reasons := map[int]string{}
-		if res.Kind == upstream.Silenced {
-			for _, i := range res.SilencedEvents {
-				if i >= 0 && i < n {
-					reasons[i] = "silenced"
-				}
-			}
-			if len(res.SilencedDevices) > 0 {
-				set := keySet(devicePrefix, res.SilencedDevices)
-				for i := range s.batch {
-					if set[string(s.batch[i].rec.OrderKey)] {
-						reasons[i] = "silenced"
-					}
-				}
-			}
-			if len(res.QuotaDevices) > 0 {
-				keys := prefixed(devicePrefix, res.QuotaDevices)
-				p.sharePauses(ctx, keys, p.thr.PauseUntilNextDay(keys))
-			}
-		}
-		until := now.Add(p.lived().ThrottlePause)
-		pause := prefixed(devicePrefix, res.ThrottledDevices)
-		pause = append(pause, prefixed(userPrefix, res.ThrottledUsers)...)
-		// Events are paused by index only when the answer names no device
-		// or user (otherwise those names are exact).
-		byName := len(pause) > 0
-		for _, i := range res.ThrottledEvents {
-			if !byName && i >= 0 && i < n {
-				if _, dead := reasons[i]; !dead {
-					pause = append(pause, string(s.batch[i].rec.OrderKey))
-				}
-			}
-		}
-		if len(pause) > 0 {
-			// Paused, then paced (the share tells the pacing how many of
-			// the key's events the refused request carried).
-			p.thr.Refused(s.shares(pause), until, res.EPSThreshold)
-			p.sharePauses(ctx, pause, until)
-		}
-		progress := len(reasons) > 0
-		if !progress {
-			for i := range s.batch {
-				if !s.pausedUntil(&s.batch[i].rec).IsZero() {
-					progress = true
-					break
-				}
-			}
-		}
-		if !progress {
-			// Nothing in the answer matches this batch: wait like a 5xx
-			// rather than resend at once in a loop.
-			return s.retryLater(ctx, drainCtx, res)
-		}
-		return s.dropAndResend(ctx, drainCtx, reasons, res)
-
-	case delivery.DeadSome:
-		return s.dropAndResend(ctx, drainCtx, v.Dead, res)
-
-	case delivery.Split:
-		return s.split(ctx, drainCtx, res, v.Reason)
-
-	case delivery.Stop:
+	case resend:
+		return s.dropAndResend(ctx, drainCtx, v.dead, res)
+	case split:
+		return s.split(ctx, drainCtx, res, v.reason)
+	case stop:
 		s.requeue(s.batch)
-		s.lr.stopLane(v.Reason)
+		s.lr.Stop(v.reason)
 		return true
-
-	default: // Wait
-		return s.retryLater(ctx, drainCtx, res)
+	default: // wait
+		return s.retryLater(ctx, res, v.wait)
 	}
 }
 
@@ -668,17 +611,13 @@ func (s *shard) requeue(its []item) {
 	s.ready.pushFront(front)
 }
 
-// retryLater puts the batch back and waits the backoff (at least a clamped
-// Retry-After).
-func (s *shard) retryLater(ctx, drainCtx context.Context, res upstream.Result) bool {
+// retryLater puts the batch back and waits the backoff, at least least
+// (the verdict's wait).
+func (s *shard) retryLater(ctx context.Context, res upstream.Result, least time.Duration) bool {
 	p := s.lr.p
-	cfg := p.cfg
 	s.requeue(s.batch)
 	p.m.retried.Add(float64(len(s.batch)))
-	d := s.bo.Wait(res.RetryAfter, cfg.MaxRetryAfter)
-	if f := p.form; f != nil && res.Kind == upstream.Throttled && res.RetryAfter <= 0 {
-		d = max(d, f.throttleWait)
-	}
+	d := max(s.bo.Next(), least)
 	if p.m.retries != nil {
 		p.m.retries.Inc()
 	}
@@ -696,17 +635,10 @@ func (s *shard) retryLater(ctx, drainCtx context.Context, res upstream.Result) b
 	}
 	s.batch = nil // requeued above
 	s.shrink()
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return sleep(ctx, d)
 }
 
-// flushDead commits s.dead to the dead-letter store (delivery.FlushDead),
+// flushDead commits s.dead to the dead-letter store (FlushDead),
 // then marks them done (so their chunks may be acked). A failing PutDead is
 // retried with backoff until it works, drainCtx ends or the spool closes
 // (false: the shard exits, nothing acked).
@@ -720,19 +652,19 @@ func (s *shard) flushDead(ctx, drainCtx context.Context, answer []byte) bool {
 			ans = d.answer
 		}
 		switch d.reason {
-		case delivery.ReasonExpired:
+		case ReasonExpired:
 			ans = []byte("relay: not delivered within max-event-age")
 			if s.lastAnswer != nil {
 				ans = append(append(ans, "; last answer: "...), s.lastAnswer...)
 			}
-		case "too_large":
+		case reasonTooLarge:
 			if ans == nil {
 				ans = []byte("relay: event larger than max-batch-bytes")
 			}
 		}
 		dls[i] = storage.DeadLetter{Lane: s.lr.key, Reason: d.reason, Answer: ans, Accepted: d.it.ck.accepted, Died: now, Record: d.it.rec}
 	}
-	err := delivery.FlushDead(drainCtx, p.dead, dls, func(err error) {
+	err := FlushDead(drainCtx, p.dead, dls, func(err error) {
 		p.log.Error("store dead letters failed; retrying", zap.String("lane", s.lr.label), zap.Error(err))
 	})
 	if err != nil {
@@ -787,20 +719,4 @@ func (s *shard) shares(keys []string) []throttle.Share {
 		out = append(out, throttle.Share{Key: k, Share: n})
 	}
 	return out
-}
-
-func prefixed(prefix string, ids []string) []string {
-	out := make([]string, len(ids))
-	for i, id := range ids {
-		out[i] = prefix + id
-	}
-	return out
-}
-
-func keySet(prefix string, ids []string) map[string]bool {
-	m := make(map[string]bool, len(ids))
-	for _, id := range ids {
-		m[prefix+id] = true
-	}
-	return m
 }

@@ -1,11 +1,9 @@
-package batcher
+package delivery
 
 import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/svcrelay/relay/internal/delivery"
 )
 
 // metrics are the pipeline's. No lock of the relay is held while one is
@@ -40,13 +38,7 @@ func newMetrics(reg prometheus.Registerer, p *Pipeline) (*metrics, error) {
 			Name: "relay_delivery_events_dead_lettered_total",
 			Help: "Events moved to the dead-letter store, by reason.",
 		}, []string{"reason"}),
-		// relay_lane_stopped{lane}, made at scrape time from the lanes
-		// the engine runs: a retired lane's series goes with it.
-	}
-	if p.eng != nil {
-		m.laneStopped = p.eng.StoppedCollector(true)
-	} else {
-		m.laneStopped = delivery.NewStoppedCollector(p.LaneStatus, true)
+		laneStopped: NewStoppedCollector(p.LaneStatus, true),
 	}
 	m.paused = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "relay_delivery_paused_devices",
@@ -68,7 +60,7 @@ func newMetrics(reg prometheus.Registerer, p *Pipeline) (*metrics, error) {
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.delivered, m.retried, m.dead, m.laneStopped, m.paused, m.readAhead, newHeldCollector(p)} {
 			if err := reg.Register(c); err != nil {
-				return nil, fmt.Errorf("batcher: register metrics: %w", err)
+				return nil, fmt.Errorf("delivery: register metrics: %w", err)
 			}
 		}
 	}

@@ -1,4 +1,4 @@
-package batcher
+package delivery
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/storage"
@@ -181,68 +180,70 @@ func TestNoRequestDuringPause(t *testing.T) {
 // their daily quota wait for the next UTC day (held, not dropped, not
 // hammered); everything else is delivered.
 func TestSilencedAndQuota(t *testing.T) {
-	h := newHarness(t, sim.Config{}, Config{MaxBatchEvents: 30}, throttle.Config{})
-	simtest.Silence(h.sim, "silent-device")
-	for c := 0; c < 4; c++ {
-		var evs []ev
-		for _, d := range devs("device-", 10) {
-			evs = append(evs, ev{Device: d}, ev{Device: "silent-device"})
+	synctest.Test(t, func(t *testing.T) {
+		h := newSyncHarness(t, sim.Config{}, Config{MaxBatchEvents: 30}, throttle.Config{})
+		simtest.Silence(h.sim, "silent-device")
+		for c := 0; c < 4; c++ {
+			var evs []ev
+			for _, d := range devs("device-", 10) {
+				evs = append(evs, ev{Device: d}, ev{Device: "silent-device"})
+			}
+			h.add("key", evs...)
 		}
-		h.add("key", evs...)
-	}
-	h.start()
-	h.waitDrained(10*time.Second, 0)
-	dead := h.check(nil)
-	if len(dead) != 40 {
-		t.Fatalf("%d dead letters, want the 40 silenced", len(dead))
-	}
-	for id, d := range dead {
-		if !strings.Contains(id, "silent-device") || d.Reason != "silenced" || !strings.Contains(string(d.Answer), "silenced") {
-			t.Fatalf("dead letter %s: %s %s", id, d.Reason, d.Answer)
+		h.start()
+		h.waitDrained(10*time.Second, 0)
+		dead := h.check(nil)
+		if len(dead) != 40 {
+			t.Fatalf("%d dead letters, want the 40 silenced", len(dead))
 		}
-	}
+		for id, d := range dead {
+			if !strings.Contains(id, "silent-device") || d.Reason != "silenced" || !strings.Contains(string(d.Answer), "silenced") {
+				t.Fatalf("dead letter %s: %s %s", id, d.Reason, d.Answer)
+			}
+		}
 
-	// Daily quota: quota-device reaches it; its later events are held.
-	simtest.SetDailyQuota(h.sim, 5)
-	var quotaIDs []string
-	for i := 0; i < 10; i++ {
-		quotaIDs = append(quotaIDs, h.add("key", ev{Device: "quota-device"}, ev{Device: "fresh-" + string(rune('a'+i))})...)
-		time.Sleep(30 * time.Millisecond)
-	}
-	time.Sleep(500 * time.Millisecond)
-	before := len(h.sim.Requests())
-	time.Sleep(500 * time.Millisecond)
-	for _, r := range h.sim.Requests()[before:] {
-		if r.HasDevice("quota-device") {
-			t.Fatalf("request %d for the over-quota device while it waits for the next day", r.Seq)
+		// Daily quota: quota-device reaches it; its later events are held.
+		simtest.SetDailyQuota(h.sim, 5)
+		var quotaIDs []string
+		for i := 0; i < 10; i++ {
+			quotaIDs = append(quotaIDs, h.add("key", ev{Device: "quota-device"}, ev{Device: "fresh-" + string(rune('a'+i))})...)
+			time.Sleep(30 * time.Millisecond)
 		}
-	}
-	var st delivery.LaneStatus
-	for _, s := range h.p.LaneStatus() {
-		st = s
-	}
-	if st.PausedKeys != 1 || st.HeldEvents == 0 {
-		t.Fatalf("lane status %+v", st)
-	}
-	h.stop()
-	pending := map[string]bool{}
-	atSim := map[string]bool{}
-	for _, e := range h.sim.AllEvents() {
-		atSim[e.InsertID] = true
-	}
-	held := 0
-	for _, id := range quotaIDs {
-		if strings.Contains(id, "quota-device") && !atSim[id] {
-			pending[id] = true
-			held++
+		time.Sleep(500 * time.Millisecond)
+		before := len(h.sim.Requests())
+		time.Sleep(500 * time.Millisecond)
+		for _, r := range h.sim.Requests()[before:] {
+			if r.HasDevice("quota-device") {
+				t.Fatalf("request %d for the over-quota device while it waits for the next day", r.Seq)
+			}
 		}
-	}
-	if held != 5 {
-		t.Fatalf("%d quota-device events held, want 5", held)
-	}
-	if d := h.check(pending); len(d) != 40 {
-		t.Fatalf("quota events dead-lettered: %d", len(d))
-	}
+		var st LaneStatus
+		for _, s := range h.p.LaneStatus() {
+			st = s
+		}
+		if st.PausedKeys != 1 || st.HeldEvents == 0 {
+			t.Fatalf("lane status %+v", st)
+		}
+		h.stop()
+		pending := map[string]bool{}
+		atSim := map[string]bool{}
+		for _, e := range h.sim.AllEvents() {
+			atSim[e.InsertID] = true
+		}
+		held := 0
+		for _, id := range quotaIDs {
+			if strings.Contains(id, "quota-device") && !atSim[id] {
+				pending[id] = true
+				held++
+			}
+		}
+		if held != 5 {
+			t.Fatalf("%d quota-device events held, want 5", held)
+		}
+		if d := h.check(pending); len(d) != 40 {
+			t.Fatalf("quota events dead-lettered: %d", len(d))
+		}
+	})
 }
 
 // Invalid events in the middle of batches: exactly they are dead-lettered
@@ -388,102 +389,105 @@ func TestFaultStorm(t *testing.T) {
 }
 
 // A 10-minute outage (60s backoff cap) compressed 300x: 2s down with a
-// 200ms cap. Requests during it are counted: capped backoff, no hammering.
+// 200ms cap (fake time). Requests during it are counted: capped backoff,
+// no hammering.
 func TestOutageCompressed(t *testing.T) {
-	const shards = 4
-	h := newHarness(t, sim.Config{}, Config{MaxBatchEvents: 50, ShardsPerLane: shards, RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond}, throttle.Config{})
-	h.start()
-	h.add("key", ev{Device: "warmup"})
-	h.waitDrained(5*time.Second, 0)
-	for _, mode := range []simtest.DownMode{simtest.Down503, simtest.DownRefuse} {
-		before := h.send.calls.Load()
-		if err := h.sim.Down(mode, 2*time.Second); err != nil {
-			t.Fatal(err)
-		}
-		for c := 0; c < 10; c++ {
-			var evs []ev
-			for _, d := range devs("device-", 20) {
-				evs = append(evs, ev{Device: d})
+	synctest.Test(t, func(t *testing.T) {
+		const shards = 4
+		h := newSyncHarness(t, sim.Config{}, Config{MaxBatchEvents: 50, ShardsPerLane: shards, RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond}, throttle.Config{})
+		h.start()
+		h.add("key", ev{Device: "warmup"})
+		h.waitDrained(5*time.Second, 0)
+		for _, mode := range []simtest.DownMode{simtest.Down503, simtest.DownRefuse} {
+			before := h.send.calls.Load()
+			h.down(mode, 2*time.Second)
+			for c := 0; c < 10; c++ {
+				var evs []ev
+				for _, d := range devs("device-", 20) {
+					evs = append(evs, ev{Device: d})
+				}
+				h.add("key", evs...)
 			}
-			h.add("key", evs...)
+			time.Sleep(2 * time.Second)
+			during := h.send.calls.Load() - before
+			// Per shard: about log2(200/20)=4 growing waits, then one try per
+			// 100..200ms (jitter 0.5, capped at 200ms): at most ~4+2s/100ms = 24;
+			// uncapped hammering would be thousands.
+			if max := int64(shards * 24); during > max {
+				t.Fatalf("%s: %d requests during a 2s outage, want <= %d", mode, during, max)
+			}
+			t.Logf("%s: %d requests during the outage", mode, during)
+			h.waitDrained(10*time.Second, 0)
 		}
-		time.Sleep(2 * time.Second)
-		during := h.send.calls.Load() - before
-		// Per shard: about log2(200/20)=4 growing waits, then one try per
-		// 100..200ms (jitter 0.5, capped at 200ms): at most ~4+2s/100ms = 24;
-		// uncapped hammering would be thousands.
-		if max := int64(shards * 24); during > max {
-			t.Fatalf("%s: %d requests during a 2s outage, want <= %d", mode, during, max)
+		h.stop()
+		if d := h.check(nil); len(d) != 0 {
+			t.Fatalf("dead %d", len(d))
 		}
-		t.Logf("%s: %d requests during the outage", mode, during)
-		h.waitDrained(10*time.Second, 0)
-	}
-	h.stop()
-	if d := h.check(nil); len(d) != 0 {
-		t.Fatalf("dead %d", len(d))
-	}
+	})
 }
 
 // Invalid API key stops that lane without a retry loop and raises the alert
 // gauge; other lanes flow; ResumeLane tries again (once).
 func TestInvalidAPIKeyStopsLane(t *testing.T) {
-	h := newHarness(t, sim.Config{APIKeys: []string{"good-key"}}, Config{ShardsPerLane: 2}, throttle.Config{})
-	for i := 0; i < 5; i++ {
-		h.add("bad-key", ev{Device: "device-a"}, ev{Device: "device-b"}, ev{Device: "device-c"})
-		h.add("good-key", ev{Device: "device-a"})
-	}
-	h.start()
-	time.Sleep(time.Second)
-	badReqs := func() int {
-		n := 0
-		for _, r := range h.sim.Requests() {
-			if r.KeyLabel == sim.KeyLabel("bad-key") {
-				n++
+	synctest.Test(t, func(t *testing.T) {
+		h := newSyncHarness(t, sim.Config{APIKeys: []string{"good-key"}}, Config{ShardsPerLane: 2}, throttle.Config{})
+		for i := 0; i < 5; i++ {
+			h.add("bad-key", ev{Device: "device-a"}, ev{Device: "device-b"}, ev{Device: "device-c"})
+			h.add("good-key", ev{Device: "device-a"})
+		}
+		h.start()
+		time.Sleep(time.Second)
+		badReqs := func() int {
+			n := 0
+			for _, r := range h.sim.Requests() {
+				if r.KeyLabel == sim.KeyLabel("bad-key") {
+					n++
+				}
+			}
+			return n
+		}
+		if n := badReqs(); n < 1 || n > 2 { // one per shard at most, then stopped
+			t.Fatalf("%d requests with the bad key", n)
+		}
+		if g := h.metric("relay_lane_stopped"); g != 1 {
+			t.Fatalf("relay_lane_stopped %v", g)
+		}
+		var badLane uint64
+		for _, st := range h.p.LaneStatus() {
+			if st.Stopped {
+				badLane = st.ID
+				if st.StopReason != "invalid API key" {
+					t.Fatalf("%+v", st)
+				}
 			}
 		}
-		return n
-	}
-	if n := badReqs(); n < 1 || n > 2 { // one per shard at most, then stopped
-		t.Fatalf("%d requests with the bad key", n)
-	}
-	if g := h.metric("relay_lane_stopped"); g != 1 {
-		t.Fatalf("relay_lane_stopped %v", g)
-	}
-	var badLane uint64
-	for _, st := range h.p.LaneStatus() {
-		if st.Stopped {
-			badLane = st.ID
-			if st.StopReason != "invalid API key" {
-				t.Fatalf("%+v", st)
+		h.waitDrained(5*time.Second, 15)
+		n := badReqs()
+		time.Sleep(500 * time.Millisecond)
+		if badReqs() != n {
+			t.Fatal("requests while stopped")
+		}
+		if err := h.p.ResumeLane(badLane); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(500 * time.Millisecond)
+		if m := badReqs(); m <= n || m > n+2 {
+			t.Fatalf("after resume: %d requests (was %d)", m, n)
+		}
+		if err := h.p.ResumeLane(999); err == nil {
+			t.Fatal("resume of unknown lane")
+		}
+		h.stop()
+		pending := map[string]bool{}
+		for id, e := range h.appended {
+			if e.apiKey == "bad-key" {
+				pending[id] = true
 			}
 		}
-	}
-	h.waitDrained(5*time.Second, 15)
-	n := badReqs()
-	time.Sleep(500 * time.Millisecond)
-	if badReqs() != n {
-		t.Fatal("requests while stopped")
-	}
-	if err := h.p.ResumeLane(badLane); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(500 * time.Millisecond)
-	if m := badReqs(); m <= n || m > n+2 {
-		t.Fatalf("after resume: %d requests (was %d)", m, n)
-	}
-	if err := h.p.ResumeLane(999); err == nil {
-		t.Fatal("resume of unknown lane")
-	}
-	h.stop()
-	pending := map[string]bool{}
-	for id, e := range h.appended {
-		if e.apiKey == "bad-key" {
-			pending[id] = true
+		if d := h.check(pending); len(d) != 0 {
+			t.Fatalf("dead letters: %v", d)
 		}
-	}
-	if d := h.check(pending); len(d) != 0 {
-		t.Fatalf("dead letters: %v", d)
-	}
+	})
 }
 
 // An event older than MaxEventAge becomes an "expired" dead letter instead
@@ -581,9 +585,11 @@ func TestRetryAfterClamped(t *testing.T) {
 // read-ahead; the reader then waits (the rest stays in the spool) and the
 // read-ahead stays bounded.
 func TestReadAheadBackPressure(t *testing.T) {
-	const max = 20_000
-	h := newHarness(t, sim.Config{}, Config{MaxReadAheadBytes: max, ShardsPerLane: 2}, throttle.Config{})
-	h.checkReadAheadBackPressure(max)
+	synctest.Test(t, func(t *testing.T) {
+		const max = 20_000
+		h := newSyncHarness(t, sim.Config{}, Config{MaxReadAheadBytes: max, ShardsPerLane: 2}, throttle.Config{})
+		h.checkReadAheadBackPressure(max)
+	})
 }
 
 // Everything at once: hot devices and users (429s), a silenced device,
@@ -655,48 +661,50 @@ func chaos(t *testing.T, reading sim.Config) {
 // StopLane pauses a lane for an operator; ResumeLane sends what waited.
 // Lanes of other kinds (group identify, usermap) are not delivered here.
 func TestStopResumeLaneAndOtherKinds(t *testing.T) {
-	h := newHarness(t, sim.Config{}, Config{}, throttle.Config{})
-	gl, err := h.sp.Lane(context.Background(), storage.LaneKey{Kind: storage.KindGroupIdentify, APIKey: "key"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b storage.Batch
-	b.Add(storage.Record{OrderKey: []byte("g"), Data: []byte(`{"group_type":"org","group_value":"x"}`)})
-	if err := h.sp.Append(context.Background(), gl, &b); err != nil {
-		t.Fatal(err)
-	}
-	h.add("key", ev{Device: "device-a"})
-	h.start()
-	h.waitDrained(5*time.Second, 1) // the group identify record stays
-	var id uint64
-	for _, st := range h.p.LaneStatus() {
-		id = st.ID
-	}
-	if len(h.p.LaneStatus()) != 1 {
-		t.Fatalf("lanes %+v", h.p.LaneStatus())
-	}
-	if err := h.p.StopLane(id); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.p.StopLane(gl.ID()); err == nil {
-		t.Fatal("StopLane of a group identify lane")
-	}
-	n := len(h.sim.Requests())
-	h.add("key", ev{Device: "device-a"}, ev{Device: "device-b"})
-	time.Sleep(300 * time.Millisecond)
-	if st := h.p.LaneStatus()[0]; !st.Stopped || st.StopReason != "stopped by operator" || len(h.sim.Requests()) != n {
-		t.Fatalf("status %+v, %d requests (was %d)", st, len(h.sim.Requests()), n)
-	}
-	if h.metric("relay_lane_stopped") != 1 {
-		t.Fatal("gauge")
-	}
-	if err := h.p.ResumeLane(id); err != nil {
-		t.Fatal(err)
-	}
-	h.waitDrained(5*time.Second, 1)
-	h.stop()
-	if h.metric("relay_lane_stopped") != 0 {
-		t.Fatal("gauge after resume")
-	}
-	h.check(nil)
+	synctest.Test(t, func(t *testing.T) {
+		h := newSyncHarness(t, sim.Config{}, Config{}, throttle.Config{})
+		gl, err := h.sp.Lane(context.Background(), storage.LaneKey{Kind: storage.KindGroupIdentify, APIKey: "key"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b storage.Batch
+		b.Add(storage.Record{OrderKey: []byte("g"), Data: []byte(`{"group_type":"org","group_value":"x"}`)})
+		if err := h.sp.Append(context.Background(), gl, &b); err != nil {
+			t.Fatal(err)
+		}
+		h.add("key", ev{Device: "device-a"})
+		h.start()
+		h.waitDrained(5*time.Second, 1) // the group identify record stays
+		var id uint64
+		for _, st := range h.p.LaneStatus() {
+			id = st.ID
+		}
+		if len(h.p.LaneStatus()) != 1 {
+			t.Fatalf("lanes %+v", h.p.LaneStatus())
+		}
+		if err := h.p.StopLane(id); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.p.StopLane(gl.ID()); err == nil {
+			t.Fatal("StopLane of a group identify lane")
+		}
+		n := len(h.sim.Requests())
+		h.add("key", ev{Device: "device-a"}, ev{Device: "device-b"})
+		time.Sleep(300 * time.Millisecond)
+		if st := h.p.LaneStatus()[0]; !st.Stopped || st.StopReason != "stopped by operator" || len(h.sim.Requests()) != n {
+			t.Fatalf("status %+v, %d requests (was %d)", st, len(h.sim.Requests()), n)
+		}
+		if h.metric("relay_lane_stopped") != 1 {
+			t.Fatal("gauge")
+		}
+		if err := h.p.ResumeLane(id); err != nil {
+			t.Fatal(err)
+		}
+		h.waitDrained(5*time.Second, 1)
+		h.stop()
+		if h.metric("relay_lane_stopped") != 0 {
+			t.Fatal("gauge after resume")
+		}
+		h.check(nil)
+	})
 }

@@ -1,4 +1,4 @@
-package batcher
+package delivery
 
 import (
 	"cmp"
@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	"go.uber.org/zap"
 
-	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -19,58 +18,56 @@ import (
 // runner as events (reader, shard, send loop, answer handling, retry
 // waits, dead letters, stop and resume): NewForm makes a Pipeline of one
 // shard per lane, so a lane keeps its order and has one request in
-// flight. What differs is data: the kind's delivery.Frame packs requests
-// (delivery.Form: api_key=K&<field>=[record,...], with its item, body and
-// weight limits) and its Classify reads the answers (a silenced answer is a
-// 400 there); requests go to the kind's URL, after its Pacer when it has
-// one; the linger is the kind's; a 429 names no device of a form request,
-// so it waits as a 5xx does (Retry.Wait), at least FormConfig.ThrottleWait
-// when it has no Retry-After; and the metrics are the kind's
-// (relay_<name>_...).
+// flight. What differs is data: the kind's Frame packs requests
+// (Form: api_key=K&<field>=[record,...], with its item, body and
+// weight limits); the answer rule (decide) knows a form request names no
+// key: a silenced answer is a 400 there, and a 429 waits as a 5xx does, at
+// least FormConfig.ThrottleWait when it has no Retry-After; requests go to
+// the kind's URL, after its Pacer when it has one; the linger is the
+// kind's; and the metrics are the kind's (relay_<name>_...).
 
 // formKind is what a form kind's Pipeline has that an events one does not.
 type formKind struct {
-	name         string
 	url          func(apiKey string) string
 	throttleWait time.Duration
-	pacer        delivery.Pacer
+	pacer        Pacer
 }
 
 // NewForm returns the pipeline of the form kind fc describes (group
 // identify, user mappings) over fc.Store, in both modes: a store whose
 // queues are lanes (the local spool) or fleet partitions. log and reg may
 // be nil.
-func NewForm(fc delivery.FormConfig, send Sender, log *zap.Logger, reg prometheus.Registerer) (*Pipeline, error) {
+func NewForm(fc FormConfig, send Sender, log *zap.Logger, reg prometheus.Registerer) (*Pipeline, error) {
 	if err := fc.Validate(); err != nil {
 		return nil, err
 	}
 	if send == nil {
-		return nil, errors.New("batcher: sender required")
+		return nil, errors.New("delivery: sender required")
 	}
 	if log == nil {
 		log = zap.NewNop()
 	}
 	fr := fc.Kind.Frame(storage.LaneKey{}) // the limits of every lane
-	linger := cmp.Or(fc.Linger, delivery.DefaultLinger)
+	linger := cmp.Or(fc.Linger, formLinger)
 	if linger < 0 {
 		linger = time.Nanosecond // no wait
 	}
 	cfg := Config{MaxBatchEvents: fr.MaxRecords, MaxBatchBytes: fr.MaxBytes, FlushInterval: linger,
-		MaxEventAge: cmp.Or(fc.MaxAge, delivery.DefaultMaxAge), Gzip: fc.Gzip, ShardsPerLane: 1,
-		MaxReadAheadBytes: cmp.Or(fc.ReadBytes, delivery.DefaultReadBytes),
-		RetryInitial:      cmp.Or(fc.RetryInitial, delivery.DefaultRetryInitial),
-		RetryMax:          cmp.Or(fc.RetryMax, delivery.DefaultRetryMax),
-		MaxRetryAfter:     cmp.Or(fc.MaxRetryAfter, delivery.DefaultMaxRetryAfter)}
+		MaxEventAge: cmp.Or(fc.MaxAge, DefaultMaxEventAge), Gzip: fc.Gzip, ShardsPerLane: 1,
+		MaxReadAheadBytes: cmp.Or(fc.ReadBytes, formReadBytes),
+		RetryInitial:      cmp.Or(fc.RetryInitial, DefaultRetryInitial),
+		RetryMax:          cmp.Or(fc.RetryMax, formRetryMax),
+		MaxRetryAfter:     cmp.Or(fc.MaxRetryAfter, formMaxRetryAfter)}
 	p, err := newPipeline(cfg, send, nil, log.With(zap.String("kind", fc.Name)))
 	if err != nil {
 		return nil, err
 	}
 	p.name, p.lanes, p.kind, p.dead = fc.Name, fc.Lanes, fc.Kind, fc.Store
-	p.form = &formKind{name: fc.Name, url: fc.URL, throttleWait: fc.ThrottleWait, pacer: fc.Pacer}
+	p.form = &formKind{url: fc.URL, throttleWait: fc.ThrottleWait, pacer: fc.Pacer}
 	// The store's lanes run on the engine; its fleet partitions (when it
 	// hands them) on runners per lane and partition, as the events'.
 	p.fl = &fleetState{st: fc.Store, stops: make(map[storage.LaneKey]string)}
-	p.eng, err = delivery.NewEngine(delivery.EngineConfig[*laneRunner]{Name: fc.Name, Kind: fc.Lanes, DrainTimeout: p.cfg.DrainTimeout,
+	p.eng, err = NewEngine(EngineConfig[*laneRunner]{Name: fc.Name, Kind: fc.Lanes, DrainTimeout: p.cfg.DrainTimeout,
 		NewRunner: func(q storage.LaneQueue) *laneRunner { return newLaneRunner(p, q) },
 		Partition: func(stop, owned context.Context, r storage.Reader) error {
 			return p.deliverPartition(stop, owned, r, func() {})
@@ -110,7 +107,7 @@ func newFormMetrics(reg prometheus.Registerer, p *Pipeline) (*metrics, error) {
 	if reg != nil {
 		// relay_lane_stopped{lane} beside the events': one alert covers
 		// every kind (the events' collector is the checked one).
-		if err := reg.Register(delivery.NewStoppedCollector(p.LaneStatus, false)); err != nil {
+		if err := reg.Register(NewStoppedCollector(p.LaneStatus, false)); err != nil {
 			return nil, fmt.Errorf("%s: register relay_lane_stopped: %w", p.name, err)
 		}
 	}

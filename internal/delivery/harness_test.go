@@ -1,4 +1,4 @@
-package batcher
+package delivery
 
 import (
 	"context"
@@ -17,7 +17,6 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/poll"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
@@ -141,6 +140,34 @@ func newHarness(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle.Con
 func newSyncHarness(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle.Config) *harness {
 	t.Helper()
 	return newHarnessOn(t, simCfg, cfg, thrCfg, true)
+}
+
+// down takes the sim down in mode for d. In a bubble (no socket) a
+// refused connection is the sender's (simSender).
+func (h *harness) down(mode simtest.DownMode, d time.Duration) {
+	h.t.Helper()
+	if ss, ok := h.send.next.(*simSender); ok && mode == simtest.DownRefuse {
+		ss.mu.Lock()
+		ss.downFrom, ss.downTo = time.Now(), time.Now().Add(d)
+		ss.mu.Unlock()
+		return
+	}
+	if err := h.sim.Down(mode, d); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// up ends down.
+func (h *harness) up() {
+	h.t.Helper()
+	if ss, ok := h.send.next.(*simSender); ok {
+		ss.mu.Lock()
+		ss.downTo = time.Time{}
+		ss.mu.Unlock()
+	}
+	if err := h.sim.Up(); err != nil {
+		h.t.Fatal(err)
+	}
 }
 
 func newHarnessOn(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle.Config, inProcess bool) *harness {
@@ -489,7 +516,7 @@ func (h *harness) checkReadAheadBackPressure(max int64) {
 	}
 	h.start()
 	time.Sleep(time.Second)
-	var st delivery.LaneStatus
+	var st LaneStatus
 	for _, s := range h.p.LaneStatus() {
 		st = s
 	}
@@ -513,3 +540,16 @@ func (h *harness) checkReadAheadBackPressure(max int64) {
 
 // local is sp behind the seam, as cmd/relay gives it to New.
 func local(sp *spool.Spool) Store { return spool.NewBackend(sp, nil).Only(storage.KindEvents) }
+
+// lane returns the runner of lane id, or nil.
+func (p *Pipeline) lane(id uint64) *laneRunner {
+	if p.eng != nil {
+		if lr, ok := p.eng.Lane(id); ok {
+			return lr
+		}
+	}
+	if p.fl != nil {
+		return p.fl.runner(id)
+	}
+	return nil
+}

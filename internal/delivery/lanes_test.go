@@ -1,4 +1,4 @@
-package batcher
+package delivery
 
 import (
 	"context"
@@ -164,12 +164,7 @@ func TestMetricsScrapeWhileLanesChurn(t *testing.T) {
 			fail("creating lanes took over 60s (%d of %d)", i, lanes)
 		}
 	}
-	for h.sim.Count() < int64(lanes) {
-		if time.Now().After(deadline) {
-			fail("%d of %d events delivered; %d scrapes", h.sim.Count(), lanes, sc.n.Load())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Until(t, "every lane's event delivered", func() bool { return h.sim.Count() >= int64(lanes) })
 	if err := sc.finish(); err != nil {
 		t.Fatalf("after %d scrapes: %v", sc.n.Load(), err)
 	}
