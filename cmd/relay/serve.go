@@ -151,7 +151,7 @@ func (s *server) buildDelivery() (*deliveries, error) {
 	if err != nil {
 		return nil, fmt.Errorf("throttle: %w", err)
 	}
-	bcfg := cfg.Batcher()
+	bcfg := cfg.Delivery()
 	bcfg.Check = s.tp.Check // the tracking plan, checked as events are packed
 	bcfg.OnDead = s.taps.PublishDead
 	var p *delivery.Pipeline
@@ -180,7 +180,7 @@ func (s *server) buildDelivery() (*deliveries, error) {
 		return nil, fmt.Errorf("group identify: %w", err)
 	}
 	s.onHUP.add(func(c config.Config) {
-		p.SetLive(c.BatcherLive())
+		p.SetLive(c.DeliveryLive())
 		if !c.Sandbox() { // sandbox mode's simulator URL is kept (isLive)
 			gi.SetURL(c.IngestURL)
 		}

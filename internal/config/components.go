@@ -17,17 +17,17 @@ import (
 // (a hook, a TLS configuration built from files, a shared reference) is the
 // caller's to add.
 
-// Batcher is the events pipeline's Config; Check and OnDead are the
+// Delivery is the events pipeline's Config; Check and OnDead are the
 // caller's.
-func (c Config) Batcher() delivery.Config {
-	l := c.BatcherLive()
+func (c Config) Delivery() delivery.Config {
+	l := c.DeliveryLive()
 	return delivery.Config{IngestURL: l.IngestURL, MaxBatchEvents: l.MaxBatchEvents, MaxBatchBytes: l.MaxBatchBytes,
 		FlushInterval: l.FlushInterval, ThrottlePause: l.ThrottlePause, MaxEventAge: l.MaxEventAge, Gzip: l.Gzip,
 		DrainTimeout: c.DrainTimeout}
 }
 
-// BatcherLive is the part of Batcher a reload puts in force.
-func (c Config) BatcherLive() delivery.Live {
+// DeliveryLive is the part of Delivery a reload puts in force.
+func (c Config) DeliveryLive() delivery.Live {
 	return delivery.Live{IngestURL: c.IngestURL, MaxBatchEvents: c.MaxBatchEvents, MaxBatchBytes: int(c.MaxBatchBytes),
 		FlushInterval: c.FlushInterval, ThrottlePause: c.ThrottlePause, MaxEventAge: c.MaxEventAge, Gzip: c.UpstreamGzip}
 }

@@ -28,7 +28,7 @@
 // flag that was not given; Validate alone returns a *SettingError.
 //
 // Only cmd/relay uses this package. Each component's own Config is made by
-// one method of Config (Batcher, Ingest, Plan, Fleet, ...: components.go),
+// one method of Config (Delivery, Ingest, Plan, Fleet, ...: components.go),
 // so a setting reaches its package by one path; what is no setting (a hook,
 // a TLS configuration, a shared reference) the caller adds. Load has no
 // side effects beyond reading the files it names.
