@@ -30,6 +30,26 @@ import (
 // disk until the backfill is done).
 const maxBackfillBody = 4 << 30
 
+// copyBody copies a backfill's input to f. The admin listener's read
+// timeout bounds a whole request; an input of gigabytes may take longer,
+// so the deadline is renewed while bytes keep coming, and only a sender
+// that stalls for bodyIdle is cut off.
+func copyBody(w http.ResponseWriter, f io.Writer, body io.Reader) error {
+	const bodyIdle = 30 * time.Second
+	rc := http.NewResponseController(w)
+	for {
+		if err := rc.SetReadDeadline(time.Now().Add(bodyIdle)); err != nil {
+			return err
+		}
+		if _, err := io.CopyN(f, body, 1<<20); err != nil {
+			if err == io.EOF {
+				return nil
+			}
+			return err
+		}
+	}
+}
+
 // liveMeter is the Sender of the relay's own events lanes: it passes every
 // request on and, while a backfill runs inside the relay, counts the events
 // sent per api_key, so that the backfill takes only what its --max-eps
@@ -238,7 +258,7 @@ func (b *backfills) save(j *bfJob) error {
 
 func (b *backfills) routes() []adminroute.Route {
 	return []adminroute.Route{
-		{Method: http.MethodPost, Path: "/relay/v1/backfill", Mode: admintoken.ModeOwn, Handler: http.HandlerFunc(b.post)},
+		{Method: http.MethodPost, Path: "/relay/v1/backfill", Mode: admintoken.ModeOwn, Handler: http.HandlerFunc(b.post), MaxBody: maxBackfillBody},
 		{Method: http.MethodGet, Path: "/relay/v1/backfill", Mode: admintoken.ModeOwn, Handler: http.HandlerFunc(b.list)},
 	}
 }
@@ -272,7 +292,7 @@ func (b *backfills) post(w http.ResponseWriter, r *http.Request) {
 	}
 	f, err := os.Create(filepath.Join(dir, "input"))
 	if err == nil {
-		_, err = io.Copy(f, http.MaxBytesReader(w, r.Body, maxBackfillBody))
+		err = copyBody(w, f, r.Body)
 		if err == nil {
 			err = f.Sync()
 		}
