@@ -36,27 +36,19 @@ type keyWords struct {
 // end) and whether it has an escape; ok is true when the key is short (at
 // most shortKey bytes, no escape) and w holds it.
 func keyAt(b []byte, i int) (end int, esc bool, w keyWords, ok bool) {
-	var pad [shortKey + 1]byte
-	s := pad[:]
 	if i+2+shortKey <= len(b) {
-		s = b[i+1 : i+2+shortKey]
+		w, end = shortKeyAt(b, i)
 	} else if i+1 < len(b) {
 		// Near the end (a record's last key): the zeros past it are
 		// neither quote nor backslash.
+		var pad [shortKey + 1]byte
 		copy(pad[:], b[i+1:])
+		if w, end = shortKeyIn(&pad); end > 0 {
+			end += i
+		}
 	}
-	{
-		lo, hi := binary.LittleEndian.Uint64(s), binary.LittleEndian.Uint64(s[8:])
-		n := shortKey
-		if z := quoteOrBackslash(lo); z != 0 {
-			n = bits.TrailingZeros64(z) >> 3
-		} else if z := quoteOrBackslash(hi); z != 0 {
-			n = 8 + bits.TrailingZeros64(z)>>3
-		}
-		if s[n] == '"' {
-			m := &keyMasks[n]
-			return i + n + 2, false, keyWords{lo & m[0], hi & m[1], n}, true
-		}
+	if end > 0 {
+		return end, false, w, true
 	}
 	end, esc = stringEnd(b, i)
 	return end, esc, keyWords{}, false
@@ -65,8 +57,17 @@ func keyAt(b []byte, i int) (end int, esc bool, w keyWords, ok bool) {
 // shortKeyAt is keyAt's short path where b holds shortKey+2 bytes from i:
 // end is 0 when the key is not short.
 func shortKeyAt(b []byte, i int) (w keyWords, end int) {
-	s := b[i+1 : i+2+shortKey]
-	lo, hi := binary.LittleEndian.Uint64(s), binary.LittleEndian.Uint64(s[8:])
+	if w, end = shortKeyIn((*[shortKey + 1]byte)(b[i+1:])); end > 0 {
+		end += i
+	}
+	return w, end
+}
+
+// shortKeyIn reads a short key from s, the bytes after its opening quote:
+// w and the index past its closing quote counted from the opening one (0
+// when the key is not short).
+func shortKeyIn(s *[shortKey + 1]byte) (w keyWords, end int) {
+	lo, hi := binary.LittleEndian.Uint64(s[:8]), binary.LittleEndian.Uint64(s[8:])
 	n := shortKey
 	if z := quoteOrBackslash(lo); z != 0 {
 		n = bits.TrailingZeros64(z) >> 3
@@ -77,7 +78,7 @@ func shortKeyAt(b []byte, i int) (w keyWords, end int) {
 		return keyWords{}, 0
 	}
 	m := &keyMasks[n]
-	return keyWords{lo & m[0], hi & m[1], n}, i + n + 2
+	return keyWords{lo & m[0], hi & m[1], n}, n + 2
 }
 
 // wordsOf is the keyWords of a short name.
