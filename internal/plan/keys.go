@@ -39,11 +39,12 @@ func keyAt(b []byte, i int) (end int, esc bool, w keyWords, ok bool) {
 	if i+2+shortKey <= len(b) {
 		w, end = shortKeyAt(b, i)
 	} else if i+1 < len(b) {
-		// Near the end (a record's last key): the zeros past it are
-		// neither quote nor backslash.
-		var pad [shortKey + 1]byte
-		copy(pad[:], b[i+1:])
-		if w, end = shortKeyIn(&pad); end > 0 {
+		// Near the end (a record's last key): read from a copy, whose
+		// zeros past the key are neither quote nor backslash.
+		var pad [shortKey + 2]byte
+		pad[0] = '"'
+		copy(pad[1:], b[i+1:])
+		if w, end = shortKeyAt(pad[:], 0); end > 0 {
 			end += i
 		}
 	}
@@ -54,20 +55,12 @@ func keyAt(b []byte, i int) (end int, esc bool, w keyWords, ok bool) {
 	return end, esc, keyWords{}, false
 }
 
-// shortKeyAt is keyAt's short path where b holds shortKey+2 bytes from i:
-// end is 0 when the key is not short.
+// shortKeyAt reads the short key at b[i] == '"', where b holds shortKey+2
+// bytes from i: its words and the index past it; end is 0 when the key is
+// not short (longer, or escaped).
 func shortKeyAt(b []byte, i int) (w keyWords, end int) {
-	if w, end = shortKeyIn((*[shortKey + 1]byte)(b[i+1:])); end > 0 {
-		end += i
-	}
-	return w, end
-}
-
-// shortKeyIn reads a short key from s, the bytes after its opening quote:
-// w and the index past its closing quote counted from the opening one (0
-// when the key is not short).
-func shortKeyIn(s *[shortKey + 1]byte) (w keyWords, end int) {
-	lo, hi := binary.LittleEndian.Uint64(s[:8]), binary.LittleEndian.Uint64(s[8:])
+	s := b[i+1 : i+2+shortKey]
+	lo, hi := binary.LittleEndian.Uint64(s), binary.LittleEndian.Uint64(s[8:])
 	n := shortKey
 	if z := quoteOrBackslash(lo); z != 0 {
 		n = bits.TrailingZeros64(z) >> 3
@@ -78,7 +71,7 @@ func shortKeyIn(s *[shortKey + 1]byte) (w keyWords, end int) {
 		return keyWords{}, 0
 	}
 	m := &keyMasks[n]
-	return keyWords{lo & m[0], hi & m[1], n}, n + 2
+	return keyWords{lo & m[0], hi & m[1], n}, i + n + 2
 }
 
 // wordsOf is the keyWords of a short name.
