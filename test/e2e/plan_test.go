@@ -245,3 +245,81 @@ func TestTrackingPlanModes(t *testing.T) {
 		return len(p.dead("reason=plan&project=block&violation=unplanned_event_type").DeadLetters) == 1
 	})
 }
+
+// TestTrackingPlanBacklog: events clean against the plan
+// in force, still waiting when the plan changes, are checked against the
+// new plan at delivery: the ones it breaks are quarantined, the others
+// delivered.
+func TestTrackingPlanBacklog(t *testing.T) {
+	if testing.Short() {
+		t.Skip("binary-level test; skipped under -short")
+	}
+	t.Parallel()
+	bin := harness.Build(t)
+	dir := t.TempDir()
+	s := harness.StartSim(t, bin, dir)
+	credsFile, tokenFile := filepath.Join(dir, "creds.yaml"), filepath.Join(dir, "token")
+	creds := "projects:\n  - name: web\n    api_key: key-web\n    secret_key: secret-web\n    tracking_plan: block\n"
+	if err := os.WriteFile(credsFile, []byte(creds), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tokenFile, []byte(planToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := harness.StartRelay(t, bin, dir, &harness.RelayOpts{DataDir: filepath.Join(dir, "data"), IngestURL: s.Base,
+		Extra: []string{"--analytics-url", s.Base, "--credentials", credsFile, "--admin-token-file", tokenFile}})
+	p := planRelay{t: t, admin: r.AdminListen, hc: harness.NewClient()}
+	// The plan: "Viewed" with a "price" of any type.
+	p.taxonomy("POST", "/api/2/taxonomy/event", "web", url.Values{"event_type": {"Viewed"}})
+	p.taxonomy("POST", "/api/2/taxonomy/event-property", "web", url.Values{"event_property": {"price"}, "type": {"any"}})
+	planHas := func(what string) func() bool {
+		return func() bool {
+			_, b := p.call("GET", "/relay/v1/plan?project=web", "", "", "")
+			return strings.Contains(string(b), what)
+		}
+	}
+	poll.Until(t, "the plan read", planHas(`"name":"price","type":"any"`))
+	post := func(events ...string) {
+		t.Helper()
+		body := `{"api_key":"key-web","events":[` + strings.Join(events, ",") + `]}`
+		if code, b, err := r.Post(p.hc, "/2/httpapi", []byte(body)); err != nil || code != 200 {
+			t.Fatalf("post: %d %s %v", code, b, err)
+		}
+	}
+	ev := func(dev, price string) string {
+		return `{"event_type":"Viewed","device_id":"` + dev + `","insert_id":"i-` + dev + `","time":1764300000000,"event_properties":{"price":` + price + `}}`
+	}
+	// The lane, made by a first event, paused: what comes next waits.
+	post(ev("first", "1"))
+	poll.Until(t, "the first event delivered", func() bool { return len(simEvents(t, s.Base, "key-web")) == 1 })
+	code, b := p.call("GET", "/relay/v1/lanes", "", "", "")
+	var lanes struct {
+		Lanes []struct {
+			Label string `json:"label"`
+		} `json:"lanes"`
+	}
+	if err := json.Unmarshal(b, &lanes); code != 200 || err != nil || len(lanes.Lanes) != 1 {
+		t.Fatalf("lanes: %d %s %v", code, b, err)
+	}
+	label := lanes.Lanes[0].Label
+	poll.Until(t, "the lane paused", func() bool {
+		code, _ := p.call("POST", "/relay/v1/lanes/"+label+"/pause", "", "", "")
+		return code == 200
+	})
+	// Clean against this plan (a string price passes type any).
+	post(ev("text-1", `"3"`), ev("number-1", "3"), ev("text-2", `"4"`))
+	// The plan changes through the relay: price must be a number.
+	p.taxonomy("PUT", "/api/2/taxonomy/event-property/price", "web", url.Values{"type": {"number"}})
+	poll.Until(t, "the new plan read", planHas(`"name":"price","type":"number"`))
+	if code, b := p.call("POST", "/relay/v1/lanes/"+label+"/resume", "", "", ""); code != 200 {
+		t.Fatalf("resume: %d %s", code, b)
+	}
+	poll.Until(t, "the backlog quarantined", func() bool {
+		return len(p.dead("reason=plan&project=web&violation=wrong_type").DeadLetters) == 2
+	})
+	poll.Until(t, "the backlog's clean event delivered", func() bool { return len(simEvents(t, s.Base, "key-web")) == 2 })
+	got := simEvents(t, s.Base, "key-web")
+	if got["number-1"] == "" || got["text-1"] != "" || got["text-2"] != "" {
+		t.Errorf("delivered: %v", got)
+	}
+}
