@@ -1596,7 +1596,9 @@ func (e *testEnv) testRemoval(t *testing.T) {
 		for {
 			select {
 			case m := <-ack:
-				res <- step{err: p.Ack(ctx, m)}
+				err := p.Ack(ctx, m)
+				p.removed() // a removal it asked for is done
+				res <- step{err: err}
 			case <-ctx.Done():
 				return nil
 			}

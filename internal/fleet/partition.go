@@ -179,12 +179,13 @@ func (f *Fleet) readPartition(owned context.Context, k storage.Kind, id int, con
 	return p, nil
 }
 
-// close stops reading and the keep-alive. Unacknowledged messages stay
-// for the next owner.
+// close stops reading and the keep-alive and waits for the removal of the
+// acknowledged messages. Unacknowledged messages stay for the next owner.
 func (p *Partition) close() {
 	p.it.Stop()
 	close(p.stopKeep)
 	<-p.keepDone
+	p.removed()
 	p.mu.Lock()
 	p.f.m.held.Add(-int64(len(p.out) + len(p.spilled)))
 	clear(p.out)
@@ -334,14 +335,14 @@ func (p *Partition) corrupt(ctx context.Context, m jetstream.Msg, md *jetstream.
 }
 
 // Ack acknowledges m: every record of it was answered 200 or is a committed
-// dead letter. It returns once the server confirmed: m is then gone from
-// the stream, or (when an older message is still held) acknowledged to the
-// consumer and removed with that older one (see remove.go). Acknowledging
-// after ownership ended is allowed and harmless: the purge removes only
-// messages this owner delivered and acknowledged; a consumer
-// acknowledgement fails once the next owner reset the consumer, and the
-// message is delivered again by that owner. On an error m is done all the
-// same (a later purge may take it) and Ack may be called again.
+// dead letter. When every message handed out before m is acknowledged, m
+// is removed from the stream by a purge in the background (see remove.go:
+// killed before it, the relay leaves m to be read again by the next
+// owner); otherwise Ack returns once the consumer confirmed m's
+// acknowledgement. Acknowledging after ownership ended is allowed and
+// harmless: the purge removes only messages this owner delivered and
+// acknowledged; a consumer acknowledgement fails once the next owner reset
+// the consumer, and the message is delivered again by that owner.
 func (p *Partition) Ack(ctx context.Context, m *Message) error {
 	p.mu.Lock()
 	if i, found := slices.BinarySearch(p.undone, m.Seq); found {
@@ -350,9 +351,7 @@ func (p *Partition) Ack(ctx context.Context, m *Message) error {
 	floor := p.floorLocked()
 	p.mu.Unlock()
 	if m.Seq < floor {
-		if err := p.removeBelow(ctx, floor, m.Seq+1); err != nil {
-			return err
-		}
+		p.removeBelow(floor)
 		p.forget(m.Seq)
 		return nil
 	}

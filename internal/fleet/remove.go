@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
 )
 
 // Removal by purge. In a work-queue stream an acknowledged message is
@@ -23,13 +24,18 @@ import (
 // acknowledged since the last one, and clears them from the consumer's
 // pending acknowledgements too (the server does so on a purge).
 //
-// The purges of a partition are group committed as the publishes are: one
-// in flight at a time; the acknowledgements that arrive meanwhile share
-// the next one. An acknowledgement returns once a purge at or above its
-// message's sequence was confirmed. A message acknowledged while an older
-// one is still held (a paused key's) cannot be purged yet: it is
-// acknowledged to the consumer as before (which removes it and frees its
-// place in MaxAckPending).
+// The purges of a partition are group committed: one in flight at a time,
+// in a goroutine of the partition's (close waits for it); the
+// acknowledgements that arrive meanwhile share the next one. The delivery
+// engine acknowledges a partition's messages one after the other, each
+// waiting for the last, so an acknowledgement at the floor returns once its
+// removal is asked for, not done: as with the local spool, whose
+// acknowledgements reach its file with the next checkpoint, a relay killed
+// before the purge leaves those messages to be read again by the next
+// owner (the upstream drops the copies by insert_id); nothing is lost. A
+// message acknowledged while an older one is still held (a paused key's)
+// cannot be purged yet: it is acknowledged to the consumer as before (the
+// server confirms it, removes it and frees its place in MaxAckPending).
 //
 // A purge after ownership ended (the relay stopped past its lease) is
 // harmless: it removes only messages this owner delivered and acknowledged;
@@ -40,53 +46,63 @@ import (
 // with.
 type remover struct {
 	mu   sync.Mutex
-	want uint64 // the highest floor asked for
-	done uint64 // the highest floor confirmed
-	busy bool   // a purge in flight
-	wake chan struct{}
+	want uint64        // the highest floor asked for
+	done uint64        // the highest floor confirmed
+	busy chan struct{} // while a removal goroutine runs; closed when it returns
 }
 
-// removeBelow returns once the partition's messages below need are removed: it
-// asks for a purge below floor (>= need), or waits for the one in flight
-// when that or a later one covers it.
-func (p *Partition) removeBelow(ctx context.Context, floor, need uint64) error {
+// removeBelow asks for the partition's messages below floor to be removed,
+// starting the removal goroutine unless it runs.
+func (p *Partition) removeBelow(floor uint64) {
 	r := &p.rm
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.want = max(r.want, floor)
+	if r.busy != nil || r.done >= r.want {
+		return
+	}
+	r.busy = make(chan struct{})
+	go p.removing(r.busy)
+}
+
+// removing purges below the floor asked for until it is reached. On a
+// failure it gives up: the next acknowledgement asks again, and what stays
+// is read again by the next owner.
+func (p *Partition) removing(busy chan struct{}) {
+	defer close(busy)
+	r := &p.rm
 	for {
-		if r.done >= need {
-			r.mu.Unlock()
-			return nil
-		}
-		if r.wake == nil {
-			r.wake = make(chan struct{})
-		}
-		if !r.busy {
-			r.busy = true
-			k := r.want
-			r.mu.Unlock()
-			err := p.purge(ctx, k)
-			r.mu.Lock()
-			r.busy = false
-			if err == nil {
-				r.done = max(r.done, k)
-			}
-			close(r.wake)
-			r.wake = nil
-			if err != nil {
-				r.mu.Unlock()
-				return err
-			}
-			continue
-		}
-		w := r.wake
-		r.mu.Unlock()
-		select {
-		case <-w:
-		case <-ctx.Done():
-			return fmt.Errorf("fleet: remove partition %d below %d: %w", p.id, need, unavailable(ctx.Err()))
-		}
 		r.mu.Lock()
+		k := r.want
+		if r.done >= k {
+			r.busy = nil
+			r.mu.Unlock()
+			return
+		}
+		r.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), p.f.cfg.PublishTimeout)
+		err := p.purge(ctx, k)
+		cancel()
+		r.mu.Lock()
+		if err != nil {
+			r.busy = nil
+			r.mu.Unlock()
+			p.log.Warn("remove acknowledged messages: they stay until the next removal, or are read again by the next owner", zap.Uint64("below", k), zap.Error(err))
+			return
+		}
+		r.done = max(r.done, k)
+		r.mu.Unlock()
+	}
+}
+
+// removed waits for the removal goroutine (each purge bounded by
+// PublishTimeout).
+func (p *Partition) removed() {
+	p.rm.mu.Lock()
+	busy := p.rm.busy
+	p.rm.mu.Unlock()
+	if busy != nil {
+		<-busy
 	}
 }
 
