@@ -79,14 +79,17 @@
 //     by insert_id), never overtaken by later ones.
 //   - Acknowledgement: Ack only after the upstream's 200 for every record of
 //     the message, or after PutDead returned for those that will not be
-//     delivered. Ack is synchronous (the server confirms it); a message not
-//     acknowledged is delivered again to the partition's next owner. What
-//     an owner acknowledged leaves the stream by a purge of the partition's
-//     subject below its oldest message not acknowledged (remove.go): one
-//     Raft entry for every message acknowledged since the last purge, where
-//     the work queue's removal costs one per message; a message
-//     acknowledged while an older one is held is acknowledged to the
-//     consumer (and so removed) alone.
+//     delivered. A message not acknowledged is delivered again to the
+//     partition's next owner. What an owner acknowledged leaves the stream
+//     by a purge of the partition's subject below its oldest message not
+//     acknowledged (remove.go): one Raft entry for every message
+//     acknowledged since the last purge, where the work queue's removal
+//     costs one per message. The purge runs in the background (close
+//     waits for it), so a relay killed just after an Ack may leave that
+//     message to be read again, as the local spool does with the
+//     acknowledgements after its last checkpoint; a message acknowledged
+//     while an older one is held is acknowledged to the consumer, which
+//     confirms it and removes it alone.
 //   - One owner per partition: see Ownership.
 //   - Nothing acknowledged is lost while a quorum of the cluster (two of
 //     three nodes) keeps its store: every stream is R3 on file storage and
