@@ -59,6 +59,7 @@ func TestFleet(t *testing.T) {
 		{"KeepAlive", env.testKeepAlive},
 		{"Nak", env.testNak},
 		{"Removal", env.testRemoval},
+		{"RemovalNak", env.testRemovalNak},
 		{"Spill", env.testSpill},
 		{"SpillStepDown", env.testSpillStepDown},
 		{"RelayRestart", env.testRelayRestart},
@@ -1638,5 +1639,90 @@ func (e *testEnv) testRemoval(t *testing.T) {
 	}
 	if !present(fourth) {
 		t.Error("the fourth message, never handed out, was removed")
+	}
+}
+
+// testRemovalNak: a message given back (Nak) is not removed with the later
+// ones acknowledged meanwhile; read again and acknowledged, it is.
+func (e *testEnv) testRemovalNak(t *testing.T) {
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1})
+	ctx := bg(t)
+	for i := 1; i <= 2; i++ {
+		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := f.js.Stream(ctx, f.n.streamOf(storage.KindEvents, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	present := func(seq uint64) bool {
+		_, err := st.GetMsg(ctx, seq)
+		if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			t.Fatal(err)
+		}
+		return err == nil
+	}
+	type result struct {
+		naked, again uint64
+		kept         bool // the Nak'd message still stored after the later one's Ack
+		err          error
+	}
+	res := make(chan result, 1)
+	stop := runEvents(f, func(ctx context.Context, p *Partition) error {
+		var r result
+		sent := false
+		defer func() {
+			if !sent {
+				res <- r
+			}
+		}()
+		a, err := p.Next(ctx)
+		if r.err = err; err != nil {
+			return err
+		}
+		b, err := p.Next(ctx)
+		if r.err = err; err != nil {
+			return err
+		}
+		r.naked = a.Seq
+		if r.err = p.Nak(a, 0); r.err != nil {
+			return r.err
+		}
+		if r.err = p.Ack(ctx, b); r.err != nil {
+			return r.err
+		}
+		p.removed()
+		r.kept = present(a.Seq)
+		again, err := p.Next(ctx)
+		if r.err = err; err != nil {
+			return err
+		}
+		r.again = again.Seq
+		r.err = p.Ack(ctx, again)
+		p.removed()
+		res <- r
+		sent = true
+		<-ctx.Done()
+		return nil
+	})
+	var r result
+	select {
+	case r = <-res:
+	case <-time.After(poll.Max):
+		t.Fatal("deliver did not finish")
+	}
+	stop()
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if !r.kept {
+		t.Fatal("the message given back was removed with a later one acknowledged")
+	}
+	if r.again != r.naked {
+		t.Errorf("read %d after the Nak of %d", r.again, r.naked)
+	}
+	if present(r.naked) {
+		t.Error("the message read again and acknowledged is still in the stream")
 	}
 }
