@@ -1598,7 +1598,7 @@ func (e *testEnv) testRemoval(t *testing.T) {
 			select {
 			case m := <-ack:
 				err := p.Ack(ctx, m)
-				p.removed() // a removal it asked for is done
+				p.removed(false) // a removal it asked for is done
 				res <- step{err: err}
 			case <-ctx.Done():
 				return nil
@@ -1692,7 +1692,7 @@ func (e *testEnv) testRemovalNak(t *testing.T) {
 		if r.err = p.Ack(ctx, b); r.err != nil {
 			return r.err
 		}
-		p.removed()
+		p.removed(false)
 		r.kept = present(a.Seq)
 		again, err := p.Next(ctx)
 		if r.err = err; err != nil {
@@ -1700,7 +1700,7 @@ func (e *testEnv) testRemovalNak(t *testing.T) {
 		}
 		r.again = again.Seq
 		r.err = p.Ack(ctx, again)
-		p.removed()
+		p.removed(false)
 		res <- r
 		sent = true
 		<-ctx.Done()

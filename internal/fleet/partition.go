@@ -185,7 +185,7 @@ func (p *Partition) close() {
 	p.it.Stop()
 	close(p.stopKeep)
 	<-p.keepDone
-	p.removed()
+	p.removed(true)
 	p.mu.Lock()
 	p.f.m.held.Add(-int64(len(p.out) + len(p.spilled)))
 	clear(p.out)

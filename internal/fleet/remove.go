@@ -49,16 +49,18 @@ type remover struct {
 	want uint64        // the highest floor asked for
 	done uint64        // the highest floor confirmed
 	busy chan struct{} // while a removal goroutine runs; closed when it returns
+	shut bool          // the partition closed: no removal starts
 }
 
 // removeBelow asks for the partition's messages below floor to be removed,
-// starting the removal goroutine unless it runs.
+// starting the removal goroutine unless it runs (or the partition closed:
+// what stays is read again by the next owner).
 func (p *Partition) removeBelow(floor uint64) {
 	r := &p.rm
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.want = max(r.want, floor)
-	if r.busy != nil || r.done >= r.want {
+	if r.busy != nil || r.shut || r.done >= r.want {
 		return
 	}
 	r.busy = make(chan struct{})
@@ -96,10 +98,11 @@ func (p *Partition) removing(busy chan struct{}) {
 }
 
 // removed waits for the removal goroutine (each purge bounded by
-// PublishTimeout).
-func (p *Partition) removed() {
+// PublishTimeout); shut, no other starts after it.
+func (p *Partition) removed(shut bool) {
 	p.rm.mu.Lock()
 	busy := p.rm.busy
+	p.rm.shut = p.rm.shut || shut
 	p.rm.mu.Unlock()
 	if busy != nil {
 		<-busy
