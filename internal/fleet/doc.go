@@ -79,8 +79,17 @@
 //     by insert_id), never overtaken by later ones.
 //   - Acknowledgement: Ack only after the upstream's 200 for every record of
 //     the message, or after PutDead returned for those that will not be
-//     delivered. Ack is synchronous (the server confirms it); a message not
-//     acknowledged is delivered again to the partition's next owner.
+//     delivered. A message not acknowledged is delivered again to the
+//     partition's next owner. What an owner acknowledged leaves the stream
+//     by a purge of the partition's subject below its oldest message not
+//     acknowledged (remove.go): one Raft entry for every message
+//     acknowledged since the last purge, where the work queue's removal
+//     costs one per message. The purge runs in the background (close
+//     waits for it), so a relay killed just after an Ack may leave that
+//     message to be read again, as the local spool does with the
+//     acknowledgements after its last checkpoint; a message acknowledged
+//     while an older one is held is acknowledged to the consumer, which
+//     confirms it and removes it alone.
 //   - One owner per partition: see Ownership.
 //   - Nothing acknowledged is lost while a quorum of the cluster (two of
 //     three nodes) keeps its store: every stream is R3 on file storage and
@@ -106,7 +115,8 @@
 //	KV RELAY_PAUSES <base64url key>  pauses (not pacing), R3, per-key TTL
 //
 // Work-queue retention: a message is removed as soon as it is
-// acknowledged, so the stream holds exactly the backlog, its size is what
+// acknowledged (or purged by its owner, see Acknowledgement), so the stream
+// holds exactly the backlog, its size is what
 // Config.MaxBytes bounds and what ingest's 503 reacts to, and a new consumer
 // that starts at the first message starts at the oldest unacknowledged one
 // (what failover relies on, see Ownership). Nothing needs the acknowledged
@@ -272,8 +282,8 @@
 // storage each acknowledgement was a Raft log write with its fsync (under
 // sync_interval always) and a state file rewrite on every node, about a
 // sixth of the cluster's CPU under load. Nothing depends on that state
-// outliving the servers: in a work-queue stream an acknowledged message
-// is removed from the stream itself (R3, on file), and every new owner
+// outliving the servers: an acknowledged message is removed from the
+// stream itself (R3, on file), and every new owner
 // resets the consumer to the partition's first message anyway. When the
 // state is lost (all of a consumer's replicas restarted), the consumer
 // starts again at the first message still in the stream: its sequence

@@ -58,6 +58,8 @@ func TestFleet(t *testing.T) {
 		{"PartitionsFixed", env.testPartitionsFixed},
 		{"KeepAlive", env.testKeepAlive},
 		{"Nak", env.testNak},
+		{"Removal", env.testRemoval},
+		{"RemovalNak", env.testRemovalNak},
 		{"Spill", env.testSpill},
 		{"SpillStepDown", env.testSpillStepDown},
 		{"RelayRestart", env.testRelayRestart},
@@ -1551,5 +1553,176 @@ func (e *testEnv) testLayoutFound(t *testing.T) {
 	defer cancel()
 	if _, err := Open(ctx, e.connect(t), Config{Namespace: ns, Partitions: 3}, nil, nil); !errors.Is(err, ErrPartitions) {
 		t.Fatalf("a relay configured for 3 partitions: %v, want ErrPartitions", err)
+	}
+}
+
+// testRemoval: what its owner acknowledged leaves the stream (by purge),
+// never a message handed out and not acknowledged, nor one not handed out.
+func (e *testEnv) testRemoval(t *testing.T) {
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1})
+	ctx := bg(t)
+	for i := 1; i <= 3; i++ {
+		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := f.js.Stream(ctx, f.n.streamOf(storage.KindEvents, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	present := func(seq uint64) bool {
+		_, err := st.GetMsg(ctx, seq)
+		if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			t.Fatal(err)
+		}
+		return err == nil
+	}
+	type step struct {
+		msgs []*Message
+		err  error
+	}
+	res := make(chan step)
+	ack := make(chan *Message)
+	stop := runEvents(f, func(ctx context.Context, p *Partition) error {
+		var s step
+		for range 3 {
+			m, err := p.Next(ctx)
+			if err != nil {
+				res <- step{err: err}
+				return err
+			}
+			s.msgs = append(s.msgs, m)
+		}
+		res <- s
+		for {
+			select {
+			case m := <-ack:
+				err := p.Ack(ctx, m)
+				p.removed(false) // a removal it asked for is done
+				res <- step{err: err}
+			case <-ctx.Done():
+				return nil
+			}
+		}
+	})
+	defer stop()
+	s := <-res
+	if s.err != nil {
+		t.Fatal(s.err)
+	}
+	seqs := []uint64{s.msgs[0].Seq, s.msgs[1].Seq, s.msgs[2].Seq}
+	// A fourth message, stored after the three were handed out.
+	if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", 4)}}); err != nil {
+		t.Fatal(err)
+	}
+	fourth := seqs[2] + 1
+	if !present(fourth) {
+		t.Fatalf("the fourth message is not at %d", fourth)
+	}
+	for _, m := range s.msgs[1:] {
+		ack <- m
+		if r := <-res; r.err != nil {
+			t.Fatal(r.err)
+		}
+	}
+	if !present(seqs[0]) {
+		t.Fatal("the first message, handed out and not acknowledged, was removed with the later ones")
+	}
+	ack <- s.msgs[0]
+	if r := <-res; r.err != nil {
+		t.Fatal(r.err)
+	}
+	for _, seq := range seqs {
+		if present(seq) {
+			t.Errorf("message %d acknowledged and still in the stream", seq)
+		}
+	}
+	if !present(fourth) {
+		t.Error("the fourth message, never handed out, was removed")
+	}
+}
+
+// testRemovalNak: a message given back (Nak) is not removed with the later
+// ones acknowledged meanwhile; read again and acknowledged, it is.
+func (e *testEnv) testRemovalNak(t *testing.T) {
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1})
+	ctx := bg(t)
+	for i := 1; i <= 2; i++ {
+		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := f.js.Stream(ctx, f.n.streamOf(storage.KindEvents, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	present := func(seq uint64) bool {
+		_, err := st.GetMsg(ctx, seq)
+		if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			t.Fatal(err)
+		}
+		return err == nil
+	}
+	type result struct {
+		naked, again uint64
+		kept         bool // the Nak'd message still stored after the later one's Ack
+		err          error
+	}
+	res := make(chan result, 1)
+	stop := runEvents(f, func(ctx context.Context, p *Partition) error {
+		var r result
+		sent := false
+		defer func() {
+			if !sent {
+				res <- r
+			}
+		}()
+		a, err := p.Next(ctx)
+		if r.err = err; err != nil {
+			return err
+		}
+		b, err := p.Next(ctx)
+		if r.err = err; err != nil {
+			return err
+		}
+		r.naked = a.Seq
+		if r.err = p.Nak(a, 0); r.err != nil {
+			return r.err
+		}
+		if r.err = p.Ack(ctx, b); r.err != nil {
+			return r.err
+		}
+		p.removed(false)
+		r.kept = present(a.Seq)
+		again, err := p.Next(ctx)
+		if r.err = err; err != nil {
+			return err
+		}
+		r.again = again.Seq
+		r.err = p.Ack(ctx, again)
+		p.removed(false)
+		res <- r
+		sent = true
+		<-ctx.Done()
+		return nil
+	})
+	var r result
+	select {
+	case r = <-res:
+	case <-time.After(poll.Max):
+		t.Fatal("deliver did not finish")
+	}
+	stop()
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if !r.kept {
+		t.Fatal("the message given back was removed with a later one acknowledged")
+	}
+	if r.again != r.naked {
+		t.Errorf("read %d after the Nak of %d", r.again, r.naked)
+	}
+	if present(r.naked) {
+		t.Error("the message read again and acknowledged is still in the stream")
 	}
 }

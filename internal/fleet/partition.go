@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -51,12 +52,20 @@ type Partition struct {
 
 	mu  sync.Mutex
 	out map[uint64]jetstream.Msg // handed out by Next, not yet acked (kept alive)
+	// undone are the stream sequences handed out by Next and not yet
+	// acknowledged (Nak'd ones included), ascending; last is the highest
+	// sequence Next handed out. The removal floor (see Ack) is undone's
+	// first, or last+1.
+	undone []uint64
+	last   uint64
 	// spilled are handed out, not yet acked, whose bodies were dropped
 	// (spill.go): their reply subjects, kept alive as out's.
 	spilled map[uint64]string
 
 	stopKeep chan struct{}
 	keepDone chan struct{}
+
+	rm remover
 }
 
 // Kind is the lane kind whose stream the partition belongs to.
@@ -125,10 +134,11 @@ func (f *Fleet) createConsumer(ctx context.Context, k storage.Kind, id int) (jet
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		// The consumer's state in memory (its Raft log included): no
 		// file write and fsync per acknowledgement on every node. Nothing
-		// depends on that state outliving the servers: the stream is a
-		// work queue, so what was acknowledged is gone from the stream
-		// itself, and every owner resets the consumer to the partition's
-		// first message anyway (see openPartition).
+		// depends on that state outliving the servers: what is done is
+		// gone from the stream itself (see remove.go), and every owner
+		// resets the consumer to the partition's first message anyway
+		// (see openPartition). It keeps the stream's replicas: the server
+		// refuses a consumer of one replica on a work-queue stream.
 		MemoryStorage: true,
 	})
 	if err != nil {
@@ -169,12 +179,13 @@ func (f *Fleet) readPartition(owned context.Context, k storage.Kind, id int, con
 	return p, nil
 }
 
-// close stops reading and the keep-alive. Unacknowledged messages stay
-// for the next owner.
+// close stops reading and the keep-alive and waits for the removal of the
+// acknowledged messages. Unacknowledged messages stay for the next owner.
 func (p *Partition) close() {
 	p.it.Stop()
 	close(p.stopKeep)
 	<-p.keepDone
+	p.removed(true)
 	p.mu.Lock()
 	p.f.m.held.Add(-int64(len(p.out) + len(p.spilled)))
 	clear(p.out)
@@ -278,11 +289,16 @@ func (p *Partition) Next(ctx context.Context) (*Message, error) {
 			p.corrupt(ctx, m, md, err)
 			continue
 		}
+		seq := md.Sequence.Stream
 		p.mu.Lock()
-		if _, ok := p.out[md.Sequence.Stream]; !ok {
+		if _, ok := p.out[seq]; !ok {
 			p.f.m.held.Add(1)
 		}
-		p.out[md.Sequence.Stream] = m
+		p.out[seq] = m
+		if i, found := slices.BinarySearch(p.undone, seq); !found {
+			p.undone = slices.Insert(p.undone, i, seq)
+		}
+		p.last = max(p.last, seq)
 		p.mu.Unlock()
 		return &Message{
 			Partition: p.id, Seq: md.Sequence.Stream, Lane: h.lane, Accepted: h.accepted,
@@ -319,20 +335,44 @@ func (p *Partition) corrupt(ctx context.Context, m jetstream.Msg, md *jetstream.
 }
 
 // Ack acknowledges m: every record of it was answered 200 or is a committed
-// dead letter. It returns once the server confirmed (the message is then
-// gone from the stream). Acknowledging after ownership ended is allowed and
-// harmless: it succeeds until the next owner reset the consumer, and then
-// fails, and the message is delivered again by that owner.
+// dead letter. When every message handed out before m is acknowledged, m
+// is removed from the stream by a purge in the background (see remove.go:
+// killed before it, the relay leaves m to be read again by the next
+// owner); otherwise Ack returns once the consumer confirmed m's
+// acknowledgement. Acknowledging after ownership ended is allowed and
+// harmless: the purge removes only messages this owner delivered and
+// acknowledged; a consumer acknowledgement fails once the next owner reset
+// the consumer, and the message is delivered again by that owner.
 func (p *Partition) Ack(ctx context.Context, m *Message) error {
+	p.mu.Lock()
+	if i, found := slices.BinarySearch(p.undone, m.Seq); found {
+		p.undone = slices.Delete(p.undone, i, i+1)
+	}
+	floor := p.floorLocked()
+	p.mu.Unlock()
+	if m.Seq < floor {
+		p.removeBelow(floor)
+		p.forget(m.Seq)
+		return nil
+	}
 	if m.msg == nil { // spilled
 		return p.ackSpilled(ctx, m.Seq)
 	}
-	err := m.msg.DoubleAck(ctx)
-	if err != nil {
+	if err := m.msg.DoubleAck(ctx); err != nil {
 		return fmt.Errorf("fleet: ack partition %d seq %d: %w", p.id, m.Seq, unavailable(err))
 	}
 	p.forget(m.Seq)
 	return nil
+}
+
+// floorLocked is the sequence below which every message of the partition
+// was handed out and acknowledged: the oldest undone, or the one after the
+// last handed out.
+func (p *Partition) floorLocked() uint64 {
+	if len(p.undone) > 0 {
+		return p.undone[0]
+	}
+	return p.last + 1
 }
 
 // forget drops seq from the handed-out messages.
@@ -352,6 +392,7 @@ func (p *Partition) forget(seq uint64) {
 // return it after messages read meanwhile, so use it only for messages
 // whose keys the caller holds back itself (e.g. a lane stopped by a fatal
 // answer); a paused key's message is simply kept (and kept alive) instead.
+// m stays undone (nothing is removed past it) until it is acknowledged.
 func (p *Partition) Nak(m *Message, delay time.Duration) error {
 	if m.msg == nil {
 		return fmt.Errorf("fleet: nak partition %d seq %d: spilled", p.id, m.Seq)

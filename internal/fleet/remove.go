@@ -1,0 +1,152 @@
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+)
+
+// Removal by purge. In a work-queue stream an acknowledged message is
+// removed by a proposal of the stream's leader to the stream's Raft group:
+// one Raft entry (a log write, and under sync_interval always an fsync, on
+// every node) per message. The owner of a partition removes what it is done
+// with by a purge of the partition's subject below a floor instead: the
+// oldest message handed out and not acknowledged, or the one after the last
+// handed out (Partition.floorLocked). Every message of the subject below the
+// floor was handed out to this owner, in stream order, and acknowledged by
+// it (the consumer delivers the subject in order from its first message,
+// and Next hands out nothing after a missed delivery), so the purge removes
+// nothing undelivered; one purge, one Raft entry, removes every message
+// acknowledged since the last one, and clears them from the consumer's
+// pending acknowledgements too (the server does so on a purge).
+//
+// The purges of a partition are group committed: one in flight at a time,
+// in a goroutine of the partition's (close waits for it); the
+// acknowledgements that arrive meanwhile share the next one. The delivery
+// engine acknowledges a partition's messages one after the other, each
+// waiting for the last, so an acknowledgement at the floor returns once its
+// removal is asked for, not done: as with the local spool, whose
+// acknowledgements reach its file with the next checkpoint, a relay killed
+// before the purge leaves those messages to be read again by the next
+// owner (the upstream drops the copies by insert_id); nothing is lost. A
+// message acknowledged while an older one is still held (a paused key's)
+// cannot be purged yet: it is acknowledged to the consumer as before (the
+// server confirms it, removes it and frees its place in MaxAckPending).
+//
+// A purge after ownership ended (the relay stopped past its lease) is
+// harmless: it removes only messages this owner delivered and acknowledged;
+// the next owner may have them in flight too, and its own purge of them
+// finds them gone. The layout on the streams is unchanged: a relay of
+// before, which acknowledges every message, and this one may own a kind's
+// partitions at once (a rolling upgrade), each removing what it is done
+// with.
+type remover struct {
+	mu   sync.Mutex
+	want uint64        // the highest floor asked for
+	done uint64        // the highest floor confirmed
+	busy chan struct{} // while a removal goroutine runs; closed when it returns
+	shut bool          // the partition closed: no removal starts
+}
+
+// removeBelow asks for the partition's messages below floor to be removed,
+// starting the removal goroutine unless it runs (or the partition closed:
+// what stays is read again by the next owner).
+func (p *Partition) removeBelow(floor uint64) {
+	r := &p.rm
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.want = max(r.want, floor)
+	if r.busy != nil || r.shut || r.done >= r.want {
+		return
+	}
+	r.busy = make(chan struct{})
+	go p.removing(r.busy)
+}
+
+// removing purges below the floor asked for until it is reached. On a
+// failure it gives up: the next acknowledgement asks again, and what stays
+// is read again by the next owner.
+func (p *Partition) removing(busy chan struct{}) {
+	defer close(busy)
+	r := &p.rm
+	for {
+		r.mu.Lock()
+		k := r.want
+		if r.done >= k {
+			r.busy = nil
+			r.mu.Unlock()
+			return
+		}
+		r.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), p.f.cfg.PublishTimeout)
+		err := p.purge(ctx, k)
+		cancel()
+		r.mu.Lock()
+		if err != nil {
+			r.busy = nil
+			r.mu.Unlock()
+			p.log.Warn("remove acknowledged messages: they stay until the next removal, or are read again by the next owner", zap.Uint64("below", k), zap.Error(err))
+			return
+		}
+		r.done = max(r.done, k)
+		r.mu.Unlock()
+	}
+}
+
+// removed waits for the removal goroutine (each purge bounded by
+// PublishTimeout); shut, no other starts after it.
+func (p *Partition) removed(shut bool) {
+	p.rm.mu.Lock()
+	busy := p.rm.busy
+	p.rm.shut = p.rm.shut || shut
+	p.rm.mu.Unlock()
+	if busy != nil {
+		<-busy
+	}
+}
+
+// purgeAnswer is JetStream's answer to a stream purge.
+type purgeAnswer struct {
+	Success bool                `json:"success"`
+	Purged  uint64              `json:"purged"`
+	Error   *jetstream.APIError `json:"error"`
+}
+
+// purge removes the partition's messages below seq (a purge of its
+// subject, "seq": keep seq and after), asked again while unanswered.
+func (p *Partition) purge(ctx context.Context, seq uint64) error {
+	f := p.f
+	stream := f.n.streamOf(p.kind, p.id)
+	body, err := json.Marshal(struct {
+		Filter string `json:"filter"`
+		Seq    uint64 `json:"seq"`
+	}{f.n.subject(p.kind, p.id), seq})
+	if err != nil {
+		return err
+	}
+	_, err = asked(ctx, f, func(ctx context.Context) (struct{}, error) {
+		resp, err := f.nc.RequestWithContext(ctx, "$JS.API.STREAM.PURGE."+stream, body)
+		if err != nil {
+			return struct{}{}, err
+		}
+		var a purgeAnswer
+		if err := json.Unmarshal(resp.Data, &a); err != nil {
+			return struct{}{}, fmt.Errorf("jetstream: unreadable purge answer: %w", err)
+		}
+		if a.Error != nil {
+			return struct{}{}, a.Error
+		}
+		if !a.Success {
+			return struct{}{}, fmt.Errorf("jetstream: purge not done")
+		}
+		return struct{}{}, nil
+	})
+	if err != nil {
+		return fmt.Errorf("fleet: remove partition %d below seq %d: %w", p.id, seq, unavailable(err))
+	}
+	return nil
+}
