@@ -67,7 +67,8 @@ func (c Config) Validate() error {
 type Enforcer struct {
 	cfg   Config
 	creds *credentials.Ref
-	fetch *fetcher
+	lim   *ratelimit.Limiter // the forwarded taxonomy API's: the cost is shared
+	hc    Doer
 	log   *zap.Logger
 	wake  chan struct{}
 	// live is cfg's Default and Refresh in force (SetLive); relive
@@ -134,7 +135,7 @@ func New(cfg Config, creds *credentials.Ref, lim *ratelimit.Limiter, hc Doer, lo
 		log = zap.NewNop()
 	}
 	e := &Enforcer{cfg: cfg, creds: creds, log: log, wake: make(chan struct{}, 1), relive: make(chan struct{}, 1), states: map[string]*state{},
-		fetch: &fetcher{lim: lim, hc: hc},
+		lim: lim, hc: hc,
 		violations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "relay_plan_violations_total",
 			Help: "Tracking-plan violations found at delivery, by project and kind (a resent event is checked and counted again)."}, []string{"project", "kind"}),
 		quarantined: prometheus.NewCounter(prometheus.CounterOpts{Name: "relay_plan_quarantined_total",

@@ -13,6 +13,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/svcrelay/relay/internal/adminroute"
+	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/ratelimit"
@@ -235,5 +237,44 @@ func TestSetLiveDefaultMode(t *testing.T) {
 		if in, _ := e.Info("web"); in.Mode != c.mode.String() {
 			t.Fatalf("default mode %v: info says %q", c.mode, in.Mode)
 		}
+	}
+}
+
+// TestWatch: a change through the forwarded taxonomy API marks the plan of
+// its project (by X-Relay-Project, else the Basic api_key) for a read only
+// when it was answered 2xx, a body written without WriteHeader included.
+func TestWatch(t *testing.T) {
+	for _, tc := range []struct {
+		name, method string
+		status       int // 0: the handler writes its body without WriteHeader
+		header       bool
+		want         bool
+	}{
+		{"created", http.MethodPost, http.StatusCreated, false, true},
+		{"implicit 200", http.MethodPut, 0, false, true},
+		{"by header", http.MethodDelete, http.StatusOK, true, true},
+		{"refused", http.MethodPost, http.StatusConflict, false, false},
+		{"read", http.MethodGet, http.StatusOK, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, _, _ := newEnforcer(t, Config{}, http.NotFoundHandler())
+			routes := e.Watch([]adminroute.Route{{Method: tc.method, Path: "/api/2/taxonomy/event",
+				Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					if tc.status != 0 {
+						w.WriteHeader(tc.status)
+					}
+					w.Write([]byte(`{"success":true}`))
+				})}})
+			r := httptest.NewRequest(tc.method, "/api/2/taxonomy/event", nil)
+			if tc.header {
+				r.Header.Set(admintoken.HeaderProject, "web")
+			} else {
+				r.SetBasicAuth("key-web", "sec-web")
+			}
+			routes[0].Handler.ServeHTTP(httptest.NewRecorder(), r)
+			if got := e.state("web").refresh.Load(); got != tc.want {
+				t.Fatalf("marked for a read: %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

@@ -23,11 +23,6 @@ type Doer interface {
 	Do(*http.Request) (*http.Response, error)
 }
 
-type fetcher struct {
-	lim *ratelimit.Limiter
-	hc  Doer
-}
-
 // ErrBudget is returned by Refresh when reading the plan now would spend
 // more than Config.Share of the taxonomy API's period cost on plan reads.
 var ErrBudget = errors.New("plan read postponed: it would pass the plan's share of the taxonomy API's cost per period")
@@ -141,19 +136,6 @@ type propJSON struct {
 	Deleted       bool    `json:"deleted"`
 }
 
-func (r propJSON) property(name string) Property {
-	p := Property{Name: name, Type: r.Type, Array: r.IsArrayType, Required: r.IsRequired}
-	if r.Regex != nil {
-		p.Regex = *r.Regex
-	}
-	if r.EnumValues != nil && *r.EnumValues != "" {
-		for _, v := range strings.Split(*r.EnumValues, ",") {
-			p.Enum = append(p.Enum, strings.TrimSpace(v))
-		}
-	}
-	return p
-}
-
 func properties(rs []propJSON, user bool) []Property {
 	out := make([]Property, 0, len(rs))
 	for _, r := range rs {
@@ -164,9 +146,19 @@ func properties(rs []propJSON, user bool) []Property {
 		if user {
 			name = strings.TrimPrefix(r.UserProperty, "gp:")
 		}
-		if name != "" {
-			out = append(out, r.property(name))
+		if name == "" {
+			continue
 		}
+		p := Property{Name: name, Type: r.Type, Array: r.IsArrayType, Required: r.IsRequired}
+		if r.Regex != nil {
+			p.Regex = *r.Regex
+		}
+		if r.EnumValues != nil && *r.EnumValues != "" {
+			for _, v := range strings.Split(*r.EnumValues, ",") {
+				p.Enum = append(p.Enum, strings.TrimSpace(v))
+			}
+		}
+		out = append(out, p)
 	}
 	return out
 }
@@ -222,7 +214,7 @@ func (e *Enforcer) read(ctx context.Context, st *state, p *credentials.Project) 
 
 // budget is the cost the plan's reads may spend per limiter Window.
 func (e *Enforcer) budget() (int, time.Duration) {
-	c := e.fetch.lim.Config()
+	c := e.lim.Config()
 	w := c.Window
 	if w == 0 {
 		w = ratelimit.DefaultWindow
@@ -276,7 +268,7 @@ func (e *Enforcer) get(ctx context.Context, st *state, p *credentials.Project, u
 
 // getOnce makes one call; wait > 0 means try again after it.
 func (e *Enforcer) getOnce(ctx context.Context, st *state, key string, p *credentials.Project, u string, out any) (wait time.Duration, err error) {
-	release, err := e.fetch.lim.Acquire(ctx, key, 1)
+	release, err := e.lim.Acquire(ctx, key, 1)
 	if err != nil {
 		var le *ratelimit.LimitedError
 		if errors.As(err, &le) {
@@ -291,7 +283,7 @@ func (e *Enforcer) getOnce(ctx context.Context, st *state, key string, p *creden
 	}
 	req.Header.Set("Authorization", credentials.BasicAuth(p.APIKey, p.SecretKey))
 	req.Header.Set("Accept", "application/json")
-	res, err := e.fetch.hc.Do(req)
+	res, err := e.hc.Do(req)
 	release()
 	if err != nil {
 		return 0, fmt.Errorf("taxonomy API: %w", err)
@@ -308,7 +300,7 @@ func (e *Enforcer) getOnce(ctx context.Context, st *state, key string, p *creden
 		}
 		_, w := e.budget()
 		d = min(d, w)
-		e.fetch.lim.Pause(key, d)
+		e.lim.Pause(key, d)
 		return d, errors.New("taxonomy API answered 429")
 	}
 	if res.StatusCode != http.StatusOK {
