@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -125,12 +126,7 @@ func New(cfg Config, creds *credentials.Ref, lim *ratelimit.Limiter, hc Doer, lo
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Refresh == 0 {
-		cfg.Refresh = DefaultRefresh
-	}
-	if cfg.Share == 0 {
-		cfg.Share = DefaultShare
-	}
+	cfg.Refresh, cfg.Share = cmp.Or(cfg.Refresh, DefaultRefresh), cmp.Or(cfg.Share, DefaultShare)
 	if log == nil {
 		log = zap.NewNop()
 	}
@@ -164,9 +160,7 @@ type Live struct {
 // read again now (a project the new mode checks may have none yet), then
 // every l.Refresh.
 func (e *Enforcer) SetLive(l Live) {
-	if l.Refresh == 0 {
-		l.Refresh = DefaultRefresh
-	}
+	l.Refresh = cmp.Or(l.Refresh, DefaultRefresh)
 	e.live.Store(&l)
 	select {
 	case e.relive <- struct{}{}:

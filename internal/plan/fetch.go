@@ -214,15 +214,11 @@ func (e *Enforcer) read(ctx context.Context, st *state, p *credentials.Project) 
 
 // budget is the cost the plan's reads may spend per limiter Window.
 func (e *Enforcer) budget() (int, time.Duration) {
-	c := e.lim.Config()
-	w := c.Window
-	if w == 0 {
-		w = ratelimit.DefaultWindow
-	}
+	c := e.lim.Config() // its Window defaulted
 	if c.Limit == 0 {
-		return 0, w
+		return 0, c.Window
 	}
-	return max(1, int(float64(c.Limit)*e.cfg.Share)), w
+	return max(1, int(float64(c.Limit)*e.cfg.Share)), c.Window
 }
 
 // afford reports whether cost more fits the budget within the window, and
