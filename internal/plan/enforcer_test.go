@@ -278,3 +278,45 @@ func TestWatch(t *testing.T) {
 		})
 	}
 }
+
+// TestTaxonomyAnswers: the envelope of the taxonomy API's answers: a null
+// or absent data is an empty list; success false or data of another shape
+// fails the read.
+func TestTaxonomyAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		name, users string // the answer to GET /user-property
+		ok          bool
+	}{
+		{"null data", `{"success":true,"data":null}`, true},
+		{"no data", `{"success":true}`, true},
+		{"list", `{"success":true,"data":[{"user_property":"gp:plan","type":"string"}]}`, true},
+		{"success false", `{"success":false,"data":[]}`, false},
+		{"data not a list", `{"success":true,"data":{"user_property":"plan"}}`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			answers := map[string]string{
+				"/api/2/taxonomy/event":                       `{"success":true,"data":[{"event_type":"A"}]}`,
+				"/api/2/taxonomy/event-property":              `{"success":true,"data":null}`,
+				"/api/2/taxonomy/event-property?event_type=A": `{"success":true,"data":[{"event_property":"x","type":"number"}]}`,
+				"/api/2/taxonomy/user-property":               tc.users,
+			}
+			e, _, _ := newEnforcer(t, Config{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Write([]byte(answers[r.URL.RequestURI()]))
+			}))
+			info, err := e.Refresh(context.Background(), "web")
+			if !tc.ok {
+				if err == nil {
+					t.Fatalf("read: no error, plan %+v", info.Plan)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p := info.Plan; len(p.EventTypes) != 1 || len(p.Overrides["A"]) != 1 || p.Overrides["A"][0].Type != "number" ||
+				len(p.UserProperties) != strings.Count(tc.users, "gp:plan") {
+				t.Fatalf("plan %+v", p)
+			}
+		})
+	}
+}

@@ -180,7 +180,7 @@ func (e *Enforcer) read(ctx context.Context, st *state, p *credentials.Project) 
 	if !st.afford(time.Now(), 1, budget, window) {
 		return nil, ErrBudget
 	}
-	if err := e.get(ctx, st, p, base+"/event", &evs); err != nil {
+	if err := e.get(ctx, p, base+"/event", &evs); err != nil {
 		return nil, err
 	}
 	// The rest of the read costs len(evs)+2: refuse it now rather than
@@ -189,10 +189,10 @@ func (e *Enforcer) read(ctx context.Context, st *state, p *credentials.Project) 
 		return nil, ErrBudget
 	}
 	var shared, users []propJSON
-	if err := e.get(ctx, st, p, base+"/event-property", &shared); err != nil {
+	if err := e.get(ctx, p, base+"/event-property", &shared); err != nil {
 		return nil, err
 	}
-	if err := e.get(ctx, st, p, base+"/user-property", &users); err != nil {
+	if err := e.get(ctx, p, base+"/user-property", &users); err != nil {
 		return nil, err
 	}
 	pl := &Plan{Shared: properties(shared, false), UserProperties: properties(users, true), Overrides: map[string][]Property{}}
@@ -202,7 +202,7 @@ func (e *Enforcer) read(ctx context.Context, st *state, p *credentials.Project) 
 		}
 		pl.EventTypes = append(pl.EventTypes, ev.EventType)
 		var own []propJSON
-		if err := e.get(ctx, st, p, base+"/event-property?event_type="+url.QueryEscape(ev.EventType), &own); err != nil {
+		if err := e.get(ctx, p, base+"/event-property?event_type="+url.QueryEscape(ev.EventType), &own); err != nil {
 			return nil, err
 		}
 		if ps := properties(own, false); len(ps) > 0 {
@@ -245,10 +245,10 @@ func (st *state) afford(now time.Time, cost int, budget int, window time.Duratio
 // get reads one taxonomy list into out (its "data"), within the shared
 // limiter: a call refused by it, or answered 429, waits its Retry-After
 // and is tried again (maxTries in all).
-func (e *Enforcer) get(ctx context.Context, st *state, p *credentials.Project, u string, out any) error {
+func (e *Enforcer) get(ctx context.Context, p *credentials.Project, u string, out any) error {
 	key := "project:" + p.Name
 	for try := 1; ; try++ {
-		wait, err := e.getOnce(ctx, st, key, p, u, out)
+		wait, err := e.getOnce(ctx, key, p, u, out)
 		if wait == 0 || try == maxTries {
 			return err
 		}
@@ -263,7 +263,7 @@ func (e *Enforcer) get(ctx context.Context, st *state, p *credentials.Project, u
 }
 
 // getOnce makes one call; wait > 0 means try again after it.
-func (e *Enforcer) getOnce(ctx context.Context, st *state, key string, p *credentials.Project, u string, out any) (wait time.Duration, err error) {
+func (e *Enforcer) getOnce(ctx context.Context, key string, p *credentials.Project, u string, out any) (wait time.Duration, err error) {
 	release, err := e.lim.Acquire(ctx, key, 1)
 	if err != nil {
 		var le *ratelimit.LimitedError
@@ -302,21 +302,16 @@ func (e *Enforcer) getOnce(ctx context.Context, st *state, key string, p *creden
 	if res.StatusCode != http.StatusOK {
 		return 0, fmt.Errorf("taxonomy API answered %d to GET %s", res.StatusCode, req.URL.Path)
 	}
-	var env struct {
-		Success bool            `json:"success"`
-		Data    json.RawMessage `json:"data"`
-	}
+	// A null data leaves out as it was: an empty list.
+	env := struct {
+		Success bool `json:"success"`
+		Data    any  `json:"data"`
+	}{Data: out}
 	if err := json.Unmarshal(body, &env); err != nil {
 		return 0, fmt.Errorf("taxonomy API answer: %w", err)
 	}
 	if !env.Success {
 		return 0, fmt.Errorf("taxonomy API answered success false to GET %s", req.URL.Path)
-	}
-	if len(env.Data) == 0 || string(env.Data) == "null" {
-		return 0, nil
-	}
-	if err := json.Unmarshal(env.Data, out); err != nil {
-		return 0, fmt.Errorf("taxonomy API answer's data: %w", err)
 	}
 	return 0, nil
 }
