@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -67,7 +68,8 @@ func (c Config) Validate() error {
 type Enforcer struct {
 	cfg   Config
 	creds *credentials.Ref
-	fetch *fetcher
+	lim   *ratelimit.Limiter // the forwarded taxonomy API's: the cost is shared
+	hc    Doer
 	log   *zap.Logger
 	wake  chan struct{}
 	// live is cfg's Default and Refresh in force (SetLive); relive
@@ -124,17 +126,12 @@ func New(cfg Config, creds *credentials.Ref, lim *ratelimit.Limiter, hc Doer, lo
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Refresh == 0 {
-		cfg.Refresh = DefaultRefresh
-	}
-	if cfg.Share == 0 {
-		cfg.Share = DefaultShare
-	}
+	cfg.Refresh, cfg.Share = cmp.Or(cfg.Refresh, DefaultRefresh), cmp.Or(cfg.Share, DefaultShare)
 	if log == nil {
 		log = zap.NewNop()
 	}
 	e := &Enforcer{cfg: cfg, creds: creds, log: log, wake: make(chan struct{}, 1), relive: make(chan struct{}, 1), states: map[string]*state{},
-		fetch: &fetcher{lim: lim, hc: hc},
+		lim: lim, hc: hc,
 		violations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "relay_plan_violations_total",
 			Help: "Tracking-plan violations found at delivery, by project and kind (a resent event is checked and counted again)."}, []string{"project", "kind"}),
 		quarantined: prometheus.NewCounter(prometheus.CounterOpts{Name: "relay_plan_quarantined_total",
@@ -163,9 +160,7 @@ type Live struct {
 // read again now (a project the new mode checks may have none yet), then
 // every l.Refresh.
 func (e *Enforcer) SetLive(l Live) {
-	if l.Refresh == 0 {
-		l.Refresh = DefaultRefresh
-	}
+	l.Refresh = cmp.Or(l.Refresh, DefaultRefresh)
 	e.live.Store(&l)
 	select {
 	case e.relive <- struct{}{}:

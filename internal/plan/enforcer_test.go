@@ -13,6 +13,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/svcrelay/relay/internal/adminroute"
+	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/ratelimit"
@@ -235,5 +237,86 @@ func TestSetLiveDefaultMode(t *testing.T) {
 		if in, _ := e.Info("web"); in.Mode != c.mode.String() {
 			t.Fatalf("default mode %v: info says %q", c.mode, in.Mode)
 		}
+	}
+}
+
+// TestWatch: a change through the forwarded taxonomy API marks the plan of
+// its project (by X-Relay-Project, else the Basic api_key) for a read only
+// when it was answered 2xx, a body written without WriteHeader included.
+func TestWatch(t *testing.T) {
+	for _, tc := range []struct {
+		name, method string
+		status       int // 0: the handler writes its body without WriteHeader
+		header       bool
+		want         bool
+	}{
+		{"created", http.MethodPost, http.StatusCreated, false, true},
+		{"implicit 200", http.MethodPut, 0, false, true},
+		{"by header", http.MethodDelete, http.StatusOK, true, true},
+		{"refused", http.MethodPost, http.StatusConflict, false, false},
+		{"read", http.MethodGet, http.StatusOK, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, _, _ := newEnforcer(t, Config{}, http.NotFoundHandler())
+			routes := e.Watch([]adminroute.Route{{Method: tc.method, Path: "/api/2/taxonomy/event",
+				Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					if tc.status != 0 {
+						w.WriteHeader(tc.status)
+					}
+					w.Write([]byte(`{"success":true}`))
+				})}})
+			r := httptest.NewRequest(tc.method, "/api/2/taxonomy/event", nil)
+			if tc.header {
+				r.Header.Set(admintoken.HeaderProject, "web")
+			} else {
+				r.SetBasicAuth("key-web", "sec-web")
+			}
+			routes[0].Handler.ServeHTTP(httptest.NewRecorder(), r)
+			if got := e.state("web").refresh.Load(); got != tc.want {
+				t.Fatalf("marked for a read: %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestTaxonomyAnswers: the envelope of the taxonomy API's answers: a null
+// or absent data is an empty list; success false or data of another shape
+// fails the read.
+func TestTaxonomyAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		name, users string // the answer to GET /user-property
+		ok          bool
+	}{
+		{"null data", `{"success":true,"data":null}`, true},
+		{"no data", `{"success":true}`, true},
+		{"list", `{"success":true,"data":[{"user_property":"gp:plan","type":"string"}]}`, true},
+		{"success false", `{"success":false,"data":[]}`, false},
+		{"data not a list", `{"success":true,"data":{"user_property":"plan"}}`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			answers := map[string]string{
+				"/api/2/taxonomy/event":                       `{"success":true,"data":[{"event_type":"A"}]}`,
+				"/api/2/taxonomy/event-property":              `{"success":true,"data":null}`,
+				"/api/2/taxonomy/event-property?event_type=A": `{"success":true,"data":[{"event_property":"x","type":"number"}]}`,
+				"/api/2/taxonomy/user-property":               tc.users,
+			}
+			e, _, _ := newEnforcer(t, Config{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Write([]byte(answers[r.URL.RequestURI()]))
+			}))
+			info, err := e.Refresh(context.Background(), "web")
+			if !tc.ok {
+				if err == nil {
+					t.Fatalf("read: no error, plan %+v", info.Plan)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p := info.Plan; len(p.EventTypes) != 1 || len(p.Overrides["A"]) != 1 || p.Overrides["A"][0].Type != "number" ||
+				len(p.UserProperties) != strings.Count(tc.users, "gp:plan") {
+				t.Fatalf("plan %+v", p)
+			}
+		})
 	}
 }

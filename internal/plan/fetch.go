@@ -23,11 +23,6 @@ type Doer interface {
 	Do(*http.Request) (*http.Response, error)
 }
 
-type fetcher struct {
-	lim *ratelimit.Limiter
-	hc  Doer
-}
-
 // ErrBudget is returned by Refresh when reading the plan now would spend
 // more than Config.Share of the taxonomy API's period cost on plan reads.
 var ErrBudget = errors.New("plan read postponed: it would pass the plan's share of the taxonomy API's cost per period")
@@ -141,19 +136,6 @@ type propJSON struct {
 	Deleted       bool    `json:"deleted"`
 }
 
-func (r propJSON) property(name string) Property {
-	p := Property{Name: name, Type: r.Type, Array: r.IsArrayType, Required: r.IsRequired}
-	if r.Regex != nil {
-		p.Regex = *r.Regex
-	}
-	if r.EnumValues != nil && *r.EnumValues != "" {
-		for _, v := range strings.Split(*r.EnumValues, ",") {
-			p.Enum = append(p.Enum, strings.TrimSpace(v))
-		}
-	}
-	return p
-}
-
 func properties(rs []propJSON, user bool) []Property {
 	out := make([]Property, 0, len(rs))
 	for _, r := range rs {
@@ -164,9 +146,19 @@ func properties(rs []propJSON, user bool) []Property {
 		if user {
 			name = strings.TrimPrefix(r.UserProperty, "gp:")
 		}
-		if name != "" {
-			out = append(out, r.property(name))
+		if name == "" {
+			continue
 		}
+		p := Property{Name: name, Type: r.Type, Array: r.IsArrayType, Required: r.IsRequired}
+		if r.Regex != nil {
+			p.Regex = *r.Regex
+		}
+		if r.EnumValues != nil && *r.EnumValues != "" {
+			for _, v := range strings.Split(*r.EnumValues, ",") {
+				p.Enum = append(p.Enum, strings.TrimSpace(v))
+			}
+		}
+		out = append(out, p)
 	}
 	return out
 }
@@ -188,7 +180,7 @@ func (e *Enforcer) read(ctx context.Context, st *state, p *credentials.Project) 
 	if !st.afford(time.Now(), 1, budget, window) {
 		return nil, ErrBudget
 	}
-	if err := e.get(ctx, st, p, base+"/event", &evs); err != nil {
+	if err := e.get(ctx, p, base+"/event", &evs); err != nil {
 		return nil, err
 	}
 	// The rest of the read costs len(evs)+2: refuse it now rather than
@@ -197,10 +189,10 @@ func (e *Enforcer) read(ctx context.Context, st *state, p *credentials.Project) 
 		return nil, ErrBudget
 	}
 	var shared, users []propJSON
-	if err := e.get(ctx, st, p, base+"/event-property", &shared); err != nil {
+	if err := e.get(ctx, p, base+"/event-property", &shared); err != nil {
 		return nil, err
 	}
-	if err := e.get(ctx, st, p, base+"/user-property", &users); err != nil {
+	if err := e.get(ctx, p, base+"/user-property", &users); err != nil {
 		return nil, err
 	}
 	pl := &Plan{Shared: properties(shared, false), UserProperties: properties(users, true), Overrides: map[string][]Property{}}
@@ -210,7 +202,7 @@ func (e *Enforcer) read(ctx context.Context, st *state, p *credentials.Project) 
 		}
 		pl.EventTypes = append(pl.EventTypes, ev.EventType)
 		var own []propJSON
-		if err := e.get(ctx, st, p, base+"/event-property?event_type="+url.QueryEscape(ev.EventType), &own); err != nil {
+		if err := e.get(ctx, p, base+"/event-property?event_type="+url.QueryEscape(ev.EventType), &own); err != nil {
 			return nil, err
 		}
 		if ps := properties(own, false); len(ps) > 0 {
@@ -222,15 +214,11 @@ func (e *Enforcer) read(ctx context.Context, st *state, p *credentials.Project) 
 
 // budget is the cost the plan's reads may spend per limiter Window.
 func (e *Enforcer) budget() (int, time.Duration) {
-	c := e.fetch.lim.Config()
-	w := c.Window
-	if w == 0 {
-		w = ratelimit.DefaultWindow
-	}
+	c := e.lim.Config() // its Window defaulted
 	if c.Limit == 0 {
-		return 0, w
+		return 0, c.Window
 	}
-	return max(1, int(float64(c.Limit)*e.cfg.Share)), w
+	return max(1, int(float64(c.Limit)*e.cfg.Share)), c.Window
 }
 
 // afford reports whether cost more fits the budget within the window, and
@@ -257,10 +245,10 @@ func (st *state) afford(now time.Time, cost int, budget int, window time.Duratio
 // get reads one taxonomy list into out (its "data"), within the shared
 // limiter: a call refused by it, or answered 429, waits its Retry-After
 // and is tried again (maxTries in all).
-func (e *Enforcer) get(ctx context.Context, st *state, p *credentials.Project, u string, out any) error {
+func (e *Enforcer) get(ctx context.Context, p *credentials.Project, u string, out any) error {
 	key := "project:" + p.Name
 	for try := 1; ; try++ {
-		wait, err := e.getOnce(ctx, st, key, p, u, out)
+		wait, err := e.getOnce(ctx, key, p, u, out)
 		if wait == 0 || try == maxTries {
 			return err
 		}
@@ -275,8 +263,8 @@ func (e *Enforcer) get(ctx context.Context, st *state, p *credentials.Project, u
 }
 
 // getOnce makes one call; wait > 0 means try again after it.
-func (e *Enforcer) getOnce(ctx context.Context, st *state, key string, p *credentials.Project, u string, out any) (wait time.Duration, err error) {
-	release, err := e.fetch.lim.Acquire(ctx, key, 1)
+func (e *Enforcer) getOnce(ctx context.Context, key string, p *credentials.Project, u string, out any) (wait time.Duration, err error) {
+	release, err := e.lim.Acquire(ctx, key, 1)
 	if err != nil {
 		var le *ratelimit.LimitedError
 		if errors.As(err, &le) {
@@ -291,7 +279,7 @@ func (e *Enforcer) getOnce(ctx context.Context, st *state, key string, p *creden
 	}
 	req.Header.Set("Authorization", credentials.BasicAuth(p.APIKey, p.SecretKey))
 	req.Header.Set("Accept", "application/json")
-	res, err := e.fetch.hc.Do(req)
+	res, err := e.hc.Do(req)
 	release()
 	if err != nil {
 		return 0, fmt.Errorf("taxonomy API: %w", err)
@@ -308,27 +296,22 @@ func (e *Enforcer) getOnce(ctx context.Context, st *state, key string, p *creden
 		}
 		_, w := e.budget()
 		d = min(d, w)
-		e.fetch.lim.Pause(key, d)
+		e.lim.Pause(key, d)
 		return d, errors.New("taxonomy API answered 429")
 	}
 	if res.StatusCode != http.StatusOK {
 		return 0, fmt.Errorf("taxonomy API answered %d to GET %s", res.StatusCode, req.URL.Path)
 	}
-	var env struct {
-		Success bool            `json:"success"`
-		Data    json.RawMessage `json:"data"`
-	}
+	// A null data leaves out as it was: an empty list.
+	env := struct {
+		Success bool `json:"success"`
+		Data    any  `json:"data"`
+	}{Data: out}
 	if err := json.Unmarshal(body, &env); err != nil {
 		return 0, fmt.Errorf("taxonomy API answer: %w", err)
 	}
 	if !env.Success {
 		return 0, fmt.Errorf("taxonomy API answered success false to GET %s", req.URL.Path)
-	}
-	if len(env.Data) == 0 || string(env.Data) == "null" {
-		return 0, nil
-	}
-	if err := json.Unmarshal(env.Data, out); err != nil {
-		return 0, fmt.Errorf("taxonomy API answer's data: %w", err)
 	}
 	return 0, nil
 }

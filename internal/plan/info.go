@@ -1,7 +1,6 @@
 package plan
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
@@ -97,9 +96,9 @@ func (e *Enforcer) Watch(routes []adminroute.Route) []adminroute.Route {
 					}
 				}
 			}
-			sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+			sw := &statusWriter{ResponseWriter: w}
 			h.ServeHTTP(sw, r)
-			if project != "" && sw.status < 300 {
+			if project != "" && sw.status < 300 { // 0: written without WriteHeader, a 200
 				e.Changed(project)
 			}
 		})
@@ -109,13 +108,12 @@ func (e *Enforcer) Watch(routes []adminroute.Route) []adminroute.Route {
 
 type statusWriter struct {
 	http.ResponseWriter
-	status int
-	wrote  bool
+	status int // the first WriteHeader's
 }
 
 func (w *statusWriter) WriteHeader(code int) {
-	if !w.wrote {
-		w.status, w.wrote = code, true
+	if w.status == 0 {
+		w.status = code
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
@@ -157,14 +155,6 @@ func (e *Enforcer) Routes() []adminroute.Route {
 	}
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, _ := json.Marshal(v)
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	w.Write(append(b, '\n'))
-}
-
 func (e *Enforcer) serveInfo(w http.ResponseWriter, r *http.Request) {
 	name := r.URL.Query().Get("project")
 	if name == "" {
@@ -174,15 +164,15 @@ func (e *Enforcer) serveInfo(w http.ResponseWriter, r *http.Request) {
 			in.Plan = nil
 			out = append(out, in)
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"projects": out})
+		adminroute.WriteJSON(w, http.StatusOK, map[string]any{"projects": out})
 		return
 	}
 	in, ok := e.Info(name)
 	if !ok {
-		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no project of that name in the credentials file"})
+		adminroute.WriteJSON(w, http.StatusNotFound, map[string]string{"error": "no project of that name in the credentials file"})
 		return
 	}
-	writeJSON(w, http.StatusOK, in)
+	adminroute.WriteJSON(w, http.StatusOK, in)
 }
 
 func (e *Enforcer) serveRefresh(w http.ResponseWriter, r *http.Request) {
@@ -201,7 +191,7 @@ func (e *Enforcer) serveRefresh(w http.ResponseWriter, r *http.Request) {
 		in, err := e.Refresh(r.Context(), n)
 		if err != nil {
 			if in.Project == "" {
-				writeJSON(w, http.StatusNotFound, map[string]string{"error": err.Error()})
+				adminroute.WriteJSON(w, http.StatusNotFound, map[string]string{"error": err.Error()})
 				return
 			}
 			status = http.StatusBadGateway
@@ -209,5 +199,5 @@ func (e *Enforcer) serveRefresh(w http.ResponseWriter, r *http.Request) {
 		in.Plan = nil
 		out = append(out, in)
 	}
-	writeJSON(w, status, map[string]any{"projects": out})
+	adminroute.WriteJSON(w, status, map[string]any{"projects": out})
 }

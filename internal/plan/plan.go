@@ -117,6 +117,8 @@ const (
 	tEnum
 )
 
+var typeNames = map[string]uint8{"string": tString, "number": tNumber, "boolean": tBoolean, "enum": tEnum}
+
 // compiled is a Plan made for fast checks: a map of rules per event type
 // (the shared ones merged with its overrides), so that a property is one
 // lookup: in a perfect hash table of the short names by the key's words
@@ -137,21 +139,9 @@ type eventRules struct {
 
 func compileProp(p Property) (*rule, error) {
 	r := &rule{name: p.Name, array: p.Array, required: p.Required}
-	switch strings.ToLower(p.Type) {
-	case "", "any":
-	case "string":
-		r.typ = tString
-	case "number":
-		r.typ = tNumber
-	case "boolean":
-		r.typ = tBoolean
-	case "enum":
-		r.typ = tEnum
-	default:
-		// A type the document does not name: anything goes, rather
-		// than quarantining every event for a newer upstream's type.
-		r.typ = tAny
-	}
+	// A type the document does not name is any (tAny, the zero value),
+	// rather than quarantining every event for a newer upstream's type.
+	r.typ = typeNames[strings.ToLower(p.Type)]
 	if p.Regex != "" {
 		// The plan's pattern describes the whole value.
 		re, err := regexp.Compile(`^(?:` + p.Regex + `)$`)
