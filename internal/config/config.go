@@ -274,7 +274,7 @@ func options(c *Config) []option {
 				c.TrackingPlan, err = plan.ParseMode(strings.TrimSpace(v))
 				return err
 			}},
-		{name: "tracking-plan-refresh", def: "5m", usage: "how often each project's tracking plan is read again from the taxonomy API", v: &c.TrackingPlanRefresh},
+		{name: "tracking-plan-refresh", def: plan.DefaultRefresh.String(), usage: "how often each project's tracking plan is read again from the taxonomy API", v: &c.TrackingPlanRefresh},
 		// Fleet mode.
 		{name: "spool", def: "local", secret: true, usage: "local: the WAL + bbolt spool in --data-dir; nats://host:port[,host:port...]: a NATS JetStream cluster shared by a fleet of relays",
 			set: func(c *Config, v string) error {
