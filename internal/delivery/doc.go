@@ -28,7 +28,7 @@
 // ends (storage.ErrIdle), the lane drops its shards, and the local spool's
 // Run hands the lane over again at its next record, from the same cursor. The runner ends
 // for good when the spool retires the lane (empty and idle: storage.ErrRetired),
-// and the pipeline forgets it. The reader calls storage.Lane.NextPart. A shard batches
+// and the pipeline forgets it. A shard batches
 // its records (at most MaxBatchEvents, a body strictly under MaxBatchBytes
 // measured on the exact bytes sent, flushed when full or when its oldest
 // event has waited FlushInterval) and has at most ONE request in flight.
@@ -44,14 +44,10 @@
 // # Answers
 //
 // The upstream client (internal/upstream) only reads an answer: its status
-// and body fields. What the answer means is decided in one place, decide
-// (answer.go), for every kind: delivered; resend (dead letters for the
-// records it names, the rest at once); split; wait (at least a clamped
-// Retry-After, or a form kind's ThrottleWait after a 429 without one);
-// stop the lane; and the keys to pause (a 429's devices and users) or to
-// hold until midnight (over quota). The shard acts on the verdict
-// (shard.handle): the 429 of an events lane and of a form lane run the same
-// code.
+// and body fields. What the answer means is decided in one place for every
+// kind, decide (answer.go, whose doc gives the rule), and the shard acts on
+// the verdict (shard.handle): the 429 of an events lane and of a form lane
+// run the same code.
 //
 // # Form kinds
 //
@@ -60,9 +56,9 @@
 // kind's Form (requests api_key=K&<field>=[...], its limits as
 // the batch limits, its linger as the flush interval). The send loop, the
 // answer rule, the retry wait, max age, dead letters, stop/resume and
-// acknowledgements are the events' code; a form 429 names no device, so it
-// waits as a 5xx does (at least the kind's ThrottleWait without
-// Retry-After). An expired record's dead letter keeps the last retryable
+// acknowledgements are the events' code; a form request names no key, so a
+// silenced answer is a 400 there and a 429 waits as a 5xx does (at least
+// the kind's ThrottleWait without Retry-After). An expired record's dead letter keeps the last retryable
 // answer, for every kind.
 //
 // # Invariants
@@ -174,17 +170,14 @@
 //
 // # Fleet mode
 //
-// NewFleet delivers the partitions a storage.Owner hands this
-// relay (the fleet's NATS JetStream streams) instead of spool lanes, through
-// DeliverPartition (shared with the form kinds): a reader goroutine
-// per owned partition demultiplexes its messages by lane into feeds
-// (Feed), each read by a laneRunner as above (its source is the
-// feed, not a spool lane), and an acker goroutine per partition
-// acknowledges a message once all its records are done. Dead letters go to
-// the store, pauses are shared with the fleet's other relays
-// (SharedPauses). See fleet.go and partition.go for the ownership, stop
-// and memory rules. The fleet's locks (fleetState.mu and smu, the
-// partition's and the feed's) are each taken alone too.
+// NewFleet delivers the partitions a storage.Owner hands this relay (the
+// fleet's NATS JetStream streams) instead of spool lanes: DeliverPartition
+// (partition.go, shared with the form kinds) demultiplexes a partition's
+// messages by lane into Feeds, each read by a laneRunner as above, and
+// acknowledges a message once all its records are done. Pauses and
+// operators' lane stops are shared with the fleet's other relays
+// (SharedPauses, SharedLanes). The fleet's locks (fleetState.mu and smu,
+// the partition's and the feed's) are each taken alone too.
 //
 // # Goroutines and locks
 //

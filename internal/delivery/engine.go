@@ -227,38 +227,37 @@ func (e *Engine[R]) ResumeLane(laneID uint64) error {
 // goes with it). status must take no lock held across a call out of its
 // package, and its labels must be unique. Only one deliverer's collector
 // may be checked (describe its descriptor): the others share the family
-// unchecked.
+// unchecked (the registry merges their series into one family only if
+// name, help and labels are equal).
 func NewStoppedCollector(status func() []LaneStatus, checked bool) prometheus.Collector {
-	return &stoppedCollector{status: status, desc: NewLaneStoppedDesc(), checked: checked}
-}
-
-// NewLaneStoppedDesc describes relay_lane_stopped{lane}, 1 while a lane
-// sends nothing. Every deliverer's collector uses it: the registry merges
-// their series into one family only if name, help and labels are equal.
-func NewLaneStoppedDesc() *prometheus.Desc {
-	return prometheus.NewDesc("relay_lane_stopped",
+	return &laneCollector{status: status, checked: checked, desc: prometheus.NewDesc("relay_lane_stopped",
 		"1 while a lane sends nothing (invalid API key, fatal upstream answer, operator stop): alert on it.",
-		[]string{"lane"}, nil)
+		[]string{"lane"}, nil), value: func(s LaneStatus) float64 {
+		if s.Stopped {
+			return 1
+		}
+		return 0
+	}}
 }
 
-type stoppedCollector struct {
+// laneCollector exports a gauge per lane read at scrape time from a
+// snapshot of the lanes (no series to delete when a lane goes: it is
+// simply not reported; the series are bounded by the lanes).
+type laneCollector struct {
 	status  func() []LaneStatus
 	desc    *prometheus.Desc
 	checked bool
+	value   func(LaneStatus) float64
 }
 
-func (c *stoppedCollector) Describe(ch chan<- *prometheus.Desc) {
+func (c *laneCollector) Describe(ch chan<- *prometheus.Desc) {
 	if c.checked {
 		ch <- c.desc
 	}
 }
 
-func (c *stoppedCollector) Collect(ch chan<- prometheus.Metric) {
+func (c *laneCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range c.status() {
-		v := 0.0
-		if s.Stopped {
-			v = 1
-		}
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, s.Label)
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, c.value(s), s.Label)
 	}
 }

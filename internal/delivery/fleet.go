@@ -19,26 +19,6 @@ import (
 	"github.com/svcrelay/relay/internal/throttle"
 )
 
-// Fleet mode. The store hands this relay the partitions it owns
-// (storage.Owner.Run), one storage.Reader each; a partition carries the
-// records of many lanes, each Message those of one lane. For each partition
-// a reader goroutine (deliverPartition) reads messages in order and hands
-// each to the lane runner of its lane in that partition (a laneRunner as in
-// local mode, whose source is a feed instead of a spool lane), made on first
-// sight and forgotten when idle or when the partition goes. A key lives in
-// one partition, so its records go, in order, to one runner and one shard:
-// per-key order holds as in local mode. A message is acknowledged (by an
-// acker goroutine of the partition, so that no shard waits for the round
-// trip) once every record of it was answered 200 or is a committed dead
-// letter. When the partition goes (the lease moved), its runners stop at
-// once, abandoning requests in flight; what was not acknowledged comes back,
-// in order, to the next owner (who may send some records again: the
-// upstream deduplicates by insert_id). When Run's context ends (the relay
-// stops), every partition stops taking new work, requests in flight finish
-// within Config.DrainTimeout and their acknowledgements are sent, and only
-// then are the leases given up, so that a standby takes over at once with
-// few records to send again.
-
 // SharedPauses are the pauses every relay of the fleet sees (fleet.Fleet):
 // a 429's pause and a daily quota's are written there too, so that a relay
 // taking a partition over honours them.

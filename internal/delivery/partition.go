@@ -29,8 +29,11 @@ import (
 // once, abandoning requests in flight; what was not acknowledged comes back,
 // in order, to the next owner (who may send some records again). When stop
 // ends (the relay stops), the partition takes no new work, its runners
-// finish as their Run allows, their acknowledgements are sent (each one
-// while the lease holds, however slow the store), drained is called, and the lease is held until the store's Run ends it.
+// finish as their Run allows (within Config.DrainTimeout), their
+// acknowledgements are sent (each one while the lease holds, however slow
+// the store), drained is called, and the lease is held until the store's
+// Run ends it: a standby then takes over at once, with few records to send
+// again (the upstream deduplicates them by insert_id).
 
 // PartitionConfig configures DeliverPartition.
 type PartitionConfig struct {

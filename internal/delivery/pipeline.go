@@ -136,15 +136,10 @@ func (p *Pipeline) lived() *liveState {
 // liveState is c's Live in force (with defaults), its changed channel
 // made.
 func (c Config) liveState() *liveState {
-	l := c.live()
-	return &liveState{Live: l, url: l.IngestURL + "/2/httpapi", changed: make(chan struct{})}
-}
-
-// live is the Live of c (with defaults).
-func (c Config) live() Live {
 	c = c.withDefaults()
-	return Live{Gzip: c.Gzip, MaxEventAge: c.MaxEventAge, MaxBatchEvents: c.MaxBatchEvents,
-		MaxBatchBytes: c.MaxBatchBytes, FlushInterval: c.FlushInterval, ThrottlePause: c.ThrottlePause, IngestURL: c.IngestURL}
+	return &liveState{Live: Live{Gzip: c.Gzip, MaxEventAge: c.MaxEventAge, MaxBatchEvents: c.MaxBatchEvents,
+		MaxBatchBytes: c.MaxBatchBytes, FlushInterval: c.FlushInterval, ThrottlePause: c.ThrottlePause, IngestURL: c.IngestURL},
+		url: c.IngestURL + "/2/httpapi", changed: make(chan struct{})}
 }
 
 // SetLive puts l in force for every batch built after it (its zero values
@@ -155,9 +150,6 @@ func (p *Pipeline) SetLive(l Live) {
 	c.ThrottlePause = l.ThrottlePause
 	if l.IngestURL != "" {
 		c.IngestURL = l.IngestURL
-	}
-	if c.MaxEventAge <= 0 {
-		c.MaxEventAge = DefaultMaxEventAge
 	}
 	if old := p.live.Swap(c.liveState()); old != nil && old.changed != nil {
 		close(old.changed)
