@@ -22,8 +22,9 @@ import (
 // APIKey resolves the api_key of a spooling form route (POST /groupidentify,
 // POST /usermap): apiKey as the request gave it, or, when project (the
 // X-Relay-Project header) is not empty, the api_key of that project in
-// creds (the request must then not give its own). The result is not empty
-// and at most event.MaxAPIKeyBytes long (a lane per key).
+// creds (the request must then not give its own: 400, as for a project
+// not in creds). The result is not empty and at most event.MaxAPIKeyBytes
+// long (a lane per key).
 func APIKey(creds *credentials.Store, project, apiKey string) (string, *ValidationError) {
 	if project != "" {
 		if apiKey != "" {
