@@ -15,31 +15,24 @@
 //
 // # Shape
 //
-// Run starts, for every lane of kind storage.KindEvents the store hands it
-// through the seam (storage.Owner.Run: locally each lane, those that exist
-// and those created later; in fleet mode each lane of the partitions this
-// relay owns, see fleet.go), one reader goroutine (Engine, engine.go, runs
-// a runner per lane the store hands over); the reader hands each
-// record to the shard (of Config.ShardsPerLane) its OrderKey hashes to, and
-// a shard runs a goroutine while it has records (it ends after shardLinger
-// with nothing queued or held; the next hand-over starts it again). An idle
-// lane holds no goroutine: once every record it read is done and it has had
-// nothing to read for a second (storage.Lane.Wait's onIdle), the reader
-// ends (storage.ErrIdle), the lane drops its shards, and the local spool's
-// Run hands the lane over again at its next record, from the same cursor. The runner ends
-// for good when the spool retires the lane (empty and idle: storage.ErrRetired),
-// and the pipeline forgets it. A shard batches
-// its records (at most MaxBatchEvents, a body strictly under MaxBatchBytes
-// measured on the exact bytes sent, flushed when full or when its oldest
-// event has waited FlushInterval) and has at most ONE request in flight.
-// Those three limits, Gzip, MaxEventAge and ThrottlePause can change while running
+// Run runs an Engine over the store (storage.Owner.Run): locally a runner
+// per lane, those that exist and those created later; in fleet mode the
+// partitions this relay owns (partition.go). A lane's reader goroutine hands
+// each record to the shard (of Config.ShardsPerLane) its OrderKey hashes
+// to, and a shard runs a goroutine while it has records (it ends after
+// shardLinger with nothing queued or held). An idle lane holds no
+// goroutine (storage.ErrIdle: see laneRunner.Run); a retired one's runner
+// is forgotten (storage.ErrRetired). A shard batches its records (at most
+// MaxBatchEvents, a body strictly under MaxBatchBytes measured on the exact
+// bytes sent, flushed when full or when its oldest event has waited
+// FlushInterval) and has at most ONE request in flight. Those three limits,
+// Gzip, MaxEventAge and ThrottlePause can change while running
 // (Pipeline.SetLive, a configuration reload): one atomic snapshot read per
 // batch and per wait, and a shard waiting on the old FlushInterval is woken
-// to wait on the new one.
-// Events are a Kind like the form kinds: the pipeline's events kind gives
-// each lane its Frame (the {"api_key","events","options"} envelope and
-// those limits), with whose methods a shard packs the events it takes from
-// its queues.
+// to wait on the new one. Events are a Kind like the form kinds: the
+// events kind gives each lane its Frame (the {"api_key","events","options"}
+// envelope and those limits), with whose methods a shard packs the events
+// it takes from its queues.
 //
 // # Answers
 //
@@ -171,7 +164,8 @@
 // # Fleet mode
 //
 // NewFleet delivers the partitions a storage.Owner hands this relay (the
-// fleet's NATS JetStream streams) instead of spool lanes: DeliverPartition
+// fleet's NATS JetStream streams) instead of spool lanes, on the same
+// Engine as local lanes and the form kinds' partitions: DeliverPartition
 // (partition.go, shared with the form kinds) demultiplexes a partition's
 // messages by lane into Feeds, each read by a laneRunner as above, and
 // acknowledges a message once all its records are done. Pauses and

@@ -66,6 +66,11 @@ func NewFleet(cfg Config, st Store, pauses SharedPauses, lanes SharedLanes, send
 	}
 	p.dead = st
 	p.fl = &fleetState{st: st, pauses: pauses, lanes: lanes, stops: make(map[storage.LaneKey]string)}
+	p.eng, err = NewEngine(EngineConfig[*laneRunner]{Kind: storage.KindEvents, DrainTimeout: p.cfg.DrainTimeout,
+		Partition: p.deliverPartition}, st)
+	if err != nil {
+		return nil, err
+	}
 	m, err := newMetrics(reg, p)
 	if err != nil {
 		return nil, err
@@ -89,9 +94,8 @@ type fleetState struct {
 	smu   sync.Mutex
 	stops map[storage.LaneKey]string // lanes stopped fleet-wide, by reason
 
-	mu      sync.Mutex
-	running bool
-	runs    map[uint64]*laneRunner
+	mu   sync.Mutex
+	runs map[uint64]*laneRunner
 }
 
 // runner returns the runner of id (nil when unknown).
@@ -124,96 +128,6 @@ func (fl *fleetState) remove(lr *laneRunner) {
 		delete(fl.runs, lr.id)
 	}
 	fl.mu.Unlock()
-}
-
-func (fl *fleetState) ready() error {
-	fl.mu.Lock()
-	defer fl.mu.Unlock()
-	if !fl.running {
-		return ErrNotRunning
-	}
-	return nil
-}
-
-// drainTracker counts the partitions that have not finished draining.
-type drainTracker struct {
-	mu      sync.Mutex
-	n       int
-	changed chan struct{}
-}
-
-func (d *drainTracker) add(n int) {
-	d.mu.Lock()
-	d.n += n
-	if n < 0 {
-		close(d.changed)
-		d.changed = make(chan struct{})
-	}
-	d.mu.Unlock()
-}
-
-// wait waits until none drains or ctx ends.
-func (d *drainTracker) wait(ctx context.Context) {
-	for {
-		d.mu.Lock()
-		n, c := d.n, d.changed
-		d.mu.Unlock()
-		if n == 0 {
-			return
-		}
-		select {
-		case <-c:
-		case <-ctx.Done():
-			return
-		}
-	}
-}
-
-// runFleet is Run in fleet mode.
-func (p *Pipeline) runFleet(ctx context.Context) error {
-	fl := p.fl
-	fl.mu.Lock()
-	if fl.running {
-		fl.mu.Unlock()
-		return ErrAlreadyRunning
-	}
-	fl.running = true
-	fl.mu.Unlock()
-	defer func() {
-		fl.mu.Lock()
-		fl.running = false
-		fl.mu.Unlock()
-	}()
-	// The store's Run outlives ctx by the drain: the leases stay held
-	// (renewed) while requests in flight finish and are acknowledged.
-	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelRun()
-	dr := &drainTracker{changed: make(chan struct{})}
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		select {
-		case <-ctx.Done():
-		case <-runCtx.Done():
-			return
-		}
-		tctx, cancel := context.WithTimeout(context.Background(), p.cfg.DrainTimeout+time.Second)
-		dr.wait(tctx)
-		cancel()
-		cancelRun()
-	}()
-	err := fl.st.Run(runCtx, func(owned context.Context, r storage.Reader) error {
-		dr.add(1)
-		drained := sync.OnceFunc(func() { dr.add(-1) })
-		defer drained()
-		return p.deliverPartition(ctx, owned, r, drained)
-	})
-	cancelRun()
-	<-stopped
-	if ctx.Err() != nil {
-		return nil
-	}
-	return err
 }
 
 // queueName names a store's queue for labels and logs: the fleet's

@@ -2,7 +2,6 @@ package delivery
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -57,9 +56,7 @@ func NewForm(fc FormConfig, send Sender, log *zap.Logger, reg prometheus.Registe
 	p.fl = &fleetState{st: fc.Store, stops: make(map[storage.LaneKey]string)}
 	p.eng, err = NewEngine(EngineConfig[*laneRunner]{Name: fc.Name, Kind: fc.Lanes, DrainTimeout: p.cfg.DrainTimeout,
 		NewRunner: func(q storage.LaneQueue) *laneRunner { return newLaneRunner(p, q) },
-		Partition: func(stop, owned context.Context, r storage.Reader) error {
-			return p.deliverPartition(stop, owned, r, func() {})
-		}}, fc.Store)
+		Partition: p.deliverPartition}, fc.Store)
 	if err != nil {
 		return nil, err
 	}

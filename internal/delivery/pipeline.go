@@ -53,8 +53,9 @@ type Pipeline struct {
 	// form is a form kind's own (NewForm); nil for events.
 	form *formKind
 
-	// eng runs a laneRunner per events lane and answers the lane control
-	// (local mode; nil in fleet mode).
+	// eng runs the store: a laneRunner per lane it hands over, or
+	// deliverPartition per partition (fleet mode), and answers the lane
+	// control of the lanes.
 	eng *Engine[*laneRunner]
 	// dead stores dead letters: the spool, or the fleet's store.
 	dead storage.DeadWriter
@@ -181,9 +182,6 @@ func newPipeline(cfg Config, send Sender, thr *throttle.Throttle, log *zap.Logge
 // What was not acknowledged stays in the spool. Run must return before the
 // spool is closed.
 func (p *Pipeline) Run(ctx context.Context) error {
-	if p.eng == nil {
-		return p.runFleet(ctx)
-	}
 	return p.eng.Run(ctx)
 }
 
@@ -193,9 +191,6 @@ func (p *Pipeline) ReleaseMemory() { p.bodies.drain() }
 
 // Ready returns nil while Run is delivering.
 func (p *Pipeline) Ready() error {
-	if p.eng == nil {
-		return p.fl.ready()
-	}
 	if !p.eng.Running() {
 		if p.form != nil {
 			return fmt.Errorf("%s: %w", p.name, ErrNotRunning)
@@ -228,9 +223,6 @@ func (p *Pipeline) ResumeLane(laneID uint64) error {
 // onEngine reports whether the lane control of laneID is the engine's: a
 // lane it runs, or any lane of a pipeline without fleet partitions.
 func (p *Pipeline) onEngine(laneID uint64) bool {
-	if p.eng == nil {
-		return false
-	}
 	_, ok := p.eng.Lane(laneID)
 	return ok || p.fl == nil
 }
@@ -239,10 +231,7 @@ func (p *Pipeline) onEngine(laneID uint64) bool {
 // across a call out of its package): the engine's lanes and the fleet
 // partitions' runners.
 func (p *Pipeline) runners() []*laneRunner {
-	var rs []*laneRunner
-	if p.eng != nil {
-		rs = p.eng.Runners()
-	}
+	rs := p.eng.Runners()
 	if p.fl != nil {
 		rs = append(rs, p.fl.runners()...)
 	}
