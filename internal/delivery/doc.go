@@ -11,7 +11,7 @@
 // retry policy (Retry), the max-age rule (Expired), the dead-letter flush
 // (FlushDead), a kind's packing (Frame; Form for the form kinds) and, in
 // fleet mode, the partition demultiplexer every kind's runners read
-// (DeliverPartition).
+// (deliverPartition).
 //
 // # Shape
 //
@@ -165,7 +165,7 @@
 //
 // NewFleet delivers the partitions a storage.Owner hands this relay (the
 // fleet's NATS JetStream streams) instead of spool lanes, on the same
-// Engine as local lanes and the form kinds' partitions: DeliverPartition
+// Engine as local lanes and the form kinds' partitions: deliverPartition
 // (partition.go, shared with the form kinds) demultiplexes a partition's
 // messages by lane into Feeds, each read by a laneRunner as above, and
 // acknowledges a message once all its records are done. Pauses and

@@ -44,7 +44,7 @@ type EngineConfig[R Runner] struct {
 	// Run's context ended; zero means none.
 	DrainTimeout time.Duration
 	// Partition, when not nil, delivers a queue that is not one lane (a
-	// fleet partition: see DeliverPartition) until stop (Run's context)
+	// fleet partition: see Pipeline.deliverPartition) until stop (Run's context)
 	// or owned (the queue's) ends, and calls drained once its work in
 	// flight is done and acknowledged; nil refuses such a queue. The
 	// store's Run outlives Run's context until every partition drained

@@ -7,7 +7,6 @@ import (
 	"maps"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -139,35 +138,23 @@ func (p *Pipeline) queueName(r storage.Reader) string {
 	return "q" + strconv.FormatUint(p.fl.nextID.Add(1), 10)
 }
 
-// deliverPartition delivers one owned partition until ownership ends
-// (owned) or the pipeline stops (stop): see the fleet mode above and
-// DeliverPartition. drained is called once its requests in flight
-// are done and acknowledged.
-func (p *Pipeline) deliverPartition(stop, owned context.Context, r storage.Reader, drained func()) error {
-	name := p.queueName(r)
-	if !strings.HasPrefix(name, p.lanes.String()+"-") && strings.Contains(name, "-") {
-		// Another kind's partition (a store handing out every kind):
-		// delivered by that kind's own delivery; its messages stay.
-		drained()
-		<-owned.Done()
-		return nil
+// startFeed makes the runner of a new feed of partition name (called by
+// the partition's reader goroutine, before the feed's first message is
+// pushed). Its Run runs in its own goroutine until ctx (no new work: the
+// partition lost or the relay stopping) or owned (ownership) ends, or it
+// retires (an error wrapping storage.ErrRetired, from Feed.Wait, after
+// feedIdle with nothing queued or unacknowledged); a stopped lane's feed
+// does not retire (its stop is kept). When it retired it is forgotten
+// (forget); when the partition ends with it still known, it is abandoned
+// (abandon: its read-ahead is read again by the next owner).
+func (p *Pipeline) startFeed(f *Feed, name string) *laneRunner {
+	lr := newRunner(p, f, p.fl.nextID.Add(1), f.Lane().Label()+"-"+name, f.Lane())
+	p.fl.add(lr)
+	// After add: a stop arriving meanwhile finds the runner.
+	if reason, ok := p.fl.stopped(f.Lane()); ok {
+		lr.stop.Stop(reason)
 	}
-	return DeliverPartition(stop, owned, r, drained, PartitionConfig{
-		Name:      name,
-		Kind:      p.lanes,
-		MaxQueued: int64(p.cfg.MaxReadAheadBytes) / 8,
-		Idle:      feedIdle,
-		Log:       p.log,
-		Start: func(f *Feed) *laneRunner {
-			lr := newRunner(p, f, p.fl.nextID.Add(1), f.Lane().Label()+"-"+name, f.Lane())
-			p.fl.add(lr)
-			// After Add: a stop arriving meanwhile finds the runner.
-			if reason, ok := p.fl.stopped(f.Lane()); ok {
-				lr.stop.Stop(reason)
-			}
-			return lr
-		},
-	})
+	return lr
 }
 
 // forget forgets a fleet runner whose feed retired.

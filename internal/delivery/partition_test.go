@@ -9,8 +9,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"go.uber.org/zap"
-
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
@@ -95,10 +93,7 @@ func testAcksAtStop(t *testing.T, lease bool, want []uint64) {
 		owned := storage.WithLease(stop, held.Load)
 		done := make(chan error)
 		go func() {
-			done <- DeliverPartition(stop, owned, r, func() {}, PartitionConfig{
-				Name: "groupidentify-0", Kind: lane.Kind, MaxQueued: 1 << 20, Idle: time.Minute, Log: zap.NewNop(),
-				Start: func(f *Feed) *laneRunner { return newRunner(p, f, 1, "k", f.Lane()) },
-			})
+			done <- p.deliverPartition(stop, owned, r, func() {})
 		}()
 		<-acking
 		held.Store(lease)
