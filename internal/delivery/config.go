@@ -1,6 +1,7 @@
 package delivery
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"strings"
@@ -126,36 +127,18 @@ func (c Config) Validate() error {
 }
 
 func (c Config) withDefaults() Config {
-	def := func(v *time.Duration, d time.Duration) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	if c.MaxBatchEvents == 0 {
-		c.MaxBatchEvents = DefaultMaxBatchEvents
-	}
-	if c.MaxBatchBytes == 0 {
-		c.MaxBatchBytes = DefaultMaxBatchBytes
-	}
-	def(&c.FlushInterval, DefaultFlushInterval)
-	def(&c.ThrottlePause, DefaultThrottlePause)
-	def(&c.MaxEventAge, DefaultMaxEventAge)
-	def(&c.RetryInitial, DefaultRetryInitial)
-	def(&c.RetryMax, DefaultRetryMax)
-	def(&c.DrainTimeout, DefaultDrainTimeout)
-	if c.ShardsPerLane == 0 {
-		c.ShardsPerLane = DefaultShardsPerLane
-	}
-	if c.MaxReadAheadBytes == 0 {
-		c.MaxReadAheadBytes = DefaultMaxReadAheadBytes
-	}
-	if c.MaxReadAheadTotalBytes == 0 {
-		c.MaxReadAheadTotalBytes = DefaultMaxReadAheadTotalBytes
-	}
-	if c.RetryMax < c.RetryInitial {
-		c.RetryMax = c.RetryInitial
-	}
-	def(&c.MaxRetryAfter, c.RetryMax)
+	c.MaxBatchEvents = cmp.Or(c.MaxBatchEvents, DefaultMaxBatchEvents)
+	c.MaxBatchBytes = cmp.Or(c.MaxBatchBytes, DefaultMaxBatchBytes)
+	c.FlushInterval = cmp.Or(c.FlushInterval, DefaultFlushInterval)
+	c.ThrottlePause = cmp.Or(c.ThrottlePause, DefaultThrottlePause)
+	c.MaxEventAge = cmp.Or(c.MaxEventAge, DefaultMaxEventAge)
+	c.RetryInitial = cmp.Or(c.RetryInitial, DefaultRetryInitial)
+	c.RetryMax = max(cmp.Or(c.RetryMax, DefaultRetryMax), c.RetryInitial)
+	c.MaxRetryAfter = cmp.Or(c.MaxRetryAfter, c.RetryMax)
+	c.DrainTimeout = cmp.Or(c.DrainTimeout, DefaultDrainTimeout)
+	c.ShardsPerLane = cmp.Or(c.ShardsPerLane, DefaultShardsPerLane)
+	c.MaxReadAheadBytes = cmp.Or(c.MaxReadAheadBytes, DefaultMaxReadAheadBytes)
+	c.MaxReadAheadTotalBytes = cmp.Or(c.MaxReadAheadTotalBytes, DefaultMaxReadAheadTotalBytes)
 	c.IngestURL = strings.TrimRight(c.IngestURL, "/")
 	return c
 }

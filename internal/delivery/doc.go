@@ -11,47 +11,36 @@
 // retry policy (Retry), the max-age rule (Expired), the dead-letter flush
 // (FlushDead), a kind's packing (Frame; Form for the form kinds) and, in
 // fleet mode, the partition demultiplexer every kind's runners read
-// (DeliverPartition).
+// (deliverPartition).
 //
 // # Shape
 //
-// Run starts, for every lane of kind storage.KindEvents the store hands it
-// through the seam (storage.Owner.Run: locally each lane, those that exist
-// and those created later; in fleet mode each lane of the partitions this
-// relay owns, see fleet.go), one reader goroutine (Engine, engine.go, runs
-// a runner per lane the store hands over); the reader hands each
-// record to the shard (of Config.ShardsPerLane) its OrderKey hashes to, and
-// a shard runs a goroutine while it has records (it ends after shardLinger
-// with nothing queued or held; the next hand-over starts it again). An idle
-// lane holds no goroutine: once every record it read is done and it has had
-// nothing to read for a second (storage.Lane.Wait's onIdle), the reader
-// ends (storage.ErrIdle), the lane drops its shards, and the local spool's
-// Run hands the lane over again at its next record, from the same cursor. The runner ends
-// for good when the spool retires the lane (empty and idle: storage.ErrRetired),
-// and the pipeline forgets it. The reader calls storage.Lane.NextPart. A shard batches
-// its records (at most MaxBatchEvents, a body strictly under MaxBatchBytes
-// measured on the exact bytes sent, flushed when full or when its oldest
-// event has waited FlushInterval) and has at most ONE request in flight.
-// Those three limits, Gzip, MaxEventAge and ThrottlePause can change while running
+// Run runs an Engine over the store (storage.Owner.Run): locally a runner
+// per lane, those that exist and those created later; in fleet mode the
+// partitions this relay owns (partition.go). A lane's reader goroutine hands
+// each record to the shard (of Config.ShardsPerLane) its OrderKey hashes
+// to, and a shard runs a goroutine while it has records (it ends after
+// shardLinger with nothing queued or held). An idle lane holds no
+// goroutine (storage.ErrIdle: see laneRunner.Run); a retired one's runner
+// is forgotten (storage.ErrRetired). A shard batches its records (at most
+// MaxBatchEvents, a body strictly under MaxBatchBytes measured on the exact
+// bytes sent, flushed when full or when its oldest event has waited
+// FlushInterval) and has at most ONE request in flight. Those three limits,
+// Gzip, MaxEventAge and ThrottlePause can change while running
 // (Pipeline.SetLive, a configuration reload): one atomic snapshot read per
 // batch and per wait, and a shard waiting on the old FlushInterval is woken
-// to wait on the new one.
-// Events are a Kind like the form kinds: the pipeline's events kind gives
-// each lane its Frame (the {"api_key","events","options"} envelope and
-// those limits), with whose methods a shard packs the events it takes from
-// its queues.
+// to wait on the new one. Events are a Kind like the form kinds: the
+// events kind gives each lane its Frame (the {"api_key","events","options"}
+// envelope and those limits), with whose methods a shard packs the events
+// it takes from its queues.
 //
 // # Answers
 //
 // The upstream client (internal/upstream) only reads an answer: its status
-// and body fields. What the answer means is decided in one place, decide
-// (answer.go), for every kind: delivered; resend (dead letters for the
-// records it names, the rest at once); split; wait (at least a clamped
-// Retry-After, or a form kind's ThrottleWait after a 429 without one);
-// stop the lane; and the keys to pause (a 429's devices and users) or to
-// hold until midnight (over quota). The shard acts on the verdict
-// (shard.handle): the 429 of an events lane and of a form lane run the same
-// code.
+// and body fields. What the answer means is decided in one place for every
+// kind, decide (answer.go, whose doc gives the rule), and the shard acts on
+// the verdict (shard.handle): the 429 of an events lane and of a form lane
+// run the same code.
 //
 // # Form kinds
 //
@@ -60,9 +49,9 @@
 // kind's Form (requests api_key=K&<field>=[...], its limits as
 // the batch limits, its linger as the flush interval). The send loop, the
 // answer rule, the retry wait, max age, dead letters, stop/resume and
-// acknowledgements are the events' code; a form 429 names no device, so it
-// waits as a 5xx does (at least the kind's ThrottleWait without
-// Retry-After). An expired record's dead letter keeps the last retryable
+// acknowledgements are the events' code; a form request names no key, so a
+// silenced answer is a 400 there and a 429 waits as a 5xx does (at least
+// the kind's ThrottleWait without Retry-After). An expired record's dead letter keeps the last retryable
 // answer, for every kind.
 //
 // # Invariants
@@ -174,17 +163,15 @@
 //
 // # Fleet mode
 //
-// NewFleet delivers the partitions a storage.Owner hands this
-// relay (the fleet's NATS JetStream streams) instead of spool lanes, through
-// DeliverPartition (shared with the form kinds): a reader goroutine
-// per owned partition demultiplexes its messages by lane into feeds
-// (Feed), each read by a laneRunner as above (its source is the
-// feed, not a spool lane), and an acker goroutine per partition
-// acknowledges a message once all its records are done. Dead letters go to
-// the store, pauses are shared with the fleet's other relays
-// (SharedPauses). See fleet.go and partition.go for the ownership, stop
-// and memory rules. The fleet's locks (fleetState.mu and smu, the
-// partition's and the feed's) are each taken alone too.
+// NewFleet delivers the partitions a storage.Owner hands this relay (the
+// fleet's NATS JetStream streams) instead of spool lanes, on the same
+// Engine as local lanes and the form kinds' partitions: deliverPartition
+// (partition.go, shared with the form kinds) demultiplexes a partition's
+// messages by lane into Feeds, each read by a laneRunner as above, and
+// acknowledges a message once all its records are done. Pauses and
+// operators' lane stops are shared with the fleet's other relays
+// (SharedPauses, SharedLanes). The fleet's locks (fleetState.mu and smu,
+// the partition's and the feed's) are each taken alone too.
 //
 // # Goroutines and locks
 //

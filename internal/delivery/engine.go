@@ -37,15 +37,20 @@ type EngineConfig[R Runner] struct {
 	Name string
 	// Kind is the lane kind delivered.
 	Kind storage.Kind
-	// NewRunner makes the runner of a lane of Kind. Required.
+	// NewRunner makes the runner of a lane of Kind; nil hands every queue
+	// to Partition (a lane then delivered as a partition: fleet mode).
 	NewRunner func(q storage.LaneQueue) R
 	// DrainTimeout is how long runners may finish work in flight after
 	// Run's context ended; zero means none.
 	DrainTimeout time.Duration
 	// Partition, when not nil, delivers a queue that is not one lane (a
-	// fleet partition: see DeliverPartition) until stop (Run's context)
-	// or owned (the queue's) ends; nil refuses such a queue.
-	Partition func(stop, owned context.Context, r storage.Reader) error
+	// fleet partition: see Pipeline.deliverPartition) until stop (Run's context)
+	// or owned (the queue's) ends, and calls drained once its work in
+	// flight is done and acknowledged; nil refuses such a queue. The
+	// store's Run outlives Run's context until every partition drained
+	// (at most DrainTimeout and a second): the leases stay held while
+	// requests in flight finish and are acknowledged.
+	Partition func(stop, owned context.Context, r storage.Reader, drained func()) error
 }
 
 // Engine delivers a store through the seam. A store whose queues are
@@ -71,8 +76,8 @@ type Engine[R Runner] struct {
 // NewEngine returns an engine over st (its Run hands lanes of the kind:
 // see spool.Backend.Only); nothing runs before Run.
 func NewEngine[R Runner](cfg EngineConfig[R], st storage.Owner) (*Engine[R], error) {
-	if cfg.NewRunner == nil || st == nil {
-		return nil, errors.New("delivery: engine needs a store and NewRunner")
+	if (cfg.NewRunner == nil && cfg.Partition == nil) || st == nil {
+		return nil, errors.New("delivery: engine needs a store and NewRunner or Partition")
 	}
 	if cfg.DrainTimeout < 0 {
 		return nil, errors.New("delivery: negative drain timeout")
@@ -112,14 +117,32 @@ func (e *Engine[R]) Run(ctx context.Context) error {
 		context.AfterFunc(drain, func() { t.Stop() })
 	})
 	defer stopDrain()
-	stop := ctx
-	err := e.st.Run(ctx, func(ctx context.Context, r storage.Reader) error {
+	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelRun()
+	dr := &drainTracker{changed: make(chan struct{})}
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		select {
+		case <-ctx.Done():
+		case <-runCtx.Done():
+			return
+		}
+		tctx, cancel := context.WithTimeout(context.Background(), e.cfg.DrainTimeout+time.Second)
+		dr.wait(tctx)
+		cancel()
+		cancelRun()
+	}()
+	err := e.st.Run(runCtx, func(qctx context.Context, r storage.Reader) error {
 		q, ok := r.(storage.LaneQueue)
-		if !ok {
+		if !ok || e.cfg.NewRunner == nil {
 			if e.cfg.Partition == nil {
 				return errNotLanes
 			}
-			return e.cfg.Partition(stop, ctx, r)
+			dr.add(1)
+			drained := sync.OnceFunc(func() { dr.add(-1) })
+			defer drained()
+			return e.cfg.Partition(ctx, qctx, r, drained)
 		}
 		if q.Key().Kind != e.cfg.Kind {
 			return nil
@@ -136,16 +159,52 @@ func (e *Engine[R]) Run(ctx context.Context) error {
 			e.peak = max(e.peak, len(e.lanes))
 			e.mu.Unlock()
 		}
-		err := lr.Run(ctx, drain)
+		err := lr.Run(qctx, drain)
 		if errors.Is(err, storage.ErrRetired) {
 			e.forget(id, lr)
 		}
 		return err
 	})
+	cancelRun()
+	<-stopped
 	if ctx.Err() != nil {
 		return nil
 	}
 	return err
+}
+
+// drainTracker counts the partitions that have not finished draining.
+type drainTracker struct {
+	mu      sync.Mutex
+	n       int
+	changed chan struct{}
+}
+
+func (d *drainTracker) add(n int) {
+	d.mu.Lock()
+	d.n += n
+	if n < 0 {
+		close(d.changed)
+		d.changed = make(chan struct{})
+	}
+	d.mu.Unlock()
+}
+
+// wait waits until none drains or ctx ends.
+func (d *drainTracker) wait(ctx context.Context) {
+	for {
+		d.mu.Lock()
+		n, c := d.n, d.changed
+		d.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		select {
+		case <-c:
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // forget drops a runner whose lane the store retired (a lane of the same
@@ -227,38 +286,37 @@ func (e *Engine[R]) ResumeLane(laneID uint64) error {
 // goes with it). status must take no lock held across a call out of its
 // package, and its labels must be unique. Only one deliverer's collector
 // may be checked (describe its descriptor): the others share the family
-// unchecked.
+// unchecked (the registry merges their series into one family only if
+// name, help and labels are equal).
 func NewStoppedCollector(status func() []LaneStatus, checked bool) prometheus.Collector {
-	return &stoppedCollector{status: status, desc: NewLaneStoppedDesc(), checked: checked}
-}
-
-// NewLaneStoppedDesc describes relay_lane_stopped{lane}, 1 while a lane
-// sends nothing. Every deliverer's collector uses it: the registry merges
-// their series into one family only if name, help and labels are equal.
-func NewLaneStoppedDesc() *prometheus.Desc {
-	return prometheus.NewDesc("relay_lane_stopped",
+	return &laneCollector{status: status, checked: checked, desc: prometheus.NewDesc("relay_lane_stopped",
 		"1 while a lane sends nothing (invalid API key, fatal upstream answer, operator stop): alert on it.",
-		[]string{"lane"}, nil)
+		[]string{"lane"}, nil), value: func(s LaneStatus) float64 {
+		if s.Stopped {
+			return 1
+		}
+		return 0
+	}}
 }
 
-type stoppedCollector struct {
+// laneCollector exports a gauge per lane read at scrape time from a
+// snapshot of the lanes (no series to delete when a lane goes: it is
+// simply not reported; the series are bounded by the lanes).
+type laneCollector struct {
 	status  func() []LaneStatus
 	desc    *prometheus.Desc
 	checked bool
+	value   func(LaneStatus) float64
 }
 
-func (c *stoppedCollector) Describe(ch chan<- *prometheus.Desc) {
+func (c *laneCollector) Describe(ch chan<- *prometheus.Desc) {
 	if c.checked {
 		ch <- c.desc
 	}
 }
 
-func (c *stoppedCollector) Collect(ch chan<- prometheus.Metric) {
+func (c *laneCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range c.status() {
-		v := 0.0
-		if s.Stopped {
-			v = 1
-		}
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, s.Label)
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, c.value(s), s.Label)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"maps"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,26 +17,6 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/throttle"
 )
-
-// Fleet mode. The store hands this relay the partitions it owns
-// (storage.Owner.Run), one storage.Reader each; a partition carries the
-// records of many lanes, each Message those of one lane. For each partition
-// a reader goroutine (deliverPartition) reads messages in order and hands
-// each to the lane runner of its lane in that partition (a laneRunner as in
-// local mode, whose source is a feed instead of a spool lane), made on first
-// sight and forgotten when idle or when the partition goes. A key lives in
-// one partition, so its records go, in order, to one runner and one shard:
-// per-key order holds as in local mode. A message is acknowledged (by an
-// acker goroutine of the partition, so that no shard waits for the round
-// trip) once every record of it was answered 200 or is a committed dead
-// letter. When the partition goes (the lease moved), its runners stop at
-// once, abandoning requests in flight; what was not acknowledged comes back,
-// in order, to the next owner (who may send some records again: the
-// upstream deduplicates by insert_id). When Run's context ends (the relay
-// stops), every partition stops taking new work, requests in flight finish
-// within Config.DrainTimeout and their acknowledgements are sent, and only
-// then are the leases given up, so that a standby takes over at once with
-// few records to send again.
 
 // SharedPauses are the pauses every relay of the fleet sees (fleet.Fleet):
 // a 429's pause and a daily quota's are written there too, so that a relay
@@ -86,6 +65,11 @@ func NewFleet(cfg Config, st Store, pauses SharedPauses, lanes SharedLanes, send
 	}
 	p.dead = st
 	p.fl = &fleetState{st: st, pauses: pauses, lanes: lanes, stops: make(map[storage.LaneKey]string)}
+	p.eng, err = NewEngine(EngineConfig[*laneRunner]{Kind: storage.KindEvents, DrainTimeout: p.cfg.DrainTimeout,
+		Partition: p.deliverPartition}, st)
+	if err != nil {
+		return nil, err
+	}
 	m, err := newMetrics(reg, p)
 	if err != nil {
 		return nil, err
@@ -109,9 +93,8 @@ type fleetState struct {
 	smu   sync.Mutex
 	stops map[storage.LaneKey]string // lanes stopped fleet-wide, by reason
 
-	mu      sync.Mutex
-	running bool
-	runs    map[uint64]*laneRunner
+	mu   sync.Mutex
+	runs map[uint64]*laneRunner
 }
 
 // runner returns the runner of id (nil when unknown).
@@ -146,96 +129,6 @@ func (fl *fleetState) remove(lr *laneRunner) {
 	fl.mu.Unlock()
 }
 
-func (fl *fleetState) ready() error {
-	fl.mu.Lock()
-	defer fl.mu.Unlock()
-	if !fl.running {
-		return ErrNotRunning
-	}
-	return nil
-}
-
-// drainTracker counts the partitions that have not finished draining.
-type drainTracker struct {
-	mu      sync.Mutex
-	n       int
-	changed chan struct{}
-}
-
-func (d *drainTracker) add(n int) {
-	d.mu.Lock()
-	d.n += n
-	if n < 0 {
-		close(d.changed)
-		d.changed = make(chan struct{})
-	}
-	d.mu.Unlock()
-}
-
-// wait waits until none drains or ctx ends.
-func (d *drainTracker) wait(ctx context.Context) {
-	for {
-		d.mu.Lock()
-		n, c := d.n, d.changed
-		d.mu.Unlock()
-		if n == 0 {
-			return
-		}
-		select {
-		case <-c:
-		case <-ctx.Done():
-			return
-		}
-	}
-}
-
-// runFleet is Run in fleet mode.
-func (p *Pipeline) runFleet(ctx context.Context) error {
-	fl := p.fl
-	fl.mu.Lock()
-	if fl.running {
-		fl.mu.Unlock()
-		return ErrAlreadyRunning
-	}
-	fl.running = true
-	fl.mu.Unlock()
-	defer func() {
-		fl.mu.Lock()
-		fl.running = false
-		fl.mu.Unlock()
-	}()
-	// The store's Run outlives ctx by the drain: the leases stay held
-	// (renewed) while requests in flight finish and are acknowledged.
-	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelRun()
-	dr := &drainTracker{changed: make(chan struct{})}
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		select {
-		case <-ctx.Done():
-		case <-runCtx.Done():
-			return
-		}
-		tctx, cancel := context.WithTimeout(context.Background(), p.cfg.DrainTimeout+time.Second)
-		dr.wait(tctx)
-		cancel()
-		cancelRun()
-	}()
-	err := fl.st.Run(runCtx, func(owned context.Context, r storage.Reader) error {
-		dr.add(1)
-		drained := sync.OnceFunc(func() { dr.add(-1) })
-		defer drained()
-		return p.deliverPartition(ctx, owned, r, drained)
-	})
-	cancelRun()
-	<-stopped
-	if ctx.Err() != nil {
-		return nil
-	}
-	return err
-}
-
 // queueName names a store's queue for labels and logs: the fleet's
 // "events-3", or a number.
 func (p *Pipeline) queueName(r storage.Reader) string {
@@ -245,35 +138,23 @@ func (p *Pipeline) queueName(r storage.Reader) string {
 	return "q" + strconv.FormatUint(p.fl.nextID.Add(1), 10)
 }
 
-// deliverPartition delivers one owned partition until ownership ends
-// (owned) or the pipeline stops (stop): see the fleet mode above and
-// DeliverPartition. drained is called once its requests in flight
-// are done and acknowledged.
-func (p *Pipeline) deliverPartition(stop, owned context.Context, r storage.Reader, drained func()) error {
-	name := p.queueName(r)
-	if !strings.HasPrefix(name, p.lanes.String()+"-") && strings.Contains(name, "-") {
-		// Another kind's partition (a store handing out every kind):
-		// delivered by that kind's own delivery; its messages stay.
-		drained()
-		<-owned.Done()
-		return nil
+// startFeed makes the runner of a new feed of partition name (called by
+// the partition's reader goroutine, before the feed's first message is
+// pushed). Its Run runs in its own goroutine until ctx (no new work: the
+// partition lost or the relay stopping) or owned (ownership) ends, or it
+// retires (an error wrapping storage.ErrRetired, from Feed.Wait, after
+// feedIdle with nothing queued or unacknowledged); a stopped lane's feed
+// does not retire (its stop is kept). When it retired it is forgotten
+// (forget); when the partition ends with it still known, it is abandoned
+// (abandon: its read-ahead is read again by the next owner).
+func (p *Pipeline) startFeed(f *Feed, name string) *laneRunner {
+	lr := newRunner(p, f, p.fl.nextID.Add(1), f.Lane().Label()+"-"+name, f.Lane())
+	p.fl.add(lr)
+	// After add: a stop arriving meanwhile finds the runner.
+	if reason, ok := p.fl.stopped(f.Lane()); ok {
+		lr.stop.Stop(reason)
 	}
-	return DeliverPartition(stop, owned, r, drained, PartitionConfig{
-		Name:      name,
-		Kind:      p.lanes,
-		MaxQueued: int64(p.cfg.MaxReadAheadBytes) / 8,
-		Idle:      feedIdle,
-		Log:       p.log,
-		Start: func(f *Feed) *laneRunner {
-			lr := newRunner(p, f, p.fl.nextID.Add(1), f.Lane().Label()+"-"+name, f.Lane())
-			p.fl.add(lr)
-			// After Add: a stop arriving meanwhile finds the runner.
-			if reason, ok := p.fl.stopped(f.Lane()); ok {
-				lr.stop.Stop(reason)
-			}
-			return lr
-		},
-	})
+	return lr
 }
 
 // forget forgets a fleet runner whose feed retired.

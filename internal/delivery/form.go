@@ -2,7 +2,6 @@ package delivery
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -13,18 +12,6 @@ import (
 
 	"github.com/svcrelay/relay/internal/storage"
 )
-
-// Form kinds. Group identify and user mappings go through the same lane
-// runner as events (reader, shard, send loop, answer handling, retry
-// waits, dead letters, stop and resume): NewForm makes a Pipeline of one
-// shard per lane, so a lane keeps its order and has one request in
-// flight. What differs is data: the kind's Frame packs requests
-// (Form: api_key=K&<field>=[record,...], with its item, body and
-// weight limits); the answer rule (decide) knows a form request names no
-// key: a silenced answer is a 400 there, and a 429 waits as a 5xx does, at
-// least FormConfig.ThrottleWait when it has no Retry-After; requests go to
-// the kind's URL, after its Pacer when it has one; the linger is the
-// kind's; and the metrics are the kind's (relay_<name>_...).
 
 // formKind is what a form kind's Pipeline has that an events one does not.
 type formKind struct {
@@ -69,9 +56,7 @@ func NewForm(fc FormConfig, send Sender, log *zap.Logger, reg prometheus.Registe
 	p.fl = &fleetState{st: fc.Store, stops: make(map[storage.LaneKey]string)}
 	p.eng, err = NewEngine(EngineConfig[*laneRunner]{Name: fc.Name, Kind: fc.Lanes, DrainTimeout: p.cfg.DrainTimeout,
 		NewRunner: func(q storage.LaneQueue) *laneRunner { return newLaneRunner(p, q) },
-		Partition: func(stop, owned context.Context, r storage.Reader) error {
-			return p.deliverPartition(stop, owned, r, func() {})
-		}}, fc.Store)
+		Partition: p.deliverPartition}, fc.Store)
 	if err != nil {
 		return nil, err
 	}

@@ -42,10 +42,6 @@ type FormTiming struct {
 	Gzip bool
 }
 
-// Validate reports a negative duration (Linger excepted: negative means no
-// wait).
-func (t FormTiming) Validate() error { return t.ValidateAs("delivery") }
-
 // ValidateAs reports a negative duration of t (Linger excepted) or among
 // more (the form kind's own), as "<name>: negative duration".
 func (t FormTiming) ValidateAs(name string, more ...time.Duration) error {
@@ -115,7 +111,7 @@ func (c FormConfig) Validate() error {
 			return err
 		}
 	}
-	return c.FormTiming.Validate()
+	return c.FormTiming.ValidateAs("delivery")
 }
 
 // ProjectURL returns a FormConfig.URL: base + path, where a project's own

@@ -6,10 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// metrics are the pipeline's. No lock of the relay is held while one is
-// called, and the ones computed at scrape time read atomics of a snapshot
-// of the lanes (Pipeline.runners, the engine's), so a scrape never waits for delivery and
-// delivery never waits for a scrape.
+// metrics are the pipeline's; the package doc says which locks they avoid.
 type metrics struct {
 	delivered   prometheus.Counter
 	retried     prometheus.Counter
@@ -58,7 +55,11 @@ func newMetrics(reg prometheus.Registerer, p *Pipeline) (*metrics, error) {
 		m.dead.WithLabelValues(r)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.delivered, m.retried, m.dead, m.laneStopped, m.paused, m.readAhead, newHeldCollector(p)} {
+		for _, c := range []prometheus.Collector{m.delivered, m.retried, m.dead, m.laneStopped, m.paused, m.readAhead, &laneCollector{
+			status: p.LaneStatus, checked: true, value: func(s LaneStatus) float64 { return float64(s.HeldEvents) },
+			desc: prometheus.NewDesc("relay_delivery_held_events",
+				"Events a lane holds for devices and users that are paused (429, daily quota) or paced; they go when the pause ends or the pace allows.",
+				[]string{"lane"}, nil)}} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("delivery: register metrics: %w", err)
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,9 +17,9 @@ import (
 // Fleet mode, for every lane kind. The store hands this relay
 // the partitions it owns (storage.Owner.Run), one storage.Reader each; a
 // partition carries the records of many lanes, each Message those of one
-// lane. DeliverPartition reads a partition's messages in order and hands
+// lane. deliverPartition reads a partition's messages in order and hands
 // each to the Feed of its lane in that partition, whose runner (made by
-// PartitionConfig.Start on first sight: a laneRunner, of every
+// startFeed on first sight: a laneRunner, of every
 // kind) reads it as it would a spool lane; a runner is forgotten
 // when idle or when the partition goes. A key lives in one partition, so
 // its records go, in order, to one runner: per-key order holds as with the
@@ -29,41 +30,25 @@ import (
 // once, abandoning requests in flight; what was not acknowledged comes back,
 // in order, to the next owner (who may send some records again). When stop
 // ends (the relay stops), the partition takes no new work, its runners
-// finish as their Run allows, their acknowledgements are sent (each one
-// while the lease holds, however slow the store), drained is called, and the lease is held until the store's Run ends it.
+// finish as their Run allows (within Config.DrainTimeout), their
+// acknowledgements are sent (each one while the lease holds, however slow
+// the store), drained is called, and the lease is held until the store's
+// Run ends it: a standby then takes over at once, with few records to send
+// again (the upstream deduplicates them by insert_id).
 
-// PartitionConfig configures DeliverPartition.
-type PartitionConfig struct {
-	// Name is the partition's (e.g. "events-3"), for labels and logs.
-	Name string
-	// Kind is the lane kind delivered; a message of another kind is
-	// logged and left in the stream.
-	Kind storage.Kind
-	// MaxQueued bounds the bytes of messages read and not yet taken by a
-	// lane's runner: the partition's reader waits at it. At least 1.
-	MaxQueued int64
-	// Idle is how long a feed with nothing queued or unacknowledged lives
-	// (its runner then ends with storage.ErrRetired).
-	Idle time.Duration
-	// Start makes the runner of a new feed (called by the reader
-	// goroutine, before the feed's first message is pushed). Its Run runs
-	// in its own goroutine until ctx (no new work: the partition lost or
-	// the relay stopping) or owned (ownership) ends, or it retires (an
-	// error wrapping storage.ErrRetired, from Feed.Wait); a stopped lane's
-	// feed does not retire (its stop is kept). When it retired it is
-	// forgotten (forget); when the partition ends with it still known, it
-	// is abandoned (abandon: its read-ahead is read again by the next
-	// owner).
-	Start func(f *Feed) *laneRunner
-	// Log is required.
-	Log *zap.Logger
-}
-
-// DeliverPartition delivers one owned partition until ownership ends
+// deliverPartition delivers one owned partition until ownership ends
 // (owned) or the relay stops (stop): see the fleet mode above. drained is
 // called once its runners returned and their acknowledgements were sent.
-func DeliverPartition(stop, owned context.Context, r storage.Reader, drained func(), cfg PartitionConfig) error {
-	pt := &partition{cfg: cfg, r: r, owned: owned, room: make(chan struct{}, 1),
+// A partition of another kind (a store handing out every kind) is left to
+// that kind's delivery: its messages stay.
+func (p *Pipeline) deliverPartition(stop, owned context.Context, r storage.Reader, drained func()) error {
+	name := p.queueName(r)
+	if !strings.HasPrefix(name, p.lanes.String()+"-") && strings.Contains(name, "-") {
+		drained()
+		<-owned.Done()
+		return nil
+	}
+	pt := &partition{p: p, name: name, r: r, owned: owned, room: make(chan struct{}, 1),
 		feeds: map[storage.LaneKey]*Feed{}, awake: make(chan struct{}, 1)}
 	if s, ok := r.(spiller); ok {
 		pt.spill, pt.maxSpilled = s, int64(max(s.MaxSpilled(), 1))
@@ -82,7 +67,8 @@ func DeliverPartition(stop, owned context.Context, r storage.Reader, drained fun
 
 	var err error
 	for err == nil {
-		if !pt.waitRoom(lctx, max(cfg.MaxQueued, 1)) {
+		// The bytes read and not yet taken by a lane's runner are bounded.
+		if !pt.waitRoom(lctx, max(int64(p.cfg.MaxReadAheadBytes)/8, 1)) {
 			break
 		}
 		var m *storage.Message
@@ -92,7 +78,7 @@ func DeliverPartition(stop, owned context.Context, r storage.Reader, drained fun
 			pt.route(lctx, owned, m)
 		case lctx.Err() != nil || errors.Is(err, storage.ErrLost):
 		default:
-			cfg.Log.Warn("read partition; retrying in 1s", zap.String("partition", cfg.Name), zap.Error(err))
+			p.log.Warn("read partition; retrying in 1s", zap.String("partition", name), zap.Error(err))
 			err = nil
 			select {
 			case <-time.After(time.Second):
@@ -125,7 +111,8 @@ func DeliverPartition(stop, owned context.Context, r storage.Reader, drained fun
 
 // partition is one owned partition's delivery.
 type partition struct {
-	cfg   PartitionConfig
+	p     *Pipeline
+	name  string // "events-3", for labels and logs
 	r     storage.Reader
 	owned context.Context
 
@@ -231,9 +218,9 @@ func (pt *partition) took(n int64) {
 
 // route hands m to its lane's feed, starting a runner if there is none.
 func (pt *partition) route(ctx, owned context.Context, m *storage.Message) {
-	if m.Lane.Kind != pt.cfg.Kind {
-		pt.cfg.Log.Error("message of another kind in a partition: left in the stream",
-			zap.String("partition", pt.cfg.Name), zap.Stringer("kind", m.Lane.Kind))
+	if m.Lane.Kind != pt.p.lanes {
+		pt.p.log.Error("message of another kind in a partition: left in the stream",
+			zap.String("partition", pt.name), zap.Stringer("kind", m.Lane.Kind))
 		return
 	}
 	n := MessageBytes(m)
@@ -246,7 +233,7 @@ func (pt *partition) route(ctx, owned context.Context, m *storage.Message) {
 	}
 	key := m.Lane // not m: the goroutine must not keep the message alive
 	f = &Feed{pt: pt, key: key, wake: make(chan struct{}, 1), out: map[uint64]*storage.Message{}}
-	f.run = pt.cfg.Start(f)
+	f.run = pt.p.startFeed(f, pt.name)
 	f.push(m, n)
 	pt.fmu.Lock()
 	pt.feeds[key] = f
@@ -311,7 +298,7 @@ func (pt *partition) sendAcks(ctx context.Context) {
 	pt.amu.Unlock()
 	for i, m := range ms {
 		if !storage.Leased(pt.owned) {
-			pt.cfg.Log.Warn("acknowledge messages: the lease ran out, they will be read again", zap.String("partition", pt.cfg.Name),
+			pt.p.log.Warn("acknowledge messages: the lease ran out, they will be read again", zap.String("partition", pt.name),
 				zap.Int("messages", len(ms)-i))
 			return
 		}
@@ -323,7 +310,7 @@ func (pt *partition) sendAcks(ctx context.Context) {
 				break
 			}
 			if try >= 4 || ctx.Err() != nil || pt.owned.Err() != nil {
-				pt.cfg.Log.Warn("acknowledge message: it will be read again", zap.String("partition", pt.cfg.Name),
+				pt.p.log.Warn("acknowledge message: it will be read again", zap.String("partition", pt.name),
 					zap.Uint64("seq", m.Seq), zap.Error(err))
 				break
 			}
@@ -438,7 +425,7 @@ func (f *Feed) spillQueued() {
 		pt.spill.Spill(s)
 	}
 	if len(seqs) > 0 {
-		pt.cfg.Log.Info("lane takes nothing: its queued messages spilled (read again when it can take them)",
+		pt.p.log.Info("lane takes nothing: its queued messages spilled (read again when it can take them)",
 			zap.String("lane", f.run.label), zap.Int("messages", len(seqs)))
 	}
 }
@@ -471,7 +458,7 @@ func (f *Feed) reread(ctx context.Context, seq uint64) bool {
 			}
 			return false
 		}
-		pt.cfg.Log.Warn("read a spilled message again; retrying in 1s", zap.String("partition", pt.cfg.Name),
+		pt.p.log.Warn("read a spilled message again; retrying in 1s", zap.String("partition", pt.name),
 			zap.Uint64("seq", seq), zap.Error(err))
 		select {
 		case <-time.After(time.Second):
@@ -483,7 +470,7 @@ func (f *Feed) reread(ctx context.Context, seq uint64) bool {
 
 // Wait returns nil when there is something to read, ctx.Err() when ctx
 // ends, and an error wrapping storage.ErrRetired when the feed had nothing
-// queued or unacknowledged for PartitionConfig.Idle (and is not pinned).
+// queued or unacknowledged for feedIdle (and is not pinned).
 // onIdle (may be nil) is called once before waiting; what it returns is
 // not used (a feed ends by its own idle rule: ErrRetired).
 func (f *Feed) Wait(ctx context.Context, onIdle func() bool) error {
@@ -515,7 +502,7 @@ func (f *Feed) Wait(ctx context.Context, onIdle func() bool) error {
 		var tc <-chan time.Time
 		if empty && !f.run.stop.Stopped() {
 			if idle == nil {
-				idle = time.NewTimer(f.pt.cfg.Idle)
+				idle = time.NewTimer(feedIdle)
 			}
 			tc = idle.C
 		}

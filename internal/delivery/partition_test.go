@@ -9,8 +9,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"go.uber.org/zap"
-
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
@@ -95,10 +93,7 @@ func testAcksAtStop(t *testing.T, lease bool, want []uint64) {
 		owned := storage.WithLease(stop, held.Load)
 		done := make(chan error)
 		go func() {
-			done <- DeliverPartition(stop, owned, r, func() {}, PartitionConfig{
-				Name: "groupidentify-0", Kind: lane.Kind, MaxQueued: 1 << 20, Idle: time.Minute, Log: zap.NewNop(),
-				Start: func(f *Feed) *laneRunner { return newRunner(p, f, 1, "k", f.Lane()) },
-			})
+			done <- p.deliverPartition(stop, owned, r, func() {})
 		}()
 		<-acking
 		held.Store(lease)
@@ -108,6 +103,65 @@ func testAcksAtStop(t *testing.T, lease bool, want []uint64) {
 		}
 		if !slices.Equal(r.acked, want) {
 			t.Fatalf("acknowledged %v at stop, want %v", r.acked, want)
+		}
+	})
+}
+
+// partitionStore hands its one queue (a partition, not a lane) to deliver
+// and counts the acks sent after its Run's context ended: the lease given
+// up while they were still to come.
+type partitionStore struct {
+	r        *slowAckReader
+	ctx      context.Context // Run's
+	lateAcks atomic.Int32
+}
+
+func (s *partitionStore) Run(ctx context.Context, deliver storage.DeliverFunc) error {
+	s.ctx = ctx
+	return deliver(ctx, s)
+}
+
+func (s *partitionStore) Next(ctx context.Context) (*storage.Message, error) { return s.r.Next(ctx) }
+
+func (s *partitionStore) Ack(ctx context.Context, m *storage.Message) error {
+	if s.ctx.Err() != nil {
+		s.lateAcks.Add(1)
+	}
+	return s.r.Ack(ctx, m)
+}
+
+func (s *partitionStore) PutDead(context.Context, []storage.DeadLetter) error { return nil }
+
+// TestEngineHoldsPartitionsWhileDraining: when the relay stops with a
+// request of a partition in flight, the store's Run (which holds the
+// partition's lease) outlives the stop until the answer came and its ack
+// was sent, so that a standby taking over reads nothing again.
+func TestEngineHoldsPartitionsWhileDraining(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lane := storage.LaneKey{Kind: storage.KindGroupIdentify, APIKey: "k"}
+		st := &partitionStore{r: &slowAckReader{msgs: make(chan *storage.Message, 1)}}
+		st.r.msgs <- &storage.Message{Seq: 1, Lane: lane, Accepted: time.Now(), Records: []storage.Record{{OrderKey: []byte("o"), Data: []byte("x")}}}
+		sending := make(chan struct{})
+		slow := senderFunc(func(context.Context, *upstream.Request) upstream.Result {
+			close(sending)
+			time.Sleep(2 * time.Second) // under the drain time-out (5 s)
+			return upstream.Result{Kind: upstream.OK}
+		})
+		p, err := NewForm(FormConfig{Name: "gi", Lanes: lane.Kind, Kind: &Form{Field: "f", MaxItems: 10, MaxBodyBytes: 1 << 10},
+			URL: func(string) string { return "http://up" }, Store: st, FormTiming: FormTiming{Linger: -1}}, slow, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() { done <- p.Run(ctx) }()
+		<-sending
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(st.r.acked, []uint64{1}) || st.lateAcks.Load() != 0 {
+			t.Fatalf("acknowledged %v, %d of them after the store's Run ended; want [1], none late", st.r.acked, st.lateAcks.Load())
 		}
 	})
 }

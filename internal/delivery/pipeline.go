@@ -53,8 +53,9 @@ type Pipeline struct {
 	// form is a form kind's own (NewForm); nil for events.
 	form *formKind
 
-	// eng runs a laneRunner per events lane and answers the lane control
-	// (local mode; nil in fleet mode).
+	// eng runs the store: a laneRunner per lane it hands over, or
+	// deliverPartition per partition (fleet mode), and answers the lane
+	// control of the lanes.
 	eng *Engine[*laneRunner]
 	// dead stores dead letters: the spool, or the fleet's store.
 	dead storage.DeadWriter
@@ -136,15 +137,10 @@ func (p *Pipeline) lived() *liveState {
 // liveState is c's Live in force (with defaults), its changed channel
 // made.
 func (c Config) liveState() *liveState {
-	l := c.live()
-	return &liveState{Live: l, url: l.IngestURL + "/2/httpapi", changed: make(chan struct{})}
-}
-
-// live is the Live of c (with defaults).
-func (c Config) live() Live {
 	c = c.withDefaults()
-	return Live{Gzip: c.Gzip, MaxEventAge: c.MaxEventAge, MaxBatchEvents: c.MaxBatchEvents,
-		MaxBatchBytes: c.MaxBatchBytes, FlushInterval: c.FlushInterval, ThrottlePause: c.ThrottlePause, IngestURL: c.IngestURL}
+	return &liveState{Live: Live{Gzip: c.Gzip, MaxEventAge: c.MaxEventAge, MaxBatchEvents: c.MaxBatchEvents,
+		MaxBatchBytes: c.MaxBatchBytes, FlushInterval: c.FlushInterval, ThrottlePause: c.ThrottlePause, IngestURL: c.IngestURL},
+		url: c.IngestURL + "/2/httpapi", changed: make(chan struct{})}
 }
 
 // SetLive puts l in force for every batch built after it (its zero values
@@ -155,9 +151,6 @@ func (p *Pipeline) SetLive(l Live) {
 	c.ThrottlePause = l.ThrottlePause
 	if l.IngestURL != "" {
 		c.IngestURL = l.IngestURL
-	}
-	if c.MaxEventAge <= 0 {
-		c.MaxEventAge = DefaultMaxEventAge
 	}
 	if old := p.live.Swap(c.liveState()); old != nil && old.changed != nil {
 		close(old.changed)
@@ -189,9 +182,6 @@ func newPipeline(cfg Config, send Sender, thr *throttle.Throttle, log *zap.Logge
 // What was not acknowledged stays in the spool. Run must return before the
 // spool is closed.
 func (p *Pipeline) Run(ctx context.Context) error {
-	if p.eng == nil {
-		return p.runFleet(ctx)
-	}
 	return p.eng.Run(ctx)
 }
 
@@ -201,9 +191,6 @@ func (p *Pipeline) ReleaseMemory() { p.bodies.drain() }
 
 // Ready returns nil while Run is delivering.
 func (p *Pipeline) Ready() error {
-	if p.eng == nil {
-		return p.fl.ready()
-	}
 	if !p.eng.Running() {
 		if p.form != nil {
 			return fmt.Errorf("%s: %w", p.name, ErrNotRunning)
@@ -236,9 +223,6 @@ func (p *Pipeline) ResumeLane(laneID uint64) error {
 // onEngine reports whether the lane control of laneID is the engine's: a
 // lane it runs, or any lane of a pipeline without fleet partitions.
 func (p *Pipeline) onEngine(laneID uint64) bool {
-	if p.eng == nil {
-		return false
-	}
 	_, ok := p.eng.Lane(laneID)
 	return ok || p.fl == nil
 }
@@ -247,10 +231,7 @@ func (p *Pipeline) onEngine(laneID uint64) bool {
 // across a call out of its package): the engine's lanes and the fleet
 // partitions' runners.
 func (p *Pipeline) runners() []*laneRunner {
-	var rs []*laneRunner
-	if p.eng != nil {
-		rs = p.eng.Runners()
-	}
+	rs := p.eng.Runners()
 	if p.fl != nil {
 		rs = append(rs, p.fl.runners()...)
 	}

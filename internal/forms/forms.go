@@ -44,12 +44,15 @@ func ReadForm(r *http.Request) (Form, error) {
 	return f, nil
 }
 
-// Value returns the first value of name in vs and whether it is there.
-func Value(vs url.Values, name string) (string, bool) {
-	if v, ok := vs[name]; ok && len(v) > 0 {
-		return v[0], true
+// First returns the first value of name in the first of vss that has it
+// ("" when none has): each route says whether the body or the query wins.
+func First(name string, vss ...url.Values) string {
+	for _, vs := range vss {
+		if v := vs[name]; len(v) > 0 {
+			return v[0]
+		}
 	}
-	return "", false
+	return ""
 }
 
 // ValidationError is a request the relay refuses locally.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -76,14 +77,17 @@ func TestReadForm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v, _ := Value(f.Post, "both"); v != "body" {
+	if v := First("both", f.Post, f.Query); v != "body" {
 		t.Errorf("post both = %q", v)
 	}
-	if v, _ := Value(f.Query, "both"); v != "query" {
+	if v := First("both", f.Query, f.Post); v != "query" {
 		t.Errorf("query both = %q", v)
 	}
-	if _, ok := Value(f.Post, "missing"); ok {
-		t.Error("missing field found")
+	if v := First("api_key", url.Values{}, f.Post); v != "b" {
+		t.Errorf("api_key after an empty set = %q", v)
+	}
+	if v := First("missing", f.Post, f.Query); v != "" {
+		t.Errorf("missing field found: %q", v)
 	}
 	r = httptest.NewRequest("POST", "/x", strings.NewReader("api_key=b"))
 	r.Header.Set("Content-Type", "application/json")

@@ -22,8 +22,9 @@ import (
 // APIKey resolves the api_key of a spooling form route (POST /groupidentify,
 // POST /usermap): apiKey as the request gave it, or, when project (the
 // X-Relay-Project header) is not empty, the api_key of that project in
-// creds (the request must then not give its own). The result is not empty
-// and at most event.MaxAPIKeyBytes long (a lane per key).
+// creds (the request must then not give its own: 400, as for a project
+// not in creds). The result is not empty and at most event.MaxAPIKeyBytes
+// long (a lane per key).
 func APIKey(creds *credentials.Store, project, apiKey string) (string, *ValidationError) {
 	if project != "" {
 		if apiKey != "" {
@@ -84,11 +85,11 @@ func (c IntakeConfig) Validate() error {
 // /groupidentify, POST /usermap): it resolves the api_key, refuses (and
 // counts) bad requests and appends accepted records to the store.
 type Intake struct {
-	cfg      IntakeConfig
-	st       storage.Appender
-	creds    *credentials.Ref // read at every use: a reload takes effect at once
-	rej      *Rejecter
-	accepted prometheus.Counter
+	cfg       IntakeConfig
+	st        storage.Appender
+	creds     *credentials.Ref // read at every use: a reload takes effect at once
+	*Rejecter                  // Reject, SpoolFailed
+	accepted  prometheus.Counter
 }
 
 // NewIntake returns an Intake appending to st. creds, log and reg may be
@@ -107,20 +108,17 @@ func NewIntake(cfg IntakeConfig, st storage.Appender, creds *credentials.Ref, lo
 	f := promauto.With(reg)
 	in := &Intake{cfg: cfg, st: st, creds: creds}
 	in.accepted = f.NewCounter(prometheus.CounterOpts{Name: "relay_" + cfg.Name + "_accepted_total", Help: cfg.AcceptedHelp})
-	in.rej = NewRejecter(cfg.Name, log, f.NewCounterVec(prometheus.CounterOpts{Name: "relay_" + cfg.Name + "_rejected_requests_total",
+	in.Rejecter = NewRejecter(cfg.Name, log, f.NewCounterVec(prometheus.CounterOpts{Name: "relay_" + cfg.Name + "_rejected_requests_total",
 		Help: cfg.RejectedHelp}, []string{"reason"}), cfg.RetryAfter)
 	return in, nil
 }
-
-// Reject counts e by its Reason and answers it.
-func (in *Intake) Reject(w http.ResponseWriter, e *ValidationError) { in.rej.Reject(w, e) }
 
 // APIKey resolves the request's api_key (see APIKey, with r's
 // X-Relay-Project header); when it cannot, it answers r and reports false.
 func (in *Intake) APIKey(w http.ResponseWriter, r *http.Request, apiKey string) (string, bool) {
 	key, verr := APIKey(in.creds.Load(), r.Header.Get("X-Relay-Project"), apiKey)
 	if verr != nil {
-		in.rej.Reject(w, verr)
+		in.Reject(w, verr)
 		return "", false
 	}
 	return key, true
@@ -135,7 +133,7 @@ func (in *Intake) Accept(w http.ResponseWriter, apiKey string, b *storage.Batch,
 	err := in.st.Append(context.Background(), storage.Request{Kind: in.cfg.Kind, APIKey: []byte(apiKey), Batch: b})
 	b.Reset()
 	if err != nil {
-		in.rej.SpoolFailed(w, err)
+		in.SpoolFailed(w, err)
 		return
 	}
 	in.accepted.Add(float64(n))

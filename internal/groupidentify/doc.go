@@ -18,9 +18,7 @@
 // properties, 1 MB"). A body of 1,000,000 bytes or more, or an identification
 // that cannot fit one upstream request, is 413.
 //
-// Instead of api_key, a caller may name a project with X-Relay-Project: NAME;
-// its api_key from the credentials file is used (400 when unknown, or when
-// the request also carries an api_key).
+// X-Relay-Project: NAME may stand for api_key (forms.APIKey).
 //
 // Each identification becomes one spool record (OrderKey
 // group_type+"\x00"+group_value, Data the compacted JSON object) of lane

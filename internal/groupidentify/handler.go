@@ -163,11 +163,11 @@ func (g *GroupIdentify) serve(w http.ResponseWriter, r *http.Request) {
 			Msg: fmt.Sprintf("Payload too large: body of %d bytes; the limit is under %d bytes (1 MB)", n, g.cfg.MaxBodyBytes)})
 		return
 	}
-	apiKey, ok := g.In.APIKey(w, r, formValue(f, "api_key"))
+	apiKey, ok := g.In.APIKey(w, r, forms.First("api_key", f.Post, f.Query))
 	if !ok {
 		return
 	}
-	ids, verr := Parse(apiKey, []byte(formValue(f, "identification")), g.cfg.MaxIdentifies, g.cfg.MaxProperties, g.cfg.MaxBodyBytes)
+	ids, verr := Parse(apiKey, []byte(forms.First("identification", f.Post, f.Query)), g.cfg.MaxIdentifies, g.cfg.MaxProperties, g.cfg.MaxBodyBytes)
 	if verr != nil {
 		g.In.Reject(w, verr)
 		return
@@ -179,13 +179,4 @@ func (g *GroupIdentify) serve(w http.ResponseWriter, r *http.Request) {
 		b.Add(storage.Record{OrderKey: key, Data: id.Data})
 	}
 	g.In.Accept(w, apiKey, &b, len(ids))
-}
-
-// formValue reads a form field of the body, else of the query.
-func formValue(f forms.Form, name string) string {
-	if v, ok := forms.Value(f.Post, name); ok {
-		return v
-	}
-	v, _ := forms.Value(f.Query, name)
-	return v
 }

@@ -1,6 +1,7 @@
 package throttle
 
 import (
+	"cmp"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -68,8 +69,6 @@ type Throttle struct {
 	pausedSwept int // len(paused) after the last sweep
 	paced       map[string]*pace
 	pacedSwept  int
-
-	gauges []prometheus.Collector
 }
 
 // pace is the adaptive pacing of one key: a token bucket refilled at rate
@@ -91,34 +90,25 @@ func New(cfg Config, reg prometheus.Registerer) (*Throttle, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.MaxKeys == 0 {
-		cfg.MaxKeys = DefaultMaxKeys
-	}
-	if cfg.PaceShare == 0 {
-		cfg.PaceShare = DefaultPaceShare
-	}
-	if cfg.DefaultEPS == 0 {
-		cfg.DefaultEPS = DefaultEPS
-	}
-	if cfg.PaceForget == 0 {
-		cfg.PaceForget = DefaultPaceForget
-	}
+	cfg.MaxKeys = cmp.Or(cfg.MaxKeys, DefaultMaxKeys)
+	cfg.PaceShare = cmp.Or(cfg.PaceShare, DefaultPaceShare)
+	cfg.DefaultEPS = cmp.Or(cfg.DefaultEPS, DefaultEPS)
+	cfg.PaceForget = cmp.Or(cfg.PaceForget, DefaultPaceForget)
 	t := &Throttle{cfg: cfg, now: cfg.Now, paused: map[string]time.Time{}, paced: map[string]*pace{}}
 	if t.now == nil {
 		t.now = time.Now
 	}
-	t.gauges = []prometheus.Collector{
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "relay_throttle_paused_keys",
-			Help: "Devices and users the upstream asked to pause (429, daily quota) whose pause has not expired.",
-		}, func() float64 { return float64(t.PausedKeys()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "relay_throttle_paced_keys",
-			Help: "Devices and users sent at a paced rate because the upstream refused them with a 429.",
-		}, func() float64 { return float64(t.PacedKeys()) }),
-	}
 	if reg != nil {
-		for _, g := range t.gauges {
+		for _, g := range []prometheus.Collector{
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "relay_throttle_paused_keys",
+				Help: "Devices and users the upstream asked to pause (429, daily quota) whose pause has not expired.",
+			}, func() float64 { return float64(t.PausedKeys()) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "relay_throttle_paced_keys",
+				Help: "Devices and users sent at a paced rate because the upstream refused them with a 429.",
+			}, func() float64 { return float64(t.PacedKeys()) }),
+		} {
 			if err := reg.Register(g); err != nil {
 				return nil, err
 			}

@@ -13,9 +13,7 @@
 // or more ("and 1 MB") is 413. Errors are {"code":N,"error":"..."} naming the
 // field and index.
 //
-// Instead of api_key, a caller may name a project with X-Relay-Project: NAME;
-// its api_key from the credentials file is used (400 when unknown, or when
-// the request also carries an api_key).
+// X-Relay-Project: NAME may stand for api_key (forms.APIKey).
 //
 // Each mapping is a spool record (OrderKey and UserID = user_id) of lane
 // {KindUserMap, api_key}; 200 {"code":200,"mappings_accepted":N} follows the

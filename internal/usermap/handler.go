@@ -103,15 +103,6 @@ func parseOne(raw json.RawMessage) (Mapping, *ValidationError) {
 	return m, nil
 }
 
-// formValue reads a parameter of the query, else of a form body.
-func formValue(f forms.Form, name string) string {
-	if v, ok := forms.Value(f.Query, name); ok {
-		return v
-	}
-	v, _ := forms.Value(f.Post, name)
-	return v
-}
-
 func (u *UserMap) servePost(w http.ResponseWriter, r *http.Request) {
 	f, err := forms.ReadForm(r)
 	if n := len(f.Body) + len(r.URL.RawQuery); err != nil || n >= u.cfg.MaxBodyBytes {
@@ -119,11 +110,11 @@ func (u *UserMap) servePost(w http.ResponseWriter, r *http.Request) {
 			Msg: fmt.Sprintf("Payload too large: %d bytes; the limit is under %d bytes (1 MB)", n, u.cfg.MaxBodyBytes)})
 		return
 	}
-	apiKey, ok := u.In.APIKey(w, r, formValue(f, "api_key"))
+	apiKey, ok := u.In.APIKey(w, r, forms.First("api_key", f.Query, f.Post))
 	if !ok {
 		return
 	}
-	ms, verr := ParseMappings(apiKey, []byte(formValue(f, "mapping")), u.cfg.MaxMappings, u.cfg.MaxBodyBytes)
+	ms, verr := ParseMappings(apiKey, []byte(forms.First("mapping", f.Query, f.Post)), u.cfg.MaxMappings, u.cfg.MaxBodyBytes)
 	if verr != nil {
 		u.In.Reject(w, verr)
 		return
