@@ -387,7 +387,9 @@ func (r *reader) file(ctx context.Context, f *fileState, before, fileSize int64)
 			r.mu.Unlock()
 		}
 	}
+	r.mu.Lock() // counts reads every file's state
 	f.Done = true
+	r.mu.Unlock()
 	return flush()
 }
 
