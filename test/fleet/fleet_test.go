@@ -437,20 +437,28 @@ func (r *fleetRun) coldClient(ctx context.Context, c int) {
 	}
 }
 
-// hotClient sends 5 events of one device every 200 ms, each request to the
-// next relay: 25 events/s, above the sim's 20/s, so the device is answered
+// hotClient sends events of one device at 25 events/s, a request every
+// 200 ms to the next relay: above the sim's 20/s, so the device is answered
 // 429 and paused. (Not far above: its backlog drains at the sim's 20/s
-// once the load stops, and the suite waits for it.)
+// once the load stops, and the suite waits for it.) The rate is kept by
+// the clock, not by the requests: on a loaded machine whose answers take
+// longer, a request carries what is due (up to 20 events), so the device
+// still goes over the sim's rate.
 func (r *fleetRun) hotClient(ctx context.Context) {
+	const perSecond, most = 25, 20
 	hc := &http.Client{Timeout: 20 * time.Second}
 	seq := 0
 	burst := time.Now()
+	start, sent := burst, 0
 	for next := 0; ctx.Err() == nil; next = r.nextUp(next) {
 		if r.hotBurst > 0 && time.Since(burst) > r.hotBurst {
 			pace(ctx, r.hotBurst)
 			burst = time.Now()
+			start, sent = burst, 0
 		}
-		evs := make([]*sentEvent, 5)
+		n := min(most, max(5, int(time.Since(start).Seconds()*perSecond)-sent))
+		sent += n
+		evs := make([]*sentEvent, n)
 		for i := range evs {
 			seq++
 			evs[i] = &sentEvent{device: hotDevice, seq: seq, insertID: fmt.Sprintf("hot-%06d", seq)}
