@@ -95,9 +95,9 @@ func (e *simExperiment) view() map[string]any {
 }
 
 func (s *Sim) registerExperiments() {
-	st := s.mg
-	st.exp = &expState{exps: map[string]*simExperiment{}}
-	x := st.exp
+	x := &expState{}
+	s.mg.exp = x
+	s.onReset(func() { *x = expState{exps: map[string]*simExperiment{}} })
 	// r registers an experiment route; f gets the experiment and variant its
 	// path names ({id}, {variantKey}), after a 404 for either that is
 	// unknown, and returns its answer: text when a string ("OK"), else JSON.

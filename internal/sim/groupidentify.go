@@ -58,11 +58,9 @@ type giState struct {
 	byKey map[string][]GroupIdentify
 }
 
-func (st *giState) reset() { st.seq, st.byKey = 0, map[string][]GroupIdentify{} }
-
 func (s *Sim) registerGroupIdentify() {
-	st := &giState{byKey: map[string][]GroupIdentify{}}
-	s.gi = st
+	st := &giState{}
+	s.onReset(func() { *st = giState{byKey: map[string][]GroupIdentify{}} })
 	s.ctlMux.HandleFunc("/sim/groupidentify", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, locked(&s.mu, func() []GroupIdentify {
 			return append([]GroupIdentify{}, st.byKey[r.URL.Query().Get("api_key")]...)

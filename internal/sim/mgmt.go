@@ -67,24 +67,12 @@ type mgmtState struct {
 	seq   int64
 	calls []MgmtCall
 
-	exp  *expState
-	scim *scimState
-	cls  *clsState
-	tax  *taxState
+	exp *expState
+	tax *taxState
 }
 
 // maxMgmtCalls bounds the call log (oldest dropped first).
 const maxMgmtCalls = 100_000
-
-// reset forgets the data of every management API (Sim.Reset). Taxonomy's
-// in-flight counts are kept: requests still running decrement them.
-func (st *mgmtState) reset() {
-	st.seq, st.calls = 0, nil
-	st.exp.exps, st.exp.nextID = map[string]*simExperiment{}, 0
-	st.scim.orgs, st.scim.hits = map[string]*scimOrg{}, windowHits{}
-	st.cls.byKey = map[string]map[string]*simClassifier{}
-	st.tax.projects, st.tax.spent, st.tax.peak = map[string]*taxProject{}, windowHits{}, map[string]int{}
-}
 
 // MgmtCalls is the answer of GET /sim/mgmt/calls.
 type MgmtCalls struct {
@@ -96,6 +84,7 @@ type MgmtCalls struct {
 func (s *Sim) registerMgmt() {
 	st := &mgmtState{}
 	s.mg = st
+	s.onReset(func() { st.seq, st.calls = 0, nil })
 	s.ctlMux.HandleFunc("/sim/mgmt/calls", func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		defer s.mu.Unlock()

@@ -76,19 +76,19 @@ type scimState struct {
 }
 
 func (s *Sim) registerSCIM() {
-	st := s.mg
-	st.scim = &scimState{orgs: map[string]*scimOrg{}, hits: windowHits{}}
+	st := &scimState{}
+	s.onReset(func() { *st = scimState{orgs: map[string]*scimOrg{}, hits: windowHits{}} })
 	// r registers a SCIM route: f answers for the organization once the rate
 	// passes.
 	r := func(pattern string, f func(o *scimOrg, w *statusWriter, q *mgRequest) (int, any)) {
 		s.mgmtRoute("scim", pattern, authSCIMBearer, scimMaxBody, func(w *statusWriter, q *mgRequest) (int, any) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			if ok, wait := st.scim.hits.take(q.account, q.call.Time, 1, s.knobs.SCIMLimit, s.knobs.SCIMWindow); !ok {
+			if ok, wait := st.hits.take(q.account, q.call.Time, 1, s.knobs.SCIMLimit, s.knobs.SCIMWindow); !ok {
 				retryAfter(w, wait)
 				return scimError(http.StatusTooManyRequests, "", "Too many requests: 100 per minute per organization")
 			}
-			return f(entry(st.scim.orgs, q.account, func() *scimOrg {
+			return f(entry(st.orgs, q.account, func() *scimOrg {
 				return &scimOrg{users: map[string]*scimUser{}, groups: map[int]*scimGroup{}, nextID: 1001}
 			}), w, q)
 		})

@@ -147,12 +147,11 @@ type Sim struct {
 
 	// mu guards everything below: the store, the knobs and every route
 	// group's state (the groups reach theirs through closures).
-	mu    sync.Mutex
-	store store
-	knobs Knobs
-	mg    *mgmtState
-	um    *umState
-	gi    *giState
+	mu     sync.Mutex
+	store  store
+	knobs  Knobs
+	mg     *mgmtState
+	resets []func() // each route group's (onReset)
 
 	counted     atomic.Int64 // CountOnly events
 	connections atomic.Int64 // connections accepted by Serve listeners
@@ -321,6 +320,13 @@ func entry[K comparable, V any](m map[K]V, k K, mk func() V) V {
 		m[k] = v
 	}
 	return v
+}
+
+// onReset runs reset, which makes a route group's state, now and on every
+// Reset.
+func (s *Sim) onReset(reset func()) {
+	reset()
+	s.resets = append(s.resets, reset)
 }
 
 // validKey reports whether apiKey is acceptable: non-empty, one of

@@ -179,8 +179,10 @@ func (q *taxReq) list(m map[string]*taxEntity, view func(string, *taxEntity) map
 }
 
 func (s *Sim) registerTaxonomy() {
-	s.mg.tax = &taxState{projects: map[string]*taxProject{}, inFlight: map[string]int{}, peak: map[string]int{},
-		spent: windowHits{}}
+	// In-flight costs survive Reset: requests still running decrement them.
+	x := &taxState{inFlight: map[string]int{}}
+	s.mg.tax = x
+	s.onReset(func() { x.projects, x.spent, x.peak = map[string]*taxProject{}, windowHits{}, map[string]int{} })
 	// r registers a taxonomy route: f answers once the limits pass, the form
 	// is read and its required fields are there.
 	r := func(pattern string, f func(q *taxReq) (int, any), required ...string) {

@@ -95,11 +95,9 @@ type UserMapState struct {
 	Mapped map[string]map[string]string `json:"mapped"`
 }
 
-func (st *umState) reset() { *st = umState{mapped: map[string]map[string]string{}} }
-
 func (s *Sim) registerUserMap() {
-	st := &umState{mapped: map[string]map[string]string{}}
-	s.um = st
+	st := &umState{}
+	s.onReset(func() { *st = umState{mapped: map[string]map[string]string{}} })
 	s.ctlMux.HandleFunc("GET /sim/usermap", func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
