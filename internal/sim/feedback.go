@@ -249,19 +249,28 @@ func (s *Sim) serveAPI(w *statusWriter, r *http.Request, rec *Record, h apiHandl
 		w.Header().Set("WWW-Authenticate", `Basic realm="svc"`)
 		return apiFail(http.StatusUnauthorized, "invalid or missing Basic authentication")
 	}
+	if status, msg := decodeBody(r); status != 0 {
+		return apiFail(status, msg)
+	}
+	return h(w, r, key)
+}
+
+// decodeBody gzip-decodes r.Body on the fly for Content-Encoding: gzip;
+// another encoding than identity is 415, a bad gzip header 400.
+func decodeBody(r *http.Request) (status int, msg string) {
 	switch enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); enc {
 	case "", "identity":
 	case "gzip":
 		zr, err := gzip.NewReader(r.Body)
 		if err != nil {
-			return apiFail(http.StatusBadRequest, "undecodable gzip body")
+			return http.StatusBadRequest, "undecodable gzip body"
 		}
 		r.Body = io.NopCloser(zr)
 		r.Header.Del("Content-Encoding")
 	default:
-		return apiFail(http.StatusUnsupportedMediaType, "unsupported Content-Encoding")
+		return http.StatusUnsupportedMediaType, "unsupported Content-Encoding"
 	}
-	return h(w, r, key)
+	return 0, ""
 }
 
 // statusWriter records the status a handler answered.

@@ -1,8 +1,6 @@
 package sim
 
 import (
-	"bytes"
-	"compress/gzip"
 	"encoding/base64"
 	"errors"
 	"io"
@@ -185,25 +183,15 @@ func (s *Sim) serveMgmt(w *statusWriter, r *http.Request, call *MgmtCall, auth m
 		}
 		q.account = key
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding")))
-	if err == nil && enc == "gzip" && int64(len(body)) <= maxBody {
-		var zr *gzip.Reader
-		if zr, err = gzip.NewReader(bytes.NewReader(body)); err == nil {
-			body, err = io.ReadAll(io.LimitReader(zr, maxBody+1))
-		}
-		if err != nil {
-			return apiFail(http.StatusBadRequest, "undecodable gzip body")
-		}
-		enc = ""
+	if status, msg := decodeBody(r); status != 0 {
+		return apiFail(status, msg)
 	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
 	switch {
 	case err != nil:
 		return apiFail(http.StatusBadRequest, "unreadable body")
 	case int64(len(body)) > maxBody:
 		return apiFail(http.StatusRequestEntityTooLarge, "Payload too large")
-	case enc != "" && enc != "identity":
-		return apiFail(http.StatusUnsupportedMediaType, "unsupported Content-Encoding")
 	}
 	q.body = body
 	call.Body = string(body[:min(len(body), 4096)])
