@@ -295,13 +295,9 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
+// apiFail is the {"error": msg} answer of every API but ingestion, group
+// identify and user mapping (codeError).
 func apiFail(status int, msg string) (int, any) { return status, map[string]string{"error": msg} }
-
-// apiError answers {"error": msg} with status: the error shape of every
-// API but ingestion, group identify and user mapping (codeError).
-func apiError(w http.ResponseWriter, status int, msg string) {
-	writeJSON(w, status, map[string]string{"error": msg})
-}
 
 // SvcID is the simulator's internal user identifier (svc_id) of user userID
 // of the project with api key apiKey: stable, positive, below 10^12.
