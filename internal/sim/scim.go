@@ -132,29 +132,31 @@ func ValidEmail(s string) bool {
 	return len(labels) >= 2 && !slices.Contains(labels, "")
 }
 
-func scimPage(r *http.Request) (start, count int, fail string) {
-	start, count = 1, SCIMMaxPageSize
+// scimList answers the page of all that the query's startIndex and
+// itemsPerPage name, each as view shows it.
+func scimList[T any](r *http.Request, all []T, view func(T) map[string]any) (int, any) {
+	start, count := 1, SCIMMaxPageSize
 	q := r.URL.Query()
 	if v := q.Get("startIndex"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
-			return 0, 0, "startIndex must be an integer >= 1"
+			return scimError(http.StatusBadRequest, "invalidValue", "startIndex must be an integer >= 1")
 		}
 		start = n
 	}
 	if v := q.Get("itemsPerPage"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 || n > SCIMMaxPageSize {
-			return 0, 0, "itemsPerPage must be an integer from 0 to 100"
+			return scimError(http.StatusBadRequest, "invalidValue", "itemsPerPage must be an integer from 0 to 100")
 		}
 		count = n
 	}
-	return start, count, ""
-}
-
-func listResponse(start, total int, res []any) map[string]any {
-	return map[string]any{"schemas": []string{SCIMListSchema}, "startIndex": start, "itemsPerPage": len(res),
-		"totalResults": total, "Resources": res}
+	res := []any{}
+	for i := start - 1; i < len(all) && len(res) < count; i++ {
+		res = append(res, view(all[i]))
+	}
+	return http.StatusOK, map[string]any{"schemas": []string{SCIMListSchema}, "startIndex": start, "itemsPerPage": len(res),
+		"totalResults": len(all), "Resources": res}
 }
 
 func (o *scimOrg) userView(u *scimUser, withGroups bool) map[string]any {
@@ -181,10 +183,6 @@ func (o *scimOrg) sortedGroups() []*scimGroup {
 }
 
 func (s *Sim) scimListUsers(o *scimOrg, w *statusWriter, q *mgRequest) (int, any) {
-	start, count, fail := scimPage(q.r)
-	if fail != "" {
-		return scimError(http.StatusBadRequest, "invalidValue", fail)
-	}
 	want := ""
 	if f := strings.TrimSpace(q.r.URL.Query().Get("filter")); f != "" {
 		parts := strings.SplitN(f, " ", 3)
@@ -200,11 +198,7 @@ func (s *Sim) scimListUsers(o *scimOrg, w *statusWriter, q *mgRequest) (int, any
 			all = append(all, u)
 		}
 	}
-	res := []any{}
-	for i := start - 1; i < len(all) && len(res) < count; i++ {
-		res = append(res, o.userView(all[i], false))
-	}
-	return http.StatusOK, listResponse(start, len(all), res)
+	return scimList(q.r, all, func(u *scimUser) map[string]any { return o.userView(u, false) })
 }
 
 func (s *Sim) scimGetUser(o *scimOrg, w *statusWriter, q *mgRequest) (int, any) {
@@ -339,16 +333,7 @@ func (o *scimOrg) groupView(g *scimGroup, idAsString bool) map[string]any {
 }
 
 func (s *Sim) scimListGroups(o *scimOrg, w *statusWriter, q *mgRequest) (int, any) {
-	start, count, fail := scimPage(q.r)
-	if fail != "" {
-		return scimError(http.StatusBadRequest, "invalidValue", fail)
-	}
-	gs := o.sortedGroups()
-	res := []any{}
-	for i := start - 1; i < len(gs) && len(res) < count; i++ {
-		res = append(res, o.groupView(gs[i], false))
-	}
-	return http.StatusOK, listResponse(start, len(gs), res)
+	return scimList(q.r, o.sortedGroups(), func(g *scimGroup) map[string]any { return o.groupView(g, false) })
 }
 
 // groupByID returns the group the path's {id} names, or the answer when

@@ -2,7 +2,6 @@ package sim
 
 import (
 	"encoding/json"
-	"hash/fnv"
 	"net/http"
 	"net/url"
 	"sort"
@@ -34,7 +33,7 @@ import (
 // strings or comma-separated, 1 to 100 (else 400). The answer is a JSON object
 // keyed by each requested id, with mapped_from (users that map into it) and
 // mapped_to (the user it maps into) arrays of {svc_id, user_id}; empty arrays
-// for an unknown user. svc_id is a stable hash of the user id.
+// for an unknown user. svc_id is SvcID of the Basic user and the user id.
 
 // MappingCall is one mapping applied by the simulator.
 type MappingCall struct {
@@ -199,12 +198,6 @@ type userMapping struct {
 	MappedTo   []svcUser `json:"mapped_to"`
 }
 
-func svcID(userID string) int64 {
-	h := fnv.New64a()
-	h.Write([]byte(userID))
-	return int64(h.Sum64() >> 12) // positive, fits a JSON number exactly
-}
-
 func (s *Sim) serveUserMapRead(st *umState, w http.ResponseWriter, r *http.Request, in *incoming) {
 	rd := MappingRead{Time: s.cfg.Now(), Query: r.URL.RawQuery, Headers: sortedKeys(r.Header)}
 	status, body := s.userMapRead(st, r, &rd)
@@ -249,11 +242,11 @@ func (s *Sim) userMapRead(st *umState, r *http.Request, rd *MappingRead) (int, a
 	for _, id := range ids {
 		um := userMapping{MappedFrom: []svcUser{}, MappedTo: []svcUser{}}
 		if g, ok := users[id]; ok {
-			um.MappedTo = append(um.MappedTo, svcUser{SvcID: svcID(g), UserID: g})
+			um.MappedTo = append(um.MappedTo, svcUser{SvcID: SvcID(user, g), UserID: g})
 		}
 		for u, g := range users {
 			if g == id {
-				um.MappedFrom = append(um.MappedFrom, svcUser{SvcID: svcID(u), UserID: u})
+				um.MappedFrom = append(um.MappedFrom, svcUser{SvcID: SvcID(user, u), UserID: u})
 			}
 		}
 		sort.Slice(um.MappedFrom, func(i, j int) bool { return um.MappedFrom[i].UserID < um.MappedFrom[j].UserID })
