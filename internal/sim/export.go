@@ -187,42 +187,31 @@ func (s *Sim) exportRecords(key string, from, to time.Time) (map[int64][][]byte,
 // exportLine is the exported record (JSON, no newline) of a stored event of
 // api key apiKey.
 func exportLine(apiKey string, ev Ingested) []byte {
+	// The fields an event names as a record does (ids, platform, country,
+	// properties) are read into it; the others are set below. The event
+	// was validated when ingested.
+	var rec ExportRecord
+	json.Unmarshal(ev.Raw, &rec)
 	var in struct {
-		EventID         int64           `json:"event_id"`
-		SessionID       int64           `json:"session_id"`
-		Time            *int64          `json:"time"`
-		Platform        string          `json:"platform"`
-		OSName          string          `json:"os_name"`
-		OSVersion       string          `json:"os_version"`
-		Country         string          `json:"country"`
-		Language        string          `json:"language"`
-		IP              string          `json:"ip"`
-		EventProperties json.RawMessage `json:"event_properties"`
-		UserProperties  json.RawMessage `json:"user_properties"`
-		Groups          json.RawMessage `json:"groups"`
-		GroupProperties json.RawMessage `json:"group_properties"`
+		Time *int64 `json:"time"`
+		IP   string `json:"ip"`
 	}
-	json.Unmarshal(ev.Raw, &in) // the event was validated when ingested
+	json.Unmarshal(ev.Raw, &in)
 	evTime, up := exportTimes(ev, in.Time)
-	obj := func(b json.RawMessage) json.RawMessage {
-		if len(b) == 0 || string(b) == "null" {
-			return json.RawMessage("{}")
+	for _, b := range []*json.RawMessage{&rec.EventProperties, &rec.UserProperties, &rec.Groups, &rec.GroupProperties} {
+		if len(*b) == 0 || string(*b) == "null" {
+			*b = json.RawMessage("{}")
 		}
-		return b
 	}
-	rec := ExportRecord{
-		App: appID(apiKey), SvcID: SvcID(apiKey, ev.UserID+"\x00"+ev.DeviceID), EventID: in.EventID,
-		SessionID: in.SessionID, UUID: fmt.Sprintf("00000000-0000-4000-8000-%012d", ev.Seq%1_000_000_000_000),
-		InsertID: ev.InsertID, EventType: ev.EventType, UserID: ev.UserID, DeviceID: ev.DeviceID,
-		EventTime: evTime, ClientEventTime: evTime, ClientUploadTime: up, ServerReceivedTime: up,
-		ServerUploadTime: up, ProcessedTime: up, Platform: in.Platform, OSName: in.OSName,
-		OSVersion: in.OSVersion, Country: in.Country, Language: in.Language, IPAddress: in.IP,
-		EventProperties: obj(in.EventProperties), UserProperties: obj(in.UserProperties),
-		Groups: obj(in.Groups), GroupProperties: obj(in.GroupProperties), Data: json.RawMessage("{}"),
-	}
+	rec.App, rec.SvcID = appID(apiKey), SvcID(apiKey, ev.UserID+"\x00"+ev.DeviceID)
 	if ev.UserID != "" {
 		rec.SvcID = SvcID(apiKey, ev.UserID)
 	}
+	rec.UUID = fmt.Sprintf("00000000-0000-4000-8000-%012d", ev.Seq%1_000_000_000_000)
+	rec.InsertID, rec.EventType, rec.UserID, rec.DeviceID = ev.InsertID, ev.EventType, ev.UserID, ev.DeviceID
+	rec.EventTime, rec.ClientEventTime = evTime, evTime
+	rec.ClientUploadTime, rec.ServerReceivedTime, rec.ServerUploadTime, rec.ProcessedTime = up, up, up, up
+	rec.IPAddress, rec.Data, rec.SampleRate = in.IP, json.RawMessage("{}"), nil
 	b, _ := json.Marshal(rec)
 	return b
 }
