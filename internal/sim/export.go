@@ -197,7 +197,11 @@ func exportLine(apiKey string, ev Ingested) []byte {
 		IP   string `json:"ip"`
 	}
 	json.Unmarshal(ev.Raw, &in)
-	evTime, up := exportTimes(ev, in.Time)
+	up := ev.Time.UTC().Format(ExportTimeFormat) // the upload time
+	evTime := up                                 // the event's own time, else its upload time
+	if in.Time != nil {
+		evTime = time.UnixMilli(*in.Time).UTC().Format(ExportTimeFormat)
+	}
 	for _, b := range []*json.RawMessage{&rec.EventProperties, &rec.UserProperties, &rec.Groups, &rec.GroupProperties} {
 		if len(*b) == 0 || string(*b) == "null" {
 			*b = json.RawMessage("{}")
@@ -214,16 +218,6 @@ func exportLine(apiKey string, ev Ingested) []byte {
 	rec.IPAddress, rec.Data, rec.SampleRate = in.IP, json.RawMessage("{}"), nil
 	b, _ := json.Marshal(rec)
 	return b
-}
-
-// exportTimes returns the event time (its own "time", else its upload time)
-// and the upload time of a stored event, as exported records write them.
-func exportTimes(ev Ingested, t *int64) (event, upload string) {
-	upload = ev.Time.UTC().Format(ExportTimeFormat)
-	if t == nil {
-		return upload, upload
-	}
-	return time.UnixMilli(*t).UTC().Format(ExportTimeFormat), upload
 }
 
 // syntheticBlock is about 1 MiB of synthetic exported records, whole lines.
