@@ -35,8 +35,11 @@ type routeHandler struct {
 	describe func(in *incoming)
 }
 
-func (s *Sim) ingestMiddleware(h routeHandler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// route registers an ingest route: each request is an Exchange whose
+// handler fills what it did into in.Rec (the Exchange the status, time and
+// fault).
+func (s *Sim) route(pattern string, h routeHandler) {
+	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		s.serve(&Exchange{W: w, R: r, Rec: s.newRecord(r), h: h})
 	})
 }

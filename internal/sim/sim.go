@@ -272,12 +272,6 @@ func (s *Sim) Handler() http.Handler { return s.mux }
 // ingested, the request log, counters) and Config.Faults' routes when set.
 func (s *Sim) ControlHandler() http.Handler { return s.ctlMux }
 
-// route registers an ingest route wrapped in the shared middleware; h.serve
-// fills what it did into in.Rec (the middleware the status, time and fault).
-func (s *Sim) route(pattern string, h routeHandler) {
-	s.mux.Handle(pattern, s.ingestMiddleware(h))
-}
-
 // Serve serves on ln until Close.
 func (s *Sim) Serve(ln net.Listener) error {
 	err := s.srv.Serve(ln)
