@@ -80,6 +80,7 @@ type umState struct {
 	calls     []MappingCall
 	batches   []MappingBatch
 	reads     []MappingRead
+	hits      windowHits // mapping calls per organization
 	throttled int64
 	seq       int64
 }
@@ -96,7 +97,7 @@ type UserMapState struct {
 
 func (s *Sim) registerUserMap() {
 	st := &umState{}
-	s.onReset(func() { *st = umState{mapped: map[string]map[string]string{}} })
+	s.onReset(func() { *st = umState{mapped: map[string]map[string]string{}, hits: windowHits{}} })
 	s.ctlMux.HandleFunc("GET /sim/usermap", func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -157,17 +158,7 @@ func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, 
 	}
 	now := s.cfg.Now()
 	org := UserMapOrg(&s.knobs, apiKey)
-	inWindow := 0
-	for i := len(st.batches) - 1; i >= 0; i-- {
-		b := st.batches[i]
-		if !b.Time.After(now.Add(-s.knobs.UserMapWindow)) {
-			break
-		}
-		if b.Org == org {
-			inWindow += b.N
-		}
-	}
-	if inWindow+len(ms) > s.knobs.UserMapLimit {
+	if ok, _ := st.hits.take(org, now, len(ms), s.knobs.UserMapLimit, s.knobs.UserMapWindow); !ok {
 		st.throttled++
 		codeError(w, http.StatusTooManyRequests, "Too many requests")
 		return
