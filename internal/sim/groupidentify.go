@@ -72,18 +72,15 @@ func (s *Sim) registerGroupIdentify() {
 	})
 }
 
-// formParams reads form fields from the (decoded) body, then the query.
-func formParams(r *http.Request, in *incoming) url.Values {
-	v, _ := url.ParseQuery(string(in.Body))
-	if v == nil {
-		v = url.Values{}
-	}
-	for k, vs := range r.URL.Query() {
-		if _, ok := v[k]; !ok {
-			v[k] = vs
+// formParams merges the fields of the form endpoints: those of first, and
+// the others of then.
+func formParams(first, then url.Values) url.Values {
+	for k, vs := range then {
+		if _, ok := first[k]; !ok {
+			first[k] = vs
 		}
 	}
-	return v
+	return first
 }
 
 // formItems checks what the two form endpoints share: apiKey (given and
@@ -149,7 +146,8 @@ func (s *Sim) serveGroupIdentify(st *giState, w http.ResponseWriter, r *http.Req
 	if refuseIngest(w, r, in) {
 		return
 	}
-	form := formParams(r, in)
+	body, _ := url.ParseQuery(string(in.Body))
+	form := formParams(body, r.URL.Query())
 	apiKey := form.Get("api_key")
 	raws, ok := s.formItems(w, in, apiKey, "identification", form.Get("identification"), MaxGroupIdentifies, ErrTextInvalidGroupIdentify)
 	if !ok {

@@ -124,16 +124,10 @@ func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, 
 	if refuseIngest(w, r, in) {
 		return
 	}
-	q := r.URL.Query()
-	form, _ := url.ParseQuery(string(in.Body))
-	get := func(k string) string {
-		if v := q.Get(k); v != "" {
-			return v
-		}
-		return form.Get(k)
-	}
-	apiKey := get("api_key")
-	raws, ok := s.formItems(w, in, apiKey, "mapping", get("mapping"), MaxMappingsPerRequest, ErrTextInvalidMapping)
+	body, _ := url.ParseQuery(string(in.Body))
+	form := formParams(r.URL.Query(), body)
+	apiKey := form.Get("api_key")
+	raws, ok := s.formItems(w, in, apiKey, "mapping", form.Get("mapping"), MaxMappingsPerRequest, ErrTextInvalidMapping)
 	if !ok {
 		return
 	}
