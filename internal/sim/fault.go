@@ -57,10 +57,6 @@ func (x *Exchange) ReadBody() {
 	}
 }
 
-// Body is an ingest request's decoded body; nil when it could not be read
-// (too large, badly encoded).
-func (x *Exchange) Body() []byte { x.ReadBody(); return x.in.Body }
-
 // Describe fills Rec from an ingest request's body (key label, events) for
 // a request that is failed without being handled.
 func (x *Exchange) Describe() {

@@ -91,9 +91,10 @@ func serveIngest(x *sim.Exchange, f Fault, down DownMode) {
 }
 
 // faultIngest lets a failed request ingest what f.Ingest says (its answer
-// is discarded), or only describes it.
+// is discarded: a body the route refuses ingests nothing), or only
+// describes it.
 func faultIngest(x *sim.Exchange, f Fault) {
-	if f.Ingest == IngestNone || x.Body() == nil {
+	if f.Ingest == IngestNone {
 		x.Describe()
 		return
 	}
