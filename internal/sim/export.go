@@ -126,30 +126,28 @@ func (s *Sim) registerExport() {
 		w.Header().Set("Content-Type", "application/zip")
 		cw := &countWriter{w: w}
 		zw := zip.NewWriter(cw)
-		for h := start; !h.After(end); h = h.Add(time.Hour) {
-			prefix := fmt.Sprintf("%d/%d_%s_%d#", app, app, h.Format("2006-01-02"), h.Hour())
-			if lines := byHour[h.Unix()]; len(lines) > 0 {
-				f, err := zw.CreateHeader(&zip.FileHeader{Name: prefix + "0.json", Method: zip.Deflate, Modified: h})
-				if err != nil {
-					return 0, nil
-				}
-				for _, l := range lines {
-					if _, err := f.Write(l); err != nil {
-						return 0, nil
+		// file adds the entry name of hour h holding chunks, repeat times.
+		file := func(h time.Time, name string, method uint16, repeat int64, chunks ...[]byte) error {
+			f, err := zw.CreateHeader(&zip.FileHeader{Name: name, Method: method, Modified: h})
+			for ; err == nil && repeat > 0; repeat-- {
+				for _, c := range chunks {
+					if _, err = f.Write(c); err != nil {
+						break
 					}
 				}
+			}
+			return err
+		}
+		for h := start; !h.After(end); h = h.Add(time.Hour) {
+			prefix := fmt.Sprintf("%d/%d_%s_%d#", app, app, h.Format("2006-01-02"), h.Hour())
+			if lines := byHour[h.Unix()]; len(lines) > 0 && file(h, prefix+"0.json", zip.Deflate, 1, lines...) != nil {
+				return 0, nil // the client went away
 			}
 			for n, left := 0, blocksPerHour; left > 0; n++ {
 				part := min(left, 256) // blocks of about 1 MiB
 				left -= part
-				f, err := zw.CreateHeader(&zip.FileHeader{Name: prefix + "s" + strconv.Itoa(n) + ".json", Method: zip.Store, Modified: h})
-				if err != nil {
+				if file(h, prefix+"s"+strconv.Itoa(n)+".json", zip.Store, part, block) != nil {
 					return 0, nil
-				}
-				for ; part > 0; part-- {
-					if _, err := f.Write(block); err != nil {
-						return 0, nil
-					}
 				}
 			}
 		}
