@@ -185,17 +185,7 @@ func checkFeedbackFields(it *FeedbackItem) error {
 }
 
 func upsertFeedback(src map[string]*FeedbackItem, it FeedbackItem) {
-	old := src[it.UniqueID]
-	if old == nil {
-		it.Updates = 1
-		parts := it.ConversationParts
-		it.ConversationParts = nil
-		src[it.UniqueID] = &it
-		for _, p := range parts {
-			upsertPart(&it, p)
-		}
-		return
-	}
+	old := entry(src, it.UniqueID, func() *FeedbackItem { return &FeedbackItem{UniqueID: it.UniqueID} })
 	old.Updates++
 	for _, f := range [...]struct {
 		dst *string
