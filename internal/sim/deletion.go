@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -115,11 +116,7 @@ func (s *Sim) registerDeletion() {
 			if req.IncludeMapped {
 				u.UserID = h.user
 			}
-			dup := false
-			for _, old := range byDay[dayS] {
-				dup = dup || old.SvcID == u.SvcID
-			}
-			if !dup {
+			if !slices.ContainsFunc(byDay[dayS], func(old deletionUser) bool { return old.SvcID == u.SvcID }) {
 				byDay[dayS] = append(byDay[dayS], u)
 			}
 			if h.key == key || job.SvcIDs == nil {
@@ -127,10 +124,7 @@ func (s *Sim) registerDeletion() {
 			}
 		}
 		s.mu.Unlock()
-		job.Day, job.Status = dayS, "staging"
-		if job.SvcIDs == nil {
-			job.SvcIDs = []deletionUser{}
-		}
+		job.Day, job.Status, job.SvcIDs = dayS, "staging", nonNil(job.SvcIDs)
 		if req.IgnoreInvalid {
 			job.InvalidIDs = append([]string{}, invalid...)
 		}
