@@ -110,11 +110,7 @@ func (s *Sim) registerClassifiers() {
 		}
 	}
 	r("GET /api/2/channel-classifiers", func(m map[string]*simClassifier, q *mgRequest) (int, any) {
-		out := []any{}
-		for _, n := range sortedKeys(m) {
-			out = append(out, m[n].view())
-		}
-		return http.StatusOK, map[string]any{"channelClassifiers": out}
+		return http.StatusOK, map[string]any{"channelClassifiers": views(sortedKeys(m), func(n string) any { return m[n].view() })}
 	})
 	r("GET /api/2/channel-classifiers/{name}", func(m map[string]*simClassifier, q *mgRequest) (int, any) {
 		c := m[q.r.PathValue("name")]

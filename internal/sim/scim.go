@@ -134,7 +134,7 @@ func ValidEmail(s string) bool {
 
 // scimList answers the page of all that the query's startIndex and
 // itemsPerPage name, each as view shows it.
-func scimList[T any](r *http.Request, all []T, view func(T) map[string]any) (int, any) {
+func scimList[T any](r *http.Request, all []T, view func(T) any) (int, any) {
 	start, count := 1, SCIMMaxPageSize
 	q := r.URL.Query()
 	if v := q.Get("startIndex"); v != "" {
@@ -151,10 +151,8 @@ func scimList[T any](r *http.Request, all []T, view func(T) map[string]any) (int
 		}
 		count = n
 	}
-	res := []any{}
-	for i := start - 1; i < len(all) && len(res) < count; i++ {
-		res = append(res, view(all[i]))
-	}
+	lo := min(start-1, len(all))
+	res := views(all[lo:lo+min(count, len(all)-lo)], view)
 	return http.StatusOK, map[string]any{"schemas": []string{SCIMListSchema}, "startIndex": start, "itemsPerPage": len(res),
 		"totalResults": len(all), "Resources": res}
 }
@@ -198,7 +196,7 @@ func (s *Sim) scimListUsers(o *scimOrg, w *statusWriter, q *mgRequest) (int, any
 			all = append(all, u)
 		}
 	}
-	return scimList(q.r, all, func(u *scimUser) map[string]any { return o.userView(u, false) })
+	return scimList(q.r, all, func(u *scimUser) any { return o.userView(u, false) })
 }
 
 func (s *Sim) scimGetUser(o *scimOrg, w *statusWriter, q *mgRequest) (int, any) {
@@ -333,7 +331,7 @@ func (o *scimOrg) groupView(g *scimGroup, idAsString bool) map[string]any {
 }
 
 func (s *Sim) scimListGroups(o *scimOrg, w *statusWriter, q *mgRequest) (int, any) {
-	return scimList(q.r, o.sortedGroups(), func(g *scimGroup) map[string]any { return o.groupView(g, false) })
+	return scimList(q.r, o.sortedGroups(), func(g *scimGroup) any { return o.groupView(g, false) })
 }
 
 // groupByID returns the group the path's {id} names, or the answer when

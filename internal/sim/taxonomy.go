@@ -204,11 +204,9 @@ func (s *Sim) registerTaxonomy() {
 		return taxOK(http.StatusOK, nil)
 	}, "category_name")
 	r("GET /api/2/taxonomy/category", func(q *taxReq) (int, any) {
-		out := []any{}
-		for _, id := range slices.Sorted(maps.Keys(q.p.categories)) {
-			out = append(out, map[string]any{"id": id, "name": q.p.categories[id]})
-		}
-		return taxOK(http.StatusOK, out)
+		return taxOK(http.StatusOK, views(slices.Sorted(maps.Keys(q.p.categories)), func(id int) any {
+			return map[string]any{"id": id, "name": q.p.categories[id]}
+		}))
 	})
 	r("GET /api/2/taxonomy/category/{category_name}", func(q *taxReq) (int, any) {
 		name := q.r.PathValue("category_name")
@@ -531,3 +529,12 @@ func nullable(s string) any {
 }
 
 func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
+
+// views returns view of each of in: a JSON list, [] for none.
+func views[T any](in []T, view func(T) any) []any {
+	out := make([]any, 0, len(in))
+	for _, x := range in {
+		out = append(out, view(x))
+	}
+	return out
+}
