@@ -97,21 +97,17 @@ const (
 
 // Validate reports a configuration that cannot work.
 func (c *Config) Validate() error {
-	switch {
-	case c.EPSThreshold < 0:
-		return fmt.Errorf("sim: EPSThreshold %d < 0", c.EPSThreshold)
-	case c.RateWindow < 0:
-		return fmt.Errorf("sim: RateWindow %v < 0", c.RateWindow)
-	case c.DedupWindow < 0:
-		return fmt.Errorf("sim: DedupWindow %v < 0", c.DedupWindow)
-	case c.DedupMaxKeys < 0:
-		return fmt.Errorf("sim: DedupMaxKeys %d < 0", c.DedupMaxKeys)
-	case c.MaxBodyBytes < 0:
-		return fmt.Errorf("sim: MaxBodyBytes %d < 0", c.MaxBodyBytes)
-	case c.MaxEvents < 0:
-		return fmt.Errorf("sim: MaxEvents %d < 0", c.MaxEvents)
-	case c.DailyQuota < 0:
-		return fmt.Errorf("sim: DailyQuota %d < 0", c.DailyQuota)
+	for _, f := range []struct {
+		name     string
+		negative bool
+		v        any
+	}{{"EPSThreshold", c.EPSThreshold < 0, c.EPSThreshold}, {"RateWindow", c.RateWindow < 0, c.RateWindow},
+		{"DedupWindow", c.DedupWindow < 0, c.DedupWindow}, {"DedupMaxKeys", c.DedupMaxKeys < 0, c.DedupMaxKeys},
+		{"MaxBodyBytes", c.MaxBodyBytes < 0, c.MaxBodyBytes}, {"MaxEvents", c.MaxEvents < 0, c.MaxEvents},
+		{"DailyQuota", c.DailyQuota < 0, c.DailyQuota}} {
+		if f.negative {
+			return fmt.Errorf("sim: %s %v < 0", f.name, f.v)
+		}
 	}
 	for _, k := range c.APIKeys {
 		if k == "" {
