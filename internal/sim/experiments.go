@@ -137,8 +137,8 @@ func (s *Sim) registerExperiments() {
 		return http.StatusOK, views(all[:min(len(all), limit)], func(e *simExperiment) any { return e.view() })
 	})
 	r("POST /api/1/experiments", func(_ *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
-		m, err := decodeObject(q.body)
-		if err != nil {
+		m := decodeObject(q.body)
+		if m == nil {
 			return bad("body is not a JSON object")
 		}
 		var vars []map[string]any
@@ -179,8 +179,8 @@ func (s *Sim) registerExperiments() {
 		if e.delivery != "feature" {
 			return http.StatusMethodNotAllowed, map[string]string{"error": "experiments of this type cannot be edited here"}
 		}
-		m, err := decodeObject(q.body)
-		if err != nil {
+		m := decodeObject(q.body)
+		if m == nil {
 			return bad("body is not a JSON object")
 		}
 		for k := range m {
@@ -210,8 +210,8 @@ func (s *Sim) registerExperiments() {
 	})
 	// variantBody reads a variant's fields; fail is the error when it cannot.
 	variantBody := func(q *mgRequest) (m map[string]any, fail string) {
-		m, err := decodeObject(q.body)
-		if err != nil {
+		m = decodeObject(q.body)
+		if m == nil {
 			return nil, "body is not a JSON object"
 		}
 		for k := range m {

@@ -2,7 +2,6 @@ package sim
 
 import (
 	"encoding/base64"
-	"errors"
 	"io"
 	"net/http"
 	"strconv"
@@ -267,5 +266,3 @@ func writeAnswer(w http.ResponseWriter, status int, body any, ct string) {
 func retryAfter(w http.ResponseWriter, d time.Duration) {
 	w.Header().Set("Retry-After", strconv.Itoa(max(1, int((d+time.Second-1)/time.Second))))
 }
-
-var errNotObject = errors.New("body is not a JSON object")

@@ -207,15 +207,13 @@ func (s *Sim) scimGetUser(o *scimOrg, w *statusWriter, q *mgRequest) (int, any) 
 	}
 }
 
-func decodeObject(b []byte) (map[string]any, error) {
+// decodeObject returns the JSON object b holds, nil when it holds none.
+func decodeObject(b []byte) map[string]any {
 	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, err
+	if json.Unmarshal(b, &m) != nil {
+		return nil
 	}
-	if m == nil {
-		return nil, errNotObject
-	}
-	return m, nil
+	return m
 }
 
 func (s *Sim) scimCreateUser(o *scimOrg, w *statusWriter, q *mgRequest) (int, any) {
@@ -268,7 +266,7 @@ func (o *scimOrg) userByID(q *mgRequest) (u *scimUser, key string, status int, f
 // scimObject decodes the body as a JSON object; fail is the answer when it
 // is not one.
 func scimObject(q *mgRequest) (m map[string]any, status int, fail any) {
-	if m, err := decodeObject(q.body); err == nil {
+	if m := decodeObject(q.body); m != nil {
 		return m, 0, nil
 	}
 	status, fail = scimError(http.StatusBadRequest, "invalidSyntax", "body is not a JSON object")
