@@ -120,9 +120,8 @@ func describeForm(in *incoming, field string) {
 	if k := v.Get("api_key"); k != "" {
 		in.Rec.KeyLabel = KeyLabel(k)
 	}
-	var arr []json.RawMessage
-	if json.Unmarshal([]byte(v.Get(field)), &arr) == nil {
-		in.Rec.Events = len(arr)
+	if items, ok := jsonObjects(v.Get(field)); ok {
+		in.Rec.Events = len(items)
 	}
 }
 
