@@ -43,13 +43,6 @@ const (
 	taxMaxBody          = 1 << 20
 )
 
-func taxonomyCost(method string) int {
-	if method == http.MethodGet {
-		return 1
-	}
-	return 2
-}
-
 type taxEntity struct {
 	state  string
 	fields map[string]string
@@ -444,7 +437,10 @@ func (s *Sim) registerTaxonomy() {
 // the form and its required fields, and returns f's answer.
 func (s *Sim) serveTaxonomy(w *statusWriter, q *mgRequest, f func(q *taxReq) (int, any), required []string) (int, any) {
 	x, k := s.mg.tax, &s.knobs
-	cost := taxonomyCost(q.r.Method)
+	cost := 2 // GET 1, PUT/POST/DELETE 2
+	if q.r.Method == http.MethodGet {
+		cost = 1
+	}
 	key := q.account
 	now := s.cfg.Now()
 	s.mu.Lock()
