@@ -200,11 +200,10 @@ func (s *Sim) scimListUsers(o *scimOrg, w *statusWriter, q *mgRequest) (int, any
 }
 
 func (s *Sim) scimGetUser(o *scimOrg, w *statusWriter, q *mgRequest) (int, any) {
-	if u := o.users[strings.ToLower(q.r.PathValue("id"))]; u == nil {
-		return scimError(http.StatusNotFound, "", "user not found")
-	} else {
+	if u := o.users[strings.ToLower(q.r.PathValue("id"))]; u != nil {
 		return http.StatusOK, o.userView(u, true)
 	}
+	return scimError(http.StatusNotFound, "", "user not found")
 }
 
 // decodeObject returns the JSON object b holds, nil when it holds none.
