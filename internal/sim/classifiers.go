@@ -49,13 +49,13 @@ func (c *simClassifier) view() map[string]any {
 }
 
 func (s *Sim) registerClassifiers() {
-	st := s.mg
-	st.cls = &clsState{byKey: map[string]map[string]*simClassifier{}}
+	st := &clsState{}
+	s.onReset(func() { st.byKey = map[string]map[string]*simClassifier{} })
 	r := func(pattern string, f func(m map[string]*simClassifier, q *mgRequest) (int, any)) {
 		s.mgmtRoute("classifier", pattern, authBasic, clsMaxBody, func(w *statusWriter, q *mgRequest) (int, any) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			return f(entry(st.cls.byKey, q.account, func() map[string]*simClassifier { return map[string]*simClassifier{} }), q)
+			return f(entry(st.byKey, q.account, func() map[string]*simClassifier { return map[string]*simClassifier{} }), q)
 		})
 	}
 	// save serves POST (create) and PATCH: the checks in the order of the
@@ -110,11 +110,7 @@ func (s *Sim) registerClassifiers() {
 		}
 	}
 	r("GET /api/2/channel-classifiers", func(m map[string]*simClassifier, q *mgRequest) (int, any) {
-		out := []any{}
-		for _, n := range sortedKeys(m) {
-			out = append(out, m[n].view())
-		}
-		return http.StatusOK, map[string]any{"channelClassifiers": out}
+		return http.StatusOK, map[string]any{"channelClassifiers": views(sortedKeys(m), func(n string) any { return m[n].view() })}
 	})
 	r("GET /api/2/channel-classifiers/{name}", func(m map[string]*simClassifier, q *mgRequest) (int, any) {
 		c := m[q.r.PathValue("name")]

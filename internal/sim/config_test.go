@@ -6,10 +6,14 @@ import (
 )
 
 func TestConfigValidate(t *testing.T) {
-	for _, c := range []Config{{EPSThreshold: -1}, {MaxBodyBytes: -1}, {APIKeys: []string{""}}, {DailyQuota: -2}} {
+	for _, c := range []Config{{EPSThreshold: -1}, {RateWindow: -1}, {DedupWindow: -1}, {DedupMaxKeys: -1}, {MaxBodyBytes: -1},
+		{MaxEvents: -1}, {APIKeys: []string{""}}, {DailyQuota: -2}} {
 		if c.Validate() == nil {
 			t.Errorf("%+v valid", c)
 		}
+	}
+	if err := (&Config{RateWindow: -time.Second}).Validate(); err == nil || err.Error() != "sim: RateWindow -1s < 0" {
+		t.Errorf("negative RateWindow: %v", err)
 	}
 	if (&Config{}).Validate() != nil {
 		t.Error("zero config invalid")

@@ -7,27 +7,17 @@ import (
 	"strconv"
 )
 
-// registerControl registers the /sim/ read-outs (never faulted):
-//
-//	GET  /sim/healthz                       200 {"ok":true}
-//	GET  /sim/stats                         Stats
-//	GET  /sim/events?api_key=K&after=SEQ&limit=N
-//	                                        {"events":[Ingested...]} (api_key optional)
-//	GET  /sim/requests?after=SEQ&limit=N    {"requests":[Record...]}
-//
-// Routes that change the Sim (reset, faults, silence, quota) are
-// internal/simtest's (Config.Faults).
+// registerControl registers the store's /sim/ read-outs (package doc).
 func (s *Sim) registerControl() {
 	m := s.ctlMux
-	ok := func(w http.ResponseWriter) { writeJSON(w, 200, map[string]bool{"ok": true}) }
-	m.HandleFunc("GET /sim/healthz", func(w http.ResponseWriter, r *http.Request) { ok(w) })
+	m.HandleFunc("GET /sim/healthz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, map[string]bool{"ok": true}) })
 	m.HandleFunc("GET /sim/stats", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, 200, s.Stats())
 	})
 	m.HandleFunc("GET /sim/events", func(w http.ResponseWriter, r *http.Request) {
 		after, limit, err := afterLimit(r)
 		if err != nil {
-			apiError(w, http.StatusBadRequest, err.Error())
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
 			return
 		}
 		var evs []Ingested
@@ -64,7 +54,7 @@ func (s *Sim) registerControl() {
 	m.HandleFunc("GET /sim/requests", func(w http.ResponseWriter, r *http.Request) {
 		after, limit, err := afterLimit(r)
 		if err != nil {
-			apiError(w, http.StatusBadRequest, err.Error())
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
 			return
 		}
 		out := []Record{}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -75,14 +76,10 @@ func (s *Sim) registerDeletion() {
 		if n := len(req.SvcIDs) + len(req.UserIDs); n == 0 || n > DeletionMaxIDs {
 			return apiFail(http.StatusBadRequest, fmt.Sprintf("send 1 to %d ids (svc_ids and user_ids together), not %d", DeletionMaxIDs, n))
 		}
-		keys := []string{key}
-		if req.DeleteFromOrg {
-			req.IgnoreInvalid = true
-			keys = s.apiKeysSeen(key)
-		}
+		req.IgnoreInvalid = req.IgnoreInvalid || req.DeleteFromOrg
 		var hits []keyUser
 		var invalid []string
-		users := s.usersOf(keys)
+		users := s.usersOf(key, req.DeleteFromOrg)
 		match := func(id string, is func(u keyUser) bool) { // hits, or id is invalid
 			n := len(hits)
 			for _, u := range users {
@@ -119,11 +116,7 @@ func (s *Sim) registerDeletion() {
 			if req.IncludeMapped {
 				u.UserID = h.user
 			}
-			dup := false
-			for _, old := range byDay[dayS] {
-				dup = dup || old.SvcID == u.SvcID
-			}
-			if !dup {
+			if !slices.ContainsFunc(byDay[dayS], func(old deletionUser) bool { return old.SvcID == u.SvcID }) {
 				byDay[dayS] = append(byDay[dayS], u)
 			}
 			if h.key == key || job.SvcIDs == nil {
@@ -131,10 +124,7 @@ func (s *Sim) registerDeletion() {
 			}
 		}
 		s.mu.Unlock()
-		job.Day, job.Status = dayS, "staging"
-		if job.SvcIDs == nil {
-			job.SvcIDs = []deletionUser{}
-		}
+		job.Day, job.Status, job.SvcIDs = dayS, "staging", nonNil(job.SvcIDs)
 		if req.IgnoreInvalid {
 			job.InvalidIDs = append([]string{}, invalid...)
 		}
@@ -208,31 +198,25 @@ func deletionStatus(now, day time.Time) string {
 
 type keyUser struct{ key, user string }
 
-// usersOf returns the distinct (api key, user_id) of the stored events of keys.
-func (s *Sim) usersOf(keys []string) []keyUser {
-	var out []keyUser
+// usersOf returns the distinct (api key, user_id) of the stored events of
+// key, then with every those of each other key, keys in the order first seen.
+func (s *Sim) usersOf(key string, every bool) []keyUser {
+	keys, byKey := []string{key}, map[string][]keyUser{}
 	seen := make(map[keyUser]bool)
-	for _, k := range keys {
-		for _, ev := range s.Events(k) {
-			u := keyUser{k, ev.UserID}
-			if ev.UserID != "" && !seen[u] {
-				seen[u] = true
-				out = append(out, u)
-			}
-		}
-	}
-	return out
-}
-
-// apiKeysSeen returns first, then every other api key of stored events.
-func (s *Sim) apiKeysSeen(first string) []string {
-	out := []string{first}
-	seen := map[string]bool{first: true}
 	for _, ev := range s.AllEvents() {
-		if !seen[ev.APIKey] {
-			seen[ev.APIKey] = true
-			out = append(out, ev.APIKey)
+		u := keyUser{ev.APIKey, ev.UserID}
+		if ev.UserID == "" || seen[u] || (!every && u.key != key) {
+			continue
 		}
+		seen[u] = true
+		if _, ok := byKey[u.key]; !ok && u.key != key {
+			keys = append(keys, u.key)
+		}
+		byKey[u.key] = append(byKey[u.key], u)
+	}
+	var out []keyUser
+	for _, k := range keys {
+		out = append(out, byKey[k]...)
 	}
 	return out
 }

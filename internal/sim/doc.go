@@ -25,8 +25,8 @@
 // it through): the ingestion routes through Sim.route (middleware.go: the
 // body read, the answer buffered), the others through serveDirect (the
 // answer streamed; mgmtRoute and apiRoute add their authentication; their
-// handlers return their answer and the route writes it). The route groups (New), one file
-// each:
+// handlers return their answer and the route writes it). The route groups
+// (New), one file each:
 //
 //	/2/httpapi, /batch                          ingestion (httpapi.go; rules below)
 //	/groupidentify                              group identify (groupidentify.go)
@@ -41,10 +41,8 @@
 //	/api/2/export                               export (export.go)
 //
 // The four management APIs (experiments, SCIM, classifiers, taxonomy) share
-// authentication and a call log in mgmt.go. Reset (and simtest's
-// POST /sim/reset) clears the state of group identify, user mapping and the
-// management APIs with the store (configuration such as accepted keys and
-// rate limits is kept).
+// authentication and a call log in mgmt.go; the data APIs (feedback, DSAR,
+// deletion, export) their authentication in feedback.go.
 //
 // Read-outs live under /sim/ (see control.go and each group's file) and are
 // never subject to faults (JSON; simtest.Control is a Go client for them):

@@ -30,9 +30,8 @@ import (
 //     410); answers 302 to /objects/dsar/{id}/{n}?expires=UNIX&sig=HMAC (the
 //     object storage), which also needs the same Authorization and answers
 //     403 once expires (Config.Now) is past; 60 seconds after the redirect.
-//   - Output files are gzipped JSON lines (svc_id, app, user_id, device_id,
-//     event_type, event_time, server_upload_time, event_properties; times as
-//     YYYY-MM-DD HH:MM:SS.ffffff).
+//   - Output files are gzipped JSON lines, the records of an export
+//     (ExportRecord).
 //   - Jobs are kept per Sim (closures), not cleared by /sim/reset.
 
 // DSARRedirectTTL is how long an object storage address of a redirect lasts.
@@ -208,17 +207,6 @@ func (st *dsarState) sign(path, exp string) string {
 	return hex.EncodeToString(m.Sum(nil)[:16])
 }
 
-type dsarLine struct {
-	SvcID            int64           `json:"svc_id"`
-	App              int64           `json:"app"`
-	UserID           string          `json:"user_id,omitempty"`
-	DeviceID         string          `json:"device_id,omitempty"`
-	EventType        string          `json:"event_type"`
-	EventTime        string          `json:"event_time"`
-	ServerUploadTime string          `json:"server_upload_time"`
-	EventProperties  json.RawMessage `json:"event_properties,omitempty"`
-}
-
 // dsarFiles builds the gzipped outputs of job: one per month with events of
 // its user (server upload time within the job's dates, end day included).
 func (s *Sim) dsarFiles(job *dsarJob) [][]byte {
@@ -231,16 +219,8 @@ func (s *Sim) dsarFiles(job *dsarJob) [][]byte {
 		if (job.userID != "" && ev.UserID != job.userID) || (job.svcID != 0 && SvcID(ev.APIKey, ev.UserID) != job.svcID) {
 			continue
 		}
-		var raw struct {
-			Time            *int64          `json:"time"`
-			EventProperties json.RawMessage `json:"event_properties"`
-		}
-		json.Unmarshal(ev.Raw, &raw)
-		et, up := exportTimes(ev, raw.Time)
-		line := appendJSON(nil, dsarLine{SvcID: SvcID(ev.APIKey, ev.UserID), App: appID(ev.APIKey), UserID: ev.UserID,
-			DeviceID: ev.DeviceID, EventType: ev.EventType, EventTime: et, ServerUploadTime: up, EventProperties: raw.EventProperties})
 		buf := entry(months, ev.Time.UTC().Format("2006-01"), func() *bytes.Buffer { return new(bytes.Buffer) })
-		buf.Write(append(line, '\n'))
+		buf.Write(append(exportLine(ev.APIKey, ev), '\n'))
 	}
 	files := [][]byte{}
 	for _, m := range sortedKeys(months) {

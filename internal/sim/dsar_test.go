@@ -85,7 +85,7 @@ func TestDSARLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	plain, _ := io.ReadAll(zr)
-	var line dsarLine
+	var line ExportRecord
 	if err := json.Unmarshal(bytes.TrimSpace(plain), &line); err != nil || line.EventType != "a2" || line.UserID != "alice" || line.SvcID != SvcID("proj", "alice") {
 		t.Fatalf("file %s: %v", plain, err)
 	}

@@ -81,12 +81,8 @@ func (e *simExperiment) version(now time.Time, what string) {
 
 func (e *simExperiment) view() map[string]any {
 	v := maps.Clone(e.fields)
-	vars := []any{}
-	for _, k := range e.variants {
-		vars = append(vars, e.byKey[k].fields)
-	}
 	v["id"] = e.id
-	v["variants"] = vars
+	v["variants"] = e.variantList()
 	v["deployments"] = append([]string{}, e.deployments...)
 	v["deliveryMethod"] = e.delivery
 	v["createdAt"] = e.created.UTC().Format(time.RFC3339)
@@ -94,10 +90,14 @@ func (e *simExperiment) view() map[string]any {
 	return v
 }
 
+func (e *simExperiment) variantList() []any {
+	return views(e.variants, func(k string) any { return e.byKey[k].fields })
+}
+
 func (s *Sim) registerExperiments() {
-	st := s.mg
-	st.exp = &expState{exps: map[string]*simExperiment{}}
-	x := st.exp
+	x := &expState{}
+	s.mg.exp = x
+	s.onReset(func() { *x = expState{exps: map[string]*simExperiment{}} })
 	// r registers an experiment route; f gets the experiment and variant its
 	// path names ({id}, {variantKey}), after a 404 for either that is
 	// unknown, and returns its answer: text when a string ("OK"), else JSON.
@@ -134,15 +134,11 @@ func (s *Sim) registerExperiments() {
 		all := slices.SortedFunc(maps.Values(x.exps), func(a, b *simExperiment) int {
 			return cmp.Or(len(b.id)-len(a.id), strings.Compare(b.id, a.id))
 		})
-		out := []any{}
-		for _, e := range all[:min(len(all), limit)] {
-			out = append(out, e.view())
-		}
-		return http.StatusOK, out
+		return http.StatusOK, views(all[:min(len(all), limit)], func(e *simExperiment) any { return e.view() })
 	})
 	r("POST /api/1/experiments", func(_ *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
-		m, err := decodeObject(q.body)
-		if err != nil {
+		m := decodeObject(q.body)
+		if m == nil {
 			return bad("body is not a JSON object")
 		}
 		var vars []map[string]any
@@ -183,8 +179,8 @@ func (s *Sim) registerExperiments() {
 		if e.delivery != "feature" {
 			return http.StatusMethodNotAllowed, map[string]string{"error": "experiments of this type cannot be edited here"}
 		}
-		m, err := decodeObject(q.body)
-		if err != nil {
+		m := decodeObject(q.body)
+		if m == nil {
 			return bad("body is not a JSON object")
 		}
 		for k := range m {
@@ -210,16 +206,12 @@ func (s *Sim) registerExperiments() {
 		return http.StatusNotFound, map[string]string{"error": "version not found"}
 	})
 	r("GET /api/1/experiments/{id}/variants", func(e *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
-		out := []any{}
-		for _, k := range e.variants {
-			out = append(out, e.byKey[k].fields)
-		}
-		return http.StatusOK, out
+		return http.StatusOK, e.variantList()
 	})
 	// variantBody reads a variant's fields; fail is the error when it cannot.
 	variantBody := func(q *mgRequest) (m map[string]any, fail string) {
-		m, err := decodeObject(q.body)
-		if err != nil {
+		m = decodeObject(q.body)
+		if m == nil {
 			return nil, "body is not a JSON object"
 		}
 		for k := range m {
@@ -335,11 +327,7 @@ func (s *Sim) registerExperiments() {
 			v.cohorts = slices.DeleteFunc(v.cohorts, func(c string) bool { return slices.Contains(ids, c) })
 		}, ""))
 	r("GET /api/1/experiments/{id}/deployments", func(e *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
-		out := []any{}
-		for _, d := range e.deployments {
-			out = append(out, map[string]any{"id": d})
-		}
-		return http.StatusOK, out
+		return http.StatusOK, views(e.deployments, func(d string) any { return map[string]any{"id": d} })
 	})
 	r("POST /api/1/experiments/{id}/deployments", include("deployments", 0, func(e *simExperiment, _ *simVariant, ids []string) {
 		for _, id := range ids {

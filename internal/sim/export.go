@@ -126,30 +126,28 @@ func (s *Sim) registerExport() {
 		w.Header().Set("Content-Type", "application/zip")
 		cw := &countWriter{w: w}
 		zw := zip.NewWriter(cw)
-		for h := start; !h.After(end); h = h.Add(time.Hour) {
-			prefix := fmt.Sprintf("%d/%d_%s_%d#", app, app, h.Format("2006-01-02"), h.Hour())
-			if lines := byHour[h.Unix()]; len(lines) > 0 {
-				f, err := zw.CreateHeader(&zip.FileHeader{Name: prefix + "0.json", Method: zip.Deflate, Modified: h})
-				if err != nil {
-					return 0, nil
-				}
-				for _, l := range lines {
-					if _, err := f.Write(l); err != nil {
-						return 0, nil
+		// file adds the entry name of hour h holding chunks, repeat times.
+		file := func(h time.Time, name string, method uint16, repeat int64, chunks ...[]byte) error {
+			f, err := zw.CreateHeader(&zip.FileHeader{Name: name, Method: method, Modified: h})
+			for ; err == nil && repeat > 0; repeat-- {
+				for _, c := range chunks {
+					if _, err = f.Write(c); err != nil {
+						break
 					}
 				}
+			}
+			return err
+		}
+		for h := start; !h.After(end); h = h.Add(time.Hour) {
+			prefix := fmt.Sprintf("%d/%d_%s_%d#", app, app, h.Format("2006-01-02"), h.Hour())
+			if lines := byHour[h.Unix()]; len(lines) > 0 && file(h, prefix+"0.json", zip.Deflate, 1, lines...) != nil {
+				return 0, nil // the client went away
 			}
 			for n, left := 0, blocksPerHour; left > 0; n++ {
 				part := min(left, 256) // blocks of about 1 MiB
 				left -= part
-				f, err := zw.CreateHeader(&zip.FileHeader{Name: prefix + "s" + strconv.Itoa(n) + ".json", Method: zip.Store, Modified: h})
-				if err != nil {
+				if file(h, prefix+"s"+strconv.Itoa(n)+".json", zip.Store, part, block) != nil {
 					return 0, nil
-				}
-				for ; part > 0; part-- {
-					if _, err := f.Write(block); err != nil {
-						return 0, nil
-					}
 				}
 			}
 		}
@@ -187,54 +185,37 @@ func (s *Sim) exportRecords(key string, from, to time.Time) (map[int64][][]byte,
 // exportLine is the exported record (JSON, no newline) of a stored event of
 // api key apiKey.
 func exportLine(apiKey string, ev Ingested) []byte {
+	// The fields an event names as a record does (ids, platform, country,
+	// properties) are read into it; the others are set below. The event
+	// was validated when ingested.
+	var rec ExportRecord
+	json.Unmarshal(ev.Raw, &rec)
 	var in struct {
-		EventID         int64           `json:"event_id"`
-		SessionID       int64           `json:"session_id"`
-		Time            *int64          `json:"time"`
-		Platform        string          `json:"platform"`
-		OSName          string          `json:"os_name"`
-		OSVersion       string          `json:"os_version"`
-		Country         string          `json:"country"`
-		Language        string          `json:"language"`
-		IP              string          `json:"ip"`
-		EventProperties json.RawMessage `json:"event_properties"`
-		UserProperties  json.RawMessage `json:"user_properties"`
-		Groups          json.RawMessage `json:"groups"`
-		GroupProperties json.RawMessage `json:"group_properties"`
+		Time *int64 `json:"time"`
+		IP   string `json:"ip"`
 	}
-	json.Unmarshal(ev.Raw, &in) // the event was validated when ingested
-	evTime, up := exportTimes(ev, in.Time)
-	obj := func(b json.RawMessage) json.RawMessage {
-		if len(b) == 0 || string(b) == "null" {
-			return json.RawMessage("{}")
+	json.Unmarshal(ev.Raw, &in)
+	up := ev.Time.UTC().Format(ExportTimeFormat) // the upload time
+	evTime := up                                 // the event's own time, else its upload time
+	if in.Time != nil {
+		evTime = time.UnixMilli(*in.Time).UTC().Format(ExportTimeFormat)
+	}
+	for _, b := range []*json.RawMessage{&rec.EventProperties, &rec.UserProperties, &rec.Groups, &rec.GroupProperties} {
+		if len(*b) == 0 || string(*b) == "null" {
+			*b = json.RawMessage("{}")
 		}
-		return b
 	}
-	rec := ExportRecord{
-		App: appID(apiKey), SvcID: SvcID(apiKey, ev.UserID+"\x00"+ev.DeviceID), EventID: in.EventID,
-		SessionID: in.SessionID, UUID: fmt.Sprintf("00000000-0000-4000-8000-%012d", ev.Seq%1_000_000_000_000),
-		InsertID: ev.InsertID, EventType: ev.EventType, UserID: ev.UserID, DeviceID: ev.DeviceID,
-		EventTime: evTime, ClientEventTime: evTime, ClientUploadTime: up, ServerReceivedTime: up,
-		ServerUploadTime: up, ProcessedTime: up, Platform: in.Platform, OSName: in.OSName,
-		OSVersion: in.OSVersion, Country: in.Country, Language: in.Language, IPAddress: in.IP,
-		EventProperties: obj(in.EventProperties), UserProperties: obj(in.UserProperties),
-		Groups: obj(in.Groups), GroupProperties: obj(in.GroupProperties), Data: json.RawMessage("{}"),
-	}
+	rec.App, rec.SvcID = appID(apiKey), SvcID(apiKey, ev.UserID+"\x00"+ev.DeviceID)
 	if ev.UserID != "" {
 		rec.SvcID = SvcID(apiKey, ev.UserID)
 	}
+	rec.UUID = fmt.Sprintf("00000000-0000-4000-8000-%012d", ev.Seq%1_000_000_000_000)
+	rec.InsertID, rec.EventType, rec.UserID, rec.DeviceID = ev.InsertID, ev.EventType, ev.UserID, ev.DeviceID
+	rec.EventTime, rec.ClientEventTime = evTime, evTime
+	rec.ClientUploadTime, rec.ServerReceivedTime, rec.ServerUploadTime, rec.ProcessedTime = up, up, up, up
+	rec.IPAddress, rec.Data, rec.SampleRate = in.IP, json.RawMessage("{}"), nil
 	b, _ := json.Marshal(rec)
 	return b
-}
-
-// exportTimes returns the event time (its own "time", else its upload time)
-// and the upload time of a stored event, as exported records write them.
-func exportTimes(ev Ingested, t *int64) (event, upload string) {
-	upload = ev.Time.UTC().Format(ExportTimeFormat)
-	if t == nil {
-		return upload, upload
-	}
-	return time.UnixMilli(*t).UTC().Format(ExportTimeFormat), upload
 }
 
 // syntheticBlock is about 1 MiB of synthetic exported records, whole lines.

@@ -57,10 +57,6 @@ func (x *Exchange) ReadBody() {
 	}
 }
 
-// Body is an ingest request's decoded body; nil when it could not be read
-// (too large, badly encoded).
-func (x *Exchange) Body() []byte { x.ReadBody(); return x.in.Body }
-
 // Describe fills Rec from an ingest request's body (key label, events) for
 // a request that is failed without being handled.
 func (x *Exchange) Describe() {
@@ -96,7 +92,7 @@ func (x *Exchange) Answer() {
 	x.Rec.Status = cmp.Or(x.Handle(bw, false), http.StatusOK)
 	x.Log()
 	x.W.WriteHeader(x.Rec.Status)
-	x.W.Write(bw.buf.Bytes())
+	x.W.Write(bw.Bytes())
 }
 
 // Log appends Rec to the request log.
@@ -136,22 +132,12 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	}
 }
 
-// bufferedWriter captures a handler's answer until the request is logged.
+// bufferedWriter holds a handler's answer until the request is logged
+// (Handle's statusWriter records the status).
 type bufferedWriter struct {
-	h      http.Header
-	status int
-	buf    bytes.Buffer
+	h http.Header
+	bytes.Buffer
 }
 
 func (b *bufferedWriter) Header() http.Header { return b.h }
-func (b *bufferedWriter) WriteHeader(code int) {
-	if b.status == 0 {
-		b.status = code
-	}
-}
-func (b *bufferedWriter) Write(p []byte) (int, error) {
-	if b.status == 0 {
-		b.status = 200
-	}
-	return b.buf.Write(p)
-}
+func (*bufferedWriter) WriteHeader(int)       {}

@@ -185,17 +185,7 @@ func checkFeedbackFields(it *FeedbackItem) error {
 }
 
 func upsertFeedback(src map[string]*FeedbackItem, it FeedbackItem) {
-	old := src[it.UniqueID]
-	if old == nil {
-		it.Updates = 1
-		parts := it.ConversationParts
-		it.ConversationParts = nil
-		src[it.UniqueID] = &it
-		for _, p := range parts {
-			upsertPart(&it, p)
-		}
-		return
-	}
+	old := entry(src, it.UniqueID, func() *FeedbackItem { return &FeedbackItem{UniqueID: it.UniqueID} })
 	old.Updates++
 	for _, f := range [...]struct {
 		dst *string
@@ -249,19 +239,28 @@ func (s *Sim) serveAPI(w *statusWriter, r *http.Request, rec *Record, h apiHandl
 		w.Header().Set("WWW-Authenticate", `Basic realm="svc"`)
 		return apiFail(http.StatusUnauthorized, "invalid or missing Basic authentication")
 	}
+	if status, msg := decodeBody(r); status != 0 {
+		return apiFail(status, msg)
+	}
+	return h(w, r, key)
+}
+
+// decodeBody gzip-decodes r.Body on the fly for Content-Encoding: gzip;
+// another encoding than identity is 415, a bad gzip header 400.
+func decodeBody(r *http.Request) (status int, msg string) {
 	switch enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); enc {
 	case "", "identity":
 	case "gzip":
 		zr, err := gzip.NewReader(r.Body)
 		if err != nil {
-			return apiFail(http.StatusBadRequest, "undecodable gzip body")
+			return http.StatusBadRequest, "undecodable gzip body"
 		}
 		r.Body = io.NopCloser(zr)
 		r.Header.Del("Content-Encoding")
 	default:
-		return apiFail(http.StatusUnsupportedMediaType, "unsupported Content-Encoding")
+		return http.StatusUnsupportedMediaType, "unsupported Content-Encoding"
 	}
-	return h(w, r, key)
+	return 0, ""
 }
 
 // statusWriter records the status a handler answered.
@@ -286,13 +285,9 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
+// apiFail is the {"error": msg} answer of every API but ingestion, group
+// identify and user mapping (codeError).
 func apiFail(status int, msg string) (int, any) { return status, map[string]string{"error": msg} }
-
-// apiError answers {"error": msg} with status: the error shape of every
-// API but ingestion, group identify and user mapping (codeError).
-func apiError(w http.ResponseWriter, status int, msg string) {
-	writeJSON(w, status, map[string]string{"error": msg})
-}
 
 // SvcID is the simulator's internal user identifier (svc_id) of user userID
 // of the project with api key apiKey: stable, positive, below 10^12.

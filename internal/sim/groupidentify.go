@@ -58,11 +58,9 @@ type giState struct {
 	byKey map[string][]GroupIdentify
 }
 
-func (st *giState) reset() { st.seq, st.byKey = 0, map[string][]GroupIdentify{} }
-
 func (s *Sim) registerGroupIdentify() {
-	st := &giState{byKey: map[string][]GroupIdentify{}}
-	s.gi = st
+	st := &giState{}
+	s.onReset(func() { *st = giState{byKey: map[string][]GroupIdentify{}} })
 	s.ctlMux.HandleFunc("/sim/groupidentify", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, locked(&s.mu, func() []GroupIdentify {
 			return append([]GroupIdentify{}, st.byKey[r.URL.Query().Get("api_key")]...)
@@ -74,18 +72,15 @@ func (s *Sim) registerGroupIdentify() {
 	})
 }
 
-// formParams reads form fields from the (decoded) body, then the query.
-func formParams(r *http.Request, in *incoming) url.Values {
-	v, _ := url.ParseQuery(string(in.Body))
-	if v == nil {
-		v = url.Values{}
-	}
-	for k, vs := range r.URL.Query() {
-		if _, ok := v[k]; !ok {
-			v[k] = vs
+// formParams merges the fields of the form endpoints: those of first, and
+// the others of then.
+func formParams(first, then url.Values) url.Values {
+	for k, vs := range then {
+		if _, ok := first[k]; !ok {
+			first[k] = vs
 		}
 	}
-	return v
+	return first
 }
 
 // formItems checks what the two form endpoints share: apiKey (given and
@@ -125,9 +120,8 @@ func describeForm(in *incoming, field string) {
 	if k := v.Get("api_key"); k != "" {
 		in.Rec.KeyLabel = KeyLabel(k)
 	}
-	var arr []json.RawMessage
-	if json.Unmarshal([]byte(v.Get(field)), &arr) == nil {
-		in.Rec.Events = len(arr)
+	if items, ok := jsonObjects(v.Get(field)); ok {
+		in.Rec.Events = len(items)
 	}
 }
 
@@ -151,7 +145,8 @@ func (s *Sim) serveGroupIdentify(st *giState, w http.ResponseWriter, r *http.Req
 	if refuseIngest(w, r, in) {
 		return
 	}
-	form := formParams(r, in)
+	body, _ := url.ParseQuery(string(in.Body))
+	form := formParams(body, r.URL.Query())
 	apiKey := form.Get("api_key")
 	raws, ok := s.formItems(w, in, apiKey, "identification", form.Get("identification"), MaxGroupIdentifies, ErrTextInvalidGroupIdentify)
 	if !ok {

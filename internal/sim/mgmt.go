@@ -1,10 +1,7 @@
 package sim
 
 import (
-	"bytes"
-	"compress/gzip"
 	"encoding/base64"
-	"errors"
 	"io"
 	"net/http"
 	"strconv"
@@ -67,24 +64,12 @@ type mgmtState struct {
 	seq   int64
 	calls []MgmtCall
 
-	exp  *expState
-	scim *scimState
-	cls  *clsState
-	tax  *taxState
+	exp *expState
+	tax *taxState
 }
 
 // maxMgmtCalls bounds the call log (oldest dropped first).
 const maxMgmtCalls = 100_000
-
-// reset forgets the data of every management API (Sim.Reset). Taxonomy's
-// in-flight counts are kept: requests still running decrement them.
-func (st *mgmtState) reset() {
-	st.seq, st.calls = 0, nil
-	st.exp.exps, st.exp.nextID = map[string]*simExperiment{}, 0
-	st.scim.orgs, st.scim.hits = map[string]*scimOrg{}, windowHits{}
-	st.cls.byKey = map[string]map[string]*simClassifier{}
-	st.tax.projects, st.tax.spent, st.tax.peak = map[string]*taxProject{}, windowHits{}, map[string]int{}
-}
 
 // MgmtCalls is the answer of GET /sim/mgmt/calls.
 type MgmtCalls struct {
@@ -96,6 +81,7 @@ type MgmtCalls struct {
 func (s *Sim) registerMgmt() {
 	st := &mgmtState{}
 	s.mg = st
+	s.onReset(func() { st.seq, st.calls = 0, nil })
 	s.ctlMux.HandleFunc("/sim/mgmt/calls", func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -196,25 +182,15 @@ func (s *Sim) serveMgmt(w *statusWriter, r *http.Request, call *MgmtCall, auth m
 		}
 		q.account = key
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding")))
-	if err == nil && enc == "gzip" && int64(len(body)) <= maxBody {
-		var zr *gzip.Reader
-		if zr, err = gzip.NewReader(bytes.NewReader(body)); err == nil {
-			body, err = io.ReadAll(io.LimitReader(zr, maxBody+1))
-		}
-		if err != nil {
-			return apiFail(http.StatusBadRequest, "undecodable gzip body")
-		}
-		enc = ""
+	if status, msg := decodeBody(r); status != 0 {
+		return apiFail(status, msg)
 	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
 	switch {
 	case err != nil:
 		return apiFail(http.StatusBadRequest, "unreadable body")
 	case int64(len(body)) > maxBody:
 		return apiFail(http.StatusRequestEntityTooLarge, "Payload too large")
-	case enc != "" && enc != "identity":
-		return apiFail(http.StatusUnsupportedMediaType, "unsupported Content-Encoding")
 	}
 	q.body = body
 	call.Body = string(body[:min(len(body), 4096)])
@@ -290,5 +266,3 @@ func writeAnswer(w http.ResponseWriter, status int, body any, ct string) {
 func retryAfter(w http.ResponseWriter, d time.Duration) {
 	w.Header().Set("Retry-After", strconv.Itoa(max(1, int((d+time.Second-1)/time.Second))))
 }
-
-var errNotObject = errors.New("body is not a JSON object")

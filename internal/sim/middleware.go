@@ -35,8 +35,11 @@ type routeHandler struct {
 	describe func(in *incoming)
 }
 
-func (s *Sim) ingestMiddleware(h routeHandler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// route registers an ingest route: each request is an Exchange whose
+// handler fills what it did into in.Rec (the Exchange the status, time and
+// fault).
+func (s *Sim) route(pattern string, h routeHandler) {
+	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		s.serve(&Exchange{W: w, R: r, Rec: s.newRecord(r), h: h})
 	})
 }
@@ -57,40 +60,28 @@ func (s *Sim) readBody(r *http.Request, in *incoming) (release func()) {
 			}
 		}
 	}
-	read := func(src io.Reader) ([]byte, error) {
-		b := bufPool.Get().(*bytes.Buffer)
-		bufs = append(bufs, b)
-		_, err := b.ReadFrom(io.LimitReader(src, max))
-		return b.Bytes(), err
+	// read reads src into a pooled buffer; ok is false (and in says why)
+	// when it cannot be read or is not under max.
+	read := func(src io.Reader) (b []byte, ok bool) {
+		buf := bufPool.Get().(*bytes.Buffer)
+		bufs = append(bufs, buf)
+		_, err := buf.ReadFrom(io.LimitReader(src, max))
+		in.BadEncoding, in.TooLarge = err != nil, err == nil && int64(buf.Len()) >= max
+		return buf.Bytes(), !in.BadEncoding && !in.TooLarge
 	}
-	raw, err := read(r.Body)
-	if err != nil {
-		in.BadEncoding = true
-		return release
-	}
-	if int64(len(raw)) >= max {
-		in.TooLarge = true
+	raw, ok := read(r.Body)
+	if !ok {
 		return release
 	}
 	switch enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); enc {
 	case "", "identity":
 		in.Body = raw
 	case "gzip", "x-gzip":
-		zr, err := gzip.NewReader(bytes.NewReader(raw))
-		if err != nil {
+		if zr, err := gzip.NewReader(bytes.NewReader(raw)); err != nil {
 			in.BadEncoding = true
-			return release
+		} else if dec, ok := read(zr); ok {
+			in.Body = dec
 		}
-		dec, err := read(zr)
-		if err != nil {
-			in.BadEncoding = true
-			return release
-		}
-		if int64(len(dec)) >= max {
-			in.TooLarge = true
-			return release
-		}
-		in.Body = dec
 	default:
 		in.BadEncoding = true
 	}

@@ -1,6 +1,11 @@
 package sim
 
-import "testing"
+import (
+	"encoding/base64"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
 
 // TestResetClearsRouteGroups: Reset forgets the state the route groups keep
 // outside the store and keeps their configuration.
@@ -8,27 +13,50 @@ func TestResetClearsRouteGroups(t *testing.T) {
 	s := New(Config{}, nil)
 	defer s.Close()
 	s.Knobs(func(k *Knobs) { k.ManagementKeys["mk"], k.RejectedGroupValues["v"], k.UserMapLimit = true, true, 7 })
-	gi, um, mg, k := s.gi, s.um, s.mg, &s.knobs
-	gi.byKey["k"] = []GroupIdentify{{}}
-	um.mapped["org"] = map[string]string{"u": "g"}
-	um.calls = append(um.calls, MappingCall{})
-	mg.calls = append(mg.calls, MgmtCall{})
-	mg.exp.exps["1"] = &simExperiment{}
-	mg.scim.orgs["o"] = &scimOrg{}
-	mg.cls.byKey["k"] = map[string]*simClassifier{}
-	mg.tax.projects["k"] = &taxProject{}
+	basic := "Basic " + base64.StdEncoding.EncodeToString([]byte("k:secret"))
+	do := func(method, path, auth, body string) string {
+		t.Helper()
+		req := httptest.NewRequest(method, path, strings.NewReader(body))
+		req.Header.Set("Authorization", auth)
+		if strings.HasPrefix(path, "/api/2/taxonomy") {
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		}
+		w := httptest.NewRecorder()
+		s.Handler().ServeHTTP(w, req)
+		if w.Code >= 300 {
+			t.Fatalf("%s %s: %d %s", method, path, w.Code, w.Body)
+		}
+		return w.Body.String()
+	}
+	// The state of every group, one entry each.
+	do("POST", "/groupidentify?api_key=k&identification="+`[{"group_type":"t","group_value":"x"}]`, "", "")
+	do("POST", `/usermap?api_key=k&mapping=[{"user_id":"u","global_user_id":"g"}]`, "", "")
+	do("POST", "/api/1/experiments", "Bearer mk", `{"name":"e","key":"e"}`)
+	do("POST", "/scim/1/Users", "Bearer org", `{"id":"a@x.io","userName":"a@x.io"}`)
+	do("POST", "/api/2/channel-classifiers/c", basic, `{"csvDefinition":{"csvText":"a"}}`)
+	do("POST", "/api/2/taxonomy/category", basic, "category_name=c")
 
 	s.Reset()
-	if len(gi.byKey) != 0 || len(k.RejectedGroupValues) != 0 {
-		t.Errorf("groupidentify kept %v %v", gi.byKey, k.RejectedGroupValues)
+	if got := readOut[[]GroupIdentify](t, s, "/sim/groupidentify?api_key=k"); len(got) != 0 || len(s.knobs.RejectedGroupValues) != 0 {
+		t.Errorf("groupidentify kept %v %v", got, s.knobs.RejectedGroupValues)
 	}
-	if len(um.mapped) != 0 || len(um.calls) != 0 || k.UserMapLimit != 7 {
-		t.Errorf("usermap after Reset: mapped %v, calls %d, limit %d (want empty, 0, kept 7)", um.mapped, len(um.calls), k.UserMapLimit)
+	if um := readOut[UserMapState](t, s, "/sim/usermap"); len(um.Mapped) != 0 || len(um.Calls) != 0 || s.knobs.UserMapLimit != 7 {
+		t.Errorf("usermap after Reset: mapped %v, calls %d, limit %d (want empty, 0, kept 7)", um.Mapped, len(um.Calls), s.knobs.UserMapLimit)
 	}
-	if len(mg.calls) != 0 || len(mg.exp.exps) != 0 || len(mg.scim.orgs) != 0 || len(mg.cls.byKey) != 0 || len(mg.tax.projects) != 0 {
-		t.Errorf("management APIs kept state after Reset")
+	if calls := readOut[MgmtCalls](t, s, "/sim/mgmt/calls").Calls; len(calls) != 0 {
+		t.Errorf("management call log kept %d calls", len(calls))
 	}
-	if !k.ManagementKeys["mk"] {
-		t.Errorf("Reset forgot the management key (configuration)")
+	for path, entry := range map[string]string{"/api/1/experiments": `"key":"e"`, "/scim/1/Users": "a@x.io",
+		"/api/2/channel-classifiers": `"name":"c"`, "/api/2/taxonomy/category": `"name":"c"`} {
+		auth := basic
+		switch path {
+		case "/api/1/experiments":
+			auth = "Bearer mk" // accepted after Reset: configuration is kept
+		case "/scim/1/Users":
+			auth = "Bearer org"
+		}
+		if got := do("GET", path, auth, ""); strings.Contains(got, entry) {
+			t.Errorf("GET %s after Reset: %s still holds %s", path, got, entry)
+		}
 	}
 }

@@ -76,19 +76,19 @@ type scimState struct {
 }
 
 func (s *Sim) registerSCIM() {
-	st := s.mg
-	st.scim = &scimState{orgs: map[string]*scimOrg{}, hits: windowHits{}}
+	st := &scimState{}
+	s.onReset(func() { *st = scimState{orgs: map[string]*scimOrg{}, hits: windowHits{}} })
 	// r registers a SCIM route: f answers for the organization once the rate
 	// passes.
 	r := func(pattern string, f func(o *scimOrg, w *statusWriter, q *mgRequest) (int, any)) {
 		s.mgmtRoute("scim", pattern, authSCIMBearer, scimMaxBody, func(w *statusWriter, q *mgRequest) (int, any) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			if ok, wait := st.scim.hits.take(q.account, q.call.Time, 1, s.knobs.SCIMLimit, s.knobs.SCIMWindow); !ok {
+			if ok, wait := st.hits.take(q.account, q.call.Time, 1, s.knobs.SCIMLimit, s.knobs.SCIMWindow); !ok {
 				retryAfter(w, wait)
 				return scimError(http.StatusTooManyRequests, "", "Too many requests: 100 per minute per organization")
 			}
-			return f(entry(st.scim.orgs, q.account, func() *scimOrg {
+			return f(entry(st.orgs, q.account, func() *scimOrg {
 				return &scimOrg{users: map[string]*scimUser{}, groups: map[int]*scimGroup{}, nextID: 1001}
 			}), w, q)
 		})
@@ -132,29 +132,29 @@ func ValidEmail(s string) bool {
 	return len(labels) >= 2 && !slices.Contains(labels, "")
 }
 
-func scimPage(r *http.Request) (start, count int, fail string) {
-	start, count = 1, SCIMMaxPageSize
+// scimList answers the page of all that the query's startIndex and
+// itemsPerPage name, each as view shows it.
+func scimList[T any](r *http.Request, all []T, view func(T) any) (int, any) {
+	start, count := 1, SCIMMaxPageSize
 	q := r.URL.Query()
 	if v := q.Get("startIndex"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
-			return 0, 0, "startIndex must be an integer >= 1"
+			return scimError(http.StatusBadRequest, "invalidValue", "startIndex must be an integer >= 1")
 		}
 		start = n
 	}
 	if v := q.Get("itemsPerPage"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 || n > SCIMMaxPageSize {
-			return 0, 0, "itemsPerPage must be an integer from 0 to 100"
+			return scimError(http.StatusBadRequest, "invalidValue", "itemsPerPage must be an integer from 0 to 100")
 		}
 		count = n
 	}
-	return start, count, ""
-}
-
-func listResponse(start, total int, res []any) map[string]any {
-	return map[string]any{"schemas": []string{SCIMListSchema}, "startIndex": start, "itemsPerPage": len(res),
-		"totalResults": total, "Resources": res}
+	lo := min(start-1, len(all))
+	res := views(all[lo:lo+min(count, len(all)-lo)], view)
+	return http.StatusOK, map[string]any{"schemas": []string{SCIMListSchema}, "startIndex": start, "itemsPerPage": len(res),
+		"totalResults": len(all), "Resources": res}
 }
 
 func (o *scimOrg) userView(u *scimUser, withGroups bool) map[string]any {
@@ -181,10 +181,6 @@ func (o *scimOrg) sortedGroups() []*scimGroup {
 }
 
 func (s *Sim) scimListUsers(o *scimOrg, w *statusWriter, q *mgRequest) (int, any) {
-	start, count, fail := scimPage(q.r)
-	if fail != "" {
-		return scimError(http.StatusBadRequest, "invalidValue", fail)
-	}
 	want := ""
 	if f := strings.TrimSpace(q.r.URL.Query().Get("filter")); f != "" {
 		parts := strings.SplitN(f, " ", 3)
@@ -200,30 +196,23 @@ func (s *Sim) scimListUsers(o *scimOrg, w *statusWriter, q *mgRequest) (int, any
 			all = append(all, u)
 		}
 	}
-	res := []any{}
-	for i := start - 1; i < len(all) && len(res) < count; i++ {
-		res = append(res, o.userView(all[i], false))
-	}
-	return http.StatusOK, listResponse(start, len(all), res)
+	return scimList(q.r, all, func(u *scimUser) any { return o.userView(u, false) })
 }
 
 func (s *Sim) scimGetUser(o *scimOrg, w *statusWriter, q *mgRequest) (int, any) {
-	if u := o.users[strings.ToLower(q.r.PathValue("id"))]; u == nil {
-		return scimError(http.StatusNotFound, "", "user not found")
-	} else {
+	if u := o.users[strings.ToLower(q.r.PathValue("id"))]; u != nil {
 		return http.StatusOK, o.userView(u, true)
 	}
+	return scimError(http.StatusNotFound, "", "user not found")
 }
 
-func decodeObject(b []byte) (map[string]any, error) {
+// decodeObject returns the JSON object b holds, nil when it holds none.
+func decodeObject(b []byte) map[string]any {
 	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, err
+	if json.Unmarshal(b, &m) != nil {
+		return nil
 	}
-	if m == nil {
-		return nil, errNotObject
-	}
-	return m, nil
+	return m
 }
 
 func (s *Sim) scimCreateUser(o *scimOrg, w *statusWriter, q *mgRequest) (int, any) {
@@ -276,7 +265,7 @@ func (o *scimOrg) userByID(q *mgRequest) (u *scimUser, key string, status int, f
 // scimObject decodes the body as a JSON object; fail is the answer when it
 // is not one.
 func scimObject(q *mgRequest) (m map[string]any, status int, fail any) {
-	if m, err := decodeObject(q.body); err == nil {
+	if m := decodeObject(q.body); m != nil {
 		return m, 0, nil
 	}
 	status, fail = scimError(http.StatusBadRequest, "invalidSyntax", "body is not a JSON object")
@@ -339,16 +328,7 @@ func (o *scimOrg) groupView(g *scimGroup, idAsString bool) map[string]any {
 }
 
 func (s *Sim) scimListGroups(o *scimOrg, w *statusWriter, q *mgRequest) (int, any) {
-	start, count, fail := scimPage(q.r)
-	if fail != "" {
-		return scimError(http.StatusBadRequest, "invalidValue", fail)
-	}
-	gs := o.sortedGroups()
-	res := []any{}
-	for i := start - 1; i < len(gs) && len(res) < count; i++ {
-		res = append(res, o.groupView(gs[i], false))
-	}
-	return http.StatusOK, listResponse(start, len(gs), res)
+	return scimList(q.r, o.sortedGroups(), func(g *scimGroup) any { return o.groupView(g, false) })
 }
 
 // groupByID returns the group the path's {id} names, or the answer when

@@ -97,21 +97,17 @@ const (
 
 // Validate reports a configuration that cannot work.
 func (c *Config) Validate() error {
-	switch {
-	case c.EPSThreshold < 0:
-		return fmt.Errorf("sim: EPSThreshold %d < 0", c.EPSThreshold)
-	case c.RateWindow < 0:
-		return fmt.Errorf("sim: RateWindow %v < 0", c.RateWindow)
-	case c.DedupWindow < 0:
-		return fmt.Errorf("sim: DedupWindow %v < 0", c.DedupWindow)
-	case c.DedupMaxKeys < 0:
-		return fmt.Errorf("sim: DedupMaxKeys %d < 0", c.DedupMaxKeys)
-	case c.MaxBodyBytes < 0:
-		return fmt.Errorf("sim: MaxBodyBytes %d < 0", c.MaxBodyBytes)
-	case c.MaxEvents < 0:
-		return fmt.Errorf("sim: MaxEvents %d < 0", c.MaxEvents)
-	case c.DailyQuota < 0:
-		return fmt.Errorf("sim: DailyQuota %d < 0", c.DailyQuota)
+	for _, f := range []struct {
+		name     string
+		negative bool
+		v        any
+	}{{"EPSThreshold", c.EPSThreshold < 0, c.EPSThreshold}, {"RateWindow", c.RateWindow < 0, c.RateWindow},
+		{"DedupWindow", c.DedupWindow < 0, c.DedupWindow}, {"DedupMaxKeys", c.DedupMaxKeys < 0, c.DedupMaxKeys},
+		{"MaxBodyBytes", c.MaxBodyBytes < 0, c.MaxBodyBytes}, {"MaxEvents", c.MaxEvents < 0, c.MaxEvents},
+		{"DailyQuota", c.DailyQuota < 0, c.DailyQuota}} {
+		if f.negative {
+			return fmt.Errorf("sim: %s %v < 0", f.name, f.v)
+		}
 	}
 	for _, k := range c.APIKeys {
 		if k == "" {
@@ -147,12 +143,11 @@ type Sim struct {
 
 	// mu guards everything below: the store, the knobs and every route
 	// group's state (the groups reach theirs through closures).
-	mu    sync.Mutex
-	store store
-	knobs Knobs
-	mg    *mgmtState
-	um    *umState
-	gi    *giState
+	mu     sync.Mutex
+	store  store
+	knobs  Knobs
+	mg     *mgmtState
+	resets []func() // each route group's (onReset)
 
 	counted     atomic.Int64 // CountOnly events
 	connections atomic.Int64 // connections accepted by Serve listeners
@@ -273,12 +268,6 @@ func (s *Sim) Handler() http.Handler { return s.mux }
 // ingested, the request log, counters) and Config.Faults' routes when set.
 func (s *Sim) ControlHandler() http.Handler { return s.ctlMux }
 
-// route registers an ingest route wrapped in the shared middleware; h.serve
-// fills what it did into in.Rec (the middleware the status, time and fault).
-func (s *Sim) route(pattern string, h routeHandler) {
-	s.mux.Handle(pattern, s.ingestMiddleware(h))
-}
-
 // Serve serves on ln until Close.
 func (s *Sim) Serve(ln net.Listener) error {
 	err := s.srv.Serve(ln)
@@ -321,6 +310,13 @@ func entry[K comparable, V any](m map[K]V, k K, mk func() V) V {
 		m[k] = v
 	}
 	return v
+}
+
+// onReset runs reset, which makes a route group's state, now and on every
+// Reset.
+func (s *Sim) onReset(reset func()) {
+	reset()
+	s.resets = append(s.resets, reset)
 }
 
 // validKey reports whether apiKey is acceptable: non-empty, one of

@@ -627,7 +627,7 @@ func (s *Sim) Reset() {
 	s.counted.Store(0)
 	s.connections.Store(0)
 	s.knobs.RejectedUserIDs, s.knobs.RejectedGroupValues = map[string]bool{}, map[string]bool{}
-	s.gi.reset()
-	s.um.reset()
-	s.mg.reset()
+	for _, reset := range s.resets {
+		reset()
+	}
 }

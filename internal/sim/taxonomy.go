@@ -43,13 +43,6 @@ const (
 	taxMaxBody          = 1 << 20
 )
 
-func taxonomyCost(method string) int {
-	if method == http.MethodGet {
-		return 1
-	}
-	return 2
-}
-
 type taxEntity struct {
 	state  string
 	fields map[string]string
@@ -179,8 +172,10 @@ func (q *taxReq) list(m map[string]*taxEntity, view func(string, *taxEntity) map
 }
 
 func (s *Sim) registerTaxonomy() {
-	s.mg.tax = &taxState{projects: map[string]*taxProject{}, inFlight: map[string]int{}, peak: map[string]int{},
-		spent: windowHits{}}
+	// In-flight costs survive Reset: requests still running decrement them.
+	x := &taxState{inFlight: map[string]int{}}
+	s.mg.tax = x
+	s.onReset(func() { x.projects, x.spent, x.peak = map[string]*taxProject{}, windowHits{}, map[string]int{} })
 	// r registers a taxonomy route: f answers once the limits pass, the form
 	// is read and its required fields are there.
 	r := func(pattern string, f func(q *taxReq) (int, any), required ...string) {
@@ -202,11 +197,9 @@ func (s *Sim) registerTaxonomy() {
 		return taxOK(http.StatusOK, nil)
 	}, "category_name")
 	r("GET /api/2/taxonomy/category", func(q *taxReq) (int, any) {
-		out := []any{}
-		for _, id := range slices.Sorted(maps.Keys(q.p.categories)) {
-			out = append(out, map[string]any{"id": id, "name": q.p.categories[id]})
-		}
-		return taxOK(http.StatusOK, out)
+		return taxOK(http.StatusOK, views(slices.Sorted(maps.Keys(q.p.categories)), func(id int) any {
+			return map[string]any{"id": id, "name": q.p.categories[id]}
+		}))
 	})
 	r("GET /api/2/taxonomy/category/{category_name}", func(q *taxReq) (int, any) {
 		name := q.r.PathValue("category_name")
@@ -444,7 +437,10 @@ func (s *Sim) registerTaxonomy() {
 // the form and its required fields, and returns f's answer.
 func (s *Sim) serveTaxonomy(w *statusWriter, q *mgRequest, f func(q *taxReq) (int, any), required []string) (int, any) {
 	x, k := s.mg.tax, &s.knobs
-	cost := taxonomyCost(q.r.Method)
+	cost := 2 // GET 1, PUT/POST/DELETE 2
+	if q.r.Method == http.MethodGet {
+		cost = 1
+	}
 	key := q.account
 	now := s.cfg.Now()
 	s.mu.Lock()
@@ -529,3 +525,12 @@ func nullable(s string) any {
 }
 
 func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
+
+// views returns view of each of in: a JSON list, [] for none.
+func views[T any](in []T, view func(T) any) []any {
+	out := make([]any, 0, len(in))
+	for _, x := range in {
+		out = append(out, view(x))
+	}
+	return out
+}

@@ -2,7 +2,6 @@ package sim
 
 import (
 	"encoding/json"
-	"hash/fnv"
 	"net/http"
 	"net/url"
 	"sort"
@@ -34,7 +33,7 @@ import (
 // strings or comma-separated, 1 to 100 (else 400). The answer is a JSON object
 // keyed by each requested id, with mapped_from (users that map into it) and
 // mapped_to (the user it maps into) arrays of {svc_id, user_id}; empty arrays
-// for an unknown user. svc_id is a stable hash of the user id.
+// for an unknown user. svc_id is SvcID of the Basic user and the user id.
 
 // MappingCall is one mapping applied by the simulator.
 type MappingCall struct {
@@ -81,6 +80,7 @@ type umState struct {
 	calls     []MappingCall
 	batches   []MappingBatch
 	reads     []MappingRead
+	hits      windowHits // mapping calls per organization
 	throttled int64
 	seq       int64
 }
@@ -95,11 +95,9 @@ type UserMapState struct {
 	Mapped map[string]map[string]string `json:"mapped"`
 }
 
-func (st *umState) reset() { *st = umState{mapped: map[string]map[string]string{}} }
-
 func (s *Sim) registerUserMap() {
-	st := &umState{mapped: map[string]map[string]string{}}
-	s.um = st
+	st := &umState{}
+	s.onReset(func() { *st = umState{mapped: map[string]map[string]string{}, hits: windowHits{}} })
 	s.ctlMux.HandleFunc("GET /sim/usermap", func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -126,16 +124,10 @@ func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, 
 	if refuseIngest(w, r, in) {
 		return
 	}
-	q := r.URL.Query()
-	form, _ := url.ParseQuery(string(in.Body))
-	get := func(k string) string {
-		if v := q.Get(k); v != "" {
-			return v
-		}
-		return form.Get(k)
-	}
-	apiKey := get("api_key")
-	raws, ok := s.formItems(w, in, apiKey, "mapping", get("mapping"), MaxMappingsPerRequest, ErrTextInvalidMapping)
+	body, _ := url.ParseQuery(string(in.Body))
+	form := formParams(r.URL.Query(), body)
+	apiKey := form.Get("api_key")
+	raws, ok := s.formItems(w, in, apiKey, "mapping", form.Get("mapping"), MaxMappingsPerRequest, ErrTextInvalidMapping)
 	if !ok {
 		return
 	}
@@ -160,17 +152,7 @@ func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, 
 	}
 	now := s.cfg.Now()
 	org := UserMapOrg(&s.knobs, apiKey)
-	inWindow := 0
-	for i := len(st.batches) - 1; i >= 0; i-- {
-		b := st.batches[i]
-		if !b.Time.After(now.Add(-s.knobs.UserMapWindow)) {
-			break
-		}
-		if b.Org == org {
-			inWindow += b.N
-		}
-	}
-	if inWindow+len(ms) > s.knobs.UserMapLimit {
+	if ok, _ := st.hits.take(org, now, len(ms), s.knobs.UserMapLimit, s.knobs.UserMapWindow); !ok {
 		st.throttled++
 		codeError(w, http.StatusTooManyRequests, "Too many requests")
 		return
@@ -199,12 +181,6 @@ type svcUser struct {
 type userMapping struct {
 	MappedFrom []svcUser `json:"mapped_from"`
 	MappedTo   []svcUser `json:"mapped_to"`
-}
-
-func svcID(userID string) int64 {
-	h := fnv.New64a()
-	h.Write([]byte(userID))
-	return int64(h.Sum64() >> 12) // positive, fits a JSON number exactly
 }
 
 func (s *Sim) serveUserMapRead(st *umState, w http.ResponseWriter, r *http.Request, in *incoming) {
@@ -251,11 +227,11 @@ func (s *Sim) userMapRead(st *umState, r *http.Request, rd *MappingRead) (int, a
 	for _, id := range ids {
 		um := userMapping{MappedFrom: []svcUser{}, MappedTo: []svcUser{}}
 		if g, ok := users[id]; ok {
-			um.MappedTo = append(um.MappedTo, svcUser{SvcID: svcID(g), UserID: g})
+			um.MappedTo = append(um.MappedTo, svcUser{SvcID: SvcID(user, g), UserID: g})
 		}
 		for u, g := range users {
 			if g == id {
-				um.MappedFrom = append(um.MappedFrom, svcUser{SvcID: svcID(u), UserID: u})
+				um.MappedFrom = append(um.MappedFrom, svcUser{SvcID: SvcID(user, u), UserID: u})
 			}
 		}
 		sort.Slice(um.MappedFrom, func(i, j int) bool { return um.MappedFrom[i].UserID < um.MappedFrom[j].UserID })

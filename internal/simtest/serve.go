@@ -1,12 +1,13 @@
 package simtest
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"time"
 
@@ -45,7 +46,7 @@ func (s *Sim) serve(x *sim.Exchange) {
 func serveIngest(x *sim.Exchange, f Fault, down DownMode) {
 	x.ReadBody()
 	rec, w := x.Rec, x.W
-	bw := &bufferedWriter{h: w.Header()}
+	bw := httptest.NewRecorder()
 	drop := false
 	switch {
 	case down == Down503:
@@ -69,17 +70,18 @@ func serveIngest(x *sim.Exchange, f Fault, down DownMode) {
 		return
 	}
 	if !drop {
-		rec.Status = bw.status
+		rec.Status = bw.Code
 	}
 	x.Log()
+	maps.Copy(w.Header(), bw.Header())
 	switch {
 	case !drop:
 		w.WriteHeader(rec.Status)
-		w.Write(bw.buf.Bytes())
+		w.Write(bw.Body.Bytes())
 	case f.Drop == DropMidResponse:
-		b := bw.buf.Bytes()
+		b := bw.Body.Bytes()
 		w.Header().Set("Content-Length", strconv.Itoa(len(b)))
-		w.WriteHeader(bw.status)
+		w.WriteHeader(bw.Code)
 		w.Write(b[:len(b)/2])
 		http.NewResponseController(w).Flush()
 		hijackClose(w)
@@ -89,13 +91,14 @@ func serveIngest(x *sim.Exchange, f Fault, down DownMode) {
 }
 
 // faultIngest lets a failed request ingest what f.Ingest says (its answer
-// is discarded), or only describes it.
+// is discarded: a body the route refuses ingests nothing), or only
+// describes it.
 func faultIngest(x *sim.Exchange, f Fault) {
-	if f.Ingest == IngestNone || x.Body() == nil {
+	if f.Ingest == IngestNone {
 		x.Describe()
 		return
 	}
-	x.Handle(&bufferedWriter{h: http.Header{}}, f.Ingest == IngestHalf)
+	x.Handle(httptest.NewRecorder(), f.Ingest == IngestHalf)
 }
 
 // serveDirect fails a management or data API request, whose answer goes
@@ -169,26 +172,6 @@ func hijackClose(w http.ResponseWriter) {
 	if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
 		c.Close()
 	}
-}
-
-// bufferedWriter captures a handler's answer so that it can be dropped.
-type bufferedWriter struct {
-	h      http.Header
-	status int
-	buf    bytes.Buffer
-}
-
-func (b *bufferedWriter) Header() http.Header { return b.h }
-func (b *bufferedWriter) WriteHeader(code int) {
-	if b.status == 0 {
-		b.status = code
-	}
-}
-func (b *bufferedWriter) Write(p []byte) (int, error) {
-	if b.status == 0 {
-		b.status = 200
-	}
-	return b.buf.Write(p)
 }
 
 // cutWriter closes the connection once cutAfter body bytes were written.
