@@ -206,11 +206,7 @@ func (b *backfills) start(j *bfJob) {
 		defer b.meter.end()
 		// The meter counts only while a backfill runs: give it a whole
 		// window of the live traffic before the first request.
-		t := time.NewTimer(meterWarmUp)
-		select {
-		case <-t.C:
-		case <-b.ctx.Done():
-			t.Stop()
+		if backfill.Sleep(b.ctx, meterWarmUp) != nil {
 			return
 		}
 		dir := filepath.Join(b.dir, j.ID)

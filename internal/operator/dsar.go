@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/svcrelay/relay/internal/backfill"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/forward"
 )
@@ -167,7 +168,7 @@ func (d *dsarRun) poll(ctx context.Context, id int64) (forward.DSARStatus, time.
 			return st, time.Time{}, fmt.Errorf("request %d still %q after %v: run again with --request-id %d", id, st.Status, d.pollTime, id)
 		}
 		d.p.logf("request %d: %s (poll %d); next poll in %v", id, st.Status, polls, wait.Round(time.Millisecond))
-		if err := sleep(ctx, wait); err != nil {
+		if err := backfill.Sleep(ctx, wait); err != nil {
 			return st, time.Time{}, fmt.Errorf("interrupted: run again with --request-id %d: %w", id, err)
 		}
 	}

@@ -249,7 +249,7 @@ func (x *exporter) fetchRetrying(ctx context.Context, r forward.ExportRange) (do
 		}
 		wait := bo.NextBackOff()
 		x.p.logf("piece %s: %v; fetching it again in %v", r, err, wait.Round(time.Millisecond))
-		if err := sleep(ctx, wait); err != nil {
+		if err := backfill.Sleep(ctx, wait); err != nil {
 			return d, 0, err
 		}
 	}
