@@ -245,11 +245,10 @@ func (b *backfills) save(j *bfJob) error {
 	b.mu.Lock()
 	raw, _ := json.Marshal(j)
 	b.mu.Unlock()
-	path := filepath.Join(b.dir, j.ID, "job.json")
-	if err := os.WriteFile(path+".tmp", raw, 0o600); err != nil {
+	return backfill.WriteFile(filepath.Join(b.dir, j.ID, "job.json"), 0o600, false, func(f *os.File) error {
+		_, err := f.Write(raw)
 		return err
-	}
-	return os.Rename(path+".tmp", path)
+	})
 }
 
 func (b *backfills) routes() []adminroute.Route {

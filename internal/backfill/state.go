@@ -96,27 +96,48 @@ func loadState(cfg Config) (st *state, resumed bool, err error) {
 	return st, resumed, nil
 }
 
-// save writes the state atomically (a temporary file renamed over it,
-// fsynced unless cfg.NoSync).
+// save writes the state atomically, fsynced unless cfg.NoSync.
 func (s *state) save(cfg Config) error {
-	path := filepath.Join(cfg.Dir, stateName)
 	b, _ := json.MarshalIndent(s, "", " ")
+	if err := WriteFile(filepath.Join(cfg.Dir, stateName), 0o666, cfg.NoSync, func(f *os.File) error {
+		_, err := f.Write(b)
+		return err
+	}); err != nil {
+		return fmt.Errorf("state file: %w", err)
+	}
+	return nil
+}
+
+// WriteFile replaces path with what write writes to a temporary file beside
+// it (created with perm), so that a reader or a crash sees the old file or
+// the new one, never a part of it. Unless noSync, the file is fsynced before
+// the rename and its directory after it, so that the new file survives a
+// crash of the machine. f is open for reading too, so that write may check
+// what it wrote; write's error is returned as it is.
+func WriteFile(path string, perm os.FileMode, noSync bool, write func(f *os.File) error) error {
 	tmp := path + ".tmp"
-	f, err := os.Create(tmp)
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, perm)
 	if err != nil {
 		return err
 	}
-	_, err = f.Write(b)
-	if err == nil && !cfg.NoSync {
+	defer os.Remove(tmp) // after a failure; after the rename it is gone
+	err = write(f)
+	if err == nil && !noSync {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil {
-		return fmt.Errorf("state file: %w", err)
+	if err == nil {
+		err = os.Rename(tmp, path)
 	}
-	return os.Rename(tmp, path)
+	if err == nil && !noSync {
+		if d, derr := os.Open(filepath.Dir(path)); derr == nil {
+			err = d.Sync()
+			d.Close()
+		}
+	}
+	return err
 }
 
 // reportLine is one dead letter in the report file.
@@ -138,44 +159,34 @@ func writeReport(sp *spool.Spool, path string) error {
 		}
 		return nil
 	}
-	tmp := path + ".tmp"
-	f, err := os.Create(tmp)
+	err := WriteFile(path, 0o666, false, func(f *os.File) error {
+		bw := bufio.NewWriter(f)
+		enc := json.NewEncoder(bw)
+		var after uint64
+		for {
+			dls, err := sp.ListDead(storage.DeadFilter{}, after, 1000)
+			if err != nil {
+				return err
+			}
+			for _, d := range dls {
+				l := reportLine{ID: d.ID, Reason: d.Reason, Answer: string(d.Answer), Died: d.Died}
+				if json.Valid(d.Record.Data) {
+					l.Event = d.Record.Data
+				} else {
+					l.Line = string(d.Record.Data)
+				}
+				if err := enc.Encode(l); err != nil {
+					return err
+				}
+				after = d.ID
+			}
+			if len(dls) < 1000 {
+				return bw.Flush()
+			}
+		}
+	})
 	if err != nil {
 		return fmt.Errorf("report: %w", err)
 	}
-	defer os.Remove(tmp)
-	bw := bufio.NewWriter(f)
-	enc := json.NewEncoder(bw)
-	var after uint64
-	for {
-		dls, err := sp.ListDead(storage.DeadFilter{}, after, 1000)
-		if err != nil {
-			f.Close()
-			return fmt.Errorf("report: %w", err)
-		}
-		for _, d := range dls {
-			l := reportLine{ID: d.ID, Reason: d.Reason, Answer: string(d.Answer), Died: d.Died}
-			if json.Valid(d.Record.Data) {
-				l.Event = d.Record.Data
-			} else {
-				l.Line = string(d.Record.Data)
-			}
-			if err := enc.Encode(l); err != nil {
-				f.Close()
-				return fmt.Errorf("report: %w", err)
-			}
-			after = d.ID
-		}
-		if len(dls) < 1000 {
-			break
-		}
-	}
-	if err := bw.Flush(); err != nil {
-		f.Close()
-		return fmt.Errorf("report: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("report: %w", err)
-	}
-	return os.Rename(tmp, path)
+	return nil
 }

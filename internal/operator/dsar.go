@@ -181,25 +181,21 @@ func (d *dsarRun) download(ctx context.Context, url, path string) (int64, error)
 		return 0, err
 	}
 	defer resp.Body.Close()
-	f, err := os.Create(path + ".tmp")
-	if err != nil {
-		return 0, err
-	}
-	defer os.Remove(path + ".tmp")
 	name := filepath.Base(path)
-	cr := &countingReader{r: resp.Body, on: func(n int64) { d.p.update("%s: %s", name, humanBytes(n)) }}
-	n, err := io.Copy(f, cr)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
+	var n, lines int64
+	// Not fsynced: a file that does not verify is downloaded again.
+	err = backfill.WriteFile(path, 0o666, true, func(f *os.File) error {
+		cr := &countingReader{r: resp.Body, on: func(n int64) { d.p.update("%s: %s", name, humanBytes(n)) }}
+		var err error
+		if n, err = io.Copy(f, cr); err != nil {
+			return err
+		}
+		if lines, err = verifyGzipJSONLines(f.Name()); err != nil {
+			return fmt.Errorf("%s does not verify: %w", name, err)
+		}
+		return nil
+	})
 	if err != nil {
-		return 0, err
-	}
-	lines, err := verifyGzipJSONLines(path + ".tmp")
-	if err != nil {
-		return 0, fmt.Errorf("%s does not verify: %w", name, err)
-	}
-	if err := os.Rename(path+".tmp", path); err != nil {
 		return 0, err
 	}
 	d.p.logf("%s: %s, %d lines, verified", path, humanBytes(n), lines)
