@@ -335,14 +335,16 @@ type progress struct {
 	line bool // a progress line is on screen (tty)
 }
 
-func newProgress(w io.Writer) *progress {
-	p := &progress{w: w}
-	if f, ok := w.(*os.File); ok {
-		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
-			p.tty = true
-		}
+func newProgress(w io.Writer) *progress { return &progress{w: w, tty: IsTerminal(w)} }
+
+// IsTerminal reports whether w is a character device (a terminal).
+func IsTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
 	}
-	return p
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
 // update shows a transient status (terminal only, at most 10 a second).
