@@ -124,14 +124,10 @@ func (d *dsarRun) run(ctx context.Context, req forward.DSARRequest, id int64) er
 			}
 		}
 		path := filepath.Join(d.out, fmt.Sprintf("dsar-%d-%d.json.gz", id, n))
-		if lines, err := verifyGzipJSONLines(path); err == nil {
+		lines, err := verifyGzipJSONLines(path)
+		if err == nil {
 			d.p.logf("%s: already downloaded (%d lines)", path, lines)
-			fmt.Fprintf(d.stdout, "%s\t%d lines\n", path, lines)
-			total += lines
-			continue
-		}
-		lines, err := d.download(ctx, st.URLs[n], path)
-		if err != nil {
+		} else if lines, err = d.download(ctx, st.URLs[n], path); err != nil {
 			return fmt.Errorf("file %d of %d: %w", n+1, len(st.URLs), err)
 		}
 		fmt.Fprintf(d.stdout, "%s\t%d lines\n", path, lines)
