@@ -458,7 +458,7 @@ func Load(args []string, environ []string, extra ...func(*flag.FlagSet)) (Config
 		} else if fv, ok := file[o.name]; ok {
 			v, org = fv, Origin{Kind: "file", File: cfgFile, Line: lines[o.name]}
 		}
-		shown := maskURL(v)
+		shown := MaskURL(v)
 		if o.secret && v != "" {
 			shown = Masked
 		}
@@ -622,7 +622,7 @@ func (c Config) Validate() error {
 		}
 		p, err := url.Parse(*u.URL)
 		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
-			return settingErr(u.Name, "%q: want an http:// or https:// base URL", maskURL(*u.URL))
+			return settingErr(u.Name, "%q: want an http:// or https:// base URL", MaskURL(*u.URL))
 		}
 	}
 	if err := firstBad([]bound{
