@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/svcrelay/relay/internal/spool"
@@ -49,18 +50,14 @@ func (s *state) read() int64 {
 	return n
 }
 
-func upstreamOf(cfg Config) string {
-	if cfg.Batch {
-		return cfg.IngestURL + " (/batch)"
-	}
-	return cfg.IngestURL
-}
-
 // loadState reads Dir's state (resumed: one existed), checks it is for the
 // same project and upstream, and adds the inputs it does not list yet.
 func loadState(cfg Config) (st *state, resumed bool, err error) {
 	path := filepath.Join(cfg.Dir, stateName)
-	st = &state{Version: 1, Project: storage.LaneKey{Kind: storage.KindEvents, APIKey: cfg.APIKey}.Label(), Upstream: upstreamOf(cfg)}
+	st = &state{Version: 1, Project: storage.LaneKey{Kind: storage.KindEvents, APIKey: cfg.APIKey}.Label(), Upstream: cfg.IngestURL}
+	if cfg.Batch {
+		st.Upstream += " (/batch)"
+	}
 	b, err := os.ReadFile(path)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
@@ -85,11 +82,7 @@ func loadState(cfg Config) (st *state, resumed bool, err error) {
 		if _, err := os.Stat(abs); err != nil {
 			return nil, false, err
 		}
-		known := false
-		for _, have := range st.Files {
-			known = known || have.Path == abs
-		}
-		if !known {
+		if !slices.ContainsFunc(st.Files, func(f fileState) bool { return f.Path == abs }) {
 			st.Files = append(st.Files, fileState{Path: abs})
 		}
 	}
