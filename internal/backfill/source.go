@@ -4,6 +4,7 @@ import (
 	"archive/zip"
 	"bufio"
 	"bytes"
+	"cmp"
 	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
@@ -11,8 +12,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -409,20 +411,11 @@ func mustJSON(v any) json.RawMessage {
 
 // DroppedSummary lists the dropped fields and their counts, most first.
 func (c Counts) DroppedSummary() string {
-	dropped := c.Dropped
-	keys := make([]string, 0, len(dropped))
-	for k := range dropped {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool {
-		if dropped[keys[i]] != dropped[keys[j]] {
-			return dropped[keys[i]] > dropped[keys[j]]
-		}
-		return keys[i] < keys[j]
-	})
+	keys := slices.Sorted(maps.Keys(c.Dropped))
+	slices.SortStableFunc(keys, func(a, b string) int { return cmp.Compare(c.Dropped[b], c.Dropped[a]) })
 	parts := make([]string, len(keys))
 	for i, k := range keys {
-		parts[i] = fmt.Sprintf("%s %d", k, dropped[k])
+		parts[i] = fmt.Sprintf("%s %d", k, c.Dropped[k])
 	}
 	return strings.Join(parts, ", ")
 }

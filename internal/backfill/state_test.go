@@ -44,3 +44,11 @@ func TestWriteFile(t *testing.T) {
 		os.Remove(path)
 	}
 }
+
+// TestDroppedSummary: most dropped first, then by name.
+func TestDroppedSummary(t *testing.T) {
+	c := Counts{Dropped: map[string]int64{"b": 1, "a": 1, "c": 2}}
+	if s := c.DroppedSummary(); s != "c 2, a 1, b 1" {
+		t.Fatalf("%q", s)
+	}
+}
