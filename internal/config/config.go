@@ -423,11 +423,7 @@ func Load(args []string, environ []string, extra ...func(*flag.FlagSet)) (Config
 		env[k] = v
 	}
 	for k := range env {
-		known := false
-		for _, o := range opts {
-			known = known || EnvName(o.name) == k
-		}
-		if !known {
+		if !slices.ContainsFunc(opts, func(o option) bool { return EnvName(o.name) == k }) {
 			c.Warnings = append(c.Warnings, fmt.Sprintf("unknown environment variable %s ignored", k))
 		}
 	}
@@ -536,13 +532,8 @@ func parsePrefixes(v string) ([]netip.Prefix, error) {
 		if f == "" {
 			continue
 		}
-		if !strings.Contains(f, "/") {
-			a, err := netip.ParseAddr(f)
-			if err != nil {
-				return nil, fmt.Errorf("invalid CIDR %q", f)
-			}
-			ps = append(ps, netip.PrefixFrom(a, a.BitLen()))
-			continue
+		if a, err := netip.ParseAddr(f); err == nil { // one address
+			f = netip.PrefixFrom(a, a.BitLen()).String()
 		}
 		p, err := netip.ParsePrefix(f)
 		if err != nil {
