@@ -314,7 +314,7 @@ func events(l line, dropped map[string]int64) ([][]byte, error) {
 			}
 			objs = append(objs, o)
 		}
-	} else if isExport(obj) {
+	} else if slices.ContainsFunc(exportMarkers, func(k string) bool { return obj[k] != nil }) {
 		objs = append(objs, fromExport(obj, dropped))
 	} else {
 		objs = append(objs, obj)
@@ -334,15 +334,6 @@ func events(l line, dropped map[string]int64) ([][]byte, error) {
 		out = append(out, b)
 	}
 	return out, nil
-}
-
-func isExport(obj map[string]json.RawMessage) bool {
-	for _, k := range exportMarkers {
-		if _, ok := obj[k]; ok {
-			return true
-		}
-	}
-	return false
 }
 
 // fromExport maps an exported record to an ingestion event: renamed and kept
