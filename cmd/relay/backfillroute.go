@@ -285,16 +285,7 @@ func (b *backfills) post(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	f, err := os.Create(filepath.Join(dir, "input"))
-	if err == nil {
-		err = copyBody(w, f, r.Body)
-		if err == nil {
-			err = f.Sync()
-		}
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-	}
+	err := backfill.WriteFile(filepath.Join(dir, "input"), 0o666, false, func(f *os.File) error { return copyBody(w, f, r.Body) })
 	if err == nil {
 		err = b.save(j)
 	}
