@@ -132,14 +132,6 @@ type Counts struct {
 	ReadDone bool
 }
 
-// ThrottledPerMillion is the 429 answers per million events sent.
-func (c Counts) ThrottledPerMillion() float64 {
-	if c.Sent == 0 {
-		return 0
-	}
-	return float64(c.Throttled) * 1e6 / float64(c.Sent)
-}
-
 // ErrInterrupted is returned by Run when its context ended first: running it
 // again with the same Config resumes.
 var ErrInterrupted = errors.New("interrupted")
