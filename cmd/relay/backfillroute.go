@@ -206,11 +206,7 @@ func (b *backfills) start(j *bfJob) {
 		defer b.meter.end()
 		// The meter counts only while a backfill runs: give it a whole
 		// window of the live traffic before the first request.
-		t := time.NewTimer(meterWarmUp)
-		select {
-		case <-t.C:
-		case <-b.ctx.Done():
-			t.Stop()
+		if backfill.Sleep(b.ctx, meterWarmUp) != nil {
 			return
 		}
 		dir := filepath.Join(b.dir, j.ID)
@@ -249,11 +245,10 @@ func (b *backfills) save(j *bfJob) error {
 	b.mu.Lock()
 	raw, _ := json.Marshal(j)
 	b.mu.Unlock()
-	path := filepath.Join(b.dir, j.ID, "job.json")
-	if err := os.WriteFile(path+".tmp", raw, 0o600); err != nil {
+	return backfill.WriteFile(filepath.Join(b.dir, j.ID, "job.json"), 0o600, false, func(f *os.File) error {
+		_, err := f.Write(raw)
 		return err
-	}
-	return os.Rename(path+".tmp", path)
+	})
 }
 
 func (b *backfills) routes() []adminroute.Route {
@@ -290,16 +285,7 @@ func (b *backfills) post(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	f, err := os.Create(filepath.Join(dir, "input"))
-	if err == nil {
-		err = copyBody(w, f, r.Body)
-		if err == nil {
-			err = f.Sync()
-		}
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-	}
+	err := backfill.WriteFile(filepath.Join(dir, "input"), 0o666, false, func(f *os.File) error { return copyBody(w, f, r.Body) })
 	if err == nil {
 		err = b.save(j)
 	}

@@ -143,7 +143,7 @@ func printConfig(w io.Writer, cfg config.Config) {
 	if cfg.Sandbox() {
 		fmt.Fprintln(w, "mode: sandbox (no ingest-url: events go to the built-in simulated upstream)")
 	} else {
-		fmt.Fprintf(w, "mode: upstream %s\n", maskedURL(cfg, "ingest-url"))
+		fmt.Fprintf(w, "mode: upstream %s\n", config.MaskURL(cfg.IngestURL))
 	}
 	if cfg.Token != nil {
 		src := cfg.Source("admin-token")
@@ -172,13 +172,4 @@ func printConfig(w io.Writer, cfg config.Config) {
 		fmt.Fprintf(w, "warning: %s\n", warn)
 	}
 	fmt.Fprintln(w, "configuration OK")
-}
-
-func maskedURL(cfg config.Config, name string) string {
-	for _, s := range cfg.Settings {
-		if s.Name == name {
-			return s.Value
-		}
-	}
-	return ""
 }

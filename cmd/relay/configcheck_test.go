@@ -37,6 +37,7 @@ func TestConfigCheck(t *testing.T) {
 		"admin token: set (from variable RELAY_ADMIN_TOKEN)",
 		"credentials: " + creds + ": 1 project(s) [web-prod]",
 		"flush-interval        200ms",
+		"mode: upstream https://u:xxxxx@ingest.example.test",
 		"configuration OK",
 	} {
 		// Columns are as wide as the longest setting name: compare with

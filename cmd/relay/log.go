@@ -3,10 +3,10 @@ package main
 import (
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"sync/atomic"
 
+	"github.com/svcrelay/relay/internal/operator"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -41,7 +41,7 @@ func newLeveledLogger(level, format string, w io.Writer) (*zap.Logger, zap.Atomi
 func logEncoder(format string, w io.Writer) (zapcore.Encoder, error) {
 	if format == "" {
 		format = "json"
-		if isTerminal(w) {
+		if operator.IsTerminal(w) {
 			format = "console"
 		}
 	}
@@ -89,16 +89,6 @@ func (c swapCore) Write(e zapcore.Entry, fs []zapcore.Field) error {
 }
 
 func (c swapCore) Sync() error { return (*c.in.Load()).Sync() }
-
-// isTerminal reports whether w is a character device (a terminal).
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
-}
 
 // errField logs an error as its message only (zap.Error adds stack-like
 // "errorVerbose" fields for some error types).

@@ -190,12 +190,15 @@ func (r *configReloader) reload(by string) reloadResult {
 	}
 	res.Changed = diffSettings(cur, next)
 	eff := keepRestartSettings(cur, next)
+	var live []string
 	for _, c := range res.Changed {
-		if !c.Live {
-			res.NeedsRestart = append(res.NeedsRestart, c.Name)
-			r.log.Warn("setting "+c.Name+" changed (from "+c.Source+") but needs a restart: the value in force is kept",
-				zap.String("in_force", c.Old), zap.String("new", c.New))
+		if c.Live {
+			live = append(live, c.Name)
+			continue
 		}
+		res.NeedsRestart = append(res.NeedsRestart, c.Name)
+		r.log.Warn("setting "+c.Name+" changed (from "+c.Source+") but needs a restart: the value in force is kept",
+			zap.String("in_force", c.Old), zap.String("new", c.New))
 	}
 	for _, w := range next.Warnings {
 		r.log.Warn(w)
@@ -207,12 +210,6 @@ func (r *configReloader) reload(by string) reloadResult {
 	r.ok.Set(1)
 	r.at.SetToCurrentTime()
 	res.Reloaded = true
-	var live []string
-	for _, c := range res.Changed {
-		if c.Live {
-			live = append(live, c.Name)
-		}
-	}
 	r.log.Info("configuration reloaded", zap.String("by", by), zap.Strings("changed", live), zap.Strings("needs_restart", res.NeedsRestart))
 	return res
 }

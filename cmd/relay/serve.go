@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net"
 	"net/http"
@@ -195,9 +194,7 @@ func (s *server) buildDelivery() (*deliveries, error) {
 		// run wait for a start with both flags.
 		log.Warn("user mapping disabled: POST /usermap answers 503 until --alias-url and --analytics-url are set")
 		off := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusServiceUnavailable)
-			io.WriteString(w, `{"code":503,"error":"user mapping is not configured on this relay (--alias-url and --analytics-url)"}`+"\n")
+			writeJSONError(w, http.StatusServiceUnavailable, "user mapping is not configured on this relay (--alias-url and --analytics-url)")
 		})
 		d.routes = append(d.routes,
 			adminroute.Route{Method: http.MethodPost, Path: "/usermap", Mode: admintoken.ModeOwn, Handler: off})

@@ -132,14 +132,6 @@ type Counts struct {
 	ReadDone bool
 }
 
-// ThrottledPerMillion is the 429 answers per million events sent.
-func (c Counts) ThrottledPerMillion() float64 {
-	if c.Sent == 0 {
-		return 0
-	}
-	return float64(c.Throttled) * 1e6 / float64(c.Sent)
-}
-
 // ErrInterrupted is returned by Run when its context ended first: running it
 // again with the same Config resumes.
 var ErrInterrupted = errors.New("interrupted")
@@ -220,7 +212,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 		// stopped would be full again, so that its first request does not
 		// add to what that run sent within the upstream's window.
 		if resumed {
-			sleep(dctx, time.Duration(float64(time.Second)/paceShare))
+			Sleep(dctx, time.Duration(float64(time.Second)/paceShare))
 		}
 		delivered <- p.Run(dctx)
 	}()
@@ -442,7 +434,7 @@ func (r *reader) append(ctx context.Context, dead *[]storage.DeadLetter) error {
 	*dead = (*dead)[:0]
 	r.pending, r.size = r.pending[:0], 0
 	for r.lane.Stats().Bytes > maxBacklog {
-		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+		if err := Sleep(ctx, 100*time.Millisecond); err != nil {
 			return err
 		}
 	}
@@ -571,14 +563,14 @@ func (l *limiter) wait(ctx context.Context, n int) error {
 		if d == 0 {
 			return nil
 		}
-		if err := sleep(ctx, d); err != nil || rate > 0 {
+		if err := Sleep(ctx, d); err != nil || rate > 0 {
 			return err
 		}
 	}
 }
 
-// sleep waits d, or returns ctx's error when ctx ends first.
-func sleep(ctx context.Context, d time.Duration) error {
+// Sleep waits d, or returns ctx's error when ctx ends first.
+func Sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

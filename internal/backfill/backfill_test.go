@@ -228,6 +228,10 @@ func TestRunStopsOnInvalidKey(t *testing.T) {
 	if _, err := Run(context.Background(), cfg, nil); err == nil || !strings.Contains(err.Error(), "another project") {
 		t.Fatalf("a run of another key into the data dir: %v", err)
 	}
+	cfg.APIKey, cfg.Batch = "bad", true
+	if _, err := Run(context.Background(), cfg, nil); err == nil || !strings.Contains(err.Error(), "another project or upstream") {
+		t.Fatalf("a run to /batch into the data dir of a /2/httpapi run: %v", err)
+	}
 }
 
 // TestMaxEPS: the project's pace holds through a real upstream: the run

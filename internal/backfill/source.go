@@ -4,6 +4,7 @@ import (
 	"archive/zip"
 	"bufio"
 	"bytes"
+	"cmp"
 	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
@@ -11,8 +12,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -312,7 +314,7 @@ func events(l line, dropped map[string]int64) ([][]byte, error) {
 			}
 			objs = append(objs, o)
 		}
-	} else if isExport(obj) {
+	} else if slices.ContainsFunc(exportMarkers, func(k string) bool { return obj[k] != nil }) {
 		objs = append(objs, fromExport(obj, dropped))
 	} else {
 		objs = append(objs, obj)
@@ -332,15 +334,6 @@ func events(l line, dropped map[string]int64) ([][]byte, error) {
 		out = append(out, b)
 	}
 	return out, nil
-}
-
-func isExport(obj map[string]json.RawMessage) bool {
-	for _, k := range exportMarkers {
-		if _, ok := obj[k]; ok {
-			return true
-		}
-	}
-	return false
 }
 
 // fromExport maps an exported record to an ingestion event: renamed and kept
@@ -409,20 +402,11 @@ func mustJSON(v any) json.RawMessage {
 
 // DroppedSummary lists the dropped fields and their counts, most first.
 func (c Counts) DroppedSummary() string {
-	dropped := c.Dropped
-	keys := make([]string, 0, len(dropped))
-	for k := range dropped {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool {
-		if dropped[keys[i]] != dropped[keys[j]] {
-			return dropped[keys[i]] > dropped[keys[j]]
-		}
-		return keys[i] < keys[j]
-	})
+	keys := slices.Sorted(maps.Keys(c.Dropped))
+	slices.SortStableFunc(keys, func(a, b string) int { return cmp.Compare(c.Dropped[b], c.Dropped[a]) })
 	parts := make([]string, len(keys))
 	for i, k := range keys {
-		parts[i] = fmt.Sprintf("%s %d", k, dropped[k])
+		parts[i] = fmt.Sprintf("%s %d", k, c.Dropped[k])
 	}
 	return strings.Join(parts, ", ")
 }

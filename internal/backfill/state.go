@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/svcrelay/relay/internal/spool"
@@ -49,18 +50,14 @@ func (s *state) read() int64 {
 	return n
 }
 
-func upstreamOf(cfg Config) string {
-	if cfg.Batch {
-		return cfg.IngestURL + " (/batch)"
-	}
-	return cfg.IngestURL
-}
-
 // loadState reads Dir's state (resumed: one existed), checks it is for the
 // same project and upstream, and adds the inputs it does not list yet.
 func loadState(cfg Config) (st *state, resumed bool, err error) {
 	path := filepath.Join(cfg.Dir, stateName)
-	st = &state{Version: 1, Project: storage.LaneKey{Kind: storage.KindEvents, APIKey: cfg.APIKey}.Label(), Upstream: upstreamOf(cfg)}
+	st = &state{Version: 1, Project: storage.LaneKey{Kind: storage.KindEvents, APIKey: cfg.APIKey}.Label(), Upstream: cfg.IngestURL}
+	if cfg.Batch {
+		st.Upstream += " (/batch)"
+	}
 	b, err := os.ReadFile(path)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
@@ -85,38 +82,55 @@ func loadState(cfg Config) (st *state, resumed bool, err error) {
 		if _, err := os.Stat(abs); err != nil {
 			return nil, false, err
 		}
-		known := false
-		for _, have := range st.Files {
-			known = known || have.Path == abs
-		}
-		if !known {
+		if !slices.ContainsFunc(st.Files, func(f fileState) bool { return f.Path == abs }) {
 			st.Files = append(st.Files, fileState{Path: abs})
 		}
 	}
 	return st, resumed, nil
 }
 
-// save writes the state atomically (a temporary file renamed over it,
-// fsynced unless cfg.NoSync).
+// save writes the state atomically, fsynced unless cfg.NoSync.
 func (s *state) save(cfg Config) error {
-	path := filepath.Join(cfg.Dir, stateName)
 	b, _ := json.MarshalIndent(s, "", " ")
+	if err := WriteFile(filepath.Join(cfg.Dir, stateName), 0o666, cfg.NoSync, func(f *os.File) error {
+		_, err := f.Write(b)
+		return err
+	}); err != nil {
+		return fmt.Errorf("state file: %w", err)
+	}
+	return nil
+}
+
+// WriteFile replaces path with what write writes to a temporary file beside
+// it (created with perm), so that a reader or a crash sees the old file or
+// the new one, never a part of it. Unless noSync, the file is fsynced before
+// the rename and its directory after it, so that the new file survives a
+// crash of the machine. f is open for reading too, so that write may check
+// what it wrote; write's error is returned as it is.
+func WriteFile(path string, perm os.FileMode, noSync bool, write func(f *os.File) error) error {
 	tmp := path + ".tmp"
-	f, err := os.Create(tmp)
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, perm)
 	if err != nil {
 		return err
 	}
-	_, err = f.Write(b)
-	if err == nil && !cfg.NoSync {
+	defer os.Remove(tmp) // after a failure; after the rename it is gone
+	err = write(f)
+	if err == nil && !noSync {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil {
-		return fmt.Errorf("state file: %w", err)
+	if err == nil {
+		err = os.Rename(tmp, path)
 	}
-	return os.Rename(tmp, path)
+	if err == nil && !noSync {
+		if d, derr := os.Open(filepath.Dir(path)); derr == nil {
+			err = d.Sync()
+			d.Close()
+		}
+	}
+	return err
 }
 
 // reportLine is one dead letter in the report file.
@@ -138,44 +152,34 @@ func writeReport(sp *spool.Spool, path string) error {
 		}
 		return nil
 	}
-	tmp := path + ".tmp"
-	f, err := os.Create(tmp)
+	err := WriteFile(path, 0o666, false, func(f *os.File) error {
+		bw := bufio.NewWriter(f)
+		enc := json.NewEncoder(bw)
+		var after uint64
+		for {
+			dls, err := sp.ListDead(storage.DeadFilter{}, after, 1000)
+			if err != nil {
+				return err
+			}
+			for _, d := range dls {
+				l := reportLine{ID: d.ID, Reason: d.Reason, Answer: string(d.Answer), Died: d.Died}
+				if json.Valid(d.Record.Data) {
+					l.Event = d.Record.Data
+				} else {
+					l.Line = string(d.Record.Data)
+				}
+				if err := enc.Encode(l); err != nil {
+					return err
+				}
+				after = d.ID
+			}
+			if len(dls) < 1000 {
+				return bw.Flush()
+			}
+		}
+	})
 	if err != nil {
 		return fmt.Errorf("report: %w", err)
 	}
-	defer os.Remove(tmp)
-	bw := bufio.NewWriter(f)
-	enc := json.NewEncoder(bw)
-	var after uint64
-	for {
-		dls, err := sp.ListDead(storage.DeadFilter{}, after, 1000)
-		if err != nil {
-			f.Close()
-			return fmt.Errorf("report: %w", err)
-		}
-		for _, d := range dls {
-			l := reportLine{ID: d.ID, Reason: d.Reason, Answer: string(d.Answer), Died: d.Died}
-			if json.Valid(d.Record.Data) {
-				l.Event = d.Record.Data
-			} else {
-				l.Line = string(d.Record.Data)
-			}
-			if err := enc.Encode(l); err != nil {
-				f.Close()
-				return fmt.Errorf("report: %w", err)
-			}
-			after = d.ID
-		}
-		if len(dls) < 1000 {
-			break
-		}
-	}
-	if err := bw.Flush(); err != nil {
-		f.Close()
-		return fmt.Errorf("report: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("report: %w", err)
-	}
-	return os.Rename(tmp, path)
+	return nil
 }

@@ -161,6 +161,7 @@ type option struct {
 	def    string
 	usage  string
 	secret bool // masked by `relay config check`
+	list   bool // a YAML file may give it as a list (joined with commas)
 	v      any
 	set    func(c *Config, v string) error
 }
@@ -221,7 +222,7 @@ func options(c *Config) []option {
 		{name: "admin-token-file", usage: "file holding the admin token", v: &c.AdminTokenFile},
 		{name: "admin-insecure-open", def: "false", usage: "serve an admin-listen that is not loopback without an admin token (otherwise that start is refused)", v: &c.AdminInsecureOpen},
 		{name: "credentials", usage: "YAML file of upstream credentials; needs an admin token", v: &c.Credentials},
-		{name: "trusted-proxies", usage: "comma-separated CIDRs whose X-Forwarded-For is trusted",
+		{name: "trusted-proxies", list: true, usage: "comma-separated CIDRs whose X-Forwarded-For is trusted",
 			set: func(c *Config, v string) error {
 				ps, err := parsePrefixes(v)
 				c.TrustedProxies = ps
@@ -239,13 +240,13 @@ func options(c *Config) []option {
 		{name: "admin-tls-cert", usage: "PEM certificate chain: the admin listener serves HTTPS (with --admin-tls-key); SIGHUP reloads it", v: &c.AdminTLSCert},
 		{name: "admin-tls-key", usage: "PEM private key of --admin-tls-cert", v: &c.AdminTLSKey},
 		// Browsers and the open internet.
-		{name: "cors-origins", usage: "comma-separated origins (https://www.example.com) whose browser pages may POST to the ingest listener, or *; others are refused",
+		{name: "cors-origins", list: true, usage: "comma-separated origins (https://www.example.com) whose browser pages may POST to the ingest listener, or *; others are refused",
 			set: func(c *Config, v string) error {
 				origins, err := parseOrigins(v)
 				c.CORSOrigins = origins
 				return err
 			}},
-		{name: "allowed-api-keys", secret: true, usage: "comma-separated api_keys the ingest takes (others: 403), or \"credentials\" for the credentials file's projects; empty: all",
+		{name: "allowed-api-keys", secret: true, list: true, usage: "comma-separated api_keys the ingest takes (others: 403), or \"credentials\" for the credentials file's projects; empty: all",
 			set: func(c *Config, v string) error {
 				c.AllowedAPIKeys, c.AllowedKeysFromCredentials = nil, false
 				if strings.TrimSpace(v) == "credentials" {
@@ -297,16 +298,6 @@ func options(c *Config) []option {
 		{name: "lane-retire-after", def: "10m", usage: "an empty lane with nothing accepted for this long is retired (its goroutines, metric series and spool record removed; 0: never)", v: &c.LaneRetireAfter},
 		{name: "max-lanes-per-key", def: "16", usage: "lanes of one api_key (its kinds and options variants) held at once; a new one beyond it gets 503 + Retry-After (0: no bound)", v: &c.MaxLanesPerKey},
 	}
-}
-
-// isListOption reports whether a YAML file may give the option as a list
-// (joined with commas).
-func isListOption(name string) bool {
-	switch name {
-	case "trusted-proxies", "cors-origins", "allowed-api-keys":
-		return true
-	}
-	return false
 }
 
 // parseOrigins parses --cors-origins: a comma-separated list of origins, or
@@ -432,11 +423,7 @@ func Load(args []string, environ []string, extra ...func(*flag.FlagSet)) (Config
 		env[k] = v
 	}
 	for k := range env {
-		known := false
-		for _, o := range opts {
-			known = known || EnvName(o.name) == k
-		}
-		if !known {
+		if !slices.ContainsFunc(opts, func(o option) bool { return EnvName(o.name) == k }) {
 			c.Warnings = append(c.Warnings, fmt.Sprintf("unknown environment variable %s ignored", k))
 		}
 	}
@@ -467,7 +454,7 @@ func Load(args []string, environ []string, extra ...func(*flag.FlagSet)) (Config
 		} else if fv, ok := file[o.name]; ok {
 			v, org = fv, Origin{Kind: "file", File: cfgFile, Line: lines[o.name]}
 		}
-		shown := maskURL(v)
+		shown := MaskURL(v)
 		if o.secret && v != "" {
 			shown = Masked
 		}
@@ -509,7 +496,8 @@ func readFile(path string) (map[string]string, map[string]int, error) {
 	}
 	for i := 0; i+1 < len(m.Content); i += 2 {
 		k, v := m.Content[i], m.Content[i+1]
-		if _, ok := lookupOption(k.Value); !ok || k.Value == "config" {
+		o, ok := lookupOption(k.Value)
+		if !ok || k.Value == "config" {
 			return nil, nil, fmt.Errorf("config file %s line %d: unknown key %q", path, k.Line, k.Value)
 		}
 		if _, dup := out[k.Value]; dup {
@@ -521,7 +509,7 @@ func readFile(path string) (map[string]string, map[string]int, error) {
 			out[k.Value] = ""
 		case v.Kind == yaml.ScalarNode:
 			out[k.Value] = v.Value
-		case v.Kind == yaml.SequenceNode && isListOption(k.Value):
+		case v.Kind == yaml.SequenceNode && o.list:
 			items := make([]string, 0, len(v.Content))
 			for _, it := range v.Content {
 				if it.Kind != yaml.ScalarNode {
@@ -544,13 +532,8 @@ func parsePrefixes(v string) ([]netip.Prefix, error) {
 		if f == "" {
 			continue
 		}
-		if !strings.Contains(f, "/") {
-			a, err := netip.ParseAddr(f)
-			if err != nil {
-				return nil, fmt.Errorf("invalid CIDR %q", f)
-			}
-			ps = append(ps, netip.PrefixFrom(a, a.BitLen()))
-			continue
+		if a, err := netip.ParseAddr(f); err == nil { // one address
+			f = netip.PrefixFrom(a, a.BitLen()).String()
 		}
 		p, err := netip.ParsePrefix(f)
 		if err != nil {
@@ -630,7 +613,7 @@ func (c Config) Validate() error {
 		}
 		p, err := url.Parse(*u.URL)
 		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
-			return settingErr(u.Name, "%q: want an http:// or https:// base URL", maskURL(*u.URL))
+			return settingErr(u.Name, "%q: want an http:// or https:// base URL", MaskURL(*u.URL))
 		}
 	}
 	if err := firstBad([]bound{

@@ -318,6 +318,7 @@ func TestRefusals(t *testing.T) {
 		{"bad listen", []string{"--listen", "8080"}, nil, "--listen"},
 		{"same listeners", []string{"--listen", "127.0.0.1:9", "--admin-listen", "127.0.0.1:9"}, nil, "both"},
 		{"bad cidr", []string{"--trusted-proxies", "10.0.0.0/33"}, nil, "invalid CIDR"},
+		{"bad address", []string{"--trusted-proxies", "10.0.0.300"}, nil, `invalid CIDR "10.0.0.300"`},
 		{"bad log level", []string{"--log-level", "loud"}, nil, "--log-level"},
 		{"bad log format", []string{"--log-format", "xml"}, nil, "--log-format"},
 		{"unknown flag", []string{"--ingest_url", "http://x"}, nil, "flag provided but not defined"},

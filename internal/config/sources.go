@@ -103,9 +103,9 @@ func (c Config) label(name string) string {
 	return name
 }
 
-// maskURL hides the password of a URL with user information; other values
+// MaskURL hides the password of a URL with user information; other values
 // are returned as they are.
-func maskURL(v string) string {
+func MaskURL(v string) string {
 	u, err := url.Parse(v)
 	if err != nil || u.User == nil || u.Host == "" {
 		return v

@@ -137,7 +137,7 @@ func summary(c backfill.Counts, cfg backfill.Config) string {
 		fmt.Fprintf(&b, " (listed in %s)", cfg.ReportPath())
 	}
 	fmt.Fprintf(&b, "; this run: %d events sent in %d requests, %d acknowledged, %d answered 429 (%.1f per million events sent), %v, %.0f events/s",
-		c.Sent, c.Requests, c.Delivered, c.Throttled, c.ThrottledPerMillion(), c.Elapsed.Round(time.Millisecond),
+		c.Sent, c.Requests, c.Delivered, c.Throttled, float64(c.Throttled)*1e6/float64(max(c.Sent, 1)), c.Elapsed.Round(time.Millisecond),
 		float64(c.Delivered)/max(c.Elapsed.Seconds(), 0.001))
 	if len(c.Dropped) > 0 {
 		fmt.Fprintf(&b, "; exported fields ingestion does not take, dropped: %s", c.DroppedSummary())

@@ -11,8 +11,25 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/backfill"
 	"github.com/svcrelay/relay/internal/forward/forwardtest"
 )
+
+// TestSummaryThrottled: the summary gives the 429s per million events sent,
+// 0 when nothing was sent.
+func TestSummaryThrottled(t *testing.T) {
+	for _, tt := range []struct {
+		c    backfill.Counts
+		want string
+	}{
+		{backfill.Counts{Sent: 2_000_000, Throttled: 3, Elapsed: time.Second}, "3 answered 429 (1.5 per million events sent)"},
+		{backfill.Counts{}, "0 answered 429 (0.0 per million events sent)"},
+	} {
+		if s := summary(tt.c, backfill.Config{}); !strings.Contains(s, tt.want) {
+			t.Errorf("%q lacks %q", s, tt.want)
+		}
+	}
+}
 
 // migrateFields are the fields of an ingested event that the export
 // carries and ingestion takes: a migration must keep each one.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/svcrelay/relay/internal/backfill"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/forward"
 )
@@ -272,7 +273,7 @@ func (cl *client) retry(ctx context.Context, method, url string, body []byte, re
 		if wait == backoff.Stop {
 			return nil, fmt.Errorf("%s %s: still failing after %v: %w", method, redactURL(url), cl.c.retryTime, err)
 		}
-		if err := sleep(ctx, max(wait, min(retryAfter, cl.c.retryMax))); err != nil {
+		if err := backfill.Sleep(ctx, max(wait, min(retryAfter, cl.c.retryMax))); err != nil {
 			return nil, fmt.Errorf("%s %s: %w", method, redactURL(url), err)
 		}
 	}
@@ -283,18 +284,6 @@ func (cl *client) retry(ctx context.Context, method, url string, body []byte, re
 func (c *common) backOff(maxElapsed time.Duration) *backoff.ExponentialBackOff {
 	return backoff.NewExponentialBackOff(backoff.WithInitialInterval(c.retryInitial),
 		backoff.WithMaxInterval(c.retryMax), backoff.WithMaxElapsedTime(maxElapsed))
-}
-
-// sleep waits d, or returns ctx's error when ctx ends first.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
 
 // once sends one request; a retryable failure is a plain error (with the
@@ -346,14 +335,16 @@ type progress struct {
 	line bool // a progress line is on screen (tty)
 }
 
-func newProgress(w io.Writer) *progress {
-	p := &progress{w: w}
-	if f, ok := w.(*os.File); ok {
-		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
-			p.tty = true
-		}
+func newProgress(w io.Writer) *progress { return &progress{w: w, tty: IsTerminal(w)} }
+
+// IsTerminal reports whether w is a character device (a terminal).
+func IsTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
 	}
-	return p
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
 // update shows a transient status (terminal only, at most 10 a second).

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/svcrelay/relay/internal/backfill"
 	"github.com/svcrelay/relay/internal/forward"
 )
 
@@ -75,7 +76,7 @@ func deleteUsersCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 		for i, ch := range chunks {
 			if wait := time.Until(last.Add(forward.DeletionPostInterval)); wait > 0 {
 				p.update("request %d of %d: waiting %v (1 request per second)", i+1, len(chunks), wait.Round(time.Millisecond))
-				if err := sleep(ctx, wait); err != nil {
+				if err := backfill.Sleep(ctx, wait); err != nil {
 					return fmt.Errorf("interrupted after %d of %d requests: %w", i, len(chunks), err)
 				}
 			}

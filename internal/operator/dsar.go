@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/svcrelay/relay/internal/backfill"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/forward"
 )
@@ -123,14 +124,10 @@ func (d *dsarRun) run(ctx context.Context, req forward.DSARRequest, id int64) er
 			}
 		}
 		path := filepath.Join(d.out, fmt.Sprintf("dsar-%d-%d.json.gz", id, n))
-		if lines, err := verifyGzipJSONLines(path); err == nil {
+		lines, err := verifyGzipJSONLines(path)
+		if err == nil {
 			d.p.logf("%s: already downloaded (%d lines)", path, lines)
-			fmt.Fprintf(d.stdout, "%s\t%d lines\n", path, lines)
-			total += lines
-			continue
-		}
-		lines, err := d.download(ctx, st.URLs[n], path)
-		if err != nil {
+		} else if lines, err = d.download(ctx, st.URLs[n], path); err != nil {
 			return fmt.Errorf("file %d of %d: %w", n+1, len(st.URLs), err)
 		}
 		fmt.Fprintf(d.stdout, "%s\t%d lines\n", path, lines)
@@ -167,7 +164,7 @@ func (d *dsarRun) poll(ctx context.Context, id int64) (forward.DSARStatus, time.
 			return st, time.Time{}, fmt.Errorf("request %d still %q after %v: run again with --request-id %d", id, st.Status, d.pollTime, id)
 		}
 		d.p.logf("request %d: %s (poll %d); next poll in %v", id, st.Status, polls, wait.Round(time.Millisecond))
-		if err := sleep(ctx, wait); err != nil {
+		if err := backfill.Sleep(ctx, wait); err != nil {
 			return st, time.Time{}, fmt.Errorf("interrupted: run again with --request-id %d: %w", id, err)
 		}
 	}
@@ -180,25 +177,21 @@ func (d *dsarRun) download(ctx context.Context, url, path string) (int64, error)
 		return 0, err
 	}
 	defer resp.Body.Close()
-	f, err := os.Create(path + ".tmp")
-	if err != nil {
-		return 0, err
-	}
-	defer os.Remove(path + ".tmp")
 	name := filepath.Base(path)
-	cr := &countingReader{r: resp.Body, on: func(n int64) { d.p.update("%s: %s", name, humanBytes(n)) }}
-	n, err := io.Copy(f, cr)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
+	var n, lines int64
+	// Not fsynced: a file that does not verify is downloaded again.
+	err = backfill.WriteFile(path, 0o666, true, func(f *os.File) error {
+		cr := &countingReader{r: resp.Body, on: func(n int64) { d.p.update("%s: %s", name, humanBytes(n)) }}
+		var err error
+		if n, err = io.Copy(f, cr); err != nil {
+			return err
+		}
+		if lines, err = verifyGzipJSONLines(f.Name()); err != nil {
+			return fmt.Errorf("%s does not verify: %w", name, err)
+		}
+		return nil
+	})
 	if err != nil {
-		return 0, err
-	}
-	lines, err := verifyGzipJSONLines(path + ".tmp")
-	if err != nil {
-		return 0, fmt.Errorf("%s does not verify: %w", name, err)
-	}
-	if err := os.Rename(path+".tmp", path); err != nil {
 		return 0, err
 	}
 	d.p.logf("%s: %s, %d lines, verified", path, humanBytes(n), lines)

@@ -201,13 +201,14 @@ func (x *exporter) loadState() error {
 	return nil
 }
 
+// saveState writes the state file, not fsynced like the pieces (loadState
+// checks them).
 func (x *exporter) saveState() error {
 	b, _ := json.MarshalIndent(x.state, "", " ")
-	tmp := x.statePath() + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+	return backfill.WriteFile(x.statePath(), 0o644, true, func(f *os.File) error {
+		_, err := f.Write(b)
 		return err
-	}
-	return os.Rename(tmp, x.statePath())
+	})
 }
 
 // todo returns the ranges still to fetch: the plan's pieces minus the hours
@@ -249,7 +250,7 @@ func (x *exporter) fetchRetrying(ctx context.Context, r forward.ExportRange) (do
 		}
 		wait := bo.NextBackOff()
 		x.p.logf("piece %s: %v; fetching it again in %v", r, err, wait.Round(time.Millisecond))
-		if err := sleep(ctx, wait); err != nil {
+		if err := backfill.Sleep(ctx, wait); err != nil {
 			return d, 0, err
 		}
 	}
@@ -279,38 +280,33 @@ func (x *exporter) fetch(ctx context.Context, r forward.ExportRange) (donePiece,
 		return d, resp.StatusCode, nil
 	}
 	d.Part = d.Start + "-" + d.End + ".zip"
-	path := filepath.Join(x.partsDir(), d.Part)
-	f, err := os.Create(path + ".tmp")
-	if err != nil {
-		return d, 0, err
-	}
-	defer os.Remove(path + ".tmp")
 	total := resp.ContentLength
-	cr := &countingReader{r: resp.Body, on: func(n int64) {
-		if total > 0 {
-			x.p.update("piece %s: %s of %s", r, humanBytes(n), humanBytes(total))
-		} else {
-			x.p.update("piece %s: %s", r, humanBytes(n))
+	var n int64
+	// Not fsynced: loadState checks the pieces a crash may have damaged.
+	err = backfill.WriteFile(filepath.Join(x.partsDir(), d.Part), 0o666, true, func(f *os.File) error {
+		cr := &countingReader{r: resp.Body, on: func(n int64) {
+			if total > 0 {
+				x.p.update("piece %s: %s of %s", r, humanBytes(n), humanBytes(total))
+			} else {
+				x.p.update("piece %s: %s", r, humanBytes(n))
+			}
+		}}
+		var err error
+		n, err = io.Copy(f, cr)
+		x.fetched += n
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return &bodyError{fmt.Errorf("piece %s: the archive was cut after %d bytes: %w", r, n, err)}
 		}
-	}}
-	n, rerr := io.Copy(f, cr)
-	x.fetched += n
-	if cerr := f.Close(); cerr != nil {
-		return d, 0, fmt.Errorf("piece %s: %w", r, cerr)
-	}
-	if rerr != nil {
-		if ctx.Err() != nil {
-			return d, 0, ctx.Err()
+		// A cut-off download has no central directory: refuse it.
+		if _, err := zip.NewReader(f, n); err != nil {
+			return &bodyError{fmt.Errorf("piece %s: the archive is damaged: %w", r, err)}
 		}
-		return d, 0, &bodyError{fmt.Errorf("piece %s: the archive was cut after %d bytes: %w", r, n, rerr)}
-	}
-	// A cut-off download has no central directory: refuse it.
-	zr, err := zip.OpenReader(path + ".tmp")
+		return nil
+	})
 	if err != nil {
-		return d, 0, &bodyError{fmt.Errorf("piece %s: the archive is damaged: %w", r, err)}
-	}
-	zr.Close()
-	if err := os.Rename(path+".tmp", path); err != nil {
 		return d, 0, err
 	}
 	d.Bytes = n
@@ -322,48 +318,36 @@ func (x *exporter) fetch(ctx context.Context, r forward.ExportRange) (donePiece,
 func (x *exporter) merge() (int64, error) {
 	pieces := append([]donePiece(nil), x.state.Pieces...)
 	sort.Slice(pieces, func(i, j int) bool { return pieces[i].Start < pieces[j].Start })
-	tmp := x.out + ".tmp"
-	f, err := os.Create(tmp)
-	if err != nil {
-		return 0, err
-	}
-	defer os.Remove(tmp)
-	bw := bufio.NewWriterSize(f, 1<<20)
-	var zw *zip.Writer
-	if !x.jsonl {
-		zw = zip.NewWriter(bw)
-	}
-	for _, d := range pieces {
-		if d.Part == "" {
-			continue
+	var size int64
+	err := backfill.WriteFile(x.out, 0o666, false, func(f *os.File) error {
+		bw := bufio.NewWriterSize(f, 1<<20)
+		var zw *zip.Writer
+		if !x.jsonl {
+			zw = zip.NewWriter(bw)
 		}
-		x.p.update("merging %s", d.Part)
-		if err := x.mergePart(filepath.Join(x.partsDir(), d.Part), zw, bw); err != nil {
-			f.Close()
-			return 0, fmt.Errorf("merge %s: %w", d.Part, err)
+		for _, d := range pieces {
+			if d.Part == "" {
+				continue
+			}
+			x.p.update("merging %s", d.Part)
+			if err := x.mergePart(filepath.Join(x.partsDir(), d.Part), zw, bw); err != nil {
+				return fmt.Errorf("merge %s: %w", d.Part, err)
+			}
 		}
-	}
-	if zw != nil {
-		err = zw.Close()
-	}
-	if err == nil {
-		err = bw.Flush()
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return 0, err
-	}
+		var err error
+		if zw != nil {
+			err = zw.Close()
+		}
+		if err == nil {
+			err = bw.Flush()
+		}
+		if err == nil {
+			size, err = f.Seek(0, io.SeekCurrent)
+		}
+		return err
+	})
 	x.p.done()
-	fi, err := os.Stat(tmp)
-	if err != nil {
-		return 0, err
-	}
-	return fi.Size(), os.Rename(tmp, x.out)
+	return size, err
 }
 
 // mergePart copies a piece's zip entries into zw without recompressing
