@@ -94,7 +94,6 @@ func (c Config) withDefaults() Config {
 type UserMap struct {
 	cfg   Config
 	creds *credentials.Ref // read at every use: a reload takes effect at once
-	pacer *Pacer
 	forms.Spooled
 }
 
@@ -106,17 +105,19 @@ func New(cfg Config, client *upstream.Client, creds *credentials.Ref, log *zap.L
 	}
 	cfg = cfg.withDefaults()
 	u := &UserMap{cfg: cfg, creds: creds}
-	u.pacer = NewPacer(cfg.RateLimit, cfg.RateWindow, u.orgOf, nil)
-	u.pacer.waited = promauto.With(reg).NewCounter(prometheus.CounterOpts{Name: "relay_usermap_pace_wait_seconds_total",
-		Help: "Time lanes waited for the per-organization mapping rate (1500 per 30 s)."})
-	var err error
+	pace, err := newPacer(cfg.RateLimit, cfg.RateWindow, u.orgOf, promauto.With(reg).NewCounter(prometheus.CounterOpts{
+		Name: "relay_usermap_pace_wait_seconds_total",
+		Help: "Time lanes waited for the per-organization mapping rate (1500 per 30 s)."}))
+	if err != nil {
+		return nil, err
+	}
 	u.Spooled, err = forms.NewSpooled(delivery.FormConfig{
 		Name:         "usermap",
 		Lanes:        storage.KindUserMap,
 		Kind:         &delivery.Form{Field: "mapping", MaxItems: min(cfg.MaxMappings, cfg.RateLimit), MaxBodyBytes: cfg.MaxBodyBytes},
 		URL:          delivery.ProjectURL(creds, credentials.KindAlias, cfg.AliasURL, "/usermap"),
 		ThrottleWait: cfg.RateWindow,
-		Pacer:        u.pacer,
+		Pacer:        pace,
 	}, forms.IntakeConfig{Field: "mappings_accepted", AcceptedHelp: "Mappings accepted into the spool.",
 		RejectedHelp: "POST /usermap requests refused locally, by reason."}, cfg.Spooling, client, creds, log, reg)
 	if err != nil {
