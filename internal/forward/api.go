@@ -13,6 +13,7 @@ import (
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/ratelimit"
+	"github.com/svcrelay/relay/internal/upstream"
 )
 
 // API is one forwarded upstream API as data: where it lives, how it
@@ -241,7 +242,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Header = keep
 	}
 	if h.f.forward(w, r, res.Target, h.proxy) == http.StatusTooManyRequests {
-		d, _ := RetryAfter(w.Header(), time.Now())
+		d := upstream.RetryAfter(w.Header().Get("Retry-After"), time.Now())
 		for _, lim := range h.lims {
 			lim.Pause(res.Key, max(d, time.Second))
 		}

@@ -294,7 +294,7 @@ func TestDecodedBody(t *testing.T) {
 	}
 }
 
-func (u *upstream) count() int {
+func (u *testUpstream) count() int {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return len(u.reqs)

@@ -31,15 +31,15 @@ type seen struct {
 	Body                    string
 }
 
-// upstream is a real HTTP server on 127.0.0.1 that records requests and
+// testUpstream is a real HTTP server on 127.0.0.1 that records requests and
 // answers with h.
-type upstream struct {
+type testUpstream struct {
 	URL  string
 	mu   sync.Mutex
 	reqs []seen
 }
 
-func (u *upstream) last(t *testing.T) seen {
+func (u *testUpstream) last(t *testing.T) seen {
 	t.Helper()
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -49,9 +49,9 @@ func (u *upstream) last(t *testing.T) seen {
 	return u.reqs[len(u.reqs)-1]
 }
 
-func startUpstream(t *testing.T, h http.HandlerFunc) *upstream {
+func startUpstream(t *testing.T, h http.HandlerFunc) *testUpstream {
 	t.Helper()
-	u := &upstream{}
+	u := &testUpstream{}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -211,7 +211,7 @@ func TestInjectedCredentials(t *testing.T) {
 		kind    string
 		project string
 		want    string
-		wantURL *upstream
+		wantURL *testUpstream
 	}{
 		{"project basic", SchemeProjectBasic, credentials.KindAnalytics, "web-prod", basic("pk-web", "ps-web"), up},
 		{"project basic eu region", SchemeProjectBasic, credentials.KindAnalytics, "eu-app", basic("pk-eu", "ps-eu"), eu},
@@ -468,29 +468,6 @@ func TestStreamingBoundedMemory(t *testing.T) {
 				t.Fatalf("heap grew by %d MiB: the answer is buffered, not streamed", grow>>20)
 			}
 		})
-	}
-}
-
-func TestRetryAfter(t *testing.T) {
-	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	for v, want := range map[string]time.Duration{
-		"17": 17 * time.Second, "0": 0, now.Add(90 * time.Second).Format(http.TimeFormat): 90 * time.Second,
-		now.Add(-time.Hour).Format(http.TimeFormat): 0,
-	} {
-		h := http.Header{}
-		h.Set("Retry-After", v)
-		if d, ok := RetryAfter(h, now); !ok || d != want {
-			t.Errorf("%q: %v %v, want %v", v, d, ok, want)
-		}
-	}
-	for _, v := range []string{"", "soon", "-5"} {
-		h := http.Header{}
-		if v != "" {
-			h.Set("Retry-After", v)
-		}
-		if _, ok := RetryAfter(h, now); ok {
-			t.Errorf("%q accepted", v)
-		}
 	}
 }
 

@@ -12,9 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
-	"time"
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/svcrelay/relay/internal/admintoken"
@@ -258,22 +256,6 @@ func DecodedBody(r *http.Request, limit int) ([]byte, error) {
 // ErrUndecodable is returned by DecodedBody for a body its Content-Encoding
 // does not decode.
 var ErrUndecodable = errors.New("request body could not be decoded by its Content-Encoding")
-
-// RetryAfter reads a Retry-After header of an answer: delay seconds or an
-// HTTP date (relative to now). ok is false when absent or unreadable.
-func RetryAfter(h http.Header, now time.Time) (d time.Duration, ok bool) {
-	v := strings.TrimSpace(h.Get("Retry-After"))
-	if v == "" {
-		return 0, false
-	}
-	if n, err := strconv.Atoi(v); err == nil {
-		return max(time.Duration(n)*time.Second, 0), n >= 0
-	}
-	if t, err := http.ParseTime(v); err == nil {
-		return max(t.Sub(now), 0), true
-	}
-	return 0, false
-}
 
 // jsonMerge marshals base with the fields of extra (a struct or map that
 // marshals to a JSON object) added.
