@@ -2,6 +2,7 @@ package forward
 
 import (
 	"cmp"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -119,18 +120,13 @@ func (l Limit) cost(method string) int {
 // JSONErrors writes p as {"error": msg, "source": "relay"} plus p.Extra's
 // fields.
 func JSONErrors(w http.ResponseWriter, p *Problem) {
-	if p.Extra == nil {
-		WriteError(w, p.Status, p.Msg)
-		return
+	if p.Extra != nil {
+		if b, err := jsonMerge(map[string]any{"error": p.Msg, "source": "relay"}, p.Extra); err == nil {
+			adminroute.WriteJSON(w, p.Status, json.RawMessage(b))
+			return
+		}
 	}
-	b, err := jsonMerge(map[string]any{"error": p.Msg, "source": "relay"}, p.Extra)
-	if err != nil {
-		WriteError(w, p.Status, p.Msg)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(p.Status)
-	w.Write(append(b, '\n'))
+	WriteError(w, p.Status, p.Msg)
 }
 
 // Routes returns the admin-listener routes (admintoken.ModeForward) of the

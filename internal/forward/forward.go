@@ -3,7 +3,6 @@ package forward
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	stdlog "log"
@@ -373,13 +372,10 @@ func (w *recorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // (application/json), so that callers can tell the relay's own answers from
 // the upstream's.
 func WriteError(w http.ResponseWriter, status int, msg string) {
-	b, _ := json.Marshal(struct {
+	adminroute.WriteJSON(w, status, struct {
 		Error  string `json:"error"`
 		Source string `json:"source"`
 	}{msg, "relay"})
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	w.Write(append(b, '\n'))
 }
 
 // transportText describes a transport error without any request detail.

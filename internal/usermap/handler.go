@@ -167,14 +167,8 @@ func ReadAPI(c forward.APIConfig) forward.API {
 			Flag: "--analytics-url", Scheme: forward.SchemeProjectBasic},
 		Headers: []string{"Accept"},
 		Errors: func(w http.ResponseWriter, p *forward.Problem) {
-			b, _ := json.Marshal(struct {
-				Code   int    `json:"code"`
-				Error  string `json:"error"`
-				Source string `json:"source"`
-			}{p.Status, p.Msg, "relay"})
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(p.Status)
-			w.Write(b)
+			p.Extra = map[string]int{"code": p.Status}
+			forward.JSONErrors(w, p)
 		},
 		Routes: []adminroute.Route{{Method: http.MethodGet, Path: "/api/2/usermap", Handler: forward.Endpoint{Check: func(r *http.Request, _ []byte) *forward.Problem {
 			if _, verr := ParseUserIDs([]byte(r.URL.Query().Get("user_ids"))); verr != nil {
