@@ -386,14 +386,3 @@ func (t *Throttle) Admitted(keys []string) {
 		}
 	}
 }
-
-// Cap is key's per-request cap, 0 when key is not paced (for tests and the
-// admin view).
-func (t *Throttle) Cap(key string) int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if p := t.paced[key]; p != nil {
-		return int(p.cap)
-	}
-	return 0
-}
