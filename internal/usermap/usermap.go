@@ -131,7 +131,7 @@ func New(cfg Config, client *upstream.Client, creds *credentials.Ref, log *zap.L
 func (u *UserMap) orgOf(apiKey string) string {
 	creds := u.creds.Load()
 	if p, ok := creds.ProjectByAPIKey(apiKey); ok {
-		if o, ok := creds.OrgOfProject(p.Name); ok {
+		if o := p.Org(); o != nil {
 			return "org:" + o.Name
 		}
 		return "project:" + p.Name
