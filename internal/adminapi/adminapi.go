@@ -1,6 +1,7 @@
 package adminapi
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -271,10 +272,10 @@ func (s *Server) closeFresh() {
 // so routing and forwarding see one path), bounds the body, routes, and
 // counts the answer by the pattern that served it.
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
-	sw := &statusWriter{ResponseWriter: w}
+	sw := &adminroute.StatusWriter{ResponseWriter: w}
 	label := "refused"
 	defer func() {
-		s.requests.WithLabelValues(label, strconv.Itoa(sw.code())).Inc()
+		s.requests.WithLabelValues(label, strconv.Itoa(cmp.Or(sw.Status, http.StatusOK))).Inc()
 	}()
 	if err := adminroute.CheckPath(adminroute.RawPath(r)); err != nil {
 		// JSON with "source":"relay", like every local answer on a
@@ -291,36 +292,6 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		label = r.Pattern
 	}
 }
-
-// statusWriter keeps the status of the answer for the metrics.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 && code >= 200 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(p []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	return w.ResponseWriter.Write(p)
-}
-
-func (w *statusWriter) code() int {
-	if w.status == 0 {
-		return http.StatusOK
-	}
-	return w.status
-}
-
-// Unwrap lets http.ResponseController reach the server's writer.
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // metrics serves g in the Prometheus text format. A scraper that goes away
 // mid-answer makes every later write fail, and promhttp would log each

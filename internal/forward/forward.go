@@ -292,7 +292,7 @@ func (f *Forwarder) forward(w http.ResponseWriter, r *http.Request, t Target, pr
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = http.MaxBytesReader(w, r.Body, int64(f.cfg.MaxRequestBodyBytes))
 	}
-	rec := &recorder{ResponseWriter: w, idle: f.cfg.IdleTimeout, rc: http.NewResponseController(w)}
+	rec := &recorder{StatusWriter: adminroute.StatusWriter{ResponseWriter: w}, idle: f.cfg.IdleTimeout, rc: http.NewResponseController(w)}
 	rec.renew()
 	ctx := context.WithValue(r.Context(), targetKey{}, &t)
 	in := f.m.inflight.WithLabelValues(t.API)
@@ -302,8 +302,8 @@ func (f *Forwarder) forward(w http.ResponseWriter, r *http.Request, t Target, pr
 	if rec.local {
 		return 0
 	}
-	f.m.requests.WithLabelValues(t.API, strconv.Itoa(rec.status)).Inc()
-	return rec.status
+	f.m.requests.WithLabelValues(t.API, strconv.Itoa(rec.Status)).Inc()
+	return rec.Status
 }
 
 func (f *Forwarder) tooLarge() string {
@@ -334,11 +334,10 @@ func (f *Forwarder) proxyError(w http.ResponseWriter, r *http.Request, err error
 // write deadline as the answer flows: the caller may take as long as it
 // keeps reading, and one that stops reading for the idle time-out is cut.
 type recorder struct {
-	http.ResponseWriter
+	adminroute.StatusWriter
 	rc      *http.ResponseController
 	idle    time.Duration
 	renewAt time.Time
-	status  int
 	local   bool // answered by proxyError
 }
 
@@ -349,24 +348,10 @@ func (w *recorder) renew() {
 	}
 }
 
-func (w *recorder) WriteHeader(code int) {
-	if w.status == 0 && code >= 200 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
 func (w *recorder) Write(p []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
 	w.renew()
-	return w.ResponseWriter.Write(p)
+	return w.StatusWriter.Write(p)
 }
-
-// Unwrap lets http.ResponseController (the proxy's flushes) reach the
-// server's writer.
-func (w *recorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // WriteError answers locally: status and {"error": msg, "source": "relay"}
 // (application/json), so that callers can tell the relay's own answers from
