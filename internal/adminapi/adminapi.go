@@ -94,12 +94,8 @@ func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Server, error
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.WriteTimeout == 0 {
-		cfg.WriteTimeout = DefaultWriteTimeout
-	}
-	if cfg.MaxRequestBodySize == 0 {
-		cfg.MaxRequestBodySize = DefaultMaxRequestBodySize
-	}
+	cfg.WriteTimeout = cmp.Or(cfg.WriteTimeout, DefaultWriteTimeout)
+	cfg.MaxRequestBodySize = cmp.Or(cfg.MaxRequestBodySize, DefaultMaxRequestBodySize)
 	if cfg.Gatherer == nil {
 		cfg.Gatherer = prometheus.NewRegistry()
 	}
@@ -177,9 +173,7 @@ func (s *Server) Handle(method, path string, h http.Handler) {
 // listener's alone: a backfill's input may be far larger than any other
 // body.
 func (s *Server) bounded(limit int64, h http.Handler) http.Handler {
-	if limit == 0 {
-		limit = int64(s.cfg.MaxRequestBodySize)
-	}
+	limit = cmp.Or(limit, int64(s.cfg.MaxRequestBodySize))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Body != nil && r.Body != http.NoBody {
 			r.Body = http.MaxBytesReader(w, r.Body, limit)
