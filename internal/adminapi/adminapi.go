@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -424,59 +425,28 @@ func (z serverLog) Write(p []byte) (int, error) {
 // redactQuery).
 func Redact(line string) string { return redactQuoted(redactQuery(line)) }
 
+var (
+	// quoted is a double-quoted fragment, backslash escapes included, up to
+	// its closing quote or the end of the line.
+	quoted = regexp.MustCompile(`(?s)"((?:[^"\\]|\\.?)*)("?)`)
+	// query runs from a '?' to the next white space or quote.
+	query = regexp.MustCompile(`\?[^ \t\n"']*`)
+)
+
 // redactQuoted replaces the content of every double-quoted fragment of a
 // server log line (it may quote request content, e.g. a malformed header
 // line with a token, or a handler's panic value) by [redacted],
 // except network addresses (digits, dots, colons, brackets, hex letters).
 func redactQuoted(s string) string {
-	var b strings.Builder
-	for {
-		i := strings.IndexByte(s, '"')
-		if i < 0 {
-			b.WriteString(s)
-			return b.String()
+	return quoted.ReplaceAllStringFunc(s, func(m string) string {
+		sm := quoted.FindStringSubmatch(m)
+		if strings.Trim(sm[1], "0123456789abcdefABCDEF.:[]") == "" {
+			return m
 		}
-		b.WriteString(s[:i+1])
-		s = s[i+1:]
-		j := 0
-		for j < len(s) && s[j] != '"' {
-			if s[j] == '\\' {
-				j++
-			}
-			j++
-		}
-		inner := s[:min(j, len(s))]
-		if strings.Trim(inner, "0123456789abcdefABCDEF.:[]") == "" {
-			b.WriteString(inner)
-		} else {
-			b.WriteString("[redacted]")
-		}
-		if j >= len(s) {
-			return b.String()
-		}
-		b.WriteByte('"')
-		s = s[j+1:]
-	}
+		return `"[redacted]` + sm[2]
+	})
 }
 
 // redactQuery cuts query strings out of a server log line (a request's URI
-// may carry an api_key, as POST /usermap?api_key=... does): from each '?'
-// to the next white space or quote.
-func redactQuery(s string) string {
-	var b strings.Builder
-	for {
-		i := strings.IndexByte(s, '?')
-		if i < 0 {
-			b.WriteString(s)
-			return b.String()
-		}
-		b.WriteString(s[:i])
-		b.WriteString("?[redacted]")
-		s = s[i+1:]
-		j := strings.IndexAny(s, " \t\n\"'")
-		if j < 0 {
-			return b.String()
-		}
-		s = s[j:]
-	}
-}
+// may carry an api_key, as POST /usermap?api_key=... does).
+func redactQuery(s string) string { return query.ReplaceAllString(s, "?[redacted]") }
