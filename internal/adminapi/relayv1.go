@@ -2,6 +2,7 @@ package adminapi
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -276,12 +277,8 @@ func (a *Relay) listDead(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	after, err := uintArg(q, "after", 0, 0, math.MaxUint64)
-	if err != nil {
-		jsonError(w, http.StatusBadRequest, "%v", err)
-		return
-	}
-	limit, err := uintArg(q, "limit", DefaultListLimit, 1, MaxListLimit)
-	if err != nil {
+	limit, lerr := uintArg(q, "limit", DefaultListLimit, 1, MaxListLimit)
+	if err = cmp.Or(err, lerr); err != nil {
 		jsonError(w, http.StatusBadRequest, "%v", err)
 		return
 	}
@@ -642,10 +639,6 @@ type laneJSON struct {
 	ReadAheadBytes int64  `json:"read_ahead_bytes"`
 }
 
-type lanesJSON struct {
-	Lanes []laneJSON `json:"lanes"`
-}
-
 func (a *Relay) statuses() map[uint64]delivery.LaneStatus {
 	out := map[uint64]delivery.LaneStatus{}
 	for k, c := range a.cfg.Lanes {
@@ -680,14 +673,14 @@ func (a *Relay) laneJSON(l *spool.Lane, sts map[uint64]delivery.LaneStatus, now 
 // listLanes: GET /relay/v1/lanes
 func (a *Relay) listLanes(w http.ResponseWriter, r *http.Request) {
 	sts, now := a.statuses(), time.Now()
-	out := lanesJSON{Lanes: []laneJSON{}}
+	lanes := []laneJSON{}
 	for _, l := range a.sp.Lanes() {
-		out.Lanes = append(out.Lanes, a.laneJSON(l, sts, now))
+		lanes = append(lanes, a.laneJSON(l, sts, now))
 	}
 	for _, st := range a.fleetLanes() {
-		out.Lanes = append(out.Lanes, fleetLaneJSON(st))
+		lanes = append(lanes, fleetLaneJSON(st))
 	}
-	adminroute.WriteJSON(w, http.StatusOK, out)
+	adminroute.WriteJSON(w, http.StatusOK, map[string][]laneJSON{"lanes": lanes})
 }
 
 // laneOf finds the lane label names: a spool lane or, in fleet mode, one of

@@ -184,9 +184,7 @@ func Feedback(c APIConfig) API {
 
 func feedbackCheck(_ *http.Request, body []byte) *Problem {
 	err := CheckFeedback(body)
-	var fe *FeedbackError
-	switch {
-	case errors.As(err, &fe):
+	if fe := (*FeedbackError)(nil); errors.As(err, &fe) {
 		return &Problem{Status: http.StatusBadRequest, Msg: err.Error() + "; nothing was sent",
 			Extra: FeedbackAnswer{Failed: len(fe.Items), Errors: fe.Items}}
 	}

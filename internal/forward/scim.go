@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -197,11 +198,7 @@ func scimPatch(r *http.Request, raw []byte) *Problem {
 	if err := json.Unmarshal(raw, &body); err != nil {
 		return scimProblem("invalidSyntax", "body must be a PatchOp JSON object")
 	}
-	found := false
-	for _, s := range body.Schemas {
-		found = found || s == SCIMPatchOpSchema
-	}
-	if !found {
+	if !slices.Contains(body.Schemas, SCIMPatchOpSchema) {
 		return scimProblem("invalidSyntax", "schemas must contain "+SCIMPatchOpSchema)
 	}
 	if len(body.Operations) == 0 {

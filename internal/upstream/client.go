@@ -241,6 +241,3 @@ func (c *Client) Do(ctx context.Context, req *Request) Result {
 		return r
 	}
 }
-
-// CloseIdle closes idle keep-alive connections.
-func (c *Client) CloseIdle() { c.hc.CloseIdleConnections() }
