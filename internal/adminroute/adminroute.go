@@ -1,8 +1,8 @@
 // Package adminroute is what the admin listener (internal/adminapi) and the
 // packages that offer it routes (group identify, user mapping, the forwarded
 // upstream APIs of internal/forward, /relay/v1) share: the one Route type,
-// CheckPath, the one rule for which request paths the listener serves, and
-// WriteJSON, the relay's own JSON answers.
+// CheckPath, the one rule for which request paths the listener serves,
+// WriteJSON, the relay's own JSON answers, and StatusWriter.
 //
 // # One path
 //
