@@ -29,8 +29,6 @@ type Config struct {
 	// the forwarder; a larger one is answered 413 locally. 0 means
 	// DefaultMaxRequestBodyBytes.
 	MaxRequestBodyBytes int
-	// DialTimeout bounds connecting to the upstream; 0 means DefaultDialTimeout.
-	DialTimeout time.Duration
 	// IdleTimeout is the longest the forwarder waits for the next byte from
 	// the upstream (the answer's head, or any part of a streamed body), to
 	// write the next part of the request upstream, or for the caller to take
@@ -38,17 +36,19 @@ type Config struct {
 	// multi-GB answer that keeps flowing is never cut. 0 means
 	// DefaultIdleTimeout.
 	IdleTimeout time.Duration
-	// MaxConnsPerHost bounds the connections to one upstream host; a call
-	// waits for a free one. 0 means DefaultMaxConnsPerHost.
-	MaxConnsPerHost int
 }
 
 // Defaults of Config's zero values.
 const (
 	DefaultMaxRequestBodyBytes = 32 << 20
-	DefaultDialTimeout         = 10 * time.Second
 	DefaultIdleTimeout         = 2 * time.Minute
-	DefaultMaxConnsPerHost     = 64
+)
+
+// The transport's fixed bounds: connecting (and the TLS handshake), and the
+// connections to one upstream host (a call waits for a free one).
+const (
+	dialTimeout     = 10 * time.Second
+	maxConnsPerHost = 64
 )
 
 // Validate reports a configuration that cannot work.
@@ -56,21 +56,15 @@ func (c Config) Validate() error {
 	switch {
 	case c.MaxRequestBodyBytes < 0:
 		return fmt.Errorf("forward: MaxRequestBodyBytes %d < 0", c.MaxRequestBodyBytes)
-	case c.DialTimeout < 0:
-		return fmt.Errorf("forward: DialTimeout %v < 0", c.DialTimeout)
 	case c.IdleTimeout < 0:
 		return fmt.Errorf("forward: IdleTimeout %v < 0", c.IdleTimeout)
-	case c.MaxConnsPerHost < 0:
-		return fmt.Errorf("forward: MaxConnsPerHost %d < 0", c.MaxConnsPerHost)
 	}
 	return nil
 }
 
 func (c Config) withDefaults() Config {
 	c.MaxRequestBodyBytes = cmp.Or(c.MaxRequestBodyBytes, DefaultMaxRequestBodyBytes)
-	c.DialTimeout = cmp.Or(c.DialTimeout, DefaultDialTimeout)
 	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultIdleTimeout)
-	c.MaxConnsPerHost = cmp.Or(c.MaxConnsPerHost, DefaultMaxConnsPerHost)
 	return c
 }
 
@@ -152,7 +146,7 @@ func New(cfg Config, creds *credentials.Ref, log *zap.Logger, reg prometheus.Reg
 		}
 	}
 	idle := cfg.IdleTimeout
-	dialer := &net.Dialer{Timeout: cfg.DialTimeout}
+	dialer := &net.Dialer{Timeout: dialTimeout}
 	f.transport = &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			c, err := dialer.DialContext(ctx, network, addr)
@@ -161,11 +155,11 @@ func New(cfg Config, creds *credentials.Ref, log *zap.Logger, reg prometheus.Reg
 			}
 			return &idleConn{Conn: c, idle: idle}, nil
 		},
-		MaxConnsPerHost:       cfg.MaxConnsPerHost,
-		MaxIdleConnsPerHost:   cfg.MaxConnsPerHost,
+		MaxConnsPerHost:       maxConnsPerHost,
+		MaxIdleConnsPerHost:   maxConnsPerHost,
 		IdleConnTimeout:       30 * time.Second,
 		ResponseHeaderTimeout: idle,
-		TLSHandshakeTimeout:   cfg.DialTimeout,
+		TLSHandshakeTimeout:   dialTimeout,
 		ForceAttemptHTTP2:     true,
 		// Bodies are passed as they are (a gzip answer stays gzip).
 		DisableCompression: true,
