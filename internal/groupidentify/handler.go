@@ -151,19 +151,19 @@ func (g *GroupIdentify) serve(w http.ResponseWriter, r *http.Request) {
 	f, err := forms.ReadForm(r)
 	if err != nil {
 		g.In.Reject(w, &forms.ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
-			Msg: fmt.Sprintf("Payload too large: the limit is under %d bytes (1 MB)", g.cfg.MaxBodyBytes)})
+			Msg: fmt.Sprintf("Payload too large: the limit is under %d bytes (1 MB)", MaxBodyBytes)})
 		return
 	}
-	if n := len(f.Body); n >= g.cfg.MaxBodyBytes {
+	if n := len(f.Body); n >= MaxBodyBytes {
 		g.In.Reject(w, &forms.ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
-			Msg: fmt.Sprintf("Payload too large: body of %d bytes; the limit is under %d bytes (1 MB)", n, g.cfg.MaxBodyBytes)})
+			Msg: fmt.Sprintf("Payload too large: body of %d bytes; the limit is under %d bytes (1 MB)", n, MaxBodyBytes)})
 		return
 	}
 	apiKey, ok := g.In.APIKey(w, r, forms.First("api_key", f.Post, f.Query))
 	if !ok {
 		return
 	}
-	ids, verr := Parse(apiKey, []byte(forms.First("identification", f.Post, f.Query)), g.cfg.MaxIdentifies, g.cfg.MaxProperties, g.cfg.MaxBodyBytes)
+	ids, verr := Parse(apiKey, []byte(forms.First("identification", f.Post, f.Query)), MaxIdentifies, MaxProperties, MaxBodyBytes)
 	if verr != nil {
 		g.In.Reject(w, verr)
 		return

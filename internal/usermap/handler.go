@@ -101,16 +101,16 @@ func parseOne(raw json.RawMessage) (Mapping, *forms.ValidationError) {
 
 func (u *UserMap) servePost(w http.ResponseWriter, r *http.Request) {
 	f, err := forms.ReadForm(r)
-	if n := len(f.Body) + len(r.URL.RawQuery); err != nil || n >= u.cfg.MaxBodyBytes {
+	if n := len(f.Body) + len(r.URL.RawQuery); err != nil || n >= MaxBodyBytes {
 		u.In.Reject(w, &forms.ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
-			Msg: fmt.Sprintf("Payload too large: %d bytes; the limit is under %d bytes (1 MB)", n, u.cfg.MaxBodyBytes)})
+			Msg: fmt.Sprintf("Payload too large: %d bytes; the limit is under %d bytes (1 MB)", n, MaxBodyBytes)})
 		return
 	}
 	apiKey, ok := u.In.APIKey(w, r, forms.First("api_key", f.Query, f.Post))
 	if !ok {
 		return
 	}
-	ms, verr := ParseMappings(apiKey, []byte(forms.First("mapping", f.Query, f.Post)), u.cfg.MaxMappings, u.cfg.MaxBodyBytes)
+	ms, verr := ParseMappings(apiKey, []byte(forms.First("mapping", f.Query, f.Post)), MaxMappings, MaxBodyBytes)
 	if verr != nil {
 		u.In.Reject(w, verr)
 		return
