@@ -145,9 +145,6 @@ func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Server, error
 	s.Handle(http.MethodGet, "/healthz", http.HandlerFunc(s.healthz))
 	s.Handle(http.MethodGet, "/readyz", http.HandlerFunc(s.readyz))
 	s.Handle(http.MethodGet, "/metrics", s.metrics(cfg.Gatherer))
-	own := func(method, path string, h http.HandlerFunc) adminroute.Route {
-		return adminroute.Route{Method: method, Path: path, Mode: admintoken.ModeOwn, Handler: h}
-	}
 	s.Register(
 		own(http.MethodGet, "/debug/pprof/", pprof.Index),
 		own(http.MethodGet, "/debug/pprof/cmdline", cmdline),
@@ -157,6 +154,11 @@ func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Server, error
 		own(http.MethodGet, "/debug/pprof/trace", pprof.Trace),
 	)
 	return s, nil
+}
+
+// own is a route of the relay's own (admintoken.ModeOwn).
+func own(method, path string, h http.HandlerFunc) adminroute.Route {
+	return adminroute.Route{Method: method, Path: path, Mode: admintoken.ModeOwn, Handler: h}
 }
 
 // Handle registers h for method and path (an http.ServeMux pattern path;

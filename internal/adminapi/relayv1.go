@@ -19,7 +19,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/svcrelay/relay/internal/adminroute"
-	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/plan"
 	"github.com/svcrelay/relay/internal/spool"
@@ -126,9 +125,6 @@ func (a *Relay) Close() { a.stop() }
 
 // Routes returns the /relay/v1 routes, for Server.Register.
 func (a *Relay) Routes() []adminroute.Route {
-	own := func(method, path string, h http.HandlerFunc) adminroute.Route {
-		return adminroute.Route{Method: method, Path: path, Mode: admintoken.ModeOwn, Handler: h}
-	}
 	return []adminroute.Route{
 		own(http.MethodGet, "/relay/v1/deadletters", a.listDead),
 		own(http.MethodPost, "/relay/v1/deadletters/replay", a.replayDead),
@@ -365,10 +361,8 @@ func decodeBulk(r *http.Request, replay bool) (bulkJSON, error) {
 		if len(b.APIKey) > MaxAPIKeyLen || strings.TrimSpace(b.APIKey) != b.APIKey {
 			return b, fmt.Errorf("api_key: want 1 to %d characters without surrounding white space", MaxAPIKeyLen)
 		}
-		for _, c := range []byte(b.APIKey) {
-			if c < 0x20 || c == 0x7f {
-				return b, errors.New("api_key: control characters are not allowed")
-			}
+		if strings.ContainsFunc(b.APIKey, func(c rune) bool { return c < 0x20 || c == 0x7f }) {
+			return b, errors.New("api_key: control characters are not allowed")
 		}
 	}
 	return b, nil
