@@ -45,25 +45,25 @@ type Config struct {
 	// still stripped before a handler sees the request). SetToken replaces
 	// it at run time.
 	Token *admintoken.Token
+	// WriteTimeout bounds writing one response; 0 means DefaultWriteTimeout
+	// (long enough for a 30s CPU profile). Forwarded answers renew their
+	// own idle deadline instead (internal/forward).
+	WriteTimeout time.Duration
 	// MaxRequestBodySize bounds request bodies; 0 means DefaultMaxRequestBodySize.
 	MaxRequestBodySize int
 }
 
-// DefaultMaxRequestBodySize is Config.MaxRequestBodySize's default.
-const DefaultMaxRequestBodySize = 32 << 20
-
-// The bounds of reading one request and of writing one answer (long enough
-// for a 30s CPU profile; forwarded answers renew their own idle deadline
-// instead, internal/forward).
+// Defaults of Config, and the bound of reading one request.
 const (
-	readTimeout  = 30 * time.Second
-	writeTimeout = 5 * time.Minute
+	DefaultWriteTimeout       = 5 * time.Minute
+	DefaultMaxRequestBodySize = 32 << 20
+	readTimeout               = 30 * time.Second
 )
 
 // Validate reports a configuration error.
 func (c Config) Validate() error {
-	if c.MaxRequestBodySize < 0 {
-		return errors.New("adminapi: negative MaxRequestBodySize")
+	if c.WriteTimeout < 0 || c.MaxRequestBodySize < 0 {
+		return errors.New("adminapi: negative timeout or size")
 	}
 	return nil
 }
@@ -95,6 +95,7 @@ func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Server, error
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg.WriteTimeout = cmp.Or(cfg.WriteTimeout, DefaultWriteTimeout)
 	cfg.MaxRequestBodySize = cmp.Or(cfg.MaxRequestBodySize, DefaultMaxRequestBodySize)
 	if cfg.Gatherer == nil {
 		cfg.Gatherer = prometheus.NewRegistry()
@@ -133,7 +134,7 @@ func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Server, error
 		Handler:           http.HandlerFunc(s.serve),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       readTimeout,
-		WriteTimeout:      writeTimeout,
+		WriteTimeout:      cfg.WriteTimeout,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 		ConnState:         s.connState,

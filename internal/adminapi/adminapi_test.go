@@ -277,8 +277,8 @@ func TestShutdown(t *testing.T) {
 }
 
 func TestValidate(t *testing.T) {
-	if _, err := New(Config{MaxRequestBodySize: -1}, nil, nil); err == nil {
-		t.Fatal("negative body size accepted")
+	if _, err := New(Config{WriteTimeout: -1}, nil, nil); err == nil {
+		t.Fatal("negative timeout accepted")
 	}
 }
 
