@@ -33,7 +33,7 @@ func Classifiers(c APIConfig) API {
 	const root, limit = "/api/2/channel-classifiers", DefaultMaxRequestBodyBytes
 	return API{
 		Upstream: Upstream{API: "classifier", Kind: credentials.KindAnalytics, Fallback: c.URL,
-			Flag: "--analytics-url", Scheme: SchemeProjectBasic},
+			Scheme: SchemeProjectBasic},
 		Routes: []adminroute.Route{
 			{Method: http.MethodGet, Path: root},
 			{Method: http.MethodGet, Path: root + "/{name}"},

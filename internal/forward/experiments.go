@@ -33,7 +33,7 @@ func Experiments(c APIConfig) API {
 	}
 	return API{
 		Upstream: Upstream{API: "experiment", Kind: credentials.KindExperiment, Fallback: c.URL,
-			Flag: "--experiment-url", Scheme: SchemeManagementBearer},
+			Scheme: SchemeManagementBearer},
 		Accept: "application/json",
 		Routes: []adminroute.Route{
 			r(get, root, nil),

@@ -176,7 +176,7 @@ func ChunkFeedback(sourceID string, items []json.RawMessage, maxBytes int) (bodi
 func Feedback(c APIConfig) API {
 	return API{
 		Upstream: Upstream{API: "feedback", Kind: credentials.KindFeedback,
-			Fallback: c.URL, Flag: "--feedback-url", Scheme: SchemeProjectBasic},
+			Fallback: c.URL, Scheme: SchemeProjectBasic},
 		Routes: []adminroute.Route{{Method: http.MethodPost, Path: FeedbackPath,
 			Handler: Endpoint{BodyLimit: FeedbackMaxBytes, Check: feedbackCheck}}},
 	}

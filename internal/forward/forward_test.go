@@ -167,7 +167,7 @@ func readAll(t *testing.T, r *http.Response) string {
 func TestPassThroughUntouched(t *testing.T) {
 	up := startUpstream(t, nil)
 	f := newForwarder(t, Config{})
-	addr := startRelay(t, relayHandler(f, nil, Upstream{API: "x", Kind: credentials.KindAnalytics, Fallback: baseurl.NewRef(up.URL + "/"), Flag: "--analytics-url", Scheme: SchemeProjectBasic}))
+	addr := startRelay(t, relayHandler(f, nil, Upstream{API: "x", Kind: credentials.KindAnalytics, Fallback: baseurl.NewRef(up.URL + "/"), Scheme: SchemeProjectBasic}))
 	body := "category_name=a%20b&x=%2F"
 	resp := rawDo(t, addr, "PUT /api/2/taxonomy/category/a%40b%20c?x=1&y=%20&x=2 HTTP/1.1\r\n"+
 		"Host: evil.example\r\nAuthorization: Basic dXNlcjpwYXNz\r\nProxy-Authorization: Bearer admintok\r\n"+
@@ -221,7 +221,7 @@ func TestInjectedCredentials(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			addr := startRelay(t, relayHandler(f, creds, Upstream{API: "x", Kind: c.kind, Fallback: baseurl.NewRef(up.URL), Flag: "--x-url", Scheme: c.scheme}))
+			addr := startRelay(t, relayHandler(f, creds, Upstream{API: "x", Kind: c.kind, Fallback: baseurl.NewRef(up.URL), Scheme: c.scheme}))
 			resp := rawDo(t, addr, "GET /p HTTP/1.1\r\nHost: x\r\nX-Relay-Project: "+c.project+"\r\n\r\n")
 			if resp.StatusCode != 200 {
 				t.Fatalf("status %d: %s", resp.StatusCode, readAll(t, resp))
@@ -256,8 +256,8 @@ func TestResolveErrors(t *testing.T) {
 		{"project without org", creds, "lonely", Upstream{API: "scim", Fallback: baseurl.NewRef("http://x"), Scheme: SchemeSCIMBearer}, 400, "in no organization"},
 		{"org without scim token", noSCIM, "p", Upstream{Fallback: baseurl.NewRef("http://x"), Scheme: SchemeSCIMBearer}, 400, "no scim_token"},
 		{"org without management key", noSCIM, "p", Upstream{Fallback: baseurl.NewRef("http://x"), Scheme: SchemeManagementBearer}, 400, "no management_api_key"},
-		{"no base", creds, "web-prod", Upstream{API: "scim", Kind: credentials.KindSCIM, Flag: "--scim-url", Scheme: SchemeSCIMBearer}, 502, "--scim-url"},
-		{"no base pass-through", creds, "", Upstream{API: "scim", Kind: credentials.KindSCIM, Flag: "--scim-url", Scheme: SchemeSCIMBearer}, 502, "--scim-url"},
+		{"no base", creds, "web-prod", Upstream{API: "scim", Kind: credentials.KindSCIM, Scheme: SchemeSCIMBearer}, 502, "--scim-url"},
+		{"no base pass-through", creds, "", Upstream{API: "scim", Kind: credentials.KindSCIM, Scheme: SchemeSCIMBearer}, 502, "--scim-url"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -48,8 +48,6 @@ type Upstream struct {
 	// Fallback is the flag's base (--scim-url, ...), read at every request
 	// (a reload may change it); nil or "" when not set.
 	Fallback *baseurl.Ref
-	// Flag names the flag in error messages ("--scim-url").
-	Flag string
 	// Scheme is the authentication the upstream needs.
 	Scheme Scheme
 }
@@ -179,7 +177,7 @@ func Resolve(req *http.Request, creds *credentials.Store, u Upstream) (Resolved,
 	}
 	if r.Base == "" {
 		return r, &Problem{Status: http.StatusBadGateway, Msg: fmt.Sprintf(
-			"no upstream configured for %s: set %s (or %s_url in the credentials file)", u.API, u.Flag, u.Kind)}
+			"no upstream configured for %s: set --%s-url (or %s_url in the credentials file)", u.API, u.Kind, u.Kind)}
 	}
 	return r, nil
 }

@@ -39,7 +39,7 @@ func SCIM(c APIConfig) API {
 	const get, post, put, patch, del = http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete
 	const body = DefaultMaxRequestBodyBytes
 	return API{
-		Upstream: Upstream{API: "scim", Kind: credentials.KindSCIM, Fallback: c.URL, Flag: "--scim-url",
+		Upstream: Upstream{API: "scim", Kind: credentials.KindSCIM, Fallback: c.URL,
 			Scheme: SchemeSCIMBearer},
 		Errors: scimError,
 		Limits: []Limit{{

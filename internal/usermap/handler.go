@@ -160,7 +160,7 @@ func ParseUserIDs(v []byte) ([]string, *forms.ValidationError) {
 func ReadAPI(c forward.APIConfig) forward.API {
 	return forward.API{
 		Upstream: forward.Upstream{API: "usermap", Kind: credentials.KindAnalytics, Fallback: c.URL,
-			Flag: "--analytics-url", Scheme: forward.SchemeProjectBasic},
+			Scheme: forward.SchemeProjectBasic},
 		Headers: []string{"Accept"},
 		Errors: func(w http.ResponseWriter, p *forward.Problem) {
 			p.Extra = map[string]int{"code": p.Status}
