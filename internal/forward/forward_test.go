@@ -284,7 +284,7 @@ func TestResolvePassThroughKnownKeyFindsRegion(t *testing.T) {
 	req := httptest.NewRequest("GET", "/x", nil)
 	req.Header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte("pk-eu:whatever")))
 	r, e := Resolve(req, creds, Upstream{Kind: credentials.KindAnalytics, Fallback: baseurl.NewRef("http://default"), Scheme: SchemeProjectBasic})
-	if e != nil || r.Base != eu.URL || r.Key != "project:eu-app" || r.Injected || r.Authorization != "" {
+	if e != nil || r.Base != eu.URL || r.Key != "project:eu-app" || r.Authorization != "" {
 		t.Fatalf("%+v %v", r, e)
 	}
 	req.Header.Set("Authorization", "Bearer tok")

@@ -55,13 +55,6 @@ type Upstream struct {
 // Resolved is a Target plus who the call is for.
 type Resolved struct {
 	Target
-	// Project is the project named by X-Relay-Project, or for pass-through
-	// Basic auth the project whose api_key the caller sent (nil when none).
-	Project *credentials.Project
-	// Org is the organization of Project (nil when none).
-	Org *credentials.Organization
-	// Injected reports whether Authorization carries injected credentials.
-	Injected bool
 	// Key identifies the caller's upstream account for client-side limits:
 	// "project:NAME" or "org:NAME" (by the scheme's scope) when known, else
 	// "auth:" and a short SHA-256 of the caller's Authorization (the secret
@@ -108,6 +101,9 @@ func BadIf(err error) *Problem {
 // configured for u.
 func Resolve(req *http.Request, creds *credentials.Store, u Upstream) (Resolved, *Problem) {
 	r := Resolved{Target: Target{API: u.API}}
+	// project is the one named by X-Relay-Project, or for pass-through
+	// Basic auth the one whose api_key the caller sent (nil when none).
+	var project *credentials.Project
 	name := req.Header.Get(admintoken.HeaderProject)
 	if name != "" {
 		p, ok := creds.Project(name)
@@ -118,7 +114,7 @@ func Resolve(req *http.Request, creds *credentials.Store, u Upstream) (Resolved,
 			}
 			return r, &Problem{Status: http.StatusBadRequest, Msg: msg}
 		}
-		r.Project, r.Org, r.Injected = p, p.Org(), true
+		project = p
 		org := p.Org()
 		what := map[Scheme]string{SchemeOrgBasic: "api_key and secret_key",
 			SchemeManagementBearer: "management_api_key", SchemeSCIMBearer: "scim_token"}[u.Scheme]
@@ -150,7 +146,7 @@ func Resolve(req *http.Request, creds *credentials.Store, u Upstream) (Resolved,
 			// project (and so its region and limits) is then known.
 			if key, ok := basicUser(auth); ok {
 				if p, ok := creds.ProjectByAPIKey(key); ok {
-					r.Project, r.Org = p, p.Org()
+					project = p
 					if u.Scheme == SchemeProjectBasic {
 						r.Key = "project:" + p.Name
 					}
@@ -166,16 +162,7 @@ func Resolve(req *http.Request, creds *credentials.Store, u Upstream) (Resolved,
 			}
 		}
 	}
-	fallback := u.Fallback.Load()
-	switch {
-	case r.Project != nil:
-		r.Base = r.Project.URL(u.Kind, fallback)
-	case r.Org != nil:
-		r.Base = r.Org.URL(u.Kind, fallback)
-	default:
-		r.Base = fallback
-	}
-	if r.Base == "" {
+	if r.Base = project.URL(u.Kind, u.Fallback.Load()); r.Base == "" {
 		return r, &Problem{Status: http.StatusBadGateway, Msg: fmt.Sprintf(
 			"no upstream configured for %s: set --%s-url (or %s_url in the credentials file)", u.API, u.Kind, u.Kind)}
 	}
