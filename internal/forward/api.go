@@ -34,7 +34,7 @@ type API struct {
 	// every end-to-end header.
 	Headers []string
 	// Limits are client-side limits per caller's upstream account
-	// (Resolved.Key), taken in order before the call and given back when
+	// (Target.Key), taken in order before the call and given back when
 	// its answer is done; an upstream 429 pauses the account on each for
 	// its Retry-After (1 s at least).
 	Limits []Limit
@@ -237,7 +237,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		r.Header = keep
 	}
-	if h.f.forward(w, r, res.Target, h.proxy) == http.StatusTooManyRequests {
+	if h.f.forward(w, r, res, h.proxy) == http.StatusTooManyRequests {
 		d := upstream.RetryAfter(w.Header().Get("Retry-After"), time.Now())
 		for _, lim := range h.lims {
 			lim.Pause(res.Key, max(d, time.Second))

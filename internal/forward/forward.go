@@ -68,8 +68,8 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Target is where and how one request goes upstream. Resolve builds it from
-// configuration, never from the request.
+// Target is where, how and for whom one request goes upstream. Resolve
+// builds it from configuration, never from the request.
 type Target struct {
 	// API names the forwarded API in metrics and logs ("scim", "taxonomy").
 	API string
@@ -81,6 +81,11 @@ type Target struct {
 	// (injected credentials). Empty: the caller's own Authorization header,
 	// if any, passes through untouched.
 	Authorization string
+	// Key identifies the caller's upstream account for client-side limits:
+	// "project:NAME" or "org:NAME" (by the scheme's scope) when known, else
+	// "auth:" and a short SHA-256 of the caller's Authorization (the secret
+	// itself is never kept), or "anonymous".
+	Key string
 }
 
 // ErrBodyTooLarge is returned (wrapped) by DecodedBody for a body over its

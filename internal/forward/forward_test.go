@@ -132,7 +132,7 @@ func relayHandler(f *Forwarder, creds *credentials.Store, u Upstream) http.Handl
 			JSONErrors(w, p)
 			return
 		}
-		f.Forward(w, r, res.Target)
+		f.Forward(w, r, res)
 	})
 }
 

@@ -52,16 +52,6 @@ type Upstream struct {
 	Scheme Scheme
 }
 
-// Resolved is a Target plus who the call is for.
-type Resolved struct {
-	Target
-	// Key identifies the caller's upstream account for client-side limits:
-	// "project:NAME" or "org:NAME" (by the scheme's scope) when known, else
-	// "auth:" and a short SHA-256 of the caller's Authorization (the secret
-	// itself is never kept), or "anonymous".
-	Key string
-}
-
 // Problem is a local answer: the status and message for the caller, in the
 // API's error format (see API.Errors). It never holds a secret.
 type Problem struct {
@@ -99,8 +89,8 @@ func BadIf(err error) *Problem {
 // credentials file, or the project lacks what u.Scheme needs (no
 // organization, no management_api_key, no scim_token); 502 when no base is
 // configured for u.
-func Resolve(req *http.Request, creds *credentials.Store, u Upstream) (Resolved, *Problem) {
-	r := Resolved{Target: Target{API: u.API}}
+func Resolve(req *http.Request, creds *credentials.Store, u Upstream) (Target, *Problem) {
+	r := Target{API: u.API}
 	// project is the one named by X-Relay-Project, or for pass-through
 	// Basic auth the one whose api_key the caller sent (nil when none).
 	var project *credentials.Project
