@@ -1,6 +1,7 @@
 package adminapi
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -93,12 +95,8 @@ func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Server, error
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.WriteTimeout == 0 {
-		cfg.WriteTimeout = DefaultWriteTimeout
-	}
-	if cfg.MaxRequestBodySize == 0 {
-		cfg.MaxRequestBodySize = DefaultMaxRequestBodySize
-	}
+	cfg.WriteTimeout = cmp.Or(cfg.WriteTimeout, DefaultWriteTimeout)
+	cfg.MaxRequestBodySize = cmp.Or(cfg.MaxRequestBodySize, DefaultMaxRequestBodySize)
 	if cfg.Gatherer == nil {
 		cfg.Gatherer = prometheus.NewRegistry()
 	}
@@ -148,9 +146,6 @@ func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Server, error
 	s.Handle(http.MethodGet, "/healthz", http.HandlerFunc(s.healthz))
 	s.Handle(http.MethodGet, "/readyz", http.HandlerFunc(s.readyz))
 	s.Handle(http.MethodGet, "/metrics", s.metrics(cfg.Gatherer))
-	own := func(method, path string, h http.HandlerFunc) adminroute.Route {
-		return adminroute.Route{Method: method, Path: path, Mode: admintoken.ModeOwn, Handler: h}
-	}
 	s.Register(
 		own(http.MethodGet, "/debug/pprof/", pprof.Index),
 		own(http.MethodGet, "/debug/pprof/cmdline", cmdline),
@@ -160,6 +155,11 @@ func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Server, error
 		own(http.MethodGet, "/debug/pprof/trace", pprof.Trace),
 	)
 	return s, nil
+}
+
+// own is a route of the relay's own (admintoken.ModeOwn).
+func own(method, path string, h http.HandlerFunc) adminroute.Route {
+	return adminroute.Route{Method: method, Path: path, Mode: admintoken.ModeOwn, Handler: h}
 }
 
 // Handle registers h for method and path (an http.ServeMux pattern path;
@@ -176,9 +176,7 @@ func (s *Server) Handle(method, path string, h http.Handler) {
 // listener's alone: a backfill's input may be far larger than any other
 // body.
 func (s *Server) bounded(limit int64, h http.Handler) http.Handler {
-	if limit == 0 {
-		limit = int64(s.cfg.MaxRequestBodySize)
-	}
+	limit = cmp.Or(limit, int64(s.cfg.MaxRequestBodySize))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Body != nil && r.Body != http.NoBody {
 			r.Body = http.MaxBytesReader(w, r.Body, limit)
@@ -271,10 +269,10 @@ func (s *Server) closeFresh() {
 // so routing and forwarding see one path), bounds the body, routes, and
 // counts the answer by the pattern that served it.
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
-	sw := &statusWriter{ResponseWriter: w}
+	sw := &adminroute.StatusWriter{ResponseWriter: w}
 	label := "refused"
 	defer func() {
-		s.requests.WithLabelValues(label, strconv.Itoa(sw.code())).Inc()
+		s.requests.WithLabelValues(label, strconv.Itoa(cmp.Or(sw.Status, http.StatusOK))).Inc()
 	}()
 	if err := adminroute.CheckPath(adminroute.RawPath(r)); err != nil {
 		// JSON with "source":"relay", like every local answer on a
@@ -291,36 +289,6 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		label = r.Pattern
 	}
 }
-
-// statusWriter keeps the status of the answer for the metrics.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 && code >= 200 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(p []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	return w.ResponseWriter.Write(p)
-}
-
-func (w *statusWriter) code() int {
-	if w.status == 0 {
-		return http.StatusOK
-	}
-	return w.status
-}
-
-// Unwrap lets http.ResponseController reach the server's writer.
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // metrics serves g in the Prometheus text format. A scraper that goes away
 // mid-answer makes every later write fail, and promhttp would log each
@@ -459,59 +427,28 @@ func (z serverLog) Write(p []byte) (int, error) {
 // redactQuery).
 func Redact(line string) string { return redactQuoted(redactQuery(line)) }
 
+var (
+	// quoted is a double-quoted fragment, backslash escapes included, up to
+	// its closing quote or the end of the line.
+	quoted = regexp.MustCompile(`(?s)"((?:[^"\\]|\\.?)*)("?)`)
+	// query runs from a '?' to the next white space or quote.
+	query = regexp.MustCompile(`\?[^ \t\n"']*`)
+)
+
 // redactQuoted replaces the content of every double-quoted fragment of a
 // server log line (it may quote request content, e.g. a malformed header
 // line with a token, or a handler's panic value) by [redacted],
 // except network addresses (digits, dots, colons, brackets, hex letters).
 func redactQuoted(s string) string {
-	var b strings.Builder
-	for {
-		i := strings.IndexByte(s, '"')
-		if i < 0 {
-			b.WriteString(s)
-			return b.String()
+	return quoted.ReplaceAllStringFunc(s, func(m string) string {
+		sm := quoted.FindStringSubmatch(m)
+		if strings.Trim(sm[1], "0123456789abcdefABCDEF.:[]") == "" {
+			return m
 		}
-		b.WriteString(s[:i+1])
-		s = s[i+1:]
-		j := 0
-		for j < len(s) && s[j] != '"' {
-			if s[j] == '\\' {
-				j++
-			}
-			j++
-		}
-		inner := s[:min(j, len(s))]
-		if strings.Trim(inner, "0123456789abcdefABCDEF.:[]") == "" {
-			b.WriteString(inner)
-		} else {
-			b.WriteString("[redacted]")
-		}
-		if j >= len(s) {
-			return b.String()
-		}
-		b.WriteByte('"')
-		s = s[j+1:]
-	}
+		return `"[redacted]` + sm[2]
+	})
 }
 
 // redactQuery cuts query strings out of a server log line (a request's URI
-// may carry an api_key, as POST /usermap?api_key=... does): from each '?'
-// to the next white space or quote.
-func redactQuery(s string) string {
-	var b strings.Builder
-	for {
-		i := strings.IndexByte(s, '?')
-		if i < 0 {
-			b.WriteString(s)
-			return b.String()
-		}
-		b.WriteString(s[:i])
-		b.WriteString("?[redacted]")
-		s = s[i+1:]
-		j := strings.IndexAny(s, " \t\n\"'")
-		if j < 0 {
-			return b.String()
-		}
-		s = s[j:]
-	}
-}
+// may carry an api_key, as POST /usermap?api_key=... does).
+func redactQuery(s string) string { return query.ReplaceAllString(s, "?[redacted]") }

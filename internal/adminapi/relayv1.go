@@ -2,6 +2,7 @@ package adminapi
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,7 +19,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/svcrelay/relay/internal/adminroute"
-	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/plan"
 	"github.com/svcrelay/relay/internal/spool"
@@ -125,9 +125,6 @@ func (a *Relay) Close() { a.stop() }
 
 // Routes returns the /relay/v1 routes, for Server.Register.
 func (a *Relay) Routes() []adminroute.Route {
-	own := func(method, path string, h http.HandlerFunc) adminroute.Route {
-		return adminroute.Route{Method: method, Path: path, Mode: admintoken.ModeOwn, Handler: h}
-	}
 	return []adminroute.Route{
 		own(http.MethodGet, "/relay/v1/deadletters", a.listDead),
 		own(http.MethodPost, "/relay/v1/deadletters/replay", a.replayDead),
@@ -276,12 +273,8 @@ func (a *Relay) listDead(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	after, err := uintArg(q, "after", 0, 0, math.MaxUint64)
-	if err != nil {
-		jsonError(w, http.StatusBadRequest, "%v", err)
-		return
-	}
-	limit, err := uintArg(q, "limit", DefaultListLimit, 1, MaxListLimit)
-	if err != nil {
+	limit, lerr := uintArg(q, "limit", DefaultListLimit, 1, MaxListLimit)
+	if err = cmp.Or(err, lerr); err != nil {
 		jsonError(w, http.StatusBadRequest, "%v", err)
 		return
 	}
@@ -368,10 +361,8 @@ func decodeBulk(r *http.Request, replay bool) (bulkJSON, error) {
 		if len(b.APIKey) > MaxAPIKeyLen || strings.TrimSpace(b.APIKey) != b.APIKey {
 			return b, fmt.Errorf("api_key: want 1 to %d characters without surrounding white space", MaxAPIKeyLen)
 		}
-		for _, c := range []byte(b.APIKey) {
-			if c < 0x20 || c == 0x7f {
-				return b, errors.New("api_key: control characters are not allowed")
-			}
+		if strings.ContainsFunc(b.APIKey, func(c rune) bool { return c < 0x20 || c == 0x7f }) {
+			return b, errors.New("api_key: control characters are not allowed")
 		}
 	}
 	return b, nil
@@ -642,10 +633,6 @@ type laneJSON struct {
 	ReadAheadBytes int64  `json:"read_ahead_bytes"`
 }
 
-type lanesJSON struct {
-	Lanes []laneJSON `json:"lanes"`
-}
-
 func (a *Relay) statuses() map[uint64]delivery.LaneStatus {
 	out := map[uint64]delivery.LaneStatus{}
 	for k, c := range a.cfg.Lanes {
@@ -680,14 +667,14 @@ func (a *Relay) laneJSON(l *spool.Lane, sts map[uint64]delivery.LaneStatus, now 
 // listLanes: GET /relay/v1/lanes
 func (a *Relay) listLanes(w http.ResponseWriter, r *http.Request) {
 	sts, now := a.statuses(), time.Now()
-	out := lanesJSON{Lanes: []laneJSON{}}
+	lanes := []laneJSON{}
 	for _, l := range a.sp.Lanes() {
-		out.Lanes = append(out.Lanes, a.laneJSON(l, sts, now))
+		lanes = append(lanes, a.laneJSON(l, sts, now))
 	}
 	for _, st := range a.fleetLanes() {
-		out.Lanes = append(out.Lanes, fleetLaneJSON(st))
+		lanes = append(lanes, fleetLaneJSON(st))
 	}
-	adminroute.WriteJSON(w, http.StatusOK, out)
+	adminroute.WriteJSON(w, http.StatusOK, map[string][]laneJSON{"lanes": lanes})
 }
 
 // laneOf finds the lane label names: a spool lane or, in fleet mode, one of

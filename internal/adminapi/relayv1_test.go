@@ -381,3 +381,22 @@ func getBody(t *testing.T, method, url, body string, hdr ...string) (int, http.H
 	}
 	return resp.StatusCode, resp.Header, string(b)
 }
+
+// lanesJSON is the answer of GET /relay/v1/lanes.
+type lanesJSON struct {
+	Lanes []laneJSON `json:"lanes"`
+}
+
+// TestListDeadArgs: after and limit out of their ranges, and unknown
+// parameters, are refused with 400 before anything is listed.
+func TestListDeadArgs(t *testing.T) {
+	f := newRelayFixture(t, spool.Config{}, nil)
+	for q, want := range map[string]int{
+		"": 200, "?limit=1000&after=5": 200, "?limit=0": 400, "?limit=1001": 400, "?limit=x": 400,
+		"?after=-1": 400, "?after=x&limit=5": 400, "?after=1&limit=x": 400, "?bogus=1": 400,
+	} {
+		if got := f.do("GET", "/relay/v1/deadletters"+q, "", nil); got != want {
+			t.Errorf("GET /relay/v1/deadletters%s: %d, want %d", q, got, want)
+		}
+	}
+}

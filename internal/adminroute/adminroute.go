@@ -1,8 +1,8 @@
 // Package adminroute is what the admin listener (internal/adminapi) and the
 // packages that offer it routes (group identify, user mapping, the forwarded
 // upstream APIs of internal/forward, /relay/v1) share: the one Route type,
-// CheckPath, the one rule for which request paths the listener serves, and
-// WriteJSON, the relay's own JSON answers.
+// CheckPath, the one rule for which request paths the listener serves,
+// WriteJSON, the relay's own JSON answers, and StatusWriter.
 //
 // # One path
 //
@@ -61,6 +61,30 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	w.Write(append(b, '\n'))
 }
+
+// StatusWriter keeps the status of the answer written through it.
+type StatusWriter struct {
+	http.ResponseWriter
+	// Status is the answer's status, 0 until its head is written.
+	Status int
+}
+
+func (w *StatusWriter) WriteHeader(code int) {
+	if w.Status == 0 && code >= 200 {
+		w.Status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *StatusWriter) Write(p []byte) (int, error) {
+	if w.Status == 0 {
+		w.Status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController reach the server's writer.
+func (w *StatusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // ErrBadPath is returned by CheckPath for a path the admin listener refuses.
 var ErrBadPath = errors.New("request path refused")

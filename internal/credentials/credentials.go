@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.yaml.in/yaml/v3"
 )
@@ -170,16 +171,6 @@ func (s *Store) Organization(name string) (*Organization, bool) {
 	}
 	o, ok := s.orgName[name]
 	return o, ok
-}
-
-// OrgOfProject returns the organization that lists the project named name;
-// false when the project is unknown or in no organization.
-func (s *Store) OrgOfProject(name string) (*Organization, bool) {
-	p, ok := s.Project(name)
-	if !ok || p.org == nil {
-		return nil, false
-	}
-	return p.org, true
 }
 
 // ProjectByAPIKey returns the project whose api_key is key (api keys are
@@ -482,43 +473,28 @@ func lineOf(lines []int, i int) int {
 
 // Format prints the project and organization names only.
 func (s Store) Format(f fmt.State, verb rune) {
-	fmt.Fprintf(f, "credentials.Store{Projects:%q Organizations:%q}", s.projectNames(), s.orgNames())
+	ps, orgs := s.names()
+	fmt.Fprintf(f, "credentials.Store{Projects:%q Organizations:%q}", ps, orgs)
 }
 
-func (s *Store) projectNames() []string {
+// names returns the project and organization names, in file order.
+func (s *Store) names() (projects, orgs []string) {
 	if s == nil {
-		return nil
+		return nil, nil
 	}
-	names := make([]string, len(s.projects))
-	for i, p := range s.projects {
-		names[i] = p.Name
+	for _, p := range s.projects {
+		projects = append(projects, p.Name)
 	}
-	return names
-}
-
-func (s *Store) orgNames() []string {
-	if s == nil {
-		return nil
+	for _, o := range s.orgs {
+		orgs = append(orgs, o.Name)
 	}
-	names := make([]string, len(s.orgs))
-	for i, o := range s.orgs {
-		names[i] = o.Name
-	}
-	return names
+	return projects, orgs
 }
 
 // MarshalLogObject logs the project and organization names, no secret.
 func (s *Store) MarshalLogObject(enc zapcore.ObjectEncoder) error {
-	strs := func(v []string) zapcore.ArrayMarshalerFunc {
-		return func(ae zapcore.ArrayEncoder) error {
-			for _, n := range v {
-				ae.AppendString(n)
-			}
-			return nil
-		}
-	}
-	if err := enc.AddArray("projects", strs(s.projectNames())); err != nil {
-		return err
-	}
-	return enc.AddArray("organizations", strs(s.orgNames()))
+	ps, orgs := s.names()
+	zap.Strings("projects", ps).AddTo(enc)
+	zap.Strings("organizations", orgs).AddTo(enc)
+	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -168,18 +169,16 @@ func TestLookups(t *testing.T) {
 	if _, ok := s.Project("Web-Prod"); ok {
 		t.Error("names must match exactly")
 	}
-	org, ok := s.OrgOfProject("ios-prod")
-	if !ok || org.Name != "acme" || org.SCIMToken.Reveal() != "org-acme-scimtoken-0006" || org.ManagementAPIKey.Reveal() != "org-acme-mgmtkey-0005" {
-		t.Fatalf("OrgOfProject(ios-prod) = %v, %v", org, ok)
+	ios, _ := s.Project("ios-prod")
+	org := ios.Org()
+	if org == nil || org.Name != "acme" || org.SCIMToken.Reveal() != "org-acme-scimtoken-0006" || org.ManagementAPIKey.Reveal() != "org-acme-mgmtkey-0005" {
+		t.Fatalf("ios-prod's organization = %v", org)
 	}
 	if o2, _ := s.Organization("acme"); o2 != org || web.Org() != org {
 		t.Error("Organization(acme) and web.Org() must be the same organization")
 	}
-	if _, ok := s.OrgOfProject("lonely"); ok {
+	if lonely, _ := s.Project("lonely"); lonely.Org() != nil {
 		t.Error("lonely is in no organization")
-	}
-	if _, ok := s.OrgOfProject("nope"); ok {
-		t.Error("unknown project has no organization")
 	}
 	if p, ok := s.ProjectByAPIKey("proj-ios-apikey-0002"); !ok || p.Name != "ios-prod" {
 		t.Errorf("ProjectByAPIKey = %v, %v", p, ok)
@@ -201,9 +200,6 @@ func TestLookups(t *testing.T) {
 	var nilStore *Store
 	if _, ok := nilStore.Project("web-prod"); ok {
 		t.Error("nil store found a project")
-	}
-	if _, ok := nilStore.OrgOfProject("web-prod"); ok {
-		t.Error("nil store found an organization")
 	}
 	if _, ok := nilStore.ProjectByAPIKey("proj-web-apikey-0001"); ok {
 		t.Error("nil store found a key")
@@ -332,6 +328,9 @@ func TestNoSecretInOutput(t *testing.T) {
 				t.Fatalf("encode log entry: %v", err)
 			}
 			add("zap "+e.Message, buf.String())
+			if e.Message == "object" && !strings.Contains(buf.String(), `"acme"`) {
+				t.Errorf("the store logs without its organization's name: %s", buf)
+			}
 			buf.Free()
 		}
 	}
@@ -392,10 +391,8 @@ func FuzzParse(f *testing.F) {
 			if q, ok := s.ProjectByAPIKey(p.APIKey.Reveal()); !ok || q != p {
 				t.Fatalf("api key of %s does not find it", p.Name)
 			}
-			if o := p.Org(); o != nil {
-				if oo, ok := s.OrgOfProject(p.Name); !ok || oo != o {
-					t.Fatalf("OrgOfProject(%s) disagrees with Org()", p.Name)
-				}
+			if o := p.Org(); o != nil && !slices.Contains(o.Projects, p.Name) {
+				t.Fatalf("%s's organization %s does not list it", p.Name, o.Name)
 			}
 		}
 		for _, o := range s.Organizations() {

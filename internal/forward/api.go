@@ -2,6 +2,7 @@ package forward
 
 import (
 	"cmp"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/ratelimit"
+	"github.com/svcrelay/relay/internal/upstream"
 )
 
 // API is one forwarded upstream API as data: where it lives, how it
@@ -32,7 +34,7 @@ type API struct {
 	// every end-to-end header.
 	Headers []string
 	// Limits are client-side limits per caller's upstream account
-	// (Resolved.Key), taken in order before the call and given back when
+	// (Target.Key), taken in order before the call and given back when
 	// its answer is done; an upstream 429 pauses the account on each for
 	// its Retry-After (1 s at least).
 	Limits []Limit
@@ -118,18 +120,13 @@ func (l Limit) cost(method string) int {
 // JSONErrors writes p as {"error": msg, "source": "relay"} plus p.Extra's
 // fields.
 func JSONErrors(w http.ResponseWriter, p *Problem) {
-	if p.Extra == nil {
-		WriteError(w, p.Status, p.Msg)
-		return
+	if p.Extra != nil {
+		if b, err := jsonMerge(map[string]any{"error": p.Msg, "source": "relay"}, p.Extra); err == nil {
+			adminroute.WriteJSON(w, p.Status, json.RawMessage(b))
+			return
+		}
 	}
-	b, err := jsonMerge(map[string]any{"error": p.Msg, "source": "relay"}, p.Extra)
-	if err != nil {
-		WriteError(w, p.Status, p.Msg)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(p.Status)
-	w.Write(append(b, '\n'))
+	WriteError(w, p.Status, p.Msg)
 }
 
 // Routes returns the admin-listener routes (admintoken.ModeForward) of the
@@ -240,8 +237,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		r.Header = keep
 	}
-	if h.f.forward(w, r, res.Target, h.proxy) == http.StatusTooManyRequests {
-		d, _ := RetryAfter(w.Header(), time.Now())
+	if h.f.forward(w, r, res, h.proxy) == http.StatusTooManyRequests {
+		d := upstream.RetryAfter(w.Header().Get("Retry-After"), time.Now())
 		for _, lim := range h.lims {
 			lim.Pause(res.Key, max(d, time.Second))
 		}

@@ -71,7 +71,7 @@ func TestAPITable(t *testing.T) {
 	}
 	var checked atomic.Int32
 	base := serveAPIs(t, f, API{
-		Upstream: Upstream{API: "t", Kind: credentials.KindAnalytics, Fallback: baseurl.NewRef(up.URL), Flag: "--t-url", Scheme: SchemeProjectBasic},
+		Upstream: Upstream{API: "t", Kind: credentials.KindAnalytics, Fallback: baseurl.NewRef(up.URL), Scheme: SchemeProjectBasic},
 		Accept:   "application/json",
 		Headers:  []string{"Accept", "X-Keep"},
 		Routes: []adminroute.Route{{Method: "POST", Path: "/t/{name}", Handler: Endpoint{BodyLimit: 64, Check: func(r *http.Request, body []byte) *Problem {
@@ -294,7 +294,7 @@ func TestDecodedBody(t *testing.T) {
 	}
 }
 
-func (u *upstream) count() int {
+func (u *testUpstream) count() int {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return len(u.reqs)

@@ -23,22 +23,17 @@ const (
 
 // Classifiers returns the channel classifier API described above.
 func Classifiers(c APIConfig) API {
-	body := func(_ *http.Request, b []byte) *Problem {
-		if status, msg := CheckClassifier(b); status != 0 {
-			return &Problem{Status: status, Msg: msg}
-		}
-		return nil
-	}
+	body := func(_ *http.Request, b []byte) *Problem { return CheckClassifier(b) }
 	named := func(r *http.Request, b []byte) *Problem {
 		if !ValidClassifierName(r.PathValue("name")) {
 			return Bad("classifier name may hold letters, digits, underscores and hyphens only")
 		}
-		return body(r, b)
+		return CheckClassifier(b)
 	}
 	const root, limit = "/api/2/channel-classifiers", DefaultMaxRequestBodyBytes
 	return API{
 		Upstream: Upstream{API: "classifier", Kind: credentials.KindAnalytics, Fallback: c.URL,
-			Flag: "--analytics-url", Scheme: SchemeProjectBasic},
+			Scheme: SchemeProjectBasic},
 		Routes: []adminroute.Route{
 			{Method: http.MethodGet, Path: root},
 			{Method: http.MethodGet, Path: root + "/{name}"},
@@ -62,39 +57,40 @@ func ValidClassifierName(name string) bool {
 	return true
 }
 
-// CheckClassifier validates a POST or PATCH body; it returns 0 when it is
-// acceptable, else the upstream's status and a message.
-func CheckClassifier(body []byte) (int, string) {
+// CheckClassifier validates a POST or PATCH body; it returns nil when it is
+// acceptable, else the upstream's answer.
+func CheckClassifier(body []byte) *Problem {
 	var b struct {
 		DisplayName *string         `json:"displayName"`
 		Description *string         `json:"description"`
 		Def         json.RawMessage `json:"csvDefinition"`
 	}
 	if err := json.Unmarshal(body, &b); err != nil || len(body) == 0 {
-		return http.StatusBadRequest, "body must be a JSON object"
+		return Bad("body must be a JSON object")
 	}
 	var def struct {
 		CSV *string `json:"csvText"`
 	}
 	if len(b.Def) == 0 || string(b.Def) == "null" {
-		return http.StatusBadRequest, "csvDefinition is required"
+		return Bad("csvDefinition is required")
 	}
 	if err := json.Unmarshal(b.Def, &def); err != nil || b.Def[0] != '{' {
-		return http.StatusBadRequest, "csvDefinition must be an object"
+		return Bad("csvDefinition must be an object")
 	}
 	if def.CSV == nil {
-		return http.StatusBadRequest, "csvDefinition.csvText is required"
+		return Bad("csvDefinition.csvText is required")
 	}
 	if n := len(*def.CSV); n > ClassifierMaxCSVBytes {
-		return http.StatusRequestEntityTooLarge, fmt.Sprintf("csvDefinition.csvText is %d bytes; at most 1 MB (%d bytes)", n, ClassifierMaxCSVBytes)
+		return &Problem{Status: http.StatusRequestEntityTooLarge,
+			Msg: fmt.Sprintf("csvDefinition.csvText is %d bytes; at most 1 MB (%d bytes)", n, ClassifierMaxCSVBytes)}
 	}
 	for _, f := range []struct {
 		name string
 		v    *string
 	}{{"displayName", b.DisplayName}, {"description", b.Description}} {
 		if f.v != nil && utf8.RuneCountInString(*f.v) > ClassifierMaxTextChars {
-			return http.StatusBadRequest, fmt.Sprintf("%s is longer than %d characters", f.name, ClassifierMaxTextChars)
+			return Bad("%s is longer than %d characters", f.name, ClassifierMaxTextChars)
 		}
 	}
-	return 0, ""
+	return nil
 }

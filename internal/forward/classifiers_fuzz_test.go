@@ -14,9 +14,8 @@ func FuzzClassifierCheckBody(f *testing.F) {
 	f.Add(`{"csvDefinition":{"csvText":1}}`)
 	f.Add(`{"csvDefinition":[]}`)
 	f.Fuzz(func(t *testing.T, body string) {
-		status, msg := forward.CheckClassifier([]byte(body))
-		if (status == 0) != (msg == "") {
-			t.Fatalf("status %d with message %q", status, msg)
+		if p := forward.CheckClassifier([]byte(body)); p != nil && (p.Status == 0 || p.Msg == "") {
+			t.Fatalf("status %d with message %q", p.Status, p.Msg)
 		}
 		forward.ValidClassifierName(body)
 	})

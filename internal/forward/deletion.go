@@ -115,7 +115,7 @@ type DeletionJob struct {
 func Deletion(cfg APIConfig) API {
 	return API{
 		Upstream: Upstream{API: "deletion", Kind: credentials.KindAnalytics, Fallback: cfg.URL,
-			Flag: "--analytics-url", Scheme: SchemeProjectBasic},
+			Scheme: SchemeProjectBasic},
 		Limits: []Limit{
 			{
 				Config: cfg.Over(ratelimit.Config{Name: "deletion_post", Limit: 1, Window: DeletionPostInterval}),

@@ -53,7 +53,7 @@
 //   - Local answers carry "source":"relay" (JSONErrors, or the API's own
 //     format). Neither logs, metrics nor local answers ever hold an
 //     Authorization value, a token or a key: logs name the API, method and
-//     path only; Resolved.Key keeps a short hash of a caller's
+//     path only; Target.Key keeps a short hash of a caller's
 //     Authorization, never the value.
 //   - Credentials are read from a credentials.Ref at every request: a
 //     reload takes effect for the next request.

@@ -122,7 +122,7 @@ func DSAR(cfg APIConfig) API {
 	lim := cfg.Over(ratelimit.Config{Name: "dsar", Limit: dsarBudget, Window: dsarBudgetWindow})
 	return API{
 		Upstream: Upstream{API: "dsar", Kind: credentials.KindAnalytics, Fallback: cfg.URL,
-			Flag: "--analytics-url", Scheme: SchemeOrgBasic},
+			Scheme: SchemeOrgBasic},
 		Limits: []Limit{{
 			Config: lim,
 			Cost: func(method string) int {

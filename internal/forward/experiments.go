@@ -7,7 +7,6 @@ package forward
 
 import (
 	"encoding/json"
-	"fmt"
 	"net/http"
 
 	"github.com/svcrelay/relay/internal/adminroute"
@@ -25,21 +24,16 @@ func Experiments(c APIConfig) API {
 		e                     = root + "/{id}"
 		v                     = e + "/variants/{variantKey}"
 	)
-	r := func(method, path string, c experimentCheck) adminroute.Route {
+	r := func(method, path string, c func(body []byte) *Problem) adminroute.Route {
 		rt := adminroute.Route{Method: method, Path: path}
 		if c != nil {
-			rt.Handler = Endpoint{BodyLimit: DefaultMaxRequestBodyBytes, Check: func(_ *http.Request, body []byte) *Problem {
-				if msg := c(body); msg != "" {
-					return Bad("%s", msg)
-				}
-				return nil
-			}}
+			rt.Handler = Endpoint{BodyLimit: DefaultMaxRequestBodyBytes, Check: func(_ *http.Request, body []byte) *Problem { return c(body) }}
 		}
 		return rt
 	}
 	return API{
 		Upstream: Upstream{API: "experiment", Kind: credentials.KindExperiment, Fallback: c.URL,
-			Flag: "--experiment-url", Scheme: SchemeManagementBearer},
+			Scheme: SchemeManagementBearer},
 		Accept: "application/json",
 		Routes: []adminroute.Route{
 			r(get, root, nil),
@@ -68,76 +62,70 @@ func Experiments(c APIConfig) API {
 	}
 }
 
-// experimentCheck validates a decoded body; it returns "" or the message
-// of a 400.
-type experimentCheck func(body []byte) string
-
-func experimentObject(body []byte) (map[string]json.RawMessage, string) {
+func experimentObject(body []byte) (map[string]json.RawMessage, *Problem) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(body, &m); err != nil || m == nil {
-		return nil, "body must be a JSON object"
+		return nil, Bad("body must be a JSON object")
 	}
-	return m, ""
+	return m, nil
 }
 
-func experimentIsObject(body []byte) string {
-	_, msg := experimentObject(body)
-	return msg
+func experimentIsObject(body []byte) *Problem {
+	_, p := experimentObject(body)
+	return p
 }
 
 // experimentStrings requires body[field] to be an array of strings, of at most
 // most entries when most > 0.
-func experimentStrings(field string, most int) experimentCheck {
-	return func(body []byte) string {
-		m, msg := experimentObject(body)
-		if msg != "" {
-			return msg
+func experimentStrings(field string, most int) func([]byte) *Problem {
+	return func(body []byte) *Problem {
+		m, p := experimentObject(body)
+		if p != nil {
+			return p
 		}
 		var v []string
 		if err := json.Unmarshal(m[field], &v); err != nil || v == nil {
-			return fmt.Sprintf("%q must be an array of strings", field)
+			return Bad("%q must be an array of strings", field)
 		}
 		if most > 0 && len(v) > most {
-			return fmt.Sprintf("%q holds %d entries; at most %d per request", field, len(v), most)
+			return Bad("%q holds %d entries; at most %d per request", field, len(v), most)
 		}
-		return ""
+		return nil
 	}
 }
 
-func experimentVariantKey(raw json.RawMessage) string {
+func experimentVariantKey(raw json.RawMessage) *Problem {
 	var v struct {
 		Key *string `json:"key"`
 	}
 	if json.Unmarshal(raw, &v) != nil || v.Key == nil || *v.Key == "" {
-		return "a variant needs a non-empty string \"key\""
+		return Bad("a variant needs a non-empty string \"key\"")
 	}
-	return ""
+	return nil
 }
 
-func experimentVariant(body []byte) string {
-	if _, msg := experimentObject(body); msg != "" {
-		return msg
+func experimentVariant(body []byte) *Problem {
+	if p := experimentIsObject(body); p != nil {
+		return p
 	}
 	return experimentVariantKey(body)
 }
 
-func experimentCreate(body []byte) string {
-	m, msg := experimentObject(body)
-	if msg != "" {
-		return msg
-	}
-	raw, ok := m["variants"]
-	if !ok || string(raw) == "null" {
-		return ""
+func experimentCreate(body []byte) *Problem {
+	m, p := experimentObject(body)
+	if p != nil {
+		return p
 	}
 	var vs []json.RawMessage
-	if json.Unmarshal(raw, &vs) != nil {
-		return "\"variants\" must be an array of objects"
+	if raw, ok := m["variants"]; !ok || string(raw) == "null" {
+		return nil
+	} else if json.Unmarshal(raw, &vs) != nil {
+		return Bad("\"variants\" must be an array of objects")
 	}
 	for _, v := range vs {
-		if msg := experimentVariantKey(v); msg != "" {
-			return msg
+		if p := experimentVariantKey(v); p != nil {
+			return p
 		}
 	}
-	return ""
+	return nil
 }

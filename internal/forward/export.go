@@ -103,7 +103,7 @@ func (r ExportRange) Halves() (ExportRange, ExportRange, bool) {
 func Export(c APIConfig) API {
 	return API{
 		Upstream: Upstream{API: "export", Kind: credentials.KindAnalytics,
-			Fallback: c.URL, Flag: "--analytics-url", Scheme: SchemeProjectBasic},
+			Fallback: c.URL, Scheme: SchemeProjectBasic},
 		Routes: []adminroute.Route{{Method: http.MethodGet, Path: ExportPath, Handler: Endpoint{Check: exportRange}}},
 	}
 }

@@ -176,7 +176,7 @@ func ChunkFeedback(sourceID string, items []json.RawMessage, maxBytes int) (bodi
 func Feedback(c APIConfig) API {
 	return API{
 		Upstream: Upstream{API: "feedback", Kind: credentials.KindFeedback,
-			Fallback: c.URL, Flag: "--feedback-url", Scheme: SchemeProjectBasic},
+			Fallback: c.URL, Scheme: SchemeProjectBasic},
 		Routes: []adminroute.Route{{Method: http.MethodPost, Path: FeedbackPath,
 			Handler: Endpoint{BodyLimit: FeedbackMaxBytes, Check: feedbackCheck}}},
 	}
@@ -184,9 +184,7 @@ func Feedback(c APIConfig) API {
 
 func feedbackCheck(_ *http.Request, body []byte) *Problem {
 	err := CheckFeedback(body)
-	var fe *FeedbackError
-	switch {
-	case errors.As(err, &fe):
+	if fe := (*FeedbackError)(nil); errors.As(err, &fe) {
 		return &Problem{Status: http.StatusBadRequest, Msg: err.Error() + "; nothing was sent",
 			Extra: FeedbackAnswer{Failed: len(fe.Items), Errors: fe.Items}}
 	}

@@ -3,7 +3,6 @@ package forward
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	stdlog "log"
@@ -30,8 +29,6 @@ type Config struct {
 	// the forwarder; a larger one is answered 413 locally. 0 means
 	// DefaultMaxRequestBodyBytes.
 	MaxRequestBodyBytes int
-	// DialTimeout bounds connecting to the upstream; 0 means DefaultDialTimeout.
-	DialTimeout time.Duration
 	// IdleTimeout is the longest the forwarder waits for the next byte from
 	// the upstream (the answer's head, or any part of a streamed body), to
 	// write the next part of the request upstream, or for the caller to take
@@ -39,17 +36,19 @@ type Config struct {
 	// multi-GB answer that keeps flowing is never cut. 0 means
 	// DefaultIdleTimeout.
 	IdleTimeout time.Duration
-	// MaxConnsPerHost bounds the connections to one upstream host; a call
-	// waits for a free one. 0 means DefaultMaxConnsPerHost.
-	MaxConnsPerHost int
 }
 
 // Defaults of Config's zero values.
 const (
 	DefaultMaxRequestBodyBytes = 32 << 20
-	DefaultDialTimeout         = 10 * time.Second
 	DefaultIdleTimeout         = 2 * time.Minute
-	DefaultMaxConnsPerHost     = 64
+)
+
+// The transport's fixed bounds: connecting (and the TLS handshake), and the
+// connections to one upstream host (a call waits for a free one).
+const (
+	dialTimeout     = 10 * time.Second
+	maxConnsPerHost = 64
 )
 
 // Validate reports a configuration that cannot work.
@@ -57,26 +56,20 @@ func (c Config) Validate() error {
 	switch {
 	case c.MaxRequestBodyBytes < 0:
 		return fmt.Errorf("forward: MaxRequestBodyBytes %d < 0", c.MaxRequestBodyBytes)
-	case c.DialTimeout < 0:
-		return fmt.Errorf("forward: DialTimeout %v < 0", c.DialTimeout)
 	case c.IdleTimeout < 0:
 		return fmt.Errorf("forward: IdleTimeout %v < 0", c.IdleTimeout)
-	case c.MaxConnsPerHost < 0:
-		return fmt.Errorf("forward: MaxConnsPerHost %d < 0", c.MaxConnsPerHost)
 	}
 	return nil
 }
 
 func (c Config) withDefaults() Config {
 	c.MaxRequestBodyBytes = cmp.Or(c.MaxRequestBodyBytes, DefaultMaxRequestBodyBytes)
-	c.DialTimeout = cmp.Or(c.DialTimeout, DefaultDialTimeout)
 	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultIdleTimeout)
-	c.MaxConnsPerHost = cmp.Or(c.MaxConnsPerHost, DefaultMaxConnsPerHost)
 	return c
 }
 
-// Target is where and how one request goes upstream. Resolve builds it from
-// configuration, never from the request.
+// Target is where, how and for whom one request goes upstream. Resolve
+// builds it from configuration, never from the request.
 type Target struct {
 	// API names the forwarded API in metrics and logs ("scim", "taxonomy").
 	API string
@@ -88,6 +81,11 @@ type Target struct {
 	// (injected credentials). Empty: the caller's own Authorization header,
 	// if any, passes through untouched.
 	Authorization string
+	// Key identifies the caller's upstream account for client-side limits:
+	// "project:NAME" or "org:NAME" (by the scheme's scope) when known, else
+	// "auth:" and a short SHA-256 of the caller's Authorization (the secret
+	// itself is never kept), or "anonymous".
+	Key string
 }
 
 // ErrBodyTooLarge is returned (wrapped) by DecodedBody for a body over its
@@ -153,7 +151,7 @@ func New(cfg Config, creds *credentials.Ref, log *zap.Logger, reg prometheus.Reg
 		}
 	}
 	idle := cfg.IdleTimeout
-	dialer := &net.Dialer{Timeout: cfg.DialTimeout}
+	dialer := &net.Dialer{Timeout: dialTimeout}
 	f.transport = &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			c, err := dialer.DialContext(ctx, network, addr)
@@ -162,11 +160,11 @@ func New(cfg Config, creds *credentials.Ref, log *zap.Logger, reg prometheus.Reg
 			}
 			return &idleConn{Conn: c, idle: idle}, nil
 		},
-		MaxConnsPerHost:       cfg.MaxConnsPerHost,
-		MaxIdleConnsPerHost:   cfg.MaxConnsPerHost,
+		MaxConnsPerHost:       maxConnsPerHost,
+		MaxIdleConnsPerHost:   maxConnsPerHost,
 		IdleConnTimeout:       30 * time.Second,
 		ResponseHeaderTimeout: idle,
-		TLSHandshakeTimeout:   cfg.DialTimeout,
+		TLSHandshakeTimeout:   dialTimeout,
 		ForceAttemptHTTP2:     true,
 		// Bodies are passed as they are (a gzip answer stays gzip).
 		DisableCompression: true,
@@ -293,7 +291,7 @@ func (f *Forwarder) forward(w http.ResponseWriter, r *http.Request, t Target, pr
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = http.MaxBytesReader(w, r.Body, int64(f.cfg.MaxRequestBodyBytes))
 	}
-	rec := &recorder{ResponseWriter: w, idle: f.cfg.IdleTimeout, rc: http.NewResponseController(w)}
+	rec := &recorder{StatusWriter: adminroute.StatusWriter{ResponseWriter: w}, idle: f.cfg.IdleTimeout, rc: http.NewResponseController(w)}
 	rec.renew()
 	ctx := context.WithValue(r.Context(), targetKey{}, &t)
 	in := f.m.inflight.WithLabelValues(t.API)
@@ -303,8 +301,8 @@ func (f *Forwarder) forward(w http.ResponseWriter, r *http.Request, t Target, pr
 	if rec.local {
 		return 0
 	}
-	f.m.requests.WithLabelValues(t.API, strconv.Itoa(rec.status)).Inc()
-	return rec.status
+	f.m.requests.WithLabelValues(t.API, strconv.Itoa(rec.Status)).Inc()
+	return rec.Status
 }
 
 func (f *Forwarder) tooLarge() string {
@@ -335,11 +333,10 @@ func (f *Forwarder) proxyError(w http.ResponseWriter, r *http.Request, err error
 // write deadline as the answer flows: the caller may take as long as it
 // keeps reading, and one that stops reading for the idle time-out is cut.
 type recorder struct {
-	http.ResponseWriter
+	adminroute.StatusWriter
 	rc      *http.ResponseController
 	idle    time.Duration
 	renewAt time.Time
-	status  int
 	local   bool // answered by proxyError
 }
 
@@ -350,36 +347,19 @@ func (w *recorder) renew() {
 	}
 }
 
-func (w *recorder) WriteHeader(code int) {
-	if w.status == 0 && code >= 200 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
 func (w *recorder) Write(p []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
 	w.renew()
-	return w.ResponseWriter.Write(p)
+	return w.StatusWriter.Write(p)
 }
-
-// Unwrap lets http.ResponseController (the proxy's flushes) reach the
-// server's writer.
-func (w *recorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // WriteError answers locally: status and {"error": msg, "source": "relay"}
 // (application/json), so that callers can tell the relay's own answers from
 // the upstream's.
 func WriteError(w http.ResponseWriter, status int, msg string) {
-	b, _ := json.Marshal(struct {
+	adminroute.WriteJSON(w, status, struct {
 		Error  string `json:"error"`
 		Source string `json:"source"`
 	}{msg, "relay"})
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	w.Write(append(b, '\n'))
 }
 
 // transportText describes a transport error without any request detail.

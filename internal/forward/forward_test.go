@@ -31,15 +31,15 @@ type seen struct {
 	Body                    string
 }
 
-// upstream is a real HTTP server on 127.0.0.1 that records requests and
+// testUpstream is a real HTTP server on 127.0.0.1 that records requests and
 // answers with h.
-type upstream struct {
+type testUpstream struct {
 	URL  string
 	mu   sync.Mutex
 	reqs []seen
 }
 
-func (u *upstream) last(t *testing.T) seen {
+func (u *testUpstream) last(t *testing.T) seen {
 	t.Helper()
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -49,9 +49,9 @@ func (u *upstream) last(t *testing.T) seen {
 	return u.reqs[len(u.reqs)-1]
 }
 
-func startUpstream(t *testing.T, h http.HandlerFunc) *upstream {
+func startUpstream(t *testing.T, h http.HandlerFunc) *testUpstream {
 	t.Helper()
-	u := &upstream{}
+	u := &testUpstream{}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -132,7 +132,7 @@ func relayHandler(f *Forwarder, creds *credentials.Store, u Upstream) http.Handl
 			JSONErrors(w, p)
 			return
 		}
-		f.Forward(w, r, res.Target)
+		f.Forward(w, r, res)
 	})
 }
 
@@ -167,7 +167,7 @@ func readAll(t *testing.T, r *http.Response) string {
 func TestPassThroughUntouched(t *testing.T) {
 	up := startUpstream(t, nil)
 	f := newForwarder(t, Config{})
-	addr := startRelay(t, relayHandler(f, nil, Upstream{API: "x", Kind: credentials.KindAnalytics, Fallback: baseurl.NewRef(up.URL + "/"), Flag: "--analytics-url", Scheme: SchemeProjectBasic}))
+	addr := startRelay(t, relayHandler(f, nil, Upstream{API: "x", Kind: credentials.KindAnalytics, Fallback: baseurl.NewRef(up.URL + "/"), Scheme: SchemeProjectBasic}))
 	body := "category_name=a%20b&x=%2F"
 	resp := rawDo(t, addr, "PUT /api/2/taxonomy/category/a%40b%20c?x=1&y=%20&x=2 HTTP/1.1\r\n"+
 		"Host: evil.example\r\nAuthorization: Basic dXNlcjpwYXNz\r\nProxy-Authorization: Bearer admintok\r\n"+
@@ -211,7 +211,7 @@ func TestInjectedCredentials(t *testing.T) {
 		kind    string
 		project string
 		want    string
-		wantURL *upstream
+		wantURL *testUpstream
 	}{
 		{"project basic", SchemeProjectBasic, credentials.KindAnalytics, "web-prod", basic("pk-web", "ps-web"), up},
 		{"project basic eu region", SchemeProjectBasic, credentials.KindAnalytics, "eu-app", basic("pk-eu", "ps-eu"), eu},
@@ -221,7 +221,7 @@ func TestInjectedCredentials(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			addr := startRelay(t, relayHandler(f, creds, Upstream{API: "x", Kind: c.kind, Fallback: baseurl.NewRef(up.URL), Flag: "--x-url", Scheme: c.scheme}))
+			addr := startRelay(t, relayHandler(f, creds, Upstream{API: "x", Kind: c.kind, Fallback: baseurl.NewRef(up.URL), Scheme: c.scheme}))
 			resp := rawDo(t, addr, "GET /p HTTP/1.1\r\nHost: x\r\nX-Relay-Project: "+c.project+"\r\n\r\n")
 			if resp.StatusCode != 200 {
 				t.Fatalf("status %d: %s", resp.StatusCode, readAll(t, resp))
@@ -256,8 +256,8 @@ func TestResolveErrors(t *testing.T) {
 		{"project without org", creds, "lonely", Upstream{API: "scim", Fallback: baseurl.NewRef("http://x"), Scheme: SchemeSCIMBearer}, 400, "in no organization"},
 		{"org without scim token", noSCIM, "p", Upstream{Fallback: baseurl.NewRef("http://x"), Scheme: SchemeSCIMBearer}, 400, "no scim_token"},
 		{"org without management key", noSCIM, "p", Upstream{Fallback: baseurl.NewRef("http://x"), Scheme: SchemeManagementBearer}, 400, "no management_api_key"},
-		{"no base", creds, "web-prod", Upstream{API: "scim", Kind: credentials.KindSCIM, Flag: "--scim-url", Scheme: SchemeSCIMBearer}, 502, "--scim-url"},
-		{"no base pass-through", creds, "", Upstream{API: "scim", Kind: credentials.KindSCIM, Flag: "--scim-url", Scheme: SchemeSCIMBearer}, 502, "--scim-url"},
+		{"no base", creds, "web-prod", Upstream{API: "scim", Kind: credentials.KindSCIM, Scheme: SchemeSCIMBearer}, 502, "--scim-url"},
+		{"no base pass-through", creds, "", Upstream{API: "scim", Kind: credentials.KindSCIM, Scheme: SchemeSCIMBearer}, 502, "--scim-url"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -284,7 +284,7 @@ func TestResolvePassThroughKnownKeyFindsRegion(t *testing.T) {
 	req := httptest.NewRequest("GET", "/x", nil)
 	req.Header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte("pk-eu:whatever")))
 	r, e := Resolve(req, creds, Upstream{Kind: credentials.KindAnalytics, Fallback: baseurl.NewRef("http://default"), Scheme: SchemeProjectBasic})
-	if e != nil || r.Base != eu.URL || r.Key != "project:eu-app" || r.Injected || r.Authorization != "" {
+	if e != nil || r.Base != eu.URL || r.Key != "project:eu-app" || r.Authorization != "" {
 		t.Fatalf("%+v %v", r, e)
 	}
 	req.Header.Set("Authorization", "Bearer tok")
@@ -468,29 +468,6 @@ func TestStreamingBoundedMemory(t *testing.T) {
 				t.Fatalf("heap grew by %d MiB: the answer is buffered, not streamed", grow>>20)
 			}
 		})
-	}
-}
-
-func TestRetryAfter(t *testing.T) {
-	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	for v, want := range map[string]time.Duration{
-		"17": 17 * time.Second, "0": 0, now.Add(90 * time.Second).Format(http.TimeFormat): 90 * time.Second,
-		now.Add(-time.Hour).Format(http.TimeFormat): 0,
-	} {
-		h := http.Header{}
-		h.Set("Retry-After", v)
-		if d, ok := RetryAfter(h, now); !ok || d != want {
-			t.Errorf("%q: %v %v, want %v", v, d, ok, want)
-		}
-	}
-	for _, v := range []string{"", "soon", "-5"} {
-		h := http.Header{}
-		if v != "" {
-			h.Set("Retry-After", v)
-		}
-		if _, ok := RetryAfter(h, now); ok {
-			t.Errorf("%q accepted", v)
-		}
 	}
 }
 

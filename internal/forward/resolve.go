@@ -12,9 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
-	"time"
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/svcrelay/relay/internal/admintoken"
@@ -50,27 +48,8 @@ type Upstream struct {
 	// Fallback is the flag's base (--scim-url, ...), read at every request
 	// (a reload may change it); nil or "" when not set.
 	Fallback *baseurl.Ref
-	// Flag names the flag in error messages ("--scim-url").
-	Flag string
 	// Scheme is the authentication the upstream needs.
 	Scheme Scheme
-}
-
-// Resolved is a Target plus who the call is for.
-type Resolved struct {
-	Target
-	// Project is the project named by X-Relay-Project, or for pass-through
-	// Basic auth the project whose api_key the caller sent (nil when none).
-	Project *credentials.Project
-	// Org is the organization of Project (nil when none).
-	Org *credentials.Organization
-	// Injected reports whether Authorization carries injected credentials.
-	Injected bool
-	// Key identifies the caller's upstream account for client-side limits:
-	// "project:NAME" or "org:NAME" (by the scheme's scope) when known, else
-	// "auth:" and a short SHA-256 of the caller's Authorization (the secret
-	// itself is never kept), or "anonymous".
-	Key string
 }
 
 // Problem is a local answer: the status and message for the caller, in the
@@ -110,8 +89,11 @@ func BadIf(err error) *Problem {
 // credentials file, or the project lacks what u.Scheme needs (no
 // organization, no management_api_key, no scim_token); 502 when no base is
 // configured for u.
-func Resolve(req *http.Request, creds *credentials.Store, u Upstream) (Resolved, *Problem) {
-	r := Resolved{Target: Target{API: u.API}}
+func Resolve(req *http.Request, creds *credentials.Store, u Upstream) (Target, *Problem) {
+	r := Target{API: u.API}
+	// project is the one named by X-Relay-Project, or for pass-through
+	// Basic auth the one whose api_key the caller sent (nil when none).
+	var project *credentials.Project
 	name := req.Header.Get(admintoken.HeaderProject)
 	if name != "" {
 		p, ok := creds.Project(name)
@@ -122,7 +104,7 @@ func Resolve(req *http.Request, creds *credentials.Store, u Upstream) (Resolved,
 			}
 			return r, &Problem{Status: http.StatusBadRequest, Msg: msg}
 		}
-		r.Project, r.Org, r.Injected = p, p.Org(), true
+		project = p
 		org := p.Org()
 		what := map[Scheme]string{SchemeOrgBasic: "api_key and secret_key",
 			SchemeManagementBearer: "management_api_key", SchemeSCIMBearer: "scim_token"}[u.Scheme]
@@ -154,7 +136,7 @@ func Resolve(req *http.Request, creds *credentials.Store, u Upstream) (Resolved,
 			// project (and so its region and limits) is then known.
 			if key, ok := basicUser(auth); ok {
 				if p, ok := creds.ProjectByAPIKey(key); ok {
-					r.Project, r.Org = p, p.Org()
+					project = p
 					if u.Scheme == SchemeProjectBasic {
 						r.Key = "project:" + p.Name
 					}
@@ -170,18 +152,9 @@ func Resolve(req *http.Request, creds *credentials.Store, u Upstream) (Resolved,
 			}
 		}
 	}
-	fallback := u.Fallback.Load()
-	switch {
-	case r.Project != nil:
-		r.Base = r.Project.URL(u.Kind, fallback)
-	case r.Org != nil:
-		r.Base = r.Org.URL(u.Kind, fallback)
-	default:
-		r.Base = fallback
-	}
-	if r.Base == "" {
+	if r.Base = project.URL(u.Kind, u.Fallback.Load()); r.Base == "" {
 		return r, &Problem{Status: http.StatusBadGateway, Msg: fmt.Sprintf(
-			"no upstream configured for %s: set %s (or %s_url in the credentials file)", u.API, u.Flag, u.Kind)}
+			"no upstream configured for %s: set --%s-url (or %s_url in the credentials file)", u.API, u.Kind, u.Kind)}
 	}
 	return r, nil
 }
@@ -258,22 +231,6 @@ func DecodedBody(r *http.Request, limit int) ([]byte, error) {
 // ErrUndecodable is returned by DecodedBody for a body its Content-Encoding
 // does not decode.
 var ErrUndecodable = errors.New("request body could not be decoded by its Content-Encoding")
-
-// RetryAfter reads a Retry-After header of an answer: delay seconds or an
-// HTTP date (relative to now). ok is false when absent or unreadable.
-func RetryAfter(h http.Header, now time.Time) (d time.Duration, ok bool) {
-	v := strings.TrimSpace(h.Get("Retry-After"))
-	if v == "" {
-		return 0, false
-	}
-	if n, err := strconv.Atoi(v); err == nil {
-		return max(time.Duration(n)*time.Second, 0), n >= 0
-	}
-	if t, err := http.ParseTime(v); err == nil {
-		return max(t.Sub(now), 0), true
-	}
-	return 0, false
-}
 
 // jsonMerge marshals base with the fields of extra (a struct or map that
 // marshals to a JSON object) added.

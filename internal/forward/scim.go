@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -38,7 +39,7 @@ func SCIM(c APIConfig) API {
 	const get, post, put, patch, del = http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete
 	const body = DefaultMaxRequestBodyBytes
 	return API{
-		Upstream: Upstream{API: "scim", Kind: credentials.KindSCIM, Fallback: c.URL, Flag: "--scim-url",
+		Upstream: Upstream{API: "scim", Kind: credentials.KindSCIM, Fallback: c.URL,
 			Scheme: SchemeSCIMBearer},
 		Errors: scimError,
 		Limits: []Limit{{
@@ -197,11 +198,7 @@ func scimPatch(r *http.Request, raw []byte) *Problem {
 	if err := json.Unmarshal(raw, &body); err != nil {
 		return scimProblem("invalidSyntax", "body must be a PatchOp JSON object")
 	}
-	found := false
-	for _, s := range body.Schemas {
-		found = found || s == SCIMPatchOpSchema
-	}
-	if !found {
+	if !slices.Contains(body.Schemas, SCIMPatchOpSchema) {
 		return scimProblem("invalidSyntax", "schemas must contain "+SCIMPatchOpSchema)
 	}
 	if len(body.Operations) == 0 {

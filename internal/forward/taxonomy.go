@@ -54,7 +54,7 @@ func Taxonomy(cfg APIConfig) API {
 	}
 	return API{
 		Upstream: Upstream{API: "taxonomy", Kind: credentials.KindAnalytics, Fallback: cfg.URL,
-			Flag: "--analytics-url", Scheme: SchemeProjectBasic},
+			Scheme: SchemeProjectBasic},
 		Errors: taxonomyError,
 		Limits: []Limit{{
 			Config: lim,

@@ -1,7 +1,6 @@
 package groupidentify
 
 import (
-	"cmp"
 	"fmt"
 	"net/http"
 	"strings"
@@ -33,16 +32,6 @@ type Config struct {
 	// "/groupidentify" (a project's ingest_url in the credentials file
 	// overrides it for that project's api_key). Required.
 	URL string
-	// MaxIdentifies bounds identifications per accepted and per upstream
-	// request; zero means MaxIdentifies (1024).
-	MaxIdentifies int
-	// MaxProperties bounds the group properties (plain keys plus the keys
-	// inside each $operation) per accepted and per upstream request; zero
-	// means MaxProperties (1024).
-	MaxProperties int
-	// MaxBodyBytes: accepted and upstream form bodies are strictly shorter;
-	// zero means MaxBodyBytes (1,000,000).
-	MaxBodyBytes int
 	// Spooling: the delivery's timing, the 503's Retry-After, the store.
 	forms.Spooling
 }
@@ -52,30 +41,13 @@ func (c Config) Validate() error {
 	if c.URL == "" || !(strings.HasPrefix(c.URL, "http://") || strings.HasPrefix(c.URL, "https://")) {
 		return fmt.Errorf("groupidentify: URL %q is not an http(s) base", c.URL)
 	}
-	switch {
-	case c.MaxIdentifies < 0 || c.MaxIdentifies > MaxIdentifies:
-		return fmt.Errorf("groupidentify: MaxIdentifies %d not in 0..%d", c.MaxIdentifies, MaxIdentifies)
-	case c.MaxProperties < 0 || c.MaxProperties > MaxProperties:
-		return fmt.Errorf("groupidentify: MaxProperties %d not in 0..%d", c.MaxProperties, MaxProperties)
-	case c.MaxBodyBytes < 0 || c.MaxBodyBytes > MaxBodyBytes:
-		return fmt.Errorf("groupidentify: MaxBodyBytes %d not in 0..%d", c.MaxBodyBytes, MaxBodyBytes)
-	}
 	return c.Spooling.ValidateAs("groupidentify")
-}
-
-func (c Config) withDefaults() Config {
-	c.MaxIdentifies = cmp.Or(c.MaxIdentifies, MaxIdentifies)
-	c.MaxProperties = cmp.Or(c.MaxProperties, MaxProperties)
-	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, MaxBodyBytes)
-	c.URL = strings.TrimRight(c.URL, "/")
-	return c
 }
 
 // GroupIdentify is the /groupidentify route (Spooled.In accepts) and its
 // delivery (Spooled's Pipeline: Run, Ready, LaneStatus, StopLane,
 // ResumeLane).
 type GroupIdentify struct {
-	cfg  Config
 	base *baseurl.Ref // Config.URL in force (SetURL)
 	forms.Spooled
 }
@@ -86,20 +58,20 @@ func New(cfg Config, client *upstream.Client, creds *credentials.Ref, log *zap.L
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cfg = cfg.withDefaults()
+	cfg.URL = strings.TrimRight(cfg.URL, "/")
 	base := baseurl.NewRef(cfg.URL)
 	s, err := forms.NewSpooled(delivery.FormConfig{
 		Name:  "groupidentify",
 		Lanes: storage.KindGroupIdentify,
-		Kind: &delivery.Form{Field: "identification", MaxItems: cfg.MaxIdentifies, MaxBodyBytes: cfg.MaxBodyBytes,
-			MaxWeight: cfg.MaxProperties, Weight: Properties},
+		Kind: &delivery.Form{Field: "identification", MaxItems: MaxIdentifies, MaxBodyBytes: MaxBodyBytes,
+			MaxWeight: MaxProperties, Weight: Properties},
 		URL: delivery.ProjectURL(creds, credentials.KindIngest, base, "/groupidentify"),
 	}, forms.IntakeConfig{Field: "identifications_accepted", AcceptedHelp: "Group identifications accepted into the spool.",
 		RejectedHelp: "POST /groupidentify requests refused, by reason."}, cfg.Spooling, client, creds, log, reg)
 	if err != nil {
 		return nil, err
 	}
-	return &GroupIdentify{cfg: cfg, base: base, Spooled: s}, nil
+	return &GroupIdentify{base: base, Spooled: s}, nil
 }
 
 // SetURL puts a new upstream base (Config.URL, valid) in force for every

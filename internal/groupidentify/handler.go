@@ -24,14 +24,10 @@ type Identification struct {
 	Data []byte
 }
 
-// ValidationError is a request the relay refuses locally (see
-// forms.ValidationError).
-type ValidationError = forms.ValidationError
-
 // Parse validates the identification parameter (a JSON array of objects, or
 // one object) against the limits and returns the identifications. apiKey
 // is only used to check that each identification fits an upstream request.
-func Parse(apiKey string, identification []byte, maxIdentifies, maxProperties, maxBodyBytes int) ([]Identification, *ValidationError) {
+func Parse(apiKey string, identification []byte, maxIdentifies, maxProperties, maxBodyBytes int) ([]Identification, *forms.ValidationError) {
 	raws, verr := forms.Items("identification", identification, maxIdentifies, "too_many_identifies", "group identifies")
 	if verr != nil {
 		return nil, verr
@@ -55,7 +51,7 @@ func Parse(apiKey string, identification []byte, maxIdentifies, maxProperties, m
 			return nil, forms.Bad("too_many_properties", "identification: more than %d group properties in one request (at identification[%d])", maxProperties, i)
 		}
 		if esc, _ = frame.Record(esc, id.Data); frame.TooLarge(esc) { // escaped, as sent
-			return nil, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
+			return nil, &forms.ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
 				Msg: fmt.Sprintf("identification[%d]: too large for one upstream request (1 MB)", i)}
 		}
 		out = append(out, id)
@@ -63,7 +59,7 @@ func Parse(apiKey string, identification []byte, maxIdentifies, maxProperties, m
 	return out, nil
 }
 
-func parseOne(raw json.RawMessage) (Identification, *ValidationError) {
+func parseOne(raw json.RawMessage) (Identification, *forms.ValidationError) {
 	var obj map[string]json.RawMessage
 	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &obj) != nil {
 		return Identification{}, forms.Bad("invalid_type", ": must be an object")
@@ -154,20 +150,20 @@ func isNull(v json.RawMessage) bool { return string(v) == "null" }
 func (g *GroupIdentify) serve(w http.ResponseWriter, r *http.Request) {
 	f, err := forms.ReadForm(r)
 	if err != nil {
-		g.In.Reject(w, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
-			Msg: fmt.Sprintf("Payload too large: the limit is under %d bytes (1 MB)", g.cfg.MaxBodyBytes)})
+		g.In.Reject(w, &forms.ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
+			Msg: fmt.Sprintf("Payload too large: the limit is under %d bytes (1 MB)", MaxBodyBytes)})
 		return
 	}
-	if n := len(f.Body); n >= g.cfg.MaxBodyBytes {
-		g.In.Reject(w, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
-			Msg: fmt.Sprintf("Payload too large: body of %d bytes; the limit is under %d bytes (1 MB)", n, g.cfg.MaxBodyBytes)})
+	if n := len(f.Body); n >= MaxBodyBytes {
+		g.In.Reject(w, &forms.ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
+			Msg: fmt.Sprintf("Payload too large: body of %d bytes; the limit is under %d bytes (1 MB)", n, MaxBodyBytes)})
 		return
 	}
 	apiKey, ok := g.In.APIKey(w, r, forms.First("api_key", f.Post, f.Query))
 	if !ok {
 		return
 	}
-	ids, verr := Parse(apiKey, []byte(forms.First("identification", f.Post, f.Query)), g.cfg.MaxIdentifies, g.cfg.MaxProperties, g.cfg.MaxBodyBytes)
+	ids, verr := Parse(apiKey, []byte(forms.First("identification", f.Post, f.Query)), MaxIdentifies, MaxProperties, MaxBodyBytes)
 	if verr != nil {
 		g.In.Reject(w, verr)
 		return

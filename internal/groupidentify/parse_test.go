@@ -69,11 +69,7 @@ func TestConfigValidate(t *testing.T) {
 		{"minimal", Config{URL: "http://x"}, true},
 		{"no url", Config{}, false},
 		{"not http", Config{URL: "ftp://x"}, false},
-		{"identifies above the API", Config{URL: "http://x", MaxIdentifies: 1025}, false},
-		{"properties above the API", Config{URL: "http://x", MaxProperties: 1025}, false},
-		{"body above the API", Config{URL: "http://x", MaxBodyBytes: 1_000_001}, false},
 		{"negative age", Config{URL: "http://x", Spooling: forms.Spooling{FormTiming: delivery.FormTiming{MaxAge: -1}}}, false},
-		{"smaller limits", Config{URL: "https://x", MaxIdentifies: 10, MaxProperties: 10, MaxBodyBytes: 1000}, true},
 	}
 	for _, tc := range tests {
 		if err := tc.cfg.Validate(); (err == nil) != tc.ok {

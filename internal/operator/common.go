@@ -17,7 +17,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/svcrelay/relay/internal/backfill"
 	"github.com/svcrelay/relay/internal/credentials"
-	"github.com/svcrelay/relay/internal/forward"
+	"github.com/svcrelay/relay/internal/upstream"
 )
 
 // Exit codes.
@@ -311,7 +311,7 @@ func (cl *client) once(ctx context.Context, method, url string, body []byte, acc
 	r.Body.Close()
 	se := &statusError{Status: r.StatusCode, Body: string(b)}
 	if r.StatusCode == http.StatusTooManyRequests || r.StatusCode >= 500 {
-		ra, _ := forward.RetryAfter(r.Header, time.Now()) // seconds or an HTTP date
+		ra := upstream.RetryAfter(r.Header.Get("Retry-After"), time.Now()) // seconds or an HTTP date
 		return nil, ra, se
 	}
 	return nil, 0, backoff.Permanent(se)

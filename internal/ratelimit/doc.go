@@ -2,7 +2,8 @@
 // APIs it forwards to, so that the upstream's own 429 becomes rare: the SCIM
 // request rate (100 requests per minute per organization: cost 1, Limit 100,
 // Window 1 min) and the taxonomy cost budget (GET 1, others 2; at most 4
-// cost in flight and 7200 cost per hour per project).
+// cost in flight and 7200 cost per hour per project); and the user mapping
+// rate per organization (internal/usermap, whose calls wait however long).
 //
 // # The rule
 //

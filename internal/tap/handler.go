@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/svcrelay/relay/internal/adminroute"
 )
 
 // Bounds of a tap's duration.
@@ -32,10 +34,7 @@ func (h *Hub) Handler(project func(name string) (apiKey string, ok bool)) http.H
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
 		fail := func(status int, msg string) {
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(status)
-			b, _ := json.Marshal(map[string]any{"code": status, "error": msg})
-			w.Write(append(b, '\n'))
+			adminroute.WriteJSON(w, status, map[string]any{"code": status, "error": msg})
 		}
 		var f Filter
 		var err error

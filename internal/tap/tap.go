@@ -2,6 +2,7 @@ package tap
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -135,12 +136,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Hub, error) {
 	if cfg.MaxTaps < 0 || cfg.Buffer < 0 {
 		return nil, errors.New("tap: negative MaxTaps or Buffer")
 	}
-	if cfg.MaxTaps == 0 {
-		cfg.MaxTaps = DefaultMaxTaps
-	}
-	if cfg.Buffer == 0 {
-		cfg.Buffer = DefaultBuffer
-	}
+	cfg.MaxTaps, cfg.Buffer = cmp.Or(cfg.MaxTaps, DefaultMaxTaps), cmp.Or(cfg.Buffer, DefaultBuffer)
 	h := &Hub{cfg: cfg, done: make(chan struct{})}
 	h.dropped = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "relay_tap_dropped_events_total",

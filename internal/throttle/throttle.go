@@ -3,6 +3,7 @@ package throttle
 import (
 	"cmp"
 	"errors"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -268,23 +269,19 @@ func (t *Throttle) PacedKeys() int {
 }
 
 func (t *Throttle) sweepPausedLocked(now time.Time) {
-	for k, u := range t.paused {
-		if !u.After(now) {
-			delete(t.paused, k)
-		}
-	}
-	t.pausedSwept = len(t.paused)
-	t.npaused.Store(int64(len(t.paused)))
+	t.pausedSwept = sweep(t.paused, &t.npaused, func(u time.Time) bool { return !u.After(now) })
 }
 
 func (t *Throttle) sweepPacedLocked(now time.Time) {
-	for k, p := range t.paced {
-		if now.Sub(p.used) >= t.cfg.PaceForget {
-			delete(t.paced, k)
-		}
-	}
-	t.pacedSwept = len(t.paced)
-	t.npaced.Store(int64(len(t.paced)))
+	t.pacedSwept = sweep(t.paced, &t.npaced, func(p *pace) bool { return now.Sub(p.used) >= t.cfg.PaceForget })
+}
+
+// sweep deletes m's entries that are gone, stores what is left in n and
+// returns it.
+func sweep[V any](m map[string]V, n *atomic.Int64, gone func(V) bool) int {
+	maps.DeleteFunc(m, func(_ string, v V) bool { return gone(v) })
+	n.Store(int64(len(m)))
+	return len(m)
 }
 
 // Take takes one event's token from each paced key among a and b (b may be
@@ -385,15 +382,4 @@ func (t *Throttle) Admitted(keys []string) {
 			p.grow = 0
 		}
 	}
-}
-
-// Cap is key's per-request cap, 0 when key is not paced (for tests and the
-// admin view).
-func (t *Throttle) Cap(key string) int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if p := t.paced[key]; p != nil {
-		return int(p.cap)
-	}
-	return 0
 }

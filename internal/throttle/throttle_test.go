@@ -300,3 +300,13 @@ func TestPaceAll(t *testing.T) {
 		}
 	})
 }
+
+// Cap is key's per-request cap, 0 when key is not paced.
+func (t *Throttle) Cap(key string) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p := t.paced[key]; p != nil {
+		return int(p.cap)
+	}
+	return 0
+}

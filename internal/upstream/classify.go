@@ -134,7 +134,7 @@ func Classify(status int, respBody []byte, retryAfter string, err error) Result 
 		r.Kind = OK
 		return r
 	}
-	r.RetryAfter = parseRetryAfter(retryAfter, time.Now())
+	r.RetryAfter = RetryAfter(retryAfter, time.Now())
 	var b body
 	parsed := len(respBody) > 0 && json.Unmarshal(respBody, &b) == nil
 	if !parsed && len(respBody) > 0 {
@@ -236,8 +236,9 @@ func answer(status int, b []byte) []byte {
 	return append(out, b...)
 }
 
-// parseRetryAfter reads delay-seconds or an HTTP date; 0 when absent or bad.
-func parseRetryAfter(v string, now time.Time) time.Duration {
+// RetryAfter reads a Retry-After value: delay-seconds or an HTTP date
+// (relative to now); 0 when absent, bad or past.
+func RetryAfter(v string, now time.Time) time.Duration {
 	v = strings.TrimSpace(v)
 	if v == "" {
 		return 0

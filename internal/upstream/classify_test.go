@@ -112,8 +112,8 @@ func TestRetryAfter(t *testing.T) {
 		{now.Add(90 * time.Second).Format(http.TimeFormat), 90 * time.Second},
 		{now.Add(-time.Hour).Format(http.TimeFormat), 0},
 	} {
-		if got := parseRetryAfter(tt.in, now); got != tt.want {
-			t.Errorf("parseRetryAfter(%q) = %v, want %v", tt.in, got, tt.want)
+		if got := RetryAfter(tt.in, now); got != tt.want {
+			t.Errorf("RetryAfter(%q) = %v, want %v", tt.in, got, tt.want)
 		}
 	}
 	r := Classify(503, nil, "5", nil)

@@ -20,50 +20,27 @@ type Config struct {
 	// Timeout bounds one request from dial to the last byte of the answer;
 	// zero means DefaultTimeout.
 	Timeout time.Duration
-	// DialTimeout bounds connecting; zero means DefaultDialTimeout.
-	DialTimeout time.Duration
-	// MaxConnsPerHost bounds the connections to one upstream host; size it
-	// for the delivery's shards (every shard has at most one request in
-	// flight). Zero means DefaultMaxConnsPerHost.
-	MaxConnsPerHost int
-	// MaxIdleConnDuration closes keep-alive connections idle this long;
-	// zero means DefaultMaxIdleConnDuration.
-	MaxIdleConnDuration time.Duration
-	// MaxResponseBytes bounds an answer's body; zero means 1 MiB.
-	MaxResponseBytes int
-	// UserAgent is sent in User-Agent; "" means "svc-relay".
-	UserAgent string
 }
 
-// Defaults.
+// DefaultTimeout is Config.Timeout's default.
+const DefaultTimeout = 30 * time.Second
+
+// The client's fixed bounds: connecting, the connections to one host (room
+// for the delivery's shards, each with at most one request in flight),
+// keep-alive idleness and an answer's body.
 const (
-	DefaultTimeout             = 30 * time.Second
-	DefaultDialTimeout         = 5 * time.Second
-	DefaultMaxConnsPerHost     = 64
-	DefaultMaxIdleConnDuration = 30 * time.Second
+	dialTimeout         = 5 * time.Second
+	maxConnsPerHost     = 64
+	maxIdleConnDuration = 30 * time.Second
+	maxResponseBytes    = 1 << 20
 )
 
 // Validate reports a configuration error.
 func (c Config) Validate() error {
-	if c.Timeout < 0 || c.DialTimeout < 0 || c.MaxIdleConnDuration < 0 {
+	if c.Timeout < 0 {
 		return errors.New("upstream: negative time-out")
 	}
-	if c.MaxConnsPerHost < 0 || c.MaxResponseBytes < 0 {
-		return errors.New("upstream: negative limit")
-	}
 	return nil
-}
-
-func (c Config) withDefaults() Config {
-	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
-	c.DialTimeout = cmp.Or(c.DialTimeout, DefaultDialTimeout)
-	c.MaxConnsPerHost = cmp.Or(c.MaxConnsPerHost, DefaultMaxConnsPerHost)
-	c.MaxIdleConnDuration = cmp.Or(c.MaxIdleConnDuration, DefaultMaxIdleConnDuration)
-	c.MaxResponseBytes = cmp.Or(c.MaxResponseBytes, 1<<20)
-	if c.UserAgent == "" {
-		c.UserAgent = "svc-relay"
-	}
-	return c
 }
 
 // Request is one POST to the upstream.
@@ -128,22 +105,21 @@ func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Client, error
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cfg = cfg.withDefaults()
+	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
 	if log == nil {
 		log = zap.NewNop()
 	}
-	dialTimeout := cfg.DialTimeout
 	c := &Client{
 		cfg: cfg,
 		log: log,
 		hc: &fasthttp.Client{
-			Name:                      cfg.UserAgent,
-			MaxConnsPerHost:           cfg.MaxConnsPerHost,
-			MaxIdleConnDuration:       cfg.MaxIdleConnDuration,
+			Name:                      "svc-relay",
+			MaxConnsPerHost:           maxConnsPerHost,
+			MaxIdleConnDuration:       maxIdleConnDuration,
 			ReadTimeout:               cfg.Timeout,
 			WriteTimeout:              cfg.Timeout,
 			MaxConnWaitTimeout:        cfg.Timeout,
-			MaxResponseBodySize:       cfg.MaxResponseBytes,
+			MaxResponseBodySize:       maxResponseBytes,
 			DisablePathNormalizing:    true,
 			MaxIdemponentCallAttempts: 1,
 			Dial: func(addr string) (net.Conn, error) {
@@ -241,6 +217,3 @@ func (c *Client) Do(ctx context.Context, req *Request) Result {
 		return r
 	}
 }
-
-// CloseIdle closes idle keep-alive connections.
-func (c *Client) CloseIdle() { c.hc.CloseIdleConnections() }

@@ -26,10 +26,10 @@
 // mappings and under 1,000,000 bytes; one request in flight per lane keeps
 // the order of every user_id (a lane is one api_key; mappings of one user
 // under two api_keys are two callers' orders, not one). Every request first
-// takes its mapping count from the Pacer of its organization: the
-// organization of the api_key's project in the credentials file (a project
+// takes its mapping count from the pacer (a ratelimit.Limiter) of its
+// organization: the organization of the api_key's project in the credentials file (a project
 // in no organization is its own; an api_key not in the file is its own
-// organization). The Pacer keeps every 30 s window at or under 1500 mapping
+// organization). The pacer keeps every 30 s window at or under 1500 mapping
 // calls, counted from admission to RateWindow after the answer, so the
 // upstream's window never sees more whatever the latency. A 429 waits as
 // a 5xx does (delivery.Retry.Wait: the backoff, at least Retry-After

@@ -23,14 +23,10 @@ type Mapping struct {
 	Data []byte
 }
 
-// ValidationError is a request the relay refuses locally (see
-// forms.ValidationError).
-type ValidationError = forms.ValidationError
-
 // ParseMappings validates the mapping parameter (one JSON object or an
 // array of them) and returns the mappings. apiKey is used to check that each
 // mapping fits one upstream request.
-func ParseMappings(apiKey string, mapping []byte, maxMappings, maxBodyBytes int) ([]Mapping, *ValidationError) {
+func ParseMappings(apiKey string, mapping []byte, maxMappings, maxBodyBytes int) ([]Mapping, *forms.ValidationError) {
 	raws, verr := forms.Items("mapping", mapping, maxMappings, "too_many_mappings", "mappings")
 	if verr != nil {
 		return nil, verr
@@ -45,7 +41,7 @@ func ParseMappings(apiKey string, mapping []byte, maxMappings, maxBodyBytes int)
 			return nil, err
 		}
 		if esc, _ = frame.Record(esc, m.Data); frame.TooLarge(esc) { // escaped, as sent
-			return nil, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
+			return nil, &forms.ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
 				Msg: fmt.Sprintf("mapping[%d]: too large for one upstream request (1 MB)", i)}
 		}
 		out = append(out, m)
@@ -53,13 +49,13 @@ func ParseMappings(apiKey string, mapping []byte, maxMappings, maxBodyBytes int)
 	return out, nil
 }
 
-func parseOne(raw json.RawMessage) (Mapping, *ValidationError) {
+func parseOne(raw json.RawMessage) (Mapping, *forms.ValidationError) {
 	var obj map[string]json.RawMessage
 	var m Mapping
 	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &obj) != nil {
 		return m, forms.Bad("invalid_type", ": must be an object")
 	}
-	str := func(k string) (string, *ValidationError) {
+	str := func(k string) (string, *forms.ValidationError) {
 		v, ok := obj[k]
 		if !ok || string(v) == "null" {
 			return "", nil
@@ -70,7 +66,7 @@ func parseOne(raw json.RawMessage) (Mapping, *ValidationError) {
 		}
 		return s, nil
 	}
-	var err *ValidationError
+	var err *forms.ValidationError
 	if m.UserID, err = str("user_id"); err != nil {
 		return m, err
 	}
@@ -105,16 +101,16 @@ func parseOne(raw json.RawMessage) (Mapping, *ValidationError) {
 
 func (u *UserMap) servePost(w http.ResponseWriter, r *http.Request) {
 	f, err := forms.ReadForm(r)
-	if n := len(f.Body) + len(r.URL.RawQuery); err != nil || n >= u.cfg.MaxBodyBytes {
-		u.In.Reject(w, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
-			Msg: fmt.Sprintf("Payload too large: %d bytes; the limit is under %d bytes (1 MB)", n, u.cfg.MaxBodyBytes)})
+	if n := len(f.Body) + len(r.URL.RawQuery); err != nil || n >= MaxBodyBytes {
+		u.In.Reject(w, &forms.ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
+			Msg: fmt.Sprintf("Payload too large: %d bytes; the limit is under %d bytes (1 MB)", n, MaxBodyBytes)})
 		return
 	}
 	apiKey, ok := u.In.APIKey(w, r, forms.First("api_key", f.Query, f.Post))
 	if !ok {
 		return
 	}
-	ms, verr := ParseMappings(apiKey, []byte(forms.First("mapping", f.Query, f.Post)), u.cfg.MaxMappings, u.cfg.MaxBodyBytes)
+	ms, verr := ParseMappings(apiKey, []byte(forms.First("mapping", f.Query, f.Post)), MaxMappings, MaxBodyBytes)
 	if verr != nil {
 		u.In.Reject(w, verr)
 		return
@@ -129,7 +125,7 @@ func (u *UserMap) servePost(w http.ResponseWriter, r *http.Request) {
 // ParseUserIDs validates the user_ids parameter of GET /api/2/usermap: a
 // JSON array of strings, or a comma-separated list; 1 to MaxUserIDs
 // non-empty ids.
-func ParseUserIDs(v []byte) ([]string, *ValidationError) {
+func ParseUserIDs(v []byte) ([]string, *forms.ValidationError) {
 	t := bytes.TrimSpace(v)
 	if len(t) == 0 {
 		return nil, forms.Bad("missing_field", "user_ids: missing or empty (1 to 100 user ids)")
@@ -164,17 +160,11 @@ func ParseUserIDs(v []byte) ([]string, *ValidationError) {
 func ReadAPI(c forward.APIConfig) forward.API {
 	return forward.API{
 		Upstream: forward.Upstream{API: "usermap", Kind: credentials.KindAnalytics, Fallback: c.URL,
-			Flag: "--analytics-url", Scheme: forward.SchemeProjectBasic},
+			Scheme: forward.SchemeProjectBasic},
 		Headers: []string{"Accept"},
 		Errors: func(w http.ResponseWriter, p *forward.Problem) {
-			b, _ := json.Marshal(struct {
-				Code   int    `json:"code"`
-				Error  string `json:"error"`
-				Source string `json:"source"`
-			}{p.Status, p.Msg, "relay"})
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(p.Status)
-			w.Write(b)
+			p.Extra = map[string]int{"code": p.Status}
+			forward.JSONErrors(w, p)
 		},
 		Routes: []adminroute.Route{{Method: http.MethodGet, Path: "/api/2/usermap", Handler: forward.Endpoint{Check: func(r *http.Request, _ []byte) *forward.Problem {
 			if _, verr := ParseUserIDs([]byte(r.URL.Query().Get("user_ids"))); verr != nil {

@@ -20,7 +20,7 @@ func TestPacerWindow(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const limit, window = 1500, 30 * time.Second
 		org := map[string]string{"a1": "A", "a2": "A", "a3": "A", "b1": "B"}
-		p := NewPacer(limit, window, func(k string) string { return org[k] }, nil)
+		p, _ := newPacer(limit, window, func(k string) string { return org[k] }, nil)
 		var mu sync.Mutex
 		var early, late []sim.MappingBatch // arrival at admission / at release
 		var wg sync.WaitGroup
@@ -79,7 +79,7 @@ func TestPacerWindow(t *testing.T) {
 
 func TestPacerRefusesOverLimitAndCancels(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := NewPacer(10, time.Second, func(k string) string { return k }, nil)
+		p, _ := newPacer(10, time.Second, func(k string) string { return k }, nil)
 		if _, err := p.Acquire(context.Background(), "k", 11); err == nil {
 			t.Fatal("11 > limit admitted")
 		}

@@ -66,8 +66,6 @@ func TestConfigValidate(t *testing.T) {
 		{"minimal", func(*Config) {}, true},
 		{"no alias", func(c *Config) { c.AliasURL = baseurl.NewRef("") }, false},
 		{"no analytics", func(c *Config) { c.AnalyticsURL = baseurl.NewRef("x") }, false},
-		{"2001 mappings", func(c *Config) { c.MaxMappings = 2001 }, false},
-		{"body above the API", func(c *Config) { c.MaxBodyBytes = 1_000_001 }, false},
 		{"negative rate", func(c *Config) { c.RateLimit = -1 }, false},
 		{"negative window", func(c *Config) { c.RateWindow = -1 }, false},
 		{"shrunk window", func(c *Config) { c.RateLimit, c.RateWindow = 10, 1 }, true},

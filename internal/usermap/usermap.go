@@ -43,12 +43,6 @@ type Config struct {
 	// (--analytics-url; ReadAPI's, given here to be checked); the project
 	// named by X-Relay-Project may override it. Required.
 	AnalyticsURL *baseurl.Ref
-	// MaxMappings bounds mappings per accepted and per upstream request;
-	// zero means MaxMappings (2000).
-	MaxMappings int
-	// MaxBodyBytes: accepted and upstream bodies are strictly shorter; zero
-	// means MaxBodyBytes (1,000,000).
-	MaxBodyBytes int
 	// RateLimit is the mapping calls allowed per RateWindow per
 	// organization; zero means RateLimit (1500).
 	RateLimit int
@@ -70,10 +64,6 @@ func (c Config) Validate() error {
 		return fmt.Errorf("usermap: AliasURL %q is not an http(s) base", c.AliasURL.Load())
 	case !httpBase(c.AnalyticsURL.Load()):
 		return fmt.Errorf("usermap: AnalyticsURL %q is not an http(s) base", c.AnalyticsURL.Load())
-	case c.MaxMappings < 0 || c.MaxMappings > MaxMappings:
-		return fmt.Errorf("usermap: MaxMappings %d not in 0..%d", c.MaxMappings, MaxMappings)
-	case c.MaxBodyBytes < 0 || c.MaxBodyBytes > MaxBodyBytes:
-		return fmt.Errorf("usermap: MaxBodyBytes %d not in 0..%d", c.MaxBodyBytes, MaxBodyBytes)
 	case c.RateLimit < 0:
 		return fmt.Errorf("usermap: RateLimit %d < 0", c.RateLimit)
 	}
@@ -81,8 +71,6 @@ func (c Config) Validate() error {
 }
 
 func (c Config) withDefaults() Config {
-	c.MaxMappings = cmp.Or(c.MaxMappings, MaxMappings)
-	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, MaxBodyBytes)
 	c.RateLimit = cmp.Or(c.RateLimit, RateLimit)
 	c.RateWindow = cmp.Or(c.RateWindow, RateWindow)
 	return c
@@ -92,9 +80,7 @@ func (c Config) withDefaults() Config {
 // spooled mappings (Spooled's Pipeline: Run, Ready, LaneStatus, StopLane,
 // ResumeLane); GET /api/2/usermap is ReadAPI.
 type UserMap struct {
-	cfg   Config
 	creds *credentials.Ref // read at every use: a reload takes effect at once
-	pacer *Pacer
 	forms.Spooled
 }
 
@@ -105,18 +91,20 @@ func New(cfg Config, client *upstream.Client, creds *credentials.Ref, log *zap.L
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	u := &UserMap{cfg: cfg, creds: creds}
-	u.pacer = NewPacer(cfg.RateLimit, cfg.RateWindow, u.orgOf, nil)
-	u.pacer.waited = promauto.With(reg).NewCounter(prometheus.CounterOpts{Name: "relay_usermap_pace_wait_seconds_total",
-		Help: "Time lanes waited for the per-organization mapping rate (1500 per 30 s)."})
-	var err error
+	u := &UserMap{creds: creds}
+	pace, err := newPacer(cfg.RateLimit, cfg.RateWindow, u.orgOf, promauto.With(reg).NewCounter(prometheus.CounterOpts{
+		Name: "relay_usermap_pace_wait_seconds_total",
+		Help: "Time lanes waited for the per-organization mapping rate (1500 per 30 s)."}))
+	if err != nil {
+		return nil, err
+	}
 	u.Spooled, err = forms.NewSpooled(delivery.FormConfig{
 		Name:         "usermap",
 		Lanes:        storage.KindUserMap,
-		Kind:         &delivery.Form{Field: "mapping", MaxItems: min(cfg.MaxMappings, cfg.RateLimit), MaxBodyBytes: cfg.MaxBodyBytes},
+		Kind:         &delivery.Form{Field: "mapping", MaxItems: min(MaxMappings, cfg.RateLimit), MaxBodyBytes: MaxBodyBytes},
 		URL:          delivery.ProjectURL(creds, credentials.KindAlias, cfg.AliasURL, "/usermap"),
 		ThrottleWait: cfg.RateWindow,
-		Pacer:        u.pacer,
+		Pacer:        pace,
 	}, forms.IntakeConfig{Field: "mappings_accepted", AcceptedHelp: "Mappings accepted into the spool.",
 		RejectedHelp: "POST /usermap requests refused locally, by reason."}, cfg.Spooling, client, creds, log, reg)
 	if err != nil {
@@ -130,7 +118,7 @@ func New(cfg Config, client *upstream.Client, creds *credentials.Ref, log *zap.L
 func (u *UserMap) orgOf(apiKey string) string {
 	creds := u.creds.Load()
 	if p, ok := creds.ProjectByAPIKey(apiKey); ok {
-		if o, ok := creds.OrgOfProject(p.Name); ok {
+		if o := p.Org(); o != nil {
 			return "org:" + o.Name
 		}
 		return "project:" + p.Name
