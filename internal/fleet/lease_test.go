@@ -23,6 +23,7 @@ func TestFleetLease(t *testing.T) {
 	env := &testEnv{c: natstest.Start(t, natstest.Config{})}
 	t.Run("SlowMembership", env.testSlowMembership)
 	t.Run("SlowRelease", env.testSlowRelease)
+	t.Run("LateRenewal", env.testLateRenewal)
 }
 
 // slowKV is the fleet's bucket whose heartbeat writes (Put) and member
@@ -126,6 +127,55 @@ func (e *testEnv) testSlowRelease(t *testing.T) {
 		return nil
 	})
 	poll.Until(t, "every kind's partition taken", func() bool { return taken.Load() == int64(len(kinds)) })
+	stop()
+	for _, k := range kinds {
+		s := slot{kind: k, id: 0}
+		if _, err := kv.KeyValue.Get(bg(t), s.key()); !errors.Is(err, jetstream.ErrKeyNotFound) {
+			t.Errorf("lease %s after the stop: %v, want it released", s.key(), err)
+		}
+	}
+}
+
+// lateKV is the fleet's bucket whose lease renewals (Update), while late
+// is set, are applied by the cluster but answered as timed out, as a
+// loaded cluster's answer may come after the caller's context ended.
+type lateKV struct {
+	jetstream.KeyValue
+	late  atomic.Bool
+	lates atomic.Int64
+}
+
+func (kv *lateKV) Update(ctx context.Context, key string, value []byte, last uint64) (uint64, error) {
+	rev, err := kv.KeyValue.Update(ctx, key, value, last)
+	if err == nil && kv.late.Load() {
+		kv.lates.Add(1)
+		return 0, context.DeadlineExceeded
+	}
+	return rev, err
+}
+
+// testLateRenewal: a renewal the cluster applied but answered too late
+// leaves the relay's revision behind the lease's; the lease is still this
+// relay's (it holds its name), so the next renewal and the release go on
+// with the lease's revision. (When they did not, the stop left every such
+// lease to wait out its TTL, nobody delivering its partition.)
+func (e *testEnv) testLateRenewal(t *testing.T) {
+	// A TTL long enough that one renewal lost on a loaded machine does not
+	// end the leases before the next.
+	const ttl = 30 * time.Second
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1, LeaseTTL: ttl})
+	kv := &lateKV{KeyValue: f.kv}
+	f.kv = kv // before Run: nothing else reads it
+	var taken atomic.Int64
+	stop := run(f, func(ctx context.Context, p *Partition) error {
+		taken.Add(1)
+		<-ctx.Done()
+		return nil
+	})
+	poll.Until(t, "every kind's partition taken", func() bool { return taken.Load() == int64(len(kinds)) })
+	kv.late.Store(true)
+	poll.Until(t, "a late renewal of every lease", func() bool { return kv.lates.Load() >= int64(len(kinds)) })
+	kv.late.Store(false)
 	stop()
 	for _, k := range kinds {
 		s := slot{kind: k, id: 0}

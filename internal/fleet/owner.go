@@ -386,6 +386,11 @@ func (f *Fleet) renew(ctx context.Context, s slot, l *lease) {
 	start := time.Now()
 	octx, cancel := f.opCtx(ctx)
 	rev, err := f.kv.Update(octx, s.key(), []byte(f.cfg.Name), l.rev)
+	if err != nil && octx.Err() == nil {
+		if r, ok := f.landed(octx, s); ok {
+			rev, err = f.kv.Update(octx, s.key(), []byte(f.cfg.Name), r)
+		}
+	}
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
@@ -425,12 +430,32 @@ func (f *Fleet) release(s slot, l *lease) {
 	l.cancel()
 	ctx, cancel := context.WithDeadline(context.Background(), l.until.Load().Add(f.cfg.LeaseMargin))
 	defer cancel()
-	if err := f.kv.Delete(ctx, s.key(), jetstream.LastRevision(l.rev)); err != nil {
+	err := f.kv.Delete(ctx, s.key(), jetstream.LastRevision(l.rev))
+	if err != nil && ctx.Err() == nil {
+		if r, ok := f.landed(ctx, s); ok {
+			err = f.kv.Delete(ctx, s.key(), jetstream.LastRevision(r))
+		}
+	}
+	if err != nil {
 		// It expires by itself.
 		f.log.Debug("release partition lease", zap.String("partition", s.key()), zap.Error(err))
 		return
 	}
 	f.log.Info("partition released", zap.String("partition", s.key()))
+}
+
+// landed returns the revision of s's lease while it still holds this
+// relay's name: a renewal whose answer came too late (its context ended
+// after the cluster applied it) moved the revision past l.rev, yet the
+// lease is this relay's, for no other relay writes this name. Without it
+// the next renewal and the release would be refused, and the partition
+// would wait out its TTL with nobody delivering it.
+func (f *Fleet) landed(ctx context.Context, s slot) (uint64, bool) {
+	e, err := f.kv.Get(ctx, s.key())
+	if err != nil || string(e.Value()) != f.cfg.Name {
+		return 0, false
+	}
+	return e.Revision(), true
 }
 
 // stopAll ends every deliver, waits for them and gives up the leases
