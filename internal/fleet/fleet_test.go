@@ -48,6 +48,8 @@ func TestFleet(t *testing.T) {
 		{"LeadersRebalanced", env.testLeadersRebalanced},
 		{"GroupCommit", env.testGroupCommit},
 		{"LayoutFound", env.testLayoutFound},
+		{"Retention", env.testRetention},
+		{"WorkQueueOfBefore", env.testWorkQueueOfBefore},
 		{"AllOrNothing", env.testAllOrNothing},
 		{"Dedup", env.testDedup},
 		{"Full", env.testFull},
@@ -1628,6 +1630,13 @@ func (e *testEnv) testRemoval(t *testing.T) {
 	if !present(seqs[0]) {
 		t.Fatal("the first message, handed out and not acknowledged, was removed with the later ones")
 	}
+	for _, seq := range seqs[1:] {
+		// A limits stream's acknowledgement removes nothing by itself:
+		// the stream must still hold the backlog only (deleteAcked).
+		if present(seq) {
+			t.Errorf("message %d, acknowledged while an older one is held, is still in the stream", seq)
+		}
+	}
 	ack <- s.msgs[0]
 	if r := <-res; r.err != nil {
 		t.Fatal(r.err)
@@ -1724,5 +1733,107 @@ func (e *testEnv) testRemovalNak(t *testing.T) {
 	}
 	if present(r.naked) {
 		t.Error("the message read again and acknowledged is still in the stream")
+	}
+}
+
+// consumerReplicas is the configured replicas of partition id's consumer
+// (0: the stream's).
+func consumerReplicas(t *testing.T, f *Fleet, k storage.Kind, id int) int {
+	t.Helper()
+	c, err := f.js.Consumer(bg(t), f.n.streamOf(k, id), consumerName(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.CachedInfo().Config.Replicas
+}
+
+// testRetention: the streams a relay creates have limits retention and are
+// read by consumers of one replica; a relay of before (which checks the
+// format) refuses them.
+func (e *testEnv) testRetention(t *testing.T) {
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1})
+	ctx := bg(t)
+	s, err := f.js.Stream(ctx, f.n.stream(storage.KindEvents, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := s.CachedInfo().Config; c.Retention != jetstream.LimitsPolicy || c.Metadata[metaFormat] != formatLimits {
+		t.Fatalf("stream created with %v retention, format %q; want limits, %s", c.Retention, c.Metadata[metaFormat], formatLimits)
+	}
+	c := newCollector()
+	stop := runEvents(f, c.deliver(nil))
+	defer stop()
+	if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", 1)}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the record delivered", func() bool { return c.count() == 1 })
+	if r := consumerReplicas(t, f, storage.KindEvents, 0); r != 1 {
+		t.Errorf("the partition's consumer has %d replicas, want 1", r)
+	}
+	waitFor(t, 10*time.Second, "the delivered record removed", func() bool { return streamMsgs(t, f, storage.KindEvents) == 0 })
+}
+
+// testWorkQueueOfBefore: a cluster whose events stream is a work queue of
+// a relay of before (format 1; the server does not change a stream's
+// retention to or from work queue) keeps it: this relay reads its backlog
+// in order with consumers of the stream's replicas (the server refuses one
+// replica there), writes to it, and removes what it delivered; the kinds
+// without a stream get limits streams.
+func (e *testEnv) testWorkQueueOfBefore(t *testing.T) {
+	ns := e.namespace()
+	nc := e.connect(t)
+	n := names{ns, 1}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := bg(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:               n.stream(storage.KindEvents, 0),
+		Subjects:           []string{n.subject(storage.KindEvents, 0)},
+		Retention:          jetstream.WorkQueuePolicy,
+		Storage:            jetstream.FileStorage,
+		Replicas:           3,
+		MaxBytes:           -1,
+		Discard:            jetstream.DiscardNew,
+		Duplicates:         DefaultDedupWindow,
+		AllowAtomicPublish: true,
+		Metadata:           map[string]string{metaPartitions: "1", metaStreams: "1", metaFormat: formatWorkQueue},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	f := e.open(t, nc, Config{Namespace: ns, Partitions: 1})
+	if f.limits[f.n.stream(storage.KindEvents, 0)] || !f.limits[f.n.stream(storage.KindUserMap, 0)] {
+		t.Fatalf("retention taken: %v; want the events stream a work queue, the others limits", f.limits)
+	}
+	// A backlog left by the relays of before (the message format is the
+	// same), read and removed in order, then new appends.
+	for i := 1; i <= 5; i++ {
+		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := newCollector()
+	stop := runEvents(f, c.deliver(nil))
+	defer stop()
+	for i := 6; i <= 10; i++ {
+		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, "ten records delivered", func() bool { return c.count() == 10 })
+	c.mu.Lock()
+	checkOrder(t, c.got, map[string]int{"d:a": 10})
+	c.mu.Unlock()
+	if r := consumerReplicas(t, f, storage.KindEvents, 0); r == 1 {
+		t.Error("the work queue's consumer has one replica")
+	}
+	waitFor(t, 10*time.Second, "the delivered records removed", func() bool { return streamMsgs(t, f, storage.KindEvents) == 0 })
+	s, err := js.Stream(ctx, f.n.stream(storage.KindEvents, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := s.CachedInfo().Config; c.Retention != jetstream.WorkQueuePolicy || c.Metadata[metaFormat] != formatWorkQueue {
+		t.Errorf("the work queue became %v retention, format %q", c.Retention, c.Metadata[metaFormat])
 	}
 }

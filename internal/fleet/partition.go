@@ -43,12 +43,18 @@ type Partition struct {
 	it   jetstream.MessagesContext
 	cons jetstream.Consumer
 	log  *zap.Logger
+	// limits: the partition's stream has limits retention (fleet.go,
+	// ensureStream), read by a consumer of one replica; otherwise a
+	// work-queue stream of before, by one of the stream's replicas.
+	limits bool
 
 	// delivery is the consumer sequence Next expects next (see
 	// openPartition, Deliveries); broken is set once one did not match.
 	// Next's alone (one caller at a time).
 	delivery uint64
 	broken   bool
+	// missed counts the pull heartbeats missed in a row (see Next).
+	missed int
 
 	mu  sync.Mutex
 	out map[uint64]jetstream.Msg // handed out by Next, not yet acked (kept alive)
@@ -124,8 +130,18 @@ var errStaleConsumer = errors.New("consumer not reset (it delivered before)")
 // The caller retries, delete included.
 func (f *Fleet) createConsumer(ctx context.Context, k storage.Kind, id int) (jetstream.Consumer, error) {
 	stream, name := f.n.streamOf(k, id), consumerName(id)
+	// A consumer of one replica on a limits stream: its state is needed by
+	// nobody but its reader (see doc.go, Streams), so it is kept on one
+	// node, in memory, without a Raft group of its own: no proposal per
+	// delivery and acknowledgement on every node. The server refuses one
+	// replica on a work-queue stream: that keeps the stream's.
+	replicas := 0
+	if f.limits[stream] {
+		replicas = 1
+	}
 	cons, err := f.js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
 		Durable:       name,
+		Replicas:      replicas,
 		FilterSubject: f.n.subject(k, id),
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       f.cfg.AckWait,
@@ -133,12 +149,11 @@ func (f *Fleet) createConsumer(ctx context.Context, k storage.Kind, id int) (jet
 		MaxDeliver:    -1,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		// The consumer's state in memory (its Raft log included): no
-		// file write and fsync per acknowledgement on every node. Nothing
-		// depends on that state outliving the servers: what is done is
-		// gone from the stream itself (see remove.go), and every owner
-		// resets the consumer to the partition's first message anyway
-		// (see openPartition). It keeps the stream's replicas: the server
-		// refuses a consumer of one replica on a work-queue stream.
+		// file write and fsync per acknowledgement. Nothing depends on
+		// that state outliving the servers: what is done is gone from
+		// the stream itself (see remove.go), and every owner resets the
+		// consumer to the partition's first message anyway (see
+		// openPartition).
 		MemoryStorage: true,
 	})
 	if err != nil {
@@ -168,7 +183,7 @@ func (f *Fleet) readPartition(owned context.Context, k storage.Kind, id int, con
 		return nil, fmt.Errorf("fleet: read %s/%s: %w", stream, name, unavailable(err))
 	}
 	p := &Partition{
-		f: f, kind: k, id: id, ctx: owned, it: it, cons: cons,
+		f: f, kind: k, id: id, ctx: owned, it: it, cons: cons, limits: f.limits[stream],
 		log:      f.log.With(zap.String("stream", stream), zap.Int("partition", id)),
 		delivery: 1,
 		out:      make(map[uint64]jetstream.Msg),
@@ -267,6 +282,17 @@ func (p *Partition) Next(ctx context.Context) (*Message, error) {
 				// The pull's heartbeats were late (a busy server, a leader
 				// election): the iterator has already sent a new pull, and
 				// a delivery lost meanwhile is caught by the sequence check.
+				// A consumer of one replica has no other node to move to:
+				// when its node is gone it stays silent until the node
+				// comes back, so after a second miss in a row the
+				// partition is opened again (its consumer made anew on a
+				// node that is up).
+				p.missed++
+				if p.limits && p.missed >= 2 {
+					p.broken = true
+					p.log.Warn("partition consumer silent; reopening the partition", zap.Error(err))
+					return nil, ErrLost
+				}
 				p.log.Debug("partition pull heartbeat missed; pulling again", zap.Error(err))
 				continue
 			}
@@ -276,6 +302,7 @@ func (p *Partition) Next(ctx context.Context) (*Message, error) {
 		if err != nil {
 			return nil, fmt.Errorf("fleet: read partition %d: %w", p.id, err)
 		}
+		p.missed = 0
 		if md.Sequence.Consumer != p.delivery {
 			// A delivery missed (or repeated): see openPartition.
 			p.broken = true
@@ -331,7 +358,9 @@ func (p *Partition) corrupt(ctx context.Context, m jetstream.Msg, md *jetstream.
 	}
 	if err := m.DoubleAck(ctx); err != nil {
 		p.log.Error("acknowledge undecodable message", zap.Error(err))
+		return
 	}
+	p.deleteAcked(ctx, md.Sequence.Stream)
 }
 
 // Ack acknowledges m: every record of it was answered 200 or is a committed
@@ -339,10 +368,11 @@ func (p *Partition) corrupt(ctx context.Context, m jetstream.Msg, md *jetstream.
 // is removed from the stream by a purge in the background (see remove.go:
 // killed before it, the relay leaves m to be read again by the next
 // owner); otherwise Ack returns once the consumer confirmed m's
-// acknowledgement. Acknowledging after ownership ended is allowed and
-// harmless: the purge removes only messages this owner delivered and
-// acknowledged; a consumer acknowledgement fails once the next owner reset
-// the consumer, and the message is delivered again by that owner.
+// acknowledgement (and, in a limits stream, deleted it: see deleteAcked).
+// Acknowledging after ownership ended is allowed and harmless: the purge
+// removes only messages this owner delivered and acknowledged; a consumer
+// acknowledgement fails once the next owner reset the consumer, and the
+// message is delivered again by that owner.
 func (p *Partition) Ack(ctx context.Context, m *Message) error {
 	p.mu.Lock()
 	if i, found := slices.BinarySearch(p.undone, m.Seq); found {
@@ -362,6 +392,7 @@ func (p *Partition) Ack(ctx context.Context, m *Message) error {
 		return fmt.Errorf("fleet: ack partition %d seq %d: %w", p.id, m.Seq, unavailable(err))
 	}
 	p.forget(m.Seq)
+	p.deleteAcked(ctx, m.Seq)
 	return nil
 }
 

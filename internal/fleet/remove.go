@@ -150,3 +150,44 @@ func (p *Partition) purge(ctx context.Context, seq uint64) error {
 	}
 	return nil
 }
+
+// deleteAcked removes seq, acknowledged above the floor (an older message
+// is still held), from a limits stream, where an acknowledgement removes
+// nothing (a work queue's does): one stream Raft entry, as the work queue
+// paid for every acknowledgement, paid here only for messages acknowledged
+// while an older one is held (a paused key's, a stopped lane's), so that
+// the stream still holds exactly the backlog that MaxBytes bounds and the
+// lanes API reports. On a failure the message stays until the floor
+// passes it (the purge removes it then) or is read again by the next
+// owner; nothing is lost either way.
+func (p *Partition) deleteAcked(ctx context.Context, seq uint64) {
+	if !p.limits {
+		return
+	}
+	f := p.f
+	stream := f.n.streamOf(p.kind, p.id)
+	body, err := json.Marshal(struct {
+		Seq     uint64 `json:"seq"`
+		NoErase bool   `json:"no_erase"`
+	}{seq, true})
+	if err != nil {
+		return
+	}
+	_, err = asked(ctx, f, func(ctx context.Context) (struct{}, error) {
+		resp, err := f.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.DELETE."+stream, body)
+		if err != nil {
+			return struct{}{}, err
+		}
+		var a purgeAnswer
+		if err := json.Unmarshal(resp.Data, &a); err != nil {
+			return struct{}{}, fmt.Errorf("jetstream: unreadable delete answer: %w", err)
+		}
+		if a.Error != nil && a.Error.ErrorCode != jetstream.JSErrCodeMessageNotFound {
+			return struct{}{}, a.Error
+		}
+		return struct{}{}, nil
+	})
+	if err != nil {
+		p.log.Warn("delete acknowledged message: it stays until the floor passes it", zap.Uint64("seq", seq), zap.Error(err))
+	}
+}
