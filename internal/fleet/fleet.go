@@ -301,7 +301,7 @@ type Fleet struct {
 	// created by a relay of this version); otherwise it is a work-queue
 	// stream of before. Set by Open, read-only after.
 	limits map[string]bool
-	usage  map[storage.Kind]*usage       // for MaxBytes
+	usage  map[storage.Kind]*usage // for MaxBytes
 	// compress, by kind: the codec version (codec.go) the committers
 	// write, the best every member of the kind reads (owner.go, codecOf);
 	// zero until the first heartbeat: plain.
