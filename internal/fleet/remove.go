@@ -10,10 +10,11 @@ import (
 	"go.uber.org/zap"
 )
 
-// Removal by purge. In a work-queue stream an acknowledged message is
-// removed by a proposal of the stream's leader to the stream's Raft group:
-// one Raft entry (a log write, and under sync_interval always an fsync, on
-// every node) per message. The owner of a partition removes what it is done
+// Removal by purge. A message leaves a limits stream only when removed,
+// and each removal is a proposal of the stream's leader to the stream's
+// Raft group: one Raft entry (a log write, and under sync_interval always
+// an fsync, on every node), which a work queue paid for every
+// acknowledged message. The owner of a partition removes what it is done
 // with by a purge of the partition's subject below a floor instead: the
 // oldest message handed out and not acknowledged, or the one after the last
 // handed out (Partition.floorLocked). Every message of the subject below the
@@ -34,16 +35,17 @@ import (
 // before the purge leaves those messages to be read again by the next
 // owner (the upstream drops the copies by insert_id); nothing is lost. A
 // message acknowledged while an older one is still held (a paused key's)
-// cannot be purged yet: it is acknowledged to the consumer as before (the
-// server confirms it, removes it and frees its place in MaxAckPending).
+// cannot be purged yet: it is acknowledged to the consumer (which frees its
+// place in MaxAckPending) and deleted alone (deleteAcked; in a work-queue
+// stream of before the acknowledgement deletes it).
 //
 // A purge after ownership ended (the relay stopped past its lease) is
 // harmless: it removes only messages this owner delivered and acknowledged;
 // the next owner may have them in flight too, and its own purge of them
-// finds them gone. The layout on the streams is unchanged: a relay of
-// before, which acknowledges every message, and this one may own a kind's
-// partitions at once (a rolling upgrade), each removing what it is done
-// with.
+// finds them gone. On a work-queue stream of before, a relay of before
+// (which removes by purge too, or acknowledges every message) and this one
+// may own a kind's partitions at once (a rolling upgrade), each removing
+// what it is done with.
 type remover struct {
 	mu   sync.Mutex
 	want uint64        // the highest floor asked for
