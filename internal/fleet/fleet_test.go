@@ -1836,4 +1836,32 @@ func (e *testEnv) testWorkQueueOfBefore(t *testing.T) {
 	if c := s.CachedInfo().Config; c.Retention != jetstream.WorkQueuePolicy || c.Metadata[metaFormat] != formatWorkQueue {
 		t.Errorf("the work queue became %v retention, format %q", c.Retention, c.Metadata[metaFormat])
 	}
+
+	// The operator's move (README): drained, the work queue is deleted and
+	// the relays restarted; the first makes a limits stream, read by a
+	// consumer of one replica.
+	stop()
+	f.Close()
+	if err := js.DeleteStream(ctx, n.stream(storage.KindEvents, 0)); err != nil {
+		t.Fatal(err)
+	}
+	f = e.open(t, e.connect(t), Config{Namespace: ns, Partitions: 1})
+	if !f.limits[f.n.stream(storage.KindEvents, 0)] {
+		t.Fatal("the events stream made after the drain is not a limits stream")
+	}
+	c = newCollector()
+	stop = runEvents(f, c.deliver(nil))
+	defer stop()
+	for i := 1; i <= 3; i++ {
+		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:b", i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, "three records delivered after the move", func() bool { return c.count() == 3 })
+	c.mu.Lock()
+	checkOrder(t, c.got, map[string]int{"d:b": 3})
+	c.mu.Unlock()
+	if r := consumerReplicas(t, f, storage.KindEvents, 0); r != 1 {
+		t.Errorf("the limits stream's consumer has %d replicas, want 1", r)
+	}
 }
