@@ -82,6 +82,7 @@ func TestFleetNodes(t *testing.T) {
 	t.Run("NodeRestart", env.testNodeRestart)
 	t.Run("NoQuorum", env.testNoQuorum)
 	t.Run("PauseStoredLater", env.testPauseStoredLater)
+	t.Run("ConsumerNodeGone", env.testConsumerNodeGone)
 }
 
 type fleetCase struct {
@@ -1863,5 +1864,70 @@ func (e *testEnv) testWorkQueueOfBefore(t *testing.T) {
 	c.mu.Unlock()
 	if r := consumerReplicas(t, f, storage.KindEvents, 0); r != 1 {
 		t.Errorf("the limits stream's consumer has %d replicas, want 1", r)
+	}
+}
+
+// testConsumerNodeGone: a partition's consumer has one replica, so when its
+// node dies it falls silent (no other node takes it over); the reader
+// notices (the consumer answers no info request), returns ErrLost, and the
+// partition opened again reads on from a consumer on a node that is up.
+func (e *testEnv) testConsumerNodeGone(t *testing.T) {
+	e.dropStreams(t)
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1})
+	ctx := bg(t)
+	if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", 1)}}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := f.openPartition(ctx, ctx, storage.KindEvents, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := p.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Ack(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	ci, err := p.cons.Info(ctx)
+	if err != nil || ci.Cluster == nil {
+		t.Fatalf("consumer info: %v", err)
+	}
+	node := -1
+	for i := range e.c.Len() {
+		if s := e.c.Server(i); s != nil && s.Name() == ci.Cluster.Leader {
+			node = i
+		}
+	}
+	if node < 0 {
+		t.Fatalf("the consumer's node %q is not in the cluster", ci.Cluster.Leader)
+	}
+	e.c.Kill(node)
+	defer func() { e.c.Restart(node); e.c.WaitReady() }()
+	if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", 2)}}); err != nil {
+		t.Fatal(err)
+	}
+	nctx, cancel := context.WithTimeout(ctx, poll.Max)
+	defer cancel()
+	if _, err := p.Next(nctx); !errors.Is(err, ErrLost) {
+		t.Fatalf("read with the consumer's node dead: %v, want ErrLost", err)
+	}
+	p.close()
+	var again *Partition
+	waitFor(t, 30*time.Second, "the partition opened again", func() bool {
+		octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		again, err = f.openPartition(octx, ctx, storage.KindEvents, 0)
+		return err == nil
+	})
+	defer again.close()
+	for {
+		m, err := again.Next(nctx)
+		if err != nil {
+			t.Fatalf("read after the reopen: %v", err)
+		}
+		if _, n := parse(m.Records[0]); n == 2 {
+			break
+		}
 	}
 }

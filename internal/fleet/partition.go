@@ -53,8 +53,6 @@ type Partition struct {
 	// Next's alone (one caller at a time).
 	delivery uint64
 	broken   bool
-	// missed counts the pull heartbeats missed in a row (see Next).
-	missed int
 
 	mu  sync.Mutex
 	out map[uint64]jetstream.Msg // handed out by Next, not yet acked (kept alive)
@@ -284,11 +282,14 @@ func (p *Partition) Next(ctx context.Context) (*Message, error) {
 				// a delivery lost meanwhile is caught by the sequence check.
 				// A consumer of one replica has no other node to move to:
 				// when its node is gone it stays silent until the node
-				// comes back, so after a second miss in a row the
-				// partition is opened again (its consumer made anew on a
-				// node that is up).
-				p.missed++
-				if p.limits && p.missed >= 2 {
+				// comes back, so when it does not answer an info request
+				// either, the partition is opened again (its consumer made
+				// anew on a node that is up). A busy node's late heartbeat
+				// is no reason: it answers.
+				if p.limits && !p.consumerAnswers(ctx) {
+					if ctx.Err() != nil {
+						return nil, ctx.Err()
+					}
 					p.broken = true
 					p.log.Warn("partition consumer silent; reopening the partition", zap.Error(err))
 					return nil, ErrLost
@@ -302,7 +303,6 @@ func (p *Partition) Next(ctx context.Context) (*Message, error) {
 		if err != nil {
 			return nil, fmt.Errorf("fleet: read partition %d: %w", p.id, err)
 		}
-		p.missed = 0
 		if md.Sequence.Consumer != p.delivery {
 			// A delivery missed (or repeated): see openPartition.
 			p.broken = true
@@ -332,6 +332,20 @@ func (p *Partition) Next(ctx context.Context) (*Message, error) {
 			Records: recs, Delivered: md.NumDelivered, msg: m,
 		}, nil
 	}
+}
+
+// consumerInfoWait bounds consumerAnswers: a loaded node answers within
+// it, and a reopen for nothing costs a consumer's re-creation, not a loss.
+const consumerInfoWait = 5 * time.Second
+
+// consumerAnswers asks the partition's consumer for its info: false when
+// it does not answer within consumerInfoWait (its node is gone, or the
+// consumer is), or ctx ended.
+func (p *Partition) consumerAnswers(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, consumerInfoWait)
+	defer cancel()
+	_, err := p.cons.Info(ctx)
+	return err == nil
 }
 
 // corrupt dead-letters an undecodable message (its checksum fails, or it

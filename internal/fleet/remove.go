@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
@@ -26,8 +27,9 @@ import (
 // pending acknowledgements too (the server does so on a purge).
 //
 // The purges of a partition are group committed: one in flight at a time,
-// in a goroutine of the partition's (close waits for it); the
-// acknowledgements that arrive meanwhile share the next one. The delivery
+// in a goroutine of the partition's (close waits for it), at most one
+// every removeEvery; the acknowledgements that arrive meanwhile share the
+// next one. The delivery
 // engine acknowledges a partition's messages one after the other, each
 // waiting for the last, so an acknowledgement at the floor returns once its
 // removal is asked for, not done: as with the local spool, whose
@@ -69,6 +71,13 @@ func (p *Partition) removeBelow(floor uint64) {
 	go p.removing(r.busy)
 }
 
+// removeEvery is the least time between two purges of a partition: each
+// is a Raft entry (and, under sync_interval always, an fsync) on every
+// node, and a loaded partition's acknowledgements would otherwise start
+// one per round trip. A relay killed meanwhile leaves at most that much
+// more to be read again by the next owner.
+const removeEvery = 100 * time.Millisecond
+
 // removing purges below the floor asked for until it is reached. On a
 // failure it gives up: the next acknowledgement asks again, and what stays
 // is read again by the next owner.
@@ -96,6 +105,14 @@ func (p *Partition) removing(busy chan struct{}) {
 		}
 		r.done = max(r.done, k)
 		r.mu.Unlock()
+		// Paced: the acknowledgements of the next removeEvery share one
+		// purge (until the partition closes, which removes at once).
+		t := time.NewTimer(removeEvery)
+		select {
+		case <-t.C:
+		case <-p.stopKeep:
+			t.Stop()
+		}
 	}
 }
 
