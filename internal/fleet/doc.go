@@ -87,9 +87,10 @@
 //     the background (close waits for it), so a relay killed just after an
 //     Ack may leave that message to be read again, as the local spool does
 //     with the acknowledgements after its last checkpoint; a message
-//     acknowledged while an older one is held is acknowledged to the
-//     consumer and deleted from the stream alone (in a work-queue stream
-//     of before, the consumer's acknowledgement deletes it).
+//     acknowledged while an older one is held is deleted from the stream
+//     alone, which the server takes as its acknowledgement to the
+//     consumer (in a work-queue stream of before, it is acknowledged to
+//     the consumer, which deletes it).
 //   - One owner per partition: see Ownership.
 //   - Nothing acknowledged is lost while a quorum of the cluster (two of
 //     three nodes) keeps its store: every stream is R3 on file storage and

@@ -370,11 +370,13 @@ func (p *Partition) corrupt(ctx context.Context, m jetstream.Msg, md *jetstream.
 		p.log.Error("dead-letter undecodable message", zap.Error(err))
 		return
 	}
-	if err := m.DoubleAck(ctx); err != nil {
-		p.log.Error("acknowledge undecodable message", zap.Error(err))
+	if p.limits {
+		p.deleteAcked(ctx, md.Sequence.Stream) // see Ack
 		return
 	}
-	p.deleteAcked(ctx, md.Sequence.Stream)
+	if err := m.DoubleAck(ctx); err != nil {
+		p.log.Error("acknowledge undecodable message", zap.Error(err))
+	}
 }
 
 // Ack acknowledges m: every record of it was answered 200 or is a committed
@@ -382,7 +384,7 @@ func (p *Partition) corrupt(ctx context.Context, m jetstream.Msg, md *jetstream.
 // is removed from the stream by a purge in the background (see remove.go:
 // killed before it, the relay leaves m to be read again by the next
 // owner); otherwise Ack returns once the consumer confirmed m's
-// acknowledgement (and, in a limits stream, deleted it: see deleteAcked).
+// acknowledgement (in a limits stream, once m was deleted: see deleteAcked).
 // Acknowledging after ownership ended is allowed and harmless: the purge
 // removes only messages this owner delivered and acknowledged; a consumer
 // acknowledgement fails once the next owner reset the consumer, and the
@@ -399,6 +401,17 @@ func (p *Partition) Ack(ctx context.Context, m *Message) error {
 		p.forget(m.Seq)
 		return nil
 	}
+	if p.limits {
+		// Not acknowledged to the consumer: its state is nobody's (see
+		// doc.go), and the server takes a message deleted from the stream
+		// as acknowledged (it frees its place in MaxAckPending). A
+		// consumer that restarted on its node (its memory state lost)
+		// answers no acknowledgement, and waiting for it would hold the
+		// partition's delivery; its deliveries are caught by Next.
+		p.forget(m.Seq)
+		p.deleteAcked(ctx, m.Seq)
+		return nil
+	}
 	if m.msg == nil { // spilled
 		return p.ackSpilled(ctx, m.Seq)
 	}
@@ -406,7 +419,6 @@ func (p *Partition) Ack(ctx context.Context, m *Message) error {
 		return fmt.Errorf("fleet: ack partition %d seq %d: %w", p.id, m.Seq, unavailable(err))
 	}
 	p.forget(m.Seq)
-	p.deleteAcked(ctx, m.Seq)
 	return nil
 }
 

@@ -37,9 +37,9 @@ import (
 // before the purge leaves those messages to be read again by the next
 // owner (the upstream drops the copies by insert_id); nothing is lost. A
 // message acknowledged while an older one is still held (a paused key's)
-// cannot be purged yet: it is acknowledged to the consumer (which frees its
-// place in MaxAckPending) and deleted alone (deleteAcked; in a work-queue
-// stream of before the acknowledgement deletes it).
+// cannot be purged yet: it is deleted alone (deleteAcked; the server takes
+// that as its acknowledgement to the consumer), or in a work-queue stream
+// of before acknowledged to the consumer, which deletes it.
 //
 // A purge after ownership ended (the relay stopped past its lease) is
 // harmless: it removes only messages this owner delivered and acknowledged;
@@ -174,9 +174,10 @@ func (p *Partition) purge(ctx context.Context, seq uint64) error {
 // is still held), from a limits stream, where an acknowledgement removes
 // nothing (a work queue's does): one stream Raft entry, as the work queue
 // paid for every acknowledgement, paid here only for messages acknowledged
-// while an older one is held (a paused key's, a stopped lane's), so that
-// the stream still holds exactly the backlog that MaxBytes bounds and the
-// lanes API reports. On a failure the message stays until the floor
+// while an older one is held (a paused key's, a stopped lane's, one whose
+// request is still in flight), so that the stream still holds exactly the
+// backlog that MaxBytes bounds and the lanes API reports. The server takes
+// the deletion as the message's acknowledgement to the consumer. On a failure the message stays until the floor
 // passes it (the purge removes it then) or is read again by the next
 // owner; nothing is lost either way.
 func (p *Partition) deleteAcked(ctx context.Context, seq uint64) {

@@ -64,7 +64,6 @@ func (p *Partition) ackSpilled(ctx context.Context, seq uint64) error {
 		return fmt.Errorf("fleet: ack partition %d seq %d: %w", p.id, seq, unavailable(err))
 	}
 	p.forget(seq)
-	p.deleteAcked(ctx, seq)
 	return nil
 }
 
