@@ -62,6 +62,7 @@ func TestFleet(t *testing.T) {
 		{"Nak", env.testNak},
 		{"Removal", env.testRemoval},
 		{"RemovalNak", env.testRemovalNak},
+		{"AckWithoutConsumer", env.testAckWithoutConsumer},
 		{"Spill", env.testSpill},
 		{"SpillStepDown", env.testSpillStepDown},
 		{"RelayRestart", env.testRelayRestart},
@@ -1930,5 +1931,49 @@ func (e *testEnv) testConsumerNodeGone(t *testing.T) {
 		if _, n := parse(m.Records[0]); n == 2 {
 			break
 		}
+	}
+}
+
+// testAckWithoutConsumer: on a limits stream, acknowledging a message while
+// an older one is held deletes it from the stream and needs nothing of the
+// consumer, which may have lost its state (restarted on its node): here it
+// is gone altogether.
+func (e *testEnv) testAckWithoutConsumer(t *testing.T) {
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1})
+	ctx := bg(t)
+	for i := 1; i <= 2; i++ {
+		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := f.openPartition(ctx, ctx, storage.KindEvents, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	a, err := p.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := p.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream := f.n.streamOf(storage.KindEvents, 0)
+	if err := f.js.DeleteConsumer(ctx, stream, consumerName(0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Ack(ctx, b); err != nil {
+		t.Fatalf("ack above the floor with the consumer gone: %v", err)
+	}
+	st, err := f.js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.GetMsg(ctx, b.Seq); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Errorf("the acknowledged message: %v, want it deleted", err)
+	}
+	if _, err := st.GetMsg(ctx, a.Seq); err != nil {
+		t.Errorf("the held message: %v, want it kept", err)
 	}
 }
