@@ -193,20 +193,20 @@ func (p *Partition) deleteAcked(ctx context.Context, seq uint64) {
 	if err != nil {
 		return
 	}
-	_, err = asked(ctx, f, func(ctx context.Context) (struct{}, error) {
-		resp, err := f.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.DELETE."+stream, body)
-		if err != nil {
-			return struct{}{}, err
-		}
+	// One attempt: the Ack waits for it, and what it fails to remove the
+	// purge removes later; retried, a closed connection would hold the
+	// Ack (and the partition's close) for its caller's whole context.
+	actx, cancel := f.attemptCtx(ctx)
+	defer cancel()
+	resp, err := f.nc.RequestWithContext(actx, "$JS.API.STREAM.MSG.DELETE."+stream, body)
+	if err == nil {
 		var a purgeAnswer
-		if err := json.Unmarshal(resp.Data, &a); err != nil {
-			return struct{}{}, fmt.Errorf("jetstream: unreadable delete answer: %w", err)
+		if err = json.Unmarshal(resp.Data, &a); err != nil {
+			err = fmt.Errorf("jetstream: unreadable delete answer: %w", err)
+		} else if a.Error != nil && a.Error.ErrorCode != jetstream.JSErrCodeMessageNotFound {
+			err = a.Error
 		}
-		if a.Error != nil && a.Error.ErrorCode != jetstream.JSErrCodeMessageNotFound {
-			return struct{}{}, a.Error
-		}
-		return struct{}{}, nil
-	})
+	}
 	if err != nil {
 		p.log.Warn("delete acknowledged message: it stays until the floor passes it", zap.Uint64("seq", seq), zap.Error(err))
 	}
