@@ -386,9 +386,9 @@ func (p *Partition) corrupt(ctx context.Context, m jetstream.Msg, md *jetstream.
 // owner); otherwise Ack returns once the consumer confirmed m's
 // acknowledgement (in a limits stream, once m was deleted: see deleteAcked).
 // Acknowledging after ownership ended is allowed and harmless: the purge
-// removes only messages this owner delivered and acknowledged; a consumer
-// acknowledgement fails once the next owner reset the consumer, and the
-// message is delivered again by that owner.
+// and the deletion remove only messages this owner delivered and
+// acknowledged; a consumer acknowledgement fails once the next owner reset
+// the consumer, and the message is delivered again by that owner.
 func (p *Partition) Ack(ctx context.Context, m *Message) error {
 	p.mu.Lock()
 	if i, found := slices.BinarySearch(p.undone, m.Seq); found {
