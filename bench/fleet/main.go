@@ -85,7 +85,7 @@ func main() {
 	rounds := flag.Int("rounds", 1, "relay mode: times to run every configuration, interleaved; medians printed when more than 1")
 	profile := flag.String("profile", "", "relay mode: save CPU profiles of the NATS nodes (prof_port) and the first relay (/debug/pprof) over each measured window in this directory")
 	pad := flag.String("pad", "props", "relay mode: event padding: props (random property values, compressing as real events do) or x (one letter, as before)")
-	colocate := flag.Bool("colocate", false, "relay mode: the relays connect to one node only, which the events stream's and its consumers' leaders are moved to (no publish or delivery crosses a route)")
+	colocate := flag.Bool("colocate", false, "relay mode: the relays connect to one node only, which the events stream's leader is moved to (no publish crosses a route; the one-replica consumers stay where the server put them)")
 	keep := flag.Bool("keep", false, "relay mode: keep the logs and stores (the temp dir is printed)")
 	flag.Parse()
 	if *relays != "" {

@@ -199,11 +199,13 @@ func startNATS(t tools, dir string, syncAlways bool, profPorts []int) ([]*proc, 
 	return procs, lay, nil
 }
 
-// colocate moves the events stream's leader and its partition consumers'
-// leaders to node (whose client URL is url) and waits until they are
-// there: with the relays connected to that node only, no publish, delivery
-// or acknowledgement crosses a route but the Raft traffic itself.
-func colocate(url, node string, partitions int) error {
+// colocate moves the events stream's leader to node (whose client URL is
+// url) and waits until it is there: with the relays connected to that node
+// only, no publish crosses a route but the Raft traffic itself. The
+// partition consumers have one replica each, without a leader to move:
+// the server places each on a node of its choosing, so a delivery may
+// still cross a route.
+func colocate(url, node string) error {
 	nc, err := nats.Connect(url)
 	if err != nil {
 		return err
@@ -217,10 +219,6 @@ func colocate(url, node string, partitions int) error {
 	}
 	subjects := []string{"STREAM.LEADER.STEPDOWN.RELAY_EVENTS"}
 	infos := []string{"STREAM.INFO.RELAY_EVENTS"}
-	for p := range partitions {
-		subjects = append(subjects, fmt.Sprintf("CONSUMER.LEADER.STEPDOWN.RELAY_EVENTS.p%d", p))
-		infos = append(infos, fmt.Sprintf("CONSUMER.INFO.RELAY_EVENTS.p%d", p))
-	}
 	deadline := time.Now().Add(90 * time.Second)
 	for i := range subjects {
 		for {
@@ -429,7 +427,7 @@ func runOne(o relayOpts, t tools, dir, sinkURL, spool string, n int) (result, er
 			return res, err
 		}
 		if o.colocate {
-			if err := colocate(fmt.Sprintf("nats://127.0.0.1:%d", node.Port), node.Name, o.partitions); err != nil {
+			if err := colocate(fmt.Sprintf("nats://127.0.0.1:%d", node.Port), node.Name); err != nil {
 				return res, err
 			}
 		}

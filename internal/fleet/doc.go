@@ -81,15 +81,16 @@
 //     the message, or after PutDead returned for those that will not be
 //     delivered. A message not acknowledged is delivered again to the
 //     partition's next owner. What an owner acknowledged leaves the stream
-//     by a purge of the partition's subject below its oldest message not
-//     acknowledged (remove.go): one Raft entry for every message
-//     acknowledged since the last purge, where the work queue's removal
-//     costs one per message. The purge runs in the background (close
-//     waits for it), so a relay killed just after an Ack may leave that
-//     message to be read again, as the local spool does with the
-//     acknowledgements after its last checkpoint; a message acknowledged
-//     while an older one is held is acknowledged to the consumer, which
-//     confirms it and removes it alone.
+//     only by its owner's removal (remove.go): a purge of the partition's
+//     subject below its oldest message not acknowledged, one Raft entry for
+//     every message acknowledged since the last purge. The purge runs in
+//     the background (close waits for it), so a relay killed just after an
+//     Ack may leave that message to be read again, as the local spool does
+//     with the acknowledgements after its last checkpoint; a message
+//     acknowledged while an older one is held is deleted from the stream
+//     alone, which the server takes as its acknowledgement to the
+//     consumer (in a work-queue stream of before, it is acknowledged to
+//     the consumer, which deletes it).
 //   - One owner per partition: see Ownership.
 //   - Nothing acknowledged is lost while a quorum of the cluster (two of
 //     three nodes) keeps its store: every stream is R3 on file storage and
@@ -100,12 +101,13 @@
 //
 //	RELAY_EVENTS, RELAY_EVENTS_1 ... RELAY_EVENTS_<S-1>
 //	               relay.events.<p>, p mod S = the stream's number
-//	                                 work-queue retention, R3, file,
+//	                                 limits retention (no limit but
+//	                                 MaxBytes), R3, file,
 //	                                 discard new at Config.MaxBytes,
 //	                                 dedup window Config.DedupWindow,
 //	                                 atomic batch publish allowed;
 //	                                 metadata relay.partitions = P,
-//	                                 relay.streams = S
+//	                                 relay.streams = S, relay.format = 2
 //	RELAY_GROUPIDENTIFY..., RELAY_USERMAP...  the same for the other kinds
 //	RELAY_DEAD     relay.dead.<kind> limits retention, R3, file; a dead
 //	                                 letter's ID is its stream sequence
@@ -114,15 +116,50 @@
 //	                                 after Config.LeaseTTL
 //	KV RELAY_PAUSES <base64url key>  pauses (not pacing), R3, per-key TTL
 //
-// Work-queue retention: a message is removed as soon as it is
-// acknowledged (or purged by its owner, see Acknowledgement), so the stream
-// holds exactly the backlog, its size is what
-// Config.MaxBytes bounds and what ingest's 503 reacts to, and a new consumer
-// that starts at the first message starts at the oldest unacknowledged one
-// (what failover relies on, see Ownership). Nothing needs the acknowledged
-// messages again: what could not be delivered is in RELAY_DEAD. Limits
-// retention would keep acknowledged messages until MaxAge or MaxBytes and
-// make "stream full" mean "old delivered data", not backlog.
+// The stream holds exactly the backlog: nothing expires, and a message
+// leaves only when its partition's owner removes it (see
+// Acknowledgement), so the stream's size is what Config.MaxBytes bounds
+// and what ingest's 503 reacts to (discard new: a full stream refuses the
+// publish), and a consumer that starts at the partition's first message
+// starts at the oldest one not removed (what failover relies on, see
+// Ownership). Nothing needs the removed messages again: what could not be
+// delivered is in RELAY_DEAD.
+//
+// Why limits retention and not a work queue, which removes a message on
+// its acknowledgement: the removal is the owner's purge anyway, and a work
+// queue (like interest retention) makes the server refuse a consumer of
+// fewer replicas than the stream. Its consumers then had a Raft group of
+// their own on every node, and every delivery and acknowledgement was a
+// proposal to it: about a tenth of the cluster's CPU under load, for state
+// nobody needs (see Ownership). On a limits stream the partition's consumer
+// has one replica, in memory, on one node: no Raft group.
+//
+// Streams of before: a stream made by a relay of before is a work queue
+// (relay.format = 1), and the server does not change a stream's retention
+// to or from work queue. This relay keeps such a stream as it is: it
+// writes to it and reads it with consumers of the stream's replicas,
+// removing by purge as on a limits stream (a consumer's acknowledgement
+// removes the rest), so a fleet can be upgraded relay by relay with old
+// and new relays on the same streams; it creates limits streams only for
+// the kinds (and stream numbers) that have none. A relay of before refuses
+// to start on a stream of format 2 (it checks the format), so it never
+// reads a limits stream, where its acknowledgements would remove nothing.
+// Moving a fleet's work queues to limits streams is the operator's drain
+// (README): with every relay upgraded, stop the ingest traffic, wait for
+// the streams to be empty, delete them and restart the relays. It is not
+// automatic. In place it cannot be: the new stream must take the old one's
+// name (which the relays of before look up) or its subjects, and a relay
+// deleting a stream alone could delete one that another relay, stopped
+// past its turn and resumed, has made anew and filled meanwhile. Beside
+// it (a limits stream taking over the work queue's subjects, the work
+// queue drained first by each partition's reader): a relay of before
+// still ingesting would have its requests stored by a stream of another
+// name, which its committer takes for a failure (it checks the name in
+// the answer), and answer 503 for stored requests (copies on the
+// client's retry); a partition's reader could move on only once no
+// message of it is held in the old stream (a paused key's holds the
+// partition for its pause), and every reader, remover and counter of the
+// package would follow a layout that changes while it runs.
 //
 // Why several streams per kind: a stream is one Raft group, and its leader
 // takes every write of it; with one stream per kind, every append of every
@@ -278,19 +315,19 @@
 // exists, are refused. A standby takes a dead owner's partitions within
 // LeaseTTL plus one heartbeat (about 8 s with the defaults).
 //
-// The consumers keep their state (and their Raft log) in memory: with file
-// storage each acknowledgement was a Raft log write with its fsync (under
-// sync_interval always) and a state file rewrite on every node, about a
-// sixth of the cluster's CPU under load. Nothing depends on that state
-// outliving the servers: an acknowledged message is removed from the
-// stream itself (R3, on file), and every new owner
-// resets the consumer to the partition's first message anyway. When the
-// state is lost (all of a consumer's replicas restarted), the consumer
-// starts again at the first message still in the stream: its sequence
-// starts at 1 again, the reader sees a missed delivery and reopens the
-// partition (see Deliveries in partition.go), and messages whose
-// acknowledgement had not reached the stream's replicas are read again
-// (sent again; the upstream dedups by insert_id), as after a failover.
+// The consumer has one replica and keeps its state in memory (on a
+// work-queue stream of before, the stream's replicas, each in memory).
+// Nothing depends on that state outliving its node: an acknowledged
+// message is removed from the stream itself (R3, on file), and every new
+// owner resets the consumer to the partition's first message anyway. When
+// the state is lost (its node restarted), the consumer starts again at the
+// first message still in the stream: its sequence starts at 1 again, the
+// reader sees a missed delivery and reopens the partition (see Deliveries
+// in partition.go), and messages whose removal had not reached the stream
+// are read again (sent again; the upstream dedups by insert_id), as after
+// a failover. When its node is gone, the consumer falls silent: after two
+// pull heartbeats missed in a row the reader reopens the partition, and
+// the server places the new consumer on a node that is up.
 //
 // Why not JetStream's pinned-client priority policy: a pinned consumer
 // gives one reader per partition, but when the pin moves the previous

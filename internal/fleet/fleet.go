@@ -45,7 +45,15 @@ const (
 	metaPartitions = "relay.partitions"
 	metaStreams    = "relay.streams"
 	metaFormat     = "relay.format"
-	formatVersion  = "1"
+	// formatLimits is the format of the streams this relay creates:
+	// limits retention, read by consumers of one replica (see doc.go,
+	// Streams). formatWorkQueue is that of the work-queue streams of
+	// before, which this relay still reads and writes. A relay of before
+	// refuses to start on a stream of any format but formatWorkQueue: it
+	// would read a limits stream with consumers of the stream's replicas
+	// and, older still, remove nothing.
+	formatLimits    = "2"
+	formatWorkQueue = "1"
 )
 
 // kinds are the lane kinds with a stream each.
@@ -289,7 +297,11 @@ type Fleet struct {
 
 	lanes  *laneStops
 	commit map[storage.Kind][]*committer // by kind, then stream
-	usage  map[storage.Kind]*usage       // for MaxBytes
+	// limits, by stream name: the stream has limits retention (it was
+	// created by a relay of this version); otherwise it is a work-queue
+	// stream of before. Set by Open, read-only after.
+	limits map[string]bool
+	usage  map[storage.Kind]*usage // for MaxBytes
 	// compress, by kind: the codec version (codec.go) the committers
 	// write, the best every member of the kind reads (owner.go, codecOf);
 	// zero until the first heartbeat: plain.
@@ -327,14 +339,16 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config, log *zap.Logger, reg p
 	if err != nil {
 		return nil, err
 	}
-	f := &Fleet{cfg: cfg, n: names{cfg.Namespace, cfg.Streams}, nc: nc, js: js, m: m, log: log.With(zap.String("relay", cfg.Name))}
+	f := &Fleet{cfg: cfg, n: names{cfg.Namespace, cfg.Streams}, nc: nc, js: js, m: m, log: log.With(zap.String("relay", cfg.Name)), limits: make(map[string]bool)}
 	for _, k := range kinds {
 		for g := range cfg.Streams {
-			if _, err := retrySetup(ctx, f.log, func(ctx context.Context) (struct{}, error) {
-				return struct{}{}, f.ensureStream(ctx, k, g)
-			}); err != nil {
+			limits, err := retrySetup(ctx, f.log, func(ctx context.Context) (bool, error) {
+				return f.ensureStream(ctx, k, g)
+			})
+			if err != nil {
 				return nil, err
 			}
+			f.limits[f.n.stream(k, g)] = limits
 		}
 	}
 	deadCfg := jetstream.StreamConfig{
@@ -479,9 +493,12 @@ func existingLayout(ctx context.Context, js jetstream.JetStream, cfg Config, log
 	return p, g, true
 }
 
-// ensureStream creates the lane kind's stream g or checks that the
-// existing one has this configuration's partitions and streams.
-func (f *Fleet) ensureStream(ctx context.Context, k storage.Kind, g int) error {
+// ensureStream creates the lane kind's stream g (limits retention) or
+// checks that the existing one has this configuration's partitions and
+// streams and a format this relay reads; limits says which retention it
+// has (a work-queue stream of before stays one: the server does not change
+// a stream's retention to or from work queue).
+func (f *Fleet) ensureStream(ctx context.Context, k storage.Kind, g int) (limits bool, err error) {
 	name := f.n.stream(k, g)
 	want, wantStreams := strconv.Itoa(f.cfg.Partitions), strconv.Itoa(f.cfg.Streams)
 	s, err := f.js.Stream(ctx, name)
@@ -489,21 +506,26 @@ func (f *Fleet) ensureStream(ctx context.Context, k storage.Kind, g int) error {
 	case err == nil:
 		info := s.CachedInfo()
 		if got := info.Config.Metadata[metaPartitions]; got != want {
-			return fmt.Errorf("fleet: stream %s has %q partitions, this relay is configured for %s: %w", name, got, want, ErrPartitions)
+			return false, fmt.Errorf("fleet: stream %s has %q partitions, this relay is configured for %s: %w", name, got, want, ErrPartitions)
 		}
 		got := info.Config.Metadata[metaStreams]
 		if got == "" {
 			got = "1" // made before streams were counted
 		}
 		if got != wantStreams {
-			return fmt.Errorf("fleet: stream %s is one of %s streams per kind, this relay is configured for %s: %w", name, got, wantStreams, ErrPartitions)
+			return false, fmt.Errorf("fleet: stream %s is one of %s streams per kind, this relay is configured for %s: %w", name, got, wantStreams, ErrPartitions)
 		}
-		if got := info.Config.Metadata[metaFormat]; got != formatVersion {
-			return fmt.Errorf("fleet: stream %s has message format %q, this relay writes %s: %w", name, got, formatVersion, ErrPartitions)
+		format, retention := info.Config.Metadata[metaFormat], info.Config.Retention
+		switch {
+		case format == formatLimits && retention == jetstream.LimitsPolicy:
+			return true, nil
+		case format == formatWorkQueue && retention == jetstream.WorkQueuePolicy:
+			return false, nil
 		}
-		return nil
+		return false, fmt.Errorf("fleet: stream %s has format %q and %v retention, this relay reads format %s (limits) or %s (work queue): %w",
+			name, format, retention, formatLimits, formatWorkQueue, ErrPartitions)
 	case !errors.Is(err, jetstream.ErrStreamNotFound):
-		return fmt.Errorf("fleet: stream %s: %w", name, unavailable(err))
+		return false, fmt.Errorf("fleet: stream %s: %w", name, unavailable(err))
 	}
 	maxBytes := f.cfg.MaxBytes
 	if maxBytes == 0 {
@@ -514,9 +536,13 @@ func (f *Fleet) ensureStream(ctx context.Context, k storage.Kind, g int) error {
 		subjects = append(subjects, f.n.subject(k, p))
 	}
 	_, err = f.js.CreateStream(ctx, jetstream.StreamConfig{
-		Name:               name,
-		Subjects:           subjects,
-		Retention:          jetstream.WorkQueuePolicy,
+		Name:     name,
+		Subjects: subjects,
+		// Limits retention with no limit but MaxBytes: a message stays
+		// until its partition's owner removes it (remove.go), so the
+		// stream holds exactly the backlog, as a work queue would, and the
+		// consumers need no replicated state (see doc.go, Streams).
+		Retention:          jetstream.LimitsPolicy,
 		Storage:            jetstream.FileStorage,
 		Replicas:           f.cfg.Replicas,
 		MaxBytes:           maxBytes,
@@ -524,15 +550,15 @@ func (f *Fleet) ensureStream(ctx context.Context, k storage.Kind, g int) error {
 		Duplicates:         f.cfg.DedupWindow,
 		MaxMsgSize:         int32(f.cfg.MaxMessageBytes) + 1024,
 		AllowAtomicPublish: true,
-		Metadata:           map[string]string{metaPartitions: want, metaStreams: wantStreams, metaFormat: formatVersion},
+		Metadata:           map[string]string{metaPartitions: want, metaStreams: wantStreams, metaFormat: formatLimits},
 	})
 	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 		return f.ensureStream(ctx, k, g) // another relay created it meanwhile
 	}
 	if err != nil {
-		return fmt.Errorf("fleet: create stream %s: %w", name, unavailable(err))
+		return false, fmt.Errorf("fleet: create stream %s: %w", name, unavailable(err))
 	}
-	return nil
+	return true, nil
 }
 
 // Close stops the publishers (an Append after it fails with

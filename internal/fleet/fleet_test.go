@@ -48,6 +48,8 @@ func TestFleet(t *testing.T) {
 		{"LeadersRebalanced", env.testLeadersRebalanced},
 		{"GroupCommit", env.testGroupCommit},
 		{"LayoutFound", env.testLayoutFound},
+		{"Retention", env.testRetention},
+		{"WorkQueueOfBefore", env.testWorkQueueOfBefore},
 		{"AllOrNothing", env.testAllOrNothing},
 		{"Dedup", env.testDedup},
 		{"Full", env.testFull},
@@ -60,6 +62,7 @@ func TestFleet(t *testing.T) {
 		{"Nak", env.testNak},
 		{"Removal", env.testRemoval},
 		{"RemovalNak", env.testRemovalNak},
+		{"AckWithoutConsumer", env.testAckWithoutConsumer},
 		{"Spill", env.testSpill},
 		{"SpillStepDown", env.testSpillStepDown},
 		{"RelayRestart", env.testRelayRestart},
@@ -77,6 +80,9 @@ func TestFleetNodes(t *testing.T) {
 	}
 	t.Parallel()
 	env := &testEnv{c: natstest.Start(t, natstest.Config{})}
+	// First, on the fresh cluster: a node killed then re-elects only its
+	// own few groups.
+	t.Run("ConsumerNodeGone", env.testConsumerNodeGone)
 	t.Run("NodeRestart", env.testNodeRestart)
 	t.Run("NoQuorum", env.testNoQuorum)
 	t.Run("PauseStoredLater", env.testPauseStoredLater)
@@ -1628,6 +1634,13 @@ func (e *testEnv) testRemoval(t *testing.T) {
 	if !present(seqs[0]) {
 		t.Fatal("the first message, handed out and not acknowledged, was removed with the later ones")
 	}
+	for _, seq := range seqs[1:] {
+		// A limits stream's acknowledgement removes nothing by itself:
+		// the stream must still hold the backlog only (deleteAcked).
+		if present(seq) {
+			t.Errorf("message %d, acknowledged while an older one is held, is still in the stream", seq)
+		}
+	}
 	ack <- s.msgs[0]
 	if r := <-res; r.err != nil {
 		t.Fatal(r.err)
@@ -1724,5 +1737,243 @@ func (e *testEnv) testRemovalNak(t *testing.T) {
 	}
 	if present(r.naked) {
 		t.Error("the message read again and acknowledged is still in the stream")
+	}
+}
+
+// consumerReplicas is the configured replicas of partition id's consumer
+// (0: the stream's).
+func consumerReplicas(t *testing.T, f *Fleet, k storage.Kind, id int) int {
+	t.Helper()
+	c, err := f.js.Consumer(bg(t), f.n.streamOf(k, id), consumerName(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.CachedInfo().Config.Replicas
+}
+
+// testRetention: the streams a relay creates have limits retention and are
+// read by consumers of one replica; a relay of before (which checks the
+// format) refuses them.
+func (e *testEnv) testRetention(t *testing.T) {
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1})
+	ctx := bg(t)
+	s, err := f.js.Stream(ctx, f.n.stream(storage.KindEvents, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := s.CachedInfo().Config; c.Retention != jetstream.LimitsPolicy || c.Metadata[metaFormat] != formatLimits {
+		t.Fatalf("stream created with %v retention, format %q; want limits, %s", c.Retention, c.Metadata[metaFormat], formatLimits)
+	}
+	c := newCollector()
+	stop := runEvents(f, c.deliver(nil))
+	defer stop()
+	if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", 1)}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the record delivered", func() bool { return c.count() == 1 })
+	if r := consumerReplicas(t, f, storage.KindEvents, 0); r != 1 {
+		t.Errorf("the partition's consumer has %d replicas, want 1", r)
+	}
+	waitFor(t, 10*time.Second, "the delivered record removed", func() bool { return streamMsgs(t, f, storage.KindEvents) == 0 })
+}
+
+// testWorkQueueOfBefore: a cluster whose events stream is a work queue of
+// a relay of before (format 1; the server does not change a stream's
+// retention to or from work queue) keeps it: this relay reads its backlog
+// in order with consumers of the stream's replicas (the server refuses one
+// replica there), writes to it, and removes what it delivered; the kinds
+// without a stream get limits streams.
+func (e *testEnv) testWorkQueueOfBefore(t *testing.T) {
+	ns := e.namespace()
+	nc := e.connect(t)
+	n := names{ns, 1}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := bg(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:               n.stream(storage.KindEvents, 0),
+		Subjects:           []string{n.subject(storage.KindEvents, 0)},
+		Retention:          jetstream.WorkQueuePolicy,
+		Storage:            jetstream.FileStorage,
+		Replicas:           3,
+		MaxBytes:           -1,
+		Discard:            jetstream.DiscardNew,
+		Duplicates:         DefaultDedupWindow,
+		AllowAtomicPublish: true,
+		Metadata:           map[string]string{metaPartitions: "1", metaStreams: "1", metaFormat: formatWorkQueue},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	f := e.open(t, nc, Config{Namespace: ns, Partitions: 1})
+	if f.limits[f.n.stream(storage.KindEvents, 0)] || !f.limits[f.n.stream(storage.KindUserMap, 0)] {
+		t.Fatalf("retention taken: %v; want the events stream a work queue, the others limits", f.limits)
+	}
+	// A backlog left by the relays of before (the message format is the
+	// same), read and removed in order, then new appends.
+	for i := 1; i <= 5; i++ {
+		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := newCollector()
+	stop := runEvents(f, c.deliver(nil))
+	defer stop()
+	for i := 6; i <= 10; i++ {
+		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, "ten records delivered", func() bool { return c.count() == 10 })
+	c.mu.Lock()
+	checkOrder(t, c.got, map[string]int{"d:a": 10})
+	c.mu.Unlock()
+	if r := consumerReplicas(t, f, storage.KindEvents, 0); r == 1 {
+		t.Error("the work queue's consumer has one replica")
+	}
+	waitFor(t, 10*time.Second, "the delivered records removed", func() bool { return streamMsgs(t, f, storage.KindEvents) == 0 })
+	s, err := js.Stream(ctx, f.n.stream(storage.KindEvents, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := s.CachedInfo().Config; c.Retention != jetstream.WorkQueuePolicy || c.Metadata[metaFormat] != formatWorkQueue {
+		t.Errorf("the work queue became %v retention, format %q", c.Retention, c.Metadata[metaFormat])
+	}
+
+	// The operator's move (README): drained, the work queue is deleted and
+	// the relays restarted; the first makes a limits stream, read by a
+	// consumer of one replica.
+	stop()
+	f.Close()
+	if err := js.DeleteStream(ctx, n.stream(storage.KindEvents, 0)); err != nil {
+		t.Fatal(err)
+	}
+	f = e.open(t, e.connect(t), Config{Namespace: ns, Partitions: 1})
+	if !f.limits[f.n.stream(storage.KindEvents, 0)] {
+		t.Fatal("the events stream made after the drain is not a limits stream")
+	}
+	c = newCollector()
+	stop = runEvents(f, c.deliver(nil))
+	defer stop()
+	for i := 1; i <= 3; i++ {
+		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:b", i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, "three records delivered after the move", func() bool { return c.count() == 3 })
+	c.mu.Lock()
+	checkOrder(t, c.got, map[string]int{"d:b": 3})
+	c.mu.Unlock()
+	if r := consumerReplicas(t, f, storage.KindEvents, 0); r != 1 {
+		t.Errorf("the limits stream's consumer has %d replicas, want 1", r)
+	}
+}
+
+// testConsumerNodeGone: a partition's consumer has one replica, so when its
+// node dies it falls silent (no other node takes it over); the reader
+// notices (the consumer answers no info request), returns ErrLost, and the
+// partition opened again reads on from a consumer on a node that is up.
+func (e *testEnv) testConsumerNodeGone(t *testing.T) {
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1})
+	ctx := bg(t)
+	if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", 1)}}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := f.openPartition(ctx, ctx, storage.KindEvents, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := p.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Ack(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	ci, err := p.cons.Info(ctx)
+	if err != nil || ci.Cluster == nil {
+		t.Fatalf("consumer info: %v", err)
+	}
+	node := -1
+	for i := range e.c.Len() {
+		if s := e.c.Server(i); s != nil && s.Name() == ci.Cluster.Leader {
+			node = i
+		}
+	}
+	if node < 0 {
+		t.Fatalf("the consumer's node %q is not in the cluster", ci.Cluster.Leader)
+	}
+	e.c.Kill(node)
+	defer func() { e.c.Restart(node); e.c.WaitReady() }()
+	if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", 2)}}); err != nil {
+		t.Fatal(err)
+	}
+	nctx, cancel := context.WithTimeout(ctx, poll.Max)
+	defer cancel()
+	if _, err := p.Next(nctx); !errors.Is(err, ErrLost) {
+		t.Fatalf("read with the consumer's node dead: %v, want ErrLost", err)
+	}
+	p.close()
+	var again *Partition
+	waitFor(t, 30*time.Second, "the partition opened again", func() bool {
+		octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		again, err = f.openPartition(octx, ctx, storage.KindEvents, 0)
+		return err == nil
+	})
+	defer again.close()
+	for {
+		m, err := again.Next(nctx)
+		if err != nil {
+			t.Fatalf("read after the reopen: %v", err)
+		}
+		if _, n := parse(m.Records[0]); n == 2 {
+			break
+		}
+	}
+}
+
+// testAckWithoutConsumer: on a limits stream, acknowledging a message while
+// an older one is held deletes it from the stream and needs nothing of the
+// consumer, which may have lost its state (restarted on its node): here it
+// is gone altogether.
+func (e *testEnv) testAckWithoutConsumer(t *testing.T) {
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1})
+	ctx := bg(t)
+	for i := 1; i <= 2; i++ {
+		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := f.openPartition(ctx, ctx, storage.KindEvents, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	a, err := p.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := p.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream := f.n.streamOf(storage.KindEvents, 0)
+	if err := f.js.DeleteConsumer(ctx, stream, consumerName(0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Ack(ctx, b); err != nil {
+		t.Fatalf("ack above the floor with the consumer gone: %v", err)
+	}
+	st, err := f.js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.GetMsg(ctx, b.Seq); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Errorf("the acknowledged message: %v, want it deleted", err)
+	}
+	if _, err := st.GetMsg(ctx, a.Seq); err != nil {
+		t.Errorf("the held message: %v, want it kept", err)
 	}
 }

@@ -43,6 +43,10 @@ type Partition struct {
 	it   jetstream.MessagesContext
 	cons jetstream.Consumer
 	log  *zap.Logger
+	// limits: the partition's stream has limits retention (fleet.go,
+	// ensureStream), read by a consumer of one replica; otherwise a
+	// work-queue stream of before, by one of the stream's replicas.
+	limits bool
 
 	// delivery is the consumer sequence Next expects next (see
 	// openPartition, Deliveries); broken is set once one did not match.
@@ -124,8 +128,18 @@ var errStaleConsumer = errors.New("consumer not reset (it delivered before)")
 // The caller retries, delete included.
 func (f *Fleet) createConsumer(ctx context.Context, k storage.Kind, id int) (jetstream.Consumer, error) {
 	stream, name := f.n.streamOf(k, id), consumerName(id)
+	// A consumer of one replica on a limits stream: its state is needed by
+	// nobody but its reader (see doc.go, Streams), so it is kept on one
+	// node, in memory, without a Raft group of its own: no proposal per
+	// delivery and acknowledgement on every node. The server refuses one
+	// replica on a work-queue stream: that keeps the stream's.
+	replicas := 0
+	if f.limits[stream] {
+		replicas = 1
+	}
 	cons, err := f.js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
 		Durable:       name,
+		Replicas:      replicas,
 		FilterSubject: f.n.subject(k, id),
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       f.cfg.AckWait,
@@ -133,12 +147,11 @@ func (f *Fleet) createConsumer(ctx context.Context, k storage.Kind, id int) (jet
 		MaxDeliver:    -1,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		// The consumer's state in memory (its Raft log included): no
-		// file write and fsync per acknowledgement on every node. Nothing
-		// depends on that state outliving the servers: what is done is
-		// gone from the stream itself (see remove.go), and every owner
-		// resets the consumer to the partition's first message anyway
-		// (see openPartition). It keeps the stream's replicas: the server
-		// refuses a consumer of one replica on a work-queue stream.
+		// file write and fsync per acknowledgement. Nothing depends on
+		// that state outliving the servers: what is done is gone from
+		// the stream itself (see remove.go), and every owner resets the
+		// consumer to the partition's first message anyway (see
+		// openPartition).
 		MemoryStorage: true,
 	})
 	if err != nil {
@@ -168,7 +181,7 @@ func (f *Fleet) readPartition(owned context.Context, k storage.Kind, id int, con
 		return nil, fmt.Errorf("fleet: read %s/%s: %w", stream, name, unavailable(err))
 	}
 	p := &Partition{
-		f: f, kind: k, id: id, ctx: owned, it: it, cons: cons,
+		f: f, kind: k, id: id, ctx: owned, it: it, cons: cons, limits: f.limits[stream],
 		log:      f.log.With(zap.String("stream", stream), zap.Int("partition", id)),
 		delivery: 1,
 		out:      make(map[uint64]jetstream.Msg),
@@ -267,6 +280,20 @@ func (p *Partition) Next(ctx context.Context) (*Message, error) {
 				// The pull's heartbeats were late (a busy server, a leader
 				// election): the iterator has already sent a new pull, and
 				// a delivery lost meanwhile is caught by the sequence check.
+				// A consumer of one replica has no other node to move to:
+				// when its node is gone it stays silent until the node
+				// comes back, so when it does not answer an info request
+				// either, the partition is opened again (its consumer made
+				// anew on a node that is up). A busy node's late heartbeat
+				// is no reason: it answers.
+				if p.limits && !p.consumerAnswers(ctx) {
+					if ctx.Err() != nil {
+						return nil, ctx.Err()
+					}
+					p.broken = true
+					p.log.Warn("partition consumer silent; reopening the partition", zap.Error(err))
+					return nil, ErrLost
+				}
 				p.log.Debug("partition pull heartbeat missed; pulling again", zap.Error(err))
 				continue
 			}
@@ -307,6 +334,20 @@ func (p *Partition) Next(ctx context.Context) (*Message, error) {
 	}
 }
 
+// consumerInfoWait bounds consumerAnswers: a loaded node answers within
+// it, and a reopen for nothing costs a consumer's re-creation, not a loss.
+const consumerInfoWait = 5 * time.Second
+
+// consumerAnswers asks the partition's consumer for its info: false when
+// it does not answer within consumerInfoWait (its node is gone, or the
+// consumer is), or ctx ended.
+func (p *Partition) consumerAnswers(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, consumerInfoWait)
+	defer cancel()
+	_, err := p.cons.Info(ctx)
+	return err == nil
+}
+
 // corrupt dead-letters an undecodable message (its checksum fails, or it
 // was not written by this package) whole, with reason damaged as the local
 // spool's damaged chunks, and acknowledges it; when that fails the message
@@ -329,6 +370,10 @@ func (p *Partition) corrupt(ctx context.Context, m jetstream.Msg, md *jetstream.
 		p.log.Error("dead-letter undecodable message", zap.Error(err))
 		return
 	}
+	if p.limits {
+		p.deleteAcked(ctx, md.Sequence.Stream) // see Ack
+		return
+	}
 	if err := m.DoubleAck(ctx); err != nil {
 		p.log.Error("acknowledge undecodable message", zap.Error(err))
 	}
@@ -339,8 +384,9 @@ func (p *Partition) corrupt(ctx context.Context, m jetstream.Msg, md *jetstream.
 // is removed from the stream by a purge in the background (see remove.go:
 // killed before it, the relay leaves m to be read again by the next
 // owner); otherwise Ack returns once the consumer confirmed m's
-// acknowledgement. Acknowledging after ownership ended is allowed and
-// harmless: the purge removes only messages this owner delivered and
+// acknowledgement (in a limits stream, once m was deleted: see deleteAcked).
+// Acknowledging after ownership ended is allowed and harmless: the purge
+// and the deletion remove only messages this owner delivered and
 // acknowledged; a consumer acknowledgement fails once the next owner reset
 // the consumer, and the message is delivered again by that owner.
 func (p *Partition) Ack(ctx context.Context, m *Message) error {
@@ -353,6 +399,17 @@ func (p *Partition) Ack(ctx context.Context, m *Message) error {
 	if m.Seq < floor {
 		p.removeBelow(floor)
 		p.forget(m.Seq)
+		return nil
+	}
+	if p.limits {
+		// Not acknowledged to the consumer: its state is nobody's (see
+		// doc.go), and the server takes a message deleted from the stream
+		// as acknowledged (it frees its place in MaxAckPending). A
+		// consumer that restarted on its node (its memory state lost)
+		// answers no acknowledgement, and waiting for it would hold the
+		// partition's delivery; its deliveries are caught by Next.
+		p.forget(m.Seq)
+		p.deleteAcked(ctx, m.Seq)
 		return nil
 	}
 	if m.msg == nil { // spilled

@@ -5,15 +5,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 )
 
-// Removal by purge. In a work-queue stream an acknowledged message is
-// removed by a proposal of the stream's leader to the stream's Raft group:
-// one Raft entry (a log write, and under sync_interval always an fsync, on
-// every node) per message. The owner of a partition removes what it is done
+// Removal by purge. A message leaves a limits stream only when removed,
+// and each removal is a proposal of the stream's leader to the stream's
+// Raft group: one Raft entry (a log write, and under sync_interval always
+// an fsync, on every node), which a work queue paid for every
+// acknowledged message. The owner of a partition removes what it is done
 // with by a purge of the partition's subject below a floor instead: the
 // oldest message handed out and not acknowledged, or the one after the last
 // handed out (Partition.floorLocked). Every message of the subject below the
@@ -25,8 +27,9 @@ import (
 // pending acknowledgements too (the server does so on a purge).
 //
 // The purges of a partition are group committed: one in flight at a time,
-// in a goroutine of the partition's (close waits for it); the
-// acknowledgements that arrive meanwhile share the next one. The delivery
+// in a goroutine of the partition's (close waits for it), at most one
+// every removeEvery; the acknowledgements that arrive meanwhile share the
+// next one. The delivery
 // engine acknowledges a partition's messages one after the other, each
 // waiting for the last, so an acknowledgement at the floor returns once its
 // removal is asked for, not done: as with the local spool, whose
@@ -34,16 +37,17 @@ import (
 // before the purge leaves those messages to be read again by the next
 // owner (the upstream drops the copies by insert_id); nothing is lost. A
 // message acknowledged while an older one is still held (a paused key's)
-// cannot be purged yet: it is acknowledged to the consumer as before (the
-// server confirms it, removes it and frees its place in MaxAckPending).
+// cannot be purged yet: it is deleted alone (deleteAcked; the server takes
+// that as its acknowledgement to the consumer), or in a work-queue stream
+// of before acknowledged to the consumer, which deletes it.
 //
 // A purge after ownership ended (the relay stopped past its lease) is
 // harmless: it removes only messages this owner delivered and acknowledged;
 // the next owner may have them in flight too, and its own purge of them
-// finds them gone. The layout on the streams is unchanged: a relay of
-// before, which acknowledges every message, and this one may own a kind's
-// partitions at once (a rolling upgrade), each removing what it is done
-// with.
+// finds them gone. On a work-queue stream of before, a relay of before
+// (which removes by purge too, or acknowledges every message) and this one
+// may own a kind's partitions at once (a rolling upgrade), each removing
+// what it is done with.
 type remover struct {
 	mu   sync.Mutex
 	want uint64        // the highest floor asked for
@@ -66,6 +70,13 @@ func (p *Partition) removeBelow(floor uint64) {
 	r.busy = make(chan struct{})
 	go p.removing(r.busy)
 }
+
+// removeEvery is the least time between two purges of a partition: each
+// is a Raft entry (and, under sync_interval always, an fsync) on every
+// node, and a loaded partition's acknowledgements would otherwise start
+// one per round trip. A relay killed meanwhile leaves at most that much
+// more to be read again by the next owner.
+const removeEvery = 100 * time.Millisecond
 
 // removing purges below the floor asked for until it is reached. On a
 // failure it gives up: the next acknowledgement asks again, and what stays
@@ -94,6 +105,14 @@ func (p *Partition) removing(busy chan struct{}) {
 		}
 		r.done = max(r.done, k)
 		r.mu.Unlock()
+		// Paced: the acknowledgements of the next removeEvery share one
+		// purge (until the partition closes, which removes at once).
+		t := time.NewTimer(removeEvery)
+		select {
+		case <-t.C:
+		case <-p.stopKeep:
+			t.Stop()
+		}
 	}
 }
 
@@ -149,4 +168,46 @@ func (p *Partition) purge(ctx context.Context, seq uint64) error {
 		return fmt.Errorf("fleet: remove partition %d below seq %d: %w", p.id, seq, unavailable(err))
 	}
 	return nil
+}
+
+// deleteAcked removes seq, acknowledged above the floor (an older message
+// is still held), from a limits stream, where an acknowledgement removes
+// nothing (a work queue's does): one stream Raft entry, as the work queue
+// paid for every acknowledgement, paid here only for messages acknowledged
+// while an older one is held (a paused key's, a stopped lane's, one whose
+// request is still in flight), so that the stream still holds exactly the
+// backlog that MaxBytes bounds and the lanes API reports. The server takes
+// the deletion as the message's acknowledgement to the consumer. On a failure the message stays until the floor
+// passes it (the purge removes it then) or is read again by the next
+// owner; nothing is lost either way.
+func (p *Partition) deleteAcked(ctx context.Context, seq uint64) {
+	if !p.limits {
+		return
+	}
+	f := p.f
+	stream := f.n.streamOf(p.kind, p.id)
+	body, err := json.Marshal(struct {
+		Seq     uint64 `json:"seq"`
+		NoErase bool   `json:"no_erase"`
+	}{seq, true})
+	if err != nil {
+		return
+	}
+	// One attempt: the Ack waits for it, and what it fails to remove the
+	// purge removes later; retried, a closed connection would hold the
+	// Ack (and the partition's close) for its caller's whole context.
+	actx, cancel := f.attemptCtx(ctx)
+	defer cancel()
+	resp, err := f.nc.RequestWithContext(actx, "$JS.API.STREAM.MSG.DELETE."+stream, body)
+	if err == nil {
+		var a purgeAnswer
+		if err = json.Unmarshal(resp.Data, &a); err != nil {
+			err = fmt.Errorf("jetstream: unreadable delete answer: %w", err)
+		} else if a.Error != nil && a.Error.ErrorCode != jetstream.JSErrCodeMessageNotFound {
+			err = a.Error
+		}
+	}
+	if err != nil {
+		p.log.Warn("delete acknowledged message: it stays until the floor passes it", zap.Uint64("seq", seq), zap.Error(err))
+	}
 }
