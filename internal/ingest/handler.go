@@ -187,6 +187,13 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 	var nowBuf [20]byte
 	nowText := strconv.AppendInt(nowBuf[:0], nowMS, 10) // formatted once for all events
 	st.batch.Reset()
+	var clean func([]byte) bool // nil: the plan is off for these events
+	if s.plan != nil {
+		var verdict uint64
+		if verdict, clean = s.plan.Vet(st.req.APIKey); clean != nil {
+			st.batch.Vet(verdict)
+		}
+	}
 	// About what the records take: the events, grown by the rewrites, and
 	// their order keys and user ids.
 	st.batch.Reserve(len(body) + recordSlack*n)
@@ -203,6 +210,10 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 			}
 			return ev.AppendRewrittenMS(dst, s.ids, nowText, st.ip)
 		})
+		// Checked against the plan as spooled, while it is in the cache.
+		if clean != nil && clean(st.batch.Last()) {
+			st.batch.MarkClean()
+		}
 	}
 	if s.testHook != nil {
 		s.testHook(ctx)

@@ -78,7 +78,7 @@ func BenchmarkEnforcerCheck(b *testing.B) {
 	cpu0 := benchtest.ProcessCPU()
 	for b.Loop() {
 		for _, ev := range evs {
-			if _, reason, _ := check(ev); reason != "" {
+			if _, reason, _ := check(ev, 0); reason != "" {
 				b.Fatal(reason)
 			}
 		}

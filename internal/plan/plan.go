@@ -129,6 +129,10 @@ type compiled struct {
 	eventTable keyTable[eventRules] // events' short names
 	users      map[string]*rule
 	userTable  keyTable[rule] // users' short names
+	// tag names the plan by its content (verdict.go).
+	tag uint64
+	// clean is the method value of isClean, made once (Vet hands it out).
+	clean func(data []byte) bool
 }
 
 type eventRules struct {
@@ -207,5 +211,7 @@ func compile(p *Plan) (*compiled, error) {
 	}
 	c.userTable = newKeyTable(c.users)
 	c.eventTable = newKeyTable(c.events)
+	c.tag = planTag(p)
+	c.clean = c.isClean
 	return c, nil
 }
