@@ -66,6 +66,23 @@ type Event struct {
 	// insert_id or time, and the string token of an ip equal to "$remote".
 	insNull, timeNull, ipOff, ipEnd int
 	idx                             int // index in the events array
+	// planKeys: see PlanKeys.
+	planKeys [3]int32
+}
+
+// PlanKeys returns the offsets in Raw of the keys of event_type,
+// event_properties and user_properties, the members a tracking plan
+// checks (internal/plan): 0 when the event has none, -1 when it has more
+// than one (an escaped key counts as the name it spells).
+func (e *Event) PlanKeys() [3]int32 { return e.planKeys }
+
+// planKey records that the key of plan member k is at off in Raw.
+func (e *Event) planKey(k, off int) {
+	if e.planKeys[k] != 0 {
+		e.planKeys[k] = -1
+		return
+	}
+	e.planKeys[k] = int32(off)
 }
 
 // Event.flags bits.
@@ -399,6 +416,7 @@ func (p *parser) event(i int) int {
 	}
 	for {
 		// b[i] is the '"' of a member's key.
+		key := i
 		var f int
 		if i, f = eventKey(b, i); i < 0 {
 			return -1
@@ -416,11 +434,17 @@ func (p *parser) event(i int) int {
 			i, _ = scanString(b, i)
 			e.setValid(f, true)
 		case f > lastRecorded:
+			if f <= fUserProps {
+				e.planKey(f-fEventProps+1, key-start)
+			}
 			// Only the type of the value matters.
 			var ok bool
 			i, ok = p.typedValue(fieldKinds[f], i)
 			e.setValid(f, ok)
 		default:
+			if f == fEventType {
+				e.planKey(0, key-start)
+			}
 			i = p.recordedField(e, f, i, start)
 		}
 		if i < 0 {

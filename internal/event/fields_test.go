@@ -73,3 +73,11 @@ func TestWordTable(t *testing.T) {
 		t.Errorf("only %d keys collided with a field name: the test is too weak", collisions)
 	}
 }
+
+func TestPlanFields(t *testing.T) {
+	for f, name := range map[int]string{fEventType: "event_type", fEventProps: "event_properties", fUserProps: "user_properties"} {
+		if fieldNames[f] != name {
+			t.Errorf("field %d is %q, want %q", f, fieldNames[f], name)
+		}
+	}
+}

@@ -199,8 +199,9 @@ type Server struct {
 // (internal/plan's Enforcer.Vet; delivery checks every other event).
 type Plan interface {
 	// Vet returns the verdict of a clean event of a request with apiKey,
-	// and what tells one clean; 0 and nil when its events are not checked.
-	Vet(apiKey []byte) (verdict uint64, clean func(data []byte) bool)
+	// and what tells one clean from its bytes as parsed and its
+	// event.Event.PlanKeys; 0 and nil when its events are not checked.
+	Vet(apiKey []byte) (verdict uint64, clean func(raw []byte, keys [3]int32) bool)
 }
 
 // SetPlan makes s mark each event clean against p's plan with its verdict

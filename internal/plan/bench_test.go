@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/svcrelay/relay/internal/benchtest"
+	"github.com/svcrelay/relay/internal/event"
 )
 
 // benchPlan is a 200-event-type plan that benchtest.SDKEvent's events
@@ -121,4 +122,41 @@ func checkSpread(b *testing.B, size int) {
 		}
 	}
 	b.ReportMetric(float64(benchtest.ProcessCPU()-cpu0)/float64(b.N*100), "cpu-ns/event")
+}
+
+// BenchmarkVet is the ingest's check of BenchmarkCheck's events: from the
+// parser's key offsets (cleanAt) and, for comparison, in full on the
+// record (isClean).
+func BenchmarkVet(b *testing.B) {
+	c, err := compile(benchPlan())
+	if err != nil {
+		b.Fatal(err)
+	}
+	body := []byte(`{"api_key":"k","events":[`)
+	for i := range 100 {
+		if i > 0 {
+			body = append(body, ',')
+		}
+		body = append(body, benchtest.SDKEvent(i)...)
+	}
+	body = append(body, "]}"...)
+	var req event.Request
+	if err := event.Parse(body, &req); err != nil {
+		b.Fatal(err)
+	}
+	for _, by := range []string{"keys", "full"} {
+		b.Run("by="+by, func(b *testing.B) {
+			b.ReportAllocs()
+			cpu0 := benchtest.ProcessCPU()
+			for b.Loop() {
+				for i := range req.Events {
+					e := &req.Events[i]
+					if ok := by == "keys" && c.cleanAt(e.Raw, e.PlanKeys()) || by == "full" && c.isClean(e.Raw); !ok {
+						b.Fatalf("event %d not clean", i)
+					}
+				}
+			}
+			b.ReportMetric(float64(benchtest.ProcessCPU()-cpu0)/float64(b.N*len(req.Events)), "cpu-ns/event")
+		})
+	}
 }

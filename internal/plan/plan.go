@@ -131,8 +131,8 @@ type compiled struct {
 	userTable  keyTable[rule] // users' short names
 	// tag names the plan by its content (verdict.go).
 	tag uint64
-	// clean is the method value of isClean, made once (Vet hands it out).
-	clean func(data []byte) bool
+	// clean is the method value of cleanAt, made once (Vet hands it out).
+	clean func(raw []byte, keys [3]int32) bool
 }
 
 type eventRules struct {
@@ -212,6 +212,6 @@ func compile(p *Plan) (*compiled, error) {
 	c.userTable = newKeyTable(c.users)
 	c.eventTable = newKeyTable(c.events)
 	c.tag = planTag(p)
-	c.clean = c.isClean
+	c.clean = c.cleanAt
 	return c, nil
 }

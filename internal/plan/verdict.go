@@ -55,6 +55,59 @@ func (c *compiled) isClean(data []byte) bool {
 	return len(vs) == 0
 }
 
+// cleanAt is isClean(raw) for an event the ingest's parser has just read:
+// keys are where it found the keys of event_type, event_properties and
+// user_properties (event.Event.PlanKeys), so that only their values are
+// walked again, not the whole event. An event whose keys are not as the
+// check reads them (one given twice, or escaped: the check matches a key
+// only as it is written) is checked in full.
+func (c *compiled) cleanAt(raw []byte, keys [3]int32) bool {
+	et, ok0 := memberAt(raw, keys[0], "event_type")
+	ep, ok1 := memberAt(raw, keys[1], "event_properties")
+	up, ok2 := memberAt(raw, keys[2], "user_properties")
+	if !ok0 || !ok1 || !ok2 {
+		return c.isClean(raw)
+	}
+	var v verdict
+	var vs []Violation
+	ets := span{-1, -1}
+	var w keyWords
+	short := false
+	if et >= 0 && raw[et] == '"' {
+		ets.from = et
+		ets.to, _, w, short = keyAt(raw, et)
+	} else if et >= 0 {
+		ets = span{et, valueEnd(raw, et)}
+	}
+	rules, vs := c.typeRules(raw, ets, short, w, vs, &v)
+	if len(vs) > 0 {
+		return false
+	}
+	if _, vs, _ = c.props(raw, ep, rules, vs, nil, &v); len(vs) > 0 {
+		return false
+	}
+	_, vs, _ = c.userProps(raw, up, vs, nil, &v)
+	return len(vs) == 0
+}
+
+// memberAt is the index of the value of the member whose key, name, is at
+// raw[k] (-1 when k is 0: no such member); false when the key is not
+// there as written (k < 0: more than one).
+func memberAt(raw []byte, k int32, name string) (int, bool) {
+	if k == 0 {
+		return -1, true
+	}
+	i := int(k)
+	if i < 0 || i+len(name)+2 > len(raw) || raw[i] != '"' || string(raw[i+1:i+1+len(name)]) != name || raw[i+1+len(name)] != '"' {
+		return -1, false
+	}
+	i = skipWS(raw, i+len(name)+2)
+	if i >= len(raw) || raw[i] != ':' {
+		return -1, false
+	}
+	return skipWS(raw, i+1), true
+}
+
 // vetIndex is what Vet looks up: the projects of a credentials file in a
 // mode other than off, by api key, for the mode default in force.
 type vetIndex struct {
@@ -69,12 +122,13 @@ type vetTarget struct {
 }
 
 // Vet returns, for the events of a request with apiKey, the verdict a
-// clean event gets and the function that tells a clean event (data: the
-// record as spooled), or 0 and nil when they are not checked (no project
+// clean event gets and the function that tells a clean event (raw: the
+// event as parsed, keys: its event.Event.PlanKeys; the ingest's rewrites
+// touch no member the check reads), or 0 and nil when they are not checked (no project
 // has the key, its mode is off, or its plan was never read). Both are of
 // the same plan. It costs a few loads per request when no project is
 // checked, and allocates nothing.
-func (e *Enforcer) Vet(apiKey []byte) (verdict uint64, clean func(data []byte) bool) {
+func (e *Enforcer) Vet(apiKey []byte) (verdict uint64, clean func(raw []byte, keys [3]int32) bool) {
 	store, live := e.creds.Load(), e.live.Load()
 	ix := e.vets.Load()
 	if ix == nil || ix.store != store || ix.live != live {

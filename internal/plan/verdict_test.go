@@ -26,10 +26,10 @@ func TestVerdicts(t *testing.T) {
 		t.Fatal(err)
 	}
 	v, clean := e.Vet(key)
-	good := []byte(`{"event_type":"Event 1","event_properties":{"price":3}}`)
-	bad := []byte(`{"event_type":"Event 1","event_properties":{"price":"3"}}`)
-	if v == 0 || clean == nil || !clean(good) || clean(bad) {
-		t.Fatalf("Vet: %#x, clean(good) %v, clean(bad) %v", v, clean != nil && clean(good), clean != nil && clean(bad))
+	good := []byte(`{"device_id":"dev-12345","event_type":"Event 1","event_properties":{"price":3}}`)
+	bad := []byte(`{"device_id":"dev-12345","event_type":"Event 1","event_properties":{"price":"3"}}`)
+	if v == 0 || clean == nil || !vetted(t, clean, good) || vetted(t, clean, bad) {
+		t.Fatalf("Vet: %#x, clean(good) %v, clean(bad) %v", v, clean != nil && vetted(t, clean, good), clean != nil && vetted(t, clean, bad))
 	}
 	if v, clean := e.Vet([]byte("other-key")); v != 0 || clean != nil {
 		t.Error("a key of no project vets")
