@@ -199,9 +199,12 @@ type Server struct {
 // (internal/plan's Enforcer.Vet; delivery checks every other event).
 type Plan interface {
 	// Vet returns the verdict of a clean event of a request with apiKey,
-	// and what tells one clean from its bytes as parsed and its
-	// event.Event.PlanKeys; 0 and nil when its events are not checked.
-	Vet(apiKey []byte) (verdict uint64, clean func(raw []byte, keys [3]int32) bool)
+	// and what tells one clean as parsed (with Request.PlanMembers); 0
+	// and nil when its events are not checked.
+	Vet(apiKey []byte) (verdict uint64, clean func(*event.Request, *event.Event) bool)
+	// Checking reports whether Vet may check some request's events (the
+	// parser then records what it reads: event.Request.PlanMembers).
+	Checking() bool
 }
 
 // SetPlan makes s mark each event clean against p's plan with its verdict

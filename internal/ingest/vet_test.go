@@ -11,9 +11,12 @@ import (
 )
 
 // planFunc is a Plan of function fields.
-type planFunc func(apiKey []byte) (uint64, func([]byte, [3]int32) bool)
+type planFunc func(apiKey []byte) (uint64, func(*event.Request, *event.Event) bool)
 
-func (f planFunc) Vet(apiKey []byte) (uint64, func([]byte, [3]int32) bool) { return f(apiKey) }
+func (f planFunc) Vet(apiKey []byte) (uint64, func(*event.Request, *event.Event) bool) {
+	return f(apiKey)
+}
+func (f planFunc) Checking() bool { return true }
 
 // verdicts keeps each record's verdict as the store got it.
 type verdicts struct{ got []uint64 }
@@ -32,16 +35,19 @@ func (v *verdicts) Append(_ context.Context, req storage.Request) error {
 func TestVet(t *testing.T) {
 	const v = 0xabcdef0123456783
 	body := []byte(`{"api_key":"k-vet","events":[` +
-		`{"device_id":"dev-1","event_type":"good"},{"device_id":"dev-2","event_type":"bad"},{"device_id":"dev-3","event_type":"good","ip":"$remote"}]}`)
+		`{"device_id":"dev-1","event_type":"good","event_properties":{"a":1}},{"device_id":"dev-2","event_type":"bad"},{"device_id":"dev-3","event_type":"good","ip":"$remote","event_properties":{"b":[2]}}]}`)
 	var seen [][]byte
-	vet := planFunc(func(apiKey []byte) (uint64, func([]byte, [3]int32) bool) {
+	vet := planFunc(func(apiKey []byte) (uint64, func(*event.Request, *event.Event) bool) {
 		if string(apiKey) != "k-vet" {
 			return 0, nil
 		}
-		return v, func(raw []byte, keys [3]int32) bool {
-			seen = append(seen, bytes.Clone(raw))
-			// The event type read where the parser found its key.
-			return keys[0] > 0 && bytes.HasPrefix(raw[keys[0]:], []byte(`"event_type":"good"`))
+		return v, func(req *event.Request, e *event.Event) bool {
+			seen = append(seen, bytes.Clone(e.Raw))
+			// The event type read where the parser found its key, the
+			// members of the event properties recorded (Checking).
+			keys := e.PlanKeys()
+			ms, ok := req.PropMembers(e, 0)
+			return keys[0] > 0 && bytes.HasPrefix(e.Raw[keys[0]:], []byte(`"event_type":"good"`)) && ok && len(ms) == 1
 		}
 	})
 	for _, tc := range []struct {
@@ -78,7 +84,7 @@ func TestVet(t *testing.T) {
 				}
 			}
 			// What was checked is each event as it came.
-			if tc.name == "plan" && (len(seen) != 3 || !bytes.Equal(seen[2], []byte(`{"device_id":"dev-3","event_type":"good","ip":"$remote"}`))) {
+			if tc.name == "plan" && (len(seen) != 3 || !bytes.Equal(seen[2], []byte(`{"device_id":"dev-3","event_type":"good","ip":"$remote","event_properties":{"b":[2]}}`))) {
 				t.Errorf("checked %q", seen)
 			}
 		})

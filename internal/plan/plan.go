@@ -5,6 +5,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/svcrelay/relay/internal/event"
 )
 
 // Mode is how a project's events are checked against its plan.
@@ -132,7 +134,7 @@ type compiled struct {
 	// tag names the plan by its content (verdict.go).
 	tag uint64
 	// clean is the method value of cleanAt, made once (Vet hands it out).
-	clean func(raw []byte, keys [3]int32) bool
+	clean func(*event.Request, *event.Event) bool
 }
 
 type eventRules struct {

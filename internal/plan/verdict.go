@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/event"
 )
 
 // Verdicts. The ingest's strict parser has just read each event when it
@@ -55,13 +56,16 @@ func (c *compiled) isClean(data []byte) bool {
 	return len(vs) == 0
 }
 
-// cleanAt is isClean(raw) for an event the ingest's parser has just read:
-// keys are where it found the keys of event_type, event_properties and
-// user_properties (event.Event.PlanKeys), so that only their values are
-// walked again, not the whole event. An event whose keys are not as the
-// check reads them (one given twice, or escaped: the check matches a key
-// only as it is written) is checked in full.
-func (c *compiled) cleanAt(raw []byte, keys [3]int32) bool {
+// cleanAt is isClean for an event the ingest's parser has just read
+// (req, e): it found the keys of event_type, event_properties and
+// user_properties (event.Event.PlanKeys) and, when asked
+// (Request.PlanMembers), the property objects' members
+// (Request.PropMembers), so that only the members' keys and values are
+// read again, not the event. An event whose keys are not as the check
+// reads them (one given twice, or escaped: the check matches a key only as
+// it is written) is checked in full.
+func (c *compiled) cleanAt(req *event.Request, e *event.Event) bool {
+	raw, keys := e.Raw, e.PlanKeys()
 	et, ok0 := memberAt(raw, keys[0], "event_type")
 	ep, ok1 := memberAt(raw, keys[1], "event_properties")
 	up, ok2 := memberAt(raw, keys[2], "user_properties")
@@ -83,11 +87,85 @@ func (c *compiled) cleanAt(raw []byte, keys [3]int32) bool {
 	if len(vs) > 0 {
 		return false
 	}
-	if _, vs, _ = c.props(raw, ep, rules, vs, nil, &v); len(vs) > 0 {
+	if ms, ok := req.PropMembers(e, 0); ok {
+		if !c.propsClean(raw, ms, rules, &v) {
+			return false
+		}
+	} else if _, vs, _ = c.props(raw, ep, rules, vs, nil, &v); len(vs) > 0 {
 		return false
+	}
+	if ms, ok := req.PropMembers(e, 1); ok {
+		return c.userPropsClean(raw, ms, &v)
 	}
 	_, vs, _ = c.userProps(raw, up, vs, nil, &v)
 	return len(vs) == 0
+}
+
+// ruleOf is the rule of the key at raw[k] in t or rules: rulesFor's
+// lookup, the key's end found here.
+func ruleOf(raw []byte, k int, t *keyTable[rule], rules map[string]*rule, buf *[]byte) *rule {
+	if k+2+shortKey <= len(raw) && len(t.slots) > 0 {
+		// keyAt's short path, inlined here.
+		if w, end := shortKeyAt(raw, k); end > 0 {
+			if r := t.lookup(w); r != nil {
+				return r
+			}
+		}
+	}
+	m := members{b: raw}
+	var end int
+	if end, m.esc, m.words, m.short = keyAt(raw, k); end < 0 {
+		return nil
+	}
+	m.key = span{k, end}
+	return rulesFor(t, rules, &m, buf)
+}
+
+// propsClean is props on the recorded members ms: whether they break none
+// of rules.
+func (c *compiled) propsClean(raw []byte, ms []event.Member, rules *eventRules, v *verdict) bool {
+	seen := 0
+	for _, m := range ms {
+		r := ruleOf(raw, int(m.Key), &rules.table, rules.props, &v.keybuf)
+		if r == nil {
+			return false
+		}
+		val := span{int(m.From), int(m.To)}
+		if r.required && !isNull(raw, val) {
+			seen++
+		}
+		if !r.passes(raw[val.from]) && len(r.check(raw, val, false, nil, v)) > 0 {
+			return false
+		}
+	}
+	return seen >= len(rules.required)
+}
+
+// userPropsClean is userProps on the recorded members ms.
+func (c *compiled) userPropsClean(raw []byte, ms []event.Member, v *verdict) bool {
+	for _, m := range ms {
+		k := int(m.Key)
+		if raw[k+1] != '$' {
+			r := ruleOf(raw, k, &c.userTable, c.users, &v.keybuf)
+			if r == nil || !r.passes(raw[m.From]) && len(r.check(raw, span{int(m.From), int(m.To)}, true, nil, v)) > 0 {
+				return false
+			}
+			continue
+		}
+		// An operation ($set, $add, ...), as userProps reads it.
+		end, _ := stringEnd(raw, k)
+		op := span{k, end}.raw(raw)
+		values := string(op) == "$set" || string(op) == "$setOnce"
+		var vs []Violation
+		in := objectAt(raw, int(m.From))
+		for in.next() {
+			vs, _ = c.userProp(raw, &in, values, vs, nil, v)
+		}
+		if len(vs) > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // memberAt is the index of the value of the member whose key, name, is at
@@ -122,18 +200,14 @@ type vetTarget struct {
 }
 
 // Vet returns, for the events of a request with apiKey, the verdict a
-// clean event gets and the function that tells a clean event (raw: the
-// event as parsed, keys: its event.Event.PlanKeys; the ingest's rewrites
-// touch no member the check reads), or 0 and nil when they are not checked (no project
+// clean event gets and the function that tells a clean event (one of a
+// request as parsed, with PlanMembers: the ingest's rewrites touch no
+// member the check reads), or 0 and nil when they are not checked (no project
 // has the key, its mode is off, or its plan was never read). Both are of
 // the same plan. It costs a few loads per request when no project is
 // checked, and allocates nothing.
-func (e *Enforcer) Vet(apiKey []byte) (verdict uint64, clean func(raw []byte, keys [3]int32) bool) {
-	store, live := e.creds.Load(), e.live.Load()
-	ix := e.vets.Load()
-	if ix == nil || ix.store != store || ix.live != live {
-		ix = e.vetIndex(store, live)
-	}
+func (e *Enforcer) Vet(apiKey []byte) (verdict uint64, clean func(*event.Request, *event.Event) bool) {
+	ix := e.index()
 	if ix.by == nil {
 		return 0, nil
 	}
@@ -146,6 +220,20 @@ func (e *Enforcer) Vet(apiKey []byte) (verdict uint64, clean func(raw []byte, ke
 		return 0, nil
 	}
 	return verdictOf(cur.c.tag, t.m), cur.c.clean
+}
+
+// Checking reports whether Vet may check some request's events: the ingest
+// then has its parser record what the check reads (event.Request's
+// PlanMembers), which it spares itself otherwise.
+func (e *Enforcer) Checking() bool { return e.index().by != nil }
+
+// index is the vetIndex of the credentials and modes in force.
+func (e *Enforcer) index() *vetIndex {
+	store, live := e.creds.Load(), e.live.Load()
+	if ix := e.vets.Load(); ix != nil && ix.store == store && ix.live == live {
+		return ix
+	}
+	return e.vetIndex(store, live)
 }
 
 // vetIndex builds and keeps the index of store under live.

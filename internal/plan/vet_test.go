@@ -8,16 +8,15 @@ import (
 	"github.com/svcrelay/relay/internal/event"
 )
 
-// vetted is clean given ev as the ingest gives it: parsed, with its
-// event.Event.PlanKeys.
-func vetted(t testing.TB, clean func([]byte, [3]int32) bool, ev []byte) bool {
+// vetted is clean given ev as the ingest gives it: parsed, with the
+// members of its property objects recorded.
+func vetted(t testing.TB, clean func(*event.Request, *event.Event) bool, ev []byte) bool {
 	t.Helper()
-	var req event.Request
+	req := event.Request{PlanMembers: true}
 	if err := event.Parse([]byte(`{"api_key":"k","events":[`+string(ev)+`]}`), &req); err != nil {
 		t.Fatalf("%s: %v", ev, err)
 	}
-	e := &req.Events[0]
-	return clean(e.Raw, e.PlanKeys())
+	return clean(&req, &req.Events[0])
 }
 
 // vetPlan is benchPlan with the rules benchPlan's events do not exercise:
@@ -72,19 +71,27 @@ func FuzzVet(f *testing.F) {
 		f.Fatal(err)
 	}
 	ids := event.NewIDGen()
-	var req event.Request
+	// Both ways cleanAt is given an event: with its members recorded by
+	// the parser, and without (it walks the property objects itself).
+	var keys, members event.Request
+	members.PlanMembers = true
 	f.Fuzz(func(t *testing.T, ev string) {
 		if strings.Contains(ev, `"api_key"`) {
 			return // not an event of this envelope
 		}
-		if err := event.Parse([]byte(`{"api_key":"k","events":[`+ev+`]}`), &req); err != nil {
+		body := []byte(`{"api_key":"k","events":[` + ev + `]}`)
+		if event.Parse(body, &keys) != nil || event.Parse(body, &members) != nil {
 			return
 		}
-		for i := range req.Events {
-			e := &req.Events[i]
+		for i := range members.Events {
+			e := &members.Events[i]
 			rec := e.AppendRewritten(nil, ids, 1795682223335, []byte("192.0.2.1"))
-			if got, want := c.cleanAt(e.Raw, e.PlanKeys()), c.isClean(rec); got != want {
-				t.Fatalf("cleanAt %v, the check on the record %v\nevent  %s\nrecord %s\nkeys %v", got, want, e.Raw, rec, e.PlanKeys())
+			want := c.isClean(rec)
+			if got := c.cleanAt(&members, e); got != want {
+				t.Fatalf("cleanAt with members %v, the check on the record %v\nevent  %s\nrecord %s\nkeys %v", got, want, e.Raw, rec, e.PlanKeys())
+			}
+			if got := c.cleanAt(&keys, &keys.Events[i]); got != want {
+				t.Fatalf("cleanAt without members %v, the check on the record %v\nevent  %s\nrecord %s", got, want, e.Raw, rec)
 			}
 		}
 	})
