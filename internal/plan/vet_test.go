@@ -50,6 +50,7 @@ var vetSeeds = []string{
 	`{"device_id":"d-12345","event_type":"$identify","user_properties":{"$set":{"plan":"free"},"$unset":{"beta":"-"}}}`,
 	`{"device_id":"d-12345","event_type":"Search","user_properties":{"$set":{"plan":"gold"}}}`,
 	`{"device_id":"d-12345","event_type":"Search","user_properties":{"nope":1}}`,
+	`{"device_id":"d-12345","event_type":"Search","user_properties":{"beta":true,"plan":"gold"}}`,
 	`{"device_id":"d-12345","user_properties":{"plan":"free"},"event_type":"Search","event_properties":{"query":"q"}}`,
 	`{"device_id":"d-12345","event_type":"Unplanned"}`,
 	`{"device_id":"d-12345","event_type":"Checkout","event_properties":{"total":1,"items":{"a":[1,{"b":2}]},"extra":{"x":[1]}}}`,
@@ -104,7 +105,7 @@ func TestVetSeeds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []bool{true, true, false, false, false, false, false, true, true, true, true, true, true, true, false, false, true, false, true, true}
+	want := []bool{true, true, false, false, false, false, false, true, true, true, true, true, true, true, false, false, false, true, false, true, true}
 	for i, s := range vetSeeds {
 		if got := vetted(t, c.cleanAt, []byte(s)); got != want[i] {
 			t.Errorf("seed %d: clean %v, want %v\n%s", i, got, want[i], s)
