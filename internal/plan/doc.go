@@ -24,11 +24,14 @@
 // when a lane's records are packed into an upstream request
 // (Enforcer.Check is internal/delivery's Frame.Check): the
 // ingest's 200 still means kept, a new plan applies to the backlog, and a
-// resend is checked again. The ingest checks each event as it spools it
-// (Vet) and marks the clean ones with a verdict naming the plan (by its
-// content) and the mode; delivery skips the check of a record whose
-// verdict is of the plan and mode in force and checks every other one in
-// full (verdict.go).
+// resend is checked again. The ingest checks each event where its strict
+// parser left it (Vet: the parser records where event_type is and the
+// members of the property objects, event.Request.PlanMembers, so that only
+// their keys and values are read again) and marks the clean ones with a
+// verdict naming the plan (by its content) and the mode; delivery skips
+// the check of a record whose verdict is of the plan and mode in force and
+// checks every other one in full (verdict.go). FuzzVet holds the ingest's
+// verdict to the delivery check's on the record as spooled.
 // A quarantined event is a dead letter with reason "plan" whose answer is
 // a Quarantine (project, mode, event type, violations): listed, filtered
 // and replayed through /relay/v1/deadletters, and a replay is checked
