@@ -167,16 +167,6 @@ func (b *Batch) MarkClean() {
 	}
 }
 
-// Last is the data of the last record added (nil when none), aliasing
-// b's buffer: valid until the next Add.
-func (b *Batch) Last() []byte {
-	if b.n == 0 {
-		return nil
-	}
-	idx := b.cb.Idx[len(b.cb.Idx)-2:]
-	return b.cb.B[idx[0] : idx[0]+idx[1] : idx[0]+idx[1]]
-}
-
 // Verdict is the batch's verdict (Vet), 0 when it has none or no record:
 // the local spool's chunk header says whether one follows it.
 func (b *Batch) Verdict() uint64 {
