@@ -719,6 +719,12 @@ func (s *server) startIngest(admin *adminapi.Server) error {
 	if err != nil {
 		return err
 	}
+	if s.fs == nil {
+		// Events found clean against their plan as they are spooled are
+		// not checked again at delivery; the fleet's messages do not
+		// carry the verdict, so there every event is checked at delivery.
+		ing.SetPlan(s.tp)
+	}
 	logOpen(log, cfg)
 	// A reload: the token and credentials files, once everything that
 	// holds them is built (the admin listener, the credentials Ref), then

@@ -60,7 +60,7 @@ type Config struct {
 	// Check, when not nil, gives the Frame.Check of the lanes of
 	// an api_key (nil: their events are not checked): the tracking plan
 	// (internal/plan).
-	Check func(apiKey string) func(data []byte) (rec []byte, reason string, answer []byte)
+	Check func(apiKey string) func(data []byte, verdict uint64) (rec []byte, reason string, answer []byte)
 	// OnDead, when set, is given the dead letters of each flush once they
 	// are durable (the live tap); it must not block. nil: nothing is told.
 	OnDead func([]storage.DeadLetter)

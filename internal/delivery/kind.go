@@ -40,11 +40,12 @@ type Frame struct {
 	// MaxWeight bounds the summed weight of a request; zero means no bound.
 	MaxWeight int
 	// Check, when not nil, is asked about each record when it is packed
-	// (every time: a resend is checked again): it returns the record to
-	// send (data itself, or a rewritten copy), or a non-empty dead-letter
-	// reason and answer when the record must not be sent (the tracking
-	// plan's quarantine; internal/plan).
-	Check func(data []byte) (rec []byte, reason string, answer []byte)
+	// (every time: a resend is checked again), with the record's
+	// storage.Record.Verdict: it returns the record to send (data itself,
+	// or a rewritten copy), or a non-empty dead-letter reason and answer
+	// when the record must not be sent (the tracking plan's quarantine;
+	// internal/plan).
+	Check func(data []byte, verdict uint64) (rec []byte, reason string, answer []byte)
 }
 
 // Packing is a request body being packed by a Frame.

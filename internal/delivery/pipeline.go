@@ -257,7 +257,7 @@ func (p *Pipeline) LaneStatus() []LaneStatus {
 // its copy at each batch).
 type events struct {
 	maxEvents, maxBytes int
-	check               func(apiKey string) func(data []byte) ([]byte, string, []byte)
+	check               func(apiKey string) func(data []byte, verdict uint64) ([]byte, string, []byte)
 }
 
 var _ Kind = events{}

@@ -432,7 +432,7 @@ func (s *shard) build(now time.Time) []byte {
 		if f.Check != nil { // after Fits: a record left for the next batch is checked once (a rewrite only shrinks it)
 			var reason string
 			var ans []byte
-			if rec, reason, ans = f.Check(rec); reason != "" {
+			if rec, reason, ans = f.Check(rec, it.rec.Verdict); reason != "" {
 				s.dead = append(s.dead, deadItem{s.ready.pop(), reason, ans})
 				continue
 			}

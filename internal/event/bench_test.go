@@ -17,13 +17,16 @@ func BenchmarkParseSDK(b *testing.B) {
 		evs[i] = benchtest.SDKEvent(i)
 	}
 	body := []byte(envelope(evs...))
-	b.Run(fmt.Sprintf("events=%d", n), func(b *testing.B) { benchParse(b, body) })
+	b.Run(fmt.Sprintf("events=%d", n), func(b *testing.B) { benchParse(b, body, false) })
+	// As the ingest parses when a tracking plan is enforced.
+	b.Run(fmt.Sprintf("events=%d/members", n), func(b *testing.B) { benchParse(b, body, true) })
 }
 
-// benchParse parses body b.N times into one Request and reports the
-// process's CPU per parse (cpu-ns/op).
-func benchParse(b *testing.B, body []byte) {
-	var req Request
+// benchParse parses body b.N times into one Request (recording property
+// members when members) and reports the process's CPU per parse
+// (cpu-ns/op).
+func benchParse(b *testing.B, body []byte, members bool) {
+	req := Request{PlanMembers: members}
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	cpu0 := benchtest.ProcessCPU()
@@ -39,7 +42,7 @@ func BenchmarkParse(b *testing.B) {
 	for _, n := range []int{1, 10, 100} {
 		body := []byte(envelope(realisticEvents(n)...))
 		b.Run(fmt.Sprintf("events=%d", n), func(b *testing.B) {
-			benchParse(b, body)
+			benchParse(b, body, false)
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/event")
 		})
 	}

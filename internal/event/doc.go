@@ -6,7 +6,11 @@
 // its exact byte span and the spans of the fields the relay needs
 // (user_id, device_id, insert_id, time, ip). Nothing is decoded into maps or
 // structs: the relay forwards every event byte-for-byte, apart from the three
-// rewrites of Event.AppendRewritten.
+// rewrites of Event.AppendRewritten. For a tracking plan's check
+// (internal/plan), the walk also notes where each event's event_type,
+// event_properties and user_properties keys are (Event.PlanKeys) and, when
+// asked (Request.PlanMembers), the span of each member of the two property
+// objects (Request.PropMembers), so that the check reads only those.
 //
 // # JSON
 //

@@ -21,6 +21,10 @@ type Request struct {
 	MinIDLength int
 	// Events holds one entry per element of "events", in order.
 	Events []Event
+	// PlanMembers, set by the caller (Parse leaves it), makes Parse
+	// record the members of each event's event_properties and
+	// user_properties for a tracking plan's check (PropMembers).
+	PlanMembers bool
 
 	// scratch holds the unescaped values of escaped ids and api_key.
 	scratch []byte
@@ -29,6 +33,8 @@ type Request struct {
 	// dropped are the ids of events dropped while scanning whose
 	// errors depend on min_id_length.
 	dropped []droppedIDs
+	// members are the recorded members (PlanMembers) of all events.
+	members []Member
 	// opts holds Options; optsOf is the options object opts was made from
 	// when it had keys other than min_id_length (a sender sends the same
 	// options in every request: they are canonicalized once per Request).
@@ -66,6 +72,43 @@ type Event struct {
 	// insert_id or time, and the string token of an ip equal to "$remote".
 	insNull, timeNull, ipOff, ipEnd int
 	idx                             int // index in the events array
+	// planKeys: see PlanKeys.
+	planKeys [3]int32
+	// planMembers: where Request.members holds the members of the
+	// event's event_properties and user_properties, from+1 and to (0, 0:
+	// not recorded).
+	planMembers [2][2]int32
+}
+
+// Member is a member of a property object: the offsets in Event.Raw of
+// its key's opening quote, of its value's first byte and past its value.
+type Member struct{ Key, From, To int32 }
+
+// PropMembers returns the members of e's event_properties (k 0) or
+// user_properties (k 1), in order, as Parse recorded them (PlanMembers);
+// ok is false when it did not (not asked, absent, not an object, or given
+// twice).
+func (r *Request) PropMembers(e *Event, k int) (m []Member, ok bool) {
+	span := e.planMembers[k]
+	if span[0] == 0 || e.planKeys[k+1] <= 0 {
+		return nil, false
+	}
+	return r.members[span[0]-1 : span[1]], true
+}
+
+// PlanKeys returns the offsets in Raw of the keys of event_type,
+// event_properties and user_properties, the members a tracking plan
+// checks (internal/plan): 0 when the event has none, -1 when it has more
+// than one (an escaped key counts as the name it spells).
+func (e *Event) PlanKeys() [3]int32 { return e.planKeys }
+
+// planKey records that the key of plan member k is at off in Raw.
+func (e *Event) planKey(k, off int) {
+	if e.planKeys[k] != 0 {
+		e.planKeys[k] = -1
+		return
+	}
+	e.planKeys[k] = int32(off)
 }
 
 // Event.flags bits.
@@ -133,6 +176,7 @@ func Parse(body []byte, req *Request) *Error {
 	req.Events = req.Events[:0]
 	req.scratch = req.scratch[:0]
 	req.dropped = req.dropped[:0]
+	req.members = req.members[:0]
 	if skipWS(body, 0) == len(body) {
 		return newError(msgMissingBody)
 	}
@@ -399,6 +443,7 @@ func (p *parser) event(i int) int {
 	}
 	for {
 		// b[i] is the '"' of a member's key.
+		key := i
 		var f int
 		if i, f = eventKey(b, i); i < 0 {
 			return -1
@@ -416,11 +461,21 @@ func (p *parser) event(i int) int {
 			i, _ = scanString(b, i)
 			e.setValid(f, true)
 		case f > lastRecorded:
+			if f <= fUserProps {
+				e.planKey(f-fEventProps+1, key-start)
+				if p.req.PlanMembers && b[i] == '{' {
+					i = p.propMembers(e, f, i, start)
+					break
+				}
+			}
 			// Only the type of the value matters.
 			var ok bool
 			i, ok = p.typedValue(fieldKinds[f], i)
 			e.setValid(f, ok)
 		default:
+			if f == fEventType {
+				e.planKey(0, key-start)
+			}
 			i = p.recordedField(e, f, i, start)
 		}
 		if i < 0 {
@@ -665,6 +720,53 @@ func (p *parser) typedValue(kind uint8, i int) (end int, ok bool) {
 		end, _ = p.sk.skipValue(b, i, 3)
 		return end, false
 	}
+}
+
+// propMembers is typedValue for the property object at b[i] == '{' of
+// field f (event_properties or user_properties) of e, whose object starts
+// at b[start], recording its members (Request.PlanMembers): what
+// skipValue accepts, it accepts.
+func (p *parser) propMembers(e *Event, f, i, start int) int {
+	b := p.b
+	from := len(p.req.members)
+	deepest := 1
+	if i = skipWS(b, i+1); i < len(b) && b[i] == '}' {
+		i++
+	} else {
+		for {
+			if i >= len(b) || b[i] != '"' {
+				return -1
+			}
+			k := i
+			if i, _ = scanString(b, i); i < 0 {
+				return -1
+			}
+			if i = colonWS(b, i); i < 0 {
+				return -1
+			}
+			// The object is open inside the envelope, events and the event.
+			end, d := p.sk.skipValue(b, i, 4)
+			if end < 0 {
+				return -1
+			}
+			deepest = max(deepest, d+1)
+			p.req.members = append(p.req.members, Member{int32(k - start), int32(i - start), int32(end - start)})
+			if i = skipWS(b, end); i >= len(b) {
+				return -1
+			}
+			if b[i] == '}' {
+				i++
+				break
+			}
+			if b[i] != ',' {
+				return -1
+			}
+			i = skipWS(b, i+1)
+		}
+	}
+	e.planMembers[f-fEventProps] = [2]int32{int32(from) + 1, int32(len(p.req.members))}
+	e.setValid(f, deepest <= maxPropDepth)
+	return i
 }
 
 // isRemote reports whether the string content s is "$remote".

@@ -15,6 +15,11 @@ const (
 	fIP
 
 	lastRecorded = fIP
+
+	// fEventProps and fUserProps are not recorded, but where their keys
+	// are is (Event.PlanKeys).
+	fEventProps = lastRecorded + 1
+	fUserProps  = lastRecorded + 2
 )
 
 // fieldNames are the fields' names, as the error body uses them.

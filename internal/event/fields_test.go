@@ -73,3 +73,47 @@ func TestWordTable(t *testing.T) {
 		t.Errorf("only %d keys collided with a field name: the test is too weak", collisions)
 	}
 }
+
+func TestPlanFields(t *testing.T) {
+	for f, name := range map[int]string{fEventType: "event_type", fEventProps: "event_properties", fUserProps: "user_properties"} {
+		if fieldNames[f] != name {
+			t.Errorf("field %d is %q, want %q", f, fieldNames[f], name)
+		}
+	}
+}
+
+// TestPlanKeys: PlanKeys finds the keys of event_type, event_properties
+// and user_properties where they are, 0 when absent, -1 when repeated.
+func TestPlanKeys(t *testing.T) {
+	for _, tc := range []struct {
+		ev   string
+		want [3]string // the bytes at each offset, "" for 0, "dup" for -1
+	}{
+		{`{"device_id":"d-12345","event_type":"a","event_properties":{"x":1},"user_properties":{"y":2}}`,
+			[3]string{`"event_type"`, `"event_properties"`, `"user_properties"`}},
+		{`{"user_properties":{},"event_type":"a", "event_properties" :null,"device_id":"d-12345"}`,
+			[3]string{`"event_type"`, `"event_properties"`, `"user_properties"`}},
+		{`{"device_id":"d-12345","event_type":"a"}`, [3]string{`"event_type"`, "", ""}},
+		{`{"device_id":"d-12345","event_type":"a","event_properties":{},"event_properties":{}}`, [3]string{`"event_type"`, "dup", ""}},
+		{`{"device_id":"d-12345","event\u005ftype":"a","user_properties":{"event_type":1}}`, [3]string{`"event\u005ftype"`, "", `"user_properties"`}},
+		{`{"device_id":"d-12345","event_type":"a","event_type":"b","user_properties":{},"user_properties":{}}`, [3]string{"dup", "", "dup"}},
+	} {
+		var req Request
+		if err := Parse([]byte(`{"api_key":"k","events":[`+tc.ev+`]}`), &req); err != nil {
+			t.Fatalf("%s: %v", tc.ev, err)
+		}
+		e := &req.Events[0]
+		for k, at := range e.PlanKeys() {
+			got := ""
+			switch {
+			case at < 0:
+				got = "dup"
+			case at > 0:
+				got = string(e.Raw[at:])
+			}
+			if !strings.HasPrefix(got, tc.want[k]) || (tc.want[k] == "") != (got == "") {
+				t.Errorf("%s: key %d at %d (%.20q), want %q", tc.ev, k, at, got, tc.want[k])
+			}
+		}
+	}
+}

@@ -317,3 +317,59 @@ func FuzzParseEvents(f *testing.F) {
 		checkParse(t, body, &req)
 	})
 }
+
+// FuzzPropMembers: with PlanMembers, Parse reaches the same verdict and
+// events as without, and the members it records are the property
+// objects' own, each key a string and each value ending where skipValue
+// ends it.
+func FuzzPropMembers(f *testing.F) {
+	f.Add([]byte(realisticEvent(1)))
+	f.Add([]byte(realisticEvent(2) + "," + ev(`"event_properties":{ "a" : [1,{"b":2}] , "c":"d" },"user_properties":{}`)))
+	f.Add([]byte(`{"event_type":"$identify","user_id":"u\"ser1","user_properties":{"$set":{"a":[1,2,{"b":null}]}},"ip":"$remote","price":-1.5e3,"quantity":2}`))
+	f.Add([]byte(ev(`"event_properties":{"a":1,}`)))
+	f.Add([]byte(ev(`"event_properties":{"a":1},"event_properties":{"b":2}`)))
+	f.Add([]byte(ev(`"event_properties":` + strings.Repeat(`{"a":`, 40) + `1` + strings.Repeat(`}`, 40))))
+	f.Add([]byte(ev(`"event_properties":` + strings.Repeat(`{"a":`, 41) + `1` + strings.Repeat(`}`, 41))))
+	var plain, rec Request
+	rec.PlanMembers = true
+	f.Fuzz(func(t *testing.T, events []byte) {
+		body := append(append([]byte(`{"api_key":"k","events":[`), events...), "]}"...)
+		e1, e2 := Parse(body, &plain), Parse(body, &rec)
+		if errJSON(e1) != errJSON(e2) {
+			t.Fatalf("without members %s, with %s\n%s", errJSON(e1), errJSON(e2), body)
+		}
+		if e1 != nil {
+			return
+		}
+		if len(plain.Events) != len(rec.Events) {
+			t.Fatalf("%d events, %d with members", len(plain.Events), len(rec.Events))
+		}
+		var sk skipper
+		for i := range rec.Events {
+			e := &rec.Events[i]
+			if !bytes.Equal(e.Raw, plain.Events[i].Raw) {
+				t.Fatalf("event %d: %s, with members %s", i, plain.Events[i].Raw, e.Raw)
+			}
+			for k := range 2 {
+				ms, ok := rec.PropMembers(e, k)
+				if _, ok1 := plain.PropMembers(&plain.Events[i], k); ok1 {
+					t.Fatal("members recorded without PlanMembers")
+				}
+				if !ok {
+					continue
+				}
+				at := e.PlanKeys()[k+1]
+				prev := int(at)
+				for _, m := range ms {
+					if int(m.Key) <= prev || e.Raw[m.Key] != '"' {
+						t.Fatalf("event %d: member key at %d after %d: %s", i, m.Key, prev, e.Raw)
+					}
+					if end, _ := sk.skipValue(e.Raw, int(m.From), 4); end != int(m.To) {
+						t.Fatalf("event %d: member value %d-%d, skipValue ends it at %d: %s", i, m.From, m.To, end, e.Raw)
+					}
+					prev = int(m.To)
+				}
+			}
+		}
+	})
+}

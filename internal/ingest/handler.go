@@ -151,6 +151,7 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 		return
 	}
 
+	st.req.PlanMembers = s.plan != nil && s.plan.Checking()
 	if e := event.Parse(body, &st.req); e != nil {
 		reason := rejectReason(e)
 		s.m.reject(reason, len(st.req.Events))
@@ -187,6 +188,13 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 	var nowBuf [20]byte
 	nowText := strconv.AppendInt(nowBuf[:0], nowMS, 10) // formatted once for all events
 	st.batch.Reset()
+	var clean func(*event.Request, *event.Event) bool // nil: the plan is off for these events
+	if s.plan != nil {
+		var verdict uint64
+		if verdict, clean = s.plan.Vet(st.req.APIKey); clean != nil {
+			st.batch.Vet(verdict)
+		}
+	}
 	// About what the records take: the events, grown by the rewrites, and
 	// their order keys and user ids.
 	st.batch.Reserve(len(body) + recordSlack*n)
@@ -203,6 +211,10 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 			}
 			return ev.AppendRewrittenMS(dst, s.ids, nowText, st.ip)
 		})
+		// Checked against the plan where the parser left it, in the cache.
+		if clean != nil && clean(&st.req, ev) {
+			st.batch.MarkClean()
+		}
 	}
 	if s.testHook != nil {
 		s.testHook(ctx)

@@ -190,7 +190,26 @@ type Server struct {
 
 	// maxBatch is Config.MaxBatchBytes in force (SetMaxBatchBytes).
 	maxBatch atomic.Int64
+
+	plan Plan // nil: no verdicts (SetPlan)
 }
+
+// Plan tells the events clean against their project's tracking plan as
+// they are spooled, so that delivery need not check them a second time
+// (internal/plan's Enforcer.Vet; delivery checks every other event).
+type Plan interface {
+	// Vet returns the verdict of a clean event of a request with apiKey,
+	// and what tells one clean as parsed (with Request.PlanMembers); 0
+	// and nil when its events are not checked.
+	Vet(apiKey []byte) (verdict uint64, clean func(*event.Request, *event.Event) bool)
+	// Checking reports whether Vet may check some request's events (the
+	// parser then records what it reads: event.Request.PlanMembers).
+	Checking() bool
+}
+
+// SetPlan makes s mark each event clean against p's plan with its verdict
+// (storage.Batch.Vet). Call it before Serve.
+func (s *Server) SetPlan(p Plan) { s.plan = p }
 
 // New returns a Server that appends each request's accepted events to
 // store (spool.NewBackend of the spool, or the fleet's backend) as one

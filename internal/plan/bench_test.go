@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/svcrelay/relay/internal/benchtest"
+	"github.com/svcrelay/relay/internal/event"
 )
 
 // benchPlan is a 200-event-type plan that benchtest.SDKEvent's events
@@ -78,7 +79,7 @@ func BenchmarkEnforcerCheck(b *testing.B) {
 	cpu0 := benchtest.ProcessCPU()
 	for b.Loop() {
 		for _, ev := range evs {
-			if _, reason, _ := check(ev); reason != "" {
+			if _, reason, _ := check(ev, 0); reason != "" {
 				b.Fatal(reason)
 			}
 		}
@@ -121,4 +122,42 @@ func checkSpread(b *testing.B, size int) {
 		}
 	}
 	b.ReportMetric(float64(benchtest.ProcessCPU()-cpu0)/float64(b.N*100), "cpu-ns/event")
+}
+
+// BenchmarkVet is the ingest's check of BenchmarkCheck's events, as
+// parsed: with the members of their property objects recorded by the
+// parser (cleanAt, as the ingest does), without (cleanAt walks them), and
+// in full (isClean, for comparison).
+func BenchmarkVet(b *testing.B) {
+	c, err := compile(benchPlan())
+	if err != nil {
+		b.Fatal(err)
+	}
+	body := []byte(`{"api_key":"k","events":[`)
+	for i := range 100 {
+		if i > 0 {
+			body = append(body, ',')
+		}
+		body = append(body, benchtest.SDKEvent(i)...)
+	}
+	body = append(body, "]}"...)
+	for _, by := range []string{"members", "keys", "full"} {
+		req := event.Request{PlanMembers: by == "members"}
+		if err := event.Parse(body, &req); err != nil {
+			b.Fatal(err)
+		}
+		b.Run("by="+by, func(b *testing.B) {
+			b.ReportAllocs()
+			cpu0 := benchtest.ProcessCPU()
+			for b.Loop() {
+				for i := range req.Events {
+					e := &req.Events[i]
+					if ok := by != "full" && c.cleanAt(&req, e) || by == "full" && c.isClean(e.Raw); !ok {
+						b.Fatalf("event %d not clean", i)
+					}
+				}
+			}
+			b.ReportMetric(float64(benchtest.ProcessCPU()-cpu0)/float64(b.N*len(req.Events)), "cpu-ns/event")
+		})
+	}
 }

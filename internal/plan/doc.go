@@ -20,10 +20,18 @@
 //
 // # Modes and the check
 //
-// Off, Observe, Filter, Block (Mode). The check runs at delivery, when a
-// lane's records are packed into an upstream request (Enforcer.Check is
-// internal/delivery's Frame.Check): the ingest's 200 still means
-// kept, a new plan applies to the backlog, and a resend is checked again.
+// Off, Observe, Filter, Block (Mode). The decision is made at delivery,
+// when a lane's records are packed into an upstream request
+// (Enforcer.Check is internal/delivery's Frame.Check): the
+// ingest's 200 still means kept, a new plan applies to the backlog, and a
+// resend is checked again. The ingest checks each event where its strict
+// parser left it (Vet: the parser records where event_type is and the
+// members of the property objects, event.Request.PlanMembers, so that only
+// their keys and values are read again) and marks the clean ones with a
+// verdict naming the plan (by its content) and the mode; delivery skips
+// the check of a record whose verdict is of the plan and mode in force and
+// checks every other one in full (verdict.go). FuzzVet holds the ingest's
+// verdict to the delivery check's on the record as spooled.
 // A quarantined event is a dead letter with reason "plan" whose answer is
 // a Quarantine (project, mode, event type, violations): listed, filtered
 // and replayed through /relay/v1/deadletters, and a replay is checked
@@ -46,8 +54,10 @@
 //
 // # Concurrency
 //
-// Check runs on the delivery shards' goroutines: it loads the plan in
-// force (an atomic pointer) and takes a state's mu only to keep a sample.
+// Check runs on the delivery shards' goroutines, Vet on the ingest's: they
+// load the plan in force (an atomic pointer; Vet's index of api keys is
+// another, made again when the credentials or the default mode change),
+// and Check takes a state's mu only to keep a sample.
 // A fetch holds its state's fetchMu (one read per project at a time), never
 // mu. Lock order: Enforcer.mu, then state.mu; neither is held across a call
 // into another package. Run's goroutine is its caller's.

@@ -76,6 +76,8 @@ type Enforcer struct {
 	// (capacity 1) tells Run to read the plans again by them.
 	live   atomic.Pointer[Live]
 	relive chan struct{}
+	// vets is Vet's index, made again when the credentials or live change.
+	vets atomic.Pointer[vetIndex]
 
 	// mu guards states; a state's own fields are atomics or under its mu.
 	mu     sync.Mutex
@@ -208,8 +210,9 @@ func (e *Enforcer) mode(p *credentials.Project) Mode {
 // Check returns the check of the events of api key's lanes, for
 // delivery.Frame.Check. The project (by the key) and its mode are looked
 // up at every call, and its plan loaded: a reload or a new plan takes
-// effect at once, on the backlog too.
-func (e *Enforcer) Check(apiKey string) func(data []byte) ([]byte, string, []byte) {
+// effect at once, on the backlog too. A record whose verdict (Vet) is of
+// the plan and mode in force is delivered as it is, unchecked.
+func (e *Enforcer) Check(apiKey string) func(data []byte, verdict uint64) ([]byte, string, []byte) {
 	// The lane's project, looked up again only when the credentials file
 	// in force or the default mode (SetLive) changed (a lookup hashes the
 	// key); the lane's shards call this at once.
@@ -221,7 +224,7 @@ func (e *Enforcer) Check(apiKey string) func(data []byte) ([]byte, string, []byt
 		st    *state
 	}
 	var last atomic.Pointer[lookup]
-	return func(data []byte) ([]byte, string, []byte) {
+	return func(data []byte, verdict uint64) ([]byte, string, []byte) {
 		store, live := e.creds.Load(), e.live.Load()
 		l := last.Load()
 		if l == nil || l.store != store || l.live != live {
@@ -237,7 +240,9 @@ func (e *Enforcer) Check(apiKey string) func(data []byte) ([]byte, string, []byt
 		}
 		st := l.st
 		cur := st.cur.Load()
-		if cur == nil { // never read: observing, with nothing to observe against
+		if cur == nil || verdict != 0 && verdict == verdictOf(cur.c.tag, m) {
+			// Never read (observing, with nothing to observe against),
+			// or found clean against this plan and mode at ingest.
 			return data, "", nil
 		}
 		v, vs := cur.c.check(data, m, nil) // allocates only for a violation

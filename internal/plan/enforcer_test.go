@@ -121,11 +121,11 @@ func TestRefreshAndCheck(t *testing.T) {
 	}
 	check := e.Check("key-web")
 	good := []byte(`{"event_type":"Event 1","event_properties":{"price":3}}`)
-	if rec, reason, _ := check(good); reason != "" || string(rec) != string(good) {
+	if rec, reason, _ := check(good, 0); reason != "" || string(rec) != string(good) {
 		t.Errorf("planned event: %s %q", rec, reason)
 	}
 	bad := []byte(`{"event_type":"Event 1","event_properties":{"price":"3","x":1}}`)
-	rec, reason, ans := check(bad)
+	rec, reason, ans := check(bad, 0)
 	if reason != ReasonPlan || string(rec) != string(bad) {
 		t.Fatalf("violating event: reason %q", reason)
 	}
@@ -136,7 +136,7 @@ func TestRefreshAndCheck(t *testing.T) {
 	if q.Project != "web" || q.EventType != "Event 1" || len(q.Violations) != 2 {
 		t.Errorf("quarantine answer %s", ans)
 	}
-	if rec, reason, _ := e.Check("other-key")(bad); reason != "" || string(rec) != string(bad) {
+	if rec, reason, _ := e.Check("other-key")(bad, 0); reason != "" || string(rec) != string(bad) {
 		t.Errorf("a key of no project was checked")
 	}
 
@@ -146,7 +146,7 @@ func TestRefreshAndCheck(t *testing.T) {
 	if _, err := e2.Refresh(context.Background(), "web"); err == nil {
 		t.Fatal("refresh from an unreachable upstream: no error")
 	}
-	if _, reason, _ := e2.Check("key-web")(bad); reason != ReasonPlan {
+	if _, reason, _ := e2.Check("key-web")(bad, 0); reason != ReasonPlan {
 		t.Error("after a restart without the upstream, the kept plan is not enforced")
 	}
 	if in, _ := e2.Info("web"); !in.Enforcing || in.LastError == "" {
@@ -154,7 +154,7 @@ func TestRefreshAndCheck(t *testing.T) {
 	}
 	// Without a kept plan: observing, and /readyz says so.
 	e3, _, _ := newEnforcer(t, Config{}, down)
-	if _, reason, _ := e3.Check("key-web")(bad); reason != "" {
+	if _, reason, _ := e3.Check("key-web")(bad, 0); reason != "" {
 		t.Error("a project never read quarantined")
 	}
 	if !strings.Contains(e3.ReadyInfo(), "web (block)") {
@@ -231,7 +231,7 @@ func TestSetLiveDefaultMode(t *testing.T) {
 		want string
 	}{{Off, ""}, {Block, ReasonPlan}, {Off, ""}} {
 		e.SetLive(Live{Default: c.mode})
-		if _, reason, _ := check(bad); reason != c.want {
+		if _, reason, _ := check(bad, 0); reason != c.want {
 			t.Fatalf("default mode %v: reason %q, want %q", c.mode, reason, c.want)
 		}
 		if in, _ := e.Info("web"); in.Mode != c.mode.String() {

@@ -5,6 +5,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/svcrelay/relay/internal/event"
 )
 
 // Mode is how a project's events are checked against its plan.
@@ -129,6 +131,10 @@ type compiled struct {
 	eventTable keyTable[eventRules] // events' short names
 	users      map[string]*rule
 	userTable  keyTable[rule] // users' short names
+	// tag names the plan by its content (verdict.go).
+	tag uint64
+	// clean is the method value of cleanAt, made once (Vet hands it out).
+	clean func(*event.Request, *event.Event) bool
 }
 
 type eventRules struct {
@@ -207,5 +213,7 @@ func compile(p *Plan) (*compiled, error) {
 	}
 	c.userTable = newKeyTable(c.users)
 	c.eventTable = newKeyTable(c.events)
+	c.tag = planTag(p)
+	c.clean = c.cleanAt
 	return c, nil
 }

@@ -22,10 +22,18 @@ import (
 //	[1:5]    CRC-32C of bytes [5:], uint32 big-endian
 //	[5:13]   accepted, unix milliseconds, int64 big-endian
 //	[13:17]  record count, uint32 big-endian
-//	[17]     flags: 0 (this version refuses any other)
+//	[17]     flags: 0 or flagVerdict (any other is refused)
+//	[18:26]  with flagVerdict only: the chunk's tracking-plan verdict,
+//	         uint64 big-endian (storage.Batch.Vet)
 //	then per record: uvarint len(OrderKey), OrderKey,
 //	                 uvarint len(UserID), UserID,
-//	                 uvarint len(Data), Data
+//	                 uvarint len(Data), Data,
+//	                 with flagVerdict only: one mark byte, 1 when the record
+//	                 is clean against the verdict (Record.Verdict), else 0
+//
+// A chunk without flagVerdict (every chunk written before verdicts, and
+// every one written with the plan off) is read as before, its records
+// without a verdict: delivery checks them in full.
 //
 // Version 1 chunks (formats up to 3: [0] 1, [1:9] accepted, [9:13] count,
 // then the records) carry no checksum of their own; they are read as they
@@ -54,6 +62,9 @@ const (
 
 	chunkHeaderLen   = storage.BatchHeaderLen
 	chunkV1HeaderLen = 13
+
+	// flagVerdict: the chunk carries a verdict and a mark per record.
+	flagVerdict = 1
 )
 
 // errCorrupt is returned when a stored value cannot be decoded.
@@ -69,14 +80,18 @@ func seqKey(seq uint64) []byte {
 }
 
 // putChunkHeader writes the header of a chunk of n records whose records
-// follow in buf, and its checksum over them, which it returns: one pass
+// follow in buf (after the verdict, when verdict is set: storage.Batch
+// wrote it and the marks), and its checksum over them, which it returns: one pass
 // over the chunk, in Append's caller, while the chunk is in its CPU's
 // cache; the WAL record's payload checksum is the same value.
-func putChunkHeader(buf []byte, accepted int64, n int) uint32 {
+func putChunkHeader(buf []byte, accepted int64, n int, verdict bool) uint32 {
 	buf[0] = chunkVersion
 	binary.BigEndian.PutUint64(buf[5:13], uint64(accepted))
 	binary.BigEndian.PutUint32(buf[13:17], uint32(n))
 	buf[17] = 0
+	if verdict {
+		buf[17] = flagVerdict
+	}
 	crc := crc32.Checksum(buf[5:], crcTable)
 	binary.BigEndian.PutUint32(buf[1:5], crc)
 	return crc
@@ -133,7 +148,7 @@ func upgradeChunk(v []byte) []byte {
 	acc, n, _ := chunkHeader(v)
 	out := make([]byte, chunkHeaderLen, chunkHeaderLen+len(v)-chunkV1HeaderLen)
 	out = append(out, v[chunkV1HeaderLen:]...)
-	putChunkHeader(out, acc, n)
+	putChunkHeader(out, acc, n, false)
 	return out
 }
 
@@ -159,8 +174,18 @@ func decodeRecords(seq uint64, v []byte, c *storage.Chunk, slab *recSlab) error 
 		return errCorrupt
 	}
 	p := v[chunkV1HeaderLen:]
+	var verdict uint64
+	marks := false
 	if v[0] == chunkVersion {
-		if p = v[chunkHeaderLen:]; v[17] != 0 {
+		p = v[chunkHeaderLen:]
+		switch v[17] {
+		case 0:
+		case flagVerdict:
+			if len(p) < 8 {
+				return errCorrupt
+			}
+			verdict, p, marks = binary.BigEndian.Uint64(p), p[8:], true
+		default:
 			return fmt.Errorf("unknown chunk flags %#x: %w", v[17], errCorrupt)
 		}
 	}
@@ -178,6 +203,16 @@ func decodeRecords(seq uint64, v []byte, c *storage.Chunk, slab *recSlab) error 
 		}
 		if r.Data, p, err = takeBytes(p); err != nil {
 			return err
+		}
+		r.Verdict = 0
+		if marks {
+			if len(p) == 0 || p[0] > 1 {
+				return errCorrupt
+			}
+			if p[0] == 1 {
+				r.Verdict = verdict
+			}
+			p = p[1:]
 		}
 	}
 	if len(p) != 0 {

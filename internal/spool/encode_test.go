@@ -28,7 +28,7 @@ func FuzzDecode(f *testing.F) {
 		b.Add(r)
 		b.Add(storage.Record{})
 		b.Add(r)
-		putChunkHeader(b.Encoded(), 42, b.Len())
+		putChunkHeader(b.Encoded(), 42, b.Len(), b.Verdict() != 0)
 		var c storage.Chunk
 		if err := decodeChunk(7, b.Encoded(), &c, nil); err != nil {
 			t.Fatal(err)

@@ -640,8 +640,8 @@ func TestDamagedDBNeverCrashes(t *testing.T) {
 
 // TestFormatUpgradeAndDowngrade: a format-3 spool (version 1 chunks in
 // spool.db and in its WAL, no id, segments without a start record) opens,
-// every record reads, and the file is format 4 afterwards; a file of a
-// newer format is refused with a line saying so.
+// every record reads, and the file is of the current format afterwards; a
+// file of a newer format is refused with a line saying so.
 func TestFormatUpgradeAndDowngrade(t *testing.T) {
 	dir := dbImage(t, 5, 2, 50)
 	db, err := bolt.Open(filepath.Join(dir, "spool.db"), 0o600, nil)
@@ -688,7 +688,7 @@ func TestFormatUpgradeAndDowngrade(t *testing.T) {
 	var b storage.Batch
 	b.Add(rec(1, 10, 50))
 	b.Add(rec(1, 11, 50))
-	putChunkHeader(b.Encoded(), time.Now().UnixMilli(), b.Len())
+	putChunkHeader(b.Encoded(), time.Now().UnixMilli(), b.Len(), b.Verdict() != 0)
 	v1 := downgradeChunk(b.Encoded())
 	seg := make([]byte, 4096)
 	putRecHeader(seg, 7, recChunk, laneID, 6, len(v1), payloadCRC(v1))
@@ -804,7 +804,7 @@ func TestPowerCut(t *testing.T) {
 			end := recs[len(recs)-1].end
 			var nb storage.Batch
 			nb.Add(rec(1, 999, 200))
-			crc := putChunkHeader(nb.Encoded(), 1, 1)
+			crc := putChunkHeader(nb.Encoded(), 1, 1, false)
 			putRecHeader(data[end:], segs[len(segs)-1], recChunk, l.id, 99, len(nb.Encoded()), crc)
 			copy(data[end+recHeaderLen:], nb.Encoded()[:len(nb.Encoded())/2])
 			if err := os.WriteFile(path, data, 0o600); err != nil {
@@ -1057,7 +1057,7 @@ func FuzzScanSegment(f *testing.F) {
 		const seg = 5
 		var b storage.Batch
 		b.Add(rec(1, 1, 20))
-		crc := putChunkHeader(b.Encoded(), 1, 1)
+		crc := putChunkHeader(b.Encoded(), 1, 1, false)
 		valid := make([]byte, recHeaderLen+len(b.Encoded()))
 		putRecHeader(valid, seg, recChunk, 1, 1, len(b.Encoded()), crc)
 		copy(valid[recHeaderLen:], b.Encoded())

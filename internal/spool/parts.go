@@ -80,6 +80,7 @@ func (l *Lane) cut(seq uint64, acc int64, n int, v []byte, maxBytes int, slab *r
 		r.OrderKey, cb.B = appendSub(cb.B, src.OrderKey)
 		r.UserID, cb.B = appendSub(cb.B, src.UserID)
 		r.Data, cb.B = appendSub(cb.B, src.Data)
+		r.Verdict = src.Verdict
 	}
 	l.part.rec += k
 	if l.part.rec >= n {

@@ -617,12 +617,18 @@ var (
 	keySynced = []byte("walsync")
 )
 
-// formatVersion 2 adds the WAL; 3 large chunks as buckets of their own; 4
-// a checksum in every value and a spool id in every WAL segment. Files of
-// versions 1 to 3 are upgraded in place (their chunks leave unchecksummed
-// as they are delivered; those replayed from their WAL get one). The
-// version keeps an older relay from opening a file it would misread.
-const formatVersion = 4
+// formatVersion 2 adds the WAL; 3 stores large chunks as buckets of their
+// own (see chunkstore.go); 4 checksums every value (chunks, lanes, dead
+// letters: encode.go) and every WAL segment starts with a record naming
+// its spool; 5 lets a chunk carry a tracking plan's verdict (flagVerdict,
+// encode.go), which version 4 would take for damage. Files of versions 1
+// to 4 are upgraded in place: what they hold reads the same (chunks of
+// versions 1 to 3 carry no checksum of their own and leave as they are
+// delivered; chunks replayed from their WAL are rewritten with one). The
+// version keeps an older relay from opening a file it would misread. The
+// meta bucket takes new keys freely: a key this version does not know is
+// left alone.
+const formatVersion = 5
 
 // Open opens or creates the spool in cfg.Dir, replays its WAL into bbolt,
 // and starts its goroutines. log and reg may be nil. Open fails after about
@@ -943,7 +949,7 @@ func (s *Spool) Append(ctx context.Context, l *Lane, b *storage.Batch) error {
 	l.lastUse.Store(o.accepted)
 	// Right-sized and checksummed here, in the caller's goroutine (wal.go).
 	b.Fit()
-	o.crc = putChunkHeader(b.Encoded(), o.accepted, b.Len())
+	o.crc = putChunkHeader(b.Encoded(), o.accepted, b.Len(), b.Verdict() != 0)
 	err = s.do(ctx, o)
 	s.putOp(o)
 	return err

@@ -54,7 +54,7 @@ func TestBatch(t *testing.T) {
 		if b.Len() != len(in) {
 			t.Fatalf("round %d: Len %d", round, b.Len())
 		}
-		putChunkHeader(b.Encoded(), 1234, b.Len())
+		putChunkHeader(b.Encoded(), 1234, b.Len(), b.Verdict() != 0)
 		var c storage.Chunk
 		if err := decodeChunk(9, b.Encoded(), &c, nil); err != nil {
 			t.Fatal(err)
@@ -97,7 +97,7 @@ func TestBatch(t *testing.T) {
 	for range 50 {
 		g.Add(big)
 	}
-	putChunkHeader(g.Encoded(), 1, g.Len())
+	putChunkHeader(g.Encoded(), 1, g.Len(), g.Verdict() != 0)
 	var c storage.Chunk
 	if err := decodeChunk(1, g.Encoded(), &c, nil); err != nil || len(c.Records) != 50 || !bytes.Equal(c.Records[49].Data, big.Data) {
 		t.Fatalf("grown batch: %d records, %v", len(c.Records), err)
@@ -476,7 +476,7 @@ func TestBatchAddFunc(t *testing.T) {
 		b.AddFunc(r.OrderKey, r.UserID, tc.maxData, func(dst []byte) []byte { return append(dst, data...) })
 		want = append(want, r)
 	}
-	putChunkHeader(b.Encoded(), 1, b.Len())
+	putChunkHeader(b.Encoded(), 1, b.Len(), b.Verdict() != 0)
 	var c storage.Chunk
 	if err := decodeChunk(1, b.Encoded(), &c, nil); err != nil {
 		t.Fatal(err)

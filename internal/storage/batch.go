@@ -12,6 +12,14 @@ import (
 // chunk's encoding, written to the WAL without a copy.
 const BatchHeaderLen = 18
 
+// A Batch given a verdict (Vet) writes it after the header, and one mark
+// byte after each record's data: 1 when the record is clean against it
+// (MarkClean), else 0 (see spool/encode.go).
+const (
+	verdictLen = 8
+	markLen    = 1
+)
+
 // Chunk memory is recycled by size class: 512 bytes, then four classes per
 // power of two (2^k times 1¼, 1½, 1¾ and 2) up to 16 MiB, so that a buffer
 // wastes at most a fifth of itself (a 1000-event request's chunk of ~513
@@ -62,8 +70,11 @@ type Buf struct {
 	// Idx, when a Batch built B, holds each record's offset and length in B
 	// (OrderKey, UserID, Data: six per record), so that a hot chunk's reader
 	// gets its records without decoding (and without touching) B.
-	Idx  []uint32
-	refs atomic.Int32
+	Idx []uint32
+	// Verdict, when a Batch built B with a verdict (Batch.Vet), is it: each
+	// record's data is then followed by its mark byte.
+	Verdict uint64
+	refs    atomic.Int32
 }
 
 // GetBuf returns a buffer with room for n bytes, b of length 0, one
@@ -79,7 +90,7 @@ func GetBuf(n int) *Buf {
 	if cb == nil {
 		cb = &Buf{B: make([]byte, 0, classSize(c))}
 	}
-	cb.B, cb.Idx = cb.B[:0], cb.Idx[:0]
+	cb.B, cb.Idx, cb.Verdict = cb.B[:0], cb.Idx[:0], 0
 	cb.refs.Store(1)
 	return cb
 }
@@ -125,16 +136,61 @@ func (b Buffer) Release() {
 // buffer over (no copy) and leaves the Batch empty, and the next Add starts a
 // fresh buffer from the pool. The zero value is an empty batch.
 type Batch struct {
-	cb *Buf // nil until the first Add after an Append
-	n  int
+	cb      *Buf // nil until the first Add after an Append
+	n       int
+	verdict uint64 // Vet's
 }
 
-// Reset empties b, keeping its memory.
+// Reset empties b, keeping its memory, and forgets its verdict.
 func (b *Batch) Reset() {
 	if b.cb != nil {
-		b.cb.B, b.cb.Idx = b.cb.B[:0], b.cb.Idx[:0]
+		b.cb.B, b.cb.Idx, b.cb.Verdict = b.cb.B[:0], b.cb.Idx[:0], 0
 	}
-	b.n = 0
+	b.n, b.verdict = 0, 0
+}
+
+// Vet gives the records added next a tracking plan's verdict v (not zero):
+// each record then carries a mark, set by MarkClean, that says whether it
+// is clean against v (Record.Verdict is v or 0). Call it on an empty
+// batch; it does nothing on one that holds records.
+func (b *Batch) Vet(v uint64) {
+	if b.n == 0 {
+		b.verdict = v
+	}
+}
+
+// MarkClean marks the last record added as clean against the batch's
+// verdict (Vet); without one, or with no record, it does nothing.
+func (b *Batch) MarkClean() {
+	if b.n > 0 && b.cb.Verdict != 0 {
+		b.cb.B[len(b.cb.B)-1] = 1
+	}
+}
+
+// Verdict is the batch's verdict (Vet), 0 when it has none or no record:
+// the local spool's chunk header says whether one follows it.
+func (b *Batch) Verdict() uint64 {
+	if b.n == 0 {
+		return 0
+	}
+	return b.cb.Verdict
+}
+
+// start begins the buffer of a batch's first record: the room for the
+// header (written by Append), then the verdict when there is one.
+func (b *Batch) start() {
+	b.cb.B = b.cb.B[:BatchHeaderLen]
+	if b.cb.Verdict = b.verdict; b.verdict != 0 {
+		b.cb.B = binary.BigEndian.AppendUint64(b.cb.B, b.verdict)
+	}
+}
+
+// mark appends a record's mark byte (not clean) when the batch has a
+// verdict.
+func (cb *Buf) mark() {
+	if cb.Verdict != 0 {
+		cb.B = append(cb.B, 0)
+	}
 }
 
 // Reserve makes room for about n more bytes of records (their data plus
@@ -153,11 +209,14 @@ func (b *Batch) Reserve(n int) {
 // Add appends a record; the slices are copied.
 func (b *Batch) Add(r Record) {
 	need := 3*binary.MaxVarintLen64 + len(r.OrderKey) + len(r.UserID) + len(r.Data)
+	if b.verdict != 0 {
+		need += verdictLen + markLen // the verdict (first record), the mark
+	}
 	if b.cb == nil || len(b.cb.B) == 0 {
 		if b.cb == nil || cap(b.cb.B) < BatchHeaderLen+need {
 			b.grow(BatchHeaderLen + need)
 		}
-		b.cb.B = b.cb.B[:BatchHeaderLen] // the header is written by Append
+		b.start()
 	} else if cap(b.cb.B)-len(b.cb.B) < need {
 		b.grow(2 * (len(b.cb.B) + need)) // amortised; Append trims the excess
 	}
@@ -168,6 +227,7 @@ func (b *Batch) Add(r Record) {
 		buf = append(buf, f...)
 	}
 	b.cb.B, b.cb.Idx = buf, idx
+	b.cb.mark()
 	b.n++
 }
 
@@ -177,9 +237,13 @@ func (b *Batch) Add(r Record) {
 // The order key and user id are copied; data must not keep dst.
 func (b *Batch) AddFunc(orderKey, userID []byte, maxData int, data func(dst []byte) []byte) {
 	width := uvarintLen(uint64(maxData))
-	b.Reserve(len(orderKey) + len(userID) + 2*binary.MaxVarintLen64 + width + maxData)
+	extra := 0 // the verdict and the mark, when there are
+	if b.verdict != 0 {
+		extra = verdictLen + markLen
+	}
+	b.Reserve(len(orderKey) + len(userID) + 2*binary.MaxVarintLen64 + width + maxData + extra)
 	if len(b.cb.B) == 0 {
-		b.cb.B = b.cb.B[:BatchHeaderLen] // the header is written by Append
+		b.start()
 	}
 	buf, idx := b.cb.B, b.cb.Idx
 	for _, f := range [2][]byte{orderKey, userID} {
@@ -199,6 +263,7 @@ func (b *Batch) AddFunc(orderKey, userID []byte, maxData int, data func(dst []by
 	putUvarintWidth(buf[at:at+width], uint64(n))
 	idx = append(idx, uint32(at+width), uint32(n))
 	b.cb.B, b.cb.Idx = buf, idx
+	b.cb.mark()
 	b.n++
 }
 
@@ -228,6 +293,7 @@ func (b *Batch) grow(n int) {
 	if b.cb != nil {
 		cb.B = append(cb.B, b.cb.B...)
 		cb.Idx = append(cb.Idx, b.cb.Idx...)
+		cb.Verdict = b.cb.Verdict
 		b.cb.Release()
 	}
 	b.cb = cb
@@ -244,6 +310,7 @@ func (b *Batch) Fit() {
 		f := GetBuf(len(cb.B))
 		f.B = append(f.B, cb.B...)
 		f.Idx = append(f.Idx, cb.Idx...)
+		f.Verdict = cb.Verdict
 		cb.Release()
 		b.cb = f
 	}
@@ -252,7 +319,7 @@ func (b *Batch) Fit() {
 // Take hands b's buffer over to the caller (Append) and empties b.
 func (b *Batch) Take() *Buf {
 	cb := b.cb
-	b.cb, b.n = nil, 0
+	b.cb, b.n, b.verdict = nil, 0, 0
 	return cb
 }
 
@@ -304,5 +371,8 @@ func (cb *Buf) Records(rs []Record) {
 	}
 	for i := range rs {
 		rs[i] = Record{OrderKey: field(6 * i), UserID: field(6*i + 2), Data: field(6*i + 4)}
+		if cb.Verdict != 0 && cb.B[cb.Idx[6*i+4]+cb.Idx[6*i+5]] == 1 { // the mark after the data
+			rs[i].Verdict = cb.Verdict
+		}
 	}
 }

@@ -54,6 +54,11 @@ type Record struct {
 	UserID []byte
 	// Data is the payload exactly as it is sent upstream.
 	Data []byte
+	// Verdict, when not zero, says the ingest found Data clean against a
+	// tracking plan (internal/plan names which plan and mode): delivery
+	// checks the record again unless that is the plan and mode in force.
+	// Only the local spool keeps it; zero means "not checked".
+	Verdict uint64
 }
 
 // DeadLetter is a record that will not be delivered, with why.
