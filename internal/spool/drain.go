@@ -45,7 +45,7 @@ func (s *Spool) retryReplay(now time.Time) {
 	}
 	s.st.drainTried = now
 	err := guard(func() error {
-		return s.replay(s.st.applied, s.synced, s.st.lanesSeq, true)
+		return s.replay(true)
 	})
 	switch {
 	case err == nil:

@@ -51,9 +51,6 @@ func (l *Lane) Pin() { l.pins.Add(1) }
 // Unpin undoes one Pin.
 func (l *Lane) Unpin() { l.pins.Add(-1) }
 
-// Ack is Spool.Ack of the lane's chunk seq (storage.Lane).
-func (l *Lane) Ack(seq uint64) { l.s.Ack(l, seq) }
-
 var _ storage.Lane = (*Lane)(nil)
 
 // SetLaneLimits puts new lane limits (as Config's) in force; a lowered

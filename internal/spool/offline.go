@@ -186,10 +186,9 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 	for _, m := range lr.foreign {
 		problem("wal: %s than spool.db", m)
 	}
-	dbKey := func(lid uint64) (storage.LaneKey, bool) { k, ok := dbLanes[lid]; return k, ok }
 	for _, d := range lr.damage {
 		rep.Damaged += int64(d.lost())
-		problem("wal: %s", d.summary(lr.laneLabels(d, dbKey)))
+		problem("wal: %s", d.summary(lr.laneLabels(d, dbLanes)))
 	}
 	for _, d := range lr.harmless {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("wal: segment %s bytes %d-%d: %d %s", segName(d.seg), d.from, d.to, d.records, d.what))

@@ -526,7 +526,7 @@ func (l *Lane) deadDamaged(ctx context.Context, d *damagedChunk) error {
 	if err := s.PutDead(ctx, dls); err != nil {
 		return fmt.Errorf("spool read: lane %s: dead-letter damaged chunk %d: %w", l.label, d.seq, err)
 	}
-	s.Ack(l, d.seq)
+	l.Ack(d.seq)
 	s.m.damagedDB.Add(float64(len(dls)))
 	s.log.Error("spool: a chunk of spool.db failed its checksum; its records were moved to dead letters (reason damaged), not sent",
 		zap.String("lane", l.label), zap.Uint64("seq", d.seq), zap.Int("records", len(dls)),
@@ -580,7 +580,6 @@ type Spool struct {
 	force        atomic.Bool   // the WAL writer asks for a checkpoint of everything
 	armed        atomic.Bool   // the store has a checkpoint scheduled
 	retire       atomic.Bool   // the store asks the WAL writer to give up its idle segment
-	ckptFailed   atomic.Bool   // the last checkpoint failed
 	relief       chan struct{} // closed (and replaced, under mu) after each checkpoint
 	appliedTotal atomic.Int64  // walTotal at the applied position
 
@@ -590,7 +589,7 @@ type Spool struct {
 
 	id         [16]byte               // the spool's id (meta key "id"), in every WAL segment
 	draining   atomic.Bool            // drain.go
-	ckptErr    atomic.Pointer[string] // the last failed checkpoint's error (Refusing)
+	ckptErr    atomic.Pointer[string] // the last checkpoint's error, nil when it succeeded
 	walNoSpace atomic.Bool            // no space for the last new WAL segment (Refusing)
 	synced     walPos                 // the store's: the acknowledged WAL end in spool.db
 
@@ -669,12 +668,11 @@ func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error
 	// fault into ErrDamaged (checkFiles made sure the file holds every
 	// page it claims).
 	err = guard(func() error {
-		applied, synced, lanesSeq, err := s.load()
+		err := s.load()
 		if err != nil {
 			return err
 		}
-		s.st.lanesSeq = lanesSeq
-		if err = s.replay(applied, synced, lanesSeq, false); noSpace(err) {
+		if err = s.replay(false); noSpace(err) {
 			return s.startDraining(err)
 		}
 		return err
@@ -725,10 +723,10 @@ func (s *Spool) openDB() (*bolt.DB, error) {
 	return db, nil
 }
 
-// load creates the buckets of a new file and reads the lanes of an old one;
-// it returns the WAL positions applied to the file and acknowledged when
-// it was last written, and the highest lane id the file assigned.
-func (s *Spool) load() (applied, synced walPos, lanesSeq uint64, err error) {
+// load creates the buckets of a new file and reads the lanes of an old one,
+// the WAL positions applied to the file and acknowledged when it was last
+// written, and the highest lane id the file assigned.
+func (s *Spool) load() error {
 	// Write only when something is missing: a commit at every Open would
 	// leave the freelist on disk stale (keepFreelist).
 	ready := false
@@ -738,14 +736,14 @@ func (s *Spool) load() (applied, synced walPos, lanesSeq uint64, err error) {
 			bytes.Equal(meta.Get(keyFormat), seqKey(formatVersion)) && len(meta.Get(keyID)) == len(s.id)
 		return nil
 	}); err != nil {
-		return walPos{}, walPos{}, 0, err
+		return err
 	}
 	if !ready {
 		if err := s.db.Update(createBuckets); err != nil {
-			return walPos{}, walPos{}, 0, err
+			return err
 		}
 	}
-	err = s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		meta := tx.Bucket(bucketMeta)
 		copy(s.id[:], meta.Get(keyID))
 		if v := meta.Get(keyUpstream); v != nil {
@@ -759,17 +757,16 @@ func (s *Spool) load() (applied, synced walPos, lanesSeq uint64, err error) {
 		s.deadN.Store(s.st.deadN)
 		var errs [2]error
 		if v := meta.Get(keyWAL); v != nil {
-			applied, errs[0] = decodePos(v)
+			s.st.applied, errs[0] = decodePos(v)
 		}
 		if v := meta.Get(keySynced); v != nil {
-			synced, errs[1] = decodeSynced(v)
+			s.synced, errs[1] = decodeSynced(v)
 		}
 		if err := cmp.Or(errs[0], errs[1]); err != nil {
 			return fmt.Errorf("%w: %w", ErrDamaged, err)
 		}
-		s.synced = synced
 		lanesB := tx.Bucket(bucketLanes)
-		lanesSeq = lanesB.Sequence()
+		s.st.lanesSeq = lanesB.Sequence()
 		return lanesB.ForEach(func(k, v []byte) error {
 			key, st, err := decodeLane(v)
 			if err != nil {
@@ -789,7 +786,7 @@ func (s *Spool) load() (applied, synced walPos, lanesSeq uint64, err error) {
 		})
 	})
 	s.coldLive.Store(s.st.live)
-	return applied, synced, lanesSeq, err
+	return err
 }
 
 // decodeSynced decodes a keySynced value.
@@ -949,13 +946,11 @@ func (s *Spool) Append(ctx context.Context, l *Lane, b *storage.Batch) error {
 	return err
 }
 
-// Ack records that every record of chunk seq of lane l is done (delivered or
-// dead-lettered); it does not block (see the package doc). Acknowledging a
-// chunk twice, or one that does not exist, is harmless.
-func (s *Spool) Ack(l *Lane, seq uint64) {
-	if l.s != s {
-		return
-	}
+// Ack records that every record of the lane's chunk seq is done (delivered
+// or dead-lettered); it does not block (see the package doc). Acknowledging
+// a chunk twice, or one that does not exist, is harmless.
+func (l *Lane) Ack(seq uint64) {
+	s := l.s
 	l.mu.Lock()
 	c := l.hot.find(seq)
 	if c != nil && c.acked {

@@ -284,7 +284,7 @@ func (s *Spool) waitMemory(ops []*op) {
 	}
 	hard := 2 * s.cfg.hotMaxBytes
 	deadline := time.Now().Add(hotWaitMax)
-	for held := s.hotHeld.Load(); held > 0 && held+group > hard && !s.ckptFailed.Load() && time.Now().Before(deadline); held = s.hotHeld.Load() {
+	for held := s.hotHeld.Load(); held > 0 && held+group > hard && s.ckptErr.Load() == nil && time.Now().Before(deadline); held = s.hotHeld.Load() {
 		s.force.Store(true)
 		wake(s.storeWake)
 		s.mu.Lock()
@@ -309,13 +309,10 @@ func (s *Spool) admit(ops []*op, now time.Time) (n int, bytes int64, records int
 	for _, o := range ops {
 		sz := int64(len(o.batch.Encoded()))
 		switch {
-		case s.cfg.MaxBytes > 0 && live+bytes+sz > s.cfg.MaxBytes:
-			o.err = ErrFull
-			s.m.rejectedFull.Inc()
-			continue
-		case held > 0 && held+bytes+sz > hard:
+		case s.cfg.MaxBytes > 0 && live+bytes+sz > s.cfg.MaxBytes,
 			// Checkpoints do not keep up: refuse rather than hold
 			// unbounded memory (a group alone is a few MiB at most).
+			held > 0 && held+bytes+sz > hard:
 			o.err = ErrFull
 			s.m.rejectedFull.Inc()
 			continue
