@@ -44,7 +44,7 @@ func offlineState(t *testing.T, dir string) (applied, synced walPos) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pf.close()
+	defer pf.f.Close()
 	pf.walkBucket(pf.rootHeader(), func(k, v []byte, bucket bool) {
 		if bucket && string(k) == "meta" {
 			pf.walkBucket(v, func(k, v []byte, _ bool) {
@@ -555,7 +555,7 @@ func TestDamagedDBNeverCrashes(t *testing.T) {
 		t.Fatal(err)
 	}
 	used := int(pf.meta.hwm) * ps
-	pf.close()
+	pf.f.Close()
 	for _, tc := range []struct {
 		name     string
 		damage   func(b []byte) []byte
@@ -838,7 +838,7 @@ func TestFullDiskDraining(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pf.close()
+		pf.f.Close()
 		cfg := integrityCfg(img)
 		// The file may not grow past the pages it uses: the replay fits
 		// only once the delivered chunks' pages are free.

@@ -128,7 +128,7 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 	} else if pf, err = openPageFile(dbPath); err != nil {
 		bad("spool.db: %v: only the write-ahead log is read", err)
 	} else {
-		defer pf.close()
+		defer pf.f.Close()
 		if need := int64(pf.meta.hwm) * pf.ps; need > pf.size {
 			problem("spool.db: the file holds %d bytes but its pages take %d (truncated): the pages past its end are lost", pf.size, need)
 		}
