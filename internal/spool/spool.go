@@ -603,12 +603,8 @@ var (
 	bucketMeta  = []byte("meta")
 	bucketLanes = []byte("lanes")
 	bucketDead  = []byte("dead")
-	// In meta: the format; dead letter count and bytes; the WAL position
-	// applied to bbolt; the spool's random id, in every WAL segment's
-	// recStart record so that a log and a spool.db that do not belong
-	// together are told apart; the WAL end acknowledged when a checkpoint
-	// last committed (keyWAL's 16 bytes and their CRC-32C; none under
-	// NoSync, see replay).
+	// In meta (see the package doc); keySynced's value is keyWAL's 16
+	// bytes and their CRC-32C.
 	keyFormat = []byte("format")
 	keyDead   = []byte("dead")
 	keyWAL    = []byte("wal")
@@ -908,9 +904,8 @@ func (s *Spool) Lane(ctx context.Context, key storage.LaneKey) (*Lane, error) {
 
 // Lanes returns every lane, oldest first.
 func (s *Spool) Lanes() []*Lane {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]*Lane(nil), s.lanes...)
+	ls, _ := s.lanesFrom(0)
+	return ls
 }
 
 // Append writes b as one chunk at the tail of lane l and returns once it is
