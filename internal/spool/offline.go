@@ -67,14 +67,7 @@ func (r *SalvageRecord) Record() (storage.LaneKey, storage.Record, error) {
 	if len(data) == 0 {
 		data = r.DataRaw
 	}
-	rec := storage.Record{Data: data}
-	if r.OrderKey != "" {
-		rec.OrderKey = []byte(r.OrderKey)
-	}
-	if r.UserID != "" {
-		rec.UserID = []byte(r.UserID)
-	}
-	return key, rec, nil
+	return key, storage.Record{OrderKey: []byte(r.OrderKey), UserID: []byte(r.UserID), Data: data}, nil
 }
 
 // VerifyReport sums up what Verify read.

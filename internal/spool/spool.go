@@ -893,13 +893,7 @@ func (s *Spool) Lane(ctx context.Context, key storage.LaneKey) (*Lane, error) {
 	}
 	o := s.getOp(opLane)
 	o.key = key
-	err = s.do(ctx, o)
-	l := o.lane
-	s.putOp(o)
-	if err != nil {
-		return nil, err
-	}
-	return l, nil
+	return s.do(ctx, o)
 }
 
 // Lanes returns every lane, oldest first.
@@ -936,8 +930,7 @@ func (s *Spool) Append(ctx context.Context, l *Lane, b *storage.Batch) error {
 	// Right-sized and checksummed here, in the caller's goroutine (wal.go).
 	b.Fit()
 	o.crc = putChunkHeader(b.Encoded(), o.accepted, b.Len())
-	err = s.do(ctx, o)
-	s.putOp(o)
+	_, err = s.do(ctx, o)
 	return err
 }
 
@@ -994,8 +987,7 @@ func (s *Spool) PutDead(ctx context.Context, dls []storage.DeadLetter) error {
 	}
 	o := s.getOp(opPutDead)
 	o.dls = dls
-	err := s.do(ctx, o)
-	s.putOp(o)
+	_, err := s.do(ctx, o)
 	return err
 }
 
@@ -1064,8 +1056,7 @@ func (s *Spool) DeleteDead(ctx context.Context, ids []uint64) error {
 	}
 	o := s.getOp(opDelDead)
 	o.ids = ids
-	err := s.do(ctx, o)
-	s.putOp(o)
+	_, err := s.do(ctx, o)
 	return err
 }
 

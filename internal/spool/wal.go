@@ -541,7 +541,6 @@ func (lr *logRead) pending() (chunks []walRecord, acked map[laneSeq]bool, acks i
 // nothing).
 func (d *walDamage) attribute(data []byte, delivered map[laneSeq]bool) {
 	data = data[:min(d.to, int64(len(data)))]
-	d.records, d.chunks, d.events, d.unreadable, d.headless, d.lanes = 0, 0, 0, 0, 0, nil
 	for off := d.from; off < d.to; {
 		d.records++
 		r, st := readRecord(data, d.seg, off)

@@ -102,15 +102,17 @@ func wake(c chan struct{}) {
 	}
 }
 
-// do queues o for its goroutine and waits for its result.
-func (s *Spool) do(ctx context.Context, o *op) error {
+// do queues o for its goroutine, waits for its result (and opLane's lane)
+// and puts o back in the pool.
+func (s *Spool) do(ctx context.Context, o *op) (*Lane, error) {
+	defer s.putOp(o)
 	if err := ctx.Err(); err != nil {
-		return err
+		return nil, err
 	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return ErrClosed
+		return nil, ErrClosed
 	}
 	c := s.walWake
 	if o.kind == opAppend {
@@ -122,7 +124,10 @@ func (s *Spool) do(ctx context.Context, o *op) error {
 	s.mu.Unlock()
 	wake(c)
 	<-o.done
-	return o.err
+	if o.err != nil {
+		return nil, o.err
+	}
+	return o.lane, nil
 }
 
 // runWAL is the WAL writer goroutine.
