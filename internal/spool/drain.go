@@ -39,8 +39,7 @@ func (s *Spool) startDraining(err error) error {
 
 // retryReplay tries a deferred replay again (the store's).
 func (s *Spool) retryReplay(now time.Time) {
-	every := s.cfg.drainEvery
-	if !s.draining.Load() || now.Sub(s.st.drainTried) < every || s.db == nil {
+	if !s.draining.Load() || now.Sub(s.st.drainTried) < s.cfg.drainEvery || s.db == nil {
 		return
 	}
 	s.st.drainTried = now

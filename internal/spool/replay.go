@@ -156,9 +156,6 @@ const quarantineDir = "quarantine"
 // replay is tried again).
 func (s *Spool) firstReport(d walDamage) bool {
 	k := walPos{d.seg, d.from}
-	if s.st.reported == nil {
-		s.st.reported = make(map[walPos]bool)
-	}
 	if s.st.reported[k] {
 		return false
 	}

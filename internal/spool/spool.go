@@ -643,6 +643,7 @@ func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error
 		storeDone: make(chan struct{}),
 		spares:    make(chan string, maxSpares),
 		relief:    make(chan struct{}),
+		st:        storeState{reported: map[walPos]bool{}},
 	}
 	s.laneCfg.Store(&cfg)
 	if err := os.MkdirAll(s.walDir, 0o750); err != nil {
@@ -919,7 +920,7 @@ func (s *Spool) Append(ctx context.Context, l *Lane, b *storage.Batch) error {
 		s.m.rejectedDisk.Inc()
 		return ErrDiskLow
 	}
-	l, err := s.beginAppend(func(k storage.LaneKey) (*Lane, error) { return s.Lane(ctx, k) }, l)
+	l, err := s.beginAppend(ctx, l)
 	if err != nil {
 		return err
 	}
@@ -1030,23 +1031,6 @@ func (s *Spool) view(f func(*bolt.Tx) error) error {
 		return ErrClosed
 	}
 	return guard(func() error { return s.db.View(f) })
-}
-
-// DeadCount is the number of dead letters as the file holds them now, so
-// never fewer than a ListDead before it returned (Stats().Dead follows a
-// moment later).
-func (s *Spool) DeadCount() (int64, error) {
-	var n int64
-	err := s.view(func(tx *bolt.Tx) error {
-		if v := tx.Bucket(bucketMeta).Get(keyDead); len(v) == 16 {
-			n = int64(binary.BigEndian.Uint64(v))
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, fmt.Errorf("count dead letters: %w", err)
-	}
-	return n, nil
 }
 
 // DeleteDead removes the dead letters with the given ids (durably).
