@@ -388,11 +388,8 @@ func readLog(walDir string, id []byte, applied, synced walPos) (*logRead, error)
 		if sc.start != nil && id != nil && !(walPos{no, 0}).less(applied) && !bytes.Equal(sc.start[:16], id) {
 			lr.foreign = append(lr.foreign, fmt.Sprintf("write-ahead log segment %s belongs to another spool", segName(no)))
 		}
-		for _, it := range sc.items {
-			if it.damage == nil {
-				last = len(lr.segs)
-				break
-			}
+		if slices.ContainsFunc(sc.items, func(it scanItem) bool { return it.damage == nil }) {
+			last = len(lr.segs)
 		}
 		lr.segs = append(lr.segs, logSeg{no: no, data: data, sc: sc})
 	}
