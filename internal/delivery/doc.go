@@ -76,7 +76,7 @@
 //     when the Throttle's generation moved meanwhile (another shard's or
 //     lane's 429), again just before it is sent. Throttling never adds
 //     requests: the held events simply wait.
-//   - Acknowledgement: a chunk is acked (Spool.Ack) only when every one of
+//   - Acknowledgement: a chunk is acked (Lane.Ack) only when every one of
 //     its records was answered 200 or is committed to the dead-letter store
 //     (PutDead returns after the commit, and is called before the records
 //     count as done). Records of one chunk may be spread over shards; a

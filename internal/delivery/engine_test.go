@@ -37,7 +37,7 @@ func (r *ackRunner) Run(ctx, _ context.Context) error {
 			return err
 		}
 		for _, c := range cs {
-			r.sp.Ack(r.l, c.Seq)
+			r.l.Ack(c.Seq)
 		}
 	}
 }
@@ -184,7 +184,7 @@ func (r *idleRunner) Run(ctx, _ context.Context) error {
 			return err
 		}
 		for _, c := range cs {
-			r.sp.Ack(r.l, c.Seq)
+			r.l.Ack(c.Seq)
 		}
 	}
 }

@@ -86,7 +86,7 @@ func benchHandler(b *testing.B, noSync bool, n int) (fasthttp.RequestHandler, []
 			recs = more
 			for _, c := range cs {
 				c.Buffer.Release()
-				sp.Ack(lane, c.Seq)
+				lane.Ack(c.Seq)
 			}
 		}
 	}()

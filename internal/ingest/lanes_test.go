@@ -102,7 +102,7 @@ func TestRetiredLaneLeavesCache(t *testing.T) {
 		if err != nil || len(cs) != 1 || len(cs[0].Records) != 1 {
 			t.Fatalf("round %d: %v %d chunks", round, err, len(cs))
 		}
-		r.sp.Ack(l, cs[0].Seq)
+		l.Ack(cs[0].Seq)
 		ctx, cancel = context.WithTimeout(context.Background(), poll.Max)
 		_, err = l.Next(ctx, 1<<20) // returns once the empty lane is retired
 		cancel()

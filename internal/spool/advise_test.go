@@ -139,7 +139,7 @@ func TestCheckpointDeletesDropPages(t *testing.T) {
 	}
 	before := rssFileKiB(t)
 	for _, seq := range seqs {
-		s.Ack(l, seq)
+		l.Ack(seq)
 	}
 	waitCheckpointed(t, s)
 	grew := peak.Load() - before

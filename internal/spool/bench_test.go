@@ -149,7 +149,7 @@ func benchDrain(b *testing.B, into bool) {
 			b.Fatal(err)
 		}
 		for _, c := range cs {
-			s.Ack(l, c.Seq)
+			l.Ack(c.Seq)
 		}
 		n += len(cs)
 	}

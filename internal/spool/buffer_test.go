@@ -103,7 +103,7 @@ func TestHotChunkSharedBuffer(t *testing.T) {
 			copy(o.Encoded()[chunkHeaderLen:], bytes.Repeat([]byte{'z'}, len(o.Encoded())-chunkHeaderLen))
 		}
 	}
-	s.Ack(l, c.Seq) // the spool lets go; the reader still holds it
+	l.Ack(c.Seq) // the spool lets go; the reader still holds it
 	fill()
 	check("after Ack")
 	c.Buffer.Release()

@@ -40,7 +40,7 @@ func TestLargeChunksWrittenOnce(t *testing.T) {
 			t.Fatalf("chunk %d: %d records, first %q...", i, len(c.Records), c.Records[0].Data[:20])
 		}
 		c.Buffer.Release()
-		s.Ack(l, c.Seq) // one at a time: each delete its own commit
+		l.Ack(c.Seq) // one at a time: each delete its own commit
 		poll.Until(t, fmt.Sprintf("the ack of chunk %d applied", i), func() bool { return l.Stats().Chunks == int64(chunks-i-1) })
 	}
 	alloc := pageAlloc() - before
@@ -122,7 +122,7 @@ func TestReadsPlainChunks(t *testing.T) {
 			t.Fatalf("chunk %d: %d records, first n=%d", i, len(c.Records), n)
 		}
 		if i < chunks/2 {
-			s.Ack(l, c.Seq)
+			l.Ack(c.Seq)
 		}
 	}
 	appendChunks(t, s, l, 1, 2, perChunk, 8000) // format 3 after the plain ones

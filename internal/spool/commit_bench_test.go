@@ -50,7 +50,7 @@ func benchCommit(b *testing.B, noSync bool, per, par int) {
 			rs = more
 			for _, c := range cs {
 				c.Buffer.Release()
-				s.Ack(l, c.Seq)
+				l.Ack(c.Seq)
 			}
 		}
 	}()

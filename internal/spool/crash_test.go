@@ -100,7 +100,7 @@ func crashChild(dir string) {
 					out.Lock()
 					fmt.Fprintf(os.Stdout, "ack %d\n", id)
 					out.Unlock()
-					s.Ack(l, c.Seq)
+					l.Ack(c.Seq)
 					c.Buffer.Release()
 				}
 			}
@@ -197,7 +197,7 @@ func TestCrash(t *testing.T) {
 					t.Fatalf("round %d: writer %d: %d after %d", round, w, id, p)
 				}
 				lastByWriter[w] = id
-				s.Ack(l, c.Seq)
+				l.Ack(c.Seq)
 			}
 		}
 		// A confirmed append not acknowledged is there once; an
@@ -252,7 +252,7 @@ func TestColdAckSurvivesCrash(t *testing.T) {
 	end := s.walEnd
 	s.mu.Unlock()
 	cs := nextT(t, l, 1)
-	s.Ack(l, cs[0].Seq)
+	l.Ack(cs[0].Seq)
 	poll.Until(t, "the ack written to the WAL", func() bool { // it moves the WAL's end
 		s.mu.Lock()
 		defer s.mu.Unlock()

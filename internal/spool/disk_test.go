@@ -135,7 +135,7 @@ func TestDiskGivenBack(t *testing.T) {
 						t.Errorf("lane %d: chunk %d: seq %d, %d records", i, n, c.Seq, len(c.Records))
 						return
 					}
-					s.Ack(l, c.Seq)
+					l.Ack(c.Seq)
 					n++
 				}
 			}
@@ -197,7 +197,7 @@ func TestCompactionKeepsData(t *testing.T) {
 		read = append(read, nextT(t, l, 64<<10)...)
 	}
 	for _, c := range read[:340] {
-		s.Ack(l, c.Seq)
+		l.Ack(c.Seq)
 	}
 	poll.Until(t, "a compaction", func() bool { return gatherValue(t, reg, "relay_spool_compactions_total", "") > 0 })
 	st := s.Stats()
@@ -334,7 +334,7 @@ func TestCompactionUnderLoad(t *testing.T) {
 						return
 					}
 					last[w] = n
-					s.Ack(ls[i], c.Seq)
+					ls[i].Ack(c.Seq)
 				}
 				got += len(cs)
 			}

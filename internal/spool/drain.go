@@ -39,13 +39,12 @@ func (s *Spool) startDraining(err error) error {
 
 // retryReplay tries a deferred replay again (the store's).
 func (s *Spool) retryReplay(now time.Time) {
-	every := s.cfg.drainEvery
-	if !s.draining.Load() || now.Sub(s.st.drainTried) < every || s.db == nil {
+	if !s.draining.Load() || now.Sub(s.st.drainTried) < s.cfg.drainEvery || s.db == nil {
 		return
 	}
 	s.st.drainTried = now
 	err := guard(func() error {
-		return s.replay(s.st.applied, s.synced, s.st.lanesSeq, true)
+		return s.replay(true)
 	})
 	switch {
 	case err == nil:

@@ -195,13 +195,7 @@ func decodeRecords(seq uint64, v []byte, c *storage.Chunk, slab *recSlab) error 
 	c.Records = slab.take(n)
 	for i := range c.Records {
 		r := &c.Records[i]
-		if r.OrderKey, p, err = takeBytes(p); err != nil {
-			return err
-		}
-		if r.UserID, p, err = takeBytes(p); err != nil {
-			return err
-		}
-		if r.Data, p, err = takeBytes(p); err != nil {
+		if p, err = takeRecord(p, r); err != nil {
 			return err
 		}
 		r.Verdict = 0
@@ -219,6 +213,16 @@ func decodeRecords(seq uint64, v []byte, c *storage.Chunk, slab *recSlab) error 
 		return errCorrupt
 	}
 	return nil
+}
+
+// takeRecord splits a record's three fields off p into r.
+func takeRecord(p []byte, r *storage.Record) (rest []byte, err error) {
+	if r.OrderKey, p, err = takeBytes(p); err == nil {
+		if r.UserID, p, err = takeBytes(p); err == nil {
+			r.Data, p, err = takeBytes(p)
+		}
+	}
+	return p, err
 }
 
 // takeBytes splits a uvarint-length-prefixed byte string off p. An empty
@@ -250,10 +254,9 @@ func encodeLane(dst []byte, k storage.LaneKey, st laneState) []byte {
 	dst = append(dst, laneVersion, byte(k.Kind))
 	dst = appendBytes(dst, []byte(k.APIKey))
 	dst = appendBytes(dst, []byte(k.Options))
-	dst = binary.BigEndian.AppendUint64(dst, st.nextSeq)
-	dst = binary.BigEndian.AppendUint64(dst, st.chunks)
-	dst = binary.BigEndian.AppendUint64(dst, st.records)
-	dst = binary.BigEndian.AppendUint64(dst, st.bytes)
+	for _, n := range [4]uint64{st.nextSeq, st.chunks, st.records, st.bytes} {
+		dst = binary.BigEndian.AppendUint64(dst, n)
+	}
 	return sealValue(dst, start)
 }
 
@@ -302,10 +305,9 @@ func decodeLane(v []byte) (storage.LaneKey, laneState, error) {
 		return k, st, errCorrupt
 	}
 	k.APIKey, k.Options = string(ak), string(op)
-	st.nextSeq = binary.BigEndian.Uint64(p[0:])
-	st.chunks = binary.BigEndian.Uint64(p[8:])
-	st.records = binary.BigEndian.Uint64(p[16:])
-	st.bytes = binary.BigEndian.Uint64(p[24:])
+	for i, n := range [4]*uint64{&st.nextSeq, &st.chunks, &st.records, &st.bytes} {
+		*n = binary.BigEndian.Uint64(p[8*i:])
+	}
 	return k, st, nil
 }
 
@@ -357,24 +359,14 @@ func decodeDead(id uint64, v []byte) (storage.DeadLetter, error) {
 		}
 	}
 	d.Lane.APIKey, d.Lane.Options, d.Reason, d.Answer = string(b[0]), string(b[1]), string(b[2]), b[3]
-	acc, n := binary.Varint(p)
-	if n <= 0 {
-		return d, errCorrupt
+	for _, t := range [2]*time.Time{&d.Accepted, &d.Died} {
+		ms, n := binary.Varint(p)
+		if n <= 0 {
+			return d, errCorrupt
+		}
+		*t, p = fromMs(ms), p[n:]
 	}
-	p = p[n:]
-	died, n := binary.Varint(p)
-	if n <= 0 {
-		return d, errCorrupt
-	}
-	p = p[n:]
-	d.Accepted, d.Died = fromMs(acc), fromMs(died)
-	if d.Record.OrderKey, p, err = takeBytes(p); err != nil {
-		return d, err
-	}
-	if d.Record.UserID, p, err = takeBytes(p); err != nil {
-		return d, err
-	}
-	if d.Record.Data, p, err = takeBytes(p); err != nil {
+	if p, err = takeRecord(p, &d.Record); err != nil {
 		return d, err
 	}
 	if len(p) != 0 {

@@ -59,3 +59,24 @@ func FuzzDecode(f *testing.F) {
 func sameRecord(a, b storage.Record) bool {
 	return bytes.Equal(a.OrderKey, b.OrderKey) && bytes.Equal(a.UserID, b.UserID) && bytes.Equal(a.Data, b.Data)
 }
+
+// BenchmarkDecodeChunk decodes a chunk of 100 records as read from bbolt
+// (checksum and framing).
+func BenchmarkDecodeChunk(b *testing.B) {
+	var bt storage.Batch
+	for i := range 100 {
+		bt.Add(storage.Record{OrderKey: []byte("device-000001"), UserID: []byte("user-1"), Data: make([]byte, 480+i%7)})
+	}
+	v := bt.Encoded()
+	putChunkHeader(v, 1700000000000, bt.Len(), false)
+	var c storage.Chunk
+	slab := &recSlab{}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		slab.buf = slab.buf[:0]
+		if err := decodeChunk(1, v, &c, slab); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -75,7 +75,7 @@ func TestFill(t *testing.T) {
 			_, id := recID(r)
 			seen[id]++
 		}
-		s.Ack(l, c.Seq)
+		l.Ack(c.Seq)
 	}
 	if len(seen) != len(accepted) {
 		t.Fatalf("stored %d appends, %d accepted", len(seen), len(accepted))
@@ -173,10 +173,10 @@ func TestCheckpointFailure(t *testing.T) {
 			break
 		}
 		ok = append(ok, id)
-		poll.Until(t, "the chunks tried", func() bool { return s.checkpointed() || s.ckptFailed.Load() })
+		poll.Until(t, "the chunks tried", func() bool { return s.checkpointed() || s.ckptFailing() })
 	}
-	if !errors.Is(failErr, ErrFull) || !s.ckptFailed.Load() {
-		t.Fatalf("after %d appends: %v (checkpoint failing: %v), want ErrFull from failing checkpoints", len(ok), failErr, s.ckptFailed.Load())
+	if !errors.Is(failErr, ErrFull) || !s.ckptFailing() {
+		t.Fatalf("after %d appends: %v (checkpoint failing: %v), want ErrFull from failing checkpoints", len(ok), failErr, s.ckptFailing())
 	}
 	// Only the refused append is timed: one that waited for the failing
 	// store took hotWaitMax at least, a refusal at once milliseconds.
@@ -211,7 +211,7 @@ func TestCheckpointFailure(t *testing.T) {
 	l = s.Lanes()[0]
 	cs = drainAvailable(t, l)
 	for _, c := range cs {
-		s.Ack(l, c.Seq)
+		l.Ack(c.Seq)
 	}
 	poll.Until(t, "no live bytes", func() bool { return s.Stats().LiveBytes == 0 })
 	for id := range 3 {
@@ -220,7 +220,7 @@ func TestCheckpointFailure(t *testing.T) {
 		}
 	}
 	waitCheckpointed(t, s)
-	if s.ckptFailed.Load() {
+	if s.ckptFailing() {
 		t.Fatal("checkpoints still fail after the drain")
 	}
 	if cs := drainAvailable(t, l); len(cs) != 3 {
@@ -302,7 +302,7 @@ func TestReplayTornTail(t *testing.T) {
 	const n = 20
 	for id := range n {
 		if id == n-1 {
-			s.Ack(l, 3) // hot; its record precedes the last chunk's
+			l.Ack(3) // hot; its record precedes the last chunk's
 		}
 		var b storage.Batch
 		b.Add(rec(1, id, 300))

@@ -82,7 +82,7 @@ func TestFreelistWritten(t *testing.T) {
 				t.Fatalf("read %d chunks, want %d", len(cs), tc.chunks)
 			}
 			for _, c := range cs[:tc.chunks-10] {
-				s.Ack(l, c.Seq)
+				l.Ack(c.Seq)
 			}
 			// Two more appends: the checkpoint that carries the acks may
 			// put the first, the second is put by a later one, which
@@ -131,7 +131,7 @@ func TestFreelistWritten(t *testing.T) {
 					t.Fatal(err)
 				}
 				for _, c := range cs {
-					s.Ack(l, c.Seq)
+					l.Ack(c.Seq)
 				}
 			}
 		})

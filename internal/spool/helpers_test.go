@@ -187,3 +187,6 @@ func (s *Spool) checkpointed() bool {
 	defer s.mu.Unlock()
 	return s.hotHeld.Load() == 0 && len(s.coldAcks) == 0 && len(s.sops) == 0 && s.walTotal == s.appliedTotal.Load()
 }
+
+// ckptFailing reports whether the last checkpoint failed.
+func (s *Spool) ckptFailing() bool { return s.ckptErr.Load() != nil }

@@ -44,7 +44,7 @@ func offlineState(t *testing.T, dir string) (applied, synced walPos) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pf.close()
+	defer pf.f.Close()
 	pf.walkBucket(pf.rootHeader(), func(k, v []byte, bucket bool) {
 		if bucket && string(k) == "meta" {
 			pf.walkBucket(v, func(k, v []byte, _ bool) {
@@ -176,7 +176,7 @@ func readAll(t *testing.T, s *Spool) []int {
 					_, n := recID(r)
 					ids = append(ids, n)
 				}
-				s.Ack(l, c.Seq)
+				l.Ack(c.Seq)
 				seq = c.Seq
 			}
 		}
@@ -555,7 +555,7 @@ func TestDamagedDBNeverCrashes(t *testing.T) {
 		t.Fatal(err)
 	}
 	used := int(pf.meta.hwm) * ps
-	pf.close()
+	pf.f.Close()
 	for _, tc := range []struct {
 		name     string
 		damage   func(b []byte) []byte
@@ -626,7 +626,7 @@ func TestDamagedDBNeverCrashes(t *testing.T) {
 						break
 					}
 					for _, c := range cs {
-						s.Ack(l, c.Seq)
+						l.Ack(c.Seq)
 					}
 				}
 				cancel()
@@ -755,7 +755,7 @@ func TestCheckpointFailureLoggedOnce(t *testing.T) {
 	defer s.Close()
 	l := mustLane(t, s, testKey(1))
 	appendChunks(t, s, l, 1, 4, 10, 40000) // ~1.6 MB: more than the file may hold
-	poll.Until(t, "a checkpoint failed", s.ckptFailed.Load)
+	poll.Until(t, "a checkpoint failed", s.ckptFailing)
 	time.Sleep(200 * time.Millisecond) // ~200 checkpoint intervals
 	if n := logs.FilterMessageSnippet("checkpoint failed").Len(); n != 1 {
 		t.Fatalf("%d checkpoint failure lines, want 1", n)
@@ -838,7 +838,7 @@ func TestFullDiskDraining(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pf.close()
+		pf.f.Close()
 		cfg := integrityCfg(img)
 		// The file may not grow past the pages it uses: the replay fits
 		// only once the delivered chunks' pages are free.
@@ -897,7 +897,7 @@ func drainImage(t *testing.T, dir, img string) string {
 		}
 	}
 	cs := nextT(t, l, 1)
-	s.Ack(l, cs[0].Seq)
+	l.Ack(cs[0].Seq)
 	poll.Until(t, "a checkpoint recorded the acknowledgement", func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
@@ -958,7 +958,7 @@ func checkDraining(t *testing.T, cfg Config, free func()) {
 					_, n := recID(r)
 					ids = append(ids, n)
 				}
-				s.Ack(l, c.Seq)
+				l.Ack(c.Seq)
 			}
 		}
 	}
@@ -987,7 +987,7 @@ func checkDraining(t *testing.T, cfg Config, free func()) {
 			_, n := recID(r)
 			ids = append(ids, n)
 		}
-		s.Ack(l, c.Seq)
+		l.Ack(c.Seq)
 	}
 	free()
 	poll.Until(t, "the draining over once space was freed", func() bool { return !s.draining.Load() })

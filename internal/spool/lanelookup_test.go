@@ -54,7 +54,7 @@ func TestLaneLookup(t *testing.T) {
 	if err != nil || len(cs) != 1 {
 		t.Fatalf("read: %v, %d chunks", err, len(cs))
 	}
-	sp.Ack(first, cs[0].Seq)
+	first.Ack(cs[0].Seq)
 	if _, err := first.Next(tctx, 1<<20); !errors.Is(err, storage.ErrRetired) {
 		t.Fatalf("lane not retired: %v", err)
 	}

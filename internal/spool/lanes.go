@@ -51,9 +51,6 @@ func (l *Lane) Pin() { l.pins.Add(1) }
 // Unpin undoes one Pin.
 func (l *Lane) Unpin() { l.pins.Add(-1) }
 
-// Ack is Spool.Ack of the lane's chunk seq (storage.Lane).
-func (l *Lane) Ack(seq uint64) { l.s.Ack(l, seq) }
-
 var _ storage.Lane = (*Lane)(nil)
 
 // SetLaneLimits puts new lane limits (as Config's) in force; a lowered
@@ -172,14 +169,14 @@ func (s *Spool) LaneBytes(ctx context.Context, kind storage.Kind, apiKey, option
 // beginAppend marks an Append in progress on the lane the records go to
 // (l, or the live lane of l's key) and returns it; the caller decrements
 // its appending count when done.
-func (s *Spool) beginAppend(ctxLane func(storage.LaneKey) (*Lane, error), l *Lane) (*Lane, error) {
+func (s *Spool) beginAppend(ctx context.Context, l *Lane) (*Lane, error) {
 	for {
 		l.appending.Add(1)
 		if !l.retired.Load() {
 			return l, nil
 		}
 		l.appending.Add(-1)
-		nl, err := ctxLane(l.key)
+		nl, err := s.Lane(ctx, l.key)
 		if err != nil {
 			return nil, err
 		}

@@ -33,7 +33,7 @@ func drainLane(t *testing.T, s *Spool, l *Lane) int {
 		}
 		for _, c := range cs {
 			n += len(c.Records)
-			s.Ack(l, c.Seq)
+			l.Ack(c.Seq)
 		}
 	}
 	return n

@@ -2,11 +2,13 @@ package spool
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
 	"sync"
 
+	bolt "go.etcd.io/bbolt"
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/storage"
@@ -163,10 +165,22 @@ func (l *Backend) ListDead(ctx context.Context, f storage.DeadFilter, after uint
 	return l.Spool.ListDead(f, after, limit)
 }
 
-// DeadCount is Spool.DeadCount.
+// DeadCount is the number of dead letters as the file holds them now, so
+// never fewer than a ListDead before it returned (Stats().Dead follows a
+// moment later).
 func (l *Backend) DeadCount(ctx context.Context) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	return l.Spool.DeadCount()
+	var n int64
+	err := l.view(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketMeta).Get(keyDead); len(v) == 16 {
+			n = int64(binary.BigEndian.Uint64(v))
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("count dead letters: %w", err)
+	}
+	return n, nil
 }

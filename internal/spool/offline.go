@@ -67,14 +67,7 @@ func (r *SalvageRecord) Record() (storage.LaneKey, storage.Record, error) {
 	if len(data) == 0 {
 		data = r.DataRaw
 	}
-	rec := storage.Record{Data: data}
-	if r.OrderKey != "" {
-		rec.OrderKey = []byte(r.OrderKey)
-	}
-	if r.UserID != "" {
-		rec.UserID = []byte(r.UserID)
-	}
-	return key, rec, nil
+	return key, storage.Record{OrderKey: []byte(r.OrderKey), UserID: []byte(r.UserID), Data: data}, nil
 }
 
 // VerifyReport sums up what Verify read.
@@ -128,7 +121,7 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 	} else if pf, err = openPageFile(dbPath); err != nil {
 		bad("spool.db: %v: only the write-ahead log is read", err)
 	} else {
-		defer pf.close()
+		defer pf.f.Close()
 		if need := int64(pf.meta.hwm) * pf.ps; need > pf.size {
 			problem("spool.db: the file holds %d bytes but its pages take %d (truncated): the pages past its end are lost", pf.size, need)
 		}
@@ -186,10 +179,9 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 	for _, m := range lr.foreign {
 		problem("wal: %s than spool.db", m)
 	}
-	dbKey := func(lid uint64) (storage.LaneKey, bool) { k, ok := dbLanes[lid]; return k, ok }
 	for _, d := range lr.damage {
 		rep.Damaged += int64(d.lost())
-		problem("wal: %s", d.summary(lr.laneLabels(d, dbKey)))
+		problem("wal: %s", d.summary(lr.laneLabels(d, dbLanes)))
 	}
 	for _, d := range lr.harmless {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("wal: segment %s bytes %d-%d: %d %s", segName(d.seg), d.from, d.to, d.records, d.what))

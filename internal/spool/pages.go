@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"syscall"
 )
@@ -63,48 +62,42 @@ func openPageFile(path string) (*pageFile, error) {
 	return pf, nil
 }
 
-func (pf *pageFile) close() error { return pf.f.Close() }
-
 // page reads page id with its overflow pages.
 func (pf *pageFile) page(id uint64) ([]byte, error) {
 	if id < 2 || id >= pf.meta.hwm {
 		return nil, fmt.Errorf("page %d: out of range", id)
 	}
 	off := int64(id) * pf.ps
-	if off+pf.ps > pf.size {
-		return nil, fmt.Errorf("page %d: past the end of the file", id)
-	}
-	if pf.mapped != nil {
-		if off+pf.ps > int64(len(pf.mapped)) || binary.LittleEndian.Uint64(pf.mapped[off:]) != id {
-			return nil, fmt.Errorf("page %d: header names another page", id)
-		}
-		end := off + (int64(binary.LittleEndian.Uint32(pf.mapped[off+12:]))+1)*pf.ps
-		if end > int64(len(pf.mapped)) {
-			return nil, fmt.Errorf("page %d: its overflow pages run past the used pages", id)
-		}
-		return pf.mapped[off:end:end], nil
-	}
-	hdr := make([]byte, pf.ps)
-	if _, err := pf.f.ReadAt(hdr, off); err != nil && !errors.Is(err, io.EOF) {
+	p, err := pf.read(off, pf.ps)
+	if err != nil {
 		return nil, fmt.Errorf("page %d: %w", id, err)
 	}
-	if binary.LittleEndian.Uint64(hdr) != id {
-		return nil, fmt.Errorf("page %d: header names page %d", id, binary.LittleEndian.Uint64(hdr))
+	if got := binary.LittleEndian.Uint64(p); got != id {
+		return nil, fmt.Errorf("page %d: header names page %d", id, got)
 	}
-	over := int64(binary.LittleEndian.Uint32(hdr[12:]))
-	if over == 0 {
-		return hdr, nil
-	}
-	total := (over + 1) * pf.ps
-	if off+total > pf.size || id+uint64(over) >= pf.meta.hwm {
-		return nil, fmt.Errorf("page %d: its %d overflow pages run past the file", id, over)
-	}
-	p := make([]byte, total)
-	copy(p, hdr)
-	if _, err := pf.f.ReadAt(p[pf.ps:], off+pf.ps); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("page %d: %w", id, err)
+	if over := uint64(binary.LittleEndian.Uint32(p[12:])); over > 0 {
+		if id+over >= pf.meta.hwm {
+			return nil, fmt.Errorf("page %d: its %d overflow pages run past the used pages", id, over)
+		}
+		if p, err = pf.read(off, int64(over+1)*pf.ps); err != nil {
+			return nil, fmt.Errorf("page %d: %w", id, err)
+		}
 	}
 	return p, nil
+}
+
+// read returns the n bytes at off: from the mapping, when checkDBFile
+// mapped the used pages, else read into a buffer of their own.
+func (pf *pageFile) read(off, n int64) ([]byte, error) {
+	if off+n > pf.size || pf.mapped != nil && off+n > int64(len(pf.mapped)) {
+		return nil, errors.New("past the end of the file")
+	}
+	if pf.mapped != nil {
+		return pf.mapped[off : off+n : off+n], nil
+	}
+	b := make([]byte, n)
+	_, err := pf.f.ReadAt(b, off)
+	return b, err
 }
 
 // walkFunc sees a bucket's key and value; bucket is set when v is a nested
@@ -196,7 +189,7 @@ func checkDBFile(path string) (err error) {
 	if err != nil {
 		return err
 	}
-	defer pf.close()
+	defer pf.f.Close()
 	n := int64(pf.meta.hwm) * pf.ps
 	if n > pf.size {
 		return fmt.Errorf("%w: the file holds %d bytes but its pages take %d (truncated)", ErrDamaged, pf.size, n)

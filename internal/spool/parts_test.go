@@ -92,7 +92,7 @@ func TestNextPart(t *testing.T) {
 			}
 			// Ack only the small first one; the big one is read again
 			// whole from its first record after a reopen.
-			s.Ack(l, seqs[0])
+			l.Ack(seqs[0])
 			if err := s.Close(); err != nil {
 				t.Fatal(err)
 			}
@@ -158,7 +158,7 @@ func TestNextPartDamagedChunk(t *testing.T) {
 				ids = append(ids, n)
 			}
 			if c.First+len(c.Records) == c.Total {
-				s.Ack(l, c.Seq)
+				l.Ack(c.Seq)
 			}
 			c.Buffer.Release()
 		}
@@ -205,7 +205,7 @@ func TestWaitWakesOnAppend(t *testing.T) {
 			t.Fatalf("append %d: read %d chunks, want 1", i, len(cs))
 		}
 		for _, c := range cs {
-			s.Ack(l, c.Seq)
+			l.Ack(c.Seq)
 		}
 	}
 	// Published with nobody waiting: Wait sees it without a wake-up.
@@ -243,7 +243,7 @@ func TestOnWork(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, c := range nextT(t, l, 1<<20) {
-			s.Ack(l, c.Seq)
+			l.Ack(c.Seq)
 		}
 	}
 	read() // the reader's cursor after the lane's records
@@ -279,7 +279,7 @@ func TestOnWork(t *testing.T) {
 		t.Fatal("whenWork not called on a lane with records")
 	}
 	for _, c := range nextT(t, l, 1<<20) {
-		s.Ack(l, c.Seq)
+		l.Ack(c.Seq)
 	}
 	// Retired while the reader is gone: called, and the reader sees it.
 	l.Unpin()

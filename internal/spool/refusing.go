@@ -35,17 +35,11 @@ func (s *Spool) refusing() error {
 			return fmt.Errorf("spool: no space left for a new write-ahead log segment (%d bytes free in %s, %d needed): appends are refused until space is freed", free, s.walDir, need)
 		}
 	}
-	if !s.ckptFailed.Load() {
-		return nil
-	}
+	cause := s.ckptErr.Load()
 	hard := 2 * s.cfg.hotMaxBytes
 	held := s.hotHeld.Load()
-	if held <= hard-min(refuseMargin, hard/4) {
+	if cause == nil || held <= hard-min(refuseMargin, hard/4) {
 		return nil
 	}
-	cause := "unknown error"
-	if p := s.ckptErr.Load(); p != nil {
-		cause = *p
-	}
-	return fmt.Errorf("spool checkpoints fail (%s) and the write-ahead log's chunks not yet in spool.db hold %d of the %d bytes of memory allowed: appends are refused until a checkpoint succeeds or delivery frees memory", cause, held, hard)
+	return fmt.Errorf("spool checkpoints fail (%s) and the write-ahead log's chunks not yet in spool.db hold %d of the %d bytes of memory allowed: appends are refused until a checkpoint succeeds or delivery frees memory", *cause, held, hard)
 }

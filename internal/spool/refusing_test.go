@@ -37,7 +37,7 @@ func TestRefusingWhileCheckpointsFail(t *testing.T) {
 			// memory of the hot ones and, at the next checkpoint, the
 			// pages of the others.
 			for _, c := range drainAvailable(t, l) {
-				s.Ack(l, c.Seq)
+				l.Ack(c.Seq)
 			}
 		})
 	})
@@ -56,7 +56,7 @@ func TestRefusingWhileCheckpointsFail(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
-		if s.ckptFailed.Load() {
+		if s.ckptFailing() {
 			t.Fatal("Refusing cleared, but checkpoints still fail")
 		}
 	})
@@ -78,7 +78,7 @@ func checkRefusing(t *testing.T, s *Spool, l *Lane, cause string, free func()) {
 	for id := 1000; id < 1200 && err == nil; id++ { // the bound (4 MiB) stops it after ~25
 		// Until the store has tried the chunks: then nothing changes the
 		// answer but the next append.
-		poll.Until(t, "the chunks tried", func() bool { return s.checkpointed() || s.ckptFailed.Load() })
+		poll.Until(t, "the chunks tried", func() bool { return s.checkpointed() || s.ckptFailing() })
 		r := s.refusing()
 		b.Reset()
 		b.Add(rec(1, id, pad))
@@ -96,8 +96,8 @@ func checkRefusing(t *testing.T, s *Spool, l *Lane, cause string, free func()) {
 			taken++
 		}
 	}
-	if !errors.Is(err, ErrFull) || !s.ckptFailed.Load() {
-		t.Fatalf("after %d appends: %v (checkpoints failing: %v), want ErrFull from failing checkpoints", taken, err, s.ckptFailed.Load())
+	if !errors.Is(err, ErrFull) || !s.ckptFailing() {
+		t.Fatalf("after %d appends: %v (checkpoints failing: %v), want ErrFull from failing checkpoints", taken, err, s.ckptFailing())
 	}
 	t.Logf("%d appends taken (%d after Refusing spoke), then %v", taken, takenRefusing, err)
 	for range 3 { // ~50 checkpoint intervals: it does not clear by itself

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	bolt "go.etcd.io/bbolt"
@@ -14,7 +13,7 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// replay applies the WAL from applied on into bbolt: every chunk record not
+// replay applies the WAL from the applied position on into bbolt: every chunk record not
 // acknowledged later is put, every acknowledged chunk in bbolt deleted, in
 // transactions of up to maxCommitBytes that each store how far they got.
 // Then every segment is freed and the WAL writer starts a new one.
@@ -29,8 +28,9 @@ import (
 // spool's id in a recStart, a lane id spool.db never assigned, a recorded
 // position the files do not reach. live: a replay deferred by a full disk
 // (drain.go), whose lanes' readers run already and are woken, not placed.
-func (s *Spool) replay(applied, synced walPos, lanesSeq uint64, live bool) error {
-	lr, err := readLog(s.walDir, s.id[:], applied, synced)
+func (s *Spool) replay(live bool) error {
+	applied := s.st.applied
+	lr, err := readLog(s.walDir, s.id[:], applied, s.synced)
 	if err != nil {
 		return fmt.Errorf("wal: %w", err)
 	}
@@ -38,24 +38,18 @@ func (s *Spool) replay(applied, synced walPos, lanesSeq uint64, live bool) error
 		return fmt.Errorf("%w: %s", errMismatch, m)
 	}
 	byID := make(map[uint64]*Lane, len(s.lanes))
+	keys := make(map[uint64]storage.LaneKey, len(s.lanes)) // for the damage report
 	for _, l := range s.lanes {
-		byID[l.id] = l
+		byID[l.id], keys[l.id] = l, l.key
 	}
-	s.st.applied = applied
 	last := applied.seg
 	for _, no := range lr.files {
 		last = max(last, no)
 	}
 	s.w.nextNo = last + 1
-	r := replayer{s: s, byID: byID, lanesSeq: lanesSeq}
-	keyOf := func(id uint64) (storage.LaneKey, bool) {
-		if l := byID[id]; l != nil {
-			return l.key, true
-		}
-		return storage.LaneKey{}, false
-	}
+	r := replayer{s: s, byID: byID}
 	for _, d := range lr.damage {
-		s.reportDamage(lr, d, keyOf)
+		s.reportDamage(lr, d, keys)
 	}
 	for _, d := range lr.harmless {
 		if s.firstReport(d) {
@@ -103,7 +97,7 @@ func (s *Spool) replay(applied, synced walPos, lanesSeq uint64, live bool) error
 
 	// Spares first, then the old segments, up to maxSpares; remove the rest.
 	for _, name := range lr.spares {
-		if n, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(name, sparePrefix), ".wal"), 16, 64); err == nil {
+		if n, ok := parseSegName(strings.TrimPrefix(name, sparePrefix)); ok {
 			s.st.spareSeq = max(s.st.spareSeq, n)
 		}
 		if err := s.freeSegment(filepath.Join(s.walDir, name)); err != nil {
@@ -162,9 +156,6 @@ const quarantineDir = "quarantine"
 // replay is tried again).
 func (s *Spool) firstReport(d walDamage) bool {
 	k := walPos{d.seg, d.from}
-	if s.st.reported == nil {
-		s.st.reported = make(map[walPos]bool)
-	}
 	if s.st.reported[k] {
 		return false
 	}
@@ -174,14 +165,14 @@ func (s *Spool) firstReport(d walDamage) bool {
 
 // reportDamage reports damage that lost acknowledged records: a log line,
 // the damaged-records counter (by events), the bytes in a quarantine file.
-func (s *Spool) reportDamage(lr *logRead, d walDamage, keyOf func(uint64) (storage.LaneKey, bool)) {
+func (s *Spool) reportDamage(lr *logRead, d walDamage, keys map[uint64]storage.LaneKey) {
 	if !s.firstReport(d) {
 		return
 	}
 	s.st.damaged += int64(d.lost())
 	fields := []zap.Field{
 		zap.String("segment", segName(d.seg)), zap.Int64("from", d.from), zap.Int64("to", d.to),
-		zap.Int64("bytes", d.to-d.from), zap.String("lane", lr.laneLabels(d, keyOf)),
+		zap.Int64("bytes", d.to-d.from), zap.String("lane", lr.laneLabels(d, keys)),
 		zap.Int("records", d.records), zap.Int("events", d.events), zap.String("what", d.what),
 	}
 	if d.unreadable > 0 {
@@ -221,10 +212,9 @@ type replayer struct {
 	dels  []ackOp // chunks of spool.db the log acknowledges
 	bytes int64
 
-	lanesSeq uint64 // the highest lane id spool.db assigned
-	final    bool   // the last apply: also records the acknowledged end
-	err      error  // a chunk that refuses the replay (errMismatch)
-	chunks   int    // total, for the log
+	final  bool  // the last apply: also records the acknowledged end
+	err    error // a chunk that refuses the replay (errMismatch)
+	chunks int   // total, for the log
 }
 
 type laneSeq struct{ lane, seq uint64 }
@@ -233,7 +223,7 @@ type laneSeq struct{ lane, seq uint64 }
 func (r *replayer) add(rec walRecord) {
 	l := r.byID[rec.lane]
 	if l == nil {
-		if rec.lane > r.lanesSeq {
+		if rec.lane > r.s.st.lanesSeq {
 			r.err = fmt.Errorf("%w: the write-ahead log holds records of lane %d, which spool.db never had",
 				errMismatch, rec.lane)
 			return

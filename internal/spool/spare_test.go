@@ -80,7 +80,7 @@ func TestSparesReused(t *testing.T) {
 	ackAll := func() {
 		t.Helper()
 		for _, c := range drainAvailable(t, l) {
-			s.Ack(l, c.Seq)
+			l.Ack(c.Seq)
 		}
 		waitCheckpointed(t, s)
 	}

@@ -526,7 +526,7 @@ func (l *Lane) deadDamaged(ctx context.Context, d *damagedChunk) error {
 	if err := s.PutDead(ctx, dls); err != nil {
 		return fmt.Errorf("spool read: lane %s: dead-letter damaged chunk %d: %w", l.label, d.seq, err)
 	}
-	s.Ack(l, d.seq)
+	l.Ack(d.seq)
 	s.m.damagedDB.Add(float64(len(dls)))
 	s.log.Error("spool: a chunk of spool.db failed its checksum; its records were moved to dead letters (reason damaged), not sent",
 		zap.String("lane", l.label), zap.Uint64("seq", d.seq), zap.Int("records", len(dls)),
@@ -580,7 +580,6 @@ type Spool struct {
 	force        atomic.Bool   // the WAL writer asks for a checkpoint of everything
 	armed        atomic.Bool   // the store has a checkpoint scheduled
 	retire       atomic.Bool   // the store asks the WAL writer to give up its idle segment
-	ckptFailed   atomic.Bool   // the last checkpoint failed
 	relief       chan struct{} // closed (and replaced, under mu) after each checkpoint
 	appliedTotal atomic.Int64  // walTotal at the applied position
 
@@ -590,7 +589,7 @@ type Spool struct {
 
 	id         [16]byte               // the spool's id (meta key "id"), in every WAL segment
 	draining   atomic.Bool            // drain.go
-	ckptErr    atomic.Pointer[string] // the last failed checkpoint's error (Refusing)
+	ckptErr    atomic.Pointer[string] // the last checkpoint's error, nil when it succeeded
 	walNoSpace atomic.Bool            // no space for the last new WAL segment (Refusing)
 	synced     walPos                 // the store's: the acknowledged WAL end in spool.db
 
@@ -604,12 +603,8 @@ var (
 	bucketMeta  = []byte("meta")
 	bucketLanes = []byte("lanes")
 	bucketDead  = []byte("dead")
-	// In meta: the format; dead letter count and bytes; the WAL position
-	// applied to bbolt; the spool's random id, in every WAL segment's
-	// recStart record so that a log and a spool.db that do not belong
-	// together are told apart; the WAL end acknowledged when a checkpoint
-	// last committed (keyWAL's 16 bytes and their CRC-32C; none under
-	// NoSync, see replay).
+	// In meta (see the package doc); keySynced's value is keyWAL's 16
+	// bytes and their CRC-32C.
 	keyFormat = []byte("format")
 	keyDead   = []byte("dead")
 	keyWAL    = []byte("wal")
@@ -654,6 +649,7 @@ func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error
 		storeDone: make(chan struct{}),
 		spares:    make(chan string, maxSpares),
 		relief:    make(chan struct{}),
+		st:        storeState{reported: map[walPos]bool{}},
 	}
 	s.laneCfg.Store(&cfg)
 	if err := os.MkdirAll(s.walDir, 0o750); err != nil {
@@ -675,12 +671,11 @@ func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error
 	// fault into ErrDamaged (checkFiles made sure the file holds every
 	// page it claims).
 	err = guard(func() error {
-		applied, synced, lanesSeq, err := s.load()
+		err := s.load()
 		if err != nil {
 			return err
 		}
-		s.st.lanesSeq = lanesSeq
-		if err = s.replay(applied, synced, lanesSeq, false); noSpace(err) {
+		if err = s.replay(false); noSpace(err) {
 			return s.startDraining(err)
 		}
 		return err
@@ -731,10 +726,10 @@ func (s *Spool) openDB() (*bolt.DB, error) {
 	return db, nil
 }
 
-// load creates the buckets of a new file and reads the lanes of an old one;
-// it returns the WAL positions applied to the file and acknowledged when
-// it was last written, and the highest lane id the file assigned.
-func (s *Spool) load() (applied, synced walPos, lanesSeq uint64, err error) {
+// load creates the buckets of a new file and reads the lanes of an old one,
+// the WAL positions applied to the file and acknowledged when it was last
+// written, and the highest lane id the file assigned.
+func (s *Spool) load() error {
 	// Write only when something is missing: a commit at every Open would
 	// leave the freelist on disk stale (keepFreelist).
 	ready := false
@@ -744,14 +739,14 @@ func (s *Spool) load() (applied, synced walPos, lanesSeq uint64, err error) {
 			bytes.Equal(meta.Get(keyFormat), seqKey(formatVersion)) && len(meta.Get(keyID)) == len(s.id)
 		return nil
 	}); err != nil {
-		return walPos{}, walPos{}, 0, err
+		return err
 	}
 	if !ready {
 		if err := s.db.Update(createBuckets); err != nil {
-			return walPos{}, walPos{}, 0, err
+			return err
 		}
 	}
-	err = s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		meta := tx.Bucket(bucketMeta)
 		copy(s.id[:], meta.Get(keyID))
 		if v := meta.Get(keyUpstream); v != nil {
@@ -765,17 +760,16 @@ func (s *Spool) load() (applied, synced walPos, lanesSeq uint64, err error) {
 		s.deadN.Store(s.st.deadN)
 		var errs [2]error
 		if v := meta.Get(keyWAL); v != nil {
-			applied, errs[0] = decodePos(v)
+			s.st.applied, errs[0] = decodePos(v)
 		}
 		if v := meta.Get(keySynced); v != nil {
-			synced, errs[1] = decodeSynced(v)
+			s.synced, errs[1] = decodeSynced(v)
 		}
 		if err := cmp.Or(errs[0], errs[1]); err != nil {
 			return fmt.Errorf("%w: %w", ErrDamaged, err)
 		}
-		s.synced = synced
 		lanesB := tx.Bucket(bucketLanes)
-		lanesSeq = lanesB.Sequence()
+		s.st.lanesSeq = lanesB.Sequence()
 		return lanesB.ForEach(func(k, v []byte) error {
 			key, st, err := decodeLane(v)
 			if err != nil {
@@ -795,7 +789,7 @@ func (s *Spool) load() (applied, synced walPos, lanesSeq uint64, err error) {
 		})
 	})
 	s.coldLive.Store(s.st.live)
-	return applied, synced, lanesSeq, err
+	return err
 }
 
 // decodeSynced decodes a keySynced value.
@@ -906,20 +900,13 @@ func (s *Spool) Lane(ctx context.Context, key storage.LaneKey) (*Lane, error) {
 	}
 	o := s.getOp(opLane)
 	o.key = key
-	err = s.do(ctx, o)
-	l := o.lane
-	s.putOp(o)
-	if err != nil {
-		return nil, err
-	}
-	return l, nil
+	return s.do(ctx, o)
 }
 
 // Lanes returns every lane, oldest first.
 func (s *Spool) Lanes() []*Lane {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]*Lane(nil), s.lanes...)
+	ls, _ := s.lanesFrom(0)
+	return ls
 }
 
 // Append writes b as one chunk at the tail of lane l and returns once it is
@@ -939,7 +926,7 @@ func (s *Spool) Append(ctx context.Context, l *Lane, b *storage.Batch) error {
 		s.m.rejectedDisk.Inc()
 		return ErrDiskLow
 	}
-	l, err := s.beginAppend(func(k storage.LaneKey) (*Lane, error) { return s.Lane(ctx, k) }, l)
+	l, err := s.beginAppend(ctx, l)
 	if err != nil {
 		return err
 	}
@@ -950,18 +937,15 @@ func (s *Spool) Append(ctx context.Context, l *Lane, b *storage.Batch) error {
 	// Right-sized and checksummed here, in the caller's goroutine (wal.go).
 	b.Fit()
 	o.crc = putChunkHeader(b.Encoded(), o.accepted, b.Len(), b.Verdict() != 0)
-	err = s.do(ctx, o)
-	s.putOp(o)
+	_, err = s.do(ctx, o)
 	return err
 }
 
-// Ack records that every record of chunk seq of lane l is done (delivered or
-// dead-lettered); it does not block (see the package doc). Acknowledging a
-// chunk twice, or one that does not exist, is harmless.
-func (s *Spool) Ack(l *Lane, seq uint64) {
-	if l.s != s {
-		return
-	}
+// Ack records that every record of the lane's chunk seq is done (delivered
+// or dead-lettered); it does not block (see the package doc). Acknowledging
+// a chunk twice, or one that does not exist, is harmless.
+func (l *Lane) Ack(seq uint64) {
+	s := l.s
 	l.mu.Lock()
 	c := l.hot.find(seq)
 	if c != nil && c.acked {
@@ -1010,8 +994,7 @@ func (s *Spool) PutDead(ctx context.Context, dls []storage.DeadLetter) error {
 	}
 	o := s.getOp(opPutDead)
 	o.dls = dls
-	err := s.do(ctx, o)
-	s.putOp(o)
+	_, err := s.do(ctx, o)
 	return err
 }
 
@@ -1056,23 +1039,6 @@ func (s *Spool) view(f func(*bolt.Tx) error) error {
 	return guard(func() error { return s.db.View(f) })
 }
 
-// DeadCount is the number of dead letters as the file holds them now, so
-// never fewer than a ListDead before it returned (Stats().Dead follows a
-// moment later).
-func (s *Spool) DeadCount() (int64, error) {
-	var n int64
-	err := s.view(func(tx *bolt.Tx) error {
-		if v := tx.Bucket(bucketMeta).Get(keyDead); len(v) == 16 {
-			n = int64(binary.BigEndian.Uint64(v))
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, fmt.Errorf("count dead letters: %w", err)
-	}
-	return n, nil
-}
-
 // DeleteDead removes the dead letters with the given ids (durably).
 func (s *Spool) DeleteDead(ctx context.Context, ids []uint64) error {
 	if len(ids) == 0 {
@@ -1080,8 +1046,7 @@ func (s *Spool) DeleteDead(ctx context.Context, ids []uint64) error {
 	}
 	o := s.getOp(opDelDead)
 	o.ids = ids
-	err := s.do(ctx, o)
-	s.putOp(o)
+	_, err := s.do(ctx, o)
 	return err
 }
 

@@ -173,10 +173,10 @@ func TestAppendNextAckReopen(t *testing.T) {
 		}
 	}
 	for _, c := range cs[:4] {
-		s.Ack(l, c.Seq)
+		l.Ack(c.Seq)
 	}
-	s.Ack(l, 2)   // twice
-	s.Ack(l, 999) // never written
+	l.Ack(2)   // twice
+	l.Ack(999) // never written
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -311,7 +311,7 @@ func TestConcurrentLanes(t *testing.T) {
 			for n := 0; n < writersPerLane*perWriter; {
 				cs := nextT(t, ls[i], 4096)
 				for _, c := range cs {
-					s.Ack(ls[i], c.Seq)
+					ls[i].Ack(c.Seq)
 				}
 				n += len(cs)
 				readers[i] = append(readers[i], cs...)
@@ -450,7 +450,7 @@ func TestOldestAndRejectMetrics(t *testing.T) {
 		if age := gatherValue(t, reg, "relay_spool_oldest_record_age_seconds", l.Key().Label()); age <= 0 {
 			t.Fatalf("oldest age %v", age)
 		}
-		s.Ack(l, c.Seq)
+		l.Ack(c.Seq)
 		poll.Until(t, "the ack applied", func() bool { return l.Stats().Chunks == int64(2-i) })
 	}
 	if st := l.Stats(); !st.Oldest.IsZero() || st.Chunks != 0 || st.Bytes != 0 {

@@ -66,7 +66,6 @@ type storeState struct {
 	compactFailed time.Time
 	freelistStale bool // the last commit did not write the freelist
 	replaying     bool // apply commits a replay: it writes the freelist
-	lastCkptErr   string
 
 	lanesSeq                uint64          // the highest lane id in spool.db, at Open
 	damaged, damagedCounted int64           // damaged WAL records replay skipped; of them counted
@@ -278,20 +277,15 @@ func (s *Spool) checkpoint(ops []*op, acks []ackOp, end walPos, endTotal int64, 
 	if err != nil {
 		err = fmt.Errorf("spool checkpoint: %w", err)
 		// Logged once per error, not at every try.
-		if msg := err.Error(); !s.ckptFailed.Load() || msg != s.st.lastCkptErr {
+		if msg := err.Error(); s.ckptErr.Load() == nil || msg != *s.ckptErr.Load() {
 			s.log.Error("spool checkpoint failed; retrying every checkpoint interval until one succeeds", zap.Error(err))
-			s.st.lastCkptErr = msg
+			s.ckptErr.Store(&msg)
 		}
 		s.rollback(acks, flush, flushL, lanes)
-		cause := err.Error()
-		s.ckptErr.Store(&cause)
-		s.ckptFailed.Store(true)
 	} else {
-		if s.ckptFailed.Load() {
+		if s.ckptErr.Swap(nil) != nil {
 			s.log.Info("spool checkpoint succeeded again")
-			s.st.lastCkptErr = ""
 		}
-		s.ckptFailed.Store(false)
 		s.commitPublish(lanes, p, pTotal)
 		s.m.checkpoints.Inc()
 		s.m.checkpointSeconds.Observe(time.Since(start).Seconds())
@@ -465,10 +459,7 @@ func (s *Spool) txDelete(tx *bolt.Tx, l *Lane, seq uint64) (int, error) {
 	if v == nil {
 		return 0, nil // acknowledged twice, or never put
 	}
-	_, n, herr := chunkHeader(v)
-	if herr != nil {
-		n = 0
-	}
+	_, n, _ := chunkHeader(v) // 0 when damaged
 	sz := len(v)
 	if err := deleteChunk(q, k, nested); err != nil {
 		return 0, err

@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -223,14 +222,7 @@ func cleanEnd(data []byte, seg uint64, off int64) bool {
 		return true
 	}
 	h := data[off:min(off+recHeaderLen, int64(len(data)))]
-	zero := true
-	for _, b := range h {
-		if b != 0 {
-			zero = false
-			break
-		}
-	}
-	if zero {
+	if !slices.ContainsFunc(h, func(b byte) bool { return b != 0 }) {
 		return true
 	}
 	return len(h) == recHeaderLen && binary.LittleEndian.Uint64(h[12:]) != seg &&
@@ -396,11 +388,8 @@ func readLog(walDir string, id []byte, applied, synced walPos) (*logRead, error)
 		if sc.start != nil && id != nil && !(walPos{no, 0}).less(applied) && !bytes.Equal(sc.start[:16], id) {
 			lr.foreign = append(lr.foreign, fmt.Sprintf("write-ahead log segment %s belongs to another spool", segName(no)))
 		}
-		for _, it := range sc.items {
-			if it.damage == nil {
-				last = len(lr.segs)
-				break
-			}
+		if slices.ContainsFunc(sc.items, func(it scanItem) bool { return it.damage == nil }) {
+			last = len(lr.segs)
 		}
 		lr.segs = append(lr.segs, logSeg{no: no, data: data, sc: sc})
 	}
@@ -549,7 +538,6 @@ func (lr *logRead) pending() (chunks []walRecord, acked map[laneSeq]bool, acks i
 // nothing).
 func (d *walDamage) attribute(data []byte, delivered map[laneSeq]bool) {
 	data = data[:min(d.to, int64(len(data)))]
-	d.records, d.chunks, d.events, d.unreadable, d.headless, d.lanes = 0, 0, 0, 0, 0, nil
 	for off := d.from; off < d.to; {
 		d.records++
 		r, st := readRecord(data, d.seg, off)
@@ -578,14 +566,14 @@ func (d *walDamage) attribute(data []byte, delivered map[laneSeq]bool) {
 	}
 }
 
-// laneLabels names d's lanes: by the log's recLane records, else by keyOf
+// laneLabels names d's lanes: by the log's recLane records, else by keys
 // (spool.db's); "unknown" for records whose headers are lost.
-func (lr *logRead) laneLabels(d walDamage, keyOf func(uint64) (storage.LaneKey, bool)) string {
+func (lr *logRead) laneLabels(d walDamage, keys map[uint64]storage.LaneKey) string {
 	var ls []string
 	for _, id := range d.lanes {
 		key, ok := lr.lanes[id]
 		if !ok {
-			key, ok = keyOf(id)
+			key, ok = keys[id]
 		}
 		if ok {
 			ls = append(ls, key.Label())
@@ -624,7 +612,7 @@ func walFiles(dir string) (segs []uint64, spares []string, err error) {
 			spares = append(spares, e.Name())
 		}
 	}
-	sort.Slice(segs, func(i, j int) bool { return segs[i] < segs[j] })
+	slices.Sort(segs)
 	return segs, spares, nil
 }
 

@@ -62,7 +62,7 @@ func TestStopAndCrashReportNoDamage(t *testing.T) {
 		}
 		if i%2 == 0 {
 			for _, c := range drainAvailable(t, l) {
-				s.Ack(l, c.Seq)
+				l.Ack(c.Seq)
 			}
 		}
 		if i%40 == 39 {
@@ -166,7 +166,7 @@ func TestDamageReportedExactly(t *testing.T) {
 				// applied position stays before both); the ack is written
 				// with the next append.
 				cs := nextT(t, l, 1<<20)
-				s.Ack(l, cs[1].Seq)
+				l.Ack(cs[1].Seq)
 			}
 		}
 		mustLane(t, s, testKey(2)) // a checkpoint: the end acknowledged

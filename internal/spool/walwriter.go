@@ -102,15 +102,17 @@ func wake(c chan struct{}) {
 	}
 }
 
-// do queues o for its goroutine and waits for its result.
-func (s *Spool) do(ctx context.Context, o *op) error {
+// do queues o for its goroutine, waits for its result (and opLane's lane)
+// and puts o back in the pool.
+func (s *Spool) do(ctx context.Context, o *op) (*Lane, error) {
+	defer s.putOp(o)
 	if err := ctx.Err(); err != nil {
-		return err
+		return nil, err
 	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return ErrClosed
+		return nil, ErrClosed
 	}
 	c := s.walWake
 	if o.kind == opAppend {
@@ -122,7 +124,10 @@ func (s *Spool) do(ctx context.Context, o *op) error {
 	s.mu.Unlock()
 	wake(c)
 	<-o.done
-	return o.err
+	if o.err != nil {
+		return nil, o.err
+	}
+	return o.lane, nil
 }
 
 // runWAL is the WAL writer goroutine.
@@ -284,7 +289,7 @@ func (s *Spool) waitMemory(ops []*op) {
 	}
 	hard := 2 * s.cfg.hotMaxBytes
 	deadline := time.Now().Add(hotWaitMax)
-	for held := s.hotHeld.Load(); held > 0 && held+group > hard && !s.ckptFailed.Load() && time.Now().Before(deadline); held = s.hotHeld.Load() {
+	for held := s.hotHeld.Load(); held > 0 && held+group > hard && s.ckptErr.Load() == nil && time.Now().Before(deadline); held = s.hotHeld.Load() {
 		s.force.Store(true)
 		wake(s.storeWake)
 		s.mu.Lock()
@@ -309,13 +314,10 @@ func (s *Spool) admit(ops []*op, now time.Time) (n int, bytes int64, records int
 	for _, o := range ops {
 		sz := int64(len(o.batch.Encoded()))
 		switch {
-		case s.cfg.MaxBytes > 0 && live+bytes+sz > s.cfg.MaxBytes:
-			o.err = ErrFull
-			s.m.rejectedFull.Inc()
-			continue
-		case held > 0 && held+bytes+sz > hard:
+		case s.cfg.MaxBytes > 0 && live+bytes+sz > s.cfg.MaxBytes,
 			// Checkpoints do not keep up: refuse rather than hold
 			// unbounded memory (a group alone is a few MiB at most).
+			held > 0 && held+bytes+sz > hard:
 			o.err = ErrFull
 			s.m.rejectedFull.Inc()
 			continue

@@ -208,27 +208,10 @@ func (b *Batch) Reserve(n int) {
 
 // Add appends a record; the slices are copied.
 func (b *Batch) Add(r Record) {
-	need := 3*binary.MaxVarintLen64 + len(r.OrderKey) + len(r.UserID) + len(r.Data)
-	if b.verdict != 0 {
-		need += verdictLen + markLen // the verdict (first record), the mark
-	}
-	if b.cb == nil || len(b.cb.B) == 0 {
-		if b.cb == nil || cap(b.cb.B) < BatchHeaderLen+need {
-			b.grow(BatchHeaderLen + need)
-		}
-		b.start()
-	} else if cap(b.cb.B)-len(b.cb.B) < need {
+	if need := 3*binary.MaxVarintLen64 + len(r.OrderKey) + len(r.UserID) + len(r.Data); b.n > 0 && cap(b.cb.B)-len(b.cb.B) < need {
 		b.grow(2 * (len(b.cb.B) + need)) // amortised; Append trims the excess
 	}
-	buf, idx := b.cb.B, b.cb.Idx
-	for _, f := range [3][]byte{r.OrderKey, r.UserID, r.Data} {
-		buf = binary.AppendUvarint(buf, uint64(len(f)))
-		idx = append(idx, uint32(len(buf)), uint32(len(f)))
-		buf = append(buf, f...)
-	}
-	b.cb.B, b.cb.Idx = buf, idx
-	b.cb.mark()
-	b.n++
+	b.AddFunc(r.OrderKey, r.UserID, len(r.Data), func(dst []byte) []byte { return append(dst, r.Data...) })
 }
 
 // AddFunc appends a record whose data data appends to dst, the batch's own

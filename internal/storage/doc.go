@@ -48,18 +48,14 @@
 // partition of a lane kind in the fleet (the lane then travels in each
 // Message, and one partition carries many lanes). An engine keeps its
 // per-key state per Reader and reads Message.Lane: that works for both.
-// The local spool ignores Request.ID (it has no retries to absorb) and
-// Request.Accepted (Message.Accepted is when Append was called), and takes
-// the request's Batch over (no copy); the fleet deduplicates by Request.ID
-// within its window (empty: no deduplication, the request shares a batch
-// with others) and copies the records. ListDead with limit <= 0
-// means no limit locally and 1000 in the fleet. Run hands the local spool's
-// every lane (of Only's kinds), and lanes created later, to deliver, each a
-// LaneQueue, read with read-ahead through its Lane; an idle lane's deliver
-// returns ErrIdle and is called again at the lane's next record, a retired
-// lane's is not. The fleet hands only the partitions this relay holds the
-// lease of, and ends a deliver's context when the lease moves; delivery
-// splits a partition into a Lane per lane it carries.
+// The local spool ignores Request.ID and Request.Accepted and takes the
+// request's Batch over (no copy); the fleet deduplicates by Request.ID
+// and copies the records. ListDead with limit <= 0 means no limit locally
+// and 1000 in the fleet. Run hands the local spool's every lane (of Only's
+// kinds), and lanes created later, to deliver, each a LaneQueue (see
+// ErrIdle, ErrRetired). The fleet hands only the partitions this relay
+// holds the lease of, and ends a deliver's context when the lease moves;
+// delivery splits a partition into a Lane per lane it carries.
 //
 // # Goroutines
 //

@@ -16,15 +16,12 @@ const (
 	KindUserMap                   // /usermap mappings
 )
 
+var kindNames = [...]string{KindEvents: "events", KindGroupIdentify: "groupidentify", KindUserMap: "usermap"}
+
 // String is the kind's name as used in lane labels.
 func (k Kind) String() string {
-	switch k {
-	case KindEvents:
-		return "events"
-	case KindGroupIdentify:
-		return "groupidentify"
-	case KindUserMap:
-		return "usermap"
+	if int(k) < len(kindNames) {
+		return kindNames[k]
 	}
 	return fmt.Sprintf("kind%d", uint8(k))
 }

@@ -179,9 +179,7 @@ type Lane interface {
 
 // LaneQueue is a Reader whose queue is one lane (the local spool's): its
 // delivery reads the lane through Lane, with read-ahead, instead of Next
-// and Ack. The backend's Run calls deliver for the queue again at the
-// lane's next record after deliver returned an error wrapping ErrIdle, and
-// never after one wrapping ErrRetired (the lane is gone).
+// and Ack.
 type LaneQueue interface {
 	Reader
 	Lane() Lane
