@@ -2,7 +2,6 @@ package delivery
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -53,28 +52,10 @@ const feedIdle = time.Minute
 // stops through lanes (either may be nil: this relay's own then). log and
 // reg may be nil; thr may be nil.
 func NewFleet(cfg Config, st Store, pauses SharedPauses, lanes SharedLanes, send Sender, thr *throttle.Throttle, log *zap.Logger, reg prometheus.Registerer) (*Pipeline, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if st == nil || send == nil {
-		return nil, errors.New("delivery: fleet store and sender are required")
-	}
-	p, err := newPipeline(cfg, send, thr, log)
+	p, err := newEvents(cfg, st, &fleetState{st: st, pauses: pauses, lanes: lanes, stops: make(map[storage.LaneKey]string)}, send, thr, log, reg)
 	if err != nil {
 		return nil, err
 	}
-	p.dead = st
-	p.fl = &fleetState{st: st, pauses: pauses, lanes: lanes, stops: make(map[storage.LaneKey]string)}
-	p.eng, err = NewEngine(EngineConfig[*laneRunner]{Kind: storage.KindEvents, DrainTimeout: p.cfg.DrainTimeout,
-		Partition: p.deliverPartition}, st)
-	if err != nil {
-		return nil, err
-	}
-	m, err := newMetrics(reg, p)
-	if err != nil {
-		return nil, err
-	}
-	p.m = m
 	if lanes != nil {
 		lanes.WatchLanes(p.laneStopChanged)
 	}

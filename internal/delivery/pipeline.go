@@ -76,6 +76,11 @@ type Pipeline struct {
 // before Run. log and reg may be nil; thr may be nil (a Throttle without
 // pacing is made).
 func New(cfg Config, st Store, send Sender, thr *throttle.Throttle, log *zap.Logger, reg prometheus.Registerer) (*Pipeline, error) {
+	return newEvents(cfg, st, nil, send, thr, log, reg)
+}
+
+// newEvents is New, or NewFleet when fl is not nil.
+func newEvents(cfg Config, st Store, fl *fleetState, send Sender, thr *throttle.Throttle, log *zap.Logger, reg prometheus.Registerer) (*Pipeline, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -86,18 +91,18 @@ func New(cfg Config, st Store, send Sender, thr *throttle.Throttle, log *zap.Log
 	if err != nil {
 		return nil, err
 	}
-	p.dead = st
-	eng, err := NewEngine(EngineConfig[*laneRunner]{Kind: storage.KindEvents, DrainTimeout: p.cfg.DrainTimeout,
-		NewRunner: func(q storage.LaneQueue) *laneRunner { return newLaneRunner(p, q) }}, st)
-	if err != nil {
+	p.dead, p.fl = st, fl
+	ec := EngineConfig[*laneRunner]{Kind: storage.KindEvents, DrainTimeout: p.cfg.DrainTimeout,
+		NewRunner: func(q storage.LaneQueue) *laneRunner { return newLaneRunner(p, q) }}
+	if fl != nil {
+		ec.NewRunner, ec.Partition = nil, p.deliverPartition
+	}
+	if p.eng, err = NewEngine(ec, st); err != nil {
 		return nil, err
 	}
-	p.eng = eng
-	m, err := newMetrics(reg, p)
-	if err != nil {
+	if p.m, err = newMetrics(reg, p); err != nil {
 		return nil, err
 	}
-	p.m = m
 	return p, nil
 }
 
