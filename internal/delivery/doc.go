@@ -170,7 +170,8 @@
 // messages by lane into Feeds, each read by a laneRunner as above, and
 // acknowledges a message once all its records are done. Pauses and
 // operators' lane stops are shared with the fleet's other relays
-// (SharedPauses, SharedLanes). The fleet's locks (fleetState.mu and smu,
+// (SharedPauses, SharedLanes). A feed's runner is kept in the engine's
+// lanes map, under an id of its own. The fleet's locks (fleetState.smu,
 // the partition's and the feed's) are each taken alone too.
 //
 // # Goroutines and locks

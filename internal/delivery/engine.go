@@ -152,12 +152,8 @@ func (e *Engine[R]) Run(ctx context.Context) error {
 		lr, ok := e.lanes[id]
 		e.mu.Unlock()
 		if !ok {
-			// NewRunner is the kind's code: called without e.mu.
-			lr = e.cfg.NewRunner(q)
-			e.mu.Lock()
-			e.lanes[id] = lr
-			e.peak = max(e.peak, len(e.lanes))
-			e.mu.Unlock()
+			lr = e.cfg.NewRunner(q) // the kind's code: called without e.mu
+			e.add(id, lr)
 		}
 		err := lr.Run(qctx, drain)
 		if errors.Is(err, storage.ErrRetired) {
@@ -207,6 +203,15 @@ func (d *drainTracker) wait(ctx context.Context) {
 	}
 }
 
+// add records the runner of lane id: one the store handed over, or one
+// of a fleet partition's lanes (its runner's own id).
+func (e *Engine[R]) add(id uint64, lr R) {
+	e.mu.Lock()
+	e.lanes[id] = lr
+	e.peak = max(e.peak, len(e.lanes))
+	e.mu.Unlock()
+}
+
 // forget drops a runner whose lane the store retired (a lane of the same
 // key created later is a new lane, with a new runner).
 func (e *Engine[R]) forget(id uint64, lr R) {
@@ -252,32 +257,28 @@ func (e *Engine[R]) Runners() []R {
 	return rs
 }
 
-func (e *Engine[R]) prefix() string {
-	if e.cfg.Name == "" {
-		return ""
-	}
-	return e.cfg.Name + ": "
-}
-
 // StopLane stops sending a lane's records (they stay in the store). It
 // wraps ErrUnknownLane for a lane Run has not met.
 func (e *Engine[R]) StopLane(laneID uint64) error {
-	r, ok := e.Lane(laneID)
-	if !ok {
-		return fmt.Errorf("%sstop lane %d: %w", e.prefix(), laneID, ErrUnknownLane)
-	}
-	r.Stop("stopped by operator")
-	return nil
+	return e.control("stop", laneID, func(r R) { r.Stop("stopped by operator") })
 }
 
 // ResumeLane resumes a stopped lane. It wraps ErrUnknownLane for a lane
 // the store has not handed to Run (none of its kind was ever stopped).
 func (e *Engine[R]) ResumeLane(laneID uint64) error {
+	return e.control("resume", laneID, func(r R) { r.Resume() })
+}
+
+func (e *Engine[R]) control(verb string, laneID uint64, fn func(R)) error {
 	r, ok := e.Lane(laneID)
 	if !ok {
-		return fmt.Errorf("%sresume lane %d: %w", e.prefix(), laneID, ErrUnknownLane)
+		name := ""
+		if e.cfg.Name != "" {
+			name = e.cfg.Name + ": "
+		}
+		return fmt.Errorf("%s%s lane %d: %w", name, verb, laneID, ErrUnknownLane)
 	}
-	r.Resume()
+	fn(r)
 	return nil
 }
 

@@ -145,27 +145,17 @@ func (f *Form) Frame(key storage.LaneKey) Frame {
 		MaxRecords: f.MaxItems, MaxBytes: f.MaxBodyBytes, MaxWeight: f.MaxWeight}
 }
 
-// shouldEscape reports whether c is escaped by url.QueryEscape.
-func shouldEscape(c byte) bool {
-	switch {
-	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		return false
-	case c == '-' || c == '_' || c == '.' || c == '~':
-		return false
-	}
-	return true
-}
-
+// appendEscaped appends b to dst as url.QueryEscape escapes it.
 func appendEscaped(dst, b []byte) []byte {
 	const hex = "0123456789ABCDEF"
 	for _, c := range b {
 		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '-', c == '_', c == '.', c == '~':
+			dst = append(dst, c)
 		case c == ' ':
 			dst = append(dst, '+')
-		case shouldEscape(c):
-			dst = append(dst, '%', hex[c>>4], hex[c&15])
 		default:
-			dst = append(dst, c)
+			dst = append(dst, '%', hex[c>>4], hex[c&15])
 		}
 	}
 	return dst

@@ -80,9 +80,7 @@ func (p *Pipeline) deliverPartition(stop, owned context.Context, r storage.Reade
 		default:
 			p.log.Warn("read partition; retrying in 1s", zap.String("partition", name), zap.Error(err))
 			err = nil
-			select {
-			case <-time.After(time.Second):
-			case <-lctx.Done():
+			if !sleep(lctx, time.Second) {
 				err = lctx.Err()
 			}
 		}
@@ -210,10 +208,7 @@ func (pt *partition) evict(max int64) {
 // took is called by a feed when its runner took n bytes of messages.
 func (pt *partition) took(n int64) {
 	pt.queued.Add(-n)
-	select {
-	case pt.room <- struct{}{}:
-	default:
-	}
+	poke(pt.room)
 }
 
 // route hands m to its lane's feed, starting a runner if there is none.
@@ -265,10 +260,7 @@ func (pt *partition) ack(m *storage.Message) {
 	pt.amu.Lock()
 	pt.acks = append(pt.acks, m)
 	pt.amu.Unlock()
-	select {
-	case pt.awake <- struct{}{}:
-	default:
-	}
+	poke(pt.awake)
 }
 
 // ackLoop acknowledges what the runners finished until finish is closed
@@ -314,10 +306,7 @@ func (pt *partition) sendAcks(ctx context.Context) {
 					zap.Uint64("seq", m.Seq), zap.Error(err))
 				break
 			}
-			select {
-			case <-time.After(time.Duration(100<<try) * time.Millisecond):
-			case <-ctx.Done():
-			}
+			sleep(ctx, time.Duration(100<<try)*time.Millisecond)
 		}
 	}
 }
@@ -393,10 +382,7 @@ func (f *Feed) push(m *storage.Message, n int64) bool {
 		f.mu.Unlock()
 	}
 	// Wake the runner: also for a spilled message (it reads it again).
-	select {
-	case f.wake <- struct{}{}:
-	default:
-	}
+	poke(f.wake)
 	return true
 }
 
@@ -444,10 +430,7 @@ func (f *Feed) reread(ctx context.Context, seq uint64) bool {
 			}
 			f.mu.Unlock()
 			pt.spilled.Add(-1)
-			select {
-			case pt.room <- struct{}{}:
-			default:
-			}
+			poke(pt.room)
 			return true
 		}
 		if ctx.Err() != nil || errors.Is(err, storage.ErrLost) {
@@ -460,9 +443,7 @@ func (f *Feed) reread(ctx context.Context, seq uint64) bool {
 		}
 		pt.p.log.Warn("read a spilled message again; retrying in 1s", zap.String("partition", pt.name),
 			zap.Uint64("seq", seq), zap.Error(err))
-		select {
-		case <-time.After(time.Second):
-		case <-ctx.Done():
+		if !sleep(ctx, time.Second) {
 			return false
 		}
 	}
@@ -598,9 +579,6 @@ func (f *Feed) Ack(seq uint64) {
 		f.pt.ack(m)
 	}
 	if idle { // Wait starts its idle clock
-		select {
-		case f.wake <- struct{}{}:
-		default:
-		}
+		poke(f.wake)
 	}
 }

@@ -226,27 +226,16 @@ func (p *Pipeline) ResumeLane(laneID uint64) error {
 }
 
 // onEngine reports whether the lane control of laneID is the engine's: a
-// lane it runs, or any lane of a pipeline without fleet partitions.
+// spool lane, or any lane of a pipeline without fleet partitions.
 func (p *Pipeline) onEngine(laneID uint64) bool {
-	_, ok := p.eng.Lane(laneID)
-	return ok || p.fl == nil
-}
-
-// runners is a snapshot of the lanes' runners (the engine holds no lock
-// across a call out of its package): the engine's lanes and the fleet
-// partitions' runners.
-func (p *Pipeline) runners() []*laneRunner {
-	rs := p.eng.Runners()
-	if p.fl != nil {
-		rs = append(rs, p.fl.runners()...)
-	}
-	return rs
+	lr, ok := p.eng.Lane(laneID)
+	return ok && lr.stop.Lane != nil || p.fl == nil
 }
 
 // LaneStatus returns a snapshot of every lane the pipeline has started,
 // by lane id.
 func (p *Pipeline) LaneStatus() []LaneStatus {
-	rs := p.runners()
+	rs := p.eng.Runners()
 	out := make([]LaneStatus, 0, len(rs))
 	for _, lr := range rs {
 		out = append(out, lr.Status())
@@ -419,7 +408,7 @@ func (lr *laneRunner) Resume() {
 	if !lr.stop.Resume() {
 		return
 	}
-	lr.wakeReader()
+	poke(lr.bwake)
 	lr.p.log.Info("lane resumed", zap.String("lane", lr.label))
 }
 
