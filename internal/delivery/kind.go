@@ -1,8 +1,6 @@
 package delivery
 
 import (
-	"errors"
-	"fmt"
 	"net/url"
 
 	"github.com/svcrelay/relay/internal/storage"
@@ -114,21 +112,6 @@ type Form struct {
 }
 
 var _ Kind = (*Form)(nil)
-
-// Validate reports a configuration error.
-func (f *Form) Validate() error {
-	switch {
-	case f.Field == "":
-		return errors.New("delivery: Form.Field required")
-	case f.MaxItems <= 0:
-		return fmt.Errorf("delivery: Form.MaxItems %d <= 0", f.MaxItems)
-	case f.MaxBodyBytes <= 0:
-		return fmt.Errorf("delivery: Form.MaxBodyBytes %d <= 0", f.MaxBodyBytes)
-	case f.MaxWeight < 0:
-		return errors.New("delivery: negative Form.MaxWeight")
-	}
-	return nil
-}
 
 // Frame: "api_key=K&<Field>=%5B" records escaped and separated by "%2C"
 // "%5D", form-encoded; the limits and a record's weight are the Form's.
