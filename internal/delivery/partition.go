@@ -14,30 +14,8 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// Fleet mode, for every lane kind. The store hands this relay
-// the partitions it owns (storage.Owner.Run), one storage.Reader each; a
-// partition carries the records of many lanes, each Message those of one
-// lane. deliverPartition reads a partition's messages in order and hands
-// each to the Feed of its lane in that partition, whose runner (made by
-// startFeed on first sight: a laneRunner, of every
-// kind) reads it as it would a spool lane; a runner is forgotten
-// when idle or when the partition goes. A key lives in one partition, so
-// its records go, in order, to one runner: per-key order holds as with the
-// local spool. A message is acknowledged (by an acker goroutine of the
-// partition, so that no runner waits for the round trip) once the runner
-// said every record of it was answered 200 or is a committed dead letter
-// (Feed.Ack). When the partition goes (the lease moved), its runners stop at
-// once, abandoning requests in flight; what was not acknowledged comes back,
-// in order, to the next owner (who may send some records again). When stop
-// ends (the relay stops), the partition takes no new work, its runners
-// finish as their Run allows (within Config.DrainTimeout), their
-// acknowledgements are sent (each one while the lease holds, however slow
-// the store), drained is called, and the lease is held until the store's
-// Run ends it: a standby then takes over at once, with few records to send
-// again (the upstream deduplicates them by insert_id).
-
 // deliverPartition delivers one owned partition until ownership ends
-// (owned) or the relay stops (stop): see the fleet mode above. drained is
+// (owned) or the relay stops (stop): see the package doc's Fleet mode. drained is
 // called once its runners returned and their acknowledgements were sent.
 // A partition of another kind (a store handing out every kind) is left to
 // that kind's delivery: its messages stay.

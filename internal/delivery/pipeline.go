@@ -352,13 +352,8 @@ func (lr *laneRunner) shard(i int) *shard {
 }
 
 // Run runs the lane's reader and, as the reader hands them records, its
-// shards (a Runner of the engine). They end with ctx (shards finish
-// requests in flight until drain ends); when the spool retires the lane
-// (empty and idle): Run returns storage.ErrRetired, so that the engine
-// forgets the runner and its goroutines, memory and metric series are
-// gone; or when the lane is idle, every record read done: Run returns
-// storage.ErrIdle and the store hands the lane over again when it has
-// work, so that an idle lane holds no goroutine.
+// shards, as Runner.Run says: until ctx ends, the store retires the lane
+// (storage.ErrRetired) or every record read is done (storage.ErrIdle).
 func (lr *laneRunner) Run(ctx, drain context.Context) error {
 	if g := lr.p.m.lanes; g != nil {
 		g.Inc()

@@ -235,22 +235,12 @@ func shardOf(seed maphash.Seed, key []byte, n int) int {
 	return int(maphash.Bytes(seed, key) % uint64(n))
 }
 
-// waitBudget waits until the lane may read and returns how many bytes,
-// reserved in the pipeline's budget (the caller turns the reservation into
-// what it read: acquire), or false when ctx ends. Every byte read counts against the lane's budget (limit) and
-// the pipeline's (budget.limit), and a chunk larger than what the lane may
-// read now is read in parts (NextPart), so neither is passed by more than
-// one record:
-//
-//   - a lane reads while its read-ahead is under min(limit, its window)
-//     (see progress; a window never closes below minWindow), and the total
-//     is under shareOf(budget.limit);
-//   - a lane with nothing read ahead may also read up to the total's
-//     limit: the last quarter of the total is kept for lanes that hold
-//     nothing, so that lanes holding their whole budget (stopped, paused
-//     devices, an upstream down) slow the others, never stop them.
-//
-// idle is called once before the first wait.
+// waitBudget waits until the lane may read by the package doc's rule
+// (Memory and back-pressure: under min(limit, its window, at least
+// minWindow) while the total is under shareOf(budget.limit), or with
+// nothing read ahead up to the total's limit) and returns the bytes it
+// reserved in the pipeline's budget (acquire turns them into what was
+// read), or false when ctx ends. idle is called once before the first wait.
 func (lr *laneRunner) waitBudget(ctx context.Context, limit int64, idle func()) (int64, bool) {
 	total := lr.p.budget
 	for {
