@@ -121,31 +121,19 @@ type Live struct {
 	IngestURL string
 }
 
-// liveState is a Live in force; changed is closed when SetLive replaces
-// it, so that a shard waiting on the old FlushInterval wakes up and waits
-// on the new one.
+// liveState is the Config in force (with defaults) for what Live
+// changes; changed is closed when SetLive replaces it, so that a shard
+// waiting on the old FlushInterval wakes up and waits on the new one.
 type liveState struct {
-	Live
+	Config
 	url     string // IngestURL + "/2/httpapi"
 	changed chan struct{}
 }
 
-// lived is the Live in force: cfg's until SetLive (a Pipeline a test built
-// by hand has none stored).
-func (p *Pipeline) lived() *liveState {
-	if l := p.live.Load(); l != nil {
-		return l
-	}
-	return p.cfg.liveState()
-}
-
-// liveState is c's Live in force (with defaults), its changed channel
-// made.
+// liveState is c in force, its changed channel made.
 func (c Config) liveState() *liveState {
 	c = c.withDefaults()
-	return &liveState{Live: Live{Gzip: c.Gzip, MaxEventAge: c.MaxEventAge, MaxBatchEvents: c.MaxBatchEvents,
-		MaxBatchBytes: c.MaxBatchBytes, FlushInterval: c.FlushInterval, ThrottlePause: c.ThrottlePause, IngestURL: c.IngestURL},
-		url: c.IngestURL + "/2/httpapi", changed: make(chan struct{})}
+	return &liveState{Config: c, url: c.IngestURL + "/2/httpapi", changed: make(chan struct{})}
 }
 
 // SetLive puts l in force for every batch built after it (its zero values

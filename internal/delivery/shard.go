@@ -60,7 +60,7 @@ func newShard(lr *laneRunner, idx int) *shard {
 	cfg := lr.p.cfg
 	// Retried without a count or time limit; MaxEventAge bounds it.
 	bo := NewRetry(cfg.RetryInitial, cfg.RetryMax)
-	return &shard{lr: lr, idx: idx, wake: make(chan struct{}, 1), capEvents: lr.p.lived().MaxBatchEvents, bo: bo}
+	return &shard{lr: lr, idx: idx, wake: make(chan struct{}, 1), capEvents: lr.p.live.Load().MaxBatchEvents, bo: bo}
 }
 
 // shardLinger is how long a shard's goroutine waits for records once it
@@ -168,7 +168,7 @@ func (s *shard) run(ctx, drainCtx context.Context) bool {
 		}
 		now := time.Now()
 		s.releaseHeld(now)
-		lv := p.lived()
+		lv := p.live.Load()
 		var wait time.Duration = -1
 		if s.ready.len() > 0 {
 			full := s.ready.len() >= min(s.capEvents, lv.MaxBatchEvents) || s.ready.bytes >= lv.MaxBatchBytes ||
@@ -236,7 +236,7 @@ func (s *shard) run(ctx, drainCtx context.Context) bool {
 			}
 			continue
 		}
-		sl := p.lived() // a reload during the wait may have changed the URL
+		sl := p.live.Load() // a reload during the wait may have changed the URL
 		url := sl.url
 		release := func() {}
 		if f := p.form; f != nil {
@@ -356,7 +356,7 @@ func (s *shard) pausedUntil(r *storage.Record) time.Time {
 // expired and oversized events to s.dead.
 func (s *shard) build(now time.Time) []byte {
 	thr := s.lr.p.thr
-	lv := s.lr.p.lived()
+	lv := s.lr.p.live.Load()
 	// The lane's frame with the limits in force (a reload may change them).
 	fr := s.lr.frame
 	fr.MaxRecords, fr.MaxBytes = lv.MaxBatchEvents, lv.MaxBatchBytes
@@ -488,7 +488,7 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 	if len(v.pause) > 0 {
 		// Paused, then paced (the share tells the pacing how many of the
 		// key's events the refused request carried).
-		until := time.Now().Add(p.lived().ThrottlePause)
+		until := time.Now().Add(p.live.Load().ThrottlePause)
 		p.thr.Refused(s.shares(v.pause), until, res.EPSThreshold)
 		p.sharePauses(ctx, v.pause, until)
 	}
@@ -503,7 +503,7 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 			s.lr.shardRecovered()
 		}
 		s.lr.progress()
-		s.capEvents = min(s.capEvents*2, p.lived().MaxBatchEvents)
+		s.capEvents = min(s.capEvents*2, p.live.Load().MaxBatchEvents)
 		p.thr.Admitted(s.pacedKeys)
 		return true
 	case resend:
