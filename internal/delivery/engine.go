@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -67,10 +70,11 @@ type Engine[R Runner] struct {
 	cfg EngineConfig[R]
 	st  storage.Owner
 
-	mu      sync.Mutex
-	lanes   map[uint64]R
-	peak    int // len(lanes) at its largest since it was made (forget)
-	running bool
+	running atomic.Bool
+
+	mu    sync.Mutex
+	lanes map[uint64]R
+	peak  int // len(lanes) at its largest since it was made (forget)
 }
 
 // NewEngine returns an engine over st (its Run hands lanes of the kind:
@@ -94,18 +98,10 @@ var errNotLanes = errors.New("delivery: the store's queue is not a lane")
 // for them and returns nil. A runner survives Run (its stop state with it):
 // a later Run starts it again.
 func (e *Engine[R]) Run(ctx context.Context) error {
-	e.mu.Lock()
-	if e.running {
-		e.mu.Unlock()
+	if !e.running.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
 	}
-	e.running = true
-	e.mu.Unlock()
-	defer func() {
-		e.mu.Lock()
-		e.running = false
-		e.mu.Unlock()
-	}()
+	defer e.running.Store(false)
 	drain, cancelDrain := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelDrain()
 	stopDrain := context.AfterFunc(ctx, func() {
@@ -222,9 +218,7 @@ func (e *Engine[R]) forget(id uint64, lr R) {
 		// of lanes retired, a smaller one.
 		if e.peak >= 1024 && len(e.lanes) < e.peak/4 {
 			n := make(map[uint64]R, len(e.lanes)) // (maps.Clone keeps the room)
-			for id, r := range e.lanes {
-				n[id] = r
-			}
+			maps.Copy(n, e.lanes)
 			e.lanes, e.peak = n, len(e.lanes)
 		}
 	}
@@ -232,11 +226,7 @@ func (e *Engine[R]) forget(id uint64, lr R) {
 }
 
 // Running reports whether Run is running.
-func (e *Engine[R]) Running() bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.running
-}
+func (e *Engine[R]) Running() bool { return e.running.Load() }
 
 // Lane returns the runner of a lane, if Run has met the lane.
 func (e *Engine[R]) Lane(id uint64) (R, bool) {
@@ -250,11 +240,7 @@ func (e *Engine[R]) Lane(id uint64) (R, bool) {
 func (e *Engine[R]) Runners() []R {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	rs := make([]R, 0, len(e.lanes))
-	for _, r := range e.lanes {
-		rs = append(rs, r)
-	}
-	return rs
+	return slices.AppendSeq(make([]R, 0, len(e.lanes)), maps.Values(e.lanes))
 }
 
 // StopLane stops sending a lane's records (they stay in the store). It
