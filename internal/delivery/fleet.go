@@ -89,26 +89,23 @@ func (p *Pipeline) queueName(r storage.Reader) string {
 // retires (an error wrapping storage.ErrRetired, from Feed.Wait, after
 // feedIdle with nothing queued or unacknowledged); a stopped lane's feed
 // does not retire (its stop is kept). When it retired it is forgotten
-// (forget); when the partition ends with it still known, it is abandoned
+// (Engine.forget); when the partition ends with it still known, it is abandoned
 // (abandon: its read-ahead is read again by the next owner).
 func (p *Pipeline) startFeed(f *Feed, name string) *laneRunner {
-	lr := newRunner(p, f, p.fl.nextID.Add(1), f.Lane().Label()+"-"+name, f.Lane())
+	lr := newRunner(p, f, p.fl.nextID.Add(1), f.key.Label()+"-"+name, f.key)
 	p.eng.add(lr.id, lr)
 	// After add: a stop arriving meanwhile finds the runner.
-	if reason, ok := p.fl.stopped(f.Lane()); ok {
+	if reason, ok := p.fl.stopped(f.key); ok {
 		lr.stop.Stop(reason)
 	}
 	return lr
 }
 
-// forget forgets a fleet runner whose feed retired.
-func (lr *laneRunner) forget() { lr.p.eng.forget(lr.id, lr) }
-
 // abandon forgets a fleet runner that will not run again and releases the
 // read-ahead it holds (its partition went: what it held is read again by
 // the next owner).
 func (lr *laneRunner) abandon() {
-	lr.forget()
+	lr.p.eng.forget(lr.id, lr)
 	lr.bmu.Lock()
 	n := lr.inflight
 	lr.bmu.Unlock()

@@ -213,7 +213,7 @@ func (pt *partition) route(ctx, owned context.Context, m *storage.Message) {
 	pt.fmu.Unlock()
 	pt.wg.Go(func() {
 		if err := f.run.Run(ctx, owned); errors.Is(err, storage.ErrRetired) {
-			f.run.forget()
+			pt.p.eng.forget(f.run.id, f.run)
 			pt.fmu.Lock()
 			if pt.feeds[key] == f {
 				delete(pt.feeds, key)
@@ -330,9 +330,6 @@ type spiller interface {
 	// MaxSpilled bounds the messages spilled at once in the partition.
 	MaxSpilled() int
 }
-
-// Lane is the feed's lane.
-func (f *Feed) Lane() storage.LaneKey { return f.key }
 
 // push queues m (n bytes); false when the feed retired (a new runner is
 // needed). With spilling, m is spilled at once when the feed has spilled
