@@ -120,12 +120,7 @@ type partition struct {
 // read-ahead full of paused keys' events), the largest lanes' queued
 // messages are spilled (see spiller) rather than waited on.
 func (pt *partition) waitRoom(ctx context.Context, max int64) bool {
-	var grace *time.Timer
-	defer func() {
-		if grace != nil {
-			grace.Stop()
-		}
-	}()
+	var grace *time.Timer // not stopped on return: an unreferenced timer is collected (Go 1.23)
 	for {
 		full := pt.queued.Load() >= max
 		over := pt.spill != nil && pt.spilled.Load() >= pt.maxSpilled
@@ -430,12 +425,7 @@ func (f *Feed) reread(ctx context.Context, seq uint64) bool {
 // onIdle (may be nil) is called once before waiting; what it returns is
 // not used (a feed ends by its own idle rule: ErrRetired).
 func (f *Feed) Wait(ctx context.Context, onIdle func() bool) error {
-	var idle *time.Timer
-	defer func() {
-		if idle != nil {
-			idle.Stop()
-		}
-	}()
+	var idle *time.Timer // not stopped on return: an unreferenced timer is collected (Go 1.23)
 	for {
 		f.mu.Lock()
 		if len(f.q) > 0 {
