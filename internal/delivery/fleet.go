@@ -50,7 +50,7 @@ const feedIdle = time.Minute
 // stops through lanes (either may be nil: this relay's own then). log and
 // reg may be nil; thr may be nil.
 func NewFleet(cfg Config, st Store, pauses SharedPauses, lanes SharedLanes, send Sender, thr *throttle.Throttle, log *zap.Logger, reg prometheus.Registerer) (*Pipeline, error) {
-	p, err := newEvents(cfg, st, &fleetState{st: st, pauses: pauses, lanes: lanes, stops: make(map[storage.LaneKey]string)}, send, thr, log, reg)
+	p, err := newEvents(cfg, st, &fleetState{pauses: pauses, lanes: lanes, stops: make(map[storage.LaneKey]string)}, send, thr, log, reg)
 	if err != nil {
 		return nil, err
 	}
@@ -64,7 +64,6 @@ func NewFleet(cfg Config, st Store, pauses SharedPauses, lanes SharedLanes, send
 // runners are the engine's (Engine.add). Its lock is never held across a
 // call out.
 type fleetState struct {
-	st     Store
 	pauses SharedPauses
 	lanes  SharedLanes
 	nextID atomic.Uint64
