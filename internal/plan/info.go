@@ -96,29 +96,15 @@ func (e *Enforcer) Watch(routes []adminroute.Route) []adminroute.Route {
 					}
 				}
 			}
-			sw := &statusWriter{ResponseWriter: w}
+			sw := &adminroute.StatusWriter{ResponseWriter: w}
 			h.ServeHTTP(sw, r)
-			if project != "" && sw.status < 300 { // 0: written without WriteHeader, a 200
+			if project != "" && sw.Status < 300 { // 0: nothing written
 				e.Changed(project)
 			}
 		})
 	}
 	return out
 }
-
-type statusWriter struct {
-	http.ResponseWriter
-	status int // the first WriteHeader's
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // ageCollector is relay_plan_age_seconds{project}: how old each project's
 // plan in force is (projects without one have no series).

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/svcrelay/relay/internal/adminroute"
 )
 
 // Faults is the seam of test-only fault injection: internal/simtest
@@ -36,8 +38,8 @@ type Exchange struct {
 	Streams bool
 
 	s       *Sim
-	h       routeHandler                      // ingest routes
-	direct  func(sw *statusWriter, r *Record) // direct routes
+	h       routeHandler                                 // ingest routes
+	direct  func(sw *adminroute.StatusWriter, r *Record) // direct routes
 	in      incoming
 	release func()
 }
@@ -70,15 +72,15 @@ func (x *Exchange) Describe() {
 // written (0: none); with half, an ingest route ingests only the first half
 // of the events. It neither logs nor sets Rec.Status.
 func (x *Exchange) Handle(w http.ResponseWriter, half bool) int {
-	sw := &statusWriter{ResponseWriter: w}
+	sw := &adminroute.StatusWriter{ResponseWriter: w}
 	if x.Direct {
 		x.direct(sw, x.Rec)
-		return sw.status
+		return sw.Status
 	}
 	x.ReadBody()
 	x.in.IngestHalf = half
 	x.h.serve(sw, x.R, &x.in)
-	return sw.status
+	return sw.Status
 }
 
 // Answer gives the request the Sim's own answer and logs it.
@@ -114,7 +116,7 @@ func (s *Sim) serve(x *Exchange) {
 // serveDirect serves a route whose answer goes straight to the client (not
 // buffered: export archives are gigabytes), logs it and returns the status
 // answered (0: none, the connection was dropped).
-func (s *Sim) serveDirect(w http.ResponseWriter, r *http.Request, streams bool, serve func(sw *statusWriter, rec *Record)) int {
+func (s *Sim) serveDirect(w http.ResponseWriter, r *http.Request, streams bool, serve func(sw *adminroute.StatusWriter, rec *Record)) int {
 	x := &Exchange{W: w, R: r, Rec: s.newRecord(r), Direct: true, Streams: streams, direct: serve}
 	s.serve(x)
 	return x.Rec.Status
@@ -133,7 +135,7 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 }
 
 // bufferedWriter holds a handler's answer until the request is logged
-// (Handle's statusWriter records the status).
+// (Handle's StatusWriter records the status).
 type bufferedWriter struct {
 	h http.Header
 	bytes.Buffer

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/svcrelay/relay/internal/adminroute"
 )
 
 // This file holds the feedback route and what the data APIs (feedback,
@@ -223,14 +225,14 @@ type apiHandler func(w http.ResponseWriter, r *http.Request, key string) (status
 // apiRoute registers a data API route (see the top of this file).
 func (s *Sim) apiRoute(pattern string, h apiHandler) {
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-		s.serveDirect(w, r, true, func(sw *statusWriter, rec *Record) {
+		s.serveDirect(w, r, true, func(sw *adminroute.StatusWriter, rec *Record) {
 			status, body := s.serveAPI(sw, r, rec, h)
 			writeAnswer(sw, status, body, "application/json")
 		})
 	})
 }
 
-func (s *Sim) serveAPI(w *statusWriter, r *http.Request, rec *Record, h apiHandler) (int, any) {
+func (s *Sim) serveAPI(w *adminroute.StatusWriter, r *http.Request, rec *Record, h apiHandler) (int, any) {
 	key, _, ok := r.BasicAuth()
 	if ok {
 		rec.KeyLabel = KeyLabel(key)
@@ -262,28 +264,6 @@ func decodeBody(r *http.Request) (status int, msg string) {
 	}
 	return 0, ""
 }
-
-// statusWriter records the status a handler answered.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // apiFail is the {"error": msg} answer of every API but ingestion, group
 // identify and user mapping (codeError).
