@@ -56,10 +56,9 @@ func TestBuildBodies(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			thr, _ := throttle.New(throttle.Config{}, nil)
 			cfg := Config{IngestURL: "http://x", MaxBatchEvents: tc.maxEvents, MaxBatchBytes: tc.maxBytes}.withDefaults()
-			p, err := newPipeline(cfg, nil, thr, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			p := &Pipeline{cfg: cfg, thr: thr, budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)),
+				kind: events{maxEvents: cfg.MaxBatchEvents, maxBytes: cfg.MaxBatchBytes}}
+			var err error
 			if p.m, err = newMetrics(nil, p); err != nil {
 				t.Fatal(err)
 			}

@@ -23,8 +23,9 @@ type StopSwitch struct {
 	Lane Pinner
 
 	mu        sync.Mutex
+	stopped   bool
 	reason    string
-	resumeC   chan struct{} // nil while running; closed by Resume
+	resumeC   chan struct{} // closed by Resume
 	isStopped atomic.Bool
 }
 
@@ -32,11 +33,12 @@ type StopSwitch struct {
 // second Stop keeps the first reason).
 func (s *StopSwitch) Stop(reason string) bool {
 	s.mu.Lock()
-	if s.resumeC != nil {
+	if s.stopped {
 		s.mu.Unlock()
 		return false
 	}
-	s.reason, s.resumeC = reason, make(chan struct{})
+	s.stopped, s.reason = true, reason
+	s.resumeC = make(chan struct{})
 	s.isStopped.Store(true)
 	s.mu.Unlock()
 	if s.Lane != nil {
@@ -48,12 +50,12 @@ func (s *StopSwitch) Stop(reason string) bool {
 // Resume resumes the lane; it reports whether it was stopped.
 func (s *StopSwitch) Resume() bool {
 	s.mu.Lock()
-	if s.resumeC == nil {
+	if !s.stopped {
 		s.mu.Unlock()
 		return false
 	}
+	s.stopped, s.reason = false, ""
 	close(s.resumeC)
-	s.reason, s.resumeC = "", nil
 	s.isStopped.Store(false)
 	s.mu.Unlock()
 	if s.Lane != nil {
@@ -69,7 +71,7 @@ func (s *StopSwitch) Stopped() bool { return s.isStopped.Load() }
 func (s *StopSwitch) State() (stopped bool, reason string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.resumeC != nil, s.reason
+	return s.stopped, s.reason
 }
 
 // Resumed returns a channel closed when the lane resumes, or nil while it
@@ -77,5 +79,8 @@ func (s *StopSwitch) State() (stopped bool, reason string) {
 func (s *StopSwitch) Resumed() <-chan struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !s.stopped {
+		return nil
+	}
 	return s.resumeC
 }
