@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 )
 
@@ -55,7 +55,7 @@ func TestBackfillRouteYields(t *testing.T) {
 			}
 		}
 	}()
-	poll.Until(t, "live traffic to flow", func() bool { return s.Count() >= 400 })
+	polltest.Until(t, "live traffic to flow", func() bool { return s.Count() >= 400 })
 
 	var body bytes.Buffer
 	for i := range 300 {
@@ -91,14 +91,14 @@ func TestBackfillRouteYields(t *testing.T) {
 	}
 	close(stopLive)
 	<-liveDone
-	poll.Until(t, "the backfill to finish once live traffic stopped", func() bool { return history() == 300 })
+	polltest.Until(t, "the backfill to finish once live traffic stopped", func() bool { return history() == 300 })
 	var list struct {
 		Backfills []struct {
 			Status    string `json:"status"`
 			Delivered int64  `json:"delivered"`
 		} `json:"backfills"`
 	}
-	poll.Until(t, "GET /relay/v1/backfill to say done", func() bool {
+	polltest.Until(t, "GET /relay/v1/backfill to say done", func() bool {
 		_, b := getBody(t, r.admin+"/relay/v1/backfill")
 		json.Unmarshal([]byte(b), &list)
 		return len(list.Backfills) == 1 && list.Backfills[0].Status == "done"
@@ -128,7 +128,7 @@ func TestBackfillRouteResumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	poll.Until(t, "the backfill to begin", func() bool { return s.Count() >= 50 })
+	polltest.Until(t, "the backfill to begin", func() bool { return s.Count() >= 50 })
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +136,7 @@ func TestBackfillRouteResumes(t *testing.T) {
 		t.Fatal("the backfill finished before the stop: nothing to resume")
 	}
 	r = startServe(t, "--ingest-url", up, "--data-dir", dir)
-	poll.Until(t, "the backfill to finish after the restart", func() bool {
+	polltest.Until(t, "the backfill to finish after the restart", func() bool {
 		_, b := getBody(t, r.admin+"/relay/v1/backfill")
 		return strings.Contains(b, `"status":"done"`)
 	})
@@ -174,5 +174,5 @@ func TestBackfillRouteLargeBody(t *testing.T) {
 	if resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("POST /relay/v1/backfill of a 33 MiB input: %d, want 202", resp.StatusCode)
 	}
-	poll.Until(t, "the backfill's 100 events to arrive", func() bool { return len(s.Events(key)) == 100 })
+	polltest.Until(t, "the backfill's 100 events to arrive", func() bool { return len(s.Events(key)) == 100 })
 }

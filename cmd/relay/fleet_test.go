@@ -22,7 +22,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/fleet"
 	"github.com/svcrelay/relay/internal/natstest"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 )
@@ -130,7 +130,7 @@ func TestFleetFailover(t *testing.T) {
 	var acked sync.Map // insert_id -> true: answered 200
 	var accepted atomic.Int64
 	var wg sync.WaitGroup
-	deadline := time.Now().Add(poll.Max)
+	deadline := time.Now().Add(polltest.Max)
 	for dev := range devices {
 		wg.Go(func() {
 			for k := range requests {
@@ -182,7 +182,7 @@ func TestFleetFailover(t *testing.T) {
 	var got []sim.Ingested
 	want := 0
 	acked.Range(func(any, any) bool { want++; return true })
-	for end := time.Now().Add(poll.Max); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+	for end := time.Now().Add(polltest.Max); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
 		if got = up.Events(apiKey); distinct(got) >= want {
 			break
 		}
@@ -240,7 +240,7 @@ func partitionOwner(t *testing.T, cl *natstest.Cluster, p int) string {
 func leaseOwner(t *testing.T, cl *natstest.Cluster, kind string, p int) string {
 	t.Helper()
 	js := cl.JetStream(t)
-	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
+	ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
 	defer cancel()
 	kv, err := js.KeyValue(ctx, "RELAY_FLEET")
 	if err != nil {
@@ -257,7 +257,7 @@ func leaseOwner(t *testing.T, cl *natstest.Cluster, kind string, p int) string {
 func kvHas(t *testing.T, cl *natstest.Cluster, bucket, key string) bool {
 	t.Helper()
 	js := cl.JetStream(t)
-	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
+	ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
 	defer cancel()
 	kv, err := js.KeyValue(ctx, bucket)
 	if err != nil {
@@ -287,7 +287,7 @@ func TestFleetPauseSurvivesFailover(t *testing.T) {
 	const apiKey, dev = "fleet-key-2", 7
 	part := fleet.PartitionOf([]byte(fmt.Sprintf("d:device-%02d", dev)), 4)
 	var owner, other *fleetRelay
-	poll.Until(t, "a relay owning the device's partition", func() bool {
+	polltest.Until(t, "a relay owning the device's partition", func() bool {
 		owner = names[partitionOwner(t, cl, part)]
 		return owner != nil && len(owner.logs.FilterMessage("partition taken").All()) > 0
 	})
@@ -303,7 +303,7 @@ func TestFleetPauseSurvivesFailover(t *testing.T) {
 	// The owner sends, gets the 429, pauses the device (here and in the
 	// fleet's bucket); then it dies.
 	var t429 time.Time
-	poll.Until(t, "the upstream's 429", func() bool {
+	polltest.Until(t, "the upstream's 429", func() bool {
 		for _, r := range up.Requests() {
 			if r.Status == 429 {
 				t429 = r.Time
@@ -313,7 +313,7 @@ func TestFleetPauseSurvivesFailover(t *testing.T) {
 	})
 	// The pause is written to the fleet's bucket right after the answer.
 	pauseKey := base64.RawURLEncoding.EncodeToString([]byte(fmt.Sprintf("d:device-%02d", dev)))
-	poll.Until(t, "the pause in the fleet's bucket", func() bool { return kvHas(t, cl, "RELAY_PAUSES", pauseKey) })
+	polltest.Until(t, "the pause in the fleet's bucket", func() bool { return kvHas(t, cl, "RELAY_PAUSES", pauseKey) })
 	owner.kill()
 	// The other relay takes the partition over (about 8 s) and must hold
 	// the device's events until the pause ends.
@@ -333,8 +333,8 @@ func TestFleetPauseSurvivesFailover(t *testing.T) {
 	}
 	// The survivor owns the partition (at once on a quiet machine: the
 	// lease ran out long ago) and delivers once the pause is over.
-	poll.Until(t, "the surviving relay owning the partition", func() bool { return names[partitionOwner(t, cl, part)] == other })
-	poll.Until(t, "the device's events delivered after its pause", func() bool { return len(up.Events(apiKey)) >= 3 })
+	polltest.Until(t, "the surviving relay owning the partition", func() bool { return names[partitionOwner(t, cl, part)] == other })
+	polltest.Until(t, "the device's events delivered after its pause", func() bool { return len(up.Events(apiKey)) >= 3 })
 }
 
 // TestFleetAdmin: a dead letter made by one relay is listed, replayed and
@@ -344,7 +344,7 @@ func TestFleetAdmin(t *testing.T) {
 	a := startFleetRelay(t, cl, upURL)
 	b := startFleetRelay(t, cl, upURL)
 	for _, r := range []*fleetRelay{a, b} {
-		poll.Until(t, "/readyz answering 200", func() bool {
+		polltest.Until(t, "/readyz answering 200", func() bool {
 			st, _ := getBody(t, r.admin+"/readyz")
 			return st == http.StatusOK
 		})
@@ -363,7 +363,7 @@ func TestFleetAdmin(t *testing.T) {
 		} `json:"dead_letters"`
 		Total int64 `json:"total"`
 	}
-	poll.Until(t, "the 3 dead letters listed by the other relay", func() bool { // whichever relay made them
+	polltest.Until(t, "the 3 dead letters listed by the other relay", func() bool { // whichever relay made them
 		_, body := getBody(t, b.admin+"/relay/v1/deadletters")
 		if err := json.Unmarshal([]byte(body), &list); err != nil {
 			t.Fatalf("%v: %s", err, body)
@@ -382,7 +382,7 @@ func TestFleetAdmin(t *testing.T) {
 	// Polled: a partition's lease may be moving between the relays (B
 	// joined after A), and its runner is listed by its new owner once
 	// that one holds it.
-	poll.Until(t, "a runner of lane "+list.DeadLetters[0].Lane+" listed", func() bool {
+	polltest.Until(t, "a runner of lane "+list.DeadLetters[0].Lane+" listed", func() bool {
 		_, la := getBody(t, a.admin+"/relay/v1/lanes")
 		_, lb := getBody(t, b.admin+"/relay/v1/lanes")
 		return strings.Contains(la+lb, list.DeadLetters[0].Lane+"-events-")
@@ -390,7 +390,7 @@ func TestFleetAdmin(t *testing.T) {
 
 	simtest.Unsilence(up, fmt.Sprintf("device-%02d", dev))
 	replayAll(t, b.admin, 3)
-	poll.Until(t, "the replayed events delivered", func() bool { return len(up.Events(apiKey)) >= 3 })
+	polltest.Until(t, "the replayed events delivered", func() bool { return len(up.Events(apiKey)) >= 3 })
 	_, body = getBody(t, a.admin+"/relay/v1/deadletters")
 	if !strings.Contains(body, `"dead_letters":[]`) {
 		t.Fatalf("after the replay: %s", body)
@@ -406,7 +406,7 @@ func TestFleetGracefulStop(t *testing.T) {
 	a := startFleetRelay(t, cl, upURL)
 	b := startFleetRelay(t, cl, upURL)
 	aName := a.memberName(t)
-	poll.Until(t, "relay A holding events partitions", func() bool { return slices.Contains(eventsOwners(t, cl), aName) })
+	polltest.Until(t, "relay A holding events partitions", func() bool { return slices.Contains(eventsOwners(t, cl), aName) })
 	const apiKey = "fleet-key-4"
 	want := 0
 	for dev := range 8 {
@@ -423,7 +423,7 @@ func TestFleetGracefulStop(t *testing.T) {
 	if owners := eventsOwners(t, cl); slices.Contains(owners, aName) {
 		t.Fatalf("relay A stopped but still holds leases: %q", owners)
 	}
-	poll.Until(t, fmt.Sprintf("the upstream having all %d events", want), func() bool { return distinct(up.Events(apiKey)) >= want })
+	polltest.Until(t, fmt.Sprintf("the upstream having all %d events", want), func() bool { return distinct(up.Events(apiKey)) >= want })
 	st := up.Stats()
 	t.Logf("upstream: %d events, %d duplicates; relay B took %d partitions", st.Ingested, st.Duplicates,
 		b.logs.FilterMessage("partition taken").Len())
@@ -477,7 +477,7 @@ func TestFleetForms(t *testing.T) {
 			url.QueryEscape(fmt.Sprintf(`[{"user_id":"u-%02d","global_user_id":"g-%02d"}]`, i, i)))
 	}
 	// A holds partitions of both kinds (its share once B joined).
-	poll.Until(t, "relay A holds group identify and user mapping partitions", func() bool {
+	polltest.Until(t, "relay A holds group identify and user mapping partitions", func() bool {
 		var gi, um bool
 		for p := range 4 {
 			gi = gi || leaseOwner(t, cl, "groupidentify", p) == aName
@@ -493,7 +493,7 @@ func TestFleetForms(t *testing.T) {
 
 	var groups, users map[string]bool
 	// B takes A's partitions after the lease time-out (~8 s), then its retry.
-	poll.Until(t, "B delivering A's group identifies and mappings", func() bool {
+	polltest.Until(t, "B delivering A's group identifies and mappings", func() bool {
 		groups, users = map[string]bool{}, map[string]bool{}
 		for _, g := range simtest.GroupIdentifies(up, apiKey) {
 			groups[g.GroupValue] = true
@@ -511,7 +511,7 @@ func TestFleetForms(t *testing.T) {
 	// The refused one is a dead letter of the fleet: listed by B, replayed
 	// through B into the stream (refused again: a dead letter again).
 	deadBody := func() (body string) {
-		poll.Until(t, "the group identify dead letter listed", func() bool {
+		polltest.Until(t, "the group identify dead letter listed", func() bool {
 			_, body = getBody(t, b.admin+"/relay/v1/deadletters")
 			return strings.Contains(body, `"total":1`)
 		})

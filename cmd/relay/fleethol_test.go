@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 )
 
@@ -43,7 +43,7 @@ func TestFleetInvalidKeyDoesNotStopPartition(t *testing.T) {
 	client := &http.Client{Timeout: 20 * time.Second}
 	post := func(b []byte) {
 		t.Helper()
-		poll.Until(t, "the relay accepting a request", func() bool { return postEvents(client, r.ingest, b) == http.StatusOK })
+		polltest.Until(t, "the relay accepting a request", func() bool { return postEvents(client, r.ingest, b) == http.StatusOK })
 	}
 	for k := range badRequests {
 		post(body("bad-key", k%3, k*perReq))
@@ -52,7 +52,7 @@ func TestFleetInvalidKeyDoesNotStopPartition(t *testing.T) {
 		post(body("good-key", k%4, k*perReq))
 	}
 	want := goodReqs * perReq
-	poll.Until(t, "the good key's events delivered behind the refused key's backlog", func() bool {
+	polltest.Until(t, "the good key's events delivered behind the refused key's backlog", func() bool {
 		return distinct(up.Events("good-key")) >= want
 	})
 	_, lanes := getBody(t, r.admin+"/relay/v1/lanes")
@@ -61,9 +61,9 @@ func TestFleetInvalidKeyDoesNotStopPartition(t *testing.T) {
 	}
 	// The refused key's messages are all still in the stream.
 	js := cl.JetStream(t)
-	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
+	ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
 	defer cancel()
-	poll.Until(t, fmt.Sprintf("the events stream holding the refused key's %d messages only", badRequests), func() bool {
+	polltest.Until(t, fmt.Sprintf("the events stream holding the refused key's %d messages only", badRequests), func() bool {
 		s, err := js.Stream(ctx, "RELAY_EVENTS")
 		if err != nil {
 			t.Fatal(err)

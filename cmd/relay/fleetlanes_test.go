@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 )
 
 // laneRunners are a relay's runners (/relay/v1/lanes) of the lanes whose
@@ -56,21 +56,21 @@ func TestFleetLaneStopHoldsOnEveryRelay(t *testing.T) {
 	send := func(r *fleetRelay, round int) {
 		t.Helper()
 		for dev := range devices {
-			poll.Until(t, "the relay accepting events", func() bool {
+			polltest.Until(t, "the relay accepting events", func() bool {
 				return postEvents(http.DefaultClient, r.ingest, deviceEvents(apiKey, dev, round*perReq, perReq)) == http.StatusOK
 			})
 		}
 	}
 	waitEvents := func(n int, what string) {
 		t.Helper()
-		poll.Until(t, fmt.Sprintf("%s: %d events delivered", what, n), func() bool { return distinct(up.Events(apiKey)) >= n })
+		polltest.Until(t, fmt.Sprintf("%s: %d events delivered", what, n), func() bool { return distinct(up.Events(apiKey)) >= n })
 	}
 	// Both relays deliver some of the lane's partitions: runners on each.
 	// B takes its share of the partitions at a membership tick after it
 	// joined: rounds go on until then (a count of rounds would be a
 	// wall-clock bound: on a quiet machine they all fit in one tick).
 	var prefix string
-	deadline := time.Now().Add(poll.Max)
+	deadline := time.Now().Add(polltest.Max)
 	for i := 0; ; i++ {
 		send(a, i)
 		waitEvents((i+1)*devices*perReq, "before the stop")
@@ -100,7 +100,7 @@ func TestFleetLaneStopHoldsOnEveryRelay(t *testing.T) {
 		}
 		return len(rs) > 0
 	}
-	poll.Until(t, "the lane stopped on every runner", func() bool { return allStopped(a.admin) && allStopped(b.admin) })
+	polltest.Until(t, "the lane stopped on every runner", func() bool { return allStopped(a.admin) && allStopped(b.admin) })
 	// Sent through B while stopped: stored, not delivered.
 	send(b, 100)
 	time.Sleep(2 * time.Second) // a delivery would have happened by now; none may
@@ -117,7 +117,7 @@ func TestFleetLaneStopHoldsOnEveryRelay(t *testing.T) {
 		}
 		return records, bytes
 	}
-	poll.Until(t, "the lanes API counting the stopped lane's records", func() bool {
+	polltest.Until(t, "the lanes API counting the stopped lane's records", func() bool {
 		n, size := waiting()
 		return n == devices*perReq && size > 0
 	})
@@ -127,7 +127,7 @@ func TestFleetLaneStopHoldsOnEveryRelay(t *testing.T) {
 		t.Fatalf("resume on b: %d %s", st, body)
 	}
 	waitEvents(delivered+devices*perReq, "after the resume")
-	poll.Until(t, "the lanes API counting nothing waiting once delivered", func() bool {
+	polltest.Until(t, "the lanes API counting nothing waiting once delivered", func() bool {
 		n, size := waiting()
 		return n == 0 && size == 0
 	})

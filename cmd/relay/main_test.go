@@ -13,7 +13,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 	"go.uber.org/zap"
@@ -168,7 +168,7 @@ func TestServeSandbox(t *testing.T) {
 		}
 	}
 	// Both reach the sandbox upstream.
-	poll.Until(t, "delivery to the sandbox upstream", func() bool {
+	polltest.Until(t, "delivery to the sandbox upstream", func() bool {
 		_, evs := get(adminURL + "/sim/events?api_key=sandbox-key")
 		_, gis := get(adminURL + "/sim/groupidentify?api_key=sandbox-key")
 		return strings.Contains(evs, "iid-1") && strings.Contains(gis, "acme")
@@ -177,7 +177,7 @@ func TestServeSandbox(t *testing.T) {
 	// form lane's request in flight at stop is abandoned (sent again at the
 	// next start): wait until the relay acknowledged both, its lanes empty,
 	// before stopping it (failed 1 of 6 runs under load without this).
-	poll.Until(t, "both acknowledged (every lane empty)", func() bool {
+	polltest.Until(t, "both acknowledged (every lane empty)", func() bool {
 		_, body := get(adminURL + "/relay/v1/lanes")
 		var out struct {
 			Lanes []struct {

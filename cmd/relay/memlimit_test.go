@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 )
 
 func TestDefaultMemoryLimit(t *testing.T) {
@@ -188,9 +188,9 @@ func childConfig(t *testing.T, env string) configLine {
 	case got = <-found:
 	case err := <-exited:
 		t.Fatalf("relay exited before its configuration line: %v", err)
-	case <-time.After(poll.Max):
+	case <-time.After(polltest.Max):
 		cmd.Process.Kill()
-		t.Fatalf("no configuration line within %v", poll.Max)
+		t.Fatalf("no configuration line within %v", polltest.Max)
 	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -200,9 +200,9 @@ func childConfig(t *testing.T, env string) configLine {
 		if err != nil {
 			t.Errorf("relay stopped with %v", err)
 		}
-	case <-time.After(poll.Max):
+	case <-time.After(polltest.Max):
 		cmd.Process.Kill()
-		t.Fatalf("relay did not stop within %v of SIGTERM", poll.Max)
+		t.Fatalf("relay did not stop within %v of SIGTERM", polltest.Max)
 	}
 	return got
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/ingest"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/spool"
 	"go.uber.org/zap"
 )
@@ -50,11 +50,11 @@ func TestReloadAllowedKeys(t *testing.T) {
 	}
 	go ing.Serve(ln)
 	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
+		ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
 		defer cancel()
 		ing.Shutdown(ctx)
 	}()
-	hc := &http.Client{Timeout: poll.Max}
+	hc := &http.Client{Timeout: polltest.Max}
 	post := func(key string) int {
 		t.Helper()
 		body := `{"api_key":"` + key + `","events":[{"event_type":"e","device_id":"device-1"}]}`

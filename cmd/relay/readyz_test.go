@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 )
 
 func getBody(t *testing.T, url string) (int, string) {
@@ -71,7 +71,7 @@ func TestReadyzQuota(t *testing.T) {
 	}
 	var code int
 	var body string
-	poll.Until(t, "a delivery attempt to fail", func() bool {
+	polltest.Until(t, "a delivery attempt to fail", func() bool {
 		code, body = getBody(t, r.admin+"/readyz")
 		return strings.Contains(body, "upstream: unreachable")
 	})

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/diskfull"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/diskfulltest"
+	"github.com/svcrelay/relay/internal/polltest"
 )
 
 // TestReadyzCheckpointsFail: with the disk reserve off (--spool-min-free-bytes
@@ -25,7 +25,7 @@ import (
 // skipped where mounting is not allowed.
 func TestReadyzCheckpointsFail(t *testing.T) {
 	t.Parallel() // its own tmpfs, relay and ports; no signals
-	mnt := diskfull.Tmpfs(t, "64m", "internal/spool's TestRefusingWhileCheckpointsFail covers the spool's side")
+	mnt := diskfulltest.Tmpfs(t, "64m", "internal/spool's TestRefusingWhileCheckpointsFail covers the spool's side")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +57,7 @@ func TestReadyzCheckpointsFail(t *testing.T) {
 		t.Fatalf("/readyz before the disk fills: %d %q", code, body)
 	}
 	filler := filepath.Join(mnt, "filler")
-	diskfull.Fill(t, filler)
+	diskfulltest.Fill(t, filler)
 
 	// 200 KB requests (100 events of 2 KB) until ingest refuses one: the
 	// write-ahead log's segment has room, spool.db does not; the default
@@ -83,7 +83,7 @@ func TestReadyzCheckpointsFail(t *testing.T) {
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}
-	poll.Until(t, "/readyz 200 once space returned", func() bool {
+	polltest.Until(t, "/readyz 200 once space returned", func() bool {
 		code, body = getBody(t, r.admin+"/readyz")
 		return code == 200
 	})

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/config"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -73,7 +73,7 @@ func TestReloadLiveSettings(t *testing.T) {
 	level := zap.NewAtomicLevelAt(zapcore.InfoLevel)
 	r := startServeLeveled(t, level, "--config", cfgFile, "--admin-token-file", tokenFile, "--drain-timeout", "10s")
 
-	hc := &http.Client{Timeout: poll.Max}
+	hc := &http.Client{Timeout: polltest.Max}
 	do := func(method, url, body string, hdr map[string]string) (int, http.Header, []byte) {
 		t.Helper()
 		req, err := http.NewRequest(method, url, strings.NewReader(body))
@@ -164,7 +164,7 @@ func TestReloadLiveSettings(t *testing.T) {
 		// the long one, a probe alone in its lane is not sent (checked at
 		// the end of this check).
 		if s.flush < time.Minute && waiting != "" {
-			poll.Until(t, by+": the probe waiting on the old flush interval delivered", func() bool { return len(delivering(waiting)) > 0 })
+			polltest.Until(t, by+": the probe waiting on the old flush interval delivered", func() bool { return len(delivering(waiting)) > 0 })
 			waiting = ""
 		}
 		flushDev, flushAt := "", time.Now()
@@ -183,7 +183,7 @@ func TestReloadLiveSettings(t *testing.T) {
 			t.Fatalf("%s: batch probe: %d", by, code)
 		}
 		var batches []simRequest
-		poll.Until(t, by+": the batch probe delivered", func() bool {
+		polltest.Until(t, by+": the batch probe delivered", func() bool {
 			batches = delivering(batchDev)
 			n := 0
 			for _, q := range batches {
@@ -207,7 +207,7 @@ func TestReloadLiveSettings(t *testing.T) {
 		if code := postOpts(s.allowed, `{"min_id_length":6}`, fmt.Sprintf("10.5.%d.4", probe), "", strings.Join([]string{bigEv, bigEv, bigEv, bigEv}, ",")); code != 200 {
 			t.Fatalf("%s: bytes probe: %d", by, code)
 		}
-		poll.Until(t, by+": the bytes probe delivered", func() bool {
+		polltest.Until(t, by+": the bytes probe delivered", func() bool {
 			batches = delivering(bytesDev)
 			n := 0
 			for _, q := range batches {
@@ -262,7 +262,7 @@ func TestReloadLiveSettings(t *testing.T) {
 			t.Fatalf("%s: anon probe: %d", by, code)
 		}
 		want := map[bool]string{true: "1.2.3.0", false: "1.2.3.4"}[s.anonIP]
-		poll.Until(t, by+": the anon probe delivered", func() bool {
+		polltest.Until(t, by+": the anon probe delivered", func() bool {
 			_, _, body := do(http.MethodGet, r.admin+"/sim/events?api_key="+s.allowed+"&limit=100000", "", auth)
 			var evs struct {
 				Events []struct {
@@ -322,7 +322,7 @@ func TestReloadLiveSettings(t *testing.T) {
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	poll.Until(t, "the SIGHUP reload", func() bool { return metric("relay_config_last_reload_success_timestamp_seconds") != t0 })
+	polltest.Until(t, "the SIGHUP reload", func() bool { return metric("relay_config_last_reload_success_timestamp_seconds") != t0 })
 	check(b, "after SIGHUP")
 	// By the endpoint back to a; the unauthenticated call is refused.
 	if code, _, _ := do(http.MethodPost, r.admin+"/relay/v1/reload", "", nil); code != 401 {
@@ -390,7 +390,7 @@ func TestReloadLiveSettings(t *testing.T) {
 
 	// Zero failed, zero lost: every event answered 200 reaches the upstream.
 	acceptedIDs := stopLoad()
-	poll.Until(t, "every load event delivered", func() bool {
+	polltest.Until(t, "every load event delivered", func() bool {
 		_, _, body := do(http.MethodGet, r.admin+"/sim/events?api_key=key-load&limit=10000000", "", auth)
 		var evs struct {
 			Events []struct {
@@ -436,7 +436,7 @@ func TestReloadMaxEventAge(t *testing.T) {
 	}
 	write("6d")
 	r := startServeArgs(t, serveHooks{}, "--config", cfgFile)
-	hc := &http.Client{Timeout: poll.Max}
+	hc := &http.Client{Timeout: polltest.Max}
 	get := func(path string) []byte {
 		t.Helper()
 		resp, err := hc.Get(r.admin + path)
@@ -461,7 +461,7 @@ func TestReloadMaxEventAge(t *testing.T) {
 	}
 	delivered := func(dev string) {
 		t.Helper()
-		poll.Until(t, dev+" delivered", func() bool {
+		polltest.Until(t, dev+" delivered", func() bool {
 			return strings.Contains(string(get("/sim/events?api_key=age-key")), `"device_id":"`+dev+`"`)
 		})
 	}
@@ -481,9 +481,9 @@ func TestReloadMaxEventAge(t *testing.T) {
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	poll.Until(t, "the SIGHUP reload", func() bool { return stamp() != t0 })
+	polltest.Until(t, "the SIGHUP reload", func() bool { return stamp() != t0 })
 	post("too-old")
-	poll.Until(t, "too-old an expired dead letter", func() bool {
+	polltest.Until(t, "too-old an expired dead letter", func() bool {
 		b := string(get("/relay/v1/deadletters"))
 		return strings.Contains(b, `"reason":"expired"`) && strings.Contains(b, "too-old")
 	})
@@ -543,7 +543,7 @@ func startLoad(t *testing.T, req func(c, i int) (id string, r *http.Request)) (s
 	var accepted []string
 	for c := range 3 {
 		wg.Go(func() {
-			lc := &http.Client{Timeout: poll.Max}
+			lc := &http.Client{Timeout: polltest.Max}
 			for i := 0; ctx.Err() == nil; i++ {
 				id, rq := req(c, i)
 				resp, err := lc.Do(rq)

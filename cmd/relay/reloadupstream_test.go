@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/storage"
 	"go.uber.org/zap/zaptest/observer"
@@ -97,7 +97,7 @@ func TestReloadUpstreamAndLanes(t *testing.T) {
 	}}, "--config", cfgFile, "--admin-token-file", tokenFile, "--credentials", credsFile,
 		"--drain-timeout", "10s")
 
-	hc := &http.Client{Timeout: poll.Max}
+	hc := &http.Client{Timeout: polltest.Max}
 	do := func(method, url, body string) (int, []byte) {
 		t.Helper()
 		req, err := http.NewRequest(method, url, strings.NewReader(body))
@@ -138,7 +138,7 @@ func TestReloadUpstreamAndLanes(t *testing.T) {
 			if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 				t.Fatal(err)
 			}
-			poll.Until(t, "the SIGHUP reload", func() bool {
+			polltest.Until(t, "the SIGHUP reload", func() bool {
 				return metric("relay_config_last_reload_success_timestamp_seconds") != t0 ||
 					len(r.logs.FilterMessageSnippet("configuration not reloaded").All()) > n
 			})
@@ -218,7 +218,7 @@ func TestReloadUpstreamAndLanes(t *testing.T) {
 		from := []int64{lastSeq(sims[0]), lastSeq(sims[1])}
 		call()
 		i := slices.Index(sims, s.upstream)
-		poll.Until(t, what+" at this state's upstream", func() bool { return arrived(sims[i], path, from[i]) })
+		polltest.Until(t, what+" at this state's upstream", func() bool { return arrived(sims[i], path, from[i]) })
 		if arrived(sims[1-i], path, from[1-i]) {
 			t.Fatalf("%s went to the other upstream", what)
 		}
@@ -232,7 +232,7 @@ func TestReloadUpstreamAndLanes(t *testing.T) {
 		if code, body := post("key-load", "", `{"event_type":"p","device_id":"`+dev+`"}`); code != 200 {
 			t.Fatalf("%s: url probe: %d %s", by, code, body)
 		}
-		poll.Until(t, by+": the url probe delivered", func() bool { return delivered(s.upstream, dev) })
+		polltest.Until(t, by+": the url probe delivered", func() bool { return delivered(s.upstream, dev) })
 		for _, u := range sims {
 			if u != s.upstream && len(requestsWith(u, dev)) > 0 {
 				t.Fatalf("%s: the url probe went to the other upstream", by)
@@ -253,7 +253,7 @@ func TestReloadUpstreamAndLanes(t *testing.T) {
 		if resp.StatusCode != 200 {
 			t.Fatalf("%s: POST /groupidentify: %d", by, resp.StatusCode)
 		}
-		poll.Until(t, by+": the group identification delivered", func() bool {
+		polltest.Until(t, by+": the group identification delivered", func() bool {
 			return groupIdentifies(s.upstream) > before[slices.Index(sims, s.upstream)]
 		})
 		if other := 1 - slices.Index(sims, s.upstream); groupIdentifies(sims[other]) != before[other] {
@@ -265,7 +265,7 @@ func TestReloadUpstreamAndLanes(t *testing.T) {
 			`{"event_type":"history","device_id":"bf-device-1"}`+"\n"+`{"event_type":"history","device_id":"bf-device-2"}`+"\n"); code/100 != 2 {
 			t.Fatalf("%s: POST /relay/v1/backfill: %d %s", by, code, body)
 		}
-		poll.Until(t, by+": the backfill delivered", func() bool { return len(s.upstream.Events(bfKey)) == 2 })
+		polltest.Until(t, by+": the backfill delivered", func() bool { return len(s.upstream.Events(bfKey)) == 2 })
 		for _, u := range sims {
 			if u != s.upstream && len(u.Events(bfKey)) > 0 {
 				t.Fatalf("%s: the backfill went to the other upstream", by)
@@ -284,7 +284,7 @@ func TestReloadUpstreamAndLanes(t *testing.T) {
 				t.Fatalf("%s: retire probe: %d %s", by, code, body)
 			}
 			label := storage.LaneKey{Kind: storage.KindEvents, APIKey: key}.Label()
-			poll.Until(t, by+": the idle lane retired after lane-retire-after "+s.retire.String(), func() bool {
+			polltest.Until(t, by+": the idle lane retired after lane-retire-after "+s.retire.String(), func() bool {
 				code, _ := do(http.MethodGet, r.admin+"/relay/v1/lanes/"+label, "")
 				return code == 404
 			})
@@ -307,7 +307,7 @@ func TestReloadUpstreamAndLanes(t *testing.T) {
 			}
 			return 0, false
 		}
-		poll.Until(t, by+": the pause probe refused with a 429", func() bool { _, ok := first429(); return ok })
+		polltest.Until(t, by+": the pause probe refused with a 429", func() bool { _, ok := first429(); return ok })
 		seq, _ := first429()
 		after := func() bool {
 			for _, q := range requestsWith(s.upstream, pdev) {
@@ -318,7 +318,7 @@ func TestReloadUpstreamAndLanes(t *testing.T) {
 			return false
 		}
 		if s.pause < time.Minute {
-			poll.Until(t, by+": a request of the paused device after throttle-pause "+s.pause.String(), after)
+			polltest.Until(t, by+": a request of the paused device after throttle-pause "+s.pause.String(), after)
 		} else {
 			// Long enough for the 200ms pause to have passed (a lower
 			// bound: a loaded machine cannot make this fail).
@@ -344,7 +344,7 @@ func TestReloadUpstreamAndLanes(t *testing.T) {
 		if s.refresh < time.Minute {
 			from := lastSeq(s.upstream)
 			seen := map[time.Time]bool{}
-			poll.Until(t, by+": the plan read again every "+s.refresh.String()+" from this upstream", func() bool {
+			polltest.Until(t, by+": the plan read again every "+s.refresh.String()+" from this upstream", func() bool {
 				if in := planOf(); in.Fetched != nil {
 					seen[*in.Fetched] = true
 				}
@@ -461,7 +461,7 @@ func TestReloadUpstreamAndLanes(t *testing.T) {
 
 	// Zero failed, zero lost: every event answered 200 reaches an upstream.
 	acceptedIDs := stopLoad()
-	poll.Until(t, "every load event delivered", func() bool {
+	polltest.Until(t, "every load event delivered", func() bool {
 		got := map[string]bool{}
 		for _, u := range sims {
 			for _, e := range u.Events("key-load") {

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 )
 
 // TestSDNotify: under systemd (NOTIFY_SOCKET set) the relay says READY=1
@@ -24,7 +24,7 @@ func TestSDNotify(t *testing.T) {
 	read := func() string {
 		t.Helper()
 		buf := make([]byte, 4096)
-		if err := conn.SetReadDeadline(time.Now().Add(poll.Max)); err != nil {
+		if err := conn.SetReadDeadline(time.Now().Add(polltest.Max)); err != nil {
 			t.Fatal(err)
 		}
 		n, err := conn.Read(buf)

@@ -13,7 +13,7 @@ import (
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/config"
 	"github.com/svcrelay/relay/internal/credentials"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -90,17 +90,17 @@ func (r *servedRelay) stop(t *testing.T) error {
 	select {
 	case err := <-r.done:
 		return err
-	case <-time.After(poll.Max):
-		t.Fatalf("serve did not stop within %v", poll.Max)
+	case <-time.After(polltest.Max):
+		t.Fatalf("serve did not stop within %v", polltest.Max)
 		return nil
 	}
 }
 
 // waitLog waits for n log lines with message msg; it fails at once if
-// serve returns, and after poll.Max.
+// serve returns, and after polltest.Max.
 func (r *servedRelay) waitLog(t *testing.T, msg string, n int) {
 	t.Helper()
-	poll.Until(t, fmt.Sprintf("%d %q log lines", n, msg), func() bool {
+	polltest.Until(t, fmt.Sprintf("%d %q log lines", n, msg), func() bool {
 		select {
 		case err := <-r.done:
 			r.stopped = true

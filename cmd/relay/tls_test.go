@@ -10,7 +10,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/tlsreload/tlstest"
 )
 
@@ -36,7 +36,7 @@ func TestServeTLSReloadOnSIGHUP(t *testing.T) {
 		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
 			GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused },
 		}))
-		resp, err := (&http.Client{Transport: tr, Timeout: poll.Max}).Do(req)
+		resp, err := (&http.Client{Transport: tr, Timeout: polltest.Max}).Do(req)
 		if err != nil {
 			t.Fatalf("%s: %v", url, err)
 		}

@@ -15,7 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 )
 
 // start serves s on a real 127.0.0.1 port and returns its base URL.
@@ -49,7 +49,7 @@ func get(t *testing.T, method, url string, hdr ...string) (int, http.Header, str
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
-	c := &http.Client{Timeout: poll.Max}
+	c := &http.Client{Timeout: polltest.Max}
 	resp, err := c.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -257,7 +257,7 @@ func TestShutdown(t *testing.T) {
 	if code, _, _ := get(t, "GET", "http://"+ln.Addr().String()+"/healthz"); code != 200 {
 		t.Fatalf("healthz %d", code)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
+	ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
 	defer cancel()
 	if err := s.Shutdown(ctx); err != nil {
 		t.Fatal(err)
@@ -267,7 +267,7 @@ func TestShutdown(t *testing.T) {
 		if err != nil {
 			t.Fatalf("serve after shutdown: %v", err)
 		}
-	case <-time.After(poll.Max):
+	case <-time.After(polltest.Max):
 		t.Fatal("serve did not return")
 	}
 	if c, err := net.DialTimeout("tcp", ln.Addr().String(), time.Second); err == nil {
@@ -365,8 +365,8 @@ func TestShutdownWithSilentConnection(t *testing.T) {
 	case <-entered:
 	case got := <-slow:
 		t.Fatalf("slow request answered %q before its handler ran", got)
-	case <-time.After(poll.Max):
-		t.Fatalf("slow request not in its handler after %v", poll.Max)
+	case <-time.After(polltest.Max):
+		t.Fatalf("slow request not in its handler after %v", polltest.Max)
 	}
 	// The silent connection, dialled last so that a slow machine cannot
 	// age it: net/http alone holds Shutdown until a connection that sent
@@ -377,14 +377,14 @@ func TestShutdownWithSilentConnection(t *testing.T) {
 	}
 	defer silent.Close()
 	silentHeld := time.Now().Add(5 * time.Second)
-	poll.Until(t, "the silent connection accepted", func() bool {
+	polltest.Until(t, "the silent connection accepted", func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		return len(s.fresh) == 1
 	})
 	// The request is in progress when Shutdown begins, and ends after.
 	go func() {
-		for stop := time.Now().Add(poll.Max); !s.stopping.Load() && time.Now().Before(stop); {
+		for stop := time.Now().Add(polltest.Max); !s.stopping.Load() && time.Now().Before(stop); {
 			time.Sleep(time.Millisecond)
 		}
 		close(release)

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/delivery"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 )
@@ -370,7 +370,7 @@ func getBody(t *testing.T, method, url, body string, hdr ...string) (int, http.H
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
-	resp, err := (&http.Client{Timeout: poll.Max}).Do(req)
+	resp, err := (&http.Client{Timeout: polltest.Max}).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 )
@@ -20,7 +20,7 @@ func TestDeadLettersOfRetiredLane(t *testing.T) {
 	l := f.lane(key)
 	label := l.Key().Label()
 	f.dead(key, "silenced", `{"event_type":"a"}`, `{"event_type":"b"}`)
-	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
+	ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
 	_, err := l.Next(ctx, 0) // returns once the empty lane is retired
 	cancel()
 	if !errors.Is(err, storage.ErrRetired) {

@@ -7,7 +7,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 )
@@ -24,11 +24,11 @@ func TestServerLogRedacted(t *testing.T) {
 		panic(`bad header "Authorization: Bearer s3cret-tok" on /usermap?api_key=KEY123`)
 	}))
 	base := start(t, s)
-	c := &http.Client{Timeout: poll.Max}
+	c := &http.Client{Timeout: polltest.Max}
 	if resp, err := c.Get(base + "/boom"); err == nil {
 		resp.Body.Close()
 	}
-	poll.Until(t, "net/http's panic line in the log", func() bool { return logs.FilterMessage("admin listener").Len() > 0 })
+	polltest.Until(t, "net/http's panic line in the log", func() bool { return logs.FilterMessage("admin listener").Len() > 0 })
 	entries := logs.FilterMessage("admin listener").All()
 	for _, e := range entries {
 		d := e.ContextMap()["detail"].(string)

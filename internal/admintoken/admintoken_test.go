@@ -15,7 +15,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 )
 
 func b64basic(userPass string) string {
@@ -63,7 +63,7 @@ func do(t *testing.T, addr, path string, headers [][2]string) result {
 	for _, h := range headers {
 		req.Header.Add(h[0], h[1])
 	}
-	c := &http.Client{Timeout: poll.Max}
+	c := &http.Client{Timeout: polltest.Max}
 	resp, err := c.Do(req)
 	if err != nil {
 		t.Fatal(err)

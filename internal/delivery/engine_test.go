@@ -13,7 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 )
@@ -87,9 +87,9 @@ func TestEngine(t *testing.T) {
 	}
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		for deadline := time.Now().Add(poll.Max); !cond(); time.Sleep(5 * time.Millisecond) {
+		for deadline := time.Now().Add(polltest.Max); !cond(); time.Sleep(5 * time.Millisecond) {
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within %v (status %+v, runs %d)", what, poll.Max, engineStatus(e), runs.Load())
+				t.Fatalf("%s: not within %v (status %+v, runs %d)", what, polltest.Max, engineStatus(e), runs.Load())
 			}
 		}
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/spool"
@@ -52,7 +52,7 @@ func TestFleetModeOverSeam(t *testing.T) {
 			h.add("key-one", evs...)
 		}
 		h.start()
-		poll.Until(t, "Ready", func() bool { return h.p.Ready() == nil })
+		polltest.Until(t, "Ready", func() bool { return h.p.Ready() == nil })
 		for range 5 { // a queue handed over at run time
 			h.add("key-two", ev{User: "only-user-1"}, ev{Device: "device-x"})
 		}
@@ -167,7 +167,7 @@ func TestFleetLeaseRunOut(t *testing.T) {
 			h.add("key", devEvents(10)...)
 		}
 		h.start()
-		poll.Until(t, "the lane's runner to read the queue", func() bool {
+		polltest.Until(t, "the lane's runner to read the queue", func() bool {
 			for _, ls := range h.p.LaneStatus() {
 				if ls.ReadAheadBytes > 0 {
 					return true
@@ -181,7 +181,7 @@ func TestFleetLeaseRunOut(t *testing.T) {
 			t.Fatalf("%d requests sent while the lease had run out", n)
 		}
 		st.held.Store(true)
-		h.waitDrained(poll.Max, 0)
+		h.waitDrained(polltest.Max, 0)
 		h.stop()
 		if dead := h.check(nil); len(dead) != 0 {
 			t.Fatalf("dead letters: %v", dead)

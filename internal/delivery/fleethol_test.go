@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/spool"
@@ -304,7 +304,7 @@ func laneHeadOfLine(t *testing.T, maxSpilled int, quotaFor time.Duration) bool {
 	}
 	if limited {
 		// Wait until the partition holds its limit.
-		for deadline := time.Now().Add(poll.Max); ; time.Sleep(50 * time.Millisecond) {
+		for deadline := time.Now().Add(polltest.Max); ; time.Sleep(50 * time.Millisecond) {
 			st.mu.Lock()
 			k := len(st.spilled)
 			st.mu.Unlock()
@@ -345,7 +345,7 @@ func laneHeadOfLine(t *testing.T, maxSpilled int, quotaFor time.Duration) bool {
 	if err := h.p.ResumeLane(badLane); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := quotaEnds.Add(poll.Max); ; time.Sleep(20 * time.Millisecond) {
+	for deadline := quotaEnds.Add(polltest.Max); ; time.Sleep(20 * time.Millisecond) {
 		var left int64
 		for _, l := range h.sp.Lanes() {
 			left += l.Stats().Records

@@ -18,7 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/spool"
@@ -150,7 +150,7 @@ func TestFormNamedRecords(t *testing.T) {
 	p := newGI(t, FormConfig{}, base, spool.NewBackend(sp, nil), send, nil)
 	l := appendGI(t, sp, "k", 0, 3)
 	runPipeline(t, p, sp)
-	poll.Until(t, "the lane acknowledged", func() bool { return l.Stats().Records == 0 })
+	polltest.Until(t, "the lane acknowledged", func() bool { return l.Stats().Records == 0 })
 	if got, want := giValues(s, "k"), []string{"v0", "v1", "v2", "v0", "v2"}; !slices.Equal(got, want) {
 		t.Fatalf("upstream got %v, want %v (the request, then the two not named, in order)", got, want)
 	}
@@ -304,13 +304,13 @@ func TestFormLeaseRunOut(t *testing.T) {
 		p := newGI(t, FormConfig{}, "http://sim", st, formSimSender(s), nil)
 		l := appendGI(t, sp, "k", 0, 3)
 		runPipeline(t, p, sp)
-		poll.Until(t, "the lane to read its queue", func() bool { return st.reads.Load() > 0 })
+		polltest.Until(t, "the lane to read its queue", func() bool { return st.reads.Load() > 0 })
 		time.Sleep(time.Second) // the lane sends at once (no linger)
 		if got := simtest.GroupIdentifies(s, "k"); len(got) != 0 {
 			t.Fatalf("upstream got %d group identifies while the lease had run out", len(got))
 		}
 		st.held.Store(true)
-		poll.Until(t, "the lane acknowledged", func() bool { return l.Stats().Records == 0 })
+		polltest.Until(t, "the lane acknowledged", func() bool { return l.Stats().Records == 0 })
 		if got, want := giValues(s, "k"), []string{"v0", "v1", "v2"}; !slices.Equal(got, want) {
 			t.Fatalf("upstream got %v, want %v", got, want)
 		}
@@ -359,13 +359,13 @@ func TestFormRetiredLanesForgotten(t *testing.T) {
 	for i := range keys {
 		appendGI(t, sp, fmt.Sprintf("key-%d", i), i, i+1)
 	}
-	poll.Until(t, "delivered", func() bool {
+	polltest.Until(t, "delivered", func() bool {
 		return len(simtest.GroupIdentifies(s, "key-49")) == 1 && len(simtest.GroupIdentifies(s, "key-0")) == 1
 	})
-	poll.Until(t, "retired and forgotten", func() bool { return sp.Stats().Lanes == 0 && len(p.LaneStatus()) == 0 })
-	poll.Until(t, "lane goroutines ended", func() bool { return laneGoroutines() == 0 })
+	polltest.Until(t, "retired and forgotten", func() bool { return sp.Stats().Lanes == 0 && len(p.LaneStatus()) == 0 })
+	polltest.Until(t, "lane goroutines ended", func() bool { return laneGoroutines() == 0 })
 	appendGI(t, sp, "key-0", 100, 101)
-	poll.Until(t, "a new lane of a retired key delivers", func() bool { return len(simtest.GroupIdentifies(s, "key-0")) == 2 })
+	polltest.Until(t, "a new lane of a retired key delivers", func() bool { return len(simtest.GroupIdentifies(s, "key-0")) == 2 })
 }
 
 // answerLog wraps a Sender and notes when each request was answered and
@@ -440,7 +440,7 @@ func TestThrottledSameLoop(t *testing.T) {
 		wg.Wait()
 		sp.Close()
 	})
-	poll.Until(t, "both lanes acknowledged", func() bool { return gl.Stats().Records == 0 && el.Stats().Records == 0 })
+	polltest.Until(t, "both lanes acknowledged", func() bool { return gl.Stats().Records == 0 && el.Stats().Records == 0 })
 
 	for _, path := range []string{"/groupidentify", "/2/httpapi"} {
 		got := send.of(path)

@@ -17,7 +17,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/spool"
@@ -32,7 +32,7 @@ type harness struct {
 	t *testing.T
 	// real: not in a synctest bubble, so waits are real time and a
 	// loaded machine stretches them (waitDrained's bound is then at
-	// least poll.Max); in a bubble they are exact fake time.
+	// least polltest.Max); in a bubble they are exact fake time.
 	real bool
 	sim  *simtest.Sim
 	url  string
@@ -246,7 +246,7 @@ func (h *harness) stop() {
 		if err != nil {
 			h.t.Errorf("Run: %v", err)
 		}
-	case <-time.After(poll.Max):
+	case <-time.After(polltest.Max):
 		h.t.Fatal("Run did not return")
 	}
 	h.cancel = nil
@@ -350,7 +350,7 @@ func (h *harness) add(apiKey string, evs ...ev) []string {
 func (h *harness) waitDrained(timeout time.Duration, keep int64) {
 	h.t.Helper()
 	if h.real {
-		timeout = max(timeout, poll.Max)
+		timeout = max(timeout, polltest.Max)
 	}
 	deadline := time.Now().Add(timeout)
 	for {

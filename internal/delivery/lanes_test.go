@@ -24,7 +24,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
@@ -104,7 +104,7 @@ func (s *scraper) finish() error {
 	}
 	select {
 	case <-s.done:
-	case <-time.After(poll.Max):
+	case <-time.After(polltest.Max):
 		return errors.New("a scrape hung")
 	}
 	s.mu.Lock()
@@ -134,7 +134,7 @@ func TestMetricsScrapeWhileLanesChurn(t *testing.T) {
 	if raceEnabled {
 		lanes = 800
 	}
-	deadline := time.Now().Add(poll.Max)
+	deadline := time.Now().Add(polltest.Max)
 	for i := 0; i < lanes; i++ {
 		key := fmt.Sprintf("churn-key-%04d", i)
 		h.add(key, ev{Device: "dev-1"})
@@ -154,9 +154,9 @@ func TestMetricsScrapeWhileLanesChurn(t *testing.T) {
 			h.cancel()
 			select {
 			case <-h.done:
-			case <-time.After(poll.Max):
+			case <-time.After(polltest.Max):
 				h.cancel = nil // hung: the cleanup must not wait for it again
-				fail("Run did not return within poll.Max")
+				fail("Run did not return within polltest.Max")
 			}
 			h.start()
 		}
@@ -164,7 +164,7 @@ func TestMetricsScrapeWhileLanesChurn(t *testing.T) {
 			fail("creating lanes took over 60s (%d of %d)", i, lanes)
 		}
 	}
-	poll.Until(t, "every lane's event delivered", func() bool { return h.sim.Count() >= int64(lanes) })
+	polltest.Until(t, "every lane's event delivered", func() bool { return h.sim.Count() >= int64(lanes) })
 	if err := sc.finish(); err != nil {
 		t.Fatalf("after %d scrapes: %v", sc.n.Load(), err)
 	}
@@ -241,7 +241,7 @@ func (r *churnRelay) close() {
 	r.cancel()
 	select {
 	case <-r.done:
-	case <-time.After(poll.Max):
+	case <-time.After(polltest.Max):
 		r.t.Error("Run did not return")
 	}
 	r.cancel = nil
@@ -282,7 +282,7 @@ func (r *churnRelay) metricsSize() int {
 
 func (r *churnRelay) waitFor(what string, d time.Duration, cond func() bool) {
 	r.t.Helper()
-	d = max(d, poll.Max) // real time: a loaded machine stretches every wait
+	d = max(d, polltest.Max) // real time: a loaded machine stretches every wait
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {

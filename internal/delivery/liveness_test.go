@@ -14,7 +14,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/spool"
@@ -465,7 +465,7 @@ func TestHeldEventsMetric(t *testing.T) {
 		h.add("key", ev{Device: "held-device"}, ev{Device: "held-device"}, ev{Device: "free-device"})
 		h.add("other-key", ev{Device: "held-device"})
 		h.start()
-		deadline := time.Now().Add(poll.Max)
+		deadline := time.Now().Add(polltest.Max)
 		for h.metric("relay_delivery_held_events") != 3 || h.sim.Count() != 1 {
 			if time.Now().After(deadline) {
 				t.Fatalf("held events %v, sim holds %d", h.metric("relay_delivery_held_events"), h.sim.Count())

@@ -8,7 +8,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/throttle"
@@ -46,7 +46,7 @@ func TestHeldEventsDoNotPinChunks(t *testing.T) {
 
 		h.start()
 		want := int64(chunks * (perChunk - 1))
-		deadline := time.Now().Add(poll.Max)
+		deadline := time.Now().Add(polltest.Max)
 		for simtest.Counted(h.sim) < want {
 			if time.Now().After(deadline) {
 				t.Fatalf("delivered %d of %d; lanes %+v", simtest.Counted(h.sim), want, h.p.LaneStatus())
@@ -122,7 +122,7 @@ func TestHeldEventsDeliveredIntactAfterPause(t *testing.T) {
 
 		// During the pause: the others are delivered, the paused device's
 		// events are held, in their own copies only.
-		deadline := time.Now().Add(poll.Max)
+		deadline := time.Now().Add(polltest.Max)
 		for h.sim.Count() < 20*20 {
 			if time.Now().After(deadline) {
 				t.Fatalf("others not delivered: %d", h.sim.Count())
@@ -177,7 +177,7 @@ func TestTotalReadAheadNoStarvation(t *testing.T) {
 			h.add("stuck-key", ev{Device: "quota-device", Pad: 500}, ev{Device: "quota-device", Pad: 500})
 		}
 		h.start()
-		deadline := time.Now().Add(poll.Max)
+		deadline := time.Now().Add(polltest.Max)
 		for h.p.budget.Used() < shareOf(limit) {
 			if time.Now().After(deadline) {
 				t.Fatalf("the stuck lane did not fill its share of the total: %d; %+v", h.p.budget.Used(), h.p.LaneStatus())
@@ -256,7 +256,7 @@ func TestOutageStopsReadAhead(t *testing.T) {
 			if i == 0 {
 				h.start()
 			}
-			deadline := time.Now().Add(poll.Max)
+			deadline := time.Now().Add(polltest.Max)
 			for lr := h.p.lane(h.lane("key", "").ID()); lr == nil || lr.failing.Load() < 2; lr = h.p.lane(h.lane("key", "").ID()) {
 				if time.Now().After(deadline) {
 					t.Fatalf("%s: the shards did not start retrying", mode)
@@ -286,7 +286,7 @@ func TestOutageStopsReadAhead(t *testing.T) {
 // send what they have then, not once per flush interval (20 s here: the
 // ~1 MB below would take over 4 minutes that way, against a few seconds
 // and at most one interval for the last partial batches: waitDrained's
-// poll.Max tells the two apart on any machine).
+// polltest.Max tells the two apart on any machine).
 func TestSmallBudgetDoesNotWaitForFlush(t *testing.T) {
 	h := newHarness(t, sim.Config{}, Config{MaxReadAheadBytes: 64 << 10, ShardsPerLane: 4,
 		MaxBatchEvents: 1000, FlushInterval: 20 * time.Second}, throttle.Config{})
@@ -299,7 +299,7 @@ func TestSmallBudgetDoesNotWaitForFlush(t *testing.T) {
 	}
 	start := time.Now()
 	h.start()
-	h.waitDrained(poll.Max, 0)
+	h.waitDrained(polltest.Max, 0)
 	t.Logf("delivered in %v", time.Since(start))
 	h.stop()
 	h.check(nil)
@@ -347,7 +347,7 @@ func TestLargeChunksStayInBudget(t *testing.T) {
 	base := heap()          // the test's own copies of the events are most of it
 	check := func(when string, base uint64) {
 		t.Helper()
-		deadline := time.Now().Add(poll.Max)
+		deadline := time.Now().Add(polltest.Max)
 		for h.send.calls.Load() < 2*lanes && time.Now().Before(deadline) {
 			time.Sleep(10 * time.Millisecond)
 		}
@@ -383,7 +383,7 @@ func TestLargeChunksStayInBudget(t *testing.T) {
 	// ~50 MB through a 1 MB read-ahead: 15 s on a quiet machine, over
 	// 2 minutes at a load average of 30 under the race detector; a lane
 	// that stalls never drains.
-	h.waitDrained(2*poll.Max, 0)
+	h.waitDrained(2*polltest.Max, 0)
 	h.stop()
 	h.check(nil)
 }

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/fastserver/fastservertest"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/valyala/fasthttp"
 )
 
@@ -77,7 +77,7 @@ func dial(t *testing.T, addr string) net.Conn {
 // get sends one keep-alive GET on c and reads its answer.
 func get(t *testing.T, c net.Conn, br *bufio.Reader, path string) *http.Response {
 	t.Helper()
-	c.SetDeadline(time.Now().Add(poll.Max))
+	c.SetDeadline(time.Now().Add(polltest.Max))
 	if _, err := io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func get(t *testing.T, c net.Conn, br *bufio.Reader, path string) *http.Response
 // waitClosed fails unless the server closes c within d.
 func waitClosed(t *testing.T, name string, c net.Conn, d time.Duration) {
 	t.Helper()
-	c.SetReadDeadline(time.Now().Add(max(d, poll.Max)))
+	c.SetReadDeadline(time.Now().Add(max(d, polltest.Max)))
 	var b [1]byte
 	if _, err := c.Read(b[:]); !errors.Is(err, io.EOF) && !isReset(err) {
 		t.Fatalf("%s connection: read %v, want EOF (closed by Shutdown)", name, err)
@@ -126,7 +126,7 @@ func TestShutdownClosesWaitingConnections(t *testing.T) {
 	busy := dial(t, addr)
 	busyAnswer := make(chan *http.Response, 1)
 	go func() {
-		busy.SetDeadline(time.Now().Add(poll.Max))
+		busy.SetDeadline(time.Now().Add(polltest.Max))
 		io.WriteString(busy, "GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
 		r, err := http.ReadResponse(bufio.NewReader(busy), nil)
 		if err != nil {
@@ -163,8 +163,8 @@ func TestShutdownClosesWaitingConnections(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Shutdown: %v", err)
 		}
-	case <-time.After(poll.Max): // about 100 ms on a quiet machine (fasthttp's poll)
-		t.Fatalf("Shutdown still waiting %v after the last request ended (the idle timeout is 10 minutes)", poll.Max)
+	case <-time.After(polltest.Max): // about 100 ms on a quiet machine (fasthttp's poll)
+		t.Fatalf("Shutdown still waiting %v after the last request ended (the idle timeout is 10 minutes)", polltest.Max)
 	}
 	if err := <-served; err != nil {
 		t.Fatalf("Serve after Shutdown: %v", err)
@@ -191,10 +191,10 @@ func TestShutdownIdleOnly(t *testing.T) {
 	// The silent connection is accepted before Shutdown, but its StateNew
 	// may come later: either way it must be closed.
 	// fasthttp polls its count of open connections every 100 ms: about
-	// 100 ms on a quiet machine. The bound is the ctx: poll.Max, against
+	// 100 ms on a quiet machine. The bound is the ctx: polltest.Max, against
 	// the 10 minutes a wrong Shutdown would wait for the read and idle
 	// timeouts (start's).
-	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
+	ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
 	defer cancel()
 	if err := s.Shutdown(ctx); err != nil {
 		t.Fatalf("Shutdown: %v", err)
@@ -259,7 +259,7 @@ func TestOversizedBodyAnswered(t *testing.T) {
 		IdleTimeout:        time.Minute,
 	}, fasthttp.ErrBodyTooLarge.Error())
 	fastservertest.Repeat(t, conns, func() error {
-		c, err := fastservertest.Dial(addr, poll.Max)
+		c, err := fastservertest.Dial(addr, polltest.Max)
 		if err != nil {
 			return err
 		}
@@ -310,7 +310,7 @@ func lingeringCount(s *Server) int {
 // waitLingeringCount fails unless the lingering count on s becomes n within d.
 func waitLingeringCount(t *testing.T, s *Server, n int, d time.Duration) {
 	t.Helper()
-	poll.Within(t, max(d, poll.Max), fmt.Sprintf("%d connections lingering", n), func() bool { return lingeringCount(s) == n })
+	polltest.Within(t, max(d, polltest.Max), fmt.Sprintf("%d connections lingering", n), func() bool { return lingeringCount(s) == n })
 }
 
 // TestLingerEnds: a connection the peer closed first is closed at once; one
@@ -322,7 +322,7 @@ func TestLingerEnds(t *testing.T) {
 	t.Run("peer closed first", func(t *testing.T) {
 		c, client := tcpPair(t, s)
 		client.Close()
-		c.SetReadDeadline(time.Now().Add(poll.Max))
+		c.SetReadDeadline(time.Now().Add(polltest.Max))
 		if _, err := c.Read(make([]byte, 1)); err != io.EOF {
 			t.Fatalf("read after the peer closed: %v, want EOF", err)
 		}
@@ -349,7 +349,7 @@ func TestLingerEnds(t *testing.T) {
 		}
 		// The peer gets the answer and the FIN (CloseWrite), and may still
 		// send: the server discards it.
-		client.SetDeadline(time.Now().Add(poll.Max))
+		client.SetDeadline(time.Now().Add(polltest.Max))
 		if b, err := io.ReadAll(client); err != nil || string(b) != "answer" {
 			t.Fatalf("peer read %q, %v; want the answer and EOF", b, err)
 		}
@@ -376,7 +376,7 @@ func TestLingerEnds(t *testing.T) {
 		c, client := tcpPair(t, s)
 		begin := time.Now()
 		c.Close()
-		client.SetDeadline(time.Now().Add(poll.Max))
+		client.SetDeadline(time.Now().Add(polltest.Max))
 		if _, err := client.Read(make([]byte, 1)); err != io.EOF {
 			t.Fatalf("peer read: %v, want EOF (the server's FIN)", err)
 		}
@@ -400,7 +400,7 @@ func TestLingerByteLimit(t *testing.T) {
 	c, client := tcpPair(t, s)
 	begin := time.Now() // the linger's deadline is s.lingerFor after this
 	c.Close()
-	client.SetDeadline(time.Now().Add(poll.Max))
+	client.SetDeadline(time.Now().Add(polltest.Max))
 	chunk := make([]byte, 16<<10)
 	var err error
 	for sent := 0; sent < 256<<20 && err == nil; sent += len(chunk) {
@@ -431,11 +431,11 @@ func TestShutdownWithLingering(t *testing.T) {
 		// A Shutdown that waited forever fails on its ctx; one that did
 		// not wait at all leaves the connection lingering (checked
 		// below).
-		{"linger ends", lingerTimeout, poll.Max, nil, poll.Max},
+		{"linger ends", lingerTimeout, polltest.Max, nil, polltest.Max},
 		// A Shutdown that waited for the linger past its ctx would
 		// return the linger's 10 minutes after it began, far past the
 		// bound.
-		{"ctx ends first", 10 * time.Minute, 50 * time.Millisecond, context.DeadlineExceeded, poll.Max},
+		{"ctx ends first", 10 * time.Minute, 50 * time.Millisecond, context.DeadlineExceeded, polltest.Max},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, addr, served := serve(t, &fasthttp.Server{
@@ -450,7 +450,7 @@ func TestShutdownWithLingering(t *testing.T) {
 			// A client that sent part of an oversized body, read the
 			// 413 and stays silent: its connection lingers.
 			c := dial(t, addr)
-			c.SetDeadline(time.Now().Add(poll.Max))
+			c.SetDeadline(time.Now().Add(polltest.Max))
 			if _, err := fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", 1<<20, make([]byte, 8<<10)); err != nil {
 				t.Fatal(err)
 			}

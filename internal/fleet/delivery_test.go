@@ -9,7 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/svcrelay/relay/internal/natstest"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -95,7 +95,7 @@ func (e *testEnv) testMissedDelivery(t *testing.T) {
 	}
 	defer p.close()
 	for want := 1; want <= 3; want++ {
-		nctx, cancel := context.WithTimeout(ctx, poll.Max) // a pull lost to a leader election: up to 2 expiries
+		nctx, cancel := context.WithTimeout(ctx, polltest.Max) // a pull lost to a leader election: up to 2 expiries
 		m, err := p.Next(nctx)
 		cancel()
 		if err != nil {
@@ -173,12 +173,12 @@ func (e *testEnv) testWritable(t *testing.T) {
 	}
 	// Killed nodes show as offline (or stop answering) within seconds.
 	killed := time.Now()
-	deadline := killed.Add(poll.Max)
+	deadline := killed.Add(polltest.Max)
 	for {
 		start := time.Now()
 		err := check()
 		// A Writable that ignores its context would hang here.
-		if d := time.Since(start); d > poll.Max {
+		if d := time.Since(start); d > polltest.Max {
 			t.Fatalf("Writable took %v with a 10s context", d)
 		}
 		if err != nil {
@@ -189,7 +189,7 @@ func (e *testEnv) testWritable(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("still writable %v after two of three nodes died", poll.Max)
+			t.Fatalf("still writable %v after two of three nodes died", polltest.Max)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -20,7 +20,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/svcrelay/relay/internal/natstest"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -130,12 +130,12 @@ func (e *testEnv) open(t *testing.T, nc *nats.Conn, cfg Config) *Fleet {
 		// Not the default 10 s: a loaded machine's cluster can take longer
 		// to acknowledge a publish, and a test that does not test the
 		// time-out must not fail on it.
-		cfg.PublishTimeout = poll.Max
+		cfg.PublishTimeout = polltest.Max
 	}
 	if cfg.LeaseTTL == 0 {
 		cfg.LeaseTTL = e.leaseTTL
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
+	ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
 	defer cancel()
 	var log *zap.Logger
 	if os.Getenv("FLEET_TEST_LOG") != "" {
@@ -150,7 +150,7 @@ func (e *testEnv) open(t *testing.T, nc *nats.Conn, cfg Config) *Fleet {
 }
 
 func bg(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*poll.Max)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*polltest.Max)
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -264,12 +264,12 @@ func runEvents(f *Fleet, deliver DeliverFunc) (stop func()) {
 
 // waitFor polls cond every 20 ms for at most d.
 // waitFor polls cond until it holds. d is how long it takes on a quiet
-// machine at most; the bound is never below poll.Max, so that a loaded
+// machine at most; the bound is never below polltest.Max, so that a loaded
 // machine (two CPU hogs beside the race detector and a NATS cluster) does
 // not fail a test whose outcome only comes late.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	d = max(d, poll.Max)
+	d = max(d, polltest.Max)
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
@@ -453,7 +453,7 @@ func (e *testEnv) testMetrics(t *testing.T) {
 	var m *Message
 	select {
 	case m = <-read:
-	case <-time.After(poll.Max):
+	case <-time.After(polltest.Max):
 		t.Fatal("nothing read")
 	}
 	waitFor(t, 30*time.Second, "every partition owned", func() bool { return gauge(t, reg, "relay_fleet_partitions_owned") == 6 })
@@ -696,7 +696,7 @@ func (e *testEnv) testPauseOnTakeOver(t *testing.T) {
 	a := e.open(t, e.connect(t), Config{Namespace: ns, Partitions: 1})
 	b := e.open(t, e.connect(t), Config{Namespace: ns, Partitions: 1})
 	key := []byte("d:paused by the previous owner")
-	if err := a.Pause(bg(t), key, time.Now().Add(2*poll.Max)); err != nil {
+	if err := a.Pause(bg(t), key, time.Now().Add(2*polltest.Max)); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "the watcher delivers the pause", func() bool { _, ok := b.PausedUntil(key); return ok })
@@ -720,7 +720,7 @@ func (e *testEnv) testPauseOnTakeOver(t *testing.T) {
 		if !ok {
 			t.Error("a partition was handed to deliver before the stored pause of one of its keys was known")
 		}
-	case <-time.After(poll.Max):
+	case <-time.After(polltest.Max):
 		t.Fatal("no partition taken")
 	}
 }
@@ -753,7 +753,7 @@ func (e *testEnv) testPauseUnstoredHoldsLease(t *testing.T) {
 	// A pause a could not store (as after a failed write; no rewrite is
 	// kicked, so it stays unstored until the test stores it).
 	key := []byte("d:unstored")
-	until := time.Now().Add(2 * poll.Max)
+	until := time.Now().Add(2 * polltest.Max)
 	a.pause.mu.Lock()
 	a.pause.unsaved[pauseKey(key)] = until
 	a.pause.mu.Unlock()
@@ -763,7 +763,7 @@ func (e *testEnv) testPauseUnstoredHoldsLease(t *testing.T) {
 	var gone string
 	select {
 	case gone = <-ended:
-	case <-time.After(poll.Max):
+	case <-time.After(polltest.Max):
 		t.Fatal("a gave no partition up to b")
 	}
 	// Three heartbeats: b would have taken it within one.
@@ -791,7 +791,7 @@ func (e *testEnv) testPauseStoredLater(t *testing.T) {
 	for _, i := range down {
 		e.c.Kill(i)
 	}
-	if err := a.Pause(bg(t), key, time.Now().Add(2*poll.Max)); err == nil {
+	if err := a.Pause(bg(t), key, time.Now().Add(2*polltest.Max)); err == nil {
 		t.Error("a pause stored without a quorum")
 	}
 	if _, ok := a.PausedUntil(key); !ok {
@@ -876,7 +876,7 @@ func (e *testEnv) testKeepAlive(t *testing.T) {
 		if !errors.Is(r.err, context.DeadlineExceeded) {
 			t.Fatalf("waiting for nothing: %v", r.err)
 		}
-	case <-time.After(poll.Max):
+	case <-time.After(polltest.Max):
 		t.Fatal("deliver did not finish")
 	}
 	waitFor(t, 10*time.Second, "the stream empties", func() bool { return streamMsgs(t, f, storage.KindEvents) == 0 })
@@ -931,7 +931,7 @@ func (e *testEnv) testNak(t *testing.T) {
 		if r.after < 400*time.Millisecond {
 			t.Errorf("read again after %v, before its 500ms delay", r.after)
 		}
-	case <-time.After(poll.Max):
+	case <-time.After(polltest.Max):
 		t.Fatal("deliver did not finish")
 	}
 }
@@ -995,7 +995,7 @@ func (e *testEnv) testLeaseStolen(t *testing.T) {
 	defer stop()
 	select {
 	case <-started:
-	case <-time.After(poll.Max):
+	case <-time.After(polltest.Max):
 		t.Fatal("partition never taken")
 	}
 	key := slot{storage.KindEvents, 0}.key()
@@ -1006,13 +1006,13 @@ func (e *testEnv) testLeaseStolen(t *testing.T) {
 	select {
 	case at := <-ended:
 		t.Logf("deliver stopped %v after its lease was taken", at.Sub(stolen).Round(time.Millisecond))
-	case <-time.After(poll.Max):
+	case <-time.After(polltest.Max):
 		t.Fatal("deliver never stopped after its lease was taken")
 	}
 	// The relay takes the partition again (it is still assigned to it).
 	select {
 	case <-started:
-	case <-time.After(poll.Max):
+	case <-time.After(polltest.Max):
 		t.Fatal("partition not taken again")
 	}
 }
@@ -1168,7 +1168,7 @@ func (e *testEnv) dropStreams(t *testing.T) {
 	}
 	// Deleting every case's streams so far takes long on a loaded
 	// machine (30 s was missed once, at a load average of 30).
-	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
+	ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
 	defer cancel()
 	names := js.StreamNames(ctx)
 	var all []string
@@ -1190,7 +1190,7 @@ func (e *testEnv) dropStreams(t *testing.T) {
 func (e *testEnv) testNodeRestart(t *testing.T) {
 	e.dropStreams(t)
 	nc := e.connect(t)
-	f := e.open(t, nc, Config{Namespace: e.namespace(), Partitions: 4, PublishTimeout: poll.Max})
+	f := e.open(t, nc, Config{Namespace: e.namespace(), Partitions: 4, PublishTimeout: polltest.Max})
 	ctx := bg(t)
 	var (
 		mu    sync.Mutex
@@ -1288,7 +1288,7 @@ func (e *testEnv) testNoQuorum(t *testing.T) {
 			t.Errorf("append of %d records without a quorum: %v, want ErrUnavailable", len(recs), err)
 		}
 		// A hang (an append that waits for the quorum) would show here.
-		if d := time.Since(start); d > poll.Max {
+		if d := time.Since(start); d > polltest.Max {
 			t.Errorf("append without a quorum took %v, PublishTimeout is 3s", d)
 		}
 	}
@@ -1310,7 +1310,7 @@ func (e *testEnv) testConcurrentOpen(t *testing.T) {
 	for i := range 2 {
 		nc := e.connect(t)
 		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
+			ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
 			defer cancel()
 			t0 := time.Now()
 			f, err := Open(ctx, nc, Config{Namespace: ns, Partitions: 4}, nil, nil)
@@ -1339,7 +1339,7 @@ func (e *testEnv) testKindMembers(t *testing.T) {
 	wg.Go(func() { a.Backend().Only(storage.KindEvents).Run(ctx, hold) }) //nolint:errcheck // ends with ctx
 	wg.Go(func() { b.Backend().Run(ctx, hold) })                          //nolint:errcheck // ends with ctx
 	owner := func(k storage.Kind, p int) string {
-		octx, ocancel := context.WithTimeout(context.Background(), poll.Max)
+		octx, ocancel := context.WithTimeout(context.Background(), polltest.Max)
 		defer ocancel()
 		e, err := a.kv.Get(octx, slot{k, p}.key())
 		if err != nil {
@@ -1347,7 +1347,7 @@ func (e *testEnv) testKindMembers(t *testing.T) {
 		}
 		return string(e.Value())
 	}
-	deadline := time.Now().Add(poll.Max)
+	deadline := time.Now().Add(polltest.Max)
 	for {
 		var evA, evB, formsB int
 		for p := range 4 {
@@ -1555,7 +1555,7 @@ func (e *testEnv) testLayoutFound(t *testing.T) {
 	if f.cfg.Partitions != 16 || f.cfg.Streams != 2 {
 		t.Fatalf("layout taken: %d partitions, %d streams; want 16, 2", f.cfg.Partitions, f.cfg.Streams)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
+	ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
 	defer cancel()
 	if _, err := Open(ctx, e.connect(t), Config{Namespace: ns, Partitions: 3}, nil, nil); !errors.Is(err, ErrPartitions) {
 		t.Fatalf("a relay configured for 3 partitions: %v, want ErrPartitions", err)
@@ -1722,7 +1722,7 @@ func (e *testEnv) testRemovalNak(t *testing.T) {
 	var r result
 	select {
 	case r = <-res:
-	case <-time.After(poll.Max):
+	case <-time.After(polltest.Max):
 		t.Fatal("deliver did not finish")
 	}
 	stop()
@@ -1909,7 +1909,7 @@ func (e *testEnv) testConsumerNodeGone(t *testing.T) {
 	if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", 2)}}); err != nil {
 		t.Fatal(err)
 	}
-	nctx, cancel := context.WithTimeout(ctx, poll.Max)
+	nctx, cancel := context.WithTimeout(ctx, polltest.Max)
 	defer cancel()
 	if _, err := p.Next(nctx); !errors.Is(err, ErrLost) {
 		t.Fatalf("read with the consumer's node dead: %v, want ErrLost", err)

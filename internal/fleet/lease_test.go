@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/svcrelay/relay/internal/natstest"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 )
 
 // TestFleetLease runs the lease cases on a cluster of their own, alone
@@ -76,11 +76,11 @@ func (e *testEnv) testSlowMembership(t *testing.T) {
 		}
 		return nil
 	})
-	poll.Until(t, "every kind's partition taken", func() bool { return taken.Load() == int64(len(kinds)) })
+	polltest.Until(t, "every kind's partition taken", func() bool { return taken.Load() == int64(len(kinds)) })
 	kv.slow.Store(true)
 	// Four ticks with a slow heartbeat and listing each (two answers a
 	// tick), however long a loaded machine takes for them.
-	poll.Until(t, "four slow ticks", func() bool { return kv.slows.Load() >= 8 || lost.Load() > 0 })
+	polltest.Until(t, "four slow ticks", func() bool { return kv.slows.Load() >= 8 || lost.Load() > 0 })
 	close(stopping)
 	stop()
 	if n := lost.Load(); n > 0 {
@@ -126,7 +126,7 @@ func (e *testEnv) testSlowRelease(t *testing.T) {
 		<-ctx.Done()
 		return nil
 	})
-	poll.Until(t, "every kind's partition taken", func() bool { return taken.Load() == int64(len(kinds)) })
+	polltest.Until(t, "every kind's partition taken", func() bool { return taken.Load() == int64(len(kinds)) })
 	stop()
 	for _, k := range kinds {
 		s := slot{kind: k, id: 0}
@@ -172,9 +172,9 @@ func (e *testEnv) testLateRenewal(t *testing.T) {
 		<-ctx.Done()
 		return nil
 	})
-	poll.Until(t, "every kind's partition taken", func() bool { return taken.Load() == int64(len(kinds)) })
+	polltest.Until(t, "every kind's partition taken", func() bool { return taken.Load() == int64(len(kinds)) })
 	kv.late.Store(true)
-	poll.Until(t, "a late renewal of every lease", func() bool { return kv.lates.Load() >= int64(len(kinds)) })
+	polltest.Until(t, "a late renewal of every lease", func() bool { return kv.lates.Load() >= int64(len(kinds)) })
 	kv.late.Store(false)
 	stop()
 	for _, k := range kinds {

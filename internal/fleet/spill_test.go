@@ -9,7 +9,7 @@ import (
 
 	"testing"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -40,7 +40,7 @@ func (e *testEnv) testSpill(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-	case <-time.After(poll.Max):
+	case <-time.After(polltest.Max):
 		t.Fatal("deliver did not finish")
 	}
 	waitFor(t, 10*time.Second, "the stream empties", func() bool { return streamMsgs(t, f, storage.KindEvents) == 0 })
@@ -149,7 +149,7 @@ func (e *testEnv) testSpillStepDown(t *testing.T) {
 				t0 := time.Now()
 				// Not the whole of ctx: a read that waits this long was
 				// asked once and never answered.
-				rctx, cancel := context.WithTimeout(ctx, poll.Max)
+				rctx, cancel := context.WithTimeout(ctx, polltest.Max)
 				got, err := r.Reread(rctx, m.Seq)
 				cancel()
 				if err != nil {
@@ -174,7 +174,7 @@ func (e *testEnv) testSpillStepDown(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-	case <-time.After(2 * poll.Max * n):
+	case <-time.After(2 * polltest.Max * n):
 		t.Fatal("deliver did not finish")
 	}
 }

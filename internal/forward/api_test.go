@@ -20,7 +20,7 @@ import (
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/credentials"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/ratelimit"
 )
 
@@ -50,7 +50,7 @@ func send(t *testing.T, method, url, body string, hdr ...string) (*http.Response
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
-	c := &http.Client{Timeout: poll.Max, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	c := &http.Client{Timeout: polltest.Max, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	resp, err := c.Do(req)
 	if err != nil {
 		t.Fatal(err)

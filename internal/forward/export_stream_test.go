@@ -13,7 +13,7 @@ import (
 	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/forward/forwardtest"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 )
@@ -53,7 +53,7 @@ func TestExportSlowCallerOutlivesWriteTimeout(t *testing.T) {
 	// IdleTimeout, on a loaded machine) is tried again.
 	get := func(addr string) *http.Response {
 		var resp *http.Response
-		poll.Until(t, "an export answered 200", func() bool {
+		polltest.Until(t, "an export answered 200", func() bool {
 			req, _ := http.NewRequest("GET", "http://"+addr+forward.ExportPath+"?start=20260101T00&end=20260101T00", nil)
 			req.Header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte("proj:proj-secret")))
 			r, err := http.DefaultClient.Do(req)
@@ -70,9 +70,9 @@ func TestExportSlowCallerOutlivesWriteTimeout(t *testing.T) {
 		return resp
 	}
 	// The slow reader pauses far less than the forwarder's IdleTimeout
-	// (poll.Max) however loaded the machine: only the write time-out
+	// (polltest.Max) however loaded the machine: only the write time-out
 	// could cut it.
-	resp := get(serve(poll.Max))
+	resp := get(serve(polltest.Max))
 	t0 := time.Now()
 	var n int64
 	buf := make([]byte, 512<<10)

@@ -19,7 +19,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/credentials"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 )
@@ -144,7 +144,7 @@ func rawDo(t *testing.T, addr, raw string) *http.Response {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	c.SetDeadline(time.Now().Add(poll.Max))
+	c.SetDeadline(time.Now().Add(polltest.Max))
 	if _, err := io.WriteString(c, raw); err != nil {
 		t.Fatal(err)
 	}
@@ -406,7 +406,7 @@ func TestLocalErrors(t *testing.T) {
 			}
 			// 200 ms for the idle time-out on a quiet machine; a forwarder
 			// without one waits for the slow upstream's 10 minutes.
-			if time.Since(start) > poll.Max {
+			if time.Since(start) > polltest.Max {
 				t.Errorf("took %v", time.Since(start))
 			}
 		})

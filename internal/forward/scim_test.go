@@ -13,7 +13,7 @@ import (
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/forward"
 	ft "github.com/svcrelay/relay/internal/forward/forwardtest"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/ratelimit"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
@@ -215,7 +215,7 @@ func TestSCIMBurstStaysUnderRate(t *testing.T) {
 
 func TestSCIMLimitRefusesAtOnceAndUpstream429PassesBack(t *testing.T) {
 	// MaxWait 10 minutes: a call that waited for its turn would take that
-	// long, a refused one milliseconds; poll.Max tells them apart on any
+	// long, a refused one milliseconds; polltest.Max tells them apart on any
 	// machine.
 	env, relay := scimStart(t, ratelimit.Config{Limit: 3, Window: time.Hour, MaxWait: 10 * time.Minute})
 	simtest.SetSCIMRate(env.Sim, 2, time.Hour)
@@ -223,7 +223,7 @@ func TestSCIMLimitRefusesAtOnceAndUpstream429PassesBack(t *testing.T) {
 	for range 4 {
 		t0 := time.Now()
 		r := ft.Do(t, "GET", relay+"/scim/1/Groups", "", ft.Injected()...)
-		if time.Since(t0) > poll.Max {
+		if time.Since(t0) > polltest.Max {
 			t.Errorf("call waited %v", time.Since(t0))
 		}
 		got = append(got, r.Status)

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 )
 
 // memListener is a net.Listener of in-memory connections that, unlike
@@ -106,7 +106,7 @@ func FuzzIngestConn(f *testing.F) {
 	})
 
 	f.Fuzz(func(t *testing.T, in []byte) {
-		c, err := ln.dial(poll.Max)
+		c, err := ln.dial(polltest.Max)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -123,7 +123,7 @@ func FuzzIngestConn(f *testing.F) {
 		var out []byte
 		select {
 		case out = <-outc:
-		case <-time.After(poll.Max):
+		case <-time.After(polltest.Max):
 			t.Fatalf("no end of the answers to %q", in)
 		}
 		checkAnswers(t, in, out)

@@ -18,7 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/svcrelay/relay/internal/event"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/valyala/fasthttp"
@@ -82,7 +82,7 @@ func (r *testRelay) stop() {
 	if r.sp == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
+	ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
 	defer cancel()
 	if err := r.srv.Shutdown(ctx); err != nil {
 		r.t.Errorf("Shutdown: %v", err)
@@ -92,7 +92,7 @@ func (r *testRelay) stop() {
 		if err != nil {
 			r.t.Errorf("Serve returned %v after Shutdown, want nil", err)
 		}
-	case <-time.After(poll.Max):
+	case <-time.After(polltest.Max):
 		r.t.Errorf("Serve did not return after Shutdown")
 	}
 	r.client.CloseIdleConnections()

@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/event"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/valyala/fasthttp"
 )
@@ -617,8 +617,8 @@ func holdRequest(r *testRelay) (got <-chan answer, release chan struct{}) {
 	case <-entered:
 	case a := <-answers:
 		r.t.Fatalf("answered %d %s without reaching the handler", a.status, a.body)
-	case <-time.After(poll.Max):
-		r.t.Fatalf("the request did not reach the handler in %v", poll.Max)
+	case <-time.After(polltest.Max):
+		r.t.Fatalf("the request did not reach the handler in %v", polltest.Max)
 	}
 	return answers, release
 }
@@ -644,7 +644,7 @@ func TestShutdownWaitsForInFlight(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Shutdown: %v", err)
 		}
-	case <-time.After(poll.Max):
+	case <-time.After(polltest.Max):
 		t.Fatal("Shutdown did not return after the request finished")
 	}
 	if c, err := net.DialTimeout("tcp", r.addr, time.Second); err == nil {
@@ -668,7 +668,7 @@ func TestShutdownDeadline(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), context.DeadlineExceeded.Error()) {
 		t.Fatalf("Shutdown = %v, want deadline exceeded", err)
 	}
-	if d := time.Since(start); d > poll.Max { // a wrong one waits for ever
+	if d := time.Since(start); d > polltest.Max { // a wrong one waits for ever
 		t.Fatalf("Shutdown took %v", d)
 	}
 	close(release)
@@ -706,7 +706,7 @@ func TestSlowAndMalformedClients(t *testing.T) {
 		t.Fatalf("good client: %d %s", a.status, a.body)
 	}
 	for name, c := range map[string]net.Conn{"slow": slow, "garbage": bad} {
-		c.SetReadDeadline(time.Now().Add(poll.Max))
+		c.SetReadDeadline(time.Now().Add(polltest.Max))
 		b, _ := io.ReadAll(c) // until the server closes the connection
 		if !bytes.HasPrefix(b, []byte("HTTP/1.1 4")) {
 			t.Errorf("%s client got %q", name, b)
@@ -755,14 +755,14 @@ func TestShutdownClosesWaitingConnections(t *testing.T) {
 	}
 	silent := dialWait()
 	idle := dialWait()
-	idle.SetDeadline(time.Now().Add(poll.Max))
+	idle.SetDeadline(time.Now().Add(polltest.Max))
 	io.WriteString(idle, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
 	if resp, err := http.ReadResponse(bufio.NewReader(idle), nil); err != nil || resp.StatusCode != 200 || resp.Close {
 		t.Fatalf("keep-alive /healthz: %v %v", resp, err)
 	}
 	got, release := holdRequest(r)
 
-	// The bounds are poll.Max: a wrong Shutdown that left the waiting
+	// The bounds are polltest.Max: a wrong Shutdown that left the waiting
 	// connections to the read and idle timeouts, or waited for them, takes
 	// 10 minutes; a loaded CI machine may take seconds where a quiet one
 	// takes 100 ms (fasthttp polls its count of open connections every
@@ -770,9 +770,9 @@ func TestShutdownClosesWaitingConnections(t *testing.T) {
 	shut := make(chan error, 1)
 	go func() { shut <- r.srv.Shutdown(context.Background()) }()
 	for name, c := range map[string]net.Conn{"silent": silent, "idle keep-alive": idle} {
-		c.SetReadDeadline(time.Now().Add(poll.Max))
+		c.SetReadDeadline(time.Now().Add(polltest.Max))
 		if n, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Fatalf("%s connection still open %v after Shutdown began: read %d, %v", name, poll.Max, n, err)
+			t.Fatalf("%s connection still open %v after Shutdown began: read %d, %v", name, polltest.Max, n, err)
 		}
 	}
 	select {
@@ -789,8 +789,8 @@ func TestShutdownClosesWaitingConnections(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Shutdown: %v", err)
 		}
-	case <-time.After(poll.Max):
-		t.Fatalf("Shutdown did not return within %v after the request finished", poll.Max)
+	case <-time.After(polltest.Max):
+		t.Fatalf("Shutdown did not return within %v after the request finished", polltest.Max)
 	}
 	if got := len(r.drain("k", "")); got != 1 {
 		t.Fatalf("%d records, want 1", got)

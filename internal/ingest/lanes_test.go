@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 )
@@ -96,14 +96,14 @@ func TestRetiredLaneLeavesCache(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
+		ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
 		cs, err := l.Next(ctx, 1<<20)
 		cancel()
 		if err != nil || len(cs) != 1 || len(cs[0].Records) != 1 {
 			t.Fatalf("round %d: %v %d chunks", round, err, len(cs))
 		}
 		l.Ack(cs[0].Seq)
-		ctx, cancel = context.WithTimeout(context.Background(), poll.Max)
+		ctx, cancel = context.WithTimeout(context.Background(), polltest.Max)
 		_, err = l.Next(ctx, 1<<20) // returns once the empty lane is retired
 		cancel()
 		if !errors.Is(err, storage.ErrRetired) {

@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/event"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/spool"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -58,7 +58,7 @@ func testMalformedRequestLogs(t *testing.T, anon bool) {
 		io.Copy(io.Discard, rc.br) // until the server closed the connection
 	}
 	// fasthttp logs after it closed the connection: wait for its lines.
-	poll.Until(t, "a connection error logged (else the test does not reach fasthttp's logger)", func() bool {
+	polltest.Until(t, "a connection error logged (else the test does not reach fasthttp's logger)", func() bool {
 		return logs.FilterMessage("ingest connection error").Len() > 0
 	})
 	lines := logs.FilterMessage("ingest connection error").All()
@@ -150,9 +150,9 @@ func TestFileDescriptorExhaustion(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a child process")
 	}
-	// The child's life: longer than every wait below (poll.Max each), so
+	// The child's life: longer than every wait below (polltest.Max each), so
 	// that a loaded machine's slow test never loses its child to it.
-	ctx, cancel := context.WithTimeout(context.Background(), 4*poll.Max)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*polltest.Max)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestFileDescriptorChild$", "-test.v")
 	cmd.Env = append(os.Environ(), fdChildEnv+"="+t.TempDir())
@@ -194,7 +194,7 @@ func TestFileDescriptorExhaustion(t *testing.T) {
 	}
 
 	get := func() (*http.Response, error) {
-		c := &http.Client{Timeout: poll.Max, Transport: &http.Transport{DisableKeepAlives: true}}
+		c := &http.Client{Timeout: polltest.Max, Transport: &http.Transport{DisableKeepAlives: true}}
 		resp, err := c.Get("http://" + addr + "/healthz")
 		if err == nil {
 			io.Copy(io.Discard, resp.Body)
@@ -218,7 +218,7 @@ func TestFileDescriptorExhaustion(t *testing.T) {
 		conns = append(conns, c)
 	}
 	// Wait until the child reports retried accept errors, or exited.
-	poll.Until(t, "the child to report retried accept errors", func() bool {
+	polltest.Until(t, "the child to report retried accept errors", func() bool {
 		return strings.Contains(stderr.String(), "ingest accept failed; retrying")
 	})
 	if !strings.Contains(stderr.String(), "too many open files") {
@@ -230,7 +230,7 @@ func TestFileDescriptorExhaustion(t *testing.T) {
 	// Served again once the descriptors are free (the backed-off accept
 	// retries within a second; each retry frees queued connections).
 	var resp *http.Response
-	poll.Until(t, "an answer after the descriptors were freed", func() bool {
+	polltest.Until(t, "an answer after the descriptors were freed", func() bool {
 		resp, err = get()
 		return err == nil && resp.StatusCode == 200
 	})
@@ -275,7 +275,7 @@ func TestFileDescriptorChild(t *testing.T) {
 	case <-term:
 	case err := <-served:
 		t.Fatalf("Serve returned while it should serve: %v", err)
-	case <-time.After(5 * poll.Max): // the parent's SIGTERM comes first
+	case <-time.After(5 * polltest.Max): // the parent's SIGTERM comes first
 	}
 	srv.Shutdown(context.Background())
 	fmt.Println("Serve returned", strconv.Quote(fmt.Sprint(<-served)))

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/tlsreload/tlstest"
 )
@@ -116,7 +116,7 @@ func TestMaxConnectionsPerClient(t *testing.T) {
 	// Closing one gives its share back, once the server has seen the close
 	// (fasthttp reports it from the connection's goroutine): retry, bounded.
 	held[0].Close()
-	poll.Until(t, "a connection served after one of the client's two closed", func() bool {
+	polltest.Until(t, "a connection served after one of the client's two closed", func() bool {
 		return servedFrom(t, "127.0.0.1", r.addr)
 	})
 
@@ -129,7 +129,7 @@ func TestMaxConnectionsPerClient(t *testing.T) {
 	r.stop()
 	// fasthttp reports a connection closed just after Shutdown may have
 	// seen it gone: wait, bounded.
-	poll.Until(t, "no client address counted after every connection closed", func() bool {
+	polltest.Until(t, "no client address counted after every connection closed", func() bool {
 		return r.srv.perClient.clients() == 0
 	})
 }
@@ -273,7 +273,7 @@ func TestMaxConnectionsPerClientTLS(t *testing.T) {
 	}
 	waitCounted := func(want int) {
 		t.Helper()
-		poll.Until(t, fmt.Sprintf("%d client addresses counted", want), func() bool {
+		polltest.Until(t, fmt.Sprintf("%d client addresses counted", want), func() bool {
 			return r.srv.perClient.clients() == want
 		})
 	}

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/fastserver/fastservertest"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/tlsreload"
 	"github.com/svcrelay/relay/internal/tlsreload/tlstest"
@@ -163,7 +163,7 @@ func TestTLSShutdownClosesIdle(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Shutdown: %v", err)
 		}
-	case <-time.After(poll.Max):
+	case <-time.After(polltest.Max):
 		t.Fatal("Shutdown hangs with an idle TLS connection open")
 	}
 	if _, err := br.ReadByte(); err == nil {

@@ -30,12 +30,12 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 )
 
 // Config configures a Cluster. The zero value is three nodes, fsync on
 // every write off (the server's default two-minute sync interval) and a
-// poll.Max bound on waits.
+// polltest.Max bound on waits.
 type Config struct {
 	// Nodes is the number of servers; zero means 3.
 	Nodes int
@@ -43,7 +43,7 @@ type Config struct {
 	// (the server's `sync_interval: always`).
 	SyncAlways bool
 	// ReadyTimeout bounds Start's and Restart's waits for a JetStream meta
-	// leader with every running node current; zero means poll.Max (the
+	// leader with every running node current; zero means polltest.Max (the
 	// cluster is ready in about 5 s on a loaded 2-core machine, and the
 	// bound only decides how long a failing test takes to say so).
 	ReadyTimeout time.Duration
@@ -109,7 +109,7 @@ func start(cfg Config, dir func(int) string, secrets string, fatalf func(string,
 		cfg.Nodes = 3
 	}
 	if cfg.ReadyTimeout == 0 {
-		cfg.ReadyTimeout = poll.Max
+		cfg.ReadyTimeout = polltest.Max
 	}
 	lay, err := NewLayout(cfg.Nodes)
 	if err != nil {

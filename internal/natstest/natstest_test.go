@@ -8,7 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 )
 
 // TestClusterSurvivesNodeRestart starts a cluster, stores R3 messages, kills
@@ -17,7 +17,7 @@ func TestClusterSurvivesNodeRestart(t *testing.T) {
 	c := Start(t, Config{})
 	js := Connect(t, c.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	// The whole test's bound: only how long a failing test takes to say so.
-	ctx, cancel := context.WithTimeout(context.Background(), 3*poll.Max)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*polltest.Max)
 	defer cancel()
 	// retry calls try until it succeeds, each call bounded by a few
 	// seconds: a JetStream API request sent while the cluster settles its
@@ -65,7 +65,7 @@ func TestClusterSurvivesNodeRestart(t *testing.T) {
 	}
 	publish(10)
 	c.Restart(l)
-	poll.Until(t, "the stream to hold the 20 messages after the restart", func() bool {
+	polltest.Until(t, "the stream to hold the 20 messages after the restart", func() bool {
 		s, err := js.Stream(ctx, "T")
 		return err == nil && s.CachedInfo().State.Msgs == 20
 	})

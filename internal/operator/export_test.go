@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/forward"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 )
@@ -119,9 +119,9 @@ func TestExportResumes(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	stop := make(chan struct{})
-	go func() { // cancel once the state file records 5 finished pieces (or after poll.Max: the checks below fail then)
+	go func() { // cancel once the state file records 5 finished pieces (or after polltest.Max: the checks below fail then)
 		defer cancel()
-		for deadline := time.Now().Add(poll.Max); time.Now().Before(deadline); {
+		for deadline := time.Now().Add(polltest.Max); time.Now().Before(deadline); {
 			select {
 			case <-stop:
 				return

@@ -8,7 +8,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/sim/wiretest"
 )
@@ -63,7 +63,7 @@ func TestDownRefuseOverHTTPComesBack(t *testing.T) {
 	s, url := start(t, sim.Config{})
 	ctl(t, url, "/sim/down?mode=refuse&for=300ms", "")
 	expectRefused(t, url)
-	poll.Until(t, "the sim to come back up after 300 ms", func() bool { return s.IsDown() == "" })
+	polltest.Until(t, "the sim to come back up after 300 ms", func() bool { return s.IsDown() == "" })
 	if a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", wiretest.Event("device1", "b"))); a.Status != 200 {
 		t.Fatalf("after coming back: %d", a.Status)
 	}

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/sim/wiretest"
 )
@@ -98,7 +98,7 @@ func TestLatency(t *testing.T) {
 	t0 = time.Now()
 	var st map[string]any
 	wiretest.GetJSON(t, url+"/sim/stats", &st)
-	if d := time.Since(t0); d > poll.Max {
+	if d := time.Since(t0); d > polltest.Max {
 		t.Fatalf("control route delayed %v", d)
 	}
 	s.SetLatency(0)
@@ -143,7 +143,7 @@ func TestMidResponseSendsPartialBody(t *testing.T) {
 	body := wiretest.Envelope("k", wiretest.Event("device1", "x"))
 	c.Write([]byte("POST /2/httpapi HTTP/1.1\r\nHost: x\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n"))
 	c.Write(body)
-	c.SetReadDeadline(time.Now().Add(poll.Max))
+	c.SetReadDeadline(time.Now().Add(polltest.Max))
 	var got bytes.Buffer
 	buf := make([]byte, 4096)
 	for {
@@ -232,7 +232,7 @@ func TestFaultsOnAPIRoutes(t *testing.T) {
 		}
 		// A dropped request is logged after its connection is closed.
 		reqs := s.Requests()
-		for deadline := time.Now().Add(poll.Max); len(reqs) < n && time.Now().Before(deadline); reqs = s.Requests() {
+		for deadline := time.Now().Add(polltest.Max); len(reqs) < n && time.Now().Before(deadline); reqs = s.Requests() {
 			time.Sleep(time.Millisecond)
 		}
 		if (err != nil) != c.fails || (c.code != 0 && code != c.code) || len(reqs) == 0 || reqs[len(reqs)-1].Fault != c.rec {

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -41,7 +41,7 @@ func TestLargeChunksWrittenOnce(t *testing.T) {
 		}
 		c.Buffer.Release()
 		l.Ack(c.Seq) // one at a time: each delete its own commit
-		poll.Until(t, fmt.Sprintf("the ack of chunk %d applied", i), func() bool { return l.Stats().Chunks == int64(chunks-i-1) })
+		polltest.Until(t, fmt.Sprintf("the ack of chunk %d applied", i), func() bool { return l.Stats().Chunks == int64(chunks-i-1) })
 	}
 	alloc := pageAlloc() - before
 	t.Logf("chunk bytes %d, bbolt page allocations %d (%.2fx)", put, alloc, float64(alloc)/float64(put))

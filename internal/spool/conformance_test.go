@@ -8,7 +8,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/svcrelay/relay/internal/diskfull"
+	"github.com/svcrelay/relay/internal/diskfulltest"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/storage/storagetest"
@@ -59,10 +59,10 @@ func TestLocalConformance(t *testing.T) {
 			return open(t, storagetest.Options{})
 		},
 		NoSpace: func(t *testing.T) (storagetest.OpenFunc, func(), func()) {
-			mnt := diskfull.Tmpfs(t, "96m", "")
+			mnt := diskfulltest.Tmpfs(t, "96m", "")
 			filler := filepath.Join(mnt, "filler")
 			return openAt(t, filepath.Join(mnt, "spool")),
-				func() { diskfull.Fill(t, filler) },
+				func() { diskfulltest.Fill(t, filler) },
 				func() {
 					if err := os.Remove(filler); err != nil {
 						t.Fatal(err)

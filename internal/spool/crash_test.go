@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -154,7 +154,7 @@ func TestCrash(t *testing.T) {
 			return true
 		}
 		sc := bufio.NewScanner(stdout)
-		deadline := time.Now().Add(poll.Max)
+		deadline := time.Now().Add(polltest.Max)
 		for len(confirmed) < killAfter && time.Now().Before(deadline) && sc.Scan() {
 			if !note(sc.Text()) {
 				t.Fatalf("child said %q", sc.Text())
@@ -253,7 +253,7 @@ func TestColdAckSurvivesCrash(t *testing.T) {
 	s.mu.Unlock()
 	cs := nextT(t, l, 1)
 	l.Ack(cs[0].Seq)
-	poll.Until(t, "the ack written to the WAL", func() bool { // it moves the WAL's end
+	polltest.Until(t, "the ack written to the WAL", func() bool { // it moves the WAL's end
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		return s.walEnd != end

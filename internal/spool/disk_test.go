@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/storage"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -142,10 +142,10 @@ func TestDiskGivenBack(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	poll.Until(t, "no live bytes", func() bool { return s.Stats().LiveBytes == 0 })
+	polltest.Until(t, "no live bytes", func() bool { return s.Stats().LiveBytes == 0 })
 	// The compaction follows the last checkpoint; the WAL's segment and
 	// spares are given back once the spool is idle. Wait for both.
-	poll.Until(t, "the files given back", func() bool { return s.Stats().FileBytes <= 5<<20 })
+	polltest.Until(t, "the files given back", func() bool { return s.Stats().FileBytes <= 5<<20 })
 	st := s.Stats()
 	disk, apparent := dirBytes(t, dir)
 	t.Logf("drained in %v: live %d, file %d KB, dir %d KB on disk (%d KB apparent)", time.Since(start), st.LiveBytes, st.FileBytes>>10, disk>>10, apparent>>10)
@@ -199,7 +199,7 @@ func TestCompactionKeepsData(t *testing.T) {
 	for _, c := range read[:340] {
 		l.Ack(c.Seq)
 	}
-	poll.Until(t, "a compaction", func() bool { return gatherValue(t, reg, "relay_spool_compactions_total", "") > 0 })
+	polltest.Until(t, "a compaction", func() bool { return gatherValue(t, reg, "relay_spool_compactions_total", "") > 0 })
 	st := s.Stats()
 	file, _ := dirBytes(t, filepath.Join(dir, "spool.db"))
 	t.Logf("peak: files %d KB, live %d KB; after compaction: files %d KB (bbolt %d KB), live %d KB",

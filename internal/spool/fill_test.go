@@ -14,7 +14,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -86,7 +86,7 @@ func TestFill(t *testing.T) {
 		}
 	}
 	// Drained: accepted again.
-	poll.Until(t, "no live bytes", func() bool { return s.Stats().LiveBytes == 0 })
+	polltest.Until(t, "no live bytes", func() bool { return s.Stats().LiveBytes == 0 })
 	var b storage.Batch
 	b.Add(rec(1, 99999, 400))
 	if err := s.Append(ctx, l, &b); err != nil {
@@ -173,7 +173,7 @@ func TestCheckpointFailure(t *testing.T) {
 			break
 		}
 		ok = append(ok, id)
-		poll.Until(t, "the chunks tried", func() bool { return s.checkpointed() || s.ckptFailing() })
+		polltest.Until(t, "the chunks tried", func() bool { return s.checkpointed() || s.ckptFailing() })
 	}
 	if !errors.Is(failErr, ErrFull) || !s.ckptFailing() {
 		t.Fatalf("after %d appends: %v (checkpoint failing: %v), want ErrFull from failing checkpoints", len(ok), failErr, s.ckptFailing())
@@ -213,7 +213,7 @@ func TestCheckpointFailure(t *testing.T) {
 	for _, c := range cs {
 		l.Ack(c.Seq)
 	}
-	poll.Until(t, "no live bytes", func() bool { return s.Stats().LiveBytes == 0 })
+	polltest.Until(t, "no live bytes", func() bool { return s.Stats().LiveBytes == 0 })
 	for id := range 3 {
 		if err := s.Append(ctx, l, big(2000+id)); err != nil {
 			t.Fatalf("append after drain: %v", err)
@@ -521,14 +521,14 @@ func (g *gatherSpool) start(id int) chan error {
 // queued waits until n appends are queued for the WAL writer.
 func (g *gatherSpool) queued(n int) {
 	g.t.Helper()
-	poll.Until(g.t, fmt.Sprintf("%d appends queued", n), func() bool {
+	polltest.Until(g.t, fmt.Sprintf("%d appends queued", n), func() bool {
 		g.s.mu.Lock()
 		defer g.s.mu.Unlock()
 		return len(g.s.appends) == n
 	})
 }
 
-// wait waits for an append's result, for up to poll.Max: far less than a
+// wait waits for an append's result, for up to polltest.Max: far less than a
 // 10-minute gather time.
 func (g *gatherSpool) wait(name string, c chan error) {
 	g.t.Helper()
@@ -537,7 +537,7 @@ func (g *gatherSpool) wait(name string, c chan error) {
 		if err != nil {
 			g.t.Fatalf("append %s: %v", name, err)
 		}
-	case <-time.After(poll.Max):
-		g.t.Fatalf("append %s not written after %v: it waited for company", name, poll.Max)
+	case <-time.After(polltest.Max):
+		g.t.Fatalf("append %s not written after %v: it waited for company", name, polltest.Max)
 	}
 }

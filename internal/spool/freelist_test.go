@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -99,7 +99,7 @@ func TestFreelistWritten(t *testing.T) {
 			if saved := metaFreelist(t, filepath.Join(img, "spool.db")) != noFreelist; tc.wantSaved && !saved {
 				t.Fatal("no freelist on disk after a commit that should have written it")
 			}
-			poll.Until(t, "the freelist on disk once idle", func() bool {
+			polltest.Until(t, "the freelist on disk once idle", func() bool {
 				return metaFreelist(t, filepath.Join(dir, "spool.db")) != noFreelist
 			})
 			idle := crashImage(t, dir)
@@ -142,5 +142,5 @@ func TestFreelistWritten(t *testing.T) {
 // every ack is applied (nothing held in memory, nothing queued).
 func waitCheckpointed(t testing.TB, s *Spool) {
 	t.Helper()
-	poll.Until(t, "every chunk and ack checkpointed", s.checkpointed)
+	polltest.Until(t, "every chunk and ack checkpointed", s.checkpointed)
 }

@@ -12,7 +12,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -140,7 +140,7 @@ func recID(r storage.Record) (lane, n int) {
 // nextT calls Next with a deadline.
 func nextT(t testing.TB, l *Lane, maxBytes int) []storage.Chunk {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
+	ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
 	defer cancel()
 	cs, err := l.Next(ctx, maxBytes)
 	if err != nil {
@@ -152,7 +152,7 @@ func nextT(t testing.TB, l *Lane, maxBytes int) []storage.Chunk {
 // nextPartT calls NextPart with a deadline.
 func nextPartT(t testing.TB, l *Lane, recs []storage.Record) ([]storage.Chunk, []storage.Record) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
+	ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
 	defer cancel()
 	cs, recs, err := l.NextPart(ctx, 1<<20, recs)
 	if err != nil {

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -30,7 +30,7 @@ func TestIdleTrim(t *testing.T) {
 		peak = max(peak, rssFileKiB(t))
 	}
 	after, idle := rssFileKiB(t), int64(0)
-	poll.Until(t, "the file-backed RSS back within 1 MiB of its start", func() bool {
+	polltest.Until(t, "the file-backed RSS back within 1 MiB of its start", func() bool {
 		idle = rssFileKiB(t)
 		return idle-base <= 1<<10
 	})

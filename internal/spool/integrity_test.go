@@ -20,8 +20,8 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/svcrelay/relay/internal/diskfull"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/diskfulltest"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -755,7 +755,7 @@ func TestCheckpointFailureLoggedOnce(t *testing.T) {
 	defer s.Close()
 	l := mustLane(t, s, testKey(1))
 	appendChunks(t, s, l, 1, 4, 10, 40000) // ~1.6 MB: more than the file may hold
-	poll.Until(t, "a checkpoint failed", s.ckptFailing)
+	polltest.Until(t, "a checkpoint failed", s.ckptFailing)
 	time.Sleep(200 * time.Millisecond) // ~200 checkpoint intervals
 	if n := logs.FilterMessageSnippet("checkpoint failed").Len(); n != 1 {
 		t.Fatalf("%d checkpoint failure lines, want 1", n)
@@ -847,11 +847,11 @@ func TestFullDiskDraining(t *testing.T) {
 		checkDraining(t, cfg, func() {})
 	})
 	t.Run("tmpfs", func(t *testing.T) {
-		mnt := diskfull.Tmpfs(t, "64m", "the size-limit variant covers the logic")
+		mnt := diskfulltest.Tmpfs(t, "64m", "the size-limit variant covers the logic")
 		img := drainImage(t, filepath.Join(mnt, "a"), filepath.Join(mnt, "img"))
 		// Fill the filesystem.
 		filler := filepath.Join(mnt, "filler")
-		diskfull.Fill(t, filler)
+		diskfulltest.Fill(t, filler)
 		cfg := integrityCfg(img)
 		cfg.drainEvery = 20 * time.Millisecond
 		checkDraining(t, cfg, func() {
@@ -898,7 +898,7 @@ func drainImage(t *testing.T, dir, img string) string {
 	}
 	cs := nextT(t, l, 1)
 	l.Ack(cs[0].Seq)
-	poll.Until(t, "a checkpoint recorded the acknowledgement", func() bool {
+	polltest.Until(t, "a checkpoint recorded the acknowledgement", func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		return l.cold.nextSeq == l.next && l.cold.chunks == 9
@@ -990,7 +990,7 @@ func checkDraining(t *testing.T, cfg Config, free func()) {
 		l.Ack(c.Seq)
 	}
 	free()
-	poll.Until(t, "the draining over once space was freed", func() bool { return !s.draining.Load() })
+	polltest.Until(t, "the draining over once space was freed", func() bool { return !s.draining.Load() })
 	read(190)
 	if !slices.Equal(ids, wantIDs(200)) {
 		t.Fatalf("read %v, want 10..199", ids)

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -48,7 +48,7 @@ func TestLaneLookup(t *testing.T) {
 
 	// Retired (read, acknowledged, idle): the next Append makes a live
 	// lane of the key.
-	tctx, cancel := context.WithTimeout(ctx, poll.Max)
+	tctx, cancel := context.WithTimeout(ctx, polltest.Max)
 	defer cancel()
 	cs, err := first.Next(tctx, 1<<20)
 	if err != nil || len(cs) != 1 {

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -25,7 +25,7 @@ func drainLane(t *testing.T, s *Spool, l *Lane) int {
 	t.Helper()
 	n := 0
 	for l.Stats().Records > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
+		ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
 		cs, err := l.Next(ctx, 1<<20)
 		cancel()
 		if err != nil {
@@ -101,7 +101,7 @@ func TestRetireIdleLanes(t *testing.T) {
 		if !errors.Is(err, storage.ErrRetired) {
 			t.Fatalf("reader of the retired lane: %v, want storage.ErrRetired", err)
 		}
-	case <-time.After(poll.Max):
+	case <-time.After(polltest.Max):
 		t.Fatal("the idle empty lane was not retired")
 	}
 	if !idle.IsRetired() || full.IsRetired() {
@@ -125,7 +125,7 @@ func TestRetireIdleLanes(t *testing.T) {
 	// lane with a record does.
 	select {
 	case <-again.retiredC:
-	case <-time.After(poll.Max):
+	case <-time.After(polltest.Max):
 		t.Fatal("the new lane was not retired")
 	}
 	if err := s.Close(); err != nil {
@@ -157,7 +157,7 @@ func TestAppendToRetiredLane(t *testing.T) {
 		got += drainLane(t, s, cur)
 		select {
 		case <-cur.retiredC:
-		case <-time.After(poll.Max):
+		case <-time.After(polltest.Max):
 			t.Fatal("lane not retired")
 		}
 		old = cur
@@ -180,7 +180,7 @@ func TestPinnedLaneNotRetired(t *testing.T) {
 	l.Unpin()
 	select {
 	case <-l.retiredC:
-	case <-time.After(poll.Max):
+	case <-time.After(polltest.Max):
 		t.Fatal("an unpinned empty lane was not retired")
 	}
 }

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -41,7 +41,7 @@ func TestNextPart(t *testing.T) {
 			}
 			appendOne(t, s, l, `{"small":2}`)
 			if cold {
-				poll.Until(t, "the chunks checkpointed", func() bool { return s.hotHeld.Load() == 0 })
+				polltest.Until(t, "the chunks checkpointed", func() bool { return s.hotHeld.Load() == 0 })
 			}
 			const maxBytes = 64 << 10
 			var recs []storage.Record
@@ -142,7 +142,7 @@ func TestNextPartDamagedChunk(t *testing.T) {
 		if parts > 50 {
 			t.Fatalf("too many parts; read %v", ids)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
+		ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
 		cs, more, err := l.NextPart(ctx, maxBytes, recs)
 		cancel()
 		recs = more
@@ -182,7 +182,7 @@ func TestNextPartDamagedChunk(t *testing.T) {
 func TestWaitWakesOnAppend(t *testing.T) {
 	s := openTest(t, Config{})
 	l := mustLane(t, s, testKey(1))
-	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
+	ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
 	defer cancel()
 	for i := range 5 {
 		woke := make(chan error, 1)
@@ -233,7 +233,7 @@ func TestOnWork(t *testing.T) {
 	l := mustLane(t, s, testKey(1))
 	l.Pin()
 	s.SetLaneLimits(0, 0, 50*time.Millisecond)
-	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
+	ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
 	defer cancel()
 	read := func() {
 		t.Helper()
@@ -301,9 +301,9 @@ func TestOnWork(t *testing.T) {
 func TestRetiredBeforeFirstRead(t *testing.T) {
 	s := openTest(t, Config{RetireIdle: 20 * time.Millisecond})
 	l := mustLane(t, s, testKey(1))
-	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
+	ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
 	defer cancel()
-	poll.Until(t, "the lane retired", l.IsRetired)
+	polltest.Until(t, "the lane retired", l.IsRetired)
 	if err := l.Wait(ctx, nil); !errors.Is(err, storage.ErrRetired) {
 		t.Fatalf("Wait: %v, want storage.ErrRetired", err)
 	}

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/diskfull"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/diskfulltest"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -42,7 +42,7 @@ func TestRefusingWhileCheckpointsFail(t *testing.T) {
 		})
 	})
 	t.Run("tmpfs", func(t *testing.T) {
-		mnt := diskfull.Tmpfs(t, "48m", "the size-limit variant covers the logic")
+		mnt := diskfulltest.Tmpfs(t, "48m", "the size-limit variant covers the logic")
 		s := openTest(t, cfg(filepath.Join(mnt, "spool")))
 		l := mustLane(t, s, testKey(1))
 		// The first append allocates the WAL segment (16 MiB, enough for
@@ -50,7 +50,7 @@ func TestRefusingWhileCheckpointsFail(t *testing.T) {
 		appendChunks(t, s, l, 1, 1, 1, 100)
 		waitCheckpointed(t, s)
 		filler := filepath.Join(mnt, "filler")
-		diskfull.Fill(t, filler)
+		diskfulltest.Fill(t, filler)
 		checkRefusing(t, s, l, syscall.ENOSPC.Error(), func() {
 			if err := os.Remove(filler); err != nil {
 				t.Fatal(err)
@@ -78,7 +78,7 @@ func checkRefusing(t *testing.T, s *Spool, l *Lane, cause string, free func()) {
 	for id := 1000; id < 1200 && err == nil; id++ { // the bound (4 MiB) stops it after ~25
 		// Until the store has tried the chunks: then nothing changes the
 		// answer but the next append.
-		poll.Until(t, "the chunks tried", func() bool { return s.checkpointed() || s.ckptFailing() })
+		polltest.Until(t, "the chunks tried", func() bool { return s.checkpointed() || s.ckptFailing() })
 		r := s.refusing()
 		b.Reset()
 		b.Add(rec(1, id, pad))
@@ -108,7 +108,7 @@ func checkRefusing(t *testing.T, s *Spool, l *Lane, cause string, free func()) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	free()
-	poll.Until(t, "Refusing clear once space returned", func() bool { return s.refusing() == nil })
+	polltest.Until(t, "Refusing clear once space returned", func() bool { return s.refusing() == nil })
 	b.Reset()
 	b.Add(rec(1, 5000, pad))
 	if err := s.Append(ctx, l, &b); err != nil {
@@ -124,14 +124,14 @@ func checkRefusing(t *testing.T, s *Spool, l *Lane, cause string, free func()) {
 // real full filesystem (a small tmpfs mounted by the test; skipped where
 // mounting is not allowed).
 func TestRefusingWhileWALCannotGrow(t *testing.T) {
-	mnt := diskfull.Tmpfs(t, "48m", "")
+	mnt := diskfulltest.Tmpfs(t, "48m", "")
 	s := openTest(t, Config{Dir: filepath.Join(mnt, "spool"), NoSync: true, MinFreeBytes: -1, CompactMinFileBytes: -1,
 		segmentBytes: 1 << 20, flushAge: time.Nanosecond, checkpointEvery: time.Millisecond})
 	l := mustLane(t, s, testKey(1))
 	appendChunks(t, s, l, 1, 1, 1, 100)
 	waitCheckpointed(t, s)
 	filler := filepath.Join(mnt, "filler")
-	diskfull.Fill(t, filler)
+	diskfulltest.Fill(t, filler)
 	ctx := context.Background()
 	var b storage.Batch
 	var err error

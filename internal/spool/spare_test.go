@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -93,7 +93,7 @@ func TestSparesReused(t *testing.T) {
 	// The writer's current segment stays; the ones before it are spares
 	// once the checkpoint that applied the acks has run.
 	var segs, spares map[uint64]string
-	poll.Until(t, "the freed segments spares", func() bool { segs, spares = files(); return len(spares) >= freed })
+	polltest.Until(t, "the freed segments spares", func() bool { segs, spares = files(); return len(spares) >= freed })
 	if len(spares) != freed || len(segs) != 1 {
 		t.Fatalf("after freeing %d segments: segments %v, spares %v (want 1 and %d)", freed, segs, spares, freed)
 	}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -241,7 +241,7 @@ func TestNextBlocks(t *testing.T) {
 		if len(cs) != 1 {
 			t.Fatalf("%d chunks", len(cs))
 		}
-	case <-time.After(poll.Max):
+	case <-time.After(polltest.Max):
 		t.Fatal("Next did not wake")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
@@ -344,7 +344,7 @@ func TestConcurrentLanes(t *testing.T) {
 		t.Fatalf("group commit did not group: %v commits for %v appends", commits, appends)
 	}
 	// Acks ride in commits of their own when nothing else is queued.
-	poll.Until(t, "no live bytes after acking all", func() bool { return s.Stats().LiveBytes == 0 })
+	polltest.Until(t, "no live bytes after acking all", func() bool { return s.Stats().LiveBytes == 0 })
 	for _, l := range ls {
 		if v := gatherValue(t, reg, "relay_spool_records", l.Key().Label()); v != 0 {
 			t.Fatalf("relay_spool_records{lane=%s} = %v", l.Key().Label(), v)
@@ -405,7 +405,7 @@ func TestSecondOpenFails(t *testing.T) {
 		t.Fatalf("second Open: %v", err)
 	}
 	// One that waited for the lock would never return.
-	if time.Since(start) > poll.Max {
+	if time.Since(start) > polltest.Max {
 		t.Fatalf("second Open took %v", time.Since(start))
 	}
 }
@@ -451,7 +451,7 @@ func TestOldestAndRejectMetrics(t *testing.T) {
 			t.Fatalf("oldest age %v", age)
 		}
 		l.Ack(c.Seq)
-		poll.Until(t, "the ack applied", func() bool { return l.Stats().Chunks == int64(2-i) })
+		polltest.Until(t, "the ack applied", func() bool { return l.Stats().Chunks == int64(2-i) })
 	}
 	if st := l.Stats(); !st.Oldest.IsZero() || st.Chunks != 0 || st.Bytes != 0 {
 		t.Fatalf("empty lane stats %+v", st)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 )
@@ -37,7 +37,7 @@ const testBody = `{"api_key":"k","events":[{"event_type":"e","device_id":"device
 
 func TestClientAgainstSim(t *testing.T) {
 	s, url := startSim(t, sim.Config{})
-	c := newClient(t, Config{Timeout: poll.Max})
+	c := newClient(t, Config{Timeout: polltest.Max})
 	ctx := context.Background()
 
 	for _, gz := range []bool{false, true} {
@@ -78,12 +78,12 @@ func TestClientTimeoutAndAbandon(t *testing.T) {
 	s, url := startSim(t, sim.Config{})
 	// The sim holds each request 10 minutes (or until the client gives up):
 	// a client that did not time out or abandon takes that long, a right one
-	// about 200 or 100 ms; poll.Max bounds tell them apart on any machine.
+	// about 200 or 100 ms; polltest.Max bounds tell them apart on any machine.
 	s.SetLatency(10 * time.Minute)
 	c := newClient(t, Config{Timeout: 200 * time.Millisecond})
 	start := time.Now()
 	r := c.Do(context.Background(), &Request{URL: url + "/2/httpapi", Body: []byte(testBody)})
-	if r.Kind != Retryable || r.StatusLabel() != "timeout" || time.Since(start) > poll.Max {
+	if r.Kind != Retryable || r.StatusLabel() != "timeout" || time.Since(start) > polltest.Max {
 		t.Fatalf("%+v after %v", r, time.Since(start))
 	}
 
@@ -92,7 +92,7 @@ func TestClientTimeoutAndAbandon(t *testing.T) {
 	time.AfterFunc(100*time.Millisecond, cancel)
 	start = time.Now()
 	r = c.Do(ctx, &Request{URL: url + "/2/httpapi", Body: []byte(testBody)})
-	if r.Kind != Retryable || time.Since(start) > poll.Max {
+	if r.Kind != Retryable || time.Since(start) > polltest.Max {
 		t.Fatalf("abandon: %+v after %v", r, time.Since(start))
 	}
 }

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 )
 
 // TestGzipBodiesReused: gzipped requests sent at once from several
@@ -40,7 +40,7 @@ func TestGzipBodiesReused(t *testing.T) {
 		_, _ = io.WriteString(w, `{"code":200}`)
 	}))
 	defer srv.Close()
-	c := newClient(t, Config{Timeout: poll.Max})
+	c := newClient(t, Config{Timeout: polltest.Max})
 	const workers, each = 8, 40
 	body := func(w, i int) string {
 		return fmt.Sprintf(`{"api_key":"k","events":[{"event_type":"e","device_id":"d-%d-%d","note":"%s"}]}`,

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 )
 
@@ -15,7 +15,7 @@ import (
 func TestKindLabelAndLast(t *testing.T) {
 	_, url := startSim(t, sim.Config{})
 	reg := prometheus.NewRegistry()
-	c, err := New(Config{Timeout: poll.Max}, nil, reg)
+	c, err := New(Config{Timeout: polltest.Max}, nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/forward/forwardtest"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/spool"
@@ -141,7 +141,7 @@ func testAuth(t *testing.T, r *relay, s *simtest.Sim, rec1, rec2 *headerRecorder
 
 	// The forwarding route: GET /api/2/usermap against the sim, which checks
 	// Basic auth.
-	poll.Until(t, "the mapping of auth-u1 at the sim", func() bool {
+	polltest.Until(t, "the mapping of auth-u1 at the sim", func() bool {
 		g, ok := simtest.MappedTo(s, projAPIKey, "auth-u1")
 		return ok && g == "auth-g1"
 	})
@@ -293,12 +293,12 @@ func testDeadLetters(t *testing.T, r *relay, s *simtest.Sim) {
 	}
 	r.postEvents(keySilenced, append(evs1, event("dev-ok", "ok-1"))...)
 	r.postEvents(keyOther, evs2...)
-	poll.Until(t, "8 silenced dead letters", func() bool {
+	polltest.Until(t, "8 silenced dead letters", func() bool {
 		return len(listDead(t, r, "reason=silenced").DeadLetters) == 8
 	})
 	// ok-1 is resent after the silenced ones are committed as dead letters
 	// (delivery dropAndResend): wait for it rather than race it.
-	poll.Until(t, "ok-1 delivered", func() bool { return len(s.Events(keySilenced)) > 0 })
+	polltest.Until(t, "ok-1 delivered", func() bool { return len(s.Events(keySilenced)) > 0 })
 	if got := s.Events(keySilenced); len(got) != 1 || got[0].InsertID != "ok-1" {
 		t.Fatalf("the sim got %d events of %s, want only ok-1", len(got), keySilenced)
 	}
@@ -394,7 +394,7 @@ func testDeadLetters(t *testing.T, r *relay, s *simtest.Sim) {
 	if a.status != 200 || rp.Replayed != 5 || len(rp.Lanes) != 1 || rp.Lanes[0].Records != 5 || rp.Lanes[0].Kind != "events" || rp.Lanes[0].Lane == lane1 || rp.More {
 		t.Fatalf("replay lane 1: %d %s", a.status, a.body)
 	}
-	poll.Until(t, "the replayed events under the corrected key", func() bool {
+	polltest.Until(t, "the replayed events under the corrected key", func() bool {
 		return len(s.Events(projAPIKey)) >= 5
 	})
 	if got := insertIDs(s.Events(projAPIKey)); !slices.Equal(got, want1) {
@@ -416,7 +416,7 @@ func testDeadLetters(t *testing.T, r *relay, s *simtest.Sim) {
 	if a.status != 200 || rp.Replayed != 3 || !slices.Equal(rp.NotFound, []uint64{999999}) || len(rp.Lanes) != 1 || rp.Lanes[0].Lane != lane2 {
 		t.Fatalf("replay by ids: %d %s", a.status, a.body)
 	}
-	poll.Until(t, "the replayed events of lane 2", func() bool { return len(s.Events(keyOther)) >= 3 })
+	polltest.Until(t, "the replayed events of lane 2", func() bool { return len(s.Events(keyOther)) >= 3 })
 	if got := insertIDs(s.Events(keyOther)); !slices.Equal(got, want2) {
 		t.Fatalf("sim got %v, want %v", got, want2)
 	}
@@ -431,7 +431,7 @@ func testDeadLetters(t *testing.T, r *relay, s *simtest.Sim) {
 	simtest.Silence(s, "dev-p")
 	r.postEvents(keyOther, event("dev-p", "p-1"), event("dev-p", "p-2"))
 	var dead []deadLetter
-	poll.Until(t, "2 dead letters to purge", func() bool {
+	polltest.Until(t, "2 dead letters to purge", func() bool {
 		dead = listDead(t, r, "reason=silenced").DeadLetters
 		return len(dead) == 2
 	})
@@ -470,7 +470,7 @@ func testDeadKinds(t *testing.T, r *relay, s *simtest.Sim) {
 		t.Fatalf("usermap: %d %s", a.status, a.body)
 	}
 	var dead []deadLetter
-	poll.Until(t, "a dead letter of each kind", func() bool {
+	polltest.Until(t, "a dead letter of each kind", func() bool {
 		dead = listDead(t, r, "").DeadLetters
 		return len(dead) == 2
 	})
@@ -495,7 +495,7 @@ func testDeadKinds(t *testing.T, r *relay, s *simtest.Sim) {
 	if decode(t, a, &rp); a.status != 200 || rp.Replayed != 2 {
 		t.Fatalf("replay: %d %s", a.status, a.body)
 	}
-	poll.Until(t, "both to die again", func() bool {
+	polltest.Until(t, "both to die again", func() bool {
 		dead = listDead(t, r, "").DeadLetters
 		return len(dead) == 2 && dead[0].ID > max(gi.ID, um.ID)
 	})
@@ -538,7 +538,7 @@ func newLane(t *testing.T, r *relay, key string, events ...string) string {
 
 func testLanes(t *testing.T, r *relay, s *simtest.Sim) {
 	label := newLane(t, r, keyPaused, event("dev-l", "l-0"))
-	poll.Until(t, "the first event of the paused lane", func() bool { return len(s.Events(keyPaused)) == 1 })
+	polltest.Until(t, "the first event of the paused lane", func() bool { return len(s.Events(keyPaused)) == 1 })
 
 	a := r.own("POST", "/relay/v1/lanes/"+label+"/pause", "")
 	var l lane
@@ -559,13 +559,13 @@ func testLanes(t *testing.T, r *relay, s *simtest.Sim) {
 	if a.status != 200 || l.Stopped {
 		t.Fatalf("resume: %d %s", a.status, a.body)
 	}
-	poll.Until(t, "the held events after resume", func() bool { return len(s.Events(keyPaused)) == 4 })
-	poll.Until(t, "the lane to drain", func() bool { return lanes(t, r)[label].Records == 0 })
+	polltest.Until(t, "the held events after resume", func() bool { return len(s.Events(keyPaused)) == 4 })
+	polltest.Until(t, "the lane to drain", func() bool { return lanes(t, r)[label].Records == 0 })
 
 	// An api_key the upstream refuses stops its lane; it is listed with the
 	// reason (and its label, never the key), its records kept.
 	bad := newLane(t, r, keyInvalid, event("dev-i", "i-0"))
-	poll.Until(t, "the invalid-key lane to stop", func() bool { return lanes(t, r)[bad].Stopped })
+	polltest.Until(t, "the invalid-key lane to stop", func() bool { return lanes(t, r)[bad].Stopped })
 	if l := lanes(t, r)[bad]; l.StopReason != "invalid API key" || l.Records != 1 {
 		t.Fatalf("invalid-key lane %+v", l)
 	}
@@ -573,7 +573,7 @@ func testLanes(t *testing.T, r *relay, s *simtest.Sim) {
 		t.Fatalf("resume invalid-key lane: %d %s", a.status, a.body)
 	}
 	// The sim still refuses the key: it stops again, nothing is lost.
-	poll.Until(t, "the invalid-key lane to stop again", func() bool { return lanes(t, r)[bad].Stopped })
+	polltest.Until(t, "the invalid-key lane to stop again", func() bool { return lanes(t, r)[bad].Stopped })
 	if l := lanes(t, r)[bad]; l.Records != 1 {
 		t.Fatalf("invalid-key lane lost its record: %+v", l)
 	}
@@ -583,7 +583,7 @@ func testLanes(t *testing.T, r *relay, s *simtest.Sim) {
 	if _, ok := lanes(t, r)[giLane]; !ok {
 		t.Fatalf("groupidentify lane %s not listed", giLane)
 	}
-	poll.Until(t, "the auth test's group identifies", func() bool { return len(simtest.GroupIdentifies(s, projAPIKey)) == 2 })
+	polltest.Until(t, "the auth test's group identifies", func() bool { return len(simtest.GroupIdentifies(s, projAPIKey)) == 2 })
 	a = r.own("POST", "/relay/v1/lanes/"+giLane+"/pause", "")
 	if decode(t, a, &l); a.status != 200 || !l.Stopped || !l.Controllable {
 		t.Fatalf("pause groupidentify lane: %d %s", a.status, a.body)
@@ -603,7 +603,7 @@ func testLanes(t *testing.T, r *relay, s *simtest.Sim) {
 	if a := r.own("POST", "/relay/v1/lanes/"+giLane+"/resume", ""); a.status != 200 {
 		t.Fatalf("resume groupidentify lane: %d %s", a.status, a.body)
 	}
-	poll.Until(t, "the held group identify", func() bool { return len(simtest.GroupIdentifies(s, projAPIKey)) == 3 })
+	polltest.Until(t, "the held group identify", func() bool { return len(simtest.GroupIdentifies(s, projAPIKey)) == 3 })
 
 	// Unknown lanes and actions: 404.
 	for _, p := range []string{"/relay/v1/lanes/" + label + "/frobnicate", "/relay/v1/lanes/events-00000000/pause"} {
@@ -634,7 +634,7 @@ func testNoSecrets(t *testing.T, r *relay, s *simtest.Sim) {
 		"Authorization", bearer(adminToken), "X-Relay-Project", projectName); a.status != 200 {
 		t.Errorf("usermap with X-Relay-Project: %d %s", a.status, a.body)
 	}
-	poll.Until(t, "the injected mapping at the sim", func() bool {
+	polltest.Until(t, "the injected mapping at the sim", func() bool {
 		g, ok := simtest.MappedTo(s, projAPIKey, "inj-u")
 		return ok && g == "inj-g"
 	})
@@ -651,7 +651,7 @@ func testNoSecrets(t *testing.T, r *relay, s *simtest.Sim) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.SetDeadline(time.Now().Add(poll.Max))
+		c.SetDeadline(time.Now().Add(polltest.Max))
 		c.Write([]byte(raw))
 		line, _ := bufio.NewReader(c).ReadString('\n')
 		c.Close()

@@ -21,7 +21,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
 
@@ -185,7 +185,7 @@ func startRelay(t *testing.T, dataDir string, log *syncBuf, args ...string) *rel
 	go func() { r.done <- cmd.Wait() }()
 	t.Cleanup(func() { r.stop() })
 	hc := &http.Client{Timeout: time.Second}
-	deadline := time.Now().Add(poll.Max)
+	deadline := time.Now().Add(polltest.Max)
 	for time.Now().Before(deadline) {
 		select {
 		case err := <-r.done:
@@ -203,11 +203,11 @@ func startRelay(t *testing.T, dataDir string, log *syncBuf, args ...string) *rel
 		time.Sleep(10 * time.Millisecond)
 	}
 	cmd.Process.Kill()
-	t.Fatalf("relay not ready within %v\n%s", poll.Max, log.String())
+	t.Fatalf("relay not ready within %v\n%s", polltest.Max, log.String())
 	return nil
 }
 
-// stop ends the relay with SIGTERM (SIGKILL after poll.Max: the relay's
+// stop ends the relay with SIGTERM (SIGKILL after polltest.Max: the relay's
 // own --drain-timeout bounds a stop, and a loaded machine must not turn a
 // slow clean stop into a kill); harmless twice.
 func (r *relay) stop() {
@@ -218,7 +218,7 @@ func (r *relay) stop() {
 	select {
 	case err := <-r.done:
 		r.done <- err
-	case <-time.After(poll.Max):
+	case <-time.After(polltest.Max):
 		_ = r.cmd.Process.Kill()
 		r.done <- <-r.done
 	}
@@ -242,7 +242,7 @@ func (r *relay) kill() {
 	select {
 	case err := <-r.done:
 		r.done <- err
-	case <-time.After(poll.Max):
+	case <-time.After(polltest.Max):
 		r.t.Fatal("killed relay did not exit")
 	}
 }

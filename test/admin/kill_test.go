@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/forward/forwardtest"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/test/e2e/harness"
@@ -67,7 +67,7 @@ func TestKillBeforeDelivery(t *testing.T) {
 	// needs the change allowed.
 	r = startRelay(t, data, log, "--ingest-url", simURL, "--alias-url", simURL, "--analytics-url", simURL, "--spool-upstream-change", "allow")
 	total := requests * perReq
-	poll.Until(t, "every group identify and mapping at the sim", func() bool {
+	polltest.Until(t, "every group identify and mapping at the sim", func() bool {
 		return len(simtest.GroupIdentifies(s, key)) >= total && len(simtest.MappingCalls(s)) >= total+requests
 	})
 	time.Sleep(500 * time.Millisecond) // a duplicate would arrive by now

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/forward/forwardtest"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 )
@@ -66,7 +66,7 @@ func TestLaneBounds(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-		case <-time.After(poll.Max):
+		case <-time.After(polltest.Max):
 			t.Fatalf("a /metrics scrape hung\n%s", log.String())
 		}
 	}
@@ -110,7 +110,7 @@ func TestLaneBounds(t *testing.T) {
 	if err := s.Up(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(poll.Max)
+	deadline := time.Now().Add(polltest.Max)
 	for s.Count() < 300 {
 		if time.Now().After(deadline) {
 			finish()
@@ -123,7 +123,7 @@ func TestLaneBounds(t *testing.T) {
 		t.Fatalf("only %d scrapes", scrapes.Load())
 	}
 	// Retired: no lane series, ready again.
-	poll.Until(t, "lanes retired: /readyz 200, no lane series in /metrics", func() bool {
+	polltest.Until(t, "lanes retired: /readyz 200, no lane series in /metrics", func() bool {
 		a := call(t, "GET", r.admin+"/metrics", "")
 		return !strings.Contains(string(a.body), "relay_spool_bytes{") && !strings.Contains(string(a.body), "relay_lane_stopped{") &&
 			call(t, "GET", r.admin+"/readyz", "").status == 200

@@ -27,7 +27,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/test/e2e/harness"
@@ -369,11 +369,11 @@ func TestBrowserSDKThroughRelay(t *testing.T) {
 	t.Logf("total %v", time.Since(t0).Round(time.Millisecond))
 }
 
-// simEvents polls the sim until it holds n events of key (poll.Max at most).
+// simEvents polls the sim until it holds n events of key (polltest.Max at most).
 func simEvents(t *testing.T, ctl *simtest.Control, key string, n int) []sim.Ingested {
 	t.Helper()
 	var got []sim.Ingested
-	poll.Until(t, fmt.Sprintf("%d events of %s at the sim", n, key), func() bool {
+	polltest.Until(t, fmt.Sprintf("%d events of %s at the sim", n, key), func() bool {
 		var err error
 		if got, err = ctl.Events(context.Background(), key, 0); err != nil {
 			t.Fatal(err)

@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
 
@@ -120,7 +120,7 @@ func TestStopsUnderLoadReportNoDamage(t *testing.T) {
 				t.Fatal(err)
 			}
 			time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
-			if err := r.Stop(t, poll.Max); err != nil {
+			if err := r.Stop(t, polltest.Max); err != nil {
 				t.Fatalf("stop %d: exit after SIGTERM: %v, want 0\n%s", i, err, r.LogTail(4000))
 			}
 		} else {
@@ -141,7 +141,7 @@ func TestStopsUnderLoadReportNoDamage(t *testing.T) {
 		}
 	}
 	time.Sleep(300 * time.Millisecond)
-	if err := r.Stop(t, poll.Max); err != nil {
+	if err := r.Stop(t, polltest.Max); err != nil {
 		t.Fatalf("last stop: exit after SIGTERM: %v, want 0", err)
 	}
 	stopLoad()
@@ -175,7 +175,7 @@ func TestDamageReportedExactly(t *testing.T) {
 	ctx, stopLoad := context.WithCancel(context.Background())
 	defer stopLoad()
 	accepted := load(ctx, t, opts.Listen, "damage-test-key", 4, 50)
-	poll.Until(t, "40 requests accepted", func() bool { return accepted.Load() >= 40 })
+	polltest.Until(t, "40 requests accepted", func() bool { return accepted.Load() >= 40 })
 	r.Kill(t) // under load: the last requests' chunks are only in the log
 	stopLoad()
 
@@ -250,7 +250,7 @@ func TestDamageReportedExactly(t *testing.T) {
 	if v, err := r.Metric("relay_spool_damaged_records_total", `file="wal"`); err != nil || v != 50 {
 		t.Fatalf("relay_spool_damaged_records_total{file=\"wal\"} = %v (%v), want 50", v, err)
 	}
-	if err := r.Stop(t, poll.Max); err != nil {
+	if err := r.Stop(t, polltest.Max); err != nil {
 		t.Fatalf("exit after SIGTERM: %v", err)
 	}
 }

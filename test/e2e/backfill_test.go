@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
@@ -76,7 +76,7 @@ func TestBackfillKilledAndRerun(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		poll.Within(t, 10*time.Minute, fmt.Sprintf("kill %d: %d events arrived", i+1, at), func() bool {
+		polltest.Within(t, 10*time.Minute, fmt.Sprintf("kill %d: %d events arrived", i+1, at), func() bool {
 			if at == 0 {
 				_, err := os.Stat(filepath.Join(data, "backfill.state.json"))
 				return err == nil

@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/test/e2e/harness"
@@ -236,7 +236,7 @@ func TestCrashDuringDelivery(t *testing.T) {
 	var starts []time.Time // when each restart began
 	for range crashKills {
 		delivering := false
-		for deadline := time.Now().Add(poll.Max); !delivering && time.Now().Before(deadline); {
+		for deadline := time.Now().Add(polltest.Max); !delivering && time.Now().Before(deadline); {
 			recs, err := sm.Ctl.Requests(bg, seenSeq)
 			if err != nil {
 				t.Fatal(err)
@@ -268,7 +268,7 @@ func TestCrashDuringDelivery(t *testing.T) {
 	}
 	loadDone := time.Now()
 
-	// Drain: poll until every acknowledged event is stored, poll.Max at most.
+	// Drain: poll until every acknowledged event is stored, polltest.Max at most.
 	l.mu.Lock()
 	want := map[string]*sentEvent{}
 	var nAcc, nUnans, nRej int
@@ -285,7 +285,7 @@ func TestCrashDuringDelivery(t *testing.T) {
 	}
 	l.mu.Unlock()
 	var stored []sim.Ingested
-	drainDeadline := time.Now().Add(poll.Max)
+	drainDeadline := time.Now().Add(polltest.Max)
 	for {
 		var err error
 		stored, err = sm.Ctl.Events(bg, crashAPIKey, 0)
@@ -306,7 +306,7 @@ func TestCrashDuringDelivery(t *testing.T) {
 			break
 		}
 		if time.Now().After(drainDeadline) {
-			fail("%d of %d acknowledged events not ingested %v after the load stopped", missing, len(want), poll.Max)
+			fail("%d of %d acknowledged events not ingested %v after the load stopped", missing, len(want), polltest.Max)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -449,7 +449,7 @@ func TestCrashDuringDelivery(t *testing.T) {
 		t.Errorf("only %d events acknowledged: the test proved little", nAcc)
 	}
 	if deliveringKills < crashKills {
-		t.Errorf("only %d of %d kills hit a relay that was delivering (the others had sent nothing %v after their start)", deliveringKills, crashKills, poll.Max)
+		t.Errorf("only %d of %d kills hit a relay that was delivering (the others had sent nothing %v after their start)", deliveringKills, crashKills, polltest.Max)
 	}
 	if dupArrivals == 0 {
 		t.Logf("note: no duplicate arrivals this run (kills and lost answers usually cause some)")

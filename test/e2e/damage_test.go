@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
@@ -52,7 +52,7 @@ func TestDamagedChunkAtBinaryLevel(t *testing.T) {
 		}
 	}
 	// A clean stop leaves every chunk in spool.db.
-	if err := r.Stop(t, poll.Max); err != nil {
+	if err := r.Stop(t, polltest.Max); err != nil {
 		t.Fatalf("stop: %v", err)
 	}
 	db := filepath.Join(data, "spool.db")
@@ -83,7 +83,7 @@ func TestDamagedChunkAtBinaryLevel(t *testing.T) {
 	var stored []sim.Ingested
 	// Delivery of 1,950 events through a relay on a loaded machine: a few
 	// seconds; the bound only says how long a failure takes to show.
-	poll.Within(t, 3*time.Minute, fmt.Sprintf("%d events delivered", want), func() bool {
+	polltest.Within(t, 3*time.Minute, fmt.Sprintf("%d events delivered", want), func() bool {
 		stored, err = sm.Ctl.Events(ctx, apiKey, 0)
 		if err != nil {
 			t.Fatal(err)
@@ -136,7 +136,7 @@ func TestDamagedChunkAtBinaryLevel(t *testing.T) {
 			Records int `json:"records"`
 		} `json:"lanes"`
 	}
-	poll.Until(t, "the lane to be empty", func() bool {
+	polltest.Until(t, "the lane to be empty", func() bool {
 		getJSON(t, "http://"+r.AdminListen+"/relay/v1/lanes", &lanes)
 		for _, l := range lanes.Lanes {
 			if l.Records != 0 {
@@ -145,7 +145,7 @@ func TestDamagedChunkAtBinaryLevel(t *testing.T) {
 		}
 		return true
 	})
-	if err := r.Stop(t, poll.Max); err != nil {
+	if err := r.Stop(t, polltest.Max); err != nil {
 		t.Fatalf("stop: %v\n%s", err, r.LogTail(4000))
 	}
 	logb, err := os.ReadFile(r.Log)
@@ -163,7 +163,7 @@ func TestDamagedChunkAtBinaryLevel(t *testing.T) {
 // getJSON decodes the JSON answer of a GET to url into v.
 func getJSON(t *testing.T, url string, v any) {
 	t.Helper()
-	resp, err := (&http.Client{Timeout: poll.Max}).Get(url)
+	resp, err := (&http.Client{Timeout: polltest.Max}).Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/diskfull"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/diskfulltest"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
@@ -33,7 +33,7 @@ func TestFullDiskStartAtBinaryLevel(t *testing.T) {
 		keys, devs    = 3, 50
 	)
 	bin := harness.Build(t)
-	mnt := diskfull.Tmpfs(t, "40m", "")
+	mnt := diskfulltest.Tmpfs(t, "40m", "")
 	dir := t.TempDir()
 	data := filepath.Join(mnt, "data")
 	// Upstream down: every event waits in the spool; killed right after the
@@ -66,7 +66,7 @@ func TestFullDiskStartAtBinaryLevel(t *testing.T) {
 	}
 	r.Kill(t)
 	filler := filepath.Join(mnt, "filler")
-	diskfull.Fill(t, filler)
+	diskfulltest.Fill(t, filler)
 
 	sm := harness.StartSim(t, bin, dir)
 	r = harness.StartRelay(t, bin, dir, &harness.RelayOpts{DataDir: data, IngestURL: sm.Base,
@@ -103,12 +103,12 @@ func TestFullDiskStartAtBinaryLevel(t *testing.T) {
 		stored = all
 		return len(all)
 	}
-	poll.Within(t, 3*time.Minute, "spool.db's events delivered while draining", func() bool { return events() > 0 })
+	polltest.Within(t, 3*time.Minute, "spool.db's events delivered while draining", func() bool { return events() > 0 })
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}
 	// Space is back: the replay goes through; the whole backlog follows.
-	poll.Within(t, 3*time.Minute, "ingest to take events again", func() bool {
+	polltest.Within(t, 3*time.Minute, "ingest to take events again", func() bool {
 		resp, err := hc.Get("http://" + r.AdminListen + "/readyz")
 		if err != nil {
 			t.Fatal(err)
@@ -123,7 +123,7 @@ func TestFullDiskStartAtBinaryLevel(t *testing.T) {
 		}
 	}
 	want := requests*per + keys*devs
-	poll.Within(t, 6*time.Minute, fmt.Sprintf("%d events delivered", want), func() bool { return events() >= want })
+	polltest.Within(t, 6*time.Minute, fmt.Sprintf("%d events delivered", want), func() bool { return events() >= want })
 	seen := map[string]bool{}
 	last := map[string]string{}
 	for _, e := range stored {
@@ -140,7 +140,7 @@ func TestFullDiskStartAtBinaryLevel(t *testing.T) {
 	if len(seen) != want {
 		t.Errorf("%d distinct events delivered, want %d", len(seen), want)
 	}
-	if err := r.Stop(t, poll.Max); err != nil {
+	if err := r.Stop(t, polltest.Max); err != nil {
 		t.Fatalf("stop: %v\n%s", err, r.LogTail(4000))
 	}
 }

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
 
@@ -46,10 +46,10 @@ func TestSandboxGuard(t *testing.T) {
 		select {
 		case <-done:
 			return string(out), err
-		case <-time.After(poll.Max):
+		case <-time.After(polltest.Max):
 			cmd.Process.Kill()
 			<-done
-			return string(out), fmt.Errorf("still running after %v", poll.Max)
+			return string(out), fmt.Errorf("still running after %v", polltest.Max)
 		}
 	}
 	for _, tc := range []struct {

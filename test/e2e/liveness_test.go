@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/test/e2e/harness"
@@ -231,13 +231,13 @@ func livenessRun(t *testing.T, bin string, lenient bool) {
 	}
 	// Per key: its paused time left, its backlog at 0.9*eps (slowed a fifth
 	// by failed requests and a loaded machine), a pause and a penalty per
-	// refusal after the stop (counted at the end), and poll.Max of slack for
+	// refusal after the stop (counted at the end), and polltest.Max of slack for
 	// a loaded machine (a livelock never drains, so the slack costs the
 	// check nothing); a device carrying a user's events no sooner than the user.
 	bound := func(k string, refusedAfter map[string]int) time.Duration {
 		b := max(0, pausedTill[k].Sub(stopped)) +
 			time.Duration(float64(perKey[k]-atStop[k])/(0.9*eps)*1.2*float64(time.Second)) +
-			time.Duration(refusedAfter[k])*(pause+penalty) + poll.Max
+			time.Duration(refusedAfter[k])*(pause+penalty) + polltest.Max
 		return b
 	}
 	var worst time.Duration

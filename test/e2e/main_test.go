@@ -5,7 +5,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
 
@@ -13,7 +13,7 @@ import (
 // has its own relays, simulator, ports and directories, and waits on them
 // (kills, restarts, pauses, a paced load) far more than it uses the CPU.
 func TestMain(m *testing.M) {
-	poll.SetParallel(4)
+	polltest.SetParallel(4)
 	dir, err := os.MkdirTemp("", "e2e-relay-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

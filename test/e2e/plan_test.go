@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
 
@@ -143,7 +143,7 @@ func TestTrackingPlanModes(t *testing.T) {
 	}
 	// The changes went through the relay: each plan is read at once.
 	for _, m := range []string{"observe", "filter", "block"} {
-		poll.Until(t, m+"'s plan read", func() bool {
+		polltest.Until(t, m+"'s plan read", func() bool {
 			_, b := p.call("GET", "/relay/v1/plan?project="+m, "", "", "")
 			var in struct {
 				Plan *struct {
@@ -172,7 +172,7 @@ func TestTrackingPlanModes(t *testing.T) {
 		"block":   {"planned-1": true},
 	}
 	for m, devs := range want {
-		poll.Until(t, m+"'s events delivered", func() bool { return len(simEvents(t, s.Base, "key-"+m)) == len(devs) })
+		polltest.Until(t, m+"'s events delivered", func() bool { return len(simEvents(t, s.Base, "key-"+m)) == len(devs) })
 		got := simEvents(t, s.Base, "key-"+m)
 		for d := range devs {
 			if got[d] == "" {
@@ -194,7 +194,7 @@ func TestTrackingPlanModes(t *testing.T) {
 		}
 	}
 	// The quarantine: filter's unplanned event type, block's three.
-	poll.Until(t, "quarantine", func() bool { return len(p.dead("reason=plan").DeadLetters) == 4 })
+	polltest.Until(t, "quarantine", func() bool { return len(p.dead("reason=plan").DeadLetters) == 4 })
 	if d := p.dead("reason=plan&project=filter"); len(d.DeadLetters) != 1 || !strings.Contains(d.DeadLetters[0].Answer, `"unplanned_event_type"`) {
 		t.Errorf("filter's quarantine: %+v", d)
 	}
@@ -215,16 +215,16 @@ func TestTrackingPlanModes(t *testing.T) {
 	p.taxonomy("POST", "/api/2/taxonomy/event", "block", url.Values{"event_type": {"Other"}})
 	p.taxonomy("POST", "/api/2/taxonomy/event-property", "block", url.Values{"event_property": {"x"}})
 	p.taxonomy("PUT", "/api/2/taxonomy/event-property/price", "block", url.Values{"type": {"any"}})
-	poll.Until(t, "block's fixed plan read", func() bool {
+	polltest.Until(t, "block's fixed plan read", func() bool {
 		_, b := p.call("GET", "/relay/v1/plan?project=block", "", "", "")
 		return strings.Contains(string(b), `"Other"`) && strings.Contains(string(b), `"name":"x"`) && !strings.Contains(string(b), `"type":"number"`)
 	})
 	if code, b := p.call("POST", "/relay/v1/deadletters/replay", "", "application/json", `{"filter":{"reason":"plan"}}`); code != 200 {
 		t.Fatalf("replay: %d %s", code, b)
 	}
-	poll.Until(t, "block's replayed events delivered", func() bool { return len(simEvents(t, s.Base, "key-block")) == 4 })
+	polltest.Until(t, "block's replayed events delivered", func() bool { return len(simEvents(t, s.Base, "key-block")) == 4 })
 	// filter's unplanned type was replayed too, into the same plan: back in quarantine.
-	poll.Until(t, "filter's event quarantined again", func() bool { return len(p.dead("reason=plan").DeadLetters) == 1 })
+	polltest.Until(t, "filter's event quarantined again", func() bool { return len(p.dead("reason=plan").DeadLetters) == 1 })
 
 	// A restart with the upstream gone: the kept plan is enforced.
 	if err := r.Stop(t, 30*time.Second); err != nil {
@@ -241,7 +241,7 @@ func TestTrackingPlanModes(t *testing.T) {
 	if code, b, err := r.Post(p.hc, "/2/httpapi", []byte(`{"api_key":"key-block","events":[`+bad+`]}`)); err != nil || code != 200 {
 		t.Fatalf("post: %d %s %v", code, b, err)
 	}
-	poll.Until(t, "quarantine with the upstream down", func() bool {
+	polltest.Until(t, "quarantine with the upstream down", func() bool {
 		return len(p.dead("reason=plan&project=block&violation=unplanned_event_type").DeadLetters) == 1
 	})
 }
@@ -278,7 +278,7 @@ func TestTrackingPlanBacklog(t *testing.T) {
 			return strings.Contains(string(b), what)
 		}
 	}
-	poll.Until(t, "the plan read", planHas(`"name":"price","type":"any"`))
+	polltest.Until(t, "the plan read", planHas(`"name":"price","type":"any"`))
 	post := func(events ...string) {
 		t.Helper()
 		body := `{"api_key":"key-web","events":[` + strings.Join(events, ",") + `]}`
@@ -291,7 +291,7 @@ func TestTrackingPlanBacklog(t *testing.T) {
 	}
 	// The lane, made by a first event, paused: what comes next waits.
 	post(ev("first", "1"))
-	poll.Until(t, "the first event delivered", func() bool { return len(simEvents(t, s.Base, "key-web")) == 1 })
+	polltest.Until(t, "the first event delivered", func() bool { return len(simEvents(t, s.Base, "key-web")) == 1 })
 	code, b := p.call("GET", "/relay/v1/lanes", "", "", "")
 	var lanes struct {
 		Lanes []struct {
@@ -302,7 +302,7 @@ func TestTrackingPlanBacklog(t *testing.T) {
 		t.Fatalf("lanes: %d %s %v", code, b, err)
 	}
 	label := lanes.Lanes[0].Label
-	poll.Until(t, "the lane paused", func() bool {
+	polltest.Until(t, "the lane paused", func() bool {
 		code, _ := p.call("POST", "/relay/v1/lanes/"+label+"/pause", "", "", "")
 		return code == 200
 	})
@@ -310,14 +310,14 @@ func TestTrackingPlanBacklog(t *testing.T) {
 	post(ev("text-1", `"3"`), ev("number-1", "3"), ev("text-2", `"4"`))
 	// The plan changes through the relay: price must be a number.
 	p.taxonomy("PUT", "/api/2/taxonomy/event-property/price", "web", url.Values{"type": {"number"}})
-	poll.Until(t, "the new plan read", planHas(`"name":"price","type":"number"`))
+	polltest.Until(t, "the new plan read", planHas(`"name":"price","type":"number"`))
 	if code, b := p.call("POST", "/relay/v1/lanes/"+label+"/resume", "", "", ""); code != 200 {
 		t.Fatalf("resume: %d %s", code, b)
 	}
-	poll.Until(t, "the backlog quarantined", func() bool {
+	polltest.Until(t, "the backlog quarantined", func() bool {
 		return len(p.dead("reason=plan&project=web&violation=wrong_type").DeadLetters) == 2
 	})
-	poll.Until(t, "the backlog's clean event delivered", func() bool { return len(simEvents(t, s.Base, "key-web")) == 2 })
+	polltest.Until(t, "the backlog's clean event delivered", func() bool { return len(simEvents(t, s.Base, "key-web")) == 2 })
 	got := simEvents(t, s.Base, "key-web")
 	if got["number-1"] == "" || got["text-1"] != "" || got["text-2"] != "" {
 		t.Errorf("delivered: %v", got)

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
 
@@ -165,7 +165,7 @@ func TestTapWhileLoadFlows(t *testing.T) {
 	}
 	// The taps closed, a new one is taken again (polled: the relay sees the
 	// closed connections a moment later).
-	poll.Until(t, "a tap taken after the others closed", func() bool {
+	polltest.Until(t, "a tap taken after the others closed", func() bool {
 		_, _, err := tapCmd("--limit", "1", "--device", "dev-3")
 		return err == nil
 	})
@@ -204,7 +204,7 @@ func TestTapDeadLetters(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	deadline := time.Now().Add(2 * time.Minute)
-	poll.Until(t, "the tap to attach", func() bool {
+	polltest.Until(t, "the tap to attach", func() bool {
 		n, _ := r.Metric("relay_tap_attached")
 		return n == 1
 	})

@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/svcrelay/relay/internal/natstest"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
 
@@ -73,7 +73,7 @@ func startCluster(t *testing.T, bin, dir string) *natsCluster {
 	for i := range c.nodes {
 		c.start(i)
 	}
-	c.WaitReady(poll.Max)
+	c.WaitReady(polltest.Max)
 	return c
 }
 
@@ -257,7 +257,7 @@ func TestNATSClusterKillRestart(t *testing.T) {
 	}
 	c.Kill(leader)
 	publish(50) // two of three nodes: still a quorum
-	c.Restart(leader, poll.Max)
+	c.Restart(leader, polltest.Max)
 	publish(10)
 	s, err := js.Stream(ctx, "T")
 	if err != nil {

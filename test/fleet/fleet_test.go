@@ -29,7 +29,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
@@ -164,8 +164,8 @@ func runScenario(t *testing.T, e env, sc scenario) {
 	stop := r.serveUnderLoad()
 	t.Logf("%d relays serving at %v", sc.relays, time.Since(start).Round(time.Millisecond))
 
-	r.waitLoad(300, 0, poll.Max, "before the failure")
-	r.waitSpread(poll.Max)
+	r.waitLoad(300, 0, polltest.Max, "before the failure")
+	r.waitSpread(polltest.Max)
 	victim, node := -1, -1
 	if sc.killRelay {
 		victim = 0
@@ -189,9 +189,9 @@ func runScenario(t *testing.T, e env, sc scenario) {
 	}
 	// The load goes on through the failure: the surviving relays accept
 	// (clients move to another relay), the cluster keeps a quorum.
-	r.waitLoad(300, 3*time.Second, poll.Max, "during the failure")
+	r.waitLoad(300, 3*time.Second, polltest.Max, "during the failure")
 	if node >= 0 {
-		r.cluster.Restart(node, poll.Max)
+		r.cluster.Restart(node, polltest.Max)
 		t.Logf("restarted nats %s at %v", r.cluster.nodes[node].Name, time.Since(start).Round(time.Millisecond))
 	}
 	if victim >= 0 {
@@ -200,13 +200,13 @@ func runScenario(t *testing.T, e env, sc scenario) {
 	}
 	// And after it: partitions move back to the restarted relay while the
 	// load flows.
-	r.waitLoad(300, 3*time.Second, poll.Max, "after the recovery")
-	r.waitSpread(poll.Max)
+	r.waitLoad(300, 3*time.Second, polltest.Max, "after the recovery")
+	r.waitSpread(polltest.Max)
 	stop()
 	t.Logf("load stopped at %v: %d requests, %d events sent, %d accepted; statuses %s",
 		time.Since(start).Round(time.Millisecond), r.reqs.Load(), len(r.events), r.accepted.Load(), r.statusText())
 
-	stored := r.waitDelivered(poll.Max)
+	stored := r.waitDelivered(polltest.Max)
 	t.Logf("delivered at %v", time.Since(start).Round(time.Millisecond))
 	for _, rp := range r.relays {
 		if !rp.p.running() {
@@ -241,19 +241,19 @@ func (r *fleetRun) relayArgs(rp *relayProc) []string {
 }
 
 // waitHealthy waits for rp's /healthz; it fails the test (from any
-// goroutine: Errorf, then the caller's wait) when rp exits or after poll.Max.
+// goroutine: Errorf, then the caller's wait) when rp exits or after polltest.Max.
 func (r *fleetRun) waitHealthy(rp *relayProc) {
 	hc := &http.Client{Timeout: time.Second}
 	// The relay connects and creates or checks its streams first (30 s at
 	// most, more on a loaded machine).
-	deadline := time.Now().Add(poll.Max)
+	deadline := time.Now().Add(polltest.Max)
 	for get(hc, "http://"+rp.listen+"/healthz") != 200 {
 		if !rp.p.running() {
 			r.t.Errorf("relay %d exited during start: %v\n%s", rp.idx, rp.p.err, rp.p.tail(4000))
 			return
 		}
 		if time.Now().After(deadline) {
-			r.t.Errorf("relay %d not healthy within %v\n%s", rp.idx, poll.Max, rp.p.tail(4000))
+			r.t.Errorf("relay %d not healthy within %v\n%s", rp.idx, polltest.Max, rp.p.tail(4000))
 			return
 		}
 		time.Sleep(20 * time.Millisecond)

@@ -17,7 +17,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/fleet"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
 
@@ -68,7 +68,7 @@ func TestFleetPauseLostWithItsRelay(t *testing.T) {
 			}
 		}
 	})
-	r.waitSpread(poll.Max)
+	r.waitSpread(polltest.Max)
 
 	const dev = "lost-device"
 	part := fleet.PartitionOf([]byte(event.DeviceKeyPrefix+dev), partitions)
@@ -81,7 +81,7 @@ func TestFleetPauseLostWithItsRelay(t *testing.T) {
 	victim.Store(owner)
 	t.Logf("%s is in partition %d, delivered by relay %d", dev, part, owner.idx)
 
-	hc := &http.Client{Timeout: poll.Max}
+	hc := &http.Client{Timeout: polltest.Max}
 	evs := make([]*sentEvent, 25)
 	for i := range evs {
 		evs[i] = &sentEvent{device: dev, seq: i + 1, insertID: fmt.Sprintf("%s-%02d", dev, i+1)}
@@ -94,11 +94,11 @@ func TestFleetPauseLostWithItsRelay(t *testing.T) {
 		r.record(evs, accepted, other.idx)
 	}
 	send(evs[:15])
-	r.waitDelivered(poll.Max)
+	r.waitDelivered(polltest.Max)
 	send(evs[15:])
-	poll.Until(t, "the owner killed on the upstream's 429", func() bool { return killedAt.Load() != nil })
+	polltest.Until(t, "the owner killed on the upstream's 429", func() bool { return killedAt.Load() != nil })
 	t.Logf("relay %d killed after the upstream's 429, before it read it", owner.idx)
-	r.waitDelivered(2 * poll.Max) // the other relay's takeover, its 429 and its pause
+	r.waitDelivered(2 * polltest.Max) // the other relay's takeover, its 429 and its pause
 
 	recs, err := r.sim.Ctl.Requests(context.Background(), 0)
 	if err != nil {

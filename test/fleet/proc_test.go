@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
 
@@ -110,7 +110,7 @@ func (p *proc) running() bool {
 	}
 }
 
-// kill sends SIGKILL and waits (poll.Max at most) for the process to end.
+// kill sends SIGKILL and waits (polltest.Max at most) for the process to end.
 func (p *proc) kill(t *testing.T) {
 	t.Helper()
 	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil && p.running() {
@@ -118,8 +118,8 @@ func (p *proc) kill(t *testing.T) {
 	}
 	select {
 	case <-p.done:
-	case <-time.After(poll.Max):
-		t.Fatalf("%s: alive %v after SIGKILL", p.name, poll.Max)
+	case <-time.After(polltest.Max):
+		t.Fatalf("%s: alive %v after SIGKILL", p.name, polltest.Max)
 	}
 }
 

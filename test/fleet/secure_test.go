@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/natstest"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
 
@@ -87,12 +87,12 @@ func serveAndDeliver(t *testing.T, bin, spool string, flags ...string) {
 		}
 	}
 	var stored int
-	poll.Until(t, "the simulator to store every event", func() bool {
+	polltest.Until(t, "the simulator to store every event", func() bool {
 		evs, err := sim.Ctl.Events(context.Background(), apiKey, 0)
 		stored = len(evs)
 		return err == nil && stored == devices*perDevice
 	})
-	if err := relay.Stop(t, poll.Max); err != nil {
+	if err := relay.Stop(t, polltest.Max); err != nil {
 		t.Errorf("relay stop: %v", err)
 	}
 }
@@ -106,7 +106,7 @@ func failsAtStart(t *testing.T, bin, what, want, spool string, flags ...string) 
 	args := append([]string{"--listen", harness.FreeAddr(t), "--admin-listen", harness.FreeAddr(t),
 		"--data-dir", filepath.Join(dir, "data"), "--spool-min-free-bytes", "0", "--log-format", "json",
 		"--ingest-url", "http://127.0.0.1:9", "--spool", spool}, flags...)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*poll.Max)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*polltest.Max)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = harness.CleanEnv()
@@ -115,7 +115,7 @@ func failsAtStart(t *testing.T, bin, what, want, spool string, flags ...string) 
 	start := time.Now()
 	err := cmd.Run()
 	if ctx.Err() != nil {
-		t.Fatalf("%s: relay still running after %v\n%s", what, 2*poll.Max, stderr.String())
+		t.Fatalf("%s: relay still running after %v\n%s", what, 2*polltest.Max, stderr.String())
 	}
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
 		t.Fatalf("%s: relay exited with %v, want exit code 1\n%s", what, err, stderr.String())

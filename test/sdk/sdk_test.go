@@ -22,7 +22,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/test/e2e/harness"
 )
@@ -190,7 +190,7 @@ func TestNodeSDKThroughRelay(t *testing.T) {
 			// the upstream's would have made it retry (or report a failure
 			// above). The counter may lag the answer a little: poll.
 			var reqs1 float64
-			poll.Until(t, fmt.Sprintf("%d requests on %s counted", tc.uploads, tc.path), func() bool {
+			polltest.Until(t, fmt.Sprintf("%d requests on %s counted", tc.uploads, tc.path), func() bool {
 				if reqs1, err = r.Metric("relay_ingest_requests_total", `path="`+tc.path+`"`); err != nil {
 					t.Fatal(err)
 				}
@@ -206,7 +206,7 @@ func TestNodeSDKThroughRelay(t *testing.T) {
 
 			// Delivered: poll the sim.
 			var got []sim.Ingested
-			poll.Until(t, fmt.Sprintf("%d events of key %s at the sim", len(sent), apiKey), func() bool {
+			polltest.Until(t, fmt.Sprintf("%d events of key %s at the sim", len(sent), apiKey), func() bool {
 				if got, err = sm.Ctl.Events(bg, apiKey, 0); err != nil {
 					t.Fatal(err)
 				}

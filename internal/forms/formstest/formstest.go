@@ -21,7 +21,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/adminapi"
 	"github.com/svcrelay/relay/internal/adminroute"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
 	"github.com/svcrelay/relay/internal/spool"
@@ -116,7 +116,7 @@ func (e *Env[C]) Run() {
 	e.cancel = cancel
 	e.runDone = make(chan error, 1)
 	go func() { e.runDone <- e.C.Run(ctx) }()
-	poll.Until(e.T, "Ready", func() bool { return e.C.Ready() == nil })
+	polltest.Until(e.T, "Ready", func() bool { return e.C.Ready() == nil })
 }
 
 // Close stops delivery, the server and the spool (idempotent). Run
@@ -153,12 +153,12 @@ func (e *Env[C]) LaneRecords(apiKey string) int64 {
 }
 
 // WaitFor polls cond until it holds, failing the test after timeout or
-// poll.Max, whichever is longer: the bound only decides how long a failing
+// polltest.Max, whichever is longer: the bound only decides how long a failing
 // test takes, and the 10 or 15 s its callers name could be reached on a
 // loaded CI machine under -race.
 func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	poll.Within(t, max(timeout, poll.Max), what, cond)
+	polltest.Within(t, max(timeout, polltest.Max), what, cond)
 }
 
 // Answer is an HTTP answer read in full; JSON is its body decoded when it

@@ -14,7 +14,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/svcrelay/relay/internal/delivery"
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
 )
@@ -74,7 +74,7 @@ func deliver(t *testing.T, b storage.Backend, srv *httptest.Server) (stop func()
 	go func() { done <- fl.Run(ctx) }()
 	return func() {
 		t.Helper()
-		poll.Until(t, "the lanes to hold nothing", func() bool {
+		polltest.Until(t, "the lanes to hold nothing", func() bool {
 			for _, ls := range fl.LaneStatus() {
 				if ls.ReadAheadBytes != 0 {
 					return false
@@ -88,8 +88,8 @@ func deliver(t *testing.T, b storage.Backend, srv *httptest.Server) (stop func()
 			if err != nil {
 				t.Errorf("delivery: %v", err)
 			}
-		case <-time.After(poll.Max):
-			t.Fatalf("delivery did not return within %v of its context's end", poll.Max)
+		case <-time.After(polltest.Max):
+			t.Fatalf("delivery did not return within %v of its context's end", polltest.Max)
 		}
 	}
 }

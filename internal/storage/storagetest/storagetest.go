@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
@@ -38,7 +38,7 @@ type Config struct {
 	// LaneQueues says each queue holds one lane (the local spool); false:
 	// a queue carries several lanes (the fleet's partitions).
 	LaneQueues bool
-	// Wait bounds each wait for records to be read; zero means poll.Max
+	// Wait bounds each wait for records to be read; zero means polltest.Max
 	// (a loaded machine's backend may take far longer than a quiet one's).
 	Wait time.Duration
 	// Damage makes the record whose data holds marker, appended to b
@@ -60,7 +60,7 @@ type Config struct {
 // the store (fsyncs, leases, a cluster's answers), not on the CPU.
 func Run(t *testing.T, cfg Config) {
 	if cfg.Wait == 0 {
-		cfg.Wait = poll.Max
+		cfg.Wait = polltest.Max
 	}
 	s := &suite{cfg: cfg}
 	for _, c := range []struct {
@@ -138,7 +138,7 @@ func rec(k string, n int) storage.Record {
 }
 
 func bg(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*poll.Max)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*polltest.Max)
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -243,7 +243,7 @@ func (c *collector) deliver(ctx context.Context, r storage.Reader) error {
 			// On a context of its own, as the engine's acker: a test
 			// stops Run once it counted the records, and an ack cut
 			// short then would bring an acknowledged message back.
-			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), poll.Max)
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), polltest.Max)
 			err := r.Ack(actx, m)
 			cancel()
 			if err != nil {
@@ -280,8 +280,8 @@ func (r *running) stop(t *testing.T) {
 	r.cancel()
 	select {
 	case <-r.done:
-	case <-time.After(poll.Max):
-		t.Fatalf("Run did not return within %v of its context's end", poll.Max)
+	case <-time.After(polltest.Max):
+		t.Fatalf("Run did not return within %v of its context's end", polltest.Max)
 	}
 }
 

@@ -25,7 +25,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/simtest"
 )
 
@@ -240,7 +240,7 @@ func (p *Proc) Exited() bool {
 	}
 }
 
-// Kill sends SIGKILL and waits (poll.Max at most) for the process to end.
+// Kill sends SIGKILL and waits (polltest.Max at most) for the process to end.
 func (p *Proc) Kill(t testing.TB) {
 	t.Helper()
 	if err := p.Cmd.Process.Signal(syscall.SIGKILL); err != nil && !p.Exited() {
@@ -248,18 +248,18 @@ func (p *Proc) Kill(t testing.TB) {
 	}
 	select {
 	case <-p.done:
-	case <-time.After(poll.Max):
-		t.Fatalf("%s: did not exit %v after SIGKILL", p.Name, poll.Max)
+	case <-time.After(polltest.Max):
+		t.Fatalf("%s: did not exit %v after SIGKILL", p.Name, polltest.Max)
 	}
 }
 
 // Stop sends SIGTERM and returns the exit error (nil for status 0); after
-// wait (at least poll.Max: wait is what a quiet machine needs, and a
+// wait (at least polltest.Max: wait is what a quiet machine needs, and a
 // shutdown that hangs is caught all the same) it kills the process and
 // fails the test.
 func (p *Proc) Stop(t testing.TB, wait time.Duration) error {
 	t.Helper()
-	wait = max(wait, poll.Max)
+	wait = max(wait, polltest.Max)
 	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil && !p.Exited() {
 		t.Fatal(err)
 	}
@@ -284,11 +284,11 @@ func (p *Proc) LogTail(n int) string {
 }
 
 // waitHealthy polls url until it answers 200, the process exits, or
-// poll.Max passes (a restart on a full spool under load may take seconds).
+// polltest.Max passes (a restart on a full spool under load may take seconds).
 func (p *Proc) waitHealthy(t testing.TB, url string) {
 	t.Helper()
 	hc := &http.Client{Timeout: time.Second}
-	deadline := time.Now().Add(poll.Max)
+	deadline := time.Now().Add(polltest.Max)
 	for time.Now().Before(deadline) {
 		if p.Exited() {
 			t.Fatalf("%s exited during start: %v\n%s", p.Name, p.err, p.LogTail(4000))
@@ -303,7 +303,7 @@ func (p *Proc) waitHealthy(t testing.TB, url string) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	p.Cmd.Process.Kill()
-	t.Fatalf("%s not healthy within %v\n%s", p.Name, poll.Max, p.LogTail(4000))
+	t.Fatalf("%s not healthy within %v\n%s", p.Name, polltest.Max, p.LogTail(4000))
 }
 
 // Sim is a `relay sim` process (StartSim) or a simserver one (StartFaultSim).
@@ -391,7 +391,7 @@ func StartRelay(t testing.TB, bin, dir string, o *RelayOpts) *Relay {
 // Metric reads the sum of the samples of the relay's metric name whose
 // label text contains every one of labels (e.g. `code="200"`); 0 when none.
 func (r *Relay) Metric(name string, labels ...string) (float64, error) {
-	resp, err := (&http.Client{Timeout: poll.Max}).Get("http://" + r.AdminListen + "/metrics")
+	resp, err := (&http.Client{Timeout: polltest.Max}).Get("http://" + r.AdminListen + "/metrics")
 	if err != nil {
 		return 0, err
 	}
@@ -428,9 +428,9 @@ func (r *Relay) Metric(name string, labels ...string) (float64, error) {
 }
 
 // NewClient is an HTTP client for posting to the relay, for tests that fail
-// on an error: its time-out is poll.Max, not the 5 s a relay committing to
+// on an error: its time-out is polltest.Max, not the 5 s a relay committing to
 // a busy disk on a loaded machine could reach.
-func NewClient() *http.Client { return &http.Client{Timeout: poll.Max} }
+func NewClient() *http.Client { return &http.Client{Timeout: polltest.Max} }
 
 // Post sends body to the relay's ingest path and returns status and body.
 func (r *Relay) Post(hc *http.Client, path string, body []byte) (int, []byte, error) {

@@ -1,7 +1,7 @@
 // Package diskfull gives tests a real full filesystem: a small tmpfs
 // mounted for one test, and a file that fills it. It is imported by tests
 // only (the spool's and the relay's full-disk tests).
-package diskfull
+package diskfulltest
 
 import (
 	"bytes"

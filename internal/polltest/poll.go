@@ -8,7 +8,7 @@
 // generous enough for a loaded 2-core CI machine: the bound costs nothing
 // when the condition comes true, and only decides how long a failing test
 // takes to say so.
-package poll
+package polltest
 
 import (
 	"testing"
