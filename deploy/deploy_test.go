@@ -21,7 +21,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/poll"
+	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/test/e2e/harness"
 	"go.yaml.in/yaml/v3"
 )
@@ -64,7 +64,7 @@ func startRelay(t *testing.T) *relayFixture {
 		Extra: []string{"--alias-url", sm.Base, "--analytics-url", sm.Base, "--credentials", creds, "--admin-token-file", token},
 	})
 	hc := harness.NewClient()
-	poll.Until(t, "the tracking plan read", func() bool {
+	polltest.Until(t, "the tracking plan read", func() bool {
 		resp, err := hc.Get("http://" + r.AdminListen + "/readyz")
 		if err != nil {
 			return false
@@ -91,7 +91,7 @@ func startRelay(t *testing.T) *relayFixture {
 	if resp.StatusCode != 200 {
 		t.Fatalf("groupidentify: %d", resp.StatusCode)
 	}
-	poll.Until(t, "the event delivered", func() bool {
+	polltest.Until(t, "the event delivered", func() bool {
 		n, _ := r.Metric("relay_delivery_events_delivered_total")
 		v, _ := r.Metric("relay_plan_violations_total")
 		return n >= 1 && v >= 1
@@ -381,7 +381,7 @@ func TestContainerfiles(t *testing.T) {
 	configCheck(t, bin, mounted)
 	refused := func(env []string, want string) {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
+		ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, bin, "config", "check")
 		cmd.Env = append(harness.CleanEnv(), env...)
@@ -400,7 +400,7 @@ func TestContainerfiles(t *testing.T) {
 // configCheck runs `relay config check args...` with env and wants exit 0.
 func configCheck(t *testing.T, bin string, env []string, args ...string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), poll.Max)
+	ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, append([]string{"config", "check"}, args...)...)
 	cmd.Env = append(harness.CleanEnv(), env...)
