@@ -349,6 +349,19 @@ func TestFleetAdmin(t *testing.T) {
 			return st == http.StatusOK
 		})
 	}
+	// The lanes API lists a lane's runner on the relay that reads its
+	// partition; a new owner makes one only for records still to read. So
+	// the partitions must have settled (two each: B joined after A) before
+	// the lane's records are written and dead-lettered, or a move after
+	// them would leave the lane listed nowhere.
+	aName, bName := a.memberName(t), b.memberName(t)
+	polltest.Until(t, "the events partitions spread over both relays", func() bool {
+		held := map[string]int{}
+		for _, o := range eventsOwners(t, cl) {
+			held[o]++
+		}
+		return held[aName] == 2 && held[bName] == 2
+	})
 
 	const apiKey, dev = "fleet-key-3", 4
 	simtest.Silence(up, fmt.Sprintf("device-%02d", dev))
@@ -379,9 +392,6 @@ func TestFleetAdmin(t *testing.T) {
 		t.Fatalf("by lane: %s", body)
 	}
 	// Lanes: the relays' runners of the lane (one of them delivered it).
-	// Polled: a partition's lease may be moving between the relays (B
-	// joined after A), and its runner is listed by its new owner once
-	// that one holds it.
 	polltest.Until(t, "a runner of lane "+list.DeadLetters[0].Lane+" listed", func() bool {
 		_, la := getBody(t, a.admin+"/relay/v1/lanes")
 		_, lb := getBody(t, b.admin+"/relay/v1/lanes")
