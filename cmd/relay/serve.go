@@ -117,6 +117,14 @@ type namedComponent struct {
 	component
 }
 
+// backend is a store behind the seam: the spool's (spool.Backend) or the
+// fleet's (fleet.Backend), each kind's delivery reading it, ingest, the
+// form intakes and the dead-letter routes writing it.
+type backend interface {
+	forms.Store
+	storage.DeadLetters
+}
+
 // deliveries is everything built on the spool and the upstream client: the
 // event pipeline, group identify and user mapping (each a component with its
 // admin routes), and the lane controls of the /relay/v1 API.
@@ -132,16 +140,7 @@ type deliveries struct {
 
 // buildDelivery builds the delivery side (not running yet: startDelivery).
 func (s *server) buildDelivery() (*deliveries, error) {
-	cfg, log, reg, fs, creds := s.cfg, s.log, s.reg, s.fs, s.creds
-	// A form kind's store: the fleet's restricted to the kind's partitions
-	// (each kind's delivery runs its own ownership loop), or the local
-	// spool's lanes of the kind.
-	spooling := func(k storage.Kind) forms.Spooling {
-		if fs != nil {
-			return forms.Spooling{FormTiming: cfg.FormTiming(), Store: fs.b.Only(k)}
-		}
-		return forms.Spooling{FormTiming: cfg.FormTiming(), Store: s.local.Only(k)}
-	}
+	cfg, log, reg, creds := s.cfg, s.log, s.reg, s.creds
 	client, err := upstream.New(upstream.Config{}, log.Named("upstream"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("upstream client: %w", err)
@@ -155,10 +154,10 @@ func (s *server) buildDelivery() (*deliveries, error) {
 	bcfg.OnDead = s.taps.PublishDead
 	var p *delivery.Pipeline
 	live := &liveMeter{next: tappedSender{client, s.taps}, windows: map[string]*rateWindow{}}
-	if fs != nil { // the events partitions this relay owns
-		p, err = delivery.NewFleet(bcfg, fs.b.Only(storage.KindEvents), fs.f, fs.f, live, thr, log.Named("delivery"), reg)
+	if s.fs != nil { // the events partitions this relay owns; pauses and lane stops are the fleet's
+		p, err = delivery.NewFleet(bcfg, s.kind(storage.KindEvents), s.fs.f, s.fs.f, live, thr, log.Named("delivery"), reg)
 	} else {
-		p, err = delivery.New(bcfg, s.local.Only(storage.KindEvents), live, thr, log.Named("delivery"), reg)
+		p, err = delivery.New(bcfg, s.kind(storage.KindEvents), live, thr, log.Named("delivery"), reg)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("delivery: %w", err)
@@ -173,7 +172,7 @@ func (s *server) buildDelivery() (*deliveries, error) {
 
 	gi, err := groupidentify.New(groupidentify.Config{
 		URL:      cfg.IngestURL,
-		Spooling: spooling(storage.KindGroupIdentify),
+		Spooling: forms.Spooling{FormTiming: cfg.FormTiming(), Store: s.kind(storage.KindGroupIdentify)},
 	}, client, creds, log.Named("groupidentify"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("group identify: %w", err)
@@ -203,7 +202,7 @@ func (s *server) buildDelivery() (*deliveries, error) {
 	um, err := usermap.New(usermap.Config{
 		AliasURL:     s.bases.alias,
 		AnalyticsURL: s.bases.analytics,
-		Spooling:     spooling(storage.KindUserMap),
+		Spooling:     forms.Spooling{FormTiming: cfg.FormTiming(), Store: s.kind(storage.KindUserMap)},
 	}, client, creds, log.Named("usermap"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("user mapping: %w", err)
@@ -261,9 +260,13 @@ type server struct {
 	// openStore's.
 	sp        *spool.Spool
 	spoolOpen atomic.Bool
-	local     *spool.Backend // the spool behind the seam (internal/storage)
-	fs        *fleetStore    // fleet mode's store; nil in local mode
-	maxLanes  atomic.Int64   // --max-lanes in force (a reload changes it), for /readyz
+	// store is where every kind's records go: the spool behind the seam
+	// (internal/storage), or fleet mode's; kind(k) is the store of kind
+	// k's delivery (its lanes, or the fleet's partitions of k).
+	store    backend
+	kind     func(storage.Kind) backend
+	fs       *fleetStore  // fleet mode's store; nil in local mode
+	maxLanes atomic.Int64 // --max-lanes in force (a reload changes it), for /readyz
 
 	// Shared by delivery, the admin listener and ingest.
 	creds  *credentials.Ref // the credentials file in force (a reload swaps it)
@@ -451,12 +454,15 @@ func (s *server) openStore() error {
 	// give that memory back before serving, or a relay restarted on a
 	// backlog keeps it as RSS until its first collection.
 	debug.FreeOSMemory()
+	local := spool.NewBackend(sp, log.Named("spool"))
+	s.store, s.kind = local, func(k storage.Kind) backend { return local.Only(k) }
 	// Fleet mode's store, stopped after delivery gave its
 	// partitions up (stops run in reverse).
 	if cfg.SpoolNATS != nil {
 		if s.fs, err = openFleet(cfg, log, s.reg); err != nil {
 			return err
 		}
+		s.store, s.kind = s.fs.b, func(k storage.Kind) backend { return s.fs.b.Only(k) }
 		s.lc.onStop("fleet", s.fs.close)
 		if s.hooks.fleetOpened != nil {
 			s.hooks.fleetOpened(s.fs.nc)
@@ -480,7 +486,6 @@ func (s *server) openStore() error {
 		sp.SetLaneLimits(c.MaxLanes, c.MaxLanesPerKey, c.LaneRetireAfter)
 		s.maxLanes.Store(int64(c.MaxLanes))
 	})
-	s.local = spool.NewBackend(sp, log.Named("spool"))
 	return nil
 }
 
@@ -560,11 +565,7 @@ func (s *server) startAdmin(dl *deliveries) (*adminapi.Server, error) {
 		returnIdleMemory(idleCtx, idleCheckEvery, idleQuietBytes, idleMinAlloc, dl.release...)
 		return nil
 	})
-	rcfg := adminapi.RelayConfig{Lanes: dl.lanes, Store: s.local}
-	if s.fs != nil { // the fleet's dead letters
-		rcfg.Store, rcfg.Fleet = s.fs.b, true
-	}
-	relayAPI, err := adminapi.NewRelay(rcfg, s.sp, log.Named("admin"), s.reg)
+	relayAPI, err := adminapi.NewRelay(adminapi.RelayConfig{Lanes: dl.lanes, Store: s.store, Fleet: s.fs != nil}, s.sp, log.Named("admin"), s.reg)
 	if err != nil {
 		return nil, err
 	}
@@ -711,11 +712,7 @@ func (s *server) startIngest(admin *adminapi.Server) error {
 	if ingTLS != nil {
 		icfg.TLS = ingTLS.TLSConfig()
 	}
-	var events storage.Appender = s.local
-	if s.fs != nil { // events go to the fleet's streams
-		events = s.fs.b
-	}
-	ing, err := ingest.New(icfg, tappedAppender{events, s.taps}, event.NewIDGen(), log.Named("ingest"), s.reg)
+	ing, err := ingest.New(icfg, tappedAppender{s.store, s.taps}, event.NewIDGen(), log.Named("ingest"), s.reg)
 	if err != nil {
 		return err
 	}
