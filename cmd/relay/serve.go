@@ -97,10 +97,6 @@ func (g *goroutines) run(name string, f func() error) {
 	}()
 }
 
-// stopBudget is the longest a whole stop may take: the ingest listener's
-// drain, delivery's drain, and a few seconds to close the spool.
-func stopBudget(drain time.Duration) time.Duration { return 2*drain + 5*time.Second }
-
 // component is a long-running part of delivery: internal/delivery's Pipeline,
 // and the group identify and user mapping deliverers, have this shape.
 type component interface {
@@ -328,14 +324,13 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	}
 }
 
-// stop stops everything started, within stopBudget, and returns err with
-// the stops' errors.
+// stop stops everything started and returns err with the stops' errors.
 func (s *server) stop(err error) error {
 	s.stopping.Store(true)
 	_ = s.sd.notify("STOPPING=1")
 	// Ingest gets at most --drain-timeout, delivery drains within its own
-	// --drain-timeout after that; the rest is for closing.
-	sctx, cancel := context.WithTimeout(context.Background(), stopBudget(s.cfg.DrainTimeout))
+	// --drain-timeout after that; the rest is for closing the spool.
+	sctx, cancel := context.WithTimeout(context.Background(), 2*s.cfg.DrainTimeout+5*time.Second)
 	defer cancel()
 	err = errors.Join(err, s.lc.stopAll(sctx))
 	s.g.wg.Wait()
@@ -497,8 +492,8 @@ func (s *server) openShared() error {
 	// Every reader of the credentials file loads it at each use, so a
 	// reload can swap it (creds.Swap) without a restart.
 	s.creds = credentials.NewRef(cfg.Creds)
-	// The forwarded APIs, the user mappings and the tracking plan read the
-	// bases at every use.
+	// The forwarded APIs, the user mappings, the tracking plan and the
+	// backfills read the bases at every use.
 	s.bases = newUpstreamBases(cfg)
 	s.onHUP.add(func(c config.Config) {
 		if !c.Sandbox() { // sandbox mode's simulator URLs are kept (isLive)
@@ -535,10 +530,8 @@ func (s *server) ready(dl *deliveries) error {
 	if err := s.sp.Stats().Refusing; err != nil { // a full disk at start, failing checkpoints
 		return err
 	}
-	if s.fs != nil {
-		if err := s.fs.ready(); err != nil {
-			return err
-		}
+	if err := s.fs.ready(); err != nil {
+		return err
 	}
 	if err := ingestRefusal(s.sp.Stats().LiveBytes, s.cfg.SpoolMaxBytes, s.cfg.DataDir, s.cfg.SpoolMinFreeBytes); err != nil {
 		return err
@@ -595,16 +588,11 @@ func (s *server) startAdmin(dl *deliveries) (*adminapi.Server, error) {
 	// forwarded API is a table in cmd/relay/forwarding.go.
 	admin.Register(relayAPI.Routes()...)
 	admin.Register(dl.routes...)
-	bf, err := newBackfills(cfg.DataDir, cfg.IngestURL, dl.live, log.Named("backfill"))
+	bf, err := newBackfills(cfg.DataDir, s.bases.ingest, dl.live, log.Named("backfill"))
 	if err != nil {
 		return nil, fmt.Errorf("backfills: %w", err)
 	}
 	s.lc.onStop("backfills", bf.stop)
-	s.onHUP.add(func(c config.Config) {
-		if !c.Sandbox() {
-			bf.setIngestURL(c.IngestURL) // the backfills started after it
-		}
-	})
 	admin.Register(bf.routes()...)
 	admin.Register(s.tp.Routes()...)
 	fwdRoutes, fwd, err := forwardingRoutes(s.bases, s.creds, s.taxLim, log, s.reg)
