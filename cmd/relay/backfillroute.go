@@ -20,6 +20,7 @@ import (
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/backfill"
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/upstream"
@@ -137,17 +138,12 @@ type backfills struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu        sync.Mutex
-	jobs      map[string]*bfJob
-	ingestURL string // setIngestURL
-}
+	// ingest is --ingest-url in force: a reload changes it for the
+	// backfills started (or resumed) after it; a running one keeps its own.
+	ingest *baseurl.Ref
 
-// setIngestURL puts a new upstream in force for the backfills started (or
-// resumed) after it; a running one keeps its own.
-func (b *backfills) setIngestURL(u string) {
-	b.mu.Lock()
-	b.ingestURL = u
-	b.mu.Unlock()
+	mu   sync.Mutex
+	jobs map[string]*bfJob
 }
 
 // bfJob is one backfill; its spec is DIR/job.json.
@@ -164,9 +160,9 @@ type bfJob struct {
 	counts backfill.Counts // guarded by backfills.mu
 }
 
-func newBackfills(dataDir, ingestURL string, meter *liveMeter, log *zap.Logger) (*backfills, error) {
+func newBackfills(dataDir string, ingest *baseurl.Ref, meter *liveMeter, log *zap.Logger) (*backfills, error) {
 	ctx, cancel := context.WithCancel(context.Background())
-	b := &backfills{dir: filepath.Join(dataDir, "backfills"), ingestURL: ingestURL, meter: meter, log: log,
+	b := &backfills{dir: filepath.Join(dataDir, "backfills"), ingest: ingest, meter: meter, log: log,
 		ctx: ctx, cancel: cancel, jobs: map[string]*bfJob{}}
 	ents, err := os.ReadDir(b.dir)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -211,11 +207,8 @@ func (b *backfills) start(j *bfJob) {
 		}
 		dir := filepath.Join(b.dir, j.ID)
 		key := j.APIKey
-		b.mu.Lock()
-		ingestURL := b.ingestURL
-		b.mu.Unlock()
 		c, err := backfill.Run(b.ctx, backfill.Config{
-			IngestURL: ingestURL, APIKey: key, Dir: dir, Files: []string{filepath.Join(dir, "input")},
+			IngestURL: b.ingest.Load(), APIKey: key, Dir: dir, Files: []string{filepath.Join(dir, "input")},
 			MaxEPS: j.MaxEPS, Batch: j.Batch, Live: func() float64 { return b.meter.rate(key) },
 			Progress: func(c backfill.Counts) {
 				b.mu.Lock()

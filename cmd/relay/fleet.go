@@ -53,8 +53,12 @@ const readyTimeout = 800 * time.Millisecond
 
 // ready is nil while the connection is up and the events stream has a
 // quorum: without one every append would wait its publish time-out for a
-// 503, so the relay must not say it is ready.
+// 503, so the relay must not say it is ready. A nil fleetStore (local
+// mode) is always ready.
 func (fs *fleetStore) ready() error {
+	if fs == nil {
+		return nil
+	}
 	if !fs.nc.IsConnected() {
 		return errors.New("not connected to the NATS cluster (--spool)")
 	}

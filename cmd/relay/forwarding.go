@@ -46,14 +46,14 @@ func forwardingRoutes(bases upstreamBases, creds *credentials.Ref, taxLim *ratel
 	return routes, fwd, nil
 }
 
-// upstreamBases are the upstream bases of the flags but --ingest-url (the
-// events lanes', group identification's and the backfills'), one baseurl.Ref
-// each, shared by all their readers: a reload stores the new ones
-// (isLive says when).
-type upstreamBases struct{ alias, analytics, experiment, scim, feedback *baseurl.Ref }
+// upstreamBases are the upstream bases of the flags, one baseurl.Ref each,
+// shared by all their readers: a reload stores the new ones (isLive says
+// when). The events lanes and group identification keep --ingest-url
+// their own way (delivery.Live, groupidentify.SetURL).
+type upstreamBases struct{ ingest, alias, analytics, experiment, scim, feedback *baseurl.Ref }
 
 func newUpstreamBases(c config.Config) upstreamBases {
-	b := upstreamBases{new(baseurl.Ref), new(baseurl.Ref), new(baseurl.Ref), new(baseurl.Ref), new(baseurl.Ref)}
+	b := upstreamBases{new(baseurl.Ref), new(baseurl.Ref), new(baseurl.Ref), new(baseurl.Ref), new(baseurl.Ref), new(baseurl.Ref)}
 	b.store(c)
 	return b
 }
@@ -61,6 +61,7 @@ func newUpstreamBases(c config.Config) upstreamBases {
 // store puts c's bases in force (the ones c keeps from before a reload
 // included: keepRestartSettings).
 func (b upstreamBases) store(c config.Config) {
+	b.ingest.Store(c.IngestURL)
 	b.alias.Store(c.AliasURL)
 	b.analytics.Store(c.AnalyticsURL)
 	b.experiment.Store(c.ExperimentURL)

@@ -45,19 +45,17 @@ func logEncoder(format string, w io.Writer) (zapcore.Encoder, error) {
 			format = "console"
 		}
 	}
+	ec, enc := zap.NewProductionEncoderConfig(), zapcore.NewJSONEncoder
 	switch format {
 	case "json":
-		ec := zap.NewProductionEncoderConfig()
-		ec.EncodeTime = zapcore.ISO8601TimeEncoder
-		ec.EncodeDuration = zapcore.StringDurationEncoder
-		return zapcore.NewJSONEncoder(ec), nil
 	case "console":
-		ec := zap.NewDevelopmentEncoderConfig()
-		ec.EncodeTime = zapcore.ISO8601TimeEncoder
-		ec.EncodeDuration = zapcore.StringDurationEncoder
-		return zapcore.NewConsoleEncoder(ec), nil
+		ec, enc = zap.NewDevelopmentEncoderConfig(), zapcore.NewConsoleEncoder
+	default:
+		return nil, fmt.Errorf("--log-format %q: want json or console", format)
 	}
-	return nil, fmt.Errorf("--log-format %q: want json or console", format)
+	ec.EncodeTime = zapcore.ISO8601TimeEncoder
+	ec.EncodeDuration = zapcore.StringDurationEncoder
+	return enc(ec), nil
 }
 
 // swapCore is a zapcore.Core whose core in force (encoder, output, level)

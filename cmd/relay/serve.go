@@ -97,10 +97,6 @@ func (g *goroutines) run(name string, f func() error) {
 	}()
 }
 
-// stopBudget is the longest a whole stop may take: the ingest listener's
-// drain, delivery's drain, and a few seconds to close the spool.
-func stopBudget(drain time.Duration) time.Duration { return 2*drain + 5*time.Second }
-
 // component is a long-running part of delivery: internal/delivery's Pipeline,
 // and the group identify and user mapping deliverers, have this shape.
 type component interface {
@@ -115,6 +111,14 @@ type component interface {
 type namedComponent struct {
 	name string
 	component
+}
+
+// backend is a store behind the seam: the spool's (spool.Backend) or the
+// fleet's (fleet.Backend), each kind's delivery reading it, ingest, the
+// form intakes and the dead-letter routes writing it.
+type backend interface {
+	forms.Store
+	storage.DeadLetters
 }
 
 // deliveries is everything built on the spool and the upstream client: the
@@ -132,16 +136,7 @@ type deliveries struct {
 
 // buildDelivery builds the delivery side (not running yet: startDelivery).
 func (s *server) buildDelivery() (*deliveries, error) {
-	cfg, log, reg, fs, creds := s.cfg, s.log, s.reg, s.fs, s.creds
-	// A form kind's store: the fleet's restricted to the kind's partitions
-	// (each kind's delivery runs its own ownership loop), or the local
-	// spool's lanes of the kind.
-	spooling := func(k storage.Kind) forms.Spooling {
-		if fs != nil {
-			return forms.Spooling{FormTiming: cfg.FormTiming(), Store: fs.b.Only(k)}
-		}
-		return forms.Spooling{FormTiming: cfg.FormTiming(), Store: s.local.Only(k)}
-	}
+	cfg, log, reg, creds := s.cfg, s.log, s.reg, s.creds
 	client, err := upstream.New(upstream.Config{}, log.Named("upstream"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("upstream client: %w", err)
@@ -155,10 +150,10 @@ func (s *server) buildDelivery() (*deliveries, error) {
 	bcfg.OnDead = s.taps.PublishDead
 	var p *delivery.Pipeline
 	live := &liveMeter{next: tappedSender{client, s.taps}, windows: map[string]*rateWindow{}}
-	if fs != nil { // the events partitions this relay owns
-		p, err = delivery.NewFleet(bcfg, fs.b.Only(storage.KindEvents), fs.f, fs.f, live, thr, log.Named("delivery"), reg)
+	if s.fs != nil { // the events partitions this relay owns; pauses and lane stops are the fleet's
+		p, err = delivery.NewFleet(bcfg, s.kind(storage.KindEvents), s.fs.f, s.fs.f, live, thr, log.Named("delivery"), reg)
 	} else {
-		p, err = delivery.New(bcfg, s.local.Only(storage.KindEvents), live, thr, log.Named("delivery"), reg)
+		p, err = delivery.New(bcfg, s.kind(storage.KindEvents), live, thr, log.Named("delivery"), reg)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("delivery: %w", err)
@@ -173,7 +168,7 @@ func (s *server) buildDelivery() (*deliveries, error) {
 
 	gi, err := groupidentify.New(groupidentify.Config{
 		URL:      cfg.IngestURL,
-		Spooling: spooling(storage.KindGroupIdentify),
+		Spooling: forms.Spooling{FormTiming: cfg.FormTiming(), Store: s.kind(storage.KindGroupIdentify)},
 	}, client, creds, log.Named("groupidentify"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("group identify: %w", err)
@@ -203,7 +198,7 @@ func (s *server) buildDelivery() (*deliveries, error) {
 	um, err := usermap.New(usermap.Config{
 		AliasURL:     s.bases.alias,
 		AnalyticsURL: s.bases.analytics,
-		Spooling:     spooling(storage.KindUserMap),
+		Spooling:     forms.Spooling{FormTiming: cfg.FormTiming(), Store: s.kind(storage.KindUserMap)},
 	}, client, creds, log.Named("usermap"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("user mapping: %w", err)
@@ -261,9 +256,13 @@ type server struct {
 	// openStore's.
 	sp        *spool.Spool
 	spoolOpen atomic.Bool
-	local     *spool.Backend // the spool behind the seam (internal/storage)
-	fs        *fleetStore    // fleet mode's store; nil in local mode
-	maxLanes  atomic.Int64   // --max-lanes in force (a reload changes it), for /readyz
+	// store is where every kind's records go: the spool behind the seam
+	// (internal/storage), or fleet mode's; kind(k) is the store of kind
+	// k's delivery (its lanes, or the fleet's partitions of k).
+	store    backend
+	kind     func(storage.Kind) backend
+	fs       *fleetStore  // fleet mode's store; nil in local mode
+	maxLanes atomic.Int64 // --max-lanes in force (a reload changes it), for /readyz
 
 	// Shared by delivery, the admin listener and ingest.
 	creds  *credentials.Ref // the credentials file in force (a reload swaps it)
@@ -325,14 +324,13 @@ func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log 
 	}
 }
 
-// stop stops everything started, within stopBudget, and returns err with
-// the stops' errors.
+// stop stops everything started and returns err with the stops' errors.
 func (s *server) stop(err error) error {
 	s.stopping.Store(true)
 	_ = s.sd.notify("STOPPING=1")
 	// Ingest gets at most --drain-timeout, delivery drains within its own
-	// --drain-timeout after that; the rest is for closing.
-	sctx, cancel := context.WithTimeout(context.Background(), stopBudget(s.cfg.DrainTimeout))
+	// --drain-timeout after that; the rest is for closing the spool.
+	sctx, cancel := context.WithTimeout(context.Background(), 2*s.cfg.DrainTimeout+5*time.Second)
 	defer cancel()
 	err = errors.Join(err, s.lc.stopAll(sctx))
 	s.g.wg.Wait()
@@ -451,12 +449,15 @@ func (s *server) openStore() error {
 	// give that memory back before serving, or a relay restarted on a
 	// backlog keeps it as RSS until its first collection.
 	debug.FreeOSMemory()
+	local := spool.NewBackend(sp, log.Named("spool"))
+	s.store, s.kind = local, func(k storage.Kind) backend { return local.Only(k) }
 	// Fleet mode's store, stopped after delivery gave its
 	// partitions up (stops run in reverse).
 	if cfg.SpoolNATS != nil {
 		if s.fs, err = openFleet(cfg, log, s.reg); err != nil {
 			return err
 		}
+		s.store, s.kind = s.fs.b, func(k storage.Kind) backend { return s.fs.b.Only(k) }
 		s.lc.onStop("fleet", s.fs.close)
 		if s.hooks.fleetOpened != nil {
 			s.hooks.fleetOpened(s.fs.nc)
@@ -480,7 +481,6 @@ func (s *server) openStore() error {
 		sp.SetLaneLimits(c.MaxLanes, c.MaxLanesPerKey, c.LaneRetireAfter)
 		s.maxLanes.Store(int64(c.MaxLanes))
 	})
-	s.local = spool.NewBackend(sp, log.Named("spool"))
 	return nil
 }
 
@@ -492,8 +492,8 @@ func (s *server) openShared() error {
 	// Every reader of the credentials file loads it at each use, so a
 	// reload can swap it (creds.Swap) without a restart.
 	s.creds = credentials.NewRef(cfg.Creds)
-	// The forwarded APIs, the user mappings and the tracking plan read the
-	// bases at every use.
+	// The forwarded APIs, the user mappings, the tracking plan and the
+	// backfills read the bases at every use.
 	s.bases = newUpstreamBases(cfg)
 	s.onHUP.add(func(c config.Config) {
 		if !c.Sandbox() { // sandbox mode's simulator URLs are kept (isLive)
@@ -530,10 +530,8 @@ func (s *server) ready(dl *deliveries) error {
 	if err := s.sp.Stats().Refusing; err != nil { // a full disk at start, failing checkpoints
 		return err
 	}
-	if s.fs != nil {
-		if err := s.fs.ready(); err != nil {
-			return err
-		}
+	if err := s.fs.ready(); err != nil {
+		return err
 	}
 	if err := ingestRefusal(s.sp.Stats().LiveBytes, s.cfg.SpoolMaxBytes, s.cfg.DataDir, s.cfg.SpoolMinFreeBytes); err != nil {
 		return err
@@ -560,11 +558,7 @@ func (s *server) startAdmin(dl *deliveries) (*adminapi.Server, error) {
 		returnIdleMemory(idleCtx, idleCheckEvery, idleQuietBytes, idleMinAlloc, dl.release...)
 		return nil
 	})
-	rcfg := adminapi.RelayConfig{Lanes: dl.lanes, Store: s.local}
-	if s.fs != nil { // the fleet's dead letters
-		rcfg.Store, rcfg.Fleet = s.fs.b, true
-	}
-	relayAPI, err := adminapi.NewRelay(rcfg, s.sp, log.Named("admin"), s.reg)
+	relayAPI, err := adminapi.NewRelay(adminapi.RelayConfig{Lanes: dl.lanes, Store: s.store, Fleet: s.fs != nil}, s.sp, log.Named("admin"), s.reg)
 	if err != nil {
 		return nil, err
 	}
@@ -594,16 +588,11 @@ func (s *server) startAdmin(dl *deliveries) (*adminapi.Server, error) {
 	// forwarded API is a table in cmd/relay/forwarding.go.
 	admin.Register(relayAPI.Routes()...)
 	admin.Register(dl.routes...)
-	bf, err := newBackfills(cfg.DataDir, cfg.IngestURL, dl.live, log.Named("backfill"))
+	bf, err := newBackfills(cfg.DataDir, s.bases.ingest, dl.live, log.Named("backfill"))
 	if err != nil {
 		return nil, fmt.Errorf("backfills: %w", err)
 	}
 	s.lc.onStop("backfills", bf.stop)
-	s.onHUP.add(func(c config.Config) {
-		if !c.Sandbox() {
-			bf.setIngestURL(c.IngestURL) // the backfills started after it
-		}
-	})
 	admin.Register(bf.routes()...)
 	admin.Register(s.tp.Routes()...)
 	fwdRoutes, fwd, err := forwardingRoutes(s.bases, s.creds, s.taxLim, log, s.reg)
@@ -711,11 +700,7 @@ func (s *server) startIngest(admin *adminapi.Server) error {
 	if ingTLS != nil {
 		icfg.TLS = ingTLS.TLSConfig()
 	}
-	var events storage.Appender = s.local
-	if s.fs != nil { // events go to the fleet's streams
-		events = s.fs.b
-	}
-	ing, err := ingest.New(icfg, tappedAppender{events, s.taps}, event.NewIDGen(), log.Named("ingest"), s.reg)
+	ing, err := ingest.New(icfg, tappedAppender{s.store, s.taps}, event.NewIDGen(), log.Named("ingest"), s.reg)
 	if err != nil {
 		return err
 	}

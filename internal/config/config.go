@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/admintoken"
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/ingest"
@@ -611,8 +612,7 @@ func (c Config) Validate() error {
 		if *u.URL == "" {
 			continue
 		}
-		p, err := url.Parse(*u.URL)
-		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+		if _, ok := baseurl.Parse(*u.URL); !ok {
 			return settingErr(u.Name, "%q: want an http:// or https:// base URL", MaskURL(*u.URL))
 		}
 	}

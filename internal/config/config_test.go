@@ -315,6 +315,7 @@ func TestRefusals(t *testing.T) {
 		{"zero drain", []string{"--drain-timeout", "0s"}, nil, "--drain-timeout must be positive"},
 		{"negative duration", []string{"--throttle-pause", "-1s"}, nil, "negative"},
 		{"bad url", []string{"--ingest-url", "ingest.example.test"}, nil, "--ingest-url"},
+		{"url with query", []string{"--analytics-url", "https://analytics.example.test/?k=v"}, nil, "--analytics-url"},
 		{"bad listen", []string{"--listen", "8080"}, nil, "--listen"},
 		{"same listeners", []string{"--listen", "127.0.0.1:9", "--admin-listen", "127.0.0.1:9"}, nil, "both"},
 		{"bad cidr", []string{"--trusted-proxies", "10.0.0.0/33"}, nil, "invalid CIDR"},

@@ -6,12 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"regexp"
 	"strings"
 	"sync/atomic"
 
+	"github.com/svcrelay/relay/internal/baseurl"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.yaml.in/yaml/v3"
@@ -390,16 +390,14 @@ func checkEntry(list string, i int, name string, dup bool, apiKey, secretKey str
 	return what, checkURLs(what, urls)
 }
 
-// checkURLs accepts absolute http(s) URLs with a host and no user info,
-// query or fragment. The value is not echoed: it could hold user info.
+// checkURLs accepts upstream bases (baseurl.Parse) without user info. The
+// value is not echoed: it could hold user info.
 func checkURLs(what string, u URLs) error {
 	for _, f := range u.fields() {
 		if f.v == "" {
 			continue
 		}
-		p, err := url.Parse(f.v)
-		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" ||
-			p.User != nil || p.RawQuery != "" || p.ForceQuery || p.Fragment != "" {
+		if p, ok := baseurl.Parse(f.v); !ok || p.User != nil {
 			return fmt.Errorf("%s: %s_url: want an http:// or https:// base URL without user info, query or fragment", what, f.kind)
 		}
 	}

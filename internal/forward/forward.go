@@ -20,6 +20,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/credentials"
 )
 
@@ -252,12 +253,10 @@ func rewrite(pr *httputil.ProxyRequest) {
 	}
 }
 
-// checkBase accepts an absolute http(s) URL with a host, no user info, query
-// or fragment.
+// checkBase accepts an upstream base (baseurl.Parse) without user info.
 func checkBase(base string) bool {
-	u, err := url.Parse(strings.TrimRight(base, "/"))
-	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" &&
-		u.User == nil && u.RawQuery == "" && u.Fragment == "" && !strings.ContainsAny(base, "?# \t\r\n")
+	u, ok := baseurl.Parse(base)
+	return ok && u.User == nil
 }
 
 // forward sends r through proxy to t.Base + r's routed path and query and

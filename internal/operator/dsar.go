@@ -94,7 +94,7 @@ type dsarRun struct {
 func (d *dsarRun) run(ctx context.Context, req forward.DSARRequest, id int64) error {
 	if id == 0 {
 		body, _ := json.Marshal(req)
-		resp, err := d.cl.doNoReplay(ctx, http.MethodPost, d.base+forward.DSARPath, body)
+		resp, err := d.cl.send(ctx, http.MethodPost, d.base+forward.DSARPath, body, false, nil)
 		if err != nil {
 			return fmt.Errorf("create: %w", err)
 		}

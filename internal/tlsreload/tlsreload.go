@@ -32,13 +32,8 @@ type Config struct {
 
 // Validate reports a missing file name.
 func (c Config) Validate() error {
-	switch {
-	case c.CertFile == "" && c.KeyFile == "":
-		return errors.New("tlsreload: no certificate and key file")
-	case c.CertFile == "":
-		return errors.New("tlsreload: a key file without a certificate file")
-	case c.KeyFile == "":
-		return errors.New("tlsreload: a certificate file without a key file")
+	if c.CertFile == "" || c.KeyFile == "" {
+		return errors.New("tlsreload: a certificate file and a key file are both required")
 	}
 	return nil
 }
@@ -69,12 +64,7 @@ func (r *Reloader) Reload() error {
 	if err != nil {
 		return fmt.Errorf("tls certificate %s, key %s: %w", r.cfg.CertFile, r.cfg.KeyFile, err)
 	}
-	if c.Leaf == nil { // LoadX509KeyPair fills it since Go 1.23
-		if c.Leaf, err = x509.ParseCertificate(c.Certificate[0]); err != nil {
-			return fmt.Errorf("tls certificate %s: %w", r.cfg.CertFile, err)
-		}
-	}
-	r.cert.Store(&c)
+	r.cert.Store(&c) // with its Leaf: LoadX509KeyPair parses it (go 1.23 and later)
 	return nil
 }
 
