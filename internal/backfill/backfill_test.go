@@ -232,6 +232,12 @@ func TestRunStopsOnInvalidKey(t *testing.T) {
 	if _, err := Run(context.Background(), cfg, nil); err == nil || !strings.Contains(err.Error(), "another project or upstream") {
 		t.Fatalf("a run to /batch into the data dir of a /2/httpapi run: %v", err)
 	}
+	// The same base with a trailing slash is the same upstream: the run
+	// resumes (and stops again on the key).
+	cfg.Batch, cfg.IngestURL = false, up+"/"
+	if _, err := Run(context.Background(), cfg, nil); err == nil || !strings.Contains(err.Error(), "delivery stopped") {
+		t.Fatalf("a resume with a trailing slash: %v", err)
+	}
 }
 
 // TestMaxEPS: the project's pace holds through a real upstream: the run

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/svcrelay/relay/internal/spool"
@@ -52,12 +53,22 @@ func (s *state) read() int64 {
 
 // loadState reads Dir's state (resumed: one existed), checks it is for the
 // same project and upstream, and adds the inputs it does not list yet.
+const batchSuffix = " (/batch)"
+
+// upstreamKey names a run's upstream in its state: the ingest URL without
+// a trailing slash (the same base with or without one; a state written
+// before kept it as given), batchSuffix after it for a /batch run.
+func upstreamKey(ingestURL string, batch bool) string {
+	u := strings.TrimRight(ingestURL, "/")
+	if batch {
+		u += batchSuffix
+	}
+	return u
+}
+
 func loadState(cfg Config) (st *state, resumed bool, err error) {
 	path := filepath.Join(cfg.Dir, stateName)
-	st = &state{Version: 1, Project: storage.LaneKey{Kind: storage.KindEvents, APIKey: cfg.APIKey}.Label(), Upstream: cfg.IngestURL}
-	if cfg.Batch {
-		st.Upstream += " (/batch)"
-	}
+	st = &state{Version: 1, Project: storage.LaneKey{Kind: storage.KindEvents, APIKey: cfg.APIKey}.Label(), Upstream: upstreamKey(cfg.IngestURL, cfg.Batch)}
 	b, err := os.ReadFile(path)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
@@ -68,7 +79,7 @@ func loadState(cfg Config) (st *state, resumed bool, err error) {
 		if err := json.Unmarshal(b, &old); err != nil {
 			return nil, false, fmt.Errorf("state file %s is damaged (%v): use another --data-dir", path, err)
 		}
-		if old.Version != 1 || old.Project != st.Project || old.Upstream != st.Upstream {
+		if u, batch := strings.CutSuffix(old.Upstream, batchSuffix); old.Version != 1 || old.Project != st.Project || upstreamKey(u, batch) != st.Upstream {
 			return nil, false, fmt.Errorf("%s holds a backfill of another project or upstream (%s to %s): use another --data-dir",
 				cfg.Dir, old.Project, old.Upstream)
 		}
