@@ -6,8 +6,6 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
-
-	"github.com/svcrelay/relay/internal/adminroute"
 )
 
 // Channel classifiers (/api/2/channel-classifiers), by
@@ -54,7 +52,7 @@ func (s *Sim) registerClassifiers() {
 	st := &clsState{}
 	s.onReset(func() { st.byKey = map[string]map[string]*simClassifier{} })
 	r := func(pattern string, f func(m map[string]*simClassifier, q *mgRequest) (int, any)) {
-		s.mgmtRoute("classifier", pattern, authBasic, clsMaxBody, func(w *adminroute.StatusWriter, q *mgRequest) (int, any) {
+		s.mgmtRoute("classifier", pattern, authBasic, clsMaxBody, func(w http.ResponseWriter, q *mgRequest) (int, any) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			return f(entry(st.byKey, q.account, func() map[string]*simClassifier { return map[string]*simClassifier{} }), q)

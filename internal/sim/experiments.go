@@ -9,8 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/svcrelay/relay/internal/adminroute"
 )
 
 // Experiment management (/api/1/experiments), by
@@ -104,7 +102,7 @@ func (s *Sim) registerExperiments() {
 	// path names ({id}, {variantKey}), after a 404 for either that is
 	// unknown, and returns its answer: text when a string ("OK"), else JSON.
 	r := func(pattern string, f func(e *simExperiment, v *simVariant, q *mgRequest) (int, any)) {
-		s.mgmtRoute("experiment", pattern, authMgmtBearer, expMaxBody, func(w *adminroute.StatusWriter, q *mgRequest) (int, any) {
+		s.mgmtRoute("experiment", pattern, authMgmtBearer, expMaxBody, func(w http.ResponseWriter, q *mgRequest) (int, any) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			e := x.exps[q.r.PathValue("id")]

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/svcrelay/relay/internal/adminroute"
+	"github.com/svcrelay/relay/internal/statuswriter"
 )
 
 // Faults is the seam of test-only fault injection: internal/simtest
@@ -38,8 +38,8 @@ type Exchange struct {
 	Streams bool
 
 	s       *Sim
-	h       routeHandler                                 // ingest routes
-	direct  func(sw *adminroute.StatusWriter, r *Record) // direct routes
+	h       routeHandler                           // ingest routes
+	direct  func(w http.ResponseWriter, r *Record) // direct routes
 	in      incoming
 	release func()
 }
@@ -72,7 +72,7 @@ func (x *Exchange) Describe() {
 // written (0: none); with half, an ingest route ingests only the first half
 // of the events. It neither logs nor sets Rec.Status.
 func (x *Exchange) Handle(w http.ResponseWriter, half bool) int {
-	sw := &adminroute.StatusWriter{ResponseWriter: w}
+	sw := &statuswriter.Writer{ResponseWriter: w}
 	if x.Direct {
 		x.direct(sw, x.Rec)
 		return sw.Status
@@ -116,7 +116,7 @@ func (s *Sim) serve(x *Exchange) {
 // serveDirect serves a route whose answer goes straight to the client (not
 // buffered: export archives are gigabytes), logs it and returns the status
 // answered (0: none, the connection was dropped).
-func (s *Sim) serveDirect(w http.ResponseWriter, r *http.Request, streams bool, serve func(sw *adminroute.StatusWriter, rec *Record)) int {
+func (s *Sim) serveDirect(w http.ResponseWriter, r *http.Request, streams bool, serve func(w http.ResponseWriter, rec *Record)) int {
 	x := &Exchange{W: w, R: r, Rec: s.newRecord(r), Direct: true, Streams: streams, direct: serve}
 	s.serve(x)
 	return x.Rec.Status
@@ -135,7 +135,7 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 }
 
 // bufferedWriter holds a handler's answer until the request is logged
-// (Handle's StatusWriter records the status).
+// (Handle's statuswriter.Writer records the status).
 type bufferedWriter struct {
 	h http.Header
 	bytes.Buffer

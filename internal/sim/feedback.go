@@ -12,8 +12,6 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
-
-	"github.com/svcrelay/relay/internal/adminroute"
 )
 
 // This file holds the feedback route and what the data APIs (feedback,
@@ -225,14 +223,14 @@ type apiHandler func(w http.ResponseWriter, r *http.Request, key string) (status
 // apiRoute registers a data API route (see the top of this file).
 func (s *Sim) apiRoute(pattern string, h apiHandler) {
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-		s.serveDirect(w, r, true, func(sw *adminroute.StatusWriter, rec *Record) {
+		s.serveDirect(w, r, true, func(sw http.ResponseWriter, rec *Record) {
 			status, body := s.serveAPI(sw, r, rec, h)
 			writeAnswer(sw, status, body, "application/json")
 		})
 	})
 }
 
-func (s *Sim) serveAPI(w *adminroute.StatusWriter, r *http.Request, rec *Record, h apiHandler) (int, any) {
+func (s *Sim) serveAPI(w http.ResponseWriter, r *http.Request, rec *Record, h apiHandler) (int, any) {
 	key, _, ok := r.BasicAuth()
 	if ok {
 		rec.KeyLabel = KeyLabel(key)

@@ -7,8 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/svcrelay/relay/internal/adminroute"
 )
 
 // This file holds what the management API groups of
@@ -103,7 +101,7 @@ type mgRequest struct {
 }
 
 // mgHandler returns a management request's answer (see writeAnswer).
-type mgHandler func(w *adminroute.StatusWriter, q *mgRequest) (status int, body any)
+type mgHandler func(w http.ResponseWriter, q *mgRequest) (status int, body any)
 
 // mgmtRoute registers pattern ("METHOD /path/{x}") for api.
 func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgHandler) {
@@ -111,7 +109,7 @@ func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgH
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		call := &MgmtCall{Time: s.cfg.Now(), API: api, Method: r.Method, Path: r.URL.EscapedPath(),
 			Query: r.URL.RawQuery, Headers: sortedKeys(r.Header)}
-		call.Status = s.serveDirect(w, r, false, func(mw *adminroute.StatusWriter, _ *Record) {
+		call.Status = s.serveDirect(w, r, false, func(mw http.ResponseWriter, _ *Record) {
 			status, body := s.serveMgmt(mw, r, call, auth, maxBody, h)
 			writeJSON(mw, status, body)
 		})
@@ -126,7 +124,7 @@ func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgH
 	})
 }
 
-func (s *Sim) serveMgmt(w *adminroute.StatusWriter, r *http.Request, call *MgmtCall, auth mgmtAuth, maxBody int64, h mgHandler) (int, any) {
+func (s *Sim) serveMgmt(w http.ResponseWriter, r *http.Request, call *MgmtCall, auth mgmtAuth, maxBody int64, h mgHandler) (int, any) {
 	av := r.Header.Get("Authorization")
 	scheme, cred, _ := strings.Cut(av, " ")
 	cred = strings.TrimSpace(cred)

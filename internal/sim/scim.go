@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/svcrelay/relay/internal/adminroute"
 )
 
 // SCIM provisioning (/scim/1), by docs/upstream-api.md (SCIM provisioning).
@@ -82,8 +80,8 @@ func (s *Sim) registerSCIM() {
 	s.onReset(func() { *st = scimState{orgs: map[string]*scimOrg{}, hits: windowHits{}} })
 	// r registers a SCIM route: f answers for the organization once the rate
 	// passes.
-	r := func(pattern string, f func(o *scimOrg, w *adminroute.StatusWriter, q *mgRequest) (int, any)) {
-		s.mgmtRoute("scim", pattern, authSCIMBearer, scimMaxBody, func(w *adminroute.StatusWriter, q *mgRequest) (int, any) {
+	r := func(pattern string, f func(o *scimOrg, w http.ResponseWriter, q *mgRequest) (int, any)) {
+		s.mgmtRoute("scim", pattern, authSCIMBearer, scimMaxBody, func(w http.ResponseWriter, q *mgRequest) (int, any) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			if ok, wait := st.hits.take(q.account, q.call.Time, 1, s.knobs.SCIMLimit, s.knobs.SCIMWindow); !ok {
@@ -182,7 +180,7 @@ func (o *scimOrg) sortedGroups() []*scimGroup {
 	return slices.SortedFunc(maps.Values(o.groups), func(a, b *scimGroup) int { return a.id - b.id })
 }
 
-func (s *Sim) scimListUsers(o *scimOrg, w *adminroute.StatusWriter, q *mgRequest) (int, any) {
+func (s *Sim) scimListUsers(o *scimOrg, w http.ResponseWriter, q *mgRequest) (int, any) {
 	want := ""
 	if f := strings.TrimSpace(q.r.URL.Query().Get("filter")); f != "" {
 		parts := strings.SplitN(f, " ", 3)
@@ -201,7 +199,7 @@ func (s *Sim) scimListUsers(o *scimOrg, w *adminroute.StatusWriter, q *mgRequest
 	return scimList(q.r, all, func(u *scimUser) any { return o.userView(u, false) })
 }
 
-func (s *Sim) scimGetUser(o *scimOrg, w *adminroute.StatusWriter, q *mgRequest) (int, any) {
+func (s *Sim) scimGetUser(o *scimOrg, w http.ResponseWriter, q *mgRequest) (int, any) {
 	if u := o.users[strings.ToLower(q.r.PathValue("id"))]; u != nil {
 		return http.StatusOK, o.userView(u, true)
 	}
@@ -217,7 +215,7 @@ func decodeObject(b []byte) map[string]any {
 	return m
 }
 
-func (s *Sim) scimCreateUser(o *scimOrg, w *adminroute.StatusWriter, q *mgRequest) (int, any) {
+func (s *Sim) scimCreateUser(o *scimOrg, w http.ResponseWriter, q *mgRequest) (int, any) {
 	m, status, fail := scimObject(q)
 	if fail != nil {
 		return status, fail
@@ -274,7 +272,7 @@ func scimObject(q *mgRequest) (m map[string]any, status int, fail any) {
 	return nil, status, fail
 }
 
-func (s *Sim) scimUpdateUser(o *scimOrg, w *adminroute.StatusWriter, q *mgRequest) (int, any) {
+func (s *Sim) scimUpdateUser(o *scimOrg, w http.ResponseWriter, q *mgRequest) (int, any) {
 	u, key, status, fail := o.userByID(q)
 	if fail != nil {
 		return status, fail
@@ -294,7 +292,7 @@ func (s *Sim) scimUpdateUser(o *scimOrg, w *adminroute.StatusWriter, q *mgReques
 	return http.StatusOK, q.body
 }
 
-func (s *Sim) scimDeleteUser(o *scimOrg, w *adminroute.StatusWriter, q *mgRequest) (int, any) {
+func (s *Sim) scimDeleteUser(o *scimOrg, w http.ResponseWriter, q *mgRequest) (int, any) {
 	u, key, status, fail := o.userByID(q)
 	if u != nil {
 		o.removeUser(key)
@@ -329,7 +327,7 @@ func (o *scimOrg) groupView(g *scimGroup, idAsString bool) map[string]any {
 			"created": g.created.UTC().Format(ts), "lastModified": g.modified.UTC().Format(ts)}}
 }
 
-func (s *Sim) scimListGroups(o *scimOrg, w *adminroute.StatusWriter, q *mgRequest) (int, any) {
+func (s *Sim) scimListGroups(o *scimOrg, w http.ResponseWriter, q *mgRequest) (int, any) {
 	return scimList(q.r, o.sortedGroups(), func(g *scimGroup) any { return o.groupView(g, false) })
 }
 
@@ -347,7 +345,7 @@ func (o *scimOrg) groupByID(q *mgRequest) (g *scimGroup, status int, fail any) {
 	return g, status, fail
 }
 
-func (s *Sim) scimGetGroup(o *scimOrg, w *adminroute.StatusWriter, q *mgRequest) (int, any) {
+func (s *Sim) scimGetGroup(o *scimOrg, w http.ResponseWriter, q *mgRequest) (int, any) {
 	g, status, fail := o.groupByID(q)
 	if g != nil {
 		return http.StatusOK, o.groupView(g, true)
@@ -387,7 +385,7 @@ func (o *scimOrg) addMember(g *scimGroup, email string) {
 	}
 }
 
-func (s *Sim) scimCreateGroup(o *scimOrg, w *adminroute.StatusWriter, q *mgRequest) (int, any) {
+func (s *Sim) scimCreateGroup(o *scimOrg, w http.ResponseWriter, q *mgRequest) (int, any) {
 	m, status, fail := scimObject(q)
 	if fail != nil {
 		return status, fail
@@ -412,7 +410,7 @@ func (s *Sim) scimCreateGroup(o *scimOrg, w *adminroute.StatusWriter, q *mgReque
 	return http.StatusOK, o.groupView(g, false)
 }
 
-func (s *Sim) scimPatchGroup(o *scimOrg, w *adminroute.StatusWriter, q *mgRequest) (int, any) {
+func (s *Sim) scimPatchGroup(o *scimOrg, w http.ResponseWriter, q *mgRequest) (int, any) {
 	g, status, fail := o.groupByID(q)
 	if g == nil {
 		return status, fail
@@ -468,7 +466,7 @@ func (s *Sim) scimPatchGroup(o *scimOrg, w *adminroute.StatusWriter, q *mgReques
 	return http.StatusOK, o.groupView(g, true)
 }
 
-func (s *Sim) scimDeleteGroup(o *scimOrg, w *adminroute.StatusWriter, q *mgRequest) (int, any) {
+func (s *Sim) scimDeleteGroup(o *scimOrg, w http.ResponseWriter, q *mgRequest) (int, any) {
 	g, status, fail := o.groupByID(q)
 	if g != nil {
 		delete(o.groups, g.id)
