@@ -118,8 +118,8 @@ func (s *Sim) registerExperiments() {
 		})
 	}
 	const ok = "OK"
-	bad := func(msg string) (int, any) { return http.StatusBadRequest, map[string]string{"error": msg} }
-	now := func() time.Time { return s.cfg.Now() }
+	bad := func(msg string) (int, any) { return apiFail(http.StatusBadRequest, msg) }
+	now := s.cfg.Now
 
 	r("GET /api/1/experiments", func(_ *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
 		limit := len(x.exps)
@@ -177,7 +177,7 @@ func (s *Sim) registerExperiments() {
 	})
 	r("PATCH /api/1/experiments/{id}", func(e *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
 		if e.delivery != "feature" {
-			return http.StatusMethodNotAllowed, map[string]string{"error": "experiments of this type cannot be edited here"}
+			return apiFail(http.StatusMethodNotAllowed, "experiments of this type cannot be edited here")
 		}
 		m := decodeObject(q.body)
 		if m == nil {
@@ -203,7 +203,7 @@ func (s *Sim) registerExperiments() {
 				return http.StatusOK, v
 			}
 		}
-		return http.StatusNotFound, map[string]string{"error": "version not found"}
+		return apiFail(http.StatusNotFound, "version not found")
 	})
 	r("GET /api/1/experiments/{id}/variants", func(e *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
 		return http.StatusOK, e.variantList()
@@ -309,7 +309,7 @@ func (s *Sim) registerExperiments() {
 	r("DELETE /api/1/experiments/{id}/variants/{variantKey}/users/{userIndex}", func(_ *simExperiment, v *simVariant, q *mgRequest) (int, any) {
 		i, err := strconv.Atoi(q.r.PathValue("userIndex"))
 		if err != nil || i < 0 || i >= len(v.users) {
-			return http.StatusNotFound, map[string]string{"error": "inclusion not found"}
+			return apiFail(http.StatusNotFound, "inclusion not found")
 		}
 		v.users = append(v.users[:i], v.users[i+1:]...)
 		return http.StatusOK, ok
@@ -337,7 +337,7 @@ func (s *Sim) registerExperiments() {
 	r("DELETE /api/1/experiments/{id}/deployments/{deploymentId}", func(e *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
 		n := len(e.deployments)
 		if e.deployments = removeString(e.deployments, q.r.PathValue("deploymentId")); len(e.deployments) == n {
-			return http.StatusNotFound, map[string]string{"error": "deployment not found"}
+			return apiFail(http.StatusNotFound, "deployment not found")
 		}
 		e.version(now(), "deployment removed")
 		return http.StatusOK, ok
