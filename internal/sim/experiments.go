@@ -273,27 +273,20 @@ func (s *Sim) registerExperiments() {
 	r("GET /api/1/experiments/{id}/variants/{variantKey}/cohorts", func(_ *simExperiment, v *simVariant, q *mgRequest) (int, any) {
 		return http.StatusOK, append([]string{}, v.cohorts...)
 	})
-	// stringsField reads body[field] as an array of at most most strings (0:
-	// any number); fail is the error when it cannot.
-	stringsField := func(q *mgRequest, field string, most int) (v []string, fail string) {
-		var m map[string]json.RawMessage
-		switch {
-		case json.Unmarshal(q.body, &m) != nil || m == nil:
-			return nil, "body is not a JSON object"
-		case json.Unmarshal(m[field], &v) != nil || v == nil:
-			return nil, field + " must be an array of strings"
-		case most > 0 && len(v) > most:
-			return nil, field + " holds more than " + strconv.Itoa(most) + " entries"
-		}
-		return v, ""
-	}
-	// include adds the body's strings at *to (of the variant or experiment
-	// f picks), and records a version when what is not "".
+	// include reads body[field], an array of at most most strings (0: any
+	// number), gives it to f (which adds or removes it at the variant or
+	// experiment) and records a version when what is not "".
 	include := func(field string, most int, f func(e *simExperiment, v *simVariant, ids []string), what string) func(*simExperiment, *simVariant, *mgRequest) (int, any) {
 		return func(e *simExperiment, v *simVariant, q *mgRequest) (int, any) {
-			ids, fail := stringsField(q, field, most)
-			if fail != "" {
-				return bad(fail)
+			var m map[string]json.RawMessage
+			var ids []string
+			switch {
+			case json.Unmarshal(q.body, &m) != nil || m == nil:
+				return bad("body is not a JSON object")
+			case json.Unmarshal(m[field], &ids) != nil || ids == nil:
+				return bad(field + " must be an array of strings")
+			case most > 0 && len(ids) > most:
+				return bad(field + " holds more than " + strconv.Itoa(most) + " entries")
 			}
 			f(e, v, ids)
 			if what != "" {
