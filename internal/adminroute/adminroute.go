@@ -24,7 +24,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/svcrelay/relay/internal/admintoken"
-	"github.com/svcrelay/relay/internal/statuswriter"
 )
 
 // Route is one method and path pattern on the admin listener.
@@ -63,8 +62,29 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 	w.Write(append(b, '\n'))
 }
 
-// StatusWriter is the writer that keeps the status it answered.
-type StatusWriter = statuswriter.Writer
+// StatusWriter keeps the status of the answer written through it.
+type StatusWriter struct {
+	http.ResponseWriter
+	// Status is the answer's status, 0 until its head is written.
+	Status int
+}
+
+func (w *StatusWriter) WriteHeader(code int) {
+	if w.Status == 0 && code >= 200 {
+		w.Status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *StatusWriter) Write(p []byte) (int, error) {
+	if w.Status == 0 {
+		w.Status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController reach the server's writer.
+func (w *StatusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // ErrBadPath is returned by CheckPath for a path the admin listener refuses.
 var ErrBadPath = errors.New("request path refused")

@@ -216,17 +216,13 @@ func upsertPart(it *FeedbackItem, p FeedbackItem) {
 }
 
 // apiHandler serves a data API route; key is the Basic user name (an api
-// key). It returns its answer, written as JSON, or a nil body when it wrote
-// the answer itself (an archive, a file, a redirect).
+// key). It returns its answer (see writeAnswer).
 type apiHandler func(w http.ResponseWriter, r *http.Request, key string) (status int, body any)
 
 // apiRoute registers a data API route (see the top of this file).
 func (s *Sim) apiRoute(pattern string, h apiHandler) {
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-		s.serveDirect(w, r, true, func(sw http.ResponseWriter, rec *Record) {
-			status, body := s.serveAPI(sw, r, rec, h)
-			writeAnswer(sw, status, body, "application/json")
-		})
+		s.serveDirect(w, r, true, func(w http.ResponseWriter, rec *Record) (int, any) { return s.serveAPI(w, r, rec, h) })
 	})
 }
 

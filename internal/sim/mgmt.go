@@ -109,9 +109,8 @@ func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgH
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		call := &MgmtCall{Time: s.cfg.Now(), API: api, Method: r.Method, Path: r.URL.EscapedPath(),
 			Query: r.URL.RawQuery, Headers: sortedKeys(r.Header)}
-		call.Status = s.serveDirect(w, r, false, func(mw http.ResponseWriter, _ *Record) {
-			status, body := s.serveMgmt(mw, r, call, auth, maxBody, h)
-			writeJSON(mw, status, body)
+		call.Status = s.serveDirect(w, r, false, func(mw http.ResponseWriter, _ *Record) (int, any) {
+			return s.serveMgmt(mw, r, call, auth, maxBody, h)
 		})
 		s.mu.Lock()
 		st.seq++
@@ -204,7 +203,7 @@ func (s *Sim) serveMgmt(w http.ResponseWriter, r *http.Request, call *MgmtCall, 
 	}
 	status, answer := h(w, q)
 	writeAnswer(w, status, answer, ct)
-	return 0, nil
+	return status, written{}
 }
 
 // windowHits keeps the counted calls (time, cost) per account for a sliding
@@ -239,16 +238,20 @@ func (h windowHits) take(account string, now time.Time, cost, limit int, window 
 	return true, 0
 }
 
-// writeAnswer writes a handler's answer: only the status for a nil body
-// (nothing at all with status 0: the handler wrote it), a string as text,
-// bytes as given, anything else as JSON; ct is the type of the last two.
+// written is the body of an answer its handler wrote itself (an archive,
+// a file, a redirect): its status was written, nothing is left to write.
+type written struct{}
+
+// writeAnswer writes a handler's answer: nothing more for written{}, only
+// the status for a nil body, a string as text, bytes as given, anything
+// else as JSON; ct is the type of the last two.
 func writeAnswer(w http.ResponseWriter, status int, body any, ct string) {
 	var b []byte
 	switch v := body.(type) {
+	case written:
+		return
 	case nil:
-		if status != 0 {
-			w.WriteHeader(status)
-		}
+		w.WriteHeader(status)
 		return
 	case string:
 		b, ct = []byte(v), "text/plain; charset=utf-8"
