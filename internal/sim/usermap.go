@@ -183,17 +183,15 @@ type userMapping struct {
 	MappedTo   []svcUser `json:"mapped_to"`
 }
 
-func (s *Sim) serveUserMapRead(st *umState, r *http.Request) (int, any) {
+// serveUserMapRead answers GET /api/2/usermap and logs the read.
+func (s *Sim) serveUserMapRead(st *umState, r *http.Request) (status int, body any) {
 	rd := MappingRead{Time: s.cfg.Now(), Query: r.URL.RawQuery, Headers: sortedKeys(r.Header)}
-	status, body := s.userMapRead(st, r, &rd)
-	rd.Status = status
-	s.mu.Lock()
-	st.reads = append(st.reads, rd)
-	s.mu.Unlock()
-	return status, body
-}
-
-func (s *Sim) userMapRead(st *umState, r *http.Request, rd *MappingRead) (int, any) {
+	defer func() { // after the unlock below
+		rd.Status = status
+		s.mu.Lock()
+		st.reads = append(st.reads, rd)
+		s.mu.Unlock()
+	}()
 	if r.Method != http.MethodGet {
 		return http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidPath}
 	}
