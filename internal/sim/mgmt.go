@@ -138,12 +138,6 @@ func (s *Sim) serveMgmt(w http.ResponseWriter, r *http.Request, call *MgmtCall, 
 	if auth == authBasic {
 		want = "Basic"
 	}
-	unauthorized := func(status int, msg string) (int, any) {
-		if status == http.StatusUnauthorized {
-			w.Header().Set("WWW-Authenticate", want+` realm="svc"`)
-		}
-		return apiFail(status, msg)
-	}
 	q := &mgRequest{r: r, call: call}
 	key, secret, found := cred, "", true
 	if auth == authBasic {
@@ -152,7 +146,8 @@ func (s *Sim) serveMgmt(w http.ResponseWriter, r *http.Request, call *MgmtCall, 
 		found = found && err == nil
 	}
 	if call.Auth != strings.ToLower(want) || key == "" || !found {
-		return unauthorized(http.StatusUnauthorized, "missing or malformed Authorization: "+want+" header")
+		w.Header().Set("WWW-Authenticate", want+` realm="svc"`)
+		return apiFail(http.StatusUnauthorized, "missing or malformed Authorization: "+want+" header")
 	}
 	call.Principal = KeyLabel(key)
 	s.mu.Lock()
@@ -168,16 +163,16 @@ func (s *Sim) serveMgmt(w http.ResponseWriter, r *http.Request, call *MgmtCall, 
 	case authMgmtBearer:
 		q.account = call.Principal
 		if !okMgmt {
-			return unauthorized(http.StatusForbidden, "invalid management API key")
+			return apiFail(http.StatusForbidden, "invalid management API key")
 		}
 	case authSCIMBearer:
 		if !okSCIM {
-			return unauthorized(http.StatusForbidden, "invalid SCIM token")
+			return apiFail(http.StatusForbidden, "invalid SCIM token")
 		}
 		q.account = org
 	case authBasic:
 		if !s.validKey(key) || secret == "" || (hasSecret && wantSecret != secret) {
-			return unauthorized(http.StatusForbidden, "invalid API key or secret key")
+			return apiFail(http.StatusForbidden, "invalid API key or secret key")
 		}
 		q.account = key
 	}
