@@ -35,8 +35,7 @@ type Exchange struct {
 	Streams bool
 
 	s       *Sim
-	h       routeHandler                                      // ingest routes
-	direct  func(w http.ResponseWriter, r *Record) (int, any) // direct routes
+	h       routeHandler
 	in      incoming
 	release func()
 }
@@ -69,15 +68,9 @@ func (x *Exchange) Describe() {
 // answered; with half, an ingest route ingests only the first half of the
 // events. It neither logs nor sets Rec.Status.
 func (x *Exchange) Handle(w http.ResponseWriter, half bool) int {
-	var status int
-	var body any
-	if x.Direct {
-		status, body = x.direct(w, x.Rec)
-	} else {
-		x.ReadBody()
-		x.in.IngestHalf = half
-		status, body = x.h.serve(w, x.R, &x.in)
-	}
+	x.ReadBody()
+	x.in.IngestHalf = half
+	status, body := x.h.serve(w, x.R, &x.in)
 	writeJSON(w, status, body)
 	return status
 }
@@ -114,9 +107,9 @@ func (s *Sim) serve(x *Exchange) {
 
 // serveDirect serves a route whose answer goes straight to the client (not
 // buffered: export archives are gigabytes), logs it and returns the status
-// answered (0: none, the connection was dropped).
-func (s *Sim) serveDirect(w http.ResponseWriter, r *http.Request, streams bool, serve func(w http.ResponseWriter, rec *Record) (int, any)) int {
-	x := &Exchange{W: w, R: r, Rec: s.newRecord(r), Direct: true, Streams: streams, direct: serve}
+// answered (0: none, the connection was dropped). h reads the body itself.
+func (s *Sim) serveDirect(w http.ResponseWriter, r *http.Request, streams bool, h routeHandler) int {
+	x := &Exchange{W: w, R: r, Rec: s.newRecord(r), Direct: true, Streams: streams, h: h}
 	s.serve(x)
 	return x.Rec.Status
 }

@@ -222,7 +222,9 @@ type apiHandler func(w http.ResponseWriter, r *http.Request, key string) (status
 // apiRoute registers a data API route (see the top of this file).
 func (s *Sim) apiRoute(pattern string, h apiHandler) {
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-		s.serveDirect(w, r, true, func(w http.ResponseWriter, rec *Record) (int, any) { return s.serveAPI(w, r, rec, h) })
+		s.serveDirect(w, r, true, routeHandler{serve: func(w http.ResponseWriter, r *http.Request, in *incoming) (int, any) {
+			return s.serveAPI(w, r, in.Rec, h)
+		}})
 	})
 }
 

@@ -109,9 +109,9 @@ func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgH
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		call := &MgmtCall{Time: s.cfg.Now(), API: api, Method: r.Method, Path: r.URL.EscapedPath(),
 			Query: r.URL.RawQuery, Headers: sortedKeys(r.Header)}
-		call.Status = s.serveDirect(w, r, false, func(mw http.ResponseWriter, _ *Record) (int, any) {
+		call.Status = s.serveDirect(w, r, false, routeHandler{serve: func(mw http.ResponseWriter, r *http.Request, _ *incoming) (int, any) {
 			return s.serveMgmt(mw, r, call, auth, maxBody, h)
-		})
+		}})
 		s.mu.Lock()
 		st.seq++
 		call.Seq = st.seq
