@@ -332,12 +332,8 @@ func (s *Sim) registerTaxonomy() {
 					target = o
 				}
 			case "override":
-				if q.form.Get("classifications") != "" {
-					return taxFail(http.StatusBadRequest, "classifications can only be applied to shared properties")
-				}
 				if o == nil {
 					o = &taxEntity{state: "planned", fields: maps.Clone(shared.fields)}
-					entry(q.p.overrides, et, newTaxEntities)[name] = o
 				}
 				target = o
 			case "shared":
@@ -348,6 +344,9 @@ func (s *Sim) registerTaxonomy() {
 		}
 		if target != shared && q.form.Get("classifications") != "" {
 			return taxFail(http.StatusBadRequest, "classifications can only be applied to shared properties")
+		}
+		if target != shared {
+			entry(q.p.overrides, et, newTaxEntities)[name] = target // a new override is kept only now
 		}
 		if nn := q.form.Get("new_event_property_value"); nn != "" && nn != name && target == shared {
 			if q.p.props[nn] != nil {
