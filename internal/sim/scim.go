@@ -70,11 +70,6 @@ type scimOrg struct {
 	nextID int
 }
 
-type scimState struct {
-	orgs map[string]*scimOrg
-	hits windowHits
-}
-
 // scimReq is one SCIM request: its organization, and the user (by its
 // lower-cased key) or group its path's {id} names.
 type scimReq struct {
@@ -87,8 +82,9 @@ type scimReq struct {
 }
 
 func (s *Sim) registerSCIM() {
-	st := &scimState{}
-	s.onReset(func() { *st = scimState{orgs: map[string]*scimOrg{}, hits: windowHits{}} })
+	var orgs map[string]*scimOrg
+	var hits windowHits // requests per organization
+	s.onReset(func() { orgs, hits = map[string]*scimOrg{}, windowHits{} })
 	// r registers a SCIM route: f answers for the organization once the rate
 	// passes and the path's {id} names a user (an email, not checked for a
 	// GET: 400) or a group (an integer: 400) that exists (404).
@@ -96,11 +92,11 @@ func (s *Sim) registerSCIM() {
 		s.mgmtRoute("scim", pattern, authSCIMBearer, scimMaxBody, func(w http.ResponseWriter, mq *mgRequest) (int, any) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			if ok, wait := st.hits.take(mq.account, mq.call.Time, 1, s.knobs.SCIMLimit, s.knobs.SCIMWindow); !ok {
+			if ok, wait := hits.take(mq.account, mq.call.Time, 1, s.knobs.SCIMLimit, s.knobs.SCIMWindow); !ok {
 				retryAfter(w, wait)
 				return scimError(http.StatusTooManyRequests, "", "Too many requests: 100 per minute per organization")
 			}
-			q := &scimReq{mgRequest: mq, m: decodeObject(mq.body), o: entry(st.orgs, mq.account, func() *scimOrg {
+			q := &scimReq{mgRequest: mq, m: decodeObject(mq.body), o: entry(orgs, mq.account, func() *scimOrg {
 				return &scimOrg{users: map[string]*scimUser{}, groups: map[int]*scimGroup{}, nextID: 1001}
 			})}
 			id := mq.r.PathValue("id")
