@@ -6,8 +6,6 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
-
-	"github.com/svcrelay/relay/internal/adminroute"
 )
 
 // Channel classifiers (/api/2/channel-classifiers), by
@@ -34,10 +32,6 @@ type simClassifier struct {
 	modified                       time.Time
 }
 
-type clsState struct {
-	byKey map[string]map[string]*simClassifier
-}
-
 // validClassifierName reports whether name has only letters, digits, '_'
 // and '-' (and is not empty).
 func validClassifierName(name string) bool {
@@ -51,13 +45,13 @@ func (c *simClassifier) view() map[string]any {
 }
 
 func (s *Sim) registerClassifiers() {
-	st := &clsState{}
-	s.onReset(func() { st.byKey = map[string]map[string]*simClassifier{} })
+	var byKey map[string]map[string]*simClassifier // api key -> name -> classifier
+	s.onReset(func() { byKey = map[string]map[string]*simClassifier{} })
 	r := func(pattern string, f func(m map[string]*simClassifier, q *mgRequest) (int, any)) {
-		s.mgmtRoute("classifier", pattern, authBasic, clsMaxBody, func(w *adminroute.StatusWriter, q *mgRequest) (int, any) {
+		s.mgmtRoute("classifier", pattern, authBasic, clsMaxBody, func(w http.ResponseWriter, q *mgRequest) (int, any) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			return f(entry(st.byKey, q.account, func() map[string]*simClassifier { return map[string]*simClassifier{} }), q)
+			return f(entry(byKey, q.account, func() map[string]*simClassifier { return map[string]*simClassifier{} }), q)
 		})
 	}
 	// save serves POST (create) and PATCH: the checks in the order of the

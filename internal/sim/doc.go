@@ -24,9 +24,9 @@
 // log, passed to Config.Faults when set (simtest fails it there, or lets
 // it through): the ingestion routes through Sim.route (middleware.go: the
 // body read, the answer buffered), the others through serveDirect (the
-// answer streamed; mgmtRoute and apiRoute add their authentication; their
-// handlers return their answer and the route writes it). The route groups
-// (New), one file each:
+// answer streamed; mgmtRoute and apiRoute add their authentication). Every
+// handler returns its answer and the Exchange writes it, so the status is
+// known without wrapping the writer. The route groups (New), one file each:
 //
 //	/2/httpapi, /batch                          ingestion (httpapi.go; rules below)
 //	/groupidentify                              group identify (groupidentify.go)

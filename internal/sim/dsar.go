@@ -162,7 +162,7 @@ func (s *Sim) registerDSAR() {
 			return apiFail(status, msg)
 		}
 		http.Redirect(w, r, loc, http.StatusFound)
-		return 0, nil
+		return http.StatusFound, written{}
 	})
 	s.apiRoute("GET /objects/dsar/{id}/{n}", func(w http.ResponseWriter, r *http.Request, key string) (int, any) {
 		exp := r.URL.Query().Get("expires")
@@ -188,7 +188,7 @@ func (s *Sim) registerDSAR() {
 		w.Header().Set("Content-Type", "application/gzip")
 		w.Header().Set("Content-Length", strconv.Itoa(len(file)))
 		w.Write(file)
-		return 0, nil
+		return http.StatusOK, written{}
 	})
 }
 

@@ -9,8 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/svcrelay/relay/internal/adminroute"
 )
 
 // Experiment management (/api/1/experiments), by
@@ -104,7 +102,7 @@ func (s *Sim) registerExperiments() {
 	// path names ({id}, {variantKey}), after a 404 for either that is
 	// unknown, and returns its answer: text when a string ("OK"), else JSON.
 	r := func(pattern string, f func(e *simExperiment, v *simVariant, q *mgRequest) (int, any)) {
-		s.mgmtRoute("experiment", pattern, authMgmtBearer, expMaxBody, func(w *adminroute.StatusWriter, q *mgRequest) (int, any) {
+		s.mgmtRoute("experiment", pattern, authMgmtBearer, expMaxBody, func(w http.ResponseWriter, q *mgRequest) (int, any) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			e := x.exps[q.r.PathValue("id")]
@@ -120,8 +118,8 @@ func (s *Sim) registerExperiments() {
 		})
 	}
 	const ok = "OK"
-	bad := func(msg string) (int, any) { return http.StatusBadRequest, map[string]string{"error": msg} }
-	now := func() time.Time { return s.cfg.Now() }
+	bad := func(msg string) (int, any) { return apiFail(http.StatusBadRequest, msg) }
+	now := s.cfg.Now
 
 	r("GET /api/1/experiments", func(_ *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
 		limit := len(x.exps)
@@ -179,7 +177,7 @@ func (s *Sim) registerExperiments() {
 	})
 	r("PATCH /api/1/experiments/{id}", func(e *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
 		if e.delivery != "feature" {
-			return http.StatusMethodNotAllowed, map[string]string{"error": "experiments of this type cannot be edited here"}
+			return apiFail(http.StatusMethodNotAllowed, "experiments of this type cannot be edited here")
 		}
 		m := decodeObject(q.body)
 		if m == nil {
@@ -205,7 +203,7 @@ func (s *Sim) registerExperiments() {
 				return http.StatusOK, v
 			}
 		}
-		return http.StatusNotFound, map[string]string{"error": "version not found"}
+		return apiFail(http.StatusNotFound, "version not found")
 	})
 	r("GET /api/1/experiments/{id}/variants", func(e *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
 		return http.StatusOK, e.variantList()
@@ -275,27 +273,20 @@ func (s *Sim) registerExperiments() {
 	r("GET /api/1/experiments/{id}/variants/{variantKey}/cohorts", func(_ *simExperiment, v *simVariant, q *mgRequest) (int, any) {
 		return http.StatusOK, append([]string{}, v.cohorts...)
 	})
-	// stringsField reads body[field] as an array of at most most strings (0:
-	// any number); fail is the error when it cannot.
-	stringsField := func(q *mgRequest, field string, most int) (v []string, fail string) {
-		var m map[string]json.RawMessage
-		switch {
-		case json.Unmarshal(q.body, &m) != nil || m == nil:
-			return nil, "body is not a JSON object"
-		case json.Unmarshal(m[field], &v) != nil || v == nil:
-			return nil, field + " must be an array of strings"
-		case most > 0 && len(v) > most:
-			return nil, field + " holds more than " + strconv.Itoa(most) + " entries"
-		}
-		return v, ""
-	}
-	// include adds the body's strings at *to (of the variant or experiment
-	// f picks), and records a version when what is not "".
+	// include reads body[field], an array of at most most strings (0: any
+	// number), gives it to f (which adds or removes it at the variant or
+	// experiment) and records a version when what is not "".
 	include := func(field string, most int, f func(e *simExperiment, v *simVariant, ids []string), what string) func(*simExperiment, *simVariant, *mgRequest) (int, any) {
 		return func(e *simExperiment, v *simVariant, q *mgRequest) (int, any) {
-			ids, fail := stringsField(q, field, most)
-			if fail != "" {
-				return bad(fail)
+			var m map[string]json.RawMessage
+			var ids []string
+			switch {
+			case json.Unmarshal(q.body, &m) != nil || m == nil:
+				return bad("body is not a JSON object")
+			case json.Unmarshal(m[field], &ids) != nil || ids == nil:
+				return bad(field + " must be an array of strings")
+			case most > 0 && len(ids) > most:
+				return bad(field + " holds more than " + strconv.Itoa(most) + " entries")
 			}
 			f(e, v, ids)
 			if what != "" {
@@ -311,7 +302,7 @@ func (s *Sim) registerExperiments() {
 	r("DELETE /api/1/experiments/{id}/variants/{variantKey}/users/{userIndex}", func(_ *simExperiment, v *simVariant, q *mgRequest) (int, any) {
 		i, err := strconv.Atoi(q.r.PathValue("userIndex"))
 		if err != nil || i < 0 || i >= len(v.users) {
-			return http.StatusNotFound, map[string]string{"error": "inclusion not found"}
+			return apiFail(http.StatusNotFound, "inclusion not found")
 		}
 		v.users = append(v.users[:i], v.users[i+1:]...)
 		return http.StatusOK, ok
@@ -339,7 +330,7 @@ func (s *Sim) registerExperiments() {
 	r("DELETE /api/1/experiments/{id}/deployments/{deploymentId}", func(e *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
 		n := len(e.deployments)
 		if e.deployments = removeString(e.deployments, q.r.PathValue("deploymentId")); len(e.deployments) == n {
-			return http.StatusNotFound, map[string]string{"error": "deployment not found"}
+			return apiFail(http.StatusNotFound, "deployment not found")
 		}
 		e.version(now(), "deployment removed")
 		return http.StatusOK, ok

@@ -141,19 +141,19 @@ func (s *Sim) registerExport() {
 		for h := start; !h.After(end); h = h.Add(time.Hour) {
 			prefix := fmt.Sprintf("%d/%d_%s_%d#", app, app, h.Format("2006-01-02"), h.Hour())
 			if lines := byHour[h.Unix()]; len(lines) > 0 && file(h, prefix+"0.json", zip.Deflate, 1, lines...) != nil {
-				return 0, nil // the client went away
+				return http.StatusOK, written{} // the client went away
 			}
 			for n, left := 0, blocksPerHour; left > 0; n++ {
 				part := min(left, 256) // blocks of about 1 MiB
 				left -= part
 				if file(h, prefix+"s"+strconv.Itoa(n)+".json", zip.Store, part, block) != nil {
-					return 0, nil
+					return http.StatusOK, written{}
 				}
 			}
 		}
 		zw.Close()
 		served.Bytes = cw.n
-		return 0, nil
+		return http.StatusOK, written{}
 	})
 	s.ctlMux.HandleFunc("GET /sim/export/log", func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()

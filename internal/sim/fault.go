@@ -2,14 +2,11 @@ package sim
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"io"
 	"net/http"
 	"strings"
 	"time"
-
-	"github.com/svcrelay/relay/internal/adminroute"
 )
 
 // Faults is the seam of test-only fault injection: internal/simtest
@@ -38,8 +35,7 @@ type Exchange struct {
 	Streams bool
 
 	s       *Sim
-	h       routeHandler                                 // ingest routes
-	direct  func(sw *adminroute.StatusWriter, r *Record) // direct routes
+	h       routeHandler
 	in      incoming
 	release func()
 }
@@ -69,18 +65,14 @@ func (x *Exchange) Describe() {
 }
 
 // Handle runs the route with its answer to w and returns the status
-// written (0: none); with half, an ingest route ingests only the first half
-// of the events. It neither logs nor sets Rec.Status.
+// answered; with half, an ingest route ingests only the first half of the
+// events. It neither logs nor sets Rec.Status.
 func (x *Exchange) Handle(w http.ResponseWriter, half bool) int {
-	sw := &adminroute.StatusWriter{ResponseWriter: w}
-	if x.Direct {
-		x.direct(sw, x.Rec)
-		return sw.Status
-	}
 	x.ReadBody()
 	x.in.IngestHalf = half
-	x.h.serve(sw, x.R, &x.in)
-	return sw.Status
+	status, body := x.h.serve(w, x.R, &x.in)
+	writeJSON(w, status, body)
+	return status
 }
 
 // Answer gives the request the Sim's own answer and logs it.
@@ -91,7 +83,7 @@ func (x *Exchange) Answer() {
 		return
 	}
 	bw := &bufferedWriter{h: x.W.Header()}
-	x.Rec.Status = cmp.Or(x.Handle(bw, false), http.StatusOK)
+	x.Rec.Status = x.Handle(bw, false)
 	x.Log()
 	x.W.WriteHeader(x.Rec.Status)
 	x.W.Write(bw.Bytes())
@@ -115,9 +107,9 @@ func (s *Sim) serve(x *Exchange) {
 
 // serveDirect serves a route whose answer goes straight to the client (not
 // buffered: export archives are gigabytes), logs it and returns the status
-// answered (0: none, the connection was dropped).
-func (s *Sim) serveDirect(w http.ResponseWriter, r *http.Request, streams bool, serve func(sw *adminroute.StatusWriter, rec *Record)) int {
-	x := &Exchange{W: w, R: r, Rec: s.newRecord(r), Direct: true, Streams: streams, direct: serve}
+// answered (0: none, the connection was dropped). h reads the body itself.
+func (s *Sim) serveDirect(w http.ResponseWriter, r *http.Request, streams bool, h routeHandler) int {
+	x := &Exchange{W: w, R: r, Rec: s.newRecord(r), Direct: true, Streams: streams, h: h}
 	s.serve(x)
 	return x.Rec.Status
 }
@@ -134,8 +126,7 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	}
 }
 
-// bufferedWriter holds a handler's answer until the request is logged
-// (Handle's StatusWriter records the status).
+// bufferedWriter holds a handler's answer until the request is logged.
 type bufferedWriter struct {
 	h http.Header
 	bytes.Buffer

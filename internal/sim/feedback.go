@@ -12,8 +12,6 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
-
-	"github.com/svcrelay/relay/internal/adminroute"
 )
 
 // This file holds the feedback route and what the data APIs (feedback,
@@ -218,21 +216,19 @@ func upsertPart(it *FeedbackItem, p FeedbackItem) {
 }
 
 // apiHandler serves a data API route; key is the Basic user name (an api
-// key). It returns its answer, written as JSON, or a nil body when it wrote
-// the answer itself (an archive, a file, a redirect).
+// key). It returns its answer (see writeAnswer).
 type apiHandler func(w http.ResponseWriter, r *http.Request, key string) (status int, body any)
 
 // apiRoute registers a data API route (see the top of this file).
 func (s *Sim) apiRoute(pattern string, h apiHandler) {
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-		s.serveDirect(w, r, true, func(sw *adminroute.StatusWriter, rec *Record) {
-			status, body := s.serveAPI(sw, r, rec, h)
-			writeAnswer(sw, status, body, "application/json")
-		})
+		s.serveDirect(w, r, true, routeHandler{serve: func(w http.ResponseWriter, r *http.Request, in *incoming) (int, any) {
+			return s.serveAPI(w, r, in.Rec, h)
+		}})
 	})
 }
 
-func (s *Sim) serveAPI(w *adminroute.StatusWriter, r *http.Request, rec *Record, h apiHandler) (int, any) {
+func (s *Sim) serveAPI(w http.ResponseWriter, r *http.Request, rec *Record, h apiHandler) (int, any) {
 	key, _, ok := r.BasicAuth()
 	if ok {
 		rec.KeyLabel = KeyLabel(key)

@@ -67,7 +67,9 @@ func (s *Sim) registerGroupIdentify() {
 		}))
 	})
 	s.route("/groupidentify", routeHandler{
-		serve:    func(w http.ResponseWriter, r *http.Request, in *incoming) { s.serveGroupIdentify(st, w, r, in) },
+		serve: func(_ http.ResponseWriter, r *http.Request, in *incoming) (int, any) {
+			return s.serveGroupIdentify(st, r, in)
+		},
 		describe: func(in *incoming) { describeForm(in, "identification") },
 	})
 }
@@ -87,11 +89,10 @@ func formParams(first, then url.Values) url.Values {
 // valid) and the field name holding value, a JSON array of 1 to most
 // objects. On the first failure it answers 400 with the upstream's text
 // (tooMany for more than most objects) and returns false.
-func (s *Sim) formItems(w http.ResponseWriter, in *incoming, apiKey, name, value string, most int, tooMany string) ([]json.RawMessage, bool) {
-	fail := func(b errBody) ([]json.RawMessage, bool) {
-		b.Code = 400
-		writeJSON(w, http.StatusBadRequest, b)
-		return nil, false
+func (s *Sim) formItems(in *incoming, apiKey, name, value string, most int, tooMany string) ([]json.RawMessage, *errBody) {
+	fail := func(b errBody) ([]json.RawMessage, *errBody) {
+		b.Code = http.StatusBadRequest
+		return nil, &b
 	}
 	if apiKey == "" {
 		return fail(errBody{Error: ErrTextMissingField, MissingField: "api_key"})
@@ -111,7 +112,7 @@ func (s *Sim) formItems(w http.ResponseWriter, in *incoming, apiKey, name, value
 	case len(raws) > most:
 		return fail(errBody{Error: tooMany})
 	}
-	return raws, true
+	return raws, nil
 }
 
 // describeForm fills the log record of a form request (key label, item count).
@@ -141,23 +142,22 @@ func jsonObjects(v string) ([]json.RawMessage, bool) {
 	return arr, true
 }
 
-func (s *Sim) serveGroupIdentify(st *giState, w http.ResponseWriter, r *http.Request, in *incoming) {
-	if refuseIngest(w, r, in) {
-		return
+func (s *Sim) serveGroupIdentify(st *giState, r *http.Request, in *incoming) (int, any) {
+	if status, body := refuseIngest(r, in); status != 0 {
+		return status, body
 	}
 	body, _ := url.ParseQuery(string(in.Body))
 	form := formParams(body, r.URL.Query())
 	apiKey := form.Get("api_key")
-	raws, ok := s.formItems(w, in, apiKey, "identification", form.Get("identification"), MaxGroupIdentifies, ErrTextInvalidGroupIdentify)
-	if !ok {
-		return
+	raws, fail := s.formItems(in, apiKey, "identification", form.Get("identification"), MaxGroupIdentifies, ErrTextInvalidGroupIdentify)
+	if fail != nil {
+		return fail.Code, fail
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out, ok := parseIdentifies(raws, s.knobs.RejectedGroupValues)
 	if !ok {
-		codeError(w, http.StatusBadRequest, ErrTextInvalidGroupIdentify)
-		return
+		return codeError(http.StatusBadRequest, ErrTextInvalidGroupIdentify)
 	}
 	now := s.cfg.Now()
 	for i := range out {
@@ -167,7 +167,7 @@ func (s *Sim) serveGroupIdentify(st *giState, w http.ResponseWriter, r *http.Req
 	st.byKey[apiKey] = append(st.byKey[apiKey], out...)
 	s.store.stats.GroupIdentifies++
 	in.Rec.Ingested = len(out)
-	writeJSON(w, http.StatusOK, map[string]int{"code": 200})
+	return http.StatusOK, map[string]int{"code": 200}
 }
 
 // parseIdentifies reads the identifications by the rules above; ok is

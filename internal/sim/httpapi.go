@@ -16,38 +16,34 @@ func (s *Sim) registerHTTPAPI() {
 }
 
 // refuseIngest answers what every ingest endpoint refuses before reading
-// the body (not a POST, too large, a body that does not decode) and
-// reports whether it did.
-func refuseIngest(w http.ResponseWriter, r *http.Request, in *incoming) bool {
+// the body (not a POST, too large, a body that does not decode); status 0
+// when it refuses nothing.
+func refuseIngest(r *http.Request, in *incoming) (int, any) {
 	switch {
 	case r.Method != http.MethodPost:
-		codeError(w, http.StatusBadRequest, ErrTextInvalidPath)
+		return codeError(http.StatusBadRequest, ErrTextInvalidPath)
 	case in.TooLarge:
-		codeError(w, http.StatusRequestEntityTooLarge, ErrTextTooLarge)
+		return codeError(http.StatusRequestEntityTooLarge, ErrTextTooLarge)
 	case in.BadEncoding:
-		codeError(w, http.StatusBadRequest, ErrTextInvalidJSON)
-	default:
-		return false
+		return codeError(http.StatusBadRequest, ErrTextInvalidJSON)
 	}
-	return true
+	return 0, nil
 }
 
-func (s *Sim) serveHTTPAPI(w http.ResponseWriter, r *http.Request, in *incoming) {
-	if refuseIngest(w, r, in) {
-		return
+func (s *Sim) serveHTTPAPI(w http.ResponseWriter, r *http.Request, in *incoming) (int, any) {
+	if status, body := refuseIngest(r, in); status != 0 {
+		return status, body
 	}
 	env, verr := validate(in.Body, s.validKey, s.cfg.MaxEvents)
 	if verr != nil {
 		s.describeHTTPAPI(in)
-		writeJSON(w, verr.Code, verr)
-		return
+		return verr.Code, verr
 	}
 	fillRecord(in.Rec, env)
 	if in.IngestHalf {
 		env = &envelope{apiKey: env.apiKey, minIDLen: env.minIDLen, raw: env.raw[:len(env.raw)/2], info: env.info[:len(env.info)/2]}
 	}
-	status, body := s.accept(env, len(in.Body), in.Rec)
-	writeJSON(w, status, body)
+	return s.accept(env, len(in.Body), in.Rec)
 }
 
 // describeHTTPAPI fills the record of a request that is not processed (a
@@ -109,20 +105,17 @@ func fillRecord(rec *Record, env *envelope) {
 	}
 }
 
-// codeError answers the ingestion APIs' {"code": status, "error": text}.
-func codeError(w http.ResponseWriter, status int, text string) {
-	writeJSON(w, status, errBody{Code: status, Error: text})
-}
+// codeError is the ingestion APIs' {"code": status, "error": text} answer.
+func codeError(status int, text string) (int, any) { return status, errBody{Code: status, Error: text} }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	writeAnswer(w, status, v, "application/json")
 }
 
 // serveCountOnly is /2/httpapi in CountOnly mode: count, answer 200.
-func (s *Sim) serveCountOnly(w http.ResponseWriter, r *http.Request, in *incoming) {
+func (s *Sim) serveCountOnly(w http.ResponseWriter, r *http.Request, in *incoming) (int, any) {
 	if in.TooLarge {
-		codeError(w, http.StatusRequestEntityTooLarge, ErrTextTooLarge)
-		return
+		return codeError(http.StatusRequestEntityTooLarge, ErrTextTooLarge)
 	}
 	n := s.cfg.CountOnly(in.Body)
 	in.Rec.Events = n
@@ -139,4 +132,5 @@ func (s *Sim) serveCountOnly(w http.ResponseWriter, r *http.Request, in *incomin
 	w.Header().Set("Content-Length", strconv.Itoa(len(out)))
 	w.WriteHeader(http.StatusOK)
 	w.Write(out)
+	return http.StatusOK, written{}
 }

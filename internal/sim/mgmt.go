@@ -7,8 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/svcrelay/relay/internal/adminroute"
 )
 
 // This file holds what the management API groups of
@@ -103,7 +101,7 @@ type mgRequest struct {
 }
 
 // mgHandler returns a management request's answer (see writeAnswer).
-type mgHandler func(w *adminroute.StatusWriter, q *mgRequest) (status int, body any)
+type mgHandler func(w http.ResponseWriter, q *mgRequest) (status int, body any)
 
 // mgmtRoute registers pattern ("METHOD /path/{x}") for api.
 func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgHandler) {
@@ -111,10 +109,9 @@ func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgH
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		call := &MgmtCall{Time: s.cfg.Now(), API: api, Method: r.Method, Path: r.URL.EscapedPath(),
 			Query: r.URL.RawQuery, Headers: sortedKeys(r.Header)}
-		call.Status = s.serveDirect(w, r, false, func(mw *adminroute.StatusWriter, _ *Record) {
-			status, body := s.serveMgmt(mw, r, call, auth, maxBody, h)
-			writeJSON(mw, status, body)
-		})
+		call.Status = s.serveDirect(w, r, false, routeHandler{serve: func(mw http.ResponseWriter, r *http.Request, _ *incoming) (int, any) {
+			return s.serveMgmt(mw, r, call, auth, maxBody, h)
+		}})
 		s.mu.Lock()
 		st.seq++
 		call.Seq = st.seq
@@ -126,7 +123,7 @@ func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgH
 	})
 }
 
-func (s *Sim) serveMgmt(w *adminroute.StatusWriter, r *http.Request, call *MgmtCall, auth mgmtAuth, maxBody int64, h mgHandler) (int, any) {
+func (s *Sim) serveMgmt(w http.ResponseWriter, r *http.Request, call *MgmtCall, auth mgmtAuth, maxBody int64, h mgHandler) (int, any) {
 	av := r.Header.Get("Authorization")
 	scheme, cred, _ := strings.Cut(av, " ")
 	cred = strings.TrimSpace(cred)
@@ -141,12 +138,6 @@ func (s *Sim) serveMgmt(w *adminroute.StatusWriter, r *http.Request, call *MgmtC
 	if auth == authBasic {
 		want = "Basic"
 	}
-	unauthorized := func(status int, msg string) (int, any) {
-		if status == http.StatusUnauthorized {
-			w.Header().Set("WWW-Authenticate", want+` realm="svc"`)
-		}
-		return apiFail(status, msg)
-	}
 	q := &mgRequest{r: r, call: call}
 	key, secret, found := cred, "", true
 	if auth == authBasic {
@@ -155,7 +146,8 @@ func (s *Sim) serveMgmt(w *adminroute.StatusWriter, r *http.Request, call *MgmtC
 		found = found && err == nil
 	}
 	if call.Auth != strings.ToLower(want) || key == "" || !found {
-		return unauthorized(http.StatusUnauthorized, "missing or malformed Authorization: "+want+" header")
+		w.Header().Set("WWW-Authenticate", want+` realm="svc"`)
+		return apiFail(http.StatusUnauthorized, "missing or malformed Authorization: "+want+" header")
 	}
 	call.Principal = KeyLabel(key)
 	s.mu.Lock()
@@ -171,16 +163,16 @@ func (s *Sim) serveMgmt(w *adminroute.StatusWriter, r *http.Request, call *MgmtC
 	case authMgmtBearer:
 		q.account = call.Principal
 		if !okMgmt {
-			return unauthorized(http.StatusForbidden, "invalid management API key")
+			return apiFail(http.StatusForbidden, "invalid management API key")
 		}
 	case authSCIMBearer:
 		if !okSCIM {
-			return unauthorized(http.StatusForbidden, "invalid SCIM token")
+			return apiFail(http.StatusForbidden, "invalid SCIM token")
 		}
 		q.account = org
 	case authBasic:
 		if !s.validKey(key) || secret == "" || (hasSecret && wantSecret != secret) {
-			return unauthorized(http.StatusForbidden, "invalid API key or secret key")
+			return apiFail(http.StatusForbidden, "invalid API key or secret key")
 		}
 		q.account = key
 	}
@@ -206,7 +198,7 @@ func (s *Sim) serveMgmt(w *adminroute.StatusWriter, r *http.Request, call *MgmtC
 	}
 	status, answer := h(w, q)
 	writeAnswer(w, status, answer, ct)
-	return 0, nil
+	return status, written{}
 }
 
 // windowHits keeps the counted calls (time, cost) per account for a sliding
@@ -241,16 +233,20 @@ func (h windowHits) take(account string, now time.Time, cost, limit int, window 
 	return true, 0
 }
 
-// writeAnswer writes a handler's answer: only the status for a nil body
-// (nothing at all with status 0: the handler wrote it), a string as text,
-// bytes as given, anything else as JSON; ct is the type of the last two.
+// written is the body of an answer its handler wrote itself (an archive,
+// a file, a redirect): its status was written, nothing is left to write.
+type written struct{}
+
+// writeAnswer writes a handler's answer: nothing more for written{}, only
+// the status for a nil body, a string as text, bytes as given, anything
+// else as JSON; ct is the type of the last two.
 func writeAnswer(w http.ResponseWriter, status int, body any, ct string) {
 	var b []byte
 	switch v := body.(type) {
+	case written:
+		return
 	case nil:
-		if status != 0 {
-			w.WriteHeader(status)
-		}
+		w.WriteHeader(status)
 		return
 	case string:
 		b, ct = []byte(v), "text/plain; charset=utf-8"

@@ -27,11 +27,11 @@ type incoming struct {
 	Rec *Record
 }
 
-// routeHandler is an ingest route's handler; describe, when not nil, fills
-// in.Rec from the body for requests a fault answered instead
-// (Exchange.Describe).
+// routeHandler is a route's handler: serve returns its answer (see
+// writeAnswer); describe, when not nil, fills an ingest request's in.Rec
+// from the body for requests a fault answered instead (Exchange.Describe).
 type routeHandler struct {
-	serve    func(w http.ResponseWriter, r *http.Request, in *incoming)
+	serve    func(w http.ResponseWriter, r *http.Request, in *incoming) (status int, body any)
 	describe func(in *incoming)
 }
 

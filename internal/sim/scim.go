@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/svcrelay/relay/internal/adminroute"
 )
 
 // SCIM provisioning (/scim/1), by docs/upstream-api.md (SCIM provisioning).
@@ -72,29 +70,56 @@ type scimOrg struct {
 	nextID int
 }
 
-type scimState struct {
-	orgs map[string]*scimOrg
-	hits windowHits
+// scimReq is one SCIM request: its organization, and the user (by its
+// lower-cased key) or group its path's {id} names.
+type scimReq struct {
+	*mgRequest
+	o   *scimOrg
+	m   map[string]any // the body's JSON object, nil when it is none
+	u   *scimUser
+	key string
+	g   *scimGroup
 }
 
 func (s *Sim) registerSCIM() {
-	st := &scimState{}
-	s.onReset(func() { *st = scimState{orgs: map[string]*scimOrg{}, hits: windowHits{}} })
+	var orgs map[string]*scimOrg
+	var hits windowHits // requests per organization
+	s.onReset(func() { orgs, hits = map[string]*scimOrg{}, windowHits{} })
 	// r registers a SCIM route: f answers for the organization once the rate
-	// passes.
-	r := func(pattern string, f func(o *scimOrg, w *adminroute.StatusWriter, q *mgRequest) (int, any)) {
-		s.mgmtRoute("scim", pattern, authSCIMBearer, scimMaxBody, func(w *adminroute.StatusWriter, q *mgRequest) (int, any) {
+	// passes and the path's {id} names a user (an email, not checked for a
+	// GET: 400) or a group (an integer: 400) that exists (404).
+	r := func(pattern string, f func(w http.ResponseWriter, q *scimReq) (int, any)) {
+		s.mgmtRoute("scim", pattern, authSCIMBearer, scimMaxBody, func(w http.ResponseWriter, mq *mgRequest) (int, any) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			if ok, wait := st.hits.take(q.account, q.call.Time, 1, s.knobs.SCIMLimit, s.knobs.SCIMWindow); !ok {
+			if ok, wait := hits.take(mq.account, mq.call.Time, 1, s.knobs.SCIMLimit, s.knobs.SCIMWindow); !ok {
 				retryAfter(w, wait)
 				return scimError(http.StatusTooManyRequests, "", "Too many requests: 100 per minute per organization")
 			}
-			return f(entry(st.orgs, q.account, func() *scimOrg {
+			q := &scimReq{mgRequest: mq, m: decodeObject(mq.body), o: entry(orgs, mq.account, func() *scimOrg {
 				return &scimOrg{users: map[string]*scimUser{}, groups: map[int]*scimGroup{}, nextID: 1001}
-			}), w, q)
+			})}
+			id := mq.r.PathValue("id")
+			n, err := strconv.Atoi(id)
+			users := strings.Contains(pattern, "/Users/")
+			switch {
+			case id == "":
+			case users && !ValidEmail(id) && !strings.HasPrefix(pattern, "GET "):
+				return scimError(http.StatusBadRequest, "invalidValue", "id must be a valid email")
+			case users:
+				if q.key = strings.ToLower(id); q.o.users[q.key] == nil {
+					return scimError(http.StatusNotFound, "", "user not found")
+				}
+				q.u = q.o.users[q.key]
+			case err != nil:
+				return scimError(http.StatusBadRequest, "invalidValue", "group id must be an integer")
+			case q.o.groups[n] == nil:
+				return scimError(http.StatusNotFound, "", "group not found")
+			default:
+				q.g = q.o.groups[n]
+			}
+			return f(w, q)
 		})
-
 	}
 	r("GET /scim/1/Users", s.scimListUsers)
 	r("GET /scim/1/Users/{id}", s.scimGetUser)
@@ -182,7 +207,8 @@ func (o *scimOrg) sortedGroups() []*scimGroup {
 	return slices.SortedFunc(maps.Values(o.groups), func(a, b *scimGroup) int { return a.id - b.id })
 }
 
-func (s *Sim) scimListUsers(o *scimOrg, w *adminroute.StatusWriter, q *mgRequest) (int, any) {
+func (s *Sim) scimListUsers(w http.ResponseWriter, q *scimReq) (int, any) {
+	o := q.o
 	want := ""
 	if f := strings.TrimSpace(q.r.URL.Query().Get("filter")); f != "" {
 		parts := strings.SplitN(f, " ", 3)
@@ -201,11 +227,8 @@ func (s *Sim) scimListUsers(o *scimOrg, w *adminroute.StatusWriter, q *mgRequest
 	return scimList(q.r, all, func(u *scimUser) any { return o.userView(u, false) })
 }
 
-func (s *Sim) scimGetUser(o *scimOrg, w *adminroute.StatusWriter, q *mgRequest) (int, any) {
-	if u := o.users[strings.ToLower(q.r.PathValue("id"))]; u != nil {
-		return http.StatusOK, o.userView(u, true)
-	}
-	return scimError(http.StatusNotFound, "", "user not found")
+func (s *Sim) scimGetUser(w http.ResponseWriter, q *scimReq) (int, any) {
+	return http.StatusOK, q.o.userView(q.u, true)
 }
 
 // decodeObject returns the JSON object b holds, nil when it holds none.
@@ -217,10 +240,10 @@ func decodeObject(b []byte) map[string]any {
 	return m
 }
 
-func (s *Sim) scimCreateUser(o *scimOrg, w *adminroute.StatusWriter, q *mgRequest) (int, any) {
-	m, status, fail := scimObject(q)
-	if fail != nil {
-		return status, fail
+func (s *Sim) scimCreateUser(w http.ResponseWriter, q *scimReq) (int, any) {
+	o, m := q.o, q.m
+	if m == nil {
+		return scimError(http.StatusBadRequest, "invalidSyntax", "body is not a JSON object")
 	}
 	id, _ := m["id"].(string)
 	userName, _ := m["userName"].(string)
@@ -249,58 +272,25 @@ func removeString(v []string, s string) []string {
 	return slices.DeleteFunc(v, func(x string) bool { return x == s })
 }
 
-// userByID returns the user the path's {id} names and its key, or the
-// answer when there is none: 400 (not an email) or 404.
-func (o *scimOrg) userByID(q *mgRequest) (u *scimUser, key string, status int, fail any) {
-	id := q.r.PathValue("id")
-	if !ValidEmail(id) {
-		status, fail = scimError(http.StatusBadRequest, "invalidValue", "id must be a valid email")
-		return nil, "", status, fail
-	}
-	key = strings.ToLower(id)
-	if o.users[key] == nil {
-		status, fail = scimError(http.StatusNotFound, "", "user not found")
-	}
-	return o.users[key], key, status, fail
-}
-
-// scimObject decodes the body as a JSON object; fail is the answer when it
-// is not one.
-func scimObject(q *mgRequest) (m map[string]any, status int, fail any) {
-	if m := decodeObject(q.body); m != nil {
-		return m, 0, nil
-	}
-	status, fail = scimError(http.StatusBadRequest, "invalidSyntax", "body is not a JSON object")
-	return nil, status, fail
-}
-
-func (s *Sim) scimUpdateUser(o *scimOrg, w *adminroute.StatusWriter, q *mgRequest) (int, any) {
-	u, key, status, fail := o.userByID(q)
-	if fail != nil {
-		return status, fail
-	}
-	m, status, fail := scimObject(q)
-	if fail != nil {
-		return status, fail
+func (s *Sim) scimUpdateUser(w http.ResponseWriter, q *scimReq) (int, any) {
+	o, u, m := q.o, q.u, q.m
+	if m == nil {
+		return scimError(http.StatusBadRequest, "invalidSyntax", "body is not a JSON object")
 	}
 	if un, ok := m["userName"].(string); ok && !strings.EqualFold(un, u.email) {
 		return scimError(http.StatusBadRequest, "mutability", "the email address of a user cannot be changed")
 	}
 	if active, ok := m["active"].(bool); ok && !active {
-		o.removeUser(key)
+		o.removeUser(q.key)
 	} else {
 		maps.Copy(u.body, m)
 	}
 	return http.StatusOK, q.body
 }
 
-func (s *Sim) scimDeleteUser(o *scimOrg, w *adminroute.StatusWriter, q *mgRequest) (int, any) {
-	u, key, status, fail := o.userByID(q)
-	if u != nil {
-		o.removeUser(key)
-		return http.StatusNoContent, nil
-	}
-	return status, fail
+func (s *Sim) scimDeleteUser(w http.ResponseWriter, q *scimReq) (int, any) {
+	q.o.removeUser(q.key)
+	return http.StatusNoContent, nil
 }
 
 func (o *scimOrg) groupView(g *scimGroup, idAsString bool) map[string]any {
@@ -329,30 +319,13 @@ func (o *scimOrg) groupView(g *scimGroup, idAsString bool) map[string]any {
 			"created": g.created.UTC().Format(ts), "lastModified": g.modified.UTC().Format(ts)}}
 }
 
-func (s *Sim) scimListGroups(o *scimOrg, w *adminroute.StatusWriter, q *mgRequest) (int, any) {
+func (s *Sim) scimListGroups(w http.ResponseWriter, q *scimReq) (int, any) {
+	o := q.o
 	return scimList(q.r, o.sortedGroups(), func(g *scimGroup) any { return o.groupView(g, false) })
 }
 
-// groupByID returns the group the path's {id} names, or the answer when
-// there is none: 400 (not an integer) or 404.
-func (o *scimOrg) groupByID(q *mgRequest) (g *scimGroup, status int, fail any) {
-	id, err := strconv.Atoi(q.r.PathValue("id"))
-	if err != nil {
-		status, fail = scimError(http.StatusBadRequest, "invalidValue", "group id must be an integer")
-		return nil, status, fail
-	}
-	if g = o.groups[id]; g == nil {
-		status, fail = scimError(http.StatusNotFound, "", "group not found")
-	}
-	return g, status, fail
-}
-
-func (s *Sim) scimGetGroup(o *scimOrg, w *adminroute.StatusWriter, q *mgRequest) (int, any) {
-	g, status, fail := o.groupByID(q)
-	if g != nil {
-		return http.StatusOK, o.groupView(g, true)
-	}
-	return status, fail
+func (s *Sim) scimGetGroup(w http.ResponseWriter, q *scimReq) (int, any) {
+	return http.StatusOK, q.o.groupView(q.g, true)
 }
 
 // memberValues reads [{"value": email}, ...]; ok false when malformed.
@@ -387,10 +360,10 @@ func (o *scimOrg) addMember(g *scimGroup, email string) {
 	}
 }
 
-func (s *Sim) scimCreateGroup(o *scimOrg, w *adminroute.StatusWriter, q *mgRequest) (int, any) {
-	m, status, fail := scimObject(q)
-	if fail != nil {
-		return status, fail
+func (s *Sim) scimCreateGroup(w http.ResponseWriter, q *scimReq) (int, any) {
+	o, m := q.o, q.m
+	if m == nil {
+		return scimError(http.StatusBadRequest, "invalidSyntax", "body is not a JSON object")
 	}
 	name, _ := m["displayName"].(string)
 	if name == "" {
@@ -412,11 +385,8 @@ func (s *Sim) scimCreateGroup(o *scimOrg, w *adminroute.StatusWriter, q *mgReque
 	return http.StatusOK, o.groupView(g, false)
 }
 
-func (s *Sim) scimPatchGroup(o *scimOrg, w *adminroute.StatusWriter, q *mgRequest) (int, any) {
-	g, status, fail := o.groupByID(q)
-	if g == nil {
-		return status, fail
-	}
+func (s *Sim) scimPatchGroup(w http.ResponseWriter, q *scimReq) (int, any) {
+	o, g := q.o, q.g
 	var body struct {
 		Schemas    []string `json:"schemas"`
 		Operations []struct {
@@ -468,11 +438,7 @@ func (s *Sim) scimPatchGroup(o *scimOrg, w *adminroute.StatusWriter, q *mgReques
 	return http.StatusOK, o.groupView(g, true)
 }
 
-func (s *Sim) scimDeleteGroup(o *scimOrg, w *adminroute.StatusWriter, q *mgRequest) (int, any) {
-	g, status, fail := o.groupByID(q)
-	if g != nil {
-		delete(o.groups, g.id)
-		return http.StatusNoContent, nil
-	}
-	return status, fail
+func (s *Sim) scimDeleteGroup(w http.ResponseWriter, q *scimReq) (int, any) {
+	delete(q.o.groups, q.g.id)
+	return http.StatusNoContent, nil
 }

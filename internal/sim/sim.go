@@ -247,8 +247,8 @@ func New(cfg Config, log *zap.Logger) *Sim {
 		cfg.Faults.Routes(s, s.ctlMux)
 	}
 	s.mux.Handle("/sim/", s.ctlMux)
-	s.route("/", routeHandler{serve: func(w http.ResponseWriter, r *http.Request, in *incoming) { // unknown paths
-		codeError(w, http.StatusBadRequest, ErrTextInvalidPath)
+	s.route("/", routeHandler{serve: func(http.ResponseWriter, *http.Request, *incoming) (int, any) { // unknown paths
+		return codeError(http.StatusBadRequest, ErrTextInvalidPath)
 	}})
 	s.srv = &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: zap.NewStdLog(log),
 		ConnState: func(_ net.Conn, st http.ConnState) {

@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/svcrelay/relay/internal/adminroute"
 )
 
 // Taxonomy (/api/2/taxonomy), by docs/upstream-api.md (Taxonomy).
@@ -181,7 +179,7 @@ func (s *Sim) registerTaxonomy() {
 	// r registers a taxonomy route: f answers once the limits pass, the form
 	// is read and its required fields are there.
 	r := func(pattern string, f func(q *taxReq) (int, any), required ...string) {
-		s.mgmtRoute("taxonomy", pattern, authBasic, taxMaxBody, func(w *adminroute.StatusWriter, q *mgRequest) (int, any) {
+		s.mgmtRoute("taxonomy", pattern, authBasic, taxMaxBody, func(w http.ResponseWriter, q *mgRequest) (int, any) {
 			return s.serveTaxonomy(w, q, f, required)
 		})
 	}
@@ -334,12 +332,8 @@ func (s *Sim) registerTaxonomy() {
 					target = o
 				}
 			case "override":
-				if q.form.Get("classifications") != "" {
-					return taxFail(http.StatusBadRequest, "classifications can only be applied to shared properties")
-				}
 				if o == nil {
 					o = &taxEntity{state: "planned", fields: maps.Clone(shared.fields)}
-					entry(q.p.overrides, et, newTaxEntities)[name] = o
 				}
 				target = o
 			case "shared":
@@ -350,6 +344,9 @@ func (s *Sim) registerTaxonomy() {
 		}
 		if target != shared && q.form.Get("classifications") != "" {
 			return taxFail(http.StatusBadRequest, "classifications can only be applied to shared properties")
+		}
+		if target != shared {
+			entry(q.p.overrides, et, newTaxEntities)[name] = target // a new override is kept only now
 		}
 		if nn := q.form.Get("new_event_property_value"); nn != "" && nn != name && target == shared {
 			if q.p.props[nn] != nil {
@@ -437,7 +434,7 @@ func (s *Sim) registerTaxonomy() {
 
 // serveTaxonomy applies the limits (cost in flight and per period), reads
 // the form and its required fields, and returns f's answer.
-func (s *Sim) serveTaxonomy(w *adminroute.StatusWriter, q *mgRequest, f func(q *taxReq) (int, any), required []string) (int, any) {
+func (s *Sim) serveTaxonomy(w http.ResponseWriter, q *mgRequest, f func(q *taxReq) (int, any), required []string) (int, any) {
 	x, k := s.mg.tax, &s.knobs
 	cost := 2 // GET 1, PUT/POST/DELETE 2
 	if q.r.Method == http.MethodGet {

@@ -105,11 +105,13 @@ func (s *Sim) registerUserMap() {
 			Reads: st.reads, Mapped: st.mapped})
 	})
 	s.route("/usermap", routeHandler{
-		serve:    func(w http.ResponseWriter, r *http.Request, in *incoming) { s.serveUserMap(st, w, r, in) },
+		serve: func(_ http.ResponseWriter, r *http.Request, in *incoming) (int, any) {
+			return s.serveUserMap(st, r, in)
+		},
 		describe: func(in *incoming) { describeForm(in, "mapping") },
 	})
 	s.route("/api/2/usermap", routeHandler{
-		serve: func(w http.ResponseWriter, r *http.Request, in *incoming) { s.serveUserMapRead(st, w, r, in) },
+		serve: func(_ http.ResponseWriter, r *http.Request, _ *incoming) (int, any) { return s.serveUserMapRead(st, r) },
 	})
 }
 
@@ -120,16 +122,16 @@ func UserMapOrg(k *Knobs, apiKey string) string {
 	}
 	return "key:" + KeyLabel(apiKey)
 }
-func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, in *incoming) {
-	if refuseIngest(w, r, in) {
-		return
+func (s *Sim) serveUserMap(st *umState, r *http.Request, in *incoming) (int, any) {
+	if status, body := refuseIngest(r, in); status != 0 {
+		return status, body
 	}
 	body, _ := url.ParseQuery(string(in.Body))
 	form := formParams(r.URL.Query(), body)
 	apiKey := form.Get("api_key")
-	raws, ok := s.formItems(w, in, apiKey, "mapping", form.Get("mapping"), MaxMappingsPerRequest, ErrTextInvalidMapping)
-	if !ok {
-		return
+	raws, fail := s.formItems(in, apiKey, "mapping", form.Get("mapping"), MaxMappingsPerRequest, ErrTextInvalidMapping)
+	if fail != nil {
+		return fail.Code, fail
 	}
 	var ms []MappingCall
 	s.mu.Lock()
@@ -145,8 +147,7 @@ func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, 
 		unmap, isBool := m.Unmap.(bool)
 		gid, _ := m.GlobalUserID.(string)
 		if bad || !isString || uid == "" || s.knobs.RejectedUserIDs[uid] || (m.Unmap != nil && !isBool) || (gid == "" && !unmap) {
-			codeError(w, http.StatusBadRequest, ErrTextInvalidMapping)
-			return
+			return codeError(http.StatusBadRequest, ErrTextInvalidMapping)
 		}
 		ms = append(ms, MappingCall{UserID: uid, GlobalUserID: gid, Unmap: unmap})
 	}
@@ -154,8 +155,7 @@ func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, 
 	org := UserMapOrg(&s.knobs, apiKey)
 	if ok, _ := st.hits.take(org, now, len(ms), s.knobs.UserMapLimit, s.knobs.UserMapWindow); !ok {
 		st.throttled++
-		codeError(w, http.StatusTooManyRequests, "Too many requests")
-		return
+		return codeError(http.StatusTooManyRequests, "Too many requests")
 	}
 	st.batches = append(st.batches, MappingBatch{Time: now, Org: org, N: len(ms)})
 	users := entry(st.mapped, org, func() map[string]string { return map[string]string{} })
@@ -170,7 +170,7 @@ func (s *Sim) serveUserMap(st *umState, w http.ResponseWriter, r *http.Request, 
 		st.calls = append(st.calls, m)
 	}
 	in.Rec.Ingested = len(ms)
-	writeJSON(w, http.StatusOK, map[string]int{"code": 200})
+	return http.StatusOK, map[string]int{"code": 200}
 }
 
 type svcUser struct {
@@ -183,17 +183,15 @@ type userMapping struct {
 	MappedTo   []svcUser `json:"mapped_to"`
 }
 
-func (s *Sim) serveUserMapRead(st *umState, w http.ResponseWriter, r *http.Request, in *incoming) {
+// serveUserMapRead answers GET /api/2/usermap and logs the read.
+func (s *Sim) serveUserMapRead(st *umState, r *http.Request) (status int, body any) {
 	rd := MappingRead{Time: s.cfg.Now(), Query: r.URL.RawQuery, Headers: sortedKeys(r.Header)}
-	status, body := s.userMapRead(st, r, &rd)
-	rd.Status = status
-	s.mu.Lock()
-	st.reads = append(st.reads, rd)
-	s.mu.Unlock()
-	writeJSON(w, status, body)
-}
-
-func (s *Sim) userMapRead(st *umState, r *http.Request, rd *MappingRead) (int, any) {
+	defer func() { // after the unlock below
+		rd.Status = status
+		s.mu.Lock()
+		st.reads = append(st.reads, rd)
+		s.mu.Unlock()
+	}()
 	if r.Method != http.MethodGet {
 		return http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidPath}
 	}
