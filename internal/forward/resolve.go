@@ -7,7 +7,6 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -231,20 +230,3 @@ func DecodedBody(r *http.Request, limit int) ([]byte, error) {
 // ErrUndecodable is returned by DecodedBody for a body its Content-Encoding
 // does not decode.
 var ErrUndecodable = errors.New("request body could not be decoded by its Content-Encoding")
-
-// jsonMerge marshals base with the fields of extra (a struct or map that
-// marshals to a JSON object) added.
-func jsonMerge(base map[string]any, extra any) ([]byte, error) {
-	b, err := json.Marshal(extra)
-	if err != nil {
-		return nil, err
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, err
-	}
-	for k, v := range base {
-		m[k] = v
-	}
-	return json.Marshal(m)
-}
