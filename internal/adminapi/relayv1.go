@@ -135,17 +135,10 @@ func (a *Relay) Routes() []adminroute.Route {
 	}
 }
 
-// ---- answers
-
-type apiError struct {
-	Error string `json:"error"`
-}
-
+// jsonError answers {"error": the formatted message}.
 func jsonError(w http.ResponseWriter, status int, format string, args ...any) {
-	adminroute.WriteJSON(w, status, apiError{Error: fmt.Sprintf(format, args...)})
+	adminroute.WriteJSON(w, status, map[string]string{"error": fmt.Sprintf(format, args...)})
 }
-
-// ---- lanes by label
 
 // laneByLabel is the spool's lane with label, nil when none has it.
 func (a *Relay) laneByLabel(label string) *spool.Lane {
@@ -156,8 +149,6 @@ func (a *Relay) laneByLabel(label string) *spool.Lane {
 	}
 	return nil
 }
-
-// ---- dead letters
 
 type deadLetterJSON struct {
 	ID       uint64          `json:"id"`
@@ -609,8 +600,6 @@ func (a *Relay) purgeDead(w http.ResponseWriter, r *http.Request) {
 		adminroute.WriteJSON(w, http.StatusOK, out)
 	}
 }
-
-// ---- lanes
 
 type laneJSON struct {
 	Label   string `json:"label"`
