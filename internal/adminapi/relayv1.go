@@ -198,20 +198,17 @@ type filterJSON struct {
 // retired since: its dead letters keep their label).
 func (a *Relay) spoolFilter(f filterJSON) (storage.DeadFilter, bool) {
 	out := storage.DeadFilter{Reason: f.Reason}
-	if f.Lane != "" {
-		l := a.laneByLabel(f.Lane)
-		if l == nil {
-			byLabel := storage.DeadFilter{Label: f.Lane}
-			if ds, err := a.deadPage(byLabel, 0, 1); err != nil || len(ds) == 0 {
-				return out, false
-			}
-			out.Label = f.Lane
-			return out, true
-		}
+	if f.Lane == "" {
+		return out, true
+	}
+	if l := a.laneByLabel(f.Lane); l != nil {
 		k := l.Key()
 		out.Lane = &k
+		return out, true
 	}
-	return out, true
+	out.Label = f.Lane
+	ds, err := a.deadPage(storage.DeadFilter{Label: f.Lane}, 0, 1)
+	return out, err == nil && len(ds) > 0
 }
 
 func uintArg(q url.Values, name string, def, lo, hi uint64) (uint64, error) {
