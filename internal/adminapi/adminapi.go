@@ -377,15 +377,8 @@ func RedactArgs(args []string) []string {
 	out := slices.Clone(args)
 	secret := func(flag string) bool {
 		f := strings.ToLower(strings.TrimLeft(flag, "-"))
-		if strings.HasSuffix(f, "-file") {
-			return false // a path
-		}
-		for _, w := range []string{"token", "key", "secret", "password"} {
-			if strings.Contains(f, w) {
-				return true
-			}
-		}
-		return false
+		return !strings.HasSuffix(f, "-file") && // a path
+			slices.ContainsFunc([]string{"token", "key", "secret", "password"}, func(w string) bool { return strings.Contains(f, w) })
 	}
 	for i := 1; i < len(out); i++ {
 		a := out[i]
