@@ -359,8 +359,5 @@ func transportText(err error) string {
 	if errors.As(err, &oe) && oe.Op == "dial" {
 		return "connection refused or failed"
 	}
-	if strings.Contains(err.Error(), "timeout awaiting response headers") {
-		return "time-out"
-	}
 	return "connection closed before the answer"
 }
