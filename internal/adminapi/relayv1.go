@@ -341,18 +341,12 @@ func decodeBulk(r *http.Request, replay bool) (bulkJSON, error) {
 		return b, fmt.Errorf("limit: want 0 to %d", MaxBulkLimit)
 	case !replay && b.APIKey != "":
 		return b, errors.New("api_key: only replay takes one")
+	case len(b.APIKey) > MaxAPIKeyLen || strings.TrimSpace(b.APIKey) != b.APIKey:
+		return b, fmt.Errorf("api_key: want 1 to %d characters without surrounding white space", MaxAPIKeyLen)
+	case strings.ContainsFunc(b.APIKey, func(c rune) bool { return c < 0x20 || c == 0x7f }):
+		return b, errors.New("api_key: control characters are not allowed")
 	}
-	if b.Limit == 0 {
-		b.Limit = DefaultBulkLimit
-	}
-	if b.APIKey != "" {
-		if len(b.APIKey) > MaxAPIKeyLen || strings.TrimSpace(b.APIKey) != b.APIKey {
-			return b, fmt.Errorf("api_key: want 1 to %d characters without surrounding white space", MaxAPIKeyLen)
-		}
-		if strings.ContainsFunc(b.APIKey, func(c rune) bool { return c < 0x20 || c == 0x7f }) {
-			return b, errors.New("api_key: control characters are not allowed")
-		}
-	}
+	b.Limit = cmp.Or(b.Limit, DefaultBulkLimit)
 	return b, nil
 }
 
