@@ -130,24 +130,19 @@ func Resolve(req *http.Request, creds *credentials.Store, u Upstream) (Target, *
 		}
 	} else {
 		auth := []byte(req.Header.Get("Authorization"))
-		if (u.Scheme == SchemeProjectBasic || u.Scheme == SchemeOrgBasic) && len(auth) > 0 {
-			// The caller's own key pair may be one of the file's: its
-			// project (and so its region and limits) is then known.
-			if key, ok := basicUser(auth); ok {
-				if p, ok := creds.ProjectByAPIKey(key); ok {
-					project = p
-					if u.Scheme == SchemeProjectBasic {
-						r.Key = "project:" + p.Name
-					}
-				}
-			}
+		r.Key = "anonymous"
+		if len(auth) > 0 {
+			sum := sha256.Sum256(auth)
+			r.Key = "auth:" + hex.EncodeToString(sum[:8])
 		}
-		if r.Key == "" {
-			if len(auth) > 0 {
-				sum := sha256.Sum256(auth)
-				r.Key = "auth:" + hex.EncodeToString(sum[:8])
-			} else {
-				r.Key = "anonymous"
+		// The caller's own key pair may be one of the file's: its project
+		// (and so its region and limits) is then known.
+		if key, ok := basicUser(auth); ok && (u.Scheme == SchemeProjectBasic || u.Scheme == SchemeOrgBasic) {
+			if p, ok := creds.ProjectByAPIKey(key); ok {
+				project = p
+				if u.Scheme == SchemeProjectBasic {
+					r.Key = "project:" + p.Name
+				}
 			}
 		}
 	}
