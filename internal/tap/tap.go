@@ -42,10 +42,8 @@ func ParseWhere(s string) (Where, error) {
 	if s == "" {
 		return Ingest, nil
 	}
-	for i, n := range whereNames {
-		if n == s {
-			return Where(i), nil
-		}
+	if i := slices.Index(whereNames[:], s); i >= 0 {
+		return Where(i), nil
 	}
 	return 0, fmt.Errorf("where %q: want ingest, delivered or dead", s)
 }
