@@ -76,15 +76,16 @@ func (r DSARRequest) Validate() error {
 
 // ParseDSAR decodes and validates a create body.
 func ParseDSAR(body []byte) (DSARRequest, error) {
-	// svcId raw: a float or a string is refused, not truncated.
 	var raw struct {
-		DSARRequest
-		SvcID json.RawMessage `json:"svcId"`
+		UserID    string          `json:"userId"`
+		SvcID     json.RawMessage `json:"svcId"`
+		StartDate string          `json:"startDate"`
+		EndDate   string          `json:"endDate"`
 	}
 	if err := json.Unmarshal(body, &raw); err != nil {
 		return DSARRequest{}, fmt.Errorf("%w: the body is not a JSON object: %v", ErrBadDSAR, err)
 	}
-	r := raw.DSARRequest
+	r := DSARRequest{UserID: raw.UserID, StartDate: raw.StartDate, EndDate: raw.EndDate}
 	if len(raw.SvcID) > 0 && string(raw.SvcID) != "null" {
 		n, err := strconv.ParseInt(string(raw.SvcID), 10, 64)
 		if err != nil || n <= 0 {
