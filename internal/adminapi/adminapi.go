@@ -347,25 +347,19 @@ func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 	if s.cfg.ReadyInfo != nil {
 		info = s.cfg.ReadyInfo()
 	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	if s.cfg.Ready != nil {
 		if err := s.cfg.Ready(); err != nil {
-			msg := "not ready: " + err.Error()
 			if info != "" {
-				msg += "\n" + strings.TrimSuffix(info, "\n")
+				info = strings.TrimSuffix(info, "\n") + "\n"
 			}
-			textError(w, http.StatusServiceUnavailable, msg)
+			w.Header().Set("X-Content-Type-Options", "nosniff")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			io.WriteString(w, "not ready: "+err.Error()+"\n"+info)
 			return
 		}
 	}
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	io.WriteString(w, "ready\n"+info)
-}
-
-func textError(w http.ResponseWriter, status int, msg string) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	io.WriteString(w, msg+"\n")
 }
 
 // cmdline is pprof's /debug/pprof/cmdline with the value of --admin-token
@@ -383,15 +377,8 @@ func RedactArgs(args []string) []string {
 	out := slices.Clone(args)
 	secret := func(flag string) bool {
 		f := strings.ToLower(strings.TrimLeft(flag, "-"))
-		if strings.HasSuffix(f, "-file") {
-			return false // a path
-		}
-		for _, w := range []string{"token", "key", "secret", "password"} {
-			if strings.Contains(f, w) {
-				return true
-			}
-		}
-		return false
+		return !strings.HasSuffix(f, "-file") && // a path
+			slices.ContainsFunc([]string{"token", "key", "secret", "password"}, func(w string) bool { return strings.Contains(f, w) })
 	}
 	for i := 1; i < len(out); i++ {
 		a := out[i]
@@ -418,14 +405,9 @@ func RedactArgs(args []string) []string {
 type serverLog struct{ log *zap.Logger }
 
 func (z serverLog) Write(p []byte) (int, error) {
-	z.log.Warn("admin listener", zap.String("detail", Redact(strings.TrimRight(string(p), "\n"))))
+	z.log.Warn("admin listener", zap.String("detail", redactQuoted(redactQuery(strings.TrimRight(string(p), "\n")))))
 	return len(p), nil
 }
-
-// Redact returns a server log line with the content of double-quoted
-// fragments and query strings replaced by [redacted] (see redactQuoted,
-// redactQuery).
-func Redact(line string) string { return redactQuoted(redactQuery(line)) }
 
 var (
 	// quoted is a double-quoted fragment, backslash escapes included, up to

@@ -69,7 +69,7 @@ func TestHealthAndReady(t *testing.T) {
 			return *p
 		}
 		return nil
-	}}, nil, nil)
+	}, ReadyInfo: func() string { return "upstream: answering" }}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,14 +78,15 @@ func TestHealthAndReady(t *testing.T) {
 	if code, _, body := get(t, "GET", base+"/healthz"); code != 200 || body != "ok\n" {
 		t.Fatalf("healthz: %d %q", code, body)
 	}
-	if code, _, _ := get(t, "GET", base+"/readyz"); code != 200 {
-		t.Fatalf("readyz ready: %d", code)
+	if code, _, body := get(t, "GET", base+"/readyz"); code != 200 || body != "ready\nupstream: answering" {
+		t.Fatalf("readyz ready: %d %q", code, body)
 	}
 	reason := errors.New("delivery stopped")
 	notReady.Store(&reason)
+	// The info follows the reason, each line ended.
 	code, _, body := get(t, "GET", base+"/readyz")
-	if code != 503 || !strings.Contains(body, "delivery stopped") {
-		t.Fatalf("readyz not ready: %d %q, want 503 with the reason", code, body)
+	if code != 503 || body != "not ready: delivery stopped\nupstream: answering\n" {
+		t.Fatalf("readyz not ready: %d %q, want 503 with the reason and the info", code, body)
 	}
 	// Health does not depend on readiness.
 	if code, _, _ := get(t, "GET", base+"/healthz"); code != 200 {

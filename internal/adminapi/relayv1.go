@@ -135,17 +135,10 @@ func (a *Relay) Routes() []adminroute.Route {
 	}
 }
 
-// ---- answers
-
-type apiError struct {
-	Error string `json:"error"`
-}
-
+// jsonError answers {"error": the formatted message}.
 func jsonError(w http.ResponseWriter, status int, format string, args ...any) {
-	adminroute.WriteJSON(w, status, apiError{Error: fmt.Sprintf(format, args...)})
+	adminroute.WriteJSON(w, status, map[string]string{"error": fmt.Sprintf(format, args...)})
 }
-
-// ---- lanes by label
 
 // laneByLabel is the spool's lane with label, nil when none has it.
 func (a *Relay) laneByLabel(label string) *spool.Lane {
@@ -156,8 +149,6 @@ func (a *Relay) laneByLabel(label string) *spool.Lane {
 	}
 	return nil
 }
-
-// ---- dead letters
 
 type deadLetterJSON struct {
 	ID       uint64          `json:"id"`
@@ -207,20 +198,17 @@ type filterJSON struct {
 // retired since: its dead letters keep their label).
 func (a *Relay) spoolFilter(f filterJSON) (storage.DeadFilter, bool) {
 	out := storage.DeadFilter{Reason: f.Reason}
-	if f.Lane != "" {
-		l := a.laneByLabel(f.Lane)
-		if l == nil {
-			byLabel := storage.DeadFilter{Label: f.Lane}
-			if ds, err := a.deadPage(byLabel, 0, 1); err != nil || len(ds) == 0 {
-				return out, false
-			}
-			out.Label = f.Lane
-			return out, true
-		}
+	if f.Lane == "" {
+		return out, true
+	}
+	if l := a.laneByLabel(f.Lane); l != nil {
 		k := l.Key()
 		out.Lane = &k
+		return out, true
 	}
-	return out, true
+	out.Label = f.Lane
+	ds, err := a.deadPage(storage.DeadFilter{Label: f.Lane}, 0, 1)
+	return out, err == nil && len(ds) > 0
 }
 
 func uintArg(q url.Values, name string, def, lo, hi uint64) (uint64, error) {
@@ -353,18 +341,12 @@ func decodeBulk(r *http.Request, replay bool) (bulkJSON, error) {
 		return b, fmt.Errorf("limit: want 0 to %d", MaxBulkLimit)
 	case !replay && b.APIKey != "":
 		return b, errors.New("api_key: only replay takes one")
+	case len(b.APIKey) > MaxAPIKeyLen || strings.TrimSpace(b.APIKey) != b.APIKey:
+		return b, fmt.Errorf("api_key: want 1 to %d characters without surrounding white space", MaxAPIKeyLen)
+	case strings.ContainsFunc(b.APIKey, func(c rune) bool { return c < 0x20 || c == 0x7f }):
+		return b, errors.New("api_key: control characters are not allowed")
 	}
-	if b.Limit == 0 {
-		b.Limit = DefaultBulkLimit
-	}
-	if b.APIKey != "" {
-		if len(b.APIKey) > MaxAPIKeyLen || strings.TrimSpace(b.APIKey) != b.APIKey {
-			return b, fmt.Errorf("api_key: want 1 to %d characters without surrounding white space", MaxAPIKeyLen)
-		}
-		if strings.ContainsFunc(b.APIKey, func(c rune) bool { return c < 0x20 || c == 0x7f }) {
-			return b, errors.New("api_key: control characters are not allowed")
-		}
-	}
+	b.Limit = cmp.Or(b.Limit, DefaultBulkLimit)
 	return b, nil
 }
 
@@ -609,8 +591,6 @@ func (a *Relay) purgeDead(w http.ResponseWriter, r *http.Request) {
 		adminroute.WriteJSON(w, http.StatusOK, out)
 	}
 }
-
-// ---- lanes
 
 type laneJSON struct {
 	Label   string `json:"label"`

@@ -2,6 +2,7 @@ package credentials
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -96,10 +97,7 @@ func (p *Project) URL(kind, fallback string) string {
 	if p == nil {
 		return fallback
 	}
-	if u := p.URLs.Get(kind); u != "" {
-		return u
-	}
-	return p.org.URL(kind, fallback)
+	return cmp.Or(p.URLs.Get(kind), p.org.URL(kind, fallback))
 }
 
 // URL returns the organization's base of kind, else fallback. A nil o
@@ -108,10 +106,7 @@ func (o *Organization) URL(kind, fallback string) string {
 	if o == nil {
 		return fallback
 	}
-	if u := o.URLs.Get(kind); u != "" {
-		return u
-	}
-	return fallback
+	return cmp.Or(o.URLs.Get(kind), fallback)
 }
 
 // Store is the parsed credentials file. A nil *Store holds no credentials:

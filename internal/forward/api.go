@@ -117,16 +117,26 @@ func (l Limit) cost(method string) int {
 	return l.Cost(method)
 }
 
+// costOf is a Limit.Cost: n for a call of method, other for the rest.
+func costOf(method string, n, other int) func(string) int {
+	return func(m string) int {
+		if m == method {
+			return n
+		}
+		return other
+	}
+}
+
 // JSONErrors writes p as {"error": msg, "source": "relay"} plus p.Extra's
 // fields.
 func JSONErrors(w http.ResponseWriter, p *Problem) {
-	if p.Extra != nil {
-		if b, err := jsonMerge(map[string]any{"error": p.Msg, "source": "relay"}, p.Extra); err == nil {
-			adminroute.WriteJSON(w, p.Status, json.RawMessage(b))
-			return
-		}
+	var m map[string]any
+	if b, err := json.Marshal(p.Extra); err != nil || json.Unmarshal(b, &m) != nil || m == nil {
+		WriteError(w, p.Status, p.Msg)
+		return
 	}
-	WriteError(w, p.Status, p.Msg)
+	m["error"], m["source"] = p.Msg, "relay"
+	adminroute.WriteJSON(w, p.Status, m)
 }
 
 // Routes returns the admin-listener routes (admintoken.ModeForward) of the

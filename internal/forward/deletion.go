@@ -119,13 +119,8 @@ func Deletion(cfg APIConfig) API {
 		Limits: []Limit{
 			{
 				Config: cfg.Over(ratelimit.Config{Name: "deletion_post", Limit: 1, Window: DeletionPostInterval}),
-				Cost: func(method string) int {
-					if method == http.MethodPost {
-						return 1
-					}
-					return 0
-				},
-				Says: "1 POST per second per project",
+				Cost:   costOf(http.MethodPost, 1, 0),
+				Says:   "1 POST per second per project",
 			},
 			{
 				Config: cfg.Over(ratelimit.Config{Name: "deletion", MaxInFlight: deletionMaxParallel}),

@@ -77,30 +77,21 @@ func (r DSARRequest) Validate() error {
 // ParseDSAR decodes and validates a create body.
 func ParseDSAR(body []byte) (DSARRequest, error) {
 	var raw struct {
-		UserID    *string         `json:"userId"`
+		UserID    string          `json:"userId"`
 		SvcID     json.RawMessage `json:"svcId"`
-		StartDate *string         `json:"startDate"`
-		EndDate   *string         `json:"endDate"`
+		StartDate string          `json:"startDate"`
+		EndDate   string          `json:"endDate"`
 	}
 	if err := json.Unmarshal(body, &raw); err != nil {
 		return DSARRequest{}, fmt.Errorf("%w: the body is not a JSON object: %v", ErrBadDSAR, err)
 	}
-	var r DSARRequest
-	if raw.UserID != nil {
-		r.UserID = *raw.UserID
-	}
+	r := DSARRequest{UserID: raw.UserID, StartDate: raw.StartDate, EndDate: raw.EndDate}
 	if len(raw.SvcID) > 0 && string(raw.SvcID) != "null" {
 		n, err := strconv.ParseInt(string(raw.SvcID), 10, 64)
 		if err != nil || n <= 0 {
 			return DSARRequest{}, fmt.Errorf("%w: svcId must be a positive integer", ErrBadDSAR)
 		}
 		r.SvcID = n
-	}
-	if raw.StartDate != nil {
-		r.StartDate = *raw.StartDate
-	}
-	if raw.EndDate != nil {
-		r.EndDate = *raw.EndDate
 	}
 	return r, r.Validate()
 }
@@ -125,13 +116,8 @@ func DSAR(cfg APIConfig) API {
 			Scheme: SchemeOrgBasic},
 		Limits: []Limit{{
 			Config: lim,
-			Cost: func(method string) int {
-				if method == http.MethodPost {
-					return dsarCostPost
-				}
-				return dsarCostGet
-			},
-			Says: fmt.Sprintf("the DSAR cost budget of %d per hour per organization", lim.Limit),
+			Cost:   costOf(http.MethodPost, dsarCostPost, dsarCostGet),
+			Says:   fmt.Sprintf("the DSAR cost budget of %d per hour per organization", lim.Limit),
 		}},
 		Routes: []adminroute.Route{
 			{Method: http.MethodPost, Path: DSARPath, Handler: Endpoint{BodyLimit: 1 << 20, Check: dsarCreate}},

@@ -6,6 +6,7 @@
 package forward
 
 import (
+	"cmp"
 	"encoding/json"
 	"net/http"
 
@@ -105,10 +106,7 @@ func experimentVariantKey(raw json.RawMessage) *Problem {
 }
 
 func experimentVariant(body []byte) *Problem {
-	if p := experimentIsObject(body); p != nil {
-		return p
-	}
-	return experimentVariantKey(body)
+	return cmp.Or(experimentIsObject(body), experimentVariantKey(body))
 }
 
 func experimentCreate(body []byte) *Problem {

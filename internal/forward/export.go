@@ -25,8 +25,8 @@ const ExportHourFormat = "20060102T15"
 // ExportMaxRange is the longest range of one export request.
 const ExportMaxRange = 365 * 24 * time.Hour
 
-// ErrBadExportRange is returned (wrapped) by ParseExportRange and
-// newExportRange for a range the upstream does not take.
+// ErrBadExportRange is returned (wrapped) by ParseExportRange for a range
+// the upstream does not take.
 var ErrBadExportRange = errors.New("bad export range")
 
 // ExportRange is an export range of whole hours: Start to End, End's hour
@@ -35,8 +35,8 @@ type ExportRange struct {
 	Start, End time.Time
 }
 
-// ParseExportRange parses start and end in ExportHourFormat and checks the range (see
-// newExportRange).
+// ParseExportRange parses start and end in ExportHourFormat (UTC); end
+// before start or a range longer than ExportMaxRange is ErrBadExportRange.
 func ParseExportRange(start, end string) (ExportRange, error) {
 	s, err := time.Parse(ExportHourFormat, start)
 	if err != nil {
@@ -46,16 +46,10 @@ func ParseExportRange(start, end string) (ExportRange, error) {
 	if err != nil {
 		return ExportRange{}, fmt.Errorf("%w: end %q is not of the form YYYYMMDDTHH", ErrBadExportRange, end)
 	}
-	return newExportRange(s, e)
-}
-
-// newExportRange returns the range of hours start to end (truncated to the hour,
-// UTC); end before start or a range longer than ExportMaxRange is ErrBadExportRange.
-func newExportRange(start, end time.Time) (ExportRange, error) {
-	r := ExportRange{start.UTC().Truncate(time.Hour), end.UTC().Truncate(time.Hour)}
+	r := ExportRange{s, e}
 	switch {
 	case r.End.Before(r.Start):
-		return ExportRange{}, fmt.Errorf("%w: end %s is before start %s", ErrBadExportRange, r.End.Format(ExportHourFormat), r.Start.Format(ExportHourFormat))
+		return ExportRange{}, fmt.Errorf("%w: end %s is before start %s", ErrBadExportRange, r.EndParam(), r.StartParam())
 	case r.Hours() > int(ExportMaxRange/time.Hour):
 		return ExportRange{}, fmt.Errorf("%w: %d hours is longer than the 365 days one request may cover", ErrBadExportRange, r.Hours())
 	}
@@ -65,7 +59,7 @@ func newExportRange(start, end time.Time) (ExportRange, error) {
 // Hours is the number of hours in r.
 func (r ExportRange) Hours() int { return int(r.End.Sub(r.Start)/time.Hour) + 1 }
 
-// StartParam and EndParam are the query values of r.
+// StartParam is the start query value of r.
 func (r ExportRange) StartParam() string { return r.Start.Format(ExportHourFormat) }
 
 // EndParam is the end query value of r.

@@ -63,12 +63,6 @@ func (c Config) Validate() error {
 	return nil
 }
 
-func (c Config) withDefaults() Config {
-	c.MaxRequestBodyBytes = cmp.Or(c.MaxRequestBodyBytes, DefaultMaxRequestBodyBytes)
-	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultIdleTimeout)
-	return c
-}
-
 // Target is where, how and for whom one request goes upstream. Resolve
 // builds it from configuration, never from the request.
 type Target struct {
@@ -119,7 +113,8 @@ func New(cfg Config, creds *credentials.Ref, log *zap.Logger, reg prometheus.Reg
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cfg = cfg.withDefaults()
+	cfg.MaxRequestBodyBytes = cmp.Or(cfg.MaxRequestBodyBytes, DefaultMaxRequestBodyBytes)
+	cfg.IdleTimeout = cmp.Or(cfg.IdleTimeout, DefaultIdleTimeout)
 	if log == nil {
 		log = zap.NewNop()
 	}
@@ -225,14 +220,9 @@ func (f *Forwarder) newProxy(rt http.RoundTripper) *httputil.ReverseProxy {
 	}
 }
 
-// rewrite is the relay's header rules: the upstream is the Target's Base
-// (never the request's Host or an absolute request URI), the path is the
-// routed path (URL.Path, sent as URL.EscapedPath, which adminroute.CheckPath
-// made one), the query is the caller's, untouched. ReverseProxy itself drops
-// the hop-by-hop headers (and those named in Connection) and the
-// X-Forwarded-* headers the caller sent; here Proxy-Authorization,
-// X-Relay-Project and Expect go too, and Authorization becomes the Target's
-// when it injects credentials.
+// rewrite applies the package doc's rules: Target's Base, then the routed
+// path and the caller's query; ReverseProxy itself drops the hop-by-hop and
+// X-Forwarded-* headers.
 func rewrite(pr *httputil.ProxyRequest) {
 	t := pr.In.Context().Value(targetKey{}).(*Target)
 	base, _ := url.Parse(strings.TrimRight(t.Base, "/")) // checked by forward
@@ -259,15 +249,9 @@ func checkBase(base string) bool {
 	return ok && u.User == nil
 }
 
-// forward sends r through proxy to t.Base + r's routed path and query and
-// writes the upstream's answer to w: status, end-to-end headers and the
-// body, streamed (nothing of it is held in memory). The method, path, query
-// and body are sent untouched; see rewrite for the headers.
-//
-// It returns the upstream's status, or 0 when the answer was written locally
-// (counted in relay_forward_errors_total by reason): 413 body too large, 400
-// bad path, 502 bad target or upstream transport error, each with a JSON
-// body {"error": "...", "source": "relay"}. It is the handler's last step.
+// forward sends r through proxy to t (see rewrite) and streams the answer
+// to w. It returns the upstream's status, or 0 when it answered locally
+// (WriteError; counted in relay_forward_errors_total by reason).
 func (f *Forwarder) forward(w http.ResponseWriter, r *http.Request, t Target, proxy *httputil.ReverseProxy) int {
 	if t.API == "" {
 		t.API = "other"
@@ -373,9 +357,6 @@ func transportText(err error) string {
 	var oe *net.OpError
 	if errors.As(err, &oe) && oe.Op == "dial" {
 		return "connection refused or failed"
-	}
-	if strings.Contains(err.Error(), "timeout awaiting response headers") {
-		return "time-out"
 	}
 	return "connection closed before the answer"
 }

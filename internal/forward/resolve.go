@@ -7,7 +7,6 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -131,24 +130,19 @@ func Resolve(req *http.Request, creds *credentials.Store, u Upstream) (Target, *
 		}
 	} else {
 		auth := []byte(req.Header.Get("Authorization"))
-		if (u.Scheme == SchemeProjectBasic || u.Scheme == SchemeOrgBasic) && len(auth) > 0 {
-			// The caller's own key pair may be one of the file's: its
-			// project (and so its region and limits) is then known.
-			if key, ok := basicUser(auth); ok {
-				if p, ok := creds.ProjectByAPIKey(key); ok {
-					project = p
-					if u.Scheme == SchemeProjectBasic {
-						r.Key = "project:" + p.Name
-					}
-				}
-			}
+		r.Key = "anonymous"
+		if len(auth) > 0 {
+			sum := sha256.Sum256(auth)
+			r.Key = "auth:" + hex.EncodeToString(sum[:8])
 		}
-		if r.Key == "" {
-			if len(auth) > 0 {
-				sum := sha256.Sum256(auth)
-				r.Key = "auth:" + hex.EncodeToString(sum[:8])
-			} else {
-				r.Key = "anonymous"
+		// The caller's own key pair may be one of the file's: its project
+		// (and so its region and limits) is then known.
+		if key, ok := basicUser(auth); ok && (u.Scheme == SchemeProjectBasic || u.Scheme == SchemeOrgBasic) {
+			if p, ok := creds.ProjectByAPIKey(key); ok {
+				project = p
+				if u.Scheme == SchemeProjectBasic {
+					r.Key = "project:" + p.Name
+				}
 			}
 		}
 	}
@@ -231,20 +225,3 @@ func DecodedBody(r *http.Request, limit int) ([]byte, error) {
 // ErrUndecodable is returned by DecodedBody for a body its Content-Encoding
 // does not decode.
 var ErrUndecodable = errors.New("request body could not be decoded by its Content-Encoding")
-
-// jsonMerge marshals base with the fields of extra (a struct or map that
-// marshals to a JSON object) added.
-func jsonMerge(base map[string]any, extra any) ([]byte, error) {
-	b, err := json.Marshal(extra)
-	if err != nil {
-		return nil, err
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, err
-	}
-	for k, v := range base {
-		m[k] = v
-	}
-	return json.Marshal(m)
-}

@@ -93,15 +93,7 @@ func ValidEmail(s string) bool {
 		}
 	}
 	labels := strings.Split(domain, ".")
-	if len(labels) < 2 {
-		return false
-	}
-	for _, l := range labels {
-		if l == "" {
-			return false
-		}
-	}
-	return true
+	return len(labels) >= 2 && !slices.Contains(labels, "")
 }
 
 func scimPage(r *http.Request, _ []byte) *Problem {

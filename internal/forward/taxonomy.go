@@ -7,7 +7,6 @@
 package forward
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -28,12 +27,7 @@ const (
 )
 
 // TaxonomyCost is the document's cost of a request of method.
-func TaxonomyCost(method string) int {
-	if method == http.MethodGet {
-		return 1
-	}
-	return 2
-}
+var TaxonomyCost = costOf(http.MethodGet, 1, 2)
 
 // TaxonomyLimit is the taxonomy API's documented limit with cfg's changes:
 // the Config of a limiter to share (APIConfig.Limiter).
@@ -94,10 +88,7 @@ func Taxonomy(cfg APIConfig) API {
 // taxonomyError writes a local answer in the taxonomy error format:
 // {"success":false,"errors":[{"message":"relay: ..."}],"source":"relay"}.
 func taxonomyError(w http.ResponseWriter, p *Problem) {
-	body, _ := json.Marshal(map[string]any{"success": false, "errors": []any{map[string]string{"message": "relay: " + p.Msg}}, "source": "relay"})
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(p.Status)
-	w.Write(body)
+	adminroute.WriteJSON(w, p.Status, map[string]any{"success": false, "errors": []any{map[string]string{"message": "relay: " + p.Msg}}, "source": "relay"})
 }
 
 // taxonomyRequires checks that a form body (or the query) holds every field.

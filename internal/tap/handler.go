@@ -182,14 +182,12 @@ func AppendLine(dst []byte, it Item, mask bool) []byte {
 	dst = append(dst, it.Where.String()...)
 	dst = append(dst, `","api_key_hash":"`...)
 	dst = append(dst, it.APIKeyHash...) // hex
+	dst = append(dst, '"')
 	if it.Reason != "" {
 		r, _ := json.Marshal(it.Reason)
-		dst = append(append(dst, `","reason":`...), r...)
-		dst = append(dst, `,"event":`...)
-	} else {
-		dst = append(dst, `","event":`...)
+		dst = append(append(dst, `,"reason":`...), r...)
 	}
-	dst = append(dst, ev...)
+	dst = append(append(dst, `,"event":`...), ev...)
 	return append(dst, "}\n"...)
 }
 

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -41,10 +42,8 @@ func ParseWhere(s string) (Where, error) {
 	if s == "" {
 		return Ingest, nil
 	}
-	for i, n := range whereNames {
-		if n == s {
-			return Where(i), nil
-		}
+	if i := slices.Index(whereNames[:], s); i >= 0 {
+		return Where(i), nil
 	}
 	return 0, fmt.Errorf("where %q: want ingest, delivered or dead", s)
 }
@@ -167,8 +166,10 @@ func New(cfg Config, reg prometheus.Registerer) (*Hub, error) {
 // a hot path pays before calling Pick.
 func (h *Hub) Active(w Where) bool { return h != nil && h.nAt[w].Load() > 0 }
 
-// countLocked sets the counts from taps; h.mu is held.
-func (h *Hub) countLocked(taps []*Tap) {
+// storeLocked puts taps in force (a new slice: Pick may read the old one)
+// and sets the counts; h.mu is held.
+func (h *Hub) storeLocked(taps []*Tap) {
+	h.taps.Store(&taps)
 	var at [numWhere]int32
 	for _, t := range taps {
 		at[t.f.Where]++
@@ -196,13 +197,10 @@ func (h *Hub) Attach(f Filter) (*Tap, error) {
 	if h.shut {
 		return nil, ErrClosed
 	}
-	old := h.snapshot()
-	if len(old) >= h.cfg.MaxTaps {
+	if len(h.snapshot()) >= h.cfg.MaxTaps {
 		return nil, ErrTooMany
 	}
-	taps := append(append(make([]*Tap, 0, len(old)+1), old...), t)
-	h.taps.Store(&taps)
-	h.countLocked(taps)
+	h.storeLocked(append(slices.Clone(h.snapshot()), t))
 	return t, nil
 }
 
@@ -211,15 +209,7 @@ func (t *Tap) Detach() {
 	h := t.h
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	old := h.snapshot()
-	taps := make([]*Tap, 0, len(old))
-	for _, o := range old {
-		if o != t {
-			taps = append(taps, o)
-		}
-	}
-	h.taps.Store(&taps)
-	h.countLocked(taps)
+	h.storeLocked(slices.DeleteFunc(slices.Clone(h.snapshot()), func(o *Tap) bool { return o == t }))
 }
 
 func (h *Hub) snapshot() []*Tap {

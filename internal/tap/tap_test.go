@@ -64,6 +64,9 @@ func TestHub(t *testing.T) {
 		t.Fatalf("masked dead line %s", line)
 	}
 	dev.Detach()
+	if h.Active(Ingest) || !h.Active(Dead) || gathered(t, reg, "relay_tap_attached") != 1 {
+		t.Fatal("detaching one tap did not leave exactly the other one attached")
+	}
 	dead.Detach()
 	if h.Active(Ingest) || h.Active(Dead) {
 		t.Fatal("active after every tap detached")
@@ -78,6 +81,9 @@ func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	for _, mf := range mfs {
 		if mf.GetName() == name {
+			if m := mf.GetMetric()[0]; m.GetGauge() != nil {
+				return m.GetGauge().GetValue()
+			}
 			return mf.GetMetric()[0].GetCounter().GetValue()
 		}
 	}

@@ -135,17 +135,11 @@ func Classify(status int, respBody []byte, retryAfter string, err error) Result 
 		return r
 	}
 	r.RetryAfter = RetryAfter(retryAfter, time.Now())
+	// A type mismatch in one field still fills the others: only a body
+	// that is not JSON at all (a SyntaxError, b untouched) is not parsed.
 	var b body
-	parsed := len(respBody) > 0 && json.Unmarshal(respBody, &b) == nil
-	if !parsed && len(respBody) > 0 {
-		// A type mismatch in one field still fills the others; keep them
-		// unless the body is not JSON at all.
-		b = body{}
-		if json.Valid(respBody) {
-			_ = json.Unmarshal(respBody, &b)
-			parsed = true
-		}
-	}
+	var se *json.SyntaxError
+	parsed := len(respBody) > 0 && !errors.As(json.Unmarshal(respBody, &b), &se)
 	if parsed {
 		r.fill(&b)
 	}

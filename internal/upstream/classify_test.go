@@ -57,6 +57,8 @@ func TestClassify(t *testing.T) {
 		{name: "400 non-json", status: 400, body: `Bad Request`, want: BadRequest},
 		{name: "400 empty", status: 400, want: BadRequest},
 		{name: "400 wrong types tolerated", status: 400, body: `{"code":"400","error":"Some devices are silenced","silenced_devices":["x"],"eps_threshold":"30"}`, want: Silenced},
+		{name: "400 one field of the wrong type", status: 400, body: `{"code":400,"throttled_events":"oops","silenced_devices":["x"]}`,
+			want: Silenced, check: func(t *testing.T, r Result) { eq(t, r.SilencedDevices, []string{"x"}) }},
 		{name: "413", status: 413, body: `{"code":413,"error":"Payload too large"}`, want: TooLarge},
 		{name: "413 html", status: 413, body: `<html>too big</html>`, want: TooLarge},
 		{name: "500", status: 500, body: `{"code":500}`, want: Retryable},
