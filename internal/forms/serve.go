@@ -1,6 +1,7 @@
 package forms
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -27,11 +28,11 @@ type Shape struct {
 	QueryFirst bool
 }
 
-// Each checks v, the value of s.Field, item by item with one, which returns
-// the item and its JSON as it is sent. A refusal of one whose Msg starts
+// Each checks v, the value of s.Field, item by item with one, which is
+// given the item's JSON compacted, as it is sent. A refusal of one whose Msg starts
 // with "." or ":" is about the item: "Field[i]" is put before it. An item
 // too large for one upstream request of apiKey (escaped, as sent) is 413.
-func Each[T any](s Shape, apiKey string, v []byte, one func(i int, raw json.RawMessage) (T, []byte, *ValidationError)) ([]T, *ValidationError) {
+func Each[T any](s Shape, apiKey string, v []byte, one func(i int, data []byte) (T, *ValidationError)) ([]T, *ValidationError) {
 	raws, verr := Items(s.Field, v, s.MaxItems, s.TooMany, s.Noun)
 	if verr != nil {
 		return nil, verr
@@ -40,14 +41,18 @@ func Each[T any](s Shape, apiKey string, v []byte, one func(i int, raw json.RawM
 	out := make([]T, 0, len(raws))
 	var esc []byte // one item escaped, reused
 	for i, raw := range raws {
-		item, data, err := one(i, raw)
+		var buf bytes.Buffer
+		if json.Compact(&buf, raw) != nil {
+			return nil, Bad("invalid_json", "%s[%d]: invalid JSON", s.Field, i)
+		}
+		item, err := one(i, buf.Bytes())
 		if err != nil {
 			if err.Msg != "" && (err.Msg[0] == '.' || err.Msg[0] == ':') {
 				err.Msg = fmt.Sprintf("%s[%d]%s", s.Field, i, err.Msg)
 			}
 			return nil, err
 		}
-		if esc, _ = frame.Record(esc, data); frame.TooLarge(esc) {
+		if esc, _ = frame.Record(esc, buf.Bytes()); frame.TooLarge(esc) {
 			return nil, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
 				Msg: fmt.Sprintf("%s[%d]: too large for one upstream request (1 MB)", s.Field, i)}
 		}

@@ -1,7 +1,6 @@
 package groupidentify
 
 import (
-	"bytes"
 	"encoding/json"
 	"net/http"
 
@@ -31,12 +30,12 @@ var shape = forms.Shape{Field: "identification", Noun: "group identifies", TooMa
 func Parse(apiKey string, identification []byte, maxIdentifies, maxProperties, maxBodyBytes int) ([]Identification, *forms.ValidationError) {
 	s, total := shape, 0
 	s.MaxItems, s.MaxBodyBytes = maxIdentifies, maxBodyBytes
-	return forms.Each(s, apiKey, identification, func(i int, raw json.RawMessage) (Identification, []byte, *forms.ValidationError) {
-		id, err := parseOne(raw)
+	return forms.Each(s, apiKey, identification, func(i int, data []byte) (Identification, *forms.ValidationError) {
+		id, err := parseOne(data)
 		if total += id.Properties; err == nil && total > maxProperties {
 			err = forms.Bad("too_many_properties", "identification: more than %d group properties in one request (at identification[%d])", maxProperties, i)
 		}
-		return id, id.Data, err
+		return id, err
 	})
 }
 
@@ -46,7 +45,7 @@ func (id Identification) Record() storage.Record {
 	return storage.Record{OrderKey: append(append(append(key, id.GroupType...), 0), id.GroupValue...), Data: id.Data}
 }
 
-func parseOne(raw json.RawMessage) (Identification, *forms.ValidationError) {
+func parseOne(raw []byte) (Identification, *forms.ValidationError) {
 	var obj map[string]json.RawMessage
 	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &obj) != nil {
 		return Identification{}, forms.Bad("invalid_type", ": must be an object")
@@ -100,11 +99,7 @@ func parseOne(raw json.RawMessage) (Identification, *forms.ValidationError) {
 			id.Properties++
 		}
 	}
-	var buf bytes.Buffer
-	if err := json.Compact(&buf, raw); err != nil {
-		return id, forms.Bad("invalid_json", ": invalid JSON")
-	}
-	id.Data = buf.Bytes()
+	id.Data = raw
 	return id, nil
 }
 

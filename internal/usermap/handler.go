@@ -31,9 +31,8 @@ var shape = forms.Shape{Field: "mapping", Noun: "mappings", TooMany: "too_many_m
 func ParseMappings(apiKey string, mapping []byte, maxMappings, maxBodyBytes int) ([]Mapping, *forms.ValidationError) {
 	s := shape
 	s.MaxItems, s.MaxBodyBytes = maxMappings, maxBodyBytes
-	return forms.Each(s, apiKey, mapping, func(_ int, raw json.RawMessage) (Mapping, []byte, *forms.ValidationError) {
-		m, err := parseOne(raw)
-		return m, m.Data, err
+	return forms.Each(s, apiKey, mapping, func(_ int, data []byte) (Mapping, *forms.ValidationError) {
+		return parseOne(data)
 	})
 }
 
@@ -42,7 +41,7 @@ func (m Mapping) Record() storage.Record {
 	return storage.Record{OrderKey: []byte(m.UserID), UserID: []byte(m.UserID), Data: m.Data}
 }
 
-func parseOne(raw json.RawMessage) (Mapping, *forms.ValidationError) {
+func parseOne(raw []byte) (Mapping, *forms.ValidationError) {
 	var obj map[string]json.RawMessage
 	var m Mapping
 	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &obj) != nil {
@@ -84,11 +83,7 @@ func parseOne(raw json.RawMessage) (Mapping, *forms.ValidationError) {
 	if m.GlobalUserID == "" && !m.Unmap {
 		return m, forms.Bad("missing_field", ".global_user_id: missing or empty (required unless unmap is true)")
 	}
-	var buf bytes.Buffer
-	if json.Compact(&buf, raw) != nil {
-		return m, forms.Bad("invalid_json", ": invalid JSON")
-	}
-	m.Data = buf.Bytes()
+	m.Data = raw
 	return m, nil
 }
 
