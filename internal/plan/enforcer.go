@@ -213,32 +213,24 @@ func (e *Enforcer) mode(p *credentials.Project) Mode {
 // effect at once, on the backlog too. A record whose verdict (Vet) is of
 // the plan and mode in force is delivered as it is, unchecked.
 func (e *Enforcer) Check(apiKey string) func(data []byte, verdict uint64) ([]byte, string, []byte) {
-	// The lane's project, looked up again only when the credentials file
-	// in force or the default mode (SetLive) changed (a lookup hashes the
-	// key); the lane's shards call this at once.
+	// The lane's target in Vet's index, looked up again only when the
+	// index changed (a lookup hashes the key; the lane's shards call this
+	// at once).
 	type lookup struct {
-		store *credentials.Store
-		live  *Live
-		p     *credentials.Project
-		m     Mode
-		st    *state
+		ix *vetIndex
+		t  vetTarget
 	}
 	var last atomic.Pointer[lookup]
 	return func(data []byte, verdict uint64) ([]byte, string, []byte) {
-		store, live := e.creds.Load(), e.live.Load()
-		l := last.Load()
-		if l == nil || l.store != store || l.live != live {
-			l = &lookup{store: store, live: live}
-			if p, ok := store.ProjectByAPIKey(apiKey); ok {
-				l.p, l.m, l.st = p, e.mode(p), e.state(p.Name)
-			}
+		ix, l := e.index(), last.Load()
+		if l == nil || l.ix != ix {
+			l = &lookup{ix: ix, t: ix.by[apiKey]}
 			last.Store(l)
 		}
-		m := l.m
-		if l.p == nil || m == Off {
+		st, m := l.t.st, l.t.m
+		if st == nil { // no project has the key, or its mode is off
 			return data, "", nil
 		}
-		st := l.st
 		cur := st.cur.Load()
 		if cur == nil || verdict != 0 && verdict == verdictOf(cur.c.tag, m) {
 			// Never read (observing, with nothing to observe against),
@@ -255,7 +247,7 @@ func (e *Enforcer) Check(apiKey string) func(data []byte, verdict uint64) ([]byt
 		st.sample(m, v.eventType, vs, data)
 		if v.quarantine {
 			e.quarantined.Inc()
-			ans, _ := json.Marshal(Quarantine{Project: l.p.Name, Mode: m.String(), EventType: v.eventType, Violations: vs})
+			ans, _ := json.Marshal(Quarantine{Project: st.name, Mode: m.String(), EventType: v.eventType, Violations: vs})
 			return data, ReasonPlan, ans
 		}
 		if v.out != nil {
