@@ -320,3 +320,50 @@ func TestTaxonomyAnswers(t *testing.T) {
 		})
 	}
 }
+
+// TestRead429: a taxonomy call answered 429 waits its Retry-After (seconds
+// or a date; 1 s without one, at most the limiter's window) and is tried
+// again.
+func TestRead429(t *testing.T) {
+	for _, tc := range []struct {
+		name, retryAfter string
+		want             time.Duration
+	}{
+		{"seconds", "3", 3 * time.Second},
+		{"none", "", time.Second},
+		{"bad", "soon", time.Second},
+		{"date", "+5s", 5 * time.Second},
+		{"clamped", "7200", time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				refused := false
+				e, d, _ := newEnforcer(t, Config{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					if r.URL.Path == "/api/2/taxonomy/event" && !refused {
+						refused = true
+						ra := tc.retryAfter
+						if ra == "+5s" {
+							ra = time.Now().Add(5 * time.Second).UTC().Format(http.TimeFormat)
+						}
+						if ra != "" {
+							w.Header().Set("Retry-After", ra)
+						}
+						w.WriteHeader(http.StatusTooManyRequests)
+						return
+					}
+					w.Write([]byte(`{"success":true,"data":[]}`))
+				}))
+				start := time.Now()
+				if _, err := e.Refresh(context.Background(), "web"); err != nil {
+					t.Fatal(err)
+				}
+				if got := time.Since(start); got != tc.want {
+					t.Fatalf("read took %v, want %v (the 429's wait)", got, tc.want)
+				}
+				if n := d.count("GET"); n != 4 { // event (twice), event-property, user-property
+					t.Fatalf("%d calls", n)
+				}
+			})
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
@@ -16,6 +16,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/ratelimit"
+	"github.com/svcrelay/relay/internal/upstream"
 )
 
 // Doer sends a request: an *http.Client.
@@ -290,12 +291,8 @@ func (e *Enforcer) getOnce(ctx context.Context, key string, p *credentials.Proje
 		return 0, fmt.Errorf("taxonomy API: %w", err)
 	}
 	if res.StatusCode == http.StatusTooManyRequests {
-		d := time.Second
-		if n, err := strconv.Atoi(strings.TrimSpace(res.Header.Get("Retry-After"))); err == nil && n > 0 {
-			d = time.Duration(n) * time.Second
-		}
 		_, w := e.budget()
-		d = min(d, w)
+		d := min(cmp.Or(upstream.RetryAfter(res.Header.Get("Retry-After"), time.Now()), time.Second), w)
 		e.lim.Pause(key, d)
 		return d, errors.New("taxonomy API answered 429")
 	}
