@@ -6,33 +6,31 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
+	"strings"
 
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// Shape is what the requests of a spooling form route (POST /groupidentify,
-// POST /usermap) look like: the field holding the items and their limits.
+// Shape is the requests of a spooling form route: the field holding the
+// items, the words and reason of the refusal of more than MaxItems, the
+// size a request (or one item's upstream form body) must stay under,
+// whether the query's fields win over the body's and count in its size,
+// and the fields an item may have.
 type Shape struct {
-	// Field is the form field holding one JSON object or an array of them.
-	Field string
-	// Noun and TooMany word the refusal of more than MaxItems items: their
-	// name ("mappings") and the reason label.
-	Noun, TooMany string
-	MaxItems      int
-	// MaxBodyBytes: a request reaching it is 413, and so is an item whose
-	// upstream form body alone would.
-	MaxBodyBytes int
-	// QueryFirst: the query's fields win over the body's and the query
-	// counts toward MaxBodyBytes; else the body's win and only it counts.
-	QueryFirst bool
+	Field, Noun, TooMany   string
+	MaxItems, MaxBodyBytes int
+	QueryFirst             bool
+	ItemFields             []string
 }
 
-// Each checks v, the value of s.Field, item by item with one, which is
-// given the item's JSON compacted, as it is sent. A refusal of one whose Msg starts
-// with "." or ":" is about the item: "Field[i]" is put before it. An item
-// too large for one upstream request of apiKey (escaped, as sent) is 413.
-func Each[T any](s Shape, apiKey string, v []byte, one func(i int, data []byte) (T, *ValidationError)) ([]T, *ValidationError) {
+// Each checks v, the value of s.Field, item by item: an object of
+// s.ItemFields, given to one with its null members left out and its JSON
+// compacted as it is sent. A refusal starting with "." or ":" gets
+// "Field[i]" before it. An item too large for one upstream request of
+// apiKey is 413.
+func Each[T any](s Shape, apiKey string, v []byte, one func(i int, obj map[string]json.RawMessage, data []byte) (T, *ValidationError)) ([]T, *ValidationError) {
 	raws, verr := Items(s.Field, v, s.MaxItems, s.TooMany, s.Noun)
 	if verr != nil {
 		return nil, verr
@@ -42,10 +40,12 @@ func Each[T any](s Shape, apiKey string, v []byte, one func(i int, data []byte) 
 	var esc []byte // one item escaped, reused
 	for i, raw := range raws {
 		var buf bytes.Buffer
-		if json.Compact(&buf, raw) != nil {
-			return nil, Bad("invalid_json", "%s[%d]: invalid JSON", s.Field, i)
+		json.Compact(&buf, raw) // valid: Items read it
+		obj, err := object(s.ItemFields, buf.Bytes())
+		var item T
+		if err == nil {
+			item, err = one(i, obj, buf.Bytes())
 		}
-		item, err := one(i, buf.Bytes())
 		if err != nil {
 			if err.Msg != "" && (err.Msg[0] == '.' || err.Msg[0] == ':') {
 				err.Msg = fmt.Sprintf("%s[%d]%s", s.Field, i, err.Msg)
@@ -61,13 +61,37 @@ func Each[T any](s Shape, apiKey string, v []byte, one func(i int, data []byte) 
 	return out, nil
 }
 
+// object reads an item: an object of fields only, its null members left
+// out (absent).
+func object(fields []string, data []byte) (map[string]json.RawMessage, *ValidationError) {
+	var obj map[string]json.RawMessage
+	if data[0] != '{' || json.Unmarshal(data, &obj) != nil {
+		return nil, Bad("invalid_type", ": must be an object")
+	}
+	for k, v := range obj {
+		if !slices.Contains(fields, k) {
+			return nil, Bad("unknown_field", ".%s: unknown field (allowed: %s)", k, strings.Join(fields, ", "))
+		}
+		if string(v) == "null" {
+			delete(obj, k)
+		}
+	}
+	return obj, nil
+}
+
+// String is the string member k of an item's obj ("" when absent).
+func String(obj map[string]json.RawMessage, k string) (s string, err *ValidationError) {
+	if v, ok := obj[k]; ok && json.Unmarshal(v, &s) != nil {
+		return "", Bad("invalid_type", ".%s: must be a string", k)
+	}
+	return s, nil
+}
+
 // Item is a valid item of a spooling form route.
 type Item interface{ Record() storage.Record }
 
-// Serve answers a request of a route of shape s: 413 when it reaches
-// s.MaxBodyBytes; else, once the api_key is resolved (Intake.APIKey), parse
-// checks the value of s.Field and its items' records are appended
-// (Intake.Accept).
+// Serve answers a request of shape s: parse checks the value of s.Field,
+// and the items' records are appended (Intake.Accept).
 func Serve[T Item](in *Intake, w http.ResponseWriter, r *http.Request, s Shape, parse func(apiKey string, v []byte) ([]T, *ValidationError)) {
 	f, err := ReadForm(r)
 	n, vss := len(f.Body), []url.Values{f.Post, f.Query}

@@ -22,7 +22,7 @@ type Identification struct {
 
 // shape is POST /groupidentify's requests.
 var shape = forms.Shape{Field: "identification", Noun: "group identifies", TooMany: "too_many_identifies",
-	MaxItems: MaxIdentifies, MaxBodyBytes: MaxBodyBytes}
+	MaxItems: MaxIdentifies, MaxBodyBytes: MaxBodyBytes, ItemFields: []string{"group_type", "group_value", "group_properties"}}
 
 // Parse validates the identification parameter (a JSON array of objects, or
 // one object) against the limits and returns the identifications. apiKey
@@ -30,8 +30,8 @@ var shape = forms.Shape{Field: "identification", Noun: "group identifies", TooMa
 func Parse(apiKey string, identification []byte, maxIdentifies, maxProperties, maxBodyBytes int) ([]Identification, *forms.ValidationError) {
 	s, total := shape, 0
 	s.MaxItems, s.MaxBodyBytes = maxIdentifies, maxBodyBytes
-	return forms.Each(s, apiKey, identification, func(i int, data []byte) (Identification, *forms.ValidationError) {
-		id, err := parseOne(data)
+	return forms.Each(s, apiKey, identification, func(i int, obj map[string]json.RawMessage, data []byte) (Identification, *forms.ValidationError) {
+		id, err := parseOne(obj, data)
 		if total += id.Properties; err == nil && total > maxProperties {
 			err = forms.Bad("too_many_properties", "identification: more than %d group properties in one request (at identification[%d])", maxProperties, i)
 		}
@@ -45,40 +45,21 @@ func (id Identification) Record() storage.Record {
 	return storage.Record{OrderKey: append(append(append(key, id.GroupType...), 0), id.GroupValue...), Data: id.Data}
 }
 
-func parseOne(raw []byte) (Identification, *forms.ValidationError) {
-	var obj map[string]json.RawMessage
-	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &obj) != nil {
-		return Identification{}, forms.Bad("invalid_type", ": must be an object")
+func parseOne(obj map[string]json.RawMessage, data []byte) (id Identification, err *forms.ValidationError) {
+	id.Data = data
+	if id.GroupType, err = forms.String(obj, "group_type"); err != nil {
+		return id, err
 	}
-	var id Identification
-	for k, v := range obj {
-		switch k {
-		case "group_type", "group_value":
-			var s string
-			if isNull(v) {
-				continue
-			}
-			if json.Unmarshal(v, &s) != nil {
-				return id, forms.Bad("invalid_type", ".%s: must be a string", k)
-			}
-			if k == "group_type" {
-				id.GroupType = s
-			} else {
-				id.GroupValue = s
-			}
-		case "group_properties":
-		default:
-			return id, forms.Bad("unknown_field", ".%s: unknown field (allowed: group_type, group_value, group_properties)", k)
-		}
-	}
-	if id.GroupType == "" {
-		return id, forms.Bad("missing_field", ".group_type: missing or empty")
-	}
-	if id.GroupValue == "" {
-		return id, forms.Bad("missing_field", ".group_value: missing or empty")
+	if id.GroupValue, err = forms.String(obj, "group_value"); err != nil {
+		return id, err
 	}
 	gp, ok := obj["group_properties"]
-	if !ok || isNull(gp) {
+	switch {
+	case id.GroupType == "":
+		return id, forms.Bad("missing_field", ".group_type: missing or empty")
+	case id.GroupValue == "":
+		return id, forms.Bad("missing_field", ".group_value: missing or empty")
+	case !ok:
 		return id, forms.Bad("missing_field", ".group_properties: missing")
 	}
 	var props map[string]json.RawMessage
@@ -99,7 +80,6 @@ func parseOne(raw []byte) (Identification, *forms.ValidationError) {
 			id.Properties++
 		}
 	}
-	id.Data = raw
 	return id, nil
 }
 
@@ -126,8 +106,6 @@ func Properties(data []byte) int {
 	}
 	return n
 }
-
-func isNull(v json.RawMessage) bool { return string(v) == "null" }
 
 func (g *GroupIdentify) serve(w http.ResponseWriter, r *http.Request) {
 	forms.Serve(g.In, w, r, shape, func(apiKey string, v []byte) ([]Identification, *forms.ValidationError) {

@@ -23,7 +23,7 @@ type Mapping struct {
 
 // shape is POST /usermap's requests.
 var shape = forms.Shape{Field: "mapping", Noun: "mappings", TooMany: "too_many_mappings",
-	MaxItems: MaxMappings, MaxBodyBytes: MaxBodyBytes, QueryFirst: true}
+	MaxItems: MaxMappings, MaxBodyBytes: MaxBodyBytes, QueryFirst: true, ItemFields: []string{"user_id", "global_user_id", "unmap"}}
 
 // ParseMappings validates the mapping parameter (one JSON object or an
 // array of them) and returns the mappings. apiKey is used to check that each
@@ -31,9 +31,7 @@ var shape = forms.Shape{Field: "mapping", Noun: "mappings", TooMany: "too_many_m
 func ParseMappings(apiKey string, mapping []byte, maxMappings, maxBodyBytes int) ([]Mapping, *forms.ValidationError) {
 	s := shape
 	s.MaxItems, s.MaxBodyBytes = maxMappings, maxBodyBytes
-	return forms.Each(s, apiKey, mapping, func(_ int, data []byte) (Mapping, *forms.ValidationError) {
-		return parseOne(data)
-	})
+	return forms.Each(s, apiKey, mapping, parseOne)
 }
 
 // Record is m's spool record, ordered by user.
@@ -41,41 +39,16 @@ func (m Mapping) Record() storage.Record {
 	return storage.Record{OrderKey: []byte(m.UserID), UserID: []byte(m.UserID), Data: m.Data}
 }
 
-func parseOne(raw []byte) (Mapping, *forms.ValidationError) {
-	var obj map[string]json.RawMessage
-	var m Mapping
-	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &obj) != nil {
-		return m, forms.Bad("invalid_type", ": must be an object")
-	}
-	str := func(k string) (string, *forms.ValidationError) {
-		v, ok := obj[k]
-		if !ok || string(v) == "null" {
-			return "", nil
-		}
-		var s string
-		if json.Unmarshal(v, &s) != nil {
-			return "", forms.Bad("invalid_type", ".%s: must be a string", k)
-		}
-		return s, nil
-	}
-	var err *forms.ValidationError
-	if m.UserID, err = str("user_id"); err != nil {
+func parseOne(_ int, obj map[string]json.RawMessage, data []byte) (m Mapping, err *forms.ValidationError) {
+	m.Data = data
+	if m.UserID, err = forms.String(obj, "user_id"); err != nil {
 		return m, err
 	}
-	if m.GlobalUserID, err = str("global_user_id"); err != nil {
+	if m.GlobalUserID, err = forms.String(obj, "global_user_id"); err != nil {
 		return m, err
 	}
-	if v, ok := obj["unmap"]; ok && string(v) != "null" {
-		if json.Unmarshal(v, &m.Unmap) != nil {
-			return m, forms.Bad("invalid_type", ".unmap: must be a boolean")
-		}
-	}
-	for k := range obj {
-		switch k {
-		case "user_id", "global_user_id", "unmap":
-		default:
-			return m, forms.Bad("unknown_field", ".%s: unknown field (allowed: user_id, global_user_id, unmap)", k)
-		}
+	if v, ok := obj["unmap"]; ok && json.Unmarshal(v, &m.Unmap) != nil {
+		return m, forms.Bad("invalid_type", ".unmap: must be a boolean")
 	}
 	if m.UserID == "" {
 		return m, forms.Bad("missing_field", ".user_id: missing or empty")
@@ -83,7 +56,6 @@ func parseOne(raw []byte) (Mapping, *forms.ValidationError) {
 	if m.GlobalUserID == "" && !m.Unmap {
 		return m, forms.Bad("missing_field", ".global_user_id: missing or empty (required unless unmap is true)")
 	}
-	m.Data = raw
 	return m, nil
 }
 
