@@ -71,15 +71,12 @@ func parseOne(obj map[string]json.RawMessage, data []byte) (id Identification, e
 			if !operations[k] {
 				return id, forms.Bad("unknown_operation", ".group_properties.%s: unknown operation (allowed: $set, $setOnce, $add, $append, $unset)", k)
 			}
-			var op map[string]json.RawMessage
-			if len(v) == 0 || v[0] != '{' || json.Unmarshal(v, &op) != nil {
+			if v[0] != '{' { // valid JSON: an object
 				return id, forms.Bad("invalid_type", ".group_properties.%s: must be an object", k)
 			}
-			id.Properties += len(op)
-		} else {
-			id.Properties++
 		}
 	}
+	id.Properties = count(props)
 	return id, nil
 }
 
@@ -93,16 +90,18 @@ func Properties(data []byte) int {
 	if json.Unmarshal(data, &obj) != nil {
 		return 0
 	}
-	n := 0
-	for k, v := range obj.GroupProperties {
-		if len(k) > 0 && k[0] == '$' {
-			var op map[string]json.RawMessage
-			if json.Unmarshal(v, &op) == nil {
-				n += len(op)
-				continue
-			}
+	return count(obj.GroupProperties)
+}
+
+// count is Properties of group_properties read.
+func count(props map[string]json.RawMessage) (n int) {
+	for k, v := range props {
+		var op map[string]json.RawMessage
+		if len(k) > 0 && k[0] == '$' && json.Unmarshal(v, &op) == nil {
+			n += len(op)
+		} else {
+			n++
 		}
-		n++
 	}
 	return n
 }
