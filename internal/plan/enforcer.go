@@ -69,9 +69,12 @@ type Enforcer struct {
 	cfg   Config
 	creds *credentials.Ref
 	lim   *ratelimit.Limiter // the forwarded taxonomy API's: the cost is shared
-	hc    Doer
-	log   *zap.Logger
-	wake  chan struct{}
+	// budget counts the plan's reads per project against Config.Share of
+	// lim's Limit per Window; it never waits (ErrBudget).
+	budget *ratelimit.Limiter
+	hc     Doer
+	log    *zap.Logger
+	wake   chan struct{}
 	// live is cfg's Default and Refresh in force (SetLive); relive
 	// (capacity 1) tells Run to read the plans again by them.
 	live   atomic.Pointer[Live]
@@ -99,12 +102,6 @@ type state struct {
 	mu      sync.Mutex // guards below; never held across a call out
 	lastErr string
 	samples []Sample
-	spent   []spend // the plan's taxonomy calls within the limiter's Window
-}
-
-type spend struct {
-	at   time.Time
-	cost int
 }
 
 type cached struct {
@@ -132,8 +129,16 @@ func New(cfg Config, creds *credentials.Ref, lim *ratelimit.Limiter, hc Doer, lo
 	if log == nil {
 		log = zap.NewNop()
 	}
+	c := lim.Config() // its Window defaulted; no Limit, no budget
+	if c.Limit > 0 {
+		c.Limit = max(1, int(float64(c.Limit)*cfg.Share))
+	}
+	budget, err := ratelimit.New(ratelimit.Config{Name: "plan", Limit: c.Limit, Window: c.Window, MaxWait: -1}, nil)
+	if err != nil {
+		return nil, err
+	}
 	e := &Enforcer{cfg: cfg, creds: creds, log: log, wake: make(chan struct{}, 1), relive: make(chan struct{}, 1), states: map[string]*state{},
-		lim: lim, hc: hc,
+		lim: lim, budget: budget, hc: hc,
 		violations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "relay_plan_violations_total",
 			Help: "Tracking-plan violations found at delivery, by project and kind (a resent event is checked and counted again)."}, []string{"project", "kind"}),
 		quarantined: prometheus.NewCounter(prometheus.CounterOpts{Name: "relay_plan_quarantined_total",

@@ -203,6 +203,29 @@ func TestCostOverAnHour(t *testing.T) {
 	}
 }
 
+// TestBudgetSlides: the plan's share of the taxonomy API's cost is per
+// Window: reads it postponed in one hour go on in the next, within it.
+func TestBudgetSlides(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := sim.New(sim.Config{}, nil)
+		seed(t, s.Handler(), 200)
+		e, d, _ := newEnforcer(t, Config{Refresh: 10 * time.Second}, s.Handler())
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() { done <- e.Run(ctx) }()
+		time.Sleep(time.Hour - time.Second) // windows that miss the hour's edges
+		first := d.count("GET")
+		time.Sleep(time.Hour - time.Second)
+		cancel()
+		<-done
+		second := d.count("GET") - first
+		t.Logf("GETs: %d in the first hour, %d in the second", first, second)
+		if first > 3600 || second > 3600 || second < 3600-2*(200+3) {
+			t.Errorf("plan reads cost %d then %d an hour: want at most, and near, half the 7200 budget", first, second)
+		}
+	})
+}
+
 // TestSetLiveDefaultMode: a reload's new default mode applies to the check
 // a lane already holds (its cached lookup is made again), at once.
 func TestSetLiveDefaultMode(t *testing.T) {
