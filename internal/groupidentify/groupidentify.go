@@ -38,7 +38,7 @@ type Config struct {
 
 // Validate reports a configuration error.
 func (c Config) Validate() error {
-	if c.URL == "" || !(strings.HasPrefix(c.URL, "http://") || strings.HasPrefix(c.URL, "https://")) {
+	if !(strings.HasPrefix(c.URL, "http://") || strings.HasPrefix(c.URL, "https://")) {
 		return fmt.Errorf("groupidentify: URL %q is not an http(s) base", c.URL)
 	}
 	return c.Spooling.ValidateAs("groupidentify")
@@ -58,8 +58,7 @@ func New(cfg Config, client *upstream.Client, creds *credentials.Ref, log *zap.L
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cfg.URL = strings.TrimRight(cfg.URL, "/")
-	base := baseurl.NewRef(cfg.URL)
+	base := baseurl.NewRef(cfg.URL) // without its trailing slash
 	s, err := forms.NewSpooled(delivery.FormConfig{
 		Name:  "groupidentify",
 		Lanes: storage.KindGroupIdentify,

@@ -587,20 +587,13 @@ func skipWS(b []byte, i int) int {
 
 // stringEnd is the index past the string at b[i] == '"', -1 if
 // unterminated, and whether the string has an escape. It reads 8 bytes at
-// a time, looking for a quote or a backslash in each word (a byte is zero
-// in w^quotes where it is a quote): most strings end within a word or two,
-// where a call to IndexByte costs more than the whole scan.
+// a time (quoteOrBackslash): most strings end within a word or two, where
+// a call to IndexByte costs more than the whole scan.
 func stringEnd(b []byte, i int) (end int, esc bool) {
-	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	const quotes, backslashes = '"' * ones, '\\' * ones
 	i++
 	for i < len(b) {
 		if i+8 <= len(b) {
-			w := binary.LittleEndian.Uint64(b[i:])
-			q, e := w^quotes, w^backslashes
-			// The lowest byte flagged is exact (a borrow only flags
-			// bytes above a zero one).
-			z := (q-ones)&^q&highs | (e-ones)&^e&highs
+			z := quoteOrBackslash(binary.LittleEndian.Uint64(b[i:]))
 			if z == 0 {
 				i += 8
 				continue

@@ -69,9 +69,12 @@ type Enforcer struct {
 	cfg   Config
 	creds *credentials.Ref
 	lim   *ratelimit.Limiter // the forwarded taxonomy API's: the cost is shared
-	hc    Doer
-	log   *zap.Logger
-	wake  chan struct{}
+	// budget counts the plan's reads per project against Config.Share of
+	// lim's Limit per Window; it never waits (ErrBudget).
+	budget *ratelimit.Limiter
+	hc     Doer
+	log    *zap.Logger
+	wake   chan struct{}
 	// live is cfg's Default and Refresh in force (SetLive); relive
 	// (capacity 1) tells Run to read the plans again by them.
 	live   atomic.Pointer[Live]
@@ -99,12 +102,6 @@ type state struct {
 	mu      sync.Mutex // guards below; never held across a call out
 	lastErr string
 	samples []Sample
-	spent   []spend // the plan's taxonomy calls within the limiter's Window
-}
-
-type spend struct {
-	at   time.Time
-	cost int
 }
 
 type cached struct {
@@ -132,8 +129,16 @@ func New(cfg Config, creds *credentials.Ref, lim *ratelimit.Limiter, hc Doer, lo
 	if log == nil {
 		log = zap.NewNop()
 	}
+	c := lim.Config() // its Window defaulted; no Limit, no budget
+	if c.Limit > 0 {
+		c.Limit = max(1, int(float64(c.Limit)*cfg.Share))
+	}
+	budget, err := ratelimit.New(ratelimit.Config{Name: "plan", Limit: c.Limit, Window: c.Window, MaxWait: -1}, nil)
+	if err != nil {
+		return nil, err
+	}
 	e := &Enforcer{cfg: cfg, creds: creds, log: log, wake: make(chan struct{}, 1), relive: make(chan struct{}, 1), states: map[string]*state{},
-		lim: lim, hc: hc,
+		lim: lim, budget: budget, hc: hc,
 		violations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "relay_plan_violations_total",
 			Help: "Tracking-plan violations found at delivery, by project and kind (a resent event is checked and counted again)."}, []string{"project", "kind"}),
 		quarantined: prometheus.NewCounter(prometheus.CounterOpts{Name: "relay_plan_quarantined_total",
@@ -213,32 +218,24 @@ func (e *Enforcer) mode(p *credentials.Project) Mode {
 // effect at once, on the backlog too. A record whose verdict (Vet) is of
 // the plan and mode in force is delivered as it is, unchecked.
 func (e *Enforcer) Check(apiKey string) func(data []byte, verdict uint64) ([]byte, string, []byte) {
-	// The lane's project, looked up again only when the credentials file
-	// in force or the default mode (SetLive) changed (a lookup hashes the
-	// key); the lane's shards call this at once.
+	// The lane's target in Vet's index, looked up again only when the
+	// index changed (a lookup hashes the key; the lane's shards call this
+	// at once).
 	type lookup struct {
-		store *credentials.Store
-		live  *Live
-		p     *credentials.Project
-		m     Mode
-		st    *state
+		ix *vetIndex
+		t  vetTarget
 	}
 	var last atomic.Pointer[lookup]
 	return func(data []byte, verdict uint64) ([]byte, string, []byte) {
-		store, live := e.creds.Load(), e.live.Load()
-		l := last.Load()
-		if l == nil || l.store != store || l.live != live {
-			l = &lookup{store: store, live: live}
-			if p, ok := store.ProjectByAPIKey(apiKey); ok {
-				l.p, l.m, l.st = p, e.mode(p), e.state(p.Name)
-			}
+		ix, l := e.index(), last.Load()
+		if l == nil || l.ix != ix {
+			l = &lookup{ix: ix, t: ix.by[apiKey]}
 			last.Store(l)
 		}
-		m := l.m
-		if l.p == nil || m == Off {
+		st, m := l.t.st, l.t.m
+		if st == nil { // no project has the key, or its mode is off
 			return data, "", nil
 		}
-		st := l.st
 		cur := st.cur.Load()
 		if cur == nil || verdict != 0 && verdict == verdictOf(cur.c.tag, m) {
 			// Never read (observing, with nothing to observe against),
@@ -255,7 +252,7 @@ func (e *Enforcer) Check(apiKey string) func(data []byte, verdict uint64) ([]byt
 		st.sample(m, v.eventType, vs, data)
 		if v.quarantine {
 			e.quarantined.Inc()
-			ans, _ := json.Marshal(Quarantine{Project: l.p.Name, Mode: m.String(), EventType: v.eventType, Violations: vs})
+			ans, _ := json.Marshal(Quarantine{Project: st.name, Mode: m.String(), EventType: v.eventType, Violations: vs})
 			return data, ReasonPlan, ans
 		}
 		if v.out != nil {

@@ -203,6 +203,29 @@ func TestCostOverAnHour(t *testing.T) {
 	}
 }
 
+// TestBudgetSlides: the plan's share of the taxonomy API's cost is per
+// Window: reads it postponed in one hour go on in the next, within it.
+func TestBudgetSlides(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := sim.New(sim.Config{}, nil)
+		seed(t, s.Handler(), 200)
+		e, d, _ := newEnforcer(t, Config{Refresh: 10 * time.Second}, s.Handler())
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() { done <- e.Run(ctx) }()
+		time.Sleep(time.Hour - time.Second) // windows that miss the hour's edges
+		first := d.count("GET")
+		time.Sleep(time.Hour - time.Second)
+		cancel()
+		<-done
+		second := d.count("GET") - first
+		t.Logf("GETs: %d in the first hour, %d in the second", first, second)
+		if first > 3600 || second > 3600 || second < 3600-2*(200+3) {
+			t.Errorf("plan reads cost %d then %d an hour: want at most, and near, half the 7200 budget", first, second)
+		}
+	})
+}
+
 // TestSetLiveDefaultMode: a reload's new default mode applies to the check
 // a lane already holds (its cached lookup is made again), at once.
 func TestSetLiveDefaultMode(t *testing.T) {
@@ -317,6 +340,53 @@ func TestTaxonomyAnswers(t *testing.T) {
 				len(p.UserProperties) != strings.Count(tc.users, "gp:plan") {
 				t.Fatalf("plan %+v", p)
 			}
+		})
+	}
+}
+
+// TestRead429: a taxonomy call answered 429 waits its Retry-After (seconds
+// or a date; 1 s without one, at most the limiter's window) and is tried
+// again.
+func TestRead429(t *testing.T) {
+	for _, tc := range []struct {
+		name, retryAfter string
+		want             time.Duration
+	}{
+		{"seconds", "3", 3 * time.Second},
+		{"none", "", time.Second},
+		{"bad", "soon", time.Second},
+		{"date", "+5s", 5 * time.Second},
+		{"clamped", "7200", time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				refused := false
+				e, d, _ := newEnforcer(t, Config{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					if r.URL.Path == "/api/2/taxonomy/event" && !refused {
+						refused = true
+						ra := tc.retryAfter
+						if ra == "+5s" {
+							ra = time.Now().Add(5 * time.Second).UTC().Format(http.TimeFormat)
+						}
+						if ra != "" {
+							w.Header().Set("Retry-After", ra)
+						}
+						w.WriteHeader(http.StatusTooManyRequests)
+						return
+					}
+					w.Write([]byte(`{"success":true,"data":[]}`))
+				}))
+				start := time.Now()
+				if _, err := e.Refresh(context.Background(), "web"); err != nil {
+					t.Fatal(err)
+				}
+				if got := time.Since(start); got != tc.want {
+					t.Fatalf("read took %v, want %v (the 429's wait)", got, tc.want)
+				}
+				if n := d.count("GET"); n != 4 { // event (twice), event-property, user-property
+					t.Fatalf("%d calls", n)
+				}
+			})
 		})
 	}
 }

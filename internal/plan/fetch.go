@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
@@ -16,6 +16,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/ratelimit"
+	"github.com/svcrelay/relay/internal/upstream"
 )
 
 // Doer sends a request: an *http.Client.
@@ -102,7 +103,7 @@ func (e *Enforcer) Refresh(ctx context.Context, project string) (Info, error) {
 	st := e.state(project)
 	st.fetchMu.Lock()
 	defer st.fetchMu.Unlock()
-	pl, err := e.read(ctx, st, p)
+	pl, err := e.read(ctx, p)
 	var c *compiled
 	if err == nil {
 		c, err = compile(pl)
@@ -167,7 +168,7 @@ func properties(rs []propJSON, user bool) []Property {
 // user properties, then each event type's own properties; one call at a
 // time (cost 1 each), so the plan takes at most 1 of the API's cost in
 // flight and leaves the rest to the operators' calls.
-func (e *Enforcer) read(ctx context.Context, st *state, p *credentials.Project) (*Plan, error) {
+func (e *Enforcer) read(ctx context.Context, p *credentials.Project) (*Plan, error) {
 	base := p.URL(credentials.KindAnalytics, e.cfg.AnalyticsURL.Load())
 	if base == "" {
 		return nil, errors.New("no taxonomy API base (--analytics-url or the project's analytics_url)")
@@ -176,8 +177,7 @@ func (e *Enforcer) read(ctx context.Context, st *state, p *credentials.Project) 
 	var evs []struct {
 		EventType string `json:"event_type"`
 	}
-	budget, window := e.budget()
-	if !st.afford(time.Now(), 1, budget, window) {
+	if !e.spend(p.Name, 1) {
 		return nil, ErrBudget
 	}
 	if err := e.get(ctx, p, base+"/event", &evs); err != nil {
@@ -185,7 +185,7 @@ func (e *Enforcer) read(ctx context.Context, st *state, p *credentials.Project) 
 	}
 	// The rest of the read costs len(evs)+2: refuse it now rather than
 	// stop half-way.
-	if !st.afford(time.Now(), len(evs)+2, budget, window) {
+	if !e.spend(p.Name, len(evs)+2) {
 		return nil, ErrBudget
 	}
 	var shared, users []propJSON
@@ -212,33 +212,14 @@ func (e *Enforcer) read(ctx context.Context, st *state, p *credentials.Project) 
 	return pl, nil
 }
 
-// budget is the cost the plan's reads may spend per limiter Window.
-func (e *Enforcer) budget() (int, time.Duration) {
-	c := e.lim.Config() // its Window defaulted
-	if c.Limit == 0 {
-		return 0, c.Window
-	}
-	return max(1, int(float64(c.Limit)*e.cfg.Share)), c.Window
-}
-
-// afford reports whether cost more fits the budget within the window, and
-// counts it when it does.
-func (st *state) afford(now time.Time, cost int, budget int, window time.Duration) bool {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	sum := 0
-	keep := st.spent[:0]
-	for _, s := range st.spent {
-		if now.Sub(s.at) < window {
-			keep = append(keep, s)
-			sum += s.cost
-		}
-	}
-	st.spent = keep
-	if budget > 0 && sum+cost > budget {
+// spend counts cost against project's budget, false (nothing counted) when
+// it does not fit.
+func (e *Enforcer) spend(project string, cost int) bool {
+	release, err := e.budget.Acquire(context.Background(), "project:"+project, cost)
+	if err != nil {
 		return false
 	}
-	st.spent = append(st.spent, spend{now, cost})
+	release() // counts for the Window from now
 	return true
 }
 
@@ -290,12 +271,7 @@ func (e *Enforcer) getOnce(ctx context.Context, key string, p *credentials.Proje
 		return 0, fmt.Errorf("taxonomy API: %w", err)
 	}
 	if res.StatusCode == http.StatusTooManyRequests {
-		d := time.Second
-		if n, err := strconv.Atoi(strings.TrimSpace(res.Header.Get("Retry-After"))); err == nil && n > 0 {
-			d = time.Duration(n) * time.Second
-		}
-		_, w := e.budget()
-		d = min(d, w)
+		d := min(cmp.Or(upstream.RetryAfter(res.Header.Get("Retry-After"), time.Now()), time.Second), e.lim.Config().Window)
 		e.lim.Pause(key, d)
 		return d, errors.New("taxonomy API answered 429")
 	}

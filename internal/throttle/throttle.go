@@ -210,15 +210,10 @@ func (t *Throttle) Refused(keys []Share, until time.Time, eps int) {
 // PauseUntilNextDay pauses keys until the next UTC midnight (devices over
 // their daily quota) and returns that time.
 func (t *Throttle) PauseUntilNextDay(keys []string) time.Time {
-	until := NextUTCDay(t.now())
+	y, m, d := t.now().UTC().Date()
+	until := time.Date(y, m, d+1, 0, 0, 0, 0, time.UTC)
 	t.Pause(keys, until)
 	return until
-}
-
-// NextUTCDay returns the first instant of the UTC day after now.
-func NextUTCDay(now time.Time) time.Time {
-	y, m, d := now.UTC().Date()
-	return time.Date(y, m, d+1, 0, 0, 0, 0, time.UTC)
 }
 
 // PausedUntil returns when key's pause ends, or the zero time when key is

@@ -48,7 +48,7 @@ func TestPause(t *testing.T) {
 	})
 }
 
-func TestNextUTCDay(t *testing.T) {
+func TestPauseUntilNextUTCDay(t *testing.T) {
 	loc := time.FixedZone("x", -5*3600)
 	for _, tt := range []struct{ now, want time.Time }{
 		{time.Date(2026, 3, 1, 23, 59, 59, 0, time.UTC), time.Date(2026, 3, 2, 0, 0, 0, 0, time.UTC)},
@@ -56,8 +56,9 @@ func TestNextUTCDay(t *testing.T) {
 		{time.Date(2026, 12, 31, 12, 0, 0, 0, time.UTC), time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)},
 		{time.Date(2026, 3, 1, 21, 0, 0, 0, loc), time.Date(2026, 3, 3, 0, 0, 0, 0, time.UTC)}, // 02:00 UTC on the 2nd
 	} {
-		if got := NextUTCDay(tt.now); !got.Equal(tt.want) {
-			t.Errorf("NextUTCDay(%v) = %v, want %v", tt.now, got, tt.want)
+		th, _ := New(Config{Now: func() time.Time { return tt.now }}, nil)
+		if got := th.PauseUntilNextDay([]string{"d:q"}); !got.Equal(tt.want) || !th.PausedUntil([]byte("d:q")).Equal(tt.want) {
+			t.Errorf("PauseUntilNextDay at %v = %v, want %v", tt.now, got, tt.want)
 		}
 	}
 }

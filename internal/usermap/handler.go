@@ -3,13 +3,11 @@ package usermap
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"strings"
 
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/credentials"
-	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/forms"
 	"github.com/svcrelay/relay/internal/forward"
 	"github.com/svcrelay/relay/internal/storage"
@@ -23,67 +21,34 @@ type Mapping struct {
 	Data []byte
 }
 
+// shape is POST /usermap's requests.
+var shape = forms.Shape{Field: "mapping", Noun: "mappings", TooMany: "too_many_mappings",
+	MaxItems: MaxMappings, MaxBodyBytes: MaxBodyBytes, QueryFirst: true, ItemFields: []string{"user_id", "global_user_id", "unmap"}}
+
 // ParseMappings validates the mapping parameter (one JSON object or an
 // array of them) and returns the mappings. apiKey is used to check that each
 // mapping fits one upstream request.
 func ParseMappings(apiKey string, mapping []byte, maxMappings, maxBodyBytes int) ([]Mapping, *forms.ValidationError) {
-	raws, verr := forms.Items("mapping", mapping, maxMappings, "too_many_mappings", "mappings")
-	if verr != nil {
-		return nil, verr
-	}
-	frame := (&delivery.Form{Field: "mapping", MaxBodyBytes: maxBodyBytes}).Frame(storage.LaneKey{APIKey: apiKey})
-	out := make([]Mapping, 0, len(raws))
-	var esc []byte // one record escaped, reused
-	for i, raw := range raws {
-		m, err := parseOne(raw)
-		if err != nil {
-			err.Msg = fmt.Sprintf("mapping[%d]%s", i, err.Msg)
-			return nil, err
-		}
-		if esc, _ = frame.Record(esc, m.Data); frame.TooLarge(esc) { // escaped, as sent
-			return nil, &forms.ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
-				Msg: fmt.Sprintf("mapping[%d]: too large for one upstream request (1 MB)", i)}
-		}
-		out = append(out, m)
-	}
-	return out, nil
+	s := shape
+	s.MaxItems, s.MaxBodyBytes = maxMappings, maxBodyBytes
+	return forms.Each(s, apiKey, mapping, parseOne)
 }
 
-func parseOne(raw json.RawMessage) (Mapping, *forms.ValidationError) {
-	var obj map[string]json.RawMessage
-	var m Mapping
-	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &obj) != nil {
-		return m, forms.Bad("invalid_type", ": must be an object")
-	}
-	str := func(k string) (string, *forms.ValidationError) {
-		v, ok := obj[k]
-		if !ok || string(v) == "null" {
-			return "", nil
-		}
-		var s string
-		if json.Unmarshal(v, &s) != nil {
-			return "", forms.Bad("invalid_type", ".%s: must be a string", k)
-		}
-		return s, nil
-	}
-	var err *forms.ValidationError
-	if m.UserID, err = str("user_id"); err != nil {
+// Record is m's spool record, ordered by user.
+func (m Mapping) Record() storage.Record {
+	return storage.Record{OrderKey: []byte(m.UserID), UserID: []byte(m.UserID), Data: m.Data}
+}
+
+func parseOne(_ int, obj map[string]json.RawMessage, data []byte) (m Mapping, err *forms.ValidationError) {
+	m.Data = data
+	if m.UserID, err = forms.String(obj, "user_id"); err != nil {
 		return m, err
 	}
-	if m.GlobalUserID, err = str("global_user_id"); err != nil {
+	if m.GlobalUserID, err = forms.String(obj, "global_user_id"); err != nil {
 		return m, err
 	}
-	if v, ok := obj["unmap"]; ok && string(v) != "null" {
-		if json.Unmarshal(v, &m.Unmap) != nil {
-			return m, forms.Bad("invalid_type", ".unmap: must be a boolean")
-		}
-	}
-	for k := range obj {
-		switch k {
-		case "user_id", "global_user_id", "unmap":
-		default:
-			return m, forms.Bad("unknown_field", ".%s: unknown field (allowed: user_id, global_user_id, unmap)", k)
-		}
+	if v, ok := obj["unmap"]; ok && json.Unmarshal(v, &m.Unmap) != nil {
+		return m, forms.Bad("invalid_type", ".unmap: must be a boolean")
 	}
 	if m.UserID == "" {
 		return m, forms.Bad("missing_field", ".user_id: missing or empty")
@@ -91,35 +56,13 @@ func parseOne(raw json.RawMessage) (Mapping, *forms.ValidationError) {
 	if m.GlobalUserID == "" && !m.Unmap {
 		return m, forms.Bad("missing_field", ".global_user_id: missing or empty (required unless unmap is true)")
 	}
-	var buf bytes.Buffer
-	if json.Compact(&buf, raw) != nil {
-		return m, forms.Bad("invalid_json", ": invalid JSON")
-	}
-	m.Data = buf.Bytes()
 	return m, nil
 }
 
 func (u *UserMap) servePost(w http.ResponseWriter, r *http.Request) {
-	f, err := forms.ReadForm(r)
-	if n := len(f.Body) + len(r.URL.RawQuery); err != nil || n >= MaxBodyBytes {
-		u.In.Reject(w, &forms.ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
-			Msg: fmt.Sprintf("Payload too large: %d bytes; the limit is under %d bytes (1 MB)", n, MaxBodyBytes)})
-		return
-	}
-	apiKey, ok := u.In.APIKey(w, r, forms.First("api_key", f.Query, f.Post))
-	if !ok {
-		return
-	}
-	ms, verr := ParseMappings(apiKey, []byte(forms.First("mapping", f.Query, f.Post)), MaxMappings, MaxBodyBytes)
-	if verr != nil {
-		u.In.Reject(w, verr)
-		return
-	}
-	var b storage.Batch
-	for _, m := range ms {
-		b.Add(storage.Record{OrderKey: []byte(m.UserID), UserID: []byte(m.UserID), Data: m.Data})
-	}
-	u.In.Accept(w, apiKey, &b, len(ms))
+	forms.Serve(u.In, w, r, shape, func(apiKey string, v []byte) ([]Mapping, *forms.ValidationError) {
+		return ParseMappings(apiKey, v, MaxMappings, MaxBodyBytes)
+	})
 }
 
 // ParseUserIDs validates the user_ids parameter of GET /api/2/usermap: a

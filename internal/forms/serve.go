@@ -1,0 +1,120 @@
+package forms
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+
+	"github.com/svcrelay/relay/internal/delivery"
+	"github.com/svcrelay/relay/internal/storage"
+)
+
+// Shape is the requests of a spooling form route: the field holding the
+// items, the words and reason of the refusal of more than MaxItems, the
+// size a request (or one item's upstream form body) must stay under,
+// whether the query's fields win over the body's and count in its size,
+// and the fields an item may have.
+type Shape struct {
+	Field, Noun, TooMany   string
+	MaxItems, MaxBodyBytes int
+	QueryFirst             bool
+	ItemFields             []string
+}
+
+// Each checks v, the value of s.Field, item by item: an object of
+// s.ItemFields, given to one with its null members left out and its JSON
+// compacted as it is sent. A refusal starting with "." or ":" gets
+// "Field[i]" before it. An item too large for one upstream request of
+// apiKey is 413.
+func Each[T any](s Shape, apiKey string, v []byte, one func(i int, obj map[string]json.RawMessage, data []byte) (T, *ValidationError)) ([]T, *ValidationError) {
+	raws, verr := Items(s.Field, v, s.MaxItems, s.TooMany, s.Noun)
+	if verr != nil {
+		return nil, verr
+	}
+	frame := (&delivery.Form{Field: s.Field, MaxBodyBytes: s.MaxBodyBytes}).Frame(storage.LaneKey{APIKey: apiKey})
+	out := make([]T, 0, len(raws))
+	var esc []byte // one item escaped, reused
+	for i, raw := range raws {
+		var buf bytes.Buffer
+		json.Compact(&buf, raw) // valid: Items read it
+		obj, err := object(s.ItemFields, buf.Bytes())
+		var item T
+		if err == nil {
+			item, err = one(i, obj, buf.Bytes())
+		}
+		if err != nil {
+			if err.Msg != "" && (err.Msg[0] == '.' || err.Msg[0] == ':') {
+				err.Msg = fmt.Sprintf("%s[%d]%s", s.Field, i, err.Msg)
+			}
+			return nil, err
+		}
+		if esc, _ = frame.Record(esc, buf.Bytes()); frame.TooLarge(esc) {
+			return nil, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
+				Msg: fmt.Sprintf("%s[%d]: too large for one upstream request (1 MB)", s.Field, i)}
+		}
+		out = append(out, item)
+	}
+	return out, nil
+}
+
+// object reads an item: an object of fields only, its null members left
+// out (absent).
+func object(fields []string, data []byte) (map[string]json.RawMessage, *ValidationError) {
+	var obj map[string]json.RawMessage
+	if data[0] != '{' || json.Unmarshal(data, &obj) != nil {
+		return nil, Bad("invalid_type", ": must be an object")
+	}
+	for k, v := range obj {
+		if !slices.Contains(fields, k) {
+			return nil, Bad("unknown_field", ".%s: unknown field (allowed: %s)", k, strings.Join(fields, ", "))
+		}
+		if string(v) == "null" {
+			delete(obj, k)
+		}
+	}
+	return obj, nil
+}
+
+// String is the string member k of an item's obj ("" when absent).
+func String(obj map[string]json.RawMessage, k string) (s string, err *ValidationError) {
+	if v, ok := obj[k]; ok && json.Unmarshal(v, &s) != nil {
+		return "", Bad("invalid_type", ".%s: must be a string", k)
+	}
+	return s, nil
+}
+
+// Item is a valid item of a spooling form route.
+type Item interface{ Record() storage.Record }
+
+// Serve answers a request of shape s: parse checks the value of s.Field,
+// and the items' records are appended (Intake.Accept).
+func Serve[T Item](in *Intake, w http.ResponseWriter, r *http.Request, s Shape, parse func(apiKey string, v []byte) ([]T, *ValidationError)) {
+	f, err := ReadForm(r)
+	n, vss := len(f.Body), []url.Values{f.Post, f.Query}
+	if s.QueryFirst {
+		n, vss = n+len(r.URL.RawQuery), []url.Values{f.Query, f.Post}
+	}
+	if err != nil || n >= s.MaxBodyBytes {
+		in.Reject(w, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
+			Msg: fmt.Sprintf("Payload too large: %d bytes; the limit is under %d bytes (1 MB)", n, s.MaxBodyBytes)})
+		return
+	}
+	apiKey, ok := in.APIKey(w, r, First("api_key", vss...))
+	if !ok {
+		return
+	}
+	items, verr := parse(apiKey, []byte(First(s.Field, vss...)))
+	if verr != nil {
+		in.Reject(w, verr)
+		return
+	}
+	var b storage.Batch
+	for _, it := range items {
+		b.Add(it.Record())
+	}
+	in.Accept(w, apiKey, &b, len(items))
+}
