@@ -207,14 +207,10 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 	// spool's).
 	laneKey := func(lid uint64, wal bool) (storage.LaneKey, string, bool) {
 		ids[lid] = true
-		key, ok := lr.lanes[lid]
-		if !ok || !wal {
-			key, ok = dbLanes[lid]
+		if wal {
+			return lr.laneKey(lid, dbLanes)
 		}
-		if !ok {
-			return key, fmt.Sprintf("lane-%d", lid), false
-		}
-		return key, key.Label(), true
+		return (&logRead{}).laneKey(lid, dbLanes)
 	}
 	fileName := map[string]string{"db": "spool.db", "wal": "wal"}
 	emitChunk := func(src string, lid, seq uint64, v []byte) {
