@@ -107,17 +107,6 @@ type Config struct {
 	beforeTrim   func()
 }
 
-// Validate reports a configuration error; Open calls it.
-func (c Config) Validate() error {
-	switch {
-	case c.Dir == "":
-		return errors.New("spool config: Dir is required")
-	case c.MaxBytes < 0:
-		return errors.New("spool config: MaxBytes must not be negative")
-	}
-	return nil
-}
-
 // withDefaults is c with its zero knobs set to their defaults.
 func (c Config) withDefaults() Config {
 	c.CompactMinFileBytes = cmp.Or(c.CompactMinFileBytes, 4<<20)
@@ -623,8 +612,11 @@ const formatVersion = 5
 // and starts its goroutines. log and reg may be nil. Open fails after about
 // half a second when another process holds the spool.
 func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
+	switch {
+	case cfg.Dir == "":
+		return nil, errors.New("spool config: Dir is required")
+	case cfg.MaxBytes < 0:
+		return nil, errors.New("spool config: MaxBytes must not be negative")
 	}
 	cfg = cfg.withDefaults()
 	if log == nil {
