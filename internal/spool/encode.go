@@ -113,18 +113,11 @@ func chunkSum(v []byte) (stored, computed uint32, ok bool) {
 // verifyChunk checks a chunk's checksum (a v1 chunk has none: only its
 // header is checked).
 func verifyChunk(v []byte) error {
-	if len(v) > 0 && v[0] == 1 {
-		_, _, err := chunkHeader(v)
-		return err
-	}
-	st, c, ok := chunkSum(v)
-	if !ok {
-		return errCorrupt
-	}
-	if st != c {
+	_, _, err := chunkHeader(v)
+	if err == nil && v[0] == chunkVersion && binary.BigEndian.Uint32(v[1:5]) != crc32.Checksum(v[5:], crcTable) {
 		return errChecksum
 	}
-	return nil
+	return err
 }
 
 // chunkHeader decodes a chunk's header (either version; the checksum is
@@ -265,48 +258,40 @@ func sealValue(dst []byte, start int) []byte {
 	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], crcTable))
 }
 
-// openValue checks a lane or dead letter value and returns it without its
-// checksum: a version 2 value must carry a right one, a version 1 value has
-// none.
-func openValue(v []byte) ([]byte, error) {
+// openFields checks a lane or dead letter value (a version 2 value must
+// carry a right checksum, a version 1 value has none) and splits off its
+// kind and the length-prefixed strings that fill fs; rest is what follows.
+func openFields(v []byte, fs [][]byte) (kind storage.Kind, rest []byte, err error) {
 	switch {
-	case len(v) >= 1 && v[0] == 1:
-		return v, nil
+	case len(v) >= 2 && v[0] == 1:
 	case len(v) < 6 || v[0] != 2:
-		return nil, fmt.Errorf("value version: %w", errCorrupt)
+		return 0, nil, fmt.Errorf("value version: %w", errCorrupt)
+	case crc32.Checksum(v[:len(v)-4], crcTable) != binary.BigEndian.Uint32(v[len(v)-4:]):
+		return 0, nil, errChecksum
+	default:
+		v = v[:len(v)-4]
 	}
-	body := v[:len(v)-4]
-	if crc32.Checksum(body, crcTable) != binary.BigEndian.Uint32(v[len(v)-4:]) {
-		return nil, errChecksum
+	rest = v[2:]
+	for i := range fs {
+		if fs[i], rest, err = takeBytes(rest); err != nil {
+			return 0, nil, err
+		}
 	}
-	return body, nil
+	return storage.Kind(v[1]), rest, nil
 }
 
-func decodeLane(v []byte) (storage.LaneKey, laneState, error) {
-	var k storage.LaneKey
-	var st laneState
-	v, err := openValue(v)
+func decodeLane(v []byte) (k storage.LaneKey, st laneState, err error) {
+	var b [2][]byte
+	k.Kind, v, err = openFields(v, b[:])
+	if err == nil && len(v) != 32 {
+		err = errCorrupt
+	}
 	if err != nil {
 		return k, st, fmt.Errorf("lane record: %w", err)
 	}
-	if len(v) < 2 {
-		return k, st, fmt.Errorf("lane record: %w", errCorrupt)
-	}
-	k.Kind = storage.Kind(v[1])
-	ak, p, err := takeBytes(v[2:])
-	if err != nil {
-		return k, st, err
-	}
-	op, p, err := takeBytes(p)
-	if err != nil {
-		return k, st, err
-	}
-	if len(p) != 32 {
-		return k, st, errCorrupt
-	}
-	k.APIKey, k.Options = string(ak), string(op)
+	k.APIKey, k.Options = string(b[0]), string(b[1])
 	for i, n := range [4]*uint64{&st.nextSeq, &st.chunks, &st.records, &st.bytes} {
-		*n = binary.BigEndian.Uint64(p[8*i:])
+		*n = binary.BigEndian.Uint64(v[8*i:])
 	}
 	return k, st, nil
 }
@@ -343,21 +328,12 @@ func fromMs(ms int64) time.Time {
 // decodeDead decodes v (which must not be reused: the result aliases it).
 func decodeDead(id uint64, v []byte) (storage.DeadLetter, error) {
 	d := storage.DeadLetter{ID: id}
-	v, err := openValue(v)
+	var b [4][]byte
+	kind, p, err := openFields(v, b[:])
 	if err != nil {
 		return d, err
 	}
-	if len(v) < 2 {
-		return d, errCorrupt
-	}
-	d.Lane.Kind = storage.Kind(v[1])
-	var b [4][]byte
-	p := v[2:]
-	for i := range b {
-		if b[i], p, err = takeBytes(p); err != nil {
-			return d, err
-		}
-	}
+	d.Lane.Kind = kind
 	d.Lane.APIKey, d.Lane.Options, d.Reason, d.Answer = string(b[0]), string(b[1]), string(b[2]), b[3]
 	for _, t := range [2]*time.Time{&d.Accepted, &d.Died} {
 		ms, n := binary.Varint(p)

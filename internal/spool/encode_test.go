@@ -53,6 +53,22 @@ func FuzzDecode(f *testing.F) {
 			!d2.Accepted.Equal(d.Accepted) || !d2.Died.Equal(d.Died) || !sameRecord(d2.Record, r) {
 			t.Fatalf("dead letter round trip: %+v %v", d2, err)
 		}
+		// A bit flipped anywhere in a lane or dead letter value is refused.
+		lv, dv := encodeLane(nil, key, st), encodeDead(nil, &d)
+		for i := range len(lv) + len(dv) {
+			v, at := lv, i
+			if i >= len(lv) {
+				v, at = dv, i-len(lv)
+			}
+			v[at] ^= 0x10
+			if _, _, lerr := decodeLane(lv); lerr == nil && i < len(lv) {
+				t.Fatalf("lane value with byte %d flipped decoded", at)
+			}
+			if _, derr := decodeDead(9, dv); derr == nil && i >= len(lv) {
+				t.Fatalf("dead letter value with byte %d flipped decoded", at)
+			}
+			v[at] ^= 0x10
+		}
 	})
 }
 

@@ -47,14 +47,9 @@ func offlineState(t *testing.T, dir string) (applied, synced walPos) {
 	defer pf.f.Close()
 	pf.walkBucket(pf.rootHeader(), func(k, v []byte, bucket bool) {
 		if bucket && string(k) == "meta" {
-			pf.walkBucket(v, func(k, v []byte, _ bool) {
-				switch string(k) {
-				case "wal":
-					applied, _ = decodePos(v)
-				case "walsync":
-					synced, _ = decodeSynced(v)
-				}
-			}, func(error) {})
+			meta := map[string][]byte{}
+			pf.walkBucket(v, func(k, v []byte, _ bool) { meta[string(k)] = v }, func(error) {})
+			applied, synced, _ = walPositions(func(k []byte) []byte { return meta[string(k)] })
 		}
 	}, func(err error) { t.Fatal(err) })
 	return applied, synced

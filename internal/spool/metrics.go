@@ -22,7 +22,6 @@ type metrics struct {
 	rejectedDisk      prometheus.Counter
 	damagedWAL        prometheus.Counter
 	damagedDB         prometheus.Counter
-	collector         *laneCollector
 	registered        []prometheus.Collector
 }
 
@@ -62,13 +61,12 @@ func newMetrics(s *Spool, reg prometheus.Registerer) (*metrics, error) {
 		rejectedDisk: rejected.WithLabelValues("disk_low"),
 		damagedWAL:   damaged.WithLabelValues("wal"),
 		damagedDB:    damaged.WithLabelValues("db"),
-		collector:    newLaneCollector(s),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.commitSeconds, m.commitRecords, m.commits, m.compactions,
-		m.checkpoints, m.checkpointSeconds, m.checkpointBytes, rejected, damaged, m.collector} {
+		m.checkpoints, m.checkpointSeconds, m.checkpointBytes, rejected, damaged, newLaneCollector(s)} {
 		if err := reg.Register(c); err != nil {
 			m.unregister()
 			return nil, err

@@ -130,20 +130,13 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 			switch {
 			case !bucket:
 			case string(k) == string(bucketMeta):
-				pf.walkBucket(v, func(k, v []byte, _ bool) {
-					var err error
-					switch string(k) {
-					case string(keyWAL):
-						applied, err = decodePos(v)
-					case string(keySynced):
-						synced, err = decodeSynced(v)
-					case string(keyID):
-						id = bytes.Clone(v)
-					}
-					if err != nil {
-						bad("spool.db: meta %s: %v", k, err)
-					}
-				}, badPage)
+				meta := map[string][]byte{}
+				pf.walkBucket(v, func(k, v []byte, _ bool) { meta[string(k)] = bytes.Clone(v) }, badPage)
+				id = meta[string(keyID)]
+				var err error
+				if applied, synced, err = walPositions(func(k []byte) []byte { return meta[string(k)] }); err != nil {
+					bad("spool.db: meta: %v", err)
+				}
 			case string(k) == string(bucketLanes):
 				pf.walkBucket(v, func(k, v []byte, _ bool) {
 					if len(k) != 8 {
@@ -207,14 +200,10 @@ func Verify(dir string, salvage func(*SalvageRecord) error) (VerifyReport, error
 	// spool's).
 	laneKey := func(lid uint64, wal bool) (storage.LaneKey, string, bool) {
 		ids[lid] = true
-		key, ok := lr.lanes[lid]
-		if !ok || !wal {
-			key, ok = dbLanes[lid]
+		if wal {
+			return lr.laneKey(lid, dbLanes)
 		}
-		if !ok {
-			return key, fmt.Sprintf("lane-%d", lid), false
-		}
-		return key, key.Label(), true
+		return (&logRead{}).laneKey(lid, dbLanes)
 	}
 	fileName := map[string]string{"db": "spool.db", "wal": "wal"}
 	emitChunk := func(src string, lid, seq uint64, v []byte) {

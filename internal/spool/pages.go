@@ -112,32 +112,30 @@ func (pf *pageFile) walkBucket(bh []byte, visit walkFunc, bad func(error)) {
 		bad(errors.New("bucket header too short"))
 		return
 	}
+	var inline []byte // the page of a bucket without a root page of its own
 	root := binary.LittleEndian.Uint64(bh)
 	if root == 0 {
-		pf.walkPage(bh[16:], 0, visit, bad, 0)
-		return
+		inline = bh[16:]
 	}
-	pf.walkID(root, visit, bad, 0)
+	pf.walkPage(inline, root, visit, bad, 0)
 }
 
 // maxDepth bounds the tree walk (a damaged branch page may point up).
 const maxDepth = 64
 
-func (pf *pageFile) walkID(id uint64, visit walkFunc, bad func(error), depth int) {
+// walkPage visits the elements of page p, or of page id when p is nil (id
+// names the page in messages; 0 for an inline one).
+func (pf *pageFile) walkPage(p []byte, id uint64, visit walkFunc, bad func(error), depth int) {
+	var err error
 	if depth > maxDepth {
-		bad(fmt.Errorf("page %d: tree deeper than %d", id, maxDepth))
-		return
+		err = fmt.Errorf("page %d: tree deeper than %d", id, maxDepth)
+	} else if p == nil {
+		p, err = pf.page(id)
 	}
-	p, err := pf.page(id)
 	if err != nil {
 		bad(err)
 		return
 	}
-	pf.walkPage(p, id, visit, bad, depth)
-}
-
-// walkPage visits the elements of page p (id, for messages; 0 inline).
-func (pf *pageFile) walkPage(p []byte, id uint64, visit walkFunc, bad func(error), depth int) {
 	if len(p) < boltPageHeader {
 		bad(fmt.Errorf("page %d: short", id))
 		return
@@ -153,8 +151,7 @@ func (pf *pageFile) walkPage(p []byte, id uint64, visit walkFunc, bad func(error
 		el := p[e : e+boltElemLen]
 		switch flags {
 		case boltBranch:
-			child := binary.LittleEndian.Uint64(el[8:])
-			pf.walkID(child, visit, bad, depth+1)
+			pf.walkPage(nil, binary.LittleEndian.Uint64(el[8:]), visit, bad, depth+1)
 		case boltLeaf:
 			fl := binary.LittleEndian.Uint32(el)
 			pos := int64(binary.LittleEndian.Uint32(el[4:]))

@@ -260,7 +260,7 @@ func (r *replayer) apply(pos walPos) error {
 		end = pos
 	}
 	s.st.replaying = true
-	_, err := s.apply(nil, r.dels, r.puts, r.putL, nil, pos, end)
+	_, err := s.apply(nil, r.dels, r.puts, r.putL, pos, end)
 	s.st.replaying = false
 	s.settle(err == nil)
 	if err != nil {

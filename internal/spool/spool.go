@@ -107,17 +107,6 @@ type Config struct {
 	beforeTrim   func()
 }
 
-// Validate reports a configuration error; Open calls it.
-func (c Config) Validate() error {
-	switch {
-	case c.Dir == "":
-		return errors.New("spool config: Dir is required")
-	case c.MaxBytes < 0:
-		return errors.New("spool config: MaxBytes must not be negative")
-	}
-	return nil
-}
-
 // withDefaults is c with its zero knobs set to their defaults.
 func (c Config) withDefaults() Config {
 	c.CompactMinFileBytes = cmp.Or(c.CompactMinFileBytes, 4<<20)
@@ -612,25 +601,22 @@ var (
 	keySynced = []byte("walsync")
 )
 
-// formatVersion 2 adds the WAL; 3 stores large chunks as buckets of their
-// own (see chunkstore.go); 4 checksums every value (chunks, lanes, dead
-// letters: encode.go) and every WAL segment starts with a record naming
-// its spool; 5 lets a chunk carry a tracking plan's verdict (flagVerdict,
-// encode.go), which version 4 would take for damage. Files of versions 1
-// to 4 are upgraded in place: what they hold reads the same (chunks of
-// versions 1 to 3 carry no checksum of their own and leave as they are
-// delivered; chunks replayed from their WAL are rewritten with one). The
-// version keeps an older relay from opening a file it would misread. The
-// meta bucket takes new keys freely: a key this version does not know is
-// left alone.
+// formatVersion keeps an older relay from opening a file it would misread
+// (5: a chunk may carry a tracking plan's verdict, which 4 would take for
+// damage). Files of versions 1 to 4 are upgraded in place and read the
+// same: chunks of versions 1 to 3 carry no checksum of their own (encode.go)
+// and leave as they are delivered. The meta bucket takes new keys freely.
 const formatVersion = 5
 
 // Open opens or creates the spool in cfg.Dir, replays its WAL into bbolt,
 // and starts its goroutines. log and reg may be nil. Open fails after about
 // half a second when another process holds the spool.
 func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
+	switch {
+	case cfg.Dir == "":
+		return nil, errors.New("spool config: Dir is required")
+	case cfg.MaxBytes < 0:
+		return nil, errors.New("spool config: MaxBytes must not be negative")
 	}
 	cfg = cfg.withDefaults()
 	if log == nil {
@@ -758,14 +744,8 @@ func (s *Spool) load() error {
 			s.st.deadBytes = int64(binary.BigEndian.Uint64(v[8:]))
 		}
 		s.deadN.Store(s.st.deadN)
-		var errs [2]error
-		if v := meta.Get(keyWAL); v != nil {
-			s.st.applied, errs[0] = decodePos(v)
-		}
-		if v := meta.Get(keySynced); v != nil {
-			s.synced, errs[1] = decodeSynced(v)
-		}
-		if err := cmp.Or(errs[0], errs[1]); err != nil {
+		var err error
+		if s.st.applied, s.synced, err = walPositions(meta.Get); err != nil {
 			return fmt.Errorf("%w: %w", ErrDamaged, err)
 		}
 		lanesB := tx.Bucket(bucketLanes)
@@ -792,12 +772,19 @@ func (s *Spool) load() error {
 	return err
 }
 
-// decodeSynced decodes a keySynced value.
-func decodeSynced(v []byte) (walPos, error) {
-	if len(v) != 20 || crc32.Checksum(v[:16], crcTable) != binary.BigEndian.Uint32(v[16:]) {
-		return walPos{}, fmt.Errorf("acknowledged WAL position: %w", errChecksum)
+// walPositions decodes the WAL positions meta (get: its lookup) holds:
+// applied to the file, and acknowledged when the file was last written.
+func walPositions(get func(k []byte) []byte) (applied, synced walPos, err error) {
+	var errs [2]error
+	if v := get(keyWAL); v != nil {
+		applied, errs[0] = decodePos(v)
 	}
-	return decodePos(v[:16])
+	if v := get(keySynced); len(v) == 20 && crc32.Checksum(v[:16], crcTable) == binary.BigEndian.Uint32(v[16:]) {
+		synced, errs[1] = decodePos(v[:16])
+	} else if v != nil {
+		errs[1] = fmt.Errorf("acknowledged WAL position: %w", errChecksum)
+	}
+	return applied, synced, errors.Join(errs[0], errs[1])
 }
 
 // putSynced records p as the acknowledged WAL end; under NoSync it

@@ -22,15 +22,22 @@ func TestConfigValidate(t *testing.T) {
 		cfg  Config
 		ok   bool
 	}{
-		{"minimal", Config{Dir: "x"}, true},
+		{"minimal", Config{}, true},
 		{"no dir", Config{}, false},
-		{"negative quota", Config{Dir: "x", MaxBytes: -1}, false},
-		{"everything", Config{Dir: "x", NoSync: true, MaxBytes: 1, MinFreeBytes: -1, maxCommitBytes: 1, CompactMinFileBytes: -1, compactPercent: 50}, true},
+		{"negative quota", Config{MaxBytes: -1}, false},
+		{"everything", Config{NoSync: true, MaxBytes: 1, MinFreeBytes: -1, maxCommitBytes: 1, CompactMinFileBytes: -1, compactPercent: 50}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if err := tt.cfg.Validate(); (err == nil) != tt.ok {
-				t.Fatalf("Validate() = %v, want ok=%v", err, tt.ok)
+			if tt.name != "no dir" {
+				tt.cfg.Dir = t.TempDir()
+			}
+			s, err := Open(tt.cfg, nil, nil)
+			if (err == nil) != tt.ok {
+				t.Fatalf("Open(%+v) = %v, want ok=%v", tt.cfg, err, tt.ok)
+			}
+			if s != nil {
+				s.Close()
 			}
 		})
 	}

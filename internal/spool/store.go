@@ -254,7 +254,10 @@ func (s *Spool) checkpoint(ops []*op, acks []ackOp, end walPos, endTotal int64, 
 				flushL = append(flushL, l)
 			}
 		}
-		l.w.nextSeq = max(l.w.nextSeq, l.next)
+		if l.next > l.w.nextSeq {
+			l.w.nextSeq = l.next
+			s.touch(l)
+		}
 		l.mu.Unlock()
 	}
 	s.st.flush, s.st.flushL = flush, flushL
@@ -266,14 +269,12 @@ func (s *Spool) checkpoint(ops []*op, acks []ackOp, end walPos, endTotal int64, 
 	}
 	syncedMoved := !s.cfg.NoSync && s.synced.less(end)
 	if len(ops) == 0 && len(acks) == 0 && len(flush) == 0 && p == s.st.applied && !syncedMoved {
-		for _, l := range lanes {
-			l.w.nextSeq = l.cold.nextSeq
-		}
+		s.settle(false)
 		return false
 	}
 
 	start := time.Now()
-	written, err := s.apply(ops, acks, flush, flushL, lanes, p, end)
+	written, err := s.apply(ops, acks, flush, flushL, p, end)
 	if err != nil {
 		err = fmt.Errorf("spool checkpoint: %w", err)
 		// Logged once per error, not at every try.
@@ -281,7 +282,7 @@ func (s *Spool) checkpoint(ops []*op, acks []ackOp, end walPos, endTotal int64, 
 			s.log.Error("spool checkpoint failed; retrying every checkpoint interval until one succeeds", zap.Error(err))
 			s.ckptErr.Store(&msg)
 		}
-		s.rollback(acks, flush, flushL, lanes)
+		s.rollback(acks, flush, flushL)
 	} else {
 		if s.ckptErr.Swap(nil) != nil {
 			s.log.Info("spool checkpoint succeeded again")
@@ -307,7 +308,7 @@ func (s *Spool) checkpoint(ops []*op, acks []ackOp, end walPos, endTotal int64, 
 // apply runs the transaction of a checkpoint (or replay). It changes only
 // the store's working state (Lane.w, storeState), which settle then makes
 // the lanes' or drops. It returns the bytes of the chunks it put.
-func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane, lanes []*Lane, p, end walPos) (written int, err error) {
+func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane, p, end walPos) (written int, err error) {
 	if s.db == nil {
 		return 0, errors.New("spool file is not open after a failed compaction")
 	}
@@ -410,11 +411,6 @@ func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane
 		}
 		live += int64(c.size)
 		written += c.size
-	}
-	for _, l := range lanes {
-		if l.w.nextSeq != l.cold.nextSeq {
-			s.touch(l)
-		}
 	}
 	if err := s.txLanes(tx); err != nil {
 		return 0, err
@@ -594,7 +590,7 @@ func (s *Spool) commitPublish(lanes []*Lane, p walPos, pTotal int64) {
 }
 
 // rollback forgets a failed checkpoint but its acks, kept for the next.
-func (s *Spool) rollback(acks []ackOp, flush []*hotChunk, flushL []*Lane, lanes []*Lane) {
+func (s *Spool) rollback(acks []ackOp, flush []*hotChunk, flushL []*Lane) {
 	var held int64
 	for i, c := range flush {
 		l := flushL[i]
@@ -609,9 +605,6 @@ func (s *Spool) rollback(acks []ackOp, flush []*hotChunk, flushL []*Lane, lanes 
 		l.mu.Unlock()
 	}
 	s.hotHeld.Add(-held)
-	for _, l := range lanes {
-		l.w, l.wOldest = l.cold, l.coldOldest // checkpoint set their nextSeq
-	}
 	s.settle(false)
 	clear(s.st.created)
 	s.st.created = s.st.created[:0]

@@ -571,20 +571,26 @@ func (d *walDamage) attribute(data []byte, delivered map[laneSeq]bool) {
 func (lr *logRead) laneLabels(d walDamage, keys map[uint64]storage.LaneKey) string {
 	var ls []string
 	for _, id := range d.lanes {
-		key, ok := lr.lanes[id]
-		if !ok {
-			key, ok = keys[id]
-		}
-		if ok {
-			ls = append(ls, key.Label())
-		} else {
-			ls = append(ls, fmt.Sprintf("lane-%d", id))
-		}
+		_, label, _ := lr.laneKey(id, keys)
+		ls = append(ls, label)
 	}
 	if d.headless > 0 {
 		ls = append(ls, "unknown")
 	}
 	return strings.Join(ls, ",")
+}
+
+// laneKey is lane id's key by the log's recLane records, else by keys
+// (spool.db's), and its label ("lane-<id>" when neither names it).
+func (lr *logRead) laneKey(id uint64, keys map[uint64]storage.LaneKey) (storage.LaneKey, string, bool) {
+	key, ok := lr.lanes[id]
+	if !ok {
+		key, ok = keys[id]
+	}
+	if !ok {
+		return key, fmt.Sprintf("lane-%d", id), false
+	}
+	return key, key.Label(), true
 }
 
 // summary says what d lost, for relay spool verify.

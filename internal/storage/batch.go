@@ -288,14 +288,8 @@ func (b *Batch) grow(n int) {
 // what the spool's bounds count. Append calls it in its caller's goroutine,
 // where the chunk is in the cache.
 func (b *Batch) Fit() {
-	cb := b.cb
-	if cap(cb.B) > len(cb.B)+len(cb.B)/2 && bufClass(len(cb.B)) >= 0 {
-		f := GetBuf(len(cb.B))
-		f.B = append(f.B, cb.B...)
-		f.Idx = append(f.Idx, cb.Idx...)
-		f.Verdict = cb.Verdict
-		cb.Release()
-		b.cb = f
+	if n := len(b.cb.B); cap(b.cb.B) > n+n/2 && bufClass(n) >= 0 {
+		b.grow(n)
 	}
 }
 
@@ -331,12 +325,7 @@ func (b *Batch) Encoded() []byte {
 
 // Bytes is the encoded size of b (0 when empty): what Append counts against
 // the quota and what Chunk.Size reports.
-func (b *Batch) Bytes() int {
-	if b.n == 0 {
-		return 0
-	}
-	return len(b.cb.B)
-}
+func (b *Batch) Bytes() int { return len(b.Encoded()) }
 
 // Indexed reports whether cb holds the index of n records (a Batch built
 // it, see Buf.Idx).
