@@ -72,10 +72,7 @@ func TestListDeadPaging(t *testing.T) {
 
 // dyingStore is a store whose appended records die again at once, as a
 // deliverer could make them die while a replay runs.
-type dyingStore struct {
-	Store
-	sp *spool.Spool
-}
+type dyingStore struct{ Store }
 
 func (s dyingStore) Append(ctx context.Context, req storage.Request) error {
 	var dls []storage.DeadLetter
@@ -86,30 +83,14 @@ func (s dyingStore) Append(ctx context.Context, req storage.Request) error {
 	if err := s.Store.Append(ctx, req); err != nil {
 		return err
 	}
-	return s.sp.PutDead(ctx, dls)
+	return s.PutDead(ctx, dls)
 }
 
 // TestReplayStopsAtNewest: a filter replay ends at the newest dead letter
 // matching when it started, leaving those its own records became; an ids
 // replay finds ids more than a store read apart.
 func TestReplayStopsAtNewest(t *testing.T) {
-	sp, err := spool.Open(spool.Config{Dir: t.TempDir(), MinFreeBytes: -1}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sp.Close()
-	f := &relayFixture{t: t, sp: sp}
-	api, err := NewRelay(RelayConfig{Store: dyingStore{spool.NewBackend(sp, nil), sp}}, sp, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := New(Config{Token: mustToken(t, "tok")}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Register(api.Routes()...)
-	f.base = start(t, s)
-
+	f := newRelayFixture(t, spool.Config{}, nil, func(s Store) Store { return dyingStore{s} })
 	key := storage.LaneKey{Kind: storage.KindEvents, APIKey: "k"}
 	data := make([]string, bulkPage+3)
 	for i := range data {
@@ -120,7 +101,7 @@ func TestReplayStopsAtNewest(t *testing.T) {
 	if code := f.do("POST", "/relay/v1/deadletters/replay", `{"filter":{"reason":"silenced"}}`, &ans); code != 200 || ans.Replayed != len(ids) || ans.More {
 		t.Fatalf("replay: %d %+v", code, ans)
 	}
-	left, err := sp.ListDead(storage.DeadFilter{}, 0, 0)
+	left, err := f.sp.ListDead(storage.DeadFilter{}, 0, 0)
 	if err != nil || len(left) != len(ids) || left[0].ID <= ids[len(ids)-1] {
 		t.Fatalf("%d dead letters left (%v), want the %d replayed records died again", len(left), err, len(ids))
 	}
