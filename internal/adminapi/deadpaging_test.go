@@ -68,6 +68,14 @@ func TestListDeadPaging(t *testing.T) {
 		l.DeadLetters[0].ID != dls[6].ID || l.More {
 		t.Fatalf("plan filter, second page: %d %+v", code, l)
 	}
+	// A lane no lane nor dead letter has: 404, nothing purged.
+	code, _, body := getBody(t, "POST", f.base+"/relay/v1/deadletters/purge", `{"filter":{"lane":"events-00000000"}}`, "Authorization", "Bearer tok")
+	if code != 404 || !strings.Contains(body, "filter.lane: no lane has that label") {
+		t.Fatalf("purge of an unknown lane: %d %s", code, body)
+	}
+	if f.do("GET", "/relay/v1/deadletters", "", &l); l.Total != 12 {
+		t.Fatalf("%d dead letters left, want 12", l.Total)
+	}
 }
 
 // dyingStore is a store whose appended records die again at once, as a

@@ -362,22 +362,17 @@ func describeJSONError(err error) string {
 	return "invalid JSON"
 }
 
-// selected walks the dead letters a bulk request selects, in id order,
-// and calls visit with them, at most bulkPage at a time. In filter mode it
+// selected walks the dead letters a bulk request selects (f: its filter's,
+// zero in ids mode), in id order, and calls visit with them, at most bulkPage at a time. In filter mode it
 // handles at most b.Limit and stops at the newest matching dead letter of
 // its start, so that records it replays and that die again (new, higher
 // ids) are left for another call; more reports whether matching dead
 // letters were left. In ids mode it returns the ids not found.
-func (a *Relay) selected(b bulkJSON, visit func([]storage.DeadLetter) error) (notFound []uint64, more bool, err error) {
-	var f storage.DeadFilter
+func (a *Relay) selected(b bulkJSON, f storage.DeadFilter, visit func([]storage.DeadLetter) error) (notFound []uint64, more bool, err error) {
 	var want map[uint64]bool
 	var after, last uint64
 	limit := b.Limit
 	if b.Filter != nil {
-		var ok bool
-		if f, ok = a.spoolFilter(*b.Filter); !ok {
-			return nil, false, errUnknownLane
-		}
 		for d, err := range a.deadLetters(f, 0, math.MaxUint64, bulkPage) {
 			if err != nil {
 				return nil, false, fmt.Errorf("list dead letters: %w", err)
@@ -433,8 +428,6 @@ func (a *Relay) selected(b bulkJSON, visit func([]storage.DeadLetter) error) (no
 	return notFound, more, nil
 }
 
-var errUnknownLane = errors.New("unknown lane")
-
 type laneCount struct {
 	Lane    string `json:"lane"`
 	Kind    string `json:"kind"`
@@ -461,15 +454,16 @@ func (a *Relay) bulkCall(w http.ResponseWriter, r *http.Request, replay bool, an
 	}
 	a.bulk.Lock()
 	defer a.bulk.Unlock()
-	ctx, cancel := context.WithTimeout(a.stopCtx, bulkCallTimeout)
-	defer cancel()
-	ans.NotFound, ans.More, err = a.selected(b, func(page []storage.DeadLetter) error { return visit(ctx, b, page) })
-	if ans.NotFound == nil {
-		ans.NotFound = []uint64{}
-	}
-	if errors.Is(err, errUnknownLane) {
+	f, ok := a.spoolFilter(*cmp.Or(b.Filter, &filterJSON{})) // ids mode: no filter
+	if !ok {
 		jsonError(w, http.StatusNotFound, "filter.lane: no lane has that label (GET /relay/v1/lanes lists them)")
 		return b, true, nil
+	}
+	ctx, cancel := context.WithTimeout(a.stopCtx, bulkCallTimeout)
+	defer cancel()
+	ans.NotFound, ans.More, err = a.selected(b, f, func(page []storage.DeadLetter) error { return visit(ctx, b, page) })
+	if ans.NotFound == nil {
+		ans.NotFound = []uint64{}
 	}
 	return b, false, err
 }
