@@ -230,10 +230,8 @@ func uintArg(q url.Values, name string, def, lo, hi uint64) (uint64, error) {
 // plan.Quarantine); zero fields match everything.
 type planFilter struct{ project, eventType, violation string }
 
-func (pf planFilter) zero() bool { return pf == planFilter{} }
-
 func (pf planFilter) match(d storage.DeadLetter) bool {
-	if pf.zero() {
+	if pf == (planFilter{}) {
 		return true
 	}
 	var q plan.Quarantine
