@@ -32,17 +32,17 @@ const (
 	DefaultListLimit = 100
 	MaxListLimit     = 1000
 	// DefaultBulkLimit and MaxBulkLimit bound the dead letters one replay or
-	// purge handles (the answer's "more" says whether some are left).
+	// purge handles (the answer's "more" says whether some are left), and
+	// MaxBulkLimit the ids one call names (ids mode ignores limit).
 	DefaultBulkLimit = 10_000
 	MaxBulkLimit     = 100_000
 	// MaxAPIKeyLen bounds a replay's corrected api_key.
 	MaxAPIKeyLen = 1024
 
-	bulkPage          = 500     // dead letters read per ListDead during replay/purge
-	replayChunkCount  = 1000    // records per Append of a replay
-	replayChunkBytes  = 4 << 20 // record bytes per Append of a replay
-	bulkCallTimeout   = 2 * time.Minute
-	maxIDsPerBulkCall = MaxBulkLimit // ids mode ignores limit
+	bulkPage         = 500     // dead letters read per ListDead during replay/purge
+	replayChunkCount = 1000    // records per Append of a replay
+	replayChunkBytes = 4 << 20 // record bytes per Append of a replay
+	bulkCallTimeout  = 2 * time.Minute
 )
 
 // RelayConfig configures the relay's own API (dead letters and lanes).
@@ -328,8 +328,8 @@ func decodeBulk(r *http.Request, replay bool) (bulkJSON, error) {
 		return b, errors.New("body: give ids or filter, not both")
 	case len(b.IDs) == 0 && b.Filter == nil:
 		return b, errors.New(`body: give "ids" (a non-empty list) or "filter" ({} selects every dead letter)`)
-	case len(b.IDs) > maxIDsPerBulkCall:
-		return b, fmt.Errorf("body: at most %d ids per call", maxIDsPerBulkCall)
+	case len(b.IDs) > MaxBulkLimit:
+		return b, fmt.Errorf("body: at most %d ids per call", MaxBulkLimit)
 	case b.Limit < 0 || b.Limit > MaxBulkLimit:
 		return b, fmt.Errorf("limit: want 0 to %d", MaxBulkLimit)
 	case !replay && b.APIKey != "":
