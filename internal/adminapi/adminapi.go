@@ -60,14 +60,6 @@ const (
 	readTimeout               = 30 * time.Second
 )
 
-// Validate reports a configuration error.
-func (c Config) Validate() error {
-	if c.WriteTimeout < 0 || c.MaxRequestBodySize < 0 {
-		return errors.New("adminapi: negative timeout or size")
-	}
-	return nil
-}
-
 // Server is the admin listener: an http.Server over an http.ServeMux.
 // Register routes with Handle (open) or Register before Serve.
 type Server struct {
@@ -92,8 +84,8 @@ type Server struct {
 // "unmatched" when none matched, "refused" for a path CheckPath refused;
 // never the request's own path or query).
 func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Server, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
+	if cfg.WriteTimeout < 0 || cfg.MaxRequestBodySize < 0 {
+		return nil, errors.New("adminapi: negative timeout or size")
 	}
 	cfg.WriteTimeout = cmp.Or(cfg.WriteTimeout, DefaultWriteTimeout)
 	cfg.MaxRequestBodySize = cmp.Or(cfg.MaxRequestBodySize, DefaultMaxRequestBodySize)

@@ -3,6 +3,7 @@ package adminapi
 import (
 	"context"
 	"fmt"
+	"iter"
 	"strconv"
 	"time"
 
@@ -15,11 +16,31 @@ import (
 // storeCallTimeout bounds one call to the store.
 const storeCallTimeout = 30 * time.Second
 
-// deadPage is the store's ListDead, bounded in time and by Close.
-func (a *Relay) deadPage(f storage.DeadFilter, after uint64, limit int) ([]storage.DeadLetter, error) {
-	ctx, cancel := context.WithTimeout(a.stopCtx, storeCallTimeout)
-	defer cancel()
-	return a.cfg.Store.ListDead(ctx, f, after, limit)
+// deadLetters yields the dead letters matching f with after < ID <= upto,
+// by ID, reading the store n at a time, each read bounded in time and by
+// Close; a read's error is yielded last. It is the routes' only way through
+// the store's dead letters.
+func (a *Relay) deadLetters(f storage.DeadFilter, after, upto uint64, n int) iter.Seq2[storage.DeadLetter, error] {
+	return func(yield func(storage.DeadLetter, error) bool) {
+		for after < upto {
+			ctx, cancel := context.WithTimeout(a.stopCtx, storeCallTimeout)
+			page, err := a.cfg.Store.ListDead(ctx, f, after, n)
+			cancel()
+			if err != nil {
+				yield(storage.DeadLetter{}, err)
+				return
+			}
+			for _, d := range page {
+				if d.ID > upto || !yield(d, nil) {
+					return
+				}
+				after = d.ID
+			}
+			if len(page) < n {
+				return // the store's end
+			}
+		}
+	}
 }
 
 // deadTotal is the number of dead letters in the store; -1 when it cannot

@@ -32,7 +32,7 @@ func FuzzDecodeBulk(f *testing.F) {
 		if (len(b.IDs) > 0) == (b.Filter != nil) {
 			t.Fatalf("accepted %q: ids %v filter %v", body, b.IDs, b.Filter)
 		}
-		if b.Limit < 1 || b.Limit > MaxBulkLimit || len(b.IDs) > maxIDsPerBulkCall {
+		if b.Limit < 1 || b.Limit > MaxBulkLimit || len(b.IDs) > MaxBulkLimit {
 			t.Fatalf("accepted %q: limit %d, %d ids", body, b.Limit, len(b.IDs))
 		}
 		if b.APIKey != "" {

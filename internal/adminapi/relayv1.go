@@ -32,17 +32,17 @@ const (
 	DefaultListLimit = 100
 	MaxListLimit     = 1000
 	// DefaultBulkLimit and MaxBulkLimit bound the dead letters one replay or
-	// purge handles (the answer's "more" says whether some are left).
+	// purge handles (the answer's "more" says whether some are left), and
+	// MaxBulkLimit the ids one call names (ids mode ignores limit).
 	DefaultBulkLimit = 10_000
 	MaxBulkLimit     = 100_000
 	// MaxAPIKeyLen bounds a replay's corrected api_key.
 	MaxAPIKeyLen = 1024
 
-	bulkPage          = 500     // dead letters read per ListDead during replay/purge
-	replayChunkCount  = 1000    // records per Append of a replay
-	replayChunkBytes  = 4 << 20 // record bytes per Append of a replay
-	bulkCallTimeout   = 2 * time.Minute
-	maxIDsPerBulkCall = MaxBulkLimit // ids mode ignores limit
+	bulkPage         = 500     // dead letters read per ListDead during replay/purge
+	replayChunkCount = 1000    // records per Append of a replay
+	replayChunkBytes = 4 << 20 // record bytes per Append of a replay
+	bulkCallTimeout  = 2 * time.Minute
 )
 
 // RelayConfig configures the relay's own API (dead letters and lanes).
@@ -207,8 +207,10 @@ func (a *Relay) spoolFilter(f filterJSON) (storage.DeadFilter, bool) {
 		return out, true
 	}
 	out.Label = f.Lane
-	ds, err := a.deadPage(storage.DeadFilter{Label: f.Lane}, 0, 1)
-	return out, err == nil && len(ds) > 0
+	for _, err := range a.deadLetters(storage.DeadFilter{Label: f.Lane}, 0, math.MaxUint64, 1) {
+		return out, err == nil
+	}
+	return out, false
 }
 
 func uintArg(q url.Values, name string, def, lo, hi uint64) (uint64, error) {
@@ -228,10 +230,8 @@ func uintArg(q url.Values, name string, def, lo, hi uint64) (uint64, error) {
 // plan.Quarantine); zero fields match everything.
 type planFilter struct{ project, eventType, violation string }
 
-func (pf planFilter) zero() bool { return pf == planFilter{} }
-
 func (pf planFilter) match(d storage.DeadLetter) bool {
-	if pf.zero() {
+	if pf == (planFilter{}) {
 		return true
 	}
 	var q plan.Quarantine
@@ -272,33 +272,26 @@ func (a *Relay) listDead(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	pf := planFilter{q.Get("project"), q.Get("event_type"), q.Get("violation")}
-	var dls []storage.DeadLetter
-	// Pages until limit+1 match or the store ends (one page without a plan
-	// filter).
-	for cursor := after; len(dls) <= int(limit); {
-		page, err := a.deadPage(f, cursor, int(limit)+1)
+	out := deadListJSON{DeadLetters: []deadLetterJSON{}, NextAfter: after}
+	// Reads limit+1 at a time: one read says whether more match, unless a
+	// plan filter skips some.
+	for d, err := range a.deadLetters(f, after, math.MaxUint64, int(limit)+1) {
 		if err != nil {
 			a.log.Error("list dead letters", errField(err))
 			jsonError(w, http.StatusInternalServerError, "listing dead letters failed: %v", err)
 			return
 		}
-		for _, d := range page {
-			if cursor = d.ID; pf.match(d) && len(dls) <= int(limit) {
-				dls = append(dls, d)
-			}
+		if !pf.match(d) {
+			continue
 		}
-		if len(page) <= int(limit) || pf.zero() {
+		if len(out.DeadLetters) == int(limit) {
+			out.More = true
 			break
 		}
-	}
-	out := deadListJSON{DeadLetters: []deadLetterJSON{}, NextAfter: after, Total: a.deadTotal()}
-	if len(dls) > int(limit) {
-		dls, out.More = dls[:limit], true
-	}
-	for _, d := range dls {
 		out.DeadLetters = append(out.DeadLetters, toJSON(d))
 		out.NextAfter = d.ID
 	}
+	out.Total = a.deadTotal()
 	adminroute.WriteJSON(w, http.StatusOK, out)
 }
 
@@ -335,8 +328,8 @@ func decodeBulk(r *http.Request, replay bool) (bulkJSON, error) {
 		return b, errors.New("body: give ids or filter, not both")
 	case len(b.IDs) == 0 && b.Filter == nil:
 		return b, errors.New(`body: give "ids" (a non-empty list) or "filter" ({} selects every dead letter)`)
-	case len(b.IDs) > maxIDsPerBulkCall:
-		return b, fmt.Errorf("body: at most %d ids per call", maxIDsPerBulkCall)
+	case len(b.IDs) > MaxBulkLimit:
+		return b, fmt.Errorf("body: at most %d ids per call", MaxBulkLimit)
 	case b.Limit < 0 || b.Limit > MaxBulkLimit:
 		return b, fmt.Errorf("limit: want 0 to %d", MaxBulkLimit)
 	case !replay && b.APIKey != "":
@@ -367,24 +360,22 @@ func describeJSONError(err error) string {
 	return "invalid JSON"
 }
 
-// selected walks the dead letters a bulk request selects, in id order and
-// in pages, and calls visit with each page's selection. In filter mode it
+// selected walks the dead letters a bulk request selects (f: its filter's,
+// zero in ids mode), in id order, and calls visit with them, at most bulkPage at a time. In filter mode it
 // handles at most b.Limit and stops at the newest matching dead letter of
 // its start, so that records it replays and that die again (new, higher
 // ids) are left for another call; more reports whether matching dead
 // letters were left. In ids mode it returns the ids not found.
-func (a *Relay) selected(b bulkJSON, visit func([]storage.DeadLetter) error) (notFound []uint64, more bool, err error) {
-	f := storage.DeadFilter{}
+func (a *Relay) selected(b bulkJSON, f storage.DeadFilter, visit func([]storage.DeadLetter) error) (notFound []uint64, more bool, err error) {
 	var want map[uint64]bool
 	var after, last uint64
 	limit := b.Limit
 	if b.Filter != nil {
-		var ok bool
-		if f, ok = a.spoolFilter(*b.Filter); !ok {
-			return nil, false, errUnknownLane
-		}
-		if last, err = a.newestDead(f); err != nil {
-			return nil, false, err
+		for d, err := range a.deadLetters(f, 0, math.MaxUint64, bulkPage) {
+			if err != nil {
+				return nil, false, fmt.Errorf("list dead letters: %w", err)
+			}
+			last = d.ID
 		}
 	} else {
 		want = make(map[uint64]bool, len(b.IDs))
@@ -396,43 +387,37 @@ func (a *Relay) selected(b bulkJSON, visit func([]storage.DeadLetter) error) (no
 		}
 		last, limit = slices.Max(b.IDs), len(b.IDs)
 	}
+	var sel []storage.DeadLetter
+	flush := func() error {
+		if len(sel) == 0 {
+			return nil
+		}
+		err := visit(sel)
+		sel = nil
+		return err
+	}
 	done := 0
-	for after < last {
-		page, err := a.deadPage(f, after, bulkPage)
+	for d, err := range a.deadLetters(f, after, last, bulkPage) {
 		if err != nil {
 			return nil, false, fmt.Errorf("list dead letters: %w", err)
 		}
-		if len(page) == 0 {
+		if want != nil && !want[d.ID] {
+			continue
+		}
+		if done == limit {
+			more = true
 			break
 		}
-		var sel []storage.DeadLetter
-		stop := false
-		for _, d := range page {
-			if d.ID > last {
-				stop = true
-				break
-			}
-			if want != nil && !want[d.ID] {
-				after = d.ID
-				continue
-			}
-			if done+len(sel) >= limit {
-				more, stop = true, true
-				break
-			}
-			sel = append(sel, d)
-			delete(want, d.ID)
-			after = d.ID
-		}
-		if len(sel) > 0 {
-			if err := visit(sel); err != nil {
+		delete(want, d.ID)
+		sel, done = append(sel, d), done+1
+		if len(sel) == bulkPage {
+			if err := flush(); err != nil {
 				return nil, false, err
 			}
-			done += len(sel)
 		}
-		if stop {
-			break
-		}
+	}
+	if err := flush(); err != nil {
+		return nil, false, err
 	}
 	for id := range want {
 		notFound = append(notFound, id)
@@ -440,24 +425,6 @@ func (a *Relay) selected(b bulkJSON, visit func([]storage.DeadLetter) error) (no
 	slices.Sort(notFound)
 	return notFound, more, nil
 }
-
-// newestDead returns the id of the newest dead letter matching f, 0 when
-// none does.
-func (a *Relay) newestDead(f storage.DeadFilter) (uint64, error) {
-	var newest uint64
-	for {
-		page, err := a.deadPage(f, newest, bulkPage)
-		if err != nil {
-			return 0, fmt.Errorf("list dead letters: %w", err)
-		}
-		if len(page) == 0 {
-			return newest, nil
-		}
-		newest = page[len(page)-1].ID
-	}
-}
-
-var errUnknownLane = errors.New("unknown lane")
 
 type laneCount struct {
 	Lane    string `json:"lane"`
@@ -485,15 +452,16 @@ func (a *Relay) bulkCall(w http.ResponseWriter, r *http.Request, replay bool, an
 	}
 	a.bulk.Lock()
 	defer a.bulk.Unlock()
-	ctx, cancel := context.WithTimeout(a.stopCtx, bulkCallTimeout)
-	defer cancel()
-	ans.NotFound, ans.More, err = a.selected(b, func(page []storage.DeadLetter) error { return visit(ctx, b, page) })
-	if ans.NotFound == nil {
-		ans.NotFound = []uint64{}
-	}
-	if errors.Is(err, errUnknownLane) {
+	f, ok := a.spoolFilter(*cmp.Or(b.Filter, &filterJSON{})) // ids mode: no filter
+	if !ok {
 		jsonError(w, http.StatusNotFound, "filter.lane: no lane has that label (GET /relay/v1/lanes lists them)")
 		return b, true, nil
+	}
+	ctx, cancel := context.WithTimeout(a.stopCtx, bulkCallTimeout)
+	defer cancel()
+	ans.NotFound, ans.More, err = a.selected(b, f, func(page []storage.DeadLetter) error { return visit(ctx, b, page) })
+	if ans.NotFound == nil {
+		ans.NotFound = []uint64{}
 	}
 	return b, false, err
 }

@@ -36,7 +36,8 @@ type relayFixture struct {
 	base string
 }
 
-func newRelayFixture(t *testing.T, scfg spool.Config, lanes map[storage.Kind]delivery.LaneControl) *relayFixture {
+// wrap, when given, wraps the store the routes use.
+func newRelayFixture(t *testing.T, scfg spool.Config, lanes map[storage.Kind]delivery.LaneControl, wrap ...func(Store) Store) *relayFixture {
 	t.Helper()
 	scfg.Dir = t.TempDir()
 	scfg.MinFreeBytes = -1
@@ -49,7 +50,11 @@ func newRelayFixture(t *testing.T, scfg spool.Config, lanes map[storage.Kind]del
 			t.Errorf("close spool: %v", err)
 		}
 	})
-	api, err := NewRelay(RelayConfig{Lanes: lanes, Store: spool.NewBackend(sp, nil)}, sp, nil, nil)
+	var store Store = spool.NewBackend(sp, nil)
+	for _, w := range wrap {
+		store = w(store)
+	}
+	api, err := NewRelay(RelayConfig{Lanes: lanes, Store: store}, sp, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
