@@ -237,11 +237,7 @@ func options(c *Config) []option {
 		{name: "admin-insecure-open", def: "false", usage: "serve an admin-listen that is not loopback without an admin token (otherwise that start is refused)", v: &c.AdminInsecureOpen},
 		{name: "credentials", usage: "YAML file of upstream credentials; needs an admin token", v: &c.Credentials, live: always},
 		{name: "trusted-proxies", list: true, usage: "comma-separated CIDRs whose X-Forwarded-For is trusted",
-			set: func(c *Config, v string) error {
-				ps, err := parsePrefixes(v)
-				c.TrustedProxies = ps
-				return err
-			}, v: &c.TrustedProxies},
+			v: &c.TrustedProxies, set: parsed(&c.TrustedProxies, parsePrefixes)},
 		{name: "drain-timeout", def: "10s", usage: "on SIGTERM/SIGINT, longest wait for in-flight requests and deliveries", v: &c.DrainTimeout},
 		{name: "log-level", def: "info", usage: "debug, info, warn or error", v: &c.LogLevel, live: always},
 		{name: "log-format", usage: "json or console; empty: console on a terminal, json otherwise", v: &c.LogFormat, live: always},
@@ -255,11 +251,7 @@ func options(c *Config) []option {
 		{name: "admin-tls-key", usage: "PEM private key of --admin-tls-cert", v: &c.AdminTLSKey},
 		// Browsers and the open internet.
 		{name: "cors-origins", list: true, usage: "comma-separated origins (https://www.example.com) whose browser pages may POST to the ingest listener, or *; others are refused",
-			set: func(c *Config, v string) error {
-				origins, err := parseOrigins(v)
-				c.CORSOrigins = origins
-				return err
-			}, live: always, v: &c.CORSOrigins},
+			v: &c.CORSOrigins, set: parsed(&c.CORSOrigins, parseOrigins), live: always},
 		{name: "allowed-api-keys", secret: true, list: true, usage: "comma-separated api_keys the ingest takes (others: 403), or \"credentials\" for the credentials file's projects; empty: all",
 			set: func(c *Config, v string) error {
 				c.AllowedAPIKeys, c.AllowedKeysFromCredentials = nil, false
@@ -285,18 +277,11 @@ func options(c *Config) []option {
 			}, live: always, v: &c.ClientRateLimit},
 		{name: "anonymize-ip", def: "false", usage: "drop the last octet of IPv4 / last 80 bits of IPv6 of every ip the relay fills in or forwards", v: &c.AnonymizeIP, live: always},
 		{name: "tracking-plan", def: "off", usage: "off, observe, filter or block: how events are checked at delivery against the project's taxonomy (a project's tracking_plan in the credentials file overrides it)",
-			set: func(c *Config, v string) (err error) {
-				c.TrackingPlan, err = plan.ParseMode(strings.TrimSpace(v))
-				return err
-			}, live: always, v: &c.TrackingPlan},
+			v: &c.TrackingPlan, set: parsed(&c.TrackingPlan, plan.ParseMode), live: always},
 		{name: "tracking-plan-refresh", def: plan.DefaultRefresh.String(), usage: "how often each project's tracking plan is read again from the taxonomy API", v: &c.TrackingPlanRefresh, live: always},
 		// Fleet mode.
 		{name: "spool", def: "local", secret: true, usage: "local: the WAL + bbolt spool in --data-dir; nats://host:port[,host:port...]: a NATS JetStream cluster shared by a fleet of relays",
-			set: func(c *Config, v string) error {
-				urls, err := ParseSpool(v)
-				c.SpoolNATS = urls
-				return err
-			}, v: &c.SpoolNATS},
+			v: &c.SpoolNATS, set: parsed(&c.SpoolNATS, ParseSpool)},
 		{name: "nats-creds", usage: "NATS credentials file (JWT and nkey seed) for --spool nats://", v: &c.NATSCreds},
 		{name: "nats-tls-ca", usage: "CA bundle (PEM) that verifies the NATS servers' certificates", v: &c.NATSTLSCA},
 		{name: "nats-tls-cert", usage: "client certificate (PEM) for NATS servers that verify clients; with --nats-tls-key", v: &c.NATSTLSCert},
@@ -362,6 +347,15 @@ func Reloaded(cur, next Config) Config {
 		eff.AdminTokenFile, eff.Token = cur.AdminTokenFile, cur.Token
 	}
 	return eff
+}
+
+// parsed is the set of an option whose field is what parse makes of the
+// value, trimmed.
+func parsed[T any](field *T, parse func(string) (T, error)) func(*Config, string) error {
+	return func(_ *Config, v string) (err error) {
+		*field, err = parse(strings.TrimSpace(v))
+		return err
+	}
 }
 
 // parseOrigins parses --cors-origins: a comma-separated list of origins, or
