@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -117,7 +116,7 @@ func printDiff(d *diffTarget, cfg config.Config, environ []string, stdout io.Wri
 		}
 		n++
 		applies := "needs a restart (kept)"
-		if slices.Contains(liveSettings, s.Name) {
+		if config.Live(s.Name) {
 			applies = "live"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Name, o.Value, s.Value, s.Source, applies)

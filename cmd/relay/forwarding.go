@@ -47,8 +47,8 @@ func forwardingRoutes(bases upstreamBases, creds *credentials.Ref, taxLim *ratel
 }
 
 // upstreamBases are the upstream bases of the flags, one baseurl.Ref each,
-// shared by all their readers: a reload stores the new ones (isLive says
-// when). The events lanes and group identification keep --ingest-url
+// shared by all their readers: a reload stores the new ones (config.LiveFrom
+// says when). The events lanes and group identification keep --ingest-url
 // their own way (delivery.Live, groupidentify.SetURL).
 type upstreamBases struct{ ingest, alias, analytics, experiment, scim, feedback *baseurl.Ref }
 
@@ -59,7 +59,7 @@ func newUpstreamBases(c config.Config) upstreamBases {
 }
 
 // store puts c's bases in force (the ones c keeps from before a reload
-// included: keepRestartSettings).
+// included: config.Reloaded).
 func (b upstreamBases) store(c config.Config) {
 	b.ingest.Store(c.IngestURL)
 	b.alias.Store(c.AliasURL)

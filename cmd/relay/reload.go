@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 
@@ -16,48 +15,6 @@ import (
 	"github.com/svcrelay/relay/internal/config"
 	"go.uber.org/zap"
 )
-
-// liveSettings are the settings a reload puts in force while serving (by
-// their flag names). Every other setting needs a restart: a reload that
-// changes one keeps the value in force and names it (log, answer).
-// ingest-url is live between two upstreams (not to or from sandbox mode,
-// whose simulator runs from the start: see isLive), behind the spool's
-// upstream guard (upstreamGuard). The other upstream URLs are live outside
-// sandbox mode; alias-url and analytics-url not to or from "" (user
-// mapping is served or not from the start). The spool's guard is the
-// ingest URL's only: mappings spooled go to the alias-url in force, after
-// a reload as after a restart.
-var liveSettings = []string{
-	"log-level", "log-format",
-	"cors-origins", "allowed-api-keys", "client-rate-limit", "anonymize-ip",
-	"admin-token-file", "credentials",
-	"upstream-gzip", "max-event-age",
-	"max-batch-events", "max-batch-bytes", "flush-interval", "throttle-pause",
-	"max-lanes", "max-lanes-per-key", "lane-retire-after",
-	"tracking-plan", "tracking-plan-refresh",
-	"ingest-url", "spool-upstream-change",
-	"alias-url", "analytics-url", "experiment-url", "scim-url", "feedback-url",
-}
-
-// isLive reports whether a reload from old to new puts setting name in
-// force.
-func isLive(name string, old, new config.Config) bool {
-	switch name {
-	case "ingest-url":
-		if old.Sandbox() != new.Sandbox() {
-			return false
-		}
-	case "alias-url", "analytics-url", "experiment-url", "scim-url", "feedback-url":
-		if old.Sandbox() || new.Sandbox() {
-			return false
-		}
-		if name == "alias-url" && (old.AliasURL == "") != (new.AliasURL == "") ||
-			name == "analytics-url" && (old.AnalyticsURL == "") != (new.AnalyticsURL == "") {
-			return false
-		}
-	}
-	return slices.Contains(liveSettings, name)
-}
 
 // settingChange is one setting a reload changes (or would, for `config
 // check --diff`), values as `config check` shows them (secrets masked).
@@ -83,7 +40,7 @@ func diffSettings(old, new config.Config) []settingChange {
 			continue
 		}
 		out = append(out, settingChange{Name: s.Name, Old: oldVals[s.Name], New: s.Value,
-			Source: new.Source(s.Name), Live: isLive(s.Name, old, new)})
+			Source: new.Source(s.Name), Live: config.LiveFrom(old, new, s.Name)})
 	}
 	return out
 }
@@ -189,7 +146,7 @@ func (r *configReloader) reload(by string) reloadResult {
 		return res
 	}
 	res.Changed = diffSettings(cur, next)
-	eff := keepRestartSettings(cur, next)
+	eff := config.Reloaded(cur, next)
 	var live []string
 	for _, c := range res.Changed {
 		if c.Live {
@@ -212,49 +169,6 @@ func (r *configReloader) reload(by string) reloadResult {
 	res.Reloaded = true
 	r.log.Info("configuration reloaded", zap.String("by", by), zap.Strings("changed", live), zap.Strings("needs_restart", res.NeedsRestart))
 	return res
-}
-
-// keepRestartSettings is next with every setting that needs a restart set
-// back to cur's: the configuration in force after a reload.
-func keepRestartSettings(cur, next config.Config) config.Config {
-	eff := cur
-	eff.LogLevel = next.LogLevel
-	eff.CORSOrigins = next.CORSOrigins
-	eff.AllowedAPIKeys, eff.AllowedKeysFromCredentials = next.AllowedAPIKeys, next.AllowedKeysFromCredentials
-	eff.ClientRateLimit = next.ClientRateLimit
-	eff.AnonymizeIP = next.AnonymizeIP
-	eff.UpstreamGzip, eff.MaxEventAge = next.UpstreamGzip, next.MaxEventAge
-	eff.MaxBatchEvents, eff.MaxBatchBytes, eff.FlushInterval = next.MaxBatchEvents, next.MaxBatchBytes, next.FlushInterval
-	eff.ThrottlePause, eff.LogFormat = next.ThrottlePause, next.LogFormat
-	eff.MaxLanes, eff.MaxLanesPerKey, eff.LaneRetireAfter = next.MaxLanes, next.MaxLanesPerKey, next.LaneRetireAfter
-	eff.TrackingPlan, eff.TrackingPlanRefresh = next.TrackingPlan, next.TrackingPlanRefresh
-	eff.SpoolUpstreamChange = next.SpoolUpstreamChange
-	nextURLs := next.UpstreamURLs()
-	for i, u := range eff.UpstreamURLs() {
-		if isLive(u.Name, cur, next) {
-			*u.URL = *nextURLs[i].URL
-		}
-	}
-	// A token given directly needs a restart; one cannot be added to a
-	// relay started without one (reloadFiles says so).
-	if cur.Token != nil && next.AdminTokenFile != "" {
-		eff.AdminTokenFile, eff.Token = next.AdminTokenFile, next.Token
-	}
-	eff.Credentials, eff.Creds = next.Credentials, next.Creds
-	eff.Warnings = next.Warnings
-	// Settings as in force: the live ones' new values, the others' old.
-	eff.Settings = slices.Clone(next.Settings)
-	for i, s := range eff.Settings {
-		if isLive(s.Name, cur, next) {
-			continue
-		}
-		for _, o := range cur.Settings {
-			if o.Name == s.Name {
-				eff.Settings[i] = o
-			}
-		}
-	}
-	return eff
 }
 
 // inForce is a setting in force as GET /relay/v1/config shows it: the

@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/config"
 	"github.com/svcrelay/relay/internal/polltest"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -497,35 +496,6 @@ func TestReloadMaxEventAge(t *testing.T) {
 	delivered("after")
 	if b := string(get("/relay/v1/deadletters")); strings.Contains(b, `"after"`) || strings.Contains(b, `"before"`) {
 		t.Fatalf("dead letters besides too-old: %s", b)
-	}
-}
-
-// TestReloadUpstreamURLsLive: which changes of the upstream URLs but the
-// ingest URL a reload puts in force, and that the others are kept.
-func TestReloadUpstreamURLsLive(t *testing.T) {
-	const in, x, y = "http://ingest", "http://x", "http://y"
-	for i, c := range []struct {
-		name     string
-		old, new config.Config
-		live     bool
-	}{
-		{"alias-url", config.Config{IngestURL: in, AliasURL: x}, config.Config{IngestURL: in, AliasURL: y}, true},
-		{"alias-url", config.Config{IngestURL: in, AliasURL: x}, config.Config{IngestURL: in}, false},
-		{"analytics-url", config.Config{IngestURL: in}, config.Config{IngestURL: in, AnalyticsURL: x}, false},
-		{"analytics-url", config.Config{IngestURL: in, AnalyticsURL: x}, config.Config{IngestURL: in, AnalyticsURL: y}, true},
-		{"scim-url", config.Config{IngestURL: in}, config.Config{IngestURL: in, ScimURL: x}, true},
-		{"experiment-url", config.Config{IngestURL: in, ExperimentURL: x}, config.Config{ExperimentURL: y}, false},
-		{"feedback-url", config.Config{}, config.Config{FeedbackURL: x}, false},
-	} {
-		if got := isLive(c.name, c.old, c.new); got != c.live {
-			t.Errorf("case %d, %s: live %v, want %v", i, c.name, got, c.live)
-		}
-		eff := keepRestartSettings(c.old, c.new)
-		if urls := []string{eff.AliasURL + eff.AnalyticsURL + eff.ExperimentURL + eff.ScimURL + eff.FeedbackURL,
-			c.old.AliasURL + c.old.AnalyticsURL + c.old.ExperimentURL + c.old.ScimURL + c.old.FeedbackURL,
-			c.new.AliasURL + c.new.AnalyticsURL + c.new.ExperimentURL + c.new.ScimURL + c.new.FeedbackURL}; urls[0] != urls[map[bool]int{false: 1, true: 2}[c.live]] {
-			t.Errorf("case %d, %s: in force after the reload %q", i, c.name, urls[0])
-		}
 	}
 }
 

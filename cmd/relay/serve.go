@@ -175,7 +175,7 @@ func (s *server) buildDelivery() (*deliveries, error) {
 	}
 	s.onHUP.add(func(c config.Config) {
 		p.SetLive(c.DeliveryLive())
-		if !c.Sandbox() { // sandbox mode's simulator URL is kept (isLive)
+		if !c.Sandbox() { // sandbox mode's simulator URL is kept (config.LiveFrom)
 			gi.SetURL(c.IngestURL)
 		}
 	})
@@ -496,7 +496,7 @@ func (s *server) openShared() error {
 	// backfills read the bases at every use.
 	s.bases = newUpstreamBases(cfg)
 	s.onHUP.add(func(c config.Config) {
-		if !c.Sandbox() { // sandbox mode's simulator URLs are kept (isLive)
+		if !c.Sandbox() { // sandbox mode's simulator URLs are kept (config.LiveFrom)
 			s.bases.store(c)
 		}
 	})

@@ -76,7 +76,7 @@ func describeIngestURL(id string) string {
 func reloadUpstreamGuard(sp *spool.Spool, log *zap.Logger) func(cur, next config.Config) error {
 	return func(cur, next config.Config) error {
 		id := upstreamIdentity(next.IngestURL)
-		if !isLive("ingest-url", cur, next) || id == upstreamIdentity(cur.IngestURL) {
+		if !config.LiveFrom(cur, next, "ingest-url") || id == upstreamIdentity(cur.IngestURL) {
 			return nil
 		}
 		if err := guardSpoolUpstream(sp, id, next.SpoolUpstreamChange == "allow", log); err != nil {

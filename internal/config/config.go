@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -156,7 +157,8 @@ func (c *Config) UpstreamURLs() []UpstreamURL {
 
 // option is one setting: its flag name, default, and where its value goes:
 // v, a field of the Config being loaded (*string, *time.Duration, *int64
-// for a size, *int, *bool), or set for a setting parsed its own way.
+// for a size, *int, *bool), or set for a setting parsed its own way (v is
+// then the field set fills, for Reloaded).
 type option struct {
 	name   string
 	def    string
@@ -165,6 +167,11 @@ type option struct {
 	list   bool // a YAML file may give it as a list (joined with commas)
 	v      any
 	set    func(c *Config, v string) error
+	// live says whether a reload from cur to next puts the setting in
+	// force; nil: never, it needs a restart (see Reloaded). The fields Load
+	// derives (Token, Creds, AllowedKeysFromCredentials) are of settings
+	// always live.
+	live func(cur, next *Config) bool
 }
 
 func (o option) isBool() bool { _, ok := o.v.(*bool); return ok }
@@ -203,35 +210,37 @@ func options(c *Config) []option {
 		{name: "listen", def: "127.0.0.1:8080", usage: "ingest listener address (apps and SDKs send events here)", v: &c.Listen},
 		{name: "admin-listen", def: "127.0.0.1:8081", usage: "admin listener address: health, metrics, pprof, dead letters, forwarding", v: &c.AdminListen},
 		{name: "data-dir", def: "./relay-data", usage: "directory of the bbolt spool; created if missing", v: &c.DataDir},
-		{name: "ingest-url", usage: "upstream base for /2/httpapi and /groupidentify; empty: sandbox mode (built-in simulator)", v: &c.IngestURL},
-		{name: "alias-url", usage: "upstream base of the alias (user mapping) API", v: &c.AliasURL},
-		{name: "analytics-url", usage: "upstream base of the analytics/export APIs", v: &c.AnalyticsURL},
-		{name: "experiment-url", usage: "upstream base of the experiment APIs", v: &c.ExperimentURL},
-		{name: "scim-url", usage: "upstream base of the SCIM API", v: &c.ScimURL},
-		{name: "feedback-url", usage: "upstream base of the feedback API", v: &c.FeedbackURL},
-		{name: "throttle-pause", def: delivery.DefaultThrottlePause.String(), usage: "how long a device or user named in a 429 gets nothing sent", v: &c.ThrottlePause},
-		{name: "max-batch-events", def: strconv.Itoa(delivery.DefaultMaxBatchEvents), usage: "events per upstream request, at most (1.." + strconv.Itoa(delivery.MaxMaxBatchEvents) + ")", v: &c.MaxBatchEvents},
-		{name: "max-batch-bytes", def: strconv.Itoa(delivery.DefaultMaxBatchBytes), usage: "upstream request body size, strictly less than this", v: &c.MaxBatchBytes},
-		{name: "flush-interval", def: delivery.DefaultFlushInterval.String(), usage: "longest an accepted event waits for its batch to fill", v: &c.FlushInterval},
+		{name: "ingest-url", usage: "upstream base for /2/httpapi and /groupidentify; empty: sandbox mode (built-in simulator)", v: &c.IngestURL, live: sameSandbox},
+		{name: "alias-url", usage: "upstream base of the alias (user mapping) API", v: &c.AliasURL,
+			live: func(cur, next *Config) bool {
+				return outsideSandbox(cur, next) && (cur.AliasURL == "") == (next.AliasURL == "")
+			}},
+		{name: "analytics-url", usage: "upstream base of the analytics/export APIs", v: &c.AnalyticsURL,
+			live: func(cur, next *Config) bool {
+				return outsideSandbox(cur, next) && (cur.AnalyticsURL == "") == (next.AnalyticsURL == "")
+			}},
+		{name: "experiment-url", usage: "upstream base of the experiment APIs", v: &c.ExperimentURL, live: outsideSandbox},
+		{name: "scim-url", usage: "upstream base of the SCIM API", v: &c.ScimURL, live: outsideSandbox},
+		{name: "feedback-url", usage: "upstream base of the feedback API", v: &c.FeedbackURL, live: outsideSandbox},
+		{name: "throttle-pause", def: delivery.DefaultThrottlePause.String(), usage: "how long a device or user named in a 429 gets nothing sent", v: &c.ThrottlePause, live: always},
+		{name: "max-batch-events", def: strconv.Itoa(delivery.DefaultMaxBatchEvents), usage: "events per upstream request, at most (1.." + strconv.Itoa(delivery.MaxMaxBatchEvents) + ")", v: &c.MaxBatchEvents, live: always},
+		{name: "max-batch-bytes", def: strconv.Itoa(delivery.DefaultMaxBatchBytes), usage: "upstream request body size, strictly less than this", v: &c.MaxBatchBytes, live: always},
+		{name: "flush-interval", def: delivery.DefaultFlushInterval.String(), usage: "longest an accepted event waits for its batch to fill", v: &c.FlushInterval, live: always},
 		{name: "spool-max-bytes", def: "8GiB", usage: "spool quota; above it ingest answers 503 with Retry-After (0: no quota)", v: &c.SpoolMaxBytes},
 		{name: "spool-min-free-bytes", def: fmt.Sprintf("%dMiB", spool.DefaultMinFreeBytes>>20), usage: "free disk space kept in reserve on the data dir's filesystem; below it ingest answers 503 (0: no reserve)", v: &c.SpoolMinFreeBytes},
 		{name: "sync", def: "always", usage: "always: answer 200 after fsync; none: after the write reaches the OS", v: &c.Sync},
 		{name: "max-request-bytes", def: "20MB", usage: "largest ingest request body, after decompression (above: 413)", v: &c.MaxRequestBytes},
-		{name: "max-event-age", def: "6d", usage: "an event undelivered this long after acceptance goes to dead letters", v: &c.MaxEventAge},
-		{name: "upstream-gzip", def: "false", usage: "send upstream bodies gzip-compressed", v: &c.UpstreamGzip},
+		{name: "max-event-age", def: "6d", usage: "an event undelivered this long after acceptance goes to dead letters", v: &c.MaxEventAge, live: always},
+		{name: "upstream-gzip", def: "false", usage: "send upstream bodies gzip-compressed", v: &c.UpstreamGzip, live: always},
 		{name: "admin-token", secret: true, usage: "token required on admin routes but /healthz, /readyz and /metrics (prefer --admin-token-file)", v: &c.AdminToken},
-		{name: "admin-token-file", usage: "file holding the admin token", v: &c.AdminTokenFile},
+		{name: "admin-token-file", usage: "file holding the admin token", v: &c.AdminTokenFile, live: always},
 		{name: "admin-insecure-open", def: "false", usage: "serve an admin-listen that is not loopback without an admin token (otherwise that start is refused)", v: &c.AdminInsecureOpen},
-		{name: "credentials", usage: "YAML file of upstream credentials; needs an admin token", v: &c.Credentials},
+		{name: "credentials", usage: "YAML file of upstream credentials; needs an admin token", v: &c.Credentials, live: always},
 		{name: "trusted-proxies", list: true, usage: "comma-separated CIDRs whose X-Forwarded-For is trusted",
-			set: func(c *Config, v string) error {
-				ps, err := parsePrefixes(v)
-				c.TrustedProxies = ps
-				return err
-			}},
+			v: &c.TrustedProxies, set: parsed(&c.TrustedProxies, parsePrefixes)},
 		{name: "drain-timeout", def: "10s", usage: "on SIGTERM/SIGINT, longest wait for in-flight requests and deliveries", v: &c.DrainTimeout},
-		{name: "log-level", def: "info", usage: "debug, info, warn or error", v: &c.LogLevel},
-		{name: "log-format", usage: "json or console; empty: console on a terminal, json otherwise", v: &c.LogFormat},
+		{name: "log-level", def: "info", usage: "debug, info, warn or error", v: &c.LogLevel, live: always},
+		{name: "log-format", usage: "json or console; empty: console on a terminal, json otherwise", v: &c.LogFormat, live: always},
 		{name: "config", usage: "YAML file of settings (keys are the flag names); flags and RELAY_* variables beat it", v: &c.ConfigFile},
 
 		// The ingest listener: connections and TLS.
@@ -242,11 +251,7 @@ func options(c *Config) []option {
 		{name: "admin-tls-key", usage: "PEM private key of --admin-tls-cert", v: &c.AdminTLSKey},
 		// Browsers and the open internet.
 		{name: "cors-origins", list: true, usage: "comma-separated origins (https://www.example.com) whose browser pages may POST to the ingest listener, or *; others are refused",
-			set: func(c *Config, v string) error {
-				origins, err := parseOrigins(v)
-				c.CORSOrigins = origins
-				return err
-			}},
+			v: &c.CORSOrigins, set: parsed(&c.CORSOrigins, parseOrigins), live: always},
 		{name: "allowed-api-keys", secret: true, list: true, usage: "comma-separated api_keys the ingest takes (others: 403), or \"credentials\" for the credentials file's projects; empty: all",
 			set: func(c *Config, v string) error {
 				c.AllowedAPIKeys, c.AllowedKeysFromCredentials = nil, false
@@ -260,7 +265,7 @@ func options(c *Config) []option {
 					}
 				}
 				return nil
-			}},
+			}, live: always, v: &c.AllowedAPIKeys},
 		{name: "client-rate-limit", def: "0", usage: "ingest requests per second per client address (burst 2x); above: 429 with Retry-After (0: off)",
 			set: func(c *Config, v string) error {
 				r, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
@@ -269,21 +274,14 @@ func options(c *Config) []option {
 				}
 				c.ClientRateLimit = r
 				return nil
-			}},
-		{name: "anonymize-ip", def: "false", usage: "drop the last octet of IPv4 / last 80 bits of IPv6 of every ip the relay fills in or forwards", v: &c.AnonymizeIP},
+			}, live: always, v: &c.ClientRateLimit},
+		{name: "anonymize-ip", def: "false", usage: "drop the last octet of IPv4 / last 80 bits of IPv6 of every ip the relay fills in or forwards", v: &c.AnonymizeIP, live: always},
 		{name: "tracking-plan", def: "off", usage: "off, observe, filter or block: how events are checked at delivery against the project's taxonomy (a project's tracking_plan in the credentials file overrides it)",
-			set: func(c *Config, v string) (err error) {
-				c.TrackingPlan, err = plan.ParseMode(strings.TrimSpace(v))
-				return err
-			}},
-		{name: "tracking-plan-refresh", def: plan.DefaultRefresh.String(), usage: "how often each project's tracking plan is read again from the taxonomy API", v: &c.TrackingPlanRefresh},
+			v: &c.TrackingPlan, set: parsed(&c.TrackingPlan, plan.ParseMode), live: always},
+		{name: "tracking-plan-refresh", def: plan.DefaultRefresh.String(), usage: "how often each project's tracking plan is read again from the taxonomy API", v: &c.TrackingPlanRefresh, live: always},
 		// Fleet mode.
 		{name: "spool", def: "local", secret: true, usage: "local: the WAL + bbolt spool in --data-dir; nats://host:port[,host:port...]: a NATS JetStream cluster shared by a fleet of relays",
-			set: func(c *Config, v string) error {
-				urls, err := ParseSpool(v)
-				c.SpoolNATS = urls
-				return err
-			}},
+			v: &c.SpoolNATS, set: parsed(&c.SpoolNATS, ParseSpool)},
 		{name: "nats-creds", usage: "NATS credentials file (JWT and nkey seed) for --spool nats://", v: &c.NATSCreds},
 		{name: "nats-tls-ca", usage: "CA bundle (PEM) that verifies the NATS servers' certificates", v: &c.NATSTLSCA},
 		{name: "nats-tls-cert", usage: "client certificate (PEM) for NATS servers that verify clients; with --nats-tls-key", v: &c.NATSTLSCert},
@@ -293,11 +291,70 @@ func options(c *Config) []option {
 		// Connections per client address.
 		{name: "max-connections-per-client", def: strconv.Itoa(ingest.DefaultMaxConnectionsPerClient), usage: "ingest connections one client address (IPv6: its /64) holds open at once; beyond it new ones are closed at accept; loopback and --trusted-proxies are not bounded (0: off)", v: &c.MaxConnectionsPerClient},
 		// The sandbox guard.
-		{name: "spool-upstream-change", def: "refuse", usage: "allow: deliver records waiting in the spool to another upstream than they were accepted for (refuse: fail to start)", v: &c.SpoolUpstreamChange},
+		{name: "spool-upstream-change", def: "refuse", usage: "allow: deliver records waiting in the spool to another upstream than they were accepted for (refuse: fail to start)", v: &c.SpoolUpstreamChange, live: always},
 		// Bounded lanes.
-		{name: "max-lanes", def: "10000", usage: "lanes (kind + api_key + canonical options) held at once; a new one beyond it gets 503 + Retry-After (0: no bound)", v: &c.MaxLanes},
-		{name: "lane-retire-after", def: "10m", usage: "an empty lane with nothing accepted for this long is retired (its goroutines, metric series and spool record removed; 0: never)", v: &c.LaneRetireAfter},
-		{name: "max-lanes-per-key", def: "16", usage: "lanes of one api_key (its kinds and options variants) held at once; a new one beyond it gets 503 + Retry-After (0: no bound)", v: &c.MaxLanesPerKey},
+		{name: "max-lanes", def: "10000", usage: "lanes (kind + api_key + canonical options) held at once; a new one beyond it gets 503 + Retry-After (0: no bound)", v: &c.MaxLanes, live: always},
+		{name: "lane-retire-after", def: "10m", usage: "an empty lane with nothing accepted for this long is retired (its goroutines, metric series and spool record removed; 0: never)", v: &c.LaneRetireAfter, live: always},
+		{name: "max-lanes-per-key", def: "16", usage: "lanes of one api_key (its kinds and options variants) held at once; a new one beyond it gets 503 + Retry-After (0: no bound)", v: &c.MaxLanesPerKey, live: always},
+	}
+}
+
+// Reload rules of the option table. ingest-url is live between two
+// upstreams, not to or from sandbox mode, whose simulator runs from the
+// start (cmd/relay's upstream guard refuses a change the spool's waiting
+// records forbid). The other upstream URLs are live outside sandbox mode;
+// alias-url and analytics-url not to or from "" (what they serve is served
+// or not from the start).
+func always(_, _ *Config) bool              { return true }
+func sameSandbox(cur, next *Config) bool    { return cur.Sandbox() == next.Sandbox() }
+func outsideSandbox(cur, next *Config) bool { return !cur.Sandbox() && !next.Sandbox() }
+
+// Live reports whether a reload can put setting name in force while
+// serving (LiveFrom says between which values); every other setting needs
+// a restart.
+func Live(name string) bool {
+	o, _ := lookupOption(name)
+	return o.live != nil
+}
+
+// LiveFrom reports whether a reload from cur to next puts setting name in
+// force.
+func LiveFrom(cur, next Config, name string) bool {
+	o, _ := lookupOption(name)
+	return o.live != nil && o.live(&cur, &next)
+}
+
+// Reloaded is the configuration in force after a reload from cur to next:
+// next, with every setting that needs a restart (LiveFrom) kept at cur's,
+// its Settings entry included.
+func Reloaded(cur, next Config) Config {
+	eff := next
+	eff.Settings = slices.Clone(next.Settings)
+	was := options(&cur)
+	for i, o := range options(&eff) {
+		if o.live != nil && o.live(&cur, &next) {
+			continue
+		}
+		reflect.ValueOf(o.v).Elem().Set(reflect.ValueOf(was[i].v).Elem())
+		named := func(s Setting) bool { return s.Name == o.name }
+		if j, k := slices.IndexFunc(eff.Settings, named), slices.IndexFunc(cur.Settings, named); j >= 0 && k >= 0 {
+			eff.Settings[j] = cur.Settings[k]
+		}
+	}
+	// A token file is read again, but a token given directly needs a
+	// restart, and none can be added to a relay started without one.
+	if cur.Token == nil || next.AdminTokenFile == "" {
+		eff.AdminTokenFile, eff.Token = cur.AdminTokenFile, cur.Token
+	}
+	return eff
+}
+
+// parsed is the set of an option whose field is what parse makes of the
+// value, trimmed.
+func parsed[T any](field *T, parse func(string) (T, error)) func(*Config, string) error {
+	return func(_ *Config, v string) (err error) {
+		*field, err = parse(strings.TrimSpace(v))
+		return err
 	}
 }
 

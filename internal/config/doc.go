@@ -27,6 +27,10 @@
 // 3000 is above 1999: ... (from variable RELAY_MAX_BATCH_EVENTS)"), never a
 // flag that was not given; Validate alone returns a *SettingError.
 //
+// Reloads: each option of the table says whether a reload puts it in
+// force, and between which values (Live, LiveFrom); Reloaded is the
+// configuration in force after one, every other setting kept.
+//
 // Only cmd/relay uses this package. Each component's own Config is made by
 // one method of Config (Delivery, Ingest, Plan, Fleet, ...: components.go),
 // so a setting reaches its package by one path; what is no setting (a hook,
