@@ -297,13 +297,6 @@ func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, 
 	return s, nil
 }
 
-// Handler returns the request handler (POST /2/httpapi, POST /batch, GET
-// /healthz), with the strict checks of the request head. Serve uses it with
-// a fasthttp.Server configured from Config; a caller that serves it with its
-// own fasthttp.Server must set that server's MaxRequestBodySize, timeouts
-// and ExpectHandler itself.
-func (s *Server) Handler() fasthttp.RequestHandler { return s.strictHandle }
-
 // Serve accepts connections on ln and serves them until Shutdown, over TLS
 // when Config.TLS is set. It returns nil after Shutdown, and the listener's
 // error if accepting fails otherwise; accept errors that end when resources
