@@ -60,9 +60,6 @@ type connLimiter struct {
 
 func newConnLimiter(n int) *connLimiter { return &connLimiter{slots: make(chan struct{}, n)} }
 
-// open is the number of connections held.
-func (c *connLimiter) open() int { return len(c.slots) }
-
 // release gives back the slot of one closed connection.
 func (c *connLimiter) release() {
 	select {
@@ -375,7 +372,7 @@ func newConnMetrics(reg prometheus.Registerer, lim *connLimiter) (*connMetrics, 
 	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "relay_ingest_connections",
 		Help: "Ingest connections open (at most --max-connections).",
-	}, func() float64 { return float64(lim.open()) })
+	}, func() float64 { return float64(len(lim.slots)) })
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.acceptRetries, m.connsFull, m.clientRefusals, open} {
 			if err := reg.Register(c); err != nil {
