@@ -313,16 +313,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 	s.lns = append(s.lns, ln)
 	s.lnMu.Unlock()
-	var err error
-	if s.cfg.TLS != nil {
-		err = s.srv.ServeTLS(s.wrapListener(ln), s.cfg.TLS)
-	} else {
-		err = s.srv.Serve(s.wrapListener(ln))
-	}
-	if err != nil {
-		if s.closing.Load() {
-			return nil
-		}
+	if err := s.srv.Serve(s.wrapListener(ln), s.cfg.TLS); err != nil && !s.closing.Load() {
 		return fmt.Errorf("ingest: serve: %w", err)
 	}
 	return nil
