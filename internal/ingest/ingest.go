@@ -168,7 +168,6 @@ type Server struct {
 	log        *zap.Logger // errors worth seeing every time
 	rejLog     *zap.Logger // sampled: rejections and HTTP-level errors
 	m          *metrics
-	cm         *connMetrics
 	conns      *connLimiter
 	perClient  *clientConns // nil: no per-client bound
 	srv        *fastserver.Server
@@ -229,12 +228,8 @@ func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, 
 		log = zap.NewNop()
 	}
 	cfg = cfg.withDefaults()
-	m, err := newMetrics(reg)
-	if err != nil {
-		return nil, fmt.Errorf("ingest: register metrics: %w", err)
-	}
 	conns := newConnLimiter(cfg.MaxConnections)
-	cm, err := newConnMetrics(reg, conns)
+	m, err := newMetrics(reg, conns)
 	if err != nil {
 		return nil, fmt.Errorf("ingest: register metrics: %w", err)
 	}
@@ -251,7 +246,6 @@ func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, 
 			return zapcore.NewSamplerWithOptions(c, time.Second, 5, 0)
 		})),
 		m:         m,
-		cm:        cm,
 		conns:     conns,
 		perClient: newClientConns(cfg.MaxConnectionsPerClient, append(slices.Clip(cfg.TrustedProxies), cfg.UnboundedPeers...)),
 	}
