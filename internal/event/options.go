@@ -46,28 +46,18 @@ func apiKeyTooLong(s []byte, esc bool) bool {
 // then no JSON decoding is needed.
 func canonicalOptions(dst, raw []byte, minLen int, onlyMin bool) []byte {
 	if onlyMin {
-		return appendMinIDLength(dst, minLen, false)
+		return appendMinIDLength(dst, minLen)
 	}
-	var m map[string]json.RawMessage
+	var canon map[string]any
 	d := json.NewDecoder(bytes.NewReader(raw))
 	d.UseNumber()
-	if err := d.Decode(&m); err != nil {
+	if err := d.Decode(&canon); err != nil {
 		// Not reached for an object Parse accepted; keep it as sent.
 		return append(dst, raw...)
 	}
-	delete(m, "min_id_length")
-	if len(m) == 0 {
-		return appendMinIDLength(dst, minLen, false)
-	}
-	canon := make(map[string]any, len(m))
-	for k, v := range m {
-		var x any
-		vd := json.NewDecoder(bytes.NewReader(v))
-		vd.UseNumber()
-		if err := vd.Decode(&x); err != nil {
-			return append(dst, raw...)
-		}
-		canon[k] = x
+	delete(canon, "min_id_length")
+	if len(canon) == 0 {
+		return appendMinIDLength(dst, minLen)
 	}
 	if minLen != DefaultMinIDLength {
 		canon["min_id_length"] = json.Number(strconv.Itoa(minLen))
@@ -82,9 +72,9 @@ func canonicalOptions(dst, raw []byte, minLen int, onlyMin bool) []byte {
 }
 
 // appendMinIDLength appends {"min_id_length":n}, or nothing when n is the
-// default (and more is false).
-func appendMinIDLength(dst []byte, n int, more bool) []byte {
-	if n == DefaultMinIDLength && !more {
+// default.
+func appendMinIDLength(dst []byte, n int) []byte {
+	if n == DefaultMinIDLength {
 		return dst
 	}
 	dst = append(dst, `{"min_id_length":`...)

@@ -133,15 +133,16 @@ func New(srv *fasthttp.Server) *Server {
 	return s
 }
 
-// Serve accepts connections on ln until Shutdown; see fasthttp.Server.Serve.
-// It returns nil after Shutdown. The error is fasthttp's, unwrapped. The TCP
-// connections it accepts linger when closed (see the package doc).
-func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(lingerListener{ln, s}) }
-
-// ServeTLS is Serve over TLS with cfg: the TCP connections ln accepts
-// linger when closed, under their TLS layer.
-func (s *Server) ServeTLS(ln net.Listener, cfg *tls.Config) error {
-	return s.srv.Serve(tls.NewListener(lingerListener{ln, s}, cfg))
+// Serve accepts connections on ln until Shutdown, over TLS with cfg unless
+// it is nil; see fasthttp.Server.Serve. It returns nil after Shutdown. The
+// error is fasthttp's, unwrapped. The TCP connections ln accepts linger when
+// closed (see the package doc), under their TLS layer.
+func (s *Server) Serve(ln net.Listener, cfg *tls.Config) error {
+	ln = lingerListener{ln, s}
+	if cfg != nil {
+		ln = tls.NewListener(ln, cfg)
+	}
+	return s.srv.Serve(ln)
 }
 
 // Shutdown stops accepting, closes the connections on which no request is

@@ -55,7 +55,7 @@ func serve(t *testing.T, srv *fasthttp.Server, expected ...string) (*Server, str
 		t.Fatal(err)
 	}
 	served := make(chan error, 1)
-	go func() { served <- s.Serve(ln) }()
+	go func() { served <- s.Serve(ln, nil) }()
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

@@ -11,30 +11,24 @@ import (
 
 // CORS: which browser pages may send to the ingest paths.
 
-// corsAllowHeaders are the request headers a preflight may ask for: what
-// the official browser SDK's transports set (fetch and XHR send
-// Content-Type: application/json, Accept and, with request compression,
-// Content-Encoding: gzip). Accept is safelisted; it is named for clarity.
-const corsAllowHeaders = "Content-Type, Content-Encoding, Accept"
-
-// corsMaxAge is how long a browser may cache a preflight answer, in seconds:
-// two hours, the most Chromium honours.
-const corsMaxAge = "7200"
-
 var (
-	headerOrigin        = []byte(fasthttp.HeaderOrigin)
-	headerReqMethod     = []byte(fasthttp.HeaderAccessControlRequestMethod)
-	headerVary          = []byte(fasthttp.HeaderVary)
-	headerACAO          = []byte(fasthttp.HeaderAccessControlAllowOrigin)
-	valueOrigin         = []byte(fasthttp.HeaderOrigin)
-	valueStar           = []byte("*")
-	headerAllowMethods  = []byte(fasthttp.HeaderAccessControlAllowMethods)
-	headerAllowHeaders  = []byte(fasthttp.HeaderAccessControlAllowHeaders)
-	headerMaxAge        = []byte(fasthttp.HeaderAccessControlMaxAge)
-	valueAllowMethods   = []byte("POST")
-	valueAllowHeaders   = []byte(corsAllowHeaders)
-	valueMaxAge         = []byte(corsMaxAge)
-	valueAllowPreflight = []byte("OPTIONS, POST")
+	headerOrigin       = []byte(fasthttp.HeaderOrigin)
+	headerReqMethod    = []byte(fasthttp.HeaderAccessControlRequestMethod)
+	headerVary         = []byte(fasthttp.HeaderVary)
+	headerACAO         = []byte(fasthttp.HeaderAccessControlAllowOrigin)
+	valueStar          = []byte("*")
+	headerAllowMethods = []byte(fasthttp.HeaderAccessControlAllowMethods)
+	headerAllowHeaders = []byte(fasthttp.HeaderAccessControlAllowHeaders)
+	headerMaxAge       = []byte(fasthttp.HeaderAccessControlMaxAge)
+	valueAllowMethods  = []byte("POST")
+	// The request headers a preflight may ask for: what the official
+	// browser SDK's transports set (fetch and XHR send Content-Type:
+	// application/json, Accept and, with request compression,
+	// Content-Encoding: gzip). Accept is safelisted; it is named for clarity.
+	valueAllowHeaders = []byte("Content-Type, Content-Encoding, Accept")
+	// How long a browser may cache a preflight answer, in seconds: two
+	// hours, the most Chromium honours.
+	valueMaxAge = []byte("7200")
 )
 
 // corsPolicy is the parsed Config.CORSOrigins; nil means CORS is off.
@@ -107,7 +101,7 @@ func (c *corsPolicy) allows(origin []byte) bool {
 // (nil: no Origin header) on an ingest path: Vary always, the allowed origin
 // when it is allowed. Credentials are never allowed.
 func (c *corsPolicy) setHeaders(h *fasthttp.ResponseHeader, origin []byte, allowed bool) {
-	h.SetCanonical(headerVary, valueOrigin)
+	h.SetCanonical(headerVary, headerOrigin) // Vary: Origin
 	if !allowed {
 		return
 	}
@@ -132,7 +126,7 @@ func (s *Server) cors(ctx *fasthttp.RequestCtx, p pathIdx, pol *corsPolicy) bool
 	case ctx.IsOptions():
 		if len(origin) == 0 || len(ctx.Request.Header.PeekBytes(headerReqMethod)) == 0 {
 			// Not a preflight.
-			h.Set(fasthttp.HeaderAllow, string(valueAllowPreflight))
+			h.Set(fasthttp.HeaderAllow, "OPTIONS, POST")
 			ctx.SetStatusCode(fasthttp.StatusNoContent)
 			return true
 		}

@@ -90,7 +90,7 @@ func FuzzHandler(f *testing.F) {
 			body = gz(t, body)
 		}
 		var ctx fasthttp.RequestCtx
-		callInProcess(s.Handler(), inProcessRequest("/2/httpapi", body, header...), &ctx)
+		callInProcess(s.strictHandle, inProcessRequest("/2/httpapi", body, header...), &ctx)
 
 		status := ctx.Response.StatusCode()
 		var ans struct {

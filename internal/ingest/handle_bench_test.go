@@ -91,5 +91,5 @@ func benchHandler(b *testing.B, noSync bool, n int) (fasthttp.RequestHandler, []
 		}
 	}()
 	b.Cleanup(func() { cancel(); <-drained })
-	return s.Handler(), body
+	return s.strictHandle, body
 }

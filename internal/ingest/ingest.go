@@ -168,7 +168,6 @@ type Server struct {
 	log        *zap.Logger // errors worth seeing every time
 	rejLog     *zap.Logger // sampled: rejections and HTTP-level errors
 	m          *metrics
-	cm         *connMetrics
 	conns      *connLimiter
 	perClient  *clientConns // nil: no per-client bound
 	srv        *fastserver.Server
@@ -229,12 +228,8 @@ func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, 
 		log = zap.NewNop()
 	}
 	cfg = cfg.withDefaults()
-	m, err := newMetrics(reg)
-	if err != nil {
-		return nil, fmt.Errorf("ingest: register metrics: %w", err)
-	}
 	conns := newConnLimiter(cfg.MaxConnections)
-	cm, err := newConnMetrics(reg, conns)
+	m, err := newMetrics(reg, conns)
 	if err != nil {
 		return nil, fmt.Errorf("ingest: register metrics: %w", err)
 	}
@@ -251,7 +246,6 @@ func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, 
 			return zapcore.NewSamplerWithOptions(c, time.Second, 5, 0)
 		})),
 		m:         m,
-		cm:        cm,
 		conns:     conns,
 		perClient: newClientConns(cfg.MaxConnectionsPerClient, append(slices.Clip(cfg.TrustedProxies), cfg.UnboundedPeers...)),
 	}
@@ -297,13 +291,6 @@ func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, 
 	return s, nil
 }
 
-// Handler returns the request handler (POST /2/httpapi, POST /batch, GET
-// /healthz), with the strict checks of the request head. Serve uses it with
-// a fasthttp.Server configured from Config; a caller that serves it with its
-// own fasthttp.Server must set that server's MaxRequestBodySize, timeouts
-// and ExpectHandler itself.
-func (s *Server) Handler() fasthttp.RequestHandler { return s.strictHandle }
-
 // Serve accepts connections on ln and serves them until Shutdown, over TLS
 // when Config.TLS is set. It returns nil after Shutdown, and the listener's
 // error if accepting fails otherwise; accept errors that end when resources
@@ -320,16 +307,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 	s.lns = append(s.lns, ln)
 	s.lnMu.Unlock()
-	var err error
-	if s.cfg.TLS != nil {
-		err = s.srv.ServeTLS(s.wrapListener(ln), s.cfg.TLS)
-	} else {
-		err = s.srv.Serve(s.wrapListener(ln))
-	}
-	if err != nil {
-		if s.closing.Load() {
-			return nil
-		}
+	if err := s.srv.Serve(s.wrapListener(ln), s.cfg.TLS); err != nil && !s.closing.Load() {
 		return fmt.Errorf("ingest: serve: %w", err)
 	}
 	return nil

@@ -12,7 +12,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -59,9 +58,6 @@ type connLimiter struct {
 }
 
 func newConnLimiter(n int) *connLimiter { return &connLimiter{slots: make(chan struct{}, n)} }
-
-// open is the number of connections held.
-func (c *connLimiter) open() int { return len(c.slots) }
 
 // release gives back the slot of one closed connection.
 func (c *connLimiter) release() {
@@ -247,13 +243,13 @@ func (l *limitListener) Close() error {
 // goes over it, and over fastserver's lingering: see Serve.)
 func (s *Server) wrapListener(ln net.Listener) net.Listener {
 	return &limitListener{Listener: ln, lim: s.conns, full: s.connsFull, perClient: s.perClient, refused: s.clientRefused,
-		log: s.rejLog, retries: s.cm.acceptRetries.Inc, done: make(chan struct{})}
+		log: s.rejLog, retries: s.m.acceptRetries.Inc, done: make(chan struct{})}
 }
 
 // clientRefused notes a connection closed at accept because its client held
 // Config.MaxConnectionsPerClient already.
 func (s *Server) clientRefused(c net.Conn) {
-	s.cm.clientRefusals.Inc()
+	s.m.clientRefusals.Inc()
 	ce := s.rejLog.Check(zapcore.WarnLevel, "ingest connection closed: its client holds --max-connections-per-client")
 	if ce == nil {
 		return
@@ -270,7 +266,7 @@ func (s *Server) clientRefused(c net.Conn) {
 
 // connsFull notes that the connection limit holds new connections back.
 func (s *Server) connsFull() {
-	s.cm.connsFull.Inc()
+	s.m.connsFull.Inc()
 	if ce := s.rejLog.Check(zapcore.WarnLevel, "ingest connection limit reached: new connections wait"); ce != nil {
 		ce.Write(zap.Int("max_connections", s.cfg.MaxConnections))
 	}
@@ -348,40 +344,4 @@ func errorClass(err error) string {
 		return "syscall"
 	}
 	return "malformed request"
-}
-
-// connMetrics are the listener's metrics.
-type connMetrics struct {
-	acceptRetries  prometheus.Counter
-	connsFull      prometheus.Counter
-	clientRefusals prometheus.Counter
-}
-
-func newConnMetrics(reg prometheus.Registerer, lim *connLimiter) (*connMetrics, error) {
-	m := &connMetrics{
-		acceptRetries: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "relay_ingest_accept_retries_total",
-			Help: "Accept errors on the ingest listener (out of file descriptors, buffers...) retried after a pause.",
-		}),
-		connsFull: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "relay_ingest_connection_limit_waits_total",
-			Help: "Times the ingest listener held new connections back because --max-connections were open.",
-		}),
-		clientRefusals: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "relay_ingest_client_connection_refusals_total",
-			Help: "Ingest connections closed at accept because their client address (IPv6: its /64) held --max-connections-per-client already.",
-		}),
-	}
-	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "relay_ingest_connections",
-		Help: "Ingest connections open (at most --max-connections).",
-	}, func() float64 { return float64(lim.open()) })
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.acceptRetries, m.connsFull, m.clientRefusals, open} {
-			if err := reg.Register(c); err != nil {
-				return nil, err
-			}
-		}
-	}
-	return m, nil
 }

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/spool"
@@ -297,4 +298,27 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// TestListenerMetricsRegistered checks that New registers the listener's
+// series with the request metrics, the connections gauge included.
+func TestListenerMetricsRegistered(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	if _, err := newMetrics(reg, newConnLimiter(3)); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, mf := range mfs {
+		got[mf.GetName()] = true
+	}
+	for _, name := range []string{"relay_ingest_connections", "relay_ingest_accept_retries_total",
+		"relay_ingest_connection_limit_waits_total", "relay_ingest_client_connection_refusals_total"} {
+		if !got[name] {
+			t.Errorf("%s not registered", name)
+		}
+	}
 }

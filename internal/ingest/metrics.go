@@ -71,9 +71,15 @@ type metrics struct {
 	seconds       prometheus.Histogram
 	bytes         prometheus.Histogram
 	reasonCounter map[string][2]prometheus.Counter // [events, requests], read-only
+
+	// The listener's.
+	acceptRetries  prometheus.Counter
+	connsFull      prometheus.Counter
+	clientRefusals prometheus.Counter
+	connections    prometheus.GaugeFunc
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, lim *connLimiter) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "relay_ingest_requests_total",
@@ -102,6 +108,22 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(256, 4, 10), // 256 B .. 64 MiB
 		}),
 		reasonCounter: make(map[string][2]prometheus.Counter),
+		acceptRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "relay_ingest_accept_retries_total",
+			Help: "Accept errors on the ingest listener (out of file descriptors, buffers...) retried after a pause.",
+		}),
+		connsFull: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "relay_ingest_connection_limit_waits_total",
+			Help: "Times the ingest listener held new connections back because --max-connections were open.",
+		}),
+		clientRefusals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "relay_ingest_client_connection_refusals_total",
+			Help: "Ingest connections closed at accept because their client address (IPv6: its /64) held --max-connections-per-client already.",
+		}),
+		connections: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "relay_ingest_connections",
+			Help: "Ingest connections open (at most --max-connections).",
+		}, func() float64 { return float64(len(lim.slots)) }),
 	}
 	for p := range numPaths {
 		m.codeCounters[p] = make(map[int]prometheus.Counter, len(knownCodes))
@@ -120,7 +142,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.reasonCounter[r] = [2]prometheus.Counter{m.rejected.WithLabelValues(r), m.rejectedReqs.WithLabelValues(r)}
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.accepted, m.rejected, m.rejectedReqs, m.seconds, m.bytes} {
+		for _, c := range []prometheus.Collector{m.requests, m.accepted, m.rejected, m.rejectedReqs, m.seconds, m.bytes,
+			m.acceptRetries, m.connsFull, m.clientRefusals, m.connections} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -519,7 +519,7 @@ func FuzzHandlerOpen(f *testing.F) {
 			body = gz(t, body)
 		}
 		var ctx fasthttp.RequestCtx
-		callInProcess(s.Handler(), inProcessRequest("/batch", body, header...), &ctx)
+		callInProcess(s.strictHandle, inProcessRequest("/batch", body, header...), &ctx)
 
 		status := ctx.Response.StatusCode()
 		var ans struct{ Code int }

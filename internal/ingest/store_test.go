@@ -55,7 +55,7 @@ func TestStore(t *testing.T) {
 			t.Fatal(err)
 		}
 		var rc fasthttp.RequestCtx
-		callInProcess(s.Handler(), inProcessRequest("/2/httpapi", body, "Content-Type", "application/json"), &rc)
+		callInProcess(s.strictHandle, inProcessRequest("/2/httpapi", body, "Content-Type", "application/json"), &rc)
 		return &rc, &testRelay{t: t, reg: reg}
 	}
 

@@ -71,7 +71,7 @@ func TestVet(t *testing.T) {
 				s.SetPlan(tc.plan)
 			}
 			var rc fasthttp.RequestCtx
-			callInProcess(s.Handler(), inProcessRequest("/2/httpapi", tc.body, "Content-Type", "application/json"), &rc)
+			callInProcess(s.strictHandle, inProcessRequest("/2/httpapi", tc.body, "Content-Type", "application/json"), &rc)
 			if rc.Response.StatusCode() != 200 {
 				t.Fatalf("%d %s", rc.Response.StatusCode(), rc.Response.Body())
 			}
