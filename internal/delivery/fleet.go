@@ -93,10 +93,7 @@ func (p *Pipeline) queueName(r storage.Reader) string {
 func (p *Pipeline) startFeed(f *Feed, name string) *laneRunner {
 	lr := newRunner(p, f, p.fl.nextID.Add(1), f.key.Label()+"-"+name, f.key)
 	p.eng.add(lr.id, lr)
-	// After add: a stop arriving meanwhile finds the runner.
-	if reason, ok := p.fl.stopped(f.key); ok {
-		lr.stop.Stop(reason)
-	}
+	p.applyStop(lr) // after add: a change arriving meanwhile finds the runner
 	return lr
 }
 
@@ -142,14 +139,6 @@ func (p *Pipeline) sharePauses(ctx context.Context, keys []string, until time.Ti
 	}
 }
 
-// stopped reports whether lane is stopped fleet-wide, and why.
-func (fl *fleetState) stopped(lane storage.LaneKey) (string, bool) {
-	fl.smu.Lock()
-	defer fl.smu.Unlock()
-	r, ok := fl.stops[lane]
-	return r, ok
-}
-
 // laneStopChanged applies a fleet-wide stop or resume of lane to this
 // relay's runners of it (every partition) and to those started later.
 func (p *Pipeline) laneStopChanged(lane storage.LaneKey, stopped bool, reason string) {
@@ -163,8 +152,30 @@ func (p *Pipeline) laneStopChanged(lane storage.LaneKey, stopped bool, reason st
 	fl.smu.Unlock()
 	for _, lr := range p.eng.Runners() {
 		if lr.key == lane {
-			lr.setStopped(stopped, reason)
+			p.applyStop(lr)
 		}
+	}
+}
+
+// applyStop puts the fleet-wide stop state of lr's lane on lr. The state
+// is read and put under smu, so that an older one never lands after a
+// newer one: a runner started while a resume was applied, or a stop and a
+// resume applied at once (a relay's own call and its watcher's), would
+// otherwise stay stopped. A fleet runner's StopSwitch has no Lane: nothing
+// is called out of the package under the lock.
+func (p *Pipeline) applyStop(lr *laneRunner) {
+	fl := p.fl
+	fl.smu.Lock()
+	reason, stop := fl.stops[lr.key]
+	var changed bool
+	if stop {
+		changed = lr.stop.Stop(reason)
+	} else {
+		changed = lr.stop.Resume()
+	}
+	fl.smu.Unlock()
+	if changed {
+		lr.stopChanged(stop, reason)
 	}
 }
 
@@ -198,15 +209,10 @@ func (p *Pipeline) controlShared(laneID uint64, stop bool) error {
 		p.log.Warn("lane stop or resume not shared with the fleet: it holds on this relay only, until its partitions move",
 			zap.String("lane", lr.label), zap.Error(err))
 	}
-	lr.setStopped(stop, reason)
-	return nil
-}
-
-// setStopped is Stop(reason) when stop, else Resume.
-func (lr *laneRunner) setStopped(stop bool, reason string) {
 	if stop {
 		lr.Stop(reason)
 	} else {
 		lr.Resume()
 	}
+	return nil
 }

@@ -379,16 +379,24 @@ func (lr *laneRunner) Run(ctx, drain context.Context) error {
 // Stop stops the lane (an operator, an upstream refusing its api_key; a
 // no-op when stopped) and logs it once.
 func (lr *laneRunner) Stop(reason string) {
-	if !lr.stop.Stop(reason) {
-		return
+	if lr.stop.Stop(reason) {
+		lr.stopChanged(true, reason)
 	}
-	lr.p.log.Error("lane stopped: nothing is sent until it is resumed (admin API) or the relay restarts",
-		zap.String("lane", lr.label), zap.String("reason", reason))
 }
 
 // Resume resumes the lane (ResumeLane).
 func (lr *laneRunner) Resume() {
-	if !lr.stop.Resume() {
+	if lr.stop.Resume() {
+		lr.stopChanged(false, "")
+	}
+}
+
+// stopChanged logs a change of the lane's stop state and wakes a resumed
+// lane's reader.
+func (lr *laneRunner) stopChanged(stopped bool, reason string) {
+	if stopped {
+		lr.p.log.Error("lane stopped: nothing is sent until it is resumed (admin API) or the relay restarts",
+			zap.String("lane", lr.label), zap.String("reason", reason))
 		return
 	}
 	poke(lr.bwake)
