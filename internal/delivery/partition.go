@@ -26,14 +26,14 @@ func (p *Pipeline) deliverPartition(stop, owned context.Context, r storage.Reade
 		<-owned.Done()
 		return nil
 	}
-	pt := &partition{p: p, name: name, r: r, owned: owned, room: make(chan struct{}, 1),
+	// lctx ends with ownership or the relay's stop: no new work.
+	lctx, cancel := context.WithCancel(owned)
+	defer cancel()
+	pt := &partition{p: p, name: name, r: r, owned: owned, end: cancel, room: make(chan struct{}, 1),
 		feeds: map[storage.LaneKey]*Feed{}, awake: make(chan struct{}, 1)}
 	if s, ok := r.(spiller); ok {
 		pt.spill, pt.maxSpilled = s, int64(max(s.MaxSpilled(), 1))
 	}
-	// lctx ends with ownership or the relay's stop: no new work.
-	lctx, cancel := context.WithCancel(owned)
-	defer cancel()
 	defer context.AfterFunc(stop, cancel)()
 	// The acker's acks run on a context of their own: neither the relay's
 	// stop nor the end of ownership cuts one short (see sendAcks).
@@ -91,6 +91,7 @@ type partition struct {
 	name  string // "events-3", for labels and logs
 	r     storage.Reader
 	owned context.Context
+	end   context.CancelFunc // ends the partition's delivery (a spilled message lost)
 
 	// queued is the size of the messages read and not yet taken by a
 	// lane's runner; the partition's reader waits while it is at
@@ -404,11 +405,14 @@ func (f *Feed) reread(ctx context.Context, seq uint64) bool {
 			return true
 		}
 		if ctx.Err() != nil || errors.Is(err, storage.ErrLost) {
-			// The partition goes: its runners stop.
-			select {
-			case <-ctx.Done():
-			case <-pt.owned.Done():
-			}
+			// The partition is no longer this relay's to read, or the
+			// message is gone from it while the lease holds (the previous
+			// owner's removal of what it acknowledged): the partition's
+			// delivery ends, as storage.ErrLost asks, so that the store
+			// hands it out again and what was not acknowledged is read
+			// again. Waiting for the lease to end would hold the lane (the
+			// message at its head) for good.
+			pt.end()
 			return false
 		}
 		pt.p.log.Warn("read a spilled message again; retrying in 1s", zap.String("partition", pt.name),
