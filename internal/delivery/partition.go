@@ -412,6 +412,10 @@ func (f *Feed) reread(ctx context.Context, seq uint64) bool {
 			// hands it out again and what was not acknowledged is read
 			// again. Waiting for the lease to end would hold the lane (the
 			// message at its head) for good.
+			if pt.owned.Err() == nil {
+				pt.p.log.Warn("a spilled message is lost: the partition is read again", zap.String("partition", pt.name),
+					zap.Uint64("seq", seq), zap.Error(err))
+			}
 			pt.end()
 			return false
 		}
