@@ -406,12 +406,11 @@ func (f *Feed) reread(ctx context.Context, seq uint64) bool {
 		}
 		if ctx.Err() != nil || errors.Is(err, storage.ErrLost) {
 			// The partition is no longer this relay's to read, or the
-			// message is gone from it while the lease holds (the previous
-			// owner's removal of what it acknowledged): the partition's
-			// delivery ends, as storage.ErrLost asks, so that the store
-			// hands it out again and what was not acknowledged is read
-			// again. Waiting for the lease to end would hold the lane (the
-			// message at its head) for good.
+			// message is gone from it while the lease holds: the
+			// partition's delivery ends, as storage.ErrLost asks, so that
+			// the store hands it out again and what was not acknowledged
+			// is read again. Waiting for the lease to end would hold the
+			// lane (the message at its head) for good.
 			if pt.owned.Err() == nil {
 				pt.p.log.Warn("a spilled message is lost: the partition is read again", zap.String("partition", pt.name),
 					zap.Uint64("seq", seq), zap.Error(err))
