@@ -22,8 +22,10 @@ import (
 func BenchmarkBuild(b *testing.B) {
 	thr, _ := throttle.New(throttle.Config{}, nil)
 	cfg := Config{IngestURL: "http://x"}.withDefaults()
-	p := &Pipeline{cfg: cfg, thr: thr, budget: newBudget(int64(cfg.MaxReadAheadTotalBytes))}
-	var err error
+	p, err := newPipeline(cfg, nil, thr, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
 	if p.m, err = newMetrics(nil, p); err != nil {
 		b.Fatal(err)
 	}

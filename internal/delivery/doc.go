@@ -165,13 +165,26 @@
 //
 // NewFleet delivers the partitions a storage.Owner hands this relay (the
 // fleet's NATS JetStream streams) instead of spool lanes, on the same
-// Engine as local lanes and the form kinds' partitions: deliverPartition
-// (partition.go, shared with the form kinds) demultiplexes a partition's
-// messages by lane into Feeds, each read by a laneRunner as above, and
-// acknowledges a message once all its records are done. Pauses and
-// operators' lane stops are shared with the fleet's other relays
-// (SharedPauses, SharedLanes). The fleet's locks (fleetState.mu and smu,
-// the partition's and the feed's) are each taken alone too.
+// Engine as local lanes and the form kinds' partitions. A partition
+// carries the records of many lanes, each Message those of one lane:
+// deliverPartition (partition.go) reads a partition's messages in order
+// and hands each to the Feed of its lane in that partition, read by a
+// laneRunner as above (made on first sight, forgotten when idle or when
+// the partition goes). A key lives in one partition, so per-key order
+// holds as with the local spool. A message is acknowledged (by an acker
+// goroutine of the partition: no runner waits for the round trip) once all
+// its records are done (Feed.Ack). When the partition goes (the lease
+// moved), its runners stop at once, abandoning requests in flight; what
+// was not acknowledged comes back, in order, to the next owner. When the
+// relay stops, the partition takes no new work, its runners finish within
+// DrainTimeout, their acknowledgements are sent (each while the lease
+// holds), and the lease is held until the store's Run ends it: a standby
+// then takes over at once, with few records to send again (deduplicated
+// upstream by insert_id). Pauses and operators' lane stops are shared
+// with the fleet's other relays (SharedPauses, SharedLanes). A feed's
+// runner is kept in the engine's lanes map, under an id of its own. The
+// fleet's locks (fleetState.smu, the partition's and the feed's) are each
+// taken alone too.
 //
 // # Goroutines and locks
 //

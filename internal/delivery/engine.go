@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -67,10 +70,11 @@ type Engine[R Runner] struct {
 	cfg EngineConfig[R]
 	st  storage.Owner
 
-	mu      sync.Mutex
-	lanes   map[uint64]R
-	peak    int // len(lanes) at its largest since it was made (forget)
-	running bool
+	running atomic.Bool
+
+	mu    sync.Mutex
+	lanes map[uint64]R
+	peak  int // len(lanes) at its largest since it was made (forget)
 }
 
 // NewEngine returns an engine over st (its Run hands lanes of the kind:
@@ -94,18 +98,10 @@ var errNotLanes = errors.New("delivery: the store's queue is not a lane")
 // for them and returns nil. A runner survives Run (its stop state with it):
 // a later Run starts it again.
 func (e *Engine[R]) Run(ctx context.Context) error {
-	e.mu.Lock()
-	if e.running {
-		e.mu.Unlock()
+	if !e.running.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
 	}
-	e.running = true
-	e.mu.Unlock()
-	defer func() {
-		e.mu.Lock()
-		e.running = false
-		e.mu.Unlock()
-	}()
+	defer e.running.Store(false)
 	drain, cancelDrain := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelDrain()
 	stopDrain := context.AfterFunc(ctx, func() {
@@ -152,12 +148,8 @@ func (e *Engine[R]) Run(ctx context.Context) error {
 		lr, ok := e.lanes[id]
 		e.mu.Unlock()
 		if !ok {
-			// NewRunner is the kind's code: called without e.mu.
-			lr = e.cfg.NewRunner(q)
-			e.mu.Lock()
-			e.lanes[id] = lr
-			e.peak = max(e.peak, len(e.lanes))
-			e.mu.Unlock()
+			lr = e.cfg.NewRunner(q) // the kind's code: called without e.mu
+			e.add(id, lr)
 		}
 		err := lr.Run(qctx, drain)
 		if errors.Is(err, storage.ErrRetired) {
@@ -207,6 +199,15 @@ func (d *drainTracker) wait(ctx context.Context) {
 	}
 }
 
+// add records the runner of lane id: one the store handed over, or one
+// of a fleet partition's lanes (its runner's own id).
+func (e *Engine[R]) add(id uint64, lr R) {
+	e.mu.Lock()
+	e.lanes[id] = lr
+	e.peak = max(e.peak, len(e.lanes))
+	e.mu.Unlock()
+}
+
 // forget drops a runner whose lane the store retired (a lane of the same
 // key created later is a new lane, with a new runner).
 func (e *Engine[R]) forget(id uint64, lr R) {
@@ -217,9 +218,7 @@ func (e *Engine[R]) forget(id uint64, lr R) {
 		// of lanes retired, a smaller one.
 		if e.peak >= 1024 && len(e.lanes) < e.peak/4 {
 			n := make(map[uint64]R, len(e.lanes)) // (maps.Clone keeps the room)
-			for id, r := range e.lanes {
-				n[id] = r
-			}
+			maps.Copy(n, e.lanes)
 			e.lanes, e.peak = n, len(e.lanes)
 		}
 	}
@@ -227,11 +226,7 @@ func (e *Engine[R]) forget(id uint64, lr R) {
 }
 
 // Running reports whether Run is running.
-func (e *Engine[R]) Running() bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.running
-}
+func (e *Engine[R]) Running() bool { return e.running.Load() }
 
 // Lane returns the runner of a lane, if Run has met the lane.
 func (e *Engine[R]) Lane(id uint64) (R, bool) {
@@ -245,39 +240,31 @@ func (e *Engine[R]) Lane(id uint64) (R, bool) {
 func (e *Engine[R]) Runners() []R {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	rs := make([]R, 0, len(e.lanes))
-	for _, r := range e.lanes {
-		rs = append(rs, r)
-	}
-	return rs
-}
-
-func (e *Engine[R]) prefix() string {
-	if e.cfg.Name == "" {
-		return ""
-	}
-	return e.cfg.Name + ": "
+	return slices.AppendSeq(make([]R, 0, len(e.lanes)), maps.Values(e.lanes))
 }
 
 // StopLane stops sending a lane's records (they stay in the store). It
 // wraps ErrUnknownLane for a lane Run has not met.
 func (e *Engine[R]) StopLane(laneID uint64) error {
-	r, ok := e.Lane(laneID)
-	if !ok {
-		return fmt.Errorf("%sstop lane %d: %w", e.prefix(), laneID, ErrUnknownLane)
-	}
-	r.Stop("stopped by operator")
-	return nil
+	return e.control("stop", laneID, func(r R) { r.Stop("stopped by operator") })
 }
 
 // ResumeLane resumes a stopped lane. It wraps ErrUnknownLane for a lane
 // the store has not handed to Run (none of its kind was ever stopped).
 func (e *Engine[R]) ResumeLane(laneID uint64) error {
+	return e.control("resume", laneID, func(r R) { r.Resume() })
+}
+
+func (e *Engine[R]) control(verb string, laneID uint64, fn func(R)) error {
 	r, ok := e.Lane(laneID)
 	if !ok {
-		return fmt.Errorf("%sresume lane %d: %w", e.prefix(), laneID, ErrUnknownLane)
+		name := ""
+		if e.cfg.Name != "" {
+			name = e.cfg.Name + ": "
+		}
+		return fmt.Errorf("%s%s lane %d: %w", name, verb, laneID, ErrUnknownLane)
 	}
-	r.Resume()
+	fn(r)
 	return nil
 }
 

@@ -2,10 +2,7 @@ package delivery
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -53,80 +50,26 @@ const feedIdle = time.Minute
 // stops through lanes (either may be nil: this relay's own then). log and
 // reg may be nil; thr may be nil.
 func NewFleet(cfg Config, st Store, pauses SharedPauses, lanes SharedLanes, send Sender, thr *throttle.Throttle, log *zap.Logger, reg prometheus.Registerer) (*Pipeline, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if st == nil || send == nil {
-		return nil, errors.New("delivery: fleet store and sender are required")
-	}
-	p, err := newPipeline(cfg, send, thr, log)
+	p, err := newEvents(cfg, st, &fleetState{pauses: pauses, lanes: lanes, stops: make(map[storage.LaneKey]string)}, send, thr, log, reg)
 	if err != nil {
 		return nil, err
 	}
-	p.dead = st
-	p.fl = &fleetState{st: st, pauses: pauses, lanes: lanes, stops: make(map[storage.LaneKey]string)}
-	p.eng, err = NewEngine(EngineConfig[*laneRunner]{Kind: storage.KindEvents, DrainTimeout: p.cfg.DrainTimeout,
-		Partition: p.deliverPartition}, st)
-	if err != nil {
-		return nil, err
-	}
-	m, err := newMetrics(reg, p)
-	if err != nil {
-		return nil, err
-	}
-	p.m = m
 	if lanes != nil {
 		lanes.WatchLanes(p.laneStopChanged)
 	}
 	return p, nil
 }
 
-// fleetState is a fleet-mode pipeline's: its runners by id (made per lane
-// and partition by deliverPartition's Start), for the lane control and the
-// metrics. Its locks are never held across a call out.
+// fleetState is what a pipeline has to deliver fleet partitions; its
+// runners are the engine's (Engine.add). Its lock is never held across a
+// call out.
 type fleetState struct {
-	st     Store
 	pauses SharedPauses
 	lanes  SharedLanes
 	nextID atomic.Uint64
 
 	smu   sync.Mutex
 	stops map[storage.LaneKey]string // lanes stopped fleet-wide, by reason
-
-	mu   sync.Mutex
-	runs map[uint64]*laneRunner
-}
-
-// runner returns the runner of id (nil when unknown).
-func (fl *fleetState) runner(id uint64) *laneRunner {
-	fl.mu.Lock()
-	defer fl.mu.Unlock()
-	return fl.runs[id]
-}
-
-// runners is a snapshot of the runners, in no order.
-func (fl *fleetState) runners() []*laneRunner {
-	fl.mu.Lock()
-	defer fl.mu.Unlock()
-	return slices.Collect(maps.Values(fl.runs))
-}
-
-// add records lr under its id; remove forgets it if it is still lr.
-func (fl *fleetState) add(lr *laneRunner) {
-	fl.mu.Lock()
-	if fl.runs == nil {
-		fl.runs = map[uint64]*laneRunner{}
-	}
-	fl.runs[lr.id] = lr
-	fl.mu.Unlock()
-}
-
-func (fl *fleetState) remove(lr *laneRunner) {
-	fl.mu.Lock()
-	if fl.runs[lr.id] == lr {
-		delete(fl.runs, lr.id)
-	}
-	fl.mu.Unlock()
 }
 
 // queueName names a store's queue for labels and logs: the fleet's
@@ -145,26 +88,20 @@ func (p *Pipeline) queueName(r storage.Reader) string {
 // retires (an error wrapping storage.ErrRetired, from Feed.Wait, after
 // feedIdle with nothing queued or unacknowledged); a stopped lane's feed
 // does not retire (its stop is kept). When it retired it is forgotten
-// (forget); when the partition ends with it still known, it is abandoned
+// (Engine.forget); when the partition ends with it still known, it is abandoned
 // (abandon: its read-ahead is read again by the next owner).
 func (p *Pipeline) startFeed(f *Feed, name string) *laneRunner {
-	lr := newRunner(p, f, p.fl.nextID.Add(1), f.Lane().Label()+"-"+name, f.Lane())
-	p.fl.add(lr)
-	// After add: a stop arriving meanwhile finds the runner.
-	if reason, ok := p.fl.stopped(f.Lane()); ok {
-		lr.stop.Stop(reason)
-	}
+	lr := newRunner(p, f, p.fl.nextID.Add(1), f.key.Label()+"-"+name, f.key)
+	p.eng.add(lr.id, lr)
+	p.applyStop(lr) // after add: a change arriving meanwhile finds the runner
 	return lr
 }
-
-// forget forgets a fleet runner whose feed retired.
-func (lr *laneRunner) forget() { lr.p.fl.remove(lr) }
 
 // abandon forgets a fleet runner that will not run again and releases the
 // read-ahead it holds (its partition went: what it held is read again by
 // the next owner).
 func (lr *laneRunner) abandon() {
-	lr.forget()
+	lr.p.eng.forget(lr.id, lr)
 	lr.bmu.Lock()
 	n := lr.inflight
 	lr.bmu.Unlock()
@@ -173,12 +110,15 @@ func (lr *laneRunner) abandon() {
 	lr.heldEvents.Store(0)
 }
 
-// pausedShared is the end of key's pause on any relay of the fleet.
-func (p *Pipeline) pausedShared(key []byte) time.Time {
-	if p.fl == nil || p.fl.pauses == nil {
-		return time.Time{}
+// pausedUntil is the end of key's pause here, and with fleet on any relay
+// of the fleet.
+func (p *Pipeline) pausedUntil(key []byte, fleet bool) time.Time {
+	u := p.thr.PausedUntil(key)
+	if fleet {
+		if uu, _ := p.fl.pauses.PausedUntil(key); uu.After(u) {
+			u = uu
+		}
 	}
-	u, _ := p.fl.pauses.PausedUntil(key)
 	return u
 }
 
@@ -199,14 +139,6 @@ func (p *Pipeline) sharePauses(ctx context.Context, keys []string, until time.Ti
 	}
 }
 
-// stopped reports whether lane is stopped fleet-wide, and why.
-func (fl *fleetState) stopped(lane storage.LaneKey) (string, bool) {
-	fl.smu.Lock()
-	defer fl.smu.Unlock()
-	r, ok := fl.stops[lane]
-	return r, ok
-}
-
 // laneStopChanged applies a fleet-wide stop or resume of lane to this
 // relay's runners of it (every partition) and to those started later.
 func (p *Pipeline) laneStopChanged(lane storage.LaneKey, stopped bool, reason string) {
@@ -218,15 +150,32 @@ func (p *Pipeline) laneStopChanged(lane storage.LaneKey, stopped bool, reason st
 		delete(fl.stops, lane)
 	}
 	fl.smu.Unlock()
-	for _, lr := range fl.runners() {
-		if lr.key != lane {
-			continue
+	for _, lr := range p.eng.Runners() {
+		if lr.key == lane {
+			p.applyStop(lr)
 		}
-		if stopped {
-			lr.Stop(reason)
-		} else {
-			lr.Resume()
-		}
+	}
+}
+
+// applyStop puts the fleet-wide stop state of lr's lane on lr. The state
+// is read and put under smu, so that an older one never lands after a
+// newer one: a runner started while a resume was applied, or a stop and a
+// resume applied at once (a relay's own call and its watcher's), would
+// otherwise stay stopped. A fleet runner's StopSwitch has no Lane: nothing
+// is called out of the package under the lock.
+func (p *Pipeline) applyStop(lr *laneRunner) {
+	fl := p.fl
+	fl.smu.Lock()
+	reason, stop := fl.stops[lr.key]
+	var changed bool
+	if stop {
+		changed = lr.stop.Stop(reason)
+	} else {
+		changed = lr.stop.Resume()
+	}
+	fl.smu.Unlock()
+	if changed {
+		lr.stopChanged(stop, reason)
 	}
 }
 
@@ -239,8 +188,8 @@ const sharedLaneTimeout = 5 * time.Second
 // relay only (logged).
 func (p *Pipeline) controlShared(laneID uint64, stop bool) error {
 	fl := p.fl
-	lr := fl.runner(laneID)
-	if lr == nil {
+	lr, ok := p.eng.Lane(laneID)
+	if !ok {
 		return fmt.Errorf("delivery: lane %d: %w", laneID, ErrUnknownLane)
 	}
 	const reason = "stopped by operator"

@@ -374,3 +374,62 @@ func laneHeadOfLine(t *testing.T, maxSpilled int, quotaFor time.Duration) bool {
 	t.Logf("spilled at most %d at once; %d read again (%d before the resume)", maxSeen, st.rereads, rereadsBefore)
 	return true
 }
+
+// lostStore is a muxStore whose spilled messages are gone when read again,
+// the lease still held: the fleet's previous owner of the partition removed
+// what it had acknowledged while this relay held it spilled.
+type lostStore struct{ *muxStore }
+
+func (s lostStore) Run(ctx context.Context, deliver storage.DeliverFunc) error {
+	return s.muxStore.Run(ctx, func(ctx context.Context, r storage.Reader) error {
+		return deliver(ctx, lostReader{r.(*muxReader)})
+	})
+}
+
+type lostReader struct{ *muxReader }
+
+func (lostReader) Reread(context.Context, uint64) (*storage.Message, error) {
+	return nil, fmt.Errorf("mux: reread: %w", storage.ErrLost)
+}
+
+// TestFleetSpilledMessageLost: a spilled message that the store says is
+// lost when read again ends the partition's delivery (the deliver function
+// returns, as storage.ErrLost asks, and the store hands the partition out
+// again), even while the lease holds. The partition's runner waited for
+// the lease to end instead: its lane held that message at its head, and
+// everything behind it, for good.
+func TestFleetSpilledMessageLost(t *testing.T) {
+	h := newHarness(t, sim.Config{}, Config{}, throttle.Config{})
+	st := lostStore{newMuxStore(h.sp, 100)}
+	h.reg = prometheus.NewRegistry()
+	var err error
+	h.p, err = NewFleet(h.cfg, st, nil, nil, h.send, h.thr, zaptest.NewLogger(t), h.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lane := storage.LaneKey{Kind: storage.KindEvents, APIKey: "k"}
+	h.add("k", ev{Device: "d"})
+	st.appended(lane)
+	h.start()
+	polltest.Until(t, "the lane's runner started, its first message acknowledged", func() bool {
+		ls := h.p.LaneStatus()
+		return len(ls) == 1 && ls[0].Records == 0
+	})
+	// Stopped, the lane's next message is spilled as it comes, and read
+	// again at once: lost.
+	if err := h.p.StopLane(h.p.LaneStatus()[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	h.add("k", ev{Device: "d"})
+	st.appended(lane)
+	select {
+	case err := <-h.done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		h.cancel()
+		h.cancel = nil
+	case <-time.After(polltest.Max):
+		t.Fatalf("the partition's delivery did not end; lanes %+v", h.p.LaneStatus())
+	}
+}

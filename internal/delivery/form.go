@@ -53,7 +53,7 @@ func NewForm(fc FormConfig, send Sender, log *zap.Logger, reg prometheus.Registe
 	p.form = &formKind{url: fc.URL, throttleWait: fc.ThrottleWait, pacer: fc.Pacer}
 	// The store's lanes run on the engine; its fleet partitions (when it
 	// hands them) on runners per lane and partition, as the events'.
-	p.fl = &fleetState{st: fc.Store, stops: make(map[storage.LaneKey]string)}
+	p.fl = &fleetState{stops: make(map[storage.LaneKey]string)}
 	p.eng, err = NewEngine(EngineConfig[*laneRunner]{Name: fc.Name, Kind: fc.Lanes, DrainTimeout: p.cfg.DrainTimeout,
 		NewRunner: func(q storage.LaneQueue) *laneRunner { return newLaneRunner(p, q) },
 		Partition: p.deliverPartition}, fc.Store)

@@ -3,6 +3,7 @@ package delivery
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -107,8 +108,15 @@ func (c FormConfig) Validate() error {
 		return errors.New("delivery: negative limit or duration")
 	}
 	if f, ok := c.Kind.(*Form); ok {
-		if err := f.Validate(); err != nil {
-			return err
+		switch {
+		case f.Field == "":
+			return errors.New("delivery: Form.Field required")
+		case f.MaxItems <= 0:
+			return fmt.Errorf("delivery: Form.MaxItems %d <= 0", f.MaxItems)
+		case f.MaxBodyBytes <= 0:
+			return fmt.Errorf("delivery: Form.MaxBodyBytes %d <= 0", f.MaxBodyBytes)
+		case f.MaxWeight < 0:
+			return errors.New("delivery: negative Form.MaxWeight")
 		}
 	}
 	return c.FormTiming.ValidateAs("delivery")

@@ -548,8 +548,5 @@ func (p *Pipeline) lane(id uint64) *laneRunner {
 			return lr
 		}
 	}
-	if p.fl != nil {
-		return p.fl.runner(id)
-	}
 	return nil
 }

@@ -1,8 +1,6 @@
 package delivery
 
 import (
-	"errors"
-	"fmt"
 	"net/url"
 
 	"github.com/svcrelay/relay/internal/storage"
@@ -116,21 +114,6 @@ type Form struct {
 
 var _ Kind = (*Form)(nil)
 
-// Validate reports a configuration error.
-func (f *Form) Validate() error {
-	switch {
-	case f.Field == "":
-		return errors.New("delivery: Form.Field required")
-	case f.MaxItems <= 0:
-		return fmt.Errorf("delivery: Form.MaxItems %d <= 0", f.MaxItems)
-	case f.MaxBodyBytes <= 0:
-		return fmt.Errorf("delivery: Form.MaxBodyBytes %d <= 0", f.MaxBodyBytes)
-	case f.MaxWeight < 0:
-		return errors.New("delivery: negative Form.MaxWeight")
-	}
-	return nil
-}
-
 // Frame: "api_key=K&<Field>=%5B" records escaped and separated by "%2C"
 // "%5D", form-encoded; the limits and a record's weight are the Form's.
 func (f *Form) Frame(key storage.LaneKey) Frame {
@@ -146,27 +129,17 @@ func (f *Form) Frame(key storage.LaneKey) Frame {
 		MaxRecords: f.MaxItems, MaxBytes: f.MaxBodyBytes, MaxWeight: f.MaxWeight}
 }
 
-// shouldEscape reports whether c is escaped by url.QueryEscape.
-func shouldEscape(c byte) bool {
-	switch {
-	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		return false
-	case c == '-' || c == '_' || c == '.' || c == '~':
-		return false
-	}
-	return true
-}
-
+// appendEscaped appends b to dst as url.QueryEscape escapes it.
 func appendEscaped(dst, b []byte) []byte {
 	const hex = "0123456789ABCDEF"
 	for _, c := range b {
 		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '-', c == '_', c == '.', c == '~':
+			dst = append(dst, c)
 		case c == ' ':
 			dst = append(dst, '+')
-		case shouldEscape(c):
-			dst = append(dst, '%', hex[c>>4], hex[c&15])
 		default:
-			dst = append(dst, c)
+			dst = append(dst, '%', hex[c>>4], hex[c&15])
 		}
 	}
 	return dst

@@ -56,9 +56,10 @@ func TestBuildBodies(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			thr, _ := throttle.New(throttle.Config{}, nil)
 			cfg := Config{IngestURL: "http://x", MaxBatchEvents: tc.maxEvents, MaxBatchBytes: tc.maxBytes}.withDefaults()
-			p := &Pipeline{cfg: cfg, thr: thr, budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)),
-				kind: events{maxEvents: cfg.MaxBatchEvents, maxBytes: cfg.MaxBatchBytes}}
-			var err error
+			p, err := newPipeline(cfg, nil, thr, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
 			if p.m, err = newMetrics(nil, p); err != nil {
 				t.Fatal(err)
 			}

@@ -8,12 +8,9 @@ import (
 
 // metrics are the pipeline's; the package doc says which locks they avoid.
 type metrics struct {
-	delivered   prometheus.Counter
-	retried     prometheus.Counter
-	dead        *prometheus.CounterVec
-	laneStopped prometheus.Collector
-	paused      prometheus.GaugeFunc
-	readAhead   prometheus.GaugeFunc
+	delivered prometheus.Counter
+	retried   prometheus.Counter
+	dead      *prometheus.CounterVec
 	// A form kind's only (nil for events): answers by class, requests
 	// retried, lanes running.
 	requests *prometheus.CounterVec
@@ -35,19 +32,18 @@ func newMetrics(reg prometheus.Registerer, p *Pipeline) (*metrics, error) {
 			Name: "relay_delivery_events_dead_lettered_total",
 			Help: "Events moved to the dead-letter store, by reason.",
 		}, []string{"reason"}),
-		laneStopped: NewStoppedCollector(p.LaneStatus, true),
 	}
-	m.paused = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	paused := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "relay_delivery_paused_devices",
 		Help: "Devices and users whose events are held now (429 pause, daily quota, pacing).",
 	}, func() float64 {
 		var n int64
-		for _, lr := range p.runners() {
+		for _, lr := range p.eng.Runners() {
 			n += lr.heldKeys.Load()
 		}
 		return float64(n)
 	})
-	m.readAhead = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	readAhead := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "relay_delivery_read_ahead_bytes",
 		Help: "Memory held by events read from the spool and not yet delivered, all lanes (bounded by the read-ahead budget).",
 	}, func() float64 { return float64(p.budget.Used()) })
@@ -55,7 +51,7 @@ func newMetrics(reg prometheus.Registerer, p *Pipeline) (*metrics, error) {
 		m.dead.WithLabelValues(r)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.delivered, m.retried, m.dead, m.laneStopped, m.paused, m.readAhead, &laneCollector{
+		for _, c := range []prometheus.Collector{m.delivered, m.retried, m.dead, NewStoppedCollector(p.LaneStatus, true), paused, readAhead, &laneCollector{
 			status: p.LaneStatus, checked: true, value: func(s LaneStatus) float64 { return float64(s.HeldEvents) },
 			desc: prometheus.NewDesc("relay_delivery_held_events",
 				"Events a lane holds for devices and users that are paused (429, daily quota) or paced; they go when the pause ends or the pace allows.",

@@ -14,30 +14,8 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// Fleet mode, for every lane kind. The store hands this relay
-// the partitions it owns (storage.Owner.Run), one storage.Reader each; a
-// partition carries the records of many lanes, each Message those of one
-// lane. deliverPartition reads a partition's messages in order and hands
-// each to the Feed of its lane in that partition, whose runner (made by
-// startFeed on first sight: a laneRunner, of every
-// kind) reads it as it would a spool lane; a runner is forgotten
-// when idle or when the partition goes. A key lives in one partition, so
-// its records go, in order, to one runner: per-key order holds as with the
-// local spool. A message is acknowledged (by an acker goroutine of the
-// partition, so that no runner waits for the round trip) once the runner
-// said every record of it was answered 200 or is a committed dead letter
-// (Feed.Ack). When the partition goes (the lease moved), its runners stop at
-// once, abandoning requests in flight; what was not acknowledged comes back,
-// in order, to the next owner (who may send some records again). When stop
-// ends (the relay stops), the partition takes no new work, its runners
-// finish as their Run allows (within Config.DrainTimeout), their
-// acknowledgements are sent (each one while the lease holds, however slow
-// the store), drained is called, and the lease is held until the store's
-// Run ends it: a standby then takes over at once, with few records to send
-// again (the upstream deduplicates them by insert_id).
-
 // deliverPartition delivers one owned partition until ownership ends
-// (owned) or the relay stops (stop): see the fleet mode above. drained is
+// (owned) or the relay stops (stop): see the package doc's Fleet mode. drained is
 // called once its runners returned and their acknowledgements were sent.
 // A partition of another kind (a store handing out every kind) is left to
 // that kind's delivery: its messages stay.
@@ -48,14 +26,14 @@ func (p *Pipeline) deliverPartition(stop, owned context.Context, r storage.Reade
 		<-owned.Done()
 		return nil
 	}
-	pt := &partition{p: p, name: name, r: r, owned: owned, room: make(chan struct{}, 1),
+	// lctx ends with ownership or the relay's stop: no new work.
+	lctx, cancel := context.WithCancel(owned)
+	defer cancel()
+	pt := &partition{p: p, name: name, r: r, owned: owned, end: cancel, room: make(chan struct{}, 1),
 		feeds: map[storage.LaneKey]*Feed{}, awake: make(chan struct{}, 1)}
 	if s, ok := r.(spiller); ok {
 		pt.spill, pt.maxSpilled = s, int64(max(s.MaxSpilled(), 1))
 	}
-	// lctx ends with ownership or the relay's stop: no new work.
-	lctx, cancel := context.WithCancel(owned)
-	defer cancel()
 	defer context.AfterFunc(stop, cancel)()
 	// The acker's acks run on a context of their own: neither the relay's
 	// stop nor the end of ownership cuts one short (see sendAcks).
@@ -80,9 +58,7 @@ func (p *Pipeline) deliverPartition(stop, owned context.Context, r storage.Reade
 		default:
 			p.log.Warn("read partition; retrying in 1s", zap.String("partition", name), zap.Error(err))
 			err = nil
-			select {
-			case <-time.After(time.Second):
-			case <-lctx.Done():
+			if !sleep(lctx, time.Second) {
 				err = lctx.Err()
 			}
 		}
@@ -115,6 +91,7 @@ type partition struct {
 	name  string // "events-3", for labels and logs
 	r     storage.Reader
 	owned context.Context
+	end   context.CancelFunc // ends the partition's delivery (a spilled message lost)
 
 	// queued is the size of the messages read and not yet taken by a
 	// lane's runner; the partition's reader waits while it is at
@@ -144,12 +121,7 @@ type partition struct {
 // read-ahead full of paused keys' events), the largest lanes' queued
 // messages are spilled (see spiller) rather than waited on.
 func (pt *partition) waitRoom(ctx context.Context, max int64) bool {
-	var grace *time.Timer
-	defer func() {
-		if grace != nil {
-			grace.Stop()
-		}
-	}()
+	var grace *time.Timer // not stopped on return: an unreferenced timer is collected (Go 1.23)
 	for {
 		full := pt.queued.Load() >= max
 		over := pt.spill != nil && pt.spilled.Load() >= pt.maxSpilled
@@ -210,10 +182,7 @@ func (pt *partition) evict(max int64) {
 // took is called by a feed when its runner took n bytes of messages.
 func (pt *partition) took(n int64) {
 	pt.queued.Add(-n)
-	select {
-	case pt.room <- struct{}{}:
-	default:
-	}
+	poke(pt.room)
 }
 
 // route hands m to its lane's feed, starting a runner if there is none.
@@ -240,7 +209,7 @@ func (pt *partition) route(ctx, owned context.Context, m *storage.Message) {
 	pt.fmu.Unlock()
 	pt.wg.Go(func() {
 		if err := f.run.Run(ctx, owned); errors.Is(err, storage.ErrRetired) {
-			f.run.forget()
+			pt.p.eng.forget(f.run.id, f.run)
 			pt.fmu.Lock()
 			if pt.feeds[key] == f {
 				delete(pt.feeds, key)
@@ -265,10 +234,7 @@ func (pt *partition) ack(m *storage.Message) {
 	pt.amu.Lock()
 	pt.acks = append(pt.acks, m)
 	pt.amu.Unlock()
-	select {
-	case pt.awake <- struct{}{}:
-	default:
-	}
+	poke(pt.awake)
 }
 
 // ackLoop acknowledges what the runners finished until finish is closed
@@ -314,10 +280,7 @@ func (pt *partition) sendAcks(ctx context.Context) {
 					zap.Uint64("seq", m.Seq), zap.Error(err))
 				break
 			}
-			select {
-			case <-time.After(time.Duration(100<<try) * time.Millisecond):
-			case <-ctx.Done():
-			}
+			sleep(ctx, time.Duration(100<<try)*time.Millisecond)
 		}
 	}
 }
@@ -364,9 +327,6 @@ type spiller interface {
 	MaxSpilled() int
 }
 
-// Lane is the feed's lane.
-func (f *Feed) Lane() storage.LaneKey { return f.key }
-
 // push queues m (n bytes); false when the feed retired (a new runner is
 // needed). With spilling, m is spilled at once when the feed has spilled
 // messages queued (to be read before m) or its runner is pinned (stopped).
@@ -393,10 +353,7 @@ func (f *Feed) push(m *storage.Message, n int64) bool {
 		f.mu.Unlock()
 	}
 	// Wake the runner: also for a spilled message (it reads it again).
-	select {
-	case f.wake <- struct{}{}:
-	default:
-	}
+	poke(f.wake)
 	return true
 }
 
@@ -444,25 +401,26 @@ func (f *Feed) reread(ctx context.Context, seq uint64) bool {
 			}
 			f.mu.Unlock()
 			pt.spilled.Add(-1)
-			select {
-			case pt.room <- struct{}{}:
-			default:
-			}
+			poke(pt.room)
 			return true
 		}
 		if ctx.Err() != nil || errors.Is(err, storage.ErrLost) {
-			// The partition goes: its runners stop.
-			select {
-			case <-ctx.Done():
-			case <-pt.owned.Done():
+			// The partition is no longer this relay's to read, or the
+			// message is gone from it while the lease holds: the
+			// partition's delivery ends, as storage.ErrLost asks, so that
+			// the store hands it out again and what was not acknowledged
+			// is read again. Waiting for the lease to end would hold the
+			// lane (the message at its head) for good.
+			if pt.owned.Err() == nil {
+				pt.p.log.Warn("a spilled message is lost: the partition is read again", zap.String("partition", pt.name),
+					zap.Uint64("seq", seq), zap.Error(err))
 			}
+			pt.end()
 			return false
 		}
 		pt.p.log.Warn("read a spilled message again; retrying in 1s", zap.String("partition", pt.name),
 			zap.Uint64("seq", seq), zap.Error(err))
-		select {
-		case <-time.After(time.Second):
-		case <-ctx.Done():
+		if !sleep(ctx, time.Second) {
 			return false
 		}
 	}
@@ -474,12 +432,7 @@ func (f *Feed) reread(ctx context.Context, seq uint64) bool {
 // onIdle (may be nil) is called once before waiting; what it returns is
 // not used (a feed ends by its own idle rule: ErrRetired).
 func (f *Feed) Wait(ctx context.Context, onIdle func() bool) error {
-	var idle *time.Timer
-	defer func() {
-		if idle != nil {
-			idle.Stop()
-		}
-	}()
+	var idle *time.Timer // not stopped on return: an unreferenced timer is collected (Go 1.23)
 	for {
 		f.mu.Lock()
 		if len(f.q) > 0 {
@@ -598,9 +551,6 @@ func (f *Feed) Ack(seq uint64) {
 		f.pt.ack(m)
 	}
 	if idle { // Wait starts its idle clock
-		select {
-		case f.wake <- struct{}{}:
-		default:
-		}
+		poke(f.wake)
 	}
 }

@@ -76,6 +76,11 @@ type Pipeline struct {
 // before Run. log and reg may be nil; thr may be nil (a Throttle without
 // pacing is made).
 func New(cfg Config, st Store, send Sender, thr *throttle.Throttle, log *zap.Logger, reg prometheus.Registerer) (*Pipeline, error) {
+	return newEvents(cfg, st, nil, send, thr, log, reg)
+}
+
+// newEvents is New, or NewFleet when fl is not nil.
+func newEvents(cfg Config, st Store, fl *fleetState, send Sender, thr *throttle.Throttle, log *zap.Logger, reg prometheus.Registerer) (*Pipeline, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -86,18 +91,18 @@ func New(cfg Config, st Store, send Sender, thr *throttle.Throttle, log *zap.Log
 	if err != nil {
 		return nil, err
 	}
-	p.dead = st
-	eng, err := NewEngine(EngineConfig[*laneRunner]{Kind: storage.KindEvents, DrainTimeout: p.cfg.DrainTimeout,
-		NewRunner: func(q storage.LaneQueue) *laneRunner { return newLaneRunner(p, q) }}, st)
-	if err != nil {
+	p.dead, p.fl = st, fl
+	ec := EngineConfig[*laneRunner]{Kind: storage.KindEvents, DrainTimeout: p.cfg.DrainTimeout,
+		NewRunner: func(q storage.LaneQueue) *laneRunner { return newLaneRunner(p, q) }}
+	if fl != nil {
+		ec.NewRunner, ec.Partition = nil, p.deliverPartition
+	}
+	if p.eng, err = NewEngine(ec, st); err != nil {
 		return nil, err
 	}
-	p.eng = eng
-	m, err := newMetrics(reg, p)
-	if err != nil {
+	if p.m, err = newMetrics(reg, p); err != nil {
 		return nil, err
 	}
-	p.m = m
 	return p, nil
 }
 
@@ -116,31 +121,19 @@ type Live struct {
 	IngestURL string
 }
 
-// liveState is a Live in force; changed is closed when SetLive replaces
-// it, so that a shard waiting on the old FlushInterval wakes up and waits
-// on the new one.
+// liveState is the Config in force (with defaults) for what Live
+// changes; changed is closed when SetLive replaces it, so that a shard
+// waiting on the old FlushInterval wakes up and waits on the new one.
 type liveState struct {
-	Live
+	Config
 	url     string // IngestURL + "/2/httpapi"
 	changed chan struct{}
 }
 
-// lived is the Live in force: cfg's until SetLive (a Pipeline a test built
-// by hand has none stored).
-func (p *Pipeline) lived() *liveState {
-	if l := p.live.Load(); l != nil {
-		return l
-	}
-	return p.cfg.liveState()
-}
-
-// liveState is c's Live in force (with defaults), its changed channel
-// made.
+// liveState is c in force, its changed channel made.
 func (c Config) liveState() *liveState {
 	c = c.withDefaults()
-	return &liveState{Live: Live{Gzip: c.Gzip, MaxEventAge: c.MaxEventAge, MaxBatchEvents: c.MaxBatchEvents,
-		MaxBatchBytes: c.MaxBatchBytes, FlushInterval: c.FlushInterval, ThrottlePause: c.ThrottlePause, IngestURL: c.IngestURL},
-		url: c.IngestURL + "/2/httpapi", changed: make(chan struct{})}
+	return &liveState{Config: c, url: c.IngestURL + "/2/httpapi", changed: make(chan struct{})}
 }
 
 // SetLive puts l in force for every batch built after it (its zero values
@@ -221,27 +214,16 @@ func (p *Pipeline) ResumeLane(laneID uint64) error {
 }
 
 // onEngine reports whether the lane control of laneID is the engine's: a
-// lane it runs, or any lane of a pipeline without fleet partitions.
+// spool lane, or any lane of a pipeline without fleet partitions.
 func (p *Pipeline) onEngine(laneID uint64) bool {
-	_, ok := p.eng.Lane(laneID)
-	return ok || p.fl == nil
-}
-
-// runners is a snapshot of the lanes' runners (the engine holds no lock
-// across a call out of its package): the engine's lanes and the fleet
-// partitions' runners.
-func (p *Pipeline) runners() []*laneRunner {
-	rs := p.eng.Runners()
-	if p.fl != nil {
-		rs = append(rs, p.fl.runners()...)
-	}
-	return rs
+	lr, ok := p.eng.Lane(laneID)
+	return ok && lr.stop.Lane != nil || p.fl == nil
 }
 
 // LaneStatus returns a snapshot of every lane the pipeline has started,
 // by lane id.
 func (p *Pipeline) LaneStatus() []LaneStatus {
-	rs := p.runners()
+	rs := p.eng.Runners()
 	out := make([]LaneStatus, 0, len(rs))
 	for _, lr := range rs {
 		out = append(out, lr.Status())
@@ -358,13 +340,8 @@ func (lr *laneRunner) shard(i int) *shard {
 }
 
 // Run runs the lane's reader and, as the reader hands them records, its
-// shards (a Runner of the engine). They end with ctx (shards finish
-// requests in flight until drain ends); when the spool retires the lane
-// (empty and idle): Run returns storage.ErrRetired, so that the engine
-// forgets the runner and its goroutines, memory and metric series are
-// gone; or when the lane is idle, every record read done: Run returns
-// storage.ErrIdle and the store hands the lane over again when it has
-// work, so that an idle lane holds no goroutine.
+// shards, as Runner.Run says: until ctx ends, the store retires the lane
+// (storage.ErrRetired) or every record read is done (storage.ErrIdle).
 func (lr *laneRunner) Run(ctx, drain context.Context) error {
 	if g := lr.p.m.lanes; g != nil {
 		g.Inc()
@@ -402,19 +379,27 @@ func (lr *laneRunner) Run(ctx, drain context.Context) error {
 // Stop stops the lane (an operator, an upstream refusing its api_key; a
 // no-op when stopped) and logs it once.
 func (lr *laneRunner) Stop(reason string) {
-	if !lr.stop.Stop(reason) {
-		return
+	if lr.stop.Stop(reason) {
+		lr.stopChanged(true, reason)
 	}
-	lr.p.log.Error("lane stopped: nothing is sent until it is resumed (admin API) or the relay restarts",
-		zap.String("lane", lr.label), zap.String("reason", reason))
 }
 
 // Resume resumes the lane (ResumeLane).
 func (lr *laneRunner) Resume() {
-	if !lr.stop.Resume() {
+	if lr.stop.Resume() {
+		lr.stopChanged(false, "")
+	}
+}
+
+// stopChanged logs a change of the lane's stop state and wakes a resumed
+// lane's reader.
+func (lr *laneRunner) stopChanged(stopped bool, reason string) {
+	if stopped {
+		lr.p.log.Error("lane stopped: nothing is sent until it is resumed (admin API) or the relay restarts",
+			zap.String("lane", lr.label), zap.String("reason", reason))
 		return
 	}
-	lr.wakeReader()
+	poke(lr.bwake)
 	lr.p.log.Info("lane resumed", zap.String("lane", lr.label))
 }
 

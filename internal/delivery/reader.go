@@ -124,12 +124,10 @@ func (lr *laneRunner) read(ctx context.Context) readEnd {
 				lr.p.log.Error("read lane; retrying every 1s", zap.String("lane", lr.label), zap.Error(err))
 				failing = true
 			}
-			select {
-			case <-time.After(time.Second):
-				continue
-			case <-ctx.Done():
+			if !sleep(ctx, time.Second) {
 				return endStop
 			}
+			continue
 		}
 		if failing {
 			lr.p.log.Info("read lane: reading again", zap.String("lane", lr.label))
@@ -152,7 +150,7 @@ func (lr *laneRunner) read(ctx context.Context) readEnd {
 		}
 		clear(recs) // the items hold the records now: keep no chunk's buffer alive
 		recs = recs[:0]
-		lr.acquireReserved(total, want)
+		lr.acquire(total, want)
 		for i, its := range per {
 			if len(its) == 0 {
 				continue
@@ -205,7 +203,7 @@ func (lr *laneRunner) step() int64 {
 func (lr *laneRunner) progress() {
 	if w, limit := lr.window.Load(), int64(lr.p.cfg.MaxReadAheadBytes); w < limit {
 		lr.window.Store(min(max(2*w, lr.step()), limit))
-		lr.wakeReader()
+		poke(lr.bwake)
 	}
 }
 
@@ -237,22 +235,12 @@ func shardOf(seed maphash.Seed, key []byte, n int) int {
 	return int(maphash.Bytes(seed, key) % uint64(n))
 }
 
-// waitBudget waits until the lane may read and returns how many bytes,
-// reserved in the pipeline's budget (the caller turns the reservation into
-// what it read: acquireReserved), or false when ctx ends. Every byte read counts against the lane's budget (limit) and
-// the pipeline's (budget.limit), and a chunk larger than what the lane may
-// read now is read in parts (NextPart), so neither is passed by more than
-// one record:
-//
-//   - a lane reads while its read-ahead is under min(limit, its window)
-//     (see progress; a window never closes below minWindow), and the total
-//     is under shareOf(budget.limit);
-//   - a lane with nothing read ahead may also read up to the total's
-//     limit: the last quarter of the total is kept for lanes that hold
-//     nothing, so that lanes holding their whole budget (stopped, paused
-//     devices, an upstream down) slow the others, never stop them.
-//
-// idle is called once before the first wait.
+// waitBudget waits until the lane may read by the package doc's rule
+// (Memory and back-pressure: under min(limit, its window, at least
+// minWindow) while the total is under shareOf(budget.limit), or with
+// nothing read ahead up to the total's limit) and returns the bytes it
+// reserved in the pipeline's budget (acquire turns them into what was
+// read), or false when ctx ends. idle is called once before the first wait.
 func (lr *laneRunner) waitBudget(ctx context.Context, limit int64, idle func()) (int64, bool) {
 	total := lr.p.budget
 	for {
@@ -278,7 +266,7 @@ func (lr *laneRunner) waitBudget(ctx context.Context, limit int64, idle func()) 
 		if !lr.readerWaits.Swap(true) {
 			for _, s := range lr.shards {
 				if s != nil {
-					s.poke()
+					poke(s.wake)
 				}
 			}
 		}
@@ -312,9 +300,9 @@ var doneCtx = func() context.Context {
 	return ctx
 }()
 
-// acquireReserved counts n bytes read against the lane's budget and turns
-// the reservation of the pipeline's budget (see waitBudget) into them.
-func (lr *laneRunner) acquireReserved(n, reserved int64) {
+// acquire counts n bytes read against the lane's budget and turns
+// reserved bytes of the pipeline's reservation (see waitBudget) into them.
+func (lr *laneRunner) acquire(n, reserved int64) {
 	lr.bmu.Lock()
 	lr.inflight += n
 	v := lr.inflight
@@ -323,32 +311,17 @@ func (lr *laneRunner) acquireReserved(n, reserved int64) {
 	lr.p.budget.add(n - reserved)
 }
 
-func (lr *laneRunner) acquire(n int64) {
-	lr.bmu.Lock()
-	lr.inflight += n
-	v := lr.inflight
-	lr.bmu.Unlock()
-	lr.readAhead.Store(v)
-	lr.p.budget.add(n)
-}
-
 func (lr *laneRunner) release(n int64) {
-	if n == 0 {
-		return
+	if n != 0 {
+		lr.acquire(-n, 0)
+		poke(lr.bwake)
 	}
-	lr.bmu.Lock()
-	lr.inflight -= n
-	v := lr.inflight
-	lr.bmu.Unlock()
-	lr.readAhead.Store(v)
-	lr.p.budget.add(-n)
-	lr.wakeReader()
 }
 
-// wakeReader wakes the reader if it waits for its budget.
-func (lr *laneRunner) wakeReader() {
+// poke wakes the goroutine waiting on c, if one waits (c has room for one).
+func poke(c chan struct{}) {
 	select {
-	case lr.bwake <- struct{}{}:
+	case c <- struct{}{}:
 	default:
 	}
 }
@@ -396,18 +369,11 @@ func (b *budget) reserve(want int64, empty bool) (int64, <-chan struct{}) {
 	return n, b.freed
 }
 
-// state returns the bytes in use and a channel closed when they next fall
-// while at or above the share.
-func (b *budget) state() (int64, <-chan struct{}) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.used, b.freed
-}
-
 // Used is the read-ahead of all lanes.
 func (b *budget) Used() int64 {
-	used, _ := b.state()
-	return used
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.used
 }
 
 // done marks items delivered or dead-lettered: acks every chunk whose last
@@ -455,7 +421,7 @@ func (lr *laneRunner) detach(it *item) {
 	r.UserID, buf = own(buf, r.UserID)
 	r.Data, buf = own(buf, r.Data)
 	it.own = int64(cap(buf)) + itemBytes
-	lr.acquire(it.own)
+	lr.acquire(it.own, 0)
 	if it.ck.refs.Add(-1) == 0 {
 		lr.release(it.ck.bytes)
 		it.ck.buf.Release()

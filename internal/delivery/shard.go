@@ -3,6 +3,7 @@ package delivery
 import (
 	"container/heap"
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -59,7 +60,7 @@ func newShard(lr *laneRunner, idx int) *shard {
 	cfg := lr.p.cfg
 	// Retried without a count or time limit; MaxEventAge bounds it.
 	bo := NewRetry(cfg.RetryInitial, cfg.RetryMax)
-	return &shard{lr: lr, idx: idx, wake: make(chan struct{}, 1), capEvents: lr.p.lived().MaxBatchEvents, bo: bo}
+	return &shard{lr: lr, idx: idx, wake: make(chan struct{}, 1), capEvents: lr.p.live.Load().MaxBatchEvents, bo: bo}
 }
 
 // shardLinger is how long a shard's goroutine waits for records once it
@@ -80,7 +81,7 @@ func (s *shard) give(its []item) {
 	if start {
 		s.start()
 	} else {
-		s.poke()
+		poke(s.wake)
 	}
 }
 
@@ -127,14 +128,6 @@ func (s *shard) exitIfIdle() bool {
 	return true
 }
 
-// poke wakes the shard goroutine if it waits.
-func (s *shard) poke() {
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
-}
-
 func (s *shard) takeIn() {
 	s.mu.Lock()
 	in := s.in
@@ -175,7 +168,7 @@ func (s *shard) run(ctx, drainCtx context.Context) bool {
 		}
 		now := time.Now()
 		s.releaseHeld(now)
-		lv := p.lived()
+		lv := p.live.Load()
 		var wait time.Duration = -1
 		if s.ready.len() > 0 {
 			full := s.ready.len() >= min(s.capEvents, lv.MaxBatchEvents) || s.ready.bytes >= lv.MaxBatchBytes ||
@@ -215,8 +208,7 @@ func (s *shard) run(ctx, drainCtx context.Context) bool {
 		s.gen = p.thr.Gen()
 		body := s.build(now)
 		if len(s.dead) > 0 && !s.flushDead(ctx, drainCtx, nil) {
-			s.putBody()
-			s.requeue(s.batch)
+			s.unbuild()
 			return false
 		}
 		if len(s.batch) == 0 {
@@ -231,28 +223,20 @@ func (s *shard) run(ctx, drainCtx context.Context) bool {
 			// after it was built: checked again at send time, so that a
 			// paused key gets nothing whichever shard holds it. Built
 			// again, its events now held.
-			s.putBody()
-			s.requeue(s.batch)
-			clear(s.batch)
-			s.batch = s.batch[:0]
+			s.unbuild()
 			continue
 		}
 		if !storage.Leased(drainCtx) {
 			// The partition's lease ran out: nothing is sent. Its
 			// cancellation follows, unless a renewal in flight extends
 			// it: then the batch is built again.
-			s.putBody()
-			s.requeue(s.batch)
-			clear(s.batch)
-			s.batch = s.batch[:0]
-			select {
-			case <-drainCtx.Done():
+			s.unbuild()
+			if !sleep(drainCtx, storage.LeaseRecheck) {
 				return false
-			case <-time.After(storage.LeaseRecheck):
 			}
 			continue
 		}
-		sl := p.lived() // a reload during the wait may have changed the URL
+		sl := p.live.Load() // a reload during the wait may have changed the URL
 		url := sl.url
 		release := func() {}
 		if f := p.form; f != nil {
@@ -260,8 +244,7 @@ func (s *shard) run(ctx, drainCtx context.Context) bool {
 			if f.pacer != nil {
 				r, err := f.pacer.Acquire(ctx, s.lr.key.APIKey, len(s.batch))
 				if err != nil { // ctx ended
-					s.putBody()
-					s.requeue(s.batch)
+					s.unbuild()
 					return false
 				}
 				release = r
@@ -292,6 +275,15 @@ func (s *shard) run(ctx, drainCtx context.Context) bool {
 			return false
 		}
 	}
+}
+
+// unbuild puts the batch built back in front of the queue, unsent, and
+// drops its body.
+func (s *shard) unbuild() {
+	s.putBody()
+	s.requeue(s.batch)
+	clear(s.batch)
+	s.batch = s.batch[:0]
 }
 
 // releaseHeld puts the events of every key whose hold ended back at the
@@ -337,44 +329,23 @@ func (s *shard) pausedSinceBuild() bool {
 }
 
 // pausedUntil is when the record's device (OrderKey) and user pauses end,
-// zero when neither is paused.
+// zero when neither is paused; in fleet mode the pauses shared by the
+// fleet's relays count too (a 429 seen by the partition's previous owner
+// holds).
 func (s *shard) pausedUntil(r *storage.Record) time.Time {
 	p := s.lr.p
-	thr := p.thr
-	if p.fl != nil && p.fl.pauses != nil && p.fl.pauses.AnyPaused() {
-		return s.pausedUntilFleet(r) // fleet mode: this relay's pauses and the fleet's
-	}
-	if !thr.AnyPaused() { // the common case: no key to build, no lookups
+	fleet := p.fl != nil && p.fl.pauses != nil && p.fl.pauses.AnyPaused()
+	if !fleet && !p.thr.AnyPaused() { // the common case: no key to build, no lookups
 		return time.Time{}
 	}
-	u := thr.PausedUntil(r.OrderKey)
+	u := p.pausedUntil(r.OrderKey, fleet)
 	if len(r.UserID) > 0 {
 		s.keybuf = append(append(s.keybuf[:0], userPrefix...), r.UserID...)
-		if uu := thr.PausedUntil(s.keybuf); uu.After(u) {
+		if uu := p.pausedUntil(s.keybuf, fleet); uu.After(u) {
 			u = uu
 		}
 	}
-	return u
-}
-
-// pausedUntilFleet is pausedUntil with the pauses shared by the fleet's
-// relays: a 429 seen by the partition's previous owner holds.
-func (s *shard) pausedUntilFleet(r *storage.Record) time.Time {
-	p := s.lr.p
-	u := p.thr.PausedUntil(r.OrderKey)
-	if uu := p.pausedShared(r.OrderKey); uu.After(u) {
-		u = uu
-	}
-	if len(r.UserID) > 0 {
-		s.keybuf = append(append(s.keybuf[:0], userPrefix...), r.UserID...)
-		if uu := p.thr.PausedUntil(s.keybuf); uu.After(u) {
-			u = uu
-		}
-		if uu := p.pausedShared(s.keybuf); uu.After(u) {
-			u = uu
-		}
-	}
-	if !u.After(time.Now()) {
+	if fleet && !u.After(time.Now()) {
 		return time.Time{}
 	}
 	return u
@@ -385,7 +356,7 @@ func (s *shard) pausedUntilFleet(r *storage.Record) time.Time {
 // expired and oversized events to s.dead.
 func (s *shard) build(now time.Time) []byte {
 	thr := s.lr.p.thr
-	lv := s.lr.p.lived()
+	lv := s.lr.p.live.Load()
 	// The lane's frame with the limits in force (a reload may change them).
 	fr := s.lr.frame
 	fr.MaxRecords, fr.MaxBytes = lv.MaxBatchEvents, lv.MaxBatchBytes
@@ -497,17 +468,10 @@ func (s *shard) putBody() {
 // notePaced remembers the keys of a paced event of s.batch (once each) for
 // Throttle.Admitted.
 func (s *shard) notePaced(keys ...[]byte) {
-next:
 	for _, k := range keys {
-		if len(k) == 0 {
-			continue
+		if len(k) > 0 && !slices.Contains(s.pacedKeys, string(k)) {
+			s.pacedKeys = append(s.pacedKeys, string(k))
 		}
-		for _, have := range s.pacedKeys {
-			if have == string(k) {
-				continue next
-			}
-		}
-		s.pacedKeys = append(s.pacedKeys, string(k))
 	}
 }
 
@@ -524,7 +488,7 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 	if len(v.pause) > 0 {
 		// Paused, then paced (the share tells the pacing how many of the
 		// key's events the refused request carried).
-		until := time.Now().Add(p.lived().ThrottlePause)
+		until := time.Now().Add(p.live.Load().ThrottlePause)
 		p.thr.Refused(s.shares(v.pause), until, res.EPSThreshold)
 		p.sharePauses(ctx, v.pause, until)
 	}
@@ -539,7 +503,7 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 			s.lr.shardRecovered()
 		}
 		s.lr.progress()
-		s.capEvents = min(s.capEvents*2, p.lived().MaxBatchEvents)
+		s.capEvents = min(s.capEvents*2, p.live.Load().MaxBatchEvents)
 		p.thr.Admitted(s.pacedKeys)
 		return true
 	case resend:
@@ -646,6 +610,7 @@ func (s *shard) flushDead(ctx, drainCtx context.Context, answer []byte) bool {
 	p := s.lr.p
 	now := time.Now()
 	dls := make([]storage.DeadLetter, len(s.dead))
+	its := make([]item, len(s.dead))
 	for i, d := range s.dead {
 		ans := answer
 		if d.answer != nil {
@@ -663,33 +628,26 @@ func (s *shard) flushDead(ctx, drainCtx context.Context, answer []byte) bool {
 			}
 		}
 		dls[i] = storage.DeadLetter{Lane: s.lr.key, Reason: d.reason, Answer: ans, Accepted: d.it.ck.accepted, Died: now, Record: d.it.rec}
+		its[i] = d.it
 	}
+	clear(s.dead)
+	s.dead = s.dead[:0]
 	err := FlushDead(drainCtx, p.dead, dls, func(err error) {
 		p.log.Error("store dead letters failed; retrying", zap.String("lane", s.lr.label), zap.Error(err))
 	})
 	if err != nil {
 		p.log.Error("dead letters not stored; the events stay in the spool", zap.String("lane", s.lr.label), zap.Error(err))
-		its := make([]item, len(s.dead))
-		for i, d := range s.dead {
-			its[i] = d.it
-		}
 		s.requeue(its)
-		clear(s.dead)
-		s.dead = s.dead[:0]
 		return false
 	}
 	if p.cfg.OnDead != nil {
 		p.cfg.OnDead(dls)
 	}
-	its := make([]item, len(s.dead))
-	for i, d := range s.dead {
-		its[i] = d.it
-		p.m.dead.WithLabelValues(d.reason).Inc()
+	for _, d := range dls {
+		p.m.dead.WithLabelValues(d.Reason).Inc()
 	}
 	s.lr.done(its)
 	s.lr.progress()
-	clear(s.dead)
-	s.dead = s.dead[:0]
 	return true
 }
 

@@ -23,9 +23,8 @@ type StopSwitch struct {
 	Lane Pinner
 
 	mu        sync.Mutex
-	stopped   bool
 	reason    string
-	resumeC   chan struct{} // closed by Resume
+	resumeC   chan struct{} // nil while running; closed by Resume
 	isStopped atomic.Bool
 }
 
@@ -33,12 +32,11 @@ type StopSwitch struct {
 // second Stop keeps the first reason).
 func (s *StopSwitch) Stop(reason string) bool {
 	s.mu.Lock()
-	if s.stopped {
+	if s.resumeC != nil {
 		s.mu.Unlock()
 		return false
 	}
-	s.stopped, s.reason = true, reason
-	s.resumeC = make(chan struct{})
+	s.reason, s.resumeC = reason, make(chan struct{})
 	s.isStopped.Store(true)
 	s.mu.Unlock()
 	if s.Lane != nil {
@@ -50,12 +48,12 @@ func (s *StopSwitch) Stop(reason string) bool {
 // Resume resumes the lane; it reports whether it was stopped.
 func (s *StopSwitch) Resume() bool {
 	s.mu.Lock()
-	if !s.stopped {
+	if s.resumeC == nil {
 		s.mu.Unlock()
 		return false
 	}
-	s.stopped, s.reason = false, ""
 	close(s.resumeC)
+	s.reason, s.resumeC = "", nil
 	s.isStopped.Store(false)
 	s.mu.Unlock()
 	if s.Lane != nil {
@@ -71,7 +69,7 @@ func (s *StopSwitch) Stopped() bool { return s.isStopped.Load() }
 func (s *StopSwitch) State() (stopped bool, reason string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.stopped, s.reason
+	return s.resumeC != nil, s.reason
 }
 
 // Resumed returns a channel closed when the lane resumes, or nil while it
@@ -79,8 +77,5 @@ func (s *StopSwitch) State() (stopped bool, reason string) {
 func (s *StopSwitch) Resumed() <-chan struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.stopped {
-		return nil
-	}
 	return s.resumeC
 }

@@ -9,12 +9,8 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
-	"strconv"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
@@ -115,49 +111,21 @@ func jsonErr(err error) string {
 	return "malformed"
 }
 
-// WriteError answers {"code":status,"error":msg}.
-func WriteError(w http.ResponseWriter, status int, msg string) {
+// Reject counts e by its Reason and answers it: {"code":STATUS,"error":"..."}.
+func (in *Intake) Reject(w http.ResponseWriter, e *ValidationError) {
+	in.rejected.WithLabelValues(e.Reason).Inc()
 	b, _ := json.Marshal(struct {
 		Code  int    `json:"code"`
 		Error string `json:"error"`
-	}{status, msg})
+	}{e.Status, e.Msg})
 	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
+	w.WriteHeader(e.Status)
 	w.Write(b)
-}
-
-// Rejecter answers and counts the requests a route refuses. Build it with
-// NewRejecter.
-type Rejecter struct {
-	name       string
-	log        *zap.Logger
-	rejected   *prometheus.CounterVec
-	retryAfter string
-}
-
-// NewRejecter returns a Rejecter that counts refusals in rejected (label
-// "reason"), logs as name (e.g. "groupidentify") to log, and answers spool
-// failures with Retry-After retryAfter rounded up to whole seconds; its log
-// lines are sampled (a few a second). log and rejected must not be nil.
-func NewRejecter(name string, log *zap.Logger, rejected *prometheus.CounterVec, retryAfter time.Duration) *Rejecter {
-	// Every request can fail the same way while the spool does: a few
-	// lines a second, the counter has them all.
-	log = log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
-		return zapcore.NewSamplerWithOptions(c, time.Second, 5, 0)
-	}))
-	return &Rejecter{name: name, log: log, rejected: rejected,
-		retryAfter: strconv.Itoa(int((retryAfter + time.Second - 1) / time.Second))}
-}
-
-// Reject counts e by its Reason and answers it.
-func (r *Rejecter) Reject(w http.ResponseWriter, e *ValidationError) {
-	r.rejected.WithLabelValues(e.Reason).Inc()
-	WriteError(w, e.Status, e.Msg)
 }
 
 // SpoolFailed answers a failed spool append: 503 with Retry-After, reason
 // spool_full, disk_low, shutting_down or (logged) spool_error.
-func (r *Rejecter) SpoolFailed(w http.ResponseWriter, err error) {
+func (in *Intake) SpoolFailed(w http.ResponseWriter, err error) {
 	msg, reason := "Service unavailable", "spool_error"
 	switch {
 	case errors.Is(err, spool.ErrFull):
@@ -175,8 +143,8 @@ func (r *Rejecter) SpoolFailed(w http.ResponseWriter, err error) {
 	case errors.Is(err, storage.ErrUnavailable):
 		msg, reason = "Spool unavailable, retry later", "spool_unavailable"
 	default:
-		r.log.Error(r.name+": spool append failed", zap.Error(err))
+		in.log.Error(in.cfg.Name+": spool append failed", zap.Error(err))
 	}
-	w.Header().Set("Retry-After", r.retryAfter)
-	r.Reject(w, &ValidationError{Status: http.StatusServiceUnavailable, Msg: msg, Reason: reason})
+	w.Header().Set("Retry-After", in.retryAfter)
+	in.Reject(w, &ValidationError{Status: http.StatusServiceUnavailable, Msg: msg, Reason: reason})
 }

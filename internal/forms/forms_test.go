@@ -1,6 +1,7 @@
 package forms
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http/httptest"
@@ -14,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 func TestSpoolFailed(t *testing.T) {
@@ -27,8 +29,8 @@ func TestSpoolFailed(t *testing.T) {
 		{spool.ErrClosed, "shutting_down", `{"code":503,"error":"Service is shutting down"}`},
 		{errors.New("bbolt: broken"), "spool_error", `{"code":503,"error":"Service unavailable"}`},
 	} {
-		rejected := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "x"}, []string{"reason"})
-		r := NewRejecter("test", zap.NewNop(), rejected, 4200*time.Millisecond)
+		r := newIntake(t, 4200*time.Millisecond)
+		rejected := r.rejected
 		w := httptest.NewRecorder()
 		r.SpoolFailed(w, tc.err)
 		if got := w.Code; got != 503 {
@@ -47,8 +49,8 @@ func TestSpoolFailed(t *testing.T) {
 }
 
 func TestReject(t *testing.T) {
-	rejected := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "x"}, []string{"reason"})
-	r := NewRejecter("test", zap.NewNop(), rejected, time.Second)
+	r := newIntake(t, time.Second)
+	rejected := r.rejected
 	w := httptest.NewRecorder()
 	r.Reject(w, Bad("missing_field", "api_key: %s", `missing "x"`))
 	if w.Code != 400 || w.Header().Get("Content-Type") != "application/json" ||
@@ -58,6 +60,23 @@ func TestReject(t *testing.T) {
 	if n := count(t, rejected.WithLabelValues("missing_field")); n != 1 {
 		t.Errorf("rejected{missing_field} = %v, want 1", n)
 	}
+}
+
+// appendFunc is a storage.Appender.
+type appendFunc func(context.Context, storage.Request) error
+
+func (f appendFunc) Append(ctx context.Context, req storage.Request) error { return f(ctx, req) }
+
+// newIntake returns an Intake with Retry-After retryAfter over a store
+// that refuses every append.
+func newIntake(t *testing.T, retryAfter time.Duration) *Intake {
+	t.Helper()
+	in, err := NewIntake(IntakeConfig{Name: "test", Kind: storage.KindUserMap, Field: "n", RetryAfter: retryAfter},
+		appendFunc(func(context.Context, storage.Request) error { return spool.ErrClosed }), nil, zap.NewNop(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return in
 }
 
 // count reads a counter's value.

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
@@ -85,15 +87,17 @@ func (c IntakeConfig) Validate() error {
 // /groupidentify, POST /usermap): it resolves the api_key, refuses (and
 // counts) bad requests and appends accepted records to the store.
 type Intake struct {
-	cfg       IntakeConfig
-	st        storage.Appender
-	creds     *credentials.Ref // read at every use: a reload takes effect at once
-	*Rejecter                  // Reject, SpoolFailed
-	accepted  prometheus.Counter
+	cfg        IntakeConfig
+	st         storage.Appender
+	creds      *credentials.Ref // read at every use: a reload takes effect at once
+	log        *zap.Logger
+	accepted   prometheus.Counter
+	rejected   *prometheus.CounterVec // by the ValidationError's Reason
+	retryAfter string                 // cfg.RetryAfter in whole seconds, rounded up
 }
 
 // NewIntake returns an Intake appending to st. creds, log and reg may be
-// nil.
+// nil; its log lines are sampled (a few a second).
 func NewIntake(cfg IntakeConfig, st storage.Appender, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*Intake, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -104,13 +108,17 @@ func NewIntake(cfg IntakeConfig, st storage.Appender, creds *credentials.Ref, lo
 	if log == nil {
 		log = zap.NewNop()
 	}
-	cfg.RetryAfter = cmp.Or(cfg.RetryAfter, DefaultRetryAfter)
+	// Every request can fail the same way while the spool does: a few
+	// lines a second, the counter has them all.
+	log = log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		return zapcore.NewSamplerWithOptions(c, time.Second, 5, 0)
+	}))
+	ra := cmp.Or(cfg.RetryAfter, DefaultRetryAfter)
 	f := promauto.With(reg)
-	in := &Intake{cfg: cfg, st: st, creds: creds}
-	in.accepted = f.NewCounter(prometheus.CounterOpts{Name: "relay_" + cfg.Name + "_accepted_total", Help: cfg.AcceptedHelp})
-	in.Rejecter = NewRejecter(cfg.Name, log, f.NewCounterVec(prometheus.CounterOpts{Name: "relay_" + cfg.Name + "_rejected_requests_total",
-		Help: cfg.RejectedHelp}, []string{"reason"}), cfg.RetryAfter)
-	return in, nil
+	return &Intake{cfg: cfg, st: st, creds: creds, log: log, retryAfter: strconv.Itoa(int((ra + time.Second - 1) / time.Second)),
+		accepted: f.NewCounter(prometheus.CounterOpts{Name: "relay_" + cfg.Name + "_accepted_total", Help: cfg.AcceptedHelp}),
+		rejected: f.NewCounterVec(prometheus.CounterOpts{Name: "relay_" + cfg.Name + "_rejected_requests_total", Help: cfg.RejectedHelp}, []string{"reason"}),
+	}, nil
 }
 
 // APIKey resolves the request's api_key (see APIKey, with r's
@@ -126,7 +134,7 @@ func (in *Intake) APIKey(w http.ResponseWriter, r *http.Request, apiKey string) 
 
 // Accept appends b (n records) to the lane of apiKey and answers the
 // request: once the store holds b, it counts n accepted and answers 200
-// with {"code":200,"<Field>":<n>}; else (Rejecter.SpoolFailed) 503.
+// with {"code":200,"<Field>":<n>}; else (SpoolFailed) 503.
 func (in *Intake) Accept(w http.ResponseWriter, apiKey string, b *storage.Batch, n int) {
 	// No request id: the fleet makes a fresh one (the local spool has no
 	// retries to absorb).
