@@ -52,11 +52,7 @@
 // shrinks them: each byte of a message is written to every node's Raft log
 // and store, sent over two routes and read back by the owner, so the relay
 // compresses once what the cluster would otherwise carry several times.
-// A request's records of 16 KiB or more in a partition are compressed by
-// its own Append, as a zstd frame, before they join a batch (a message is
-// then its requests' frames one after the other), so that a batch waits
-// only for its publish; smaller ones are compressed together by the
-// committer. MaxMessageBytes bounds the records before compression. A relay of before
+// MaxMessageBytes bounds the records before compression. A relay of before
 // would dead-letter a message of a codec it does not read as damaged, so
 // the committers write a kind's messages in the best codec every member of
 // the kind says in its heartbeat (the value of m.<kind>.<relay>, see
