@@ -20,7 +20,7 @@ import (
 //	accepted:uvarint (Unix ms) count:uvarint
 //	records: count x (orderKey, userID, data: each uvarint-len+bytes),
 //	         as they are (version 1), as one S2 block (version 2) or as
-//	         zstd frames one after the other (version 3)
+//	         one zstd frame (version 3)
 //	crc32c:4 bytes big-endian over everything before it
 //
 // A message holds the records of one lane in one partition from one or
@@ -39,16 +39,6 @@ import (
 // relay shares. Version 2 is written while a member reads S2 only, version
 // 1 when compression does not shrink the records (a few small ones) or a
 // member reads neither; every version is read from streams written before.
-//
-// A request's records in a partition, when they are at least frameAhead,
-// are compressed by its own Append, as a zstd frame, before they join a
-// batch (a message is then its parts' frames one after the other, which
-// every reader of version 3 decodes as one): the requests compress at once
-// on every core while the batch before them is published, and a batch
-// waits only for its publish. Compressing the whole message in the
-// committer put that CPU into every batch's time, while the requests
-// behind it waited (bench/RESULTS.md, "Fleet: compression off the batch's
-// path").
 //
 // JetStream checksums its own blocks; the trailer catches a message that
 // was not written by this package or was damaged on the way.
@@ -124,10 +114,8 @@ func encodeRecords(dst []byte, recs []storage.Record) []byte {
 // encodeMessage appends to dst the body of a message of n records, whose
 // encodings (encodeRecords) are the concatenation of parts, compressed
 // with codec (codecS2 or codecZstd; any other: not) when that shrinks
-// them. frames[i], when not nil, is parts[i] compressed already
-// (zstdFrame): with codecZstd it is taken as it is (zstdFrames), and
-// ignored with any other codec.
-func encodeMessage(dst []byte, h *header, n int, parts, frames [][]byte, codec byte) []byte {
+// them.
+func encodeMessage(dst []byte, h *header, n int, parts [][]byte, codec byte) []byte {
 	start := len(dst)
 	dst = append(dst, codecPlain, byte(h.lane.Kind))
 	dst = appendBytes(dst, []byte(h.lane.APIKey))
@@ -143,7 +131,7 @@ func encodeMessage(dst []byte, h *header, n int, parts, frames [][]byte, codec b
 	case codecS2:
 		z = s2.Encode(nil, dst[recsAt:])
 	case codecZstd:
-		z = zstdFrames(dst[recsAt:], parts, frames)
+		z = zstdEncoder().EncodeAll(dst[recsAt:], nil)
 	}
 	if z != nil && len(z) < len(dst)-recsAt {
 		dst[start] = codec
@@ -152,45 +140,10 @@ func encodeMessage(dst []byte, h *header, n int, parts, frames [][]byte, codec b
 	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
 }
 
-// frameAhead is the least of a request's records in a partition that its
-// Append compresses itself (zstdFrame); smaller parts are compressed by
-// the committer, in one frame with their neighbours in the message. A
-// frame of its own costs small parts much of their ratio (events of
-// bench/fleet, ten requests a message: 1.5x against 3.8x at one event a
-// request, 4.2x against 4.9x at 8 KiB, the same at 20 KiB).
-const frameAhead = 16 << 10
-
-// zstdFrame compresses a part of a message's records (encodeRecords) as
-// one zstd frame.
-func zstdFrame(part []byte) []byte { return zstdEncoder().EncodeAll(part, nil) }
-
-// zstdFrames compresses raw, the concatenation of parts, as zstd frames
-// one after the other: frames[i] for a part compressed already (not nil),
-// and one frame for each run of the other parts, so that small parts
-// still share a frame (a frame of one small request compresses far less).
-func zstdFrames(raw []byte, parts, frames [][]byte) []byte {
-	var z []byte
-	at, run := 0, 0 // run: where the parts not compressed yet start
-	for i, p := range parts {
-		if i < len(frames) && frames[i] != nil {
-			if run < at {
-				z = zstdEncoder().EncodeAll(raw[run:at], z)
-			}
-			z = append(z, frames[i]...)
-			run = at + len(p)
-		}
-		at += len(p)
-	}
-	if run < at {
-		z = zstdEncoder().EncodeAll(raw[run:at], z)
-	}
-	return z
-}
-
 // encode appends the body of a message of recs to dst, compressed when
 // that shrinks them.
 func encode(dst []byte, h *header, recs []storage.Record) []byte {
-	return encodeMessage(dst, h, len(recs), [][]byte{encodeRecords(nil, recs)}, nil, codecZstd)
+	return encodeMessage(dst, h, len(recs), [][]byte{encodeRecords(nil, recs)}, codecZstd)
 }
 
 // decode reads a body; the records alias b (version 1) or a buffer of

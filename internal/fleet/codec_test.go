@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"slices"
 	"testing"
 	"time"
 
@@ -57,8 +56,8 @@ func TestCodecCompressed(t *testing.T) {
 		raw += len(d)
 	}
 	z := encode(nil, &h, recs)
-	s := encodeMessage(nil, &h, len(recs), [][]byte{encodeRecords(nil, recs)}, nil, codecS2)
-	plain := encodeMessage(nil, &h, len(recs), [][]byte{encodeRecords(nil, recs)}, nil, codecPlain)
+	s := encodeMessage(nil, &h, len(recs), [][]byte{encodeRecords(nil, recs)}, codecS2)
+	plain := encodeMessage(nil, &h, len(recs), [][]byte{encodeRecords(nil, recs)}, codecPlain)
 	for _, c := range []struct {
 		body    []byte
 		version byte
@@ -100,7 +99,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte{1, 0, 0, 0, 0, 0})
 	z := encode(nil, &h, []storage.Record{{OrderKey: []byte("d:1"), Data: bytes.Repeat([]byte("{}"), 100)}})
 	f.Add(z[:len(z)-4])
-	s := encodeMessage(nil, &h, 1, [][]byte{encodeRecords(nil, []storage.Record{{OrderKey: []byte("d:1"), Data: bytes.Repeat([]byte("{}"), 100)}})}, nil, codecS2)
+	s := encodeMessage(nil, &h, 1, [][]byte{encodeRecords(nil, []storage.Record{{OrderKey: []byte("d:1"), Data: bytes.Repeat([]byte("{}"), 100)}})}, codecS2)
 	f.Add(s[:len(s)-4])
 	f.Fuzz(func(t *testing.T, body []byte) {
 		b := binary.BigEndian.AppendUint32(bytes.Clone(body), crc32.Checksum(body, castagnoli))
@@ -121,59 +120,4 @@ func FuzzDecode(f *testing.F) {
 			}
 		}
 	})
-}
-
-// TestCodecFrames: a message whose parts (requests' records) were
-// compressed one part at a time is their zstd frames one after the other,
-// parts without a frame compressed together between them, read back as one
-// in order; when the kind's codec moved off zstd after the parts were
-// compressed (a member of before joined), the message is written in the
-// codec now asked for, never zstd; frames that do not shrink the records
-// leave them plain.
-func TestCodecFrames(t *testing.T) {
-	h := header{lane: storage.LaneKey{Kind: storage.KindEvents, APIKey: "k"}, accepted: time.UnixMilli(1700000000123)}
-	var recs []storage.Record
-	var parts, frames [][]byte
-	for r := range 4 {
-		var req []storage.Record
-		for i := range 150 {
-			d := fmt.Appendf(nil, `{"event_type":"screen","device_id":"device-%06d","insert_id":"%d-%d","event_properties":{"n":%d}}`, r, r, i, i)
-			req = append(req, storage.Record{OrderKey: []byte("d:1"), Data: d})
-		}
-		recs = append(recs, req...)
-		p := encodeRecords(nil, req)
-		parts, frames = append(parts, p), append(frames, zstdFrame(p))
-	}
-	mixed := slices.Clone(frames)
-	mixed[1], mixed[2] = nil, nil
-	for _, c := range []struct {
-		name          string
-		parts, frames [][]byte
-		codec         byte
-		want          byte
-	}{
-		{"frames", parts, frames, codecZstd, codecZstd},
-		{"frames and parts", parts, mixed, codecZstd, codecZstd},
-		{"s2 asked after", parts, frames, codecS2, codecS2},
-		{"plain asked after", parts, frames, codecPlain, codecPlain},
-		{"frames larger than the records", parts[:1], [][]byte{append(bytes.Clone(frames[0]), make([]byte, len(parts[0]))...)}, codecZstd, codecPlain},
-	} {
-		n := len(recs) * len(c.parts) / len(parts)
-		body := encodeMessage(nil, &h, n, c.parts, c.frames, c.codec)
-		if body[0] != c.want {
-			t.Fatalf("%s: version %d, want %d", c.name, body[0], c.want)
-		}
-		_, got, err := decode(body)
-		if err != nil {
-			t.Fatalf("%s: %v", c.name, err)
-		}
-		if len(got) != n {
-			t.Fatalf("%s: %d records, want %d", c.name, len(got), n)
-		}
-		for i := range got {
-			if !bytes.Equal(got[i].Data, recs[i].Data) || !bytes.Equal(got[i].OrderKey, recs[i].OrderKey) {
-				t.Fatalf("%s: record %d changed", c.name, i)
-			}
-		}
-	}
 }

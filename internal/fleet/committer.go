@@ -148,8 +148,7 @@ func (c *committer) messages(batch []*pending) []outMsg {
 		h        header
 		n, size  int
 		parts    [][]byte
-		frames   [][]byte // the parts' zstd frames, nil where not compressed
-		nextPart int      // this key's messages so far
+		nextPart int // this key's messages so far
 	}
 	var (
 		msgs  []outMsg
@@ -165,8 +164,8 @@ func (c *committer) messages(batch []*pending) []outMsg {
 			return
 		}
 		sz := b.h.size() + b.size + 4
-		msgs[b.out].body = encodeMessage(make([]byte, 0, sz), &b.h, b.n, b.parts, b.frames, byte(f.compress[b.h.lane.Kind].Load()))
-		b.n, b.size, b.parts, b.frames = 0, 0, nil, nil
+		msgs[b.out].body = encodeMessage(make([]byte, 0, sz), &b.h, b.n, b.parts, byte(f.compress[b.h.lane.Kind].Load()))
+		b.n, b.size, b.parts = 0, 0, nil
 	}
 	for _, p := range batch {
 		for _, fr := range p.frags {
@@ -196,7 +195,6 @@ func (c *committer) messages(batch []*pending) []outMsg {
 			b.n += fr.n
 			b.size += len(fr.b)
 			b.parts = append(b.parts, fr.b)
-			b.frames = append(b.frames, fr.z)
 		}
 	}
 	for _, b := range order {

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -129,98 +127,9 @@ func BenchmarkEncode(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(len(part)))
 			for b.Loop() {
-				dst = encodeMessage(dst[:0], h, len(recs), [][]byte{part}, nil, c.codec)
+				dst = encodeMessage(dst[:0], h, len(recs), [][]byte{part}, c.codec)
 			}
 			b.ReportMetric(float64(len(part))/float64(len(dst)), "ratio")
 		})
 	}
-}
-
-// testFramesAhead: a request's records of at least frameAhead in a
-// partition are compressed by its Append, a zstd frame each, and a
-// batch's message is its requests' frames one after the other: requests
-// appended at once share messages of several frames, which read back
-// whole, each device's records in order. With two streams, a request of
-// one device leaves the other stream without a part.
-func (e *testEnv) testFramesAhead(t *testing.T) {
-	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 2, Streams: 2, MaxInflight: 1, Linger: 50 * time.Millisecond})
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	defer func() { cancel(); wg.Wait() }()
-	hold := func(ctx context.Context, _ storage.Reader) error { <-ctx.Done(); return nil }
-	wg.Go(func() { f.Backend().Only(storage.KindEvents).Run(ctx, hold) }) //nolint:errcheck // ends with ctx
-	waitFor(t, time.Minute, "the kind's codec at zstd", func() bool { return f.compress[storage.KindEvents].Load() == codecZstd })
-
-	const devices, requests, perRequest = 8, 3, 50
-	errs := make(chan error, devices*requests)
-	var appends sync.WaitGroup
-	for d := range devices {
-		appends.Go(func() {
-			key := "d:" + strconv.Itoa(d)
-			for r := range requests {
-				var recs []storage.Record
-				for i := range perRequest {
-					n := r*perRequest + i + 1
-					recs = append(recs, storage.Record{OrderKey: []byte(key),
-						Data: fmt.Appendf(nil, "%s/%d/%s", key, n, strings.Repeat(fmt.Sprintf(`"p%d":"%x",`, n%7, n*2654435761), 24))})
-				}
-				if len(encodeRecords(nil, recs)) < frameAhead {
-					errs <- fmt.Errorf("a request of %d bytes, below frameAhead", len(encodeRecords(nil, recs)))
-					return
-				}
-				if err := f.Append(bg(t), Request{Lane: lane, Records: recs}); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	appends.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	zstdMagic := []byte{0x28, 0xb5, 0x2f, 0xfd}
-	got := map[string][]int{}
-	framed := 0
-	for g := range f.cfg.Streams {
-		st, err := f.js.Stream(bg(t), f.n.stream(storage.KindEvents, g))
-		if err != nil {
-			t.Fatal(err)
-		}
-		info, err := st.Info(bg(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for seq := info.State.FirstSeq; seq <= info.State.LastSeq && seq > 0; seq++ {
-			raw, err := st.GetMsg(bg(t), seq)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if raw.Data[0] != codecZstd {
-				t.Fatalf("stream %d seq %d: version %d, want zstd", g, seq, raw.Data[0])
-			}
-			if bytes.Count(raw.Data, zstdMagic) > 1 {
-				framed++
-			}
-			_, recs, err := decode(raw.Data)
-			if err != nil {
-				t.Fatalf("stream %d seq %d: %v", g, seq, err)
-			}
-			for _, r := range recs {
-				k, rest, _ := strings.Cut(string(r.Data), "/")
-				n, _, _ := strings.Cut(rest, "/")
-				i, _ := strconv.Atoi(n)
-				got[k] = append(got[k], i)
-			}
-		}
-	}
-	if framed == 0 {
-		t.Errorf("no message of several frames: the requests were compressed together")
-	}
-	want := map[string]int{}
-	for d := range devices {
-		want["d:"+strconv.Itoa(d)] = requests * perRequest
-	}
-	checkOrder(t, got, want)
 }

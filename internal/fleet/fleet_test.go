@@ -47,7 +47,6 @@ func TestFleet(t *testing.T) {
 		{"LeadersSpread", env.testLeadersSpread},
 		{"LeadersRebalanced", env.testLeadersRebalanced},
 		{"GroupCommit", env.testGroupCommit},
-		{"FramesAhead", env.testFramesAhead},
 		{"LayoutFound", env.testLayoutFound},
 		{"Retention", env.testRetention},
 		{"WorkQueueOfBefore", env.testWorkQueueOfBefore},

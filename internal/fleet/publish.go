@@ -45,7 +45,6 @@ type frag struct {
 	partition int
 	n         int    // records
 	b         []byte // encodeRecords
-	z         []byte // b as a zstd frame; nil when not compressed
 }
 
 // pending is one request's part in one stream, waiting for its batch.
@@ -88,20 +87,6 @@ func (f *Fleet) Append(ctx context.Context, req Request) error {
 				len(req.Records), size, req.Lane.Kind, used, f.cfg.MaxBytes, ErrFull)
 			f.m.appendFailed(err)
 			return err
-		}
-	}
-	if f.compress[req.Lane.Kind].Load() == codecZstd {
-		// Here, in the request's goroutine, not in the committer's batch:
-		// see codec.go.
-		for _, p := range parts {
-			if p == nil {
-				continue
-			}
-			for i := range p.frags {
-				if len(p.frags[i].b) >= frameAhead {
-					p.frags[i].z = zstdFrame(p.frags[i].b)
-				}
-			}
 		}
 	}
 	start := time.Now()
