@@ -386,11 +386,10 @@ func (f *Fleet) renew(ctx context.Context, s slot, l *lease) {
 	start := time.Now()
 	octx, cancel := f.opCtx(ctx)
 	rev, err := f.kv.Update(octx, s.key(), []byte(f.cfg.Name), l.rev)
-	if err != nil && octx.Err() == nil {
-		if r, ok := f.landed(octx, s); ok {
-			rev, err = f.kv.Update(octx, s.key(), []byte(f.cfg.Name), r)
-		}
-	}
+	err = f.atLanded(octx, s, err, func(r uint64) (err error) {
+		rev, err = f.kv.Update(octx, s.key(), []byte(f.cfg.Name), r)
+		return err
+	})
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
@@ -431,11 +430,9 @@ func (f *Fleet) release(s slot, l *lease) {
 	ctx, cancel := context.WithDeadline(context.Background(), l.until.Load().Add(f.cfg.LeaseMargin))
 	defer cancel()
 	err := f.kv.Delete(ctx, s.key(), jetstream.LastRevision(l.rev))
-	if err != nil && ctx.Err() == nil {
-		if r, ok := f.landed(ctx, s); ok {
-			err = f.kv.Delete(ctx, s.key(), jetstream.LastRevision(r))
-		}
-	}
+	err = f.atLanded(ctx, s, err, func(r uint64) error {
+		return f.kv.Delete(ctx, s.key(), jetstream.LastRevision(r))
+	})
 	if err != nil {
 		// It expires by itself.
 		f.log.Debug("release partition lease", zap.String("partition", s.key()), zap.Error(err))
@@ -444,18 +441,30 @@ func (f *Fleet) release(s slot, l *lease) {
 	f.log.Info("partition released", zap.String("partition", s.key()))
 }
 
-// landed returns the revision of s's lease while it still holds this
-// relay's name: a renewal whose answer came too late (its context ended
-// after the cluster applied it) moved the revision past l.rev, yet the
-// lease is this relay's, for no other relay writes this name. Without it
-// the next renewal and the release would be refused, and the partition
-// would wait out its TTL with nobody delivering it.
-func (f *Fleet) landed(ctx context.Context, s slot) (uint64, bool) {
-	e, err := f.kv.Get(ctx, s.key())
-	if err != nil || string(e.Value()) != f.cfg.Name {
-		return 0, false
+// atLanded retries op, a write of s's lease that failed with err, at the
+// lease's current revision while the lease still holds this relay's name:
+// a renewal whose answer came too late (its context ended after the
+// cluster applied it) moved the revision past l.rev, yet the lease is this
+// relay's, for no other relay writes this name. Without it the next
+// renewal and the release would be refused, and the partition would wait
+// out its TTL with nobody delivering it. A bucket's reads are direct gets,
+// which a replica that has not applied the last write yet may answer: a
+// revision read there is refused too, so it is read again until ctx ends.
+func (f *Fleet) atLanded(ctx context.Context, s slot, err error, op func(rev uint64) error) error {
+	for err != nil && ctx.Err() == nil {
+		e, gerr := f.kv.Get(ctx, s.key())
+		if gerr != nil || string(e.Value()) != f.cfg.Name {
+			return err
+		}
+		if err = op(e.Revision()); !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
-	return e.Revision(), true
+	return err
 }
 
 // stopAll ends every deliver, waits for them and gives up the leases
