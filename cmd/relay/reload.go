@@ -28,7 +28,8 @@ type settingChange struct {
 
 // diffSettings lists the settings whose value differs between old and new.
 // The token and credentials files count as changed when their content is:
-// a reload reads them again.
+// a reload reads them again. A token given directly (Load keeps only its
+// Token) counts as changed when the Tokens differ: it needs a restart.
 func diffSettings(old, new config.Config) []settingChange {
 	var out []settingChange
 	oldVals := map[string]string{}
@@ -36,7 +37,8 @@ func diffSettings(old, new config.Config) []settingChange {
 		oldVals[s.Name] = s.Value
 	}
 	for _, s := range new.Settings {
-		if o, ok := oldVals[s.Name]; ok && o == s.Value && secretOf(old, s.Name) == secretOf(new, s.Name) {
+		sameToken := s.Name != "admin-token" || new.AdminTokenFile != "" || old.AdminTokenFile != "" || old.Token.Same(new.Token)
+		if o, ok := oldVals[s.Name]; ok && o == s.Value && sameToken && secretOf(old, s.Name) == secretOf(new, s.Name) {
 			continue
 		}
 		out = append(out, settingChange{Name: s.Name, Old: oldVals[s.Name], New: s.Value,
@@ -51,8 +53,6 @@ func secretOf(c config.Config, name string) string {
 	switch name {
 	case "allowed-api-keys":
 		return strings.Join(c.AllowedAPIKeys, "\x00")
-	case "admin-token":
-		return c.AdminToken
 	}
 	return ""
 }

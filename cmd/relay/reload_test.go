@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcrelay/relay/internal/config"
 	"github.com/svcrelay/relay/internal/polltest"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -545,5 +546,27 @@ func startLoad(t *testing.T, req func(c, i int) (id string, r *http.Request)) (s
 			t.Fatalf("load: %d accepted, %d failed", len(accepted), failed.Load())
 		}
 		return accepted
+	}
+}
+
+// TestDiffDirectToken: a token given directly that a reload would change
+// is named as needing a restart (the reload keeps the one in force); the
+// same token again is not named.
+func TestDiffDirectToken(t *testing.T) {
+	load := func(tok string) config.Config {
+		t.Helper()
+		c, err := config.Load([]string{"--admin-token", tok}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	a := load("token-a")
+	if d := diffSettings(a, load("token-a")); len(d) != 0 {
+		t.Fatalf("the same token: %+v, want no change", d)
+	}
+	d := diffSettings(a, load("token-b"))
+	if len(d) != 1 || d[0].Name != "admin-token" || d[0].Live || strings.Contains(fmt.Sprint(d), "token-") {
+		t.Fatalf("another token: %+v, want admin-token alone, needing a restart, not shown", d)
 	}
 }

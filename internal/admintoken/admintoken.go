@@ -44,7 +44,8 @@ const MaxFileBytes = 4096
 type Token struct {
 	key              [32]byte // random HMAC key
 	sum              [sha256.Size]byte
-	n                int // the token's length, for Strip's search
+	digest           [sha256.Size]byte // of the token alone: Same compares two Tokens
+	n                int               // the token's length, for Strip's search
 	readableByOthers bool
 }
 
@@ -80,8 +81,18 @@ func New(token string) (*Token, error) {
 		return nil, fmt.Errorf("admin token: %w", err)
 	}
 	t.sum = t.mac(tok)
+	t.digest = sha256.Sum256(tok)
 	t.n = len(tok)
 	return t, nil
+}
+
+// Same reports whether t and u hold the same token (both nil: none), in
+// constant time.
+func (t *Token) Same(u *Token) bool {
+	if t == nil || u == nil {
+		return t == u
+	}
+	return subtle.ConstantTimeCompare(t.digest[:], u.digest[:]) == 1
 }
 
 // Load returns the admin token given directly (token) or in a file
