@@ -107,6 +107,30 @@ func (kv *delayKV) Delete(ctx context.Context, key string, opts ...jetstream.KVD
 	return kv.KeyValue.Delete(ctx, key, opts...)
 }
 
+// holdAll runs f, every partition held until stop, and returns once each
+// kind's partition is taken.
+func holdAll(t *testing.T, f *Fleet) (stop func()) {
+	var taken atomic.Int64
+	stop = run(f, func(ctx context.Context, p *Partition) error {
+		taken.Add(1)
+		<-ctx.Done()
+		return nil
+	})
+	polltest.Until(t, "every kind's partition taken", func() bool { return taken.Load() == int64(len(kinds)) })
+	return stop
+}
+
+// wantReleased fails t for each kind's lease still in kv.
+func wantReleased(t *testing.T, kv jetstream.KeyValue) {
+	t.Helper()
+	for _, k := range kinds {
+		s := slot{kind: k, id: 0}
+		if _, err := kv.Get(bg(t), s.key()); !errors.Is(err, jetstream.ErrKeyNotFound) {
+			t.Errorf("lease %s after the stop: %v, want it released", s.key(), err)
+		}
+	}
+}
+
 // testSlowRelease: a relay that stops gives its leases up even when the
 // cluster takes longer than LeaseTTL/4 to delete them, as long as the
 // leases have not expired by then: another relay takes them at once, not
@@ -120,20 +144,9 @@ func (e *testEnv) testSlowRelease(t *testing.T) {
 	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1, LeaseTTL: ttl})
 	kv := &delayKV{KeyValue: f.kv, delay: ttl / 3}
 	f.kv = kv // before Run: nothing else reads it
-	var taken atomic.Int64
-	stop := run(f, func(ctx context.Context, p *Partition) error {
-		taken.Add(1)
-		<-ctx.Done()
-		return nil
-	})
-	polltest.Until(t, "every kind's partition taken", func() bool { return taken.Load() == int64(len(kinds)) })
+	stop := holdAll(t, f)
 	stop()
-	for _, k := range kinds {
-		s := slot{kind: k, id: 0}
-		if _, err := kv.KeyValue.Get(bg(t), s.key()); !errors.Is(err, jetstream.ErrKeyNotFound) {
-			t.Errorf("lease %s after the stop: %v, want it released", s.key(), err)
-		}
-	}
+	wantReleased(t, kv.KeyValue)
 }
 
 // lateKV is the fleet's bucket whose lease renewals (Update), while late
@@ -166,21 +179,10 @@ func (e *testEnv) testLateRenewal(t *testing.T) {
 	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1, LeaseTTL: ttl})
 	kv := &lateKV{KeyValue: f.kv}
 	f.kv = kv // before Run: nothing else reads it
-	var taken atomic.Int64
-	stop := run(f, func(ctx context.Context, p *Partition) error {
-		taken.Add(1)
-		<-ctx.Done()
-		return nil
-	})
-	polltest.Until(t, "every kind's partition taken", func() bool { return taken.Load() == int64(len(kinds)) })
+	stop := holdAll(t, f)
 	kv.late.Store(true)
 	polltest.Until(t, "a late renewal of every lease", func() bool { return kv.lates.Load() >= int64(len(kinds)) })
 	kv.late.Store(false)
 	stop()
-	for _, k := range kinds {
-		s := slot{kind: k, id: 0}
-		if _, err := kv.KeyValue.Get(bg(t), s.key()); !errors.Is(err, jetstream.ErrKeyNotFound) {
-			t.Errorf("lease %s after the stop: %v, want it released", s.key(), err)
-		}
-	}
+	wantReleased(t, kv.KeyValue)
 }
