@@ -2,7 +2,10 @@ package natstest
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -27,8 +30,9 @@ type NodeAddr struct {
 }
 
 // NewLayout lays out n nodes on free ports (bound and closed: another
-// process could take one in the instant after; a node then fails to start
-// with the bind error).
+// listener could still take one in the instant after; an in-process node
+// then fails to start with the bind error, and Start lays the cluster out
+// again).
 func NewLayout(n int) (Layout, error) {
 	ports, err := freePorts(3 * n)
 	if err != nil {
@@ -95,7 +99,11 @@ cluster {
 `, n.Name, n.Port, n.Monitor, storeDir, js.String(), cluster, n.Route, strings.Join(l.Routes(i), ", "))
 }
 
-// freePorts returns n distinct free TCP ports of 127.0.0.1.
+// freePorts returns n distinct free TCP ports of 127.0.0.1. They are drawn
+// below the kernel's ephemeral range: a port bound and closed inside it can
+// be handed to any outgoing connection before the node listens on it, which
+// a busy test run makes likely; below it only another explicit bind can take
+// it. Where the range cannot be read, the kernel picks (127.0.0.1:0).
 func freePorts(n int) ([]int, error) {
 	ls := make([]net.Listener, 0, n)
 	defer func() {
@@ -103,16 +111,39 @@ func freePorts(n int) ([]int, error) {
 			l.Close()
 		}
 	}()
+	lo := ephemeralLow()
 	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	for try := 0; len(ports) < n; try++ {
+		addr := "127.0.0.1:0"
+		if lo > minPort+n && try < 100*n {
+			addr = fmt.Sprintf("127.0.0.1:%d", minPort+rand.IntN(lo-minPort))
+		}
+		l, err := net.Listen("tcp", addr)
 		if err != nil {
+			if addr != "127.0.0.1:0" {
+				continue // taken: draw again
+			}
 			return nil, fmt.Errorf("free port: %w", err)
 		}
 		ls = append(ls, l)
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
+}
+
+// minPort is the lowest port freePorts draws, above the ports services
+// commonly listen on.
+const minPort = 10000
+
+// ephemeralLow is the first port of the kernel's ephemeral range, 0 if
+// unknown.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	lo, _ := strconv.Atoi(strings.Fields(string(b) + " 0")[0])
+	return lo
 }
 
 // Connect is a JetStream client on url (one or more client URLs, comma

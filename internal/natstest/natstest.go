@@ -4,11 +4,11 @@
 // (Shutdown) and restarted on the same ports with the same store, as a
 // crashed and restarted server would be. Cleanup stops every node.
 //
-// Ports are chosen by binding 127.0.0.1:0 and closing the listener before the
-// servers start (so that all routes can be written into every node's options
-// and a restarted node comes back on the same address); another process could
-// in principle take a port in that instant, in which case Start fails the
-// test with the bind error rather than hanging.
+// Ports are chosen free and below the kernel's ephemeral range, and closed
+// before the servers start (so that all routes can be written into every
+// node's options and a restarted node comes back on the same address).
+// Another listener could still take one in that instant: the node then
+// fails at once with the listen error, and Start lays the cluster out again.
 //
 // Every wait is bounded (Config.ReadyTimeout) and polls: nothing here sleeps
 // for a fixed time hoping the cluster is ready.
@@ -19,8 +19,10 @@
 package natstest
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -111,6 +113,26 @@ func start(cfg Config, dir func(int) string, secrets string, fatalf func(string,
 	if cfg.ReadyTimeout == 0 {
 		cfg.ReadyTimeout = polltest.Max
 	}
+	// A port taken between NewLayout and a node's listen fails that
+	// node's start at once; the cluster is then laid out again.
+	var c *Cluster
+	var err error
+	for try := 0; try < 3; try++ {
+		if c, err = startOnce(cfg, dir, secrets, fatalf, helper); !errors.Is(err, errListen) {
+			break
+		}
+		c.Close()
+		for _, n := range c.nodes {
+			os.RemoveAll(n.dir) // a fresh cluster's stores: nothing of the failed one
+		}
+	}
+	if err != nil {
+		return c, err
+	}
+	return c, c.waitReady()
+}
+
+func startOnce(cfg Config, dir func(int) string, secrets string, fatalf func(string, ...any), helper func()) (*Cluster, error) {
 	lay, err := NewLayout(cfg.Nodes)
 	if err != nil {
 		return nil, err
@@ -133,9 +155,6 @@ func start(cfg Config, dir func(int) string, secrets string, fatalf func(string,
 		if err := c.start(i); err != nil {
 			return c, fmt.Errorf("start %s: %w", c.nodes[i].name, err)
 		}
-	}
-	if err := c.waitReady(); err != nil {
-		return c, err
 	}
 	return c, nil
 }
@@ -193,16 +212,59 @@ func (c *Cluster) start(i int) error {
 	if err != nil {
 		return err
 	}
+	// The server reports a port it cannot listen on only to its logger,
+	// and would otherwise be waited for until ReadyTimeout.
+	fatal := &fatalLog{}
+	s.SetLogger(fatal, false, false)
 	s.Start()
-	if !s.ReadyForConnections(c.cfg.ReadyTimeout) {
-		s.Shutdown()
-		return fmt.Errorf("not accepting connections within %v", c.cfg.ReadyTimeout)
+	for deadline := time.Now().Add(c.cfg.ReadyTimeout); !s.ReadyForConnections(100 * time.Millisecond); {
+		if err := fatal.err(); err != nil || time.Now().After(deadline) {
+			s.Shutdown()
+			if err != nil {
+				return err
+			}
+			return fmt.Errorf("not accepting connections within %v", c.cfg.ReadyTimeout)
+		}
 	}
 	c.mu.Lock()
 	c.nodes[i].srv = s
 	c.mu.Unlock()
 	return nil
 }
+
+// errListen marks a node's start that failed on a port another listener
+// took after NewLayout chose it.
+var errListen = errors.New("listen")
+
+// fatalLog keeps the first fatal line of a server (NoLog keeps the rest
+// quiet).
+type fatalLog struct {
+	mu    sync.Mutex
+	fatal string
+}
+
+func (l *fatalLog) err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.fatal == "" {
+		return nil
+	}
+	return fmt.Errorf("%w: %s", errListen, l.fatal)
+}
+
+func (l *fatalLog) Fatalf(format string, v ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.fatal == "" {
+		l.fatal = fmt.Sprintf(format, v...)
+	}
+}
+
+func (*fatalLog) Noticef(string, ...any) {}
+func (*fatalLog) Warnf(string, ...any)   {}
+func (*fatalLog) Errorf(string, ...any)  {}
+func (*fatalLog) Debugf(string, ...any)  {}
+func (*fatalLog) Tracef(string, ...any)  {}
 
 func (c *Cluster) stopAll() {
 	for i := range c.nodes {

@@ -2,6 +2,8 @@ package natstest
 
 import (
 	"context"
+	"errors"
+	"net"
 	"strconv"
 	"testing"
 	"time"
@@ -69,4 +71,48 @@ func TestClusterSurvivesNodeRestart(t *testing.T) {
 		s, err := js.Stream(ctx, "T")
 		return err == nil && s.CachedInfo().State.Msgs == 20
 	})
+}
+
+// TestPortsBelowEphemeralRange: the ports laid out are ones no outgoing
+// connection can be given between NewLayout and the node's listen.
+func TestPortsBelowEphemeralRange(t *testing.T) {
+	lo := ephemeralLow()
+	if lo <= minPort+30 {
+		t.Skipf("ephemeral range starts at %d", lo)
+	}
+	ports, err := freePorts(30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int]bool{}
+	for _, p := range ports {
+		if p < minPort || p >= lo || seen[p] {
+			t.Fatalf("port %d: want distinct ports in [%d, %d)", p, minPort, lo)
+		}
+		seen[p] = true
+	}
+}
+
+// TestTakenPortFailsStart: a node whose port another listener took fails
+// its start with the listen error (which Start lays the cluster out again
+// for), not after waiting ReadyTimeout.
+func TestTakenPortFailsStart(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	route, err := freePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Cluster{
+		cfg:   Config{ReadyTimeout: polltest.Max},
+		lay:   Layout{Nodes: []NodeAddr{{Name: "n1", Port: taken.Addr().(*net.TCPAddr).Port, Route: route[0]}}},
+		nodes: []*node{{name: "n1", dir: t.TempDir()}},
+	}
+	defer c.Close()
+	if err := c.start(0); !errors.Is(err, errListen) {
+		t.Fatalf("start on a taken port: %v, want the listen error", err)
+	}
 }
