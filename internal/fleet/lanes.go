@@ -70,7 +70,9 @@ func (f *Fleet) startLaneStops(ctx context.Context) error {
 		return fmt.Errorf("fleet: lane bucket: %w", unavailable(err))
 	}
 	wctx, cancel := context.WithCancel(context.Background())
-	w, err := kv.WatchAll(wctx)
+	// The watcher's consumer is created under the client's own request
+	// timeout, which a loaded cluster can miss: retried as the bucket's.
+	w, err := retrySetup(ctx, f.log, func(context.Context) (jetstream.KeyWatcher, error) { return kv.WatchAll(wctx) })
 	if err != nil {
 		cancel()
 		return fmt.Errorf("fleet: watch lane stops: %w", unavailable(err))
