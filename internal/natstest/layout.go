@@ -2,15 +2,13 @@ package natstest
 
 import (
 	"fmt"
-	"math/rand/v2"
-	"net"
-	"os"
-	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/svcrelay/relay/internal/porttest"
 )
 
 // Layout is where the nodes of a cluster on 127.0.0.1 listen. Start and New
@@ -29,12 +27,12 @@ type NodeAddr struct {
 	Port, Route, Monitor int
 }
 
-// NewLayout lays out n nodes on free ports (bound and closed: another
-// listener could still take one in the instant after; an in-process node
-// then fails to start with the bind error, and Start lays the cluster out
+// NewLayout lays out n nodes on free ports (porttest: another listener
+// could still take one before a node binds it; an in-process node then
+// fails to start with the bind error, and Start lays the cluster out
 // again).
 func NewLayout(n int) (Layout, error) {
-	ports, err := freePorts(3 * n)
+	ports, err := porttest.Free(3 * n)
 	if err != nil {
 		return Layout{}, err
 	}
@@ -97,53 +95,6 @@ cluster {
   routes: [%s]
 }
 `, n.Name, n.Port, n.Monitor, storeDir, js.String(), cluster, n.Route, strings.Join(l.Routes(i), ", "))
-}
-
-// freePorts returns n distinct free TCP ports of 127.0.0.1. They are drawn
-// below the kernel's ephemeral range: a port bound and closed inside it can
-// be handed to any outgoing connection before the node listens on it, which
-// a busy test run makes likely; below it only another explicit bind can take
-// it. Where the range cannot be read, the kernel picks (127.0.0.1:0).
-func freePorts(n int) ([]int, error) {
-	ls := make([]net.Listener, 0, n)
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	lo := ephemeralLow()
-	ports := make([]int, 0, n)
-	for try := 0; len(ports) < n; try++ {
-		addr := "127.0.0.1:0"
-		if lo > minPort+n && try < 100*n {
-			addr = fmt.Sprintf("127.0.0.1:%d", minPort+rand.IntN(lo-minPort))
-		}
-		l, err := net.Listen("tcp", addr)
-		if err != nil {
-			if addr != "127.0.0.1:0" {
-				continue // taken: draw again
-			}
-			return nil, fmt.Errorf("free port: %w", err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
-
-// minPort is the lowest port freePorts draws, above the ports services
-// commonly listen on.
-const minPort = 10000
-
-// ephemeralLow is the first port of the kernel's ephemeral range, 0 if
-// unknown.
-func ephemeralLow() int {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return 0
-	}
-	lo, _ := strconv.Atoi(strings.Fields(string(b) + " 0")[0])
-	return lo
 }
 
 // Connect is a JetStream client on url (one or more client URLs, comma

@@ -4,11 +4,11 @@
 // (Shutdown) and restarted on the same ports with the same store, as a
 // crashed and restarted server would be. Cleanup stops every node.
 //
-// Ports are chosen free and below the kernel's ephemeral range, and closed
-// before the servers start (so that all routes can be written into every
-// node's options and a restarted node comes back on the same address).
-// Another listener could still take one in that instant: the node then
-// fails at once with the listen error, and Start lays the cluster out again.
+// Ports are chosen free (porttest) before the servers start, so that all
+// routes can be written into every node's options and a restarted node
+// comes back on the same address. Another listener could still take one in
+// that instant: the node then fails at once with the listen error, and
+// Start lays the cluster out again.
 //
 // Every wait is bounded (Config.ReadyTimeout) and polls: nothing here sleeps
 // for a fixed time hoping the cluster is ready.

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/svcrelay/relay/internal/polltest"
+	"github.com/svcrelay/relay/internal/porttest"
 )
 
 // TestClusterSurvivesNodeRestart starts a cluster, stores R3 messages, kills
@@ -73,26 +74,6 @@ func TestClusterSurvivesNodeRestart(t *testing.T) {
 	})
 }
 
-// TestPortsBelowEphemeralRange: the ports laid out are ones no outgoing
-// connection can be given between NewLayout and the node's listen.
-func TestPortsBelowEphemeralRange(t *testing.T) {
-	lo := ephemeralLow()
-	if lo <= minPort+30 {
-		t.Skipf("ephemeral range starts at %d", lo)
-	}
-	ports, err := freePorts(30)
-	if err != nil {
-		t.Fatal(err)
-	}
-	seen := map[int]bool{}
-	for _, p := range ports {
-		if p < minPort || p >= lo || seen[p] {
-			t.Fatalf("port %d: want distinct ports in [%d, %d)", p, minPort, lo)
-		}
-		seen[p] = true
-	}
-}
-
 // TestTakenPortFailsStart: a node whose port another listener took fails
 // its start with the listen error (which Start lays the cluster out again
 // for), not after waiting ReadyTimeout.
@@ -102,7 +83,7 @@ func TestTakenPortFailsStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer taken.Close()
-	route, err := freePorts(1)
+	route, err := porttest.Free(1)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,8 +13,6 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -26,6 +24,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/polltest"
+	"github.com/svcrelay/relay/internal/porttest"
 	"github.com/svcrelay/relay/internal/simtest"
 )
 
@@ -133,52 +132,15 @@ func moduleRoot(t testing.TB) string {
 func ModuleRoot(t testing.TB) string { return moduleRoot(t) }
 
 // FreeAddr returns a 127.0.0.1 address nothing listens on (just freed),
-// for a process started later (which may restart on it).
-//
-// The port is below the kernel's ephemeral range (32768-60999 by default): a
-// port the kernel picked for 127.0.0.1:0 could be handed out again, to
-// another test's listener or outgoing connection, between its release here
-// and the relay's bind (go test runs packages in parallel), and the relay
-// would fail to start, or a test wanting "nothing listens" would reach
-// something. Ports below that range are never handed out by the kernel;
-// where the range leaves too little room below it, the kernel picks.
+// for a process started later (which may restart on it): a port below the
+// kernel's ephemeral range (porttest).
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	high := ephemeralLow()
-	for try := 0; try < 200 && high > freePortLow+1000; try++ {
-		port := freePortLow + rand.IntN(high-freePortLow)
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			continue // in use: another
-		}
-		addr := ln.Addr().String()
-		ln.Close()
-		return addr
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, err := porttest.Free(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
-
-// freePortLow is the lowest port FreeAddr picks.
-const freePortLow = 10000
-
-// ephemeralLow is the first port of the kernel's ephemeral range
-// (net.ipv4.ip_local_port_range), 32768 when it cannot be read.
-func ephemeralLow() int {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return 32768
-	}
-	var low, high int
-	if _, err := fmt.Sscan(string(b), &low, &high); err != nil || low <= 0 {
-		return 32768
-	}
-	return low
+	return fmt.Sprintf("127.0.0.1:%d", ports[0])
 }
 
 // CleanEnv is the environment without RELAY_* variables.
