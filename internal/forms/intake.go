@@ -121,17 +121,6 @@ func NewIntake(cfg IntakeConfig, st storage.Appender, creds *credentials.Ref, lo
 	}, nil
 }
 
-// APIKey resolves the request's api_key (see APIKey, with r's
-// X-Relay-Project header); when it cannot, it answers r and reports false.
-func (in *Intake) APIKey(w http.ResponseWriter, r *http.Request, apiKey string) (string, bool) {
-	key, verr := APIKey(in.creds.Load(), r.Header.Get("X-Relay-Project"), apiKey)
-	if verr != nil {
-		in.Reject(w, verr)
-		return "", false
-	}
-	return key, true
-}
-
 // Accept appends b (n records) to the lane of apiKey and answers the
 // request: once the store holds b, it counts n accepted and answers 200
 // with {"code":200,"<Field>":<n>}; else (SpoolFailed) 503.
@@ -161,12 +150,6 @@ type Spooling struct {
 	// Store holds the records: spool.NewBackend(sp), or in fleet mode the
 	// fleet's backend restricted to the route's kind. Required.
 	Store Store
-}
-
-// ValidateAs reports a negative duration, of s or among more, as
-// "<name>: negative duration".
-func (s Spooling) ValidateAs(name string, more ...time.Duration) error {
-	return s.FormTiming.ValidateAs(name, append(more, s.RetryAfter)...)
 }
 
 // Spooled is the two halves of a spooling form route (POST /groupidentify,

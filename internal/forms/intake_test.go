@@ -4,7 +4,6 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
@@ -152,23 +151,3 @@ func TestSpooledStore(t *testing.T) {
 
 // swapStore is a store the test can swap.
 type swapStore struct{ *spool.Backend }
-
-// Spooling's check covers its own RetryAfter, the timing's durations and
-// the kind's own.
-func TestSpoolingValidate(t *testing.T) {
-	for _, tc := range []struct {
-		s    Spooling
-		more []time.Duration
-		ok   bool
-	}{
-		{Spooling{}, nil, true},
-		{Spooling{RetryAfter: -1}, nil, false},
-		{Spooling{FormTiming: delivery.FormTiming{MaxAge: -1}}, nil, false},
-		{Spooling{}, []time.Duration{time.Second, -1}, false},
-	} {
-		err := tc.s.ValidateAs("usermap", tc.more...)
-		if (err == nil) != tc.ok || (err != nil && err.Error() != "usermap: negative duration") {
-			t.Errorf("%+v, %v: %v", tc.s, tc.more, err)
-		}
-	}
-}

@@ -41,7 +41,7 @@ func (c Config) Validate() error {
 	if !(strings.HasPrefix(c.URL, "http://") || strings.HasPrefix(c.URL, "https://")) {
 		return fmt.Errorf("groupidentify: URL %q is not an http(s) base", c.URL)
 	}
-	return c.Spooling.ValidateAs("groupidentify")
+	return c.ValidateAs("groupidentify", c.RetryAfter)
 }
 
 // GroupIdentify is the /groupidentify route (Spooled.In accepts) and its

@@ -70,6 +70,7 @@ func TestConfigValidate(t *testing.T) {
 		{"no url", Config{}, false},
 		{"not http", Config{URL: "ftp://x"}, false},
 		{"negative age", Config{URL: "http://x", Spooling: forms.Spooling{FormTiming: delivery.FormTiming{MaxAge: -1}}}, false},
+		{"negative retry after", Config{URL: "http://x", Spooling: forms.Spooling{RetryAfter: -1}}, false},
 	}
 	for _, tc := range tests {
 		if err := tc.cfg.Validate(); (err == nil) != tc.ok {

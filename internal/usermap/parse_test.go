@@ -68,6 +68,8 @@ func TestConfigValidate(t *testing.T) {
 		{"no analytics", func(c *Config) { c.AnalyticsURL = baseurl.NewRef("x") }, false},
 		{"negative rate", func(c *Config) { c.RateLimit = -1 }, false},
 		{"negative window", func(c *Config) { c.RateWindow = -1 }, false},
+		{"negative retry after", func(c *Config) { c.RetryAfter = -1 }, false},
+		{"negative age", func(c *Config) { c.MaxAge = -1 }, false},
 		{"shrunk window", func(c *Config) { c.RateLimit, c.RateWindow = 10, 1 }, true},
 	}
 	for _, tc := range tests {

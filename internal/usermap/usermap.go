@@ -67,7 +67,7 @@ func (c Config) Validate() error {
 	case c.RateLimit < 0:
 		return fmt.Errorf("usermap: RateLimit %d < 0", c.RateLimit)
 	}
-	return c.Spooling.ValidateAs("usermap", c.RateWindow)
+	return c.ValidateAs("usermap", c.RateWindow, c.RetryAfter)
 }
 
 func (c Config) withDefaults() Config {
