@@ -1,6 +1,6 @@
 // Package forms holds what the admin listener's form-request routes
 // (POST /groupidentify in internal/groupidentify, POST /usermap and GET
-// /api/2/usermap in internal/usermap) share: Serve (the form read, the
+// /api/2/usermap in internal/usermap) share: Handler (the form read, the
 // items checked by Each), the ValidationError of a request refused
 // locally, and the Intake that accepts records and answers refusals as
 // {"code":STATUS,"error":"..."}.

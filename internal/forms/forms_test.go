@@ -89,11 +89,11 @@ func count(t *testing.T, c prometheus.Counter) float64 {
 	return m.GetCounter().GetValue()
 }
 
-// Serve reads the api_key and the items' field from a form body or the
+// Handler reads the api_key and the items' field from a form body or the
 // query (the body's first, or the query's with QueryFirst; a body of
 // another type is no form), and counts the query in the size with
 // QueryFirst.
-func TestServeReadsForm(t *testing.T) {
+func TestHandlerReadsForm(t *testing.T) {
 	for _, tc := range []struct {
 		queryFirst        bool
 		query, body, ct   string
@@ -118,10 +118,10 @@ func TestServeReadsForm(t *testing.T) {
 		r := httptest.NewRequest("POST", "/x?"+tc.query, strings.NewReader(tc.body))
 		r.Header.Set("Content-Type", tc.ct)
 		w := httptest.NewRecorder()
-		Serve(in, w, r, Shape{Field: "items", MaxBodyBytes: 50, QueryFirst: tc.queryFirst}, func(apiKey string, v []byte) ([]rec, *ValidationError) {
+		Handler(in, Shape{Field: "items", MaxBodyBytes: 50, QueryFirst: tc.queryFirst}, func(_ Shape, apiKey string, v []byte) ([]rec, *ValidationError) {
 			key, item = apiKey, string(v)
 			return []rec{{}}, nil
-		})
+		}).ServeHTTP(w, r)
 		if w.Code != tc.status || key != tc.wantKey || item != tc.wantItem || tc.status == 200 && appended != 1 {
 			t.Errorf("%+v: %d %s, api_key %q, items %q, %d appended", tc, w.Code, w.Body, key, item, appended)
 		}

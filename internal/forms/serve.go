@@ -114,47 +114,50 @@ func String(obj map[string]json.RawMessage, k string) (s string, err *Validation
 // Item is a valid item of a spooling form route.
 type Item interface{ Record() storage.Record }
 
-// Serve answers a request of shape s: its body (bounded by the admin
-// listener) and, for an application/x-www-form-urlencoded body, its fields
+// Handler answers the requests of shape s: a request's body (bounded by
+// the admin listener) and, for an application/x-www-form-urlencoded body, its fields
 // (malformed ones skipped) and the query's are read; parse checks the
-// value of s.Field, and the items' records are appended (Intake.Accept).
-func Serve[T Item](in *Intake, w http.ResponseWriter, r *http.Request, s Shape, parse func(apiKey string, v []byte) ([]T, *ValidationError)) {
-	body, err := io.ReadAll(r.Body)
-	post := url.Values{}
-	if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct == "application/x-www-form-urlencoded" {
-		post, _ = url.ParseQuery(string(body))
-	}
-	n, vss := len(body), []url.Values{post, r.URL.Query()}
-	if s.QueryFirst {
-		n, vss = n+len(r.URL.RawQuery), []url.Values{vss[1], post}
-	}
-	if err != nil || n >= s.MaxBodyBytes {
-		in.Reject(w, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
-			Msg: fmt.Sprintf("Payload too large: %d bytes; the limit is under %d bytes (1 MB)", n, s.MaxBodyBytes)})
-		return
-	}
-	// The first value of a field in the first of vss that has it.
-	first := func(name string) string {
-		for _, vs := range vss {
-			if v := vs[name]; len(v) > 0 {
-				return v[0]
-			}
+// value of s.Field (given s), and the items' records are appended
+// (Intake.Accept).
+func Handler[T Item](in *Intake, s Shape, parse func(s Shape, apiKey string, v []byte) ([]T, *ValidationError)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		post := url.Values{}
+		if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct == "application/x-www-form-urlencoded" {
+			post, _ = url.ParseQuery(string(body))
 		}
-		return ""
-	}
-	apiKey, verr := APIKey(in.creds.Load(), r.Header.Get("X-Relay-Project"), first("api_key"))
-	if verr != nil {
-		in.Reject(w, verr)
-		return
-	}
-	items, verr := parse(apiKey, []byte(first(s.Field)))
-	if verr != nil {
-		in.Reject(w, verr)
-		return
-	}
-	var b storage.Batch
-	for _, it := range items {
-		b.Add(it.Record())
-	}
-	in.Accept(w, apiKey, &b, len(items))
+		n, vss := len(body), []url.Values{post, r.URL.Query()}
+		if s.QueryFirst {
+			n, vss = n+len(r.URL.RawQuery), []url.Values{vss[1], post}
+		}
+		if err != nil || n >= s.MaxBodyBytes {
+			in.Reject(w, &ValidationError{Status: http.StatusRequestEntityTooLarge, Reason: "too_large",
+				Msg: fmt.Sprintf("Payload too large: %d bytes; the limit is under %d bytes (1 MB)", n, s.MaxBodyBytes)})
+			return
+		}
+		// The first value of a field in the first of vss that has it.
+		first := func(name string) string {
+			for _, vs := range vss {
+				if v := vs[name]; len(v) > 0 {
+					return v[0]
+				}
+			}
+			return ""
+		}
+		apiKey, verr := APIKey(in.creds.Load(), r.Header.Get("X-Relay-Project"), first("api_key"))
+		if verr != nil {
+			in.Reject(w, verr)
+			return
+		}
+		items, verr := parse(s, apiKey, []byte(first(s.Field)))
+		if verr != nil {
+			in.Reject(w, verr)
+			return
+		}
+		var b storage.Batch
+		for _, it := range items {
+			b.Add(it.Record())
+		}
+		in.Accept(w, apiKey, &b, len(items))
+	})
 }

@@ -81,5 +81,5 @@ func (g *GroupIdentify) SetURL(base string) {
 
 // Routes returns the admin routes: POST /groupidentify.
 func (g *GroupIdentify) Routes() []adminroute.Route {
-	return []adminroute.Route{{Method: http.MethodPost, Path: "/groupidentify", Mode: admintoken.ModeOwn, Handler: http.HandlerFunc(g.serve)}}
+	return []adminroute.Route{{Method: http.MethodPost, Path: "/groupidentify", Mode: admintoken.ModeOwn, Handler: forms.Handler(g.In, shape, parse)}}
 }

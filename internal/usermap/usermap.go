@@ -130,6 +130,6 @@ func (u *UserMap) orgOf(apiKey string) string {
 // internal/forward).
 func (u *UserMap) Routes() []adminroute.Route {
 	return []adminroute.Route{
-		{Method: http.MethodPost, Path: "/usermap", Mode: admintoken.ModeOwn, Handler: http.HandlerFunc(u.servePost)},
+		{Method: http.MethodPost, Path: "/usermap", Mode: admintoken.ModeOwn, Handler: forms.Handler(u.In, shape, parse)},
 	}
 }
