@@ -30,12 +30,7 @@ const (
 
 var whereNames = [numWhere]string{"ingest", "delivered", "dead"}
 
-func (w Where) String() string {
-	if w < numWhere {
-		return whereNames[w]
-	}
-	return fmt.Sprintf("where(%d)", w)
-}
+func (w Where) String() string { return whereNames[w] }
 
 // ParseWhere parses "ingest", "delivered" or "dead"; "" means Ingest.
 func ParseWhere(s string) (Where, error) {
@@ -119,7 +114,6 @@ func (t *Tap) Dropped() uint64 { return t.dropped.Load() }
 // New. A nil *Hub has no taps.
 type Hub struct {
 	cfg  Config
-	n    atomic.Int32           // taps attached
 	nAt  [numWhere]atomic.Int32 // taps attached per Where: all a hot path reads when 0
 	taps atomic.Pointer[[]*Tap] // snapshot for Pick
 	mu   sync.Mutex             // guards attaching, detaching, closed
@@ -151,7 +145,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Hub, error) {
 	active := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "relay_tap_attached",
 		Help: "Live taps attached (relay tap).",
-	}, func() float64 { return float64(h.n.Load()) })
+	}, func() float64 { return float64(len(h.snapshot())) })
 	if reg != nil {
 		for _, c := range []prometheus.Collector{h.dropped, sent, active} {
 			if err := reg.Register(c); err != nil {
@@ -177,7 +171,6 @@ func (h *Hub) storeLocked(taps []*Tap) {
 	for w := range at {
 		h.nAt[w].Store(at[w])
 	}
-	h.n.Store(int32(len(taps)))
 }
 
 // Attach attaches a tap with filter f.
