@@ -70,12 +70,6 @@ func (c Config) Validate() error {
 	return c.ValidateAs("usermap", c.RateWindow, c.RetryAfter)
 }
 
-func (c Config) withDefaults() Config {
-	c.RateLimit = cmp.Or(c.RateLimit, RateLimit)
-	c.RateWindow = cmp.Or(c.RateWindow, RateWindow)
-	return c
-}
-
 // UserMap is the /usermap route (Spooled.In accepts) and the delivery of
 // spooled mappings (Spooled's Pipeline: Run, Ready, LaneStatus, StopLane,
 // ResumeLane); GET /api/2/usermap is ReadAPI.
@@ -90,7 +84,7 @@ func New(cfg Config, client *upstream.Client, creds *credentials.Ref, log *zap.L
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cfg = cfg.withDefaults()
+	cfg.RateLimit, cfg.RateWindow = cmp.Or(cfg.RateLimit, RateLimit), cmp.Or(cfg.RateWindow, RateWindow)
 	u := &UserMap{creds: creds}
 	pace, err := newPacer(cfg.RateLimit, cfg.RateWindow, u.orgOf, promauto.With(reg).NewCounter(prometheus.CounterOpts{
 		Name: "relay_usermap_pace_wait_seconds_total",
