@@ -88,8 +88,8 @@ type Item struct {
 	Event      []byte // the event object (a copy)
 }
 
-// Tap is one attached watcher. Its owner reads C until Done is closed or it
-// has seen enough, then calls Detach.
+// Tap is one attached watcher. Its owner reads c until done is closed or
+// it has seen enough, then calls Detach.
 type Tap struct {
 	h       *Hub
 	f       Filter
@@ -97,18 +97,9 @@ type Tap struct {
 	typeTok []byte // `"EventType"`: present in every event of that type
 	c       chan Item
 	seen    atomic.Uint64 // matching events, for Sample
-	dropped atomic.Uint64
-	done    chan struct{} // closed by Hub.Close
+	dropped atomic.Uint64 // matching events dropped because c was full
+	done    chan struct{} // closed by Hub.Close (the relay stops)
 }
-
-// C delivers the tap's events.
-func (t *Tap) C() <-chan Item { return t.c }
-
-// Done is closed when the hub closes (the relay stops).
-func (t *Tap) Done() <-chan struct{} { return t.done }
-
-// Dropped is how many matching events were dropped because C was full.
-func (t *Tap) Dropped() uint64 { return t.dropped.Load() }
 
 // Hub hands events to the attached taps. The zero value is not usable: see
 // New. A nil *Hub has no taps.
