@@ -48,10 +48,7 @@ func (h *Hub) Handler(project func(name string) (apiKey string, ok bool)) http.H
 				fail(http.StatusBadRequest, "project and api_key_hash exclude each other")
 				return
 			}
-			key, ok := "", false
-			if project != nil {
-				key, ok = project(name)
-			}
+			key, ok := project(name)
 			if !ok {
 				fail(http.StatusNotFound, "no project "+strconv.Quote(name)+" in the credentials file")
 				return
