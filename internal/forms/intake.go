@@ -2,10 +2,8 @@ package forms
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"strconv"
 	"time"
 
@@ -119,23 +117,6 @@ func NewIntake(cfg IntakeConfig, st storage.Appender, creds *credentials.Ref, lo
 		accepted: f.NewCounter(prometheus.CounterOpts{Name: "relay_" + cfg.Name + "_accepted_total", Help: cfg.AcceptedHelp}),
 		rejected: f.NewCounterVec(prometheus.CounterOpts{Name: "relay_" + cfg.Name + "_rejected_requests_total", Help: cfg.RejectedHelp}, []string{"reason"}),
 	}, nil
-}
-
-// Accept appends b (n records) to the lane of apiKey and answers the
-// request: once the store holds b, it counts n accepted and answers 200
-// with {"code":200,"<Field>":<n>}; else (SpoolFailed) 503.
-func (in *Intake) Accept(w http.ResponseWriter, apiKey string, b *storage.Batch, n int) {
-	// No request id: the fleet makes a fresh one (the local spool has no
-	// retries to absorb).
-	err := in.st.Append(context.Background(), storage.Request{Kind: in.cfg.Kind, APIKey: []byte(apiKey), Batch: b})
-	b.Reset()
-	if err != nil {
-		in.SpoolFailed(w, err)
-		return
-	}
-	in.accepted.Add(float64(n))
-	w.Header().Set("Content-Type", "application/json")
-	fmt.Fprintf(w, `{"code":200,%q:%d}`, in.cfg.Field, n)
 }
 
 // Spooling is the part of a spooling form route's Config (groupidentify,

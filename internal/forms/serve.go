@@ -2,6 +2,7 @@ package forms
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -117,8 +118,9 @@ type Item interface{ Record() storage.Record }
 // Handler answers the requests of shape s: a request's body (bounded by
 // the admin listener) and, for an application/x-www-form-urlencoded body, its fields
 // (malformed ones skipped) and the query's are read; parse checks the
-// value of s.Field (given s), and the items' records are appended
-// (Intake.Accept).
+// value of s.Field (given s), and the items' records are appended to the
+// lane of the api_key: 200 {"code":200,"<Field>":<n>} once the store holds
+// them, else 503 (SpoolFailed).
 func Handler[T Item](in *Intake, s Shape, parse func(s Shape, apiKey string, v []byte) ([]T, *ValidationError)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(r.Body)
@@ -158,6 +160,14 @@ func Handler[T Item](in *Intake, s Shape, parse func(s Shape, apiKey string, v [
 		for _, it := range items {
 			b.Add(it.Record())
 		}
-		in.Accept(w, apiKey, &b, len(items))
+		// No request id: the fleet makes a fresh one (the local spool has no
+		// retries to absorb).
+		if err := in.st.Append(context.Background(), storage.Request{Kind: in.cfg.Kind, APIKey: []byte(apiKey), Batch: &b}); err != nil {
+			in.SpoolFailed(w, err)
+			return
+		}
+		in.accepted.Add(float64(len(items)))
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"code":200,%q:%d}`, in.cfg.Field, len(items))
 	})
 }
