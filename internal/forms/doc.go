@@ -1,8 +1,9 @@
 // Package forms holds what the admin listener's form-request routes
 // (POST /groupidentify in internal/groupidentify, POST /usermap and GET
-// /api/2/usermap in internal/usermap) share: ReadForm, the ValidationError
-// of a request refused locally, and the Intake that accepts records and
-// answers refusals as {"code":STATUS,"error":"..."}.
+// /api/2/usermap in internal/usermap) share: Handler (the form read, the
+// items checked by Each), the ValidationError of a request refused
+// locally, and the Intake that accepts records and answers refusals as
+// {"code":STATUS,"error":"..."}.
 //
 // Invariants:
 //   - Every refusal an Intake writes is counted once in its

@@ -2,10 +2,10 @@ package forms
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http/httptest"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -89,33 +89,52 @@ func count(t *testing.T, c prometheus.Counter) float64 {
 	return m.GetCounter().GetValue()
 }
 
-func TestReadForm(t *testing.T) {
-	r := httptest.NewRequest("POST", "/x?api_key=q&both=query", strings.NewReader("api_key=b&both=body&bad=%zz"))
-	r.Header.Set("Content-Type", "application/x-www-form-urlencoded; charset=utf-8")
-	f, err := ReadForm(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if v := First("both", f.Post, f.Query); v != "body" {
-		t.Errorf("post both = %q", v)
-	}
-	if v := First("both", f.Query, f.Post); v != "query" {
-		t.Errorf("query both = %q", v)
-	}
-	if v := First("api_key", url.Values{}, f.Post); v != "b" {
-		t.Errorf("api_key after an empty set = %q", v)
-	}
-	if v := First("missing", f.Post, f.Query); v != "" {
-		t.Errorf("missing field found: %q", v)
-	}
-	r = httptest.NewRequest("POST", "/x", strings.NewReader("api_key=b"))
-	r.Header.Set("Content-Type", "application/json")
-	if f, _ := ReadForm(r); len(f.Post) != 0 || string(f.Body) != "api_key=b" {
-		t.Errorf("a JSON body parsed as a form: %v", f.Post)
+// Handler reads the api_key and the items' field from a form body or the
+// query (the body's first, or the query's with QueryFirst; a body of
+// another type is no form), and counts the query in the size with
+// QueryFirst.
+func TestHandlerReadsForm(t *testing.T) {
+	for _, tc := range []struct {
+		queryFirst        bool
+		query, body, ct   string
+		wantKey, wantItem string
+		status            int
+	}{
+		{false, "api_key=q&items=query", "api_key=b&items=body&bad=%zz", "application/x-www-form-urlencoded; charset=utf-8", "b", "body", 200},
+		{true, "api_key=q&items=query", "api_key=b&items=body&bad=%zz", "application/x-www-form-urlencoded", "q", "query", 200},
+		{false, "items=query", "api_key=b", "application/x-www-form-urlencoded", "b", "query", 200},
+		{false, "api_key=q&items=query", "api_key=b&items=body", "application/json", "q", "query", 200},
+		{false, "api_key=q&items=" + strings.Repeat("x", 50), "", "", "q", strings.Repeat("x", 50), 200},
+		{false, "api_key=q&items=query", strings.Repeat("x", 50), "", "", "", 413},
+		{true, "api_key=q&items=" + strings.Repeat("x", 50), "", "", "", "", 413},
+	} {
+		var key, item string
+		var appended int
+		in, err := NewIntake(IntakeConfig{Name: "test", Kind: storage.KindUserMap, Field: "n"},
+			appendFunc(func(_ context.Context, req storage.Request) error { appended = req.Batch.Len(); return nil }), nil, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := httptest.NewRequest("POST", "/x?"+tc.query, strings.NewReader(tc.body))
+		r.Header.Set("Content-Type", tc.ct)
+		w := httptest.NewRecorder()
+		Handler(in, Shape{Field: "items", MaxBodyBytes: 50, QueryFirst: tc.queryFirst}, func(_ Shape, apiKey string, v []byte) ([]rec, *ValidationError) {
+			key, item = apiKey, string(v)
+			return []rec{{}}, nil
+		}).ServeHTTP(w, r)
+		if w.Code != tc.status || key != tc.wantKey || item != tc.wantItem || tc.status == 200 && appended != 1 {
+			t.Errorf("%+v: %d %s, api_key %q, items %q, %d appended", tc, w.Code, w.Body, key, item, appended)
+		}
 	}
 }
 
-func TestItems(t *testing.T) {
+type rec struct{}
+
+func (rec) Record() storage.Record { return storage.Record{Data: []byte("{}")} }
+
+// Each reads one object or an array of 1 to MaxItems before it reads the
+// items.
+func TestEachItems(t *testing.T) {
 	tests := []struct {
 		in      string
 		n       int    // items, when accepted
@@ -126,22 +145,23 @@ func TestItems(t *testing.T) {
 		{`[{"a":1},{"b":2}]`, 2, "", ""},
 		{"  ", 0, "missing_field", "mapping: missing or empty"},
 		{"[]", 0, "missing_field", "mapping: empty array"},
-		{"[1]", 1, "", ""}, // an item that is no object is the kind's to refuse (parseOne)
+		{"[1]", 0, "invalid_type", "mapping[0]: must be an object"},
 		{"[{]", 0, "invalid_json", "mapping: invalid JSON array of objects: syntax error at byte 3"},
 		{"{", 0, "invalid_json", "mapping: invalid JSON object"},
 		{`"x"`, 0, "invalid_json", "mapping: must be a JSON array of objects (or one object)"},
 		{`[{},{},{}]`, 0, "too_many", "mapping: 3 mappings; at most 2 per request"},
 	}
+	s := Shape{Field: "mapping", Noun: "mappings", TooMany: "too_many", MaxItems: 2, MaxBodyBytes: 1000, ItemFields: []string{"a", "b"}}
 	for _, tt := range tests {
-		raws, err := Items("mapping", []byte(tt.in), 2, "too_many", "mappings")
+		items, err := Each(s, "k", []byte(tt.in), func(int, map[string]json.RawMessage, []byte) (int, *ValidationError) { return 0, nil })
 		if tt.reason == "" {
-			if err != nil || len(raws) != tt.n {
-				t.Errorf("Items(%q) = %d items, %v; want %d", tt.in, len(raws), err, tt.n)
+			if err != nil || len(items) != tt.n {
+				t.Errorf("Each(%q) = %d items, %v; want %d", tt.in, len(items), err, tt.n)
 			}
 			continue
 		}
 		if err == nil || err.Status != 400 || err.Reason != tt.reason || err.Msg != tt.message {
-			t.Errorf("Items(%q) = %+v, want 400 %s %q", tt.in, err, tt.reason, tt.message)
+			t.Errorf("Each(%q) = %+v, want 400 %s %q", tt.in, err, tt.reason, tt.message)
 		}
 	}
 }

@@ -2,10 +2,8 @@ package forms
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"strconv"
 	"time"
 
@@ -121,34 +119,6 @@ func NewIntake(cfg IntakeConfig, st storage.Appender, creds *credentials.Ref, lo
 	}, nil
 }
 
-// APIKey resolves the request's api_key (see APIKey, with r's
-// X-Relay-Project header); when it cannot, it answers r and reports false.
-func (in *Intake) APIKey(w http.ResponseWriter, r *http.Request, apiKey string) (string, bool) {
-	key, verr := APIKey(in.creds.Load(), r.Header.Get("X-Relay-Project"), apiKey)
-	if verr != nil {
-		in.Reject(w, verr)
-		return "", false
-	}
-	return key, true
-}
-
-// Accept appends b (n records) to the lane of apiKey and answers the
-// request: once the store holds b, it counts n accepted and answers 200
-// with {"code":200,"<Field>":<n>}; else (SpoolFailed) 503.
-func (in *Intake) Accept(w http.ResponseWriter, apiKey string, b *storage.Batch, n int) {
-	// No request id: the fleet makes a fresh one (the local spool has no
-	// retries to absorb).
-	err := in.st.Append(context.Background(), storage.Request{Kind: in.cfg.Kind, APIKey: []byte(apiKey), Batch: b})
-	b.Reset()
-	if err != nil {
-		in.SpoolFailed(w, err)
-		return
-	}
-	in.accepted.Add(float64(n))
-	w.Header().Set("Content-Type", "application/json")
-	fmt.Fprintf(w, `{"code":200,%q:%d}`, in.cfg.Field, n)
-}
-
 // Spooling is the part of a spooling form route's Config (groupidentify,
 // usermap) handed to NewSpooled as is.
 type Spooling struct {
@@ -161,12 +131,6 @@ type Spooling struct {
 	// Store holds the records: spool.NewBackend(sp), or in fleet mode the
 	// fleet's backend restricted to the route's kind. Required.
 	Store Store
-}
-
-// ValidateAs reports a negative duration, of s or among more, as
-// "<name>: negative duration".
-func (s Spooling) ValidateAs(name string, more ...time.Duration) error {
-	return s.FormTiming.ValidateAs(name, append(more, s.RetryAfter)...)
 }
 
 // Spooled is the two halves of a spooling form route (POST /groupidentify,

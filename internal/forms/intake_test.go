@@ -4,7 +4,6 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
@@ -73,10 +72,7 @@ func TestSpooled(t *testing.T) {
 	if s.Pipeline == nil || s.In == nil {
 		t.Fatal("a half is missing")
 	}
-	var b storage.Batch
-	b.Add(storage.Record{OrderKey: []byte("u"), Data: []byte(`{"user_id":"u","global_user_id":"g"}`)})
-	w := httptest.NewRecorder()
-	s.In.Accept(w, "key-1", &b, 1)
+	w := accept(s.In)
 	if w.Code != 200 || w.Body.String() != `{"code":200,"mappings_accepted":1}` {
 		t.Fatalf("accept: %d %s", w.Code, w.Body)
 	}
@@ -85,11 +81,7 @@ func TestSpooled(t *testing.T) {
 		t.Fatalf("lanes %v: want one user mapping lane of key-1", lanes)
 	}
 	sp.Close()
-	b = storage.Batch{}
-	b.Add(storage.Record{OrderKey: []byte("u"), Data: []byte(`{"user_id":"u","global_user_id":"g"}`)})
-	w = httptest.NewRecorder()
-	s.In.Accept(w, "key-1", &b, 1)
-	if w.Code != 503 || w.Header().Get("Retry-After") != "5" {
+	if w = accept(s.In); w.Code != 503 || w.Header().Get("Retry-After") != "5" {
 		t.Fatalf("closed spool: %d, Retry-After %q; want 503 and 5", w.Code, w.Header().Get("Retry-After"))
 	}
 
@@ -124,15 +116,8 @@ func TestSpooledStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	accept := func() *httptest.ResponseRecorder {
-		var b storage.Batch
-		b.Add(storage.Record{OrderKey: []byte("u"), UserID: []byte("u"), Data: []byte(`{"user_id":"u","global_user_id":"g"}`)})
-		w := httptest.NewRecorder()
-		s.In.Accept(w, "key-1", &b, 1)
-		return w
-	}
 	for range 2 {
-		if w := accept(); w.Code != 200 || w.Body.String() != `{"code":200,"mappings_accepted":1}` {
+		if w := accept(s.In); w.Code != 200 || w.Body.String() != `{"code":200,"mappings_accepted":1}` {
 			t.Fatalf("accept: %d %s", w.Code, w.Body)
 		}
 	}
@@ -142,7 +127,7 @@ func TestSpooledStore(t *testing.T) {
 	}
 	full := open(spool.Config{MaxBytes: 16}) // under one record
 	st.Backend = spool.NewBackend(full, nil)
-	if w := accept(); w.Code != 503 || w.Header().Get("Retry-After") != "5" {
+	if w := accept(s.In); w.Code != 503 || w.Header().Get("Retry-After") != "5" {
 		t.Fatalf("full store: %d, Retry-After %q; want 503 and 5", w.Code, w.Header().Get("Retry-After"))
 	}
 	if n := full.Stats().LiveBytes; n != 0 {
@@ -153,22 +138,17 @@ func TestSpooledStore(t *testing.T) {
 // swapStore is a store the test can swap.
 type swapStore struct{ *spool.Backend }
 
-// Spooling's check covers its own RetryAfter, the timing's durations and
-// the kind's own.
-func TestSpoolingValidate(t *testing.T) {
-	for _, tc := range []struct {
-		s    Spooling
-		more []time.Duration
-		ok   bool
-	}{
-		{Spooling{}, nil, true},
-		{Spooling{RetryAfter: -1}, nil, false},
-		{Spooling{FormTiming: delivery.FormTiming{MaxAge: -1}}, nil, false},
-		{Spooling{}, []time.Duration{time.Second, -1}, false},
-	} {
-		err := tc.s.ValidateAs("usermap", tc.more...)
-		if (err == nil) != tc.ok || (err != nil && err.Error() != "usermap: negative duration") {
-			t.Errorf("%+v, %v: %v", tc.s, tc.more, err)
-		}
-	}
+// accept sends one user mapping of key-1 through in's Handler.
+func accept(in *Intake) *httptest.ResponseRecorder {
+	w := httptest.NewRecorder()
+	Handler(in, Shape{Field: "mapping", MaxBodyBytes: 1000}, func(Shape, string, []byte) ([]mapping, *ValidationError) {
+		return []mapping{{}}, nil
+	}).ServeHTTP(w, httptest.NewRequest("POST", "/usermap?api_key=key-1", nil))
+	return w
+}
+
+type mapping struct{}
+
+func (mapping) Record() storage.Record {
+	return storage.Record{OrderKey: []byte("u"), UserID: []byte("u"), Data: []byte(`{"user_id":"u","global_user_id":"g"}`)}
 }

@@ -41,7 +41,7 @@ func (c Config) Validate() error {
 	if !(strings.HasPrefix(c.URL, "http://") || strings.HasPrefix(c.URL, "https://")) {
 		return fmt.Errorf("groupidentify: URL %q is not an http(s) base", c.URL)
 	}
-	return c.Spooling.ValidateAs("groupidentify")
+	return c.ValidateAs("groupidentify", c.RetryAfter)
 }
 
 // GroupIdentify is the /groupidentify route (Spooled.In accepts) and its
@@ -81,5 +81,5 @@ func (g *GroupIdentify) SetURL(base string) {
 
 // Routes returns the admin routes: POST /groupidentify.
 func (g *GroupIdentify) Routes() []adminroute.Route {
-	return []adminroute.Route{{Method: http.MethodPost, Path: "/groupidentify", Mode: admintoken.ModeOwn, Handler: http.HandlerFunc(g.serve)}}
+	return []adminroute.Route{{Method: http.MethodPost, Path: "/groupidentify", Mode: admintoken.ModeOwn, Handler: forms.Handler(g.In, shape, parse)}}
 }

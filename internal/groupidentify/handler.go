@@ -2,7 +2,6 @@ package groupidentify
 
 import (
 	"encoding/json"
-	"net/http"
 
 	"github.com/svcrelay/relay/internal/forms"
 	"github.com/svcrelay/relay/internal/storage"
@@ -24,16 +23,16 @@ type Identification struct {
 var shape = forms.Shape{Field: "identification", Noun: "group identifies", TooMany: "too_many_identifies",
 	MaxItems: MaxIdentifies, MaxBodyBytes: MaxBodyBytes, ItemFields: []string{"group_type", "group_value", "group_properties"}}
 
-// Parse validates the identification parameter (a JSON array of objects, or
-// one object) against the limits and returns the identifications. apiKey
-// is only used to check that each identification fits an upstream request.
-func Parse(apiKey string, identification []byte, maxIdentifies, maxProperties, maxBodyBytes int) ([]Identification, *forms.ValidationError) {
-	s, total := shape, 0
-	s.MaxItems, s.MaxBodyBytes = maxIdentifies, maxBodyBytes
+// parse validates the identification parameter (a JSON array of objects,
+// or one object) against the limits of s and MaxProperties and returns the
+// identifications. apiKey is only used to check that each identification
+// fits an upstream request.
+func parse(s forms.Shape, apiKey string, identification []byte) ([]Identification, *forms.ValidationError) {
+	total := 0
 	return forms.Each(s, apiKey, identification, func(i int, obj map[string]json.RawMessage, data []byte) (Identification, *forms.ValidationError) {
 		id, err := parseOne(obj, data)
-		if total += id.Properties; err == nil && total > maxProperties {
-			err = forms.Bad("too_many_properties", "identification: more than %d group properties in one request (at identification[%d])", maxProperties, i)
+		if total += id.Properties; err == nil && total > MaxProperties {
+			err = forms.Bad("too_many_properties", "identification: more than %d group properties in one request (at identification[%d])", MaxProperties, i)
 		}
 		return id, err
 	})
@@ -104,10 +103,4 @@ func count(props map[string]json.RawMessage) (n int) {
 		}
 	}
 	return n
-}
-
-func (g *GroupIdentify) serve(w http.ResponseWriter, r *http.Request) {
-	forms.Serve(g.In, w, r, shape, func(apiKey string, v []byte) ([]Identification, *forms.ValidationError) {
-		return Parse(apiKey, v, MaxIdentifies, MaxProperties, MaxBodyBytes)
-	})
 }

@@ -17,7 +17,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(`[{"group_type":"","group_value":1}]`))
 	f.Add([]byte(`[[],{}]`))
 	f.Fuzz(func(t *testing.T, in []byte) {
-		ids, err := Parse("key", in, MaxIdentifies, MaxProperties, MaxBodyBytes)
+		ids, err := parse(shape, "key", in)
 		if err != nil {
 			if err.Status != 400 && err.Status != 413 || err.Msg == "" || err.Reason == "" {
 				t.Fatalf("bad error %+v", err)
@@ -70,6 +70,7 @@ func TestConfigValidate(t *testing.T) {
 		{"no url", Config{}, false},
 		{"not http", Config{URL: "ftp://x"}, false},
 		{"negative age", Config{URL: "http://x", Spooling: forms.Spooling{FormTiming: delivery.FormTiming{MaxAge: -1}}}, false},
+		{"negative retry after", Config{URL: "http://x", Spooling: forms.Spooling{RetryAfter: -1}}, false},
 	}
 	for _, tc := range tests {
 		if err := tc.cfg.Validate(); (err == nil) != tc.ok {
@@ -87,7 +88,7 @@ func BenchmarkParse100(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(in)))
 	for b.Loop() {
-		if _, err := Parse("key", in, MaxIdentifies, MaxProperties, MaxBodyBytes); err != nil {
+		if _, err := parse(shape, "key", in); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -102,7 +103,9 @@ func TestParseTooLarge(t *testing.T) {
 		in := `{"group_type":"t","group_value":"` + strings.Repeat(`\"`, n) + `v","group_properties":{"a":1}}`
 		body := "api_key=" + url.QueryEscape(key) + "&identification=" + url.QueryEscape("["+in+"]")
 		for _, max := range []int{len(body), len(body) + 1} {
-			_, err := Parse(key, []byte(in), MaxIdentifies, MaxProperties, max)
+			s := shape
+			s.MaxBodyBytes = max
+			_, err := parse(s, key, []byte(in))
 			if tooLarge := err != nil && err.Reason == "too_large"; tooLarge != (len(body) >= max) || (err != nil && !tooLarge) {
 				t.Errorf("%d quotes, body %d bytes, MaxBodyBytes %d: %v", n, len(body), max, err)
 			}

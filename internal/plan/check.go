@@ -148,7 +148,7 @@ func (c *compiled) check(data []byte, mode Mode, vs []Violation) (verdict, []Vio
 		v.out = without(data, drop)
 	}
 	if len(vs) > n0 {
-		v.eventType = et.str(data)
+		v.eventType = string(et.key(data, &v.keybuf))
 	}
 	return v, vs
 }
@@ -214,12 +214,6 @@ func (s span) key(b []byte, buf *[]byte) []byte {
 	json.Unmarshal(b[s.from:s.to], &out)
 	*buf = append((*buf)[:0], out...)
 	return *buf
-}
-
-// str is the string value at s (unescaped), "" when it is not a string.
-func (s span) str(b []byte) string {
-	var buf []byte
-	return string(s.key(b, &buf))
 }
 
 // members iterates over the members of a JSON object in place: the

@@ -93,7 +93,7 @@ func (c *compiled) refCheck(data []byte, mode Mode, vs []Violation) (verdict, []
 		v.out = without(data, drop)
 	}
 	if len(vs) > n0 {
-		v.eventType = et.str(data)
+		v.eventType = string(et.key(data, &v.keybuf))
 	}
 	return v, vs
 }

@@ -9,15 +9,9 @@ import (
 	"github.com/svcrelay/relay/internal/event"
 )
 
-// Verdicts. The ingest's strict parser has just read each event when it
-// writes its record, so the ingest checks it there, in the cache (Vet),
-// and leaves a verdict with the record: "clean against plan P in mode M".
-// Delivery, where the decision is made, skips its own check only when the
-// verdict names the plan and mode in force (Check); any other record (none,
-// an older relay's, another plan's or mode's, or a violating event) is
-// checked in full there as before. So a new plan or mode still applies to
-// the backlog, violations are counted and quarantined at delivery only,
-// and nothing is refused at ingest for the plan.
+// Verdicts (doc.go, "Modes and the check"): the ingest marks an event it
+// found clean "clean against plan P in mode M" (Vet), and delivery skips
+// its check only for the plan and mode in force (Check).
 //
 // P is a hash of the plan's canonical form (its JSON, as kept in Dir) and
 // of checkRules, so that a verdict holds across a restart and on every

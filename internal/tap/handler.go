@@ -48,10 +48,7 @@ func (h *Hub) Handler(project func(name string) (apiKey string, ok bool)) http.H
 				fail(http.StatusBadRequest, "project and api_key_hash exclude each other")
 				return
 			}
-			key, ok := "", false
-			if project != nil {
-				key, ok = project(name)
-			}
+			key, ok := project(name)
 			if !ok {
 				fail(http.StatusNotFound, "no project "+strconv.Quote(name)+" in the credentials file")
 				return
@@ -112,13 +109,13 @@ func (h *Hub) Handler(project func(name string) (apiKey string, ok bool)) http.H
 				End     string `json:"end"`
 				Events  uint64 `json:"events"`
 				Dropped uint64 `json:"dropped"`
-			}{why, n, t.Dropped()})
+			}{why, n, t.dropped.Load()})
 			w.Write(append(b, '\n'))
 			_ = rc.Flush()
 		}
 		for limit == 0 || n < limit {
 			select {
-			case it := <-t.C():
+			case it := <-t.c:
 				if !Matches(f, it.Event) {
 					continue
 				}
@@ -127,13 +124,13 @@ func (h *Hub) Handler(project func(name string) (apiKey string, ok bool)) http.H
 					return
 				}
 				n++
-				if len(t.C()) == 0 {
+				if len(t.c) == 0 {
 					if rc.Flush() != nil {
 						return
 					}
 				}
 			case <-tick.C:
-				if d := t.Dropped(); d != reported {
+				if d := t.dropped.Load(); d != reported {
 					reported = d
 					w.Write(strconv.AppendUint(append(line[:0], `{"dropped":`...), d, 10))
 					w.Write([]byte("}\n"))
@@ -144,7 +141,7 @@ func (h *Hub) Handler(project func(name string) (apiKey string, ok bool)) http.H
 			case <-end.C:
 				finish("duration")
 				return
-			case <-t.Done():
+			case <-t.done:
 				finish("stopped")
 				return
 			case <-r.Context().Done():

@@ -30,12 +30,7 @@ const (
 
 var whereNames = [numWhere]string{"ingest", "delivered", "dead"}
 
-func (w Where) String() string {
-	if w < numWhere {
-		return whereNames[w]
-	}
-	return fmt.Sprintf("where(%d)", w)
-}
+func (w Where) String() string { return whereNames[w] }
 
 // ParseWhere parses "ingest", "delivered" or "dead"; "" means Ingest.
 func ParseWhere(s string) (Where, error) {
@@ -93,8 +88,8 @@ type Item struct {
 	Event      []byte // the event object (a copy)
 }
 
-// Tap is one attached watcher. Its owner reads C until Done is closed or it
-// has seen enough, then calls Detach.
+// Tap is one attached watcher. Its owner reads c until done is closed or
+// it has seen enough, then calls Detach.
 type Tap struct {
 	h       *Hub
 	f       Filter
@@ -102,24 +97,14 @@ type Tap struct {
 	typeTok []byte // `"EventType"`: present in every event of that type
 	c       chan Item
 	seen    atomic.Uint64 // matching events, for Sample
-	dropped atomic.Uint64
-	done    chan struct{} // closed by Hub.Close
+	dropped atomic.Uint64 // matching events dropped because c was full
+	done    chan struct{} // closed by Hub.Close (the relay stops)
 }
-
-// C delivers the tap's events.
-func (t *Tap) C() <-chan Item { return t.c }
-
-// Done is closed when the hub closes (the relay stops).
-func (t *Tap) Done() <-chan struct{} { return t.done }
-
-// Dropped is how many matching events were dropped because C was full.
-func (t *Tap) Dropped() uint64 { return t.dropped.Load() }
 
 // Hub hands events to the attached taps. The zero value is not usable: see
 // New. A nil *Hub has no taps.
 type Hub struct {
 	cfg  Config
-	n    atomic.Int32           // taps attached
 	nAt  [numWhere]atomic.Int32 // taps attached per Where: all a hot path reads when 0
 	taps atomic.Pointer[[]*Tap] // snapshot for Pick
 	mu   sync.Mutex             // guards attaching, detaching, closed
@@ -151,7 +136,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Hub, error) {
 	active := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "relay_tap_attached",
 		Help: "Live taps attached (relay tap).",
-	}, func() float64 { return float64(h.n.Load()) })
+	}, func() float64 { return float64(len(h.snapshot())) })
 	if reg != nil {
 		for _, c := range []prometheus.Collector{h.dropped, sent, active} {
 			if err := reg.Register(c); err != nil {
@@ -177,7 +162,6 @@ func (h *Hub) storeLocked(taps []*Tap) {
 	for w := range at {
 		h.nAt[w].Store(at[w])
 	}
-	h.n.Store(int32(len(taps)))
 }
 
 // Attach attaches a tap with filter f.

@@ -45,21 +45,21 @@ func TestHub(t *testing.T) {
 	for range 10 { // never blocks: the buffer of 3 fills, the rest drop
 		h.Pick(Ingest, key, "", recs).Send()
 	}
-	if n, d := len(dev.C()), dev.Dropped(); n != 3 || d != 7 {
+	if n, d := len(dev.c), dev.dropped.Load(); n != 3 || d != 7 {
 		t.Fatalf("device tap: %d buffered, %d dropped; want 3, 7", n, d)
 	}
 	if got := gathered(t, reg, "relay_tap_dropped_events_total"); got != 7 {
 		t.Fatalf("relay_tap_dropped_events_total %v, want 7", got)
 	}
-	it := <-dev.C()
+	it := <-dev.c
 	if it.APIKeyHash != KeyHash(key) || !strings.Contains(string(it.Event), `"d1"`) || !Matches(dev.f, it.Event) {
 		t.Fatalf("item %+v", it)
 	}
-	if len(dead.C()) != 0 {
+	if len(dead.c) != 0 {
 		t.Fatal("the dead-letter tap got ingest events")
 	}
 	h.PublishDead([]storage.DeadLetter{{Lane: storage.LaneKey{APIKey: "k"}, Reason: "silenced", Record: rec("d3", "x")}})
-	line := string(AppendLine(nil, <-dead.C(), true))
+	line := string(AppendLine(nil, <-dead.c, true))
 	if !strings.Contains(line, `"reason":"silenced"`) || strings.Contains(line, "secret") || !strings.Contains(line, `"k":"***"`) {
 		t.Fatalf("masked dead line %s", line)
 	}

@@ -25,12 +25,10 @@ type Mapping struct {
 var shape = forms.Shape{Field: "mapping", Noun: "mappings", TooMany: "too_many_mappings",
 	MaxItems: MaxMappings, MaxBodyBytes: MaxBodyBytes, QueryFirst: true, ItemFields: []string{"user_id", "global_user_id", "unmap"}}
 
-// ParseMappings validates the mapping parameter (one JSON object or an
-// array of them) and returns the mappings. apiKey is used to check that each
-// mapping fits one upstream request.
-func ParseMappings(apiKey string, mapping []byte, maxMappings, maxBodyBytes int) ([]Mapping, *forms.ValidationError) {
-	s := shape
-	s.MaxItems, s.MaxBodyBytes = maxMappings, maxBodyBytes
+// parse validates the mapping parameter (one JSON object or an array of
+// them) against the limits of s and returns the mappings. apiKey is used to
+// check that each mapping fits one upstream request.
+func parse(s forms.Shape, apiKey string, mapping []byte) ([]Mapping, *forms.ValidationError) {
 	return forms.Each(s, apiKey, mapping, parseOne)
 }
 
@@ -57,12 +55,6 @@ func parseOne(_ int, obj map[string]json.RawMessage, data []byte) (m Mapping, er
 		return m, forms.Bad("missing_field", ".global_user_id: missing or empty (required unless unmap is true)")
 	}
 	return m, nil
-}
-
-func (u *UserMap) servePost(w http.ResponseWriter, r *http.Request) {
-	forms.Serve(u.In, w, r, shape, func(apiKey string, v []byte) ([]Mapping, *forms.ValidationError) {
-		return ParseMappings(apiKey, v, MaxMappings, MaxBodyBytes)
-	})
 }
 
 // ParseUserIDs validates the user_ids parameter of GET /api/2/usermap: a

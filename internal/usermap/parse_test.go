@@ -15,7 +15,7 @@ func FuzzParseMappings(f *testing.F) {
 	f.Add([]byte(`{"user_id":"a","unmap":false}`))
 	f.Add([]byte(`[1,"x",null]`))
 	f.Fuzz(func(t *testing.T, in []byte) {
-		ms, err := ParseMappings("key", in, MaxMappings, MaxBodyBytes)
+		ms, err := parse(shape, "key", in)
 		if err != nil {
 			if err.Status != 400 && err.Status != 413 || err.Msg == "" {
 				t.Fatalf("bad error %+v", err)
@@ -68,6 +68,8 @@ func TestConfigValidate(t *testing.T) {
 		{"no analytics", func(c *Config) { c.AnalyticsURL = baseurl.NewRef("x") }, false},
 		{"negative rate", func(c *Config) { c.RateLimit = -1 }, false},
 		{"negative window", func(c *Config) { c.RateWindow = -1 }, false},
+		{"negative retry after", func(c *Config) { c.RetryAfter = -1 }, false},
+		{"negative age", func(c *Config) { c.MaxAge = -1 }, false},
 		{"shrunk window", func(c *Config) { c.RateLimit, c.RateWindow = 10, 1 }, true},
 	}
 	for _, tc := range tests {
@@ -88,7 +90,7 @@ func BenchmarkParseMappings2000(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(in)))
 	for b.Loop() {
-		if _, err := ParseMappings("key", in, MaxMappings, MaxBodyBytes); err != nil {
+		if _, err := parse(shape, "key", in); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -102,7 +104,9 @@ func TestParseMappingsTooLarge(t *testing.T) {
 		in := `{"user_id":"` + strings.Repeat(`\"`, n) + `u","global_user_id":"g"}`
 		body := "api_key=" + url.QueryEscape(key) + "&mapping=" + url.QueryEscape("["+in+"]")
 		for _, max := range []int{len(body), len(body) + 1} {
-			_, err := ParseMappings(key, []byte(in), MaxMappings, max)
+			s := shape
+			s.MaxBodyBytes = max
+			_, err := parse(s, key, []byte(in))
 			if tooLarge := err != nil && err.Reason == "too_large"; tooLarge != (len(body) >= max) || (err != nil && !tooLarge) {
 				t.Errorf("%d quotes, body %d bytes, MaxBodyBytes %d: %v", n, len(body), max, err)
 			}

@@ -67,13 +67,7 @@ func (c Config) Validate() error {
 	case c.RateLimit < 0:
 		return fmt.Errorf("usermap: RateLimit %d < 0", c.RateLimit)
 	}
-	return c.Spooling.ValidateAs("usermap", c.RateWindow)
-}
-
-func (c Config) withDefaults() Config {
-	c.RateLimit = cmp.Or(c.RateLimit, RateLimit)
-	c.RateWindow = cmp.Or(c.RateWindow, RateWindow)
-	return c
+	return c.ValidateAs("usermap", c.RateWindow, c.RetryAfter)
 }
 
 // UserMap is the /usermap route (Spooled.In accepts) and the delivery of
@@ -90,7 +84,7 @@ func New(cfg Config, client *upstream.Client, creds *credentials.Ref, log *zap.L
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cfg = cfg.withDefaults()
+	cfg.RateLimit, cfg.RateWindow = cmp.Or(cfg.RateLimit, RateLimit), cmp.Or(cfg.RateWindow, RateWindow)
 	u := &UserMap{creds: creds}
 	pace, err := newPacer(cfg.RateLimit, cfg.RateWindow, u.orgOf, promauto.With(reg).NewCounter(prometheus.CounterOpts{
 		Name: "relay_usermap_pace_wait_seconds_total",
@@ -130,6 +124,6 @@ func (u *UserMap) orgOf(apiKey string) string {
 // internal/forward).
 func (u *UserMap) Routes() []adminroute.Route {
 	return []adminroute.Route{
-		{Method: http.MethodPost, Path: "/usermap", Mode: admintoken.ModeOwn, Handler: http.HandlerFunc(u.servePost)},
+		{Method: http.MethodPost, Path: "/usermap", Mode: admintoken.ModeOwn, Handler: forms.Handler(u.In, shape, parse)},
 	}
 }
