@@ -20,10 +20,7 @@ import (
 // Delivery is the events pipeline's Config; Check and OnDead are the
 // caller's.
 func (c Config) Delivery() delivery.Config {
-	l := c.DeliveryLive()
-	return delivery.Config{IngestURL: l.IngestURL, MaxBatchEvents: l.MaxBatchEvents, MaxBatchBytes: l.MaxBatchBytes,
-		FlushInterval: l.FlushInterval, ThrottlePause: l.ThrottlePause, MaxEventAge: l.MaxEventAge, Gzip: l.Gzip,
-		DrainTimeout: c.DrainTimeout}
+	return delivery.Config{Live: c.DeliveryLive(), DrainTimeout: c.DrainTimeout}
 }
 
 // DeliveryLive is the part of Delivery a reload puts in force.

@@ -21,7 +21,7 @@ import (
 // one body, with the per-event pause checks.
 func BenchmarkBuild(b *testing.B) {
 	thr, _ := throttle.New(throttle.Config{}, nil)
-	cfg := Config{IngestURL: "http://x"}.withDefaults()
+	cfg := Config{Live: Live{IngestURL: "http://x"}}.withDefaults()
 	p, err := newPipeline(cfg, nil, thr, nil)
 	if err != nil {
 		b.Fatal(err)

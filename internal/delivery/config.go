@@ -12,27 +12,8 @@ import (
 
 // Config configures a Pipeline. Only cmd/relay fills it from flags.
 type Config struct {
-	// IngestURL is the upstream base; requests go to IngestURL+"/2/httpapi".
-	// Required.
-	IngestURL string
-	// MaxBatchEvents is the most events per request; zero means 1000. Above
-	// 1999 is invalid (the upstream takes fewer than 2000).
-	MaxBatchEvents int
-	// MaxBatchBytes bounds a request body: every body is strictly smaller
-	// (measured uncompressed, on the exact bytes sent); zero means 1,000,000.
-	MaxBatchBytes int
-	// FlushInterval is the longest an event waits for its batch to fill;
-	// zero means 200ms.
-	FlushInterval time.Duration
-	// ThrottlePause is how long a device or user named in a 429 gets nothing
-	// sent; zero means 30s.
-	ThrottlePause time.Duration
-	// MaxEventAge: an event not delivered this long after it was accepted
-	// goes to dead letters ("expired") instead of another try; zero means
-	// 6 days.
-	MaxEventAge time.Duration
-	// Gzip compresses request bodies (the byte limit stays uncompressed).
-	Gzip bool
+	// Live are the settings SetLive may change while running.
+	Live
 	// ShardsPerLane is the number of shards (requests in flight) per lane;
 	// zero means 4.
 	ShardsPerLane int

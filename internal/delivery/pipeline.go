@@ -107,18 +107,31 @@ func newEvents(cfg Config, st Store, fl *fleetState, send Sender, thr *throttle.
 }
 
 // Live are the settings of Config a running Pipeline can change (a
-// configuration reload); their zero values mean what Config's do.
+// configuration reload).
 type Live struct {
-	Gzip           bool          // Config.Gzip
-	MaxEventAge    time.Duration // Config.MaxEventAge
-	MaxBatchEvents int           // Config.MaxBatchEvents
-	MaxBatchBytes  int           // Config.MaxBatchBytes
-	FlushInterval  time.Duration // Config.FlushInterval
-	ThrottlePause  time.Duration // Config.ThrottlePause
-	// IngestURL is Config.IngestURL; "" keeps the one in force. A batch
-	// built before the change may still go to the old one (a send in
-	// flight is not called back).
+	// IngestURL is the upstream base; requests go to IngestURL+"/2/httpapi".
+	// Required; in SetLive, "" keeps the one in force (a batch built before
+	// the change may still go to the old one: a send in flight is not
+	// called back).
 	IngestURL string
+	// MaxBatchEvents is the most events per request; zero means 1000. Above
+	// 1999 is invalid (the upstream takes fewer than 2000).
+	MaxBatchEvents int
+	// MaxBatchBytes bounds a request body: every body is strictly smaller
+	// (measured uncompressed, on the exact bytes sent); zero means 1,000,000.
+	MaxBatchBytes int
+	// FlushInterval is the longest an event waits for its batch to fill;
+	// zero means 200ms.
+	FlushInterval time.Duration
+	// ThrottlePause is how long a device or user named in a 429 gets nothing
+	// sent; zero means 30s.
+	ThrottlePause time.Duration
+	// MaxEventAge: an event not delivered this long after it was accepted
+	// goes to dead letters ("expired") instead of another try; zero means
+	// 6 days.
+	MaxEventAge time.Duration
+	// Gzip compresses request bodies (the byte limit stays uncompressed).
+	Gzip bool
 }
 
 // liveState is the Config in force (with defaults) for what Live
@@ -140,11 +153,7 @@ func (c Config) liveState() *liveState {
 // meaning Config's defaults). l is valid as Config.Validate says.
 func (p *Pipeline) SetLive(l Live) {
 	c := p.cfg
-	c.Gzip, c.MaxEventAge, c.MaxBatchEvents, c.MaxBatchBytes, c.FlushInterval = l.Gzip, l.MaxEventAge, l.MaxBatchEvents, l.MaxBatchBytes, l.FlushInterval
-	c.ThrottlePause = l.ThrottlePause
-	if l.IngestURL != "" {
-		c.IngestURL = l.IngestURL
-	}
+	c.Live, c.IngestURL = l, cmp.Or(l.IngestURL, c.IngestURL)
 	if old := p.live.Swap(c.liveState()); old != nil && old.changed != nil {
 		close(old.changed)
 	}
