@@ -65,8 +65,6 @@ type Result struct {
 	Err error
 	// RetryAfter is the answer's Retry-After, 0 when absent (unclamped).
 	RetryAfter time.Duration
-	// Msg is the body's "error" field.
-	Msg string
 	// EPSThreshold is the body's eps_threshold (429 and silenced 400).
 	EPSThreshold int
 	// ThrottledDevices and ThrottledUsers are the ids named in
@@ -86,8 +84,6 @@ type Result struct {
 	// Answer is "HTTP <status>: <body truncated to MaxAnswerBytes>", or
 	// "error: <transport error>", for dead letters and logs.
 	Answer []byte
-	// Duration is how long the request took.
-	Duration time.Duration
 }
 
 // StatusLabel is the value of the status label of relay_upstream_requests_total:
@@ -148,7 +144,6 @@ func Classify(status int, respBody []byte, retryAfter string, err error) Result 
 }
 
 func (r *Result) fill(b *body) {
-	r.Msg = b.Error
 	if n, err := b.EPSThreshold.Int64(); err == nil {
 		r.EPSThreshold = int(n)
 	}
