@@ -11,12 +11,6 @@ import (
 	"github.com/svcrelay/relay/internal/plan"
 )
 
-// Each component's Config is made here, from one Config, so that a setting
-// reaches its package by one path. The zero values Load never leaves (see
-// Config) need no translation; what a component takes that is no setting
-// (a hook, a TLS configuration built from files, a shared reference) is the
-// caller's to add.
-
 // Delivery is the events pipeline's Config; Check and OnDead are the
 // caller's.
 func (c Config) Delivery() delivery.Config {
