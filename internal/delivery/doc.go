@@ -6,12 +6,7 @@
 // answer rule), by the contract's Delivery section. One lane runner
 // (reader, shards, one send loop) serves every kind: New and NewFleet make
 // the events' Pipeline (ShardsPerLane shards per lane), NewForm a form
-// kind's (one shard per lane). Besides the runner it holds what an
-// operator sees of delivery (LaneStatus, LaneControl, ErrUnknownLane), the
-// retry policy (Retry), the max-age rule (Expired), the dead-letter flush
-// (FlushDead), a kind's packing (Frame; Form for the form kinds) and, in
-// fleet mode, the partition demultiplexer every kind's runners read
-// (deliverPartition).
+// kind's (one shard per lane).
 //
 // # Shape
 //
@@ -36,23 +31,17 @@
 //
 // # Answers
 //
-// The upstream client (internal/upstream) only reads an answer: its status
-// and body fields. What the answer means is decided in one place for every
-// kind, decide (answer.go, whose doc gives the rule), and the shard acts on
-// the verdict (shard.handle): the 429 of an events lane and of a form lane
-// run the same code.
+// The upstream client (internal/upstream) only reads an answer; what it
+// means is decided in one place for every kind, decide (answer.go), and the
+// shard acts on the verdict (shard.handle).
 //
 // # Form kinds
 //
-// Group identify and user mappings run on the same lane runner (NewForm,
-// see form.go): a pipeline of one shard per lane, whose Kind is the form
-// kind's Form (requests api_key=K&<field>=[...], its limits as
-// the batch limits, its linger as the flush interval). The send loop, the
-// answer rule, the retry wait, max age, dead letters, stop/resume and
-// acknowledgements are the events' code; a form request names no key, so a
-// silenced answer is a 400 there and a 429 waits as a 5xx does (at least
-// the kind's ThrottleWait without Retry-After). An expired record's dead letter keeps the last retryable
-// answer, for every kind.
+// Group identify and user mappings run on the same lane runner (NewForm): a
+// pipeline of one shard per lane, whose Kind is the form kind's Form (its
+// limits as the batch limits, its linger as the flush interval). A form
+// request names no key, so a silenced answer is a 400 there and a 429 waits
+// as a 5xx does (at least the kind's ThrottleWait without Retry-After).
 //
 // # Invariants
 //
