@@ -114,9 +114,7 @@
 // total. So lanes whose budget is entirely held (devices over their daily
 // quota, a stopped lane, an upstream that is down) slow the others, and the
 // last quarter keeps them from stopping the others. The spool keeps the
-// rest; the ingest side is only limited by the spool's quota. The per-lane
-// budget is what one lane needs to drain at full speed
-// (BenchmarkDeliverReadAhead); the total bounds many lanes with backlogs.
+// rest.
 //
 // Within its budget a lane reads only as far as its window: minWindow (32
 // KiB) at the start, one Next step at the first progress (a 200, dead
@@ -124,10 +122,8 @@
 // up to the budget. When every shard of the lane is retrying (the upstream
 // is down), or the lane is stopped, the window closes to minWindow, so an
 // outage holds what was read before it, not the budget, and a lane that
-// never delivered holds 32 KiB.
-// Shards that wait (idle, backing off, lane stopped) give their request
-// body buffer back to a pool shared by all lanes and drop the capacity of
-// their empty queues.
+// never delivered holds 32 KiB. Shards that wait give their request body
+// buffer back to a pool shared by all lanes (shard.shrink).
 //
 // # Metrics
 //
@@ -135,13 +131,10 @@
 // relay_delivery_events_dead_lettered_total{reason},
 // relay_delivery_paused_devices (keys held now),
 // relay_delivery_held_events{lane} (events they hold), relay_lane_stopped{lane}
-// (alert on 1) and relay_delivery_read_ahead_bytes (all lanes). No lock of
-// the pipeline is held while a metric is updated, and the scrape-time ones
-// (relay_lane_stopped is the engine's collector) read a snapshot of the
-// runners: a scrape never waits for delivery nor delivery for a scrape. A
-// form kind's are relay_<name>_... (form.go). The upstream client has
-// relay_upstream_requests_total{status} and relay_upstream_request_seconds;
-// the spool its depth and oldest age.
+// (alert on 1) and relay_delivery_read_ahead_bytes (all lanes); a form
+// kind's are relay_<name>_... (form.go). No lock of the pipeline is held
+// while a metric is updated, and the scrape-time ones read a snapshot of
+// the runners: a scrape never waits for delivery nor delivery for a scrape.
 //
 // # Stop
 //

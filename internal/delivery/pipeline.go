@@ -236,8 +236,6 @@ type events struct {
 	check func(apiKey string) func(data []byte, verdict uint64) ([]byte, string, []byte)
 }
 
-var _ Kind = events{}
-
 // Frame is the lane's envelope; events are written as they are.
 func (k events) Frame(key storage.LaneKey) Frame {
 	q, _ := json.Marshal(key.APIKey) // a string always marshals
