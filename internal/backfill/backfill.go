@@ -185,7 +185,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 		snd.url = cfg.IngestURL + "/batch"
 	}
 	p, err := delivery.New(delivery.Config{
-		IngestURL: cfg.IngestURL, MaxBatchEvents: perRequest,
+		Live:              delivery.Live{IngestURL: cfg.IngestURL, MaxBatchEvents: perRequest},
 		MaxReadAheadBytes: maxBacklog, MaxReadAheadTotalBytes: maxBacklog,
 	}, spool.NewBackend(sp, nil).Only(storage.KindEvents), snd, thr, log.Named("delivery"), nil)
 	if err != nil {

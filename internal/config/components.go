@@ -11,19 +11,10 @@ import (
 	"github.com/svcrelay/relay/internal/plan"
 )
 
-// Each component's Config is made here, from one Config, so that a setting
-// reaches its package by one path. The zero values Load never leaves (see
-// Config) need no translation; what a component takes that is no setting
-// (a hook, a TLS configuration built from files, a shared reference) is the
-// caller's to add.
-
 // Delivery is the events pipeline's Config; Check and OnDead are the
 // caller's.
 func (c Config) Delivery() delivery.Config {
-	l := c.DeliveryLive()
-	return delivery.Config{IngestURL: l.IngestURL, MaxBatchEvents: l.MaxBatchEvents, MaxBatchBytes: l.MaxBatchBytes,
-		FlushInterval: l.FlushInterval, ThrottlePause: l.ThrottlePause, MaxEventAge: l.MaxEventAge, Gzip: l.Gzip,
-		DrainTimeout: c.DrainTimeout}
+	return delivery.Config{Live: c.DeliveryLive(), DrainTimeout: c.DrainTimeout}
 }
 
 // DeliveryLive is the part of Delivery a reload puts in force.

@@ -168,9 +168,7 @@ type option struct {
 	v      any
 	set    func(c *Config, v string) error
 	// live says whether a reload from cur to next puts the setting in
-	// force; nil: never, it needs a restart (see Reloaded). The fields Load
-	// derives (Token, Creds, AllowedKeysFromCredentials) are of settings
-	// always live.
+	// force; nil: never, it needs a restart (see Reloaded).
 	live func(cur, next *Config) bool
 }
 
@@ -309,9 +307,8 @@ func always(_, _ *Config) bool              { return true }
 func sameSandbox(cur, next *Config) bool    { return cur.Sandbox() == next.Sandbox() }
 func outsideSandbox(cur, next *Config) bool { return !cur.Sandbox() && !next.Sandbox() }
 
-// Live reports whether a reload can put setting name in force while
-// serving (LiveFrom says between which values); every other setting needs
-// a restart.
+// Live reports whether a reload can put setting name in force (LiveFrom
+// says between which values).
 func Live(name string) bool {
 	o, _ := lookupOption(name)
 	return o.live != nil
@@ -385,9 +382,8 @@ func parseOrigins(v string) ([]string, error) {
 
 // IngestAllowedAPIKeys returns the api_keys the ingest listener takes (nil:
 // every one): --allowed-api-keys, or with --allowed-api-keys=credentials the
-// api_keys of creds' projects (empty, not nil, when it has none: nothing is
-// taken). Callers pass the store they serve with, so that a reloaded
-// credentials file gives the reloaded list.
+// api_keys of creds' projects (empty, not nil, when it has none). Callers
+// pass the store they serve with, so that a reload gives the new list.
 func (c Config) IngestAllowedAPIKeys(creds *credentials.Store) []string {
 	if !c.AllowedKeysFromCredentials {
 		return c.AllowedAPIKeys

@@ -25,13 +25,11 @@ const (
 	// sent again in halves (order kept), so the bad one ends up alone.
 	split
 	// wait: nothing was taken and nothing named in the answer is in the
-	// request (5xx, time-out, broken connection, a 429 naming none of its
-	// keys, any 429 of a form kind): send the records again after the
-	// retry wait, at least verdict.wait.
+	// request: send the records again after the retry wait, at least
+	// verdict.wait.
 	wait
-	// stop: the upstream refuses the lane itself (its api_key, or the URL
-	// or credentials): the lane stops with verdict.reason until resumed;
-	// its records stay in the store.
+	// stop: the upstream refuses the lane itself (its api_key, the URL or
+	// credentials): the lane stops with verdict.reason until resumed.
 	stop
 )
 
@@ -43,7 +41,7 @@ const (
 	reasonInvalidAPIKey = "invalid API key"
 )
 
-// Key prefixes of event.Event.OrderKey (event.DeviceKeyPrefix, UserKeyPrefix).
+// Key prefixes of event.Event.OrderKey.
 const (
 	devicePrefix = "d:"
 	userPrefix   = "u:"
@@ -58,14 +56,11 @@ type verdict struct {
 	// dead maps the index of a record of the request to its dead-letter
 	// reason (resend).
 	dead map[int]string
-	// pause are the keys ("d:"+device, "u:"+user) to pause for
-	// Config.ThrottlePause, quota those to pause until the next UTC
-	// midnight; either outcome may carry them (a 429 may name keys of
-	// other requests).
+	// pause are the keys to pause for ThrottlePause, quota those to pause
+	// until the next UTC midnight; any outcome may carry them.
 	pause, quota []string
-	// wait is the least wait before the records are sent again (wait): a
-	// Retry-After clamped to Config.MaxRetryAfter, or a form kind's
-	// ThrottleWait after a 429 without one.
+	// wait is the least wait before the records are sent again: a clamped
+	// Retry-After, or a form kind's ThrottleWait after a 429 without one.
 	wait time.Duration
 }
 
@@ -126,10 +121,10 @@ func (p *Pipeline) decide(res *upstream.Result, batch []item) verdict {
 
 // throttled is decide for an events request answered 429 or silenced:
 // silenced events and devices are dead letters; the devices and users the
-// answer names are paused (its event indexes only when it names none:
-// otherwise the names are exact), devices over their daily quota until
-// midnight; the rest is sent again at once when any of them is in the
-// request (the next build holds it), else after the wait.
+// answer names are paused (its event indexes only when it names none),
+// devices over their daily quota until midnight; the rest is sent again at
+// once when any of them is in the request (the next build holds it), else
+// after the wait.
 func throttled(res *upstream.Result, batch []item, clamped time.Duration) verdict {
 	n := len(batch)
 	v := verdict{outcome: wait, wait: clamped, dead: map[int]string{}}
@@ -188,16 +183,14 @@ func prefixed(prefix string, ids []string) []string {
 
 // Retry is the retry policy of every lane kind: exponential backoff
 // (backoff/v4, factor 2, jitter ±50%, capped, never giving up: a record's
-// max age bounds the retries, not a count) and the upstream's Retry-After,
-// honoured but clamped. One Retry belongs to one sender (a shard, a lane);
-// it is not safe for concurrent use.
+// max age bounds the retries). It is not safe for concurrent use.
 type Retry struct {
 	bo  *backoff.ExponentialBackOff
 	max time.Duration
 }
 
-// NewRetry returns a Retry whose waits start near initial and grow to max.
-// max below initial is raised to initial.
+// NewRetry returns a Retry whose waits start near initial and grow to max
+// (at least initial).
 func NewRetry(initial, max time.Duration) *Retry {
 	if max < initial {
 		max = initial

@@ -21,7 +21,7 @@ import (
 // one body, with the per-event pause checks.
 func BenchmarkBuild(b *testing.B) {
 	thr, _ := throttle.New(throttle.Config{}, nil)
-	cfg := Config{IngestURL: "http://x"}.withDefaults()
+	cfg := Config{Live: Live{IngestURL: "http://x"}}.withDefaults()
 	p, err := newPipeline(cfg, nil, thr, nil)
 	if err != nil {
 		b.Fatal(err)
@@ -30,7 +30,7 @@ func BenchmarkBuild(b *testing.B) {
 		b.Fatal(err)
 	}
 	lr := &laneRunner{p: p, bwake: make(chan struct{}, 1)}
-	lr.frame = events{maxEvents: cfg.MaxBatchEvents, maxBytes: cfg.MaxBatchBytes}.Frame(storage.LaneKey{APIKey: "0123456789abcdef0123456789abcdef", Options: `{"min_id_length":3}`})
+	lr.frame = events{}.Frame(storage.LaneKey{APIKey: "0123456789abcdef0123456789abcdef", Options: `{"min_id_length":3}`})
 	s := newShard(lr, 0)
 	its := make([]item, 1000)
 	ck := &chunkRef{accepted: time.Now()}

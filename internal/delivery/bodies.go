@@ -1,10 +1,8 @@
 package delivery
 
-// bodyPool keeps up to bodyPoolSize request body buffers for shards that
-// start building a batch. Unlike a sync.Pool it is not emptied by GC cycles,
-// which under load come several times a second: a body is up to
-// MaxBatchBytes, and a shard that finds the pool empty allocates (and the
-// runtime zeroes) a fresh one.
+// bodyPool keeps up to bodyPoolSize request body buffers. Unlike a
+// sync.Pool it is not emptied by GC cycles, which under load come several
+// times a second (a fresh body is up to MaxBatchBytes, zeroed).
 type bodyPool struct{ free chan []byte }
 
 // bodyPoolSize bounds what waiting shards keep: ~8 MB at the default

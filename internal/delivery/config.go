@@ -12,66 +12,39 @@ import (
 
 // Config configures a Pipeline. Only cmd/relay fills it from flags.
 type Config struct {
-	// IngestURL is the upstream base; requests go to IngestURL+"/2/httpapi".
-	// Required.
-	IngestURL string
-	// MaxBatchEvents is the most events per request; zero means 1000. Above
-	// 1999 is invalid (the upstream takes fewer than 2000).
-	MaxBatchEvents int
-	// MaxBatchBytes bounds a request body: every body is strictly smaller
-	// (measured uncompressed, on the exact bytes sent); zero means 1,000,000.
-	MaxBatchBytes int
-	// FlushInterval is the longest an event waits for its batch to fill;
-	// zero means 200ms.
-	FlushInterval time.Duration
-	// ThrottlePause is how long a device or user named in a 429 gets nothing
-	// sent; zero means 30s.
-	ThrottlePause time.Duration
-	// MaxEventAge: an event not delivered this long after it was accepted
-	// goes to dead letters ("expired") instead of another try; zero means
-	// 6 days.
-	MaxEventAge time.Duration
-	// Gzip compresses request bodies (the byte limit stays uncompressed).
-	Gzip bool
+	// Live are the settings SetLive may change while running.
+	Live
 	// ShardsPerLane is the number of shards (requests in flight) per lane;
 	// zero means 4.
 	ShardsPerLane int
 	// MaxReadAheadBytes bounds, per lane, the memory held by events read
-	// from the spool and not yet delivered or dead-lettered: the buffers of
-	// the chunks they came in (a chunk's buffer counts until its last
-	// event is done) and the copies of events held for paused keys; zero
-	// means DefaultMaxReadAheadBytes. When it is reached the lane's reader
-	// waits (back-pressure: the spool keeps the rest).
+	// and not yet delivered or dead-lettered (see the package doc); zero
+	// means DefaultMaxReadAheadBytes.
 	MaxReadAheadBytes int
 	// MaxReadAheadTotalBytes bounds the same for all lanes together; zero
-	// means DefaultMaxReadAheadTotalBytes. When it is reached, a lane reads
-	// only while it has nothing read ahead (one chunk at a time), so lanes
-	// that hold their whole budget slow the others but never stop them.
+	// means DefaultMaxReadAheadTotalBytes.
 	MaxReadAheadTotalBytes int
-	// RetryInitial and RetryMax shape the exponential backoff (jittered,
-	// factor 2) for retryable failures; zero means 500ms and 60s. RetryMax
-	// also clamps a Retry-After.
+	// RetryInitial and RetryMax shape the backoff; zero means 500ms and
+	// 60s.
 	RetryInitial, RetryMax time.Duration
 	// MaxRetryAfter clamps an upstream Retry-After; zero means RetryMax.
 	MaxRetryAfter time.Duration
 	// DrainTimeout is how long in-flight requests may finish after Run's
 	// context ends before they are abandoned; zero means 5s.
 	DrainTimeout time.Duration
-	// Check, when not nil, gives the Frame.Check of the lanes of
-	// an api_key (nil: their events are not checked): the tracking plan
-	// (internal/plan).
+	// Check, when not nil, gives the Frame.Check of an api_key's lanes
+	// (the tracking plan, internal/plan).
 	Check func(apiKey string) func(data []byte, verdict uint64) (rec []byte, reason string, answer []byte)
 	// OnDead, when set, is given the dead letters of each flush once they
-	// are durable (the live tap); it must not block. nil: nothing is told.
+	// are durable (the live tap); it must not block.
 	OnDead func([]storage.DeadLetter)
 }
 
 // Defaults.
 const (
 	DefaultMaxBatchEvents = 1000
-	// MaxMaxBatchEvents is the largest MaxBatchEvents (and
-	// --max-batch-events): the upstream takes fewer than 2000 events per
-	// request.
+	// MaxMaxBatchEvents is the largest MaxBatchEvents: the upstream takes
+	// fewer than 2000 events per request.
 	MaxMaxBatchEvents    = 1999
 	DefaultMaxBatchBytes = 1_000_000
 	DefaultFlushInterval = 200 * time.Millisecond

@@ -27,13 +27,11 @@ const (
 )
 
 // FlushDead is the dead-letter flush of every kind: it commits dls to w,
-// retrying a failed commit (disk trouble) with backoff (Retry, from
-// DeadRetryInitial to DeadRetryMax) until it succeeds, so that the records
-// are done before their chunk is acknowledged. failed, when not nil, is
-// called with the first error only (to log it once). It returns nil once
-// the dead letters are durable; else, when ctx ends or the store is closed
-// (storage.ErrLost: the local spool closed, the fleet moved the queue), an error: then nothing may be
-// acknowledged and the records must be delivered again later.
+// retrying a failed commit with backoff until it succeeds, so that the
+// records are done before their chunk is acknowledged. failed, when not
+// nil, is called with the first error only. It returns nil once the dead
+// letters are durable; an error when ctx ends or the store is gone
+// (storage.ErrLost): then nothing may be acknowledged.
 func FlushDead(ctx context.Context, w storage.DeadWriter, dls []storage.DeadLetter, failed func(error)) error {
 	var bo *Retry // made on the first failure: the common case allocates nothing
 	for {

@@ -17,7 +17,7 @@ import (
 // Many devices over two lanes (one created while running), batches bounded
 // in events and bytes, everything delivered in order and acked.
 func TestDeliverBasic(t *testing.T) {
-	h := newHarness(t, sim.Config{}, Config{MaxBatchEvents: 50, MaxBatchBytes: 8000, ShardsPerLane: 3, Gzip: true}, throttle.Config{})
+	h := newHarness(t, sim.Config{}, Config{Live: Live{MaxBatchEvents: 50, MaxBatchBytes: 8000, Gzip: true}, ShardsPerLane: 3}, throttle.Config{})
 	for c := 0; c < 10; c++ {
 		var evs []ev
 		for _, d := range devs("device-", 20) {
@@ -72,7 +72,7 @@ func hotDevices429(t *testing.T, reading sim.Config) {
 	reading.RateWindow = time.Second
 	synctest.Test(t, func(t *testing.T) {
 		h := newSyncHarness(t, reading,
-			Config{MaxBatchEvents: 100, ThrottlePause: 400 * time.Millisecond}, throttle.Config{})
+			Config{Live: Live{MaxBatchEvents: 100, ThrottlePause: 400 * time.Millisecond}}, throttle.Config{})
 		h.upstreamReorders = reading.PartialThrottle
 		for c := 0; c < 6; c++ {
 			var evs []ev
@@ -105,7 +105,7 @@ func TestNoRequestDuringPause(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const pause = 700 * time.Millisecond
 		h := newSyncHarness(t, sim.Config{EPSThreshold: 10, RateWindow: time.Second, ThrottlePenalty: -1},
-			Config{MaxBatchEvents: 40, ThrottlePause: pause, FlushInterval: 10 * time.Millisecond}, throttle.Config{})
+			Config{Live: Live{MaxBatchEvents: 40, ThrottlePause: pause, FlushInterval: 10 * time.Millisecond}}, throttle.Config{})
 		h.start()
 		deadline := time.Now().Add(1500 * time.Millisecond)
 		for time.Now().Before(deadline) {
@@ -181,7 +181,7 @@ func TestNoRequestDuringPause(t *testing.T) {
 // hammered); everything else is delivered.
 func TestSilencedAndQuota(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := newSyncHarness(t, sim.Config{}, Config{MaxBatchEvents: 30}, throttle.Config{})
+		h := newSyncHarness(t, sim.Config{}, Config{Live: Live{MaxBatchEvents: 30}}, throttle.Config{})
 		simtest.Silence(h.sim, "silent-device")
 		for c := 0; c < 4; c++ {
 			var evs []ev
@@ -249,7 +249,7 @@ func TestSilencedAndQuota(t *testing.T) {
 // Invalid events in the middle of batches: exactly they are dead-lettered
 // (the API names only the first bad event per field), the rest delivered.
 func TestInvalidInMiddle(t *testing.T) {
-	h := newHarness(t, sim.Config{}, Config{MaxBatchEvents: 100, ShardsPerLane: 1}, throttle.Config{})
+	h := newHarness(t, sim.Config{}, Config{Live: Live{MaxBatchEvents: 100}, ShardsPerLane: 1}, throttle.Config{})
 	var bad = map[string]string{}
 	for c := 0; c < 3; c++ {
 		var evs []ev
@@ -296,7 +296,7 @@ func TestInvalidInMiddle(t *testing.T) {
 // A 400 naming no event (an element that is not an object) is bisected
 // until the bad event is isolated.
 func TestBadRequestBisect(t *testing.T) {
-	h := newHarness(t, sim.Config{}, Config{MaxBatchEvents: 64, ShardsPerLane: 1}, throttle.Config{})
+	h := newHarness(t, sim.Config{}, Config{Live: Live{MaxBatchEvents: 64}, ShardsPerLane: 1}, throttle.Config{})
 	var evs []ev
 	for i := 0; i < 64; i++ {
 		evs = append(evs, ev{Device: "device-" + string(rune('a'+i%7))})
@@ -319,7 +319,7 @@ func TestBadRequestBisect(t *testing.T) {
 // 413: batches are split in halves; a single event too large for the
 // upstream or over MaxBatchBytes is a "too_large" dead letter.
 func TestTooLarge(t *testing.T) {
-	h := newHarness(t, sim.Config{MaxBodyBytes: 20_000}, Config{MaxBatchEvents: 200, MaxBatchBytes: 60_000, ShardsPerLane: 2}, throttle.Config{})
+	h := newHarness(t, sim.Config{MaxBodyBytes: 20_000}, Config{Live: Live{MaxBatchEvents: 200, MaxBatchBytes: 60_000}, ShardsPerLane: 2}, throttle.Config{})
 	var evs []ev
 	for i := 0; i < 100; i++ {
 		evs = append(evs, ev{Device: devs("device-", 8)[i%8], Pad: 500})
@@ -345,7 +345,7 @@ func TestTooLarge(t *testing.T) {
 // 5xx storms and dropped connections (also after ingest: duplicates that
 // insert_id dedups): nothing lost, nothing stored twice, order kept.
 func TestFaultStorm(t *testing.T) {
-	h := newHarness(t, sim.Config{}, Config{MaxBatchEvents: 10}, throttle.Config{})
+	h := newHarness(t, sim.Config{}, Config{Live: Live{MaxBatchEvents: 10}}, throttle.Config{})
 	// The sim applies queued faults in order: a storm of 80 requests, about
 	// 6 in 10 failing (one-request "passes" in between), mixed kinds.
 	storm := []simtest.Fault{{Status: 500}, {Status: 502}, {Status: 503}, {Status: 504},
@@ -394,7 +394,7 @@ func TestFaultStorm(t *testing.T) {
 func TestOutageCompressed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const shards = 4
-		h := newSyncHarness(t, sim.Config{}, Config{MaxBatchEvents: 50, ShardsPerLane: shards, RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond}, throttle.Config{})
+		h := newSyncHarness(t, sim.Config{}, Config{Live: Live{MaxBatchEvents: 50}, ShardsPerLane: shards, RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond}, throttle.Config{})
 		h.start()
 		h.add("key", ev{Device: "warmup"})
 		h.waitDrained(5*time.Second, 0)
@@ -494,7 +494,7 @@ func TestInvalidAPIKeyStopsLane(t *testing.T) {
 // of another retry.
 func TestMaxEventAge(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := newSyncHarness(t, sim.Config{}, Config{MaxEventAge: 800 * time.Millisecond}, throttle.Config{})
+		h := newSyncHarness(t, sim.Config{}, Config{Live: Live{MaxEventAge: 800 * time.Millisecond}}, throttle.Config{})
 		h.sim.Inject(simtest.Fault{Status: 503, Count: -1})
 		h.add("key", ev{Device: "device-a"}, ev{Device: "device-b"})
 		h.start()
@@ -554,7 +554,7 @@ func TestRetryAfterClamped(t *testing.T) {
 		}}
 		sp, l := openFilled(t, 1)
 		defer sp.Close()
-		p, err := New(Config{IngestURL: "http://sim", RetryInitial: 10 * time.Millisecond, RetryMax: 1500 * time.Millisecond, FlushInterval: time.Millisecond}, local(sp), f, nil, nil, nil)
+		p, err := New(Config{Live: Live{IngestURL: "http://sim", FlushInterval: time.Millisecond}, RetryInitial: 10 * time.Millisecond, RetryMax: 1500 * time.Millisecond}, local(sp), f, nil, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -607,7 +607,7 @@ func TestChaos(t *testing.T) {
 func chaos(t *testing.T, reading sim.Config) {
 	reading.EPSThreshold, reading.RateWindow, reading.ThrottlePenalty = 15, time.Second, 200*time.Millisecond
 	h := newHarness(t, reading,
-		Config{MaxBatchEvents: 25, MaxBatchBytes: 6000, ThrottlePause: 300 * time.Millisecond, ShardsPerLane: 3}, throttle.Config{})
+		Config{Live: Live{MaxBatchEvents: 25, MaxBatchBytes: 6000, ThrottlePause: 300 * time.Millisecond}, ShardsPerLane: 3}, throttle.Config{})
 	h.upstreamReorders = reading.PartialThrottle || reading.PartialSilence
 	simtest.Silence(h.sim, "silent-device")
 	storm := []simtest.Fault{{Status: 500}, {}, {Drop: simtest.DropAfterIngest}, {}, {}, {Status: 503}, {Drop: simtest.DropNoAnswer}, {}, {},

@@ -6,12 +6,7 @@
 // answer rule), by the contract's Delivery section. One lane runner
 // (reader, shards, one send loop) serves every kind: New and NewFleet make
 // the events' Pipeline (ShardsPerLane shards per lane), NewForm a form
-// kind's (one shard per lane). Besides the runner it holds what an
-// operator sees of delivery (LaneStatus, LaneControl, ErrUnknownLane), the
-// retry policy (Retry), the max-age rule (Expired), the dead-letter flush
-// (FlushDead), a kind's packing (Frame; Form for the form kinds) and, in
-// fleet mode, the partition demultiplexer every kind's runners read
-// (deliverPartition).
+// kind's (one shard per lane).
 //
 // # Shape
 //
@@ -36,23 +31,17 @@
 //
 // # Answers
 //
-// The upstream client (internal/upstream) only reads an answer: its status
-// and body fields. What the answer means is decided in one place for every
-// kind, decide (answer.go, whose doc gives the rule), and the shard acts on
-// the verdict (shard.handle): the 429 of an events lane and of a form lane
-// run the same code.
+// The upstream client (internal/upstream) only reads an answer; what it
+// means is decided in one place for every kind, decide (answer.go), and the
+// shard acts on the verdict (shard.handle).
 //
 // # Form kinds
 //
-// Group identify and user mappings run on the same lane runner (NewForm,
-// see form.go): a pipeline of one shard per lane, whose Kind is the form
-// kind's Form (requests api_key=K&<field>=[...], its limits as
-// the batch limits, its linger as the flush interval). The send loop, the
-// answer rule, the retry wait, max age, dead letters, stop/resume and
-// acknowledgements are the events' code; a form request names no key, so a
-// silenced answer is a 400 there and a 429 waits as a 5xx does (at least
-// the kind's ThrottleWait without Retry-After). An expired record's dead letter keeps the last retryable
-// answer, for every kind.
+// Group identify and user mappings run on the same lane runner (NewForm): a
+// pipeline of one shard per lane, whose Kind is the form kind's Form (its
+// limits as the batch limits, its linger as the flush interval). A form
+// request names no key, so a silenced answer is a 400 there and a 429 waits
+// as a 5xx does (at least the kind's ThrottleWait without Retry-After).
 //
 // # Invariants
 //
@@ -125,9 +114,7 @@
 // total. So lanes whose budget is entirely held (devices over their daily
 // quota, a stopped lane, an upstream that is down) slow the others, and the
 // last quarter keeps them from stopping the others. The spool keeps the
-// rest; the ingest side is only limited by the spool's quota. The per-lane
-// budget is what one lane needs to drain at full speed
-// (BenchmarkDeliverReadAhead); the total bounds many lanes with backlogs.
+// rest.
 //
 // Within its budget a lane reads only as far as its window: minWindow (32
 // KiB) at the start, one Next step at the first progress (a 200, dead
@@ -135,10 +122,8 @@
 // up to the budget. When every shard of the lane is retrying (the upstream
 // is down), or the lane is stopped, the window closes to minWindow, so an
 // outage holds what was read before it, not the budget, and a lane that
-// never delivered holds 32 KiB.
-// Shards that wait (idle, backing off, lane stopped) give their request
-// body buffer back to a pool shared by all lanes and drop the capacity of
-// their empty queues.
+// never delivered holds 32 KiB. Shards that wait give their request body
+// buffer back to a pool shared by all lanes (shard.shrink).
 //
 // # Metrics
 //
@@ -146,13 +131,10 @@
 // relay_delivery_events_dead_lettered_total{reason},
 // relay_delivery_paused_devices (keys held now),
 // relay_delivery_held_events{lane} (events they hold), relay_lane_stopped{lane}
-// (alert on 1) and relay_delivery_read_ahead_bytes (all lanes). No lock of
-// the pipeline is held while a metric is updated, and the scrape-time ones
-// (relay_lane_stopped is the engine's collector) read a snapshot of the
-// runners: a scrape never waits for delivery nor delivery for a scrape. A
-// form kind's are relay_<name>_... (form.go). The upstream client has
-// relay_upstream_requests_total{status} and relay_upstream_request_seconds;
-// the spool its depth and oldest age.
+// (alert on 1) and relay_delivery_read_ahead_bytes (all lanes); a form
+// kind's are relay_<name>_... (form.go). No lock of the pipeline is held
+// while a metric is updated, and the scrape-time ones read a snapshot of
+// the runners: a scrape never waits for delivery nor delivery for a scrape.
 //
 // # Stop
 //

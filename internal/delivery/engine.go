@@ -18,16 +18,14 @@ import (
 // ErrAlreadyRunning is returned by a second concurrent Engine.Run.
 var ErrAlreadyRunning = errors.New("delivery: already running")
 
-// Runner delivers one lane; a kind makes one per lane (EngineConfig.NewRunner).
+// Runner delivers one lane (EngineConfig.NewRunner).
 type Runner interface {
-	// Run delivers the lane until ctx ends or the store retires the lane
-	// (it then returns an error wrapping storage.ErrRetired and the engine
-	// forgets the runner). It may also return an error wrapping
-	// storage.ErrIdle once the lane is idle, holding nothing: the store
-	// then hands the lane over again when it has work, so that an idle
-	// lane holds no goroutine. After ctx ends, work in flight may finish
-	// until drain ends. Run is called again on the same runner by a later
-	// Engine.Run.
+	// Run delivers the lane until ctx ends, the store retires the lane
+	// (an error wrapping storage.ErrRetired: the engine forgets the
+	// runner) or the lane is idle, holding nothing (storage.ErrIdle: the
+	// store hands it over again when it has work). After ctx ends, work in
+	// flight may finish until drain ends. A later Engine.Run calls Run
+	// again.
 	Run(ctx, drain context.Context) error
 	// Stop stops the lane (an operator's pause) and Resume resumes it.
 	Stop(reason string)
@@ -47,25 +45,20 @@ type EngineConfig[R Runner] struct {
 	// Run's context ended; zero means none.
 	DrainTimeout time.Duration
 	// Partition, when not nil, delivers a queue that is not one lane (a
-	// fleet partition: see Pipeline.deliverPartition) until stop (Run's context)
-	// or owned (the queue's) ends, and calls drained once its work in
-	// flight is done and acknowledged; nil refuses such a queue. The
-	// store's Run outlives Run's context until every partition drained
-	// (at most DrainTimeout and a second): the leases stay held while
-	// requests in flight finish and are acknowledged.
+	// fleet partition: Pipeline.deliverPartition) until stop (Run's
+	// context) or owned (the queue's) ends, and calls drained once its work
+	// in flight is done and acknowledged; nil refuses such a queue. The
+	// store's Run outlives Run's context until every partition drained (at
+	// most DrainTimeout and a second), so the leases stay held meanwhile.
 	Partition func(stop, owned context.Context, r storage.Reader, drained func()) error
 }
 
-// Engine delivers a store through the seam. A store whose queues are
-// lanes (storage.LaneQueue: the local spool) hands it every lane of its
-// kind, those created later, and an idle lane again when it has work
-// (storage.ErrIdle); a queue that is not one lane (a fleet partition) goes
-// to EngineConfig.Partition. For lanes, the engine keeps a runner per
-// lane, across Runs, forgets a runner whose lane the store retired, and
-// answers the lane control of the runners it knows (StopLane, ResumeLane;
-// the pipeline's LaneStatus reads its Runners). Its lock is never held
-// across a call out of the package: runners are called on snapshots (a
-// scrape never waits for delivery).
+// Engine delivers a store through the seam: it keeps a runner per lane the
+// store hands it (storage.LaneQueue), across Runs, forgets one whose lane
+// the store retired and answers the lane control of the runners it knows;
+// a queue that is not one lane (a fleet partition) goes to
+// EngineConfig.Partition. Its lock is never held across a call out of the
+// package: runners are called on snapshots.
 type Engine[R Runner] struct {
 	cfg EngineConfig[R]
 	st  storage.Owner
@@ -89,8 +82,6 @@ func NewEngine[R Runner](cfg EngineConfig[R], st storage.Owner) (*Engine[R], err
 	return &Engine[R]{cfg: cfg, st: st, lanes: map[uint64]R{}}, nil
 }
 
-// errNotLanes is returned by a deliver of the Engine handed a queue that
-// is not one lane.
 var errNotLanes = errors.New("delivery: the store's queue is not a lane")
 
 // Run delivers until ctx ends: it runs a runner for every lane of the kind.
@@ -269,12 +260,9 @@ func (e *Engine[R]) control(verb string, laneID uint64, fn func(R)) error {
 }
 
 // NewStoppedCollector returns a relay_lane_stopped{lane} collector made at
-// scrape time from status (a pipeline's LaneStatus: a retired lane's series
-// goes with it). status must take no lock held across a call out of its
-// package, and its labels must be unique. Only one deliverer's collector
-// may be checked (describe its descriptor): the others share the family
-// unchecked (the registry merges their series into one family only if
-// name, help and labels are equal).
+// scrape time from status (a retired lane's series goes with it). Only one
+// deliverer's collector may be checked (describe its descriptor): the
+// others share the family unchecked.
 func NewStoppedCollector(status func() []LaneStatus, checked bool) prometheus.Collector {
 	return &laneCollector{status: status, checked: checked, desc: prometheus.NewDesc("relay_lane_stopped",
 		"1 while a lane sends nothing (invalid API key, fatal upstream answer, operator stop): alert on it.",
@@ -287,8 +275,7 @@ func NewStoppedCollector(status func() []LaneStatus, checked bool) prometheus.Co
 }
 
 // laneCollector exports a gauge per lane read at scrape time from a
-// snapshot of the lanes (no series to delete when a lane goes: it is
-// simply not reported; the series are bounded by the lanes).
+// snapshot of the lanes (a lane gone is simply not reported).
 type laneCollector struct {
 	status  func() []LaneStatus
 	desc    *prometheus.Desc

@@ -45,10 +45,9 @@ type SharedLanes interface {
 const feedIdle = time.Minute
 
 // NewFleet returns a pipeline for fleet mode: it delivers the events
-// partitions st hands it (other kinds' partitions are left alone), stores
-// dead letters in st, shares pauses through pauses and operators' lane
-// stops through lanes (either may be nil: this relay's own then). log and
-// reg may be nil; thr may be nil.
+// partitions st hands it, stores dead letters in st, shares pauses through
+// pauses and operators' lane stops through lanes (either may be nil: this
+// relay's own then). log, reg and thr may be nil.
 func NewFleet(cfg Config, st Store, pauses SharedPauses, lanes SharedLanes, send Sender, thr *throttle.Throttle, log *zap.Logger, reg prometheus.Registerer) (*Pipeline, error) {
 	p, err := newEvents(cfg, st, &fleetState{pauses: pauses, lanes: lanes, stops: make(map[storage.LaneKey]string)}, send, thr, log, reg)
 	if err != nil {
@@ -60,9 +59,8 @@ func NewFleet(cfg Config, st Store, pauses SharedPauses, lanes SharedLanes, send
 	return p, nil
 }
 
-// fleetState is what a pipeline has to deliver fleet partitions; its
-// runners are the engine's (Engine.add). Its lock is never held across a
-// call out.
+// fleetState is what a pipeline has to deliver fleet partitions. Its lock
+// is never held across a call out.
 type fleetState struct {
 	pauses SharedPauses
 	lanes  SharedLanes
@@ -81,15 +79,8 @@ func (p *Pipeline) queueName(r storage.Reader) string {
 	return "q" + strconv.FormatUint(p.fl.nextID.Add(1), 10)
 }
 
-// startFeed makes the runner of a new feed of partition name (called by
-// the partition's reader goroutine, before the feed's first message is
-// pushed). Its Run runs in its own goroutine until ctx (no new work: the
-// partition lost or the relay stopping) or owned (ownership) ends, or it
-// retires (an error wrapping storage.ErrRetired, from Feed.Wait, after
-// feedIdle with nothing queued or unacknowledged); a stopped lane's feed
-// does not retire (its stop is kept). When it retired it is forgotten
-// (Engine.forget); when the partition ends with it still known, it is abandoned
-// (abandon: its read-ahead is read again by the next owner).
+// startFeed makes the runner of a new feed of partition name, known to the
+// engine until it retires (Feed.Wait) or its partition ends (abandon).
 func (p *Pipeline) startFeed(f *Feed, name string) *laneRunner {
 	lr := newRunner(p, f, p.fl.nextID.Add(1), f.key.Label()+"-"+name, f.key)
 	p.eng.add(lr.id, lr)
@@ -97,9 +88,8 @@ func (p *Pipeline) startFeed(f *Feed, name string) *laneRunner {
 	return lr
 }
 
-// abandon forgets a fleet runner that will not run again and releases the
-// read-ahead it holds (its partition went: what it held is read again by
-// the next owner).
+// abandon forgets a fleet runner whose partition went and releases the
+// read-ahead it holds (read again by the next owner).
 func (lr *laneRunner) abandon() {
 	lr.p.eng.forget(lr.id, lr)
 	lr.bmu.Lock()
@@ -123,8 +113,7 @@ func (p *Pipeline) pausedUntil(key []byte, fleet bool) time.Time {
 }
 
 // sharePauses writes pauses to the fleet (a no-op locally), so that a relay
-// taking a partition over honours them; bounded in time, logged on failure
-// (the pause then holds on this relay only).
+// taking a partition over honours them; on failure they hold here only.
 func (p *Pipeline) sharePauses(ctx context.Context, keys []string, until time.Time) {
 	if p.fl == nil || p.fl.pauses == nil || len(keys) == 0 {
 		return
@@ -157,12 +146,10 @@ func (p *Pipeline) laneStopChanged(lane storage.LaneKey, stopped bool, reason st
 	}
 }
 
-// applyStop puts the fleet-wide stop state of lr's lane on lr. The state
-// is read and put under smu, so that an older one never lands after a
-// newer one: a runner started while a resume was applied, or a stop and a
-// resume applied at once (a relay's own call and its watcher's), would
-// otherwise stay stopped. A fleet runner's StopSwitch has no Lane: nothing
-// is called out of the package under the lock.
+// applyStop puts the fleet-wide stop state of lr's lane on lr. It is read
+// and put under smu, so that an older state never lands after a newer one
+// (a fleet runner's StopSwitch has no Lane: nothing is called out under
+// the lock).
 func (p *Pipeline) applyStop(lr *laneRunner) {
 	fl := p.fl
 	fl.smu.Lock()
@@ -183,9 +170,8 @@ func (p *Pipeline) applyStop(lr *laneRunner) {
 const sharedLaneTimeout = 5 * time.Second
 
 // controlShared is StopLane (stop) or ResumeLane in fleet mode: the lane
-// of runner laneID is stopped or resumed in the cluster, for every relay,
-// and here at once. When the cluster does not answer, it holds on this
-// relay only (logged).
+// of runner laneID is stopped or resumed on every relay, or here only when
+// the cluster does not answer.
 func (p *Pipeline) controlShared(laneID uint64, stop bool) error {
 	fl := p.fl
 	lr, ok := p.eng.Lane(laneID)

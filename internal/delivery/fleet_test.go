@@ -43,7 +43,7 @@ func overSeam(t *testing.T, h *harness) *harness {
 
 func TestFleetModeOverSeam(t *testing.T) {
 	t.Run("basic", func(t *testing.T) {
-		h := newSeamHarness(t, sim.Config{}, Config{MaxBatchEvents: 50, MaxBatchBytes: 8000, ShardsPerLane: 3}, throttle.Config{})
+		h := newSeamHarness(t, sim.Config{}, Config{Live: Live{MaxBatchEvents: 50, MaxBatchBytes: 8000}, ShardsPerLane: 3}, throttle.Config{})
 		for range 10 {
 			var evs []ev
 			for _, d := range devs("device-", 20) {
@@ -72,7 +72,7 @@ func TestFleetModeOverSeam(t *testing.T) {
 		}
 	})
 	t.Run("silenced-and-faults", func(t *testing.T) {
-		h := newSeamHarness(t, sim.Config{}, Config{MaxBatchEvents: 10}, throttle.Config{})
+		h := newSeamHarness(t, sim.Config{}, Config{Live: Live{MaxBatchEvents: 10}}, throttle.Config{})
 		simtest.Silence(h.sim, "silent-device")
 		for i := range 40 {
 			h.sim.Inject([]simtest.Fault{{Status: 503}, {}, {Status: 500}, {}}[i%4])
@@ -155,7 +155,7 @@ func (s *leasedStore) Run(ctx context.Context, deliver storage.DeliverFunc) erro
 // end).
 func TestFleetLeaseRunOut(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := newSyncHarness(t, sim.Config{}, Config{MaxBatchEvents: 10, ShardsPerLane: 2}, throttle.Config{})
+		h := newSyncHarness(t, sim.Config{}, Config{Live: Live{MaxBatchEvents: 10}, ShardsPerLane: 2}, throttle.Config{})
 		st := &leasedStore{Backend: spool.NewBackend(h.sp, nil)}
 		h.reg = prometheus.NewRegistry()
 		var err error

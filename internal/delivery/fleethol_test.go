@@ -253,7 +253,7 @@ func laneHeadOfLine(t *testing.T, maxSpilled int, quotaFor time.Duration) bool {
 		maxReadAhead = 64 << 10 // the partition's queue is an eighth: 8 KiB
 		n            = 300      // messages per lane, ~450 bytes each
 	)
-	h := newHarness(t, sim.Config{}, Config{MaxReadAheadBytes: maxReadAhead, ShardsPerLane: 2, MaxBatchEvents: 20}, throttle.Config{})
+	h := newHarness(t, sim.Config{}, Config{Live: Live{MaxBatchEvents: 20}, MaxReadAheadBytes: maxReadAhead, ShardsPerLane: 2}, throttle.Config{})
 	strict := simtest.New(sim.Config{APIKeys: []string{"good-key", "quota-key"}}, nil)
 	strictURL, err := strict.Start("127.0.0.1:0")
 	if err != nil {

@@ -16,7 +16,7 @@ import (
 // putting it on, left the runner stopped for good: its records were never
 // sent again.
 func TestFleetStopStateLandsInOrder(t *testing.T) {
-	p, err := NewFleet(Config{IngestURL: "http://127.0.0.1:1"}, &partitionStore{}, nil, nil, &fakeSender{}, nil, nil, nil)
+	p, err := NewFleet(Config{Live: Live{IngestURL: "http://127.0.0.1:1"}}, &partitionStore{}, nil, nil, &fakeSender{}, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,8 +39,8 @@ func NewForm(fc FormConfig, send Sender, log *zap.Logger, reg prometheus.Registe
 	if linger < 0 {
 		linger = time.Nanosecond // no wait
 	}
-	cfg := Config{MaxBatchEvents: fr.MaxRecords, MaxBatchBytes: fr.MaxBytes, FlushInterval: linger,
-		MaxEventAge: cmp.Or(fc.MaxAge, DefaultMaxEventAge), Gzip: fc.Gzip, ShardsPerLane: 1,
+	cfg := Config{Live: Live{MaxBatchEvents: fr.MaxRecords, MaxBatchBytes: fr.MaxBytes, FlushInterval: linger,
+		MaxEventAge: cmp.Or(fc.MaxAge, DefaultMaxEventAge), Gzip: fc.Gzip}, ShardsPerLane: 1,
 		MaxReadAheadBytes: cmp.Or(fc.ReadBytes, formReadBytes),
 		RetryInitial:      cmp.Or(fc.RetryInitial, DefaultRetryInitial),
 		RetryMax:          cmp.Or(fc.RetryMax, formRetryMax),

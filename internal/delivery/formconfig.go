@@ -26,8 +26,7 @@ type Pacer interface {
 	Acquire(ctx context.Context, apiKey string, n int) (release func(), err error)
 }
 
-// FormTiming is the part of a FormConfig a form kind's own Config
-// (groupidentify.Config, usermap.Config) embeds and hands over as is.
+// FormTiming is the part of a FormConfig a form kind's own Config embeds.
 type FormTiming struct {
 	// MaxAge: a record still undelivered this long after acceptance goes to
 	// dead letters ("expired"); zero means DefaultMaxEventAge.
@@ -63,8 +62,7 @@ type FormConfig struct {
 	Name string
 	// Lanes is the lane kind delivered. Required (KindEvents is refused).
 	Lanes storage.Kind
-	// Kind packs records into requests and classifies the answers; a
-	// *Form for group identify and user mappings. Required.
+	// Kind packs records into requests: a *Form. Required.
 	Kind Kind
 	// URL returns the full upstream URL for an api_key. Required.
 	URL func(apiKey string) string
@@ -79,13 +77,12 @@ type FormConfig struct {
 	// Pacer, when not nil, paces every request.
 	Pacer Pacer
 
-	// Store holds the records and takes the dead letters: spool.Backend
-	// (the local spool), or in fleet mode the fleet's store restricted to
-	// the kind Lanes (fleet.Backend.Only). Required.
+	// Store holds the records and takes the dead letters (the local
+	// spool's or the fleet's, restricted to Lanes). Required.
 	Store Store
 }
 
-// Store is the store as a form kind's delivery uses it.
+// Store is the store as delivery uses it.
 type Store interface {
 	storage.Owner
 	storage.DeadWriter
@@ -123,10 +120,9 @@ func (c FormConfig) Validate() error {
 }
 
 // ProjectURL returns a FormConfig.URL: base + path, where a project's own
-// base of kind (credentials.KindIngest, ...) in the credentials file in
-// force (read at every call, so a reload takes effect at once) overrides
-// base for that project's api_key. creds may be nil. base is read at every
-// call too (a reload may change it).
+// base of kind (credentials.KindIngest, ...) overrides base for its
+// api_key. creds (may be nil) and base are read at every call: a reload
+// takes effect at once.
 func ProjectURL(creds *credentials.Ref, kind string, base *baseurl.Ref, path string) func(apiKey string) string {
 	return func(apiKey string) string {
 		b := base.Load()

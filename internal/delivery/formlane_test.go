@@ -413,7 +413,7 @@ func TestThrottledSameLoop(t *testing.T) {
 
 	sp := openFormSpool(t, spool.Config{})
 	gi := newGI(t, FormConfig{FormTiming: FormTiming{RetryInitial: initial, RetryMax: initial}}, base, spool.NewBackend(sp, nil).Only(storage.KindGroupIdentify), send, reg)
-	ev, err := New(Config{IngestURL: base, ShardsPerLane: 1, FlushInterval: time.Millisecond, RetryInitial: initial, RetryMax: initial},
+	ev, err := New(Config{Live: Live{IngestURL: base, FlushInterval: time.Millisecond}, ShardsPerLane: 1, RetryInitial: initial, RetryMax: initial},
 		local(sp), send, nil, nil, reg)
 	if err != nil {
 		t.Fatal(err)

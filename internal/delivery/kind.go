@@ -7,22 +7,18 @@ import (
 )
 
 // Kind is what a lane kind plugs into the lane runner: how its records are
-// packed into a request (the lane's Frame). The runner owns the rest:
-// reading, batching, pacing, what an answer means (decide), retries, max
-// age, dead letters, stop/resume and acknowledgements. Form (group
-// identify, user mappings) and the events kind implement it.
+// packed into a request. The runner owns the rest. Form (group identify,
+// user mappings) and the events kind implement it.
 type Kind interface {
-	// Frame returns how the requests of the lane with key are packed; a
-	// runner asks once per lane.
+	// Frame returns how the requests of the lane with key are packed.
 	Frame(key storage.LaneKey) Frame
 }
 
-// Frame is how one lane's requests are packed: the bytes around and
-// between the records, how a record is written, and the limits of one
-// request. Runners pack with its methods, one record at a time (Open; per
-// record Record, Fits, Add; Close), so a runner that takes records from
-// its own queues (pauses, pacing) copies nothing; it is a plain value and
-// its methods inline, so the events' loop calls no interface.
+// Frame is how one lane's requests are packed: the bytes around and between
+// the records, how a record is written, and the limits of one request.
+// Runners pack one record at a time (Open; per record Record, Fits, Add;
+// Close); a plain value whose methods inline, so the events' loop calls no
+// interface.
 type Frame struct {
 	// ContentType of the bodies; "" means application/json.
 	ContentType string
@@ -37,12 +33,10 @@ type Frame struct {
 	MaxBytes int
 	// MaxWeight bounds the summed weight of a request; zero means no bound.
 	MaxWeight int
-	// Check, when not nil, is asked about each record when it is packed
-	// (every time: a resend is checked again), with the record's
-	// storage.Record.Verdict: it returns the record to send (data itself,
-	// or a rewritten copy), or a non-empty dead-letter reason and answer
-	// when the record must not be sent (the tracking plan's quarantine;
-	// internal/plan).
+	// Check, when not nil, is asked about each record every time it is
+	// packed, with its storage.Record.Verdict: it returns the record to
+	// send (data itself, or a rewritten copy), or a non-empty dead-letter
+	// reason and answer (the tracking plan, internal/plan).
 	Check func(data []byte, verdict uint64) (rec []byte, reason string, answer []byte)
 }
 
@@ -97,8 +91,7 @@ func (f *Frame) TooLarge(rec []byte) bool { return len(f.Prefix)+len(rec)+len(f.
 
 // Form is the Kind of an upstream form endpoint that takes
 // "api_key=K&<Field>=[record,record,...]": group identify and user
-// mappings, which differ only in the field, the limits and a record's
-// weight.
+// mappings.
 type Form struct {
 	// Field is the form field holding the JSON array of records. Required.
 	Field string
@@ -114,8 +107,7 @@ type Form struct {
 
 var _ Kind = (*Form)(nil)
 
-// Frame: "api_key=K&<Field>=%5B" records escaped and separated by "%2C"
-// "%5D", form-encoded; the limits and a record's weight are the Form's.
+// Frame is the form-encoded "api_key=K&<Field>=%5B" records "%2C"... "%5D".
 func (f *Form) Frame(key storage.LaneKey) Frame {
 	return Frame{ContentType: "application/x-www-form-urlencoded",
 		Prefix: "api_key=" + url.QueryEscape(key.APIKey) + "&" + url.QueryEscape(f.Field) + "=%5B", Suffix: "%5D", Sep: "%2C",

@@ -55,7 +55,7 @@ func TestBuildBodies(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			thr, _ := throttle.New(throttle.Config{}, nil)
-			cfg := Config{IngestURL: "http://x", MaxBatchEvents: tc.maxEvents, MaxBatchBytes: tc.maxBytes}.withDefaults()
+			cfg := Config{Live: Live{IngestURL: "http://x", MaxBatchEvents: tc.maxEvents, MaxBatchBytes: tc.maxBytes}}.withDefaults()
 			p, err := newPipeline(cfg, nil, thr, nil)
 			if err != nil {
 				t.Fatal(err)

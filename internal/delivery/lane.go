@@ -2,9 +2,8 @@ package delivery
 
 import "errors"
 
-// ErrUnknownLane is returned (wrapped) by StopLane and ResumeLane of a
-// deliverer for a lane id it does not deliver (no such lane, a lane of
-// another kind, or one not started yet).
+// ErrUnknownLane is returned (wrapped) by StopLane and ResumeLane for a
+// lane id not delivered (no such lane, another kind's, or not started).
 var ErrUnknownLane = errors.New("delivery: unknown lane")
 
 // LaneStatus is a snapshot of one lane's delivery.
@@ -19,20 +18,15 @@ type LaneStatus struct {
 	// pause, daily quota, pacing); HeldEvents the events they hold. Always
 	// 0 for kinds without per-key pauses (group identify, user mappings).
 	PausedKeys, HeldEvents int64
-	// ReadAheadBytes is the memory the lane's read-ahead holds: the buffers
-	// of chunks read from the spool with a record not yet delivered or
-	// dead-lettered, and the copies of records held for paused keys.
+	// ReadAheadBytes is the memory the lane's read-ahead holds.
 	ReadAheadBytes int64
-	// Records and Bytes, for a runner of a fleet partition's lane, are the
-	// lane's records (and their bytes) read from the partition and not
-	// delivered yet (Feed.Waiting); 0 for a spool lane, whose spool counts
-	// them.
+	// Records and Bytes are a fleet partition's lane's Feed.Waiting; 0
+	// for a spool lane.
 	Records, Bytes int64
 }
 
-// LaneControl is what an operator (internal/adminapi's lane routes) needs
-// of the deliverer of one lane kind: a *Pipeline, of every kind (events,
-// group identify, user mappings).
+// LaneControl is what an operator (internal/adminapi) needs of the
+// deliverer of one lane kind: a *Pipeline.
 type LaneControl interface {
 	// LaneStatus returns a snapshot of the lanes it delivers, by lane id.
 	LaneStatus() []LaneStatus

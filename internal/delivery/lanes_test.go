@@ -209,7 +209,7 @@ func newChurnRelay(t testing.TB, scfg spool.Config) *churnRelay {
 	url := srv.URL
 	scfg.Dir, scfg.NoSync, scfg.MinFreeBytes = r.dir, true, -1
 	r.scfg = scfg
-	r.cfg = Config{IngestURL: url, FlushInterval: 5 * time.Millisecond, RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond}
+	r.cfg = Config{Live: Live{IngestURL: url, FlushInterval: 5 * time.Millisecond}, RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond}
 	r.open()
 	t.Cleanup(r.close)
 	return r

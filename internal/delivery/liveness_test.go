@@ -189,7 +189,7 @@ func liveness(t *testing.T, reading sim.Config) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := New(Config{IngestURL: "http://sim", ThrottlePause: pause, RetryMax: 5 * time.Second}, local(sp), f, nil, nil, nil)
+	p, err := New(Config{Live: Live{IngestURL: "http://sim", ThrottlePause: pause}, RetryMax: 5 * time.Second}, local(sp), f, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

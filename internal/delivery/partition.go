@@ -15,10 +15,9 @@ import (
 )
 
 // deliverPartition delivers one owned partition until ownership ends
-// (owned) or the relay stops (stop): see the package doc's Fleet mode. drained is
-// called once its runners returned and their acknowledgements were sent.
-// A partition of another kind (a store handing out every kind) is left to
-// that kind's delivery: its messages stay.
+// (owned) or the relay stops (stop): see the package doc's Fleet mode.
+// drained is called once its runners returned and their acknowledgements
+// were sent. A partition of another kind is left to that kind's delivery.
 func (p *Pipeline) deliverPartition(stop, owned context.Context, r storage.Reader, drained func()) error {
 	name := p.queueName(r)
 	if !strings.HasPrefix(name, p.lanes.String()+"-") && strings.Contains(name, "-") {
@@ -64,9 +63,7 @@ func (p *Pipeline) deliverPartition(stop, owned context.Context, r storage.Reade
 		}
 	}
 	cancel()
-	// The runners' requests in flight finished (or were abandoned with
-	// the lease); with the runners done, feeds needs no lock.
-	pt.wg.Wait()
+	pt.wg.Wait() // the runners are done: feeds needs no lock
 	for _, f := range pt.feeds {
 		f.run.abandon()
 	}
@@ -94,14 +91,12 @@ type partition struct {
 	end   context.CancelFunc // ends the partition's delivery (a spilled message lost)
 
 	// queued is the size of the messages read and not yet taken by a
-	// lane's runner; the partition's reader waits while it is at
-	// MaxQueued (the runners' own budgets bound what they took).
+	// lane's runner (the runners' own budgets bound what they took).
 	queued atomic.Int64
 	room   chan struct{}
 
-	// spill is the reader's spilling (nil when the store cannot: a lane
-	// that takes nothing then makes the partition wait); spilled counts
-	// the messages spilled and not read again, at most about maxSpilled.
+	// spill is nil when the store cannot spill; spilled counts the
+	// messages spilled and not read again, at most about maxSpilled.
 	spill      spiller
 	spilled    atomic.Int64
 	maxSpilled int64
@@ -116,10 +111,9 @@ type partition struct {
 }
 
 // waitRoom waits until the messages queued for the lanes are under max
-// (and, with spilling, fewer than maxSpilled are spilled). When the queue
-// stays full for spillAfter (its lanes take nothing: stopped, or their
-// read-ahead full of paused keys' events), the largest lanes' queued
-// messages are spilled (see spiller) rather than waited on.
+// (and fewer than maxSpilled are spilled). When the queue stays full for
+// spillAfter (its lanes take nothing: stopped, or their read-ahead full of
+// paused keys' events), the largest lanes' queued messages are spilled.
 func (pt *partition) waitRoom(ctx context.Context, max int64) bool {
 	var grace *time.Timer // not stopped on return: an unreferenced timer is collected (Go 1.23)
 	for {
@@ -152,8 +146,7 @@ func (pt *partition) waitRoom(ctx context.Context, max int64) bool {
 const spillAfter = 2 * time.Second
 
 // evict spills the queued messages of the lanes queuing the most until the
-// queue is under max or maxSpilled are spilled (then exceeded by at most
-// one lane's queued messages).
+// queue is under max or maxSpilled are spilled.
 func (pt *partition) evict(max int64) {
 	pt.fmu.Lock()
 	fs := make([]*Feed, 0, len(pt.feeds))
@@ -179,7 +172,6 @@ func (pt *partition) evict(max int64) {
 	}
 }
 
-// took is called by a feed when its runner took n bytes of messages.
 func (pt *partition) took(n int64) {
 	pt.queued.Add(-n)
 	poke(pt.room)
@@ -237,8 +229,7 @@ func (pt *partition) ack(m *storage.Message) {
 	poke(pt.awake)
 }
 
-// ackLoop acknowledges what the runners finished until finish is closed
-// (the acks it is sending are sent first).
+// ackLoop acknowledges what the runners finished until finish is closed.
 func (pt *partition) ackLoop(ctx context.Context, finish <-chan struct{}) {
 	for {
 		select {
@@ -286,8 +277,7 @@ func (pt *partition) sendAcks(ctx context.Context) {
 }
 
 // Feed is a lane's messages of one partition, as its runner reads them
-// (instead of a spool lane): Wait and NextPart (or Next) by the runner's
-// reader, Ack from any of its goroutines.
+// (a storage.Lane).
 type Feed struct {
 	pt  *partition
 	key storage.LaneKey
@@ -328,8 +318,8 @@ type spiller interface {
 }
 
 // push queues m (n bytes); false when the feed retired (a new runner is
-// needed). With spilling, m is spilled at once when the feed has spilled
-// messages queued (to be read before m) or its runner is pinned (stopped).
+// needed). m is spilled at once when the feed has spilled messages queued
+// or its lane is stopped.
 func (f *Feed) push(m *storage.Message, n int64) bool {
 	pt := f.pt
 	stopped := pt.spill != nil && f.run.stop.Stopped()
@@ -357,8 +347,7 @@ func (f *Feed) push(m *storage.Message, n int64) bool {
 	return true
 }
 
-// spillQueued spills the feed's queued whole messages (not one its runner
-// read again).
+// spillQueued spills the feed's queued whole messages.
 func (f *Feed) spillQueued() {
 	pt := f.pt
 	var seqs []uint64
@@ -426,11 +415,9 @@ func (f *Feed) reread(ctx context.Context, seq uint64) bool {
 	}
 }
 
-// Wait returns nil when there is something to read, ctx.Err() when ctx
-// ends, and an error wrapping storage.ErrRetired when the feed had nothing
-// queued or unacknowledged for feedIdle (and is not pinned).
-// onIdle (may be nil) is called once before waiting; what it returns is
-// not used (a feed ends by its own idle rule: ErrRetired).
+// Wait is storage.Lane's: it returns an error wrapping storage.ErrRetired
+// when the feed had nothing queued or unacknowledged for feedIdle and its
+// lane is not stopped (onIdle's answer is not used).
 func (f *Feed) Wait(ctx context.Context, onIdle func() bool) error {
 	var idle *time.Timer // not stopped on return: an unreferenced timer is collected (Go 1.23)
 	for {
@@ -477,9 +464,8 @@ func (f *Feed) Wait(ctx context.Context, onIdle func() bool) error {
 }
 
 // NextPart takes whole messages, at least one, up to maxBytes, as chunks
-// (Seq: the message's); recs is returned as is (the spool lane's
-// signature). With nothing queued it returns ctx.Err(), or
-// context.Canceled when ctx is live.
+// (Seq: the message's); recs is returned as is. With nothing queued it
+// returns ctx.Err(), or context.Canceled when ctx is live.
 func (f *Feed) NextPart(ctx context.Context, maxBytes int, recs []storage.Record) ([]storage.Chunk, []storage.Record, error) {
 	var chunks []storage.Chunk
 	var total, counted int64
@@ -529,16 +515,13 @@ func (f *Feed) Next(ctx context.Context, maxBytes int) ([]storage.Chunk, error) 
 }
 
 // Waiting returns the records and bytes of the lane's messages read from
-// the partition and not acknowledged yet: queued for the runner, spilled
-// (a stopped lane's, read on and spilled as they come) or being sent. The
-// partition's messages not read yet are not counted: the store knows
-// their number, not their lanes.
+// the partition and not acknowledged yet (queued, spilled or being sent).
 func (f *Feed) Waiting() (records, bytes int64) {
 	return f.waitRecords.Load(), f.waitBytes.Load()
 }
 
-// Ack says every record of the message seq is delivered or a committed
-// dead letter: it goes to the partition's acker.
+// Ack hands the message seq, whose every record is done, to the
+// partition's acker.
 func (f *Feed) Ack(seq uint64) {
 	f.mu.Lock()
 	m := f.out[seq]

@@ -32,35 +32,24 @@ var ErrNotRunning = errors.New("delivery: not running")
 // Pipeline delivers every events lane of a store upstream. See the package
 // documentation.
 type Pipeline struct {
-	cfg  Config
-	send Sender
-	thr  *throttle.Throttle
-	log  *zap.Logger
-	m    *metrics
-	// budget is the read-ahead of all lanes (MaxReadAheadTotalBytes).
-	budget *budget
-	// bodies holds the request body buffers of shards that wait.
-	bodies bodyPool
-	// seed hashes order keys to shards (shardOf).
-	seed maphash.Seed
-	// name labels requests and logs: "events", or the form kind's.
-	name string
-	// lanes is the lane kind delivered.
-	lanes storage.Kind
-	// kind packs requests and classifies answers: events, or a form
-	// kind's (NewForm).
-	kind Kind
-	// form is a form kind's own (NewForm); nil for events.
-	form *formKind
+	cfg    Config
+	send   Sender
+	thr    *throttle.Throttle
+	log    *zap.Logger
+	m      *metrics
+	budget *budget  // the read-ahead of all lanes (MaxReadAheadTotalBytes)
+	bodies bodyPool // the request body buffers of shards that wait
+	seed   maphash.Seed
+	name   string // labels requests and logs: "events", or the form kind's
+	lanes  storage.Kind
+	kind   Kind
+	form   *formKind // nil for events
 
-	// eng runs the store: a laneRunner per lane it hands over, or
-	// deliverPartition per partition (fleet mode), and answers the lane
-	// control of the lanes.
-	eng *Engine[*laneRunner]
-	// dead stores dead letters: the spool, or the fleet's store.
+	// eng runs a laneRunner per lane the store hands over, or
+	// deliverPartition per partition (fleet mode).
+	eng  *Engine[*laneRunner]
 	dead storage.DeadWriter
-	// fl is the fleet mode's state (NewFleet); nil in local mode.
-	fl *fleetState
+	fl   *fleetState // nil for events in local mode
 
 	// live holds the settings SetLive changes while running; shards read
 	// it at each use (one atomic load per batch or wait).
@@ -107,18 +96,31 @@ func newEvents(cfg Config, st Store, fl *fleetState, send Sender, thr *throttle.
 }
 
 // Live are the settings of Config a running Pipeline can change (a
-// configuration reload); their zero values mean what Config's do.
+// configuration reload).
 type Live struct {
-	Gzip           bool          // Config.Gzip
-	MaxEventAge    time.Duration // Config.MaxEventAge
-	MaxBatchEvents int           // Config.MaxBatchEvents
-	MaxBatchBytes  int           // Config.MaxBatchBytes
-	FlushInterval  time.Duration // Config.FlushInterval
-	ThrottlePause  time.Duration // Config.ThrottlePause
-	// IngestURL is Config.IngestURL; "" keeps the one in force. A batch
-	// built before the change may still go to the old one (a send in
-	// flight is not called back).
+	// IngestURL is the upstream base; requests go to IngestURL+"/2/httpapi".
+	// Required; in SetLive, "" keeps the one in force (a batch built before
+	// the change may still go to the old one: a send in flight is not
+	// called back).
 	IngestURL string
+	// MaxBatchEvents is the most events per request; zero means 1000. Above
+	// 1999 is invalid (the upstream takes fewer than 2000).
+	MaxBatchEvents int
+	// MaxBatchBytes bounds a request body: every body is strictly smaller
+	// (measured uncompressed, on the exact bytes sent); zero means 1,000,000.
+	MaxBatchBytes int
+	// FlushInterval is the longest an event waits for its batch to fill;
+	// zero means 200ms.
+	FlushInterval time.Duration
+	// ThrottlePause is how long a device or user named in a 429 gets nothing
+	// sent; zero means 30s.
+	ThrottlePause time.Duration
+	// MaxEventAge: an event not delivered this long after it was accepted
+	// goes to dead letters ("expired") instead of another try; zero means
+	// 6 days.
+	MaxEventAge time.Duration
+	// Gzip compresses request bodies (the byte limit stays uncompressed).
+	Gzip bool
 }
 
 // liveState is the Config in force (with defaults) for what Live
@@ -130,7 +132,6 @@ type liveState struct {
 	changed chan struct{}
 }
 
-// liveState is c in force, its changed channel made.
 func (c Config) liveState() *liveState {
 	c = c.withDefaults()
 	return &liveState{Config: c, url: c.IngestURL + "/2/httpapi", changed: make(chan struct{})}
@@ -140,11 +141,7 @@ func (c Config) liveState() *liveState {
 // meaning Config's defaults). l is valid as Config.Validate says.
 func (p *Pipeline) SetLive(l Live) {
 	c := p.cfg
-	c.Gzip, c.MaxEventAge, c.MaxBatchEvents, c.MaxBatchBytes, c.FlushInterval = l.Gzip, l.MaxEventAge, l.MaxBatchEvents, l.MaxBatchBytes, l.FlushInterval
-	c.ThrottlePause = l.ThrottlePause
-	if l.IngestURL != "" {
-		c.IngestURL = l.IngestURL
-	}
+	c.Live, c.IngestURL = l, cmp.Or(l.IngestURL, c.IngestURL)
 	if old := p.live.Swap(c.liveState()); old != nil && old.changed != nil {
 		close(old.changed)
 	}
@@ -163,7 +160,7 @@ func newPipeline(cfg Config, send Sender, thr *throttle.Throttle, log *zap.Logge
 	}
 	cfg = cfg.withDefaults()
 	p := &Pipeline{cfg: cfg, send: send, thr: thr, log: log, seed: maphash.MakeSeed(),
-		name: "events", lanes: storage.KindEvents, kind: events{cfg.MaxBatchEvents, cfg.MaxBatchBytes, cfg.Check}, budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool()}
+		name: "events", lanes: storage.KindEvents, kind: events{cfg.Check}, budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool()}
 	p.live.Store(cfg.liveState())
 	return p, nil
 }
@@ -213,15 +210,14 @@ func (p *Pipeline) ResumeLane(laneID uint64) error {
 	return p.controlShared(laneID, false)
 }
 
-// onEngine reports whether the lane control of laneID is the engine's: a
-// spool lane, or any lane of a pipeline without fleet partitions.
+// onEngine reports whether the lane control of laneID is the engine's (a
+// spool lane) rather than the fleet's.
 func (p *Pipeline) onEngine(laneID uint64) bool {
 	lr, ok := p.eng.Lane(laneID)
 	return ok && lr.stop.Lane != nil || p.fl == nil
 }
 
-// LaneStatus returns a snapshot of every lane the pipeline has started,
-// by lane id.
+// LaneStatus returns a snapshot of every lane started, by lane id.
 func (p *Pipeline) LaneStatus() []LaneStatus {
 	rs := p.eng.Runners()
 	out := make([]LaneStatus, 0, len(rs))
@@ -234,25 +230,20 @@ func (p *Pipeline) LaneStatus() []LaneStatus {
 
 // events is the Kind of event lanes: /2/httpapi's JSON body
 // {"api_key":<json string>,"events":[e,e,...],"options":<raw>} ("options"
-// when the lane has them), at most maxEvents events and strictly under
-// maxBytes (the configured limits: a shard sets the Live ones in force on
-// its copy at each batch).
+// when the lane has them). Its limits are the Live ones, which a shard sets
+// on its copy of the Frame at each batch.
 type events struct {
-	maxEvents, maxBytes int
-	check               func(apiKey string) func(data []byte, verdict uint64) ([]byte, string, []byte)
+	check func(apiKey string) func(data []byte, verdict uint64) ([]byte, string, []byte)
 }
 
-var _ Kind = events{}
-
-// Frame is the lane's envelope and limits; events are written as they are.
+// Frame is the lane's envelope; events are written as they are.
 func (k events) Frame(key storage.LaneKey) Frame {
 	q, _ := json.Marshal(key.APIKey) // a string always marshals
 	suffix := "]"
 	if key.Options != "" {
 		suffix += `,"options":` + key.Options
 	}
-	f := Frame{Prefix: `{"api_key":` + string(q) + `,"events":[`, Suffix: suffix + "}", Sep: ",",
-		MaxRecords: k.maxEvents, MaxBytes: k.maxBytes}
+	f := Frame{Prefix: `{"api_key":` + string(q) + `,"events":[`, Suffix: suffix + "}", Sep: ","}
 	if k.check != nil {
 		f.Check = k.check(key.APIKey)
 	}

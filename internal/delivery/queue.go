@@ -1,9 +1,6 @@
 package delivery
 
-import (
-	"container/heap"
-	"time"
-)
+import "time"
 
 // queue is a FIFO of items with push-front, tracking its data bytes.
 type queue struct {
@@ -72,5 +69,3 @@ func (h *heldHeap) Pop() any {
 	*h = old[:len(old)-1]
 	return e
 }
-
-var _ heap.Interface = (*heldHeap)(nil)

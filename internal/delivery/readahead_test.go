@@ -28,7 +28,7 @@ func TestHeldEventsDoNotPinChunks(t *testing.T) {
 			pad      = 2000
 		)
 		h := newSyncHarness(t, sim.Config{CountOnly: simtest.CountEvents},
-			Config{MaxReadAheadBytes: 1 << 20, ShardsPerLane: 2, MaxBatchEvents: 200}, throttle.Config{})
+			Config{Live: Live{MaxBatchEvents: 200}, MaxReadAheadBytes: 1 << 20, ShardsPerLane: 2}, throttle.Config{})
 		h.thr.PauseUntilNextDay([]string{"d:quota-device"})
 		var heldData int64
 		cold := devs("cold-", perChunk)
@@ -105,7 +105,7 @@ func TestHeldEventsDoNotPinChunks(t *testing.T) {
 func TestHeldEventsDeliveredIntactAfterPause(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const pause = time.Second
-		h := newSyncHarness(t, sim.Config{}, Config{ShardsPerLane: 2, MaxBatchEvents: 50}, throttle.Config{})
+		h := newSyncHarness(t, sim.Config{}, Config{Live: Live{MaxBatchEvents: 50}, ShardsPerLane: 2}, throttle.Config{})
 		for c := 0; c < 20; c++ {
 			var evs []ev
 			for i := 0; i < 3; i++ {
@@ -242,7 +242,7 @@ func TestTotalReadAheadNoStarvation(t *testing.T) {
 func TestOutageStopsReadAhead(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const limit = 1 << 20
-		h := newSyncHarness(t, sim.Config{}, Config{MaxReadAheadBytes: limit, ShardsPerLane: 2, MaxBatchEvents: 50,
+		h := newSyncHarness(t, sim.Config{}, Config{Live: Live{MaxBatchEvents: 50}, MaxReadAheadBytes: limit, ShardsPerLane: 2,
 			RetryInitial: 100 * time.Millisecond}, throttle.Config{})
 		for i, mode := range []simtest.DownMode{simtest.Down503, simtest.DownRefuse} {
 			h.down(mode, time.Minute)
@@ -288,8 +288,8 @@ func TestOutageStopsReadAhead(t *testing.T) {
 // and at most one interval for the last partial batches: waitDrained's
 // polltest.Max tells the two apart on any machine).
 func TestSmallBudgetDoesNotWaitForFlush(t *testing.T) {
-	h := newHarness(t, sim.Config{}, Config{MaxReadAheadBytes: 64 << 10, ShardsPerLane: 4,
-		MaxBatchEvents: 1000, FlushInterval: 20 * time.Second}, throttle.Config{})
+	h := newHarness(t, sim.Config{}, Config{Live: Live{MaxBatchEvents: 1000, FlushInterval: 20 * time.Second},
+		MaxReadAheadBytes: 64 << 10, ShardsPerLane: 4}, throttle.Config{})
 	for c := 0; c < 100; c++ {
 		var evs []ev
 		for _, d := range devs(fmt.Sprintf("dev-%d-", c), 20) {
@@ -319,7 +319,7 @@ func TestLargeChunksStayInBudget(t *testing.T) {
 	// Batches of 50 events (~50 KB): the 80 shards' bodies in flight are
 	// ~4 MB, well apart from the ~50 MB the chunks would hold.
 	h := newHarness(t, sim.Config{}, Config{MaxReadAheadBytes: laneLimit, MaxReadAheadTotalBytes: total, ShardsPerLane: 2,
-		MaxBatchEvents: 50, RetryInitial: 50 * time.Millisecond}, throttle.Config{})
+		Live: Live{MaxBatchEvents: 50}, RetryInitial: 50 * time.Millisecond}, throttle.Config{})
 	if err := h.sim.Down(simtest.Down503, 10*time.Minute); err != nil {
 		t.Fatal(err)
 	}

@@ -28,20 +28,16 @@ type item struct {
 // hand-over slices and the shard's queues.
 const itemBytes = int64(unsafe.Sizeof(item{}))
 
-// chunkRef tracks one chunk, or one part of a chunk, read from the spool
-// (storage.Lane.NextPart reads a chunk larger than the lane may hold in
-// parts): the records still aliasing its buffer (the last one releases the
-// buffer's bytes from the read-ahead budget), and, in ack, the chunk's
-// records not yet done (the last one acks the chunk).
+// chunkRef tracks one chunk, or one part of a chunk (NextPart), read from
+// the store: the last of its records aliasing buf releases its bytes from
+// the read-ahead budget and gives buf back; in ack, the last of the chunk's
+// records to be done acks the chunk.
 type chunkRef struct {
 	ack      *ackRef
 	accepted time.Time
 	bytes    int64        // counted against the read-ahead budget while refs > 0
 	refs     atomic.Int32 // records not done and not detached
-	// buf is the chunk's buffer, given back to the spool when refs reaches
-	// zero: then no item aliases it (delivered and dead-lettered records
-	// are read no more, held ones have their own copy).
-	buf storage.Buffer
+	buf      storage.Buffer
 }
 
 // ackRef counts the records of one chunk (all its parts) not yet done.
@@ -50,10 +46,9 @@ type ackRef struct {
 	left atomic.Int32
 }
 
-// chunkBytes is the memory a chunk (or part) read by Lane.NextPart holds until its last
-// record is done or detached: its buffer (all records alias one allocation
-// of at least Size bytes, rounded up to the spool's buffer class) and an
-// item per record.
+// chunkBytes is the memory a chunk (or part) holds until its last record
+// is done or detached: its buffer (all records alias one allocation of at
+// least Size bytes) and an item per record.
 func chunkBytes(c *storage.Chunk) int64 {
 	return int64(max(c.Size, c.Buffer.Cap)) + int64(len(c.Records))*itemBytes
 }
@@ -79,8 +74,7 @@ func (lr *laneRunner) read(ctx context.Context) readEnd {
 		// Wait for records first, then take the budget: a lane waiting
 		// for records holds none of it.
 		if err := lr.src.Wait(ctx, func() bool {
-			// Idle: keep no slices of the largest read's size, and
-			// end when the shards are done too.
+			// Idle: keep no slices of the largest read's size.
 			clear(per)
 			recs = nil
 			return lr.settled()
@@ -94,10 +88,7 @@ func (lr *laneRunner) read(ctx context.Context) readEnd {
 			return endStop
 		}
 		free, ok := lr.waitBudget(ctx, limit, func() {
-			// About to wait: the hand-over slices and the records
-			// need not keep their capacity meanwhile (with many lanes,
-			// most wait for the budget).
-			clear(per)
+			clear(per) // with many lanes, most wait here
 			recs = nil
 		})
 		if !ok {
@@ -191,7 +182,7 @@ func (lr *laneRunner) ackOf(c *storage.Chunk) *ackRef {
 	return a
 }
 
-// step is the most one Lane.Next reads.
+// step is the most one NextPart reads.
 func (lr *laneRunner) step() int64 {
 	return min(max(int64(lr.p.cfg.MaxReadAheadBytes)/8, 1), maxNextBytes)
 }
@@ -208,10 +199,9 @@ func (lr *laneRunner) progress() {
 }
 
 // shardFailing is called when a shard's request failed after a 200 (or
-// its first one): when every shard of the lane is failing (the upstream is
-// down), the window closes to one chunk, so the lane stops reading what it
-// cannot send: while it holds anything it reads nothing. It reopens with
-// progress.
+// its first one): when every shard of the lane fails (the upstream is
+// down), the window closes, so that the lane stops reading what it cannot
+// send. It reopens with progress.
 func (lr *laneRunner) shardFailing() {
 	if int(lr.failing.Add(1)) >= len(lr.shards) {
 		lr.window.Store(1)
@@ -221,9 +211,8 @@ func (lr *laneRunner) shardFailing() {
 // shardRecovered is called on a 200 after failures.
 func (lr *laneRunner) shardRecovered() { lr.failing.Add(-1) }
 
-// maxNextBytes bounds one Lane.Next: the read-ahead fills in steps (also at
-// most an eighth of the budget, so one step overshoots it little), the
-// hand-over slices stay small and shards start sending early.
+// maxNextBytes bounds one NextPart (as does an eighth of the budget): the
+// read-ahead fills in steps, so shards start sending early.
 const maxNextBytes = 4 << 20
 
 // shardOf hashes key to one of n shards. The same key goes to the same
@@ -236,11 +225,9 @@ func shardOf(seed maphash.Seed, key []byte, n int) int {
 }
 
 // waitBudget waits until the lane may read by the package doc's rule
-// (Memory and back-pressure: under min(limit, its window, at least
-// minWindow) while the total is under shareOf(budget.limit), or with
-// nothing read ahead up to the total's limit) and returns the bytes it
-// reserved in the pipeline's budget (acquire turns them into what was
-// read), or false when ctx ends. idle is called once before the first wait.
+// (Memory and back-pressure) and returns the bytes it reserved in the
+// pipeline's budget (acquire turns them into what was read), or false when
+// ctx ends. idle is called once before the first wait.
 func (lr *laneRunner) waitBudget(ctx context.Context, limit int64, idle func()) (int64, bool) {
 	total := lr.p.budget
 	for {
@@ -283,9 +270,8 @@ func (lr *laneRunner) waitBudget(ctx context.Context, limit int64, idle func()) 
 	}
 }
 
-// minWindow is the least a lane may read ahead: what it reads at the start
-// and while every shard fails (an upstream down), so that such a lane holds
-// a few records, not a chunk (a chunk can be a whole 20 MB request).
+// minWindow is what a lane reads ahead at the start and while every shard
+// fails: a few records, not a chunk (which can be a 20 MB request).
 const minWindow = 32 << 10
 
 // shareOf is the part of the total read-ahead any lane may use; the rest is
@@ -300,8 +286,8 @@ var doneCtx = func() context.Context {
 	return ctx
 }()
 
-// acquire counts n bytes read against the lane's budget and turns
-// reserved bytes of the pipeline's reservation (see waitBudget) into them.
+// acquire counts n bytes read against the lane's budget and turns reserved
+// bytes of the pipeline's (waitBudget) into them.
 func (lr *laneRunner) acquire(n, reserved int64) {
 	lr.bmu.Lock()
 	lr.inflight += n
@@ -352,9 +338,9 @@ func (b *budget) add(n int64) {
 	}
 }
 
-// reserve takes up to want bytes: while the total is under its share, or,
-// for a lane that holds nothing (empty), under its limit. It returns what
-// it took (0: none) and a channel closed at the next release.
+// reserve takes up to want bytes while the total is under its share, or,
+// for a lane that holds nothing, under its limit; it returns what it took
+// and a channel closed at the next release.
 func (b *budget) reserve(want int64, empty bool) (int64, <-chan struct{}) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -376,9 +362,8 @@ func (b *budget) Used() int64 {
 	return b.used
 }
 
-// done marks items delivered or dead-lettered: acks every chunk whose last
-// record this was and releases the read-ahead bytes they held (a detached
-// record's own copy; a chunk's buffer with the last record aliasing it).
+// done marks items delivered or dead-lettered: it acks every chunk whose
+// last record this was and releases the read-ahead bytes they held.
 func (lr *laneRunner) done(its []item) {
 	var n int64
 	// A batch holds a chunk's records for this shard one after another, so
@@ -406,11 +391,9 @@ func (lr *laneRunner) done(its []item) {
 	lr.release(n)
 }
 
-// detach gives the record its own copy, so that it no longer pins its
-// chunk's buffer: a record held for a paused key may wait for hours (daily
-// quota) while the rest of its chunk was delivered long ago. The copy is
-// counted against the budget instead; the chunk's bytes are released when
-// its last aliasing record is done or detached. Idempotent.
+// detach gives the record its own copy (counted against the budget), so
+// that it no longer pins its chunk's buffer: a record held for a paused key
+// may wait for hours (daily quota). Idempotent.
 func (lr *laneRunner) detach(it *item) {
 	if it.own > 0 {
 		return
@@ -428,8 +411,7 @@ func (lr *laneRunner) detach(it *item) {
 	}
 }
 
-// own appends b to buf and returns the copy (nil for empty b, as the spool
-// decodes it) and buf.
+// own appends b to buf and returns the copy (nil for empty b) and buf.
 func own(buf, b []byte) ([]byte, []byte) {
 	if len(b) == 0 {
 		return nil, buf

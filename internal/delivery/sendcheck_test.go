@@ -47,7 +47,7 @@ func TestSendTimePauseCheck(t *testing.T) {
 		// single event of user-one (another api_key: counted apart) is not.
 		// One shard per lane: lane B's batch carries both its events.
 		h := newSyncHarness(t, sim.Config{EPSThreshold: 2, RateWindow: time.Second, ThrottlePenalty: -1},
-			Config{ThrottlePause: pause, FlushInterval: 10 * time.Millisecond, ShardsPerLane: 1}, throttle.Config{})
+			Config{Live: Live{ThrottlePause: pause, FlushInterval: 10 * time.Millisecond}, ShardsPerLane: 1}, throttle.Config{})
 		ss := h.send.next.(*simSender)
 		builtB := make(chan struct{})
 		h.send.next = &gateSender{next: ss, match: []byte(`"device_id":"device-A"`), open: builtB}

@@ -20,12 +20,10 @@ type shard struct {
 	lr  *laneRunner
 	idx int
 
-	mu   sync.Mutex
-	in   []item // handed over by the reader
-	wake chan struct{}
-	// running: the shard's goroutine runs; it ends when the shard has
-	// been idle for shardLinger, or with its lane's Run.
-	running bool
+	mu      sync.Mutex
+	in      []item // handed over by the reader
+	wake    chan struct{}
+	running bool // the shard's goroutine runs
 
 	// owned by the shard goroutine
 	ready     queue
@@ -43,11 +41,8 @@ type shard struct {
 	// lastAnswer is the last retryable answer since a 200, for the
 	// expired dead letters.
 	lastAnswer []byte
-	// pacedKeys are the paced keys (throttle.Take said so) of s.batch,
-	// reported to Throttle.Admitted on a 200.
-	pacedKeys []string
-	// gen is the Throttle's pause generation when s.batch was built.
-	gen uint64
+	pacedKeys  []string // of s.batch, for Throttle.Admitted on a 200
+	gen        uint64   // the Throttle's pause generation when s.batch was built
 }
 
 type deadItem struct {
@@ -58,9 +53,8 @@ type deadItem struct {
 
 func newShard(lr *laneRunner, idx int) *shard {
 	cfg := lr.p.cfg
-	// Retried without a count or time limit; MaxEventAge bounds it.
-	bo := NewRetry(cfg.RetryInitial, cfg.RetryMax)
-	return &shard{lr: lr, idx: idx, wake: make(chan struct{}, 1), capEvents: lr.p.live.Load().MaxBatchEvents, bo: bo}
+	return &shard{lr: lr, idx: idx, wake: make(chan struct{}, 1), capEvents: lr.p.live.Load().MaxBatchEvents,
+		bo: NewRetry(cfg.RetryInitial, cfg.RetryMax)}
 }
 
 // shardLinger is how long a shard's goroutine waits for records once it
@@ -69,9 +63,8 @@ func newShard(lr *laneRunner, idx int) *shard {
 // per request.
 const shardLinger = time.Second
 
-// give hands items over from the reader (of a running laneRunner.Run),
-// starting the shard's goroutine if it is not running; it never blocks on
-// the shard.
+// give hands items over from the reader, starting the shard's goroutine
+// if it is not running; it never blocks on the shard.
 func (s *shard) give(its []item) {
 	s.mu.Lock()
 	s.in = append(s.in, its...)
@@ -85,8 +78,7 @@ func (s *shard) give(its []item) {
 	}
 }
 
-// resume starts the shard's goroutine if an earlier Run left it records
-// (Run, before its reader starts: the shard's goroutine is not running).
+// resume starts the shard's goroutine if an earlier Run left it records.
 func (s *shard) resume() {
 	s.mu.Lock()
 	start := !s.running && (len(s.in) > 0 || s.ready.len() > 0 || len(s.heap) > 0)
@@ -113,8 +105,8 @@ func (s *shard) start() {
 	}()
 }
 
-// exitIfIdle ends the shard's goroutine (running false) if it has nothing
-// queued, held or handed over; the caller then returns.
+// exitIfIdle sets running false if the shard has nothing queued, held or
+// handed over; its goroutine then returns.
 func (s *shard) exitIfIdle() bool {
 	if s.ready.len() > 0 || len(s.heap) > 0 {
 		return false
@@ -141,10 +133,9 @@ func (s *shard) takeIn() {
 }
 
 // run is the shard's loop: wait for a full batch, the flush interval or a
-// pause's end; build a batch; send it; handle the answer. It returns when
-// ctx ends (false), or true when the shard has been idle for shardLinger
-// (s.running is then false already: a hand-over may have started the
-// next goroutine).
+// pause's end; build a batch; send it; handle the answer. It returns false
+// when ctx ends, true when the shard was idle for shardLinger (s.running is
+// then false already: a hand-over may have started the next goroutine).
 func (s *shard) run(ctx, drainCtx context.Context) bool {
 	p := s.lr.p
 	timer := time.NewTimer(time.Hour)
@@ -277,8 +268,7 @@ func (s *shard) run(ctx, drainCtx context.Context) bool {
 	}
 }
 
-// unbuild puts the batch built back in front of the queue, unsent, and
-// drops its body.
+// unbuild puts the batch built back in front of the queue, unsent.
 func (s *shard) unbuild() {
 	s.putBody()
 	s.requeue(s.batch)
@@ -287,7 +277,7 @@ func (s *shard) unbuild() {
 }
 
 // releaseHeld puts the events of every key whose hold ended back at the
-// front of the ready queue (they are older than any queued event of the key).
+// front of the ready queue (they are older than any queued one of the key).
 func (s *shard) releaseHeld(now time.Time) {
 	for len(s.heap) > 0 && !s.heap[0].until.After(now) {
 		h := heap.Pop(&s.heap).(*held)
@@ -298,12 +288,17 @@ func (s *shard) releaseHeld(now time.Time) {
 	}
 }
 
-// hold starts a held queue for it's key with it (detached: see
-// laneRunner.detach; from then on only its own copy may be read, as the
-// chunk's buffer may be reused).
+// hold puts it at the end of its key's held queue, started until until
+// when the key has none. It is detached (see laneRunner.detach): from then
+// on only its own copy may be read, as the chunk's buffer may be reused.
 func (s *shard) hold(until time.Time, it item) {
 	s.lr.detach(&it)
 	s.lr.progress()
+	s.lr.heldEvents.Add(1)
+	if h := s.held[string(it.rec.OrderKey)]; h != nil {
+		h.items = append(h.items, it)
+		return
+	}
 	h := &held{key: string(it.rec.OrderKey), until: until, items: []item{it}}
 	if s.held == nil {
 		s.held = make(map[string]*held)
@@ -311,7 +306,6 @@ func (s *shard) hold(until time.Time, it item) {
 	s.held[h.key] = h
 	heap.Push(&s.heap, h)
 	s.lr.heldKeys.Add(1)
-	s.lr.heldEvents.Add(1)
 }
 
 // pausedSinceBuild reports whether a pause recorded after s.batch was built
@@ -329,9 +323,8 @@ func (s *shard) pausedSinceBuild() bool {
 }
 
 // pausedUntil is when the record's device (OrderKey) and user pauses end,
-// zero when neither is paused; in fleet mode the pauses shared by the
-// fleet's relays count too (a 429 seen by the partition's previous owner
-// holds).
+// zero when neither is paused; in fleet mode the fleet's shared pauses
+// count too.
 func (s *shard) pausedUntil(r *storage.Record) time.Time {
 	p := s.lr.p
 	fleet := p.fl != nil && p.fl.pauses != nil && p.fl.pauses.AnyPaused()
@@ -339,9 +332,8 @@ func (s *shard) pausedUntil(r *storage.Record) time.Time {
 		return time.Time{}
 	}
 	u := p.pausedUntil(r.OrderKey, fleet)
-	if len(r.UserID) > 0 {
-		s.keybuf = append(append(s.keybuf[:0], userPrefix...), r.UserID...)
-		if uu := p.pausedUntil(s.keybuf, fleet); uu.After(u) {
+	if uk := s.userKey(r); uk != nil {
+		if uu := p.pausedUntil(uk, fleet); uu.After(u) {
 			u = uu
 		}
 	}
@@ -379,17 +371,12 @@ func (s *shard) build(now time.Time) []byte {
 			s.dead = append(s.dead, deadItem{s.ready.pop(), ReasonExpired, nil})
 			continue
 		}
-		if h := s.held[string(it.rec.OrderKey)]; h != nil {
-			x := s.ready.pop()
-			s.lr.detach(&x)
-			s.lr.progress()
-			h.items = append(h.items, x)
-			s.lr.heldEvents.Add(1)
+		if s.held[string(it.rec.OrderKey)] != nil {
+			s.hold(time.Time{}, s.ready.pop())
 			continue
 		}
 		if u := s.pausedUntil(&it.rec); !u.IsZero() {
-			x := s.ready.pop()
-			s.hold(u, x)
+			s.hold(u, s.ready.pop())
 			continue
 		}
 		rec, w := f.Record(nil, it.rec.Data) // the events kind writes data as it is
@@ -410,11 +397,7 @@ func (s *shard) build(now time.Time) []byte {
 		}
 		x := s.ready.pop()
 		if thr.AnyPaced() {
-			var ukey []byte
-			if len(x.rec.UserID) > 0 {
-				s.keybuf = append(append(s.keybuf[:0], userPrefix...), x.rec.UserID...)
-				ukey = s.keybuf
-			}
+			ukey := s.userKey(&x.rec)
 			ok, at, paced := thr.Take(x.rec.OrderKey, ukey)
 			if !ok {
 				// Until the key's bucket holds a request's worth (never
@@ -433,10 +416,9 @@ func (s *shard) build(now time.Time) []byte {
 	return s.body
 }
 
-// shrink drops what a shard that is about to wait (idle, backing off, its
-// lane stopped) does not need: its body buffer and the capacity of its
-// empty slices, which many lanes' shards would otherwise each keep at the
-// size of their largest burst.
+// shrink drops what a shard about to wait (idle, backing off, its lane
+// stopped) does not need: its body buffer and the capacity of its empty
+// slices, which would otherwise each keep the size of their largest burst.
 func (s *shard) shrink() {
 	s.putBody()
 	if len(s.batch) == 0 {
@@ -453,10 +435,8 @@ func (s *shard) shrink() {
 	s.mu.Unlock()
 }
 
-// putBody gives the request body buffer back to the pipeline's pool: a
-// shard that waits (idle, backing off, its lane stopped) holds no body, so
-// many lanes' shards share a few buffers instead of one each (up to
-// MaxBatchBytes).
+// putBody gives the request body buffer back to the pipeline's pool, so
+// that waiting shards share a few buffers instead of holding one each.
 func (s *shard) putBody() {
 	if s.body == nil {
 		return
@@ -475,9 +455,8 @@ func (s *shard) notePaced(keys ...[]byte) {
 	}
 }
 
-// handle acts on what the answer means for the batch (decide: pauses are
-// recorded whatever the outcome). It returns false when the shard must
-// exit.
+// handle acts on what the answer means for the batch (decide; pauses are
+// recorded whatever the outcome); false: the shard must exit.
 func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool {
 	p := s.lr.p
 	n := len(s.batch)
@@ -575,8 +554,7 @@ func (s *shard) requeue(its []item) {
 	s.ready.pushFront(front)
 }
 
-// retryLater puts the batch back and waits the backoff, at least least
-// (the verdict's wait).
+// retryLater puts the batch back and waits the backoff, at least least.
 func (s *shard) retryLater(ctx context.Context, res upstream.Result, least time.Duration) bool {
 	p := s.lr.p
 	s.requeue(s.batch)
@@ -602,10 +580,9 @@ func (s *shard) retryLater(ctx context.Context, res upstream.Result, least time.
 	return sleep(ctx, d)
 }
 
-// flushDead commits s.dead to the dead-letter store (FlushDead),
-// then marks them done (so their chunks may be acked). A failing PutDead is
-// retried with backoff until it works, drainCtx ends or the spool closes
-// (false: the shard exits, nothing acked).
+// flushDead commits s.dead to the dead-letter store (FlushDead), then marks
+// them done (so their chunks may be acked); false when it could not (the
+// shard exits, nothing acked).
 func (s *shard) flushDead(ctx, drainCtx context.Context, answer []byte) bool {
 	p := s.lr.p
 	now := time.Now()
@@ -651,6 +628,16 @@ func (s *shard) flushDead(ctx, drainCtx context.Context, answer []byte) bool {
 	return true
 }
 
+// userKey is r's user key ("u:"+UserID, in s.keybuf until the next call),
+// nil when r has no user.
+func (s *shard) userKey(r *storage.Record) []byte {
+	if len(r.UserID) == 0 {
+		return nil
+	}
+	s.keybuf = append(append(s.keybuf[:0], userPrefix...), r.UserID...)
+	return s.keybuf
+}
+
 // shares counts the events of s.batch of each key (an event counts for its
 // OrderKey and its user).
 func (s *shard) shares(keys []string) []throttle.Share {
@@ -663,12 +650,9 @@ func (s *shard) shares(keys []string) []throttle.Share {
 		if _, ok := count[string(r.OrderKey)]; ok {
 			count[string(r.OrderKey)]++
 		}
-		if len(r.UserID) > 0 {
-			s.keybuf = append(append(s.keybuf[:0], userPrefix...), r.UserID...)
-			if string(s.keybuf) != string(r.OrderKey) {
-				if _, ok := count[string(s.keybuf)]; ok {
-					count[string(s.keybuf)]++
-				}
+		if uk := s.userKey(r); uk != nil && string(uk) != string(r.OrderKey) {
+			if _, ok := count[string(uk)]; ok {
+				count[string(uk)]++
 			}
 		}
 	}

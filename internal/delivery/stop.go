@@ -5,19 +5,16 @@ import (
 	"sync/atomic"
 )
 
-// Pinner keeps a spool lane from being retired while it is pinned
-// (storage.LaneQueue): a stopped lane stays known even when empty, so that its
-// stop is not lost.
+// Pinner keeps a spool lane from being retired while it is pinned: a
+// stopped lane stays known even when empty, so that its stop is not lost.
 type Pinner interface {
 	Pin()
 	Unpin()
 }
 
-// StopSwitch is a lane's stop state, the same for every lane kind: the
-// lane is stopped by an upstream that refuses its api_key or URL, or by an
-// operator (StopLane), and resumed by an operator (ResumeLane) or a
+// StopSwitch is a lane's stop state: stopped by an upstream that refuses
+// its api_key or URL, or by an operator, and resumed by an operator or a
 // restart. The zero value is running; it must not be copied after use.
-// Stopped reads an atomic (for scrape-time metrics that take no lock).
 type StopSwitch struct {
 	// Lane, when not nil, is pinned while stopped.
 	Lane Pinner

@@ -73,7 +73,7 @@ func TestOutageTenMinutesFakeTime(t *testing.T) {
 			return upstream.Classify(200, []byte(`{"code":200}`), "", nil)
 		}}
 		const shards = 4
-		p, err := New(Config{IngestURL: "http://sim", ShardsPerLane: shards, MaxEventAge: time.Hour}, local(sp), f, nil, nil, nil)
+		p, err := New(Config{Live: Live{IngestURL: "http://sim", MaxEventAge: time.Hour}, ShardsPerLane: shards}, local(sp), f, nil, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -109,7 +109,7 @@ func TestDrainDeadlineFakeTime(t *testing.T) {
 			<-ctx.Done() // a request that never answers
 			return upstream.Classify(0, nil, "", ctx.Err())
 		}}
-		p, err := New(Config{IngestURL: "http://sim", DrainTimeout: 3 * time.Second}, local(sp), f, nil, nil, nil)
+		p, err := New(Config{Live: Live{IngestURL: "http://sim"}, DrainTimeout: 3 * time.Second}, local(sp), f, nil, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -164,7 +164,7 @@ func TestAbandonedBodyNotReused(t *testing.T) {
 			mu.Unlock()
 			return upstream.Classify(0, nil, "", ctx.Err())
 		})
-		p, err := New(Config{IngestURL: "http://sim", DrainTimeout: time.Second, FlushInterval: time.Millisecond}, local(sp), send, nil, nil, nil)
+		p, err := New(Config{Live: Live{IngestURL: "http://sim", FlushInterval: time.Millisecond}, DrainTimeout: time.Second}, local(sp), send, nil, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

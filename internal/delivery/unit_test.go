@@ -14,23 +14,23 @@ func TestConfigValidate(t *testing.T) {
 		cfg  Config
 		want string // "" = valid
 	}{
-		{Config{IngestURL: "http://x"}, ""},
-		{Config{IngestURL: "https://x/", MaxBatchEvents: 1999, MaxBatchBytes: 1024}, ""},
+		{Config{Live: Live{IngestURL: "http://x"}}, ""},
+		{Config{Live: Live{IngestURL: "https://x/", MaxBatchEvents: 1999, MaxBatchBytes: 1024}}, ""},
 		{Config{}, "ingest URL is required"},
-		{Config{IngestURL: "ftp://x"}, "not http(s)"},
-		{Config{IngestURL: "http://x", MaxBatchEvents: 2000}, "max batch events"},
-		{Config{IngestURL: "http://x", MaxBatchEvents: -1}, "max batch events"},
-		{Config{IngestURL: "http://x", MaxBatchBytes: 10}, "max batch bytes"},
-		{Config{IngestURL: "http://x", FlushInterval: -1}, "negative duration"},
-		{Config{IngestURL: "http://x", ShardsPerLane: 5000}, "shards per lane"},
-		{Config{IngestURL: "http://x", MaxReadAheadBytes: -1}, "negative read-ahead"},
+		{Config{Live: Live{IngestURL: "ftp://x"}}, "not http(s)"},
+		{Config{Live: Live{IngestURL: "http://x", MaxBatchEvents: 2000}}, "max batch events"},
+		{Config{Live: Live{IngestURL: "http://x", MaxBatchEvents: -1}}, "max batch events"},
+		{Config{Live: Live{IngestURL: "http://x", MaxBatchBytes: 10}}, "max batch bytes"},
+		{Config{Live: Live{IngestURL: "http://x", FlushInterval: -1}}, "negative duration"},
+		{Config{Live: Live{IngestURL: "http://x"}, ShardsPerLane: 5000}, "shards per lane"},
+		{Config{Live: Live{IngestURL: "http://x"}, MaxReadAheadBytes: -1}, "negative read-ahead"},
 	} {
 		err := tt.cfg.Validate()
 		if (err == nil) != (tt.want == "") || (err != nil && !strings.Contains(err.Error(), tt.want)) {
 			t.Errorf("%+v: %v, want %q", tt.cfg, err, tt.want)
 		}
 	}
-	c := Config{IngestURL: "http://x/"}.withDefaults()
+	c := Config{Live: Live{IngestURL: "http://x/"}}.withDefaults()
 	if c.MaxBatchEvents != 1000 || c.MaxBatchBytes != 1_000_000 || c.ThrottlePause != DefaultThrottlePause ||
 		c.MaxEventAge != DefaultMaxEventAge || c.FlushInterval != DefaultFlushInterval || c.IngestURL != "http://x" {
 		t.Fatalf("defaults %+v", c)

@@ -174,10 +174,7 @@ func (t *Throttle) Refused(keys []Share, until time.Time, eps int) {
 	for _, k := range keys {
 		p := t.paced[k.Key]
 		if p == nil {
-			if len(t.paced) > 2*t.pacedSwept+1024 {
-				t.sweepPacedLocked(now)
-			}
-			if len(t.paced) >= t.cfg.MaxKeys {
+			if !t.roomLocked(now) {
 				continue
 			}
 			c := float64(eps)
@@ -271,6 +268,15 @@ func (t *Throttle) sweepPacedLocked(now time.Time) {
 	t.pacedSwept = sweep(t.paced, &t.npaced, func(p *pace) bool { return now.Sub(p.used) >= t.cfg.PaceForget })
 }
 
+// roomLocked reports whether a new key may be paced (MaxKeys), sweeping
+// the paced keys first when their map doubled since the last sweep.
+func (t *Throttle) roomLocked(now time.Time) bool {
+	if len(t.paced) > 2*t.pacedSwept+1024 {
+		t.sweepPacedLocked(now)
+	}
+	return len(t.paced) < t.cfg.MaxKeys
+}
+
 // sweep deletes m's entries that are gone, stores what is left in n and
 // returns it.
 func sweep[V any](m map[string]V, n *atomic.Int64, gone func(V) bool) int {
@@ -279,12 +285,11 @@ func sweep[V any](m map[string]V, n *atomic.Int64, gone func(V) bool) int {
 	return len(m)
 }
 
-// Take takes one event's token from each paced key among a and b (b may be
-// nil: an event's device and user keys). It returns true when every paced
-// key had a token (then all were taken), else false and the time at which
-// they all will have a full request's worth (their cap). paced says whether a or b is paced (the caller
-// reports admitted requests of paced keys with Admitted). Keys not paced
-// always allow.
+// Take takes one event's token from each paced key among a and b (an
+// event's device and user keys; b may be nil). It returns true when every
+// paced key had a token (then all were taken), else false and the time at
+// which they all will have a full request's worth (their cap). paced says
+// whether a or b is paced (for Admitted). Keys not paced always allow.
 func (t *Throttle) Take(a, b []byte) (ok bool, at time.Time, paced bool) {
 	if !t.AnyPaced() {
 		return true, time.Time{}, false
@@ -332,13 +337,7 @@ func (t *Throttle) pacedLocked(key []byte, now time.Time) *pace {
 	}
 	p := t.paced[string(key)]
 	if p == nil {
-		if !t.cfg.PaceAll {
-			return nil
-		}
-		if len(t.paced) > 2*t.pacedSwept+1024 {
-			t.sweepPacedLocked(now)
-		}
-		if len(t.paced) >= t.cfg.MaxKeys {
+		if !t.cfg.PaceAll || !t.roomLocked(now) {
 			return nil
 		}
 		eps := float64(t.cfg.DefaultEPS)

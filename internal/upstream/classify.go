@@ -23,8 +23,8 @@ const (
 	// Throttled: 429; the devices, users and event indexes it names are over
 	// the rate limit (nothing of the request was ingested).
 	Throttled
-	// Silenced: 400 naming silenced devices or events, devices over their
-	// daily quota, or throttled devices/events.
+	// Silenced: 400 naming silenced, over-quota or throttled devices,
+	// users or events.
 	Silenced
 	// Invalid: 400 naming events with invalid or missing fields
 	// (InvalidEvents; the upstream names the first bad event per field).
@@ -39,8 +39,7 @@ const (
 	// or any unexpected status; RetryAfter may hint a wait.
 	Retryable
 	// Fatal: the request can never succeed as configured (404/405, 400
-	// "Invalid request path", 401): the URL or credentials are wrong. The
-	// caller should stop and alert rather than retry or drop.
+	// "Invalid request path", 401): the URL or credentials are wrong.
 	Fatal
 )
 
@@ -65,20 +64,16 @@ type Result struct {
 	Err error
 	// RetryAfter is the answer's Retry-After, 0 when absent (unclamped).
 	RetryAfter time.Duration
-	// Msg is the body's "error" field.
-	Msg string
 	// EPSThreshold is the body's eps_threshold (429 and silenced 400).
 	EPSThreshold int
-	// ThrottledDevices and ThrottledUsers are the ids named in
-	// throttled_devices / throttled_users (sorted); ThrottledEvents the
-	// throttled_events indexes.
+	// What the body names: throttled_devices, throttled_users,
+	// throttled_events, silenced_devices, silenced_events and
+	// exceeded_daily_quota_devices (the ids of a JSON object sorted).
 	ThrottledDevices, ThrottledUsers []string
 	ThrottledEvents                  []int
-	// SilencedDevices / SilencedEvents: silenced_devices / silenced_events.
-	SilencedDevices []string
-	SilencedEvents  []int
-	// QuotaDevices are the devices of exceeded_daily_quota_devices (sorted).
-	QuotaDevices []string
+	SilencedDevices                  []string
+	SilencedEvents                   []int
+	QuotaDevices                     []string
 	// InvalidEvents maps an event index to the reason "invalid_fields" or
 	// "missing_fields" (from events_with_invalid_fields /
 	// events_with_missing_fields).
@@ -86,8 +81,6 @@ type Result struct {
 	// Answer is "HTTP <status>: <body truncated to MaxAnswerBytes>", or
 	// "error: <transport error>", for dead letters and logs.
 	Answer []byte
-	// Duration is how long the request took.
-	Duration time.Duration
 }
 
 // StatusLabel is the value of the status label of relay_upstream_requests_total:
@@ -119,10 +112,9 @@ type body struct {
 	MissingFields    map[string][]int           `json:"events_with_missing_fields"`
 }
 
-// Classify classifies an answer: status and raw body, the Retry-After header
-// value ("" when absent) and the transport error (non-nil when no answer
-// arrived; status and body are then ignored). It never fails: unknown or
-// malformed input is Retryable.
+// Classify classifies an answer: status, body, the Retry-After header ("" when
+// absent) and the transport error (non-nil when no answer arrived). Unknown
+// or malformed input is Retryable.
 func Classify(status int, respBody []byte, retryAfter string, err error) Result {
 	if err != nil {
 		return Result{Kind: Retryable, Err: err, Answer: []byte("error: " + err.Error())}
@@ -148,7 +140,6 @@ func Classify(status int, respBody []byte, retryAfter string, err error) Result 
 }
 
 func (r *Result) fill(b *body) {
-	r.Msg = b.Error
 	if n, err := b.EPSThreshold.Int64(); err == nil {
 		r.EPSThreshold = int(n)
 	}

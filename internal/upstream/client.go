@@ -191,7 +191,7 @@ func (c *Client) Do(ctx context.Context, req *Request) Result {
 		} else {
 			r = Classify(resp.StatusCode(), resp.Body(), string(resp.Header.Peek(fasthttp.HeaderRetryAfter)), nil)
 		}
-		r.Duration = time.Since(start)
+		took := time.Since(start)
 		fasthttp.ReleaseResponse(resp)
 		fasthttp.ReleaseRequest(freq)
 		// DoDeadline is synchronous: it returned, so nothing reads the
@@ -204,7 +204,7 @@ func (c *Client) Do(ctx context.Context, req *Request) Result {
 			kind = "other"
 		}
 		c.requests.WithLabelValues(kind, r.StatusLabel()).Inc()
-		c.latency.WithLabelValues(kind).Observe(r.Duration.Seconds())
+		c.latency.WithLabelValues(kind).Observe(took.Seconds())
 		c.last.Store(&Outcome{At: time.Now(), Reached: r.Status != 0, Status: r.StatusLabel()})
 		done <- r
 	}()
@@ -212,8 +212,6 @@ func (c *Client) Do(ctx context.Context, req *Request) Result {
 	case r := <-done:
 		return r
 	case <-ctx.Done():
-		r := Classify(0, nil, "", fmt.Errorf("request abandoned: %w", ctx.Err()))
-		r.Duration = time.Since(start)
-		return r
+		return Classify(0, nil, "", fmt.Errorf("request abandoned: %w", ctx.Err()))
 	}
 }
