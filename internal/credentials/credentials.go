@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"regexp"
 	"strings"
 	"sync/atomic"
@@ -222,19 +221,7 @@ type fileOrg struct {
 // Load reads and parses the credentials file at path (see Parse). Errors name
 // the file and line but never contain a secret value.
 func Load(path string) (*Store, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("credentials: %w", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("credentials: %w", err)
-	}
-	if len(data) > MaxFileBytes {
-		return nil, fmt.Errorf("credentials %s: larger than %d bytes", path, MaxFileBytes)
-	}
-	fi, err := f.Stat()
+	data, readable, err := ReadSecretFile(path, MaxFileBytes)
 	if err != nil {
 		return nil, fmt.Errorf("credentials: %w", err)
 	}
@@ -242,7 +229,7 @@ func Load(path string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.readableByOthers = fi.Mode().Perm()&0o044 != 0
+	s.readableByOthers = readable
 	return s, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 
 	"go.uber.org/zap/zapcore"
 )
@@ -94,3 +95,29 @@ func BasicAuth(apiKey, secretKey Secret) string {
 // Bearer returns the value of an Authorization header carrying s as a bearer
 // token: "Bearer <s>". The result holds the secret: put it only on the wire.
 func Bearer(s Secret) string { return "Bearer " + s.Reveal() }
+
+// ReadSecretFile reads a regular file of secrets of at most maxBytes, and
+// reports whether group or others may read it (mode & 0o044), for the caller
+// to warn about. Its errors name the file, never its content.
+func ReadSecretFile(path string, maxBytes int64) (data []byte, readableByOthers bool, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, false, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, false, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, false, fmt.Errorf("%s: not a regular file", path)
+	}
+	if data, err = io.ReadAll(io.LimitReader(f, maxBytes+1)); err != nil {
+		return nil, false, err
+	}
+	if int64(len(data)) > maxBytes {
+		clear(data)
+		return nil, false, fmt.Errorf("%s: larger than %d bytes", path, maxBytes)
+	}
+	return data, fi.Mode().Perm()&0o044 != 0, nil
+}
