@@ -193,15 +193,6 @@ func (c *idleConn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
-// proxyLog takes ReverseProxy's own lines (a caller gone mid-answer, a
-// body copy cut short) under one message, so that the sampler bounds them.
-type proxyLog struct{ log *zap.Logger }
-
-func (p proxyLog) Write(b []byte) (int, error) {
-	p.log.Warn("forward: proxy error", zap.String("detail", strings.TrimSpace(string(b))))
-	return len(b), nil
-}
-
 // targetKey carries a request's *Target from Forward to the proxy's Rewrite.
 type targetKey struct{}
 
@@ -216,7 +207,9 @@ func (f *Forwarder) newProxy(rt http.RoundTripper) *httputil.ReverseProxy {
 			return nil
 		},
 		ErrorHandler: f.proxyError,
-		ErrorLog:     stdlog.New(proxyLog{f.log}, "", 0),
+		// ReverseProxy's own lines: a caller gone mid-answer, a body copy
+		// cut short.
+		ErrorLog: stdlog.New(adminroute.LogLines{Log: f.log, Msg: "forward: proxy error"}, "", 0),
 	}
 }
 
