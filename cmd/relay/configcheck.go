@@ -157,13 +157,7 @@ func printConfig(w io.Writer, cfg config.Config) {
 		fmt.Fprintln(w, "admin token: none; every admin route is open to local processes (admin-listen is loopback)")
 	}
 	if cfg.Creds != nil {
-		var ps, os []string
-		for _, p := range cfg.Creds.Projects() {
-			ps = append(ps, p.Name)
-		}
-		for _, o := range cfg.Creds.Organizations() {
-			os = append(os, o.Name)
-		}
+		ps, os := cfg.Creds.Names()
 		fmt.Fprintf(w, "credentials: %s: %d project(s) [%s], %d organization(s) [%s]\n",
 			cfg.Credentials, len(ps), strings.Join(ps, " "), len(os), strings.Join(os, " "))
 	}

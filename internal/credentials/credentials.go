@@ -453,12 +453,12 @@ func lineOf(lines []int, i int) int {
 
 // Format prints the project and organization names only.
 func (s Store) Format(f fmt.State, verb rune) {
-	ps, orgs := s.names()
+	ps, orgs := s.Names()
 	fmt.Fprintf(f, "credentials.Store{Projects:%q Organizations:%q}", ps, orgs)
 }
 
-// names returns the project and organization names, in file order.
-func (s *Store) names() (projects, orgs []string) {
+// Names returns the project and organization names, in file order.
+func (s *Store) Names() (projects, orgs []string) {
 	if s == nil {
 		return nil, nil
 	}
@@ -473,7 +473,7 @@ func (s *Store) names() (projects, orgs []string) {
 
 // MarshalLogObject logs the project and organization names, no secret.
 func (s *Store) MarshalLogObject(enc zapcore.ObjectEncoder) error {
-	ps, orgs := s.names()
+	ps, orgs := s.Names()
 	zap.Strings("projects", ps).AddTo(enc)
 	zap.Strings("organizations", orgs).AddTo(enc)
 	return nil
