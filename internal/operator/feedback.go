@@ -97,9 +97,6 @@ func readFeedbackItems(path string, stdout io.Writer) (items []json.RawMessage, 
 				case cerr != nil:
 					fmt.Fprintf(stdout, "error\t%d\t%s\t%s (not sent)\n", n, id, cerr)
 					failed++
-				case !json.Valid(trimmed):
-					fmt.Fprintf(stdout, "error\t%d\t%s\t%s (not sent)\n", n, id, "not valid JSON")
-					failed++
 				default:
 					items = append(items, append(json.RawMessage(nil), trimmed...))
 					lineOf = append(lineOf, n)
