@@ -88,19 +88,14 @@ func readFeedbackItems(path string, stdout io.Writer) (items []json.RawMessage, 
 	defer f.Close()
 	br := bufio.NewReaderSize(f, 1<<20)
 	for n := 1; ; n++ {
-		line, rerr := br.ReadBytes('\n')
-		if len(line) > 0 {
-			trimmed := json.RawMessage(bytes.Trim(line, " \t\r\n"))
-			if len(trimmed) > 0 {
-				id, cerr := forward.CheckFeedbackItem(trimmed)
-				switch {
-				case cerr != nil:
-					fmt.Fprintf(stdout, "error\t%d\t%s\t%s (not sent)\n", n, id, cerr)
-					failed++
-				default:
-					items = append(items, append(json.RawMessage(nil), trimmed...))
-					lineOf = append(lineOf, n)
-				}
+		line, rerr := br.ReadBytes('\n') // a new slice each time: items keep it
+		if item := json.RawMessage(bytes.Trim(line, " \t\r\n")); len(item) > 0 {
+			if id, cerr := forward.CheckFeedbackItem(item); cerr != nil {
+				fmt.Fprintf(stdout, "error\t%d\t%s\t%s (not sent)\n", n, id, cerr)
+				failed++
+			} else {
+				items = append(items, item)
+				lineOf = append(lineOf, n)
 			}
 		}
 		if rerr == io.EOF {
