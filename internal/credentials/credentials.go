@@ -185,14 +185,6 @@ func (s *Store) Projects() []*Project {
 	return append([]*Project(nil), s.projects...)
 }
 
-// Organizations returns the organizations in file order (a new slice).
-func (s *Store) Organizations() []*Organization {
-	if s == nil {
-		return nil
-	}
-	return append([]*Organization(nil), s.orgs...)
-}
-
 // file is the YAML shape.
 type file struct {
 	Projects      []fileProject `yaml:"projects"`
