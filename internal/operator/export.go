@@ -204,11 +204,7 @@ func (x *exporter) loadState() error {
 // saveState writes the state file, not fsynced like the pieces (loadState
 // checks them).
 func (x *exporter) saveState() error {
-	b, _ := json.MarshalIndent(x.state, "", " ")
-	return backfill.WriteFile(x.statePath(), 0o644, true, func(f *os.File) error {
-		_, err := f.Write(b)
-		return err
-	})
+	return backfill.WriteFile(x.statePath(), 0o644, true, func(f *os.File) error { return json.NewEncoder(f).Encode(x.state) })
 }
 
 // todo returns the ranges still to fetch: the plan's pieces minus the hours
