@@ -1,7 +1,6 @@
 package adminapi
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -310,11 +309,7 @@ type bulkJSON struct {
 
 func decodeBulk(r *http.Request, replay bool) (bulkJSON, error) {
 	var b bulkJSON
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		return b, fmt.Errorf("body: %w", err)
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
+	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&b); err != nil {
 		// The decoder's messages quote field names, never values.
@@ -352,6 +347,8 @@ func describeJSONError(err error) string {
 		return fmt.Sprintf("invalid JSON at byte %d", se.Offset)
 	case errors.As(err, &te):
 		return fmt.Sprintf("field %q: want %s", te.Field, te.Type)
+	case errors.As(err, new(*http.MaxBytesError)):
+		return err.Error()
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		return err.Error()[len("json: "):]
 	case errors.Is(err, io.EOF):
