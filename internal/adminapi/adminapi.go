@@ -277,10 +277,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mux.ServeHTTP(sw, r)
-	label = "unmatched"
-	if r.Pattern != "" {
-		label = r.Pattern
-	}
+	label = cmp.Or(r.Pattern, "unmatched")
 }
 
 // metrics serves g in the Prometheus text format. A scraper that goes away

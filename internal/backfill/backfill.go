@@ -1,6 +1,7 @@
 package backfill
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -84,10 +85,7 @@ type Config struct {
 // ReportPath is where the dead letters are written: Report, or
 // Dir/backfill-report.jsonl.
 func (c Config) ReportPath() string {
-	if c.Report != "" {
-		return c.Report
-	}
-	return filepath.Join(c.Dir, "backfill-report.jsonl")
+	return cmp.Or(c.Report, filepath.Join(c.Dir, "backfill-report.jsonl"))
 }
 
 // Validate reports a configuration error.
@@ -147,12 +145,8 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 	if err := cfg.Validate(); err != nil {
 		return Counts{}, err
 	}
-	if cfg.MaxEPS == 0 {
-		cfg.MaxEPS = DefaultMaxEPS
-	}
-	if cfg.ProgressEvery == 0 {
-		cfg.ProgressEvery = 500 * time.Millisecond
-	}
+	cfg.MaxEPS = cmp.Or(cfg.MaxEPS, DefaultMaxEPS)
+	cfg.ProgressEvery = cmp.Or(cfg.ProgressEvery, 500*time.Millisecond)
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return Counts{}, err
 	}

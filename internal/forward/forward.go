@@ -246,9 +246,7 @@ func checkBase(base string) bool {
 // to w. It returns the upstream's status, or 0 when it answered locally
 // (WriteError; counted in relay_forward_errors_total by reason).
 func (f *Forwarder) forward(w http.ResponseWriter, r *http.Request, t Target, proxy *httputil.ReverseProxy) int {
-	if t.API == "" {
-		t.API = "other"
-	}
+	t.API = cmp.Or(t.API, "other")
 	fail := func(status int, reason string, msg string) int {
 		f.m.errors.WithLabelValues(t.API, reason).Inc()
 		WriteError(w, status, msg)
