@@ -93,7 +93,7 @@ type dsarRun struct {
 func (d *dsarRun) run(ctx context.Context, req forward.DSARRequest, id int64) error {
 	if id == 0 {
 		body, _ := json.Marshal(req)
-		resp, err := d.cl.send(ctx, http.MethodPost, d.base+forward.DSARPath, body, false, nil)
+		resp, err := d.cl.do(ctx, http.MethodPost, d.base+forward.DSARPath, body, false)
 		if err != nil {
 			return fmt.Errorf("create: %w", err)
 		}
@@ -142,7 +142,7 @@ func (d *dsarRun) poll(ctx context.Context, id int64) (forward.DSARStatus, time.
 		backoff.WithMaxElapsedTime(d.pollTime), backoff.WithMultiplier(1.5))
 	url := d.base + forward.DSARPath + "/" + strconv.FormatInt(id, 10)
 	for polls := 1; ; polls++ {
-		resp, err := d.cl.do(ctx, http.MethodGet, url, nil)
+		resp, err := d.cl.do(ctx, http.MethodGet, url, nil, true)
 		if err != nil {
 			return forward.DSARStatus{}, time.Time{}, fmt.Errorf("status of request %d: %w", id, err)
 		}
@@ -171,7 +171,7 @@ func (d *dsarRun) poll(ctx context.Context, id int64) (forward.DSARStatus, time.
 
 // download fetches one output into path (through path.tmp) and verifies it.
 func (d *dsarRun) download(ctx context.Context, url, path string) (int64, error) {
-	resp, err := d.cl.do(ctx, http.MethodGet, url, nil)
+	resp, err := d.cl.do(ctx, http.MethodGet, url, nil, true)
 	if err != nil {
 		return 0, err
 	}

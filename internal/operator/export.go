@@ -263,7 +263,7 @@ func (e *bodyError) Unwrap() error { return e.err }
 func (x *exporter) fetch(ctx context.Context, r forward.ExportRange) (donePiece, int, error) {
 	d := donePiece{Start: r.StartParam(), End: r.EndParam()}
 	q := url.Values{"start": {d.Start}, "end": {d.End}}
-	resp, err := x.cl.do(ctx, http.MethodGet, x.base+forward.ExportPath+"?"+q.Encode(), nil, http.StatusBadRequest, http.StatusNotFound)
+	resp, err := x.cl.do(ctx, http.MethodGet, x.base+forward.ExportPath+"?"+q.Encode(), nil, true, http.StatusBadRequest, http.StatusNotFound)
 	if err != nil {
 		return d, 0, err
 	}

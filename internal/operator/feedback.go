@@ -45,7 +45,7 @@ func feedbackCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 		ingested := 0
 		for n, body := range bodies {
 			p.update("request %d of %d (%d items)", n+1, len(bodies), len(members[n]))
-			resp, err := cl.do(ctx, http.MethodPost, base+forward.FeedbackPath, body)
+			resp, err := cl.do(ctx, http.MethodPost, base+forward.FeedbackPath, body, true)
 			if err != nil {
 				return fmt.Errorf("request %d of %d (lines %d to %d): %w (earlier requests were sent; items are upserted by unique_id, so running again is safe)",
 					n+1, len(bodies), lineOf[members[n][0]], lineOf[members[n][len(members[n])-1]], err)
