@@ -373,7 +373,7 @@ func (p *progress) done() {
 	}
 }
 
-// countingReader counts bytes read and reports them to a callback.
+// countingReader counts bytes read and reports them to on.
 type countingReader struct {
 	r  io.Reader
 	n  int64
@@ -383,9 +383,7 @@ type countingReader struct {
 func (c *countingReader) Read(b []byte) (int, error) {
 	n, err := c.r.Read(b)
 	c.n += int64(n)
-	if c.on != nil {
-		c.on(c.n)
-	}
+	c.on(c.n)
 	return n, err
 }
 
