@@ -17,6 +17,7 @@ import (
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/operator"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/tap"
@@ -47,10 +48,8 @@ func (a tappedAppender) Append(ctx context.Context, req storage.Request) error {
 // tappedSender shows the events of every request the upstream answered
 // 200 to the live taps.
 type tappedSender struct {
-	next interface {
-		Do(ctx context.Context, req *upstream.Request) upstream.Result
-	}
-	hub *tap.Hub
+	next delivery.Sender
+	hub  *tap.Hub
 }
 
 func (s tappedSender) Do(ctx context.Context, req *upstream.Request) upstream.Result {

@@ -466,11 +466,9 @@ func envelope(dst []byte, key string, evs ...[]byte) []byte {
 // until the project's pacing allows its events, sends /batch requests when
 // asked, and counts what it sent and what came back.
 type sender struct {
-	next interface {
-		Do(ctx context.Context, req *upstream.Request) upstream.Result
-	}
-	lim *limiter
-	url string // "" or the /batch URL
+	next delivery.Sender
+	lim  *limiter
+	url  string // "" or the /batch URL
 
 	reqs                                 sync.Pool // *event.Request, to count a body's events
 	sent, delivered, requests, throttled atomic.Int64
