@@ -92,9 +92,7 @@ func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Server, error
 	if cfg.Gatherer == nil {
 		cfg.Gatherer = prometheus.NewRegistry()
 	}
-	if log == nil {
-		log = zap.NewNop()
-	}
+	log = cmp.Or(log, zap.NewNop())
 	s := &Server{cfg: cfg, log: log, mux: http.NewServeMux(), fresh: make(map[net.Conn]struct{})}
 	s.token.Store(cfg.Token)
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{

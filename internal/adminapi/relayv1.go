@@ -96,9 +96,7 @@ func NewRelay(cfg RelayConfig, sp *spool.Spool, log *zap.Logger, reg prometheus.
 	if sp == nil || cfg.Store == nil {
 		return nil, errors.New("adminapi: relay API needs a spool and a store")
 	}
-	if log == nil {
-		log = zap.NewNop()
-	}
+	log = cmp.Or(log, zap.NewNop())
 	a := &Relay{cfg: cfg, sp: sp, log: log,
 		replayed: prometheus.NewCounter(prometheus.CounterOpts{Name: "relay_admin_dead_letters_replayed_total",
 			Help: "Dead letters replayed into their lanes through the admin API."}),

@@ -139,9 +139,7 @@ var ErrInterrupted = errors.New("interrupted")
 // or when delivery cannot go on (the lane stopped: an invalid api_key or
 // URL). Dead letters are written to the report file in every case.
 func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
-	if log == nil {
-		log = zap.NewNop()
-	}
+	log = cmp.Or(log, zap.NewNop())
 	if err := cfg.Validate(); err != nil {
 		return Counts{}, err
 	}

@@ -115,9 +115,7 @@ func New(cfg Config, creds *credentials.Ref, log *zap.Logger, reg prometheus.Reg
 	}
 	cfg.MaxRequestBodyBytes = cmp.Or(cfg.MaxRequestBodyBytes, DefaultMaxRequestBodyBytes)
 	cfg.IdleTimeout = cmp.Or(cfg.IdleTimeout, DefaultIdleTimeout)
-	if log == nil {
-		log = zap.NewNop()
-	}
+	log = cmp.Or(log, zap.NewNop())
 	// Every line here is one a caller can cause (an upstream that is down
 	// for everyone's calls, a caller that goes away mid-answer): sampled per
 	// message, a few a minute; relay_forward_errors_total counts them all.
