@@ -54,14 +54,11 @@ func (s Secret) Equal(v string) bool {
 // String returns Redacted.
 func (Secret) String() string { return Redacted }
 
-// GoString returns a Go-syntax placeholder, for %#v.
-func (Secret) GoString() string { return `credentials.Secret{` + Redacted + `}` }
-
-// Format writes Redacted for every verb (and the GoString for %#v), so that
-// no verb, width or flag prints the value.
+// Format writes Redacted for every verb (a Go-syntax placeholder for %#v),
+// so that no verb, width or flag prints the value.
 func (s Secret) Format(f fmt.State, verb rune) {
 	if verb == 'v' && f.Flag('#') {
-		_, _ = io.WriteString(f, s.GoString())
+		_, _ = io.WriteString(f, `credentials.Secret{`+Redacted+`}`)
 		return
 	}
 	_, _ = io.WriteString(f, Redacted)
