@@ -17,17 +17,10 @@ import (
 )
 
 // runConfig is `relay config check [flags]`: load and validate the settings
-// (flags, RELAY_* variables, the --config file, the admin token and the
-// credentials file) exactly as serving would, without opening the spool or a
-// listener; print the effective settings, secrets masked, each with where it
-// came from. Exit 0 when valid, 2 when not (the error names the source of the
-// bad value).
-//
-// With --diff [--admin URL] [--token-file F], it prints instead what a
-// reload of the relay serving there (by default the admin-listen the
-// settings name) (SIGHUP, POST /relay/v1/reload) would change:
-// each setting whose value differs from the one in force, and whether it
-// applies live or needs a restart.
+// exactly as serving would, without opening the spool or a listener, and
+// print them (secrets masked) with where each came from; exit 0 when valid,
+// 2 when not. With --diff it prints instead what a reload of the relay
+// serving at --admin (default: the settings' admin-listen) would change.
 func runConfig(args, environ []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] != "check" {
 		fmt.Fprintln(stderr, "relay: usage: relay config check [--diff [--admin URL] [--token-file F]] [--config FILE] [flags]")
@@ -157,13 +150,7 @@ func printConfig(w io.Writer, cfg config.Config) {
 		fmt.Fprintln(w, "admin token: none; every admin route is open to local processes (admin-listen is loopback)")
 	}
 	if cfg.Creds != nil {
-		var ps, os []string
-		for _, p := range cfg.Creds.Projects() {
-			ps = append(ps, p.Name)
-		}
-		for _, o := range cfg.Creds.Organizations() {
-			os = append(os, o.Name)
-		}
+		ps, os := cfg.Creds.Names()
 		fmt.Fprintf(w, "credentials: %s: %d project(s) [%s], %d organization(s) [%s]\n",
 			cfg.Credentials, len(ps), strings.Join(ps, " "), len(os), strings.Join(os, " "))
 	}

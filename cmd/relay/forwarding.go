@@ -15,14 +15,10 @@ import (
 	"github.com/svcrelay/relay/internal/usermap"
 )
 
-// forwardingRoutes builds the admin listener's forwarded upstream APIs
-// (experiments, SCIM, channel classifiers, taxonomy, feedback, DSAR, user
-// deletion, export, user mapping reads) from their tables, on one Forwarder, so its connections
-// and metrics exist once per process. Every upstream base comes from the
-// flags (bases, read at every request: a reload may change them) or the
-// credentials file (read through creds at every request), never from a
-// request.
-// taxLim is the taxonomy API's limiter, shared with the tracking plan's reads.
+// forwardingRoutes builds the admin listener's forwarded upstream APIs from
+// their tables on one Forwarder, so its connections and metrics exist once
+// per process. taxLim is the taxonomy API's limiter, shared with the
+// tracking plan's reads.
 func forwardingRoutes(bases upstreamBases, creds *credentials.Ref, taxLim *ratelimit.Limiter, log *zap.Logger, reg prometheus.Registerer) ([]adminroute.Route, *forward.Forwarder, error) {
 	fwd, err := forward.New(forward.Config{}, creds, log.Named("forward"), reg)
 	if err != nil {

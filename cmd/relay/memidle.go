@@ -22,11 +22,9 @@ const (
 	// (metrics scrapes, delivery retries during an outage).
 	idleQuietBytes = 1 << 20
 	// idleMinAlloc: what must have been allocated since the last return
-	// for another to be worth a GC. Small: a relay started on a backlog
-	// while the upstream is down allocates a few MB (a read-ahead step,
-	// the first request bodies) and then only waits; with 64 MiB it kept
-	// them (RSS 25 MiB against 15 on an empty spool; now 19-22). A return
-	// costs two GCs of a small heap, at most once per quiet second.
+	// for another to be worth a GC (two of a small heap). Small: a relay
+	// started on a backlog while the upstream is down allocates only a few
+	// MB (a read-ahead step, the first request bodies) and then waits.
 	idleMinAlloc = 4 << 20
 	// idleGoroutinesGone: this many goroutines ended since the last return
 	// is worth one too (retired lanes end 5 goroutines each and

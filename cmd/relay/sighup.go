@@ -65,11 +65,10 @@ func (r *reloaders) run(cfg config.Config) {
 	}
 }
 
-// reloadFiles re-reads the admin token file and the credentials file of
-// cfg (the configuration a reload puts in force) and puts each in force
-// (setToken, setCreds) only when its new content is valid; a bad new file
-// keeps the one in force and the log says why. The log shows the new state
-// (project and organization names, never a secret).
+// reloadFiles puts in force the admin token and the credentials of cfg, the
+// configuration a reload puts in force: config.Load has read both files
+// again and refused the reload when either was bad (and warned about
+// modes). The log shows the new state (names, never a secret).
 func reloadFiles(cfg config.Config, log *zap.Logger, setToken func(*admintoken.Token), setCreds func(*credentials.Store)) {
 	switch {
 	case cfg.Token == nil:
@@ -77,26 +76,13 @@ func reloadFiles(cfg config.Config, log *zap.Logger, setToken func(*admintoken.T
 	case cfg.AdminTokenFile == "":
 		log.Info("reload: the admin token was given directly (" + cfg.Source("admin-token") + "), not in a file: kept")
 	default:
-		tok, err := admintoken.Load("", cfg.AdminTokenFile)
-		if err != nil {
-			log.Error("reload: admin token file not reloaded; the token in force stays", zap.String("file", cfg.AdminTokenFile), errField(err))
-			break
-		}
-		setToken(tok)
+		setToken(cfg.Token)
 		log.Info("reload: admin token reloaded", zap.String("file", cfg.AdminTokenFile))
-		if tok.ReadableByOthers() {
-			log.Warn("admin-token-file " + cfg.AdminTokenFile + " is readable by group or others: chmod 600 it (from " + cfg.Source("admin-token-file") + ")")
-		}
 	}
-	if cfg.Credentials == "" {
+	if cfg.Creds == nil {
 		log.Info("reload: no credentials file configured: nothing to reload")
 		return
 	}
-	n, err := credentials.Load(cfg.Credentials)
-	if err != nil {
-		log.Error("reload: credentials file not reloaded; the credentials in force stay", zap.String("file", cfg.Credentials), errField(err))
-		return
-	}
-	setCreds(n)
-	log.Info("reload: credentials reloaded", zap.String("file", cfg.Credentials), zap.Object("credentials", n))
+	setCreds(cfg.Creds)
+	log.Info("reload: credentials reloaded", zap.String("file", cfg.Credentials), zap.Object("credentials", cfg.Creds))
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/svcrelay/relay/internal/adminroute"
 	"github.com/svcrelay/relay/internal/admintoken"
 	"github.com/svcrelay/relay/internal/credentials"
+	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/operator"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/svcrelay/relay/internal/tap"
@@ -47,10 +48,8 @@ func (a tappedAppender) Append(ctx context.Context, req storage.Request) error {
 // tappedSender shows the events of every request the upstream answered
 // 200 to the live taps.
 type tappedSender struct {
-	next interface {
-		Do(ctx context.Context, req *upstream.Request) upstream.Result
-	}
-	hub *tap.Hub
+	next delivery.Sender
+	hub  *tap.Hub
 }
 
 func (s tappedSender) Do(ctx context.Context, req *upstream.Request) upstream.Result {
@@ -105,20 +104,11 @@ func runTap(ctx context.Context, args []string, environ []string, stdout, stderr
 		}
 		q := url.Values{}
 		for k, v := range map[string]string{"project": *project, "api_key_hash": *keyHash, "event_type": *eventType,
-			"device": *device, "where": *where} {
-			if v != "" {
+			"device": *device, "where": *where, "sample": strconv.FormatUint(*sample, 10),
+			"limit": strconv.FormatUint(*limit, 10), "duration": dur.String(), "mask": strconv.FormatBool(*mask)} {
+			if v != "" && v != "0" && v != "false" { // a zero value is the server's default
 				q.Set(k, v)
 			}
-		}
-		if *sample > 0 {
-			q.Set("sample", strconv.FormatUint(*sample, 10))
-		}
-		if *limit > 0 {
-			q.Set("limit", strconv.FormatUint(*limit, 10))
-		}
-		q.Set("duration", dur.String())
-		if *mask {
-			q.Set("mask", "true")
 		}
 		// No client time-out: the server ends the stream after --duration.
 		hc := &http.Client{Transport: &http.Transport{ResponseHeaderTimeout: 30 * time.Second}}

@@ -34,9 +34,6 @@ var errUpstreamChanged = errors.New("spool upstream changed")
 // the sandbox simulator and delete it — unless allow. Otherwise (no record
 // waits, or allowed) it stores id as the spool's upstream.
 func guardSpoolUpstream(sp *spool.Spool, id string, allow bool, log *zap.Logger) error {
-	if log == nil {
-		log = zap.NewNop()
-	}
 	prev := sp.Stats().Upstream
 	if prev == id {
 		return nil

@@ -8,6 +8,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
+	"go.uber.org/zap"
 )
 
 // A spool with records waiting for one upstream refuses a start against
@@ -24,7 +25,7 @@ func TestGuardSpoolUpstream(t *testing.T) {
 	}
 	sp := open()
 	prod := upstreamIdentity("https://ingest.example.test/")
-	if err := guardSpoolUpstream(sp, prod, false, nil); err != nil {
+	if err := guardSpoolUpstream(sp, prod, false, zap.NewNop()); err != nil {
 		t.Fatalf("first start: %v", err)
 	}
 	l, err := sp.Lane(context.Background(), storage.LaneKey{Kind: storage.KindEvents, APIKey: "k"})
@@ -42,18 +43,18 @@ func TestGuardSpoolUpstream(t *testing.T) {
 
 	sp = open()
 	defer func() { sp.Close() }()
-	err = guardSpoolUpstream(sp, upstreamIdentity(""), false, nil)
+	err = guardSpoolUpstream(sp, upstreamIdentity(""), false, zap.NewNop())
 	if !errors.Is(err, errUpstreamChanged) || !strings.Contains(err.Error(), "https://ingest.example.test") ||
 		!strings.Contains(err.Error(), "--spool-upstream-change=allow") || strings.Contains(err.Error(), "\n") {
 		t.Fatalf("sandbox over a production backlog: %v", err)
 	}
-	if err := guardSpoolUpstream(sp, "https://other.example.test", false, nil); !errors.Is(err, errUpstreamChanged) {
+	if err := guardSpoolUpstream(sp, "https://other.example.test", false, zap.NewNop()); !errors.Is(err, errUpstreamChanged) {
 		t.Fatalf("another upstream: %v", err)
 	}
-	if err := guardSpoolUpstream(sp, prod, false, nil); err != nil {
+	if err := guardSpoolUpstream(sp, prod, false, zap.NewNop()); err != nil {
 		t.Fatalf("same upstream (trailing slash aside): %v", err)
 	}
-	if err := guardSpoolUpstream(sp, "https://other.example.test", true, nil); err != nil {
+	if err := guardSpoolUpstream(sp, "https://other.example.test", true, zap.NewNop()); err != nil {
 		t.Fatalf("allowed: %v", err)
 	}
 	if id := sp.Stats().Upstream; id != "https://other.example.test" {
@@ -69,7 +70,7 @@ func TestGuardEmptySpool(t *testing.T) {
 	}
 	defer sp.Close()
 	for _, id := range []string{"https://a.test", sandboxUpstream, "https://b.test"} {
-		if err := guardSpoolUpstream(sp, id, false, nil); err != nil {
+		if err := guardSpoolUpstream(sp, id, false, zap.NewNop()); err != nil {
 			t.Fatalf("%s: %v", id, err)
 		}
 	}

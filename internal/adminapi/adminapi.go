@@ -92,9 +92,7 @@ func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Server, error
 	if cfg.Gatherer == nil {
 		cfg.Gatherer = prometheus.NewRegistry()
 	}
-	if log == nil {
-		log = zap.NewNop()
-	}
+	log = cmp.Or(log, zap.NewNop())
 	s := &Server{cfg: cfg, log: log, mux: http.NewServeMux(), fresh: make(map[net.Conn]struct{})}
 	s.token.Store(cfg.Token)
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -132,7 +130,8 @@ func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Server, error
 		ConnState:         s.connState,
 		// net/http's own lines (TLS handshake errors, panics) go to the log
 		// with quoted fragments and query strings redacted.
-		ErrorLog: stdlog.New(serverLog{sampled(5)}, "", 0),
+		ErrorLog: stdlog.New(adminroute.LogLines{Log: sampled(5), Msg: "admin listener",
+			Redact: func(s string) string { return redactQuoted(redactQuery(s)) }}, "", 0),
 	}
 
 	s.Handle(http.MethodGet, "/healthz", http.HandlerFunc(s.healthz))
@@ -276,10 +275,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mux.ServeHTTP(sw, r)
-	label = "unmatched"
-	if r.Pattern != "" {
-		label = r.Pattern
-	}
+	label = cmp.Or(r.Pattern, "unmatched")
 }
 
 // metrics serves g in the Prometheus text format. A scraper that goes away
@@ -290,7 +286,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 // one message.
 func (s *Server) metrics(g prometheus.Gatherer) http.Handler {
 	h := promhttp.HandlerFor(g, promhttp.HandlerOpts{
-		ErrorLog:      promLog{s.scrapeLog},
+		ErrorLog:      stdlog.New(adminroute.LogLines{Log: s.scrapeLog, Msg: "metrics scrape: promhttp error"}, "", 0),
 		ErrorHandling: promhttp.ContinueOnError,
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -320,14 +316,6 @@ func (w *quietWriter) Write(p []byte) (int, error) {
 
 // Unwrap lets http.ResponseController reach the server's writer.
 func (w *quietWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-// promLog takes promhttp's error lines under one message, so that the
-// sampler bounds them.
-type promLog struct{ log *zap.Logger }
-
-func (p promLog) Println(v ...any) {
-	p.log.Warn("metrics scrape: promhttp error", zap.String("detail", strings.TrimSpace(fmt.Sprintln(v...))))
-}
 
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -389,16 +377,6 @@ func RedactArgs(args []string) []string {
 		}
 	}
 	return out
-}
-
-// serverLog takes net/http's error log lines (TLS handshake errors,
-// panics in handlers, accept errors) into zap, with quoted fragments and
-// query strings redacted: no request content reaches the log.
-type serverLog struct{ log *zap.Logger }
-
-func (z serverLog) Write(p []byte) (int, error) {
-	z.log.Warn("admin listener", zap.String("detail", redactQuoted(redactQuery(strings.TrimRight(string(p), "\n")))))
-	return len(p), nil
 }
 
 var (

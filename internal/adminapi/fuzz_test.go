@@ -2,6 +2,7 @@ package adminapi
 
 import (
 	"bytes"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -42,4 +43,14 @@ func FuzzDecodeBulk(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestDecodeBulkTooLarge: a body over the route's bound is refused as such,
+// not as invalid JSON.
+func TestDecodeBulkTooLarge(t *testing.T) {
+	r := httptest.NewRequest("POST", "/relay/v1/deadletters/purge", strings.NewReader(`{"ids":[`+strings.Repeat("1,", 100)+`1]}`))
+	r.Body = http.MaxBytesReader(httptest.NewRecorder(), r.Body, 64)
+	if _, err := decodeBulk(r, false); err == nil || !strings.Contains(err.Error(), "request body too large") {
+		t.Fatalf("error %v, want the body's size", err)
+	}
 }

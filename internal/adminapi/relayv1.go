@@ -1,7 +1,6 @@
 package adminapi
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -97,9 +96,7 @@ func NewRelay(cfg RelayConfig, sp *spool.Spool, log *zap.Logger, reg prometheus.
 	if sp == nil || cfg.Store == nil {
 		return nil, errors.New("adminapi: relay API needs a spool and a store")
 	}
-	if log == nil {
-		log = zap.NewNop()
-	}
+	log = cmp.Or(log, zap.NewNop())
 	a := &Relay{cfg: cfg, sp: sp, log: log,
 		replayed: prometheus.NewCounter(prometheus.CounterOpts{Name: "relay_admin_dead_letters_replayed_total",
 			Help: "Dead letters replayed into their lanes through the admin API."}),
@@ -310,11 +307,7 @@ type bulkJSON struct {
 
 func decodeBulk(r *http.Request, replay bool) (bulkJSON, error) {
 	var b bulkJSON
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		return b, fmt.Errorf("body: %w", err)
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
+	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&b); err != nil {
 		// The decoder's messages quote field names, never values.
@@ -352,6 +345,8 @@ func describeJSONError(err error) string {
 		return fmt.Sprintf("invalid JSON at byte %d", se.Offset)
 	case errors.As(err, &te):
 		return fmt.Sprintf("field %q: want %s", te.Field, te.Type)
+	case errors.As(err, new(*http.MaxBytesError)):
+		return err.Error()
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		return err.Error()[len("json: "):]
 	case errors.Is(err, io.EOF):

@@ -23,6 +23,8 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"go.uber.org/zap"
+
 	"github.com/svcrelay/relay/internal/admintoken"
 )
 
@@ -85,6 +87,25 @@ func (w *StatusWriter) Write(p []byte) (int, error) {
 
 // Unwrap lets http.ResponseController reach the server's writer.
 func (w *StatusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// LogLines is the writer of a standard library logger (log.New(w, "", 0))
+// of net/http or promhttp: each line is logged as a warning under Msg, the
+// line (passed through Redact when set) in a field, so that a sampler per
+// message bounds them.
+type LogLines struct {
+	Log    *zap.Logger
+	Msg    string
+	Redact func(string) string
+}
+
+func (l LogLines) Write(p []byte) (int, error) {
+	line := strings.TrimSpace(string(p))
+	if l.Redact != nil {
+		line = l.Redact(line)
+	}
+	l.Log.Warn(l.Msg, zap.String("detail", line))
+	return len(p), nil
+}
 
 // ErrBadPath is returned by CheckPath for a path the admin listener refuses.
 var ErrBadPath = errors.New("request path refused")

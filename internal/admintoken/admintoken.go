@@ -12,8 +12,9 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
+
+	"github.com/svcrelay/relay/internal/credentials"
 )
 
 // Mode says where a route reads the admin token (see the package doc).
@@ -109,31 +110,16 @@ func Load(token, tokenFile string) (*Token, error) {
 	case tokenFile == "":
 		return nil, nil
 	}
-	f, err := os.Open(tokenFile)
+	data, readable, err := credentials.ReadSecretFile(tokenFile, MaxFileBytes)
 	if err != nil {
 		return nil, fmt.Errorf("admin token file: %w", err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("admin token file: %w", err)
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("admin token file %s: not a regular file", tokenFile)
-	}
-	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("admin token file: %w", err)
-	}
-	if len(data) > MaxFileBytes {
-		return nil, fmt.Errorf("admin token file %s: larger than %d bytes", tokenFile, MaxFileBytes)
 	}
 	t, err := New(string(data))
 	clear(data)
 	if err != nil {
 		return nil, fmt.Errorf("admin token file %s: %w", tokenFile, err)
 	}
-	t.readableByOthers = fi.Mode().Perm()&0o044 != 0
+	t.readableByOthers = readable
 	return t, nil
 }
 

@@ -1,6 +1,7 @@
 package backfill
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -84,10 +85,7 @@ type Config struct {
 // ReportPath is where the dead letters are written: Report, or
 // Dir/backfill-report.jsonl.
 func (c Config) ReportPath() string {
-	if c.Report != "" {
-		return c.Report
-	}
-	return filepath.Join(c.Dir, "backfill-report.jsonl")
+	return cmp.Or(c.Report, filepath.Join(c.Dir, "backfill-report.jsonl"))
 }
 
 // Validate reports a configuration error.
@@ -141,18 +139,12 @@ var ErrInterrupted = errors.New("interrupted")
 // or when delivery cannot go on (the lane stopped: an invalid api_key or
 // URL). Dead letters are written to the report file in every case.
 func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
-	if log == nil {
-		log = zap.NewNop()
-	}
+	log = cmp.Or(log, zap.NewNop())
 	if err := cfg.Validate(); err != nil {
 		return Counts{}, err
 	}
-	if cfg.MaxEPS == 0 {
-		cfg.MaxEPS = DefaultMaxEPS
-	}
-	if cfg.ProgressEvery == 0 {
-		cfg.ProgressEvery = 500 * time.Millisecond
-	}
+	cfg.MaxEPS = cmp.Or(cfg.MaxEPS, DefaultMaxEPS)
+	cfg.ProgressEvery = cmp.Or(cfg.ProgressEvery, 500*time.Millisecond)
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return Counts{}, err
 	}
@@ -472,11 +464,9 @@ func envelope(dst []byte, key string, evs ...[]byte) []byte {
 // until the project's pacing allows its events, sends /batch requests when
 // asked, and counts what it sent and what came back.
 type sender struct {
-	next interface {
-		Do(ctx context.Context, req *upstream.Request) upstream.Result
-	}
-	lim *limiter
-	url string // "" or the /batch URL
+	next delivery.Sender
+	lim  *limiter
+	url  string // "" or the /batch URL
 
 	reqs                                 sync.Pool // *event.Request, to count a body's events
 	sent, delivered, requests, throttled atomic.Int64

@@ -48,7 +48,7 @@ type input struct {
 	zr    *zip.Reader
 	files []*zip.File // the zip's entries, in archive order
 	entry int
-	rc    io.Closer // the open entry or gzip stream
+	rc    io.Closer // the open zip entry (a gzip.Reader holds nothing to close)
 	br    *bufio.Reader
 	off   int64
 	// size is the decompressed size when known (a zip's entries), else
@@ -133,7 +133,6 @@ func (in *input) start(r io.Reader, off int64, seekable bool) error {
 		if err != nil {
 			return err
 		}
-		in.rc = multiCloser{gz, in.rc} // a plain file itself is closed by close
 		br = bufio.NewReaderSize(gz, 1<<16)
 		seekable = false
 	}
@@ -149,16 +148,6 @@ func (in *input) start(r io.Reader, off int64, seekable bool) error {
 	}
 	in.br, in.off = br, off
 	return nil
-}
-
-type multiCloser struct{ a, b io.Closer }
-
-func (m multiCloser) Close() error {
-	err := m.a.Close()
-	if m.b != nil {
-		err = errors.Join(err, m.b.Close())
-	}
-	return err
 }
 
 // next returns the next non-blank line, or io.EOF after the last one.

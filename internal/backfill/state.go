@@ -102,11 +102,7 @@ func loadState(cfg Config) (st *state, resumed bool, err error) {
 
 // save writes the state atomically, fsynced unless cfg.NoSync.
 func (s *state) save(cfg Config) error {
-	b, _ := json.MarshalIndent(s, "", " ")
-	if err := WriteFile(filepath.Join(cfg.Dir, stateName), 0o666, cfg.NoSync, func(f *os.File) error {
-		_, err := f.Write(b)
-		return err
-	}); err != nil {
+	if err := WriteFile(filepath.Join(cfg.Dir, stateName), 0o666, cfg.NoSync, func(f *os.File) error { return json.NewEncoder(f).Encode(s) }); err != nil {
 		return fmt.Errorf("state file: %w", err)
 	}
 	return nil

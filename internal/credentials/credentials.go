@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"regexp"
 	"strings"
 	"sync/atomic"
@@ -186,14 +185,6 @@ func (s *Store) Projects() []*Project {
 	return append([]*Project(nil), s.projects...)
 }
 
-// Organizations returns the organizations in file order (a new slice).
-func (s *Store) Organizations() []*Organization {
-	if s == nil {
-		return nil
-	}
-	return append([]*Organization(nil), s.orgs...)
-}
-
 // file is the YAML shape.
 type file struct {
 	Projects      []fileProject `yaml:"projects"`
@@ -222,19 +213,7 @@ type fileOrg struct {
 // Load reads and parses the credentials file at path (see Parse). Errors name
 // the file and line but never contain a secret value.
 func Load(path string) (*Store, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("credentials: %w", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("credentials: %w", err)
-	}
-	if len(data) > MaxFileBytes {
-		return nil, fmt.Errorf("credentials %s: larger than %d bytes", path, MaxFileBytes)
-	}
-	fi, err := f.Stat()
+	data, readable, err := ReadSecretFile(path, MaxFileBytes)
 	if err != nil {
 		return nil, fmt.Errorf("credentials: %w", err)
 	}
@@ -242,7 +221,7 @@ func Load(path string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.readableByOthers = fi.Mode().Perm()&0o044 != 0
+	s.readableByOthers = readable
 	return s, nil
 }
 
@@ -466,12 +445,12 @@ func lineOf(lines []int, i int) int {
 
 // Format prints the project and organization names only.
 func (s Store) Format(f fmt.State, verb rune) {
-	ps, orgs := s.names()
+	ps, orgs := s.Names()
 	fmt.Fprintf(f, "credentials.Store{Projects:%q Organizations:%q}", ps, orgs)
 }
 
-// names returns the project and organization names, in file order.
-func (s *Store) names() (projects, orgs []string) {
+// Names returns the project and organization names, in file order.
+func (s *Store) Names() (projects, orgs []string) {
 	if s == nil {
 		return nil, nil
 	}
@@ -486,7 +465,7 @@ func (s *Store) names() (projects, orgs []string) {
 
 // MarshalLogObject logs the project and organization names, no secret.
 func (s *Store) MarshalLogObject(enc zapcore.ObjectEncoder) error {
-	ps, orgs := s.names()
+	ps, orgs := s.Names()
 	zap.Strings("projects", ps).AddTo(enc)
 	zap.Strings("organizations", orgs).AddTo(enc)
 	return nil

@@ -189,7 +189,7 @@ func TestLookups(t *testing.T) {
 	if got := len(s.Projects()); got != 3 {
 		t.Errorf("Projects: %d, want 3", got)
 	}
-	if got := s.Organizations(); len(got) != 1 || got[0].Name != "acme" {
+	if got := s.orgs; len(got) != 1 || got[0].Name != "acme" {
 		t.Errorf("Organizations = %v", got)
 	}
 	s.Projects()[0] = nil
@@ -204,7 +204,7 @@ func TestLookups(t *testing.T) {
 	if _, ok := nilStore.ProjectByAPIKey("proj-web-apikey-0001"); ok {
 		t.Error("nil store found a key")
 	}
-	if _, ok := nilStore.Organization("acme"); ok || nilStore.Projects() != nil || nilStore.Organizations() != nil {
+	if _, ok := nilStore.Organization("acme"); ok || nilStore.Projects() != nil {
 		t.Error("nil store is not empty")
 	}
 }
@@ -280,7 +280,7 @@ func TestNoSecretInOutput(t *testing.T) {
 
 	values := map[string]any{
 		"store": s, "*store": *s, "project": web, "*project": *web, "org": org, "*org": *org,
-		"secret": web.SecretKey, "projects": s.Projects(), "orgs": s.Organizations(),
+		"secret": web.SecretKey, "projects": s.Projects(), "orgs": s.orgs,
 		"wrapped": struct {
 			P *Project
 			S Secret
@@ -395,14 +395,14 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("%s's organization %s does not list it", p.Name, o.Name)
 			}
 		}
-		for _, o := range s.Organizations() {
+		for _, o := range s.orgs {
 			for _, n := range o.Projects {
 				if p, ok := s.Project(n); !ok || p.Org() != o {
 					t.Fatalf("org %s lists %q which does not point back", o.Name, n)
 				}
 			}
 		}
-		out := fmt.Sprintf("%v %+v %#v", s, s.Projects(), s.Organizations())
+		out := fmt.Sprintf("%v %+v %#v", s, s.Projects(), s.orgs)
 		if strings.Contains(out, "~MARK~") {
 			t.Fatalf("formatting leaks a marked value: %s", out)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 
 	"go.uber.org/zap/zapcore"
 )
@@ -53,14 +54,11 @@ func (s Secret) Equal(v string) bool {
 // String returns Redacted.
 func (Secret) String() string { return Redacted }
 
-// GoString returns a Go-syntax placeholder, for %#v.
-func (Secret) GoString() string { return `credentials.Secret{` + Redacted + `}` }
-
-// Format writes Redacted for every verb (and the GoString for %#v), so that
-// no verb, width or flag prints the value.
+// Format writes Redacted for every verb (a Go-syntax placeholder for %#v),
+// so that no verb, width or flag prints the value.
 func (s Secret) Format(f fmt.State, verb rune) {
 	if verb == 'v' && f.Flag('#') {
-		_, _ = io.WriteString(f, s.GoString())
+		_, _ = io.WriteString(f, `credentials.Secret{`+Redacted+`}`)
 		return
 	}
 	_, _ = io.WriteString(f, Redacted)
@@ -94,3 +92,29 @@ func BasicAuth(apiKey, secretKey Secret) string {
 // Bearer returns the value of an Authorization header carrying s as a bearer
 // token: "Bearer <s>". The result holds the secret: put it only on the wire.
 func Bearer(s Secret) string { return "Bearer " + s.Reveal() }
+
+// ReadSecretFile reads a regular file of secrets of at most maxBytes, and
+// reports whether group or others may read it (mode & 0o044), for the caller
+// to warn about. Its errors name the file, never its content.
+func ReadSecretFile(path string, maxBytes int64) (data []byte, readableByOthers bool, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, false, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, false, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, false, fmt.Errorf("%s: not a regular file", path)
+	}
+	if data, err = io.ReadAll(io.LimitReader(f, maxBytes+1)); err != nil {
+		return nil, false, err
+	}
+	if int64(len(data)) > maxBytes {
+		clear(data)
+		return nil, false, fmt.Errorf("%s: larger than %d bytes", path, maxBytes)
+	}
+	return data, fi.Mode().Perm()&0o044 != 0, nil
+}

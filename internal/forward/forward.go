@@ -115,9 +115,7 @@ func New(cfg Config, creds *credentials.Ref, log *zap.Logger, reg prometheus.Reg
 	}
 	cfg.MaxRequestBodyBytes = cmp.Or(cfg.MaxRequestBodyBytes, DefaultMaxRequestBodyBytes)
 	cfg.IdleTimeout = cmp.Or(cfg.IdleTimeout, DefaultIdleTimeout)
-	if log == nil {
-		log = zap.NewNop()
-	}
+	log = cmp.Or(log, zap.NewNop())
 	// Every line here is one a caller can cause (an upstream that is down
 	// for everyone's calls, a caller that goes away mid-answer): sampled per
 	// message, a few a minute; relay_forward_errors_total counts them all.
@@ -193,15 +191,6 @@ func (c *idleConn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
-// proxyLog takes ReverseProxy's own lines (a caller gone mid-answer, a
-// body copy cut short) under one message, so that the sampler bounds them.
-type proxyLog struct{ log *zap.Logger }
-
-func (p proxyLog) Write(b []byte) (int, error) {
-	p.log.Warn("forward: proxy error", zap.String("detail", strings.TrimSpace(string(b))))
-	return len(b), nil
-}
-
 // targetKey carries a request's *Target from Forward to the proxy's Rewrite.
 type targetKey struct{}
 
@@ -216,7 +205,9 @@ func (f *Forwarder) newProxy(rt http.RoundTripper) *httputil.ReverseProxy {
 			return nil
 		},
 		ErrorHandler: f.proxyError,
-		ErrorLog:     stdlog.New(proxyLog{f.log}, "", 0),
+		// ReverseProxy's own lines: a caller gone mid-answer, a body copy
+		// cut short.
+		ErrorLog: stdlog.New(adminroute.LogLines{Log: f.log, Msg: "forward: proxy error"}, "", 0),
 	}
 }
 
@@ -253,9 +244,7 @@ func checkBase(base string) bool {
 // to w. It returns the upstream's status, or 0 when it answered locally
 // (WriteError; counted in relay_forward_errors_total by reason).
 func (f *Forwarder) forward(w http.ResponseWriter, r *http.Request, t Target, proxy *httputil.ReverseProxy) int {
-	if t.API == "" {
-		t.API = "other"
-	}
+	t.API = cmp.Or(t.API, "other")
 	fail := func(status int, reason string, msg string) int {
 		f.m.errors.WithLabelValues(t.API, reason).Inc()
 		WriteError(w, status, msg)

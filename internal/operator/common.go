@@ -244,13 +244,9 @@ func (e *statusError) Error() string {
 // package doc). accept lists the statuses handed back to the caller with
 // the body open (besides 2xx). Any other status is a *statusError. A
 // request that must not reach the upstream twice (DSAR create) is sent
-// with send and replay false: only answers that say it was not processed
-// (429, 503) are retried, never a transport error (it may have arrived).
-func (cl *client) do(ctx context.Context, method, url string, body []byte, accept ...int) (*http.Response, error) {
-	return cl.send(ctx, method, url, body, true, accept)
-}
-
-func (cl *client) send(ctx context.Context, method, url string, body []byte, replay bool, accept []int) (*http.Response, error) {
+// with replay false: only answers that say it was not processed (429, 503)
+// are retried, never a transport error (it may have arrived).
+func (cl *client) do(ctx context.Context, method, url string, body []byte, replay bool, accept ...int) (*http.Response, error) {
 	bo := cl.c.backOff(cl.c.retryTime)
 	for {
 		resp, retryAfter, err := cl.once(ctx, method, url, body, accept)
@@ -377,7 +373,7 @@ func (p *progress) done() {
 	}
 }
 
-// countingReader counts bytes read and reports them to a callback.
+// countingReader counts bytes read and reports them to on.
 type countingReader struct {
 	r  io.Reader
 	n  int64
@@ -387,9 +383,7 @@ type countingReader struct {
 func (c *countingReader) Read(b []byte) (int, error) {
 	n, err := c.r.Read(b)
 	c.n += int64(n)
-	if c.on != nil {
-		c.on(c.n)
-	}
+	c.on(c.n)
 	return n, err
 }
 

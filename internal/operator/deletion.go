@@ -81,7 +81,7 @@ func deleteUsersCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 				}
 			}
 			body, _ := json.Marshal(ch)
-			resp, err := cl.do(ctx, http.MethodPost, base+forward.DeletionPath, body, http.StatusBadRequest)
+			resp, err := cl.do(ctx, http.MethodPost, base+forward.DeletionPath, body, true, http.StatusBadRequest)
 			last = time.Now()
 			if err != nil {
 				return fmt.Errorf("request %d of %d: %w", i+1, len(chunks), err)
@@ -212,7 +212,7 @@ func listJobs(ctx context.Context, cl *client, base, latest string, stdout io.Wr
 		end = lim
 	}
 	q := url.Values{"start_day": {today.Format(time.DateOnly)}, "end_day": {end.Format(time.DateOnly)}}
-	resp, err := cl.do(ctx, http.MethodGet, base+forward.DeletionPath+"?"+q.Encode(), nil)
+	resp, err := cl.do(ctx, http.MethodGet, base+forward.DeletionPath+"?"+q.Encode(), nil, true)
 	if err != nil {
 		return fmt.Errorf("list jobs: %w", err)
 	}

@@ -1,10 +1,9 @@
 package operator
 
 import (
-	"bufio"
-	"compress/gzip"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -94,7 +93,7 @@ type dsarRun struct {
 func (d *dsarRun) run(ctx context.Context, req forward.DSARRequest, id int64) error {
 	if id == 0 {
 		body, _ := json.Marshal(req)
-		resp, err := d.cl.send(ctx, http.MethodPost, d.base+forward.DSARPath, body, false, nil)
+		resp, err := d.cl.do(ctx, http.MethodPost, d.base+forward.DSARPath, body, false)
 		if err != nil {
 			return fmt.Errorf("create: %w", err)
 		}
@@ -143,7 +142,7 @@ func (d *dsarRun) poll(ctx context.Context, id int64) (forward.DSARStatus, time.
 		backoff.WithMaxElapsedTime(d.pollTime), backoff.WithMultiplier(1.5))
 	url := d.base + forward.DSARPath + "/" + strconv.FormatInt(id, 10)
 	for polls := 1; ; polls++ {
-		resp, err := d.cl.do(ctx, http.MethodGet, url, nil)
+		resp, err := d.cl.do(ctx, http.MethodGet, url, nil, true)
 		if err != nil {
 			return forward.DSARStatus{}, time.Time{}, fmt.Errorf("status of request %d: %w", id, err)
 		}
@@ -172,7 +171,7 @@ func (d *dsarRun) poll(ctx context.Context, id int64) (forward.DSARStatus, time.
 
 // download fetches one output into path (through path.tmp) and verifies it.
 func (d *dsarRun) download(ctx context.Context, url, path string) (int64, error) {
-	resp, err := d.cl.do(ctx, http.MethodGet, url, nil)
+	resp, err := d.cl.do(ctx, http.MethodGet, url, nil, true)
 	if err != nil {
 		return 0, err
 	}
@@ -198,35 +197,28 @@ func (d *dsarRun) download(ctx context.Context, url, path string) (int64, error)
 	return lines, nil
 }
 
-// verifyGzipJSONLines reads the gzip file at path to its end (checking
-// its CRC) and requires every non-empty line to be a JSON object; it
-// returns the number of lines.
+// verifyGzipJSONLines reads the gzip file at path to its end (its CRC
+// catches a cut download) and requires every non-blank line to be a JSON
+// object; it returns the number of lines.
 func verifyGzipJSONLines(path string) (int64, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return 0, err
 	}
-	defer f.Close()
-	zr, err := gzip.NewReader(bufio.NewReader(f))
-	if err != nil {
-		return 0, fmt.Errorf("not gzip: %w", err)
+	var magic [2]byte
+	_, err = io.ReadFull(f, magic[:])
+	f.Close()
+	if err != nil || magic != [2]byte{0x1f, 0x8b} {
+		return 0, errors.New("not gzip")
 	}
-	sc := bufio.NewScanner(zr)
-	sc.Buffer(make([]byte, 64<<10), 16<<20)
 	var lines int64
-	for sc.Scan() {
-		b := sc.Bytes()
-		if len(b) == 0 {
-			continue
-		}
+	err = backfill.ReadLines(path, func(b []byte) error {
 		lines++
 		var obj map[string]json.RawMessage
 		if err := json.Unmarshal(b, &obj); err != nil {
-			return lines, fmt.Errorf("line %d is not a JSON object: %w", lines, err)
+			return fmt.Errorf("line %d is not a JSON object: %w", lines, err)
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return lines, fmt.Errorf("gzip stream: %w", err)
-	}
-	return lines, nil
+		return nil
+	})
+	return lines, err
 }

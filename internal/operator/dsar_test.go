@@ -1,6 +1,8 @@
 package operator
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"os"
 	"path/filepath"
@@ -110,5 +112,40 @@ func TestDSARCreateNotReplayed(t *testing.T) {
 	}
 	if creates != 3 { // lost, 503, created
 		t.Fatalf("%d creates, want 3", creates)
+	}
+}
+
+// TestVerifyGzipJSONLines: a downloaded output is kept only as a whole gzip
+// stream of JSON objects; a cut one, a plain one and a bad line are refused.
+func TestVerifyGzipJSONLines(t *testing.T) {
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	zw.Write([]byte("{\"a\":1}\n\n{\"b\":2}\n"))
+	zw.Close()
+	whole := buf.Bytes()
+	var bad bytes.Buffer
+	zw = gzip.NewWriter(&bad)
+	zw.Write([]byte("{\"a\":1}\n[2]\n"))
+	zw.Close()
+	dir := t.TempDir()
+	for _, tt := range []struct {
+		name  string
+		data  []byte
+		lines int64
+		ok    bool
+	}{
+		{"whole", whole, 2, true},
+		{"cut", whole[:len(whole)-6], 0, false},
+		{"plain", []byte("{\"a\":1}\n"), 0, false},
+		{"not an object", bad.Bytes(), 0, false},
+	} {
+		path := filepath.Join(dir, tt.name)
+		if err := os.WriteFile(path, tt.data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		n, err := verifyGzipJSONLines(path)
+		if (err == nil) != tt.ok || (tt.ok && n != tt.lines) {
+			t.Errorf("%s: %d lines, %v", tt.name, n, err)
+		}
 	}
 }

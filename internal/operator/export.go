@@ -204,11 +204,7 @@ func (x *exporter) loadState() error {
 // saveState writes the state file, not fsynced like the pieces (loadState
 // checks them).
 func (x *exporter) saveState() error {
-	b, _ := json.MarshalIndent(x.state, "", " ")
-	return backfill.WriteFile(x.statePath(), 0o644, true, func(f *os.File) error {
-		_, err := f.Write(b)
-		return err
-	})
+	return backfill.WriteFile(x.statePath(), 0o644, true, func(f *os.File) error { return json.NewEncoder(f).Encode(x.state) })
 }
 
 // todo returns the ranges still to fetch: the plan's pieces minus the hours
@@ -267,7 +263,7 @@ func (e *bodyError) Unwrap() error { return e.err }
 func (x *exporter) fetch(ctx context.Context, r forward.ExportRange) (donePiece, int, error) {
 	d := donePiece{Start: r.StartParam(), End: r.EndParam()}
 	q := url.Values{"start": {d.Start}, "end": {d.End}}
-	resp, err := x.cl.do(ctx, http.MethodGet, x.base+forward.ExportPath+"?"+q.Encode(), nil, http.StatusBadRequest, http.StatusNotFound)
+	resp, err := x.cl.do(ctx, http.MethodGet, x.base+forward.ExportPath+"?"+q.Encode(), nil, true, http.StatusBadRequest, http.StatusNotFound)
 	if err != nil {
 		return d, 0, err
 	}

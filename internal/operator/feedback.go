@@ -45,7 +45,7 @@ func feedbackCmd(fs *flag.FlagSet, c *common, stdout io.Writer) work {
 		ingested := 0
 		for n, body := range bodies {
 			p.update("request %d of %d (%d items)", n+1, len(bodies), len(members[n]))
-			resp, err := cl.do(ctx, http.MethodPost, base+forward.FeedbackPath, body)
+			resp, err := cl.do(ctx, http.MethodPost, base+forward.FeedbackPath, body, true)
 			if err != nil {
 				return fmt.Errorf("request %d of %d (lines %d to %d): %w (earlier requests were sent; items are upserted by unique_id, so running again is safe)",
 					n+1, len(bodies), lineOf[members[n][0]], lineOf[members[n][len(members[n])-1]], err)
@@ -88,22 +88,14 @@ func readFeedbackItems(path string, stdout io.Writer) (items []json.RawMessage, 
 	defer f.Close()
 	br := bufio.NewReaderSize(f, 1<<20)
 	for n := 1; ; n++ {
-		line, rerr := br.ReadBytes('\n')
-		if len(line) > 0 {
-			trimmed := json.RawMessage(bytes.Trim(line, " \t\r\n"))
-			if len(trimmed) > 0 {
-				id, cerr := forward.CheckFeedbackItem(trimmed)
-				switch {
-				case cerr != nil:
-					fmt.Fprintf(stdout, "error\t%d\t%s\t%s (not sent)\n", n, id, cerr)
-					failed++
-				case !json.Valid(trimmed):
-					fmt.Fprintf(stdout, "error\t%d\t%s\t%s (not sent)\n", n, id, "not valid JSON")
-					failed++
-				default:
-					items = append(items, append(json.RawMessage(nil), trimmed...))
-					lineOf = append(lineOf, n)
-				}
+		line, rerr := br.ReadBytes('\n') // a new slice each time: items keep it
+		if item := json.RawMessage(bytes.Trim(line, " \t\r\n")); len(item) > 0 {
+			if id, cerr := forward.CheckFeedbackItem(item); cerr != nil {
+				fmt.Fprintf(stdout, "error\t%d\t%s\t%s (not sent)\n", n, id, cerr)
+				failed++
+			} else {
+				items = append(items, item)
+				lineOf = append(lineOf, n)
 			}
 		}
 		if rerr == io.EOF {

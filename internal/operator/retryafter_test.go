@@ -28,7 +28,7 @@ func TestRetryAfterDate(t *testing.T) {
 	}))
 	defer srv.Close()
 	c := &common{retryInitial: time.Millisecond, retryMax: time.Minute, retryTime: time.Minute, timeout: time.Minute}
-	resp, err := c.newClient("Bearer x").do(context.Background(), http.MethodGet, srv.URL, nil)
+	resp, err := c.newClient("Bearer x").do(context.Background(), http.MethodGet, srv.URL, nil, true)
 	if err != nil {
 		t.Fatal(err)
 	}
