@@ -115,10 +115,7 @@ func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgH
 		s.mu.Lock()
 		st.seq++
 		call.Seq = st.seq
-		if len(st.calls) >= maxMgmtCalls {
-			st.calls = append(st.calls[:0], st.calls[len(st.calls)/2:]...)
-		}
-		st.calls = append(st.calls, *call)
+		pushKeep(&st.calls, *call, maxMgmtCalls)
 		s.mu.Unlock()
 	})
 }
