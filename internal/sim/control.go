@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strconv"
 )
 
@@ -64,6 +65,14 @@ func (s *Sim) registerControl() {
 			}
 		}
 		writeJSON(w, 200, map[string][]Record{"requests": out})
+	})
+}
+
+// readout registers a /sim/ read-out answering view's value as JSON,
+// taken and encoded with s.mu held (view reads route group state).
+func (s *Sim) readout(pattern string, view func(q url.Values) any) {
+	s.ctlMux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, locked(&s.mu, func() []byte { return appendJSON(nil, view(r.URL.Query())) }))
 	})
 }
 

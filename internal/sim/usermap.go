@@ -98,11 +98,8 @@ type UserMapState struct {
 func (s *Sim) registerUserMap() {
 	st := &umState{}
 	s.onReset(func() { *st = umState{mapped: map[string]map[string]string{}, hits: windowHits{}} })
-	s.ctlMux.HandleFunc("GET /sim/usermap", func(w http.ResponseWriter, r *http.Request) {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		writeJSON(w, http.StatusOK, UserMapState{Calls: st.calls, Batches: st.batches, Throttled: st.throttled,
-			Reads: st.reads, Mapped: st.mapped})
+	s.readout("GET /sim/usermap", func(url.Values) any {
+		return UserMapState{Calls: st.calls, Batches: st.batches, Throttled: st.throttled, Reads: st.reads, Mapped: st.mapped}
 	})
 	s.route("/usermap", routeHandler{
 		serve: func(_ http.ResponseWriter, r *http.Request, in *incoming) (int, any) {
