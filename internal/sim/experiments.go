@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"maps"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -122,13 +123,9 @@ func (s *Sim) registerExperiments() {
 	now := s.cfg.Now
 
 	r("GET /api/1/experiments", func(_ *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
-		limit := len(x.exps)
-		if v := q.r.URL.Query().Get("limit"); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 0 {
-				return bad("limit must be a non-negative integer")
-			}
-			limit = n
+		limit, valid := queryInt(q.r.URL.Query(), "limit", len(x.exps), 0, math.MaxInt)
+		if !valid {
+			return bad("limit must be a non-negative integer")
 		}
 		// Newest created first: ids are decimal numbers counted up.
 		all := slices.SortedFunc(maps.Values(x.exps), func(a, b *simExperiment) int {

@@ -3,6 +3,7 @@ package sim
 import (
 	"encoding/json"
 	"maps"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -162,21 +163,14 @@ func ValidEmail(s string) bool {
 // scimList answers the page of all that the query's startIndex and
 // itemsPerPage name, each as view shows it.
 func scimList[T any](r *http.Request, all []T, view func(T) any) (int, any) {
-	start, count := 1, SCIMMaxPageSize
 	q := r.URL.Query()
-	if v := q.Get("startIndex"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			return scimError(http.StatusBadRequest, "invalidValue", "startIndex must be an integer >= 1")
-		}
-		start = n
+	start, ok := queryInt(q, "startIndex", 1, 1, math.MaxInt)
+	if !ok {
+		return scimError(http.StatusBadRequest, "invalidValue", "startIndex must be an integer >= 1")
 	}
-	if v := q.Get("itemsPerPage"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 || n > SCIMMaxPageSize {
-			return scimError(http.StatusBadRequest, "invalidValue", "itemsPerPage must be an integer from 0 to 100")
-		}
-		count = n
+	count, ok := queryInt(q, "itemsPerPage", SCIMMaxPageSize, 0, SCIMMaxPageSize)
+	if !ok {
+		return scimError(http.StatusBadRequest, "invalidValue", "itemsPerPage must be an integer from 0 to 100")
 	}
 	lo := min(start-1, len(all))
 	res := views(all[lo:lo+min(count, len(all)-lo)], view)
