@@ -87,8 +87,11 @@ func (s *Sim) registerSCIM() {
 	var hits windowHits // requests per organization
 	s.onReset(func() { orgs, hits = map[string]*scimOrg{}, windowHits{} })
 	// r registers a SCIM route: f answers for the organization once the rate
-	// passes and the path's {id} names a user (an email, not checked for a
-	// GET: 400) or a group (an integer: 400) that exists (404).
+	// passes, the path's {id} names a user (an email, not checked for a
+	// GET: 400) or a group (an integer: 400) that exists (404), and the body
+	// is a JSON object where object names the route (400).
+	object := map[string]bool{"POST /scim/1/Users": true, "PUT /scim/1/Users/{id}": true,
+		"PATCH /scim/1/Users/{id}": true, "POST /scim/1/Groups": true}
 	r := func(pattern string, f func(w http.ResponseWriter, q *scimReq) (int, any)) {
 		s.mgmtRoute("scim", pattern, authSCIMBearer, scimMaxBody, func(w http.ResponseWriter, mq *mgRequest) (int, any) {
 			s.mu.Lock()
@@ -119,20 +122,35 @@ func (s *Sim) registerSCIM() {
 			default:
 				q.g = q.o.groups[n]
 			}
+			if q.m == nil && object[pattern] {
+				return scimError(http.StatusBadRequest, "invalidSyntax", "body is not a JSON object")
+			}
 			return f(w, q)
 		})
 	}
 	r("GET /scim/1/Users", s.scimListUsers)
-	r("GET /scim/1/Users/{id}", s.scimGetUser)
+	r("GET /scim/1/Users/{id}", func(_ http.ResponseWriter, q *scimReq) (int, any) {
+		return http.StatusOK, q.o.userView(q.u, true)
+	})
 	r("POST /scim/1/Users", s.scimCreateUser)
 	r("PUT /scim/1/Users/{id}", s.scimUpdateUser)
 	r("PATCH /scim/1/Users/{id}", s.scimUpdateUser)
-	r("DELETE /scim/1/Users/{id}", s.scimDeleteUser)
-	r("GET /scim/1/Groups", s.scimListGroups)
-	r("GET /scim/1/Groups/{id}", s.scimGetGroup)
+	r("DELETE /scim/1/Users/{id}", func(_ http.ResponseWriter, q *scimReq) (int, any) {
+		q.o.removeUser(q.key)
+		return http.StatusNoContent, nil
+	})
+	r("GET /scim/1/Groups", func(_ http.ResponseWriter, q *scimReq) (int, any) {
+		return scimList(q.r, q.o.sortedGroups(), func(g *scimGroup) any { return q.o.groupView(g, false) })
+	})
+	r("GET /scim/1/Groups/{id}", func(_ http.ResponseWriter, q *scimReq) (int, any) {
+		return http.StatusOK, q.o.groupView(q.g, true)
+	})
 	r("POST /scim/1/Groups", s.scimCreateGroup)
 	r("PATCH /scim/1/Groups/{id}", s.scimPatchGroup)
-	r("DELETE /scim/1/Groups/{id}", s.scimDeleteGroup)
+	r("DELETE /scim/1/Groups/{id}", func(_ http.ResponseWriter, q *scimReq) (int, any) {
+		delete(q.o.groups, q.g.id)
+		return http.StatusNoContent, nil
+	})
 }
 
 func scimError(status int, scimType, detail string) (int, any) {
@@ -221,10 +239,6 @@ func (s *Sim) scimListUsers(w http.ResponseWriter, q *scimReq) (int, any) {
 	return scimList(q.r, all, func(u *scimUser) any { return o.userView(u, false) })
 }
 
-func (s *Sim) scimGetUser(w http.ResponseWriter, q *scimReq) (int, any) {
-	return http.StatusOK, q.o.userView(q.u, true)
-}
-
 // decodeObject returns the JSON object b holds, nil when it holds none.
 func decodeObject(b []byte) map[string]any {
 	var m map[string]any
@@ -236,9 +250,6 @@ func decodeObject(b []byte) map[string]any {
 
 func (s *Sim) scimCreateUser(w http.ResponseWriter, q *scimReq) (int, any) {
 	o, m := q.o, q.m
-	if m == nil {
-		return scimError(http.StatusBadRequest, "invalidSyntax", "body is not a JSON object")
-	}
 	id, _ := m["id"].(string)
 	userName, _ := m["userName"].(string)
 	if !ValidEmail(id) || !ValidEmail(userName) || !strings.EqualFold(id, userName) {
@@ -268,9 +279,6 @@ func removeString(v []string, s string) []string {
 
 func (s *Sim) scimUpdateUser(w http.ResponseWriter, q *scimReq) (int, any) {
 	o, u, m := q.o, q.u, q.m
-	if m == nil {
-		return scimError(http.StatusBadRequest, "invalidSyntax", "body is not a JSON object")
-	}
 	if un, ok := m["userName"].(string); ok && !strings.EqualFold(un, u.email) {
 		return scimError(http.StatusBadRequest, "mutability", "the email address of a user cannot be changed")
 	}
@@ -280,11 +288,6 @@ func (s *Sim) scimUpdateUser(w http.ResponseWriter, q *scimReq) (int, any) {
 		maps.Copy(u.body, m)
 	}
 	return http.StatusOK, q.body
-}
-
-func (s *Sim) scimDeleteUser(w http.ResponseWriter, q *scimReq) (int, any) {
-	q.o.removeUser(q.key)
-	return http.StatusNoContent, nil
 }
 
 func (o *scimOrg) groupView(g *scimGroup, idAsString bool) map[string]any {
@@ -311,15 +314,6 @@ func (o *scimOrg) groupView(g *scimGroup, idAsString bool) map[string]any {
 	return map[string]any{"schemas": []string{SCIMGroupSchema}, "id": id, "displayName": g.displayName,
 		"members": members, "meta": map[string]any{"resourceType": "Group",
 			"created": g.created.UTC().Format(ts), "lastModified": g.modified.UTC().Format(ts)}}
-}
-
-func (s *Sim) scimListGroups(w http.ResponseWriter, q *scimReq) (int, any) {
-	o := q.o
-	return scimList(q.r, o.sortedGroups(), func(g *scimGroup) any { return o.groupView(g, false) })
-}
-
-func (s *Sim) scimGetGroup(w http.ResponseWriter, q *scimReq) (int, any) {
-	return http.StatusOK, q.o.groupView(q.g, true)
 }
 
 // memberValues reads [{"value": email}, ...]; ok false when malformed.
@@ -356,9 +350,6 @@ func (o *scimOrg) addMember(g *scimGroup, email string) {
 
 func (s *Sim) scimCreateGroup(w http.ResponseWriter, q *scimReq) (int, any) {
 	o, m := q.o, q.m
-	if m == nil {
-		return scimError(http.StatusBadRequest, "invalidSyntax", "body is not a JSON object")
-	}
 	name, _ := m["displayName"].(string)
 	if name == "" {
 		return scimError(http.StatusBadRequest, "invalidValue", "displayName is required")
@@ -430,9 +421,4 @@ func (s *Sim) scimPatchGroup(w http.ResponseWriter, q *scimReq) (int, any) {
 	}
 	g.modified = s.cfg.Now()
 	return http.StatusOK, o.groupView(g, true)
-}
-
-func (s *Sim) scimDeleteGroup(w http.ResponseWriter, q *scimReq) (int, any) {
-	delete(q.o.groups, q.g.id)
-	return http.StatusNoContent, nil
 }
