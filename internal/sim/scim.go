@@ -324,10 +324,7 @@ func memberValues(v any) ([]string, bool) {
 	}
 	var out []string
 	for _, x := range arr {
-		m, ok := x.(map[string]any)
-		if !ok {
-			return nil, false
-		}
+		m, _ := x.(map[string]any) // nil when x is not an object: no value
 		e, ok := m["value"].(string)
 		if !ok || !ValidEmail(e) {
 			return nil, false
