@@ -332,29 +332,24 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 	own := keyCounts(env.info)
 	thrDevs, thrUsers := map[string]int{}, map[string]int{}
 	var thrEvents []int
-	checked := map[string]bool{}
+	checked := map[string]bool{} // kind+id -> throttled
 	check := func(kind, id string, out map[string]int) bool {
 		if id == "" {
 			return false
 		}
-		if _, done := out[id]; done {
-			return true
+		if thr, done := checked[kind+id]; done {
+			return thr
 		}
-		if checked[kind+id] {
-			return false
-		}
-		checked[kind+id] = true
-		k := st.rateKeyOf(env.apiKey, kind, id)
-		rk, rate := st.rateOf(k, now)
+		rk, rate := st.rateOf(st.rateKeyOf(env.apiKey, kind, id), now)
 		if n := own[kind+id]; n > 0 && !s.cfg.LenientRate {
 			rate += float64(n) / st.cfg.RateWindow.Seconds()
 		}
-		inPenalty := rk != nil && rk.penaltyUntil > now
-		if rate > float64(s.cfg.EPSThreshold) || inPenalty {
+		thr := rate > float64(s.cfg.EPSThreshold) || (rk != nil && rk.penaltyUntil > now)
+		if thr {
 			out[id] = int(math.Ceil(rate))
-			return true
 		}
-		return false
+		checked[kind+id] = thr
+		return thr
 	}
 	for i, ev := range env.info {
 		d := check("d", ev.deviceID, thrDevs)
