@@ -59,10 +59,7 @@ var experimentPatchFields = map[string]bool{"name": true, "description": true, "
 // AddWebExperiment adds a web experiment (which PATCH refuses with 405) and
 // returns its id.
 func (s *Sim) AddWebExperiment(name string) string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e := s.mg.exp.add(s.cfg.Now(), map[string]any{"name": name, "key": name}, "web")
-	return e.id
+	return locked(&s.mu, func() string { return s.mg.exp.add(s.cfg.Now(), map[string]any{"name": name, "key": name}, "web").id })
 }
 
 func (x *expState) add(now time.Time, fields map[string]any, delivery string) *simExperiment {
