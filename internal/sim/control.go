@@ -2,8 +2,9 @@ package sim
 
 import (
 	"bytes"
-	"fmt"
+	"math"
 	"net/http"
+	"net/url"
 	"strconv"
 )
 
@@ -15,9 +16,8 @@ func (s *Sim) registerControl() {
 		writeJSON(w, 200, s.Stats())
 	})
 	m.HandleFunc("GET /sim/events", func(w http.ResponseWriter, r *http.Request) {
-		after, limit, err := afterLimit(r)
-		if err != nil {
-			writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+		after, limit, ok := afterLimit(w, r)
+		if !ok {
 			return
 		}
 		var evs []Ingested
@@ -31,7 +31,7 @@ func (s *Sim) registerControl() {
 		b := []byte(`{"events":[`)
 		n := 0
 		for _, e := range evs {
-			if e.Seq <= after || n >= limit {
+			if e.Seq <= int64(after) || n >= limit {
 				continue
 			}
 			if n > 0 {
@@ -52,14 +52,13 @@ func (s *Sim) registerControl() {
 		w.Write(b)
 	})
 	m.HandleFunc("GET /sim/requests", func(w http.ResponseWriter, r *http.Request) {
-		after, limit, err := afterLimit(r)
-		if err != nil {
-			writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+		after, limit, ok := afterLimit(w, r)
+		if !ok {
 			return
 		}
 		out := []Record{}
 		for _, rec := range s.Requests() {
-			if rec.Seq > after && len(out) < limit {
+			if rec.Seq > int64(after) && len(out) < limit {
 				out = append(out, rec)
 			}
 		}
@@ -67,18 +66,33 @@ func (s *Sim) registerControl() {
 	})
 }
 
-func afterLimit(r *http.Request) (after int64, limit int, err error) {
+// readout registers a /sim/ read-out answering view's value as JSON,
+// taken and encoded with s.mu held (view reads route group state).
+func (s *Sim) readout(pattern string, view func(q url.Values) any) {
+	s.ctlMux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, locked(&s.mu, func() []byte { return appendJSON(nil, view(r.URL.Query())) }))
+	})
+}
+
+// afterLimit reads the read-outs' after and limit, answering 400 when
+// they are not integers (limit >= 0).
+func afterLimit(w http.ResponseWriter, r *http.Request) (after, limit int, ok bool) {
 	q := r.URL.Query()
-	limit = 1 << 30
-	if v := q.Get("after"); v != "" {
-		if after, err = strconv.ParseInt(v, 10, 64); err != nil {
-			return 0, 0, fmt.Errorf("after: %w", err)
-		}
+	after, ok1 := queryInt(q, "after", 0, math.MinInt, math.MaxInt)
+	limit, ok2 := queryInt(q, "limit", math.MaxInt, 0, math.MaxInt)
+	if !ok1 || !ok2 {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "after and limit must be integers, limit >= 0"})
 	}
-	if v := q.Get("limit"); v != "" {
-		if limit, err = strconv.Atoi(v); err != nil || limit < 0 {
-			return 0, 0, fmt.Errorf("bad limit %q", v)
-		}
+	return after, limit, ok1 && ok2
+}
+
+// queryInt reads the integer query parameter name, def when absent; ok is
+// false when it is not an integer from lo to hi.
+func queryInt(q url.Values, name string, def, lo, hi int) (n int, ok bool) {
+	v := q.Get(name)
+	if v == "" {
+		return def, true
 	}
-	return after, limit, nil
+	n, err := strconv.Atoi(v)
+	return n, err == nil && n >= lo && n <= hi
 }

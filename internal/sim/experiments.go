@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"maps"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -58,10 +59,7 @@ var experimentPatchFields = map[string]bool{"name": true, "description": true, "
 // AddWebExperiment adds a web experiment (which PATCH refuses with 405) and
 // returns its id.
 func (s *Sim) AddWebExperiment(name string) string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e := s.mg.exp.add(s.cfg.Now(), map[string]any{"name": name, "key": name}, "web")
-	return e.id
+	return locked(&s.mu, func() string { return s.mg.exp.add(s.cfg.Now(), map[string]any{"name": name, "key": name}, "web").id })
 }
 
 func (x *expState) add(now time.Time, fields map[string]any, delivery string) *simExperiment {
@@ -122,13 +120,9 @@ func (s *Sim) registerExperiments() {
 	now := s.cfg.Now
 
 	r("GET /api/1/experiments", func(_ *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
-		limit := len(x.exps)
-		if v := q.r.URL.Query().Get("limit"); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 0 {
-				return bad("limit must be a non-negative integer")
-			}
-			limit = n
+		limit, valid := queryInt(q.r.URL.Query(), "limit", len(x.exps), 0, math.MaxInt)
+		if !valid {
+			return bad("limit must be a non-negative integer")
 		}
 		// Newest created first: ids are decimal numbers counted up.
 		all := slices.SortedFunc(maps.Values(x.exps), func(a, b *simExperiment) int {
@@ -267,12 +261,6 @@ func (s *Sim) registerExperiments() {
 		e.version(now(), "variant deleted")
 		return http.StatusOK, ok
 	})
-	r("GET /api/1/experiments/{id}/variants/{variantKey}/users", func(_ *simExperiment, v *simVariant, q *mgRequest) (int, any) {
-		return http.StatusOK, append([]string{}, v.users...)
-	})
-	r("GET /api/1/experiments/{id}/variants/{variantKey}/cohorts", func(_ *simExperiment, v *simVariant, q *mgRequest) (int, any) {
-		return http.StatusOK, append([]string{}, v.cohorts...)
-	})
 	// include reads body[field], an array of at most most strings (0: any
 	// number), gives it to f (which adds or removes it at the variant or
 	// experiment) and records a version when what is not "".
@@ -295,10 +283,21 @@ func (s *Sim) registerExperiments() {
 			return http.StatusOK, ok
 		}
 	}
-	r("POST /api/1/experiments/{id}/variants/{variantKey}/users", include("inclusions", 0,
-		func(_ *simExperiment, v *simVariant, ids []string) { v.users = append(v.users, ids...) }, ""))
-	r("POST /api/1/experiments/{id}/variants/{variantKey}/cohorts", include("inclusions", 0,
-		func(_ *simExperiment, v *simVariant, ids []string) { v.cohorts = append(v.cohorts, ids...) }, ""))
+	// The inclusion lists: users and cohorts (bulk deletes of both read "users").
+	for name, list := range map[string]func(v *simVariant) *[]string{
+		"users": func(v *simVariant) *[]string { return &v.users }, "cohorts": func(v *simVariant) *[]string { return &v.cohorts },
+	} {
+		path := "/api/1/experiments/{id}/variants/{variantKey}/"
+		r("GET "+path+name, func(_ *simExperiment, v *simVariant, q *mgRequest) (int, any) {
+			return http.StatusOK, append([]string{}, *list(v)...)
+		})
+		r("POST "+path+name, include("inclusions", 0, func(_ *simExperiment, v *simVariant, ids []string) {
+			*list(v) = append(*list(v), ids...)
+		}, ""))
+		r("DELETE "+path+"bulk-delete-"+name, include("users", ExperimentBulkMax, func(_ *simExperiment, v *simVariant, ids []string) {
+			*list(v) = slices.DeleteFunc(*list(v), func(id string) bool { return slices.Contains(ids, id) })
+		}, ""))
+	}
 	r("DELETE /api/1/experiments/{id}/variants/{variantKey}/users/{userIndex}", func(_ *simExperiment, v *simVariant, q *mgRequest) (int, any) {
 		i, err := strconv.Atoi(q.r.PathValue("userIndex"))
 		if err != nil || i < 0 || i >= len(v.users) {
@@ -311,14 +310,6 @@ func (s *Sim) registerExperiments() {
 		v.users = nil
 		return http.StatusOK, ok
 	})
-	r("DELETE /api/1/experiments/{id}/variants/{variantKey}/bulk-delete-users", include("users", ExperimentBulkMax,
-		func(_ *simExperiment, v *simVariant, ids []string) {
-			v.users = slices.DeleteFunc(v.users, func(u string) bool { return slices.Contains(ids, u) })
-		}, ""))
-	r("DELETE /api/1/experiments/{id}/variants/{variantKey}/bulk-delete-cohorts", include("users", ExperimentBulkMax,
-		func(_ *simExperiment, v *simVariant, ids []string) {
-			v.cohorts = slices.DeleteFunc(v.cohorts, func(c string) bool { return slices.Contains(ids, c) })
-		}, ""))
 	r("GET /api/1/experiments/{id}/deployments", func(e *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
 		return http.StatusOK, views(e.deployments, func(d string) any { return map[string]any{"id": d} })
 	})

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strconv"
 	"time"
 )
@@ -155,12 +156,7 @@ func (s *Sim) registerExport() {
 		served.Bytes = cw.n
 		return http.StatusOK, written{}
 	})
-	s.ctlMux.HandleFunc("GET /sim/export/log", func(w http.ResponseWriter, r *http.Request) {
-		s.mu.Lock()
-		out := append([]ExportServed{}, log...)
-		s.mu.Unlock()
-		writeJSON(w, http.StatusOK, map[string]any{"served": out})
-	})
+	s.readout("GET /sim/export/log", func(url.Values) any { return map[string]any{"served": nonNil(log)} })
 }
 
 // exportRecords returns the exported lines (each ending in '\n') of the

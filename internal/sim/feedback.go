@@ -8,7 +8,7 @@ import (
 	"hash/fnv"
 	"io"
 	"net/http"
-	"sort"
+	"net/url"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -114,16 +114,9 @@ func (s *Sim) registerFeedback() {
 		s.mu.Unlock()
 		return http.StatusOK, ans
 	})
-	s.ctlMux.HandleFunc("GET /sim/feedback", func(w http.ResponseWriter, r *http.Request) {
-		q := r.URL.Query()
-		s.mu.Lock()
-		out := []FeedbackItem{}
-		for _, it := range sources[q.Get("api_key")+"\x00"+q.Get("source_id")] {
-			out = append(out, *it)
-		}
-		s.mu.Unlock()
-		sort.Slice(out, func(i, j int) bool { return out[i].UniqueID < out[j].UniqueID })
-		writeJSON(w, http.StatusOK, map[string]any{"items": out})
+	s.readout("GET /sim/feedback", func(q url.Values) any {
+		src := sources[q.Get("api_key")+"\x00"+q.Get("source_id")]
+		return map[string]any{"items": views(sortedKeys(src), func(id string) any { return src[id] })}
 	})
 }
 

@@ -61,11 +61,7 @@ type giState struct {
 func (s *Sim) registerGroupIdentify() {
 	st := &giState{}
 	s.onReset(func() { *st = giState{byKey: map[string][]GroupIdentify{}} })
-	s.ctlMux.HandleFunc("/sim/groupidentify", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, locked(&s.mu, func() []GroupIdentify {
-			return append([]GroupIdentify{}, st.byKey[r.URL.Query().Get("api_key")]...)
-		}))
-	})
+	s.readout("/sim/groupidentify", func(q url.Values) any { return nonNil(st.byKey[q.Get("api_key")]) })
 	s.route("/groupidentify", routeHandler{
 		serve: func(_ http.ResponseWriter, r *http.Request, in *incoming) (int, any) {
 			return s.serveGroupIdentify(st, r, in)

@@ -3,7 +3,6 @@ package sim
 import (
 	"encoding/json"
 	"net/http"
-	"strconv"
 )
 
 func (s *Sim) registerHTTPAPI() {
@@ -120,17 +119,6 @@ func (s *Sim) serveCountOnly(w http.ResponseWriter, r *http.Request, in *incomin
 	n := s.cfg.CountOnly(in.Body)
 	in.Rec.Events = n
 	s.counted.Add(int64(n))
-	var b [128]byte
-	out := append(b[:0], `{"code":200,"events_ingested":`...)
-	out = strconv.AppendInt(out, int64(n), 10)
-	out = append(out, `,"payload_size_bytes":`...)
-	out = strconv.AppendInt(out, int64(len(in.Body)), 10)
-	out = append(out, `,"server_upload_time":`...)
-	out = strconv.AppendInt(out, s.cfg.Now().UnixMilli(), 10)
-	out = append(out, '}')
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(out)))
-	w.WriteHeader(http.StatusOK)
-	w.Write(out)
-	return http.StatusOK, written{}
+	return http.StatusOK, successBody{Code: 200, EventsIngested: n, PayloadSizeBytes: len(in.Body),
+		ServerUploadTime: s.cfg.Now().UnixMilli()}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -82,14 +83,12 @@ func (s *Sim) registerMgmt() {
 	st := &mgmtState{}
 	s.mg = st
 	s.onReset(func() { st.seq, st.calls = 0, nil })
-	s.ctlMux.HandleFunc("/sim/mgmt/calls", func(w http.ResponseWriter, r *http.Request) {
-		s.mu.Lock()
-		defer s.mu.Unlock()
+	s.readout("/sim/mgmt/calls", func(url.Values) any {
 		peak := map[string]int{}
 		for k, n := range st.tax.peak {
 			peak[KeyLabel(k)] = n
 		}
-		writeJSON(w, http.StatusOK, MgmtCalls{Calls: st.calls, TaxonomyPeak: peak})
+		return MgmtCalls{Calls: st.calls, TaxonomyPeak: peak}
 	})
 }
 
@@ -115,10 +114,7 @@ func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgH
 		s.mu.Lock()
 		st.seq++
 		call.Seq = st.seq
-		if len(st.calls) >= maxMgmtCalls {
-			st.calls = append(st.calls[:0], st.calls[len(st.calls)/2:]...)
-		}
-		st.calls = append(st.calls, *call)
+		pushKeep(&st.calls, *call, maxMgmtCalls)
 		s.mu.Unlock()
 	})
 }

@@ -3,6 +3,7 @@ package sim
 import (
 	"encoding/json"
 	"maps"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -86,8 +87,11 @@ func (s *Sim) registerSCIM() {
 	var hits windowHits // requests per organization
 	s.onReset(func() { orgs, hits = map[string]*scimOrg{}, windowHits{} })
 	// r registers a SCIM route: f answers for the organization once the rate
-	// passes and the path's {id} names a user (an email, not checked for a
-	// GET: 400) or a group (an integer: 400) that exists (404).
+	// passes, the path's {id} names a user (an email, not checked for a
+	// GET: 400) or a group (an integer: 400) that exists (404), and the body
+	// is a JSON object where object names the route (400).
+	object := map[string]bool{"POST /scim/1/Users": true, "PUT /scim/1/Users/{id}": true,
+		"PATCH /scim/1/Users/{id}": true, "POST /scim/1/Groups": true}
 	r := func(pattern string, f func(w http.ResponseWriter, q *scimReq) (int, any)) {
 		s.mgmtRoute("scim", pattern, authSCIMBearer, scimMaxBody, func(w http.ResponseWriter, mq *mgRequest) (int, any) {
 			s.mu.Lock()
@@ -118,20 +122,35 @@ func (s *Sim) registerSCIM() {
 			default:
 				q.g = q.o.groups[n]
 			}
+			if q.m == nil && object[pattern] {
+				return scimError(http.StatusBadRequest, "invalidSyntax", "body is not a JSON object")
+			}
 			return f(w, q)
 		})
 	}
 	r("GET /scim/1/Users", s.scimListUsers)
-	r("GET /scim/1/Users/{id}", s.scimGetUser)
+	r("GET /scim/1/Users/{id}", func(_ http.ResponseWriter, q *scimReq) (int, any) {
+		return http.StatusOK, q.o.userView(q.u, true)
+	})
 	r("POST /scim/1/Users", s.scimCreateUser)
 	r("PUT /scim/1/Users/{id}", s.scimUpdateUser)
 	r("PATCH /scim/1/Users/{id}", s.scimUpdateUser)
-	r("DELETE /scim/1/Users/{id}", s.scimDeleteUser)
-	r("GET /scim/1/Groups", s.scimListGroups)
-	r("GET /scim/1/Groups/{id}", s.scimGetGroup)
+	r("DELETE /scim/1/Users/{id}", func(_ http.ResponseWriter, q *scimReq) (int, any) {
+		q.o.removeUser(q.key)
+		return http.StatusNoContent, nil
+	})
+	r("GET /scim/1/Groups", func(_ http.ResponseWriter, q *scimReq) (int, any) {
+		return scimList(q.r, q.o.sortedGroups(), func(g *scimGroup) any { return q.o.groupView(g, false) })
+	})
+	r("GET /scim/1/Groups/{id}", func(_ http.ResponseWriter, q *scimReq) (int, any) {
+		return http.StatusOK, q.o.groupView(q.g, true)
+	})
 	r("POST /scim/1/Groups", s.scimCreateGroup)
 	r("PATCH /scim/1/Groups/{id}", s.scimPatchGroup)
-	r("DELETE /scim/1/Groups/{id}", s.scimDeleteGroup)
+	r("DELETE /scim/1/Groups/{id}", func(_ http.ResponseWriter, q *scimReq) (int, any) {
+		delete(q.o.groups, q.g.id)
+		return http.StatusNoContent, nil
+	})
 }
 
 func scimError(status int, scimType, detail string) (int, any) {
@@ -162,21 +181,14 @@ func ValidEmail(s string) bool {
 // scimList answers the page of all that the query's startIndex and
 // itemsPerPage name, each as view shows it.
 func scimList[T any](r *http.Request, all []T, view func(T) any) (int, any) {
-	start, count := 1, SCIMMaxPageSize
 	q := r.URL.Query()
-	if v := q.Get("startIndex"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			return scimError(http.StatusBadRequest, "invalidValue", "startIndex must be an integer >= 1")
-		}
-		start = n
+	start, ok := queryInt(q, "startIndex", 1, 1, math.MaxInt)
+	if !ok {
+		return scimError(http.StatusBadRequest, "invalidValue", "startIndex must be an integer >= 1")
 	}
-	if v := q.Get("itemsPerPage"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 || n > SCIMMaxPageSize {
-			return scimError(http.StatusBadRequest, "invalidValue", "itemsPerPage must be an integer from 0 to 100")
-		}
-		count = n
+	count, ok := queryInt(q, "itemsPerPage", SCIMMaxPageSize, 0, SCIMMaxPageSize)
+	if !ok {
+		return scimError(http.StatusBadRequest, "invalidValue", "itemsPerPage must be an integer from 0 to 100")
 	}
 	lo := min(start-1, len(all))
 	res := views(all[lo:lo+min(count, len(all)-lo)], view)
@@ -227,10 +239,6 @@ func (s *Sim) scimListUsers(w http.ResponseWriter, q *scimReq) (int, any) {
 	return scimList(q.r, all, func(u *scimUser) any { return o.userView(u, false) })
 }
 
-func (s *Sim) scimGetUser(w http.ResponseWriter, q *scimReq) (int, any) {
-	return http.StatusOK, q.o.userView(q.u, true)
-}
-
 // decodeObject returns the JSON object b holds, nil when it holds none.
 func decodeObject(b []byte) map[string]any {
 	var m map[string]any
@@ -242,9 +250,6 @@ func decodeObject(b []byte) map[string]any {
 
 func (s *Sim) scimCreateUser(w http.ResponseWriter, q *scimReq) (int, any) {
 	o, m := q.o, q.m
-	if m == nil {
-		return scimError(http.StatusBadRequest, "invalidSyntax", "body is not a JSON object")
-	}
 	id, _ := m["id"].(string)
 	userName, _ := m["userName"].(string)
 	if !ValidEmail(id) || !ValidEmail(userName) || !strings.EqualFold(id, userName) {
@@ -274,9 +279,6 @@ func removeString(v []string, s string) []string {
 
 func (s *Sim) scimUpdateUser(w http.ResponseWriter, q *scimReq) (int, any) {
 	o, u, m := q.o, q.u, q.m
-	if m == nil {
-		return scimError(http.StatusBadRequest, "invalidSyntax", "body is not a JSON object")
-	}
 	if un, ok := m["userName"].(string); ok && !strings.EqualFold(un, u.email) {
 		return scimError(http.StatusBadRequest, "mutability", "the email address of a user cannot be changed")
 	}
@@ -286,11 +288,6 @@ func (s *Sim) scimUpdateUser(w http.ResponseWriter, q *scimReq) (int, any) {
 		maps.Copy(u.body, m)
 	}
 	return http.StatusOK, q.body
-}
-
-func (s *Sim) scimDeleteUser(w http.ResponseWriter, q *scimReq) (int, any) {
-	q.o.removeUser(q.key)
-	return http.StatusNoContent, nil
 }
 
 func (o *scimOrg) groupView(g *scimGroup, idAsString bool) map[string]any {
@@ -319,15 +316,6 @@ func (o *scimOrg) groupView(g *scimGroup, idAsString bool) map[string]any {
 			"created": g.created.UTC().Format(ts), "lastModified": g.modified.UTC().Format(ts)}}
 }
 
-func (s *Sim) scimListGroups(w http.ResponseWriter, q *scimReq) (int, any) {
-	o := q.o
-	return scimList(q.r, o.sortedGroups(), func(g *scimGroup) any { return o.groupView(g, false) })
-}
-
-func (s *Sim) scimGetGroup(w http.ResponseWriter, q *scimReq) (int, any) {
-	return http.StatusOK, q.o.groupView(q.g, true)
-}
-
 // memberValues reads [{"value": email}, ...]; ok false when malformed.
 func memberValues(v any) ([]string, bool) {
 	arr, ok := v.([]any)
@@ -336,10 +324,7 @@ func memberValues(v any) ([]string, bool) {
 	}
 	var out []string
 	for _, x := range arr {
-		m, ok := x.(map[string]any)
-		if !ok {
-			return nil, false
-		}
+		m, _ := x.(map[string]any) // nil when x is not an object: no value
 		e, ok := m["value"].(string)
 		if !ok || !ValidEmail(e) {
 			return nil, false
@@ -362,9 +347,6 @@ func (o *scimOrg) addMember(g *scimGroup, email string) {
 
 func (s *Sim) scimCreateGroup(w http.ResponseWriter, q *scimReq) (int, any) {
 	o, m := q.o, q.m
-	if m == nil {
-		return scimError(http.StatusBadRequest, "invalidSyntax", "body is not a JSON object")
-	}
 	name, _ := m["displayName"].(string)
 	if name == "" {
 		return scimError(http.StatusBadRequest, "invalidValue", "displayName is required")
@@ -436,9 +418,4 @@ func (s *Sim) scimPatchGroup(w http.ResponseWriter, q *scimReq) (int, any) {
 	}
 	g.modified = s.cfg.Now()
 	return http.StatusOK, o.groupView(g, true)
-}
-
-func (s *Sim) scimDeleteGroup(w http.ResponseWriter, q *scimReq) (int, any) {
-	delete(q.o.groups, q.g.id)
-	return http.StatusNoContent, nil
 }

@@ -146,20 +146,31 @@ type store struct {
 	seed maphash.Seed
 
 	reqSeq, evSeq int64
-	events        []Ingested
-	evStart       int
+	events        []Ingested // oldest first, as are requests and dedupFIFO
 	requests      []*Record
-	reqStart      int
 	stats         Stats
 
 	dedup     map[uint64]int64
 	dedupFIFO []dedupEntry
-	dedupHead int
 
 	rates    map[string]*rateKey
 	sweepCtr int
 	quotas   map[string]*quotaKey
 	knobs    *Knobs
+}
+
+// pushKeep appends v to *q and drops the oldest entry when that makes more
+// than keep; it reports whether it dropped one. The dropped front is
+// reclaimed when append moves the slice to a larger array.
+func pushKeep[T any](q *[]T, v T, keep int) bool {
+	*q = append(*q, v)
+	if len(*q) <= keep {
+		return false
+	}
+	var zero T
+	(*q)[0] = zero
+	*q = (*q)[1:]
+	return true
 }
 
 func (st *store) init(cfg *Config, seed maphash.Seed, knobs *Knobs) {
@@ -192,15 +203,7 @@ func (s *Sim) logRequest(rec *Record) {
 	if s.cfg.KeepRequests < 0 {
 		return
 	}
-	st.requests = append(st.requests, rec)
-	if len(st.requests)-st.reqStart > s.cfg.KeepRequests {
-		st.requests[st.reqStart] = nil
-		st.reqStart++
-		if st.reqStart > len(st.requests)/2 {
-			st.requests = append(st.requests[:0:0], st.requests[st.reqStart:]...)
-			st.reqStart = 0
-		}
-	}
+	pushKeep(&st.requests, rec, s.cfg.KeepRequests)
 }
 
 func (st *store) rateKeyOf(apiKey, kind, id string) string {
@@ -329,29 +332,24 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 	own := keyCounts(env.info)
 	thrDevs, thrUsers := map[string]int{}, map[string]int{}
 	var thrEvents []int
-	checked := map[string]bool{}
+	checked := map[string]bool{} // kind+id -> throttled
 	check := func(kind, id string, out map[string]int) bool {
 		if id == "" {
 			return false
 		}
-		if _, done := out[id]; done {
-			return true
+		if thr, done := checked[kind+id]; done {
+			return thr
 		}
-		if checked[kind+id] {
-			return false
-		}
-		checked[kind+id] = true
-		k := st.rateKeyOf(env.apiKey, kind, id)
-		rk, rate := st.rateOf(k, now)
+		rk, rate := st.rateOf(st.rateKeyOf(env.apiKey, kind, id), now)
 		if n := own[kind+id]; n > 0 && !s.cfg.LenientRate {
 			rate += float64(n) / st.cfg.RateWindow.Seconds()
 		}
-		inPenalty := rk != nil && rk.penaltyUntil > now
-		if rate > float64(s.cfg.EPSThreshold) || inPenalty {
+		thr := rate > float64(s.cfg.EPSThreshold) || (rk != nil && rk.penaltyUntil > now)
+		if thr {
 			out[id] = int(math.Ceil(rate))
-			return true
 		}
-		return false
+		checked[kind+id] = thr
+		return thr
 	}
 	for i, ev := range env.info {
 		d := check("d", ev.deviceID, thrDevs)
@@ -465,17 +463,9 @@ func (s *Sim) storeLocked(env *envelope, rec *Record, nowT time.Time) {
 			continue
 		}
 		// env.raw[i] is encoding/json's own copy, not the pooled body.
-		st.events = append(st.events, Ingested{Seq: st.evSeq, Request: rec.Seq, Raw: env.raw[i],
-			EventType: ev.eventType, DeviceID: ev.deviceID, UserID: ev.userID, InsertID: ev.insertID,
-			Time: nowT, APIKey: env.apiKey})
-		if len(st.events)-st.evStart > s.cfg.Keep {
-			st.events[st.evStart] = Ingested{}
-			st.evStart++
+		if pushKeep(&st.events, Ingested{Seq: st.evSeq, Request: rec.Seq, Raw: env.raw[i], EventType: ev.eventType,
+			DeviceID: ev.deviceID, UserID: ev.userID, InsertID: ev.insertID, Time: nowT, APIKey: env.apiKey}, s.cfg.Keep) {
 			st.stats.EventsDropped++
-			if st.evStart > len(st.events)/2 {
-				st.events = append(st.events[:0:0], st.events[st.evStart:]...)
-				st.evStart = 0
-			}
 		}
 	}
 	for k, n := range keyCounts(env.info) {
@@ -543,8 +533,8 @@ func (st *store) seenLocked(apiKey string, ev evInfo, now int64) bool {
 		return true
 	}
 	// Forget expired entries, and the oldest while full.
-	for st.dedupHead < len(st.dedupFIFO) {
-		e := st.dedupFIFO[st.dedupHead]
+	for ; len(st.dedupFIFO) > 0; st.dedupFIFO = st.dedupFIFO[1:] {
+		e := st.dedupFIFO[0]
 		expired := e.t <= now-window
 		if !expired && len(st.dedup) < st.cfg.DedupMaxKeys {
 			break
@@ -555,11 +545,6 @@ func (st *store) seenLocked(apiKey string, ev evInfo, now int64) bool {
 				st.stats.DedupEvicted++
 			}
 		}
-		st.dedupHead++
-	}
-	if st.dedupHead > 1024 && st.dedupHead > len(st.dedupFIFO)/2 {
-		st.dedupFIFO = append(st.dedupFIFO[:0:0], st.dedupFIFO[st.dedupHead:]...)
-		st.dedupHead = 0
 	}
 	st.dedup[k] = now
 	st.dedupFIFO = append(st.dedupFIFO, dedupEntry{k, now})
@@ -572,7 +557,7 @@ func (s *Sim) Events(apiKey string) []Ingested {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []Ingested
-	for _, e := range s.store.events[s.store.evStart:] {
+	for _, e := range s.store.events {
 		if e.APIKey == apiKey {
 			out = append(out, e)
 		}
@@ -582,7 +567,7 @@ func (s *Sim) Events(apiKey string) []Ingested {
 
 // AllEvents returns every stored event in arrival order.
 func (s *Sim) AllEvents() []Ingested {
-	return locked(&s.mu, func() []Ingested { return append([]Ingested(nil), s.store.events[s.store.evStart:]...) })
+	return locked(&s.mu, func() []Ingested { return append([]Ingested(nil), s.store.events...) })
 }
 
 // Count returns the number of events ingested (duplicates excluded), also
@@ -596,8 +581,8 @@ func (s *Sim) Duplicates() int64 { return s.Stats().Duplicates }
 func (s *Sim) Requests() []Record {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]Record, 0, len(s.store.requests)-s.store.reqStart)
-	for _, r := range s.store.requests[s.store.reqStart:] {
+	out := make([]Record, 0, len(s.store.requests))
+	for _, r := range s.store.requests {
 		out = append(out, *r)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Seq < out[j].Seq })

@@ -491,15 +491,14 @@ func lifecycleDelete(m map[string]*taxEntity, name string) (int, any) {
 		return taxFail(http.StatusConflict, "not found")
 	case e.state == "live", e.state == "unexpected":
 		e.state = "deleted"
-		return taxOK(http.StatusOK, nil)
 	case e.state == "planned":
 		delete(m, name)
-		return taxOK(http.StatusOK, nil)
 	case e.state == "transformed":
 		return taxFail(http.StatusBadRequest, "transformed entities cannot be deleted")
 	default:
 		return taxFail(http.StatusBadRequest, "already deleted")
 	}
+	return taxOK(http.StatusOK, nil)
 }
 
 // lifecycleRestore brings a deleted m[name] back (live).

@@ -98,11 +98,8 @@ type UserMapState struct {
 func (s *Sim) registerUserMap() {
 	st := &umState{}
 	s.onReset(func() { *st = umState{mapped: map[string]map[string]string{}, hits: windowHits{}} })
-	s.ctlMux.HandleFunc("GET /sim/usermap", func(w http.ResponseWriter, r *http.Request) {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		writeJSON(w, http.StatusOK, UserMapState{Calls: st.calls, Batches: st.batches, Throttled: st.throttled,
-			Reads: st.reads, Mapped: st.mapped})
+	s.readout("GET /sim/usermap", func(url.Values) any {
+		return UserMapState{Calls: st.calls, Batches: st.batches, Throttled: st.throttled, Reads: st.reads, Mapped: st.mapped}
 	})
 	s.route("/usermap", routeHandler{
 		serve: func(_ http.ResponseWriter, r *http.Request, in *incoming) (int, any) {
@@ -193,7 +190,7 @@ func (s *Sim) serveUserMapRead(st *umState, r *http.Request) (status int, body a
 		s.mu.Unlock()
 	}()
 	if r.Method != http.MethodGet {
-		return http.StatusBadRequest, errBody{Code: 400, Error: ErrTextInvalidPath}
+		return codeError(http.StatusBadRequest, ErrTextInvalidPath)
 	}
 	user, pass, ok := r.BasicAuth()
 	if ok {
@@ -204,19 +201,19 @@ func (s *Sim) serveUserMapRead(st *umState, r *http.Request) (status int, body a
 		ok = s.validKey(user) && pass != "" && (!has || want == pass)
 	}
 	if !ok {
-		return http.StatusUnauthorized, errBody{Code: 401, Error: "Invalid credentials"}
+		return codeError(http.StatusUnauthorized, "Invalid credentials")
 	}
 	raw := strings.TrimSpace(r.URL.Query().Get("user_ids"))
 	var ids []string
 	if strings.HasPrefix(raw, "[") {
 		if json.Unmarshal([]byte(raw), &ids) != nil {
-			return http.StatusBadRequest, errBody{Code: 400, Error: "Invalid user_ids"}
+			return codeError(http.StatusBadRequest, "Invalid user_ids")
 		}
 	} else if raw != "" {
 		ids = strings.Split(raw, ",")
 	}
 	if len(ids) < 1 || len(ids) > MaxReadUserIDs {
-		return http.StatusBadRequest, errBody{Code: 400, Error: "Invalid user_ids: 1 to 100 user ids"}
+		return codeError(http.StatusBadRequest, "Invalid user_ids: 1 to 100 user ids")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -112,20 +112,14 @@ func validate(body []byte, validKey func(string) bool, maxEvents int) (*envelope
 	if !ok || isNull(key) || string(key) == `""` {
 		return nil, &errBody{Code: 400, Error: ErrTextMissingField, MissingField: "api_key"}
 	}
-	if kindOf(key) != kString || json.Unmarshal(key, &env.apiKey) != nil {
-		return nil, &errBody{Code: 400, Error: ErrTextInvalidAPIKey}
-	}
-	if validKey != nil && !validKey(env.apiKey) {
+	if kindOf(key) != kString || json.Unmarshal(key, &env.apiKey) != nil || (validKey != nil && !validKey(env.apiKey)) {
 		return nil, &errBody{Code: 400, Error: ErrTextInvalidAPIKey}
 	}
 	evs, ok := top["events"]
 	if !ok || isNull(evs) || isEmptyArray(evs) {
 		return nil, &errBody{Code: 400, Error: ErrTextMissingField, MissingField: "events"}
 	}
-	if evs[0] != '[' || json.Unmarshal(evs, &env.raw) != nil {
-		return nil, &errBody{Code: 400, Error: ErrTextInvalidEvent}
-	}
-	if len(env.raw) >= maxEvents {
+	if evs[0] != '[' || json.Unmarshal(evs, &env.raw) != nil || len(env.raw) >= maxEvents {
 		return nil, &errBody{Code: 400, Error: ErrTextInvalidEvent}
 	}
 	var invalid, missing map[string][]int
@@ -139,11 +133,8 @@ func validate(body []byte, validKey func(string) bool, maxEvents int) (*envelope
 	}
 	env.info = make([]evInfo, len(env.raw))
 	for i, raw := range env.raw {
-		if raw[0] != '{' {
-			return nil, &errBody{Code: 400, Error: ErrTextInvalidEvent}
-		}
 		var ev map[string]json.RawMessage
-		if json.Unmarshal(raw, &ev) != nil {
+		if raw[0] != '{' || json.Unmarshal(raw, &ev) != nil {
 			return nil, &errBody{Code: 400, Error: ErrTextInvalidEvent}
 		}
 		info := &env.info[i]
