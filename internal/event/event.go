@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math/bits"
-	"strconv"
 	"unicode/utf8"
 )
 
@@ -951,24 +950,17 @@ func shorter(id []byte, n int) bool {
 }
 
 // AppendRewritten appends the event as the relay spools it: insert_id is
-// added when absent (taken from ids), time is added as nowMS when absent, and
-// an ip of "$remote" is replaced by remoteIP. All other bytes are copied
-// unchanged.
+// added when absent (taken from ids), time is added as nowMS (the decimal
+// text of the acceptance time in ms, formatted once per request) when
+// absent, and an ip of "$remote" is replaced by remoteIP. All other bytes
+// are copied unchanged.
 //
 // An absent field is added as the object's first member(s)
 // (`{"insert_id":"<id>","time":<nowMS>,...`); a field whose (last) value is
 // null has that null replaced in place, so that the upstream, which also
 // takes the last of duplicate keys, sees the new value. remoteIP is written
 // as a JSON string; when it is empty, "$remote" is left as it is.
-func (e *Event) AppendRewritten(dst []byte, ids *IDGen, nowMS int64, remoteIP []byte) []byte {
-	var buf [20]byte
-	return e.AppendRewrittenMS(dst, ids, strconv.AppendInt(buf[:0], nowMS, 10), remoteIP)
-}
-
-// AppendRewrittenMS is AppendRewritten with the time given as its decimal
-// text (what strconv.AppendInt(nil, nowMS, 10) makes), so that a request's
-// events share one formatting of it.
-func (e *Event) AppendRewrittenMS(dst []byte, ids *IDGen, nowMS, remoteIP []byte) []byte {
+func (e *Event) AppendRewritten(dst []byte, ids *IDGen, nowMS, remoteIP []byte) []byte {
 	raw := e.Raw
 	if len(raw) < 2 {
 		return append(dst, raw...)

@@ -179,14 +179,14 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 		addr = anonymizeAddr(addr)
 	}
 	st.ip = addr.AppendTo(st.ip[:0])
-	if s.tooLarge(ctx, p, st) {
-		return
-	}
-
 	now := s.cfg.Now()
 	nowMS := now.UnixMilli()
 	var nowBuf [20]byte
 	nowText := strconv.AppendInt(nowBuf[:0], nowMS, 10) // formatted once for all events
+	if s.tooLarge(ctx, p, st, nowText) {
+		return
+	}
+
 	st.batch.Reset()
 	var clean func(*event.Request, *event.Event) bool // nil: the plan is off for these events
 	if s.plan != nil {
@@ -206,10 +206,10 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 		st.batch.AddFunc(st.okey, ev.UserID, len(ev.Raw)+len(st.ip)+rewriteSlack, func(dst []byte) []byte {
 			if op.anonIP && ev.HasGivenIP() {
 				// The ips the client gave, anonymized too.
-				st.ev = ev.AppendRewrittenMS(st.ev[:0], s.ids, nowText, st.ip)
+				st.ev = ev.AppendRewritten(st.ev[:0], s.ids, nowText, st.ip)
 				return event.AppendIPsReplaced(dst, st.ev, appendAnonymizedIP)
 			}
-			return ev.AppendRewrittenMS(dst, s.ids, nowText, st.ip)
+			return ev.AppendRewritten(dst, s.ids, nowText, st.ip)
 		})
 		// Checked against the plan where the parser left it, in the cache.
 		if clean != nil && clean(&st.req, ev) {
@@ -243,7 +243,7 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 // alone in one upstream request under MaxBatchBytes with its envelope, as it
 // would be spooled (rewritten): delivery could only dead-letter it. The
 // body is the upstream's 413 naming the indexes in events_too_large.
-func (s *Server) tooLarge(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) bool {
+func (s *Server) tooLarge(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState, nowMS []byte) bool {
 	// A bound of the envelope first: marshalling the api_key (what the
 	// exact figure takes) costs allocations on every request, and is only
 	// needed when an event is near the limit.
@@ -265,7 +265,7 @@ func (s *Server) tooLarge(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) boo
 		}
 		// Near the limit: measure the rewritten event exactly (the
 		// insert_id drawn here is thrown away; its length is fixed).
-		st.tmp = ev.AppendRewritten(st.tmp[:0], s.ids, s.cfg.Now().UnixMilli(), st.ip)
+		st.tmp = ev.AppendRewritten(st.tmp[:0], s.ids, nowMS, st.ip)
 		if len(st.tmp) >= limit {
 			st.big = append(st.big, i)
 		}
