@@ -219,31 +219,11 @@ func (p *parser) envelope() bool {
 	if i >= len(b) || b[i] != '{' {
 		return false
 	}
-	i = skipWS(b, i+1)
-	if i < len(b) && b[i] == '}' {
-		return skipWS(b, i+1) == len(b)
-	}
-	for {
-		if i >= len(b) || b[i] != '"' {
-			return false
-		}
-		ks := i
-		var esc bool
-		if i, esc = scanString(b, i); i < 0 {
-			return false
-		}
-		key := b[ks+1 : i-1]
-		if esc {
-			// A key longer than this escaped names no envelope field.
-			var buf [6 * len("api_key")]byte
-			if len(key) <= len(buf) {
-				key = appendUnescaped(buf[:0], key)
-			}
-		}
-		if i = skipWS(b, i); i >= len(b) || b[i] != ':' {
-			return false
-		}
-		if i = skipWS(b, i+1); i >= len(b) {
+	var buf [6 * len("api_key")]byte // every character may be a \uXXXX
+	i, more := first(b, i, '}')
+	for ; more; i, more = next(b, i, '}') {
+		var key []byte
+		if key, i = memberKey(b, i, buf[:]); i < 0 {
 			return false
 		}
 		switch string(key) {
@@ -296,51 +276,18 @@ func (p *parser) envelope() bool {
 		default:
 			i, _ = p.sk.skipValue(b, i, 1)
 		}
-		if i < 0 {
-			return false
-		}
-		if i = skipWS(b, i); i >= len(b) {
-			return false
-		}
-		switch b[i] {
-		case ',':
-			i = skipWS(b, i+1)
-		case '}':
-			return skipWS(b, i+1) == len(b)
-		default:
-			return false
-		}
 	}
+	return i >= 0 && skipWS(b, i) == len(b)
 }
 
 // options scans the options object at b[i] == '{' (depth 2 inside it).
 func (p *parser) options(i int) int {
 	b := p.b
-	i = skipWS(b, i+1)
-	if i < len(b) && b[i] == '}' {
-		return i + 1
-	}
-	for {
-		if i >= len(b) || b[i] != '"' {
-			return -1
-		}
-		ks := i
-		var esc bool
-		if i, esc = scanString(b, i); i < 0 {
-			return -1
-		}
-		key := b[ks+1 : i-1]
-		if esc {
-			// Every character of min_id_length may be a 6-byte \uXXXX.
-			var buf [6 * len("min_id_length")]byte
-			if len(key) <= len(buf) {
-				key = appendUnescaped(buf[:0], key)
-			}
-		}
-		if i = skipWS(b, i); i >= len(b) || b[i] != ':' {
-			return -1
-		}
-		if i = skipWS(b, i+1); i >= len(b) {
+	var buf [6 * len("min_id_length")]byte
+	i, more := first(b, i, '}')
+	for ; more; i, more = next(b, i, '}') {
+		var key []byte
+		if key, i = memberKey(b, i, buf[:]); i < 0 {
 			return -1
 		}
 		if string(key) == "min_id_length" {
@@ -371,21 +318,8 @@ func (p *parser) options(i int) int {
 			p.optOther = true
 			i, _ = p.sk.skipValue(b, i, 2)
 		}
-		if i < 0 {
-			return -1
-		}
-		if i = skipWS(b, i); i >= len(b) {
-			return -1
-		}
-		switch b[i] {
-		case ',':
-			i = skipWS(b, i+1)
-		case '}':
-			return i + 1
-		default:
-			return -1
-		}
 	}
+	return i
 }
 
 // eventArray scans the events array at b[i] == '['.
