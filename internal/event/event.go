@@ -535,17 +535,21 @@ func (p *parser) tmpValue(s []byte, esc bool) []byte {
 // replaces what an earlier one of the same key recorded.
 func (p *parser) recordedField(e *Event, f, i, start int) int {
 	b := p.b
-	if b[i] != '"' || fieldKinds[f] != kString {
-		return p.recordedOther(e, f, i, start)
-	}
-	// A string, as all these fields but time have.
-	s := i
-	i, esc := scanString(b, i)
-	if i < 0 {
+	var (
+		end     int
+		esc, ok bool
+		content []byte // a string's, when the field is a string
+	)
+	if b[i] == '"' && fieldKinds[f] == kString { // all these fields but time
+		if end, esc = scanString(b, i); end < 0 {
+			return -1
+		}
+		content, ok = b[i+1:end-1], true
+	} else if end, ok = p.typedValue(fieldKinds[f], i); end < 0 {
 		return -1
 	}
-	e.setValid(f, true)
-	content := b[s+1 : i-1]
+	e.setValid(f, ok)
+	null := b[i] == 'n'
 	switch f {
 	case fUserID:
 		e.UserID, e.flags = nil, e.flags&^evUserEsc
@@ -569,56 +573,23 @@ func (p *parser) recordedField(e *Event, f, i, start int) int {
 			e.flags |= evHasType
 		}
 	case fInsertID:
-		e.HasInsertID, e.insNull = true, 0
+		e.HasInsertID, e.insNull = !null, 0
+		if null {
+			e.insNull = i - start
+		}
+	case fTime:
+		e.HasTime, e.timeNull = !null, 0
+		if null {
+			e.timeNull = i - start
+		}
 	case fIP:
 		e.ipOff, e.ipEnd = 0, 0
 		if isRemote(content, esc) {
-			e.ipOff, e.ipEnd = s-start, i-start
-		} else {
+			e.ipOff, e.ipEnd = i-start, end-start
+		} else if content != nil {
 			e.flags |= evIPGiven
 		}
 	}
-	return i
-}
-
-// recordedOther is recordedField for time and for values that are not
-// strings.
-func (p *parser) recordedOther(e *Event, f, i, start int) int {
-	b := p.b
-	switch f {
-	case fUserID:
-		e.UserID = nil
-		e.flags &^= evUserEsc
-	case fDeviceID:
-		e.DeviceID = nil
-		e.flags &^= evDevEsc
-	case fEventType:
-		e.flags &^= evHasType
-	case fInsertID:
-		e.HasInsertID, e.insNull = false, 0
-	case fTime:
-		e.HasTime, e.timeNull = false, 0
-	case fIP:
-		e.ipOff, e.ipEnd = 0, 0
-	}
-	if b[i] == 'n' {
-		switch f {
-		case fInsertID:
-			e.insNull = i - start
-		case fTime:
-			e.timeNull = i - start
-		}
-		e.setValid(f, true)
-		return scanLiteral(b, i)
-	}
-	switch f {
-	case fInsertID:
-		e.HasInsertID = true
-	case fTime:
-		e.HasTime = true
-	}
-	end, ok := p.typedValue(fieldKinds[f], i)
-	e.setValid(f, ok)
 	return end
 }
 
