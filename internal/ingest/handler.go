@@ -153,13 +153,8 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 
 	st.req.PlanMembers = s.plan != nil && s.plan.Checking()
 	if e := event.Parse(body, &st.req); e != nil {
-		reason := rejectReason(e)
-		s.m.reject(reason, len(st.req.Events))
-		s.logReject(ctx, p, e.Status, reason, len(st.req.Events))
-		ctx.SetStatusCode(e.Status)
-		ctx.SetContentTypeBytes(jsonContentType)
 		st.out = e.AppendJSON(st.out[:0])
-		ctx.SetBody(st.out)
+		s.reject(ctx, p, e.Status, rejectReason(e), len(st.req.Events), st.out)
 		return
 	}
 	n := len(st.req.Events)
@@ -233,10 +228,8 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 	b = strconv.AppendInt(b, int64(len(raw)), 10)
 	b = append(b, `,"server_upload_time":`...)
 	b = strconv.AppendInt(b, nowMS, 10)
-	b = append(b, '}')
-	st.out = b
-	ctx.SetContentTypeBytes(jsonContentType)
-	ctx.SetBody(b)
+	st.out = append(b, '}')
+	answerJSON(ctx, fasthttp.StatusOK, st.out)
 }
 
 // tooLarge answers 413 and returns true when an event of st.req cannot fit
@@ -276,20 +269,8 @@ func (s *Server) tooLarge(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState, now
 	if len(st.big) == 0 {
 		return false
 	}
-	s.m.reject(reasonTooLarge, len(st.req.Events))
-	s.logReject(ctx, p, fasthttp.StatusRequestEntityTooLarge, reasonTooLarge, len(st.req.Events))
-	b := append(st.out[:0], `{"code":413,"error":"Payload too large","events_too_large":[`...)
-	for j, i := range st.big {
-		if j > 0 {
-			b = append(b, ',')
-		}
-		b = strconv.AppendInt(b, int64(i), 10)
-	}
-	b = append(b, "]}"...)
-	st.out = b
-	ctx.SetStatusCode(fasthttp.StatusRequestEntityTooLarge)
-	ctx.SetContentTypeBytes(jsonContentType)
-	ctx.SetBody(b)
+	st.out = appendIndexes(append(st.out[:0], `{"code":413,"error":"Payload too large","events_too_large":`...), st.big)
+	s.reject(ctx, p, fasthttp.StatusRequestEntityTooLarge, reasonTooLarge, len(st.req.Events), st.out)
 	return true
 }
 
@@ -334,23 +315,28 @@ func peerAddr(ctx *fasthttp.RequestCtx) netip.Addr {
 // does, throttled_events naming every event of the request, which makes
 // the official SDKs hold them back (30 s) instead of retrying at once.
 func (s *Server) rateLimited(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState, n int, wait time.Duration) {
-	s.m.reject(reasonClientRateLimit, n)
-	s.logReject(ctx, p, fasthttp.StatusTooManyRequests, reasonClientRateLimit, n)
 	secs := max(int64(math.Ceil(wait.Seconds())), 1)
 	var buf [20]byte
 	ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, string(strconv.AppendInt(buf[:0], secs, 10)))
-	ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
-	ctx.SetContentTypeBytes(jsonContentType)
-	b := append(st.out[:0], `{"code":429,"error":"Too many requests for this client","throttled_events":[`...)
+	st.big = st.big[:0]
 	for i := range n {
-		if i > 0 {
+		st.big = append(st.big, i)
+	}
+	st.out = appendIndexes(append(st.out[:0], `{"code":429,"error":"Too many requests for this client","throttled_events":`...), st.big)
+	s.reject(ctx, p, fasthttp.StatusTooManyRequests, reasonClientRateLimit, n, st.out)
+}
+
+// appendIndexes appends the event indexes idx as a JSON array, and the
+// '}' that ends the error body.
+func appendIndexes(b []byte, idx []int) []byte {
+	b = append(b, '[')
+	for j, i := range idx {
+		if j > 0 {
 			b = append(b, ',')
 		}
 		b = strconv.AppendInt(b, int64(i), 10)
 	}
-	b = append(b, "]}"...)
-	st.out = b
-	ctx.SetBody(b)
+	return append(b, "]}"...)
 }
 
 // spoolFailed answers a request the store did not take: 503 with
@@ -389,16 +375,28 @@ func (s *Server) rejectf(ctx *fasthttp.RequestCtx, p pathIdx, status int, msg, r
 	s.writeError(ctx, status, msg)
 }
 
+// reject counts, logs (sampled) and answers a rejection of a request of n
+// events with the JSON body b.
+func (s *Server) reject(ctx *fasthttp.RequestCtx, p pathIdx, status int, reason string, n int, b []byte) {
+	s.m.reject(reason, n)
+	s.logReject(ctx, p, status, reason, n)
+	answerJSON(ctx, status, b)
+}
+
 // writeError answers {"code":status,"error":msg}; msg needs no escaping.
 func (s *Server) writeError(ctx *fasthttp.RequestCtx, status int, msg string) {
-	ctx.SetStatusCode(status)
-	ctx.SetContentTypeBytes(jsonContentType)
 	var buf [128]byte
 	b := append(buf[:0], `{"code":`...)
 	b = strconv.AppendInt(b, int64(status), 10)
 	b = append(b, `,"error":"`...)
 	b = append(b, msg...)
-	b = append(b, `"}`...)
+	answerJSON(ctx, status, append(b, `"}`...))
+}
+
+// answerJSON answers status with the JSON body b (copied).
+func answerJSON(ctx *fasthttp.RequestCtx, status int, b []byte) {
+	ctx.SetStatusCode(status)
+	ctx.SetContentTypeBytes(jsonContentType)
 	ctx.SetBody(b)
 }
 

@@ -168,9 +168,14 @@ type Server struct {
 	log        *zap.Logger // errors worth seeing every time
 	rejLog     *zap.Logger // sampled: rejections and HTTP-level errors
 	m          *metrics
-	conns      *connLimiter
-	perClient  *clientConns // nil: no per-client bound
-	srv        *fastserver.Server
+	// conns holds a slot per open connection, over all listeners. A slot
+	// is taken before accept(2) is called, so beyond the bound new
+	// connections wait in the kernel's accept queue (and, once it is
+	// full, the kernel refuses them); it is given back when fasthttp
+	// reports the connection closed or hijacked (connState).
+	conns     chan struct{}
+	perClient *clientConns // nil: no per-client bound
+	srv       *fastserver.Server
 
 	// base is the context of appends: cancelled only when Shutdown's
 	// context ends before the in-flight requests did.
@@ -228,7 +233,7 @@ func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, 
 		log = zap.NewNop()
 	}
 	cfg = cfg.withDefaults()
-	conns := newConnLimiter(cfg.MaxConnections)
+	conns := make(chan struct{}, cfg.MaxConnections)
 	m, err := newMetrics(reg, conns)
 	if err != nil {
 		return nil, fmt.Errorf("ingest: register metrics: %w", err)

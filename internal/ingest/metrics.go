@@ -79,7 +79,7 @@ type metrics struct {
 	connections    prometheus.GaugeFunc
 }
 
-func newMetrics(reg prometheus.Registerer, lim *connLimiter) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, conns chan struct{}) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "relay_ingest_requests_total",
@@ -123,7 +123,7 @@ func newMetrics(reg prometheus.Registerer, lim *connLimiter) (*metrics, error) {
 		connections: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "relay_ingest_connections",
 			Help: "Ingest connections open (at most --max-connections).",
-		}, func() float64 { return float64(len(lim.slots)) }),
+		}, func() float64 { return float64(len(conns)) }),
 	}
 	for p := range numPaths {
 		m.codeCounters[p] = make(map[int]prometheus.Counter, len(knownCodes))
