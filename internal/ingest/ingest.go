@@ -165,7 +165,6 @@ type Server struct {
 	retryAfter string
 	store      storage.Appender
 	ids        *event.IDGen
-	log        *zap.Logger // errors worth seeing every time
 	rejLog     *zap.Logger // sampled: rejections and HTTP-level errors
 	m          *metrics
 	// conns holds a slot per open connection, over all listeners. A slot
@@ -244,7 +243,6 @@ func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, 
 		retryAfter: strconv.FormatInt(int64(math.Ceil(cfg.RetryAfter.Seconds())), 10),
 		store:      store,
 		ids:        ids,
-		log:        log,
 		rejLog: log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 			// At most 5 lines a second per message, so a flood of bad
 			// requests cannot flood the log.
