@@ -158,12 +158,12 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 		return
 	}
 	n := len(st.req.Events)
-	if !s.apiKeyAllowed(st.req.APIKey) {
+	op := s.st()
+	if !op.apiKeyAllowed(st.req.APIKey) {
 		s.rejectf(ctx, p, fasthttp.StatusForbidden, "API key not allowed", reasonAPIKeyNotAllowed, n)
 		return
 	}
 	addr := s.requestClient(ctx)
-	op := s.st()
 	if op.limiter != nil {
 		if ok, wait := op.limiter.allow(addr); !ok {
 			s.rateLimited(ctx, p, st, n, wait)

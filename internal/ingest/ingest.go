@@ -189,7 +189,7 @@ type Server struct {
 
 	testHook func(*fasthttp.RequestCtx) // tests only: called before the append
 
-	open // CORS, api_key allow-list, client rate limit
+	opened atomic.Pointer[openState] // CORS, api_key allow-list, client rate limit; never nil once New returns
 
 	// maxBatch is Config.MaxBatchBytes in force (SetMaxBatchBytes).
 	maxBatch atomic.Int64

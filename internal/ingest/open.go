@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"sync/atomic"
 )
 
 // Open configures what an ingest listener reachable from browsers and the
@@ -62,19 +61,14 @@ func (o Open) validate() error {
 	return nil
 }
 
-// open is a Server's state of Open. What requests read of it is one
+// openState is a Server's state of Open. What requests read of it is one
 // immutable snapshot, swapped whole by SetOpen (a reload), so a request
 // sees the old settings or the new, never a mix.
-type open struct {
-	allowed atomic.Pointer[keySet]    // nil: every api_key
-	opened  atomic.Pointer[openState] // never nil once New returns
-}
-
-// openState is a snapshot of what Open sets but the allow-list.
 type openState struct {
-	corsPol *corsPolicy    // nil: CORS off
-	limiter *clientLimiter // nil: no rate limit
-	rate    float64        // limiter's rate
+	corsPol *corsPolicy         // nil: CORS off
+	allowed map[string]struct{} // nil: every api_key
+	limiter *clientLimiter      // nil: no rate limit
+	rate    float64             // limiter's rate
 	anonIP  bool
 }
 
@@ -94,12 +88,17 @@ func (s *Server) SetOpen(o Open) error {
 		return err
 	}
 	n := &openState{corsPol: cors, rate: o.ClientRateLimit, anonIP: o.AnonymizeIP}
+	if o.AllowedAPIKeys != nil {
+		n.allowed = make(map[string]struct{}, len(o.AllowedAPIKeys))
+		for _, k := range o.AllowedAPIKeys {
+			n.allowed[k] = struct{}{}
+		}
+	}
 	if old := s.st(); old != nil && old.rate == o.ClientRateLimit {
 		n.limiter = old.limiter
 	} else if o.ClientRateLimit > 0 {
 		n.limiter = newClientLimiter(o.ClientRateLimit, limiterMaxClients, s.cfg.Now)
 	}
-	s.allowed.Store(newKeySet(o.AllowedAPIKeys))
 	s.opened.Store(n)
 	return nil
 }
@@ -113,26 +112,11 @@ func (s *Server) SetMaxBatchBytes(n int) {
 	}
 }
 
-// keySet is an immutable set of api_keys.
-type keySet struct{ keys map[string]struct{} }
-
-func newKeySet(keys []string) *keySet {
-	if keys == nil {
-		return nil
-	}
-	ks := &keySet{keys: make(map[string]struct{}, len(keys))}
-	for _, k := range keys {
-		ks.keys[k] = struct{}{}
-	}
-	return ks
-}
-
 // apiKeyAllowed reports whether the allow-list takes key.
-func (s *Server) apiKeyAllowed(key []byte) bool {
-	ks := s.allowed.Load()
-	if ks == nil {
+func (o *openState) apiKeyAllowed(key []byte) bool {
+	if o.allowed == nil {
 		return true
 	}
-	_, ok := ks.keys[string(key)]
+	_, ok := o.allowed[string(key)]
 	return ok
 }
