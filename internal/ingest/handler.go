@@ -414,24 +414,15 @@ func (s *Server) logReject(ctx *fasthttp.RequestCtx, p pathIdx, status int, reas
 
 // handleReadError answers requests fasthttp could not read.
 func (s *Server) handleReadError(ctx *fasthttp.RequestCtx, err error) {
-	p := pathOther
-	var (
-		status int
-		msg    string
-		reason string
-	)
-	var small *fasthttp.ErrSmallBuffer
-	var ne net.Error
-	switch {
-	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+	p, status, msg, reason := pathOther, fasthttp.StatusBadRequest, "Malformed HTTP request", reasonBadHTTP
+	switch errorClass(err) {
+	case classBodyTooLarge:
 		p = classifyPath(ctx.Path())
 		status, msg, reason = fasthttp.StatusRequestEntityTooLarge, "Payload too large", reasonTooLarge
-	case errors.As(err, &small):
-		status, msg, reason = fasthttp.StatusRequestHeaderFieldsTooLarge, "Request header too large", reasonBadHTTP
-	case errors.As(err, &ne) && ne.Timeout():
+	case classHeaderTooLarge:
+		status, msg = fasthttp.StatusRequestHeaderFieldsTooLarge, "Request header too large"
+	case classTimeout:
 		status, msg, reason = fasthttp.StatusRequestTimeout, "Request timeout", reasonTimeout
-	default:
-		status, msg, reason = fasthttp.StatusBadRequest, "Malformed HTTP request", reasonBadHTTP
 	}
 	s.rejectf(ctx, p, status, msg, reason, 0)
 	s.m.request(p, status)

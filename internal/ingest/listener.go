@@ -295,6 +295,13 @@ func (f fasthttpLogger) Printf(_ string, args ...any) {
 	ce.Write(fields...)
 }
 
+// Classes of errorClass that handleReadError answers.
+const (
+	classTimeout        = "timeout"
+	classBodyTooLarge   = "body too large"
+	classHeaderTooLarge = "header too large"
+)
+
 // errorClass names the kind of a connection error in a few fixed words.
 func errorClass(err error) string {
 	var ne net.Error
@@ -305,15 +312,15 @@ func errorClass(err error) string {
 	case errors.Is(err, net.ErrClosed):
 		return "closed"
 	case errors.As(err, &ne) && ne.Timeout(), errors.Is(err, os.ErrDeadlineExceeded):
-		return "timeout"
+		return classTimeout
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
 		return "eof"
 	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
 		return "reset"
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		return "body too large"
+		return classBodyTooLarge
 	case errors.As(err, &small):
-		return "header too large"
+		return classHeaderTooLarge
 	case errors.As(err, &rec), errors.As(err, &alert), strings.HasPrefix(err.Error(), "tls: "):
 		return "tls"
 	}
