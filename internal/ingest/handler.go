@@ -29,8 +29,7 @@ type reqState struct {
 	okey  []byte // one order key
 	ip    []byte // client address, text
 	out   []byte // response body
-	ev    []byte // one rewritten event, for AppendIPsReplaced
-	tmp   []byte // one rewritten event, to measure it
+	ev    []byte // one rewritten event: to measure it, or for AppendIPsReplaced
 	big   []int  // indexes of events too large for one upstream request
 }
 
@@ -258,13 +257,13 @@ func (s *Server) tooLarge(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState, now
 		}
 		// Near the limit: measure the rewritten event exactly (the
 		// insert_id drawn here is thrown away; its length is fixed).
-		st.tmp = ev.AppendRewritten(st.tmp[:0], s.ids, nowMS, st.ip)
-		if len(st.tmp) >= limit {
+		st.ev = ev.AppendRewritten(st.ev[:0], s.ids, nowMS, st.ip)
+		if len(st.ev) >= limit {
 			st.big = append(st.big, i)
 		}
 	}
-	if cap(st.tmp) > maxPooledBuf {
-		st.tmp = nil
+	if cap(st.ev) > maxPooledBuf {
+		st.ev = nil
 	}
 	if len(st.big) == 0 {
 		return false
