@@ -74,8 +74,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			if !answered {
 				ctx.Response.Reset()
 				if pol := s.st().corsPol; pol != nil && p <= pathBatch {
-					origin := ctx.Request.Header.PeekBytes(headerOrigin)
-					pol.setHeaders(&ctx.Response.Header, origin, len(origin) > 0 && pol.allows(origin))
+					pol.setHeaders(ctx)
 				}
 				s.m.reject(reasonPanic, 0)
 				s.writeError(ctx, fasthttp.StatusInternalServerError, "Internal server error")
