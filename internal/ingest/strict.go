@@ -53,20 +53,17 @@ func checkHead(raw []byte) int {
 		if colon < 0 {
 			continue // fasthttp refuses it
 		}
-		// Only keys of the same length are compared, so only ASCII keys
-		// can match (a non-ASCII letter that folds to an ASCII one is
-		// longer).
 		switch key := line[:colon]; len(key) {
 		case len("content-length"):
-			if bytes.EqualFold(key, []byte("content-length")) {
+			if asciiEqualFold(key, "content-length") {
 				cl++
 			}
 		case len("transfer-encoding"):
-			if bytes.EqualFold(key, []byte("transfer-encoding")) {
+			if asciiEqualFold(key, "transfer-encoding") {
 				te++
 			}
 		case len("content-encoding"):
-			if bytes.EqualFold(key, []byte("content-encoding")) {
+			if asciiEqualFold(key, "content-encoding") {
 				ce++
 			}
 		}
@@ -78,6 +75,24 @@ func checkHead(raw []byte) int {
 		return headRepeatedCE
 	}
 	return headOK
+}
+
+// asciiEqualFold reports whether b equals the lower-case ASCII s, ignoring
+// the case of b.
+func asciiEqualFold(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := range len(b) {
+		c := b[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != s[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // strictHandle refuses requests whose head checkHead faults with 400 and
