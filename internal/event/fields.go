@@ -63,16 +63,21 @@ var fieldKinds = func() (k [numFields]uint8) {
 }()
 
 // lookupField returns the field named by key (unescaped), or -1: for the
-// keys byWords does not match (escaped, longer than shortFieldLen), rare
-// enough that a scan of the names serves.
+// keys byWords does not match (escaped, longer than shortFieldLen).
 func lookupField(key []byte) int {
-	for f, name := range fieldNames {
-		if name == string(key) {
-			return f
-		}
+	if f, ok := byName[string(key)]; ok {
+		return f
 	}
 	return -1
 }
+
+var byName = func() map[string]int {
+	m := make(map[string]int, numFields)
+	for f, name := range fieldNames {
+		m[name] = f
+	}
+	return m
+}()
 
 // maxFieldLen is the longest field name; an escaped key whose value would be
 // longer names no field.
