@@ -94,8 +94,9 @@ func NormalizeOrigin(o string) (string, error) {
 // none) and whether it is allowed.
 func (c *corsPolicy) setHeaders(ctx *fasthttp.RequestCtx) (origin []byte, allowed bool) {
 	origin = ctx.Request.Header.PeekBytes(headerOrigin)
-	_, listed := c.origins[string(origin)]
-	allowed = len(origin) > 0 && (c.any || listed)
+	if allowed = len(origin) > 0 && c.any; len(origin) > 0 && !c.any {
+		_, allowed = c.origins[string(origin)]
+	}
 	h := &ctx.Response.Header
 	h.SetCanonical(headerVary, headerOrigin) // Vary: Origin
 	switch {
