@@ -30,7 +30,7 @@ type reqState struct {
 	ip    []byte // client address, text
 	out   []byte // response body
 	ev    []byte // one rewritten event: to measure it, or for AppendIPsReplaced
-	big   []int  // indexes of events too large for one upstream request
+	big   []int  // event indexes an error body names (413, 429)
 }
 
 // Pooled memory above these sizes is dropped rather than kept.
@@ -53,7 +53,6 @@ func (s *Server) putState(st *reqState) {
 	if cap(st.out) > maxPooledBuf {
 		st.out = nil
 	}
-	st.br.Reset(nil)
 	s.states.Put(st)
 }
 
