@@ -12,13 +12,9 @@ import (
 type Open struct {
 	// CORSOrigins are the origins (scheme://host[:port], see
 	// NormalizeOrigin) whose browser pages may POST to the ingest paths, or
-	// the one entry "*" for every origin. Preflights (OPTIONS) from them are
-	// answered 204 with Access-Control-Allow-Origin, -Methods (POST),
-	// -Headers and -Max-Age; their requests' answers carry
-	// Access-Control-Allow-Origin and Vary: Origin; credentials are never
-	// allowed. A request with an Origin header not among them is answered
-	// 403 and nothing of it is spooled. nil or empty: no CORS headers are
-	// sent and the Origin header is not looked at.
+	// the one entry "*" for every origin; the package doc says how
+	// preflights and other origins are answered. nil or empty: no CORS
+	// headers are sent and the Origin header is not looked at.
 	CORSOrigins []string
 	// AllowedAPIKeys, when non-nil, are the only api_keys taken; a valid
 	// request with another is answered 403 {"code":403,"error":"API key not
@@ -27,16 +23,12 @@ type Open struct {
 	AllowedAPIKeys []string
 	// ClientRateLimit is the requests per second (of accepted-looking
 	// requests: valid, allowed) one client address may send, with a burst of
-	// twice as many; above it the answer is 429 with Retry-After and
-	// throttled_events naming every event, and nothing is spooled. The client
-	// address is the one TrustedProxies decide (an IPv6 client counts by its
-	// /64); time is Config.Now's. 0: no limit, at no cost.
+	// twice as many, by Config.Now's time; the package doc says how a request
+	// above it is answered. 0: no limit, at no cost.
 	ClientRateLimit float64
 	// AnonymizeIP drops the last octet of IPv4 / the last 80 bits of IPv6
-	// addresses: of the client address that replaces "$remote", of every ip
-	// string an event gives (one that is not an address becomes null), and of
-	// the address in rejection log lines. false: addresses are forwarded as
-	// they are.
+	// addresses (see the package doc for which). false: addresses are
+	// forwarded as they are.
 	AnonymizeIP bool
 }
 
