@@ -389,7 +389,7 @@ func (r *reader) append(ctx context.Context, dead *[]storage.DeadLetter) error {
 	add := func(ev *event.Event) {
 		okey := ev.OrderKey(nil)
 		r.batch.AddFunc(okey, ev.UserID, len(ev.Raw)+64, func(dst []byte) []byte {
-			return ev.AppendRewrittenMS(dst, r.ids, nowText, nil)
+			return ev.AppendRewritten(dst, r.ids, nowText, nil)
 		})
 	}
 	if len(r.pending) > 0 {

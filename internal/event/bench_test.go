@@ -3,7 +3,6 @@ package event
 import (
 	"fmt"
 	"regexp"
-	"strconv"
 	"testing"
 
 	"github.com/svcrelay/relay/internal/benchtest"
@@ -55,14 +54,14 @@ func BenchmarkAppendRewritten(b *testing.B) {
 		b.Fatal(errJSON(err))
 	}
 	ids := NewIDGen()
-	ip := []byte("192.0.2.7")
+	ip, now := []byte("192.0.2.7"), []byte("1700000000000")
 	dst := make([]byte, 0, 1024)
 	b.ReportAllocs()
 	b.SetBytes(int64(len(req.Events[0].Raw)))
 	i := 0
 	cpu0 := benchtest.ProcessCPU()
 	for b.Loop() {
-		dst = req.Events[i%len(req.Events)].AppendRewritten(dst[:0], ids, 1700000000000, ip)
+		dst = req.Events[i%len(req.Events)].AppendRewritten(dst[:0], ids, now, ip)
 		i++
 	}
 	b.ReportMetric(float64(benchtest.ProcessCPU()-cpu0)/float64(b.N), "cpu-ns/op")
@@ -89,8 +88,7 @@ func BenchmarkIDGenAppendParallel(b *testing.B) {
 }
 
 // BenchmarkAppendRewrittenFill rewrites events that need an insert_id and a
-// time filled in (as the SDKs send them), with the time as an int64 (one
-// formatting per event) and as text formatted once (AppendRewrittenMS).
+// time filled in (as the SDKs send them).
 func BenchmarkAppendRewrittenFill(b *testing.B) {
 	evs := realisticEvents(100)
 	drop := regexp.MustCompile(`"(insert_id|time)":("[^"]*"|[0-9]+),`)
@@ -106,24 +104,14 @@ func BenchmarkAppendRewrittenFill(b *testing.B) {
 		b.Fatal("the events have a time or insert_id")
 	}
 	ids := NewIDGen()
-	ip := []byte("192.0.2.7")
+	ip, now := []byte("192.0.2.7"), []byte("1700000000000")
 	dst := make([]byte, 0, 1024)
-	for _, text := range []bool{false, true} {
-		b.Run(fmt.Sprintf("text=%v", text), func(b *testing.B) {
-			b.ReportAllocs()
-			i := 0
-			nowText := strconv.AppendInt(nil, 1700000000000, 10)
-			cpu0 := benchtest.ProcessCPU()
-			for b.Loop() {
-				e := &req.Events[i%len(req.Events)]
-				if text {
-					dst = e.AppendRewrittenMS(dst[:0], ids, nowText, ip)
-				} else {
-					dst = e.AppendRewritten(dst[:0], ids, 1700000000000, ip)
-				}
-				i++
-			}
-			b.ReportMetric(float64(benchtest.ProcessCPU()-cpu0)/float64(b.N), "cpu-ns/op")
-		})
+	b.ReportAllocs()
+	i := 0
+	cpu0 := benchtest.ProcessCPU()
+	for b.Loop() {
+		dst = req.Events[i%len(req.Events)].AppendRewritten(dst[:0], ids, now, ip)
+		i++
 	}
+	b.ReportMetric(float64(benchtest.ProcessCPU()-cpu0)/float64(b.N), "cpu-ns/op")
 }

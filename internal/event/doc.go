@@ -33,18 +33,13 @@
 // the exact rules and which error wins). Where the document is silent, the
 // choices are the ones the simulated upstream (internal/sim, its own
 // encoding/json validator) makes too; its agree_test.go and FuzzAgree check
-// that both give the same status and body for every request:
-//   - a body of JSON whitespace only is a "Missing request body";
-//   - api_key absent, null or "" is a missing "api_key"; an api_key of any
-//     other type than string is "Invalid API key";
-//   - events absent, null or an empty array is a missing "events"; events
-//     of any other type than array is "Invalid event JSON";
+// that both give the same status and body for every request. Besides the
+// envelope's rules (whitespace only, api_key, events, options), which
+// Parse's doc lists in order:
 //   - a null optional field is an absent field; "" as event_type, user_id or
 //     device_id is a missing field;
 //   - an event with neither user_id nor device_id is missing both (both
 //     named, same index);
-//   - options that is not an object, or a min_id_length that is not an
-//     integer in 0..MaxMinIDLength, is "Invalid JSON request body";
 //   - integers (time, session_id, event_id, quantity) are JSON numbers
 //     without fraction or exponent within int64; floats are any JSON number;
 //   - property depth (event_properties and user_properties only, the two the

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math/bits"
-	"strconv"
 	"unicode/utf8"
 )
 
@@ -220,31 +219,11 @@ func (p *parser) envelope() bool {
 	if i >= len(b) || b[i] != '{' {
 		return false
 	}
-	i = skipWS(b, i+1)
-	if i < len(b) && b[i] == '}' {
-		return skipWS(b, i+1) == len(b)
-	}
-	for {
-		if i >= len(b) || b[i] != '"' {
-			return false
-		}
-		ks := i
-		var esc bool
-		if i, esc = scanString(b, i); i < 0 {
-			return false
-		}
-		key := b[ks+1 : i-1]
-		if esc {
-			// A key longer than this escaped names no envelope field.
-			var buf [6 * len("api_key")]byte
-			if len(key) <= len(buf) {
-				key = appendUnescaped(buf[:0], key)
-			}
-		}
-		if i = skipWS(b, i); i >= len(b) || b[i] != ':' {
-			return false
-		}
-		if i = skipWS(b, i+1); i >= len(b) {
+	var buf [6 * len("api_key")]byte // every character may be a \uXXXX
+	i, more := first(b, i, '}')
+	for ; more; i, more = next(b, i, '}') {
+		var key []byte
+		if key, i = memberKey(b, i, buf[:]); i < 0 {
 			return false
 		}
 		switch string(key) {
@@ -297,51 +276,18 @@ func (p *parser) envelope() bool {
 		default:
 			i, _ = p.sk.skipValue(b, i, 1)
 		}
-		if i < 0 {
-			return false
-		}
-		if i = skipWS(b, i); i >= len(b) {
-			return false
-		}
-		switch b[i] {
-		case ',':
-			i = skipWS(b, i+1)
-		case '}':
-			return skipWS(b, i+1) == len(b)
-		default:
-			return false
-		}
 	}
+	return i >= 0 && skipWS(b, i) == len(b)
 }
 
 // options scans the options object at b[i] == '{' (depth 2 inside it).
 func (p *parser) options(i int) int {
 	b := p.b
-	i = skipWS(b, i+1)
-	if i < len(b) && b[i] == '}' {
-		return i + 1
-	}
-	for {
-		if i >= len(b) || b[i] != '"' {
-			return -1
-		}
-		ks := i
-		var esc bool
-		if i, esc = scanString(b, i); i < 0 {
-			return -1
-		}
-		key := b[ks+1 : i-1]
-		if esc {
-			// Every character of min_id_length may be a 6-byte \uXXXX.
-			var buf [6 * len("min_id_length")]byte
-			if len(key) <= len(buf) {
-				key = appendUnescaped(buf[:0], key)
-			}
-		}
-		if i = skipWS(b, i); i >= len(b) || b[i] != ':' {
-			return -1
-		}
-		if i = skipWS(b, i+1); i >= len(b) {
+	var buf [6 * len("min_id_length")]byte
+	i, more := first(b, i, '}')
+	for ; more; i, more = next(b, i, '}') {
+		var key []byte
+		if key, i = memberKey(b, i, buf[:]); i < 0 {
 			return -1
 		}
 		if string(key) == "min_id_length" {
@@ -372,21 +318,8 @@ func (p *parser) options(i int) int {
 			p.optOther = true
 			i, _ = p.sk.skipValue(b, i, 2)
 		}
-		if i < 0 {
-			return -1
-		}
-		if i = skipWS(b, i); i >= len(b) {
-			return -1
-		}
-		switch b[i] {
-		case ',':
-			i = skipWS(b, i+1)
-		case '}':
-			return i + 1
-		default:
-			return -1
-		}
 	}
+	return i
 }
 
 // eventArray scans the events array at b[i] == '['.
@@ -602,17 +535,21 @@ func (p *parser) tmpValue(s []byte, esc bool) []byte {
 // replaces what an earlier one of the same key recorded.
 func (p *parser) recordedField(e *Event, f, i, start int) int {
 	b := p.b
-	if b[i] != '"' || fieldKinds[f] != kString {
-		return p.recordedOther(e, f, i, start)
-	}
-	// A string, as all these fields but time have.
-	s := i
-	i, esc := scanString(b, i)
-	if i < 0 {
+	var (
+		end     int
+		esc, ok bool
+		content []byte // a string's, when the field is a string
+	)
+	if b[i] == '"' && fieldKinds[f] == kString { // all these fields but time
+		if end, esc = scanString(b, i); end < 0 {
+			return -1
+		}
+		content, ok = b[i+1:end-1], true
+	} else if end, ok = p.typedValue(fieldKinds[f], i); end < 0 {
 		return -1
 	}
-	e.setValid(f, true)
-	content := b[s+1 : i-1]
+	e.setValid(f, ok)
+	null := b[i] == 'n'
 	switch f {
 	case fUserID:
 		e.UserID, e.flags = nil, e.flags&^evUserEsc
@@ -636,56 +573,23 @@ func (p *parser) recordedField(e *Event, f, i, start int) int {
 			e.flags |= evHasType
 		}
 	case fInsertID:
-		e.HasInsertID, e.insNull = true, 0
+		e.HasInsertID, e.insNull = !null, 0
+		if null {
+			e.insNull = i - start
+		}
+	case fTime:
+		e.HasTime, e.timeNull = !null, 0
+		if null {
+			e.timeNull = i - start
+		}
 	case fIP:
 		e.ipOff, e.ipEnd = 0, 0
 		if isRemote(content, esc) {
-			e.ipOff, e.ipEnd = s-start, i-start
-		} else {
+			e.ipOff, e.ipEnd = i-start, end-start
+		} else if content != nil {
 			e.flags |= evIPGiven
 		}
 	}
-	return i
-}
-
-// recordedOther is recordedField for time and for values that are not
-// strings.
-func (p *parser) recordedOther(e *Event, f, i, start int) int {
-	b := p.b
-	switch f {
-	case fUserID:
-		e.UserID = nil
-		e.flags &^= evUserEsc
-	case fDeviceID:
-		e.DeviceID = nil
-		e.flags &^= evDevEsc
-	case fEventType:
-		e.flags &^= evHasType
-	case fInsertID:
-		e.HasInsertID, e.insNull = false, 0
-	case fTime:
-		e.HasTime, e.timeNull = false, 0
-	case fIP:
-		e.ipOff, e.ipEnd = 0, 0
-	}
-	if b[i] == 'n' {
-		switch f {
-		case fInsertID:
-			e.insNull = i - start
-		case fTime:
-			e.timeNull = i - start
-		}
-		e.setValid(f, true)
-		return scanLiteral(b, i)
-	}
-	switch f {
-	case fInsertID:
-		e.HasInsertID = true
-	case fTime:
-		e.HasTime = true
-	}
-	end, ok := p.typedValue(fieldKinds[f], i)
-	e.setValid(f, ok)
 	return end
 }
 
@@ -951,24 +855,17 @@ func shorter(id []byte, n int) bool {
 }
 
 // AppendRewritten appends the event as the relay spools it: insert_id is
-// added when absent (taken from ids), time is added as nowMS when absent, and
-// an ip of "$remote" is replaced by remoteIP. All other bytes are copied
-// unchanged.
+// added when absent (taken from ids), time is added as nowMS (the decimal
+// text of the acceptance time in ms, formatted once per request) when
+// absent, and an ip of "$remote" is replaced by remoteIP. All other bytes
+// are copied unchanged.
 //
 // An absent field is added as the object's first member(s)
 // (`{"insert_id":"<id>","time":<nowMS>,...`); a field whose (last) value is
 // null has that null replaced in place, so that the upstream, which also
 // takes the last of duplicate keys, sees the new value. remoteIP is written
 // as a JSON string; when it is empty, "$remote" is left as it is.
-func (e *Event) AppendRewritten(dst []byte, ids *IDGen, nowMS int64, remoteIP []byte) []byte {
-	var buf [20]byte
-	return e.AppendRewrittenMS(dst, ids, strconv.AppendInt(buf[:0], nowMS, 10), remoteIP)
-}
-
-// AppendRewrittenMS is AppendRewritten with the time given as its decimal
-// text (what strconv.AppendInt(nil, nowMS, 10) makes), so that a request's
-// events share one formatting of it.
-func (e *Event) AppendRewrittenMS(dst []byte, ids *IDGen, nowMS, remoteIP []byte) []byte {
+func (e *Event) AppendRewritten(dst []byte, ids *IDGen, nowMS, remoteIP []byte) []byte {
 	raw := e.Raw
 	if len(raw) < 2 {
 		return append(dst, raw...)

@@ -432,7 +432,7 @@ func TestAppendRewritten(t *testing.T) {
 			if err := Parse([]byte(envelope(tc.event)), &req); err != nil {
 				t.Fatal(errJSON(err))
 			}
-			got := req.Events[0].AppendRewritten([]byte("prefix:"), testIDGen(), 1700000000000, []byte("192.0.2.7"))
+			got := req.Events[0].AppendRewritten([]byte("prefix:"), testIDGen(), []byte("1700000000000"), []byte("192.0.2.7"))
 			if string(got) != "prefix:"+tc.want {
 				t.Errorf("got  %s\nwant prefix:%s", got, tc.want)
 			}
@@ -445,13 +445,13 @@ func TestAppendRewrittenEscapesRemoteIP(t *testing.T) {
 	if err := Parse([]byte(envelope(ev(`"ip":"$remote","insert_id":"x","time":1`))), &req); err != nil {
 		t.Fatal(errJSON(err))
 	}
-	got := req.Events[0].AppendRewritten(nil, testIDGen(), 1, []byte("a\"\\\x01\xff"))
+	got := req.Events[0].AppendRewritten(nil, testIDGen(), []byte("1"), []byte("a\"\\\x01\xff"))
 	want := `{"event_type":"e","user_id":"user-1","ip":"a\"\\\u0001` + "\ufffd" + `","insert_id":"x","time":1}`
 	if string(got) != want {
 		t.Errorf("got %s\nwant %s", got, want)
 	}
 	// No address known: "$remote" is left for the upstream.
-	got = req.Events[0].AppendRewritten(nil, testIDGen(), 1, nil)
+	got = req.Events[0].AppendRewritten(nil, testIDGen(), []byte("1"), nil)
 	if !bytes.Equal(got, req.Events[0].Raw) {
 		t.Errorf("got %s", got)
 	}
@@ -488,12 +488,12 @@ func TestParseZeroAllocs(t *testing.T) {
 	if err := Parse(body, &req); err != nil {
 		t.Fatal(errJSON(err))
 	}
-	ids := NewIDGen()
+	ids, now, ip := NewIDGen(), []byte("1700000000000"), []byte("192.0.2.7")
 	dst := make([]byte, 0, 64<<10)
 	if n := testing.AllocsPerRun(20, func() {
 		dst = dst[:0]
 		for i := range req.Events {
-			dst = req.Events[i].AppendRewritten(dst, ids, 1700000000000, []byte("192.0.2.7"))
+			dst = req.Events[i].AppendRewritten(dst, ids, now, ip)
 			dst = req.Events[i].OrderKey(dst)
 		}
 	}); n != 0 {

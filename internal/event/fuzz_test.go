@@ -257,7 +257,7 @@ func checkParse(t testing.TB, body []byte, req *Request) {
 		if e.HasInsertID != (m["insert_id"] != nil) || e.HasTime != (m["time"] != nil) {
 			t.Fatalf("event %d: HasInsertID %v HasTime %v for %v", i, e.HasInsertID, e.HasTime, m)
 		}
-		out := e.AppendRewritten(nil, ids, 1234, remote)
+		out := e.AppendRewritten(nil, ids, []byte("1234"), remote)
 		rm := decodeObject(t, out)
 		if m["insert_id"] == nil {
 			id, ok := rm["insert_id"].(string)

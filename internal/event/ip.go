@@ -29,8 +29,8 @@ func AppendIPsReplaced(dst, obj []byte, repl func(dst, ip []byte) []byte) []byte
 	if i >= len(obj) || obj[i] != '{' {
 		return append(dst, obj...)
 	}
-	i = skipWS(obj, i+1)
-	for i < len(obj) && obj[i] == '"' {
+	i, more := first(obj, i, '}')
+	for ; more && i < len(obj) && obj[i] == '"'; i, more = next(obj, i, '}') {
 		end, f := eventKey(obj, i)
 		if end < 0 {
 			break
@@ -50,13 +50,9 @@ func AppendIPsReplaced(dst, obj []byte, repl func(dst, ip []byte) []byte) []byte
 			dst = append(dst, obj[pos:i]...)
 			dst = repl(dst, content)
 			pos, i = end, end
-		} else if i, _ = sk.skipValue(obj, i, 1); i < 0 {
-			break
+		} else {
+			i, _ = sk.skipValue(obj, i, 1)
 		}
-		if i = skipWS(obj, i); i >= len(obj) || obj[i] != ',' {
-			break
-		}
-		i = skipWS(obj, i+1)
 	}
 	return append(dst, obj[pos:]...)
 }

@@ -132,7 +132,7 @@ func FuzzAppendIPsReplaced(f *testing.F) {
 			if e.HasGivenIP() != given {
 				t.Fatalf("%s: HasGivenIP %v, ips %q", e.Raw, e.HasGivenIP(), before)
 			}
-			for _, obj := range [][]byte{e.Raw, e.AppendRewritten(nil, ids, 1, []byte("192.0.2.1"))} {
+			for _, obj := range [][]byte{e.Raw, e.AppendRewritten(nil, ids, []byte("1"), []byte("192.0.2.1"))} {
 				var seen []string
 				out := AppendIPsReplaced(nil, obj, replX(&seen))
 				want := decodeObject(t, obj)

@@ -45,6 +45,53 @@ func colonWS(b []byte, i int) int {
 	return i
 }
 
+// first scans past the '{' or '[' at b[i]: it returns the index of the
+// first member or element and true, or the index past an immediate close
+// and false.
+func first(b []byte, i int, close byte) (int, bool) {
+	if i = skipWS(b, i+1); i < len(b) && b[i] == close {
+		return i + 1, false
+	}
+	return i, true
+}
+
+// next scans what follows a member or element that ends at i (-1: invalid
+// JSON) in a container that close ends: it returns the index of the next
+// member or element and true, or the index past close and false, or -1
+// and false.
+func next(b []byte, i int, close byte) (int, bool) {
+	if i < 0 {
+		return -1, false
+	}
+	if i = skipWS(b, i); i < len(b) {
+		switch b[i] {
+		case ',':
+			return skipWS(b, i+1), true
+		case close:
+			return i + 1, false
+		}
+	}
+	return -1, false
+}
+
+// memberKey scans the key at b[i] of an object member and the ':' after
+// it. It returns the key's content, unescaped into buf when it fits (a
+// longer escaped key names no field a caller looks for), and the index of
+// the value (-1: invalid JSON).
+func memberKey(b []byte, i int, buf []byte) (key []byte, value int) {
+	if i >= len(b) || b[i] != '"' {
+		return nil, -1
+	}
+	end, esc := scanString(b, i)
+	if end < 0 {
+		return nil, -1
+	}
+	if key = b[i+1 : end-1]; esc && len(key) <= len(buf) {
+		key = appendUnescaped(buf[:0], key)
+	}
+	return key, colonWS(b, end)
+}
+
 // scanString scans the string token at b[i] == '"'. It reports whether the
 // string holds escapes (its content is then not its value).
 func scanString(b []byte, i int) (end int, esc bool) {

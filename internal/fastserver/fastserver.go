@@ -272,8 +272,9 @@ func (l lingerListener) Accept() (net.Conn, error) {
 
 // lingerConn is an accepted TCP connection whose Close lingers. It does not
 // embed *net.TCPConn, so that every read and write goes through Read and
-// Write (no promoted ReadFrom or WriteTo), but has the methods fasthttp
-// looks for (SetKeepAlive and SetKeepAlivePeriod, for TCPKeepalive).
+// Write (no promoted ReadFrom or WriteTo). It lacks the methods fasthttp's
+// TCPKeepalive needs: its one user leaves that off, since net.Listen's
+// connections keep alive already.
 type lingerConn struct {
 	net.Conn // tcp
 	tcp      *net.TCPConn
@@ -298,10 +299,6 @@ func (c *lingerConn) Write(p []byte) (int, error) {
 	}
 	return n, err
 }
-
-func (c *lingerConn) SetKeepAlive(on bool) error { return c.tcp.SetKeepAlive(on) }
-
-func (c *lingerConn) SetKeepAlivePeriod(d time.Duration) error { return c.tcp.SetKeepAlivePeriod(d) }
 
 // Close closes the connection, at once or after a linger (see the package
 // doc), and returns without waiting for the linger. Only the first call

@@ -28,7 +28,6 @@ const (
 	limiterShards     = 64
 	limiterWays       = 4
 	slotsPerShard     = 1024
-	limiterSlotBytes  = 24 // the size of limiterSlot
 	limiterMaxClients = limiterShards * slotsPerShard
 )
 

@@ -88,28 +88,24 @@ func NormalizeOrigin(o string) (string, error) {
 	return scheme + "://" + host, nil
 }
 
-// allows reports whether a request's Origin value may be answered.
-func (c *corsPolicy) allows(origin []byte) bool {
-	if c.any {
-		return true
+// setHeaders sets the CORS headers of the answer to ctx's request on an
+// ingest path: Vary always, the allowed origin when it is allowed.
+// Credentials are never allowed. It returns the request's Origin (nil:
+// none) and whether it is allowed.
+func (c *corsPolicy) setHeaders(ctx *fasthttp.RequestCtx) (origin []byte, allowed bool) {
+	origin = ctx.Request.Header.PeekBytes(headerOrigin)
+	if allowed = len(origin) > 0 && c.any; len(origin) > 0 && !c.any {
+		_, allowed = c.origins[string(origin)]
 	}
-	_, ok := c.origins[string(origin)]
-	return ok
-}
-
-// setHeaders sets the CORS headers of an answer to a request from origin
-// (nil: no Origin header) on an ingest path: Vary always, the allowed origin
-// when it is allowed. Credentials are never allowed.
-func (c *corsPolicy) setHeaders(h *fasthttp.ResponseHeader, origin []byte, allowed bool) {
+	h := &ctx.Response.Header
 	h.SetCanonical(headerVary, headerOrigin) // Vary: Origin
-	if !allowed {
-		return
-	}
-	if c.any {
+	switch {
+	case allowed && c.any:
 		h.SetCanonical(headerACAO, valueStar)
-	} else {
+	case allowed:
 		h.SetCanonical(headerACAO, origin)
 	}
+	return origin, allowed
 }
 
 // cors applies the policy to a request on an ingest path. It answers
@@ -118,10 +114,8 @@ func (c *corsPolicy) setHeaders(h *fasthttp.ResponseHeader, origin []byte, allow
 // request (text/plain, navigator.sendBeacon) without asking. It returns
 // true when the request is answered.
 func (s *Server) cors(ctx *fasthttp.RequestCtx, p pathIdx, pol *corsPolicy) bool {
-	origin := ctx.Request.Header.PeekBytes(headerOrigin)
-	allowed := len(origin) > 0 && pol.allows(origin)
+	origin, allowed := pol.setHeaders(ctx)
 	h := &ctx.Response.Header
-	pol.setHeaders(h, origin, allowed)
 	switch {
 	case ctx.IsOptions():
 		if len(origin) == 0 || len(ctx.Request.Header.PeekBytes(headerReqMethod)) == 0 {

@@ -29,9 +29,8 @@ type reqState struct {
 	okey  []byte // one order key
 	ip    []byte // client address, text
 	out   []byte // response body
-	ev    []byte // one rewritten event, for AppendIPsReplaced
-	tmp   []byte // one rewritten event, to measure it
-	big   []int  // indexes of events too large for one upstream request
+	ev    []byte // one rewritten event: to measure it, or for AppendIPsReplaced
+	big   []int  // event indexes an error body names (413, 429)
 }
 
 // Pooled memory above these sizes is dropped rather than kept.
@@ -54,7 +53,6 @@ func (s *Server) putState(st *reqState) {
 	if cap(st.out) > maxPooledBuf {
 		st.out = nil
 	}
-	st.br.Reset(nil)
 	s.states.Put(st)
 }
 
@@ -75,8 +73,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			if !answered {
 				ctx.Response.Reset()
 				if pol := s.st().corsPol; pol != nil && p <= pathBatch {
-					origin := ctx.Request.Header.PeekBytes(headerOrigin)
-					pol.setHeaders(&ctx.Response.Header, origin, len(origin) > 0 && pol.allows(origin))
+					pol.setHeaders(ctx)
 				}
 				s.m.reject(reasonPanic, 0)
 				s.writeError(ctx, fasthttp.StatusInternalServerError, "Internal server error")
@@ -153,22 +150,17 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 
 	st.req.PlanMembers = s.plan != nil && s.plan.Checking()
 	if e := event.Parse(body, &st.req); e != nil {
-		reason := rejectReason(e)
-		s.m.reject(reason, len(st.req.Events))
-		s.logReject(ctx, p, e.Status, reason, len(st.req.Events))
-		ctx.SetStatusCode(e.Status)
-		ctx.SetContentTypeBytes(jsonContentType)
 		st.out = e.AppendJSON(st.out[:0])
-		ctx.SetBody(st.out)
+		s.reject(ctx, p, e.Status, rejectReason(e), len(st.req.Events), st.out)
 		return
 	}
 	n := len(st.req.Events)
-	if !s.apiKeyAllowed(st.req.APIKey) {
+	op := s.st()
+	if !op.apiKeyAllowed(st.req.APIKey) {
 		s.rejectf(ctx, p, fasthttp.StatusForbidden, "API key not allowed", reasonAPIKeyNotAllowed, n)
 		return
 	}
 	addr := s.requestClient(ctx)
-	op := s.st()
 	if op.limiter != nil {
 		if ok, wait := op.limiter.allow(addr); !ok {
 			s.rateLimited(ctx, p, st, n, wait)
@@ -179,14 +171,14 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 		addr = anonymizeAddr(addr)
 	}
 	st.ip = addr.AppendTo(st.ip[:0])
-	if s.tooLarge(ctx, p, st) {
-		return
-	}
-
 	now := s.cfg.Now()
 	nowMS := now.UnixMilli()
 	var nowBuf [20]byte
 	nowText := strconv.AppendInt(nowBuf[:0], nowMS, 10) // formatted once for all events
+	if s.tooLarge(ctx, p, st, nowText) {
+		return
+	}
+
 	st.batch.Reset()
 	var clean func(*event.Request, *event.Event) bool // nil: the plan is off for these events
 	if s.plan != nil {
@@ -206,10 +198,10 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 		st.batch.AddFunc(st.okey, ev.UserID, len(ev.Raw)+len(st.ip)+rewriteSlack, func(dst []byte) []byte {
 			if op.anonIP && ev.HasGivenIP() {
 				// The ips the client gave, anonymized too.
-				st.ev = ev.AppendRewrittenMS(st.ev[:0], s.ids, nowText, st.ip)
+				st.ev = ev.AppendRewritten(st.ev[:0], s.ids, nowText, st.ip)
 				return event.AppendIPsReplaced(dst, st.ev, appendAnonymizedIP)
 			}
-			return ev.AppendRewrittenMS(dst, s.ids, nowText, st.ip)
+			return ev.AppendRewritten(dst, s.ids, nowText, st.ip)
 		})
 		// Checked against the plan where the parser left it, in the cache.
 		if clean != nil && clean(&st.req, ev) {
@@ -233,17 +225,15 @@ func (s *Server) ingest(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) {
 	b = strconv.AppendInt(b, int64(len(raw)), 10)
 	b = append(b, `,"server_upload_time":`...)
 	b = strconv.AppendInt(b, nowMS, 10)
-	b = append(b, '}')
-	st.out = b
-	ctx.SetContentTypeBytes(jsonContentType)
-	ctx.SetBody(b)
+	st.out = append(b, '}')
+	answerJSON(ctx, fasthttp.StatusOK, st.out)
 }
 
 // tooLarge answers 413 and returns true when an event of st.req cannot fit
 // alone in one upstream request under MaxBatchBytes with its envelope, as it
 // would be spooled (rewritten): delivery could only dead-letter it. The
 // body is the upstream's 413 naming the indexes in events_too_large.
-func (s *Server) tooLarge(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) bool {
+func (s *Server) tooLarge(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState, nowMS []byte) bool {
 	// A bound of the envelope first: marshalling the api_key (what the
 	// exact figure takes) costs allocations on every request, and is only
 	// needed when an event is near the limit.
@@ -265,31 +255,19 @@ func (s *Server) tooLarge(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState) boo
 		}
 		// Near the limit: measure the rewritten event exactly (the
 		// insert_id drawn here is thrown away; its length is fixed).
-		st.tmp = ev.AppendRewritten(st.tmp[:0], s.ids, s.cfg.Now().UnixMilli(), st.ip)
-		if len(st.tmp) >= limit {
+		st.ev = ev.AppendRewritten(st.ev[:0], s.ids, nowMS, st.ip)
+		if len(st.ev) >= limit {
 			st.big = append(st.big, i)
 		}
 	}
-	if cap(st.tmp) > maxPooledBuf {
-		st.tmp = nil
+	if cap(st.ev) > maxPooledBuf {
+		st.ev = nil
 	}
 	if len(st.big) == 0 {
 		return false
 	}
-	s.m.reject(reasonTooLarge, len(st.req.Events))
-	s.logReject(ctx, p, fasthttp.StatusRequestEntityTooLarge, reasonTooLarge, len(st.req.Events))
-	b := append(st.out[:0], `{"code":413,"error":"Payload too large","events_too_large":[`...)
-	for j, i := range st.big {
-		if j > 0 {
-			b = append(b, ',')
-		}
-		b = strconv.AppendInt(b, int64(i), 10)
-	}
-	b = append(b, "]}"...)
-	st.out = b
-	ctx.SetStatusCode(fasthttp.StatusRequestEntityTooLarge)
-	ctx.SetContentTypeBytes(jsonContentType)
-	ctx.SetBody(b)
+	st.out = appendIndexes(append(st.out[:0], `{"code":413,"error":"Payload too large","events_too_large":`...), st.big)
+	s.reject(ctx, p, fasthttp.StatusRequestEntityTooLarge, reasonTooLarge, len(st.req.Events), st.out)
 	return true
 }
 
@@ -334,23 +312,28 @@ func peerAddr(ctx *fasthttp.RequestCtx) netip.Addr {
 // does, throttled_events naming every event of the request, which makes
 // the official SDKs hold them back (30 s) instead of retrying at once.
 func (s *Server) rateLimited(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState, n int, wait time.Duration) {
-	s.m.reject(reasonClientRateLimit, n)
-	s.logReject(ctx, p, fasthttp.StatusTooManyRequests, reasonClientRateLimit, n)
 	secs := max(int64(math.Ceil(wait.Seconds())), 1)
 	var buf [20]byte
 	ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, string(strconv.AppendInt(buf[:0], secs, 10)))
-	ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
-	ctx.SetContentTypeBytes(jsonContentType)
-	b := append(st.out[:0], `{"code":429,"error":"Too many requests for this client","throttled_events":[`...)
+	st.big = st.big[:0]
 	for i := range n {
-		if i > 0 {
+		st.big = append(st.big, i)
+	}
+	st.out = appendIndexes(append(st.out[:0], `{"code":429,"error":"Too many requests for this client","throttled_events":`...), st.big)
+	s.reject(ctx, p, fasthttp.StatusTooManyRequests, reasonClientRateLimit, n, st.out)
+}
+
+// appendIndexes appends the event indexes idx as a JSON array, and the
+// '}' that ends the error body.
+func appendIndexes(b []byte, idx []int) []byte {
+	b = append(b, '[')
+	for j, i := range idx {
+		if j > 0 {
 			b = append(b, ',')
 		}
 		b = strconv.AppendInt(b, int64(i), 10)
 	}
-	b = append(b, "]}"...)
-	st.out = b
-	ctx.SetBody(b)
+	return append(b, "]}"...)
 }
 
 // spoolFailed answers a request the store did not take: 503 with
@@ -389,16 +372,28 @@ func (s *Server) rejectf(ctx *fasthttp.RequestCtx, p pathIdx, status int, msg, r
 	s.writeError(ctx, status, msg)
 }
 
+// reject counts, logs (sampled) and answers a rejection of a request of n
+// events with the JSON body b.
+func (s *Server) reject(ctx *fasthttp.RequestCtx, p pathIdx, status int, reason string, n int, b []byte) {
+	s.m.reject(reason, n)
+	s.logReject(ctx, p, status, reason, n)
+	answerJSON(ctx, status, b)
+}
+
 // writeError answers {"code":status,"error":msg}; msg needs no escaping.
 func (s *Server) writeError(ctx *fasthttp.RequestCtx, status int, msg string) {
-	ctx.SetStatusCode(status)
-	ctx.SetContentTypeBytes(jsonContentType)
 	var buf [128]byte
 	b := append(buf[:0], `{"code":`...)
 	b = strconv.AppendInt(b, int64(status), 10)
 	b = append(b, `,"error":"`...)
 	b = append(b, msg...)
-	b = append(b, `"}`...)
+	answerJSON(ctx, status, append(b, `"}`...))
+}
+
+// answerJSON answers status with the JSON body b (copied).
+func answerJSON(ctx *fasthttp.RequestCtx, status int, b []byte) {
+	ctx.SetStatusCode(status)
+	ctx.SetContentTypeBytes(jsonContentType)
 	ctx.SetBody(b)
 }
 
@@ -416,24 +411,15 @@ func (s *Server) logReject(ctx *fasthttp.RequestCtx, p pathIdx, status int, reas
 
 // handleReadError answers requests fasthttp could not read.
 func (s *Server) handleReadError(ctx *fasthttp.RequestCtx, err error) {
-	p := pathOther
-	var (
-		status int
-		msg    string
-		reason string
-	)
-	var small *fasthttp.ErrSmallBuffer
-	var ne net.Error
-	switch {
-	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+	p, status, msg, reason := pathOther, fasthttp.StatusBadRequest, "Malformed HTTP request", reasonBadHTTP
+	switch errorClass(err) {
+	case classBodyTooLarge:
 		p = classifyPath(ctx.Path())
 		status, msg, reason = fasthttp.StatusRequestEntityTooLarge, "Payload too large", reasonTooLarge
-	case errors.As(err, &small):
-		status, msg, reason = fasthttp.StatusRequestHeaderFieldsTooLarge, "Request header too large", reasonBadHTTP
-	case errors.As(err, &ne) && ne.Timeout():
+	case classHeaderTooLarge:
+		status, msg = fasthttp.StatusRequestHeaderFieldsTooLarge, "Request header too large"
+	case classTimeout:
 		status, msg, reason = fasthttp.StatusRequestTimeout, "Request timeout", reasonTimeout
-	default:
-		status, msg, reason = fasthttp.StatusBadRequest, "Malformed HTTP request", reasonBadHTTP
 	}
 	s.rejectf(ctx, p, status, msg, reason, 0)
 	s.m.request(p, status)

@@ -165,12 +165,16 @@ type Server struct {
 	retryAfter string
 	store      storage.Appender
 	ids        *event.IDGen
-	log        *zap.Logger // errors worth seeing every time
 	rejLog     *zap.Logger // sampled: rejections and HTTP-level errors
 	m          *metrics
-	conns      *connLimiter
-	perClient  *clientConns // nil: no per-client bound
-	srv        *fastserver.Server
+	// conns holds a slot per open connection, over all listeners. A slot
+	// is taken before accept(2) is called, so beyond the bound new
+	// connections wait in the kernel's accept queue (and, once it is
+	// full, the kernel refuses them); it is given back when fasthttp
+	// reports the connection closed or hijacked (connState).
+	conns     chan struct{}
+	perClient *clientConns // nil: no per-client bound
+	srv       *fastserver.Server
 
 	// base is the context of appends: cancelled only when Shutdown's
 	// context ends before the in-flight requests did.
@@ -185,7 +189,7 @@ type Server struct {
 
 	testHook func(*fasthttp.RequestCtx) // tests only: called before the append
 
-	open // CORS, api_key allow-list, client rate limit
+	opened atomic.Pointer[openState] // CORS, api_key allow-list, client rate limit; never nil once New returns
 
 	// maxBatch is Config.MaxBatchBytes in force (SetMaxBatchBytes).
 	maxBatch atomic.Int64
@@ -228,7 +232,7 @@ func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, 
 		log = zap.NewNop()
 	}
 	cfg = cfg.withDefaults()
-	conns := newConnLimiter(cfg.MaxConnections)
+	conns := make(chan struct{}, cfg.MaxConnections)
 	m, err := newMetrics(reg, conns)
 	if err != nil {
 		return nil, fmt.Errorf("ingest: register metrics: %w", err)
@@ -239,7 +243,6 @@ func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, 
 		retryAfter: strconv.FormatInt(int64(math.Ceil(cfg.RetryAfter.Seconds())), 10),
 		store:      store,
 		ids:        ids,
-		log:        log,
 		rejLog: log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 			// At most 5 lines a second per message, so a flood of bad
 			// requests cannot flood the log.

@@ -48,25 +48,6 @@ func retryableAcceptError(err error) bool {
 	return errno.Temporary()
 }
 
-// connLimiter bounds the connections a Server holds open, over all its
-// listeners. A slot is taken before accept(2) is called, so beyond the
-// bound new connections wait in the kernel's accept queue (and, once it is
-// full, the kernel refuses them); the slot is given back when fasthttp
-// reports the connection closed or hijacked (Server.connState).
-type connLimiter struct {
-	slots chan struct{}
-}
-
-func newConnLimiter(n int) *connLimiter { return &connLimiter{slots: make(chan struct{}, n)} }
-
-// release gives back the slot of one closed connection.
-func (c *connLimiter) release() {
-	select {
-	case <-c.slots:
-	default: // never taken: not a connection of a limitListener
-	}
-}
-
 // clientConns counts the connections each client address holds open, so
 // that one client cannot take every --max-connections slot. The key is the
 // peer's address (an IPv6 address by its /64: see limiterKey); trusted
@@ -150,21 +131,16 @@ func (cc *clientConns) release(c net.Conn) {
 	}
 }
 
-// limitListener takes a slot of lim for every connection it returns,
-// closes at once the connections of a client that holds its share
-// (perClient) already, and waits and retries the accept errors that end
-// when resources free up (out of file descriptors, buffers or memory, a
+// limitListener takes a slot of Server.conns for every connection it
+// returns, closes at once the connections of a client that holds its share
+// (Server.perClient) already, and waits and retries the accept errors that
+// end when resources free up (out of file descriptors, buffers or memory, a
 // connection aborted before it was accepted), as net/http's Serve does:
 // fasthttp's Serve returns on any accept error but a time-out, and the
 // relay would stop serving when it runs out of descriptors.
 type limitListener struct {
 	net.Listener
-	lim       *connLimiter
-	full      func()       // called when Accept has to wait for a slot
-	perClient *clientConns // nil: no per-client limit
-	refused   func(net.Conn)
-	log       *zap.Logger // sampled
-	retries   func()      // counts one retried accept error
+	s *Server
 
 	closeOnce sync.Once
 	done      chan struct{} // closed by Close: ends a wait for a slot or a back-off
@@ -172,11 +148,11 @@ type limitListener struct {
 
 func (l *limitListener) Accept() (net.Conn, error) {
 	select {
-	case l.lim.slots <- struct{}{}:
+	case l.s.conns <- struct{}{}:
 	default:
-		l.full()
+		l.s.connsFull()
 		select {
-		case l.lim.slots <- struct{}{}:
+		case l.s.conns <- struct{}{}:
 		case <-l.done:
 			return nil, net.ErrClosed
 		}
@@ -186,13 +162,13 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		c, err := l.Listener.Accept()
 		if err != nil {
 			if err = l.backOff(err, &delay); err != nil {
-				<-l.lim.slots
+				<-l.s.conns
 				return nil, err
 			}
 			continue
 		}
 		delay = 0
-		if l.perClient == nil || l.perClient.take(c) {
+		if l.s.perClient == nil || l.s.perClient.take(c) {
 			return c, nil
 		}
 		// Over its client's share: closed before any byte is read (and
@@ -203,7 +179,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			tc.SetLinger(0)
 		}
 		c.Close()
-		l.refused(c)
+		l.s.clientRefused(c)
 	}
 }
 
@@ -219,8 +195,8 @@ func (l *limitListener) backOff(err error, delay *time.Duration) error {
 		return err
 	}
 	*delay = min(max(2**delay, acceptDelayMin), acceptDelayMax)
-	l.retries()
-	if ce := l.log.Check(zapcore.WarnLevel, "ingest accept failed; retrying"); ce != nil {
+	l.s.m.acceptRetries.Inc()
+	if ce := l.s.rejLog.Check(zapcore.WarnLevel, "ingest accept failed; retrying"); ce != nil {
 		// The error of accept(2) names no peer and no request content.
 		ce.Write(zap.Error(err), zap.Duration("retry_in", *delay))
 	}
@@ -242,8 +218,7 @@ func (l *limitListener) Close() error {
 // wrapListener wraps ln in the connection limits and accept retries. (TLS
 // goes over it, and over fastserver's lingering: see Serve.)
 func (s *Server) wrapListener(ln net.Listener) net.Listener {
-	return &limitListener{Listener: ln, lim: s.conns, full: s.connsFull, perClient: s.perClient, refused: s.clientRefused,
-		log: s.rejLog, retries: s.m.acceptRetries.Inc, done: make(chan struct{})}
+	return &limitListener{Listener: ln, s: s, done: make(chan struct{})}
 }
 
 // clientRefused notes a connection closed at accept because its client held
@@ -275,7 +250,10 @@ func (s *Server) connsFull() {
 // connState gives a connection's slot back when fasthttp is done with it.
 func (s *Server) connState(c net.Conn, st fasthttp.ConnState) {
 	if st == fasthttp.StateClosed || st == fasthttp.StateHijacked {
-		s.conns.release()
+		select {
+		case <-s.conns:
+		default: // never taken: not a connection of a limitListener
+		}
 		if s.perClient != nil {
 			s.perClient.release(c)
 		}
@@ -317,6 +295,13 @@ func (f fasthttpLogger) Printf(_ string, args ...any) {
 	ce.Write(fields...)
 }
 
+// Classes of errorClass that handleReadError answers.
+const (
+	classTimeout        = "timeout"
+	classBodyTooLarge   = "body too large"
+	classHeaderTooLarge = "header too large"
+)
+
 // errorClass names the kind of a connection error in a few fixed words.
 func errorClass(err error) string {
 	var ne net.Error
@@ -327,15 +312,15 @@ func errorClass(err error) string {
 	case errors.Is(err, net.ErrClosed):
 		return "closed"
 	case errors.As(err, &ne) && ne.Timeout(), errors.Is(err, os.ErrDeadlineExceeded):
-		return "timeout"
+		return classTimeout
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
 		return "eof"
 	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
 		return "reset"
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		return "body too large"
+		return classBodyTooLarge
 	case errors.As(err, &small):
-		return "header too large"
+		return classHeaderTooLarge
 	case errors.As(err, &rec), errors.As(err, &alert), strings.HasPrefix(err.Error(), "tls: "):
 		return "tls"
 	}

@@ -304,7 +304,7 @@ func (b *syncBuffer) String() string {
 // series with the request metrics, the connections gauge included.
 func TestListenerMetricsRegistered(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	if _, err := newMetrics(reg, newConnLimiter(3)); err != nil {
+	if _, err := newMetrics(reg, make(chan struct{}, 3)); err != nil {
 		t.Fatal(err)
 	}
 	mfs, err := reg.Gather()

@@ -79,24 +79,22 @@ type metrics struct {
 	connections    prometheus.GaugeFunc
 }
 
-func newMetrics(reg prometheus.Registerer, lim *connLimiter) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, conns chan struct{}) (*metrics, error) {
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+	}
+	byReason := func(name, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"reason"})
+	}
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "relay_ingest_requests_total",
 			Help: "Ingest listener requests by path (unknown paths are \"other\") and status code.",
 		}, []string{"path", "code"}),
-		accepted: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "relay_ingest_events_accepted_total",
-			Help: "Events committed to the spool and answered 200.",
-		}),
-		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "relay_ingest_events_rejected_total",
-			Help: "Events of rejected requests, by reason; requests rejected before their events were counted add nothing (see relay_ingest_rejected_requests_total).",
-		}, []string{"reason"}),
-		rejectedReqs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "relay_ingest_rejected_requests_total",
-			Help: "Ingest requests answered with an error, by reason.",
-		}, []string{"reason"}),
+		accepted: counter("relay_ingest_events_accepted_total", "Events committed to the spool and answered 200."),
+		rejected: byReason("relay_ingest_events_rejected_total",
+			"Events of rejected requests, by reason; requests rejected before their events were counted add nothing (see relay_ingest_rejected_requests_total)."),
+		rejectedReqs: byReason("relay_ingest_rejected_requests_total", "Ingest requests answered with an error, by reason."),
 		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "relay_ingest_request_seconds",
 			Help:    "Time from the handler's start to its answer (includes the spool commit).",
@@ -108,22 +106,16 @@ func newMetrics(reg prometheus.Registerer, lim *connLimiter) (*metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(256, 4, 10), // 256 B .. 64 MiB
 		}),
 		reasonCounter: make(map[string][2]prometheus.Counter),
-		acceptRetries: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "relay_ingest_accept_retries_total",
-			Help: "Accept errors on the ingest listener (out of file descriptors, buffers...) retried after a pause.",
-		}),
-		connsFull: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "relay_ingest_connection_limit_waits_total",
-			Help: "Times the ingest listener held new connections back because --max-connections were open.",
-		}),
-		clientRefusals: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "relay_ingest_client_connection_refusals_total",
-			Help: "Ingest connections closed at accept because their client address (IPv6: its /64) held --max-connections-per-client already.",
-		}),
+		acceptRetries: counter("relay_ingest_accept_retries_total",
+			"Accept errors on the ingest listener (out of file descriptors, buffers...) retried after a pause."),
+		connsFull: counter("relay_ingest_connection_limit_waits_total",
+			"Times the ingest listener held new connections back because --max-connections were open."),
+		clientRefusals: counter("relay_ingest_client_connection_refusals_total",
+			"Ingest connections closed at accept because their client address (IPv6: its /64) held --max-connections-per-client already."),
 		connections: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "relay_ingest_connections",
 			Help: "Ingest connections open (at most --max-connections).",
-		}, func() float64 { return float64(len(lim.slots)) }),
+		}, func() float64 { return float64(len(conns)) }),
 	}
 	for p := range numPaths {
 		m.codeCounters[p] = make(map[int]prometheus.Counter, len(knownCodes))

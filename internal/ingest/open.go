@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"sync/atomic"
 )
 
 // Open configures what an ingest listener reachable from browsers and the
@@ -13,13 +12,9 @@ import (
 type Open struct {
 	// CORSOrigins are the origins (scheme://host[:port], see
 	// NormalizeOrigin) whose browser pages may POST to the ingest paths, or
-	// the one entry "*" for every origin. Preflights (OPTIONS) from them are
-	// answered 204 with Access-Control-Allow-Origin, -Methods (POST),
-	// -Headers and -Max-Age; their requests' answers carry
-	// Access-Control-Allow-Origin and Vary: Origin; credentials are never
-	// allowed. A request with an Origin header not among them is answered
-	// 403 and nothing of it is spooled. nil or empty: no CORS headers are
-	// sent and the Origin header is not looked at.
+	// the one entry "*" for every origin; the package doc says how
+	// preflights and other origins are answered. nil or empty: no CORS
+	// headers are sent and the Origin header is not looked at.
 	CORSOrigins []string
 	// AllowedAPIKeys, when non-nil, are the only api_keys taken; a valid
 	// request with another is answered 403 {"code":403,"error":"API key not
@@ -28,16 +23,12 @@ type Open struct {
 	AllowedAPIKeys []string
 	// ClientRateLimit is the requests per second (of accepted-looking
 	// requests: valid, allowed) one client address may send, with a burst of
-	// twice as many; above it the answer is 429 with Retry-After and
-	// throttled_events naming every event, and nothing is spooled. The client
-	// address is the one TrustedProxies decide (an IPv6 client counts by its
-	// /64); time is Config.Now's. 0: no limit, at no cost.
+	// twice as many, by Config.Now's time; the package doc says how a request
+	// above it is answered. 0: no limit, at no cost.
 	ClientRateLimit float64
 	// AnonymizeIP drops the last octet of IPv4 / the last 80 bits of IPv6
-	// addresses: of the client address that replaces "$remote", of every ip
-	// string an event gives (one that is not an address becomes null), and of
-	// the address in rejection log lines. false: addresses are forwarded as
-	// they are.
+	// addresses (see the package doc for which). false: addresses are
+	// forwarded as they are.
 	AnonymizeIP bool
 }
 
@@ -62,19 +53,14 @@ func (o Open) validate() error {
 	return nil
 }
 
-// open is a Server's state of Open. What requests read of it is one
+// openState is a Server's state of Open. What requests read of it is one
 // immutable snapshot, swapped whole by SetOpen (a reload), so a request
 // sees the old settings or the new, never a mix.
-type open struct {
-	allowed atomic.Pointer[keySet]    // nil: every api_key
-	opened  atomic.Pointer[openState] // never nil once New returns
-}
-
-// openState is a snapshot of what Open sets but the allow-list.
 type openState struct {
-	corsPol *corsPolicy    // nil: CORS off
-	limiter *clientLimiter // nil: no rate limit
-	rate    float64        // limiter's rate
+	corsPol *corsPolicy         // nil: CORS off
+	allowed map[string]struct{} // nil: every api_key
+	limiter *clientLimiter      // nil: no rate limit
+	rate    float64             // limiter's rate
 	anonIP  bool
 }
 
@@ -94,12 +80,17 @@ func (s *Server) SetOpen(o Open) error {
 		return err
 	}
 	n := &openState{corsPol: cors, rate: o.ClientRateLimit, anonIP: o.AnonymizeIP}
+	if o.AllowedAPIKeys != nil {
+		n.allowed = make(map[string]struct{}, len(o.AllowedAPIKeys))
+		for _, k := range o.AllowedAPIKeys {
+			n.allowed[k] = struct{}{}
+		}
+	}
 	if old := s.st(); old != nil && old.rate == o.ClientRateLimit {
 		n.limiter = old.limiter
 	} else if o.ClientRateLimit > 0 {
 		n.limiter = newClientLimiter(o.ClientRateLimit, limiterMaxClients, s.cfg.Now)
 	}
-	s.allowed.Store(newKeySet(o.AllowedAPIKeys))
 	s.opened.Store(n)
 	return nil
 }
@@ -113,26 +104,11 @@ func (s *Server) SetMaxBatchBytes(n int) {
 	}
 }
 
-// keySet is an immutable set of api_keys.
-type keySet struct{ keys map[string]struct{} }
-
-func newKeySet(keys []string) *keySet {
-	if keys == nil {
-		return nil
-	}
-	ks := &keySet{keys: make(map[string]struct{}, len(keys))}
-	for _, k := range keys {
-		ks.keys[k] = struct{}{}
-	}
-	return ks
-}
-
 // apiKeyAllowed reports whether the allow-list takes key.
-func (s *Server) apiKeyAllowed(key []byte) bool {
-	ks := s.allowed.Load()
-	if ks == nil {
+func (o *openState) apiKeyAllowed(key []byte) bool {
+	if o.allowed == nil {
 		return true
 	}
-	_, ok := ks.keys[string(key)]
+	_, ok := o.allowed[string(key)]
 	return ok
 }

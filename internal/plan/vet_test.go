@@ -86,7 +86,7 @@ func FuzzVet(f *testing.F) {
 		}
 		for i := range members.Events {
 			e := &members.Events[i]
-			rec := e.AppendRewritten(nil, ids, 1795682223335, []byte("192.0.2.1"))
+			rec := e.AppendRewritten(nil, ids, []byte("1795682223335"), []byte("192.0.2.1"))
 			want := c.isClean(rec)
 			if got := c.cleanAt(&members, e); got != want {
 				t.Fatalf("cleanAt with members %v, the check on the record %v\nevent  %s\nrecord %s\nkeys %v", got, want, e.Raw, rec, e.PlanKeys())

@@ -173,7 +173,7 @@ func (l *Limiter) Acquire(ctx context.Context, key string, cost int) (release fu
 	ks := l.keyLocked(key)
 	l.pruneLocked(ks, start)
 	g := &grant{cost: cost}
-	if ok, _ := l.admissibleLocked(ks, len(ks.grants), g, start); ok && l.waitingLocked(ks) == 0 {
+	if ok, _ := l.admissibleLocked(ks, len(ks.grants), g, start); ok { // none waits ahead
 		return l.startLocked(key, ks, g, start), nil
 	}
 	est := later(l.estimateLocked(ks, len(ks.grants), cost, start), ks.paused)
