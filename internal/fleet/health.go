@@ -77,13 +77,15 @@ func (f *Fleet) stream(ctx context.Context, name string) (jetstream.Stream, erro
 // group leaderless; a message get): one that arrives while the leadership
 // changes hands, as after a step-down, can be answered by no server, and
 // bounded only by a long ctx it waits all of it (minutes in the tests),
-// although the next one is answered at once.
+// although the next one is answered at once. A connection closed for good
+// answers nothing again: asking on would hold a stopping owner (its
+// partition's last removal) for all of ctx.
 func asked[T any](ctx context.Context, f *Fleet, req func(context.Context) (T, error)) (T, error) {
 	for {
 		actx, cancel := f.attemptCtx(ctx)
 		v, err := req(actx)
 		cancel()
-		if err == nil || ctx.Err() != nil || !retryable(err) {
+		if err == nil || ctx.Err() != nil || !retryable(err) || f.nc.IsClosed() {
 			return v, err
 		}
 		select {

@@ -2,11 +2,13 @@ package fleet
 
 import (
 	"context"
-	"errors"
+	"encoding/json"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/svcrelay/relay/internal/natstest"
@@ -120,13 +122,40 @@ func holdAll(t *testing.T, f *Fleet) (stop func()) {
 	return stop
 }
 
-// wantReleased fails t for each kind's lease still in kv.
-func wantReleased(t *testing.T, kv jetstream.KeyValue) {
+// wantReleased fails t for each kind's lease of f still held, as the
+// bucket's stream leader has it. Not kv.Get: a bucket's reads are direct
+// gets, which a replica that has not applied the release yet may answer
+// though the cluster acknowledged it; another relay's take-over is a
+// write, which the leader decides.
+func wantReleased(t *testing.T, f *Fleet) {
 	t.Helper()
+	bucket := f.n.fleetBucket()
 	for _, k := range kinds {
-		s := slot{kind: k, id: 0}
-		if _, err := kv.Get(bg(t), s.key()); !errors.Is(err, jetstream.ErrKeyNotFound) {
-			t.Errorf("lease %s after the stop: %v, want it released", s.key(), err)
+		key := slot{kind: k, id: 0}.key()
+		req := fmt.Appendf(nil, `{"last_by_subj":"$KV.%s.%s"}`, bucket, key)
+		m, err := f.nc.RequestWithContext(bg(t), "$JS.API.STREAM.MSG.GET.KV_"+bucket, req)
+		if err != nil {
+			t.Fatalf("read lease %s: %v", key, err)
+		}
+		var resp struct {
+			Message *struct {
+				Hdrs []byte `json:"hdrs"`
+			} `json:"message"`
+			Error *jetstream.APIError `json:"error"`
+		}
+		if err := json.Unmarshal(m.Data, &resp); err != nil {
+			t.Fatalf("read lease %s: %v", key, err)
+		}
+		switch {
+		case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+			// Aged out (the bucket's TTL): nobody holds it either.
+		case resp.Error != nil:
+			t.Fatalf("read lease %s: %v", key, resp.Error)
+		default:
+			h, _ := nats.DecodeHeadersMsg(resp.Message.Hdrs) // a put may have none
+			if op := h.Get("KV-Operation"); op != "DEL" && op != "PURGE" {
+				t.Errorf("lease %s after the stop: still held, want it released", key)
+			}
 		}
 	}
 }
@@ -146,7 +175,7 @@ func (e *testEnv) testSlowRelease(t *testing.T) {
 	f.kv = kv // before Run: nothing else reads it
 	stop := holdAll(t, f)
 	stop()
-	wantReleased(t, kv.KeyValue)
+	wantReleased(t, f)
 }
 
 // lateKV is the fleet's bucket whose lease renewals (Update), while late
@@ -184,5 +213,5 @@ func (e *testEnv) testLateRenewal(t *testing.T) {
 	polltest.Until(t, "a late renewal of every lease", func() bool { return kv.lates.Load() >= int64(len(kinds)) })
 	kv.late.Store(false)
 	stop()
-	wantReleased(t, kv.KeyValue)
+	wantReleased(t, f)
 }
