@@ -38,7 +38,9 @@ type pauses struct {
 
 func startPauses(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, pre string, log *zap.Logger) (*pauses, error) {
 	wctx, cancel := context.WithCancel(context.Background())
-	w, err := kv.WatchAll(wctx)
+	// The watcher's consumer is created under the client's own request
+	// timeout, which a loaded cluster can miss: retried as a create is.
+	w, err := retrySetup(ctx, log, func(context.Context) (jetstream.KeyWatcher, error) { return kv.WatchAll(wctx) })
 	if err != nil {
 		cancel()
 		return nil, fmt.Errorf("fleet: watch pauses: %w", unavailable(err))
