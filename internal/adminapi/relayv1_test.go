@@ -345,7 +345,7 @@ func TestRelayClose(t *testing.T) {
 			t.Errorf("%s after Close: %d %s", p, code, body)
 		}
 	}
-	if dls, _ := sp.ListDead(storage.DeadFilter{}, 0, 0); len(dls) != 1 {
+	if dls, _ := sp.ListDead(context.Background(), storage.DeadFilter{}, 0, 0); len(dls) != 1 {
 		t.Fatalf("%d dead letters after Close, want 1 kept", len(dls))
 	}
 }

@@ -154,7 +154,7 @@ func TestFormNamedRecords(t *testing.T) {
 	if got, want := giValues(s, "k"), []string{"v0", "v1", "v2", "v0", "v2"}; !slices.Equal(got, want) {
 		t.Fatalf("upstream got %v, want %v (the request, then the two not named, in order)", got, want)
 	}
-	dead, err := sp.ListDead(storage.DeadFilter{}, 0, 0)
+	dead, err := sp.ListDead(context.Background(), storage.DeadFilter{}, 0, 0)
 	if err != nil || len(dead) != 1 || dead[0].Reason != "invalid_fields" || string(dead[0].Record.Data) != `{"group_type":"org","group_value":"v1"}` {
 		t.Fatalf("dead letters %+v (%v), want v1 alone, reason invalid_fields", dead, err)
 	}
@@ -218,7 +218,7 @@ func TestFormResendWithoutExpired(t *testing.T) {
 		if want := [][]string{{`{"group_type":"org","group_value":"v0"}`, `{"group_type":"org","group_value":"v1"}`}, {`{"group_type":"org","group_value":"v1"}`}}; !slices.EqualFunc(got, want, slices.Equal) {
 			t.Fatalf("requests %q, want %q", got, want)
 		}
-		dead, err := sp.ListDead(storage.DeadFilter{}, 0, 0)
+		dead, err := sp.ListDead(context.Background(), storage.DeadFilter{}, 0, 0)
 		if err != nil || len(dead) != 1 || dead[0].Reason != ReasonExpired || string(dead[0].Record.Data) != `{"group_type":"org","group_value":"v0"}` ||
 			!strings.Contains(string(dead[0].Answer), "503") {
 			t.Fatalf("dead letters %+v (%v), want v0 alone, expired, with the last answer", dead, err)
@@ -468,7 +468,7 @@ func TestThrottledSameLoop(t *testing.T) {
 	if n := len(s.Events("k")); n != 3 {
 		t.Fatalf("%d events delivered, want 3", n)
 	}
-	if dead, _ := sp.ListDead(storage.DeadFilter{}, 0, 0); len(dead) != 0 {
+	if dead, _ := sp.ListDead(context.Background(), storage.DeadFilter{}, 0, 0); len(dead) != 0 {
 		t.Fatalf("dead letters %+v", dead)
 	}
 	if v := gatherValue(t, reg, "relay_groupidentify_retries_total"); v != throttled {

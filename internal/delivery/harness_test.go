@@ -370,7 +370,7 @@ func (h *harness) waitDrained(timeout time.Duration, keep int64) {
 
 func (h *harness) dead() map[string]storage.DeadLetter {
 	h.t.Helper()
-	dls, err := h.sp.ListDead(storage.DeadFilter{}, 0, 1<<20)
+	dls, err := h.sp.ListDead(context.Background(), storage.DeadFilter{}, 0, 1<<20)
 	if err != nil {
 		h.t.Fatal(err)
 	}

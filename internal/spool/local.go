@@ -15,7 +15,7 @@ import (
 )
 
 // Backend is the spool behind the storage seam: a queue is a lane. Its
-// PutDead, DeleteDead and Close are the Spool's.
+// PutDead, ListDead, DeleteDead and Close are the Spool's.
 type Backend struct {
 	*Spool
 	log   *zap.Logger
@@ -155,14 +155,6 @@ func (r laneReader) Next(ctx context.Context) (*storage.Message, error) {
 func (r laneReader) Ack(_ context.Context, m *storage.Message) error {
 	r.lane.Ack(m.Seq)
 	return nil
-}
-
-// ListDead is Spool.ListDead.
-func (l *Backend) ListDead(ctx context.Context, f storage.DeadFilter, after uint64, limit int) ([]storage.DeadLetter, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	return l.Spool.ListDead(f, after, limit)
 }
 
 // DeadCount is the number of dead letters as the file holds them now, so

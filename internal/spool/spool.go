@@ -987,9 +987,9 @@ func (s *Spool) PutDead(ctx context.Context, dls []storage.DeadLetter) error {
 
 // ListDead returns up to limit dead letters with ID > after that match f, by
 // ID. limit <= 0 means no limit. The results own their memory.
-func (s *Spool) ListDead(f storage.DeadFilter, after uint64, limit int) ([]storage.DeadLetter, error) {
-	if after == math.MaxUint64 {
-		return nil, nil
+func (s *Spool) ListDead(ctx context.Context, f storage.DeadFilter, after uint64, limit int) ([]storage.DeadLetter, error) {
+	if err := ctx.Err(); err != nil || after == math.MaxUint64 {
+		return nil, err
 	}
 	var out []storage.DeadLetter
 	err := s.view(func(tx *bolt.Tx) error {
