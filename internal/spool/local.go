@@ -44,12 +44,16 @@ func (l *Backend) Append(ctx context.Context, req storage.Request) error {
 	if req.Batch == nil || req.Batch.Bytes() == 0 {
 		return nil
 	}
-	// No cache here: it would keep retired lanes.
-	lane, err := l.LaneBytes(ctx, req.Kind, req.APIKey, req.Options)
-	if err != nil {
-		return fmt.Errorf("storage: lane: %w", err)
+	// No cache here: it would keep retired lanes. Finding a live one
+	// allocates nothing.
+	lane := findLane(&l.byKey, req.Kind, req.APIKey, req.Options)
+	if lane == nil {
+		var err error
+		if lane, err = l.Lane(ctx, req.Lane()); err != nil {
+			return fmt.Errorf("storage: lane: %w", err)
+		}
 	}
-	err = l.Spool.Append(ctx, lane, req.Batch)
+	err := l.Spool.Append(ctx, lane, req.Batch)
 	switch {
 	case err == nil:
 		return nil
