@@ -185,14 +185,6 @@ func (b *Batch) start() {
 	}
 }
 
-// mark appends a record's mark byte (not clean) when the batch has a
-// verdict.
-func (cb *Buf) mark() {
-	if cb.Verdict != 0 {
-		cb.B = append(cb.B, 0)
-	}
-}
-
 // Reserve makes room for about n more bytes of records (their data plus
 // a few bytes each), so that a caller that knows the size of what it will
 // add gets a buffer of the right class at once instead of growing into one.
@@ -245,19 +237,15 @@ func (b *Batch) AddFunc(orderKey, userID []byte, maxData int, data func(dst []by
 	}
 	putUvarintWidth(buf[at:at+width], uint64(n))
 	idx = append(idx, uint32(at+width), uint32(n))
+	if b.cb.Verdict != 0 {
+		buf = append(buf, 0) // the mark: not clean until MarkClean
+	}
 	b.cb.B, b.cb.Idx = buf, idx
-	b.cb.mark()
 	b.n++
 }
 
 // uvarintLen is the length of x's shortest uvarint.
-func uvarintLen(x uint64) int {
-	n := 1
-	for ; x >= 0x80; x >>= 7 {
-		n++
-	}
-	return n
-}
+func uvarintLen(x uint64) int { return (bits.Len64(x|1) + 6) / 7 }
 
 // putUvarintWidth writes x as a uvarint of exactly len(p) bytes (padded
 // with continuation bytes, which binary.Uvarint decodes as the same value);
