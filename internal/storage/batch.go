@@ -315,12 +315,8 @@ func (b *Batch) Encoded() []byte {
 // the quota and what Chunk.Size reports.
 func (b *Batch) Bytes() int { return len(b.Encoded()) }
 
-// Indexed reports whether cb holds the index of n records (a Batch built
-// it, see Buf.Idx).
-func (cb *Buf) Indexed(n int) bool { return len(cb.Idx) == 6*n }
-
 // Records sets rs to the records of a chunk a Batch built, from its index,
-// aliasing cb.B; rs has the chunk's length (see Indexed).
+// aliasing cb.B; rs has the chunk's length.
 func (cb *Buf) Records(rs []Record) {
 	field := func(i int) []byte {
 		off, l := cb.Idx[i], cb.Idx[i+1]
