@@ -45,7 +45,7 @@ func newEnvCreds(t *testing.T, simCfg sim.Config, cfg groupidentify.Config, cred
 				cfg.RetryInitial = 5 * time.Millisecond
 				cfg.RetryMax = 50 * time.Millisecond
 			}
-			cfg.Store = spool.NewBackend(sp, nil)
+			cfg.Store = spool.NewBackend(sp)
 			return groupidentify.New(cfg, client, credentials.NewRef(creds), nil, reg)
 		})
 }

@@ -129,7 +129,7 @@ func TestDeadCountCoversList(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		n, err := NewBackend(s, nil).DeadCount(context.Background())
+		n, err := NewBackend(s).DeadCount(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}

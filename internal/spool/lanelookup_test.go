@@ -22,7 +22,7 @@ func TestLaneLookup(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sp.Close() })
-	l := NewBackend(sp, nil)
+	l := NewBackend(sp)
 	ctx := context.Background()
 	req := func(opts string) *storage.Request {
 		var b storage.Batch

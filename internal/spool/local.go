@@ -18,7 +18,6 @@ import (
 // PutDead, ListDead, DeleteDead and Close are the Spool's.
 type Backend struct {
 	*Spool
-	log   *zap.Logger
 	kinds []storage.Kind // Only's; empty: every kind
 }
 
@@ -27,14 +26,9 @@ var (
 	_ storage.DeadWriter = (*Spool)(nil)
 )
 
-// NewBackend adapts sp; log (nil: no-op) gets the deliver functions'
+// NewBackend adapts sp; the spool's logger gets the deliver functions'
 // errors.
-func NewBackend(sp *Spool, log *zap.Logger) *Backend {
-	if log == nil {
-		log = zap.NewNop()
-	}
-	return &Backend{Spool: sp, log: log}
-}
+func NewBackend(sp *Spool) *Backend { return &Backend{Spool: sp} }
 
 // Append writes req's batch as one chunk of its lane, taking its memory
 // over. A refusal for space (ErrFull, ErrDiskLow, a full filesystem) also
@@ -129,7 +123,7 @@ func (r *run) start(lane *Lane) {
 		case errors.Is(err, storage.ErrIdle):
 			lane.whenWork(func() { r.start(lane) })
 		case err != nil && r.ctx.Err() == nil && !errors.Is(err, storage.ErrRetired) && !errors.Is(err, storage.ErrLost):
-			r.b.log.Error("deliver lane", zap.String("lane", lane.Key().Label()), zap.Error(err))
+			r.b.Spool.log.Error("deliver lane", zap.String("lane", lane.Key().Label()), zap.Error(err))
 		}
 	}()
 }

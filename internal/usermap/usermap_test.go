@@ -53,7 +53,7 @@ func newEnv(t *testing.T, simCfg sim.Config, cfg usermap.Config, creds *credenti
 				cfg.RetryInitial = 5 * time.Millisecond
 				cfg.RetryMax = 50 * time.Millisecond
 			}
-			cfg.Store = spool.NewBackend(sp, nil)
+			cfg.Store = spool.NewBackend(sp)
 			um, err := usermap.New(cfg, client, credentials.NewRef(creds), nil, reg)
 			if err != nil {
 				return component{}, err
