@@ -176,15 +176,6 @@ func (b *Batch) Verdict() uint64 {
 	return b.cb.Verdict
 }
 
-// start begins the buffer of a batch's first record: the room for the
-// header (written by Append), then the verdict when there is one.
-func (b *Batch) start() {
-	b.cb.B = b.cb.B[:BatchHeaderLen]
-	if b.cb.Verdict = b.verdict; b.verdict != 0 {
-		b.cb.B = binary.BigEndian.AppendUint64(b.cb.B, b.verdict)
-	}
-}
-
 // Reserve makes room for about n more bytes of records (their data plus
 // a few bytes each), so that a caller that knows the size of what it will
 // add gets a buffer of the right class at once instead of growing into one.
@@ -217,8 +208,11 @@ func (b *Batch) AddFunc(orderKey, userID []byte, maxData int, data func(dst []by
 		extra = verdictLen + markLen
 	}
 	b.Reserve(len(orderKey) + len(userID) + 2*binary.MaxVarintLen64 + width + maxData + extra)
-	if len(b.cb.B) == 0 {
-		b.start()
+	if len(b.cb.B) == 0 { // the first record: room for the header (Append writes it), then the verdict
+		b.cb.B = b.cb.B[:BatchHeaderLen]
+		if b.cb.Verdict = b.verdict; b.verdict != 0 {
+			b.cb.B = binary.BigEndian.AppendUint64(b.cb.B, b.verdict)
+		}
 	}
 	buf, idx := b.cb.B, b.cb.Idx
 	for _, f := range [2][]byte{orderKey, userID} {
