@@ -40,7 +40,7 @@ func TestReloadAllowedKeys(t *testing.T) {
 	defer sp.Close()
 	v1 := creds("key-one")
 	cfg := config.Config{AllowedKeysFromCredentials: true}
-	ing, err := ingest.New(ingest.Config{Open: ingest.Open{AllowedAPIKeys: cfg.IngestAllowedAPIKeys(v1)}}, spool.NewBackend(sp, nil), event.NewIDGen(), nil, nil)
+	ing, err := ingest.New(ingest.Config{Open: ingest.Open{AllowedAPIKeys: cfg.IngestAllowedAPIKeys(v1)}}, spool.NewBackend(sp), event.NewIDGen(), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -449,7 +449,7 @@ func (s *server) openStore() error {
 	// give that memory back before serving, or a relay restarted on a
 	// backlog keeps it as RSS until its first collection.
 	debug.FreeOSMemory()
-	local := spool.NewBackend(sp, log.Named("spool"))
+	local := spool.NewBackend(sp)
 	s.store, s.kind = local, func(k storage.Kind) backend { return local.Only(k) }
 	// Fleet mode's store, stopped after delivery gave its
 	// partitions up (stops run in reverse).

@@ -197,17 +197,15 @@ func importFile(ctx context.Context, sp *spool.Spool, name string, withDamaged b
 	}
 	var (
 		b    storage.Batch
-		n    int // records in b
 		lane *spool.Lane
 		dead []storage.DeadLetter
 	)
 	flush := func() error {
-		if n > 0 {
+		if n := b.Len(); n > 0 {
 			if err := sp.Append(ctx, lane, &b); err != nil {
 				return err
 			}
 			st.records += n
-			n = 0
 		}
 		if len(dead) > 0 {
 			if err := sp.PutDead(ctx, dead); err != nil {
@@ -252,7 +250,7 @@ func importFile(ctx context.Context, sp *spool.Spool, name string, withDamaged b
 			}
 			continue
 		}
-		if lane == nil || lane.Key() != key || n >= importBatch {
+		if lane == nil || lane.Key() != key || b.Len() >= importBatch {
 			if err := flush(); err != nil {
 				return err
 			}
@@ -262,7 +260,6 @@ func importFile(ctx context.Context, sp *spool.Spool, name string, withDamaged b
 			st.lanes[key] = true
 		}
 		b.Add(rec)
-		n++
 	}
 	if err := sc.Err(); err != nil {
 		return fmt.Errorf("%s: %w", name, err)

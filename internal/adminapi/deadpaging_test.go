@@ -109,7 +109,7 @@ func TestReplayStopsAtNewest(t *testing.T) {
 	if code := f.do("POST", "/relay/v1/deadletters/replay", `{"filter":{"reason":"silenced"}}`, &ans); code != 200 || ans.Replayed != len(ids) || ans.More {
 		t.Fatalf("replay: %d %+v", code, ans)
 	}
-	left, err := f.sp.ListDead(storage.DeadFilter{}, 0, 0)
+	left, err := f.sp.ListDead(context.Background(), storage.DeadFilter{}, 0, 0)
 	if err != nil || len(left) != len(ids) || left[0].ID <= ids[len(ids)-1] {
 		t.Fatalf("%d dead letters left (%v), want the %d replayed records died again", len(left), err, len(ids))
 	}

@@ -50,7 +50,7 @@ func newRelayFixture(t *testing.T, scfg spool.Config, lanes map[storage.Kind]del
 			t.Errorf("close spool: %v", err)
 		}
 	})
-	var store Store = spool.NewBackend(sp, nil)
+	var store Store = spool.NewBackend(sp)
 	for _, w := range wrap {
 		store = w(store)
 	}
@@ -321,7 +321,7 @@ func TestRelayClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sp.Close()
-	api, err := NewRelay(RelayConfig{Store: spool.NewBackend(sp, nil)}, sp, nil, nil)
+	api, err := NewRelay(RelayConfig{Store: spool.NewBackend(sp)}, sp, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,7 +345,7 @@ func TestRelayClose(t *testing.T) {
 			t.Errorf("%s after Close: %d %s", p, code, body)
 		}
 	}
-	if dls, _ := sp.ListDead(storage.DeadFilter{}, 0, 0); len(dls) != 1 {
+	if dls, _ := sp.ListDead(context.Background(), storage.DeadFilter{}, 0, 0); len(dls) != 1 {
 		t.Fatalf("%d dead letters after Close, want 1 kept", len(dls))
 	}
 }

@@ -179,7 +179,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 	p, err := delivery.New(delivery.Config{
 		Live:              delivery.Live{IngestURL: cfg.IngestURL, MaxBatchEvents: perRequest},
 		MaxReadAheadBytes: maxBacklog, MaxReadAheadTotalBytes: maxBacklog,
-	}, spool.NewBackend(sp, nil).Only(storage.KindEvents), snd, thr, log.Named("delivery"), nil)
+	}, spool.NewBackend(sp).Only(storage.KindEvents), snd, thr, log.Named("delivery"), nil)
 	if err != nil {
 		return Counts{}, err
 	}

@@ -2,6 +2,7 @@ package backfill
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -164,7 +165,7 @@ func writeReport(sp *spool.Spool, path string) error {
 		enc := json.NewEncoder(bw)
 		var after uint64
 		for {
-			dls, err := sp.ListDead(storage.DeadFilter{}, after, 1000)
+			dls, err := sp.ListDead(context.Background(), storage.DeadFilter{}, after, 1000)
 			if err != nil {
 				return err
 			}

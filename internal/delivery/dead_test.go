@@ -71,7 +71,7 @@ func TestFlushDead(t *testing.T) {
 			if d := time.Since(start); d < 3*DeadRetryInitial/2 {
 				t.Fatalf("retried after %v in all: no backoff", d)
 			}
-			dead, err := sp.ListDead(storage.DeadFilter{}, 0, 0)
+			dead, err := sp.ListDead(context.Background(), storage.DeadFilter{}, 0, 0)
 			if err != nil || len(dead) != 2 {
 				t.Fatalf("%d dead letters stored (%v), want 2", len(dead), err)
 			}
@@ -88,7 +88,7 @@ func TestFlushDead(t *testing.T) {
 			if !errors.Is(err, context.DeadlineExceeded) || w.calls < 2 {
 				t.Fatalf("err %v after %d calls; want the deadline after retries", err, w.calls)
 			}
-			if dead, _ := sp.ListDead(storage.DeadFilter{}, 0, 0); len(dead) != 0 {
+			if dead, _ := sp.ListDead(context.Background(), storage.DeadFilter{}, 0, 0); len(dead) != 0 {
 				t.Fatalf("%d dead letters stored", len(dead))
 			}
 		})

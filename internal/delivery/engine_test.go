@@ -64,7 +64,7 @@ func TestEngine(t *testing.T) {
 		r := &ackRunner{l: l, sp: sp, runs: &runs}
 		r.st.Lane = l
 		return r
-	}}, spool.NewBackend(sp, nil))
+	}}, spool.NewBackend(sp))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +202,7 @@ func TestEngineIdleRunner(t *testing.T) {
 	e, err := NewEngine(EngineConfig[*idleRunner]{Kind: storage.KindUserMap, NewRunner: func(q storage.LaneQueue) *idleRunner {
 		l := q.Lane().(*spool.Lane)
 		return &idleRunner{ackRunner: ackRunner{l: l, sp: sp, runs: &runs}, running: &running}
-	}}, spool.NewBackend(sp, nil))
+	}}, spool.NewBackend(sp))
 	if err != nil {
 		t.Fatal(err)
 	}

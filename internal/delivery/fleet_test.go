@@ -34,7 +34,7 @@ func overSeam(t *testing.T, h *harness) *harness {
 	t.Helper()
 	h.reg = prometheus.NewRegistry()
 	var err error
-	h.p, err = NewFleet(h.cfg, spool.NewBackend(h.sp, nil), nil, nil, h.send, h.thr, zaptest.NewLogger(t), h.reg)
+	h.p, err = NewFleet(h.cfg, spool.NewBackend(h.sp), nil, nil, h.send, h.thr, zaptest.NewLogger(t), h.reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func TestFleetRunnersRetire(t *testing.T) {
 		h := newSyncHarness(t, sim.Config{}, Config{}, throttle.Config{})
 		h.reg = prometheus.NewRegistry()
 		var err error
-		h.p, err = NewFleet(h.cfg, spool.NewBackend(h.sp, nil), nil, nil, h.send, h.thr, nil, h.reg)
+		h.p, err = NewFleet(h.cfg, spool.NewBackend(h.sp), nil, nil, h.send, h.thr, nil, h.reg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -156,7 +156,7 @@ func (s *leasedStore) Run(ctx context.Context, deliver storage.DeliverFunc) erro
 func TestFleetLeaseRunOut(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newSyncHarness(t, sim.Config{}, Config{Live: Live{MaxBatchEvents: 10}, ShardsPerLane: 2}, throttle.Config{})
-		st := &leasedStore{Backend: spool.NewBackend(h.sp, nil)}
+		st := &leasedStore{Backend: spool.NewBackend(h.sp)}
 		h.reg = prometheus.NewRegistry()
 		var err error
 		h.p, err = NewFleet(h.cfg, st, nil, nil, h.send, h.thr, zaptest.NewLogger(t), h.reg)

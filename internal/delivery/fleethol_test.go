@@ -54,7 +54,7 @@ type muxHeld struct {
 }
 
 func newMuxStore(sp *spool.Spool, maxSpilled int) *muxStore {
-	return &muxStore{loc: spool.NewBackend(sp, nil), sp: sp, maxSpilled: maxSpilled,
+	return &muxStore{loc: spool.NewBackend(sp), sp: sp, maxSpilled: maxSpilled,
 		ready: map[storage.LaneKey][]muxHeld{}, out: map[uint64]muxHeld{}, changed: make(chan struct{}), spilled: map[uint64]bool{}}
 }
 

@@ -132,7 +132,7 @@ func TestFormFrame(t *testing.T) {
 
 func TestFormConfigValidate(t *testing.T) {
 	ok := FormConfig{Name: "x", Lanes: storage.KindUserMap, URL: func(string) string { return "" }, Kind: &Form{Field: "f", MaxItems: 1, MaxBodyBytes: 1},
-		Store: spool.NewBackend(nil, nil)}
+		Store: spool.NewBackend(nil)}
 	if err := ok.Validate(); err != nil {
 		t.Fatal(err)
 	}

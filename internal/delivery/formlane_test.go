@@ -147,14 +147,14 @@ func TestFormNamedRecords(t *testing.T) {
 		return res
 	})
 	sp := openFormSpool(t, spool.Config{})
-	p := newGI(t, FormConfig{}, base, spool.NewBackend(sp, nil), send, nil)
+	p := newGI(t, FormConfig{}, base, spool.NewBackend(sp), send, nil)
 	l := appendGI(t, sp, "k", 0, 3)
 	runPipeline(t, p, sp)
 	polltest.Until(t, "the lane acknowledged", func() bool { return l.Stats().Records == 0 })
 	if got, want := giValues(s, "k"), []string{"v0", "v1", "v2", "v0", "v2"}; !slices.Equal(got, want) {
 		t.Fatalf("upstream got %v, want %v (the request, then the two not named, in order)", got, want)
 	}
-	dead, err := sp.ListDead(storage.DeadFilter{}, 0, 0)
+	dead, err := sp.ListDead(context.Background(), storage.DeadFilter{}, 0, 0)
 	if err != nil || len(dead) != 1 || dead[0].Reason != "invalid_fields" || string(dead[0].Record.Data) != `{"group_type":"org","group_value":"v1"}` {
 		t.Fatalf("dead letters %+v (%v), want v1 alone, reason invalid_fields", dead, err)
 	}
@@ -212,13 +212,13 @@ func TestFormResendWithoutExpired(t *testing.T) {
 			return upstream.Classify(200, []byte(`{"code":200}`), "", nil)
 		}}
 		p := newGI(t, FormConfig{FormTiming: FormTiming{MaxAge: maxAge, RetryInitial: time.Millisecond, RetryMax: time.Millisecond}},
-			"http://sim", spool.NewBackend(sp, nil), f, nil)
+			"http://sim", spool.NewBackend(sp), f, nil)
 		runUntilEmpty(p, l)
 		got, _ := f.requests()
 		if want := [][]string{{`{"group_type":"org","group_value":"v0"}`, `{"group_type":"org","group_value":"v1"}`}, {`{"group_type":"org","group_value":"v1"}`}}; !slices.EqualFunc(got, want, slices.Equal) {
 			t.Fatalf("requests %q, want %q", got, want)
 		}
-		dead, err := sp.ListDead(storage.DeadFilter{}, 0, 0)
+		dead, err := sp.ListDead(context.Background(), storage.DeadFilter{}, 0, 0)
 		if err != nil || len(dead) != 1 || dead[0].Reason != ReasonExpired || string(dead[0].Record.Data) != `{"group_type":"org","group_value":"v0"}` ||
 			!strings.Contains(string(dead[0].Answer), "503") {
 			t.Fatalf("dead letters %+v (%v), want v0 alone, expired, with the last answer", dead, err)
@@ -242,7 +242,7 @@ func TestFormLingerUntilFull(t *testing.T) {
 		f := &formSender{fn: func(int) upstream.Result { return upstream.Classify(200, []byte(`{"code":200}`), "", nil) }}
 		const linger = time.Minute
 		p := newGI(t, FormConfig{Kind: &Form{Field: "identification", MaxItems: 2, MaxBodyBytes: 1 << 20},
-			FormTiming: FormTiming{Linger: linger}}, "http://sim", spool.NewBackend(sp, nil), f, nil)
+			FormTiming: FormTiming{Linger: linger}}, "http://sim", spool.NewBackend(sp), f, nil)
 		runUntilEmpty(p, l)
 		got, at := f.requests()
 		if len(got) != 2 || len(got[0]) != 2 || len(got[1]) != 1 || !strings.Contains(got[1][0], "v2") {
@@ -300,7 +300,7 @@ func TestFormLeaseRunOut(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := simtest.New(sim.Config{}, nil)
 		sp := openFormSpool(t, spool.Config{})
-		st := &readLeasedStore{loc: spool.NewBackend(sp, nil)}
+		st := &readLeasedStore{loc: spool.NewBackend(sp)}
 		p := newGI(t, FormConfig{}, "http://sim", st, formSimSender(s), nil)
 		l := appendGI(t, sp, "k", 0, 3)
 		runPipeline(t, p, sp)
@@ -340,7 +340,7 @@ func formSimSender(s *simtest.Sim) Sender {
 func TestFormRetiredLanesForgotten(t *testing.T) {
 	s, base, cli := formUpstream(t)
 	sp := openFormSpool(t, spool.Config{RetireIdle: 50 * time.Millisecond})
-	p := newGI(t, FormConfig{FormTiming: FormTiming{RetryInitial: 5 * time.Millisecond}}, base, spool.NewBackend(sp, nil), cli, nil)
+	p := newGI(t, FormConfig{FormTiming: FormTiming{RetryInitial: 5 * time.Millisecond}}, base, spool.NewBackend(sp), cli, nil)
 	runPipeline(t, p, sp)
 	// laneGoroutines counts the goroutines running a lane: the whole
 	// process's count also holds the upstream client's connections, which
@@ -412,7 +412,7 @@ func TestThrottledSameLoop(t *testing.T) {
 	reg := prometheus.NewRegistry()
 
 	sp := openFormSpool(t, spool.Config{})
-	gi := newGI(t, FormConfig{FormTiming: FormTiming{RetryInitial: initial, RetryMax: initial}}, base, spool.NewBackend(sp, nil).Only(storage.KindGroupIdentify), send, reg)
+	gi := newGI(t, FormConfig{FormTiming: FormTiming{RetryInitial: initial, RetryMax: initial}}, base, spool.NewBackend(sp).Only(storage.KindGroupIdentify), send, reg)
 	ev, err := New(Config{Live: Live{IngestURL: base, FlushInterval: time.Millisecond}, ShardsPerLane: 1, RetryInitial: initial, RetryMax: initial},
 		local(sp), send, nil, nil, reg)
 	if err != nil {
@@ -468,7 +468,7 @@ func TestThrottledSameLoop(t *testing.T) {
 	if n := len(s.Events("k")); n != 3 {
 		t.Fatalf("%d events delivered, want 3", n)
 	}
-	if dead, _ := sp.ListDead(storage.DeadFilter{}, 0, 0); len(dead) != 0 {
+	if dead, _ := sp.ListDead(context.Background(), storage.DeadFilter{}, 0, 0); len(dead) != 0 {
 		t.Fatalf("dead letters %+v", dead)
 	}
 	if v := gatherValue(t, reg, "relay_groupidentify_retries_total"); v != throttled {

@@ -370,7 +370,7 @@ func (h *harness) waitDrained(timeout time.Duration, keep int64) {
 
 func (h *harness) dead() map[string]storage.DeadLetter {
 	h.t.Helper()
-	dls, err := h.sp.ListDead(storage.DeadFilter{}, 0, 1<<20)
+	dls, err := h.sp.ListDead(context.Background(), storage.DeadFilter{}, 0, 1<<20)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -539,7 +539,7 @@ func (h *harness) checkReadAheadBackPressure(max int64) {
 }
 
 // local is sp behind the seam, as cmd/relay gives it to New.
-func local(sp *spool.Spool) Store { return spool.NewBackend(sp, nil).Only(storage.KindEvents) }
+func local(sp *spool.Spool) Store { return spool.NewBackend(sp).Only(storage.KindEvents) }
 
 // lane returns the runner of lane id, or nil.
 func (p *Pipeline) lane(id uint64) *laneRunner {

@@ -472,7 +472,7 @@ func BenchmarkCreateLane(b *testing.B) {
 func TestRetiredLaneLeavesNothing(t *testing.T) {
 	const n = 300
 	r := newChurnRelay(t, spool.Config{RetireIdle: 3 * time.Second})
-	local := spool.NewBackend(r.sp, nil)
+	local := spool.NewBackend(r.sp)
 	ctx := context.Background()
 	baseG, baseMetrics := runtime.NumGoroutine(), r.metricsSize()
 	t0 := time.Now()

@@ -500,20 +500,6 @@ func (f *Feed) NextPart(ctx context.Context, maxBytes int, recs []storage.Record
 	return chunks, recs, nil
 }
 
-// Next waits for messages and takes them (NextPart), as storage.Lane.Next.
-func (f *Feed) Next(ctx context.Context, maxBytes int) ([]storage.Chunk, error) {
-	for {
-		if err := f.Wait(ctx, nil); err != nil {
-			return nil, err
-		}
-		if cs, _, err := f.NextPart(ctx, maxBytes, nil); err == nil {
-			return cs, nil
-		} else if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-	}
-}
-
 // Waiting returns the records and bytes of the lane's messages read from
 // the partition and not acknowledged yet (queued, spilled or being sent).
 func (f *Feed) Waiting() (records, bytes int64) {

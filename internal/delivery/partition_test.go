@@ -81,7 +81,7 @@ func testAcksAtStop(t *testing.T, lease bool, want []uint64) {
 		// A form lane's runner whose upstream takes everything.
 		ok := senderFunc(func(context.Context, *upstream.Request) upstream.Result { return upstream.Result{Kind: upstream.OK} })
 		p, err := NewForm(FormConfig{Name: "gi", Lanes: lane.Kind, Kind: &Form{Field: "f", MaxItems: 10, MaxBodyBytes: 1 << 10},
-			URL: func(string) string { return "http://up" }, Store: spool.NewBackend(nil, nil), FormTiming: FormTiming{Linger: -1}}, ok, nil, nil)
+			URL: func(string) string { return "http://up" }, Store: spool.NewBackend(nil), FormTiming: FormTiming{Linger: -1}}, ok, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

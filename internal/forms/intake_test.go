@@ -65,7 +65,7 @@ func TestSpooled(t *testing.T) {
 	}
 	out := delivery.FormConfig{Name: "usermap", Lanes: storage.KindUserMap, URL: func(string) string { return "http://127.0.0.1:1/usermap" },
 		Kind: &delivery.Form{Field: "mapping", MaxItems: 10, MaxBodyBytes: 1000}}
-	s, err := NewSpooled(out, IntakeConfig{Field: "mappings_accepted"}, Spooling{Store: spool.NewBackend(sp, nil)}, cli, nil, nil, nil)
+	s, err := NewSpooled(out, IntakeConfig{Field: "mappings_accepted"}, Spooling{Store: spool.NewBackend(sp)}, cli, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestSpooled(t *testing.T) {
 	}
 
 	out.Kind = nil
-	if _, err := NewSpooled(out, IntakeConfig{Field: "f"}, Spooling{Store: spool.NewBackend(sp, nil)}, cli, nil, nil, nil); err == nil || !strings.HasPrefix(err.Error(), "usermap: ") {
+	if _, err := NewSpooled(out, IntakeConfig{Field: "f"}, Spooling{Store: spool.NewBackend(sp)}, cli, nil, nil, nil); err == nil || !strings.HasPrefix(err.Error(), "usermap: ") {
 		t.Fatalf("bad delivery config: %v", err)
 	}
 }
@@ -109,7 +109,7 @@ func TestSpooledStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	stored := open(spool.Config{})
-	st := &swapStore{Backend: spool.NewBackend(stored, nil)}
+	st := &swapStore{Backend: spool.NewBackend(stored)}
 	out := delivery.FormConfig{Name: "usermap", Lanes: storage.KindUserMap, URL: func(string) string { return "http://127.0.0.1:1/usermap" },
 		Kind: &delivery.Form{Field: "mapping", MaxItems: 10, MaxBodyBytes: 1000}}
 	s, err := NewSpooled(out, IntakeConfig{Field: "mappings_accepted"}, Spooling{Store: st}, cli, nil, nil, nil)
@@ -126,7 +126,7 @@ func TestSpooledStore(t *testing.T) {
 		t.Fatalf("store lanes %v: want one user mapping lane of key-1 with 2 records", lanes)
 	}
 	full := open(spool.Config{MaxBytes: 16}) // under one record
-	st.Backend = spool.NewBackend(full, nil)
+	st.Backend = spool.NewBackend(full)
 	if w := accept(s.In); w.Code != 503 || w.Header().Get("Retry-After") != "5" {
 		t.Fatalf("full store: %d, Retry-After %q; want 503 and 5", w.Code, w.Header().Get("Retry-After"))
 	}

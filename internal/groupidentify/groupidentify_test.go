@@ -1,6 +1,7 @@
 package groupidentify_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/url"
@@ -44,7 +45,7 @@ func newEnvCreds(t *testing.T, simCfg sim.Config, cfg groupidentify.Config, cred
 				cfg.RetryInitial = 5 * time.Millisecond
 				cfg.RetryMax = 50 * time.Millisecond
 			}
-			cfg.Store = spool.NewBackend(sp, nil)
+			cfg.Store = spool.NewBackend(sp)
 			return groupidentify.New(cfg, client, credentials.NewRef(creds), nil, reg)
 		})
 }
@@ -249,7 +250,7 @@ func TestBodyLimitSplit(t *testing.T) {
 	if n413 == 0 {
 		t.Fatal("expected 413s from the smaller upstream limit")
 	}
-	dead, _ := e.Spool.ListDead(storage.DeadFilter{}, 0, 0)
+	dead, _ := e.Spool.ListDead(context.Background(), storage.DeadFilter{}, 0, 0)
 	if len(dead) != 0 {
 		t.Fatalf("%d dead letters", len(dead))
 	}
@@ -301,7 +302,7 @@ func TestBadRequestBisect(t *testing.T) {
 	if len(got) != 19 {
 		t.Fatalf("delivered %d, want 19", len(got))
 	}
-	dead, err := e.Spool.ListDead(storage.DeadFilter{}, 0, 0)
+	dead, err := e.Spool.ListDead(context.Background(), storage.DeadFilter{}, 0, 0)
 	if err != nil || len(dead) != 1 {
 		t.Fatalf("dead %d %v", len(dead), err)
 	}
@@ -410,7 +411,7 @@ func TestExpired(t *testing.T) {
 	}
 	e.Run()
 	waitFor(t, "acks", func() bool { return e.LaneRecords("k") == 0 })
-	dead, _ := e.Spool.ListDead(storage.DeadFilter{Reason: "expired"}, 0, 0)
+	dead, _ := e.Spool.ListDead(context.Background(), storage.DeadFilter{Reason: "expired"}, 0, 0)
 	if len(dead) != 4 {
 		t.Fatalf("%d expired dead letters, want 4", len(dead))
 	}

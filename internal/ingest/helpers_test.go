@@ -52,7 +52,7 @@ func startRelay(t testing.TB, cfg Config, scfg spool.Config) *testRelay {
 	if err != nil {
 		t.Fatalf("open spool: %v", err)
 	}
-	srv, err := New(cfg, spool.NewBackend(sp, nil), event.NewIDGen(), nil, reg)
+	srv, err := New(cfg, spool.NewBackend(sp), event.NewIDGen(), nil, reg)
 	if err != nil {
 		sp.Close()
 		t.Fatalf("New: %v", err)
@@ -120,7 +120,7 @@ func openSpool(t testing.TB, noSync bool) *spool.Spool {
 func newServer(t testing.TB, cfg Config, noSync bool, log *zap.Logger) (*Server, *spool.Spool) {
 	t.Helper()
 	sp := openSpool(t, noSync)
-	s, err := New(cfg, spool.NewBackend(sp, nil), event.NewIDGen(), log, nil)
+	s, err := New(cfg, spool.NewBackend(sp), event.NewIDGen(), log, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +133,7 @@ func newServer(t testing.TB, cfg Config, noSync bool, log *zap.Logger) (*Server,
 func serveObserved(t testing.TB, cfg Config, sp *spool.Spool) (srv *Server, addr string, logs *observer.ObservedLogs) {
 	t.Helper()
 	core, logs := observer.New(zapcore.DebugLevel)
-	srv, err := New(cfg, spool.NewBackend(sp, nil), event.NewIDGen(), zap.New(core), nil)
+	srv, err := New(cfg, spool.NewBackend(sp), event.NewIDGen(), zap.New(core), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

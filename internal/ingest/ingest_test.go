@@ -734,7 +734,7 @@ func TestMetricsRegistered(t *testing.T) {
 		}
 	}
 	// A second Server on the same registry is a configuration error.
-	if _, err := New(Config{}, spool.NewBackend(r.sp, nil), event.NewIDGen(), nil, r.reg); err == nil {
+	if _, err := New(Config{}, spool.NewBackend(r.sp), event.NewIDGen(), nil, r.reg); err == nil {
 		t.Error("New registered the same metrics twice")
 	}
 }

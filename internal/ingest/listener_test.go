@@ -249,7 +249,7 @@ func TestFileDescriptorChild(t *testing.T) {
 	}
 	defer sp.Close()
 	log := zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig()), zapcore.Lock(os.Stderr), zapcore.DebugLevel))
-	srv, err := New(Config{}, spool.NewBackend(sp, nil), event.NewIDGen(), log, nil)
+	srv, err := New(Config{}, spool.NewBackend(sp), event.NewIDGen(), log, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

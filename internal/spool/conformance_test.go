@@ -89,7 +89,7 @@ func openAt(t *testing.T, dir string) storagetest.OpenFunc {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var b storage.Backend = spool.NewBackend(sp, nil)
+		var b storage.Backend = spool.NewBackend(sp)
 		if *broken != "" {
 			b = storagetest.Broken(b, *broken)
 		}

@@ -49,7 +49,7 @@ func TestDeadLetters(t *testing.T) {
 	}
 	check := func(s *Spool, f storage.DeadFilter, after uint64, limit int, want ...int) {
 		t.Helper()
-		got, err := s.ListDead(f, after, limit)
+		got, err := s.ListDead(context.Background(), f, after, limit)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -125,11 +125,11 @@ func TestDeadCountCoversList(t *testing.T) {
 			return
 		default:
 		}
-		l, err := s.ListDead(storage.DeadFilter{}, 0, 0)
+		l, err := s.ListDead(context.Background(), storage.DeadFilter{}, 0, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		n, err := NewBackend(s, nil).DeadCount(context.Background())
+		n, err := NewBackend(s).DeadCount(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -32,9 +32,14 @@ func (h *hotList) len() int { return len(h.cs) - h.head }
 
 func (h *hotList) push(c *hotChunk) {
 	h.cs = append(h.cs, c)
-	h.chunks++
-	h.records += int64(c.records)
-	h.bytes += int64(c.size)
+	h.count(c, 1)
+}
+
+// count adds c to the unacknowledged totals (n 1) or takes it out (n -1).
+func (h *hotList) count(c *hotChunk, n int64) {
+	h.chunks += n
+	h.records += n * int64(c.records)
+	h.bytes += n * int64(c.size)
 }
 
 // firstSeq is the seq of the first chunk in the list, or def when empty.
@@ -63,9 +68,7 @@ func (h *hotList) find(seq uint64) *hotChunk {
 // (nil while a checkpoint copies it: the checkpoint releases it).
 func (h *hotList) ack(c *hotChunk) *storage.Buf {
 	c.acked = true
-	h.chunks--
-	h.records -= int64(c.records)
-	h.bytes -= int64(c.size)
+	h.count(c, -1)
 	var cb *storage.Buf
 	if !c.flushing {
 		cb, c.cb = c.cb, nil
@@ -88,9 +91,7 @@ func (h *hotList) popBefore(p walPos, f func(*hotChunk)) {
 	for h.head < len(h.cs) && h.cs[h.head].pos.less(p) {
 		c := h.cs[h.head]
 		if !c.acked {
-			h.chunks--
-			h.records -= int64(c.records)
-			h.bytes -= int64(c.size)
+			h.count(c, -1)
 		}
 		f(c)
 		h.cs[h.head] = nil

@@ -507,7 +507,7 @@ func TestDamagedChunkDeadLettered(t *testing.T) {
 	if got, want := readAll(t, s), idsExcept(chunks*perChunk, 12, 13, 14); !slices.Equal(got, want) {
 		t.Fatalf("records %v, want %v", got, want)
 	}
-	dead, err := s.ListDead(storage.DeadFilter{Reason: reasonDamaged}, 0, 0)
+	dead, err := s.ListDead(context.Background(), storage.DeadFilter{Reason: reasonDamaged}, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -626,7 +626,7 @@ func TestDamagedDBNeverCrashes(t *testing.T) {
 				}
 				cancel()
 			}
-			if _, err := s.ListDead(storage.DeadFilter{}, 0, 0); err != nil && !errors.Is(err, ErrDamaged) {
+			if _, err := s.ListDead(context.Background(), storage.DeadFilter{}, 0, 0); err != nil && !errors.Is(err, ErrDamaged) {
 				t.Logf("ListDead: %v", err)
 			}
 		})

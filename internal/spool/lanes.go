@@ -97,7 +97,7 @@ func (s *Spool) refuseLaneLocked(apiKey string, created []*Lane) error {
 }
 
 // laneIndex finds the live lanes (Spool.lanes') by api_key, then kind and
-// options: from a request's bytes without an allocation (LaneBytes), and
+// options: from a request's bytes without an allocation (Backend.Append), and
 // counted per api_key. Its lock is taken alone or last.
 type laneIndex struct {
 	mu sync.RWMutex
@@ -155,15 +155,6 @@ func (x *laneIndex) count(apiKey string) int {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	return len(x.m[apiKey])
-}
-
-// LaneBytes is Lane from a key's parts (options: raw canonical JSON, empty
-// for none); finding a live lane allocates nothing.
-func (s *Spool) LaneBytes(ctx context.Context, kind storage.Kind, apiKey, options []byte) (*Lane, error) {
-	if l := findLane(&s.byKey, kind, apiKey, options); l != nil {
-		return l, nil
-	}
-	return s.Lane(ctx, storage.LaneKey{Kind: kind, APIKey: string(apiKey), Options: string(options)})
 }
 
 // beginAppend marks an Append in progress on the lane the records go to

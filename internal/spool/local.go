@@ -15,10 +15,9 @@ import (
 )
 
 // Backend is the spool behind the storage seam: a queue is a lane. Its
-// PutDead, DeleteDead and Close are the Spool's.
+// PutDead, ListDead, DeleteDead and Close are the Spool's.
 type Backend struct {
 	*Spool
-	log   *zap.Logger
 	kinds []storage.Kind // Only's; empty: every kind
 }
 
@@ -27,14 +26,9 @@ var (
 	_ storage.DeadWriter = (*Spool)(nil)
 )
 
-// NewBackend adapts sp; log (nil: no-op) gets the deliver functions'
+// NewBackend adapts sp; the spool's logger gets the deliver functions'
 // errors.
-func NewBackend(sp *Spool, log *zap.Logger) *Backend {
-	if log == nil {
-		log = zap.NewNop()
-	}
-	return &Backend{Spool: sp, log: log}
-}
+func NewBackend(sp *Spool) *Backend { return &Backend{Spool: sp} }
 
 // Append writes req's batch as one chunk of its lane, taking its memory
 // over. A refusal for space (ErrFull, ErrDiskLow, a full filesystem) also
@@ -44,12 +38,16 @@ func (l *Backend) Append(ctx context.Context, req storage.Request) error {
 	if req.Batch == nil || req.Batch.Bytes() == 0 {
 		return nil
 	}
-	// No cache here: it would keep retired lanes.
-	lane, err := l.LaneBytes(ctx, req.Kind, req.APIKey, req.Options)
-	if err != nil {
-		return fmt.Errorf("storage: lane: %w", err)
+	// No cache here: it would keep retired lanes. Finding a live one
+	// allocates nothing.
+	lane := findLane(&l.byKey, req.Kind, req.APIKey, req.Options)
+	if lane == nil {
+		var err error
+		if lane, err = l.Lane(ctx, req.Lane()); err != nil {
+			return fmt.Errorf("storage: lane: %w", err)
+		}
 	}
-	err = l.Spool.Append(ctx, lane, req.Batch)
+	err := l.Spool.Append(ctx, lane, req.Batch)
 	switch {
 	case err == nil:
 		return nil
@@ -125,7 +123,7 @@ func (r *run) start(lane *Lane) {
 		case errors.Is(err, storage.ErrIdle):
 			lane.whenWork(func() { r.start(lane) })
 		case err != nil && r.ctx.Err() == nil && !errors.Is(err, storage.ErrRetired) && !errors.Is(err, storage.ErrLost):
-			r.b.log.Error("deliver lane", zap.String("lane", lane.Key().Label()), zap.Error(err))
+			r.b.Spool.log.Error("deliver lane", zap.String("lane", lane.Key().Label()), zap.Error(err))
 		}
 	}()
 }
@@ -155,14 +153,6 @@ func (r laneReader) Next(ctx context.Context) (*storage.Message, error) {
 func (r laneReader) Ack(_ context.Context, m *storage.Message) error {
 	r.lane.Ack(m.Seq)
 	return nil
-}
-
-// ListDead is Spool.ListDead.
-func (l *Backend) ListDead(ctx context.Context, f storage.DeadFilter, after uint64, limit int) ([]storage.DeadLetter, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	return l.Spool.ListDead(f, after, limit)
 }
 
 // DeadCount is the number of dead letters as the file holds them now, so

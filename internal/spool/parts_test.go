@@ -166,7 +166,7 @@ func TestNextPartDamagedChunk(t *testing.T) {
 	if want := idsExcept(chunks*perChunk, 6, 7, 8); !slices.Equal(ids, want) {
 		t.Fatalf("records %v, want %v", ids, want)
 	}
-	dead, err := s.ListDead(storage.DeadFilter{Reason: reasonDamaged}, 0, 0)
+	dead, err := s.ListDead(context.Background(), storage.DeadFilter{Reason: reasonDamaged}, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

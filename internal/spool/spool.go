@@ -294,7 +294,7 @@ func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]s
 					return []storage.Chunk{ch}, nil
 				}
 			}
-			return l.decodeHot(refs, slab)
+			return l.decodeHot(refs, slab), nil
 		}
 		l.mu.Unlock()
 		if l.readSeq < firstHot {
@@ -360,8 +360,8 @@ func (l *Lane) takeHot(maxBytes int) []hotRef {
 }
 
 // decodeHot turns the referenced hot chunks into Chunks, their Records
-// taken from slab.
-func (l *Lane) decodeHot(refs []hotRef, slab *recSlab) ([]storage.Chunk, error) {
+// taken from slab and built from the index their Batch wrote (storage.Buf).
+func (l *Lane) decodeHot(refs []hotRef, slab *recSlab) []storage.Chunk {
 	var out []storage.Chunk
 	if slab != nil { // NextPart: the caller is done with the last ones
 		clear(l.chunks)
@@ -370,25 +370,13 @@ func (l *Lane) decodeHot(refs []hotRef, slab *recSlab) ([]storage.Chunk, error) 
 	} else {
 		out = make([]storage.Chunk, len(refs))
 	}
-	var err error
 	for i, c := range refs {
-		out[i].Buffer = c.cb.Buffer()
-		if c.cb.Indexed(c.records) {
-			rs := slab.take(c.records)
-			c.cb.Records(rs)
-			out[i].Seq, out[i].Accepted, out[i].Size, out[i].Records = c.seq, time.UnixMilli(c.accepted), len(c.cb.B), rs
-		} else if derr := decodeChunk(c.seq, c.cb.B, &out[i], slab); derr != nil && err == nil {
-			err = fmt.Errorf("spool read: lane %s chunk %d: %w", l.label, c.seq, derr)
-		}
+		rs := slab.take(c.records)
+		c.cb.Records(rs)
+		out[i] = storage.Chunk{Seq: c.seq, Accepted: time.UnixMilli(c.accepted), Size: len(c.cb.B), Records: rs, Buffer: c.cb.Buffer()}
 	}
 	clear(refs)
-	if err != nil {
-		for _, c := range out {
-			c.Buffer.Release()
-		}
-		return nil, err
-	}
-	return out, nil
+	return out
 }
 
 // read returns the chunks in bbolt in [l.readSeq, end), their Records
@@ -700,13 +688,13 @@ func (s *Spool) openDB() (*bolt.DB, error) {
 		})
 		return err
 	})
-	if errors.Is(err, berrors.ErrTimeout) {
-		return nil, fmt.Errorf("open spool %s: %w", s.path, errLocked)
+	switch {
+	case errors.Is(err, berrors.ErrTimeout):
+		err = errLocked
+	case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrChecksum), errors.Is(err, berrors.ErrVersionMismatch):
+		err = fmt.Errorf("%w: %w", ErrDamaged, err)
 	}
 	if err != nil {
-		if errors.Is(err, berrors.ErrInvalid) || errors.Is(err, berrors.ErrChecksum) || errors.Is(err, berrors.ErrVersionMismatch) {
-			err = fmt.Errorf("%w: %w", ErrDamaged, err)
-		}
 		return nil, fmt.Errorf("open spool %s: %w", s.path, err)
 	}
 	return db, nil
@@ -987,9 +975,9 @@ func (s *Spool) PutDead(ctx context.Context, dls []storage.DeadLetter) error {
 
 // ListDead returns up to limit dead letters with ID > after that match f, by
 // ID. limit <= 0 means no limit. The results own their memory.
-func (s *Spool) ListDead(f storage.DeadFilter, after uint64, limit int) ([]storage.DeadLetter, error) {
-	if after == math.MaxUint64 {
-		return nil, nil
+func (s *Spool) ListDead(ctx context.Context, f storage.DeadFilter, after uint64, limit int) ([]storage.DeadLetter, error) {
+	if err := ctx.Err(); err != nil || after == math.MaxUint64 {
+		return nil, err
 	}
 	var out []storage.DeadLetter
 	err := s.view(func(tx *bolt.Tx) error {

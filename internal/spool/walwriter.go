@@ -520,15 +520,13 @@ func (s *Spool) rotate(need int64) error {
 	if need <= size {
 		select {
 		case sp := <-s.spares:
-			if err := os.Rename(sp, path); err != nil {
-				s.log.Warn("spool: reuse WAL file", zap.Error(err))
-				_ = os.Remove(sp)
-				break
+			err := os.Rename(sp, path)
+			if err == nil {
+				f, err = os.OpenFile(path, os.O_RDWR, 0)
 			}
-			var err error
-			if f, err = os.OpenFile(path, os.O_RDWR, 0); err != nil {
+			if err != nil {
 				s.log.Warn("spool: reuse WAL file", zap.Error(err))
-				f = nil
+				_ = os.Remove(sp) // gone already when renamed: then a new file replaces it
 			}
 		default:
 		}

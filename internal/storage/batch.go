@@ -176,23 +176,6 @@ func (b *Batch) Verdict() uint64 {
 	return b.cb.Verdict
 }
 
-// start begins the buffer of a batch's first record: the room for the
-// header (written by Append), then the verdict when there is one.
-func (b *Batch) start() {
-	b.cb.B = b.cb.B[:BatchHeaderLen]
-	if b.cb.Verdict = b.verdict; b.verdict != 0 {
-		b.cb.B = binary.BigEndian.AppendUint64(b.cb.B, b.verdict)
-	}
-}
-
-// mark appends a record's mark byte (not clean) when the batch has a
-// verdict.
-func (cb *Buf) mark() {
-	if cb.Verdict != 0 {
-		cb.B = append(cb.B, 0)
-	}
-}
-
 // Reserve makes room for about n more bytes of records (their data plus
 // a few bytes each), so that a caller that knows the size of what it will
 // add gets a buffer of the right class at once instead of growing into one.
@@ -225,8 +208,11 @@ func (b *Batch) AddFunc(orderKey, userID []byte, maxData int, data func(dst []by
 		extra = verdictLen + markLen
 	}
 	b.Reserve(len(orderKey) + len(userID) + 2*binary.MaxVarintLen64 + width + maxData + extra)
-	if len(b.cb.B) == 0 {
-		b.start()
+	if len(b.cb.B) == 0 { // the first record: room for the header (Append writes it), then the verdict
+		b.cb.B = b.cb.B[:BatchHeaderLen]
+		if b.cb.Verdict = b.verdict; b.verdict != 0 {
+			b.cb.B = binary.BigEndian.AppendUint64(b.cb.B, b.verdict)
+		}
 	}
 	buf, idx := b.cb.B, b.cb.Idx
 	for _, f := range [2][]byte{orderKey, userID} {
@@ -245,19 +231,15 @@ func (b *Batch) AddFunc(orderKey, userID []byte, maxData int, data func(dst []by
 	}
 	putUvarintWidth(buf[at:at+width], uint64(n))
 	idx = append(idx, uint32(at+width), uint32(n))
+	if b.cb.Verdict != 0 {
+		buf = append(buf, 0) // the mark: not clean until MarkClean
+	}
 	b.cb.B, b.cb.Idx = buf, idx
-	b.cb.mark()
 	b.n++
 }
 
 // uvarintLen is the length of x's shortest uvarint.
-func uvarintLen(x uint64) int {
-	n := 1
-	for ; x >= 0x80; x >>= 7 {
-		n++
-	}
-	return n
-}
+func uvarintLen(x uint64) int { return (bits.Len64(x|1) + 6) / 7 }
 
 // putUvarintWidth writes x as a uvarint of exactly len(p) bytes (padded
 // with continuation bytes, which binary.Uvarint decodes as the same value);
@@ -327,12 +309,8 @@ func (b *Batch) Encoded() []byte {
 // the quota and what Chunk.Size reports.
 func (b *Batch) Bytes() int { return len(b.Encoded()) }
 
-// Indexed reports whether cb holds the index of n records (a Batch built
-// it, see Buf.Idx).
-func (cb *Buf) Indexed(n int) bool { return len(cb.Idx) == 6*n }
-
 // Records sets rs to the records of a chunk a Batch built, from its index,
-// aliasing cb.B; rs has the chunk's length (see Indexed).
+// aliasing cb.B; rs has the chunk's length.
 func (cb *Buf) Records(rs []Record) {
 	field := func(i int) []byte {
 		off, l := cb.Idx[i], cb.Idx[i+1]

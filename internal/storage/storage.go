@@ -155,7 +155,7 @@ type Chunk struct {
 // Lane is one lane's records as its delivery reads them, with read-ahead
 // by a byte budget: the queue of a LaneQueue (the local spool), or a
 // lane's messages of a partition as delivery demultiplexes them (the
-// fleet). One reader goroutine calls Wait, NextPart and Next; Ack may be
+// fleet). One reader goroutine calls Wait and NextPart; Ack may be
 // called from any goroutine.
 type Lane interface {
 	// Wait returns nil when there may be something to read, ctx.Err()
@@ -169,9 +169,6 @@ type Lane interface {
 	// than maxBytes may be read in parts) into recs' memory; with a done
 	// ctx it returns at once when there is nothing to read.
 	NextPart(ctx context.Context, maxBytes int, recs []Record) ([]Chunk, []Record, error)
-	// Next waits for whole chunks and reads up to maxBytes of them (at
-	// least one).
-	Next(ctx context.Context, maxBytes int) ([]Chunk, error)
 	// Ack says every record of chunk seq was answered 200 or is a
 	// committed dead letter.
 	Ack(seq uint64)

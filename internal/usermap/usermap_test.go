@@ -1,6 +1,7 @@
 package usermap_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/url"
@@ -52,7 +53,7 @@ func newEnv(t *testing.T, simCfg sim.Config, cfg usermap.Config, creds *credenti
 				cfg.RetryInitial = 5 * time.Millisecond
 				cfg.RetryMax = 50 * time.Millisecond
 			}
-			cfg.Store = spool.NewBackend(sp, nil)
+			cfg.Store = spool.NewBackend(sp)
 			um, err := usermap.New(cfg, client, credentials.NewRef(creds), nil, reg)
 			if err != nil {
 				return component{}, err
@@ -286,7 +287,7 @@ func TestThrottled429(t *testing.T) {
 			t.Fatalf("position %d: %s, want %s", i, u, want)
 		}
 	}
-	dead, _ := e.Spool.ListDead(storage.DeadFilter{}, 0, 0)
+	dead, _ := e.Spool.ListDead(context.Background(), storage.DeadFilter{}, 0, 0)
 	if len(dead) != 0 {
 		t.Fatalf("%d dead letters", len(dead))
 	}
@@ -311,7 +312,7 @@ func TestDeadLetterAndDurability(t *testing.T) {
 	if len(calls) != 29 {
 		t.Fatalf("delivered %d, want 29", len(calls))
 	}
-	dead, _ := e.Spool.ListDead(storage.DeadFilter{Reason: "bad_request"}, 0, 0)
+	dead, _ := e.Spool.ListDead(context.Background(), storage.DeadFilter{Reason: "bad_request"}, 0, 0)
 	if len(dead) != 1 || !strings.Contains(string(dead[0].Record.Data), `"m13"`) || string(dead[0].Record.UserID) != "m13" {
 		t.Fatalf("dead letters %+v", dead)
 	}
