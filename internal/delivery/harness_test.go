@@ -204,7 +204,7 @@ func newHarnessOn(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle.C
 		t.Fatal(err)
 	}
 	if next == nil {
-		h.cli, err = upstream.New(upstream.Config{Timeout: 5 * time.Second}, nil, h.reg)
+		h.cli, err = upstream.New(upstream.Config{Timeout: 5 * time.Second}, h.reg)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -222,7 +222,7 @@ func (r *churnRelay) open() {
 	if r.sp, err = spool.Open(r.scfg, nil, r.reg); err != nil {
 		r.t.Fatal(err)
 	}
-	cli, err := upstream.New(upstream.Config{Timeout: 5 * time.Second}, nil, r.reg)
+	cli, err := upstream.New(upstream.Config{Timeout: 5 * time.Second}, r.reg)
 	if err != nil {
 		r.t.Fatal(err)
 	}
