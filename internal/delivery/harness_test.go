@@ -540,13 +540,3 @@ func (h *harness) checkReadAheadBackPressure(max int64) {
 
 // local is sp behind the seam, as cmd/relay gives it to New.
 func local(sp *spool.Spool) Store { return spool.NewBackend(sp, nil).Only(storage.KindEvents) }
-
-// lane returns the runner of lane id, or nil.
-func (p *Pipeline) lane(id uint64) *laneRunner {
-	if p.eng != nil {
-		if lr, ok := p.eng.Lane(id); ok {
-			return lr
-		}
-	}
-	return nil
-}
