@@ -62,8 +62,15 @@ func TestRunLanes(t *testing.T) {
 	polltest.Until(t, "events lane running", func() bool { return h.p.lane(l.ID()) != nil })
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := h.p.Run(cancelled); !errors.Is(err, ErrAlreadyRunning) {
-		t.Fatalf("second Run: %v", err)
+	second := make(chan error, 1)
+	go func() { second <- h.p.Run(cancelled) }()
+	select {
+	case err := <-second:
+		if !errors.Is(err, ErrAlreadyRunning) {
+			t.Fatalf("second Run: %v", err)
+		}
+	case <-time.After(polltest.Max):
+		t.Fatal("a second Run did not return") // it runs the lanes beside the first
 	}
 	if err := h.p.StopLane(gi.ID()); !errors.Is(err, ErrUnknownLane) {
 		t.Fatalf("StopLane of a group identify lane: %v", err)
