@@ -137,7 +137,7 @@ type deliveries struct {
 // buildDelivery builds the delivery side (not running yet: startDelivery).
 func (s *server) buildDelivery() (*deliveries, error) {
 	cfg, log, reg, creds := s.cfg, s.log, s.reg, s.creds
-	client, err := upstream.New(upstream.Config{}, log.Named("upstream"), reg)
+	client, err := upstream.New(upstream.Config{}, reg)
 	if err != nil {
 		return nil, fmt.Errorf("upstream client: %w", err)
 	}

@@ -167,7 +167,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 	if err != nil {
 		return Counts{}, err
 	}
-	client, err := upstream.New(upstream.Config{}, log.Named("upstream"), nil)
+	client, err := upstream.New(upstream.Config{}, nil)
 	if err != nil {
 		return Counts{}, err
 	}

@@ -83,7 +83,7 @@ func deliverCountOnly(b *testing.B, cfg Config, events, pad int) {
 		b.Fatal(err)
 	}
 	defer sm.Close()
-	cli, err := upstream.New(upstream.Config{}, nil, nil)
+	cli, err := upstream.New(upstream.Config{}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

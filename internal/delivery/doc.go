@@ -10,7 +10,7 @@
 //
 // # Shape
 //
-// Run runs an Engine over the store (storage.Owner.Run): locally a runner
+// Run runs the store (storage.Owner.Run): locally a runner
 // per lane, those that exist and those created later; in fleet mode the
 // partitions this relay owns (partition.go). A lane's reader goroutine hands
 // each record to the shard (of Config.ShardsPerLane) its OrderKey hashes
@@ -146,8 +146,8 @@
 // # Fleet mode
 //
 // NewFleet delivers the partitions a storage.Owner hands this relay (the
-// fleet's NATS JetStream streams) instead of spool lanes, on the same
-// Engine as local lanes and the form kinds' partitions. A partition
+// fleet's NATS JetStream streams) instead of spool lanes, through the same
+// Run as local lanes and the form kinds' partitions. A partition
 // carries the records of many lanes, each Message those of one lane:
 // deliverPartition (partition.go) reads a partition's messages in order
 // and hands each to the Feed of its lane in that partition, read by a
@@ -164,7 +164,7 @@
 // then takes over at once, with few records to send again (deduplicated
 // upstream by insert_id). Pauses and operators' lane stops are shared
 // with the fleet's other relays (SharedPauses, SharedLanes). A feed's
-// runner is kept in the engine's lanes map, under an id of its own. The
+// runner is kept in Pipeline.runners, under an id of its own. The
 // fleet's locks (fleetState.smu, the partition's and the feed's) are each
 // taken alone too.
 //
@@ -173,9 +173,9 @@
 // Each shard's queues are owned by its goroutine (between two of its
 // goroutines, by the reader's Run, which starts them); the reader hands
 // records over under shard.mu, which also guards shard.running. A chunk's counters (ackRef.left, chunkRef.refs) are atomic:
-// its records may be done by several shards. The lanes map and the Run loop
-// that starts a laneRunner per events lane handed over are Engine's
-// (it forgets a runner whose lane the spool retired). Locks never nest: the engine's,
+// its records may be done by several shards. Pipeline.runners (under
+// Pipeline.rmu) keeps a laneRunner per lane Run met; Run forgets one whose
+// lane the spool retired. Locks never nest: Pipeline.rmu,
 // laneRunner.bmu, the lock of laneRunner.stop (StopSwitch),
 // budget.mu and shard.mu are each taken alone.
 package delivery

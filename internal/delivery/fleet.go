@@ -2,7 +2,6 @@ package delivery
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -80,10 +79,10 @@ func (p *Pipeline) queueName(r storage.Reader) string {
 }
 
 // startFeed makes the runner of a new feed of partition name, known to the
-// engine until it retires (Feed.Wait) or its partition ends (abandon).
+// pipeline until it retires (Feed.Wait) or its partition ends (abandon).
 func (p *Pipeline) startFeed(f *Feed, name string) *laneRunner {
 	lr := newRunner(p, f, p.fl.nextID.Add(1), f.key.Label()+"-"+name, f.key)
-	p.eng.add(lr.id, lr)
+	p.add(lr.id, lr)
 	p.applyStop(lr) // after add: a change arriving meanwhile finds the runner
 	return lr
 }
@@ -91,7 +90,7 @@ func (p *Pipeline) startFeed(f *Feed, name string) *laneRunner {
 // abandon forgets a fleet runner whose partition went and releases the
 // read-ahead it holds (read again by the next owner).
 func (lr *laneRunner) abandon() {
-	lr.p.eng.forget(lr.id, lr)
+	lr.p.forget(lr.id, lr)
 	lr.bmu.Lock()
 	n := lr.inflight
 	lr.bmu.Unlock()
@@ -139,7 +138,7 @@ func (p *Pipeline) laneStopChanged(lane storage.LaneKey, stopped bool, reason st
 		delete(fl.stops, lane)
 	}
 	fl.smu.Unlock()
-	for _, lr := range p.eng.Runners() {
+	for _, lr := range p.runnerList() {
 		if lr.key == lane {
 			p.applyStop(lr)
 		}
@@ -169,36 +168,33 @@ func (p *Pipeline) applyStop(lr *laneRunner) {
 // sharedLaneTimeout bounds an operator's stop or resume in the cluster.
 const sharedLaneTimeout = 5 * time.Second
 
-// controlShared is StopLane (stop) or ResumeLane in fleet mode: the lane
-// of runner laneID is stopped or resumed on every relay, or here only when
-// the cluster does not answer.
-func (p *Pipeline) controlShared(laneID uint64, stop bool) error {
+// operatorStop is the stop reason of StopLane.
+const operatorStop = "stopped by operator"
+
+// controlShared is StopLane (stop) or ResumeLane of fleet runner lr: its
+// lane is stopped or resumed on every relay, or here only when the cluster
+// does not answer.
+func (p *Pipeline) controlShared(lr *laneRunner, stop bool) {
 	fl := p.fl
-	lr, ok := p.eng.Lane(laneID)
-	if !ok {
-		return fmt.Errorf("delivery: lane %d: %w", laneID, ErrUnknownLane)
-	}
-	const reason = "stopped by operator"
 	if fl.lanes != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), sharedLaneTimeout)
 		var err error
 		if stop {
-			err = fl.lanes.StopLane(ctx, lr.key, reason)
+			err = fl.lanes.StopLane(ctx, lr.key, operatorStop)
 		} else {
 			err = fl.lanes.ResumeLane(ctx, lr.key)
 		}
 		cancel()
 		if err == nil {
-			p.laneStopChanged(lr.key, stop, reason)
-			return nil
+			p.laneStopChanged(lr.key, stop, operatorStop)
+			return
 		}
 		p.log.Warn("lane stop or resume not shared with the fleet: it holds on this relay only, until its partitions move",
 			zap.String("lane", lr.label), zap.Error(err))
 	}
 	if stop {
-		lr.Stop(reason)
+		lr.Stop(operatorStop)
 	} else {
 		lr.Resume()
 	}
-	return nil
 }

@@ -39,11 +39,11 @@ func TestFleetStopStateLandsInOrder(t *testing.T) {
 		close(start)
 		wg.Wait()
 		_, want := p.fl.stops[lane]
-		for _, r := range p.eng.Runners() {
+		for _, r := range p.runnerList() {
 			if got, _ := r.stop.State(); got != want {
 				t.Fatalf("round %d: a runner %s stopped %v, the lane recorded stopped %v", i, r.label, got, want)
 			}
 		}
-		p.eng.forget(lr.id, lr)
+		p.forget(lr.id, lr)
 	}
 }

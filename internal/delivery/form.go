@@ -49,17 +49,11 @@ func NewForm(fc FormConfig, send Sender, log *zap.Logger, reg prometheus.Registe
 	if err != nil {
 		return nil, err
 	}
-	p.name, p.lanes, p.kind, p.dead = fc.Name, fc.Lanes, fc.Kind, fc.Store
+	p.name, p.lanes, p.kind, p.st = fc.Name, fc.Lanes, fc.Kind, fc.Store
 	p.form = &formKind{url: fc.URL, throttleWait: fc.ThrottleWait, pacer: fc.Pacer}
-	// The store's lanes run on the engine; its fleet partitions (when it
-	// hands them) on runners per lane and partition, as the events'.
+	// The store's lanes run as lanes; its fleet partitions (when it hands
+	// them) on runners per lane and partition, as the events'.
 	p.fl = &fleetState{stops: make(map[storage.LaneKey]string)}
-	p.eng, err = NewEngine(EngineConfig[*laneRunner]{Name: fc.Name, Kind: fc.Lanes, DrainTimeout: p.cfg.DrainTimeout,
-		NewRunner: func(q storage.LaneQueue) *laneRunner { return newLaneRunner(p, q) },
-		Partition: p.deliverPartition}, fc.Store)
-	if err != nil {
-		return nil, err
-	}
 	if p.m, err = newFormMetrics(reg, p); err != nil {
 		return nil, err
 	}

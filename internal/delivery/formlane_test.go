@@ -39,7 +39,7 @@ func formUpstream(t *testing.T) (*simtest.Sim, string, *upstream.Client) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	cli, err := upstream.New(upstream.Config{Timeout: 5 * time.Second}, nil, nil)
+	cli, err := upstream.New(upstream.Config{Timeout: 5 * time.Second}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -204,7 +204,7 @@ func newHarnessOn(t *testing.T, simCfg sim.Config, cfg Config, thrCfg throttle.C
 		t.Fatal(err)
 	}
 	if next == nil {
-		h.cli, err = upstream.New(upstream.Config{Timeout: 5 * time.Second}, nil, h.reg)
+		h.cli, err = upstream.New(upstream.Config{Timeout: 5 * time.Second}, h.reg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -540,13 +540,3 @@ func (h *harness) checkReadAheadBackPressure(max int64) {
 
 // local is sp behind the seam, as cmd/relay gives it to New.
 func local(sp *spool.Spool) Store { return spool.NewBackend(sp).Only(storage.KindEvents) }
-
-// lane returns the runner of lane id, or nil.
-func (p *Pipeline) lane(id uint64) *laneRunner {
-	if p.eng != nil {
-		if lr, ok := p.eng.Lane(id); ok {
-			return lr
-		}
-	}
-	return nil
-}

@@ -222,7 +222,7 @@ func (r *churnRelay) open() {
 	if r.sp, err = spool.Open(r.scfg, nil, r.reg); err != nil {
 		r.t.Fatal(err)
 	}
-	cli, err := upstream.New(upstream.Config{Timeout: 5 * time.Second}, nil, r.reg)
+	cli, err := upstream.New(upstream.Config{Timeout: 5 * time.Second}, r.reg)
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -497,8 +497,8 @@ func TestRetiredLaneLeavesNothing(t *testing.T) {
 	// The runners that exist now (on a slow machine some lanes may have
 	// retired already).
 	var runners []weak.Pointer[laneRunner]
-	r.waitFor("runners started", 2*time.Minute, func() bool { return len(r.p.eng.Runners()) > 0 })
-	for _, lr := range r.p.eng.Runners() {
+	r.waitFor("runners started", 2*time.Minute, func() bool { return len(r.p.runnerList()) > 0 })
+	for _, lr := range r.p.runnerList() {
 		runners = append(runners, weak.Make(lr))
 	}
 	r.waitFor("delivered", 2*time.Minute, func() bool { return r.sink.n.Load() >= n })

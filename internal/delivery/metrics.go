@@ -38,7 +38,7 @@ func newMetrics(reg prometheus.Registerer, p *Pipeline) (*metrics, error) {
 		Help: "Devices and users whose events are held now (429 pause, daily quota, pacing).",
 	}, func() float64 {
 		var n int64
-		for _, lr := range p.eng.Runners() {
+		for _, lr := range p.runnerList() {
 			n += lr.heldKeys.Load()
 		}
 		return float64(n)
@@ -62,4 +62,40 @@ func newMetrics(reg prometheus.Registerer, p *Pipeline) (*metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// NewStoppedCollector returns a relay_lane_stopped{lane} collector made at
+// scrape time from status (a retired lane's series goes with it). Only one
+// deliverer's collector may be checked (describe its descriptor): the
+// others share the family unchecked.
+func NewStoppedCollector(status func() []LaneStatus, checked bool) prometheus.Collector {
+	return &laneCollector{status: status, checked: checked, desc: prometheus.NewDesc("relay_lane_stopped",
+		"1 while a lane sends nothing (invalid API key, fatal upstream answer, operator stop): alert on it.",
+		[]string{"lane"}, nil), value: func(s LaneStatus) float64 {
+		if s.Stopped {
+			return 1
+		}
+		return 0
+	}}
+}
+
+// laneCollector exports a gauge per lane read at scrape time from a
+// snapshot of the lanes (a lane gone is simply not reported).
+type laneCollector struct {
+	status  func() []LaneStatus
+	desc    *prometheus.Desc
+	checked bool
+	value   func(LaneStatus) float64
+}
+
+func (c *laneCollector) Describe(ch chan<- *prometheus.Desc) {
+	if c.checked {
+		ch <- c.desc
+	}
+}
+
+func (c *laneCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range c.status() {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, c.value(s), s.Label)
+	}
 }

@@ -201,7 +201,7 @@ func (pt *partition) route(ctx, owned context.Context, m *storage.Message) {
 	pt.fmu.Unlock()
 	pt.wg.Go(func() {
 		if err := f.run.Run(ctx, owned); errors.Is(err, storage.ErrRetired) {
-			pt.p.eng.forget(f.run.id, f.run)
+			pt.p.forget(f.run.id, f.run)
 			pt.fmu.Lock()
 			if pt.feeds[key] == f {
 				delete(pt.feeds, key)

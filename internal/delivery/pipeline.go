@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -45,11 +46,18 @@ type Pipeline struct {
 	kind   Kind
 	form   *formKind // nil for events
 
-	// eng runs a laneRunner per lane the store hands over, or
-	// deliverPartition per partition (fleet mode).
-	eng  *Engine[*laneRunner]
-	dead storage.DeadWriter
-	fl   *fleetState // nil for events in local mode
+	// st hands Run a queue per lane (a laneRunner each) or per fleet
+	// partition (deliverPartition); it takes the dead letters too.
+	st      Store
+	fl      *fleetState // nil for events in local mode
+	running atomic.Bool
+
+	// rmu guards runners: the runner of every lane met, kept across Runs
+	// (its stop state with it) until the lane retires; a fleet feed's
+	// under an id of its own. Never held across a call out of the package.
+	rmu     sync.Mutex
+	runners map[uint64]*laneRunner
+	peak    int // len(runners) at its largest since it was made (forget)
 
 	// live holds the settings SetLive changes while running; shards read
 	// it at each use (one atomic load per batch or wait).
@@ -80,15 +88,7 @@ func newEvents(cfg Config, st Store, fl *fleetState, send Sender, thr *throttle.
 	if err != nil {
 		return nil, err
 	}
-	p.dead, p.fl = st, fl
-	ec := EngineConfig[*laneRunner]{Kind: storage.KindEvents, DrainTimeout: p.cfg.DrainTimeout,
-		NewRunner: func(q storage.LaneQueue) *laneRunner { return newLaneRunner(p, q) }}
-	if fl != nil {
-		ec.NewRunner, ec.Partition = nil, p.deliverPartition
-	}
-	if p.eng, err = NewEngine(ec, st); err != nil {
-		return nil, err
-	}
+	p.st, p.fl = st, fl
 	if p.m, err = newMetrics(reg, p); err != nil {
 		return nil, err
 	}
@@ -160,19 +160,162 @@ func newPipeline(cfg Config, send Sender, thr *throttle.Throttle, log *zap.Logge
 	}
 	cfg = cfg.withDefaults()
 	p := &Pipeline{cfg: cfg, send: send, thr: thr, log: log, seed: maphash.MakeSeed(),
-		name: "events", lanes: storage.KindEvents, kind: events{cfg.Check}, budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool()}
+		name: "events", lanes: storage.KindEvents, kind: events{cfg.Check}, budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool(),
+		runners: map[uint64]*laneRunner{}}
 	p.live.Store(cfg.liveState())
 	return p, nil
 }
 
-// Run delivers until ctx ends: it starts a runner for every events lane that
-// exists and for every one created later. When ctx ends it stops taking new
-// work, gives requests in flight Config.DrainTimeout to finish (their answers
-// are still handled: acks, dead letters), then abandons them and returns nil.
-// What was not acknowledged stays in the spool. Run must return before the
-// spool is closed.
+// ErrAlreadyRunning is returned by a second concurrent Run.
+var ErrAlreadyRunning = errors.New("delivery: already running")
+
+var errNotLanes = errors.New("delivery: the store's queue is not a lane")
+
+// Run delivers until ctx ends: it starts a runner for every lane of the
+// kind that exists and for every one created later (fleet mode: it delivers
+// every partition handed over). When ctx ends it stops taking new work,
+// gives requests in flight Config.DrainTimeout to finish (their answers are
+// still handled: acks, dead letters), then abandons them and returns nil;
+// the store's Run outlives ctx until every partition drained (at most
+// DrainTimeout and a second), so the leases stay held meanwhile. What was
+// not acknowledged stays in the store. A runner survives Run: a later Run
+// starts it again. Run must return before the spool is closed.
 func (p *Pipeline) Run(ctx context.Context) error {
-	return p.eng.Run(ctx)
+	if !p.running.CompareAndSwap(false, true) {
+		return ErrAlreadyRunning
+	}
+	defer p.running.Store(false)
+	drain, cancelDrain := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelDrain()
+	stopDrain := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(p.cfg.DrainTimeout, cancelDrain)
+		context.AfterFunc(drain, func() { t.Stop() })
+	})
+	defer stopDrain()
+	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelRun()
+	dr := &drainTracker{changed: make(chan struct{})}
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		select {
+		case <-ctx.Done():
+		case <-runCtx.Done():
+			return
+		}
+		tctx, cancel := context.WithTimeout(context.Background(), p.cfg.DrainTimeout+time.Second)
+		dr.wait(tctx)
+		cancel()
+		cancelRun()
+	}()
+	err := p.st.Run(runCtx, func(qctx context.Context, r storage.Reader) error {
+		q, ok := r.(storage.LaneQueue)
+		// The events' fleet mode takes every queue as a partition (also
+		// the spool's lanes behind the seam); a form kind its lanes as lanes.
+		if !ok || p.fl != nil && p.form == nil {
+			if p.fl == nil {
+				return errNotLanes
+			}
+			dr.add(1)
+			drained := sync.OnceFunc(func() { dr.add(-1) })
+			defer drained()
+			return p.deliverPartition(ctx, qctx, r, drained)
+		}
+		if q.Key().Kind != p.lanes {
+			return nil
+		}
+		id := q.LaneID()
+		lr := p.lane(id)
+		if lr == nil {
+			lr = newLaneRunner(p, q)
+			p.add(id, lr)
+		}
+		err := lr.Run(qctx, drain)
+		if errors.Is(err, storage.ErrRetired) {
+			p.forget(id, lr)
+		}
+		return err
+	})
+	cancelRun()
+	<-stopped
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// drainTracker counts the partitions that have not finished draining.
+type drainTracker struct {
+	mu      sync.Mutex
+	n       int
+	changed chan struct{}
+}
+
+func (d *drainTracker) add(n int) {
+	d.mu.Lock()
+	d.n += n
+	if n < 0 {
+		close(d.changed)
+		d.changed = make(chan struct{})
+	}
+	d.mu.Unlock()
+}
+
+// wait waits until none drains or ctx ends.
+func (d *drainTracker) wait(ctx context.Context) {
+	for {
+		d.mu.Lock()
+		n, c := d.n, d.changed
+		d.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		select {
+		case <-c:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// add records the runner of lane id: one the store handed over, or one
+// of a fleet partition's lanes (its runner's own id).
+func (p *Pipeline) add(id uint64, lr *laneRunner) {
+	p.rmu.Lock()
+	p.runners[id] = lr
+	p.peak = max(p.peak, len(p.runners))
+	p.rmu.Unlock()
+}
+
+// forget drops a runner whose lane retired (a lane of the same key
+// created later is a new lane, with a new runner).
+func (p *Pipeline) forget(id uint64, lr *laneRunner) {
+	p.rmu.Lock()
+	if p.runners[id] == lr {
+		delete(p.runners, id)
+		// A map keeps the room of its largest size: once most of a wave
+		// of lanes retired, a smaller one.
+		if p.peak >= 1024 && len(p.runners) < p.peak/4 {
+			n := make(map[uint64]*laneRunner, len(p.runners)) // (maps.Clone keeps the room)
+			maps.Copy(n, p.runners)
+			p.runners, p.peak = n, len(p.runners)
+		}
+	}
+	p.rmu.Unlock()
+}
+
+// lane returns the runner of lane id, or nil.
+func (p *Pipeline) lane(id uint64) *laneRunner {
+	p.rmu.Lock()
+	defer p.rmu.Unlock()
+	return p.runners[id]
+}
+
+// runnerList is a snapshot of the runners, in no order.
+func (p *Pipeline) runnerList() []*laneRunner {
+	p.rmu.Lock()
+	defer p.rmu.Unlock()
+	return slices.AppendSeq(make([]*laneRunner, 0, len(p.runners)), maps.Values(p.runners))
 }
 
 // ReleaseMemory drops the request body buffers kept for reuse (up to ~8 MB),
@@ -181,7 +324,7 @@ func (p *Pipeline) ReleaseMemory() { p.bodies.drain() }
 
 // Ready returns nil while Run is delivering.
 func (p *Pipeline) Ready() error {
-	if !p.eng.Running() {
+	if !p.running.Load() {
 		if p.form != nil {
 			return fmt.Errorf("%s: %w", p.name, ErrNotRunning)
 		}
@@ -191,35 +334,33 @@ func (p *Pipeline) Ready() error {
 }
 
 // StopLane stops sending the lane's events (an operator's pause); they stay
-// in the spool. ResumeLane undoes it.
-func (p *Pipeline) StopLane(laneID uint64) error {
-	if p.onEngine(laneID) {
-		return p.eng.StopLane(laneID)
-	}
-	return p.controlShared(laneID, true)
-}
+// in the store. ResumeLane undoes it.
+func (p *Pipeline) StopLane(laneID uint64) error { return p.control(laneID, true) }
 
 // ResumeLane resumes a lane stopped by StopLane or by the upstream refusing
 // its api_key ("Invalid API key"); its held events are sent at once. It
 // wraps ErrUnknownLane for a lane the store has not handed over
 // yet (none was stopped).
-func (p *Pipeline) ResumeLane(laneID uint64) error {
-	if p.onEngine(laneID) {
-		return p.eng.ResumeLane(laneID)
-	}
-	return p.controlShared(laneID, false)
-}
+func (p *Pipeline) ResumeLane(laneID uint64) error { return p.control(laneID, false) }
 
-// onEngine reports whether the lane control of laneID is the engine's (a
-// spool lane) rather than the fleet's.
-func (p *Pipeline) onEngine(laneID uint64) bool {
-	lr, ok := p.eng.Lane(laneID)
-	return ok && lr.stop.Lane != nil || p.fl == nil
+func (p *Pipeline) control(laneID uint64, stop bool) error {
+	lr := p.lane(laneID)
+	switch {
+	case lr == nil:
+		return fmt.Errorf("%s: lane %d: %w", p.name, laneID, ErrUnknownLane)
+	case lr.stop.Lane == nil: // a fleet partition's runner
+		p.controlShared(lr, stop)
+	case stop:
+		lr.Stop(operatorStop)
+	default:
+		lr.Resume()
+	}
+	return nil
 }
 
 // LaneStatus returns a snapshot of every lane started, by lane id.
 func (p *Pipeline) LaneStatus() []LaneStatus {
-	rs := p.eng.Runners()
+	rs := p.runnerList()
 	out := make([]LaneStatus, 0, len(rs))
 	for _, lr := range rs {
 		out = append(out, lr.Status())
@@ -331,7 +472,7 @@ func (lr *laneRunner) shard(i int) *shard {
 }
 
 // Run runs the lane's reader and, as the reader hands them records, its
-// shards, as Runner.Run says: until ctx ends, the store retires the lane
+// shards: until ctx ends, the store retires the lane
 // (storage.ErrRetired) or every record read is done (storage.ErrIdle).
 func (lr *laneRunner) Run(ctx, drain context.Context) error {
 	if g := lr.p.m.lanes; g != nil {

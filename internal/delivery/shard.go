@@ -609,7 +609,7 @@ func (s *shard) flushDead(ctx, drainCtx context.Context, answer []byte) bool {
 	}
 	clear(s.dead)
 	s.dead = s.dead[:0]
-	err := FlushDead(drainCtx, p.dead, dls, func(err error) {
+	err := FlushDead(drainCtx, p.st, dls, func(err error) {
 		p.log.Error("store dead letters failed; retrying", zap.String("lane", s.lr.label), zap.Error(err))
 	})
 	if err != nil {

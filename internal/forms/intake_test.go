@@ -59,7 +59,7 @@ func TestSpooled(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sp.Close()
-	cli, err := upstream.New(upstream.Config{}, nil, nil)
+	cli, err := upstream.New(upstream.Config{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +104,7 @@ func TestSpooledStore(t *testing.T) {
 		t.Cleanup(func() { sp.Close() })
 		return sp
 	}
-	cli, err := upstream.New(upstream.Config{}, nil, nil)
+	cli, err := upstream.New(upstream.Config{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
-	"go.uber.org/zap"
 )
 
 // Config configures a Client.
@@ -64,7 +63,6 @@ type Request struct {
 type Client struct {
 	cfg      Config
 	hc       *fasthttp.Client
-	log      *zap.Logger
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
 	// last is the outcome of the latest request to end, for
@@ -98,20 +96,16 @@ func (c *Client) Last() (Outcome, bool) {
 	return Outcome{}, false
 }
 
-// New returns a client. log and reg may be nil. It registers
+// New returns a client. reg may be nil. It registers
 // relay_upstream_requests_total{kind,status} and
 // relay_upstream_request_seconds{kind}.
-func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Client, error) {
+func New(cfg Config, reg prometheus.Registerer) (*Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
-	if log == nil {
-		log = zap.NewNop()
-	}
 	c := &Client{
 		cfg: cfg,
-		log: log,
 		hc: &fasthttp.Client{
 			Name:                      "svc-relay",
 			MaxConnsPerHost:           maxConnsPerHost,

@@ -26,7 +26,7 @@ func startSim(t *testing.T, cfg sim.Config) (*simtest.Sim, string) {
 
 func newClient(t *testing.T, cfg Config) *Client {
 	t.Helper()
-	c, err := New(cfg, nil, prometheus.NewRegistry())
+	c, err := New(cfg, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}

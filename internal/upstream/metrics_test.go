@@ -15,7 +15,7 @@ import (
 func TestKindLabelAndLast(t *testing.T) {
 	_, url := startSim(t, sim.Config{})
 	reg := prometheus.NewRegistry()
-	c, err := New(Config{Timeout: polltest.Max}, nil, reg)
+	c, err := New(Config{Timeout: polltest.Max}, reg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -85,7 +85,7 @@ func (e *Env[C]) Open() {
 		t.Fatal(err)
 	}
 	e.Spool = sp
-	client, err := upstream.New(upstream.Config{Timeout: 5 * time.Second}, nil, nil)
+	client, err := upstream.New(upstream.Config{Timeout: 5 * time.Second}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

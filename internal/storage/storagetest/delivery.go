@@ -57,7 +57,7 @@ func upstreamOf(t *testing.T, c *collector) *httptest.Server {
 // promises), which the suite would take for an acknowledgement lost.
 func deliver(t *testing.T, b storage.Backend, srv *httptest.Server) (stop func()) {
 	t.Helper()
-	client, err := upstream.New(upstream.Config{}, nil, nil)
+	client, err := upstream.New(upstream.Config{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
