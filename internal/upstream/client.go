@@ -12,6 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
+
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // Config configures a Client.
@@ -140,6 +142,10 @@ func New(cfg Config, reg prometheus.Registerer) (*Client, error) {
 	return c, nil
 }
 
+// errLeaseEnded answers a request not sent: ctx's lease (storage.Leased)
+// ran out before it could be.
+var errLeaseEnded = errors.New("upstream: not sent: the partition's lease ran out")
+
 // Do posts req and classifies the answer. It returns when the answer
 // arrives, the request times out (Config.Timeout), or ctx ends; in the last
 // case the request is abandoned and the Result is Retryable with ctx's error.
@@ -178,7 +184,13 @@ func (c *Client) Do(ctx context.Context, req *Request) Result {
 	start := time.Now()
 	go func() {
 		resp := fasthttp.AcquireResponse()
-		err := c.hc.DoDeadline(freq, resp, deadline)
+		// The sender checked its lease before the body's compression and
+		// this goroutine's start; a process stopped past its lease in
+		// between would send on resuming. Asked again as late as it can be.
+		err := errLeaseEnded
+		if storage.Leased(ctx) {
+			err = c.hc.DoDeadline(freq, resp, deadline)
+		}
 		var r Result
 		if err != nil {
 			r = Classify(0, nil, "", err)

@@ -2,7 +2,10 @@ package upstream
 
 import (
 	"context"
+	"errors"
 	"net"
+	"net/http"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,6 +14,7 @@ import (
 	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/sim"
 	"github.com/svcrelay/relay/internal/simtest"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 func startSim(t *testing.T, cfg sim.Config) (*simtest.Sim, string) {
@@ -110,5 +114,33 @@ func TestClientRefused(t *testing.T) {
 	}
 	if r := c.Do(context.Background(), &Request{URL: "http://no-such-host.invalid/2/httpapi", Body: []byte(testBody)}); r.Kind != Retryable || r.Err == nil {
 		t.Fatalf("dns: %+v", r)
+	}
+}
+
+// TestClientLeaseEnded: a request whose lease ran out after the sender's
+// own check (a process stopped past its lease while compressing the body)
+// is not sent; one whose lease holds is.
+func TestClientLeaseEnded(t *testing.T) {
+	var got atomic.Int64
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Add(1)
+		w.Write([]byte(`{"code":200}`)) //nolint:errcheck // the test reads the count
+	})}
+	go srv.Serve(ln) //nolint:errcheck // ends with Close
+	t.Cleanup(func() { srv.Close() })
+	c := newClient(t, Config{Timeout: polltest.Max})
+	req := &Request{URL: "http://" + ln.Addr().String() + "/2/httpapi", Body: []byte(testBody), Gzip: true}
+	var held atomic.Bool
+	ctx := storage.WithLease(context.Background(), held.Load)
+	if r := c.Do(ctx, req); r.Kind != Retryable || !errors.Is(r.Err, errLeaseEnded) || got.Load() != 0 {
+		t.Fatalf("lease run out: %+v, %d requests received, want none", r, got.Load())
+	}
+	held.Store(true)
+	if r := c.Do(ctx, req); r.Kind != OK || got.Load() != 1 {
+		t.Fatalf("lease held: %+v, %d requests received, want 1", r, got.Load())
 	}
 }
