@@ -639,9 +639,10 @@ func (e *testEnv) testPauses(t *testing.T) {
 	a := e.open(t, e.connect(t), Config{Namespace: ns, Partitions: 2})
 	b := e.open(t, e.connect(t), Config{Namespace: ns, Partitions: 2})
 	ctx := bg(t)
-	// Long enough that a stall of a few seconds on a loaded machine does
-	// not end it before the checks below.
-	until := time.Now().Add(6 * time.Second)
+	// Long enough that no stall of a loaded machine ends it (nor its key's
+	// TTL in the bucket) before the checks below; the expiry is checked
+	// with a pause of its own at the end.
+	until := time.Now().Add(time.Minute)
 	key := []byte("d:device with spaces/and ünïcode")
 	if err := a.Pause(ctx, key, until); err != nil {
 		t.Fatal(err)
@@ -680,10 +681,14 @@ func (e *testEnv) testPauses(t *testing.T) {
 	if _, ok := c.PausedUntil(key); !ok {
 		t.Error("a relay opened during the pause does not see it")
 	}
-	waitFor(t, 10*time.Second, "the pause ends", func() bool { _, ok := b.PausedUntil(key); return !ok })
+	short := []byte("d:short")
+	if err := a.Pause(ctx, short, time.Now().Add(2*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the pause ends", func() bool { _, ok := a.PausedUntil(short); return !ok })
 	// The key is gone from the bucket (per-key TTL), not just past its time.
 	waitFor(t, 10*time.Second, "the pause's key expires in the bucket", func() bool {
-		_, err := a.pause.kv.Get(ctx, pauseKey(key))
+		_, err := a.pause.kv.Get(ctx, pauseKey(short))
 		return errors.Is(err, jetstream.ErrKeyNotFound)
 	})
 }
