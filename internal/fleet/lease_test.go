@@ -63,7 +63,10 @@ func (kv *slowKV) ListKeysFiltered(ctx context.Context, filters ...string) (jets
 // waits for neither. (When it did, a tick's renewal came LeaseTTL/2 late,
 // past the lease's margin: every partition was given up and read again.)
 func (e *testEnv) testSlowMembership(t *testing.T) {
-	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1})
+	// Three times the default: what is checked is that renewals do not wait
+	// for the slow answers, not how fast a loaded cluster renews (every
+	// LeaseTTL/3, before LeaseTTL minus its margin).
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1, LeaseTTL: 3 * DefaultLeaseTTL})
 	kv := &slowKV{KeyValue: f.kv}
 	f.kv = kv // before Run: nothing else reads it
 	var taken, lost atomic.Int64
