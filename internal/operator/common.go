@@ -20,11 +20,11 @@ import (
 	"github.com/svcrelay/relay/internal/upstream"
 )
 
-// Exit codes.
+// Exit codes of every relay subcommand.
 const (
-	exitOK      = 0
-	exitFailure = 1
-	exitUsage   = 2
+	ExitOK      = 0
+	ExitFailure = 1 // a failure while running
+	ExitUsage   = 2 // bad flags or configuration: nothing was started
 )
 
 // common are the flags every command shares.
@@ -59,7 +59,7 @@ func Main(ctx context.Context, name string, args []string, stdout, stderr io.Wri
 	define, ok := commands[name]
 	if !ok {
 		fmt.Fprintf(stderr, "relay: no operator command %q\n", name)
-		return exitUsage
+		return ExitUsage
 	}
 	kind := credentials.KindAnalytics
 	if name == "feedback" {
@@ -84,9 +84,9 @@ func Run(name string, fs *flag.FlagSet, args []string, stderr io.Writer, takesAr
 	fs.SetOutput(stderr)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
+			return ExitOK
 		}
-		return exitUsage
+		return ExitUsage
 	}
 	var err error
 	if !takesArgs && fs.NArg() > 0 {
@@ -95,15 +95,15 @@ func Run(name string, fs *flag.FlagSet, args []string, stderr io.Writer, takesAr
 		err = run()
 	}
 	if err == nil {
-		return exitOK
+		return ExitOK
 	}
 	if !errors.Is(err, ErrFailed) {
 		fmt.Fprintf(stderr, "relay %s: %v\n", name, err)
 	}
 	if errors.As(err, new(UsageError)) {
-		return exitUsage
+		return ExitUsage
 	}
-	return exitFailure
+	return ExitFailure
 }
 
 // newCommon registers the common flags on fs (--feedback-url for the
