@@ -196,8 +196,8 @@ func (s *server) buildDelivery() (*deliveries, error) {
 		return d, nil
 	}
 	um, err := usermap.New(usermap.Config{
-		AliasURL:     s.bases.alias,
-		AnalyticsURL: s.bases.analytics,
+		AliasURL:     s.bases["alias-url"],
+		AnalyticsURL: s.bases["analytics-url"],
 		Spooling:     forms.Spooling{FormTiming: cfg.FormTiming(), Store: s.kind(storage.KindUserMap)},
 	}, client, creds, log.Named("usermap"), reg)
 	if err != nil {
@@ -494,7 +494,8 @@ func (s *server) openShared() error {
 	s.creds = credentials.NewRef(cfg.Creds)
 	// The forwarded APIs, the user mappings, the tracking plan and the
 	// backfills read the bases at every use.
-	s.bases = newUpstreamBases(cfg)
+	s.bases = upstreamBases{}
+	s.bases.store(cfg)
 	s.onHUP.add(func(c config.Config) {
 		if !c.Sandbox() { // sandbox mode's simulator URLs are kept (config.LiveFrom)
 			s.bases.store(c)
@@ -504,7 +505,7 @@ func (s *server) openShared() error {
 	if s.taxLim, err = ratelimit.New(forward.TaxonomyLimit(forward.APIConfig{}), s.reg); err != nil {
 		return err
 	}
-	s.tp, err = plan.New(cfg.Plan(s.bases.analytics), s.creds, s.taxLim, &http.Client{Timeout: time.Minute}, log.Named("plan"), s.reg)
+	s.tp, err = plan.New(cfg.Plan(s.bases["analytics-url"]), s.creds, s.taxLim, &http.Client{Timeout: time.Minute}, log.Named("plan"), s.reg)
 	if err != nil {
 		return err
 	}
@@ -588,7 +589,7 @@ func (s *server) startAdmin(dl *deliveries) (*adminapi.Server, error) {
 	// forwarded API is a table in cmd/relay/forwarding.go.
 	admin.Register(relayAPI.Routes()...)
 	admin.Register(dl.routes...)
-	bf, err := newBackfills(cfg.DataDir, s.bases.ingest, dl.live, log.Named("backfill"))
+	bf, err := newBackfills(cfg.DataDir, s.bases["ingest-url"], dl.live, log.Named("backfill"))
 	if err != nil {
 		return nil, fmt.Errorf("backfills: %w", err)
 	}
