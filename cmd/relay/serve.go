@@ -145,7 +145,7 @@ func (s *server) buildDelivery() (*deliveries, error) {
 	if err != nil {
 		return nil, fmt.Errorf("throttle: %w", err)
 	}
-	bcfg := cfg.Delivery()
+	bcfg := delivery.Config{Live: cfg.DeliveryLive(), DrainTimeout: cfg.DrainTimeout}
 	bcfg.Check = s.tp.Check // the tracking plan, checked as events are packed
 	bcfg.OnDead = s.taps.PublishDead
 	var p *delivery.Pipeline
