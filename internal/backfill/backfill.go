@@ -44,7 +44,8 @@ const (
 	chunkBytes  = 1 << 20
 )
 
-// Config configures a Run.
+// Config configures a Run; its callers check the required fields and the
+// rates (relay backfill's flags, the backfill route's query).
 type Config struct {
 	// IngestURL is the upstream base (/2/httpapi or /batch is appended).
 	// Required.
@@ -88,23 +89,6 @@ func (c Config) ReportPath() string {
 	return cmp.Or(c.Report, filepath.Join(c.Dir, "backfill-report.jsonl"))
 }
 
-// Validate reports a configuration error.
-func (c Config) Validate() error {
-	switch {
-	case c.IngestURL == "":
-		return errors.New("the ingest URL is required")
-	case c.APIKey == "":
-		return errors.New("the api_key is required")
-	case c.Dir == "":
-		return errors.New("the data dir is required")
-	case len(c.Files) == 0:
-		return errors.New("no input file")
-	case c.MaxEPS < 0 || c.DeviceEPS < 0:
-		return errors.New("negative events/s")
-	}
-	return nil
-}
-
 // Counts is a snapshot of a backfill.
 type Counts struct {
 	// Read is the events read from the inputs, in this run and the earlier
@@ -140,9 +124,6 @@ var ErrInterrupted = errors.New("interrupted")
 // URL). Dead letters are written to the report file in every case.
 func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 	log = cmp.Or(log, zap.NewNop())
-	if err := cfg.Validate(); err != nil {
-		return Counts{}, err
-	}
 	cfg.MaxEPS = cmp.Or(cfg.MaxEPS, DefaultMaxEPS)
 	cfg.ProgressEvery = cmp.Or(cfg.ProgressEvery, 500*time.Millisecond)
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
