@@ -61,13 +61,8 @@ func Main(ctx context.Context, name string, args []string, stdout, stderr io.Wri
 		fmt.Fprintf(stderr, "relay: no operator command %q\n", name)
 		return ExitUsage
 	}
-	kind := credentials.KindAnalytics
-	if name == "feedback" {
-		kind = credentials.KindFeedback
-	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	c := newCommon(fs, kind, name != "backfill") // it talks to the ingest API only
-	w := define(fs, c, stdout)
+	w := define(fs, newCommon(fs, name), stdout)
 	return Run(name, fs, args, stderr, name == "backfill", func() error { // its arguments are its input files
 		p := newProgress(stderr)
 		defer p.done()
@@ -106,19 +101,19 @@ func Run(name string, fs *flag.FlagSet, args []string, stderr io.Writer, takesAr
 	return ExitFailure
 }
 
-// newCommon registers the common flags on fs (--feedback-url for the
-// feedback kind, else --analytics-url); with management false only
-// --credentials (a command that does not call the management APIs).
-func newCommon(fs *flag.FlagSet, kind string, management bool) *common {
-	c := &common{kind: kind, baseFlag: "analytics-url"}
-	if !management {
+// newCommon registers command name's common flags on fs (--feedback-url
+// for feedback, else --analytics-url); backfill's only --credentials (it
+// talks to the ingest API only).
+func newCommon(fs *flag.FlagSet, name string) *common {
+	c := &common{kind: credentials.KindAnalytics, baseFlag: "analytics-url"}
+	if name == "backfill" {
 		fs.StringVar(&c.credsPath, "credentials", "", "YAML file of upstream credentials (the relay's --credentials format), whose projects --api-key may name")
 		return c
 	}
 	fs.StringVar(&c.credsPath, "credentials", "", "YAML file of upstream credentials (the relay's --credentials format); required")
 	usage := "upstream base of the analytics APIs (a project's analytics_url overrides it)"
-	if kind == credentials.KindFeedback {
-		c.baseFlag, usage = "feedback-url", "upstream base of the feedback API (a project's feedback_url overrides it)"
+	if name == "feedback" {
+		c.kind, c.baseFlag, usage = credentials.KindFeedback, "feedback-url", "upstream base of the feedback API (a project's feedback_url overrides it)"
 	}
 	fs.StringVar(&c.baseURL, c.baseFlag, "", usage)
 	fs.StringVar(&c.project, "project", "", "project of the credentials file to act for")
