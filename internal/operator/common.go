@@ -348,24 +348,20 @@ func (p *progress) update(format string, a ...any) {
 
 // logf prints a step: a line of its own (on a terminal, replacing the
 // progress line).
-func (p *progress) logf(format string, a ...any) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.line {
-		fmt.Fprint(p.w, "\r\033[K")
-		p.line = false
-	}
-	fmt.Fprintf(p.w, format+"\n", a...)
-}
+func (p *progress) logf(format string, a ...any) { p.print(format+"\n", a...) }
 
 // done clears the progress line.
-func (p *progress) done() {
+func (p *progress) done() { p.print("") }
+
+// print clears the progress line and writes format.
+func (p *progress) print(format string, a ...any) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.line {
 		fmt.Fprint(p.w, "\r\033[K")
 		p.line = false
 	}
+	fmt.Fprintf(p.w, format, a...)
 }
 
 // countingReader counts bytes read and reports them to on.
