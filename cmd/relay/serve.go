@@ -711,7 +711,7 @@ func (s *server) startIngest(admin *adminapi.Server) error {
 		// carry the verdict, so there every event is checked at delivery.
 		ing.SetPlan(s.tp)
 	}
-	logOpen(log, cfg)
+	logOpen(log, cfg, cfg.Creds)
 	// A reload: the token and credentials files, once everything that
 	// holds them is built (the admin listener, the credentials Ref), then
 	// the ingest access settings (the allow-list may be the credentials').
