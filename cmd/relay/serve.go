@@ -654,6 +654,19 @@ func (s *server) loadTLS(listener, cert, key, certName, keyName string) (*tlsrel
 	return r, nil
 }
 
+// logCert logs the certificate r serves on listener, as a warning once it
+// has expired.
+func logCert(log *zap.Logger, listener string, r *tlsreload.Reloader, msg string) {
+	leaf := r.Leaf()
+	fields := []zap.Field{zap.String("listener", listener), zap.String("subject", leaf.Subject.String()),
+		zap.Strings("dns_names", leaf.DNSNames), zap.Time("not_after", leaf.NotAfter)}
+	if time.Now().After(leaf.NotAfter) {
+		log.Warn(msg+": the certificate has expired", fields...)
+		return
+	}
+	log.Info(msg, fields...)
+}
+
 // startDelivery runs the deliveries: events, group identifies, user
 // mappings. They share one stop (their drains run side by side within
 // --drain-timeout).
