@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -96,16 +95,6 @@ func (r *configReloader) setGuard(g func(cur, next config.Config) error) {
 	r.mu.Lock()
 	r.guard = g
 	r.mu.Unlock()
-}
-
-// register registers the reload metrics on reg.
-func (r *configReloader) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{r.ok, r.at} {
-		if err := reg.Register(c); err != nil {
-			return fmt.Errorf("reload metrics: %w", err)
-		}
-	}
-	return nil
 }
 
 // reloadResult is the answer of a reload.

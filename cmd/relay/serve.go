@@ -414,15 +414,14 @@ func (s *server) begin() error {
 		log.Info("credentials loaded", zap.String("file", cfg.Credentials), zap.Object("credentials", cfg.Creds))
 	}
 
+	// The relay's own metrics, on a new registry: their names cannot clash.
 	s.reg = prometheus.NewRegistry()
 	s.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildInfo(), s.reload.ok, s.reload.at,
 	)
-	if err := registerBuildInfo(s.reg); err != nil {
-		return err
-	}
-	return s.reload.register(s.reg)
+	return nil
 }
 
 // openStore opens the spool in --data-dir and, in fleet mode, the fleet's
@@ -564,9 +563,7 @@ func (s *server) startAdmin(dl *deliveries) (*adminapi.Server, error) {
 		return nil, err
 	}
 	ready := func() error { return s.ready(dl) }
-	if err := registerOpsMetrics(s.reg, cfg.SpoolMaxBytes, cfg.SpoolMinFreeBytes, cfg.DataDir, ready); err != nil {
-		return nil, err
-	}
+	registerOpsMetrics(s.reg, cfg.SpoolMaxBytes, cfg.SpoolMinFreeBytes, cfg.DataDir, ready)
 	// The token in force can be swapped at run time (a reload: SetToken).
 	admin, err := adminapi.New(adminapi.Config{
 		Gatherer:  s.reg,
