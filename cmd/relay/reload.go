@@ -49,11 +49,10 @@ func diffSettings(old, new config.Config) []settingChange {
 // secretOf is what a masked setting holds, compared (never shown) to see
 // whether it changed.
 func secretOf(c config.Config, name string) string {
-	switch name {
-	case "allowed-api-keys":
-		return strings.Join(c.AllowedAPIKeys, "\x00")
+	if name != "allowed-api-keys" {
+		return ""
 	}
-	return ""
+	return strings.Join(c.AllowedAPIKeys, "\x00")
 }
 
 // configReloader is what SIGHUP and POST /relay/v1/reload run: the
