@@ -77,10 +77,9 @@ type Config struct {
 	// it): the backfill takes only what MaxEPS leaves, so live traffic goes
 	// first when the project's rate is the limit. nil: no live traffic.
 	Live func() float64
-	// Progress, when set, is called with the counts about every
-	// ProgressEvery (zero: 500ms) and once at the end, from Run's goroutine.
-	Progress      func(Counts)
-	ProgressEvery time.Duration
+	// Progress, when set, is called with the counts about every 500ms and
+	// once at the end, from Run's goroutine.
+	Progress func(Counts)
 }
 
 // ReportPath is where the dead letters are written: Report, or
@@ -125,7 +124,6 @@ var ErrInterrupted = errors.New("interrupted")
 func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 	log = cmp.Or(log, zap.NewNop())
 	cfg.MaxEPS = cmp.Or(cfg.MaxEPS, DefaultMaxEPS)
-	cfg.ProgressEvery = cmp.Or(cfg.ProgressEvery, 500*time.Millisecond)
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return Counts{}, err
 	}
@@ -216,7 +214,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 // ends, reading fails or the lane stops; readDone says the reader's result
 // was received.
 func wait(ctx context.Context, cfg Config, lane *spool.Lane, p *delivery.Pipeline, readErr <-chan error, counts func() Counts) (err error, readDone bool) {
-	tick := time.NewTicker(min(cfg.ProgressEvery, 200*time.Millisecond))
+	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	last := time.Now()
 	for {
@@ -241,7 +239,7 @@ func wait(ctx context.Context, cfg Config, lane *spool.Lane, p *delivery.Pipelin
 		if readDone && lane.Stats().Records == 0 {
 			return nil, true
 		}
-		if cfg.Progress != nil && time.Since(last) >= cfg.ProgressEvery {
+		if cfg.Progress != nil && time.Since(last) >= 500*time.Millisecond {
 			last = time.Now()
 			cfg.Progress(counts())
 		}
