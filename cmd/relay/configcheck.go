@@ -26,26 +26,27 @@ func runConfig(args, environ []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "relay: usage: relay config check [--diff [--admin URL] [--token-file F]] [--config FILE] [flags]")
 		return exitUsage
 	}
-	var diff diffTarget
+	var diff bool
+	var admin, tokenFile string // the running relay --diff compares with
 	cfg, err := config.Load(args[1:], environ, func(fs *flag.FlagSet) {
-		fs.BoolVar(&diff.on, "diff", false, "")
-		fs.StringVar(&diff.admin, "admin", "", "")
-		fs.StringVar(&diff.tokenFile, "token-file", "", "")
+		fs.BoolVar(&diff, "diff", false, "")
+		fs.StringVar(&admin, "admin", "", "")
+		fs.StringVar(&tokenFile, "token-file", "", "")
 	})
 	if errors.Is(err, config.ErrHelp) {
 		fmt.Fprintln(stderr, "usage: relay config check [--config FILE] [flags]: validate the settings as `relay` would, print them and where each came from")
 		config.Usage(stderr)
 		return exitOK
 	}
-	if err == nil && !diff.on && (diff.admin != "" || diff.tokenFile != "") {
+	if err == nil && !diff && (admin != "" || tokenFile != "") {
 		err = errors.New("--admin and --token-file go with --diff")
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "relay: config check: %v\n", err)
 		return exitUsage
 	}
-	if diff.on {
-		if err := printDiff(&diff, cfg, environ, stdout); err != nil {
+	if diff {
+		if err := printDiff(admin, tokenFile, cfg, environ, stdout); err != nil {
 			fmt.Fprintf(stderr, "relay: config check --diff: %v\n", err)
 			if errors.As(err, new(operator.UsageError)) {
 				return exitUsage
@@ -58,33 +59,27 @@ func runConfig(args, environ []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-// diffTarget is the running relay --diff compares with.
-type diffTarget struct {
-	on               bool
-	admin, tokenFile string
-}
-
-// printDiff prints what a reload of the relay at d would change to cfg.
+// printDiff prints what a reload of the relay at admin would change to cfg.
 // Without --admin, the relay is the one cfg describes: its admin-listen,
 // and its admin token unless --token-file or RELAY_ADMIN_TOKEN gives one.
-func printDiff(d *diffTarget, cfg config.Config, environ []string, stdout io.Writer) error {
-	if d.admin == "" {
-		d.admin = "http://" + cfg.AdminListen
+func printDiff(admin, tokenFile string, cfg config.Config, environ []string, stdout io.Writer) error {
+	if admin == "" {
+		admin = "http://" + cfg.AdminListen
 		if cfg.AdminTLSCert != "" {
-			d.admin = "https://" + cfg.AdminListen
+			admin = "https://" + cfg.AdminListen
 		}
 	}
 	token := envValue(environ, "RELAY_ADMIN_TOKEN")
-	if token == "" && d.tokenFile == "" {
-		token, d.tokenFile = cfg.AdminToken, cfg.AdminTokenFile
+	if token == "" && tokenFile == "" {
+		token, tokenFile = cfg.AdminToken, cfg.AdminTokenFile
 	}
-	if token == "" && d.tokenFile != "" {
+	if token == "" && tokenFile != "" {
 		var err error
-		if token, err = readToken(d.tokenFile); err != nil {
+		if token, err = readToken(tokenFile); err != nil {
 			return err
 		}
 	}
-	resp, err := adminGet(context.Background(), &http.Client{Timeout: 30 * time.Second}, d.admin, "/relay/v1/config", token)
+	resp, err := adminGet(context.Background(), &http.Client{Timeout: 30 * time.Second}, admin, "/relay/v1/config", token)
 	if err != nil {
 		return err
 	}

@@ -37,17 +37,14 @@ func runDump(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	return spoolCmd("dump", args, environ, stderr, false, nil, func(dir string, _ []string) error {
 		n, err := dump(ctx, dir, stdout)
 		if err == nil { // on stderr: stdout stays JSON lines only, and an empty spool says so
-			fmt.Fprintf(stderr, "relay spool dump: %d %s\n", n, plural(n, "record", "records"))
+			records := "records"
+			if n == 1 {
+				records = "record"
+			}
+			fmt.Fprintf(stderr, "relay spool dump: %d %s\n", n, records)
 		}
 		return err
 	})
-}
-
-func plural(n int, one, many string) string {
-	if n == 1 {
-		return one
-	}
-	return many
 }
 
 // errLocked is returned by dump when another process holds the spool.

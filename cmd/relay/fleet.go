@@ -32,13 +32,14 @@ const openFleetTimeout = 30 * time.Second
 // openFleet connects to cfg's cluster and opens the fleet. Server URLs are
 // never logged (they may hold a password).
 func openFleet(cfg config.Config, log *zap.Logger, reg prometheus.Registerer) (*fleetStore, error) {
-	nc, err := fleet.Dial(cfg.FleetConn(), log.Named("nats"))
+	nc, err := fleet.Dial(fleet.ConnConfig{Servers: cfg.SpoolNATS, Name: "relay", CredsFile: cfg.NATSCreds,
+		TLSCAFile: cfg.NATSTLSCA, TLSCertFile: cfg.NATSTLSCert, TLSKeyFile: cfg.NATSTLSKey}, log.Named("nats"))
 	if err != nil {
 		return nil, fmt.Errorf("--spool nats://: connect: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), openFleetTimeout)
 	defer cancel()
-	f, err := fleet.Open(ctx, nc, cfg.Fleet(), log.Named("fleet"), reg)
+	f, err := fleet.Open(ctx, nc, fleet.Config{Partitions: cfg.SpoolPartitions, Streams: cfg.SpoolStreams}, log.Named("fleet"), reg)
 	if err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("--spool nats://: open the fleet's streams: %w", err)

@@ -24,13 +24,13 @@ func forwardingRoutes(bases upstreamBases, creds *credentials.Ref, taxLim *ratel
 	if err != nil {
 		return nil, nil, fmt.Errorf("forwarder: %w", err)
 	}
-	analytics := forward.APIConfig{URL: bases.analytics}
+	analytics := forward.APIConfig{URL: bases["analytics-url"]}
 	routes, err := fwd.Routes(
-		forward.Experiments(forward.APIConfig{URL: bases.experiment}),
-		forward.SCIM(forward.APIConfig{URL: bases.scim}),
+		forward.Experiments(forward.APIConfig{URL: bases["experiment-url"]}),
+		forward.SCIM(forward.APIConfig{URL: bases["scim-url"]}),
 		forward.Classifiers(analytics),
-		forward.Taxonomy(forward.APIConfig{URL: bases.analytics, Limiter: taxLim}),
-		forward.Feedback(forward.APIConfig{URL: bases.feedback}),
+		forward.Taxonomy(forward.APIConfig{URL: bases["analytics-url"], Limiter: taxLim}),
+		forward.Feedback(forward.APIConfig{URL: bases["feedback-url"]}),
 		forward.DSAR(analytics),
 		forward.Deletion(analytics),
 		forward.Export(analytics),
@@ -42,25 +42,20 @@ func forwardingRoutes(bases upstreamBases, creds *credentials.Ref, taxLim *ratel
 	return routes, fwd, nil
 }
 
-// upstreamBases are the upstream bases of the flags, one baseurl.Ref each,
-// shared by all their readers: a reload stores the new ones (config.LiveFrom
-// says when). The events lanes and group identification keep --ingest-url
-// their own way (delivery.Live, groupidentify.SetURL).
-type upstreamBases struct{ ingest, alias, analytics, experiment, scim, feedback *baseurl.Ref }
-
-func newUpstreamBases(c config.Config) upstreamBases {
-	b := upstreamBases{new(baseurl.Ref), new(baseurl.Ref), new(baseurl.Ref), new(baseurl.Ref), new(baseurl.Ref), new(baseurl.Ref)}
-	b.store(c)
-	return b
-}
+// upstreamBases are the upstream bases of the flags by flag name
+// (config.UpstreamURLs), one baseurl.Ref each, shared by all their readers:
+// a reload stores the new ones (config.LiveFrom says when). The events
+// lanes and group identification keep --ingest-url their own way
+// (delivery.Live, groupidentify.SetURL).
+type upstreamBases map[string]*baseurl.Ref
 
 // store puts c's bases in force (the ones c keeps from before a reload
-// included: config.Reloaded).
+// included: config.Reloaded); the first, before any reader, makes the Refs.
 func (b upstreamBases) store(c config.Config) {
-	b.ingest.Store(c.IngestURL)
-	b.alias.Store(c.AliasURL)
-	b.analytics.Store(c.AnalyticsURL)
-	b.experiment.Store(c.ExperimentURL)
-	b.scim.Store(c.ScimURL)
-	b.feedback.Store(c.FeedbackURL)
+	for _, u := range c.UpstreamURLs() {
+		if b[u.Name] == nil {
+			b[u.Name] = new(baseurl.Ref)
+		}
+		b[u.Name].Store(*u.URL)
+	}
 }

@@ -23,12 +23,7 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Environ(), os.Stdout, os.Stderr))
 }
 
-// Exit codes.
-const (
-	exitOK      = 0
-	exitFailure = 1 // a failure while running
-	exitUsage   = 2 // bad flags or configuration: nothing was started
-)
+const exitOK, exitFailure, exitUsage = operator.ExitOK, operator.ExitFailure, operator.ExitUsage
 
 // run dispatches on the subcommand and returns the exit code.
 func run(args, environ []string, stdout, stderr io.Writer) int {

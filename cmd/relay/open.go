@@ -10,10 +10,11 @@ import (
 )
 
 // logOpen logs the ingest listener's settings for browsers and the
-// internet; api_keys are counted, never shown.
-func logOpen(log *zap.Logger, cfg config.Config) {
+// internet, with the credentials file creds in force; api_keys are
+// counted, never shown.
+func logOpen(log *zap.Logger, cfg config.Config, creds *credentials.Store) {
 	allowed := "all"
-	if keys := cfg.IngestAllowedAPIKeys(cfg.Creds); keys != nil {
+	if keys := cfg.IngestAllowedAPIKeys(creds); keys != nil {
 		allowed = strconv.Itoa(len(keys))
 		if cfg.AllowedKeysFromCredentials {
 			allowed += " (credentials file)"
@@ -32,7 +33,5 @@ func reloadOpen(ing *ingest.Server, cfg config.Config, creds *credentials.Store,
 		log.Error("reload: ingest access settings not reloaded; those in force stay", errField(err))
 		return
 	}
-	c := cfg
-	c.Creds = creds
-	logOpen(log, c)
+	logOpen(log, cfg, creds)
 }

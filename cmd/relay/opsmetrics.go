@@ -1,7 +1,6 @@
 package main
 
 import (
-	"fmt"
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,8 +13,8 @@ import (
 //	relay_spool_min_free_bytes   --spool-min-free-bytes (0: no reserve)
 //	relay_spool_disk_free_bytes  free space of the data dir's filesystem (statfs at scrape)
 //	relay_ready                  1 while /readyz answers 200, else 0
-func registerOpsMetrics(reg prometheus.Registerer, maxBytes, minFree int64, dataDir string, ready func() error) error {
-	cs := []prometheus.Collector{
+func registerOpsMetrics(reg prometheus.Registerer, maxBytes, minFree int64, dataDir string, ready func() error) {
+	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "relay_spool_max_bytes",
 			Help: "The spool quota (--spool-max-bytes); 0 means none. Compare relay_spool_live_bytes."},
 			func() float64 { return float64(maxBytes) }),
@@ -39,11 +38,5 @@ func registerOpsMetrics(reg prometheus.Registerer, maxBytes, minFree int64, data
 				}
 				return 1
 			}),
-	}
-	for _, c := range cs {
-		if err := reg.Register(c); err != nil {
-			return fmt.Errorf("register ops metrics: %w", err)
-		}
-	}
-	return nil
+	)
 }

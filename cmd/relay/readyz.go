@@ -41,9 +41,6 @@ func ingestRefusal(liveBytes, maxBytes int64, dataDir string, minFree int64) err
 // status) or not. It never changes /readyz's status: a relay whose upstream
 // is down still accepts and spools, which is its purpose.
 func upstreamInfo(c *upstream.Client, now time.Time) string {
-	if c == nil {
-		return ""
-	}
 	o, ok := c.Last()
 	if !ok {
 		return "upstream: unknown (no request sent yet)\n"

@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -50,11 +49,10 @@ func diffSettings(old, new config.Config) []settingChange {
 // secretOf is what a masked setting holds, compared (never shown) to see
 // whether it changed.
 func secretOf(c config.Config, name string) string {
-	switch name {
-	case "allowed-api-keys":
-		return strings.Join(c.AllowedAPIKeys, "\x00")
+	if name != "allowed-api-keys" {
+		return ""
 	}
-	return ""
+	return strings.Join(c.AllowedAPIKeys, "\x00")
 }
 
 // configReloader is what SIGHUP and POST /relay/v1/reload run: the
@@ -96,16 +94,6 @@ func (r *configReloader) setGuard(g func(cur, next config.Config) error) {
 	r.mu.Lock()
 	r.guard = g
 	r.mu.Unlock()
-}
-
-// register registers the reload metrics on reg.
-func (r *configReloader) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{r.ok, r.at} {
-		if err := reg.Register(c); err != nil {
-			return fmt.Errorf("reload metrics: %w", err)
-		}
-	}
-	return nil
 }
 
 // reloadResult is the answer of a reload.

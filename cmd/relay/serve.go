@@ -145,7 +145,7 @@ func (s *server) buildDelivery() (*deliveries, error) {
 	if err != nil {
 		return nil, fmt.Errorf("throttle: %w", err)
 	}
-	bcfg := cfg.Delivery()
+	bcfg := delivery.Config{Live: cfg.DeliveryLive(), DrainTimeout: cfg.DrainTimeout}
 	bcfg.Check = s.tp.Check // the tracking plan, checked as events are packed
 	bcfg.OnDead = s.taps.PublishDead
 	var p *delivery.Pipeline
@@ -196,8 +196,8 @@ func (s *server) buildDelivery() (*deliveries, error) {
 		return d, nil
 	}
 	um, err := usermap.New(usermap.Config{
-		AliasURL:     s.bases.alias,
-		AnalyticsURL: s.bases.analytics,
+		AliasURL:     s.bases["alias-url"],
+		AnalyticsURL: s.bases["analytics-url"],
 		Spooling:     forms.Spooling{FormTiming: cfg.FormTiming(), Store: s.kind(storage.KindUserMap)},
 	}, client, creds, log.Named("usermap"), reg)
 	if err != nil {
@@ -414,15 +414,14 @@ func (s *server) begin() error {
 		log.Info("credentials loaded", zap.String("file", cfg.Credentials), zap.Object("credentials", cfg.Creds))
 	}
 
+	// The relay's own metrics, on a new registry: their names cannot clash.
 	s.reg = prometheus.NewRegistry()
 	s.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildInfo(), s.reload.ok, s.reload.at,
 	)
-	if err := registerBuildInfo(s.reg); err != nil {
-		return err
-	}
-	return s.reload.register(s.reg)
+	return nil
 }
 
 // openStore opens the spool in --data-dir and, in fleet mode, the fleet's
@@ -494,7 +493,8 @@ func (s *server) openShared() error {
 	s.creds = credentials.NewRef(cfg.Creds)
 	// The forwarded APIs, the user mappings, the tracking plan and the
 	// backfills read the bases at every use.
-	s.bases = newUpstreamBases(cfg)
+	s.bases = upstreamBases{}
+	s.bases.store(cfg)
 	s.onHUP.add(func(c config.Config) {
 		if !c.Sandbox() { // sandbox mode's simulator URLs are kept (config.LiveFrom)
 			s.bases.store(c)
@@ -504,7 +504,7 @@ func (s *server) openShared() error {
 	if s.taxLim, err = ratelimit.New(forward.TaxonomyLimit(forward.APIConfig{}), s.reg); err != nil {
 		return err
 	}
-	s.tp, err = plan.New(cfg.Plan(s.bases.analytics), s.creds, s.taxLim, &http.Client{Timeout: time.Minute}, log.Named("plan"), s.reg)
+	s.tp, err = plan.New(cfg.Plan(s.bases["analytics-url"]), s.creds, s.taxLim, &http.Client{Timeout: time.Minute}, log.Named("plan"), s.reg)
 	if err != nil {
 		return err
 	}
@@ -563,9 +563,7 @@ func (s *server) startAdmin(dl *deliveries) (*adminapi.Server, error) {
 		return nil, err
 	}
 	ready := func() error { return s.ready(dl) }
-	if err := registerOpsMetrics(s.reg, cfg.SpoolMaxBytes, cfg.SpoolMinFreeBytes, cfg.DataDir, ready); err != nil {
-		return nil, err
-	}
+	registerOpsMetrics(s.reg, cfg.SpoolMaxBytes, cfg.SpoolMinFreeBytes, cfg.DataDir, ready)
 	// The token in force can be swapped at run time (a reload: SetToken).
 	admin, err := adminapi.New(adminapi.Config{
 		Gatherer:  s.reg,
@@ -588,7 +586,7 @@ func (s *server) startAdmin(dl *deliveries) (*adminapi.Server, error) {
 	// forwarded API is a table in cmd/relay/forwarding.go.
 	admin.Register(relayAPI.Routes()...)
 	admin.Register(dl.routes...)
-	bf, err := newBackfills(cfg.DataDir, s.bases.ingest, dl.live, log.Named("backfill"))
+	bf, err := newBackfills(cfg.DataDir, s.bases["ingest-url"], dl.live, log.Named("backfill"))
 	if err != nil {
 		return nil, fmt.Errorf("backfills: %w", err)
 	}
@@ -653,6 +651,19 @@ func (s *server) loadTLS(listener, cert, key, certName, keyName string) (*tlsrel
 	return r, nil
 }
 
+// logCert logs the certificate r serves on listener, as a warning once it
+// has expired.
+func logCert(log *zap.Logger, listener string, r *tlsreload.Reloader, msg string) {
+	leaf := r.Leaf()
+	fields := []zap.Field{zap.String("listener", listener), zap.String("subject", leaf.Subject.String()),
+		zap.Strings("dns_names", leaf.DNSNames), zap.Time("not_after", leaf.NotAfter)}
+	if time.Now().After(leaf.NotAfter) {
+		log.Warn(msg+": the certificate has expired", fields...)
+		return
+	}
+	log.Info(msg, fields...)
+}
+
 // startDelivery runs the deliveries: events, group identifies, user
 // mappings. They share one stop (their drains run side by side within
 // --drain-timeout).
@@ -710,7 +721,7 @@ func (s *server) startIngest(admin *adminapi.Server) error {
 		// carry the verdict, so there every event is checked at delivery.
 		ing.SetPlan(s.tp)
 	}
-	logOpen(log, cfg)
+	logOpen(log, cfg, cfg.Creds)
 	// A reload: the token and credentials files, once everything that
 	// holds them is built (the admin listener, the credentials Ref), then
 	// the ingest access settings (the allow-list may be the credentials').

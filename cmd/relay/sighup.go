@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"os"
 	"os/signal"
 	"sync"
@@ -20,14 +19,12 @@ import (
 func watchSIGHUP(reload func()) (stop func()) {
 	ch := make(chan os.Signal, 1)
 	signal.Notify(ch, syscall.SIGHUP)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
+	quit, exited := make(chan struct{}), make(chan struct{})
 	go func() {
-		defer wg.Done()
+		defer close(exited)
 		for {
 			select {
-			case <-ctx.Done():
+			case <-quit:
 				return
 			case <-ch:
 				reload()
@@ -36,8 +33,8 @@ func watchSIGHUP(reload func()) (stop func()) {
 	}()
 	return func() {
 		signal.Stop(ch)
-		cancel()
-		wg.Wait()
+		close(quit)
+		<-exited
 	}
 }
 

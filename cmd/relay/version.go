@@ -66,10 +66,10 @@ func versionString() string {
 	return fmt.Sprintf("relay %s revision %s%s %s %s/%s", b.Version, b.Revision, when, b.GoVersion, runtime.GOOS, runtime.GOARCH)
 }
 
-// registerBuildInfo registers relay_build_info{version,revision,goversion},
-// always 1: join it to other series to see which build is running, and alert
-// on its changes across a fleet.
-func registerBuildInfo(reg prometheus.Registerer) error {
+// buildInfo is relay_build_info{version,revision,goversion}, always 1: join
+// it to other series to see which build is running, and alert on its
+// changes across a fleet.
+func buildInfo() prometheus.Gauge {
 	b := readBuild()
 	g := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "relay_build_info",
@@ -77,8 +77,5 @@ func registerBuildInfo(reg prometheus.Registerer) error {
 		ConstLabels: prometheus.Labels{"version": b.Version, "revision": b.Revision, "goversion": b.GoVersion},
 	})
 	g.Set(1)
-	if err := reg.Register(g); err != nil {
-		return fmt.Errorf("register relay_build_info: %w", err)
-	}
-	return nil
+	return g
 }

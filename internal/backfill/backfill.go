@@ -44,7 +44,8 @@ const (
 	chunkBytes  = 1 << 20
 )
 
-// Config configures a Run.
+// Config configures a Run; its callers check the required fields and the
+// rates (relay backfill's flags, the backfill route's query).
 type Config struct {
 	// IngestURL is the upstream base (/2/httpapi or /batch is appended).
 	// Required.
@@ -76,33 +77,15 @@ type Config struct {
 	// it): the backfill takes only what MaxEPS leaves, so live traffic goes
 	// first when the project's rate is the limit. nil: no live traffic.
 	Live func() float64
-	// Progress, when set, is called with the counts about every
-	// ProgressEvery (zero: 500ms) and once at the end, from Run's goroutine.
-	Progress      func(Counts)
-	ProgressEvery time.Duration
+	// Progress, when set, is called with the counts about every 500ms and
+	// once at the end, from Run's goroutine.
+	Progress func(Counts)
 }
 
 // ReportPath is where the dead letters are written: Report, or
 // Dir/backfill-report.jsonl.
 func (c Config) ReportPath() string {
 	return cmp.Or(c.Report, filepath.Join(c.Dir, "backfill-report.jsonl"))
-}
-
-// Validate reports a configuration error.
-func (c Config) Validate() error {
-	switch {
-	case c.IngestURL == "":
-		return errors.New("the ingest URL is required")
-	case c.APIKey == "":
-		return errors.New("the api_key is required")
-	case c.Dir == "":
-		return errors.New("the data dir is required")
-	case len(c.Files) == 0:
-		return errors.New("no input file")
-	case c.MaxEPS < 0 || c.DeviceEPS < 0:
-		return errors.New("negative events/s")
-	}
-	return nil
 }
 
 // Counts is a snapshot of a backfill.
@@ -140,11 +123,7 @@ var ErrInterrupted = errors.New("interrupted")
 // URL). Dead letters are written to the report file in every case.
 func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 	log = cmp.Or(log, zap.NewNop())
-	if err := cfg.Validate(); err != nil {
-		return Counts{}, err
-	}
 	cfg.MaxEPS = cmp.Or(cfg.MaxEPS, DefaultMaxEPS)
-	cfg.ProgressEvery = cmp.Or(cfg.ProgressEvery, 500*time.Millisecond)
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return Counts{}, err
 	}
@@ -235,7 +214,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Counts, error) {
 // ends, reading fails or the lane stops; readDone says the reader's result
 // was received.
 func wait(ctx context.Context, cfg Config, lane *spool.Lane, p *delivery.Pipeline, readErr <-chan error, counts func() Counts) (err error, readDone bool) {
-	tick := time.NewTicker(min(cfg.ProgressEvery, 200*time.Millisecond))
+	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	last := time.Now()
 	for {
@@ -260,7 +239,7 @@ func wait(ctx context.Context, cfg Config, lane *spool.Lane, p *delivery.Pipelin
 		if readDone && lane.Stats().Records == 0 {
 			return nil, true
 		}
-		if cfg.Progress != nil && time.Since(last) >= cfg.ProgressEvery {
+		if cfg.Progress != nil && time.Since(last) >= 500*time.Millisecond {
 			last = time.Now()
 			cfg.Progress(counts())
 		}

@@ -52,8 +52,6 @@ func (s *state) read() int64 {
 	return n
 }
 
-// loadState reads Dir's state (resumed: one existed), checks it is for the
-// same project and upstream, and adds the inputs it does not list yet.
 const batchSuffix = " (/batch)"
 
 // upstreamKey names a run's upstream in its state: the ingest URL without
@@ -67,6 +65,8 @@ func upstreamKey(ingestURL string, batch bool) string {
 	return u
 }
 
+// loadState reads Dir's state (resumed: one existed), checks it is for the
+// same project and upstream, and adds the inputs it does not list yet.
 func loadState(cfg Config) (st *state, resumed bool, err error) {
 	path := filepath.Join(cfg.Dir, stateName)
 	st = &state{Version: 1, Project: storage.LaneKey{Kind: storage.KindEvents, APIKey: cfg.APIKey}.Label(), Upstream: upstreamKey(cfg.IngestURL, cfg.Batch)}

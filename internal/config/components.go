@@ -6,16 +6,9 @@ import (
 	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
-	"github.com/svcrelay/relay/internal/fleet"
 	"github.com/svcrelay/relay/internal/ingest"
 	"github.com/svcrelay/relay/internal/plan"
 )
-
-// Delivery is the events pipeline's Config; Check and OnDead are the
-// caller's.
-func (c Config) Delivery() delivery.Config {
-	return delivery.Config{Live: c.DeliveryLive(), DrainTimeout: c.DrainTimeout}
-}
 
 // DeliveryLive is the part of Delivery a reload puts in force.
 func (c Config) DeliveryLive() delivery.Live {
@@ -64,16 +57,4 @@ func (c Config) Plan(analytics *baseurl.Ref) plan.Config {
 // PlanLive is the part of Plan a reload puts in force.
 func (c Config) PlanLive() plan.Live {
 	return plan.Live{Default: c.TrackingPlan, Refresh: c.TrackingPlanRefresh}
-}
-
-// FleetConn is fleet mode's connection to the NATS cluster (--spool
-// nats://); its servers may hold a password: never log them.
-func (c Config) FleetConn() fleet.ConnConfig {
-	return fleet.ConnConfig{Servers: c.SpoolNATS, Name: "relay", CredsFile: c.NATSCreds,
-		TLSCAFile: c.NATSTLSCA, TLSCertFile: c.NATSTLSCert, TLSKeyFile: c.NATSTLSKey}
-}
-
-// Fleet is fleet mode's Config.
-func (c Config) Fleet() fleet.Config {
-	return fleet.Config{Partitions: c.SpoolPartitions, Streams: c.SpoolStreams}
 }

@@ -458,10 +458,7 @@ func Load(args []string, environ []string, extra ...func(*flag.FlagSet)) (Config
 		raws[o.name] = r
 		fs.Var(r, o.name, o.usage)
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return Config{}, ErrHelp
-		}
+	if err := fs.Parse(args); err != nil { // -h: flag.ErrHelp, which is ErrHelp
 		return Config{}, err
 	}
 	if fs.NArg() > 0 {

@@ -31,9 +31,10 @@
 // force, and between which values (Live, LiveFrom); Reloaded is the
 // configuration in force after one, every other setting kept.
 //
-// Only cmd/relay uses this package. Each component's own Config is made by
-// one method of Config (Delivery, Ingest, Plan, Fleet, ...: components.go),
-// so a setting reaches its package by one path; what is no setting (a hook,
-// a TLS configuration, a shared reference) the caller adds. Load has no
+// Only cmd/relay uses this package. A component's Config that a reload
+// changes in part, or that two callers make, is made by one method of
+// Config (DeliveryLive, Ingest, Plan, ...: components.go), so a setting
+// reaches it by one path; what is no setting (a hook, a TLS configuration,
+// a shared reference) the caller adds. Load has no
 // side effects beyond reading the files it names.
 package config

@@ -95,10 +95,8 @@ func (c Config) withSources(err error) error {
 // label is how an error calls a setting: "--name" when it was given as a
 // flag, else its bare name (its source follows in the error).
 func (c Config) label(name string) string {
-	for _, s := range c.Settings {
-		if s.Name == name && s.Origin.Kind == "flag" {
-			return "--" + name
-		}
+	if strings.HasPrefix(c.Source(name), "flag ") {
+		return "--" + name
 	}
 	return name
 }

@@ -20,11 +20,11 @@ import (
 	"github.com/svcrelay/relay/internal/upstream"
 )
 
-// Exit codes.
+// Exit codes of every relay subcommand.
 const (
-	exitOK      = 0
-	exitFailure = 1
-	exitUsage   = 2
+	ExitOK      = 0
+	ExitFailure = 1 // a failure while running
+	ExitUsage   = 2 // bad flags or configuration: nothing was started
 )
 
 // common are the flags every command shares.
@@ -59,15 +59,10 @@ func Main(ctx context.Context, name string, args []string, stdout, stderr io.Wri
 	define, ok := commands[name]
 	if !ok {
 		fmt.Fprintf(stderr, "relay: no operator command %q\n", name)
-		return exitUsage
-	}
-	kind := credentials.KindAnalytics
-	if name == "feedback" {
-		kind = credentials.KindFeedback
+		return ExitUsage
 	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	c := newCommon(fs, kind, name != "backfill") // it talks to the ingest API only
-	w := define(fs, c, stdout)
+	w := define(fs, newCommon(fs, name), stdout)
 	return Run(name, fs, args, stderr, name == "backfill", func() error { // its arguments are its input files
 		p := newProgress(stderr)
 		defer p.done()
@@ -84,9 +79,9 @@ func Run(name string, fs *flag.FlagSet, args []string, stderr io.Writer, takesAr
 	fs.SetOutput(stderr)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
+			return ExitOK
 		}
-		return exitUsage
+		return ExitUsage
 	}
 	var err error
 	if !takesArgs && fs.NArg() > 0 {
@@ -95,30 +90,30 @@ func Run(name string, fs *flag.FlagSet, args []string, stderr io.Writer, takesAr
 		err = run()
 	}
 	if err == nil {
-		return exitOK
+		return ExitOK
 	}
 	if !errors.Is(err, ErrFailed) {
 		fmt.Fprintf(stderr, "relay %s: %v\n", name, err)
 	}
 	if errors.As(err, new(UsageError)) {
-		return exitUsage
+		return ExitUsage
 	}
-	return exitFailure
+	return ExitFailure
 }
 
-// newCommon registers the common flags on fs (--feedback-url for the
-// feedback kind, else --analytics-url); with management false only
-// --credentials (a command that does not call the management APIs).
-func newCommon(fs *flag.FlagSet, kind string, management bool) *common {
-	c := &common{kind: kind, baseFlag: "analytics-url"}
-	if !management {
+// newCommon registers command name's common flags on fs (--feedback-url
+// for feedback, else --analytics-url); backfill's only --credentials (it
+// talks to the ingest API only).
+func newCommon(fs *flag.FlagSet, name string) *common {
+	c := &common{kind: credentials.KindAnalytics, baseFlag: "analytics-url"}
+	if name == "backfill" {
 		fs.StringVar(&c.credsPath, "credentials", "", "YAML file of upstream credentials (the relay's --credentials format), whose projects --api-key may name")
 		return c
 	}
 	fs.StringVar(&c.credsPath, "credentials", "", "YAML file of upstream credentials (the relay's --credentials format); required")
 	usage := "upstream base of the analytics APIs (a project's analytics_url overrides it)"
-	if kind == credentials.KindFeedback {
-		c.baseFlag, usage = "feedback-url", "upstream base of the feedback API (a project's feedback_url overrides it)"
+	if name == "feedback" {
+		c.kind, c.baseFlag, usage = credentials.KindFeedback, "feedback-url", "upstream base of the feedback API (a project's feedback_url overrides it)"
 	}
 	fs.StringVar(&c.baseURL, c.baseFlag, "", usage)
 	fs.StringVar(&c.project, "project", "", "project of the credentials file to act for")
@@ -353,24 +348,20 @@ func (p *progress) update(format string, a ...any) {
 
 // logf prints a step: a line of its own (on a terminal, replacing the
 // progress line).
-func (p *progress) logf(format string, a ...any) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.line {
-		fmt.Fprint(p.w, "\r\033[K")
-		p.line = false
-	}
-	fmt.Fprintf(p.w, format+"\n", a...)
-}
+func (p *progress) logf(format string, a ...any) { p.print(format+"\n", a...) }
 
 // done clears the progress line.
-func (p *progress) done() {
+func (p *progress) done() { p.print("") }
+
+// print clears the progress line and writes format.
+func (p *progress) print(format string, a ...any) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.line {
 		fmt.Fprint(p.w, "\r\033[K")
 		p.line = false
 	}
+	fmt.Fprintf(p.w, format, a...)
 }
 
 // countingReader counts bytes read and reports them to on.

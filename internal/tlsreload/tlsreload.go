@@ -17,25 +17,17 @@ package tlsreload
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"sync/atomic"
 )
 
-// Config names the files of a Reloader.
+// Config names the files of a Reloader (config.Validate refuses one
+// without the other).
 type Config struct {
 	// CertFile is the PEM certificate chain, leaf first; required.
 	CertFile string
 	// KeyFile is the PEM private key of the leaf; required.
 	KeyFile string
-}
-
-// Validate reports a missing file name.
-func (c Config) Validate() error {
-	if c.CertFile == "" || c.KeyFile == "" {
-		return errors.New("tlsreload: a certificate file and a key file are both required")
-	}
-	return nil
 }
 
 // Reloader holds the certificate of Config's files. Create it with New.
@@ -46,9 +38,6 @@ type Reloader struct {
 
 // New loads cfg's files.
 func New(cfg Config) (*Reloader, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
 	r := &Reloader{cfg: cfg}
 	if err := r.Reload(); err != nil {
 		return nil, err
