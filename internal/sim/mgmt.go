@@ -51,12 +51,14 @@ type MgmtCall struct {
 	Body    string   `json:"body,omitempty"` // first 4 KiB
 }
 
-type mgmtAuth int
+// mgmtAuth is a group's authentication: its scheme, the text of its 403
+// and the content type of its answers.
+type mgmtAuth struct{ scheme, forbidden, ct string }
 
-const (
-	authMgmtBearer mgmtAuth = iota + 1
-	authSCIMBearer
-	authBasic
+var (
+	authMgmtBearer = &mgmtAuth{"Bearer", "invalid management API key", "application/json"}
+	authSCIMBearer = &mgmtAuth{"Bearer", "invalid SCIM token", "application/scim+json"}
+	authBasic      = &mgmtAuth{"Basic", "invalid API key or secret key", "application/json"}
 )
 
 // mgmtState is the state the management route groups share (guarded by
@@ -103,7 +105,7 @@ type mgRequest struct {
 type mgHandler func(w http.ResponseWriter, q *mgRequest) (status int, body any)
 
 // mgmtRoute registers pattern ("METHOD /path/{x}") for api.
-func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgHandler) {
+func (s *Sim) mgmtRoute(api, pattern string, auth *mgmtAuth, maxBody int64, h mgHandler) {
 	st := s.mg
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		call := &MgmtCall{Time: s.cfg.Now(), API: api, Method: r.Method, Path: r.URL.EscapedPath(),
@@ -119,7 +121,7 @@ func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgH
 	})
 }
 
-func (s *Sim) serveMgmt(w http.ResponseWriter, r *http.Request, call *MgmtCall, auth mgmtAuth, maxBody int64, h mgHandler) (int, any) {
+func (s *Sim) serveMgmt(w http.ResponseWriter, r *http.Request, call *MgmtCall, auth *mgmtAuth, maxBody int64, h mgHandler) (int, any) {
 	av := r.Header.Get("Authorization")
 	scheme, cred, _ := strings.Cut(av, " ")
 	cred = strings.TrimSpace(cred)
@@ -130,47 +132,34 @@ func (s *Sim) serveMgmt(w http.ResponseWriter, r *http.Request, call *MgmtCall, 
 	case strings.EqualFold(scheme, "bearer"), strings.EqualFold(scheme, "basic"):
 		call.Auth = strings.ToLower(scheme)
 	}
-	want := "Bearer"
-	if auth == authBasic {
-		want = "Basic"
-	}
-	q := &mgRequest{r: r, call: call}
 	key, secret, found := cred, "", true
 	if auth == authBasic {
 		dec, err := base64.StdEncoding.DecodeString(cred)
 		key, secret, found = strings.Cut(string(dec), ":")
 		found = found && err == nil
 	}
-	if call.Auth != strings.ToLower(want) || key == "" || !found {
-		w.Header().Set("WWW-Authenticate", want+` realm="svc"`)
-		return apiFail(http.StatusUnauthorized, "missing or malformed Authorization: "+want+" header")
+	if call.Auth != strings.ToLower(auth.scheme) || key == "" || !found {
+		w.Header().Set("WWW-Authenticate", auth.scheme+` realm="svc"`)
+		return apiFail(http.StatusUnauthorized, "missing or malformed Authorization: "+auth.scheme+" header")
 	}
 	call.Principal = KeyLabel(key)
+	q := &mgRequest{r: r, call: call, account: call.Principal}
+	validKey := auth != authBasic || s.validKey(key) // it takes s.mu itself
 	s.mu.Lock()
 	k := &s.knobs
-	org, okSCIM := k.SCIMTokens[key]
-	okMgmt := len(k.ManagementKeys) == 0 || k.ManagementKeys[key]
-	wantSecret, hasSecret := k.ProjectSecrets[key]
-	if len(k.SCIMTokens) == 0 {
-		org, okSCIM = call.Principal, true
+	ok := len(k.ManagementKeys) == 0 || k.ManagementKeys[key]
+	switch auth {
+	case authSCIMBearer:
+		if q.account, ok = k.SCIMTokens[key]; len(k.SCIMTokens) == 0 {
+			q.account, ok = call.Principal, true
+		}
+	case authBasic:
+		wantSecret, hasSecret := k.ProjectSecrets[key]
+		q.account, ok = key, secret != "" && (!hasSecret || wantSecret == secret)
 	}
 	s.mu.Unlock()
-	switch auth {
-	case authMgmtBearer:
-		q.account = call.Principal
-		if !okMgmt {
-			return apiFail(http.StatusForbidden, "invalid management API key")
-		}
-	case authSCIMBearer:
-		if !okSCIM {
-			return apiFail(http.StatusForbidden, "invalid SCIM token")
-		}
-		q.account = org
-	case authBasic:
-		if !s.validKey(key) || secret == "" || (hasSecret && wantSecret != secret) {
-			return apiFail(http.StatusForbidden, "invalid API key or secret key")
-		}
-		q.account = key
+	if !validKey || !ok {
+		return apiFail(http.StatusForbidden, auth.forbidden)
 	}
 	if status, msg := decodeBody(r); status != 0 {
 		return apiFail(status, msg)
@@ -188,12 +177,8 @@ func (s *Sim) serveMgmt(w http.ResponseWriter, r *http.Request, call *MgmtCall, 
 	if auth == authBasic {
 		call.Account = call.Principal // a label, not the api key
 	}
-	ct := "application/json"
-	if auth == authSCIMBearer {
-		ct = "application/scim+json"
-	}
 	status, answer := h(w, q)
-	writeAnswer(w, status, answer, ct)
+	writeAnswer(w, status, answer, auth.ct)
 	return status, written{}
 }
 
