@@ -7,6 +7,7 @@ import (
 	"hash/maphash"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -135,7 +136,6 @@ var ErrClosed = errors.New("sim: closed")
 type Sim struct {
 	cfg    Config
 	log    *zap.Logger
-	keys   map[string]bool // Config.APIKeys; nil: every non-empty key
 	mux    *http.ServeMux
 	ctlMux *http.ServeMux
 	srv    *http.Server
@@ -221,12 +221,6 @@ func New(cfg Config, log *zap.Logger) *Sim {
 	}
 	cfg = cfg.withDefaults()
 	s := &Sim{cfg: cfg, log: log, seed: maphash.MakeSeed()}
-	if len(cfg.APIKeys) > 0 {
-		s.keys = make(map[string]bool, len(cfg.APIKeys))
-		for _, k := range cfg.APIKeys {
-			s.keys[k] = true
-		}
-	}
 	s.store.init(&s.cfg, s.seed, &s.knobs)
 	s.knobs = Knobs{DailyQuota: cfg.DailyQuota, Silenced: map[string]bool{}, RefusedKeys: map[string]time.Time{},
 		ManagementKeys: map[string]bool{}, SCIMTokens: map[string]string{}, ProjectSecrets: map[string]string{},
@@ -323,7 +317,7 @@ func (s *Sim) onReset(reset func()) {
 // Config.APIKeys when those are set, and not refused (Knobs.RefusedKeys).
 // The caller must not hold s.mu.
 func (s *Sim) validKey(apiKey string) bool {
-	if apiKey == "" || (s.keys != nil && !s.keys[apiKey]) {
+	if apiKey == "" || (len(s.cfg.APIKeys) > 0 && !slices.Contains(s.cfg.APIKeys, apiKey)) {
 		return false
 	}
 	s.mu.Lock()
