@@ -83,19 +83,6 @@ type Config struct {
 	QuotaRolling bool
 }
 
-// Defaults of Config's zero values.
-const (
-	DefaultEPSThreshold    = 30
-	DefaultRateWindow      = 10 * time.Second
-	DefaultThrottlePenalty = 30 * time.Second
-	DefaultDedupWindow     = 7 * 24 * time.Hour
-	DefaultDedupMaxKeys    = 1 << 22
-	DefaultMaxBodyBytes    = 1_000_000
-	DefaultMaxEvents       = 2000
-	DefaultKeep            = 1_000_000
-	DefaultKeepRequests    = 100_000
-)
-
 // Validate reports a configuration that cannot work.
 func (c *Config) Validate() error {
 	for _, f := range []struct {
@@ -119,10 +106,10 @@ func (c *Config) Validate() error {
 }
 
 func (c Config) withDefaults() Config {
-	c.EPSThreshold, c.RateWindow = cmp.Or(c.EPSThreshold, DefaultEPSThreshold), cmp.Or(c.RateWindow, DefaultRateWindow)
-	c.ThrottlePenalty, c.DedupWindow = cmp.Or(c.ThrottlePenalty, DefaultThrottlePenalty), cmp.Or(c.DedupWindow, DefaultDedupWindow)
-	c.DedupMaxKeys, c.MaxBodyBytes = cmp.Or(c.DedupMaxKeys, DefaultDedupMaxKeys), cmp.Or(c.MaxBodyBytes, DefaultMaxBodyBytes)
-	c.MaxEvents, c.Keep, c.KeepRequests = cmp.Or(c.MaxEvents, DefaultMaxEvents), cmp.Or(c.Keep, DefaultKeep), cmp.Or(c.KeepRequests, DefaultKeepRequests)
+	c.EPSThreshold, c.RateWindow = cmp.Or(c.EPSThreshold, 30), cmp.Or(c.RateWindow, 10*time.Second)
+	c.ThrottlePenalty, c.DedupWindow = cmp.Or(c.ThrottlePenalty, 30*time.Second), cmp.Or(c.DedupWindow, 7*24*time.Hour)
+	c.DedupMaxKeys, c.MaxBodyBytes = cmp.Or(c.DedupMaxKeys, 1<<22), cmp.Or(c.MaxBodyBytes, 1_000_000)
+	c.MaxEvents, c.Keep, c.KeepRequests = cmp.Or(c.MaxEvents, 2000), cmp.Or(c.Keep, 1_000_000), cmp.Or(c.KeepRequests, 100_000)
 	if c.Now == nil {
 		c.Now = time.Now
 	}

@@ -21,7 +21,7 @@ func FuzzValidate(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		env, e := validate(body, nil, DefaultMaxEvents)
+		env, e := validate(body, nil, 2000)
 		if (env == nil) == (e == nil) {
 			t.Fatalf("env %v, err %v", env, e)
 		}
