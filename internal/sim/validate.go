@@ -269,21 +269,23 @@ func allZero(s string) bool {
 // depth returns the nesting depth of a valid JSON value (objects and arrays
 // count; a scalar is 0, {} is 1).
 func depth(v []byte) int {
-	d, max := 0, 0
+	d, deepest := 0, 0
 	for i := 0; i < len(v); i++ {
 		switch v[i] {
-		case '"':
-			i = stringEnd(v, i)
+		case '"': // to the closing quote
+			for i++; i < len(v) && v[i] != '"'; i++ {
+				if v[i] == '\\' {
+					i++
+				}
+			}
 		case '{', '[':
 			d++
-			if d > max {
-				max = d
-			}
+			deepest = max(deepest, d)
 		case '}', ']':
 			d--
 		}
 	}
-	return max
+	return deepest
 }
 
 func appendJSON(dst []byte, v any) []byte {
@@ -292,18 +294,4 @@ func appendJSON(dst []byte, v any) []byte {
 		panic(err) // only our own types are marshalled
 	}
 	return append(dst, b...)
-}
-
-// stringEnd returns the index of the quote that closes the JSON string
-// opening at b[i], or len(b) when it is not closed.
-func stringEnd(b []byte, i int) int {
-	for i++; i < len(b); i++ {
-		switch b[i] {
-		case '\\':
-			i++
-		case '"':
-			return i
-		}
-	}
-	return len(b)
 }

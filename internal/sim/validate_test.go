@@ -58,7 +58,8 @@ func TestDepthAndKinds(t *testing.T) {
 	for _, tc := range []struct {
 		v    string
 		want int
-	}{{`1`, 0}, {`{}`, 1}, {`{"a":[{"b":"}}}"}]}`, 3}, {`[[],[[]]]`, 3}, {`"[[["`, 0}} {
+	}{{`1`, 0}, {`{}`, 1}, {`{"a":[{"b":"}}}"}]}`, 3}, {`[[],[[]]]`, 3}, {`"[[["`, 0},
+		{`{"a":"\"{{"}`, 1}, {`{"a":"\\","b":{}}`, 2}} {
 		if got := depth([]byte(tc.v)); got != tc.want {
 			t.Errorf("depth(%s) = %d, want %d", tc.v, got, tc.want)
 		}
