@@ -208,32 +208,25 @@ func upsertPart(it *FeedbackItem, p FeedbackItem) {
 	it.ConversationParts = append(it.ConversationParts, p)
 }
 
-// apiHandler serves a data API route; key is the Basic user name (an api
-// key). It returns its answer (see writeAnswer).
-type apiHandler func(w http.ResponseWriter, r *http.Request, key string) (status int, body any)
-
-// apiRoute registers a data API route (see the top of this file).
-func (s *Sim) apiRoute(pattern string, h apiHandler) {
+// apiRoute registers a data API route (see the top of this file); h gets
+// the Basic user name (an api key) and returns its answer (see writeAnswer).
+func (s *Sim) apiRoute(pattern string, h func(w http.ResponseWriter, r *http.Request, key string) (int, any)) {
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		s.serveDirect(w, r, true, routeHandler{serve: func(w http.ResponseWriter, r *http.Request, in *incoming) (int, any) {
-			return s.serveAPI(w, r, in.Rec, h)
+			key, _, ok := r.BasicAuth()
+			if ok {
+				in.Rec.KeyLabel = KeyLabel(key)
+			}
+			if !ok || !s.validKey(key) {
+				w.Header().Set("WWW-Authenticate", `Basic realm="svc"`)
+				return apiFail(http.StatusUnauthorized, "invalid or missing Basic authentication")
+			}
+			if status, msg := decodeBody(r); status != 0 {
+				return apiFail(status, msg)
+			}
+			return h(w, r, key)
 		}})
 	})
-}
-
-func (s *Sim) serveAPI(w http.ResponseWriter, r *http.Request, rec *Record, h apiHandler) (int, any) {
-	key, _, ok := r.BasicAuth()
-	if ok {
-		rec.KeyLabel = KeyLabel(key)
-	}
-	if !ok || !s.validKey(key) {
-		w.Header().Set("WWW-Authenticate", `Basic realm="svc"`)
-		return apiFail(http.StatusUnauthorized, "invalid or missing Basic authentication")
-	}
-	if status, msg := decodeBody(r); status != 0 {
-		return apiFail(status, msg)
-	}
-	return h(w, r, key)
 }
 
 // decodeBody gzip-decodes r.Body on the fly for Content-Encoding: gzip;

@@ -116,3 +116,46 @@ func TestFeedbackIngest(t *testing.T) {
 		t.Fatalf("stored %d items, g2 %+v", len(got), g2)
 	}
 }
+
+// TestDataAPIAuthAndEncoding pins what every data API checks before its
+// handler: Basic authentication with an accepted api key (the key's label
+// logged either way) and the body's Content-Encoding.
+func TestDataAPIAuthAndEncoding(t *testing.T) {
+	s, url := start(t, Config{APIKeys: []string{"key-one"}})
+	body := []byte(`{"source_id":"src","items":[{"unique_id":"i1"}]}`)
+	for _, tc := range []struct {
+		name, key, enc string
+		body           []byte
+		status         int
+		answer, label  string
+	}{
+		{"no auth", "", "", body, 401, `{"error":"invalid or missing Basic authentication"}`, ""},
+		{"unknown key", "key-two", "", body, 401, `{"error":"invalid or missing Basic authentication"}`, KeyLabel("key-two")},
+		{"brotli", "key-one", "br", body, 415, `{"error":"unsupported Content-Encoding"}`, KeyLabel("key-one")},
+		{"bad gzip", "key-one", "gzip", body, 400, `{"error":"undecodable gzip body"}`, KeyLabel("key-one")},
+		{"gzip", "key-one", "gzip", gz(body), 200, `{"ingested":1,"failed":0,"errors":[]}`, KeyLabel("key-one")},
+	} {
+		req, _ := http.NewRequest("POST", url+"/api/1/ai-feedback/ingest", bytes.NewReader(tc.body))
+		if tc.key != "" {
+			req.SetBasicAuth(tc.key, "secret")
+		}
+		if tc.enc != "" {
+			req.Header.Set("Content-Encoding", tc.enc)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if got := strings.TrimSpace(string(b)); resp.StatusCode != tc.status || got != tc.answer {
+			t.Errorf("%s: %d %s, want %d %s", tc.name, resp.StatusCode, got, tc.status, tc.answer)
+		}
+		if ch := resp.Header.Get("WWW-Authenticate"); (tc.status == 401) != (ch == `Basic realm="svc"`) {
+			t.Errorf("%s: challenge %q", tc.name, ch)
+		}
+		if reqs := s.Requests(); reqs[len(reqs)-1].KeyLabel != tc.label {
+			t.Errorf("%s: logged key label %q, want %q", tc.name, reqs[len(reqs)-1].KeyLabel, tc.label)
+		}
+	}
+}
