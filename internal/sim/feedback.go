@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -192,20 +193,14 @@ func upsertFeedback(src map[string]*FeedbackItem, it FeedbackItem) {
 		}
 	}
 	for _, p := range it.ConversationParts {
-		upsertPart(old, p)
-	}
-}
-
-func upsertPart(it *FeedbackItem, p FeedbackItem) {
-	for i := range it.ConversationParts {
-		if it.ConversationParts[i].UniqueID == p.UniqueID {
-			p.Updates = it.ConversationParts[i].Updates + 1
-			it.ConversationParts[i] = p
-			return
+		p.Updates = 1
+		if i := slices.IndexFunc(old.ConversationParts, func(o FeedbackItem) bool { return o.UniqueID == p.UniqueID }); i >= 0 {
+			p.Updates += old.ConversationParts[i].Updates
+			old.ConversationParts[i] = p
+		} else {
+			old.ConversationParts = append(old.ConversationParts, p)
 		}
 	}
-	p.Updates = 1
-	it.ConversationParts = append(it.ConversationParts, p)
 }
 
 // apiRoute registers a data API route (see the top of this file); h gets
