@@ -89,9 +89,6 @@ func (x *Exchange) Answer() {
 	x.W.Write(bw.Bytes())
 }
 
-// Log appends Rec to the request log.
-func (x *Exchange) Log() { x.s.logRequest(x.Rec) }
-
 // serve passes x to Config.Faults, or answers it.
 func (s *Sim) serve(x *Exchange) {
 	x.s, x.in.Rec = s, x.Rec

@@ -189,7 +189,9 @@ func (s *Sim) newRecord(r *http.Request) *Record {
 	return &Record{Seq: s.store.reqSeq, Time: s.cfg.Now(), Method: r.Method, Path: r.URL.Path}
 }
 
-func (s *Sim) logRequest(rec *Record) {
+// Log appends the Exchange's Rec to the request log.
+func (x *Exchange) Log() {
+	s, rec := x.s, x.Rec
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := &s.store
@@ -228,16 +230,6 @@ func (st *store) rateOf(k string, now int64) (*rateKey, float64) {
 		rk.stamps = append(rk.stamps[:0], rk.stamps[i:]...)
 	}
 	return rk, float64(rk.sum) / st.cfg.RateWindow.Seconds()
-}
-
-func (st *store) addRate(k string, now int64, n int) {
-	rk := entry(st.rates, k, newRateKey)
-	if l := len(rk.stamps); l > 0 && rk.stamps[l-1].t == now {
-		rk.stamps[l-1].n += n
-	} else {
-		rk.stamps = append(rk.stamps, rateStamp{now, n})
-	}
-	rk.sum += n
 }
 
 // sweep drops idle rate keys, now and then.
@@ -359,8 +351,15 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 		}
 	}
 	if len(thrEvents) > 0 {
-		s.startPenaltiesLocked(env.apiKey, thrDevs, thrUsers, now)
 		thr := map[string]map[string]int{"d": thrDevs, "u": thrUsers}
+		for kind, m := range thr {
+			for id := range m {
+				rk := entry(st.rates, st.rateKeyOf(env.apiKey, kind, id), newRateKey)
+				if s.cfg.ThrottlePenalty >= 0 && rk.penaltyUntil <= now {
+					rk.penaltyUntil = now + int64(s.cfg.ThrottlePenalty)
+				}
+			}
+		}
 		for k, n := range own {
 			if _, ok := thr[k[:1]][k[1:]]; ok {
 				rec.Throttled = append(rec.Throttled, keyShare{Key: k[:1] + ":" + k[1:], Share: n})
@@ -469,7 +468,13 @@ func (s *Sim) storeLocked(env *envelope, rec *Record, nowT time.Time) {
 		}
 	}
 	for k, n := range keyCounts(env.info) {
-		st.addRate(st.rateKeyOf(env.apiKey, k[:1], k[1:]), now, n)
+		rk := entry(st.rates, st.rateKeyOf(env.apiKey, k[:1], k[1:]), newRateKey)
+		if l := len(rk.stamps); l > 0 && rk.stamps[l-1].t == now {
+			rk.stamps[l-1].n += n
+		} else {
+			rk.stamps = append(rk.stamps, rateStamp{now, n})
+		}
+		rk.sum += n
 		if k[0] == 'd' && st.knobs.DailyQuota > 0 {
 			qk := env.apiKey + "\x00" + k[1:]
 			q := st.quotas[qk]
@@ -494,21 +499,6 @@ func keyCounts(info []evInfo) map[string]int {
 		}
 	}
 	return n
-}
-
-func (s *Sim) startPenaltiesLocked(apiKey string, devs, users map[string]int, now int64) {
-	if s.cfg.ThrottlePenalty < 0 {
-		return
-	}
-	st := &s.store
-	for kind, m := range map[string]map[string]int{"d": devs, "u": users} {
-		for id := range m {
-			rk := entry(st.rates, st.rateKeyOf(apiKey, kind, id), newRateKey)
-			if rk.penaltyUntil <= now {
-				rk.penaltyUntil = now + int64(s.cfg.ThrottlePenalty)
-			}
-		}
-	}
 }
 
 // seenLocked reports whether ev's insert_id was seen for its device within
