@@ -2,11 +2,9 @@ package sim
 
 import (
 	"bytes"
-	"context"
 	"io"
 	"net/http"
 	"strings"
-	"time"
 )
 
 // Faults is the seam of test-only fault injection: internal/simtest
@@ -109,18 +107,6 @@ func (s *Sim) serveDirect(w http.ResponseWriter, r *http.Request, streams bool, 
 	x := &Exchange{W: w, R: r, Rec: s.newRecord(r), Direct: true, Streams: streams, h: h}
 	s.serve(x)
 	return x.Rec.Status
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) {
-	if d <= 0 {
-		return
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
 }
 
 // bufferedWriter holds a handler's answer until the request is logged.

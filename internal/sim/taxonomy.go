@@ -462,7 +462,10 @@ func (s *Sim) serveTaxonomy(w http.ResponseWriter, q *mgRequest, f func(q *taxRe
 		x.inFlight[key] -= cost
 		s.mu.Unlock()
 	}()
-	sleepCtx(q.r.Context(), delay)
+	select { // held in flight, unless the client goes
+	case <-time.After(delay):
+	case <-q.r.Context().Done():
+	}
 	form := q.r.URL.Query()
 	if q.r.Method != http.MethodGet {
 		if b, err := url.ParseQuery(string(q.body)); err == nil {
