@@ -116,7 +116,7 @@ func validate(body []byte, validKey func(string) bool, maxEvents int) (*envelope
 		return nil, &errBody{Code: 400, Error: ErrTextInvalidAPIKey}
 	}
 	evs, ok := top["events"]
-	if !ok || isNull(evs) || isEmptyArray(evs) {
+	if !ok || isNull(evs) || (evs[0] == '[' && len(bytes.Trim(evs[1:len(evs)-1], jsonSpace)) == 0) { // [] holds none
 		return nil, &errBody{Code: 400, Error: ErrTextMissingField, MissingField: "events"}
 	}
 	if evs[0] != '[' || json.Unmarshal(evs, &env.raw) != nil || len(env.raw) >= maxEvents {
@@ -215,13 +215,6 @@ func validate(body []byte, validKey func(string) bool, maxEvents int) (*envelope
 }
 
 func isNull(v json.RawMessage) bool { return string(v) == "null" }
-
-func isEmptyArray(v json.RawMessage) bool {
-	if len(v) < 2 || v[0] != '[' {
-		return false
-	}
-	return len(bytes.TrimSpace(v[1:len(v)-1])) == 0
-}
 
 // kindOf classifies a valid JSON value by its first byte (numbers as
 // kInteger when they have no fraction or exponent). Arrays are 0.
