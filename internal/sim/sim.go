@@ -105,17 +105,6 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-func (c Config) withDefaults() Config {
-	c.EPSThreshold, c.RateWindow = cmp.Or(c.EPSThreshold, 30), cmp.Or(c.RateWindow, 10*time.Second)
-	c.ThrottlePenalty, c.DedupWindow = cmp.Or(c.ThrottlePenalty, 30*time.Second), cmp.Or(c.DedupWindow, 7*24*time.Hour)
-	c.DedupMaxKeys, c.MaxBodyBytes = cmp.Or(c.DedupMaxKeys, 1<<22), cmp.Or(c.MaxBodyBytes, 1_000_000)
-	c.MaxEvents, c.Keep, c.KeepRequests = cmp.Or(c.MaxEvents, 2000), cmp.Or(c.Keep, 1_000_000), cmp.Or(c.KeepRequests, 100_000)
-	if c.Now == nil {
-		c.Now = time.Now
-	}
-	return c
-}
-
 // ErrClosed is returned by Serve after Close, and by Up after Close.
 var ErrClosed = errors.New("sim: closed")
 
@@ -206,7 +195,13 @@ func New(cfg Config, log *zap.Logger) *Sim {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	cfg = cfg.withDefaults()
+	cfg.EPSThreshold, cfg.RateWindow = cmp.Or(cfg.EPSThreshold, 30), cmp.Or(cfg.RateWindow, 10*time.Second)
+	cfg.ThrottlePenalty, cfg.DedupWindow = cmp.Or(cfg.ThrottlePenalty, 30*time.Second), cmp.Or(cfg.DedupWindow, 7*24*time.Hour)
+	cfg.DedupMaxKeys, cfg.MaxBodyBytes = cmp.Or(cfg.DedupMaxKeys, 1<<22), cmp.Or(cfg.MaxBodyBytes, 1_000_000)
+	cfg.MaxEvents, cfg.Keep, cfg.KeepRequests = cmp.Or(cfg.MaxEvents, 2000), cmp.Or(cfg.Keep, 1_000_000), cmp.Or(cfg.KeepRequests, 100_000)
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	s := &Sim{cfg: cfg, log: log, seed: maphash.MakeSeed()}
 	s.store.init(&s.cfg, s.seed, &s.knobs)
 	s.knobs = Knobs{DailyQuota: cfg.DailyQuota, Silenced: map[string]bool{}, RefusedKeys: map[string]time.Time{},
