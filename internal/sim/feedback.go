@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"compress/gzip"
 	"encoding/json"
 	"errors"
@@ -108,8 +109,20 @@ func (s *Sim) registerFeedback() {
 		}
 		s.mu.Lock()
 		src := entry(sources, key+"\x00"+*req.SourceID, func() map[string]*FeedbackItem { return map[string]*FeedbackItem{} })
-		for _, it := range good {
-			upsertFeedback(src, it)
+		for _, it := range good { // set fields replace stored ones; parts are upserted by unique_id
+			old := entry(src, it.UniqueID, func() *FeedbackItem { return &FeedbackItem{UniqueID: it.UniqueID} })
+			old.Updates++
+			old.Body, old.Author, old.UserID = cmp.Or(it.Body, old.Body), cmp.Or(it.Author, old.Author), cmp.Or(it.UserID, old.UserID)
+			old.Email, old.CreatedAt, old.URL = cmp.Or(it.Email, old.Email), cmp.Or(it.CreatedAt, old.CreatedAt), cmp.Or(it.URL, old.URL)
+			for _, p := range it.ConversationParts {
+				p.Updates = 1
+				if i := slices.IndexFunc(old.ConversationParts, func(o FeedbackItem) bool { return o.UniqueID == p.UniqueID }); i >= 0 {
+					p.Updates += old.ConversationParts[i].Updates
+					old.ConversationParts[i] = p
+				} else {
+					old.ConversationParts = append(old.ConversationParts, p)
+				}
+			}
 			ans.Ingested++
 		}
 		s.mu.Unlock()
@@ -176,31 +189,6 @@ func checkFeedbackFields(it *FeedbackItem) error {
 		}
 	}
 	return nil
-}
-
-func upsertFeedback(src map[string]*FeedbackItem, it FeedbackItem) {
-	old := entry(src, it.UniqueID, func() *FeedbackItem { return &FeedbackItem{UniqueID: it.UniqueID} })
-	old.Updates++
-	for _, f := range [...]struct {
-		dst *string
-		v   string
-	}{
-		{&old.Body, it.Body}, {&old.Author, it.Author}, {&old.UserID, it.UserID}, {&old.Email, it.Email},
-		{&old.CreatedAt, it.CreatedAt}, {&old.URL, it.URL},
-	} {
-		if f.v != "" {
-			*f.dst = f.v
-		}
-	}
-	for _, p := range it.ConversationParts {
-		p.Updates = 1
-		if i := slices.IndexFunc(old.ConversationParts, func(o FeedbackItem) bool { return o.UniqueID == p.UniqueID }); i >= 0 {
-			p.Updates += old.ConversationParts[i].Updates
-			old.ConversationParts[i] = p
-		} else {
-			old.ConversationParts = append(old.ConversationParts, p)
-		}
-	}
 }
 
 // apiRoute registers a data API route (see the top of this file); h gets

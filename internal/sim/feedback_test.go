@@ -60,7 +60,7 @@ func TestFeedbackIngest(t *testing.T) {
 		{"101 items", "key-one", items(101), 400, 0, nil},
 		{"100 items", "key-one", items(100), 200, 100, nil},
 		{"one bad among good", "key-one", `{"source_id":"src","items":[{"unique_id":"g1","body":"ok"},` +
-			`{"unique_id":"bad","body":"` + long + `"},{"unique_id":"g2","conversation_parts":[{"unique_id":"p1","body":"hi"}]}]}`,
+			`{"unique_id":"bad","body":"` + long + `"},{"unique_id":"g2","author":"ann","url":"u1","conversation_parts":[{"unique_id":"p1","body":"hi"}]}]}`,
 			200, 2, []string{"bad"}},
 		{"nested part", "key-one", `{"source_id":"src","items":[{"unique_id":"n","conversation_parts":[{"unique_id":"p","body":"x","conversation_parts":[{"unique_id":"q","body":"y"}]}]}]}`, 200, 0, []string{"n"}},
 		{"part without body", "key-one", `{"source_id":"src","items":[{"unique_id":"e","conversation_parts":[{"unique_id":"p"}]}]}`, 200, 0, []string{"e"}},
@@ -92,8 +92,9 @@ func TestFeedbackIngest(t *testing.T) {
 	if a := apiCall(t, "POST", u, "key-one", bytes.Repeat([]byte(" "), FeedbackMaxBytes+1)); a.Status != 413 {
 		t.Errorf("6 MB body: %d", a.Status)
 	}
-	// Upsert: re-sending g2 with a new part and a body appends the part and sets the body.
-	a := apiCall(t, "POST", u, "key-one", []byte(`{"source_id":"src","items":[{"unique_id":"g2","body":"now","conversation_parts":[{"unique_id":"p1","body":"hi"},{"unique_id":"p2","body":"more"}]}]}`))
+	// Upsert: re-sending g2 with a new part, a body and a url appends the part
+	// and sets the two fields; its author stays.
+	a := apiCall(t, "POST", u, "key-one", []byte(`{"source_id":"src","items":[{"unique_id":"g2","body":"now","url":"u2","conversation_parts":[{"unique_id":"p1","body":"hi"},{"unique_id":"p2","body":"more"}]}]}`))
 	if a.Status != 200 {
 		t.Fatal(a.Status, string(a.Body))
 	}
@@ -111,7 +112,7 @@ func TestFeedbackIngest(t *testing.T) {
 			t.Errorf("failed item %s stored", got[i].UniqueID)
 		}
 	}
-	if len(got) != 102 || g2 == nil || g2.Body != "now" || g2.Updates != 2 || len(g2.ConversationParts) != 2 ||
+	if len(got) != 102 || g2 == nil || g2.Body != "now" || g2.Author != "ann" || g2.URL != "u2" || g2.Updates != 2 || len(g2.ConversationParts) != 2 ||
 		g2.ConversationParts[0].Updates != 2 {
 		t.Fatalf("stored %d items, g2 %+v", len(got), g2)
 	}
