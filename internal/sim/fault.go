@@ -25,7 +25,8 @@ type Exchange struct {
 	W   http.ResponseWriter
 	R   *http.Request
 	Rec *Record // its log entry; a fault fills Fault, Status and Answered
-	// Direct routes (management and data APIs) answer straight to W;
+	// Direct routes (management and data APIs) read their body and answer
+	// straight to W (unbuffered: export archives are gigabytes);
 	// ingest routes have their body read (ReadBody) and their answer
 	// buffered, so that a request is logged before its answer is seen.
 	Direct bool
@@ -87,9 +88,11 @@ func (x *Exchange) Answer() {
 	x.W.Write(bw.Bytes())
 }
 
-// serve passes x to Config.Faults, or answers it.
-func (s *Sim) serve(x *Exchange) {
-	x.s, x.in.Rec = s, x.Rec
+// serve logs x as a new request, passes it to Config.Faults or answers
+// it, and returns the status answered (0: none, the connection was dropped).
+func (s *Sim) serve(x *Exchange) int {
+	x.s, x.Rec = s, s.newRecord(x.R)
+	x.in.Rec = x.Rec
 	if s.cfg.Faults != nil {
 		s.cfg.Faults.Serve(x)
 	} else {
@@ -98,14 +101,6 @@ func (s *Sim) serve(x *Exchange) {
 	if x.release != nil {
 		x.release()
 	}
-}
-
-// serveDirect serves a route whose answer goes straight to the client (not
-// buffered: export archives are gigabytes), logs it and returns the status
-// answered (0: none, the connection was dropped). h reads the body itself.
-func (s *Sim) serveDirect(w http.ResponseWriter, r *http.Request, streams bool, h routeHandler) int {
-	x := &Exchange{W: w, R: r, Rec: s.newRecord(r), Direct: true, Streams: streams, h: h}
-	s.serve(x)
 	return x.Rec.Status
 }
 

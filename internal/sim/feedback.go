@@ -195,7 +195,7 @@ func checkFeedbackFields(it *FeedbackItem) error {
 // the Basic user name (an api key) and returns its answer (see writeAnswer).
 func (s *Sim) apiRoute(pattern string, h func(w http.ResponseWriter, r *http.Request, key string) (int, any)) {
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-		s.serveDirect(w, r, true, routeHandler{serve: func(w http.ResponseWriter, r *http.Request, in *incoming) (int, any) {
+		s.serve(&Exchange{W: w, R: r, Direct: true, Streams: true, h: routeHandler{serve: func(w http.ResponseWriter, r *http.Request, in *incoming) (int, any) {
 			key, _, ok := r.BasicAuth()
 			if ok {
 				in.Rec.KeyLabel = KeyLabel(key)
@@ -208,7 +208,7 @@ func (s *Sim) apiRoute(pattern string, h func(w http.ResponseWriter, r *http.Req
 				return apiFail(status, msg)
 			}
 			return h(w, r, key)
-		}})
+		}}})
 	})
 }
 

@@ -108,7 +108,7 @@ func (s *Sim) mgmtRoute(api, pattern string, auth *mgmtAuth, maxBody int64, h fu
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		call := &MgmtCall{Time: s.cfg.Now(), API: api, Method: r.Method, Path: r.URL.EscapedPath(),
 			Query: r.URL.RawQuery, Headers: sortedKeys(r.Header)}
-		call.Status = s.serveDirect(w, r, false, routeHandler{serve: func(w http.ResponseWriter, r *http.Request, _ *incoming) (int, any) {
+		call.Status = s.serve(&Exchange{W: w, R: r, Direct: true, h: routeHandler{serve: func(w http.ResponseWriter, r *http.Request, _ *incoming) (int, any) {
 			av := r.Header.Get("Authorization")
 			scheme, cred, _ := strings.Cut(av, " ")
 			cred = strings.TrimSpace(cred)
@@ -167,7 +167,7 @@ func (s *Sim) mgmtRoute(api, pattern string, auth *mgmtAuth, maxBody int64, h fu
 			status, answer := h(w, q)
 			writeAnswer(w, status, answer, auth.ct)
 			return status, written{}
-		}})
+		}}})
 		s.mu.Lock()
 		s.mg.seq++
 		call.Seq = s.mg.seq
