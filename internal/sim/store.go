@@ -146,8 +146,8 @@ type store struct {
 	seed maphash.Seed
 
 	reqSeq, evSeq int64
-	events        []Ingested // oldest first, as are requests and dedupFIFO
-	requests      []*Record
+	events        []Ingested // oldest first, as is dedupFIFO
+	requests      []Record   // in the order logged
 	stats         Stats
 
 	dedup     map[uint64]int64
@@ -205,7 +205,7 @@ func (x *Exchange) Log() {
 	if s.cfg.KeepRequests < 0 {
 		return
 	}
-	pushKeep(&st.requests, rec, s.cfg.KeepRequests)
+	pushKeep(&st.requests, *rec, s.cfg.KeepRequests)
 }
 
 func (st *store) rateKeyOf(apiKey, kind, id string) string {
@@ -569,12 +569,7 @@ func (s *Sim) Duplicates() int64 { return s.Stats().Duplicates }
 
 // Requests returns the request log in arrival order (see Config.KeepRequests).
 func (s *Sim) Requests() []Record {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]Record, 0, len(s.store.requests))
-	for _, r := range s.store.requests {
-		out = append(out, *r)
-	}
+	out := locked(&s.mu, func() []Record { return slices.Clone(s.store.requests) })
 	sort.Slice(out, func(i, j int) bool { return out[i].Seq < out[j].Seq })
 	return out
 }
