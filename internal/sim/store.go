@@ -247,11 +247,7 @@ func (st *store) sweep(now int64) {
 	}
 	today := utcDay(time.Unix(0, now))
 	for k, q := range st.quotas {
-		if st.cfg.QuotaRolling {
-			if q.until != 0 && q.until <= now {
-				delete(st.quotas, k)
-			}
-		} else if q.day != today {
+		if (st.cfg.QuotaRolling && q.until != 0 && q.until <= now) || (!st.cfg.QuotaRolling && q.day != today) {
 			delete(st.quotas, k)
 		}
 	}
@@ -421,16 +417,12 @@ func (env *envelope) without(skip ...[]int) *envelope {
 // quota, nil when it is not over.
 func (st *store) overQuotaLocked(qk string, day, now int64) *quotaKey {
 	q := st.quotas[qk]
-	if q == nil || q.n < st.knobs.DailyQuota {
+	switch {
+	case q == nil || q.n < st.knobs.DailyQuota || (!st.cfg.QuotaRolling && q.day != day):
 		return nil
-	}
-	if !st.cfg.QuotaRolling {
-		if q.day != day {
-			return nil
-		}
+	case !st.cfg.QuotaRolling:
 		return q
-	}
-	if q.until == 0 {
+	case q.until == 0: // refused for 24 hours from now
 		q.until = now + int64(24*time.Hour)
 	}
 	if q.until <= now {
