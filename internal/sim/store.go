@@ -220,14 +220,9 @@ func (st *store) rateOf(k string, now int64) (*rateKey, float64) {
 	if rk == nil {
 		return nil, 0
 	}
-	cut := now - int64(st.cfg.RateWindow)
-	i := 0
-	for i < len(rk.stamps) && rk.stamps[i].t <= cut {
-		rk.sum -= rk.stamps[i].n
-		i++
-	}
-	if i > 0 {
-		rk.stamps = append(rk.stamps[:0], rk.stamps[i:]...)
+	// The dropped front is reclaimed when append moves the stamps.
+	for ; len(rk.stamps) > 0 && rk.stamps[0].t <= now-int64(st.cfg.RateWindow); rk.stamps = rk.stamps[1:] {
+		rk.sum -= rk.stamps[0].n
 	}
 	return rk, float64(rk.sum) / st.cfg.RateWindow.Seconds()
 }
