@@ -82,27 +82,24 @@ type ExportRecord struct {
 
 func (s *Sim) registerExport() {
 	var log []ExportServed
-	s.apiRoute("GET /api/2/export", func(w http.ResponseWriter, r *http.Request, key string) (int, any) {
+	s.apiRoute("GET /api/2/export", func(w http.ResponseWriter, r *http.Request, key string) (status int, body any) {
 		q := r.URL.Query()
 		served := ExportServed{Start: q.Get("start"), End: q.Get("end")}
 		defer func() {
+			served.Status = status
 			s.mu.Lock()
 			log = append(log, served)
 			s.mu.Unlock()
 		}()
-		fail := func(status int, msg string) (int, any) {
-			served.Status = status
-			return apiFail(status, msg)
-		}
 		start, err1 := time.Parse(ExportHourFormat, served.Start)
 		end, err2 := time.Parse(ExportHourFormat, served.End)
 		switch {
 		case err1 != nil || err2 != nil:
-			return fail(http.StatusBadRequest, "start and end must be of the form YYYYMMDDTHH")
+			return apiFail(http.StatusBadRequest, "start and end must be of the form YYYYMMDDTHH")
 		case end.Before(start):
-			return fail(http.StatusBadRequest, "end is before start")
+			return apiFail(http.StatusBadRequest, "end is before start")
 		case end.Add(time.Hour).Sub(start) > ExportMaxRange:
-			return fail(http.StatusBadRequest, "the range is longer than 365 days")
+			return apiFail(http.StatusBadRequest, "the range is longer than 365 days")
 		}
 		s.mu.Lock()
 		maxBytes, synthetic := s.knobs.ExportMaxBytes, s.knobs.ExportSyntheticBytes
@@ -120,11 +117,10 @@ func (s *Sim) registerExport() {
 		size += blocksPerHour * int64(len(block)) * hours
 		switch {
 		case size > maxBytes:
-			return fail(http.StatusBadRequest, fmt.Sprintf("the result would exceed %d bytes: choose a smaller range", maxBytes))
+			return apiFail(http.StatusBadRequest, fmt.Sprintf("the result would exceed %d bytes: choose a smaller range", maxBytes))
 		case size == 0:
-			return fail(http.StatusNotFound, "no data for the range")
+			return apiFail(http.StatusNotFound, "no data for the range")
 		}
-		served.Status = http.StatusOK
 		w.Header().Set("Content-Type", "application/zip")
 		cw := &countWriter{w: w}
 		zw := zip.NewWriter(cw)
