@@ -324,8 +324,8 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 			return thr
 		}
 		rk, rate := st.rateOf(st.rateKeyOf(env.apiKey, kind, id), now)
-		if n := own[kind+id]; n > 0 && !s.cfg.LenientRate {
-			rate += float64(n) / st.cfg.RateWindow.Seconds()
+		if !s.cfg.LenientRate {
+			rate += float64(own[kind+id]) / st.cfg.RateWindow.Seconds()
 		}
 		thr := rate > float64(s.cfg.EPSThreshold) || (rk != nil && rk.penaltyUntil > now)
 		if thr {
@@ -342,18 +342,13 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 		}
 	}
 	if len(thrEvents) > 0 {
-		thr := map[string]map[string]int{"d": thrDevs, "u": thrUsers}
-		for kind, m := range thr {
+		for kind, m := range map[string]map[string]int{"d": thrDevs, "u": thrUsers} {
 			for id := range m {
 				rk := entry(st.rates, st.rateKeyOf(env.apiKey, kind, id), newRateKey)
 				if s.cfg.ThrottlePenalty >= 0 && rk.penaltyUntil <= now {
 					rk.penaltyUntil = now + int64(s.cfg.ThrottlePenalty)
 				}
-			}
-		}
-		for k, n := range own {
-			if _, ok := thr[k[:1]][k[1:]]; ok {
-				rec.Throttled = append(rec.Throttled, keyShare{Key: k[:1] + ":" + k[1:], Share: n})
+				rec.Throttled = append(rec.Throttled, keyShare{Key: kind + ":" + id, Share: own[kind+id]})
 			}
 		}
 		sort.Slice(rec.Throttled, func(i, j int) bool { return rec.Throttled[i].Key < rec.Throttled[j].Key })
