@@ -145,17 +145,12 @@ func describeForm(in *incoming, field string) {
 // jsonObjects parses a JSON array of values or one object.
 func jsonObjects(v string) ([]json.RawMessage, bool) {
 	b := bytes.TrimSpace([]byte(v))
-	if len(b) == 0 {
-		return nil, false
-	}
-	if b[0] == '{' {
+	if len(b) > 0 && b[0] == '{' {
 		return []json.RawMessage{b}, json.Valid(b)
 	}
 	var arr []json.RawMessage
-	if json.Unmarshal(b, &arr) != nil {
-		return nil, false
-	}
-	return arr, true
+	err := json.Unmarshal(b, &arr) // leaves arr nil when b is no array
+	return arr, err == nil
 }
 
 // parseIdentifies reads the identifications by the rules above; ok is
