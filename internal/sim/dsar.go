@@ -124,10 +124,9 @@ func (s *Sim) registerDSAR() {
 				s.mu.Lock()
 				job.files = files
 			}
-			base := "http://" + r.Host
 			urls = []string{}
 			for n := range job.files {
-				urls = append(urls, base+"/api/2/dsar/requests/"+strconv.FormatInt(job.id, 10)+"/outputs/"+strconv.Itoa(n))
+				urls = append(urls, "http://"+r.Host+"/api/2/dsar/requests/"+strconv.FormatInt(job.id, 10)+"/outputs/"+strconv.Itoa(n))
 			}
 		}
 		s.mu.Unlock()

@@ -561,8 +561,7 @@ func (s *Sim) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.store.stats
-	st.Counted = s.counted.Load()
-	st.Connections = s.connections.Load()
+	st.Counted, st.Connections = s.counted.Load(), s.connections.Load()
 	st.ByStatus, st.IngestedByKey = maps.Clone(st.ByStatus), maps.Clone(st.IngestedByKey)
 	return st
 }
