@@ -40,16 +40,10 @@ func (s *Sim) registerControl() {
 			n++
 			raw := e.Raw
 			e.Raw = nil
-			obj := appendJSON(nil, e) // ends with "raw":null}
-			obj = bytes.TrimSuffix(obj, []byte(`"raw":null}`))
-			b = append(b, obj...)
-			b = append(b, `"raw":`...)
-			b = append(b, raw...)
-			b = append(b, '}')
+			b = bytes.TrimSuffix(appendJSON(b, e), []byte("null}")) // it ended with "raw":null}
+			b = append(append(b, raw...), '}')
 		}
-		b = append(b, "]}"...)
-		w.Header().Set("Content-Type", "application/json")
-		w.Write(b)
+		writeJSON(w, http.StatusOK, append(b, "]}"...))
 	})
 	m.HandleFunc("GET /sim/requests", func(w http.ResponseWriter, r *http.Request) {
 		after, limit, ok := afterLimit(w, r)

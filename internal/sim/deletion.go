@@ -201,22 +201,19 @@ type keyUser struct{ key, user string }
 // usersOf returns the distinct (api key, user_id) of the stored events of
 // key, then with every those of each other key, keys in the order first seen.
 func (s *Sim) usersOf(key string, every bool) []keyUser {
-	keys, byKey := []string{key}, map[string][]keyUser{}
-	seen := make(map[keyUser]bool)
+	var out []keyUser
+	seen, rank := map[keyUser]bool{}, map[string]int{key: 0} // rank: keys in the order first seen
 	for _, ev := range s.AllEvents() {
 		u := keyUser{ev.APIKey, ev.UserID}
 		if ev.UserID == "" || seen[u] || (!every && u.key != key) {
 			continue
 		}
 		seen[u] = true
-		if _, ok := byKey[u.key]; !ok && u.key != key {
-			keys = append(keys, u.key)
+		if _, ok := rank[u.key]; !ok {
+			rank[u.key] = len(rank)
 		}
-		byKey[u.key] = append(byKey[u.key], u)
+		out = append(out, u)
 	}
-	var out []keyUser
-	for _, k := range keys {
-		out = append(out, byKey[k]...)
-	}
+	slices.SortStableFunc(out, func(a, b keyUser) int { return rank[a.key] - rank[b.key] })
 	return out
 }

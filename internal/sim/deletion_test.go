@@ -3,6 +3,7 @@ package sim
 import (
 	"encoding/json"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -84,5 +85,55 @@ func TestDeletionJobs(t *testing.T) {
 	json.Unmarshal(list("2026-11-22", "2026-12-22").Body, &jobs)
 	if jobs[0].Status != "done" || jobs[0].ActiveScrubDoneDate != "2026-11-30" {
 		t.Fatalf("later: %+v", jobs)
+	}
+}
+
+// TestDeletionFromOrg: with delete_from_org every api key's users are
+// searched, the request's own key first, then the others in the order
+// first seen; the answer names the own key's users, or else the first hit.
+func TestDeletionFromOrg(t *testing.T) {
+	clock := newFakeClock()
+	_, url := start(t, Config{Now: clock.Now})
+	for _, kv := range [][2]string{{"other", "alice"}, {"third", "carol"}, {"other", "carol"}, {"proj", "alice"}} {
+		wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope(kv[0], `{"event_type":"e","user_id":"`+kv[1]+`"}`))
+	}
+	del := func(users string) answer {
+		return apiCall(t, "POST", url+"/api/2/deletions/users", "proj", []byte(`{"user_ids":`+users+`,"requester":"ops","delete_from_org":true}`))
+	}
+	svc := func(key, user string) string { return strconv.FormatInt(SvcID(key, user), 10) }
+	for _, tc := range []struct{ users, want string }{
+		{`["carol"]`, svc("other", "carol")},
+		{`["alice","nobody"]`, svc("proj", "alice")},
+	} {
+		a := del(tc.users)
+		if a.Status != 200 {
+			t.Fatal(a.Status, string(a.Body))
+		}
+		var got struct {
+			SvcIDs []struct {
+				SvcID json.Number `json:"svc_id"`
+			} `json:"svc_ids"`
+			App int64 `json:"app"`
+		}
+		json.Unmarshal(a.Body, &got)
+		if len(got.SvcIDs) != 1 || got.SvcIDs[0].SvcID.String() != tc.want || got.App != appID("proj") {
+			t.Errorf("%s: %s, want svc_id %s", tc.users, a.Body, tc.want)
+		}
+	}
+	// Every hit is scheduled in its own project's job.
+	for key, want := range map[string]string{"third": svc("third", "carol"), "other": svc("other", "carol") + "," + svc("other", "alice"),
+		"proj": svc("proj", "alice")} {
+		a := apiCall(t, "GET", url+"/api/2/deletions/users?start_day=2026-11-22&end_day=2026-12-22", key, nil)
+		var jobs []deletionJob
+		json.Unmarshal(a.Body, &jobs)
+		var ids []string
+		for _, j := range jobs {
+			for _, u := range j.SvcIDs {
+				ids = append(ids, strconv.FormatInt(u.SvcID, 10))
+			}
+		}
+		if strings.Join(ids, ",") != want {
+			t.Errorf("%s's jobs: %s, want %s", key, a.Body, want)
+		}
 	}
 }

@@ -23,8 +23,8 @@
 // Every upstream request is an Exchange (fault.go), logged in the request
 // log, passed to Config.Faults when set (simtest fails it there, or lets
 // it through): the ingestion routes through Sim.route (middleware.go: the
-// body read, the answer buffered), the others through serveDirect (the
-// answer streamed; mgmtRoute and apiRoute add their authentication). Every
+// body read, the answer buffered), the others as Direct (the answer
+// streamed; mgmtRoute and apiRoute add their authentication). Every
 // handler returns its answer and the Exchange writes it, so the status is
 // known without wrapping the writer. The route groups (New), one file each:
 //

@@ -124,10 +124,9 @@ func (s *Sim) registerDSAR() {
 				s.mu.Lock()
 				job.files = files
 			}
-			base := "http://" + r.Host
 			urls = []string{}
 			for n := range job.files {
-				urls = append(urls, base+"/api/2/dsar/requests/"+strconv.FormatInt(job.id, 10)+"/outputs/"+strconv.Itoa(n))
+				urls = append(urls, "http://"+r.Host+"/api/2/dsar/requests/"+strconv.FormatInt(job.id, 10)+"/outputs/"+strconv.Itoa(n))
 			}
 		}
 		s.mu.Unlock()
@@ -210,23 +209,18 @@ func (st *dsarState) sign(path, exp string) string {
 // dsarFiles builds the gzipped outputs of job: one per month with events of
 // its user (server upload time within the job's dates, end day included).
 func (s *Sim) dsarFiles(job *dsarJob) [][]byte {
-	months := make(map[string]*bytes.Buffer)
 	to := job.end.AddDate(0, 0, 1)
-	for _, ev := range s.AllEvents() {
-		if ev.UserID == "" || ev.Time.Before(job.start) || !ev.Time.Before(to) {
-			continue
-		}
-		if (job.userID != "" && ev.UserID != job.userID) || (job.svcID != 0 && SvcID(ev.APIKey, ev.UserID) != job.svcID) {
-			continue
-		}
-		buf := entry(months, ev.Time.UTC().Format("2006-01"), func() *bytes.Buffer { return new(bytes.Buffer) })
-		buf.Write(append(exportLine(ev.APIKey, ev), '\n'))
-	}
+	months, _ := exportLines(s.AllEvents(), func(ev Ingested) bool {
+		return ev.UserID != "" && !ev.Time.Before(job.start) && ev.Time.Before(to) &&
+			(job.userID == "" || ev.UserID == job.userID) && (job.svcID == 0 || SvcID(ev.APIKey, ev.UserID) == job.svcID)
+	}, func(t time.Time) string { return t.Format("2006-01") })
 	files := [][]byte{}
 	for _, m := range sortedKeys(months) {
 		var gz bytes.Buffer
 		zw := gzip.NewWriter(&gz)
-		zw.Write(months[m].Bytes())
+		for _, line := range months[m] {
+			zw.Write(line)
+		}
 		zw.Close()
 		files = append(files, gz.Bytes())
 	}

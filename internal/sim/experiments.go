@@ -157,11 +157,10 @@ func (s *Sim) registerExperiments() {
 			}
 			e.byKey[k] = &simVariant{fields: v}
 		}
-		if d, ok := m["deployments"].([]any); ok {
-			for _, x := range d {
-				if s, ok := x.(string); ok {
-					e.deployments = append(e.deployments, s)
-				}
+		deployments, _ := m["deployments"].([]any)
+		for _, x := range deployments {
+			if s, ok := x.(string); ok {
+				e.deployments = append(e.deployments, s)
 			}
 		}
 		return http.StatusOK, map[string]any{"id": e.id, "url": "https://app.example/experiments/" + e.id}

@@ -82,33 +82,31 @@ type ExportRecord struct {
 
 func (s *Sim) registerExport() {
 	var log []ExportServed
-	s.apiRoute("GET /api/2/export", func(w http.ResponseWriter, r *http.Request, key string) (int, any) {
+	s.apiRoute("GET /api/2/export", func(w http.ResponseWriter, r *http.Request, key string) (status int, body any) {
 		q := r.URL.Query()
 		served := ExportServed{Start: q.Get("start"), End: q.Get("end")}
 		defer func() {
+			served.Status = status
 			s.mu.Lock()
 			log = append(log, served)
 			s.mu.Unlock()
 		}()
-		fail := func(status int, msg string) (int, any) {
-			served.Status = status
-			return apiFail(status, msg)
-		}
 		start, err1 := time.Parse(ExportHourFormat, served.Start)
 		end, err2 := time.Parse(ExportHourFormat, served.End)
 		switch {
 		case err1 != nil || err2 != nil:
-			return fail(http.StatusBadRequest, "start and end must be of the form YYYYMMDDTHH")
+			return apiFail(http.StatusBadRequest, "start and end must be of the form YYYYMMDDTHH")
 		case end.Before(start):
-			return fail(http.StatusBadRequest, "end is before start")
+			return apiFail(http.StatusBadRequest, "end is before start")
 		case end.Add(time.Hour).Sub(start) > ExportMaxRange:
-			return fail(http.StatusBadRequest, "the range is longer than 365 days")
+			return apiFail(http.StatusBadRequest, "the range is longer than 365 days")
 		}
 		s.mu.Lock()
 		maxBytes, synthetic := s.knobs.ExportMaxBytes, s.knobs.ExportSyntheticBytes
 		s.mu.Unlock()
 		hours := int64(end.Sub(start)/time.Hour) + 1
-		byHour, size := s.exportRecords(key, start, end.Add(time.Hour))
+		byHour, size := exportLines(s.Events(key), func(ev Ingested) bool { return !ev.Time.Before(start) && ev.Time.Before(end.Add(time.Hour)) },
+			func(t time.Time) int64 { return t.Truncate(time.Hour).Unix() })
 		app := appID(key)
 		var block []byte
 		var blocksPerHour int64
@@ -119,11 +117,10 @@ func (s *Sim) registerExport() {
 		size += blocksPerHour * int64(len(block)) * hours
 		switch {
 		case size > maxBytes:
-			return fail(http.StatusBadRequest, fmt.Sprintf("the result would exceed %d bytes: choose a smaller range", maxBytes))
+			return apiFail(http.StatusBadRequest, fmt.Sprintf("the result would exceed %d bytes: choose a smaller range", maxBytes))
 		case size == 0:
-			return fail(http.StatusNotFound, "no data for the range")
+			return apiFail(http.StatusNotFound, "no data for the range")
 		}
-		served.Status = http.StatusOK
 		w.Header().Set("Content-Type", "application/zip")
 		cw := &countWriter{w: w}
 		zw := zip.NewWriter(cw)
@@ -159,28 +156,25 @@ func (s *Sim) registerExport() {
 	s.readout("GET /sim/export/log", func(url.Values) any { return map[string]any{"served": nonNil(log)} })
 }
 
-// exportRecords returns the exported lines (each ending in '\n') of the
-// events of key uploaded in [from, to), by hour (Unix seconds of the hour),
-// and their total size.
-func (s *Sim) exportRecords(key string, from, to time.Time) (map[int64][][]byte, int64) {
-	out := make(map[int64][][]byte)
+// exportLines returns the exported records (lines ending in '\n') of the
+// events of evs that keep takes, by group of their upload time (UTC), and
+// their total size.
+func exportLines[K comparable](evs []Ingested, keep func(Ingested) bool, group func(time.Time) K) (map[K][][]byte, int64) {
+	out := make(map[K][][]byte)
 	var size int64
-	for _, ev := range s.Events(key) {
-		t := ev.Time.UTC()
-		if t.Before(from) || !t.Before(to) {
-			continue
+	for _, ev := range evs {
+		if keep(ev) {
+			line := append(exportLine(ev), '\n')
+			k := group(ev.Time.UTC())
+			out[k] = append(out[k], line)
+			size += int64(len(line))
 		}
-		line := append(exportLine(key, ev), '\n')
-		h := t.Truncate(time.Hour).Unix()
-		out[h] = append(out[h], line)
-		size += int64(len(line))
 	}
 	return out, size
 }
 
-// exportLine is the exported record (JSON, no newline) of a stored event of
-// api key apiKey.
-func exportLine(apiKey string, ev Ingested) []byte {
+// exportLine is the exported record (JSON, no newline) of a stored event.
+func exportLine(ev Ingested) []byte {
 	// The fields an event names as a record does (ids, platform, country,
 	// properties) are read into it; the others are set below. The event
 	// was validated when ingested.
@@ -201,9 +195,9 @@ func exportLine(apiKey string, ev Ingested) []byte {
 			*b = json.RawMessage("{}")
 		}
 	}
-	rec.App, rec.SvcID = appID(apiKey), SvcID(apiKey, ev.UserID+"\x00"+ev.DeviceID)
+	rec.App, rec.SvcID = appID(ev.APIKey), SvcID(ev.APIKey, ev.UserID+"\x00"+ev.DeviceID)
 	if ev.UserID != "" {
-		rec.SvcID = SvcID(apiKey, ev.UserID)
+		rec.SvcID = SvcID(ev.APIKey, ev.UserID)
 	}
 	rec.UUID = fmt.Sprintf("00000000-0000-4000-8000-%012d", ev.Seq%1_000_000_000_000)
 	rec.InsertID, rec.EventType, rec.UserID, rec.DeviceID = ev.InsertID, ev.EventType, ev.UserID, ev.DeviceID

@@ -2,11 +2,9 @@ package sim
 
 import (
 	"bytes"
-	"context"
 	"io"
 	"net/http"
 	"strings"
-	"time"
 )
 
 // Faults is the seam of test-only fault injection: internal/simtest
@@ -27,7 +25,8 @@ type Exchange struct {
 	W   http.ResponseWriter
 	R   *http.Request
 	Rec *Record // its log entry; a fault fills Fault, Status and Answered
-	// Direct routes (management and data APIs) answer straight to W;
+	// Direct routes (management and data APIs) read their body and answer
+	// straight to W (unbuffered: export archives are gigabytes);
 	// ingest routes have their body read (ReadBody) and their answer
 	// buffered, so that a request is logged before its answer is seen.
 	Direct bool
@@ -89,12 +88,11 @@ func (x *Exchange) Answer() {
 	x.W.Write(bw.Bytes())
 }
 
-// Log appends Rec to the request log.
-func (x *Exchange) Log() { x.s.logRequest(x.Rec) }
-
-// serve passes x to Config.Faults, or answers it.
-func (s *Sim) serve(x *Exchange) {
-	x.s, x.in.Rec = s, x.Rec
+// serve logs x as a new request, passes it to Config.Faults or answers
+// it, and returns the status answered (0: none, the connection was dropped).
+func (s *Sim) serve(x *Exchange) int {
+	x.s, x.Rec = s, s.newRecord(x.R)
+	x.in.Rec = x.Rec
 	if s.cfg.Faults != nil {
 		s.cfg.Faults.Serve(x)
 	} else {
@@ -103,27 +101,7 @@ func (s *Sim) serve(x *Exchange) {
 	if x.release != nil {
 		x.release()
 	}
-}
-
-// serveDirect serves a route whose answer goes straight to the client (not
-// buffered: export archives are gigabytes), logs it and returns the status
-// answered (0: none, the connection was dropped). h reads the body itself.
-func (s *Sim) serveDirect(w http.ResponseWriter, r *http.Request, streams bool, h routeHandler) int {
-	x := &Exchange{W: w, R: r, Rec: s.newRecord(r), Direct: true, Streams: streams, h: h}
-	s.serve(x)
 	return x.Rec.Status
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) {
-	if d <= 0 {
-		return
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
 }
 
 // bufferedWriter holds a handler's answer until the request is logged.

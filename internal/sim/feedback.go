@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"compress/gzip"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -107,8 +109,20 @@ func (s *Sim) registerFeedback() {
 		}
 		s.mu.Lock()
 		src := entry(sources, key+"\x00"+*req.SourceID, func() map[string]*FeedbackItem { return map[string]*FeedbackItem{} })
-		for _, it := range good {
-			upsertFeedback(src, it)
+		for _, it := range good { // set fields replace stored ones; parts are upserted by unique_id
+			old := entry(src, it.UniqueID, func() *FeedbackItem { return &FeedbackItem{UniqueID: it.UniqueID} })
+			old.Updates++
+			old.Body, old.Author, old.UserID = cmp.Or(it.Body, old.Body), cmp.Or(it.Author, old.Author), cmp.Or(it.UserID, old.UserID)
+			old.Email, old.CreatedAt, old.URL = cmp.Or(it.Email, old.Email), cmp.Or(it.CreatedAt, old.CreatedAt), cmp.Or(it.URL, old.URL)
+			for _, p := range it.ConversationParts {
+				p.Updates = 1
+				if i := slices.IndexFunc(old.ConversationParts, func(o FeedbackItem) bool { return o.UniqueID == p.UniqueID }); i >= 0 {
+					p.Updates += old.ConversationParts[i].Updates
+					old.ConversationParts[i] = p
+				} else {
+					old.ConversationParts = append(old.ConversationParts, p)
+				}
+			}
 			ans.Ingested++
 		}
 		s.mu.Unlock()
@@ -177,63 +191,25 @@ func checkFeedbackFields(it *FeedbackItem) error {
 	return nil
 }
 
-func upsertFeedback(src map[string]*FeedbackItem, it FeedbackItem) {
-	old := entry(src, it.UniqueID, func() *FeedbackItem { return &FeedbackItem{UniqueID: it.UniqueID} })
-	old.Updates++
-	for _, f := range [...]struct {
-		dst *string
-		v   string
-	}{
-		{&old.Body, it.Body}, {&old.Author, it.Author}, {&old.UserID, it.UserID}, {&old.Email, it.Email},
-		{&old.CreatedAt, it.CreatedAt}, {&old.URL, it.URL},
-	} {
-		if f.v != "" {
-			*f.dst = f.v
-		}
-	}
-	for _, p := range it.ConversationParts {
-		upsertPart(old, p)
-	}
-}
-
-func upsertPart(it *FeedbackItem, p FeedbackItem) {
-	for i := range it.ConversationParts {
-		if it.ConversationParts[i].UniqueID == p.UniqueID {
-			p.Updates = it.ConversationParts[i].Updates + 1
-			it.ConversationParts[i] = p
-			return
-		}
-	}
-	p.Updates = 1
-	it.ConversationParts = append(it.ConversationParts, p)
-}
-
-// apiHandler serves a data API route; key is the Basic user name (an api
-// key). It returns its answer (see writeAnswer).
-type apiHandler func(w http.ResponseWriter, r *http.Request, key string) (status int, body any)
-
-// apiRoute registers a data API route (see the top of this file).
-func (s *Sim) apiRoute(pattern string, h apiHandler) {
+// apiRoute registers a data API route (see the top of this file); h gets
+// the Basic user name (an api key) and returns its answer (see writeAnswer).
+func (s *Sim) apiRoute(pattern string, h func(w http.ResponseWriter, r *http.Request, key string) (int, any)) {
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-		s.serveDirect(w, r, true, routeHandler{serve: func(w http.ResponseWriter, r *http.Request, in *incoming) (int, any) {
-			return s.serveAPI(w, r, in.Rec, h)
-		}})
+		s.serve(&Exchange{W: w, R: r, Direct: true, Streams: true, h: routeHandler{serve: func(w http.ResponseWriter, r *http.Request, in *incoming) (int, any) {
+			key, _, ok := r.BasicAuth()
+			if ok {
+				in.Rec.KeyLabel = KeyLabel(key)
+			}
+			if !ok || !s.validKey(key) {
+				w.Header().Set("WWW-Authenticate", `Basic realm="svc"`)
+				return apiFail(http.StatusUnauthorized, "invalid or missing Basic authentication")
+			}
+			if status, msg := decodeBody(r); status != 0 {
+				return apiFail(status, msg)
+			}
+			return h(w, r, key)
+		}}})
 	})
-}
-
-func (s *Sim) serveAPI(w http.ResponseWriter, r *http.Request, rec *Record, h apiHandler) (int, any) {
-	key, _, ok := r.BasicAuth()
-	if ok {
-		rec.KeyLabel = KeyLabel(key)
-	}
-	if !ok || !s.validKey(key) {
-		w.Header().Set("WWW-Authenticate", `Basic realm="svc"`)
-		return apiFail(http.StatusUnauthorized, "invalid or missing Basic authentication")
-	}
-	if status, msg := decodeBody(r); status != 0 {
-		return apiFail(status, msg)
-	}
-	return h(w, r, key)
 }
 
 // decodeBody gzip-decodes r.Body on the fly for Content-Encoding: gzip;

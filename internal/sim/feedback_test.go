@@ -60,7 +60,7 @@ func TestFeedbackIngest(t *testing.T) {
 		{"101 items", "key-one", items(101), 400, 0, nil},
 		{"100 items", "key-one", items(100), 200, 100, nil},
 		{"one bad among good", "key-one", `{"source_id":"src","items":[{"unique_id":"g1","body":"ok"},` +
-			`{"unique_id":"bad","body":"` + long + `"},{"unique_id":"g2","conversation_parts":[{"unique_id":"p1","body":"hi"}]}]}`,
+			`{"unique_id":"bad","body":"` + long + `"},{"unique_id":"g2","author":"ann","url":"u1","conversation_parts":[{"unique_id":"p1","body":"hi"}]}]}`,
 			200, 2, []string{"bad"}},
 		{"nested part", "key-one", `{"source_id":"src","items":[{"unique_id":"n","conversation_parts":[{"unique_id":"p","body":"x","conversation_parts":[{"unique_id":"q","body":"y"}]}]}]}`, 200, 0, []string{"n"}},
 		{"part without body", "key-one", `{"source_id":"src","items":[{"unique_id":"e","conversation_parts":[{"unique_id":"p"}]}]}`, 200, 0, []string{"e"}},
@@ -92,8 +92,9 @@ func TestFeedbackIngest(t *testing.T) {
 	if a := apiCall(t, "POST", u, "key-one", bytes.Repeat([]byte(" "), FeedbackMaxBytes+1)); a.Status != 413 {
 		t.Errorf("6 MB body: %d", a.Status)
 	}
-	// Upsert: re-sending g2 with a new part and a body appends the part and sets the body.
-	a := apiCall(t, "POST", u, "key-one", []byte(`{"source_id":"src","items":[{"unique_id":"g2","body":"now","conversation_parts":[{"unique_id":"p1","body":"hi"},{"unique_id":"p2","body":"more"}]}]}`))
+	// Upsert: re-sending g2 with a new part, a body and a url appends the part
+	// and sets the two fields; its author stays.
+	a := apiCall(t, "POST", u, "key-one", []byte(`{"source_id":"src","items":[{"unique_id":"g2","body":"now","url":"u2","conversation_parts":[{"unique_id":"p1","body":"hi"},{"unique_id":"p2","body":"more"}]}]}`))
 	if a.Status != 200 {
 		t.Fatal(a.Status, string(a.Body))
 	}
@@ -111,8 +112,51 @@ func TestFeedbackIngest(t *testing.T) {
 			t.Errorf("failed item %s stored", got[i].UniqueID)
 		}
 	}
-	if len(got) != 102 || g2 == nil || g2.Body != "now" || g2.Updates != 2 || len(g2.ConversationParts) != 2 ||
+	if len(got) != 102 || g2 == nil || g2.Body != "now" || g2.Author != "ann" || g2.URL != "u2" || g2.Updates != 2 || len(g2.ConversationParts) != 2 ||
 		g2.ConversationParts[0].Updates != 2 {
 		t.Fatalf("stored %d items, g2 %+v", len(got), g2)
+	}
+}
+
+// TestDataAPIAuthAndEncoding pins what every data API checks before its
+// handler: Basic authentication with an accepted api key (the key's label
+// logged either way) and the body's Content-Encoding.
+func TestDataAPIAuthAndEncoding(t *testing.T) {
+	s, url := start(t, Config{APIKeys: []string{"key-one"}})
+	body := []byte(`{"source_id":"src","items":[{"unique_id":"i1"}]}`)
+	for _, tc := range []struct {
+		name, key, enc string
+		body           []byte
+		status         int
+		answer, label  string
+	}{
+		{"no auth", "", "", body, 401, `{"error":"invalid or missing Basic authentication"}`, ""},
+		{"unknown key", "key-two", "", body, 401, `{"error":"invalid or missing Basic authentication"}`, KeyLabel("key-two")},
+		{"brotli", "key-one", "br", body, 415, `{"error":"unsupported Content-Encoding"}`, KeyLabel("key-one")},
+		{"bad gzip", "key-one", "gzip", body, 400, `{"error":"undecodable gzip body"}`, KeyLabel("key-one")},
+		{"gzip", "key-one", "gzip", gz(body), 200, `{"ingested":1,"failed":0,"errors":[]}`, KeyLabel("key-one")},
+	} {
+		req, _ := http.NewRequest("POST", url+"/api/1/ai-feedback/ingest", bytes.NewReader(tc.body))
+		if tc.key != "" {
+			req.SetBasicAuth(tc.key, "secret")
+		}
+		if tc.enc != "" {
+			req.Header.Set("Content-Encoding", tc.enc)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if got := strings.TrimSpace(string(b)); resp.StatusCode != tc.status || got != tc.answer {
+			t.Errorf("%s: %d %s, want %d %s", tc.name, resp.StatusCode, got, tc.status, tc.answer)
+		}
+		if ch := resp.Header.Get("WWW-Authenticate"); (tc.status == 401) != (ch == `Basic realm="svc"`) {
+			t.Errorf("%s: challenge %q", tc.name, ch)
+		}
+		if reqs := s.Requests(); reqs[len(reqs)-1].KeyLabel != tc.label {
+			t.Errorf("%s: logged key label %q, want %q", tc.name, reqs[len(reqs)-1].KeyLabel, tc.label)
+		}
 	}
 }

@@ -51,22 +51,42 @@ const ErrTextInvalidGroupIdentify = "Invalid group identification"
 
 var groupOps = map[string]bool{"$set": true, "$setOnce": true, "$add": true, "$append": true, "$unset": true}
 
-// giState is the group identify store (guarded by Sim.mu); the read-out
-// GET /sim/groupidentify?api_key=K answers K's identifications.
-type giState struct {
-	seq   int64
-	byKey map[string][]GroupIdentify
-}
-
+// registerGroupIdentify registers the route and its read-out GET
+// /sim/groupidentify?api_key=K (K's identifications).
 func (s *Sim) registerGroupIdentify() {
-	st := &giState{}
-	s.onReset(func() { *st = giState{byKey: map[string][]GroupIdentify{}} })
-	s.readout("/sim/groupidentify", func(q url.Values) any { return nonNil(st.byKey[q.Get("api_key")]) })
+	var seq int64
+	var byKey map[string][]GroupIdentify
+	s.onReset(func() { seq, byKey = 0, map[string][]GroupIdentify{} })
+	s.readout("/sim/groupidentify", func(q url.Values) any { return nonNil(byKey[q.Get("api_key")]) })
 	s.route("/groupidentify", routeHandler{
-		serve: func(_ http.ResponseWriter, r *http.Request, in *incoming) (int, any) {
-			return s.serveGroupIdentify(st, r, in)
-		},
 		describe: func(in *incoming) { describeForm(in, "identification") },
+		serve: func(_ http.ResponseWriter, r *http.Request, in *incoming) (int, any) {
+			if status, body := refuseIngest(r, in); status != 0 {
+				return status, body
+			}
+			body, _ := url.ParseQuery(string(in.Body))
+			form := formParams(body, r.URL.Query())
+			apiKey := form.Get("api_key")
+			raws, fail := s.formItems(in, apiKey, "identification", form.Get("identification"), MaxGroupIdentifies, ErrTextInvalidGroupIdentify)
+			if fail != nil {
+				return fail.Code, fail
+			}
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			out, ok := parseIdentifies(raws, s.knobs.RejectedGroupValues)
+			if !ok {
+				return codeError(http.StatusBadRequest, ErrTextInvalidGroupIdentify)
+			}
+			now := s.cfg.Now()
+			for i := range out {
+				seq++
+				out[i].Seq, out[i].Request, out[i].Time, out[i].KeyLabel = seq, in.Rec.Seq, now, in.Rec.KeyLabel
+			}
+			byKey[apiKey] = append(byKey[apiKey], out...)
+			s.store.stats.GroupIdentifies++
+			in.Rec.Ingested = len(out)
+			return http.StatusOK, map[string]int{"code": 200}
+		},
 	})
 }
 
@@ -125,45 +145,12 @@ func describeForm(in *incoming, field string) {
 // jsonObjects parses a JSON array of values or one object.
 func jsonObjects(v string) ([]json.RawMessage, bool) {
 	b := bytes.TrimSpace([]byte(v))
-	if len(b) == 0 {
-		return nil, false
-	}
-	if b[0] == '{' {
+	if len(b) > 0 && b[0] == '{' {
 		return []json.RawMessage{b}, json.Valid(b)
 	}
 	var arr []json.RawMessage
-	if json.Unmarshal(b, &arr) != nil {
-		return nil, false
-	}
-	return arr, true
-}
-
-func (s *Sim) serveGroupIdentify(st *giState, r *http.Request, in *incoming) (int, any) {
-	if status, body := refuseIngest(r, in); status != 0 {
-		return status, body
-	}
-	body, _ := url.ParseQuery(string(in.Body))
-	form := formParams(body, r.URL.Query())
-	apiKey := form.Get("api_key")
-	raws, fail := s.formItems(in, apiKey, "identification", form.Get("identification"), MaxGroupIdentifies, ErrTextInvalidGroupIdentify)
-	if fail != nil {
-		return fail.Code, fail
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out, ok := parseIdentifies(raws, s.knobs.RejectedGroupValues)
-	if !ok {
-		return codeError(http.StatusBadRequest, ErrTextInvalidGroupIdentify)
-	}
-	now := s.cfg.Now()
-	for i := range out {
-		st.seq++
-		out[i].Seq, out[i].Request, out[i].Time, out[i].KeyLabel = st.seq, in.Rec.Seq, now, in.Rec.KeyLabel
-	}
-	st.byKey[apiKey] = append(st.byKey[apiKey], out...)
-	s.store.stats.GroupIdentifies++
-	in.Rec.Ingested = len(out)
-	return http.StatusOK, map[string]int{"code": 200}
+	err := json.Unmarshal(b, &arr) // leaves arr nil when b is no array
+	return arr, err == nil
 }
 
 // parseIdentifies reads the identifications by the rules above; ok is

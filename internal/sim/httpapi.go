@@ -58,29 +58,24 @@ func (s *Sim) describeHTTPAPI(in *incoming) {
 	if json.Unmarshal(in.Body, &top) != nil {
 		return
 	}
-	env := &envelope{raw: top.Events, minIDLen: 5}
-	if k, ok := top.APIKey.(string); ok {
-		env.apiKey = k
-	}
+	env := &envelope{raw: top.Events, minIDLen: 5, info: make([]evInfo, len(top.Events))}
+	env.apiKey, _ = top.APIKey.(string)
 	if top.Options.MinIDLength != nil {
 		env.minIDLen = *top.Options.MinIDLength
 	}
-	env.info = make([]evInfo, len(top.Events))
+	id := func(v any) string { // "" when not a string or too short
+		if s, _ := v.(string); len([]rune(s)) >= env.minIDLen {
+			return s
+		}
+		return ""
+	}
 	for i, raw := range top.Events {
 		var ev struct {
 			DeviceID any `json:"device_id"`
 			UserID   any `json:"user_id"`
 		}
-		if json.Unmarshal(raw, &ev) != nil {
-			continue
-		}
-		d, _ := ev.DeviceID.(string)
-		u, _ := ev.UserID.(string)
-		if len([]rune(d)) >= env.minIDLen {
-			env.info[i].deviceID = d
-		}
-		if len([]rune(u)) >= env.minIDLen {
-			env.info[i].userID = u
+		if json.Unmarshal(raw, &ev) == nil {
+			env.info[i].deviceID, env.info[i].userID = id(ev.DeviceID), id(ev.UserID)
 		}
 	}
 	fillRecord(in.Rec, env)

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -260,5 +261,20 @@ func TestInvalidPath(t *testing.T) {
 	a := wiretest.Post(t, url+"/2/nope", wiretest.Envelope("k", wiretest.Event("device1", "a")))
 	if a.Status != 400 || a.JSON["error"] != ErrTextInvalidPath {
 		t.Fatalf("%d %s", a.Status, a.Body)
+	}
+}
+
+// TestRecordOfRefusedRequest: a request the validator refuses is logged with
+// what its body names as far as it can be read (ids under min_id_length and
+// ids that are not strings left out).
+func TestRecordOfRefusedRequest(t *testing.T) {
+	s, url := start(t, Config{})
+	body := `{"api_key":"k","options":{"min_id_length":3},"events":[{"device_id":"dev1"},{"device_id":"ab","user_id":"usr"},{"user_id":7},5]}`
+	if a := wiretest.Post(t, url+"/2/httpapi", []byte(body)); a.Status != 400 || a.JSON["error"] != ErrTextInvalidEvent {
+		t.Fatalf("%d %s", a.Status, a.Body)
+	}
+	rec := s.Requests()[0]
+	if rec.KeyLabel != KeyLabel("k") || rec.Events != 4 || !slices.Equal(rec.Devices, []string{"dev1"}) || !slices.Equal(rec.Users, []string{"usr"}) {
+		t.Errorf("record %+v", rec)
 	}
 }

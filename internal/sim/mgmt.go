@@ -51,12 +51,14 @@ type MgmtCall struct {
 	Body    string   `json:"body,omitempty"` // first 4 KiB
 }
 
-type mgmtAuth int
+// mgmtAuth is a group's authentication: its scheme, the text of its 403
+// and the content type of its answers.
+type mgmtAuth struct{ scheme, forbidden, ct string }
 
-const (
-	authMgmtBearer mgmtAuth = iota + 1
-	authSCIMBearer
-	authBasic
+var (
+	authMgmtBearer = &mgmtAuth{"Bearer", "invalid management API key", "application/json"}
+	authSCIMBearer = &mgmtAuth{"Bearer", "invalid SCIM token", "application/scim+json"}
+	authBasic      = &mgmtAuth{"Basic", "invalid API key or secret key", "application/json"}
 )
 
 // mgmtState is the state the management route groups share (guarded by
@@ -99,102 +101,79 @@ type mgRequest struct {
 	call    *MgmtCall
 }
 
-// mgHandler returns a management request's answer (see writeAnswer).
-type mgHandler func(w http.ResponseWriter, q *mgRequest) (status int, body any)
-
-// mgmtRoute registers pattern ("METHOD /path/{x}") for api.
-func (s *Sim) mgmtRoute(api, pattern string, auth mgmtAuth, maxBody int64, h mgHandler) {
-	st := s.mg
+// mgmtRoute registers pattern ("METHOD /path/{x}") for api: h returns a
+// request's answer (see writeAnswer) once it passed the checks of the top of
+// this file.
+func (s *Sim) mgmtRoute(api, pattern string, auth *mgmtAuth, maxBody int64, h func(w http.ResponseWriter, q *mgRequest) (int, any)) {
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		call := &MgmtCall{Time: s.cfg.Now(), API: api, Method: r.Method, Path: r.URL.EscapedPath(),
 			Query: r.URL.RawQuery, Headers: sortedKeys(r.Header)}
-		call.Status = s.serveDirect(w, r, false, routeHandler{serve: func(mw http.ResponseWriter, r *http.Request, _ *incoming) (int, any) {
-			return s.serveMgmt(mw, r, call, auth, maxBody, h)
-		}})
+		call.Status = s.serve(&Exchange{W: w, R: r, Direct: true, h: routeHandler{serve: func(w http.ResponseWriter, r *http.Request, _ *incoming) (int, any) {
+			av := r.Header.Get("Authorization")
+			scheme, cred, _ := strings.Cut(av, " ")
+			cred = strings.TrimSpace(cred)
+			call.Auth = "other"
+			switch {
+			case av == "":
+				call.Auth = "none"
+			case strings.EqualFold(scheme, "bearer"), strings.EqualFold(scheme, "basic"):
+				call.Auth = strings.ToLower(scheme)
+			}
+			key, secret, found := cred, "", true
+			if auth == authBasic {
+				dec, err := base64.StdEncoding.DecodeString(cred)
+				key, secret, found = strings.Cut(string(dec), ":")
+				found = found && err == nil
+			}
+			if call.Auth != strings.ToLower(auth.scheme) || key == "" || !found {
+				w.Header().Set("WWW-Authenticate", auth.scheme+` realm="svc"`)
+				return apiFail(http.StatusUnauthorized, "missing or malformed Authorization: "+auth.scheme+" header")
+			}
+			call.Principal = KeyLabel(key)
+			q := &mgRequest{r: r, call: call, account: call.Principal}
+			validKey := auth != authBasic || s.validKey(key) // it takes s.mu itself
+			s.mu.Lock()
+			k := &s.knobs
+			ok := len(k.ManagementKeys) == 0 || k.ManagementKeys[key]
+			switch auth {
+			case authSCIMBearer:
+				if q.account, ok = k.SCIMTokens[key]; len(k.SCIMTokens) == 0 {
+					q.account, ok = call.Principal, true
+				}
+			case authBasic:
+				wantSecret, hasSecret := k.ProjectSecrets[key]
+				q.account, ok = key, secret != "" && (!hasSecret || wantSecret == secret)
+			}
+			s.mu.Unlock()
+			if !validKey || !ok {
+				return apiFail(http.StatusForbidden, auth.forbidden)
+			}
+			if status, msg := decodeBody(r); status != 0 {
+				return apiFail(status, msg)
+			}
+			body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+			switch {
+			case err != nil:
+				return apiFail(http.StatusBadRequest, "unreadable body")
+			case int64(len(body)) > maxBody:
+				return apiFail(http.StatusRequestEntityTooLarge, "Payload too large")
+			}
+			q.body = body
+			call.Body = string(body[:min(len(body), 4096)])
+			call.Account = q.account
+			if auth == authBasic {
+				call.Account = call.Principal // a label, not the api key
+			}
+			status, answer := h(w, q)
+			writeAnswer(w, status, answer, auth.ct)
+			return status, written{}
+		}}})
 		s.mu.Lock()
-		st.seq++
-		call.Seq = st.seq
-		pushKeep(&st.calls, *call, maxMgmtCalls)
+		s.mg.seq++
+		call.Seq = s.mg.seq
+		pushKeep(&s.mg.calls, *call, maxMgmtCalls)
 		s.mu.Unlock()
 	})
-}
-
-func (s *Sim) serveMgmt(w http.ResponseWriter, r *http.Request, call *MgmtCall, auth mgmtAuth, maxBody int64, h mgHandler) (int, any) {
-	av := r.Header.Get("Authorization")
-	scheme, cred, _ := strings.Cut(av, " ")
-	cred = strings.TrimSpace(cred)
-	call.Auth = "other"
-	switch {
-	case av == "":
-		call.Auth = "none"
-	case strings.EqualFold(scheme, "bearer"), strings.EqualFold(scheme, "basic"):
-		call.Auth = strings.ToLower(scheme)
-	}
-	want := "Bearer"
-	if auth == authBasic {
-		want = "Basic"
-	}
-	q := &mgRequest{r: r, call: call}
-	key, secret, found := cred, "", true
-	if auth == authBasic {
-		dec, err := base64.StdEncoding.DecodeString(cred)
-		key, secret, found = strings.Cut(string(dec), ":")
-		found = found && err == nil
-	}
-	if call.Auth != strings.ToLower(want) || key == "" || !found {
-		w.Header().Set("WWW-Authenticate", want+` realm="svc"`)
-		return apiFail(http.StatusUnauthorized, "missing or malformed Authorization: "+want+" header")
-	}
-	call.Principal = KeyLabel(key)
-	s.mu.Lock()
-	k := &s.knobs
-	org, okSCIM := k.SCIMTokens[key]
-	okMgmt := len(k.ManagementKeys) == 0 || k.ManagementKeys[key]
-	wantSecret, hasSecret := k.ProjectSecrets[key]
-	if len(k.SCIMTokens) == 0 {
-		org, okSCIM = call.Principal, true
-	}
-	s.mu.Unlock()
-	switch auth {
-	case authMgmtBearer:
-		q.account = call.Principal
-		if !okMgmt {
-			return apiFail(http.StatusForbidden, "invalid management API key")
-		}
-	case authSCIMBearer:
-		if !okSCIM {
-			return apiFail(http.StatusForbidden, "invalid SCIM token")
-		}
-		q.account = org
-	case authBasic:
-		if !s.validKey(key) || secret == "" || (hasSecret && wantSecret != secret) {
-			return apiFail(http.StatusForbidden, "invalid API key or secret key")
-		}
-		q.account = key
-	}
-	if status, msg := decodeBody(r); status != 0 {
-		return apiFail(status, msg)
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	switch {
-	case err != nil:
-		return apiFail(http.StatusBadRequest, "unreadable body")
-	case int64(len(body)) > maxBody:
-		return apiFail(http.StatusRequestEntityTooLarge, "Payload too large")
-	}
-	q.body = body
-	call.Body = string(body[:min(len(body), 4096)])
-	call.Account = q.account
-	if auth == authBasic {
-		call.Account = call.Principal // a label, not the api key
-	}
-	ct := "application/json"
-	if auth == authSCIMBearer {
-		ct = "application/scim+json"
-	}
-	status, answer := h(w, q)
-	writeAnswer(w, status, answer, ct)
-	return status, written{}
 }
 
 // windowHits keeps the counted calls (time, cost) per account for a sliding

@@ -296,3 +296,46 @@ func TestSimExperiments(t *testing.T) {
 		{"GET", "/api/1/experiments/999", a, "", 404, ""},
 	})
 }
+
+// TestMgmtAuthAnswers pins each management group's 401 and 403 answers, the
+// content type of its answers and the account its calls are logged under.
+func TestMgmtAuthAnswers(t *testing.T) {
+	s, do := mgmtSim(t, Config{APIKeys: []string{"key-a", "key-c"}})
+	s.Knobs(func(k *Knobs) {
+		k.ManagementKeys["mk"] = true
+		k.SCIMTokens["tok"] = "acme"
+		k.ProjectSecrets["key-a"] = "sec"
+	})
+	cases := []struct{ path, scheme, good, bad, forbidden, ct, account string }{
+		{"/api/1/experiments", "Bearer", "Bearer mk", "Bearer other", "invalid management API key", "application/json", KeyLabel("mk")},
+		{"/scim/1/Users", "Bearer", "Bearer tok", "Bearer other", "invalid SCIM token", "application/scim+json", "acme"},
+		{"/api/2/channel-classifiers", "Basic", basicAuth("key-a", "sec"), basicAuth("key-a", "other"),
+			"invalid API key or secret key", "application/json", KeyLabel("key-a")},
+		{"/api/2/taxonomy/category", "Basic", basicAuth("key-a", "sec"), basicAuth("key-b", "sec"),
+			"invalid API key or secret key", "application/json", KeyLabel("key-a")},
+		{"/api/2/taxonomy/category", "Basic", basicAuth("key-c", "any"), basicAuth("key-c", ""),
+			"invalid API key or secret key", "application/json", KeyLabel("key-c")},
+	}
+	for _, c := range cases {
+		status, h, body := do("GET", c.path, "Token x", "", "")
+		if want := `{"error":"missing or malformed Authorization: ` + c.scheme + ` header"}`; status != 401 ||
+			body != want || h.Get("WWW-Authenticate") != c.scheme+` realm="svc"` {
+			t.Errorf("%s without auth: %d %s %q", c.path, status, body, h.Get("WWW-Authenticate"))
+		}
+		if status, _, body = do("GET", c.path, c.bad, "", ""); status != 403 || body != `{"error":"`+c.forbidden+`"}` {
+			t.Errorf("%s with %q: %d %s", c.path, c.bad, status, body)
+		}
+		if status, h, body = do("GET", c.path, c.good, "", ""); status != 200 || h.Get("Content-Type") != c.ct {
+			t.Errorf("%s: %d %q %s", c.path, status, h.Get("Content-Type"), body)
+		}
+	}
+	calls := readOut[MgmtCalls](t, s, "/sim/mgmt/calls").Calls
+	if len(calls) != 3*len(cases) {
+		t.Fatalf("%d calls logged, want %d", len(calls), 3*len(cases))
+	}
+	for i, c := range cases {
+		if got := calls[3*i : 3*i+3]; got[0].Account != "" || got[1].Account != "" || got[2].Account != c.account {
+			t.Errorf("%s: accounts %q %q %q, want \"\" \"\" %q", c.path, got[0].Account, got[1].Account, got[2].Account, c.account)
+		}
+	}
+}

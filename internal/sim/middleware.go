@@ -40,7 +40,7 @@ type routeHandler struct {
 // fault).
 func (s *Sim) route(pattern string, h routeHandler) {
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-		s.serve(&Exchange{W: w, R: r, Rec: s.newRecord(r), h: h})
+		s.serve(&Exchange{W: w, R: r, h: h})
 	})
 }
 

@@ -40,6 +40,10 @@ func TestResetClearsRouteGroups(t *testing.T) {
 	if got := readOut[[]GroupIdentify](t, s, "/sim/groupidentify?api_key=k"); len(got) != 0 || len(s.knobs.RejectedGroupValues) != 0 {
 		t.Errorf("groupidentify kept %v %v", got, s.knobs.RejectedGroupValues)
 	}
+	do("POST", "/groupidentify?api_key=k&identification="+`[{"group_type":"t","group_value":"y"}]`, "", "")
+	if got := readOut[[]GroupIdentify](t, s, "/sim/groupidentify?api_key=k"); len(got) != 1 || got[0].Seq != 1 {
+		t.Errorf("groupidentify after Reset: %+v, want one numbered 1", got)
+	}
 	if um := readOut[UserMapState](t, s, "/sim/usermap"); len(um.Mapped) != 0 || len(um.Calls) != 0 || s.knobs.UserMapLimit != 7 {
 		t.Errorf("usermap after Reset: mapped %v, calls %d, limit %d (want empty, 0, kept 7)", um.Mapped, len(um.Calls), s.knobs.UserMapLimit)
 	}

@@ -7,6 +7,7 @@ import (
 	"hash/maphash"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -82,19 +83,6 @@ type Config struct {
 	QuotaRolling bool
 }
 
-// Defaults of Config's zero values.
-const (
-	DefaultEPSThreshold    = 30
-	DefaultRateWindow      = 10 * time.Second
-	DefaultThrottlePenalty = 30 * time.Second
-	DefaultDedupWindow     = 7 * 24 * time.Hour
-	DefaultDedupMaxKeys    = 1 << 22
-	DefaultMaxBodyBytes    = 1_000_000
-	DefaultMaxEvents       = 2000
-	DefaultKeep            = 1_000_000
-	DefaultKeepRequests    = 100_000
-)
-
 // Validate reports a configuration that cannot work.
 func (c *Config) Validate() error {
 	for _, f := range []struct {
@@ -117,17 +105,6 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-func (c Config) withDefaults() Config {
-	c.EPSThreshold, c.RateWindow = cmp.Or(c.EPSThreshold, DefaultEPSThreshold), cmp.Or(c.RateWindow, DefaultRateWindow)
-	c.ThrottlePenalty, c.DedupWindow = cmp.Or(c.ThrottlePenalty, DefaultThrottlePenalty), cmp.Or(c.DedupWindow, DefaultDedupWindow)
-	c.DedupMaxKeys, c.MaxBodyBytes = cmp.Or(c.DedupMaxKeys, DefaultDedupMaxKeys), cmp.Or(c.MaxBodyBytes, DefaultMaxBodyBytes)
-	c.MaxEvents, c.Keep, c.KeepRequests = cmp.Or(c.MaxEvents, DefaultMaxEvents), cmp.Or(c.Keep, DefaultKeep), cmp.Or(c.KeepRequests, DefaultKeepRequests)
-	if c.Now == nil {
-		c.Now = time.Now
-	}
-	return c
-}
-
 // ErrClosed is returned by Serve after Close, and by Up after Close.
 var ErrClosed = errors.New("sim: closed")
 
@@ -135,7 +112,6 @@ var ErrClosed = errors.New("sim: closed")
 type Sim struct {
 	cfg    Config
 	log    *zap.Logger
-	keys   map[string]bool // Config.APIKeys; nil: every non-empty key
 	mux    *http.ServeMux
 	ctlMux *http.ServeMux
 	srv    *http.Server
@@ -219,14 +195,14 @@ func New(cfg Config, log *zap.Logger) *Sim {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	cfg = cfg.withDefaults()
-	s := &Sim{cfg: cfg, log: log, seed: maphash.MakeSeed()}
-	if len(cfg.APIKeys) > 0 {
-		s.keys = make(map[string]bool, len(cfg.APIKeys))
-		for _, k := range cfg.APIKeys {
-			s.keys[k] = true
-		}
+	cfg.EPSThreshold, cfg.RateWindow = cmp.Or(cfg.EPSThreshold, 30), cmp.Or(cfg.RateWindow, 10*time.Second)
+	cfg.ThrottlePenalty, cfg.DedupWindow = cmp.Or(cfg.ThrottlePenalty, 30*time.Second), cmp.Or(cfg.DedupWindow, 7*24*time.Hour)
+	cfg.DedupMaxKeys, cfg.MaxBodyBytes = cmp.Or(cfg.DedupMaxKeys, 1<<22), cmp.Or(cfg.MaxBodyBytes, 1_000_000)
+	cfg.MaxEvents, cfg.Keep, cfg.KeepRequests = cmp.Or(cfg.MaxEvents, 2000), cmp.Or(cfg.Keep, 1_000_000), cmp.Or(cfg.KeepRequests, 100_000)
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
+	s := &Sim{cfg: cfg, log: log, seed: maphash.MakeSeed()}
 	s.store.init(&s.cfg, s.seed, &s.knobs)
 	s.knobs = Knobs{DailyQuota: cfg.DailyQuota, Silenced: map[string]bool{}, RefusedKeys: map[string]time.Time{},
 		ManagementKeys: map[string]bool{}, SCIMTokens: map[string]string{}, ProjectSecrets: map[string]string{},
@@ -323,7 +299,7 @@ func (s *Sim) onReset(reset func()) {
 // Config.APIKeys when those are set, and not refused (Knobs.RefusedKeys).
 // The caller must not hold s.mu.
 func (s *Sim) validKey(apiKey string) bool {
-	if apiKey == "" || (s.keys != nil && !s.keys[apiKey]) {
+	if apiKey == "" || (len(s.cfg.APIKeys) > 0 && !slices.Contains(s.cfg.APIKeys, apiKey)) {
 		return false
 	}
 	s.mu.Lock()

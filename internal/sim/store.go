@@ -146,8 +146,8 @@ type store struct {
 	seed maphash.Seed
 
 	reqSeq, evSeq int64
-	events        []Ingested // oldest first, as are requests and dedupFIFO
-	requests      []*Record
+	events        []Ingested // oldest first, as is dedupFIFO
+	requests      []Record   // in the order logged
 	stats         Stats
 
 	dedup     map[uint64]int64
@@ -189,7 +189,9 @@ func (s *Sim) newRecord(r *http.Request) *Record {
 	return &Record{Seq: s.store.reqSeq, Time: s.cfg.Now(), Method: r.Method, Path: r.URL.Path}
 }
 
-func (s *Sim) logRequest(rec *Record) {
+// Log appends the Exchange's Rec to the request log.
+func (x *Exchange) Log() {
+	s, rec := x.s, x.Rec
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := &s.store
@@ -203,7 +205,7 @@ func (s *Sim) logRequest(rec *Record) {
 	if s.cfg.KeepRequests < 0 {
 		return
 	}
-	pushKeep(&st.requests, rec, s.cfg.KeepRequests)
+	pushKeep(&st.requests, *rec, s.cfg.KeepRequests)
 }
 
 func (st *store) rateKeyOf(apiKey, kind, id string) string {
@@ -218,26 +220,11 @@ func (st *store) rateOf(k string, now int64) (*rateKey, float64) {
 	if rk == nil {
 		return nil, 0
 	}
-	cut := now - int64(st.cfg.RateWindow)
-	i := 0
-	for i < len(rk.stamps) && rk.stamps[i].t <= cut {
-		rk.sum -= rk.stamps[i].n
-		i++
-	}
-	if i > 0 {
-		rk.stamps = append(rk.stamps[:0], rk.stamps[i:]...)
+	// The dropped front is reclaimed when append moves the stamps.
+	for ; len(rk.stamps) > 0 && rk.stamps[0].t <= now-int64(st.cfg.RateWindow); rk.stamps = rk.stamps[1:] {
+		rk.sum -= rk.stamps[0].n
 	}
 	return rk, float64(rk.sum) / st.cfg.RateWindow.Seconds()
-}
-
-func (st *store) addRate(k string, now int64, n int) {
-	rk := entry(st.rates, k, newRateKey)
-	if l := len(rk.stamps); l > 0 && rk.stamps[l-1].t == now {
-		rk.stamps[l-1].n += n
-	} else {
-		rk.stamps = append(rk.stamps, rateStamp{now, n})
-	}
-	rk.sum += n
 }
 
 // sweep drops idle rate keys, now and then.
@@ -255,11 +242,7 @@ func (st *store) sweep(now int64) {
 	}
 	today := utcDay(time.Unix(0, now))
 	for k, q := range st.quotas {
-		if st.cfg.QuotaRolling {
-			if q.until != 0 && q.until <= now {
-				delete(st.quotas, k)
-			}
-		} else if q.day != today {
+		if (st.cfg.QuotaRolling && q.until != 0 && q.until <= now) || (!st.cfg.QuotaRolling && q.day != today) {
 			delete(st.quotas, k)
 		}
 	}
@@ -341,8 +324,8 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 			return thr
 		}
 		rk, rate := st.rateOf(st.rateKeyOf(env.apiKey, kind, id), now)
-		if n := own[kind+id]; n > 0 && !s.cfg.LenientRate {
-			rate += float64(n) / st.cfg.RateWindow.Seconds()
+		if !s.cfg.LenientRate {
+			rate += float64(own[kind+id]) / st.cfg.RateWindow.Seconds()
 		}
 		thr := rate > float64(s.cfg.EPSThreshold) || (rk != nil && rk.penaltyUntil > now)
 		if thr {
@@ -359,11 +342,13 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 		}
 	}
 	if len(thrEvents) > 0 {
-		s.startPenaltiesLocked(env.apiKey, thrDevs, thrUsers, now)
-		thr := map[string]map[string]int{"d": thrDevs, "u": thrUsers}
-		for k, n := range own {
-			if _, ok := thr[k[:1]][k[1:]]; ok {
-				rec.Throttled = append(rec.Throttled, keyShare{Key: k[:1] + ":" + k[1:], Share: n})
+		for kind, m := range map[string]map[string]int{"d": thrDevs, "u": thrUsers} {
+			for id := range m {
+				rk := entry(st.rates, st.rateKeyOf(env.apiKey, kind, id), newRateKey)
+				if s.cfg.ThrottlePenalty >= 0 && rk.penaltyUntil <= now {
+					rk.penaltyUntil = now + int64(s.cfg.ThrottlePenalty)
+				}
+				rec.Throttled = append(rec.Throttled, keyShare{Key: kind + ":" + id, Share: own[kind+id]})
 			}
 		}
 		sort.Slice(rec.Throttled, func(i, j int) bool { return rec.Throttled[i].Key < rec.Throttled[j].Key })
@@ -422,16 +407,12 @@ func (env *envelope) without(skip ...[]int) *envelope {
 // quota, nil when it is not over.
 func (st *store) overQuotaLocked(qk string, day, now int64) *quotaKey {
 	q := st.quotas[qk]
-	if q == nil || q.n < st.knobs.DailyQuota {
+	switch {
+	case q == nil || q.n < st.knobs.DailyQuota || (!st.cfg.QuotaRolling && q.day != day):
 		return nil
-	}
-	if !st.cfg.QuotaRolling {
-		if q.day != day {
-			return nil
-		}
+	case !st.cfg.QuotaRolling:
 		return q
-	}
-	if q.until == 0 {
+	case q.until == 0: // refused for 24 hours from now
 		q.until = now + int64(24*time.Hour)
 	}
 	if q.until <= now {
@@ -469,7 +450,13 @@ func (s *Sim) storeLocked(env *envelope, rec *Record, nowT time.Time) {
 		}
 	}
 	for k, n := range keyCounts(env.info) {
-		st.addRate(st.rateKeyOf(env.apiKey, k[:1], k[1:]), now, n)
+		rk := entry(st.rates, st.rateKeyOf(env.apiKey, k[:1], k[1:]), newRateKey)
+		if l := len(rk.stamps); l > 0 && rk.stamps[l-1].t == now {
+			rk.stamps[l-1].n += n
+		} else {
+			rk.stamps = append(rk.stamps, rateStamp{now, n})
+		}
+		rk.sum += n
 		if k[0] == 'd' && st.knobs.DailyQuota > 0 {
 			qk := env.apiKey + "\x00" + k[1:]
 			q := st.quotas[qk]
@@ -494,21 +481,6 @@ func keyCounts(info []evInfo) map[string]int {
 		}
 	}
 	return n
-}
-
-func (s *Sim) startPenaltiesLocked(apiKey string, devs, users map[string]int, now int64) {
-	if s.cfg.ThrottlePenalty < 0 {
-		return
-	}
-	st := &s.store
-	for kind, m := range map[string]map[string]int{"d": devs, "u": users} {
-		for id := range m {
-			rk := entry(st.rates, st.rateKeyOf(apiKey, kind, id), newRateKey)
-			if rk.penaltyUntil <= now {
-				rk.penaltyUntil = now + int64(s.cfg.ThrottlePenalty)
-			}
-		}
-	}
 }
 
 // seenLocked reports whether ev's insert_id was seen for its device within
@@ -579,12 +551,7 @@ func (s *Sim) Duplicates() int64 { return s.Stats().Duplicates }
 
 // Requests returns the request log in arrival order (see Config.KeepRequests).
 func (s *Sim) Requests() []Record {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]Record, 0, len(s.store.requests))
-	for _, r := range s.store.requests {
-		out = append(out, *r)
-	}
+	out := locked(&s.mu, func() []Record { return slices.Clone(s.store.requests) })
 	sort.Slice(out, func(i, j int) bool { return out[i].Seq < out[j].Seq })
 	return out
 }
@@ -594,8 +561,7 @@ func (s *Sim) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.store.stats
-	st.Counted = s.counted.Load()
-	st.Connections = s.connections.Load()
+	st.Counted, st.Connections = s.counted.Load(), s.connections.Load()
 	st.ByStatus, st.IngestedByKey = maps.Clone(st.ByStatus), maps.Clone(st.IngestedByKey)
 	return st
 }

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -188,5 +189,23 @@ func TestSilencedAndQuota(t *testing.T) {
 	}
 	if st := s.Stats(); st.Silenced != 2 {
 		t.Fatalf("silenced answers %d", st.Silenced)
+	}
+}
+
+// TestThrottledShares: the log record of a 429 names each throttled device
+// and user with its number of the request's events, sorted.
+func TestThrottledShares(t *testing.T) {
+	s, url := start(t, Config{EPSThreshold: 1, RateWindow: 2 * time.Second})
+	ev := func(dev, user string) string {
+		return fmt.Sprintf(`{"event_type":"e","device_id":%q,"user_id":%q}`, dev, user)
+	}
+	a := wiretest.Post(t, url+"/2/httpapi", wiretest.Envelope("k", ev("dev-a", "user-x"), ev("dev-a", ""), ev("dev-a", ""),
+		ev("dev-b", "user-y"), ev("dev-c", "user-y"), ev("dev-d", "user-y"), ev("dev-e", "user-y")))
+	if a.Status != 429 {
+		t.Fatalf("%d %s", a.Status, a.Body)
+	}
+	want := []keyShare{{"d:dev-a", 3}, {"u:user-y", 4}}
+	if got := s.Requests()[0].Throttled; !slices.Equal(got, want) {
+		t.Errorf("throttled %v, want %v", got, want)
 	}
 }

@@ -176,11 +176,59 @@ func (s *Sim) registerTaxonomy() {
 	x := &taxState{inFlight: map[string]int{}}
 	s.mg.tax = x
 	s.onReset(func() { x.projects, x.spent, x.peak = map[string]*taxProject{}, windowHits{}, map[string]int{} })
-	// r registers a taxonomy route: f answers once the limits pass, the form
-	// is read and its required fields are there.
+	// r registers a taxonomy route: f answers once the limits (cost in
+	// flight and per period) pass, the form is read and its required fields
+	// are there.
 	r := func(pattern string, f func(q *taxReq) (int, any), required ...string) {
 		s.mgmtRoute("taxonomy", pattern, authBasic, taxMaxBody, func(w http.ResponseWriter, q *mgRequest) (int, any) {
-			return s.serveTaxonomy(w, q, f, required)
+			k := &s.knobs
+			cost := 2 // GET 1, PUT/POST/DELETE 2
+			if q.r.Method == http.MethodGet {
+				cost = 1
+			}
+			key := q.account
+			s.mu.Lock()
+			if x.inFlight[key]+cost > k.TaxonomyMaxInFlight {
+				s.mu.Unlock()
+				retryAfter(w, time.Second)
+				return taxFail(http.StatusTooManyRequests, "Too many concurrent requests")
+			}
+			if ok, wait := x.spent.take(key, s.cfg.Now(), cost, k.TaxonomyPeriodCost, k.TaxonomyPeriod); !ok {
+				s.mu.Unlock()
+				retryAfter(w, wait)
+				return taxFail(http.StatusTooManyRequests, "Too many requests: cost budget exceeded")
+			}
+			x.inFlight[key] += cost
+			x.peak[key] = max(x.peak[key], x.inFlight[key])
+			delay := k.TaxonomyDelay
+			s.mu.Unlock()
+			defer func() {
+				s.mu.Lock()
+				x.inFlight[key] -= cost
+				s.mu.Unlock()
+			}()
+			select { // held in flight, unless the client goes
+			case <-time.After(delay):
+			case <-q.r.Context().Done():
+			}
+			form := q.r.URL.Query()
+			if q.r.Method != http.MethodGet {
+				if b, err := url.ParseQuery(string(q.body)); err == nil {
+					for k, v := range b {
+						form[k] = append(form[k], v...)
+					}
+				} else {
+					return taxFail(http.StatusBadRequest, "body is not form encoded")
+				}
+			}
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			for _, field := range required {
+				if form.Get(field) == "" {
+					return taxFail(http.StatusBadRequest, "missing required field: "+field)
+				}
+			}
+			return f(&taxReq{mgRequest: q, form: form, p: x.project(key)})
 		})
 	}
 
@@ -430,57 +478,6 @@ func (s *Sim) registerTaxonomy() {
 		}
 		return taxOK(http.StatusOK, out)
 	})
-}
-
-// serveTaxonomy applies the limits (cost in flight and per period), reads
-// the form and its required fields, and returns f's answer.
-func (s *Sim) serveTaxonomy(w http.ResponseWriter, q *mgRequest, f func(q *taxReq) (int, any), required []string) (int, any) {
-	x, k := s.mg.tax, &s.knobs
-	cost := 2 // GET 1, PUT/POST/DELETE 2
-	if q.r.Method == http.MethodGet {
-		cost = 1
-	}
-	key := q.account
-	now := s.cfg.Now()
-	s.mu.Lock()
-	if x.inFlight[key]+cost > k.TaxonomyMaxInFlight {
-		s.mu.Unlock()
-		retryAfter(w, time.Second)
-		return taxFail(http.StatusTooManyRequests, "Too many concurrent requests")
-	}
-	if ok, wait := x.spent.take(key, now, cost, k.TaxonomyPeriodCost, k.TaxonomyPeriod); !ok {
-		s.mu.Unlock()
-		retryAfter(w, wait)
-		return taxFail(http.StatusTooManyRequests, "Too many requests: cost budget exceeded")
-	}
-	x.inFlight[key] += cost
-	x.peak[key] = max(x.peak[key], x.inFlight[key])
-	delay := k.TaxonomyDelay
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		x.inFlight[key] -= cost
-		s.mu.Unlock()
-	}()
-	sleepCtx(q.r.Context(), delay)
-	form := q.r.URL.Query()
-	if q.r.Method != http.MethodGet {
-		if b, err := url.ParseQuery(string(q.body)); err == nil {
-			for k, v := range b {
-				form[k] = append(form[k], v...)
-			}
-		} else {
-			return taxFail(http.StatusBadRequest, "body is not form encoded")
-		}
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, field := range required {
-		if form.Get(field) == "" {
-			return taxFail(http.StatusBadRequest, "missing required field: "+field)
-		}
-	}
-	return f(&taxReq{mgRequest: q, form: form, p: x.project(key)})
 }
 
 // lifecycleDelete applies the document's DELETE lifecycle to m[name].

@@ -102,14 +102,111 @@ func (s *Sim) registerUserMap() {
 		return UserMapState{Calls: st.calls, Batches: st.batches, Throttled: st.throttled, Reads: st.reads, Mapped: st.mapped}
 	})
 	s.route("/usermap", routeHandler{
-		serve: func(_ http.ResponseWriter, r *http.Request, in *incoming) (int, any) {
-			return s.serveUserMap(st, r, in)
-		},
 		describe: func(in *incoming) { describeForm(in, "mapping") },
+		serve: func(_ http.ResponseWriter, r *http.Request, in *incoming) (int, any) {
+			if status, body := refuseIngest(r, in); status != 0 {
+				return status, body
+			}
+			body, _ := url.ParseQuery(string(in.Body))
+			form := formParams(r.URL.Query(), body)
+			apiKey := form.Get("api_key")
+			raws, fail := s.formItems(in, apiKey, "mapping", form.Get("mapping"), MaxMappingsPerRequest, ErrTextInvalidMapping)
+			if fail != nil {
+				return fail.Code, fail
+			}
+			var ms []MappingCall
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			for _, raw := range raws {
+				var m struct {
+					UserID       any `json:"user_id"`
+					GlobalUserID any `json:"global_user_id"`
+					Unmap        any `json:"unmap"`
+				}
+				bad := len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &m) != nil
+				uid, isString := m.UserID.(string)
+				unmap, isBool := m.Unmap.(bool)
+				gid, _ := m.GlobalUserID.(string)
+				if bad || !isString || uid == "" || s.knobs.RejectedUserIDs[uid] || (m.Unmap != nil && !isBool) || (gid == "" && !unmap) {
+					return codeError(http.StatusBadRequest, ErrTextInvalidMapping)
+				}
+				ms = append(ms, MappingCall{UserID: uid, GlobalUserID: gid, Unmap: unmap})
+			}
+			now := s.cfg.Now()
+			org := UserMapOrg(&s.knobs, apiKey)
+			if ok, _ := st.hits.take(org, now, len(ms), s.knobs.UserMapLimit, s.knobs.UserMapWindow); !ok {
+				st.throttled++
+				return codeError(http.StatusTooManyRequests, "Too many requests")
+			}
+			st.batches = append(st.batches, MappingBatch{Time: now, Org: org, N: len(ms)})
+			users := entry(st.mapped, org, func() map[string]string { return map[string]string{} })
+			for _, m := range ms {
+				st.seq++
+				m.Seq, m.Request, m.Time, m.KeyLabel = st.seq, in.Rec.Seq, now, in.Rec.KeyLabel
+				if m.Unmap {
+					delete(users, m.UserID)
+				} else {
+					users[m.UserID] = m.GlobalUserID
+				}
+				st.calls = append(st.calls, m)
+			}
+			in.Rec.Ingested = len(ms)
+			return http.StatusOK, map[string]int{"code": 200}
+		},
 	})
-	s.route("/api/2/usermap", routeHandler{
-		serve: func(_ http.ResponseWriter, r *http.Request, _ *incoming) (int, any) { return s.serveUserMapRead(st, r) },
-	})
+	s.route("/api/2/usermap", routeHandler{serve: func(_ http.ResponseWriter, r *http.Request, _ *incoming) (status int, body any) {
+		rd := MappingRead{Time: s.cfg.Now(), Query: r.URL.RawQuery, Headers: sortedKeys(r.Header)}
+		defer func() { // after the unlock below
+			rd.Status = status
+			s.mu.Lock()
+			st.reads = append(st.reads, rd)
+			s.mu.Unlock()
+		}()
+		if r.Method != http.MethodGet {
+			return codeError(http.StatusBadRequest, ErrTextInvalidPath)
+		}
+		user, pass, ok := r.BasicAuth()
+		if ok {
+			rd.User = KeyLabel(user)
+			s.mu.Lock()
+			want, has := s.knobs.UserMapSecrets[user]
+			s.mu.Unlock()
+			ok = s.validKey(user) && pass != "" && (!has || want == pass)
+		}
+		if !ok {
+			return codeError(http.StatusUnauthorized, "Invalid credentials")
+		}
+		raw := strings.TrimSpace(r.URL.Query().Get("user_ids"))
+		var ids []string
+		if strings.HasPrefix(raw, "[") {
+			if json.Unmarshal([]byte(raw), &ids) != nil {
+				return codeError(http.StatusBadRequest, "Invalid user_ids")
+			}
+		} else if raw != "" {
+			ids = strings.Split(raw, ",")
+		}
+		if len(ids) < 1 || len(ids) > MaxReadUserIDs {
+			return codeError(http.StatusBadRequest, "Invalid user_ids: 1 to 100 user ids")
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		users := st.mapped[UserMapOrg(&s.knobs, user)]
+		out := make(map[string]userMapping, len(ids))
+		for _, id := range ids {
+			um := userMapping{MappedFrom: []svcUser{}, MappedTo: []svcUser{}}
+			if g, ok := users[id]; ok {
+				um.MappedTo = append(um.MappedTo, svcUser{SvcID: SvcID(user, g), UserID: g})
+			}
+			for u, g := range users {
+				if g == id {
+					um.MappedFrom = append(um.MappedFrom, svcUser{SvcID: SvcID(user, u), UserID: u})
+				}
+			}
+			sort.Slice(um.MappedFrom, func(i, j int) bool { return um.MappedFrom[i].UserID < um.MappedFrom[j].UserID })
+			out[id] = um
+		}
+		return http.StatusOK, out
+	}})
 }
 
 // UserMapOrg is the organization of apiKey's mappings (Knobs.UserMapOrgs).
@@ -118,56 +215,6 @@ func UserMapOrg(k *Knobs, apiKey string) string {
 		return o
 	}
 	return "key:" + KeyLabel(apiKey)
-}
-func (s *Sim) serveUserMap(st *umState, r *http.Request, in *incoming) (int, any) {
-	if status, body := refuseIngest(r, in); status != 0 {
-		return status, body
-	}
-	body, _ := url.ParseQuery(string(in.Body))
-	form := formParams(r.URL.Query(), body)
-	apiKey := form.Get("api_key")
-	raws, fail := s.formItems(in, apiKey, "mapping", form.Get("mapping"), MaxMappingsPerRequest, ErrTextInvalidMapping)
-	if fail != nil {
-		return fail.Code, fail
-	}
-	var ms []MappingCall
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, raw := range raws {
-		var m struct {
-			UserID       any `json:"user_id"`
-			GlobalUserID any `json:"global_user_id"`
-			Unmap        any `json:"unmap"`
-		}
-		bad := len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &m) != nil
-		uid, isString := m.UserID.(string)
-		unmap, isBool := m.Unmap.(bool)
-		gid, _ := m.GlobalUserID.(string)
-		if bad || !isString || uid == "" || s.knobs.RejectedUserIDs[uid] || (m.Unmap != nil && !isBool) || (gid == "" && !unmap) {
-			return codeError(http.StatusBadRequest, ErrTextInvalidMapping)
-		}
-		ms = append(ms, MappingCall{UserID: uid, GlobalUserID: gid, Unmap: unmap})
-	}
-	now := s.cfg.Now()
-	org := UserMapOrg(&s.knobs, apiKey)
-	if ok, _ := st.hits.take(org, now, len(ms), s.knobs.UserMapLimit, s.knobs.UserMapWindow); !ok {
-		st.throttled++
-		return codeError(http.StatusTooManyRequests, "Too many requests")
-	}
-	st.batches = append(st.batches, MappingBatch{Time: now, Org: org, N: len(ms)})
-	users := entry(st.mapped, org, func() map[string]string { return map[string]string{} })
-	for _, m := range ms {
-		st.seq++
-		m.Seq, m.Request, m.Time, m.KeyLabel = st.seq, in.Rec.Seq, now, in.Rec.KeyLabel
-		if m.Unmap {
-			delete(users, m.UserID)
-		} else {
-			users[m.UserID] = m.GlobalUserID
-		}
-		st.calls = append(st.calls, m)
-	}
-	in.Rec.Ingested = len(ms)
-	return http.StatusOK, map[string]int{"code": 200}
 }
 
 type svcUser struct {
@@ -178,59 +225,4 @@ type svcUser struct {
 type userMapping struct {
 	MappedFrom []svcUser `json:"mapped_from"`
 	MappedTo   []svcUser `json:"mapped_to"`
-}
-
-// serveUserMapRead answers GET /api/2/usermap and logs the read.
-func (s *Sim) serveUserMapRead(st *umState, r *http.Request) (status int, body any) {
-	rd := MappingRead{Time: s.cfg.Now(), Query: r.URL.RawQuery, Headers: sortedKeys(r.Header)}
-	defer func() { // after the unlock below
-		rd.Status = status
-		s.mu.Lock()
-		st.reads = append(st.reads, rd)
-		s.mu.Unlock()
-	}()
-	if r.Method != http.MethodGet {
-		return codeError(http.StatusBadRequest, ErrTextInvalidPath)
-	}
-	user, pass, ok := r.BasicAuth()
-	if ok {
-		rd.User = KeyLabel(user)
-		s.mu.Lock()
-		want, has := s.knobs.UserMapSecrets[user]
-		s.mu.Unlock()
-		ok = s.validKey(user) && pass != "" && (!has || want == pass)
-	}
-	if !ok {
-		return codeError(http.StatusUnauthorized, "Invalid credentials")
-	}
-	raw := strings.TrimSpace(r.URL.Query().Get("user_ids"))
-	var ids []string
-	if strings.HasPrefix(raw, "[") {
-		if json.Unmarshal([]byte(raw), &ids) != nil {
-			return codeError(http.StatusBadRequest, "Invalid user_ids")
-		}
-	} else if raw != "" {
-		ids = strings.Split(raw, ",")
-	}
-	if len(ids) < 1 || len(ids) > MaxReadUserIDs {
-		return codeError(http.StatusBadRequest, "Invalid user_ids: 1 to 100 user ids")
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	users := st.mapped[UserMapOrg(&s.knobs, user)]
-	out := make(map[string]userMapping, len(ids))
-	for _, id := range ids {
-		um := userMapping{MappedFrom: []svcUser{}, MappedTo: []svcUser{}}
-		if g, ok := users[id]; ok {
-			um.MappedTo = append(um.MappedTo, svcUser{SvcID: SvcID(user, g), UserID: g})
-		}
-		for u, g := range users {
-			if g == id {
-				um.MappedFrom = append(um.MappedFrom, svcUser{SvcID: SvcID(user, u), UserID: u})
-			}
-		}
-		sort.Slice(um.MappedFrom, func(i, j int) bool { return um.MappedFrom[i].UserID < um.MappedFrom[j].UserID })
-		out[id] = um
-	}
-	return http.StatusOK, out
 }

@@ -116,7 +116,7 @@ func validate(body []byte, validKey func(string) bool, maxEvents int) (*envelope
 		return nil, &errBody{Code: 400, Error: ErrTextInvalidAPIKey}
 	}
 	evs, ok := top["events"]
-	if !ok || isNull(evs) || isEmptyArray(evs) {
+	if !ok || isNull(evs) || (evs[0] == '[' && len(bytes.Trim(evs[1:len(evs)-1], jsonSpace)) == 0) { // [] holds none
 		return nil, &errBody{Code: 400, Error: ErrTextMissingField, MissingField: "events"}
 	}
 	if evs[0] != '[' || json.Unmarshal(evs, &env.raw) != nil || len(env.raw) >= maxEvents {
@@ -216,13 +216,6 @@ func validate(body []byte, validKey func(string) bool, maxEvents int) (*envelope
 
 func isNull(v json.RawMessage) bool { return string(v) == "null" }
 
-func isEmptyArray(v json.RawMessage) bool {
-	if len(v) < 2 || v[0] != '[' {
-		return false
-	}
-	return len(bytes.TrimSpace(v[1:len(v)-1])) == 0
-}
-
 // kindOf classifies a valid JSON value by its first byte (numbers as
 // kInteger when they have no fraction or exponent). Arrays are 0.
 func kindOf(v json.RawMessage) fieldKind {
@@ -269,21 +262,23 @@ func allZero(s string) bool {
 // depth returns the nesting depth of a valid JSON value (objects and arrays
 // count; a scalar is 0, {} is 1).
 func depth(v []byte) int {
-	d, max := 0, 0
+	d, deepest := 0, 0
 	for i := 0; i < len(v); i++ {
 		switch v[i] {
-		case '"':
-			i = stringEnd(v, i)
+		case '"': // to the closing quote
+			for i++; i < len(v) && v[i] != '"'; i++ {
+				if v[i] == '\\' {
+					i++
+				}
+			}
 		case '{', '[':
 			d++
-			if d > max {
-				max = d
-			}
+			deepest = max(deepest, d)
 		case '}', ']':
 			d--
 		}
 	}
-	return max
+	return deepest
 }
 
 func appendJSON(dst []byte, v any) []byte {
@@ -292,18 +287,4 @@ func appendJSON(dst []byte, v any) []byte {
 		panic(err) // only our own types are marshalled
 	}
 	return append(dst, b...)
-}
-
-// stringEnd returns the index of the quote that closes the JSON string
-// opening at b[i], or len(b) when it is not closed.
-func stringEnd(b []byte, i int) int {
-	for i++; i < len(b); i++ {
-		switch b[i] {
-		case '\\':
-			i++
-		case '"':
-			return i
-		}
-	}
-	return len(b)
 }

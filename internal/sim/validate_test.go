@@ -21,7 +21,7 @@ func FuzzValidate(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		env, e := validate(body, nil, DefaultMaxEvents)
+		env, e := validate(body, nil, 2000)
 		if (env == nil) == (e == nil) {
 			t.Fatalf("env %v, err %v", env, e)
 		}
@@ -58,7 +58,8 @@ func TestDepthAndKinds(t *testing.T) {
 	for _, tc := range []struct {
 		v    string
 		want int
-	}{{`1`, 0}, {`{}`, 1}, {`{"a":[{"b":"}}}"}]}`, 3}, {`[[],[[]]]`, 3}, {`"[[["`, 0}} {
+	}{{`1`, 0}, {`{}`, 1}, {`{"a":[{"b":"}}}"}]}`, 3}, {`[[],[[]]]`, 3}, {`"[[["`, 0},
+		{`{"a":"\"{{"}`, 1}, {`{"a":"\\","b":{}}`, 2}} {
 		if got := depth([]byte(tc.v)); got != tc.want {
 			t.Errorf("depth(%s) = %d, want %d", tc.v, got, tc.want)
 		}
