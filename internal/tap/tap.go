@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/storage"
 )
@@ -122,28 +123,22 @@ func New(cfg Config, reg prometheus.Registerer) (*Hub, error) {
 	}
 	cfg.MaxTaps, cfg.Buffer = cmp.Or(cfg.MaxTaps, DefaultMaxTaps), cmp.Or(cfg.Buffer, DefaultBuffer)
 	h := &Hub{cfg: cfg, done: make(chan struct{})}
-	h.dropped = prometheus.NewCounter(prometheus.CounterOpts{
+	f := promauto.With(reg)
+	h.dropped = f.NewCounter(prometheus.CounterOpts{
 		Name: "relay_tap_dropped_events_total",
 		Help: "Events a live tap matched but dropped because its reader was behind (the tap's buffer was full).",
 	})
-	sent := prometheus.NewCounterVec(prometheus.CounterOpts{
+	sent := f.NewCounterVec(prometheus.CounterOpts{
 		Name: "relay_tap_events_total",
 		Help: "Events handed to live taps, by where they were tapped.",
 	}, []string{"where"})
 	for w := range numWhere {
 		h.sent[w] = sent.WithLabelValues(w.String())
 	}
-	active := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	f.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "relay_tap_attached",
 		Help: "Live taps attached (relay tap).",
 	}, func() float64 { return float64(len(h.snapshot())) })
-	if reg != nil {
-		for _, c := range []prometheus.Collector{h.dropped, sent, active} {
-			if err := reg.Register(c); err != nil {
-				return nil, fmt.Errorf("tap metrics: %w", err)
-			}
-		}
-	}
 	return h, nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/valyala/fasthttp"
 
 	"github.com/svcrelay/relay/internal/storage"
@@ -122,22 +123,15 @@ func New(cfg Config, reg prometheus.Registerer) (*Client, error) {
 				return fasthttp.DialTimeout(addr, dialTimeout)
 			},
 		},
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+		requests: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Name: "relay_upstream_requests_total",
 			Help: "Upstream requests by lane kind and answer status (HTTP status, or timeout/error when none arrived).",
 		}, []string{"kind", "status"}),
-		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		latency: promauto.With(reg).NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "relay_upstream_request_seconds",
 			Help:    "Upstream request latency by lane kind, including failed requests.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"kind"}),
-	}
-	if reg != nil {
-		for _, m := range []prometheus.Collector{c.requests, c.latency} {
-			if err := reg.Register(m); err != nil {
-				return nil, fmt.Errorf("upstream: register metrics: %w", err)
-			}
-		}
 	}
 	return c, nil
 }
