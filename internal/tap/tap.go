@@ -226,28 +226,15 @@ func (h *Hub) Pick(where Where, apiKey []byte, reason string, recs []storage.Rec
 		return nil
 	}
 	var out Picked
-	keyHash := ""
+	keyHash := KeyHash(apiKey)
 	for _, t := range h.snapshot() {
-		if t.f.Where != where {
+		if t.f.Where != where || t.f.APIKeyHash != "" && t.f.APIKeyHash != keyHash {
 			continue
 		}
-		if t.f.APIKeyHash != "" {
-			if keyHash == "" {
-				keyHash = KeyHash(apiKey)
-			}
-			if keyHash != t.f.APIKeyHash {
-				continue
-			}
-		}
 		for i := range recs {
-			r := &recs[i]
-			if !t.wants(r) {
-				continue
+			if t.wants(&recs[i]) {
+				out = append(out, picked{t, Item{Where: where, APIKeyHash: keyHash, Reason: reason, Event: bytes.Clone(recs[i].Data)}})
 			}
-			if keyHash == "" {
-				keyHash = KeyHash(apiKey)
-			}
-			out = append(out, picked{t, Item{Where: where, APIKeyHash: keyHash, Reason: reason, Event: bytes.Clone(r.Data)}})
 		}
 	}
 	return out
