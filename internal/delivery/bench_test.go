@@ -26,9 +26,7 @@ func BenchmarkBuild(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if p.m, err = newMetrics(nil, p); err != nil {
-		b.Fatal(err)
-	}
+	p.m = newMetrics(nil, p)
 	lr := &laneRunner{p: p, bwake: make(chan struct{}, 1)}
 	lr.frame = events{}.Frame(storage.LaneKey{APIKey: "0123456789abcdef0123456789abcdef", Options: `{"min_id_length":3}`})
 	s := newShard(lr, 0)

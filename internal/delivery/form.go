@@ -3,7 +3,6 @@ package delivery
 import (
 	"cmp"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,14 +53,12 @@ func NewForm(fc FormConfig, send Sender, log *zap.Logger, reg prometheus.Registe
 	// The store's lanes run as lanes; its fleet partitions (when it hands
 	// them) on runners per lane and partition, as the events'.
 	p.fl = &fleetState{stops: make(map[storage.LaneKey]string)}
-	if p.m, err = newFormMetrics(reg, p); err != nil {
-		return nil, err
-	}
+	p.m = newFormMetrics(reg, p)
 	return p, nil
 }
 
 // newFormMetrics are a form kind's metrics, relay_<name>_...
-func newFormMetrics(reg prometheus.Registerer, p *Pipeline) (*metrics, error) {
+func newFormMetrics(reg prometheus.Registerer, p *Pipeline) *metrics {
 	f := promauto.With(reg)
 	pre := "relay_" + p.name + "_"
 	m := &metrics{
@@ -74,21 +71,12 @@ func newFormMetrics(reg prometheus.Registerer, p *Pipeline) (*metrics, error) {
 	}
 	f.NewGaugeFunc(prometheus.GaugeOpts{Name: pre + "lanes_stopped",
 		Help: "Lanes stopped: the upstream refused the api_key (or the URL), or an operator stopped them."},
-		func() float64 {
-			n := 0
+		func() (n float64) {
 			for _, s := range p.LaneStatus() {
-				if s.Stopped {
-					n++
-				}
+				n += stopped(s)
 			}
-			return float64(n)
+			return n
 		})
-	if reg != nil {
-		// relay_lane_stopped{lane} beside the events': one alert covers
-		// every kind (the events' collector is the checked one).
-		if err := reg.Register(NewStoppedCollector(p.LaneStatus, false)); err != nil {
-			return nil, fmt.Errorf("%s: register relay_lane_stopped: %w", p.name, err)
-		}
-	}
-	return m, nil
+	registerLanes(reg, p)
+	return m
 }

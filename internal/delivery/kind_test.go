@@ -60,9 +60,7 @@ func TestBuildBodies(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if p.m, err = newMetrics(nil, p); err != nil {
-				t.Fatal(err)
-			}
+			p.m = newMetrics(nil, p)
 			lr := newRunner(p, nil, 1, "lane", tc.key)
 			s := lr.shard(0)
 			now := time.Now()

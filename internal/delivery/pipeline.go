@@ -88,10 +88,7 @@ func newEvents(cfg Config, st Store, fl *fleetState, send Sender, thr *throttle.
 	if err != nil {
 		return nil, err
 	}
-	p.st, p.fl = st, fl
-	if p.m, err = newMetrics(reg, p); err != nil {
-		return nil, err
-	}
+	p.st, p.fl, p.m = st, fl, newMetrics(reg, p)
 	return p, nil
 }
 
