@@ -347,10 +347,8 @@ func (p *Pipeline) control(laneID uint64, stop bool) error {
 		return fmt.Errorf("%s: lane %d: %w", p.name, laneID, ErrUnknownLane)
 	case lr.stop.Lane == nil: // a fleet partition's runner
 		p.controlShared(lr, stop)
-	case stop:
-		lr.Stop(operatorStop)
 	default:
-		lr.Resume()
+		lr.setStop(stop, operatorStop)
 	}
 	return nil
 }
@@ -505,18 +503,11 @@ func (lr *laneRunner) Run(ctx, drain context.Context) error {
 	return nil
 }
 
-// Stop stops the lane (an operator, an upstream refusing its api_key; a
-// no-op when stopped) and logs it once.
-func (lr *laneRunner) Stop(reason string) {
-	if lr.stop.Stop(reason) {
-		lr.stopChanged(true, reason)
-	}
-}
-
-// Resume resumes the lane (ResumeLane).
-func (lr *laneRunner) Resume() {
-	if lr.stop.Resume() {
-		lr.stopChanged(false, "")
+// setStop stops the lane with reason (an operator, an upstream refusing
+// its api_key) or resumes it, and logs a change once.
+func (lr *laneRunner) setStop(stop bool, reason string) {
+	if lr.stop.Set(stop, reason) {
+		lr.stopChanged(stop, reason)
 	}
 }
 

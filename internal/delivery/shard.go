@@ -491,7 +491,7 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 		return s.split(ctx, drainCtx, res, v.reason)
 	case stop:
 		s.requeue(s.batch)
-		s.lr.Stop(v.reason)
+		s.lr.setStop(true, v.reason)
 		return true
 	default: // wait
 		return s.retryLater(ctx, res, v.wait)
