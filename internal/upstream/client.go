@@ -150,11 +150,7 @@ func (c *Client) Do(ctx context.Context, req *Request) Result {
 	freq := fasthttp.AcquireRequest()
 	freq.SetRequestURI(req.URL)
 	freq.Header.SetMethod(fasthttp.MethodPost)
-	ct := req.ContentType
-	if ct == "" {
-		ct = "application/json"
-	}
-	freq.Header.SetContentType(ct)
+	freq.Header.SetContentType(cmp.Or(req.ContentType, "application/json"))
 	var zb *[]byte // the compressed body's buffer, back to gzBufs once sent
 	if req.Gzip {
 		freq.Header.Set(fasthttp.HeaderContentEncoding, "gzip")
@@ -199,10 +195,7 @@ func (c *Client) Do(ctx context.Context, req *Request) Result {
 		if zb != nil && cap(*zb) <= maxPooledGzip {
 			c.gzBufs.Put(zb)
 		}
-		kind := req.Kind
-		if kind == "" {
-			kind = "other"
-		}
+		kind := cmp.Or(req.Kind, "other")
 		c.requests.WithLabelValues(kind, r.StatusLabel()).Inc()
 		c.latency.WithLabelValues(kind).Observe(took.Seconds())
 		c.last.Store(&Outcome{At: time.Now(), Reached: r.Status != 0, Status: r.StatusLabel()})
