@@ -87,8 +87,7 @@ func (e *LimitedError) Unwrap() error { return ErrLimited }
 // RetryAfterSeconds is RetryAfter rounded up to whole seconds (at least 1),
 // for the Retry-After header.
 func (e *LimitedError) RetryAfterSeconds() int {
-	s := int((e.RetryAfter + time.Second - 1) / time.Second)
-	return max(s, 1)
+	return max(int((e.RetryAfter+time.Second-1)/time.Second), 1)
 }
 
 // Limiter admits calls per key within a sliding-window cost limit and a
