@@ -87,7 +87,7 @@ func (p *Pipeline) decide(res *upstream.Result, batch []item) verdict {
 				return verdict{outcome: split, reason: reasonBadRequest}
 			}
 			if res.RetryAfter <= 0 {
-				clamped = p.form.throttleWait
+				clamped = p.form.ThrottleWait
 			}
 			return verdict{outcome: wait, wait: clamped}
 		}

@@ -22,7 +22,7 @@ import (
 func BenchmarkBuild(b *testing.B) {
 	thr, _ := throttle.New(throttle.Config{}, nil)
 	cfg := Config{Live: Live{IngestURL: "http://x"}}.withDefaults()
-	p, err := newPipeline(cfg, nil, thr, nil)
+	p, err := newPipeline(cfg, nil, nil, thr, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -12,13 +12,6 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// formKind is what a form kind's Pipeline has that an events one does not.
-type formKind struct {
-	url          func(apiKey string) string
-	throttleWait time.Duration
-	pacer        Pacer
-}
-
 // NewForm returns the pipeline of the form kind fc describes (group
 // identify, user mappings) over fc.Store, in both modes: a store whose
 // queues are lanes (the local spool) or fleet partitions. log and reg may
@@ -29,9 +22,6 @@ func NewForm(fc FormConfig, send Sender, log *zap.Logger, reg prometheus.Registe
 	}
 	if send == nil {
 		return nil, errors.New("delivery: sender required")
-	}
-	if log == nil {
-		log = zap.NewNop()
 	}
 	fr := fc.Kind.Frame(storage.LaneKey{}) // the limits of every lane
 	linger := cmp.Or(fc.Linger, formLinger)
@@ -44,12 +34,12 @@ func NewForm(fc FormConfig, send Sender, log *zap.Logger, reg prometheus.Registe
 		RetryInitial:      cmp.Or(fc.RetryInitial, DefaultRetryInitial),
 		RetryMax:          cmp.Or(fc.RetryMax, formRetryMax),
 		MaxRetryAfter:     cmp.Or(fc.MaxRetryAfter, formMaxRetryAfter)}
-	p, err := newPipeline(cfg, send, nil, log.With(zap.String("kind", fc.Name)))
+	p, err := newPipeline(cfg, fc.Store, send, nil, log)
 	if err != nil {
 		return nil, err
 	}
-	p.name, p.lanes, p.kind, p.st = fc.Name, fc.Lanes, fc.Kind, fc.Store
-	p.form = &formKind{url: fc.URL, throttleWait: fc.ThrottleWait, pacer: fc.Pacer}
+	p.name, p.lanes, p.kind, p.form = fc.Name, fc.Lanes, fc.Kind, &fc
+	p.log = p.log.With(zap.String("kind", fc.Name))
 	// The store's lanes run as lanes; its fleet partitions (when it hands
 	// them) on runners per lane and partition, as the events'.
 	p.fl = &fleetState{stops: make(map[storage.LaneKey]string)}

@@ -44,7 +44,7 @@ type Pipeline struct {
 	name   string // labels requests and logs: "events", or the form kind's
 	lanes  storage.Kind
 	kind   Kind
-	form   *formKind // nil for events
+	form   *FormConfig // nil for events
 
 	// st hands Run a queue per lane (a laneRunner each) or per fleet
 	// partition (deliverPartition); it takes the dead letters too.
@@ -84,11 +84,11 @@ func newEvents(cfg Config, st Store, fl *fleetState, send Sender, thr *throttle.
 	if st == nil || send == nil {
 		return nil, errors.New("delivery: store and sender are required")
 	}
-	p, err := newPipeline(cfg, send, thr, log)
+	p, err := newPipeline(cfg, st, send, thr, log)
 	if err != nil {
 		return nil, err
 	}
-	p.st, p.fl, p.m = st, fl, newMetrics(reg, p)
+	p.fl, p.m = fl, newMetrics(reg, p)
 	return p, nil
 }
 
@@ -144,8 +144,8 @@ func (p *Pipeline) SetLive(l Live) {
 	}
 }
 
-// newPipeline is what both modes share; cfg is valid.
-func newPipeline(cfg Config, send Sender, thr *throttle.Throttle, log *zap.Logger) (*Pipeline, error) {
+// newPipeline is what every kind shares; cfg is valid.
+func newPipeline(cfg Config, st Store, send Sender, thr *throttle.Throttle, log *zap.Logger) (*Pipeline, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
@@ -156,7 +156,7 @@ func newPipeline(cfg Config, send Sender, thr *throttle.Throttle, log *zap.Logge
 		}
 	}
 	cfg = cfg.withDefaults()
-	p := &Pipeline{cfg: cfg, send: send, thr: thr, log: log, seed: maphash.MakeSeed(),
+	p := &Pipeline{cfg: cfg, st: st, send: send, thr: thr, log: log, seed: maphash.MakeSeed(),
 		name: "events", lanes: storage.KindEvents, kind: events{cfg.Check}, budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool(),
 		runners: map[uint64]*laneRunner{}}
 	p.live.Store(cfg.liveState())

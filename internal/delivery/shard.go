@@ -231,9 +231,9 @@ func (s *shard) run(ctx, drainCtx context.Context) bool {
 		url := sl.url
 		release := func() {}
 		if f := p.form; f != nil {
-			url = f.url(s.lr.key.APIKey) // read at each request: a reload may change it
-			if f.pacer != nil {
-				r, err := f.pacer.Acquire(ctx, s.lr.key.APIKey, len(s.batch))
+			url = f.URL(s.lr.key.APIKey) // read at each request: a reload may change it
+			if f.Pacer != nil {
+				r, err := f.Pacer.Acquire(ctx, s.lr.key.APIKey, len(s.batch))
 				if err != nil { // ctx ended
 					s.unbuild()
 					return false
