@@ -189,15 +189,13 @@ type Retry struct {
 	max time.Duration
 }
 
-// NewRetry returns a Retry whose waits start near initial and grow to max
+// NewRetry returns a Retry whose waits start near initial and grow to most
 // (at least initial).
-func NewRetry(initial, max time.Duration) *Retry {
-	if max < initial {
-		max = initial
-	}
-	return &Retry{max: max, bo: backoff.NewExponentialBackOff(
+func NewRetry(initial, most time.Duration) *Retry {
+	most = max(most, initial)
+	return &Retry{max: most, bo: backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(initial),
-		backoff.WithMaxInterval(max),
+		backoff.WithMaxInterval(most),
 		backoff.WithMultiplier(2),
 		backoff.WithRandomizationFactor(0.5),
 		backoff.WithMaxElapsedTime(0),
