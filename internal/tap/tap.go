@@ -89,7 +89,7 @@ type Item struct {
 	Event      []byte // the event object (a copy)
 }
 
-// Tap is one attached watcher. Its owner reads c until done is closed or
+// Tap is one attached watcher. Its owner reads c until h.done is closed or
 // it has seen enough, then calls Detach.
 type Tap struct {
 	h       *Hub
@@ -99,7 +99,6 @@ type Tap struct {
 	c       chan Item
 	seen    atomic.Uint64 // matching events, for Sample
 	dropped atomic.Uint64 // matching events dropped because c was full
-	done    chan struct{} // closed by Hub.Close (the relay stops)
 }
 
 // Hub hands events to the attached taps. The zero value is not usable: see
@@ -109,7 +108,7 @@ type Hub struct {
 	nAt  [numWhere]atomic.Int32 // taps attached per Where: all a hot path reads when 0
 	taps atomic.Pointer[[]*Tap] // snapshot for Pick
 	mu   sync.Mutex             // guards attaching, detaching, closed
-	done chan struct{}
+	done chan struct{}          // closed by Close (the relay stops)
 	shut bool
 
 	dropped prometheus.Counter
@@ -123,6 +122,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Hub, error) {
 	}
 	cfg.MaxTaps, cfg.Buffer = cmp.Or(cfg.MaxTaps, DefaultMaxTaps), cmp.Or(cfg.Buffer, DefaultBuffer)
 	h := &Hub{cfg: cfg, done: make(chan struct{})}
+	h.taps.Store(new([]*Tap))
 	f := promauto.With(reg)
 	h.dropped = f.NewCounter(prometheus.CounterOpts{
 		Name: "relay_tap_dropped_events_total",
@@ -164,7 +164,7 @@ func (h *Hub) Attach(f Filter) (*Tap, error) {
 	if f.Where >= numWhere {
 		return nil, fmt.Errorf("tap: bad where %d", f.Where)
 	}
-	t := &Tap{h: h, f: f, c: make(chan Item, h.cfg.Buffer), done: h.done}
+	t := &Tap{h: h, f: f, c: make(chan Item, h.cfg.Buffer)}
 	if f.DeviceID != "" {
 		t.devKey = []byte(event.DeviceKeyPrefix + f.DeviceID)
 	}
@@ -191,12 +191,7 @@ func (t *Tap) Detach() {
 	h.storeLocked(slices.DeleteFunc(slices.Clone(h.snapshot()), func(o *Tap) bool { return o == t }))
 }
 
-func (h *Hub) snapshot() []*Tap {
-	if p := h.taps.Load(); p != nil {
-		return *p
-	}
-	return nil
-}
+func (h *Hub) snapshot() []*Tap { return *h.taps.Load() }
 
 // Close ends every tap (Done is closed) and refuses new ones.
 func (h *Hub) Close() {
