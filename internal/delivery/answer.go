@@ -39,6 +39,7 @@ const (
 	reasonTooLarge      = "too_large"
 	reasonSilenced      = "silenced"
 	reasonInvalidAPIKey = "invalid API key"
+	reasonExpired       = "expired" // not delivered from max age on
 )
 
 // Key prefixes of event.Event.OrderKey.

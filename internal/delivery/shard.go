@@ -367,8 +367,8 @@ func (s *shard) build(now time.Time) []byte {
 	pk := f.Open(s.body)
 	for s.ready.len() > 0 && len(s.batch) < capE {
 		it := s.ready.peek() // valid until the next pop
-		if Expired(now, it.ck.accepted, maxAge) {
-			s.dead = append(s.dead, deadItem{s.ready.pop(), ReasonExpired, nil})
+		if now.Sub(it.ck.accepted) >= maxAge {
+			s.dead = append(s.dead, deadItem{s.ready.pop(), reasonExpired, nil})
 			continue
 		}
 		if s.held[string(it.rec.OrderKey)] != nil {
@@ -594,7 +594,7 @@ func (s *shard) flushDead(ctx, drainCtx context.Context, answer []byte) bool {
 			ans = d.answer
 		}
 		switch d.reason {
-		case ReasonExpired:
+		case reasonExpired:
 			ans = []byte("relay: not delivered within max-event-age")
 			if s.lastAnswer != nil {
 				ans = append(append(ans, "; last answer: "...), s.lastAnswer...)
