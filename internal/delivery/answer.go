@@ -39,6 +39,7 @@ const (
 	reasonTooLarge      = "too_large"
 	reasonSilenced      = "silenced"
 	reasonInvalidAPIKey = "invalid API key"
+	reasonExpired       = "expired" // not delivered from max age on
 )
 
 // Key prefixes of event.Event.OrderKey.
@@ -87,7 +88,7 @@ func (p *Pipeline) decide(res *upstream.Result, batch []item) verdict {
 				return verdict{outcome: split, reason: reasonBadRequest}
 			}
 			if res.RetryAfter <= 0 {
-				clamped = p.form.throttleWait
+				clamped = p.form.ThrottleWait
 			}
 			return verdict{outcome: wait, wait: clamped}
 		}
@@ -189,15 +190,13 @@ type Retry struct {
 	max time.Duration
 }
 
-// NewRetry returns a Retry whose waits start near initial and grow to max
+// NewRetry returns a Retry whose waits start near initial and grow to most
 // (at least initial).
-func NewRetry(initial, max time.Duration) *Retry {
-	if max < initial {
-		max = initial
-	}
-	return &Retry{max: max, bo: backoff.NewExponentialBackOff(
+func NewRetry(initial, most time.Duration) *Retry {
+	most = max(most, initial)
+	return &Retry{max: most, bo: backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(initial),
-		backoff.WithMaxInterval(max),
+		backoff.WithMaxInterval(most),
 		backoff.WithMultiplier(2),
 		backoff.WithRandomizationFactor(0.5),
 		backoff.WithMaxElapsedTime(0),

@@ -36,7 +36,7 @@ func TestDecide(t *testing.T) {
 	}
 	batch := []item{rec("d:a", ""), rec("d:b", "x"), rec("u:y", "y")}
 	ev := &Pipeline{cfg: Config{MaxRetryAfter: 5 * time.Second}}
-	form := &Pipeline{cfg: ev.cfg, form: &formKind{throttleWait: 2 * time.Second}}
+	form := &Pipeline{cfg: ev.cfg, form: &FormConfig{ThrottleWait: 2 * time.Second}}
 	const bad = reasonBadRequest
 	tests := []struct {
 		name string

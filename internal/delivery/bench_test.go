@@ -22,13 +22,11 @@ import (
 func BenchmarkBuild(b *testing.B) {
 	thr, _ := throttle.New(throttle.Config{}, nil)
 	cfg := Config{Live: Live{IngestURL: "http://x"}}.withDefaults()
-	p, err := newPipeline(cfg, nil, thr, nil)
+	p, err := newPipeline(cfg, nil, nil, thr, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	if p.m, err = newMetrics(nil, p); err != nil {
-		b.Fatal(err)
-	}
+	p.m = newMetrics(nil, p)
 	lr := &laneRunner{p: p, bwake: make(chan struct{}, 1)}
 	lr.frame = events{}.Frame(storage.LaneKey{APIKey: "0123456789abcdef0123456789abcdef", Options: `{"min_id_length":3}`})
 	s := newShard(lr, 0)

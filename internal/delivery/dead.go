@@ -9,17 +9,6 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// ReasonExpired is the dead-letter reason of a record past its kind's max
-// age (Expired).
-const ReasonExpired = "expired"
-
-// Expired is the max-age rule of every kind: a record accepted at accepted
-// and still not delivered at now is done trying once maxAge has passed; it
-// becomes a dead letter with ReasonExpired.
-func Expired(now, accepted time.Time, maxAge time.Duration) bool {
-	return now.Sub(accepted) >= maxAge
-}
-
 // The waits between attempts of FlushDead.
 const (
 	DeadRetryInitial = 100 * time.Millisecond

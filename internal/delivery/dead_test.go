@@ -3,12 +3,14 @@ package delivery
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/storage"
+	"github.com/svcrelay/relay/internal/throttle"
 )
 
 // failingDead fails the first fail calls of PutDead (a disk in trouble),
@@ -44,7 +46,7 @@ func openSpool(t *testing.T) *spool.Spool {
 func letters(n int) []storage.DeadLetter {
 	dls := make([]storage.DeadLetter, n)
 	for i := range dls {
-		dls[i] = storage.DeadLetter{Lane: storage.LaneKey{Kind: storage.KindUserMap, APIKey: "k"}, Reason: ReasonExpired,
+		dls[i] = storage.DeadLetter{Lane: storage.LaneKey{Kind: storage.KindUserMap, APIKey: "k"}, Reason: reasonExpired,
 			Record: storage.Record{Data: []byte(`{"user_id":"u"}`)}}
 	}
 	return dls
@@ -109,14 +111,25 @@ func TestFlushDead(t *testing.T) {
 	})
 }
 
-// A record is expired from exactly max age on, for every kind.
+// A record is expired from exactly max age on, for every kind: build
+// sends one accepted just under MaxEventAge ago and dead-letters one
+// accepted MaxEventAge ago.
 func TestExpired(t *testing.T) {
-	acc := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	age := 6 * 24 * time.Hour
-	if Expired(acc.Add(age-time.Nanosecond), acc, age) {
-		t.Fatal("expired before max age")
+	thr, _ := throttle.New(throttle.Config{}, nil)
+	cfg := Config{Live: Live{IngestURL: "http://x", MaxEventAge: time.Hour}}.withDefaults()
+	p, err := newPipeline(cfg, nil, nil, thr, nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if !Expired(acc.Add(age), acc, age) {
-		t.Fatal("not expired at max age")
+	s := newRunner(p, nil, 1, "lane", storage.LaneKey{APIKey: "k"}).shard(0)
+	now := time.Now()
+	for i, acc := range []time.Time{now.Add(-time.Hour + time.Nanosecond), now.Add(-time.Hour)} {
+		rec := storage.Record{OrderKey: fmt.Appendf(nil, "d:%d", i), Data: []byte(`{}`)}
+		s.ready.push(item{rec: rec, ck: &chunkRef{accepted: acc}, enq: now})
+	}
+	s.build(now)
+	if len(s.batch) != 1 || string(s.batch[0].rec.OrderKey) != "d:0" || len(s.dead) != 1 ||
+		string(s.dead[0].it.rec.OrderKey) != "d:1" || s.dead[0].reason != reasonExpired {
+		t.Fatalf("batch %d, dead %+v: want d:0 sent, d:1 expired", len(s.batch), s.dead)
 	}
 }

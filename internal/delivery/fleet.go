@@ -153,12 +153,7 @@ func (p *Pipeline) applyStop(lr *laneRunner) {
 	fl := p.fl
 	fl.smu.Lock()
 	reason, stop := fl.stops[lr.key]
-	var changed bool
-	if stop {
-		changed = lr.stop.Stop(reason)
-	} else {
-		changed = lr.stop.Resume()
-	}
+	changed := lr.stop.Set(stop, reason)
 	fl.smu.Unlock()
 	if changed {
 		lr.stopChanged(stop, reason)
@@ -192,9 +187,5 @@ func (p *Pipeline) controlShared(lr *laneRunner, stop bool) {
 		p.log.Warn("lane stop or resume not shared with the fleet: it holds on this relay only, until its partitions move",
 			zap.String("lane", lr.label), zap.Error(err))
 	}
-	if stop {
-		lr.Stop(operatorStop)
-	} else {
-		lr.Resume()
-	}
+	lr.setStop(stop, operatorStop)
 }

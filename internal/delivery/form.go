@@ -3,7 +3,6 @@ package delivery
 import (
 	"cmp"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -12,13 +11,6 @@ import (
 
 	"github.com/svcrelay/relay/internal/storage"
 )
-
-// formKind is what a form kind's Pipeline has that an events one does not.
-type formKind struct {
-	url          func(apiKey string) string
-	throttleWait time.Duration
-	pacer        Pacer
-}
 
 // NewForm returns the pipeline of the form kind fc describes (group
 // identify, user mappings) over fc.Store, in both modes: a store whose
@@ -31,9 +23,6 @@ func NewForm(fc FormConfig, send Sender, log *zap.Logger, reg prometheus.Registe
 	if send == nil {
 		return nil, errors.New("delivery: sender required")
 	}
-	if log == nil {
-		log = zap.NewNop()
-	}
 	fr := fc.Kind.Frame(storage.LaneKey{}) // the limits of every lane
 	linger := cmp.Or(fc.Linger, formLinger)
 	if linger < 0 {
@@ -45,23 +34,21 @@ func NewForm(fc FormConfig, send Sender, log *zap.Logger, reg prometheus.Registe
 		RetryInitial:      cmp.Or(fc.RetryInitial, DefaultRetryInitial),
 		RetryMax:          cmp.Or(fc.RetryMax, formRetryMax),
 		MaxRetryAfter:     cmp.Or(fc.MaxRetryAfter, formMaxRetryAfter)}
-	p, err := newPipeline(cfg, send, nil, log.With(zap.String("kind", fc.Name)))
+	p, err := newPipeline(cfg, fc.Store, send, nil, log)
 	if err != nil {
 		return nil, err
 	}
-	p.name, p.lanes, p.kind, p.st = fc.Name, fc.Lanes, fc.Kind, fc.Store
-	p.form = &formKind{url: fc.URL, throttleWait: fc.ThrottleWait, pacer: fc.Pacer}
+	p.name, p.lanes, p.kind, p.form = fc.Name, fc.Lanes, fc.Kind, &fc
+	p.log = p.log.With(zap.String("kind", fc.Name))
 	// The store's lanes run as lanes; its fleet partitions (when it hands
 	// them) on runners per lane and partition, as the events'.
 	p.fl = &fleetState{stops: make(map[storage.LaneKey]string)}
-	if p.m, err = newFormMetrics(reg, p); err != nil {
-		return nil, err
-	}
+	p.m = newFormMetrics(reg, p)
 	return p, nil
 }
 
 // newFormMetrics are a form kind's metrics, relay_<name>_...
-func newFormMetrics(reg prometheus.Registerer, p *Pipeline) (*metrics, error) {
+func newFormMetrics(reg prometheus.Registerer, p *Pipeline) *metrics {
 	f := promauto.With(reg)
 	pre := "relay_" + p.name + "_"
 	m := &metrics{
@@ -74,21 +61,12 @@ func newFormMetrics(reg prometheus.Registerer, p *Pipeline) (*metrics, error) {
 	}
 	f.NewGaugeFunc(prometheus.GaugeOpts{Name: pre + "lanes_stopped",
 		Help: "Lanes stopped: the upstream refused the api_key (or the URL), or an operator stopped them."},
-		func() float64 {
-			n := 0
+		func() (n float64) {
 			for _, s := range p.LaneStatus() {
-				if s.Stopped {
-					n++
-				}
+				n += stopped(s)
 			}
-			return float64(n)
+			return n
 		})
-	if reg != nil {
-		// relay_lane_stopped{lane} beside the events': one alert covers
-		// every kind (the events' collector is the checked one).
-		if err := reg.Register(NewStoppedCollector(p.LaneStatus, false)); err != nil {
-			return nil, fmt.Errorf("%s: register relay_lane_stopped: %w", p.name, err)
-		}
-	}
-	return m, nil
+	registerLanes(reg, p)
+	return m
 }

@@ -219,7 +219,7 @@ func TestFormResendWithoutExpired(t *testing.T) {
 			t.Fatalf("requests %q, want %q", got, want)
 		}
 		dead, err := sp.ListDead(context.Background(), storage.DeadFilter{}, 0, 0)
-		if err != nil || len(dead) != 1 || dead[0].Reason != ReasonExpired || string(dead[0].Record.Data) != `{"group_type":"org","group_value":"v0"}` ||
+		if err != nil || len(dead) != 1 || dead[0].Reason != reasonExpired || string(dead[0].Record.Data) != `{"group_type":"org","group_value":"v0"}` ||
 			!strings.Contains(string(dead[0].Answer), "503") {
 			t.Fatalf("dead letters %+v (%v), want v0 alone, expired, with the last answer", dead, err)
 		}

@@ -105,8 +105,6 @@ type Form struct {
 	Weight func(data []byte) int
 }
 
-var _ Kind = (*Form)(nil)
-
 // Frame is the form-encoded "api_key=K&<Field>=%5B" records "%2C"... "%5D".
 func (f *Form) Frame(key storage.LaneKey) Frame {
 	return Frame{ContentType: "application/x-www-form-urlencoded",

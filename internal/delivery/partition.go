@@ -1,6 +1,7 @@
 package delivery
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -426,10 +427,7 @@ func (f *Feed) Wait(ctx context.Context, onIdle func() bool) error {
 			head := f.q[0]
 			f.mu.Unlock()
 			if head.m == nil && !f.reread(ctx, head.seq) { // spilled: read it again first
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				return context.Canceled
+				return cmp.Or(ctx.Err(), context.Canceled)
 			}
 			return nil
 		}
@@ -491,10 +489,7 @@ func (f *Feed) NextPart(ctx context.Context, maxBytes int, recs []storage.Record
 	f.loaded -= counted
 	f.mu.Unlock()
 	if len(chunks) == 0 {
-		if ctx.Err() != nil {
-			return nil, recs, ctx.Err()
-		}
-		return nil, recs, context.Canceled
+		return nil, recs, cmp.Or(ctx.Err(), context.Canceled)
 	}
 	f.pt.took(counted)
 	return chunks, recs, nil

@@ -44,7 +44,7 @@ type Pipeline struct {
 	name   string // labels requests and logs: "events", or the form kind's
 	lanes  storage.Kind
 	kind   Kind
-	form   *formKind // nil for events
+	form   *FormConfig // nil for events
 
 	// st hands Run a queue per lane (a laneRunner each) or per fleet
 	// partition (deliverPartition); it takes the dead letters too.
@@ -84,14 +84,11 @@ func newEvents(cfg Config, st Store, fl *fleetState, send Sender, thr *throttle.
 	if st == nil || send == nil {
 		return nil, errors.New("delivery: store and sender are required")
 	}
-	p, err := newPipeline(cfg, send, thr, log)
+	p, err := newPipeline(cfg, st, send, thr, log)
 	if err != nil {
 		return nil, err
 	}
-	p.st, p.fl = st, fl
-	if p.m, err = newMetrics(reg, p); err != nil {
-		return nil, err
-	}
+	p.fl, p.m = fl, newMetrics(reg, p)
 	return p, nil
 }
 
@@ -147,8 +144,8 @@ func (p *Pipeline) SetLive(l Live) {
 	}
 }
 
-// newPipeline is what both modes share; cfg is valid.
-func newPipeline(cfg Config, send Sender, thr *throttle.Throttle, log *zap.Logger) (*Pipeline, error) {
+// newPipeline is what every kind shares; cfg is valid.
+func newPipeline(cfg Config, st Store, send Sender, thr *throttle.Throttle, log *zap.Logger) (*Pipeline, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
@@ -159,7 +156,7 @@ func newPipeline(cfg Config, send Sender, thr *throttle.Throttle, log *zap.Logge
 		}
 	}
 	cfg = cfg.withDefaults()
-	p := &Pipeline{cfg: cfg, send: send, thr: thr, log: log, seed: maphash.MakeSeed(),
+	p := &Pipeline{cfg: cfg, st: st, send: send, thr: thr, log: log, seed: maphash.MakeSeed(),
 		name: "events", lanes: storage.KindEvents, kind: events{cfg.Check}, budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool(),
 		runners: map[uint64]*laneRunner{}}
 	p.live.Store(cfg.liveState())
@@ -350,10 +347,8 @@ func (p *Pipeline) control(laneID uint64, stop bool) error {
 		return fmt.Errorf("%s: lane %d: %w", p.name, laneID, ErrUnknownLane)
 	case lr.stop.Lane == nil: // a fleet partition's runner
 		p.controlShared(lr, stop)
-	case stop:
-		lr.Stop(operatorStop)
 	default:
-		lr.Resume()
+		lr.setStop(stop, operatorStop)
 	}
 	return nil
 }
@@ -508,18 +503,11 @@ func (lr *laneRunner) Run(ctx, drain context.Context) error {
 	return nil
 }
 
-// Stop stops the lane (an operator, an upstream refusing its api_key; a
-// no-op when stopped) and logs it once.
-func (lr *laneRunner) Stop(reason string) {
-	if lr.stop.Stop(reason) {
-		lr.stopChanged(true, reason)
-	}
-}
-
-// Resume resumes the lane (ResumeLane).
-func (lr *laneRunner) Resume() {
-	if lr.stop.Resume() {
-		lr.stopChanged(false, "")
+// setStop stops the lane with reason (an operator, an upstream refusing
+// its api_key) or resumes it, and logs a change once.
+func (lr *laneRunner) setStop(stop bool, reason string) {
+	if lr.stop.Set(stop, reason) {
+		lr.stopChanged(stop, reason)
 	}
 }
 

@@ -52,7 +52,6 @@ type held struct {
 	key   string
 	until time.Time
 	items []item
-	idx   int
 }
 
 // heldHeap orders held queues by until.
@@ -60,8 +59,8 @@ type heldHeap []*held
 
 func (h heldHeap) Len() int           { return len(h) }
 func (h heldHeap) Less(i, j int) bool { return h[i].until.Before(h[j].until) }
-func (h heldHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i]; h[i].idx = i; h[j].idx = j }
-func (h *heldHeap) Push(x any)        { e := x.(*held); e.idx = len(*h); *h = append(*h, e) }
+func (h heldHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *heldHeap) Push(x any)        { *h = append(*h, x.(*held)) }
 func (h *heldHeap) Pop() any {
 	old := *h
 	e := old[len(old)-1]

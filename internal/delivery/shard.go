@@ -231,9 +231,9 @@ func (s *shard) run(ctx, drainCtx context.Context) bool {
 		url := sl.url
 		release := func() {}
 		if f := p.form; f != nil {
-			url = f.url(s.lr.key.APIKey) // read at each request: a reload may change it
-			if f.pacer != nil {
-				r, err := f.pacer.Acquire(ctx, s.lr.key.APIKey, len(s.batch))
+			url = f.URL(s.lr.key.APIKey) // read at each request: a reload may change it
+			if f.Pacer != nil {
+				r, err := f.Pacer.Acquire(ctx, s.lr.key.APIKey, len(s.batch))
 				if err != nil { // ctx ended
 					s.unbuild()
 					return false
@@ -367,8 +367,8 @@ func (s *shard) build(now time.Time) []byte {
 	pk := f.Open(s.body)
 	for s.ready.len() > 0 && len(s.batch) < capE {
 		it := s.ready.peek() // valid until the next pop
-		if Expired(now, it.ck.accepted, maxAge) {
-			s.dead = append(s.dead, deadItem{s.ready.pop(), ReasonExpired, nil})
+		if now.Sub(it.ck.accepted) >= maxAge {
+			s.dead = append(s.dead, deadItem{s.ready.pop(), reasonExpired, nil})
 			continue
 		}
 		if s.held[string(it.rec.OrderKey)] != nil {
@@ -491,7 +491,7 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 		return s.split(ctx, drainCtx, res, v.reason)
 	case stop:
 		s.requeue(s.batch)
-		s.lr.Stop(v.reason)
+		s.lr.setStop(true, v.reason)
 		return true
 	default: // wait
 		return s.retryLater(ctx, res, v.wait)
@@ -594,7 +594,7 @@ func (s *shard) flushDead(ctx, drainCtx context.Context, answer []byte) bool {
 			ans = d.answer
 		}
 		switch d.reason {
-		case ReasonExpired:
+		case reasonExpired:
 			ans = []byte("relay: not delivered within max-event-age")
 			if s.lastAnswer != nil {
 				ans = append(append(ans, "; last answer: "...), s.lastAnswer...)

@@ -21,39 +21,31 @@ type StopSwitch struct {
 
 	mu        sync.Mutex
 	reason    string
-	resumeC   chan struct{} // nil while running; closed by Resume
+	resumeC   chan struct{} // nil while running; closed on resuming
 	isStopped atomic.Bool
 }
 
-// Stop stops the lane with reason; it reports whether it was running (a
-// second Stop keeps the first reason).
-func (s *StopSwitch) Stop(reason string) bool {
+// Set stops the lane with reason, or resumes it; it reports whether that
+// changed its state (a second stop keeps the first reason).
+func (s *StopSwitch) Set(stop bool, reason string) bool {
 	s.mu.Lock()
-	if s.resumeC != nil {
+	if (s.resumeC != nil) == stop {
 		s.mu.Unlock()
 		return false
 	}
-	s.reason, s.resumeC = reason, make(chan struct{})
-	s.isStopped.Store(true)
+	if stop {
+		s.reason, s.resumeC = reason, make(chan struct{})
+	} else {
+		close(s.resumeC)
+		s.reason, s.resumeC = "", nil
+	}
+	s.isStopped.Store(stop)
 	s.mu.Unlock()
-	if s.Lane != nil {
+	switch {
+	case s.Lane == nil:
+	case stop:
 		s.Lane.Pin()
-	}
-	return true
-}
-
-// Resume resumes the lane; it reports whether it was stopped.
-func (s *StopSwitch) Resume() bool {
-	s.mu.Lock()
-	if s.resumeC == nil {
-		s.mu.Unlock()
-		return false
-	}
-	close(s.resumeC)
-	s.reason, s.resumeC = "", nil
-	s.isStopped.Store(false)
-	s.mu.Unlock()
-	if s.Lane != nil {
+	default:
 		s.Lane.Unpin()
 	}
 	return true

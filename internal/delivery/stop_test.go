@@ -32,8 +32,8 @@ func TestStopSwitch(t *testing.T) {
 		if err := waitRunning(t.Context(), s); err != nil || s.Stopped() {
 			t.Fatalf("zero value: %v, stopped %v", err, s.Stopped())
 		}
-		if !s.Stop("first") || s.Stop("second") {
-			t.Fatal("Stop must report running only the first time")
+		if !s.Set(true, "first") || s.Set(true, "second") {
+			t.Fatal("Set(true) must report running only the first time")
 		}
 		if st, why := s.State(); !st || why != "first" || !s.Stopped() || p.n != 1 {
 			t.Fatalf("after Stop: %v %q, pins %d", st, why, p.n)
@@ -46,8 +46,8 @@ func TestStopSwitch(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { done <- waitRunning(t.Context(), s) }()
 		synctest.Wait()
-		if !s.Resume() || s.Resume() {
-			t.Fatal("Resume must report stopped only the first time")
+		if !s.Set(false, "") || s.Set(false, "") {
+			t.Fatal("Set(false) must report stopped only the first time")
 		}
 		if err := <-done; err != nil {
 			t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
 // Config configures a Limiter. Every bound is per key.
@@ -86,8 +87,7 @@ func (e *LimitedError) Unwrap() error { return ErrLimited }
 // RetryAfterSeconds is RetryAfter rounded up to whole seconds (at least 1),
 // for the Retry-After header.
 func (e *LimitedError) RetryAfterSeconds() int {
-	s := int((e.RetryAfter + time.Second - 1) / time.Second)
-	return max(s, 1)
+	return max(int((e.RetryAfter+time.Second-1)/time.Second), 1)
 }
 
 // Limiter admits calls per key within a sliding-window cost limit and a
@@ -128,22 +128,15 @@ func New(cfg Config, reg prometheus.Registerer) (*Limiter, error) {
 	}
 	cfg = cfg.withDefaults()
 	l := &Limiter{cfg: cfg, keys: map[string]*keyState{}}
-	cl := prometheus.Labels{"limiter": cfg.Name}
+	cl, f := prometheus.Labels{"limiter": cfg.Name}, promauto.With(reg)
 	l.m = metrics{
-		admitted: prometheus.NewCounter(prometheus.CounterOpts{Name: "relay_client_limit_admitted_total",
+		admitted: f.NewCounter(prometheus.CounterOpts{Name: "relay_client_limit_admitted_total",
 			Help: "Calls admitted by a client-side limiter.", ConstLabels: cl}),
-		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "relay_client_limit_refused_total",
+		refused: f.NewCounterVec(prometheus.CounterOpts{Name: "relay_client_limit_refused_total",
 			Help: "Calls refused by a client-side limiter (answered 429 locally), by reason.", ConstLabels: cl}, []string{"reason"}),
-		waited: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "relay_client_limit_wait_seconds",
+		waited: f.NewHistogram(prometheus.HistogramOpts{Name: "relay_client_limit_wait_seconds",
 			Help: "How long admitted calls waited for their turn.", ConstLabels: cl,
 			Buckets: []float64{0, .01, .1, .5, 1, 2, 5, 10, 30, 60}}),
-	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{l.m.admitted, l.m.refused, l.m.waited} {
-			if err := reg.Register(c); err != nil {
-				return nil, fmt.Errorf("ratelimit %s: register metrics: %w", cfg.Name, err)
-			}
-		}
 	}
 	return l, nil
 }

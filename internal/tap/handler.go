@@ -141,7 +141,7 @@ func (h *Hub) Handler(project func(name string) (apiKey string, ok bool)) http.H
 			case <-end.C:
 				finish("duration")
 				return
-			case <-t.done:
+			case <-t.h.done:
 				finish("stopped")
 				return
 			case <-r.Context().Done():

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/storage"
 )
@@ -88,7 +89,7 @@ type Item struct {
 	Event      []byte // the event object (a copy)
 }
 
-// Tap is one attached watcher. Its owner reads c until done is closed or
+// Tap is one attached watcher. Its owner reads c until h.done is closed or
 // it has seen enough, then calls Detach.
 type Tap struct {
 	h       *Hub
@@ -98,7 +99,6 @@ type Tap struct {
 	c       chan Item
 	seen    atomic.Uint64 // matching events, for Sample
 	dropped atomic.Uint64 // matching events dropped because c was full
-	done    chan struct{} // closed by Hub.Close (the relay stops)
 }
 
 // Hub hands events to the attached taps. The zero value is not usable: see
@@ -108,7 +108,7 @@ type Hub struct {
 	nAt  [numWhere]atomic.Int32 // taps attached per Where: all a hot path reads when 0
 	taps atomic.Pointer[[]*Tap] // snapshot for Pick
 	mu   sync.Mutex             // guards attaching, detaching, closed
-	done chan struct{}
+	done chan struct{}          // closed by Close (the relay stops)
 	shut bool
 
 	dropped prometheus.Counter
@@ -122,28 +122,23 @@ func New(cfg Config, reg prometheus.Registerer) (*Hub, error) {
 	}
 	cfg.MaxTaps, cfg.Buffer = cmp.Or(cfg.MaxTaps, DefaultMaxTaps), cmp.Or(cfg.Buffer, DefaultBuffer)
 	h := &Hub{cfg: cfg, done: make(chan struct{})}
-	h.dropped = prometheus.NewCounter(prometheus.CounterOpts{
+	h.taps.Store(new([]*Tap))
+	f := promauto.With(reg)
+	h.dropped = f.NewCounter(prometheus.CounterOpts{
 		Name: "relay_tap_dropped_events_total",
 		Help: "Events a live tap matched but dropped because its reader was behind (the tap's buffer was full).",
 	})
-	sent := prometheus.NewCounterVec(prometheus.CounterOpts{
+	sent := f.NewCounterVec(prometheus.CounterOpts{
 		Name: "relay_tap_events_total",
 		Help: "Events handed to live taps, by where they were tapped.",
 	}, []string{"where"})
 	for w := range numWhere {
 		h.sent[w] = sent.WithLabelValues(w.String())
 	}
-	active := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	f.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "relay_tap_attached",
 		Help: "Live taps attached (relay tap).",
 	}, func() float64 { return float64(len(h.snapshot())) })
-	if reg != nil {
-		for _, c := range []prometheus.Collector{h.dropped, sent, active} {
-			if err := reg.Register(c); err != nil {
-				return nil, fmt.Errorf("tap metrics: %w", err)
-			}
-		}
-	}
 	return h, nil
 }
 
@@ -169,7 +164,7 @@ func (h *Hub) Attach(f Filter) (*Tap, error) {
 	if f.Where >= numWhere {
 		return nil, fmt.Errorf("tap: bad where %d", f.Where)
 	}
-	t := &Tap{h: h, f: f, c: make(chan Item, h.cfg.Buffer), done: h.done}
+	t := &Tap{h: h, f: f, c: make(chan Item, h.cfg.Buffer)}
 	if f.DeviceID != "" {
 		t.devKey = []byte(event.DeviceKeyPrefix + f.DeviceID)
 	}
@@ -196,12 +191,7 @@ func (t *Tap) Detach() {
 	h.storeLocked(slices.DeleteFunc(slices.Clone(h.snapshot()), func(o *Tap) bool { return o == t }))
 }
 
-func (h *Hub) snapshot() []*Tap {
-	if p := h.taps.Load(); p != nil {
-		return *p
-	}
-	return nil
-}
+func (h *Hub) snapshot() []*Tap { return *h.taps.Load() }
 
 // Close ends every tap (Done is closed) and refuses new ones.
 func (h *Hub) Close() {
@@ -231,28 +221,15 @@ func (h *Hub) Pick(where Where, apiKey []byte, reason string, recs []storage.Rec
 		return nil
 	}
 	var out Picked
-	keyHash := ""
+	keyHash := KeyHash(apiKey)
 	for _, t := range h.snapshot() {
-		if t.f.Where != where {
+		if t.f.Where != where || t.f.APIKeyHash != "" && t.f.APIKeyHash != keyHash {
 			continue
 		}
-		if t.f.APIKeyHash != "" {
-			if keyHash == "" {
-				keyHash = KeyHash(apiKey)
-			}
-			if keyHash != t.f.APIKeyHash {
-				continue
-			}
-		}
 		for i := range recs {
-			r := &recs[i]
-			if !t.wants(r) {
-				continue
+			if t.wants(&recs[i]) {
+				out = append(out, picked{t, Item{Where: where, APIKeyHash: keyHash, Reason: reason, Event: bytes.Clone(recs[i].Data)}})
 			}
-			if keyHash == "" {
-				keyHash = KeyHash(apiKey)
-			}
-			out = append(out, picked{t, Item{Where: where, APIKeyHash: keyHash, Reason: reason, Event: bytes.Clone(r.Data)}})
 		}
 	}
 	return out

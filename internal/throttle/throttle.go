@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
 // Config configures a Throttle.
@@ -99,22 +100,15 @@ func New(cfg Config, reg prometheus.Registerer) (*Throttle, error) {
 	if t.now == nil {
 		t.now = time.Now
 	}
-	if reg != nil {
-		for _, g := range []prometheus.Collector{
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-				Name: "relay_throttle_paused_keys",
-				Help: "Devices and users the upstream asked to pause (429, daily quota) whose pause has not expired.",
-			}, func() float64 { return float64(t.PausedKeys()) }),
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-				Name: "relay_throttle_paced_keys",
-				Help: "Devices and users sent at a paced rate because the upstream refused them with a 429.",
-			}, func() float64 { return float64(t.PacedKeys()) }),
-		} {
-			if err := reg.Register(g); err != nil {
-				return nil, err
-			}
-		}
-	}
+	f := promauto.With(reg)
+	f.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "relay_throttle_paused_keys",
+		Help: "Devices and users the upstream asked to pause (429, daily quota) whose pause has not expired.",
+	}, func() float64 { return float64(t.PausedKeys()) })
+	f.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "relay_throttle_paced_keys",
+		Help: "Devices and users sent at a paced rate because the upstream refused them with a 429.",
+	}, func() float64 { return float64(t.PacedKeys()) })
 	return t, nil
 }
 

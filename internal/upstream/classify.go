@@ -232,10 +232,7 @@ func RetryAfter(v string, now time.Time) time.Duration {
 		if n <= 0 {
 			return 0
 		}
-		if n > 1<<30 {
-			n = 1 << 30
-		}
-		return time.Duration(n) * time.Second
+		return time.Duration(min(n, 1<<30)) * time.Second
 	}
 	if t, err := http.ParseTime(v); err == nil && t.After(now) {
 		return t.Sub(now)

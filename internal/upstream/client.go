@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/valyala/fasthttp"
 
 	"github.com/svcrelay/relay/internal/storage"
@@ -122,22 +123,15 @@ func New(cfg Config, reg prometheus.Registerer) (*Client, error) {
 				return fasthttp.DialTimeout(addr, dialTimeout)
 			},
 		},
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+		requests: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Name: "relay_upstream_requests_total",
 			Help: "Upstream requests by lane kind and answer status (HTTP status, or timeout/error when none arrived).",
 		}, []string{"kind", "status"}),
-		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		latency: promauto.With(reg).NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "relay_upstream_request_seconds",
 			Help:    "Upstream request latency by lane kind, including failed requests.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"kind"}),
-	}
-	if reg != nil {
-		for _, m := range []prometheus.Collector{c.requests, c.latency} {
-			if err := reg.Register(m); err != nil {
-				return nil, fmt.Errorf("upstream: register metrics: %w", err)
-			}
-		}
 	}
 	return c, nil
 }
@@ -156,11 +150,7 @@ func (c *Client) Do(ctx context.Context, req *Request) Result {
 	freq := fasthttp.AcquireRequest()
 	freq.SetRequestURI(req.URL)
 	freq.Header.SetMethod(fasthttp.MethodPost)
-	ct := req.ContentType
-	if ct == "" {
-		ct = "application/json"
-	}
-	freq.Header.SetContentType(ct)
+	freq.Header.SetContentType(cmp.Or(req.ContentType, "application/json"))
 	var zb *[]byte // the compressed body's buffer, back to gzBufs once sent
 	if req.Gzip {
 		freq.Header.Set(fasthttp.HeaderContentEncoding, "gzip")
@@ -205,10 +195,7 @@ func (c *Client) Do(ctx context.Context, req *Request) Result {
 		if zb != nil && cap(*zb) <= maxPooledGzip {
 			c.gzBufs.Put(zb)
 		}
-		kind := req.Kind
-		if kind == "" {
-			kind = "other"
-		}
+		kind := cmp.Or(req.Kind, "other")
 		c.requests.WithLabelValues(kind, r.StatusLabel()).Inc()
 		c.latency.WithLabelValues(kind).Observe(took.Seconds())
 		c.last.Store(&Outcome{At: time.Now(), Reached: r.Status != 0, Status: r.StatusLabel()})
