@@ -535,21 +535,19 @@ func (p *parser) tmpValue(s []byte, esc bool) []byte {
 // replaces what an earlier one of the same key recorded.
 func (p *parser) recordedField(e *Event, f, i, start int) int {
 	b := p.b
-	var (
-		end     int
-		esc, ok bool
-		content []byte // a string's, when the field is a string
-	)
+	var content []byte // a string's, when the field is a string
+	end, esc, ok := 0, false, false
 	if b[i] == '"' && fieldKinds[f] == kString { // all these fields but time
 		if end, esc = scanString(b, i); end < 0 {
 			return -1
 		}
-		content, ok = b[i+1:end-1], true
+		content = b[i+1 : end-1]
+		e.setValid(f, true)
 	} else if end, ok = p.typedValue(fieldKinds[f], i); end < 0 {
 		return -1
+	} else {
+		e.setValid(f, ok)
 	}
-	e.setValid(f, ok)
-	null := b[i] == 'n'
 	switch f {
 	case fUserID:
 		e.UserID, e.flags = nil, e.flags&^evUserEsc
@@ -573,13 +571,13 @@ func (p *parser) recordedField(e *Event, f, i, start int) int {
 			e.flags |= evHasType
 		}
 	case fInsertID:
-		e.HasInsertID, e.insNull = !null, 0
-		if null {
+		e.HasInsertID, e.insNull = b[i] != 'n', 0
+		if !e.HasInsertID {
 			e.insNull = i - start
 		}
 	case fTime:
-		e.HasTime, e.timeNull = !null, 0
-		if null {
+		e.HasTime, e.timeNull = b[i] != 'n', 0
+		if !e.HasTime {
 			e.timeNull = i - start
 		}
 	case fIP:
