@@ -178,12 +178,13 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		// Over its client's share: closed before any byte is read (and
 		// before a TLS handshake), with a reset rather than a FIN, so that
 		// neither side keeps the socket in TIME_WAIT. The slot is kept
-		// for the next connection.
+		// for the next connection. Counted first: a client that saw the
+		// reset finds the refusal counted.
+		l.s.clientRefused(c)
 		if tc, ok := c.(*net.TCPConn); ok {
 			tc.SetLinger(0)
 		}
 		c.Close()
-		l.s.clientRefused(c)
 	}
 }
 
