@@ -289,16 +289,14 @@ func (f *Forwarder) proxyError(w http.ResponseWriter, r *http.Request, err error
 	if rec, ok := w.(*recorder); ok {
 		rec.local = true
 	}
-	var mbe *http.MaxBytesError
-	if errors.As(err, &mbe) {
-		f.m.errors.WithLabelValues(t.API, "body_too_large").Inc()
-		WriteError(w, http.StatusRequestEntityTooLarge, f.tooLarge())
-		return
+	reason, status, msg := "body_too_large", http.StatusRequestEntityTooLarge, f.tooLarge()
+	if !errors.As(err, new(*http.MaxBytesError)) {
+		reason, status, msg = "transport", http.StatusBadGateway, "upstream "+t.API+" unreachable: "+transportText(err)
+		f.log.Warn("forward: upstream error", zap.String("api", t.API), zap.String("method", r.Method),
+			zap.String("path", r.URL.Path), zap.String("error", transportText(err)))
 	}
-	f.m.errors.WithLabelValues(t.API, "transport").Inc()
-	f.log.Warn("forward: upstream error", zap.String("api", t.API), zap.String("method", r.Method),
-		zap.String("path", r.URL.Path), zap.String("error", transportText(err)))
-	WriteError(w, http.StatusBadGateway, "upstream "+t.API+" unreachable: "+transportText(err))
+	f.m.errors.WithLabelValues(t.API, reason).Inc()
+	WriteError(w, status, msg)
 }
 
 // recorder keeps the status written and renews the caller connection's
