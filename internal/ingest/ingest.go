@@ -121,7 +121,8 @@ func (c Config) Validate() error {
 			return fmt.Errorf("ingest: invalid %s prefix %v", map[bool]string{true: "trusted proxy", false: "unbounded peer"}[i < len(c.TrustedProxies)], p)
 		}
 	}
-	return c.Open.validate()
+	_, err := c.Open.validate()
+	return err
 }
 
 // withDefaults returns c with its zero values replaced by the defaults.
