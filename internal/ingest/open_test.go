@@ -100,6 +100,7 @@ func TestCORS(t *testing.T) {
 		{"preflight allowed second", []string{shopOrigin, localOrigin}, http.MethodOptions, preflight(localOrigin), want{204, localOrigin, true, false}},
 		{"preflight other origin", []string{shopOrigin}, http.MethodOptions, preflight(evilOrigin), want{403, "", true, false}},
 		{"options without origin", []string{shopOrigin}, http.MethodOptions, nil, want{204, "", true, false}},
+		{"request method without origin", []string{shopOrigin}, http.MethodOptions, []string{"Access-Control-Request-Method", "POST"}, want{204, "", true, false}},
 		{"post allowed", []string{shopOrigin}, http.MethodPost, []string{"Origin", shopOrigin}, want{200, shopOrigin, true, true}},
 		{"post other origin", []string{shopOrigin}, http.MethodPost, []string{"Origin", evilOrigin}, want{403, "", true, false}},
 		{"beacon other origin", []string{shopOrigin}, http.MethodPost, []string{"Origin", evilOrigin, "Content-Type", "text/plain;charset=UTF-8"}, want{403, "", true, false}},
