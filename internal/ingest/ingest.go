@@ -187,7 +187,7 @@ type Server struct {
 	lns         []net.Listener           // every listener given to Serve, closed by Shutdown
 	tracked     map[net.Conn]bool        // open connections: true from the handler's start to StateIdle
 	lingering   map[*lingerConn]struct{} // connections in their linger goroutine
-	lingerDone  chan struct{}            // closed when lingering empties, if a Shutdown waits; else nil
+	lingers     sync.WaitGroup           // the linger goroutines
 	lingerFor   time.Duration            // a linger's bound: lingerTimeout (tests lengthen it)
 	lingerLimit int64                    // the bytes a linger discards (see New)
 

@@ -71,18 +71,14 @@ const (
 
 // waitLingering waits until no connection lingers or ctx ends; then it
 // closes the lingering connections, waits for their goroutines to end, and
-// returns ctx's error. No linger starts once closing is set.
+// returns ctx's error. No linger starts once closing is set, so none is
+// added to s.lingers while it is waited for.
 func (s *Server) waitLingering(ctx context.Context) error {
-	s.mu.Lock()
-	if len(s.lingering) == 0 {
-		s.mu.Unlock()
-		return nil
-	}
-	if s.lingerDone == nil {
-		s.lingerDone = make(chan struct{})
-	}
-	done := s.lingerDone
-	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		s.lingers.Wait()
+		close(done)
+	}()
 	select {
 	case <-done:
 		return nil
@@ -191,6 +187,7 @@ func (s *Server) startLinger(c *lingerConn) bool {
 		return false
 	}
 	s.lingering[c] = struct{}{}
+	s.lingers.Add(1)
 	return true
 }
 
@@ -202,9 +199,6 @@ func (s *Server) linger(c *lingerConn) {
 	c.tcp.Close()
 	s.mu.Lock()
 	delete(s.lingering, c)
-	if len(s.lingering) == 0 && s.lingerDone != nil {
-		close(s.lingerDone)
-		s.lingerDone = nil
-	}
 	s.mu.Unlock()
+	s.lingers.Done()
 }
