@@ -52,17 +52,6 @@ const (
 	maxConnsPerHost = 64
 )
 
-// Validate reports a configuration that cannot work.
-func (c Config) Validate() error {
-	switch {
-	case c.MaxRequestBodyBytes < 0:
-		return fmt.Errorf("forward: MaxRequestBodyBytes %d < 0", c.MaxRequestBodyBytes)
-	case c.IdleTimeout < 0:
-		return fmt.Errorf("forward: IdleTimeout %v < 0", c.IdleTimeout)
-	}
-	return nil
-}
-
 // Target is where, how and for whom one request goes upstream. Resolve
 // builds it from configuration, never from the request.
 type Target struct {
@@ -110,8 +99,8 @@ type metrics struct {
 // every request, so a reload takes effect at once; nil: none). log may be
 // nil (no logs); reg may be nil (metrics not registered).
 func New(cfg Config, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*Forwarder, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
+	if cfg.MaxRequestBodyBytes < 0 || cfg.IdleTimeout < 0 {
+		return nil, fmt.Errorf("forward: MaxRequestBodyBytes %d or IdleTimeout %v < 0", cfg.MaxRequestBodyBytes, cfg.IdleTimeout)
 	}
 	cfg.MaxRequestBodyBytes = cmp.Or(cfg.MaxRequestBodyBytes, DefaultMaxRequestBodyBytes)
 	cfg.IdleTimeout = cmp.Or(cfg.IdleTimeout, DefaultIdleTimeout)
