@@ -98,33 +98,6 @@ const (
 // the decompression buffer sizes far from overflow.
 const maxMaxRequestBytes = 1 << 40
 
-// Validate reports a configuration error.
-func (c Config) Validate() error {
-	switch {
-	case c.MaxRequestBytes < 0:
-		return fmt.Errorf("ingest: MaxRequestBytes %d is negative", c.MaxRequestBytes)
-	case c.MaxRequestBytes > maxMaxRequestBytes || int64(int(c.MaxRequestBytes)) != c.MaxRequestBytes:
-		return fmt.Errorf("ingest: MaxRequestBytes %d is too large", c.MaxRequestBytes)
-	case c.RetryAfter < 0:
-		return fmt.Errorf("ingest: RetryAfter %v is negative", c.RetryAfter)
-	case c.ReadTimeout < 0, c.WriteTimeout < 0, c.IdleTimeout < 0:
-		return errors.New("ingest: negative timeout")
-	case c.MaxConnections < 0:
-		return fmt.Errorf("ingest: MaxConnections %d is negative", c.MaxConnections)
-	case c.MaxConnectionsPerClient < 0:
-		return fmt.Errorf("ingest: MaxConnectionsPerClient %d is negative", c.MaxConnectionsPerClient)
-	case c.TLS != nil && c.TLS.GetCertificate == nil && c.TLS.GetConfigForClient == nil && len(c.TLS.Certificates) == 0:
-		return errors.New("ingest: TLS has no certificate")
-	}
-	for i, p := range append(slices.Clip(c.TrustedProxies), c.UnboundedPeers...) {
-		if !p.IsValid() {
-			return fmt.Errorf("ingest: invalid %s prefix %v", map[bool]string{true: "trusted proxy", false: "unbounded peer"}[i < len(c.TrustedProxies)], p)
-		}
-	}
-	_, err := c.Open.validate()
-	return err
-}
-
 // withDefaults returns c with its zero values replaced by the defaults.
 func (c Config) withDefaults() Config {
 	if c.MaxBatchBytes <= 0 {
@@ -225,18 +198,35 @@ func (s *Server) SetPlan(p Plan) { s.plan = p }
 // storage.Request, filling absent insert_ids from ids. log and reg may be
 // nil.
 func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, reg prometheus.Registerer) (*Server, error) {
-	if err := cfg.Validate(); err != nil {
+	switch {
+	case store == nil:
+		return nil, errors.New("ingest: nil store")
+	case ids == nil:
+		return nil, errors.New("ingest: nil IDGen")
+	case cfg.MaxRequestBytes < 0:
+		return nil, fmt.Errorf("ingest: MaxRequestBytes %d is negative", cfg.MaxRequestBytes)
+	case cfg.MaxRequestBytes > maxMaxRequestBytes || int64(int(cfg.MaxRequestBytes)) != cfg.MaxRequestBytes:
+		return nil, fmt.Errorf("ingest: MaxRequestBytes %d is too large", cfg.MaxRequestBytes)
+	case cfg.RetryAfter < 0:
+		return nil, fmt.Errorf("ingest: RetryAfter %v is negative", cfg.RetryAfter)
+	case cfg.ReadTimeout < 0, cfg.WriteTimeout < 0, cfg.IdleTimeout < 0:
+		return nil, errors.New("ingest: negative timeout")
+	case cfg.MaxConnections < 0:
+		return nil, fmt.Errorf("ingest: MaxConnections %d is negative", cfg.MaxConnections)
+	case cfg.MaxConnectionsPerClient < 0:
+		return nil, fmt.Errorf("ingest: MaxConnectionsPerClient %d is negative", cfg.MaxConnectionsPerClient)
+	case cfg.TLS != nil && cfg.TLS.GetCertificate == nil && cfg.TLS.GetConfigForClient == nil && len(cfg.TLS.Certificates) == 0:
+		return nil, errors.New("ingest: TLS has no certificate")
+	}
+	for i, p := range append(slices.Clip(cfg.TrustedProxies), cfg.UnboundedPeers...) {
+		if !p.IsValid() {
+			return nil, fmt.Errorf("ingest: invalid %s prefix %v", map[bool]string{true: "trusted proxy", false: "unbounded peer"}[i < len(cfg.TrustedProxies)], p)
+		}
+	}
+	if _, err := cfg.Open.validate(); err != nil {
 		return nil, err
 	}
-	if store == nil {
-		return nil, errors.New("ingest: nil store")
-	}
-	if ids == nil {
-		return nil, errors.New("ingest: nil IDGen")
-	}
-	if log == nil {
-		log = zap.NewNop()
-	}
+	log = cmp.Or(log, zap.NewNop())
 	cfg = cfg.withDefaults()
 	conns := make(chan struct{}, cfg.MaxConnections)
 	m, err := newMetrics(reg, conns)

@@ -11,6 +11,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/valyala/fasthttp"
 )
@@ -46,8 +47,8 @@ func TestOpenValidate(t *testing.T) {
 		{"empty key", Open{AllowedAPIKeys: []string{""}}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if err := (Config{Open: tc.o}).Validate(); (err == nil) != tc.ok {
-				t.Fatalf("Validate() = %v, want ok=%v", err, tc.ok)
+			if _, err := New(Config{Open: tc.o}, spool.NewBackend(openSpool(t, true)), event.NewIDGen(), nil, nil); (err == nil) != tc.ok {
+				t.Fatalf("New = %v, want ok=%v", err, tc.ok)
 			}
 		})
 	}
