@@ -52,17 +52,6 @@ const (
 	maxConnsPerHost = 64
 )
 
-// Validate reports a configuration that cannot work.
-func (c Config) Validate() error {
-	switch {
-	case c.MaxRequestBodyBytes < 0:
-		return fmt.Errorf("forward: MaxRequestBodyBytes %d < 0", c.MaxRequestBodyBytes)
-	case c.IdleTimeout < 0:
-		return fmt.Errorf("forward: IdleTimeout %v < 0", c.IdleTimeout)
-	}
-	return nil
-}
-
 // Target is where, how and for whom one request goes upstream. Resolve
 // builds it from configuration, never from the request.
 type Target struct {
@@ -110,8 +99,8 @@ type metrics struct {
 // every request, so a reload takes effect at once; nil: none). log may be
 // nil (no logs); reg may be nil (metrics not registered).
 func New(cfg Config, creds *credentials.Ref, log *zap.Logger, reg prometheus.Registerer) (*Forwarder, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
+	if cfg.MaxRequestBodyBytes < 0 || cfg.IdleTimeout < 0 {
+		return nil, fmt.Errorf("forward: MaxRequestBodyBytes %d or IdleTimeout %v < 0", cfg.MaxRequestBodyBytes, cfg.IdleTimeout)
 	}
 	cfg.MaxRequestBodyBytes = cmp.Or(cfg.MaxRequestBodyBytes, DefaultMaxRequestBodyBytes)
 	cfg.IdleTimeout = cmp.Or(cfg.IdleTimeout, DefaultIdleTimeout)
@@ -289,16 +278,14 @@ func (f *Forwarder) proxyError(w http.ResponseWriter, r *http.Request, err error
 	if rec, ok := w.(*recorder); ok {
 		rec.local = true
 	}
-	var mbe *http.MaxBytesError
-	if errors.As(err, &mbe) {
-		f.m.errors.WithLabelValues(t.API, "body_too_large").Inc()
-		WriteError(w, http.StatusRequestEntityTooLarge, f.tooLarge())
-		return
+	reason, status, msg := "body_too_large", http.StatusRequestEntityTooLarge, f.tooLarge()
+	if !errors.As(err, new(*http.MaxBytesError)) {
+		reason, status, msg = "transport", http.StatusBadGateway, "upstream "+t.API+" unreachable: "+transportText(err)
+		f.log.Warn("forward: upstream error", zap.String("api", t.API), zap.String("method", r.Method),
+			zap.String("path", r.URL.Path), zap.String("error", transportText(err)))
 	}
-	f.m.errors.WithLabelValues(t.API, "transport").Inc()
-	f.log.Warn("forward: upstream error", zap.String("api", t.API), zap.String("method", r.Method),
-		zap.String("path", r.URL.Path), zap.String("error", transportText(err)))
-	WriteError(w, http.StatusBadGateway, "upstream "+t.API+" unreachable: "+transportText(err))
+	f.m.errors.WithLabelValues(t.API, reason).Inc()
+	WriteError(w, status, msg)
 }
 
 // recorder keeps the status written and renews the caller connection's

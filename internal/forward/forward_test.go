@@ -508,3 +508,13 @@ func TestUpstreamErrorsLogSampled(t *testing.T) {
 func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, t Target) int {
 	return f.forward(w, r, t, f.proxy)
 }
+
+// TestNewRefusesNegativeConfig: a negative bound is a configuration error,
+// not a default.
+func TestNewRefusesNegativeConfig(t *testing.T) {
+	for _, c := range []Config{{MaxRequestBodyBytes: -1}, {IdleTimeout: -1}} {
+		if _, err := New(c, nil, nil, nil); err == nil {
+			t.Errorf("New(%+v) took a negative bound", c)
+		}
+	}
+}

@@ -117,25 +117,19 @@ func (s *Server) cors(ctx *fasthttp.RequestCtx, p pathIdx, pol *corsPolicy) bool
 	origin, allowed := pol.setHeaders(ctx)
 	h := &ctx.Response.Header
 	switch {
-	case ctx.IsOptions():
-		if len(origin) == 0 || len(ctx.Request.Header.PeekBytes(headerReqMethod)) == 0 {
-			// Not a preflight.
-			h.Set(fasthttp.HeaderAllow, "OPTIONS, POST")
-			ctx.SetStatusCode(fasthttp.StatusNoContent)
-			return true
-		}
-		if !allowed {
-			s.rejectf(ctx, p, fasthttp.StatusForbidden, "Origin not allowed", reasonOriginNotAllowed, 0)
-			return true
-		}
+	case ctx.IsOptions() && (len(origin) == 0 || len(ctx.Request.Header.PeekBytes(headerReqMethod)) == 0):
+		// Not a preflight.
+		h.Set(fasthttp.HeaderAllow, "OPTIONS, POST")
+		ctx.SetStatusCode(fasthttp.StatusNoContent)
+	case len(origin) > 0 && !allowed && (ctx.IsOptions() || ctx.IsPost()):
+		s.rejectf(ctx, p, fasthttp.StatusForbidden, "Origin not allowed", reasonOriginNotAllowed, 0)
+	case ctx.IsOptions(): // a preflight of an allowed origin
 		h.SetCanonical(headerAllowMethods, valueAllowMethods)
 		h.SetCanonical(headerAllowHeaders, valueAllowHeaders)
 		h.SetCanonical(headerMaxAge, valueMaxAge)
 		ctx.SetStatusCode(fasthttp.StatusNoContent)
-		return true
-	case len(origin) > 0 && !allowed && ctx.IsPost():
-		s.rejectf(ctx, p, fasthttp.StatusForbidden, "Origin not allowed", reasonOriginNotAllowed, 0)
-		return true
+	default:
+		return false
 	}
-	return false
+	return true
 }

@@ -150,14 +150,17 @@
 //   - Appends run under the server's own context, not the request's:
 //     Shutdown lets them finish until its ctx ends, then cancels them.
 //   - Shutdown closes at once the connections on which no request is in the
-//     handler (silent new ones, idle keep-alive ones; package fastserver), so
+//     handler (silent new ones, idle keep-alive ones; see linger.go), so
 //     a client that sends nothing never holds the stop until its read or
 //     idle timeout.
 //
 // # Goroutines
 //
 // Serve runs fasthttp's accept loop and worker goroutines; each request is
-// handled on its connection's goroutine. The Server starts no goroutine of its
-// own. With Config.TLS, the TLS handshake runs on the connection's goroutine
-// at its first read, within ReadTimeout.
+// handled on its connection's goroutine. The Server starts one goroutine per
+// lingering connection (linger.go), which ends when the linger does (within
+// lingerTimeout, or at once when Shutdown's ctx ends and closes the
+// connection); Shutdown returns only after all of them ended. With
+// Config.TLS, the TLS handshake runs on the connection's goroutine at its
+// first read, within ReadTimeout.
 package ingest

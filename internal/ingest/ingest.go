@@ -17,7 +17,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/svcrelay/relay/internal/event"
-	"github.com/svcrelay/relay/internal/fastserver"
 	"github.com/svcrelay/relay/internal/storage"
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
@@ -99,32 +98,6 @@ const (
 // the decompression buffer sizes far from overflow.
 const maxMaxRequestBytes = 1 << 40
 
-// Validate reports a configuration error.
-func (c Config) Validate() error {
-	switch {
-	case c.MaxRequestBytes < 0:
-		return fmt.Errorf("ingest: MaxRequestBytes %d is negative", c.MaxRequestBytes)
-	case c.MaxRequestBytes > maxMaxRequestBytes || int64(int(c.MaxRequestBytes)) != c.MaxRequestBytes:
-		return fmt.Errorf("ingest: MaxRequestBytes %d is too large", c.MaxRequestBytes)
-	case c.RetryAfter < 0:
-		return fmt.Errorf("ingest: RetryAfter %v is negative", c.RetryAfter)
-	case c.ReadTimeout < 0, c.WriteTimeout < 0, c.IdleTimeout < 0:
-		return errors.New("ingest: negative timeout")
-	case c.MaxConnections < 0:
-		return fmt.Errorf("ingest: MaxConnections %d is negative", c.MaxConnections)
-	case c.MaxConnectionsPerClient < 0:
-		return fmt.Errorf("ingest: MaxConnectionsPerClient %d is negative", c.MaxConnectionsPerClient)
-	case c.TLS != nil && c.TLS.GetCertificate == nil && c.TLS.GetConfigForClient == nil && len(c.TLS.Certificates) == 0:
-		return errors.New("ingest: TLS has no certificate")
-	}
-	for i, p := range append(slices.Clip(c.TrustedProxies), c.UnboundedPeers...) {
-		if !p.IsValid() {
-			return fmt.Errorf("ingest: invalid %s prefix %v", map[bool]string{true: "trusted proxy", false: "unbounded peer"}[i < len(c.TrustedProxies)], p)
-		}
-	}
-	return c.Open.validate()
-}
-
 // withDefaults returns c with its zero values replaced by the defaults.
 func (c Config) withDefaults() Config {
 	if c.MaxBatchBytes <= 0 {
@@ -174,16 +147,22 @@ type Server struct {
 	// reports the connection closed or hijacked (connState).
 	conns     chan struct{}
 	perClient *clientConns // nil: no per-client bound
-	srv       *fastserver.Server
+	srv       *fasthttp.Server
 
 	// base is the context of appends: cancelled only when Shutdown's
 	// context ends before the in-flight requests did.
 	base       context.Context
 	cancelBase context.CancelFunc
-	closing    atomic.Bool
+	closing    atomic.Bool // set under mu: Shutdown was called
 
-	lnMu sync.Mutex
-	lns  []net.Listener // every listener given to Serve, closed by Shutdown
+	// Connections and their lingering: see linger.go.
+	mu          sync.Mutex
+	lns         []net.Listener           // every listener given to Serve, closed by Shutdown
+	tracked     map[net.Conn]bool        // open connections: true from the handler's start to StateIdle
+	lingering   map[*lingerConn]struct{} // connections in their linger goroutine
+	lingers     sync.WaitGroup           // the linger goroutines
+	lingerFor   time.Duration            // a linger's bound: lingerTimeout (tests lengthen it)
+	lingerLimit int64                    // the bytes a linger discards (see New)
 
 	states sync.Pool // of *reqState
 
@@ -219,18 +198,35 @@ func (s *Server) SetPlan(p Plan) { s.plan = p }
 // storage.Request, filling absent insert_ids from ids. log and reg may be
 // nil.
 func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, reg prometheus.Registerer) (*Server, error) {
-	if err := cfg.Validate(); err != nil {
+	switch {
+	case store == nil:
+		return nil, errors.New("ingest: nil store")
+	case ids == nil:
+		return nil, errors.New("ingest: nil IDGen")
+	case cfg.MaxRequestBytes < 0:
+		return nil, fmt.Errorf("ingest: MaxRequestBytes %d is negative", cfg.MaxRequestBytes)
+	case cfg.MaxRequestBytes > maxMaxRequestBytes || int64(int(cfg.MaxRequestBytes)) != cfg.MaxRequestBytes:
+		return nil, fmt.Errorf("ingest: MaxRequestBytes %d is too large", cfg.MaxRequestBytes)
+	case cfg.RetryAfter < 0:
+		return nil, fmt.Errorf("ingest: RetryAfter %v is negative", cfg.RetryAfter)
+	case cfg.ReadTimeout < 0, cfg.WriteTimeout < 0, cfg.IdleTimeout < 0:
+		return nil, errors.New("ingest: negative timeout")
+	case cfg.MaxConnections < 0:
+		return nil, fmt.Errorf("ingest: MaxConnections %d is negative", cfg.MaxConnections)
+	case cfg.MaxConnectionsPerClient < 0:
+		return nil, fmt.Errorf("ingest: MaxConnectionsPerClient %d is negative", cfg.MaxConnectionsPerClient)
+	case cfg.TLS != nil && cfg.TLS.GetCertificate == nil && cfg.TLS.GetConfigForClient == nil && len(cfg.TLS.Certificates) == 0:
+		return nil, errors.New("ingest: TLS has no certificate")
+	}
+	for i, p := range append(slices.Clip(cfg.TrustedProxies), cfg.UnboundedPeers...) {
+		if !p.IsValid() {
+			return nil, fmt.Errorf("ingest: invalid %s prefix %v", map[bool]string{true: "trusted proxy", false: "unbounded peer"}[i < len(cfg.TrustedProxies)], p)
+		}
+	}
+	if _, err := cfg.Open.validate(); err != nil {
 		return nil, err
 	}
-	if store == nil {
-		return nil, errors.New("ingest: nil store")
-	}
-	if ids == nil {
-		return nil, errors.New("ingest: nil IDGen")
-	}
-	if log == nil {
-		log = zap.NewNop()
-	}
+	log = cmp.Or(log, zap.NewNop())
 	cfg = cfg.withDefaults()
 	conns := make(chan struct{}, cfg.MaxConnections)
 	m, err := newMetrics(reg, conns)
@@ -251,6 +247,9 @@ func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, 
 		m:         m,
 		conns:     conns,
 		perClient: newClientConns(cfg.MaxConnectionsPerClient, append(slices.Clip(cfg.TrustedProxies), cfg.UnboundedPeers...)),
+		tracked:   make(map[net.Conn]bool),
+		lingering: make(map[*lingerConn]struct{}),
+		lingerFor: lingerTimeout,
 	}
 	// The body limit fasthttp enforces while reading. A gzip body never
 	// exceeds its inflated size by more than its headers and 5 bytes per 64
@@ -258,16 +257,19 @@ func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, 
 	// too large once inflated. Plain bodies are checked exactly by the
 	// handler.
 	s.readLimit = s.maxBody + s.maxBody/64 + 64<<10
+	// A linger discards at most the body limit, at least fasthttp's default
+	// (4 MiB). A client that writes its whole body before it reads the
+	// answer gets its 413 if the body is no larger (and arrives within
+	// lingerTimeout); one that reads while it writes (Go's http.Transport)
+	// stops writing soon after it read the answer.
+	s.lingerLimit = int64(max(s.readLimit, fasthttp.DefaultMaxRequestBodySize))
 	if err := s.SetOpen(cfg.Open); err != nil {
 		return nil, err
 	}
 	s.maxBatch.Store(int64(cfg.MaxBatchBytes))
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.states.New = func() any { return new(reqState) }
-	// fastserver closes, at Shutdown, connections on which no handler runs
-	// (fasthttp alone waits for a silent or idle keep-alive client until its
-	// read or idle timeout).
-	s.srv = fastserver.New(&fasthttp.Server{
+	s.srv = &fasthttp.Server{
 		Handler:            s.strictHandle,
 		ErrorHandler:       s.handleReadError,
 		ExpectHandler:      s.expect,
@@ -290,7 +292,7 @@ func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, 
 		// have TCP keep-alive on already (15s).
 		SecureErrorLogMessage: true,
 		Logger:                fasthttpLogger{s},
-	})
+	}
 	return s, nil
 }
 
@@ -302,15 +304,20 @@ func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, 
 // several listeners; together they hold at most Config.MaxConnections
 // connections. ln is closed by Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
-	s.lnMu.Lock()
+	s.mu.Lock()
 	if s.closing.Load() {
-		s.lnMu.Unlock()
+		s.mu.Unlock()
 		ln.Close()
 		return nil
 	}
 	s.lns = append(s.lns, ln)
-	s.lnMu.Unlock()
-	if err := s.srv.Serve(s.wrapListener(ln), s.cfg.TLS); err != nil && !s.closing.Load() {
+	s.mu.Unlock()
+	// TLS goes over the connection limits and the lingering.
+	ln = &limitListener{Listener: ln, s: s, done: make(chan struct{})}
+	if s.cfg.TLS != nil {
+		ln = tls.NewListener(ln, s.cfg.TLS)
+	}
+	if err := s.srv.Serve(ln); err != nil && !s.closing.Load() {
 		return fmt.Errorf("ingest: serve: %w", err)
 	}
 	return nil
@@ -318,18 +325,28 @@ func (s *Server) Serve(ln net.Listener) error {
 
 // Shutdown stops accepting connections, closes at once the connections on
 // which no request is in the handler (new ones that sent nothing yet, idle
-// keep-alive ones; see package fastserver), answers 503 to requests that reach
+// keep-alive ones; see linger.go), answers 503 to requests that reach
 // the handler after it started, and waits for in-flight requests to finish
-// and their connections to close. When ctx ends first, it cancels the spool
-// appends still running (those requests are answered 503) and returns
-// ctx's error without waiting further. The Server cannot be restarted.
+// and their connections to close (lingering ones too). When ctx ends first,
+// it cancels the spool appends still running (those requests are answered
+// 503), closes the lingering connections and returns ctx's error without
+// waiting further. The Server cannot be restarted.
 func (s *Server) Shutdown(ctx context.Context) error {
-	s.lnMu.Lock()
+	s.mu.Lock()
 	s.closing.Store(true)
 	lns := s.lns
-	s.lnMu.Unlock()
+	for c, active := range s.tracked {
+		if !active {
+			closeNow(c)
+			delete(s.tracked, c)
+		}
+	}
+	s.mu.Unlock()
 
-	err := s.srv.Shutdown(ctx)
+	err := s.srv.ShutdownWithContext(ctx)
+	if lerr := s.waitLingering(ctx); err == nil {
+		err = lerr
+	}
 	// A Serve that had not reached fasthttp's Serve when it was told to stop
 	// finds its listener closed and returns.
 	for _, ln := range lns {

@@ -30,7 +30,7 @@ var fixedNow = time.UnixMilli(1763712345678)
 
 func fixedClock() time.Time { return fixedNow }
 
-func TestConfigValidate(t *testing.T) {
+func TestConfigChecked(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		cfg  Config
@@ -46,8 +46,8 @@ func TestConfigValidate(t *testing.T) {
 		{"invalid prefix", Config{TrustedProxies: []netip.Prefix{{}}}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if err := tc.cfg.Validate(); (err == nil) != tc.ok {
-				t.Fatalf("Validate() = %v, want ok=%v", err, tc.ok)
+			if _, err := New(tc.cfg, spool.NewBackend(openSpool(t, true)), event.NewIDGen(), nil, nil); (err == nil) != tc.ok {
+				t.Fatalf("New = %v, want ok=%v", err, tc.ok)
 			}
 		})
 	}

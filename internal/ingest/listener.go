@@ -133,7 +133,8 @@ func (cc *clientConns) release(c net.Conn) {
 
 // limitListener takes a slot of Server.conns for every connection it
 // returns, closes at once the connections of a client that holds its share
-// (Server.perClient) already, and waits and retries the accept errors that
+// (Server.perClient) already, wraps the TCP ones in lingerConns, and waits
+// and retries the accept errors that
 // end when resources free up (out of file descriptors, buffers or memory, a
 // connection aborted before it was accepted), as net/http's Serve does:
 // fasthttp's Serve returns on any accept error but a time-out, and the
@@ -169,17 +170,21 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		}
 		delay = 0
 		if l.s.perClient == nil || l.s.perClient.take(c) {
+			if tc, ok := c.(*net.TCPConn); ok {
+				return &lingerConn{Conn: tc, tcp: tc, s: l.s}, nil
+			}
 			return c, nil
 		}
 		// Over its client's share: closed before any byte is read (and
 		// before a TLS handshake), with a reset rather than a FIN, so that
 		// neither side keeps the socket in TIME_WAIT. The slot is kept
-		// for the next connection.
+		// for the next connection. Counted first: a client that saw the
+		// reset finds the refusal counted.
+		l.s.clientRefused(c)
 		if tc, ok := c.(*net.TCPConn); ok {
 			tc.SetLinger(0)
 		}
 		c.Close()
-		l.s.clientRefused(c)
 	}
 }
 
@@ -215,12 +220,6 @@ func (l *limitListener) Close() error {
 	return l.Listener.Close()
 }
 
-// wrapListener wraps ln in the connection limits and accept retries. (TLS
-// goes over it, and over fastserver's lingering: see Serve.)
-func (s *Server) wrapListener(ln net.Listener) net.Listener {
-	return &limitListener{Listener: ln, s: s, done: make(chan struct{})}
-}
-
 // clientRefused notes a connection closed at accept because its client held
 // Config.MaxConnectionsPerClient already.
 func (s *Server) clientRefused(c net.Conn) {
@@ -247,8 +246,22 @@ func (s *Server) connsFull() {
 	}
 }
 
-// connState gives a connection's slot back when fasthttp is done with it.
+// connState tracks the connections for Shutdown (see linger.go) and gives
+// a connection's slot back when fasthttp is done with it.
 func (s *Server) connState(c net.Conn, st fasthttp.ConnState) {
+	s.mu.Lock()
+	switch st {
+	case fasthttp.StateNew, fasthttp.StateIdle:
+		if s.closing.Load() {
+			closeNow(c)
+			delete(s.tracked, c)
+		} else {
+			s.tracked[c] = false
+		}
+	case fasthttp.StateClosed, fasthttp.StateHijacked:
+		delete(s.tracked, c)
+	}
+	s.mu.Unlock()
 	if st == fasthttp.StateClosed || st == fasthttp.StateHijacked {
 		select {
 		case <-s.conns:
@@ -265,38 +278,41 @@ func (s *Server) connState(c net.Conn, st fasthttp.ConnState) {
 // values, query strings holding an api_key) when it cannot parse them. A
 // line says only that a connection failed, the peer's address (anonymized
 // under AnonymizeIP), and a class of the error; neither the format nor the
-// error text is logged.
+// error text is logged. Errors of a connection the Server closed during
+// Shutdown (net.ErrClosed) are not logged at all.
 type fasthttpLogger struct{ s *Server }
 
 func (f fasthttpLogger) Printf(_ string, args ...any) {
-	ce := f.s.rejLog.Check(zapcore.WarnLevel, "ingest connection error")
-	if ce == nil {
-		return
-	}
-	remote, class := "", "other"
+	var remote net.Addr
+	class := "other"
 	for _, a := range args {
 		switch v := a.(type) {
 		case net.Addr: // fasthttp names the local address first, the peer last
-			remote = v.String()
-			if f.s.st().anonIP {
-				remote = ""
-				if ta, ok := v.(*net.TCPAddr); ok {
-					remote = netip.AddrPortFrom(anonymizeAddr(ta.AddrPort().Addr()), ta.AddrPort().Port()).String()
-				}
-			}
+			remote = v
 		case error:
 			class = errorClass(v)
 		}
 	}
+	if class == classClosed && f.s.closing.Load() {
+		return
+	}
+	ce := f.s.rejLog.Check(zapcore.WarnLevel, "ingest connection error")
+	if ce == nil {
+		return
+	}
 	fields := []zap.Field{zap.String("class", class)}
-	if remote != "" {
-		fields = append(fields, zap.String("remote", remote))
+	if ta, ok := remote.(*net.TCPAddr); ok && f.s.st().anonIP {
+		fields = append(fields, zap.String("remote", netip.AddrPortFrom(anonymizeAddr(ta.AddrPort().Addr()), ta.AddrPort().Port()).String()))
+	} else if remote != nil && !f.s.st().anonIP {
+		fields = append(fields, zap.String("remote", remote.String()))
 	}
 	ce.Write(fields...)
 }
 
-// Classes of errorClass that handleReadError answers.
+// Classes of errorClass that handleReadError answers, and the Server's own
+// closing.
 const (
+	classClosed         = "closed"
 	classTimeout        = "timeout"
 	classBodyTooLarge   = "body too large"
 	classHeaderTooLarge = "header too large"
@@ -310,7 +326,7 @@ func errorClass(err error) string {
 	var alert tls.AlertError
 	switch {
 	case errors.Is(err, net.ErrClosed):
-		return "closed"
+		return classClosed
 	case errors.As(err, &ne) && ne.Timeout(), errors.Is(err, os.ErrDeadlineExceeded):
 		return classTimeout
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):

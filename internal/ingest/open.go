@@ -35,22 +35,23 @@ type Open struct {
 // maxClientRateLimit keeps the token interval at least a nanosecond.
 const maxClientRateLimit = 1e9
 
-func (o Open) validate() error {
-	if _, err := newCORS(o.CORSOrigins); err != nil {
-		return err
-	}
+// validate reports an error of o, or returns its CORS policy (nil: off).
+func (o Open) validate() (*corsPolicy, error) {
+	cors, err := newCORS(o.CORSOrigins)
 	switch r := o.ClientRateLimit; {
+	case err != nil:
+		return nil, err
 	case math.IsNaN(r) || r < 0:
-		return fmt.Errorf("ingest: ClientRateLimit %v is negative", r)
+		return nil, fmt.Errorf("ingest: ClientRateLimit %v is negative", r)
 	case r > maxClientRateLimit:
-		return fmt.Errorf("ingest: ClientRateLimit %v is above %v", r, maxClientRateLimit)
+		return nil, fmt.Errorf("ingest: ClientRateLimit %v is above %v", r, maxClientRateLimit)
 	}
 	for _, k := range o.AllowedAPIKeys {
 		if k == "" {
-			return errors.New("ingest: empty api_key in AllowedAPIKeys")
+			return nil, errors.New("ingest: empty api_key in AllowedAPIKeys")
 		}
 	}
-	return nil
+	return cors, nil
 }
 
 // openState is a Server's state of Open. What requests read of it is one
@@ -72,10 +73,7 @@ func (s *Server) st() *openState { return s.opened.Load() }
 // is invalid. A client rate limit kept at the same rate keeps its clients'
 // state.
 func (s *Server) SetOpen(o Open) error {
-	if err := o.validate(); err != nil {
-		return err
-	}
-	cors, err := newCORS(o.CORSOrigins)
+	cors, err := o.validate()
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/valyala/fasthttp"
 )
@@ -46,8 +47,8 @@ func TestOpenValidate(t *testing.T) {
 		{"empty key", Open{AllowedAPIKeys: []string{""}}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if err := (Config{Open: tc.o}).Validate(); (err == nil) != tc.ok {
-				t.Fatalf("Validate() = %v, want ok=%v", err, tc.ok)
+			if _, err := New(Config{Open: tc.o}, spool.NewBackend(openSpool(t, true)), event.NewIDGen(), nil, nil); (err == nil) != tc.ok {
+				t.Fatalf("New = %v, want ok=%v", err, tc.ok)
 			}
 		})
 	}
@@ -100,6 +101,7 @@ func TestCORS(t *testing.T) {
 		{"preflight allowed second", []string{shopOrigin, localOrigin}, http.MethodOptions, preflight(localOrigin), want{204, localOrigin, true, false}},
 		{"preflight other origin", []string{shopOrigin}, http.MethodOptions, preflight(evilOrigin), want{403, "", true, false}},
 		{"options without origin", []string{shopOrigin}, http.MethodOptions, nil, want{204, "", true, false}},
+		{"request method without origin", []string{shopOrigin}, http.MethodOptions, []string{"Access-Control-Request-Method", "POST"}, want{204, "", true, false}},
 		{"post allowed", []string{shopOrigin}, http.MethodPost, []string{"Origin", shopOrigin}, want{200, shopOrigin, true, true}},
 		{"post other origin", []string{shopOrigin}, http.MethodPost, []string{"Origin", evilOrigin}, want{403, "", true, false}},
 		{"beacon other origin", []string{shopOrigin}, http.MethodPost, []string{"Origin", evilOrigin, "Content-Type", "text/plain;charset=UTF-8"}, want{403, "", true, false}},

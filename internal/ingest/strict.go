@@ -98,8 +98,12 @@ func asciiEqualFold(b []byte, s string) bool {
 // strictHandle refuses requests whose head checkHead faults with 400 and
 // closes their connection (whatever follows the body on it, e.g. a request
 // smuggled behind a chunked body that a Content-Length would have covered,
-// is never read), and passes the others to handle.
+// is never read), and passes the others to handle. A request on a
+// connection Shutdown closed is answered 503 first (see busy).
 func (s *Server) strictHandle(ctx *fasthttp.RequestCtx) {
+	if !s.busy(ctx) {
+		return
+	}
 	if f := checkHead(ctx.Request.Header.RawHeaders()); f != headOK {
 		s.refuseHead(ctx, f)
 		return

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcrelay/relay/internal/fastserver/fastservertest"
 	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/spool"
 	"github.com/svcrelay/relay/internal/tlsreload"
@@ -116,12 +115,12 @@ func TestTLSOversizedBodyAnswered(t *testing.T) {
 		conns = 30
 	)
 	r := tlsRelay(t, Config{MaxRequestBytes: limit})
-	fastservertest.Repeat(t, conns, func() error { return postOversizedTLS(r.addr, size) })
+	repeatPosts(t, conns, func() error { return postOversizedTLS(r.addr, size) })
 }
 
-// postOversizedTLS is fastservertest.PostOversized over a new TLS connection.
+// postOversizedTLS is postOversized over a new TLS connection.
 func postOversizedTLS(addr string, size int) error {
-	raw, err := fastservertest.Dial(addr, 10*time.Second)
+	raw, err := dialSmall(addr, 10*time.Second)
 	if err != nil {
 		return err
 	}
@@ -130,7 +129,7 @@ func postOversizedTLS(addr string, size int) error {
 	if err := c.Handshake(); err != nil {
 		return err
 	}
-	return fastservertest.PostOversized(c, "/2/httpapi", size, 413, "Payload too large")
+	return postOversized(c, "/2/httpapi", size, 413, "Payload too large")
 }
 
 // TestTLSShutdownClosesIdle: Shutdown closes an idle kept-alive TLS
