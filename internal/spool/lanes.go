@@ -211,17 +211,14 @@ func (s *Spool) maybeRetire(now time.Time) {
 		s.mu.Unlock()
 		return
 	}
-	kept := s.lanes[:0]
-	for _, l := range s.lanes {
-		if l.lastUse.Load() <= cutoff && s.retireLocked(l) {
-			gone = append(gone, l)
-			s.byKey.remove(l)
-			continue
+	s.lanes = slices.DeleteFunc(s.lanes, func(l *Lane) bool {
+		if l.lastUse.Load() > cutoff || !s.retireLocked(l) {
+			return false
 		}
-		kept = append(kept, l)
-	}
-	clear(s.lanes[len(kept):])
-	s.lanes = kept
+		gone = append(gone, l)
+		s.byKey.remove(l)
+		return true
+	})
 	if len(gone) > 0 {
 		// Settled, and not to stay reachable.
 		s.dirty = slices.DeleteFunc(s.dirty, (*Lane).IsRetired)
@@ -314,17 +311,10 @@ func (s *Spool) markDirtyLocked(ops []*op) {
 func (s *Spool) pruneDirty() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	kept := s.dirty[:0]
-	for _, l := range s.dirty {
+	s.dirty = slices.DeleteFunc(s.dirty, func(l *Lane) bool {
 		l.mu.Lock()
-		busy := l.hot.len() > 0 || l.next != l.cold.nextSeq
+		l.dirty = l.hot.len() > 0 || l.next != l.cold.nextSeq
 		l.mu.Unlock()
-		if busy {
-			kept = append(kept, l)
-		} else {
-			l.dirty = false
-		}
-	}
-	clear(s.dirty[len(kept):])
-	s.dirty = kept
+		return !l.dirty
+	})
 }

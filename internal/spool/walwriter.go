@@ -181,9 +181,7 @@ func (s *Spool) takeWAL() (ops []*op, acks []ackOp, closed bool) {
 				n++
 			}
 			ops = append(s.w.ops[:0], s.appends[:n]...)
-			rest := copy(s.appends, s.appends[n:])
-			clear(s.appends[rest:])
-			s.appends = s.appends[:rest]
+			s.appends = slices.Delete(s.appends, 0, n)
 			// Swap the ack slices: the writer's spare becomes the queue.
 			acks, s.acks = s.acks, s.w.acks[:0]
 			closed = s.closed
