@@ -364,8 +364,7 @@ func (l *Lane) takeHot(maxBytes int) []hotRef {
 func (l *Lane) decodeHot(refs []hotRef, slab *recSlab) []storage.Chunk {
 	var out []storage.Chunk
 	if slab != nil { // NextPart: the caller is done with the last ones
-		clear(l.chunks)
-		out = slices.Grow(l.chunks[:0], len(refs))[:len(refs)]
+		out = slices.Grow(reuse(l.chunks), len(refs))[:len(refs)]
 		l.chunks = out
 	} else {
 		out = make([]storage.Chunk, len(refs))

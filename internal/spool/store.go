@@ -98,8 +98,7 @@ func (s *Spool) runStore() {
 		ops := s.st.ops[:0]
 		if due {
 			ops = append(ops, s.sops...)
-			clear(s.sops)
-			s.sops = s.sops[:0]
+			s.sops = reuse(s.sops)
 			acks, s.coldAcks = s.coldAcks, nil
 			end, total = s.walEnd, s.walTotal
 		}
@@ -113,8 +112,7 @@ func (s *Spool) runStore() {
 			s.recycle()
 			s.checkIdle(now)
 			s.maybeRetire(now)
-			clear(ops)
-			s.st.ops = ops[:0]
+			s.st.ops = reuse(ops)
 			if final {
 				s.persistFreelist()
 				s.updateFileBytes()
@@ -517,8 +515,7 @@ func (s *Spool) settle(committed bool) {
 		}
 		l.wTouched, l.wOldStale = false, false
 	}
-	clear(s.st.touched)
-	s.st.touched = s.st.touched[:0]
+	s.st.touched = reuse(s.st.touched)
 }
 
 func (s *Spool) touch(l *Lane) {
@@ -585,8 +582,7 @@ func (s *Spool) commitPublish(lanes []*Lane, p walPos, pTotal int64) {
 		s.lanesCh = make(chan struct{})
 	}
 	s.mu.Unlock()
-	clear(s.st.created)
-	s.st.created = s.st.created[:0]
+	s.st.created = reuse(s.st.created)
 }
 
 // rollback forgets a failed checkpoint but its acks, kept for the next.
@@ -606,8 +602,7 @@ func (s *Spool) rollback(acks []ackOp, flush []*hotChunk, flushL []*Lane) {
 	}
 	s.hotHeld.Add(-held)
 	s.settle(false)
-	clear(s.st.created)
-	s.st.created = s.st.created[:0]
+	s.st.created = reuse(s.st.created)
 	s.mu.Lock()
 	s.coldAcks = append(acks, s.coldAcks...)
 	s.mu.Unlock()
