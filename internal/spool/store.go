@@ -315,14 +315,12 @@ func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane
 		return 0, err
 	}
 	defer func() {
-		if err != nil {
-			_ = guard(tx.Rollback)
-		}
-	}()
-	// bbolt panics on a page it cannot parse: the checkpoint fails.
-	defer func() {
+		// bbolt panics on a page it cannot parse: the checkpoint fails.
 		if v := recover(); v != nil {
 			err = fmt.Errorf("%w: %v", ErrDamaged, v)
+		}
+		if err != nil {
+			_ = guard(tx.Rollback)
 		}
 	}()
 	live := s.st.live
