@@ -487,17 +487,15 @@ func (l *Lane) deadDamaged(ctx context.Context, d *damagedChunk) error {
 	s := l.s
 	answer := fmt.Appendf(nil, "spool: chunk %d of lane %s failed its checksum in spool.db (%v)", d.seq, l.label, d.err)
 	now := time.Now()
+	acc, _, _ := chunkHeader(d.v)
+	recs := []storage.Record{{Data: d.v}}
 	var c storage.Chunk
-	var dls []storage.DeadLetter
-	if decodeRecords(d.seq, d.v, &c, nil) == nil {
-		for _, r := range c.Records {
-			dls = append(dls, storage.DeadLetter{Lane: l.key, Reason: reasonDamaged, Answer: answer, Accepted: c.Accepted, Died: now, Record: r})
-		}
+	if decodeRecords(d.seq, d.v, &c, nil) == nil && len(c.Records) > 0 {
+		recs = c.Records
 	}
-	if len(dls) == 0 {
-		acc, _, _ := chunkHeader(d.v)
-		dls = []storage.DeadLetter{{Lane: l.key, Reason: reasonDamaged, Answer: answer, Accepted: fromMs(acc), Died: now,
-			Record: storage.Record{Data: d.v}}}
+	dls := make([]storage.DeadLetter, len(recs))
+	for i, r := range recs {
+		dls[i] = storage.DeadLetter{Lane: l.key, Reason: reasonDamaged, Answer: answer, Accepted: fromMs(acc), Died: now, Record: r}
 	}
 	if err := s.PutDead(ctx, dls); err != nil {
 		return fmt.Errorf("spool read: lane %s: dead-letter damaged chunk %d: %w", l.label, d.seq, err)
