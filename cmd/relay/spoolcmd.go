@@ -163,7 +163,7 @@ func runImport(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		if err != nil {
 			return fmt.Errorf("open spool in %s: %w%s", dir, err, spoolHint(dir, err))
 		}
-		st := importStats{}
+		st := importStats{lanes: map[storage.LaneKey]bool{}}
 		for _, name := range files {
 			if err = importFile(ctx, sp, filepath.Clean(name), *damaged, &st); err != nil {
 				break
@@ -192,9 +192,6 @@ func importFile(ctx context.Context, sp *spool.Spool, name string, withDamaged b
 		return err
 	}
 	defer f.Close()
-	if st.lanes == nil {
-		st.lanes = map[storage.LaneKey]bool{}
-	}
 	var (
 		b    storage.Batch
 		lane *spool.Lane
