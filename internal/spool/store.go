@@ -408,24 +408,19 @@ func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane
 		live += int64(c.size)
 		written += c.size
 	}
-	if err := s.txLanes(tx); err != nil {
+	err = s.txLanes(tx)
+	meta := tx.Bucket(bucketMeta)
+	if deadChanged && err == nil {
+		err = meta.Put(keyDead, binary.BigEndian.AppendUint64(seqKey(uint64(deadN)), uint64(deadBytes)))
+	}
+	if p != s.st.applied && err == nil {
+		err = meta.Put(keyWAL, p.encode())
+	}
+	if s.synced.less(end) && err == nil {
+		err = s.putSynced(meta, end)
+	}
+	if err != nil {
 		return 0, err
-	}
-	if deadChanged {
-		v := binary.BigEndian.AppendUint64(seqKey(uint64(deadN)), uint64(deadBytes))
-		if err = tx.Bucket(bucketMeta).Put(keyDead, v); err != nil {
-			return 0, err
-		}
-	}
-	if p != s.st.applied {
-		if err = tx.Bucket(bucketMeta).Put(keyWAL, p.encode()); err != nil {
-			return 0, err
-		}
-	}
-	if end != s.synced && s.synced.less(end) {
-		if err = s.putSynced(tx.Bucket(bucketMeta), end); err != nil {
-			return 0, err
-		}
 	}
 	s.db.NoFreelistSync = !s.st.replaying && !s.keepFreelist(written, freed)
 	if err = tx.Commit(); err != nil {
