@@ -804,9 +804,7 @@ func createBuckets(tx *bolt.Tx) error {
 	}
 	if len(meta.Get(keyID)) != 16 {
 		var id [16]byte
-		if _, err := rand.Read(id[:]); err != nil {
-			return err
-		}
+		rand.Read(id[:]) // never fails (it crashes the program instead)
 		if err := meta.Put(keyID, id[:]); err != nil {
 			return err
 		}
