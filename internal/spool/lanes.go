@@ -275,7 +275,7 @@ func (s *Spool) deleteLanes(ls []*Lane) error {
 	if s.db == nil {
 		return errors.New("spool file is not open")
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		lanes := tx.Bucket(bucketLanes)
 		for _, l := range ls {
 			if err := lanes.Delete(seqKey(l.id)); err != nil {
@@ -287,10 +287,6 @@ func (s *Spool) deleteLanes(ls []*Lane) error {
 		}
 		return nil
 	})
-	if err != nil {
-		return fmt.Errorf("delete retired lanes: %w", err)
-	}
-	return nil
 }
 
 // markDirtyLocked adds the lanes of the published (or skipped) appends to
