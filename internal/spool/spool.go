@@ -659,13 +659,11 @@ func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error
 	// soon: a relay started on a backlog should not carry them in its RSS.
 	trimMapping(db)
 	s.updateFileBytes()
-	m, err := newMetrics(s, reg)
-	if err != nil {
+	if s.m, err = newMetrics(s, reg); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open spool: metrics: %w", err)
 	}
-	s.m = m
-	m.damagedWAL.Add(float64(s.st.damaged))
+	s.m.damagedWAL.Add(float64(s.st.damaged))
 	s.st.damagedCounted = s.st.damaged
 	go s.runWAL()
 	go s.runStore()
