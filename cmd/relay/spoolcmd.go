@@ -121,16 +121,9 @@ func runSalvage(args, environ []string, stdout, stderr io.Writer) int {
 			n++
 			return enc.Encode(r)
 		})
-		if err == nil {
-			err = bw.Flush()
-		}
+		err = cmp.Or(err, bw.Flush())
 		if f != nil {
-			if err == nil {
-				err = f.Sync()
-			}
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
+			err = cmp.Or(err, f.Sync(), f.Close()) // the first error; both run either way
 		}
 		if err != nil {
 			return err
