@@ -162,9 +162,7 @@ func runImport(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 				break
 			}
 		}
-		if cerr := sp.Close(); err == nil && cerr != nil {
-			err = cerr
-		}
+		err = cmp.Or(err, sp.Close())
 		fmt.Fprintf(stdout, "imported %d records into %d lanes and %d dead letters; skipped %d damaged, %d without an api_key\n",
 			st.records, len(st.lanes), st.dead, st.damaged, st.nokey)
 		return err
