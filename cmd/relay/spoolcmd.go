@@ -121,16 +121,9 @@ func runSalvage(args, environ []string, stdout, stderr io.Writer) int {
 			n++
 			return enc.Encode(r)
 		})
-		if err == nil {
-			err = bw.Flush()
-		}
+		err = cmp.Or(err, bw.Flush())
 		if f != nil {
-			if err == nil {
-				err = f.Sync()
-			}
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
+			err = cmp.Or(err, f.Sync(), f.Close()) // the first error; both run either way
 		}
 		if err != nil {
 			return err
@@ -163,15 +156,13 @@ func runImport(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		if err != nil {
 			return fmt.Errorf("open spool in %s: %w%s", dir, err, spoolHint(dir, err))
 		}
-		st := importStats{}
+		st := importStats{lanes: map[storage.LaneKey]bool{}}
 		for _, name := range files {
 			if err = importFile(ctx, sp, filepath.Clean(name), *damaged, &st); err != nil {
 				break
 			}
 		}
-		if cerr := sp.Close(); err == nil && cerr != nil {
-			err = cerr
-		}
+		err = cmp.Or(err, sp.Close())
 		fmt.Fprintf(stdout, "imported %d records into %d lanes and %d dead letters; skipped %d damaged, %d without an api_key\n",
 			st.records, len(st.lanes), st.dead, st.damaged, st.nokey)
 		return err
@@ -192,9 +183,6 @@ func importFile(ctx context.Context, sp *spool.Spool, name string, withDamaged b
 		return err
 	}
 	defer f.Close()
-	if st.lanes == nil {
-		st.lanes = map[storage.LaneKey]bool{}
-	}
 	var (
 		b    storage.Batch
 		lane *spool.Lane

@@ -20,6 +20,7 @@ package spool
 // retried after a minute.
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -81,14 +82,7 @@ func (s *Spool) compact() error {
 		return fmt.Errorf("compact: %w", err)
 	}
 	// A damaged page of the old file fails the compaction, not the process.
-	err = guard(func() error { return bolt.Compact(dst, s.db, 64<<20) })
-	if err == nil {
-		err = dst.Sync()
-	}
-	if cerr := dst.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if err = cmp.Or(guard(func() error { return bolt.Compact(dst, s.db, 64<<20) }), dst.Sync(), dst.Close()); err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("compact: %w", err)
 	}
@@ -99,10 +93,7 @@ func (s *Spool) compact() error {
 		s.log.Warn("spool: close before compaction swap", zap.Error(err))
 	}
 	s.db = nil
-	renameErr := os.Rename(tmp, s.path)
-	if renameErr == nil {
-		renameErr = syncDir(filepath.Dir(s.path))
-	}
+	renameErr := cmp.Or(os.Rename(tmp, s.path), syncDir(filepath.Dir(s.path)))
 	db, err := s.openDB()
 	if err != nil {
 		return fmt.Errorf("compact: reopen: %w", err)
@@ -120,9 +111,5 @@ func syncDir(dir string) error {
 	if err != nil {
 		return err
 	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	return cmp.Or(d.Sync(), d.Close())
 }

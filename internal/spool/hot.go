@@ -1,6 +1,7 @@
 package spool
 
 import (
+	"slices"
 	"sort"
 
 	"github.com/svcrelay/relay/internal/storage"
@@ -107,9 +108,7 @@ func (h *hotList) compact() {
 		return
 	}
 	if h.head >= 64 && h.head*2 >= len(h.cs) {
-		n := copy(h.cs, h.cs[h.head:])
-		clear(h.cs[n:])
-		h.cs, h.head = h.cs[:n], 0
+		h.cs, h.head = slices.Delete(h.cs, 0, h.head), 0
 	}
 }
 

@@ -532,6 +532,42 @@ func TestDamagedChunkDeadLettered(t *testing.T) {
 	}
 }
 
+// TestDamagedChunkFramingLost: a chunk of spool.db whose records no longer
+// decode is moved whole to one dead letter holding its bytes, with the
+// time it was accepted, and the lane reads on after it.
+func TestDamagedChunkFramingLost(t *testing.T) {
+	const chunks, perChunk = 10, 3
+	dir := dbImage(t, chunks, perChunk, 100)
+	db := filepath.Join(dir, "spool.db")
+	b, err := os.ReadFile(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := bytes.Index(b, []byte(`{"lane":1,"n":13,`))
+	if i < 1 || b[i-1] >= 0x7f {
+		t.Fatalf("record 13 not found in spool.db behind a one-byte length (at %d)", i)
+	}
+	b[i-1] = 0x7f // its data's length: the records after it do not decode
+	if err := os.WriteFile(db, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, _, _, err := openObserved(t, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := readAll(t, s), idsExcept(chunks*perChunk, 12, 13, 14); !slices.Equal(got, want) {
+		t.Fatalf("records %v, want %v", got, want)
+	}
+	dead, err := s.ListDead(context.Background(), storage.DeadFilter{Reason: reasonDamaged}, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dead) != 1 || dead[0].Accepted.IsZero() || !bytes.Contains(dead[0].Record.Data, []byte(`{"lane":1,"n":12,`)) ||
+		!bytes.Contains(dead[0].Record.Data, []byte(`{"lane":1,"n":14,`)) {
+		t.Fatalf("dead letters %+v, want one holding the chunk's bytes", dead)
+	}
+}
+
 // TestDamagedDBNeverCrashes damages spool.db's pages: truncated to half,
 // both meta pages zeroed, every page header zeroed, a zeroed page, a
 // flipped branch: Open fails with ErrDamaged or opens, reading never

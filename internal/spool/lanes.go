@@ -211,17 +211,14 @@ func (s *Spool) maybeRetire(now time.Time) {
 		s.mu.Unlock()
 		return
 	}
-	kept := s.lanes[:0]
-	for _, l := range s.lanes {
-		if l.lastUse.Load() <= cutoff && s.retireLocked(l) {
-			gone = append(gone, l)
-			s.byKey.remove(l)
-			continue
+	s.lanes = slices.DeleteFunc(s.lanes, func(l *Lane) bool {
+		if l.lastUse.Load() > cutoff || !s.retireLocked(l) {
+			return false
 		}
-		kept = append(kept, l)
-	}
-	clear(s.lanes[len(kept):])
-	s.lanes = kept
+		gone = append(gone, l)
+		s.byKey.remove(l)
+		return true
+	})
 	if len(gone) > 0 {
 		// Settled, and not to stay reachable.
 		s.dirty = slices.DeleteFunc(s.dirty, (*Lane).IsRetired)
@@ -278,7 +275,7 @@ func (s *Spool) deleteLanes(ls []*Lane) error {
 	if s.db == nil {
 		return errors.New("spool file is not open")
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		lanes := tx.Bucket(bucketLanes)
 		for _, l := range ls {
 			if err := lanes.Delete(seqKey(l.id)); err != nil {
@@ -290,10 +287,6 @@ func (s *Spool) deleteLanes(ls []*Lane) error {
 		}
 		return nil
 	})
-	if err != nil {
-		return fmt.Errorf("delete retired lanes: %w", err)
-	}
-	return nil
 }
 
 // markDirtyLocked adds the lanes of the published (or skipped) appends to
@@ -314,17 +307,10 @@ func (s *Spool) markDirtyLocked(ops []*op) {
 func (s *Spool) pruneDirty() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	kept := s.dirty[:0]
-	for _, l := range s.dirty {
+	s.dirty = slices.DeleteFunc(s.dirty, func(l *Lane) bool {
 		l.mu.Lock()
-		busy := l.hot.len() > 0 || l.next != l.cold.nextSeq
+		l.dirty = l.hot.len() > 0 || l.next != l.cold.nextSeq
 		l.mu.Unlock()
-		if busy {
-			kept = append(kept, l)
-		} else {
-			l.dirty = false
-		}
-	}
-	clear(s.dirty[len(kept):])
-	s.dirty = kept
+		return !l.dirty
+	})
 }

@@ -7,8 +7,9 @@ import (
 )
 
 // metrics are the spool's Prometheus metrics; the gauges are computed at
-// scrape time (laneCollector).
+// scrape time (Collect).
 type metrics struct {
+	s             *Spool
 	reg           prometheus.Registerer
 	commitSeconds prometheus.Histogram
 	commitRecords prometheus.Histogram
@@ -23,6 +24,9 @@ type metrics struct {
 	damagedWAL        prometheus.Counter
 	damagedDB         prometheus.Counter
 	registered        []prometheus.Collector
+
+	bytes, records, oldest               *prometheus.Desc // per lane
+	fileBytes, dead, liveBytes, hotBytes *prometheus.Desc
 }
 
 func newMetrics(s *Spool, reg prometheus.Registerer) (*metrics, error) {
@@ -40,7 +44,9 @@ func newMetrics(s *Spool, reg prometheus.Registerer) (*metrics, error) {
 	histogram := func(name, help string, buckets []float64) prometheus.Histogram {
 		return prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets})
 	}
+	lane := []string{"lane"}
 	m := &metrics{
+		s:   s,
 		reg: reg,
 		commitSeconds: histogram("relay_spool_commit_seconds",
 			"Duration of the write-ahead log writes that appended records (fsync included under sync=always).",
@@ -61,12 +67,19 @@ func newMetrics(s *Spool, reg prometheus.Registerer) (*metrics, error) {
 		rejectedDisk: rejected.WithLabelValues("disk_low"),
 		damagedWAL:   damaged.WithLabelValues("wal"),
 		damagedDB:    damaged.WithLabelValues("db"),
+		bytes:        prometheus.NewDesc("relay_spool_bytes", "Live encoded bytes queued in a lane.", lane, nil),
+		records:      prometheus.NewDesc("relay_spool_records", "Live records (events) queued in a lane.", lane, nil),
+		oldest:       prometheus.NewDesc("relay_spool_oldest_record_age_seconds", "Age of a lane's oldest queued record; 0 when empty.", lane, nil),
+		fileBytes:    prometheus.NewDesc("relay_spool_file_bytes", "Disk space taken by the spool's bbolt file and write-ahead log (allocated blocks).", nil, nil),
+		hotBytes:     prometheus.NewDesc("relay_spool_hot_bytes", "Memory of chunks held between the write-ahead log and bbolt.", nil, nil),
+		dead:         prometheus.NewDesc("relay_spool_dead_letters", "Dead letters stored.", nil, nil),
+		liveBytes:    prometheus.NewDesc("relay_spool_live_bytes", "Live bytes counted against the spool quota.", nil, nil),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.commitSeconds, m.commitRecords, m.commits, m.compactions,
-		m.checkpoints, m.checkpointSeconds, m.checkpointBytes, rejected, damaged, newLaneCollector(s)} {
+		m.checkpoints, m.checkpointSeconds, m.checkpointBytes, rejected, damaged, m} {
 		if err := reg.Register(c); err != nil {
 			m.unregister()
 			return nil, err
@@ -84,50 +97,30 @@ func (m *metrics) unregister() {
 	m.registered = nil
 }
 
-type laneCollector struct {
-	s                                    *Spool
-	bytes, records, oldest               *prometheus.Desc
-	fileBytes, dead, liveBytes, hotBytes *prometheus.Desc
-}
-
-func newLaneCollector(s *Spool) *laneCollector {
-	lane := []string{"lane"}
-	return &laneCollector{
-		s:         s,
-		bytes:     prometheus.NewDesc("relay_spool_bytes", "Live encoded bytes queued in a lane.", lane, nil),
-		records:   prometheus.NewDesc("relay_spool_records", "Live records (events) queued in a lane.", lane, nil),
-		oldest:    prometheus.NewDesc("relay_spool_oldest_record_age_seconds", "Age of a lane's oldest queued record; 0 when empty.", lane, nil),
-		fileBytes: prometheus.NewDesc("relay_spool_file_bytes", "Disk space taken by the spool's bbolt file and write-ahead log (allocated blocks).", nil, nil),
-		hotBytes:  prometheus.NewDesc("relay_spool_hot_bytes", "Memory of chunks held between the write-ahead log and bbolt.", nil, nil),
-		dead:      prometheus.NewDesc("relay_spool_dead_letters", "Dead letters stored.", nil, nil),
-		liveBytes: prometheus.NewDesc("relay_spool_live_bytes", "Live bytes counted against the spool quota.", nil, nil),
-	}
-}
-
-func (c *laneCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.bytes, c.records, c.oldest, c.fileBytes, c.dead, c.liveBytes, c.hotBytes} {
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{m.bytes, m.records, m.oldest, m.fileBytes, m.dead, m.liveBytes, m.hotBytes} {
 		ch <- d
 	}
 }
 
-func (c *laneCollector) Collect(ch chan<- prometheus.Metric) {
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	gauge := func(d *prometheus.Desc, v float64, label ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, label...)
 	}
 	now := time.Now()
-	for _, l := range c.s.Lanes() {
+	for _, l := range m.s.Lanes() {
 		st := l.Stats()
 		age := 0.0
 		if !st.Oldest.IsZero() {
 			age = max(now.Sub(st.Oldest).Seconds(), 0)
 		}
-		gauge(c.bytes, float64(st.Bytes), l.label)
-		gauge(c.records, float64(st.Records), l.label)
-		gauge(c.oldest, age, l.label)
+		gauge(m.bytes, float64(st.Bytes), l.label)
+		gauge(m.records, float64(st.Records), l.label)
+		gauge(m.oldest, age, l.label)
 	}
-	st := c.s.Stats()
-	gauge(c.fileBytes, float64(st.FileBytes))
-	gauge(c.dead, float64(st.Dead))
-	gauge(c.liveBytes, float64(st.LiveBytes))
-	gauge(c.hotBytes, float64(c.s.hotHeld.Load()))
+	st := m.s.Stats()
+	gauge(m.fileBytes, float64(st.FileBytes))
+	gauge(m.dead, float64(st.Dead))
+	gauge(m.liveBytes, float64(st.LiveBytes))
+	gauge(m.hotBytes, float64(m.s.hotHeld.Load()))
 }

@@ -268,8 +268,6 @@ func (r *replayer) apply(pos walPos) error {
 	}
 	s.st.applied = pos
 	s.coldLive.Store(s.st.live)
-	clear(r.puts)
-	clear(r.putL)
-	r.puts, r.putL, r.dels, r.bytes = r.puts[:0], r.putL[:0], r.dels[:0], 0
+	r.puts, r.putL, r.dels, r.bytes = reuse(r.puts), reuse(r.putL), r.dels[:0], 0
 	return nil
 }

@@ -364,8 +364,7 @@ func (l *Lane) takeHot(maxBytes int) []hotRef {
 func (l *Lane) decodeHot(refs []hotRef, slab *recSlab) []storage.Chunk {
 	var out []storage.Chunk
 	if slab != nil { // NextPart: the caller is done with the last ones
-		clear(l.chunks)
-		out = slices.Grow(l.chunks[:0], len(refs))[:len(refs)]
+		out = slices.Grow(reuse(l.chunks), len(refs))[:len(refs)]
 		l.chunks = out
 	} else {
 		out = make([]storage.Chunk, len(refs))
@@ -488,17 +487,15 @@ func (l *Lane) deadDamaged(ctx context.Context, d *damagedChunk) error {
 	s := l.s
 	answer := fmt.Appendf(nil, "spool: chunk %d of lane %s failed its checksum in spool.db (%v)", d.seq, l.label, d.err)
 	now := time.Now()
+	acc, _, _ := chunkHeader(d.v)
+	recs := []storage.Record{{Data: d.v}}
 	var c storage.Chunk
-	var dls []storage.DeadLetter
-	if decodeRecords(d.seq, d.v, &c, nil) == nil {
-		for _, r := range c.Records {
-			dls = append(dls, storage.DeadLetter{Lane: l.key, Reason: reasonDamaged, Answer: answer, Accepted: c.Accepted, Died: now, Record: r})
-		}
+	if decodeRecords(d.seq, d.v, &c, nil) == nil && len(c.Records) > 0 {
+		recs = c.Records
 	}
-	if len(dls) == 0 {
-		acc, _, _ := chunkHeader(d.v)
-		dls = []storage.DeadLetter{{Lane: l.key, Reason: reasonDamaged, Answer: answer, Accepted: fromMs(acc), Died: now,
-			Record: storage.Record{Data: d.v}}}
+	dls := make([]storage.DeadLetter, len(recs))
+	for i, r := range recs {
+		dls[i] = storage.DeadLetter{Lane: l.key, Reason: reasonDamaged, Answer: answer, Accepted: fromMs(acc), Died: now, Record: r}
 	}
 	if err := s.PutDead(ctx, dls); err != nil {
 		return fmt.Errorf("spool read: lane %s: dead-letter damaged chunk %d: %w", l.label, d.seq, err)
@@ -662,13 +659,11 @@ func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error
 	// soon: a relay started on a backlog should not carry them in its RSS.
 	trimMapping(db)
 	s.updateFileBytes()
-	m, err := newMetrics(s, reg)
-	if err != nil {
+	if s.m, err = newMetrics(s, reg); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open spool: metrics: %w", err)
 	}
-	s.m = m
-	m.damagedWAL.Add(float64(s.st.damaged))
+	s.m.damagedWAL.Add(float64(s.st.damaged))
 	s.st.damagedCounted = s.st.damaged
 	go s.runWAL()
 	go s.runStore()
@@ -807,9 +802,7 @@ func createBuckets(tx *bolt.Tx) error {
 	}
 	if len(meta.Get(keyID)) != 16 {
 		var id [16]byte
-		if _, err := rand.Read(id[:]); err != nil {
-			return err
-		}
+		rand.Read(id[:]) // never fails (it crashes the program instead)
 		if err := meta.Put(keyID, id[:]); err != nil {
 			return err
 		}

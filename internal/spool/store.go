@@ -98,8 +98,7 @@ func (s *Spool) runStore() {
 		ops := s.st.ops[:0]
 		if due {
 			ops = append(ops, s.sops...)
-			clear(s.sops)
-			s.sops = s.sops[:0]
+			s.sops = reuse(s.sops)
 			acks, s.coldAcks = s.coldAcks, nil
 			end, total = s.walEnd, s.walTotal
 		}
@@ -113,8 +112,7 @@ func (s *Spool) runStore() {
 			s.recycle()
 			s.checkIdle(now)
 			s.maybeRetire(now)
-			clear(ops)
-			s.st.ops = ops[:0]
+			s.st.ops = reuse(ops)
 			if final {
 				s.persistFreelist()
 				s.updateFileBytes()
@@ -317,14 +315,12 @@ func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane
 		return 0, err
 	}
 	defer func() {
-		if err != nil {
-			_ = guard(tx.Rollback)
-		}
-	}()
-	// bbolt panics on a page it cannot parse: the checkpoint fails.
-	defer func() {
+		// bbolt panics on a page it cannot parse: the checkpoint fails.
 		if v := recover(); v != nil {
 			err = fmt.Errorf("%w: %v", ErrDamaged, v)
+		}
+		if err != nil {
+			_ = guard(tx.Rollback)
 		}
 	}()
 	live := s.st.live
@@ -412,24 +408,19 @@ func (s *Spool) apply(ops []*op, acks []ackOp, flush []*hotChunk, flushL []*Lane
 		live += int64(c.size)
 		written += c.size
 	}
-	if err := s.txLanes(tx); err != nil {
+	err = s.txLanes(tx)
+	meta := tx.Bucket(bucketMeta)
+	if deadChanged && err == nil {
+		err = meta.Put(keyDead, binary.BigEndian.AppendUint64(seqKey(uint64(deadN)), uint64(deadBytes)))
+	}
+	if p != s.st.applied && err == nil {
+		err = meta.Put(keyWAL, p.encode())
+	}
+	if s.synced.less(end) && err == nil {
+		err = s.putSynced(meta, end)
+	}
+	if err != nil {
 		return 0, err
-	}
-	if deadChanged {
-		v := binary.BigEndian.AppendUint64(seqKey(uint64(deadN)), uint64(deadBytes))
-		if err = tx.Bucket(bucketMeta).Put(keyDead, v); err != nil {
-			return 0, err
-		}
-	}
-	if p != s.st.applied {
-		if err = tx.Bucket(bucketMeta).Put(keyWAL, p.encode()); err != nil {
-			return 0, err
-		}
-	}
-	if end != s.synced && s.synced.less(end) {
-		if err = s.putSynced(tx.Bucket(bucketMeta), end); err != nil {
-			return 0, err
-		}
 	}
 	s.db.NoFreelistSync = !s.st.replaying && !s.keepFreelist(written, freed)
 	if err = tx.Commit(); err != nil {
@@ -517,8 +508,7 @@ func (s *Spool) settle(committed bool) {
 		}
 		l.wTouched, l.wOldStale = false, false
 	}
-	clear(s.st.touched)
-	s.st.touched = s.st.touched[:0]
+	s.st.touched = reuse(s.st.touched)
 }
 
 func (s *Spool) touch(l *Lane) {
@@ -585,8 +575,7 @@ func (s *Spool) commitPublish(lanes []*Lane, p walPos, pTotal int64) {
 		s.lanesCh = make(chan struct{})
 	}
 	s.mu.Unlock()
-	clear(s.st.created)
-	s.st.created = s.st.created[:0]
+	s.st.created = reuse(s.st.created)
 }
 
 // rollback forgets a failed checkpoint but its acks, kept for the next.
@@ -606,8 +595,7 @@ func (s *Spool) rollback(acks []ackOp, flush []*hotChunk, flushL []*Lane) {
 	}
 	s.hotHeld.Add(-held)
 	s.settle(false)
-	clear(s.st.created)
-	s.st.created = s.st.created[:0]
+	s.st.created = reuse(s.st.created)
 	s.mu.Lock()
 	s.coldAcks = append(acks, s.coldAcks...)
 	s.mu.Unlock()

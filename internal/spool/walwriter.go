@@ -94,6 +94,13 @@ func (s *Spool) putOp(o *op) {
 	s.opPool.Put(o)
 }
 
+// reuse empties s for reuse, zeroing its elements so that nothing they
+// point to stays reachable through it.
+func reuse[T any](s []T) []T {
+	clear(s)
+	return s[:0]
+}
+
 // wake signals a goroutine waiting on c (capacity 1) without blocking.
 func wake(c chan struct{}) {
 	select {
@@ -181,9 +188,7 @@ func (s *Spool) takeWAL() (ops []*op, acks []ackOp, closed bool) {
 				n++
 			}
 			ops = append(s.w.ops[:0], s.appends[:n]...)
-			rest := copy(s.appends, s.appends[n:])
-			clear(s.appends[rest:])
-			s.appends = s.appends[:rest]
+			s.appends = slices.Delete(s.appends, 0, n)
 			// Swap the ack slices: the writer's spare becomes the queue.
 			acks, s.acks = s.acks, s.w.acks[:0]
 			closed = s.closed
@@ -191,8 +196,7 @@ func (s *Spool) takeWAL() (ops []*op, acks []ackOp, closed bool) {
 			s.w.ops = ops
 			if len(s.w.retry) > 0 {
 				acks = append(acks, s.w.retry...)
-				clear(s.w.retry)
-				s.w.retry = s.w.retry[:0]
+				s.w.retry = reuse(s.w.retry)
 			}
 			return ops, acks, closed
 		}
@@ -270,10 +274,8 @@ func (s *Spool) writeGroup(ops []*op, acks []ackOp) {
 		}
 		o.done <- struct{}{}
 	}
-	clear(acks) // an ack names its lane: a retired one must not stay reachable
-	s.w.acks = acks[:0]
-	clear(s.w.ops)
-	s.w.ops = s.w.ops[:0]
+	s.w.acks = reuse(acks) // an ack names its lane: a retired one must not stay reachable
+	s.w.ops = reuse(s.w.ops)
 }
 
 const hotWaitMax = 5 * time.Second
@@ -415,8 +417,7 @@ func (s *Spool) write(ops []*op, acks []ackOp) error {
 		iovs = append(iovs, endMark[:])
 	}
 	err := s.pwrite(iovs, s.w.off)
-	clear(iovs)
-	s.w.iovs = iovs[:0]
+	s.w.iovs = reuse(iovs)
 	if err == nil && appends && !s.cfg.NoSync {
 		err = fdatasync(s.w.fd)
 		if s.cfg.walFault != nil && err == nil {
