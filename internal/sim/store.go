@@ -58,12 +58,6 @@ type keyShare struct {
 	Share int    `json:"share"`
 }
 
-// HasDevice reports whether the request held events of device id.
-func (r *Record) HasDevice(id string) bool { return slices.Contains(r.Devices, id) }
-
-// HasUser reports whether the request held events of user id.
-func (r *Record) HasUser(id string) bool { return slices.Contains(r.Users, id) }
-
 // KeyLabel is a short, non-secret label of an api_key (a hash prefix), as
 // used in Record.KeyLabel.
 func KeyLabel(apiKey string) string {
