@@ -536,13 +536,6 @@ func (s *Sim) AllEvents() []Ingested {
 	return locked(&s.mu, func() []Ingested { return append([]Ingested(nil), s.store.events...) })
 }
 
-// Count returns the number of events ingested (duplicates excluded), also
-// those Config.Keep no longer keeps.
-func (s *Sim) Count() int64 { return s.Stats().Ingested }
-
-// Duplicates returns how many events were recognised as duplicates.
-func (s *Sim) Duplicates() int64 { return s.Stats().Duplicates }
-
 // Requests returns the request log in arrival order (see Config.KeepRequests).
 func (s *Sim) Requests() []Record {
 	out := locked(&s.mu, func() []Record { return slices.Clone(s.store.requests) })
