@@ -55,7 +55,7 @@ func TestBackfillRouteYields(t *testing.T) {
 			}
 		}
 	}()
-	polltest.Until(t, "live traffic to flow", func() bool { return s.Count() >= 400 })
+	polltest.Until(t, "live traffic to flow", func() bool { return s.Stats().Ingested >= 400 })
 
 	var body bytes.Buffer
 	for i := range 300 {
@@ -128,11 +128,11 @@ func TestBackfillRouteResumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	polltest.Until(t, "the backfill to begin", func() bool { return s.Count() >= 50 })
+	polltest.Until(t, "the backfill to begin", func() bool { return s.Stats().Ingested >= 50 })
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
-	if n := s.Count(); n == 300 {
+	if n := s.Stats().Ingested; n == 300 {
 		t.Fatal("the backfill finished before the stop: nothing to resume")
 	}
 	r = startServe(t, "--ingest-url", up, "--data-dir", dir)

@@ -45,8 +45,7 @@ func forwardingRoutes(bases upstreamBases, creds *credentials.Ref, taxLim *ratel
 // upstreamBases are the upstream bases of the flags by flag name
 // (config.UpstreamURLs), one baseurl.Ref each, shared by all their readers:
 // a reload stores the new ones (config.LiveFrom says when). The events
-// lanes and group identification keep --ingest-url their own way
-// (delivery.Live, groupidentify.SetURL).
+// lanes keep --ingest-url their own way (delivery.Live).
 type upstreamBases map[string]*baseurl.Ref
 
 // store puts c's bases in force (the ones c keeps from before a reload

@@ -167,18 +167,13 @@ func (s *server) buildDelivery() (*deliveries, error) {
 	}
 
 	gi, err := groupidentify.New(groupidentify.Config{
-		URL:      cfg.IngestURL,
+		URL:      s.bases["ingest-url"],
 		Spooling: forms.Spooling{FormTiming: cfg.FormTiming(), Store: s.kind(storage.KindGroupIdentify)},
 	}, client, creds, log.Named("groupidentify"), reg)
 	if err != nil {
 		return nil, fmt.Errorf("group identify: %w", err)
 	}
-	s.onHUP.add(func(c config.Config) {
-		p.SetLive(c.DeliveryLive())
-		if !c.Sandbox() { // sandbox mode's simulator URL is kept (config.LiveFrom)
-			gi.SetURL(c.IngestURL)
-		}
-	})
+	s.onHUP.add(func(c config.Config) { p.SetLive(c.DeliveryLive()) })
 	d.components = append(d.components, namedComponent{"groupidentify", gi})
 	d.lanes[storage.KindGroupIdentify] = gi
 	d.routes = append(d.routes, gi.Routes()...)

@@ -1,7 +1,6 @@
 package credentials
 
 import (
-	"crypto/subtle"
 	"encoding/base64"
 	"fmt"
 	"io"
@@ -45,11 +44,6 @@ func (s Secret) Reveal() string {
 
 // IsZero reports whether the secret is empty (absent from the file).
 func (s Secret) IsZero() bool { return s.p == nil || *s.p == "" }
-
-// Equal reports whether s holds v, in time independent of where they differ.
-func (s Secret) Equal(v string) bool {
-	return subtle.ConstantTimeCompare([]byte(s.Reveal()), []byte(v)) == 1
-}
 
 // String returns Redacted.
 func (Secret) String() string { return Redacted }

@@ -2,6 +2,7 @@ package delivery
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -166,7 +167,7 @@ func TestNoRequestDuringPause(t *testing.T) {
 					t.Errorf("request %d (%v) for user %s inside its pause window", r.Seq, r.Time, u)
 				}
 			}
-			if r.Status == 200 && !r.HasDevice("hot-device") && !r.HasUser("hot-user") && inWindow(r.Time, "hot-device", "") {
+			if r.Status == 200 && !slices.Contains(r.Devices, "hot-device") && !slices.Contains(r.Users, "hot-user") && inWindow(r.Time, "hot-device", "") {
 				coldDuring++
 			}
 		}
@@ -213,7 +214,7 @@ func TestSilencedAndQuota(t *testing.T) {
 		before := len(h.sim.Requests())
 		time.Sleep(500 * time.Millisecond)
 		for _, r := range h.sim.Requests()[before:] {
-			if r.HasDevice("quota-device") {
+			if slices.Contains(r.Devices, "quota-device") {
 				t.Fatalf("request %d for the over-quota device while it waits for the next day", r.Seq)
 			}
 		}

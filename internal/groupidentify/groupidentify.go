@@ -28,18 +28,19 @@ const (
 
 // Config configures a GroupIdentify.
 type Config struct {
-	// URL is the upstream base (--ingest-url); requests go to URL +
-	// "/groupidentify" (a project's ingest_url in the credentials file
-	// overrides it for that project's api_key). Required.
-	URL string
+	// URL is the upstream base (--ingest-url), read at every send (a
+	// reload may change it); requests go to URL + "/groupidentify" (a
+	// project's ingest_url in the credentials file overrides it for that
+	// project's api_key). Required.
+	URL *baseurl.Ref
 	// Spooling: the delivery's timing, the 503's Retry-After, the store.
 	forms.Spooling
 }
 
 // Validate reports a configuration error.
 func (c Config) Validate() error {
-	if !(strings.HasPrefix(c.URL, "http://") || strings.HasPrefix(c.URL, "https://")) {
-		return fmt.Errorf("groupidentify: URL %q is not an http(s) base", c.URL)
+	if u := c.URL.Load(); !(strings.HasPrefix(u, "http://") || strings.HasPrefix(u, "https://")) {
+		return fmt.Errorf("groupidentify: URL %q is not an http(s) base", u)
 	}
 	return c.ValidateAs("groupidentify", c.RetryAfter)
 }
@@ -47,10 +48,7 @@ func (c Config) Validate() error {
 // GroupIdentify is the /groupidentify route (Spooled.In accepts) and its
 // delivery (Spooled's Pipeline: Run, Ready, LaneStatus, StopLane,
 // ResumeLane).
-type GroupIdentify struct {
-	base *baseurl.Ref // Config.URL in force (SetURL)
-	forms.Spooled
-}
+type GroupIdentify struct{ forms.Spooled }
 
 // New returns a GroupIdentify. creds (the credentials file in force), log
 // and reg may be nil.
@@ -58,25 +56,18 @@ func New(cfg Config, client *upstream.Client, creds *credentials.Ref, log *zap.L
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	base := baseurl.NewRef(cfg.URL) // without its trailing slash
 	s, err := forms.NewSpooled(delivery.FormConfig{
 		Name:  "groupidentify",
 		Lanes: storage.KindGroupIdentify,
 		Kind: &delivery.Form{Field: "identification", MaxItems: MaxIdentifies, MaxBodyBytes: MaxBodyBytes,
 			MaxWeight: MaxProperties, Weight: Properties},
-		URL: delivery.ProjectURL(creds, credentials.KindIngest, base, "/groupidentify"),
+		URL: delivery.ProjectURL(creds, credentials.KindIngest, cfg.URL, "/groupidentify"),
 	}, forms.IntakeConfig{Field: "identifications_accepted", AcceptedHelp: "Group identifications accepted into the spool.",
 		RejectedHelp: "POST /groupidentify requests refused, by reason."}, cfg.Spooling, client, creds, log, reg)
 	if err != nil {
 		return nil, err
 	}
-	return &GroupIdentify{base: base, Spooled: s}, nil
-}
-
-// SetURL puts a new upstream base (Config.URL, valid) in force for every
-// later request (a configuration reload).
-func (g *GroupIdentify) SetURL(base string) {
-	g.base.Store(base)
+	return &GroupIdentify{s}, nil
 }
 
 // Routes returns the admin routes: POST /groupidentify.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/credentials"
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/forms"
@@ -38,8 +39,8 @@ func newEnvCreds(t *testing.T, simCfg sim.Config, cfg groupidentify.Config, cred
 	t.Helper()
 	return formstest.New(t, simCfg, storage.KindGroupIdentify,
 		func(simURL string, sp *spool.Spool, client *upstream.Client, reg *prometheus.Registry) (*groupidentify.GroupIdentify, error) {
-			if cfg.URL == "" {
-				cfg.URL = simURL
+			if cfg.URL == nil {
+				cfg.URL = baseurl.NewRef(simURL)
 			}
 			if cfg.RetryInitial == 0 {
 				cfg.RetryInitial = 5 * time.Millisecond

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/svcrelay/relay/internal/baseurl"
 	"github.com/svcrelay/relay/internal/delivery"
 	"github.com/svcrelay/relay/internal/forms"
 )
@@ -66,11 +67,11 @@ func TestConfigValidate(t *testing.T) {
 		cfg  Config
 		ok   bool
 	}{
-		{"minimal", Config{URL: "http://x"}, true},
+		{"minimal", Config{URL: baseurl.NewRef("http://x")}, true},
 		{"no url", Config{}, false},
-		{"not http", Config{URL: "ftp://x"}, false},
-		{"negative age", Config{URL: "http://x", Spooling: forms.Spooling{FormTiming: delivery.FormTiming{MaxAge: -1}}}, false},
-		{"negative retry after", Config{URL: "http://x", Spooling: forms.Spooling{RetryAfter: -1}}, false},
+		{"not http", Config{URL: baseurl.NewRef("ftp://x")}, false},
+		{"negative age", Config{URL: baseurl.NewRef("http://x"), Spooling: forms.Spooling{FormTiming: delivery.FormTiming{MaxAge: -1}}}, false},
+		{"negative retry after", Config{URL: baseurl.NewRef("http://x"), Spooling: forms.Spooling{RetryAfter: -1}}, false},
 	}
 	for _, tc := range tests {
 		if err := tc.cfg.Validate(); (err == nil) != tc.ok {

@@ -25,6 +25,13 @@ func readOut[T any](t testing.TB, s *Sim, path string) T {
 	return out
 }
 
+// Count returns the number of events ingested (duplicates excluded), also
+// those Config.Keep no longer keeps.
+func (s *Sim) Count() int64 { return s.Stats().Ingested }
+
+// Duplicates returns how many events were recognised as duplicates.
+func (s *Sim) Duplicates() int64 { return s.Stats().Duplicates }
+
 // fakeClock is an injected clock for rate, penalty, dedup and quota tests.
 type fakeClock struct {
 	mu sync.Mutex

@@ -245,7 +245,7 @@ func TestGzipAndRawPreserved(t *testing.T) {
 		t.Fatalf("bad gzip: %d", a.Status)
 	}
 	reqs := s.Requests()
-	if len(reqs) != 2 || !reqs[0].Gzip || reqs[0].Events != 2 || !reqs[0].HasDevice("device1") || !reqs[0].HasUser("user-42") {
+	if len(reqs) != 2 || !reqs[0].Gzip || reqs[0].Events != 2 || !slices.Contains(reqs[0].Devices, "device1") || !slices.Contains(reqs[0].Users, "user-42") {
 		t.Fatalf("request log: %+v", reqs)
 	}
 	// Read-out over HTTP gives the same raw bytes.

@@ -58,12 +58,6 @@ type keyShare struct {
 	Share int    `json:"share"`
 }
 
-// HasDevice reports whether the request held events of device id.
-func (r *Record) HasDevice(id string) bool { return slices.Contains(r.Devices, id) }
-
-// HasUser reports whether the request held events of user id.
-func (r *Record) HasUser(id string) bool { return slices.Contains(r.Users, id) }
-
 // KeyLabel is a short, non-secret label of an api_key (a hash prefix), as
 // used in Record.KeyLabel.
 func KeyLabel(apiKey string) string {
@@ -541,13 +535,6 @@ func (s *Sim) Events(apiKey string) []Ingested {
 func (s *Sim) AllEvents() []Ingested {
 	return locked(&s.mu, func() []Ingested { return append([]Ingested(nil), s.store.events...) })
 }
-
-// Count returns the number of events ingested (duplicates excluded), also
-// those Config.Keep no longer keeps.
-func (s *Sim) Count() int64 { return s.Stats().Ingested }
-
-// Duplicates returns how many events were recognised as duplicates.
-func (s *Sim) Duplicates() int64 { return s.Stats().Duplicates }
 
 // Requests returns the request log in arrival order (see Config.KeepRequests).
 func (s *Sim) Requests() []Record {

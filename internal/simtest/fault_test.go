@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -34,7 +35,7 @@ func TestFailNextStatuses(t *testing.T) {
 		t.Fatalf("after faults: %d count %d", a.Status, s.Count())
 	}
 	reqs := s.Requests()
-	if len(reqs) != 9 || reqs[0].Status != 500 || reqs[0].Fault != "status" || !reqs[0].HasDevice("device1") || reqs[8].Status != 200 {
+	if len(reqs) != 9 || reqs[0].Status != 500 || reqs[0].Fault != "status" || !slices.Contains(reqs[0].Devices, "device1") || reqs[8].Status != 200 {
 		t.Fatalf("log %+v", reqs)
 	}
 }

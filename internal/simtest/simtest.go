@@ -184,6 +184,13 @@ type hooks struct{ s *Sim }
 func (h hooks) Serve(x *sim.Exchange)                 { h.s.serve(x) }
 func (h hooks) Routes(_ *sim.Sim, ctl *http.ServeMux) { h.s.routes(ctl) }
 
+// Count returns the number of events ingested (duplicates excluded), also
+// those Config.Keep no longer keeps.
+func (s *Sim) Count() int64 { return s.Stats().Ingested }
+
+// Duplicates returns how many events were recognised as duplicates.
+func (s *Sim) Duplicates() int64 { return s.Stats().Duplicates }
+
 // Inject queues a fault. Faults apply in the order injected: a request takes
 // the first queued fault whose PathPrefix matches (a fractional one may let
 // it pass untouched).

@@ -81,12 +81,12 @@ func TestBackfillKilledAndRerun(t *testing.T) {
 				_, err := os.Stat(filepath.Join(data, "backfill.state.json"))
 				return err == nil
 			}
-			return s.Count() >= int64(at)
+			return s.Stats().Ingested >= int64(at)
 		})
 		cmd.Process.Kill()
 		cmd.Wait()
 		logf.Close()
-		t.Logf("SIGKILL %d at %d events arrived", i+1, s.Count())
+		t.Logf("SIGKILL %d at %d events arrived", i+1, s.Stats().Ingested)
 	}
 	run := func(name, data string) string {
 		t.Helper()

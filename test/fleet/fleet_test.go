@@ -23,6 +23,7 @@ import (
 	"io"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -658,7 +659,7 @@ func (r *fleetRun) check(stored []storedEvent) {
 			windows++
 			until := rc.Time.Add(pause - slack)
 			for _, later := range recs[i+1:] {
-				if later.Time.Before(until) && later.Time.After(rc.Time) && later.HasDevice(dev) {
+				if later.Time.Before(until) && later.Time.After(rc.Time) && slices.Contains(later.Devices, dev) {
 					bad("inside a pause", "request %d holds %s %v after the 429 of request %d: inside its %v pause", later.Seq, dev, later.Time.Sub(rc.Time), rc.Seq, pause)
 				}
 			}
@@ -732,7 +733,7 @@ func (r *fleetRun) explain(dev string, stored []storedEvent, recs []sim.Record) 
 	}
 	fmt.Fprintf(&b, "sim requests holding %s:\n", dev)
 	for _, rc := range recs {
-		if rc.HasDevice(dev) {
+		if slices.Contains(rc.Devices, dev) {
 			fmt.Fprintf(&b, "  request %d at %s: %d, %d events, ingested %d, duplicates %d, throttled %v\n",
 				rc.Seq, rc.Time.Format("15:04:05.000"), rc.Status, rc.Events, rc.Ingested, rc.Duplicates, rc.Throttled)
 		}

@@ -106,7 +106,7 @@ func TestFleetPauseLostWithItsRelay(t *testing.T) {
 	}
 	first := -1 // the owner's 429
 	for i, rc := range recs {
-		if rc.Status == 429 && rc.HasDevice(dev) {
+		if rc.Status == 429 && slices.Contains(rc.Devices, dev) {
 			first = i
 			break
 		}
@@ -117,7 +117,7 @@ func TestFleetPauseLostWithItsRelay(t *testing.T) {
 	const slack = 2 * time.Millisecond // the sim's clock, read in one process
 	var after []int                    // requests holding the device after the owner's 429
 	for i := first + 1; i < len(recs); i++ {
-		if recs[i].HasDevice(dev) {
+		if slices.Contains(recs[i].Devices, dev) {
 			after = append(after, i)
 			t.Logf("request %d at +%v: %d, %d events, ingested %d", recs[i].Seq,
 				recs[i].Time.Sub(recs[first].Time).Round(time.Millisecond), recs[i].Status, recs[i].Events, recs[i].Ingested)
