@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
@@ -188,6 +189,7 @@ func (f *Fleet) readPartition(owned context.Context, k storage.Kind, id int, con
 		stopKeep: make(chan struct{}),
 		keepDone: make(chan struct{}),
 	}
+	f.addReader(slot{k, id}, 1)
 	go p.keepAlive()
 	return p, nil
 }
@@ -196,6 +198,7 @@ func (f *Fleet) readPartition(owned context.Context, k storage.Kind, id int, con
 // acknowledged messages. Unacknowledged messages stay for the next owner.
 func (p *Partition) close() {
 	p.it.Stop()
+	p.f.addReader(slot{p.kind, p.id}, -1)
 	close(p.stopKeep)
 	<-p.keepDone
 	p.removed(true)
@@ -312,7 +315,11 @@ func (p *Partition) Next(ctx context.Context) (*Message, error) {
 			return nil, ErrLost
 		}
 		p.delivery++
-		h, recs, err := decode(m.Data())
+		var plain []byte
+		if hd := m.Headers(); hd != nil {
+			plain = p.f.recent.take(hd.Get(nats.MsgIdHdr), m.Data())
+		}
+		h, recs, err := decodeWith(m.Data(), plain)
 		if err != nil {
 			p.corrupt(ctx, m, md, err)
 			continue
