@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -64,6 +65,7 @@ func TestFleet(t *testing.T) {
 		{"RemovalNak", env.testRemovalNak},
 		{"AckWithoutConsumer", env.testAckWithoutConsumer},
 		{"AckLater", env.testAckLater},
+		{"RecentRead", env.testRecentRead},
 		{"Spill", env.testSpill},
 		{"SpillStepDown", env.testSpillStepDown},
 		{"RelayRestart", env.testRelayRestart},
@@ -2031,5 +2033,54 @@ func (e *testEnv) testAckLater(t *testing.T) {
 	}
 	if !present(msgs[0].Seq) {
 		t.Error("the held message was removed")
+	}
+}
+
+// testRecentRead: the owner reads what this relay published to its
+// partition from what the committer kept (recent), none of it left
+// behind, and the records are the ones appended; what it published before
+// it read the partition is decompressed.
+func (e *testEnv) testRecentRead(t *testing.T) {
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1})
+	// zstd, as every member of a fleet of this version reads (set by the
+	// heartbeats of Run, which this test does not start).
+	f.compress[storage.KindEvents].Store(codecZstd)
+	ctx := bg(t)
+	big := func(i int) storage.Record {
+		return storage.Record{OrderKey: []byte("d:a"), Data: fmt.Appendf(nil, `{"insert_id":"%d","pad":"%s"}`, i, strings.Repeat("x", 200))}
+	}
+	if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{big(1)}}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := f.openPartition(ctx, ctx, storage.KindEvents, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	for i := 2; i <= 4; i++ {
+		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{big(i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.recent.mu.Lock()
+	kept := len(f.recent.m)
+	f.recent.mu.Unlock()
+	if kept != 3 {
+		t.Fatalf("%d messages kept, want the 3 published while reading", kept)
+	}
+	for i := 1; i <= 4; i++ {
+		m, err := p.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(m.Records) != 1 || !bytes.Equal(m.Records[0].Data, big(i).Data) {
+			t.Fatalf("message %d: %d records, %.40q", i, len(m.Records), m.Records[0].Data)
+		}
+	}
+	f.recent.mu.Lock()
+	kept = len(f.recent.m)
+	f.recent.mu.Unlock()
+	if kept != 0 {
+		t.Errorf("%d kept messages not taken by the reader", kept)
 	}
 }
