@@ -37,7 +37,9 @@ import (
 // before the purge leaves those messages to be read again by the next
 // owner (the upstream drops the copies by insert_id); nothing is lost. A
 // message acknowledged while an older one is still held (a paused key's)
-// cannot be purged yet: it is deleted alone (deleteAcked; the server takes
+// cannot be purged yet: the reader's acknowledgement (ackLater) leaves it
+// to a later purge for a removal round (removeLater), Ack and what that
+// purge did not reach are deleted alone (deleteAcked; the server takes
 // that as its acknowledgement to the consumer), or in a work-queue stream
 // of before acknowledged to the consumer, which deletes it.
 //
