@@ -116,28 +116,48 @@ func encodeRecords(dst []byte, recs []storage.Record) []byte {
 // with codec (codecS2 or codecZstd; any other: not) when that shrinks
 // them.
 func encodeMessage(dst []byte, h *header, n int, parts [][]byte, codec byte) []byte {
+	b, _ := encodeBody(dst, h, n, parts, codec)
+	return b
+}
+
+// encodeBody is encodeMessage, also returning the records' encoding it
+// compressed (nil when the body holds them as they are): decodeWith takes
+// it instead of decompressing the body again.
+func encodeBody(dst []byte, h *header, n int, parts [][]byte, codec byte) (body, plain []byte) {
 	start := len(dst)
 	dst = append(dst, codecPlain, byte(h.lane.Kind))
 	dst = appendBytes(dst, []byte(h.lane.APIKey))
 	dst = appendBytes(dst, []byte(h.lane.Options))
 	dst = binary.AppendUvarint(dst, uint64(h.accepted.UnixMilli()))
 	dst = binary.AppendUvarint(dst, uint64(n))
-	recsAt := len(dst)
+	if codec != codecS2 && codec != codecZstd {
+		for _, p := range parts {
+			dst = append(dst, p...)
+		}
+		return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli)), nil
+	}
+	size := 0
 	for _, p := range parts {
-		dst = append(dst, p...)
+		size += len(p)
+	}
+	plain = make([]byte, 0, size)
+	for _, p := range parts {
+		plain = append(plain, p...)
 	}
 	var z []byte
-	switch codec {
-	case codecS2:
-		z = s2.Encode(nil, dst[recsAt:])
-	case codecZstd:
-		z = zstdEncoder().EncodeAll(dst[recsAt:], nil)
+	if codec == codecS2 {
+		z = s2.Encode(nil, plain)
+	} else {
+		z = zstdEncoder().EncodeAll(plain, nil)
 	}
-	if z != nil && len(z) < len(dst)-recsAt {
+	if len(z) < len(plain) {
 		dst[start] = codec
-		dst = append(dst[:recsAt], z...)
+		dst = append(dst, z...)
+	} else {
+		dst = append(dst, plain...)
+		plain = nil
 	}
-	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
+	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli)), plain
 }
 
 // encode appends the body of a message of recs to dst, compressed when
@@ -149,6 +169,14 @@ func encode(dst []byte, h *header, recs []storage.Record) []byte {
 // decode reads a body; the records alias b (version 1) or a buffer of
 // their own (versions 2 and 3).
 func decode(b []byte) (header, []storage.Record, error) {
+	return decodeWith(b, nil)
+}
+
+// decodeWith is decode, taking the records' encoding from plain instead of
+// decompressing them when plain is not nil and b is compressed: plain is
+// what encodeBody compressed into b (the caller knows it by b's checksum,
+// which decodeWith checks as decode does). The records then alias plain.
+func decodeWith(b, plain []byte) (header, []storage.Record, error) {
 	var h header
 	if len(b) < 4 {
 		return h, nil, errCorrupt
@@ -186,7 +214,9 @@ func decode(b []byte) (header, []storage.Record, error) {
 	if !ok1 || !ok2 || !ok3 || !ok4 {
 		return h, nil, fmt.Errorf("%w: header", errCorrupt)
 	}
-	if body[0] == codecS2 {
+	if plain != nil && body[0] != codecPlain {
+		p = plain
+	} else if body[0] == codecS2 {
 		if dn, err := s2.DecodedLen(p); err != nil || dn > maxDecoded {
 			return h, nil, fmt.Errorf("%w: compressed length", errCorrupt)
 		}
@@ -195,8 +225,7 @@ func decode(b []byte) (header, []storage.Record, error) {
 			return h, nil, fmt.Errorf("%w: %w", errCorrupt, err)
 		}
 		p = d
-	}
-	if body[0] == codecZstd {
+	} else if body[0] == codecZstd {
 		// The decoder refuses a frame that would take more than
 		// maxDecoded.
 		d, err := zstdDecoder().DecodeAll(p, nil)

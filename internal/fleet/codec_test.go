@@ -121,3 +121,57 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestCodecRecent: a body's records read from the encoding its publisher
+// kept (recent) are the ones decompressing it gives; the kept encoding is
+// taken once, and only for the very body it was compressed into: a body
+// damaged on the way is still refused by its checksum, and another body
+// under the same id is decompressed.
+func TestCodecRecent(t *testing.T) {
+	h := header{lane: storage.LaneKey{Kind: storage.KindEvents, APIKey: "k"}, accepted: time.UnixMilli(1700000000123)}
+	var recs []storage.Record
+	for i := range 50 {
+		d := fmt.Appendf(nil, `{"event_type":"screen","device_id":"device-%06d","insert_id":"%d"}`, i%3, i)
+		recs = append(recs, storage.Record{OrderKey: []byte("d:1"), Data: d})
+	}
+	for _, codec := range []byte{codecZstd, codecS2} {
+		body, plain := encodeBody(nil, &h, len(recs), [][]byte{encodeRecords(nil, recs[:20]), encodeRecords(nil, recs[20:])}, codec)
+		if plain == nil {
+			t.Fatalf("codec %d: nothing kept", codec)
+		}
+		var r recent
+		r.put("id-1", body, plain)
+		other := encode(nil, &h, recs[:10])
+		r.put("id-2", body, plain)
+		if got := r.take("id-2", other); got != nil {
+			t.Fatalf("codec %d: kept encoding taken for another body", codec)
+		}
+		if got := r.take("id-1", body); !bytes.Equal(got, plain) {
+			t.Fatalf("codec %d: kept encoding not taken", codec)
+		}
+		if got := r.take("id-1", body); got != nil {
+			t.Fatalf("codec %d: kept encoding taken twice", codec)
+		}
+		_, want, err := decode(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, got, err := decodeWith(body, plain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.lane != h.lane || !g.accepted.Equal(h.accepted) || len(got) != len(want) {
+			t.Fatalf("codec %d: %+v, %d records; want %d", codec, g, len(got), len(want))
+		}
+		for i := range want {
+			if !bytes.Equal(got[i].OrderKey, want[i].OrderKey) || !bytes.Equal(got[i].Data, want[i].Data) || !bytes.Equal(got[i].UserID, want[i].UserID) {
+				t.Fatalf("codec %d: record %d: %q, want %q", codec, i, got[i].Data, want[i].Data)
+			}
+		}
+		c := bytes.Clone(body)
+		c[len(c)/2] ^= 0x10
+		if _, _, err := decodeWith(c, plain); !errors.Is(err, errCorrupt) {
+			t.Fatalf("codec %d: damaged body with its kept encoding: %v", codec, err)
+		}
+	}
+}

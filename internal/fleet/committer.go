@@ -131,6 +131,13 @@ func (c *committer) commit(batch []*pending) {
 	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.PublishTimeout)
 	defer cancel()
 	err := f.publish(ctx, c.stream, msgs)
+	if err != nil {
+		for i := range msgs {
+			if msgs[i].plain != nil {
+				f.recent.drop(msgs[i].id)
+			}
+		}
+	}
 	for _, p := range batch {
 		p.done <- err
 	}
@@ -144,11 +151,12 @@ func (c *committer) commit(batch []*pending) {
 func (c *committer) messages(batch []*pending) []outMsg {
 	f := c.f
 	type building struct {
-		out      int // index in msgs
-		h        header
-		n, size  int
-		parts    [][]byte
-		nextPart int // this key's messages so far
+		out       int // index in msgs
+		partition int
+		h         header
+		n, size   int
+		parts     [][]byte
+		nextPart  int // this key's messages so far
 	}
 	var (
 		msgs  []outMsg
@@ -164,7 +172,15 @@ func (c *committer) messages(batch []*pending) []outMsg {
 			return
 		}
 		sz := b.h.size() + b.size + 4
-		msgs[b.out].body = encodeMessage(make([]byte, 0, sz), &b.h, b.n, b.parts, byte(f.compress[b.h.lane.Kind].Load()))
+		m := &msgs[b.out]
+		m.body, m.plain = encodeBody(make([]byte, 0, sz), &b.h, b.n, b.parts, byte(f.compress[b.h.lane.Kind].Load()))
+		if m.plain != nil {
+			if f.reading(slot{b.h.lane.Kind, b.partition}) {
+				f.recent.put(m.id, m.body, m.plain)
+			} else {
+				m.plain = nil
+			}
+		}
 		b.n, b.size, b.parts = 0, 0, nil
 	}
 	for _, p := range batch {
@@ -172,7 +188,7 @@ func (c *committer) messages(batch []*pending) []outMsg {
 			k := msgKey{fr.partition, p.lane}
 			b := open[k]
 			if b == nil {
-				b = &building{h: header{lane: p.lane, accepted: p.accepted}}
+				b = &building{h: header{lane: p.lane, accepted: p.accepted}, partition: fr.partition}
 				open[k] = b
 				order = append(order, b)
 			}

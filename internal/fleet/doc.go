@@ -87,10 +87,12 @@
 //     the background (close waits for it), so a relay killed just after an
 //     Ack may leave that message to be read again, as the local spool does
 //     with the acknowledgements after its last checkpoint; a message
-//     acknowledged while an older one is held is deleted from the stream
-//     alone, which the server takes as its acknowledgement to the
-//     consumer (in a work-queue stream of before, it is acknowledged to
-//     the consumer, which deletes it).
+//     acknowledged while an older one is held is left to the purge too
+//     when the floor passes it within a removal round (the delivery
+//     engine's acknowledgements often come out of stream order), and is
+//     otherwise deleted from the stream alone, which the server takes as
+//     its acknowledgement to the consumer (in a work-queue stream of
+//     before, it is acknowledged to the consumer, which deletes it).
 //   - One owner per partition: see Ownership.
 //   - Nothing acknowledged is lost while a quorum of the cluster (two of
 //     three nodes) keeps its store: every stream is R3 on file storage and

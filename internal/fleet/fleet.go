@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -306,6 +307,13 @@ type Fleet struct {
 	// write, the best every member of the kind reads (owner.go, codecOf);
 	// zero until the first heartbeat: plain.
 	compress [storage.KindUserMap + 1]atomic.Uint32
+
+	// recent keeps what the committers compressed into the messages of
+	// the partitions this relay reads (readers counts the Partitions
+	// open, by slot), for their Next (recent.go).
+	recent    recent
+	readersMu sync.Mutex
+	readers   map[slot]int
 
 	// The rebalancing goroutine (see startRebalance): its stop, and done
 	// closed when it returned; nil when there is none.

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -63,6 +64,8 @@ func TestFleet(t *testing.T) {
 		{"Removal", env.testRemoval},
 		{"RemovalNak", env.testRemovalNak},
 		{"AckWithoutConsumer", env.testAckWithoutConsumer},
+		{"AckLater", env.testAckLater},
+		{"RecentRead", env.testRecentRead},
 		{"Spill", env.testSpill},
 		{"SpillStepDown", env.testSpillStepDown},
 		{"RelayRestart", env.testRelayRestart},
@@ -1980,5 +1983,109 @@ func (e *testEnv) testAckWithoutConsumer(t *testing.T) {
 	}
 	if _, err := st.GetMsg(ctx, a.Seq); err != nil {
 		t.Errorf("the held message: %v, want it kept", err)
+	}
+}
+
+// testAckLater: a message the reader acknowledges above the floor is left
+// to the purge (ackLater), but it does leave the stream while the older
+// message stays held (deleted alone after a removal round), and at once
+// when the partition closes; the held message stays.
+func (e *testEnv) testAckLater(t *testing.T) {
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1})
+	ctx := bg(t)
+	for i := 1; i <= 3; i++ {
+		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stream := f.n.streamOf(storage.KindEvents, 0)
+	st, err := f.js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	present := func(seq uint64) bool {
+		_, err := st.GetMsg(ctx, seq)
+		if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			t.Fatal(err)
+		}
+		return err == nil
+	}
+	p, err := f.openPartition(ctx, ctx, storage.KindEvents, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []*Message
+	for range 3 {
+		m, err := p.Next(ctx)
+		if err != nil {
+			p.close()
+			t.Fatal(err)
+		}
+		msgs = append(msgs, m)
+	}
+	if err := p.ackLater(ctx, msgs[1]); err != nil {
+		p.close()
+		t.Fatal(err)
+	}
+	polltest.Until(t, "the message acknowledged above a held one deleted", func() bool { return !present(msgs[1].Seq) })
+	if err := p.ackLater(ctx, msgs[2]); err != nil {
+		p.close()
+		t.Fatal(err)
+	}
+	p.close()
+	if present(msgs[2].Seq) {
+		t.Error("the message acknowledged above a held one is still in the stream after the close")
+	}
+	if !present(msgs[0].Seq) {
+		t.Error("the held message was removed")
+	}
+}
+
+// testRecentRead: the owner reads what this relay published to its
+// partition from what the committer kept (recent), none of it left
+// behind, and the records are the ones appended; what it published before
+// it read the partition is decompressed.
+func (e *testEnv) testRecentRead(t *testing.T) {
+	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1})
+	// zstd, as every member of a fleet of this version reads (set by the
+	// heartbeats of Run, which this test does not start).
+	f.compress[storage.KindEvents].Store(codecZstd)
+	ctx := bg(t)
+	big := func(i int) storage.Record {
+		return storage.Record{OrderKey: []byte("d:a"), Data: fmt.Appendf(nil, `{"insert_id":"%d","pad":"%s"}`, i, strings.Repeat("x", 200))}
+	}
+	if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{big(1)}}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := f.openPartition(ctx, ctx, storage.KindEvents, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	for i := 2; i <= 4; i++ {
+		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{big(i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.recent.mu.Lock()
+	kept := len(f.recent.m)
+	f.recent.mu.Unlock()
+	if kept != 3 {
+		t.Fatalf("%d messages kept, want the 3 published while reading", kept)
+	}
+	for i := 1; i <= 4; i++ {
+		m, err := p.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(m.Records) != 1 || !bytes.Equal(m.Records[0].Data, big(i).Data) {
+			t.Fatalf("message %d: %d records, %.40q", i, len(m.Records), m.Records[0].Data)
+		}
+	}
+	f.recent.mu.Lock()
+	kept = len(f.recent.m)
+	f.recent.mu.Unlock()
+	if kept != 0 {
+		t.Errorf("%d kept messages not taken by the reader", kept)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
@@ -188,6 +189,7 @@ func (f *Fleet) readPartition(owned context.Context, k storage.Kind, id int, con
 		stopKeep: make(chan struct{}),
 		keepDone: make(chan struct{}),
 	}
+	f.addReader(slot{k, id}, 1)
 	go p.keepAlive()
 	return p, nil
 }
@@ -196,6 +198,7 @@ func (f *Fleet) readPartition(owned context.Context, k storage.Kind, id int, con
 // acknowledged messages. Unacknowledged messages stay for the next owner.
 func (p *Partition) close() {
 	p.it.Stop()
+	p.f.addReader(slot{p.kind, p.id}, -1)
 	close(p.stopKeep)
 	<-p.keepDone
 	p.removed(true)
@@ -221,6 +224,7 @@ func (p *Partition) keepAlive() {
 			return
 		case <-t.C:
 		}
+		p.kickLate()
 		p.mu.Lock()
 		for _, m := range p.out {
 			held = append(held, m)
@@ -311,7 +315,11 @@ func (p *Partition) Next(ctx context.Context) (*Message, error) {
 			return nil, ErrLost
 		}
 		p.delivery++
-		h, recs, err := decode(m.Data())
+		var plain []byte
+		if hd := m.Headers(); hd != nil {
+			plain = p.f.recent.take(hd.Get(nats.MsgIdHdr), m.Data())
+		}
+		h, recs, err := decodeWith(m.Data(), plain)
 		if err != nil {
 			p.corrupt(ctx, m, md, err)
 			continue
@@ -390,6 +398,22 @@ func (p *Partition) corrupt(ctx context.Context, m jetstream.Msg, md *jetstream.
 // acknowledged; a consumer acknowledgement fails once the next owner reset
 // the consumer, and the message is delivered again by that owner.
 func (p *Partition) Ack(ctx context.Context, m *Message) error {
+	return p.ack(ctx, m, false)
+}
+
+// ackLater is Ack, but a message of a limits stream acknowledged above the
+// floor is not deleted before it returns: it is left to the purge, which
+// removes it once the floor passes it, and deleted alone only when the
+// floor has not passed it after a removal round (see removeLater). The
+// delivery engine acknowledges messages out of stream order whenever their
+// upstream requests end out of order (about a third of its
+// acknowledgements under load), and each deletion is a Raft entry of the
+// stream, on every node, as many as the publishes.
+func (p *Partition) ackLater(ctx context.Context, m *Message) error {
+	return p.ack(ctx, m, true)
+}
+
+func (p *Partition) ack(ctx context.Context, m *Message, later bool) error {
 	p.mu.Lock()
 	if i, found := slices.BinarySearch(p.undone, m.Seq); found {
 		p.undone = slices.Delete(p.undone, i, i+1)
@@ -409,7 +433,9 @@ func (p *Partition) Ack(ctx context.Context, m *Message) error {
 		// answers no acknowledgement, and waiting for it would hold the
 		// partition's delivery; its deliveries are caught by Next.
 		p.forget(m.Seq)
-		p.deleteAcked(ctx, m.Seq)
+		if !later || !p.removeLater(m.Seq) {
+			p.deleteAcked(ctx, m.Seq)
+		}
 		return nil
 	}
 	if m.msg == nil { // spilled

@@ -37,7 +37,9 @@ import (
 // before the purge leaves those messages to be read again by the next
 // owner (the upstream drops the copies by insert_id); nothing is lost. A
 // message acknowledged while an older one is still held (a paused key's)
-// cannot be purged yet: it is deleted alone (deleteAcked; the server takes
+// cannot be purged yet: the reader's acknowledgement (ackLater) leaves it
+// to a later purge for a removal round (removeLater), Ack and what that
+// purge did not reach are deleted alone (deleteAcked; the server takes
 // that as its acknowledgement to the consumer), or in a work-queue stream
 // of before acknowledged to the consumer, which deletes it.
 //
@@ -54,6 +56,33 @@ type remover struct {
 	done uint64        // the highest floor confirmed
 	busy chan struct{} // while a removal goroutine runs; closed when it returns
 	shut bool          // the partition closed: no removal starts
+	// late are messages acknowledged above the floor and left to the
+	// purge (removeLater), each with the removal round it was left in.
+	late  []lateAck
+	round uint64 // removal rounds begun
+}
+
+type lateAck struct{ seq, round uint64 }
+
+// removeLater leaves seq, acknowledged above the floor, to the removal
+// goroutine: the purge removes it once the floor passes it; when it has
+// not after a whole round (removeEvery), or the partition is closing, it
+// is deleted alone (deleteAcked), long before the consumer could deliver
+// it again (AckWait after its last keep-alive). False when the partition
+// closed: the caller deletes it.
+func (p *Partition) removeLater(seq uint64) bool {
+	r := &p.rm
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.shut {
+		return false
+	}
+	r.late = append(r.late, lateAck{seq, r.round})
+	if r.busy == nil {
+		r.busy = make(chan struct{})
+		go p.removing(r.busy)
+	}
+	return true
 }
 
 // removeBelow asks for the partition's messages below floor to be removed,
@@ -87,24 +116,62 @@ func (p *Partition) removing(busy chan struct{}) {
 	for {
 		r.mu.Lock()
 		k := r.want
-		if r.done >= k {
+		if r.done >= k && len(r.late) == 0 {
 			r.busy = nil
 			r.mu.Unlock()
 			return
 		}
+		purge := r.done < k
+		r.round++
 		r.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), p.f.cfg.PublishTimeout)
-		err := p.purge(ctx, k)
-		cancel()
+		var err error
+		if purge {
+			ctx, cancel := context.WithTimeout(context.Background(), p.f.cfg.PublishTimeout)
+			err = p.purge(ctx, k)
+			cancel()
+		}
+		// The late acknowledgements the purges have not removed: all of
+		// them after a failed purge (the goroutine ends, and nothing may
+		// be left for the consumer to deliver again) or once closing,
+		// otherwise those left a whole round ago.
+		closing := false
+		select {
+		case <-p.stopKeep:
+			closing = true
+		default:
+		}
 		r.mu.Lock()
+		if err == nil {
+			r.done = max(r.done, k)
+		}
+		var due []uint64
+		keep := r.late[:0]
+		for _, l := range r.late {
+			switch {
+			case l.seq < r.done:
+			case err != nil || closing || l.round+1 < r.round:
+				due = append(due, l.seq)
+			default:
+				keep = append(keep, l)
+			}
+		}
+		clear(r.late[len(keep):])
+		r.late = keep
+		r.mu.Unlock()
+		for _, seq := range due {
+			ctx, cancel := context.WithTimeout(context.Background(), p.f.cfg.PublishTimeout)
+			p.deleteAcked(ctx, seq)
+			cancel()
+		}
 		if err != nil {
+			// Late acknowledgements left meanwhile wait for the next
+			// removal, or the keep-alive's kick (kickLate).
+			r.mu.Lock()
 			r.busy = nil
 			r.mu.Unlock()
 			p.log.Warn("remove acknowledged messages: they stay until the next removal, or are read again by the next owner", zap.Uint64("below", k), zap.Error(err))
 			return
 		}
-		r.done = max(r.done, k)
-		r.mu.Unlock()
 		// Paced: the acknowledgements of the next removeEvery share one
 		// purge (until the partition closes, which removes at once).
 		t := time.NewTimer(removeEvery)
@@ -113,6 +180,18 @@ func (p *Partition) removing(busy chan struct{}) {
 		case <-p.stopKeep:
 			t.Stop()
 		}
+	}
+}
+
+// kickLate starts the removal goroutine when late acknowledgements wait
+// and it does not run (it ended on a failed purge).
+func (p *Partition) kickLate() {
+	r := &p.rm
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.late) > 0 && r.busy == nil && !r.shut {
+		r.busy = make(chan struct{})
+		go p.removing(r.busy)
 	}
 }
 

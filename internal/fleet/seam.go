@@ -111,7 +111,7 @@ func (r *partitionReader) Ack(ctx context.Context, sm *storage.Message) error {
 	if !ok {
 		return fmt.Errorf("fleet: ack partition %d seq %d: not read from this reader", r.p.id, sm.Seq)
 	}
-	if err := r.p.Ack(ctx, m); err != nil {
+	if err := r.p.ackLater(ctx, m); err != nil {
 		return err
 	}
 	r.mu.Lock()
