@@ -142,7 +142,7 @@ func (r laneReader) Pin()                 { r.lane.Pin() }
 func (r laneReader) Unpin()               { r.lane.Unpin() }
 
 func (r laneReader) Next(ctx context.Context) (*storage.Message, error) {
-	chunks, err := r.lane.Next(ctx, 0)
+	chunks, _, err := r.lane.NextPart(ctx, 0, nil) // one whole chunk, its Records fresh
 	if err != nil {
 		return nil, err // ErrClosed wraps storage.ErrLost
 	}

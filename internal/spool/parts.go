@@ -8,12 +8,15 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// NextPart is Next for a reader that is done with the chunks' Records
-// slices (not the bytes they alias) before it calls NextPart again, and
-// that takes a chunk (one Append: up to 20 MB) larger than maxBytes (> 0)
-// in parts: one Chunk of the next records that fit (at least one), copied
-// into a buffer of their size, First their index in the chunk and Total its
-// record count. The chunk is acknowledged whole.
+// NextPart blocks until the lane has chunks after its read cursor, then
+// returns them in order (at least one, at most about maxBytes; one when
+// maxBytes <= 0) and advances the cursor. It returns ctx.Err() when ctx
+// ends and ErrClosed when the spool closes. The bytes stay valid after Ack
+// and Close, until their Buffer is released. A chunk (one Append: up to
+// 20 MB) larger than maxBytes (> 0) comes in parts: one Chunk of the next
+// records that fit (at least one), copied into a buffer of their size,
+// First their index in the chunk and Total its record count. The chunk is
+// acknowledged whole.
 //
 // The Records are carved from recs, grown when too small and dropped when
 // the call waits long (recIdleDrop), and returned for the next call; the
@@ -36,10 +39,10 @@ type partCursor struct {
 	rec int // records returned so far; 0: no part read
 }
 
-// inParts reports whether NextPart (slab) reads the chunk of size bytes at
-// the cursor in parts.
-func (l *Lane) inParts(size, maxBytes int, slab *recSlab) bool {
-	return slab != nil && maxBytes > 0 && (size > maxBytes || l.part.rec != 0)
+// inParts reports whether NextPart reads the chunk of size bytes at the
+// cursor in parts.
+func (l *Lane) inParts(size, maxBytes int) bool {
+	return maxBytes > 0 && (size > maxBytes || l.part.rec != 0)
 }
 
 // cut returns the next part of chunk seq (encoded as v, n records) and

@@ -238,17 +238,8 @@ func (l *Lane) Stats() LaneStats {
 	return st
 }
 
-// Next blocks until the lane has chunks after its read cursor, then returns
-// them in order (at least one, at most about maxBytes; one when maxBytes <=
-// 0) and advances the cursor. It returns ctx.Err() when ctx ends and
-// ErrClosed when the spool closes. The chunks stay valid after Ack and
-// Close, until their Buffer is released.
-func (l *Lane) Next(ctx context.Context, maxBytes int) ([]storage.Chunk, error) {
-	return l.nextChunks(ctx, maxBytes, nil)
-}
-
 // recSlab hands out the Records slices of one NextPart call from buf (a
-// nil *recSlab, Next's, hands out fresh ones); a slice that does not fit
+// nil *recSlab hands out fresh ones); a slice that does not fit
 // gets a new buf. Reused records hold an earlier call's: the caller sets
 // every field.
 type recSlab struct{ buf []storage.Record }
@@ -266,6 +257,7 @@ func (s *recSlab) take(n int) []storage.Record {
 	return s.buf[used : used+n : used+n]
 }
 
+// nextChunks is NextPart's read, its Records taken from slab.
 func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]storage.Chunk, error) {
 	for {
 		select {
@@ -281,7 +273,7 @@ func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]s
 			if len(refs) == 0 {
 				continue // every one was acknowledged already
 			}
-			if r := refs[0]; l.inParts(len(r.cb.B), maxBytes, slab) {
+			if r := refs[0]; l.inParts(len(r.cb.B), maxBytes) {
 				ch, err := l.cut(r.seq, r.accepted, r.records, r.cb.B, maxBytes, slab)
 				if !errors.Is(err, errPartDamaged) { // else read whole
 					for _, r := range refs {
@@ -315,11 +307,8 @@ func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]s
 			l.readSeq = firstHot // everything below was acknowledged already
 			continue
 		}
-		var onIdle func() bool
-		if slab != nil {
-			onIdle = func() bool { slab.buf = nil; return false } // an idle reader keeps nothing
-		}
-		if err := l.Wait(ctx, onIdle); err != nil {
+		// An idle reader keeps nothing.
+		if err := l.Wait(ctx, func() bool { slab.buf = nil; return false }); err != nil {
 			return nil, err
 		}
 	}
@@ -362,13 +351,8 @@ func (l *Lane) takeHot(maxBytes int) []hotRef {
 // decodeHot turns the referenced hot chunks into Chunks, their Records
 // taken from slab and built from the index their Batch wrote (storage.Buf).
 func (l *Lane) decodeHot(refs []hotRef, slab *recSlab) []storage.Chunk {
-	var out []storage.Chunk
-	if slab != nil { // NextPart: the caller is done with the last ones
-		out = slices.Grow(reuse(l.chunks), len(refs))[:len(refs)]
-		l.chunks = out
-	} else {
-		out = make([]storage.Chunk, len(refs))
-	}
+	out := slices.Grow(reuse(l.chunks), len(refs))[:len(refs)] // the caller is done with the last ones
+	l.chunks = out
 	for i, c := range refs {
 		rs := slab.take(c.records)
 		c.cb.Records(rs)
@@ -393,7 +377,7 @@ func (l *Lane) read(maxBytes int, end uint64, slab *recSlab) (_ []storage.Chunk,
 		c := b.Cursor()
 		k, v := c.Seek(seqKey(l.readSeq))
 		if k != nil && binary.BigEndian.Uint64(k) < end {
-			if v := chunkValue(b, k, v); l.inParts(len(v), maxBytes, slab) {
+			if v := chunkValue(b, k, v); l.inParts(len(v), maxBytes) {
 				if acc, n, err := chunkHeader(v); err == nil {
 					ch, err := l.cut(binary.BigEndian.Uint64(k), acc, n, v, maxBytes, slab)
 					if !errors.Is(err, errPartDamaged) { // else read whole, and dead-lettered
