@@ -25,11 +25,6 @@ import (
 func (l *Lane) NextPart(ctx context.Context, maxBytes int, recs []storage.Record) ([]storage.Chunk, []storage.Record, error) {
 	slab := recSlab{buf: recs[:0]}
 	chunks, err := l.nextChunks(ctx, maxBytes, &slab)
-	for i := range chunks {
-		if chunks[i].Total == 0 {
-			chunks[i].Total = len(chunks[i].Records)
-		}
-	}
 	return chunks, slab.buf, err
 }
 

@@ -356,7 +356,7 @@ func (l *Lane) decodeHot(refs []hotRef, slab *recSlab) []storage.Chunk {
 	for i, c := range refs {
 		rs := slab.take(c.records)
 		c.cb.Records(rs)
-		out[i] = storage.Chunk{Seq: c.seq, Accepted: time.UnixMilli(c.accepted), Size: len(c.cb.B), Records: rs, Buffer: c.cb.Buffer()}
+		out[i] = storage.Chunk{Seq: c.seq, Accepted: time.UnixMilli(c.accepted), Size: len(c.cb.B), Records: rs, Buffer: c.cb.Buffer(), Total: c.records}
 	}
 	clear(refs)
 	return out
@@ -438,6 +438,7 @@ func (l *Lane) read(maxBytes int, end uint64, slab *recSlab) (_ []storage.Chunk,
 				dmg = &damagedChunk{seq: r.seq, v: cb.B, err: err}
 				break
 			}
+			c.Total = len(c.Records)
 			out = append(out, c)
 		}
 		if len(out) > 0 {
