@@ -8,26 +8,6 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// NextPart blocks until the lane has chunks after its read cursor, then
-// returns them in order (at least one, at most about maxBytes; one when
-// maxBytes <= 0) and advances the cursor. It returns ctx.Err() when ctx
-// ends and ErrClosed when the spool closes. The bytes stay valid after Ack
-// and Close, until their Buffer is released. A chunk (one Append: up to
-// 20 MB) larger than maxBytes (> 0) comes in parts: one Chunk of the next
-// records that fit (at least one), copied into a buffer of their size,
-// First their index in the chunk and Total its record count. The chunk is
-// acknowledged whole.
-//
-// The Records are carved from recs, grown when too small and dropped when
-// the call waits long (recIdleDrop), and returned for the next call; the
-// []Chunk is reused too (valid until the next call). Fresh ones were, at
-// 100-event requests, more than half of the relay's allocated bytes.
-func (l *Lane) NextPart(ctx context.Context, maxBytes int, recs []storage.Record) ([]storage.Chunk, []storage.Record, error) {
-	slab := recSlab{buf: recs[:0]}
-	chunks, err := l.nextChunks(ctx, maxBytes, &slab)
-	return chunks, slab.buf, err
-}
-
 // partCursor is the reader's place inside a chunk it reads in parts.
 type partCursor struct {
 	seq uint64
