@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/svcrelay/relay/internal/spool"
+	"github.com/svcrelay/relay/internal/storage"
 )
 
 // dumpLine is one record of `relay spool dump`.
@@ -75,24 +76,28 @@ func dump(ctx context.Context, dir string, out io.Writer) (int, error) {
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
 	n := 0
+	var recs []storage.Record
 	for _, l := range sp.Lanes() {
 		want := l.Stats().Chunks
 		key := l.Key()
 		label := key.Label()
 		for got := int64(0); got < want; {
-			// Next blocks when the lane is empty; the count above says how
+			// NextPart blocks when the lane is empty; the count above says how
 			// many chunks there are, and the bound guards against a miscount.
 			nctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			chunks, err := l.Next(nctx, 4<<20)
+			chunks, rs, err := l.NextPart(nctx, 4<<20, recs)
 			cancel()
+			recs = rs
 			if err != nil {
 				return n, fmt.Errorf("lane %s: read chunk %d of %d: %w", label, got+1, want, err)
 			}
 			for _, c := range chunks {
-				got++
+				if c.First+len(c.Records) == c.Total { // a chunk larger than 4 MB comes in parts
+					got++
+				}
 				for i, r := range c.Records {
 					line := dumpLine{
-						Lane: label, Kind: key.Kind.String(), Seq: c.Seq, Index: i,
+						Lane: label, Kind: key.Kind.String(), Seq: c.Seq, Index: c.First + i,
 						Accepted: c.Accepted.UTC(), OrderKey: string(r.OrderKey), UserID: string(r.UserID),
 					}
 					if json.Valid(r.Data) {

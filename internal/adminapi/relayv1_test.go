@@ -117,7 +117,7 @@ func (f *relayFixture) records(key storage.LaneKey) []storage.Record {
 	var out []storage.Record
 	for l.Stats().Records > int64(len(out)) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		chunks, err := l.Next(ctx, 1<<20)
+		chunks, _, err := l.NextPart(ctx, 1<<20, nil)
 		cancel()
 		if err != nil {
 			f.t.Fatal(err)

@@ -21,7 +21,7 @@ func TestDeadLettersOfRetiredLane(t *testing.T) {
 	label := l.Key().Label()
 	f.dead(key, "silenced", `{"event_type":"a"}`, `{"event_type":"b"}`)
 	ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
-	_, err := l.Next(ctx, 0) // returns once the empty lane is retired
+	_, _, err := l.NextPart(ctx, 0, nil) // returns once the empty lane is retired
 	cancel()
 	if !errors.Is(err, storage.ErrRetired) {
 		t.Fatalf("the empty lane was not retired: %v", err)

@@ -89,7 +89,7 @@
 //
 // The read-ahead is bounded in bytes of memory held, per lane
 // (MaxReadAheadBytes) and for all lanes together (MaxReadAheadTotalBytes).
-// What counts is what stays reachable: all records of a chunk Lane.Next
+// What counts is what stays reachable: all records of a chunk Lane.NextPart
 // returns alias one buffer (the spool's own for a chunk still in its
 // write-ahead log, shared with it; a copy for one read from bbolt), so a
 // chunk counts its buffer (the larger of Chunk.Size and the buffer's

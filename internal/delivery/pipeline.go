@@ -218,13 +218,14 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			defer drained()
 			return p.deliverPartition(ctx, qctx, r, drained)
 		}
-		if q.Key().Kind != p.lanes {
+		l := q.Lane()
+		if l.Key().Kind != p.lanes {
 			return nil
 		}
-		id := q.LaneID()
+		id := l.ID()
 		lr := p.lane(id)
 		if lr == nil {
-			lr = newLaneRunner(p, q)
+			lr = newLaneRunner(p, l)
 			p.add(id, lr)
 		}
 		err := lr.Run(qctx, drain)
@@ -437,9 +438,9 @@ type laneRunner struct {
 	readerWaits atomic.Bool
 }
 
-func newLaneRunner(p *Pipeline, q storage.LaneQueue) *laneRunner {
-	lr := newRunner(p, q.Lane(), q.LaneID(), q.Key().Label(), q.Key())
-	lr.stop.Lane = q // a stopped lane is not retired while empty (its stop would be lost)
+func newLaneRunner(p *Pipeline, l storage.QueueLane) *laneRunner {
+	lr := newRunner(p, l, l.ID(), l.Key().Label(), l.Key())
+	lr.stop.Lane = l // a stopped lane is not retired while empty (its stop would be lost)
 	return lr
 }
 

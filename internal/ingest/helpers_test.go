@@ -261,13 +261,13 @@ func (r *testRelay) drain(apiKey, options string) []record {
 	var out []record
 	for range 100000 {
 		ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
-		chunks, err := l.Next(ctx, 64<<20)
+		chunks, _, err := l.NextPart(ctx, 64<<20, nil)
 		cancel()
 		if errors.Is(err, context.DeadlineExceeded) {
 			return out
 		}
 		if err != nil {
-			r.t.Fatalf("Next: %v", err)
+			r.t.Fatalf("NextPart: %v", err)
 		}
 		for _, c := range chunks {
 			for _, rec := range c.Records {

@@ -97,14 +97,14 @@ func TestRetiredLaneLeavesCache(t *testing.T) {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
-		cs, err := l.Next(ctx, 1<<20)
+		cs, _, err := l.NextPart(ctx, 1<<20, nil)
 		cancel()
 		if err != nil || len(cs) != 1 || len(cs[0].Records) != 1 {
 			t.Fatalf("round %d: %v %d chunks", round, err, len(cs))
 		}
 		l.Ack(cs[0].Seq)
 		ctx, cancel = context.WithTimeout(context.Background(), polltest.Max)
-		_, err = l.Next(ctx, 1<<20) // returns once the empty lane is retired
+		_, _, err = l.NextPart(ctx, 1<<20, nil) // returns once the empty lane is retired
 		cancel()
 		if !errors.Is(err, storage.ErrRetired) {
 			t.Fatalf("round %d: lane not retired: %v", round, err)

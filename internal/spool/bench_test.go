@@ -143,7 +143,7 @@ func benchDrain(b *testing.B, into bool) {
 		if into {
 			cs, reuse, err = l.NextPart(ctx, 4<<20, reuse)
 		} else {
-			cs, err = l.Next(ctx, 4<<20)
+			cs, err = readWhole(ctx, l, 4<<20)
 		}
 		if err != nil {
 			b.Fatal(err)

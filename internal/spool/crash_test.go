@@ -90,7 +90,7 @@ func crashChild(dir string) {
 				os.Exit(2)
 			}
 			for {
-				cs, err := l.Next(ctx, 64<<10)
+				cs, err := readWhole(ctx, l, 64<<10)
 				if err != nil {
 					fmt.Fprintln(os.Stderr, "child next:", err)
 					os.Exit(2)

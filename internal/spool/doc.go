@@ -52,7 +52,7 @@
 // A lane's chunks are read back in Append order: seqs start at 1, increase
 // by one per chunk and are never reused. Within a lane WAL order is seq
 // order, so the chunks in bbolt precede the hot ones. Each lane has one
-// reader cursor (Lane.Next, Lane.NextPart), placed at the lane's oldest
+// reader cursor (Lane.NextPart), placed at the lane's oldest
 // live chunk at Open: what was read but not acknowledged before a crash is
 // read again.
 //

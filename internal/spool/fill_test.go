@@ -121,7 +121,7 @@ func TestDiskLow(t *testing.T) {
 	}
 	ctx2, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 	defer cancel()
-	if cs, err := l.Next(ctx2, 100); err == nil {
+	if cs, err := readWhole(ctx2, l, 100); err == nil {
 		t.Fatalf("refused append is readable: %+v", cs)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -137,14 +138,30 @@ func recID(r storage.Record) (lane, n int) {
 	return lane, n
 }
 
-// nextT calls Next with a deadline.
+// readWhole reads as the removed Lane.Next did, for tests that want whole
+// chunks: a chunk NextPart returns in parts is joined (its Size is then its
+// records' bytes, not its encoding's), and the chunks and Records are fresh.
+func readWhole(ctx context.Context, l *Lane, maxBytes int) ([]storage.Chunk, error) {
+	cs, _, err := l.NextPart(ctx, maxBytes, nil)
+	cs = slices.Clone(cs)
+	for err == nil && cs[0].First+len(cs[0].Records) < cs[0].Total {
+		var more []storage.Chunk
+		if more, _, err = l.NextPart(ctx, maxBytes, nil); err == nil {
+			cs[0].Records = append(cs[0].Records, more[0].Records...)
+			cs[0].Size += more[0].Size
+		}
+	}
+	return cs, err
+}
+
+// nextT calls readWhole with a deadline.
 func nextT(t testing.TB, l *Lane, maxBytes int) []storage.Chunk {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
 	defer cancel()
-	cs, err := l.Next(ctx, maxBytes)
+	cs, err := readWhole(ctx, l, maxBytes)
 	if err != nil {
-		t.Fatalf("Next: %v", err)
+		t.Fatalf("NextPart: %v", err)
 	}
 	return cs
 }
@@ -167,13 +184,13 @@ func drainAvailable(t testing.TB, l *Lane) []storage.Chunk {
 	var out []storage.Chunk
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-		cs, err := l.Next(ctx, 1<<20)
+		cs, err := readWhole(ctx, l, 1<<20)
 		cancel()
 		if errors.Is(err, context.DeadlineExceeded) {
 			return out
 		}
 		if err != nil {
-			t.Fatalf("Next: %v", err)
+			t.Fatalf("NextPart: %v", err)
 		}
 		out = append(out, cs...)
 	}

@@ -158,7 +158,7 @@ func readAll(t *testing.T, s *Spool) []int {
 			// A damaged last chunk is never returned: stop when nothing
 			// comes for a while.
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			cs, err := l.Next(ctx, 1<<20)
+			cs, err := readWhole(ctx, l, 1<<20)
 			cancel()
 			if errors.Is(err, context.DeadlineExceeded) {
 				break
@@ -652,7 +652,7 @@ func TestDamagedDBNeverCrashes(t *testing.T) {
 			for _, l := range s.Lanes() {
 				ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 				for range 1000 {
-					cs, err := l.Next(ctx, 1<<20)
+					cs, err := readWhole(ctx, l, 1<<20)
 					if err != nil {
 						break
 					}

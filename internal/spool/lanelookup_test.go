@@ -50,12 +50,12 @@ func TestLaneLookup(t *testing.T) {
 	// lane of the key.
 	tctx, cancel := context.WithTimeout(ctx, polltest.Max)
 	defer cancel()
-	cs, err := first.Next(tctx, 1<<20)
+	cs, err := readWhole(tctx, first, 1<<20)
 	if err != nil || len(cs) != 1 {
 		t.Fatalf("read: %v, %d chunks", err, len(cs))
 	}
 	first.Ack(cs[0].Seq)
-	if _, err := first.Next(tctx, 1<<20); !errors.Is(err, storage.ErrRetired) {
+	if _, err := readWhole(tctx, first, 1<<20); !errors.Is(err, storage.ErrRetired) {
 		t.Fatalf("lane not retired: %v", err)
 	}
 	if err := l.Append(ctx, *req(`{"min_id_length":1}`)); err != nil {

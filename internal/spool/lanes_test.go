@@ -26,7 +26,7 @@ func drainLane(t *testing.T, s *Spool, l *Lane) int {
 	n := 0
 	for l.Stats().Records > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
-		cs, err := l.Next(ctx, 1<<20)
+		cs, err := readWhole(ctx, l, 1<<20)
 		cancel()
 		if err != nil {
 			t.Fatal(err)
@@ -93,7 +93,7 @@ func TestRetireIdleLanes(t *testing.T) {
 	}
 	readErr := make(chan error, 1)
 	go func() {
-		_, err := idle.Next(ctx, 1<<20)
+		_, err := readWhole(ctx, idle, 1<<20)
 		readErr <- err
 	}()
 	select {

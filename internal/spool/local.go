@@ -135,14 +135,10 @@ type laneReader struct{ lane *Lane }
 
 var _ storage.LaneQueue = laneReader{}
 
-func (r laneReader) Lane() storage.Lane   { return r.lane }
-func (r laneReader) LaneID() uint64       { return r.lane.id }
-func (r laneReader) Key() storage.LaneKey { return r.lane.key }
-func (r laneReader) Pin()                 { r.lane.Pin() }
-func (r laneReader) Unpin()               { r.lane.Unpin() }
+func (r laneReader) Lane() storage.QueueLane { return r.lane }
 
 func (r laneReader) Next(ctx context.Context) (*storage.Message, error) {
-	chunks, err := r.lane.Next(ctx, 0)
+	chunks, _, err := r.lane.NextPart(ctx, 0, nil) // one whole chunk, its Records fresh
 	if err != nil {
 		return nil, err // ErrClosed wraps storage.ErrLost
 	}

@@ -8,38 +8,16 @@ import (
 	"github.com/svcrelay/relay/internal/storage"
 )
 
-// NextPart is Next for a reader that is done with the chunks' Records
-// slices (not the bytes they alias) before it calls NextPart again, and
-// that takes a chunk (one Append: up to 20 MB) larger than maxBytes (> 0)
-// in parts: one Chunk of the next records that fit (at least one), copied
-// into a buffer of their size, First their index in the chunk and Total its
-// record count. The chunk is acknowledged whole.
-//
-// The Records are carved from recs, grown when too small and dropped when
-// the call waits long (recIdleDrop), and returned for the next call; the
-// []Chunk is reused too (valid until the next call). Fresh ones were, at
-// 100-event requests, more than half of the relay's allocated bytes.
-func (l *Lane) NextPart(ctx context.Context, maxBytes int, recs []storage.Record) ([]storage.Chunk, []storage.Record, error) {
-	slab := recSlab{buf: recs[:0]}
-	chunks, err := l.nextChunks(ctx, maxBytes, &slab)
-	for i := range chunks {
-		if chunks[i].Total == 0 {
-			chunks[i].Total = len(chunks[i].Records)
-		}
-	}
-	return chunks, slab.buf, err
-}
-
 // partCursor is the reader's place inside a chunk it reads in parts.
 type partCursor struct {
 	seq uint64
 	rec int // records returned so far; 0: no part read
 }
 
-// inParts reports whether NextPart (slab) reads the chunk of size bytes at
-// the cursor in parts.
-func (l *Lane) inParts(size, maxBytes int, slab *recSlab) bool {
-	return slab != nil && maxBytes > 0 && (size > maxBytes || l.part.rec != 0)
+// inParts reports whether NextPart reads the chunk of size bytes at the
+// cursor in parts.
+func (l *Lane) inParts(size, maxBytes int) bool {
+	return maxBytes > 0 && (size > maxBytes || l.part.rec != 0)
 }
 
 // cut returns the next part of chunk seq (encoded as v, n records) and

@@ -315,7 +315,7 @@ func TestRetiredBeforeFirstRead(t *testing.T) {
 	if err := s.Append(ctx, l, &b); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Next(ctx, 1<<20); !errors.Is(err, storage.ErrRetired) || errors.Is(err, errCorrupt) {
+	if _, err := readWhole(ctx, l, 1<<20); !errors.Is(err, storage.ErrRetired) || errors.Is(err, errCorrupt) {
 		t.Fatalf("Next: %v, want ErrRetired", err)
 	}
 }

@@ -238,17 +238,8 @@ func (l *Lane) Stats() LaneStats {
 	return st
 }
 
-// Next blocks until the lane has chunks after its read cursor, then returns
-// them in order (at least one, at most about maxBytes; one when maxBytes <=
-// 0) and advances the cursor. It returns ctx.Err() when ctx ends and
-// ErrClosed when the spool closes. The chunks stay valid after Ack and
-// Close, until their Buffer is released.
-func (l *Lane) Next(ctx context.Context, maxBytes int) ([]storage.Chunk, error) {
-	return l.nextChunks(ctx, maxBytes, nil)
-}
-
 // recSlab hands out the Records slices of one NextPart call from buf (a
-// nil *recSlab, Next's, hands out fresh ones); a slice that does not fit
+// nil *recSlab hands out fresh ones); a slice that does not fit
 // gets a new buf. Reused records hold an earlier call's: the caller sets
 // every field.
 type recSlab struct{ buf []storage.Record }
@@ -266,11 +257,26 @@ func (s *recSlab) take(n int) []storage.Record {
 	return s.buf[used : used+n : used+n]
 }
 
-func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]storage.Chunk, error) {
+// NextPart blocks until the lane has chunks after its read cursor, then
+// returns them in order (at least one, at most about maxBytes; one when
+// maxBytes <= 0) and advances the cursor. It returns ctx.Err() when ctx
+// ends and ErrClosed when the spool closes. The bytes stay valid after Ack
+// and Close, until their Buffer is released. A chunk (one Append: up to
+// 20 MB) larger than maxBytes (> 0) comes in parts: one Chunk of the next
+// records that fit (at least one), copied into a buffer of their size,
+// First their index in the chunk and Total its record count. The chunk is
+// acknowledged whole.
+//
+// The Records are carved from recs, grown when too small and dropped when
+// the call waits long (recIdleDrop), and returned for the next call; the
+// []Chunk is reused too (valid until the next call). Fresh ones were, at
+// 100-event requests, more than half of the relay's allocated bytes.
+func (l *Lane) NextPart(ctx context.Context, maxBytes int, recs []storage.Record) ([]storage.Chunk, []storage.Record, error) {
+	slab := &recSlab{buf: recs[:0]}
 	for {
 		select {
 		case <-l.s.closing:
-			return nil, ErrClosed
+			return nil, slab.buf, ErrClosed
 		default:
 		}
 		l.mu.Lock()
@@ -281,7 +287,7 @@ func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]s
 			if len(refs) == 0 {
 				continue // every one was acknowledged already
 			}
-			if r := refs[0]; l.inParts(len(r.cb.B), maxBytes, slab) {
+			if r := refs[0]; l.inParts(len(r.cb.B), maxBytes) {
 				ch, err := l.cut(r.seq, r.accepted, r.records, r.cb.B, maxBytes, slab)
 				if !errors.Is(err, errPartDamaged) { // else read whole
 					for _, r := range refs {
@@ -289,25 +295,26 @@ func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]s
 					}
 					clear(refs)
 					if err != nil {
-						return nil, err
+						return nil, slab.buf, err
 					}
-					return []storage.Chunk{ch}, nil
+					return []storage.Chunk{ch}, slab.buf, nil
 				}
 			}
-			return l.decodeHot(refs, slab), nil
+			out := l.decodeHot(refs, slab) // before slab.buf is read: it grows it
+			return out, slab.buf, nil
 		}
 		l.mu.Unlock()
 		if l.readSeq < firstHot {
 			chunks, dmg, err := l.read(maxBytes, firstHot, slab)
 			if err != nil {
-				return nil, err
+				return nil, slab.buf, err
 			}
 			if len(chunks) > 0 {
-				return chunks, nil // a damaged chunk after them is read again next time
+				return chunks, slab.buf, nil // a damaged chunk after them is read again next time
 			}
 			if dmg != nil {
 				if err := l.deadDamaged(ctx, dmg); err != nil {
-					return nil, err
+					return nil, slab.buf, err
 				}
 				l.readSeq = dmg.seq + 1
 				continue
@@ -315,12 +322,9 @@ func (l *Lane) nextChunks(ctx context.Context, maxBytes int, slab *recSlab) ([]s
 			l.readSeq = firstHot // everything below was acknowledged already
 			continue
 		}
-		var onIdle func() bool
-		if slab != nil {
-			onIdle = func() bool { slab.buf = nil; return false } // an idle reader keeps nothing
-		}
-		if err := l.Wait(ctx, onIdle); err != nil {
-			return nil, err
+		// An idle reader keeps nothing.
+		if err := l.Wait(ctx, func() bool { slab.buf = nil; return false }); err != nil {
+			return nil, slab.buf, err
 		}
 	}
 }
@@ -362,17 +366,12 @@ func (l *Lane) takeHot(maxBytes int) []hotRef {
 // decodeHot turns the referenced hot chunks into Chunks, their Records
 // taken from slab and built from the index their Batch wrote (storage.Buf).
 func (l *Lane) decodeHot(refs []hotRef, slab *recSlab) []storage.Chunk {
-	var out []storage.Chunk
-	if slab != nil { // NextPart: the caller is done with the last ones
-		out = slices.Grow(reuse(l.chunks), len(refs))[:len(refs)]
-		l.chunks = out
-	} else {
-		out = make([]storage.Chunk, len(refs))
-	}
+	out := slices.Grow(reuse(l.chunks), len(refs))[:len(refs)] // the caller is done with the last ones
+	l.chunks = out
 	for i, c := range refs {
 		rs := slab.take(c.records)
 		c.cb.Records(rs)
-		out[i] = storage.Chunk{Seq: c.seq, Accepted: time.UnixMilli(c.accepted), Size: len(c.cb.B), Records: rs, Buffer: c.cb.Buffer()}
+		out[i] = storage.Chunk{Seq: c.seq, Accepted: time.UnixMilli(c.accepted), Size: len(c.cb.B), Records: rs, Buffer: c.cb.Buffer(), Total: c.records}
 	}
 	clear(refs)
 	return out
@@ -393,7 +392,7 @@ func (l *Lane) read(maxBytes int, end uint64, slab *recSlab) (_ []storage.Chunk,
 		c := b.Cursor()
 		k, v := c.Seek(seqKey(l.readSeq))
 		if k != nil && binary.BigEndian.Uint64(k) < end {
-			if v := chunkValue(b, k, v); l.inParts(len(v), maxBytes, slab) {
+			if v := chunkValue(b, k, v); l.inParts(len(v), maxBytes) {
 				if acc, n, err := chunkHeader(v); err == nil {
 					ch, err := l.cut(binary.BigEndian.Uint64(k), acc, n, v, maxBytes, slab)
 					if !errors.Is(err, errPartDamaged) { // else read whole, and dead-lettered
@@ -454,6 +453,7 @@ func (l *Lane) read(maxBytes int, end uint64, slab *recSlab) (_ []storage.Chunk,
 				dmg = &damagedChunk{seq: r.seq, v: cb.B, err: err}
 				break
 			}
+			c.Total = len(c.Records)
 			out = append(out, c)
 		}
 		if len(out) > 0 {

@@ -187,7 +187,7 @@ func TestAppendNextAckReopen(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Next(ctx, 100); !errors.Is(err, ErrClosed) {
+	if _, err := readWhole(ctx, l, 100); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Next after Close: %v", err)
 	}
 	if b.Len() != 0 {
@@ -231,7 +231,7 @@ func TestNextBlocks(t *testing.T) {
 	l := mustLane(t, s, testKey(1))
 	got := make(chan []storage.Chunk, 1)
 	go func() {
-		cs, err := l.Next(context.Background(), 1000)
+		cs, err := readWhole(context.Background(), l, 1000)
 		if err != nil {
 			t.Error(err)
 		}
@@ -253,12 +253,12 @@ func TestNextBlocks(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
-	if _, err := l.Next(ctx, 1000); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := readWhole(ctx, l, 1000); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Next with expired ctx: %v", err)
 	}
 	errc := make(chan error, 1)
 	go func() {
-		_, err := l.Next(context.Background(), 1000)
+		_, err := readWhole(context.Background(), l, 1000)
 		errc <- err
 	}()
 	time.Sleep(10 * time.Millisecond)

@@ -174,16 +174,19 @@ type Lane interface {
 	Ack(seq uint64)
 }
 
-// LaneQueue is a Reader whose queue is one lane (the local spool's): its
-// delivery reads the lane through Lane, with read-ahead, instead of Next
-// and Ack.
+// LaneQueue is a Reader whose queue is one lane (the local spool's), read
+// through Lane (with read-ahead) instead of Next and Ack.
 type LaneQueue interface {
 	Reader
-	Lane() Lane
-	// LaneID is the lane's id, unique in the store and never reused (as
-	// the admin API names lanes).
-	LaneID() uint64
-	// Key is the lane's key.
+	Lane() QueueLane
+}
+
+// QueueLane is the lane of a LaneQueue.
+type QueueLane interface {
+	Lane
+	// ID is the lane's id, unique in the store and never reused (as the
+	// admin API names lanes).
+	ID() uint64
 	Key() LaneKey
 	// Pin keeps the lane from retiring until as many Unpin calls (a
 	// stopped lane keeps its stop while empty).
