@@ -1,6 +1,8 @@
 package plan
 
 import (
+	"bytes"
+	"math/bits"
 	"regexp/syntax"
 	"unicode/utf8"
 )
@@ -14,6 +16,7 @@ import (
 // bound) runes of one set.
 type piece struct {
 	set      [2]uint64 // ASCII runes of the set, by bit
+	lit      string    // a run of one-byte literals, matched as a prefix (set unused)
 	any      bool      // any rune but '\n' (set unused); only as the last piece
 	min, max int
 }
@@ -49,7 +52,21 @@ func simple(re string) (m matcher, ok bool) {
 			}
 		}
 	}
-	return m, true
+	// Each piece of one byte matches only that byte: a run of them is one
+	// compare.
+	out := m[:0]
+	for _, p := range m {
+		if n := bits.OnesCount64(p.set[0]) + bits.OnesCount64(p.set[1]); n == 1 && p.min == 1 && p.max == 1 {
+			c := string(rune(bits.TrailingZeros64(p.set[0]) + bits.TrailingZeros64(p.set[1])&63))
+			if k := len(out) - 1; k >= 0 && out[k].lit != "" {
+				out[k].lit += c
+				continue
+			}
+			p = piece{lit: c}
+		}
+		out = append(out, p)
+	}
+	return out, true
 }
 
 // add appends the pieces of t, false when t is not made of pieces.
@@ -144,12 +161,20 @@ func (m matcher) match(s []byte) bool {
 	i := 0
 	for k := range m {
 		p := &m[k]
+		if p.lit != "" {
+			if len(s)-i < len(p.lit) || string(s[i:i+len(p.lit)]) != p.lit {
+				return false
+			}
+			i += len(p.lit)
+			continue
+		}
 		if p.any { // the last piece
 			rest := s[i:]
-			for _, c := range rest {
-				if c == '\n' {
-					return false
-				}
+			if bytes.IndexByte(rest, '\n') >= 0 {
+				return false
+			}
+			if p.min == 0 && p.max < 0 {
+				return true
 			}
 			n := utf8.RuneCount(rest)
 			return n >= p.min && (p.max < 0 || n <= p.max)
