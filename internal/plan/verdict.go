@@ -98,9 +98,16 @@ func (c *compiled) cleanAt(req *event.Request, e *event.Event) bool {
 // ruleOf is the rule of the key at raw[k] in t or rules: rulesFor's
 // lookup, the key's end found here.
 func ruleOf(raw []byte, k int, t *keyTable[rule], rules map[string]*rule, buf *[]byte) *rule {
-	if k+2+shortKey <= len(raw) && len(t.slots) > 0 {
-		// keyAt's short path, inlined here.
-		if w, end := shortKeyAt(raw, k); end > 0 {
+	if len(t.slots) > 0 {
+		// keyAt's short path, inlined here but for a record's last key.
+		var w keyWords
+		var end int
+		if k+2+shortKey <= len(raw) {
+			w, end = shortKeyAt(raw, k)
+		} else {
+			w, end = wordsAt(raw, k)
+		}
+		if end > 0 {
 			if r := t.lookup(w); r != nil {
 				return r
 			}
@@ -169,11 +176,14 @@ func memberAt(raw []byte, k int32, name string) (int, bool) {
 	if k == 0 {
 		return -1, true
 	}
-	i := int(k)
-	if i < 0 || i+len(name)+2 > len(raw) || raw[i] != '"' || string(raw[i+1:i+1+len(name)]) != name || raw[i+1+len(name)] != '"' {
+	// The parser found a key spelling name at k: it is written as name
+	// when it ends where name would (an escape lengthens it, and name has
+	// no quote).
+	i := int(k) + len(name) + 2
+	if k < 0 || i > len(raw) || raw[i-1] != '"' {
 		return -1, false
 	}
-	i = skipWS(raw, i+len(name)+2)
+	i = skipWS(raw, i)
 	if i >= len(raw) || raw[i] != ':' {
 		return -1, false
 	}
