@@ -2,7 +2,6 @@ package plan
 
 import (
 	"bytes"
-	"math/bits"
 	"regexp/syntax"
 	"unicode/utf8"
 )
@@ -12,11 +11,11 @@ import (
 // in a few nanoseconds, instead of Go's regexp. A pattern it cannot check
 // exactly as regexp would (see simple) keeps regexp.
 
-// piece is one item of a simple pattern: a run of min to max (-1: no
-// bound) runes of one set.
+// piece is one item of a simple pattern: a literal, or a run of min to
+// max (-1: no bound) runes of one set.
 type piece struct {
 	set      [2]uint64 // ASCII runes of the set, by bit
-	lit      string    // a run of one-byte literals, matched as a prefix (set unused)
+	lit      string    // a literal: its bytes in order (set: their union)
 	any      bool      // any rune but '\n' (set unused); only as the last piece
 	min, max int
 }
@@ -52,21 +51,7 @@ func simple(re string) (m matcher, ok bool) {
 			}
 		}
 	}
-	// Each piece of one byte matches only that byte: a run of them is one
-	// compare.
-	out := m[:0]
-	for _, p := range m {
-		if n := bits.OnesCount64(p.set[0]) + bits.OnesCount64(p.set[1]); n == 1 && p.min == 1 && p.max == 1 {
-			c := string(rune(bits.TrailingZeros64(p.set[0]) + bits.TrailingZeros64(p.set[1])&63))
-			if k := len(out) - 1; k >= 0 && out[k].lit != "" {
-				out[k].lit += c
-				continue
-			}
-			p = piece{lit: c}
-		}
-		out = append(out, p)
-	}
-	return out, true
+	return m, true
 }
 
 // add appends the pieces of t, false when t is not made of pieces.
@@ -84,16 +69,16 @@ func (m *matcher) add(t *syntax.Regexp) bool {
 	case syntax.OpCapture:
 		return m.add(t.Sub[0])
 	case syntax.OpLiteral:
-		if t.Flags&syntax.FoldCase != 0 {
-			return false
-		}
+		// One piece of one rune per byte, matched as one compare.
+		p := piece{min: 1, max: 1}
 		for _, r := range t.Rune {
-			p, ok := one(&syntax.Regexp{Op: syntax.OpLiteral, Rune: []rune{r}})
-			if !ok {
+			if r >= utf8.RuneSelf || t.Flags&syntax.FoldCase != 0 {
 				return false
 			}
-			*m = append(*m, p)
+			p.set[r>>6] |= 1 << (r & 63)
+			p.lit += string(r)
 		}
+		*m = append(*m, p)
 		return true
 	case syntax.OpStar, syntax.OpPlus, syntax.OpQuest, syntax.OpRepeat:
 		if t.Flags&syntax.NonGreedy != 0 {
