@@ -36,30 +36,23 @@ type keyWords struct {
 // end) and whether it has an escape; ok is true when the key is short (at
 // most shortKey bytes, no escape) and w holds it.
 func keyAt(b []byte, i int) (end int, esc bool, w keyWords, ok bool) {
-	if w, end = wordsAt(b, i); end > 0 {
+	if i+2+shortKey <= len(b) {
+		w, end = shortKeyAt(b, i)
+	} else if i+1 < len(b) {
+		// Near the end (a record's last key): read from a copy, whose
+		// zeros past the key are neither quote nor backslash.
+		var pad [shortKey + 2]byte
+		pad[0] = '"'
+		copy(pad[1:], b[i+1:])
+		if w, end = shortKeyAt(pad[:], 0); end > 0 {
+			end += i
+		}
+	}
+	if end > 0 {
 		return end, false, w, true
 	}
 	end, esc = stringEnd(b, i)
 	return end, esc, keyWords{}, false
-}
-
-// wordsAt is shortKeyAt wherever b[i] is.
-func wordsAt(b []byte, i int) (w keyWords, end int) {
-	if i+2+shortKey <= len(b) {
-		return shortKeyAt(b, i)
-	}
-	if i+1 >= len(b) {
-		return keyWords{}, 0
-	}
-	// Near the end (a record's last key): read from a copy, whose zeros
-	// past the key are neither quote nor backslash.
-	var pad [shortKey + 2]byte
-	pad[0] = '"'
-	copy(pad[1:], b[i+1:])
-	if w, end = shortKeyAt(pad[:], 0); end > 0 {
-		end += i
-	}
-	return w, end
 }
 
 // shortKeyAt reads the short key at b[i] == '"', where b holds shortKey+2
