@@ -80,8 +80,13 @@ type Event struct {
 }
 
 // Member is a member of a property object: the offsets in Event.Raw of
-// its key's opening quote, of its value's first byte and past its value.
-type Member struct{ Key, From, To int32 }
+// its key's opening quote, of its value's first byte and past its value;
+// for a key of at most 16 bytes without escapes, its length + 1 (Short;
+// 0: not such a key) and its bytes in two zero-padded little-endian words.
+type Member struct {
+	Key, From, To, Short int32
+	Lo, Hi               uint64
+}
 
 // PropMembers returns the members of e's event_properties (k 0) or
 // user_properties (k 1), in order, as Parse recorded them (PlanMembers);
@@ -639,9 +644,27 @@ func (p *parser) propMembers(e *Event, f, i, start int) int {
 			if i >= len(b) || b[i] != '"' {
 				return -1
 			}
-			k := i
-			if i, _ = scanString(b, i); i < 0 {
-				return -1
+			m := Member{Key: int32(i - start)}
+			if i+2+shortFieldLen <= len(b) {
+				// The key's words, as eventKey reads them (the plan looks
+				// the key up by them).
+				w := b[i+1 : i+2+shortFieldLen]
+				lo, hi := binary.LittleEndian.Uint64(w), binary.LittleEndian.Uint64(w[8:])
+				n := shortFieldLen
+				if s := stringStops(lo); s != 0 {
+					n = bits.TrailingZeros64(s) >> 3
+				} else if s := stringStops(hi); s != 0 {
+					n = 8 + bits.TrailingZeros64(s)>>3
+				}
+				if w[n] == '"' {
+					m.Short, m.Lo, m.Hi = int32(n+1), lo&keyMasks[n][0], hi&keyMasks[n][1]
+					i += n + 2
+				}
+			}
+			if m.Short == 0 {
+				if i, _ = scanString(b, i); i < 0 {
+					return -1
+				}
 			}
 			if i = colonWS(b, i); i < 0 {
 				return -1
@@ -652,7 +675,8 @@ func (p *parser) propMembers(e *Event, f, i, start int) int {
 				return -1
 			}
 			deepest = max(deepest, d+1)
-			p.req.members = append(p.req.members, Member{int32(k - start), int32(i - start), int32(end - start)})
+			m.From, m.To = int32(i-start), int32(end-start)
+			p.req.members = append(p.req.members, m)
 			if i = skipWS(b, end); i >= len(b) {
 				return -1
 			}

@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"bytes"
 	"regexp/syntax"
 	"unicode/utf8"
 )
@@ -10,10 +11,11 @@ import (
 // in a few nanoseconds, instead of Go's regexp. A pattern it cannot check
 // exactly as regexp would (see simple) keeps regexp.
 
-// piece is one item of a simple pattern: a run of min to max (-1: no
-// bound) runes of one set.
+// piece is one item of a simple pattern: a literal, or a run of min to
+// max (-1: no bound) runes of one set.
 type piece struct {
 	set      [2]uint64 // ASCII runes of the set, by bit
+	lit      string    // a literal: its bytes in order (set: their union)
 	any      bool      // any rune but '\n' (set unused); only as the last piece
 	min, max int
 }
@@ -67,16 +69,16 @@ func (m *matcher) add(t *syntax.Regexp) bool {
 	case syntax.OpCapture:
 		return m.add(t.Sub[0])
 	case syntax.OpLiteral:
-		if t.Flags&syntax.FoldCase != 0 {
-			return false
-		}
+		// One piece of one rune per byte, matched as one compare.
+		p := piece{min: 1, max: 1}
 		for _, r := range t.Rune {
-			p, ok := one(&syntax.Regexp{Op: syntax.OpLiteral, Rune: []rune{r}})
-			if !ok {
+			if r >= utf8.RuneSelf || t.Flags&syntax.FoldCase != 0 {
 				return false
 			}
-			*m = append(*m, p)
+			p.set[r>>6] |= 1 << (r & 63)
+			p.lit += string(r)
 		}
+		*m = append(*m, p)
 		return true
 	case syntax.OpStar, syntax.OpPlus, syntax.OpQuest, syntax.OpRepeat:
 		if t.Flags&syntax.NonGreedy != 0 {
@@ -144,12 +146,20 @@ func (m matcher) match(s []byte) bool {
 	i := 0
 	for k := range m {
 		p := &m[k]
+		if p.lit != "" {
+			if len(s)-i < len(p.lit) || string(s[i:i+len(p.lit)]) != p.lit {
+				return false
+			}
+			i += len(p.lit)
+			continue
+		}
 		if p.any { // the last piece
 			rest := s[i:]
-			for _, c := range rest {
-				if c == '\n' {
-					return false
-				}
+			if bytes.IndexByte(rest, '\n') >= 0 {
+				return false
+			}
+			if p.min == 0 && p.max < 0 {
+				return true
 			}
 			n := utf8.RuneCount(rest)
 			return n >= p.min && (p.max < 0 || n <= p.max)

@@ -95,32 +95,31 @@ func (c *compiled) cleanAt(req *event.Request, e *event.Event) bool {
 	return len(vs) == 0
 }
 
-// ruleOf is the rule of the key at raw[k] in t or rules: rulesFor's
-// lookup, the key's end found here.
-func ruleOf(raw []byte, k int, t *keyTable[rule], rules map[string]*rule, buf *[]byte) *rule {
-	if k+2+shortKey <= len(raw) && len(t.slots) > 0 {
-		// keyAt's short path, inlined here.
-		if w, end := shortKeyAt(raw, k); end > 0 {
-			if r := t.lookup(w); r != nil {
-				return r
-			}
+// ruleOf is the rule of m's key in t or rules: rulesFor's lookup, from
+// the key's words when the parser read them.
+func ruleOf(raw []byte, m *event.Member, t *keyTable[rule], rules map[string]*rule, buf *[]byte) *rule {
+	if m.Short > 0 && len(t.slots) > 0 {
+		if r := t.lookup(keyWords{m.Lo, m.Hi, int(m.Short - 1)}); r != nil {
+			return r
 		}
 	}
-	m := members{b: raw}
+	k := int(m.Key)
+	ms := members{b: raw}
 	var end int
-	if end, m.esc, m.words, m.short = keyAt(raw, k); end < 0 {
+	if end, ms.esc, ms.words, ms.short = keyAt(raw, k); end < 0 {
 		return nil
 	}
-	m.key = span{k, end}
-	return rulesFor(t, rules, &m, buf)
+	ms.key = span{k, end}
+	return rulesFor(t, rules, &ms, buf)
 }
 
 // propsClean is props on the recorded members ms: whether they break none
 // of rules.
 func (c *compiled) propsClean(raw []byte, ms []event.Member, rules *eventRules, v *verdict) bool {
 	seen := 0
-	for _, m := range ms {
-		r := ruleOf(raw, int(m.Key), &rules.table, rules.props, &v.keybuf)
+	for i := range ms {
+		m := &ms[i]
+		r := ruleOf(raw, m, &rules.table, rules.props, &v.keybuf)
 		if r == nil {
 			return false
 		}
@@ -137,10 +136,11 @@ func (c *compiled) propsClean(raw []byte, ms []event.Member, rules *eventRules, 
 
 // userPropsClean is userProps on the recorded members ms.
 func (c *compiled) userPropsClean(raw []byte, ms []event.Member, v *verdict) bool {
-	for _, m := range ms {
+	for i := range ms {
+		m := &ms[i]
 		k := int(m.Key)
 		if raw[k+1] != '$' {
-			r := ruleOf(raw, k, &c.userTable, c.users, &v.keybuf)
+			r := ruleOf(raw, m, &c.userTable, c.users, &v.keybuf)
 			if r == nil || !r.passes(raw[m.From]) && len(r.check(raw, span{int(m.From), int(m.To)}, true, nil, v)) > 0 {
 				return false
 			}
@@ -169,11 +169,14 @@ func memberAt(raw []byte, k int32, name string) (int, bool) {
 	if k == 0 {
 		return -1, true
 	}
-	i := int(k)
-	if i < 0 || i+len(name)+2 > len(raw) || raw[i] != '"' || string(raw[i+1:i+1+len(name)]) != name || raw[i+1+len(name)] != '"' {
+	// The parser found a key spelling name at k: it is written as name
+	// when it ends where name would (an escape lengthens it, and name has
+	// no quote).
+	i := int(k) + len(name) + 2
+	if k < 0 || i > len(raw) || raw[i-1] != '"' {
 		return -1, false
 	}
-	i = skipWS(raw, i+len(name)+2)
+	i = skipWS(raw, i)
 	if i >= len(raw) || raw[i] != ':' {
 		return -1, false
 	}

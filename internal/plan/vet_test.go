@@ -112,3 +112,30 @@ func TestVetSeeds(t *testing.T) {
 		}
 	}
 }
+
+// TestMemberWords: the parser gives a short key's words as wordsOf does
+// (a wrong word would only send the key to the map, so no verdict shows it).
+func TestMemberWords(t *testing.T) {
+	ev := `{"device_id":"d-12345","event_type":"Search","event_properties":{"":1,"q":2,"sixteen_bytes_16":3,"seventeen_bytes_17":4,"a\u0062":5},` +
+		`"user_properties":{"plan":"free","beta":true}}` // beta: too near the body's end
+	req := event.Request{PlanMembers: true}
+	if err := event.Parse([]byte(`{"api_key":"k","events":[`+ev+`]}`), &req); err != nil {
+		t.Fatal(err)
+	}
+	e := &req.Events[0]
+	for k, want := range [][]string{{"", "q", "sixteen_bytes_16", "-", "-"}, {"plan", "-"}} {
+		ms, _ := req.PropMembers(e, k)
+		if len(ms) != len(want) {
+			t.Fatalf("object %d: %d members, want %d", k, len(ms), len(want))
+		}
+		for i, m := range ms {
+			if want[i] == "-" {
+				if m.Short != 0 {
+					t.Errorf("member %d of %d: short, want not", i, k)
+				}
+			} else if got := (keyWords{m.Lo, m.Hi, int(m.Short - 1)}); got != wordsOf(want[i]) {
+				t.Errorf("member %d of %d: words %v, want those of %q", i, k, got, want[i])
+			}
+		}
+	}
+}
