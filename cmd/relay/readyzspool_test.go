@@ -91,3 +91,15 @@ func TestReadyzCheckpointsFail(t *testing.T) {
 		t.Fatalf("ingest %d %s once ready again", code, body)
 	}
 }
+
+// TestNotReadyBeforeIngestListens: the admin listener, and so /readyz, is
+// up before the ingest listener is bound; until it is, the relay is not
+// ready (a load balancer, or a test, that saw 200 would have its first
+// request refused).
+func TestNotReadyBeforeIngestListens(t *testing.T) {
+	s := &server{}
+	s.spoolOpen.Store(true)
+	if err := s.ready(nil); err == nil || !strings.Contains(err.Error(), "ingest listener not open yet") {
+		t.Fatalf("ready before the ingest listener is bound: %v", err)
+	}
+}

@@ -246,7 +246,10 @@ type server struct {
 	reload   *configReloader
 	reg      *prometheus.Registry
 	stopping atomic.Bool
-	sandbox  *sim.Sim // sandbox mode's simulator; nil otherwise
+	// listening is set once the ingest listener is bound: the admin
+	// listener, and so /readyz, is up before it.
+	listening atomic.Bool
+	sandbox   *sim.Sim // sandbox mode's simulator; nil otherwise
 
 	// openStore's.
 	sp        *spool.Spool
@@ -514,13 +517,16 @@ func (s *server) openShared() error {
 }
 
 // ready is nil while the relay is ready (/readyz and relay_ready): not while
-// stopping, while ingest would refuse, or while a delivery is not running.
+// stopping, before the ingest listener is bound, while ingest would refuse,
+// or while a delivery is not running.
 func (s *server) ready(dl *deliveries) error {
 	switch {
 	case s.stopping.Load():
 		return errShuttingDown
 	case !s.spoolOpen.Load():
 		return errors.New("spool closed")
+	case !s.listening.Load():
+		return errors.New("ingest listener not open yet")
 	}
 	if err := s.sp.Stats().Refusing; err != nil { // a full disk at start, failing checkpoints
 		return err
@@ -729,6 +735,7 @@ func (s *server) startIngest(admin *adminapi.Server) error {
 	if err != nil {
 		return fmt.Errorf("ingest listener: %w", err)
 	}
+	s.listening.Store(true)
 	s.g.run("ingest listener", func() error { return ing.Serve(ingLn) })
 	s.lc.onStop("ingest listener", func(ctx context.Context) error {
 		// In-flight requests wait only for spool commits; they get the
