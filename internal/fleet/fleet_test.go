@@ -1575,22 +1575,7 @@ func (e *testEnv) testLayoutFound(t *testing.T) {
 func (e *testEnv) testRemoval(t *testing.T) {
 	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1})
 	ctx := bg(t)
-	for i := 1; i <= 3; i++ {
-		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", i)}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	st, err := f.js.Stream(ctx, f.n.streamOf(storage.KindEvents, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	present := func(seq uint64) bool {
-		_, err := st.GetMsg(ctx, seq)
-		if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-			t.Fatal(err)
-		}
-		return err == nil
-	}
+	present := storedOfDevice(t, ctx, f, 3)
 	type step struct {
 		msgs []*Message
 		err  error
@@ -1668,22 +1653,7 @@ func (e *testEnv) testRemoval(t *testing.T) {
 func (e *testEnv) testRemovalNak(t *testing.T) {
 	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1})
 	ctx := bg(t)
-	for i := 1; i <= 2; i++ {
-		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", i)}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	st, err := f.js.Stream(ctx, f.n.streamOf(storage.KindEvents, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	present := func(seq uint64) bool {
-		_, err := st.GetMsg(ctx, seq)
-		if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-			t.Fatal(err)
-		}
-		return err == nil
-	}
+	present := storedOfDevice(t, ctx, f, 2)
 	type result struct {
 		naked, again uint64
 		kept         bool // the Nak'd message still stored after the later one's Ack
@@ -1993,23 +1963,7 @@ func (e *testEnv) testAckWithoutConsumer(t *testing.T) {
 func (e *testEnv) testAckLater(t *testing.T) {
 	f := e.open(t, e.connect(t), Config{Namespace: e.namespace(), Partitions: 1})
 	ctx := bg(t)
-	for i := 1; i <= 3; i++ {
-		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", i)}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	stream := f.n.streamOf(storage.KindEvents, 0)
-	st, err := f.js.Stream(ctx, stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	present := func(seq uint64) bool {
-		_, err := st.GetMsg(ctx, seq)
-		if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-			t.Fatal(err)
-		}
-		return err == nil
-	}
+	present := storedOfDevice(t, ctx, f, 3)
 	p, err := f.openPartition(ctx, ctx, storage.KindEvents, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -2087,5 +2041,27 @@ func (e *testEnv) testRecentRead(t *testing.T) {
 	f.recent.mu.Unlock()
 	if kept != 0 {
 		t.Errorf("%d kept messages not taken by the reader", kept)
+	}
+}
+
+// storedOfDevice appends n records of one device to f's events partition 0
+// and returns whether a stream sequence of that partition is still stored.
+func storedOfDevice(t *testing.T, ctx context.Context, f *Fleet, n int) (present func(seq uint64) bool) {
+	t.Helper()
+	for i := 1; i <= n; i++ {
+		if err := f.Append(ctx, Request{Lane: lane, Records: []storage.Record{rec("d:a", i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := f.js.Stream(ctx, f.n.streamOf(storage.KindEvents, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func(seq uint64) bool {
+		_, err := st.GetMsg(ctx, seq)
+		if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			t.Fatal(err)
+		}
+		return err == nil
 	}
 }
