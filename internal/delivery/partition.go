@@ -304,6 +304,9 @@ type fentry struct {
 	seq     uint64
 	n       int64 // m's bytes
 	counted bool  // n is counted in pt.queued (false: read again by the runner)
+	// spilling: m is dropped but the store is not told yet; the runner
+	// must not ask the store to read it again before (see spilt).
+	spilling bool
 }
 
 // spiller is what a partition's reader may also do (the fleet's): drop the
@@ -332,12 +335,12 @@ func (f *Feed) push(m *storage.Message, n int64) bool {
 	f.waitRecords.Add(int64(len(m.Records)))
 	f.waitBytes.Add(n)
 	if pt.spill != nil && (f.nspilled > 0 || stopped) {
-		f.q = append(f.q, fentry{seq: m.Seq})
+		f.q = append(f.q, fentry{seq: m.Seq, spilling: true})
 		f.nspilled++
 		f.mu.Unlock()
 		pt.queued.Add(-n)
 		pt.spilled.Add(1)
-		pt.spill.Spill(m.Seq)
+		f.spilt([]uint64{m.Seq})
 	} else {
 		f.q = append(f.q, fentry{m: m, seq: m.Seq, n: n, counted: true})
 		f.loaded += n
@@ -361,20 +364,37 @@ func (f *Feed) spillQueued() {
 		}
 		seqs = append(seqs, e.seq)
 		n += e.n
-		*e = fentry{seq: e.seq}
+		*e = fentry{seq: e.seq, spilling: true}
 		f.nspilled++
 	}
 	f.loaded -= n
 	f.mu.Unlock()
 	pt.spilled.Add(int64(len(seqs)))
 	pt.took(n)
-	for _, s := range seqs {
-		pt.spill.Spill(s)
-	}
 	if len(seqs) > 0 {
+		f.spilt(seqs)
 		pt.p.log.Info("lane takes nothing: its queued messages spilled (read again when it can take them)",
 			zap.String("lane", f.run.label), zap.Int("messages", len(seqs)))
 	}
+}
+
+// spilt tells the store that the queue's entries marked spilling (seqs)
+// are spilled, then lets the runner read them again. Only the partition's
+// reader goroutine spills (route, evict), and the runner takes no entry
+// marked, so the entries marked are seqs'.
+func (f *Feed) spilt(seqs []uint64) {
+	for _, s := range seqs {
+		f.pt.spill.Spill(s)
+	}
+	f.mu.Lock()
+	for i, left := len(f.q)-1, len(seqs); i >= 0 && left > 0; i-- {
+		if f.q[i].spilling {
+			f.q[i].spilling = false
+			left--
+		}
+	}
+	f.mu.Unlock()
+	poke(f.wake)
 }
 
 // reread reads the spilled message at the head of the queue again; false
@@ -423,7 +443,7 @@ func (f *Feed) Wait(ctx context.Context, onIdle func() bool) error {
 	var idle *time.Timer // not stopped on return: an unreferenced timer is collected (Go 1.23)
 	for {
 		f.mu.Lock()
-		if len(f.q) > 0 {
+		if len(f.q) > 0 && !f.q[0].spilling {
 			head := f.q[0]
 			f.mu.Unlock()
 			if head.m == nil && !f.reread(ctx, head.seq) { // spilled: read it again first
@@ -431,7 +451,7 @@ func (f *Feed) Wait(ctx context.Context, onIdle func() bool) error {
 			}
 			return nil
 		}
-		empty := len(f.out) == 0
+		empty := len(f.q) == 0 && len(f.out) == 0
 		f.mu.Unlock()
 		if onIdle != nil {
 			onIdle()
