@@ -509,7 +509,7 @@ func Load(args []string, environ []string, extra ...func(*flag.FlagSet)) (Config
 		if o.secret && v != "" {
 			shown = Masked
 		}
-		c.Settings = append(c.Settings, Setting{Name: o.name, Value: shown, Origin: org, Secret: o.secret})
+		c.Settings = append(c.Settings, Setting{Name: o.name, Value: shown, Origin: org})
 		if err := o.apply(&c, v); err != nil {
 			return Config{}, fmt.Errorf("%s (from %s): %w", c.label(o.name), org.describe(o.name), err)
 		}
