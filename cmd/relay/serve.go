@@ -523,7 +523,7 @@ func (s *server) openShared() error {
 func (s *server) ready(dl *deliveries) error {
 	switch {
 	case s.stopping.Load():
-		return errShuttingDown
+		return errors.New("shutting down (draining): ingest refuses new requests")
 	case !s.spoolOpen.Load():
 		return errors.New("spool closed")
 	case !s.listening.Load():
