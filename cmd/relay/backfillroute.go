@@ -115,8 +115,6 @@ func (m *liveMeter) rate(apiKey string) float64 {
 	return w.prev*(1-now.Sub(w.start).Seconds()) + w.cur
 }
 
-func (m *liveMeter) begin() { m.active.Add(1) }
-
 func (m *liveMeter) end() {
 	if m.active.Add(-1) == 0 {
 		m.mu.Lock()
@@ -195,7 +193,7 @@ func (b *backfills) stop(context.Context) error {
 }
 
 func (b *backfills) start(j *bfJob) {
-	b.meter.begin()
+	b.meter.active.Add(1)
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()

@@ -36,10 +36,7 @@ func forwardingRoutes(bases upstreamBases, creds *credentials.Ref, taxLim *ratel
 		forward.Export(analytics),
 		usermap.ReadAPI(analytics),
 	)
-	if err != nil {
-		return nil, nil, err
-	}
-	return routes, fwd, nil
+	return routes, fwd, err
 }
 
 // upstreamBases are the upstream bases of the flags by flag name

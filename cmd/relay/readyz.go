@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"syscall"
 	"time"
@@ -51,6 +50,3 @@ func upstreamInfo(c *upstream.Client, now time.Time) string {
 	}
 	return fmt.Sprintf("upstream: unreachable (last request: %s, %s ago)\n", o.Status, ago)
 }
-
-// errShuttingDown is /readyz's reason once a stop began.
-var errShuttingDown = errors.New("shutting down (draining): ingest refuses new requests")

@@ -104,10 +104,6 @@ type reloadResult struct {
 	NeedsRestart []string        `json:"needs_restart"` // changed but kept
 }
 
-// errNoReload is returned when serve was given no way to read the
-// configuration again.
-var errNoReload = errors.New("this relay cannot read its configuration again")
-
 // reload reads the configuration again and puts it in force; by names what
 // asked (SIGHUP, the endpoint), for the log.
 func (r *configReloader) reload(by string) reloadResult {
@@ -118,7 +114,7 @@ func (r *configReloader) reload(by string) reloadResult {
 	r.mu.Unlock()
 	res := reloadResult{Changed: []settingChange{}, NeedsRestart: []string{}}
 	var next config.Config
-	err := errNoReload
+	err := errors.New("this relay cannot read its configuration again") // serve was given no load
 	if r.load != nil {
 		next, err = r.load()
 	}

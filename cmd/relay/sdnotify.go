@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"net"
-	"os"
 	"strings"
 )
 
@@ -15,9 +14,6 @@ import (
 type notifier struct {
 	addr string // NOTIFY_SOCKET; "" means not under systemd
 }
-
-// newNotifier reads NOTIFY_SOCKET from the process environment.
-func newNotifier() notifier { return notifier{addr: os.Getenv("NOTIFY_SOCKET")} }
 
 // notify sends state, e.g. "READY=1". An abstract socket is named with a
 // leading '@'.

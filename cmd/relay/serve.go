@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"os"
 	"runtime"
 	"runtime/debug"
 	"sync"
@@ -283,7 +284,7 @@ type server struct {
 // spool, stop the simulator.
 func serveWith(ctx context.Context, resetSignals func(), cfg config.Config, log *zap.Logger, hooks serveHooks) (err error) {
 	s := &server{cfg: cfg, log: log, hooks: hooks, lc: &lifecycle{log: log}, g: &goroutines{failed: make(chan error, 1)},
-		sd: newNotifier(), onHUP: &reloaders{}}
+		sd: notifier{addr: os.Getenv("NOTIFY_SOCKET")}, onHUP: &reloaders{}}
 	defer func() { err = s.stop(err) }()
 	if err := s.begin(); err != nil {
 		return err
@@ -522,7 +523,7 @@ func (s *server) openShared() error {
 func (s *server) ready(dl *deliveries) error {
 	switch {
 	case s.stopping.Load():
-		return errShuttingDown
+		return errors.New("shutting down (draining): ingest refuses new requests")
 	case !s.spoolOpen.Load():
 		return errors.New("spool closed")
 	case !s.listening.Load():

@@ -42,26 +42,22 @@ func guardSpoolUpstream(sp *spool.Spool, id string, allow bool, log *zap.Logger)
 	for _, l := range sp.Lanes() {
 		waiting += l.Stats().Records
 	}
+	ask := prev // how to ask for prev on the command line
+	if prev == sandboxUpstream {
+		ask = `"" (sandbox mode)`
+	}
 	switch {
 	case prev == "" || waiting == 0:
 		// A spool from before the guard, or nothing waits: nothing to
 		// protect.
 	case !allow:
 		return fmt.Errorf("%w: the spool holds %d undelivered records accepted for upstream %q, but this start would deliver them to %q; start with --ingest-url %s, or give --spool-upstream-change=allow to send them there",
-			errUpstreamChanged, waiting, prev, id, describeIngestURL(prev))
+			errUpstreamChanged, waiting, prev, id, ask)
 	default:
 		log.Warn("delivering records waiting in the spool to another upstream than they were accepted for (--spool-upstream-change=allow)",
 			zap.Int64("records", waiting), zap.String("accepted_for", prev), zap.String("upstream", id))
 	}
 	return sp.SetUpstream(id)
-}
-
-// describeIngestURL is how to ask for upstream id on the command line.
-func describeIngestURL(id string) string {
-	if id == sandboxUpstream {
-		return `"" (sandbox mode)`
-	}
-	return id
 }
 
 // reloadUpstreamGuard is what a reload that changes --ingest-url passes

@@ -311,7 +311,7 @@ func events(l line, dropped map[string]int64) ([][]byte, error) {
 	out := make([][]byte, 0, len(objs))
 	for i, o := range objs {
 		if s, ok := stringOf(o["insert_id"]); !ok || s == "" {
-			o["insert_id"] = mustJSON(derivedID(l, i))
+			o["insert_id"] = json.RawMessage(strconv.Quote(derivedID(l, i)))
 		}
 		if ip, _ := stringOf(o["ip"]); ip == "$remote" {
 			delete(o, "ip") // there is no client address to fill in
@@ -382,11 +382,6 @@ func stringOf(raw json.RawMessage) (string, bool) {
 		return "", false
 	}
 	return s, true
-}
-
-func mustJSON(v any) json.RawMessage {
-	b, _ := json.Marshal(v)
-	return b
 }
 
 // DroppedSummary lists the dropped fields and their counts, most first.

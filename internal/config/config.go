@@ -509,7 +509,7 @@ func Load(args []string, environ []string, extra ...func(*flag.FlagSet)) (Config
 		if o.secret && v != "" {
 			shown = Masked
 		}
-		c.Settings = append(c.Settings, Setting{Name: o.name, Value: shown, Origin: org, Secret: o.secret})
+		c.Settings = append(c.Settings, Setting{Name: o.name, Value: shown, Origin: org})
 		if err := o.apply(&c, v); err != nil {
 			return Config{}, fmt.Errorf("%s (from %s): %w", c.label(o.name), org.describe(o.name), err)
 		}
@@ -692,8 +692,28 @@ func (c Config) Validate() error {
 			" is not a loopback address and no admin-token (or admin-token-file) is set: anyone who reaches it could read and replay dead letters, stop lanes and call the forwarded APIs; " +
 			"set admin-token-file, listen on 127.0.0.1, or set admin-insecure-open to serve it open"}
 	}
-	if err := c.validateFleet(); err != nil {
-		return err
+	// Fleet mode.
+	if c.SpoolPartitions < 1 || c.SpoolPartitions > 256 {
+		return settingErr("spool-partitions", "%d: want 1 to 256", c.SpoolPartitions)
+	}
+	if c.SpoolStreams < 0 || c.SpoolStreams > c.SpoolPartitions {
+		return settingErr("spool-streams", "%d: want 0 (the default) to --spool-partitions (%d)", c.SpoolStreams, c.SpoolPartitions)
+	}
+	for _, f := range []struct{ name, v string }{
+		{"nats-creds", c.NATSCreds}, {"nats-tls-ca", c.NATSTLSCA}, {"nats-tls-cert", c.NATSTLSCert}, {"nats-tls-key", c.NATSTLSKey},
+	} {
+		if f.v == "" {
+			continue
+		}
+		if c.SpoolNATS == nil {
+			return settingErr(f.name, "is only for --spool nats://host:port")
+		}
+		if _, err := os.Stat(f.v); err != nil {
+			return settingErr(f.name, "%v", err) // the path, never a secret
+		}
+	}
+	if (c.NATSTLSCert == "") != (c.NATSTLSKey == "") {
+		return &SettingError{Names: []string{"nats-tls-cert", "nats-tls-key"}, Msg: "and nats-tls-key go together: set both or neither"}
 	}
 	// The ingest listener's errors name only the setting that was set
 	// (Load adds where from), never as a flag one not given.
@@ -780,32 +800,4 @@ func ParseSpool(v string) ([]string, error) {
 		}
 	}
 	return out, nil
-}
-
-// validateFleet checks the fleet-mode settings.
-func (c Config) validateFleet() error {
-	if c.SpoolPartitions < 1 || c.SpoolPartitions > 256 {
-		return settingErr("spool-partitions", "%d: want 1 to 256", c.SpoolPartitions)
-	}
-	if c.SpoolStreams < 0 || c.SpoolStreams > c.SpoolPartitions {
-		return settingErr("spool-streams", "%d: want 0 (the default) to --spool-partitions (%d)", c.SpoolStreams, c.SpoolPartitions)
-	}
-	files := []struct{ name, v string }{
-		{"nats-creds", c.NATSCreds}, {"nats-tls-ca", c.NATSTLSCA}, {"nats-tls-cert", c.NATSTLSCert}, {"nats-tls-key", c.NATSTLSKey},
-	}
-	for _, f := range files {
-		if f.v == "" {
-			continue
-		}
-		if c.SpoolNATS == nil {
-			return settingErr(f.name, "is only for --spool nats://host:port")
-		}
-		if _, err := os.Stat(f.v); err != nil {
-			return settingErr(f.name, "%v", err) // the path, never a secret
-		}
-	}
-	if (c.NATSTLSCert == "") != (c.NATSTLSKey == "") {
-		return &SettingError{Names: []string{"nats-tls-cert", "nats-tls-key"}, Msg: "and nats-tls-key go together: set both or neither"}
-	}
-	return nil
 }

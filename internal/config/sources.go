@@ -15,7 +15,6 @@ type Setting struct {
 	Name   string // the flag name, e.g. "ingest-url"
 	Value  string // as given; a secret's value is Masked, a URL's password too
 	Origin Origin
-	Secret bool // the value is a secret (masked)
 }
 
 // Masked replaces a secret's value in Setting.Value.

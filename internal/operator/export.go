@@ -89,12 +89,6 @@ type donePiece struct {
 	Bytes int64  `json:"bytes"`
 }
 
-func (d donePiece) rng() forward.ExportRange {
-	s, _ := time.Parse(forward.ExportHourFormat, d.Start)
-	e, _ := time.Parse(forward.ExportHourFormat, d.End)
-	return forward.ExportRange{Start: s, End: e}
-}
-
 type exporter struct {
 	cl         *client
 	base       string
@@ -212,7 +206,9 @@ func (x *exporter) saveState() error {
 func (x *exporter) todo() []forward.ExportRange {
 	done := make([]forward.ExportRange, 0, len(x.state.Pieces))
 	for _, d := range x.state.Pieces {
-		done = append(done, d.rng())
+		s, _ := time.Parse(forward.ExportHourFormat, d.Start)
+		e, _ := time.Parse(forward.ExportHourFormat, d.End)
+		done = append(done, forward.ExportRange{Start: s, End: e})
 	}
 	sort.Slice(done, func(i, j int) bool { return done[i].Start.Before(done[j].Start) })
 	var out []forward.ExportRange
