@@ -189,6 +189,7 @@ func TestSimTaxonomyLifecycle(t *testing.T) {
 		{"DELETE", p + "/event/Sign%20up", a, "", 200, ""}, // planned: removed
 		{"GET", p + "/event/Sign%20up", a, "", 400, ""},
 		{"DELETE", p + "/event/live_ev", a, "", 200, ""},
+		{"GET", p + "/event/live_ev?showDeleted=true", a, "", 400, "event type not found"},
 		{"DELETE", p + "/event/live_ev", a, "", 400, "deleted"},
 		{"GET", p + "/event", a, "", 200, "unexp_ev"},
 		{"GET", p + "/event?showDeleted=true", a, "", 200, "live_ev"},
@@ -212,6 +213,7 @@ func TestSimTaxonomyLifecycle(t *testing.T) {
 		{"PUT", p + "/event-property/plan", a, "event_type=live_ev&overrideScope=override&classifications=PII", 400, "classifications"},
 		{"PUT", p + "/event-property/plan", a, "classifications=PII", 200, ""},
 		{"DELETE", p + "/event-property/plan?event_type=live_ev", a, "", 200, ""},
+		{"GET", p + "/event-property?event_type=live_ev&showDeleted=true", a, "", 200, `"data":[]`},
 		{"DELETE", p + "/event-property/plan", a, "event_type=live_ev", 409, ""},
 		{"POST", p + "/event-property/plan/restore", a, "event_type=live_ev", 201, ""},
 		{"POST", p + "/user-property", a, "", 400, "user_property"},
@@ -224,6 +226,7 @@ func TestSimTaxonomyLifecycle(t *testing.T) {
 		{"GET", p + "/user-property/tier", a, "", 200, `"description":"v"`},
 		{"PUT", p + "/user-property/plan", a, "description=w", 409, "user property not found"},
 		{"DELETE", p + "/user-property/tier", a, "", 200, ""},
+		{"GET", p + "/user-property/tier?showDeleted=true", a, "", 200, `"deleted":true`},
 		{"GET", p + "/user-property", a, "", 200, `"data":[]`},
 		{"GET", p + "/user-property?showDeleted=true", a, "", 200, `"deleted":true`},
 		{"POST", p + "/group-property", a, "group_type=org", 400, "group_property"},

@@ -159,9 +159,8 @@ func (q *taxReq) update(m map[string]*taxEntity, name, newName, what string, fie
 }
 
 // list answers m's entities by name as view shows them, deleted ones only
-// with showDeleted=true.
-func (q *taxReq) list(m map[string]*taxEntity, view func(string, *taxEntity) map[string]any) (int, any) {
-	deleted := q.form.Get("showDeleted") == "true"
+// when deleted.
+func (q *taxReq) list(m map[string]*taxEntity, deleted bool, view func(string, *taxEntity) map[string]any) (int, any) {
 	out := []any{}
 	for _, n := range sortedKeys(m) {
 		if e := m[n]; e.state != "deleted" || deleted {
@@ -291,7 +290,7 @@ func (s *Sim) registerTaxonomy() {
 		return q.create(q.p.events, q.form.Get("event_type"), "event type", eventFields)
 	}, "event_type")
 	r("GET /api/2/taxonomy/event", func(q *taxReq) (int, any) {
-		return q.list(q.p.events, eventView)
+		return q.list(q.p.events, q.form.Get("showDeleted") == "true", eventView)
 	})
 	r("GET /api/2/taxonomy/event/{event_type}", func(q *taxReq) (int, any) {
 		n := q.r.PathValue("event_type")
@@ -356,13 +355,7 @@ func (s *Sim) registerTaxonomy() {
 		if et != "" {
 			m = q.p.overrides[et]
 		}
-		out := []any{}
-		for _, n := range sortedKeys(m) {
-			if m[n].state != "deleted" {
-				out = append(out, propView(n, et, m[n]))
-			}
-		}
-		return taxOK(http.StatusOK, out)
+		return q.list(m, false, func(n string, e *taxEntity) map[string]any { return propView(n, et, e) })
 	})
 	r("PUT /api/2/taxonomy/event-property/{event_property}", func(q *taxReq) (int, any) {
 		name := q.r.PathValue("event_property")
@@ -439,7 +432,7 @@ func (s *Sim) registerTaxonomy() {
 		return q.create(q.p.users, userName(q.form.Get("user_property")), "user property", userFields)
 	}, "user_property")
 	r("GET /api/2/taxonomy/user-property", func(q *taxReq) (int, any) {
-		return q.list(q.p.users, userView)
+		return q.list(q.p.users, q.form.Get("showDeleted") == "true", userView)
 	})
 	r("GET /api/2/taxonomy/user-property/{user_property}", func(q *taxReq) (int, any) {
 		n := userName(q.r.PathValue("user_property"))
