@@ -15,9 +15,9 @@ import (
 //
 // State per organization (the SCIM token's): users keyed by lower-cased
 // email (pending or joined, both reported active) and groups with numeric
-// ids. Rate: Knobs.SCIMLimit requests per SCIMWindow per organization,
-// counted at arrival after authentication; above it 429 with Retry-After
-// (the refused call is not counted). Errors use the SCIM error schema
+// ids. Rate: Knobs.SCIMLimit requests per SCIMWindow per organization (100
+// per minute), counted at arrival after authentication; above it 429 with
+// Retry-After (the refused call is not counted). Errors use the SCIM error schema
 // {"schemas":[ErrorSchema],"status":"400","scimType":...,"detail":...}.
 //
 //	GET    /scim/1/Users   startIndex (>=1, default 1), itemsPerPage (1..100,
@@ -45,10 +45,7 @@ const (
 	SCIMPatchOpSchema = "urn:ietf:params:scim:api:messages:2.0:PatchOp"
 	SCIMErrorSchema   = "urn:ietf:params:scim:api:messages:2.0:Error"
 	SCIMMaxPageSize   = 100
-	// SCIMRateLimit requests per SCIMRateWindow per organization.
-	SCIMRateLimit  = 100
-	SCIMRateWindow = time.Minute
-	scimMaxBody    = 1 << 20
+	scimMaxBody       = 1 << 20
 )
 
 type scimUser struct {

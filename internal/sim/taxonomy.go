@@ -32,16 +32,10 @@ import (
 // the override back.
 //
 // Limits per api key: cost GET 1, PUT/POST/DELETE 2; at most
-// TaxonomyMaxInFlight cost in flight and TaxonomyPeriodCost cost per
-// TaxonomyPeriod (Knobs); above either: 429 with Retry-After.
+// Knobs.TaxonomyMaxInFlight cost in flight (4) and TaxonomyPeriodCost cost
+// (7200) per TaxonomyPeriod (an hour); above either: 429 with Retry-After.
 
-// Taxonomy limits of the document.
-const (
-	TaxonomyMaxInFlight = 4
-	TaxonomyPeriodCost  = 7200
-	TaxonomyPeriod      = time.Hour
-	taxMaxBody          = 1 << 20
-)
+const taxMaxBody = 1 << 20
 
 type taxEntity struct {
 	state  string

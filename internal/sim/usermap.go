@@ -66,8 +66,6 @@ type MappingRead struct {
 // Mapping limits of the API reference.
 const (
 	MaxMappingsPerRequest = 2000
-	DefaultMappingLimit   = 1500
-	DefaultMappingWindow  = 30 * time.Second
 	MaxReadUserIDs        = 100
 )
 
