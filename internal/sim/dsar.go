@@ -34,9 +34,6 @@ import (
 //     (ExportRecord).
 //   - Jobs are kept per Sim (closures), not cleared by /sim/reset.
 
-// DSARRedirectTTL is how long an object storage address of a redirect lasts.
-const DSARRedirectTTL = 60 * time.Second
-
 type dsarJob struct {
 	id         int64
 	auth       string // Authorization of the creator
@@ -152,7 +149,7 @@ func (s *Sim) registerDSAR() {
 		}
 		var loc string
 		if status == 0 {
-			exp := strconv.FormatInt(s.cfg.Now().Add(DSARRedirectTTL).Unix(), 10)
+			exp := strconv.FormatInt(s.cfg.Now().Add(60*time.Second).Unix(), 10)
 			path := "/objects/dsar/" + strconv.FormatInt(job.id, 10) + "/" + strconv.Itoa(n)
 			loc = "http://" + r.Host + path + "?expires=" + exp + "&sig=" + st.sign(path, exp)
 		}
@@ -193,10 +190,7 @@ func (s *Sim) registerDSAR() {
 
 // job returns the job named by the path's {id}; s.mu held.
 func (st *dsarState) job(r *http.Request) *dsarJob {
-	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
-	if err != nil {
-		return nil
-	}
+	id, _ := strconv.ParseInt(r.PathValue("id"), 10, 64) // 0 when not a number: no job's
 	return st.jobs[id]
 }
 
