@@ -61,15 +61,9 @@ func (s *Sim) registerGroupIdentify() {
 	s.route("/groupidentify", routeHandler{
 		describe: func(in *incoming) { describeForm(in, "identification") },
 		serve: func(_ http.ResponseWriter, r *http.Request, in *incoming) (int, any) {
-			if status, body := refuseIngest(r, in); status != 0 {
-				return status, body
-			}
-			body, _ := url.ParseQuery(string(in.Body))
-			form := formParams(body, r.URL.Query())
-			apiKey := form.Get("api_key")
-			raws, fail := s.formItems(in, apiKey, "identification", form.Get("identification"), MaxGroupIdentifies, ErrTextInvalidGroupIdentify)
-			if fail != nil {
-				return fail.Code, fail
+			apiKey, raws, status, fail := s.formItems(r, in, "identification", false, MaxGroupIdentifies, ErrTextInvalidGroupIdentify)
+			if status != 0 {
+				return status, fail
 			}
 			s.mu.Lock()
 			defer s.mu.Unlock()
@@ -90,33 +84,38 @@ func (s *Sim) registerGroupIdentify() {
 	})
 }
 
-// formParams merges the fields of the form endpoints: those of first, and
-// the others of then.
-func formParams(first, then url.Values) url.Values {
+// formItems reads what the two form endpoints share: the form's fields are
+// the body's and the query's others (the query's first with queryFirst);
+// api_key must be given and valid, the field name a JSON array of 1 to most
+// objects. Its failure is refuseIngest's, or 400 with the upstream's text
+// (tooMany for more than most objects).
+func (s *Sim) formItems(r *http.Request, in *incoming, name string, queryFirst bool, most int, tooMany string) (
+	apiKey string, raws []json.RawMessage, status int, failure any) {
+	if status, body := refuseIngest(r, in); status != 0 {
+		return "", nil, status, body
+	}
+	form, _ := url.ParseQuery(string(in.Body))
+	then := r.URL.Query()
+	if queryFirst {
+		form, then = then, form
+	}
 	for k, vs := range then {
-		if _, ok := first[k]; !ok {
-			first[k] = vs
+		if _, ok := form[k]; !ok {
+			form[k] = vs
 		}
 	}
-	return first
-}
-
-// formItems checks what the two form endpoints share: apiKey (given and
-// valid) and the field name holding value, a JSON array of 1 to most
-// objects. On the first failure it answers 400 with the upstream's text
-// (tooMany for more than most objects) and returns false.
-func (s *Sim) formItems(in *incoming, apiKey, name, value string, most int, tooMany string) ([]json.RawMessage, *errBody) {
-	fail := func(b errBody) ([]json.RawMessage, *errBody) {
+	fail := func(b errBody) (string, []json.RawMessage, int, any) {
 		b.Code = http.StatusBadRequest
-		return nil, &b
+		return "", nil, b.Code, &b
 	}
-	if apiKey == "" {
+	if apiKey = form.Get("api_key"); apiKey == "" {
 		return fail(errBody{Error: ErrTextMissingField, MissingField: "api_key"})
 	}
 	in.Rec.KeyLabel = KeyLabel(apiKey)
 	if !s.validKey(apiKey) {
 		return fail(errBody{Error: ErrTextInvalidAPIKey})
 	}
+	value := form.Get(name)
 	if value == "" {
 		return fail(errBody{Error: ErrTextMissingField, MissingField: name})
 	}
@@ -128,7 +127,7 @@ func (s *Sim) formItems(in *incoming, apiKey, name, value string, most int, tooM
 	case len(raws) > most:
 		return fail(errBody{Error: tooMany})
 	}
-	return raws, nil
+	return apiKey, raws, 0, nil
 }
 
 // describeForm fills the log record of a form request (key label, item count).

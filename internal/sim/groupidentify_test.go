@@ -92,3 +92,23 @@ func TestGroupIdentifyReject(t *testing.T) {
 		t.Fatalf("stored %d, want 1", n)
 	}
 }
+
+// TestFormFieldPrecedence: a field in both the body and the query is the
+// body's for /groupidentify and the query's for /usermap.
+func TestFormFieldPrecedence(t *testing.T) {
+	s, base := start(t, Config{APIKeys: []string{"kb", "kq"}})
+	ident := `[{"group_type":"org","group_value":"acme"}]`
+	if a := wiretest.Post(t, base+"/groupidentify?api_key=kq", giForm("kb", ident), "Content-Type", formCT); a.Status != 200 {
+		t.Fatalf("groupidentify: %d %s", a.Status, a.Body)
+	}
+	if n, m := len(readOut[[]GroupIdentify](t, s, "/sim/groupidentify?api_key=kb")), len(readOut[[]GroupIdentify](t, s, "/sim/groupidentify?api_key=kq")); n != 1 || m != 0 {
+		t.Errorf("groupidentify stored for the body's key %d, the query's %d (want 1, 0)", n, m)
+	}
+	body := url.Values{"api_key": {"kb"}, "mapping": {`[{"user_id":"u1","global_user_id":"g"}]`}}.Encode()
+	if a := wiretest.Post(t, base+"/usermap?api_key=kq", []byte(body), "Content-Type", formCT); a.Status != 200 {
+		t.Fatalf("usermap: %d %s", a.Status, a.Body)
+	}
+	if um := readOut[UserMapState](t, s, "/sim/usermap"); len(um.Calls) != 1 || um.Calls[0].KeyLabel != KeyLabel("kq") {
+		t.Errorf("usermap calls %+v, want one of the query's key %s", um.Calls, KeyLabel("kq"))
+	}
+}

@@ -102,15 +102,9 @@ func (s *Sim) registerUserMap() {
 	s.route("/usermap", routeHandler{
 		describe: func(in *incoming) { describeForm(in, "mapping") },
 		serve: func(_ http.ResponseWriter, r *http.Request, in *incoming) (int, any) {
-			if status, body := refuseIngest(r, in); status != 0 {
-				return status, body
-			}
-			body, _ := url.ParseQuery(string(in.Body))
-			form := formParams(r.URL.Query(), body)
-			apiKey := form.Get("api_key")
-			raws, fail := s.formItems(in, apiKey, "mapping", form.Get("mapping"), MaxMappingsPerRequest, ErrTextInvalidMapping)
-			if fail != nil {
-				return fail.Code, fail
+			apiKey, raws, status, fail := s.formItems(r, in, "mapping", true, MaxMappingsPerRequest, ErrTextInvalidMapping)
+			if status != 0 {
+				return status, fail
 			}
 			var ms []MappingCall
 			s.mu.Lock()
