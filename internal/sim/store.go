@@ -7,7 +7,6 @@ import (
 	"hash/maphash"
 	"maps"
 	"math"
-	"net/http"
 	"slices"
 	"sort"
 	"time"
@@ -174,13 +173,6 @@ func (st *store) init(cfg *Config, seed maphash.Seed, knobs *Knobs) {
 	st.dedup = make(map[uint64]int64)
 	st.rates = make(map[string]*rateKey)
 	st.quotas = make(map[string]*quotaKey)
-}
-
-func (s *Sim) newRecord(r *http.Request) *Record {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.store.reqSeq++
-	return &Record{Seq: s.store.reqSeq, Time: s.cfg.Now(), Method: r.Method, Path: r.URL.Path}
 }
 
 // Log appends the Exchange's Rec to the request log.
