@@ -117,19 +117,14 @@ func (q *taxReq) set(e *taxEntity, fields []string) {
 	}
 }
 
-// entity is a new planned entity with the form's values of fields.
-func (q *taxReq) entity(fields []string) *taxEntity {
-	e := &taxEntity{state: "planned", fields: map[string]string{}}
-	q.set(e, fields)
-	return e
-}
-
-// create adds m[name] as q.entity(fields), or answers 409 "WHAT exists".
+// create adds m[name], planned, with the form's values of fields, or
+// answers 409 "WHAT exists".
 func (q *taxReq) create(m map[string]*taxEntity, name, what string, fields []string) (int, any) {
 	if m[name] != nil {
 		return taxFail(http.StatusConflict, what+" exists")
 	}
-	m[name] = q.entity(fields)
+	m[name] = &taxEntity{state: "planned", fields: map[string]string{}}
+	q.set(m[name], fields)
 	return taxOK(http.StatusOK, nil)
 }
 
@@ -327,8 +322,7 @@ func (s *Sim) registerTaxonomy() {
 		case et != "" && q.p.overrides[et][name] != nil:
 			return taxFail(http.StatusConflict, "event property exists on that event type")
 		case et != "" && shared != nil:
-			entry(q.p.overrides, et, newTaxEntities)[name] = q.entity(propFields)
-			return taxOK(http.StatusOK, nil)
+			return q.create(entry(q.p.overrides, et, newTaxEntities), name, "event property", propFields)
 		default:
 			return q.create(q.p.props, name, "event property", propFields)
 		}
