@@ -291,6 +291,8 @@ func TestSimExperiments(t *testing.T) {
 		{"DELETE", e + "/variants/c/bulk-delete-cohorts", a, `{"users":["c1"]}`, 200, "OK"},
 		{"GET", e + "/variants/c/cohorts", a, "", 200, `["c2"]`},
 		{"POST", e + "/deployments", a, `{"deployments":["d1"]}`, 200, "OK"},
+		{"GET", e + "/versions/5", a, "", 200, `"deployments added"`}, // inclusions make no version
+		{"GET", e + "/versions/6", a, "", 404, ""},
 		{"GET", e + "/deployments", a, "", 200, `"id":"d1"`},
 		{"DELETE", e + "/deployments/d1", a, "", 200, "OK"},
 		{"DELETE", e + "/deployments/d1", a, "", 404, ""},
