@@ -223,10 +223,8 @@ func (s *Sim) registerTaxonomy() {
 	// Categories.
 	r("POST /api/2/taxonomy/category", func(q *taxReq) (int, any) {
 		name := q.form.Get("category_name")
-		for _, n := range q.p.categories {
-			if n == name {
-				return taxFail(http.StatusConflict, "category exists")
-			}
+		if slices.Contains(slices.Collect(maps.Values(q.p.categories)), name) {
+			return taxFail(http.StatusConflict, "category exists")
 		}
 		q.p.categories[q.p.nextCat] = name
 		q.p.nextCat++
