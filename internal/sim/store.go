@@ -327,18 +327,16 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 			thrEvents = append(thrEvents, i)
 		}
 	}
-	if len(thrEvents) > 0 {
-		for kind, m := range map[string]map[string]int{"d": thrDevs, "u": thrUsers} {
-			for id := range m {
-				rk := entry(st.rates, st.rateKeyOf(env.apiKey, kind, id), newRateKey)
-				if s.cfg.ThrottlePenalty >= 0 && rk.penaltyUntil <= now {
-					rk.penaltyUntil = now + int64(s.cfg.ThrottlePenalty)
-				}
-				rec.Throttled = append(rec.Throttled, keyShare{Key: kind + ":" + id, Share: own[kind+id]})
+	for kind, m := range map[string]map[string]int{"d": thrDevs, "u": thrUsers} { // empty unless some are throttled
+		for id := range m {
+			rk := entry(st.rates, st.rateKeyOf(env.apiKey, kind, id), newRateKey)
+			if s.cfg.ThrottlePenalty >= 0 && rk.penaltyUntil <= now {
+				rk.penaltyUntil = now + int64(s.cfg.ThrottlePenalty)
 			}
+			rec.Throttled = append(rec.Throttled, keyShare{Key: kind + ":" + id, Share: own[kind+id]})
 		}
-		sort.Slice(rec.Throttled, func(i, j int) bool { return rec.Throttled[i].Key < rec.Throttled[j].Key })
 	}
+	sort.Slice(rec.Throttled, func(i, j int) bool { return rec.Throttled[i].Key < rec.Throttled[j].Key })
 
 	if len(silDevs) > 0 || len(quota) > 0 {
 		if s.cfg.PartialSilence {
