@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"net/http"
 	"net/url"
 	"strings"
 	"testing"
@@ -110,5 +111,30 @@ func TestFormFieldPrecedence(t *testing.T) {
 	}
 	if um := readOut[UserMapState](t, s, "/sim/usermap"); len(um.Calls) != 1 || um.Calls[0].KeyLabel != KeyLabel("kq") {
 		t.Errorf("usermap calls %+v, want one of the query's key %s", um.Calls, KeyLabel("kq"))
+	}
+}
+
+// refuseAll is a Faults that answers every request 503 without handling it.
+type refuseAll struct{}
+
+func (refuseAll) Serve(x *Exchange) {
+	x.Describe()
+	x.Rec.Fault, x.Rec.Status = "status", http.StatusServiceUnavailable
+	x.Log()
+	x.W.WriteHeader(x.Rec.Status)
+}
+
+func (refuseAll) Routes(*Sim, *http.ServeMux) {}
+
+// TestFormRecordOfUnhandled: a form request failed without being handled
+// is logged with the key label and item count its body gives.
+func TestFormRecordOfUnhandled(t *testing.T) {
+	s, base := start(t, Config{Faults: refuseAll{}})
+	wiretest.Post(t, base+"/groupidentify", giForm("k1", `[{"group_type":"a","group_value":"b"},{}]`), "Content-Type", formCT)
+	body := url.Values{"api_key": {"k2"}, "mapping": {`[{"user_id":"u1","global_user_id":"g"}]`}}.Encode()
+	wiretest.Post(t, base+"/usermap", []byte(body), "Content-Type", formCT)
+	reqs := s.Requests()
+	if len(reqs) != 2 || reqs[0].KeyLabel != KeyLabel("k1") || reqs[0].Events != 2 || reqs[1].KeyLabel != KeyLabel("k2") || reqs[1].Events != 1 {
+		t.Errorf("records %+v: want k1's 2 items, k2's 1", reqs)
 	}
 }

@@ -99,13 +99,8 @@ func (s *Sim) registerUserMap() {
 	s.readout("GET /sim/usermap", func(url.Values) any {
 		return UserMapState{Calls: st.calls, Batches: st.batches, Throttled: st.throttled, Reads: st.reads, Mapped: st.mapped}
 	})
-	s.route("/usermap", routeHandler{
-		describe: func(in *incoming) { describeForm(in, "mapping") },
-		serve: func(_ http.ResponseWriter, r *http.Request, in *incoming) (int, any) {
-			apiKey, raws, status, fail := s.formItems(r, in, "mapping", true, MaxMappingsPerRequest, ErrTextInvalidMapping)
-			if status != 0 {
-				return status, fail
-			}
+	s.formRoute("/usermap", "mapping", true, MaxMappingsPerRequest, ErrTextInvalidMapping,
+		func(in *incoming, apiKey string, raws []json.RawMessage) (int, any) {
 			var ms []MappingCall
 			s.mu.Lock()
 			defer s.mu.Unlock()
@@ -144,8 +139,7 @@ func (s *Sim) registerUserMap() {
 			}
 			in.Rec.Ingested = len(ms)
 			return http.StatusOK, map[string]int{"code": 200}
-		},
-	})
+		})
 	s.route("/api/2/usermap", routeHandler{serve: func(_ http.ResponseWriter, r *http.Request, _ *incoming) (status int, body any) {
 		rd := MappingRead{Time: s.cfg.Now(), Query: r.URL.RawQuery, Headers: sortedKeys(r.Header)}
 		defer func() { // after the unlock below
