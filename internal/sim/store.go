@@ -415,7 +415,7 @@ func (s *Sim) storeLocked(env *envelope, rec *Record, nowT time.Time) {
 	day := utcDay(nowT)
 	label := KeyLabel(env.apiKey)
 	for i, ev := range env.info {
-		if ev.hasInsertID && st.seenLocked(env.apiKey, ev, now) {
+		if ev.insertID != "" && st.seenLocked(env.apiKey, ev, now) {
 			rec.Duplicates++
 			st.stats.Duplicates++
 			continue

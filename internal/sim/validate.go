@@ -41,10 +41,10 @@ type errBody struct {
 	MissingFields map[string][]int `json:"events_with_missing_fields,omitempty"`
 }
 
-// evInfo is what the sim needs of one valid event (ids after min_id_length).
+// evInfo is what the sim needs of one valid event (ids after min_id_length;
+// insertID "" when absent or not a string).
 type evInfo struct {
 	eventType, deviceID, userID, insertID string
-	hasInsertID                           bool
 }
 
 type envelope struct {
@@ -199,10 +199,7 @@ func validate(body []byte, validKey func(string) bool, maxEvents int) (*envelope
 			mark(&missing, "device_id", i)
 		}
 		info.deviceID, info.userID = dev, uid
-		info.insertID, info.hasInsertID = str("insert_id")
-		if info.insertID == "" {
-			info.hasInsertID = false
-		}
+		info.insertID, _ = str("insert_id")
 	}
 	if missing != nil || invalid != nil {
 		e := &errBody{Code: 400, Error: ErrTextInvalidFields, InvalidFields: invalid, MissingFields: missing}
