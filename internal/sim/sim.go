@@ -97,10 +97,8 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("sim: %s %v < 0", f.name, f.v)
 		}
 	}
-	for _, k := range c.APIKeys {
-		if k == "" {
-			return errors.New("sim: empty key in APIKeys")
-		}
+	if slices.Contains(c.APIKeys, "") {
+		return errors.New("sim: empty key in APIKeys")
 	}
 	return nil
 }
