@@ -72,15 +72,12 @@ const (
 // ErrTextInvalidMapping answers a mapping the sim refuses.
 const ErrTextInvalidMapping = "Invalid mapping"
 
-// umState is the user mapping state (guarded by Sim.mu).
+// umState is the user mapping state (guarded by Sim.mu): its read-out's,
+// and the rate's.
 type umState struct {
-	mapped    map[string]map[string]string // org -> user_id -> global_user_id
-	calls     []MappingCall
-	batches   []MappingBatch
-	reads     []MappingRead
-	hits      windowHits // mapping calls per organization
-	throttled int64
-	seq       int64
+	UserMapState
+	hits windowHits // mapping calls per organization
+	seq  int64
 }
 
 // UserMapState is the answer of GET /sim/usermap.
@@ -95,10 +92,10 @@ type UserMapState struct {
 
 func (s *Sim) registerUserMap() {
 	st := &umState{}
-	s.onReset(func() { *st = umState{mapped: map[string]map[string]string{}, hits: windowHits{}} })
-	s.readout("GET /sim/usermap", func(url.Values) any {
-		return UserMapState{Calls: st.calls, Batches: st.batches, Throttled: st.throttled, Reads: st.reads, Mapped: st.mapped}
+	s.onReset(func() {
+		*st = umState{UserMapState: UserMapState{Mapped: map[string]map[string]string{}}, hits: windowHits{}}
 	})
+	s.readout("GET /sim/usermap", func(url.Values) any { return st.UserMapState })
 	s.formRoute("/usermap", "mapping", true, MaxMappingsPerRequest, ErrTextInvalidMapping,
 		func(in *incoming, apiKey string, raws []json.RawMessage) (int, any) {
 			var ms []MappingCall
@@ -122,11 +119,11 @@ func (s *Sim) registerUserMap() {
 			now := s.cfg.Now()
 			org := UserMapOrg(&s.knobs, apiKey)
 			if ok, _ := st.hits.take(org, now, len(ms), s.knobs.UserMapLimit, s.knobs.UserMapWindow); !ok {
-				st.throttled++
+				st.Throttled++
 				return codeError(http.StatusTooManyRequests, "Too many requests")
 			}
-			st.batches = append(st.batches, MappingBatch{Time: now, Org: org, N: len(ms)})
-			users := entry(st.mapped, org, func() map[string]string { return map[string]string{} })
+			st.Batches = append(st.Batches, MappingBatch{Time: now, Org: org, N: len(ms)})
+			users := entry(st.Mapped, org, func() map[string]string { return map[string]string{} })
 			for _, m := range ms {
 				st.seq++
 				m.Seq, m.Request, m.Time, m.KeyLabel = st.seq, in.Rec.Seq, now, in.Rec.KeyLabel
@@ -135,7 +132,7 @@ func (s *Sim) registerUserMap() {
 				} else {
 					users[m.UserID] = m.GlobalUserID
 				}
-				st.calls = append(st.calls, m)
+				st.Calls = append(st.Calls, m)
 			}
 			in.Rec.Ingested = len(ms)
 			return http.StatusOK, map[string]int{"code": 200}
@@ -145,7 +142,7 @@ func (s *Sim) registerUserMap() {
 		defer func() { // after the unlock below
 			rd.Status = status
 			s.mu.Lock()
-			st.reads = append(st.reads, rd)
+			st.Reads = append(st.Reads, rd)
 			s.mu.Unlock()
 		}()
 		if r.Method != http.MethodGet {
@@ -176,7 +173,7 @@ func (s *Sim) registerUserMap() {
 		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		users := st.mapped[UserMapOrg(&s.knobs, user)]
+		users := st.Mapped[UserMapOrg(&s.knobs, user)]
 		out := make(map[string]userMapping, len(ids))
 		for _, id := range ids {
 			um := userMapping{MappedFrom: []svcUser{}, MappedTo: []svcUser{}}
