@@ -55,7 +55,7 @@ type taxProject struct {
 type taxState struct {
 	projects map[string]*taxProject
 	inFlight map[string]int
-	peak     map[string]int
+	peak     map[string]int // by KeyLabel
 	spent    windowHits
 }
 
@@ -187,7 +187,7 @@ func (s *Sim) registerTaxonomy() {
 				return taxFail(http.StatusTooManyRequests, "Too many requests: cost budget exceeded")
 			}
 			x.inFlight[key] += cost
-			x.peak[key] = max(x.peak[key], x.inFlight[key])
+			x.peak[q.call.Principal] = max(x.peak[q.call.Principal], x.inFlight[key]) // Principal: the key's label
 			delay := k.TaxonomyDelay
 			s.mu.Unlock()
 			defer func() {
