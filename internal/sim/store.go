@@ -167,12 +167,8 @@ func pushKeep[T any](q *[]T, v T, keep int) bool {
 }
 
 func (st *store) init(cfg *Config, seed maphash.Seed, knobs *Knobs) {
-	*st = store{cfg: cfg, seed: seed, knobs: knobs}
-	st.stats.ByStatus = make(map[int]int64)
-	st.stats.IngestedByKey = make(map[string]int64)
-	st.dedup = make(map[uint64]int64)
-	st.rates = make(map[string]*rateKey)
-	st.quotas = make(map[string]*quotaKey)
+	*st = store{cfg: cfg, seed: seed, knobs: knobs, dedup: map[uint64]int64{}, rates: map[string]*rateKey{},
+		quotas: map[string]*quotaKey{}, stats: Stats{ByStatus: map[int]int64{}, IngestedByKey: map[string]int64{}}}
 }
 
 // Log appends the Exchange's Rec to the request log.
