@@ -26,10 +26,6 @@ const (
 // event_properties and user_properties.
 const MaxPropertyDepth = 40
 
-// maxMinIDLength is the largest options.min_id_length taken (a 32-bit int);
-// a larger one is an invalid request body.
-const maxMinIDLength = math.MaxInt32
-
 // jsonSpace is JSON's whitespace (RFC 8259): a body of only these is missing.
 const jsonSpace = " \t\r\n"
 
@@ -102,7 +98,7 @@ func validate(body []byte, validKey func(string) bool, maxEvents int) (*envelope
 		}
 		if m, ok := o["min_id_length"]; ok && !isNull(m) {
 			var n int
-			if kindOf(m) != kInteger || json.Unmarshal(m, &n) != nil || n < 0 || n > maxMinIDLength {
+			if kindOf(m) != kInteger || json.Unmarshal(m, &n) != nil || n < 0 || n > math.MaxInt32 { // a 32-bit int
 				return nil, &errBody{Code: 400, Error: ErrTextInvalidJSON}
 			}
 			env.minIDLen = n
