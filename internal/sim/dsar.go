@@ -62,7 +62,7 @@ func (s *Sim) registerDSAR() {
 	}
 	s.apiRoute("POST /api/2/dsar/requests", func(w http.ResponseWriter, r *http.Request, key string) (int, any) {
 		var req struct {
-			UserID    *string         `json:"userId"`
+			UserID    string          `json:"userId"`
 			SvcID     json.RawMessage `json:"svcId"`
 			StartDate string          `json:"startDate"`
 			EndDate   string          `json:"endDate"`
@@ -70,10 +70,7 @@ func (s *Sim) registerDSAR() {
 		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil {
 			return apiFail(http.StatusBadRequest, "invalid JSON body")
 		}
-		job := &dsarJob{auth: r.Header.Get("Authorization")}
-		if req.UserID != nil {
-			job.userID = *req.UserID
-		}
+		job := &dsarJob{auth: r.Header.Get("Authorization"), userID: req.UserID}
 		if len(req.SvcID) > 0 && string(req.SvcID) != "null" {
 			n, err := strconv.ParseInt(string(bytes.Trim(req.SvcID, `"`)), 10, 64)
 			if err != nil || n <= 0 {
