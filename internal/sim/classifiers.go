@@ -32,12 +32,6 @@ type simClassifier struct {
 	modified                       time.Time
 }
 
-// validClassifierName reports whether name has only letters, digits, '_'
-// and '-' (and is not empty).
-func validClassifierName(name string) bool {
-	return name != "" && strings.Trim(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") == ""
-}
-
 func (c *simClassifier) view() map[string]any {
 	csv, _ := c.def["csvText"].(string)
 	return map[string]any{"id": c.name, "name": c.name, "displayName": c.displayName, "description": c.description,
@@ -71,7 +65,7 @@ func (s *Sim) registerClassifiers() {
 			tooLong := func(t *string) bool { return t != nil && utf8.RuneCountInString(*t) > ClassifierMaxTextChars }
 			status, msg := http.StatusBadRequest, ""
 			switch {
-			case create && !validClassifierName(name):
+			case create && (name == "" || strings.Trim(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != ""):
 				msg = "name may hold letters, digits, underscores and hyphens only"
 			case bodyErr != nil:
 				msg = "body is not a JSON object"

@@ -22,4 +22,10 @@ func TestConfigValidate(t *testing.T) {
 	if c.EPSThreshold != 30 || c.RateWindow != 10*time.Second || c.MaxBodyBytes != 1_000_000 || c.ThrottlePenalty != 30*time.Second {
 		t.Errorf("defaults %+v", c)
 	}
+	// The document's figures (the knobs' defaults).
+	k := New(Config{}, nil).knobs
+	if k.SCIMLimit != 100 || k.SCIMWindow != time.Minute || k.TaxonomyMaxInFlight != 4 || k.TaxonomyPeriodCost != 7200 ||
+		k.TaxonomyPeriod != time.Hour || k.UserMapLimit != 1500 || k.UserMapWindow != 30*time.Second || k.DSARPollsToDone != 3 {
+		t.Errorf("knob defaults %+v", k)
+	}
 }

@@ -26,8 +26,8 @@ import (
 //     (when delete_from_org: the search covers every api key seen)}.
 //   - A job is "staging" until 3 days before its day, "submitted" until its
 //     scrub is done (its day + 1; active_scrub_done_date), then after 5 more
-//     days "done". A request for a day whose job is no longer staging goes
-//     to the next day's job.
+//     days "done". A new request's job, DeletionLead ahead, is still
+//     staging: requests made after a job was submitted go to a later one.
 //   - GET /api/2/deletions/users?start_day&end_day: both required
 //     (YYYY-MM-DD), end not before start, at most 6 months apart: else 400.
 //     200 with the project's jobs whose day is in the range ([] if none).
@@ -103,11 +103,7 @@ func (s *Sim) registerDeletion() {
 		}
 		now := s.cfg.Now().UTC()
 		today := now.Format(time.DateOnly)
-		day := now.Add(DeletionLead)
-		for deletionStatus(now, day) != "staging" {
-			day = day.AddDate(0, 0, 1)
-		}
-		dayS := day.Format(time.DateOnly)
+		dayS := now.Add(DeletionLead).Format(time.DateOnly)
 		s.mu.Lock()
 		var job deletionJob
 		for _, h := range hits {

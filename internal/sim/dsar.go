@@ -34,9 +34,6 @@ import (
 //     (ExportRecord).
 //   - Jobs are kept per Sim (closures), not cleared by /sim/reset.
 
-// DSARRedirectTTL is how long an object storage address of a redirect lasts.
-const DSARRedirectTTL = 60 * time.Second
-
 type dsarJob struct {
 	id         int64
 	auth       string // Authorization of the creator
@@ -49,18 +46,23 @@ type dsarJob struct {
 	files      [][]byte // gzipped outputs, set when done
 }
 
-type dsarState struct {
-	nextID int64
-	jobs   map[int64]*dsarJob
-	sigKey [32]byte
-}
-
 func (s *Sim) registerDSAR() {
-	st := &dsarState{nextID: 1000, jobs: make(map[int64]*dsarJob)}
-	rand.Read(st.sigKey[:])
+	nextID, jobs := int64(1000), map[int64]*dsarJob{}
+	sigKey := make([]byte, 32)
+	rand.Read(sigKey)
+	// jobOf returns the job named by the path's {id}; s.mu held.
+	jobOf := func(r *http.Request) *dsarJob {
+		id, _ := strconv.ParseInt(r.PathValue("id"), 10, 64) // 0 when not a number: no job's
+		return jobs[id]
+	}
+	sign := func(path, exp string) string {
+		m := hmac.New(sha256.New, sigKey)
+		m.Write([]byte(path + "?" + exp))
+		return hex.EncodeToString(m.Sum(nil)[:16])
+	}
 	s.apiRoute("POST /api/2/dsar/requests", func(w http.ResponseWriter, r *http.Request, key string) (int, any) {
 		var req struct {
-			UserID    *string         `json:"userId"`
+			UserID    string          `json:"userId"`
 			SvcID     json.RawMessage `json:"svcId"`
 			StartDate string          `json:"startDate"`
 			EndDate   string          `json:"endDate"`
@@ -68,10 +70,7 @@ func (s *Sim) registerDSAR() {
 		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil {
 			return apiFail(http.StatusBadRequest, "invalid JSON body")
 		}
-		job := &dsarJob{auth: r.Header.Get("Authorization")}
-		if req.UserID != nil {
-			job.userID = *req.UserID
-		}
+		job := &dsarJob{auth: r.Header.Get("Authorization"), userID: req.UserID}
 		if len(req.SvcID) > 0 && string(req.SvcID) != "null" {
 			n, err := strconv.ParseInt(string(bytes.Trim(req.SvcID, `"`)), 10, 64)
 			if err != nil || n <= 0 {
@@ -91,19 +90,19 @@ func (s *Sim) registerDSAR() {
 			return apiFail(http.StatusBadRequest, "endDate is before startDate")
 		}
 		s.mu.Lock()
-		job.id = st.nextID
-		st.nextID++
+		job.id = nextID
+		nextID++
 		if s.knobs.DSARFailNext > 0 {
 			s.knobs.DSARFailNext--
 			job.fail = true
 		}
-		st.jobs[job.id] = job
+		jobs[job.id] = job
 		s.mu.Unlock()
 		return http.StatusAccepted, map[string]int64{"requestId": job.id}
 	})
 	s.apiRoute("GET /api/2/dsar/requests/{id}", func(w http.ResponseWriter, r *http.Request, key string) (int, any) {
 		s.mu.Lock()
-		job := st.job(r)
+		job := jobOf(r)
 		if job == nil {
 			s.mu.Unlock()
 			return apiFail(http.StatusNotFound, "no such request")
@@ -138,7 +137,7 @@ func (s *Sim) registerDSAR() {
 	})
 	s.apiRoute("GET /api/2/dsar/requests/{id}/outputs/{n}", func(w http.ResponseWriter, r *http.Request, key string) (int, any) {
 		s.mu.Lock()
-		job := st.job(r)
+		job := jobOf(r)
 		n, err := strconv.Atoi(r.PathValue("n"))
 		var status int
 		var msg string
@@ -152,9 +151,9 @@ func (s *Sim) registerDSAR() {
 		}
 		var loc string
 		if status == 0 {
-			exp := strconv.FormatInt(s.cfg.Now().Add(DSARRedirectTTL).Unix(), 10)
+			exp := strconv.FormatInt(s.cfg.Now().Add(60*time.Second).Unix(), 10)
 			path := "/objects/dsar/" + strconv.FormatInt(job.id, 10) + "/" + strconv.Itoa(n)
-			loc = "http://" + r.Host + path + "?expires=" + exp + "&sig=" + st.sign(path, exp)
+			loc = "http://" + r.Host + path + "?expires=" + exp + "&sig=" + sign(path, exp)
 		}
 		s.mu.Unlock()
 		if status != 0 {
@@ -166,14 +165,14 @@ func (s *Sim) registerDSAR() {
 	s.apiRoute("GET /objects/dsar/{id}/{n}", func(w http.ResponseWriter, r *http.Request, key string) (int, any) {
 		exp := r.URL.Query().Get("expires")
 		expUnix, err := strconv.ParseInt(exp, 10, 64)
-		if err != nil || !hmac.Equal([]byte(r.URL.Query().Get("sig")), []byte(st.sign(r.URL.Path, exp))) {
+		if err != nil || !hmac.Equal([]byte(r.URL.Query().Get("sig")), []byte(sign(r.URL.Path, exp))) {
 			return apiFail(http.StatusForbidden, "signature does not match")
 		}
 		if s.cfg.Now().Unix() > expUnix {
 			return apiFail(http.StatusForbidden, "request has expired")
 		}
 		s.mu.Lock()
-		job := st.job(r)
+		job := jobOf(r)
 		n, _ := strconv.Atoi(r.PathValue("n"))
 		var file []byte
 		ok := job != nil && n >= 0 && n < len(job.files) && hmac.Equal([]byte(r.Header.Get("Authorization")), []byte(job.auth))
@@ -189,21 +188,6 @@ func (s *Sim) registerDSAR() {
 		w.Write(file)
 		return http.StatusOK, written{}
 	})
-}
-
-// job returns the job named by the path's {id}; s.mu held.
-func (st *dsarState) job(r *http.Request) *dsarJob {
-	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
-	if err != nil {
-		return nil
-	}
-	return st.jobs[id]
-}
-
-func (st *dsarState) sign(path, exp string) string {
-	m := hmac.New(sha256.New, st.sigKey[:])
-	m.Write([]byte(path + "?" + exp))
-	return hex.EncodeToString(m.Sum(nil)[:16])
 }
 
 // dsarFiles builds the gzipped outputs of job: one per month with events of

@@ -89,8 +89,8 @@ func TestDSARLifecycle(t *testing.T) {
 	if err := json.Unmarshal(bytes.TrimSpace(plain), &line); err != nil || line.EventType != "a2" || line.UserID != "alice" || line.SvcID != SvcID("proj", "alice") {
 		t.Fatalf("file %s: %v", plain, err)
 	}
-	// The object address expires after DSARRedirectTTL; the urls after URLTTL.
-	clock.Advance(DSARRedirectTTL + time.Second)
+	// The object address expires after 60 s; the urls after URLTTL.
+	clock.Advance(61 * time.Second)
 	if a := apiCall(t, "GET", loc, "org", nil); a.Status != 403 {
 		t.Errorf("expired object: %d", a.Status)
 	}

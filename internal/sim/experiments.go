@@ -261,9 +261,9 @@ func (s *Sim) registerExperiments() {
 		return http.StatusOK, ok
 	})
 	// include reads body[field], an array of at most most strings (0: any
-	// number), gives it to f (which adds or removes it at the variant or
-	// experiment) and records a version when what is not "".
-	include := func(field string, most int, f func(e *simExperiment, v *simVariant, ids []string), what string) func(*simExperiment, *simVariant, *mgRequest) (int, any) {
+	// number), and gives it to f (which adds or removes it at the variant or
+	// experiment).
+	include := func(field string, most int, f func(e *simExperiment, v *simVariant, ids []string)) func(*simExperiment, *simVariant, *mgRequest) (int, any) {
 		return func(e *simExperiment, v *simVariant, q *mgRequest) (int, any) {
 			var m map[string]json.RawMessage
 			var ids []string
@@ -276,9 +276,6 @@ func (s *Sim) registerExperiments() {
 				return bad(field + " holds more than " + strconv.Itoa(most) + " entries")
 			}
 			f(e, v, ids)
-			if what != "" {
-				e.version(now(), what)
-			}
 			return http.StatusOK, ok
 		}
 	}
@@ -292,10 +289,10 @@ func (s *Sim) registerExperiments() {
 		})
 		r("POST "+path+name, include("inclusions", 0, func(_ *simExperiment, v *simVariant, ids []string) {
 			*list(v) = append(*list(v), ids...)
-		}, ""))
+		}))
 		r("DELETE "+path+"bulk-delete-"+name, include("users", ExperimentBulkMax, func(_ *simExperiment, v *simVariant, ids []string) {
 			*list(v) = slices.DeleteFunc(*list(v), func(id string) bool { return slices.Contains(ids, id) })
-		}, ""))
+		}))
 	}
 	r("DELETE /api/1/experiments/{id}/variants/{variantKey}/users/{userIndex}", func(_ *simExperiment, v *simVariant, q *mgRequest) (int, any) {
 		i, err := strconv.Atoi(q.r.PathValue("userIndex"))
@@ -316,7 +313,8 @@ func (s *Sim) registerExperiments() {
 		for _, id := range ids {
 			e.deployments = append(removeString(e.deployments, id), id)
 		}
-	}, "deployments added"))
+		e.version(now(), "deployments added")
+	}))
 	r("DELETE /api/1/experiments/{id}/deployments/{deploymentId}", func(e *simExperiment, _ *simVariant, q *mgRequest) (int, any) {
 		n := len(e.deployments)
 		if e.deployments = removeString(e.deployments, q.r.PathValue("deploymentId")); len(e.deployments) == n {

@@ -91,7 +91,10 @@ func (x *Exchange) Answer() {
 // serve logs x as a new request, passes it to Config.Faults or answers
 // it, and returns the status answered (0: none, the connection was dropped).
 func (s *Sim) serve(x *Exchange) int {
-	x.s, x.Rec = s, s.newRecord(x.R)
+	s.mu.Lock()
+	s.store.reqSeq++
+	x.s, x.Rec = s, &Record{Seq: s.store.reqSeq, Time: s.cfg.Now(), Method: x.R.Method, Path: x.R.URL.Path}
+	s.mu.Unlock()
 	x.in.Rec = x.Rec
 	if s.cfg.Faults != nil {
 		s.cfg.Faults.Serve(x)

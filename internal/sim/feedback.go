@@ -142,12 +142,8 @@ func checkFeedbackItem(raw json.RawMessage) (FeedbackItem, error) {
 		FeedbackItem
 		ConversationParts []json.RawMessage `json:"conversation_parts"`
 	}
-	if err := json.Unmarshal(raw, &it); err != nil {
-		var id struct {
-			UniqueID string `json:"unique_id"`
-		}
-		json.Unmarshal(raw, &id)
-		return FeedbackItem{UniqueID: id.UniqueID}, errors.New("invalid item: " + err.Error())
+	if err := json.Unmarshal(raw, &it); err != nil { // a mistyped field: the others are read
+		return FeedbackItem{UniqueID: it.UniqueID}, errors.New("invalid item: " + err.Error())
 	}
 	out := it.FeedbackItem
 	out.ConversationParts = nil

@@ -65,6 +65,7 @@ func TestFeedbackIngest(t *testing.T) {
 		{"nested part", "key-one", `{"source_id":"src","items":[{"unique_id":"n","conversation_parts":[{"unique_id":"p","body":"x","conversation_parts":[{"unique_id":"q","body":"y"}]}]}]}`, 200, 0, []string{"n"}},
 		{"part without body", "key-one", `{"source_id":"src","items":[{"unique_id":"e","conversation_parts":[{"unique_id":"p"}]}]}`, 200, 0, []string{"e"}},
 		{"no unique_id", "key-one", `{"source_id":"src","items":[{"body":"x"}]}`, 200, 0, []string{""}},
+		{"mistyped", "key-one", `{"source_id":"src","items":[{"body":5,"unique_id":"t"},"x",{"unique_id":7}]}`, 200, 0, []string{"t", "", ""}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := apiCall(t, "POST", u, tc.key, []byte(tc.body))

@@ -58,19 +58,8 @@ func (s *Sim) registerGroupIdentify() {
 	var byKey map[string][]GroupIdentify
 	s.onReset(func() { seq, byKey = 0, map[string][]GroupIdentify{} })
 	s.readout("/sim/groupidentify", func(q url.Values) any { return nonNil(byKey[q.Get("api_key")]) })
-	s.route("/groupidentify", routeHandler{
-		describe: func(in *incoming) { describeForm(in, "identification") },
-		serve: func(_ http.ResponseWriter, r *http.Request, in *incoming) (int, any) {
-			if status, body := refuseIngest(r, in); status != 0 {
-				return status, body
-			}
-			body, _ := url.ParseQuery(string(in.Body))
-			form := formParams(body, r.URL.Query())
-			apiKey := form.Get("api_key")
-			raws, fail := s.formItems(in, apiKey, "identification", form.Get("identification"), MaxGroupIdentifies, ErrTextInvalidGroupIdentify)
-			if fail != nil {
-				return fail.Code, fail
-			}
+	s.formRoute("/groupidentify", "identification", false, MaxGroupIdentifies, ErrTextInvalidGroupIdentify,
+		func(in *incoming, apiKey string, raws []json.RawMessage) (int, any) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			out, ok := parseIdentifies(raws, s.knobs.RejectedGroupValues)
@@ -86,60 +75,67 @@ func (s *Sim) registerGroupIdentify() {
 			s.store.stats.GroupIdentifies++
 			in.Rec.Ingested = len(out)
 			return http.StatusOK, map[string]int{"code": 200}
+		})
+}
+
+// formRoute registers a form endpoint (/groupidentify, /usermap): f gets
+// the api key and the items of field name once they passed the checks the
+// two share. The form's fields are the body's and the query's others (the
+// query's first with queryFirst); api_key must be given and valid, name a
+// JSON array of 1 to most objects. Failures are refuseIngest's, or 400 with
+// the upstream's text (tooMany for more than most objects).
+func (s *Sim) formRoute(pattern, name string, queryFirst bool, most int, tooMany string,
+	f func(in *incoming, apiKey string, raws []json.RawMessage) (int, any)) {
+	s.route(pattern, routeHandler{
+		describe: func(in *incoming) { // the record's key label and item count, from the body
+			v, _ := url.ParseQuery(string(in.Body))
+			if k := v.Get("api_key"); k != "" {
+				in.Rec.KeyLabel = KeyLabel(k)
+			}
+			if items, ok := jsonObjects(v.Get(name)); ok {
+				in.Rec.Events = len(items)
+			}
 		},
-	})
-}
-
-// formParams merges the fields of the form endpoints: those of first, and
-// the others of then.
-func formParams(first, then url.Values) url.Values {
-	for k, vs := range then {
-		if _, ok := first[k]; !ok {
-			first[k] = vs
-		}
-	}
-	return first
-}
-
-// formItems checks what the two form endpoints share: apiKey (given and
-// valid) and the field name holding value, a JSON array of 1 to most
-// objects. On the first failure it answers 400 with the upstream's text
-// (tooMany for more than most objects) and returns false.
-func (s *Sim) formItems(in *incoming, apiKey, name, value string, most int, tooMany string) ([]json.RawMessage, *errBody) {
-	fail := func(b errBody) ([]json.RawMessage, *errBody) {
-		b.Code = http.StatusBadRequest
-		return nil, &b
-	}
-	if apiKey == "" {
-		return fail(errBody{Error: ErrTextMissingField, MissingField: "api_key"})
-	}
-	in.Rec.KeyLabel = KeyLabel(apiKey)
-	if !s.validKey(apiKey) {
-		return fail(errBody{Error: ErrTextInvalidAPIKey})
-	}
-	if value == "" {
-		return fail(errBody{Error: ErrTextMissingField, MissingField: name})
-	}
-	raws, ok := jsonObjects(value)
-	in.Rec.Events = len(raws)
-	switch {
-	case !ok || len(raws) == 0:
-		return fail(errBody{Error: ErrTextInvalidJSON})
-	case len(raws) > most:
-		return fail(errBody{Error: tooMany})
-	}
-	return raws, nil
-}
-
-// describeForm fills the log record of a form request (key label, item count).
-func describeForm(in *incoming, field string) {
-	v, _ := url.ParseQuery(string(in.Body))
-	if k := v.Get("api_key"); k != "" {
-		in.Rec.KeyLabel = KeyLabel(k)
-	}
-	if items, ok := jsonObjects(v.Get(field)); ok {
-		in.Rec.Events = len(items)
-	}
+		serve: func(_ http.ResponseWriter, r *http.Request, in *incoming) (int, any) {
+			if status, body := refuseIngest(r, in); status != 0 {
+				return status, body
+			}
+			form, _ := url.ParseQuery(string(in.Body))
+			then := r.URL.Query()
+			if queryFirst {
+				form, then = then, form
+			}
+			for k, vs := range then {
+				if _, ok := form[k]; !ok {
+					form[k] = vs
+				}
+			}
+			fail := func(b errBody) (int, any) {
+				b.Code = http.StatusBadRequest
+				return b.Code, &b
+			}
+			apiKey := form.Get("api_key")
+			if apiKey == "" {
+				return fail(errBody{Error: ErrTextMissingField, MissingField: "api_key"})
+			}
+			in.Rec.KeyLabel = KeyLabel(apiKey)
+			if !s.validKey(apiKey) {
+				return fail(errBody{Error: ErrTextInvalidAPIKey})
+			}
+			value := form.Get(name)
+			if value == "" {
+				return fail(errBody{Error: ErrTextMissingField, MissingField: name})
+			}
+			raws, ok := jsonObjects(value)
+			in.Rec.Events = len(raws)
+			switch {
+			case !ok || len(raws) == 0:
+				return fail(errBody{Error: ErrTextInvalidJSON})
+			case len(raws) > most:
+				return fail(errBody{Error: tooMany})
+			}
+			return f(in, apiKey, raws)
+		}})
 }
 
 // jsonObjects parses a JSON array of values or one object.

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"net/http"
 	"net/url"
 	"strings"
 	"testing"
@@ -90,5 +91,50 @@ func TestGroupIdentifyReject(t *testing.T) {
 	}
 	if n := len(readOut[[]GroupIdentify](t, s, "/sim/groupidentify?api_key="+"k")); n != 1 {
 		t.Fatalf("stored %d, want 1", n)
+	}
+}
+
+// TestFormFieldPrecedence: a field in both the body and the query is the
+// body's for /groupidentify and the query's for /usermap.
+func TestFormFieldPrecedence(t *testing.T) {
+	s, base := start(t, Config{APIKeys: []string{"kb", "kq"}})
+	ident := `[{"group_type":"org","group_value":"acme"}]`
+	if a := wiretest.Post(t, base+"/groupidentify?api_key=kq", giForm("kb", ident), "Content-Type", formCT); a.Status != 200 {
+		t.Fatalf("groupidentify: %d %s", a.Status, a.Body)
+	}
+	if n, m := len(readOut[[]GroupIdentify](t, s, "/sim/groupidentify?api_key=kb")), len(readOut[[]GroupIdentify](t, s, "/sim/groupidentify?api_key=kq")); n != 1 || m != 0 {
+		t.Errorf("groupidentify stored for the body's key %d, the query's %d (want 1, 0)", n, m)
+	}
+	body := url.Values{"api_key": {"kb"}, "mapping": {`[{"user_id":"u1","global_user_id":"g"}]`}}.Encode()
+	if a := wiretest.Post(t, base+"/usermap?api_key=kq", []byte(body), "Content-Type", formCT); a.Status != 200 {
+		t.Fatalf("usermap: %d %s", a.Status, a.Body)
+	}
+	if um := readOut[UserMapState](t, s, "/sim/usermap"); len(um.Calls) != 1 || um.Calls[0].KeyLabel != KeyLabel("kq") {
+		t.Errorf("usermap calls %+v, want one of the query's key %s", um.Calls, KeyLabel("kq"))
+	}
+}
+
+// refuseAll is a Faults that answers every request 503 without handling it.
+type refuseAll struct{}
+
+func (refuseAll) Serve(x *Exchange) {
+	x.Describe()
+	x.Rec.Fault, x.Rec.Status = "status", http.StatusServiceUnavailable
+	x.Log()
+	x.W.WriteHeader(x.Rec.Status)
+}
+
+func (refuseAll) Routes(*Sim, *http.ServeMux) {}
+
+// TestFormRecordOfUnhandled: a form request failed without being handled
+// is logged with the key label and item count its body gives.
+func TestFormRecordOfUnhandled(t *testing.T) {
+	s, base := start(t, Config{Faults: refuseAll{}})
+	wiretest.Post(t, base+"/groupidentify", giForm("k1", `[{"group_type":"a","group_value":"b"},{}]`), "Content-Type", formCT)
+	body := url.Values{"api_key": {"k2"}, "mapping": {`[{"user_id":"u1","global_user_id":"g"}]`}}.Encode()
+	wiretest.Post(t, base+"/usermap", []byte(body), "Content-Type", formCT)
+	reqs := s.Requests()
+	if len(reqs) != 2 || reqs[0].KeyLabel != KeyLabel("k1") || reqs[0].Events != 2 || reqs[1].KeyLabel != KeyLabel("k2") || reqs[1].Events != 1 {
+		t.Errorf("records %+v: want k1's 2 items, k2's 1", reqs)
 	}
 }

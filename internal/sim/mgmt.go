@@ -86,11 +86,7 @@ func (s *Sim) registerMgmt() {
 	s.mg = st
 	s.onReset(func() { st.seq, st.calls = 0, nil })
 	s.readout("/sim/mgmt/calls", func(url.Values) any {
-		peak := map[string]int{}
-		for k, n := range st.tax.peak {
-			peak[KeyLabel(k)] = n
-		}
-		return MgmtCalls{Calls: st.calls, TaxonomyPeak: peak}
+		return MgmtCalls{Calls: st.calls, TaxonomyPeak: st.tax.peak}
 	})
 }
 

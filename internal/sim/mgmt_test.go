@@ -189,6 +189,7 @@ func TestSimTaxonomyLifecycle(t *testing.T) {
 		{"DELETE", p + "/event/Sign%20up", a, "", 200, ""}, // planned: removed
 		{"GET", p + "/event/Sign%20up", a, "", 400, ""},
 		{"DELETE", p + "/event/live_ev", a, "", 200, ""},
+		{"GET", p + "/event/live_ev?showDeleted=true", a, "", 400, "event type not found"},
 		{"DELETE", p + "/event/live_ev", a, "", 400, "deleted"},
 		{"GET", p + "/event", a, "", 200, "unexp_ev"},
 		{"GET", p + "/event?showDeleted=true", a, "", 200, "live_ev"},
@@ -212,6 +213,7 @@ func TestSimTaxonomyLifecycle(t *testing.T) {
 		{"PUT", p + "/event-property/plan", a, "event_type=live_ev&overrideScope=override&classifications=PII", 400, "classifications"},
 		{"PUT", p + "/event-property/plan", a, "classifications=PII", 200, ""},
 		{"DELETE", p + "/event-property/plan?event_type=live_ev", a, "", 200, ""},
+		{"GET", p + "/event-property?event_type=live_ev&showDeleted=true", a, "", 200, `"data":[]`},
 		{"DELETE", p + "/event-property/plan", a, "event_type=live_ev", 409, ""},
 		{"POST", p + "/event-property/plan/restore", a, "event_type=live_ev", 201, ""},
 		{"POST", p + "/user-property", a, "", 400, "user_property"},
@@ -224,6 +226,7 @@ func TestSimTaxonomyLifecycle(t *testing.T) {
 		{"GET", p + "/user-property/tier", a, "", 200, `"description":"v"`},
 		{"PUT", p + "/user-property/plan", a, "description=w", 409, "user property not found"},
 		{"DELETE", p + "/user-property/tier", a, "", 200, ""},
+		{"GET", p + "/user-property/tier?showDeleted=true", a, "", 200, `"deleted":true`},
 		{"GET", p + "/user-property", a, "", 200, `"data":[]`},
 		{"GET", p + "/user-property?showDeleted=true", a, "", 200, `"deleted":true`},
 		{"POST", p + "/group-property", a, "group_type=org", 400, "group_property"},
@@ -288,6 +291,8 @@ func TestSimExperiments(t *testing.T) {
 		{"DELETE", e + "/variants/c/bulk-delete-cohorts", a, `{"users":["c1"]}`, 200, "OK"},
 		{"GET", e + "/variants/c/cohorts", a, "", 200, `["c2"]`},
 		{"POST", e + "/deployments", a, `{"deployments":["d1"]}`, 200, "OK"},
+		{"GET", e + "/versions/5", a, "", 200, `"deployments added"`}, // inclusions make no version
+		{"GET", e + "/versions/6", a, "", 404, ""},
 		{"GET", e + "/deployments", a, "", 200, `"id":"d1"`},
 		{"DELETE", e + "/deployments/d1", a, "", 200, "OK"},
 		{"DELETE", e + "/deployments/d1", a, "", 404, ""},

@@ -15,9 +15,9 @@ import (
 //
 // State per organization (the SCIM token's): users keyed by lower-cased
 // email (pending or joined, both reported active) and groups with numeric
-// ids. Rate: Knobs.SCIMLimit requests per SCIMWindow per organization,
-// counted at arrival after authentication; above it 429 with Retry-After
-// (the refused call is not counted). Errors use the SCIM error schema
+// ids. Rate: Knobs.SCIMLimit requests per SCIMWindow per organization (100
+// per minute), counted at arrival after authentication; above it 429 with
+// Retry-After (the refused call is not counted). Errors use the SCIM error schema
 // {"schemas":[ErrorSchema],"status":"400","scimType":...,"detail":...}.
 //
 //	GET    /scim/1/Users   startIndex (>=1, default 1), itemsPerPage (1..100,
@@ -45,10 +45,7 @@ const (
 	SCIMPatchOpSchema = "urn:ietf:params:scim:api:messages:2.0:PatchOp"
 	SCIMErrorSchema   = "urn:ietf:params:scim:api:messages:2.0:Error"
 	SCIMMaxPageSize   = 100
-	// SCIMRateLimit requests per SCIMRateWindow per organization.
-	SCIMRateLimit  = 100
-	SCIMRateWindow = time.Minute
-	scimMaxBody    = 1 << 20
+	scimMaxBody       = 1 << 20
 )
 
 type scimUser struct {
@@ -128,13 +125,58 @@ func (s *Sim) registerSCIM() {
 			return f(w, q)
 		})
 	}
-	r("GET /scim/1/Users", s.scimListUsers)
+	r("GET /scim/1/Users", func(_ http.ResponseWriter, q *scimReq) (int, any) {
+		o := q.o
+		want := ""
+		if f := strings.TrimSpace(q.r.URL.Query().Get("filter")); f != "" {
+			parts := strings.SplitN(f, " ", 3)
+			if len(parts) != 3 || !strings.EqualFold(parts[0], "userName") || !strings.EqualFold(parts[1], "eq") ||
+				len(parts[2]) < 2 || parts[2][0] != '"' || parts[2][len(parts[2])-1] != '"' {
+				return scimError(http.StatusBadRequest, "invalidFilter", `only filter=userName eq "email" is supported`)
+			}
+			want = strings.ToLower(parts[2][1 : len(parts[2])-1])
+		}
+		var all []*scimUser
+		for _, k := range o.order {
+			if u := o.users[k]; u != nil && (want == "" || k == want) {
+				all = append(all, u)
+			}
+		}
+		return scimList(q.r, all, func(u *scimUser) any { return o.userView(u, false) })
+	})
 	r("GET /scim/1/Users/{id}", func(_ http.ResponseWriter, q *scimReq) (int, any) {
 		return http.StatusOK, q.o.userView(q.u, true)
 	})
-	r("POST /scim/1/Users", s.scimCreateUser)
-	r("PUT /scim/1/Users/{id}", s.scimUpdateUser)
-	r("PATCH /scim/1/Users/{id}", s.scimUpdateUser)
+	r("POST /scim/1/Users", func(w http.ResponseWriter, q *scimReq) (int, any) {
+		o, m := q.o, q.m
+		id, _ := m["id"].(string)
+		userName, _ := m["userName"].(string)
+		if !ValidEmail(id) || !ValidEmail(userName) || !strings.EqualFold(id, userName) {
+			return scimError(http.StatusBadRequest, "invalidValue", "id and userName must be the same valid email")
+		}
+		key := strings.ToLower(userName)
+		if o.users[key] != nil {
+			return scimError(http.StatusConflict, "uniqueness", "user exists or has a pending invitation")
+		}
+		o.users[key] = &scimUser{email: userName, body: m}
+		o.order = append(o.order, key)
+		w.Header().Set("Location", "/scim/1/Users/"+userName)
+		return http.StatusCreated, q.body
+	})
+	updateUser := func(_ http.ResponseWriter, q *scimReq) (int, any) {
+		o, u, m := q.o, q.u, q.m
+		if un, ok := m["userName"].(string); ok && !strings.EqualFold(un, u.email) {
+			return scimError(http.StatusBadRequest, "mutability", "the email address of a user cannot be changed")
+		}
+		if active, ok := m["active"].(bool); ok && !active {
+			o.removeUser(q.key)
+		} else {
+			maps.Copy(u.body, m)
+		}
+		return http.StatusOK, q.body
+	}
+	r("PUT /scim/1/Users/{id}", updateUser)
+	r("PATCH /scim/1/Users/{id}", updateUser)
 	r("DELETE /scim/1/Users/{id}", func(_ http.ResponseWriter, q *scimReq) (int, any) {
 		q.o.removeUser(q.key)
 		return http.StatusNoContent, nil
@@ -145,8 +187,79 @@ func (s *Sim) registerSCIM() {
 	r("GET /scim/1/Groups/{id}", func(_ http.ResponseWriter, q *scimReq) (int, any) {
 		return http.StatusOK, q.o.groupView(q.g, true)
 	})
-	r("POST /scim/1/Groups", s.scimCreateGroup)
-	r("PATCH /scim/1/Groups/{id}", s.scimPatchGroup)
+	r("POST /scim/1/Groups", func(_ http.ResponseWriter, q *scimReq) (int, any) {
+		o, m := q.o, q.m
+		name, _ := m["displayName"].(string)
+		if name == "" {
+			return scimError(http.StatusBadRequest, "invalidValue", "displayName is required")
+		}
+		var members []string
+		if v, ok := m["members"]; ok && v != nil {
+			if members, ok = memberValues(v); !ok {
+				return scimError(http.StatusBadRequest, "invalidValue", "members must be objects with a valid email value")
+			}
+		}
+		now := s.cfg.Now()
+		g := &scimGroup{id: o.nextID, displayName: name, created: now, modified: now}
+		o.nextID++
+		o.groups[g.id] = g
+		for _, e := range members {
+			o.addMember(g, e)
+		}
+		return http.StatusOK, o.groupView(g, false)
+	})
+	r("PATCH /scim/1/Groups/{id}", func(_ http.ResponseWriter, q *scimReq) (int, any) {
+		o, g := q.o, q.g
+		var body struct {
+			Schemas    []string `json:"schemas"`
+			Operations []struct {
+				Op    string `json:"op"`
+				Path  string `json:"path"`
+				Value any    `json:"value"`
+			} `json:"Operations"`
+		}
+		if err := json.Unmarshal(q.body, &body); err != nil {
+			return scimError(http.StatusBadRequest, "invalidSyntax", "body is not a PatchOp")
+		}
+		if !slices.Contains(body.Schemas, SCIMPatchOpSchema) || len(body.Operations) == 0 {
+			return scimError(http.StatusBadRequest, "invalidSyntax", "schemas must hold "+SCIMPatchOpSchema+" and Operations must not be empty")
+		}
+		type change struct {
+			add    bool
+			emails []string
+		}
+		var changes []change
+		for _, op := range body.Operations {
+			kind := strings.ToLower(op.Op)
+			if kind != "add" && kind != "remove" {
+				return scimError(http.StatusBadRequest, "invalidSyntax", "op must be add or remove")
+			}
+			var emails []string
+			switch {
+			case op.Path == "members":
+				var ok bool
+				if emails, ok = memberValues(op.Value); !ok {
+					return scimError(http.StatusBadRequest, "invalidValue", "value must be objects with a valid email value")
+				}
+			case kind == "remove" && strings.HasPrefix(op.Path, `members[value eq "`) && strings.HasSuffix(op.Path, `"]`):
+				emails = []string{strings.TrimSuffix(strings.TrimPrefix(op.Path, `members[value eq "`), `"]`)}
+			default:
+				return scimError(http.StatusBadRequest, "invalidPath", "path must be members")
+			}
+			changes = append(changes, change{add: kind == "add", emails: emails})
+		}
+		for _, c := range changes {
+			for _, e := range c.emails {
+				if c.add {
+					o.addMember(g, e)
+				} else {
+					g.members = removeString(g.members, strings.ToLower(e))
+				}
+			}
+		}
+		g.modified = s.cfg.Now()
+		return http.StatusOK, o.groupView(g, true)
+	})
 	r("DELETE /scim/1/Groups/{id}", func(_ http.ResponseWriter, q *scimReq) (int, any) {
 		delete(q.o.groups, q.g.id)
 		return http.StatusNoContent, nil
@@ -219,26 +332,6 @@ func (o *scimOrg) sortedGroups() []*scimGroup {
 	return slices.SortedFunc(maps.Values(o.groups), func(a, b *scimGroup) int { return a.id - b.id })
 }
 
-func (s *Sim) scimListUsers(w http.ResponseWriter, q *scimReq) (int, any) {
-	o := q.o
-	want := ""
-	if f := strings.TrimSpace(q.r.URL.Query().Get("filter")); f != "" {
-		parts := strings.SplitN(f, " ", 3)
-		if len(parts) != 3 || !strings.EqualFold(parts[0], "userName") || !strings.EqualFold(parts[1], "eq") ||
-			len(parts[2]) < 2 || parts[2][0] != '"' || parts[2][len(parts[2])-1] != '"' {
-			return scimError(http.StatusBadRequest, "invalidFilter", `only filter=userName eq "email" is supported`)
-		}
-		want = strings.ToLower(parts[2][1 : len(parts[2])-1])
-	}
-	var all []*scimUser
-	for _, k := range o.order {
-		if u := o.users[k]; u != nil && (want == "" || k == want) {
-			all = append(all, u)
-		}
-	}
-	return scimList(q.r, all, func(u *scimUser) any { return o.userView(u, false) })
-}
-
 // decodeObject returns the JSON object b holds, nil when it holds none.
 func decodeObject(b []byte) map[string]any {
 	var m map[string]any
@@ -246,23 +339,6 @@ func decodeObject(b []byte) map[string]any {
 		return nil
 	}
 	return m
-}
-
-func (s *Sim) scimCreateUser(w http.ResponseWriter, q *scimReq) (int, any) {
-	o, m := q.o, q.m
-	id, _ := m["id"].(string)
-	userName, _ := m["userName"].(string)
-	if !ValidEmail(id) || !ValidEmail(userName) || !strings.EqualFold(id, userName) {
-		return scimError(http.StatusBadRequest, "invalidValue", "id and userName must be the same valid email")
-	}
-	key := strings.ToLower(userName)
-	if o.users[key] != nil {
-		return scimError(http.StatusConflict, "uniqueness", "user exists or has a pending invitation")
-	}
-	o.users[key] = &scimUser{email: userName, body: m}
-	o.order = append(o.order, key)
-	w.Header().Set("Location", "/scim/1/Users/"+userName)
-	return http.StatusCreated, q.body
 }
 
 func (o *scimOrg) removeUser(key string) {
@@ -275,19 +351,6 @@ func (o *scimOrg) removeUser(key string) {
 
 func removeString(v []string, s string) []string {
 	return slices.DeleteFunc(v, func(x string) bool { return x == s })
-}
-
-func (s *Sim) scimUpdateUser(w http.ResponseWriter, q *scimReq) (int, any) {
-	o, u, m := q.o, q.u, q.m
-	if un, ok := m["userName"].(string); ok && !strings.EqualFold(un, u.email) {
-		return scimError(http.StatusBadRequest, "mutability", "the email address of a user cannot be changed")
-	}
-	if active, ok := m["active"].(bool); ok && !active {
-		o.removeUser(q.key)
-	} else {
-		maps.Copy(u.body, m)
-	}
-	return http.StatusOK, q.body
 }
 
 func (o *scimOrg) groupView(g *scimGroup, idAsString bool) map[string]any {
@@ -343,79 +406,4 @@ func (o *scimOrg) addMember(g *scimGroup, email string) {
 	if !slices.Contains(g.members, key) {
 		g.members = append(g.members, key)
 	}
-}
-
-func (s *Sim) scimCreateGroup(w http.ResponseWriter, q *scimReq) (int, any) {
-	o, m := q.o, q.m
-	name, _ := m["displayName"].(string)
-	if name == "" {
-		return scimError(http.StatusBadRequest, "invalidValue", "displayName is required")
-	}
-	var members []string
-	if v, ok := m["members"]; ok && v != nil {
-		if members, ok = memberValues(v); !ok {
-			return scimError(http.StatusBadRequest, "invalidValue", "members must be objects with a valid email value")
-		}
-	}
-	now := s.cfg.Now()
-	g := &scimGroup{id: o.nextID, displayName: name, created: now, modified: now}
-	o.nextID++
-	o.groups[g.id] = g
-	for _, e := range members {
-		o.addMember(g, e)
-	}
-	return http.StatusOK, o.groupView(g, false)
-}
-
-func (s *Sim) scimPatchGroup(w http.ResponseWriter, q *scimReq) (int, any) {
-	o, g := q.o, q.g
-	var body struct {
-		Schemas    []string `json:"schemas"`
-		Operations []struct {
-			Op    string `json:"op"`
-			Path  string `json:"path"`
-			Value any    `json:"value"`
-		} `json:"Operations"`
-	}
-	if err := json.Unmarshal(q.body, &body); err != nil {
-		return scimError(http.StatusBadRequest, "invalidSyntax", "body is not a PatchOp")
-	}
-	if !slices.Contains(body.Schemas, SCIMPatchOpSchema) || len(body.Operations) == 0 {
-		return scimError(http.StatusBadRequest, "invalidSyntax", "schemas must hold "+SCIMPatchOpSchema+" and Operations must not be empty")
-	}
-	type change struct {
-		add    bool
-		emails []string
-	}
-	var changes []change
-	for _, op := range body.Operations {
-		kind := strings.ToLower(op.Op)
-		if kind != "add" && kind != "remove" {
-			return scimError(http.StatusBadRequest, "invalidSyntax", "op must be add or remove")
-		}
-		var emails []string
-		switch {
-		case op.Path == "members":
-			var ok bool
-			if emails, ok = memberValues(op.Value); !ok {
-				return scimError(http.StatusBadRequest, "invalidValue", "value must be objects with a valid email value")
-			}
-		case kind == "remove" && strings.HasPrefix(op.Path, `members[value eq "`) && strings.HasSuffix(op.Path, `"]`):
-			emails = []string{strings.TrimSuffix(strings.TrimPrefix(op.Path, `members[value eq "`), `"]`)}
-		default:
-			return scimError(http.StatusBadRequest, "invalidPath", "path must be members")
-		}
-		changes = append(changes, change{add: kind == "add", emails: emails})
-	}
-	for _, c := range changes {
-		for _, e := range c.emails {
-			if c.add {
-				o.addMember(g, e)
-			} else {
-				g.members = removeString(g.members, strings.ToLower(e))
-			}
-		}
-	}
-	g.modified = s.cfg.Now()
-	return http.StatusOK, o.groupView(g, true)
 }

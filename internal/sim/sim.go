@@ -97,10 +97,8 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("sim: %s %v < 0", f.name, f.v)
 		}
 	}
-	for _, k := range c.APIKeys {
-		if k == "" {
-			return errors.New("sim: empty key in APIKeys")
-		}
+	if slices.Contains(c.APIKeys, "") {
+		return errors.New("sim: empty key in APIKeys")
 	}
 	return nil
 }
@@ -206,9 +204,9 @@ func New(cfg Config, log *zap.Logger) *Sim {
 	s.store.init(&s.cfg, s.seed, &s.knobs)
 	s.knobs = Knobs{DailyQuota: cfg.DailyQuota, Silenced: map[string]bool{}, RefusedKeys: map[string]time.Time{},
 		ManagementKeys: map[string]bool{}, SCIMTokens: map[string]string{}, ProjectSecrets: map[string]string{},
-		SCIMLimit: SCIMRateLimit, SCIMWindow: SCIMRateWindow, TaxonomyMaxInFlight: TaxonomyMaxInFlight,
-		TaxonomyPeriodCost: TaxonomyPeriodCost, TaxonomyPeriod: TaxonomyPeriod, UserMapLimit: DefaultMappingLimit,
-		UserMapWindow: DefaultMappingWindow, UserMapOrgs: map[string]string{}, UserMapSecrets: map[string]string{},
+		SCIMLimit: 100, SCIMWindow: time.Minute, TaxonomyMaxInFlight: 4, TaxonomyPeriodCost: 7200,
+		TaxonomyPeriod: time.Hour, UserMapLimit: 1500, UserMapWindow: 30 * time.Second,
+		UserMapOrgs: map[string]string{}, UserMapSecrets: map[string]string{},
 		RejectedUserIDs: map[string]bool{}, RejectedGroupValues: map[string]bool{}, DSARPollsToDone: 3,
 		DSARURLTTL: 48 * time.Hour, ExportMaxBytes: 4 << 30}
 	s.mux = http.NewServeMux()

@@ -7,7 +7,6 @@ import (
 	"hash/maphash"
 	"maps"
 	"math"
-	"net/http"
 	"slices"
 	"sort"
 	"time"
@@ -168,19 +167,8 @@ func pushKeep[T any](q *[]T, v T, keep int) bool {
 }
 
 func (st *store) init(cfg *Config, seed maphash.Seed, knobs *Knobs) {
-	*st = store{cfg: cfg, seed: seed, knobs: knobs}
-	st.stats.ByStatus = make(map[int]int64)
-	st.stats.IngestedByKey = make(map[string]int64)
-	st.dedup = make(map[uint64]int64)
-	st.rates = make(map[string]*rateKey)
-	st.quotas = make(map[string]*quotaKey)
-}
-
-func (s *Sim) newRecord(r *http.Request) *Record {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.store.reqSeq++
-	return &Record{Seq: s.store.reqSeq, Time: s.cfg.Now(), Method: r.Method, Path: r.URL.Path}
+	*st = store{cfg: cfg, seed: seed, knobs: knobs, dedup: map[uint64]int64{}, rates: map[string]*rateKey{},
+		quotas: map[string]*quotaKey{}, stats: Stats{ByStatus: map[int]int64{}, IngestedByKey: map[string]int64{}}}
 }
 
 // Log appends the Exchange's Rec to the request log.
@@ -335,18 +323,16 @@ func (s *Sim) accept(env *envelope, bodyLen int, rec *Record) (int, any) {
 			thrEvents = append(thrEvents, i)
 		}
 	}
-	if len(thrEvents) > 0 {
-		for kind, m := range map[string]map[string]int{"d": thrDevs, "u": thrUsers} {
-			for id := range m {
-				rk := entry(st.rates, st.rateKeyOf(env.apiKey, kind, id), newRateKey)
-				if s.cfg.ThrottlePenalty >= 0 && rk.penaltyUntil <= now {
-					rk.penaltyUntil = now + int64(s.cfg.ThrottlePenalty)
-				}
-				rec.Throttled = append(rec.Throttled, keyShare{Key: kind + ":" + id, Share: own[kind+id]})
+	for kind, m := range map[string]map[string]int{"d": thrDevs, "u": thrUsers} { // empty unless some are throttled
+		for id := range m {
+			rk := entry(st.rates, st.rateKeyOf(env.apiKey, kind, id), newRateKey)
+			if s.cfg.ThrottlePenalty >= 0 && rk.penaltyUntil <= now {
+				rk.penaltyUntil = now + int64(s.cfg.ThrottlePenalty)
 			}
+			rec.Throttled = append(rec.Throttled, keyShare{Key: kind + ":" + id, Share: own[kind+id]})
 		}
-		sort.Slice(rec.Throttled, func(i, j int) bool { return rec.Throttled[i].Key < rec.Throttled[j].Key })
 	}
+	sort.Slice(rec.Throttled, func(i, j int) bool { return rec.Throttled[i].Key < rec.Throttled[j].Key })
 
 	if len(silDevs) > 0 || len(quota) > 0 {
 		if s.cfg.PartialSilence {
@@ -425,7 +411,7 @@ func (s *Sim) storeLocked(env *envelope, rec *Record, nowT time.Time) {
 	day := utcDay(nowT)
 	label := KeyLabel(env.apiKey)
 	for i, ev := range env.info {
-		if ev.hasInsertID && st.seenLocked(env.apiKey, ev, now) {
+		if ev.insertID != "" && st.seenLocked(env.apiKey, ev, now) {
 			rec.Duplicates++
 			st.stats.Duplicates++
 			continue

@@ -32,16 +32,10 @@ import (
 // the override back.
 //
 // Limits per api key: cost GET 1, PUT/POST/DELETE 2; at most
-// TaxonomyMaxInFlight cost in flight and TaxonomyPeriodCost cost per
-// TaxonomyPeriod (Knobs); above either: 429 with Retry-After.
+// Knobs.TaxonomyMaxInFlight cost in flight (4) and TaxonomyPeriodCost cost
+// (7200) per TaxonomyPeriod (an hour); above either: 429 with Retry-After.
 
-// Taxonomy limits of the document.
-const (
-	TaxonomyMaxInFlight = 4
-	TaxonomyPeriodCost  = 7200
-	TaxonomyPeriod      = time.Hour
-	taxMaxBody          = 1 << 20
-)
+const taxMaxBody = 1 << 20
 
 type taxEntity struct {
 	state  string
@@ -61,7 +55,7 @@ type taxProject struct {
 type taxState struct {
 	projects map[string]*taxProject
 	inFlight map[string]int
-	peak     map[string]int
+	peak     map[string]int // by KeyLabel
 	spent    windowHits
 }
 
@@ -123,19 +117,14 @@ func (q *taxReq) set(e *taxEntity, fields []string) {
 	}
 }
 
-// entity is a new planned entity with the form's values of fields.
-func (q *taxReq) entity(fields []string) *taxEntity {
-	e := &taxEntity{state: "planned", fields: map[string]string{}}
-	q.set(e, fields)
-	return e
-}
-
-// create adds m[name] as q.entity(fields), or answers 409 "WHAT exists".
+// create adds m[name], planned, with the form's values of fields, or
+// answers 409 "WHAT exists".
 func (q *taxReq) create(m map[string]*taxEntity, name, what string, fields []string) (int, any) {
 	if m[name] != nil {
 		return taxFail(http.StatusConflict, what+" exists")
 	}
-	m[name] = q.entity(fields)
+	m[name] = &taxEntity{state: "planned", fields: map[string]string{}}
+	q.set(m[name], fields)
 	return taxOK(http.StatusOK, nil)
 }
 
@@ -159,9 +148,8 @@ func (q *taxReq) update(m map[string]*taxEntity, name, newName, what string, fie
 }
 
 // list answers m's entities by name as view shows them, deleted ones only
-// with showDeleted=true.
-func (q *taxReq) list(m map[string]*taxEntity, view func(string, *taxEntity) map[string]any) (int, any) {
-	deleted := q.form.Get("showDeleted") == "true"
+// when deleted.
+func (q *taxReq) list(m map[string]*taxEntity, deleted bool, view func(string, *taxEntity) map[string]any) (int, any) {
 	out := []any{}
 	for _, n := range sortedKeys(m) {
 		if e := m[n]; e.state != "deleted" || deleted {
@@ -199,7 +187,7 @@ func (s *Sim) registerTaxonomy() {
 				return taxFail(http.StatusTooManyRequests, "Too many requests: cost budget exceeded")
 			}
 			x.inFlight[key] += cost
-			x.peak[key] = max(x.peak[key], x.inFlight[key])
+			x.peak[q.call.Principal] = max(x.peak[q.call.Principal], x.inFlight[key]) // Principal: the key's label
 			delay := k.TaxonomyDelay
 			s.mu.Unlock()
 			defer func() {
@@ -235,10 +223,8 @@ func (s *Sim) registerTaxonomy() {
 	// Categories.
 	r("POST /api/2/taxonomy/category", func(q *taxReq) (int, any) {
 		name := q.form.Get("category_name")
-		for _, n := range q.p.categories {
-			if n == name {
-				return taxFail(http.StatusConflict, "category exists")
-			}
+		if slices.Contains(slices.Collect(maps.Values(q.p.categories)), name) {
+			return taxFail(http.StatusConflict, "category exists")
 		}
 		q.p.categories[q.p.nextCat] = name
 		q.p.nextCat++
@@ -291,7 +277,7 @@ func (s *Sim) registerTaxonomy() {
 		return q.create(q.p.events, q.form.Get("event_type"), "event type", eventFields)
 	}, "event_type")
 	r("GET /api/2/taxonomy/event", func(q *taxReq) (int, any) {
-		return q.list(q.p.events, eventView)
+		return q.list(q.p.events, q.form.Get("showDeleted") == "true", eventView)
 	})
 	r("GET /api/2/taxonomy/event/{event_type}", func(q *taxReq) (int, any) {
 		n := q.r.PathValue("event_type")
@@ -334,8 +320,7 @@ func (s *Sim) registerTaxonomy() {
 		case et != "" && q.p.overrides[et][name] != nil:
 			return taxFail(http.StatusConflict, "event property exists on that event type")
 		case et != "" && shared != nil:
-			entry(q.p.overrides, et, newTaxEntities)[name] = q.entity(propFields)
-			return taxOK(http.StatusOK, nil)
+			return q.create(entry(q.p.overrides, et, newTaxEntities), name, "event property", propFields)
 		default:
 			return q.create(q.p.props, name, "event property", propFields)
 		}
@@ -356,13 +341,7 @@ func (s *Sim) registerTaxonomy() {
 		if et != "" {
 			m = q.p.overrides[et]
 		}
-		out := []any{}
-		for _, n := range sortedKeys(m) {
-			if m[n].state != "deleted" {
-				out = append(out, propView(n, et, m[n]))
-			}
-		}
-		return taxOK(http.StatusOK, out)
+		return q.list(m, false, func(n string, e *taxEntity) map[string]any { return propView(n, et, e) })
 	})
 	r("PUT /api/2/taxonomy/event-property/{event_property}", func(q *taxReq) (int, any) {
 		name := q.r.PathValue("event_property")
@@ -439,7 +418,7 @@ func (s *Sim) registerTaxonomy() {
 		return q.create(q.p.users, userName(q.form.Get("user_property")), "user property", userFields)
 	}, "user_property")
 	r("GET /api/2/taxonomy/user-property", func(q *taxReq) (int, any) {
-		return q.list(q.p.users, userView)
+		return q.list(q.p.users, q.form.Get("showDeleted") == "true", userView)
 	})
 	r("GET /api/2/taxonomy/user-property/{user_property}", func(q *taxReq) (int, any) {
 		n := userName(q.r.PathValue("user_property"))

@@ -66,23 +66,18 @@ type MappingRead struct {
 // Mapping limits of the API reference.
 const (
 	MaxMappingsPerRequest = 2000
-	DefaultMappingLimit   = 1500
-	DefaultMappingWindow  = 30 * time.Second
 	MaxReadUserIDs        = 100
 )
 
 // ErrTextInvalidMapping answers a mapping the sim refuses.
 const ErrTextInvalidMapping = "Invalid mapping"
 
-// umState is the user mapping state (guarded by Sim.mu).
+// umState is the user mapping state (guarded by Sim.mu): its read-out's,
+// and the rate's.
 type umState struct {
-	mapped    map[string]map[string]string // org -> user_id -> global_user_id
-	calls     []MappingCall
-	batches   []MappingBatch
-	reads     []MappingRead
-	hits      windowHits // mapping calls per organization
-	throttled int64
-	seq       int64
+	UserMapState
+	hits windowHits // mapping calls per organization
+	seq  int64
 }
 
 // UserMapState is the answer of GET /sim/usermap.
@@ -97,23 +92,12 @@ type UserMapState struct {
 
 func (s *Sim) registerUserMap() {
 	st := &umState{}
-	s.onReset(func() { *st = umState{mapped: map[string]map[string]string{}, hits: windowHits{}} })
-	s.readout("GET /sim/usermap", func(url.Values) any {
-		return UserMapState{Calls: st.calls, Batches: st.batches, Throttled: st.throttled, Reads: st.reads, Mapped: st.mapped}
+	s.onReset(func() {
+		*st = umState{UserMapState: UserMapState{Mapped: map[string]map[string]string{}}, hits: windowHits{}}
 	})
-	s.route("/usermap", routeHandler{
-		describe: func(in *incoming) { describeForm(in, "mapping") },
-		serve: func(_ http.ResponseWriter, r *http.Request, in *incoming) (int, any) {
-			if status, body := refuseIngest(r, in); status != 0 {
-				return status, body
-			}
-			body, _ := url.ParseQuery(string(in.Body))
-			form := formParams(r.URL.Query(), body)
-			apiKey := form.Get("api_key")
-			raws, fail := s.formItems(in, apiKey, "mapping", form.Get("mapping"), MaxMappingsPerRequest, ErrTextInvalidMapping)
-			if fail != nil {
-				return fail.Code, fail
-			}
+	s.readout("GET /sim/usermap", func(url.Values) any { return st.UserMapState })
+	s.formRoute("/usermap", "mapping", true, MaxMappingsPerRequest, ErrTextInvalidMapping,
+		func(in *incoming, apiKey string, raws []json.RawMessage) (int, any) {
 			var ms []MappingCall
 			s.mu.Lock()
 			defer s.mu.Unlock()
@@ -135,11 +119,11 @@ func (s *Sim) registerUserMap() {
 			now := s.cfg.Now()
 			org := UserMapOrg(&s.knobs, apiKey)
 			if ok, _ := st.hits.take(org, now, len(ms), s.knobs.UserMapLimit, s.knobs.UserMapWindow); !ok {
-				st.throttled++
+				st.Throttled++
 				return codeError(http.StatusTooManyRequests, "Too many requests")
 			}
-			st.batches = append(st.batches, MappingBatch{Time: now, Org: org, N: len(ms)})
-			users := entry(st.mapped, org, func() map[string]string { return map[string]string{} })
+			st.Batches = append(st.Batches, MappingBatch{Time: now, Org: org, N: len(ms)})
+			users := entry(st.Mapped, org, func() map[string]string { return map[string]string{} })
 			for _, m := range ms {
 				st.seq++
 				m.Seq, m.Request, m.Time, m.KeyLabel = st.seq, in.Rec.Seq, now, in.Rec.KeyLabel
@@ -148,18 +132,17 @@ func (s *Sim) registerUserMap() {
 				} else {
 					users[m.UserID] = m.GlobalUserID
 				}
-				st.calls = append(st.calls, m)
+				st.Calls = append(st.Calls, m)
 			}
 			in.Rec.Ingested = len(ms)
 			return http.StatusOK, map[string]int{"code": 200}
-		},
-	})
+		})
 	s.route("/api/2/usermap", routeHandler{serve: func(_ http.ResponseWriter, r *http.Request, _ *incoming) (status int, body any) {
 		rd := MappingRead{Time: s.cfg.Now(), Query: r.URL.RawQuery, Headers: sortedKeys(r.Header)}
 		defer func() { // after the unlock below
 			rd.Status = status
 			s.mu.Lock()
-			st.reads = append(st.reads, rd)
+			st.Reads = append(st.Reads, rd)
 			s.mu.Unlock()
 		}()
 		if r.Method != http.MethodGet {
@@ -190,7 +173,7 @@ func (s *Sim) registerUserMap() {
 		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		users := st.mapped[UserMapOrg(&s.knobs, user)]
+		users := st.Mapped[UserMapOrg(&s.knobs, user)]
 		out := make(map[string]userMapping, len(ids))
 		for _, id := range ids {
 			um := userMapping{MappedFrom: []svcUser{}, MappedTo: []svcUser{}}

@@ -26,10 +26,6 @@ const (
 // event_properties and user_properties.
 const MaxPropertyDepth = 40
 
-// maxMinIDLength is the largest options.min_id_length taken (a 32-bit int);
-// a larger one is an invalid request body.
-const maxMinIDLength = math.MaxInt32
-
 // jsonSpace is JSON's whitespace (RFC 8259): a body of only these is missing.
 const jsonSpace = " \t\r\n"
 
@@ -41,10 +37,10 @@ type errBody struct {
 	MissingFields map[string][]int `json:"events_with_missing_fields,omitempty"`
 }
 
-// evInfo is what the sim needs of one valid event (ids after min_id_length).
+// evInfo is what the sim needs of one valid event (ids after min_id_length;
+// insertID "" when absent or not a string).
 type evInfo struct {
 	eventType, deviceID, userID, insertID string
-	hasInsertID                           bool
 }
 
 type envelope struct {
@@ -102,7 +98,7 @@ func validate(body []byte, validKey func(string) bool, maxEvents int) (*envelope
 		}
 		if m, ok := o["min_id_length"]; ok && !isNull(m) {
 			var n int
-			if kindOf(m) != kInteger || json.Unmarshal(m, &n) != nil || n < 0 || n > maxMinIDLength {
+			if kindOf(m) != kInteger || json.Unmarshal(m, &n) != nil || n < 0 || n > math.MaxInt32 { // a 32-bit int
 				return nil, &errBody{Code: 400, Error: ErrTextInvalidJSON}
 			}
 			env.minIDLen = n
@@ -199,10 +195,7 @@ func validate(body []byte, validKey func(string) bool, maxEvents int) (*envelope
 			mark(&missing, "device_id", i)
 		}
 		info.deviceID, info.userID = dev, uid
-		info.insertID, info.hasInsertID = str("insert_id")
-		if info.insertID == "" {
-			info.hasInsertID = false
-		}
+		info.insertID, _ = str("insert_id")
 	}
 	if missing != nil || invalid != nil {
 		e := &errBody{Code: 400, Error: ErrTextInvalidFields, InvalidFields: invalid, MissingFields: missing}
