@@ -48,10 +48,11 @@ const feedIdle = time.Minute
 // pauses and operators' lane stops through lanes (either may be nil: this
 // relay's own then). log, reg and thr may be nil.
 func NewFleet(cfg Config, st Store, pauses SharedPauses, lanes SharedLanes, send Sender, thr *throttle.Throttle, log *zap.Logger, reg prometheus.Registerer) (*Pipeline, error) {
-	p, err := newEvents(cfg, st, &fleetState{pauses: pauses, lanes: lanes, stops: make(map[storage.LaneKey]string)}, send, thr, log, reg)
+	p, err := New(cfg, st, send, thr, log, reg)
 	if err != nil {
 		return nil, err
 	}
+	p.fl = &fleetState{pauses: pauses, lanes: lanes, stops: make(map[storage.LaneKey]string)}
 	if lanes != nil {
 		lanes.WatchLanes(p.laneStopChanged)
 	}

@@ -73,22 +73,14 @@ type Pipeline struct {
 // before Run. log and reg may be nil; thr may be nil (a Throttle without
 // pacing is made).
 func New(cfg Config, st Store, send Sender, thr *throttle.Throttle, log *zap.Logger, reg prometheus.Registerer) (*Pipeline, error) {
-	return newEvents(cfg, st, nil, send, thr, log, reg)
-}
-
-// newEvents is New, or NewFleet when fl is not nil.
-func newEvents(cfg Config, st Store, fl *fleetState, send Sender, thr *throttle.Throttle, log *zap.Logger, reg prometheus.Registerer) (*Pipeline, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if st == nil || send == nil {
 		return nil, errors.New("delivery: store and sender are required")
 	}
-	p, err := newPipeline(cfg, st, send, thr, log)
-	if err != nil {
-		return nil, err
-	}
-	p.fl, p.m = fl, newMetrics(reg, p)
+	p := newPipeline(cfg, st, send, thr, log)
+	p.m = newMetrics(reg, p)
 	return p, nil
 }
 
@@ -145,22 +137,19 @@ func (p *Pipeline) SetLive(l Live) {
 }
 
 // newPipeline is what every kind shares; cfg is valid.
-func newPipeline(cfg Config, st Store, send Sender, thr *throttle.Throttle, log *zap.Logger) (*Pipeline, error) {
+func newPipeline(cfg Config, st Store, send Sender, thr *throttle.Throttle, log *zap.Logger) *Pipeline {
 	if log == nil {
 		log = zap.NewNop()
 	}
 	if thr == nil {
-		var err error
-		if thr, err = throttle.New(throttle.Config{}, nil); err != nil {
-			return nil, err
-		}
+		thr, _ = throttle.New(throttle.Config{}, nil) // the zero Config is valid
 	}
 	cfg = cfg.withDefaults()
 	p := &Pipeline{cfg: cfg, st: st, send: send, thr: thr, log: log, seed: maphash.MakeSeed(),
 		name: "events", lanes: storage.KindEvents, kind: events{cfg.Check}, budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool(),
 		runners: map[uint64]*laneRunner{}}
 	p.live.Store(cfg.liveState())
-	return p, nil
+	return p
 }
 
 // ErrAlreadyRunning is returned by a second concurrent Run.
