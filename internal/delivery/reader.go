@@ -198,19 +198,6 @@ func (lr *laneRunner) progress() {
 	}
 }
 
-// shardFailing is called when a shard's request failed after a 200 (or
-// its first one): when every shard of the lane fails (the upstream is
-// down), the window closes, so that the lane stops reading what it cannot
-// send. It reopens with progress.
-func (lr *laneRunner) shardFailing() {
-	if int(lr.failing.Add(1)) >= len(lr.shards) {
-		lr.window.Store(1)
-	}
-}
-
-// shardRecovered is called on a 200 after failures.
-func (lr *laneRunner) shardRecovered() { lr.failing.Add(-1) }
-
 // maxNextBytes bounds one NextPart (as does an eighth of the budget): the
 // read-ahead fills in steps, so shards start sending early.
 const maxNextBytes = 4 << 20
