@@ -214,7 +214,8 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		id := l.ID()
 		lr := p.lane(id)
 		if lr == nil {
-			lr = newLaneRunner(p, l)
+			lr = newRunner(p, l, id, l.Key().Label(), l.Key())
+			lr.stop.Lane = l // a stopped lane is not retired while empty (its stop would be lost)
 			p.add(id, lr)
 		}
 		err := lr.Run(qctx, drain)
@@ -425,12 +426,6 @@ type laneRunner struct {
 	// a read-ahead budget: shards then send what they have instead of
 	// waiting for full batches.
 	readerWaits atomic.Bool
-}
-
-func newLaneRunner(p *Pipeline, l storage.QueueLane) *laneRunner {
-	lr := newRunner(p, l, l.ID(), l.Key().Label(), l.Key())
-	lr.stop.Lane = l // a stopped lane is not retired while empty (its stop would be lost)
-	return lr
 }
 
 // newRunner returns the runner of one lane reading src.
