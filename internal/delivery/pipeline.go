@@ -131,9 +131,7 @@ func (c Config) liveState() *liveState {
 func (p *Pipeline) SetLive(l Live) {
 	c := p.cfg
 	c.Live, c.IngestURL = l, cmp.Or(l.IngestURL, c.IngestURL)
-	if old := p.live.Swap(c.liveState()); old != nil && old.changed != nil {
-		close(old.changed)
-	}
+	close(p.live.Swap(c.liveState()).changed) // newPipeline stored the first
 }
 
 // newPipeline is what every kind shares; cfg is valid.
