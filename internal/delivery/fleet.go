@@ -92,10 +92,7 @@ func (p *Pipeline) startFeed(f *Feed, name string) *laneRunner {
 // read-ahead it holds (read again by the next owner).
 func (lr *laneRunner) abandon() {
 	lr.p.forget(lr.id, lr)
-	lr.bmu.Lock()
-	n := lr.inflight
-	lr.bmu.Unlock()
-	lr.release(n)
+	lr.release(lr.readAhead.Load())
 	lr.heldKeys.Store(0)
 	lr.heldEvents.Store(0)
 }

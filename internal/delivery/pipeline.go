@@ -400,17 +400,16 @@ type laneRunner struct {
 	sctx, sdrain context.Context
 	swg          sync.WaitGroup
 
-	// read-ahead budget (bytes read and not done)
-	bmu      sync.Mutex
-	inflight int64
-	bwake    chan struct{}
+	// readAhead is the lane's read-ahead: bytes read and not done. bwake
+	// wakes its reader when budget is freed.
+	readAhead atomic.Int64
+	bwake     chan struct{}
 
 	// stop is the lane's stop state; its Stopped (an atomic) serves the
 	// relay_lane_stopped collector, which reads no lock of the relay. It
 	// pins the lane while stopped.
 	stop                 StopSwitch
 	heldKeys, heldEvents atomic.Int64
-	readAhead            atomic.Int64
 	// failing counts the shards whose last request failed (retryable) and
 	// that have not had a 200 since.
 	failing atomic.Int32
