@@ -22,10 +22,7 @@ import (
 func BenchmarkBuild(b *testing.B) {
 	thr, _ := throttle.New(throttle.Config{}, nil)
 	cfg := Config{Live: Live{IngestURL: "http://x"}}.withDefaults()
-	p, err := newPipeline(cfg, nil, nil, thr, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
+	p := newPipeline(cfg, nil, nil, thr, nil)
 	p.m = newMetrics(nil, p)
 	lr := &laneRunner{p: p, bwake: make(chan struct{}, 1)}
 	lr.frame = events{}.Frame(storage.LaneKey{APIKey: "0123456789abcdef0123456789abcdef", Options: `{"min_id_length":3}`})

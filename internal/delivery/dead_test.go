@@ -117,10 +117,7 @@ func TestFlushDead(t *testing.T) {
 func TestExpired(t *testing.T) {
 	thr, _ := throttle.New(throttle.Config{}, nil)
 	cfg := Config{Live: Live{IngestURL: "http://x", MaxEventAge: time.Hour}}.withDefaults()
-	p, err := newPipeline(cfg, nil, nil, thr, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := newPipeline(cfg, nil, nil, thr, nil)
 	s := newRunner(p, nil, 1, "lane", storage.LaneKey{APIKey: "k"}).shard(0)
 	now := time.Now()
 	for i, acc := range []time.Time{now.Add(-time.Hour + time.Nanosecond), now.Add(-time.Hour)} {

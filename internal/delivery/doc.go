@@ -175,7 +175,7 @@
 // records over under shard.mu, which also guards shard.running. A chunk's counters (ackRef.left, chunkRef.refs) are atomic:
 // its records may be done by several shards. Pipeline.runners (under
 // Pipeline.rmu) keeps a laneRunner per lane Run met; Run forgets one whose
-// lane the spool retired. Locks never nest: Pipeline.rmu,
-// laneRunner.bmu, the lock of laneRunner.stop (StopSwitch),
-// budget.mu and shard.mu are each taken alone.
+// lane the spool retired. Locks never nest: Pipeline.rmu, the lock of
+// laneRunner.stop (StopSwitch), budget.mu and shard.mu are each taken
+// alone.
 package delivery

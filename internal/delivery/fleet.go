@@ -48,10 +48,11 @@ const feedIdle = time.Minute
 // pauses and operators' lane stops through lanes (either may be nil: this
 // relay's own then). log, reg and thr may be nil.
 func NewFleet(cfg Config, st Store, pauses SharedPauses, lanes SharedLanes, send Sender, thr *throttle.Throttle, log *zap.Logger, reg prometheus.Registerer) (*Pipeline, error) {
-	p, err := newEvents(cfg, st, &fleetState{pauses: pauses, lanes: lanes, stops: make(map[storage.LaneKey]string)}, send, thr, log, reg)
+	p, err := New(cfg, st, send, thr, log, reg)
 	if err != nil {
 		return nil, err
 	}
+	p.fl = &fleetState{pauses: pauses, lanes: lanes, stops: make(map[storage.LaneKey]string)}
 	if lanes != nil {
 		lanes.WatchLanes(p.laneStopChanged)
 	}
@@ -91,10 +92,7 @@ func (p *Pipeline) startFeed(f *Feed, name string) *laneRunner {
 // read-ahead it holds (read again by the next owner).
 func (lr *laneRunner) abandon() {
 	lr.p.forget(lr.id, lr)
-	lr.bmu.Lock()
-	n := lr.inflight
-	lr.bmu.Unlock()
-	lr.release(n)
+	lr.release(lr.readAhead.Load())
 	lr.heldKeys.Store(0)
 	lr.heldEvents.Store(0)
 }

@@ -34,10 +34,7 @@ func NewForm(fc FormConfig, send Sender, log *zap.Logger, reg prometheus.Registe
 		RetryInitial:      cmp.Or(fc.RetryInitial, DefaultRetryInitial),
 		RetryMax:          cmp.Or(fc.RetryMax, formRetryMax),
 		MaxRetryAfter:     cmp.Or(fc.MaxRetryAfter, formMaxRetryAfter)}
-	p, err := newPipeline(cfg, fc.Store, send, nil, log)
-	if err != nil {
-		return nil, err
-	}
+	p := newPipeline(cfg, fc.Store, send, nil, log)
 	p.name, p.lanes, p.kind, p.form = fc.Name, fc.Lanes, fc.Kind, &fc
 	p.log = p.log.With(zap.String("kind", fc.Name))
 	// The store's lanes run as lanes; its fleet partitions (when it hands

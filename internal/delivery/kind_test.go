@@ -56,10 +56,7 @@ func TestBuildBodies(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			thr, _ := throttle.New(throttle.Config{}, nil)
 			cfg := Config{Live: Live{IngestURL: "http://x", MaxBatchEvents: tc.maxEvents, MaxBatchBytes: tc.maxBytes}}.withDefaults()
-			p, err := newPipeline(cfg, nil, nil, thr, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			p := newPipeline(cfg, nil, nil, thr, nil)
 			p.m = newMetrics(nil, p)
 			lr := newRunner(p, nil, 1, "lane", tc.key)
 			s := lr.shard(0)

@@ -73,22 +73,14 @@ type Pipeline struct {
 // before Run. log and reg may be nil; thr may be nil (a Throttle without
 // pacing is made).
 func New(cfg Config, st Store, send Sender, thr *throttle.Throttle, log *zap.Logger, reg prometheus.Registerer) (*Pipeline, error) {
-	return newEvents(cfg, st, nil, send, thr, log, reg)
-}
-
-// newEvents is New, or NewFleet when fl is not nil.
-func newEvents(cfg Config, st Store, fl *fleetState, send Sender, thr *throttle.Throttle, log *zap.Logger, reg prometheus.Registerer) (*Pipeline, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if st == nil || send == nil {
 		return nil, errors.New("delivery: store and sender are required")
 	}
-	p, err := newPipeline(cfg, st, send, thr, log)
-	if err != nil {
-		return nil, err
-	}
-	p.fl, p.m = fl, newMetrics(reg, p)
+	p := newPipeline(cfg, st, send, thr, log)
+	p.m = newMetrics(reg, p)
 	return p, nil
 }
 
@@ -139,28 +131,23 @@ func (c Config) liveState() *liveState {
 func (p *Pipeline) SetLive(l Live) {
 	c := p.cfg
 	c.Live, c.IngestURL = l, cmp.Or(l.IngestURL, c.IngestURL)
-	if old := p.live.Swap(c.liveState()); old != nil && old.changed != nil {
-		close(old.changed)
-	}
+	close(p.live.Swap(c.liveState()).changed) // newPipeline stored the first
 }
 
 // newPipeline is what every kind shares; cfg is valid.
-func newPipeline(cfg Config, st Store, send Sender, thr *throttle.Throttle, log *zap.Logger) (*Pipeline, error) {
+func newPipeline(cfg Config, st Store, send Sender, thr *throttle.Throttle, log *zap.Logger) *Pipeline {
 	if log == nil {
 		log = zap.NewNop()
 	}
 	if thr == nil {
-		var err error
-		if thr, err = throttle.New(throttle.Config{}, nil); err != nil {
-			return nil, err
-		}
+		thr, _ = throttle.New(throttle.Config{}, nil) // the zero Config is valid
 	}
 	cfg = cfg.withDefaults()
 	p := &Pipeline{cfg: cfg, st: st, send: send, thr: thr, log: log, seed: maphash.MakeSeed(),
 		name: "events", lanes: storage.KindEvents, kind: events{cfg.Check}, budget: newBudget(int64(cfg.MaxReadAheadTotalBytes)), bodies: newBodyPool(),
 		runners: map[uint64]*laneRunner{}}
 	p.live.Store(cfg.liveState())
-	return p, nil
+	return p
 }
 
 // ErrAlreadyRunning is returned by a second concurrent Run.
@@ -225,7 +212,8 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		id := l.ID()
 		lr := p.lane(id)
 		if lr == nil {
-			lr = newLaneRunner(p, l)
+			lr = newRunner(p, l, id, l.Key().Label(), l.Key())
+			lr.stop.Lane = l // a stopped lane is not retired while empty (its stop would be lost)
 			p.add(id, lr)
 		}
 		err := lr.Run(qctx, drain)
@@ -412,17 +400,16 @@ type laneRunner struct {
 	sctx, sdrain context.Context
 	swg          sync.WaitGroup
 
-	// read-ahead budget (bytes read and not done)
-	bmu      sync.Mutex
-	inflight int64
-	bwake    chan struct{}
+	// readAhead is the lane's read-ahead: bytes read and not done. bwake
+	// wakes its reader when budget is freed.
+	readAhead atomic.Int64
+	bwake     chan struct{}
 
 	// stop is the lane's stop state; its Stopped (an atomic) serves the
 	// relay_lane_stopped collector, which reads no lock of the relay. It
 	// pins the lane while stopped.
 	stop                 StopSwitch
 	heldKeys, heldEvents atomic.Int64
-	readAhead            atomic.Int64
 	// failing counts the shards whose last request failed (retryable) and
 	// that have not had a 200 since.
 	failing atomic.Int32
@@ -436,12 +423,6 @@ type laneRunner struct {
 	// a read-ahead budget: shards then send what they have instead of
 	// waiting for full batches.
 	readerWaits atomic.Bool
-}
-
-func newLaneRunner(p *Pipeline, l storage.QueueLane) *laneRunner {
-	lr := newRunner(p, l, l.ID(), l.Key().Label(), l.Key())
-	lr.stop.Lane = l // a stopped lane is not retired while empty (its stop would be lost)
-	return lr
 }
 
 // newRunner returns the runner of one lane reading src.

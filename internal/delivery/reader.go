@@ -154,13 +154,9 @@ func (lr *laneRunner) read(ctx context.Context) readEnd {
 }
 
 // settled reports whether every record read is done (none queued, held,
-// in flight or being dead-lettered: each counts in inflight until done)
+// in flight or being dead-lettered: each counts in readAhead until done)
 // and no chunk is half read: the lane's goroutines may end.
-func (lr *laneRunner) settled() bool {
-	lr.bmu.Lock()
-	defer lr.bmu.Unlock()
-	return lr.inflight == 0 && lr.partial == nil
-}
+func (lr *laneRunner) settled() bool { return lr.readAhead.Load() == 0 && lr.partial == nil }
 
 // ackOf returns the ackRef of the chunk c is (a part of): a new one for a
 // whole chunk or a first part, the one of the earlier parts otherwise.
@@ -198,19 +194,6 @@ func (lr *laneRunner) progress() {
 	}
 }
 
-// shardFailing is called when a shard's request failed after a 200 (or
-// its first one): when every shard of the lane fails (the upstream is
-// down), the window closes, so that the lane stops reading what it cannot
-// send. It reopens with progress.
-func (lr *laneRunner) shardFailing() {
-	if int(lr.failing.Add(1)) >= len(lr.shards) {
-		lr.window.Store(1)
-	}
-}
-
-// shardRecovered is called on a 200 after failures.
-func (lr *laneRunner) shardRecovered() { lr.failing.Add(-1) }
-
 // maxNextBytes bounds one NextPart (as does an eighth of the budget): the
 // read-ahead fills in steps, so shards start sending early.
 const maxNextBytes = 4 << 20
@@ -231,9 +214,7 @@ func shardOf(seed maphash.Seed, key []byte, n int) int {
 func (lr *laneRunner) waitBudget(ctx context.Context, limit int64, idle func()) (int64, bool) {
 	total := lr.p.budget
 	for {
-		lr.bmu.Lock()
-		in := lr.inflight
-		lr.bmu.Unlock()
+		in := lr.readAhead.Load()
 		lim := min(limit, max(lr.window.Load(), minWindow))
 		if lr.stop.Stopped() {
 			lim = min(lim, minWindow) // it sends nothing: read no more than a failing lane
@@ -289,11 +270,7 @@ var doneCtx = func() context.Context {
 // acquire counts n bytes read against the lane's budget and turns reserved
 // bytes of the pipeline's (waitBudget) into them.
 func (lr *laneRunner) acquire(n, reserved int64) {
-	lr.bmu.Lock()
-	lr.inflight += n
-	v := lr.inflight
-	lr.bmu.Unlock()
-	lr.readAhead.Store(v)
+	lr.readAhead.Add(n)
 	lr.p.budget.add(n - reserved)
 }
 

@@ -479,7 +479,7 @@ func (s *shard) handle(ctx, drainCtx context.Context, res upstream.Result) bool 
 		s.bo.Reset()
 		if s.failures > 0 {
 			s.failures = 0
-			s.lr.shardRecovered()
+			s.lr.failing.Add(-1)
 		}
 		s.lr.progress()
 		s.capEvents = min(s.capEvents*2, p.live.Load().MaxBatchEvents)
@@ -564,8 +564,11 @@ func (s *shard) retryLater(ctx context.Context, res upstream.Result, least time.
 		p.m.retries.Inc()
 	}
 	s.lastAnswer = res.Answer
-	if s.failures == 0 {
-		s.lr.shardFailing()
+	// When every shard of the lane fails (the upstream is down), the window
+	// closes, so that the lane stops reading what it cannot send; progress
+	// reopens it.
+	if s.failures == 0 && int(s.lr.failing.Add(1)) >= len(s.lr.shards) {
+		s.lr.window.Store(1)
 	}
 	s.failures++
 	now := time.Now()
