@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"math/bits"
 	"strings"
+
+	"github.com/svcrelay/relay/internal/event"
 )
 
 // Property keys are mostly short (product_id, signup_cohort): a key of at
@@ -14,16 +16,6 @@ import (
 
 // shortKey is the longest key a keyTable holds.
 const shortKey = 16
-
-// keyMasks[n] keep the first n bytes of two little-endian words.
-var keyMasks = func() (m [shortKey + 1][2]uint64) {
-	for n := range m {
-		for k := range n {
-			m[n][k/8] |= 0xff << (8 * (k % 8))
-		}
-	}
-	return m
-}()
 
 // keyWords are a short key's bytes, zero-padded, and its length (a key
 // with NUL bytes is told from a shorter one by it).
@@ -39,8 +31,8 @@ func keyAt(b []byte, i int) (end int, esc bool, w keyWords, ok bool) {
 	if i+2+shortKey <= len(b) {
 		w, end = shortKeyAt(b, i)
 	} else if i+1 < len(b) {
-		// Near the end (a record's last key): read from a copy, whose
-		// zeros past the key are neither quote nor backslash.
+		// Near the end (a record's last key): read from a zero-padded
+		// copy (a zero stops the scan at no quote: not short).
 		var pad [shortKey + 2]byte
 		pad[0] = '"'
 		copy(pad[1:], b[i+1:])
@@ -51,7 +43,7 @@ func keyAt(b []byte, i int) (end int, esc bool, w keyWords, ok bool) {
 	if end > 0 {
 		return end, false, w, true
 	}
-	end, esc = stringEnd(b, i)
+	end, esc = event.ScanString(b, i)
 	return end, esc, keyWords{}, false
 }
 
@@ -62,15 +54,15 @@ func shortKeyAt(b []byte, i int) (w keyWords, end int) {
 	s := b[i+1 : i+2+shortKey]
 	lo, hi := binary.LittleEndian.Uint64(s), binary.LittleEndian.Uint64(s[8:])
 	n := shortKey
-	if z := quoteOrBackslash(lo); z != 0 {
+	if z := event.StringStops(lo); z != 0 {
 		n = bits.TrailingZeros64(z) >> 3
-	} else if z := quoteOrBackslash(hi); z != 0 {
+	} else if z := event.StringStops(hi); z != 0 {
 		n = 8 + bits.TrailingZeros64(z)>>3
 	}
 	if s[n] != '"' {
 		return keyWords{}, 0
 	}
-	m := &keyMasks[n]
+	m := &event.KeyMasks[n]
 	return keyWords{lo & m[0], hi & m[1], n}, i + n + 2
 }
 
@@ -87,15 +79,6 @@ var (
 	eventPropsWords = wordsOf("event_properties")
 	userPropsWords  = wordsOf("user_properties")
 )
-
-// quoteOrBackslash flags (high bit of the byte) the quotes and backslashes
-// among the eight bytes of w; the lowest flag is exact (a borrow only flags
-// bytes above a zero one).
-func quoteOrBackslash(w uint64) uint64 {
-	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	q, e := w^('"'*ones), w^('\\'*ones)
-	return (q-ones)&^q&highs | (e-ones)&^e&highs
-}
 
 // keyTable is a perfect hash table of the short names of a map's values
 // (rules, or event types' rules).
