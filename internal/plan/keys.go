@@ -17,12 +17,9 @@ import (
 // shortKey is the longest key a keyTable holds.
 const shortKey = 16
 
-// keyWords are a short key's bytes, zero-padded, and its length (a key
-// with NUL bytes is told from a shorter one by it).
-type keyWords struct {
-	lo, hi uint64
-	n      int
-}
+// keyWords are a short key's bytes, zero-padded: a short key has no NUL
+// byte (event.StringStops stops at one), so its words say its length too.
+type keyWords struct{ lo, hi uint64 }
 
 // keyAt finds the end of the key string at b[i] == '"' (-1 if it does not
 // end) and whether it has an escape; ok is true when the key is short (at
@@ -63,14 +60,14 @@ func shortKeyAt(b []byte, i int) (w keyWords, end int) {
 		return keyWords{}, 0
 	}
 	m := &event.KeyMasks[n]
-	return keyWords{lo & m[0], hi & m[1], n}, i + n + 2
+	return keyWords{lo & m[0], hi & m[1]}, i + n + 2
 }
 
 // wordsOf is the keyWords of a short name.
 func wordsOf(name string) keyWords {
 	var buf [2 * 8]byte
 	copy(buf[:], name)
-	return keyWords{binary.LittleEndian.Uint64(buf[:8]), binary.LittleEndian.Uint64(buf[8:]), len(name)}
+	return keyWords{binary.LittleEndian.Uint64(buf[:8]), binary.LittleEndian.Uint64(buf[8:])}
 }
 
 // The top-level fields the check reads.
@@ -127,8 +124,7 @@ func newKeyTable[V any](rules map[string]*V) keyTable[V] {
 }
 
 // fill puts the short names in t, false on a collision. A name with a NUL
-// byte stays out: its words are a shorter name's (told apart by their
-// lengths, but one slot would need to hold both).
+// byte stays out: its words are a shorter name's, and no short key has it.
 func (t *keyTable[V]) fill(rules map[string]*V) bool {
 	for name, r := range rules {
 		if len(name) > shortKey || strings.IndexByte(name, 0) >= 0 {

@@ -99,7 +99,7 @@ func (c *compiled) cleanAt(req *event.Request, e *event.Event) bool {
 // the key's words when the parser read them.
 func ruleOf(raw []byte, m *event.Member, t *keyTable[rule], rules map[string]*rule, buf *[]byte) *rule {
 	if m.Short > 0 && len(t.slots) > 0 {
-		if r := t.lookup(keyWords{m.Lo, m.Hi, int(m.Short - 1)}); r != nil {
+		if r := t.lookup(keyWords{m.Lo, m.Hi}); r != nil {
 			return r
 		}
 	}
