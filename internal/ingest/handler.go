@@ -40,8 +40,6 @@ const (
 	maxPooledBatch  = 4 << 20
 )
 
-func (s *Server) getState() *reqState { return s.states.Get().(*reqState) }
-
 func (s *Server) putState(st *reqState) {
 	if st.batch.Bytes() > maxPooledBatch || cap(st.req.Events) > maxPooledEvents {
 		return // let the GC have it all
@@ -107,7 +105,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			s.writeError(ctx, fasthttp.StatusMethodNotAllowed, "Method not allowed")
 			return
 		}
-		st := s.getState()
+		st := s.states.Get().(*reqState)
 		s.ingest(ctx, p, st)
 		answered = true
 		s.putState(st) // skipped on panic: the state may be inconsistent
