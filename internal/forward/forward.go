@@ -239,7 +239,7 @@ func (f *Forwarder) forward(w http.ResponseWriter, r *http.Request, t Target, pr
 	if u, ok := baseurl.Parse(t.Base); !ok || u.User != nil {
 		return fail(http.StatusBadGateway, "bad_target", "the relay's configured upstream base for this API is not an absolute http(s) URL")
 	}
-	if adminroute.CheckPath(adminroute.RawPath(r)) != nil {
+	if !adminroute.CheckPath(adminroute.RawPath(r)) {
 		return fail(http.StatusBadRequest, "bad_path",
 			"request path refused: it has an empty, '.' or '..' segment, an escaped '/', '\\', '.' or '%', or ';'")
 	}
