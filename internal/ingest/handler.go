@@ -264,7 +264,7 @@ func (s *Server) tooLarge(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState, now
 	if len(st.big) == 0 {
 		return false
 	}
-	st.out = appendIndexes(append(st.out[:0], `{"code":413,"error":"Payload too large","events_too_large":`...), st.big)
+	st.out = append(event.AppendIndexes(append(st.out[:0], `{"code":413,"error":"Payload too large","events_too_large":`...), st.big), '}')
 	s.reject(ctx, p, fasthttp.StatusRequestEntityTooLarge, reasonTooLarge, len(st.req.Events), st.out)
 	return true
 }
@@ -317,21 +317,8 @@ func (s *Server) rateLimited(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState, 
 	for i := range n {
 		st.big = append(st.big, i)
 	}
-	st.out = appendIndexes(append(st.out[:0], `{"code":429,"error":"Too many requests for this client","throttled_events":`...), st.big)
+	st.out = append(event.AppendIndexes(append(st.out[:0], `{"code":429,"error":"Too many requests for this client","throttled_events":`...), st.big), '}')
 	s.reject(ctx, p, fasthttp.StatusTooManyRequests, reasonClientRateLimit, n, st.out)
-}
-
-// appendIndexes appends the event indexes idx as a JSON array, and the
-// '}' that ends the error body.
-func appendIndexes(b []byte, idx []int) []byte {
-	b = append(b, '[')
-	for j, i := range idx {
-		if j > 0 {
-			b = append(b, ',')
-		}
-		b = strconv.AppendInt(b, int64(i), 10)
-	}
-	return append(b, "]}"...)
 }
 
 // spoolFailed answers a request the store did not take: 503 with
