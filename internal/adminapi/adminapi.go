@@ -265,7 +265,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	defer func() {
 		s.requests.WithLabelValues(label, strconv.Itoa(cmp.Or(sw.Status, http.StatusOK))).Inc()
 	}()
-	if err := adminroute.CheckPath(adminroute.RawPath(r)); err != nil {
+	if !adminroute.CheckPath(adminroute.RawPath(r)) {
 		// JSON with "source":"relay", like every local answer on a
 		// forwarded path; the reason names no request content.
 		sw.Header().Set("Content-Type", "application/json")

@@ -17,7 +17,6 @@ package adminroute
 
 import (
 	"encoding/json"
-	"errors"
 	"net/http"
 	"strconv"
 	"strings"
@@ -107,12 +106,9 @@ func (l LogLines) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// ErrBadPath is returned by CheckPath for a path the admin listener refuses.
-var ErrBadPath = errors.New("request path refused")
-
 // CheckPath reports whether raw, a request's path as sent (before any
 // decoding, without the query), is one the admin listener serves. It
-// refuses, wrapping ErrBadPath:
+// refuses:
 //   - a path not starting with "/" (absolute-form, "*", CONNECT targets);
 //   - an empty segment ("//") other than a trailing "/", and a segment
 //     that is "." or "..";
@@ -125,28 +121,25 @@ var ErrBadPath = errors.New("request path refused")
 //
 // A path it accepts decodes segment by segment into the path that routing
 // sees, and encodes back into the path that forwarding sends.
-func CheckPath(raw string) error {
-	bad := func(why string) error { return errors.Join(ErrBadPath, errors.New(why)) }
+func CheckPath(raw string) bool {
 	if raw == "" || raw[0] != '/' {
-		return bad("the path must start with /")
+		return false
 	}
 	decoded := make([]byte, 0, len(raw))
 	segStart := 1
 	for i := 0; i < len(raw); i++ {
 		c := raw[i]
 		switch {
-		case c <= ' ' || c >= 0x7f:
-			return bad("the path holds a control, space or non-ASCII byte")
-		case c == '\\' || c == ';' || c == '#':
-			return bad(`the path holds '\', ';' or '#'`)
+		case c <= ' ' || c >= 0x7f, c == '\\' || c == ';' || c == '#':
+			return false
 		case c == '%':
 			n, err := strconv.ParseUint(raw[i+1:min(i+3, len(raw))], 16, 8)
 			if err != nil || i+2 >= len(raw) {
-				return bad("the path holds a malformed escape")
+				return false
 			}
 			d := byte(n)
 			if d < 0x20 || d == 0x7f || strings.IndexByte(`/\.%;`, d) >= 0 {
-				return bad(`the path holds an escaped '/', '\', '.', '%', ';' or control byte`)
+				return false
 			}
 			decoded = append(decoded, d)
 			i += 2
@@ -154,19 +147,16 @@ func CheckPath(raw string) error {
 		case c == '/' && i > 0:
 			seg := raw[segStart:i]
 			if seg == "" || seg == "." || seg == ".." {
-				return bad("the path holds an empty, '.' or '..' segment")
+				return false
 			}
 			segStart = i + 1
 		}
 		decoded = append(decoded, c)
 	}
 	if last := raw[segStart:]; last == "." || last == ".." {
-		return bad("the path holds a '.' or '..' segment")
+		return false
 	}
-	if !utf8.Valid(decoded) {
-		return bad("the decoded path is not valid UTF-8")
-	}
-	return nil
+	return utf8.Valid(decoded)
 }
 
 // RawPath returns the path of r as the client sent it (no query), for

@@ -86,16 +86,21 @@ func appendIndexMap(dst []byte, m map[string][]int) []byte {
 			dst = append(dst, ',')
 		}
 		dst = appendJSONString(dst, []byte(k))
-		dst = append(dst, ":["...)
-		for j, i := range m[k] {
-			if j > 0 {
-				dst = append(dst, ',')
-			}
-			dst = strconv.AppendInt(dst, int64(i), 10)
-		}
-		dst = append(dst, ']')
+		dst = AppendIndexes(append(dst, ':'), m[k])
 	}
 	return append(dst, '}')
+}
+
+// AppendIndexes appends the event indexes idx as a JSON array.
+func AppendIndexes(dst []byte, idx []int) []byte {
+	dst = append(dst, '[')
+	for j, i := range idx {
+		if j > 0 {
+			dst = append(dst, ',')
+		}
+		dst = strconv.AppendInt(dst, int64(i), 10)
+	}
+	return append(dst, ']')
 }
 
 // appendJSONString appends s as a JSON string, escaping '"', '\\' and control

@@ -181,7 +181,7 @@ func Parse(body []byte, req *Request) *Error {
 	req.scratch = req.scratch[:0]
 	req.dropped = req.dropped[:0]
 	req.members = req.members[:0]
-	if skipWS(body, 0) == len(body) {
+	if SkipWS(body, 0) == len(body) {
 		return newError(msgMissingBody)
 	}
 	p := parser{b: body, req: req, sk: &req.sk}
@@ -220,7 +220,7 @@ type parser struct {
 // that is not an object).
 func (p *parser) envelope() bool {
 	b := p.b
-	i := skipWS(b, 0)
+	i := SkipWS(b, 0)
 	if i >= len(b) || b[i] != '{' {
 		return false
 	}
@@ -237,7 +237,7 @@ func (p *parser) envelope() bool {
 			switch b[i] {
 			case '"':
 				s := i
-				if i, p.apiKeyEsc = scanString(b, i); i < 0 {
+				if i, p.apiKeyEsc = ScanString(b, i); i < 0 {
 					return false
 				}
 				if i-s > 2 {
@@ -282,7 +282,7 @@ func (p *parser) envelope() bool {
 			i, _ = p.sk.skipValue(b, i, 1)
 		}
 	}
-	return i >= 0 && skipWS(b, i) == len(b)
+	return i >= 0 && SkipWS(b, i) == len(b)
 }
 
 // options scans the options object at b[i] == '{' (depth 2 inside it).
@@ -330,7 +330,7 @@ func (p *parser) options(i int) int {
 // eventArray scans the events array at b[i] == '['.
 func (p *parser) eventArray(i int) int {
 	b := p.b
-	i = skipWS(b, i+1)
+	i = SkipWS(b, i+1)
 	if i < len(b) && b[i] == ']' {
 		return i + 1
 	}
@@ -348,12 +348,12 @@ func (p *parser) eventArray(i int) int {
 		if i < 0 {
 			return -1
 		}
-		if i = skipWS(b, i); i >= len(b) {
+		if i = SkipWS(b, i); i >= len(b) {
 			return -1
 		}
 		switch b[i] {
 		case ',':
-			i = skipWS(b, i+1)
+			i = SkipWS(b, i+1)
 		case ']':
 			return i + 1
 		default:
@@ -370,7 +370,7 @@ func (p *parser) event(i int) int {
 	p.req.Events = evs
 	e := &evs[len(evs)-1]
 	e.idx = p.n
-	i = skipWS(b, i+1)
+	i = SkipWS(b, i+1)
 	if i < len(b) && b[i] == '}' {
 		p.done(e)
 		return i + 1
@@ -396,7 +396,7 @@ func (p *parser) event(i int) int {
 			i, _ = p.sk.skipValue(b, i, 3)
 		case f > lastRecorded && fieldKinds[f] == kString && b[i] == '"':
 			// The commonest member, spared typedValue's dispatch.
-			i, _ = scanString(b, i)
+			i, _ = ScanString(b, i)
 			e.setValid(f, true)
 		case f > lastRecorded:
 			if f <= fUserProps {
@@ -423,12 +423,12 @@ func (p *parser) event(i int) int {
 			i++ // compact JSON: the next member's key
 			continue
 		}
-		if i = skipWS(b, i); i >= len(b) {
+		if i = SkipWS(b, i); i >= len(b) {
 			return -1
 		}
 		switch b[i] {
 		case ',':
-			if i = skipWS(b, i+1); i >= len(b) || b[i] != '"' {
+			if i = SkipWS(b, i+1); i >= len(b) || b[i] != '"' {
 				return -1
 			}
 		case '}':
@@ -447,25 +447,25 @@ func (p *parser) event(i int) int {
 func eventKey(b []byte, i int) (end, f int) {
 	// A key of at most 16 bytes without escapes, as event keys are, is
 	// both found and matched from the two words that hold it: the stop test
-	// of scanString finds its end, and byWords its field. This saves a
+	// of ScanString finds its end, and byWords its field. This saves a
 	// second pass over the key (lookupField's) and a call.
 	if i+2+shortFieldLen <= len(b) {
 		w := b[i+1 : i+2+shortFieldLen]
 		lo, hi := binary.LittleEndian.Uint64(w), binary.LittleEndian.Uint64(w[8:])
 		n := shortFieldLen
-		if m := stringStops(lo); m != 0 {
+		if m := StringStops(lo); m != 0 {
 			n = bits.TrailingZeros64(m) >> 3
-		} else if m := stringStops(hi); m != 0 {
+		} else if m := StringStops(hi); m != 0 {
 			n = 8 + bits.TrailingZeros64(m)>>3
 		}
 		if w[n] == '"' {
 			// Zero the bytes past the key.
-			lo &= keyMasks[n][0]
-			hi &= keyMasks[n][1]
+			lo &= KeyMasks[n][0]
+			hi &= KeyMasks[n][1]
 			return i + n + 2, byWords.lookup(lo, hi)
 		}
 	}
-	end, esc := scanString(b, i)
+	end, esc := ScanString(b, i)
 	if end < 0 {
 		return -1, -1
 	}
@@ -543,7 +543,7 @@ func (p *parser) recordedField(e *Event, f, i, start int) int {
 	var content []byte // a string's, when the field is a string
 	end, esc, ok := 0, false, false
 	if b[i] == '"' && fieldKinds[f] == kString { // all these fields but time
-		if end, esc = scanString(b, i); end < 0 {
+		if end, esc = ScanString(b, i); end < 0 {
 			return -1
 		}
 		content = b[i+1 : end-1]
@@ -611,7 +611,7 @@ func (p *parser) typedValue(kind uint8, i int) (end int, ok bool) {
 	b := p.b
 	switch c := b[i]; {
 	case c == '"':
-		end, _ = scanString(b, i)
+		end, _ = ScanString(b, i)
 		return end, kind == kString
 	case c == '{':
 		end, deepest := p.sk.skipValue(b, i, 3)
@@ -637,7 +637,7 @@ func (p *parser) propMembers(e *Event, f, i, start int) int {
 	b := p.b
 	from := len(p.req.members)
 	deepest := 1
-	if i = skipWS(b, i+1); i < len(b) && b[i] == '}' {
+	if i = SkipWS(b, i+1); i < len(b) && b[i] == '}' {
 		i++
 	} else {
 		for {
@@ -651,18 +651,18 @@ func (p *parser) propMembers(e *Event, f, i, start int) int {
 				w := b[i+1 : i+2+shortFieldLen]
 				lo, hi := binary.LittleEndian.Uint64(w), binary.LittleEndian.Uint64(w[8:])
 				n := shortFieldLen
-				if s := stringStops(lo); s != 0 {
+				if s := StringStops(lo); s != 0 {
 					n = bits.TrailingZeros64(s) >> 3
-				} else if s := stringStops(hi); s != 0 {
+				} else if s := StringStops(hi); s != 0 {
 					n = 8 + bits.TrailingZeros64(s)>>3
 				}
 				if w[n] == '"' {
-					m.Short, m.Lo, m.Hi = int32(n+1), lo&keyMasks[n][0], hi&keyMasks[n][1]
+					m.Short, m.Lo, m.Hi = int32(n+1), lo&KeyMasks[n][0], hi&KeyMasks[n][1]
 					i += n + 2
 				}
 			}
 			if m.Short == 0 {
-				if i, _ = scanString(b, i); i < 0 {
+				if i, _ = ScanString(b, i); i < 0 {
 					return -1
 				}
 			}
@@ -677,7 +677,7 @@ func (p *parser) propMembers(e *Event, f, i, start int) int {
 			deepest = max(deepest, d+1)
 			m.From, m.To = int32(i-start), int32(end-start)
 			p.req.members = append(p.req.members, m)
-			if i = skipWS(b, end); i >= len(b) {
+			if i = SkipWS(b, end); i >= len(b) {
 				return -1
 			}
 			if b[i] == '}' {
@@ -687,7 +687,7 @@ func (p *parser) propMembers(e *Event, f, i, start int) int {
 			if b[i] != ',' {
 				return -1
 			}
-			i = skipWS(b, i+1)
+			i = SkipWS(b, i+1)
 		}
 	}
 	e.planMembers[f-fEventProps] = [2]int32{int32(from) + 1, int32(len(p.req.members))}

@@ -98,8 +98,8 @@ func nameWords(name string) (lo, hi uint64) {
 	return binary.LittleEndian.Uint64(w[:8]), binary.LittleEndian.Uint64(w[8:])
 }
 
-// keyMasks[n] keep the first n bytes of two little-endian words.
-var keyMasks = func() (m [shortFieldLen + 1][2]uint64) {
+// KeyMasks[n] keep the first n bytes of two little-endian words.
+var KeyMasks = func() (m [shortFieldLen + 1][2]uint64) {
 	for n := range m {
 		for k := range n {
 			m[n][k/8] |= 0xff << (8 * (k % 8))

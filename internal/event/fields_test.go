@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// TestEventKey checks eventKey against scanString and lookupField (the
+// TestEventKey checks eventKey against ScanString and lookupField (the
 // slow path it shortcuts) for every field name, names one byte off, and
 // escaped names, with the key's end at every distance from the end of the
 // buffer (so that both the word path and the fallback run).
@@ -25,7 +25,7 @@ func TestEventKey(t *testing.T) {
 		for pad := range 24 {
 			b := []byte(`"` + key + `"` + strings.Repeat(":", pad))
 			end, f := eventKey(b, 0)
-			wantEnd, esc := scanString(b, 0)
+			wantEnd, esc := ScanString(b, 0)
 			wantF := -1
 			if wantEnd >= 0 {
 				k := b[1 : wantEnd-1]

@@ -25,7 +25,7 @@ func AppendIPsReplaced(dst, obj []byte, repl func(dst, ip []byte) []byte) []byte
 		buf [64]byte
 	)
 	pos := 0 // obj[:pos] is in dst
-	i := skipWS(obj, 0)
+	i := SkipWS(obj, 0)
 	if i >= len(obj) || obj[i] != '{' {
 		return append(dst, obj...)
 	}
@@ -39,7 +39,7 @@ func AppendIPsReplaced(dst, obj []byte, repl func(dst, ip []byte) []byte) []byte
 			break
 		}
 		if f == fIP && obj[i] == '"' {
-			end, esc := scanString(obj, i)
+			end, esc := ScanString(obj, i)
 			if end < 0 {
 				break
 			}

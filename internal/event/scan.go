@@ -12,6 +12,8 @@ import (
 // rejects control bytes below 0x20 in strings, leading zeros, and nesting
 // deeper than maxDepth. Scanning functions take the index of the first byte of
 // a token and return the index just past it, or -1 when the JSON is invalid.
+// The tracking plan's check (internal/plan) reads records with SkipWS,
+// ScanString and StringStops too.
 
 // maxDepth is encoding/json's maxNestingDepth: the most containers that may be
 // open at once. One more makes json.Valid (and Parse) reject the document.
@@ -22,8 +24,8 @@ const (
 	msb = 0x8080808080808080
 )
 
-// skipWS returns the index of the first non-whitespace byte at or after i.
-func skipWS(b []byte, i int) int {
+// SkipWS returns the index of the first non-whitespace byte at or after i.
+func SkipWS(b []byte, i int) int {
 	for ; i < len(b); i++ {
 		c := b[i]
 		if c > ' ' || (c != ' ' && c != '\t' && c != '\n' && c != '\r') {
@@ -36,10 +38,10 @@ func skipWS(b []byte, i int) int {
 // colonWS scans the ':' after a key that ends at i, and the whitespace
 // around it, returning the index of the value.
 func colonWS(b []byte, i int) int {
-	if i = skipWS(b, i); i >= len(b) || b[i] != ':' {
+	if i = SkipWS(b, i); i >= len(b) || b[i] != ':' {
 		return -1
 	}
-	if i = skipWS(b, i+1); i >= len(b) {
+	if i = SkipWS(b, i+1); i >= len(b) {
 		return -1
 	}
 	return i
@@ -49,7 +51,7 @@ func colonWS(b []byte, i int) int {
 // first member or element and true, or the index past an immediate close
 // and false.
 func first(b []byte, i int, close byte) (int, bool) {
-	if i = skipWS(b, i+1); i < len(b) && b[i] == close {
+	if i = SkipWS(b, i+1); i < len(b) && b[i] == close {
 		return i + 1, false
 	}
 	return i, true
@@ -63,10 +65,10 @@ func next(b []byte, i int, close byte) (int, bool) {
 	if i < 0 {
 		return -1, false
 	}
-	if i = skipWS(b, i); i < len(b) {
+	if i = SkipWS(b, i); i < len(b) {
 		switch b[i] {
 		case ',':
-			return skipWS(b, i+1), true
+			return SkipWS(b, i+1), true
 		case close:
 			return i + 1, false
 		}
@@ -82,7 +84,7 @@ func memberKey(b []byte, i int, buf []byte) (key []byte, value int) {
 	if i >= len(b) || b[i] != '"' {
 		return nil, -1
 	}
-	end, esc := scanString(b, i)
+	end, esc := ScanString(b, i)
 	if end < 0 {
 		return nil, -1
 	}
@@ -92,9 +94,9 @@ func memberKey(b []byte, i int, buf []byte) (key []byte, value int) {
 	return key, colonWS(b, end)
 }
 
-// scanString scans the string token at b[i] == '"'. It reports whether the
+// ScanString scans the string token at b[i] == '"'. It reports whether the
 // string holds escapes (its content is then not its value).
-func scanString(b []byte, i int) (end int, esc bool) {
+func ScanString(b []byte, i int) (end int, esc bool) {
 	i++
 	for {
 		// Sixteen bytes per iteration while none stops the string, the
@@ -102,11 +104,11 @@ func scanString(b []byte, i int) (end int, esc bool) {
 		// and many values end in it).
 		for i+16 <= len(b) {
 			w := b[i : i+16]
-			if lo := stringStops(binary.LittleEndian.Uint64(w)); lo != 0 {
+			if lo := StringStops(binary.LittleEndian.Uint64(w)); lo != 0 {
 				i += bits.TrailingZeros64(lo) >> 3
 				break
 			}
-			if hi := stringStops(binary.LittleEndian.Uint64(w[8:])); hi != 0 {
+			if hi := StringStops(binary.LittleEndian.Uint64(w[8:])); hi != 0 {
 				i += 8 + bits.TrailingZeros64(hi)>>3
 				break
 			}
@@ -142,11 +144,11 @@ func scanString(b []byte, i int) (end int, esc bool) {
 	}
 }
 
-// stringStops flags the bytes of x (eight string bytes, little endian) that
+// StringStops flags the bytes of x (eight string bytes, little endian) that
 // stop a string scan: '"', '\\' and control bytes below 0x20. The lowest
 // flag (the high bit of its byte) is exact; borrows may set false flags
 // above it. 0 means none of the eight bytes stops the scan.
-func stringStops(x uint64) uint64 {
+func StringStops(x uint64) uint64 {
 	// x^0x02 maps '"' (0x22) to 0x20 and keeps control bytes below 0x20, so
 	// one "byte below 0x21" test finds both; x^'\\' is zero at a backslash.
 	// The three tested values share x's high bits, so one &^x serves all.
@@ -303,7 +305,7 @@ func (s *skipper) skipValue(b []byte, i, depth int) (end, deepest int) {
 				deepest = d
 			}
 			w, bit := uint(d)>>6, uint64(1)<<(uint(d)&63)
-			i = skipWS(b, i+1)
+			i = SkipWS(b, i+1)
 			if c == '{' {
 				s.stack[w] |= bit
 				if i < len(b) && b[i] == '}' {
@@ -324,7 +326,7 @@ func (s *skipper) skipValue(b []byte, i, depth int) (end, deepest int) {
 			}
 			continue
 		case '"':
-			if i, _ = scanString(b, i); i < 0 {
+			if i, _ = ScanString(b, i); i < 0 {
 				return -1, 0
 			}
 		case 't', 'f', 'n':
@@ -352,13 +354,13 @@ func (s *skipper) skipValue(b []byte, i, depth int) (end, deepest int) {
 				}
 				break closing
 			}
-			i = skipWS(b, i)
+			i = SkipWS(b, i)
 			if i >= len(b) {
 				return -1, 0
 			}
 			switch c := b[i]; {
 			case c == ',':
-				i = skipWS(b, i+1)
+				i = SkipWS(b, i+1)
 				if obj {
 					if i = s.key(b, i); i < 0 {
 						return -1, 0
@@ -381,7 +383,7 @@ func (s *skipper) key(b []byte, i int) int {
 	if i >= len(b) || b[i] != '"' {
 		return -1
 	}
-	if i, _ = scanString(b, i); i < 0 {
+	if i, _ = ScanString(b, i); i < 0 {
 		return -1
 	}
 	if i+1 < len(b) && b[i] == ':' && b[i+1] > ' ' {
@@ -391,7 +393,7 @@ func (s *skipper) key(b []byte, i int) int {
 }
 
 // appendUnescaped appends the value of the string content s (between the
-// quotes, already validated by scanString) to dst, decoding escapes as
+// quotes, already validated by ScanString) to dst, decoding escapes as
 // encoding/json does: a \u surrogate that is not part of a valid pair becomes
 // U+FFFD. Other bytes are copied as they are (invalid UTF-8 is kept, where
 // encoding/json would replace each invalid byte by U+FFFD; rune counts agree).

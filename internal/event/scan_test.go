@@ -7,7 +7,7 @@ import (
 	"unicode/utf8"
 )
 
-// refScanString is scanString one byte at a time, the obvious way.
+// refScanString is ScanString one byte at a time, the obvious way.
 func refScanString(b []byte, i int) (end int, esc bool) {
 	for i++; i < len(b); i++ {
 		switch c := b[i]; {
@@ -44,7 +44,7 @@ var stopProbes = []byte{
 }
 
 // TestScanString puts every probe byte at every offset of a string (so at
-// every position of the 8- and 16-byte words scanString reads), with and
+// every position of the 8- and 16-byte words ScanString reads), with and
 // without the string's end at the end of the buffer, after a clean prefix
 // of every length and after an escape ending at a word boundary.
 func TestScanString(t *testing.T) {
@@ -55,14 +55,14 @@ func TestScanString(t *testing.T) {
 				for _, tail := range tails {
 					body := `"` + pre + strings.Repeat("y", n) + string(probe) + strings.Repeat("z", n%17) + tail
 					b := []byte(body)
-					end, esc := scanString(b, 0)
+					end, esc := ScanString(b, 0)
 					wantEnd, wantEsc := refScanString(b, 0)
 					if end != wantEnd || (end >= 0 && esc != wantEsc) {
-						t.Fatalf("scanString(%q) = %d, %v; want %d, %v", body, end, esc, wantEnd, wantEsc)
+						t.Fatalf("ScanString(%q) = %d, %v; want %d, %v", body, end, esc, wantEnd, wantEsc)
 					}
 					// The verdict is json.Valid's on the string alone.
 					if end >= 0 && json.Valid(b[:end]) != true || end < 0 && tail == `"` && json.Valid(b) {
-						t.Fatalf("scanString(%q) = %d disagrees with json.Valid", body, end)
+						t.Fatalf("ScanString(%q) = %d disagrees with json.Valid", body, end)
 					}
 				}
 			}
@@ -85,10 +85,10 @@ func TestStringStops(t *testing.T) {
 				x = x<<8 | uint64(w[k])
 			}
 			stops := v == '"' || v == '\\' || v < 0x20
-			m := stringStops(x)
+			m := StringStops(x)
 			low := m & -m
 			if stops != (low == 0x80<<(8*pos)) || !stops && m != 0 {
-				t.Errorf("byte %#02x at %d: stringStops = %#016x", v, pos, m)
+				t.Errorf("byte %#02x at %d: StringStops = %#016x", v, pos, m)
 			}
 		}
 	}
@@ -110,7 +110,7 @@ func TestAppendJSONString(t *testing.T) {
 	}
 }
 
-// FuzzScanString compares scanString with refScanString, and eventKey with
+// FuzzScanString compares ScanString with refScanString, and eventKey with
 // the slow path it shortcuts, at every '"' of the input.
 func FuzzScanString(f *testing.F) {
 	f.Add([]byte(`"user_id":"abcdefghijklmn\"\u00e9op","event_properties":{"a\\b":"\u0000"}`))
@@ -120,10 +120,10 @@ func FuzzScanString(f *testing.F) {
 			if c != '"' {
 				continue
 			}
-			end, esc := scanString(b, i)
+			end, esc := ScanString(b, i)
 			wantEnd, wantEsc := refScanString(b, i)
 			if end != wantEnd || end >= 0 && esc != wantEsc {
-				t.Fatalf("scanString(%q, %d) = %d, %v; want %d, %v", b, i, end, esc, wantEnd, wantEsc)
+				t.Fatalf("ScanString(%q, %d) = %d, %v; want %d, %v", b, i, end, esc, wantEnd, wantEsc)
 			}
 			wantF := -1
 			if end >= 0 {

@@ -223,12 +223,6 @@ func rewrite(pr *httputil.ProxyRequest) {
 	}
 }
 
-// checkBase accepts an upstream base (baseurl.Parse) without user info.
-func checkBase(base string) bool {
-	u, ok := baseurl.Parse(base)
-	return ok && u.User == nil
-}
-
 // forward sends r through proxy to t (see rewrite) and streams the answer
 // to w. It returns the upstream's status, or 0 when it answered locally
 // (WriteError; counted in relay_forward_errors_total by reason).
@@ -242,10 +236,10 @@ func (f *Forwarder) forward(w http.ResponseWriter, r *http.Request, t Target, pr
 	if r.ContentLength > int64(f.cfg.MaxRequestBodyBytes) {
 		return fail(http.StatusRequestEntityTooLarge, "body_too_large", f.tooLarge())
 	}
-	if !checkBase(t.Base) {
+	if u, ok := baseurl.Parse(t.Base); !ok || u.User != nil {
 		return fail(http.StatusBadGateway, "bad_target", "the relay's configured upstream base for this API is not an absolute http(s) URL")
 	}
-	if adminroute.CheckPath(adminroute.RawPath(r)) != nil {
+	if !adminroute.CheckPath(adminroute.RawPath(r)) {
 		return fail(http.StatusBadRequest, "bad_path",
 			"request path refused: it has an empty, '.' or '..' segment, an escaped '/', '\\', '.' or '%', or ';'")
 	}

@@ -382,6 +382,7 @@ func TestLocalErrors(t *testing.T) {
 		{"refused", refused, "GET /x HTTP/1.1\r\nHost: x\r\n\r\n", 502, "unreachable"},
 		{"idle time-out", slow.URL, "GET /x HTTP/1.1\r\nHost: x\r\n\r\n", 502, "time-out"},
 		{"bad base", "ftp://x", "GET /x HTTP/1.1\r\nHost: x\r\n\r\n", 502, "absolute http"},
+		{"base with user info", "http://u:p@" + strings.TrimPrefix(slow.URL, "http://"), "GET /x HTTP/1.1\r\nHost: x\r\n\r\n", 502, "absolute http"},
 		{"dot segment", slow.URL, "GET /a/%2e%2E/x HTTP/1.1\r\nHost: x\r\n\r\n", 400, "segment"},
 		{"encoded slash", slow.URL, "GET /a/b%2Fc HTTP/1.1\r\nHost: x\r\n\r\n", 400, "escaped"},
 		{"chunked body too large", slow.URL, "POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nb\r\n01234567890\r\n0\r\n\r\n", 413, "forwarding limit"},

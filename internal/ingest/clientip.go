@@ -60,6 +60,7 @@ func parseForwardedAddr(b []byte) (netip.Addr, bool) {
 	return a.Unmap().WithZone(""), true
 }
 
+// isTrusted reports whether a is in one of the prefixes trusted.
 func isTrusted(a netip.Addr, trusted []netip.Prefix) bool {
 	for _, p := range trusted {
 		if p.Contains(a) {

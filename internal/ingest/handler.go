@@ -40,8 +40,6 @@ const (
 	maxPooledBatch  = 4 << 20
 )
 
-func (s *Server) getState() *reqState { return s.states.Get().(*reqState) }
-
 func (s *Server) putState(st *reqState) {
 	if st.batch.Bytes() > maxPooledBatch || cap(st.req.Events) > maxPooledEvents {
 		return // let the GC have it all
@@ -107,7 +105,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			s.writeError(ctx, fasthttp.StatusMethodNotAllowed, "Method not allowed")
 			return
 		}
-		st := s.getState()
+		st := s.states.Get().(*reqState)
 		s.ingest(ctx, p, st)
 		answered = true
 		s.putState(st) // skipped on panic: the state may be inconsistent
@@ -266,7 +264,7 @@ func (s *Server) tooLarge(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState, now
 	if len(st.big) == 0 {
 		return false
 	}
-	st.out = appendIndexes(append(st.out[:0], `{"code":413,"error":"Payload too large","events_too_large":`...), st.big)
+	st.out = append(event.AppendIndexes(append(st.out[:0], `{"code":413,"error":"Payload too large","events_too_large":`...), st.big), '}')
 	s.reject(ctx, p, fasthttp.StatusRequestEntityTooLarge, reasonTooLarge, len(st.req.Events), st.out)
 	return true
 }
@@ -319,21 +317,8 @@ func (s *Server) rateLimited(ctx *fasthttp.RequestCtx, p pathIdx, st *reqState, 
 	for i := range n {
 		st.big = append(st.big, i)
 	}
-	st.out = appendIndexes(append(st.out[:0], `{"code":429,"error":"Too many requests for this client","throttled_events":`...), st.big)
+	st.out = append(event.AppendIndexes(append(st.out[:0], `{"code":429,"error":"Too many requests for this client","throttled_events":`...), st.big), '}')
 	s.reject(ctx, p, fasthttp.StatusTooManyRequests, reasonClientRateLimit, n, st.out)
-}
-
-// appendIndexes appends the event indexes idx as a JSON array, and the
-// '}' that ends the error body.
-func appendIndexes(b []byte, idx []int) []byte {
-	b = append(b, '[')
-	for j, i := range idx {
-		if j > 0 {
-			b = append(b, ',')
-		}
-		b = strconv.AppendInt(b, int64(i), 10)
-	}
-	return append(b, "]}"...)
 }
 
 // spoolFailed answers a request the store did not take: 503 with

@@ -223,16 +223,9 @@ func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, 
 			return nil, fmt.Errorf("ingest: invalid %s prefix %v", map[bool]string{true: "trusted proxy", false: "unbounded peer"}[i < len(cfg.TrustedProxies)], p)
 		}
 	}
-	if _, err := cfg.Open.validate(); err != nil {
-		return nil, err
-	}
 	log = cmp.Or(log, zap.NewNop())
 	cfg = cfg.withDefaults()
 	conns := make(chan struct{}, cfg.MaxConnections)
-	m, err := newMetrics(reg, conns)
-	if err != nil {
-		return nil, fmt.Errorf("ingest: register metrics: %w", err)
-	}
 	s := &Server{
 		cfg:        cfg,
 		maxBody:    int(cfg.MaxRequestBytes),
@@ -244,7 +237,6 @@ func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, 
 			// requests cannot flood the log.
 			return zapcore.NewSamplerWithOptions(c, time.Second, 5, 0)
 		})),
-		m:         m,
 		conns:     conns,
 		perClient: newClientConns(cfg.MaxConnectionsPerClient, append(slices.Clip(cfg.TrustedProxies), cfg.UnboundedPeers...)),
 		tracked:   make(map[net.Conn]bool),
@@ -263,8 +255,12 @@ func New(cfg Config, store storage.Appender, ids *event.IDGen, log *zap.Logger, 
 	// lingerTimeout); one that reads while it writes (Go's http.Transport)
 	// stops writing soon after it read the answer.
 	s.lingerLimit = int64(max(s.readLimit, fasthttp.DefaultMaxRequestBodySize))
-	if err := s.SetOpen(cfg.Open); err != nil {
+	if err := s.SetOpen(cfg.Open); err != nil { // before the metrics: nothing registered on an error
 		return nil, err
+	}
+	var err error
+	if s.m, err = newMetrics(reg, conns); err != nil {
+		return nil, fmt.Errorf("ingest: register metrics: %w", err)
 	}
 	s.maxBatch.Store(int64(cfg.MaxBatchBytes))
 	s.base, s.cancelBase = context.WithCancel(context.Background())

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/svcrelay/relay/internal/event"
 	"github.com/svcrelay/relay/internal/polltest"
 	"github.com/svcrelay/relay/internal/spool"
@@ -44,10 +45,18 @@ func TestConfigChecked(t *testing.T) {
 		{"negative retry", Config{RetryAfter: -time.Second}, false},
 		{"negative timeout", Config{ReadTimeout: -1}, false},
 		{"invalid prefix", Config{TrustedProxies: []netip.Prefix{{}}}, false},
+		{"invalid origin", Config{Open: Open{CORSOrigins: []string{"example.com"}}}, false},
+		{"negative rate", Config{Open: Open{ClientRateLimit: -1}}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := New(tc.cfg, spool.NewBackend(openSpool(t, true)), event.NewIDGen(), nil, nil); (err == nil) != tc.ok {
+			reg := prometheus.NewRegistry()
+			if _, err := New(tc.cfg, spool.NewBackend(openSpool(t, true)), event.NewIDGen(), nil, reg); (err == nil) != tc.ok {
 				t.Fatalf("New = %v, want ok=%v", err, tc.ok)
+			}
+			// A refused Config leaves nothing registered: a corrected one
+			// registers on the same registry.
+			if _, err := New(Config{}, spool.NewBackend(openSpool(t, true)), event.NewIDGen(), nil, reg); err != nil && !tc.ok {
+				t.Fatalf("New after a refused Config: %v", err)
 			}
 		})
 	}

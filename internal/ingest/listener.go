@@ -87,13 +87,8 @@ func connPeer(c net.Conn) (netip.Addr, bool) {
 // counted (no TCP peer, or a trusted proxy).
 func (cc *clientConns) key(c net.Conn) (k [16]byte, ok bool) {
 	a, ok := connPeer(c)
-	if !ok {
+	if !ok || isTrusted(a, cc.exempt) {
 		return k, false
-	}
-	for _, p := range cc.exempt {
-		if p.Contains(a) {
-			return k, false
-		}
 	}
 	return limiterKey(a), true
 }

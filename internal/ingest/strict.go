@@ -55,15 +55,15 @@ func checkHead(raw []byte) int {
 		}
 		switch key := line[:colon]; len(key) {
 		case len("content-length"):
-			if asciiEqualFold(key, "content-length") {
+			if bytes.EqualFold(key, []byte("content-length")) {
 				cl++
 			}
 		case len("transfer-encoding"):
-			if asciiEqualFold(key, "transfer-encoding") {
+			if bytes.EqualFold(key, []byte("transfer-encoding")) {
 				te++
 			}
 		case len("content-encoding"):
-			if asciiEqualFold(key, "content-encoding") {
+			if bytes.EqualFold(key, []byte("content-encoding")) {
 				ce++
 			}
 		}
@@ -75,24 +75,6 @@ func checkHead(raw []byte) int {
 		return headRepeatedCE
 	}
 	return headOK
-}
-
-// asciiEqualFold reports whether b equals the lower-case ASCII s, ignoring
-// the case of b.
-func asciiEqualFold(b []byte, s string) bool {
-	if len(b) != len(s) {
-		return false
-	}
-	for i := range len(b) {
-		c := b[i]
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		if c != s[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // strictHandle refuses requests whose head checkHead faults with 400 and

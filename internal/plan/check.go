@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"math/bits"
 	"slices"
+
+	"github.com/svcrelay/relay/internal/event"
 )
 
 // This file checks one event (a spool record: a JSON object the ingest
@@ -52,7 +54,7 @@ func (c *compiled) check(data []byte, mode Mode, vs []Violation) (verdict, []Vio
 	i := len(b)
 	if len(b) > 0 && b[0] == '{' {
 		touch(b)
-		i = skipWS(b, 1)
+		i = event.SkipWS(b, 1)
 	}
 	for i < len(b) && b[i] == '"' {
 		ke, short := 0, false
@@ -66,11 +68,11 @@ func (c *compiled) check(data []byte, mode Mode, vs []Violation) (verdict, []Vio
 				break
 			}
 		}
-		from := skipWS(b, ke)
+		from := event.SkipWS(b, ke)
 		if from >= len(b) || b[from] != ':' {
 			break
 		}
-		from = skipWS(b, from+1)
+		from = event.SkipWS(b, from+1)
 		end := -1
 		// A key matches only as it is written (an escaped one is no
 		// field of the check), so only a short key can.
@@ -119,9 +121,9 @@ func (c *compiled) check(data []byte, mode Mode, vs []Violation) (verdict, []Vio
 			i = end + 1 // compact JSON: the next key
 			continue
 		}
-		i = skipWS(b, end)
+		i = event.SkipWS(b, end)
 		if i < len(b) && b[i] == ',' {
-			i = skipWS(b, i+1)
+			i = event.SkipWS(b, i+1)
 		}
 	}
 	if dup {
@@ -236,7 +238,7 @@ func objectAt(b []byte, from int) members {
 	if from < 0 || from >= len(b) || b[from] != '{' {
 		return members{b: b, i: len(b), bad: true}
 	}
-	return members{b: b, i: skipWS(b, from+1)}
+	return members{b: b, i: event.SkipWS(b, from+1)}
 }
 
 // nextKey moves to the next member's key and the start of its value;
@@ -258,11 +260,11 @@ func (m *members) nextKey() bool {
 			return false
 		}
 	}
-	vi := skipWS(b, ke)
+	vi := event.SkipWS(b, ke)
 	if vi >= len(b) || b[vi] != ':' {
 		return false
 	}
-	m.key, m.val.from = span{i, ke}, skipWS(b, vi+1)
+	m.key, m.val.from = span{i, ke}, event.SkipWS(b, vi+1)
 	return true
 }
 
@@ -284,9 +286,9 @@ func (m *members) skip(end int) bool {
 	}
 	b := m.b
 	m.member, m.val.to = span{m.key.from, end}, end
-	i := skipWS(b, end)
+	i := event.SkipWS(b, end)
 	if i < len(b) && b[i] == ',' {
-		i = skipWS(b, i+1)
+		i = event.SkipWS(b, i+1)
 	}
 	m.i = i
 	return true
@@ -475,7 +477,7 @@ func (r *rule) check(b []byte, v span, user bool, vs []Violation, vd *verdict) [
 	// Each kind once per property, however many elements break it.
 	var kinds [3]string
 	n := 0
-	i := skipWS(b, v.from+1)
+	i := event.SkipWS(b, v.from+1)
 	for i < v.to && b[i] != ']' {
 		e := valueEnd(b, i)
 		if e < 0 {
@@ -486,9 +488,9 @@ func (r *rule) check(b []byte, v span, user bool, vs []Violation, vd *verdict) [
 			n++
 			vs = append(vs, Violation{Kind: k, Property: name()})
 		}
-		i = skipWS(b, e)
+		i = event.SkipWS(b, e)
 		if i < len(b) && b[i] == ',' {
-			i = skipWS(b, i+1)
+			i = event.SkipWS(b, i+1)
 		}
 	}
 	return vs
@@ -547,12 +549,12 @@ func without(b []byte, drop []span) []byte {
 	for _, d := range drop {
 		from, to := d.from, d.to
 		// Take the comma after the member, else the one before it.
-		j := skipWS(b, to)
+		j := event.SkipWS(b, to)
 		if j < len(b) && b[j] == ',' {
-			to = skipWS(b, j+1)
+			to = event.SkipWS(b, j+1)
 		} else {
 			k := from - 1
-			for k > at && isWS(b[k]) {
+			for k > at && (b[k] == ' ' || b[k] == '\t' || b[k] == '\n' || b[k] == '\r') {
 				k--
 			}
 			if k >= at && b[k] == ',' {
@@ -568,55 +570,16 @@ func without(b []byte, drop []span) []byte {
 	return append(out, b[at:]...)
 }
 
-// isWS is true at JSON's whitespace; one comparison for the other bytes
-// (records are mostly compact).
-func isWS(c byte) bool { return c <= ' ' && (c == ' ' || c == '\t' || c == '\n' || c == '\r') }
-
-func skipWS(b []byte, i int) int {
-	for i < len(b) && isWS(b[i]) {
-		i++
-	}
-	return i
-}
-
-// stringEnd is the index past the string at b[i] == '"', -1 if
-// unterminated, and whether the string has an escape. It reads 8 bytes at
-// a time (quoteOrBackslash): most strings end within a word or two, where
-// a call to IndexByte costs more than the whole scan.
-func stringEnd(b []byte, i int) (end int, esc bool) {
-	i++
-	for i < len(b) {
-		if i+8 <= len(b) {
-			z := quoteOrBackslash(binary.LittleEndian.Uint64(b[i:]))
-			if z == 0 {
-				i += 8
-				continue
-			}
-			i += bits.TrailingZeros64(z) >> 3
-		}
-		switch b[i] {
-		case '"':
-			return i + 1, esc
-		case '\\':
-			esc = true
-			i += 2 // the escaped byte is never the end
-		default:
-			i++
-		}
-	}
-	return -1, esc
-}
-
 // skipValue is valueEnd(b, i), a string's end found here (the commonest
-// value, most within a few words) without valueEnd's call to stringEnd.
+// value, most within a few words) without valueEnd's call to ScanString.
 func skipValue(b []byte, i int) int {
 	if i < len(b) && b[i] == '"' {
 		for j := i + 1; j+8 <= len(b); j += 8 {
-			if z := quoteOrBackslash(binary.LittleEndian.Uint64(b[j:])); z != 0 {
+			if z := event.StringStops(binary.LittleEndian.Uint64(b[j:])); z != 0 {
 				if j += bits.TrailingZeros64(z) >> 3; b[j] == '"' {
 					return j + 1
 				}
-				break // an escape: stringEnd's
+				break // an escape: ScanString's
 			}
 		}
 	}
@@ -634,7 +597,7 @@ func valueEnd(b []byte, i int) int {
 	}
 	switch b[i] {
 	case '"':
-		e, _ := stringEnd(b, i)
+		e, _ := event.ScanString(b, i)
 		return e
 	case '{', '[':
 		depth := 0
@@ -644,7 +607,7 @@ func valueEnd(b []byte, i int) int {
 			}
 			switch b[i] {
 			case '"':
-				e, _ := stringEnd(b, i)
+				e, _ := event.ScanString(b, i)
 				if e < 0 {
 					return -1
 				}

@@ -50,19 +50,6 @@ type Config struct {
 	Share float64
 }
 
-// Validate reports a configuration that cannot work.
-func (c Config) Validate() error {
-	switch {
-	case c.Default > Block:
-		return fmt.Errorf("plan: mode %v", c.Default)
-	case c.Refresh < 0:
-		return fmt.Errorf("plan: refresh %v < 0", c.Refresh)
-	case c.Share < 0 || c.Share > 1:
-		return fmt.Errorf("plan: share %v: want 0 to 1", c.Share)
-	}
-	return nil
-}
-
 // Enforcer keeps each project's plan (fetched, cached, persisted) and
 // checks the events of its lanes. Its methods are safe for concurrent use.
 type Enforcer struct {
@@ -122,13 +109,16 @@ type Sample struct {
 // New returns an Enforcer reading plans with lim (the forwarded taxonomy
 // API's limiter: the cost is shared) through hc.
 func New(cfg Config, creds *credentials.Ref, lim *ratelimit.Limiter, hc Doer, log *zap.Logger, reg prometheus.Registerer) (*Enforcer, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
+	switch {
+	case cfg.Default > Block:
+		return nil, fmt.Errorf("plan: mode %v", cfg.Default)
+	case cfg.Refresh < 0:
+		return nil, fmt.Errorf("plan: refresh %v < 0", cfg.Refresh)
+	case cfg.Share < 0 || cfg.Share > 1:
+		return nil, fmt.Errorf("plan: share %v: want 0 to 1", cfg.Share)
 	}
 	cfg.Refresh, cfg.Share = cmp.Or(cfg.Refresh, DefaultRefresh), cmp.Or(cfg.Share, DefaultShare)
-	if log == nil {
-		log = zap.NewNop()
-	}
+	log = cmp.Or(log, zap.NewNop())
 	c := lim.Config() // its Window defaulted; no Limit, no budget
 	if c.Limit > 0 {
 		c.Limit = max(1, int(float64(c.Limit)*cfg.Share))
@@ -162,7 +152,7 @@ type Live struct {
 	Refresh time.Duration // Config.Refresh; zero means DefaultRefresh
 }
 
-// SetLive puts l (valid as Config.Validate says) in force: the mode at
+// SetLive puts l (valid as New checks Config) in force: the mode at
 // once for every event checked after it, the backlog's too; the plans are
 // read again now (a project the new mode checks may have none yet), then
 // every l.Refresh.

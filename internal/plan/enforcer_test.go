@@ -390,3 +390,19 @@ func TestRead429(t *testing.T) {
 		})
 	}
 }
+
+// TestNewRefusesConfig: a Config that cannot work is an error of New.
+func TestNewRefusesConfig(t *testing.T) {
+	lim, err := ratelimit.New(ratelimit.Config{Name: "taxonomy", Limit: 7200, Window: time.Hour}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cfg := range []Config{{Default: Block + 1}, {Refresh: -time.Second}, {Share: -0.1}, {Share: 1.5}} {
+		if _, err := New(cfg, credentials.NewRef(&credentials.Store{}), lim, nil, nil, nil); err == nil {
+			t.Errorf("New(%+v): no error", cfg)
+		}
+	}
+	if _, err := New(Config{Share: 1}, credentials.NewRef(&credentials.Store{}), lim, nil, nil, nil); err != nil {
+		t.Errorf("New with Share 1: %v", err)
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"math/bits"
 	"strings"
+
+	"github.com/svcrelay/relay/internal/event"
 )
 
 // Property keys are mostly short (product_id, signup_cohort): a key of at
@@ -15,22 +17,9 @@ import (
 // shortKey is the longest key a keyTable holds.
 const shortKey = 16
 
-// keyMasks[n] keep the first n bytes of two little-endian words.
-var keyMasks = func() (m [shortKey + 1][2]uint64) {
-	for n := range m {
-		for k := range n {
-			m[n][k/8] |= 0xff << (8 * (k % 8))
-		}
-	}
-	return m
-}()
-
-// keyWords are a short key's bytes, zero-padded, and its length (a key
-// with NUL bytes is told from a shorter one by it).
-type keyWords struct {
-	lo, hi uint64
-	n      int
-}
+// keyWords are a short key's bytes, zero-padded: a short key has no NUL
+// byte (event.StringStops stops at one), so its words say its length too.
+type keyWords struct{ lo, hi uint64 }
 
 // keyAt finds the end of the key string at b[i] == '"' (-1 if it does not
 // end) and whether it has an escape; ok is true when the key is short (at
@@ -39,8 +28,8 @@ func keyAt(b []byte, i int) (end int, esc bool, w keyWords, ok bool) {
 	if i+2+shortKey <= len(b) {
 		w, end = shortKeyAt(b, i)
 	} else if i+1 < len(b) {
-		// Near the end (a record's last key): read from a copy, whose
-		// zeros past the key are neither quote nor backslash.
+		// Near the end (a record's last key): read from a zero-padded
+		// copy (a zero stops the scan at no quote: not short).
 		var pad [shortKey + 2]byte
 		pad[0] = '"'
 		copy(pad[1:], b[i+1:])
@@ -51,7 +40,7 @@ func keyAt(b []byte, i int) (end int, esc bool, w keyWords, ok bool) {
 	if end > 0 {
 		return end, false, w, true
 	}
-	end, esc = stringEnd(b, i)
+	end, esc = event.ScanString(b, i)
 	return end, esc, keyWords{}, false
 }
 
@@ -62,23 +51,23 @@ func shortKeyAt(b []byte, i int) (w keyWords, end int) {
 	s := b[i+1 : i+2+shortKey]
 	lo, hi := binary.LittleEndian.Uint64(s), binary.LittleEndian.Uint64(s[8:])
 	n := shortKey
-	if z := quoteOrBackslash(lo); z != 0 {
+	if z := event.StringStops(lo); z != 0 {
 		n = bits.TrailingZeros64(z) >> 3
-	} else if z := quoteOrBackslash(hi); z != 0 {
+	} else if z := event.StringStops(hi); z != 0 {
 		n = 8 + bits.TrailingZeros64(z)>>3
 	}
 	if s[n] != '"' {
 		return keyWords{}, 0
 	}
-	m := &keyMasks[n]
-	return keyWords{lo & m[0], hi & m[1], n}, i + n + 2
+	m := &event.KeyMasks[n]
+	return keyWords{lo & m[0], hi & m[1]}, i + n + 2
 }
 
 // wordsOf is the keyWords of a short name.
 func wordsOf(name string) keyWords {
 	var buf [2 * 8]byte
 	copy(buf[:], name)
-	return keyWords{binary.LittleEndian.Uint64(buf[:8]), binary.LittleEndian.Uint64(buf[8:]), len(name)}
+	return keyWords{binary.LittleEndian.Uint64(buf[:8]), binary.LittleEndian.Uint64(buf[8:])}
 }
 
 // The top-level fields the check reads.
@@ -87,15 +76,6 @@ var (
 	eventPropsWords = wordsOf("event_properties")
 	userPropsWords  = wordsOf("user_properties")
 )
-
-// quoteOrBackslash flags (high bit of the byte) the quotes and backslashes
-// among the eight bytes of w; the lowest flag is exact (a borrow only flags
-// bytes above a zero one).
-func quoteOrBackslash(w uint64) uint64 {
-	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	q, e := w^('"'*ones), w^('\\'*ones)
-	return (q-ones)&^q&highs | (e-ones)&^e&highs
-}
 
 // keyTable is a perfect hash table of the short names of a map's values
 // (rules, or event types' rules).
@@ -144,8 +124,7 @@ func newKeyTable[V any](rules map[string]*V) keyTable[V] {
 }
 
 // fill puts the short names in t, false on a collision. A name with a NUL
-// byte stays out: its words are a shorter name's (told apart by their
-// lengths, but one slot would need to hold both).
+// byte stays out: its words are a shorter name's, and no short key has it.
 func (t *keyTable[V]) fill(rules map[string]*V) bool {
 	for name, r := range rules {
 		if len(name) > shortKey || strings.IndexByte(name, 0) >= 0 {

@@ -5,15 +5,16 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/svcrelay/relay/internal/event"
 )
 
 // TestKeyTableMatchesMap checks the short-key path (keyAt and keyTable)
-// against the slow one (stringEnd and the Go map) on random keys made of
+// against the slow one (event.ScanString and the Go map) on random keys made of
 // the names' own bytes, of every length around shortKey.
 func TestKeyTableMatchesMap(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	// Keys of these, NUL included: a short key is told from a longer one
-	// by its length, not by its padding.
+	// Keys of these, NUL included (escaped, as JSON has it).
 	alphabet := []string{"a", "b", "_", "\\", `"`, "\x00", "é"}
 	word := func(n int) string {
 		s := ""
@@ -51,15 +52,13 @@ func TestKeyTableMatchesMap(t *testing.T) {
 			if rng.IntN(4) == 0 {
 				key = append(key, alphabet[rng.IntN(len(alphabet))]...)
 			}
-			// A JSON string: escape what needs it (a NUL raw, as the
-			// scan allows, unless the key has escapes anyway).
-			esc := bytes.ContainsAny(key, `"\\`)
+			// A JSON string: escape what needs it.
 			doc := []byte(`{"`)
 			for _, c := range key {
 				switch {
 				case c == '"' || c == '\\':
 					doc = append(doc, '\\', c)
-				case c == 0 && esc:
+				case c == 0:
 					doc = append(doc, `\u0000`...)
 				default:
 					doc = append(doc, c)
@@ -71,9 +70,9 @@ func TestKeyTableMatchesMap(t *testing.T) {
 			if !m.nextKey() {
 				t.Fatalf("no key in %q", doc)
 			}
-			wantEnd, wantEsc := stringEnd(doc, 1)
+			wantEnd, wantEsc := event.ScanString(doc, 1)
 			if m.key.to != wantEnd || m.esc != wantEsc {
-				t.Fatalf("%q: end %d esc %v, stringEnd %d %v", doc, m.key.to, m.esc, wantEnd, wantEsc)
+				t.Fatalf("%q: end %d esc %v, ScanString %d %v", doc, m.key.to, m.esc, wantEnd, wantEsc)
 			}
 			var buf []byte
 			got := rulesFor(&table, rules, &m, &buf)

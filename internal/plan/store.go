@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/svcrelay/relay/internal/backfill"
 )
 
 // Plans are kept in Dir/plans/<hex of the project name>.json, one file per
@@ -49,28 +51,12 @@ func save(dir, project string, p *Plan, fetched time.Time) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
+	err = backfill.WriteFile(path, 0o600, false, func(f *os.File) error {
+		_, err := f.Write(b)
 		return err
-	}
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
+	})
 	if err != nil {
-		os.Remove(tmp)
 		return fmt.Errorf("keep plan: %w", err)
-	}
-	if d, err := os.Open(filepath.Dir(path)); err == nil {
-		d.Sync()
-		d.Close()
 	}
 	return nil
 }

@@ -99,7 +99,7 @@ func (c *compiled) cleanAt(req *event.Request, e *event.Event) bool {
 // the key's words when the parser read them.
 func ruleOf(raw []byte, m *event.Member, t *keyTable[rule], rules map[string]*rule, buf *[]byte) *rule {
 	if m.Short > 0 && len(t.slots) > 0 {
-		if r := t.lookup(keyWords{m.Lo, m.Hi, int(m.Short - 1)}); r != nil {
+		if r := t.lookup(keyWords{m.Lo, m.Hi}); r != nil {
 			return r
 		}
 	}
@@ -147,7 +147,7 @@ func (c *compiled) userPropsClean(raw []byte, ms []event.Member, v *verdict) boo
 			continue
 		}
 		// An operation ($set, $add, ...), as userProps reads it.
-		end, _ := stringEnd(raw, k)
+		end, _ := event.ScanString(raw, k)
 		op := span{k, end}.raw(raw)
 		values := string(op) == "$set" || string(op) == "$setOnce"
 		var vs []Violation
@@ -176,11 +176,11 @@ func memberAt(raw []byte, k int32, name string) (int, bool) {
 	if k < 0 || i > len(raw) || raw[i-1] != '"' {
 		return -1, false
 	}
-	i = skipWS(raw, i)
+	i = event.SkipWS(raw, i)
 	if i >= len(raw) || raw[i] != ':' {
 		return -1, false
 	}
-	return skipWS(raw, i+1), true
+	return event.SkipWS(raw, i+1), true
 }
 
 // vetIndex is what Vet looks up: the projects of a credentials file in a
