@@ -639,21 +639,6 @@ func removeIfExists(path string) error {
 	return nil
 }
 
-// walDirBytes is the disk space of the regular files in dir.
-func walDirBytes(dir string) int64 {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return 0
-	}
-	var n int64
-	for _, e := range ents {
-		if fi, err := e.Info(); err == nil && fi.Mode().IsRegular() {
-			n += fileBytes(fi)
-		}
-	}
-	return n
-}
-
 // fileBytes is the disk space of a file: its allocated blocks (a sparse
 // tail is free), or its length when the blocks are unknown.
 func fileBytes(fi fs.FileInfo) int64 {
