@@ -51,8 +51,6 @@ func (l *Lane) Pin() { l.pins.Add(1) }
 // Unpin undoes one Pin.
 func (l *Lane) Unpin() { l.pins.Add(-1) }
 
-var _ storage.Lane = (*Lane)(nil)
-
 // SetLaneLimits puts new lane limits (as Config's) in force; a lowered
 // bound refuses new lanes only.
 func (s *Spool) SetLaneLimits(maxLanes, maxLanesPerKey int, retireIdle time.Duration) {
