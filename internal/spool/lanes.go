@@ -252,20 +252,16 @@ func (s *Spool) retireLocked(l *Lane) bool {
 		return false
 	}
 	l.retired.Store(true)
-	if l.appending.Load() != 0 {
-		l.retired.Store(false)
-		return false
-	}
-	// Every later Append sees the flag; one that published since the check
-	// above was counted in appending until then: check again.
+	// Every later Append sees the flag; one in progress, or one that
+	// published since the check above (counted in appending until then),
+	// calls it off.
 	l.mu.Lock()
-	empty = l.hot.len() == 0 && l.next == l.cold.nextSeq
+	empty = l.appending.Load() == 0 && l.hot.len() == 0 && l.next == l.cold.nextSeq
 	l.mu.Unlock()
 	if !empty {
 		l.retired.Store(false)
-		return false
 	}
-	return true
+	return empty
 }
 
 // deleteLanes deletes the lane records and queue buckets of retired lanes.
