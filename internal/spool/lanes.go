@@ -169,11 +169,7 @@ func (s *Spool) beginAppend(ctx context.Context, l *Lane) (*Lane, error) {
 		if err != nil {
 			return nil, err
 		}
-		if nl == l {
-			// The retirement saw this Append and was called off.
-			continue
-		}
-		l = nl
+		l = nl // l itself while a retirement that saw this Append is called off
 	}
 }
 
