@@ -224,12 +224,8 @@ func (s *Spool) maybeRetire(now time.Time) {
 	for _, l := range gone {
 		close(l.retiredC)
 		l.mu.Lock()
-		f := l.onWork
-		l.onWork = nil
+		l.wakeLocked() // its reader sees storage.ErrRetired
 		l.mu.Unlock()
-		if f != nil {
-			go f() // its reader sees storage.ErrRetired
-		}
 	}
 	if err := s.deleteLanes(gone); err != nil {
 		// Their empty records are loaded, and retired again, at next Open.
