@@ -145,12 +145,10 @@ func (l *Lane) Wait(ctx context.Context, onIdle func() bool) error {
 // later whenWork replaces an f not called yet.
 func (l *Lane) whenWork(f func()) {
 	l.mu.Lock()
-	if l.readSeq < l.next || l.retired.Load() {
-		l.mu.Unlock()
-		go f()
-		return
-	}
 	l.onWork = f
+	if l.readSeq < l.next || l.retired.Load() {
+		l.wakeLocked()
+	}
 	l.mu.Unlock()
 }
 
