@@ -394,10 +394,7 @@ func readLog(walDir string, id []byte, applied, synced walPos) (*logRead, error)
 		lr.segs = append(lr.segs, logSeg{no: no, data: data, sc: sc})
 	}
 	for _, p := range []walPos{applied, synced} {
-		if p.off == 0 || p.less(applied) {
-			continue
-		}
-		if int64(len(lr.data(p.seg))) < p.off {
+		if p.off > 0 && !p.less(applied) && int64(len(lr.data(p.seg))) < p.off {
 			lr.unreached = append(lr.unreached, fmt.Sprintf("spool.db says the write-ahead log reaches segment %s offset %d, which wal/ does not hold", segName(p.seg), p.off))
 		}
 	}
