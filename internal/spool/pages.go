@@ -46,11 +46,7 @@ func openPageFile(path string) (*pageFile, error) {
 		if n, _ := f.ReadAt(b, off); n < len(b) {
 			continue
 		}
-		m, err := parseBoltMeta(b)
-		if err != nil || off != 0 && int64(m.pageSize) != off {
-			continue
-		}
-		if best == nil || m.txid > best.txid {
+		if m, err := parseBoltMeta(b); err == nil && (off == 0 || int64(m.pageSize) == off) && (best == nil || m.txid > best.txid) {
 			best = &m
 		}
 	}
