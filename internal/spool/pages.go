@@ -1,6 +1,7 @@
 package spool
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -198,9 +199,7 @@ func checkDBFile(path string) (err error) {
 	pf.mapped = m
 	var first error
 	bad := func(err error) {
-		if first == nil {
-			first = err
-		}
+		first = cmp.Or(first, err)
 	}
 	var walk func(bh []byte, depth int)
 	walk = func(bh []byte, depth int) {

@@ -1,6 +1,7 @@
 package spool
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"os"
@@ -182,11 +183,7 @@ func (s *Spool) reportDamage(lr *logRead, d walDamage, keys map[uint64]storage.L
 	if from, to := min(d.from, int64(len(data))), min(d.to, int64(len(data))); to > from {
 		dir := filepath.Join(s.cfg.Dir, quarantineDir)
 		path := filepath.Join(dir, fmt.Sprintf("wal-%016x-%d-%d.bin", d.seg, d.from, d.to))
-		err := os.MkdirAll(dir, 0o750)
-		if err == nil {
-			err = os.WriteFile(path, data[from:to], 0o600)
-		}
-		if err != nil {
+		if err := cmp.Or(os.MkdirAll(dir, 0o750), os.WriteFile(path, data[from:to], 0o600)); err != nil {
 			fields = append(fields, zap.NamedError("quarantine_error", err))
 		} else {
 			fields = append(fields, zap.String("quarantine", path))

@@ -602,9 +602,7 @@ func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error
 		return nil, errors.New("spool config: MaxBytes must not be negative")
 	}
 	cfg = cfg.withDefaults()
-	if log == nil {
-		log = zap.NewNop()
-	}
+	log = cmp.Or(log, zap.NewNop())
 	s := &Spool{
 		cfg:       cfg,
 		log:       log,
