@@ -49,7 +49,7 @@ func (s *Spool) maybeCompact() {
 		return
 	}
 	file := s.fileBytes.Load()
-	if !s.st.compactFailed.IsZero() && time.Since(s.st.compactFailed) < compactRetryAfter {
+	if time.Since(s.st.compactFailed) < compactRetryAfter { // never failed: the zero time, long ago
 		return
 	}
 	start := time.Now()
@@ -58,7 +58,6 @@ func (s *Spool) maybeCompact() {
 		s.log.Error("spool compaction failed", zap.Error(err))
 		return
 	}
-	s.st.compactFailed = time.Time{}
 	s.updateFileBytes()
 	s.m.compactions.Inc()
 	s.log.Info("spool compacted",

@@ -51,8 +51,6 @@ func (l *Lane) Pin() { l.pins.Add(1) }
 // Unpin undoes one Pin.
 func (l *Lane) Unpin() { l.pins.Add(-1) }
 
-var _ storage.Lane = (*Lane)(nil)
-
 // SetLaneLimits puts new lane limits (as Config's) in force; a lowered
 // bound refuses new lanes only.
 func (s *Spool) SetLaneLimits(maxLanes, maxLanesPerKey int, retireIdle time.Duration) {
@@ -171,11 +169,7 @@ func (s *Spool) beginAppend(ctx context.Context, l *Lane) (*Lane, error) {
 		if err != nil {
 			return nil, err
 		}
-		if nl == l {
-			// The retirement saw this Append and was called off.
-			continue
-		}
-		l = nl
+		l = nl // l itself while a retirement that saw this Append is called off
 	}
 }
 
@@ -230,12 +224,8 @@ func (s *Spool) maybeRetire(now time.Time) {
 	for _, l := range gone {
 		close(l.retiredC)
 		l.mu.Lock()
-		f := l.onWork
-		l.onWork = nil
+		l.wakeLocked() // its reader sees storage.ErrRetired
 		l.mu.Unlock()
-		if f != nil {
-			go f() // its reader sees storage.ErrRetired
-		}
 	}
 	if err := s.deleteLanes(gone); err != nil {
 		// Their empty records are loaded, and retired again, at next Open.
@@ -254,20 +244,16 @@ func (s *Spool) retireLocked(l *Lane) bool {
 		return false
 	}
 	l.retired.Store(true)
-	if l.appending.Load() != 0 {
-		l.retired.Store(false)
-		return false
-	}
-	// Every later Append sees the flag; one that published since the check
-	// above was counted in appending until then: check again.
+	// Every later Append sees the flag; one in progress, or one that
+	// published since the check above (counted in appending until then),
+	// calls it off.
 	l.mu.Lock()
-	empty = l.hot.len() == 0 && l.next == l.cold.nextSeq
+	empty = l.appending.Load() == 0 && l.hot.len() == 0 && l.next == l.cold.nextSeq
 	l.mu.Unlock()
 	if !empty {
 		l.retired.Store(false)
-		return false
 	}
-	return true
+	return empty
 }
 
 // deleteLanes deletes the lane records and queue buckets of retired lanes.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -164,6 +165,38 @@ func TestAppendToRetiredLane(t *testing.T) {
 	}
 	if got != 20 {
 		t.Fatalf("read %d of 20 records", got)
+	}
+}
+
+// An empty idle lane with an Append in progress (not yet written) is not
+// retired under it: the Append lands in the lane, and is read from it.
+func TestAppendInProgressHoldsRetirement(t *testing.T) {
+	var held atomic.Bool
+	entered, gate := make(chan struct{}), make(chan struct{})
+	s := openTest(t, Config{NoSync: true, MinFreeBytes: -1, RetireIdle: time.Millisecond, walFault: func(bool) error {
+		if held.CompareAndSwap(true, false) {
+			close(entered)
+			<-gate // the WAL writer waits: the Append stays in progress
+		}
+		return nil
+	}})
+	l, _ := s.Lane(context.Background(), storage.LaneKey{APIKey: "k"})
+	held.Store(true)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		appendOne(t, s, l, `{"a":1}`)
+	}()
+	<-entered
+	time.Sleep(100 * time.Millisecond) // past RetireIdle, several retirement rounds
+	retired := l.IsRetired()
+	close(gate)
+	<-done
+	if retired {
+		t.Fatal("a lane was retired while an Append to it was in progress")
+	}
+	if n := drainLane(t, s, l); n != 1 {
+		t.Fatalf("read %d records from the lane, want 1", n)
 	}
 }
 

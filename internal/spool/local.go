@@ -21,10 +21,7 @@ type Backend struct {
 	kinds []storage.Kind // Only's; empty: every kind
 }
 
-var (
-	_ storage.Backend    = (*Backend)(nil)
-	_ storage.DeadWriter = (*Spool)(nil)
-)
+var _ storage.Backend = (*Backend)(nil)
 
 // NewBackend adapts sp; the spool's logger gets the deliver functions'
 // errors.

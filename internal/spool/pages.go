@@ -1,6 +1,7 @@
 package spool
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -46,11 +47,7 @@ func openPageFile(path string) (*pageFile, error) {
 		if n, _ := f.ReadAt(b, off); n < len(b) {
 			continue
 		}
-		m, err := parseBoltMeta(b)
-		if err != nil || off != 0 && int64(m.pageSize) != off {
-			continue
-		}
-		if best == nil || m.txid > best.txid {
+		if m, err := parseBoltMeta(b); err == nil && (off == 0 || int64(m.pageSize) == off) && (best == nil || m.txid > best.txid) {
 			best = &m
 		}
 	}
@@ -202,9 +199,7 @@ func checkDBFile(path string) (err error) {
 	pf.mapped = m
 	var first error
 	bad := func(err error) {
-		if first == nil {
-			first = err
-		}
+		first = cmp.Or(first, err)
 	}
 	var walk func(bh []byte, depth int)
 	walk = func(bh []byte, depth int) {

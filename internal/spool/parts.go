@@ -87,11 +87,10 @@ func appendSub(b, p []byte) (sub, out []byte) {
 // when not nil, is called each recIdleDrop of waiting (the reader drops
 // what it keeps); when it returns true, Wait returns storage.ErrIdle.
 func (l *Lane) Wait(ctx context.Context, onIdle func() bool) error {
-	var idle <-chan time.Time
+	var idle <-chan time.Time // l.idle's, while armed
 	// One defer outside the loop: in a loop it is heap-allocated.
-	armed := false
 	defer func() {
-		if armed {
+		if idle != nil {
 			l.idle.Stop()
 		}
 	}()
@@ -120,7 +119,6 @@ func (l *Lane) Wait(ctx context.Context, onIdle func() bool) error {
 			} else {
 				l.idle.Reset(recIdleDrop)
 			}
-			armed = true
 			idle = l.idle.C
 		}
 		select {
@@ -130,7 +128,6 @@ func (l *Lane) Wait(ctx context.Context, onIdle func() bool) error {
 			idle = nil     // armed again above
 			if onIdle() {
 				l.idle = nil // an ended reader keeps no timer
-				armed = false
 				return storage.ErrIdle
 			}
 		case <-ctx.Done():
@@ -148,12 +145,10 @@ func (l *Lane) Wait(ctx context.Context, onIdle func() bool) error {
 // later whenWork replaces an f not called yet.
 func (l *Lane) whenWork(f func()) {
 	l.mu.Lock()
-	if l.readSeq < l.next || l.retired.Load() {
-		l.mu.Unlock()
-		go f()
-		return
-	}
 	l.onWork = f
+	if l.readSeq < l.next || l.retired.Load() {
+		l.wakeLocked()
+	}
 	l.mu.Unlock()
 }
 

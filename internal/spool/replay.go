@@ -1,6 +1,7 @@
 package spool
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"os"
@@ -180,27 +181,15 @@ func (s *Spool) reportDamage(lr *logRead, d walDamage, keys map[uint64]storage.L
 	}
 	data := lr.data(d.seg)
 	if from, to := min(d.from, int64(len(data))), min(d.to, int64(len(data))); to > from {
-		name := fmt.Sprintf("wal-%016x-%d-%d.bin", d.seg, d.from, d.to)
-		if path, err := s.quarantine(name, data[from:to]); err != nil {
+		dir := filepath.Join(s.cfg.Dir, quarantineDir)
+		path := filepath.Join(dir, fmt.Sprintf("wal-%016x-%d-%d.bin", d.seg, d.from, d.to))
+		if err := cmp.Or(os.MkdirAll(dir, 0o750), os.WriteFile(path, data[from:to], 0o600)); err != nil {
 			fields = append(fields, zap.NamedError("quarantine_error", err))
 		} else {
 			fields = append(fields, zap.String("quarantine", path))
 		}
 	}
 	s.log.Error("spool: damaged write-ahead log records skipped; acknowledged records in them are lost", fields...)
-}
-
-// quarantine keeps b in a file of that name under Dir/quarantine/.
-func (s *Spool) quarantine(name string, b []byte) (string, error) {
-	dir := filepath.Join(s.cfg.Dir, quarantineDir)
-	if err := os.MkdirAll(dir, 0o750); err != nil {
-		return "", err
-	}
-	path := filepath.Join(dir, name)
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		return "", err
-	}
-	return path, nil
 }
 
 // replayer gathers the log's chunks until apply commits them.

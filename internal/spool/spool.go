@@ -391,17 +391,6 @@ func (l *Lane) read(maxBytes int, end uint64, slab *recSlab) (_ []storage.Chunk,
 		raw := l.raw[:0]
 		c := b.Cursor()
 		k, v := c.Seek(seqKey(l.readSeq))
-		if k != nil && binary.BigEndian.Uint64(k) < end {
-			if v := chunkValue(b, k, v); l.inParts(len(v), maxBytes) {
-				if acc, n, err := chunkHeader(v); err == nil {
-					ch, err := l.cut(binary.BigEndian.Uint64(k), acc, n, v, maxBytes, slab)
-					if !errors.Is(err, errPartDamaged) { // else read whole, and dead-lettered
-						out = []storage.Chunk{ch}
-						return err
-					}
-				}
-			}
-		}
 		for ; k != nil; k, v = c.Next() {
 			seq := binary.BigEndian.Uint64(k)
 			if seq >= end {
@@ -410,6 +399,15 @@ func (l *Lane) read(maxBytes int, end uint64, slab *recSlab) (_ []storage.Chunk,
 			v = chunkValue(b, k, v)
 			if len(raw) > 0 && (maxBytes <= 0 || total+len(v) > maxBytes) {
 				break
+			}
+			if len(raw) == 0 && l.inParts(len(v), maxBytes) {
+				if acc, n, err := chunkHeader(v); err == nil {
+					ch, err := l.cut(seq, acc, n, v, maxBytes, slab)
+					if !errors.Is(err, errPartDamaged) { // else read whole, and dead-lettered
+						out = []storage.Chunk{ch}
+						return err
+					}
+				}
 			}
 			raw = append(raw, rawChunk{seq, v})
 			total += len(v)
@@ -604,9 +602,7 @@ func Open(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Spool, error
 		return nil, errors.New("spool config: MaxBytes must not be negative")
 	}
 	cfg = cfg.withDefaults()
-	if log == nil {
-		log = zap.NewNop()
-	}
+	log = cmp.Or(log, zap.NewNop())
 	s := &Spool{
 		cfg:       cfg,
 		log:       log,

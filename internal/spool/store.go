@@ -716,11 +716,18 @@ func (s *Spool) persistFreelist() {
 	s.st.freelistStale = false
 }
 
-// updateFileBytes publishes the disk space of the bbolt file and the WAL.
+// updateFileBytes publishes the disk space of the bbolt file and of the
+// regular files of the WAL's directory.
 func (s *Spool) updateFileBytes() {
 	var n int64
 	if fi, err := os.Stat(s.path); err == nil {
 		n = fileBytes(fi)
 	}
-	s.fileBytes.Store(n + walDirBytes(s.walDir))
+	ents, _ := os.ReadDir(s.walDir)
+	for _, e := range ents {
+		if fi, err := e.Info(); err == nil && fi.Mode().IsRegular() {
+			n += fileBytes(fi)
+		}
+	}
+	s.fileBytes.Store(n)
 }

@@ -394,10 +394,7 @@ func readLog(walDir string, id []byte, applied, synced walPos) (*logRead, error)
 		lr.segs = append(lr.segs, logSeg{no: no, data: data, sc: sc})
 	}
 	for _, p := range []walPos{applied, synced} {
-		if p.off == 0 || p.less(applied) {
-			continue
-		}
-		if int64(len(lr.data(p.seg))) < p.off {
+		if p.off > 0 && !p.less(applied) && int64(len(lr.data(p.seg))) < p.off {
 			lr.unreached = append(lr.unreached, fmt.Sprintf("spool.db says the write-ahead log reaches segment %s offset %d, which wal/ does not hold", segName(p.seg), p.off))
 		}
 	}
@@ -637,21 +634,6 @@ func removeIfExists(path string) error {
 		return err
 	}
 	return nil
-}
-
-// walDirBytes is the disk space of the regular files in dir.
-func walDirBytes(dir string) int64 {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return 0
-	}
-	var n int64
-	for _, e := range ents {
-		if fi, err := e.Info(); err == nil && fi.Mode().IsRegular() {
-			n += fileBytes(fi)
-		}
-	}
-	return n
 }
 
 // fileBytes is the disk space of a file: its allocated blocks (a sparse
