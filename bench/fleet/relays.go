@@ -58,6 +58,7 @@ type relayOpts struct {
 	rounds     int
 	profile    string        // a directory: CPU profiles of the NATS nodes and the first relay over the measured window
 	colocate   bool          // the relays connect to n1 only, and the events stream's and consumers' leaders are moved there
+	relayEnv   []string      // added to the relays' environment (GOMAXPROCS=2, ...)
 	idle       time.Duration // measure the processes' CPU without load for this long first (0: not)
 }
 
@@ -85,11 +86,19 @@ type proc struct {
 }
 
 func startProc(bin, logPath string, args ...string) (*proc, error) {
+	return startProcEnv(nil, bin, logPath, args...)
+}
+
+// startProcEnv is startProc with env added to this process's environment.
+func startProcEnv(env []string, bin, logPath string, args ...string) (*proc, error) {
 	logf, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(bin, args...)
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		logf.Close()
@@ -365,7 +374,7 @@ func runOne(o relayOpts, t tools, dir string, sink *proc, sinkURL, spool string,
 		return res, err
 	}
 	var natsProcs []*proc
-	var profPorts []int
+	var profPorts, monitors []int
 	if o.profile != "" && spool == "fleet" {
 		for range 3 {
 			pp, err := freePort()
@@ -379,6 +388,9 @@ func runOne(o relayOpts, t tools, dir string, sink *proc, sinkURL, spool string,
 	if spool == "fleet" {
 		procs, lay, err := startNATS(t, dir, o.syncAlways, profPorts)
 		natsProcs = procs
+		for _, nd := range lay.Nodes {
+			monitors = append(monitors, nd.Monitor)
+		}
 		url := lay.SpoolURL()
 		if o.colocate {
 			node = lay.Nodes[0]
@@ -414,7 +426,7 @@ func runOne(o relayOpts, t tools, dir string, sink *proc, sinkURL, spool string,
 		args := append([]string{"--listen", listen, "--admin-listen", admin, "--ingest-url", sinkURL,
 			"--data-dir", filepath.Join(dir, fmt.Sprintf("relay%d", i)), "--spool-min-free-bytes", "0",
 			"--log-format", "json", "--log-level", "warn"}, spoolArgs...)
-		p, err := startProc(t.relay, filepath.Join(dir, fmt.Sprintf("relay%d.log", i)), args...)
+		p, err := startProcEnv(o.relayEnv, t.relay, filepath.Join(dir, fmt.Sprintf("relay%d.log", i)), args...)
 		if err != nil {
 			return res, err
 		}
@@ -502,6 +514,7 @@ func runOne(o relayOpts, t tools, dir string, sink *proc, sinkURL, spool string,
 	// machine of few cores it takes its share of them too.
 	load := func() int64 { return pidTicks(os.Getpid()) + sink.cpuTicks() }
 	r0, n0, l0 := ticks(relays), ticks(natsProcs), load()
+	v0 := varz(monitors)
 	measuring.Store(true)
 	t0 := time.Now()
 	var profs sync.WaitGroup
@@ -528,6 +541,13 @@ func runOne(o relayOpts, t tools, dir string, sink *proc, sinkURL, spool string,
 	measuring.Store(false)
 	el := time.Since(t0).Seconds()
 	r1, n1, l1 := ticks(relays), ticks(natsProcs), load()
+	if v1 := varz(monitors); len(monitors) > 0 && accepted.Load() > 0 {
+		// The nodes' message traffic (clients, routes, Raft) per request
+		// accepted: what grows with the publishes and deliveries per event.
+		reqs := float64(accepted.Load()) / float64(o.events)
+		fmt.Printf("# nats, %s x %d: per request in_msgs %.2f out_msgs %.2f in_bytes %.0f out_bytes %.0f\n", spool, n,
+			float64(v1[0]-v0[0])/reqs, float64(v1[1]-v0[1])/reqs, float64(v1[2]-v0[2])/reqs, float64(v1[3]-v0[3])/reqs)
+	}
 	profs.Wait()
 	cancel()
 	wg.Wait()
@@ -651,6 +671,27 @@ func leaders(admin string) string {
 	}
 	slices.Sort(out)
 	return strings.Join(out, " ")
+}
+
+// varz sums the nodes' /varz in_msgs, out_msgs, in_bytes, out_bytes.
+func varz(monitors []int) (v [4]int64) {
+	hc := &http.Client{Timeout: 2 * time.Second}
+	for _, m := range monitors {
+		resp, err := hc.Get(fmt.Sprintf("http://127.0.0.1:%d/varz", m))
+		if err != nil {
+			continue
+		}
+		var z struct {
+			InMsgs   int64 `json:"in_msgs"`
+			OutMsgs  int64 `json:"out_msgs"`
+			InBytes  int64 `json:"in_bytes"`
+			OutBytes int64 `json:"out_bytes"`
+		}
+		json.NewDecoder(resp.Body).Decode(&z) //nolint:errcheck // a failed read shows as zero
+		resp.Body.Close()
+		v[0], v[1], v[2], v[3] = v[0]+z.InMsgs, v[1]+z.OutMsgs, v[2]+z.InBytes, v[3]+z.OutBytes
+	}
+	return v
 }
 
 // fetchTo saves url's body (a profile) in path.
