@@ -83,14 +83,19 @@ func main() {
 	warmup := flag.Duration("warmup", 2*time.Second, "relay mode: load before the measured -duration")
 	devices := flag.Int("devices", 10000, "relay mode: distinct device_ids")
 	rounds := flag.Int("rounds", 1, "relay mode: times to run every configuration, interleaved; medians printed when more than 1")
-	profile := flag.String("profile", "", "relay mode: save CPU profiles of the NATS nodes (prof_port) and the first relay (/debug/pprof) over each measured window in this directory")
+	profile := flag.String("profile", "", "relay mode: save CPU profiles of the NATS nodes (prof_port) and every relay (/debug/pprof) over each measured window in this directory")
 	pad := flag.String("pad", "props", "relay mode: event padding: props (random property values, compressing as real events do) or x (one letter, as before)")
 	colocate := flag.Bool("colocate", false, "relay mode: the relays connect to one node only, which the events stream's leader is moved to (no publish crosses a route; the one-replica consumers stay where the server put them)")
+	idle := flag.Duration("idle", 0, "relay mode: first measure the relays' and nodes' CPU without load for this long")
+	relayEnv := flag.String("relay-env", "", "relay mode: KEY=VALUE,... added to the relays' environment (e.g. GOMAXPROCS=2)")
 	keep := flag.Bool("keep", false, "relay mode: keep the logs and stores (the temp dir is printed)")
 	flag.Parse()
 	if *relays != "" {
 		ro := relayOpts{conns: *conns, warmup: *warmup, duration: o.duration, events: o.events, eventBytes: o.eventBytes,
-			devices: *devices, keys: o.keys, padX: *pad == "x", partitions: o.partitions, streams: o.streams, syncAlways: o.syncAlways, keep: *keep, colocate: *colocate, rounds: max(*rounds, 1), profile: *profile}
+			devices: *devices, keys: o.keys, padX: *pad == "x", partitions: o.partitions, streams: o.streams, syncAlways: o.syncAlways, keep: *keep, colocate: *colocate, rounds: max(*rounds, 1), profile: *profile, idle: *idle}
+		if *relayEnv != "" {
+			ro.relayEnv = strings.Split(*relayEnv, ",")
+		}
 		for _, f := range strings.Split(*relays, ",") {
 			n, err := strconv.Atoi(strings.TrimSpace(f))
 			if err != nil || n < 1 || n > 8 {

@@ -56,8 +56,10 @@ type relayOpts struct {
 	syncAlways bool
 	keep       bool
 	rounds     int
-	profile    string // a directory: CPU profiles of the NATS nodes and the first relay over the measured window
-	colocate   bool   // the relays connect to n1 only, and the events stream's and consumers' leaders are moved there
+	profile    string        // a directory: CPU profiles of the NATS nodes and the first relay over the measured window
+	colocate   bool          // the relays connect to n1 only, and the events stream's and consumers' leaders are moved there
+	relayEnv   []string      // added to the relays' environment (GOMAXPROCS=2, ...)
+	idle       time.Duration // measure the processes' CPU without load for this long first (0: not)
 }
 
 // tool is a built binary.
@@ -84,11 +86,19 @@ type proc struct {
 }
 
 func startProc(bin, logPath string, args ...string) (*proc, error) {
+	return startProcEnv(nil, bin, logPath, args...)
+}
+
+// startProcEnv is startProc with env added to this process's environment.
+func startProcEnv(env []string, bin, logPath string, args ...string) (*proc, error) {
 	logf, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(bin, args...)
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		logf.Close()
@@ -119,8 +129,10 @@ func (p *proc) exited() bool {
 
 // cpuTicks is the process's utime+stime in clock ticks (USER_HZ, 100 on
 // Linux).
-func (p *proc) cpuTicks() int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+func (p *proc) cpuTicks() int64 { return pidTicks(p.cmd.Process.Pid) }
+
+func pidTicks(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0
 	}
@@ -270,8 +282,8 @@ func runRelays(o relayOpts) error {
 	}
 	fmt.Printf("load: %d connections, %d events of ~%d B (padding %s) per request, %d device(s) per request out of %d, warm-up %v, measured %v; NATS sync_interval always=%v, P=%d; %d round(s), interleaved\n\n",
 		o.conns, o.events, o.eventBytes, map[bool]string{true: "x", false: "props"}[o.padX], o.keys, o.devices, o.warmup, o.duration, o.syncAlways, o.partitions, o.rounds)
-	fmt.Println("| round | spool | relays | events/s | MB/s | accept p50 | accept p99 | relay CPU s/M events | NATS CPU s/M events | errors | events stream leaders per node | requests per batch |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Println("| round | spool | relays | events/s | MB/s | accept p50 | accept p99 | relay CPU s/M events | NATS CPU s/M events | errors | events stream leaders per node | requests per batch | load + sink CPU s/M events |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	type key struct {
 		spool string
 		n     int
@@ -283,7 +295,7 @@ func runRelays(o relayOpts) error {
 		// from elsewhere on the machine touches all of them alike.
 		for _, n := range o.relays {
 			for _, spool := range o.spools {
-				r, err := runOne(o, t, filepath.Join(dir, fmt.Sprintf("%s-%d-r%d", spool, n, round)), "http://"+string(sinkAddr), spool, n)
+				r, err := runOne(o, t, filepath.Join(dir, fmt.Sprintf("%s-%d-r%d", spool, n, round)), sink, "http://"+string(sinkAddr), spool, n)
 				if err != nil {
 					return fmt.Errorf("%s x %d: %w", spool, n, err)
 				}
@@ -298,8 +310,8 @@ func runRelays(o relayOpts) error {
 	}
 	if o.rounds > 1 {
 		fmt.Printf("\nmedians of %d rounds:\n\n", o.rounds)
-		fmt.Println("| spool | relays | events/s | MB/s | accept p50 | accept p99 | relay CPU s/M events | NATS CPU s/M events | errors | events stream leaders per node (last round) | requests per batch |")
-		fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|")
+		fmt.Println("| spool | relays | events/s | MB/s | accept p50 | accept p99 | relay CPU s/M events | NATS CPU s/M events | errors | events stream leaders per node (last round) | requests per batch | load + sink CPU s/M events |")
+		fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|")
 		for _, k := range keys {
 			fmt.Println(median(all[k]).row())
 		}
@@ -314,6 +326,7 @@ type result struct {
 	eps, mbps         float64
 	p50, p99          uint64  // µs
 	relayCPU, natsCPU float64 // s per million events (0: none)
+	loadCPU           float64 // this process's (the HTTP load) and the sink's, s per million events
 	errs              int64
 	leaders           string
 	perBatch          float64 // requests' parts per published batch (fleet)
@@ -326,8 +339,8 @@ func (r result) row() string {
 		}
 		return fmt.Sprintf("%.2f", v)
 	}
-	return fmt.Sprintf("| %s | %d | %.0f | %.1f | %s | %s | %s | %s | %d | %s | %s |", r.spool, r.relays, r.eps, r.mbps,
-		us(r.p50), us(r.p99), cpu(r.relayCPU), cpu(r.natsCPU), r.errs, r.leaders, cpu(r.perBatch))
+	return fmt.Sprintf("| %s | %d | %.0f | %.1f | %s | %s | %s | %s | %d | %s | %s | %s |", r.spool, r.relays, r.eps, r.mbps,
+		us(r.p50), us(r.p99), cpu(r.relayCPU), cpu(r.natsCPU), r.errs, r.leaders, cpu(r.perBatch), cpu(r.loadCPU))
 }
 
 // median is the field-by-field median of rs (the upper one of an even
@@ -350,17 +363,18 @@ func median(rs []result) result {
 	m.natsCPU = med(func(r result) float64 { return r.natsCPU })
 	m.errs = int64(med(func(r result) float64 { return float64(r.errs) }))
 	m.perBatch = med(func(r result) float64 { return r.perBatch })
+	m.loadCPU = med(func(r result) float64 { return r.loadCPU })
 	return m
 }
 
-func runOne(o relayOpts, t tools, dir, sinkURL, spool string, n int) (result, error) {
+func runOne(o relayOpts, t tools, dir string, sink *proc, sinkURL, spool string, n int) (result, error) {
 	res := result{spool: spool, relays: n, leaders: "-"}
 	var node natstest.NodeAddr // -colocate's
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return res, err
 	}
 	var natsProcs []*proc
-	var profPorts []int
+	var profPorts, monitors []int
 	if o.profile != "" && spool == "fleet" {
 		for range 3 {
 			pp, err := freePort()
@@ -374,6 +388,9 @@ func runOne(o relayOpts, t tools, dir, sinkURL, spool string, n int) (result, er
 	if spool == "fleet" {
 		procs, lay, err := startNATS(t, dir, o.syncAlways, profPorts)
 		natsProcs = procs
+		for _, nd := range lay.Nodes {
+			monitors = append(monitors, nd.Monitor)
+		}
 		url := lay.SpoolURL()
 		if o.colocate {
 			node = lay.Nodes[0]
@@ -409,7 +426,7 @@ func runOne(o relayOpts, t tools, dir, sinkURL, spool string, n int) (result, er
 		args := append([]string{"--listen", listen, "--admin-listen", admin, "--ingest-url", sinkURL,
 			"--data-dir", filepath.Join(dir, fmt.Sprintf("relay%d", i)), "--spool-min-free-bytes", "0",
 			"--log-format", "json", "--log-level", "warn"}, spoolArgs...)
-		p, err := startProc(t.relay, filepath.Join(dir, fmt.Sprintf("relay%d.log", i)), args...)
+		p, err := startProcEnv(o.relayEnv, t.relay, filepath.Join(dir, fmt.Sprintf("relay%d.log", i)), args...)
 		if err != nil {
 			return res, err
 		}
@@ -434,6 +451,22 @@ func runOne(o relayOpts, t tools, dir, sinkURL, spool string, n int) (result, er
 		res.leaders = leaders(admins[0])
 	}
 
+	ticks := func(ps []*proc) (s int64) {
+		for _, p := range ps {
+			s += p.cpuTicks()
+		}
+		return s
+	}
+	if o.idle > 0 {
+		// What the processes cost without a request: leases, heartbeats,
+		// pulls, timers. Paid per second, not per event.
+		r0, n0, t0 := ticks(relays), ticks(natsProcs), time.Now()
+		time.Sleep(o.idle)
+		el := time.Since(t0).Seconds()
+		r1, n1 := ticks(relays), ticks(natsProcs)
+		fmt.Printf("# idle, %s x %d: relays %.1f%%, NATS %.1f%% of a core\n", spool, n,
+			float64(r1-r0)/userHZ/el*100, float64(n1-n0)/userHZ/el*100)
+	}
 	var (
 		measuring atomic.Bool
 		accepted  atomic.Int64
@@ -477,21 +510,24 @@ func runOne(o relayOpts, t tools, dir, sinkURL, spool string, n int) (result, er
 		})
 	}
 	time.Sleep(o.warmup) // load before the measured window, not synchronisation
-	ticks := func(ps []*proc) (s int64) {
-		for _, p := range ps {
-			s += p.cpuTicks()
-		}
-		return s
-	}
-	r0, n0 := ticks(relays), ticks(natsProcs)
+	// The load is this process (and the sink it delivers to): on a
+	// machine of few cores it takes its share of them too.
+	load := func() int64 { return pidTicks(os.Getpid()) + sink.cpuTicks() }
+	r0, n0, l0 := ticks(relays), ticks(natsProcs), load()
+	v0 := varz(monitors)
 	measuring.Store(true)
 	t0 := time.Now()
 	var profs sync.WaitGroup
 	if o.profile != "" {
 		secs := max(int(o.duration.Seconds())-1, 1)
-		urls := map[string]string{fmt.Sprintf("%s-relay0", spool): fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", admins[0], secs)}
+		// Every relay: with more relays each one's share of the work
+		// differs (the owner of a partition reads what the others publish).
+		urls := make(map[string]string)
+		for i, a := range admins {
+			urls[fmt.Sprintf("%s-%d-relay%d", spool, n, i)] = fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", a, secs)
+		}
 		for i, pp := range profPorts {
-			urls[fmt.Sprintf("nats-n%d", i+1)] = fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", pp, secs)
+			urls[fmt.Sprintf("nats-%d-n%d", n, i+1)] = fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", pp, secs)
 		}
 		for name, u := range urls {
 			profs.Go(func() {
@@ -504,7 +540,14 @@ func runOne(o relayOpts, t tools, dir, sinkURL, spool string, n int) (result, er
 	time.Sleep(o.duration)
 	measuring.Store(false)
 	el := time.Since(t0).Seconds()
-	r1, n1 := ticks(relays), ticks(natsProcs)
+	r1, n1, l1 := ticks(relays), ticks(natsProcs), load()
+	if v1 := varz(monitors); len(monitors) > 0 && accepted.Load() > 0 {
+		// The nodes' message traffic (clients, routes, Raft) per request
+		// accepted: what grows with the publishes and deliveries per event.
+		reqs := float64(accepted.Load()) / float64(o.events)
+		fmt.Printf("# nats, %s x %d: per request in_msgs %.2f out_msgs %.2f in_bytes %.0f out_bytes %.0f\n", spool, n,
+			float64(v1[0]-v0[0])/reqs, float64(v1[1]-v0[1])/reqs, float64(v1[2]-v0[2])/reqs, float64(v1[3]-v0[3])/reqs)
+	}
 	profs.Wait()
 	cancel()
 	wg.Wait()
@@ -529,7 +572,7 @@ func runOne(o relayOpts, t tools, dir, sinkURL, spool string, n int) (result, er
 	}
 	res.eps, res.mbps = evs/el, float64(bodyBytes.Load())/el/1e6
 	res.p50, res.p99 = lat.Quantile(0.5), lat.Quantile(0.99)
-	res.relayCPU, res.natsCPU, res.errs = perM(r1-r0), perM(n1-n0), errs.Load()
+	res.relayCPU, res.natsCPU, res.loadCPU, res.errs = perM(r1-r0), perM(n1-n0), perM(l1-l0), errs.Load()
 	return res, nil
 }
 
@@ -628,6 +671,27 @@ func leaders(admin string) string {
 	}
 	slices.Sort(out)
 	return strings.Join(out, " ")
+}
+
+// varz sums the nodes' /varz in_msgs, out_msgs, in_bytes, out_bytes.
+func varz(monitors []int) (v [4]int64) {
+	hc := &http.Client{Timeout: 2 * time.Second}
+	for _, m := range monitors {
+		resp, err := hc.Get(fmt.Sprintf("http://127.0.0.1:%d/varz", m))
+		if err != nil {
+			continue
+		}
+		var z struct {
+			InMsgs   int64 `json:"in_msgs"`
+			OutMsgs  int64 `json:"out_msgs"`
+			InBytes  int64 `json:"in_bytes"`
+			OutBytes int64 `json:"out_bytes"`
+		}
+		json.NewDecoder(resp.Body).Decode(&z) //nolint:errcheck // a failed read shows as zero
+		resp.Body.Close()
+		v[0], v[1], v[2], v[3] = v[0]+z.InMsgs, v[1]+z.OutMsgs, v[2]+z.InBytes, v[3]+z.OutBytes
+	}
+	return v
 }
 
 // fetchTo saves url's body (a profile) in path.
