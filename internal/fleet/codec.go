@@ -121,53 +121,85 @@ func encodeMessage(dst []byte, h *header, n int, parts [][]byte, codec byte) []b
 	return b
 }
 
-// buffers hold a message's joined records and its body while it is
-// made (encodeBody): only what is kept is allocated.
+// buffers hold what a message's encoding needs only while it is made
+// (see encodeBody): its parts joined, its body before it is compressed.
 var buffers = sync.Pool{New: func() any { return new([]byte) }}
 
 // encodeBody is encodeMessage, also returning, when keep is set, the
 // records' encoding it compressed (nil when the body holds them as they
-// are): decodeWith takes it instead of decompressing the body again.
+// are): decodeWith takes it instead of decompressing the body again. The
+// encoding returned may be parts[0] itself. What is not kept is made in
+// pooled buffers (a single part is compressed where it is), and the body
+// appended to dst is copied from one: only its compressed size is
+// allocated, not its records'.
 func encodeBody(dst []byte, h *header, n int, parts [][]byte, codec byte, keep bool) (body, plain []byte) {
-	jb, bb := buffers.Get().(*[]byte), buffers.Get().(*[]byte)
-	raw := parts[0]
-	if len(parts) > 1 {
-		raw = (*jb)[:0]
+	size := 0
+	for _, p := range parts {
+		size += len(p)
+	}
+	if codec != codecS2 && codec != codecZstd {
+		dst = slices.Grow(dst, h.size()+size+4)
+		start := len(dst)
+		dst = appendHeader(dst, h, n)
 		for _, p := range parts {
-			raw = append(raw, p...)
+			dst = append(dst, p...)
 		}
-		*jb = raw[:0]
+		return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli)), nil
 	}
-	b := append((*bb)[:0], codecPlain, byte(h.lane.Kind))
-	b = appendBytes(b, []byte(h.lane.APIKey))
-	b = appendBytes(b, []byte(h.lane.Options))
-	b = binary.AppendUvarint(b, uint64(h.accepted.UnixMilli()))
-	b = binary.AppendUvarint(b, uint64(n))
+	var joined *[]byte
+	switch {
+	case len(parts) == 1:
+		plain = parts[0]
+	case keep:
+		plain = make([]byte, 0, size)
+	default:
+		joined = buffers.Get().(*[]byte)
+		plain = (*joined)[:0]
+	}
+	if len(parts) > 1 {
+		for _, p := range parts {
+			plain = append(plain, p...)
+		}
+	}
+	sb := buffers.Get().(*[]byte)
+	b := appendHeader((*sb)[:0], h, n)
 	records := len(b)
-	switch codec {
-	case codecS2:
-		b = slices.Grow(b, s2.MaxEncodedLen(len(raw)))
-		b = b[:records+len(s2.Encode(b[records:cap(b)], raw))]
-	case codecZstd:
-		b = zstdEncoder().EncodeAll(raw, slices.Grow(b, len(raw)))
-	}
-	if len(b) == records || len(b)-records >= len(raw) {
-		b, keep = append(b[:records], raw...), false
+	if codec == codecS2 {
+		b = slices.Grow(b, s2.MaxEncodedLen(len(plain)))
+		z := s2.Encode(b[records:cap(b)], plain)
+		b = b[:records+len(z)]
 	} else {
-		b[0] = codec
+		b = slices.Grow(b, len(plain))
+		b = zstdEncoder().EncodeAll(plain, b)
 	}
 	start := len(dst)
-	dst = append(slices.Grow(dst, len(b)+4), b...)
-	if keep {
-		plain = raw
-		if len(parts) > 1 {
-			plain = slices.Clone(raw)
-		}
+	if len(b)-records < len(plain) {
+		b[0] = codec
+		dst = append(slices.Grow(dst, len(b)+4), b...)
+	} else {
+		dst = append(slices.Grow(dst, records+len(plain)+4), b[:records]...)
+		dst = append(dst, plain...)
+		keep = false
 	}
-	*bb = b[:0]
-	buffers.Put(jb)
-	buffers.Put(bb)
+	*sb = b[:0]
+	buffers.Put(sb)
+	if joined != nil {
+		*joined = plain[:0]
+		buffers.Put(joined)
+	}
+	if !keep {
+		plain = nil
+	}
 	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli)), plain
+}
+
+// appendHeader appends a body's header, of version codecPlain, to dst.
+func appendHeader(dst []byte, h *header, n int) []byte {
+	dst = append(dst, codecPlain, byte(h.lane.Kind))
+	dst = appendBytes(dst, []byte(h.lane.APIKey))
+	dst = appendBytes(dst, []byte(h.lane.Options))
+	dst = binary.AppendUvarint(dst, uint64(h.accepted.UnixMilli()))
+	return binary.AppendUvarint(dst, uint64(n))
 }
 
 // encode appends the body of a message of recs to dst, compressed when
