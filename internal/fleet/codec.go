@@ -121,85 +121,75 @@ func encodeMessage(dst []byte, h *header, n int, parts [][]byte, codec byte) []b
 	return b
 }
 
-// buffers hold what a message's encoding needs only while it is made
-// (see encodeBody): its parts joined, its body before it is compressed.
-var buffers = sync.Pool{New: func() any { return new([]byte) }}
+// joined holds the concatenation of a message's parts while they are
+// compressed, when nothing keeps it (see encodeBody).
+var joined = sync.Pool{New: func() any { return new([]byte) }}
 
 // encodeBody is encodeMessage, also returning, when keep is set, the
 // records' encoding it compressed (nil when the body holds them as they
 // are): decodeWith takes it instead of decompressing the body again. The
-// encoding returned may be parts[0] itself. What is not kept is made in
-// pooled buffers (a single part is compressed where it is), and the body
-// appended to dst is copied from one: only its compressed size is
-// allocated, not its records'.
+// encoding returned may be parts[0] itself. Without keep, parts are
+// joined in a pooled buffer (or not at all: a single part is compressed
+// where it is), and the compressed records are written straight into
+// the body.
 func encodeBody(dst []byte, h *header, n int, parts [][]byte, codec byte, keep bool) (body, plain []byte) {
 	size := 0
 	for _, p := range parts {
 		size += len(p)
 	}
+	need := h.size() + size + 4
+	if codec == codecS2 {
+		need = h.size() + max(size, s2.MaxEncodedLen(size)) + 4
+	}
+	dst = slices.Grow(dst, need)
+	start := len(dst)
+	dst = append(dst, codecPlain, byte(h.lane.Kind))
+	dst = appendBytes(dst, []byte(h.lane.APIKey))
+	dst = appendBytes(dst, []byte(h.lane.Options))
+	dst = binary.AppendUvarint(dst, uint64(h.accepted.UnixMilli()))
+	dst = binary.AppendUvarint(dst, uint64(n))
 	if codec != codecS2 && codec != codecZstd {
-		dst = slices.Grow(dst, h.size()+size+4)
-		start := len(dst)
-		dst = appendHeader(dst, h, n)
 		for _, p := range parts {
 			dst = append(dst, p...)
 		}
 		return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli)), nil
 	}
-	var joined *[]byte
+	var pooled *[]byte
 	switch {
 	case len(parts) == 1:
 		plain = parts[0]
 	case keep:
 		plain = make([]byte, 0, size)
 	default:
-		joined = buffers.Get().(*[]byte)
-		plain = (*joined)[:0]
+		pooled = joined.Get().(*[]byte)
+		plain = (*pooled)[:0]
 	}
 	if len(parts) > 1 {
 		for _, p := range parts {
 			plain = append(plain, p...)
 		}
 	}
-	sb := buffers.Get().(*[]byte)
-	b := appendHeader((*sb)[:0], h, n)
-	records := len(b)
+	records := len(dst)
 	if codec == codecS2 {
-		b = slices.Grow(b, s2.MaxEncodedLen(len(plain)))
-		z := s2.Encode(b[records:cap(b)], plain)
-		b = b[:records+len(z)]
+		z := s2.Encode(dst[records:cap(dst)], plain)
+		dst = dst[:records+len(z)]
 	} else {
-		b = slices.Grow(b, len(plain))
-		b = zstdEncoder().EncodeAll(plain, b)
+		dst = zstdEncoder().EncodeAll(plain, dst)
 	}
-	start := len(dst)
-	if len(b)-records < len(plain) {
-		b[0] = codec
-		dst = append(slices.Grow(dst, len(b)+4), b...)
+	if len(dst)-records < len(plain) {
+		dst[start] = codec
 	} else {
-		dst = append(slices.Grow(dst, records+len(plain)+4), b[:records]...)
-		dst = append(dst, plain...)
+		dst = append(dst[:records], plain...)
 		keep = false
 	}
-	*sb = b[:0]
-	buffers.Put(sb)
-	if joined != nil {
-		*joined = plain[:0]
-		buffers.Put(joined)
+	if pooled != nil {
+		*pooled = plain[:0]
+		joined.Put(pooled)
 	}
 	if !keep {
 		plain = nil
 	}
 	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli)), plain
-}
-
-// appendHeader appends a body's header, of version codecPlain, to dst.
-func appendHeader(dst []byte, h *header, n int) []byte {
-	dst = append(dst, codecPlain, byte(h.lane.Kind))
-	dst = appendBytes(dst, []byte(h.lane.APIKey))
-	dst = appendBytes(dst, []byte(h.lane.Options))
-	dst = binary.AppendUvarint(dst, uint64(h.accepted.UnixMilli()))
-	return binary.AppendUvarint(dst, uint64(n))
 }
 
 // encode appends the body of a message of recs to dst, compressed when

@@ -214,15 +214,5 @@ func TestCodecKeep(t *testing.T) {
 				}
 			}
 		}
-		// Records that do not shrink are stored as they are, and nothing
-		// is kept for them.
-		tiny := []storage.Record{{OrderKey: []byte("d:1"), Data: []byte("{}")}}
-		body, plain := encodeBody(nil, &h, 2, [][]byte{encodeRecords(nil, tiny), encodeRecords(nil, tiny)}, codec, true)
-		if body[0] != codecPlain || plain != nil {
-			t.Fatalf("codec %d: tiny records stored as version %d, kept %q", codec, body[0], plain)
-		}
-		if _, got, err := decode(body); err != nil || len(got) != 2 || string(got[1].Data) != "{}" {
-			t.Fatalf("codec %d: tiny records: %v, %+v", codec, err, got)
-		}
 	}
 }
