@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"slices"
 	"sync"
 	"time"
 
@@ -117,31 +116,14 @@ func encodeRecords(dst []byte, recs []storage.Record) []byte {
 // with codec (codecS2 or codecZstd; any other: not) when that shrinks
 // them.
 func encodeMessage(dst []byte, h *header, n int, parts [][]byte, codec byte) []byte {
-	b, _ := encodeBody(dst, h, n, parts, codec, false)
+	b, _ := encodeBody(dst, h, n, parts, codec)
 	return b
 }
 
-// joined holds the concatenation of a message's parts while they are
-// compressed, when nothing keeps it (see encodeBody).
-var joined = sync.Pool{New: func() any { return new([]byte) }}
-
-// encodeBody is encodeMessage, also returning, when keep is set, the
-// records' encoding it compressed (nil when the body holds them as they
-// are): decodeWith takes it instead of decompressing the body again. The
-// encoding returned may be parts[0] itself. Without keep, parts are
-// joined in a pooled buffer (or not at all: a single part is compressed
-// where it is), and the compressed records are written straight into
-// the body.
-func encodeBody(dst []byte, h *header, n int, parts [][]byte, codec byte, keep bool) (body, plain []byte) {
-	size := 0
-	for _, p := range parts {
-		size += len(p)
-	}
-	need := h.size() + size + 4
-	if codec == codecS2 {
-		need = h.size() + max(size, s2.MaxEncodedLen(size)) + 4
-	}
-	dst = slices.Grow(dst, need)
+// encodeBody is encodeMessage, also returning the records' encoding it
+// compressed (nil when the body holds them as they are): decodeWith takes
+// it instead of decompressing the body again.
+func encodeBody(dst []byte, h *header, n int, parts [][]byte, codec byte) (body, plain []byte) {
 	start := len(dst)
 	dst = append(dst, codecPlain, byte(h.lane.Kind))
 	dst = appendBytes(dst, []byte(h.lane.APIKey))
@@ -154,39 +136,25 @@ func encodeBody(dst []byte, h *header, n int, parts [][]byte, codec byte, keep b
 		}
 		return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli)), nil
 	}
-	var pooled *[]byte
-	switch {
-	case len(parts) == 1:
-		plain = parts[0]
-	case keep:
-		plain = make([]byte, 0, size)
-	default:
-		pooled = joined.Get().(*[]byte)
-		plain = (*pooled)[:0]
+	size := 0
+	for _, p := range parts {
+		size += len(p)
 	}
-	if len(parts) > 1 {
-		for _, p := range parts {
-			plain = append(plain, p...)
-		}
+	plain = make([]byte, 0, size)
+	for _, p := range parts {
+		plain = append(plain, p...)
 	}
-	records := len(dst)
+	var z []byte
 	if codec == codecS2 {
-		z := s2.Encode(dst[records:cap(dst)], plain)
-		dst = dst[:records+len(z)]
+		z = s2.Encode(nil, plain)
 	} else {
-		dst = zstdEncoder().EncodeAll(plain, dst)
+		z = zstdEncoder().EncodeAll(plain, nil)
 	}
-	if len(dst)-records < len(plain) {
+	if len(z) < len(plain) {
 		dst[start] = codec
+		dst = append(dst, z...)
 	} else {
-		dst = append(dst[:records], plain...)
-		keep = false
-	}
-	if pooled != nil {
-		*pooled = plain[:0]
-		joined.Put(pooled)
-	}
-	if !keep {
+		dst = append(dst, plain...)
 		plain = nil
 	}
 	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli)), plain

@@ -135,7 +135,7 @@ func TestCodecRecent(t *testing.T) {
 		recs = append(recs, storage.Record{OrderKey: []byte("d:1"), Data: d})
 	}
 	for _, codec := range []byte{codecZstd, codecS2} {
-		body, plain := encodeBody(nil, &h, len(recs), [][]byte{encodeRecords(nil, recs[:20]), encodeRecords(nil, recs[20:])}, codec, true)
+		body, plain := encodeBody(nil, &h, len(recs), [][]byte{encodeRecords(nil, recs[:20]), encodeRecords(nil, recs[20:])}, codec)
 		if plain == nil {
 			t.Fatalf("codec %d: nothing kept", codec)
 		}
@@ -172,47 +172,6 @@ func TestCodecRecent(t *testing.T) {
 		c[len(c)/2] ^= 0x10
 		if _, _, err := decodeWith(c, plain); !errors.Is(err, errCorrupt) {
 			t.Fatalf("codec %d: damaged body with its kept encoding: %v", codec, err)
-		}
-	}
-}
-
-// TestCodecKeep: a body is the same whether the records' encoding is kept
-// or not, whatever the number of parts (joined in a buffer of a pool when
-// not kept: one body encoded after another must not change it), and the
-// encoding kept is the records' whole.
-func TestCodecKeep(t *testing.T) {
-	h := header{lane: storage.LaneKey{Kind: storage.KindEvents, APIKey: "k"}, accepted: time.UnixMilli(1700000000123)}
-	var recs []storage.Record
-	for i := range 60 {
-		d := fmt.Appendf(nil, `{"event_type":"screen","device_id":"device-%06d","insert_id":"%d"}`, i%3, i)
-		recs = append(recs, storage.Record{OrderKey: []byte("d:1"), Data: d})
-	}
-	whole := encodeRecords(nil, recs)
-	for _, codec := range []byte{codecZstd, codecS2} {
-		for _, parts := range [][][]byte{
-			{encodeRecords(nil, recs)},
-			{encodeRecords(nil, recs[:20]), encodeRecords(nil, recs[20:40]), encodeRecords(nil, recs[40:])},
-		} {
-			kept, plain := encodeBody(nil, &h, len(recs), parts, codec, true)
-			if !bytes.Equal(plain, whole) {
-				t.Fatalf("codec %d, %d parts: kept encoding is not the records'", codec, len(parts))
-			}
-			var bodies [][]byte
-			for range 3 {
-				body, p := encodeBody([]byte("x"), &h, len(recs), parts, codec, false)
-				if p != nil {
-					t.Fatalf("codec %d, %d parts: encoding returned though not kept", codec, len(parts))
-				}
-				bodies = append(bodies, body)
-			}
-			for _, body := range bodies {
-				if body[0] != 'x' || !bytes.Equal(body[1:], kept) {
-					t.Fatalf("codec %d, %d parts: body differs when the encoding is not kept", codec, len(parts))
-				}
-				if _, got, err := decode(body[1:]); err != nil || len(got) != len(recs) {
-					t.Fatalf("codec %d, %d parts: %v, %d records", codec, len(parts), err, len(got))
-				}
-			}
 		}
 	}
 }

@@ -171,12 +171,15 @@ func (c *committer) messages(batch []*pending) []outMsg {
 		if b.n == 0 {
 			return
 		}
+		sz := b.h.size() + b.size + 4
 		m := &msgs[b.out]
-		codec := byte(f.compress[b.h.lane.Kind].Load())
-		keep := (codec == codecS2 || codec == codecZstd) && f.reading(slot{b.h.lane.Kind, b.partition})
-		m.body, m.plain = encodeBody(nil, &b.h, b.n, b.parts, codec, keep)
+		m.body, m.plain = encodeBody(make([]byte, 0, sz), &b.h, b.n, b.parts, byte(f.compress[b.h.lane.Kind].Load()))
 		if m.plain != nil {
-			f.recent.put(m.id, m.body, m.plain)
+			if f.reading(slot{b.h.lane.Kind, b.partition}) {
+				f.recent.put(m.id, m.body, m.plain)
+			} else {
+				m.plain = nil
+			}
 		}
 		b.n, b.size, b.parts = 0, 0, nil
 	}
