@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/svcrelay/relay/internal/natstest"
@@ -48,16 +49,25 @@ func (e *testEnv) testMissedDelivery(t *testing.T) {
 	}
 	lost := func() {
 		t.Helper()
-		b, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for range b.Messages() {
-			n++ // dropped: neither acknowledged nor given back
-		}
-		if n != 1 || b.Error() != nil {
-			t.Fatalf("lost delivery: %d messages, %v", n, b.Error())
+		// Right after its create, the consumer of a replicated stream may
+		// have no leader taking pulls yet: "no responders", nothing
+		// delivered, and the pull is asked again.
+		for deadline := time.Now().Add(polltest.Max); ; time.Sleep(50 * time.Millisecond) {
+			b, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+			n := 0
+			if err == nil {
+				for range b.Messages() {
+					n++ // dropped: neither acknowledged nor given back
+				}
+				err = b.Error()
+			}
+			if n == 0 && errors.Is(err, nats.ErrNoResponders) && time.Now().Before(deadline) {
+				continue
+			}
+			if n != 1 || err != nil {
+				t.Fatalf("lost delivery: %d messages, %v", n, err)
+			}
+			return
 		}
 	}
 	lost() // record 1, delivery 1
