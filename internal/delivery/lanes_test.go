@@ -1,6 +1,7 @@
 package delivery
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,6 +17,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 	"weak"
 
@@ -200,13 +202,37 @@ type churnRelay struct {
 	cfg    Config
 	// refused counts the lanes refused for MaxLanes (and asked again).
 	refused int
+	// inProcess: the pipeline sends to sink's handler (sinkSender).
+	inProcess bool
+}
+
+// sinkSender sends to a sink's handler in the same process and classifies
+// its answer with the upstream package, as the real client does.
+type sinkSender struct{ sink *sink }
+
+func (f sinkSender) Do(ctx context.Context, r *upstream.Request) upstream.Result {
+	req := httptest.NewRequestWithContext(ctx, "POST", "/2/httpapi", bytes.NewReader(r.Body))
+	req.Header.Set("Content-Type", "application/json")
+	w := httptest.NewRecorder()
+	f.sink.ServeHTTP(w, req)
+	return upstream.Classify(w.Code, w.Body.Bytes(), w.Header().Get("Retry-After"), nil)
 }
 
 func newChurnRelay(t testing.TB, scfg spool.Config) *churnRelay {
-	r := &churnRelay{t: t, dir: t.TempDir(), sink: &sink{}}
-	srv := httptest.NewServer(r.sink) // 127.0.0.1
-	t.Cleanup(srv.Close)
-	url := srv.URL
+	return newChurnRelayOn(t, scfg, false)
+}
+
+// newChurnRelayOn is newChurnRelay, for a synctest bubble when inProcess:
+// the pipeline sends to the sink's handler in the same process
+// (sinkSender), with no socket, so that every wait is in fake time.
+func newChurnRelayOn(t testing.TB, scfg spool.Config, inProcess bool) *churnRelay {
+	r := &churnRelay{t: t, dir: t.TempDir(), sink: &sink{}, inProcess: inProcess}
+	url := "http://sink"
+	if !inProcess {
+		srv := httptest.NewServer(r.sink) // 127.0.0.1
+		t.Cleanup(srv.Close)
+		url = srv.URL
+	}
 	scfg.Dir, scfg.NoSync, scfg.MinFreeBytes = r.dir, true, -1
 	r.scfg = scfg
 	r.cfg = Config{Live: Live{IngestURL: url, FlushInterval: 5 * time.Millisecond}, RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond}
@@ -222,11 +248,13 @@ func (r *churnRelay) open() {
 	if r.sp, err = spool.Open(r.scfg, nil, r.reg); err != nil {
 		r.t.Fatal(err)
 	}
-	cli, err := upstream.New(upstream.Config{Timeout: 5 * time.Second}, r.reg)
-	if err != nil {
-		r.t.Fatal(err)
+	var send Sender = sinkSender{r.sink}
+	if !r.inProcess {
+		if send, err = upstream.New(upstream.Config{Timeout: 5 * time.Second}, r.reg); err != nil {
+			r.t.Fatal(err)
+		}
 	}
-	if r.p, err = New(r.cfg, local(r.sp), cli, nil, zaptest.NewLogger(r.t, zaptest.Level(zap.WarnLevel)), r.reg); err != nil {
+	if r.p, err = New(r.cfg, local(r.sp), send, nil, zaptest.NewLogger(r.t, zaptest.Level(zap.WarnLevel)), r.reg); err != nil {
 		r.t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -470,75 +498,77 @@ func BenchmarkCreateLane(b *testing.B) {
 // where they started, and the lanes that are idle before they retire hold
 // no goroutine.
 func TestRetiredLaneLeavesNothing(t *testing.T) {
-	const n = 300
-	r := newChurnRelay(t, spool.Config{RetireIdle: 3 * time.Second})
-	local := spool.NewBackend(r.sp)
-	ctx := context.Background()
-	baseG, baseMetrics := runtime.NumGoroutine(), r.metricsSize()
-	t0 := time.Now()
-	var lanes []weak.Pointer[spool.Lane]
-	for i := range n {
-		var b storage.Batch
-		b.Add(storage.Record{OrderKey: []byte("d:device-1"), Data: fmt.Appendf(nil, `{"event_type":"e","device_id":"device-1","insert_id":"%d"}`, i)})
-		req := storage.Request{Kind: storage.KindEvents, APIKey: fmt.Appendf(nil, "key-%04d", i), Batch: &b}
-		if i%2 == 1 {
-			req.Options = []byte(`{"min_id_length":1}`)
-		}
-		k := req.Lane()
-		if err := local.Append(ctx, req); err != nil {
-			t.Fatal(err)
-		}
-		l, err := r.sp.Lane(ctx, k) // the lane appended to, or (retired already) a new empty one
-		if err != nil {
-			t.Fatal(err)
-		}
-		lanes = append(lanes, weak.Make(l))
-	}
-	// The runners that exist now (on a slow machine some lanes may have
-	// retired already).
-	var runners []weak.Pointer[laneRunner]
-	r.waitFor("runners started", 2*time.Minute, func() bool { return len(r.p.runnerList()) > 0 })
-	for _, lr := range r.p.runnerList() {
-		runners = append(runners, weak.Make(lr))
-	}
-	r.waitFor("delivered", 2*time.Minute, func() bool { return r.sink.n.Load() >= n })
-	// Idle, not yet retired: no goroutine per lane.
-	r.waitFor("idle lanes hold no goroutine", 2*time.Minute, func() bool {
-		return r.sp.Stats().Lanes < n || runtime.NumGoroutine() <= baseG+50
-	})
-	r.waitFor("every lane retired", 2*time.Minute, func() bool {
-		return r.sp.Stats().Lanes == 0 && len(r.p.LaneStatus()) == 0
-	})
-	// What stays: the upstream connections kept alive (client and server
-	// goroutines), until their idle time-out.
-	r.waitFor("goroutines back", 2*time.Minute, func() bool { return runtime.NumGoroutine() <= baseG+100 })
-	t.Logf("every lane retired after %v; goroutines %d (%d at start)", time.Since(t0), runtime.NumGoroutine(), baseG)
-	left := 0
-	for try := 0; try < 100; try++ {
-		runtime.GC()
-		left = 0
-		for _, w := range lanes {
-			if w.Value() != nil {
-				left++
+	synctest.Test(t, func(t *testing.T) {
+		const n = 300
+		r := newChurnRelayOn(t, spool.Config{RetireIdle: 3 * time.Second}, true)
+		local := spool.NewBackend(r.sp)
+		ctx := context.Background()
+		baseG, baseMetrics := runtime.NumGoroutine(), r.metricsSize()
+		t0 := time.Now()
+		var lanes []weak.Pointer[spool.Lane]
+		for i := range n {
+			var b storage.Batch
+			b.Add(storage.Record{OrderKey: []byte("d:device-1"), Data: fmt.Appendf(nil, `{"event_type":"e","device_id":"device-1","insert_id":"%d"}`, i)})
+			req := storage.Request{Kind: storage.KindEvents, APIKey: fmt.Appendf(nil, "key-%04d", i), Batch: &b}
+			if i%2 == 1 {
+				req.Options = []byte(`{"min_id_length":1}`)
 			}
-		}
-		for _, w := range runners {
-			if w.Value() != nil {
-				left++
+			k := req.Lane()
+			if err := local.Append(ctx, req); err != nil {
+				t.Fatal(err)
 			}
+			l, err := r.sp.Lane(ctx, k) // the lane appended to, or (retired already) a new empty one
+			if err != nil {
+				t.Fatal(err)
+			}
+			lanes = append(lanes, weak.Make(l))
 		}
-		if left == 0 {
-			break
+		// The runners that exist now (on a slow machine some lanes may have
+		// retired already).
+		var runners []weak.Pointer[laneRunner]
+		r.waitFor("runners started", 2*time.Minute, func() bool { return len(r.p.runnerList()) > 0 })
+		for _, lr := range r.p.runnerList() {
+			runners = append(runners, weak.Make(lr))
 		}
-		time.Sleep(20 * time.Millisecond) // a goroutine that was ending
-	}
-	if left > 0 {
-		t.Errorf("%d of %d lanes and runners still reachable after every lane retired", left, len(lanes)+len(runners))
-	}
-	if m := r.metricsSize(); m > baseMetrics+2048 {
-		t.Errorf("/metrics %d bytes after every lane retired, %d at start", m, baseMetrics)
-	}
-	runtime.KeepAlive(local) // the ingest's, for the relay's life
+		r.waitFor("delivered", 2*time.Minute, func() bool { return r.sink.n.Load() >= n })
+		// Idle, not yet retired: no goroutine per lane.
+		r.waitFor("idle lanes hold no goroutine", 2*time.Minute, func() bool {
+			return r.sp.Stats().Lanes < n || runtime.NumGoroutine() <= baseG+50
+		})
+		r.waitFor("every lane retired", 2*time.Minute, func() bool {
+			return r.sp.Stats().Lanes == 0 && len(r.p.LaneStatus()) == 0
+		})
+		// What stays: the upstream connections kept alive (client and server
+		// goroutines), until their idle time-out.
+		r.waitFor("goroutines back", 2*time.Minute, func() bool { return runtime.NumGoroutine() <= baseG+100 })
+		t.Logf("every lane retired after %v; goroutines %d (%d at start)", time.Since(t0), runtime.NumGoroutine(), baseG)
+		left := 0
+		for try := 0; try < 100; try++ {
+			runtime.GC()
+			left = 0
+			for _, w := range lanes {
+				if w.Value() != nil {
+					left++
+				}
+			}
+			for _, w := range runners {
+				if w.Value() != nil {
+					left++
+				}
+			}
+			if left == 0 {
+				break
+			}
+			synctest.Wait() // a goroutine that was ending
+		}
+		if left > 0 {
+			t.Errorf("%d of %d lanes and runners still reachable after every lane retired", left, len(lanes)+len(runners))
+		}
+		if m := r.metricsSize(); m > baseMetrics+2048 {
+			t.Errorf("/metrics %d bytes after every lane retired, %d at start", m, baseMetrics)
+		}
+		runtime.KeepAlive(local) // the ingest's, for the relay's life
+	})
 }
 
 // lr is the spool lane of p's runner id.

@@ -286,23 +286,25 @@ func TestOutageStopsReadAhead(t *testing.T) {
 // send what they have then, not once per flush interval (20 s here: the
 // ~1 MB below would take over 4 minutes that way, against a few seconds
 // and at most one interval for the last partial batches: waitDrained's
-// polltest.Max tells the two apart on any machine).
+// polltest.Max, in fake time, tells the two apart).
 func TestSmallBudgetDoesNotWaitForFlush(t *testing.T) {
-	h := newHarness(t, sim.Config{}, Config{Live: Live{MaxBatchEvents: 1000, FlushInterval: 20 * time.Second},
-		MaxReadAheadBytes: 64 << 10, ShardsPerLane: 4}, throttle.Config{})
-	for c := 0; c < 100; c++ {
-		var evs []ev
-		for _, d := range devs(fmt.Sprintf("dev-%d-", c), 20) {
-			evs = append(evs, ev{Device: d, Pad: 400})
+	synctest.Test(t, func(t *testing.T) {
+		h := newSyncHarness(t, sim.Config{}, Config{Live: Live{MaxBatchEvents: 1000, FlushInterval: 20 * time.Second},
+			MaxReadAheadBytes: 64 << 10, ShardsPerLane: 4}, throttle.Config{})
+		for c := 0; c < 100; c++ {
+			var evs []ev
+			for _, d := range devs(fmt.Sprintf("dev-%d-", c), 20) {
+				evs = append(evs, ev{Device: d, Pad: 400})
+			}
+			h.add("key", evs...)
 		}
-		h.add("key", evs...)
-	}
-	start := time.Now()
-	h.start()
-	h.waitDrained(polltest.Max, 0)
-	t.Logf("delivered in %v", time.Since(start))
-	h.stop()
-	h.check(nil)
+		start := time.Now()
+		h.start()
+		h.waitDrained(polltest.Max, 0)
+		t.Logf("delivered in %v", time.Since(start))
+		h.stop()
+		h.check(nil)
+	})
 }
 
 // 40 lanes, each with one request far larger than a
@@ -312,78 +314,80 @@ func TestSmallBudgetDoesNotWaitForFlush(t *testing.T) {
 // a restart; once the upstream is back every event is delivered once, in
 // order (a chunk is acknowledged after its last part's records).
 func TestLargeChunksStayInBudget(t *testing.T) {
-	const lanes, perChunk, pad = 40, 1200, 1000 // ~1.3 MB per chunk, ~50 MB in all
-	const laneLimit, total = 256 << 10, 1 << 20
-	defer func(l zapcore.Level) { harnessLogLevel = l }(harnessLogLevel)
-	harnessLogLevel = zapcore.ErrorLevel
-	// Batches of 50 events (~50 KB): the 80 shards' bodies in flight are
-	// ~4 MB, well apart from the ~50 MB the chunks would hold.
-	h := newHarness(t, sim.Config{}, Config{MaxReadAheadBytes: laneLimit, MaxReadAheadTotalBytes: total, ShardsPerLane: 2,
-		Live: Live{MaxBatchEvents: 50}, RetryInitial: 50 * time.Millisecond}, throttle.Config{})
-	if err := h.sim.Down(simtest.Down503, 10*time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i < lanes; i++ {
-		evs := make([]ev, perChunk)
-		for j := range evs {
-			evs[j] = ev{Device: fmt.Sprintf("dev-%d", j%50), Pad: pad}
+	synctest.Test(t, func(t *testing.T) {
+		const lanes, perChunk, pad = 40, 1200, 1000 // ~1.3 MB per chunk, ~50 MB in all
+		const laneLimit, total = 256 << 10, 1 << 20
+		defer func(l zapcore.Level) { harnessLogLevel = l }(harnessLogLevel)
+		harnessLogLevel = zapcore.ErrorLevel
+		// Batches of 50 events (~50 KB): the 80 shards' bodies in flight are
+		// ~4 MB, well apart from the ~50 MB the chunks would hold.
+		h := newSyncHarness(t, sim.Config{}, Config{MaxReadAheadBytes: laneLimit, MaxReadAheadTotalBytes: total, ShardsPerLane: 2,
+			Live: Live{MaxBatchEvents: 50}, RetryInitial: 50 * time.Millisecond}, throttle.Config{})
+		if err := h.sim.Down(simtest.Down503, 10*time.Minute); err != nil {
+			t.Fatal(err)
 		}
-		h.add(fmt.Sprintf("big-%02d", i), evs...)
-	}
-	bound := int64(total + total/4)
-	// heap is the live heap as the last GC marked it: HeapInuse (or
-	// HeapAlloc) read after runtime.GC also counts what the 80 retrying
-	// shards allocated since, which beside two CPU hogs (the test's
-	// goroutine descheduled between the two calls) came to 17-33 MiB
-	// while heap profiles showed the live objects 5-7 MB larger.
-	heap := func() uint64 {
-		runtime.GC()
-		runtime.GC() // and the pools' victims
-		live := []rtmetrics.Sample{{Name: "/gc/heap/live:bytes"}}
-		rtmetrics.Read(live)
-		return live[0].Value.Uint64()
-	}
-	time.Sleep(time.Second) // the spool moves the chunks from memory to bbolt
-	base := heap()          // the test's own copies of the events are most of it
-	check := func(when string, base uint64) {
-		t.Helper()
-		deadline := time.Now().Add(polltest.Max)
-		for h.send.calls.Load() < 2*lanes && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
-		for range 20 { // a second of sampling while every lane retries
-			if used := h.p.budget.Used(); used > bound {
-				t.Fatalf("%s: read-ahead %d bytes, budget %d (bound %d)", when, used, total, bound)
+		for i := 0; i < lanes; i++ {
+			evs := make([]ev, perChunk)
+			for j := range evs {
+				evs[j] = ev{Device: fmt.Sprintf("dev-%d", j%50), Pad: pad}
 			}
-			for _, st := range h.p.LaneStatus() {
-				if st.ReadAheadBytes > laneLimit+laneLimit/4 {
-					t.Fatalf("%s: lane %s holds %d bytes, its budget %d", when, st.Label, st.ReadAheadBytes, laneLimit)
+			h.add(fmt.Sprintf("big-%02d", i), evs...)
+		}
+		bound := int64(total + total/4)
+		// heap is the live heap as the last GC marked it: HeapInuse (or
+		// HeapAlloc) read after runtime.GC also counts what the 80 retrying
+		// shards allocated since, which beside two CPU hogs (the test's
+		// goroutine descheduled between the two calls) came to 17-33 MiB
+		// while heap profiles showed the live objects 5-7 MB larger.
+		heap := func() uint64 {
+			runtime.GC()
+			runtime.GC() // and the pools' victims
+			live := []rtmetrics.Sample{{Name: "/gc/heap/live:bytes"}}
+			rtmetrics.Read(live)
+			return live[0].Value.Uint64()
+		}
+		time.Sleep(time.Second) // the spool moves the chunks from memory to bbolt
+		base := heap()          // the test's own copies of the events are most of it
+		check := func(when string, base uint64) {
+			t.Helper()
+			deadline := time.Now().Add(polltest.Max)
+			for h.send.calls.Load() < 2*lanes && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			for range 20 { // a second of sampling while every lane retries
+				if used := h.p.budget.Used(); used > bound {
+					t.Fatalf("%s: read-ahead %d bytes, budget %d (bound %d)", when, used, total, bound)
 				}
+				for _, st := range h.p.LaneStatus() {
+					if st.ReadAheadBytes > laneLimit+laneLimit/4 {
+						t.Fatalf("%s: lane %s holds %d bytes, its budget %d", when, st.Label, st.ReadAheadBytes, laneLimit)
+					}
+				}
+				time.Sleep(50 * time.Millisecond)
 			}
-			time.Sleep(50 * time.Millisecond)
+			live := heap()
+			t.Logf("%s: read-ahead %d bytes, live heap %d MiB (%d MiB before delivery started)", when, h.p.budget.Used(), live>>20, base>>20)
+			// The chunks are ~50 MB; holding one each (as before) would grow
+			// the heap by that much. The bound is half of it.
+			if live > base+25<<20 {
+				t.Errorf("%s: live heap %d MiB, %d MiB before: the chunks are held", when, live>>20, base>>20)
+			}
 		}
-		live := heap()
-		t.Logf("%s: read-ahead %d bytes, live heap %d MiB (%d MiB before delivery started)", when, h.p.budget.Used(), live>>20, base>>20)
-		// The chunks are ~50 MB; holding one each (as before) would grow
-		// the heap by that much. The bound is half of it.
-		if live > base+25<<20 {
-			t.Errorf("%s: live heap %d MiB, %d MiB before: the chunks are held", when, live>>20, base>>20)
+		h.start()
+		check("upstream down", base)
+		h.restart()
+		// The reopened spool's own structures are not the delivery's holding.
+		base = heap()
+		h.start()
+		check("after a restart", base)
+		if err := h.sim.Up(); err != nil {
+			t.Fatal(err)
 		}
-	}
-	h.start()
-	check("upstream down", base)
-	h.restart()
-	// The reopened spool's own structures are not the delivery's holding.
-	base = heap()
-	h.start()
-	check("after a restart", base)
-	if err := h.sim.Up(); err != nil {
-		t.Fatal(err)
-	}
-	// ~50 MB through a 1 MB read-ahead: 15 s on a quiet machine, over
-	// 2 minutes at a load average of 30 under the race detector; a lane
-	// that stalls never drains.
-	h.waitDrained(2*polltest.Max, 0)
-	h.stop()
-	h.check(nil)
+		// ~50 MB through a 1 MB read-ahead: 15 s on a quiet machine, over
+		// 2 minutes at a load average of 30 under the race detector; a lane
+		// that stalls never drains.
+		h.waitDrained(2*polltest.Max, 0)
+		h.stop()
+		h.check(nil)
+	})
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,7 +25,14 @@ import (
 // hands the pipeline every lane kind (its Run keeps the events' only).
 func runHarness(t *testing.T, retire time.Duration) *harness {
 	t.Helper()
-	h := newHarness(t, sim.Config{}, Config{}, throttle.Config{})
+	return runHarnessOn(t, retire, false)
+}
+
+// runHarnessOn is runHarness, in a synctest bubble when inProcess (see
+// newSyncHarness).
+func runHarnessOn(t *testing.T, retire time.Duration, inProcess bool) *harness {
+	t.Helper()
+	h := newHarnessOn(t, sim.Config{}, Config{}, throttle.Config{}, inProcess)
 	if err := h.sp.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -143,33 +151,36 @@ func stoppedSeries(t *testing.T, reg *prometheus.Registry) string {
 // delivered) and keeps it while the lane lives; a Run that ended does not
 // start it.
 func TestRunIdleLane(t *testing.T) {
-	h := runHarness(t, time.Hour)
-	// The events' pipeline exports no gauge of running lanes (the form
-	// kinds' do): count them here.
-	lanes := prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes"})
-	h.p.m.lanes = lanes
-	running := func() float64 {
-		var m dto.Metric
-		if err := lanes.Write(&m); err != nil {
-			t.Fatal(err)
+	synctest.Test(t, func(t *testing.T) {
+		h := runHarnessOn(t, time.Hour, true)
+		// The events' pipeline exports no gauge of running lanes (the form
+		// kinds' do): count them here.
+		lanes := prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes"})
+		h.p.m.lanes = lanes
+		running := func() float64 {
+			var m dto.Metric
+			if err := lanes.Write(&m); err != nil {
+				t.Fatal(err)
+			}
+			return m.GetGauge().GetValue()
 		}
-		return m.GetGauge().GetValue()
-	}
-	h.start()
-	for i := range 3 {
+		h.start()
+		for i := range 3 {
+			h.add("key-one", ev{Device: "device-1"})
+			polltest.Until(t, fmt.Sprintf("record %d delivered and the runner ended", i), func() bool {
+				return h.lane("key-one", "").Stats().Records == 0 && running() == 0 && h.sim.Stats().Ingested == int64(i+1)
+			})
+		}
+		l := h.lane("key-one", "")
+		if h.p.lane(l.ID()) == nil {
+			t.Fatal("an idle lane's runner is forgotten")
+		}
+		h.stop()
 		h.add("key-one", ev{Device: "device-1"})
-		polltest.Until(t, fmt.Sprintf("record %d delivered and the runner ended", i), func() bool {
-			return h.lane("key-one", "").Stats().Records == 0 && running() == 0 && h.sim.Stats().Ingested == int64(i+1)
-		})
-	}
-	l := h.lane("key-one", "")
-	if h.p.lane(l.ID()) == nil {
-		t.Fatal("an idle lane's runner is forgotten")
-	}
-	h.stop()
-	h.add("key-one", ev{Device: "device-1"})
-	time.Sleep(50 * time.Millisecond)
-	if running() != 0 || l.Stats().Records != 1 {
-		t.Fatalf("a runner ran after Run returned: running %v, lane %+v", running(), l.Stats())
-	}
+		time.Sleep(50 * time.Millisecond) // fake time
+		synctest.Wait()                   // a runner started by the add would be running
+		if running() != 0 || l.Stats().Records != 1 {
+			t.Fatalf("a runner ran after Run returned: running %v, lane %+v", running(), l.Stats())
+		}
+	})
 }

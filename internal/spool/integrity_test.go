@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -776,21 +777,24 @@ func downgradeChunk(v []byte) []byte {
 // may not grow) are logged once, not once per checkpoint interval, and
 // their success again once.
 func TestCheckpointFailureLoggedOnce(t *testing.T) {
-	core, logs := observer.New(zapcore.InfoLevel)
-	cfg := Config{Dir: t.TempDir(), MinFreeBytes: -1, CompactMinFileBytes: -1, flushAge: time.Nanosecond,
-		checkpointEvery: time.Millisecond, maxFileBytes: 1 << 20}
-	s, err := Open(cfg, zap.New(core), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	l := mustLane(t, s, testKey(1))
-	appendChunks(t, s, l, 1, 4, 10, 40000) // ~1.6 MB: more than the file may hold
-	polltest.Until(t, "a checkpoint failed", s.ckptFailing)
-	time.Sleep(200 * time.Millisecond) // ~200 checkpoint intervals
-	if n := logs.FilterMessageSnippet("checkpoint failed").Len(); n != 1 {
-		t.Fatalf("%d checkpoint failure lines, want 1", n)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		core, logs := observer.New(zapcore.InfoLevel)
+		cfg := Config{Dir: t.TempDir(), MinFreeBytes: -1, CompactMinFileBytes: -1, flushAge: time.Nanosecond,
+			checkpointEvery: time.Millisecond, maxFileBytes: 1 << 20}
+		s, err := Open(cfg, zap.New(core), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		l := mustLane(t, s, testKey(1))
+		appendChunks(t, s, l, 1, 4, 10, 40000) // ~1.6 MB: more than the file may hold
+		polltest.Until(t, "a checkpoint failed", s.ckptFailing)
+		time.Sleep(200 * time.Millisecond) // 200 checkpoint intervals of fake time
+		synctest.Wait()
+		if n := logs.FilterMessageSnippet("checkpoint failed").Len(); n != 1 {
+			t.Fatalf("%d checkpoint failure lines, want 1", n)
+		}
+	})
 }
 
 // TestPowerCut cuts the power right after a chosen fsync of the WAL: the

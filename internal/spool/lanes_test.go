@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/svcrelay/relay/internal/polltest"
@@ -171,51 +172,57 @@ func TestAppendToRetiredLane(t *testing.T) {
 // An empty idle lane with an Append in progress (not yet written) is not
 // retired under it: the Append lands in the lane, and is read from it.
 func TestAppendInProgressHoldsRetirement(t *testing.T) {
-	var held atomic.Bool
-	entered, gate := make(chan struct{}), make(chan struct{})
-	s := openTest(t, Config{NoSync: true, MinFreeBytes: -1, RetireIdle: time.Millisecond, walFault: func(bool) error {
-		if held.CompareAndSwap(true, false) {
-			close(entered)
-			<-gate // the WAL writer waits: the Append stays in progress
+	synctest.Test(t, func(t *testing.T) {
+		var held atomic.Bool
+		entered, gate := make(chan struct{}), make(chan struct{})
+		s := openTest(t, Config{NoSync: true, MinFreeBytes: -1, RetireIdle: time.Millisecond, walFault: func(bool) error {
+			if held.CompareAndSwap(true, false) {
+				close(entered)
+				<-gate // the WAL writer waits: the Append stays in progress
+			}
+			return nil
+		}})
+		l, _ := s.Lane(context.Background(), storage.LaneKey{APIKey: "k"})
+		held.Store(true)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			appendOne(t, s, l, `{"a":1}`)
+		}()
+		<-entered
+		time.Sleep(100 * time.Millisecond) // past RetireIdle, several retirement rounds
+		synctest.Wait()                    // the last round ended
+		retired := l.IsRetired()
+		close(gate)
+		<-done
+		if retired {
+			t.Fatal("a lane was retired while an Append to it was in progress")
 		}
-		return nil
-	}})
-	l, _ := s.Lane(context.Background(), storage.LaneKey{APIKey: "k"})
-	held.Store(true)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		appendOne(t, s, l, `{"a":1}`)
-	}()
-	<-entered
-	time.Sleep(100 * time.Millisecond) // past RetireIdle, several retirement rounds
-	retired := l.IsRetired()
-	close(gate)
-	<-done
-	if retired {
-		t.Fatal("a lane was retired while an Append to it was in progress")
-	}
-	if n := drainLane(t, s, l); n != 1 {
-		t.Fatalf("read %d records from the lane, want 1", n)
-	}
+		if n := drainLane(t, s, l); n != 1 {
+			t.Fatalf("read %d records from the lane, want 1", n)
+		}
+	})
 }
 
 // A pinned lane (an operator stopped it) is not retired while
 // empty; once unpinned it is.
 func TestPinnedLaneNotRetired(t *testing.T) {
-	s := openTest(t, Config{NoSync: true, MinFreeBytes: -1, RetireIdle: time.Millisecond})
-	l, _ := s.Lane(context.Background(), storage.LaneKey{APIKey: "k"})
-	l.Pin()
-	time.Sleep(100 * time.Millisecond)
-	if l.IsRetired() || s.Stats().Lanes != 1 {
-		t.Fatal("a pinned lane was retired")
-	}
-	l.Unpin()
-	select {
-	case <-l.retiredC:
-	case <-time.After(polltest.Max):
-		t.Fatal("an unpinned empty lane was not retired")
-	}
+	synctest.Test(t, func(t *testing.T) {
+		s := openTest(t, Config{NoSync: true, MinFreeBytes: -1, RetireIdle: time.Millisecond})
+		l, _ := s.Lane(context.Background(), storage.LaneKey{APIKey: "k"})
+		l.Pin()
+		time.Sleep(100 * time.Millisecond) // fake time: a hundred RetireIdle rounds
+		synctest.Wait()
+		if l.IsRetired() || s.Stats().Lanes != 1 {
+			t.Fatal("a pinned lane was retired")
+		}
+		l.Unpin()
+		select {
+		case <-l.retiredC:
+		case <-time.After(polltest.Max):
+			t.Fatal("an unpinned empty lane was not retired")
+		}
+	})
 }
 
 // TestLaneIndexShrinks: once most of the lanes of a wave left the index, it

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/svcrelay/relay/internal/polltest"
@@ -180,43 +181,45 @@ func TestNextPartDamagedChunk(t *testing.T) {
 // replaced only when a reader waits: Lane.watched), several times over,
 // and that appends with no reader waiting leave Wait returning at once.
 func TestWaitWakesOnAppend(t *testing.T) {
-	s := openTest(t, Config{})
-	l := mustLane(t, s, testKey(1))
-	ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
-	defer cancel()
-	for i := range 5 {
-		woke := make(chan error, 1)
-		go func() { woke <- l.Wait(ctx, nil) }()
-		// The reader is (probably) waiting by now; either way Wait
-		// must return once the chunk is published.
-		time.Sleep(5 * time.Millisecond)
+	synctest.Test(t, func(t *testing.T) {
+		s := openTest(t, Config{})
+		l := mustLane(t, s, testKey(1))
+		ctx, cancel := context.WithTimeout(context.Background(), polltest.Max)
+		defer cancel()
+		for i := range 5 {
+			woke := make(chan error, 1)
+			go func() { woke <- l.Wait(ctx, nil) }()
+			// The reader is waiting now (every goroutine of the bubble
+			// is blocked); Wait must return once the chunk is published.
+			synctest.Wait()
+			var b storage.Batch
+			b.Add(rec(1, i, 10))
+			if err := s.Append(ctx, l, &b); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-woke; err != nil {
+				t.Fatalf("append %d: Wait: %v", i, err)
+			}
+			// One read of what is there (a read that finds nothing would
+			// itself mark the lane watched, hiding a Wait that does not).
+			cs := nextT(t, l, 1<<20)
+			if len(cs) != 1 {
+				t.Fatalf("append %d: read %d chunks, want 1", i, len(cs))
+			}
+			for _, c := range cs {
+				l.Ack(c.Seq)
+			}
+		}
+		// Published with nobody waiting: Wait sees it without a wake-up.
 		var b storage.Batch
-		b.Add(rec(1, i, 10))
+		b.Add(rec(1, 9, 10))
 		if err := s.Append(ctx, l, &b); err != nil {
 			t.Fatal(err)
 		}
-		if err := <-woke; err != nil {
-			t.Fatalf("append %d: Wait: %v", i, err)
+		if err := l.Wait(ctx, nil); err != nil {
+			t.Fatal(err)
 		}
-		// One read of what is there (a read that finds nothing would
-		// itself mark the lane watched, hiding a Wait that does not).
-		cs := nextT(t, l, 1<<20)
-		if len(cs) != 1 {
-			t.Fatalf("append %d: read %d chunks, want 1", i, len(cs))
-		}
-		for _, c := range cs {
-			l.Ack(c.Seq)
-		}
-	}
-	// Published with nobody waiting: Wait sees it without a wake-up.
-	var b storage.Batch
-	b.Add(rec(1, 9, 10))
-	if err := s.Append(ctx, l, &b); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Wait(ctx, nil); err != nil {
-		t.Fatal(err)
-	}
+	})
 }
 
 // TestOnWork: a reader that ended on an idle lane (Wait's onIdle said so:

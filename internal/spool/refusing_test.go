@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/svcrelay/relay/internal/diskfulltest"
@@ -28,37 +29,41 @@ func TestRefusingWhileCheckpointsFail(t *testing.T) {
 			hotMaxBytes: 2 << 20, flushAge: time.Nanosecond, checkpointEvery: time.Millisecond}
 	}
 	t.Run("size limit", func(t *testing.T) {
-		c := cfg(t.TempDir())
-		c.maxFileBytes = 1 << 20
-		s := openTest(t, c)
-		l := mustLane(t, s, testKey(1))
-		checkRefusing(t, s, l, "maximum size", func() {
-			// Delivery: every chunk read and acknowledged frees the
-			// memory of the hot ones and, at the next checkpoint, the
-			// pages of the others.
-			for _, c := range drainAvailable(t, l) {
-				l.Ack(c.Seq)
-			}
+		synctest.Test(t, func(t *testing.T) {
+			c := cfg(t.TempDir())
+			c.maxFileBytes = 1 << 20
+			s := openTest(t, c)
+			l := mustLane(t, s, testKey(1))
+			checkRefusing(t, s, l, "maximum size", func() {
+				// Delivery: every chunk read and acknowledged frees the
+				// memory of the hot ones and, at the next checkpoint, the
+				// pages of the others.
+				for _, c := range drainAvailable(t, l) {
+					l.Ack(c.Seq)
+				}
+			})
 		})
 	})
 	t.Run("tmpfs", func(t *testing.T) {
-		mnt := diskfulltest.Tmpfs(t, "48m", "the size-limit variant covers the logic")
-		s := openTest(t, cfg(filepath.Join(mnt, "spool")))
-		l := mustLane(t, s, testKey(1))
-		// The first append allocates the WAL segment (16 MiB, enough for
-		// what follows); then the filesystem is filled.
-		appendChunks(t, s, l, 1, 1, 1, 100)
-		waitCheckpointed(t, s)
-		filler := filepath.Join(mnt, "filler")
-		diskfulltest.Fill(t, filler)
-		checkRefusing(t, s, l, syscall.ENOSPC.Error(), func() {
-			if err := os.Remove(filler); err != nil {
-				t.Fatal(err)
+		synctest.Test(t, func(t *testing.T) {
+			mnt := diskfulltest.Tmpfs(t, "48m", "the size-limit variant covers the logic")
+			s := openTest(t, cfg(filepath.Join(mnt, "spool")))
+			l := mustLane(t, s, testKey(1))
+			// The first append allocates the WAL segment (16 MiB, enough for
+			// what follows); then the filesystem is filled.
+			appendChunks(t, s, l, 1, 1, 1, 100)
+			waitCheckpointed(t, s)
+			filler := filepath.Join(mnt, "filler")
+			diskfulltest.Fill(t, filler)
+			checkRefusing(t, s, l, syscall.ENOSPC.Error(), func() {
+				if err := os.Remove(filler); err != nil {
+					t.Fatal(err)
+				}
+			})
+			if s.ckptFailing() {
+				t.Fatal("Refusing cleared, but checkpoints still fail")
 			}
 		})
-		if s.ckptFailing() {
-			t.Fatal("Refusing cleared, but checkpoints still fail")
-		}
 	})
 }
 
@@ -105,7 +110,7 @@ func checkRefusing(t *testing.T, s *Spool, l *Lane, cause string, free func()) {
 		if r == nil || !strings.Contains(r.Error(), "checkpoints fail") || !strings.Contains(r.Error(), cause) {
 			t.Fatalf("Refusing %v while appends are refused: want the failing checkpoints, naming %q", r, cause)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // fake time: 20 checkpoint intervals
 	}
 	free()
 	polltest.Until(t, "Refusing clear once space returned", func() bool { return s.refusing() == nil })
@@ -124,47 +129,49 @@ func checkRefusing(t *testing.T, s *Spool, l *Lane, cause string, free func()) {
 // real full filesystem (a small tmpfs mounted by the test; skipped where
 // mounting is not allowed).
 func TestRefusingWhileWALCannotGrow(t *testing.T) {
-	mnt := diskfulltest.Tmpfs(t, "48m", "")
-	s := openTest(t, Config{Dir: filepath.Join(mnt, "spool"), NoSync: true, MinFreeBytes: -1, CompactMinFileBytes: -1,
-		segmentBytes: 1 << 20, flushAge: time.Nanosecond, checkpointEvery: time.Millisecond})
-	l := mustLane(t, s, testKey(1))
-	appendChunks(t, s, l, 1, 1, 1, 100)
-	waitCheckpointed(t, s)
-	filler := filepath.Join(mnt, "filler")
-	diskfulltest.Fill(t, filler)
-	ctx := context.Background()
-	var b storage.Batch
-	var err error
-	taken := 0
-	for id := 1000; id < 1100 && err == nil; id++ { // a 1 MiB segment stops it after ~5
+	synctest.Test(t, func(t *testing.T) {
+		mnt := diskfulltest.Tmpfs(t, "48m", "")
+		s := openTest(t, Config{Dir: filepath.Join(mnt, "spool"), NoSync: true, MinFreeBytes: -1, CompactMinFileBytes: -1,
+			segmentBytes: 1 << 20, flushAge: time.Nanosecond, checkpointEvery: time.Millisecond})
+		l := mustLane(t, s, testKey(1))
+		appendChunks(t, s, l, 1, 1, 1, 100)
+		waitCheckpointed(t, s)
+		filler := filepath.Join(mnt, "filler")
+		diskfulltest.Fill(t, filler)
+		ctx := context.Background()
+		var b storage.Batch
+		var err error
+		taken := 0
+		for id := 1000; id < 1100 && err == nil; id++ { // a 1 MiB segment stops it after ~5
+			b.Reset()
+			b.Add(rec(1, id, 200<<10))
+			if err = s.Append(ctx, l, &b); err == nil {
+				taken++
+			}
+		}
+		if !errors.Is(err, syscall.ENOSPC) {
+			t.Fatalf("after %d appends on a full disk: %v, want no space for a new segment", taken, err)
+		}
+		t.Logf("%d appends taken, then %v", taken, err)
+		for range 3 { // it does not clear by itself
+			if r := s.refusing(); r == nil || !strings.Contains(r.Error(), "write-ahead log segment") {
+				t.Fatalf("Refusing %v while no WAL segment can be made: want it to say so", r)
+			}
+			time.Sleep(20 * time.Millisecond) // fake time: 20 checkpoint intervals
+		}
+		if err := os.Remove(filler); err != nil {
+			t.Fatal(err)
+		}
+		if r := s.refusing(); r != nil {
+			t.Fatalf("Refusing %q once space returned", r)
+		}
 		b.Reset()
-		b.Add(rec(1, id, 200<<10))
-		if err = s.Append(ctx, l, &b); err == nil {
-			taken++
+		b.Add(rec(1, 5000, 200<<10))
+		if err := s.Append(ctx, l, &b); err != nil {
+			t.Fatalf("append once space returned: %v", err)
 		}
-	}
-	if !errors.Is(err, syscall.ENOSPC) {
-		t.Fatalf("after %d appends on a full disk: %v, want no space for a new segment", taken, err)
-	}
-	t.Logf("%d appends taken, then %v", taken, err)
-	for range 3 { // it does not clear by itself
-		if r := s.refusing(); r == nil || !strings.Contains(r.Error(), "write-ahead log segment") {
-			t.Fatalf("Refusing %v while no WAL segment can be made: want it to say so", r)
+		if s.walNoSpace.Load() {
+			t.Fatal("a new segment was made, but walNoSpace is still set")
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err := os.Remove(filler); err != nil {
-		t.Fatal(err)
-	}
-	if r := s.refusing(); r != nil {
-		t.Fatalf("Refusing %q once space returned", r)
-	}
-	b.Reset()
-	b.Add(rec(1, 5000, 200<<10))
-	if err := s.Append(ctx, l, &b); err != nil {
-		t.Fatalf("append once space returned: %v", err)
-	}
-	if s.walNoSpace.Load() {
-		t.Fatal("a new segment was made, but walNoSpace is still set")
-	}
+	})
 }

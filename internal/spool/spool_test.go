@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -227,45 +228,57 @@ func TestAppendNextAckReopen(t *testing.T) {
 // TestNextBlocks checks that Next waits for an Append, and returns on ctx
 // end and on Close.
 func TestNextBlocks(t *testing.T) {
-	s := openTest(t, Config{NoSync: true})
-	l := mustLane(t, s, testKey(1))
-	got := make(chan []storage.Chunk, 1)
-	go func() {
-		cs, err := readWhole(context.Background(), l, 1000)
-		if err != nil {
-			t.Error(err)
+	synctest.Test(t, func(t *testing.T) {
+		s := openTest(t, Config{NoSync: true})
+		l := mustLane(t, s, testKey(1))
+		got := make(chan []storage.Chunk, 1)
+		go func() {
+			cs, err := readWhole(context.Background(), l, 1000)
+			if err != nil {
+				t.Error(err)
+			}
+			got <- cs
+		}()
+		synctest.Wait() // the reader is blocked in Next
+		var b storage.Batch
+		b.Add(rec(1, 1, 1))
+		t0 := time.Now()
+		if err := s.Append(context.Background(), l, &b); err != nil {
+			t.Fatal(err)
 		}
-		got <- cs
-	}()
-	time.Sleep(10 * time.Millisecond)
-	var b storage.Batch
-	b.Add(rec(1, 1, 1))
-	if err := s.Append(context.Background(), l, &b); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case cs := <-got:
-		if len(cs) != 1 {
-			t.Fatalf("%d chunks", len(cs))
+		select {
+		case cs := <-got:
+			if len(cs) != 1 {
+				t.Fatalf("%d chunks", len(cs))
+			}
+			// Fake time: woken by the Append itself, not by the
+			// reader's idle tick (recIdleDrop) finding the chunk.
+			if el := time.Since(t0); el != 0 {
+				t.Fatalf("Next woke %v after the Append", el)
+			}
+		case <-time.After(polltest.Max):
+			t.Fatal("Next did not wake")
 		}
-	case <-time.After(polltest.Max):
-		t.Fatal("Next did not wake")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
-	defer cancel()
-	if _, err := readWhole(ctx, l, 1000); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Next with expired ctx: %v", err)
-	}
-	errc := make(chan error, 1)
-	go func() {
-		_, err := readWhole(context.Background(), l, 1000)
-		errc <- err
-	}()
-	time.Sleep(10 * time.Millisecond)
-	s.Close()
-	if err := <-errc; !errors.Is(err, ErrClosed) {
-		t.Fatalf("blocked Next after Close: %v", err)
-	}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+		defer cancel()
+		if _, err := readWhole(ctx, l, 1000); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Next with expired ctx: %v", err)
+		}
+		errc := make(chan error, 1)
+		go func() {
+			_, err := readWhole(context.Background(), l, 1000)
+			errc <- err
+		}()
+		synctest.Wait() // the reader is blocked in Next
+		t0 = time.Now()
+		s.Close()
+		if err := <-errc; !errors.Is(err, ErrClosed) {
+			t.Fatalf("blocked Next after Close: %v", err)
+		}
+		if el := time.Since(t0); el != 0 {
+			t.Fatalf("blocked Next returned %v after Close", el)
+		}
+	})
 }
 
 // TestConcurrentLanes appends from many goroutines to many lanes while one
@@ -420,52 +433,54 @@ func TestSecondOpenFails(t *testing.T) {
 // TestOldestAndRejectMetrics: a lane's Oldest follows its first live chunk
 // through acks, and refused appends are counted by reason.
 func TestOldestAndRejectMetrics(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	dir := t.TempDir()
-	s, err := Open(Config{Dir: dir, NoSync: true, MaxBytes: 2000}, nil, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	ctx := context.Background()
-	l := mustLane(t, s, testKey(1))
-	var b storage.Batch
-	for i := range 3 {
-		b.Reset()
-		b.Add(rec(1, i, 100))
-		if err := s.Append(ctx, l, &b); err != nil {
+	synctest.Test(t, func(t *testing.T) {
+		reg := prometheus.NewRegistry()
+		dir := t.TempDir()
+		s, err := Open(Config{Dir: dir, NoSync: true, MaxBytes: 2000}, nil, reg)
+		if err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(2 * time.Millisecond) // distinct accepted milliseconds
-	}
-	b.Reset()
-	b.Add(rec(1, 9, 2000))
-	if err := s.Append(ctx, l, &b); !errors.Is(err, ErrFull) {
-		t.Fatalf("oversized append: %v", err)
-	}
-	if v := gatherLabel(t, reg, "relay_spool_append_rejected_total", "reason", "full"); v != 1 {
-		t.Fatalf("rejected total %v", v)
-	}
-	cs := drainAvailable(t, l)
-	if len(cs) != 3 {
-		t.Fatalf("%d chunks", len(cs))
-	}
-	for i, c := range cs {
-		if got := l.Stats().Oldest; !got.Equal(c.Accepted) {
-			t.Fatalf("before ack %d: Oldest %v, want %v", i, got, c.Accepted)
+		defer s.Close()
+		ctx := context.Background()
+		l := mustLane(t, s, testKey(1))
+		var b storage.Batch
+		for i := range 3 {
+			b.Reset()
+			b.Add(rec(1, i, 100))
+			if err := s.Append(ctx, l, &b); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(2 * time.Millisecond) // distinct accepted milliseconds (fake time: exactly 2)
 		}
-		if age := gatherValue(t, reg, "relay_spool_oldest_record_age_seconds", l.Key().Label()); age <= 0 {
-			t.Fatalf("oldest age %v", age)
+		b.Reset()
+		b.Add(rec(1, 9, 2000))
+		if err := s.Append(ctx, l, &b); !errors.Is(err, ErrFull) {
+			t.Fatalf("oversized append: %v", err)
 		}
-		l.Ack(c.Seq)
-		polltest.Until(t, "the ack applied", func() bool { return l.Stats().Chunks == int64(2-i) })
-	}
-	if st := l.Stats(); !st.Oldest.IsZero() || st.Chunks != 0 || st.Bytes != 0 {
-		t.Fatalf("empty lane stats %+v", st)
-	}
-	if age := gatherValue(t, reg, "relay_spool_oldest_record_age_seconds", l.Key().Label()); age != 0 {
-		t.Fatalf("empty lane oldest age %v", age)
-	}
+		if v := gatherLabel(t, reg, "relay_spool_append_rejected_total", "reason", "full"); v != 1 {
+			t.Fatalf("rejected total %v", v)
+		}
+		cs := drainAvailable(t, l)
+		if len(cs) != 3 {
+			t.Fatalf("%d chunks", len(cs))
+		}
+		for i, c := range cs {
+			if got := l.Stats().Oldest; !got.Equal(c.Accepted) {
+				t.Fatalf("before ack %d: Oldest %v, want %v", i, got, c.Accepted)
+			}
+			if age := gatherValue(t, reg, "relay_spool_oldest_record_age_seconds", l.Key().Label()); age <= 0 {
+				t.Fatalf("oldest age %v", age)
+			}
+			l.Ack(c.Seq)
+			polltest.Until(t, "the ack applied", func() bool { return l.Stats().Chunks == int64(2-i) })
+		}
+		if st := l.Stats(); !st.Oldest.IsZero() || st.Chunks != 0 || st.Bytes != 0 {
+			t.Fatalf("empty lane stats %+v", st)
+		}
+		if age := gatherValue(t, reg, "relay_spool_oldest_record_age_seconds", l.Key().Label()); age != 0 {
+			t.Fatalf("empty lane oldest age %v", age)
+		}
+	})
 }
 
 // AddFunc writes the data in place with a length prefix sized from maxData:
