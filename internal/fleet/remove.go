@@ -104,9 +104,8 @@ func (p *Partition) removeBelow(floor uint64) {
 // is a Raft entry (and, under sync_interval always, an fsync) on every
 // node, and a loaded partition's acknowledgements would otherwise start
 // one per round trip. At 100 ms the purges of three loaded partitions
-// were about one Raft entry of the events stream in eight, and the
-// batches' round trips queued behind them; at 500 ms the stream's entries
-// per request fell by that much. A relay killed meanwhile leaves at most
+// were about one Raft entry of the events stream in eight; at 500 ms the
+// stream's entries per request fell by that much. A relay killed meanwhile leaves at most
 // that much more of what it acknowledged to be read, and delivered again
 // under the same insert_ids, by the next owner; a partition given up is
 // purged at once.
