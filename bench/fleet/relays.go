@@ -514,7 +514,7 @@ func runOne(o relayOpts, t tools, dir string, sink *proc, sinkURL, spool string,
 	// machine of few cores it takes its share of them too.
 	load := func() int64 { return pidTicks(os.Getpid()) + sink.cpuTicks() }
 	r0, n0, l0 := ticks(relays), ticks(natsProcs), load()
-	v0 := varz(monitors)
+	v0, tr0 := varz(monitors), readTraffic(monitors)
 	measuring.Store(true)
 	t0 := time.Now()
 	var profs sync.WaitGroup
@@ -547,6 +547,7 @@ func runOne(o relayOpts, t tools, dir string, sink *proc, sinkURL, spool string,
 		reqs := float64(accepted.Load()) / float64(o.events)
 		fmt.Printf("# nats, %s x %d: per request in_msgs %.2f out_msgs %.2f in_bytes %.0f out_bytes %.0f\n", spool, n,
 			float64(v1[0]-v0[0])/reqs, float64(v1[1]-v0[1])/reqs, float64(v1[2]-v0[2])/reqs, float64(v1[3]-v0[3])/reqs)
+		fmt.Printf("# nats, %s x %d: per request %s\n", spool, n, trafficLine(tr0, readTraffic(monitors), reqs))
 	}
 	profs.Wait()
 	cancel()

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+)
+
+// traffic is the nodes' message counts by kind at one moment: what the
+// clients (relays, the bench) and the routes carried, and the Raft entries
+// committed per group, named by the stream they replicate. Taken before and
+// after the measured window, it says which of a batch's node messages are
+// the client's publish, the replication, the deliveries and the rest.
+type traffic struct {
+	clientIn, clientOut, routeIn, routeOut int64
+	committed                              map[string]uint64 // by stream name ("meta", "other")
+	lastSeq                                map[string]uint64 // messages ever stored, by stream name
+}
+
+func getJSON(hc *http.Client, url string, v any) error {
+	resp, err := hc.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+func readTraffic(monitors []int) traffic {
+	hc := &http.Client{Timeout: 2 * time.Second}
+	t := traffic{committed: make(map[string]uint64), lastSeq: make(map[string]uint64)}
+	groupStream := map[string]string{"_meta_": "meta"}
+	committed := make(map[string]uint64)
+	for _, m := range monitors {
+		base := fmt.Sprintf("http://127.0.0.1:%d", m)
+		var c struct {
+			Conns []struct {
+				InMsgs  int64 `json:"in_msgs"`
+				OutMsgs int64 `json:"out_msgs"`
+			} `json:"connections"`
+		}
+		if getJSON(hc, base+"/connz?limit=1000", &c) == nil {
+			for _, x := range c.Conns {
+				t.clientIn += x.InMsgs
+				t.clientOut += x.OutMsgs
+			}
+		}
+		var r struct {
+			Routes []struct {
+				InMsgs  int64 `json:"in_msgs"`
+				OutMsgs int64 `json:"out_msgs"`
+			} `json:"routes"`
+		}
+		if getJSON(hc, base+"/routez", &r) == nil {
+			for _, x := range r.Routes {
+				t.routeIn += x.InMsgs
+				t.routeOut += x.OutMsgs
+			}
+		}
+		var j struct {
+			Accounts []struct {
+				Name    string `json:"name"`
+				Streams []struct {
+					Name      string `json:"name"`
+					RaftGroup string `json:"stream_raft_group"`
+					State     struct {
+						LastSeq uint64 `json:"last_seq"`
+					} `json:"state"`
+				} `json:"stream_detail"`
+			} `json:"account_details"`
+		}
+		if getJSON(hc, base+"/jsz?accounts=true&streams=true&raft=true", &j) == nil {
+			for _, a := range j.Accounts {
+				for _, s := range a.Streams {
+					t.lastSeq[s.Name] = max(t.lastSeq[s.Name], s.State.LastSeq)
+					if s.RaftGroup != "" {
+						groupStream[s.RaftGroup] = s.Name
+					}
+				}
+			}
+		}
+		accs := []string{""} // the system account's: the meta group
+		for _, a := range j.Accounts {
+			accs = append(accs, a.Name)
+		}
+		for _, acc := range accs {
+			var z map[string]map[string]struct {
+				Committed uint64 `json:"committed"`
+			}
+			if getJSON(hc, base+"/raftz?acc="+url.QueryEscape(acc), &z) == nil {
+				for _, groups := range z {
+					for g, x := range groups {
+						committed[g] = max(committed[g], x.Committed)
+					}
+				}
+			}
+		}
+	}
+	for g, n := range committed {
+		name, ok := groupStream[g]
+		if !ok {
+			name = "other" // consumers' groups (none of one replica), or a group unnamed yet
+		}
+		t.committed[name] += n
+	}
+	return t
+}
+
+// trafficLine is the difference b-a per request: client and route messages
+// and the Raft entries per stream.
+func trafficLine(a, b traffic, reqs float64) string {
+	var s strings.Builder
+	fmt.Fprintf(&s, "clients in %.3f out %.3f, routes in %.3f out %.3f; raft entries", float64(b.clientIn-a.clientIn)/reqs,
+		float64(b.clientOut-a.clientOut)/reqs, float64(b.routeIn-a.routeIn)/reqs, float64(b.routeOut-a.routeOut)/reqs)
+	var names []string
+	for n := range b.committed {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		if d := b.committed[n] - a.committed[n]; d > 0 && b.committed[n] >= a.committed[n] {
+			fmt.Fprintf(&s, " %s %.4f", n, float64(d)/reqs)
+		}
+	}
+	s.WriteString("; messages stored")
+	names = names[:0]
+	for n := range b.lastSeq {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		if d := b.lastSeq[n] - a.lastSeq[n]; d > 0 && b.lastSeq[n] >= a.lastSeq[n] {
+			fmt.Fprintf(&s, " %s %.4f", n, float64(d)/reqs)
+		}
+	}
+	return s.String()
+}
