@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"slices"
 	"sync"
 	"time"
 
@@ -125,11 +126,7 @@ func encodeMessage(dst []byte, h *header, n int, parts [][]byte, codec byte) []b
 // it instead of decompressing the body again.
 func encodeBody(dst []byte, h *header, n int, parts [][]byte, codec byte) (body, plain []byte) {
 	start := len(dst)
-	dst = append(dst, codecPlain, byte(h.lane.Kind))
-	dst = appendBytes(dst, []byte(h.lane.APIKey))
-	dst = appendBytes(dst, []byte(h.lane.Options))
-	dst = binary.AppendUvarint(dst, uint64(h.accepted.UnixMilli()))
-	dst = binary.AppendUvarint(dst, uint64(n))
+	dst = appendHeader(dst, h, n)
 	if codec != codecS2 && codec != codecZstd {
 		for _, p := range parts {
 			dst = append(dst, p...)
@@ -158,6 +155,129 @@ func encodeBody(dst []byte, h *header, n int, parts [][]byte, codec byte) (body,
 		plain = nil
 	}
 	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli)), plain
+}
+
+// appendHeader appends a body's header, version plain, to dst.
+func appendHeader(dst []byte, h *header, n int) []byte {
+	dst = append(dst, codecPlain, byte(h.lane.Kind))
+	dst = appendBytes(dst, []byte(h.lane.APIKey))
+	dst = appendBytes(dst, []byte(h.lane.Options))
+	dst = binary.AppendUvarint(dst, uint64(h.accepted.UnixMilli()))
+	return binary.AppendUvarint(dst, uint64(n))
+}
+
+// minFrame is the least of a request's records (encodeRecords, in one
+// partition) compressed as a zstd frame of their own (compressFrame):
+// smaller ones compress worse alone and go into a frame with their
+// neighbours in the message.
+const minFrame = 4 << 10
+
+// compressFrame returns b as a zstd frame, or nil when that does not
+// shrink it. The request's own goroutine calls it, before its batch: the
+// requests of a batch compress at once, and the batch's publish does not
+// wait for them; and frames of one request's size (tens of KiB, one zstd
+// block without history) cost less per byte than a message's
+// (bench/RESULTS.md, "fleetone").
+func compressFrame(b []byte) []byte {
+	if len(b) < minFrame {
+		return nil
+	}
+	z := zstdEncoder().EncodeAll(b, make([]byte, 0, len(b)/3))
+	if len(z) >= len(b) {
+		return nil
+	}
+	return z
+}
+
+// encodeFrames is encodeBody for zstd when some parts come compressed
+// (zs[i], parts[i]'s frame, or nil): the body's records are a sequence
+// of zstd frames (a frame decoder reads them as one), each of a part
+// compressed before or of a run of parts compressed here. plain is the
+// parts joined when keep; nil otherwise, or when the body holds them as
+// they are (compression did not shrink them).
+func encodeFrames(dst []byte, h *header, n int, parts, zs [][]byte, keep bool) (body, plain []byte) {
+	start := len(dst)
+	dst = appendHeader(dst, h, n)
+	hdr := len(dst)
+	dst[start] = codecZstd
+	size, run := 0, [][]byte(nil)
+	flushRun := func() {
+		switch len(run) {
+		case 0:
+			return
+		case 1:
+			dst = zstdEncoder().EncodeAll(run[0], dst)
+		default:
+			dst = zstdEncoder().EncodeAll(slices.Concat(run...), dst)
+		}
+		run = run[:0]
+	}
+	for i, p := range parts {
+		size += len(p)
+		if zs[i] == nil {
+			run = append(run, p)
+			continue
+		}
+		flushRun()
+		dst = append(dst, zs[i]...)
+	}
+	flushRun()
+	shrunk := len(dst)-hdr < size
+	if keep || !shrunk {
+		plain = slices.Concat(parts...)
+	}
+	if !shrunk {
+		dst = append(dst[:hdr], plain...)
+		dst[start] = codecPlain
+		plain = nil
+	}
+	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli)), plain
+}
+
+// zstdSize is the records' size that the zstd frames p hold, as their
+// headers state it, false when p is not frames. decodeWith sizes its
+// buffer with it: the decoder grows a buffer too small for the next frame
+// to that frame's end, copying it again for every frame. A frame's header
+// omits its size when under 256 bytes (and not its window's size): 256
+// are counted for it.
+func zstdSize(p []byte) (int, bool) {
+	total := 0
+	for len(p) > 0 {
+		var fh zstd.Header
+		if err := fh.Decode(p); err != nil || fh.Skippable || fh.HeaderSize > len(p) {
+			return 0, false
+		}
+		if !fh.HasFCS {
+			fh.FrameContentSize = 256
+		}
+		total += int(min(fh.FrameContentSize, maxDecoded+1))
+		if total > maxDecoded {
+			return 0, false
+		}
+		p = p[fh.HeaderSize:]
+		for last := false; !last; {
+			if len(p) < 3 {
+				return 0, false
+			}
+			bh := uint32(p[0]) | uint32(p[1])<<8 | uint32(p[2])<<16
+			last = bh&1 == 1
+			size := int(bh >> 3)
+			if (bh>>1)&3 == 1 { // RLE: one byte, repeated
+				size = 1
+			}
+			if len(p) < 3+size {
+				return 0, false
+			}
+			p = p[3+size:]
+		}
+		if fh.HasCheckSum {
+			if len(p) < 4 {
+				return 0, false
+			}
+			p = p[4:]
+		}
+	}
+	return total, true
 }
 
 // encode appends the body of a message of recs to dst, compressed when
@@ -228,7 +348,11 @@ func decodeWith(b, plain []byte) (header, []storage.Record, error) {
 	} else if body[0] == codecZstd {
 		// The decoder refuses a frame that would take more than
 		// maxDecoded.
-		d, err := zstdDecoder().DecodeAll(p, nil)
+		var buf []byte
+		if n, ok := zstdSize(p); ok {
+			buf = make([]byte, 0, n)
+		}
+		d, err := zstdDecoder().DecodeAll(p, buf)
 		if err != nil {
 			return h, nil, fmt.Errorf("%w: %w", errCorrupt, err)
 		}

@@ -175,3 +175,66 @@ func TestCodecRecent(t *testing.T) {
 		}
 	}
 }
+
+// TestCodecFrames: a body of several zstd frames (requests compressed
+// before their batch, runs of small ones compressed with it) reads back
+// whole, in order, by decode (as any relay reads version 3) and from the
+// parts kept (decodeWith); zstdSize states its records' size.
+func TestCodecFrames(t *testing.T) {
+	h := header{lane: storage.LaneKey{Kind: storage.KindEvents, APIKey: "k"}, accepted: time.UnixMilli(1700000000123)}
+	var recs []storage.Record
+	var parts, zs [][]byte
+	for r, n := range []int{60, 2, 3, 80, 1, 70} { // big, small, small, big, small, big
+		var part []storage.Record
+		for i := range n {
+			d := fmt.Appendf(nil, `{"event_type":"screen","device_id":"device-%d","insert_id":"%d-%d","event_properties":{"n":%d}}`, r, r, i, i*i)
+			part = append(part, storage.Record{OrderKey: []byte("d:1"), Data: d})
+		}
+		recs = append(recs, part...)
+		b := encodeRecords(nil, part)
+		parts, zs = append(parts, b), append(zs, compressFrame(b))
+	}
+	if zs[0] == nil || zs[1] != nil || zs[3] == nil || zs[4] != nil {
+		t.Fatalf("frames of %v bytes: %v", []int{len(parts[0]), len(parts[1])}, zs[:2])
+	}
+	joined := bytes.Join(parts, nil)
+	for _, keep := range []bool{false, true} {
+		body, plain := encodeFrames(nil, &h, len(recs), parts, zs, keep)
+		if body[0] != codecZstd || len(body) > len(joined)/3 {
+			t.Fatalf("version %d, %d bytes of %d", body[0], len(body), len(joined))
+		}
+		if keep != (plain != nil) || plain != nil && !bytes.Equal(plain, joined) {
+			t.Fatalf("keep %v: plain of %d bytes", keep, len(plain))
+		}
+		if n, ok := zstdSize(body[len(appendHeader(nil, &h, len(recs))) : len(body)-4]); !ok || n < len(joined) || n > len(joined)+256 {
+			t.Fatalf("zstdSize %d, %v; want %d", n, ok, len(joined))
+		}
+		for _, pl := range [][]byte{nil, plain} {
+			_, got, err := decodeWith(body, pl)
+			if err != nil || len(got) != len(recs) {
+				t.Fatalf("decoded %d records: %v", len(got), err)
+			}
+			for i := range got {
+				if !bytes.Equal(got[i].Data, recs[i].Data) {
+					t.Fatalf("record %d: %s, want %s", i, got[i].Data, recs[i].Data)
+				}
+			}
+		}
+	}
+	// Parts that do not shrink are stored as they are.
+	noise := make([]byte, 8<<10)
+	var seed uint32 = 7
+	for i := range noise {
+		seed = seed*1664525 + 1013904223
+		noise[i] = byte(seed >> 24)
+	}
+	rec := []storage.Record{{OrderKey: []byte("d:1"), Data: noise}}
+	b := encodeRecords(nil, rec)
+	body, plain := encodeFrames(nil, &h, 1, [][]byte{b}, [][]byte{nil}, true)
+	if body[0] != codecPlain || plain != nil {
+		t.Fatalf("version %d for records that do not compress", body[0])
+	}
+	if _, got, err := decode(body); err != nil || len(got) != 1 || !bytes.Equal(got[0].Data, noise) {
+		t.Fatalf("decoded %d records: %v", len(got), err)
+	}
+}

@@ -156,7 +156,8 @@ func (c *committer) messages(batch []*pending) []outMsg {
 		h         header
 		n, size   int
 		parts     [][]byte
-		nextPart  int // this key's messages so far
+		zs        [][]byte // parts' frames (frag.z), nil when none has one
+		nextPart  int      // this key's messages so far
 	}
 	var (
 		msgs  []outMsg
@@ -173,15 +174,30 @@ func (c *committer) messages(batch []*pending) []outMsg {
 		}
 		sz := b.h.size() + b.size + 4
 		m := &msgs[b.out]
-		m.body, m.plain = encodeBody(make([]byte, 0, sz), &b.h, b.n, b.parts, byte(f.compress[b.h.lane.Kind].Load()))
+		codec := byte(f.compress[b.h.lane.Kind].Load())
+		keep := f.reading(slot{b.h.lane.Kind, b.partition})
+		if codec == codecZstd && b.zs != nil {
+			// Sized for the frames: a run of parts compressed here is
+			// bounded by its size as it is.
+			sz = b.h.size() + 4
+			for i, z := range b.zs {
+				if z == nil {
+					z = b.parts[i]
+				}
+				sz += len(z)
+			}
+			m.body, m.plain = encodeFrames(make([]byte, 0, sz), &b.h, b.n, b.parts, b.zs, keep)
+		} else {
+			m.body, m.plain = encodeBody(make([]byte, 0, sz), &b.h, b.n, b.parts, codec)
+		}
 		if m.plain != nil {
-			if f.reading(slot{b.h.lane.Kind, b.partition}) {
+			if keep {
 				f.recent.put(m.id, m.body, m.plain)
 			} else {
 				m.plain = nil
 			}
 		}
-		b.n, b.size, b.parts = 0, 0, nil
+		b.n, b.size, b.parts, b.zs = 0, 0, nil, nil
 	}
 	for _, p := range batch {
 		for _, fr := range p.frags {
@@ -210,7 +226,13 @@ func (c *committer) messages(batch []*pending) []outMsg {
 			}
 			b.n += fr.n
 			b.size += len(fr.b)
+			if fr.z != nil && b.zs == nil {
+				b.zs = make([][]byte, len(b.parts), cap(b.parts)+1)
+			}
 			b.parts = append(b.parts, fr.b)
+			if b.zs != nil {
+				b.zs = append(b.zs, fr.z)
+			}
 		}
 	}
 	for _, b := range order {

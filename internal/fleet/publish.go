@@ -45,6 +45,7 @@ type frag struct {
 	partition int
 	n         int    // records
 	b         []byte // encodeRecords
+	z         []byte // b as a zstd frame (compressFrame); nil when not
 }
 
 // pending is one request's part in one stream, waiting for its batch.
@@ -153,6 +154,7 @@ func (f *Fleet) parts(req *Request) ([]*pending, int, error) {
 	limit := f.cfg.MaxMessageBytes - h.size() - 4
 	out := make([]*pending, f.cfg.Streams)
 	total := 0
+	zstd := f.compress[req.Lane.Kind].Load() == codecZstd
 	for i, recs := range byPart {
 		if len(recs) == 0 {
 			continue
@@ -174,7 +176,11 @@ func (f *Fleet) parts(req *Request) ([]*pending, int, error) {
 				return nil, 0, fmt.Errorf("%w: %d bytes, at most %d (MaxMessageBytes)", errTooLarge, recordSize(&recs[0]), limit)
 			}
 			b := encodeRecords(make([]byte, 0, size), recs[:k])
-			pd.frags = append(pd.frags, frag{partition: i, n: k, b: b})
+			fr := frag{partition: i, n: k, b: b}
+			if zstd {
+				fr.z = compressFrame(b)
+			}
+			pd.frags = append(pd.frags, fr)
 			pd.size += len(b)
 			total += len(b)
 			recs = recs[k:]
