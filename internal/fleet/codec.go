@@ -192,10 +192,11 @@ func compressFrame(b []byte) []byte {
 // encodeFrames is encodeBody for zstd when some parts come compressed
 // (zs[i], parts[i]'s frame, or nil): the body's records are a sequence
 // of zstd frames (a frame decoder reads them as one), each of a part
-// compressed before or of a run of parts compressed here. plain is the
-// parts joined when keep; nil otherwise, or when the body holds them as
-// they are (compression did not shrink them).
-func encodeFrames(dst []byte, h *header, n int, parts, zs [][]byte, keep bool) (body, plain []byte) {
+// compressed before or of a run of parts compressed here. plain is parts
+// when keep (decodeWith reads them where they are: no copy is made to keep
+// them); nil otherwise, or when the body holds them as they are
+// (compression did not shrink them).
+func encodeFrames(dst []byte, h *header, n int, parts, zs [][]byte, keep bool) (body []byte, plain [][]byte) {
 	start := len(dst)
 	dst = appendHeader(dst, h, n)
 	hdr := len(dst)
@@ -222,14 +223,14 @@ func encodeFrames(dst []byte, h *header, n int, parts, zs [][]byte, keep bool) (
 		dst = append(dst, zs[i]...)
 	}
 	flushRun()
-	shrunk := len(dst)-hdr < size
-	if keep || !shrunk {
-		plain = slices.Concat(parts...)
-	}
-	if !shrunk {
-		dst = append(dst[:hdr], plain...)
+	if len(dst)-hdr >= size {
+		dst = dst[:hdr]
+		for _, p := range parts {
+			dst = append(dst, p...)
+		}
 		dst[start] = codecPlain
-		plain = nil
+	} else if keep {
+		plain = parts
 	}
 	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli)), plain
 }
@@ -294,9 +295,10 @@ func decode(b []byte) (header, []storage.Record, error) {
 
 // decodeWith is decode, taking the records' encoding from plain instead of
 // decompressing them when plain is not nil and b is compressed: plain is
-// what encodeBody compressed into b (the caller knows it by b's checksum,
-// which decodeWith checks as decode does). The records then alias plain.
-func decodeWith(b, plain []byte) (header, []storage.Record, error) {
+// what encodeBody or encodeFrames compressed into b, in parts of whole
+// records (the caller knows it by b's checksum, which decodeWith checks as
+// decode does). The records then alias plain.
+func decodeWith(b []byte, plain [][]byte) (header, []storage.Record, error) {
 	var h header
 	if len(b) < 4 {
 		return h, nil, errCorrupt
@@ -310,7 +312,11 @@ func decodeWith(b, plain []byte) (header, []storage.Record, error) {
 	}
 	h.lane.Kind = storage.Kind(body[1])
 	p := body[2:]
+	var rest [][]byte // plain's parts after p
 	next := func() ([]byte, bool) {
+		for len(p) == 0 && len(rest) > 0 {
+			p, rest = rest[0], rest[1:]
+		}
 		n, k := binary.Uvarint(p)
 		if k <= 0 || n > uint64(len(p)-k) {
 			return nil, false
@@ -334,8 +340,12 @@ func decodeWith(b, plain []byte) (header, []storage.Record, error) {
 	if !ok1 || !ok2 || !ok3 || !ok4 {
 		return h, nil, fmt.Errorf("%w: header", errCorrupt)
 	}
+	size := len(p) // the records' encoding, once found
 	if plain != nil && body[0] != codecPlain {
-		p = plain
+		p, rest, size = nil, plain, 0
+		for _, q := range plain {
+			size += len(q)
+		}
 	} else if body[0] == codecS2 {
 		if dn, err := s2.DecodedLen(p); err != nil || dn > maxDecoded {
 			return h, nil, fmt.Errorf("%w: compressed length", errCorrupt)
@@ -344,7 +354,7 @@ func decodeWith(b, plain []byte) (header, []storage.Record, error) {
 		if err != nil {
 			return h, nil, fmt.Errorf("%w: %w", errCorrupt, err)
 		}
-		p = d
+		p, size = d, len(d)
 	} else if body[0] == codecZstd {
 		// The decoder refuses a frame that would take more than
 		// maxDecoded.
@@ -356,9 +366,9 @@ func decodeWith(b, plain []byte) (header, []storage.Record, error) {
 		if err != nil {
 			return h, nil, fmt.Errorf("%w: %w", errCorrupt, err)
 		}
-		p = d
+		p, size = d, len(d)
 	}
-	if n > uint64(len(p)) {
+	if n > uint64(size) {
 		return h, nil, fmt.Errorf("%w: header", errCorrupt)
 	}
 	h.lane.APIKey, h.lane.Options = string(key), string(opts)
@@ -376,8 +386,12 @@ func decodeWith(b, plain []byte) (header, []storage.Record, error) {
 			recs[i].UserID = nil
 		}
 	}
-	if len(p) != 0 {
-		return h, nil, fmt.Errorf("%w: %d trailing bytes", errCorrupt, len(p))
+	trailing := len(p)
+	for _, q := range rest {
+		trailing += len(q)
+	}
+	if trailing != 0 {
+		return h, nil, fmt.Errorf("%w: %d trailing bytes", errCorrupt, trailing)
 	}
 	return h, recs, nil
 }

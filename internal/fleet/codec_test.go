@@ -135,10 +135,11 @@ func TestCodecRecent(t *testing.T) {
 		recs = append(recs, storage.Record{OrderKey: []byte("d:1"), Data: d})
 	}
 	for _, codec := range []byte{codecZstd, codecS2} {
-		body, plain := encodeBody(nil, &h, len(recs), [][]byte{encodeRecords(nil, recs[:20]), encodeRecords(nil, recs[20:])}, codec)
-		if plain == nil {
+		body, joined := encodeBody(nil, &h, len(recs), [][]byte{encodeRecords(nil, recs[:20]), encodeRecords(nil, recs[20:])}, codec)
+		if joined == nil {
 			t.Fatalf("codec %d: nothing kept", codec)
 		}
+		plain := [][]byte{joined}
 		var r recent
 		r.put("id-1", body, plain)
 		other := encode(nil, &h, recs[:10])
@@ -146,7 +147,7 @@ func TestCodecRecent(t *testing.T) {
 		if got := r.take("id-2", other); got != nil {
 			t.Fatalf("codec %d: kept encoding taken for another body", codec)
 		}
-		if got := r.take("id-1", body); !bytes.Equal(got, plain) {
+		if got := r.take("id-1", body); len(got) != 1 || !bytes.Equal(got[0], joined) {
 			t.Fatalf("codec %d: kept encoding not taken", codec)
 		}
 		if got := r.take("id-1", body); got != nil {
@@ -203,13 +204,13 @@ func TestCodecFrames(t *testing.T) {
 		if body[0] != codecZstd || len(body) > len(joined)/3 {
 			t.Fatalf("version %d, %d bytes of %d", body[0], len(body), len(joined))
 		}
-		if keep != (plain != nil) || plain != nil && !bytes.Equal(plain, joined) {
+		if keep != (plain != nil) || plain != nil && !bytes.Equal(bytes.Join(plain, nil), joined) {
 			t.Fatalf("keep %v: plain of %d bytes", keep, len(plain))
 		}
 		if n, ok := zstdSize(body[len(appendHeader(nil, &h, len(recs))) : len(body)-4]); !ok || n < len(joined) || n > len(joined)+256 {
 			t.Fatalf("zstdSize %d, %v; want %d", n, ok, len(joined))
 		}
-		for _, pl := range [][]byte{nil, plain} {
+		for _, pl := range [][][]byte{nil, plain} {
 			_, got, err := decodeWith(body, pl)
 			if err != nil || len(got) != len(recs) {
 				t.Fatalf("decoded %d records: %v", len(got), err)

@@ -188,7 +188,11 @@ func (c *committer) messages(batch []*pending) []outMsg {
 			}
 			m.body, m.plain = encodeFrames(make([]byte, 0, sz), &b.h, b.n, b.parts, b.zs, keep)
 		} else {
-			m.body, m.plain = encodeBody(make([]byte, 0, sz), &b.h, b.n, b.parts, codec)
+			var plain []byte
+			m.body, plain = encodeBody(make([]byte, 0, sz), &b.h, b.n, b.parts, codec)
+			if plain != nil {
+				m.plain = [][]byte{plain}
+			}
 		}
 		if m.plain != nil {
 			if keep {

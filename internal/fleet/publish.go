@@ -238,7 +238,7 @@ type outMsg struct {
 	subject string
 	id      string
 	body    []byte
-	plain   []byte // what body compressed, kept in recent: the partition is read here
+	plain   [][]byte // what body compressed, kept in recent: the partition is read here
 }
 
 // pubAnswer is a JetStream publish acknowledgement or error.
