@@ -207,8 +207,13 @@ func TestCodecFrames(t *testing.T) {
 		if keep != (plain != nil) || plain != nil && !bytes.Equal(bytes.Join(plain, nil), joined) {
 			t.Fatalf("keep %v: plain of %d bytes", keep, len(plain))
 		}
-		if n, ok := zstdSize(body[len(appendHeader(nil, &h, len(recs))) : len(body)-4]); !ok || n < len(joined) || n > len(joined)+256 {
+		frames := body[len(appendHeader(nil, &h, len(recs))) : len(body)-4]
+		if n, ok := zstdSize(frames); !ok || n < len(joined) || n > len(joined)+256 {
 			t.Fatalf("zstdSize %d, %v; want %d", n, ok, len(joined))
+		}
+		// As a relay of before reads version 3: one call, no size.
+		if d, err := zstdDecoder().DecodeAll(frames, nil); err != nil || !bytes.Equal(d, joined) {
+			t.Fatalf("frames decoded to %d bytes of %d: %v", len(d), len(joined), err)
 		}
 		for _, pl := range [][][]byte{nil, plain} {
 			_, got, err := decodeWith(body, pl)
