@@ -167,36 +167,20 @@ func appendHeader(dst []byte, h *header, n int) []byte {
 }
 
 // minFrame is the least of a request's records (encodeRecords, in one
-// partition) compressed as a zstd frame of their own (compressFrame):
-// smaller ones compress worse alone and go into a frame with their
-// neighbours in the message.
+// partition) compressed as a zstd frame of their own: smaller ones
+// compress worse alone and go into a frame with their neighbours.
 const minFrame = 4 << 10
 
-// compressFrame returns b as a zstd frame, or nil when that does not
-// shrink it. The request's own goroutine calls it, before its batch: the
-// requests of a batch compress at once, and the batch's publish does not
-// wait for them; and frames of one request's size (tens of KiB, one zstd
-// block without history) cost less per byte than a message's
-// (bench/RESULTS.md, "fleetone").
-func compressFrame(b []byte) []byte {
-	if len(b) < minFrame {
-		return nil
-	}
-	z := zstdEncoder().EncodeAll(b, make([]byte, 0, len(b)/3))
-	if len(z) >= len(b) {
-		return nil
-	}
-	return z
-}
-
-// encodeFrames is encodeBody for zstd when some parts come compressed
-// (zs[i], parts[i]'s frame, or nil): the body's records are a sequence
-// of zstd frames (a frame decoder reads them as one), each of a part
-// compressed before or of a run of parts compressed here. plain is parts
-// when keep (decodeWith reads them where they are: no copy is made to keep
-// them); nil otherwise, or when the body holds them as they are
+// encodeFrames is encodeBody for zstd, the records as a sequence of zstd
+// frames (a frame decoder reads them as one): each part of minFrame bytes
+// or more compressed where it is, each run of smaller ones joined and
+// compressed. Frames of one request's size (tens of KiB: one zstd block,
+// without history) cost less per byte than one frame of the message's,
+// and no buffer joins the parts (bench/RESULTS.md, "fleetone"). plain is
+// parts when keep (decodeWith reads them where they are: no copy is made
+// to keep them); nil otherwise, or when the body holds them as they are
 // (compression did not shrink them).
-func encodeFrames(dst []byte, h *header, n int, parts, zs [][]byte, keep bool) (body []byte, plain [][]byte) {
+func encodeFrames(dst []byte, h *header, n int, parts [][]byte, keep bool) (body []byte, plain [][]byte) {
 	start := len(dst)
 	dst = appendHeader(dst, h, n)
 	hdr := len(dst)
@@ -213,14 +197,14 @@ func encodeFrames(dst []byte, h *header, n int, parts, zs [][]byte, keep bool) (
 		}
 		run = run[:0]
 	}
-	for i, p := range parts {
+	for _, p := range parts {
 		size += len(p)
-		if zs[i] == nil {
+		if len(p) < minFrame {
 			run = append(run, p)
 			continue
 		}
 		flushRun()
-		dst = append(dst, zs[i]...)
+		dst = zstdEncoder().EncodeAll(p, dst)
 	}
 	flushRun()
 	if len(dst)-hdr >= size {

@@ -156,8 +156,7 @@ func (c *committer) messages(batch []*pending) []outMsg {
 		h         header
 		n, size   int
 		parts     [][]byte
-		zs        [][]byte // parts' frames (frag.z), nil when none has one
-		nextPart  int      // this key's messages so far
+		nextPart  int // this key's messages so far
 	}
 	var (
 		msgs  []outMsg
@@ -176,17 +175,10 @@ func (c *committer) messages(batch []*pending) []outMsg {
 		m := &msgs[b.out]
 		codec := byte(f.compress[b.h.lane.Kind].Load())
 		keep := f.reading(slot{b.h.lane.Kind, b.partition})
-		if codec == codecZstd && b.zs != nil {
-			// Sized for the frames: a run of parts compressed here is
-			// bounded by its size as it is.
-			sz = b.h.size() + 4
-			for i, z := range b.zs {
-				if z == nil {
-					z = b.parts[i]
-				}
-				sz += len(z)
-			}
-			m.body, m.plain = encodeFrames(make([]byte, 0, sz), &b.h, b.n, b.parts, b.zs, keep)
+		if codec == codecZstd {
+			// Sized for records compressing to a third; a body that does
+			// not fits as it grows.
+			m.body, m.plain = encodeFrames(make([]byte, 0, b.h.size()+b.size/3+64), &b.h, b.n, b.parts, keep)
 		} else {
 			var plain []byte
 			m.body, plain = encodeBody(make([]byte, 0, sz), &b.h, b.n, b.parts, codec)
@@ -201,7 +193,7 @@ func (c *committer) messages(batch []*pending) []outMsg {
 				m.plain = nil
 			}
 		}
-		b.n, b.size, b.parts, b.zs = 0, 0, nil, nil
+		b.n, b.size, b.parts = 0, 0, nil
 	}
 	for _, p := range batch {
 		for _, fr := range p.frags {
@@ -230,13 +222,7 @@ func (c *committer) messages(batch []*pending) []outMsg {
 			}
 			b.n += fr.n
 			b.size += len(fr.b)
-			if fr.z != nil && b.zs == nil {
-				b.zs = make([][]byte, len(b.parts), cap(b.parts)+1)
-			}
 			b.parts = append(b.parts, fr.b)
-			if b.zs != nil {
-				b.zs = append(b.zs, fr.z)
-			}
 		}
 	}
 	for _, b := range order {

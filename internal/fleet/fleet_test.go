@@ -2042,8 +2042,8 @@ func (e *testEnv) testRecentRead(t *testing.T) {
 	if kept != 0 {
 		t.Errorf("%d kept messages not taken by the reader", kept)
 	}
-	// A request large enough to be compressed before its batch (a frame
-	// of its own): kept, and read, as its parts.
+	// A request large enough to be a zstd frame of its own: kept, and
+	// read, as its parts.
 	var many []storage.Record
 	for i := range 40 {
 		many = append(many, big(100+i))

@@ -45,7 +45,6 @@ type frag struct {
 	partition int
 	n         int    // records
 	b         []byte // encodeRecords
-	z         []byte // b as a zstd frame (compressFrame); nil when not
 }
 
 // pending is one request's part in one stream, waiting for its batch.
@@ -166,7 +165,6 @@ func (f *Fleet) parts(req *Request) ([]*pending, int, error) {
 	limit := f.cfg.MaxMessageBytes - h.size() - 4
 	out := make([]*pending, f.cfg.Streams)
 	total := 0
-	zstd := f.compress[req.Lane.Kind].Load() == codecZstd
 	for i, recs := range byPart {
 		if len(recs) == 0 {
 			continue
@@ -188,11 +186,7 @@ func (f *Fleet) parts(req *Request) ([]*pending, int, error) {
 				return nil, 0, fmt.Errorf("%w: %d bytes, at most %d (MaxMessageBytes)", errTooLarge, recordSize(&recs[0]), limit)
 			}
 			b := encodeRecords(make([]byte, 0, size), recs[:k])
-			fr := frag{partition: i, n: k, b: b}
-			if zstd {
-				fr.z = compressFrame(b)
-			}
-			pd.frags = append(pd.frags, fr)
+			pd.frags = append(pd.frags, frag{partition: i, n: k, b: b})
 			pd.size += len(b)
 			total += len(b)
 			recs = recs[k:]
