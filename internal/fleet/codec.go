@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"slices"
 	"sync"
 	"time"
 
@@ -125,11 +126,7 @@ func encodeMessage(dst []byte, h *header, n int, parts [][]byte, codec byte) []b
 // it instead of decompressing the body again.
 func encodeBody(dst []byte, h *header, n int, parts [][]byte, codec byte) (body, plain []byte) {
 	start := len(dst)
-	dst = append(dst, codecPlain, byte(h.lane.Kind))
-	dst = appendBytes(dst, []byte(h.lane.APIKey))
-	dst = appendBytes(dst, []byte(h.lane.Options))
-	dst = binary.AppendUvarint(dst, uint64(h.accepted.UnixMilli()))
-	dst = binary.AppendUvarint(dst, uint64(n))
+	dst = appendHeader(dst, h, n)
 	if codec != codecS2 && codec != codecZstd {
 		for _, p := range parts {
 			dst = append(dst, p...)
@@ -160,6 +157,114 @@ func encodeBody(dst []byte, h *header, n int, parts [][]byte, codec byte) (body,
 	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli)), plain
 }
 
+// appendHeader appends a body's header, version plain, to dst.
+func appendHeader(dst []byte, h *header, n int) []byte {
+	dst = append(dst, codecPlain, byte(h.lane.Kind))
+	dst = appendBytes(dst, []byte(h.lane.APIKey))
+	dst = appendBytes(dst, []byte(h.lane.Options))
+	dst = binary.AppendUvarint(dst, uint64(h.accepted.UnixMilli()))
+	return binary.AppendUvarint(dst, uint64(n))
+}
+
+// minFrame is the least of a request's records (encodeRecords, in one
+// partition) compressed as a zstd frame of their own: smaller ones
+// compress worse alone and go into a frame with their neighbours.
+const minFrame = 4 << 10
+
+// encodeFrames is encodeBody for zstd, the records as a sequence of zstd
+// frames (a frame decoder reads them as one): each part of minFrame bytes
+// or more compressed where it is, each run of smaller ones joined and
+// compressed. Frames of one request's size (tens of KiB: one zstd block,
+// without history) cost less per byte than one frame of the message's,
+// and no buffer joins the parts (bench/RESULTS.md, "fleetone"). plain is
+// parts when keep (decodeWith reads them where they are: no copy is made
+// to keep them); nil otherwise, or when the body holds them as they are
+// (compression did not shrink them).
+func encodeFrames(dst []byte, h *header, n int, parts [][]byte, keep bool) (body []byte, plain [][]byte) {
+	start := len(dst)
+	dst = appendHeader(dst, h, n)
+	hdr := len(dst)
+	dst[start] = codecZstd
+	size, run := 0, [][]byte(nil)
+	flushRun := func() {
+		switch len(run) {
+		case 0:
+			return
+		case 1:
+			dst = zstdEncoder().EncodeAll(run[0], dst)
+		default:
+			dst = zstdEncoder().EncodeAll(slices.Concat(run...), dst)
+		}
+		run = run[:0]
+	}
+	for _, p := range parts {
+		size += len(p)
+		if len(p) < minFrame {
+			run = append(run, p)
+			continue
+		}
+		flushRun()
+		dst = zstdEncoder().EncodeAll(p, dst)
+	}
+	flushRun()
+	if len(dst)-hdr >= size {
+		dst = dst[:hdr]
+		for _, p := range parts {
+			dst = append(dst, p...)
+		}
+		dst[start] = codecPlain
+	} else if keep {
+		plain = parts
+	}
+	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli)), plain
+}
+
+// zstdSize is the records' size that the zstd frames p hold, as their
+// headers state it, false when p is not frames. decodeWith sizes its
+// buffer with it: the decoder grows a buffer too small for the next frame
+// to that frame's end, copying it again for every frame. A frame's header
+// omits its size when under 256 bytes (and not its window's size): 256
+// are counted for it.
+func zstdSize(p []byte) (int, bool) {
+	total := 0
+	for len(p) > 0 {
+		var fh zstd.Header
+		if err := fh.Decode(p); err != nil || fh.Skippable || fh.HeaderSize > len(p) {
+			return 0, false
+		}
+		if !fh.HasFCS {
+			fh.FrameContentSize = 256
+		}
+		total += int(min(fh.FrameContentSize, maxDecoded+1))
+		if total > maxDecoded {
+			return 0, false
+		}
+		p = p[fh.HeaderSize:]
+		for last := false; !last; {
+			if len(p) < 3 {
+				return 0, false
+			}
+			bh := uint32(p[0]) | uint32(p[1])<<8 | uint32(p[2])<<16
+			last = bh&1 == 1
+			size := int(bh >> 3)
+			if (bh>>1)&3 == 1 { // RLE: one byte, repeated
+				size = 1
+			}
+			if len(p) < 3+size {
+				return 0, false
+			}
+			p = p[3+size:]
+		}
+		if fh.HasCheckSum {
+			if len(p) < 4 {
+				return 0, false
+			}
+			p = p[4:]
+		}
+	}
+	return total, true
+}
+
 // encode appends the body of a message of recs to dst, compressed when
 // that shrinks them.
 func encode(dst []byte, h *header, recs []storage.Record) []byte {
@@ -174,9 +279,10 @@ func decode(b []byte) (header, []storage.Record, error) {
 
 // decodeWith is decode, taking the records' encoding from plain instead of
 // decompressing them when plain is not nil and b is compressed: plain is
-// what encodeBody compressed into b (the caller knows it by b's checksum,
-// which decodeWith checks as decode does). The records then alias plain.
-func decodeWith(b, plain []byte) (header, []storage.Record, error) {
+// what encodeBody or encodeFrames compressed into b, in parts of whole
+// records (the caller knows it by b's checksum, which decodeWith checks as
+// decode does). The records then alias plain.
+func decodeWith(b []byte, plain [][]byte) (header, []storage.Record, error) {
 	var h header
 	if len(b) < 4 {
 		return h, nil, errCorrupt
@@ -190,7 +296,11 @@ func decodeWith(b, plain []byte) (header, []storage.Record, error) {
 	}
 	h.lane.Kind = storage.Kind(body[1])
 	p := body[2:]
+	var rest [][]byte // plain's parts after p
 	next := func() ([]byte, bool) {
+		for len(p) == 0 && len(rest) > 0 {
+			p, rest = rest[0], rest[1:]
+		}
 		n, k := binary.Uvarint(p)
 		if k <= 0 || n > uint64(len(p)-k) {
 			return nil, false
@@ -214,8 +324,12 @@ func decodeWith(b, plain []byte) (header, []storage.Record, error) {
 	if !ok1 || !ok2 || !ok3 || !ok4 {
 		return h, nil, fmt.Errorf("%w: header", errCorrupt)
 	}
+	size := len(p) // the records' encoding, once found
 	if plain != nil && body[0] != codecPlain {
-		p = plain
+		p, rest, size = nil, plain, 0
+		for _, q := range plain {
+			size += len(q)
+		}
 	} else if body[0] == codecS2 {
 		if dn, err := s2.DecodedLen(p); err != nil || dn > maxDecoded {
 			return h, nil, fmt.Errorf("%w: compressed length", errCorrupt)
@@ -224,17 +338,21 @@ func decodeWith(b, plain []byte) (header, []storage.Record, error) {
 		if err != nil {
 			return h, nil, fmt.Errorf("%w: %w", errCorrupt, err)
 		}
-		p = d
+		p, size = d, len(d)
 	} else if body[0] == codecZstd {
 		// The decoder refuses a frame that would take more than
 		// maxDecoded.
-		d, err := zstdDecoder().DecodeAll(p, nil)
+		var buf []byte
+		if n, ok := zstdSize(p); ok {
+			buf = make([]byte, 0, n)
+		}
+		d, err := zstdDecoder().DecodeAll(p, buf)
 		if err != nil {
 			return h, nil, fmt.Errorf("%w: %w", errCorrupt, err)
 		}
-		p = d
+		p, size = d, len(d)
 	}
-	if n > uint64(len(p)) {
+	if n > uint64(size) {
 		return h, nil, fmt.Errorf("%w: header", errCorrupt)
 	}
 	h.lane.APIKey, h.lane.Options = string(key), string(opts)
@@ -252,8 +370,12 @@ func decodeWith(b, plain []byte) (header, []storage.Record, error) {
 			recs[i].UserID = nil
 		}
 	}
-	if len(p) != 0 {
-		return h, nil, fmt.Errorf("%w: %d trailing bytes", errCorrupt, len(p))
+	trailing := len(p)
+	for _, q := range rest {
+		trailing += len(q)
+	}
+	if trailing != 0 {
+		return h, nil, fmt.Errorf("%w: %d trailing bytes", errCorrupt, trailing)
 	}
 	return h, recs, nil
 }

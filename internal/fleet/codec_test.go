@@ -135,10 +135,11 @@ func TestCodecRecent(t *testing.T) {
 		recs = append(recs, storage.Record{OrderKey: []byte("d:1"), Data: d})
 	}
 	for _, codec := range []byte{codecZstd, codecS2} {
-		body, plain := encodeBody(nil, &h, len(recs), [][]byte{encodeRecords(nil, recs[:20]), encodeRecords(nil, recs[20:])}, codec)
-		if plain == nil {
+		body, joined := encodeBody(nil, &h, len(recs), [][]byte{encodeRecords(nil, recs[:20]), encodeRecords(nil, recs[20:])}, codec)
+		if joined == nil {
 			t.Fatalf("codec %d: nothing kept", codec)
 		}
+		plain := [][]byte{joined}
 		var r recent
 		r.put("id-1", body, plain)
 		other := encode(nil, &h, recs[:10])
@@ -146,7 +147,7 @@ func TestCodecRecent(t *testing.T) {
 		if got := r.take("id-2", other); got != nil {
 			t.Fatalf("codec %d: kept encoding taken for another body", codec)
 		}
-		if got := r.take("id-1", body); !bytes.Equal(got, plain) {
+		if got := r.take("id-1", body); len(got) != 1 || !bytes.Equal(got[0], joined) {
 			t.Fatalf("codec %d: kept encoding not taken", codec)
 		}
 		if got := r.take("id-1", body); got != nil {
@@ -173,5 +174,73 @@ func TestCodecRecent(t *testing.T) {
 		if _, _, err := decodeWith(c, plain); !errors.Is(err, errCorrupt) {
 			t.Fatalf("codec %d: damaged body with its kept encoding: %v", codec, err)
 		}
+	}
+}
+
+// TestCodecFrames: a body of several zstd frames (large requests' records
+// compressed each where they are, runs of small ones joined) reads back
+// whole, in order, by decode (as any relay reads version 3) and from the
+// parts kept (decodeWith); zstdSize states its records' size.
+func TestCodecFrames(t *testing.T) {
+	h := header{lane: storage.LaneKey{Kind: storage.KindEvents, APIKey: "k"}, accepted: time.UnixMilli(1700000000123)}
+	var recs []storage.Record
+	var parts [][]byte
+	for r, n := range []int{60, 2, 3, 80, 1, 70} { // big, small, small, big, small, big
+		var part []storage.Record
+		for i := range n {
+			d := fmt.Appendf(nil, `{"event_type":"screen","device_id":"device-%d","insert_id":"%d-%d","event_properties":{"n":%d}}`, r, r, i, i*i)
+			part = append(part, storage.Record{OrderKey: []byte("d:1"), Data: d})
+		}
+		recs = append(recs, part...)
+		b := encodeRecords(nil, part)
+		parts = append(parts, b)
+	}
+	if len(parts[0]) < minFrame || len(parts[1]) >= minFrame {
+		t.Fatalf("parts of %d and %d bytes", len(parts[0]), len(parts[1]))
+	}
+	joined := bytes.Join(parts, nil)
+	for _, keep := range []bool{false, true} {
+		body, plain := encodeFrames(nil, &h, len(recs), parts, keep)
+		if body[0] != codecZstd || len(body) > len(joined)/3 {
+			t.Fatalf("version %d, %d bytes of %d", body[0], len(body), len(joined))
+		}
+		if keep != (plain != nil) || plain != nil && !bytes.Equal(bytes.Join(plain, nil), joined) {
+			t.Fatalf("keep %v: plain of %d bytes", keep, len(plain))
+		}
+		frames := body[len(appendHeader(nil, &h, len(recs))) : len(body)-4]
+		if n, ok := zstdSize(frames); !ok || n < len(joined) || n > len(joined)+256 {
+			t.Fatalf("zstdSize %d, %v; want %d", n, ok, len(joined))
+		}
+		// As a relay of before reads version 3: one call, no size.
+		if d, err := zstdDecoder().DecodeAll(frames, nil); err != nil || !bytes.Equal(d, joined) {
+			t.Fatalf("frames decoded to %d bytes of %d: %v", len(d), len(joined), err)
+		}
+		for _, pl := range [][][]byte{nil, plain} {
+			_, got, err := decodeWith(body, pl)
+			if err != nil || len(got) != len(recs) {
+				t.Fatalf("decoded %d records: %v", len(got), err)
+			}
+			for i := range got {
+				if !bytes.Equal(got[i].Data, recs[i].Data) {
+					t.Fatalf("record %d: %s, want %s", i, got[i].Data, recs[i].Data)
+				}
+			}
+		}
+	}
+	// Parts that do not shrink are stored as they are.
+	noise := make([]byte, 8<<10)
+	var seed uint32 = 7
+	for i := range noise {
+		seed = seed*1664525 + 1013904223
+		noise[i] = byte(seed >> 24)
+	}
+	rec := []storage.Record{{OrderKey: []byte("d:1"), Data: noise}}
+	b := encodeRecords(nil, rec)
+	body, plain := encodeFrames(nil, &h, 1, [][]byte{b}, true)
+	if body[0] != codecPlain || plain != nil {
+		t.Fatalf("version %d for records that do not compress", body[0])
+	}
+	if _, got, err := decode(body); err != nil || len(got) != 1 || !bytes.Equal(got[0].Data, noise) {
+		t.Fatalf("decoded %d records: %v", len(got), err)
 	}
 }

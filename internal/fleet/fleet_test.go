@@ -2042,6 +2042,25 @@ func (e *testEnv) testRecentRead(t *testing.T) {
 	if kept != 0 {
 		t.Errorf("%d kept messages not taken by the reader", kept)
 	}
+	// A request large enough to be a zstd frame of its own: kept, and
+	// read, as its parts.
+	var many []storage.Record
+	for i := range 40 {
+		many = append(many, big(100+i))
+	}
+	if err := f.Append(ctx, Request{Lane: lane, Records: many}); err != nil {
+		t.Fatal(err)
+	}
+	f.recent.mu.Lock()
+	kept = len(f.recent.m)
+	f.recent.mu.Unlock()
+	m, err := p.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kept != 1 || len(m.Records) != len(many) || !bytes.Equal(m.Records[39].Data, many[39].Data) {
+		t.Fatalf("%d kept; read %d records, want %d", kept, len(m.Records), len(many))
+	}
 }
 
 // storedOfDevice appends n records of one device to f's events partition 0

@@ -315,7 +315,7 @@ func (p *Partition) Next(ctx context.Context) (*Message, error) {
 			return nil, ErrLost
 		}
 		p.delivery++
-		var plain []byte
+		var plain [][]byte
 		if hd := m.Headers(); hd != nil {
 			plain = p.f.recent.take(hd.Get(nats.MsgIdHdr), m.Data())
 		}

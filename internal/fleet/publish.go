@@ -145,9 +145,21 @@ var errTooLarge = errors.New("fleet: record larger than a message may be")
 func (f *Fleet) parts(req *Request) ([]*pending, int, error) {
 	p := f.cfg.Partitions
 	byPart := make([][]storage.Record, p)
-	for _, r := range req.Records {
-		i := PartitionOf(r.OrderKey, p)
-		byPart[i] = append(byPart[i], r)
+	// An SDK's request is mostly one device's: then its records are one
+	// partition's as they are, not copied.
+	one := PartitionOf(req.Records[0].OrderKey, p)
+	for k := 1; k < len(req.Records) && one >= 0; k++ {
+		if PartitionOf(req.Records[k].OrderKey, p) != one {
+			one = -1
+		}
+	}
+	if one >= 0 {
+		byPart[one] = req.Records
+	} else {
+		for _, r := range req.Records {
+			i := PartitionOf(r.OrderKey, p)
+			byPart[i] = append(byPart[i], r)
+		}
 	}
 	h := header{lane: req.Lane, accepted: req.Accepted}
 	limit := f.cfg.MaxMessageBytes - h.size() - 4
@@ -232,7 +244,7 @@ type outMsg struct {
 	subject string
 	id      string
 	body    []byte
-	plain   []byte // what body compressed, kept in recent: the partition is read here
+	plain   [][]byte // what body compressed, kept in recent: the partition is read here
 }
 
 // pubAnswer is a JetStream publish acknowledgement or error.

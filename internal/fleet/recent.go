@@ -24,8 +24,9 @@ type recent struct {
 }
 
 type recentBody struct {
-	sum   uint32 // the body's checksum (its trailer)
-	plain []byte
+	sum   uint32   // the body's checksum (its trailer)
+	plain [][]byte // decodeWith's
+	size  int
 }
 
 // Bounds of what recent holds: an owner reads what was published within
@@ -37,8 +38,12 @@ const (
 )
 
 // put keeps plain, compressed into body, the message published with id.
-func (r *recent) put(id string, body, plain []byte) {
-	if len(body) < 4 || len(plain) > recentMaxBytes {
+func (r *recent) put(id string, body []byte, plain [][]byte) {
+	size := 0
+	for _, p := range plain {
+		size += len(p)
+	}
+	if len(body) < 4 || size > recentMaxBytes {
 		return
 	}
 	k := id
@@ -48,17 +53,17 @@ func (r *recent) put(id string, body, plain []byte) {
 		r.m = make(map[string]recentBody)
 	}
 	if old, ok := r.m[k]; ok {
-		r.bytes -= len(old.plain)
+		r.bytes -= old.size
 	}
-	r.m[k] = recentBody{binary.BigEndian.Uint32(body[len(body)-4:]), plain}
-	r.bytes += len(plain)
+	r.m[k] = recentBody{binary.BigEndian.Uint32(body[len(body)-4:]), plain, size}
+	r.bytes += size
 	r.order = append(r.order, k)
 	for len(r.order) > 0 && (r.bytes > recentMaxBytes || len(r.order) > recentMaxMsgs) {
 		old := r.order[0]
 		r.order[0] = ""
 		r.order = r.order[1:]
 		if v, ok := r.m[old]; ok {
-			r.bytes -= len(v.plain)
+			r.bytes -= v.size
 			delete(r.m, old)
 		}
 	}
@@ -66,7 +71,7 @@ func (r *recent) put(id string, body, plain []byte) {
 
 // take returns and forgets the encoding kept for the message published
 // with id, when body is the one it was compressed into; nil otherwise.
-func (r *recent) take(id string, body []byte) []byte {
+func (r *recent) take(id string, body []byte) [][]byte {
 	if id == "" || len(body) < 4 {
 		return nil
 	}
@@ -78,7 +83,7 @@ func (r *recent) take(id string, body []byte) []byte {
 		return nil
 	}
 	delete(r.m, k)
-	r.bytes -= len(v.plain)
+	r.bytes -= v.size
 	if v.sum != binary.BigEndian.Uint32(body[len(body)-4:]) {
 		return nil
 	}
@@ -90,7 +95,7 @@ func (r *recent) drop(id string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if v, ok := r.m[id]; ok {
-		r.bytes -= len(v.plain)
+		r.bytes -= v.size
 		delete(r.m, id)
 	}
 }
