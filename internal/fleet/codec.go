@@ -21,7 +21,9 @@ import (
 //	accepted:uvarint (Unix ms) count:uvarint
 //	records: count x (orderKey, userID, data: each uvarint-len+bytes),
 //	         as they are (version 1), as one S2 block (version 2) or as
-//	         one zstd frame (version 3)
+//	         zstd frames one after the other (version 3: older relays
+//	         write one frame, this one a frame per request or run of
+//	         small ones; a zstd decoder reads the sequence as one)
 //	crc32c:4 bytes big-endian over everything before it
 //
 // A message holds the records of one lane in one partition from one or
