@@ -124,37 +124,31 @@ func encodeMessage(dst []byte, h *header, n int, parts [][]byte, codec byte) []b
 }
 
 // encodeBody is encodeMessage, also returning the records' encoding it
-// compressed (nil when the body holds them as they are): decodeWith takes
-// it instead of decompressing the body again.
-func encodeBody(dst []byte, h *header, n int, parts [][]byte, codec byte) (body, plain []byte) {
+// compressed, as parts (nil when the body holds them as they are):
+// decodeWith takes it instead of decompressing the body again, reading
+// the parts where they are, so that keeping them copies nothing.
+func encodeBody(dst []byte, h *header, n int, parts [][]byte, codec byte) (body []byte, plain [][]byte) {
 	start := len(dst)
 	dst = appendHeader(dst, h, n)
-	if codec != codecS2 && codec != codecZstd {
-		for _, p := range parts {
-			dst = append(dst, p...)
-		}
-		return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli)), nil
-	}
+	hdr := len(dst)
 	size := 0
 	for _, p := range parts {
 		size += len(p)
 	}
-	plain = make([]byte, 0, size)
-	for _, p := range parts {
-		plain = append(plain, p...)
+	switch codec {
+	case codecS2:
+		dst = append(dst, s2.Encode(nil, slices.Concat(parts...))...)
+	case codecZstd:
+		dst = appendFrames(dst, parts)
 	}
-	var z []byte
-	if codec == codecS2 {
-		z = s2.Encode(nil, plain)
-	} else {
-		z = zstdEncoder().EncodeAll(plain, nil)
-	}
-	if len(z) < len(plain) {
+	if len(dst) > hdr && len(dst)-hdr < size {
 		dst[start] = codec
-		dst = append(dst, z...)
-	} else {
-		dst = append(dst, plain...)
-		plain = nil
+		plain = parts
+	} else { // not compressed, or compression did not shrink them
+		dst = dst[:hdr]
+		for _, p := range parts {
+			dst = append(dst, p...)
+		}
 	}
 	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli)), plain
 }
@@ -173,21 +167,14 @@ func appendHeader(dst []byte, h *header, n int) []byte {
 // compress worse alone and go into a frame with their neighbours.
 const minFrame = 4 << 10
 
-// encodeFrames is encodeBody for zstd, the records as a sequence of zstd
-// frames (a frame decoder reads them as one): each part of minFrame bytes
-// or more compressed where it is, each run of smaller ones joined and
+// appendFrames appends parts, compressed, as a sequence of zstd frames
+// (a frame decoder reads them as one): each part of minFrame bytes or
+// more compressed where it is, each run of smaller ones joined and
 // compressed. Frames of one request's size (tens of KiB: one zstd block,
 // without history) cost less per byte than one frame of the message's,
-// and no buffer joins the parts (bench/RESULTS.md, "fleetone"). plain is
-// parts when keep (decodeWith reads them where they are: no copy is made
-// to keep them); nil otherwise, or when the body holds them as they are
-// (compression did not shrink them).
-func encodeFrames(dst []byte, h *header, n int, parts [][]byte, keep bool) (body []byte, plain [][]byte) {
-	start := len(dst)
-	dst = appendHeader(dst, h, n)
-	hdr := len(dst)
-	dst[start] = codecZstd
-	size, run := 0, [][]byte(nil)
+// and no buffer joins the parts (bench/RESULTS.md, "fleetone").
+func appendFrames(dst []byte, parts [][]byte) []byte {
+	var run [][]byte
 	flushRun := func() {
 		switch len(run) {
 		case 0:
@@ -200,7 +187,6 @@ func encodeFrames(dst []byte, h *header, n int, parts [][]byte, keep bool) (body
 		run = run[:0]
 	}
 	for _, p := range parts {
-		size += len(p)
 		if len(p) < minFrame {
 			run = append(run, p)
 			continue
@@ -209,16 +195,7 @@ func encodeFrames(dst []byte, h *header, n int, parts [][]byte, keep bool) (body
 		dst = zstdEncoder().EncodeAll(p, dst)
 	}
 	flushRun()
-	if len(dst)-hdr >= size {
-		dst = dst[:hdr]
-		for _, p := range parts {
-			dst = append(dst, p...)
-		}
-		dst[start] = codecPlain
-	} else if keep {
-		plain = parts
-	}
-	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli)), plain
+	return dst
 }
 
 // zstdSize is the records' size that the zstd frames p hold, as their
@@ -281,9 +258,9 @@ func decode(b []byte) (header, []storage.Record, error) {
 
 // decodeWith is decode, taking the records' encoding from plain instead of
 // decompressing them when plain is not nil and b is compressed: plain is
-// what encodeBody or encodeFrames compressed into b, in parts of whole
-// records (the caller knows it by b's checksum, which decodeWith checks as
-// decode does). The records then alias plain.
+// what encodeBody compressed into b, in parts of whole records (the
+// caller knows it by b's checksum, which decodeWith checks as decode
+// does). The records then alias plain.
 func decodeWith(b []byte, plain [][]byte) (header, []storage.Record, error) {
 	var h header
 	if len(b) < 4 {

@@ -135,11 +135,11 @@ func TestCodecRecent(t *testing.T) {
 		recs = append(recs, storage.Record{OrderKey: []byte("d:1"), Data: d})
 	}
 	for _, codec := range []byte{codecZstd, codecS2} {
-		body, joined := encodeBody(nil, &h, len(recs), [][]byte{encodeRecords(nil, recs[:20]), encodeRecords(nil, recs[20:])}, codec)
-		if joined == nil {
+		body, plain := encodeBody(nil, &h, len(recs), [][]byte{encodeRecords(nil, recs[:20]), encodeRecords(nil, recs[20:])}, codec)
+		if plain == nil {
 			t.Fatalf("codec %d: nothing kept", codec)
 		}
-		plain := [][]byte{joined}
+		joined := bytes.Join(plain, nil)
 		var r recent
 		r.put("id-1", body, plain)
 		other := encode(nil, &h, recs[:10])
@@ -147,7 +147,7 @@ func TestCodecRecent(t *testing.T) {
 		if got := r.take("id-2", other); got != nil {
 			t.Fatalf("codec %d: kept encoding taken for another body", codec)
 		}
-		if got := r.take("id-1", body); len(got) != 1 || !bytes.Equal(got[0], joined) {
+		if got := r.take("id-1", body); !bytes.Equal(bytes.Join(got, nil), joined) {
 			t.Fatalf("codec %d: kept encoding not taken", codec)
 		}
 		if got := r.take("id-1", body); got != nil {
@@ -199,13 +199,13 @@ func TestCodecFrames(t *testing.T) {
 		t.Fatalf("parts of %d and %d bytes", len(parts[0]), len(parts[1]))
 	}
 	joined := bytes.Join(parts, nil)
-	for _, keep := range []bool{false, true} {
-		body, plain := encodeFrames(nil, &h, len(recs), parts, keep)
+	{
+		body, plain := encodeBody(nil, &h, len(recs), parts, codecZstd)
 		if body[0] != codecZstd || len(body) > len(joined)/3 {
 			t.Fatalf("version %d, %d bytes of %d", body[0], len(body), len(joined))
 		}
-		if keep != (plain != nil) || plain != nil && !bytes.Equal(bytes.Join(plain, nil), joined) {
-			t.Fatalf("keep %v: plain of %d bytes", keep, len(plain))
+		if len(plain) != len(parts) || !bytes.Equal(bytes.Join(plain, nil), joined) {
+			t.Fatalf("kept %d parts of %d bytes", len(plain), len(bytes.Join(plain, nil)))
 		}
 		frames := body[len(appendHeader(nil, &h, len(recs))) : len(body)-4]
 		if n, ok := zstdSize(frames); !ok || n < len(joined) || n > len(joined)+256 {
@@ -236,7 +236,7 @@ func TestCodecFrames(t *testing.T) {
 	}
 	rec := []storage.Record{{OrderKey: []byte("d:1"), Data: noise}}
 	b := encodeRecords(nil, rec)
-	body, plain := encodeFrames(nil, &h, 1, [][]byte{b}, true)
+	body, plain := encodeBody(nil, &h, 1, [][]byte{b}, codecZstd)
 	if body[0] != codecPlain || plain != nil {
 		t.Fatalf("version %d for records that do not compress", body[0])
 	}

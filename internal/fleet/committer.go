@@ -171,23 +171,17 @@ func (c *committer) messages(batch []*pending) []outMsg {
 		if b.n == 0 {
 			return
 		}
-		sz := b.h.size() + b.size + 4
 		m := &msgs[b.out]
 		codec := byte(f.compress[b.h.lane.Kind].Load())
-		keep := f.reading(slot{b.h.lane.Kind, b.partition})
+		capacity := b.h.size() + b.size + 4
 		if codec == codecZstd {
 			// Sized for records compressing to a third; a body that does
 			// not fits as it grows.
-			m.body, m.plain = encodeFrames(make([]byte, 0, b.h.size()+b.size/3+64), &b.h, b.n, b.parts, keep)
-		} else {
-			var plain []byte
-			m.body, plain = encodeBody(make([]byte, 0, sz), &b.h, b.n, b.parts, codec)
-			if plain != nil {
-				m.plain = [][]byte{plain}
-			}
+			capacity = b.h.size() + b.size/3 + 64
 		}
+		m.body, m.plain = encodeBody(make([]byte, 0, capacity), &b.h, b.n, b.parts, codec)
 		if m.plain != nil {
-			if keep {
+			if f.reading(slot{b.h.lane.Kind, b.partition}) {
 				f.recent.put(m.id, m.body, m.plain)
 			} else {
 				m.plain = nil
