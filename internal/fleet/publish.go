@@ -145,21 +145,18 @@ var errTooLarge = errors.New("fleet: record larger than a message may be")
 func (f *Fleet) parts(req *Request) ([]*pending, int, error) {
 	p := f.cfg.Partitions
 	byPart := make([][]storage.Record, p)
-	// An SDK's request is mostly one device's: then its records are one
-	// partition's as they are, not copied.
-	one := PartitionOf(req.Records[0].OrderKey, p)
-	for k := 1; k < len(req.Records) && one >= 0; k++ {
-		if PartitionOf(req.Records[k].OrderKey, p) != one {
-			one = -1
-		}
+	// An SDK's request is mostly one device's: the leading run of one
+	// partition's records is taken as it is, not copied (capped, so that
+	// appending what follows copies it rather than writing over the
+	// request), and each record's partition is computed once.
+	first, k := PartitionOf(req.Records[0].OrderKey, p), 1
+	for k < len(req.Records) && PartitionOf(req.Records[k].OrderKey, p) == first {
+		k++
 	}
-	if one >= 0 {
-		byPart[one] = req.Records
-	} else {
-		for _, r := range req.Records {
-			i := PartitionOf(r.OrderKey, p)
-			byPart[i] = append(byPart[i], r)
-		}
+	byPart[first] = req.Records[:k:k]
+	for _, r := range req.Records[k:] {
+		i := PartitionOf(r.OrderKey, p)
+		byPart[i] = append(byPart[i], r)
 	}
 	h := header{lane: req.Lane, accepted: req.Accepted}
 	limit := f.cfg.MaxMessageBytes - h.size() - 4
