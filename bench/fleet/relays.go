@@ -678,18 +678,13 @@ func leaders(admin string) string {
 func varz(monitors []int) (v [4]int64) {
 	hc := &http.Client{Timeout: 2 * time.Second}
 	for _, m := range monitors {
-		resp, err := hc.Get(fmt.Sprintf("http://127.0.0.1:%d/varz", m))
-		if err != nil {
-			continue
-		}
 		var z struct {
 			InMsgs   int64 `json:"in_msgs"`
 			OutMsgs  int64 `json:"out_msgs"`
 			InBytes  int64 `json:"in_bytes"`
 			OutBytes int64 `json:"out_bytes"`
 		}
-		json.NewDecoder(resp.Body).Decode(&z) //nolint:errcheck // a failed read shows as zero
-		resp.Body.Close()
+		_ = getJSON(hc, fmt.Sprintf("http://127.0.0.1:%d/varz", m), &z) // a failed read shows as zero
 		v[0], v[1], v[2], v[3] = v[0]+z.InMsgs, v[1]+z.OutMsgs, v[2]+z.InBytes, v[3]+z.OutBytes
 	}
 	return v

@@ -30,6 +30,26 @@ func getJSON(hc *http.Client, url string, v any) error {
 	return json.NewDecoder(resp.Body).Decode(v)
 }
 
+// addMsgs adds the message counts that the monitor page at url lists (its
+// connections or its routes) to in and out; a failed read adds nothing.
+func addMsgs(hc *http.Client, url string, in, out *int64) {
+	type counts struct {
+		InMsgs  int64 `json:"in_msgs"`
+		OutMsgs int64 `json:"out_msgs"`
+	}
+	var page struct {
+		Conns  []counts `json:"connections"`
+		Routes []counts `json:"routes"`
+	}
+	if getJSON(hc, url, &page) != nil {
+		return
+	}
+	for _, x := range append(page.Conns, page.Routes...) {
+		*in += x.InMsgs
+		*out += x.OutMsgs
+	}
+}
+
 func readTraffic(monitors []int) traffic {
 	hc := &http.Client{Timeout: 2 * time.Second}
 	t := traffic{committed: make(map[string]uint64), lastSeq: make(map[string]uint64)}
@@ -37,30 +57,8 @@ func readTraffic(monitors []int) traffic {
 	committed := make(map[string]uint64)
 	for _, m := range monitors {
 		base := fmt.Sprintf("http://127.0.0.1:%d", m)
-		var c struct {
-			Conns []struct {
-				InMsgs  int64 `json:"in_msgs"`
-				OutMsgs int64 `json:"out_msgs"`
-			} `json:"connections"`
-		}
-		if getJSON(hc, base+"/connz?limit=1000", &c) == nil {
-			for _, x := range c.Conns {
-				t.clientIn += x.InMsgs
-				t.clientOut += x.OutMsgs
-			}
-		}
-		var r struct {
-			Routes []struct {
-				InMsgs  int64 `json:"in_msgs"`
-				OutMsgs int64 `json:"out_msgs"`
-			} `json:"routes"`
-		}
-		if getJSON(hc, base+"/routez", &r) == nil {
-			for _, x := range r.Routes {
-				t.routeIn += x.InMsgs
-				t.routeOut += x.OutMsgs
-			}
-		}
+		addMsgs(hc, base+"/connz?limit=1000", &t.clientIn, &t.clientOut)
+		addMsgs(hc, base+"/routez", &t.routeIn, &t.routeOut)
 		var j struct {
 			Accounts []struct {
 				Name    string `json:"name"`
