@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -114,26 +115,15 @@ func trafficLine(a, b traffic, reqs float64) string {
 	var s strings.Builder
 	fmt.Fprintf(&s, "clients in %.3f out %.3f, routes in %.3f out %.3f; raft entries", float64(b.clientIn-a.clientIn)/reqs,
 		float64(b.clientOut-a.clientOut)/reqs, float64(b.routeIn-a.routeIn)/reqs, float64(b.routeOut-a.routeOut)/reqs)
-	var names []string
-	for n := range b.committed {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	for _, n := range names {
-		if d := b.committed[n] - a.committed[n]; d > 0 && b.committed[n] >= a.committed[n] {
-			fmt.Fprintf(&s, " %s %.4f", n, float64(d)/reqs)
+	perStream := func(a, b map[string]uint64) {
+		for _, n := range slices.Sorted(maps.Keys(b)) {
+			if d := b[n] - a[n]; d > 0 && b[n] >= a[n] {
+				fmt.Fprintf(&s, " %s %.4f", n, float64(d)/reqs)
+			}
 		}
 	}
+	perStream(a.committed, b.committed)
 	s.WriteString("; messages stored")
-	names = names[:0]
-	for n := range b.lastSeq {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	for _, n := range names {
-		if d := b.lastSeq[n] - a.lastSeq[n]; d > 0 && b.lastSeq[n] >= a.lastSeq[n] {
-			fmt.Fprintf(&s, " %s %.4f", n, float64(d)/reqs)
-		}
-	}
+	perStream(a.lastSeq, b.lastSeq)
 	return s.String()
 }
