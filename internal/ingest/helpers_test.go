@@ -250,9 +250,9 @@ type record struct {
 }
 
 // drain reads every chunk of the events lane of (apiKey, options): as many
-// records as the lane holds (appended before the requests were answered).
-// Each read is bounded by polltest.Max, not by a short "nothing more"
-// time-out that a loaded machine could reach with records still to read.
+// records as the lane holds (appended before the requests were answered),
+// then stops at once where waiting out a "nothing more" time-out cost
+// every call 150 ms. Each read is bounded by polltest.Max.
 func (r *testRelay) drain(apiKey, options string) []record {
 	r.t.Helper()
 	l, err := r.sp.Lane(context.Background(), storage.LaneKey{Kind: storage.KindEvents, APIKey: apiKey, Options: options})
