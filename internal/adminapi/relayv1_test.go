@@ -116,7 +116,7 @@ func (f *relayFixture) records(key storage.LaneKey) []storage.Record {
 	l := f.lane(key)
 	var out []storage.Record
 	for l.Stats().Records > int64(len(out)) {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), polltest.Max) // the lane holds records: it answers at once
 		chunks, _, err := l.NextPart(ctx, 1<<20, nil)
 		cancel()
 		if err != nil {

@@ -24,7 +24,7 @@ import (
 // the forwarder's IdleTimeout is cut.
 func TestExportSlowCallerOutlivesWriteTimeout(t *testing.T) {
 	if testing.Short() {
-		t.Skip("reads slowly for 2 s, then stops for 10")
+		t.Skip("reads slowly for 2 s, then stops for the 1 s IdleTimeout")
 	}
 	_, up := forwardtest.StartSim(t, sim.Config{})
 	ctl := &simtest.Control{Base: up}
@@ -50,10 +50,13 @@ func TestExportSlowCallerOutlivesWriteTimeout(t *testing.T) {
 		return ln.Addr().String()
 	}
 	// get starts an export; a 502 (the sim's first byte later than a short
-	// IdleTimeout, on a loaded machine) is tried again.
+	// IdleTimeout, on a loaded machine) is tried again. tries counts the
+	// export requests sent, each of which the sim logs once it ends.
+	tries := 0
 	get := func(addr string) *http.Response {
 		var resp *http.Response
 		polltest.Until(t, "an export answered 200", func() bool {
+			tries++
 			req, _ := http.NewRequest("GET", "http://"+addr+forward.ExportPath+"?start=20260101T00&end=20260101T00", nil)
 			req.Header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte("proj:proj-secret")))
 			r, err := http.DefaultClient.Do(req)
@@ -93,12 +96,32 @@ func TestExportSlowCallerOutlivesWriteTimeout(t *testing.T) {
 		t.Fatalf("read %d bytes in %v (sim sent %+v): the test did not outlast the write time-out", n, took, log)
 	}
 
-	// A 1 s IdleTimeout: the reader stops for 10, so that the
-	// forwarder's timer, however late a loaded machine runs it, fires
-	// before the reader reads again.
+	// A 1 s IdleTimeout: the reader stops until the forwarder cut it.
+	// The sim's handler, blocked writing to the forwarder once the socket
+	// buffers are full, ends (and logs the request) only when the
+	// forwarder gave the upstream request up, its write to the caller
+	// having timed out: a failed write logs 0 bytes. A forwarder that never
+	// cuts keeps it blocked, and the wait fails.
 	resp = get(serve(time.Second))
+	stalled := resp.Body
+	t.Cleanup(func() { stalled.Close() }) // before the listener's Shutdown, which waits for the handler
 	io.ReadFull(resp.Body, buf)
-	time.Sleep(10 * time.Second) // longer than IdleTimeout, with the socket buffers full
+	polltest.Until(t, "the sim's handler of the stalled export to end", func() bool {
+		var err error
+		log, err = ctl.ExportLog(context.Background())
+		return err == nil && len(log) == tries
+	})
+	for _, l := range log[1:] {
+		if l.Bytes != 0 {
+			// The sim wrote it all into the socket buffers: its end tells
+			// nothing. Wait long enough that the forwarder's timer, however
+			// late a loaded machine runs it, fired before the reader reads
+			// again.
+			t.Logf("the sim sent the whole archive (%+v): waiting 10 s instead", log)
+			time.Sleep(10 * time.Second)
+			break
+		}
+	}
 	_, err := io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	if err == nil {

@@ -162,7 +162,7 @@ func TestMergedDeliveredOnce(t *testing.T) {
 	wg.Wait()
 	e.Run()
 	waitFor(t, "delivery", func() bool { return len(simtest.GroupIdentifies(e.Sim, "k")) >= callers*per })
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // a duplicate would show by now (can only miss one, never fail a right run)
 	got := simtest.GroupIdentifies(e.Sim, "k")
 	if len(got) != callers*per {
 		t.Fatalf("delivered %d, want %d", len(got), callers*per)
@@ -334,7 +334,7 @@ func TestInvalidAPIKeyStopsLane(t *testing.T) {
 		t.Fatal(a.Body)
 	}
 	waitFor(t, "good lane", func() bool { return len(simtest.GroupIdentifies(e.Sim, "good")) == 3 })
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // a retry loop would show by now (can only miss one, never fail a right run)
 	badReqs := func() int {
 		n := 0
 		for _, r := range e.Sim.Requests() {
@@ -364,7 +364,7 @@ func TestInvalidAPIKeyStopsLane(t *testing.T) {
 	}
 	waitFor(t, "second try", func() bool { return badReqs() == 2 })
 	waitFor(t, "stopped again", func() bool { return metricValue(e.Reg, "relay_groupidentify_lanes_stopped") == 1 })
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // as above: a third request would show by now
 	if n := badReqs(); n != 2 {
 		t.Fatalf("%d requests after one resume, want 2", n)
 	}
@@ -389,7 +389,7 @@ func TestOperatorStop(t *testing.T) {
 	if a := postForm(t, e.Base+"/groupidentify", url.Values{"api_key": {"k"}, "identification": {idents("b", 2, 1)}}); a.Status != 200 {
 		t.Fatal(a.Body)
 	}
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // a delivery of the stopped lane would show by now (a negative check)
 	if n := len(simtest.GroupIdentifies(e.Sim, "k")); n != 2 || e.LaneRecords("k") != 2 {
 		t.Fatalf("delivered %d while stopped, %d spooled", n, e.LaneRecords("k"))
 	}
@@ -444,7 +444,7 @@ func TestDurability(t *testing.T) {
 	e.Close()
 	e.Open() // a third start delivers nothing again
 	e.Run()
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // a redelivery would show by now (a negative check)
 	if n := len(simtest.GroupIdentifies(e.Sim, "k")); n != 100 {
 		t.Fatalf("delivered %d, want exactly 100", n)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/svcrelay/relay/internal/backfill"
 	"github.com/svcrelay/relay/internal/forward/forwardtest"
+	"github.com/svcrelay/relay/internal/polltest"
 )
 
 // TestSummaryThrottled: the summary gives the 429s per million events sent,
@@ -70,16 +71,18 @@ func TestMigrate(t *testing.T) {
 	args := append([]string{"--credentials", creds, "--from-project", "web", "--to-project", "copy",
 		"--analytics-url", up, "--ingest-url", up, "--start", "20260301T00", "--end", "20260301T23",
 		"--data-dir", dir, "--max-eps", "5000"}, fastRetry...)
-	// Interrupted during the backfill (paced at 20 events/s: 2 s), then
-	// run again: it resumes at the backfill.
+	// Interrupted during the backfill, once it sent an event, then run
+	// again: it resumes at the backfill. Paced at 4 events/s (one a
+	// request), the other 39 would take 10 s: however late a loaded
+	// machine sees the first, the cancel comes before the end.
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
 		defer cancel()
-		for i := 0; i < 3000 && len(s.Events("copy-key")) < 10; i++ {
+		for deadline := time.Now().Add(polltest.Max); len(s.Events("copy-key")) < 1 && time.Now().Before(deadline); {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}()
-	slow := append(append([]string(nil), args...), "--max-eps", "20")
+	slow := append(append([]string(nil), args...), "--max-eps", "4")
 	r := runCmd(ctx, "migrate", slow...)
 	if r.code != 1 || !strings.Contains(r.stderr, "run the same command again to resume") {
 		t.Fatal(r)

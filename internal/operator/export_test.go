@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -147,17 +148,27 @@ func TestExportResumes(t *testing.T) {
 	for _, p := range st.Pieces {
 		done[p.Start] = true
 	}
-	// The interrupted piece's request may still be ending at the sim: wait
-	// for the log to settle.
-	var before []sim.ExportServed
-	for i := 0; i < 50; i++ {
-		time.Sleep(30 * time.Millisecond)
-		l, _ := ctl.ExportLog(context.Background())
-		if len(l) == len(before) && i > 0 {
-			break
-		}
-		before = l
+	// The interrupted piece's request may still be ending at the sim (its
+	// export log is written when the handler ends): a probe sent now is
+	// numbered after every request the sim began, and once every number
+	// up to the probe's is in the request log, they all ended.
+	resp, err := http.Post(up+"/2/httpapi", "application/json", strings.NewReader("{"))
+	if err != nil {
+		t.Fatal(err)
 	}
+	resp.Body.Close()
+	reqs := s.Requests()
+	probe := reqs[len(reqs)-1].Seq
+	polltest.Until(t, "every request the sim began before the probe to end", func() bool {
+		n := int64(0)
+		for _, r := range s.Requests() {
+			if r.Seq <= probe {
+				n++
+			}
+		}
+		return n == probe
+	})
+	before, _ := ctl.ExportLog(context.Background())
 
 	s.SetLatency(0)
 	r = runCmd(context.Background(), "export", args...)

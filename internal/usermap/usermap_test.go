@@ -319,7 +319,7 @@ func TestDeadLetterAndDurability(t *testing.T) {
 	e.Close()
 	e.Open()
 	e.Run()
-	time.Sleep(150 * time.Millisecond)
+	time.Sleep(150 * time.Millisecond) // a redelivery would show by now (a negative check)
 	if n := len(simtest.MappingCalls(e.Sim)); n != 29 {
 		t.Fatalf("after another restart %d delivered", n)
 	}

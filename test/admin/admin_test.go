@@ -593,7 +593,7 @@ func testLanes(t *testing.T, r *relay, s *simtest.Sim) {
 	if a.status != 200 {
 		t.Fatalf("groupidentify: %d %s", a.status, a.body)
 	}
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // 15 flush intervals: a delivery of the paused lane would show by now
 	if n := len(simtest.GroupIdentifies(s, projAPIKey)); n != 2 {
 		t.Fatalf("paused groupidentify lane delivered: %d", n)
 	}

@@ -157,7 +157,7 @@ func TestKill9KeepsAcceptedEvents(t *testing.T) {
 		r.Kill(t)
 		r = harness.StartRelay(t, bin, tmp, opts)
 	}
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // load on the last relay, so that the graceful stop below is under load
 
 	// A graceful stop under load exits 0.
 	if err := r.Stop(t, 15*time.Second); err != nil {

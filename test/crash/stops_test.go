@@ -140,7 +140,7 @@ func TestStopsUnderLoadReportNoDamage(t *testing.T) {
 			t.Fatalf("stop %d: a start after SIGTERM reported a write cut short:\n%s", i, grepLines(log, "write cut short"))
 		}
 	}
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // load on the last start before its stop
 	if err := r.Stop(t, polltest.Max); err != nil {
 		t.Fatalf("last stop: exit after SIGTERM: %v, want 0", err)
 	}

@@ -260,7 +260,7 @@ func TestCrashDuringDelivery(t *testing.T) {
 		starts = append(starts, lifeStart)
 		r = harness.StartRelay(t, bin, dir, opts)
 	}
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // load on the last relay before the load stops
 	stopLoad()
 	wg.Wait()
 	if err := sm.Ctl.ClearFaults(bg); err != nil {
