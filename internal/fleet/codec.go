@@ -131,10 +131,7 @@ func encodeBody(dst []byte, h *header, n int, parts [][]byte, codec byte) (body 
 	start := len(dst)
 	dst = appendHeader(dst, h, n)
 	hdr := len(dst)
-	size := 0
-	for _, p := range parts {
-		size += len(p)
-	}
+	size := partsLen(parts)
 	switch codec {
 	case codecS2:
 		dst = append(dst, s2.Encode(nil, slices.Concat(parts...))...)
@@ -151,6 +148,15 @@ func encodeBody(dst []byte, h *header, n int, parts [][]byte, codec byte) (body 
 		}
 	}
 	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli)), plain
+}
+
+// partsLen is the bytes parts hold together.
+func partsLen(parts [][]byte) int {
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
+	return n
 }
 
 // appendHeader appends a body's header, version plain, to dst.
@@ -305,10 +311,7 @@ func decodeWith(b []byte, plain [][]byte) (header, []storage.Record, error) {
 	}
 	size := len(p) // the records' encoding, once found
 	if plain != nil && body[0] != codecPlain {
-		p, rest, size = nil, plain, 0
-		for _, q := range plain {
-			size += len(q)
-		}
+		p, rest, size = nil, plain, partsLen(plain)
 	} else if body[0] == codecS2 {
 		if dn, err := s2.DecodedLen(p); err != nil || dn > maxDecoded {
 			return h, nil, fmt.Errorf("%w: compressed length", errCorrupt)
@@ -349,11 +352,7 @@ func decodeWith(b []byte, plain [][]byte) (header, []storage.Record, error) {
 			recs[i].UserID = nil
 		}
 	}
-	trailing := len(p)
-	for _, q := range rest {
-		trailing += len(q)
-	}
-	if trailing != 0 {
+	if trailing := len(p) + partsLen(rest); trailing != 0 {
 		return h, nil, fmt.Errorf("%w: %d trailing bytes", errCorrupt, trailing)
 	}
 	return h, recs, nil

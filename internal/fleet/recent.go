@@ -39,10 +39,7 @@ const (
 
 // put keeps plain, compressed into body, the message published with id.
 func (r *recent) put(id string, body []byte, plain [][]byte) {
-	size := 0
-	for _, p := range plain {
-		size += len(p)
-	}
+	size := partsLen(plain)
 	if len(body) < 4 || size > recentMaxBytes {
 		return
 	}
